@@ -1,0 +1,140 @@
+# HomAgg - build, test, benchmark and demo entry points.
+#
+# Knobs (make VAR=value ...):
+#   DEBUG=1                       build C with -O0 -g3 (default -O2 -g)
+#   SANITIZE=address,undefined    build the C library and the Python extension
+#                                 with these sanitizers (make test also runs a
+#                                 sanitizer pass of its own, see test-sanitize)
+#   PYTHON=python3                interpreter used to create .venv
+#   PYTEST_ARGS=...               extra arguments for pytest (e.g. -k codec)
+#   FUZZ_SECONDS=20               time budget of the fuzz run in make test
+#   NO_APT=1                      never call apt-get (fail if packages are missing)
+#
+# `make help` lists the targets.
+
+PYTHON      ?= python3
+DEBUG       ?=
+SANITIZE    ?=
+PYTEST_ARGS ?=
+FUZZ_SECONDS ?= 20
+
+VENV   := .venv
+VPY    := $(VENV)/bin/python
+VARIANT := $(if $(SANITIZE),san,$(if $(DEBUG),debug,release))
+BUILD  := build/$(VARIANT)
+
+CC      ?= gcc
+OPT     := $(if $(DEBUG),-O0 -g3,-O2 -g)
+SANFLAGS := $(if $(SANITIZE),-fsanitize=$(SANITIZE) -fno-omit-frame-pointer -fno-sanitize-recover=all,)
+CFLAGS_COMMON := -std=gnu11 -Wall -Wextra -Werror=implicit-function-declaration \
+	-fPIC $(OPT) $(SANFLAGS) -Idataplane_c/include -Inic/include
+
+# Every C file of the library: the engine, the codec, the kernels, the NIC
+# model.  Backends are chosen by file (dataplane_c/dpdk/ builds separately).
+LIB_SRCS := $(wildcard dataplane_c/src/*.c) $(wildcard nic/src/*.c)
+LIB_OBJS := $(patsubst %.c,$(BUILD)/%.o,$(LIB_SRCS))
+LIB      := $(BUILD)/libhomagg.a
+HEADERS  := $(wildcard dataplane_c/include/homagg/*.h) $(wildcard nic/include/homagg/*.h) \
+	$(wildcard dataplane_c/src/*.h) $(wildcard nic/src/*.h)
+
+APT_PACKAGES := build-essential pkg-config libdpdk-dev dpdk clang libclang-rt-14-dev \
+	iproute2 iputils-ping openssh-server python3-venv
+
+.PHONY: help build deps venv lib ext switch fuzz test test-sanitize test-fast bench demo clean distclean
+
+help: ## list the targets
+	@echo "HomAgg make targets:"
+	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | sed -e 's/:.*## /\t/' | expand -t 18 | sed 's/^/  /'
+	@echo "Knobs: see the top of the Makefile (DEBUG, SANITIZE, PYTHON, PYTEST_ARGS, FUZZ_SECONDS, NO_APT)."
+
+build: deps venv lib ext switch ## install system packages, create .venv, build the C library and the Python extension
+
+deps: build/.deps-stamp ## install missing system packages (apt-get, non-interactive)
+
+build/.deps-stamp: Makefile
+	@mkdir -p build
+	@missing=$$(for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+		if [ -n "$(NO_APT)" ]; then echo "missing system packages: $$missing (NO_APT is set)"; exit 1; fi; \
+		echo "installing system packages: $$missing"; \
+		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing >/dev/null; \
+	fi
+	@touch $@
+
+venv: $(VENV)/.stamp ## create .venv and install the package editable with its test extras
+
+$(VENV)/.stamp: pyproject.toml setup.py
+	@test -x $(VPY) || $(PYTHON) -m venv $(VENV)
+	$(VPY) -m pip install -q --upgrade pip setuptools wheel cffi
+	$(MAKE) --no-print-directory lib
+	HOMAGG_LIBDIR=$(CURDIR)/$(BUILD) $(VPY) -m pip install -q --no-build-isolation -e '.[test]'
+	@touch $@
+
+lib: $(LIB) ## build the C library (build/<variant>/libhomagg.a)
+
+$(BUILD)/%.o: %.c $(HEADERS) Makefile
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_COMMON) -c $< -o $@
+
+$(LIB): $(LIB_OBJS)
+	@rm -f $@
+	ar rcs $@ $^
+
+# The DPDK aggregator daemon: dataplane_c/dpdk/*.c against the library and
+# the distribution's libdpdk (pkg-config, evaluated when the rule runs).
+SWITCH_SRCS := $(wildcard dataplane_c/dpdk/*.c)
+SWITCH      := $(BUILD)/homagg-switch
+
+switch: $(if $(SWITCH_SRCS),$(SWITCH),) ## build the DPDK aggregator daemon homagg-switch
+
+$(SWITCH): $(SWITCH_SRCS) $(wildcard dataplane_c/dpdk/*.h) $(LIB)
+	$(CC) $(CFLAGS_COMMON) -Wno-unused-parameter $$(pkg-config --cflags libdpdk) $(SWITCH_SRCS) \
+		$(LIB) $$(pkg-config --libs libdpdk) -lm -lpthread -o $@
+
+# libFuzzer targets: dataplane_c/fuzz/fuzz_*.c, each built with clang
+# against the library sources and run for FUZZ_SECONDS.
+FUZZ_SRCS := $(wildcard dataplane_c/fuzz/fuzz_*.c)
+fuzz: deps ## build and run every libFuzzer target for FUZZ_SECONDS each
+	@mkdir -p build/fuzz
+	@for f in $(FUZZ_SRCS); do \
+		t=build/fuzz/$$(basename $$f .c); \
+		clang -g -O1 -fsanitize=fuzzer,address,undefined -Idataplane_c/include -Inic/include \
+			$(LIB_SRCS) $$f -lm -o $$t || exit 1; \
+		mkdir -p $$t.corpus; \
+		seeds=$$(dirname $$f)/corpus_$$(basename $$f .c | sed s/fuzz_//); [ -d $$seeds ] || seeds=; \
+		$$t -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 $$t.corpus $$seeds > $$t.log 2>&1; rc=$$?; \
+		tail -n 12 $$t.log; [ $$rc = 0 ] || exit 1; \
+	done
+
+ext: lib venv ## build the cffi extension in place, against the current variant
+	HOMAGG_LIBDIR=$(CURDIR)/$(BUILD) HOMAGG_SANITIZE=$(SANITIZE) $(VPY) setup.py -q build_ext --inplace --force
+
+test: build ## all tests (root, netns, DPDK included), then the sanitizer pass and the fuzz run
+	$(VPY) -m pytest $(PYTEST_ARGS)
+	$(MAKE) --no-print-directory test-sanitize
+	$(MAKE) --no-print-directory ext
+
+test-fast: build ## only the tests that need no root and no network namespaces
+	$(VPY) -m pytest -m "not root and not slow" $(PYTEST_ARGS)
+
+# The sanitizer pass rebuilds the extension with ASan+UBSan and runs the
+# codec and engine tests under it; `make test` rebuilds the release extension
+# afterwards.
+test-sanitize: ## codec and engine tests against SANITIZE=address,undefined
+	$(MAKE) --no-print-directory SANITIZE=address,undefined lib ext
+	LD_PRELOAD=$$($(CC) -print-file-name=libasan.so):$$($(CC) -print-file-name=libubsan.so) \
+	ASAN_OPTIONS=detect_leaks=0:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	HOMAGG_SANITIZED=1 $(VPY) -m pytest -m "sanitize" -p no:cacheprovider $(PYTEST_ARGS)
+
+bench: build ## the standard benchmark suite
+	$(VENV)/bin/homagg bench codec
+
+demo: build ## the main job: allreduce of a realistic gradient with every method
+	$(VENV)/bin/homagg demo
+
+clean: ## remove build outputs (keeps .venv)
+	rm -rf build orchestrator/homagg/_hg*.so orchestrator/homagg/_hg.c orchestrator/homagg/_hg.o
+
+distclean: clean ## also remove .venv
+	rm -rf $(VENV)

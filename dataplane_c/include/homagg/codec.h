@@ -1,0 +1,175 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * homagg/codec.h - the lossless homomorphic codec (worker side).
+ *
+ * Every function here is pure computation on caller-owned buffers: no global
+ * state, no I/O.  A tensor of n float32 elements is cut into quantisation
+ * blocks of p->block elements (the last block may be shorter), block b
+ * starting at element b * p->block.
+ *
+ * Wire buffers ("be32" below) hold big-endian int32 lanes, exactly as they
+ * travel in a packet payload; they are typed uint8_t * and sized in lanes.
+ *
+ * The phases of each allreduce method (docs/PROTOCOL.md, "Methods"):
+ *
+ *   all methods: hg_exp_encode -> MAX8 over workers -> global codes
+ *   dense      : hg_quantize(flags 0)              -> SUM32 -> hg_dequantize
+ *   blocks     : hg_quantize(HG_Q_SKIP_ZERO)       -> SUM32 -> hg_dequantize
+ *   lhc        : hg_nnz_counts (with the exponents) -> SUM32 -> hg_lhc_create
+ *                hg_lhc_index_encode -> OR -> hg_lhc_set_index
+ *                hg_lhc_sketch_encode -> SUM32 -> hg_lhc_peel
+ *                hg_lhc_fallback_encode -> SUM32 -> hg_lhc_decode
+ *   nc         : hg_nc_encode -> NC8 (expands into int32 lanes) -> hg_dequantize
+ */
+#ifndef HOMAGG_CODEC_H
+#define HOMAGG_CODEC_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* cdef-begin */
+#define HG_PROTOCOL_VERSION 1
+#define HG_MAX_WORKERS 256
+#define HG_MIN_BLOCK 64
+#define HG_MAX_BLOCK 65536
+#define HG_DEFAULT_BLOCK 4096
+/* Block exponent code of a block that is exactly zero on every worker. */
+#define HG_EXP_ZERO -128
+
+/* hg_params.flags */
+#define HG_F_STOCHASTIC 1
+
+/* hg_quantize / hg_dequantize flags */
+#define HG_Q_SKIP_ZERO 1
+
+/*
+ * Parameters every worker of one allreduce agrees on (plus its own id).
+ * A zero sketch_cells_per_candidate means the protocol's default sizing; a
+ * positive value overrides it (tests use it to force peeling stalls).
+ */
+struct hg_params {
+	uint32_t block;      /* quantisation block length, HG_MIN_BLOCK..HG_MAX_BLOCK, multiple of 64 */
+	uint32_t workers;    /* W, 1..HG_MAX_WORKERS */
+	uint32_t worker;     /* this worker's id, 0..W-1 (stochastic streams) */
+	uint32_t flags;      /* HG_F_STOCHASTIC: unbiased stochastic rounding */
+	uint64_t seed;       /* seed of every random stream (rounding, NC) */
+	uint32_t nc_levels;  /* natural dithering levels s; 0 = plain C_nat */
+	float sketch_cells_per_candidate; /* 0 = default sizing */
+};
+
+/* 0, or -EINVAL (block), -ERANGE (workers, worker id). */
+int hg_params_check(const struct hg_params *p);
+
+/* Number of quantisation blocks of an n-element tensor. */
+size_t hg_nblocks(const struct hg_params *p, size_t n);
+
+/* ceil(log2(W)) as used by the scale; 0 for W = 1. */
+int hg_log2_workers(const struct hg_params *p);
+
+/*
+ * Local block exponent codes: for each block, the frexp exponent e of the
+ * block's max |x| clamped to [-126, 128], stored as e - 1 (int8), or
+ * HG_EXP_ZERO for a block that is all +-0.  One int8 lane per block.
+ * Returns 0; -EDOM if x holds NaN or Inf (first such index in *bad_index,
+ * which may be NULL); -EINVAL / -ERANGE for bad parameters.
+ */
+int hg_exp_encode(const struct hg_params *p, const float *x, size_t n,
+		  int8_t *codes, size_t *bad_index);
+
+/* Scale shift s_b = 30 - ceil(log2 W) - E_b of a global code (0 for zero). */
+int hg_scale_shift(const struct hg_params *p, int8_t code);
+
+/* Number of int32 lanes hg_quantize writes for these codes and flags. */
+size_t hg_quantized_lanes(const struct hg_params *p, size_t n,
+			  const int8_t *gcodes, uint32_t qflags);
+
+/*
+ * Fixed-point quantisation q = round(x * 2^s_b) with the global codes,
+ * round-half-even (or stochastic with HG_F_STOCHASTIC), as big-endian int32
+ * lanes.  With HG_Q_SKIP_ZERO the blocks whose global code is HG_EXP_ZERO
+ * are left out.  Returns 0, -EINVAL, -ERANGE.
+ */
+int hg_quantize(const struct hg_params *p, const float *x, size_t n,
+		const int8_t *gcodes, uint32_t qflags, uint8_t *out_be32);
+
+/*
+ * y = sum * 2^-s_b rounded once to float32, from the aggregated lanes laid
+ * out as hg_quantize wrote them; skipped blocks decode to +0.
+ */
+int hg_dequantize(const struct hg_params *p, const uint8_t *sum_be32,
+		  size_t n, const int8_t *gcodes, uint32_t qflags, float *y);
+
+/* Per-block count of non-zero elements, one big-endian int32 lane per block. */
+int hg_nnz_counts(const struct hg_params *p, const float *x, size_t n,
+		  uint8_t *counts_be32);
+
+/* ---- lhc: index + count sketch + peeling ------------------------------ */
+
+struct hg_lhc;
+
+struct hg_lhc_info {
+	size_t index_bytes;    /* bytes of the OR phase */
+	size_t bitmap_blocks;  /* blocks indexed by a bitmap */
+	size_t bloom_blocks;   /* blocks indexed by a Bloom filter */
+	size_t candidates;     /* global candidates (after hg_lhc_set_index) */
+	size_t sketch_lanes;   /* int32 cells of the sketch phase */
+	size_t stalled_blocks; /* blocks whose peeling stalled (after peel) */
+	size_t fallback_lanes; /* unresolved candidates sent in the fallback */
+};
+
+/*
+ * Plan an lhc allreduce from the global exponent codes and the global
+ * (summed) non-zero counts: chooses bitmap or Bloom per block and lays out
+ * the index.  Returns NULL on bad arguments or allocation failure.
+ */
+struct hg_lhc *hg_lhc_create(const struct hg_params *p, size_t n,
+			     const int8_t *gcodes, const uint8_t *gcounts_be32);
+void hg_lhc_destroy(struct hg_lhc *l);
+int hg_lhc_get_info(const struct hg_lhc *l, struct hg_lhc_info *info);
+
+/* This worker's index (bitmap / Bloom bits), hg_lhc_info.index_bytes long. */
+int hg_lhc_index_encode(const struct hg_lhc *l, const float *x, uint8_t *index);
+
+/* Take the OR of every worker's index: candidates and sketch layout. */
+int hg_lhc_set_index(struct hg_lhc *l, const uint8_t *gindex);
+
+/* This worker's count sketch, sketch_lanes big-endian int32 cells. */
+int hg_lhc_sketch_encode(const struct hg_lhc *l, const float *x,
+			 uint8_t *cells_be32);
+
+/* Peel the summed sketch; afterwards info tells the stalls. Deterministic. */
+int hg_lhc_peel(struct hg_lhc *l, const uint8_t *gcells_be32);
+
+/* This worker's quantised values at the unresolved candidates. */
+int hg_lhc_fallback_encode(const struct hg_lhc *l, const float *x,
+			   uint8_t *out_be32);
+
+/* Final result: every element of y (n floats), bit-exact. */
+int hg_lhc_decode(const struct hg_lhc *l, const uint8_t *gfallback_be32,
+		  float *y);
+
+/* ---- nc: natural compression / natural dithering ---------------------- */
+
+/* The exponent header field of NC8 packets: 31 - ceil(log2 W). */
+int hg_nc_top(const struct hg_params *p);
+
+/*
+ * One NC8 code per element (docs/PROTOCOL.md "NC8"): unbiased stochastic
+ * rounding to a power of two (natural dithering with p->nc_levels levels),
+ * always stochastic, seeded by (seed, worker, index).  The aggregated int32
+ * lanes decode with hg_dequantize(flags 0).
+ */
+int hg_nc_encode(const struct hg_params *p, const float *x, size_t n,
+		 const int8_t *gcodes, uint8_t *codes);
+/* cdef-end */
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* HOMAGG_CODEC_H */

@@ -1,0 +1,78 @@
+"""cffi builder of homagg._hg (out-of-line API mode).
+
+The cdef is read from the public C headers themselves: the text between the
+``/* cdef-begin */`` and ``/* cdef-end */`` markers of each header listed in
+HEADERS, with every ``#define NAME value`` turned into ``#define NAME ...`` so
+that C stays the single source of truth for constants.
+
+The extension links the static library built by the Makefile, found in
+$HOMAGG_LIBDIR (default build/release).  $HOMAGG_SANITIZE adds sanitizer
+flags to the extension itself.
+"""
+import os
+import pathlib
+import re
+
+from cffi import FFI
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+INCLUDE_DIRS = [ROOT / "dataplane_c" / "include", ROOT / "nic" / "include"]
+# Order matters: a header's types must come before their users.
+HEADERS = [
+    "homagg/errors.h",
+    "homagg/codec.h",
+    "homagg/kernels.h",
+    "homagg/wire.h",
+    "homagg/port.h",
+    "homagg/engine.h",
+    "homagg/nic.h",
+    "homagg/client.h",
+    "homagg/sim.h",
+]
+
+_BLOCK = re.compile(r"/\* cdef-begin \*/(.*?)/\* cdef-end \*/", re.S)
+_DEFINE = re.compile(r"^#define\s+(\w+)\s+.*$", re.M)
+
+
+def _find(header):
+    for d in INCLUDE_DIRS:
+        path = d / header
+        if path.exists():
+            return path
+    return None
+
+
+def cdef_text():
+    parts = []
+    for header in HEADERS:
+        path = _find(header)
+        if path is None:
+            continue
+        for block in _BLOCK.findall(path.read_text()):
+            parts.append(_DEFINE.sub(r"#define \1 ...", block))
+    return "\n".join(parts)
+
+
+def present_headers():
+    return [h for h in HEADERS if _find(h) is not None]
+
+
+ffibuilder = FFI()
+ffibuilder.cdef(cdef_text())
+
+_libdir = pathlib.Path(os.environ.get("HOMAGG_LIBDIR", ROOT / "build" / "release"))
+_san = os.environ.get("HOMAGG_SANITIZE", "")
+_sanflags = [f"-fsanitize={_san}", "-fno-omit-frame-pointer"] if _san else []
+
+ffibuilder.set_source(
+    "homagg._hg",
+    "\n".join(f'#include "{h}"' for h in present_headers()),
+    include_dirs=[str(d) for d in INCLUDE_DIRS],
+    extra_objects=[str(_libdir / "libhomagg.a")],
+    extra_compile_args=["-O2", "-std=gnu11"] + _sanflags,
+    extra_link_args=_sanflags,
+    libraries=["m"],
+)
+
+if __name__ == "__main__":
+    ffibuilder.compile(verbose=True)

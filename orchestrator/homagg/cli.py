@@ -1,0 +1,50 @@
+"""The ``homagg`` command.
+
+Subcommands live in their own modules, listed in COMMANDS; each module
+provides ``add_arguments(parser)`` and ``main(args) -> int`` and a module
+docstring whose first line is the subcommand's help.
+"""
+import argparse
+import importlib
+import sys
+
+COMMANDS = {
+    "demo": "homagg.demo",
+    "bench": "homagg.bench",
+}
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(
+        prog="homagg",
+        description="HomAgg: in-network gradient aggregation with lossless "
+        "homomorphic compression. Run `homagg COMMAND --help` for details.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name, modname in COMMANDS.items():
+        mod = importlib.import_module(modname)
+        doc = (mod.__doc__ or "").strip()
+        p = sub.add_parser(
+            name,
+            help=doc.splitlines()[0] if doc else None,
+            description=doc,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        mod.add_arguments(p)
+        p.set_defaults(_module=mod)
+    return parser
+
+
+def main(argv=None):
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args._module.main(args) or 0
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
