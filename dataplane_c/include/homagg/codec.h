@@ -44,6 +44,15 @@ extern "C" {
 /* hg_params.flags */
 #define HG_F_STOCHASTIC 1
 
+/* Allreduce methods (docs/PROTOCOL.md "Methods"). */
+enum hg_method {
+	HG_M_DENSE = 1,
+	HG_M_BLOCKS = 2,
+	HG_M_LHC = 3,
+	HG_M_NC = 4,
+	HG_M_AUTO = 5,
+};
+
 /* hg_quantize / hg_dequantize flags */
 #define HG_Q_SKIP_ZERO 1
 
@@ -152,6 +161,16 @@ int hg_lhc_fallback_encode(const struct hg_lhc *l, const float *x,
 /* Final result: every element of y (n floats), bit-exact. */
 int hg_lhc_decode(const struct hg_lhc *l, const uint8_t *gfallback_be32,
 		  float *y);
+
+/*
+ * auto: the exact method (HG_M_DENSE, HG_M_BLOCKS or HG_M_LHC) with the
+ * fewest bytes on the wire, decided by every worker alike from the global
+ * exponent codes and the global non-zero counts (the lhc meta phase).
+ * Returns the method, or -EINVAL / -ERANGE.
+ */
+int hg_auto_choose(const struct hg_params *p, size_t n, const int8_t *gcodes,
+		   const uint8_t *gcounts_be32);
+const char *hg_method_name(enum hg_method m);
 
 /* ---- nc: natural compression / natural dithering ---------------------- */
 

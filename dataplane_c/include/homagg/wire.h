@@ -41,6 +41,8 @@ extern "C" {
 #define HG_FLAG_RETRANS 2
 #define HG_FLAG_SHADOW 4
 #define HG_FLAG_OVERFLOW 8
+/* Aggregator -> worker: the slot is incomplete; payload = worker bitmap. */
+#define HG_FLAG_STATUS 16
 
 struct hg_hdr {
 	uint8_t version;
