@@ -488,16 +488,17 @@ static inline void cell_add(uint8_t *cells, uint32_t k, uint32_t v)
 	memcpy(cells + 4 * k, &t, 4);
 }
 
+/* Elements i0 <= i < len of block b (xb = the block's first element). */
 static bool sketch_block_portable(const struct hg_lhc *l, size_t b,
-				  const float *xb, size_t len, uint8_t *cells,
-				  uint64_t rkey)
+				  const float *xb, size_t i0, size_t len,
+				  uint8_t *cells, uint64_t rkey)
 {
 	const struct lhc_block *bk = &l->blk[b];
 	const uint32_t lim = hg_code_limit_bits(l->gcodes[b]);
 	const double scale = hg_pow2(hg_scale_shift(&l->p, l->gcodes[b]));
 	const uint64_t g0 = b * l->p.block;
 
-	for (size_t i = 0; i < len; i++) {
+	for (size_t i = i0; i < len; i++) {
 		uint32_t a = hg_abs_bits(xb[i]), c[3], neg, v;
 
 		if (!a)
@@ -556,7 +557,7 @@ static bool sketch_block_avx2(const struct hg_lhc *l, size_t b,
 			cell_add(cells, c[2], v);
 		}
 	}
-	return sketch_block_portable(l, b, xb + i, len - i, cells, rkey);
+	return sketch_block_portable(l, b, xb, i, len, cells, rkey);
 }
 
 int hg_lhc_sketch_encode(const struct hg_lhc *l, const float *x,
@@ -589,7 +590,8 @@ int hg_lhc_sketch_encode(const struct hg_lhc *l, const float *x,
 			continue;
 		}
 		ok = avx2 ? sketch_block_avx2(l, b, xb, len, cells, rkey) :
-			    sketch_block_portable(l, b, xb, len, cells, rkey);
+			    sketch_block_portable(l, b, xb, 0, len, cells,
+						  rkey);
 		if (!ok)
 			return -ERANGE;
 		for (size_t k = 0; k < nc; k++) {
