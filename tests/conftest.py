@@ -1,10 +1,13 @@
 """Shared test configuration.
 
 Markers (pyproject.toml) declare what a test needs: root, netns, dpdk, ssh,
-slow.  `make test` runs all of them.  Under CI (CI=true) a test that would be
-skipped for a missing capability fails instead: a skip there hides a gap.
+slow, sanitize.  `make test` runs all of them.  Under CI (CI=true) a test
+whose capability is missing fails instead of skipping: a skip there would
+hide a gap.  tests/ is on sys.path, so the numpy oracle is `import reference`.
 """
 import os
+import shutil
+import subprocess
 
 import pytest
 
@@ -16,16 +19,23 @@ def require(condition, reason):
     if condition:
         return
     if IN_CI:
-        pytest.fail(f"required in CI: {reason}")
+        pytest.fail(f"required in CI but missing: {reason}")
     pytest.skip(reason)
 
 
-@pytest.fixture
-def needs_root():
-    require(os.geteuid() == 0, "needs root")
+def _have_dpdk():
+    if shutil.which("pkg-config") is None:
+        return False
+    return subprocess.run(["pkg-config", "--exists", "libdpdk"]).returncode == 0
 
 
-def pytest_collection_modifyitems(config, items):
-    for item in items:
-        if item.get_closest_marker("root") or item.get_closest_marker("netns"):
-            item.fixturenames.insert(0, "needs_root") if "needs_root" not in item.fixturenames else None
+@pytest.fixture(autouse=True)
+def _declared_needs(request):
+    node = request.node
+    if node.get_closest_marker("root") or node.get_closest_marker("netns"):
+        require(os.geteuid() == 0, "needs root (run the tests as root or with sudo)")
+    if node.get_closest_marker("dpdk"):
+        require(_have_dpdk(), "needs libdpdk-dev (make deps installs it)")
+    if node.get_closest_marker("ssh"):
+        require(shutil.which("sshd") or os.path.exists("/usr/sbin/sshd"),
+                "needs openssh-server (make deps installs it)")
