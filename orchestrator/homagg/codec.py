@@ -110,6 +110,12 @@ def encode_counts(params, x, worker=0):
     return _b.nnz_counts(_p(params, worker), x)
 
 
+def encode_meta(params, x, worker=0):
+    """Exponent and counts phases of lhc / auto in one pass over x:
+    (codes int8, counts '>i4')."""
+    return _b.exp_nnz_encode(_p(params, worker), x)
+
+
 def encode_values(params, x, gcodes, kind="dense", worker=0):
     """Values phase of dense / blocks: fixed-point int32 lanes ('>i4', SUM32)."""
     return _b.quantize(_p(params, worker), x, gcodes, _qflags(kind))
@@ -325,28 +331,32 @@ def simulate_allreduce(grads, method="lhc", seed=0, **options):
         "sketch_lanes": 0, "stalled_blocks": 0, "fallback_blocks": 0, "fallback_lanes": 0,
     }
 
-    # Exponent phase (every method).
-    gcodes = _all_reduce_phase(
-        ledger, "exponents", "max8",
-        ((w, _with_worker(w, lambda w=w: _b.exp_encode(cps[w], grads[w]))) for w in range(W)))
-    if gcodes is None:  # unreachable: W >= 1
-        gcodes = np.empty(0, dtype=np.int8)
-    stats["zero_blocks"] = int(np.count_nonzero(gcodes == EXP_ZERO))
-
     chosen = method
     gcounts = None
     if method in ("lhc", "auto"):
-        gcounts = _all_reduce_phase(
-            ledger, "counts", "sum32",
-            ((w, _b.nnz_counts(cps[w], grads[w])) for w in range(W)))
+        # Meta phase: exponents (MAX8) and counts (SUM32), one pass over x.
+        meta = [_with_worker(w, lambda w=w: _b.exp_nnz_encode(cps[w], grads[w]))
+                for w in range(W)]
+        gcodes = _all_reduce_phase(ledger, "exponents", "max8",
+                                   ((w, meta[w][0]) for w in range(W)))
+        gcounts = _all_reduce_phase(ledger, "counts", "sum32",
+                                    ((w, meta[w][1]) for w in range(W)))
+        del meta
         stats["global_nonzeros"] = int(gcounts.astype(np.int64).sum())
-        if method == "auto":
-            chosen = _METHOD_BY_CODE[_b.auto_choose(cps[0], n, gcodes, gcounts)]
-            for w in range(1, W):  # every worker decides alike
-                other = _METHOD_BY_CODE[_b.auto_choose(cps[w], n, gcodes, gcounts)]
-                if other != chosen:
-                    raise HomAggError(f"auto: worker {w} chose {other}, worker 0 {chosen}")
-            stats["auto_choice"] = chosen
+    else:
+        # Exponent phase (every method).
+        gcodes = _all_reduce_phase(
+            ledger, "exponents", "max8",
+            ((w, _with_worker(w, lambda w=w: _b.exp_encode(cps[w], grads[w])))
+             for w in range(W)))
+    stats["zero_blocks"] = int(np.count_nonzero(gcodes == EXP_ZERO))
+    if method == "auto":
+        chosen = _METHOD_BY_CODE[_b.auto_choose(cps[0], n, gcodes, gcounts)]
+        for w in range(1, W):  # every worker decides alike
+            other = _METHOD_BY_CODE[_b.auto_choose(cps[w], n, gcodes, gcounts)]
+            if other != chosen:
+                raise HomAggError(f"auto: worker {w} chose {other}, worker 0 {chosen}")
+        stats["auto_choice"] = chosen
     stats["method"] = chosen
 
     if chosen in ("dense", "blocks"):

@@ -264,18 +264,51 @@ def nnz_counts(p, x):
     return nnz_counts_into(p, x, np.empty(nblocks(p, x.size), dtype=BE32))
 
 
+def exp_nnz_encode_into(p, x, codes, counts):
+    """hg_exp_nnz_encode: exponent codes and non-zero counts in one pass."""
+    _f32(x)
+    nb = nblocks(p, x.size)
+    _i8(codes, "codes", writable=True)
+    _be32(counts, "counts", writable=True)
+    _length(codes, nb, "codes", "blocks")
+    _length(counts, nb, "counts", "lanes")
+    bad = ffi.new("size_t *", _U64_MAX)
+    rc = lib.hg_exp_nnz_encode(p, _buf("float[]", x), x.size, _wbuf("int8_t[]", codes),
+                               _wbuf("uint8_t[]", counts), bad)
+    index = None if bad[0] == _U64_MAX else int(bad[0])
+    _check_x(rc, p, x, "hg_exp_nnz_encode", index)
+    return codes, counts
+
+
+def exp_nnz_encode(p, x):
+    _f32(x)
+    nb = nblocks(p, x.size)
+    return exp_nnz_encode_into(p, x, np.empty(nb, dtype=I8), np.empty(nb, dtype=BE32))
+
+
 # ---- lhc -------------------------------------------------------------------
 
 class Lhc:
     """An lhc plan (struct hg_lhc), freed by hg_lhc_destroy when collected."""
 
-    __slots__ = ("ptr", "params", "n", "nblocks", "__weakref__")
+    __slots__ = ("ptr", "params", "n", "nblocks", "state", "__weakref__")
+
+    PLANNED, INDEXED, PEELED = 0, 1, 2
+    _STEP = {INDEXED: "lhc_set_index", PEELED: "lhc_peel"}
 
     def __init__(self, ptr, params, n, nb):
         self.ptr = ptr
         self.params = params  # kept alive as long as the plan
         self.n = n
         self.nblocks = nb
+        self.state = Lhc.PLANNED
+
+    def need(self, state, what):
+        """Raise unless the plan went through the phase a call needs."""
+        if self.state < state:
+            raise InvalidArgument(f"{what}: call {Lhc._STEP[state]} before it (phases run "
+                                  "in order: index, sketch, peel, fallback, decode)",
+                                  -errno.EINVAL)
 
     def info(self):
         return lhc_get_info(self)
@@ -333,12 +366,16 @@ def lhc_set_index(lhc, gindex):
     """hg_lhc_set_index: the OR of every worker's index."""
     _u8(gindex, "gindex")
     _length(gindex, lhc_get_info(lhc)["index_bytes"], "gindex", "bytes")
-    return check(lib.hg_lhc_set_index(lhc.ptr, _buf("uint8_t[]", gindex)), "hg_lhc_set_index")
+    lhc.state = Lhc.PLANNED
+    rc = check(lib.hg_lhc_set_index(lhc.ptr, _buf("uint8_t[]", gindex)), "hg_lhc_set_index")
+    lhc.state = Lhc.INDEXED
+    return rc
 
 
 def lhc_sketch_encode_into(lhc, x, cells):
     """hg_lhc_sketch_encode: this worker's count sketch ('>i4' cells)."""
     _lhc_x(lhc, x)
+    lhc.need(Lhc.INDEXED, "lhc_sketch_encode")
     _be32(cells, "cells", writable=True)
     _length(cells, lhc_get_info(lhc)["sketch_lanes"], "cells", "lanes")
     rc = lib.hg_lhc_sketch_encode(lhc.ptr, _buf("float[]", x), _wbuf("uint8_t[]", cells))
@@ -348,20 +385,26 @@ def lhc_sketch_encode_into(lhc, x, cells):
 
 def lhc_sketch_encode(lhc, x):
     _lhc_x(lhc, x)
+    lhc.need(Lhc.INDEXED, "lhc_sketch_encode")
     out = np.empty(lhc_get_info(lhc)["sketch_lanes"], dtype=BE32)
     return lhc_sketch_encode_into(lhc, x, out)
 
 
 def lhc_peel(lhc, gcells):
     """hg_lhc_peel: peel the summed sketch (stalls are in the info)."""
+    lhc.need(Lhc.INDEXED, "lhc_peel")
     _be32(gcells, "gcells")
     _length(gcells, lhc_get_info(lhc)["sketch_lanes"], "gcells", "lanes")
-    return check(lib.hg_lhc_peel(lhc.ptr, _buf("uint8_t[]", gcells)), "hg_lhc_peel")
+    lhc.state = Lhc.INDEXED
+    rc = check(lib.hg_lhc_peel(lhc.ptr, _buf("uint8_t[]", gcells)), "hg_lhc_peel")
+    lhc.state = Lhc.PEELED
+    return rc
 
 
 def lhc_fallback_encode_into(lhc, x, out):
     """hg_lhc_fallback_encode: quantised values at the unresolved candidates."""
     _lhc_x(lhc, x)
+    lhc.need(Lhc.PEELED, "lhc_fallback_encode")
     _be32(out, "out", writable=True)
     _length(out, lhc_get_info(lhc)["fallback_lanes"], "out", "lanes")
     rc = lib.hg_lhc_fallback_encode(lhc.ptr, _buf("float[]", x), _wbuf("uint8_t[]", out))
@@ -371,12 +414,14 @@ def lhc_fallback_encode_into(lhc, x, out):
 
 def lhc_fallback_encode(lhc, x):
     _lhc_x(lhc, x)
+    lhc.need(Lhc.PEELED, "lhc_fallback_encode")
     out = np.empty(lhc_get_info(lhc)["fallback_lanes"], dtype=BE32)
     return lhc_fallback_encode_into(lhc, x, out)
 
 
 def lhc_decode_into(lhc, gfallback, y):
     """hg_lhc_decode: the bit-exact result, n float32."""
+    lhc.need(Lhc.PEELED, "lhc_decode")
     _be32(gfallback, "gfallback")
     _length(gfallback, lhc_get_info(lhc)["fallback_lanes"], "gfallback", "lanes")
     _f32(y, "y", writable=True)
