@@ -739,7 +739,7 @@ static void timeout_text(struct hg_client *c, const struct flight *fl,
 		return;
 	}
 	e += snprintf(e, (size_t)(end - e),
-		      "timed out after %.1f s waiting for chunk %u (phase %s): ",
+		      "timed out after %.3g s waiting for chunk %u (phase %s): ",
 		      secs, fl->seq, phase_names[s->phase]);
 	if (!fl->have_status) {
 		snprintf(e, (size_t)(end - e),
