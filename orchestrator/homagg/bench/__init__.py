@@ -8,6 +8,8 @@ import importlib
 
 BENCHMARKS = {
     "codec": "homagg.bench.codec",
+    "scale": "homagg.bench.scale",
+    "allreduce": "homagg.bench.allreduce",
 }
 
 
