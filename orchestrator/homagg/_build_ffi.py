@@ -26,6 +26,7 @@ HEADERS = [
     "homagg/port.h",
     "homagg/port_mem.h",
     "homagg/engine.h",
+    "homagg/bench.h",
     "homagg/nic.h",
     "homagg/client.h",
     "homagg/sim.h",
