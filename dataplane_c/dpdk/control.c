@@ -112,6 +112,8 @@ static int reply_error(char *out, size_t outlen, int rc, const char *fmt, ...)
 	hg_json_out_init(&w, out, outlen);
 	hg_json_raw(&w, "{\"ok\":false,\"error\":");
 	hg_json_str(&w, msg);
+	hg_json_key(&w, "code");
+	hg_json_i64(&w, rc);
 	hg_json_raw(&w, "}");
 	if (hg_json_finish(&w) < 0)
 		snprintf(out, outlen, "{\"ok\":false,\"error\":\"reply too long\"}");

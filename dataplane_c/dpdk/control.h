@@ -9,8 +9,8 @@
  *   {"cmd":"stats"}      -> {"ok":true,"stats":{counter:value,...},...}
  *   {"cmd":"shutdown"}
  *
- * Every reply is {"ok":true,...} or {"ok":false,"error":"..."}; the error
- * names the offending field ("field 'workers': must be 1..256").  A bad
+ * Every reply is {"ok":true,...} or {"ok":false,"error":"...","code":-errno};
+ * the error names the offending field ("field 'workers': must be 1..256").  A bad
  * request is answered and forgotten: it never stops the daemon.
  *
  * The socket is polled without blocking from the data-path loop

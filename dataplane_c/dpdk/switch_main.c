@@ -28,6 +28,8 @@
 #include <rte_mbuf.h>
 #include <rte_telemetry.h>
 
+#include "homagg/codec.h"
+#include "homagg/counters.h"
 #include "homagg/engine.h"
 #include "homagg/errors.h"
 #include "homagg/wire.h"
@@ -51,6 +53,7 @@ struct opts {
 	unsigned int mbufs;
 	unsigned int max_jobs;
 	bool replicate;
+	bool udp_csum;            /* verify received / fill sent UDP checksums */
 };
 
 struct daemon {
@@ -63,7 +66,7 @@ struct daemon {
 	bool port_started;
 	volatile bool stop_requested;  /* by the shutdown command */
 	/* counters published for the telemetry thread (relaxed atomics) */
-	uint64_t snap[HG_ENGINE_NCOUNTERS];
+	uint64_t snap[HG_CNT__COUNT];
 	struct hg_dpdk_port_stats psnap;
 };
 
@@ -96,7 +99,9 @@ static void usage(const char *prog)
 		"  --idle-us N           sleep N us when the port is idle (default 20, 0 = spin)\n"
 		"  --mbufs N             mbufs in the pool (default 8191)\n"
 		"  --max-jobs N          concurrent jobs (default 64)\n"
-		"  --no-replicate        the link does not replicate multicast: unicast results\n",
+		"  --no-replicate        the link does not replicate multicast: unicast results\n"
+		"  --no-udp-csum         neither verify nor fill UDP checksums (peers whose\n"
+		"                        kernel leaves them to an offload, e.g. veth)\n",
 		prog, HG_UDP_PORT);
 }
 
@@ -115,7 +120,7 @@ static int parse_ulong(const char *s, unsigned long lo, unsigned long hi,
 static int parse_opts(int argc, char **argv, struct opts *o)
 {
 	enum { O_IP = 256, O_UDP, O_PORT, O_CTL, O_LCORES, O_QUEUES, O_DROP,
-	       O_SEED, O_STATS, O_IDLE, O_MBUFS, O_JOBS, O_NOREP, O_HELP };
+	       O_SEED, O_STATS, O_IDLE, O_MBUFS, O_JOBS, O_NOREP, O_NOCSUM, O_HELP };
 	static const struct option lo[] = {
 		{ "port-ip", required_argument, NULL, O_IP },
 		{ "udp-port", required_argument, NULL, O_UDP },
@@ -130,6 +135,7 @@ static int parse_opts(int argc, char **argv, struct opts *o)
 		{ "mbufs", required_argument, NULL, O_MBUFS },
 		{ "max-jobs", required_argument, NULL, O_JOBS },
 		{ "no-replicate", no_argument, NULL, O_NOREP },
+		{ "no-udp-csum", no_argument, NULL, O_NOCSUM },
 		{ "help", no_argument, NULL, O_HELP },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -142,7 +148,7 @@ static int parse_opts(int argc, char **argv, struct opts *o)
 		.ipv4 = 0x0A000001, .udp_port = HG_UDP_PORT, .port_id = 0,
 		.control = "/run/homagg-switch.sock", .lcores = 1, .queues = 1,
 		.drop_rate = 0.0, .seed = 1, .stats_interval = 0, .idle_us = 20,
-		.mbufs = 8191, .max_jobs = 64, .replicate = true,
+		.mbufs = 8191, .max_jobs = 64, .replicate = true, .udp_csum = true,
 	};
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
@@ -205,12 +211,15 @@ static int parse_opts(int argc, char **argv, struct opts *o)
 			o->mbufs = (unsigned int)v;
 			break;
 		case O_JOBS:
-			if (parse_ulong(optarg, 1, 65536, &v))
+			if (parse_ulong(optarg, 1, HG_ENGINE_MAX_JOBS, &v))
 				goto bad;
 			o->max_jobs = (unsigned int)v;
 			break;
 		case O_NOREP:
 			o->replicate = false;
+			break;
+		case O_NOCSUM:
+			o->udp_csum = false;
 			break;
 		case 'h':
 		case O_HELP:
@@ -269,15 +278,15 @@ static int ctl_remove_job(void *ctx, uint32_t job)
 static void ctl_stats(void *ctx, struct hg_json_out *w)
 {
 	struct daemon *d = ctx;
-	uint64_t c[HG_ENGINE_NCOUNTERS];
+	uint64_t c[HG_CNT__COUNT];
 	struct hg_dpdk_port_stats ps;
 	unsigned int i;
 
-	hg_engine_get_counters(d->eng, c, HG_ENGINE_NCOUNTERS);
+	hg_engine_counters(d->eng, c, HG_CNT__COUNT);
 	hg_json_key(w, "stats");
 	hg_json_raw(w, "{");
-	for (i = 0; i < HG_ENGINE_NCOUNTERS; i++) {
-		hg_json_key(w, hg_engine_counter_name(i));
+	for (i = 0; i < HG_CNT__COUNT; i++) {
+		hg_json_key(w, hg_counter_name((int)i));
 		hg_json_u64(w, c[i]);
 	}
 	hg_json_raw(w, "}");
@@ -319,11 +328,11 @@ static const struct hg_ctl_ops ctl_ops = {
 
 static void publish_snapshot(struct daemon *d)
 {
-	uint64_t c[HG_ENGINE_NCOUNTERS];
+	uint64_t c[HG_CNT__COUNT];
 	unsigned int i;
 
-	hg_engine_get_counters(d->eng, c, HG_ENGINE_NCOUNTERS);
-	for (i = 0; i < HG_ENGINE_NCOUNTERS; i++)
+	hg_engine_counters(d->eng, c, HG_CNT__COUNT);
+	for (i = 0; i < HG_CNT__COUNT; i++)
 		__atomic_store_n(&d->snap[i], c[i], __ATOMIC_RELAXED);
 }
 
@@ -336,8 +345,8 @@ static int tel_stats(const char *cmd, const char *params,
 	if (!d)
 		return -EAGAIN;
 	rte_tel_data_start_dict(t);
-	for (i = 0; i < HG_ENGINE_NCOUNTERS; i++)
-		rte_tel_data_add_dict_u64(t, hg_engine_counter_name(i),
+	for (i = 0; i < HG_CNT__COUNT; i++)
+		rte_tel_data_add_dict_u64(t, hg_counter_name((int)i),
 					  __atomic_load_n(&d->snap[i], __ATOMIC_RELAXED));
 	return 0;
 }
@@ -393,18 +402,18 @@ static int port_setup(struct daemon *d)
 
 static void print_counters(struct daemon *d, FILE *f)
 {
-	uint64_t c[HG_ENGINE_NCOUNTERS];
+	uint64_t c[HG_CNT__COUNT];
 	struct hg_dpdk_port_stats ps;
 	unsigned int i;
 
-	hg_engine_get_counters(d->eng, c, HG_ENGINE_NCOUNTERS);
+	hg_engine_counters(d->eng, c, HG_CNT__COUNT);
 	hg_dpdk_port_get_stats(d->dport, &ps);
 	fprintf(f, "stats: port rx=%" PRIu64 " tx=%" PRIu64 " drop_injected=%"
 		PRIu64 " arp=%" PRIu64, ps.rx, ps.tx, ps.drop_injected,
 		ps.arp_replies);
-	for (i = 0; i < HG_ENGINE_NCOUNTERS; i++)
+	for (i = 0; i < HG_CNT__COUNT; i++)
 		if (c[i])
-			fprintf(f, " %s=%" PRIu64, hg_engine_counter_name(i), c[i]);
+			fprintf(f, " %s=%" PRIu64, hg_counter_name((int)i), c[i]);
 	fprintf(f, "\n");
 	fflush(f);
 }
@@ -495,15 +504,18 @@ int main(int argc, char **argv)
 		goto out;
 	}
 	d->port = hg_dpdk_port_ops(d->dport);
-	memset(&ec, 0, sizeof(ec));
+	hg_engine_config_init(&ec);
 	ec.port = &d->port;
 	ec.max_jobs = d->o.max_jobs;
+	ec.udp_port = d->o.udp_port;
+	if (!d->o.udp_csum)
+		ec.flags &= ~(uint32_t)HG_ENGINE_F_UDP_CSUM;
 	d->eng = hg_engine_create(&ec);
 	if (!d->eng) {
 		fprintf(stderr, "engine: could not create\n");
 		goto out;
 	}
-	lim.max_workers = HG_ENGINE_MAX_WORKERS;
+	lim.max_workers = HG_MAX_WORKERS;
 	lim.max_slots = HG_ENGINE_MAX_SLOTS;
 	lim.max_payload = HG_MAX_PAYLOAD;
 	d->ctl = hg_control_create(d->o.control, &ctl_ops, d, &lim);
