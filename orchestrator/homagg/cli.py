@@ -11,6 +11,7 @@ import sys
 COMMANDS = {
     "demo": "homagg.demo",
     "bench": "homagg.bench",
+    "testbed": "homagg.testbed_cli",
 }
 
 

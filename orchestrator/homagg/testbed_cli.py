@@ -1,0 +1,141 @@
+"""Build, inspect and remove local testbeds (network namespaces, needs root).
+
+A testbed is one network namespace per host (hg-NAME-agg for the aggregator,
+hg-NAME-w0, hg-NAME-w1, ... for the workers), each with an eth0 linked by a
+veth pair to a bridge in hg-NAME-sw that plays the switch (multicast is
+flooded to every port).  Addresses: aggregator .1, workers .10, .11, ... of
+the subnet (default 10.77.0.0/24).  With --link-mbit every worker link is
+shaped in both directions (tbf).  What was created is recorded in
+/run/homagg/testbeds/NAME.json (--state-dir or $HOMAGG_TESTBED_DIR), and
+`down` removes exactly that.
+
+examples:
+  sudo homagg testbed up --workers 4 --link-mbit 1000 --name demo
+  sudo homagg testbed show --name demo
+  sudo ip netns exec hg-demo-w0 ping -c 1 10.77.0.1
+  sudo homagg testbed down --name demo
+"""
+import argparse
+import json
+import sys
+
+from homagg.testbed import DEFAULT_SUBNET, Testbed, TestbedError, state_dir_default
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--state-dir", default=None, metavar="DIR",
+                        help="where state files live (default $HOMAGG_TESTBED_DIR "
+                        "or /run/homagg/testbeds)")
+    sub = parser.add_subparsers(dest="action", metavar="ACTION")
+    sub.required = True
+
+    p = sub.add_parser("up", help="create a testbed",
+                       description="Create the namespaces, the bridge, the veth links, "
+                       "the addresses and the rate limits of a testbed.  Fails, touching "
+                       "nothing, if the name is taken; removes what it built if a step fails.")
+    p.add_argument("--workers", "-w", type=int, required=True, metavar="N",
+                   help="number of worker hosts (namespaces hg-NAME-w0 .. w{N-1})")
+    p.add_argument("--link-mbit", type=float, default=None, metavar="R",
+                   help="shape every worker link to R Mbit/s in both directions "
+                   "(tbf on both veth ends); default: unshaped")
+    p.add_argument("--agg-link-mbit", type=float, default=None, metavar="R",
+                   help="shape the aggregator's link too (default: unshaped)")
+    p.add_argument("--name", "-n", default="default",
+                   help="testbed name: 1-16 of a-z 0-9 _ (default: %(default)s)")
+    p.add_argument("--subnet", default=DEFAULT_SUBNET,
+                   help="IPv4 subnet of the testbed (default: %(default)s)")
+    p.add_argument("--mtu", type=int, default=1500, help="MTU of every link (default: %(default)s)")
+
+    p = sub.add_parser("down", help="remove a testbed",
+                       description="Stop the processes recorded for the testbed (by PID), "
+                       "delete its links and namespaces and its state file.  Succeeds on "
+                       "a half-built testbed; does nothing if it is already gone.")
+    p.add_argument("--name", "-n", default="default", help="testbed name (default: %(default)s)")
+
+    sub.add_parser("list", help="list the testbeds that have a state file",
+                   description="List the testbeds recorded in the state directory.")
+
+    p = sub.add_parser("show", help="show a testbed's hosts, addresses and rates",
+                       description="Show the hosts of a testbed: namespace, interface, "
+                       "address, MAC, switch port and link rate.")
+    p.add_argument("--name", "-n", default="default", help="testbed name (default: %(default)s)")
+    p.add_argument("--json", action="store_true", help="print the whole state as JSON")
+
+
+def _rate(r):
+    return "unshaped" if r is None else f"{r:g} Mbit/s"
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        return _run(args)
+    except TestbedError as e:
+        print(f"homagg testbed {args.action}: {e}", file=sys.stderr)
+        return 1
+
+
+def _run(args) -> int:
+    sd = args.state_dir
+    if args.action == "up":
+        tb = Testbed.up(args.name, workers=args.workers, link_mbit=args.link_mbit,
+                        agg_link_mbit=args.agg_link_mbit, subnet=args.subnet, mtu=args.mtu,
+                        state_dir=sd)
+        print(f"testbed {tb.name} is up ({args.workers} workers, links {_rate(args.link_mbit)}); "
+              f"state: {tb.state_path}")
+        _print_hosts(tb)
+        return 0
+    if args.action == "down":
+        if Testbed.down(args.name, state_dir=sd):
+            print(f"testbed {args.name} removed")
+        else:
+            print(f"testbed {args.name}: nothing to remove (no state file in "
+                  f"{sd or state_dir_default()})")
+        return 0
+    if args.action == "list":
+        for name in Testbed.list(sd):
+            try:
+                st = Testbed.open(name, sd).state()
+                print(f"{name}\t{st['workers']} workers\tlinks {_rate(st['link_mbit'])}\t"
+                      f"{st['subnet']}\t{'complete' if st.get('complete') else 'incomplete'}")
+            except (TestbedError, ValueError, KeyError) as e:
+                print(f"{name}\tunreadable state: {e}")
+        return 0
+    if args.action == "show":
+        tb = Testbed.open(args.name, sd)
+        if args.json:
+            print(json.dumps(tb.describe(), indent=1))
+            return 0
+        st = tb.state()
+        print(f"testbed {tb.name}: {st['workers']} workers, subnet {st['subnet']}, "
+              f"mtu {st['mtu']}, switch: bridge {st['bridge']} in {st['switch_netns']}"
+              f"{'' if st.get('complete') else ' (INCOMPLETE)'}")
+        _print_hosts(tb)
+        procs = st.get("processes", [])
+        if procs:
+            print("processes:")
+            for r in procs:
+                print(f"  pid {r['pid']} on {r['host']}: {' '.join(r['argv'])}")
+        return 0
+    raise AssertionError(args.action)
+
+
+def _print_hosts(tb: Testbed) -> None:
+    rows = [("HOST", "ROLE", "NAMESPACE", "IF", "ADDRESS", "MAC", "PORT", "RATE")]
+    for h in tb.hosts():
+        rows.append((h.name, h.role, h.netns, h.ifname, f"{h.ip}/{h.prefixlen}", h.mac,
+                     h.switch_port, _rate(h.rate_mbit)))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        print("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+
+
+def _standalone(argv=None) -> int:
+    """``python -m homagg.testbed_cli ...``: the same as ``homagg testbed ...``."""
+    parser = argparse.ArgumentParser(prog="homagg testbed", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser)
+    return main(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(_standalone())
