@@ -16,13 +16,14 @@
 #include "homagg/errors.h"
 #include "control.h"
 
-#define CTL_MAX_CONN 16
+#define CTL_MAX_CONN 64
 #define CTL_IN_CAP 4096
 #define CTL_OUT_CAP 65536
 #define CTL_REPLY_CAP 16384
 
 struct ctl_conn {
 	int fd;               /* -1 = free */
+	bool discard;         /* skipping the rest of an overlong line */
 	size_t in_len;
 	size_t out_len;
 	char in[CTL_IN_CAP];
@@ -66,7 +67,7 @@ struct hg_control *hg_control_create(const char *path,
 		goto err_free;
 	unlink(path);
 	if (bind(c->lfd, (struct sockaddr *)&sa, sizeof(sa)) < 0 ||
-	    listen(c->lfd, 16) < 0)
+	    listen(c->lfd, 128) < 0)
 		goto err_close;
 	return c;
 
@@ -304,6 +305,7 @@ static void conn_close(struct ctl_conn *k)
 {
 	close(k->fd);
 	k->fd = -1;
+	k->discard = false;
 	k->in_len = 0;
 	k->out_len = 0;
 }
@@ -353,26 +355,35 @@ static int conn_process(struct hg_control *c, struct ctl_conn *k)
 		if (k->in[i] != '\n')
 			continue;
 		len = i - start;
-		if (len && k->in[start + len - 1] == '\r')
-			len--;
-		if (len) {
-			hg_control_handle(c, k->in + start, len, c->reply,
-					  sizeof(c->reply));
-			if (!conn_queue(k, c->reply))
-				return -1;
-			handled++;
+		if (k->discard) {
+			/* the tail of an overlong request: already answered */
+			k->discard = false;
+		} else {
+			if (len && k->in[start + len - 1] == '\r')
+				len--;
+			if (len) {
+				hg_control_handle(c, k->in + start, len, c->reply,
+						  sizeof(c->reply));
+				if (!conn_queue(k, c->reply))
+					return -1;
+				handled++;
+			}
 		}
 		start = i + 1;
 	}
+	if (k->discard)
+		start = k->in_len;
 	memmove(k->in, k->in + start, k->in_len - start);
 	k->in_len -= start;
 	if (k->in_len == sizeof(k->in)) {
-		/* a line longer than the buffer: answer once and hang up */
+		/* a line longer than the buffer: answer once, skip to its end */
 		reply_error(c->reply, sizeof(c->reply), -EINVAL,
 			    "request longer than %d bytes", CTL_IN_CAP - 1);
-		conn_queue(k, c->reply);
-		conn_flush(k);
-		return -1;
+		if (!conn_queue(k, c->reply))
+			return -1;
+		k->discard = true;
+		k->in_len = 0;
+		handled++;
 	}
 	return handled;
 }
@@ -381,31 +392,7 @@ int hg_control_poll(struct hg_control *c)
 {
 	int handled = 0, i;
 
-	for (;;) {
-		int fd = accept4(c->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-
-		if (fd < 0) {
-			if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ||
-			    errno == ECONNABORTED)
-				break;
-			return -errno;
-		}
-		for (i = 0; i < CTL_MAX_CONN; i++)
-			if (c->conn[i].fd < 0)
-				break;
-		if (i == CTL_MAX_CONN) {
-			static const char busy[] =
-				"{\"ok\":false,\"error\":\"too many control connections\"}\n";
-			ssize_t n = send(fd, busy, sizeof(busy) - 1, MSG_NOSIGNAL);
-
-			(void)n;
-			close(fd);
-			continue;
-		}
-		c->conn[i].fd = fd;
-		c->conn[i].in_len = 0;
-		c->conn[i].out_len = 0;
-	}
+	/* existing connections first: closed ones free their slot */
 	for (i = 0; i < CTL_MAX_CONN; i++) {
 		struct ctl_conn *k = &c->conn[i];
 		bool eof = false;
@@ -438,6 +425,32 @@ int hg_control_poll(struct hg_control *c)
 		/* after EOF, replies already queued are sent once, then close */
 		if (!conn_flush(k) || eof)
 			conn_close(k);
+	}
+	for (;;) {
+		int fd = accept4(c->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+
+		if (fd < 0) {
+			if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ||
+			    errno == ECONNABORTED)
+				break;
+			return -errno;
+		}
+		for (i = 0; i < CTL_MAX_CONN; i++)
+			if (c->conn[i].fd < 0)
+				break;
+		if (i == CTL_MAX_CONN) {
+			static const char busy[] =
+				"{\"ok\":false,\"error\":\"too many control connections\"}\n";
+			ssize_t n = send(fd, busy, sizeof(busy) - 1, MSG_NOSIGNAL);
+
+			(void)n;
+			close(fd);
+			continue;
+		}
+		c->conn[i].fd = fd;
+		c->conn[i].discard = false;
+		c->conn[i].in_len = 0;
+		c->conn[i].out_len = 0;
 	}
 	return handled;
 }

@@ -57,16 +57,28 @@ class ControlClient:
 
     def connect(self):
         if self._sock is None:
-            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            s.settimeout(self.timeout)
-            try:
-                s.connect(self.path)
-            except (FileNotFoundError, ConnectionRefusedError) as exc:
-                s.close()
-                raise PeerTimeout(f"homagg-switch control socket {self.path}: {exc}") from exc
-            except socket.timeout as exc:
-                s.close()
-                raise PeerTimeout(f"homagg-switch control socket {self.path}: connect timed out") from exc
+            deadline = time.monotonic() + self.timeout
+            while True:
+                s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                s.settimeout(self.timeout)
+                try:
+                    s.connect(self.path)
+                    break
+                except BlockingIOError as exc:
+                    # the listen backlog is full: the daemon accepts
+                    # every millisecond, so try again until the timeout
+                    s.close()
+                    if time.monotonic() > deadline:
+                        raise PeerTimeout(f"homagg-switch control socket {self.path}: "
+                                          "backlog full") from exc
+                    time.sleep(0.001)
+                except (FileNotFoundError, ConnectionRefusedError) as exc:
+                    s.close()
+                    raise PeerTimeout(f"homagg-switch control socket {self.path}: {exc}") from exc
+                except socket.timeout as exc:
+                    s.close()
+                    raise PeerTimeout(f"homagg-switch control socket {self.path}: "
+                                      "connect timed out") from exc
             self._sock = s
             self._buf = b""
         return self

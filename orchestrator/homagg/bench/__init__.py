@@ -8,6 +8,7 @@ import importlib
 
 BENCHMARKS = {
     "codec": "homagg.bench.codec",
+    "switch": "homagg.bench.switch",
 }
 
 
