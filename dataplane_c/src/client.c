@@ -91,7 +91,7 @@ struct buf {
 struct hg_client {
 	struct hg_client_config cfg;
 	struct hg_port_info me;
-	uint16_t ip_id;
+	struct hg_wire_addr src, dst; /* this worker, the aggregator */
 
 	/* the allreduce in progress */
 	enum stage stage;
@@ -182,6 +182,12 @@ struct hg_client *hg_client_create(const struct hg_client_config *cfg)
 		goto err_free;
 	if (c->me.mtu && c->me.mtu < IP_LEN + UDP_LEN + HG_HDR_LEN + cfg->payload_bytes)
 		goto err_free;
+	memcpy(c->src.mac, c->me.mac, 6);
+	c->src.ipv4 = c->me.ipv4;
+	c->src.port = c->me.udp_port ? c->me.udp_port : HG_UDP_PORT;
+	memcpy(c->dst.mac, c->cfg.agg_mac, 6);
+	c->dst.ipv4 = c->cfg.agg_ipv4;
+	c->dst.port = c->cfg.agg_udp_port;
 	if (cfg->group_ipv4 && cfg->port->ops->join_group &&
 	    cfg->port->ops->join_group(cfg->port->ctx, cfg->group_ipv4) < 0)
 		goto err_free;
@@ -242,42 +248,6 @@ int hg_client_get_stats(const struct hg_client *c, struct hg_client_stats *st)
 
 /* ---- frames ------------------------------------------------------------ */
 
-static void put16(uint8_t *p, uint16_t v)
-{
-	p[0] = v >> 8;
-	p[1] = v;
-}
-
-static void put32(uint8_t *p, uint32_t v)
-{
-	p[0] = v >> 24;
-	p[1] = v >> 16;
-	p[2] = v >> 8;
-	p[3] = v;
-}
-
-static uint16_t get16(const uint8_t *p)
-{
-	return (uint16_t)(p[0] << 8 | p[1]);
-}
-
-static uint32_t get32(const uint8_t *p)
-{
-	return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 |
-	       (uint32_t)p[2] << 8 | p[3];
-}
-
-static uint16_t ip_checksum(const uint8_t *h, size_t len)
-{
-	uint32_t sum = 0;
-
-	for (size_t i = 0; i + 1 < len; i += 2)
-		sum += get16(h + i);
-	while (sum >> 16)
-		sum = (sum & 0xffff) + (sum >> 16);
-	return (uint16_t)~sum;
-}
-
 /*
  * Write the frame of chunk k of the step into pkt: Ethernet / IPv4 / UDP to
  * the aggregator, the HomAgg header, the chunk's lanes as they are in the
@@ -288,56 +258,32 @@ static size_t build_chunk(struct hg_client *c, struct hg_pkt *pkt, size_t k,
 {
 	const struct stream *s = &c->st.s[0];
 	uint32_t seq = c->st.base_seq + (uint32_t)k;
-	size_t first, lanes, bytes, len;
-	uint16_t flags = 0;
-	uint8_t *f = pkt->data, *ip, *udp, *h;
+	struct hg_hdr h = { 0 };
+	size_t first, lanes, bytes;
+	int len;
 
 	if (c->st.nstreams > 1 && k >= c->st.s[1].first_chunk)
 		s = &c->st.s[1];
 	first = (k - s->first_chunk) * s->per_chunk;
 	lanes = s->lanes - first < s->per_chunk ? s->lanes - first : s->per_chunk;
 	bytes = lanes * s->in_lane;
-	len = ETH_LEN + IP_LEN + UDP_LEN + HG_HDR_LEN + bytes;
 	*phase = s->phase;
 
-	memcpy(f, c->cfg.agg_mac, 6);
-	memcpy(f + 6, c->me.mac, 6);
-	put16(f + 12, 0x0800);
-	ip = f + ETH_LEN;
-	ip[0] = 0x45;
-	ip[1] = 0;
-	put16(ip + 2, (uint16_t)(len - ETH_LEN));
-	put16(ip + 4, c->ip_id++);
-	put16(ip + 6, 0x4000); /* DF */
-	ip[8] = 64;
-	ip[9] = 17;
-	put16(ip + 10, 0);
-	put32(ip + 12, c->me.ipv4);
-	put32(ip + 16, c->cfg.agg_ipv4);
-	put16(ip + 10, ip_checksum(ip, IP_LEN));
-	udp = ip + IP_LEN;
-	put16(udp, c->me.udp_port ? c->me.udp_port : HG_UDP_PORT);
-	put16(udp + 2, c->cfg.agg_udp_port);
-	put16(udp + 4, (uint16_t)(UDP_LEN + HG_HDR_LEN + bytes));
-	put16(udp + 6, 0);
-	h = udp + UDP_LEN;
-	if (retrans)
-		flags |= HG_FLAG_RETRANS;
-	if ((seq / c->cfg.slots) % 2)
-		flags |= HG_FLAG_SHADOW;
-	h[0] = HG_PROTOCOL_VERSION;
-	h[1] = (uint8_t)s->op;
-	put16(h + 2, flags);
-	put32(h + 4, c->cfg.job);
-	put32(h + 8, c->cfg.token);
-	put16(h + 12, (uint16_t)c->cfg.worker);
-	put16(h + 14, (uint16_t)(seq % c->cfg.slots));
-	put32(h + 16, seq);
-	put16(h + 20, (uint16_t)lanes);
-	h[22] = (uint8_t)s->exp;
-	h[23] = 0;
-	memcpy(h + HG_HDR_LEN, s->in + first * s->in_lane, bytes);
-	pkt->len = (uint16_t)len;
+	h.version = HG_PROTOCOL_VERSION;
+	h.op = (uint8_t)s->op;
+	h.flags = (uint16_t)((retrans ? HG_FLAG_RETRANS : 0) |
+			     ((seq / c->cfg.slots) % 2 ? HG_FLAG_SHADOW : 0));
+	h.job = c->cfg.job;
+	h.token = c->cfg.token;
+	h.worker = (uint16_t)c->cfg.worker;
+	h.slot = (uint16_t)(seq % c->cfg.slots);
+	h.seq = seq;
+	h.lanes = (uint16_t)lanes;
+	h.exp = s->exp;
+	len = hg_wire_build(pkt->data, pkt->cap, &c->src, &c->dst, &h,
+			    s->in + first * s->in_lane, bytes, 0);
+	/* Cannot fail: cap and payload were checked against payload_bytes. */
+	pkt->len = len > 0 ? (uint16_t)len : 0;
 	return bytes;
 }
 
@@ -609,52 +555,41 @@ static void format_ip(char *s, size_t len, uint32_t ip)
 static void handle_frame(struct hg_client *c, const uint8_t *f, size_t len)
 {
 	struct step *st = &c->st;
-	const uint8_t *ip, *h, *pl;
+	struct hg_wire_view v;
 	const struct stream *s;
 	struct flight *fl;
-	size_t ihl, k, first, lanes, bytes;
-	uint16_t flags, hlanes;
+	const uint8_t *pl;
+	size_t k, first, lanes;
 	uint32_t seq;
 
-	if (len < ETH_LEN + IP_LEN || get16(f + 12) != 0x0800)
+	/* Same validation as the aggregator: addresses, lengths, header. */
+	if (hg_wire_parse(f, len, c->src.port, 0, &v) != 0 ||
+	    v.hdr.job != c->cfg.job || v.hdr.token != c->cfg.token ||
+	    !(v.hdr.flags & (HG_FLAG_RESULT | HG_FLAG_STATUS)))
 		goto ignore;
-	ip = f + ETH_LEN;
-	ihl = (size_t)(ip[0] & 15) * 4;
-	if ((ip[0] >> 4) != 4 || ihl < IP_LEN || ip[9] != 17 ||
-	    len < ETH_LEN + ihl + UDP_LEN + HG_HDR_LEN)
-		goto ignore;
-	h = ip + ihl + UDP_LEN;
-	pl = h + HG_HDR_LEN;
-	bytes = len - (size_t)(pl - f);
-	if (h[0] != HG_PROTOCOL_VERSION || get32(h + 4) != c->cfg.job ||
-	    get32(h + 8) != c->cfg.token)
-		goto ignore;
-	flags = get16(h + 2);
-	seq = get32(h + 16);
-	hlanes = get16(h + 20);
+	pl = f + v.payload_off;
+	seq = v.hdr.seq;
 	if (!(c->stage >= ST_META && c->stage <= ST_FALLBACK)) {
-		if (flags & HG_FLAG_RESULT)
+		if (v.hdr.flags & HG_FLAG_RESULT)
 			c->stats.duplicates_received++;
 		return;
 	}
 	k = (uint32_t)(seq - st->base_seq);
 
-	if (flags & HG_FLAG_STATUS) {
+	if (v.hdr.flags & HG_FLAG_STATUS) {
 		fl = &c->fl[seq % c->cfg.slots];
 		c->stats.status_received++;
 		if (fl->busy && fl->seq == seq) {
 			size_t nb = (c->cfg.workers + 7) / 8;
 
 			memset(fl->bitmap, 0, sizeof(fl->bitmap));
-			memcpy(fl->bitmap, pl, bytes < nb ? bytes : nb);
+			memcpy(fl->bitmap, pl, v.payload_len < nb ? v.payload_len : nb);
 			fl->have_status = true;
 		}
 		return;
 	}
-	if (!(flags & HG_FLAG_RESULT))
-		goto ignore;
 	if (k >= st->nchunks) {
-		/* A late copy of a chunk of an earlier step (or garbage). */
+		/* A late copy of a chunk of an earlier step. */
 		c->stats.duplicates_received++;
 		return;
 	}
@@ -667,7 +602,8 @@ static void handle_frame(struct hg_client *c, const uint8_t *f, size_t len)
 		s = &st->s[1];
 	first = (k - s->first_chunk) * s->per_chunk;
 	lanes = s->lanes - first < s->per_chunk ? s->lanes - first : s->per_chunk;
-	if (h[1] != s->op || hlanes != lanes || bytes < lanes * s->acc_lane)
+	/* hg_wire_parse checked payload_len == lanes * acc lane bytes. */
+	if (v.hdr.op != s->op || v.hdr.lanes != lanes)
 		goto ignore;
 	memcpy(s->out + first * s->acc_lane, pl, lanes * s->acc_lane);
 	c->done.p[k] = 1;
@@ -803,7 +739,7 @@ static void timeout_text(struct hg_client *c, const struct flight *fl,
 		return;
 	}
 	e += snprintf(e, (size_t)(end - e),
-		      "timed out after %.1f s waiting for chunk %u (phase %s): ",
+		      "timed out after %.3g s waiting for chunk %u (phase %s): ",
 		      secs, fl->seq, phase_names[s->phase]);
 	if (!fl->have_status) {
 		snprintf(e, (size_t)(end - e),

@@ -24,6 +24,7 @@ HEADERS = [
     "homagg/kernels.h",
     "homagg/wire.h",
     "homagg/port.h",
+    "homagg/port_mem.h",
     "homagg/port_udp.h",
     "homagg/engine.h",
     "homagg/nic.h",
