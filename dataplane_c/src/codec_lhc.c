@@ -106,8 +106,8 @@ static uint32_t sketch_t(const struct hg_params *p, uint32_t nc)
 
 		return t < 1.0 ? 1 : (uint32_t)t;
 	}
-	return (uint32_t)(((uint64_t)nc * 41 + 99) / 100) + 2 +
-	       isqrt32(nc) / 2;
+	return (uint32_t)(((uint64_t)nc * 41 + 99) / 100) + 3 * isqrt32(nc) +
+	       8;
 }
 
 /* The index of one block: bitmap or the cheapest Bloom option. */
@@ -262,11 +262,23 @@ static void bitmap_avx2(const float *x, size_t len, uint8_t *out)
 	bitmap_portable(x + i, len - i, out + i / 8);
 }
 
-static inline uint32_t bloom_probe(uint64_t h, uint32_t i, uint32_t bits)
+/*
+ * The k probes of element g: 21-bit fields of a chain of hash words
+ * w_0 = hg_hash(key, g), w_(j+1) = mix64(w_j + GOLDEN); probe i is field
+ * i mod 3 of word i / 3, reduced to [0, bits) by multiply-shift.  (Plain
+ * double hashing repeats probe patterns too often for 64-bit filters.)
+ */
+static inline void bloom_probes(uint64_t key, uint64_t g, uint32_t k,
+				uint32_t bits, uint32_t *out)
 {
-	uint32_t h1 = (uint32_t)h, h2 = (uint32_t)(h >> 32) | 1u;
+	uint64_t w = hg_hash(key, g);
 
-	return (uint32_t)(((uint64_t)(uint32_t)(h1 + i * h2) * bits) >> 32);
+	for (uint32_t i = 0; i < k; i++) {
+		if (i && i % 3 == 0)
+			w = hg_mix64(w + HG_HASH_GOLDEN);
+		out[i] = (uint32_t)((((w >> (21 * (i % 3))) & 0x1FFFFFu) *
+				     (uint64_t)bits) >> 21);
+	}
 }
 
 int hg_lhc_index_encode(const struct hg_lhc *l, const float *x, uint8_t *index)
@@ -293,16 +305,14 @@ int hg_lhc_index_encode(const struct hg_lhc *l, const float *x, uint8_t *index)
 		}
 		memset(out, 0, bk->bloom_bits / 8);
 		for (size_t i = 0; i < len; i++) {
-			uint64_t h;
+			uint32_t pr[8];
 
 			if (!hg_abs_bits(xb[i]))
 				continue;
-			h = hg_hash(l->key_bloom, b * l->p.block + i);
-			for (uint32_t k = 0; k < bk->bloom_k; k++) {
-				uint32_t bit = bloom_probe(h, k, bk->bloom_bits);
-
-				out[bit >> 3] |= (uint8_t)(1u << (bit & 7));
-			}
+			bloom_probes(l->key_bloom, b * l->p.block + i,
+				     bk->bloom_k, bk->bloom_bits, pr);
+			for (uint32_t k = 0; k < bk->bloom_k; k++)
+				out[pr[k] >> 3] |= (uint8_t)(1u << (pr[k] & 7));
 		}
 	}
 	return 0;
@@ -359,15 +369,13 @@ static int collect_candidates(struct hg_lhc *l, size_t b, const uint8_t *idx,
 		}
 	} else if (bk->kind == LHC_BLOOM) {
 		for (uint32_t i = 0; i < len; i++) {
-			uint64_t h = hg_hash(l->key_bloom, b * l->p.block + i);
-			uint32_t k;
+			uint32_t pr[8], k;
 
-			for (k = 0; k < bk->bloom_k; k++) {
-				uint32_t bit = bloom_probe(h, k, bk->bloom_bits);
-
-				if (!(idx[bit >> 3] & (1u << (bit & 7))))
+			bloom_probes(l->key_bloom, b * l->p.block + i,
+				     bk->bloom_k, bk->bloom_bits, pr);
+			for (k = 0; k < bk->bloom_k; k++)
+				if (!(idx[pr[k] >> 3] & (1u << (pr[k] & 7))))
 					break;
-			}
 			if (k == bk->bloom_k)
 				out[c++] = (uint16_t)i;
 		}
