@@ -27,6 +27,7 @@ HEADERS = [
     "homagg/port_mem.h",
     "homagg/port_udp.h",
     "homagg/engine.h",
+    "homagg/bench.h",
     "homagg/nic.h",
     "homagg/client.h",
     "homagg/sim.h",
