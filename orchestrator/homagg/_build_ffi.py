@@ -25,6 +25,7 @@ HEADERS = [
     "homagg/wire.h",
     "homagg/port.h",
     "homagg/port_mem.h",
+    "homagg/port_udp.h",
     "homagg/engine.h",
     "homagg/bench.h",
     "homagg/nic.h",

@@ -10,6 +10,7 @@ BENCHMARKS = {
     "codec": "homagg.bench.codec",
     "engine": "homagg.bench.engine",
     "nic": "homagg.bench.nic",
+    "switch": "homagg.bench.switch",
 }
 
 
