@@ -78,7 +78,10 @@ def test_allreduce_workloads_lhc(testbed, workload):
 
 def test_cli_json(testbed):
     env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "orchestrator"))
-    r = subprocess.run([sys.executable, "-m", "homagg.cli", "run", "allreduce", "--testbed", testbed.name,
+    from homagg.cli import COMMANDS
+
+    assert COMMANDS["run"] == "homagg.run"
+    r = subprocess.run([sys.executable, "-m", "homagg.run", "allreduce", "--testbed", testbed.name,
                         "--state-dir", testbed.state_dir, "--method", "dense", "--elements", "5000",
                         "--density", "0.1", "--json"],
                        capture_output=True, text=True, env=env, timeout=200)

@@ -219,7 +219,7 @@ def _child(spec: dict) -> int:
     with Worker(job=spec["job"], token=spec["token"], worker=spec["worker"],
                 workers=spec["workers"], aggregator=(spec["agg_ip"], spec["udp_port"]),
                 group=spec["group"], bind=(spec["ip"], 0), timeout=spec["timeout"],
-                slots=spec["slots"], payload=spec["payload"]) as w:
+                slots=spec["slots"], payload=spec["payload"], rto=spec["rto"]) as w:
         print("ready", flush=True)
         if sys.stdin.readline().strip() != "go":
             return 2
@@ -246,7 +246,7 @@ def _link_bytes(tb: Testbed, host: str) -> dict:
 def run_allreduce(testbed: str, method: str, elements: int, density: float,
                   workload: str = "random", seed: int = 1, block: int = DEFAULT_BLOCK,
                   slots: int = 64, payload: int = 1024, timeout: float = 10.0,
-                  pmd: str = "auto", switch: str | None = None,
+                  rto: float = 0.005, pmd: str = "auto", switch: str | None = None,
                   state_dir: str | None = None, group: str = "239.77.0.1") -> dict:
     """One allreduce on testbed ``testbed``; returns the report dict (see
     the module doc).  Every process it starts is stopped before it returns."""
@@ -274,7 +274,7 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
         for i, h in enumerate(workers):
             spec = dict(job=job, token=token, worker=i, workers=W, agg_ip=tb.aggregator.ip,
                         udp_port=UDP_PORT, group=group, ip=h.ip, timeout=timeout, slots=slots,
-                        payload=payload, method=method, block=block, elements=elements,
+                        payload=payload, rto=rto, method=method, block=block, elements=elements,
                         density=density, workload=workload, seed=seed,
                         out=os.path.join(workdir, f"result-{i}.npy"))
             p = tb.run_in(h.name, [sys.executable, "-m", "homagg.run", "--child", json.dumps(spec)],
@@ -392,6 +392,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--slots", type=int, default=64, help="aggregator slots = window (default: %(default)s)")
     p.add_argument("--timeout", type=float, default=10.0,
                    help="a worker gives up after this many seconds without progress (default: %(default)s)")
+    p.add_argument("--rto", type=float, default=0.005, metavar="S",
+                   help="initial retransmission timeout of the workers in seconds (default: %(default)s)")
     p.add_argument("--pmd", choices=("auto", "af_xdp", "af_packet"), default="auto",
                    help="DPDK virtual PMD on the aggregator's veth (auto: af_xdp, else af_packet)")
     p.add_argument("--switch", default=None, metavar="PATH",
@@ -404,7 +406,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         rep = run_allreduce(args.testbed, args.method, args.elements, args.density,
                             workload=args.workload, seed=args.seed, block=args.block,
-                            slots=args.slots, timeout=args.timeout, pmd=args.pmd,
+                            slots=args.slots, timeout=args.timeout, rto=args.rto, pmd=args.pmd,
                             switch=args.switch, state_dir=args.state_dir)
     except (HomAggError, TestbedError) as e:
         print(f"homagg run allreduce: {e}", file=sys.stderr)
@@ -416,7 +418,7 @@ def main(args: argparse.Namespace) -> int:
     W, n = rep["workers"], rep["elements"]
     print(f"allreduce {rep['method']}: {W} workers x {n} float32 ({rep['workload']}, density "
           f"{rep['density']:g}), aggregator homagg-switch on {rep['pmd']}, links "
-          f"{'unshaped' if rep['link_mbit'] is None else str(rep['link_mbit']) + ' Mbit/s'}")
+          f"{'unshaped' if rep['link_mbit'] is None else format(rep['link_mbit'], 'g') + ' Mbit/s'}")
     print(f"  time: {rep['seconds'] * 1e3:.1f} ms (slowest worker), {rep['wall_seconds'] * 1e3:.1f} ms wall")
     b = rep["bytes_per_worker"]
     print(f"  bytes sent per worker: {min(b)}..{max(b)} (dense float32 would be "
@@ -430,9 +432,14 @@ def main(args: argparse.Namespace) -> int:
     return 0 if ok else 3
 
 
+def _standalone(argv=None) -> int:
+    """``python -m homagg.run allreduce ...``: the same as ``homagg run ...``."""
+    parser = argparse.ArgumentParser(prog="homagg run", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    return main(parser.parse_args(argv))
+
+
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "--child":
+    if len(sys.argv) == 3 and sys.argv[1] == "--child":  # one worker process
         sys.exit(_child(json.loads(sys.argv[2])))
-    print("usage: homagg run allreduce ... (this module's __main__ is the worker process)",
-          file=sys.stderr)
-    sys.exit(2)
+    sys.exit(_standalone())
