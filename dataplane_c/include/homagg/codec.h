@@ -117,6 +117,13 @@ int hg_dequantize(const struct hg_params *p, const uint8_t *sum_be32,
 int hg_nnz_counts(const struct hg_params *p, const float *x, size_t n,
 		  uint8_t *counts_be32);
 
+/*
+ * hg_exp_encode and hg_nnz_counts in one pass over x (the lhc meta phase
+ * reads the gradient once).  Same results and errors as the two calls.
+ */
+int hg_exp_nnz_encode(const struct hg_params *p, const float *x, size_t n,
+		      int8_t *codes, uint8_t *counts_be32, size_t *bad_index);
+
 /* ---- lhc: index + count sketch + peeling ------------------------------ */
 
 struct hg_lhc;

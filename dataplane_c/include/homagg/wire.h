@@ -57,6 +57,66 @@ struct hg_hdr {
 	int8_t exp;
 	uint8_t reserved;
 };
+
+/* Worker field of a multicast result (addressed to every worker). */
+#define HG_WORKER_ALL 65535
+/* Flags a worker may set; RESULT and STATUS are the aggregator's. */
+#define HG_FLAGS_WORKER 14
+#define HG_FLAGS_KNOWN 31
+
+/* hg_wire_parse / hg_wire_build flags */
+/* Verify (parse) or fill in (build) the UDP checksum.  Without it a parsed
+ * frame's UDP checksum is ignored and a built one carries 0 (none). */
+#define HG_WIRE_F_UDP_CSUM 1
+
+/* An endpoint: Ethernet address, IPv4 address and UDP port (host order). */
+struct hg_wire_addr {
+	uint8_t mac[6];
+	uint32_t ipv4;
+	uint16_t port;
+};
+
+/* A validated frame: its addresses, its header in host byte order and
+ * where its payload is (frame + payload_off, payload_len bytes). */
+struct hg_wire_view {
+	struct hg_wire_addr src;
+	struct hg_wire_addr dst;
+	struct hg_hdr hdr;
+	uint16_t payload_off;
+	uint16_t payload_len;
+};
+
+/*
+ * Validate a frame and fill *v.  udp_port: the destination port to accept
+ * (0 = any).  Returns 0 for a valid frame, else the drop reason as a
+ * counter index (enum hg_counter in homagg/counters.h, > 0), or -EINVAL for
+ * a NULL frame or view.  Checks, in order: Ethernet type, IPv4 header
+ * (version, IHL, fragments, lengths, checksum), UDP (protocol, port, length,
+ * checksum with HG_WIRE_F_UDP_CSUM), HomAgg version, flags, reserved byte,
+ * op, and the payload length: lanes * in-lane bytes for data, lanes *
+ * accumulator-lane bytes for a RESULT, 1..HG_MAX_WORKERS/8 bytes for a
+ * STATUS.  It reads nothing outside frame[0..len).
+ */
+int hg_wire_parse(const uint8_t *frame, size_t len, uint16_t udp_port,
+		  uint32_t flags, struct hg_wire_view *v);
+
+/*
+ * Write a whole frame (Ethernet, IPv4, UDP, HomAgg header, payload) to
+ * frame[0..cap) from src to dst.  hdr is in host byte order; payload may be
+ * NULL when payload_len is 0.  Returns the frame length, -EINVAL (NULL
+ * argument), -ERANGE (payload longer than HG_MAX_PAYLOAD), -ENOSPC (cap too
+ * small).  The IPv4 checksum is always filled in.
+ */
+int hg_wire_build(uint8_t *frame, size_t cap, const struct hg_wire_addr *src,
+		  const struct hg_wire_addr *dst, const struct hg_hdr *hdr,
+		  const uint8_t *payload, size_t payload_len, uint32_t flags);
+
+/* The Ethernet address of an IPv4 multicast group (01:00:5e + low 23 bits). */
+void hg_wire_mcast_mac(uint32_t group_ipv4, uint8_t mac[6]);
+
+/* The counter table (homagg/counters.h): how many, and each one's name. */
+int hg_counter_count(void);
+const char *hg_counter_name(int i);
 /* cdef-end */
 
 #ifdef __cplusplus

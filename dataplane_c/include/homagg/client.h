@@ -1,0 +1,137 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * homagg/client.h - the worker client: one allreduce as an event-driven
+ * state machine over a port (homagg/port.h).
+ *
+ * No threads and no blocking inside: hg_client_start() prepares an
+ * allreduce, every hg_client_poll() receives a burst, places the results
+ * that arrived, advances the phases (codec.h lists them per method), sends
+ * new chunks within the window of S chunks and retransmits the chunks whose
+ * timer expired.  The caller polls again at the latest at *next_deadline_ns
+ * (the port's clock), or as soon as a packet may have arrived.
+ *
+ * Chunk sequence numbers run on per job, across the phases of one allreduce
+ * and across successive allreduces: every worker of the job computes the
+ * same phase sizes from global data, so they all agree on every seq.
+ * Chunk seq uses slot seq % S and shadow set (seq / S) % 2; chunk seq + S is
+ * sent only after the result of chunk seq arrived.
+ *
+ * docs/PROTOCOL.md ("Worker state machine") describes the protocol side.
+ */
+#ifndef HOMAGG_CLIENT_H
+#define HOMAGG_CLIENT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "homagg/codec.h"
+#include "homagg/port.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* cdef-begin */
+/* Defaults used when a config field is 0. */
+#define HG_CLIENT_DEFAULT_RTO_NS 1000000
+#define HG_CLIENT_DEFAULT_RTO_MAX_NS 100000000
+#define HG_CLIENT_DEFAULT_GIVE_UP_NS 2000000000
+#define HG_CLIENT_MAX_SLOTS 65535
+
+/* Phase indices of hg_client_stats.bytes_sent / bytes_received. */
+enum hg_client_phase {
+	HG_PH_META = 0,      /* exponents (MAX8) and non-zero counts (SUM32) */
+	HG_PH_VALUES = 1,    /* dense / blocks values (SUM32), nc codes (NC8) */
+	HG_PH_INDEX = 2,     /* lhc index (OR) */
+	HG_PH_SKETCH = 3,    /* lhc count sketch (SUM32) */
+	HG_PH_FALLBACK = 4,  /* lhc fallback of stalled blocks (SUM32) */
+	HG_PH_COUNT = 5,
+};
+
+struct hg_client_config {
+	struct hg_port *port;      /* the worker's port (not owned) */
+	uint32_t job;              /* job id */
+	uint32_t token;            /* job token */
+	uint32_t worker;           /* this worker's id, 0..workers-1 */
+	uint32_t workers;          /* W */
+	uint32_t slots;            /* S: aggregator slots of the job = window */
+	uint32_t payload_bytes;    /* largest payload, multiple of 4, <= HG_MAX_PAYLOAD */
+	uint8_t agg_mac[6];        /* aggregator's MAC */
+	uint32_t agg_ipv4;         /* aggregator's IPv4 address (host order) */
+	uint16_t agg_udp_port;     /* aggregator's UDP port (0 = HG_UDP_PORT) */
+	uint32_t group_ipv4;       /* result multicast group; 0 = unicast results */
+	uint64_t rto_ns;           /* initial retransmission timeout */
+	uint32_t backoff_num;      /* timeout *= backoff_num / backoff_den per retry */
+	uint32_t backoff_den;      /*   (0/0 = 2/1) */
+	uint64_t rto_max_ns;       /* cap of the retransmission timeout */
+	uint64_t give_up_ns;       /* a chunk unanswered this long ends the allreduce */
+};
+
+struct hg_client_stats {
+	uint64_t packets_sent;     /* every chunk transmission, retransmissions included */
+	uint64_t retransmissions;  /* transmissions after the first of a chunk */
+	uint64_t timeouts;         /* retransmission timer expiries */
+	uint64_t results_received; /* result packets placed (first copy of a chunk) */
+	uint64_t duplicates_received; /* result packets for chunks already placed */
+	uint64_t status_received;  /* STATUS replies (slot bitmaps) */
+	uint64_t packets_ignored;  /* received frames that were not for this client */
+	uint64_t tx_refused;       /* packets the port did not take (resent later) */
+	uint64_t bytes_sent[5];    /* HomAgg payload bytes sent, per enum hg_client_phase */
+	uint64_t bytes_received[5];/* result payload bytes placed, per phase */
+	uint64_t chunks;           /* distinct chunks of the allreduces so far */
+	uint64_t stalled_blocks;   /* lhc: blocks whose peeling stalled */
+	uint64_t fallback_lanes;   /* lhc: lanes of the fallback phase */
+	int method_chosen;         /* method of the last allreduce (auto's choice) */
+	uint64_t next_seq;         /* next chunk sequence number of the job */
+};
+
+struct hg_client;
+
+/* NULL on bad configuration or allocation failure. */
+struct hg_client *hg_client_create(const struct hg_client_config *cfg);
+void hg_client_destroy(struct hg_client *c);
+
+/*
+ * Begin one allreduce of x (n floats) into y (n floats, written when it
+ * completes).  p->workers and p->worker are taken from the config.  x and y
+ * must stay valid until the allreduce ends.  Returns 0; -EBUSY (one is in
+ * progress), -EINVAL / -ERANGE (parameters), -EDOM (x holds NaN or Inf),
+ * -ENOMEM.
+ */
+int hg_client_start(struct hg_client *c, const struct hg_params *p, int method,
+		    const float *x, size_t n, float *y);
+
+/*
+ * Make progress without blocking.  Returns 1 when the allreduce is complete
+ * (y holds the result), 0 while in progress, or a negative errno: -ETIMEDOUT
+ * (a chunk got no result within give_up_ns; hg_client_error_text() names the
+ * chunk, the phase and the missing workers), -EPROTO, -ENOMEM, -EINVAL (no
+ * allreduce started).  *next_deadline_ns (may be NULL) is set to the port
+ * time at which the client needs to be polled again even if nothing arrives
+ * (UINT64_MAX when none).
+ */
+int hg_client_poll(struct hg_client *c, uint64_t *next_deadline_ns);
+
+/*
+ * Blocking form for real-time ports: start, then poll until done, sleeping
+ * until the next deadline (at most 50 us at a time) when nothing moves.
+ * Same returns as hg_client_start / hg_client_poll, 0 on success.
+ */
+int hg_client_allreduce(struct hg_client *c, const struct hg_params *p,
+			int method, const float *x, size_t n, float *y);
+
+/* Is an allreduce in progress? */
+bool hg_client_busy(const struct hg_client *c);
+
+/* The reason of the last error, "" when none. */
+const char *hg_client_error_text(const struct hg_client *c);
+
+int hg_client_get_stats(const struct hg_client *c, struct hg_client_stats *st);
+/* cdef-end */
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* HOMAGG_CLIENT_H */

@@ -1,0 +1,49 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * homagg/counters.h - the engine's counters, one X-macro table.
+ *
+ * HG_FOREACH_COUNTER(X) expands X(NAME, "name", "what it counts") once per
+ * counter; it generates enum hg_counter (HG_CNT_NAME) and the name table
+ * behind hg_counter_name().  Every drop reason of the wire parser and the
+ * engine is a counter: hg_wire_parse() returns the counter index of the
+ * reason (HG_CNT_RECEIVED, index 0, is never a drop reason, so 0 means
+ * "valid").  Python reads the names through hg_counter_count() and
+ * hg_counter_name() (homagg/wire.h) and gets a dict.
+ */
+#ifndef HOMAGG_COUNTERS_H
+#define HOMAGG_COUNTERS_H
+
+#define HG_FOREACH_COUNTER(X)                                                  \
+	X(RECEIVED, "received", "frames handed to the engine")                   \
+	X(SUMMED, "summed", "payloads combined into a slot")                     \
+	X(COMPLETED, "completed", "slots that reached W contributions")           \
+	X(DUPLICATES, "duplicates", "packets of a worker already counted")        \
+	X(REPLAYS, "replays", "results sent again to one worker (duplicate after completion)") \
+	X(RESULTS_SENT, "results_sent", "result frames queued for transmission")  \
+	X(STATUS_SENT, "status_sent", "status frames (worker bitmap) queued")     \
+	X(STALE, "stale", "packets older than their shadow set's chunk")          \
+	X(NOT_IP, "not_ip", "not IPv4 over Ethernet, IP options bad, or a fragment") \
+	X(NOT_UDP, "not_udp", "IPv4 but not UDP")                                  \
+	X(WRONG_PORT, "wrong_port", "UDP to another port")                         \
+	X(TRUNCATED, "truncated", "a header or length runs past the frame")       \
+	X(BAD_CSUM, "bad_csum", "IPv4 header or UDP checksum wrong")              \
+	X(BAD_VERSION, "bad_version", "HomAgg version not HG_PROTOCOL_VERSION")   \
+	X(UNKNOWN_JOB, "unknown_job", "job id not configured")                    \
+	X(BAD_TOKEN, "bad_token", "token differs from the job's")                 \
+	X(BAD_WORKER, "bad_worker", "worker id >= W")                             \
+	X(BAD_SLOT, "bad_slot", "slot >= S, slot != seq % S, or shadow flag wrong") \
+	X(BAD_LANES, "bad_lanes", "lane count disagrees with the length, the job's payload or the slot") \
+	X(BAD_OP, "bad_op", "unknown op, or op differs from the slot's")          \
+	X(BAD_FLAGS, "bad_flags", "unknown flag bits, reserved byte set, or RESULT/STATUS from a worker") \
+	X(BAD_EXP, "bad_exp", "exp not 0 (non-NC8), outside 0..31 (NC8), or differs from the slot's") \
+	X(NO_BUFFER, "no_buffer", "no packet buffer for a result or status frame") \
+	X(TX_FULL, "tx_full", "frames the port refused to transmit (freed)")
+
+enum hg_counter {
+#define HG_CNT_ENUM_(name, str, doc) HG_CNT_##name,
+	HG_FOREACH_COUNTER(HG_CNT_ENUM_)
+#undef HG_CNT_ENUM_
+	HG_CNT__COUNT
+};
+
+#endif /* HOMAGG_COUNTERS_H */

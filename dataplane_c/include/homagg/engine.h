@@ -1,0 +1,125 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * homagg/engine.h - the aggregation engine (the data path of an aggregator).
+ *
+ * An engine owns no port: it receives from and transmits to the struct
+ * hg_port it is created with (DPDK, the NIC model, port_mem).  Several
+ * engines may live in one process; nothing is global.
+ *
+ * A job is W workers, a token, S slots and a payload size.  Chunk seq uses
+ * slot seq % S and shadow set (seq / S) % 2; each set keeps the chunk's seq,
+ * an accumulator, a 256-bit worker bitmap and a count.  A packet:
+ *   - for a newer seq than its set holds: starts the set over (the set's
+ *     previous chunk is complete everywhere by construction of the window);
+ *   - for an older seq: dropped (counter "stale");
+ *   - from a worker already counted: not added again ("duplicates"); if the
+ *     slot is complete the result goes again to that worker only
+ *     ("replays"); if not, and the packet is flagged RETRANS, a STATUS frame
+ *     with the slot's worker bitmap goes to that worker ("status_sent");
+ *   - otherwise: combined into the accumulator; when W have contributed, the
+ *     result goes to every worker: once to the job's multicast group if the
+ *     port replicates and a group is set, else one unicast per worker.
+ * Sequence numbers compare in serial-number arithmetic (RFC 1982), so they
+ * may wrap.  Worker addresses are learned from their valid packets.
+ *
+ * The packet path allocates nothing and logs nothing: memory is allocated by
+ * hg_engine_create() and hg_engine_add_job().  The control calls
+ * (add/remove job) must not run concurrently with poll/process.
+ * docs/PROTOCOL.md describes every drop reason and counter.
+ */
+#ifndef HOMAGG_ENGINE_H
+#define HOMAGG_ENGINE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "homagg/kernels.h"
+#include "homagg/port.h"
+#include "homagg/wire.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* cdef-begin */
+#define HG_ENGINE_MAX_JOBS 4096
+#define HG_ENGINE_MAX_SLOTS 65535
+#define HG_ENGINE_MAX_BURST 256
+
+/* hg_engine_config.flags */
+/* Verify non-zero UDP checksums of received frames and fill in the UDP
+ * checksum of sent ones (set by hg_engine_config_init; clear it when the
+ * port offloads checksums). */
+#define HG_ENGINE_F_UDP_CSUM 1
+
+struct hg_port;
+struct hg_engine;
+
+struct hg_engine_config {
+	struct hg_port *port;  /* receives from and transmits to; not owned */
+	uint32_t max_jobs;     /* 1..HG_ENGINE_MAX_JOBS */
+	uint16_t udp_port;     /* UDP port accepted and sent from; 0 = HG_UDP_PORT */
+	uint16_t burst;        /* rx burst of hg_engine_poll, 1..HG_ENGINE_MAX_BURST */
+	uint32_t flags;        /* HG_ENGINE_F_* */
+	enum hg_isa isa;       /* kernels to use (tests force one) */
+};
+
+struct hg_job_config {
+	uint32_t job;            /* job id */
+	uint32_t token;          /* shared secret of the job's members */
+	uint32_t workers;        /* W, 1..HG_MAX_WORKERS */
+	uint32_t slots;          /* S, 1..HG_ENGINE_MAX_SLOTS */
+	uint32_t payload_bytes;  /* largest result payload, 4..HG_MAX_PAYLOAD */
+	uint32_t group_ipv4;     /* multicast group (host order), 0 = none */
+};
+
+/* Defaults: max_jobs 64, HG_UDP_PORT, burst 32, HG_ENGINE_F_UDP_CSUM,
+ * HG_ISA_BEST; port NULL (the caller sets it). */
+void hg_engine_config_init(struct hg_engine_config *c);
+
+/* NULL on a bad config (NULL port, a range) or when allocation fails. */
+struct hg_engine *hg_engine_create(const struct hg_engine_config *c);
+void hg_engine_destroy(struct hg_engine *e);
+
+/*
+ * Add a job; all its memory (2 * S accumulators of payload_bytes, the
+ * worker table) is allocated here.  Returns 0, -EINVAL (NULL), -EEXIST (job
+ * id in use), -ERANGE (W, S, payload, or max_jobs reached), -ENOMEM.
+ */
+int hg_engine_add_job(struct hg_engine *e, const struct hg_job_config *j);
+/* 0 or -ENOENT.  Packets of the job are then dropped as unknown_job. */
+int hg_engine_remove_job(struct hg_engine *e, uint32_t job);
+/* Number of jobs configured. */
+int hg_engine_job_count(const struct hg_engine *e);
+
+/*
+ * Receive one burst from the port, process it, transmit what it produced.
+ * Returns the number of frames received (0 when the port had none).
+ */
+int hg_engine_poll(struct hg_engine *e);
+
+/*
+ * Process n frames already received from the engine's port: the engine
+ * takes them (each is freed to the port or reused for a reply), then
+ * transmits what they produced.  Returns n.
+ */
+int hg_engine_process(struct hg_engine *e, struct hg_pkt **pkts, uint32_t n);
+
+/*
+ * Copy the engine's counters (enum hg_counter order, names from
+ * hg_counter_name()) into out[0..n); returns how many were copied
+ * (min(n, hg_counter_count())).
+ */
+int hg_engine_counters(const struct hg_engine *e, uint64_t *out, size_t n);
+/* The same for one job (frames dropped before the job is known are not
+ * counted there).  Returns the count copied or -ENOENT. */
+int hg_engine_job_counters(const struct hg_engine *e, uint32_t job,
+			   uint64_t *out, size_t n);
+/* cdef-end */
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* HOMAGG_ENGINE_H */

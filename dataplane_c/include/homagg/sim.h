@@ -1,0 +1,140 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * homagg/sim.h - a whole HomAgg cluster in one process and one thread.
+ *
+ * A software NIC fabric (homagg/nic.h, virtual time, seeded faults), one
+ * aggregator port driven by the engine (homagg/engine.h), and for each job
+ * W worker ports each driven by a worker client (homagg/client.h).  The
+ * same engine and client bytes as on real ports; only the clock is virtual.
+ *
+ * hg_sim_run() is the event loop: poll the engine and every busy client
+ * until nothing moves, then advance virtual time to the earlier of the next
+ * NIC event and the next client deadline; repeat until every started
+ * allreduce has finished or failed, or the virtual time budget is spent.
+ */
+#ifndef HOMAGG_SIM_H
+#define HOMAGG_SIM_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "homagg/client.h"
+#include "homagg/codec.h"
+#include "homagg/wire.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* cdef-begin */
+#define HG_SIM_MAX_JOBS 16
+
+struct hg_sim_config {
+	double loss;            /* probability a frame is dropped, per link hop */
+	double duplicate;       /* probability a frame is delivered twice */
+	double reorder;         /* probability a frame is held back (reordered) */
+	uint64_t reorder_ns;    /* how long a reordered frame is held back (0 = 10 us) */
+	uint64_t delay_ns;      /* one-way propagation delay of every link */
+	double link_gbps;       /* line rate of every link, 0 = unlimited */
+	uint64_t seed;          /* seed of every fault stream */
+	uint32_t payload_bytes; /* 0 = HG_DEFAULT_PAYLOAD */
+	bool unicast_results;   /* false: results by multicast (fabric replicates) */
+};
+
+struct hg_sim_job_config {
+	uint32_t workers;       /* W */
+	uint32_t slots;         /* S (0 = 64) */
+	uint64_t rto_ns;        /* worker retransmission timeout (0 = default) */
+	uint64_t rto_max_ns;    /* cap (0 = default) */
+	uint64_t give_up_ns;    /* give-up deadline per chunk (0 = default) */
+};
+
+struct hg_sim_stats {
+	uint64_t now_ns;        /* virtual time */
+	uint64_t loop_rounds;   /* polling rounds of hg_sim_run */
+	uint64_t time_advances; /* jumps of virtual time */
+	uint64_t frames_tx;     /* frames sent into the fabric by every port */
+	uint64_t frames_rx;     /* frames received from it by every port */
+	uint64_t engine_polls;  /* engine polls that handled at least one frame */
+};
+
+struct hg_sim;
+struct hg_engine;
+struct hg_nic_fabric;
+
+/* NULL on bad configuration or allocation failure. */
+struct hg_sim *hg_sim_create(const struct hg_sim_config *cfg);
+void hg_sim_destroy(struct hg_sim *s);
+
+/*
+ * Add a job: its W worker ports and clients, its slots and token on the
+ * engine.  Returns the job index (0, 1, ...) or -EINVAL, -ERANGE, -ENOSPC
+ * (HG_SIM_MAX_JOBS), -ENOMEM.
+ */
+int hg_sim_add_job(struct hg_sim *s, const struct hg_sim_job_config *jc);
+
+/* The job's id and token on the wire (for hand-made frames). */
+int hg_sim_job_wire(const struct hg_sim *s, int job, uint32_t *job_id,
+		    uint32_t *token);
+
+/*
+ * Start one allreduce of job: worker w reduces x[w] (n floats) into y[w].
+ * The arrays and buffers must stay valid until it ends.  Returns 0 or the
+ * first worker's hg_client_start() error (-EBUSY, -EINVAL, -ERANGE, -EDOM).
+ */
+int hg_sim_start(struct hg_sim *s, int job, int method,
+		 const struct hg_params *p, const float *const *x, size_t n,
+		 float *const *y);
+
+/*
+ * Run the event loop until every started allreduce ended, or max_ns of
+ * virtual time passed (from this call).  Returns 0 when all ended (some may
+ * have failed: see hg_sim_worker_status), -ETIMEDOUT when the budget ran
+ * out first.
+ */
+int hg_sim_run(struct hg_sim *s, uint64_t max_ns);
+
+/* 1 done, 0 running or never started, or the worker's negative error. */
+int hg_sim_worker_status(const struct hg_sim *s, int job, uint32_t worker);
+const char *hg_sim_worker_error(const struct hg_sim *s, int job,
+				uint32_t worker);
+int hg_sim_worker_stats(const struct hg_sim *s, int job, uint32_t worker,
+			struct hg_client_stats *st);
+
+/*
+ * The worker stops (its process dies) once it sent after_packets more
+ * frames: its port drops everything from then on and it is not polled
+ * again.  Returns 0 or -EINVAL / -ENOENT.
+ */
+int hg_sim_kill_worker(struct hg_sim *s, int job, uint32_t worker,
+		       uint64_t after_packets);
+
+/*
+ * Send a raw Ethernet frame to the aggregator from an extra port (an
+ * attacker on the fabric); it arrives through the fabric like any frame.
+ * Returns 0, -EINVAL (len 0 or too long), -ENOSPC (port full).
+ */
+int hg_sim_inject(struct hg_sim *s, const uint8_t *frame, size_t len);
+
+/* Build a well-formed HomAgg frame to the aggregator in frame (cap bytes):
+ * the same headers a worker writes, any header values.  Returns its length
+ * or -ENOSPC / -EINVAL. */
+int hg_sim_build_frame(const struct hg_sim *s, const struct hg_hdr *h,
+		       const uint8_t *payload, size_t payload_len,
+		       uint8_t *frame, size_t cap);
+
+/* The engine, for its counters (homagg/engine.h). */
+struct hg_engine *hg_sim_engine(struct hg_sim *s);
+/* The NIC fabric, for its counters (homagg/nic.h). */
+struct hg_nic_fabric *hg_sim_fabric(struct hg_sim *s);
+
+uint64_t hg_sim_now(const struct hg_sim *s);
+int hg_sim_get_stats(const struct hg_sim *s, struct hg_sim_stats *st);
+/* cdef-end */
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* HOMAGG_SIM_H */

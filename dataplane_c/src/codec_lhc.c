@@ -1,0 +1,819 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * codec_lhc.c - the lhc method: per-block index (bitmap or Bloom filter),
+ * count sketch, peeling, fallback; and auto's choice (docs/PROTOCOL.md
+ * "Index", "Count sketch", "Peeling", "Fallback", "auto").
+ *
+ * Every rule that decides a layout (bitmap or Bloom, Bloom size, sketch
+ * size) uses integer arithmetic only, so all workers on all platforms
+ * derive the same layout from the same global exponents and counts.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <immintrin.h>
+
+#include "codec_pvt.h"
+
+enum lhc_kind { LHC_NONE = 0, LHC_BITMAP = 1, LHC_BLOOM = 2 };
+
+enum lhc_state { LHC_PLANNED = 0, LHC_INDEXED = 1, LHC_PEELED = 2 };
+
+/*
+ * Bloom filter options (protocol constants): bits per counted element,
+ * probes, and the expected false-positive rate (1 - e^(-k/bpe))^k scaled
+ * by 2^20 and rounded.
+ */
+static const struct {
+	uint32_t bpe, k, fp_q20;
+} bloom_opts[] = {
+	{ 8, 6, 22625 }, { 12, 8, 3295 }, { 16, 8, 602 },
+	{ 20, 8, 146 },	 { 24, 8, 44 },
+};
+#define N_BLOOM_OPTS (sizeof(bloom_opts) / sizeof(bloom_opts[0]))
+
+/* Sketch bits charged per expected Bloom false positive (about 1.23 cells
+ * of 32 bits). */
+#define FP_COST_BITS 40
+
+struct lhc_block {
+	size_t index_off;  /* byte offset of the block's index */
+	size_t cand_off;   /* global rank of the block's first candidate */
+	size_t sketch_off; /* lane offset of the block's cells */
+	uint32_t ncand;	   /* global candidates */
+	uint32_t t;	   /* sub-table size: 3t cells */
+	uint32_t bloom_bits;
+	uint8_t kind;
+	uint8_t bloom_k;
+	uint8_t bloom_opt; /* index in bloom_opts */
+};
+
+struct hg_lhc {
+	struct hg_params p;
+	size_t n, nb;
+	int8_t *gcodes;
+	struct lhc_block *blk;
+	int state;
+	struct hg_lhc_info info;
+	uint64_t key_sketch, key_bloom;
+	/* after set_index */
+	uint16_t *cand_pos; /* position in its block, per candidate */
+	size_t cand_cap;
+	/* after peel */
+	int32_t *values;      /* peeled sum per candidate (0 if unresolved) */
+	uint32_t *unresolved; /* global ranks, ascending */
+	/* peeling scratch, sized for the largest block */
+	uint32_t *s_cell, *s_cnt, *s_id, *s_queue, *s_cc;
+	uint8_t *s_sign, *s_done;
+	size_t s_cells_cap, s_cand_cap;
+};
+
+/* ---- sizing rules ----------------------------------------------------- */
+
+static uint32_t isqrt32(uint32_t v)
+{
+	uint32_t r = 0, bit = 1u << 30;
+
+	while (bit > v)
+		bit >>= 2;
+	while (bit) {
+		if (v >= r + bit) {
+			v -= r + bit;
+			r = (r >> 1) + bit;
+		} else {
+			r >>= 1;
+		}
+		bit >>= 2;
+	}
+	return r;
+}
+
+/*
+ * Sub-table size t for nc global candidates (3t cells in all).  The default
+ * rule is 1.23 cells per candidate plus a margin for small nc, tuned by
+ * simulation (docs/PROTOCOL.md "Sketch sizing").  A positive override c
+ * gives t = ceil(nc * c / 3) (at least 1), computed in float64.
+ */
+static uint32_t sketch_t(const struct hg_params *p, uint32_t nc)
+{
+	double c = p->sketch_cells_per_candidate;
+
+	if (nc == 0)
+		return 0;
+	if (c > 0.0) {
+		double t = ceil((double)nc * c / 3.0);
+
+		return t < 1.0 ? 1 : (uint32_t)t;
+	}
+	return (uint32_t)(((uint64_t)nc * 41 + 99) / 100) + 3 * isqrt32(nc) +
+	       8;
+}
+
+/* The index of one block: bitmap or the cheapest Bloom option. */
+static void plan_index(uint32_t len, uint32_t count, struct lhc_block *bk)
+{
+	uint64_t c = count < len ? count : len;
+	uint64_t best = 8 * (((uint64_t)len + 7) / 8);
+
+	bk->kind = LHC_BITMAP;
+	bk->bloom_bits = 0;
+	bk->bloom_k = 0;
+	for (size_t i = 0; i < N_BLOOM_OPTS; i++) {
+		uint64_t bits = (bloom_opts[i].bpe * c + 63) / 64 * 64;
+		uint64_t fp = (bloom_opts[i].fp_q20 * (len - c) *
+			       FP_COST_BITS) >> 20;
+
+		if (bits == 0)
+			bits = 64;
+		if (bits + fp < best) {
+			best = bits + fp;
+			bk->kind = LHC_BLOOM;
+			bk->bloom_bits = (uint32_t)bits;
+			bk->bloom_k = (uint8_t)bloom_opts[i].k;
+			bk->bloom_opt = (uint8_t)i;
+		}
+	}
+}
+
+static size_t index_bytes_of(const struct lhc_block *bk, uint32_t len)
+{
+	if (bk->kind == LHC_BITMAP)
+		return (len + 7) / 8;
+	if (bk->kind == LHC_BLOOM)
+		return bk->bloom_bits / 8;
+	return 0;
+}
+
+/* Expected candidates of a Bloom block: c plus false positives. */
+static uint32_t bloom_expected(const struct lhc_block *bk, uint32_t len,
+			       uint32_t c)
+{
+	return c + (uint32_t)((bloom_opts[bk->bloom_opt].fp_q20 *
+			       (uint64_t)(len - c)) >> 20);
+}
+
+/* ---- create / destroy / info ------------------------------------------ */
+
+struct hg_lhc *hg_lhc_create(const struct hg_params *p, size_t n,
+			     const int8_t *gcodes, const uint8_t *gcounts_be32)
+{
+	struct hg_lhc *l;
+	size_t off = 0;
+
+	if (hg_params_check(p) || (n && (!gcodes || !gcounts_be32)))
+		return NULL;
+	l = calloc(1, sizeof(*l));
+	if (!l)
+		return NULL;
+	l->p = *p;
+	l->n = n;
+	l->nb = hg_nblocks(p, n);
+	l->key_sketch = hg_stream_key(p->seed, HG_DOM_SKETCH, 0);
+	l->key_bloom = hg_stream_key(p->seed, HG_DOM_BLOOM, 0);
+	l->gcodes = malloc(l->nb ? l->nb : 1);
+	l->blk = calloc(l->nb ? l->nb : 1, sizeof(*l->blk));
+	if (!l->gcodes || !l->blk)
+		goto err_free;
+	memcpy(l->gcodes, gcodes, l->nb);
+	for (size_t b = 0; b < l->nb; b++) {
+		struct lhc_block *bk = &l->blk[b];
+		uint32_t len = (uint32_t)hg_block_len(p, n, b);
+
+		bk->index_off = off;
+		if (gcodes[b] == HG_EXP_ZERO) {
+			bk->kind = LHC_NONE;
+			continue;
+		}
+		plan_index(len, hg_ld_be32(gcounts_be32 + 4 * b), bk);
+		if (bk->kind == LHC_BITMAP)
+			l->info.bitmap_blocks++;
+		else
+			l->info.bloom_blocks++;
+		off += index_bytes_of(bk, len);
+	}
+	l->info.index_bytes = off;
+	l->state = LHC_PLANNED;
+	return l;
+
+err_free:
+	hg_lhc_destroy(l);
+	return NULL;
+}
+
+void hg_lhc_destroy(struct hg_lhc *l)
+{
+	if (!l)
+		return;
+	free(l->gcodes);
+	free(l->blk);
+	free(l->cand_pos);
+	free(l->values);
+	free(l->unresolved);
+	free(l->s_cell);
+	free(l->s_cnt);
+	free(l->s_id);
+	free(l->s_queue);
+	free(l->s_cc);
+	free(l->s_sign);
+	free(l->s_done);
+	free(l);
+}
+
+int hg_lhc_get_info(const struct hg_lhc *l, struct hg_lhc_info *info)
+{
+	if (!l || !info)
+		return -EINVAL;
+	*info = l->info;
+	return 0;
+}
+
+/* ---- index ------------------------------------------------------------ */
+
+static void bitmap_portable(const float *x, size_t len, uint8_t *out)
+{
+	memset(out, 0, (len + 7) / 8);
+	for (size_t i = 0; i < len; i++)
+		out[i >> 3] |= (uint8_t)((hg_abs_bits(x[i]) != 0) << (i & 7));
+}
+
+__attribute__((target("avx2")))
+static void bitmap_avx2(const float *x, size_t len, uint8_t *out)
+{
+	const __m256i m = _mm256_set1_epi32(0x7FFFFFFF);
+	const __m256i z = _mm256_setzero_si256();
+	size_t i = 0;
+
+	for (; i + 32 <= len; i += 32) {
+		uint32_t w = 0;
+
+		for (int k = 0; k < 4; k++) {
+			__m256i a = _mm256_and_si256(
+				_mm256_loadu_si256(
+					(const __m256i *)(x + i + 8 * k)),
+				m);
+			uint32_t zm = (uint32_t)_mm256_movemask_ps(
+				_mm256_castsi256_ps(_mm256_cmpeq_epi32(a, z)));
+
+			w |= (~zm & 0xFFu) << (8 * k);
+		}
+		memcpy(out + i / 8, &w, 4); /* bytes LSB first: little endian */
+	}
+	bitmap_portable(x + i, len - i, out + i / 8);
+}
+
+/*
+ * The k probes of element g: 21-bit fields of a chain of hash words
+ * w_0 = hg_hash(key, g), w_(j+1) = mix64(w_j + GOLDEN); probe i is field
+ * i mod 3 of word i / 3, reduced to [0, bits) by multiply-shift.  (Plain
+ * double hashing repeats probe patterns too often for 64-bit filters.)
+ */
+static inline void bloom_probes(uint64_t key, uint64_t g, uint32_t k,
+				uint32_t bits, uint32_t *out)
+{
+	uint64_t w = hg_hash(key, g);
+
+	for (uint32_t i = 0; i < k; i++) {
+		if (i && i % 3 == 0)
+			w = hg_mix64(w + HG_HASH_GOLDEN);
+		out[i] = (uint32_t)((((w >> (21 * (i % 3))) & 0x1FFFFFu) *
+				     (uint64_t)bits) >> 21);
+	}
+}
+
+int hg_lhc_index_encode(const struct hg_lhc *l, const float *x, uint8_t *index)
+{
+	bool avx2;
+
+	if (!l || (l->n && !x) || (l->info.index_bytes && !index))
+		return -EINVAL;
+	avx2 = hg_codec_avx2();
+	for (size_t b = 0; b < l->nb; b++) {
+		const struct lhc_block *bk = &l->blk[b];
+		size_t len = hg_block_len(&l->p, l->n, b);
+		const float *xb = x + b * l->p.block;
+		uint8_t *out = index + bk->index_off;
+
+		if (bk->kind == LHC_NONE)
+			continue;
+		if (bk->kind == LHC_BITMAP) {
+			if (avx2)
+				bitmap_avx2(xb, len, out);
+			else
+				bitmap_portable(xb, len, out);
+			continue;
+		}
+		memset(out, 0, bk->bloom_bits / 8);
+		for (size_t i = 0; i < len; i++) {
+			uint32_t pr[8];
+
+			if (!hg_abs_bits(xb[i]))
+				continue;
+			bloom_probes(l->key_bloom, b * l->p.block + i,
+				     bk->bloom_k, bk->bloom_bits, pr);
+			for (uint32_t k = 0; k < bk->bloom_k; k++)
+				out[pr[k] >> 3] |= (uint8_t)(1u << (pr[k] & 7));
+		}
+	}
+	return 0;
+}
+
+static int cand_reserve(struct hg_lhc *l, size_t need)
+{
+	size_t cap = l->cand_cap ? l->cand_cap : 1024;
+	uint16_t *np;
+
+	if (need <= l->cand_cap)
+		return 0;
+	while (cap < need)
+		cap *= 2;
+	np = realloc(l->cand_pos, cap * sizeof(*np));
+	if (!np)
+		return -ENOMEM;
+	l->cand_pos = np;
+	l->cand_cap = cap;
+	return 0;
+}
+
+/* Candidates of one block appended at l->cand_pos + total. */
+static int collect_candidates(struct hg_lhc *l, size_t b, const uint8_t *idx,
+			      size_t total, uint32_t *count)
+{
+	const struct lhc_block *bk = &l->blk[b];
+	uint32_t len = (uint32_t)hg_block_len(&l->p, l->n, b);
+	uint32_t c = 0;
+	uint16_t *out;
+	int rc;
+
+	rc = cand_reserve(l, total + len);
+	if (rc)
+		return rc;
+	out = l->cand_pos + total;
+	if (bk->kind == LHC_BITMAP) {
+		uint32_t nbytes = (len + 7) / 8;
+
+		for (uint32_t w = 0; w < nbytes; w += 8) {
+			uint64_t v = 0;
+			uint32_t take = nbytes - w < 8 ? nbytes - w : 8;
+
+			for (uint32_t k = 0; k < take; k++)
+				v |= (uint64_t)idx[w + k] << (8 * k);
+			if (8 * w + 64 > len) /* bits past the block's end */
+				v &= (len - 8 * w >= 64) ? ~0ull :
+					(1ull << (len - 8 * w)) - 1;
+			while (v) {
+				out[c++] = (uint16_t)(8 * w +
+						      (uint32_t)__builtin_ctzll(v));
+				v &= v - 1;
+			}
+		}
+	} else if (bk->kind == LHC_BLOOM) {
+		for (uint32_t i = 0; i < len; i++) {
+			uint32_t pr[8], k;
+
+			bloom_probes(l->key_bloom, b * l->p.block + i,
+				     bk->bloom_k, bk->bloom_bits, pr);
+			for (k = 0; k < bk->bloom_k; k++)
+				if (!(idx[pr[k] >> 3] & (1u << (pr[k] & 7))))
+					break;
+			if (k == bk->bloom_k)
+				out[c++] = (uint16_t)i;
+		}
+	}
+	*count = c;
+	return 0;
+}
+
+static int scratch_reserve(struct hg_lhc *l, size_t cells, size_t cands)
+{
+	if (cells > l->s_cells_cap) {
+		free(l->s_cell);
+		free(l->s_cnt);
+		free(l->s_id);
+		free(l->s_queue);
+		l->s_cell = malloc(cells * 4);
+		l->s_cnt = malloc(cells * 4);
+		l->s_id = malloc(cells * 4);
+		l->s_queue = malloc(cells * 4);
+		l->s_cells_cap = 0;
+		if (!l->s_cell || !l->s_cnt || !l->s_id || !l->s_queue)
+			return -ENOMEM;
+		l->s_cells_cap = cells;
+	}
+	if (cands > l->s_cand_cap) {
+		free(l->s_cc);
+		free(l->s_sign);
+		free(l->s_done);
+		l->s_cc = malloc(cands * 3 * 4);
+		l->s_sign = malloc(cands);
+		l->s_done = malloc(cands);
+		l->s_cand_cap = 0;
+		if (!l->s_cc || !l->s_sign || !l->s_done)
+			return -ENOMEM;
+		l->s_cand_cap = cands;
+	}
+	return 0;
+}
+
+int hg_lhc_set_index(struct hg_lhc *l, const uint8_t *gindex)
+{
+	size_t total = 0, lanes = 0, max_cells = 0, max_cand = 0;
+	int rc;
+
+	if (!l || (l->info.index_bytes && !gindex))
+		return -EINVAL;
+	l->state = LHC_PLANNED;
+	for (size_t b = 0; b < l->nb; b++) {
+		struct lhc_block *bk = &l->blk[b];
+		uint32_t c = 0;
+
+		bk->cand_off = total;
+		bk->sketch_off = lanes;
+		if (bk->kind != LHC_NONE) {
+			rc = collect_candidates(l, b, gindex + bk->index_off,
+						total, &c);
+			if (rc)
+				return rc;
+		}
+		bk->ncand = c;
+		bk->t = sketch_t(&l->p, c);
+		total += c;
+		lanes += 3 * (size_t)bk->t;
+		if (3 * (size_t)bk->t > max_cells)
+			max_cells = 3 * (size_t)bk->t;
+		if (c > max_cand)
+			max_cand = c;
+	}
+	free(l->values);
+	free(l->unresolved);
+	l->values = malloc((total ? total : 1) * sizeof(*l->values));
+	l->unresolved = malloc((total ? total : 1) * sizeof(*l->unresolved));
+	if (!l->values || !l->unresolved)
+		return -ENOMEM;
+	rc = scratch_reserve(l, max_cells ? max_cells : 1,
+			     max_cand ? max_cand : 1);
+	if (rc)
+		return rc;
+	l->info.candidates = total;
+	l->info.sketch_lanes = lanes;
+	l->info.stalled_blocks = 0;
+	l->info.fallback_lanes = 0;
+	l->state = LHC_INDEXED;
+	return 0;
+}
+
+/* ---- count sketch ----------------------------------------------------- */
+
+/* The three cells (block-relative) and the sign of element g. */
+static inline void sketch_cells(uint64_t key, uint64_t g, uint32_t t,
+				uint32_t cell[3], uint32_t *neg)
+{
+	uint64_t h = hg_hash(key, g);
+
+	for (int r = 0; r < 3; r++)
+		cell[r] = (uint32_t)r * t +
+			  (uint32_t)(((h >> (21 * r)) & 0x1FFFFFu) * t >> 21);
+	*neg = (uint32_t)(h >> 63);
+}
+
+/* Quantised value of x (within range checked by the caller). */
+static inline int32_t quant1(const struct hg_params *p, uint64_t rkey,
+			     float x, double scale, uint64_t g)
+{
+	if (p->flags & HG_F_STOCHASTIC)
+		return hg_sr((double)x * scale,
+			     (uint32_t)(hg_hash(rkey, g) >> 32));
+	return hg_rne((double)x * scale);
+}
+
+/* Adds the block's non-zero elements; returns false if one is out of range. */
+static inline void cell_add(uint8_t *cells, uint32_t k, uint32_t v)
+{
+	uint32_t t;
+
+	memcpy(&t, cells + 4 * k, 4);
+	t += v;
+	memcpy(cells + 4 * k, &t, 4);
+}
+
+/* Elements i0 <= i < len of block b (xb = the block's first element). */
+static bool sketch_block_portable(const struct hg_lhc *l, size_t b,
+				  const float *xb, size_t i0, size_t len,
+				  uint8_t *cells, uint64_t rkey)
+{
+	const struct lhc_block *bk = &l->blk[b];
+	const uint32_t lim = hg_code_limit_bits(l->gcodes[b]);
+	const double scale = hg_pow2(hg_scale_shift(&l->p, l->gcodes[b]));
+	const uint64_t g0 = b * l->p.block;
+
+	for (size_t i = i0; i < len; i++) {
+		uint32_t a = hg_abs_bits(xb[i]), c[3], neg, v;
+
+		if (!a)
+			continue;
+		if (a >= lim || bk->ncand == 0)
+			return false;
+		v = (uint32_t)quant1(&l->p, rkey, xb[i], scale, g0 + i);
+		sketch_cells(l->key_sketch, g0 + i, bk->t, c, &neg);
+		v = neg ? 0u - v : v;
+		cell_add(cells, c[0], v);
+		cell_add(cells, c[1], v);
+		cell_add(cells, c[2], v);
+	}
+	return true;
+}
+
+__attribute__((target("avx2")))
+static bool sketch_block_avx2(const struct hg_lhc *l, size_t b,
+			      const float *xb, size_t len, uint8_t *cells,
+			      uint64_t rkey)
+{
+	const struct lhc_block *bk = &l->blk[b];
+	const uint32_t lim = hg_code_limit_bits(l->gcodes[b]);
+	const double scale = hg_pow2(hg_scale_shift(&l->p, l->gcodes[b]));
+	const uint64_t g0 = b * l->p.block;
+	const __m256i m = _mm256_set1_epi32(0x7FFFFFFF);
+	const __m256i z = _mm256_setzero_si256();
+	size_t i = 0;
+
+	for (; i + 16 <= len; i += 16) {
+		__m256i a0 = _mm256_and_si256(
+			_mm256_loadu_si256((const __m256i *)(xb + i)), m);
+		__m256i a1 = _mm256_and_si256(
+			_mm256_loadu_si256((const __m256i *)(xb + i + 8)), m);
+		uint32_t nz = ~((uint32_t)_mm256_movemask_ps(
+					_mm256_castsi256_ps(
+						_mm256_cmpeq_epi32(a0, z))) |
+				((uint32_t)_mm256_movemask_ps(
+					 _mm256_castsi256_ps(
+						 _mm256_cmpeq_epi32(a1, z)))
+				 << 8)) &
+			      0xFFFFu;
+
+		while (nz) {
+			size_t j = i + (size_t)__builtin_ctz(nz);
+			uint32_t c[3], neg, v;
+
+			nz &= nz - 1;
+			if (hg_abs_bits(xb[j]) >= lim || bk->ncand == 0)
+				return false;
+			v = (uint32_t)quant1(&l->p, rkey, xb[j], scale, g0 + j);
+			sketch_cells(l->key_sketch, g0 + j, bk->t, c, &neg);
+			v = neg ? 0u - v : v;
+			cell_add(cells, c[0], v);
+			cell_add(cells, c[1], v);
+			cell_add(cells, c[2], v);
+		}
+	}
+	return sketch_block_portable(l, b, xb, i, len, cells, rkey);
+}
+
+int hg_lhc_sketch_encode(const struct hg_lhc *l, const float *x,
+			 uint8_t *cells_be32)
+{
+	uint64_t rkey;
+	bool avx2;
+
+	if (!l || l->state < LHC_INDEXED || (l->n && !x) ||
+	    (l->info.sketch_lanes && !cells_be32))
+		return -EINVAL;
+	avx2 = hg_codec_avx2();
+	rkey = hg_stream_key(l->p.seed, HG_DOM_ROUND, l->p.worker);
+	for (size_t b = 0; b < l->nb; b++) {
+		const struct lhc_block *bk = &l->blk[b];
+		size_t len = hg_block_len(&l->p, l->n, b);
+		const float *xb = x + b * l->p.block;
+		uint8_t *cells = cells_be32 + 4 * bk->sketch_off;
+		size_t nc = 3 * (size_t)bk->t;
+		bool ok;
+
+		/* accumulate in host order in place, then byte-swap: the
+		 * block's cells stay in cache */
+		memset(cells, 0, nc * 4);
+		if (bk->kind == LHC_NONE) {
+			/* a block zero everywhere must be zero here too */
+			for (size_t i = 0; i < len; i++)
+				if (hg_abs_bits(xb[i]))
+					return -ERANGE;
+			continue;
+		}
+		ok = avx2 ? sketch_block_avx2(l, b, xb, len, cells, rkey) :
+			    sketch_block_portable(l, b, xb, 0, len, cells,
+						  rkey);
+		if (!ok)
+			return -ERANGE;
+		for (size_t k = 0; k < nc; k++) {
+			uint32_t t;
+
+			memcpy(&t, cells + 4 * k, 4);
+			hg_st_be32(cells + 4 * k, t);
+		}
+	}
+	return 0;
+}
+
+/* ---- peeling ---------------------------------------------------------- */
+
+/*
+ * Peels one block: values of resolved candidates into l->values, the
+ * unresolved ones appended to l->unresolved.  Returns -EPROTO when the
+ * summed cells are inconsistent with the index (a cell with no candidate
+ * left but a non-zero value).
+ */
+static int peel_block(struct hg_lhc *l, size_t b, const uint8_t *gcells)
+{
+	const struct lhc_block *bk = &l->blk[b];
+	const uint32_t nc = 3 * bk->t, n = bk->ncand;
+	const uint16_t *pos = l->cand_pos + bk->cand_off;
+	int32_t *val = l->values + bk->cand_off;
+	uint32_t *cell = l->s_cell, *cnt = l->s_cnt, *id = l->s_id;
+	uint32_t *queue = l->s_queue, *cc = l->s_cc;
+	uint8_t *sign = l->s_sign, *done = l->s_done;
+	uint32_t head = 0, tail = 0, left = n;
+	const uint64_t g0 = b * l->p.block;
+
+	for (uint32_t k = 0; k < nc; k++)
+		cell[k] = hg_ld_be32(gcells + 4 * k);
+	memset(cnt, 0, nc * 4);
+	memset(id, 0, nc * 4);
+	for (uint32_t j = 0; j < n; j++) {
+		uint32_t *c = cc + 3 * j, neg;
+
+		sketch_cells(l->key_sketch, g0 + pos[j], bk->t, c, &neg);
+		sign[j] = (uint8_t)neg;
+		done[j] = 0;
+		for (int r = 0; r < 3; r++) {
+			cnt[c[r]]++;
+			id[c[r]] ^= j;
+		}
+	}
+	for (uint32_t k = 0; k < nc; k++)
+		if (cnt[k] == 1)
+			queue[tail++] = k;
+	while (head < tail) {
+		uint32_t k = queue[head++], j, v;
+		const uint32_t *c;
+
+		if (cnt[k] != 1)
+			continue;
+		j = id[k];
+		c = cc + 3 * j;
+		v = cell[k]; /* the candidate's signed contribution */
+		val[j] = (int32_t)(sign[j] ? 0u - v : v);
+		done[j] = 1;
+		left--;
+		for (int r = 0; r < 3; r++) {
+			uint32_t q = c[r];
+
+			cell[q] -= v;
+			cnt[q]--;
+			id[q] ^= j;
+			if (cnt[q] == 1)
+				queue[tail++] = q;
+		}
+	}
+	for (uint32_t k = 0; k < nc; k++)
+		if (cnt[k] == 0 && cell[k] != 0)
+			return -EPROTO;
+	if (left) {
+		l->info.stalled_blocks++;
+		for (uint32_t j = 0; j < n; j++)
+			if (!done[j]) {
+				val[j] = 0;
+				l->unresolved[l->info.fallback_lanes++] =
+					(uint32_t)(bk->cand_off + j);
+			}
+	}
+	return 0;
+}
+
+int hg_lhc_peel(struct hg_lhc *l, const uint8_t *gcells_be32)
+{
+	if (!l || l->state < LHC_INDEXED ||
+	    (l->info.sketch_lanes && !gcells_be32))
+		return -EINVAL;
+	l->info.stalled_blocks = 0;
+	l->info.fallback_lanes = 0;
+	l->state = LHC_INDEXED;
+	for (size_t b = 0; b < l->nb; b++) {
+		const struct lhc_block *bk = &l->blk[b];
+		int rc;
+
+		if (!bk->ncand)
+			continue;
+		rc = peel_block(l, b, gcells_be32 + 4 * bk->sketch_off);
+		if (rc)
+			return rc;
+	}
+	l->state = LHC_PEELED;
+	return 0;
+}
+
+/* ---- fallback and decode ---------------------------------------------- */
+
+int hg_lhc_fallback_encode(const struct hg_lhc *l, const float *x,
+			   uint8_t *out_be32)
+{
+	uint64_t rkey;
+	size_t u = 0;
+
+	if (!l || l->state < LHC_PEELED || (l->n && !x) ||
+	    (l->info.fallback_lanes && !out_be32))
+		return -EINVAL;
+	rkey = hg_stream_key(l->p.seed, HG_DOM_ROUND, l->p.worker);
+	for (size_t b = 0; b < l->nb && u < l->info.fallback_lanes; b++) {
+		const struct lhc_block *bk = &l->blk[b];
+		const double scale = hg_pow2(hg_scale_shift(&l->p,
+							    l->gcodes[b]));
+		const uint32_t lim = hg_code_limit_bits(l->gcodes[b]);
+		const size_t end = bk->cand_off + bk->ncand;
+
+		for (; u < l->info.fallback_lanes && l->unresolved[u] < end;
+		     u++) {
+			size_t g = b * l->p.block + l->cand_pos[l->unresolved[u]];
+
+			if (hg_abs_bits(x[g]) >= lim)
+				return -ERANGE;
+			hg_st_be32(out_be32 + 4 * u,
+				   (uint32_t)quant1(&l->p, rkey, x[g], scale, g));
+		}
+	}
+	return 0;
+}
+
+int hg_lhc_decode(const struct hg_lhc *l, const uint8_t *gfallback_be32,
+		  float *y)
+{
+	size_t u = 0;
+
+	if (!l || l->state < LHC_PEELED || (l->n && !y) ||
+	    (l->info.fallback_lanes && !gfallback_be32))
+		return -EINVAL;
+	for (size_t b = 0; b < l->nb; b++) {
+		const struct lhc_block *bk = &l->blk[b];
+		size_t len = hg_block_len(&l->p, l->n, b);
+		float *yb = y + b * l->p.block;
+		const uint16_t *pos = l->cand_pos + bk->cand_off;
+		const int32_t *val = l->values + bk->cand_off;
+		const size_t end = bk->cand_off + bk->ncand;
+		double scale;
+
+		memset(yb, 0, len * sizeof(float));
+		if (!bk->ncand)
+			continue;
+		scale = hg_pow2(-hg_scale_shift(&l->p, l->gcodes[b]));
+		for (uint32_t j = 0; j < bk->ncand; j++)
+			yb[pos[j]] = (float)((double)val[j] * scale);
+		for (; u < l->info.fallback_lanes && l->unresolved[u] < end;
+		     u++)
+			yb[l->cand_pos[l->unresolved[u]]] = (float)(
+				(double)(int32_t)hg_ld_be32(gfallback_be32 +
+							    4 * u) *
+				scale);
+	}
+	return 0;
+}
+
+/* ---- auto ------------------------------------------------------------- */
+
+/*
+ * Wire bytes after the meta phase (exponents and counts, paid by every
+ * choice alike): dense 4n; blocks 4 x lanes of the non-zero blocks; lhc
+ * index bytes + 4 x sketch cells for an estimated min(count, len)
+ * candidates per block (plus expected Bloom false positives), an upper
+ * bound of the true candidates, so auto never prefers lhc too eagerly.
+ * Ties go to the simpler method (dense, then blocks).
+ */
+int hg_auto_choose(const struct hg_params *p, size_t n, const int8_t *gcodes,
+		   const uint8_t *gcounts_be32)
+{
+	uint64_t dense, blocks = 0, lhc = 0;
+	size_t nb;
+	int rc = hg_params_check(p);
+
+	if (rc)
+		return rc;
+	if (n && (!gcodes || !gcounts_be32))
+		return -EINVAL;
+	nb = hg_nblocks(p, n);
+	dense = 4 * (uint64_t)n;
+	for (size_t b = 0; b < nb; b++) {
+		uint32_t len = (uint32_t)hg_block_len(p, n, b);
+		uint32_t cnt = hg_ld_be32(gcounts_be32 + 4 * b);
+		uint32_t c = cnt < len ? cnt : len;
+		struct lhc_block bk;
+
+		if (gcodes[b] == HG_EXP_ZERO)
+			continue;
+		blocks += 4 * (uint64_t)len;
+		plan_index(len, cnt, &bk);
+		if (bk.kind == LHC_BLOOM)
+			c = bloom_expected(&bk, len, c);
+		lhc += index_bytes_of(&bk, len) + 12 * (uint64_t)sketch_t(p, c);
+	}
+	if (dense <= blocks && dense <= lhc)
+		return HG_M_DENSE;
+	if (blocks <= lhc)
+		return HG_M_BLOCKS;
+	return HG_M_LHC;
+}

@@ -1,0 +1,108 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * codec_pvt.h - helpers shared by codec.c, codec_lhc.c and codec_nc.c.
+ *
+ * The fixed-point contract (docs/PROTOCOL.md "Fixed point"): for a block
+ * with global code c != HG_EXP_ZERO, E = c + 1 and s = 30 - L - E with
+ * L = ceil(log2 W).  v = x * 2^s is exact in float64 (24-bit significand,
+ * |s| <= 156), so every rounding below is a single exact decision.
+ */
+#ifndef HOMAGG_CODEC_PVT_H
+#define HOMAGG_CODEC_PVT_H
+
+#include <math.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "homagg/codec.h"
+#include "hash_pvt.h"
+
+/* Absolute-value bits of a float32: monotonic in |x| for finite x. */
+static inline uint32_t hg_abs_bits(float x)
+{
+	uint32_t b;
+
+	memcpy(&b, &x, sizeof(b));
+	return b & 0x7FFFFFFFu;
+}
+
+/* Exponent code of a block from the largest absolute-value bits. */
+static inline int8_t hg_code_of_absmax(uint32_t absmax)
+{
+	int be;
+
+	if (absmax == 0)
+		return HG_EXP_ZERO;
+	be = (int)(absmax >> 23);
+	/* normal: max in [2^(be-127), 2^(be-126)), frexp e = be - 126;
+	 * subnormal (be = 0): e <= -126, clamped to -126. */
+	return (int8_t)(be == 0 ? -127 : be - 127);
+}
+
+/*
+ * Bits of 2^E for E = code + 1 in [-126, 128]: a finite x is within the
+ * block's range iff hg_abs_bits(x) < this (2^128 gives the Inf pattern).
+ */
+static inline uint32_t hg_code_limit_bits(int8_t code)
+{
+	if (code == HG_EXP_ZERO)
+		return 1; /* only +-0 allowed */
+	return (uint32_t)(code + 1 + 127) << 23;
+}
+
+static inline uint32_t hg_ld_be32(const uint8_t *p)
+{
+	uint32_t v;
+
+	memcpy(&v, p, 4);
+	return __builtin_bswap32(v);
+}
+
+static inline void hg_st_be32(uint8_t *p, uint32_t v)
+{
+	v = __builtin_bswap32(v);
+	memcpy(p, &v, 4);
+}
+
+/* Round-half-even of an exact float64 v with |v| < 2^51 (default FP mode). */
+static inline int32_t hg_rne(double v)
+{
+	const double m = 0x1.8p52; /* not folded: no -ffast-math */
+
+	return (int32_t)(int64_t)((v + m) - m);
+}
+
+/*
+ * Stochastic rounding of an exact v: floor(v) + 1 iff u / 2^32 < v - floor(v)
+ * (exact comparison; u is the top 32 bits of the element's hash).
+ */
+static inline int32_t hg_sr(double v, uint32_t u)
+{
+	double f = floor(v);
+
+	return (int32_t)(int64_t)f + ((double)u * 0x1p-32 < v - f);
+}
+
+/* Number of elements of block b. */
+static inline size_t hg_block_len(const struct hg_params *p, size_t n,
+				  size_t b)
+{
+	size_t start = b * p->block;
+	size_t len = n - start;
+
+	return len < p->block ? len : p->block;
+}
+
+/* 2^s as float64 for a shift s in [-106, 156]. */
+static inline double hg_pow2(int s)
+{
+	return ldexp(1.0, s);
+}
+
+/* true when the AVX2 paths may be used (CPU has it, not disabled by
+ * HOMAGG_CODEC_ISA=portable, which tests use to compare both paths). */
+bool hg_codec_avx2(void);
+
+#endif /* HOMAGG_CODEC_PVT_H */

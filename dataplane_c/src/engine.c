@@ -1,0 +1,636 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The aggregation engine (homagg/engine.h).
+ *
+ * Per frame: hg_wire_parse() validates everything that can be checked
+ * without state, then the job, token, worker, slot, lanes and exponent are
+ * checked against the job before a payload byte is read, then the shadow set
+ * of the chunk decides: start over, stale, duplicate (replay / status) or
+ * combine.  Replies reuse the received buffer when it is large enough (the
+ * completing packet becomes the multicast result, as in SwitchML), so a
+ * multicast job allocates nothing per chunk.
+ *
+ * Accumulators are kept big-endian, exactly as on the wire, so a result is
+ * one memcpy; see hg_engine_create() for the measurement behind that choice.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "homagg/codec.h"
+#include "homagg/counters.h"
+#include "homagg/engine.h"
+#include "homagg/kernels.h"
+#include "homagg/port.h"
+#include "homagg/wire.h"
+#include "wire_pvt.h"
+
+#define TX_MAX 512
+#define FREE_MAX 256
+#define ACC_ALIGN 64
+
+enum set_state { SET_EMPTY = 0, SET_OPEN = 1, SET_DONE = 2 };
+
+/* One shadow set of one slot. */
+struct hg_set {
+	uint64_t bitmap[HG_MAX_WORKERS / 64]; /* bit w: worker w counted */
+	uint64_t psum;     /* checksum partial sum of the result payload (DONE) */
+	uint32_t seq;
+	uint16_t lanes;
+	uint16_t count;
+	uint8_t op;
+	int8_t exp;
+	uint8_t state;     /* enum set_state */
+};
+
+struct hg_job {
+	struct hg_job_config cfg;
+	bool in_use;
+	uint32_t acc_stride;           /* bytes between accumulators */
+	int slot_shift;                /* log2(S) when S is a power of 2, else -1 */
+	struct hg_set *sets;           /* 2 * S, set of slot s shadow h: 2s+h */
+	uint8_t *acc;                  /* 2 * S * acc_stride, 64-byte aligned */
+	struct hg_wire_addr *workers;  /* W learned addresses */
+	uint64_t cnt[HG_CNT__COUNT];
+};
+
+struct hg_engine {
+	struct hg_port *port;
+	struct hg_wire_addr self;      /* source of everything sent */
+	bool can_replicate;
+	uint32_t flags;
+	uint32_t wire_flags;
+	uint16_t burst;
+	hg_kernel_fn kern[HG_OP_NC8 + 1];
+
+	uint32_t max_jobs;
+	uint32_t njobs;
+	struct hg_job *last;           /* job of the previous frame (NULL: none) */
+	struct hg_job *jobs;           /* max_jobs entries */
+	uint32_t *table;               /* open addressing: job index + 1, 0 empty */
+	uint32_t table_mask;
+
+	uint64_t cnt[HG_CNT__COUNT];
+
+	uint32_t ntx, nfree;
+	struct hg_pkt *tx[TX_MAX];
+	struct hg_pkt *fr[FREE_MAX];
+	struct hg_pkt *rx[HG_ENGINE_MAX_BURST];
+};
+
+void hg_engine_config_init(struct hg_engine_config *c)
+{
+	if (!c)
+		return;
+	memset(c, 0, sizeof(*c));
+	c->max_jobs = 64;
+	c->udp_port = HG_UDP_PORT;
+	c->burst = 32;
+	c->flags = HG_ENGINE_F_UDP_CSUM;
+	c->isa = HG_ISA_BEST;
+}
+
+/*
+ * Accumulator byte order: kept big-endian (the kernels' contract).  Measured
+ * with `homagg bench engine` (W = 8, 1024-byte SUM32, AVX-512): the two
+ * extra byte shuffles per 64 bytes cost less than the noise of the shared
+ * machine, and a big-endian accumulator makes results and replays a plain
+ * memcpy.
+ */
+struct hg_engine *hg_engine_create(const struct hg_engine_config *c)
+{
+	struct hg_port_info info;
+	struct hg_engine *e;
+	uint32_t tsize = 1;
+
+	if (!c || !c->port || !c->port->ops || c->max_jobs < 1 ||
+	    c->max_jobs > HG_ENGINE_MAX_JOBS || c->burst < 1 ||
+	    c->burst > HG_ENGINE_MAX_BURST || !hg_isa_supported(c->isa))
+		return NULL;
+	memset(&info, 0, sizeof(info));
+	if (c->port->ops->get_info && c->port->ops->get_info(c->port->ctx, &info))
+		return NULL;
+
+	e = calloc(1, sizeof(*e));
+	if (!e)
+		goto err;
+	e->jobs = calloc(c->max_jobs, sizeof(*e->jobs));
+	if (!e->jobs)
+		goto err_free_engine;
+	while (tsize < 2 * c->max_jobs)
+		tsize <<= 1;
+	e->table = calloc(tsize, sizeof(*e->table));
+	if (!e->table)
+		goto err_free_jobs;
+	e->table_mask = tsize - 1;
+	e->max_jobs = c->max_jobs;
+	e->port = c->port;
+	memcpy(e->self.mac, info.mac, 6);
+	e->self.ipv4 = info.ipv4;
+	e->self.port = c->udp_port ? c->udp_port : HG_UDP_PORT;
+	e->can_replicate = info.can_replicate;
+	e->flags = c->flags;
+	e->wire_flags = (c->flags & HG_ENGINE_F_UDP_CSUM) ? HG_WIRE_F_UDP_CSUM : 0;
+	e->burst = c->burst;
+	for (int op = HG_OP_SUM32; op <= HG_OP_NC8; op++)
+		e->kern[op] = hg_kernel((enum hg_op)op, c->isa);
+	return e;
+
+err_free_jobs:
+	free(e->jobs);
+err_free_engine:
+	free(e);
+err:
+	return NULL;
+}
+
+static void job_free(struct hg_job *j)
+{
+	free(j->sets);
+	free(j->acc);
+	free(j->workers);
+	memset(j, 0, sizeof(*j));
+}
+
+void hg_engine_destroy(struct hg_engine *e)
+{
+	if (!e)
+		return;
+	if (e->ntx)
+		hg_port_free(e->port, e->tx, (uint16_t)e->ntx);
+	if (e->nfree)
+		hg_port_free(e->port, e->fr, (uint16_t)e->nfree);
+	for (uint32_t i = 0; i < e->max_jobs; i++)
+		job_free(&e->jobs[i]);
+	free(e->table);
+	free(e->jobs);
+	free(e);
+}
+
+static inline uint32_t job_hash(const struct hg_engine *e, uint32_t id)
+{
+	return (id * 0x9e3779b1u) & e->table_mask;
+}
+
+static inline struct hg_job *job_find(const struct hg_engine *e, uint32_t id)
+{
+	uint32_t h;
+
+	if (e->last && e->last->cfg.job == id)
+		return e->last;
+	h = job_hash(e, id);
+
+	for (;;) {
+		uint32_t x = e->table[h];
+
+		if (!x)
+			return NULL;
+		if (e->jobs[x - 1].cfg.job == id)
+			return &e->jobs[x - 1];
+		h = (h + 1) & e->table_mask;
+	}
+}
+
+/* Rebuild the lookup table from the jobs in use (control path only). */
+static void table_rebuild(struct hg_engine *e)
+{
+	e->last = NULL;
+	memset(e->table, 0, (e->table_mask + 1) * sizeof(*e->table));
+	for (uint32_t i = 0; i < e->max_jobs; i++) {
+		uint32_t h;
+
+		if (!e->jobs[i].in_use)
+			continue;
+		h = job_hash(e, e->jobs[i].cfg.job);
+		while (e->table[h])
+			h = (h + 1) & e->table_mask;
+		e->table[h] = i + 1;
+	}
+}
+
+int hg_engine_add_job(struct hg_engine *e, const struct hg_job_config *jc)
+{
+	struct hg_job *j = NULL;
+	size_t nsets;
+
+	if (!e || !jc)
+		return -EINVAL;
+	if (job_find(e, jc->job))
+		return -EEXIST;
+	if (jc->workers < 1 || jc->workers > HG_MAX_WORKERS || jc->slots < 1 ||
+	    jc->slots > HG_ENGINE_MAX_SLOTS || jc->payload_bytes < 4 ||
+	    jc->payload_bytes > HG_MAX_PAYLOAD || e->njobs >= e->max_jobs)
+		return -ERANGE;
+	for (uint32_t i = 0; i < e->max_jobs; i++) {
+		if (!e->jobs[i].in_use) {
+			j = &e->jobs[i];
+			break;
+		}
+	}
+	if (!j)
+		return -ERANGE;
+	memset(j, 0, sizeof(*j));
+	j->cfg = *jc;
+	j->acc_stride = (jc->payload_bytes + ACC_ALIGN - 1) & ~(uint32_t)(ACC_ALIGN - 1);
+	j->slot_shift = -1;
+	if (!(jc->slots & (jc->slots - 1)))
+		j->slot_shift = __builtin_ctz(jc->slots);
+	nsets = 2 * (size_t)jc->slots;
+	j->sets = calloc(nsets, sizeof(*j->sets));
+	if (!j->sets)
+		goto err_nomem;
+	if (posix_memalign((void **)&j->acc, ACC_ALIGN, nsets * j->acc_stride)) {
+		j->acc = NULL;
+		goto err_free_job;
+	}
+	memset(j->acc, 0, nsets * j->acc_stride);
+	j->workers = calloc(jc->workers, sizeof(*j->workers));
+	if (!j->workers)
+		goto err_free_job;
+	j->in_use = true;
+	e->njobs++;
+	table_rebuild(e);
+	if (jc->group_ipv4 && e->port->ops->join_group)
+		e->port->ops->join_group(e->port->ctx, jc->group_ipv4);
+	return 0;
+
+err_free_job:
+	job_free(j);
+err_nomem:
+	return -ENOMEM;
+}
+
+int hg_engine_remove_job(struct hg_engine *e, uint32_t id)
+{
+	struct hg_job *j;
+
+	if (!e)
+		return -EINVAL;
+	j = job_find(e, id);
+	if (!j)
+		return -ENOENT;
+	job_free(j);
+	e->njobs--;
+	table_rebuild(e);
+	return 0;
+}
+
+int hg_engine_job_count(const struct hg_engine *e)
+{
+	return e ? (int)e->njobs : 0;
+}
+
+int hg_engine_counters(const struct hg_engine *e, uint64_t *out, size_t n)
+{
+	if (!e || (!out && n))
+		return -EINVAL;
+	if (n > HG_CNT__COUNT)
+		n = HG_CNT__COUNT;
+	memcpy(out, e->cnt, n * sizeof(*out));
+	return (int)n;
+}
+
+int hg_engine_job_counters(const struct hg_engine *e, uint32_t id,
+			   uint64_t *out, size_t n)
+{
+	const struct hg_job *j;
+
+	if (!e || (!out && n))
+		return -EINVAL;
+	j = job_find(e, id);
+	if (!j)
+		return -ENOENT;
+	if (n > HG_CNT__COUNT)
+		n = HG_CNT__COUNT;
+	memcpy(out, j->cnt, n * sizeof(*out));
+	return (int)n;
+}
+
+/* ---- packet path -------------------------------------------------------- */
+
+static void flush_tx(struct hg_engine *e)
+{
+	uint32_t sent = 0;
+
+	while (sent < e->ntx) {
+		uint32_t n = e->ntx - sent;
+		uint16_t k;
+
+		if (n > 0xffff)
+			n = 0xffff;
+		k = hg_port_tx(e->port, e->tx + sent, (uint16_t)n);
+		sent += k;
+		if (k < n)
+			break;
+	}
+	if (sent < e->ntx) {
+		e->cnt[HG_CNT_TX_FULL] += e->ntx - sent;
+		hg_port_free(e->port, e->tx + sent, (uint16_t)(e->ntx - sent));
+	}
+	e->ntx = 0;
+}
+
+static inline void queue_tx(struct hg_engine *e, struct hg_pkt *p)
+{
+	if (e->ntx == TX_MAX)
+		flush_tx(e);
+	e->tx[e->ntx++] = p;
+}
+
+static inline void queue_free(struct hg_engine *e, struct hg_pkt *p)
+{
+	if (e->nfree == FREE_MAX) {
+		hg_port_free(e->port, e->fr, FREE_MAX);
+		e->nfree = 0;
+	}
+	e->fr[e->nfree++] = p;
+}
+
+static inline void count(struct hg_engine *e, struct hg_job *j, int c)
+{
+	e->cnt[c]++;
+	if (j)
+		j->cnt[c]++;
+}
+
+/* A buffer for a reply of need bytes: the received one if it is still
+ * unused and large enough, else a new one from the port (NULL: counted). */
+static struct hg_pkt *out_pkt(struct hg_engine *e, struct hg_job *j,
+			      struct hg_pkt **reuse, size_t need)
+{
+	struct hg_pkt *p = *reuse;
+
+	if (p && p->cap >= need) {
+		*reuse = NULL;
+		return p;
+	}
+	if (hg_port_alloc(e->port, &p, 1) != 1 || p->cap < need) {
+		if (p && p->cap < need)
+			hg_port_free(e->port, &p, 1);
+		count(e, j, HG_CNT_NO_BUFFER);
+		return NULL;
+	}
+	return p;
+}
+
+/*
+ * Write a reply frame (result or status) into p: to worker w's learned
+ * address, or to the job's group when w is HG_WORKER_ALL.  psum is the
+ * checksum partial sum of the payload (ignored without checksums).
+ */
+static void put_reply(struct hg_engine *e, struct hg_job *j, struct hg_pkt *p,
+		      const struct hg_set *s, uint16_t flags, uint16_t w,
+		      const uint8_t *payload, size_t plen, uint64_t psum)
+{
+	struct hg_hdr h = {
+		.version = HG_PROTOCOL_VERSION,
+		.op = s->op,
+		.flags = flags,
+		.job = j->cfg.job,
+		.token = j->cfg.token,
+		.worker = w,
+		.slot = (uint16_t)((s - j->sets) / 2),
+		.seq = s->seq,
+		.lanes = s->lanes,
+		.exp = s->exp,
+		.reserved = 0,
+	};
+	uint8_t *f = p->data;
+
+	if (w == HG_WORKER_ALL) {
+		uint8_t mac[6];
+
+		hg_wire_mcast_mac(j->cfg.group_ipv4, mac);
+		hg_wire_put_l2l4(f, &e->self, mac, j->cfg.group_ipv4,
+				 e->self.port, HG_HDR_LEN + plen);
+	} else {
+		const struct hg_wire_addr *a = &j->workers[w];
+
+		hg_wire_put_l2l4(f, &e->self, a->mac, a->ipv4, a->port,
+				 HG_HDR_LEN + plen);
+	}
+	hg_wire_put_hdr(f + HG_OFF_HDR, &h);
+	if (f + HG_OFF_PAYLOAD != payload)
+		memcpy(f + HG_OFF_PAYLOAD, payload, plen);
+	if (e->wire_flags & HG_WIRE_F_UDP_CSUM)
+		hg_wire_put_udp_csum(f, hg_csum_add(psum, f + HG_OFF_HDR,
+						    HG_HDR_LEN));
+	p->len = (uint16_t)(HG_OFF_PAYLOAD + plen);
+}
+
+/* Flags of a reply about set s: its shadow bit plus kind. */
+static inline uint16_t set_flags(const struct hg_job *j, const struct hg_set *s,
+				 uint16_t kind)
+{
+	return (uint16_t)(kind | (((s - j->sets) & 1) ? HG_FLAG_SHADOW : 0));
+}
+
+/* Send a complete set's result to worker w (HG_WORKER_ALL: to every worker). */
+static void send_result(struct hg_engine *e, struct hg_job *j,
+			const struct hg_set *s, const uint8_t *acc, uint16_t w,
+			struct hg_pkt **reuse)
+{
+	size_t plen = (size_t)s->lanes * hg_lane_acc(s->op);
+	uint16_t fl = set_flags(j, s, HG_FLAG_RESULT);
+	struct hg_pkt *p;
+
+	if (w != HG_WORKER_ALL || (e->can_replicate && j->cfg.group_ipv4)) {
+		p = out_pkt(e, j, reuse, HG_OFF_PAYLOAD + plen);
+		if (!p)
+			return;
+		put_reply(e, j, p, s, fl, w, acc, plen, s->psum);
+		queue_tx(e, p);
+		count(e, j, HG_CNT_RESULTS_SENT);
+		return;
+	}
+	for (uint32_t i = 0; i < j->cfg.workers; i++) {
+		p = out_pkt(e, j, reuse, HG_OFF_PAYLOAD + plen);
+		if (!p)
+			continue;
+		put_reply(e, j, p, s, fl, (uint16_t)i, acc, plen, s->psum);
+		queue_tx(e, p);
+		count(e, j, HG_CNT_RESULTS_SENT);
+	}
+}
+
+/* STATUS to worker w: the set's worker bitmap, W bits, bit w%8 of byte w/8. */
+static void send_status(struct hg_engine *e, struct hg_job *j,
+			const struct hg_set *s, uint16_t w,
+			struct hg_pkt **reuse)
+{
+	uint8_t bits[HG_MAX_WORKERS / 8];
+	size_t plen = (j->cfg.workers + 7) / 8;
+	struct hg_pkt *p;
+	uint64_t psum = 0;
+
+	for (size_t i = 0; i < plen; i++)
+		bits[i] = (uint8_t)(s->bitmap[i / 8] >> (8 * (i % 8)));
+	p = out_pkt(e, j, reuse, HG_OFF_PAYLOAD + plen);
+	if (!p)
+		return;
+	if (e->wire_flags & HG_WIRE_F_UDP_CSUM)
+		psum = hg_csum_add(0, bits, plen);
+	put_reply(e, j, p, s, set_flags(j, s, HG_FLAG_STATUS), w, bits, plen,
+		  psum);
+	queue_tx(e, p);
+	count(e, j, HG_CNT_STATUS_SENT);
+}
+
+static inline bool serial_newer(uint32_t a, uint32_t b)
+{
+	return (int32_t)(a - b) > 0;
+}
+
+static void handle(struct hg_engine *e, struct hg_pkt *pkt)
+{
+	struct hg_wire_view v;
+	struct hg_job *j = NULL;
+	struct hg_set *s;
+	uint8_t *acc;
+	const uint8_t *in;
+	uint32_t S, w, q, expect_shadow;
+	size_t acc_bytes;
+	int rc;
+
+	e->cnt[HG_CNT_RECEIVED]++;
+	rc = hg_wire_parse_inl(pkt->data, pkt->len, e->self.port, e->wire_flags,
+			       &v);
+	if (rc)
+		goto drop;
+	if (v.hdr.flags & (HG_FLAG_RESULT | HG_FLAG_STATUS)) {
+		rc = HG_CNT_BAD_FLAGS;
+		goto drop;
+	}
+	j = job_find(e, v.hdr.job);
+	if (!j) {
+		rc = HG_CNT_UNKNOWN_JOB;
+		goto drop;
+	}
+	e->last = j;
+	j->cnt[HG_CNT_RECEIVED]++;
+	if (v.hdr.token != j->cfg.token) {
+		rc = HG_CNT_BAD_TOKEN;
+		goto drop;
+	}
+	w = v.hdr.worker;
+	if (w >= j->cfg.workers) {
+		rc = HG_CNT_BAD_WORKER;
+		goto drop;
+	}
+	S = j->cfg.slots;
+	q = j->slot_shift >= 0 ? v.hdr.seq >> j->slot_shift : v.hdr.seq / S;
+	expect_shadow = (q & 1) ? HG_FLAG_SHADOW : 0;
+	if (v.hdr.slot >= S || v.hdr.slot != v.hdr.seq - q * S ||
+	    (v.hdr.flags & HG_FLAG_SHADOW) != expect_shadow) {
+		rc = HG_CNT_BAD_SLOT;
+		goto drop;
+	}
+	acc_bytes = (size_t)v.hdr.lanes * hg_lane_acc(v.hdr.op);
+	if (acc_bytes > j->cfg.payload_bytes) {
+		rc = HG_CNT_BAD_LANES;
+		goto drop;
+	}
+	if (v.hdr.op == HG_OP_NC8 ? (v.hdr.exp < 0 || v.hdr.exp > 31)
+				  : v.hdr.exp != 0) {
+		rc = HG_CNT_BAD_EXP;
+		goto drop;
+	}
+
+	s = &j->sets[2 * (size_t)v.hdr.slot + (expect_shadow ? 1 : 0)];
+	acc = j->acc + (size_t)(s - j->sets) * j->acc_stride;
+	if (s->state == SET_EMPTY || serial_newer(v.hdr.seq, s->seq)) {
+		/* A newer chunk for this set: the previous one is complete. */
+		memset(s->bitmap, 0, sizeof(s->bitmap));
+		s->seq = v.hdr.seq;
+		s->lanes = v.hdr.lanes;
+		s->op = v.hdr.op;
+		s->exp = v.hdr.exp;
+		s->count = 0;
+		s->psum = 0;
+		s->state = SET_OPEN;
+	} else if (s->seq != v.hdr.seq) {
+		rc = HG_CNT_STALE;
+		goto drop;
+	} else if (s->op != v.hdr.op) {
+		rc = HG_CNT_BAD_OP;
+		goto drop;
+	} else if (s->lanes != v.hdr.lanes) {
+		rc = HG_CNT_BAD_LANES;
+		goto drop;
+	} else if (s->exp != v.hdr.exp) {
+		rc = HG_CNT_BAD_EXP;
+		goto drop;
+	}
+
+	/* Valid: learn where this worker is. */
+	memcpy(j->workers[w].mac, v.src.mac, 6);
+	j->workers[w].ipv4 = v.src.ipv4;
+	j->workers[w].port = v.src.port;
+
+	if (s->bitmap[w / 64] & (1ull << (w % 64))) {
+		count(e, j, HG_CNT_DUPLICATES);
+		if (s->state == SET_DONE) {
+			send_result(e, j, s, acc, (uint16_t)w, &pkt);
+			count(e, j, HG_CNT_REPLAYS);
+		} else if (v.hdr.flags & HG_FLAG_RETRANS) {
+			send_status(e, j, s, (uint16_t)w, &pkt);
+		}
+		if (pkt)
+			queue_free(e, pkt);
+		return;
+	}
+
+	in = pkt->data + v.payload_off;
+	if (s->count == 0 && s->op != HG_OP_NC8) {
+		/* First contribution: the identity combined with in is in. */
+		memcpy(acc, in, acc_bytes);
+	} else {
+		if (s->count == 0)
+			memset(acc, 0, acc_bytes);
+		e->kern[s->op](acc, in, s->lanes, s->exp);
+	}
+	s->bitmap[w / 64] |= 1ull << (w % 64);
+	s->count++;
+	count(e, j, HG_CNT_SUMMED);
+	if (s->count == j->cfg.workers) {
+		s->state = SET_DONE;
+		count(e, j, HG_CNT_COMPLETED);
+		if (e->wire_flags & HG_WIRE_F_UDP_CSUM)
+			s->psum = hg_csum_add(0, acc, acc_bytes);
+		send_result(e, j, s, acc, HG_WORKER_ALL, &pkt);
+	}
+	if (pkt)
+		queue_free(e, pkt);
+	return;
+
+drop:
+	count(e, j, rc);
+	queue_free(e, pkt);
+}
+
+int hg_engine_process(struct hg_engine *e, struct hg_pkt **pkts, uint32_t n)
+{
+	if (!e || (!pkts && n))
+		return -EINVAL;
+	for (uint32_t i = 0; i < n; i++)
+		handle(e, pkts[i]);
+	if (e->ntx)
+		flush_tx(e);
+	if (e->nfree) {
+		hg_port_free(e->port, e->fr, (uint16_t)e->nfree);
+		e->nfree = 0;
+	}
+	return (int)n;
+}
+
+int hg_engine_poll(struct hg_engine *e)
+{
+	uint16_t n;
+
+	if (!e)
+		return -EINVAL;
+	n = hg_port_rx(e->port, e->rx, e->burst);
+	if (!n)
+		return 0;
+	return hg_engine_process(e, e->rx, n);
+}

@@ -1,0 +1,592 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The simulated cluster (homagg/sim.h): one NIC fabric, the aggregator's
+ * port driven by the engine, an attacker port for hand-made frames, and per
+ * job W worker ports each driven by a worker client.
+ *
+ * Addresses: aggregator 02:00:00:00:00:01 / 10.0.0.1, attacker
+ * 02:00:00:00:00:02 / 10.0.0.2, worker w of job j 02:00:01:jj:ww:ww /
+ * 10.(1 + j).(w >> 8).(w & 255 + 1)... (see worker_addr()).  Faults apply to
+ * both directions of every worker's link, so each frame between a worker
+ * and the aggregator crosses exactly one faulty stage; the aggregator's and
+ * the attacker's links are perfect.
+ *
+ * Each worker's client talks through a thin wrapper of its NIC port that
+ * counts transmitted frames, so hg_sim_kill_worker() can make the worker
+ * fall silent after a given number of frames.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "homagg/client.h"
+#include "homagg/engine.h"
+#include "homagg/nic.h"
+#include "homagg/sim.h"
+#include "homagg/wire.h"
+
+#define AGG_IP 0x0a000001u
+#define ATTACKER_IP 0x0a000002u
+#define GROUP_BASE 0xef010001u /* 239.1.0.1 + job */
+#define JOB_ID_BASE 100u
+#define DEFAULT_SLOTS 64
+#define DEFAULT_REORDER_NS 10000
+#define REORDER_MAX 8
+
+struct sim_worker {
+	struct hg_sim *sim;
+	struct hg_nic_port *nport;
+	struct hg_port *inner;     /* the NIC port's interface */
+	struct hg_port wrap;       /* what the client uses */
+	struct hg_client *client;
+	uint64_t tx_frames;
+	uint64_t kill_at;          /* UINT64_MAX: never */
+	uint64_t deadline;         /* poll again at this time (or on rx) */
+	bool dead;
+	bool active;               /* an allreduce is running on it */
+	int status;                /* 1 done, 0 running/never, < 0 error */
+};
+
+struct sim_job {
+	uint32_t id, token, workers, slots;
+	struct sim_worker *w;      /* workers entries */
+};
+
+struct hg_sim {
+	struct hg_sim_config cfg;
+	struct hg_nic_fabric *fab;
+	struct hg_nic_port *agg_port;
+	struct hg_nic_port *attacker;
+	struct hg_engine *engine;
+	struct sim_job jobs[HG_SIM_MAX_JOBS];
+	int njobs;
+	uint16_t mtu;
+	struct hg_sim_stats st;
+};
+
+/* ---- the killable port wrapper ----------------------------------------- */
+
+static uint16_t w_rx(void *ctx, struct hg_pkt **pk, uint16_t n)
+{
+	struct sim_worker *w = ctx;
+
+	return w->inner->ops->rx_burst(w->inner->ctx, pk, n);
+}
+
+static uint16_t w_tx(void *ctx, struct hg_pkt **pk, uint16_t n)
+{
+	struct sim_worker *w = ctx;
+	uint16_t ok = n, sent;
+
+	if (w->dead) {
+		/* A dead host's frames vanish. */
+		w->inner->ops->free_bulk(w->inner->ctx, pk, n);
+		return n;
+	}
+	if (w->kill_at != UINT64_MAX && w->tx_frames + n > w->kill_at)
+		ok = (uint16_t)(w->kill_at - w->tx_frames);
+	sent = ok ? w->inner->ops->tx_burst(w->inner->ctx, pk, ok) : 0;
+	w->tx_frames += sent;
+	if (w->tx_frames >= w->kill_at) {
+		w->dead = true;
+		if (n > sent)
+			w->inner->ops->free_bulk(w->inner->ctx, pk + sent, n - sent);
+		return n;
+	}
+	return sent;
+}
+
+static uint16_t w_alloc(void *ctx, struct hg_pkt **pk, uint16_t n)
+{
+	struct sim_worker *w = ctx;
+
+	return w->inner->ops->alloc_bulk(w->inner->ctx, pk, n);
+}
+
+static void w_free(void *ctx, struct hg_pkt **pk, uint16_t n)
+{
+	struct sim_worker *w = ctx;
+
+	w->inner->ops->free_bulk(w->inner->ctx, pk, n);
+}
+
+static int w_info(void *ctx, struct hg_port_info *info)
+{
+	struct sim_worker *w = ctx;
+
+	return w->inner->ops->get_info(w->inner->ctx, info);
+}
+
+static uint64_t w_now(void *ctx)
+{
+	struct sim_worker *w = ctx;
+
+	return w->inner->ops->now_ns(w->inner->ctx);
+}
+
+static int w_join(void *ctx, uint32_t group)
+{
+	struct sim_worker *w = ctx;
+
+	return hg_nic_port_join(w->nport, group);
+}
+
+static const struct hg_port_ops worker_port_ops = {
+	.rx_burst = w_rx,
+	.tx_burst = w_tx,
+	.alloc_bulk = w_alloc,
+	.free_bulk = w_free,
+	.get_info = w_info,
+	.now_ns = w_now,
+	.join_group = w_join,
+};
+
+/* ---- create / destroy -------------------------------------------------- */
+
+static uint64_t splitmix64(uint64_t *x)
+{
+	uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	return z ^ (z >> 31);
+}
+
+static struct hg_nic_port *add_port(struct hg_sim *s, const uint8_t mac[6],
+				    uint32_t ip, bool faulty)
+{
+	struct hg_nic_port_config pc = { 0 };
+	struct hg_nic_faults fa = { 0 };
+	struct hg_nic_port *p;
+
+	memcpy(pc.mac, mac, 6);
+	pc.ipv4 = ip;
+	pc.udp_port = HG_UDP_PORT;
+	pc.mtu = s->mtu;
+	pc.rx_ring = 4096;
+	pc.tx_ring = 4096;
+	pc.rate_bps = (uint64_t)(s->cfg.link_gbps * 1e9);
+	pc.prop_delay_ns = s->cfg.delay_ns;
+	p = hg_nic_port_create(s->fab, &pc);
+	if (!p || !faulty)
+		return p;
+	fa.loss = s->cfg.loss;
+	fa.dup = s->cfg.duplicate;
+	fa.reorder = s->cfg.reorder;
+	fa.reorder_max = s->cfg.reorder > 0 ? REORDER_MAX : 0;
+	fa.reorder_timeout_ns = s->cfg.reorder_ns ? s->cfg.reorder_ns : DEFAULT_REORDER_NS;
+	if (hg_nic_port_set_faults(p, HG_NIC_OUT, &fa) ||
+	    hg_nic_port_set_faults(p, HG_NIC_IN, &fa))
+		return NULL;
+	return p;
+}
+
+struct hg_sim *hg_sim_create(const struct hg_sim_config *cfg)
+{
+	static const uint8_t agg_mac[6] = { 2, 0, 0, 0, 0, 1 };
+	static const uint8_t att_mac[6] = { 2, 0, 0, 0, 0, 2 };
+	struct hg_nic_fabric_config fc = { 0 };
+	struct hg_engine_config ec = { 0 };
+	struct hg_sim *s;
+	uint32_t payload;
+
+	if (!cfg)
+		return NULL;
+	payload = cfg->payload_bytes ? cfg->payload_bytes : HG_DEFAULT_PAYLOAD;
+	if (payload % 4 || payload > HG_MAX_PAYLOAD ||
+	    !(cfg->loss >= 0 && cfg->loss < 1) ||
+	    !(cfg->duplicate >= 0 && cfg->duplicate < 1) ||
+	    !(cfg->reorder >= 0 && cfg->reorder < 1) || !(cfg->link_gbps >= 0))
+		return NULL;
+	s = calloc(1, sizeof(*s));
+	if (!s)
+		return NULL;
+	s->cfg = *cfg;
+	s->cfg.payload_bytes = payload;
+	/* Largest IP packet: IPv4 + UDP + header + payload, at least 1500. */
+	s->mtu = (uint16_t)(20 + 8 + HG_HDR_LEN + payload);
+	if (s->mtu < 1500)
+		s->mtu = 1500;
+	fc.seed = cfg->seed;
+	fc.pool_size = 65536;
+	fc.buf_size = (uint16_t)((s->mtu + 14 + 63) / 64 * 64);
+	fc.max_ports = HG_NIC_MAX_PORTS;
+	s->fab = hg_nic_fabric_create(&fc);
+	if (!s->fab)
+		goto err;
+	s->agg_port = add_port(s, agg_mac, AGG_IP, false);
+	s->attacker = add_port(s, att_mac, ATTACKER_IP, false);
+	if (!s->agg_port || !s->attacker)
+		goto err;
+	hg_engine_config_init(&ec);
+	ec.port = hg_nic_port_get(s->agg_port);
+	ec.max_jobs = HG_SIM_MAX_JOBS;
+	s->engine = hg_engine_create(&ec);
+	if (!s->engine)
+		goto err;
+	return s;
+
+err:
+	hg_sim_destroy(s);
+	return NULL;
+}
+
+void hg_sim_destroy(struct hg_sim *s)
+{
+	if (!s)
+		return;
+	for (int j = 0; j < s->njobs; j++) {
+		struct sim_job *job = &s->jobs[j];
+
+		for (uint32_t w = 0; w < job->workers && job->w; w++)
+			hg_client_destroy(job->w[w].client);
+		free(job->w);
+	}
+	hg_engine_destroy(s->engine);
+	hg_nic_fabric_destroy(s->fab);
+	free(s);
+}
+
+static uint32_t worker_ip(int job, uint32_t w)
+{
+	return 0x0a000000u | (uint32_t)(1 + job) << 16 | (w + 1);
+}
+
+int hg_sim_add_job(struct hg_sim *s, const struct hg_sim_job_config *jc)
+{
+	struct hg_job_config ej = { 0 };
+	uint8_t mac[6] = { 2, 0, 1, 0, 0, 0 };
+	struct hg_client_config cc = { 0 };
+	struct sim_job *job;
+	uint64_t seed;
+	int j, rc;
+
+	if (!s || !jc)
+		return -EINVAL;
+	if (jc->workers == 0 || jc->workers > HG_MAX_WORKERS)
+		return -ERANGE;
+	if (s->njobs == HG_SIM_MAX_JOBS)
+		return -ENOSPC;
+	j = s->njobs;
+	job = &s->jobs[j];
+	memset(job, 0, sizeof(*job));
+	job->id = JOB_ID_BASE + (uint32_t)j;
+	seed = s->cfg.seed ^ (0x5eedull << 32) ^ (uint64_t)j;
+	job->token = (uint32_t)splitmix64(&seed) | 1;
+	job->workers = jc->workers;
+	job->slots = jc->slots ? jc->slots : DEFAULT_SLOTS;
+
+	ej.job = job->id;
+	ej.token = job->token;
+	ej.workers = job->workers;
+	ej.slots = job->slots;
+	ej.payload_bytes = s->cfg.payload_bytes;
+	ej.group_ipv4 = s->cfg.unicast_results ? 0 : GROUP_BASE + (uint32_t)j;
+	rc = hg_engine_add_job(s->engine, &ej);
+	if (rc)
+		return rc;
+
+	job->w = calloc(job->workers, sizeof(*job->w));
+	if (!job->w)
+		return -ENOMEM;
+	s->njobs++; /* from here on destroy frees what exists */
+	cc.job = job->id;
+	cc.token = job->token;
+	cc.workers = job->workers;
+	cc.slots = job->slots;
+	cc.payload_bytes = s->cfg.payload_bytes;
+	cc.agg_mac[0] = 2;
+	cc.agg_mac[5] = 1;
+	cc.agg_ipv4 = AGG_IP;
+	cc.agg_udp_port = HG_UDP_PORT;
+	cc.group_ipv4 = ej.group_ipv4;
+	cc.rto_ns = jc->rto_ns;
+	cc.rto_max_ns = jc->rto_max_ns;
+	cc.give_up_ns = jc->give_up_ns;
+	for (uint32_t w = 0; w < job->workers; w++) {
+		struct sim_worker *sw = &job->w[w];
+
+		sw->sim = s;
+		sw->kill_at = UINT64_MAX;
+		mac[3] = (uint8_t)j;
+		mac[4] = (uint8_t)(w >> 8);
+		mac[5] = (uint8_t)w;
+		sw->nport = add_port(s, mac, worker_ip(j, w), true);
+		if (!sw->nport)
+			return -ENOMEM;
+		sw->inner = hg_nic_port_get(sw->nport);
+		sw->wrap.ops = &worker_port_ops;
+		sw->wrap.ctx = sw;
+		cc.port = &sw->wrap;
+		cc.worker = w;
+		sw->client = hg_client_create(&cc);
+		if (!sw->client)
+			return -ENOMEM;
+	}
+	return j;
+}
+
+static struct sim_job *get_job(const struct hg_sim *s, int job)
+{
+	if (!s || job < 0 || job >= s->njobs)
+		return NULL;
+	return (struct sim_job *)&s->jobs[job];
+}
+
+int hg_sim_job_wire(const struct hg_sim *s, int job, uint32_t *job_id,
+		    uint32_t *token)
+{
+	const struct sim_job *jb = get_job(s, job);
+
+	if (!jb || !job_id || !token)
+		return -EINVAL;
+	*job_id = jb->id;
+	*token = jb->token;
+	return 0;
+}
+
+int hg_sim_start(struct hg_sim *s, int job, int method,
+		 const struct hg_params *p, const float *const *x, size_t n,
+		 float *const *y)
+{
+	struct sim_job *jb = get_job(s, job);
+	int rc;
+
+	if (!jb || !p || !x || !y)
+		return -EINVAL;
+	for (uint32_t w = 0; w < jb->workers; w++)
+		if (jb->w[w].active)
+			return -EBUSY;
+	for (uint32_t w = 0; w < jb->workers; w++) {
+		struct sim_worker *sw = &jb->w[w];
+
+		sw->status = 0;
+		if (sw->dead) {
+			sw->status = -ESHUTDOWN;
+			continue;
+		}
+		sw->deadline = 0;
+		rc = hg_client_start(sw->client, p, method, x[w], n, y[w]);
+		if (rc) {
+			/* Undo nothing: the others that started simply run
+			 * until they give up, as a real cluster would. */
+			sw->status = rc;
+			if (w == 0)
+				return rc;
+			continue;
+		}
+		sw->active = true;
+	}
+	return 0;
+}
+
+/* ---- the event loop ---------------------------------------------------- */
+
+static bool rx_pending(const struct hg_sim *s)
+{
+	if (hg_nic_port_rx_pending(s->agg_port))
+		return true;
+	for (int j = 0; j < s->njobs; j++)
+		for (uint32_t w = 0; w < s->jobs[j].workers; w++) {
+			const struct sim_worker *sw = &s->jobs[j].w[w];
+
+			if (sw->active && hg_nic_port_rx_pending(sw->nport))
+				return true;
+		}
+	return false;
+}
+
+/* Drain the dead workers' rx rings so they do not hold pool buffers. */
+static void drain_dead(struct hg_sim *s)
+{
+	struct hg_pkt *pk[32];
+
+	for (int j = 0; j < s->njobs; j++)
+		for (uint32_t w = 0; w < s->jobs[j].workers; w++) {
+			struct sim_worker *sw = &s->jobs[j].w[w];
+			uint16_t nb;
+
+			if (!sw->dead)
+				continue;
+			while ((nb = sw->inner->ops->rx_burst(sw->inner->ctx, pk, 32)))
+				sw->inner->ops->free_bulk(sw->inner->ctx, pk, nb);
+		}
+}
+
+int hg_sim_run(struct hg_sim *s, uint64_t max_ns)
+{
+	uint64_t now, end, t, nic_t;
+	bool has_nic;
+
+	if (!s)
+		return -EINVAL;
+	now = hg_nic_now(s->fab);
+	end = UINT64_MAX - now > max_ns ? now + max_ns : UINT64_MAX;
+	for (;;) {
+		uint64_t min_dl = UINT64_MAX;
+		bool any = false;
+
+		s->st.loop_rounds++;
+		while (hg_engine_poll(s->engine) > 0)
+			s->st.engine_polls++;
+		for (int j = 0; j < s->njobs; j++)
+			for (uint32_t w = 0; w < s->jobs[j].workers; w++) {
+				struct sim_worker *sw = &s->jobs[j].w[w];
+				uint64_t dl;
+				int rc;
+
+				if (!sw->active)
+					continue;
+				if (sw->dead) {
+					sw->active = false;
+					sw->status = -ESHUTDOWN;
+					continue;
+				}
+				/* A client acts only on a frame or a timer:
+				 * poll it only then (the loop's main cost). */
+				if (now >= sw->deadline ||
+				    hg_nic_port_rx_pending(sw->nport)) {
+					rc = hg_client_poll(sw->client, &dl);
+					if (rc != 0) {
+						sw->active = false;
+						sw->status = rc;
+						continue;
+					}
+					sw->deadline = dl;
+				}
+				any = true;
+				if (sw->deadline < min_dl)
+					min_dl = sw->deadline;
+			}
+		drain_dead(s);
+		if (!any)
+			return 0;
+		if (rx_pending(s))
+			continue;
+		has_nic = hg_nic_next_event(s->fab, &nic_t);
+		if (has_nic && nic_t <= now) {
+			hg_nic_advance_to(s->fab, now);
+			continue;
+		}
+		t = min_dl;
+		if (has_nic && nic_t < t)
+			t = nic_t;
+		if (t <= now)
+			t = has_nic ? nic_t : now + 1000; /* a refused frame: retry later */
+		if (t > end) {
+			if (end > now)
+				hg_nic_advance_to(s->fab, end);
+			return -ETIMEDOUT;
+		}
+		hg_nic_advance_to(s->fab, t);
+		s->st.time_advances++;
+		now = t;
+	}
+}
+
+/* ---- per-worker results ------------------------------------------------ */
+
+static const struct sim_worker *get_worker(const struct hg_sim *s, int job,
+					   uint32_t worker)
+{
+	const struct sim_job *jb = get_job(s, job);
+
+	if (!jb || worker >= jb->workers)
+		return NULL;
+	return &jb->w[worker];
+}
+
+int hg_sim_worker_status(const struct hg_sim *s, int job, uint32_t worker)
+{
+	const struct sim_worker *sw = get_worker(s, job, worker);
+
+	return sw ? sw->status : -EINVAL;
+}
+
+const char *hg_sim_worker_error(const struct hg_sim *s, int job,
+				uint32_t worker)
+{
+	const struct sim_worker *sw = get_worker(s, job, worker);
+
+	if (!sw)
+		return "no such worker";
+	if (sw->status == -ESHUTDOWN)
+		return "worker stopped (killed)";
+	return hg_client_error_text(sw->client);
+}
+
+int hg_sim_worker_stats(const struct hg_sim *s, int job, uint32_t worker,
+			struct hg_client_stats *st)
+{
+	const struct sim_worker *sw = get_worker(s, job, worker);
+
+	if (!sw)
+		return -EINVAL;
+	return hg_client_get_stats(sw->client, st);
+}
+
+int hg_sim_kill_worker(struct hg_sim *s, int job, uint32_t worker,
+		       uint64_t after_packets)
+{
+	struct sim_worker *sw = (struct sim_worker *)get_worker(s, job, worker);
+
+	if (!sw)
+		return -ENOENT;
+	sw->kill_at = sw->tx_frames + after_packets;
+	if (after_packets == 0)
+		sw->dead = true;
+	return 0;
+}
+
+/* ---- hand-made frames -------------------------------------------------- */
+
+int hg_sim_inject(struct hg_sim *s, const uint8_t *frame, size_t len)
+{
+	uint16_t l;
+
+	if (!s || !frame || len == 0 || len > (size_t)s->mtu + 14)
+		return -EINVAL;
+	l = (uint16_t)len;
+	return hg_nic_port_send_frames(s->attacker, frame, &l, 1) == 1 ? 0 : -ENOSPC;
+}
+
+int hg_sim_build_frame(const struct hg_sim *s, const struct hg_hdr *h,
+		       const uint8_t *payload, size_t payload_len,
+		       uint8_t *frame, size_t cap)
+{
+	struct hg_wire_addr src = { { 2, 0, 0, 0, 0, 2 }, ATTACKER_IP, HG_UDP_PORT };
+	struct hg_wire_addr dst = { { 2, 0, 0, 0, 0, 1 }, AGG_IP, HG_UDP_PORT };
+
+	if (!s || !h)
+		return -EINVAL;
+	return hg_wire_build(frame, cap, &src, &dst, h, payload, payload_len, 0);
+}
+
+struct hg_engine *hg_sim_engine(struct hg_sim *s)
+{
+	return s ? s->engine : NULL;
+}
+
+struct hg_nic_fabric *hg_sim_fabric(struct hg_sim *s)
+{
+	return s ? s->fab : NULL;
+}
+
+uint64_t hg_sim_now(const struct hg_sim *s)
+{
+	return s ? hg_nic_now(s->fab) : 0;
+}
+
+int hg_sim_get_stats(const struct hg_sim *s, struct hg_sim_stats *st)
+{
+	uint64_t fc[HG_NIC_FC__COUNT];
+
+	if (!s || !st)
+		return -EINVAL;
+	*st = s->st;
+	st->now_ns = hg_nic_now(s->fab);
+	hg_nic_fabric_counters(s->fab, fc, HG_NIC_FC__COUNT);
+	st->frames_tx = fc[HG_NIC_FC_SENT];
+	st->frames_rx = fc[HG_NIC_FC_DELIVERED];
+	return 0;
+}

@@ -1,0 +1,76 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The HomAgg frame (homagg/wire.h): validation of received frames, building
+ * of frames, and the counter name table (homagg/counters.h).
+ *
+ * hg_wire_parse() is the engine's first and only look at a frame: it checks
+ * every length against the frame before reading, so the engine may trust a
+ * view it returned 0 for.  docs/PROTOCOL.md "The wire" is the specification.
+ */
+#include <errno.h>
+#include <string.h>
+
+#include "homagg/codec.h"
+#include "homagg/counters.h"
+#include "homagg/kernels.h"
+#include "homagg/wire.h"
+#include "wire_pvt.h"
+
+static const char *const counter_names[] = {
+#define HG_CNT_NAME_(name, str, doc) str,
+	HG_FOREACH_COUNTER(HG_CNT_NAME_)
+#undef HG_CNT_NAME_
+};
+
+int hg_counter_count(void)
+{
+	return HG_CNT__COUNT;
+}
+
+const char *hg_counter_name(int i)
+{
+	if (i < 0 || i >= HG_CNT__COUNT)
+		return NULL;
+	return counter_names[i];
+}
+
+void hg_wire_mcast_mac(uint32_t group_ipv4, uint8_t mac[6])
+{
+	mac[0] = 0x01;
+	mac[1] = 0x00;
+	mac[2] = 0x5e;
+	mac[3] = (uint8_t)((group_ipv4 >> 16) & 0x7f);
+	mac[4] = (uint8_t)(group_ipv4 >> 8);
+	mac[5] = (uint8_t)group_ipv4;
+}
+
+int hg_wire_parse(const uint8_t *f, size_t len, uint16_t udp_port,
+		  uint32_t flags, struct hg_wire_view *v)
+{
+	if (!f || !v)
+		return -EINVAL;
+	return hg_wire_parse_inl(f, len, udp_port, flags, v);
+}
+
+int hg_wire_build(uint8_t *f, size_t cap, const struct hg_wire_addr *src,
+		  const struct hg_wire_addr *dst, const struct hg_hdr *hdr,
+		  const uint8_t *payload, size_t payload_len, uint32_t flags)
+{
+	size_t flen = HG_OFF_PAYLOAD + payload_len;
+
+	if (!f || !src || !dst || !hdr || (payload_len && !payload))
+		return -EINVAL;
+	if (payload_len > HG_MAX_PAYLOAD)
+		return -ERANGE;
+	if (cap < flen)
+		return -ENOSPC;
+	hg_wire_put_l2l4(f, src, dst->mac, dst->ipv4, dst->port,
+			 HG_HDR_LEN + payload_len);
+	hg_wire_put_hdr(f + HG_OFF_HDR, hdr);
+	if (payload_len)
+		memmove(f + HG_OFF_PAYLOAD, payload, payload_len);
+	if (flags & HG_WIRE_F_UDP_CSUM)
+		hg_wire_put_udp_csum(f, hg_csum_add(0, f + HG_OFF_HDR,
+						    HG_HDR_LEN + payload_len));
+	return (int)flen;
+}

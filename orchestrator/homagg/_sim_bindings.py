@@ -1,0 +1,187 @@
+"""Bindings of homagg/sim.h and homagg/client.h (stats).
+
+One function per C function, each checking its arguments before the call
+and turning the return code into an exception of ``homagg.errors`` after it.
+Gradients and outputs are 1-D C-contiguous ``float32`` arrays passed without
+copies; the caller keeps them alive until the allreduce ends (``Sim`` holds
+references).  The typed API is ``homagg.sim``.
+"""
+import numpy as np
+
+from homagg._native import ffi, lib
+from homagg.errors import InvalidArgument, ResourceError, check
+
+F32 = np.dtype(np.float32)
+
+PHASES = ("meta", "values", "index", "sketch", "fallback")
+
+
+def _f32_1d(a, name, writable=False):
+    if not isinstance(a, np.ndarray) or a.dtype != F32 or a.ndim != 1:
+        raise InvalidArgument(f"{name} must be a 1-D float32 numpy array")
+    if not a.flags.c_contiguous:
+        raise InvalidArgument(f"{name} must be C-contiguous")
+    if writable and not a.flags.writeable:
+        raise InvalidArgument(f"{name} must be writable")
+    return a
+
+
+def sim_create(loss=0.0, duplicate=0.0, reorder=0.0, reorder_ns=0, delay_ns=0,
+               link_gbps=0.0, seed=0, payload_bytes=0, unicast_results=False):
+    for name, v in (("loss", loss), ("duplicate", duplicate), ("reorder", reorder)):
+        if not 0.0 <= v < 1.0:
+            raise InvalidArgument(f"{name} must be in [0, 1), got {v}")
+    if link_gbps < 0 or delay_ns < 0 or reorder_ns < 0:
+        raise InvalidArgument("link_gbps, delay and reorder delay must be >= 0")
+    cfg = ffi.new("struct hg_sim_config *")
+    cfg.loss = loss
+    cfg.duplicate = duplicate
+    cfg.reorder = reorder
+    cfg.reorder_ns = int(reorder_ns)
+    cfg.delay_ns = int(delay_ns)
+    cfg.link_gbps = link_gbps
+    cfg.seed = int(seed) & (2**64 - 1)
+    cfg.payload_bytes = int(payload_bytes)
+    cfg.unicast_results = bool(unicast_results)
+    s = lib.hg_sim_create(cfg)
+    if s == ffi.NULL:
+        raise ResourceError("cannot create the simulated cluster (bad configuration or out of memory)")
+    return ffi.gc(s, lib.hg_sim_destroy)
+
+
+def sim_destroy(s):
+    ffi.release(s)
+
+
+def sim_add_job(s, workers, slots=0, rto_ns=0, rto_max_ns=0, give_up_ns=0):
+    jc = ffi.new("struct hg_sim_job_config *")
+    jc.workers = int(workers)
+    jc.slots = int(slots)
+    jc.rto_ns = int(rto_ns)
+    jc.rto_max_ns = int(rto_max_ns)
+    jc.give_up_ns = int(give_up_ns)
+    return check(lib.hg_sim_add_job(s, jc), "add job")
+
+
+def sim_job_wire(s, job):
+    jid = ffi.new("uint32_t *")
+    tok = ffi.new("uint32_t *")
+    check(lib.hg_sim_job_wire(s, job, jid, tok), "job wire ids")
+    return jid[0], tok[0]
+
+
+def sim_start(s, job, method, params, xs, ys):
+    """Start an allreduce; params is a ``struct hg_params *`` (cdata)."""
+    if len(xs) != len(ys) or not xs:
+        raise InvalidArgument("one input and one output per worker")
+    n = None
+    for i, (x, y) in enumerate(zip(xs, ys)):
+        _f32_1d(x, f"grads[{i}]")
+        _f32_1d(y, f"out[{i}]", writable=True)
+        if n is None:
+            n = x.size
+        if x.size != n or y.size != n:
+            raise InvalidArgument("every worker's gradient and output must have the same length")
+    xp = ffi.new("float *[]", [ffi.from_buffer("float[]", x) for x in xs])
+    yp = ffi.new("float *[]", [ffi.from_buffer("float[]", y, require_writable=True) for y in ys])
+    check(lib.hg_sim_start(s, job, method, params, xp, n, yp), "start allreduce")
+    return xp, yp  # keep alive until the allreduce ends
+
+
+def sim_run(s, max_ns):
+    """0 when every started allreduce ended; -ETIMEDOUT (returned, not raised)."""
+    rc = lib.hg_sim_run(s, int(max_ns))
+    if rc < 0 and rc != -lib_errno_timedout():
+        check(rc, "run")
+    return rc
+
+
+def lib_errno_timedout():
+    import errno
+
+    return errno.ETIMEDOUT
+
+
+def sim_worker_status(s, job, worker):
+    return lib.hg_sim_worker_status(s, job, worker)
+
+
+def sim_worker_error(s, job, worker):
+    return ffi.string(lib.hg_sim_worker_error(s, job, worker)).decode(errors="replace")
+
+
+def client_stats_dict(st):
+    return {
+        "packets_sent": st.packets_sent,
+        "retransmissions": st.retransmissions,
+        "timeouts": st.timeouts,
+        "results_received": st.results_received,
+        "duplicates_received": st.duplicates_received,
+        "status_received": st.status_received,
+        "packets_ignored": st.packets_ignored,
+        "tx_refused": st.tx_refused,
+        "bytes_sent": {PHASES[i]: st.bytes_sent[i] for i in range(len(PHASES))},
+        "bytes_received": {PHASES[i]: st.bytes_received[i] for i in range(len(PHASES))},
+        "chunks": st.chunks,
+        "stalled_blocks": st.stalled_blocks,
+        "fallback_lanes": st.fallback_lanes,
+        "method_chosen": st.method_chosen,
+        "next_seq": st.next_seq,
+    }
+
+
+def sim_worker_stats(s, job, worker):
+    st = ffi.new("struct hg_client_stats *")
+    check(lib.hg_sim_worker_stats(s, job, worker, st), "worker stats")
+    return client_stats_dict(st)
+
+
+def sim_kill_worker(s, job, worker, after_packets):
+    check(lib.hg_sim_kill_worker(s, job, worker, int(after_packets)), "kill worker")
+
+
+def sim_inject(s, frame):
+    frame = bytes(frame)
+    check(lib.hg_sim_inject(s, frame, len(frame)), "inject")
+
+
+def sim_build_frame(s, fields, payload=b""):
+    h = ffi.new("struct hg_hdr *")
+    for k, v in fields.items():
+        setattr(h, k, v)
+    payload = bytes(payload)
+    cap = 14 + 20 + 8 + 24 + len(payload) + 64
+    out = ffi.new("uint8_t[]", cap)
+    n = check(lib.hg_sim_build_frame(s, h, payload, len(payload), out, cap), "build frame")
+    return bytes(ffi.buffer(out, n))
+
+
+def sim_engine_counters(s):
+    """The engine's counter table as a dict (homagg/counters.h names)."""
+    e = lib.hg_sim_engine(s)
+    n = lib.hg_counter_count()
+    out = ffi.new("uint64_t[]", n)
+    got = check(lib.hg_engine_counters(e, out, n), "engine counters")
+    return {ffi.string(lib.hg_counter_name(i)).decode(): out[i] for i in range(got)}
+
+
+def sim_stats(s):
+    st = ffi.new("struct hg_sim_stats *")
+    check(lib.hg_sim_get_stats(s, st), "sim stats")
+    return {
+        "now_ns": st.now_ns,
+        "loop_rounds": st.loop_rounds,
+        "time_advances": st.time_advances,
+        "frames_tx": st.frames_tx,
+        "frames_rx": st.frames_rx,
+        "engine_polls": st.engine_polls,
+    }
+
+
+def sim_fabric_counters(s):
+    """The NIC fabric's counters as a dict (homagg/nic.h names)."""
+    f = lib.hg_sim_fabric(s)
+    n = lib.hg_nic_fabric_counter_count()
+    out = ffi.new("uint64_t[]", n)
+    got = lib.hg_nic_fabric_counters(f, out, n)
+    return {ffi.string(lib.hg_nic_fabric_counter_name(i)).decode(): out[i] for i in range(got)}

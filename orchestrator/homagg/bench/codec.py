@@ -1,0 +1,256 @@
+"""lhc codec throughput and wire bytes, next to memcpy and numpy baselines.
+
+Single core.  Encode = one worker's exponents + counts + index + sketch
+(the worker-side cost of one lhc allreduce); decode = one worker's
+set_index + peel + output of the float32 result.  Both as GB/s of float32
+input (4 bytes per element), best of --repeat runs, next to:
+
+- memcpy: numpy copyto of the same buffer into a preallocated array,
+  measured in the same run (the speed of touching the data once);
+- numpy: a plain numpy implementation of the same encode and decode
+  (homagg.bench.numpy_codec), on the same gradients.
+
+Wire: lhc bytes per worker (all phases) against the bound index bytes +
+1.23 x 4 x global non-zeros (distinct non-zero positions), and auto's bytes
+against the smallest exact method (dense, blocks, lhc) run on the same data.
+
+Targets (reported, not asserted): encode >= 0.5x memcpy, decode >= 0.25x
+memcpy, >= 20x numpy, lhc wire <= 1.10x bound, auto <= the smallest exact
+method.
+"""
+import json
+import sys
+import time
+
+import numpy as np
+
+
+def add_arguments(parser):
+    parser.add_argument("--elements", type=int, default=2**26,
+                        help="elements per worker (default 2^26)")
+    parser.add_argument("--density", type=float, default=0.05,
+                        help="fraction of non-zero elements per worker (default 0.05)")
+    parser.add_argument("--workers", type=int, default=4, help="workers W (default 4)")
+    parser.add_argument("--block", type=int, default=None,
+                        help="block elements (default HG_DEFAULT_BLOCK)")
+    parser.add_argument("--repeat", type=int, default=3, help="timed runs, best kept (default 3)")
+    parser.add_argument("--seed", type=int, default=1, help="seed of the gradients")
+    parser.add_argument("--no-numpy", action="store_true", help="skip the numpy baseline")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def _progress(msg):
+    print(f"[bench codec] {msg}", file=sys.stderr, flush=True)
+
+
+def _best(fn, repeat):
+    best = float("inf")
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def make_gradients(n, workers, density, seed):
+    """W gradients with independent non-zero positions (the index's worst
+    case), values ~ N(0, 1e-3)."""
+    rng = np.random.default_rng(seed)
+    grads = []
+    for _ in range(workers):
+        g = np.zeros(n, dtype=np.float32)
+        k = int(round(density * n))
+        pos = rng.choice(n, size=k, replace=False) if k < n else np.arange(n)
+        g[pos] = (rng.standard_normal(k) * 1e-3).astype(np.float32)
+        grads.append(g)
+    return grads
+
+
+def run(args):
+    from homagg import codec
+    from homagg.bench import numpy_codec as npc
+    from homagg.bindings import codec as b
+
+    n, W = args.elements, args.workers
+    block = args.block or codec.DEFAULT_BLOCK
+    if n <= 0 or n % block:
+        raise SystemExit(f"--elements must be a positive multiple of the block ({block})")
+    gb = 4 * n / 1e9
+    _progress(f"{W} gradients of {n} float32 ({4 * n / 2**20:.0f} MiB each), density {args.density}")
+    grads = make_gradients(n, W, args.density, args.seed)
+
+    params = codec.Params(block_elements=block, workers=W)
+    cps = [params.c(w) for w in range(W)]
+    nb = params.nblocks(n)
+
+    # The global state every worker gets from the aggregator (C kernels).
+    _progress("meta phase and index of every worker")
+    gcodes = codec.aggregate("max8", None, [b.exp_encode(cps[w], grads[w]) for w in range(W)])
+    gcounts = codec.aggregate("sum32", None, [b.nnz_counts(cps[w], grads[w]) for w in range(W)])
+    plans = [b.lhc_create(cps[w], n, gcodes, gcounts) for w in range(W)]
+    gindex = codec.aggregate("or", None, [b.lhc_index_encode(plans[w], grads[w]) for w in range(W)])
+    for pl in plans:
+        b.lhc_set_index(pl, gindex)
+    gcells = codec.aggregate("sum32", None, [b.lhc_sketch_encode(plans[w], grads[w])
+                                             for w in range(W)])
+    x = grads[0]
+    plan = plans[0]
+    info = plan.info()
+
+    # Encode: worker 0, preallocated outputs.
+    codes = np.empty(nb, dtype=np.int8)
+    counts = np.empty(nb, dtype=">i4")
+    index = np.empty(info["index_bytes"], dtype=np.uint8)
+    cells = np.empty(info["sketch_lanes"], dtype=">i4")
+    enc_parts = {
+        "exponents+counts": lambda: b.exp_nnz_encode_into(cps[0], x, codes, counts),
+        "index": lambda: b.lhc_index_encode_into(plan, x, index),
+        "sketch": lambda: b.lhc_sketch_encode_into(plan, x, cells),
+    }
+    _progress("timing encode (exponents + counts + index + sketch)")
+
+    def encode_all():
+        for f in enc_parts.values():
+            f()
+
+    t_enc = _best(encode_all, args.repeat)
+    enc_breakdown = {k: _best(f, args.repeat) for k, f in enc_parts.items()}
+
+    # Decode: set_index + peel + output (fallback summed once, outside).
+    for pl in plans:
+        b.lhc_peel(pl, gcells)
+    gfall = codec.aggregate("sum32", np.zeros(plan.info()["fallback_lanes"], dtype=">i4"),
+                            [b.lhc_fallback_encode(plans[w], grads[w]) for w in range(W)])
+    y = np.empty(n, dtype=np.float32)
+    _progress("timing decode (set_index + peel + output)")
+
+    def decode_all():
+        b.lhc_set_index(plan, gindex)
+        b.lhc_peel(plan, gcells)
+        b.lhc_decode_into(plan, gfall, y)
+
+    t_dec = _best(decode_all, args.repeat)
+    dec_breakdown = {
+        "set_index": _best(lambda: b.lhc_set_index(plan, gindex), args.repeat),
+    }
+    dec_breakdown["peel"] = _best(lambda: b.lhc_peel(plan, gcells), args.repeat)
+    dec_breakdown["output"] = _best(lambda: b.lhc_decode_into(plan, gfall, y), args.repeat)
+    info = plan.info()
+    del plans
+
+    _progress("timing memcpy (numpy copyto, same buffer)")
+    dst = np.empty_like(x)
+    np.copyto(dst, x)
+    t_mem = _best(lambda: np.copyto(dst, x), args.repeat)
+
+    out = {
+        "elements": n, "workers": W, "density": args.density, "block_elements": block,
+        "isa": b.isa_name(b.isa_best()),
+        "encode_seconds": t_enc, "decode_seconds": t_dec, "memcpy_seconds": t_mem,
+        "encode_gbps": gb / t_enc, "decode_gbps": gb / t_dec, "memcpy_gbps": gb / t_mem,
+        "encode_vs_memcpy": t_mem / t_enc, "decode_vs_memcpy": t_mem / t_dec,
+        "encode_breakdown_seconds": enc_breakdown, "decode_breakdown_seconds": dec_breakdown,
+        "candidates": info["candidates"], "stalled_blocks": info["stalled_blocks"],
+        "fallback_lanes": info["fallback_lanes"],
+    }
+
+    if not args.no_numpy:
+        _progress("numpy baseline: encode")
+        t_np_enc = _best(lambda: npc.encode(x, block, W, gcodes=gcodes, gindex=gindex),
+                         max(1, args.repeat - 2))
+        layout = npc.Layout(gindex, n, block, gcodes, W, 0)
+        # numpy's own summed sketch (equal to the C one when both follow
+        # the protocol; "numpy_sketch_identical" says whether they do).
+        np_cells = np.zeros(layout.lanes, dtype=np.int64)
+        for g in grads:
+            np_cells += npc.sketch_encode(g, layout)
+        np_cells = ((np_cells + 2**31) % 2**32 - 2**31).astype(np.int32)
+        out["numpy_sketch_identical"] = bool(np.array_equal(np_cells, gcells.astype(np.int32)))
+        _progress("numpy baseline: decode (peeling)")
+        _, done = npc.peel(np_cells, layout)
+        miss = layout.cand[~done]
+        fb = sum(npc.quantize_at(g, miss, layout) for g in grads) if miss.size else None
+        t0 = time.perf_counter()
+        y_np = npc.decode(np_cells, layout, fb)
+        t_np_dec = time.perf_counter() - t0
+        out.update({
+            "numpy_encode_seconds": t_np_enc, "numpy_decode_seconds": t_np_dec,
+            "numpy_encode_speedup": t_np_enc / t_enc, "numpy_decode_speedup": t_np_dec / t_dec,
+            "numpy_speedup": (t_np_enc + t_np_dec) / (t_enc + t_dec),
+            "numpy_decode_bit_identical": bool(np.array_equal(y_np.view(np.uint32),
+                                                              y.view(np.uint32))),
+        })
+
+    # Wire bytes of every method on the same gradients.
+    union = np.zeros(n, dtype=bool)
+    for g in grads:
+        union |= g != 0
+    global_nnz = int(np.count_nonzero(union))
+    del union
+    by = {}
+    for m in ("dense", "blocks", "lhc", "auto"):
+        _progress(f"wire bytes: simulate_allreduce method={m}")
+        r = codec.simulate_allreduce(grads, method=m, block_elements=block)
+        by[m] = r.stats
+        if m == "lhc":
+            lhc_sum = r.sum
+        del r
+    bound = by["lhc"]["index_bytes"] + 1.23 * 4 * global_nnz
+    smallest = min(by[m]["bytes_per_worker"] for m in ("dense", "blocks", "lhc"))
+    out.update({
+        "wire_bytes": by["lhc"]["bytes_per_worker"],
+        "wire_bytes_by_phase": by["lhc"]["bytes_sent"],
+        "wire_bound_bytes": bound,
+        "wire_vs_bound": by["lhc"]["bytes_per_worker"] / bound,
+        "global_nonzeros": global_nnz,
+        "dense_fp32_bytes": 4 * n,
+        "method_bytes": {m: by[m]["bytes_per_worker"] for m in by},
+        "auto_choice": by["auto"]["auto_choice"],
+        "auto_bytes": by["auto"]["bytes_per_worker"],
+        "smallest_exact_bytes": smallest,
+        "auto_vs_smallest": by["auto"]["bytes_per_worker"] / smallest,
+        "lhc_decode_matches_bench_decode": bool(np.array_equal(lhc_sum.view(np.uint32),
+                                                               y.view(np.uint32))),
+    })
+    return out
+
+
+TARGETS = (
+    ("encode_vs_memcpy", ">=", 0.5),
+    ("decode_vs_memcpy", ">=", 0.25),
+    ("numpy_speedup", ">=", 20.0),
+    ("wire_vs_bound", "<=", 1.10),
+    ("auto_vs_smallest", "<=", 1.0),
+)
+
+
+def targets(out):
+    res = {}
+    for key, op, v in TARGETS:
+        if key in out:
+            res[key] = {"value": out[key], "target": f"{op} {v}",
+                        "met": out[key] >= v if op == ">=" else out[key] <= v}
+    return res
+
+
+def main(args):
+    out = run(args)
+    out["targets"] = targets(out)
+    if args.json:
+        print(json.dumps(out, indent=2, sort_keys=True))
+        return 0
+    print(f"lhc codec, {out['elements']} elements, W={out['workers']}, density {out['density']}, "
+          f"block {out['block_elements']}, ISA {out['isa']}")
+    print(f"  encode  {out['encode_gbps']:7.2f} GB/s  ({out['encode_vs_memcpy']:.2f}x memcpy)")
+    print(f"  decode  {out['decode_gbps']:7.2f} GB/s  ({out['decode_vs_memcpy']:.2f}x memcpy)")
+    print(f"  memcpy  {out['memcpy_gbps']:7.2f} GB/s")
+    if "numpy_speedup" in out:
+        print(f"  numpy   encode {out['numpy_encode_seconds']:.2f} s, decode "
+              f"{out['numpy_decode_seconds']:.2f} s: C is {out['numpy_speedup']:.1f}x faster")
+    print(f"  wire    {out['wire_bytes']} B/worker, bound {out['wire_bound_bytes']:.0f} B "
+          f"({out['wire_vs_bound']:.3f}x); dense fp32 {out['dense_fp32_bytes']} B")
+    print(f"  auto    chose {out['auto_choice']}: {out['auto_bytes']} B vs smallest exact "
+          f"{out['smallest_exact_bytes']} B ({out['auto_vs_smallest']:.3f}x)")
+    for k, t in out["targets"].items():
+        print(f"  target  {k} {t['target']}: {t['value']:.3f} {'met' if t['met'] else 'NOT met'}")
+    return 0

@@ -1,0 +1,202 @@
+"""A plain numpy implementation of the lhc encode and decode (the baseline
+``homagg bench codec`` compares the C codec with).
+
+It follows docs/PROTOCOL.md step by step, written for reading, not speed:
+block exponents and non-zero counts, a bitmap index per block, the count
+sketch (3 cells and a sign per element from the protocol's splitmix64 hash,
+k = 3 sub-tables of t cells, t from the default sizing rule), and peeling,
+vectorised over all blocks one round at a time.  Simplification: every
+block uses a bitmap index (the C codec may choose a Bloom filter where that
+is smaller; at the benchmark's density with several workers the global
+counts make bitmaps the choice anyway).  Peeling keeps a sum of candidate
+ids per cell instead of an XOR (same information for a cell with one
+candidate left).
+"""
+import numpy as np
+
+GOLDEN = 0x9E3779B97F4A7C15
+DOM_ROUND = 0x524F554E44000001
+DOM_SKETCH = 0x534B455443480003
+_M64 = 2**64 - 1
+
+
+def mix64(z):
+    """splitmix64's finaliser on a uint64 array (wrapping arithmetic)."""
+    z = np.asarray(z, dtype=np.uint64)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+def _mix64_int(z):
+    return int(mix64(np.array([z & _M64], dtype=np.uint64))[0])
+
+
+def stream_key(seed, domain, worker):
+    return _mix64_int(_mix64_int((seed + domain) & _M64) + worker)
+
+
+def element_hash(key, g):
+    """hash(key, g) = mix64(key + (g + 1) * GOLDEN) for global indices g."""
+    g = np.asarray(g, dtype=np.uint64)
+    return mix64(np.uint64(key) + (g + np.uint64(1)) * np.uint64(GOLDEN))
+
+
+def sketch_t(ncand):
+    """T(N) = ceil(41 N / 100) + 3 isqrt(N) + 8 (0 for N = 0): 3t cells,
+    ~1.23 per candidate plus a margin for small N."""
+    ncand = np.asarray(ncand, dtype=np.int64)
+    isqrt = np.floor(np.sqrt(ncand)).astype(np.int64)  # exact for N <= 2^16
+    t = (ncand * 41 + 99) // 100 + 3 * isqrt + 8
+    return np.where(ncand == 0, 0, t)
+
+
+def log2_ceil(w):
+    return int(w - 1).bit_length()
+
+
+# ---- encode (one worker) -----------------------------------------------------
+
+def exponent_codes(x, block):
+    m = np.abs(x).reshape(-1, block).max(axis=1).astype(np.float64)
+    _, e = np.frexp(m)
+    codes = np.clip(e, -126, 128) - 1
+    return np.where(m == 0, -128, codes).astype(np.int8)
+
+
+def nnz_counts(x, block):
+    return np.count_nonzero(x.reshape(-1, block), axis=1).astype(np.int64)
+
+
+def bitmap_index(x, block):
+    """One bit per element, LSB first, block after block."""
+    return np.packbits(x != 0, bitorder="little")
+
+
+def scale_shifts(gcodes, workers):
+    s = 30 - log2_ceil(workers) - (gcodes.astype(np.int64) + 1)
+    return np.where(gcodes == -128, 0, s)
+
+
+class Layout:
+    """What every worker derives from the OR of the indices."""
+
+    def __init__(self, gindex, n, block, gcodes, workers, seed):
+        self.n, self.block, self.workers = n, block, workers
+        self.cand = np.flatnonzero(np.unpackbits(gindex, bitorder="little")[:n])
+        self.shift = scale_shifts(gcodes, workers)
+        nb = n // block
+        per_block = np.bincount(self.cand // block, minlength=nb)
+        self.t = sketch_t(per_block)
+        self.cell_off = np.concatenate([[0], np.cumsum(3 * self.t)])
+        self.lanes = int(self.cell_off[-1])
+        self.key = stream_key(seed, DOM_SKETCH, 0)
+
+    def cells_of(self, g):
+        """The 3 global cell numbers and the sign (+-1) of elements g."""
+        h = element_hash(self.key, g)
+        b = g // self.block
+        t = self.t[b].astype(np.uint64)
+        cells = np.empty((g.size, 3), dtype=np.int64)
+        for r in range(3):
+            slot = ((h >> np.uint64(21 * r)) & np.uint64(0x1FFFFF)) * t >> np.uint64(21)
+            cells[:, r] = self.cell_off[b] + r * self.t[b] + slot.astype(np.int64)
+        sign = np.where(h >> np.uint64(63), -1, 1)
+        return cells, sign
+
+
+def quantize_at(x, g, layout):
+    """round_half_even(x[g] * 2^s) as int64."""
+    s = layout.shift[g // layout.block]
+    return np.rint(np.ldexp(x[g].astype(np.float64), s)).astype(np.int64)
+
+
+def sketch_encode(x, layout):
+    """This worker's count sketch: int32 cells (wrapping)."""
+    g = np.flatnonzero(x)
+    q = quantize_at(x, g, layout)
+    cells, sign = layout.cells_of(g)
+    acc = np.zeros(layout.lanes, dtype=np.int64)
+    for r in range(3):
+        acc += np.bincount(cells[:, r], weights=(sign * q).astype(np.float64),
+                           minlength=layout.lanes).astype(np.int64)
+    return ((acc + 2**31) % 2**32 - 2**31).astype(np.int32)
+
+
+def encode(x, block, workers, gcodes=None, gindex=None, seed=0):
+    """All of one worker's lhc encode: exponents, counts, index, sketch.
+
+    The sketch needs the global codes and index (from the first phases);
+    when they are not given, this worker's own are used."""
+    codes = exponent_codes(x, block)
+    counts = nnz_counts(x, block)
+    index = bitmap_index(x, block)
+    layout = Layout(index if gindex is None else gindex, x.size, block,
+                    codes if gcodes is None else gcodes, workers, seed)
+    return codes, counts, index, sketch_encode(x, layout), layout
+
+
+# ---- decode (every worker) ------------------------------------------------------
+
+def peel(gcells, layout):
+    """Peels the summed sketch; returns (values int64, resolved bool)."""
+    cand = layout.cand
+    k = cand.size
+    cells, sign = layout.cells_of(cand)
+    val = gcells.astype(np.int64)
+    cnt = np.zeros(layout.lanes, dtype=np.int64)
+    ids = np.zeros(layout.lanes, dtype=np.int64)  # sum of candidate numbers
+    for r in range(3):
+        cnt += np.bincount(cells[:, r], minlength=layout.lanes)
+        ids += np.bincount(cells[:, r], weights=np.arange(k, dtype=np.float64),
+                           minlength=layout.lanes).astype(np.int64)
+    values = np.zeros(k, dtype=np.int64)
+    done = np.zeros(k, dtype=bool)
+    while True:
+        pure = np.flatnonzero(cnt == 1)
+        if pure.size == 0:
+            break
+        j, first = np.unique(ids[pure], return_index=True)
+        pure = pure[first]
+        v = sign[j] * val[pure]
+        v = (v + 2**31) % 2**32 - 2**31  # the int32 value, modulo 2^32
+        values[j] = v
+        done[j] = True
+        for r in range(3):
+            c = cells[j, r]
+            np.subtract.at(val, c, sign[j] * v)
+            np.subtract.at(cnt, c, 1)
+            np.subtract.at(ids, c, j)
+    return values, done
+
+
+def decode(gcells, layout, fallback=None):
+    """The float32 result: peel, take the unresolved candidates' sums from
+    ``fallback`` (int64 values of the unresolved candidates, in order), and
+    scale back."""
+    values, done = peel(gcells, layout)
+    if not done.all():
+        if fallback is None:
+            raise ValueError(f"{int((~done).sum())} candidates need the fallback")
+        values[~done] = fallback
+    s = layout.shift[layout.cand // layout.block]
+    y = np.zeros(layout.n, dtype=np.float32)
+    y[layout.cand] = np.ldexp(values.astype(np.float64), -s).astype(np.float32)
+    return y
+
+
+def allreduce(grads, block, seed=0):
+    """The whole lhc allreduce in numpy (sums with numpy), for checking."""
+    W = len(grads)
+    gcodes = np.max([exponent_codes(g, block) for g in grads], axis=0)
+    gindex = np.bitwise_or.reduce([bitmap_index(g, block) for g in grads])
+    layout = Layout(gindex, grads[0].size, block, gcodes, W, seed)
+    total = np.zeros(layout.lanes, dtype=np.int64)
+    for g in grads:
+        total += sketch_encode(g, layout)
+    gcells = ((total + 2**31) % 2**32 - 2**31).astype(np.int32)
+    _, done = peel(gcells, layout)
+    miss = layout.cand[~done]
+    fallback = sum(quantize_at(g, miss, layout) for g in grads) if miss.size else None
+    return decode(gcells, layout, fallback)
+

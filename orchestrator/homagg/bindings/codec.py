@@ -1,0 +1,576 @@
+"""Bindings of homagg/codec.h and homagg/kernels.h.
+
+One function per C function.  Every buffer is a 1-D C-contiguous numpy
+array of the exact dtype the C side expects, passed without a copy:
+
+- gradients and results: ``float32`` (native byte order);
+- exponent codes (MAX8 lanes): ``int8``;
+- int32 wire lanes (counts, quantised values, sketch cells, fallback,
+  NC8 results): ``'>i4'`` (big-endian, exactly as on the wire), or raw
+  ``uint8`` bytes whose length is a multiple of 4;
+- index bytes (OR lanes) and NC8 codes: ``uint8``.
+
+Functions returning a new array have an ``*_into(..., out)`` variant that
+writes a caller-owned buffer instead.  Return codes become exceptions of
+``homagg.errors``; a NaN or an infinity becomes ``NonFiniteValue`` naming
+the first bad index and the worker (``p.worker``).
+"""
+import errno
+import math
+
+import numpy as np
+
+from homagg._native import ffi, lib
+from homagg.errors import HomAggError, InvalidArgument, NonFiniteValue, OutOfRange, check
+
+F32 = np.dtype(np.float32)
+I8 = np.dtype(np.int8)
+U8 = np.dtype(np.uint8)
+BE32 = np.dtype(">i4")
+
+MAX_WORKERS = lib.HG_MAX_WORKERS
+MIN_BLOCK = lib.HG_MIN_BLOCK
+MAX_BLOCK = lib.HG_MAX_BLOCK
+DEFAULT_BLOCK = lib.HG_DEFAULT_BLOCK
+EXP_ZERO = lib.HG_EXP_ZERO
+F_STOCHASTIC = lib.HG_F_STOCHASTIC
+Q_SKIP_ZERO = lib.HG_Q_SKIP_ZERO
+
+M_DENSE = lib.HG_M_DENSE
+M_BLOCKS = lib.HG_M_BLOCKS
+M_LHC = lib.HG_M_LHC
+M_NC = lib.HG_M_NC
+M_AUTO = lib.HG_M_AUTO
+
+OP_SUM32 = lib.HG_OP_SUM32
+OP_OR = lib.HG_OP_OR
+OP_MAX8 = lib.HG_OP_MAX8
+OP_NC8 = lib.HG_OP_NC8
+
+ISA_PORTABLE = lib.HG_ISA_PORTABLE
+ISA_AVX2 = lib.HG_ISA_AVX2
+ISA_AVX512 = lib.HG_ISA_AVX512
+ISA_BEST = lib.HG_ISA_BEST
+
+_U64_MAX = 2**64 - 1
+
+
+# ---- argument checks -------------------------------------------------------
+
+def _array(a, name, dtypes, writable=False):
+    """Check that a is a 1-D C-contiguous array of one of dtypes."""
+    if not isinstance(a, np.ndarray):
+        raise InvalidArgument(f"{name}: expected a numpy array, got {type(a).__name__}")
+    if a.ndim != 1:
+        raise InvalidArgument(f"{name}: expected a 1-D array, got shape {a.shape}")
+    if a.dtype not in dtypes:
+        want = " or ".join(str(d) for d in dtypes)
+        raise InvalidArgument(f"{name}: expected dtype {want}, got {a.dtype.str}")
+    if not a.flags.c_contiguous:
+        raise InvalidArgument(f"{name}: array is not C-contiguous (pass np.ascontiguousarray(...))")
+    if writable and not a.flags.writeable:
+        raise InvalidArgument(f"{name}: output array is read-only")
+    return a
+
+
+def _f32(a, name="x", writable=False):
+    return _array(a, name, (F32,), writable)
+
+
+def _i8(a, name, writable=False):
+    return _array(a, name, (I8,), writable)
+
+
+def _u8(a, name, writable=False):
+    return _array(a, name, (U8,), writable)
+
+
+def _be32(a, name, writable=False):
+    """int32 wire lanes: '>i4', or raw uint8 bytes (multiple of 4)."""
+    _array(a, name, (BE32, U8), writable)
+    if a.dtype == U8 and a.size % 4:
+        raise InvalidArgument(f"{name}: raw int32 lanes need a multiple of 4 bytes, got {a.size}")
+    return a
+
+
+def _lanes32(a):
+    return a.size if a.dtype == BE32 else a.size // 4
+
+
+def _length(a, want, name, unit="elements"):
+    have = _lanes32(a) if a.dtype == BE32 or (a.dtype == U8 and unit == "lanes") else a.size
+    if have != want:
+        raise InvalidArgument(f"{name}: expected {want} {unit}, got {have}")
+
+
+def _buf(ctype, a):
+    return ffi.from_buffer(ctype, a, require_writable=False)
+
+
+def _wbuf(ctype, a):
+    return ffi.from_buffer(ctype, a, require_writable=True)
+
+
+def _first_bad(x):
+    bad = np.flatnonzero(~np.isfinite(x))
+    return int(bad[0]) if bad.size else None
+
+
+def _raise_nonfinite(x, index, worker, context):
+    if index is None:
+        index = _first_bad(x)
+    value = x[index] if index is not None and 0 <= index < x.size else "?"
+    who = f"worker {worker}: " if worker is not None else ""
+    raise NonFiniteValue(
+        f"{context}: {who}element {index} is {value} (gradients must be finite)",
+        index, worker)
+
+
+def _check_x(rc, p, x, context, index=None):
+    """check(rc), with -EDOM turned into NonFiniteValue about x."""
+    if rc == -errno.EDOM:
+        _raise_nonfinite(x, index, int(p.worker) if p is not None else None, context)
+    return check(rc, context)
+
+
+# ---- parameters ------------------------------------------------------------
+
+def params_new(block=None, workers=1, worker=0, flags=0, seed=0, nc_levels=0,
+               sketch_cells_per_candidate=0.0):
+    """A ``struct hg_params *`` (checked in Python, then by hg_params_check)."""
+    block = DEFAULT_BLOCK if block is None else block
+    for name, v in (("block", block), ("workers", workers), ("worker", worker),
+                    ("flags", flags), ("nc_levels", nc_levels)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+            raise InvalidArgument(f"{name}: expected an integer, got {v!r}")
+    if not 1 <= workers <= MAX_WORKERS:
+        raise OutOfRange(f"workers: W = {workers} is outside 1..{MAX_WORKERS}", -errno.ERANGE)
+    if not 0 <= worker < workers:
+        raise OutOfRange(f"worker: id {worker} is outside 0..{workers - 1}", -errno.ERANGE)
+    if not (MIN_BLOCK <= block <= MAX_BLOCK and block % 64 == 0):
+        raise InvalidArgument(
+            f"block: {block} elements is not a multiple of 64 in {MIN_BLOCK}..{MAX_BLOCK}",
+            -errno.EINVAL)
+    if not 0 <= seed <= _U64_MAX:
+        raise OutOfRange(f"seed: {seed} is not a 64-bit unsigned integer", -errno.ERANGE)
+    if not 0 <= nc_levels < 2**32:
+        raise OutOfRange(f"nc_levels: {nc_levels} is out of range", -errno.ERANGE)
+    if flags & ~F_STOCHASTIC:
+        raise InvalidArgument(f"flags: unknown bits {flags:#x}", -errno.EINVAL)
+    cells = float(sketch_cells_per_candidate)
+    if not math.isfinite(cells) or cells < 0:
+        raise InvalidArgument(f"sketch_cells_per_candidate: {cells} must be finite and >= 0")
+    p = ffi.new("struct hg_params *")
+    p.block = block
+    p.workers = workers
+    p.worker = worker
+    p.flags = flags
+    p.seed = seed
+    p.nc_levels = nc_levels
+    p.sketch_cells_per_candidate = cells
+    params_check(p)
+    return p
+
+
+def params_check(p):
+    """hg_params_check: 0, or InvalidArgument / OutOfRange."""
+    return check(lib.hg_params_check(p), "hg_params_check")
+
+
+def nblocks(p, n):
+    return int(lib.hg_nblocks(p, n))
+
+
+def log2_workers(p):
+    return check(lib.hg_log2_workers(p), "hg_log2_workers")
+
+
+def scale_shift(p, code):
+    if not -128 <= code <= 127:
+        raise OutOfRange(f"code: {code} is not an int8", -errno.ERANGE)
+    return int(lib.hg_scale_shift(p, code))
+
+
+# ---- exponents, quantisation, counts ---------------------------------------
+
+def exp_encode_into(p, x, codes):
+    """hg_exp_encode: this worker's block exponent codes into codes (int8)."""
+    _f32(x)
+    _i8(codes, "codes", writable=True)
+    _length(codes, nblocks(p, x.size), "codes", "blocks")
+    bad = ffi.new("size_t *", _U64_MAX)
+    rc = lib.hg_exp_encode(p, _buf("float[]", x), x.size, _wbuf("int8_t[]", codes), bad)
+    index = None if bad[0] == _U64_MAX else int(bad[0])
+    _check_x(rc, p, x, "hg_exp_encode", index)
+    return codes
+
+
+def exp_encode(p, x):
+    _f32(x)
+    return exp_encode_into(p, x, np.empty(nblocks(p, x.size), dtype=I8))
+
+
+def quantized_lanes(p, n, gcodes, qflags=0):
+    _i8(gcodes, "gcodes")
+    _length(gcodes, nblocks(p, n), "gcodes", "blocks")
+    return int(lib.hg_quantized_lanes(p, n, _buf("int8_t[]", gcodes), qflags))
+
+
+def quantize_into(p, x, gcodes, qflags, out):
+    """hg_quantize: the fixed-point lanes of x ('>i4'), into out."""
+    _f32(x)
+    _be32(out, "out", writable=True)
+    _length(out, quantized_lanes(p, x.size, gcodes, qflags), "out", "lanes")
+    rc = lib.hg_quantize(p, _buf("float[]", x), x.size, _buf("int8_t[]", gcodes), qflags,
+                         _wbuf("uint8_t[]", out))
+    _check_x(rc, p, x, "hg_quantize")
+    return out
+
+
+def quantize(p, x, gcodes, qflags=0):
+    _f32(x)
+    out = np.empty(quantized_lanes(p, x.size, gcodes, qflags), dtype=BE32)
+    return quantize_into(p, x, gcodes, qflags, out)
+
+
+def dequantize_into(p, sums, n, gcodes, qflags, y):
+    """hg_dequantize: y (float32, n) from the aggregated lanes."""
+    _be32(sums, "sums")
+    _f32(y, "y", writable=True)
+    _length(y, n, "y")
+    _length(sums, quantized_lanes(p, n, gcodes, qflags), "sums", "lanes")
+    rc = lib.hg_dequantize(p, _buf("uint8_t[]", sums), n, _buf("int8_t[]", gcodes), qflags,
+                           _wbuf("float[]", y))
+    check(rc, "hg_dequantize")
+    return y
+
+
+def dequantize(p, sums, n, gcodes, qflags=0):
+    return dequantize_into(p, sums, n, gcodes, qflags, np.empty(n, dtype=F32))
+
+
+def nnz_counts_into(p, x, counts):
+    """hg_nnz_counts: per-block non-zero counts ('>i4', one lane per block)."""
+    _f32(x)
+    _be32(counts, "counts", writable=True)
+    _length(counts, nblocks(p, x.size), "counts", "lanes")
+    rc = lib.hg_nnz_counts(p, _buf("float[]", x), x.size, _wbuf("uint8_t[]", counts))
+    _check_x(rc, p, x, "hg_nnz_counts")
+    return counts
+
+
+def nnz_counts(p, x):
+    _f32(x)
+    return nnz_counts_into(p, x, np.empty(nblocks(p, x.size), dtype=BE32))
+
+
+def exp_nnz_encode_into(p, x, codes, counts):
+    """hg_exp_nnz_encode: exponent codes and non-zero counts in one pass."""
+    _f32(x)
+    nb = nblocks(p, x.size)
+    _i8(codes, "codes", writable=True)
+    _be32(counts, "counts", writable=True)
+    _length(codes, nb, "codes", "blocks")
+    _length(counts, nb, "counts", "lanes")
+    bad = ffi.new("size_t *", _U64_MAX)
+    rc = lib.hg_exp_nnz_encode(p, _buf("float[]", x), x.size, _wbuf("int8_t[]", codes),
+                               _wbuf("uint8_t[]", counts), bad)
+    index = None if bad[0] == _U64_MAX else int(bad[0])
+    _check_x(rc, p, x, "hg_exp_nnz_encode", index)
+    return codes, counts
+
+
+def exp_nnz_encode(p, x):
+    _f32(x)
+    nb = nblocks(p, x.size)
+    return exp_nnz_encode_into(p, x, np.empty(nb, dtype=I8), np.empty(nb, dtype=BE32))
+
+
+# ---- lhc -------------------------------------------------------------------
+
+class Lhc:
+    """An lhc plan (struct hg_lhc), freed by hg_lhc_destroy when collected."""
+
+    __slots__ = ("ptr", "params", "n", "nblocks", "state", "__weakref__")
+
+    PLANNED, INDEXED, PEELED = 0, 1, 2
+    _STEP = {INDEXED: "lhc_set_index", PEELED: "lhc_peel"}
+
+    def __init__(self, ptr, params, n, nb):
+        self.ptr = ptr
+        self.params = params  # kept alive as long as the plan
+        self.n = n
+        self.nblocks = nb
+        self.state = Lhc.PLANNED
+
+    def need(self, state, what):
+        """Raise unless the plan went through the phase a call needs."""
+        if self.state < state:
+            raise InvalidArgument(f"{what}: call {Lhc._STEP[state]} before it (phases run "
+                                  "in order: index, sketch, peel, fallback, decode)",
+                                  -errno.EINVAL)
+
+    def info(self):
+        return lhc_get_info(self)
+
+
+def lhc_create(p, n, gcodes, gcounts):
+    """hg_lhc_create from the global codes and global counts."""
+    nb = nblocks(p, n)
+    _i8(gcodes, "gcodes")
+    _be32(gcounts, "gcounts")
+    _length(gcodes, nb, "gcodes", "blocks")
+    _length(gcounts, nb, "gcounts", "lanes")
+    ptr = lib.hg_lhc_create(p, n, _buf("int8_t[]", gcodes), _buf("uint8_t[]", gcounts))
+    if ptr == ffi.NULL:
+        raise InvalidArgument(
+            "hg_lhc_create failed: bad global codes / counts (a count above the "
+            "block length or a non-zero count in an all-zero block) or out of memory",
+            -errno.EINVAL)
+    return Lhc(ffi.gc(ptr, lib.hg_lhc_destroy), p, n, nb)
+
+
+_INFO_FIELDS = ("index_bytes", "bitmap_blocks", "bloom_blocks", "candidates",
+                "sketch_lanes", "stalled_blocks", "fallback_lanes")
+
+
+def lhc_get_info(lhc):
+    info = ffi.new("struct hg_lhc_info *")
+    check(lib.hg_lhc_get_info(lhc.ptr, info), "hg_lhc_get_info")
+    return {f: int(getattr(info, f)) for f in _INFO_FIELDS}
+
+
+def _lhc_x(lhc, x):
+    _f32(x)
+    if x.size != lhc.n:
+        raise InvalidArgument(f"x: the plan is for {lhc.n} elements, got {x.size}")
+
+
+def lhc_index_encode_into(lhc, x, index):
+    """hg_lhc_index_encode: this worker's index bytes (uint8)."""
+    _lhc_x(lhc, x)
+    _u8(index, "index", writable=True)
+    _length(index, lhc_get_info(lhc)["index_bytes"], "index", "bytes")
+    rc = lib.hg_lhc_index_encode(lhc.ptr, _buf("float[]", x), _wbuf("uint8_t[]", index))
+    _check_x(rc, lhc.params, x, "hg_lhc_index_encode")
+    return index
+
+
+def lhc_index_encode(lhc, x):
+    _lhc_x(lhc, x)
+    out = np.empty(lhc_get_info(lhc)["index_bytes"], dtype=U8)
+    return lhc_index_encode_into(lhc, x, out)
+
+
+def lhc_set_index(lhc, gindex):
+    """hg_lhc_set_index: the OR of every worker's index."""
+    _u8(gindex, "gindex")
+    _length(gindex, lhc_get_info(lhc)["index_bytes"], "gindex", "bytes")
+    lhc.state = Lhc.PLANNED
+    rc = check(lib.hg_lhc_set_index(lhc.ptr, _buf("uint8_t[]", gindex)), "hg_lhc_set_index")
+    lhc.state = Lhc.INDEXED
+    return rc
+
+
+def lhc_sketch_encode_into(lhc, x, cells):
+    """hg_lhc_sketch_encode: this worker's count sketch ('>i4' cells)."""
+    _lhc_x(lhc, x)
+    lhc.need(Lhc.INDEXED, "lhc_sketch_encode")
+    _be32(cells, "cells", writable=True)
+    _length(cells, lhc_get_info(lhc)["sketch_lanes"], "cells", "lanes")
+    rc = lib.hg_lhc_sketch_encode(lhc.ptr, _buf("float[]", x), _wbuf("uint8_t[]", cells))
+    _check_x(rc, lhc.params, x, "hg_lhc_sketch_encode")
+    return cells
+
+
+def lhc_sketch_encode(lhc, x):
+    _lhc_x(lhc, x)
+    lhc.need(Lhc.INDEXED, "lhc_sketch_encode")
+    out = np.empty(lhc_get_info(lhc)["sketch_lanes"], dtype=BE32)
+    return lhc_sketch_encode_into(lhc, x, out)
+
+
+def lhc_peel(lhc, gcells):
+    """hg_lhc_peel: peel the summed sketch (stalls are in the info)."""
+    lhc.need(Lhc.INDEXED, "lhc_peel")
+    _be32(gcells, "gcells")
+    _length(gcells, lhc_get_info(lhc)["sketch_lanes"], "gcells", "lanes")
+    lhc.state = Lhc.INDEXED
+    rc = check(lib.hg_lhc_peel(lhc.ptr, _buf("uint8_t[]", gcells)), "hg_lhc_peel")
+    lhc.state = Lhc.PEELED
+    return rc
+
+
+def lhc_fallback_encode_into(lhc, x, out):
+    """hg_lhc_fallback_encode: quantised values at the unresolved candidates."""
+    _lhc_x(lhc, x)
+    lhc.need(Lhc.PEELED, "lhc_fallback_encode")
+    _be32(out, "out", writable=True)
+    _length(out, lhc_get_info(lhc)["fallback_lanes"], "out", "lanes")
+    rc = lib.hg_lhc_fallback_encode(lhc.ptr, _buf("float[]", x), _wbuf("uint8_t[]", out))
+    _check_x(rc, lhc.params, x, "hg_lhc_fallback_encode")
+    return out
+
+
+def lhc_fallback_encode(lhc, x):
+    _lhc_x(lhc, x)
+    lhc.need(Lhc.PEELED, "lhc_fallback_encode")
+    out = np.empty(lhc_get_info(lhc)["fallback_lanes"], dtype=BE32)
+    return lhc_fallback_encode_into(lhc, x, out)
+
+
+def lhc_decode_into(lhc, gfallback, y):
+    """hg_lhc_decode: the bit-exact result, n float32."""
+    lhc.need(Lhc.PEELED, "lhc_decode")
+    _be32(gfallback, "gfallback")
+    _length(gfallback, lhc_get_info(lhc)["fallback_lanes"], "gfallback", "lanes")
+    _f32(y, "y", writable=True)
+    _length(y, lhc.n, "y")
+    rc = lib.hg_lhc_decode(lhc.ptr, _buf("uint8_t[]", gfallback), _wbuf("float[]", y))
+    check(rc, "hg_lhc_decode")
+    return y
+
+
+def lhc_decode(lhc, gfallback):
+    return lhc_decode_into(lhc, gfallback, np.empty(lhc.n, dtype=F32))
+
+
+# ---- auto, nc --------------------------------------------------------------
+
+def auto_choose(p, n, gcodes, gcounts):
+    """hg_auto_choose: M_DENSE, M_BLOCKS or M_LHC."""
+    nb = nblocks(p, n)
+    _i8(gcodes, "gcodes")
+    _be32(gcounts, "gcounts")
+    _length(gcodes, nb, "gcodes", "blocks")
+    _length(gcounts, nb, "gcounts", "lanes")
+    rc = lib.hg_auto_choose(p, n, _buf("int8_t[]", gcodes), _buf("uint8_t[]", gcounts))
+    return check(rc, "hg_auto_choose")
+
+
+def method_name(m):
+    s = lib.hg_method_name(m)
+    if s == ffi.NULL:
+        raise InvalidArgument(f"unknown method {m}", -errno.EINVAL)
+    return ffi.string(s).decode()
+
+
+def nc_top(p):
+    return int(lib.hg_nc_top(p))
+
+
+def nc_encode_into(p, x, gcodes, codes):
+    """hg_nc_encode: one NC8 code per element (uint8)."""
+    _f32(x)
+    _i8(gcodes, "gcodes")
+    _length(gcodes, nblocks(p, x.size), "gcodes", "blocks")
+    _u8(codes, "codes", writable=True)
+    _length(codes, x.size, "codes")
+    rc = lib.hg_nc_encode(p, _buf("float[]", x), x.size, _buf("int8_t[]", gcodes),
+                          _wbuf("uint8_t[]", codes))
+    _check_x(rc, p, x, "hg_nc_encode")
+    return codes
+
+
+def nc_encode(p, x, gcodes):
+    _f32(x)
+    return nc_encode_into(p, x, gcodes, np.empty(x.size, dtype=U8))
+
+
+# ---- kernels.h ---------------------------------------------------------------
+
+def isa_supported(isa):
+    return bool(lib.hg_isa_supported(isa))
+
+
+def isa_best():
+    return int(lib.hg_isa_best())
+
+
+def isa_name(isa):
+    s = lib.hg_isa_name(isa)
+    return "?" if s == ffi.NULL else ffi.string(s).decode()
+
+
+def op_in_lane_bytes(op):
+    return int(lib.hg_op_in_lane_bytes(op))
+
+
+def op_acc_lane_bytes(op):
+    return int(lib.hg_op_acc_lane_bytes(op))
+
+
+def op_valid(op):
+    return isinstance(op, (int, np.integer)) and bool(lib.hg_op_valid(op))
+
+
+# Accepted dtypes of (accumulator, input) per op.
+_OP_DTYPES = {
+    OP_SUM32: ((BE32, U8), (BE32, U8)),
+    OP_OR: ((U8,), (U8,)),
+    OP_MAX8: ((I8,), (I8,)),
+    OP_NC8: ((BE32, U8), (U8,)),
+}
+
+
+def _op(op):
+    if not op_valid(op):
+        raise InvalidArgument(f"unknown aggregation op {op!r}", -errno.EINVAL)
+    return int(op)
+
+
+def _op_lanes(op, a, name, which):
+    """Lanes of a buffer of op (acc or in), checking dtype and size."""
+    dtypes = _OP_DTYPES[op][0 if which == "acc" else 1]
+    _array(a, name, dtypes, writable=(which == "acc"))
+    lane = op_acc_lane_bytes(op) if which == "acc" else op_in_lane_bytes(op)
+    if a.nbytes % lane:
+        raise InvalidArgument(f"{name}: {a.nbytes} bytes is not a whole number of {lane}-byte lanes")
+    return a.nbytes // lane
+
+
+def op_identity(op, acc):
+    """hg_op_identity: fill acc with the op's identity."""
+    op = _op(op)
+    lanes = _op_lanes(op, acc, "acc", "acc")
+    check(lib.hg_op_identity(op, _wbuf("uint8_t[]", acc), lanes), "hg_op_identity")
+    return acc
+
+
+def op_identity_new(op, lanes):
+    """A new accumulator of lanes lanes holding op's identity."""
+    op = _op(op)
+    dtype = _OP_DTYPES[op][0][0]
+    return op_identity(op, np.empty(lanes, dtype=dtype))
+
+
+def _aggregate_args(op, acc, inp):
+    op = _op(op)
+    lanes = _op_lanes(op, inp, "in", "in")
+    acc_lanes = _op_lanes(op, acc, "acc", "acc")
+    if acc_lanes != lanes:
+        raise InvalidArgument(f"acc has {acc_lanes} lanes, in has {lanes}")
+    if np.shares_memory(acc, inp) and acc.ctypes.data != inp.ctypes.data:
+        raise InvalidArgument("acc and in overlap partially")
+    return op, lanes
+
+
+def aggregate(op, acc, inp, top=0):
+    """hg_aggregate: acc = acc (op) inp, lane by lane, in place."""
+    op, lanes = _aggregate_args(op, acc, inp)
+    rc = lib.hg_aggregate(op, _wbuf("uint8_t[]", acc), _buf("uint8_t[]", inp), lanes, int(top))
+    check(rc, f"hg_aggregate({op})")
+    return acc
+
+
+def aggregate_isa(isa, op, acc, inp, top=0):
+    """hg_aggregate_isa: the same with a forced ISA (ResourceError if missing)."""
+    op, lanes = _aggregate_args(op, acc, inp)
+    rc = lib.hg_aggregate_isa(isa, op, _wbuf("uint8_t[]", acc), _buf("uint8_t[]", inp),
+                              lanes, int(top))
+    check(rc, f"hg_aggregate_isa({isa_name(isa)}, {op})")
+    return acc
+
+
+__all__ = [n for n in dir() if not n.startswith("_") and n not in (
+    "errno", "math", "np", "ffi", "lib", "HomAggError")]

@@ -1,0 +1,281 @@
+"""The aggregation engine and its in-memory port, from Python.
+
+``Engine`` wraps struct hg_engine (homagg/engine.h); ``MemPort`` wraps the
+in-memory port backend (homagg/port_mem.h) that tests and benchmarks feed
+frames into and read transmitted frames back from.  ``build_frame`` and
+``parse_frame`` are the wire format (homagg/wire.h, docs/PROTOCOL.md).
+
+    port = MemPort(can_replicate=True)
+    eng = Engine(port)
+    eng.add_job(job=1, token=7, workers=2, slots=4, group=0xE0000001)
+    port.inject(build_frame(...)); eng.poll(); port.pop_all()
+    eng.counters()  # {"received": 1, "summed": 1, ...}
+"""
+from dataclasses import dataclass
+
+from homagg._native import ffi, lib
+from homagg.errors import InvalidArgument, ResourceError, check
+from homagg.kernels import _op
+
+FLAG_RESULT = lib.HG_FLAG_RESULT
+FLAG_RETRANS = lib.HG_FLAG_RETRANS
+FLAG_SHADOW = lib.HG_FLAG_SHADOW
+FLAG_OVERFLOW = lib.HG_FLAG_OVERFLOW
+FLAG_STATUS = lib.HG_FLAG_STATUS
+WORKER_ALL = lib.HG_WORKER_ALL
+UDP_PORT = lib.HG_UDP_PORT
+
+
+def counter_names():
+    """The counter names in table order (homagg/counters.h)."""
+    return [ffi.string(lib.hg_counter_name(i)).decode() for i in range(lib.hg_counter_count())]
+
+
+def _mac(mac):
+    if isinstance(mac, str):
+        mac = bytes(int(x, 16) for x in mac.split(":"))
+    mac = bytes(mac)
+    if len(mac) != 6:
+        raise InvalidArgument("a MAC address has 6 bytes")
+    return mac
+
+
+def _ip(ip):
+    if isinstance(ip, str):
+        a = [int(x) for x in ip.split(".")]
+        if len(a) != 4 or not all(0 <= x < 256 for x in a):
+            raise InvalidArgument(f"bad IPv4 address {ip!r}")
+        return a[0] << 24 | a[1] << 16 | a[2] << 8 | a[3]
+    return int(ip)
+
+
+@dataclass
+class Addr:
+    """An endpoint: MAC, IPv4 (int, host order), UDP port."""
+
+    mac: bytes
+    ipv4: int
+    port: int
+
+    @classmethod
+    def of(cls, mac, ipv4, port):
+        return cls(_mac(mac), _ip(ipv4), int(port))
+
+    def _c(self):
+        a = ffi.new("struct hg_wire_addr *")
+        a.mac = list(self.mac)
+        a.ipv4 = self.ipv4
+        a.port = self.port
+        return a
+
+
+@dataclass
+class Frame:
+    """A parsed frame: addresses, header fields (host order) and payload."""
+
+    src: Addr
+    dst: Addr
+    version: int
+    op: int
+    flags: int
+    job: int
+    token: int
+    worker: int
+    slot: int
+    seq: int
+    lanes: int
+    exp: int
+    payload: bytes
+
+
+def build_frame(src, dst, *, op, job, token, worker, seq, slot, lanes=None,
+                exp=0, flags=0, payload=b"", version=None, reserved=0,
+                udp_csum=True):
+    """Bytes of one frame.  ``lanes`` defaults to the count the payload
+    length implies for ``op`` (a data packet); every field can be forced to
+    any value so tests can build hostile frames."""
+    payload = bytes(payload)
+    o = _op(op)
+    if lanes is None:
+        ib = lib.hg_op_in_lane_bytes(o) or 1
+        lanes = len(payload) // ib
+    h = ffi.new("struct hg_hdr *")
+    h.version = lib.HG_PROTOCOL_VERSION if version is None else version
+    h.op = o
+    h.flags = flags
+    h.job = job
+    h.token = token
+    h.worker = worker
+    h.slot = slot
+    h.seq = seq
+    h.lanes = lanes
+    h.exp = exp
+    h.reserved = reserved
+    buf = ffi.new("uint8_t[]", lib.HG_ETH_IP_UDP_LEN + lib.HG_HDR_LEN + len(payload))
+    n = check(lib.hg_wire_build(buf, len(buf), src._c(), dst._c(), h,
+                                payload if payload else ffi.NULL, len(payload),
+                                lib.HG_WIRE_F_UDP_CSUM if udp_csum else 0),
+              "hg_wire_build")
+    return bytes(ffi.buffer(buf, n))
+
+
+def parse_frame(frame, udp_port=0, udp_csum=True):
+    """A Frame for a valid frame; else the drop reason's counter name (str)."""
+    frame = bytes(frame)
+    v = ffi.new("struct hg_wire_view *")
+    rc = lib.hg_wire_parse(frame, len(frame), udp_port,
+                           lib.HG_WIRE_F_UDP_CSUM if udp_csum else 0, v)
+    check(rc, "hg_wire_parse")
+    if rc > 0:
+        return ffi.string(lib.hg_counter_name(rc)).decode()
+    h = v.hdr
+
+    def addr(a):
+        return Addr(bytes(a.mac), a.ipv4, a.port)
+
+    return Frame(addr(v.src), addr(v.dst), h.version, h.op, h.flags, h.job, h.token,
+                 h.worker, h.slot, h.seq, h.lanes, h.exp,
+                 frame[v.payload_off:v.payload_off + v.payload_len])
+
+
+class MemPort:
+    """The in-memory port: inject frames for rx, pop transmitted frames."""
+
+    def __init__(self, *, pool=4096, buf_size=9216, can_replicate=False,
+                 mac="02:00:00:00:00:01", ipv4="10.0.0.254", udp_port=UDP_PORT,
+                 mtu=9000, tx_limit=0):
+        c = ffi.new("struct hg_port_mem_config *")
+        lib.hg_port_mem_config_init(c)
+        c.pool = pool
+        c.buf_size = buf_size
+        c.can_replicate = can_replicate
+        c.mac = list(_mac(mac))
+        c.ipv4 = _ip(ipv4)
+        c.udp_port = udp_port
+        c.mtu = mtu
+        c.tx_limit = tx_limit
+        p = lib.hg_port_mem_create(c)
+        if p == ffi.NULL:
+            raise ResourceError("hg_port_mem_create failed (config or memory)")
+        self._p = ffi.gc(p, lib.hg_port_mem_destroy)
+        self.buf_size = buf_size
+        self.addr = Addr(_mac(mac), _ip(ipv4), udp_port)
+
+    @property
+    def port(self):
+        return lib.hg_port_mem_port(self._p)
+
+    def inject(self, frame):
+        frame = bytes(frame)
+        check(lib.hg_port_mem_inject(self._p, frame, len(frame)), "hg_port_mem_inject")
+
+    def pop(self):
+        """The oldest transmitted frame (bytes), or None."""
+        buf = ffi.new("uint8_t[]", self.buf_size)
+        n = check(lib.hg_port_mem_pop_tx(self._p, buf, len(buf)), "hg_port_mem_pop_tx")
+        return bytes(ffi.buffer(buf, n)) if n else None
+
+    def pop_all(self):
+        out = []
+        while (f := self.pop()) is not None:
+            out.append(f)
+        return out
+
+    @property
+    def rx_pending(self):
+        return lib.hg_port_mem_rx_pending(self._p)
+
+    @property
+    def tx_pending(self):
+        return lib.hg_port_mem_tx_pending(self._p)
+
+    @property
+    def free_count(self):
+        return lib.hg_port_mem_free_count(self._p)
+
+    @property
+    def groups_joined(self):
+        return lib.hg_port_mem_groups(self._p)
+
+    def set_time(self, ns):
+        lib.hg_port_mem_set_time(self._p, ns)
+
+    def set_tx_limit(self, limit):
+        lib.hg_port_mem_set_tx_limit(self._p, limit)
+
+
+class Engine:
+    """An aggregation engine on a port (MemPort, or any object whose ``port``
+    attribute is a ``struct hg_port *``); the port must outlive it."""
+
+    def __init__(self, port, *, max_jobs=64, udp_port=UDP_PORT, burst=32,
+                 udp_csum=True, isa="best"):
+        from homagg.kernels import _isa
+
+        c = ffi.new("struct hg_engine_config *")
+        lib.hg_engine_config_init(c)
+        c.port = port.port
+        c.max_jobs = max_jobs
+        c.udp_port = udp_port
+        c.burst = burst
+        c.flags = lib.HG_ENGINE_F_UDP_CSUM if udp_csum else 0
+        c.isa = _isa(isa)
+        e = lib.hg_engine_create(c)
+        if e == ffi.NULL:
+            raise InvalidArgument("hg_engine_create failed (config out of range, "
+                                  "unsupported ISA, or no memory)")
+        self._port = port  # keep the port alive as long as the engine
+        self._e = ffi.gc(e, lib.hg_engine_destroy)
+
+    def close(self):
+        """Destroy the engine now (idempotent)."""
+        if self._e is not None:
+            ffi.release(self._e)  # runs hg_engine_destroy now
+            self._e = None
+
+    def add_job(self, job, token, workers, slots, payload_bytes=1024, group=0):
+        j = ffi.new("struct hg_job_config *")
+        j.job = job
+        j.token = token
+        j.workers = workers
+        j.slots = slots
+        j.payload_bytes = payload_bytes
+        j.group_ipv4 = _ip(group)
+        check(lib.hg_engine_add_job(self._e, j), f"add job {job}")
+
+    def remove_job(self, job):
+        check(lib.hg_engine_remove_job(self._e, job), f"remove job {job}")
+
+    @property
+    def job_count(self):
+        return lib.hg_engine_job_count(self._e)
+
+    def poll(self):
+        """One rx burst: the number of frames received."""
+        return check(lib.hg_engine_poll(self._e), "hg_engine_poll")
+
+    def poll_all(self, limit=1_000_000):
+        """Poll until the port has nothing; the total received."""
+        total = 0
+        while total < limit:
+            n = self.poll()
+            if not n:
+                break
+            total += n
+        return total
+
+    def process(self, pkts, n):
+        """Process n packets (a ``struct hg_pkt *[]``) already received."""
+        return check(lib.hg_engine_process(self._e, pkts, n), "hg_engine_process")
+
+    def counters(self):
+        n = lib.hg_counter_count()
+        out = ffi.new("uint64_t[]", n)
+        lib.hg_engine_counters(self._e, out, n)
+        return dict(zip(counter_names(), list(out)))
+
+    def job_counters(self, job):
+        n = lib.hg_counter_count()
+        out = ffi.new("uint64_t[]", n)
+        check(lib.hg_engine_job_counters(self._e, job, out, n), f"job {job} counters")
+        return dict(zip(counter_names(), list(out)))

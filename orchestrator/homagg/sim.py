@@ -1,0 +1,273 @@
+"""A whole HomAgg cluster in one process: ``homagg.sim.Cluster``.
+
+The real C engine and the real C worker client, connected by the software
+NIC model (virtual time, seeded loss, duplication, reordering, delay, line
+rate), all driven by one event loop in C (homagg/sim.h)::
+
+    from homagg.sim import Cluster
+
+    with Cluster(workers=4, loss=0.01, seed=1) as cluster:
+        result = cluster.allreduce(grads, method="lhc")   # grads: W arrays
+        result.sum            # float32, bit-identical on every worker
+        result.stats          # per worker, engine counters, virtual time
+
+Several jobs share one engine: ``cluster.add_job(workers=...)`` returns a
+``Job``; ``cluster.allreduce_many([(job, grads, method), ...])`` runs them
+interleaved in one event loop.  Errors come from ``homagg.errors``: a dead
+peer makes the others raise ``PeerTimeout`` naming it.
+"""
+import errno
+
+import numpy as np
+
+from homagg._native import ffi, lib
+from homagg import _sim_bindings as _b
+from homagg.errors import HomAggError, InvalidArgument, PeerTimeout, error_for
+
+METHODS = {
+    "dense": lib.HG_M_DENSE,
+    "blocks": lib.HG_M_BLOCKS,
+    "lhc": lib.HG_M_LHC,
+    "nc": lib.HG_M_NC,
+    "auto": lib.HG_M_AUTO,
+}
+_METHOD_NAMES = {v: k for k, v in METHODS.items()}
+
+# The codec options, named as in homagg.codec.Params ("block" is an alias).
+_CODEC_OPTIONS = ("block_elements", "block", "stochastic", "seed", "nc_levels",
+                  "sketch_cells_per_candidate")
+
+
+class WorkerError(HomAggError):
+    """One worker's failure inside a group error (``.worker``, ``.code``)."""
+
+
+class Result:
+    """The outcome of one allreduce of one job.
+
+    ``sum``: the reduced tensor (float32), identical on every worker;
+    ``outputs``: every worker's output; ``stats``: ``workers`` (a dict per
+    worker), ``engine`` (the engine's counter table), ``virtual_time``
+    (seconds of virtual time the run took), ``method`` (auto's choice).
+    """
+
+    def __init__(self, outputs, stats):
+        self.outputs = outputs
+        self.sum = outputs[0]
+        self.stats = stats
+
+    def __repr__(self):
+        return (f"Result(n={self.sum.size}, method={self.stats['method']}, "
+                f"virtual_time={self.stats['virtual_time']:.6f}s)")
+
+
+def _params(workers, block_elements=None, block=None, stochastic=False, seed=0,
+            nc_levels=0, sketch_cells_per_candidate=0.0):
+    if block_elements is None:
+        block_elements = lib.HG_DEFAULT_BLOCK if block is None else block
+    p = ffi.new("struct hg_params *")
+    p.block = int(block_elements)
+    p.workers = workers
+    p.worker = 0
+    p.flags = lib.HG_F_STOCHASTIC if stochastic else 0
+    p.seed = int(seed) & (2**64 - 1)
+    p.nc_levels = int(nc_levels)
+    p.sketch_cells_per_candidate = float(sketch_cells_per_candidate)
+    return p
+
+
+class Job:
+    """One job of a cluster: W workers with their own token and slots."""
+
+    def __init__(self, cluster, index, workers, slots):
+        self.cluster = cluster
+        self.index = index
+        self.workers = workers
+        self.slots = slots
+        self.wire_id, self.token = _b.sim_job_wire(cluster._sim, index)
+
+    def allreduce(self, grads, method="lhc", **options):
+        return self.cluster.allreduce_many([(self, grads, method, options)])[0]
+
+    def kill_worker(self, worker, after_packets=0):
+        """Worker stops once it sent after_packets more frames."""
+        _b.sim_kill_worker(self.cluster._sim, self.index, worker, after_packets)
+
+    def worker_stats(self, worker):
+        return _b.sim_worker_stats(self.cluster._sim, self.index, worker)
+
+
+class Cluster:
+    """A simulated cluster: one aggregator engine, one job of ``workers``
+    workers to start with, every link with the same faults.
+
+    loss, duplicate, reorder: per-frame probabilities on every link hop;
+    delay: one-way link delay (s); link_gbps: line rate (0 = unlimited);
+    slots: S of each job; timeout: the give-up deadline per chunk (s);
+    rto: the initial retransmission timeout (s); max_time: the virtual-time
+    budget of one run (s); multicast: results by multicast (else unicast).
+    """
+
+    def __init__(self, workers=4, loss=0.0, duplicate=0.0, reorder=0.0, seed=0,
+                 slots=64, link_gbps=100.0, timeout=2.0, rto=200e-6, rto_max=50e-3,
+                 delay=1e-6, payload=1024, multicast=True, max_time=600.0):
+        self._sim = _b.sim_create(loss=float(loss), duplicate=float(duplicate),
+                                  reorder=float(reorder), delay_ns=int(delay * 1e9),
+                                  link_gbps=float(link_gbps), seed=seed,
+                                  payload_bytes=payload,
+                                  unicast_results=not multicast)
+        self._timeout = timeout
+        self._rto = rto
+        self._rto_max = rto_max
+        self._slots = slots
+        self.max_time = max_time
+        self.jobs = []
+        self.job = self.add_job(workers)
+
+    # ---- lifecycle -------------------------------------------------------
+    def close(self):
+        if self._sim is not None:
+            _b.sim_destroy(self._sim)
+            self._sim = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _live(self):
+        if self._sim is None:
+            raise InvalidArgument("the cluster is closed")
+        return self._sim
+
+    # ---- jobs ------------------------------------------------------------
+    def add_job(self, workers, slots=None, timeout=None):
+        s = self._live()
+        slots = self._slots if slots is None else slots
+        timeout = self._timeout if timeout is None else timeout
+        idx = _b.sim_add_job(s, workers, slots=slots, rto_ns=int(self._rto * 1e9),
+                             rto_max_ns=int(self._rto_max * 1e9),
+                             give_up_ns=int(timeout * 1e9))
+        job = Job(self, idx, workers, slots)
+        self.jobs.append(job)
+        return job
+
+    @property
+    def workers(self):
+        return self.job.workers
+
+    def allreduce(self, grads, method="lhc", **options):
+        """Allreduce of the first job: grads is a sequence of W arrays."""
+        return self.job.allreduce(grads, method, **options)
+
+    def allreduce_many(self, items):
+        """Run several jobs' allreduces interleaved in one event loop.
+
+        items: (job, grads, method) or (job, grads, method, options) tuples,
+        at most one per job.  Returns one Result per item; raises the first
+        failing job's error (PeerTimeout names the missing worker).
+        """
+        s = self._live()
+        started = []
+        seen = set()
+        for item in items:
+            job, grads, method = item[:3]
+            options = item[3] if len(item) > 3 else {}
+            if job.index in seen:
+                raise InvalidArgument("one allreduce per job at a time")
+            seen.add(job.index)
+            unknown = set(options) - set(_CODEC_OPTIONS)
+            if unknown:
+                raise InvalidArgument(f"unknown codec options: {sorted(unknown)}")
+            if method not in METHODS:
+                raise InvalidArgument(f"unknown method {method!r}; one of {sorted(METHODS)}")
+            if len(grads) != job.workers:
+                raise InvalidArgument(f"job has {job.workers} workers, got {len(grads)} gradients")
+            xs = [np.ascontiguousarray(g, dtype=np.float32).reshape(-1) for g in grads]
+            ys = [np.empty_like(x) for x in xs]
+            p = _params(job.workers, **options)
+            keep = _b.sim_start(s, job.index, METHODS[method], p, xs, ys)
+            started.append((job, xs, ys, keep))
+
+        t0 = _b.sim_stats(s)["now_ns"]
+        rc = _b.sim_run(s, int(self.max_time * 1e9))
+        t1 = _b.sim_stats(s)["now_ns"]
+        engine = self.engine_counters()
+        fabric = _b.sim_fabric_counters(s)
+        results = []
+        errors = []
+        for job, xs, ys, _keep in started:
+            per = []
+            failures = []
+            for w in range(job.workers):
+                st = _b.sim_worker_stats(s, job.index, w)
+                per.append(st)
+                status = _b.sim_worker_status(s, job.index, w)
+                if status < 0:
+                    failures.append((w, status, _b.sim_worker_error(s, job.index, w)))
+                elif status == 0:
+                    failures.append((w, -errno.ETIMEDOUT,
+                                     f"not finished after {self.max_time} s of virtual time"))
+            stats = {
+                "workers": per,
+                "engine": engine,
+                "fabric": fabric,
+                "virtual_time": (t1 - t0) / 1e9,
+                "method": _METHOD_NAMES.get(per[0]["method_chosen"], "none"),
+            }
+            if failures:
+                errors.append(self._group_error(job, failures, stats))
+                results.append(None)
+                continue
+            results.append(Result(ys, stats))
+        if errors:
+            raise errors[0]
+        if rc < 0:  # pragma: no cover - every worker finished, so rc is 0
+            raise error_for(rc, "simulated cluster")
+        return results
+
+    @staticmethod
+    def _group_error(job, failures, stats):
+        text = "; ".join(f"job {job.index} worker {w}: {msg}" for w, _rc, msg in failures)
+        timeouts = [rc for _w, rc, _m in failures if rc == -errno.ETIMEDOUT]
+        code = timeouts[0] if timeouts else failures[0][1]
+        cls = PeerTimeout if timeouts else HomAggError
+        exc = cls(text, code)
+        exc.failures = [WorkerError(msg, rc) for w, rc, msg in failures]
+        for (w, _rc, _m), e in zip(failures, exc.failures):
+            e.worker = w
+        exc.stats = stats
+        return exc
+
+    # ---- engine and fabric -----------------------------------------------
+    def engine_counters(self):
+        """The engine's counter table as a dict (name -> count)."""
+        return _b.sim_engine_counters(self._live())
+
+    def inject(self, frame):
+        """Send a raw Ethernet frame to the aggregator from an extra port."""
+        _b.sim_inject(self._live(), frame)
+
+    def build_frame(self, for_job=None, payload=b"", **fields):
+        """A well-formed frame to the aggregator from the attacker port with
+        any header fields (version, op, flags, job, token, worker, slot, seq,
+        lanes, exp); job id and token default to those of for_job (default:
+        the first job), lanes to the payload's int32 lanes."""
+        job = for_job or self.job
+        hdr = {"version": lib.HG_PROTOCOL_VERSION, "op": lib.HG_OP_SUM32,
+               "job": job.wire_id, "token": job.token,
+               "lanes": len(payload) // 4}
+        hdr.update(fields)
+        return _b.sim_build_frame(self._live(), hdr, payload)
+
+    def kill_worker(self, worker, after_packets=0, job=None):
+        (job or self.job).kill_worker(worker, after_packets)
+
+    def fabric_counters(self):
+        """The NIC fabric's counters as a dict (frames lost, duplicated, ...)."""
+        return _b.sim_fabric_counters(self._live())
+
+    def stats(self):
+        """Event-loop statistics: virtual time, rounds, frames sent/delivered."""
+        return _b.sim_stats(self._live())

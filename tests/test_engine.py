@@ -1,0 +1,432 @@
+"""The aggregation engine through the bindings and the in-memory port.
+
+numpy is the oracle of every sum; hostile frames must be dropped under their
+counter and change nothing in sums running at the same time.
+"""
+import errno
+
+import numpy as np
+import pytest
+
+from homagg import kernels
+from homagg.engine import (FLAG_RESULT, FLAG_RETRANS, FLAG_SHADOW, FLAG_STATUS,
+                           UDP_PORT, WORKER_ALL, Addr, Engine, MemPort,
+                           build_frame, counter_names, parse_frame)
+from homagg.errors import HomAggError, OutOfRange
+
+pytestmark = pytest.mark.sanitize
+
+AGG = Addr.of("02:00:00:00:00:01", "10.0.0.254", UDP_PORT)
+GROUP = "239.1.2.3"
+GROUP_INT = (239 << 24) | (1 << 16) | (2 << 8) | 3
+
+
+def waddr(w):
+    return Addr.of(bytes([2, 0, 0, 1, w >> 8, w & 0xFF]), (10 << 24) | (1 << 16) | w, 40000 + w)
+
+
+def frame(w, *, op="sum32", job=1, token=77, seq=0, slots=4, payload=b"", flags=0,
+          slot=None, **kw):
+    if slot is None:
+        slot = seq % slots
+    if (seq // slots) % 2:
+        flags |= FLAG_SHADOW
+    return build_frame(waddr(w), AGG, op=op, job=job, token=token, worker=w,
+                       seq=seq, slot=slot, flags=flags, payload=payload, **kw)
+
+
+def be32(a):
+    return np.asarray(a, dtype=np.int64).astype(np.uint32).astype(">u4").tobytes()
+
+
+def from_be32(b):
+    return np.frombuffer(b, dtype=">u4").astype(np.uint32).view(np.int32).astype(np.int64)
+
+
+def wrap32(a):
+    return ((np.asarray(a, dtype=np.int64) + 2**31) % 2**32) - 2**31
+
+
+class Rig:
+    def __init__(self, workers=4, slots=4, payload_bytes=1024, replicate=False, group=0,
+                 isa="best", **port_kw):
+        self.port = MemPort(can_replicate=replicate, **port_kw)
+        self.eng = Engine(self.port, isa=isa)
+        self.W, self.S = workers, slots
+        self.eng.add_job(job=1, token=77, workers=workers, slots=slots,
+                         payload_bytes=payload_bytes, group=group)
+        self.pool = self.port.free_count
+
+    def send(self, *frames):
+        for f in frames:
+            self.port.inject(f)
+        self.eng.poll_all()
+        return [parse_frame(f) for f in self.port.pop_all()]
+
+    def results(self, out):
+        return [f for f in out if not isinstance(f, str) and f.flags & FLAG_RESULT]
+
+    def no_leak(self):
+        assert self.port.free_count == self.pool
+
+
+def contrib(op, rng, lanes):
+    if op == "sum32":
+        return rng.integers(-2**31, 2**31, lanes, dtype=np.int64)
+    if op == "nc8":
+        return rng.integers(0, 256, lanes).astype(np.uint8)
+    if op == "or":
+        return rng.integers(0, 256, lanes).astype(np.uint8)
+    return rng.integers(-128, 128, lanes).astype(np.int8)
+
+
+def to_payload(op, x):
+    return be32(x) if op == "sum32" else np.asarray(x).tobytes()
+
+
+def expected(op, xs, top):
+    if op == "sum32":
+        return be32(wrap32(np.sum(xs, axis=0)))
+    if op == "or":
+        return np.bitwise_or.reduce(np.array(xs), axis=0).tobytes()
+    if op == "max8":
+        return np.max(np.array(xs), axis=0).astype(np.int8).tobytes()
+    acc = kernels.identity("nc8", len(xs[0]))
+    for x in xs:
+        kernels.aggregate("nc8", acc, np.asarray(x, np.uint8), top=top, isa="portable")
+    return acc.tobytes()
+
+
+@pytest.mark.parametrize("isa", [i for i in ("portable", "avx2", "avx512") if kernels.isa_supported(i)])
+@pytest.mark.parametrize("op", ["sum32", "or", "max8", "nc8"])
+@pytest.mark.parametrize("W", [1, 3, 8])
+def test_sum_exact_all_ops(op, W, isa):
+    rng = np.random.default_rng(W * 10 + len(op))
+    rig = Rig(workers=W, slots=4, isa=isa)
+    lanes = {"sum32": 256, "or": 1000, "max8": 77, "nc8": 256}[op]
+    top = 29 if op == "nc8" else 0
+    for seq in range(6):
+        xs = [contrib(op, rng, lanes) for _ in range(W)]
+        order = rng.permutation(W)
+        out = rig.send(*[frame(int(w), op=op, seq=seq, payload=to_payload(op, xs[w]), exp=top)
+                         for w in order])
+        res = rig.results(out)
+        assert len(res) == W  # unicast, one per worker
+        assert sorted(r.worker for r in res) == list(range(W))
+        for r in res:
+            assert r.payload == expected(op, xs, top)
+            assert r.seq == seq and r.slot == seq % 4 and r.op == kernels.OPS[op]
+            assert r.dst == waddr(r.worker) and r.src == AGG
+            assert r.exp == top and bool(r.flags & FLAG_SHADOW) == bool((seq // 4) % 2)
+    c = rig.eng.counters()
+    assert c["summed"] == 6 * W and c["completed"] == 6 and c["results_sent"] == 6 * W
+    assert sum(c[k] for k in counter_names()[8:]) == 0
+    rig.no_leak()
+
+
+def test_duplicates_not_double_counted_and_replay():
+    rng = np.random.default_rng(1)
+    rig = Rig(workers=3)
+    xs = [rng.integers(-1000, 1000, 256) for _ in range(3)]
+    f = [frame(w, payload=be32(xs[w])) for w in range(3)]
+    out = rig.send(f[0], f[0], f[1], f[1] , f[1])
+    assert out == []
+    c = rig.eng.counters()
+    assert c["duplicates"] == 3 and c["summed"] == 2
+    out = rig.send(f[2])
+    res = rig.results(out)
+    assert len(res) == 3 and all(from_be32(r.payload).tolist() == (xs[0] + xs[1] + xs[2]).tolist() for r in res)
+    # A duplicate after completion: the result again, to that worker only.
+    out = rig.send(frame(1, payload=be32(xs[1]), flags=FLAG_RETRANS))
+    assert len(out) == 1 and out[0].flags & FLAG_RESULT and out[0].worker == 1
+    assert out[0].dst == waddr(1)
+    assert from_be32(out[0].payload).tolist() == (xs[0] + xs[1] + xs[2]).tolist()
+    c = rig.eng.counters()
+    assert c["replays"] == 1 and c["duplicates"] == 4 and c["summed"] == 3
+    rig.no_leak()
+
+
+def test_status_bitmap():
+    W = 20
+    rig = Rig(workers=W, slots=2)
+    present = [0, 3, 8, 9, 19]
+    pay = be32(np.arange(256))
+    rig.send(*[frame(w, seq=1, slots=2, payload=pay) for w in present])
+    # A plain duplicate: no answer.
+    assert rig.send(frame(3, seq=1, slots=2, payload=pay)) == []
+    out = rig.send(frame(8, seq=1, slots=2, payload=pay, flags=FLAG_RETRANS))
+    assert len(out) == 1
+    st = out[0]
+    assert st.flags & FLAG_STATUS and not st.flags & FLAG_RESULT
+    assert st.worker == 8 and st.dst == waddr(8) and st.seq == 1 and st.slot == 1
+    assert len(st.payload) == 3
+    bits = [(st.payload[i // 8] >> (i % 8)) & 1 for i in range(W)]
+    assert [i for i in range(W) if bits[i]] == present
+    assert rig.eng.counters()["status_sent"] == 1
+    rig.no_leak()
+
+
+def test_shadow_sets_and_slot_reuse():
+    """Many chunks through few slots with a window of S chunks in flight,
+    interleaved out of order: every result exact, stale packets dropped."""
+    rng = np.random.default_rng(5)
+    W, S, N = 4, 3, 40
+    rig = Rig(workers=W, slots=S)
+    data = {seq: [rng.integers(-2**31, 2**31, 64) for _ in range(W)] for seq in range(N)}
+    got = {}
+    seq_next = 0
+    # Keep S chunks in flight; feed each chunk's packets interleaved with the next.
+    pending = []
+    while seq_next < N or pending:
+        while seq_next < N and len({s for s, _ in pending}) < S:
+            pending += [(seq_next, w) for w in range(W)]
+            seq_next += 1
+        rng.shuffle(pending)
+        batch, pending = pending[:5], pending[5:]
+        out = rig.send(*[frame(w, seq=s, slots=S, payload=be32(data[s][w])) for s, w in batch])
+        for r in rig.results(out):
+            got.setdefault(r.seq, set()).add((r.worker, r.payload))
+    for seq in range(N):
+        want = be32(wrap32(np.sum(data[seq], axis=0)))
+        assert got[seq] == {(w, want) for w in range(W)}, seq
+    # Chunk 0's set (slot 0, shadow 0) now holds a newer chunk: stale.
+    out = rig.send(frame(0, seq=0, slots=S, payload=be32(data[0][0])))
+    assert out == [] and rig.eng.counters()["stale"] == 1
+    rig.no_leak()
+
+
+def test_two_jobs_interleaved_and_foreign_token():
+    rng = np.random.default_rng(8)
+    rig = Rig(workers=2, slots=2)
+    rig.eng.add_job(job=2, token=99, workers=3, slots=2, payload_bytes=512)
+    a = [rng.integers(-9, 9, 128) for _ in range(2)]
+    b = [rng.integers(-9, 9, 100) for _ in range(3)]
+    frames = [frame(0, job=1, slots=2, payload=be32(a[0])),
+              frame(0, job=2, token=99, slots=2, payload=be32(b[0])),
+              # Job 2's packet carrying job 1's token: dropped, nothing changes.
+              frame(1, job=2, token=77, slots=2, payload=be32(np.ones(100))),
+              frame(1, job=2, token=99, slots=2, payload=be32(b[1])),
+              frame(1, job=1, slots=2, payload=be32(a[1])),
+              frame(2, job=2, token=99, slots=2, payload=be32(b[2]))]
+    res = rig.results(rig.send(*frames))
+    r1 = [r for r in res if r.job == 1]
+    r2 = [r for r in res if r.job == 2]
+    assert len(r1) == 2 and len(r2) == 3
+    assert all(from_be32(r.payload).tolist() == (a[0] + a[1]).tolist() for r in r1)
+    assert all(from_be32(r.payload).tolist() == (b[0] + b[1] + b[2]).tolist() for r in r2)
+    assert all(r.token == 99 for r in r2)
+    assert rig.eng.counters()["bad_token"] == 1
+    assert rig.eng.job_counters(2)["bad_token"] == 1
+    assert rig.eng.job_counters(1)["bad_token"] == 0
+    assert rig.eng.job_counters(2)["completed"] == 1
+    rig.no_leak()
+
+
+def _corrupt(f, off, val):
+    b = bytearray(f)
+    b[off] = val
+    return bytes(b)
+
+
+def hostile_frames():
+    """(name, frame, counter) for every malformed or hostile frame."""
+    ok = dict(payload=be32(np.arange(8)))
+    good = frame(1, **ok)
+    cases = [
+        ("truncated_eth", good[:10], "truncated"),
+        ("truncated_hdr", good[:42 + 10], "truncated"),
+        ("truncated_ip", good[:30], "truncated"),
+        ("arp", _corrupt(good, 13, 0x06), "not_ip"),
+        ("ipv6_version", _corrupt(good, 14, 0x65), "not_ip"),
+        ("not_udp", frame_with_ip_proto(good, 6), "not_udp"),
+        ("wrong_port", build_frame(waddr(1), Addr(AGG.mac, AGG.ipv4, 9999), op="sum32", job=1,
+                                   token=77, worker=1, seq=0, slot=0, **ok), "wrong_port"),
+        ("bad_ip_csum", _corrupt(good, 24, good[24] ^ 0xFF), "bad_csum"),
+        ("bad_udp_csum", _corrupt(good, 70, good[70] ^ 0x01), "bad_csum"),
+        ("bad_version", frame(1, version=2, **ok), "bad_version"),
+        ("unknown_job", frame(1, job=12345, **ok), "unknown_job"),
+        ("bad_token", frame(1, token=78, **ok), "bad_token"),
+        ("bad_worker", frame(4, **ok), "bad_worker"),
+        ("worker_ffff", build_frame(waddr(1), AGG, op="sum32", job=1, token=77, worker=0xFFFF,
+                                    seq=0, slot=0, **ok), "bad_worker"),
+        ("slot_ge_S", frame(1, slot=4, **ok), "bad_slot"),
+        ("slot_ne_seq", frame(1, seq=1, slot=2, **ok), "bad_slot"),
+        ("shadow_wrong", build_frame(waddr(1), AGG, op="sum32", job=1, token=77, worker=1,
+                                     seq=0, slot=0, flags=FLAG_SHADOW, **ok), "bad_slot"),
+        ("lanes_vs_len", frame(1, lanes=9, **ok), "bad_lanes"),
+        ("lanes_zero_len", frame(1, lanes=0, **ok), "bad_lanes"),
+        ("lanes_gt_job", frame(1, payload=be32(np.arange(300))), "bad_lanes"),
+        ("nc8_gt_job", frame(1, op="nc8", exp=20, payload=bytes(300)), "bad_lanes"),
+        ("unknown_op", frame(1, op=9, lanes=32, payload=bytes(32)), "bad_op"),
+        ("op_zero", frame(1, op=0, lanes=32, payload=bytes(32)), "bad_op"),
+        ("result_from_worker", frame(1, flags=FLAG_RESULT, **ok), "bad_flags"),
+        ("status_from_worker", frame(1, flags=FLAG_STATUS, payload=b"\x01", lanes=8),
+         "bad_flags"),
+        ("unknown_flag", frame(1, flags=0x100, **ok), "bad_flags"),
+        ("reserved", frame(1, reserved=1, **ok), "bad_flags"),
+        ("exp_nonzero_sum", frame(1, exp=3, **ok), "bad_exp"),
+        ("exp_nc8_range", frame(1, op="nc8", exp=-1, payload=bytes(8)), "bad_exp"),
+        ("all_ones", build_frame(waddr(1), AGG, op=0xFF, job=0xFFFFFFFF, token=0xFFFFFFFF,
+                                 worker=0xFFFF, seq=0xFFFFFFFF, slot=0xFFFF, lanes=0xFFFF,
+                                 exp=-1, flags=0xFFFF, version=0xFF, reserved=0xFF,
+                                 payload=bytes(16)), "bad_version"),
+        ("all_ones_v1", build_frame(waddr(1), AGG, op=0xFF, job=0xFFFFFFFF, token=0xFFFFFFFF,
+                                    worker=0xFFFF, seq=0xFFFFFFFF, slot=0xFFFF, lanes=0xFFFF,
+                                    exp=-1, flags=0xFFFF, reserved=0xFF, payload=bytes(16)),
+         "bad_flags"),
+    ]
+    return cases
+
+
+def frame_with_ip_proto(f, proto):
+    b = bytearray(f)
+    b[23] = proto
+    b[24] = b[25] = 0
+    s = sum(int.from_bytes(b[14 + i:16 + i], "big") for i in range(0, 20, 2))
+    while s >> 16:
+        s = (s & 0xFFFF) + (s >> 16)
+    b[24:26] = (~s & 0xFFFF).to_bytes(2, "big")
+    return bytes(b)
+
+
+@pytest.mark.parametrize("name,bad,reason", hostile_frames(), ids=[c[0] for c in hostile_frames()])
+def test_hostile_frame_dropped(name, bad, reason):
+    rig = Rig(workers=4, slots=4, payload_bytes=1024)
+    xs = [np.arange(8) * (w + 1) - 5 for w in range(4)]
+    # Half a sum in flight, the hostile frame, then the rest: still exact.
+    rig.send(frame(0, payload=be32(xs[0])), frame(2, payload=be32(xs[2])))
+    assert rig.send(bad) == []
+    c = rig.eng.counters()
+    assert c[reason] == 1, (name, {k: v for k, v in c.items() if v})
+    drops = {k: v for k, v in c.items() if k not in ("received", "summed") and v}
+    assert drops == {reason: 1}
+    res = rig.results(rig.send(frame(1, payload=be32(xs[1])), frame(3, payload=be32(xs[3]))))
+    assert len(res) == 4
+    assert all(from_be32(r.payload).tolist() == sum(xs).tolist() for r in res)
+    rig.no_leak()
+
+
+def test_op_lanes_exp_mismatch_with_slot():
+    rig = Rig(workers=3)
+    rig.send(frame(0, op="nc8", exp=25, payload=bytes(range(64))))
+    out = rig.send(frame(1, op="or", payload=bytes(64)),          # op differs
+                   frame(1, op="nc8", exp=25, payload=bytes(32)),  # lanes differ
+                   frame(1, op="nc8", exp=24, payload=bytes(64)))  # exp differs
+    assert out == []
+    c = rig.eng.counters()
+    assert (c["bad_op"], c["bad_lanes"], c["bad_exp"], c["summed"]) == (1, 1, 1, 1)
+    res = rig.results(rig.send(frame(1, op="nc8", exp=25, payload=bytes(64)),
+                               frame(2, op="nc8", exp=25, payload=bytes(64))))
+    assert len(res) == 3 and len(res[0].payload) == 256
+    assert res[0].payload == expected("nc8", [np.arange(64, dtype=np.uint8), np.zeros(64, np.uint8),
+                                              np.zeros(64, np.uint8)], 25)
+
+
+def test_multicast_vs_unicast():
+    pay = [be32(np.full(16, w)) for w in range(5)]
+    for replicate, group, n_expected in [(True, GROUP, 1), (False, GROUP, 5), (True, 0, 5)]:
+        rig = Rig(workers=5, replicate=replicate, group=group)
+        res = rig.results(rig.send(*[frame(w, payload=pay[w]) for w in range(5)]))
+        assert len(res) == n_expected
+        assert all(from_be32(r.payload).tolist() == [10] * 16 for r in res)
+        if n_expected == 1:
+            r = res[0]
+            assert r.worker == WORKER_ALL and r.dst.ipv4 == GROUP_INT
+            assert r.dst.mac == bytes([1, 0, 0x5E, 1, 2, 3]) and r.dst.port == UDP_PORT
+        else:
+            assert sorted(r.dst.ipv4 for r in res) == sorted(waddr(w).ipv4 for w in range(5))
+        assert rig.eng.counters()["results_sent"] == n_expected
+        assert rig.port.groups_joined == (1 if group else 0)
+        rig.no_leak()
+
+
+def test_result_larger_than_rx_buffer_allocates():
+    # NC8 results are 4x the request: small buffers force a fresh allocation.
+    rig = Rig(workers=1, buf_size=512)
+    res = rig.results(rig.send(frame(0, op="nc8", exp=10, payload=bytes([1] * 100))))
+    assert len(res) == 1 and from_be32(res[0].payload).tolist() == [512] * 100
+    rig.no_leak()
+
+
+def test_tx_full_and_no_buffer_counted():
+    rig = Rig(workers=3, pool=8)
+    rig.port.set_tx_limit(1)
+    res = rig.results(rig.send(*[frame(w, payload=be32([w])) for w in range(3)]))
+    assert len(res) == 1
+    c = rig.eng.counters()
+    assert c["tx_full"] == 2 and c["results_sent"] == 3
+    rig.no_leak()
+
+
+def test_worker_address_learned():
+    rig = Rig(workers=2)
+    moved = Addr.of("02:aa:bb:cc:dd:ee", "192.168.7.7", 5555)
+    f0 = frame(0, payload=be32([1]))
+    f1 = build_frame(moved, AGG, op="sum32", job=1, token=77, worker=1, seq=0, slot=0,
+                     payload=be32([2]))
+    res = rig.results(rig.send(f0, f1))
+    assert {r.worker: r.dst for r in res} == {0: waddr(0), 1: moved}
+
+
+def test_seq_wraps():
+    rig = Rig(workers=2, slots=4)
+    S = 4
+    for seq in [2**32 - 8, 2**32 - 4, 0, 4]:
+        # Chunks seq and seq + 4k share a slot; the shadow set follows seq // S.
+        res = rig.results(rig.send(*[frame(w, seq=seq, slots=S, payload=be32([seq & 0xFF, w]))
+                                     for w in range(2)]))
+        assert len(res) == 2, seq
+    assert rig.eng.counters()["stale"] == 0
+
+
+def test_job_management_errors():
+    port = MemPort()
+    eng = Engine(port, max_jobs=2)
+    eng.add_job(1, 1, 2, 4)
+    with pytest.raises(HomAggError) as ei:
+        eng.add_job(1, 1, 2, 4)
+    assert ei.value.code == -errno.EEXIST
+    for kw in [dict(workers=0), dict(workers=257), dict(slots=0), dict(slots=70000),
+               dict(payload_bytes=8193), dict(payload_bytes=0)]:
+        args = dict(job=5, token=1, workers=2, slots=4, payload_bytes=1024)
+        args.update(kw)
+        with pytest.raises(OutOfRange):
+            eng.add_job(**args)
+    eng.add_job(2, 1, 256, 1)
+    with pytest.raises(OutOfRange):
+        eng.add_job(3, 1, 2, 4)
+    assert eng.job_count == 2
+    eng.remove_job(1)
+    with pytest.raises(HomAggError) as ei:
+        eng.remove_job(1)
+    assert ei.value.code == -errno.ENOENT
+    eng.add_job(3, 1, 2, 4)
+    assert eng.job_count == 2
+    # A removed job's packets are unknown.
+    port.inject(frame(0, job=1, token=1))
+    eng.poll_all()
+    assert eng.counters()["unknown_job"] == 1
+    eng.close()
+    eng.close()
+
+
+def test_counter_names():
+    names = counter_names()
+    assert names[0] == "received"
+    for n in ["summed", "duplicates", "replays", "results_sent", "status_sent", "stale",
+              "not_ip", "not_udp", "wrong_port", "truncated", "bad_version", "unknown_job",
+              "bad_token", "bad_worker", "bad_slot", "bad_lanes", "bad_op", "bad_flags",
+              "bad_exp", "tx_full"]:
+        assert n in names
+    assert len(set(names)) == len(names)
+
+
+def test_256_workers():
+    rng = np.random.default_rng(3)
+    W = 256
+    rig = Rig(workers=W, slots=1, replicate=True, group=GROUP)
+    xs = rng.integers(-2**31, 2**31, (W, 256))
+    res = rig.results(rig.send(*[frame(w, slots=1, payload=be32(xs[w])) for w in range(W)]))
+    assert len(res) == 1 and res[0].payload == be32(wrap32(xs.sum(axis=0)))
+    out = rig.send(frame(255, slots=1, payload=be32(xs[255]), flags=FLAG_RETRANS))
+    assert len(out) == 1 and out[0].worker == 255 and out[0].dst == waddr(255)

@@ -1,0 +1,318 @@
+"""The simulated cluster: the real engine and worker clients over the NIC model.
+
+Exact methods are compared bit for bit with the numpy oracle of the
+fixed-point contract (tests/reference.py when present, else the same
+formulas written here from DESIGN.md "fixed point"), under loss,
+duplication, reordering and all of them at once; nc is compared with the
+same allreduce done codec-level (the C codec and the aggregation kernels
+called directly, no network), which uses the same seeded streams.  Also: two jobs on one engine, hostile frames at the aggregator,
+and a worker that dies mid-allreduce.
+"""
+import numpy as np
+import pytest
+
+from homagg._native import ffi, lib
+from homagg.errors import InvalidArgument, PeerTimeout
+from homagg.sim import Cluster
+
+pytestmark = pytest.mark.sanitize
+
+BLOCK = 256
+EXACT = ("dense", "blocks", "lhc", "auto")
+
+
+def make_grads(workers, n, density=0.1, seed=0, zero_blocks=True):
+    """Sparse gradients with varied magnitudes and some all-zero blocks."""
+    rng = np.random.default_rng(seed)
+    grads = []
+    for w in range(workers):
+        x = np.zeros(n, dtype=np.float32)
+        nz = rng.random(n) < density
+        x[nz] = (rng.standard_normal(nz.sum()) * 10.0 ** rng.integers(-6, 3, nz.sum())).astype(np.float32)
+        if zero_blocks and n >= 4 * BLOCK:
+            x[BLOCK:2 * BLOCK] = 0  # a block zero on every worker
+        grads.append(x)
+    return grads
+
+
+def _oracle_allreduce(grads, block):
+    """DESIGN.md fixed point: E_b = max frexp exponent, s_b = 30 -
+    ceil(log2 W) - E_b, q = round_half_even(x 2^s_b), y = f32(sum q 2^-s_b)."""
+    W = len(grads)
+    X = np.stack([np.asarray(g, np.float32) for g in grads]).astype(np.float64)
+    n = X.shape[1]
+    nb = (n + block - 1) // block
+    pad = np.zeros((W, nb * block))
+    pad[:, :n] = X
+    m = np.abs(pad).reshape(W, nb, block).max(axis=2).max(axis=0)
+    _, e = np.frexp(m)
+    e = np.clip(e, -126, 128)
+    s = 30 - int(W - 1).bit_length() - e
+    s[m == 0] = 0
+    sc = np.repeat(s, block)[:n]
+    q = np.rint(X * np.exp2(sc)).astype(np.int64)
+    return (q.sum(axis=0).astype(np.float64) * np.exp2(-sc)).astype(np.float32)
+
+
+try:  # the shared, independent oracle
+    from reference import allreduce as oracle_allreduce
+except ImportError:  # pragma: no cover - until tests/reference.py exists
+    oracle_allreduce = _oracle_allreduce
+
+
+def assert_bits_equal(got, want):
+    got = np.asarray(got, dtype=np.float32)
+    want = np.asarray(want, dtype=np.float32)
+    assert got.shape == want.shape
+    diff = np.flatnonzero(got.view(np.uint32) != want.view(np.uint32))
+    assert diff.size == 0, f"{diff.size} elements differ, first at {diff[:5]}: {got[diff[:5]]} vs {want[diff[:5]]}"
+
+
+def check_result(res, grads):
+    want = oracle_allreduce(grads, BLOCK)
+    assert_bits_equal(res.sum, want)
+    for out in res.outputs:
+        assert_bits_equal(out, res.sum)
+
+
+FAULTS = {
+    "clean": {},
+    "loss0.1%": {"loss": 0.001},
+    "loss1%": {"loss": 0.01},
+    "loss10%": {"loss": 0.1},
+    "dup1%": {"duplicate": 0.01},
+    "reorder": {"reorder": 0.1},
+    "all": {"loss": 0.02, "duplicate": 0.02, "reorder": 0.1},
+}
+
+
+@pytest.mark.parametrize("fault", list(FAULTS))
+@pytest.mark.parametrize("method", EXACT)
+def test_exact_under_faults(method, fault):
+    grads = make_grads(4, 12000, seed=hash((method, fault)) % 1000)
+    with Cluster(workers=4, seed=7, slots=16, **FAULTS[fault]) as cl:
+        res = cl.allreduce(grads, method=method, block_elements=BLOCK)
+        check_result(res, grads)
+        fab = res.stats["fabric"]
+        per = res.stats["workers"]
+        retrans = sum(w["retransmissions"] for w in per)
+        if fault == "clean":
+            assert retrans == 0
+            assert fab["dropped_loss"] == 0
+            assert res.stats["engine"]["duplicates"] == 0
+        if fab["dropped_loss"]:
+            # Anything lost can only have been recovered by retransmission.
+            assert retrans > 0
+        if FAULTS[fault].get("loss", 0) >= 0.02:
+            assert fab["dropped_loss"] > 0 and retrans > 0
+        if FAULTS[fault].get("duplicate", 0) > 0:
+            assert fab["duplicated"] > 0
+        if FAULTS[fault].get("reorder", 0) > 0:
+            assert fab["reordered"] > 0
+        if method == "auto":
+            assert res.stats["method"] in ("dense", "blocks", "lhc")
+        else:
+            assert res.stats["method"] == method
+        assert res.stats["virtual_time"] > 0
+
+
+@pytest.mark.parametrize("multicast", [True, False])
+def test_unicast_and_multicast_results(multicast):
+    grads = make_grads(3, 5000, seed=3)
+    with Cluster(workers=3, multicast=multicast, loss=0.01, seed=2) as cl:
+        res = cl.allreduce(grads, method="dense", block_elements=BLOCK)
+        check_result(res, grads)
+
+
+def test_lhc_fallback_is_exact():
+    grads = make_grads(4, 8000, density=0.3, seed=11)
+    with Cluster(workers=4, loss=0.01, seed=5) as cl:
+        res = cl.allreduce(grads, method="lhc", block_elements=BLOCK,
+                           sketch_cells_per_candidate=0.6)
+        check_result(res, grads)
+        w0 = res.stats["workers"][0]
+        assert w0["stalled_blocks"] > 0
+        assert w0["bytes_sent"]["fallback"] > 0
+
+
+def _nc_codec_level(grads, block, seed):
+    """nc without a network: every worker's codes, MAX8, NC8, decode."""
+    W, n = len(grads), grads[0].size
+    ps = []
+    for w in range(W):
+        p = ffi.new("struct hg_params *", {"block": block, "workers": W, "worker": w,
+                                           "seed": seed})
+        ps.append(p)
+    nb = lib.hg_nblocks(ps[0], n)
+    gcodes = np.full(nb, -128, np.int8)
+    for w, g in enumerate(grads):
+        codes = np.empty(nb, np.int8)
+        assert lib.hg_exp_encode(ps[w], ffi.from_buffer("float[]", g), n,
+                                 ffi.from_buffer("int8_t[]", codes), ffi.NULL) == 0
+        gcodes = np.maximum(gcodes, codes)
+    top = lib.hg_nc_top(ps[0])
+    acc = np.zeros(4 * n, np.uint8)
+    for w, g in enumerate(grads):
+        codes = np.empty(n, np.uint8)
+        assert lib.hg_nc_encode(ps[w], ffi.from_buffer("float[]", g), n,
+                                ffi.from_buffer("int8_t[]", gcodes),
+                                ffi.from_buffer("uint8_t[]", codes)) == 0
+        assert lib.hg_aggregate(lib.HG_OP_NC8, ffi.from_buffer("uint8_t[]", acc),
+                                ffi.from_buffer("uint8_t[]", codes), n, top) == 0
+    y = np.empty(n, np.float32)
+    assert lib.hg_dequantize(ps[0], ffi.from_buffer("uint8_t[]", acc), n,
+                             ffi.from_buffer("int8_t[]", gcodes), 0,
+                             ffi.from_buffer("float[]", y)) == 0
+    return y
+
+
+def test_nc_matches_codec_level_allreduce():
+    grads = make_grads(4, 6000, density=0.5, seed=4)
+    with Cluster(workers=4, loss=0.02, duplicate=0.01, reorder=0.05, seed=9) as cl:
+        res = cl.allreduce(grads, method="nc", block_elements=BLOCK, seed=1234)
+    assert res.stats["method"] == "nc"
+    assert_bits_equal(res.sum, _nc_codec_level(grads, BLOCK, 1234))
+    for out in res.outputs:
+        assert_bits_equal(out, res.sum)
+    # Lossy but unbiased-ish: close to the exact sum in aggregate.
+    exact = np.sum(np.stack(grads).astype(np.float64), axis=0)
+    assert abs(np.sum(res.sum) - np.sum(exact)) < 0.05 * np.sum(np.abs(exact)) + 1e-3
+
+
+def test_successive_allreduces_continue_the_sequence():
+    with Cluster(workers=3, loss=0.02, seed=1, slots=8) as cl:
+        seqs = []
+        for i, method in enumerate(["dense", "lhc", "blocks", "auto", "dense"]):
+            grads = make_grads(3, 3000 + 500 * i, seed=20 + i)
+            res = cl.allreduce(grads, method=method, block_elements=BLOCK)
+            check_result(res, grads)
+            st = res.stats["workers"]
+            assert len({w["next_seq"] for w in st}) == 1  # every worker agrees
+            seqs.append(st[0]["next_seq"])
+        assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
+
+
+def test_empty_and_zero_tensors():
+    with Cluster(workers=2) as cl:
+        res = cl.allreduce([np.zeros(0, np.float32)] * 2, method="lhc", block_elements=BLOCK)
+        assert res.sum.size == 0
+        zeros = [np.zeros(1000, np.float32), np.zeros(1000, np.float32)]
+        for m in ("dense", "blocks", "lhc", "nc", "auto"):
+            res = cl.allreduce(zeros, method=m, block_elements=BLOCK)
+            assert_bits_equal(res.sum, np.zeros(1000, np.float32))
+
+
+def test_single_worker():
+    grads = make_grads(1, 2000, seed=8)
+    with Cluster(workers=1, loss=0.05, seed=3) as cl:
+        check_result(cl.allreduce(grads, method="lhc", block_elements=BLOCK), grads)
+
+
+def test_two_jobs_interleaved_and_foreign_token_dropped():
+    with Cluster(workers=3, loss=0.01, seed=12, slots=8) as cl:
+        job_a = cl.job
+        job_b = cl.add_job(workers=5, slots=12)
+        ga = make_grads(3, 7000, seed=30)
+        gb = make_grads(5, 5000, seed=31)
+        before = cl.engine_counters()
+        # A frame for job B carrying job A's token: must change nothing.
+        cl.inject(cl.build_frame(job_b, token=job_a.token, seq=0, slot=0,
+                                 worker=0, payload=b"\x00\x00\x7f\xff" * 4))
+        ra, rb = cl.allreduce_many([(job_a, ga, "lhc", {"block_elements": BLOCK}),
+                                    (job_b, gb, "dense", {"block_elements": BLOCK})])
+        check_result(ra, ga)
+        check_result(rb, gb)
+        after = cl.engine_counters()
+        assert after["bad_token"] - before["bad_token"] == 1
+        # Both jobs' chunks were in flight in the same virtual time window.
+        assert ra.stats["virtual_time"] == rb.stats["virtual_time"]
+        assert ra.stats["workers"][0]["chunks"] > 0 and rb.stats["workers"][0]["chunks"] > 0
+        # And a job can still run alone afterwards.
+        check_result(job_b.allreduce(gb, "blocks", block_elements=BLOCK), gb)
+
+
+def _hostile_frames(cl, job):
+    W, S = job.workers, job.slots
+    good = dict(op=lib.HG_OP_SUM32, seq=5, slot=5 % S, worker=0)
+    payload = b"\x01\x02\x03\x04" * 4
+    f = {}
+    full = cl.build_frame(job, payload=payload, **good)
+    f["truncated"] = full[:42 + 10]
+    f["bad_version"] = cl.build_frame(job, payload=payload, version=7, **good)
+    f["unknown_job"] = cl.build_frame(job, payload=payload, job=0xdead, **good)
+    f["bad_token"] = cl.build_frame(job, payload=payload, token=job.token ^ 0x5555, **good)
+    f["bad_worker"] = cl.build_frame(job, payload=payload, **{**good, "worker": W})
+    f["bad_slot"] = cl.build_frame(job, payload=payload, **{**good, "slot": S})
+    f["bad_lanes"] = cl.build_frame(job, payload=payload, lanes=3, **good)
+    f["bad_op"] = cl.build_frame(job, payload=payload, **{**good, "op": 9})
+    f["bad_flags"] = cl.build_frame(job, payload=payload, flags=lib.HG_FLAG_RESULT, **good)
+    ones = bytearray(full)
+    ones[42:42 + 24] = b"\xff" * 24
+    f["all_ones"] = bytes(ones)
+    return f
+
+
+def test_hostile_frames_are_dropped_and_counted():
+    grads = make_grads(4, 9000, seed=40)
+    with Cluster(workers=4, seed=13, slots=8) as cl:
+        frames = _hostile_frames(cl, cl.job)
+        before = cl.engine_counters()
+        for fr in frames.values():
+            cl.inject(fr)
+        res = cl.allreduce(grads, method="dense", block_elements=BLOCK)
+        check_result(res, grads)
+        after = cl.engine_counters()
+        delta = {k: after[k] - before[k] for k in after}
+        for reason in ("truncated", "bad_version", "unknown_job", "bad_token", "bad_worker",
+                       "bad_slot", "bad_lanes", "bad_op", "bad_flags"):
+            assert delta[reason] >= 1, (reason, delta)
+        drops = sum(v for k, v in delta.items()
+                    if k not in ("received", "summed", "completed", "results_sent", "replays",
+                                 "status_sent", "duplicates"))
+        assert drops == len(frames)
+        # Nothing hostile was summed: exactly one contribution per worker and chunk.
+        chunks = res.stats["workers"][0]["chunks"]
+        assert delta["summed"] == 4 * chunks
+        assert delta["completed"] == chunks
+
+
+def test_dead_worker_is_named():
+    grads = make_grads(4, 12000, seed=50)
+    timeout = 0.05
+    with Cluster(workers=4, seed=3, timeout=timeout, slots=8) as cl:
+        cl.kill_worker(2, after_packets=5)
+        with pytest.raises(PeerTimeout) as ei:
+            cl.allreduce(grads, method="dense", block_elements=BLOCK)
+        exc = ei.value
+        assert "missing worker 2" in str(exc)
+        live = [f for f in exc.failures if f.worker != 2]
+        assert len(live) == 3
+        for f in live:
+            assert "missing worker 2" in str(f), str(f)
+            assert "workers 0,1,3 present" in str(f), str(f)
+        # They gave up within the configured deadline (virtual time).
+        assert exc.stats["virtual_time"] <= 2 * timeout
+        assert exc.stats["virtual_time"] >= timeout
+
+
+def test_no_aggregator_answer_names_the_aggregator():
+    grads = make_grads(2, 1000, seed=60)
+    with Cluster(workers=2, seed=3, timeout=0.02, loss=0.999999) as cl:
+        with pytest.raises(PeerTimeout) as ei:
+            cl.allreduce(grads, method="dense", block_elements=BLOCK)
+        assert "no answer from aggregator 10.0.0.1:" in str(ei.value)
+
+
+def test_bad_arguments():
+    with Cluster(workers=2) as cl:
+        with pytest.raises(InvalidArgument):
+            cl.allreduce([np.zeros(10, np.float32)], method="dense")
+        with pytest.raises(InvalidArgument):
+            cl.allreduce([np.zeros(10, np.float32)] * 2, method="nope")
+        with pytest.raises(InvalidArgument):
+            cl.allreduce([np.zeros(10, np.float32)] * 2, method="dense", colour="blue")
+        bad = [np.zeros(10, np.float32), np.full(10, np.nan, np.float32)]
+        with pytest.raises(Exception):
+            cl.allreduce(bad, method="dense")
+    with pytest.raises(InvalidArgument):
+        Cluster(workers=2, loss=1.5)
