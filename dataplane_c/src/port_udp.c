@@ -156,9 +156,10 @@ static uint16_t udp_rx(void *ctx, struct hg_pkt **pkts, uint16_t n)
 
 	got = rx_fd(p, p->ufd, p->ipv4, p->udp_port, pkts, n);
 	if (p->gfd >= 0 && got < n)
-		/* the group address is not known per datagram: the engine
-		 * matches results by job, so dst = our address is enough */
-		got += rx_fd(p, p->gfd, p->ipv4, p->group_port, pkts + got,
+		/* the group socket is this port's second door: a result sent
+		 * to the group is presented as addressed to our own address
+		 * and port, which is what the client accepts */
+		got += rx_fd(p, p->gfd, p->ipv4, p->udp_port, pkts + got,
 			     (uint16_t)(n - got));
 	return got;
 }

@@ -13,6 +13,9 @@
  * Two sockets: one bound to (bind_ipv4, bind_port) for unicast, and, after
  * join_group, one bound to group_port that receives the result multicast
  * groups joined (IP_ADD_MEMBERSHIP; IP_MULTICAST_ALL off, so only those).
+ * A datagram from the group socket is presented with this port's own
+ * address and UDP port as destination, like a unicast one: the group is a
+ * delivery detail, the client accepts frames to its own port only.
  * The clock is CLOCK_MONOTONIC.
  */
 #ifndef HOMAGG_PORT_UDP_H
