@@ -87,11 +87,18 @@ $(LIB): $(LIB_OBJS)
 SWITCH_SRCS := $(wildcard dataplane_c/dpdk/*.c)
 SWITCH      := $(BUILD)/homagg-switch
 
-switch: $(if $(SWITCH_SRCS),$(SWITCH),) ## build the DPDK aggregator daemon homagg-switch
+SWITCH_BENCH := $(BUILD)/homagg-switch-bench
+
+switch: $(if $(SWITCH_SRCS),$(SWITCH) $(SWITCH_BENCH),) ## build the DPDK aggregator daemon homagg-switch (and its benchmark)
 
 $(SWITCH): $(SWITCH_SRCS) $(wildcard dataplane_c/dpdk/*.h) $(LIB)
 	$(CC) $(CFLAGS_COMMON) -Wno-unused-parameter $$(pkg-config --cflags libdpdk) $(SWITCH_SRCS) \
 		$(LIB) $$(pkg-config --libs libdpdk) -lm -lpthread -o $@
+
+# Its benchmark: the engine on a net_ring ethdev fed by a generator lcore.
+$(SWITCH_BENCH): dataplane_c/dpdk/bench/switch_bench.c dataplane_c/dpdk/port_dpdk.c dataplane_c/dpdk/port_dpdk.h $(LIB)
+	$(CC) $(CFLAGS_COMMON) -Wno-unused-parameter $$(pkg-config --cflags libdpdk) $(filter %.c,$^) \
+		$(LIB) $$(pkg-config --libs libdpdk) -lrte_net_ring -lm -lpthread -o $@
 
 # libFuzzer targets: dataplane_c/fuzz/fuzz_*.c, each built with clang
 # against the library sources and run for FUZZ_SECONDS.
