@@ -291,3 +291,4 @@ def test_cli_reports_inventory_errors(tmp_path):
     assert r.returncode == 1
     assert "host 'w2': field 'role' = 'wroker': must be 'aggregator' or 'worker'" in r.stderr
     assert "host 'w2': field 'ssh_key'" in r.stderr
+

@@ -14,6 +14,7 @@ COMMANDS = {
     "testbed": "homagg.testbed_cli",
     "run": "homagg.run",
     "provision": "homagg.provision",
+    "ansible-inventory": "homagg.ansible_inventory",
 }
 
 
