@@ -33,10 +33,12 @@ struct hg_bench_engine_config {
 struct hg_bench_engine_result {
 	uint64_t packets;        /* frames through the engine */
 	double seconds;
-	double mpps;
+	double mpps;             /* best of the alternating phases */
+	double mpps_mean;        /* packets / seconds */
 	uint64_t raw_packets;    /* payloads through the raw kernel */
 	double raw_seconds;
-	double raw_kernel_mpps;
+	double raw_kernel_mpps;  /* best phase */
+	double raw_kernel_mpps_mean;
 	uint64_t completed;      /* engine counter: chunks completed */
 	uint64_t results_sent;
 	uint64_t dropped;        /* frames counted under any drop reason (expect 0) */

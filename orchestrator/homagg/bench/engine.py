@@ -3,7 +3,8 @@
 Pre-built SUM32 frames of W workers go through hg_engine_process() on the
 calling thread (an in-memory null port: nothing else is measured); in the
 same run the raw SUM32 kernel is timed over the same payload bytes in the
-same order.  The ratio engine/raw says how much of the kernel's speed the
+same order, in ten alternating phases (Mpps: the best phase of each; the
+means are in --json).  The ratio engine/raw says how much of the kernel's speed the
 whole data path (parsing, validation, slot state, results) keeps.
 
     homagg bench engine                 # W = 2, 8, 32; 1024-byte payloads
@@ -42,7 +43,9 @@ def run(workers, payload_bytes=1024, slots=16, seconds=1.0, multicast=True, udp_
         "seconds": r.seconds,
         "mpps": r.mpps,
         "gbit_s": r.mpps * payload_bytes * 8 / 1e3,
+        "mpps_mean": r.mpps_mean,
         "raw_kernel_mpps": r.raw_kernel_mpps,
+        "raw_kernel_mpps_mean": r.raw_kernel_mpps_mean,
         "ratio": r.mpps / r.raw_kernel_mpps if r.raw_kernel_mpps else 0.0,
         "completed": r.completed,
         "results_sent": r.results_sent,
