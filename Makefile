@@ -69,6 +69,7 @@ $(VENV)/.stamp: pyproject.toml setup.py
 	$(VPY) -m pip install -q --upgrade pip setuptools wheel cffi
 	$(MAKE) --no-print-directory lib
 	HOMAGG_LIBDIR=$(CURDIR)/$(BUILD) $(VPY) -m pip install -q --no-build-isolation -e '.[test]'
+	$(VPY) -m pip install -q torch==2.13.0
 	@touch $@
 
 lib: $(LIB) ## build the C library (build/<variant>/libhomagg.a)
@@ -136,6 +137,7 @@ test-sanitize: ## codec and engine tests against SANITIZE=address,undefined
 
 bench: build ## the standard benchmark suite
 	$(VENV)/bin/homagg bench codec
+	$(VENV)/bin/homagg bench scale --out docs/results/scale
 
 demo: build ## the main job: allreduce of a realistic gradient with every method
 	$(VENV)/bin/homagg demo

@@ -11,6 +11,8 @@ BENCHMARKS = {
     "engine": "homagg.bench.engine",
     "nic": "homagg.bench.nic",
     "switch": "homagg.bench.switch",
+    "scale": "homagg.bench.scale",
+    "allreduce": "homagg.bench.allreduce",
 }
 
 
