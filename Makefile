@@ -69,6 +69,7 @@ $(VENV)/.stamp: pyproject.toml setup.py
 	$(VPY) -m pip install -q --upgrade pip setuptools wheel cffi
 	$(MAKE) --no-print-directory lib
 	HOMAGG_LIBDIR=$(CURDIR)/$(BUILD) $(VPY) -m pip install -q --no-build-isolation -e '.[test]'
+	$(VPY) -m pip install -q torch==2.13.0
 	@touch $@
 
 lib: $(LIB) ## build the C library (build/<variant>/libhomagg.a)
@@ -86,11 +87,18 @@ $(LIB): $(LIB_OBJS)
 SWITCH_SRCS := $(wildcard dataplane_c/dpdk/*.c)
 SWITCH      := $(BUILD)/homagg-switch
 
-switch: $(if $(SWITCH_SRCS),$(SWITCH),) ## build the DPDK aggregator daemon homagg-switch
+SWITCH_BENCH := $(BUILD)/homagg-switch-bench
+
+switch: $(if $(SWITCH_SRCS),$(SWITCH) $(SWITCH_BENCH),) ## build the DPDK aggregator daemon homagg-switch (and its benchmark)
 
 $(SWITCH): $(SWITCH_SRCS) $(wildcard dataplane_c/dpdk/*.h) $(LIB)
 	$(CC) $(CFLAGS_COMMON) -Wno-unused-parameter $$(pkg-config --cflags libdpdk) $(SWITCH_SRCS) \
 		$(LIB) $$(pkg-config --libs libdpdk) -lm -lpthread -o $@
+
+# Its benchmark: the engine on a net_ring ethdev fed by a generator lcore.
+$(SWITCH_BENCH): dataplane_c/dpdk/bench/switch_bench.c dataplane_c/dpdk/port_dpdk.c dataplane_c/dpdk/port_dpdk.h $(LIB)
+	$(CC) $(CFLAGS_COMMON) -Wno-unused-parameter $$(pkg-config --cflags libdpdk) $(filter %.c,$^) \
+		$(LIB) $$(pkg-config --libs libdpdk) -lrte_net_ring -lm -lpthread -o $@
 
 # libFuzzer targets: dataplane_c/fuzz/fuzz_*.c, each built with clang
 # against the library sources and run for FUZZ_SECONDS.
@@ -129,6 +137,7 @@ test-sanitize: ## codec and engine tests against SANITIZE=address,undefined
 
 bench: build ## the standard benchmark suite
 	$(VENV)/bin/homagg bench codec
+	$(VENV)/bin/homagg bench scale --out docs/results/scale
 
 demo: build ## the main job: allreduce of a realistic gradient with every method
 	$(VENV)/bin/homagg demo

@@ -14,6 +14,10 @@ For a quantisation block b of W workers' float32 gradients:
   times a power of two), so |sum_w q_wb| <= 2^30.
 - y = float32(sum_w q_wb * 2^-s_b): one rounding, from float64 (exact).
   A block that is zero on every worker decodes to +0.
+
+It also implements the protocol's random streams (splitmix64 in numpy
+uint64 arithmetic): stochastic rounding and NC8 / natural dithering, bit
+for bit.
 """
 import numpy as np
 
@@ -124,3 +128,91 @@ def nnz_counts(x, block):
     pad = np.zeros(nb * block, dtype=np.int64)
     pad[: x.size] = nz
     return pad.reshape(nb, block).sum(axis=1) if nb else np.zeros(0, dtype=np.int64)
+
+
+# ---- random streams (docs/PROTOCOL.md "Random streams and hashes") -----------
+
+_M64 = 2**64 - 1
+GOLDEN = 0x9E3779B97F4A7C15
+DOM_ROUND = 0x524F554E44000001
+DOM_NC = 0x4E41544E43000002
+
+
+def _mix64(z):
+    """splitmix64's finaliser on uint64 arrays (numpy wraps modulo 2^64)."""
+    z = np.asarray(z, dtype=np.uint64)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+def _mix64_int(z):
+    return int(_mix64(np.array([z & _M64], dtype=np.uint64))[0])
+
+
+def stream_key(seed, domain, worker):
+    return _mix64_int(_mix64_int((seed + domain) & _M64) + worker)
+
+
+def stream_u32(seed, domain, worker, n):
+    """u = hash(key, g) >> 32 for g = 0..n-1, as float64 (exact)."""
+    g = np.arange(n, dtype=np.uint64)
+    h = _mix64(np.uint64(stream_key(seed, domain, worker)) + (g + np.uint64(1)) * np.uint64(GOLDEN))
+    return (h >> np.uint64(32)).astype(np.float64)
+
+
+def quantize_stochastic(x, gcodes, workers, block, seed, worker):
+    """q = floor(v) + (u * 2^-32 < v - floor(v)), v = x * 2^s exact."""
+    x = np.asarray(x, dtype=np.float32)
+    n = x.size
+    s = _per_element(scale_shifts(gcodes, workers), n, block)
+    z = _per_element(np.asarray(gcodes) == EXP_ZERO, n, block)
+    v = np.ldexp(x.astype(np.float64), s)
+    f = np.floor(v)
+    r = np.ldexp(stream_u32(seed, DOM_ROUND, worker, n), -32)
+    q = (f + (r < v - f)).astype(np.int64)
+    q[z] = 0
+    return q
+
+
+def allreduce_stochastic(grads, block, seed):
+    """The result of an exact method with stochastic rounding."""
+    grads = [np.asarray(g, dtype=np.float32) for g in grads]
+    workers, n = len(grads), grads[0].size
+    gcodes = global_codes([exponent_codes(g, block) for g in grads])
+    total = np.zeros(n, dtype=np.int64)
+    for w, g in enumerate(grads):
+        total += quantize_stochastic(g, gcodes, workers, block, seed, w)
+    return dequantize(total, gcodes, workers, block)
+
+
+def nc_values(x, gcodes, workers, block, seed, worker, nc_levels=0):
+    """One worker's NC value per element in fixed-point units (int64),
+    docs/PROTOCOL.md "NC8 and natural dithering"."""
+    x = np.asarray(x, dtype=np.float32)
+    n = x.size
+    top = 31 - log2_ceil(workers)
+    levels = nc_levels if 1 <= nc_levels <= top else top
+    kmin = top - levels
+    s = _per_element(scale_shifts(gcodes, workers), n, block)
+    v = np.abs(np.ldexp(x.astype(np.float64), s))
+    r = np.ldexp(stream_u32(seed, DOM_NC, worker, n), -32)
+    _, e = np.frexp(v)
+    k = e.astype(np.int64) - 1  # 2^k <= v < 2^(k+1) for v > 0
+    low = v < 2.0**kmin
+    up_low = r < v / 2.0**kmin
+    up = r < np.ldexp(v, -np.where(low, 0, k)) - 1
+    mag = np.where(low, np.where(up_low, 2.0**kmin, 0.0),
+                   np.ldexp(1.0, np.where(low, 0, k + up)))
+    mag[v == 0] = 0
+    return (np.where(x < 0, -mag, mag)).astype(np.int64)
+
+
+def allreduce_nc(grads, block, seed, nc_levels=0):
+    grads = [np.asarray(g, dtype=np.float32) for g in grads]
+    workers, n = len(grads), grads[0].size
+    gcodes = global_codes([exponent_codes(g, block) for g in grads])
+    total = np.zeros(n, dtype=np.int64)
+    for w, g in enumerate(grads):
+        total += nc_values(g, gcodes, workers, block, seed, w, nc_levels)
+    return dequantize(total, gcodes, workers, block)

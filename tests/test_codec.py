@@ -605,3 +605,40 @@ def test_public_constants():
     assert codec.MAX_WORKERS == 256
     assert b.method_name(b.M_LHC) == "lhc"
     assert codec.Params().block_elements == codec.DEFAULT_BLOCK
+
+
+# ---- random streams, bit for bit (docs/PROTOCOL.md specifies them) ----------
+
+@settings(max_examples=40, deadline=None)
+@given(
+    method=st.sampled_from(("dense", "blocks", "lhc", "auto")),
+    workers=st.sampled_from([1, 2, 3, 8]),
+    n=st.integers(0, 1200),
+    density=st.sampled_from([0.0, 0.05, 0.5, 1.0]),
+    magnitude=st.sampled_from(["normal", "tiny", "subnormal", "mixed"]),
+    seed=st.integers(0, 2**64 - 1),
+)
+def test_stochastic_matches_oracle(method, workers, n, density, magnitude, seed):
+    rng = np.random.default_rng(seed % 2**32)
+    grads = make_grads(rng, workers, n, density, "independent", magnitude)
+    r = run(grads, method, 64, stochastic=True, seed=seed)
+    want = ref.allreduce_stochastic(grads, 64, seed) if n else np.zeros(0, np.float32)
+    assert_bits_equal(r.sum, want, f"stochastic {method}")
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    workers=st.sampled_from([1, 2, 3, 8, 64]),
+    n=st.integers(0, 1200),
+    density=st.sampled_from([0.0, 0.05, 0.5, 1.0]),
+    magnitude=st.sampled_from(["normal", "tiny", "huge", "subnormal", "mixed"]),
+    nc_levels=st.sampled_from([0, 1, 3, 8, 40]),
+    seed=st.integers(0, 2**64 - 1),
+)
+def test_nc_matches_oracle(workers, n, density, magnitude, nc_levels, seed):
+    rng = np.random.default_rng(seed % 2**32)
+    grads = make_grads(rng, workers, n, density, "independent", magnitude)
+    r = codec.simulate_allreduce(grads, method="nc", seed=seed, block_elements=64,
+                                 nc_levels=nc_levels)
+    want = ref.allreduce_nc(grads, 64, seed, nc_levels) if n else np.zeros(0, np.float32)
+    assert_bits_equal(r.sum, want, f"nc levels={nc_levels}")

@@ -5,6 +5,7 @@ Frames are built here with struct.pack (Ethernet / IPv4 / UDP) and carry a
 and reordering are measured frame by frame.  Every test runs in virtual
 time: no wall-clock thresholds.
 """
+import errno
 import math
 import struct
 
@@ -463,3 +464,59 @@ def test_incast_bottleneck_is_the_receivers_link():
     ser = (length + 20) * 8 * 1e9 / rate
     assert len(arr) == 2048
     assert abs((arr[-1] - arr[0]) - 2047 * ser) <= 2
+
+
+# ------------------------------------------------------------ scale, mixed
+
+
+def test_many_ports_unicast_lookup():
+    fab = Fabric(max_ports=300)
+    ports = [fab.add_port(bytes([0x02, 0, 0, 0, i >> 8, i & 0xFF])) for i in range(300)]
+    with pytest.raises(InvalidArgument) as exc:
+        fab.add_port(b"\x02\x00\x00\x01\x00\x00")  # 301st port: too many
+    assert exc.value.code == -errno.ERANGE
+    with pytest.raises(InvalidArgument) as exc:
+        Fabric().add_port(mac(1)).fabric.add_port(mac(1))  # MAC in use
+    assert exc.value.code == -errno.EINVAL
+    for i, p in enumerate(ports):
+        dst = ports[(i * 7 + 1) % 300]
+        if dst is not p:
+            p.send([frame(dst.mac, p.mac, i)])
+    fab.run_until_idle()
+    for i, p in enumerate(ports):
+        srcs = sorted(s for s, _ in p.recv(with_src=True))
+        assert srcs == sorted(j for j in range(300) if (j * 7 + 1) % 300 == i and j != i)
+
+
+def multicast_faulty_run(seed):
+    fab = Fabric(seed=seed, trace_records=100_000)
+    agg = fab.add_port(mac(0xAA), rate_bps=10**10, prop_delay_ns=300)
+    workers = [fab.add_port(mac(i + 1), rate_bps=10**10, prop_delay_ns=300) for i in range(4)]
+    g = ip("239.9.9.9")
+    for i, w in enumerate(workers):
+        w.join(g)
+        w.set_faults("in", loss=0.05 * i, reorder=0.1, reorder_max=3)
+        w.set_faults("out", dup=0.05, jitter_ns=500)
+    agg.set_faults("out", dup=0.1)
+    for rnd in range(20):
+        for w in workers:
+            w.send([frame(agg.mac, w.mac, rnd * 100 + k) for k in range(10)])
+        agg.send([frame(group_mac(g), agg.mac, rnd * 10 + k) for k in range(10)])
+        fab.advance(5_000)
+    fab.run_until_idle()
+    per_port = [[seq_of(f) for f in p.recv()] for p in [agg] + workers]
+    return fab.trace_hash, fab.trace(), per_port
+
+
+def test_multicast_with_faults_deterministic_per_receiver():
+    h1, t1, p1 = multicast_faulty_run(11)
+    h2, t2, p2 = multicast_faulty_run(11)
+    h3, _, p3 = multicast_faulty_run(12)
+    assert h1 == h2 and t1 == t2 and p1 == p2
+    assert h1 != h3 and p1 != p3
+    # worker 0 has no loss on its downlink: every result (and duplicates)
+    results = p1[1]
+    assert set(results) == set(range(200))
+    assert len(results) > 200  # the aggregator's uplink duplicated some
+    # lossier downlinks receive fewer results
+    assert len(set(p1[4])) < len(set(p1[1]))

@@ -218,7 +218,12 @@ struct hg_nic_fabric *hg_nic_fabric_create(const struct hg_nic_fabric_config *cf
 	f->freelist = calloc(c.pool_size, sizeof(*f->freelist));
 	f->heap = calloc(c.pool_size, sizeof(*f->heap));
 	f->ports = calloc(c.max_ports, sizeof(*f->ports));
-	if (!f->bufs || !f->mem || !f->freelist || !f->heap || !f->ports)
+	for (f->mac_mask = 1; f->mac_mask < 2u * c.max_ports; f->mac_mask <<= 1)
+		;
+	f->mac_table = calloc(f->mac_mask, sizeof(*f->mac_table));
+	f->mac_mask--;
+	if (!f->bufs || !f->mem || !f->freelist || !f->heap || !f->ports ||
+	    !f->mac_table)
 		goto err_free_fabric;
 	if (c.trace_records) {
 		f->trace = calloc(c.trace_records, sizeof(*f->trace));
@@ -256,6 +261,7 @@ void hg_nic_fabric_destroy(struct hg_nic_fabric *f)
 		for (i = 0; i < f->nports; i++)
 			nic_port_destroy(f->ports[i]);
 	free(f->trace);
+	free(f->mac_table);
 	free(f->ports);
 	free(f->heap);
 	free(f->freelist);
@@ -275,6 +281,31 @@ static uint64_t mac_key(const uint8_t *m)
 {
 	return (uint64_t)m[0] << 40 | (uint64_t)m[1] << 32 | (uint64_t)m[2] << 24 |
 	       (uint64_t)m[3] << 16 | (uint64_t)m[4] << 8 | m[5];
+}
+
+static uint32_t mac_slot(const struct hg_nic_fabric *f, uint64_t key)
+{
+	return (uint32_t)(mix64(key) & f->mac_mask);
+}
+
+/* The port owning unicast MAC key, or -1 (linear probing; never full). */
+int nic_mac_lookup(const struct hg_nic_fabric *f, uint64_t key)
+{
+	uint32_t i;
+
+	for (i = mac_slot(f, key); f->mac_table[i]; i = (i + 1) & f->mac_mask)
+		if (f->ports[f->mac_table[i] - 1]->mac_key == key)
+			return (int)f->mac_table[i] - 1;
+	return -1;
+}
+
+void nic_mac_insert(struct hg_nic_fabric *f, uint64_t key, uint16_t id)
+{
+	uint32_t i;
+
+	for (i = mac_slot(f, key); f->mac_table[i]; i = (i + 1) & f->mac_mask)
+		;
+	f->mac_table[i] = (uint32_t)id + 1;
 }
 
 static void drop_no_route(struct hg_nic_fabric *f, uint32_t b)
@@ -342,7 +373,7 @@ static void switch_frame(struct hg_nic_fabric *f, uint32_t b)
 	struct nic_buf *nb = nic_buf(f, b);
 	const uint8_t *d = nb->pkt.data;
 	uint64_t key = mac_key(d);
-	unsigned i;
+	int i;
 
 	if (key == 0xffffffffffffULL) {
 		if (f->cfg.no_broadcast)
@@ -359,12 +390,11 @@ static void switch_frame(struct hg_nic_fabric *f, uint32_t b)
 			drop_no_route(f, b);
 		return;
 	}
-	for (i = 0; i < f->nports; i++) {
-		if (f->ports[i]->mac_key == key && i != nb->src) {
-			nb->dst = (uint16_t)i;
-			nic_link_enter(f, f->ports[i], HG_NIC_IN, b);
-			return;
-		}
+	i = nic_mac_lookup(f, key);
+	if (i >= 0 && (unsigned)i != nb->src) {
+		nb->dst = (uint16_t)i;
+		nic_link_enter(f, f->ports[i], HG_NIC_IN, b);
+		return;
 	}
 	drop_no_route(f, b);
 }

@@ -216,7 +216,6 @@ struct hg_nic_port *hg_nic_port_create(struct hg_nic_fabric *f,
 	struct hg_nic_port_config c;
 	struct hg_nic_port *p;
 	uint64_t key;
-	unsigned i;
 
 	if (!f || !cfg) {
 		errno = EINVAL;
@@ -238,11 +237,10 @@ struct hg_nic_port *hg_nic_port_create(struct hg_nic_fabric *f,
 		errno = EINVAL;
 		return NULL;
 	}
-	for (i = 0; i < f->nports; i++)
-		if (f->ports[i]->mac_key == key) {
-			errno = EINVAL;
-			return NULL;
-		}
+	if (nic_mac_lookup(f, key) >= 0) {
+		errno = EINVAL;
+		return NULL;
+	}
 	if (f->nports >= f->cfg.max_ports) {
 		errno = ERANGE;
 		return NULL;
@@ -266,6 +264,7 @@ struct hg_nic_port *hg_nic_port_create(struct hg_nic_fabric *f,
 	nic_link_init(&p->link[HG_NIC_OUT], f->cfg.seed, p->id, HG_NIC_OUT);
 	nic_link_init(&p->link[HG_NIC_IN], f->cfg.seed, p->id, HG_NIC_IN);
 	f->ports[f->nports++] = p;
+	nic_mac_insert(f, key, p->id);
 	return p;
 
 err_free_port:

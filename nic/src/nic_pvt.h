@@ -81,6 +81,8 @@ struct hg_nic_fabric {
 	uint32_t nheap;
 	struct hg_nic_port **ports;
 	uint16_t nports;
+	uint32_t *mac_table; /* open addressing: port id + 1, 0 = empty */
+	uint32_t mac_mask;   /* table size - 1 (a power of two >= 2 * max_ports) */
 	uint32_t nheld;          /* frames held back over all links */
 	uint64_t hold_deadline;  /* earliest deadline of a held frame */
 	uint64_t ctr[HG_NIC_FC__COUNT];
@@ -102,6 +104,9 @@ static inline struct nic_buf *nic_buf(struct hg_nic_fabric *f, uint32_t b)
 {
 	return &f->bufs[b];
 }
+
+int nic_mac_lookup(const struct hg_nic_fabric *f, uint64_t key);
+void nic_mac_insert(struct hg_nic_fabric *f, uint64_t key, uint16_t id);
 
 /* nic_link.c */
 void nic_link_init(struct nic_link *l, uint64_t seed, uint16_t port, uint8_t dir);

@@ -12,6 +12,7 @@ COMMANDS = {
     "demo": "homagg.demo",
     "bench": "homagg.bench",
     "testbed": "homagg.testbed_cli",
+    "run": "homagg.run",
 }
 
 

@@ -8,6 +8,11 @@ import importlib
 
 BENCHMARKS = {
     "codec": "homagg.bench.codec",
+    "engine": "homagg.bench.engine",
+    "nic": "homagg.bench.nic",
+    "switch": "homagg.bench.switch",
+    "scale": "homagg.bench.scale",
+    "allreduce": "homagg.bench.allreduce",
 }
 
 

@@ -159,7 +159,13 @@ def run(args):
         t_np_enc = _best(lambda: npc.encode(x, block, W, gcodes=gcodes, gindex=gindex),
                          max(1, args.repeat - 2))
         layout = npc.Layout(gindex, n, block, gcodes, W, 0)
-        np_cells = np.asarray(gcells.astype(np.int32))
+        # numpy's own summed sketch (equal to the C one when both follow
+        # the protocol; "numpy_sketch_identical" says whether they do).
+        np_cells = np.zeros(layout.lanes, dtype=np.int64)
+        for g in grads:
+            np_cells += npc.sketch_encode(g, layout)
+        np_cells = ((np_cells + 2**31) % 2**32 - 2**31).astype(np.int32)
+        out["numpy_sketch_identical"] = bool(np.array_equal(np_cells, gcells.astype(np.int32)))
         _progress("numpy baseline: decode (peeling)")
         _, done = npc.peel(np_cells, layout)
         miss = layout.cand[~done]

@@ -43,9 +43,11 @@ def element_hash(key, g):
 
 
 def sketch_t(ncand):
-    """Sub-table size for ncand candidates: 3t cells (~1.23 per candidate)."""
+    """T(N) = ceil(41 N / 100) + 3 isqrt(N) + 8 (0 for N = 0): 3t cells,
+    ~1.23 per candidate plus a margin for small N."""
     ncand = np.asarray(ncand, dtype=np.int64)
-    t = (ncand * 41 + 99) // 100 + 2 + np.floor(np.sqrt(ncand)).astype(np.int64) // 2
+    isqrt = np.floor(np.sqrt(ncand)).astype(np.int64)  # exact for N <= 2^16
+    t = (ncand * 41 + 99) // 100 + 3 * isqrt + 8
     return np.where(ncand == 0, 0, t)
 
 

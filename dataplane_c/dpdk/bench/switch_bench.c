@@ -1,0 +1,376 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * switch_bench.c - homagg-switch-bench: packets per second of the
+ * aggregator's data path on one lcore.
+ *
+ *   homagg-switch-bench [EAL args] -- [--workers W] [--slots S]
+ *                       [--payload BYTES] [--seconds T] [--json]
+ *
+ * One process, two lcores, net_ring between them: the engine lcore runs
+ * exactly the daemon's data path (hg_engine_poll over hg_dpdk_port on an
+ * ethdev made by rte_eth_from_rings), the generator lcore (the main one)
+ * copies pre-built SUM32 frames of W workers into fresh mbufs, patches the
+ * chunk sequence number, slot and shadow flag, enqueues them on the
+ * engine's rx ring and frees the results from its tx ring.  The rate is
+ * the engine's "received" counter over the measured interval; every frame
+ * must also be "summed" (no drops), which the program checks.  With one
+ * lcore both run in turn on it (the figure is then a lower bound).
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <rte_cycles.h>
+#include <rte_eal.h>
+#include <rte_eth_ring.h>
+#include <rte_ethdev.h>
+#include <rte_launch.h>
+#include <rte_lcore.h>
+#include <rte_mbuf.h>
+#include <rte_memcpy.h>
+#include <rte_ring.h>
+
+#include "homagg/codec.h"
+#include "homagg/counters.h"
+#include "homagg/errors.h"
+#include "homagg/engine.h"
+#include "homagg/kernels.h"
+#include "homagg/wire.h"
+#include "../port_dpdk.h"
+
+#define GEN_BURST 32
+#define RING_SIZE 4096
+
+struct bench {
+	unsigned int workers, slots, payload;
+	double seconds;
+	bool json;
+	struct rte_mempool *pool;
+	struct rte_ring *to_engine, *from_engine;
+	uint16_t port_id;
+	struct hg_dpdk_port *dport;
+	struct hg_port port;
+	struct hg_engine *eng;
+	uint8_t *tmpl;           /* workers frames of flen bytes */
+	uint16_t flen;
+	volatile bool stop;
+	uint64_t polls, empty_polls;
+	uint64_t busy_tsc;       /* cycles spent in polls that received frames */
+	uint64_t gen_full;       /* generator found the rx ring full */
+	uint64_t results;
+	uint64_t alloc_fail;     /* generator found the pool empty */
+};
+
+static int engine_loop(void *arg)
+{
+	struct bench *b = arg;
+	uint64_t polls = 0, empty = 0;
+
+	uint64_t busy = 0;
+
+	while (!b->stop) {
+		uint64_t t = rte_rdtsc();
+
+		polls++;
+		if (hg_engine_poll(b->eng) == 0)
+			empty++;
+		else
+			busy += rte_rdtsc() - t;
+	}
+	b->polls = polls;
+	b->empty_polls = empty;
+	b->busy_tsc = busy;
+	return 0;
+}
+
+/* Frame of worker w (seq 0) into the template table. */
+static int build_templates(struct bench *b)
+{
+	struct hg_wire_addr src, dst = { .mac = { 0x02, 0, 0, 0, 0, 1 },
+					 .ipv4 = 0x0A000001, .port = HG_UDP_PORT };
+	uint8_t *payload = malloc(b->payload);
+	unsigned int w, i;
+	int len = 0;
+
+	if (!payload)
+		return -ENOMEM;
+	b->flen = (uint16_t)(HG_ETH_IP_UDP_LEN + HG_HDR_LEN + b->payload);
+	b->tmpl = calloc(b->workers, b->flen);
+	if (!b->tmpl) {
+		free(payload);
+		return -ENOMEM;
+	}
+	for (w = 0; w < b->workers; w++) {
+		struct hg_hdr h = {
+			.version = HG_PROTOCOL_VERSION, .op = HG_OP_SUM32,
+			.job = 1, .token = 0xBEEF, .worker = (uint16_t)w,
+			.lanes = (uint16_t)(b->payload / 4),
+		};
+		src = (struct hg_wire_addr){ .mac = { 0x02, 0, 0, 0, 1, (uint8_t)w },
+					     .ipv4 = 0x0A000100 + w, .port = 40000 };
+		for (i = 0; i < b->payload; i++)
+			payload[i] = (uint8_t)(i * 7 + w);
+		len = hg_wire_build(b->tmpl + (size_t)w * b->flen, b->flen, &src,
+				    &dst, &h, payload, b->payload, 0);
+		if (len != b->flen) {
+			free(payload);
+			return len < 0 ? len : -EPROTO;
+		}
+	}
+	free(payload);
+	return 0;
+}
+
+static void put16(uint8_t *p, uint16_t v)
+{
+	p[0] = (uint8_t)(v >> 8);
+	p[1] = (uint8_t)v;
+}
+
+static void put32(uint8_t *p, uint32_t v)
+{
+	p[0] = (uint8_t)(v >> 24);
+	p[1] = (uint8_t)(v >> 16);
+	p[2] = (uint8_t)(v >> 8);
+	p[3] = (uint8_t)v;
+}
+
+/* Generate until stop; returns frames enqueued. */
+static uint64_t generate(struct bench *b, uint64_t until_tsc, bool share_lcore,
+			 uint32_t *seq, unsigned int *worker)
+{
+	struct rte_mbuf *m[GEN_BURST];
+	void *out[64];
+	uint64_t sent = 0;
+	unsigned int i, n;
+
+	while (rte_get_tsc_cycles() < until_tsc) {
+		n = rte_ring_dequeue_burst(b->from_engine, out, 64, NULL);
+		if (n) {
+			rte_pktmbuf_free_bulk((struct rte_mbuf **)out, n);
+			b->results += n;
+		}
+		if (share_lcore) {
+			uint64_t t = rte_rdtsc();
+
+			b->polls++;
+			if (hg_engine_poll(b->eng) == 0)
+				b->empty_polls++;
+			else
+				b->busy_tsc += rte_rdtsc() - t;
+		}
+		if (rte_ring_free_count(b->to_engine) < GEN_BURST) {
+			b->gen_full++;
+			continue;
+		}
+		if (rte_pktmbuf_alloc_bulk(b->pool, m, GEN_BURST) != 0) {
+			b->alloc_fail++;
+			continue;
+		}
+		for (i = 0; i < GEN_BURST; i++) {
+			uint8_t *f = rte_pktmbuf_mtod(m[i], uint8_t *);
+			uint8_t *h = f + HG_ETH_IP_UDP_LEN;
+			uint32_t s = *seq;
+
+			rte_memcpy(f, b->tmpl + (size_t)*worker * b->flen, b->flen);
+			put16(h + 2, ((s / b->slots) & 1) ? HG_FLAG_SHADOW : 0);
+			put16(h + 14, (uint16_t)(s % b->slots));
+			put32(h + 16, s);
+			m[i]->data_len = b->flen;
+			m[i]->pkt_len = b->flen;
+			if (++*worker == b->workers) {
+				*worker = 0;
+				++*seq;
+			}
+		}
+		n = rte_ring_enqueue_burst(b->to_engine, (void **)m, GEN_BURST, NULL);
+		if (n < GEN_BURST)   /* cannot happen with one producer; be safe */
+			rte_pktmbuf_free_bulk(m + n, GEN_BURST - n);
+		sent += n;
+	}
+	return sent;
+}
+
+static int parse(int argc, char **argv, struct bench *b)
+{
+	static const struct option lo[] = {
+		{ "workers", required_argument, NULL, 'w' },
+		{ "slots", required_argument, NULL, 's' },
+		{ "payload", required_argument, NULL, 'p' },
+		{ "seconds", required_argument, NULL, 't' },
+		{ "json", no_argument, NULL, 'j' },
+		{ NULL, 0, NULL, 0 },
+	};
+	int c;
+
+	b->workers = 8;
+	b->slots = 256;
+	b->payload = HG_DEFAULT_PAYLOAD;
+	b->seconds = 2.0;
+	optind = 1;
+	while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
+		switch (c) {
+		case 'w':
+			b->workers = (unsigned int)atoi(optarg);
+			break;
+		case 's':
+			b->slots = (unsigned int)atoi(optarg);
+			break;
+		case 'p':
+			b->payload = (unsigned int)atoi(optarg);
+			break;
+		case 't':
+			b->seconds = atof(optarg);
+			break;
+		case 'j':
+			b->json = true;
+			break;
+		default:
+			return -EINVAL;
+		}
+	}
+	if (b->workers < 1 || b->workers > HG_MAX_WORKERS || b->slots < 1 ||
+	    b->slots > HG_ENGINE_MAX_SLOTS || b->payload < 4 || b->payload % 4 ||
+	    b->payload > 1400 || !(b->seconds > 0)) {
+		fprintf(stderr, "bad arguments\n");
+		return -EINVAL;
+	}
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	static struct bench bb;
+	struct bench *b = &bb;
+	struct hg_engine_config ec;
+	struct hg_job_config jc;
+	uint64_t c0[HG_CNT__COUNT], c1[HG_CNT__COUNT], hz, t0, t1, drops = 0;
+	unsigned int engine_lcore, worker = 0, i;
+	uint32_t seq = 0;
+	bool share;
+	int n, rc, ret;
+	double mpps, engine_mpps;
+
+	n = rte_eal_init(argc, argv);
+	if (n < 0) {
+		fprintf(stderr, "EAL: %s\n", rte_strerror(rte_errno));
+		return 1;
+	}
+	if (parse(argc - n, argv + n, b) < 0)
+		goto fail;
+	b->pool = hg_dpdk_pool_create("bench_pool", 16383, RTE_MBUF_DEFAULT_DATAROOM,
+				      (int)rte_socket_id());
+	b->to_engine = rte_ring_create("bench_rx", RING_SIZE, (int)rte_socket_id(),
+				       RING_F_SP_ENQ | RING_F_SC_DEQ);
+	b->from_engine = rte_ring_create("bench_tx", RING_SIZE, (int)rte_socket_id(),
+					 RING_F_SP_ENQ | RING_F_SC_DEQ);
+	if (!b->pool || !b->to_engine || !b->from_engine) {
+		fprintf(stderr, "pool/rings: %s\n", rte_strerror(rte_errno));
+		goto fail;
+	}
+	rc = rte_eth_from_rings("net_ring_bench", &b->to_engine, 1,
+				&b->from_engine, 1, rte_socket_id());
+	if (rc < 0) {
+		fprintf(stderr, "rte_eth_from_rings: %s\n", rte_strerror(rte_errno));
+		goto fail;
+	}
+	b->port_id = (uint16_t)rc;
+	{
+		struct rte_eth_conf conf;
+
+		memset(&conf, 0, sizeof(conf));
+		if (rte_eth_dev_configure(b->port_id, 1, 1, &conf) < 0 ||
+		    rte_eth_rx_queue_setup(b->port_id, 0, RING_SIZE, 0, NULL, b->pool) < 0 ||
+		    rte_eth_tx_queue_setup(b->port_id, 0, RING_SIZE, 0, NULL) < 0 ||
+		    rte_eth_dev_start(b->port_id) < 0) {
+			fprintf(stderr, "port setup failed\n");
+			goto fail;
+		}
+	}
+	b->dport = hg_dpdk_port_create(&(struct hg_dpdk_port_conf){
+		.port_id = b->port_id, .pool = b->pool, .ipv4 = 0x0A000001,
+		.udp_port = HG_UDP_PORT, .can_replicate = true });
+	if (!b->dport)
+		goto fail;
+	b->port = hg_dpdk_port_ops(b->dport);
+	hg_engine_config_init(&ec);
+	ec.port = &b->port;
+	b->eng = hg_engine_create(&ec);
+	if (!b->eng)
+		goto fail;
+	jc = (struct hg_job_config){ .job = 1, .token = 0xBEEF,
+		.workers = b->workers, .slots = b->slots,
+		.payload_bytes = b->payload, .group_ipv4 = 0xEF010101 };
+	rc = hg_engine_add_job(b->eng, &jc);
+	if (rc < 0) {
+		fprintf(stderr, "add_job: %s\n", hg_strerror(rc));
+		goto fail;
+	}
+	rc = build_templates(b);
+	if (rc < 0) {
+		fprintf(stderr, "templates: %s\n", hg_strerror(rc));
+		goto fail;
+	}
+
+	engine_lcore = rte_get_next_lcore(rte_lcore_id(), 1, 0);
+	share = engine_lcore >= RTE_MAX_LCORE;
+	if (!share && rte_eal_remote_launch(engine_loop, b, engine_lcore) != 0)
+		goto fail;
+	hz = rte_get_tsc_hz();
+	/* warm-up, then the measured interval */
+	generate(b, rte_get_tsc_cycles() + hz / 4, share, &seq, &worker);
+	hg_engine_counters(b->eng, c0, HG_CNT__COUNT);
+	t0 = rte_get_tsc_cycles();
+	generate(b, t0 + (uint64_t)(b->seconds * (double)hz), share, &seq, &worker);
+	hg_engine_counters(b->eng, c1, HG_CNT__COUNT);
+	t1 = rte_get_tsc_cycles();
+	b->stop = true;
+	if (!share)
+		rte_eal_wait_lcore(engine_lcore);
+
+	for (i = HG_CNT_STALE; i < HG_CNT__COUNT; i++)
+		drops += c1[i] - c0[i];
+	mpps = (double)(c1[HG_CNT_RECEIVED] - c0[HG_CNT_RECEIVED]) /
+	       ((double)(t1 - t0) / (double)hz) / 1e6;
+	/* the engine lcore's capacity: every frame it received (warm-up
+	 * included) over the cycles of the polls that received frames */
+	engine_mpps = b->busy_tsc ? (double)c1[HG_CNT_RECEIVED] /
+		      ((double)b->busy_tsc / (double)hz) / 1e6 : 0.0;
+	if (b->json)
+		printf("{\"workers\":%u,\"mpps\":%.3f,\"engine_mpps\":%.3f,"
+		       "\"gbps\":%.2f,\"payload\":%u,\"frame\":%u,\"slots\":%u,"
+		       "\"seconds\":%.3f,\"lcores\":%u,\"isa\":\"%s\","
+		       "\"received\":%" PRIu64 ",\"summed\":%" PRIu64
+		       ",\"completed\":%" PRIu64 ",\"drops\":%" PRIu64
+		       ",\"engine_idle\":%.4f,\"generator_blocked\":%" PRIu64
+		       ",\"generator_no_mbuf\":%" PRIu64 "}\n",
+		       b->workers, mpps, engine_mpps,
+		       mpps * 1e6 * b->flen * 8 / 1e9, b->payload, b->flen,
+		       b->slots, (double)(t1 - t0) / (double)hz, share ? 1u : 2u,
+		       hg_isa_name(hg_isa_best()),
+		       c1[HG_CNT_RECEIVED] - c0[HG_CNT_RECEIVED],
+		       c1[HG_CNT_SUMMED] - c0[HG_CNT_SUMMED],
+		       c1[HG_CNT_COMPLETED] - c0[HG_CNT_COMPLETED], drops,
+		       b->polls ? (double)b->empty_polls / (double)b->polls : 0.0,
+		       b->gen_full, b->alloc_fail);
+	else
+		printf("W=%u payload=%u: %.3f Mpps end to end (%.2f Gbit/s of "
+		       "%u-byte frames, %s), engine lcore capacity %.3f Mpps, "
+		       "%" PRIu64 " drops\n", b->workers, b->payload, mpps,
+		       mpps * 1e6 * b->flen * 8 / 1e9, b->flen,
+		       share ? "generator and engine on one lcore" :
+		       "generator and engine on two lcores", engine_mpps, drops);
+	ret = drops ? 2 : 0;
+	goto out;
+fail:
+	ret = 1;
+out:
+	hg_engine_destroy(b->eng);
+	hg_dpdk_port_destroy(b->dport);
+	free(b->tmpl);
+	rte_eal_cleanup();
+	return ret;
+}

@@ -1,0 +1,73 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * control.h - the daemon's control socket: a UNIX stream socket speaking
+ * JSON lines.  One request object per line, one reply object per line:
+ *
+ *   {"cmd":"add_job","job":7,"token":99,"workers":4,"slots":64,
+ *    "payload":1024,"group":"239.1.1.1"}          group optional
+ *   {"cmd":"remove_job","job":7}
+ *   {"cmd":"stats"}      -> {"ok":true,"stats":{counter:value,...},...}
+ *   {"cmd":"shutdown"}
+ *
+ * Every reply is {"ok":true,...} or {"ok":false,"error":"...","code":-errno};
+ * the error names the offending field ("field 'workers': must be 1..256").  A bad
+ * request is answered and forgotten: it never stops the daemon.
+ *
+ * The socket is polled without blocking from the data-path loop
+ * (hg_control_poll), so the callbacks run on the lcore that owns the engine
+ * and need no locking.
+ */
+#ifndef HOMAGG_DPDK_CONTROL_H
+#define HOMAGG_DPDK_CONTROL_H
+
+#include <stdint.h>
+
+#include "json.h"
+
+struct hg_ctl_job {
+	uint32_t job;
+	uint32_t token;
+	uint32_t workers;
+	uint32_t slots;
+	uint32_t payload;   /* bytes per packet */
+	uint32_t group;     /* IPv4 host order; 0 = no multicast group */
+};
+
+struct hg_ctl_limits {
+	uint32_t max_workers;
+	uint32_t max_slots;
+	uint32_t max_payload;
+};
+
+struct hg_ctl_ops {
+	/* 0 or -errno; err (may be left empty) explains a failure. */
+	int (*add_job)(void *ctx, const struct hg_ctl_job *j, char *err,
+		       size_t errlen);
+	int (*remove_job)(void *ctx, uint32_t job);
+	/* Append members ("name":value) to the open reply object w. */
+	void (*stats)(void *ctx, struct hg_json_out *w);
+	/* Ask the daemon to stop (it replies first). */
+	void (*shutdown)(void *ctx);
+};
+
+/* Bind and listen on path (an old socket file is replaced).  NULL with
+ * errno set on failure. */
+struct hg_control *hg_control_create(const char *path,
+				     const struct hg_ctl_ops *ops, void *ctx,
+				     const struct hg_ctl_limits *lim);
+/* Close every connection and unlink the socket file.  Accepts NULL. */
+void hg_control_destroy(struct hg_control *c);
+
+/* Accept, read, answer what is ready, without blocking.  Returns the number
+ * of requests handled, or -errno on a failure of the listening socket. */
+int hg_control_poll(struct hg_control *c);
+
+/*
+ * Handle one request line; the reply (without newline) goes to out.  Used by
+ * hg_control_poll and directly by tests.  Returns 0 when the request
+ * succeeded, -errno when it was answered with an error.
+ */
+int hg_control_handle(struct hg_control *c, const char *line, size_t len,
+		      char *out, size_t outlen);
+
+#endif /* HOMAGG_DPDK_CONTROL_H */

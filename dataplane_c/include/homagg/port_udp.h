@@ -1,0 +1,74 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * homagg/port_udp.h - the port interface over kernel UDP sockets, for
+ * workers on ordinary hosts (and in the local testbed's namespaces).
+ *
+ * The kernel owns Ethernet, IP and UDP; the HomAgg header and payload are
+ * the UDP payload.  So the engine and the client see the same frame layout
+ * as on every other backend, rx synthesises the Ethernet/IPv4/UDP headers in
+ * front of the received payload (IPv4 checksum valid, UDP checksum 0, MACs
+ * zero) and tx reads the destination from them and strips them before
+ * sendmmsg().  Batches use recvmmsg()/sendmmsg().
+ *
+ * Two sockets: one bound to (bind_ipv4, bind_port) for unicast, and, after
+ * join_group, one bound to group_port that receives the result multicast
+ * groups joined (IP_ADD_MEMBERSHIP; IP_MULTICAST_ALL off, so only those).
+ * A datagram from the group socket is presented with this port's own
+ * address and UDP port as destination, like a unicast one: the group is a
+ * delivery detail, the client accepts frames to its own port only.
+ * The clock is CLOCK_MONOTONIC.
+ */
+#ifndef HOMAGG_PORT_UDP_H
+#define HOMAGG_PORT_UDP_H
+
+#include <stdint.h>
+
+#include "homagg/port.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* cdef-begin */
+struct hg_udp_port_config {
+	uint32_t bind_ipv4;   /* host order; 0 = any address */
+	uint16_t bind_port;   /* 0 = an ephemeral port */
+	uint16_t group_port;  /* UDP port of multicast results (0 = HG_UDP_PORT) */
+	uint32_t packets;     /* packet pool size (0 = 1024) */
+	uint32_t rcvbuf;      /* socket receive buffer bytes (0 = 4 MiB) */
+};
+
+struct hg_udp_port_stats {
+	uint64_t rx;          /* datagrams received */
+	uint64_t tx;          /* datagrams sent */
+	uint64_t rx_truncated;/* datagrams larger than a packet (dropped) */
+	uint64_t tx_bad;      /* frames that were not IPv4/UDP (dropped) */
+	uint64_t tx_errors;   /* sendmmsg errors other than a full buffer */
+};
+
+struct hg_udp_port;
+
+/* NULL with errno set (socket/bind errors, ENOMEM, EINVAL). */
+struct hg_udp_port *hg_udp_port_create(const struct hg_udp_port_config *cfg);
+void hg_udp_port_destroy(struct hg_udp_port *p);
+
+/* The port interface of p, valid as long as p. */
+struct hg_port *hg_udp_port_port(struct hg_udp_port *p);
+
+/* The bound unicast address (host order). */
+int hg_udp_port_local(const struct hg_udp_port *p, uint32_t *ipv4,
+		      uint16_t *udp_port);
+
+/* Block until a datagram is ready or timeout_ns passed.  Returns 1 (ready),
+ * 0 (timeout) or -errno. */
+int hg_udp_port_wait(struct hg_udp_port *p, uint64_t timeout_ns);
+
+int hg_udp_port_get_stats(const struct hg_udp_port *p,
+			  struct hg_udp_port_stats *st);
+/* cdef-end */
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* HOMAGG_PORT_UDP_H */

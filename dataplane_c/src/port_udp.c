@@ -1,0 +1,451 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* port_udp.c - homagg/port.h over kernel UDP sockets (see port_udp.h). */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "homagg/port_udp.h"
+#include "homagg/wire.h"
+
+#define UDP_BURST 64
+#define ETH_LEN 14
+#define IP_LEN 20
+#define FRAME_CAP (HG_ETH_IP_UDP_LEN + HG_HDR_LEN + HG_MAX_PAYLOAD)
+
+struct hg_udp_port {
+	struct hg_port port;         /* handed out by hg_udp_port_port() */
+	int ufd;                     /* unicast socket */
+	int gfd;                     /* multicast socket, -1 until a join */
+	uint32_t ipv4;               /* bound address, host order */
+	uint16_t udp_port;
+	uint16_t group_port;
+	uint32_t rcvbuf;
+	struct hg_udp_port_stats st;
+	uint32_t npkts;
+	uint32_t nfree;
+	struct hg_pkt **free;        /* stack of free packets */
+	struct hg_pkt *pkts;
+	uint8_t *mem;                /* npkts * FRAME_CAP bytes */
+};
+
+/* ---- frame helpers -------------------------------------------------- */
+
+static uint16_t ip_csum(const uint8_t *h)
+{
+	uint32_t s = 0;
+	int i;
+
+	for (i = 0; i < IP_LEN; i += 2)
+		s += (uint32_t)(h[i] << 8 | h[i + 1]);
+	while (s >> 16)
+		s = (s & 0xFFFF) + (s >> 16);
+	return (uint16_t)~s;
+}
+
+static void put16(uint8_t *p, uint16_t v)
+{
+	p[0] = (uint8_t)(v >> 8);
+	p[1] = (uint8_t)v;
+}
+
+static void put32(uint8_t *p, uint32_t v)
+{
+	p[0] = (uint8_t)(v >> 24);
+	p[1] = (uint8_t)(v >> 16);
+	p[2] = (uint8_t)(v >> 8);
+	p[3] = (uint8_t)v;
+}
+
+static uint16_t get16(const uint8_t *p)
+{
+	return (uint16_t)(p[0] << 8 | p[1]);
+}
+
+static uint32_t get32(const uint8_t *p)
+{
+	return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 |
+	       (uint32_t)p[2] << 8 | p[3];
+}
+
+/* Ethernet/IPv4/UDP headers in front of a received payload of n bytes. */
+static void synth_headers(uint8_t *f, uint32_t src, uint16_t sport,
+			  uint32_t dst, uint16_t dport, uint16_t n)
+{
+	uint8_t *ip = f + ETH_LEN, *udp = ip + IP_LEN;
+
+	memset(f, 0, 12);            /* MACs: the kernel owns the link */
+	put16(f + 12, 0x0800);
+	ip[0] = 0x45;
+	ip[1] = 0;
+	put16(ip + 2, (uint16_t)(IP_LEN + 8 + n));
+	put16(ip + 4, 0);
+	put16(ip + 6, 0x4000);       /* DF */
+	ip[8] = 64;
+	ip[9] = 17;
+	put16(ip + 10, 0);
+	put32(ip + 12, src);
+	put32(ip + 16, dst);
+	put16(ip + 10, ip_csum(ip));
+	put16(udp, sport);
+	put16(udp + 2, dport);
+	put16(udp + 4, (uint16_t)(8 + n));
+	put16(udp + 6, 0);
+}
+
+/* ---- ops ------------------------------------------------------------ */
+
+static uint16_t rx_fd(struct hg_udp_port *p, int fd, uint32_t dst_ip,
+		      uint16_t dst_port, struct hg_pkt **pkts, uint16_t n)
+{
+	struct mmsghdr mm[UDP_BURST];
+	struct iovec iov[UDP_BURST];
+	struct sockaddr_in from[UDP_BURST];
+	struct hg_pkt *pk[UDP_BURST];
+	uint16_t i, out = 0;
+	int got;
+
+	if (n > UDP_BURST)
+		n = UDP_BURST;
+	if (n > p->nfree)
+		n = (uint16_t)p->nfree;
+	if (n == 0)
+		return 0;
+	for (i = 0; i < n; i++) {
+		pk[i] = p->free[p->nfree - 1 - i];
+		iov[i].iov_base = pk[i]->data + HG_ETH_IP_UDP_LEN;
+		iov[i].iov_len = pk[i]->cap - HG_ETH_IP_UDP_LEN;
+		memset(&mm[i].msg_hdr, 0, sizeof(mm[i].msg_hdr));
+		mm[i].msg_hdr.msg_name = &from[i];
+		mm[i].msg_hdr.msg_namelen = sizeof(from[i]);
+		mm[i].msg_hdr.msg_iov = &iov[i];
+		mm[i].msg_hdr.msg_iovlen = 1;
+	}
+	got = recvmmsg(fd, mm, n, MSG_DONTWAIT, NULL);
+	if (got <= 0)
+		return 0;
+	p->nfree -= (uint32_t)got;   /* pk[0..got) leave the free stack */
+	for (i = 0; i < got; i++) {
+		uint16_t len = (uint16_t)mm[i].msg_len;
+
+		if (mm[i].msg_hdr.msg_flags & MSG_TRUNC) {
+			p->st.rx_truncated++;
+			p->free[p->nfree++] = pk[i];
+			continue;
+		}
+		synth_headers(pk[i]->data, ntohl(from[i].sin_addr.s_addr),
+			      ntohs(from[i].sin_port), dst_ip, dst_port, len);
+		pk[i]->len = (uint16_t)(HG_ETH_IP_UDP_LEN + len);
+		pk[i]->meta = 0;
+		pkts[out++] = pk[i];
+	}
+	p->st.rx += out;
+	return out;
+}
+
+static uint16_t udp_rx(void *ctx, struct hg_pkt **pkts, uint16_t n)
+{
+	struct hg_udp_port *p = ctx;
+	uint16_t got;
+
+	got = rx_fd(p, p->ufd, p->ipv4, p->udp_port, pkts, n);
+	if (p->gfd >= 0 && got < n)
+		/* the group socket is this port's second door: a result sent
+		 * to the group is presented as addressed to our own address
+		 * and port, which is what the client accepts */
+		got += rx_fd(p, p->gfd, p->ipv4, p->udp_port, pkts + got,
+			     (uint16_t)(n - got));
+	return got;
+}
+
+static void udp_free(void *ctx, struct hg_pkt **pkts, uint16_t n)
+{
+	struct hg_udp_port *p = ctx;
+	uint16_t i;
+
+	for (i = 0; i < n; i++) {
+		pkts[i]->len = 0;
+		p->free[p->nfree++] = pkts[i];
+	}
+}
+
+/* A frame the kernel can send: Ethernet + IPv4 without options + UDP. */
+static bool frame_ok(const struct hg_pkt *pk)
+{
+	const uint8_t *ip = pk->data + ETH_LEN;
+
+	return pk->len >= HG_ETH_IP_UDP_LEN && get16(pk->data + 12) == 0x0800 &&
+	       ip[0] == 0x45 && ip[9] == 17;
+}
+
+static uint16_t udp_tx(void *ctx, struct hg_pkt **pkts, uint16_t n)
+{
+	struct hg_udp_port *p = ctx;
+	struct mmsghdr mm[UDP_BURST];
+	struct iovec iov[UDP_BURST];
+	struct sockaddr_in to[UDP_BURST];
+	uint16_t idx[UDP_BURST];   /* packet index of each message */
+	uint16_t i, m = 0, taken;
+	int sent;
+
+	if (n > UDP_BURST)
+		n = UDP_BURST;
+	for (i = 0; i < n; i++) {
+		const uint8_t *ip = pkts[i]->data + ETH_LEN;
+		const uint8_t *udp = ip + IP_LEN;
+
+		if (!frame_ok(pkts[i]))
+			continue;
+		memset(&to[m], 0, sizeof(to[m]));
+		to[m].sin_family = AF_INET;
+		to[m].sin_addr.s_addr = htonl(get32(ip + 16));
+		to[m].sin_port = htons(get16(udp + 2));
+		iov[m].iov_base = pkts[i]->data + HG_ETH_IP_UDP_LEN;
+		iov[m].iov_len = pkts[i]->len - HG_ETH_IP_UDP_LEN;
+		memset(&mm[m].msg_hdr, 0, sizeof(mm[m].msg_hdr));
+		mm[m].msg_hdr.msg_name = &to[m];
+		mm[m].msg_hdr.msg_namelen = sizeof(to[m]);
+		mm[m].msg_hdr.msg_iov = &iov[m];
+		mm[m].msg_hdr.msg_iovlen = 1;
+		idx[m++] = i;
+	}
+	sent = m ? sendmmsg(p->ufd, mm, m, MSG_DONTWAIT) : 0;
+	if (sent < 0) {
+		if (errno == EAGAIN || errno == EWOULDBLOCK || errno == ENOBUFS) {
+			sent = 0;          /* full: the caller keeps the rest */
+		} else {
+			/* e.g. no route: this datagram cannot leave; take it
+			 * (dropped) so the client's timer handles it rather
+			 * than a tight resend loop */
+			p->st.tx_errors++;
+			p->st.tx--;        /* compensated below: not sent */
+			sent = 1;
+		}
+	}
+	/* the taken prefix ends at the first message not sent */
+	taken = (uint16_t)sent < m ? idx[sent] : n;
+	for (i = 0; i < taken; i++)
+		if (!frame_ok(pkts[i]))
+			p->st.tx_bad++;
+	p->st.tx += (uint64_t)sent;
+	udp_free(p, pkts, taken);
+	return taken;
+}
+
+static uint16_t udp_alloc(void *ctx, struct hg_pkt **pkts, uint16_t n)
+{
+	struct hg_udp_port *p = ctx;
+	uint16_t i;
+
+	if (n > p->nfree)
+		n = (uint16_t)p->nfree;
+	for (i = 0; i < n; i++) {
+		pkts[i] = p->free[--p->nfree];
+		pkts[i]->len = 0;
+	}
+	return n;
+}
+
+static int udp_info(void *ctx, struct hg_port_info *info)
+{
+	struct hg_udp_port *p = ctx;
+
+	memset(info, 0, sizeof(*info));
+	info->ipv4 = p->ipv4;
+	info->udp_port = p->udp_port;
+	info->mtu = 1500;
+	info->can_replicate = true;   /* the kernel delivers to every member */
+	return 0;
+}
+
+static uint64_t udp_now(void *ctx)
+{
+	struct timespec ts;
+
+	(void)ctx;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
+}
+
+static void set_rcvbuf(int fd, uint32_t bytes)
+{
+	int v = (int)bytes;
+
+	/* FORCE needs CAP_NET_ADMIN; otherwise the kernel caps at rmem_max */
+	if (setsockopt(fd, SOL_SOCKET, SO_RCVBUFFORCE, &v, sizeof(v)) < 0)
+		setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &v, sizeof(v));
+}
+
+static int udp_join(void *ctx, uint32_t group)
+{
+	struct hg_udp_port *p = ctx;
+	struct ip_mreqn mr;
+	int one = 1, zero = 0;
+
+	if ((group >> 28) != 0xE)
+		return -EINVAL;
+	if (p->gfd < 0) {
+		struct sockaddr_in sa = { .sin_family = AF_INET,
+					  .sin_port = htons(p->group_port),
+					  .sin_addr.s_addr = htonl(INADDR_ANY) };
+		int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+
+		if (fd < 0)
+			return -errno;
+		if (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) < 0 ||
+		    setsockopt(fd, IPPROTO_IP, IP_MULTICAST_ALL, &zero, sizeof(zero)) < 0 ||
+		    bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+			int e = errno;
+
+			close(fd);
+			return -e;
+		}
+		set_rcvbuf(fd, p->rcvbuf);
+		p->gfd = fd;
+	}
+	memset(&mr, 0, sizeof(mr));
+	mr.imr_multiaddr.s_addr = htonl(group);
+	mr.imr_address.s_addr = htonl(p->ipv4);
+	if (setsockopt(p->gfd, IPPROTO_IP, IP_ADD_MEMBERSHIP, &mr, sizeof(mr)) < 0 &&
+	    errno != EADDRINUSE)   /* already a member */
+		return -errno;
+	return 0;
+}
+
+static const struct hg_port_ops udp_ops = {
+	.rx_burst = udp_rx,
+	.tx_burst = udp_tx,
+	.alloc_bulk = udp_alloc,
+	.free_bulk = udp_free,
+	.get_info = udp_info,
+	.now_ns = udp_now,
+	.join_group = udp_join,
+};
+
+/* ---- lifecycle ------------------------------------------------------ */
+
+struct hg_udp_port *hg_udp_port_create(const struct hg_udp_port_config *cfg)
+{
+	struct sockaddr_in sa = { .sin_family = AF_INET };
+	socklen_t sl = sizeof(sa);
+	struct hg_udp_port *p;
+	uint32_t i;
+	int e;
+
+	if (!cfg) {
+		errno = EINVAL;
+		return NULL;
+	}
+	p = calloc(1, sizeof(*p));
+	if (!p)
+		return NULL;
+	p->gfd = -1;
+	p->npkts = cfg->packets ? cfg->packets : 1024;
+	p->group_port = cfg->group_port ? cfg->group_port : HG_UDP_PORT;
+	p->rcvbuf = cfg->rcvbuf ? cfg->rcvbuf : 4u << 20;
+	p->pkts = calloc(p->npkts, sizeof(*p->pkts));
+	p->free = calloc(p->npkts, sizeof(*p->free));
+	p->mem = malloc((size_t)p->npkts * FRAME_CAP);
+	if (!p->pkts || !p->free || !p->mem) {
+		errno = ENOMEM;
+		goto err_free;
+	}
+	for (i = 0; i < p->npkts; i++) {
+		p->pkts[i].data = p->mem + (size_t)i * FRAME_CAP;
+		p->pkts[i].cap = FRAME_CAP;
+		p->pkts[i].priv = p;
+		p->free[i] = &p->pkts[i];
+	}
+	p->nfree = p->npkts;
+
+	p->ufd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+	if (p->ufd < 0)
+		goto err_free;
+	sa.sin_addr.s_addr = htonl(cfg->bind_ipv4);
+	sa.sin_port = htons(cfg->bind_port);
+	if (bind(p->ufd, (struct sockaddr *)&sa, sizeof(sa)) < 0 ||
+	    getsockname(p->ufd, (struct sockaddr *)&sa, &sl) < 0)
+		goto err_close;
+	set_rcvbuf(p->ufd, p->rcvbuf);
+	p->ipv4 = ntohl(sa.sin_addr.s_addr);
+	p->udp_port = ntohs(sa.sin_port);
+	p->port.ops = &udp_ops;
+	p->port.ctx = p;
+	return p;
+
+err_close:
+	e = errno;
+	close(p->ufd);
+	errno = e;
+err_free:
+	e = errno;
+	free(p->mem);
+	free(p->free);
+	free(p->pkts);
+	free(p);
+	errno = e;
+	return NULL;
+}
+
+void hg_udp_port_destroy(struct hg_udp_port *p)
+{
+	if (!p)
+		return;
+	if (p->gfd >= 0)
+		close(p->gfd);
+	close(p->ufd);
+	free(p->mem);
+	free(p->free);
+	free(p->pkts);
+	free(p);
+}
+
+struct hg_port *hg_udp_port_port(struct hg_udp_port *p)
+{
+	return p ? &p->port : NULL;
+}
+
+int hg_udp_port_local(const struct hg_udp_port *p, uint32_t *ipv4,
+		      uint16_t *udp_port)
+{
+	if (!p || !ipv4 || !udp_port)
+		return -EINVAL;
+	*ipv4 = p->ipv4;
+	*udp_port = p->udp_port;
+	return 0;
+}
+
+int hg_udp_port_wait(struct hg_udp_port *p, uint64_t timeout_ns)
+{
+	struct pollfd pf[2];
+	int n = 1, rc;
+
+	if (!p)
+		return -EINVAL;
+	pf[0].fd = p->ufd;
+	pf[0].events = POLLIN;
+	if (p->gfd >= 0) {
+		pf[1].fd = p->gfd;
+		pf[1].events = POLLIN;
+		n = 2;
+	}
+	rc = poll(pf, (nfds_t)n, (int)((timeout_ns + 999999) / 1000000));
+	if (rc < 0)
+		return errno == EINTR ? 0 : -errno;
+	return rc > 0;
+}
+
+int hg_udp_port_get_stats(const struct hg_udp_port *p,
+			  struct hg_udp_port_stats *st)
+{
+	if (!p || !st)
+		return -EINVAL;
+	*st = p->st;
+	return 0;
+}

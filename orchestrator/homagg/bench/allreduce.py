@@ -1,0 +1,451 @@
+"""Allreduce time on the local testbed: HomAgg methods next to Gloo ring all-reduce.
+
+Needs root: it builds a testbed (homagg.testbed: one namespace per host,
+a bridge, tc-shaped veth links at --link-mbit), runs every method there,
+and tears the testbed down.  Per (W, method, workload, density):
+
+- the time of one allreduce over --repeat runs after --warmup untimed ones:
+  median, min and max (HomAgg: the slowest worker's time of each run;
+  Gloo: the slowest rank's time of each all_reduce);
+- algorithm bandwidth 4n / median time, and bytes on the wire per worker
+  (the kernel's tx bytes of the worker's interface, per allreduce);
+- speedup_vs_gloo: Gloo's median / the method's median, both measured in
+  this invocation on the same testbed, workload and density;
+- exact: HomAgg's exact methods bit for bit against the fixed-point
+  reference on every worker (checked by ``homagg run allreduce``); nc is
+  lossy by design (None); Gloo: the float32 result against the float64 sum
+  within the float32 summation bound;
+- cpu_bound: Gloo: the ranks' process CPU time over the timed calls vs
+  their wall time (flagged when the ranks together kept more than 80 % of
+  the machine's cores busy, or one rank more than 90 % of a core, i.e. the
+  run measured the CPU rather than the links); HomAgg: not reported
+  (None) until the worker processes report their CPU time; link_utilisation
+  (bytes x 8 / time / link rate) is given for every row.
+
+The baseline: torch.distributed with the Gloo backend, one process per
+worker namespace (homagg.bench.gloo_worker, started with the testbed's
+run_in and stopped by PID), rendezvous over TCP at worker 0's address
+inside the testbed.  torch: ``pip install torch==2.13.0`` (the ``bench``
+extra).  HomAgg methods run through ``homagg run allreduce`` (its Python
+function homagg.run.run_allreduce); where that is missing or fails, the row
+says ``unavailable: <reason>`` / ``failed: <reason>`` and carries no numbers.
+
+Workloads (homagg.bench.workloads): shared, random, zipf, dense.  The Gloo
+ranks generate them with homagg.bench.workloads; HomAgg's workers generate
+theirs inside ``homagg run`` (homagg.run.gradient, same names; dense =
+density 1), recorded per row as ``generator``.
+
+Outputs with --out DIR: allreduce.json/.csv/.md and allreduce_time.png,
+allreduce_speedup.png (vs density, one panel per workload), and
+allreduce_workers.png (speedup vs W).  --json prints the report.
+"""
+import json
+import os
+import platform
+import secrets
+import select
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+from homagg.bench import report as rep
+from homagg.bench import workloads
+
+HOMAGG_METHODS = ("dense", "blocks", "lhc", "nc", "auto")
+EXACT_METHODS = ("dense", "blocks", "lhc", "auto")
+METHODS = ("gloo",) + HOMAGG_METHODS
+GLOO_PORT = 29511
+CPU_BOUND_MACHINE = 0.8
+CPU_BOUND_RANK = 0.9
+
+
+def _list(conv):
+    def parse(text):
+        return [conv(v) for v in text.split(",") if v.strip()]
+    return parse
+
+
+def add_arguments(parser):
+    parser.add_argument("--methods", type=_list(str), default=list(METHODS),
+                        help=f"comma-separated (default {','.join(METHODS)})")
+    parser.add_argument("--workloads", type=_list(str), default=list(workloads.WORKLOADS),
+                        help=f"comma-separated (default {','.join(workloads.WORKLOADS)})")
+    parser.add_argument("--workers", type=_list(int), default=[4],
+                        help="comma-separated worker counts, one testbed each (default 4)")
+    parser.add_argument("--elements", type=int, default=2**20,
+                        help="float32 elements per worker (default 2^20)")
+    parser.add_argument("--densities", type=_list(float), default=[0.001, 0.01, 0.1],
+                        help="comma-separated non-zero fractions (default 0.001,0.01,0.1; "
+                        "the dense workload runs once at 1)")
+    parser.add_argument("--link-mbit", type=float, default=1000.0,
+                        help="rate of every worker link, both directions (default 1000)")
+    parser.add_argument("--repeat", type=int, default=5, help="timed runs (default 5)")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed runs first (default 1)")
+    parser.add_argument("--seed", type=int, default=1, help="gradient seed")
+    parser.add_argument("--timeout", type=float, default=30.0,
+                        help="give-up time of one allreduce, seconds (default 30)")
+    parser.add_argument("--testbed-name", default="bench",
+                        help="name of the testbed this benchmark builds and removes (default bench)")
+    parser.add_argument("--state-dir", default=None, help="testbed state directory")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
+    parser.add_argument("--out", metavar="DIR", default=None,
+                        help="write allreduce.json/.csv/.md and the plots into DIR")
+
+
+def _progress(msg):
+    rep.progress("allreduce", msg)
+
+
+# --------------------------------------------------------------------------
+# Gloo
+
+
+def _link_bytes(tb, host):
+    """tx/rx bytes of host's eth0, from the kernel (pyroute2)."""
+    from pyroute2 import NetNS
+
+    h = tb.host(host)
+    with NetNS(h.netns, flags=0) as ns:
+        link = ns.get_links(ns.link_lookup(ifname=h.ifname)[0])[0]
+        st = link.get_attr("IFLA_STATS64")
+        return {"tx_bytes": st["tx_bytes"], "rx_bytes": st["rx_bytes"]}
+
+
+def _readline(proc, timeout):
+    r, _, _ = select.select([proc.popen.stdout], [], [], timeout)
+    return proc.popen.stdout.readline() if r else ""
+
+
+class GlooGroup:
+    """W gloo_worker processes, one per worker namespace of the testbed."""
+
+    def __init__(self, tb, timeout):
+        self.tb = tb
+        self.timeout = timeout
+        self.procs = []
+        hosts = tb.workers
+        port = GLOO_PORT + secrets.randbelow(2000)
+        init = f"tcp://{hosts[0].ip}:{port}"
+        env = dict(os.environ, GLOO_SOCKET_IFNAME=hosts[0].ifname, OMP_NUM_THREADS="1")
+        pkg_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        env["PYTHONPATH"] = pkg_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        try:
+            for r, h in enumerate(hosts):
+                argv = [sys.executable, "-m", "homagg.bench.gloo_worker", "--rank", str(r),
+                        "--world", str(len(hosts)), "--init", init, "--timeout", str(timeout)]
+                self.procs.append(tb.run_in(h.name, argv, stdin=subprocess.PIPE,
+                                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                            text=True, env=env))
+            for h, p in zip(hosts, self.procs):
+                line = _readline(p, timeout + 60)
+                if not line.startswith("{"):
+                    raise RuntimeError(f"gloo rank on {h.name} did not start: {line!r} "
+                                       f"{self._stderr(p)}")
+                self.torch_version = json.loads(line).get("torch")
+        except BaseException:
+            self.close()
+            raise
+
+    @staticmethod
+    def _stderr(p):
+        if p.poll() is None:
+            return ""
+        return p.popen.stderr.read()[-800:]
+
+    def run(self, job):
+        """One job on every rank; returns the per-rank answers and bytes."""
+        hosts = self.tb.workers
+        before = [_link_bytes(self.tb, h.name) for h in hosts]
+        line = json.dumps(job) + "\n"
+        for p in self.procs:
+            p.popen.stdin.write(line)
+            p.popen.stdin.flush()
+        answers = []
+        budget = self.timeout * (job["repeat"] + job["warmup"]) + 60
+        for h, p in zip(hosts, self.procs):
+            out = _readline(p, budget)
+            if not out:
+                raise RuntimeError(f"gloo rank on {h.name}: no answer {self._stderr(p)}")
+            a = json.loads(out)
+            if "error" in a:
+                raise RuntimeError(f"gloo rank on {h.name}: {a['error']}")
+            answers.append(a)
+        after = [_link_bytes(self.tb, h.name) for h in hosts]
+        calls = job["repeat"] + job["warmup"]
+        tx = [(b["tx_bytes"] - a["tx_bytes"]) / calls for a, b in zip(before, after)]
+        return answers, tx
+
+    def close(self):
+        for p in self.procs:
+            if p.poll() is None:
+                try:
+                    p.popen.stdin.write("quit\n")
+                    p.popen.stdin.flush()
+                    p.wait(10)
+                except (OSError, subprocess.TimeoutExpired):
+                    pass
+            p.stop()
+        self.procs = []
+
+
+def gloo_row(group, W, n, workload, density, args):
+    job = {"workload": workload, "elements": n, "density": density, "seed": args.seed,
+           "repeat": args.repeat, "warmup": args.warmup}
+    answers, tx = group.run(job)
+    per_call = np.max([a["seconds"] for a in answers], axis=0)  # slowest rank per call
+    wall = float(np.sum(per_call))
+    cpu = [a["cpu_seconds"] for a in answers]
+    ncpu = os.cpu_count() or 1
+    machine_busy = sum(cpu) / (wall * min(ncpu, W)) if wall > 0 else None
+    rank_busy = max(c / wall for c in cpu) if wall > 0 else None
+    row = _timing(per_call, n, args.link_mbit, float(np.mean(tx)))
+    row.update({
+        "exact": all(a["within_tolerance"] for a in answers),
+        "exact_kind": "float64 sum within float32 bound",
+        "max_abs_error": max(a["max_abs_error"] for a in answers),
+        "cpu_fraction_machine": machine_busy,
+        "cpu_fraction_rank_max": rank_busy,
+        "cpu_bound": bool(machine_busy > CPU_BOUND_MACHINE or rank_busy > CPU_BOUND_RANK),
+        "generator": "homagg.bench.workloads",
+        "status": "ok",
+    })
+    return row
+
+
+def _timing(seconds, n, link_mbit, bytes_per_worker):
+    s = np.asarray(seconds, dtype=np.float64)
+    med = float(np.median(s))
+    return {
+        "seconds_median": med,
+        "seconds_min": float(s.min()),
+        "seconds_max": float(s.max()),
+        "seconds_q1": float(np.percentile(s, 25)),
+        "seconds_q3": float(np.percentile(s, 75)),
+        "runs": int(s.size),
+        "algbw_gbps": 8 * 4 * n / med / 1e9 if med > 0 else None,
+        "bytes_per_worker": bytes_per_worker,
+        "link_utilisation": (8 * bytes_per_worker / med / (link_mbit * 1e6)
+                             if med > 0 and link_mbit else None),
+    }
+
+
+# --------------------------------------------------------------------------
+# HomAgg methods, through `homagg run allreduce`
+
+
+def homagg_run_available():
+    """(True, None) when `homagg run allreduce` can be called, else (False, why)."""
+    try:
+        from homagg import run as _run  # noqa: F401
+    except ImportError as exc:
+        return False, f"homagg run allreduce is not in this build ({exc})"
+    if not hasattr(_run, "run_allreduce"):
+        return False, "homagg.run has no run_allreduce"
+    return True, None
+
+
+def homagg_via_run_allreduce(testbed_name, method, n, workload, density, args):
+    """One HomAgg allreduce on the testbed, by homagg.run.run_allreduce (the
+    function behind `homagg run allreduce --testbed NAME`); returns its report."""
+    from homagg import run as hrun
+
+    run_workload, run_density = (("shared", 1.0) if workload == "dense" else (workload, density))
+    return hrun.run_allreduce(testbed_name, method, n, run_density, workload=run_workload,
+                              seed=args.seed, timeout=args.timeout, state_dir=args.state_dir)
+
+
+def homagg_row(testbed_name, method, W, n, workload, density, args):
+    ok, why = homagg_run_available()
+    if not ok:
+        return {"status": f"unavailable: {why}"}
+    seconds, tx, exact, agree, chosen = [], [], [], [], None
+    try:
+        for i in range(args.warmup + args.repeat):
+            r = homagg_via_run_allreduce(testbed_name, method, n, workload, density, args)
+            agree.append(bool(r["workers_agree"]))
+            exact.append(r["exact"])
+            if i >= args.warmup:
+                seconds.append(r["seconds"])
+                tx.append(float(np.mean(r["bytes_per_worker"])))
+            chosen = (r.get("worker_stats") or [{}])[0].get("method_chosen", chosen)
+    except Exception as exc:  # a failed method is a result, not a crash of the whole run
+        return {"status": f"failed: {type(exc).__name__}: {exc}"[:500]}
+    row = _timing(seconds, n, args.link_mbit, float(np.mean(tx)))
+    row.update({
+        "exact": (None if method not in EXACT_METHODS
+                  else all(e is True for e in exact) and all(agree)),
+        "exact_kind": ("bit-exact vs fixed-point reference" if method in EXACT_METHODS
+                       else "lossy by design"),
+        "workers_agree": all(agree),
+        "cpu_bound": None,
+        "generator": "homagg.run.gradient",
+        "status": "ok",
+    })
+    return row
+
+
+# --------------------------------------------------------------------------
+
+
+def _cases(args):
+    for wl in args.workloads:
+        for d in ([1.0] if wl == "dense" else args.densities):
+            yield wl, d
+
+
+def run(args):
+    from homagg.testbed import Testbed, require_root
+
+    bad = [m for m in args.methods if m not in METHODS]
+    bad += [w for w in args.workloads if w not in workloads.WORKLOADS]
+    if bad:
+        raise SystemExit(f"unknown method(s)/workload(s): {bad}")
+    if args.repeat < 1 or args.warmup < 0 or args.elements < 1:
+        raise SystemExit("--repeat >= 1, --warmup >= 0, --elements >= 1")
+    require_root("homagg bench allreduce")
+    results = []
+    torch_version = None
+    for W in args.workers:
+        name = args.testbed_name
+        _progress(f"testbed {name}: {W} workers, links {args.link_mbit:g} Mbit/s")
+        tb = Testbed.up(name, W, link_mbit=args.link_mbit, state_dir=args.state_dir)
+        try:
+            gloo = None
+            if "gloo" in args.methods:
+                try:
+                    gloo = GlooGroup(tb, args.timeout)
+                    torch_version = gloo.torch_version
+                except Exception as exc:
+                    gloo = f"unavailable: {type(exc).__name__}: {exc}"[:500]
+                    _progress(f"gloo {gloo}")
+            try:
+                for wl, d in _cases(args):
+                    base = {"workers": W, "elements": args.elements, "workload": wl, "density": d}
+                    rows = {}
+                    for m in args.methods:
+                        if m == "gloo":
+                            if isinstance(gloo, str):
+                                row = {"status": gloo}
+                            else:
+                                try:
+                                    row = gloo_row(gloo, W, args.elements, wl, d, args)
+                                except Exception as exc:
+                                    row = {"status": f"failed: {type(exc).__name__}: {exc}"[:500]}
+                        else:
+                            row = homagg_row(name, m, W, args.elements, wl, d, args)
+                        rows[m] = {"method": m, **base, **row}
+                        _progress(_line(rows[m]))
+                    g = rows.get("gloo", {}).get("seconds_median")
+                    for r in rows.values():
+                        s = r.get("seconds_median")
+                        r["speedup_vs_gloo"] = g / s if g and s else None
+                        results.append(r)
+            finally:
+                if gloo is not None and not isinstance(gloo, str):
+                    gloo.close()
+        finally:
+            Testbed.down(name, state_dir=args.state_dir)
+            _progress(f"testbed {name} removed")
+    return rep.header(benchmark="allreduce", link_mbit=args.link_mbit, elements=args.elements,
+                      repeat=args.repeat, warmup=args.warmup, seed=args.seed,
+                      _extra_versions=("torch", "pyroute2"),
+                      torch_runtime=torch_version, kernel=platform.release(), results=results)
+
+
+def _line(r):
+    head = f"W={r['workers']} {r['method']:6s} {r['workload']:6s} d={r['density']:<6g}"
+    if r.get("status") != "ok":
+        return f"{head} {r.get('status')}"
+    return (f"{head} median {r['seconds_median'] * 1e3:9.2f} ms "
+            f"[{r['seconds_min'] * 1e3:.2f}..{r['seconds_max'] * 1e3:.2f}], "
+            f"{r['bytes_per_worker'] / 1e6:.3f} MB/worker, exact {r['exact']}, "
+            f"cpu_bound {r['cpu_bound']}")
+
+
+MD_COLUMNS = ("workers", "workload", "density", "method", "status", "seconds_median",
+              "seconds_min", "seconds_max", "speedup_vs_gloo", "algbw_gbps", "bytes_per_worker",
+              "link_utilisation", "exact", "cpu_bound")
+
+
+def plot(report, out_dir):
+    plt = rep.pyplot()
+    rows = [r for r in report["results"] if r.get("status") == "ok"]
+    paths = []
+    wls = list(dict.fromkeys(r["workload"] for r in report["results"]))
+    methods = list(dict.fromkeys(r["method"] for r in report["results"]))
+    wmax = max((r["workers"] for r in report["results"]), default=0)
+    for key, fname, ylabel in (("seconds_median", "allreduce_time.png", "allreduce time (s)"),
+                               ("speedup_vs_gloo", "allreduce_speedup.png", "speedup vs Gloo")):
+        fig, axes = plt.subplots(1, max(1, len(wls)), figsize=(4.5 * max(1, len(wls)), 4),
+                                 squeeze=False)
+        for ax, wl in zip(axes[0], wls):
+            for m in methods:
+                rs = sorted((r for r in rows if r["workload"] == wl and r["method"] == m
+                             and r["workers"] == wmax and r.get(key) is not None),
+                            key=lambda r: r["density"])
+                if rs:
+                    ax.plot([r["density"] for r in rs], [r[key] for r in rs], marker="o", label=m)
+            ax.set_xscale("log")
+            if key == "seconds_median":
+                ax.set_yscale("log")
+            ax.set_title(f"{wl}, W={wmax}")
+            ax.set_xlabel("density")
+            ax.set_ylabel(ylabel)
+            ax.grid(True, which="both", alpha=0.3)
+            ax.legend(fontsize=7)
+        fig.suptitle(f"{report['elements']} float32, links {report['link_mbit']:g} Mbit/s")
+        fig.tight_layout()
+        p = os.path.join(out_dir, fname)
+        fig.savefig(p, dpi=100)
+        plt.close(fig)
+        paths.append(p)
+    fig, axes = plt.subplots(1, max(1, len(wls)), figsize=(4.5 * max(1, len(wls)), 4), squeeze=False)
+    for ax, wl in zip(axes[0], wls):
+        ds = sorted({r["density"] for r in rows if r["workload"] == wl})
+        d = ds[len(ds) // 2] if ds else None
+        for m in methods:
+            rs = sorted((r for r in rows if r["workload"] == wl and r["method"] == m
+                         and r["density"] == d and r.get("speedup_vs_gloo") is not None),
+                        key=lambda r: r["workers"])
+            if rs:
+                ax.plot([r["workers"] for r in rs], [r["speedup_vs_gloo"] for r in rs],
+                        marker="o", label=m)
+        ax.set_xscale("log", base=2)
+        ax.set_title(f"{wl}, density {d}")
+        ax.set_xlabel("workers W")
+        ax.set_ylabel("speedup vs Gloo")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    p = os.path.join(out_dir, "allreduce_workers.png")
+    fig.savefig(p, dpi=100)
+    plt.close(fig)
+    paths.append(p)
+    return paths
+
+
+def main(args):
+    from homagg.testbed import RootRequired
+
+    t0 = time.perf_counter()
+    try:
+        report = run(args)
+    except RootRequired as exc:
+        print(f"homagg bench allreduce: {exc}", file=sys.stderr)
+        return 2
+    report["seconds_total"] = time.perf_counter() - t0
+    if args.out:
+        paths = rep.write_outputs(args.out, "allreduce", report, MD_COLUMNS,
+                                  "Allreduce on the local testbed: HomAgg vs Gloo")
+        paths = list(paths.values()) + plot(report, args.out)
+        _progress("wrote " + ", ".join(paths))
+    if args.json:
+        json.dump(report, sys.stdout, indent=2, default=str)
+        sys.stdout.write("\n")
+    bad = [r for r in report["results"] if r.get("exact") is False]
+    if bad:
+        _progress(f"NOT EXACT: {[(r['workers'], r['method'], r['workload'], r['density']) for r in bad]}")
+        return 1
+    return 0

@@ -1,0 +1,86 @@
+"""Aggregation engine throughput on one core, next to the raw SUM32 kernel.
+
+Pre-built SUM32 frames of W workers go through hg_engine_process() on the
+calling thread (an in-memory null port: nothing else is measured); in the
+same run the raw SUM32 kernel is timed over the same payload bytes in the
+same order, in ten alternating phases (Mpps: the best phase of each; the
+means are in --json).  The ratio engine/raw says how much of the kernel's speed the
+whole data path (parsing, validation, slot state, results) keeps.
+
+    homagg bench engine                 # W = 2, 8, 32; 1024-byte payloads
+    homagg bench engine --workers 8 --payload 4096 --json
+"""
+import json
+
+from homagg._native import ffi, lib
+from homagg.errors import check
+from homagg.kernels import _isa
+
+
+def run(workers, payload_bytes=1024, slots=16, seconds=1.0, multicast=True, udp_csum=False,
+        isa="best", burst=32):
+    """One measurement: a dict with workers, payload_bytes, mpps, raw_kernel_mpps, ..."""
+    c = ffi.new("struct hg_bench_engine_config *")
+    lib.hg_bench_engine_config_init(c)
+    c.workers = workers
+    c.payload_bytes = payload_bytes
+    c.slots = slots
+    c.burst = burst
+    c.seconds = seconds
+    c.multicast = multicast
+    c.udp_csum = udp_csum
+    c.isa = _isa(isa)
+    r = ffi.new("struct hg_bench_engine_result *")
+    check(lib.hg_bench_engine(c, r), "hg_bench_engine")
+    return {
+        "workers": workers,
+        "payload_bytes": payload_bytes,
+        "slots": slots,
+        "multicast": multicast,
+        "udp_csum": udp_csum,
+        "isa": isa if isa != "best" else ffi.string(lib.hg_isa_name(lib.hg_isa_best())).decode(),
+        "packets": r.packets,
+        "seconds": r.seconds,
+        "mpps": r.mpps,
+        "gbit_s": r.mpps * payload_bytes * 8 / 1e3,
+        "mpps_mean": r.mpps_mean,
+        "raw_kernel_mpps": r.raw_kernel_mpps,
+        "raw_kernel_mpps_mean": r.raw_kernel_mpps_mean,
+        "ratio": r.mpps / r.raw_kernel_mpps if r.raw_kernel_mpps else 0.0,
+        "completed": r.completed,
+        "results_sent": r.results_sent,
+        "dropped": r.dropped,
+    }
+
+
+def add_arguments(p):
+    p.add_argument("--workers", type=int, nargs="+", default=[2, 8, 32], metavar="W",
+                   help="worker counts to measure (default 2 8 32)")
+    p.add_argument("--payload", type=int, default=1024, metavar="BYTES",
+                   help="SUM32 payload bytes per frame (default 1024)")
+    p.add_argument("--slots", type=int, default=16, help="chunks in flight (default 16)")
+    p.add_argument("--seconds", type=float, default=1.0,
+                   help="time budget of each measurement (default 1)")
+    p.add_argument("--unicast", action="store_true",
+                   help="one result frame per worker instead of one multicast frame")
+    p.add_argument("--udp-csum", action="store_true",
+                   help="software UDP checksums (verify every frame, fill every result)")
+    p.add_argument("--isa", default="best", choices=["best", "portable", "avx2", "avx512"])
+    p.add_argument("--json", action="store_true", help="print a JSON list of results")
+
+
+def main(args):
+    rows = [run(w, args.payload, args.slots, args.seconds, not args.unicast, args.udp_csum,
+                args.isa) for w in args.workers]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    print(f"engine on one core: SUM32, {args.payload}-byte payloads, "
+          f"{'unicast' if args.unicast else 'multicast'} results, "
+          f"UDP checksums {'in software' if args.udp_csum else 'offloaded'}, ISA {rows[0]['isa']}")
+    print(f"{'W':>4} {'engine Mpps':>12} {'Gbit/s':>8} {'raw kernel Mpps':>16} {'ratio':>6} "
+          f"{'dropped':>8}")
+    for r in rows:
+        print(f"{r['workers']:>4} {r['mpps']:>12.2f} {r['gbit_s']:>8.1f} "
+              f"{r['raw_kernel_mpps']:>16.2f} {r['ratio']:>6.2f} {r['dropped']:>8}")
+    return 0

@@ -1,0 +1,109 @@
+"""One rank of the Gloo ring all-reduce baseline (torch.distributed).
+
+Started by ``homagg bench allreduce`` inside a worker namespace of the
+testbed::
+
+    python -m homagg.bench.gloo_worker --rank R --world W --init tcp://IP:PORT
+
+It joins the process group (Gloo backend, TCP rendezvous at rank 0's
+address inside the testbed), prints ``{"ready": ...}``, then reads one JSON
+job per line from stdin and answers each with one JSON line on stdout:
+
+    {"workload", "elements", "density", "seed", "repeat", "warmup"}
+
+For each job it generates its gradient (homagg.bench.workloads, so every
+rank knows every other rank's input), runs ``warmup`` untimed and
+``repeat`` timed all_reduce calls of a fresh float32 tensor (a barrier
+before each one, so every rank starts together), and reports the seconds
+of each timed call, the process CPU time (user + system, every thread)
+spent in them, and whether the result equals the float64 sum within the
+float32 summation bound W * 2^-23 * sum_w |x_w| (+ the final rounding).
+A line ``"quit"`` ends the process.
+"""
+import argparse
+import datetime
+import json
+import sys
+import time
+
+import numpy as np
+
+
+def _cpu():
+    t = time.process_time()  # user + system of every thread of the process
+    return t
+
+
+def _check(y, grads):
+    """y against the float64 sum, within float32 summation error."""
+    xs = np.stack([g.astype(np.float64) for g in grads])
+    exact_sum = xs.sum(axis=0)
+    bound = (len(grads) + 1) * 2.0**-23 * np.abs(xs).sum(axis=0)
+    err = np.abs(y.astype(np.float64) - exact_sum)
+    ok = bool(np.all(err <= bound))
+    return ok, float(err.max()) if err.size else 0.0
+
+
+def run_job(dist, torch, job, rank, world):
+    from homagg.bench import workloads
+
+    grads = [workloads.generate(job["workload"], world, job["elements"], job["density"],
+                                job["seed"], w) for w in range(world)]
+    x = torch.from_numpy(grads[rank])
+    for _ in range(job["warmup"]):
+        buf = x.clone()
+        dist.barrier()
+        dist.all_reduce(buf)
+    seconds, cpu = [], 0.0
+    result = None
+    for _ in range(job["repeat"]):
+        buf = x.clone()
+        dist.barrier()
+        c0, t0 = _cpu(), time.perf_counter()
+        dist.all_reduce(buf)
+        t1, c1 = time.perf_counter(), _cpu()
+        seconds.append(t1 - t0)
+        cpu += c1 - c0
+        result = buf
+    ok, err = _check(result.numpy(), grads) if result is not None else (None, None)
+    return {"rank": rank, "seconds": seconds, "cpu_seconds": cpu,
+            "within_tolerance": ok, "max_abs_error": err}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m homagg.bench.gloo_worker")
+    ap.add_argument("--rank", type=int, required=True)
+    ap.add_argument("--world", type=int, required=True)
+    ap.add_argument("--init", required=True, help="tcp://IP:PORT of rank 0")
+    ap.add_argument("--timeout", type=float, default=120.0)
+    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    args = ap.parse_args(argv)
+
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(args.threads)
+    dist.init_process_group("gloo", init_method=args.init, rank=args.rank,
+                            world_size=args.world,
+                            timeout=datetime.timedelta(seconds=args.timeout))
+    print(json.dumps({"ready": args.rank, "torch": torch.__version__}), flush=True)
+    try:
+        for line in sys.stdin:
+            line = line.strip()
+            if not line:
+                continue
+            if line == "quit":
+                break
+            job = json.loads(line)
+            try:
+                out = run_job(dist, torch, job, args.rank, args.world)
+            except Exception as exc:  # report, keep the protocol line-based
+                out = {"rank": args.rank, "error": f"{type(exc).__name__}: {exc}"}
+            print(json.dumps(out), flush=True)
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,237 @@
+"""Scaling with W on the simulated cluster, next to ring all-reduce.
+
+The NIC-model cluster (homagg.sim.Cluster: the C engine and W C worker
+clients over the software NIC, virtual time, every link at --link-gbps)
+runs one allreduce per (W, method) on a fresh cluster.  Per row:
+
+- aggregator throughput in virtual time: frames the engine received per
+  second and the workers' payload bytes per second (Gbit/s), against the
+  aggregator's one link at --link-gbps;
+- the allreduce's virtual time, and what it costs to simulate it: wall
+  seconds and simulated frames per wall second;
+- bytes per worker: HomAgg payload sent and received (the client's
+  counters) and on the wire (+ Ethernet/IP/UDP/HomAgg headers per frame),
+  next to ring all-reduce's 2(W-1)/W x 4n bytes per worker and the ring's
+  bandwidth-only time 2(W-1)/W x 4n x 8 / link (a model, not a measurement:
+  no latency, no CPU);
+- exact: the result is bit-identical, on every worker, to the numpy
+  fixed-point reference (homagg.reference); nc is lossy by design, so it
+  reports its relative L2 error against the float64 sum instead.
+
+Outputs with --out DIR: scale.json, scale.csv, scale.md, scale.png (bytes
+per worker and time vs W, log2 x-axis).  --json prints the report.
+"""
+import json
+import sys
+import time
+
+import numpy as np
+
+from homagg.bench import report as rep
+from homagg.bench import workloads
+
+METHODS = ("dense", "blocks", "lhc", "nc", "auto")
+EXACT_METHODS = ("dense", "blocks", "lhc", "auto")
+DEFAULT_WORKERS = "8,16,32,64,128,256"
+# Bytes around every HomAgg payload on the wire: Ethernet + IPv4 + UDP + the
+# HomAgg header (homagg/wire.h HG_ETH_IP_UDP_LEN + HG_HDR_LEN).
+FRAME_OVERHEAD = 42 + 24
+AGG_RX_RING = 4096
+
+
+def _int_list(text):
+    return [int(v) for v in text.split(",") if v.strip()]
+
+
+def _name_list(text):
+    return [v.strip() for v in text.split(",") if v.strip()]
+
+
+def add_arguments(parser):
+    parser.add_argument("--workers", type=_int_list, default=_int_list(DEFAULT_WORKERS),
+                        help=f"comma-separated worker counts (default {DEFAULT_WORKERS})")
+    parser.add_argument("--elements", type=int, default=2**18,
+                        help="float32 elements per worker (default 2^18)")
+    parser.add_argument("--density", type=float, default=0.01,
+                        help="non-zero fraction per worker (default 0.01)")
+    parser.add_argument("--workload", default="zipf", choices=workloads.WORKLOADS,
+                        help="gradient pattern, see homagg.bench.workloads (default zipf)")
+    parser.add_argument("--methods", type=_name_list, default=list(METHODS),
+                        help=f"comma-separated methods (default {','.join(METHODS)})")
+    parser.add_argument("--link-gbps", type=float, default=100.0,
+                        help="line rate of every simulated link (default 100)")
+    parser.add_argument("--block", type=int, default=None,
+                        help="block elements (default HG_DEFAULT_BLOCK)")
+    parser.add_argument("--slots", type=int, default=None,
+                        help="aggregator slots per job = each worker's window (default: "
+                        "auto_slots(W), so W x S fits in half the aggregator's rx ring)")
+    parser.add_argument("--seed", type=int, default=1, help="seed of the gradients")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
+    parser.add_argument("--out", metavar="DIR", default=None,
+                        help="write scale.json/.csv/.md/.png into DIR")
+
+
+def auto_slots(workers):
+    """A window that does not overflow the aggregator: W x S <= 2048 frames,
+    half the simulated aggregator port's 4096-frame rx ring (homagg/sim.c).
+    A larger window only turns the incast into drops and retransmissions
+    (the row's retransmissions column shows them with --slots)."""
+    return min(64, max(4, AGG_RX_RING // 2 // workers))
+
+
+def ring_bytes_per_worker(workers, elements):
+    """Bytes each worker sends in a ring all-reduce of float32 (reduce-scatter
+    + all-gather): 2 (W-1)/W x 4n."""
+    return 2.0 * (workers - 1) / workers * 4 * elements
+
+
+def _payload(stats_dict):
+    return int(sum(stats_dict.values()))
+
+
+def run_one(grads, method, link_gbps, block, slots, seed, want=None, f64=None):
+    """One allreduce of grads on a fresh simulated cluster; returns a row
+    (without the W/workload context) and the result."""
+    from homagg.sim import Cluster
+
+    W = len(grads)
+    n = grads[0].size
+    with Cluster(workers=W, link_gbps=link_gbps, slots=slots, seed=seed) as cl:
+        t0 = time.perf_counter()
+        res = cl.allreduce(grads, method=method, block_elements=block)
+        wall = time.perf_counter() - t0
+        sim = cl.stats()
+    per = res.stats["workers"]
+    sent = [_payload(w["bytes_sent"]) for w in per]
+    recv = [_payload(w["bytes_received"]) for w in per]
+    pkts = [w["packets_sent"] for w in per]
+    vt = res.stats["virtual_time"]
+    eng = res.stats["engine"]
+    ring = ring_bytes_per_worker(W, n)
+    row = {
+        "method": method,
+        "slots": slots,
+        "method_chosen": res.stats["method"],
+        "virtual_seconds": vt,
+        "wall_seconds": wall,
+        "sim_frames_per_wall_s": sim["frames_tx"] / wall if wall > 0 else None,
+        "agg_frames_received": eng["received"],
+        "agg_results_sent": eng["results_sent"],
+        "agg_packets_per_s": eng["received"] / vt if vt > 0 else None,
+        "agg_payload_gbps": 8.0 * sum(sent) / vt / 1e9 if vt > 0 else None,
+        "link_utilisation": (8.0 * (sum(sent) + FRAME_OVERHEAD * sum(pkts)) / vt / 1e9 / link_gbps
+                             if vt > 0 and link_gbps > 0 else None),
+        "bytes_sent_per_worker": float(np.mean(sent)),
+        "bytes_received_per_worker": float(np.mean(recv)),
+        "bytes_sent_per_worker_max": int(max(sent)),
+        "wire_bytes_per_worker": float(np.mean(sent) + FRAME_OVERHEAD * np.mean(pkts)),
+        "packets_per_worker": float(np.mean(pkts)),
+        "ring_bytes_per_worker": ring,
+        "ratio_vs_ring": float(np.mean(sent)) / ring if ring else None,
+        "ring_model_seconds": ring * 8 / (link_gbps * 1e9) if link_gbps > 0 else None,
+        "retransmissions": int(sum(w["retransmissions"] for w in per)),
+        "stalled_blocks": int(per[0]["stalled_blocks"]),
+        "exact": None,
+        "rel_l2_error": None,
+    }
+    agree = all(np.array_equal(o.view(np.uint32), res.sum.view(np.uint32)) for o in res.outputs)
+    if method in EXACT_METHODS and want is not None:
+        row["exact"] = bool(agree and np.array_equal(res.sum.view(np.uint32), want.view(np.uint32)))
+    if f64 is not None:
+        norm = float(np.linalg.norm(f64))
+        err = float(np.linalg.norm(res.sum.astype(np.float64) - f64))
+        row["rel_l2_error"] = err / norm if norm else err
+    row["workers_agree"] = bool(agree)
+    return row, res
+
+
+def run(args):
+    from homagg import reference
+    from homagg._native import lib
+
+    block = args.block or lib.HG_DEFAULT_BLOCK
+    unknown = [m for m in args.methods if m not in METHODS]
+    if unknown:
+        raise SystemExit(f"unknown method(s) {unknown}; choose from {','.join(METHODS)}")
+    if args.elements <= 0 or not args.workers or min(args.workers) < 1:
+        raise SystemExit("--elements and --workers must be positive")
+    rows = []
+    density = workloads.effective_density(args.workload, args.density)
+    for W in args.workers:
+        rep.progress("scale", f"W={W}: {args.workload} gradients of {args.elements} float32, "
+                     f"density {density}")
+        grads = workloads.generate_all(args.workload, W, args.elements, density, args.seed)
+        want = reference.allreduce(grads, block) if set(args.methods) & set(EXACT_METHODS) else None
+        f64 = np.sum([g.astype(np.float64) for g in grads], axis=0)
+        union = int(np.count_nonzero(np.any([g != 0 for g in grads], axis=0)))
+        for m in args.methods:
+            slots = args.slots or auto_slots(W)
+            row, _res = run_one(grads, m, args.link_gbps, block, slots, args.seed,
+                                want=want, f64=f64)
+            row = {"workers": W, "elements": args.elements, "workload": args.workload,
+                   "density": density, "union_density": union / args.elements, **row}
+            rows.append(row)
+            rep.progress("scale", f"W={W} {m:6s} virtual {row['virtual_seconds'] * 1e3:8.3f} ms "
+                         f"(ring model {row['ring_model_seconds'] * 1e3:.3f} ms), "
+                         f"{row['bytes_sent_per_worker'] / 1e6:.3f} MB/worker "
+                         f"({row['ratio_vs_ring']:.3f} x ring), agg "
+                         f"{row['agg_payload_gbps']:.1f} Gbit/s, wall {row['wall_seconds']:.2f} s, "
+                         f"retx {row['retransmissions']}, exact {row['exact']}")
+        del grads
+    return rep.header(benchmark="scale", link_gbps=args.link_gbps, elements=args.elements,
+                      density=density, workload=args.workload, block_elements=block,
+                      slots=args.slots or "auto", seed=args.seed, results=rows)
+
+
+MD_COLUMNS = ("workers", "method", "method_chosen", "slots", "virtual_seconds", "ring_model_seconds",
+              "bytes_sent_per_worker", "ring_bytes_per_worker", "ratio_vs_ring",
+              "agg_packets_per_s", "agg_payload_gbps", "wall_seconds", "retransmissions", "exact", "rel_l2_error")
+
+
+def plot(report, path):
+    plt = rep.pyplot()
+    rows = report["results"]
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    ws = sorted({r["workers"] for r in rows})
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for m in methods:
+        rs = sorted((r for r in rows if r["method"] == m), key=lambda r: r["workers"])
+        ax1.plot([r["workers"] for r in rs], [r["bytes_sent_per_worker"] for r in rs],
+                 marker="o", label=m)
+        ax2.plot([r["workers"] for r in rs], [r["virtual_seconds"] for r in rs],
+                 marker="o", label=m)
+    ring = {r["workers"]: r for r in rows}
+    ax1.plot(ws, [ring[w]["ring_bytes_per_worker"] for w in ws], "k--", label="ring 2(W-1)/W·4n")
+    ax2.plot(ws, [ring[w]["ring_model_seconds"] for w in ws], "k--",
+             label="ring, bandwidth model")
+    for ax, yl in ((ax1, "payload bytes sent per worker"), (ax2, "allreduce time (s, virtual)")):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("workers W")
+        ax.set_ylabel(yl)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"HomAgg on the simulated cluster: {report['elements']} elements, "
+                 f"{report['workload']} density {report['density']}, {report['link_gbps']} Gbit/s links")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def main(args):
+    report = run(args)
+    if args.out:
+        import os
+        paths = rep.write_outputs(args.out, "scale", report, MD_COLUMNS,
+                                  "HomAgg scaling on the simulated cluster")
+        paths["png"] = plot(report, os.path.join(args.out, "scale.png"))
+        rep.progress("scale", "wrote " + ", ".join(paths.values()))
+    if args.json:
+        json.dump(report, sys.stdout, indent=2, default=str)
+        sys.stdout.write("\n")
+    bad = [r for r in report["results"] if r["exact"] is False or not r["workers_agree"]]
+    if bad:
+        rep.progress("scale", f"NOT EXACT: {[(r['workers'], r['method']) for r in bad]}")
+        return 1
+    return 0

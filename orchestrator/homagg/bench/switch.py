@@ -1,0 +1,67 @@
+"""Aggregator data path: packets per second of homagg-switch's engine on one lcore.
+
+Runs build/<variant>/homagg-switch-bench (dataplane_c/dpdk/bench/): one
+process, the engine on its own lcore behind the DPDK port backend on a
+net_ring ethdev, fed with SUM32 frames of W workers by a generator on the
+main lcore.  Each run reports Mpps (frames received by the engine per
+second), the Gbit/s of those frames, and the drops (must be 0).  Needs root
+(EAL) and two cores for the two-lcore figure.
+"""
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+
+ROOT = pathlib.Path(__file__).resolve().parents[3]
+
+
+def add_arguments(parser):
+    parser.add_argument("--workers", type=int, nargs="+", default=[2, 8, 32],
+                        help="W values to measure (default 2 8 32)")
+    parser.add_argument("--payload", type=int, default=1024,
+                        help="payload bytes per frame (default 1024)")
+    parser.add_argument("--slots", type=int, default=256)
+    parser.add_argument("--seconds", type=float, default=2.0)
+    parser.add_argument("--lcores", default="0,1",
+                        help="EAL lcore list: generator first, engine second (default 0,1)")
+    parser.add_argument("--binary", default=None,
+                        help="path of homagg-switch-bench (default build/release/)")
+    parser.add_argument("--json", action="store_true", help="one JSON object per line")
+
+
+def run_one(binary, workers, payload, slots, seconds, lcores):
+    with tempfile.TemporaryDirectory(prefix="homagg-bench-") as rundir:
+        env = dict(os.environ, RUNTIME_DIRECTORY=rundir, XDG_RUNTIME_DIR=rundir)
+        cmd = [str(binary), "-l", lcores, "--no-huge", "-m", "512", "--no-pci",
+               "--no-shconf", "--no-telemetry", "--log-level", "lib.eal:error",
+               "--", "--workers", str(workers), "--payload", str(payload),
+               "--slots", str(slots), "--seconds", str(seconds), "--json"]
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env,
+                              timeout=seconds * 4 + 60)
+    lines = [x for x in proc.stdout.splitlines() if x.startswith("{")]
+    if proc.returncode not in (0, 2) or not lines:
+        raise RuntimeError(f"{binary} failed ({proc.returncode}): {proc.stderr.strip()[-2000:]}")
+    return json.loads(lines[-1])
+
+
+def main(args):
+    binary = pathlib.Path(args.binary) if args.binary else \
+        ROOT / "build" / "release" / "homagg-switch-bench"
+    if not binary.exists():
+        print(f"{binary} is missing: run `make switch`", file=sys.stderr)
+        return 1
+    rc = 0
+    for w in args.workers:
+        r = run_one(binary, w, args.payload, args.slots, args.seconds, args.lcores)
+        if r["drops"]:
+            rc = 2
+        if args.json:
+            print(json.dumps(r), flush=True)
+        else:
+            print(f"W={r['workers']:4d} payload={r['payload']} B: {r['mpps']:7.3f} Mpps "
+                  f"{r['gbps']:6.2f} Gbit/s on 1 engine lcore ({r['lcores']} lcores, "
+                  f"{r['isa']}), drops {r['drops']}, engine idle "
+                  f"{100 * r['engine_idle']:.1f}%", flush=True)
+    return rc

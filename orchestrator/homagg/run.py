@@ -1,0 +1,445 @@
+"""Run one allreduce on a local testbed: DPDK aggregator plus one worker per namespace.
+
+    sudo homagg testbed up --workers 4 --link-mbit 1000 --name demo
+    sudo homagg run allreduce --testbed demo --method lhc --elements 1000000 --density 0.01
+
+starts homagg-switch in the aggregator's namespace (DPDK vdev net_af_xdp on
+its eth0, falling back to net_af_packet), registers a job over the control
+socket, starts one worker process in every worker namespace (each generates
+its gradient from the seed and its worker id, then calls
+homagg.worker.Worker.allreduce), checks every worker's result bit for bit
+against the fixed-point reference (numpy), prints the time, the bytes each
+worker put on its link and the daemon's counters, and stops every process it
+started (by PID).  The exit status is 0 when every exact method's result is
+bit-exact on every worker (nc is lossy by design: it must only agree across
+workers).
+
+workloads (--density D = fraction of non-zero elements per worker):
+  shared  every worker has the same non-zero positions (dense-ish layers)
+  random  every worker picks its own positions uniformly
+  zipf    positions drawn from a Zipf(1.2) popularity (embedding rows)
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import pathlib
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+from homagg.errors import HomAggError, PeerTimeout
+from homagg.testbed import Testbed, TestbedError
+
+METHODS = ("dense", "blocks", "lhc", "nc", "auto")
+EXACT_METHODS = ("dense", "blocks", "lhc", "auto")
+WORKLOADS = ("shared", "random", "zipf")
+UDP_PORT = 48879  # HG_UDP_PORT (wire.h)
+DEFAULT_BLOCK = 4096  # HG_DEFAULT_BLOCK (codec.h)
+EAL_BASE = ["-l", "0", "--no-huge", "-m", "256", "--no-pci", "--no-shconf", "--no-telemetry",
+            "--log-level", "lib.eal:error"]
+
+
+class RunError(HomAggError):
+    """The run could not be set up or a process failed."""
+
+
+# --------------------------------------------------------------------------
+# Gradients and the reference
+
+
+def gradient(elements: int, density: float, workload: str, seed: int, worker: int) -> np.ndarray:
+    """Worker ``worker``'s float32 gradient: ``round(density * elements)``
+    non-zero N(0, 1e-3) values at positions chosen by ``workload``.  A pure
+    function of its arguments, so the checker rebuilds every worker's input."""
+    if workload not in WORKLOADS:
+        raise RunError(f"workload {workload!r} not in {WORKLOADS}")
+    nnz = int(round(min(max(density, 0.0), 1.0) * elements))
+    rng = np.random.default_rng([seed, 1 + worker])
+    if workload == "shared":
+        pos = np.random.default_rng([seed, 0]).choice(elements, nnz, replace=False)
+    elif workload == "random":
+        pos = rng.choice(elements, nnz, replace=False)
+    else:
+        # rank r is popular with weight r^-1.2; ranks map to positions by a
+        # permutation shared by every worker, so the hot rows coincide
+        perm = np.random.default_rng([seed, 0]).permutation(elements)
+        w = np.arange(1, elements + 1, dtype=np.float64) ** -1.2
+        pos = perm[rng.choice(elements, nnz, replace=False, p=w / w.sum())]
+    x = np.zeros(elements, dtype=np.float32)
+    x[pos] = (rng.standard_normal(nnz) * 1e-3).astype(np.float32)
+    return x
+
+
+def reference(grads: list[np.ndarray], block: int) -> np.ndarray:
+    """The bit-exact result of an exact method: homagg.reference when the
+    package has it, else the fixed-point contract computed here."""
+    try:
+        from homagg import reference as ref
+    except ImportError:
+        ref = None
+    if ref is not None and hasattr(ref, "allreduce"):
+        return ref.allreduce(grads, block)
+    return _reference_numpy(grads, block)
+
+
+def _reference_numpy(grads: list[np.ndarray], block: int) -> np.ndarray:
+    """DESIGN.md "fixed point": per block b, E_b = max over workers of the
+    frexp exponent of max|x| (clamped to [-126, 128]), s_b = 30 -
+    ceil(log2 W) - E_b, q = round_half_even(x * 2^s_b), y = float32(sum q *
+    2^-s_b); a block that is zero everywhere is +0."""
+    W = len(grads)
+    n = grads[0].size
+    nb = (n + block - 1) // block
+    pad = nb * block - n
+    xs = [np.pad(np.asarray(g, np.float32).astype(np.float64), (0, pad)).reshape(nb, block)
+          for g in grads]
+    m = np.max([np.abs(x).max(axis=1) for x in xs], axis=0)
+    _, e = np.frexp(m)
+    E = np.clip(e.astype(np.int64), -126, 128)
+    s = 30 - (W - 1).bit_length() - E
+    zero = m == 0
+    s[zero] = 0
+    total = np.zeros((nb, block), dtype=np.int64)
+    for x in xs:
+        total += np.rint(np.ldexp(x, s[:, None])).astype(np.int64)
+    y = np.ldexp(total.astype(np.float64), -s[:, None]).astype(np.float32)
+    y[zero] = 0
+    return y.reshape(-1)[:n]
+
+
+# --------------------------------------------------------------------------
+# The daemon
+
+
+def find_switch() -> str:
+    """homagg-switch: $HOMAGG_SWITCH, else build/release/ of the source tree
+    this package lives in, else PATH."""
+    env = os.environ.get("HOMAGG_SWITCH")
+    if env:
+        return env
+    here = pathlib.Path(__file__).resolve().parents[2] / "build" / "release" / "homagg-switch"
+    if here.exists():
+        return str(here)
+    found = shutil.which("homagg-switch")
+    if found:
+        return found
+    raise RunError("homagg-switch not found: run `make build` (or set HOMAGG_SWITCH)")
+
+
+class Switch:
+    """homagg-switch in the testbed's aggregator namespace."""
+
+    def __init__(self, tb: Testbed, workdir: str, pmd: str = "auto", switch: str | None = None,
+                 ready_timeout: float = 30.0):
+        self.tb = tb
+        self.workdir = workdir
+        self.control = os.path.join(workdir, "control.sock")
+        self.proc = None
+        self.pmd = None
+        self.log = ""
+        binary = switch or find_switch()
+        agg = tb.aggregator
+        tried = []
+        for kind in (("af_xdp", "af_packet") if pmd == "auto" else (pmd,)):
+            vdev = f"net_{kind}0,iface={agg.ifname}"
+            logpath = os.path.join(workdir, f"switch-{kind}.log")
+            prefix = "hg" + secrets.token_hex(5)
+            runtime = os.path.join(workdir, f"rt-{kind}")
+            os.makedirs(runtime, exist_ok=True)
+            argv = [binary, *EAL_BASE, "--file-prefix", prefix, "--vdev", vdev, "--",
+                    "--port-ip", agg.ip, "--udp-port", str(UDP_PORT), "--control", self.control,
+                    # veth leaves UDP checksums to an offload that never runs
+                    "--no-udp-csum"]
+            env = dict(os.environ, RUNTIME_DIRECTORY=runtime, XDG_RUNTIME_DIR=runtime)
+            with open(logpath, "wb") as logf:
+                proc = tb.run_in("agg", argv, stdout=logf, stderr=subprocess.STDOUT, env=env,
+                                 cwd=workdir)
+            if self._wait_ready(proc, ready_timeout):
+                self.proc, self.pmd = proc, kind
+                self.logpath = logpath
+                return
+            proc.stop()
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.control)
+            tried.append(f"{vdev}: " + pathlib.Path(logpath).read_text(errors="replace")[-800:])
+        raise RunError("homagg-switch did not start:\n" + "\n".join(tried))
+
+    def _wait_ready(self, proc, timeout) -> bool:
+        from homagg.control import ControlClient
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                return False
+            if os.path.exists(self.control):
+                try:
+                    with ControlClient(self.control, timeout=1.0) as c:
+                        c.stats()
+                    return True
+                except HomAggError:
+                    pass
+            time.sleep(0.05)
+        return False
+
+    def client(self):
+        from homagg.control import ControlClient
+
+        return ControlClient(self.control, timeout=5.0)
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        with contextlib.suppress(HomAggError, OSError):
+            with self.client() as c:
+                c.shutdown()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(5)
+        self.proc.stop()
+        self.proc = None
+
+
+# --------------------------------------------------------------------------
+# Workers (child processes)
+
+
+def _child(spec: dict) -> int:
+    """One worker process: build the gradient, wait for "go" on stdin, run
+    the allreduce, save the result, print one JSON line of stats."""
+    from homagg.worker import Worker
+
+    x = gradient(spec["elements"], spec["density"], spec["workload"], spec["seed"], spec["worker"])
+    with Worker(job=spec["job"], token=spec["token"], worker=spec["worker"],
+                workers=spec["workers"], aggregator=(spec["agg_ip"], spec["udp_port"]),
+                group=spec["group"], bind=(spec["ip"], 0), timeout=spec["timeout"],
+                slots=spec["slots"], payload=spec["payload"], rto=spec["rto"]) as w:
+        print("ready", flush=True)
+        if sys.stdin.readline().strip() != "go":
+            return 2
+        t0 = time.perf_counter()
+        y = w.allreduce(x, method=spec["method"], block=spec["block"])
+        seconds = time.perf_counter() - t0
+        np.save(spec["out"], y)
+        print(json.dumps({"worker": spec["worker"], "seconds": seconds, "stats": w.stats()}),
+              flush=True)
+    return 0
+
+
+def _link_bytes(tb: Testbed, host: str) -> dict:
+    """tx/rx bytes and packets of ``host``'s eth0, from the kernel."""
+    from pyroute2 import NetNS
+
+    h = tb.host(host)
+    with NetNS(h.netns, flags=0) as ns:
+        link = ns.get_links(ns.link_lookup(ifname=h.ifname)[0])[0]
+        st = link.get_attr("IFLA_STATS64")
+        return {k: st[k] for k in ("tx_bytes", "rx_bytes", "tx_packets", "rx_packets")}
+
+
+def run_allreduce(testbed: str, method: str, elements: int, density: float,
+                  workload: str = "random", seed: int = 1, block: int = DEFAULT_BLOCK,
+                  slots: int = 64, payload: int = 1024, timeout: float = 10.0,
+                  rto: float = 0.005, pmd: str = "auto", switch: str | None = None,
+                  state_dir: str | None = None, group: str = "239.77.0.1") -> dict:
+    """One allreduce on testbed ``testbed``; returns the report dict (see
+    the module doc).  Every process it starts is stopped before it returns."""
+    if method not in METHODS:
+        raise RunError(f"method {method!r} not in {METHODS}")
+    if elements < 1:
+        raise RunError("elements must be >= 1")
+    if not 0.0 <= density <= 1.0:
+        raise RunError("density must be in [0, 1]")
+    tb = Testbed.open(testbed, state_dir)
+    workers = tb.workers
+    W = len(workers)
+    job, token = 1 + secrets.randbelow(1 << 15), secrets.randbits(31)
+    workdir = tempfile.mkdtemp(prefix=f"homagg-run-{testbed}-")
+    procs = []
+    sw = None
+    try:
+        sw = Switch(tb, workdir, pmd=pmd, switch=switch)
+        with sw.client() as c:
+            c.add_job(job=job, token=token, workers=W, slots=slots, payload=payload, group=group)
+            before = c.stats()
+        env = dict(os.environ)
+        pkg_root = str(pathlib.Path(__file__).resolve().parents[1])
+        env["PYTHONPATH"] = pkg_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        for i, h in enumerate(workers):
+            spec = dict(job=job, token=token, worker=i, workers=W, agg_ip=tb.aggregator.ip,
+                        udp_port=UDP_PORT, group=group, ip=h.ip, timeout=timeout, slots=slots,
+                        payload=payload, rto=rto, method=method, block=block, elements=elements,
+                        density=density, workload=workload, seed=seed,
+                        out=os.path.join(workdir, f"result-{i}.npy"))
+            p = tb.run_in(h.name, [sys.executable, "-m", "homagg.run", "--child", json.dumps(spec)],
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True, env=env, cwd=workdir)
+            procs.append(p)
+        for h, p in zip(workers, procs):
+            line = _readline(p, 60.0)
+            if line.strip() != "ready":
+                raise RunError(f"worker {h.name} did not start: {line!r} {_stderr(p)}")
+        link0 = [_link_bytes(tb, h.name) for h in workers]
+        t0 = time.perf_counter()
+        for p in procs:
+            p.popen.stdin.write("go\n")
+            p.popen.stdin.flush()
+        reports, failures = [], []
+        for h, p in zip(workers, procs):
+            try:
+                out, err = p.communicate(timeout=timeout + 60)
+            except subprocess.TimeoutExpired:
+                failures.append(f"{h.name}: no answer")
+                continue
+            if p.returncode != 0:
+                failures.append(f"{h.name}: exit {p.returncode}: {err.strip()[-600:]}")
+                continue
+            reports.append(json.loads(out.strip().splitlines()[-1]))
+        wall = time.perf_counter() - t0
+        link1 = [_link_bytes(tb, h.name) for h in workers]
+        with sw.client() as c:
+            after = c.stats()
+            with contextlib.suppress(HomAggError):
+                c.remove_job(job)
+        if failures:
+            raise RunError(f"allreduce {method} failed on {len(failures)} of {W} workers: "
+                           + "; ".join(failures))
+
+        results = [np.load(os.path.join(workdir, f"result-{i}.npy")) for i in range(W)]
+        grads = [gradient(elements, density, workload, seed, i) for i in range(W)]
+        ref = reference(grads, block)
+        bits = [r.view(np.uint32) for r in results]
+        agree = all(np.array_equal(bits[0], b) for b in bits[1:])
+        exact_each = [bool(np.array_equal(b, ref.view(np.uint32))) for b in bits]
+        exact = all(exact_each) if method in EXACT_METHODS else None
+        fsum = np.sum(np.stack(grads).astype(np.float64), axis=0)
+        err = float(np.max(np.abs(results[0].astype(np.float64) - fsum))) if elements else 0.0
+        counters = {k: after["stats"][k] - before["stats"].get(k, 0)
+                    for k in after["stats"] if isinstance(after["stats"][k], int)}
+        port = {k: v - before.get("port", {}).get(k, 0) for k, v in after.get("port", {}).items()
+                if isinstance(v, int)}
+        return {
+            "method": method,
+            "workers": W,
+            "elements": elements,
+            "density": density,
+            "workload": workload,
+            "seed": seed,
+            "block": block,
+            "pmd": sw.pmd,
+            "link_mbit": tb.state().get("link_mbit"),
+            "seconds": max(r["seconds"] for r in reports),
+            "wall_seconds": wall,
+            "exact": exact,
+            "exact_per_worker": exact_each,
+            "workers_agree": agree,
+            "max_abs_error_vs_float64_sum": err,
+            "bytes_per_worker": [b["tx_bytes"] - a["tx_bytes"] for a, b in zip(link0, link1)],
+            "bytes_received_per_worker": [b["rx_bytes"] - a["rx_bytes"] for a, b in zip(link0, link1)],
+            "dense_float32_bytes": 4 * elements,
+            "worker_stats": [r["stats"] for r in sorted(reports, key=lambda r: r["worker"])],
+            "counters": counters,
+            "port_counters": port,
+        }
+    finally:
+        for p in procs:
+            p.stop()
+        if sw is not None:
+            sw.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _readline(p, timeout: float) -> str:
+    import select
+
+    r, _, _ = select.select([p.popen.stdout], [], [], timeout)
+    return p.popen.stdout.readline() if r else ""
+
+
+def _stderr(p) -> str:
+    if p.poll() is None:
+        return ""
+    return p.popen.stderr.read()[-600:]
+
+
+# --------------------------------------------------------------------------
+# CLI
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="what", metavar="WHAT")
+    sub.required = True
+    p = sub.add_parser("allreduce", help="one allreduce with the DPDK aggregator on a testbed",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--testbed", required=True, metavar="NAME",
+                   help="a testbed made with `homagg testbed up`")
+    p.add_argument("--method", required=True, choices=METHODS)
+    p.add_argument("--elements", type=int, required=True, metavar="N",
+                   help="gradient length (float32 elements)")
+    p.add_argument("--density", type=float, required=True, metavar="D",
+                   help="fraction of non-zero elements per worker (0..1)")
+    p.add_argument("--workload", choices=WORKLOADS, default="random",
+                   help="where the non-zeros are (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=1, help="gradient seed (default: %(default)s)")
+    p.add_argument("--block", type=int, default=DEFAULT_BLOCK,
+                   help="quantisation block in elements (default: %(default)s)")
+    p.add_argument("--slots", type=int, default=64, help="aggregator slots = window (default: %(default)s)")
+    p.add_argument("--timeout", type=float, default=10.0,
+                   help="a worker gives up after this many seconds without progress (default: %(default)s)")
+    p.add_argument("--rto", type=float, default=0.005, metavar="S",
+                   help="initial retransmission timeout of the workers in seconds (default: %(default)s)")
+    p.add_argument("--pmd", choices=("auto", "af_xdp", "af_packet"), default="auto",
+                   help="DPDK virtual PMD on the aggregator's veth (auto: af_xdp, else af_packet)")
+    p.add_argument("--switch", default=None, metavar="PATH",
+                   help="homagg-switch binary (default: build/release/homagg-switch or $HOMAGG_SWITCH)")
+    p.add_argument("--state-dir", default=None, metavar="DIR", help="testbed state directory")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        rep = run_allreduce(args.testbed, args.method, args.elements, args.density,
+                            workload=args.workload, seed=args.seed, block=args.block,
+                            slots=args.slots, timeout=args.timeout, rto=args.rto, pmd=args.pmd,
+                            switch=args.switch, state_dir=args.state_dir)
+    except (HomAggError, TestbedError) as e:
+        print(f"homagg run allreduce: {e}", file=sys.stderr)
+        return 1
+    ok = rep["exact"] is not False and rep["workers_agree"]
+    if args.json:
+        print(json.dumps(rep))
+        return 0 if ok else 3
+    W, n = rep["workers"], rep["elements"]
+    print(f"allreduce {rep['method']}: {W} workers x {n} float32 ({rep['workload']}, density "
+          f"{rep['density']:g}), aggregator homagg-switch on {rep['pmd']}, links "
+          f"{'unshaped' if rep['link_mbit'] is None else format(rep['link_mbit'], 'g') + ' Mbit/s'}")
+    print(f"  time: {rep['seconds'] * 1e3:.1f} ms (slowest worker), {rep['wall_seconds'] * 1e3:.1f} ms wall")
+    b = rep["bytes_per_worker"]
+    print(f"  bytes sent per worker: {min(b)}..{max(b)} (dense float32 would be "
+          f"{rep['dense_float32_bytes']}: {max(b) / max(1, rep['dense_float32_bytes']):.3f}x)")
+    if rep["exact"] is None:
+        print(f"  exact: n/a (lossy method); workers agree: {rep['workers_agree']}; "
+              f"max |error| vs float64 sum: {rep['max_abs_error_vs_float64_sum']:.3g}")
+    else:
+        print(f"  bit-exact on every worker: {rep['exact']} {rep['exact_per_worker']}")
+    print("  daemon counters: " + ", ".join(f"{k}={v}" for k, v in rep["counters"].items() if v))
+    return 0 if ok else 3
+
+
+def _standalone(argv=None) -> int:
+    """``python -m homagg.run allreduce ...``: the same as ``homagg run ...``."""
+    parser = argparse.ArgumentParser(prog="homagg run", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    return main(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--child":  # one worker process
+        sys.exit(_child(json.loads(sys.argv[2])))
+    sys.exit(_standalone())

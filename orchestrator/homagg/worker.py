@@ -1,0 +1,153 @@
+"""A HomAgg worker on a real network: ``homagg.worker.Worker``.
+
+The C worker client (homagg/client.h) over the kernel UDP port backend
+(homagg/port_udp.h), talking to an aggregator such as homagg-switch::
+
+    from homagg.worker import Worker
+
+    with Worker(job=7, token=99, worker=0, workers=4,
+                aggregator=("10.0.0.1", 48879), group="239.1.1.1",
+                bind=("10.0.0.2", 0), timeout=5.0) as w:
+        y = w.allreduce(grad, method="lhc")   # float32, the exact sum
+
+Every worker of the job makes the same calls with its own ``worker`` id;
+the job (id, token, W, slots, payload) must be configured on the
+aggregator first (homagg.control.ControlClient.add_job).  A dead
+aggregator makes ``allreduce`` raise ``PeerTimeout`` naming it within
+``timeout`` seconds.
+"""
+import ipaddress
+
+import numpy as np
+
+from homagg._native import ffi, lib
+from homagg.errors import InvalidArgument, error_for
+
+METHODS = {
+    "dense": "HG_M_DENSE",
+    "blocks": "HG_M_BLOCKS",
+    "lhc": "HG_M_LHC",
+    "nc": "HG_M_NC",
+    "auto": "HG_M_AUTO",
+}
+
+
+def _ipv4(addr, what):
+    try:
+        return int(ipaddress.IPv4Address(addr))
+    except (ipaddress.AddressValueError, ValueError) as exc:
+        raise InvalidArgument(f"{what}: not an IPv4 address: {addr!r}") from exc
+
+
+class Worker:
+    """One worker of one job, with its own UDP socket(s)."""
+
+    def __init__(self, job, token, worker, workers,
+                 aggregator=("10.0.0.1", 48879), group=None,
+                 bind=("0.0.0.0", 0), timeout=5.0, slots=64, payload=1024,
+                 rto=0.001, packets=0):
+        if not 0 <= worker < workers:
+            raise InvalidArgument(f"worker {worker} not in 0..{workers - 1}")
+        if timeout <= 0:
+            raise InvalidArgument("timeout must be positive")
+        self.job, self.token = job, token
+        self.worker, self.workers = worker, workers
+        self.aggregator = (str(aggregator[0]), int(aggregator[1]))
+        self.group = group
+        self.timeout = timeout
+
+        pc = ffi.new("struct hg_udp_port_config *")
+        pc.bind_ipv4 = _ipv4(bind[0], "bind")
+        pc.bind_port = int(bind[1])
+        pc.packets = max(int(packets), 4 * slots + 256)
+        port = lib.hg_udp_port_create(pc)
+        if port == ffi.NULL:
+            err = ffi.errno
+            raise error_for(-err, f"UDP socket on {bind[0]}:{bind[1]}")
+        self._port = ffi.gc(port, lib.hg_udp_port_destroy)
+
+        cfg = ffi.new("struct hg_client_config *")
+        cfg.port = lib.hg_udp_port_port(self._port)
+        cfg.job = job
+        cfg.token = token
+        cfg.worker = worker
+        cfg.workers = workers
+        cfg.slots = slots
+        cfg.payload_bytes = payload
+        cfg.agg_ipv4 = _ipv4(self.aggregator[0], "aggregator")
+        cfg.agg_udp_port = self.aggregator[1]
+        cfg.group_ipv4 = _ipv4(group, "group") if group else 0
+        cfg.rto_ns = int(rto * 1e9)
+        cfg.give_up_ns = int(timeout * 1e9)
+        self._cfg = cfg
+        client = lib.hg_client_create(cfg)
+        if client == ffi.NULL:
+            raise InvalidArgument(
+                f"worker client configuration refused (job {job}, worker "
+                f"{worker}/{workers}, slots {slots}, payload {payload})")
+        self._client = ffi.gc(client, lib.hg_client_destroy)
+
+    @property
+    def local_address(self):
+        ip = ffi.new("uint32_t *")
+        port = ffi.new("uint16_t *")
+        lib.hg_udp_port_local(self._port, ip, port)
+        return (str(ipaddress.IPv4Address(ip[0])), port[0])
+
+    def allreduce(self, array, method="dense", out=None, block=None,
+                  stochastic=False, seed=0, nc_levels=0):
+        """The sum over the job's workers of ``array`` (float32, 1-D)."""
+        if method not in METHODS:
+            raise InvalidArgument(f"method {method!r} not in {sorted(METHODS)}")
+        x = np.ascontiguousarray(array, dtype=np.float32).reshape(-1)
+        if out is None:
+            out = np.empty_like(x)
+        elif (out.dtype != np.float32 or out.size != x.size
+              or not out.flags.c_contiguous):
+            raise InvalidArgument("out must be a contiguous float32 array of the input's size")
+        p = ffi.new("struct hg_params *")
+        p.block = int(block or lib.HG_DEFAULT_BLOCK)
+        p.workers = self.workers
+        p.worker = self.worker
+        p.flags = lib.HG_F_STOCHASTIC if stochastic else 0
+        p.seed = int(seed) & (2**64 - 1)
+        p.nc_levels = int(nc_levels)
+        rc = lib.hg_client_allreduce(
+            self._client, p, getattr(lib, METHODS[method]),
+            ffi.from_buffer("float[]", x), x.size,
+            ffi.from_buffer("float[]", out, require_writable=True))
+        if rc < 0:
+            text = ffi.string(lib.hg_client_error_text(self._client)).decode()
+            where = f"aggregator {self.aggregator[0]}:{self.aggregator[1]}"
+            raise error_for(rc, f"worker {self.worker} of job {self.job}, "
+                                f"{where}: {text or 'failed'}")
+        return out
+
+    def stats(self):
+        """The client's counters and the UDP port's, as one dict."""
+        st = ffi.new("struct hg_client_stats *")
+        lib.hg_client_get_stats(self._client, st)
+        ps = ffi.new("struct hg_udp_port_stats *")
+        lib.hg_udp_port_get_stats(self._port, ps)
+        out = {k: getattr(st, k) for k in (
+            "packets_sent", "retransmissions", "timeouts", "results_received",
+            "duplicates_received", "status_received", "packets_ignored",
+            "tx_refused", "chunks")}
+        out["port"] = {k: getattr(ps, k) for k in (
+            "rx", "tx", "rx_truncated", "tx_bad", "tx_errors")}
+        return out
+
+    def close(self):
+        # the client first: it holds packets of the port
+        if getattr(self, "_client", None) is not None:
+            ffi.release(self._client)
+            self._client = None
+        if getattr(self, "_port", None) is not None:
+            ffi.release(self._port)
+            self._port = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

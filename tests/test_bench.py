@@ -1,0 +1,175 @@
+"""The comparative benchmarks: ``homagg bench scale`` and ``homagg bench allreduce``.
+
+scale runs on the simulated cluster (no root): its outputs must be valid
+JSON/CSV/PNG, its byte counts must equal the codec-level accounting of
+homagg.codec.simulate_allreduce on the same gradients, and every exact
+method must be exact.  allreduce needs root and network namespaces (a
+2-worker testbed) and torch for the Gloo baseline.  No timing thresholds.
+"""
+import csv
+import json
+import os
+
+import numpy as np
+import pytest
+
+from homagg import cli, codec
+from homagg.bench import scale, workloads
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _check_outputs(out_dir, name, pngs=None):
+    with open(os.path.join(out_dir, f"{name}.json")) as f:
+        report = json.load(f)
+    with open(os.path.join(out_dir, f"{name}.csv")) as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == len(report["results"]) > 0
+    for png in pngs or [f"{name}.png"]:
+        with open(os.path.join(out_dir, png), "rb") as f:
+            assert f.read(8) == PNG_MAGIC
+    with open(os.path.join(out_dir, f"{name}.md")) as f:
+        md = f.read()
+    assert md.count("\n|") >= len(rows) + 1
+    for key in ("machine", "versions", "command", "results"):
+        assert key in report
+    return report, rows
+
+
+# ---- workloads ------------------------------------------------------------
+
+@pytest.mark.parametrize("name", workloads.WORKLOADS)
+def test_workloads_seeded_and_dense_as_asked(name):
+    a = workloads.generate_all(name, 3, 4096, 0.05, seed=5)
+    b = workloads.generate_all(name, 3, 4096, 0.05, seed=5)
+    c = workloads.generate_all(name, 3, 4096, 0.05, seed=6)
+    for x, y in zip(a, b):
+        assert x.dtype == np.float32 and x.size == 4096
+        assert np.array_equal(x, y)
+    assert not all(np.array_equal(x, y) for x, y in zip(a, c))
+    nz = [np.count_nonzero(x) for x in a]
+    if name == "dense":
+        assert nz == [4096] * 3
+    else:
+        assert all(0 < k <= 0.05 * 4096 + workloads.ROW_DIM for k in nz)
+    pats = [x != 0 for x in a]
+    if name == "shared":
+        assert all(np.array_equal(p, pats[0]) for p in pats)
+    if name == "random":
+        assert not np.array_equal(pats[0], pats[1])
+    if name == "zipf":  # whole rows
+        rows = pats[0].reshape(-1, workloads.ROW_DIM)
+        assert np.all(rows.all(axis=1) | ~rows.any(axis=1))
+
+
+# ---- scale ----------------------------------------------------------------
+
+def test_scale_outputs_and_accounting(tmp_path, capsys):
+    out = tmp_path / "scale"
+    rc = cli.main(["bench", "scale", "--workers", "2,5", "--elements", "8192",
+                   "--block", "1024", "--density", "0.05", "--workload", "zipf",
+                   "--seed", "3", "--json", "--out", str(out)])
+    assert rc == 0
+    printed = json.loads(capsys.readouterr().out)
+    report, csv_rows = _check_outputs(out, "scale")
+    assert printed["results"] == report["results"]
+    assert {(r["workers"], r["method"]) for r in report["results"]} == \
+        {(w, m) for w in (2, 5) for m in scale.METHODS}
+
+    for W in (2, 5):
+        grads = workloads.generate_all("zipf", W, 8192, 0.05, 3)
+        for m in scale.METHODS:
+            row = next(r for r in report["results"] if r["workers"] == W and r["method"] == m)
+            st = codec.simulate_allreduce(grads, method=m, block_elements=1024).stats
+            assert row["method_chosen"] == st["method"]
+            assert row["bytes_sent_per_worker"] == st["bytes_per_worker"]
+            assert row["bytes_received_per_worker"] == st["bytes_received_per_worker"]
+            assert row["ring_bytes_per_worker"] == pytest.approx(2 * (W - 1) / W * 4 * 8192)
+            assert row["retransmissions"] == 0
+            assert row["workers_agree"] is True
+            assert row["agg_frames_received"] == W * row["packets_per_worker"]
+            assert row["virtual_seconds"] > 0
+            if m == "nc":
+                assert row["exact"] is None
+                assert 0 <= row["rel_l2_error"] < 1
+            else:
+                assert row["exact"] is True
+    # The CSV carries the same numbers.
+    for r, c in zip(report["results"], csv_rows):
+        assert int(c["workers"]) == r["workers"] and c["method"] == r["method"]
+        assert float(c["bytes_sent_per_worker"]) == r["bytes_sent_per_worker"]
+
+
+def test_scale_flags_an_inexact_result(monkeypatch):
+    """The exactness check can fail: a wrong reference is caught."""
+    grads = workloads.generate_all("shared", 3, 4096, 0.1, 1)
+    want = codec.simulate_allreduce(grads, method="dense", block_elements=1024).sum.copy()
+    row, _ = scale.run_one(grads, "dense", 100.0, 1024, 16, 0, want=want)
+    assert row["exact"] is True
+    k = int(np.flatnonzero(want)[0])
+    want[k] = np.nextafter(want[k], np.float32(np.inf))
+    row, _ = scale.run_one(grads, "dense", 100.0, 1024, 16, 0, want=want)
+    assert row["exact"] is False
+
+
+# ---- allreduce on the testbed ---------------------------------------------
+
+def _homagg_available():
+    from homagg.bench import allreduce
+    return allreduce.homagg_run_available()[0]
+
+
+@pytest.mark.root
+@pytest.mark.netns
+@pytest.mark.slow
+def test_allreduce_on_a_two_worker_testbed(tmp_path, capsys):
+    if os.geteuid() != 0:
+        pytest.skip("needs root (network namespaces)")
+    pytest.importorskip("torch", reason="the Gloo baseline needs torch==2.13.0 (the bench extra)")
+    name = f"tb{os.getpid() % 100000}"
+    out = tmp_path / "ar"
+    methods = ["gloo", "dense", "lhc", "nc"]
+    rc = cli.main(["bench", "allreduce", "--methods", ",".join(methods),
+                   "--workloads", "shared,dense", "--workers", "2", "--elements", "16384",
+                   "--densities", "0.05", "--repeat", "2", "--warmup", "1",
+                   "--link-mbit", "1000", "--testbed-name", name,
+                   "--state-dir", str(tmp_path / "state"), "--json", "--out", str(out)])
+    printed = json.loads(capsys.readouterr().out)
+    report, _rows = _check_outputs(out, "allreduce", ["allreduce_time.png", "allreduce_speedup.png",
+                                                      "allreduce_workers.png"])
+    assert printed["results"] == report["results"]
+    assert report["link_mbit"] == 1000
+    assert rc == 0
+    rows = report["results"]
+    assert {(r["method"], r["workload"], r["density"]) for r in rows} == \
+        {(m, w, d) for m in methods for w, d in (("shared", 0.05), ("dense", 1.0))}
+    homagg = _homagg_available()
+    for r in rows:
+        assert r["workers"] == 2 and r["elements"] == 16384
+        if r["method"] == "gloo" or homagg:
+            assert r["status"] == "ok", r["status"]
+            assert r["runs"] == 2
+            assert r["seconds_min"] <= r["seconds_median"] <= r["seconds_max"]
+            assert r["bytes_per_worker"] > 0
+            if r["method"] == "nc":
+                assert r["exact"] is None
+            else:
+                assert r["exact"] is True
+            assert r["speedup_vs_gloo"] == pytest.approx(
+                next(g for g in rows if g["method"] == "gloo" and g["workload"] == r["workload"]
+                     and g["density"] == r["density"])["seconds_median"] / r["seconds_median"])
+        else:  # never numbers without a run
+            assert r["status"].startswith("unavailable: ")
+            assert "seconds_median" not in r and r["speedup_vs_gloo"] is None
+    gloo = [r for r in rows if r["method"] == "gloo"]
+    assert all(isinstance(r["cpu_bound"], bool) for r in gloo)
+    # The testbed is gone.
+    from homagg.testbed import Testbed
+    assert name not in Testbed.list(str(tmp_path / "state"))
+
+
+def test_allreduce_needs_root(monkeypatch, capsys):
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    rc = cli.main(["bench", "allreduce", "--methods", "gloo", "--workers", "2"])
+    assert rc == 2
+    assert "root" in capsys.readouterr().err

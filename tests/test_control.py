@@ -1,0 +1,232 @@
+"""homagg-switch's control socket: every request type, malformed requests,
+and clean shutdown.  The daemon runs on a net_ring vdev (no traffic) with
+--no-huge; every test checks the daemon survives what it was sent."""
+import errno
+import json
+import signal
+import socket
+
+import pytest
+
+from homagg.control import ControlClient, ControlError
+from homagg.errors import InvalidArgument, OutOfRange, PeerTimeout
+
+from switch_helpers import SWITCH, Daemon, wait_for
+
+pytestmark = [pytest.mark.dpdk, pytest.mark.root]
+
+
+@pytest.fixture
+def daemon(tmp_path):
+    if not SWITCH.exists():
+        pytest.fail(f"{SWITCH} is not built (make switch)")
+    d = Daemon(tmp_path / "sw", ["--vdev", "net_ring0"])
+    try:
+        d.wait_ready()
+        yield d
+    finally:
+        d.stop()
+
+
+JOB = dict(job=7, token=0xC0FFEE, workers=4, slots=32, payload=1024,
+           group="239.1.1.1")
+
+
+def test_stats_names_every_counter(daemon):
+    with daemon.client() as c:
+        st = c.stats()
+    counters = st["stats"]
+    assert counters, "no engine counters"
+    assert all(isinstance(v, int) and v >= 0 for v in counters.values())
+    for name in ("received", "summed", "results_sent", "unknown_job", "bad_token"):
+        assert name in counters
+    assert set(st["port"]) >= {"rx", "tx", "drop_injected", "arp_replies"}
+
+
+def test_add_and_remove_job(daemon):
+    with daemon.client() as c:
+        assert c.add_job(**JOB)["job"] == 7
+        # without a group (unicast results) and with the default payload
+        assert c.add_job(job=8, token=1, workers=1, slots=1)["job"] == 8
+        with pytest.raises(ControlError) as ei:
+            c.add_job(**JOB)
+        assert ei.value.code == -errno.EEXIST
+        assert "job 7 already exists" in str(ei.value)
+        assert c.remove_job(7)["job"] == 7
+        with pytest.raises(ControlError) as ei:
+            c.remove_job(7)
+        assert ei.value.code == -errno.ENOENT
+        # the id is free again
+        c.add_job(**JOB)
+        c.remove_job(7)
+        c.remove_job(8)
+    assert daemon.alive()
+
+
+@pytest.mark.parametrize("fields, exc, message", [
+    (dict(JOB, workers=0), OutOfRange, "field 'workers': must be 1..256"),
+    (dict(JOB, workers=100000), OutOfRange, "field 'workers': must be 1.."),
+    (dict(JOB, slots=0), OutOfRange, "field 'slots': must be 1.."),
+    (dict(JOB, job=-1), OutOfRange, "field 'job': must be 0..4294967295"),
+    (dict(JOB, token=2**32), OutOfRange, "field 'token': must be 0..4294967295"),
+    (dict(JOB, workers="4"), InvalidArgument, "field 'workers': must be an integer"),
+    (dict(JOB, slots=1.5), InvalidArgument, "field 'slots': must be an integer"),
+    (dict(JOB, payload=1022), InvalidArgument, "field 'payload': must be a multiple of 4"),
+    (dict(JOB, payload=10**6), OutOfRange, "field 'payload': must be 4.."),
+    (dict(JOB, group="10.0.0.1"), InvalidArgument, "is not a multicast address"),
+    (dict(JOB, group="239.1.1"), InvalidArgument, "field 'group': must be an IPv4"),
+    (dict(JOB, group=5), InvalidArgument, "field 'group': must be an IPv4"),
+    (dict(JOB, colour="red"), InvalidArgument, "field 'colour': unknown"),
+    ({k: v for k, v in JOB.items() if k != "token"}, InvalidArgument, "field 'token': missing"),
+])
+def test_add_job_rejects_bad_fields(daemon, fields, exc, message):
+    with daemon.client() as c:
+        with pytest.raises(exc) as ei:
+            c.request("add_job", **fields)
+        assert message in str(ei.value)
+        # nothing was added: the valid job can still be created
+        c.add_job(**JOB)
+        c.remove_job(JOB["job"])
+    assert daemon.alive()
+
+
+@pytest.mark.parametrize("line, message", [
+    (b"{", "bad JSON"),
+    (b"not json", "bad JSON at byte 0: expected an object"),
+    (b"[1, 2]", "expected an object"),
+    (b'{"cmd": "stats"} trailing', "trailing characters"),
+    (b'{"cmd": "stats", "cmd": "stats"}', "duplicate key 'cmd'"),
+    (b'{"cmd": {"nested": 1}}', "nested objects and arrays are not supported"),
+    (b'{"cmd": "st\\ud800ats"}', "surrogate"),
+    (b'{"cmd": "a\x01b"}', "control character"),
+    (b'{"job": 1}', "field 'cmd': missing"),
+    (b'{"cmd": 3}', "field 'cmd': must be a string"),
+    (b'{"cmd": "reboot"}', "field 'cmd': unknown command 'reboot'"),
+    (b'{"cmd": "remove_job"}', "field 'job': missing"),
+    (b'{"cmd": "remove_job", "job": "7"}', "field 'job': must be an integer"),
+    (b'{"cmd": "add_job", "job": 01}', "leading zero"),
+    (b'{"cmd": "stats", "verbose": true}', "field 'verbose': unknown"),
+    (b"\xff\xfe{}", "expected an object"),
+])
+def test_malformed_requests_are_answered(daemon, line, message):
+    with daemon.client() as c:
+        reply = c.send_line(line)
+        assert reply["ok"] is False
+        assert message in reply["error"]
+        assert reply["code"] < 0
+        # the same connection still serves well-formed requests
+        assert c.send_line(b'{"cmd":"stats"}')["ok"] is True
+    assert daemon.alive()
+
+
+def test_many_requests_in_one_write_and_split_writes(daemon):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(5)
+    s.connect(str(daemon.control))
+    try:
+        s.sendall(b'{"cmd":"stats"}\n{"cmd":"bogus"}\r\n\n{"cmd":"stats"}\n')
+        # and one request split over writes
+        s.sendall(b'{"cmd":"st')
+        s.sendall(b'ats"}\n')
+        buf = b""
+        while buf.count(b"\n") < 4:
+            chunk = s.recv(65536)
+            assert chunk, "daemon closed the connection"
+            buf += chunk
+        replies = [json.loads(x) for x in buf.splitlines()]
+        assert [r["ok"] for r in replies] == [True, False, True, True]
+    finally:
+        s.close()
+
+
+def test_overlong_request_is_answered_and_skipped(daemon):
+    with daemon.client() as c:
+        c._sock.sendall(b'{"cmd":"' + b"x" * 10000)
+        reply = c._read_reply()
+        assert reply["ok"] is False and "request longer than" in reply["error"]
+        # the rest of that line is skipped; the next line is served
+        c._sock.sendall(b'x"}\n')
+        assert c.send_line(b'{"cmd":"stats"}')["ok"] is True
+    assert daemon.alive()
+
+
+def test_abrupt_disconnects_and_concurrent_clients(daemon):
+    for _ in range(20):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(str(daemon.control))
+        s.sendall(b'{"cmd":"sta')      # half a request, then gone
+        s.close()
+    clients = [daemon.client() for _ in range(8)]
+    try:
+        for i, c in enumerate(clients):
+            c.add_job(job=100 + i, token=i, workers=2, slots=4)
+        for i, c in enumerate(clients):
+            c.remove_job(100 + i)
+    finally:
+        for c in clients:
+            c.close()
+    assert daemon.alive()
+
+
+def test_shutdown_command_exits_zero(daemon):
+    with daemon.client() as c:
+        assert c.shutdown()["ok"] is True
+    assert daemon.wait_exit(timeout=20) == 0
+    assert "stopping (shutdown command)" in daemon.output()
+    assert not daemon.control.exists()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_exits_zero_and_removes_socket(daemon, sig):
+    with daemon.client() as c:
+        c.add_job(**JOB)             # a job still configured at exit
+    daemon.signal(sig)
+    assert daemon.wait_exit(timeout=20) == 0
+    assert not daemon.control.exists()
+    with pytest.raises(PeerTimeout):
+        ControlClient(daemon.control, timeout=1).connect()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--drop-rate", "2"], "--drop-rate"),
+    (["--port-ip", "10.0.0.300"], "--port-ip"),
+    (["--lcores", "2"], "only 1 is supported"),
+    (["--port", "5"], "ethdev port 5 does not exist"),
+    (["--bogus"], "usage"),
+])
+def test_bad_command_line_fails(tmp_path, args, message):
+    if not SWITCH.exists():
+        pytest.fail(f"{SWITCH} is not built (make switch)")
+    d = Daemon(tmp_path / "bad", ["--vdev", "net_ring0"], args)
+    try:
+        rc = d.wait_exit(timeout=30)
+    finally:
+        d.stop()
+    assert rc != 0
+    assert message in d.output()
+
+
+def test_telemetry_stats(tmp_path):
+    """/homagg/stats over DPDK's telemetry socket (v2 protocol)."""
+    if not SWITCH.exists():
+        pytest.fail(f"{SWITCH} is not built (make switch)")
+    d = Daemon(tmp_path / "tel", ["--vdev", "net_ring0"], telemetry=True)
+    try:
+        d.wait_ready()
+        sock_path = wait_for(
+            lambda: next(iter(d.runtime.rglob("dpdk_telemetry.v2")), None),
+            10, "the telemetry socket")
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        s.settimeout(5)
+        s.connect(str(sock_path))
+        try:
+            json.loads(s.recv(16384))          # greeting
+            s.send(b"/homagg/stats")
+            reply = json.loads(s.recv(65536))
+        finally:
+            s.close()
+        stats = reply["/homagg/stats"]
+        assert "received" in stats and "results_sent" in stats
+        assert all(isinstance(v, int) for v in stats.values())
+    finally:
+        d.stop()

@@ -1,0 +1,107 @@
+"""`homagg run allreduce`: homagg-switch (DPDK, virtual PMD) in a testbed's
+aggregator namespace, 4 worker processes in their namespaces, every method,
+results checked bit for bit against the numpy fixed-point reference."""
+import json
+import os
+import secrets
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import require
+from homagg import run as runmod
+from homagg.testbed import Testbed
+
+pytestmark = [pytest.mark.root, pytest.mark.netns, pytest.mark.dpdk, pytest.mark.timeout(300)]
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _have_worker():
+    try:
+        import homagg.worker  # noqa: F401
+        import homagg.control  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@pytest.fixture(scope="module")
+def testbed(tmp_path_factory):
+    require(os.geteuid() == 0, "needs root")
+    require(_have_worker(), "homagg.worker / homagg.control not available")
+    try:
+        runmod.find_switch()
+    except runmod.RunError as e:
+        require(False, str(e))
+    sd = str(tmp_path_factory.mktemp("run") / "testbeds")
+    tb = Testbed.up("r" + secrets.token_hex(5), workers=4, link_mbit=1000, state_dir=sd)
+    try:
+        yield tb
+    finally:
+        Testbed.down(tb.name, state_dir=sd)
+
+
+def _no_processes_left(tb):
+    assert tb.state()["processes"] == []
+
+
+@pytest.mark.parametrize("method", runmod.METHODS)
+def test_allreduce_every_method(testbed, method):
+    rep = runmod.run_allreduce(testbed.name, method, elements=20_000, density=0.05,
+                               workload="random", seed=7, state_dir=testbed.state_dir)
+    assert rep["workers"] == 4
+    assert rep["workers_agree"], "workers decoded different results"
+    if method == "nc":
+        assert rep["exact"] is None
+        # NC rounds to powers of two (and the block's fixed point): each
+        # summand is off by less than its own magnitude
+        grads = [runmod.gradient(20_000, 0.05, "random", 7, w) for w in range(4)]
+        bound = np.sum(np.abs(np.stack(grads).astype(np.float64)), axis=0).max()
+        assert rep["max_abs_error_vs_float64_sum"] <= bound
+    else:
+        assert rep["exact"] is True, rep["exact_per_worker"]
+    assert all(b > 0 for b in rep["bytes_per_worker"])
+    assert rep["counters"], "no daemon counters"
+    _no_processes_left(testbed)
+
+
+@pytest.mark.parametrize("workload", ["shared", "zipf"])
+def test_allreduce_workloads_lhc(testbed, workload):
+    rep = runmod.run_allreduce(testbed.name, "lhc", elements=30_000, density=0.02,
+                               workload=workload, seed=3, state_dir=testbed.state_dir)
+    assert rep["exact"] is True and rep["workers_agree"]
+    _no_processes_left(testbed)
+
+
+def test_cli_json(testbed):
+    env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "orchestrator"))
+    from homagg.cli import COMMANDS
+
+    assert COMMANDS["run"] == "homagg.run"
+    r = subprocess.run([sys.executable, "-m", "homagg.run", "allreduce", "--testbed", testbed.name,
+                        "--state-dir", testbed.state_dir, "--method", "dense", "--elements", "5000",
+                        "--density", "0.1", "--json"],
+                       capture_output=True, text=True, env=env, timeout=200)
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(r.stdout)
+    for k in ("method", "seconds", "exact", "bytes_per_worker", "counters"):
+        assert k in rep
+    assert rep["method"] == "dense" and rep["exact"] is True
+    _no_processes_left(testbed)
+
+
+def test_reference_fallback_matches_package_reference():
+    """The numpy fallback of run.reference computes the same contract."""
+    grads = [runmod.gradient(10_000, 0.3, "random", 5, w) for w in range(3)]
+    grads[1][:4096] = 0  # a block zero on one worker
+    for g in grads:
+        g[4096:8192] = 0  # a block zero on every worker
+    mine = runmod._reference_numpy(grads, 4096)
+    ref = runmod.reference(grads, 4096)
+    assert np.array_equal(mine.view(np.uint32), ref.view(np.uint32))
+    exact = np.sum(np.stack(grads).astype(np.float64), axis=0)
+    assert np.max(np.abs(mine - exact)) < 1e-6
+    assert np.all(mine[4096:8192] == 0)

@@ -1,0 +1,238 @@
+"""homagg-switch end to end on one machine, without the testbed.
+
+Two network namespaces the test creates, joined by a veth pair: the daemon
+runs in one on net_af_packet over its veth end, W workers (threads, each
+in the other namespace) use the kernel UDP port backend and the C client.
+Results are checked bit for bit against the numpy fixed-point oracle
+(tests/reference.py); loss is injected by the daemon (--drop-rate) since
+the kernel has no netem; a killed daemon makes every worker fail within its
+timeout naming the aggregator; a restarted daemon serves a new job.
+"""
+import os
+import signal
+import subprocess
+import threading
+import time
+import uuid
+
+import numpy as np
+import pytest
+
+from homagg.errors import PeerTimeout
+from homagg.worker import Worker
+
+from reference import allreduce as oracle_allreduce
+from switch_helpers import SWITCH, Daemon, wait_for
+
+pytestmark = [pytest.mark.dpdk, pytest.mark.root, pytest.mark.netns]
+
+BLOCK = 4096
+GROUP = "239.7.7.7"
+
+
+def _ip(*args, check=True):
+    return subprocess.run(["ip", *args], check=check, capture_output=True,
+                          text=True, timeout=30)
+
+
+class Link:
+    """nsA (daemon side) <-veth-> nsB (workers), unique names."""
+
+    def __init__(self):
+        uid = uuid.uuid4().hex[:6]
+        self.ns_switch = f"hgswA{uid}"
+        self.ns_workers = f"hgswB{uid}"
+        self.dev_switch = f"hsa{uid}"
+        self.dev_workers = f"hsb{uid}"
+        octet = int(uid[:2], 16) % 200 + 20
+        self.switch_ip = f"10.251.{octet}.1"
+        self.worker_ip = f"10.251.{octet}.2"
+        _ip("netns", "add", self.ns_switch)
+        _ip("netns", "add", self.ns_workers)
+        _ip("link", "add", self.dev_switch, "netns", self.ns_switch, "type", "veth",
+            "peer", "name", self.dev_workers, "netns", self.ns_workers)
+        for ns, dev in ((self.ns_switch, self.dev_switch),
+                        (self.ns_workers, self.dev_workers)):
+            _ip("-n", ns, "link", "set", "lo", "up")
+            _ip("-n", ns, "link", "set", dev, "up")
+        _ip("-n", self.ns_workers, "addr", "add", f"{self.worker_ip}/24",
+            "dev", self.dev_workers)
+        # the worker kernel leaves UDP checksums to the (veth) offload: send
+        # them complete, as a NIC would put them on the wire
+        subprocess.run(["ip", "netns", "exec", self.ns_workers, "ethtool", "-K",
+                        self.dev_workers, "tx", "off"], capture_output=True,
+                       timeout=30)
+
+    def teardown(self):
+        _ip("netns", "del", self.ns_switch, check=False)
+        _ip("netns", "del", self.ns_workers, check=False)
+
+
+@pytest.fixture
+def link():
+    if not SWITCH.exists():
+        pytest.fail(f"{SWITCH} is not built (make switch)")
+    lk = Link()
+    try:
+        yield lk
+    finally:
+        lk.teardown()
+
+
+def start_daemon(link, workdir, *args):
+    d = Daemon(workdir, ["--vdev", f"net_af_packet0,iface={link.dev_switch}"],
+               ["--port-ip", link.switch_ip, *args], netns=link.ns_switch)
+    return d.wait_ready()
+
+
+@pytest.fixture
+def daemons(link, tmp_path):
+    started = []
+
+    def start(*args):
+        d = start_daemon(link, tmp_path / f"sw{len(started)}", *args)
+        started.append(d)
+        return d
+    try:
+        yield start
+    finally:
+        for d in started:
+            d.stop()
+
+
+def run_workers(link, job, token, grads, method="dense", timeout=10.0,
+                slots=32, before_start=None):
+    """Every worker in its own thread inside the workers' namespace; returns
+    (results, errors, stats) per worker."""
+    from pyroute2.netns import setns
+
+    W = len(grads)
+    results, errors, stats = [None] * W, [None] * W, [None] * W
+    made = threading.Barrier(W + 1, timeout=30)
+
+    def work(w):
+        setns(link.ns_workers, flags=0)     # this thread only
+        try:
+            wk = Worker(job=job, token=token, worker=w, workers=W,
+                        aggregator=(link.switch_ip, 48879), group=GROUP,
+                        bind=(link.worker_ip, 0), timeout=timeout, slots=slots)
+        except Exception as exc:  # noqa: BLE001 - reported by the caller
+            errors[w] = exc
+            made.wait()
+            return
+        made.wait()
+        with wk:
+            try:
+                results[w] = wk.allreduce(grads[w], method=method, block=BLOCK)
+            except Exception as exc:  # noqa: BLE001
+                errors[w] = exc
+            stats[w] = wk.stats()
+
+    threads = [threading.Thread(target=work, args=(w,), daemon=True) for w in range(W)]
+    for t in threads:
+        t.start()
+    made.wait()
+    if before_start:
+        before_start()
+    return threads, results, errors, stats
+
+
+def join_all(threads, limit):
+    deadline = time.monotonic() + limit
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    assert not any(t.is_alive() for t in threads), "a worker did not finish in time"
+
+
+def gradients(W, n, seed, density=0.3):
+    rng = np.random.default_rng(seed)
+    g = []
+    for _ in range(W):
+        x = rng.standard_normal(n).astype(np.float32) * np.float32(1e-2)
+        x[rng.random(n) > density] = 0
+        g.append(x)
+    return g
+
+
+@pytest.mark.parametrize("method", ["dense", "lhc"])
+def test_exact_allreduce_through_the_daemon(link, daemons, method):
+    d = daemons()
+    W, n = 3, 30000
+    with d.client() as c:
+        c.add_job(job=11, token=0xABCD, workers=W, slots=32, group=GROUP)
+    grads = gradients(W, n, seed=1)
+    threads, results, errors, stats = run_workers(link, 11, 0xABCD, grads, method)
+    join_all(threads, 60)
+    assert errors == [None] * W, errors
+    expected = oracle_allreduce(grads, BLOCK)
+    for y in results:
+        assert y.tobytes() == expected.tobytes()
+    with d.client() as c:
+        st = c.stats()
+    assert st["port"]["arp_replies"] >= 1           # the workers resolved us
+    assert st["stats"]["summed"] > 0 and st["stats"]["results_sent"] > 0
+    assert st["stats"]["bad_csum"] == 0
+    assert st["port"]["drop_injected"] == 0
+
+
+def test_injected_loss_is_repaired_by_retransmission(link, daemons):
+    d = daemons("--drop-rate", "0.01", "--seed", "7")
+    W, n = 3, 200000
+    with d.client() as c:
+        c.add_job(job=12, token=5, workers=W, slots=32, group=GROUP)
+    grads = gradients(W, n, seed=2, density=1.0)
+    threads, results, errors, stats = run_workers(link, 12, 5, grads, "dense",
+                                                  timeout=20)
+    join_all(threads, 120)
+    assert errors == [None] * W, errors
+    expected = oracle_allreduce(grads, BLOCK)
+    for y in results:
+        assert y.tobytes() == expected.tobytes()
+    with d.client() as c:
+        st = c.stats()
+    assert st["port"]["drop_injected"] > 0
+    assert sum(s["retransmissions"] for s in stats) > 0
+    # dropped results come back as duplicates answered from the slot
+    eng = st["stats"]
+    assert eng["duplicates"] + eng["replays"] + eng["status_sent"] > 0
+
+
+def test_killed_daemon_fails_workers_then_restart_serves(link, daemons):
+    d = daemons()
+    W, n, timeout = 2, 4_000_000, 1.5
+    with d.client() as c:
+        c.add_job(job=13, token=9, workers=W, slots=16, group=GROUP)
+    grads = gradients(W, n, seed=3, density=1.0)
+    killed = {}
+
+    def kill_when_busy():
+        def busy():
+            with d.client() as c:
+                return c.stats()["stats"]["summed"] > 1000
+        wait_for(busy, 60, "the allreduce to be under way")
+        d.proc.send_signal(signal.SIGKILL)      # our own PID
+        killed["t"] = time.monotonic()
+
+    threads, results, errors, stats = run_workers(
+        link, 13, 9, grads, "dense", timeout=timeout, slots=16,
+        before_start=kill_when_busy)
+    join_all(threads, 120)
+    d.wait_exit(10)
+    took = time.monotonic() - killed["t"]
+    for e in errors:
+        assert isinstance(e, PeerTimeout), errors
+        assert link.switch_ip in str(e)
+    assert took < timeout + 5.0
+
+    # a new daemon on the same link serves a new job
+    d2 = daemons()
+    W2 = 3
+    with d2.client() as c:
+        c.add_job(job=14, token=10, workers=W2, slots=32, group=GROUP)
+    grads = gradients(W2, 20000, seed=4)
+    threads, results, errors, stats = run_workers(link, 14, 10, grads, "dense")
+    join_all(threads, 60)
+    assert errors == [None] * W2, errors
+    expected = oracle_allreduce(grads, BLOCK)
+    for y in results:
+        assert y.tobytes() == expected.tobytes()
