@@ -230,3 +230,16 @@ def test_telemetry_stats(tmp_path):
         assert all(isinstance(v, int) for v in stats.values())
     finally:
         d.stop()
+
+
+def test_stats_interval_prints_counters(tmp_path):
+    if not SWITCH.exists():
+        pytest.fail(f"{SWITCH} is not built (make switch)")
+    d = Daemon(tmp_path / "si", ["--vdev", "net_ring0"], ["--stats-interval", "0.05"])
+    try:
+        d.wait_ready()
+        wait_for(lambda: "stats: port rx=" in d.output(), 20, "a stats line")
+        assert "ready port=0" in d.output()
+    finally:
+        d.stop()
+    assert d.proc.returncode == 0

@@ -236,3 +236,21 @@ def test_killed_daemon_fails_workers_then_restart_serves(link, daemons):
     expected = oracle_allreduce(grads, BLOCK)
     for y in results:
         assert y.tobytes() == expected.tobytes()
+
+
+def test_switch_benchmark_sums_every_frame():
+    """homagg-switch-bench (the `homagg bench switch` figure): every frame
+    the generator feeds is summed, the chunks complete, the zero-copy
+    fan-out self-check passes.  No timing is asserted."""
+    from homagg.bench.switch import ROOT as BENCH_ROOT, run_one
+
+    binary = BENCH_ROOT / "build" / "release" / "homagg-switch-bench"
+    if not binary.exists():
+        pytest.fail(f"{binary} is not built (make switch)")
+    for W in (1, 3, 8):
+        r = run_one(binary, W, 1024, 64, 0.2, "0")
+        assert r["workers"] == W and r["fanout_checked"] is True
+        assert r["drops"] == 0
+        assert r["received"] > 0 and r["summed"] == r["received"]
+        assert abs(r["summed"] - W * r["completed"]) <= 2 * W
+        assert r["mpps"] > 0 and r["engine_mpps"] > 0
