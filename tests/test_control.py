@@ -28,6 +28,19 @@ def daemon(tmp_path):
         d.stop()
 
 
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory):
+    """One daemon for the many requests that must leave it unchanged."""
+    if not SWITCH.exists():
+        pytest.fail(f"{SWITCH} is not built (make switch)")
+    d = Daemon(tmp_path_factory.mktemp("shared"), ["--vdev", "net_ring0"])
+    try:
+        d.wait_ready()
+        yield d
+    finally:
+        d.stop()
+
+
 JOB = dict(job=7, token=0xC0FFEE, workers=4, slots=32, payload=1024,
            group="239.1.1.1")
 
@@ -79,7 +92,8 @@ def test_add_and_remove_job(daemon):
     (dict(JOB, colour="red"), InvalidArgument, "field 'colour': unknown"),
     ({k: v for k, v in JOB.items() if k != "token"}, InvalidArgument, "field 'token': missing"),
 ])
-def test_add_job_rejects_bad_fields(daemon, fields, exc, message):
+def test_add_job_rejects_bad_fields(shared, fields, exc, message):
+    daemon = shared
     with daemon.client() as c:
         with pytest.raises(exc) as ei:
             c.request("add_job", **fields)
@@ -108,7 +122,8 @@ def test_add_job_rejects_bad_fields(daemon, fields, exc, message):
     (b'{"cmd": "stats", "verbose": true}', "field 'verbose': unknown"),
     (b"\xff\xfe{}", "expected an object"),
 ])
-def test_malformed_requests_are_answered(daemon, line, message):
+def test_malformed_requests_are_answered(shared, line, message):
+    daemon = shared
     with daemon.client() as c:
         reply = c.send_line(line)
         assert reply["ok"] is False
@@ -230,3 +245,16 @@ def test_telemetry_stats(tmp_path):
         assert all(isinstance(v, int) for v in stats.values())
     finally:
         d.stop()
+
+
+def test_stats_interval_prints_counters(tmp_path):
+    if not SWITCH.exists():
+        pytest.fail(f"{SWITCH} is not built (make switch)")
+    d = Daemon(tmp_path / "si", ["--vdev", "net_ring0"], ["--stats-interval", "0.05"])
+    try:
+        d.wait_ready()
+        wait_for(lambda: "stats: port rx=" in d.output(), 20, "a stats line")
+        assert "ready port=0" in d.output()
+    finally:
+        d.stop()
+    assert d.proc.returncode == 0

@@ -430,3 +430,42 @@ def test_256_workers():
     assert len(res) == 1 and res[0].payload == be32(wrap32(xs.sum(axis=0)))
     out = rig.send(frame(255, slots=1, payload=be32(xs[255]), flags=FLAG_RETRANS))
     assert len(out) == 1 and out[0].worker == 255 and out[0].dst == waddr(255)
+
+
+def _udp_csum_ref(f):
+    ip, udp = f[14:34], f[34:]
+    ulen = int.from_bytes(udp[4:6], "big")
+    data = ip[12:20] + b"\x00\x11" + udp[4:6] + udp[:6] + b"\x00\x00" + udp[8:ulen]
+    if len(data) % 2:
+        data += b"\x00"
+    s = sum(int.from_bytes(data[i:i + 2], "big") for i in range(0, len(data), 2))
+    while s >> 16:
+        s = (s & 0xFFFF) + (s >> 16)
+    c = ~s & 0xFFFF
+    return c or 0xFFFF
+
+
+@pytest.mark.parametrize("nbytes", [0, 1, 3, 31, 100, 127, 128, 129, 1000, 1023, 4097, 8192])
+def test_udp_checksum_matches_reference(nbytes):
+    rng = np.random.default_rng(nbytes)
+    pay = rng.integers(0, 256, nbytes).astype(np.uint8).tobytes()
+    f = frame(1, op="or", payload=pay)
+    assert int.from_bytes(f[40:42], "big") == _udp_csum_ref(f)
+    assert not isinstance(parse_frame(f), str)
+    if nbytes:
+        bad = _corrupt(f, len(f) - 1, f[-1] ^ 0x40)
+        assert parse_frame(bad) == "bad_csum"
+        assert not isinstance(parse_frame(bad, udp_csum=False), str)
+
+
+def test_result_checksums_large_payload():
+    rng = np.random.default_rng(11)
+    rig = Rig(workers=2, payload_bytes=8192)
+    xs = [rng.integers(-2**31, 2**31, 2048) for _ in range(2)]
+    out = rig.send(*[frame(w, payload=be32(xs[w])) for w in range(2)])
+    res = rig.results(out)
+    assert len(res) == 2 and res[0].payload == be32(wrap32(xs[0] + xs[1]))
+    # A corrupted large frame is dropped by the checksum, not summed.
+    good = frame(0, seq=1, payload=be32(xs[0]))
+    assert rig.send(_corrupt(good, 3000, good[3000] ^ 1)) == []
+    assert rig.eng.counters()["bad_csum"] == 1

@@ -199,11 +199,18 @@ static uint16_t dpdk_alloc(void *ctx, struct hg_pkt **pkts, uint16_t n)
 
 static void dpdk_free(void *ctx, struct hg_pkt **pkts, uint16_t n)
 {
-	uint16_t i;
+	struct rte_mbuf *m[HG_DPDK_BURST_MAX];
+	uint16_t i, k;
 
 	(void)ctx;
-	for (i = 0; i < n; i++)
-		rte_pktmbuf_free(pkts[i]->priv);
+	while (n) {
+		k = n < HG_DPDK_BURST_MAX ? n : HG_DPDK_BURST_MAX;
+		for (i = 0; i < k; i++)
+			m[i] = pkts[i]->priv;
+		rte_pktmbuf_free_bulk(m, k);   /* one mempool put per pool run */
+		pkts += k;
+		n -= k;
+	}
 }
 
 static int dpdk_info(void *ctx, struct hg_port_info *info)

@@ -26,6 +26,17 @@ bool hg_codec_avx2(void)
 	return __builtin_cpu_supports("avx2");
 }
 
+bool hg_codec_avx512(void)
+{
+	const char *isa = getenv("HOMAGG_CODEC_ISA");
+
+	if (isa && (strcmp(isa, "portable") == 0 || strcmp(isa, "avx2") == 0))
+		return false;
+	__builtin_cpu_init();
+	return __builtin_cpu_supports("avx512f") &&
+	       __builtin_cpu_supports("avx512dq");
+}
+
 int hg_params_check(const struct hg_params *p)
 {
 	if (!p)

@@ -63,9 +63,13 @@ struct hg_lhc {
 	/* after peel */
 	int32_t *values;      /* peeled sum per candidate (0 if unresolved) */
 	uint32_t *unresolved; /* global ranks, ascending */
-	/* peeling scratch, sized for the largest block */
-	uint32_t *s_cell, *s_cnt, *s_id, *s_queue, *s_cc;
-	uint8_t *s_sign, *s_done;
+	/* peeling scratch, sized for the largest block: per cell its value,
+	 * count + rank sum, queue slot; per candidate its cells, sign mask and
+	 * a done flag (one more slot: the masked writes of stale pops) */
+	uint32_t *s_cell, *s_queue;
+	uint64_t *s_cid;
+	uint32_t *s_c0, *s_c1, *s_c2, *s_sm;
+	uint8_t *s_done;
 	size_t s_cells_cap, s_cand_cap;
 };
 
@@ -211,11 +215,12 @@ void hg_lhc_destroy(struct hg_lhc *l)
 	free(l->values);
 	free(l->unresolved);
 	free(l->s_cell);
-	free(l->s_cnt);
-	free(l->s_id);
+	free(l->s_cid);
 	free(l->s_queue);
-	free(l->s_cc);
-	free(l->s_sign);
+	free(l->s_c0);
+	free(l->s_c1);
+	free(l->s_c2);
+	free(l->s_sm);
 	free(l->s_done);
 	free(l);
 }
@@ -388,27 +393,30 @@ static int scratch_reserve(struct hg_lhc *l, size_t cells, size_t cands)
 {
 	if (cells > l->s_cells_cap) {
 		free(l->s_cell);
-		free(l->s_cnt);
-		free(l->s_id);
+		free(l->s_cid);
 		free(l->s_queue);
-		l->s_cell = malloc(cells * 4);
-		l->s_cnt = malloc(cells * 4);
-		l->s_id = malloc(cells * 4);
-		l->s_queue = malloc(cells * 4);
+		l->s_cell = malloc(cells * sizeof(*l->s_cell));
+		l->s_cid = malloc(cells * sizeof(*l->s_cid));
+		/* a masked push stores one slot past the last pushed cell */
+		l->s_queue = malloc((cells + 1) * sizeof(*l->s_queue));
 		l->s_cells_cap = 0;
-		if (!l->s_cell || !l->s_cnt || !l->s_id || !l->s_queue)
+		if (!l->s_cell || !l->s_cid || !l->s_queue)
 			return -ENOMEM;
 		l->s_cells_cap = cells;
 	}
 	if (cands > l->s_cand_cap) {
-		free(l->s_cc);
-		free(l->s_sign);
+		free(l->s_c0);
+		free(l->s_c1);
+		free(l->s_c2);
+		free(l->s_sm);
 		free(l->s_done);
-		l->s_cc = malloc(cands * 3 * 4);
-		l->s_sign = malloc(cands);
-		l->s_done = malloc(cands);
+		l->s_c0 = malloc(cands * sizeof(*l->s_c0));
+		l->s_c1 = malloc(cands * sizeof(*l->s_c1));
+		l->s_c2 = malloc(cands * sizeof(*l->s_c2));
+		l->s_sm = malloc(cands * sizeof(*l->s_sm));
+		l->s_done = malloc(cands + 1);
 		l->s_cand_cap = 0;
-		if (!l->s_cc || !l->s_sign || !l->s_done)
+		if (!l->s_c0 || !l->s_c1 || !l->s_c2 || !l->s_sm || !l->s_done)
 			return -ENOMEM;
 		l->s_cand_cap = cands;
 	}
@@ -462,9 +470,12 @@ int hg_lhc_set_index(struct hg_lhc *l, const uint8_t *gindex)
 	return 0;
 }
 
-/* ---- count sketch ----------------------------------------------------- */
+/* ---- sketch cells of a batch of candidates ----------------------------- */
 
-/* The three cells (block-relative) and the sign of element g. */
+/*
+ * The three cells (block-relative) and the sign of element g: cell r is
+ * r * t + ((21-bit field r of h) * t >> 21), negative iff bit 63 of h.
+ */
 static inline void sketch_cells(uint64_t key, uint64_t g, uint32_t t,
 				uint32_t cell[3], uint32_t *neg)
 {
@@ -474,6 +485,163 @@ static inline void sketch_cells(uint64_t key, uint64_t g, uint32_t t,
 		cell[r] = (uint32_t)r * t +
 			  (uint32_t)(((h >> (21 * r)) & 0x1FFFFFu) * t >> 21);
 	*neg = (uint32_t)(h >> 63);
+}
+
+/*
+ * Cells and signs of the elements g0 + pos[j], j < n, in structure-of-arrays
+ * form: c0/c1/c2[j] the three cells, sm[j] = 0 (positive) or 0xFFFFFFFF
+ * (negative), so that a signed value is (v ^ sm) - sm.  Hashing a whole
+ * batch at once lets it run as straight-line (vector) code.
+ */
+struct cell_batch {
+	uint32_t *c0, *c1, *c2, *sm;
+};
+
+static void cells_portable(uint64_t key, uint64_t g0, uint32_t t,
+			   const uint16_t *pos, uint32_t n,
+			   const struct cell_batch *cb, uint32_t j0)
+{
+	for (uint32_t j = j0; j < n; j++) {
+		uint32_t c[3], neg;
+
+		sketch_cells(key, g0 + pos[j], t, c, &neg);
+		cb->c0[j] = c[0];
+		cb->c1[j] = c[1];
+		cb->c2[j] = c[2];
+		cb->sm[j] = 0u - neg;
+	}
+}
+
+__attribute__((target("avx512f,avx512dq")))
+static inline __m512i mix64_avx512(__m512i z)
+{
+	z = _mm512_xor_si512(z, _mm512_srli_epi64(z, 30));
+	z = _mm512_mullo_epi64(z, _mm512_set1_epi64((long long)0xBF58476D1CE4E5B9ull));
+	z = _mm512_xor_si512(z, _mm512_srli_epi64(z, 27));
+	z = _mm512_mullo_epi64(z, _mm512_set1_epi64((long long)0x94D049BB133111EBull));
+	return _mm512_xor_si512(z, _mm512_srli_epi64(z, 31));
+}
+
+/* Same bits as cells_portable, 8 elements per step (64-bit lanes). */
+__attribute__((target("avx512f,avx512dq")))
+static void cells_avx512(uint64_t key, uint64_t g0, uint32_t t,
+			 const uint16_t *pos, uint32_t n,
+			 const struct cell_batch *cb)
+{
+	const __m512i base = _mm512_set1_epi64((long long)(key + HG_HASH_GOLDEN * (g0 + 1)));
+	const __m512i gold = _mm512_set1_epi64((long long)HG_HASH_GOLDEN);
+	const __m512i f21 = _mm512_set1_epi64(0x1FFFFF);
+	const __m512i tv = _mm512_set1_epi64(t);
+	const __m256i t1 = _mm256_set1_epi32((int)t);
+	const __m256i t2 = _mm256_set1_epi32((int)(2 * t));
+	uint32_t j = 0;
+
+	for (; j + 8 <= n; j += 8) {
+		/* key + (g0 + pos + 1) * GOLDEN = base + pos * GOLDEN */
+		__m512i p = _mm512_cvtepu16_epi64(
+			_mm_loadu_si128((const __m128i *)(pos + j)));
+		__m512i h = mix64_avx512(_mm512_add_epi64(
+			base, _mm512_mullo_epi64(p, gold)));
+		__m512i f0 = _mm512_and_si512(h, f21);
+		__m512i f1 = _mm512_and_si512(_mm512_srli_epi64(h, 21), f21);
+		__m512i f2 = _mm512_and_si512(_mm512_srli_epi64(h, 42), f21);
+		__m256i s = _mm512_cvtepi64_epi32(_mm512_srai_epi64(h, 63));
+
+		f0 = _mm512_srli_epi64(_mm512_mul_epu32(f0, tv), 21);
+		f1 = _mm512_srli_epi64(_mm512_mul_epu32(f1, tv), 21);
+		f2 = _mm512_srli_epi64(_mm512_mul_epu32(f2, tv), 21);
+		_mm256_storeu_si256((__m256i *)(cb->c0 + j),
+				    _mm512_cvtepi64_epi32(f0));
+		_mm256_storeu_si256((__m256i *)(cb->c1 + j),
+				    _mm256_add_epi32(_mm512_cvtepi64_epi32(f1), t1));
+		_mm256_storeu_si256((__m256i *)(cb->c2 + j),
+				    _mm256_add_epi32(_mm512_cvtepi64_epi32(f2), t2));
+		_mm256_storeu_si256((__m256i *)(cb->sm + j), s);
+	}
+	/* gcc 12 leaves the upper vector state dirty here: the SSE code run
+	 * afterwards (even the output pass of hg_lhc_decode) then paid a
+	 * transition penalty, 2.3x on its time (measured with
+	 * homagg.bench.codec_steps at 2^25) */
+	_mm256_zeroupper();
+	cells_portable(key, g0, t, pos, n, cb, j);
+}
+
+static void cells_batch(bool avx512, uint64_t key, uint64_t g0, uint32_t t,
+			const uint16_t *pos, uint32_t n,
+			const struct cell_batch *cb)
+{
+	if (avx512)
+		cells_avx512(key, g0, t, pos, n, cb);
+	else
+		cells_portable(key, g0, t, pos, n, cb, 0);
+}
+
+/* ---- count sketch ----------------------------------------------------- */
+
+/*
+ * Elements per sketch chunk: a block is encoded in chunks whose working set
+ * (positions, values, cells, signs: 22 bytes per element) stays on the
+ * stack and in L1.  Wrapping adds commute, so chunking changes no bit.
+ */
+#define SK_CHUNK 512
+
+/*
+ * Non-zero elements i0 <= i < i1 of a block: their positions appended to
+ * pos, their absolute-value bits OR-ed into *amax (range check).  Branch
+ * free: every element is stored, the count advances only for non-zeros.
+ */
+static uint32_t compact_portable(const float *xb, uint32_t i0, uint32_t i1,
+				 uint16_t *pos, uint32_t *amax)
+{
+	uint32_t c = 0, mx = *amax;
+
+	for (uint32_t i = i0; i < i1; i++) {
+		uint32_t a = hg_abs_bits(xb[i]);
+
+		pos[c] = (uint16_t)i;
+		c += a != 0;
+		mx = a > mx ? a : mx;
+	}
+	*amax = mx;
+	return c;
+}
+
+/* Same as compact_portable; i1 - i0 a multiple of 16.  pos needs 16 lanes
+ * of slack past the last non-zero (whole vectors are stored). */
+__attribute__((target("avx512f,avx512dq")))
+static uint32_t compact_avx512(const float *xb, uint32_t i0, uint32_t i1,
+			       uint16_t *pos, uint32_t *amax)
+{
+	const __m512i m = _mm512_set1_epi32(0x7FFFFFFF);
+	const __m512i step = _mm512_set1_epi32(16);
+	__m512i idx = _mm512_add_epi32(
+		_mm512_set1_epi32((int)i0),
+		_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,
+				  13, 14, 15));
+	__m512i mx = _mm512_setzero_si512();
+	uint32_t c = 0;
+
+	for (uint32_t i = i0; i < i1; i += 16) {
+		__m512i a = _mm512_and_si512(
+			_mm512_loadu_si512((const void *)(xb + i)), m);
+		__mmask16 nz = _mm512_test_epi32_mask(a, a);
+
+		mx = _mm512_max_epu32(mx, a);
+		/* compress in a register (a compressing store to memory is
+		 * slow on some CPUs), store all 16 lanes, advance by the
+		 * count */
+		_mm256_storeu_si256((__m256i *)(pos + c),
+				    _mm512_cvtepi32_epi16(
+					    _mm512_maskz_compress_epi32(nz, idx)));
+		c += (uint32_t)__builtin_popcount(nz);
+		idx = _mm512_add_epi32(idx, step);
+	}
+	{
+		uint32_t r = _mm512_reduce_max_epu32(mx);
+
+		*amax = r > *amax ? r : *amax;
+	}
+	return c;
 }
 
 /* Quantised value of x (within range checked by the caller). */
@@ -486,106 +654,91 @@ static inline int32_t quant1(const struct hg_params *p, uint64_t rkey,
 	return hg_rne((double)x * scale);
 }
 
-/* Adds the block's non-zero elements; returns false if one is out of range. */
+/* Quantised values of the compacted elements (range already checked). */
+static void quant_batch(const struct hg_params *p, uint64_t rkey,
+			const float *xb, uint64_t g0, const uint16_t *pos,
+			uint32_t n, double scale, uint32_t *q)
+{
+	for (uint32_t j = 0; j < n; j++)
+		q[j] = (uint32_t)quant1(p, rkey, xb[pos[j]], scale, g0 + pos[j]);
+}
+
+/* The wire buffer is only byte-aligned: host-order cells via memcpy. */
 static inline void cell_add(uint8_t *cells, uint32_t k, uint32_t v)
 {
 	uint32_t t;
 
-	memcpy(&t, cells + 4 * k, 4);
+	memcpy(&t, cells + 4 * (size_t)k, 4);
 	t += v;
-	memcpy(cells + 4 * k, &t, 4);
+	memcpy(cells + 4 * (size_t)k, &t, 4);
 }
 
-/* Elements i0 <= i < len of block b (xb = the block's first element). */
-static bool sketch_block_portable(const struct hg_lhc *l, size_t b,
-				  const float *xb, size_t i0, size_t len,
-				  uint8_t *cells, uint64_t rkey)
+/*
+ * Adds the block's non-zero elements into its cells (host order, in place);
+ * returns false if one is out of the block's range or the block has no
+ * candidate although this worker has a non-zero.
+ */
+static bool sketch_block(const struct hg_lhc *l, size_t b, const float *xb,
+			 uint32_t len, uint8_t *cells, uint64_t rkey,
+			 bool avx512)
 {
 	const struct lhc_block *bk = &l->blk[b];
 	const uint32_t lim = hg_code_limit_bits(l->gcodes[b]);
 	const double scale = hg_pow2(hg_scale_shift(&l->p, l->gcodes[b]));
 	const uint64_t g0 = b * l->p.block;
+	uint16_t pos[SK_CHUNK + 16];
+	uint32_t q[SK_CHUNK], c0[SK_CHUNK], c1[SK_CHUNK], c2[SK_CHUNK];
+	uint32_t sm[SK_CHUNK];
+	const struct cell_batch cb = { c0, c1, c2, sm };
 
-	for (size_t i = i0; i < len; i++) {
-		uint32_t a = hg_abs_bits(xb[i]), c[3], neg, v;
+	for (uint32_t i0 = 0; i0 < len; i0 += SK_CHUNK) {
+		uint32_t i1 = len - i0 < SK_CHUNK ? len : i0 + SK_CHUNK;
+		uint32_t amax = 0, n;
 
-		if (!a)
+		/* block lengths are multiples of 64 except the tensor's
+		 * last block: its tail goes the portable way */
+		if (avx512) {
+			uint32_t iv = i0 + ((i1 - i0) & ~15u);
+
+			n = compact_avx512(xb, i0, iv, pos, &amax);
+			n += compact_portable(xb, iv, i1, pos + n, &amax);
+		} else {
+			n = compact_portable(xb, i0, i1, pos, &amax);
+		}
+		if (!n)
 			continue;
-		if (a >= lim || bk->ncand == 0)
+		if (amax >= lim || bk->ncand == 0)
 			return false;
-		v = (uint32_t)quant1(&l->p, rkey, xb[i], scale, g0 + i);
-		sketch_cells(l->key_sketch, g0 + i, bk->t, c, &neg);
-		v = neg ? 0u - v : v;
-		cell_add(cells, c[0], v);
-		cell_add(cells, c[1], v);
-		cell_add(cells, c[2], v);
-	}
-	return true;
-}
+		quant_batch(&l->p, rkey, xb, g0, pos, n, scale, q);
+		cells_batch(avx512, l->key_sketch, g0, bk->t, pos, n, &cb);
+		for (uint32_t j = 0; j < n; j++) {
+			uint32_t v = (q[j] ^ sm[j]) - sm[j];
 
-__attribute__((target("avx2")))
-static bool sketch_block_avx2(const struct hg_lhc *l, size_t b,
-			      const float *xb, size_t len, uint8_t *cells,
-			      uint64_t rkey)
-{
-	const struct lhc_block *bk = &l->blk[b];
-	const uint32_t lim = hg_code_limit_bits(l->gcodes[b]);
-	const double scale = hg_pow2(hg_scale_shift(&l->p, l->gcodes[b]));
-	const uint64_t g0 = b * l->p.block;
-	const __m256i m = _mm256_set1_epi32(0x7FFFFFFF);
-	const __m256i z = _mm256_setzero_si256();
-	size_t i = 0;
-
-	for (; i + 16 <= len; i += 16) {
-		__m256i a0 = _mm256_and_si256(
-			_mm256_loadu_si256((const __m256i *)(xb + i)), m);
-		__m256i a1 = _mm256_and_si256(
-			_mm256_loadu_si256((const __m256i *)(xb + i + 8)), m);
-		uint32_t nz = ~((uint32_t)_mm256_movemask_ps(
-					_mm256_castsi256_ps(
-						_mm256_cmpeq_epi32(a0, z))) |
-				((uint32_t)_mm256_movemask_ps(
-					 _mm256_castsi256_ps(
-						 _mm256_cmpeq_epi32(a1, z)))
-				 << 8)) &
-			      0xFFFFu;
-
-		while (nz) {
-			size_t j = i + (size_t)__builtin_ctz(nz);
-			uint32_t c[3], neg, v;
-
-			nz &= nz - 1;
-			if (hg_abs_bits(xb[j]) >= lim || bk->ncand == 0)
-				return false;
-			v = (uint32_t)quant1(&l->p, rkey, xb[j], scale, g0 + j);
-			sketch_cells(l->key_sketch, g0 + j, bk->t, c, &neg);
-			v = neg ? 0u - v : v;
-			cell_add(cells, c[0], v);
-			cell_add(cells, c[1], v);
-			cell_add(cells, c[2], v);
+			cell_add(cells, c0[j], v);
+			cell_add(cells, c1[j], v);
+			cell_add(cells, c2[j], v);
 		}
 	}
-	return sketch_block_portable(l, b, xb, i, len, cells, rkey);
+	return true;
 }
 
 int hg_lhc_sketch_encode(const struct hg_lhc *l, const float *x,
 			 uint8_t *cells_be32)
 {
 	uint64_t rkey;
-	bool avx2;
+	bool avx512;
 
 	if (!l || l->state < LHC_INDEXED || (l->n && !x) ||
 	    (l->info.sketch_lanes && !cells_be32))
 		return -EINVAL;
-	avx2 = hg_codec_avx2();
+	avx512 = hg_codec_avx512();
 	rkey = hg_stream_key(l->p.seed, HG_DOM_ROUND, l->p.worker);
 	for (size_t b = 0; b < l->nb; b++) {
 		const struct lhc_block *bk = &l->blk[b];
-		size_t len = hg_block_len(&l->p, l->n, b);
+		uint32_t len = (uint32_t)hg_block_len(&l->p, l->n, b);
 		const float *xb = x + b * l->p.block;
 		uint8_t *cells = cells_be32 + 4 * bk->sketch_off;
 		size_t nc = 3 * (size_t)bk->t;
-		bool ok;
 
 		/* accumulate in host order in place, then byte-swap: the
 		 * block's cells stay in cache */
@@ -597,10 +750,7 @@ int hg_lhc_sketch_encode(const struct hg_lhc *l, const float *x,
 					return -ERANGE;
 			continue;
 		}
-		ok = avx2 ? sketch_block_avx2(l, b, xb, len, cells, rkey) :
-			    sketch_block_portable(l, b, xb, 0, len, cells,
-						  rkey);
-		if (!ok)
+		if (!sketch_block(l, b, xb, len, cells, rkey, avx512))
 			return -ERANGE;
 		for (size_t k = 0; k < nc; k++) {
 			uint32_t t;
@@ -619,62 +769,80 @@ int hg_lhc_sketch_encode(const struct hg_lhc *l, const float *x,
  * unresolved ones appended to l->unresolved.  Returns -EPROTO when the
  * summed cells are inconsistent with the index (a cell with no candidate
  * left but a non-zero value).
+ *
+ * The order is the protocol's (docs/PROTOCOL.md "Peeling"): a FIFO seeded
+ * with the count-1 cells in cell order, a popped cell skipped unless its
+ * count is still 1.  Per cell one 64-bit word holds the count (low 32 bits)
+ * and the sum of the ranks of its candidates (high 32 bits): with count 1
+ * the high half is the sole candidate's rank (the XOR of the protocol text
+ * names the same candidate).  The pop loop has no data-dependent branch: a
+ * stale cell (count != 1) is processed as candidate 0 with every update
+ * masked to nothing and its writes sent to a dummy slot, so the queue,
+ * the values and the counts evolve exactly as with the skip.
  */
-static int peel_block(struct hg_lhc *l, size_t b, const uint8_t *gcells)
+static int peel_block(struct hg_lhc *l, size_t b, const uint8_t *gcells,
+		      bool avx512)
 {
 	const struct lhc_block *bk = &l->blk[b];
 	const uint32_t nc = 3 * bk->t, n = bk->ncand;
 	const uint16_t *pos = l->cand_pos + bk->cand_off;
 	int32_t *val = l->values + bk->cand_off;
-	uint32_t *cell = l->s_cell, *cnt = l->s_cnt, *id = l->s_id;
-	uint32_t *queue = l->s_queue, *cc = l->s_cc;
-	uint8_t *sign = l->s_sign, *done = l->s_done;
-	uint32_t head = 0, tail = 0, left = n;
-	const uint64_t g0 = b * l->p.block;
+	uint32_t *cell = l->s_cell, *queue = l->s_queue;
+	uint64_t *cid = l->s_cid;
+	uint32_t *c0 = l->s_c0, *c1 = l->s_c1, *c2 = l->s_c2, *sm = l->s_sm;
+	uint8_t *done = l->s_done;
+	const struct cell_batch cb = { c0, c1, c2, sm };
+	uint32_t head = 0, tail = 0, left = n, bad = 0;
+	int32_t dummy_val;
 
 	for (uint32_t k = 0; k < nc; k++)
 		cell[k] = hg_ld_be32(gcells + 4 * k);
-	memset(cnt, 0, nc * 4);
-	memset(id, 0, nc * 4);
+	memset(cid, 0, nc * sizeof(*cid));
+	memset(done, 0, n + 1);
+	cells_batch(avx512, l->key_sketch, b * l->p.block, bk->t, pos, n, &cb);
 	for (uint32_t j = 0; j < n; j++) {
-		uint32_t *c = cc + 3 * j, neg;
+		const uint64_t d = 1 + ((uint64_t)j << 32);
 
-		sketch_cells(l->key_sketch, g0 + pos[j], bk->t, c, &neg);
-		sign[j] = (uint8_t)neg;
-		done[j] = 0;
-		for (int r = 0; r < 3; r++) {
-			cnt[c[r]]++;
-			id[c[r]] ^= j;
-		}
+		cid[c0[j]] += d;
+		cid[c1[j]] += d;
+		cid[c2[j]] += d;
 	}
-	for (uint32_t k = 0; k < nc; k++)
-		if (cnt[k] == 1)
-			queue[tail++] = k;
+	for (uint32_t k = 0; k < nc; k++) {
+		queue[tail] = k;
+		tail += (uint32_t)cid[k] == 1;
+	}
 	while (head < tail) {
-		uint32_t k = queue[head++], j, v;
-		const uint32_t *c;
+		const uint32_t k = queue[head++];
+		const uint64_t e = cid[k];
+		const uint32_t ok = (uint32_t)e == 1;
+		const uint32_t m = 0u - ok;
+		const uint32_t j = (uint32_t)(e >> 32) & m;
+		const uint32_t v = cell[k] & m;
+		const uint64_t d = (1 + ((uint64_t)j << 32)) & (0ull - ok);
+		const uint32_t q0 = c0[j], q1 = c1[j], q2 = c2[j];
+		int32_t *dst = ok ? &val[j] : &dummy_val;
 
-		if (cnt[k] != 1)
-			continue;
-		j = id[k];
-		c = cc + 3 * j;
-		v = cell[k]; /* the candidate's signed contribution */
-		val[j] = (int32_t)(sign[j] ? 0u - v : v);
-		done[j] = 1;
-		left--;
-		for (int r = 0; r < 3; r++) {
-			uint32_t q = c[r];
-
-			cell[q] -= v;
-			cnt[q]--;
-			id[q] ^= j;
-			if (cnt[q] == 1)
-				queue[tail++] = q;
-		}
+		/* the candidate's signed contribution is cell[k] */
+		*dst = (int32_t)((v ^ sm[j]) - sm[j]);
+		done[ok ? j : n] = 1;
+		left -= ok;
+		cell[q0] -= v;
+		cid[q0] -= d;
+		queue[tail] = q0;
+		tail += ok & ((uint32_t)cid[q0] == 1);
+		cell[q1] -= v;
+		cid[q1] -= d;
+		queue[tail] = q1;
+		tail += ok & ((uint32_t)cid[q1] == 1);
+		cell[q2] -= v;
+		cid[q2] -= d;
+		queue[tail] = q2;
+		tail += ok & ((uint32_t)cid[q2] == 1);
 	}
 	for (uint32_t k = 0; k < nc; k++)
-		if (cnt[k] == 0 && cell[k] != 0)
-			return -EPROTO;
+		bad |= ((uint32_t)cid[k] == 0) & (cell[k] != 0);
+	if (bad)
+		return -EPROTO;
 	if (left) {
 		l->info.stalled_blocks++;
 		for (uint32_t j = 0; j < n; j++)
@@ -689,9 +857,12 @@ static int peel_block(struct hg_lhc *l, size_t b, const uint8_t *gcells)
 
 int hg_lhc_peel(struct hg_lhc *l, const uint8_t *gcells_be32)
 {
+	bool avx512;
+
 	if (!l || l->state < LHC_INDEXED ||
 	    (l->info.sketch_lanes && !gcells_be32))
 		return -EINVAL;
+	avx512 = hg_codec_avx512();
 	l->info.stalled_blocks = 0;
 	l->info.fallback_lanes = 0;
 	l->state = LHC_INDEXED;
@@ -701,7 +872,7 @@ int hg_lhc_peel(struct hg_lhc *l, const uint8_t *gcells_be32)
 
 		if (!bk->ncand)
 			continue;
-		rc = peel_block(l, b, gcells_be32 + 4 * bk->sketch_off);
+		rc = peel_block(l, b, gcells_be32 + 4 * bk->sketch_off, avx512);
 		if (rc)
 			return rc;
 	}

@@ -105,4 +105,8 @@ static inline double hg_pow2(int s)
  * HOMAGG_CODEC_ISA=portable, which tests use to compare both paths). */
 bool hg_codec_avx2(void);
 
+/* true when the AVX-512 (F + DQ: 64-bit lane multiplies) paths may be used;
+ * HOMAGG_CODEC_ISA=portable or =avx2 disables them. */
+bool hg_codec_avx512(void);
+
 #endif /* HOMAGG_CODEC_PVT_H */

@@ -53,11 +53,17 @@ static inline void hg_wr32(uint8_t *p, uint32_t v)
  * section 2(B)).  A segment must start at an even offset of the checksummed
  * data; only the last segment may have an odd length.
  */
+/* The bulk of hg_csum_add() for long buffers (wire.c: AVX2 when the CPU has
+ * it, 16-bit halves summed in 32-bit lanes). */
+uint64_t hg_csum_add_long(uint64_t sum, const uint8_t *p, size_t len);
+
 static inline uint64_t hg_csum_add(uint64_t sum, const uint8_t *p, size_t len)
 {
 	size_t i = 0;
 	uint32_t w;
 
+	if (len >= 128)
+		return hg_csum_add_long(sum, p, len);
 	for (; i + 4 <= len; i += 4) {
 		memcpy(&w, p + i, 4);
 		sum += w;

@@ -21,7 +21,7 @@ import ipaddress
 import numpy as np
 
 from homagg._native import ffi, lib
-from homagg.errors import InvalidArgument, error_for
+from homagg.errors import InvalidArgument, check, error_for
 
 METHODS = {
     "dense": "HG_M_DENSE",
@@ -37,6 +37,50 @@ def _ipv4(addr, what):
         return int(ipaddress.IPv4Address(addr))
     except (ipaddress.AddressValueError, ValueError) as exc:
         raise InvalidArgument(f"{what}: not an IPv4 address: {addr!r}") from exc
+
+
+class UdpPort:
+    """The kernel UDP port backend (homagg/port_udp.h); ``port`` is the
+    ``struct hg_port *`` a Worker's client or an Engine runs on."""
+
+    def __init__(self, bind=("0.0.0.0", 0), group_port=0, packets=0, rcvbuf=0):
+        pc = ffi.new("struct hg_udp_port_config *")
+        pc.bind_ipv4 = _ipv4(bind[0], "bind")
+        pc.bind_port = int(bind[1])
+        pc.group_port = int(group_port)
+        pc.packets = int(packets)
+        pc.rcvbuf = int(rcvbuf)
+        p = lib.hg_udp_port_create(pc)
+        if p == ffi.NULL:
+            raise error_for(-ffi.errno, f"UDP socket on {bind[0]}:{bind[1]}")
+        self._p = ffi.gc(p, lib.hg_udp_port_destroy)
+
+    @property
+    def port(self):
+        return lib.hg_udp_port_port(self._p)
+
+    @property
+    def local_address(self):
+        """(ip, port) the unicast socket is bound to."""
+        ip = ffi.new("uint32_t *")
+        port = ffi.new("uint16_t *")
+        check(lib.hg_udp_port_local(self._p, ip, port))
+        return (str(ipaddress.IPv4Address(ip[0])), port[0])
+
+    def wait(self, timeout):
+        """Block until a datagram is ready (True) or timeout seconds pass."""
+        return check(lib.hg_udp_port_wait(self._p, int(timeout * 1e9))) == 1
+
+    def stats(self):
+        ps = ffi.new("struct hg_udp_port_stats *")
+        check(lib.hg_udp_port_get_stats(self._p, ps))
+        return {k: getattr(ps, k) for k in (
+            "rx", "tx", "rx_truncated", "tx_bad", "tx_errors")}
+
+    def close(self):
+        if self._p is not None:
+            ffi.release(self._p)
+            self._p = None
 
 
 class Worker:
@@ -56,18 +100,10 @@ class Worker:
         self.group = group
         self.timeout = timeout
 
-        pc = ffi.new("struct hg_udp_port_config *")
-        pc.bind_ipv4 = _ipv4(bind[0], "bind")
-        pc.bind_port = int(bind[1])
-        pc.packets = max(int(packets), 4 * slots + 256)
-        port = lib.hg_udp_port_create(pc)
-        if port == ffi.NULL:
-            err = ffi.errno
-            raise error_for(-err, f"UDP socket on {bind[0]}:{bind[1]}")
-        self._port = ffi.gc(port, lib.hg_udp_port_destroy)
+        self._port = UdpPort(bind, packets=max(int(packets), 4 * slots + 256))
 
         cfg = ffi.new("struct hg_client_config *")
-        cfg.port = lib.hg_udp_port_port(self._port)
+        cfg.port = self._port.port
         cfg.job = job
         cfg.token = token
         cfg.worker = worker
@@ -85,14 +121,13 @@ class Worker:
             raise InvalidArgument(
                 f"worker client configuration refused (job {job}, worker "
                 f"{worker}/{workers}, slots {slots}, payload {payload})")
-        self._client = ffi.gc(client, lib.hg_client_destroy)
+        # the destructor holds the port: the client frees packets into it
+        self._client = ffi.gc(
+            client, lambda c, _port=self._port: lib.hg_client_destroy(c))
 
     @property
     def local_address(self):
-        ip = ffi.new("uint32_t *")
-        port = ffi.new("uint16_t *")
-        lib.hg_udp_port_local(self._port, ip, port)
-        return (str(ipaddress.IPv4Address(ip[0])), port[0])
+        return self._port.local_address
 
     def allreduce(self, array, method="dense", out=None, block=None,
                   stochastic=False, seed=0, nc_levels=0):
@@ -127,14 +162,11 @@ class Worker:
         """The client's counters and the UDP port's, as one dict."""
         st = ffi.new("struct hg_client_stats *")
         lib.hg_client_get_stats(self._client, st)
-        ps = ffi.new("struct hg_udp_port_stats *")
-        lib.hg_udp_port_get_stats(self._port, ps)
         out = {k: getattr(st, k) for k in (
             "packets_sent", "retransmissions", "timeouts", "results_received",
             "duplicates_received", "status_received", "packets_ignored",
             "tx_refused", "chunks")}
-        out["port"] = {k: getattr(ps, k) for k in (
-            "rx", "tx", "rx_truncated", "tx_bad", "tx_errors")}
+        out["port"] = self._port.stats()
         return out
 
     def close(self):
@@ -143,7 +175,7 @@ class Worker:
             ffi.release(self._client)
             self._client = None
         if getattr(self, "_port", None) is not None:
-            ffi.release(self._port)
+            self._port.close()
             self._port = None
 
     def __enter__(self):

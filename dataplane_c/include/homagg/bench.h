@@ -26,7 +26,8 @@ struct hg_bench_engine_config {
 	uint32_t burst;          /* frames per hg_engine_process() call, 1..HG_ENGINE_MAX_BURST */
 	double seconds;          /* time budget of each of the two measurements */
 	bool multicast;          /* results to a group on a replicating port, else unicast */
-	bool udp_csum;           /* frames carry UDP checksums, the engine checks and fills them */
+	bool udp_csum;           /* frames carry UDP checksums (computed in the timed loop, as a
+				    sender without offload would), the engine checks and fills them */
 	enum hg_isa isa;
 };
 

@@ -61,7 +61,7 @@ def main(args):
             print(json.dumps(r), flush=True)
         else:
             print(f"W={r['workers']:4d} payload={r['payload']} B: {r['mpps']:7.3f} Mpps "
-                  f"{r['gbps']:6.2f} Gbit/s on 1 engine lcore ({r['lcores']} lcores, "
-                  f"{r['isa']}), drops {r['drops']}, engine idle "
-                  f"{100 * r['engine_idle']:.1f}%", flush=True)
+                  f"({r['gbps']:6.2f} Gbit/s) end to end, engine lcore capacity "
+                  f"{r['engine_mpps']:7.3f} Mpps (busy {100 * r['engine_busy']:.0f}%), "
+                  f"{r['lcores']} lcore(s), {r['isa']}, drops {r['drops']}", flush=True)
     return rc

@@ -1,0 +1,137 @@
+"""Per-step timing of the lhc codec (one worker), next to memcpy.
+
+Times each library call of one lhc allreduce on its own, single core:
+encode = hg_exp_nnz_encode, hg_lhc_index_encode, hg_lhc_sketch_encode;
+decode = hg_lhc_set_index, hg_lhc_peel, hg_lhc_decode.  Each step is the
+best of --repeat runs (the machine may be shared: take the best, and read
+every figure against the memcpy of the same run).  memcpy = numpy copyto
+of the same float32 buffer.  Gradients as in ``homagg bench codec``
+(independent random positions, the index's worst case).
+
+    python -m homagg.bench.codec_steps [--elements 67108864] [--repeat 5]
+"""
+import argparse
+import json
+import sys
+import time
+
+import numpy as np
+
+
+def add_arguments(parser):
+    parser.add_argument("--elements", type=int, default=2**26,
+                        help="elements per worker (default 2^26)")
+    parser.add_argument("--density", type=float, default=0.05,
+                        help="fraction of non-zero elements per worker (default 0.05)")
+    parser.add_argument("--workers", type=int, default=4, help="workers W (default 4)")
+    parser.add_argument("--block", type=int, default=None,
+                        help="block elements (default HG_DEFAULT_BLOCK)")
+    parser.add_argument("--repeat", type=int, default=5, help="timed runs, best kept (default 5)")
+    parser.add_argument("--seed", type=int, default=1, help="seed of the gradients")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def _best(fn, repeat):
+    """Best wall time (perf_counter) of repeat runs.  The best CPU time of
+    this thread (thread_time) is kept in _best.cpu: on a shared machine it
+    leaves out the time the process was not running."""
+    best = cpu = float("inf")
+    for _ in range(repeat):
+        c = time.thread_time()
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+        cpu = min(cpu, time.thread_time() - c)
+    _best.cpu = cpu
+    return best
+
+
+def run(args):
+    from homagg import codec
+    from homagg.bench.codec import make_gradients
+    from homagg.bindings import codec as b
+
+    n, W = args.elements, args.workers
+    block = args.block or codec.DEFAULT_BLOCK
+    if n <= 0 or n % block:
+        raise SystemExit(f"--elements must be a positive multiple of the block ({block})")
+    grads = make_gradients(n, W, args.density, args.seed)
+    params = codec.Params(block_elements=block, workers=W)
+    cps = [params.c(w) for w in range(W)]
+    gcodes = codec.aggregate("max8", None, [b.exp_encode(cps[w], grads[w]) for w in range(W)])
+    gcounts = codec.aggregate("sum32", None, [b.nnz_counts(cps[w], grads[w]) for w in range(W)])
+    plans = [b.lhc_create(cps[w], n, gcodes, gcounts) for w in range(W)]
+    gindex = codec.aggregate("or", None, [b.lhc_index_encode(plans[w], grads[w]) for w in range(W)])
+    for pl in plans:
+        b.lhc_set_index(pl, gindex)
+    gcells = codec.aggregate("sum32", None, [b.lhc_sketch_encode(plans[w], grads[w])
+                                             for w in range(W)])
+    for pl in plans:
+        b.lhc_peel(pl, gcells)
+    gfall = codec.aggregate("sum32", np.zeros(plans[0].info()["fallback_lanes"], dtype=">i4"),
+                            [b.lhc_fallback_encode(plans[w], grads[w]) for w in range(W)])
+    x, plan = grads[0], plans[0]
+    del plans[1:]
+    info = plan.info()
+    codes = np.empty(params.nblocks(n), dtype=np.int8)
+    counts = np.empty(params.nblocks(n), dtype=">i4")
+    index = np.empty(info["index_bytes"], dtype=np.uint8)
+    cells = np.empty(info["sketch_lanes"], dtype=">i4")
+    y = np.empty(n, dtype=np.float32)
+    dst = np.empty_like(x)
+    np.copyto(dst, x)
+    steps = {
+        "exponents+counts": lambda: b.exp_nnz_encode_into(cps[0], x, codes, counts),
+        "index": lambda: b.lhc_index_encode_into(plan, x, index),
+        "sketch": lambda: b.lhc_sketch_encode_into(plan, x, cells),
+        "set_index": lambda: b.lhc_set_index(plan, gindex),
+        "peel": lambda: b.lhc_peel(plan, gcells),
+        "output": lambda: b.lhc_decode_into(plan, gfall, y),
+    }
+    ms = {"memcpy": _best(lambda: np.copyto(dst, x), args.repeat) * 1e3}
+    cpu_ms = {"memcpy": _best.cpu * 1e3}
+    for name, fn in steps.items():
+        ms[name] = _best(fn, args.repeat) * 1e3
+        cpu_ms[name] = _best.cpu * 1e3
+    ms["memcpy_after"] = _best(lambda: np.copyto(dst, x), args.repeat) * 1e3
+    cpu_ms["memcpy_after"] = _best.cpu * 1e3
+    mem = min(ms["memcpy"], ms["memcpy_after"])
+    enc = ms["exponents+counts"] + ms["index"] + ms["sketch"]
+    dec = ms["set_index"] + ms["peel"] + ms["output"]
+    info = plan.info()
+    return {
+        "elements": n, "workers": W, "density": args.density, "block_elements": block,
+        "candidates": info["candidates"], "stalled_blocks": info["stalled_blocks"],
+        "fallback_lanes": info["fallback_lanes"], "ms": ms, "cpu_ms": cpu_ms,
+        "encode_ms": enc, "decode_ms": dec,
+        "encode_x_memcpy": mem / enc, "decode_x_memcpy": mem / dec,
+    }
+
+
+def main(args):
+    out = run(args)
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    ms, cpu = out["ms"], out["cpu_ms"]
+    print(f"{out['elements']} float32, block {out['block_elements']}, W={out['workers']}, "
+          f"density {out['density']}: {out['candidates']} candidates, "
+          f"{out['stalled_blocks']} stalled blocks, {out['fallback_lanes']} fallback lanes")
+    print("wall ms (best), CPU ms of the thread (best)")
+    print(f"memcpy            {min(ms['memcpy'], ms['memcpy_after']):8.1f} "
+          f"{min(cpu['memcpy'], cpu['memcpy_after']):8.1f}   "
+          f"(wall before {ms['memcpy']:.1f}, after {ms['memcpy_after']:.1f})")
+    for k in ("exponents+counts", "index", "sketch"):
+        print(f"  encode {k:17s} {ms[k]:8.1f} {cpu[k]:8.1f}")
+    print(f"encode            {out['encode_ms']:8.1f}          {out['encode_x_memcpy']:.2f}x memcpy (wall)")
+    for k in ("set_index", "peel", "output"):
+        print(f"  decode {k:17s} {ms[k]:8.1f} {cpu[k]:8.1f}")
+    print(f"decode            {out['decode_ms']:8.1f}          {out['decode_x_memcpy']:.2f}x memcpy (wall)")
+    return 0
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(ap)
+    sys.exit(main(ap.parse_args()))

@@ -1,0 +1,160 @@
+"""The kernel UDP port backend (homagg/port_udp.h) and homagg.worker.Worker,
+without root: the real C engine runs on a UdpPort on loopback (a thread
+polling it), the real C clients run in worker threads, and the results are
+checked bit for bit against the numpy fixed-point oracle."""
+import socket
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from homagg.engine import Engine
+from homagg.errors import InvalidArgument, PeerTimeout
+from homagg.worker import UdpPort, Worker
+
+from reference import allreduce as oracle_allreduce
+
+pytestmark = pytest.mark.sanitize
+
+BLOCK = 1024
+
+
+class LoopbackAggregator:
+    """An engine on a UdpPort bound to 127.0.0.1, polled by a thread."""
+
+    def __init__(self):
+        self.port = UdpPort(("127.0.0.1", 0))
+        self.address = self.port.local_address
+        # the engine accepts frames to its own UDP port only
+        self.engine = Engine(self.port, udp_port=self.address[1])
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        while not self._stop.is_set():
+            if self.engine.poll() == 0:
+                self.port.wait(0.002)
+
+    def close(self):
+        self._stop.set()
+        self._thread.join(10)
+        assert not self._thread.is_alive()
+        self.engine.close()
+        self.port.close()
+
+
+@pytest.fixture
+def agg():
+    a = LoopbackAggregator()
+    try:
+        yield a
+    finally:
+        a.close()
+
+
+def run(agg, job, token, grads, method, slots=8, timeout=10.0, payload=1024):
+    W = len(grads)
+    out, err = [None] * W, [None] * W
+
+    def work(w):
+        try:
+            with Worker(job=job, token=token, worker=w, workers=W,
+                        aggregator=agg.address, bind=("127.0.0.1", 0),
+                        timeout=timeout, slots=slots, payload=payload) as wk:
+                out[w] = wk.allreduce(grads[w], method=method, block=BLOCK)
+                assert wk.local_address[0] == "127.0.0.1"
+                st = wk.stats()
+                assert st["port"]["tx"] >= st["packets_sent"] > 0
+        except Exception as exc:  # noqa: BLE001 - reported below
+            err[w] = exc
+
+    threads = [threading.Thread(target=work, args=(w,)) for w in range(W)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not any(t.is_alive() for t in threads)
+    return out, err
+
+
+def grads_of(W, n, seed, density=0.5):
+    rng = np.random.default_rng(seed)
+    g = []
+    for _ in range(W):
+        x = (rng.standard_normal(n) * 3).astype(np.float32)
+        x[rng.random(n) > density] = 0
+        g.append(x)
+    return g
+
+
+@pytest.mark.parametrize("method", ["dense", "blocks", "lhc"])
+@pytest.mark.parametrize("W", [1, 3])
+def test_exact_allreduce_over_loopback_udp(agg, method, W):
+    job = 40 + W
+    agg.engine.add_job(job=job, token=77, workers=W, slots=8)
+    grads = grads_of(W, 5000 + 33, seed=W)
+    out, err = run(agg, job, 77, grads, method)
+    assert err == [None] * W
+    expected = oracle_allreduce(grads, BLOCK)
+    for y in out:
+        assert y.tobytes() == expected.tobytes()
+    c = agg.engine.counters()
+    assert c["summed"] > 0 and c["bad_csum"] == 0 and c["not_ip"] == 0
+    st = agg.port.stats()
+    assert st["rx"] > 0 and st["tx"] > 0 and st["tx_bad"] == 0
+
+
+def test_small_payload_many_chunks(agg):
+    agg.engine.add_job(job=5, token=1, workers=2, slots=4, payload_bytes=64)
+    grads = grads_of(2, 3000, seed=9, density=1.0)
+    out, err = run(agg, 5, 1, grads, "dense", slots=4, payload=64)
+    assert err == [None, None]
+    assert out[0].tobytes() == oracle_allreduce(grads, BLOCK).tobytes()
+
+
+def test_oversized_datagram_is_counted_not_delivered(agg):
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        s.sendto(b"\x01" * 9000, agg.address)       # larger than a packet
+        s.sendto(b"\x01" * 10, agg.address)         # not a HomAgg frame
+    finally:
+        s.close()
+    deadline = time.monotonic() + 10
+    while agg.port.stats()["rx_truncated"] < 1 or agg.engine.counters()["received"] < 1:
+        assert time.monotonic() < deadline, (agg.port.stats(), agg.engine.counters())
+        time.sleep(0.01)
+    assert agg.port.stats()["rx_truncated"] == 1
+    c = agg.engine.counters()
+    assert c["received"] == 1 and c["summed"] == 0 and c["truncated"] == 1
+
+
+def test_missing_aggregator_times_out_naming_it():
+    # a bound socket that never answers stands for a dead aggregator
+    silent = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    silent.bind(("127.0.0.1", 0))
+    try:
+        addr = silent.getsockname()
+        with Worker(job=1, token=2, worker=0, workers=2, aggregator=addr,
+                    bind=("127.0.0.1", 0), timeout=0.5) as wk:
+            t0 = time.monotonic()
+            with pytest.raises(PeerTimeout) as ei:
+                wk.allreduce(np.ones(100, np.float32))
+            took = time.monotonic() - t0
+        assert f"127.0.0.1:{addr[1]}" in str(ei.value)
+        assert took < 5.0
+    finally:
+        silent.close()
+
+
+def test_bad_arguments():
+    with pytest.raises(InvalidArgument):
+        Worker(job=1, token=1, worker=2, workers=2)
+    with pytest.raises(InvalidArgument):
+        Worker(job=1, token=1, worker=0, workers=2, aggregator=("10.0.0.300", 1))
+    with pytest.raises(InvalidArgument):
+        UdpPort(("not an address", 0))
+    with Worker(job=1, token=1, worker=0, workers=1, bind=("127.0.0.1", 0)) as wk:
+        with pytest.raises(InvalidArgument):
+            wk.allreduce(np.ones(4, np.float32), method="ring")
