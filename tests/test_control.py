@@ -86,6 +86,8 @@ def test_add_and_remove_job(daemon):
     (dict(JOB, slots=1.5), InvalidArgument, "field 'slots': must be an integer"),
     (dict(JOB, payload=1022), InvalidArgument, "field 'payload': must be a multiple of 4"),
     (dict(JOB, payload=10**6), OutOfRange, "field 'payload': must be 4.."),
+    # a packet is one datagram of the port's MTU (1500 on net_ring)
+    (dict(JOB, payload=1452), OutOfRange, "field 'payload': must be 4..1448"),
     (dict(JOB, group="10.0.0.1"), InvalidArgument, "is not a multicast address"),
     (dict(JOB, group="239.1.1"), InvalidArgument, "field 'group': must be an IPv4"),
     (dict(JOB, group=5), InvalidArgument, "field 'group': must be an IPv4"),

@@ -84,10 +84,10 @@ def link():
         lk.teardown()
 
 
-def start_daemon(link, workdir, *args):
+def start_daemon(link, workdir, *args, pmd="af_packet"):
     if not link.csum_complete:
         args = ("--no-udp-csum", *args)
-    d = Daemon(workdir, ["--vdev", f"net_af_packet0,iface={link.dev_switch}"],
+    d = Daemon(workdir, ["--vdev", f"net_{pmd}0,iface={link.dev_switch}"],
                ["--port-ip", link.switch_ip, *args], netns=link.ns_switch)
     return d.wait_ready()
 
@@ -96,8 +96,8 @@ def start_daemon(link, workdir, *args):
 def daemons(link, tmp_path):
     started = []
 
-    def start(*args):
-        d = start_daemon(link, tmp_path / f"sw{len(started)}", *args)
+    def start(*args, pmd="af_packet"):
+        d = start_daemon(link, tmp_path / f"sw{len(started)}", *args, pmd=pmd)
         started.append(d)
         return d
     try:
@@ -161,9 +161,10 @@ def gradients(W, n, seed, density=0.3):
     return g
 
 
-@pytest.mark.parametrize("method", ["dense", "lhc"])
-def test_exact_allreduce_through_the_daemon(link, daemons, method):
-    d = daemons()
+@pytest.mark.parametrize("method, pmd", [("dense", "af_packet"), ("lhc", "af_packet"),
+                                         ("dense", "af_xdp")])
+def test_exact_allreduce_through_the_daemon(link, daemons, method, pmd):
+    d = daemons(pmd=pmd)
     W, n = 3, 30000
     with d.client() as c:
         c.add_job(job=11, token=0xABCD, workers=W, slots=32, group=GROUP)
