@@ -135,9 +135,19 @@ test-sanitize: ## codec and engine tests against SANITIZE=address,undefined
 	ASAN_OPTIONS=detect_leaks=0:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	HOMAGG_SANITIZED=1 $(VPY) -m pytest -m "sanitize" -p no:cacheprovider $(PYTEST_ARGS)
 
-bench: build ## the standard benchmark suite
-	$(VENV)/bin/homagg bench codec
+BENCH_ALLREDUCE := --workers 4 --densities 0.05 --workloads shared,random,zipf,dense \
+	--methods gloo,dense,blocks,lhc,nc,auto --link-mbit 1000 --elements 4194304 \
+	--repeat 3 --warmup 1 --out docs/results/allreduce
+bench: build ## the standard benchmark suite into docs/results/ (the testbed part needs root)
+	mkdir -p docs/results
+	$(VENV)/bin/homagg bench codec --json > docs/results/codec.json
+	$(VENV)/bin/python -m homagg.bench.markdown codec docs/results/codec.json docs/results/codec.md
+	$(VENV)/bin/homagg bench engine --json > docs/results/engine.json
+	$(VENV)/bin/python -m homagg.bench.markdown engine docs/results/engine.json docs/results/engine.md
 	$(VENV)/bin/homagg bench scale --out docs/results/scale
+	@if [ "$$(id -u)" = 0 ]; then set -x; $(VENV)/bin/homagg bench allreduce $(BENCH_ALLREDUCE); \
+	else echo "make bench: skipping homagg bench allreduce: it builds network namespaces," \
+	  "tc-shaped veth links and a DPDK daemon, which needs root (run make bench as root)"; fi
 
 demo: build ## the main job: allreduce of a realistic gradient with every method
 	$(VENV)/bin/homagg demo

@@ -14,10 +14,15 @@ started (by PID).  The exit status is 0 when every exact method's result is
 bit-exact on every worker (nc is lossy by design: it must only agree across
 workers).
 
-workloads (--density D = fraction of non-zero elements per worker):
+workloads (--density D = fraction of non-zero elements per worker), generated
+by homagg.bench.workloads, the generator the benchmarks' Gloo baseline uses:
   shared  every worker has the same non-zero positions (dense-ish layers)
   random  every worker picks its own positions uniformly
-  zipf    positions drawn from a Zipf(1.2) popularity (embedding rows)
+  zipf    rows of 64 elements with Zipf-distributed popularity (embedding rows)
+  dense   every element non-zero (--density is ignored)
+
+Each worker also reports the CPU time of its process over its allreduce
+(time.process_time), returned as "worker_cpu_seconds".
 """
 from __future__ import annotations
 
@@ -35,12 +40,13 @@ import time
 
 import numpy as np
 
+from homagg.bench import workloads
 from homagg.errors import HomAggError, PeerTimeout
 from homagg.testbed import Testbed, TestbedError
 
 METHODS = ("dense", "blocks", "lhc", "nc", "auto")
 EXACT_METHODS = ("dense", "blocks", "lhc", "auto")
-WORKLOADS = ("shared", "random", "zipf")
+WORKLOADS = workloads.WORKLOADS  # shared, random, zipf, dense
 UDP_PORT = 48879  # HG_UDP_PORT (wire.h)
 DEFAULT_BLOCK = 4096  # HG_DEFAULT_BLOCK (codec.h)
 EAL_BASE = ["-l", "0", "--no-huge", "-m", "256", "--no-pci", "--no-shconf", "--no-telemetry",
@@ -55,27 +61,17 @@ class RunError(HomAggError):
 # Gradients and the reference
 
 
-def gradient(elements: int, density: float, workload: str, seed: int, worker: int) -> np.ndarray:
-    """Worker ``worker``'s float32 gradient: ``round(density * elements)``
-    non-zero N(0, 1e-3) values at positions chosen by ``workload``.  A pure
-    function of its arguments, so the checker rebuilds every worker's input."""
+def gradient(elements: int, density: float, workload: str, seed: int, worker: int,
+             workers: int | None = None) -> np.ndarray:
+    """Worker ``worker``'s float32 gradient: homagg.bench.workloads.generate
+    (the same arrays the benchmarks' Gloo ranks build).  A pure function of
+    its arguments, so the checker rebuilds every worker's input.  ``workers``
+    only bounds ``worker`` (the generators do not depend on it)."""
     if workload not in WORKLOADS:
         raise RunError(f"workload {workload!r} not in {WORKLOADS}")
-    nnz = int(round(min(max(density, 0.0), 1.0) * elements))
-    rng = np.random.default_rng([seed, 1 + worker])
-    if workload == "shared":
-        pos = np.random.default_rng([seed, 0]).choice(elements, nnz, replace=False)
-    elif workload == "random":
-        pos = rng.choice(elements, nnz, replace=False)
-    else:
-        # rank r is popular with weight r^-1.2; ranks map to positions by a
-        # permutation shared by every worker, so the hot rows coincide
-        perm = np.random.default_rng([seed, 0]).permutation(elements)
-        w = np.arange(1, elements + 1, dtype=np.float64) ** -1.2
-        pos = perm[rng.choice(elements, nnz, replace=False, p=w / w.sum())]
-    x = np.zeros(elements, dtype=np.float32)
-    x[pos] = (rng.standard_normal(nnz) * 1e-3).astype(np.float32)
-    return x
+    if workers is None:
+        workers = worker + 1
+    return workloads.generate(workload, workers, elements, density, seed, worker)
 
 
 def reference(grads: list[np.ndarray], block: int) -> np.ndarray:
@@ -215,7 +211,8 @@ def _child(spec: dict) -> int:
     the allreduce, save the result, print one JSON line of stats."""
     from homagg.worker import Worker
 
-    x = gradient(spec["elements"], spec["density"], spec["workload"], spec["seed"], spec["worker"])
+    x = gradient(spec["elements"], spec["density"], spec["workload"], spec["seed"], spec["worker"],
+                 spec["workers"])
     with Worker(job=spec["job"], token=spec["token"], worker=spec["worker"],
                 workers=spec["workers"], aggregator=(spec["agg_ip"], spec["udp_port"]),
                 group=spec["group"], bind=(spec["ip"], 0), timeout=spec["timeout"],
@@ -223,12 +220,13 @@ def _child(spec: dict) -> int:
         print("ready", flush=True)
         if sys.stdin.readline().strip() != "go":
             return 2
-        t0 = time.perf_counter()
+        c0, t0 = time.process_time(), time.perf_counter()
         y = w.allreduce(x, method=spec["method"], block=spec["block"])
         seconds = time.perf_counter() - t0
+        cpu = time.process_time() - c0  # this process's CPU time (all its threads)
         np.save(spec["out"], y)
-        print(json.dumps({"worker": spec["worker"], "seconds": seconds, "stats": w.stats()}),
-              flush=True)
+        print(json.dumps({"worker": spec["worker"], "seconds": seconds, "cpu_seconds": cpu,
+                          "stats": w.stats()}), flush=True)
     return 0
 
 
@@ -256,6 +254,8 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
         raise RunError("elements must be >= 1")
     if not 0.0 <= density <= 1.0:
         raise RunError("density must be in [0, 1]")
+    if workload not in WORKLOADS:
+        raise RunError(f"workload {workload!r} not in {WORKLOADS}")
     tb = Testbed.open(testbed, state_dir)
     workers = tb.workers
     W = len(workers)
@@ -312,7 +312,7 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
                            + "; ".join(failures))
 
         results = [np.load(os.path.join(workdir, f"result-{i}.npy")) for i in range(W)]
-        grads = [gradient(elements, density, workload, seed, i) for i in range(W)]
+        grads = [gradient(elements, density, workload, seed, i, W) for i in range(W)]
         ref = reference(grads, block)
         bits = [r.view(np.uint32) for r in results]
         agree = all(np.array_equal(bits[0], b) for b in bits[1:])
@@ -343,6 +343,8 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
             "bytes_per_worker": [b["tx_bytes"] - a["tx_bytes"] for a, b in zip(link0, link1)],
             "bytes_received_per_worker": [b["rx_bytes"] - a["rx_bytes"] for a, b in zip(link0, link1)],
             "dense_float32_bytes": 4 * elements,
+            "worker_cpu_seconds": [r["cpu_seconds"] for r in sorted(reports, key=lambda r: r["worker"])],
+            "generator": "homagg.bench.workloads",
             "worker_stats": [r["stats"] for r in sorted(reports, key=lambda r: r["worker"])],
             "counters": counters,
             "port_counters": port,

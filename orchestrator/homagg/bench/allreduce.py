@@ -33,8 +33,8 @@ says ``unavailable: <reason>`` / ``failed: <reason>`` and carries no numbers.
 
 Workloads (homagg.bench.workloads): shared, random, zipf, dense.  The Gloo
 ranks generate them with homagg.bench.workloads; HomAgg's workers generate
-theirs inside ``homagg run`` (homagg.run.gradient, same names; dense =
-density 1), recorded per row as ``generator``.
+theirs inside ``homagg run`` (homagg.run.gradient, which calls the same
+generator), recorded per row as ``generator``.
 
 Outputs with --out DIR: allreduce.json/.csv/.md and allreduce_time.png,
 allreduce_speedup.png (vs density, one panel per workload), and
@@ -264,7 +264,10 @@ def homagg_via_run_allreduce(testbed_name, method, n, workload, density, args):
     function behind `homagg run allreduce --testbed NAME`); returns its report."""
     from homagg import run as hrun
 
-    run_workload, run_density = (("shared", 1.0) if workload == "dense" else (workload, density))
+    if workload in getattr(hrun, "WORKLOADS", ()):
+        run_workload, run_density = workload, density  # the same generator as the Gloo ranks
+    else:
+        run_workload, run_density = (("shared", 1.0) if workload == "dense" else (workload, density))
     return hrun.run_allreduce(testbed_name, method, n, run_density, workload=run_workload,
                               seed=args.seed, timeout=args.timeout, state_dir=args.state_dir)
 
@@ -275,11 +278,13 @@ def homagg_row(testbed_name, method, W, n, workload, density, args):
         return {"status": f"unavailable: {why}"}
     seconds, tx, exact, agree = [], [], [], []
     cpu = []  # per run: the workers' CPU seconds, when homagg run reports them
+    generator = "homagg.run.gradient"
     try:
         for i in range(args.warmup + args.repeat):
             r = homagg_via_run_allreduce(testbed_name, method, n, workload, density, args)
             agree.append(bool(r["workers_agree"]))
             exact.append(r["exact"])
+            generator = r.get("generator", generator)
             if i >= args.warmup:
                 seconds.append(r["seconds"])
                 tx.append(float(np.mean(r["bytes_per_worker"])))
@@ -296,7 +301,7 @@ def homagg_row(testbed_name, method, W, n, workload, density, args):
         "exact_kind": ("bit-exact vs fixed-point reference" if method in EXACT_METHODS
                        else "lossy by design"),
         "workers_agree": all(agree),
-        "generator": "homagg.run.gradient",
+        "generator": generator,
         "status": "ok",
     })
     return row
