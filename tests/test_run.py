@@ -76,6 +76,22 @@ def test_allreduce_workloads_lhc(testbed, workload):
     _no_processes_left(testbed)
 
 
+def test_dense_workload_same_gradients_as_bench_and_cpu_time(testbed):
+    """The workers sum homagg.bench.workloads' arrays (the Gloo baseline's),
+    and every worker reports its CPU time."""
+    from homagg.bench import workloads
+
+    for w in range(4):
+        assert np.array_equal(runmod.gradient(5_000, 0.1, "zipf", 9, w, 4),
+                              workloads.generate("zipf", 4, 5_000, 0.1, 9, w))
+    rep = runmod.run_allreduce(testbed.name, "auto", elements=20_000, density=0.05,
+                               workload="dense", seed=2, state_dir=testbed.state_dir)
+    assert rep["exact"] is True and rep["generator"] == "homagg.bench.workloads"
+    cpu = rep["worker_cpu_seconds"]
+    assert len(cpu) == 4 and all(c > 0 for c in cpu)
+    _no_processes_left(testbed)
+
+
 def test_cli_json(testbed):
     env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "orchestrator"))
     from homagg.cli import COMMANDS
