@@ -28,6 +28,19 @@ def daemon(tmp_path):
         d.stop()
 
 
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory):
+    """One daemon for the many requests that must leave it unchanged."""
+    if not SWITCH.exists():
+        pytest.fail(f"{SWITCH} is not built (make switch)")
+    d = Daemon(tmp_path_factory.mktemp("shared"), ["--vdev", "net_ring0"])
+    try:
+        d.wait_ready()
+        yield d
+    finally:
+        d.stop()
+
+
 JOB = dict(job=7, token=0xC0FFEE, workers=4, slots=32, payload=1024,
            group="239.1.1.1")
 
@@ -73,13 +86,16 @@ def test_add_and_remove_job(daemon):
     (dict(JOB, slots=1.5), InvalidArgument, "field 'slots': must be an integer"),
     (dict(JOB, payload=1022), InvalidArgument, "field 'payload': must be a multiple of 4"),
     (dict(JOB, payload=10**6), OutOfRange, "field 'payload': must be 4.."),
+    # a packet is one datagram of the port's MTU (1500 on net_ring)
+    (dict(JOB, payload=1452), OutOfRange, "field 'payload': must be 4..1448"),
     (dict(JOB, group="10.0.0.1"), InvalidArgument, "is not a multicast address"),
     (dict(JOB, group="239.1.1"), InvalidArgument, "field 'group': must be an IPv4"),
     (dict(JOB, group=5), InvalidArgument, "field 'group': must be an IPv4"),
     (dict(JOB, colour="red"), InvalidArgument, "field 'colour': unknown"),
     ({k: v for k, v in JOB.items() if k != "token"}, InvalidArgument, "field 'token': missing"),
 ])
-def test_add_job_rejects_bad_fields(daemon, fields, exc, message):
+def test_add_job_rejects_bad_fields(shared, fields, exc, message):
+    daemon = shared
     with daemon.client() as c:
         with pytest.raises(exc) as ei:
             c.request("add_job", **fields)
@@ -108,7 +124,8 @@ def test_add_job_rejects_bad_fields(daemon, fields, exc, message):
     (b'{"cmd": "stats", "verbose": true}', "field 'verbose': unknown"),
     (b"\xff\xfe{}", "expected an object"),
 ])
-def test_malformed_requests_are_answered(daemon, line, message):
+def test_malformed_requests_are_answered(shared, line, message):
+    daemon = shared
     with daemon.client() as c:
         reply = c.send_line(line)
         assert reply["ok"] is False
@@ -190,7 +207,8 @@ def test_signal_exits_zero_and_removes_socket(daemon, sig):
 @pytest.mark.parametrize("args, message", [
     (["--drop-rate", "2"], "--drop-rate"),
     (["--port-ip", "10.0.0.300"], "--port-ip"),
-    (["--lcores", "2"], "only 1 is supported"),
+    (["--lcores", "2"], "--lcores 2 needs 3 EAL lcores"),
+    (["--queues", "2"], "--queues: only 1 is supported"),
     (["--port", "5"], "ethdev port 5 does not exist"),
     (["--bogus"], "usage"),
 ])
@@ -230,3 +248,79 @@ def test_telemetry_stats(tmp_path):
         assert all(isinstance(v, int) for v in stats.values())
     finally:
         d.stop()
+
+
+def test_stats_interval_prints_counters(tmp_path):
+    if not SWITCH.exists():
+        pytest.fail(f"{SWITCH} is not built (make switch)")
+    d = Daemon(tmp_path / "si", ["--vdev", "net_ring0"], ["--stats-interval", "0.05"])
+    try:
+        d.wait_ready()
+        wait_for(lambda: "stats: port rx=" in d.output(), 20, "a stats line")
+        assert "ready port=0" in d.output()
+    finally:
+        d.stop()
+    assert d.proc.returncode == 0
+
+
+# Arbitrary input never stops the daemon and always gets one JSON reply.
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_scalars = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70),
+                     st.floats(allow_nan=False), st.text(max_size=40))
+_requests = st.dictionaries(
+    st.sampled_from(["cmd", "job", "token", "workers", "slots", "payload",
+                     "group", "x"]) | st.text(max_size=8),
+    _scalars | st.lists(st.integers(), max_size=2), max_size=8,
+).map(lambda d: d if d.get("cmd") != "shutdown" else {**d, "cmd": "stats"})
+_garbage = st.binary(max_size=300).map(lambda b: b.replace(b"\n", b" ").strip()
+                                       or b"x")
+
+
+@settings(deadline=None, max_examples=100,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(line=st.one_of(_garbage, _requests.map(lambda d: json.dumps(d).encode())))
+def test_any_line_gets_one_reply(shared, line):
+    with shared.client() as c:
+        reply = c.send_line(line)
+        assert isinstance(reply["ok"], bool)
+        if not reply["ok"]:
+            assert reply["error"] and reply["code"] < 0
+        else:
+            # only a complete, valid request can succeed: undo it
+            req = json.loads(line)
+            if req["cmd"] == "add_job":
+                c.remove_job(req["job"])
+        assert c.send_line(b'{"cmd":"stats"}')["ok"] is True
+    assert shared.alive()
+
+
+def test_two_engine_lcores(tmp_path):
+    """--lcores 2: jobs are spread over two engine lcores (job % 2) and
+    managed through their mailboxes; stats add up; clean exit."""
+    if not SWITCH.exists():
+        pytest.fail(f"{SWITCH} is not built (make switch)")
+    d = Daemon(tmp_path / "two", ["--vdev", "net_ring0"], ["--lcores", "2"],
+               lcores="0@0,1@1,2@1")
+    try:
+        d.wait_ready()
+        assert "engines=2" in d.output()
+        with d.client() as c:
+            assert c.stats()["engines"] == 2
+            for job in (10, 11, 12, 13):
+                c.add_job(job=job, token=job, workers=2, slots=4)
+            for job in (10, 13):
+                with pytest.raises(ControlError) as ei:
+                    c.add_job(job=job, token=0, workers=2, slots=4)
+                assert ei.value.code == -errno.EEXIST
+            for job in (10, 11, 12, 13):
+                c.remove_job(job)
+            with pytest.raises(ControlError):
+                c.remove_job(11)
+            assert all(v == 0 for v in c.stats()["stats"].values())
+        d.signal(signal.SIGTERM)
+        assert d.wait_exit(20) == 0
+    finally:
+        d.stop()
+    assert "stopping (Terminated)" in d.output()

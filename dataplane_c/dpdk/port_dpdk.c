@@ -17,6 +17,8 @@
 #include <rte_malloc.h>
 #include <rte_mbuf.h>
 #include <rte_mempool.h>
+#include <rte_prefetch.h>
+#include <rte_ring.h>
 
 #include "port_dpdk.h"
 
@@ -116,9 +118,21 @@ static uint16_t dpdk_rx(void *ctx, struct hg_pkt **pkts, uint16_t n)
 
 	if (n > HG_DPDK_BURST_MAX)
 		n = HG_DPDK_BURST_MAX;
-	got = rte_eth_rx_burst(p->conf.port_id, p->conf.rx_queue, m, n);
+	if (p->conf.rx_ring)
+		got = (uint16_t)rte_ring_sc_dequeue_burst(p->conf.rx_ring,
+							  (void **)m, n, NULL);
+	else
+		got = rte_eth_rx_burst(p->conf.port_id, p->conf.rx_queue, m, n);
 	if (got == 0)
 		return 0;
+	/* the mbuf headers and the frame headers of the whole burst are
+	 * fetched in parallel rather than one miss at a time (they are cold
+	 * when another core or the NIC wrote them) */
+	for (i = 0; i < got; i++) {
+		rte_prefetch0(m[i]);
+		rte_prefetch0(rte_pktmbuf_mtod(m[i], void *));
+		rte_prefetch0(rte_pktmbuf_mtod_offset(m[i], char *, RTE_CACHE_LINE_SIZE));
+	}
 	for (i = 0; i < got; i++) {
 		if (p->drop_threshold && rng_next(p) < p->drop_threshold) {
 			p->st.drop_injected++;
@@ -168,7 +182,12 @@ static uint16_t dpdk_tx(void *ctx, struct hg_pkt **pkts, uint16_t n)
 			k = HG_DPDK_BURST_MAX;
 		for (i = 0; i < k; i++)
 			m[i] = pkt_sync(pkts[total + i]);
-		sent = rte_eth_tx_burst(p->conf.port_id, p->conf.tx_queue, m, k);
+		if (p->conf.tx_ring)
+			sent = (uint16_t)rte_ring_sp_enqueue_burst(p->conf.tx_ring,
+								   (void **)m, k, NULL);
+		else
+			sent = rte_eth_tx_burst(p->conf.port_id, p->conf.tx_queue,
+						m, k);
 		total += sent;
 		if (sent < k)
 			break;
@@ -176,6 +195,16 @@ static uint16_t dpdk_tx(void *ctx, struct hg_pkt **pkts, uint16_t n)
 	p->st.tx += total;
 	p->st.tx_refused += n - total;
 	return total;
+}
+
+uint16_t hg_dpdk_port_tx_mbufs(struct hg_dpdk_port *p, struct rte_mbuf **m,
+			       uint16_t n)
+{
+	uint16_t sent = rte_eth_tx_burst(p->conf.port_id, p->conf.tx_queue, m, n);
+
+	p->st.tx += sent;
+	p->st.tx_refused += n - sent;
+	return sent;
 }
 
 static uint16_t dpdk_alloc(void *ctx, struct hg_pkt **pkts, uint16_t n)
@@ -199,11 +228,18 @@ static uint16_t dpdk_alloc(void *ctx, struct hg_pkt **pkts, uint16_t n)
 
 static void dpdk_free(void *ctx, struct hg_pkt **pkts, uint16_t n)
 {
-	uint16_t i;
+	struct rte_mbuf *m[HG_DPDK_BURST_MAX];
+	uint16_t i, k;
 
 	(void)ctx;
-	for (i = 0; i < n; i++)
-		rte_pktmbuf_free(pkts[i]->priv);
+	while (n) {
+		k = n < HG_DPDK_BURST_MAX ? n : HG_DPDK_BURST_MAX;
+		for (i = 0; i < k; i++)
+			m[i] = pkts[i]->priv;
+		rte_pktmbuf_free_bulk(m, k);   /* one mempool put per pool run */
+		pkts += k;
+		n -= k;
+	}
 }
 
 static int dpdk_info(void *ctx, struct hg_port_info *info)
@@ -252,7 +288,8 @@ struct hg_dpdk_port *hg_dpdk_port_create(const struct hg_dpdk_port_conf *c)
 	if (!c || !c->pool || !rte_eth_dev_is_valid_port(c->port_id) ||
 	    !(c->drop_rate >= 0.0 && c->drop_rate <= 1.0) ||
 	    c->pool->private_data_size == 0 ||
-	    rte_pktmbuf_priv_size(c->pool) < sizeof(struct hg_pkt)) {
+	    rte_pktmbuf_priv_size(c->pool) < sizeof(struct hg_pkt) ||
+	    !c->rx_ring != !c->tx_ring) {
 		errno = EINVAL;
 		return NULL;
 	}

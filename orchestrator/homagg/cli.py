@@ -13,6 +13,8 @@ COMMANDS = {
     "bench": "homagg.bench",
     "testbed": "homagg.testbed_cli",
     "run": "homagg.run",
+    "provision": "homagg.provision",
+    "ansible-inventory": "homagg.ansible_inventory",
 }
 
 

@@ -1,27 +1,44 @@
-"""Allreduce a realistic sparse gradient with every method, in one process.
+"""The main job: allreduce a realistic sparse gradient, exactly, over the network.
 
-W workers each hold a gradient of --elements float32 values cut into
-"layers" of different scales, with heavy-tailed values and --density
-non-zeros (top-k style sparsity), in two workloads: the same non-zero
-positions on every worker ("shared", e.g. embedding rows every worker
-touched) and independent positions ("independent").  Each method runs the
-whole protocol with the real C codec and aggregation kernels
-(homagg.codec.simulate_allreduce); the table shows the bytes each worker
-sends, the ratio to sending dense float32 (4 n bytes), whether the result
-is bit-identical to the fixed-point reference (homagg.reference, numpy
-only), and the time.
+Modes (--mode, default "auto"):
+
+  testbed   4 worker namespaces and an aggregator namespace on this machine
+            (homagg.testbed), rate-limited veth links (--link-mbit), the DPDK
+            aggregator homagg-switch on a virtual PMD, one worker process per
+            namespace (homagg run allreduce); every method of --methods runs
+            on the same testbed, then the testbed is torn down.  Needs root.
+  sim       the same allreduce on the in-process cluster: C worker clients and
+            the C aggregation engine over the software NIC model, virtual time
+            at --link-mbit (homagg.sim.Cluster).  No root needed.
+  codec     the protocol in one process without a network: every method,
+            shared and independent positions (homagg.codec.simulate_allreduce).
+  auto      testbed when running as root with homagg-switch built, else sim
+            (saying why).
+
+The table shows the time, the bytes each worker put on the wire, the ratio to
+sending dense float32 (4 n bytes), and whether every worker's result is
+bit-identical to the fixed-point reference (numpy).
 """
+import os
 import sys
 import time
 
 import numpy as np
 
 METHODS = ("dense", "blocks", "lhc", "nc", "auto")
+NET_METHODS = ("dense", "lhc")
 
 
 def add_arguments(parser):
-    parser.add_argument("--elements", type=int, default=2**24,
-                        help="elements per worker (default 2^24)")
+    parser.add_argument("--mode", choices=("auto", "testbed", "sim", "codec"), default="auto",
+                        help="where the allreduce runs (default auto: testbed as root, else sim)")
+    parser.add_argument("--methods", default=None,
+                        help="comma-separated methods (default dense,lhc on the network, "
+                        "every method in codec mode)")
+    parser.add_argument("--link-mbit", type=float, default=1000.0,
+                        help="worker link rate in Mbit/s (testbed and sim; default 1000)")
+    parser.add_argument("--elements", type=int, default=None,
+                        help="elements per worker (default 2^22 on the network, 2^24 in codec mode)")
     parser.add_argument("--workers", type=int, default=4, help="workers W (default 4)")
     parser.add_argument("--density", type=float, default=0.05,
                         help="fraction of non-zeros per worker (default 0.05)")
@@ -52,9 +69,127 @@ def realistic_gradients(n, workers, density, shared, seed):
     return grads
 
 
+def _methods(args, default):
+    ms = tuple(m.strip() for m in args.methods.split(",")) if args.methods else default
+    bad = [m for m in ms if m not in METHODS]
+    if bad:
+        raise SystemExit(f"homagg demo: unknown method(s) {bad}; choose from {', '.join(METHODS)}")
+    return ms
+
+
+def _default_block():
+    from homagg._native import lib
+    return lib.HG_DEFAULT_BLOCK
+
+
+def _switch_built():
+    from homagg import run
+    try:
+        run.find_switch()
+        return True
+    except Exception:  # noqa: BLE001 - any failure means "not available"
+        return False
+
+
 def main(args):
+    mode = args.mode
+    if mode == "auto":
+        if os.geteuid() != 0:
+            _progress("not running as root: network namespaces need root, so the allreduce "
+                      "runs on the in-process NIC-model cluster instead (sudo make demo for "
+                      "the testbed)")
+            mode = "sim"
+        elif not _switch_built():
+            _progress("homagg-switch is not built (make build): using the in-process "
+                      "NIC-model cluster instead")
+            mode = "sim"
+        else:
+            mode = "testbed"
+    if mode == "codec":
+        return main_codec(args)
+    if args.elements is None:
+        args.elements = 2**22
+    methods = _methods(args, NET_METHODS)
+    if mode == "testbed":
+        return main_testbed(args, methods)
+    return main_sim(args, methods)
+
+
+def _table(title, rows):
+    print(title)
+    fmt = "{:<10} {:<8} {:>10} {:>14} {:>9} {:>10} {:<9} {}"
+    print(fmt.format("method", "workload", "time", "bytes/worker", "vs fp32", "retrans", "bit-exact", ""))
+    for r in rows:
+        print(fmt.format(r["method"], r["workload"], f"{r['seconds']:.3f} s", r["bytes"],
+                         f"{r['bytes'] / r['dense']:.3f}", r["retrans"], r["exact"], r.get("note", "")))
+
+
+def _exact_word(method, same):
+    if method == "nc":
+        return "lossy"
+    return "yes" if same else "NO"
+
+
+def main_testbed(args, methods):
+    from homagg import run
+    from homagg.testbed import Testbed
+
+    n, W = args.elements, args.workers
+    name = f"demo{os.getpid() % 100000}"
+    _progress(f"testbed {name}: {W} workers, links {args.link_mbit:g} Mbit/s each way")
+    Testbed.up(name, workers=W, link_mbit=args.link_mbit)
+    rows = []
+    try:
+        for wl in ("shared", "random"):
+            for m in methods:
+                _progress(f"{m} / {wl}: {W} x {n} float32, density {args.density} ...")
+                r = run.run_allreduce(name, m, n, args.density, workload=wl, seed=args.seed + 1)
+                retrans = sum(s.get("retransmissions", 0) for s in r["worker_stats"])
+                rows.append(dict(method=m, workload=wl, seconds=r["seconds"],
+                                 bytes=max(r["bytes_per_worker"]), dense=4 * n, retrans=retrans,
+                                 exact=_exact_word(m, r["exact"]), note=f"pmd {r['pmd']}"))
+                _progress(f"  {r['seconds']:.3f} s, {max(r['bytes_per_worker'])} B/worker, "
+                          f"exact {r['exact']}")
+    finally:
+        _progress(f"tearing down testbed {name}")
+        Testbed.down(name)
+    _table(f"HomAgg allreduce on a local testbed: W={W}, n={n} float32 per worker "
+           f"(dense fp32 = {4 * n} B), density {args.density}, links {args.link_mbit:g} Mbit/s; "
+           "bytes = what each worker sent on its link (headers included)", rows)
+    return 1 if any(r["exact"] == "NO" for r in rows) else 0
+
+
+def main_sim(args, methods):
+    from homagg import reference, sim
+
+    n, W = args.elements, args.workers
+    rows = []
+    for wl in ("shared", "independent"):
+        grads = realistic_gradients(n, W, args.density, wl == "shared", args.seed)
+        want = reference.allreduce(grads, _default_block())
+        for m in methods:
+            _progress(f"{m} / {wl}: {W} x {n} float32, density {args.density}, "
+                      f"simulated links {args.link_mbit:g} Mbit/s ...")
+            with sim.Cluster(workers=W, link_gbps=args.link_mbit / 1000.0, seed=args.seed) as c:
+                r = c.allreduce(grads, method=m)
+            st = r.stats
+            sent = max(sum(w["bytes_sent"].values()) for w in st["workers"])
+            retrans = sum(w["retransmissions"] for w in st["workers"])
+            same = np.array_equal(r.sum.view(np.uint32), want.view(np.uint32))
+            rows.append(dict(method=m if m != "auto" else f"auto->{st['method']}", workload=wl,
+                             seconds=st["virtual_time"], bytes=sent, dense=4 * n, retrans=retrans,
+                             exact=_exact_word(m, same), note="virtual time"))
+    _table(f"HomAgg allreduce on the in-process NIC-model cluster: W={W}, n={n} float32 per "
+           f"worker (dense fp32 = {4 * n} B), density {args.density}; bytes = HomAgg payload "
+           "per worker", rows)
+    return 1 if any(r["exact"] == "NO" for r in rows) else 0
+
+
+def main_codec(args):
     from homagg import codec, reference
 
+    if args.elements is None:
+        args.elements = 2**24
     n, W = args.elements, args.workers
     rows = []
     for wl in ("shared", "independent"):
@@ -64,7 +199,7 @@ def main(args):
         want = reference.allreduce(grads, codec.DEFAULT_BLOCK)
         _progress(f"  reference (numpy, fixed point) in {time.perf_counter() - t:.1f} s")
         exact64 = np.sum([g.astype(np.float64) for g in grads], axis=0)
-        for m in METHODS:
+        for m in _methods(args, METHODS):
             _progress(f"  {m} ...")
             t = time.perf_counter()
             r = codec.simulate_allreduce(grads, method=m, seed=args.seed)
