@@ -173,3 +173,59 @@ def test_allreduce_needs_root(monkeypatch, capsys):
     rc = cli.main(["bench", "allreduce", "--methods", "gloo", "--workers", "2"])
     assert rc == 2
     assert "root" in capsys.readouterr().err
+
+
+# ---- allreduce harness logic (no testbed) ----------------------------------
+
+def _args(**kw):
+    import argparse
+    ns = dict(warmup=1, repeat=3, link_mbit=1000.0, seed=1, timeout=5.0, state_dir=None)
+    ns.update(kw)
+    return argparse.Namespace(**ns)
+
+
+def test_homagg_rows_never_carry_numbers_without_a_run(monkeypatch):
+    from homagg.bench import allreduce
+
+    monkeypatch.setattr(allreduce, "homagg_run_available", lambda: (False, "no daemon"))
+    row = allreduce.homagg_row("x", "lhc", 2, 1024, "shared", 0.1, _args())
+    assert row == {"status": "unavailable: no daemon"}
+
+    def boom(*a, **k):
+        raise RuntimeError("switch did not start")
+    monkeypatch.setattr(allreduce, "homagg_run_available", lambda: (True, None))
+    monkeypatch.setattr(allreduce, "homagg_via_run_allreduce", boom)
+    row = allreduce.homagg_row("x", "lhc", 2, 1024, "shared", 0.1, _args())
+    assert row["status"].startswith("failed: RuntimeError: switch did not start")
+    assert "seconds_median" not in row
+
+
+def test_homagg_row_statistics_and_exactness(monkeypatch):
+    """Warmup runs are dropped, median/min/max/IQR come from the timed runs,
+    one inexact run makes the row inexact, CPU time gives cpu_bound."""
+    from homagg.bench import allreduce
+
+    runs = iter([
+        {"seconds": 9.0, "bytes_per_worker": [1, 1], "exact": True, "workers_agree": True},
+        {"seconds": 0.3, "bytes_per_worker": [100, 300], "exact": True, "workers_agree": True,
+         "worker_cpu_seconds": [0.3, 0.3]},
+        {"seconds": 0.1, "bytes_per_worker": [200, 200], "exact": False, "workers_agree": True,
+         "worker_cpu_seconds": [0.1, 0.1]},
+        {"seconds": 0.2, "bytes_per_worker": [200, 200], "exact": True, "workers_agree": True,
+         "worker_cpu_seconds": [0.0, 0.01]},
+    ])
+    monkeypatch.setattr(allreduce, "homagg_run_available", lambda: (True, None))
+    monkeypatch.setattr(allreduce, "homagg_via_run_allreduce", lambda *a, **k: next(runs))
+    row = allreduce.homagg_row("x", "dense", 2, 1000, "shared", 0.1, _args())
+    assert row["status"] == "ok" and row["runs"] == 3
+    assert (row["seconds_min"], row["seconds_median"], row["seconds_max"]) == (0.1, 0.2, 0.3)
+    assert row["seconds_q1"] == pytest.approx(0.15) and row["seconds_q3"] == pytest.approx(0.25)
+    assert row["bytes_per_worker"] == 200
+    assert row["algbw_gbps"] == pytest.approx(8 * 4000 / 0.2 / 1e9)
+    assert row["link_utilisation"] == pytest.approx(8 * 200 / 0.2 / 1e9)
+    assert row["link_bound"] is False
+    assert row["exact"] is False
+    # 0.81 CPU-seconds of 2 workers over 0.6 s on min(cores, 2) cores
+    assert row["cpu_fraction_machine"] == pytest.approx(0.81 / (0.6 * min(os.cpu_count(), 2)))
+    assert row["cpu_bound"] is (row["cpu_fraction_machine"] > 0.8
+                                or row["cpu_fraction_rank_max"] > 0.9)

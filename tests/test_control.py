@@ -86,6 +86,8 @@ def test_add_and_remove_job(daemon):
     (dict(JOB, slots=1.5), InvalidArgument, "field 'slots': must be an integer"),
     (dict(JOB, payload=1022), InvalidArgument, "field 'payload': must be a multiple of 4"),
     (dict(JOB, payload=10**6), OutOfRange, "field 'payload': must be 4.."),
+    # a packet is one datagram of the port's MTU (1500 on net_ring)
+    (dict(JOB, payload=1452), OutOfRange, "field 'payload': must be 4..1448"),
     (dict(JOB, group="10.0.0.1"), InvalidArgument, "is not a multicast address"),
     (dict(JOB, group="239.1.1"), InvalidArgument, "field 'group': must be an IPv4"),
     (dict(JOB, group=5), InvalidArgument, "field 'group': must be an IPv4"),
@@ -258,3 +260,36 @@ def test_stats_interval_prints_counters(tmp_path):
     finally:
         d.stop()
     assert d.proc.returncode == 0
+
+
+# Arbitrary input never stops the daemon and always gets one JSON reply.
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_scalars = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70),
+                     st.floats(allow_nan=False), st.text(max_size=40))
+_requests = st.dictionaries(
+    st.sampled_from(["cmd", "job", "token", "workers", "slots", "payload",
+                     "group", "x"]) | st.text(max_size=8),
+    _scalars | st.lists(st.integers(), max_size=2), max_size=8,
+).map(lambda d: d if d.get("cmd") != "shutdown" else {**d, "cmd": "stats"})
+_garbage = st.binary(max_size=300).map(lambda b: b.replace(b"\n", b" ").strip()
+                                       or b"x")
+
+
+@settings(deadline=None, max_examples=100,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(line=st.one_of(_garbage, _requests.map(lambda d: json.dumps(d).encode())))
+def test_any_line_gets_one_reply(shared, line):
+    with shared.client() as c:
+        reply = c.send_line(line)
+        assert isinstance(reply["ok"], bool)
+        if not reply["ok"]:
+            assert reply["error"] and reply["code"] < 0
+        else:
+            # only a complete, valid request can succeed: undo it
+            req = json.loads(line)
+            if req["cmd"] == "add_job":
+                c.remove_job(req["job"])
+        assert c.send_line(b'{"cmd":"stats"}')["ok"] is True
+    assert shared.alive()

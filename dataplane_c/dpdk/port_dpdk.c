@@ -17,6 +17,7 @@
 #include <rte_malloc.h>
 #include <rte_mbuf.h>
 #include <rte_mempool.h>
+#include <rte_prefetch.h>
 
 #include "port_dpdk.h"
 
@@ -119,6 +120,14 @@ static uint16_t dpdk_rx(void *ctx, struct hg_pkt **pkts, uint16_t n)
 	got = rte_eth_rx_burst(p->conf.port_id, p->conf.rx_queue, m, n);
 	if (got == 0)
 		return 0;
+	/* the mbuf headers and the frame headers of the whole burst are
+	 * fetched in parallel rather than one miss at a time (they are cold
+	 * when another core or the NIC wrote them) */
+	for (i = 0; i < got; i++) {
+		rte_prefetch0(m[i]);
+		rte_prefetch0(rte_pktmbuf_mtod(m[i], void *));
+		rte_prefetch0(rte_pktmbuf_mtod_offset(m[i], char *, RTE_CACHE_LINE_SIZE));
+	}
 	for (i = 0; i < got; i++) {
 		if (p->drop_threshold && rng_next(p) < p->drop_threshold) {
 			p->st.drop_injected++;

@@ -64,6 +64,7 @@ struct daemon {
 	struct hg_engine *eng;
 	struct hg_control *ctl;
 	bool port_started;
+	uint16_t mtu;                  /* of the port, from the PMD */
 	volatile bool stop_requested;  /* by the shutdown command */
 	/* counters published for the telemetry thread (relaxed atomics) */
 	uint64_t snap[HG_CNT__COUNT];
@@ -369,8 +370,14 @@ static int port_setup(struct daemon *d)
 	socket = rte_eth_dev_socket_id(pid);
 	if (socket < 0)
 		socket = (int)rte_socket_id();
+	/* one frame of the port's MTU per mbuf (jumbo MTUs included): the
+	 * backend handles single-segment frames only */
+	if (rte_eth_dev_get_mtu(pid, &d->mtu) != 0 || d->mtu < 576)
+		d->mtu = RTE_ETHER_MTU;
 	d->pool = hg_dpdk_pool_create("hg_pool", d->o.mbufs,
-				      RTE_MBUF_DEFAULT_DATAROOM, socket);
+				      (uint16_t)RTE_MAX(RTE_MBUF_DEFAULT_DATAROOM,
+							d->mtu + RTE_ETHER_HDR_LEN + 8),
+				      socket);
 	if (!d->pool) {
 		fprintf(stderr, "mbuf pool: %s\n", rte_strerror(rte_errno));
 		return -ENOMEM;
@@ -517,7 +524,9 @@ int main(int argc, char **argv)
 	}
 	lim.max_workers = HG_MAX_WORKERS;
 	lim.max_slots = HG_ENGINE_MAX_SLOTS;
-	lim.max_payload = HG_MAX_PAYLOAD;
+	/* a packet is one IP datagram of at most the MTU */
+	lim.max_payload = RTE_MIN((uint32_t)HG_MAX_PAYLOAD,
+				  (uint32_t)(d->mtu - 20 - 8 - HG_HDR_LEN)) & ~3u;
 	d->ctl = hg_control_create(d->o.control, &ctl_ops, d, &lim);
 	if (!d->ctl) {
 		fprintf(stderr, "control socket %s: %s\n", d->o.control,

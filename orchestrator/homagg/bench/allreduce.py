@@ -18,9 +18,10 @@ and tears the testbed down.  Per (W, method, workload, density):
 - cpu_bound: Gloo: the ranks' process CPU time over the timed calls vs
   their wall time (flagged when the ranks together kept more than 80 % of
   the machine's cores busy, or one rank more than 90 % of a core, i.e. the
-  run measured the CPU rather than the links); HomAgg: not reported
-  (None) until the worker processes report their CPU time; link_utilisation
-  (bytes x 8 / time / link rate) is given for every row.
+  run measured the CPU rather than the links); HomAgg: the same from the
+  workers' CPU seconds when ``homagg run`` reports them (its report's
+  "worker_cpu_seconds"), else None; link_utilisation (bytes x 8 / time /
+  link rate) and link_bound (utilisation >= 0.5) for every row.
 
 The baseline: torch.distributed with the Gloo backend, one process per
 worker namespace (homagg.bench.gloo_worker, started with the testbed's
@@ -59,6 +60,7 @@ METHODS = ("gloo",) + HOMAGG_METHODS
 GLOO_PORT = 29511
 CPU_BOUND_MACHINE = 0.8
 CPU_BOUND_RANK = 0.9
+LINK_BOUND = 0.5  # link_bound: the median run kept the link at least half busy
 
 
 def _list(conv):
@@ -196,28 +198,36 @@ def gloo_row(group, W, n, workload, density, args):
     answers, tx = group.run(job)
     per_call = np.max([a["seconds"] for a in answers], axis=0)  # slowest rank per call
     wall = float(np.sum(per_call))
-    cpu = [a["cpu_seconds"] for a in answers]
-    ncpu = os.cpu_count() or 1
-    machine_busy = sum(cpu) / (wall * min(ncpu, W)) if wall > 0 else None
-    rank_busy = max(c / wall for c in cpu) if wall > 0 else None
     row = _timing(per_call, n, args.link_mbit, float(np.mean(tx)))
+    row.update(_cpu_fields([a["cpu_seconds"] for a in answers], wall, W))
     row.update({
         "exact": all(a["within_tolerance"] for a in answers),
         "exact_kind": "float64 sum within float32 bound",
         "max_abs_error": max(a["max_abs_error"] for a in answers),
-        "cpu_fraction_machine": machine_busy,
-        "cpu_fraction_rank_max": rank_busy,
-        "cpu_bound": bool(machine_busy > CPU_BOUND_MACHINE or rank_busy > CPU_BOUND_RANK),
         "generator": "homagg.bench.workloads",
         "status": "ok",
     })
     return row
 
 
+def _cpu_bound(machine_busy, rank_busy):
+    return bool(machine_busy > CPU_BOUND_MACHINE or rank_busy > CPU_BOUND_RANK)
+
+
+def _cpu_fields(cpu, wall, W):
+    """cpu: per worker CPU seconds over wall seconds of timed calls."""
+    if not cpu or not wall or wall <= 0:
+        return {"cpu_fraction_machine": None, "cpu_fraction_rank_max": None, "cpu_bound": None}
+    machine_busy = sum(cpu) / (wall * min(os.cpu_count() or 1, W))
+    rank_busy = max(c / wall for c in cpu)
+    return {"cpu_fraction_machine": machine_busy, "cpu_fraction_rank_max": rank_busy,
+            "cpu_bound": _cpu_bound(machine_busy, rank_busy)}
+
+
 def _timing(seconds, n, link_mbit, bytes_per_worker):
     s = np.asarray(seconds, dtype=np.float64)
     med = float(np.median(s))
-    return {
+    out = {
         "seconds_median": med,
         "seconds_min": float(s.min()),
         "seconds_max": float(s.max()),
@@ -229,6 +239,9 @@ def _timing(seconds, n, link_mbit, bytes_per_worker):
         "link_utilisation": (8 * bytes_per_worker / med / (link_mbit * 1e6)
                              if med > 0 and link_mbit else None),
     }
+    out["link_bound"] = (out["link_utilisation"] >= LINK_BOUND
+                         if out["link_utilisation"] is not None else None)
+    return out
 
 
 # --------------------------------------------------------------------------
@@ -260,7 +273,8 @@ def homagg_row(testbed_name, method, W, n, workload, density, args):
     ok, why = homagg_run_available()
     if not ok:
         return {"status": f"unavailable: {why}"}
-    seconds, tx, exact, agree, chosen = [], [], [], [], None
+    seconds, tx, exact, agree = [], [], [], []
+    cpu = []  # per run: the workers' CPU seconds, when homagg run reports them
     try:
         for i in range(args.warmup + args.repeat):
             r = homagg_via_run_allreduce(testbed_name, method, n, workload, density, args)
@@ -269,17 +283,19 @@ def homagg_row(testbed_name, method, W, n, workload, density, args):
             if i >= args.warmup:
                 seconds.append(r["seconds"])
                 tx.append(float(np.mean(r["bytes_per_worker"])))
-            chosen = (r.get("worker_stats") or [{}])[0].get("method_chosen", chosen)
+                if r.get("worker_cpu_seconds"):
+                    cpu.append(list(r["worker_cpu_seconds"]))
     except Exception as exc:  # a failed method is a result, not a crash of the whole run
         return {"status": f"failed: {type(exc).__name__}: {exc}"[:500]}
     row = _timing(seconds, n, args.link_mbit, float(np.mean(tx)))
+    row.update(_cpu_fields([sum(c) for c in zip(*cpu)] if len(cpu) == len(seconds) else None,
+                           float(np.sum(seconds)), W))
     row.update({
         "exact": (None if method not in EXACT_METHODS
                   else all(e is True for e in exact) and all(agree)),
         "exact_kind": ("bit-exact vs fixed-point reference" if method in EXACT_METHODS
                        else "lossy by design"),
         "workers_agree": all(agree),
-        "cpu_bound": None,
         "generator": "homagg.run.gradient",
         "status": "ok",
     })
@@ -366,7 +382,7 @@ def _line(r):
 
 MD_COLUMNS = ("workers", "workload", "density", "method", "status", "seconds_median",
               "seconds_min", "seconds_max", "speedup_vs_gloo", "algbw_gbps", "bytes_per_worker",
-              "link_utilisation", "exact", "cpu_bound")
+              "link_utilisation", "exact", "cpu_bound", "link_bound")
 
 
 def plot(report, out_dir):

@@ -29,11 +29,6 @@ import time
 import numpy as np
 
 
-def _cpu():
-    t = time.process_time()  # user + system of every thread of the process
-    return t
-
-
 def _check(y, grads):
     """y against the float64 sum, within float32 summation error."""
     xs = np.stack([g.astype(np.float64) for g in grads])
@@ -59,9 +54,10 @@ def run_job(dist, torch, job, rank, world):
     for _ in range(job["repeat"]):
         buf = x.clone()
         dist.barrier()
-        c0, t0 = _cpu(), time.perf_counter()
+        # process_time: user + system CPU of every thread of this process
+        c0, t0 = time.process_time(), time.perf_counter()
         dist.all_reduce(buf)
-        t1, c1 = time.perf_counter(), _cpu()
+        t1, c1 = time.perf_counter(), time.process_time()
         seconds.append(t1 - t0)
         cpu += c1 - c0
         result = buf

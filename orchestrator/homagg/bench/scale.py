@@ -12,8 +12,9 @@ runs one allreduce per (W, method) on a fresh cluster.  Per row:
 - bytes per worker: HomAgg payload sent and received (the client's
   counters) and on the wire (+ Ethernet/IP/UDP/HomAgg headers per frame),
   next to ring all-reduce's 2(W-1)/W x 4n bytes per worker and the ring's
-  bandwidth-only time 2(W-1)/W x 4n x 8 / link (a model, not a measurement:
-  no latency, no CPU);
+  model time 2(W-1)/W x 4n x 8 / link + 2(W-1) link delays (a model, not a
+  measurement: every worker on its own link, no CPU, no protocol overhead;
+  HomAgg's W workers share the aggregator's one link);
 - exact: the result is bit-identical, on every worker, to the numpy
   fixed-point reference (homagg.reference); nc is lossy by design, so it
   reports its relative L2 error against the float64 sum instead.
@@ -37,6 +38,7 @@ DEFAULT_WORKERS = "8,16,32,64,128,256"
 # HomAgg header (homagg/wire.h HG_ETH_IP_UDP_LEN + HG_HDR_LEN).
 FRAME_OVERHEAD = 42 + 24
 AGG_RX_RING = 4096
+LINK_DELAY = 1e-6  # one-way delay of every simulated link (s)
 
 
 def _int_list(text):
@@ -85,6 +87,16 @@ def ring_bytes_per_worker(workers, elements):
     return 2.0 * (workers - 1) / workers * 4 * elements
 
 
+def ring_model_seconds(workers, elements, link_gbps, delay=LINK_DELAY):
+    """Ring all-reduce on the same links, each worker on its own link: the
+    bandwidth term 2(W-1)/W x 4n x 8 / rate plus one link delay for each
+    of its 2(W-1) steps.  A lower bound: no CPU, no protocol overhead."""
+    if link_gbps <= 0:
+        return None
+    return ring_bytes_per_worker(workers, elements) * 8 / (link_gbps * 1e9) \
+        + 2 * (workers - 1) * delay
+
+
 def _payload(stats_dict):
     return int(sum(stats_dict.values()))
 
@@ -96,7 +108,7 @@ def run_one(grads, method, link_gbps, block, slots, seed, want=None, f64=None):
 
     W = len(grads)
     n = grads[0].size
-    with Cluster(workers=W, link_gbps=link_gbps, slots=slots, seed=seed) as cl:
+    with Cluster(workers=W, link_gbps=link_gbps, slots=slots, seed=seed, delay=LINK_DELAY) as cl:
         t0 = time.perf_counter()
         res = cl.allreduce(grads, method=method, block_elements=block)
         wall = time.perf_counter() - t0
@@ -128,7 +140,7 @@ def run_one(grads, method, link_gbps, block, slots, seed, want=None, f64=None):
         "packets_per_worker": float(np.mean(pkts)),
         "ring_bytes_per_worker": ring,
         "ratio_vs_ring": float(np.mean(sent)) / ring if ring else None,
-        "ring_model_seconds": ring * 8 / (link_gbps * 1e9) if link_gbps > 0 else None,
+        "ring_model_seconds": ring_model_seconds(W, n, link_gbps),
         "retransmissions": int(sum(w["retransmissions"] for w in per)),
         "stalled_blocks": int(per[0]["stalled_blocks"]),
         "exact": None,
@@ -203,7 +215,7 @@ def plot(report, path):
     ring = {r["workers"]: r for r in rows}
     ax1.plot(ws, [ring[w]["ring_bytes_per_worker"] for w in ws], "k--", label="ring 2(W-1)/W·4n")
     ax2.plot(ws, [ring[w]["ring_model_seconds"] for w in ws], "k--",
-             label="ring, bandwidth model")
+             label="ring, model (bandwidth + latency)")
     for ax, yl in ((ax1, "payload bytes sent per worker"), (ax2, "allreduce time (s, virtual)")):
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")

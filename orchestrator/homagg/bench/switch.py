@@ -3,9 +3,14 @@
 Runs build/<variant>/homagg-switch-bench (dataplane_c/dpdk/bench/): one
 process, the engine on its own lcore behind the DPDK port backend on a
 net_ring ethdev, fed with SUM32 frames of W workers by a generator on the
-main lcore.  Each run reports Mpps (frames received by the engine per
-second), the Gbit/s of those frames, and the drops (must be 0).  Needs root
-(EAL) and two cores for the two-lcore figure.
+main lcore.  Each run reports ``mpps`` (frames the engine received per
+second of wall time), ``engine_mpps`` (the engine lcore's capacity: frames
+over the cycles of its polls that received frames; a poll longer than 50 us
+was preempted by another process and counts 50 us), the Gbit/s, and the
+drops (must be 0).  ``--lcores 0`` runs generator and engine on one lcore
+(frames hot in that core's cache); the default ``0,1`` puts them on two
+(frames cross cores, as from a NIC, and the engine lcore's share of its CPU
+matters on a shared machine).  Needs root (EAL).
 """
 import json
 import os
@@ -62,6 +67,7 @@ def main(args):
         else:
             print(f"W={r['workers']:4d} payload={r['payload']} B: {r['mpps']:7.3f} Mpps "
                   f"({r['gbps']:6.2f} Gbit/s) end to end, engine lcore capacity "
-                  f"{r['engine_mpps']:7.3f} Mpps (busy {100 * r['engine_busy']:.0f}%), "
+                  f"{r['engine_mpps']:7.3f} Mpps (busy {100 * r['engine_busy']:.0f}%, "
+                  f"{r['preempted_polls']} preempted polls), "
                   f"{r['lcores']} lcore(s), {r['isa']}, drops {r['drops']}", flush=True)
     return rc
