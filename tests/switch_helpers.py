@@ -14,7 +14,7 @@ from homagg.errors import HomAggError
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SWITCH = ROOT / "build" / "release" / "homagg-switch"
 
-EAL_BASE = ["-l", "0", "--no-huge", "-m", "256", "--no-pci", "--no-shconf",
+EAL_BASE = ["--no-huge", "-m", "256", "--no-pci", "--no-shconf",
             "--log-level", "lib.eal:error"]
 
 
@@ -34,7 +34,7 @@ class Daemon:
     """One homagg-switch process, started in `workdir`."""
 
     def __init__(self, workdir, eal_args, app_args=(), netns=None,
-                 telemetry=False):
+                 telemetry=False, lcores="0"):
         self.workdir = pathlib.Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.control = self.workdir / "control.sock"
@@ -42,7 +42,9 @@ class Daemon:
         self.runtime = self.workdir / "run"
         self.runtime.mkdir(exist_ok=True)
         self.prefix = "hg" + uuid.uuid4().hex[:10]
-        cmd = [str(SWITCH), *EAL_BASE, "--file-prefix", self.prefix]
+        # "0" or "0-2": EAL lcore ids; "0@0,1@1,2@1": lcores mapped to CPUs
+        lflag = "--lcores" if "@" in lcores else "-l"
+        cmd = [str(SWITCH), lflag, lcores, *EAL_BASE, "--file-prefix", self.prefix]
         if not telemetry:
             cmd.append("--no-telemetry")
         cmd += [*eal_args, "--", "--control", str(self.control), *app_args]

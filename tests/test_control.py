@@ -207,7 +207,8 @@ def test_signal_exits_zero_and_removes_socket(daemon, sig):
 @pytest.mark.parametrize("args, message", [
     (["--drop-rate", "2"], "--drop-rate"),
     (["--port-ip", "10.0.0.300"], "--port-ip"),
-    (["--lcores", "2"], "only 1 is supported"),
+    (["--lcores", "2"], "--lcores 2 needs 3 EAL lcores"),
+    (["--queues", "2"], "--queues: only 1 is supported"),
     (["--port", "5"], "ethdev port 5 does not exist"),
     (["--bogus"], "usage"),
 ])
@@ -293,3 +294,33 @@ def test_any_line_gets_one_reply(shared, line):
                 c.remove_job(req["job"])
         assert c.send_line(b'{"cmd":"stats"}')["ok"] is True
     assert shared.alive()
+
+
+def test_two_engine_lcores(tmp_path):
+    """--lcores 2: jobs are spread over two engine lcores (job % 2) and
+    managed through their mailboxes; stats add up; clean exit."""
+    if not SWITCH.exists():
+        pytest.fail(f"{SWITCH} is not built (make switch)")
+    d = Daemon(tmp_path / "two", ["--vdev", "net_ring0"], ["--lcores", "2"],
+               lcores="0@0,1@1,2@1")
+    try:
+        d.wait_ready()
+        assert "engines=2" in d.output()
+        with d.client() as c:
+            assert c.stats()["engines"] == 2
+            for job in (10, 11, 12, 13):
+                c.add_job(job=job, token=job, workers=2, slots=4)
+            for job in (10, 13):
+                with pytest.raises(ControlError) as ei:
+                    c.add_job(job=job, token=0, workers=2, slots=4)
+                assert ei.value.code == -errno.EEXIST
+            for job in (10, 11, 12, 13):
+                c.remove_job(job)
+            with pytest.raises(ControlError):
+                c.remove_job(11)
+            assert all(v == 0 for v in c.stats()["stats"].values())
+        d.signal(signal.SIGTERM)
+        assert d.wait_exit(20) == 0
+    finally:
+        d.stop()
+    assert "stopping (Terminated)" in d.output()

@@ -108,7 +108,7 @@ def daemons(link, tmp_path):
 
 
 def run_workers(link, job, token, grads, method="dense", timeout=10.0,
-                slots=32, before_start=None):
+                slots=32, before_start=None, group=GROUP):
     """Every worker in its own thread inside the workers' namespace; returns
     (results, errors, stats) per worker."""
     from pyroute2.netns import setns
@@ -121,7 +121,7 @@ def run_workers(link, job, token, grads, method="dense", timeout=10.0,
         setns(link.ns_workers, flags=0)     # this thread only
         try:
             wk = Worker(job=job, token=token, worker=w, workers=W,
-                        aggregator=(link.switch_ip, 48879), group=GROUP,
+                        aggregator=(link.switch_ip, 48879), group=group,
                         bind=(link.worker_ip, 0), timeout=timeout, slots=slots)
         except Exception as exc:  # noqa: BLE001 - reported by the caller
             errors[w] = exc
@@ -262,3 +262,35 @@ def test_switch_benchmark_sums_every_frame():
         assert r["received"] > 0 and r["summed"] == r["received"]
         assert abs(r["summed"] - W * r["completed"]) <= 2 * W
         assert r["mpps"] > 0 and r["engine_mpps"] > 0
+
+
+def test_two_engine_lcores_serve_two_jobs_at_once(link, tmp_path):
+    """--lcores 2: a dispatcher lcore and two engine lcores; two jobs (one
+    per engine) run at the same time, both exact."""
+    d = Daemon(tmp_path / "two", ["--vdev", f"net_af_packet0,iface={link.dev_switch}"],
+               ["--port-ip", link.switch_ip, "--lcores", "2",
+                *([] if link.csum_complete else ["--no-udp-csum"])],
+               netns=link.ns_switch, lcores="0@0,1@1,2@1")
+    try:
+        d.wait_ready()
+        with d.client() as c:
+            c.add_job(job=20, token=1, workers=2, slots=32, group=GROUP)
+            c.add_job(job=21, token=2, workers=2, slots=32, group="239.7.7.8")
+        runs = []
+        for job, token, seed in ((20, 1, 5), (21, 2, 6)):
+            grads = gradients(2, 20000, seed=seed)
+            runs.append((grads, run_workers(link, job, token, grads, "dense",
+                                            group=GROUP if job == 20 else "239.7.7.8")))
+        for grads, (threads, results, errors, stats) in runs:
+            join_all(threads, 60)
+            assert errors == [None, None], errors
+            expected = oracle_allreduce(grads, BLOCK)
+            for y in results:
+                assert y.tobytes() == expected.tobytes()
+        with d.client() as c:
+            st = c.stats()
+        assert st["engines"] == 2 and st["port"]["dispatch_full"] == 0
+        assert st["stats"]["summed"] > 0
+    finally:
+        d.stop()
+    assert d.proc.returncode == 0

@@ -18,6 +18,7 @@
 #include <rte_mbuf.h>
 #include <rte_mempool.h>
 #include <rte_prefetch.h>
+#include <rte_ring.h>
 
 #include "port_dpdk.h"
 
@@ -117,7 +118,11 @@ static uint16_t dpdk_rx(void *ctx, struct hg_pkt **pkts, uint16_t n)
 
 	if (n > HG_DPDK_BURST_MAX)
 		n = HG_DPDK_BURST_MAX;
-	got = rte_eth_rx_burst(p->conf.port_id, p->conf.rx_queue, m, n);
+	if (p->conf.rx_ring)
+		got = (uint16_t)rte_ring_sc_dequeue_burst(p->conf.rx_ring,
+							  (void **)m, n, NULL);
+	else
+		got = rte_eth_rx_burst(p->conf.port_id, p->conf.rx_queue, m, n);
 	if (got == 0)
 		return 0;
 	/* the mbuf headers and the frame headers of the whole burst are
@@ -177,7 +182,12 @@ static uint16_t dpdk_tx(void *ctx, struct hg_pkt **pkts, uint16_t n)
 			k = HG_DPDK_BURST_MAX;
 		for (i = 0; i < k; i++)
 			m[i] = pkt_sync(pkts[total + i]);
-		sent = rte_eth_tx_burst(p->conf.port_id, p->conf.tx_queue, m, k);
+		if (p->conf.tx_ring)
+			sent = (uint16_t)rte_ring_sp_enqueue_burst(p->conf.tx_ring,
+								   (void **)m, k, NULL);
+		else
+			sent = rte_eth_tx_burst(p->conf.port_id, p->conf.tx_queue,
+						m, k);
 		total += sent;
 		if (sent < k)
 			break;
@@ -185,6 +195,16 @@ static uint16_t dpdk_tx(void *ctx, struct hg_pkt **pkts, uint16_t n)
 	p->st.tx += total;
 	p->st.tx_refused += n - total;
 	return total;
+}
+
+uint16_t hg_dpdk_port_tx_mbufs(struct hg_dpdk_port *p, struct rte_mbuf **m,
+			       uint16_t n)
+{
+	uint16_t sent = rte_eth_tx_burst(p->conf.port_id, p->conf.tx_queue, m, n);
+
+	p->st.tx += sent;
+	p->st.tx_refused += n - sent;
+	return sent;
 }
 
 static uint16_t dpdk_alloc(void *ctx, struct hg_pkt **pkts, uint16_t n)
@@ -268,7 +288,8 @@ struct hg_dpdk_port *hg_dpdk_port_create(const struct hg_dpdk_port_conf *c)
 	if (!c || !c->pool || !rte_eth_dev_is_valid_port(c->port_id) ||
 	    !(c->drop_rate >= 0.0 && c->drop_rate <= 1.0) ||
 	    c->pool->private_data_size == 0 ||
-	    rte_pktmbuf_priv_size(c->pool) < sizeof(struct hg_pkt)) {
+	    rte_pktmbuf_priv_size(c->pool) < sizeof(struct hg_pkt) ||
+	    !c->rx_ring != !c->tx_ring) {
 		errno = EINVAL;
 		return NULL;
 	}

@@ -21,7 +21,9 @@
 
 #include "homagg/port.h"
 
+struct rte_mbuf;
 struct rte_mempool;
+struct rte_ring;
 
 struct hg_dpdk_port_conf {
 	uint16_t port_id;       /* ethdev, configured and started by the caller */
@@ -33,6 +35,12 @@ struct hg_dpdk_port_conf {
 	bool can_replicate;     /* the link replicates multicast frames */
 	double drop_rate;       /* fraction of received frames dropped, 0..1 */
 	uint64_t seed;          /* of the drop generator */
+	/* Ring mode (both set): receive mbufs from rx_ring and send to
+	 * tx_ring instead of the ethdev queues, for an engine lcore fed by a
+	 * dispatcher lcore that owns the ethdev (port_id still names it:
+	 * MAC and MTU come from it). */
+	struct rte_ring *rx_ring;
+	struct rte_ring *tx_ring;
 };
 
 /* Counters of the backend itself (the engine keeps its own). */
@@ -54,6 +62,12 @@ struct rte_mempool *hg_dpdk_pool_create(const char *name, unsigned int n,
 /* Returns NULL on a bad conf (-EINVAL) or an allocation failure. */
 struct hg_dpdk_port *hg_dpdk_port_create(const struct hg_dpdk_port_conf *c);
 void hg_dpdk_port_destroy(struct hg_dpdk_port *p);
+
+/* Send mbufs on p's ethdev tx queue, counted in p's stats (the dispatcher
+ * of ring-mode ports uses it).  Returns how many the NIC took; the caller
+ * owns the rest. */
+uint16_t hg_dpdk_port_tx_mbufs(struct hg_dpdk_port *p, struct rte_mbuf **m,
+			       uint16_t n);
 
 /* The port interface of p (valid as long as p is). */
 struct hg_port hg_dpdk_port_ops(struct hg_dpdk_port *p);

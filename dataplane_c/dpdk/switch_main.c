@@ -4,9 +4,15 @@
  *
  *   homagg-switch [EAL args] -- [--port-ip A.B.C.D] [--control PATH] ...
  *
- * One engine (engine.h) runs on the main lcore behind one hg_dpdk_port
- * (port_dpdk.h).  The same loop polls the control socket (control.h) every
- * millisecond, so the engine is only ever touched by one thread and needs
+ * With --lcores 1 (the default) one engine (engine.h) runs on the main
+ * lcore behind one hg_dpdk_port (port_dpdk.h), and the same loop polls the
+ * control socket (control.h) every millisecond, so the engine is only ever
+ * touched by one thread.  With --lcores N > 1 the main lcore dispatches:
+ * it receives from the ethdev, hands each frame to engine (job id % N) on
+ * its own lcore through a ring, sends what the engines put in their tx
+ * rings, and serves the control socket; job changes reach an engine
+ * through a mailbox its lcore serves between polls, so again nothing runs
+ * concurrently with a poll and the packet path takes
  * no locks.  docs/SWITCH.md documents the command line.
  */
 #include <arpa/inet.h>
@@ -25,7 +31,10 @@
 #include <rte_eal.h>
 #include <rte_ethdev.h>
 #include <rte_lcore.h>
+#include <rte_malloc.h>
 #include <rte_mbuf.h>
+#include <rte_pause.h>
+#include <rte_ring.h>
 #include <rte_telemetry.h>
 
 #include "homagg/codec.h"
@@ -56,19 +65,48 @@ struct opts {
 	bool udp_csum;            /* verify received / fill sent UDP checksums */
 };
 
+/* A request to an engine lcore (job changes must run on the lcore that
+ * polls the engine: engine.h forbids concurrent control and poll). */
+enum { MB_IDLE, MB_REQ, MB_DONE };
+enum { MB_ADD, MB_REMOVE };
+
+struct mailbox {
+	int state;                 /* MB_*, acquire/release atomics */
+	int op;
+	struct hg_job_config jc;
+	uint32_t job;
+	int rc;
+};
+
+/* One engine.  With --lcores 1 the only shard runs on the main lcore on
+ * the ethdev port itself; with N > 1 each runs on its own lcore on a
+ * ring-mode port fed by the dispatcher (job id % N picks the shard). */
+struct shard {
+	struct daemon *d;
+	struct hg_dpdk_port *dport;    /* ring-mode port (N > 1) */
+	struct hg_port port;
+	struct hg_engine *eng;
+	struct rte_ring *rx_ring;
+	struct rte_ring *tx_ring;
+	unsigned int lcore;
+	bool launched;
+	struct mailbox mb;
+	uint64_t snap[HG_CNT__COUNT];  /* published counters (relaxed atomics) */
+} __rte_cache_aligned;
+
 struct daemon {
 	struct opts o;
 	struct rte_mempool *pool;
-	struct hg_dpdk_port *dport;
+	struct hg_dpdk_port *dport;    /* the ethdev port */
 	struct hg_port port;
-	struct hg_engine *eng;
+	struct shard *shards;
+	unsigned int nshards;
 	struct hg_control *ctl;
 	bool port_started;
 	uint16_t mtu;                  /* of the port, from the PMD */
 	volatile bool stop_requested;  /* by the shutdown command */
-	/* counters published for the telemetry thread (relaxed atomics) */
-	uint64_t snap[HG_CNT__COUNT];
-	struct hg_dpdk_port_stats psnap;
+	volatile bool stop_engines;    /* engine lcores leave their loop */
+	uint64_t dispatch_full;        /* frames a full shard ring refused */
 };
 
 /*
@@ -92,8 +130,9 @@ static void usage(const char *prog)
 		"  --udp-port N          UDP port (default %d)\n"
 		"  --port N              ethdev port id (default 0)\n"
 		"  --control PATH        UNIX control socket (default /run/homagg-switch.sock)\n"
-		"  --lcores N            engine lcores (default 1; only 1 is supported)\n"
-		"  --queues N            rx/tx queues (default 1; only 1 is supported)\n"
+		"  --lcores N            engines (default 1, on the main lcore); N > 1: one\n"
+		"                        lcore each plus the main lcore as dispatcher\n"
+		"  --queues N            rx/tx queues of the port (only 1 is supported)\n"
 		"  --drop-rate F         drop this fraction of received frames (0..1, seeded)\n"
 		"  --seed N              seed of the drop generator (default 1)\n"
 		"  --stats-interval S    print the counters every S seconds (0 = never)\n"
@@ -235,17 +274,152 @@ static int parse_opts(int argc, char **argv, struct opts *o)
 		fprintf(stderr, "unexpected argument: %s\n", argv[optind]);
 		return -EINVAL;
 	}
-	if (o->lcores != 1 || o->queues != 1) {
+	if (o->queues != 1) {
 		/* every packet of a job must reach the engine that holds the job;
 		 * RSS hashes the 5-tuple, which spreads a job's workers over
-		 * queues, so more queues need job-affine steering first */
-		fprintf(stderr, "--lcores/--queues: only 1 is supported\n");
+		 * queues: more engines are fed by a dispatcher lcore instead */
+		fprintf(stderr, "--queues: only 1 is supported (use --lcores)\n");
 		return -ENOTSUP;
+	}
+	if (o->lcores > 64) {
+		fprintf(stderr, "--lcores: at most 64 engines\n");
+		return -ERANGE;
 	}
 	return 0;
 bad:
 	fprintf(stderr, "bad value for --%s: %s\n", lo[c - O_IP].name, optarg);
 	return -EINVAL;
+}
+
+/* ---- engines ------------------------------------------------------- */
+
+static void shard_publish(struct shard *sh)
+{
+	uint64_t c[HG_CNT__COUNT];
+	unsigned int i;
+
+	hg_engine_counters(sh->eng, c, HG_CNT__COUNT);
+	for (i = 0; i < HG_CNT__COUNT; i++)
+		__atomic_store_n(&sh->snap[i], c[i], __ATOMIC_RELAXED);
+}
+
+/* The engine counters summed over the shards.  With one shard on the main
+ * lcore they are read directly (this is that lcore); otherwise from the
+ * snapshots the engine lcores publish every millisecond. */
+static void counters_sum(struct daemon *d, uint64_t *out)
+{
+	unsigned int i, k;
+
+	if (d->nshards == 1 && !d->shards[0].launched) {
+		hg_engine_counters(d->shards[0].eng, out, HG_CNT__COUNT);
+		return;
+	}
+	memset(out, 0, sizeof(uint64_t) * HG_CNT__COUNT);
+	for (k = 0; k < d->nshards; k++)
+		for (i = 0; i < HG_CNT__COUNT; i++)
+			out[i] += __atomic_load_n(&d->shards[k].snap[i],
+						  __ATOMIC_RELAXED);
+}
+
+/* Run a pending mailbox request (on the shard's own lcore). */
+static void shard_serve(struct shard *sh)
+{
+	struct mailbox *mb = &sh->mb;
+
+	if (__atomic_load_n(&mb->state, __ATOMIC_ACQUIRE) != MB_REQ)
+		return;
+	mb->rc = mb->op == MB_ADD ? hg_engine_add_job(sh->eng, &mb->jc) :
+				    hg_engine_remove_job(sh->eng, mb->job);
+	shard_publish(sh);
+	__atomic_store_n(&mb->state, MB_DONE, __ATOMIC_RELEASE);
+}
+
+/* Ask shard sh to add or remove a job; waits (bounded) for the answer. */
+static int shard_call(struct shard *sh, int op, const struct hg_job_config *jc,
+		      uint32_t job)
+{
+	struct mailbox *mb = &sh->mb;
+	uint64_t deadline;
+	int rc;
+
+	if (!sh->launched)   /* the engine is polled by this very lcore */
+		return op == MB_ADD ? hg_engine_add_job(sh->eng, jc) :
+				      hg_engine_remove_job(sh->eng, job);
+	if (__atomic_load_n(&mb->state, __ATOMIC_ACQUIRE) != MB_IDLE)
+		return -EBUSY;   /* an earlier request timed out */
+	mb->op = op;
+	if (jc)
+		mb->jc = *jc;
+	mb->job = job;
+	__atomic_store_n(&mb->state, MB_REQ, __ATOMIC_RELEASE);
+	deadline = rte_get_tsc_cycles() + 2 * rte_get_tsc_hz();
+	while (__atomic_load_n(&mb->state, __ATOMIC_ACQUIRE) != MB_DONE) {
+		if (rte_get_tsc_cycles() > deadline)
+			return -ETIMEDOUT;
+		rte_pause();
+	}
+	rc = mb->rc;
+	__atomic_store_n(&mb->state, MB_IDLE, __ATOMIC_RELEASE);
+	return rc;
+}
+
+static inline unsigned int shard_of_job(const struct daemon *d, uint32_t job)
+{
+	return job % d->nshards;
+}
+
+/* The shard of a received frame: its job's, read where a HomAgg header
+ * sits in an IPv4 (no options) / UDP frame; anything else goes to shard 0,
+ * whose engine counts it as the drop it is. */
+static inline unsigned int shard_of_frame(const struct daemon *d,
+					  const struct hg_pkt *pk)
+{
+	const uint8_t *f = pk->data, *h = f + HG_ETH_IP_UDP_LEN;
+
+	if (pk->len < HG_ETH_IP_UDP_LEN + HG_HDR_LEN || f[12] != 0x08 ||
+	    f[13] != 0x00 || f[14] != 0x45)
+		return 0;
+	return shard_of_job(d, (uint32_t)h[4] << 24 | (uint32_t)h[5] << 16 |
+			       (uint32_t)h[6] << 8 | h[7]);
+}
+
+static void idle_sleep(const struct daemon *d, unsigned int *idle, bool moved)
+{
+	if (moved) {
+		*idle = 0;
+	} else if (d->o.idle_us && ++*idle >= 256) {
+		struct timespec ts = { 0, (long)d->o.idle_us * 1000 };
+
+		nanosleep(&ts, NULL);
+	}
+}
+
+/* An engine lcore (--lcores > 1). */
+static int shard_loop(void *arg)
+{
+	struct shard *sh = arg;
+	struct daemon *d = sh->d;
+	const uint64_t period = rte_get_tsc_hz() / 1000;
+	uint64_t next = 0;
+	unsigned int idle = 0, iter = 0;
+
+	while (!d->stop_engines) {
+		int n = hg_engine_poll(sh->eng);
+
+		idle_sleep(d, &idle, n > 0);
+		shard_serve(sh);
+		if ((++iter & 255) == 0 || idle) {
+			uint64_t now = rte_get_tsc_cycles();
+
+			if (now >= next) {
+				next = now + period;
+				shard_publish(sh);
+			}
+		}
+	}
+	shard_serve(sh);
+	shard_publish(sh);
+	return 0;
 }
 
 /* ---- control callbacks ---------------------------------------------- */
@@ -262,10 +436,14 @@ static int ctl_add_job(void *ctx, const struct hg_ctl_job *j, char *err,
 		.payload_bytes = j->payload,
 		.group_ipv4 = j->group,
 	};
-	int rc = hg_engine_add_job(d->eng, &jc);
+	int rc = shard_call(&d->shards[shard_of_job(d, j->job)], MB_ADD, &jc,
+			    j->job);
 
 	if (rc == -EEXIST)
 		snprintf(err, errlen, "job %u already exists", j->job);
+	else if (rc == -ETIMEDOUT || rc == -EBUSY)
+		snprintf(err, errlen, "the engine lcore of job %u did not answer",
+			 j->job);
 	return rc;
 }
 
@@ -273,7 +451,7 @@ static int ctl_remove_job(void *ctx, uint32_t job)
 {
 	struct daemon *d = ctx;
 
-	return hg_engine_remove_job(d->eng, job);
+	return shard_call(&d->shards[shard_of_job(d, job)], MB_REMOVE, NULL, job);
 }
 
 static void ctl_stats(void *ctx, struct hg_json_out *w)
@@ -283,7 +461,7 @@ static void ctl_stats(void *ctx, struct hg_json_out *w)
 	struct hg_dpdk_port_stats ps;
 	unsigned int i;
 
-	hg_engine_counters(d->eng, c, HG_CNT__COUNT);
+	counters_sum(d, c);
 	hg_json_key(w, "stats");
 	hg_json_raw(w, "{");
 	for (i = 0; i < HG_CNT__COUNT; i++) {
@@ -308,7 +486,11 @@ static void ctl_stats(void *ctx, struct hg_json_out *w)
 	hg_json_u64(w, ps.arp_replies);
 	hg_json_key(w, "alloc_fail");
 	hg_json_u64(w, ps.alloc_fail);
+	hg_json_key(w, "dispatch_full");
+	hg_json_u64(w, d->dispatch_full);
 	hg_json_raw(w, "}");
+	hg_json_key(w, "engines");
+	hg_json_u64(w, d->nshards);
 }
 
 static void ctl_shutdown(void *ctx)
@@ -327,28 +509,23 @@ static const struct hg_ctl_ops ctl_ops = {
 
 /* ---- telemetry ------------------------------------------------------ */
 
-static void publish_snapshot(struct daemon *d)
-{
-	uint64_t c[HG_CNT__COUNT];
-	unsigned int i;
-
-	hg_engine_counters(d->eng, c, HG_CNT__COUNT);
-	for (i = 0; i < HG_CNT__COUNT; i++)
-		__atomic_store_n(&d->snap[i], c[i], __ATOMIC_RELAXED);
-}
-
 static int tel_stats(const char *cmd, const char *params,
 		     struct rte_tel_data *t)
 {
 	struct daemon *d = g_tel_daemon;
-	unsigned int i;
+	uint64_t c[HG_CNT__COUNT] = { 0 };
+	unsigned int i, k;
 
 	if (!d)
 		return -EAGAIN;
+	/* snapshots only: this runs on the telemetry thread */
+	for (k = 0; k < d->nshards; k++)
+		for (i = 0; i < HG_CNT__COUNT; i++)
+			c[i] += __atomic_load_n(&d->shards[k].snap[i],
+						__ATOMIC_RELAXED);
 	rte_tel_data_start_dict(t);
 	for (i = 0; i < HG_CNT__COUNT; i++)
-		rte_tel_data_add_dict_u64(t, hg_counter_name((int)i),
-					  __atomic_load_n(&d->snap[i], __ATOMIC_RELAXED));
+		rte_tel_data_add_dict_u64(t, hg_counter_name((int)i), c[i]);
 	return 0;
 }
 
@@ -413,7 +590,7 @@ static void print_counters(struct daemon *d, FILE *f)
 	struct hg_dpdk_port_stats ps;
 	unsigned int i;
 
-	hg_engine_counters(d->eng, c, HG_CNT__COUNT);
+	counters_sum(d, c);
 	hg_dpdk_port_get_stats(d->dport, &ps);
 	fprintf(f, "stats: port rx=%" PRIu64 " tx=%" PRIu64 " drop_injected=%"
 		PRIu64 " arp=%" PRIu64, ps.rx, ps.tx, ps.drop_injected,
@@ -425,6 +602,47 @@ static void print_counters(struct daemon *d, FILE *f)
 	fflush(f);
 }
 
+/* The dispatcher (--lcores > 1): frames from the ethdev to the shard of
+ * their job, frames of every shard to the ethdev.  Returns whether any
+ * frame moved. */
+static bool dispatch(struct daemon *d)
+{
+	struct rte_mbuf *by[64][32];
+	uint16_t cnt[64] = { 0 };
+	struct hg_pkt *pk[32];
+	struct rte_mbuf *m[64];
+	uint16_t n, i, k, sent;
+	bool moved;
+
+	n = hg_port_rx(&d->port, pk, 32);   /* drops injected, ARP answered */
+	moved = n > 0;
+	for (i = 0; i < n; i++) {
+		k = (uint16_t)shard_of_frame(d, pk[i]);
+		by[k][cnt[k]++] = pk[i]->priv;
+	}
+	for (k = 0; n && k < d->nshards; k++) {
+		if (!cnt[k])
+			continue;
+		sent = (uint16_t)rte_ring_sp_enqueue_burst(d->shards[k].rx_ring,
+							   (void **)by[k], cnt[k], NULL);
+		if (sent < cnt[k]) {
+			d->dispatch_full += cnt[k] - sent;
+			rte_pktmbuf_free_bulk(by[k] + sent, cnt[k] - sent);
+		}
+	}
+	for (k = 0; k < d->nshards; k++) {
+		n = (uint16_t)rte_ring_sc_dequeue_burst(d->shards[k].tx_ring,
+							(void **)m, 64, NULL);
+		if (!n)
+			continue;
+		moved = true;
+		sent = hg_dpdk_port_tx_mbufs(d->dport, m, n);
+		if (sent < n)
+			rte_pktmbuf_free_bulk(m + sent, n - sent);
+	}
+	return moved;
+}
+
 static int run(struct daemon *d)
 {
 	const uint64_t hz = rte_get_tsc_hz();
@@ -432,25 +650,22 @@ static int run(struct daemon *d)
 	uint64_t stats_period = (uint64_t)(d->o.stats_interval * (double)hz);
 	uint64_t now = rte_get_tsc_cycles();
 	uint64_t next_ctl = now, next_stats = now + stats_period;
+	struct shard *one = d->nshards == 1 ? &d->shards[0] : NULL;
 	unsigned int idle = 0;
 
 	while (!g_signalled && !d->stop_requested) {
-		int n = hg_engine_poll(d->eng);
-
-		if (n > 0) {
-			idle = 0;
-		} else if (d->o.idle_us && ++idle >= 256) {
-			struct timespec ts = { 0, (long)d->o.idle_us * 1000 };
-
-			nanosleep(&ts, NULL);
-		}
+		if (one)
+			idle_sleep(d, &idle, hg_engine_poll(one->eng) > 0);
+		else
+			idle_sleep(d, &idle, dispatch(d));
 		now = rte_get_tsc_cycles();
 		if (now < next_ctl)
 			continue;
 		next_ctl = now + ctl_period;
 		if (hg_control_poll(d->ctl) < 0)
 			fprintf(stderr, "control socket: %s\n", strerror(errno));
-		publish_snapshot(d);
+		if (one)
+			shard_publish(one);   /* for the telemetry thread */
 		if (stats_period && now >= next_stats) {
 			next_stats = now + stats_period;
 			print_counters(d, stdout);
@@ -459,11 +674,34 @@ static int run(struct daemon *d)
 	return 0;
 }
 
+static void stop_engines(struct daemon *d)
+{
+	unsigned int k;
+
+	d->stop_engines = true;
+	for (k = 0; k < d->nshards; k++)
+		if (d->shards[k].launched)
+			rte_eal_wait_lcore(d->shards[k].lcore);
+}
+
 static void teardown(struct daemon *d)
 {
+	unsigned int k;
+
 	g_tel_daemon = NULL;
 	hg_control_destroy(d->ctl);
-	hg_engine_destroy(d->eng);
+	if (d->shards) {
+		stop_engines(d);
+		for (k = 0; k < d->nshards; k++) {
+			struct shard *sh = &d->shards[k];
+
+			hg_engine_destroy(sh->eng);
+			hg_dpdk_port_destroy(sh->dport);
+			rte_ring_free(sh->rx_ring);
+			rte_ring_free(sh->tx_ring);
+		}
+		rte_free(d->shards);
+	}
 	hg_dpdk_port_destroy(d->dport);
 	if (d->port_started) {
 		rte_eth_dev_stop(d->o.port_id);
@@ -472,11 +710,82 @@ static void teardown(struct daemon *d)
 	rte_mempool_free(d->pool);
 }
 
+/* Create the shards' engines (and, with N > 1, their rings and ports). */
+static int shards_setup(struct daemon *d)
+{
+	struct hg_engine_config ec;
+	unsigned int k, lcore = rte_get_main_lcore();
+
+	d->nshards = d->o.lcores;
+	if (d->nshards > 1 && rte_lcore_count() < d->nshards + 1) {
+		fprintf(stderr, "--lcores %u needs %u EAL lcores (e.g. -l 0-%u): "
+			"one dispatcher and one per engine\n", d->nshards,
+			d->nshards + 1, d->nshards);
+		return -EINVAL;
+	}
+	d->shards = rte_zmalloc("hg_shards", sizeof(*d->shards) * d->nshards,
+				RTE_CACHE_LINE_SIZE);
+	if (!d->shards)
+		return -ENOMEM;
+	for (k = 0; k < d->nshards; k++) {
+		struct shard *sh = &d->shards[k];
+
+		sh->d = d;
+		if (d->nshards == 1) {
+			sh->port = d->port;
+		} else {
+			char name[RTE_RING_NAMESIZE];
+
+			snprintf(name, sizeof(name), "hg_rx%u", k);
+			sh->rx_ring = rte_ring_create(name, 4096, (int)rte_socket_id(),
+						      RING_F_SP_ENQ | RING_F_SC_DEQ);
+			snprintf(name, sizeof(name), "hg_tx%u", k);
+			sh->tx_ring = rte_ring_create(name, 4096, (int)rte_socket_id(),
+						      RING_F_SP_ENQ | RING_F_SC_DEQ);
+			if (!sh->rx_ring || !sh->tx_ring)
+				return -ENOMEM;
+			sh->dport = hg_dpdk_port_create(&(struct hg_dpdk_port_conf){
+				.port_id = d->o.port_id, .pool = d->pool,
+				.ipv4 = d->o.ipv4, .udp_port = d->o.udp_port,
+				.can_replicate = d->o.replicate,
+				.rx_ring = sh->rx_ring, .tx_ring = sh->tx_ring });
+			if (!sh->dport)
+				return -ENOMEM;
+			sh->port = hg_dpdk_port_ops(sh->dport);
+		}
+		hg_engine_config_init(&ec);
+		ec.port = &sh->port;
+		ec.max_jobs = d->o.max_jobs;
+		ec.udp_port = d->o.udp_port;
+		if (!d->o.udp_csum)
+			ec.flags &= ~(uint32_t)HG_ENGINE_F_UDP_CSUM;
+		sh->eng = hg_engine_create(&ec);
+		if (!sh->eng) {
+			fprintf(stderr, "engine: could not create\n");
+			return -ENOMEM;
+		}
+		shard_publish(sh);
+	}
+	if (d->nshards == 1)
+		return 0;
+	for (k = 0; k < d->nshards; k++) {
+		struct shard *sh = &d->shards[k];
+
+		lcore = rte_get_next_lcore(lcore, 1, 0);
+		sh->lcore = lcore;
+		if (rte_eal_remote_launch(shard_loop, sh, lcore) != 0) {
+			fprintf(stderr, "lcore %u: could not launch\n", lcore);
+			return -EBUSY;
+		}
+		sh->launched = true;
+	}
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
-	static struct daemon dm;   /* large (counter snapshot); one per process */
+	static struct daemon dm;   /* one per process */
 	struct daemon *d = &dm;
-	struct hg_engine_config ec;
 	struct hg_ctl_limits lim;
 	struct sigaction sa;
 	int eal_args, rc, status = 1;
@@ -511,17 +820,8 @@ int main(int argc, char **argv)
 		goto out;
 	}
 	d->port = hg_dpdk_port_ops(d->dport);
-	hg_engine_config_init(&ec);
-	ec.port = &d->port;
-	ec.max_jobs = d->o.max_jobs;
-	ec.udp_port = d->o.udp_port;
-	if (!d->o.udp_csum)
-		ec.flags &= ~(uint32_t)HG_ENGINE_F_UDP_CSUM;
-	d->eng = hg_engine_create(&ec);
-	if (!d->eng) {
-		fprintf(stderr, "engine: could not create\n");
+	if (shards_setup(d) < 0)
 		goto out;
-	}
 	lim.max_workers = HG_MAX_WORKERS;
 	lim.max_slots = HG_ENGINE_MAX_SLOTS;
 	/* a packet is one IP datagram of at most the MTU */
@@ -546,12 +846,14 @@ int main(int argc, char **argv)
 
 		d->port.ops->get_info(d->port.ctx, &pi);
 		printf("homagg-switch: ready port=%u mac=%02x:%02x:%02x:%02x:%02x:%02x "
-		       "ip=%s udp=%u control=%s drop_rate=%g\n", d->o.port_id,
-		       pi.mac[0], pi.mac[1], pi.mac[2], pi.mac[3], pi.mac[4],
-		       pi.mac[5], ip, d->o.udp_port, d->o.control, d->o.drop_rate);
+		       "ip=%s udp=%u control=%s drop_rate=%g engines=%u\n",
+		       d->o.port_id, pi.mac[0], pi.mac[1], pi.mac[2], pi.mac[3],
+		       pi.mac[4], pi.mac[5], ip, d->o.udp_port, d->o.control,
+		       d->o.drop_rate, d->nshards);
 		fflush(stdout);
 	}
 	run(d);
+	stop_engines(d);
 	if (d->o.stats_interval > 0)
 		print_counters(d, stdout);
 	printf("homagg-switch: stopping (%s)\n",
