@@ -318,7 +318,7 @@ def recap(stdout):
 @pytest.mark.netns
 @pytest.mark.ssh
 @pytest.mark.slow
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(1500)  # two playbook runs build on every host: ~15 min on 2 busy cores
 def test_ansible_playbook_twice(rack, sdist, wheelhouse, hugepages, tmp_path):
     path = make_inventory(rack, tmp_path, sdist, hugepages, wheelhouse)
     gen = cli("ansible-inventory", "-i", path, "--outdir", str(tmp_path / "out"), timeout=300)
