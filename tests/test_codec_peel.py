@@ -10,6 +10,7 @@ stall, and -EPROTO, also with sums that are inconsistent with the index
 AVX-512, AVX2 and portable builds of the same calls must agree too.
 """
 import errno
+import math
 import os
 import subprocess
 import sys
@@ -95,7 +96,7 @@ def sketch_t(nc, cpc):
         return 0
     if cpc > 0:
         return max(1, int(np.ceil(nc * np.float64(np.float32(cpc)) / 3.0)))
-    return (nc * 41 + 99) // 100 + 3 * int(np.sqrt(nc)) + 8
+    return max(1, nc * 11 // 27 + 3 * math.isqrt(nc) // 5)
 
 
 def buf(a):

@@ -316,3 +316,79 @@ def test_bad_arguments():
             cl.allreduce(bad, method="dense")
     with pytest.raises(InvalidArgument):
         Cluster(workers=2, loss=1.5)
+
+
+# ---- retransmission timeout under a bottleneck ------------------------------
+#
+# 4 workers on 1 Gbit/s links, a window of 64 chunks: a full window's
+# results take 64 chunk times at the bottleneck to come back, far more than
+# the initial timeout (200 us).  The timeout must adapt (RFC 6298 with
+# Karn's rule), or every chunk is sent several times.
+
+
+def _dense_payload_bytes(n, block):
+    """What one worker must send for a dense allreduce: 1 exponent byte per
+    block (MAX8) and one int32 lane per element (SUM32)."""
+    return (n + block - 1) // block + 4 * n
+
+
+@pytest.mark.parametrize("agg_link_gbps", [1.0, None], ids=["agg-bottleneck", "agg-default"])
+def test_bottleneck_without_faults_sends_almost_nothing_twice(agg_link_gbps):
+    W, n = 4, 1 << 20
+    rng = np.random.default_rng(5)
+    grads = [rng.standard_normal(n).astype(np.float32) for _ in range(W)]
+    with Cluster(workers=W, link_gbps=1.0, agg_link_gbps=agg_link_gbps, slots=64,
+                 seed=1) as cl:
+        res = cl.allreduce(grads, method="dense", block_elements=BLOCK)
+    check_result(res, grads)
+    per = res.stats["workers"]
+    packets = sum(w["packets_sent"] for w in per)
+    retrans = sum(w["retransmissions"] for w in per)
+    assert retrans < 0.05 * packets, (retrans, packets)
+    want = _dense_payload_bytes(n, BLOCK)
+    for w in per:
+        sent = sum(w["bytes_sent"].values())
+        assert want <= sent <= 1.03 * want, (sent, want)
+        # The estimator learned the queueing of a full window: well above
+        # the initial timeout, and the timeout above the smoothed RTT.
+        assert w["rtt_samples"] > 0
+        assert w["srtt_ns"] > 200_000
+        assert w["rto_ns"] > w["srtt_ns"]
+
+
+def test_bottleneck_with_loss_is_exact_and_retransmits_per_loss():
+    W, n = 4, 1 << 18
+    rng = np.random.default_rng(6)
+    grads = [rng.standard_normal(n).astype(np.float32) for _ in range(W)]
+    with Cluster(workers=W, link_gbps=1.0, agg_link_gbps=1.0, slots=64, loss=0.01,
+                 seed=2) as cl:
+        res = cl.allreduce(grads, method="dense", block_elements=BLOCK)
+    check_result(res, grads)
+    per = res.stats["workers"]
+    packets = sum(w["packets_sent"] for w in per)
+    retrans = sum(w["retransmissions"] for w in per)
+    lost = res.stats["fabric"]["dropped_loss"]
+    assert lost > 0
+    # Each lost frame costs its sender (or the worker missing a result) a
+    # retransmission, and a lost contribution makes the other W - 1 workers
+    # ask for the slot too; spurious timeouts would add far more.
+    assert lost // 2 <= retrans <= W * lost + W, (retrans, lost)
+    assert retrans < 0.1 * packets
+
+
+def test_aggregator_link_rate():
+    W, n = 4, 1 << 16
+    grads = make_grads(W, n, density=1.0, seed=70, zero_blocks=False)
+    times = {}
+    for agg in (1.0, 4.0, None):
+        with Cluster(workers=W, link_gbps=1.0, agg_link_gbps=agg, seed=3) as cl:
+            assert cl.agg_link_gbps == (agg if agg is not None else 4.0)
+            res = cl.allreduce(grads, method="dense", block_elements=BLOCK)
+            check_result(res, grads)
+            times[agg] = res.stats["virtual_time"]
+    # The aggregator's link carries W workers' chunks: at the worker rate
+    # it is the bottleneck (about W times slower, virtual time).
+    assert times[1.0] > 2 * times[4.0]
+    assert times[None] == times[4.0]
+    with pytest.raises(InvalidArgument):
+        Cluster(workers=2, agg_link_gbps=-1.0)

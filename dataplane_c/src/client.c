@@ -11,6 +11,13 @@
  * index as the aggregator's slot).  Chunk k of a step may go out the first
  * time when k < S (every earlier chunk is complete) or when chunk k - S has
  * its result: the aggregator reuses slot seq % S only then.
+ *
+ * Retransmission timeout (RFC 6298): one estimator per client, kept across
+ * allreduces.  A sample is the time from a chunk's only transmission to its
+ * result (Karn: chunks sent more than once give none).  Under a full window
+ * results come back one behind the other at the bottleneck's pace, so the
+ * samples include the queueing of the whole window and SRTT settles at the
+ * real round trip of a chunk, S times the bottleneck's per-chunk time.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -69,6 +76,8 @@ struct step {
 	size_t nchunks;
 	size_t next_send;       /* next chunk to send the first time */
 	size_t ndone;
+	size_t hi_done;         /* 1 + the highest chunk with its result (0: none) */
+	uint64_t t_hi;          /* when the result of chunk hi_done - 1 arrived */
 };
 
 /* A chunk in flight, at ring index seq % S. */
@@ -77,8 +86,12 @@ struct flight {
 	bool busy;
 	bool unsent;            /* the port refused it: send at the next poll */
 	bool have_status;
-	uint32_t tries;
-	uint64_t first_tx, last_tx, rto;
+	uint32_t tries;         /* transmissions so far */
+	uint64_t first_tx;      /* when it was queued for its first transmission */
+	uint64_t last_tx;       /* its latest transmission */
+	uint64_t armed;         /* its timer runs from here (see chunk_deadline) */
+	uint64_t rto;           /* its timeout: the client's at the first
+				 * transmission, backed off at every expiry */
 	uint8_t bitmap[BITMAP_BYTES];
 };
 
@@ -114,6 +127,16 @@ struct hg_client {
 	struct buf lcodes, gcodes, lcounts, gcounts;
 	struct buf tx, rx;      /* values / index / sketch / fallback */
 	struct buf fb_tx, fb_rx;
+
+	/*
+	 * RTT estimator, ns (RFC 6298).  rto_est: SRTT + max(G, 4 RTTVAR),
+	 * clamped, from the last sample; rto: what a new chunk is armed
+	 * with, rto_est backed off by timeouts since that sample.
+	 */
+	bool have_rtt;
+	uint64_t srtt, rttvar, rto_est, rto;
+	uint64_t t_backoff;     /* when rto was last backed off */
+	uint64_t t_timeout;     /* when a timer last expired (0: never) */
 
 	struct hg_client_stats stats;
 	char err[256];
@@ -172,6 +195,13 @@ struct hg_client *hg_client_create(const struct hg_client_config *cfg)
 		c->cfg.rto_max_ns = HG_CLIENT_DEFAULT_RTO_MAX_NS;
 	if (c->cfg.rto_max_ns < c->cfg.rto_ns)
 		c->cfg.rto_max_ns = c->cfg.rto_ns;
+	if (!c->cfg.rto_min_ns)
+		c->cfg.rto_min_ns = c->cfg.rto_ns < HG_CLIENT_DEFAULT_RTO_MIN_NS ?
+				    c->cfg.rto_ns : HG_CLIENT_DEFAULT_RTO_MIN_NS;
+	if (c->cfg.rto_min_ns > c->cfg.rto_max_ns)
+		goto err_free;
+	c->rto = c->cfg.rto_ns;
+	c->rto_est = c->cfg.rto_ns;
 	if (!c->cfg.give_up_ns)
 		c->cfg.give_up_ns = HG_CLIENT_DEFAULT_GIVE_UP_NS;
 	if (!c->cfg.backoff_num) {
@@ -243,7 +273,88 @@ int hg_client_get_stats(const struct hg_client *c, struct hg_client_stats *st)
 		return -EINVAL;
 	*st = c->stats;
 	st->next_seq = c->next_seq;
+	st->srtt_ns = c->srtt;
+	st->rttvar_ns = c->rttvar;
+	st->rto_ns = c->rto;
 	return 0;
+}
+
+/* ---- retransmission timeout -------------------------------------------- */
+
+/* rto * backoff_num / backoff_den, saturating at rto_max_ns. */
+static uint64_t rto_backoff(const struct hg_client *c, uint64_t rto)
+{
+	if (rto >= c->cfg.rto_max_ns / c->cfg.backoff_num * c->cfg.backoff_den)
+		return c->cfg.rto_max_ns;
+	rto = rto * c->cfg.backoff_num / c->cfg.backoff_den;
+	return rto < c->cfg.rto_max_ns ? rto : c->cfg.rto_max_ns;
+}
+
+/*
+ * A valid RTT sample r (ns): RFC 6298 section 2 with alpha = 1/8,
+ * beta = 1/4, K = 4, G = HG_CLIENT_RTO_GRANULARITY_NS.  The new timeout
+ * replaces any backed-off one.
+ */
+static void rtt_sample(struct hg_client *c, uint64_t r)
+{
+	uint64_t var4, rto;
+
+	if (!c->have_rtt) {
+		c->srtt = r;
+		c->rttvar = r / 2;
+		c->have_rtt = true;
+	} else {
+		uint64_t d = c->srtt > r ? c->srtt - r : r - c->srtt;
+
+		c->rttvar = (3 * c->rttvar + d) / 4;
+		c->srtt = (7 * c->srtt + r) / 8;
+	}
+	var4 = 4 * c->rttvar;
+	rto = c->srtt + (var4 > HG_CLIENT_RTO_GRANULARITY_NS ?
+			 var4 : HG_CLIENT_RTO_GRANULARITY_NS);
+	if (rto < c->cfg.rto_min_ns)
+		rto = c->cfg.rto_min_ns;
+	if (rto > c->cfg.rto_max_ns)
+		rto = c->cfg.rto_max_ns;
+	c->rto_est = rto;
+	c->rto = rto;
+	c->stats.rtt_samples++;
+}
+
+/*
+ * The timeout of a chunk in flight: its own (armed at its first
+ * transmission, backed off at each of its expiries) or the client's
+ * current one when that is longer (a longer estimate, or a backoff since).
+ */
+static uint64_t chunk_rto(const struct hg_client *c, const struct flight *fl)
+{
+	return fl->rto > c->rto ? fl->rto : c->rto;
+}
+
+/*
+ * When the chunk's timer expires.  Results of a window come back in chunk
+ * order, one behind the other at the bottleneck's pace.  So, as TCP
+ * restarts its one timer whenever new data is acknowledged and after each
+ * backoff (RFC 6298 5.3, 5.6), the timer of a chunk no later chunk has
+ * overtaken runs from the latest of its transmission, the latest result of
+ * an earlier chunk and the latest backoff: the 64th chunk of a burst is not
+ * late while the 63 before it keep coming back, and one expiry (backing
+ * off) gives the rest of the window the longer timeout instead of
+ * retransmitting all of it.  A chunk a later one overtook was probably
+ * lost: its timer start is frozen then (handle_frame sets fl->armed).
+ */
+static uint64_t chunk_deadline(const struct hg_client *c, const struct flight *fl)
+{
+	size_t k = (uint32_t)(fl->seq - c->st.base_seq);
+	uint64_t from = fl->armed;
+
+	if (k >= c->st.hi_done) {
+		if (c->st.t_hi > from)
+			from = c->st.t_hi;
+		if (c->t_backoff > from)
+			from = c->t_backoff;
+	}
+	return from + chunk_rto(c, fl);
 }
 
 /* ---- frames ------------------------------------------------------------ */
@@ -328,6 +439,8 @@ static int step_begin(struct hg_client *c, int nstreams)
 	c->stats.chunks += st->nchunks;
 	st->next_send = 0;
 	st->ndone = 0;
+	st->hi_done = 0;
+	st->t_hi = 0;
 	rc = buf_need(&c->done, st->nchunks);
 	if (rc)
 		return rc;
@@ -551,8 +664,9 @@ static void format_ip(char *s, size_t len, uint32_t ip)
 		 (ip >> 8) & 255, ip & 255);
 }
 
-/* Handle one received frame: a result or a status for this job. */
-static void handle_frame(struct hg_client *c, const uint8_t *f, size_t len)
+/* Handle one received frame (at port time now): a result or a status for this job. */
+static void handle_frame(struct hg_client *c, const uint8_t *f, size_t len,
+			 uint64_t now)
 {
 	struct step *st = &c->st;
 	struct hg_wire_view v;
@@ -611,15 +725,44 @@ static void handle_frame(struct hg_client *c, const uint8_t *f, size_t len)
 	c->stats.results_received++;
 	c->stats.bytes_received[s->phase] += lanes * s->acc_lane;
 	fl = &c->fl[seq % c->cfg.slots];
-	if (fl->busy && fl->seq == seq)
+	if (fl->busy && fl->seq == seq) {
+		/*
+		 * Karn: only a chunk sent once tells which copy was answered.
+		 * And results come back in chunk order unless a chunk waited
+		 * for a retransmission, ours or another worker's: a result
+		 * behind a later chunk's measured that recovery, not the
+		 * path, and would ratchet the timeout of every worker up.
+		 * Likewise a chunk sent before one of our timers expired may
+		 * have waited for that recovery (a peer's chunk lost with
+		 * ours answered, say): only chunks sent after it count.
+		 */
+		if (fl->tries == 1 && k + 1 >= st->hi_done &&
+		    fl->last_tx > c->t_timeout && now >= fl->last_tx)
+			rtt_sample(c, now - fl->last_tx);
 		fl->busy = false;
+	}
+	if (k + 1 > st->hi_done) {
+		/* Chunks this result overtook: their timers stop following
+		 * the results from here on (see chunk_deadline). */
+		uint64_t from = st->t_hi > c->t_backoff ? st->t_hi : c->t_backoff;
+
+		for (size_t i = st->hi_done; i < k; i++) {
+			struct flight *o = &c->fl[(st->base_seq + (uint32_t)i) %
+						  c->cfg.slots];
+
+			if (!c->done.p[i] && o->busy && o->armed < from)
+				o->armed = from;
+		}
+		st->hi_done = k + 1;
+		st->t_hi = now;
+	}
 	return;
 
 ignore:
 	c->stats.packets_ignored++;
 }
 
-static void rx_all(struct hg_client *c)
+static void rx_all(struct hg_client *c, uint64_t now)
 {
 	struct hg_pkt *pk[BURST];
 	uint16_t nb;
@@ -630,7 +773,7 @@ static void rx_all(struct hg_client *c)
 		if (nb == 0)
 			return;
 		for (uint16_t i = 0; i < nb; i++)
-			handle_frame(c, pk[i]->data, pk[i]->len);
+			handle_frame(c, pk[i]->data, pk[i]->len, now);
 		hg_port_free(c->cfg.port, pk, nb);
 	}
 }
@@ -677,6 +820,7 @@ static void tx_chunks(struct hg_client *c, const size_t *ks, uint16_t cnt,
 		}
 		fl->unsent = false;
 		fl->last_tx = now;
+		fl->armed = now;
 		if (fl->tries++ > 0)
 			c->stats.retransmissions++;
 		c->stats.packets_sent++;
@@ -707,7 +851,7 @@ static void tx_new(struct hg_client *c, uint64_t now)
 			fl->tries = 0;
 			fl->have_status = false;
 			fl->first_tx = now;
-			fl->rto = c->cfg.rto_ns;
+			fl->rto = c->rto;
 			ks[cnt++] = k;
 			st->next_send++;
 		}
@@ -800,13 +944,22 @@ static int tx_expired(struct hg_client *c, uint64_t now)
 
 		if (!fl->busy)
 			continue;
-		if (!fl->unsent && now - fl->last_tx < fl->rto)
+		if (!fl->unsent && now < chunk_deadline(c, fl))
 			continue;
 		if (!fl->unsent) {
+			/* RFC 6298 5.5: back off this chunk's timer, and the
+			 * client's, which new chunks start with until a valid
+			 * sample -- the latter at most once per RTO, so
+			 * independent losses expiring together (one lost
+			 * contribution times out on every worker's copy of
+			 * the chunk) do not compound. */
 			c->stats.timeouts++;
-			fl->rto = fl->rto * c->cfg.backoff_num / c->cfg.backoff_den;
-			if (fl->rto > c->cfg.rto_max_ns)
-				fl->rto = c->cfg.rto_max_ns;
+			c->t_timeout = now;
+			fl->rto = rto_backoff(c, chunk_rto(c, fl));
+			if (now - c->t_backoff >= c->rto) {
+				c->rto = rto_backoff(c, c->rto);
+				c->t_backoff = now;
+			}
 		}
 		ks[cnt++] = (uint32_t)(fl->seq - c->st.base_seq);
 		if (cnt == BURST) {
@@ -831,7 +984,7 @@ static uint64_t next_deadline(const struct hg_client *c, uint64_t now)
 			continue;
 		if (fl->unsent)
 			return now;
-		t = fl->last_tx + fl->rto;
+		t = chunk_deadline(c, fl);
 		if (t < dl)
 			dl = t;
 		t = fl->first_tx + c->cfg.give_up_ns;
@@ -856,13 +1009,13 @@ int hg_client_poll(struct hg_client *c, uint64_t *next_deadline_ns)
 	case ST_DONE:
 	case ST_FAILED:
 		/* Keep draining so late copies do not pile up in the port. */
-		rx_all(c);
+		rx_all(c, hg_port_now(c->cfg.port));
 		return c->rc;
 	default:
 		break;
 	}
 	now = hg_port_now(c->cfg.port);
-	rx_all(c);
+	rx_all(c, now);
 	while (c->st.ndone == c->st.nchunks) {
 		rc = advance(c);
 		if (rc < 0)

@@ -9,7 +9,8 @@
  * 10.(1 + j).(w >> 8).(w & 255 + 1)... (see worker_addr()).  Faults apply to
  * both directions of every worker's link, so each frame between a worker
  * and the aggregator crosses exactly one faulty stage; the aggregator's and
- * the attacker's links are perfect.
+ * the attacker's links are perfect.  Worker and attacker links run at
+ * link_gbps, the aggregator's at agg_link_gbps.
  *
  * Each worker's client talks through a thin wrapper of its NIC port that
  * counts transmitted frames, so hg_sim_kill_worker() can make the worker
@@ -153,7 +154,7 @@ static uint64_t splitmix64(uint64_t *x)
 }
 
 static struct hg_nic_port *add_port(struct hg_sim *s, const uint8_t mac[6],
-				    uint32_t ip, bool faulty)
+				    uint32_t ip, double gbps, bool faulty)
 {
 	struct hg_nic_port_config pc = { 0 };
 	struct hg_nic_faults fa = { 0 };
@@ -165,7 +166,7 @@ static struct hg_nic_port *add_port(struct hg_sim *s, const uint8_t mac[6],
 	pc.mtu = s->mtu;
 	pc.rx_ring = 4096;
 	pc.tx_ring = 4096;
-	pc.rate_bps = (uint64_t)(s->cfg.link_gbps * 1e9);
+	pc.rate_bps = (uint64_t)(gbps * 1e9);
 	pc.prop_delay_ns = s->cfg.delay_ns;
 	p = hg_nic_port_create(s->fab, &pc);
 	if (!p || !faulty)
@@ -196,13 +197,16 @@ struct hg_sim *hg_sim_create(const struct hg_sim_config *cfg)
 	if (payload % 4 || payload > HG_MAX_PAYLOAD ||
 	    !(cfg->loss >= 0 && cfg->loss < 1) ||
 	    !(cfg->duplicate >= 0 && cfg->duplicate < 1) ||
-	    !(cfg->reorder >= 0 && cfg->reorder < 1) || !(cfg->link_gbps >= 0))
+	    !(cfg->reorder >= 0 && cfg->reorder < 1) || !(cfg->link_gbps >= 0) ||
+	    !(cfg->agg_link_gbps >= 0))
 		return NULL;
 	s = calloc(1, sizeof(*s));
 	if (!s)
 		return NULL;
 	s->cfg = *cfg;
 	s->cfg.payload_bytes = payload;
+	if (s->cfg.agg_link_gbps == 0)
+		s->cfg.agg_link_gbps = s->cfg.link_gbps;
 	/* Largest IP packet: IPv4 + UDP + header + payload, at least 1500. */
 	s->mtu = (uint16_t)(20 + 8 + HG_HDR_LEN + payload);
 	if (s->mtu < 1500)
@@ -214,8 +218,8 @@ struct hg_sim *hg_sim_create(const struct hg_sim_config *cfg)
 	s->fab = hg_nic_fabric_create(&fc);
 	if (!s->fab)
 		goto err;
-	s->agg_port = add_port(s, agg_mac, AGG_IP, false);
-	s->attacker = add_port(s, att_mac, ATTACKER_IP, false);
+	s->agg_port = add_port(s, agg_mac, AGG_IP, s->cfg.agg_link_gbps, false);
+	s->attacker = add_port(s, att_mac, ATTACKER_IP, s->cfg.link_gbps, false);
 	if (!s->agg_port || !s->attacker)
 		goto err;
 	hg_engine_config_init(&ec);
@@ -303,6 +307,7 @@ int hg_sim_add_job(struct hg_sim *s, const struct hg_sim_job_config *jc)
 	cc.rto_ns = jc->rto_ns;
 	cc.rto_max_ns = jc->rto_max_ns;
 	cc.give_up_ns = jc->give_up_ns;
+	cc.rto_min_ns = jc->rto_min_ns;
 	for (uint32_t w = 0; w < job->workers; w++) {
 		struct sim_worker *sw = &job->w[w];
 
@@ -311,7 +316,7 @@ int hg_sim_add_job(struct hg_sim *s, const struct hg_sim_job_config *jc)
 		mac[3] = (uint8_t)j;
 		mac[4] = (uint8_t)(w >> 8);
 		mac[5] = (uint8_t)w;
-		sw->nport = add_port(s, mac, worker_ip(j, w), true);
+		sw->nport = add_port(s, mac, worker_ip(j, w), s->cfg.link_gbps, true);
 		if (!sw->nport)
 			return -ENOMEM;
 		sw->inner = hg_nic_port_get(sw->nport);

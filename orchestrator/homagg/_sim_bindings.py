@@ -27,12 +27,13 @@ def _f32_1d(a, name, writable=False):
 
 
 def sim_create(loss=0.0, duplicate=0.0, reorder=0.0, reorder_ns=0, delay_ns=0,
-               link_gbps=0.0, seed=0, payload_bytes=0, unicast_results=False):
+               link_gbps=0.0, seed=0, payload_bytes=0, unicast_results=False,
+               agg_link_gbps=0.0):
     for name, v in (("loss", loss), ("duplicate", duplicate), ("reorder", reorder)):
         if not 0.0 <= v < 1.0:
             raise InvalidArgument(f"{name} must be in [0, 1), got {v}")
-    if link_gbps < 0 or delay_ns < 0 or reorder_ns < 0:
-        raise InvalidArgument("link_gbps, delay and reorder delay must be >= 0")
+    if link_gbps < 0 or agg_link_gbps < 0 or delay_ns < 0 or reorder_ns < 0:
+        raise InvalidArgument("link rates, delay and reorder delay must be >= 0")
     cfg = ffi.new("struct hg_sim_config *")
     cfg.loss = loss
     cfg.duplicate = duplicate
@@ -43,6 +44,7 @@ def sim_create(loss=0.0, duplicate=0.0, reorder=0.0, reorder_ns=0, delay_ns=0,
     cfg.seed = int(seed) & (2**64 - 1)
     cfg.payload_bytes = int(payload_bytes)
     cfg.unicast_results = bool(unicast_results)
+    cfg.agg_link_gbps = float(agg_link_gbps)
     s = lib.hg_sim_create(cfg)
     if s == ffi.NULL:
         raise ResourceError("cannot create the simulated cluster (bad configuration or out of memory)")
@@ -53,13 +55,14 @@ def sim_destroy(s):
     ffi.release(s)
 
 
-def sim_add_job(s, workers, slots=0, rto_ns=0, rto_max_ns=0, give_up_ns=0):
+def sim_add_job(s, workers, slots=0, rto_ns=0, rto_max_ns=0, give_up_ns=0, rto_min_ns=0):
     jc = ffi.new("struct hg_sim_job_config *")
     jc.workers = int(workers)
     jc.slots = int(slots)
     jc.rto_ns = int(rto_ns)
     jc.rto_max_ns = int(rto_max_ns)
     jc.give_up_ns = int(give_up_ns)
+    jc.rto_min_ns = int(rto_min_ns)
     return check(lib.hg_sim_add_job(s, jc), "add job")
 
 
@@ -127,6 +130,10 @@ def client_stats_dict(st):
         "fallback_lanes": st.fallback_lanes,
         "method_chosen": st.method_chosen,
         "next_seq": st.next_seq,
+        "srtt_ns": st.srtt_ns,
+        "rttvar_ns": st.rttvar_ns,
+        "rto_ns": st.rto_ns,
+        "rtt_samples": st.rtt_samples,
     }
 
 

@@ -101,23 +101,40 @@ class Cluster:
     """A simulated cluster: one aggregator engine, one job of ``workers``
     workers to start with, every link with the same faults.
 
-    loss, duplicate, reorder: per-frame probabilities on every link hop;
-    delay: one-way link delay (s); link_gbps: line rate (0 = unlimited);
+    loss, duplicate, reorder: per-frame probabilities on every worker link
+    hop; delay: one-way link delay (s); link_gbps: line rate of each
+    worker's link (0 = unlimited); agg_link_gbps: line rate of the
+    aggregator's link -- None (default) gives it the workers' aggregate,
+    ``min(workers * link_gbps, max(400, link_gbps))`` (a switch or
+    aggregator port is faster than one worker's link; at most 400 Gbit/s,
+    one fast port), 0 unlimited, a number that rate (equal to link_gbps
+    makes the aggregator's link the bottleneck, W times over);
     slots: S of each job; timeout: the give-up deadline per chunk (s);
-    rto: the initial retransmission timeout (s); max_time: the virtual-time
-    budget of one run (s); multicast: results by multicast (else unicast).
+    rto: the initial retransmission timeout (s), used until the first RTT
+    sample; rto_min, rto_max: clamps of the adaptive timeout (s; rto_min
+    None = the client's default); max_time: the virtual-time budget of one
+    run (s); multicast: results by multicast (else unicast).
     """
 
     def __init__(self, workers=4, loss=0.0, duplicate=0.0, reorder=0.0, seed=0,
                  slots=64, link_gbps=100.0, timeout=2.0, rto=200e-6, rto_max=50e-3,
-                 delay=1e-6, payload=1024, multicast=True, max_time=600.0):
+                 delay=1e-6, payload=1024, multicast=True, max_time=600.0,
+                 agg_link_gbps=None, rto_min=None):
+        if agg_link_gbps is None:
+            agg_link_gbps = (min(workers * link_gbps, max(400.0, link_gbps))
+                             if link_gbps > 0 else 0.0)
+        elif agg_link_gbps == 0:
+            agg_link_gbps = 1e9  # the C side reads 0 as "same as link_gbps"
+        self.agg_link_gbps = float(agg_link_gbps)
         self._sim = _b.sim_create(loss=float(loss), duplicate=float(duplicate),
                                   reorder=float(reorder), delay_ns=int(delay * 1e9),
                                   link_gbps=float(link_gbps), seed=seed,
                                   payload_bytes=payload,
-                                  unicast_results=not multicast)
+                                  unicast_results=not multicast,
+                                  agg_link_gbps=self.agg_link_gbps)
         self._timeout = timeout
         self._rto = rto
+        self._rto_min = 0.0 if rto_min is None else rto_min
         self._rto_max = rto_max
         self._slots = slots
         self.max_time = max_time
@@ -148,7 +165,8 @@ class Cluster:
         timeout = self._timeout if timeout is None else timeout
         idx = _b.sim_add_job(s, workers, slots=slots, rto_ns=int(self._rto * 1e9),
                              rto_max_ns=int(self._rto_max * 1e9),
-                             give_up_ns=int(timeout * 1e9))
+                             give_up_ns=int(timeout * 1e9),
+                             rto_min_ns=int(self._rto_min * 1e9))
         job = Job(self, idx, workers, slots)
         self.jobs.append(job)
         return job

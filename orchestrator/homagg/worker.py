@@ -165,7 +165,7 @@ class Worker:
         out = {k: getattr(st, k) for k in (
             "packets_sent", "retransmissions", "timeouts", "results_received",
             "duplicates_received", "status_received", "packets_ignored",
-            "tx_refused", "chunks")}
+            "tx_refused", "chunks", "srtt_ns", "rto_ns")}
         out["port"] = self._port.stats()
         return out
 

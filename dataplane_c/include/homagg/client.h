@@ -16,6 +16,10 @@
  * Chunk seq uses slot seq % S and shadow set (seq / S) % 2; chunk seq + S is
  * sent only after the result of chunk seq arrived.
  *
+ * The retransmission timeout adapts to the round trip (RFC 6298: SRTT,
+ * RTTVAR, Karn's rule, exponential backoff), between rto_min_ns and
+ * rto_max_ns; hg_client_stats reports it.
+ *
  * docs/PROTOCOL.md ("Worker state machine") describes the protocol side.
  */
 #ifndef HOMAGG_CLIENT_H
@@ -36,6 +40,9 @@ extern "C" {
 /* Defaults used when a config field is 0. */
 #define HG_CLIENT_DEFAULT_RTO_NS 1000000
 #define HG_CLIENT_DEFAULT_RTO_MAX_NS 100000000
+#define HG_CLIENT_DEFAULT_RTO_MIN_NS 100000
+/* G of RFC 6298: the least margin above SRTT (the blocking form's sleep). */
+#define HG_CLIENT_RTO_GRANULARITY_NS 50000
 #define HG_CLIENT_DEFAULT_GIVE_UP_NS 2000000000
 #define HG_CLIENT_MAX_SLOTS 65535
 
@@ -61,11 +68,13 @@ struct hg_client_config {
 	uint32_t agg_ipv4;         /* aggregator's IPv4 address (host order) */
 	uint16_t agg_udp_port;     /* aggregator's UDP port (0 = HG_UDP_PORT) */
 	uint32_t group_ipv4;       /* result multicast group; 0 = unicast results */
-	uint64_t rto_ns;           /* initial retransmission timeout */
+	uint64_t rto_ns;           /* initial retransmission timeout (no RTT sample yet) */
 	uint32_t backoff_num;      /* timeout *= backoff_num / backoff_den per retry */
 	uint32_t backoff_den;      /*   (0/0 = 2/1) */
-	uint64_t rto_max_ns;       /* cap of the retransmission timeout */
+	uint64_t rto_max_ns;       /* upper clamp of the retransmission timeout */
 	uint64_t give_up_ns;       /* a chunk unanswered this long ends the allreduce */
+	uint64_t rto_min_ns;       /* lower clamp of the timeout computed from RTT samples
+				    * (0 = min(HG_CLIENT_DEFAULT_RTO_MIN_NS, rto_ns)) */
 };
 
 struct hg_client_stats {
@@ -84,6 +93,10 @@ struct hg_client_stats {
 	uint64_t fallback_lanes;   /* lhc: lanes of the fallback phase */
 	int method_chosen;         /* method of the last allreduce (auto's choice) */
 	uint64_t next_seq;         /* next chunk sequence number of the job */
+	uint64_t srtt_ns;          /* smoothed round-trip time (0 before the first sample) */
+	uint64_t rttvar_ns;        /* its mean deviation */
+	uint64_t rto_ns;           /* current retransmission timeout, backoff included */
+	uint64_t rtt_samples;      /* RTT samples taken (results of chunks sent once) */
 };
 
 struct hg_client;

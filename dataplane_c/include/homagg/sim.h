@@ -36,10 +36,13 @@ struct hg_sim_config {
 	double reorder;         /* probability a frame is held back (reordered) */
 	uint64_t reorder_ns;    /* how long a reordered frame is held back (0 = 10 us) */
 	uint64_t delay_ns;      /* one-way propagation delay of every link */
-	double link_gbps;       /* line rate of every link, 0 = unlimited */
+	double link_gbps;       /* line rate of every worker's link, 0 = unlimited */
 	uint64_t seed;          /* seed of every fault stream */
 	uint32_t payload_bytes; /* 0 = HG_DEFAULT_PAYLOAD */
 	bool unicast_results;   /* false: results by multicast (fabric replicates) */
+	double agg_link_gbps;   /* line rate of the aggregator's link, 0 = link_gbps
+				 * (a real aggregator or switch port is usually
+				 * faster than one worker's link) */
 };
 
 struct hg_sim_job_config {
@@ -48,6 +51,7 @@ struct hg_sim_job_config {
 	uint64_t rto_ns;        /* worker retransmission timeout (0 = default) */
 	uint64_t rto_max_ns;    /* cap (0 = default) */
 	uint64_t give_up_ns;    /* give-up deadline per chunk (0 = default) */
+	uint64_t rto_min_ns;    /* lower clamp of the adaptive timeout (0 = default) */
 };
 
 struct hg_sim_stats {

@@ -108,7 +108,10 @@ def run_one(grads, method, link_gbps, block, slots, seed, want=None, f64=None):
 
     W = len(grads)
     n = grads[0].size
-    with Cluster(workers=W, link_gbps=link_gbps, slots=slots, seed=seed, delay=LINK_DELAY) as cl:
+    # One aggregator NIC at the same rate as each worker's: the aggregator's
+    # port is shared by all W workers, as with a DPDK aggregator server.
+    with Cluster(workers=W, link_gbps=link_gbps, agg_link_gbps=link_gbps, slots=slots,
+                 seed=seed, delay=LINK_DELAY) as cl:
         t0 = time.perf_counter()
         res = cl.allreduce(grads, method=method, block_elements=block)
         wall = time.perf_counter() - t0
