@@ -11,6 +11,7 @@ veth goes with the switch namespace).
 import contextlib
 import os
 import random
+import re
 import secrets
 import socket
 import subprocess
@@ -42,11 +43,23 @@ def keygen(path):
     return path
 
 
+def _free_third_octet():
+    """X such that no route here covers 10.79.X.0/24 (another rack, perhaps
+    left behind by a killed run, must not capture our SSH traffic).  From
+    SystemRandom: pytest plugins reseed the random module per test."""
+    routes = subprocess.run(["ip", "-4", "route", "show"], capture_output=True, text=True).stdout
+    used = {int(m) for m in re.findall(r"^10\.79\.(\d+)\.", routes, re.M)}
+    free = [x for x in range(256) if x not in used]
+    if not free:
+        raise RuntimeError("every 10.79.X.0/24 is in use: remove stale test racks")
+    return random.SystemRandom().choice(free)
+
+
 class Rack:
     def __init__(self, tmp, workers=2):
         self.tmp = str(tmp)
         self.name = "p" + secrets.token_hex(4)
-        self.subnet_third = random.randint(0, 255)
+        self.subnet_third = _free_third_octet()
         self.subnet = f"10.79.{self.subnet_third}.0/24"
         self.ctl_ip = f"10.79.{self.subnet_third}.254"
         self.unused_ip = f"10.79.{self.subnet_third}.99"  # in the subnet, no host

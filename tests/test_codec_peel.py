@@ -10,6 +10,7 @@ stall, and -EPROTO, also with sums that are inconsistent with the index
 AVX-512, AVX2 and portable builds of the same calls must agree too.
 """
 import errno
+import math
 import os
 import subprocess
 import sys
@@ -54,8 +55,10 @@ def ref_sketch(q, cand, key, g0, t):
     return cells
 
 
-def ref_peel(cells, cand, key, g0, t):
-    """(values per candidate or None if unresolved) or -EPROTO."""
+def ref_peel(cells, cand, key, g0, t, order="fifo"):
+    """(values per candidate or None if unresolved) or -EPROTO.  order:
+    "fifo" (the protocol's), "lifo" or "reverse" (FIFO seeded in reverse
+    cell order): any order must give the same outcome."""
     cell = list(cells)
     n = len(cand)
     cnt = [0] * (3 * t)
@@ -69,11 +72,16 @@ def ref_peel(cells, cand, key, g0, t):
             cnt[k] += 1
             ids[k] ^= j
     queue = [k for k in range(3 * t) if cnt[k] == 1]
+    if order == "reverse":
+        queue.reverse()
     val = [None] * n
     head = 0
     while head < len(queue):
-        k = queue[head]
-        head += 1
+        if order == "lifo":
+            k = queue.pop()
+        else:
+            k = queue[head]
+            head += 1
         if cnt[k] != 1:
             continue
         j = ids[k]
@@ -95,7 +103,7 @@ def sketch_t(nc, cpc):
         return 0
     if cpc > 0:
         return max(1, int(np.ceil(nc * np.float64(np.float32(cpc)) / 3.0)))
-    return (nc * 41 + 99) // 100 + 3 * int(np.sqrt(nc)) + 8
+    return max(1, nc * 11 // 27 + 3 * math.isqrt(nc) // 5)
 
 
 def buf(a):
@@ -240,6 +248,33 @@ def test_peel_equals_reference_on_inconsistent_sums():
             assert (plan.info.stalled_blocks, plan.info.fallback_lanes) == stalls
             outcomes.add("peeled")
     assert outcomes == {"eproto", "peeled"}  # both branches were exercised
+
+
+def test_peel_outcome_is_order_free():
+    """docs/PROTOCOL.md "Peeling": on consistent and perturbed sums, LIFO
+    and reversed FIFO peeling give the FIFO's values, unresolved set and
+    -EPROTO outcome block by block."""
+    rng = np.random.default_rng(11)
+    block = 256
+    x = make_x(rng, block * 6, 0.3)
+    plan = Plan(x, block, 1.3)
+    key = stream_key(plan.seed, DOM_SKETCH, 0)
+    seen = set()
+    for trial in range(40):
+        gcells = plan.cells.copy()
+        if trial:
+            k = rng.integers(len(gcells), size=int(rng.integers(1, 3)))
+            gcells[k] = gcells[k] + rng.integers(1, 1000, len(k)).astype(np.int32)
+        for g0, cand, t, off in plan.blocks:
+            if not cand:
+                continue
+            cells = [int(c) & 0xFFFFFFFF for c in gcells[off:off + 3 * t]]
+            want = ref_peel(cells, cand, key, g0, t)
+            seen.add("eproto" if isinstance(want, int) else
+                     "stall" if None in want else "peeled")
+            for order in ("lifo", "reverse"):
+                assert ref_peel(cells, cand, key, g0, t, order) == want, (trial, order)
+    assert seen == {"eproto", "stall", "peeled"}
 
 
 _ISA_SCRIPT = r"""

@@ -292,3 +292,71 @@ def test_cli_reports_inventory_errors(tmp_path):
     assert "host 'w2': field 'role' = 'wroker': must be 'aggregator' or 'worker'" in r.stderr
     assert "host 'w2': field 'ssh_key'" in r.stderr
 
+
+def changed_tasks(stdout):
+    """[(task, host)] of every task Ansible reported as changed."""
+    out, task = [], None
+    for ln in stdout.splitlines():
+        m = re.match(r"^TASK \[(.*)\]", ln)
+        if m:
+            task = m.group(1)
+        m = re.match(r"^changed: \[([^\]]+)\]", ln)
+        if m:
+            out.append((task, m.group(1)))
+    return out
+
+
+def recap(stdout):
+    """{host: {"ok": n, "changed": n, "failed": n, "unreachable": n}} from PLAY RECAP."""
+    out = {}
+    for m in re.finditer(r"^(\S+)\s+:\s+((?:\w+=\d+\s*)+)$", stdout, re.M):
+        out[m.group(1)] = {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", m.group(2))}
+    return out
+
+
+@pytest.mark.root
+@pytest.mark.netns
+@pytest.mark.ssh
+@pytest.mark.slow
+@pytest.mark.timeout(1500)  # two playbook runs build on every host: ~15 min on 2 busy cores
+def test_ansible_playbook_twice(rack, sdist, wheelhouse, hugepages, tmp_path):
+    path = make_inventory(rack, tmp_path, sdist, hugepages, wheelhouse)
+    gen = cli("ansible-inventory", "-i", path, "--outdir", str(tmp_path / "out"), timeout=300)
+    assert gen.returncode == 0, gen.stderr
+    hosts_yml = tmp_path / "hosts.yml"
+    hosts_yml.write_text(gen.stdout)
+    import yaml
+    data = yaml.safe_load(gen.stdout)
+    assert set(data["all"]["children"]["aggregator"]["hosts"]) == {"agg"}
+    assert set(data["all"]["children"]["worker"]["hosts"]) == {"w0", "w1"}
+    env = dict(os.environ, ANSIBLE_HOST_KEY_CHECKING="False", ANSIBLE_HOME=str(tmp_path / "ah"),
+               ANSIBLE_SSH_ARGS="-o UserKnownHostsFile=/dev/null -o ControlMaster=auto "
+               "-o ControlPersist=30s", ANSIBLE_CONFIG=os.path.join(REPO, "ansible", "ansible.cfg"),
+               ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0")
+    play = [os.path.join(VENV_BIN, "ansible-playbook"), "-i", str(hosts_yml),
+            os.path.join(REPO, "ansible", "site.yml")]
+    names = [h.name for h in rack.hosts()]
+    first = subprocess.run(play, capture_output=True, text=True, env=env, timeout=800)
+    assert first.returncode == 0, first.stdout[-6000:] + first.stderr[-3000:]
+    r1 = recap(first.stdout)
+    assert set(r1) == set(names)
+    for n in names:
+        assert r1[n]["failed"] == 0 and r1[n]["unreachable"] == 0 and r1[n]["changed"] >= 5, r1
+        py = os.path.join(tmp_path, n, "opt", "venv", "bin", "python")
+        r = subprocess.run([py, "-c", "import homagg._hg"], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        conf = inv.tomllib.loads(open(os.path.join(tmp_path, n, "etc", "host.toml")).read())
+        assert conf["host"]["role"] == ("aggregator" if n == "agg" else "worker")
+    assert os.path.exists(os.path.join(tmp_path, "agg", "opt", "src", "homagg-0.1.0", "build",
+                                       "release", "homagg-switch"))
+    assert "vdev, nothing to bind" in first.stdout
+    second = subprocess.run(play, capture_output=True, text=True, env=env, timeout=800)
+    assert second.returncode == 0, second.stdout[-6000:] + second.stderr[-3000:]
+    r2 = recap(second.stdout)
+    assert set(r2) == set(names)
+    for n in names:
+        assert r2[n]["changed"] == 0 and r2[n]["failed"] == 0 and r2[n]["ok"] > 5, (
+            n, r2, changed_tasks(second.stdout))
+    # provision over the Ansible-built hosts agrees on the config it would write
+    t = table(cli("provision", "-i", path, "--dry-run").stdout)
+    assert all(t[(n, "config")] == "ok" for n in names)

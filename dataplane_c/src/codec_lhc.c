@@ -95,9 +95,12 @@ static uint32_t isqrt32(uint32_t v)
 
 /*
  * Sub-table size t for nc global candidates (3t cells in all).  The default
- * rule is 1.23 cells per candidate plus a margin for small nc, tuned by
- * simulation (docs/PROTOCOL.md "Sketch sizing").  A positive override c
- * gives t = ceil(nc * c / 3) (at least 1), computed in float64.
+ * rule t = max(1, floor(11 nc / 27) + floor(3 isqrt(nc) / 5)) minimises the
+ * expected bytes of a block, 12 t for the cells plus 4 per candidate left
+ * to the fallback, among sizings at or above the peeling threshold
+ * (docs/PROTOCOL.md "Sketch sizing"; within 2% of the simulated optimum
+ * for every measured nc).  A positive override c gives t = ceil(nc * c / 3)
+ * (at least 1), computed in float64.
  */
 static uint32_t sketch_t(const struct hg_params *p, uint32_t nc)
 {
@@ -110,8 +113,12 @@ static uint32_t sketch_t(const struct hg_params *p, uint32_t nc)
 
 		return t < 1.0 ? 1 : (uint32_t)t;
 	}
-	return (uint32_t)(((uint64_t)nc * 41 + 99) / 100) + 3 * isqrt32(nc) +
-	       8;
+	{
+		uint32_t t = (uint32_t)((uint64_t)nc * 11 / 27) +
+			     3 * isqrt32(nc) / 5;
+
+		return t ? t : 1;
+	}
 }
 
 /* The index of one block: bitmap or the cheapest Bloom option. */
@@ -340,9 +347,55 @@ static int cand_reserve(struct hg_lhc *l, size_t need)
 	return 0;
 }
 
+/* true when the AVX-512 VBMI2 candidate list may be used (the AVX-512
+ * paths are allowed and the CPU has VBMI2 and BW: 16-bit lanes). */
+static bool cand_vbmi2(void)
+{
+	return hg_codec_avx512() && __builtin_cpu_supports("avx512bw") &&
+	       __builtin_cpu_supports("avx512vbmi2");
+}
+
+/* Slack past the last candidate: whole vectors of 32 positions are stored. */
+#define CAND_SLACK 32
+
+/*
+ * Positions of the set bits of the first nwords 64-bit words of a bitmap,
+ * ascending, at out; returns their count.  Each 32-bit half compresses a
+ * vector of 32 positions in a register and stores all 32 lanes (out needs
+ * CAND_SLACK entries of slack).  Same list as the scalar loop.
+ */
+__attribute__((target("avx512f,avx512bw,avx512vbmi2")))
+static uint32_t bitmap_positions_vbmi2(const uint8_t *idx, uint32_t nwords,
+				       uint16_t *out)
+{
+	const __m512i step = _mm512_set1_epi16(32);
+	__m512i p = _mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22,
+				     21, 20, 19, 18, 17, 16, 15, 14, 13, 12,
+				     11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+	uint32_t c = 0;
+
+	for (uint32_t w = 0; w < nwords; w++) {
+		uint64_t v;
+		__mmask32 lo, hi;
+
+		memcpy(&v, idx + 8 * (size_t)w, 8); /* LSB first: little endian */
+		lo = (__mmask32)v;
+		hi = (__mmask32)(v >> 32);
+		_mm512_storeu_si512((void *)(out + c),
+				    _mm512_maskz_compress_epi16(lo, p));
+		c += (uint32_t)__builtin_popcount(lo);
+		p = _mm512_add_epi16(p, step);
+		_mm512_storeu_si512((void *)(out + c),
+				    _mm512_maskz_compress_epi16(hi, p));
+		c += (uint32_t)__builtin_popcount(hi);
+		p = _mm512_add_epi16(p, step);
+	}
+	return c;
+}
+
 /* Candidates of one block appended at l->cand_pos + total. */
 static int collect_candidates(struct hg_lhc *l, size_t b, const uint8_t *idx,
-			      size_t total, uint32_t *count)
+			      size_t total, bool vbmi2, uint32_t *count)
 {
 	const struct lhc_block *bk = &l->blk[b];
 	uint32_t len = (uint32_t)hg_block_len(&l->p, l->n, b);
@@ -350,14 +403,20 @@ static int collect_candidates(struct hg_lhc *l, size_t b, const uint8_t *idx,
 	uint16_t *out;
 	int rc;
 
-	rc = cand_reserve(l, total + len);
+	rc = cand_reserve(l, total + len + CAND_SLACK);
 	if (rc)
 		return rc;
 	out = l->cand_pos + total;
 	if (bk->kind == LHC_BITMAP) {
-		uint32_t nbytes = (len + 7) / 8;
+		uint32_t nbytes = (len + 7) / 8, w0 = 0;
 
-		for (uint32_t w = 0; w < nbytes; w += 8) {
+		/* whole 64-bit words by vector (all but a short last
+		 * block's tail), the rest below */
+		if (vbmi2) {
+			c = bitmap_positions_vbmi2(idx, len / 64, out);
+			w0 = len / 64 * 8;
+		}
+		for (uint32_t w = w0; w < nbytes; w += 8) {
 			uint64_t v = 0;
 			uint32_t take = nbytes - w < 8 ? nbytes - w : 8;
 
@@ -426,10 +485,12 @@ static int scratch_reserve(struct hg_lhc *l, size_t cells, size_t cands)
 int hg_lhc_set_index(struct hg_lhc *l, const uint8_t *gindex)
 {
 	size_t total = 0, lanes = 0, max_cells = 0, max_cand = 0;
+	bool vbmi2;
 	int rc;
 
 	if (!l || (l->info.index_bytes && !gindex))
 		return -EINVAL;
+	vbmi2 = cand_vbmi2();
 	l->state = LHC_PLANNED;
 	for (size_t b = 0; b < l->nb; b++) {
 		struct lhc_block *bk = &l->blk[b];
@@ -439,7 +500,7 @@ int hg_lhc_set_index(struct hg_lhc *l, const uint8_t *gindex)
 		bk->sketch_off = lanes;
 		if (bk->kind != LHC_NONE) {
 			rc = collect_candidates(l, b, gindex + bk->index_off,
-						total, &c);
+						total, vbmi2, &c);
 			if (rc)
 				return rc;
 		}

@@ -15,6 +15,8 @@ COMMANDS = {
     "run": "homagg.run",
     "provision": "homagg.provision",
     "ansible-inventory": "homagg.ansible_inventory",
+    "up": "homagg.up",
+    "down": "homagg.down",
 }
 
 

@@ -155,3 +155,43 @@ class ControlClient:
 
     def shutdown(self):
         return self.request("shutdown")
+
+
+def _main(argv=None):
+    """``python -m homagg.control [--wait S] [--pid PID] SOCKET REQUEST``:
+    send one request (a JSON object) and print the reply line.  ``--wait``
+    retries the connection for S seconds (the daemon is starting), giving up
+    early when process PID has exited.  Exit status: 0 ok, 1 the daemon
+    refused the request, 2 no daemon answered.  homagg.remote runs this on
+    the aggregator host over SSH."""
+    import argparse
+    import os
+    import sys
+
+    ap = argparse.ArgumentParser(prog="python -m homagg.control")
+    ap.add_argument("--wait", type=float, default=0.0, metavar="S")
+    ap.add_argument("--pid", type=int, default=0)
+    ap.add_argument("--timeout", type=float, default=5.0)
+    ap.add_argument("socket")
+    ap.add_argument("request")
+    a = ap.parse_args(argv)
+    deadline = time.monotonic() + a.wait
+    while True:
+        try:
+            with ControlClient(a.socket, timeout=a.timeout) as c:
+                reply = c.send_line(a.request)
+            print(json.dumps(reply))
+            return 0 if reply.get("ok") else 1
+        except PeerTimeout as exc:
+            alive = not a.pid or os.path.exists(f"/proc/{a.pid}")
+            if time.monotonic() >= deadline or not alive:
+                print(f"{exc}" + ("" if alive else f" (process {a.pid} exited)"), file=sys.stderr)
+                return 2
+            time.sleep(0.05)
+        except HomAggError as exc:
+            print(str(exc), file=sys.stderr)
+            return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main())

@@ -547,6 +547,31 @@ def _parallel(fn, items, workers):
         return {name: f.result() for name, f in futs.items()}
 
 
+def preflight_all(runs: list, parallel: int, out, consequence: str,
+                  check=lambda r: r.preflight()) -> dict[str, StepResult]:
+    """Run ``check(run)`` (default: HostRun.preflight: login, privilege, OS)
+    on every host in parallel.  If any host fails, print the table and raise
+    PreflightError naming each failing host and its fix (``consequence``
+    says what did not happen, e.g. "nothing was changed")."""
+    def pre(r):
+        try:
+            return StepResult("preflight", OK, check(r))
+        except StepFailed as e:
+            return StepResult("preflight", FAILED, e.detail, e.stderr)
+        except Exception as e:
+            return StepResult("preflight", FAILED, f"{type(e).__name__}: {e}")
+
+    pres = _parallel(pre, runs, parallel)
+    bad = [(n, r) for n, r in pres.items() if r.status == FAILED]
+    if bad:
+        reports = {n: [r] for n, r in pres.items()}
+        print(format_table(reports), file=out)
+        failures = [(n, "preflight", r.detail, r.stderr) for n, r in bad]
+        raise PreflightError(_failure_message(f"preflight failed, {consequence}", failures),
+                             failures, reports)
+    return pres
+
+
 def provision(inventory: inv.Inventory, hosts: list[str] | None = None, dry_run: bool = False,
               artifact: str | None = None, out=None,
               wheelhouse: str | None = None) -> dict[str, list[StepResult]]:
@@ -566,22 +591,7 @@ def provision(inventory: inv.Inventory, hosts: list[str] | None = None, dry_run:
         wheelhouse = None
     runs = [HostRun(h, inventory, artifact, digest, dry_run, wheelhouse) for h in selected]
     try:
-        def pre(r):
-            try:
-                return StepResult("preflight", OK, r.preflight())
-            except StepFailed as e:
-                return StepResult("preflight", FAILED, e.detail, e.stderr)
-            except Exception as e:
-                return StepResult("preflight", FAILED, f"{type(e).__name__}: {e}")
-
-        pres = _parallel(pre, runs, inventory.settings.parallel)
-        bad = [(n, r) for n, r in pres.items() if r.status == FAILED]
-        if bad:
-            reports = {n: [r] for n, r in pres.items()}
-            print(format_table(reports), file=out)
-            failures = [(n, "preflight", r.detail, r.stderr) for n, r in bad]
-            raise PreflightError(_failure_message("preflight failed, nothing was changed", failures),
-                                 failures, reports)
+        preflight_all(runs, inventory.settings.parallel, out, "nothing was changed")
         reports = _parallel(lambda r: r.provision(), runs, inventory.settings.parallel)
     finally:
         for r in runs:

@@ -217,16 +217,29 @@ def _child(spec: dict) -> int:
                 workers=spec["workers"], aggregator=(spec["agg_ip"], spec["udp_port"]),
                 group=spec["group"], bind=(spec["ip"], 0), timeout=spec["timeout"],
                 slots=spec["slots"], payload=spec["payload"], rto=spec["rto"]) as w:
-        print("ready", flush=True)
-        if sys.stdin.readline().strip() != "go":
-            return 2
+        if spec.get("go_file"):  # remote hosts: a file barrier (homagg.remote)
+            open(spec["ready_file"], "w").close()
+            deadline = time.monotonic() + spec.get("start_timeout", 120.0)
+            while not os.path.exists(spec["go_file"]):
+                if time.monotonic() > deadline:
+                    print(f"no go file {spec['go_file']} within the start timeout", file=sys.stderr)
+                    return 2
+                time.sleep(0.005)
+        else:
+            print("ready", flush=True)
+            if sys.stdin.readline().strip() != "go":
+                return 2
         c0, t0 = time.process_time(), time.perf_counter()
         y = w.allreduce(x, method=spec["method"], block=spec["block"])
         seconds = time.perf_counter() - t0
         cpu = time.process_time() - c0  # this process's CPU time (all its threads)
         np.save(spec["out"], y)
-        print(json.dumps({"worker": spec["worker"], "seconds": seconds, "cpu_seconds": cpu,
-                          "stats": w.stats()}), flush=True)
+        line = json.dumps({"worker": spec["worker"], "seconds": seconds, "cpu_seconds": cpu,
+                           "stats": w.stats()})
+        if spec.get("report"):
+            with open(spec["report"], "w") as f:
+                f.write(line + "\n")
+        print(line, flush=True)
     return 0
 
 
@@ -241,6 +254,50 @@ def _link_bytes(tb: Testbed, host: str) -> dict:
         return {k: st[k] for k in ("tx_bytes", "rx_bytes", "tx_packets", "rx_packets")}
 
 
+def check_arguments(method: str, elements: int, density: float) -> None:
+    if method not in METHODS:
+        raise RunError(f"method {method!r} not in {METHODS}")
+    if elements < 1:
+        raise RunError("elements must be >= 1")
+    if not 0.0 <= density <= 1.0:
+        raise RunError("density must be in [0, 1]")
+
+
+def worker_spec(*, job, token, worker, workers, agg_ip, group, ip, timeout, slots, payload, rto,
+                method, block, elements, density, workload, seed, out) -> dict:
+    """The JSON spec of one worker process (``python -m homagg.run --child SPEC``)."""
+    return dict(job=job, token=token, worker=worker, workers=workers, agg_ip=agg_ip,
+                udp_port=UDP_PORT, group=group, ip=ip, timeout=timeout, slots=slots,
+                payload=payload, rto=rto, method=method, block=block, elements=elements,
+                density=density, workload=workload, seed=seed, out=out)
+
+
+def verify(method: str, elements: int, density: float, workload: str, seed: int, block: int,
+           results: list[np.ndarray]) -> dict:
+    """Rebuild every worker's gradient from the seed and compare the results
+    bit for bit with the reference: the exactness part of the report."""
+    W = len(results)
+    grads = [gradient(elements, density, workload, seed, i, W) for i in range(W)]
+    ref = reference(grads, block)
+    bits = [r.view(np.uint32) for r in results]
+    agree = all(np.array_equal(bits[0], b) for b in bits[1:])
+    exact_each = [bool(np.array_equal(b, ref.view(np.uint32))) for b in bits]
+    exact = all(exact_each) if method in EXACT_METHODS else None
+    fsum = np.sum(np.stack(grads).astype(np.float64), axis=0)
+    err = float(np.max(np.abs(results[0].astype(np.float64) - fsum))) if elements else 0.0
+    return {"exact": exact, "exact_per_worker": exact_each, "workers_agree": agree,
+            "max_abs_error_vs_float64_sum": err}
+
+
+def counter_deltas(before: dict, after: dict) -> tuple[dict, dict]:
+    """(engine counters, port counters) that moved between two stats replies."""
+    counters = {k: after["stats"][k] - before["stats"].get(k, 0)
+                for k in after["stats"] if isinstance(after["stats"][k], int)}
+    port = {k: v - before.get("port", {}).get(k, 0) for k, v in after.get("port", {}).items()
+            if isinstance(v, int)}
+    return counters, port
+
+
 def run_allreduce(testbed: str, method: str, elements: int, density: float,
                   workload: str = "random", seed: int = 1, block: int = DEFAULT_BLOCK,
                   slots: int = 64, payload: int = 1024, timeout: float = 10.0,
@@ -248,12 +305,7 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
                   state_dir: str | None = None, group: str = "239.77.0.1") -> dict:
     """One allreduce on testbed ``testbed``; returns the report dict (see
     the module doc).  Every process it starts is stopped before it returns."""
-    if method not in METHODS:
-        raise RunError(f"method {method!r} not in {METHODS}")
-    if elements < 1:
-        raise RunError("elements must be >= 1")
-    if not 0.0 <= density <= 1.0:
-        raise RunError("density must be in [0, 1]")
+    check_arguments(method, elements, density)
     if workload not in WORKLOADS:
         raise RunError(f"workload {workload!r} not in {WORKLOADS}")
     tb = Testbed.open(testbed, state_dir)
@@ -272,11 +324,11 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
         pkg_root = str(pathlib.Path(__file__).resolve().parents[1])
         env["PYTHONPATH"] = pkg_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         for i, h in enumerate(workers):
-            spec = dict(job=job, token=token, worker=i, workers=W, agg_ip=tb.aggregator.ip,
-                        udp_port=UDP_PORT, group=group, ip=h.ip, timeout=timeout, slots=slots,
-                        payload=payload, rto=rto, method=method, block=block, elements=elements,
-                        density=density, workload=workload, seed=seed,
-                        out=os.path.join(workdir, f"result-{i}.npy"))
+            spec = worker_spec(job=job, token=token, worker=i, workers=W, agg_ip=tb.aggregator.ip,
+                               group=group, ip=h.ip, timeout=timeout, slots=slots,
+                               payload=payload, rto=rto, method=method, block=block,
+                               elements=elements, density=density, workload=workload, seed=seed,
+                               out=os.path.join(workdir, f"result-{i}.npy"))
             p = tb.run_in(h.name, [sys.executable, "-m", "homagg.run", "--child", json.dumps(spec)],
                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           text=True, env=env, cwd=workdir)
@@ -312,18 +364,8 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
                            + "; ".join(failures))
 
         results = [np.load(os.path.join(workdir, f"result-{i}.npy")) for i in range(W)]
-        grads = [gradient(elements, density, workload, seed, i, W) for i in range(W)]
-        ref = reference(grads, block)
-        bits = [r.view(np.uint32) for r in results]
-        agree = all(np.array_equal(bits[0], b) for b in bits[1:])
-        exact_each = [bool(np.array_equal(b, ref.view(np.uint32))) for b in bits]
-        exact = all(exact_each) if method in EXACT_METHODS else None
-        fsum = np.sum(np.stack(grads).astype(np.float64), axis=0)
-        err = float(np.max(np.abs(results[0].astype(np.float64) - fsum))) if elements else 0.0
-        counters = {k: after["stats"][k] - before["stats"].get(k, 0)
-                    for k in after["stats"] if isinstance(after["stats"][k], int)}
-        port = {k: v - before.get("port", {}).get(k, 0) for k, v in after.get("port", {}).items()
-                if isinstance(v, int)}
+        check = verify(method, elements, density, workload, seed, block, results)
+        counters, port = counter_deltas(before, after)
         return {
             "method": method,
             "workers": W,
@@ -336,10 +378,7 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
             "link_mbit": tb.state().get("link_mbit"),
             "seconds": max(r["seconds"] for r in reports),
             "wall_seconds": wall,
-            "exact": exact,
-            "exact_per_worker": exact_each,
-            "workers_agree": agree,
-            "max_abs_error_vs_float64_sum": err,
+            **check,
             "bytes_per_worker": [b["tx_bytes"] - a["tx_bytes"] for a, b in zip(link0, link1)],
             "bytes_received_per_worker": [b["rx_bytes"] - a["rx_bytes"] for a, b in zip(link0, link1)],
             "dense_float32_bytes": 4 * elements,
@@ -379,8 +418,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub.required = True
     p = sub.add_parser("allreduce", help="one allreduce with the DPDK aggregator on a testbed",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--testbed", required=True, metavar="NAME",
-                   help="a testbed made with `homagg testbed up`")
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--testbed", metavar="NAME", help="a testbed made with `homagg testbed up`")
+    where.add_argument("-i", "--inventory", metavar="TOML",
+                       help="real hosts: testbed.toml (docs/INVENTORY.md), after `homagg up -i`")
     p.add_argument("--method", required=True, choices=METHODS)
     p.add_argument("--elements", type=int, required=True, metavar="N",
                    help="gradient length (float32 elements)")
@@ -401,10 +442,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--switch", default=None, metavar="PATH",
                    help="homagg-switch binary (default: build/release/homagg-switch or $HOMAGG_SWITCH)")
     p.add_argument("--state-dir", default=None, metavar="DIR", help="testbed state directory")
+    p.add_argument("--runs-dir", default="runs", metavar="DIR",
+                   help="with -i: results and logs go to DIR/<timestamp>-<method>/ (default: %(default)s)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.inventory:
+        from homagg import remote
+
+        return remote.run_main(args)
     try:
         rep = run_allreduce(args.testbed, args.method, args.elements, args.density,
                             workload=args.workload, seed=args.seed, block=args.block,
@@ -413,8 +460,14 @@ def main(args: argparse.Namespace) -> int:
     except (HomAggError, TestbedError) as e:
         print(f"homagg run allreduce: {e}", file=sys.stderr)
         return 1
+    return print_report(rep, args.json)
+
+
+def print_report(rep: dict, as_json: bool = False) -> int:
+    """Print the report (text or one JSON object); the exit status: 0 when
+    exact (or, for nc, the workers agree), else 3."""
     ok = rep["exact"] is not False and rep["workers_agree"]
-    if args.json:
+    if as_json:
         print(json.dumps(rep))
         return 0 if ok else 3
     W, n = rep["workers"], rep["elements"]
@@ -431,6 +484,8 @@ def main(args: argparse.Namespace) -> int:
     else:
         print(f"  bit-exact on every worker: {rep['exact']} {rep['exact_per_worker']}")
     print("  daemon counters: " + ", ".join(f"{k}={v}" for k, v in rep["counters"].items() if v))
+    if rep.get("run_dir"):
+        print(f"  results and logs: {rep['run_dir']}")
     return 0 if ok else 3
 
 

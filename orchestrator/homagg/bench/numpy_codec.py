@@ -43,11 +43,12 @@ def element_hash(key, g):
 
 
 def sketch_t(ncand):
-    """T(N) = ceil(41 N / 100) + 3 isqrt(N) + 8 (0 for N = 0): 3t cells,
-    ~1.23 per candidate plus a margin for small N."""
+    """T(N) = max(1, floor(11 N / 27) + floor(3 isqrt(N) / 5)) (0 for N = 0):
+    3t cells, ~1.22 per candidate plus a margin that minimises the expected
+    sketch and fallback bytes."""
     ncand = np.asarray(ncand, dtype=np.int64)
     isqrt = np.floor(np.sqrt(ncand)).astype(np.int64)  # exact for N <= 2^16
-    t = (ncand * 41 + 99) // 100 + 3 * isqrt + 8
+    t = np.maximum(1, ncand * 11 // 27 + 3 * isqrt // 5)
     return np.where(ncand == 0, 0, t)
 
 

@@ -1,0 +1,527 @@
+"""Run HomAgg on the real hosts of an inventory over SSH (fabric): up, run, down.
+
+    homagg up -i testbed.toml              # homagg-switch on the aggregator, in the background
+    homagg run allreduce -i testbed.toml --method lhc --elements 1000000 --density 0.01
+    homagg down -i testbed.toml            # stop every process started, remove the run state
+
+The hosts must have been provisioned (``homagg provision -i``): each has its
+venv, its config file and, on the aggregator, the built ``homagg-switch``.
+
+Before anything starts, a preflight logs in to every host (the provision
+preflight: SSH login, root or passwordless sudo, OS) and checks what the
+command needs: the host config file, ``import homagg._hg`` in the host's
+venv, on the aggregator the daemon binary and its data-plane device (a PCI
+address must exist in /sys/bus/pci/devices and be bound to its driver; a
+vdev's interface must exist), on each worker its data-plane address on its
+kernel interface.  Any failure stops the command with one error naming every
+failing host and the fix.
+
+Run state lives on each host in INSTALL_DIR/run/: ``switch.pid``,
+``switch.log``, ``control.sock`` (aggregator) and one PID file per worker
+process while a run is in progress.  A PID file holds "PID STARTTIME" (from
+/proc/PID/stat), so a PID reused by another process is never signalled.
+``down`` stops the processes its PID files name (SIGTERM to the process
+group, SIGKILL after 10 s) and removes INSTALL_DIR/run/.
+
+``run allreduce -i`` registers a job over the daemon's control socket (by
+running ``python -m homagg.control`` on the aggregator), starts one worker
+process per worker host (``python -m homagg.run --child SPEC``: each builds
+its gradient from the seed), releases them together, waits with a timeout,
+copies every result, worker log, worker report and the daemon log into
+RUNS_DIR/<timestamp>-<method>/, checks bit-exactness against the reference
+and writes report.json there.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sys
+import time
+import tomllib
+
+import numpy as np
+
+from homagg import inventory as inv
+from homagg import provision as prov
+from homagg import run as localrun
+from homagg.errors import HomAggError
+
+SOCKET_PATH_MAX = 107  # sun_path minus the terminating NUL
+
+# Shell functions sent ahead of the process commands (POSIX sh).  Field 22 of
+# /proc/PID/stat (the 20th after the ") " closing the command name) is the
+# start time: together with the PID it names one process for its lifetime.
+_SH = r"""
+hg_start() {
+  f=$1; log=$2; shift 2
+  nohup setsid "$@" >"$log" 2>&1 </dev/null &
+  pid=$!
+  echo "$pid $(sed 's/.*) //' /proc/$pid/stat 2>/dev/null | cut -d' ' -f20)" >"$f"
+  echo "$pid"
+}
+hg_alive() {
+  [ -f "$1" ] || return 1
+  read pid st <"$1" || return 1
+  s=$(sed 's/.*) //' /proc/"$pid"/stat 2>/dev/null) || return 1
+  [ -n "$s" ] && [ "$(echo "$s" | cut -d' ' -f20)" = "$st" ] && [ "$(echo "$s" | cut -d' ' -f1)" != Z ]
+}
+hg_stop() {
+  if hg_alive "$1"; then
+    read pid st <"$1"
+    kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null
+    i=0
+    while hg_alive "$1" && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done
+    if hg_alive "$1"; then kill -KILL -- "-$pid" 2>/dev/null; echo "killed $pid $1"; else echo "stopped $pid $1"; fi
+  fi
+  rm -f "$1"
+}
+"""
+
+
+class RemoteError(HomAggError):
+    """A remote command failed after the preflight (daemon did not start,
+    worker failed, ...); the message names the host."""
+
+
+def rundir(h: inv.HostSpec) -> str:
+    return f"{h.install_dir}/run"
+
+
+def control_socket(h: inv.HostSpec) -> str:
+    return f"{rundir(h)}/control.sock"
+
+
+def switch_pidfile(h: inv.HostSpec) -> str:
+    return f"{rundir(h)}/switch.pid"
+
+
+def switch_log(h: inv.HostSpec) -> str:
+    return f"{rundir(h)}/switch.log"
+
+
+class Host(prov.HostRun):
+    """The SSH session to one host (provision.HostRun: connect, preflight,
+    run as root) plus the checks and process handling of up/run/down."""
+
+    def __init__(self, h: inv.HostSpec, inventory: inv.Inventory, switch: str | None = None):
+        super().__init__(h, inventory, artifact=None, digest=None, dry_run=True)
+        self.switch_override = switch
+        self.conf: dict = {}
+
+    @property
+    def python(self) -> str:
+        return f"{self.h.venv}/bin/python"
+
+    def sh(self, script: str, check: bool = True, timeout: float | None = None):
+        """Run ``script`` with the process functions defined."""
+        return self.run(_SH + script, check=check, timeout=timeout)
+
+    @property
+    def switch_binary(self) -> str:
+        if self.switch_override:
+            return self.switch_override
+        src = self.conf.get("host", {}).get("source_dir", "")
+        return f"{src}/build/release/homagg-switch" if src else ""
+
+    def check(self, need_switch: bool = True) -> str:
+        """Preflight for up/run: the provision preflight, then what running
+        needs on this host.  StepFailed names the fix."""
+        pretty = self.preflight()
+        h = self.h
+        fix = f"run `homagg provision -i {self.inv.path}`"
+        r = self.run(f"cat {shlex.quote(h.config_file)}", check=False)
+        if r.exited != 0:
+            raise prov.StepFailed(f"no host config {h.config_file} on {h.name}: the host is not "
+                                  f"provisioned: {fix}")
+        try:
+            self.conf = tomllib.loads(r.stdout)
+        except tomllib.TOMLDecodeError as e:
+            raise prov.StepFailed(f"{h.config_file} on {h.name} is not valid TOML ({e}): {fix}") from None
+        if self.conf.get("host", {}).get("role") != h.role:
+            raise prov.StepFailed(f"{h.config_file} on {h.name} says role "
+                                  f"{self.conf.get('host', {}).get('role')!r}, the inventory "
+                                  f"{h.role!r}: {fix} again")
+        r = self.run(f"{shlex.quote(self.python)} -c 'import homagg._hg, numpy'", check=False)
+        if r.exited != 0:
+            raise prov.StepFailed(f"homagg does not import in {h.venv} on {h.name}: {fix}",
+                                  prov._tail(r.stderr))
+        if h.role == "aggregator":
+            if len(control_socket(h)) > SOCKET_PATH_MAX:
+                raise prov.StepFailed(f"control socket path {control_socket(h)} is longer than "
+                                      f"{SOCKET_PATH_MAX} bytes: use a shorter 'install_dir'")
+            binary = self.switch_binary
+            if need_switch and (not binary or self.run(
+                    f"test -x {shlex.quote(binary)}", check=False).exited != 0):
+                where = binary or f"no source_dir in {h.config_file}"
+                raise prov.StepFailed(
+                    f"homagg-switch not found on {h.name} ({where}): provision from an sdist "
+                    "(it builds the daemon), or pass --switch PATH")
+            if h.pci:
+                dev = f"/sys/bus/pci/devices/{h.pci}"
+                if self.run(f"test -e {dev}", check=False).exited != 0:
+                    raise prov.StepFailed(f"no PCI device {h.pci} on {h.name} ({dev} missing): fix "
+                                          "'pci' in the inventory (`lspci -D` on the host lists them)")
+                cur = self.run(f"basename \"$(readlink {dev}/driver)\" 2>/dev/null",
+                               check=False).stdout.strip()
+                if cur != h.driver:
+                    raise prov.StepFailed(f"PCI device {h.pci} on {h.name} is bound to "
+                                          f"{cur or 'no driver'}, not {h.driver}: {fix} (step nic_bind)")
+        kif = h.kernel_iface
+        if kif and self.run(f"test -e /sys/class/net/{shlex.quote(kif)}", check=False).exited != 0:
+            raise prov.StepFailed(f"interface {kif} does not exist on {h.name}: fix 'vdev'/'iface' "
+                                  "in the inventory (`ip link` on the host lists them)")
+        if h.role == "worker":
+            if not h.iface:
+                raise prov.StepFailed(f"worker {h.name} has no kernel interface: the worker process "
+                                      "uses the kernel UDP stack, give it iface = '...'")
+            r = self.run(f"ip -o -4 addr show dev {shlex.quote(h.iface)}", check=False)
+            if h.dataplane_ip not in r.stdout.split():
+                raise prov.StepFailed(f"{h.dataplane_ip} is not on {h.iface} on {h.name}: {fix} "
+                                      "(step address)")
+        return pretty
+
+    def alive(self, pidfile: str) -> bool:
+        return self.sh(f"hg_alive {shlex.quote(pidfile)}", check=False).exited == 0
+
+    def start(self, pidfile: str, log: str, argv: list[str], cwd: str, env: dict | None = None) -> int:
+        """Start ``argv`` in its own session in the background; returns its PID."""
+        envs = ["env", *(f"{k}={v}" for k, v in (env or {}).items())] if env else []
+        cmd = " ".join(map(shlex.quote, [*envs, *argv]))
+        r = self.sh(f"mkdir -p {shlex.quote(cwd)} && cd {shlex.quote(cwd)} && "
+                    f"hg_start {shlex.quote(pidfile)} {shlex.quote(log)} {cmd}")
+        return int(r.stdout.split()[-1])
+
+    def stop_all(self) -> list[str]:
+        """Stop every process a PID file in the run directory names; remove the directory."""
+        d = shlex.quote(rundir(self.h))
+        r = self.sh(f'for f in {d}/*.pid; do [ -e "$f" ] && hg_stop "$f"; done; rm -rf {d}; true')
+        return [ln for ln in r.stdout.splitlines() if ln.strip()]
+
+    def control(self, request: dict, wait: float = 0.0, pid: int = 0) -> dict:
+        """One request to the daemon's control socket (python -m homagg.control on this host)."""
+        cmd = (f"{shlex.quote(self.python)} -m homagg.control --wait {wait:g} --pid {pid} "
+               f"{shlex.quote(control_socket(self.h))} {shlex.quote(json.dumps(request))}")
+        r = self.run(cmd, check=False, timeout=wait + 30)
+        if r.exited != 0:
+            raise RemoteError(f"host '{self.h.name}': control request {request.get('cmd')} failed: "
+                              f"{(r.stderr or r.stdout).strip()[-600:]}")
+        return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def open_hosts(inventory: inv.Inventory, out=None, switch: str | None = None,
+               consequence: str = "nothing was started") -> list[Host]:
+    """Connect to every host and run the preflight; PreflightError (naming
+    every failing host and its fix) before anything starts."""
+    out = out or sys.stdout
+    hosts = [Host(h, inventory, switch) for h in inventory.hosts]
+    try:
+        prov.preflight_all(hosts, inventory.settings.parallel, out, consequence,
+                           check=lambda r: r.check())
+    except BaseException:
+        for r in hosts:
+            r.close()
+        raise
+    return hosts
+
+
+def _aggregator(hosts: list[Host]) -> Host:
+    return next(r for r in hosts if r.h.role == "aggregator")
+
+
+def switch_argv(h: inv.HostSpec, binary: str, hugepages_mount: str,
+                no_udp_csum: bool = False) -> list[str]:
+    """homagg-switch's command line for aggregator ``h`` (docs/SWITCH.md):
+    its PCI NIC (-a, hugepages) or vdev, its cores, its data-plane IP."""
+    eal = ["-l", ",".join(map(str, h.cores)), "--file-prefix", f"homagg-{h.name}",
+           "--no-telemetry", "--log-level", "lib.eal:error"]
+    eal += ["-a", h.pci] if h.pci else ["--no-pci", "--vdev", h.vdev]
+    if h.hugepages and h.hugepages.count:
+        eal += ["--huge-dir", hugepages_mount.replace("{name}", h.name)]
+    else:
+        eal += ["--no-huge", "-m", "256", "--no-shconf"]
+    opts = ["--port-ip", h.address, "--udp-port", str(localrun.UDP_PORT),
+            "--control", control_socket(h)]
+    return [binary, *eal, "--", *opts, *(["--no-udp-csum"] if no_udp_csum else [])]
+
+
+# --------------------------------------------------------------------------
+# up / down
+
+
+def up(inventory: inv.Inventory, switch: str | None = None, no_udp_csum: bool = False,
+       ready_timeout: float = 30.0, out=None) -> dict:
+    """Start homagg-switch on the (first) aggregator and wait until its
+    control socket answers; returns {"host", "pid", "control", "log"}."""
+    out = out or sys.stdout
+    hosts = open_hosts(inventory, out, switch)
+    try:
+        agg = _aggregator(hosts)
+        h = agg.h
+        if agg.alive(switch_pidfile(h)):
+            raise RemoteError(f"host '{h.name}': homagg-switch already runs ({switch_pidfile(h)}): "
+                              f"stop it first with `homagg down -i {inventory.path}`")
+        argv = switch_argv(h, agg.switch_binary, inventory.settings.hugepages_mount, no_udp_csum)
+        rt = f"{rundir(h)}/rt"
+        agg.run(f"mkdir -p {shlex.quote(rt)}")
+        pid = agg.start(switch_pidfile(h), switch_log(h), argv, rundir(h),
+                        env={"RUNTIME_DIRECTORY": rt, "XDG_RUNTIME_DIR": rt})
+        try:
+            agg.control({"cmd": "stats"}, wait=ready_timeout, pid=pid)
+        except RemoteError as e:
+            log = agg.run(f"tail -n 30 {shlex.quote(switch_log(h))}", check=False).stdout
+            agg.stop_all()
+            raise RemoteError(f"host '{h.name}': homagg-switch did not become ready within "
+                              f"{ready_timeout:g} s ({e}); its log:\n{log}") from None
+        info = {"host": h.name, "pid": pid, "control": control_socket(h), "log": switch_log(h),
+                "argv": argv}
+        print(f"homagg-switch up on {h.name} (pid {pid}, {h.vdev or 'pci ' + h.pci}, ip {h.address}), "
+              f"control socket {control_socket(h)}", file=out)
+        return info
+    finally:
+        for r in hosts:
+            r.close()
+
+
+def down(inventory: inv.Inventory, out=None) -> dict[str, list[str]]:
+    """Stop every process the hosts' PID files name and remove their run
+    directories.  Unreachable hosts are reported after the others were
+    stopped (RemoteError naming them)."""
+    out = out or sys.stdout
+    hosts = [Host(h, inventory) for h in inventory.hosts]
+    failures, stopped = [], {}
+
+    def one(r):
+        try:
+            r.preflight()
+            return r.stop_all()
+        except prov.StepFailed as e:
+            return e
+        except Exception as e:  # SSH dropped
+            return prov.StepFailed(f"{type(e).__name__}: {e}")
+
+    try:
+        res = prov._parallel(one, hosts, inventory.settings.parallel)
+    finally:
+        for r in hosts:
+            r.close()
+    for name, v in res.items():
+        if isinstance(v, prov.StepFailed):
+            failures.append((name, "down", v.detail, v.stderr))
+        else:
+            stopped[name] = v
+            print(f"{name}: " + ("; ".join(v) if v else "nothing running"), file=out)
+    if failures:
+        raise RemoteError(prov._failure_message("down failed", failures))
+    return stopped
+
+
+# --------------------------------------------------------------------------
+# run allreduce
+
+
+def _run_folder(runs_dir: str, method: str) -> str:
+    base = os.path.join(runs_dir, f"{time.strftime('%Y%m%d-%H%M%S')}-{method}")
+    path, n = base, 1
+    while os.path.exists(path):
+        n += 1
+        path = f"{base}.{n}"
+    os.makedirs(path)
+    return os.path.abspath(path)
+
+
+def _link_bytes(r: Host) -> dict:
+    ifname = r.h.kernel_iface
+    st = f"/sys/class/net/{ifname}/statistics"
+    out = r.run(f"cat {st}/tx_bytes {st}/rx_bytes {st}/tx_packets {st}/rx_packets").stdout.split()
+    return dict(zip(("tx_bytes", "rx_bytes", "tx_packets", "rx_packets"), map(int, out)))
+
+
+def _wait_remote(r: Host, cond: str, pidfile: str, seconds: float) -> bool:
+    """Poll on the host until the shell condition ``cond`` holds (True) or
+    the process of ``pidfile`` exited / ``seconds`` passed (False)."""
+    n = max(1, int(seconds / 0.02))
+    script = (f"i=0; while ! {cond} && hg_alive {shlex.quote(pidfile)} && [ $i -lt {n} ]; "
+              f"do sleep 0.02; i=$((i+1)); done; {cond}")
+    return r.sh(script, check=False, timeout=seconds + 30).exited == 0
+
+
+def run_allreduce(inventory: inv.Inventory, method: str, elements: int, density: float,
+                  workload: str = "random", seed: int = 1, block: int = localrun.DEFAULT_BLOCK,
+                  slots: int = 64, payload: int = 1024, timeout: float = 10.0, rto: float = 0.005,
+                  group: str = "239.77.0.1", runs_dir: str = "runs", start_timeout: float = 120.0,
+                  out=None) -> dict:
+    """One allreduce on the inventory's hosts with the daemon `up` started;
+    returns the report (the same fields as homagg.run.run_allreduce, plus
+    "run_dir").  Worker processes are stopped before it returns."""
+    import secrets
+
+    out = out or sys.stderr
+    localrun.check_arguments(method, elements, density)
+    hosts = open_hosts(inventory, out)
+    workers = [r for r in hosts if r.h.role == "worker"]
+    agg = _aggregator(hosts)
+    W = len(workers)
+    job, token = 1 + secrets.randbelow(1 << 15), secrets.randbits(31)
+    folder = _run_folder(runs_dir, method)
+    run_id = os.path.basename(folder)
+    started: list[tuple[Host, str]] = []
+    registered = False
+    try:
+        if not agg.alive(switch_pidfile(agg.h)):
+            raise RemoteError(f"host '{agg.h.name}': homagg-switch is not running: start it with "
+                              f"`homagg up -i {inventory.path}`")
+        agg.control({"cmd": "add_job", "job": job, "token": token, "workers": W, "slots": slots,
+                     "payload": payload, "group": group})
+        registered = True
+        before = agg.control({"cmd": "stats"})
+        paths, pids = [], []
+        for i, r in enumerate(workers):
+            d = f"{rundir(r.h)}/{run_id}"
+            p = {"dir": d, "pid": f"{rundir(r.h)}/worker-{run_id}-{i}.pid",
+                 "log": f"{d}/worker-{i}.log", "ready": f"{d}/ready-{i}", "go": f"{d}/go",
+                 "out": f"{d}/result-{i}.npy", "report": f"{d}/report-{i}.json"}
+            spec = localrun.worker_spec(
+                job=job, token=token, worker=i, workers=W, agg_ip=agg.h.address, group=group,
+                ip=r.h.address, timeout=timeout, slots=slots, payload=payload, rto=rto,
+                method=method, block=block, elements=elements, density=density,
+                workload=workload, seed=seed, out=p["out"])
+            spec.update(ready_file=p["ready"], go_file=p["go"], report=p["report"],
+                        start_timeout=start_timeout)
+            pids.append(r.start(p["pid"], p["log"],
+                                [r.python, "-m", "homagg.run", "--child", json.dumps(spec)], d))
+            started.append((r, p["pid"]))
+            paths.append(p)
+
+        P = {r.h.name: p for r, p in zip(workers, paths)}
+
+        def ready(r):
+            p = P[r.h.name]
+            return _wait_remote(r, f"test -e {shlex.quote(p['ready'])}", p["pid"], start_timeout)
+
+        oks = prov._parallel(ready, workers, W)
+        bad = [n for n, ok in oks.items() if not ok]
+        if bad:
+            _fetch_logs(workers, paths, folder)
+            raise RemoteError("workers did not start: " + "; ".join(
+                f"host '{n}': {_log_tail(folder, n)}" for n in bad))
+        link0 = prov._parallel(lambda r: _link_bytes(r), workers, W)
+        t0 = time.perf_counter()
+        prov._parallel(lambda r: r.run(f"touch {shlex.quote(P[r.h.name]['go'])}"), workers, W)
+
+        def finished(r):
+            p = P[r.h.name]
+            # the worker gives up by itself after `timeout` without progress
+            return _wait_remote(r, f"test -s {shlex.quote(p['report'])}", p["pid"],
+                                timeout * 6 + 60)
+
+        done = prov._parallel(finished, workers, W)
+        wall = time.perf_counter() - t0
+        link1 = prov._parallel(lambda r: _link_bytes(r), workers, W)
+        after = agg.control({"cmd": "stats"})
+        _fetch_logs(workers, paths, folder)
+        failed = [n for n, ok in done.items() if not ok]
+        if failed:
+            raise RemoteError(f"allreduce {method} failed on {len(failed)} of {W} workers: " + "; ".join(
+                f"host '{n}': {_log_tail(folder, n)}" for n in failed))
+        reports, results = [], []
+        for i, (r, p) in enumerate(zip(workers, paths)):
+            r.conn.get(p["out"], os.path.join(folder, f"result-{i}.npy"))
+            r.conn.get(p["report"], os.path.join(folder, f"report-{i}.json"))
+            reports.append(json.loads(open(os.path.join(folder, f"report-{i}.json")).read()))
+            results.append(np.load(os.path.join(folder, f"result-{i}.npy")))
+        check = localrun.verify(method, elements, density, workload, seed, block, results)
+        counters, port = localrun.counter_deltas(before, after)
+        names = [r.h.name for r in workers]
+        rep = {
+            "method": method, "workers": W, "elements": elements, "density": density,
+            "workload": workload, "seed": seed, "block": block,
+            "pmd": agg.h.vdev or f"pci {agg.h.pci} ({agg.h.driver})", "link_mbit": None,
+            "seconds": max(x["seconds"] for x in reports), "wall_seconds": wall, **check,
+            "bytes_per_worker": [link1[n]["tx_bytes"] - link0[n]["tx_bytes"] for n in names],
+            "bytes_received_per_worker": [link1[n]["rx_bytes"] - link0[n]["rx_bytes"] for n in names],
+            "dense_float32_bytes": 4 * elements,
+            "worker_stats": [x["stats"] for x in sorted(reports, key=lambda x: x["worker"])],
+            "counters": counters, "port_counters": port,
+            "inventory": inventory.path, "aggregator": agg.h.name, "worker_hosts": names,
+            "job": job, "worker_pids": pids, "run_dir": folder,
+        }
+        with open(os.path.join(folder, "report.json"), "w") as f:
+            json.dump(rep, f, indent=1)
+        return rep
+    finally:
+        for r, pidfile in started:
+            try:
+                r.sh(f"hg_stop {shlex.quote(pidfile)} >/dev/null; "
+                     f"rm -rf {shlex.quote(rundir(r.h) + '/' + run_id)}", check=False)
+            except Exception as e:  # noqa: BLE001 - report, keep cleaning the others
+                print(f"host '{r.h.name}': cleanup failed: {e}", file=out)
+        try:
+            if registered:
+                agg.control({"cmd": "remove_job", "job": job})
+            agg.conn.get(switch_log(agg.h), os.path.join(folder, "switch.log"))
+        except Exception as e:  # noqa: BLE001
+            print(f"host '{agg.h.name}': {e}", file=out)
+        for r in hosts:
+            r.close()
+
+
+def _fetch_logs(workers: list[Host], paths: list[dict], folder: str) -> None:
+    for i, (r, p) in enumerate(zip(workers, paths)):
+        try:
+            r.conn.get(p["log"], os.path.join(folder, f"worker-{r.h.name}.log"))
+        except (OSError, IOError):
+            pass
+
+
+def _log_tail(folder: str, name: str) -> str:
+    path = os.path.join(folder, f"worker-{name}.log")
+    if not os.path.exists(path):
+        return "no log"
+    return prov._tail(open(path, errors="replace").read(), 8).replace("\n", " | ") or "empty log"
+
+
+# --------------------------------------------------------------------------
+# CLI (homagg up / homagg down / homagg run allreduce -i)
+
+
+def add_up_arguments(p) -> None:
+    p.add_argument("-i", "--inventory", required=True, help="testbed.toml (docs/INVENTORY.md)")
+    p.add_argument("--switch", metavar="PATH", help="homagg-switch on the aggregator (default: "
+                   "SOURCE_DIR/build/release/homagg-switch from the host config)")
+    p.add_argument("--no-udp-csum", action="store_true",
+                   help="the daemon neither checks nor fills UDP checksums (workers on veth)")
+    p.add_argument("--ready-timeout", type=float, default=30.0, metavar="S",
+                   help="seconds to wait for the control socket (default: %(default)s)")
+
+
+def up_main(args) -> int:
+    try:
+        up(inv.load(args.inventory), switch=args.switch, no_udp_csum=args.no_udp_csum,
+           ready_timeout=args.ready_timeout)
+    except HomAggError as e:
+        print(f"homagg up: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def down_main(args) -> int:
+    try:
+        down(inv.load(args.inventory))
+    except HomAggError as e:
+        print(f"homagg down: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def run_main(args) -> int:
+    """``homagg run allreduce -i testbed.toml ...``"""
+    try:
+        rep = run_allreduce(inv.load(args.inventory), args.method, args.elements, args.density,
+                            workload=args.workload, seed=args.seed, block=args.block,
+                            slots=args.slots, timeout=args.timeout, rto=args.rto,
+                            runs_dir=args.runs_dir)
+    except HomAggError as e:
+        print(f"homagg run allreduce: {e}", file=sys.stderr)
+        return 1
+    return localrun.print_report(rep, args.json)

@@ -1,0 +1,177 @@
+"""`homagg up / run allreduce -i / down` against real sshd hosts (one network
+namespace each, tests/sshrack.py).
+
+The emulated hosts share this machine's filesystem.  Instead of provisioning
+them (tests/test_provision.py does that), each host's install_dir gets a
+`venv` symlink to this checkout's .venv and a host config whose source_dir is
+this checkout, so the aggregator runs build/release/homagg-switch on a DPDK
+virtual PMD (net_af_packet on its namespace's eth0) and the workers run this
+checkout's homagg.  Everything else goes over SSH as on a real rack.
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from homagg import inventory as inv
+from homagg import provision as prov
+from homagg import run as localrun
+from sshrack import Rack, host_table, to_toml
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+VENV = os.path.dirname(os.path.dirname(sys.executable))
+SWITCH = os.path.join(REPO, "build", "release", "homagg-switch")
+
+pytestmark = [pytest.mark.root, pytest.mark.netns, pytest.mark.ssh, pytest.mark.dpdk,
+              pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def rack(tmp_path_factory):
+    if os.geteuid() != 0:
+        pytest.skip("needs root")
+    if not os.path.exists(SWITCH):
+        pytest.skip("homagg-switch not built (make build)")
+    r = Rack(tmp_path_factory.mktemp("rack"))
+    try:
+        r.up()
+        yield r
+    finally:
+        r.down()
+
+
+def make_testbed(rack, tmp, **host_overrides):
+    """testbed.toml for the rack, each host 'provisioned' with this checkout."""
+    hosts = []
+    for h in rack.hosts():
+        d = host_table(h, rack.key, os.path.join(str(tmp), "{name}", "opt"),
+                       **host_overrides.get(h.name, {}))
+        hosts.append({k: v for k, v in d.items() if v is not None})
+    settings = {"config_file": os.path.join(str(tmp), "{name}", "etc", "host.toml"),
+                "connect_timeout": 4, "command_timeout": 120}
+    path = os.path.join(str(tmp), "testbed.toml")
+    with open(path, "w") as f:
+        f.write(to_toml(settings, hosts))
+    i = inv.load(path)
+    for h in i.hosts:
+        os.makedirs(h.install_dir, exist_ok=True)
+        if not os.path.lexists(h.venv):
+            os.symlink(VENV, h.venv)
+        os.makedirs(os.path.dirname(h.config_file), exist_ok=True)
+        with open(h.config_file, "w") as f:
+            f.write(prov.host_config(h, i, REPO))
+    return path, i
+
+
+def cli(*args, timeout=300):
+    return subprocess.run([os.path.join(VENV, "bin", "homagg"), *args], capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def gone(pid):
+    """The process exited (a zombie waiting for its reaper counts as exited)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(") ", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.timeout(600)
+def test_up_run_down(rack, tmp_path):
+    path, i = make_testbed(rack, tmp_path)
+    agg = i.host("agg")
+    rundir = os.path.join(agg.install_dir, "run")
+
+    up = cli("up", "-i", path, "--no-udp-csum")
+    assert up.returncode == 0, up.stdout + up.stderr
+    pid = int(open(os.path.join(rundir, "switch.pid")).read().split()[0])
+    assert not gone(pid)
+    # the daemon runs in the aggregator host's namespace, with the inventory's data plane
+    ns = rack.tb.host("agg").netns
+    assert os.stat(f"/proc/{pid}/ns/net").st_ino == os.stat(f"/run/netns/{ns}").st_ino
+    cmdline = open(f"/proc/{pid}/cmdline").read().split("\0")
+    assert agg.vdev in cmdline and agg.address in cmdline
+    assert os.path.exists(os.path.join(rundir, "control.sock"))
+
+    again = cli("up", "-i", path)
+    assert again.returncode == 1 and "already runs" in again.stderr and "homagg down" in again.stderr
+    try:
+        for method in ("lhc", "dense"):
+            r = cli("run", "allreduce", "-i", path, "--method", method, "--elements", "30000",
+                    "--density", "0.05", "--seed", "7", "--runs-dir", str(tmp_path / "runs"),
+                    "--json")
+            assert r.returncode == 0, r.stdout + r.stderr
+            rep = json.loads(r.stdout)
+            assert rep["exact"] is True and rep["exact_per_worker"] == [True, True], rep
+            assert rep["workers"] == 2 and rep["worker_hosts"] == ["w0", "w1"]
+            assert rep["counters"]["results_sent"] > 0, rep["counters"]
+            assert all(b > 0 for b in rep["bytes_per_worker"])
+            folder = rep["run_dir"]
+            assert folder.startswith(str(tmp_path / "runs")) and folder.endswith("-" + method)
+            names = set(os.listdir(folder))
+            assert {"result-0.npy", "result-1.npy", "report-0.json", "report-1.json",
+                    "worker-w0.log", "worker-w1.log", "switch.log", "report.json"} <= names, names
+            assert json.load(open(os.path.join(folder, "report.json")))["exact"] is True
+            # the fetched results, checked here against the reference independently
+            grads = [localrun.gradient(30000, 0.05, "random", 7, w) for w in range(2)]
+            ref = localrun.reference(grads, localrun.DEFAULT_BLOCK).view(np.uint32)
+            for w in range(2):
+                got = np.load(os.path.join(folder, f"result-{w}.npy")).view(np.uint32)
+                assert np.array_equal(got, ref)
+            assert "homagg-switch: ready" in open(os.path.join(folder, "switch.log")).read()
+            # the workers are gone, their PID files and remote run folders too
+            assert all(gone(p) for p in rep["worker_pids"]), rep["worker_pids"]
+            for h in ("w0", "w1"):
+                left = os.listdir(os.path.join(i.host(h).install_dir, "run"))
+                assert left == [], left
+            text = cli("run", "allreduce", "-i", path, "--method", method, "--elements", "5000",
+                       "--density", "0.1", "--runs-dir", str(tmp_path / "runs"))
+            assert text.returncode == 0, text.stdout + text.stderr
+            assert "bit-exact on every worker: True" in text.stdout and "results and logs:" in text.stdout
+    finally:
+        down = cli("down", "-i", path)
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert re.search(rf"^agg: stopped {pid} ", down.stdout, re.M), down.stdout
+    assert gone(pid)
+    assert not os.path.exists(rundir)
+    # nothing left to stop
+    down2 = cli("down", "-i", path)
+    assert down2.returncode == 0 and "agg: nothing running" in down2.stdout
+    run = cli("run", "allreduce", "-i", path, "--method", "lhc", "--elements", "100",
+              "--density", "0.1", "--runs-dir", str(tmp_path / "runs"))
+    assert run.returncode == 1 and "homagg-switch is not running" in run.stderr
+
+
+@pytest.mark.timeout(300)
+def test_unreachable_host_named_before_anything_starts(rack, tmp_path):
+    path, i = make_testbed(rack, tmp_path, w1={"ssh_host": rack.unused_ip},
+                           w0={"ssh_key": rack.wrong_key})
+    up = cli("up", "-i", path, "--no-udp-csum")
+    assert up.returncode == 1
+    assert "host 'w1': step 'preflight'" in up.stderr and rack.unused_ip in up.stderr
+    assert "check 'ssh_host'" in up.stderr
+    assert "host 'w0': step 'preflight'" in up.stderr and "authorized_keys" in up.stderr
+    assert "nothing was started" in up.stderr and "host 'agg'" not in up.stderr
+    assert not os.path.exists(os.path.join(i.host("agg").install_dir, "run"))
+    run = cli("run", "allreduce", "-i", path, "--method", "lhc", "--elements", "100",
+              "--density", "0.1", "--runs-dir", str(tmp_path / "runs"))
+    assert run.returncode == 1 and "host 'w1': step 'preflight'" in run.stderr
+    assert not os.path.exists(tmp_path / "runs")
+
+
+@pytest.mark.timeout(300)
+def test_missing_pci_device_and_unprovisioned_host(rack, tmp_path):
+    path, i = make_testbed(rack, tmp_path, agg={"pci": "0000:ff:1f.7", "vdev": None,
+                                                "hugepages": {"count": 0, "size": "2M"}})
+    os.unlink(i.host("w0").config_file)
+    up = cli("up", "-i", path)
+    assert up.returncode == 1
+    assert "host 'agg': step 'preflight': no PCI device 0000:ff:1f.7 on agg" in up.stderr
+    assert "host 'w0': step 'preflight': no host config" in up.stderr
+    assert "homagg provision -i" in up.stderr
+    assert not os.path.exists(os.path.join(i.host("agg").install_dir, "run"))
