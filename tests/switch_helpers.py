@@ -12,7 +12,8 @@ from homagg.control import ControlClient
 from homagg.errors import HomAggError
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-SWITCH = ROOT / "build" / "release" / "homagg-switch"
+# $HOMAGG_SWITCH runs the tests against another build (e.g. build/san/)
+SWITCH = pathlib.Path(os.environ.get("HOMAGG_SWITCH", ROOT / "build" / "release" / "homagg-switch"))
 
 EAL_BASE = ["--no-huge", "-m", "256", "--no-pci", "--no-shconf",
             "--log-level", "lib.eal:error"]
