@@ -121,3 +121,18 @@ def test_reference_fallback_matches_package_reference():
     exact = np.sum(np.stack(grads).astype(np.float64), axis=0)
     assert np.max(np.abs(mine - exact)) < 1e-6
     assert np.all(mine[4096:8192] == 0)
+
+
+@pytest.mark.parametrize("method", ["dense", "lhc"])
+def test_allreduce_exact_under_injected_loss(testbed, method):
+    """1% of the frames the daemon receives are dropped by its port: the
+    workers' retransmissions repair it, the result stays bit-exact."""
+    rep = runmod.run_allreduce(testbed.name, method, elements=200_000, density=0.05,
+                               workload="random", seed=11, state_dir=testbed.state_dir,
+                               drop_rate=0.01)
+    assert rep["exact"] is True, rep["exact_per_worker"]
+    assert rep["port_counters"].get("drop_injected", 0) > 0, rep["port_counters"]
+    assert sum(s["retransmissions"] for s in rep["worker_stats"]) > 0
+    eng = rep["counters"]
+    assert eng["duplicates"] + eng["replays"] + eng["status_sent"] > 0
+    _no_processes_left(testbed)

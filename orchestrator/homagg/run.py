@@ -134,7 +134,7 @@ class Switch:
     """homagg-switch in the testbed's aggregator namespace."""
 
     def __init__(self, tb: Testbed, workdir: str, pmd: str = "auto", switch: str | None = None,
-                 ready_timeout: float = 30.0):
+                 ready_timeout: float = 30.0, drop_rate: float = 0.0):
         self.tb = tb
         self.workdir = workdir
         self.control = os.path.join(workdir, "control.sock")
@@ -154,6 +154,10 @@ class Switch:
                     "--port-ip", agg.ip, "--udp-port", str(UDP_PORT), "--control", self.control,
                     # veth leaves UDP checksums to an offload that never runs
                     "--no-udp-csum"]
+            if drop_rate:
+                # the kernel has no netem: the daemon's port drops this
+                # fraction of what it receives (seeded)
+                argv += ["--drop-rate", repr(float(drop_rate))]
             env = dict(os.environ, RUNTIME_DIRECTORY=runtime, XDG_RUNTIME_DIR=runtime)
             with open(logpath, "wb") as logf:
                 proc = tb.run_in("agg", argv, stdout=logf, stderr=subprocess.STDOUT, env=env,
@@ -302,9 +306,12 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
                   workload: str = "random", seed: int = 1, block: int = DEFAULT_BLOCK,
                   slots: int = 64, payload: int = 1024, timeout: float = 10.0,
                   rto: float = 0.005, pmd: str = "auto", switch: str | None = None,
-                  state_dir: str | None = None, group: str = "239.77.0.1") -> dict:
+                  state_dir: str | None = None, group: str = "239.77.0.1",
+                  drop_rate: float = 0.0) -> dict:
     """One allreduce on testbed ``testbed``; returns the report dict (see
-    the module doc).  Every process it starts is stopped before it returns."""
+    the module doc).  Every process it starts is stopped before it returns.
+    ``drop_rate`` makes the daemon's port drop that fraction of the frames it
+    receives (fault injection; retransmissions repair it)."""
     check_arguments(method, elements, density)
     if workload not in WORKLOADS:
         raise RunError(f"workload {workload!r} not in {WORKLOADS}")
@@ -316,7 +323,7 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
     procs = []
     sw = None
     try:
-        sw = Switch(tb, workdir, pmd=pmd, switch=switch)
+        sw = Switch(tb, workdir, pmd=pmd, switch=switch, drop_rate=drop_rate)
         with sw.client() as c:
             c.add_job(job=job, token=token, workers=W, slots=slots, payload=payload, group=group)
             before = c.stats()
@@ -439,6 +446,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="initial retransmission timeout of the workers in seconds (default: %(default)s)")
     p.add_argument("--pmd", choices=("auto", "af_xdp", "af_packet"), default="auto",
                    help="DPDK virtual PMD on the aggregator's veth (auto: af_xdp, else af_packet)")
+    p.add_argument("--drop-rate", type=float, default=0.0, metavar="P",
+                   help="the daemon drops this fraction of received frames (fault injection, "
+                   "local testbed only; default 0)")
     p.add_argument("--switch", default=None, metavar="PATH",
                    help="homagg-switch binary (default: build/release/homagg-switch or $HOMAGG_SWITCH)")
     p.add_argument("--state-dir", default=None, metavar="DIR", help="testbed state directory")
@@ -456,7 +466,8 @@ def main(args: argparse.Namespace) -> int:
         rep = run_allreduce(args.testbed, args.method, args.elements, args.density,
                             workload=args.workload, seed=args.seed, block=args.block,
                             slots=args.slots, timeout=args.timeout, rto=args.rto, pmd=args.pmd,
-                            switch=args.switch, state_dir=args.state_dir)
+                            switch=args.switch, state_dir=args.state_dir,
+                            drop_rate=args.drop_rate)
     except (HomAggError, TestbedError) as e:
         print(f"homagg run allreduce: {e}", file=sys.stderr)
         return 1
