@@ -13,6 +13,8 @@ import os
 import numpy as np
 import pytest
 
+from conftest import require
+
 from homagg import cli, codec
 from homagg.bench import scale, workloads
 
@@ -123,8 +125,7 @@ def _homagg_available():
 @pytest.mark.netns
 @pytest.mark.slow
 def test_allreduce_on_a_two_worker_testbed(tmp_path, capsys):
-    if os.geteuid() != 0:
-        pytest.skip("needs root (network namespaces)")
+    require(os.geteuid() == 0, "needs root (network namespaces)")
     pytest.importorskip("torch", reason="the Gloo baseline needs torch==2.13.0 (the bench extra)")
     name = f"tb{os.getpid() % 100000}"
     out = tmp_path / "ar"

@@ -14,6 +14,8 @@ import sys
 
 import pytest
 
+from conftest import require
+
 from homagg import inventory as inv
 from homagg import provision as prov
 from sshrack import Rack, host_table, to_toml
@@ -124,8 +126,7 @@ def test_docs_example_is_valid(tmp_path):
 
 @pytest.fixture(scope="module")
 def rack(tmp_path_factory):
-    if os.geteuid() != 0:
-        pytest.skip("needs root")
+    require(os.geteuid() == 0, "needs root")
     r = Rack(tmp_path_factory.mktemp("rack"))
     try:
         r.up()

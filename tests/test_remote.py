@@ -17,6 +17,8 @@ import sys
 import numpy as np
 import pytest
 
+from conftest import require
+
 from homagg import inventory as inv
 from homagg import provision as prov
 from homagg import run as localrun
@@ -32,10 +34,8 @@ pytestmark = [pytest.mark.root, pytest.mark.netns, pytest.mark.ssh, pytest.mark.
 
 @pytest.fixture(scope="module")
 def rack(tmp_path_factory):
-    if os.geteuid() != 0:
-        pytest.skip("needs root")
-    if not os.path.exists(SWITCH):
-        pytest.skip("homagg-switch not built (make build)")
+    require(os.geteuid() == 0, "needs root")
+    require(os.path.exists(SWITCH), "homagg-switch not built (make build)")
     r = Rack(tmp_path_factory.mktemp("rack"))
     try:
         r.up()

@@ -14,6 +14,8 @@ import time
 
 import pytest
 
+from conftest import require
+
 from homagg import testbed as tbmod
 from homagg.testbed import RootRequired, Testbed, TestbedError, TestbedExists
 
@@ -88,8 +90,7 @@ def make_testbed(state_dir):
 @pytest.fixture(scope="module")
 def shaped(tmp_path_factory):
     """One shaped testbed shared by the traffic tests: 3 workers, 20 Mbit/s."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root")
+    require(os.geteuid() == 0, "needs root")
     sd = str(tmp_path_factory.mktemp("shared") / "testbeds")
     tb = Testbed.up(unique_name(), workers=3, link_mbit=20, state_dir=sd)
     try:

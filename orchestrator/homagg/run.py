@@ -75,40 +75,11 @@ def gradient(elements: int, density: float, workload: str, seed: int, worker: in
 
 
 def reference(grads: list[np.ndarray], block: int) -> np.ndarray:
-    """The bit-exact result of an exact method: homagg.reference when the
-    package has it, else the fixed-point contract computed here."""
-    try:
-        from homagg import reference as ref
-    except ImportError:
-        ref = None
-    if ref is not None and hasattr(ref, "allreduce"):
-        return ref.allreduce(grads, block)
-    return _reference_numpy(grads, block)
+    """The bit-exact result of an exact method (homagg.reference: the
+    fixed-point contract in numpy, independent of the C codec)."""
+    from homagg import reference as ref
 
-
-def _reference_numpy(grads: list[np.ndarray], block: int) -> np.ndarray:
-    """DESIGN.md "fixed point": per block b, E_b = max over workers of the
-    frexp exponent of max|x| (clamped to [-126, 128]), s_b = 30 -
-    ceil(log2 W) - E_b, q = round_half_even(x * 2^s_b), y = float32(sum q *
-    2^-s_b); a block that is zero everywhere is +0."""
-    W = len(grads)
-    n = grads[0].size
-    nb = (n + block - 1) // block
-    pad = nb * block - n
-    xs = [np.pad(np.asarray(g, np.float32).astype(np.float64), (0, pad)).reshape(nb, block)
-          for g in grads]
-    m = np.max([np.abs(x).max(axis=1) for x in xs], axis=0)
-    _, e = np.frexp(m)
-    E = np.clip(e.astype(np.int64), -126, 128)
-    s = 30 - (W - 1).bit_length() - E
-    zero = m == 0
-    s[zero] = 0
-    total = np.zeros((nb, block), dtype=np.int64)
-    for x in xs:
-        total += np.rint(np.ldexp(x, s[:, None])).astype(np.int64)
-    y = np.ldexp(total.astype(np.float64), -s[:, None]).astype(np.float32)
-    y[zero] = 0
-    return y.reshape(-1)[:n]
+    return ref.allreduce(grads, block)
 
 
 # --------------------------------------------------------------------------
