@@ -7,11 +7,11 @@ method must be exact.  allreduce needs root and network namespaces (a
 2-worker testbed) and torch for the Gloo baseline.  No timing thresholds.
 """
 import csv
+import importlib.util
 import json
 import os
 
 import numpy as np
-import importlib.util
 
 import pytest
 
