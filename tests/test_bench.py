@@ -233,3 +233,32 @@ def test_homagg_row_statistics_and_exactness(monkeypatch):
     assert row["cpu_fraction_machine"] == pytest.approx(0.81 / (0.6 * min(os.cpu_count(), 2)))
     assert row["cpu_bound"] is (row["cpu_fraction_machine"] > 0.8
                                 or row["cpu_fraction_rank_max"] > 0.9)
+
+
+def test_homagg_row_counts_the_daemons_cpu(monkeypatch):
+    """The aggregator daemon shares the machine's cores with the workers: its
+    CPU seconds count toward cpu_bound (workers alone would not flag it)."""
+    from homagg.bench import allreduce
+
+    def runs(daemon):
+        return iter([{"seconds": 0.5, "bytes_per_worker": [10, 10], "exact": True,
+                      "workers_agree": True, "worker_cpu_seconds": [0.15, 0.15],
+                      "daemon_cpu_seconds": daemon}] * 2)
+
+    monkeypatch.setattr(allreduce, "homagg_run_available", lambda: (True, None))
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    it = runs(None)
+    monkeypatch.setattr(allreduce, "homagg_via_run_allreduce", lambda *a, **k: next(it))
+    alone = allreduce.homagg_row("x", "lhc", 2, 1000, "shared", 0.1, _args(warmup=1, repeat=1))
+    assert alone["cpu_fraction_machine"] == pytest.approx(0.3 / (0.5 * 2))
+    assert alone["cpu_fraction_daemon"] is None and alone["cpu_bound"] is False
+    it = runs(0.4)
+    with_daemon = allreduce.homagg_row("x", "lhc", 2, 1000, "shared", 0.1,
+                                       _args(warmup=1, repeat=1))
+    assert with_daemon["cpu_fraction_machine"] == pytest.approx(0.7 / (0.5 * 2))
+    assert with_daemon["cpu_fraction_daemon"] == pytest.approx(0.8)
+    assert with_daemon["cpu_fraction_rank_max"] == pytest.approx(0.8)
+    assert with_daemon["cpu_bound"] is False          # 0.7 of 2 cores, 0.8 of one
+    it = runs(0.6)
+    assert allreduce.homagg_row("x", "lhc", 2, 1000, "shared", 0.1,
+                                _args(warmup=1, repeat=1))["cpu_bound"] is True

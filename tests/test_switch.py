@@ -183,6 +183,30 @@ def test_exact_allreduce_through_the_daemon(link, daemons, method, pmd):
     assert st["port"]["drop_injected"] == 0
 
 
+def test_idle_backoff_daemon_is_exact_and_exits_on_sigterm(link, daemons):
+    """Sleeping between polls once idle (--idle-us / --idle-polls) loses
+    nothing: two allreduces with an idle gap between them (the daemon sleeps
+    there) are bit-exact, and SIGTERM still stops the daemon with status 0."""
+    d = daemons("--idle-us", "200", "--idle-polls", "8")
+    W, n = 3, 50000
+    for job, seed in ((13, 3), (14, 4)):
+        with d.client() as c:
+            c.add_job(job=job, token=77, workers=W, slots=32, group=GROUP)
+        grads = gradients(W, n, seed=seed)
+        threads, results, errors, stats = run_workers(link, job, 77, grads, "lhc")
+        join_all(threads, 60)
+        assert errors == [None] * W, errors
+        expected = oracle_allreduce(grads, BLOCK)
+        for y in results:
+            assert y.tobytes() == expected.tobytes()
+        time.sleep(0.2)   # idle: the daemon backs off to sleeping
+    with d.client() as c:
+        assert c.stats()["stats"]["results_sent"] > 0
+    d.signal(signal.SIGTERM)
+    assert d.wait_exit(20) == 0, d.output()
+    assert not d.control.exists()
+
+
 def test_injected_loss_is_repaired_by_retransmission(link, daemons):
     d = daemons("--drop-rate", "0.01", "--seed", "7")
     W, n = 3, 200000

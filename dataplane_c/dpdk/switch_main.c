@@ -59,6 +59,7 @@ struct opts {
 	uint64_t seed;
 	double stats_interval;    /* seconds, 0 = off */
 	unsigned int idle_us;     /* sleep when idle, 0 = spin */
+	unsigned int idle_polls;  /* empty polls before the first sleep */
 	unsigned int mbufs;
 	unsigned int max_jobs;
 	bool replicate;
@@ -137,6 +138,7 @@ static void usage(const char *prog)
 		"  --seed N              seed of the drop generator (default 1)\n"
 		"  --stats-interval S    print the counters every S seconds (0 = never)\n"
 		"  --idle-us N           sleep N us when the port is idle (default 20, 0 = spin)\n"
+		"  --idle-polls N        empty polls before the first sleep (default 256)\n"
 		"  --mbufs N             mbufs in the pool (default 8191)\n"
 		"  --max-jobs N          concurrent jobs (default 64)\n"
 		"  --no-replicate        the link does not replicate multicast: unicast results\n"
@@ -160,7 +162,7 @@ static int parse_ulong(const char *s, unsigned long lo, unsigned long hi,
 static int parse_opts(int argc, char **argv, struct opts *o)
 {
 	enum { O_IP = 256, O_UDP, O_PORT, O_CTL, O_LCORES, O_QUEUES, O_DROP,
-	       O_SEED, O_STATS, O_IDLE, O_MBUFS, O_JOBS, O_NOREP, O_NOCSUM, O_HELP };
+	       O_SEED, O_STATS, O_IDLE, O_IDLE_POLLS, O_MBUFS, O_JOBS, O_NOREP, O_NOCSUM, O_HELP };
 	static const struct option lo[] = {
 		{ "port-ip", required_argument, NULL, O_IP },
 		{ "udp-port", required_argument, NULL, O_UDP },
@@ -172,6 +174,7 @@ static int parse_opts(int argc, char **argv, struct opts *o)
 		{ "seed", required_argument, NULL, O_SEED },
 		{ "stats-interval", required_argument, NULL, O_STATS },
 		{ "idle-us", required_argument, NULL, O_IDLE },
+		{ "idle-polls", required_argument, NULL, O_IDLE_POLLS },
 		{ "mbufs", required_argument, NULL, O_MBUFS },
 		{ "max-jobs", required_argument, NULL, O_JOBS },
 		{ "no-replicate", no_argument, NULL, O_NOREP },
@@ -188,6 +191,7 @@ static int parse_opts(int argc, char **argv, struct opts *o)
 		.ipv4 = 0x0A000001, .udp_port = HG_UDP_PORT, .port_id = 0,
 		.control = "/run/homagg-switch.sock", .lcores = 1, .queues = 1,
 		.drop_rate = 0.0, .seed = 1, .stats_interval = 0, .idle_us = 20,
+		.idle_polls = 256,
 		.mbufs = 8191, .max_jobs = 64, .replicate = true, .udp_csum = true,
 	};
 	optind = 1;
@@ -244,6 +248,11 @@ static int parse_opts(int argc, char **argv, struct opts *o)
 			if (parse_ulong(optarg, 0, 1000000, &v))
 				goto bad;
 			o->idle_us = (unsigned int)v;
+			break;
+		case O_IDLE_POLLS:
+			if (parse_ulong(optarg, 1, 1u << 24, &v))
+				goto bad;
+			o->idle_polls = (unsigned int)v;
 			break;
 		case O_MBUFS:
 			if (parse_ulong(optarg, 1023, 1u << 24, &v))
@@ -383,12 +392,17 @@ static inline unsigned int shard_of_frame(const struct daemon *d,
 			       (uint32_t)h[6] << 8 | h[7]);
 }
 
+/* Idle backoff: after --idle-polls polls in a row that moved nothing, sleep
+ * --idle-us between polls until a poll moves a frame again.  On a machine
+ * whose cores are shared with the workers (a testbed on one host) a spinning
+ * lcore takes a core from them; a dedicated core can spin (--idle-us 0). */
 static void idle_sleep(const struct daemon *d, unsigned int *idle, bool moved)
 {
 	if (moved) {
 		*idle = 0;
-	} else if (d->o.idle_us && ++*idle >= 256) {
-		struct timespec ts = { 0, (long)d->o.idle_us * 1000 };
+	} else if (d->o.idle_us && ++*idle >= d->o.idle_polls) {
+		struct timespec ts = { (time_t)(d->o.idle_us / 1000000),
+				       (long)(d->o.idle_us % 1000000) * 1000 };
 
 		nanosleep(&ts, NULL);
 	}

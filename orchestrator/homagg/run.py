@@ -22,7 +22,9 @@ by homagg.bench.workloads, the generator the benchmarks' Gloo baseline uses:
   dense   every element non-zero (--density is ignored)
 
 Each worker also reports the CPU time of its process over its allreduce
-(time.process_time), returned as "worker_cpu_seconds".
+(time.process_time), returned as "worker_cpu_seconds"; the daemon's CPU time
+(utime + stime of /proc/PID/stat, all its threads) from "go" until every
+worker answered is "daemon_cpu_seconds" (None where /proc cannot tell).
 """
 from __future__ import annotations
 
@@ -101,11 +103,33 @@ def find_switch() -> str:
     raise RunError("homagg-switch not found: run `make build` (or set HOMAGG_SWITCH)")
 
 
+# The daemon's idle backoff on the testbed (its --idle-us / --idle-polls):
+# the testbed's cores are shared with the worker processes, so the daemon
+# sleeps between polls once the port has been idle for IDLE_POLLS polls
+# (measured on the 2-core testbed: spinning made lhc ~25 % slower; 20 us
+# after 32 empty polls used the least daemon CPU at the same or better times).
+IDLE_US = 20
+IDLE_POLLS = 32
+
+
+def process_cpu_seconds(pid: int) -> float | None:
+    """utime + stime of process ``pid`` (all its threads) in seconds, from
+    /proc/PID/stat; None when the process is gone or /proc is unreadable."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) "
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 class Switch:
     """homagg-switch in the testbed's aggregator namespace."""
 
     def __init__(self, tb: Testbed, workdir: str, pmd: str = "auto", switch: str | None = None,
-                 ready_timeout: float = 30.0, drop_rate: float = 0.0):
+                 ready_timeout: float = 30.0, drop_rate: float = 0.0,
+                 idle_us: int = IDLE_US, idle_polls: int = IDLE_POLLS):
         self.tb = tb
         self.workdir = workdir
         self.control = os.path.join(workdir, "control.sock")
@@ -124,7 +148,9 @@ class Switch:
             argv = [binary, *EAL_BASE, "--file-prefix", prefix, "--vdev", vdev, "--",
                     "--port-ip", agg.ip, "--udp-port", str(UDP_PORT), "--control", self.control,
                     # veth leaves UDP checksums to an offload that never runs
-                    "--no-udp-csum"]
+                    "--no-udp-csum",
+                    # the testbed's cores are shared with the workers: sleep when idle
+                    "--idle-us", str(int(idle_us)), "--idle-polls", str(int(idle_polls))]
             if drop_rate:
                 # the kernel has no netem: the daemon's port drops this
                 # fraction of what it receives (seeded)
@@ -159,6 +185,10 @@ class Switch:
                     pass
             time.sleep(0.05)
         return False
+
+    def cpu_seconds(self) -> float | None:
+        """The daemon's CPU time so far (utime + stime, every thread), or None."""
+        return process_cpu_seconds(self.proc.pid) if self.proc is not None else None
 
     def client(self):
         from homagg.control import ControlClient
@@ -278,7 +308,8 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
                   slots: int = 64, payload: int = 1024, timeout: float = 10.0,
                   rto: float = 0.005, pmd: str = "auto", switch: str | None = None,
                   state_dir: str | None = None, group: str = "239.77.0.1",
-                  drop_rate: float = 0.0) -> dict:
+                  drop_rate: float = 0.0, idle_us: int = IDLE_US,
+                  idle_polls: int = IDLE_POLLS) -> dict:
     """One allreduce on testbed ``testbed``; returns the report dict (see
     the module doc).  Every process it starts is stopped before it returns.
     ``drop_rate`` makes the daemon's port drop that fraction of the frames it
@@ -294,7 +325,8 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
     procs = []
     sw = None
     try:
-        sw = Switch(tb, workdir, pmd=pmd, switch=switch, drop_rate=drop_rate)
+        sw = Switch(tb, workdir, pmd=pmd, switch=switch, drop_rate=drop_rate, idle_us=idle_us,
+                    idle_polls=idle_polls)
         with sw.client() as c:
             c.add_job(job=job, token=token, workers=W, slots=slots, payload=payload, group=group)
             before = c.stats()
@@ -317,6 +349,7 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
                 raise RunError(f"worker {h.name} did not start: {line!r} {_stderr(p)}")
         link0 = [_link_bytes(tb, h.name) for h in workers]
         t0 = time.perf_counter()
+        d0 = sw.cpu_seconds()
         for p in procs:
             p.popen.stdin.write("go\n")
             p.popen.stdin.flush()
@@ -332,6 +365,7 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
                 continue
             reports.append(json.loads(out.strip().splitlines()[-1]))
         wall = time.perf_counter() - t0
+        d1 = sw.cpu_seconds()
         link1 = [_link_bytes(tb, h.name) for h in workers]
         with sw.client() as c:
             after = c.stats()
@@ -361,6 +395,7 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
             "bytes_received_per_worker": [b["rx_bytes"] - a["rx_bytes"] for a, b in zip(link0, link1)],
             "dense_float32_bytes": 4 * elements,
             "worker_cpu_seconds": [r["cpu_seconds"] for r in sorted(reports, key=lambda r: r["worker"])],
+            "daemon_cpu_seconds": d1 - d0 if d0 is not None and d1 is not None else None,
             "generator": "homagg.bench.workloads",
             "worker_stats": [r["stats"] for r in sorted(reports, key=lambda r: r["worker"])],
             "counters": counters,

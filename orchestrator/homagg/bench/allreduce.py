@@ -19,8 +19,9 @@ and tears the testbed down.  Per (W, method, workload, density):
   their wall time (flagged when the ranks together kept more than 80 % of
   the machine's cores busy, or one rank more than 90 % of a core, i.e. the
   run measured the CPU rather than the links); HomAgg: the same from the
-  workers' CPU seconds when ``homagg run`` reports them (its report's
-  "worker_cpu_seconds"), else None; link_utilisation (bytes x 8 / time /
+  workers' CPU seconds plus the homagg-switch daemon's (``homagg run``'s
+  "worker_cpu_seconds" and "daemon_cpu_seconds": the daemon shares the
+  machine's cores with the workers), else None; link_utilisation (bytes x 8 / time /
   link rate) and link_bound (utilisation >= 0.5) for every row.
 
 The baseline: torch.distributed with the Gloo backend, one process per
@@ -214,13 +215,20 @@ def _cpu_bound(machine_busy, rank_busy):
     return bool(machine_busy > CPU_BOUND_MACHINE or rank_busy > CPU_BOUND_RANK)
 
 
-def _cpu_fields(cpu, wall, W):
-    """cpu: per worker CPU seconds over wall seconds of timed calls."""
+def _cpu_fields(cpu, wall, W, daemon=None):
+    """cpu: per worker CPU seconds over wall seconds of timed calls; daemon:
+    the aggregator daemon's CPU seconds over the same calls (HomAgg), which
+    runs on the same machine: it counts toward the machine's busy fraction
+    (over min(cores, W + 1) cores) and, as one more process, toward the
+    busiest process."""
     if not cpu or not wall or wall <= 0:
-        return {"cpu_fraction_machine": None, "cpu_fraction_rank_max": None, "cpu_bound": None}
-    machine_busy = sum(cpu) / (wall * min(os.cpu_count() or 1, W))
-    rank_busy = max(c / wall for c in cpu)
+        return {"cpu_fraction_machine": None, "cpu_fraction_rank_max": None,
+                "cpu_fraction_daemon": None, "cpu_bound": None}
+    procs = list(cpu) + ([daemon] if daemon is not None else [])
+    machine_busy = sum(procs) / (wall * min(os.cpu_count() or 1, len(procs)))
+    rank_busy = max(c / wall for c in procs)
     return {"cpu_fraction_machine": machine_busy, "cpu_fraction_rank_max": rank_busy,
+            "cpu_fraction_daemon": daemon / wall if daemon is not None else None,
             "cpu_bound": _cpu_bound(machine_busy, rank_busy)}
 
 
@@ -278,6 +286,7 @@ def homagg_row(testbed_name, method, W, n, workload, density, args):
         return {"status": f"unavailable: {why}"}
     seconds, tx, exact, agree = [], [], [], []
     cpu = []  # per run: the workers' CPU seconds, when homagg run reports them
+    daemon = []  # per run: the daemon's CPU seconds, when homagg run reports them
     generator = "homagg.run.gradient"
     try:
         for i in range(args.warmup + args.repeat):
@@ -290,11 +299,14 @@ def homagg_row(testbed_name, method, W, n, workload, density, args):
                 tx.append(float(np.mean(r["bytes_per_worker"])))
                 if r.get("worker_cpu_seconds"):
                     cpu.append(list(r["worker_cpu_seconds"]))
+                if r.get("daemon_cpu_seconds") is not None:
+                    daemon.append(float(r["daemon_cpu_seconds"]))
     except Exception as exc:  # a failed method is a result, not a crash of the whole run
         return {"status": f"failed: {type(exc).__name__}: {exc}"[:500]}
     row = _timing(seconds, n, args.link_mbit, float(np.mean(tx)))
     row.update(_cpu_fields([sum(c) for c in zip(*cpu)] if len(cpu) == len(seconds) else None,
-                           float(np.sum(seconds)), W))
+                           float(np.sum(seconds)), W,
+                           daemon=sum(daemon) if len(daemon) == len(seconds) else None))
     row.update({
         "exact": (None if method not in EXACT_METHODS
                   else all(e is True for e in exact) and all(agree)),
