@@ -149,7 +149,7 @@ bench: build ## the standard benchmark suite into docs/results/ (the testbed par
 	else echo "make bench: skipping homagg bench allreduce: it builds network namespaces," \
 	  "tc-shaped veth links and a DPDK daemon, which needs root (run make bench as root)"; fi
 
-demo: build ## the main job: allreduce of a realistic gradient with every method
+demo: build ## the main job: exact allreduce on a 4-worker testbed (in-process cluster without root)
 	$(VENV)/bin/homagg demo
 
 clean: ## remove build outputs (keeps .venv)
