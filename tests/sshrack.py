@@ -13,6 +13,7 @@ import os
 import random
 import re
 import secrets
+import signal
 import socket
 import subprocess
 import time
@@ -125,6 +126,11 @@ MaxStartups 50
 
     def down(self):
         for p in self.sshd.values():
+            # each connection's sshd is a child of the listener that left its
+            # process group (setsid): stop those by PID first
+            for pid in _children(p.pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGTERM)
             p.stop()
         if self.tb is not None:
             Testbed.down(self.name, state_dir=self.tb.state_dir)
@@ -133,6 +139,22 @@ MaxStartups 50
         with IPRoute() as ipr, contextlib.suppress(Exception):
             for idx in ipr.link_lookup(ifname=self.ctl_if):
                 ipr.link("del", index=idx)
+
+
+def _children(pid):
+    """PIDs whose parent is ``pid`` (from /proc)."""
+    out = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            out.append(int(d))
+    return out
 
 
 def host_table(h, key, install_dir, port=SSH_PORT, **extra):
