@@ -18,6 +18,18 @@
  * results come back one behind the other at the bottleneck's pace, so the
  * samples include the queueing of the whole window and SRTT settles at the
  * real round trip of a chunk, S times the bottleneck's per-chunk time.
+ *
+ * Loss is mostly repaired without the timer (fast retransmission): a chunk
+ * whose result is missing while DUPTHRESH results of chunks sent after it
+ * came back, or a STATUS reply showing this worker's contribution missing,
+ * is sent again at once.  Every worker sees the same gap, but only one of
+ * them lost the contribution: they take turns by a rank that rotates with
+ * the chunk, one smoothed RTT apart, and the aggregator's STATUS reply to
+ * the first (sent to the group) tells the others whether they are missing.
+ * A timer expiry whose chunk turns out not to have been lost (a STATUS with
+ * this worker's bit set, or the result twice) is a spurious timeout: it is
+ * counted, the backoff is undone and the estimator learns the wait that
+ * caused it (Eifel, RFC 4015).
  */
 #include <errno.h>
 #include <stdio.h>
@@ -30,7 +42,13 @@
 #include "homagg/kernels.h"
 #include "homagg/wire.h"
 
-#define BURST 32
+#define BURST 64         /* a window's worth of frames per port call */
+/* Results of chunks sent after a missing one that declare it lost (TCP's
+ * duplicate-ACK threshold): tolerates reordering by up to DUPTHRESH - 1. */
+#define DUPTHRESH 3
+/* done[] values: no result yet, the result, the result after a timeout
+ * (a second copy then shows the timeout was spurious). */
+enum { CH_PENDING = 0, CH_DONE = 1, CH_DONE_AFTER_TIMEOUT = 2 };
 #define ETH_LEN 14
 #define IP_LEN 20
 #define UDP_LEN 8
@@ -77,7 +95,9 @@ struct step {
 	size_t next_send;       /* next chunk to send the first time */
 	size_t ndone;
 	size_t hi_done;         /* 1 + the highest chunk with its result (0: none) */
+	size_t lo_open;         /* every chunk below has its result */
 	uint64_t t_hi;          /* when the result of chunk hi_done - 1 arrived */
+	uint64_t t_first_tx;    /* when its first chunk was sent (0: not yet) */
 };
 
 /* A chunk in flight, at ring index seq % S. */
@@ -86,7 +106,13 @@ struct flight {
 	bool busy;
 	bool unsent;            /* the port refused it: send at the next poll */
 	bool have_status;
+	bool timed_out;         /* its timer expired; not yet judged spurious */
+	bool present;           /* a STATUS showed our contribution in the slot */
+	uint16_t overtaken;     /* results of chunks sent after its latest transmission */
 	uint32_t tries;         /* transmissions so far */
+	uint64_t txn_first;     /* transmission order number of its first sending */
+	uint64_t txn_last;      /*   and of its latest */
+	uint64_t fast_at;       /* a fast retransmission is due then (0: none) */
 	uint64_t first_tx;      /* when it was queued for its first transmission */
 	uint64_t last_tx;       /* its latest transmission */
 	uint64_t armed;         /* its timer runs from here (see chunk_deadline) */
@@ -137,6 +163,17 @@ struct hg_client {
 	uint64_t srtt, rttvar, rto_est, rto;
 	uint64_t t_backoff;     /* when rto was last backed off */
 	uint64_t t_timeout;     /* when a timer last expired (0: never) */
+	bool tx_blocked;        /* the port refused frames in the latest poll */
+	uint64_t txn;           /* transmissions so far: their order numbers */
+	/*
+	 * Step-start wait, ns: the time from a step's first transmission to
+	 * its first result includes the slowest peer's computing of the step
+	 * (every worker starts a step when it has decoded the previous one).
+	 * Smoothed like SRTT/RTTVAR from one sample per step; chunks of a step
+	 * without any result yet wait max(RTO, start_wait).
+	 */
+	bool have_start;
+	uint64_t sstart, sstartvar, start_wait;
 
 	struct hg_client_stats stats;
 	char err[256];
@@ -202,6 +239,11 @@ struct hg_client *hg_client_create(const struct hg_client_config *cfg)
 		goto err_free;
 	c->rto = c->cfg.rto_ns;
 	c->rto_est = c->cfg.rto_ns;
+	if (!c->cfg.start_wait_ns)
+		c->cfg.start_wait_ns = 4 * c->cfg.rto_ns;
+	if (c->cfg.start_wait_ns > c->cfg.rto_max_ns)
+		c->cfg.start_wait_ns = c->cfg.rto_max_ns;
+	c->start_wait = c->cfg.start_wait_ns;
 	if (!c->cfg.give_up_ns)
 		c->cfg.give_up_ns = HG_CLIENT_DEFAULT_GIVE_UP_NS;
 	if (!c->cfg.backoff_num) {
@@ -276,6 +318,7 @@ int hg_client_get_stats(const struct hg_client *c, struct hg_client_stats *st)
 	st->srtt_ns = c->srtt;
 	st->rttvar_ns = c->rttvar;
 	st->rto_ns = c->rto;
+	st->start_wait_ns = c->start_wait;
 	return 0;
 }
 
@@ -295,10 +338,22 @@ static uint64_t rto_backoff(const struct hg_client *c, uint64_t rto)
  * beta = 1/4, K = 4, G = HG_CLIENT_RTO_GRANULARITY_NS.  The new timeout
  * replaces any backed-off one.
  */
+/* SRTT + max(G, 4 RTTVAR), clamped to [rto_min_ns, rto_max_ns]. */
+static uint64_t rto_clamp(const struct hg_client *c, uint64_t srtt, uint64_t var)
+{
+	uint64_t var4 = 4 * var, rto;
+
+	rto = srtt + (var4 > HG_CLIENT_RTO_GRANULARITY_NS ?
+		      var4 : HG_CLIENT_RTO_GRANULARITY_NS);
+	if (rto < c->cfg.rto_min_ns)
+		rto = c->cfg.rto_min_ns;
+	if (rto > c->cfg.rto_max_ns)
+		rto = c->cfg.rto_max_ns;
+	return rto;
+}
+
 static void rtt_sample(struct hg_client *c, uint64_t r)
 {
-	uint64_t var4, rto;
-
 	if (!c->have_rtt) {
 		c->srtt = r;
 		c->rttvar = r / 2;
@@ -309,16 +364,67 @@ static void rtt_sample(struct hg_client *c, uint64_t r)
 		c->rttvar = (3 * c->rttvar + d) / 4;
 		c->srtt = (7 * c->srtt + r) / 8;
 	}
-	var4 = 4 * c->rttvar;
-	rto = c->srtt + (var4 > HG_CLIENT_RTO_GRANULARITY_NS ?
-			 var4 : HG_CLIENT_RTO_GRANULARITY_NS);
-	if (rto < c->cfg.rto_min_ns)
-		rto = c->cfg.rto_min_ns;
-	if (rto > c->cfg.rto_max_ns)
-		rto = c->cfg.rto_max_ns;
-	c->rto_est = rto;
-	c->rto = rto;
+	c->rto_est = rto_clamp(c, c->srtt, c->rttvar);
+	c->rto = c->rto_est;
 	c->stats.rtt_samples++;
+}
+
+/*
+ * A step-start sample s (ns): its first transmission to its first result.
+ * Smoothed as RTT samples are; start_wait never drops below the configured
+ * start_wait_ns.
+ */
+static void start_sample(struct hg_client *c, uint64_t s)
+{
+	uint64_t w;
+
+	if (!c->have_start) {
+		c->sstart = s;
+		c->sstartvar = s / 2;
+		c->have_start = true;
+	} else {
+		uint64_t d = c->sstart > s ? c->sstart - s : s - c->sstart;
+
+		c->sstartvar = (3 * c->sstartvar + d) / 4;
+		c->sstart = (7 * c->sstart + s) / 8;
+	}
+	w = c->sstart + 4 * c->sstartvar;
+	if (w < c->cfg.start_wait_ns)
+		w = c->cfg.start_wait_ns;
+	if (w > c->cfg.give_up_ns / 4)
+		w = c->cfg.give_up_ns / 4;
+	c->start_wait = w;
+}
+
+/*
+ * A timeout turned out spurious: the chunk had not been lost, it waited
+ * for a peer (computing, descheduled, or repairing its own loss).  Eifel
+ * response (RFC 4015): undo the backoff, keep the estimate.  The margin
+ * against such waits is rto_min_ns (real-time ports) and start_wait.
+ */
+static void spurious_timeout(struct hg_client *c, struct flight *fl)
+{
+	c->stats.spurious_timeouts++;
+	if (fl)
+		fl->timed_out = false;
+	c->rto = c->rto_est;
+}
+
+/* This worker's turn among the W for chunk seq (0 first), rotating. */
+static uint32_t chunk_rank(const struct hg_client *c, uint32_t seq)
+{
+	return (c->cfg.worker + c->cfg.workers - seq % c->cfg.workers) %
+	       c->cfg.workers;
+}
+
+/* How far apart the workers' turns are: SRTT + 4 RTTVAR, by when the
+ * STATUS reply to the previous turn's retransmission is back, with the
+ * confidence RFC 6298 gives the RTO (but without its floors). */
+static uint64_t turn_ns(const struct hg_client *c)
+{
+	uint64_t d = c->have_rtt ? c->srtt + 4 * c->rttvar : c->cfg.rto_ns;
+
+	return d > HG_CLIENT_RTO_GRANULARITY_NS ? d : HG_CLIENT_RTO_GRANULARITY_NS;
 }
 
 /*
@@ -346,7 +452,7 @@ static uint64_t chunk_rto(const struct hg_client *c, const struct flight *fl)
 static uint64_t chunk_deadline(const struct hg_client *c, const struct flight *fl)
 {
 	size_t k = (uint32_t)(fl->seq - c->st.base_seq);
-	uint64_t from = fl->armed;
+	uint64_t from = fl->armed, rto = chunk_rto(c, fl);
 
 	if (k >= c->st.hi_done) {
 		if (c->st.t_hi > from)
@@ -354,7 +460,12 @@ static uint64_t chunk_deadline(const struct hg_client *c, const struct flight *f
 		if (c->t_backoff > from)
 			from = c->t_backoff;
 	}
-	return from + chunk_rto(c, fl);
+	/* No result of the step yet: the slowest peer may still be computing
+	 * it.  And the workers take turns (see chunk_rank), so that the first
+	 * one's STATUS reply tells the others whether they are missing. */
+	if (c->st.hi_done == 0 && c->start_wait > rto)
+		rto = c->start_wait;
+	return from + rto + chunk_rank(c, fl->seq) * turn_ns(c);
 }
 
 /* ---- frames ------------------------------------------------------------ */
@@ -440,7 +551,9 @@ static int step_begin(struct hg_client *c, int nstreams)
 	st->next_send = 0;
 	st->ndone = 0;
 	st->hi_done = 0;
+	st->lo_open = 0;
 	st->t_hi = 0;
+	st->t_first_tx = 0;
 	rc = buf_need(&c->done, st->nchunks);
 	if (rc)
 		return rc;
@@ -674,6 +787,7 @@ static void handle_frame(struct hg_client *c, const uint8_t *f, size_t len,
 	struct flight *fl;
 	const uint8_t *pl;
 	size_t k, first, lanes;
+	uint64_t txn;
 	uint32_t seq;
 
 	/* Same validation as the aggregator: addresses, lengths, header. */
@@ -695,10 +809,29 @@ static void handle_frame(struct hg_client *c, const uint8_t *f, size_t len,
 		c->stats.status_received++;
 		if (fl->busy && fl->seq == seq) {
 			size_t nb = (c->cfg.workers + 7) / 8;
+			bool mine;
 
 			memset(fl->bitmap, 0, sizeof(fl->bitmap));
 			memcpy(fl->bitmap, pl, v.payload_len < nb ? v.payload_len : nb);
 			fl->have_status = true;
+			mine = fl->bitmap[c->cfg.worker / 8] >> (c->cfg.worker % 8) & 1;
+			if (mine) {
+				/* Our contribution is there: the slot waits for a
+				 * peer.  Nothing to resend; a timeout that made us
+				 * ask was spurious. */
+				if (fl->timed_out)
+					spurious_timeout(c, fl);
+				fl->present = true;
+				fl->fast_at = 0;
+				fl->armed = now;
+			} else if (!fl->unsent &&
+				   (fl->fast_at || now - fl->last_tx >= turn_ns(c))) {
+				/* Ours is missing, and this STATUS is not older
+				 * than our latest copy (results of chunks sent
+				 * after it came back, or it is a turn old):
+				 * resend it now. */
+				fl->fast_at = now;
+			}
 		}
 		return;
 	}
@@ -707,8 +840,14 @@ static void handle_frame(struct hg_client *c, const uint8_t *f, size_t len,
 		c->stats.duplicates_received++;
 		return;
 	}
-	if (c->done.p[k]) {
+	if (c->done.p[k] != CH_PENDING) {
 		c->stats.duplicates_received++;
+		if (c->done.p[k] == CH_DONE_AFTER_TIMEOUT) {
+			/* The original's result and the answer to the
+			 * retransmission both came: it was not lost. */
+			spurious_timeout(c, NULL);
+			c->done.p[k] = CH_DONE;
+		}
 		return;
 	}
 	s = &st->s[0];
@@ -720,11 +859,14 @@ static void handle_frame(struct hg_client *c, const uint8_t *f, size_t len,
 	if (v.hdr.op != s->op || v.hdr.lanes != lanes)
 		goto ignore;
 	memcpy(s->out + first * s->acc_lane, pl, lanes * s->acc_lane);
-	c->done.p[k] = 1;
+	c->done.p[k] = CH_DONE;
 	st->ndone++;
 	c->stats.results_received++;
 	c->stats.bytes_received[s->phase] += lanes * s->acc_lane;
+	if (st->hi_done == 0 && st->t_first_tx && now >= st->t_first_tx)
+		start_sample(c, now - st->t_first_tx);
 	fl = &c->fl[seq % c->cfg.slots];
+	txn = UINT64_MAX;
 	if (fl->busy && fl->seq == seq) {
 		/*
 		 * Karn: only a chunk sent once tells which copy was answered.
@@ -739,7 +881,28 @@ static void handle_frame(struct hg_client *c, const uint8_t *f, size_t len,
 		if (fl->tries == 1 && k + 1 >= st->hi_done &&
 		    fl->last_tx > c->t_timeout && now >= fl->last_tx)
 			rtt_sample(c, now - fl->last_tx);
+		if (fl->timed_out)
+			c->done.p[k] = CH_DONE_AFTER_TIMEOUT;
+		/* The answered copy was sent no earlier than the first. */
+		txn = fl->txn_first;
 		fl->busy = false;
+		fl->fast_at = 0;
+	}
+	/*
+	 * Chunks still open below k that were last sent before k was first
+	 * sent: one more result overtook them.  At DUPTHRESH they are taken
+	 * as lost and resent at this worker's turn (chunk_rank).
+	 */
+	while (st->lo_open < st->nchunks && c->done.p[st->lo_open] != CH_PENDING)
+		st->lo_open++;
+	for (size_t i = st->lo_open; i < k && txn != UINT64_MAX; i++) {
+		struct flight *o = &c->fl[(st->base_seq + (uint32_t)i) % c->cfg.slots];
+
+		if (c->done.p[i] != CH_PENDING || !o->busy || o->unsent ||
+		    o->present || o->txn_last >= txn || o->fast_at)
+			continue;
+		if (++o->overtaken >= DUPTHRESH)
+			o->fast_at = now + chunk_rank(c, o->seq) * turn_ns(c);
 	}
 	if (k + 1 > st->hi_done) {
 		/* Chunks this result overtook: their timers stop following
@@ -814,6 +977,7 @@ static void tx_chunks(struct hg_client *c, const size_t *ks, uint16_t cnt,
 		struct flight *fl = &c->fl[seq % c->cfg.slots];
 
 		if (i >= sent) {
+			c->tx_blocked = true;
 			fl->unsent = true;
 			c->stats.tx_refused++;
 			continue;
@@ -821,6 +985,12 @@ static void tx_chunks(struct hg_client *c, const size_t *ks, uint16_t cnt,
 		fl->unsent = false;
 		fl->last_tx = now;
 		fl->armed = now;
+		fl->txn_last = ++c->txn;
+		fl->overtaken = 0;
+		if (fl->tries == 0)
+			fl->txn_first = fl->txn_last;
+		if (!c->st.t_first_tx)
+			c->st.t_first_tx = now;
 		if (fl->tries++ > 0)
 			c->stats.retransmissions++;
 		c->stats.packets_sent++;
@@ -850,6 +1020,10 @@ static void tx_new(struct hg_client *c, uint64_t now)
 			fl->seq = seq;
 			fl->tries = 0;
 			fl->have_status = false;
+			fl->timed_out = false;
+			fl->present = false;
+			fl->overtaken = 0;
+			fl->fast_at = 0;
 			fl->first_tx = now;
 			fl->rto = c->rto;
 			ks[cnt++] = k;
@@ -944,9 +1118,14 @@ static int tx_expired(struct hg_client *c, uint64_t now)
 
 		if (!fl->busy)
 			continue;
-		if (!fl->unsent && now < chunk_deadline(c, fl))
+		if (!fl->unsent && fl->fast_at && now >= fl->fast_at) {
+			/* Fast retransmission: a gap or a STATUS said it was
+			 * lost; no timer expired, nothing to back off. */
+			fl->fast_at = 0;
+			c->stats.fast_retransmissions++;
+		} else if (!fl->unsent && now < chunk_deadline(c, fl)) {
 			continue;
-		if (!fl->unsent) {
+		} else if (!fl->unsent) {
 			/* RFC 6298 5.5: back off this chunk's timer, and the
 			 * client's, which new chunks start with until a valid
 			 * sample -- the latter at most once per RTO, so
@@ -955,6 +1134,8 @@ static int tx_expired(struct hg_client *c, uint64_t now)
 			 * the chunk) do not compound. */
 			c->stats.timeouts++;
 			c->t_timeout = now;
+			fl->timed_out = true;
+			fl->fast_at = 0;
 			fl->rto = rto_backoff(c, chunk_rto(c, fl));
 			if (now - c->t_backoff >= c->rto) {
 				c->rto = rto_backoff(c, c->rto);
@@ -985,6 +1166,8 @@ static uint64_t next_deadline(const struct hg_client *c, uint64_t now)
 		if (fl->unsent)
 			return now;
 		t = chunk_deadline(c, fl);
+		if (fl->fast_at && fl->fast_at < t)
+			t = fl->fast_at;
 		if (t < dl)
 			dl = t;
 		t = fl->first_tx + c->cfg.give_up_ns;
@@ -1015,6 +1198,7 @@ int hg_client_poll(struct hg_client *c, uint64_t *next_deadline_ns)
 		break;
 	}
 	now = hg_port_now(c->cfg.port);
+	c->tx_blocked = false;
 	rx_all(c, now);
 	while (c->st.ndone == c->st.nchunks) {
 		rc = advance(c);
@@ -1032,26 +1216,44 @@ int hg_client_poll(struct hg_client *c, uint64_t *next_deadline_ns)
 	return 0;
 }
 
+/* The blocking form's longest wait without a deadline (a safety net). */
+#define IDLE_WAIT_NS 10000000ull
+
 int hg_client_allreduce(struct hg_client *c, const struct hg_params *p,
 			int method, const float *x, size_t n, float *y)
 {
+	const struct hg_port *port;
 	uint64_t dl, now;
 	int rc;
 
 	rc = hg_client_start(c, p, method, x, n, y);
 	if (rc)
 		return rc;
+	port = c->cfg.port;
 	for (;;) {
 		rc = hg_client_poll(c, &dl);
 		if (rc != 0)
 			return rc > 0 ? 0 : rc;
-		now = hg_port_now(c->cfg.port);
-		if (dl > now) {
+		now = hg_port_now(port);
+		if (c->tx_blocked) {
+			/* The port refused frames: wait until it takes more
+			 * (or a result comes), at most one granule. */
+			dl = now + HG_CLIENT_RTO_GRANULARITY_NS;
+		} else if (dl <= now) {
+			continue;
+		}
+		if (dl - now > IDLE_WAIT_NS)
+			dl = now + IDLE_WAIT_NS;
+		if (hg_port_can_wait(port)) {
+			rc = hg_port_wait(port, dl, c->tx_blocked);
+			if (rc < 0)
+				return client_fail(c, rc);
+		} else {
 			uint64_t wait = dl - now;
 			struct timespec ts;
 
-			if (wait > 50000)
-				wait = 50000;
+			if (wait > HG_CLIENT_RTO_GRANULARITY_NS)
+				wait = HG_CLIENT_RTO_GRANULARITY_NS;
 			ts.tv_sec = 0;
 			ts.tv_nsec = (long)wait;
 			nanosleep(&ts, NULL);

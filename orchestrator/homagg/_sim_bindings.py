@@ -114,27 +114,17 @@ def sim_worker_error(s, job, worker):
 
 
 def client_stats_dict(st):
-    return {
-        "packets_sent": st.packets_sent,
-        "retransmissions": st.retransmissions,
-        "timeouts": st.timeouts,
-        "results_received": st.results_received,
-        "duplicates_received": st.duplicates_received,
-        "status_received": st.status_received,
-        "packets_ignored": st.packets_ignored,
-        "tx_refused": st.tx_refused,
-        "bytes_sent": {PHASES[i]: st.bytes_sent[i] for i in range(len(PHASES))},
-        "bytes_received": {PHASES[i]: st.bytes_received[i] for i in range(len(PHASES))},
-        "chunks": st.chunks,
-        "stalled_blocks": st.stalled_blocks,
-        "fallback_lanes": st.fallback_lanes,
-        "method_chosen": st.method_chosen,
-        "next_seq": st.next_seq,
-        "srtt_ns": st.srtt_ns,
-        "rttvar_ns": st.rttvar_ns,
-        "rto_ns": st.rto_ns,
-        "rtt_samples": st.rtt_samples,
-    }
+    """A ``struct hg_client_stats`` as a dict: every field of the C struct
+    (read from the cdef, so a counter added in client.h appears here), the
+    per-phase arrays as {phase name: bytes}."""
+    out = {}
+    for name, field in ffi.typeof("struct hg_client_stats").fields:
+        v = getattr(st, name)
+        if field.type.kind == "array":
+            out[name] = {PHASES[i]: v[i] for i in range(len(PHASES))}
+        else:
+            out[name] = v
+    return out
 
 
 def sim_worker_stats(s, job, worker):

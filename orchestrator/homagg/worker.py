@@ -12,7 +12,12 @@ The C worker client (homagg/client.h) over the kernel UDP port backend
 
 Every worker of the job makes the same calls with its own ``worker`` id;
 the job (id, token, W, slots, payload) must be configured on the
-aggregator first (homagg.control.ControlClient.add_job).  A dead
+aggregator first (homagg.control.ControlClient.add_job).  ``rto`` is the
+first retransmission timeout (before any round trip was measured),
+``rto_min`` the least one, ``start_wait`` the least wait for the first
+result of a step.  ``stats()`` returns every counter of the client
+(homagg/client.h: timeouts, spurious_timeouts, fast_retransmissions, ...)
+and of its UDP port.  A dead
 aggregator makes ``allreduce`` raise ``PeerTimeout`` naming it within
 ``timeout`` seconds.
 """
@@ -21,6 +26,7 @@ import ipaddress
 import numpy as np
 
 from homagg._native import ffi, lib
+from homagg._sim_bindings import client_stats_dict
 from homagg.errors import InvalidArgument, check, error_for
 
 METHODS = {
@@ -30,6 +36,19 @@ METHODS = {
     "nc": "HG_M_NC",
     "auto": "HG_M_AUTO",
 }
+
+
+# The least retransmission timeout of a worker on kernel UDP (seconds).  Its
+# results stop for as long as the scheduler keeps a peer, the aggregator or
+# itself off a core: up to 11 ms measured on the 2-core testbed under load 8
+# (spurious timeouts of 1-11 ms with a 1-3 ms RTO).  Losses inside a window
+# do not wait for it (fast retransmission); only a lost tail of a step does.
+RTO_MIN = 0.02
+# The least wait for the first result of a step (seconds): it includes the
+# slowest peer's computing of the step (encoding 2^24 elements under CPU
+# contention: 20-140 ms measured on that testbed).  Only a step none of
+# whose results came back waits for it (a lost single-chunk step).
+START_WAIT = 0.1
 
 
 def _ipv4(addr, what):
@@ -74,8 +93,8 @@ class UdpPort:
     def stats(self):
         ps = ffi.new("struct hg_udp_port_stats *")
         check(lib.hg_udp_port_get_stats(self._p, ps))
-        return {k: getattr(ps, k) for k in (
-            "rx", "tx", "rx_truncated", "tx_bad", "tx_errors")}
+        return {name: getattr(ps, name)
+                for name, _ in ffi.typeof("struct hg_udp_port_stats").fields}
 
     def close(self):
         if self._p is not None:
@@ -89,7 +108,7 @@ class Worker:
     def __init__(self, job, token, worker, workers,
                  aggregator=("10.0.0.1", 48879), group=None,
                  bind=("0.0.0.0", 0), timeout=5.0, slots=64, payload=1024,
-                 rto=0.001, packets=0):
+                 rto=0.001, packets=0, rto_min=RTO_MIN, start_wait=START_WAIT):
         if not 0 <= worker < workers:
             raise InvalidArgument(f"worker {worker} not in 0..{workers - 1}")
         if timeout <= 0:
@@ -114,6 +133,8 @@ class Worker:
         cfg.agg_udp_port = self.aggregator[1]
         cfg.group_ipv4 = _ipv4(group, "group") if group else 0
         cfg.rto_ns = int(rto * 1e9)
+        cfg.rto_min_ns = int(rto_min * 1e9)
+        cfg.start_wait_ns = int(start_wait * 1e9)
         cfg.give_up_ns = int(timeout * 1e9)
         self._cfg = cfg
         client = lib.hg_client_create(cfg)
@@ -161,11 +182,8 @@ class Worker:
     def stats(self):
         """The client's counters and the UDP port's, as one dict."""
         st = ffi.new("struct hg_client_stats *")
-        lib.hg_client_get_stats(self._client, st)
-        out = {k: getattr(st, k) for k in (
-            "packets_sent", "retransmissions", "timeouts", "results_received",
-            "duplicates_received", "status_received", "packets_ignored",
-            "tx_refused", "chunks", "srtt_ns", "rto_ns")}
+        check(lib.hg_client_get_stats(self._client, st))
+        out = client_stats_dict(st)
         out["port"] = self._port.stats()
         return out
 
