@@ -381,8 +381,13 @@ def test_bottleneck_with_loss_is_exact_and_retransmits_per_loss():
     timeouts = sum(w["timeouts"] for w in per)
     assert fast > timeouts, (fast, timeouts)
     assert retrans == fast + timeouts
-    for w in per:
-        assert w["spurious_timeouts"] <= w["timeouts"]
+    # Loss is per hop here, results too: a worker's timer can expire while
+    # its chunk waits for a peer's repair.  The aggregator's STATUS (its
+    # bit set) or a second copy of the result shows such a timeout was
+    # spurious.
+    spurious = sum(w["spurious_timeouts"] for w in per)
+    assert 0 < spurious <= timeouts
+    assert res.stats["engine"]["summed"] == W * per[0]["chunks"]
 
 
 def test_reordering_fast_retransmission_sums_each_contribution_once():
@@ -407,23 +412,6 @@ def test_reordering_fast_retransmission_sums_each_contribution_once():
     assert eng["completed"] == chunks
     assert eng["summed"] == W * chunks
     assert eng["duplicates"] >= fast
-
-
-def test_spurious_timeouts_are_counted_and_undone():
-    """With per-hop loss (results too), a worker's timer can expire while
-    its chunk waits for a peer's repair: the aggregator's STATUS (its bit
-    set) or a second copy of the result shows the timeout was spurious."""
-    W, n = 4, 1 << 18
-    rng = np.random.default_rng(5)
-    grads = [rng.standard_normal(n).astype(np.float32) for _ in range(W)]
-    with Cluster(workers=W, link_gbps=1.0, agg_link_gbps=1.0, slots=64, loss=0.01,
-                 seed=1) as cl:
-        res = cl.allreduce(grads, method="dense", block_elements=BLOCK)
-    check_result(res, grads)
-    per = res.stats["workers"]
-    spurious = sum(w["spurious_timeouts"] for w in per)
-    assert 0 < spurious <= sum(w["timeouts"] for w in per)
-    assert res.stats["engine"]["summed"] == W * per[0]["chunks"]
 
 
 def test_aggregator_link_rate():
