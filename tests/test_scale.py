@@ -9,7 +9,6 @@ that dies mid-job is named in every worker's error within the timeout, and
 re-running with the K - 1 others is exact.
 """
 import socket
-import threading
 import time
 
 import numpy as np
@@ -20,6 +19,7 @@ from homagg.errors import InvalidArgument, PeerTimeout
 from homagg.sim import METHODS, Cluster
 
 from reference import allreduce as oracle_allreduce
+from test_port_udp import BLOCK as UDP_BLOCK
 from test_sim import BLOCK, assert_bits_equal, check_result, make_grads
 
 pytestmark = pytest.mark.sanitize
@@ -136,26 +136,12 @@ def test_same_result_whatever_k():
 # ---- homagg.worker.Worker over kernel UDP, K engines on loopback ----------
 
 def _udp_allreduce(addresses, job, grads, method, timeout=10.0):
-    from homagg.worker import Worker
+    """test_port_udp's threads, one Worker each, block UDP_BLOCK."""
+    from test_port_udp import run
 
-    W = len(grads)
-    out, err, stats = [None] * W, [None] * W, [None] * W
-
-    def work(w):
-        try:
-            with Worker(job=job, token=5, worker=w, workers=W, aggregators=addresses,
-                        bind=("127.0.0.1", 0), timeout=timeout, slots=8) as wk:
-                out[w] = wk.allreduce(grads[w], method=method, block=BLOCK)
-                stats[w] = wk.stats()
-        except Exception as exc:  # noqa: BLE001 - reported by the caller
-            err[w] = exc
-
-    threads = [threading.Thread(target=work, args=(w,)) for w in range(W)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert not any(t.is_alive() for t in threads)
+    stats = []
+    out, err = run(None, job, 5, grads, method, timeout=timeout, aggregators=addresses,
+                   stats=stats)
     return out, err, stats
 
 
@@ -170,7 +156,7 @@ def test_worker_over_two_udp_aggregators(method):
         grads = grads_of(3, 20000, seed=3, density=0.3)
         out, err, stats = _udp_allreduce([a.address for a in aggs], 31, grads, method)
         assert err == [None] * 3
-        want = oracle_allreduce(grads, BLOCK)
+        want = oracle_allreduce(grads, UDP_BLOCK)
         for y in out:
             assert y.tobytes() == want.tobytes()
         for k, a in enumerate(aggs):
