@@ -28,6 +28,7 @@ import torch
 
 import homagg.torch as hgt
 from conftest import require
+from homagg import protocol
 from homagg import run as runmod
 from homagg import train as trainmod
 from homagg.testbed import Testbed
@@ -75,7 +76,7 @@ def test_ddp_hook_lossless(testbed, model, ranks, method):
     assert all(b > 0 for b in rep["bytes_per_rank"])
     for b in rep["buckets"]:
         assert 0.0 <= b["density"] <= 1.0
-        assert set(b["methods"]) <= {"dense", "blocks", "lhc", "union"}, b
+        assert set(b["methods"]) <= set(protocol.AUTO_CANDIDATES), b
     if model == "ncf":  # embedding gradients: sparse, and auto does not send them dense
         assert rep["buckets"][0]["density"] < 0.05
         assert "dense" not in rep["buckets"][0]["methods"]
@@ -130,7 +131,7 @@ def test_train_cli_gloo_baseline_user_model_and_plots(testbed, tmp_path):
 
 
 def test_methods_follow_the_worker_method_list():
-    from homagg.worker import METHODS
+    from homagg.protocol import METHODS
 
     assert set(trainmod.METHODS) == set(METHODS) | {"gloo"}
     with pytest.raises(trainmod.TrainError, match="--model"):
@@ -259,7 +260,7 @@ def test_hook_dtypes_and_bucket_shapes_bit_exact(testbed, job):
     assert torch.count_nonzero(results[0][0][2]) == 0
     log = results[0][1]
     assert [e["numel"] for e in log] == [5000 if n == 0 else n for n, _ in shapes]
-    assert all(e["method"] in ("dense", "blocks", "lhc", "union") for e in log)
+    assert all(e["method"] in protocol.AUTO_CANDIDATES for e in log)
 
 
 def _toy(W, d=64, n=256, seed=3):

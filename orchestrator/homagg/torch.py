@@ -19,7 +19,7 @@ back.
 Options of ``HookState``:
 
 - ``method``: "auto" (default: per bucket, the exact method with the fewest
-  bytes, decided on exact counts) or any key of homagg.worker.METHODS;
+  bytes, decided on exact counts) or any of homagg.protocol.METHODS;
   "nc" is natural compression (lossy, unbiased).
 - ``sparsify``: ``TopK(fraction)`` or ``Threshold(value)`` keeps only the
   largest entries of each bucket, with error feedback: what a rank did not
@@ -54,7 +54,8 @@ import numpy as np
 import torch
 
 from homagg.errors import HomAggError, InvalidArgument
-from homagg.worker import METHODS, Worker
+from homagg import protocol
+from homagg.worker import Worker
 
 UDP_PORT = 48879  # HG_UDP_PORT (wire.h)
 
@@ -185,8 +186,7 @@ class HookState:
 
     def __init__(self, worker=None, *, method="auto", sparsify=None, process_group=None,
                  block=None, nc_levels=0, seed=0, recorder=None, env=None):
-        if method not in METHODS:
-            raise InvalidArgument(f"method {method!r} not in {sorted(METHODS)}")
+        protocol.method(method)  # InvalidArgument naming the choices
         if sparsify is not None and not hasattr(sparsify, "mask"):
             raise InvalidArgument("sparsify must be homagg.torch.TopK(...) or Threshold(...)")
         self.method = method

@@ -61,8 +61,9 @@ import time
 import numpy as np
 
 from homagg.errors import HomAggError
-from homagg.worker import EXACT_METHODS, METHODS as HOMAGG_METHODS
+from homagg.protocol import EXACT_METHODS, METHODS as HOMAGG_METHODS
 
+# the protocol's methods (homagg.protocol, read from C) and the Gloo baseline
 METHODS = tuple(HOMAGG_METHODS) + ("gloo",)
 BUILTIN_MODELS = ("ncf", "lstm", "bert", "vgg")
 GLOO_PORT = 29611

@@ -9,12 +9,6 @@ The C worker client (homagg/client.h) over the kernel UDP port backend
                 aggregator=("10.0.0.1", 48879), group="239.1.1.1",
                 bind=("10.0.0.2", 0), timeout=5.0) as w:
         y = w.allreduce(grad, method="lhc")   # float32, the exact sum
-        f = w.allreduce_async(grad)           # concurrent.futures.Future of it
-
-``allreduce`` releases the GIL for the whole C call (cffi does), so
-``allreduce_async`` runs it on the worker's one background thread: calls
-run one at a time in the order they were made (every worker of a job must
-make the same calls in the same order), while Python keeps running.
 
 Every worker of the job makes the same calls with its own ``worker`` id;
 the job (id, token, W, slots, payload) must be configured on the
@@ -27,6 +21,12 @@ aggregators")::
 
 A dead aggregator makes ``allreduce`` raise ``PeerTimeout`` naming it
 within ``timeout`` seconds.
+
+``allreduce`` releases the GIL for the whole C call (cffi does), so
+``allreduce_async(grad)`` runs it on the worker's one background thread and
+returns a concurrent.futures.Future: calls run one at a time in the order
+they were made (every worker of a job must make the same calls in the same
+order), while Python keeps running.
 """
 import concurrent.futures
 import ipaddress
@@ -34,26 +34,9 @@ import threading
 
 import numpy as np
 
+from homagg import protocol
 from homagg._native import ffi, lib
 from homagg.errors import InvalidArgument, check, error_for
-
-METHODS = {
-    "dense": "HG_M_DENSE",
-    "blocks": "HG_M_BLOCKS",
-    "lhc": "HG_M_LHC",
-    "nc": "HG_M_NC",
-    "auto": "HG_M_AUTO",
-}
-# The methods decoding the fixed-point reference bit for bit (nc is lossy).
-EXACT_METHODS = tuple(m for m in METHODS if m != "nc")
-
-
-def method_name(code):
-    """The METHODS key of a C method code (HG_M_*), e.g. auto's choice."""
-    for name, const in METHODS.items():
-        if getattr(lib, const) == code:
-            return name
-    return None
 
 
 def _ipv4(addr, what):
@@ -178,8 +161,7 @@ class Worker:
         ``info`` (a dict, optional) receives what this call did:
         "method" (the method that ran: auto's choice), "bytes_sent" and
         "bytes_received" (HomAgg payload bytes of this call)."""
-        if method not in METHODS:
-            raise InvalidArgument(f"method {method!r} not in {sorted(METHODS)}")
+        code = protocol.method(method).code
         x = np.ascontiguousarray(array, dtype=np.float32).reshape(-1)
         if out is None:
             out = np.empty_like(x)
@@ -197,14 +179,15 @@ class Worker:
             if self._client is None:
                 raise InvalidArgument("worker is closed")
             if info is not None:
-                before = self._phase_bytes()
+                before = self._payload_bytes()
             rc = lib.hg_client_allreduce(
-                self._client, p, getattr(lib, METHODS[method]),
+                self._client, p, code,
                 ffi.from_buffer("float[]", x), x.size,
                 ffi.from_buffer("float[]", out, require_writable=True))
             if info is not None and rc >= 0:
-                after = self._phase_bytes()
-                info["method"] = method_name(after[2])
+                after = self._payload_bytes()
+                m = protocol.METHOD_BY_CODE.get(after[2])
+                info["method"] = m.name if m else None
                 info["bytes_sent"] = after[0] - before[0]
                 info["bytes_received"] = after[1] - before[1]
         if rc < 0:
@@ -227,7 +210,8 @@ class Worker:
                 max_workers=1, thread_name_prefix=f"homagg-w{self.worker}")
         return self._executor.submit(self.allreduce, array, method, **kwargs)
 
-    def _phase_bytes(self):
+    def _payload_bytes(self):
+        """(bytes sent, bytes received, method chosen) of the client so far."""
         st = ffi.new("struct hg_client_stats *")
         lib.hg_client_get_stats(self._client, st)
         return (sum(st.bytes_sent), sum(st.bytes_received), st.method_chosen)
@@ -242,7 +226,8 @@ class Worker:
             "tx_refused", "chunks", "srtt_ns", "rto_ns")}
         out["bytes_sent"] = sum(st.bytes_sent)
         out["bytes_received"] = sum(st.bytes_received)
-        out["method_chosen"] = method_name(st.method_chosen)
+        m = protocol.METHOD_BY_CODE.get(st.method_chosen)
+        out["method_chosen"] = m.name if m else None
         out["port"] = self._port.stats()
         out["aggregators"] = []
         ast = ffi.new("struct hg_client_agg_stats *")
