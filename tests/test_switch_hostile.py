@@ -136,10 +136,11 @@ def test_arp_never_reaches_the_engine(link, daemons):  # noqa: F811
     other ARP frame (a reply, a request for another address, one too short
     for an ARP body, a non-IPv4 one) is consumed and counted in arp_other;
     none of them reaches the engine (received, not_ip unchanged)."""
-    # no IPv6 chatter (router solicitations, MLD) from the workers' side:
-    # the engine's counters must move only through what this test sends
-    subprocess.run(["ip", "netns", "exec", link.ns_workers, "sysctl", "-q", "-w",
-                    "net.ipv6.conf.all.disable_ipv6=1"], check=True, timeout=30)
+    # no IPv6 chatter (router solicitations, MLD) on the link: the engine's
+    # counters must move only through what this test sends
+    for ns in (link.ns_workers, link.ns_switch):
+        subprocess.run(["ip", "netns", "exec", ns, "sysctl", "-q", "-w",
+                        "net.ipv6.conf.all.disable_ipv6=1"], check=True, timeout=30)
     d = daemons()
     wmac = _mac(link.ns_workers, link.dev_workers)
     smac = _mac(link.ns_switch, link.dev_switch)
