@@ -12,30 +12,38 @@ The C worker client (homagg/client.h) over the kernel UDP port backend
 
 Every worker of the job makes the same calls with its own ``worker`` id;
 the job (id, token, W, slots, payload) must be configured on the
-aggregator first (homagg.control.ControlClient.add_job).  ``rto`` is the
-first retransmission timeout (before any round trip was measured),
-``rto_min`` the least one, ``start_wait`` the least wait for the first
-result of a step.  ``stats()`` returns every counter of the client
-(homagg/client.h: timeouts, spurious_timeouts, fast_retransmissions, ...)
-and of its UDP port.  A dead
-aggregator makes ``allreduce`` raise ``PeerTimeout`` naming it within
-``timeout`` seconds.
+aggregator first (homagg.control.ControlClient.add_job).  A job spread over
+K aggregators names them all, in the same order on every worker and with
+aggregator k told its ``shard`` k at add_job (docs/PROTOCOL.md, "Several
+aggregators")::
+
+    Worker(..., aggregators=[("10.0.0.1", 48879), ("10.0.0.3", 48879)])
+
+A dead aggregator makes ``allreduce`` raise ``PeerTimeout`` naming it
+within ``timeout`` seconds.  ``rto`` is the first retransmission timeout
+(before any round trip was measured), ``rto_min`` the least one,
+``start_wait`` the least wait for the first result of a step.
+``stats()`` returns every counter of the client (homagg/client.h:
+timeouts, spurious_timeouts, fast_retransmissions, ...), of each
+aggregator and of its UDP port (waits, wait_timeouts: the blocking
+allreduce sleeps in ppoll until a result arrives).
+
+``allreduce`` releases the GIL for the whole C call (cffi does), so
+``allreduce_async(grad)`` runs it on the worker's one background thread and
+returns a concurrent.futures.Future: calls run one at a time in the order
+they were made (every worker of a job must make the same calls in the same
+order), while Python keeps running.
 """
+import concurrent.futures
 import ipaddress
+import threading
 
 import numpy as np
 
+from homagg import protocol
 from homagg._native import ffi, lib
 from homagg._sim_bindings import client_stats_dict
 from homagg.errors import InvalidArgument, check, error_for
-
-METHODS = {
-    "dense": "HG_M_DENSE",
-    "blocks": "HG_M_BLOCKS",
-    "lhc": "HG_M_LHC",
-    "nc": "HG_M_NC",
-    "auto": "HG_M_AUTO",
-}
 
 
 # The least retransmission timeout of a worker on kernel UDP (seconds).  Its
@@ -108,18 +116,29 @@ class Worker:
     def __init__(self, job, token, worker, workers,
                  aggregator=("10.0.0.1", 48879), group=None,
                  bind=("0.0.0.0", 0), timeout=5.0, slots=64, payload=1024,
-                 rto=0.001, packets=0, rto_min=RTO_MIN, start_wait=START_WAIT):
+                 rto=0.001, packets=0, aggregators=None, rto_min=RTO_MIN,
+                 start_wait=START_WAIT):
         if not 0 <= worker < workers:
             raise InvalidArgument(f"worker {worker} not in 0..{workers - 1}")
         if timeout <= 0:
             raise InvalidArgument("timeout must be positive")
+        if aggregators is None:
+            aggregators = [aggregator]
+        aggregators = [(str(a[0]), int(a[1])) for a in aggregators]
+        if not 1 <= len(aggregators) <= lib.HG_CLIENT_MAX_AGGREGATORS:
+            raise InvalidArgument(f"aggregators: 1..{lib.HG_CLIENT_MAX_AGGREGATORS} "
+                                  f"(host, port) pairs, got {len(aggregators)}")
+        if len(set(aggregators)) != len(aggregators):
+            raise InvalidArgument(f"aggregators: the same address twice in {aggregators}")
         self.job, self.token = job, token
         self.worker, self.workers = worker, workers
-        self.aggregator = (str(aggregator[0]), int(aggregator[1]))
+        self.aggregators = aggregators
+        self.aggregator = aggregators[0]
         self.group = group
         self.timeout = timeout
 
-        self._port = UdpPort(bind, packets=max(int(packets), 4 * slots + 256))
+        self._port = UdpPort(bind, packets=max(int(packets),
+                                               4 * slots * len(aggregators) + 256))
 
         cfg = ffi.new("struct hg_client_config *")
         cfg.port = self._port.port
@@ -129,14 +148,19 @@ class Worker:
         cfg.workers = workers
         cfg.slots = slots
         cfg.payload_bytes = payload
-        cfg.agg_ipv4 = _ipv4(self.aggregator[0], "aggregator")
-        cfg.agg_udp_port = self.aggregator[1]
+        aggs = ffi.new("struct hg_client_agg[]", len(aggregators))
+        for a, (host, port) in zip(aggs, aggregators):
+            a.ipv4 = _ipv4(host, "aggregator")
+            a.udp_port = port
+        cfg.naggs = len(aggregators)
+        cfg.aggs = aggs
         cfg.group_ipv4 = _ipv4(group, "group") if group else 0
         cfg.rto_ns = int(rto * 1e9)
         cfg.rto_min_ns = int(rto_min * 1e9)
         cfg.start_wait_ns = int(start_wait * 1e9)
         cfg.give_up_ns = int(timeout * 1e9)
         self._cfg = cfg
+        self._aggs = aggs
         client = lib.hg_client_create(cfg)
         if client == ffi.NULL:
             raise InvalidArgument(
@@ -145,16 +169,22 @@ class Worker:
         # the destructor holds the port: the client frees packets into it
         self._client = ffi.gc(
             client, lambda c, _port=self._port: lib.hg_client_destroy(c))
+        # one C call at a time; allreduce_async's calls run on one thread
+        self._lock = threading.Lock()
+        self._executor = None
 
     @property
     def local_address(self):
         return self._port.local_address
 
     def allreduce(self, array, method="dense", out=None, block=None,
-                  stochastic=False, seed=0, nc_levels=0):
-        """The sum over the job's workers of ``array`` (float32, 1-D)."""
-        if method not in METHODS:
-            raise InvalidArgument(f"method {method!r} not in {sorted(METHODS)}")
+                  stochastic=False, seed=0, nc_levels=0, info=None):
+        """The sum over the job's workers of ``array`` (float32, 1-D).
+
+        ``info`` (a dict, optional) receives what this call did:
+        "method" (the method that ran: auto's choice), "bytes_sent" and
+        "bytes_received" (HomAgg payload bytes of this call)."""
+        code = protocol.method(method).code
         x = np.ascontiguousarray(array, dtype=np.float32).reshape(-1)
         if out is None:
             out = np.empty_like(x)
@@ -168,30 +198,76 @@ class Worker:
         p.flags = lib.HG_F_STOCHASTIC if stochastic else 0
         p.seed = int(seed) & (2**64 - 1)
         p.nc_levels = int(nc_levels)
-        rc = lib.hg_client_allreduce(
-            self._client, p, getattr(lib, METHODS[method]),
-            ffi.from_buffer("float[]", x), x.size,
-            ffi.from_buffer("float[]", out, require_writable=True))
+        with self._lock:
+            if self._client is None:
+                raise InvalidArgument("worker is closed")
+            if info is not None:
+                before = self._payload_bytes()
+            rc = lib.hg_client_allreduce(
+                self._client, p, code,
+                ffi.from_buffer("float[]", x), x.size,
+                ffi.from_buffer("float[]", out, require_writable=True))
+            if info is not None and rc >= 0:
+                after = self._payload_bytes()
+                m = protocol.METHOD_BY_CODE.get(after[2])
+                info["method"] = m.name if m else None
+                info["bytes_sent"] = after[0] - before[0]
+                info["bytes_received"] = after[1] - before[1]
         if rc < 0:
             text = ffi.string(lib.hg_client_error_text(self._client)).decode()
-            where = f"aggregator {self.aggregator[0]}:{self.aggregator[1]}"
+            where = ", ".join(f"{h}:{p}" for h, p in self.aggregators)
+            where = f"aggregator{'s' if len(self.aggregators) > 1 else ''} {where}"
             raise error_for(rc, f"worker {self.worker} of job {self.job}, "
                                 f"{where}: {text or 'failed'}")
         return out
+
+    def allreduce_async(self, array, method="dense", **kwargs):
+        """``allreduce`` on the worker's background thread: returns a
+        concurrent.futures.Future of the result (its exception on failure,
+        e.g. PeerTimeout naming the aggregator).  ``array`` must stay
+        unchanged until the future is done.  Calls run in submission order."""
+        if self._client is None:
+            raise InvalidArgument("worker is closed")
+        if self._executor is None:
+            self._executor = concurrent.futures.ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix=f"homagg-w{self.worker}")
+        return self._executor.submit(self.allreduce, array, method, **kwargs)
+
+    def _payload_bytes(self):
+        """(bytes sent, bytes received, method chosen) of the client so far."""
+        st = ffi.new("struct hg_client_stats *")
+        lib.hg_client_get_stats(self._client, st)
+        return (sum(st.bytes_sent), sum(st.bytes_received), st.method_chosen)
 
     def stats(self):
         """The client's counters and the UDP port's, as one dict."""
         st = ffi.new("struct hg_client_stats *")
         check(lib.hg_client_get_stats(self._client, st))
         out = client_stats_dict(st)
+        out["bytes_sent"] = sum(st.bytes_sent)
+        out["bytes_received"] = sum(st.bytes_received)
+        m = protocol.METHOD_BY_CODE.get(st.method_chosen)
+        out["method_chosen"] = m.name if m else None
         out["port"] = self._port.stats()
+        out["aggregators"] = []
+        ast = ffi.new("struct hg_client_agg_stats *")
+        for k in range(len(self.aggregators)):
+            check(lib.hg_client_get_agg_stats(self._client, k, ast))
+            out["aggregators"].append({
+                f: getattr(ast, f)
+                for f, _ in ffi.typeof("struct hg_client_agg_stats").fields})
         return out
 
     def close(self):
+        # pending asynchronous calls finish (or time out) first
+        if getattr(self, "_executor", None) is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
         # the client first: it holds packets of the port
         if getattr(self, "_client", None) is not None:
-            ffi.release(self._client)
-            self._client = None
+            with self._lock:
+                ffi.release(self._client)
+                self._client = None
         if getattr(self, "_port", None) is not None:
             self._port.close()
             self._port = None
