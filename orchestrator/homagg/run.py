@@ -211,9 +211,18 @@ class Switch:
 # Workers (child processes)
 
 
+def _numeric_delta(before: dict, after: dict) -> dict:
+    """after - before for the integer counters of a worker's stats."""
+    return {k: v - before.get(k, 0) for k, v in after.items()
+            if isinstance(v, int) and not isinstance(v, bool)}
+
+
 def _child(spec: dict) -> int:
     """One worker process: build the gradient, wait for "go" on stdin, run
-    the allreduce, save the result, print one JSON line of stats."""
+    ``warmup`` untimed allreduces, then (after a second "ready"/"go" when
+    there were any) ``repeat`` timed ones, save the result, print one JSON
+    line of stats: the time and CPU of each timed call and the counters
+    they moved ("stats_timed"; "stats" is the client's total)."""
     from homagg.worker import Worker
 
     x = gradient(spec["elements"], spec["density"], spec["workload"], spec["seed"], spec["worker"],
@@ -234,13 +243,25 @@ def _child(spec: dict) -> int:
             print("ready", flush=True)
             if sys.stdin.readline().strip() != "go":
                 return 2
-        c0, t0 = time.process_time(), time.perf_counter()
-        y = w.allreduce(x, method=spec["method"], block=spec["block"])
-        seconds = time.perf_counter() - t0
-        cpu = time.process_time() - c0  # this process's CPU time (all its threads)
+        y = np.empty_like(x)
+        for _ in range(spec.get("warmup", 0)):
+            w.allreduce(x, method=spec["method"], block=spec["block"], out=y)
+        if spec.get("warmup", 0) and not spec.get("go_file"):
+            print("ready", flush=True)  # the timed calls start together
+            if sys.stdin.readline().strip() != "go":
+                return 2
+        st0 = w.stats()
+        seconds, cpu = [], []
+        for _ in range(spec.get("repeat", 1)):
+            c0, t0 = time.process_time(), time.perf_counter()
+            w.allreduce(x, method=spec["method"], block=spec["block"], out=y)
+            seconds.append(time.perf_counter() - t0)
+            cpu.append(time.process_time() - c0)  # this process's CPU (all its threads)
+        st1 = w.stats()
         np.save(spec["out"], y)
-        line = json.dumps({"worker": spec["worker"], "seconds": seconds, "cpu_seconds": cpu,
-                           "stats": w.stats()})
+        line = json.dumps({"worker": spec["worker"], "seconds": seconds[0],
+                           "seconds_each": seconds, "cpu_seconds": sum(cpu) / len(cpu),
+                           "stats": st1, "stats_timed": _numeric_delta(st0, st1)})
         if spec.get("report"):
             with open(spec["report"], "w") as f:
                 f.write(line + "\n")
@@ -303,17 +324,31 @@ def counter_deltas(before: dict, after: dict) -> tuple[dict, dict]:
     return counters, port
 
 
+def _per_call(total: int, calls: int):
+    """A counter moved over ``calls`` calls, per call (an int for one)."""
+    return total if calls == 1 else total / calls
+
+
 def run_allreduce(testbed: str, method: str, elements: int, density: float,
                   workload: str = "random", seed: int = 1, block: int = DEFAULT_BLOCK,
                   slots: int = 64, payload: int = 1024, timeout: float = 10.0,
                   rto: float = 0.005, pmd: str = "auto", switch: str | None = None,
                   state_dir: str | None = None, group: str = "239.77.0.1",
                   drop_rate: float = 0.0, idle_us: int = IDLE_US,
-                  idle_polls: int = IDLE_POLLS) -> dict:
+                  idle_polls: int = IDLE_POLLS, repeat: int = 1, warmup: int = 0) -> dict:
     """One allreduce on testbed ``testbed``; returns the report dict (see
     the module doc).  Every process it starts is stopped before it returns.
     ``drop_rate`` makes the daemon's port drop that fraction of the frames it
-    receives (fault injection; retransmissions repair it)."""
+    receives (fault injection; retransmissions repair it).
+
+    With ``warmup`` / ``repeat`` the same workers and daemon run ``warmup``
+    untimed allreduces, then ``repeat`` timed ones (the same gradients:
+    every call gives the same result, checked once).  Then "seconds_each"
+    is the slowest worker's time of each timed call, "seconds" their
+    median, and the bytes, CPU and counters are per timed call
+    ("worker_stats_timed": each worker's counters over the timed calls)."""
+    if repeat < 1 or warmup < 0:
+        raise RunError("repeat must be >= 1 and warmup >= 0")
     check_arguments(method, elements, density)
     if workload not in WORKLOADS:
         raise RunError(f"workload {workload!r} not in {WORKLOADS}")
@@ -339,6 +374,7 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
                                payload=payload, rto=rto, method=method, block=block,
                                elements=elements, density=density, workload=workload, seed=seed,
                                out=os.path.join(workdir, f"result-{i}.npy"))
+            spec.update(repeat=repeat, warmup=warmup)
             p = tb.run_in(h.name, [sys.executable, "-m", "homagg.run", "--child", json.dumps(spec)],
                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           text=True, env=env, cwd=workdir)
@@ -347,6 +383,14 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
             line = _readline(p, 60.0)
             if line.strip() != "ready":
                 raise RunError(f"worker {h.name} did not start: {line!r} {_stderr(p)}")
+        if warmup:
+            for p in procs:
+                p.popen.stdin.write("go\n")
+                p.popen.stdin.flush()
+            for h, p in zip(workers, procs):
+                line = _readline(p, warmup * timeout + 60.0)
+                if line.strip() != "ready":
+                    raise RunError(f"worker {h.name} failed in the warmup: {line!r} {_stderr(p)}")
         link0 = [_link_bytes(tb, h.name) for h in workers]
         t0 = time.perf_counter()
         d0 = sw.cpu_seconds()
@@ -356,7 +400,7 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
         reports, failures = [], []
         for h, p in zip(workers, procs):
             try:
-                out, err = p.communicate(timeout=timeout + 60)
+                out, err = p.communicate(timeout=repeat * timeout + 60)
             except subprocess.TimeoutExpired:
                 failures.append(f"{h.name}: no answer")
                 continue
@@ -378,6 +422,8 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
         results = [np.load(os.path.join(workdir, f"result-{i}.npy")) for i in range(W)]
         check = verify(method, elements, density, workload, seed, block, results)
         counters, port = counter_deltas(before, after)
+        reports.sort(key=lambda r: r["worker"])
+        each = [max(r["seconds_each"][i] for r in reports) for i in range(repeat)]
         return {
             "method": method,
             "workers": W,
@@ -388,16 +434,23 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
             "block": block,
             "pmd": sw.pmd,
             "link_mbit": tb.state().get("link_mbit"),
-            "seconds": max(r["seconds"] for r in reports),
+            "seconds": float(np.median(each)),
+            "seconds_each": each,
+            "repeat": repeat,
+            "warmup": warmup,
             "wall_seconds": wall,
             **check,
-            "bytes_per_worker": [b["tx_bytes"] - a["tx_bytes"] for a, b in zip(link0, link1)],
-            "bytes_received_per_worker": [b["rx_bytes"] - a["rx_bytes"] for a, b in zip(link0, link1)],
+            "bytes_per_worker": [_per_call(b["tx_bytes"] - a["tx_bytes"], repeat)
+                                 for a, b in zip(link0, link1)],
+            "bytes_received_per_worker": [_per_call(b["rx_bytes"] - a["rx_bytes"], repeat)
+                                          for a, b in zip(link0, link1)],
             "dense_float32_bytes": 4 * elements,
-            "worker_cpu_seconds": [r["cpu_seconds"] for r in sorted(reports, key=lambda r: r["worker"])],
-            "daemon_cpu_seconds": d1 - d0 if d0 is not None and d1 is not None else None,
+            "worker_cpu_seconds": [r["cpu_seconds"] for r in reports],
+            "daemon_cpu_seconds": ((d1 - d0) / repeat if d0 is not None and d1 is not None
+                                   else None),
             "generator": "homagg.bench.workloads",
-            "worker_stats": [r["stats"] for r in sorted(reports, key=lambda r: r["worker"])],
+            "worker_stats": [r["stats"] for r in reports],
+            "worker_stats_timed": [r["stats_timed"] for r in reports],
             "counters": counters,
             "port_counters": port,
         }
@@ -455,6 +508,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--drop-rate", type=float, default=0.0, metavar="P",
                    help="the daemon drops this fraction of received frames (fault injection, "
                    "local testbed only; default 0)")
+    p.add_argument("--repeat", type=int, default=1, metavar="N",
+                   help="timed allreduces by the same workers and daemon (default: %(default)s)")
+    p.add_argument("--warmup", type=int, default=0, metavar="N",
+                   help="untimed allreduces before them (default: %(default)s)")
     p.add_argument("--switch", default=None, metavar="PATH",
                    help="homagg-switch binary (default: build/release/homagg-switch or $HOMAGG_SWITCH)")
     p.add_argument("--state-dir", default=None, metavar="DIR", help="testbed state directory")
@@ -473,7 +530,7 @@ def main(args: argparse.Namespace) -> int:
                             workload=args.workload, seed=args.seed, block=args.block,
                             slots=args.slots, timeout=args.timeout, rto=args.rto, pmd=args.pmd,
                             switch=args.switch, state_dir=args.state_dir,
-                            drop_rate=args.drop_rate)
+                            drop_rate=args.drop_rate, repeat=args.repeat, warmup=args.warmup)
     except (HomAggError, TestbedError) as e:
         print(f"homagg run allreduce: {e}", file=sys.stderr)
         return 1
@@ -492,6 +549,9 @@ def print_report(rep: dict, as_json: bool = False) -> int:
           f"{rep['density']:g}), aggregator homagg-switch on {rep['pmd']}, links "
           f"{'unshaped' if rep['link_mbit'] is None else format(rep['link_mbit'], 'g') + ' Mbit/s'}")
     print(f"  time: {rep['seconds'] * 1e3:.1f} ms (slowest worker), {rep['wall_seconds'] * 1e3:.1f} ms wall")
+    if len(rep.get("seconds_each", ())) > 1:
+        print(f"  timed calls: {', '.join(f'{s * 1e3:.1f}' for s in rep['seconds_each'])} ms "
+              f"(median above; after {rep['warmup']} untimed)")
     b = rep["bytes_per_worker"]
     print(f"  bytes sent per worker: {min(b)}..{max(b)} (dense float32 would be "
           f"{rep['dense_float32_bytes']}: {max(b) / max(1, rep['dense_float32_bytes']):.3f}x)")
@@ -500,6 +560,10 @@ def print_report(rep: dict, as_json: bool = False) -> int:
               f"max |error| vs float64 sum: {rep['max_abs_error_vs_float64_sum']:.3g}")
     else:
         print(f"  bit-exact on every worker: {rep['exact']} {rep['exact_per_worker']}")
+    ws = rep.get("worker_stats_timed") or rep["worker_stats"]
+    print("  worker counters (all workers): " + ", ".join(
+        f"{k}={sum(w.get(k, 0) for w in ws)}" for k in (
+            "timeouts", "spurious_timeouts", "fast_retransmissions", "retransmissions")))
     print("  daemon counters: " + ", ".join(f"{k}={v}" for k, v in rep["counters"].items() if v))
     if rep.get("run_dir"):
         print(f"  results and logs: {rep['run_dir']}")
