@@ -120,6 +120,29 @@ struct flight {
 };
 
 /*
+ * A smoothed mean and mean deviation of samples, ns (RFC 6298 section 2:
+ * alpha = 1/8, beta = 1/4; the first sample r gives r and r / 2).
+ */
+struct smooth {
+	bool have;
+	uint64_t avg, var;
+};
+
+static void smooth_add(struct smooth *m, uint64_t r)
+{
+	if (!m->have) {
+		m->avg = r;
+		m->var = r / 2;
+		m->have = true;
+	} else {
+		uint64_t d = m->avg > r ? m->avg - r : r - m->avg;
+
+		m->var = (3 * m->var + d) / 4;
+		m->avg = (7 * m->avg + r) / 8;
+	}
+}
+
+/*
  * One aggregator of the job: where its chunks go, its RTT estimator (ns,
  * RFC 6298; rto_est: SRTT + max(G, 4 RTTVAR), clamped, from the last
  * sample; rto: what a new chunk is armed with, rto_est backed off by
@@ -127,8 +150,8 @@ struct flight {
  */
 struct agg {
 	struct hg_wire_addr dst;
-	bool have_rtt;
-	uint64_t srtt, rttvar, rto_est, rto;
+	struct smooth rtt;      /* SRTT (avg) and RTTVAR (var) */
+	uint64_t rto_est, rto;
 	uint64_t t_backoff;     /* when rto was last backed off */
 	uint64_t t_timeout;     /* when a timer last expired (0: never) */
 	size_t hi_done;         /* 1 + its highest chunk (of the step) with its
@@ -180,8 +203,8 @@ struct hg_client {
 	 * chunks of an aggregator without a result in the step yet wait
 	 * max(RTO, start_wait).
 	 */
-	bool have_start;
-	uint64_t sstart, sstartvar, start_wait;
+	struct smooth start;    /* SSTART, SSTARTVAR */
+	uint64_t start_wait;
 	struct flight *fl;      /* K * S entries */
 	struct buf done;        /* one byte per chunk of the step */
 	struct buf tx[HG_PH__COUNT];  /* per phase: this worker's lanes */
@@ -355,8 +378,8 @@ int hg_client_get_stats(const struct hg_client *c, struct hg_client_stats *st)
 		if (c->agg[a].rto > slow->rto)
 			slow = &c->agg[a];
 	}
-	st->srtt_ns = slow->srtt;
-	st->rttvar_ns = slow->rttvar;
+	st->srtt_ns = slow->rtt.avg;
+	st->rttvar_ns = slow->rtt.var;
 	st->rto_ns = slow->rto;
 	st->start_wait_ns = c->start_wait;
 	return 0;
@@ -375,8 +398,8 @@ int hg_client_get_agg_stats(const struct hg_client *c, uint32_t k,
 	*st = ag->st;
 	/* The chunks c < next_chunk with c % K == k. */
 	st->next_seq = c->next_chunk / c->naggs + (c->next_chunk % c->naggs > k);
-	st->srtt_ns = ag->srtt;
-	st->rttvar_ns = ag->rttvar;
+	st->srtt_ns = ag->rtt.avg;
+	st->rttvar_ns = ag->rtt.var;
 	st->rto_ns = ag->rto;
 	return 0;
 }
@@ -392,11 +415,6 @@ static uint64_t rto_backoff(const struct hg_client *c, uint64_t rto)
 	return rto < c->cfg.rto_max_ns ? rto : c->cfg.rto_max_ns;
 }
 
-/*
- * A valid RTT sample r (ns) of aggregator ag: RFC 6298 section 2 with
- * alpha = 1/8, beta = 1/4, K = 4, G = HG_CLIENT_RTO_GRANULARITY_NS.  The
- * new timeout replaces any backed-off one.
- */
 /* SRTT + max(G, 4 RTTVAR), clamped to [rto_min_ns, rto_max_ns]. */
 static uint64_t rto_clamp(const struct hg_client *c, uint64_t srtt, uint64_t var)
 {
@@ -411,19 +429,15 @@ static uint64_t rto_clamp(const struct hg_client *c, uint64_t srtt, uint64_t var
 	return rto;
 }
 
+/*
+ * A valid RTT sample r (ns) of aggregator ag: RFC 6298 section 2 with
+ * alpha = 1/8, beta = 1/4, K = 4, G = HG_CLIENT_RTO_GRANULARITY_NS.  The
+ * new timeout replaces any backed-off one.
+ */
 static void rtt_sample(const struct hg_client *c, struct agg *ag, uint64_t r)
 {
-	if (!ag->have_rtt) {
-		ag->srtt = r;
-		ag->rttvar = r / 2;
-		ag->have_rtt = true;
-	} else {
-		uint64_t d = ag->srtt > r ? ag->srtt - r : r - ag->srtt;
-
-		ag->rttvar = (3 * ag->rttvar + d) / 4;
-		ag->srtt = (7 * ag->srtt + r) / 8;
-	}
-	ag->rto_est = rto_clamp(c, ag->srtt, ag->rttvar);
+	smooth_add(&ag->rtt, r);
+	ag->rto_est = rto_clamp(c, ag->rtt.avg, ag->rtt.var);
 	ag->rto = ag->rto_est;
 	ag->st.rtt_samples++;
 }
@@ -437,17 +451,8 @@ static void start_sample(struct hg_client *c, uint64_t s)
 {
 	uint64_t w;
 
-	if (!c->have_start) {
-		c->sstart = s;
-		c->sstartvar = s / 2;
-		c->have_start = true;
-	} else {
-		uint64_t d = c->sstart > s ? c->sstart - s : s - c->sstart;
-
-		c->sstartvar = (3 * c->sstartvar + d) / 4;
-		c->sstart = (7 * c->sstart + s) / 8;
-	}
-	w = c->sstart + 4 * c->sstartvar;
+	smooth_add(&c->start, s);
+	w = c->start.avg + 4 * c->start.var;
 	if (w < c->cfg.start_wait_ns)
 		w = c->cfg.start_wait_ns;
 	if (w > c->cfg.give_up_ns / 4)
@@ -483,7 +488,7 @@ static uint32_t chunk_rank(const struct hg_client *c, uint64_t chunk)
  * confidence RFC 6298 gives the RTO (but without its floors). */
 static uint64_t turn_ns(const struct hg_client *c, const struct agg *ag)
 {
-	uint64_t d = ag->have_rtt ? ag->srtt + 4 * ag->rttvar : c->cfg.rto_ns;
+	uint64_t d = ag->rtt.have ? ag->rtt.avg + 4 * ag->rtt.var : c->cfg.rto_ns;
 
 	return d > HG_CLIENT_RTO_GRANULARITY_NS ? d : HG_CLIENT_RTO_GRANULARITY_NS;
 }
