@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "homagg/errors.h"
+#include "homagg/wire.h"
 #include "control.h"
 
 #define CTL_MAX_CONN 64
@@ -194,12 +195,19 @@ static int do_add_job(struct hg_control *c, const struct hg_json_obj *o,
 			   out, outlen)))
 		return rc;
 	j.slots = (uint32_t)v;
-	if ((rc = get_uint(o, "payload", false, 4, c->lim.max_payload, 1024,
+	if ((rc = get_uint(o, "payload", false, 4, HG_MAX_PAYLOAD, 1024,
 			   &v, out, outlen)))
 		return rc;
 	if (v % 4)
 		return reply_error(out, outlen, -EINVAL,
 				   "field 'payload': must be a multiple of 4");
+	if (v > c->lim.max_payload)
+		return reply_error(out, outlen, -ERANGE,
+				   "field 'payload': %lld bytes do not fit this "
+				   "aggregator's frames: at most %u bytes at MTU %u "
+				   "(payloads up to %d need a link and daemon with "
+				   "MTU 9000: --mtu 9000)", (long long)v,
+				   c->lim.max_payload, c->lim.mtu, HG_MAX_PAYLOAD);
 	j.payload = (uint32_t)v;
 	g = hg_json_get(o, "group");
 	if (g && g->type != HG_JSON_NULL) {

@@ -43,6 +43,9 @@ struct hg_sim_config {
 	double agg_link_gbps;   /* line rate of the aggregator's link, 0 = link_gbps
 				 * (a real aggregator or switch port is usually
 				 * faster than one worker's link) */
+	uint16_t mtu;           /* MTU of every port, 576..9000 (9000: jumbo
+				 * frames); 0 = 1500, or the payload's frame
+				 * when that is larger */
 };
 
 struct hg_sim_job_config {
