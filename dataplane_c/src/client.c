@@ -7,13 +7,19 @@
  * job sequence numbers.  A step starts only when the previous one is
  * complete, because its size and contents come from the previous results.
  *
- * In flight: at most S chunks, kept in a ring indexed by seq % S (the same
- * index as the aggregator's slot).  Chunk k of a step may go out the first
- * time when k < S (every earlier chunk is complete) or when chunk k - S has
- * its result: the aggregator reuses slot seq % S only then.
+ Several aggregators (docs/PROTOCOL.md): chunk number c (one 64-bit
+ * counter of the job) goes to aggregator a = c % K as its seq c / K; K = 1
+ * is the single-aggregator numbering.  Everything that follows holds per
+ * aggregator: its own window, sequence numbers, in-order results and timer.
  *
- * Retransmission timeout (RFC 6298): one estimator per client, kept across
- * allreduces.  A sample is the time from a chunk's only transmission to its
+ * In flight: at most S chunks per aggregator, kept in a ring indexed by
+ * a * S + seq % S (seq % S is the aggregator's slot).  Chunk k of a step may
+ * go out the first time when k < K S (every earlier chunk is complete) or
+ * when chunk k - K S, the one before it in the same slot of the same
+ * aggregator, has its result: the aggregator reuses the slot only then.
+ *
+ * Retransmission timeout (RFC 6298): one estimator per aggregator, kept
+ * across allreduces.  A sample is the time from a chunk's only transmission to its
  * result (Karn: chunks sent more than once give none).  Under a full window
  * results come back one behind the other at the bottleneck's pace, so the
  * samples include the queueing of the whole window and SRTT settles at the
@@ -72,17 +78,17 @@ struct stream {
 struct step {
 	struct stream s[2];
 	int nstreams;
-	uint32_t base_seq;
+	uint64_t base;          /* chunk number c of its first chunk */
 	size_t nchunks;
 	size_t next_send;       /* next chunk to send the first time */
 	size_t ndone;
-	size_t hi_done;         /* 1 + the highest chunk with its result (0: none) */
-	uint64_t t_hi;          /* when the result of chunk hi_done - 1 arrived */
 };
 
-/* A chunk in flight, at ring index seq % S. */
+/* A chunk in flight, at ring index a * S + seq % S. */
 struct flight {
-	uint32_t seq;
+	uint64_t chunk;         /* its chunk number c */
+	uint32_t seq;           /* its sequence number at its aggregator */
+	uint32_t agg;           /* a = chunk % K */
 	bool busy;
 	bool unsent;            /* the port refused it: send at the next poll */
 	bool have_status;
@@ -95,6 +101,26 @@ struct flight {
 	uint8_t bitmap[BITMAP_BYTES];
 };
 
+/*
+ * One aggregator of the job: where its chunks go, its RTT estimator (ns,
+ * RFC 6298; rto_est: SRTT + max(G, 4 RTTVAR), clamped, from the last
+ * sample; rto: what a new chunk is armed with, rto_est backed off by
+ * timeouts since that sample), and the order of its results in the step.
+ */
+struct agg {
+	struct hg_wire_addr dst;
+	bool have_rtt;
+	uint64_t srtt, rttvar, rto_est, rto;
+	uint64_t t_backoff;     /* when rto was last backed off */
+	uint64_t t_timeout;     /* when a timer last expired (0: never) */
+	size_t hi_done;         /* 1 + its highest chunk (of the step) with its
+				 * result (0: none) */
+	uint64_t t_hi;          /* when the result of chunk hi_done - 1 arrived */
+	uint64_t start_results; /* st.results_received at the allreduce's start */
+	uint64_t start_sent;    /* st.packets_sent then */
+	struct hg_client_agg_stats st;
+};
+
 /* A growable scratch buffer, kept across allreduces. */
 struct buf {
 	uint8_t *p;
@@ -104,7 +130,9 @@ struct buf {
 struct hg_client {
 	struct hg_client_config cfg;
 	struct hg_port_info me;
-	struct hg_wire_addr src, dst; /* this worker, the aggregator */
+	struct hg_wire_addr src;      /* this worker */
+	struct agg *agg;              /* K entries */
+	uint32_t naggs;               /* K */
 
 	/* the allreduce in progress */
 	enum stage stage;
@@ -121,22 +149,12 @@ struct hg_client {
 	uint64_t start_results; /* results_received at the start */
 	uint64_t start_sent;
 
-	uint32_t next_seq;      /* job sequence number of the next chunk */
-	struct flight *fl;      /* S entries */
+	uint64_t next_chunk;    /* chunk number c of the next chunk */
+	struct flight *fl;      /* K * S entries */
 	struct buf done;        /* one byte per chunk of the step */
 	struct buf lcodes, gcodes, lcounts, gcounts;
 	struct buf tx, rx;      /* values / index / sketch / fallback */
 	struct buf fb_tx, fb_rx;
-
-	/*
-	 * RTT estimator, ns (RFC 6298).  rto_est: SRTT + max(G, 4 RTTVAR),
-	 * clamped, from the last sample; rto: what a new chunk is armed
-	 * with, rto_est backed off by timeouts since that sample.
-	 */
-	bool have_rtt;
-	uint64_t srtt, rttvar, rto_est, rto;
-	uint64_t t_backoff;     /* when rto was last backed off */
-	uint64_t t_timeout;     /* when a timer last expired (0: never) */
 
 	struct hg_client_stats stats;
 	char err[256];
@@ -182,6 +200,8 @@ struct hg_client *hg_client_create(const struct hg_client_config *cfg)
 	if ((cfg->backoff_num == 0) != (cfg->backoff_den == 0) ||
 	    cfg->backoff_num < cfg->backoff_den)
 		return NULL;
+	if (cfg->naggs > HG_CLIENT_MAX_AGGREGATORS || (cfg->naggs && !cfg->aggs))
+		return NULL;
 
 	c = calloc(1, sizeof(*c));
 	if (!c)
@@ -200,8 +220,6 @@ struct hg_client *hg_client_create(const struct hg_client_config *cfg)
 				    c->cfg.rto_ns : HG_CLIENT_DEFAULT_RTO_MIN_NS;
 	if (c->cfg.rto_min_ns > c->cfg.rto_max_ns)
 		goto err_free;
-	c->rto = c->cfg.rto_ns;
-	c->rto_est = c->cfg.rto_ns;
 	if (!c->cfg.give_up_ns)
 		c->cfg.give_up_ns = HG_CLIENT_DEFAULT_GIVE_UP_NS;
 	if (!c->cfg.backoff_num) {
@@ -215,18 +233,39 @@ struct hg_client *hg_client_create(const struct hg_client_config *cfg)
 	memcpy(c->src.mac, c->me.mac, 6);
 	c->src.ipv4 = c->me.ipv4;
 	c->src.port = c->me.udp_port ? c->me.udp_port : HG_UDP_PORT;
-	memcpy(c->dst.mac, c->cfg.agg_mac, 6);
-	c->dst.ipv4 = c->cfg.agg_ipv4;
-	c->dst.port = c->cfg.agg_udp_port;
+	c->naggs = cfg->naggs ? cfg->naggs : 1;
+	c->cfg.aggs = NULL; /* the caller's array is not kept */
+	c->agg = calloc(c->naggs, sizeof(*c->agg));
+	if (!c->agg)
+		goto err_free;
+	for (uint32_t a = 0; a < c->naggs; a++) {
+		struct agg *ag = &c->agg[a];
+
+		if (cfg->naggs) {
+			memcpy(ag->dst.mac, cfg->aggs[a].mac, 6);
+			ag->dst.ipv4 = cfg->aggs[a].ipv4;
+			ag->dst.port = cfg->aggs[a].udp_port;
+		} else {
+			memcpy(ag->dst.mac, c->cfg.agg_mac, 6);
+			ag->dst.ipv4 = c->cfg.agg_ipv4;
+			ag->dst.port = c->cfg.agg_udp_port;
+		}
+		if (!ag->dst.port)
+			ag->dst.port = HG_UDP_PORT;
+		ag->rto = c->cfg.rto_ns;
+		ag->rto_est = c->cfg.rto_ns;
+	}
 	if (cfg->group_ipv4 && cfg->port->ops->join_group &&
 	    cfg->port->ops->join_group(cfg->port->ctx, cfg->group_ipv4) < 0)
-		goto err_free;
-	c->fl = calloc(cfg->slots, sizeof(*c->fl));
+		goto err_free_agg;
+	c->fl = calloc((size_t)c->naggs * cfg->slots, sizeof(*c->fl));
 	if (!c->fl)
-		goto err_free;
+		goto err_free_agg;
 	c->stats.method_chosen = 0;
 	return c;
 
+err_free_agg:
+	free(c->agg);
 err_free:
 	free(c);
 	return NULL;
@@ -253,6 +292,7 @@ void hg_client_destroy(struct hg_client *c)
 	buf_free(&c->fb_tx);
 	buf_free(&c->fb_rx);
 	free(c->fl);
+	free(c->agg);
 	free(c);
 }
 
@@ -269,13 +309,42 @@ const char *hg_client_error_text(const struct hg_client *c)
 
 int hg_client_get_stats(const struct hg_client *c, struct hg_client_stats *st)
 {
+	const struct agg *slow;
+
 	if (!c || !st)
 		return -EINVAL;
 	*st = c->stats;
-	st->next_seq = c->next_seq;
-	st->srtt_ns = c->srtt;
-	st->rttvar_ns = c->rttvar;
-	st->rto_ns = c->rto;
+	st->next_seq = c->next_chunk;
+	st->aggregators = c->naggs;
+	st->rtt_samples = 0;
+	slow = &c->agg[0];
+	for (uint32_t a = 0; a < c->naggs; a++) {
+		st->rtt_samples += c->agg[a].st.rtt_samples;
+		if (c->agg[a].rto > slow->rto)
+			slow = &c->agg[a];
+	}
+	st->srtt_ns = slow->srtt;
+	st->rttvar_ns = slow->rttvar;
+	st->rto_ns = slow->rto;
+	return 0;
+}
+
+int hg_client_get_agg_stats(const struct hg_client *c, uint32_t k,
+			    struct hg_client_agg_stats *st)
+{
+	const struct agg *ag;
+
+	if (!c || !st)
+		return -EINVAL;
+	if (k >= c->naggs)
+		return -ERANGE;
+	ag = &c->agg[k];
+	*st = ag->st;
+	/* The chunks c < next_chunk with c % K == k. */
+	st->next_seq = c->next_chunk / c->naggs + (c->next_chunk % c->naggs > k);
+	st->srtt_ns = ag->srtt;
+	st->rttvar_ns = ag->rttvar;
+	st->rto_ns = ag->rto;
 	return 0;
 }
 
@@ -291,44 +360,46 @@ static uint64_t rto_backoff(const struct hg_client *c, uint64_t rto)
 }
 
 /*
- * A valid RTT sample r (ns): RFC 6298 section 2 with alpha = 1/8,
- * beta = 1/4, K = 4, G = HG_CLIENT_RTO_GRANULARITY_NS.  The new timeout
- * replaces any backed-off one.
+ * A valid RTT sample r (ns) of aggregator ag: RFC 6298 section 2 with
+ * alpha = 1/8, beta = 1/4, K = 4, G = HG_CLIENT_RTO_GRANULARITY_NS.  The
+ * new timeout replaces any backed-off one.
  */
-static void rtt_sample(struct hg_client *c, uint64_t r)
+static void rtt_sample(const struct hg_client *c, struct agg *ag, uint64_t r)
 {
 	uint64_t var4, rto;
 
-	if (!c->have_rtt) {
-		c->srtt = r;
-		c->rttvar = r / 2;
-		c->have_rtt = true;
+	if (!ag->have_rtt) {
+		ag->srtt = r;
+		ag->rttvar = r / 2;
+		ag->have_rtt = true;
 	} else {
-		uint64_t d = c->srtt > r ? c->srtt - r : r - c->srtt;
+		uint64_t d = ag->srtt > r ? ag->srtt - r : r - ag->srtt;
 
-		c->rttvar = (3 * c->rttvar + d) / 4;
-		c->srtt = (7 * c->srtt + r) / 8;
+		ag->rttvar = (3 * ag->rttvar + d) / 4;
+		ag->srtt = (7 * ag->srtt + r) / 8;
 	}
-	var4 = 4 * c->rttvar;
-	rto = c->srtt + (var4 > HG_CLIENT_RTO_GRANULARITY_NS ?
-			 var4 : HG_CLIENT_RTO_GRANULARITY_NS);
+	var4 = 4 * ag->rttvar;
+	rto = ag->srtt + (var4 > HG_CLIENT_RTO_GRANULARITY_NS ?
+			  var4 : HG_CLIENT_RTO_GRANULARITY_NS);
 	if (rto < c->cfg.rto_min_ns)
 		rto = c->cfg.rto_min_ns;
 	if (rto > c->cfg.rto_max_ns)
 		rto = c->cfg.rto_max_ns;
-	c->rto_est = rto;
-	c->rto = rto;
-	c->stats.rtt_samples++;
+	ag->rto_est = rto;
+	ag->rto = rto;
+	ag->st.rtt_samples++;
 }
 
 /*
  * The timeout of a chunk in flight: its own (armed at its first
- * transmission, backed off at each of its expiries) or the client's
+ * transmission, backed off at each of its expiries) or its aggregator's
  * current one when that is longer (a longer estimate, or a backoff since).
  */
 static uint64_t chunk_rto(const struct hg_client *c, const struct flight *fl)
 {
-	return fl->rto > c->rto ? fl->rto : c->rto;
+	uint64_t rto = c->agg[fl->agg].rto;
+
+	return fl->rto > rto ? fl->rto : rto;
 }
 
 /*
@@ -345,16 +416,27 @@ static uint64_t chunk_rto(const struct hg_client *c, const struct flight *fl)
  */
 static uint64_t chunk_deadline(const struct hg_client *c, const struct flight *fl)
 {
-	size_t k = (uint32_t)(fl->seq - c->st.base_seq);
+	const struct agg *ag = &c->agg[fl->agg];
+	size_t k = (size_t)(fl->chunk - c->st.base);
 	uint64_t from = fl->armed;
 
-	if (k >= c->st.hi_done) {
-		if (c->st.t_hi > from)
-			from = c->st.t_hi;
-		if (c->t_backoff > from)
-			from = c->t_backoff;
+	if (k >= ag->hi_done) {
+		if (ag->t_hi > from)
+			from = ag->t_hi;
+		if (ag->t_backoff > from)
+			from = ag->t_backoff;
 	}
 	return from + chunk_rto(c, fl);
+}
+
+/* The flight record of chunk k of the step (a * S + seq % S). */
+static struct flight *flight_of(const struct hg_client *c, size_t k)
+{
+	uint64_t chunk = c->st.base + k;
+	uint32_t a = (uint32_t)(chunk % c->naggs);
+	uint32_t seq = (uint32_t)(chunk / c->naggs);
+
+	return &c->fl[(size_t)a * c->cfg.slots + seq % c->cfg.slots];
 }
 
 /* ---- frames ------------------------------------------------------------ */
@@ -368,7 +450,9 @@ static size_t build_chunk(struct hg_client *c, struct hg_pkt *pkt, size_t k,
 			  bool retrans, enum hg_client_phase *phase)
 {
 	const struct stream *s = &c->st.s[0];
-	uint32_t seq = c->st.base_seq + (uint32_t)k;
+	uint64_t chunk = c->st.base + k;
+	uint32_t a = (uint32_t)(chunk % c->naggs);
+	uint32_t seq = (uint32_t)(chunk / c->naggs);
 	struct hg_hdr h = { 0 };
 	size_t first, lanes, bytes;
 	int len;
@@ -391,7 +475,7 @@ static size_t build_chunk(struct hg_client *c, struct hg_pkt *pkt, size_t k,
 	h.seq = seq;
 	h.lanes = (uint16_t)lanes;
 	h.exp = s->exp;
-	len = hg_wire_build(pkt->data, pkt->cap, &c->src, &c->dst, &h,
+	len = hg_wire_build(pkt->data, pkt->cap, &c->src, &c->agg[a].dst, &h,
 			    s->in + first * s->in_lane, bytes, 0);
 	/* Cannot fail: cap and payload were checked against payload_bytes. */
 	pkt->len = len > 0 ? (uint16_t)len : 0;
@@ -434,13 +518,20 @@ static int step_begin(struct hg_client *c, int nstreams)
 		st->s[i].first_chunk = st->nchunks;
 		st->nchunks += st->s[i].chunks;
 	}
-	st->base_seq = c->next_seq;
-	c->next_seq += (uint32_t)st->nchunks;
+	st->base = c->next_chunk;
+	c->next_chunk += st->nchunks;
 	c->stats.chunks += st->nchunks;
+	for (uint32_t a = 0; a < c->naggs; a++) {
+		struct agg *ag = &c->agg[a];
+
+		/* chunks c < x with c % K == a: x / K + (x % K > a) */
+		ag->st.chunks += c->next_chunk / c->naggs + (c->next_chunk % c->naggs > a) -
+				 (st->base / c->naggs + (st->base % c->naggs > a));
+		ag->hi_done = 0;
+		ag->t_hi = 0;
+	}
 	st->next_send = 0;
 	st->ndone = 0;
-	st->hi_done = 0;
-	st->t_hi = 0;
 	rc = buf_need(&c->done, st->nchunks);
 	if (rc)
 		return rc;
@@ -453,7 +544,7 @@ static int client_fail(struct hg_client *c, int rc)
 	c->stage = ST_FAILED;
 	c->rc = rc;
 	client_release_lhc(c);
-	for (uint32_t i = 0; i < c->cfg.slots; i++)
+	for (size_t i = 0; i < (size_t)c->naggs * c->cfg.slots; i++)
 		c->fl[i].busy = false;
 	return rc;
 }
@@ -634,7 +725,11 @@ int hg_client_start(struct hg_client *c, const struct hg_params *params,
 	c->qflags = 0;
 	c->start_results = c->stats.results_received;
 	c->start_sent = c->stats.packets_sent;
-	for (uint32_t i = 0; i < c->cfg.slots; i++)
+	for (uint32_t a = 0; a < c->naggs; a++) {
+		c->agg[a].start_results = c->agg[a].st.results_received;
+		c->agg[a].start_sent = c->agg[a].st.packets_sent;
+	}
+	for (size_t i = 0; i < (size_t)c->naggs * c->cfg.slots; i++)
 		c->fl[i].busy = false;
 
 	stream_set(&c->st.s[0], HG_OP_MAX8, 0, HG_PH_META, c->lcodes.p,
@@ -664,6 +759,19 @@ static void format_ip(char *s, size_t len, uint32_t ip)
 		 (ip >> 8) & 255, ip & 255);
 }
 
+/*
+ * Which aggregator sent a reply: the one whose address (IPv4, UDP port) is
+ * its source.  Returns its index, or -1.
+ */
+static int reply_agg(const struct hg_client *c, const struct hg_wire_view *v)
+{
+	for (uint32_t a = 0; a < c->naggs; a++)
+		if (c->agg[a].dst.ipv4 == v->src.ipv4 &&
+		    c->agg[a].dst.port == v->src.port)
+			return (int)a;
+	return -1;
+}
+
 /* Handle one received frame (at port time now): a result or a status for this job. */
 static void handle_frame(struct hg_client *c, const uint8_t *f, size_t len,
 			 uint64_t now)
@@ -672,15 +780,22 @@ static void handle_frame(struct hg_client *c, const uint8_t *f, size_t len,
 	struct hg_wire_view v;
 	const struct stream *s;
 	struct flight *fl;
+	struct agg *ag;
 	const uint8_t *pl;
 	size_t k, first, lanes;
+	uint64_t chunk;
 	uint32_t seq;
+	int a;
 
 	/* Same validation as the aggregator: addresses, lengths, header. */
 	if (hg_wire_parse(f, len, c->src.port, 0, &v) != 0 ||
 	    v.hdr.job != c->cfg.job || v.hdr.token != c->cfg.token ||
 	    !(v.hdr.flags & (HG_FLAG_RESULT | HG_FLAG_STATUS)))
 		goto ignore;
+	a = reply_agg(c, &v);
+	if (a < 0)
+		goto ignore;
+	ag = &c->agg[a];
 	pl = f + v.payload_off;
 	seq = v.hdr.seq;
 	if (!(c->stage >= ST_META && c->stage <= ST_FALLBACK)) {
@@ -688,12 +803,18 @@ static void handle_frame(struct hg_client *c, const uint8_t *f, size_t len,
 			c->stats.duplicates_received++;
 		return;
 	}
-	k = (uint32_t)(seq - st->base_seq);
+	/* Chunk number of (a, seq): seq counts from the step's base / K at
+	 * every aggregator, modulo 2^32.  Below the step's base, k wraps to
+	 * a huge value: a late copy of an earlier step. */
+	chunk = (st->base / c->naggs + (uint32_t)(seq - (uint32_t)(st->base / c->naggs))) *
+		c->naggs + (uint32_t)a;
+	k = (size_t)(chunk - st->base);
+	fl = &c->fl[(size_t)a * c->cfg.slots + seq % c->cfg.slots];
 
 	if (v.hdr.flags & HG_FLAG_STATUS) {
-		fl = &c->fl[seq % c->cfg.slots];
 		c->stats.status_received++;
-		if (fl->busy && fl->seq == seq) {
+		ag->st.status_received++;
+		if (fl->busy && fl->chunk == chunk) {
 			size_t nb = (c->cfg.workers + 7) / 8;
 
 			memset(fl->bitmap, 0, sizeof(fl->bitmap));
@@ -724,8 +845,9 @@ static void handle_frame(struct hg_client *c, const uint8_t *f, size_t len,
 	st->ndone++;
 	c->stats.results_received++;
 	c->stats.bytes_received[s->phase] += lanes * s->acc_lane;
-	fl = &c->fl[seq % c->cfg.slots];
-	if (fl->busy && fl->seq == seq) {
+	ag->st.results_received++;
+	ag->st.bytes_received += lanes * s->acc_lane;
+	if (fl->busy && fl->chunk == chunk) {
 		/*
 		 * Karn: only a chunk sent once tells which copy was answered.
 		 * And results come back in chunk order unless a chunk waited
@@ -736,25 +858,26 @@ static void handle_frame(struct hg_client *c, const uint8_t *f, size_t len,
 		 * have waited for that recovery (a peer's chunk lost with
 		 * ours answered, say): only chunks sent after it count.
 		 */
-		if (fl->tries == 1 && k + 1 >= st->hi_done &&
-		    fl->last_tx > c->t_timeout && now >= fl->last_tx)
-			rtt_sample(c, now - fl->last_tx);
+		if (fl->tries == 1 && k + 1 >= ag->hi_done &&
+		    fl->last_tx > ag->t_timeout && now >= fl->last_tx)
+			rtt_sample(c, ag, now - fl->last_tx);
 		fl->busy = false;
 	}
-	if (k + 1 > st->hi_done) {
-		/* Chunks this result overtook: their timers stop following
-		 * the results from here on (see chunk_deadline). */
-		uint64_t from = st->t_hi > c->t_backoff ? st->t_hi : c->t_backoff;
+	if (k + 1 > ag->hi_done) {
+		/* Chunks of this aggregator this result overtook: their
+		 * timers stop following its results from here on (see
+		 * chunk_deadline).  Its chunks are K apart in the step. */
+		uint64_t from = ag->t_hi > ag->t_backoff ? ag->t_hi : ag->t_backoff;
+		size_t i = ag->hi_done ? ag->hi_done - 1 + c->naggs : k % c->naggs;
 
-		for (size_t i = st->hi_done; i < k; i++) {
-			struct flight *o = &c->fl[(st->base_seq + (uint32_t)i) %
-						  c->cfg.slots];
+		for (; i < k; i += c->naggs) {
+			struct flight *o = flight_of(c, i);
 
 			if (!c->done.p[i] && o->busy && o->armed < from)
 				o->armed = from;
 		}
-		st->hi_done = k + 1;
-		st->t_hi = now;
+		ag->hi_done = k + 1;
+		ag->t_hi = now;
 	}
 	return;
 
@@ -801,17 +924,15 @@ static void tx_chunks(struct hg_client *c, const size_t *ks, uint16_t cnt,
 			got = i;
 			break;
 		}
-		uint32_t seq = c->st.base_seq + (uint32_t)ks[i];
-
-		bytes[i] = build_chunk(c, pk[i], ks[i],
-				       c->fl[seq % c->cfg.slots].tries > 0, &ph[i]);
+		bytes[i] = build_chunk(c, pk[i], ks[i], flight_of(c, ks[i])->tries > 0,
+				       &ph[i]);
 	}
 	sent = got ? hg_port_tx(c->cfg.port, pk, got) : 0;
 	if (sent < got)
 		hg_port_free(c->cfg.port, pk + sent, got - sent);
 	for (uint16_t i = 0; i < cnt; i++) {
-		uint32_t seq = c->st.base_seq + (uint32_t)ks[i];
-		struct flight *fl = &c->fl[seq % c->cfg.slots];
+		struct flight *fl = flight_of(c, ks[i]);
+		struct agg *ag = &c->agg[fl->agg];
 
 		if (i >= sent) {
 			fl->unsent = true;
@@ -821,10 +942,14 @@ static void tx_chunks(struct hg_client *c, const size_t *ks, uint16_t cnt,
 		fl->unsent = false;
 		fl->last_tx = now;
 		fl->armed = now;
-		if (fl->tries++ > 0)
+		if (fl->tries++ > 0) {
 			c->stats.retransmissions++;
+			ag->st.retransmissions++;
+		}
 		c->stats.packets_sent++;
 		c->stats.bytes_sent[ph[i]] += bytes[i];
+		ag->st.packets_sent++;
+		ag->st.bytes_sent += bytes[i];
 	}
 }
 
@@ -839,59 +964,79 @@ static void tx_new(struct hg_client *c, uint64_t now)
 		cnt = 0;
 		while (cnt < BURST && st->next_send < st->nchunks) {
 			size_t k = st->next_send;
-			uint32_t seq = st->base_seq + (uint32_t)k;
-			struct flight *fl = &c->fl[seq % c->cfg.slots];
+			size_t span = (size_t)c->naggs * c->cfg.slots;
+			struct flight *fl = flight_of(c, k);
 
-			if (k >= c->cfg.slots && !c->done.p[k - c->cfg.slots])
+			/* chunk k - K S: the same slot of the same aggregator */
+			if (k >= span && !c->done.p[k - span])
 				break;
 			if (fl->busy)
 				break; /* cannot happen when the above holds */
 			fl->busy = true;
-			fl->seq = seq;
+			fl->chunk = st->base + k;
+			fl->agg = (uint32_t)(fl->chunk % c->naggs);
+			fl->seq = (uint32_t)(fl->chunk / c->naggs);
 			fl->tries = 0;
 			fl->have_status = false;
 			fl->first_tx = now;
-			fl->rto = c->rto;
+			fl->rto = c->agg[fl->agg].rto;
 			ks[cnt++] = k;
 			st->next_send++;
 		}
 		if (!cnt)
 			return;
 		tx_chunks(c, ks, cnt, now);
-		if (c->fl[(st->base_seq + (uint32_t)ks[cnt - 1]) % c->cfg.slots].unsent)
+		if (flight_of(c, ks[cnt - 1])->unsent)
 			return; /* the port is full: try again at the next poll */
 	}
+}
+
+/*
+ * The aggregator's name in error texts: "10.0.0.1:48879", and with K > 1
+ * "10.0.1.2:48879 (shard 1 of 3)".
+ */
+static void agg_name(const struct hg_client *c, uint32_t a, char *s, size_t len)
+{
+	const struct hg_wire_addr *d = &c->agg[a].dst;
+	char ip[20];
+
+	format_ip(ip, sizeof(ip), d->ipv4);
+	if (c->naggs == 1)
+		snprintf(s, len, "%s:%u", ip, d->port);
+	else
+		snprintf(s, len, "%s:%u (shard %u of %u)", ip, d->port, a, c->naggs);
 }
 
 static void timeout_text(struct hg_client *c, const struct flight *fl,
 			 uint64_t now)
 {
 	const struct stream *s = &c->st.s[0];
-	size_t k = (uint32_t)(fl->seq - c->st.base_seq);
-	char ip[20], *e = c->err, *end = c->err + sizeof(c->err);
+	const struct agg *ag = &c->agg[fl->agg];
+	size_t k = (size_t)(fl->chunk - c->st.base);
+	char name[64], *e = c->err, *end = c->err + sizeof(c->err);
 	double secs = (double)(now - fl->first_tx) / 1e9;
 	uint32_t missing = 0;
 
 	if (c->st.nstreams > 1 && k >= c->st.s[1].first_chunk)
 		s = &c->st.s[1];
-	format_ip(ip, sizeof(ip), c->cfg.agg_ipv4);
-	if (c->stats.results_received == c->start_results && !fl->have_status) {
+	agg_name(c, fl->agg, name, sizeof(name));
+	if (ag->st.results_received == ag->start_results && !fl->have_status) {
 		snprintf(c->err, sizeof(c->err),
-			 "no answer from aggregator %s:%u (sent %llu chunks, "
-			 "received 0 results)", ip, c->cfg.agg_udp_port,
-			 (unsigned long long)(c->stats.packets_sent - c->start_sent));
+			 "no answer from aggregator %s: sent %llu chunks, "
+			 "received 0 results", name,
+			 (unsigned long long)(ag->st.packets_sent - ag->start_sent));
 		return;
 	}
 	e += snprintf(e, (size_t)(end - e),
-		      "timed out after %.3g s waiting for chunk %u (phase %s): ",
-		      secs, fl->seq, phase_names[s->phase]);
+		      "timed out after %.3g s waiting for chunk %llu (phase %s): ",
+		      secs, (unsigned long long)fl->chunk, phase_names[s->phase]);
 	if (!fl->have_status) {
 		snprintf(e, (size_t)(end - e),
-			 "no status from aggregator %s:%u after %u transmissions",
-			 ip, c->cfg.agg_udp_port, fl->tries);
+			 "no status from aggregator %s after %u transmissions",
+			 name, fl->tries);
 		return;
 	}
-	e += snprintf(e, (size_t)(end - e), "aggregator reports workers ");
+	e += snprintf(e, (size_t)(end - e), "aggregator %s reports workers ", name);
 	for (int pass = 0; pass < 2; pass++) {
 		bool first = true;
 
@@ -927,7 +1072,9 @@ static int tx_expired(struct hg_client *c, uint64_t now)
 	size_t ks[BURST];
 	uint16_t cnt = 0;
 
-	for (uint32_t i = 0; i < c->cfg.slots; i++) {
+	size_t nfl = (size_t)c->naggs * c->cfg.slots;
+
+	for (size_t i = 0; i < nfl; i++) {
 		const struct flight *fl = &c->fl[i];
 
 		if (fl->busy && now - fl->first_tx >= c->cfg.give_up_ns &&
@@ -939,8 +1086,9 @@ static int tx_expired(struct hg_client *c, uint64_t now)
 		c->stats.timeouts++;
 		return client_fail(c, -ETIMEDOUT);
 	}
-	for (uint32_t i = 0; i < c->cfg.slots; i++) {
+	for (size_t i = 0; i < nfl; i++) {
 		struct flight *fl = &c->fl[i];
+		struct agg *ag = &c->agg[fl->agg];
 
 		if (!fl->busy)
 			continue;
@@ -954,14 +1102,15 @@ static int tx_expired(struct hg_client *c, uint64_t now)
 			 * contribution times out on every worker's copy of
 			 * the chunk) do not compound. */
 			c->stats.timeouts++;
-			c->t_timeout = now;
+			ag->st.timeouts++;
+			ag->t_timeout = now;
 			fl->rto = rto_backoff(c, chunk_rto(c, fl));
-			if (now - c->t_backoff >= c->rto) {
-				c->rto = rto_backoff(c, c->rto);
-				c->t_backoff = now;
+			if (now - ag->t_backoff >= ag->rto) {
+				ag->rto = rto_backoff(c, ag->rto);
+				ag->t_backoff = now;
 			}
 		}
-		ks[cnt++] = (uint32_t)(fl->seq - c->st.base_seq);
+		ks[cnt++] = (size_t)(fl->chunk - c->st.base);
 		if (cnt == BURST) {
 			tx_chunks(c, ks, cnt, now);
 			cnt = 0;
@@ -976,7 +1125,7 @@ static uint64_t next_deadline(const struct hg_client *c, uint64_t now)
 {
 	uint64_t dl = UINT64_MAX;
 
-	for (uint32_t i = 0; i < c->cfg.slots; i++) {
+	for (size_t i = 0; i < (size_t)c->naggs * c->cfg.slots; i++) {
 		const struct flight *fl = &c->fl[i];
 		uint64_t t;
 

@@ -12,10 +12,16 @@ The C worker client (homagg/client.h) over the kernel UDP port backend
 
 Every worker of the job makes the same calls with its own ``worker`` id;
 the job (id, token, W, slots, payload) must be configured on the
-aggregator first (homagg.control.ControlClient.add_job).  ``payload`` is
-the job's payload size (1024 bytes by default; up to 8192 with jumbo
-frames): it must fit the MTU of the path to the aggregator, which the
-worker asks the kernel for (or takes from ``mtu``).  A dead
+aggregator first (homagg.control.ControlClient.add_job).  A job spread over
+K aggregators names them all, in the same order on every worker and with
+aggregator k told its ``shard`` k at add_job (docs/PROTOCOL.md, "Several
+aggregators")::
+
+    Worker(..., aggregators=[("10.0.0.1", 48879), ("10.0.0.3", 48879)])
+
+``payload`` is the job's payload size (1024 bytes by default; up to 8192
+with jumbo frames): it must fit the MTU of the path to every aggregator,
+which the worker asks the kernel for (or takes from ``mtu``).  A dead
 aggregator makes ``allreduce`` raise ``PeerTimeout`` naming it within
 ``timeout`` seconds.
 """
@@ -120,7 +126,7 @@ class Worker:
     def __init__(self, job, token, worker, workers,
                  aggregator=("10.0.0.1", 48879), group=None,
                  bind=("0.0.0.0", 0), timeout=5.0, slots=64, payload=1024,
-                 rto=0.001, packets=0, mtu=None):
+                 rto=0.001, packets=0, aggregators=None, mtu=None):
         if not 0 <= worker < workers:
             raise InvalidArgument(f"worker {worker} not in 0..{workers - 1}")
         if timeout <= 0:
@@ -128,22 +134,35 @@ class Worker:
         if not 4 <= int(payload) <= lib.HG_MAX_PAYLOAD or int(payload) % 4:
             raise InvalidArgument(f"payload must be a multiple of 4 in 4..{lib.HG_MAX_PAYLOAD}, "
                                   f"got {payload}")
+        if aggregators is None:
+            aggregators = [aggregator]
+        aggregators = [(str(a[0]), int(a[1])) for a in aggregators]
+        if not 1 <= len(aggregators) <= lib.HG_CLIENT_MAX_AGGREGATORS:
+            raise InvalidArgument(f"aggregators: 1..{lib.HG_CLIENT_MAX_AGGREGATORS} "
+                                  f"(host, port) pairs, got {len(aggregators)}")
+        if len(set(aggregators)) != len(aggregators):
+            raise InvalidArgument(f"aggregators: the same address twice in {aggregators}")
         self.job, self.token = job, token
         self.worker, self.workers = worker, workers
-        self.aggregator = (str(aggregator[0]), int(aggregator[1]))
-        _ipv4(self.aggregator[0], "aggregator")
+        self.aggregators = aggregators
+        self.aggregator = aggregators[0]
+        for a in aggregators:
+            _ipv4(a[0], "aggregator")
         self.group = group
         self.timeout = timeout
-        self.mtu = int(mtu) if mtu else min(9000, max(576, path_mtu(self.aggregator[0],
-                                                                    str(bind[0]))))
+        # the smallest MTU of the paths to the aggregators
+        narrow = min(aggregators, key=lambda a: path_mtu(a[0], str(bind[0])))
+        self.mtu = int(mtu) if mtu else min(9000, max(576, path_mtu(narrow[0], str(bind[0]))))
         if payload > max_payload(self.mtu):
             raise InvalidArgument(
                 f"payload {payload} bytes does not fit the MTU {self.mtu} of the path to "
-                f"aggregator {self.aggregator[0]}: at most {max_payload(self.mtu)} bytes; "
+                f"aggregator {narrow[0]}: at most {max_payload(self.mtu)} bytes; "
                 f"a {payload}-byte payload needs links with MTU >= {payload + FRAME_OVERHEAD} "
                 f"(jumbo frames, e.g. `homagg testbed up --mtu 9000`)")
 
-        self._port = UdpPort(bind, packets=max(int(packets), 4 * slots + 256), mtu=self.mtu)
+        self._port = UdpPort(bind, packets=max(int(packets),
+                                               4 * slots * len(aggregators) + 256),
+                             mtu=self.mtu)
 
         cfg = ffi.new("struct hg_client_config *")
         cfg.port = self._port.port
@@ -153,12 +172,17 @@ class Worker:
         cfg.workers = workers
         cfg.slots = slots
         cfg.payload_bytes = payload
-        cfg.agg_ipv4 = _ipv4(self.aggregator[0], "aggregator")
-        cfg.agg_udp_port = self.aggregator[1]
+        aggs = ffi.new("struct hg_client_agg[]", len(aggregators))
+        for a, (host, port) in zip(aggs, aggregators):
+            a.ipv4 = _ipv4(host, "aggregator")
+            a.udp_port = port
+        cfg.naggs = len(aggregators)
+        cfg.aggs = aggs
         cfg.group_ipv4 = _ipv4(group, "group") if group else 0
         cfg.rto_ns = int(rto * 1e9)
         cfg.give_up_ns = int(timeout * 1e9)
         self._cfg = cfg
+        self._aggs = aggs
         client = lib.hg_client_create(cfg)
         if client == ffi.NULL:
             raise InvalidArgument(
@@ -196,7 +220,8 @@ class Worker:
             ffi.from_buffer("float[]", out, require_writable=True))
         if rc < 0:
             text = ffi.string(lib.hg_client_error_text(self._client)).decode()
-            where = f"aggregator {self.aggregator[0]}:{self.aggregator[1]}"
+            where = ", ".join(f"{h}:{p}" for h, p in self.aggregators)
+            where = f"aggregator{'s' if len(self.aggregators) > 1 else ''} {where}"
             raise error_for(rc, f"worker {self.worker} of job {self.job}, "
                                 f"{where}: {text or 'failed'}")
         return out
@@ -210,6 +235,13 @@ class Worker:
             "duplicates_received", "status_received", "packets_ignored",
             "tx_refused", "chunks", "srtt_ns", "rto_ns")}
         out["port"] = self._port.stats()
+        out["aggregators"] = []
+        ast = ffi.new("struct hg_client_agg_stats *")
+        for k in range(len(self.aggregators)):
+            check(lib.hg_client_get_agg_stats(self._client, k, ast))
+            out["aggregators"].append({f: getattr(ast, f) for f in (
+                "packets_sent", "retransmissions", "timeouts", "results_received",
+                "bytes_sent", "bytes_received", "chunks", "srtt_ns", "rto_ns")})
         return out
 
     def close(self):
