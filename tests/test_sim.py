@@ -423,12 +423,11 @@ def test_payload_sizes_through_jumbo_nic_ports(payload, method):
         nb = (n + BLOCK - 1) // BLOCK
         assert eng["completed"] == _chunks(nb, payload) + _chunks(4 * n, payload)
     else:
-        # every phase's stream cut into full chunks but its last; the meta
-        # phase is two small streams (MAX8 exponents, SUM32 counts)
+        # every stream (exponents, counts, index, sketch, fallback) cut
+        # into full chunks but its last
         sent = res.stats["workers"][0]["bytes_sent"]
-        assert sent["meta"] < payload
-        assert eng["completed"] == 2 + sum(_chunks(b, payload) for k, b in sent.items()
-                                           if k != "meta")
+        assert sent["sketch"] > payload
+        assert eng["completed"] == sum(_chunks(b, payload) for b in sent.values())
 
 
 def test_jumbo_payload_exact_under_faults():

@@ -625,8 +625,8 @@ static int port_setup(struct daemon *d)
 		d->mtu = RTE_ETHER_MTU;
 	d->mtu = RTE_MAX(RTE_MIN(d->mtu, (uint16_t)9000), (uint16_t)576);
 	if (kmtu && kmtu < d->mtu)
-		fprintf(stderr, "--mtu %u: the port's interface has MTU %u: longer "
-			"frames will not arrive\n", d->mtu, kmtu);
+		HG_LOG(WARNING, "--mtu %u: the port's interface has MTU %u: longer "
+		       "frames will not arrive", d->mtu, kmtu);
 	/*
 	 * One whole frame of the MTU per mbuf, so a PMD need not scatter it:
 	 * the MTU plus room for the Ethernet header, CRC, a VLAN tag and the
@@ -638,7 +638,8 @@ static int port_setup(struct daemon *d)
 					 RTE_ALIGN_CEIL((unsigned int)d->mtu + 128, 1024u));
 	d->pool = hg_dpdk_pool_create("hg_pool", d->o.mbufs, d->data_room, socket);
 	if (!d->pool) {
-		HG_LOG(ERR, "mbuf pool: %s", rte_strerror(rte_errno));
+		HG_LOG(ERR, "mbuf pool (%u mbufs of %u bytes): %s", d->o.mbufs,
+		       d->data_room, rte_strerror(rte_errno));
 		return -ENOMEM;
 	}
 	/* a PMD that manages the MTU (a NIC sizing its rx buffers) is given
@@ -938,10 +939,12 @@ int main(int argc, char **argv)
 
 		d->port.ops->get_info(d->port.ctx, &pi);
 		HG_LOG(NOTICE, "ready port=%u mac=%02x:%02x:%02x:%02x:%02x:%02x "
-		       "ip=%s udp=%u control=%s drop_rate=%g engines=%u",
+		       "ip=%s udp=%u control=%s drop_rate=%g engines=%u mtu=%u "
+		       "max_payload=%u mbuf_data_room=%u",
 		       d->o.port_id, pi.mac[0], pi.mac[1], pi.mac[2], pi.mac[3],
 		       pi.mac[4], pi.mac[5], ip, d->o.udp_port, d->o.control,
-		       d->o.drop_rate, d->nshards);
+		       d->o.drop_rate, d->nshards, d->mtu, lim.max_payload,
+		       d->data_room);
 	}
 	run(d);
 	stop_engines(d);
