@@ -69,8 +69,10 @@ def test_add_and_remove_job(daemon):
         with pytest.raises(ControlError) as ei:
             c.remove_job(7)
         assert ei.value.code == -errno.ENOENT
-        # the id is free again
-        c.add_job(**JOB)
+        # the id is free again; the job's incarnation is given or from the clock
+        assert c.add_job(**JOB, shard=5, incarnation=4242)["incarnation"] == 4242
+        c.remove_job(7)
+        assert c.add_job(**JOB)["incarnation"] > 0
         c.remove_job(7)
         c.remove_job(8)
     assert daemon.alive()
@@ -87,11 +89,14 @@ def test_add_and_remove_job(daemon):
     (dict(JOB, payload=1022), InvalidArgument, "field 'payload': must be a multiple of 4"),
     (dict(JOB, payload=10**6), OutOfRange, "field 'payload': must be 4.."),
     # a packet is one datagram of the port's MTU (1500 on net_ring)
-    (dict(JOB, payload=1452), OutOfRange, "field 'payload': must be 4..1448"),
+    (dict(JOB, payload=1444), OutOfRange, "field 'payload': must be 4..1440"),
     (dict(JOB, group="10.0.0.1"), InvalidArgument, "is not a multicast address"),
     (dict(JOB, group="239.1.1"), InvalidArgument, "field 'group': must be an IPv4"),
     (dict(JOB, group=5), InvalidArgument, "field 'group': must be an IPv4"),
     (dict(JOB, colour="red"), InvalidArgument, "field 'colour': unknown"),
+    (dict(JOB, shard=64), OutOfRange, "field 'shard': must be 0..63"),
+    (dict(JOB, incarnation=0), OutOfRange, "field 'incarnation': must be 1..4294967295"),
+    (dict(JOB, incarnation=-1), OutOfRange, "field 'incarnation': must be 1.."),
     ({k: v for k, v in JOB.items() if k != "token"}, InvalidArgument, "field 'token': missing"),
 ])
 def test_add_job_rejects_bad_fields(shared, fields, exc, message):

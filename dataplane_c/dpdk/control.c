@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "homagg/errors.h"
+#include "homagg/wire.h"
 #include "control.h"
 
 #define CTL_MAX_CONN 64
@@ -170,7 +171,7 @@ static int do_add_job(struct hg_control *c, const struct hg_json_obj *o,
 		      char *out, size_t outlen)
 {
 	static const char *const keys[] = { "cmd", "job", "token", "workers",
-		"slots", "payload", "group", NULL };
+		"slots", "payload", "group", "shard", "incarnation", NULL };
 	struct hg_ctl_job j = { 0 };
 	const struct hg_json_field *g;
 	char err[256] = "";
@@ -214,11 +215,19 @@ static int do_add_job(struct hg_control *c, const struct hg_json_obj *o,
 					   "field 'group': %s is not a multicast address",
 					   g->str);
 	}
+	if ((rc = get_uint(o, "shard", false, 0, 63, 0, &v, out, outlen)))
+		return rc;
+	j.shard = (uint8_t)v;
+	if ((rc = get_uint(o, "incarnation", false, 1, UINT32_MAX, 0, &v,
+			   out, outlen)))
+		return rc;
+	j.incarnation = v ? (uint32_t)v : hg_wire_incarnation_now();
 	rc = c->ops->add_job(c->ctx, &j, err, sizeof(err));
 	if (rc < 0)
 		return reply_error(out, outlen, rc, "add_job %u: %s", j.job,
 				   err[0] ? err : hg_strerror(rc));
-	snprintf(out, outlen, "{\"ok\":true,\"job\":%u}", j.job);
+	snprintf(out, outlen, "{\"ok\":true,\"job\":%u,\"incarnation\":%u}",
+		 j.job, j.incarnation);
 	return 0;
 }
 

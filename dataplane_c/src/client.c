@@ -119,6 +119,7 @@ struct hg_client {
 	struct hg_lhc *lhc;
 	struct step st;
 	uint64_t start_results; /* results_received at the start */
+	uint32_t agg_incarnation; /* of this allreduce's first reply (0: none yet) */
 	uint64_t start_sent;
 
 	uint32_t next_seq;      /* job sequence number of the next chunk */
@@ -200,6 +201,8 @@ struct hg_client *hg_client_create(const struct hg_client_config *cfg)
 				    c->cfg.rto_ns : HG_CLIENT_DEFAULT_RTO_MIN_NS;
 	if (c->cfg.rto_min_ns > c->cfg.rto_max_ns)
 		goto err_free;
+	if (!c->cfg.incarnation)
+		c->cfg.incarnation = hg_wire_incarnation_now();
 	c->rto = c->cfg.rto_ns;
 	c->rto_est = c->cfg.rto_ns;
 	if (!c->cfg.give_up_ns)
@@ -391,6 +394,7 @@ static size_t build_chunk(struct hg_client *c, struct hg_pkt *pkt, size_t k,
 	h.seq = seq;
 	h.lanes = (uint16_t)lanes;
 	h.exp = s->exp;
+	h.incarnation = c->cfg.incarnation;
 	len = hg_wire_build(pkt->data, pkt->cap, &c->src, &c->dst, &h,
 			    s->in + first * s->in_lane, bytes, 0);
 	/* Cannot fail: cap and payload were checked against payload_bytes. */
@@ -633,6 +637,7 @@ int hg_client_start(struct hg_client *c, const struct hg_params *params,
 	c->nblocks = nb;
 	c->qflags = 0;
 	c->start_results = c->stats.results_received;
+	c->agg_incarnation = 0;
 	c->start_sent = c->stats.packets_sent;
 	for (uint32_t i = 0; i < c->cfg.slots; i++)
 		c->fl[i].busy = false;
@@ -664,6 +669,19 @@ static void format_ip(char *s, size_t len, uint32_t ip)
 		 (ip >> 8) & 255, ip & 255);
 }
 
+/* The aggregator answered with incarnation inc after another one during
+ * this allreduce: it lost the job's state.  End the allreduce. */
+static void agg_restarted(struct hg_client *c, uint32_t inc)
+{
+	char ip[20];
+
+	format_ip(ip, sizeof(ip), c->cfg.agg_ipv4);
+	snprintf(c->err, sizeof(c->err),
+		 "aggregator %s:%u restarted during the allreduce (incarnation "
+		 "%u, now %u)", ip, c->cfg.agg_udp_port, c->agg_incarnation, inc);
+	client_fail(c, -ECONNRESET);
+}
+
 /* Handle one received frame (at port time now): a result or a status for this job. */
 static void handle_frame(struct hg_client *c, const uint8_t *f, size_t len,
 			 uint64_t now)
@@ -689,6 +707,14 @@ static void handle_frame(struct hg_client *c, const uint8_t *f, size_t len,
 		return;
 	}
 	k = (uint32_t)(seq - st->base_seq);
+	if (k < st->nchunks && v.hdr.incarnation != c->agg_incarnation) {
+		/* A reply about this step from another life of the aggregator. */
+		if (c->agg_incarnation) {
+			agg_restarted(c, v.hdr.incarnation);
+			return;
+		}
+		c->agg_incarnation = v.hdr.incarnation;
+	}
 
 	if (v.hdr.flags & HG_FLAG_STATUS) {
 		fl = &c->fl[seq % c->cfg.slots];
@@ -1016,6 +1042,8 @@ int hg_client_poll(struct hg_client *c, uint64_t *next_deadline_ns)
 	}
 	now = hg_port_now(c->cfg.port);
 	rx_all(c, now);
+	if (c->stage == ST_FAILED)
+		return c->rc;
 	while (c->st.ndone == c->st.nchunks) {
 		rc = advance(c);
 		if (rc < 0)

@@ -3,10 +3,10 @@
  * The aggregation engine (homagg/engine.h).
  *
  * Per frame: hg_wire_parse() validates everything that can be checked
- * without state, then the job, token, worker, slot, lanes and exponent are
- * checked against the job before a payload byte is read, then the shadow set
- * of the chunk decides: start over, stale, duplicate (replay / status) or
- * combine.  Replies reuse the received buffer when it is large enough (the
+ * without state, then the job, token, worker, MAC flag, shard,
+ * incarnation, slot, lanes and exponent are checked against the job before
+ * a payload byte is read, then the shadow set of the chunk decides: start
+ * over, stale, duplicate (replay / status) or combine.  Replies reuse the received buffer when it is large enough (the
  * completing packet becomes the multicast result, as in SwitchML), so a
  * multicast job allocates nothing per chunk.
  *
@@ -43,6 +43,12 @@ struct hg_set {
 	uint8_t state;     /* enum set_state */
 };
 
+/* What the engine knows of one worker of a job. */
+struct hg_peer {
+	struct hg_wire_addr addr;      /* learned from its latest valid frame */
+	uint32_t incarnation;          /* greatest accepted, 0 = none yet */
+};
+
 struct hg_job {
 	struct hg_job_config cfg;
 	bool in_use;
@@ -50,7 +56,7 @@ struct hg_job {
 	int slot_shift;                /* log2(S) when S is a power of 2, else -1 */
 	struct hg_set *sets;           /* 2 * S, set of slot s shadow h: 2s+h */
 	uint8_t *acc;                  /* 2 * S * acc_stride, 64-byte aligned */
-	struct hg_wire_addr *workers;  /* W learned addresses */
+	struct hg_peer *peers;         /* W entries */
 	uint64_t cnt[HG_CNT__COUNT];
 };
 
@@ -150,7 +156,7 @@ static void job_free(struct hg_job *j)
 {
 	free(j->sets);
 	free(j->acc);
-	free(j->workers);
+	free(j->peers);
 	memset(j, 0, sizeof(*j));
 }
 
@@ -233,6 +239,8 @@ int hg_engine_add_job(struct hg_engine *e, const struct hg_job_config *jc)
 		return -ERANGE;
 	memset(j, 0, sizeof(*j));
 	j->cfg = *jc;
+	if (!j->cfg.incarnation)
+		j->cfg.incarnation = hg_wire_incarnation_now();
 	j->acc_stride = (jc->payload_bytes + ACC_ALIGN - 1) & ~(uint32_t)(ACC_ALIGN - 1);
 	j->slot_shift = -1;
 	if (!(jc->slots & (jc->slots - 1)))
@@ -246,8 +254,8 @@ int hg_engine_add_job(struct hg_engine *e, const struct hg_job_config *jc)
 		goto err_free_job;
 	}
 	memset(j->acc, 0, nsets * j->acc_stride);
-	j->workers = calloc(jc->workers, sizeof(*j->workers));
-	if (!j->workers)
+	j->peers = calloc(jc->workers, sizeof(*j->peers));
+	if (!j->peers)
 		goto err_free_job;
 	j->in_use = true;
 	e->njobs++;
@@ -260,6 +268,20 @@ err_free_job:
 	job_free(j);
 err_nomem:
 	return -ENOMEM;
+}
+
+int hg_engine_job_config(const struct hg_engine *e, uint32_t id,
+			 struct hg_job_config *out)
+{
+	const struct hg_job *j;
+
+	if (!e || !out)
+		return -EINVAL;
+	j = job_find(e, id);
+	if (!j)
+		return -ENOENT;
+	*out = j->cfg;
+	return 0;
 }
 
 int hg_engine_remove_job(struct hg_engine *e, uint32_t id)
@@ -395,6 +417,8 @@ static void put_reply(struct hg_engine *e, struct hg_job *j, struct hg_pkt *p,
 		.seq = s->seq,
 		.lanes = s->lanes,
 		.exp = s->exp,
+		.shard = j->cfg.shard,
+		.incarnation = j->cfg.incarnation,
 		.reserved = 0,
 	};
 	uint8_t *f = p->data;
@@ -406,7 +430,7 @@ static void put_reply(struct hg_engine *e, struct hg_job *j, struct hg_pkt *p,
 		hg_wire_put_l2l4(f, &e->self, mac, j->cfg.group_ipv4,
 				 e->self.port, HG_HDR_LEN + plen);
 	} else {
-		const struct hg_wire_addr *a = &j->workers[w];
+		const struct hg_wire_addr *a = &j->peers[w].addr;
 
 		hg_wire_put_l2l4(f, &e->self, a->mac, a->ipv4, a->port,
 				 HG_HDR_LEN + plen);
@@ -483,6 +507,28 @@ static inline bool serial_newer(uint32_t a, uint32_t b)
 	return (int32_t)(a - b) > 0;
 }
 
+/*
+ * Worker w of job j came back with a greater incarnation: every incomplete
+ * set holding a contribution of its earlier life starts over (accumulator,
+ * bitmap and count cleared; its seq kept, so stale frames stay stale).  The
+ * other workers' contributions to it come back by retransmission.  Complete
+ * sets keep their results.  Rare (a restart), so a scan of the 2 S sets.
+ */
+static void incarnation_reset(struct hg_engine *e, struct hg_job *j, uint32_t w)
+{
+	const uint64_t bit = 1ull << (w % 64);
+
+	for (size_t i = 0; i < 2 * (size_t)j->cfg.slots; i++) {
+		struct hg_set *s = &j->sets[i];
+
+		if (s->state != SET_OPEN || !(s->bitmap[w / 64] & bit))
+			continue;
+		memset(s->bitmap, 0, sizeof(s->bitmap));
+		s->count = 0;
+		count(e, j, HG_CNT_INCARNATION_RESETS);
+	}
+}
+
 static void handle(struct hg_engine *e, struct hg_pkt *pkt)
 {
 	struct hg_wire_view v;
@@ -527,6 +573,20 @@ static void handle(struct hg_engine *e, struct hg_pkt *pkt)
 		rc = HG_CNT_BAD_WORKER;
 		goto drop;
 	}
+	if (flags & HG_FLAG_AUTH) {
+		rc = HG_CNT_BAD_MAC;
+		goto drop;
+	}
+	if (v.hdr.shard != j->cfg.shard) {
+		rc = HG_CNT_BAD_SHARD;
+		goto drop;
+	}
+	if (j->peers[w].incarnation &&
+	    hg_wire_incarnation_older(v.hdr.incarnation,
+				      j->peers[w].incarnation)) {
+		rc = HG_CNT_OLD_INCARNATION;
+		goto drop;
+	}
 	S = j->cfg.slots;
 	q = j->slot_shift >= 0 ? v.hdr.seq >> j->slot_shift : v.hdr.seq / S;
 	expect_shadow = (q & 1) ? HG_FLAG_SHADOW : 0;
@@ -544,6 +604,13 @@ static void handle(struct hg_engine *e, struct hg_pkt *pkt)
 				  : v.hdr.exp != 0) {
 		rc = HG_CNT_BAD_EXP;
 		goto drop;
+	}
+
+	if (v.hdr.incarnation != j->peers[w].incarnation) {
+		/* Valid so far: the worker's new life (0: its first frame). */
+		if (j->peers[w].incarnation)
+			incarnation_reset(e, j, w);
+		j->peers[w].incarnation = v.hdr.incarnation;
 	}
 
 	s = &j->sets[2 * (size_t)v.hdr.slot + (expect_shadow ? 1 : 0)];
@@ -573,9 +640,7 @@ static void handle(struct hg_engine *e, struct hg_pkt *pkt)
 	}
 
 	/* Valid: learn where this worker is. */
-	memcpy(j->workers[w].mac, v.src.mac, 6);
-	j->workers[w].ipv4 = v.src.ipv4;
-	j->workers[w].port = v.src.port;
+	j->peers[w].addr = v.src;
 
 	if (s->bitmap[w / 64] & (1ull << (w % 64))) {
 		count(e, j, HG_CNT_DUPLICATES);

@@ -50,6 +50,7 @@ struct sim_worker {
 
 struct sim_job {
 	uint32_t id, token, workers, slots;
+	struct hg_job_config ecfg; /* as added to the engine */
 	struct sim_worker *w;      /* workers entries */
 };
 
@@ -61,6 +62,8 @@ struct hg_sim {
 	struct hg_engine *engine;
 	struct sim_job jobs[HG_SIM_MAX_JOBS];
 	int njobs;
+	uint64_t restart_at;       /* engine "received" count; UINT64_MAX: none */
+	uint32_t restart_incarnation;
 	uint16_t mtu;
 	struct hg_sim_stats st;
 };
@@ -205,6 +208,7 @@ struct hg_sim *hg_sim_create(const struct hg_sim_config *cfg)
 		return NULL;
 	s->cfg = *cfg;
 	s->cfg.payload_bytes = payload;
+	s->restart_at = UINT64_MAX;
 	if (s->cfg.agg_link_gbps == 0)
 		s->cfg.agg_link_gbps = s->cfg.link_gbps;
 	/* Largest IP packet: IPv4 + UDP + header + payload, at least 1500. */
@@ -286,9 +290,11 @@ int hg_sim_add_job(struct hg_sim *s, const struct hg_sim_job_config *jc)
 	ej.slots = job->slots;
 	ej.payload_bytes = s->cfg.payload_bytes;
 	ej.group_ipv4 = s->cfg.unicast_results ? 0 : GROUP_BASE + (uint32_t)j;
+	ej.incarnation = jc->incarnation ? jc->incarnation : HG_SIM_INCARNATION;
 	rc = hg_engine_add_job(s->engine, &ej);
 	if (rc)
 		return rc;
+	job->ecfg = ej;
 
 	job->w = calloc(job->workers, sizeof(*job->w));
 	if (!job->w)
@@ -308,6 +314,7 @@ int hg_sim_add_job(struct hg_sim *s, const struct hg_sim_job_config *jc)
 	cc.rto_max_ns = jc->rto_max_ns;
 	cc.give_up_ns = jc->give_up_ns;
 	cc.rto_min_ns = jc->rto_min_ns;
+	cc.incarnation = ej.incarnation;
 	for (uint32_t w = 0; w < job->workers; w++) {
 		struct sim_worker *sw = &job->w[w];
 
@@ -387,6 +394,43 @@ int hg_sim_start(struct hg_sim *s, int job, int method,
 
 /* ---- the event loop ---------------------------------------------------- */
 
+int hg_sim_restart_aggregator(struct hg_sim *s, uint64_t after_frames,
+			      uint32_t incarnation)
+{
+	uint64_t rx = 0;
+
+	if (!s)
+		return -EINVAL;
+	hg_engine_counters(s->engine, &rx, 1);
+	s->restart_at = rx + after_frames;
+	s->restart_incarnation = incarnation;
+	return 0;
+}
+
+/* A restart of the aggregator is due: every job starts over. */
+static void restart_due(struct hg_sim *s)
+{
+	uint64_t rx = 0;
+
+	if (s->restart_at == UINT64_MAX)
+		return;
+	hg_engine_counters(s->engine, &rx, 1);
+	if (rx < s->restart_at)
+		return;
+	s->restart_at = UINT64_MAX;
+	for (int j = 0; j < s->njobs; j++) {
+		struct hg_job_config *ec = &s->jobs[j].ecfg;
+
+		ec->incarnation = s->restart_incarnation ? s->restart_incarnation
+							 : ec->incarnation + 1;
+		if (!ec->incarnation)
+			ec->incarnation = 1;
+		/* Cannot fail: the same job was there (memory aside). */
+		hg_engine_remove_job(s->engine, ec->job);
+		hg_engine_add_job(s->engine, ec);
+	}
+}
+
 static bool rx_pending(const struct hg_sim *s)
 {
 	if (hg_nic_port_rx_pending(s->agg_port))
@@ -432,8 +476,11 @@ int hg_sim_run(struct hg_sim *s, uint64_t max_ns)
 		bool any = false;
 
 		s->st.loop_rounds++;
-		while (hg_engine_poll(s->engine) > 0)
+		restart_due(s);
+		while (hg_engine_poll(s->engine) > 0) {
 			s->st.engine_polls++;
+			restart_due(s);
+		}
 		for (int j = 0; j < s->njobs; j++)
 			for (uint32_t w = 0; w < s->jobs[j].workers; w++) {
 				struct sim_worker *sw = &s->jobs[j].w[w];

@@ -14,7 +14,10 @@ Every worker of the job makes the same calls with its own ``worker`` id;
 the job (id, token, W, slots, payload) must be configured on the
 aggregator first (homagg.control.ControlClient.add_job).  A dead
 aggregator makes ``allreduce`` raise ``PeerTimeout`` naming it within
-``timeout`` seconds.
+``timeout`` seconds.  Every frame carries the worker's ``incarnation``
+(default: from the clock, so a restarted worker gets a greater one); an
+aggregator that restarts during an allreduce makes it raise
+``PeerRestarted``.
 """
 import ipaddress
 
@@ -89,11 +92,13 @@ class Worker:
     def __init__(self, job, token, worker, workers,
                  aggregator=("10.0.0.1", 48879), group=None,
                  bind=("0.0.0.0", 0), timeout=5.0, slots=64, payload=1024,
-                 rto=0.001, packets=0):
+                 rto=0.001, packets=0, incarnation=0):
         if not 0 <= worker < workers:
             raise InvalidArgument(f"worker {worker} not in 0..{workers - 1}")
         if timeout <= 0:
             raise InvalidArgument("timeout must be positive")
+        if not 0 <= int(incarnation) < 2**32:
+            raise InvalidArgument(f"incarnation {incarnation} not in 0..2^32-1 (0: from the clock)")
         self.job, self.token = job, token
         self.worker, self.workers = worker, workers
         self.aggregator = (str(aggregator[0]), int(aggregator[1]))
@@ -115,6 +120,7 @@ class Worker:
         cfg.group_ipv4 = _ipv4(group, "group") if group else 0
         cfg.rto_ns = int(rto * 1e9)
         cfg.give_up_ns = int(timeout * 1e9)
+        cfg.incarnation = int(incarnation)
         self._cfg = cfg
         client = lib.hg_client_create(cfg)
         if client == ffi.NULL:

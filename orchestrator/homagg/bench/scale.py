@@ -28,6 +28,7 @@ import time
 
 import numpy as np
 
+from homagg._native import lib
 from homagg.bench import report as rep
 from homagg.bench import workloads
 
@@ -36,7 +37,7 @@ EXACT_METHODS = ("dense", "blocks", "lhc", "auto")
 DEFAULT_WORKERS = "8,16,32,64,128,256"
 # Bytes around every HomAgg payload on the wire: Ethernet + IPv4 + UDP + the
 # HomAgg header (homagg/wire.h HG_ETH_IP_UDP_LEN + HG_HDR_LEN).
-FRAME_OVERHEAD = 42 + 24
+FRAME_OVERHEAD = lib.HG_ETH_IP_UDP_LEN + lib.HG_HDR_LEN
 AGG_RX_RING = 4096
 LINK_DELAY = 1e-6  # one-way delay of every simulated link (s)
 
