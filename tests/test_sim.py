@@ -427,7 +427,7 @@ def test_old_incarnation_frames_are_never_summed():
 def test_aggregator_restart_mid_allreduce_names_both_incarnations():
     grads = make_grads(3, 60000, seed=62)
     with Cluster(workers=3, seed=5, slots=8, timeout=0.2) as cl:
-        cl.restart_aggregator(after_frames=40, incarnation=2000)
+        cl.restart_aggregator(0, after_frames=40, incarnation=2000)
         with pytest.raises(PeerRestarted) as ei:
             cl.allreduce(grads, method="dense", block_elements=BLOCK)
         assert len(ei.value.failures) == 3
