@@ -92,6 +92,8 @@ const char *hg_method_name(enum hg_method m)
 		return "nc";
 	case HG_M_AUTO:
 		return "auto";
+	case HG_M_UNION:
+		return "union";
 	}
 	return "unknown";
 }

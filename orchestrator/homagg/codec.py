@@ -11,10 +11,17 @@ blocks       SUM32 of the blocks that are non-zero on some worker
 lhc          SUM32 of the non-zero counts, OR of the index (bitmap or
              Bloom filter), SUM32 of the count sketch, peeling, then SUM32
              of the candidates whose peeling stalled (the fallback)
+union        lhc's counts and index phases, then SUM32 of every worker's
+             value at every global candidate (0 where it has none), and a
+             scatter: no sketch, no peeling, no fallback
 nc           NC8 codes (natural compression, unbiased, lossy by design)
 auto         the exact method with the fewest bytes, chosen by every worker
-             alike after the lhc meta phase (exponents + counts)
+             alike on exact byte counts: after the lhc meta phase (exponents
+             + counts) when that settles it, else after the index phase
 ===========  ==============================================================
+
+lhc, union and auto read each gradient once (``scan``, the one-pass
+encode); their later phases read only the scan's non-zeros.
 
 The exact methods decode bit-identically to the fixed-point reference
 (``homagg.reference``).  ``simulate_allreduce`` runs every phase for every
@@ -42,12 +49,12 @@ DEFAULT_BLOCK = _b.DEFAULT_BLOCK
 MAX_WORKERS = _b.MAX_WORKERS
 EXP_ZERO = _b.EXP_ZERO
 
-METHODS = ("dense", "blocks", "lhc", "nc", "auto")
-EXACT_METHODS = ("dense", "blocks", "lhc")
+METHODS = ("dense", "blocks", "lhc", "union", "nc", "auto")
+EXACT_METHODS = ("dense", "blocks", "lhc", "union")
 PHASES = ("exponents", "counts", "index", "sketch", "fallback", "values")
 
 _METHOD_BY_CODE = {_b.M_DENSE: "dense", _b.M_BLOCKS: "blocks", _b.M_LHC: "lhc",
-                   _b.M_NC: "nc", _b.M_AUTO: "auto"}
+                   _b.M_NC: "nc", _b.M_AUTO: "auto", _b.M_UNION: "union"}
 
 OPS = {"sum32": _b.OP_SUM32, "or": _b.OP_OR, "max8": _b.OP_MAX8, "nc8": _b.OP_NC8}
 
@@ -145,9 +152,22 @@ def nc_top(params):
 
 
 def choose_auto(params, n, gcodes, gcounts):
-    """auto's choice from the meta phase: 'dense', 'blocks' or 'lhc'."""
+    """auto's choice from the meta phase: 'dense' or 'blocks' when that is
+    certainly the smallest, else 'union' (run the index phase, then
+    ``choose_auto_indexed``)."""
     m = _b.auto_choose(_p(params, 0), n, gcodes, gcounts)
     return _METHOD_BY_CODE[m]
+
+
+def choose_auto_indexed(plan):
+    """auto's final choice after the index phase: 'dense', 'blocks' or 'union'."""
+    return _METHOD_BY_CODE[_b.auto_choose_indexed(plan._l)]
+
+
+def scan(params, x, worker=0):
+    """The one-pass encode: (scan, codes int8, counts '>i4') of x; the
+    scan feeds ``LhcPlan.encode_index / encode_sketch / encode_union``."""
+    return _b.scan_encode(_p(params, worker), x)
 
 
 class LhcPlan:
@@ -164,13 +184,28 @@ class LhcPlan:
         return self._l.info()
 
     def encode_index(self, x):
+        """From the tensor x, or from its scan (``scan``)."""
+        if isinstance(x, _b.Scan):
+            return _b.lhc_index_encode_scan(self._l, x)
         return _b.lhc_index_encode(self._l, x)
 
     def set_index(self, gindex):
         _b.lhc_set_index(self._l, gindex)
 
     def encode_sketch(self, x):
+        """From the tensor x, or from its scan (``scan``)."""
+        if isinstance(x, _b.Scan):
+            return _b.lhc_sketch_encode_scan(self._l, x)
         return _b.lhc_sketch_encode(self._l, x)
+
+    def encode_union(self, scan):
+        """union values phase: this worker's value at every candidate ('>i4')."""
+        return _b.union_encode(self._l, scan)
+
+    def decode_union(self, gvals, out=None):
+        if out is None:
+            return _b.union_decode(self._l, gvals)
+        return _b.union_decode_into(self._l, gvals, out)
 
     def peel(self, gcells):
         _b.lhc_peel(self._l, gcells)
@@ -297,7 +332,7 @@ def simulate_allreduce(grads, method="lhc", seed=0, **options):
     """Allreduce W workers' gradients in one process with the real codec.
 
     grads: a list of W equal-length 1-D float32 arrays (C-contiguous).
-    method: 'dense', 'blocks', 'lhc', 'nc' or 'auto'.  options: the other
+    method: 'dense', 'blocks', 'lhc', 'union', 'nc' or 'auto'.  options: the other
     ``Params`` fields (block_elements, stochastic, nc_levels,
     sketch_cells_per_candidate).
 
@@ -308,7 +343,9 @@ def simulate_allreduce(grads, method="lhc", seed=0, **options):
     bytes each worker sent and received ("bytes_sent", "bytes_received",
     identical for every worker; "bytes_sent_by_worker" lists them all),
     "bytes_per_worker" (sent), "dense_fp32_bytes" (4 n), the lhc counters
-    and "method" (for auto: the method auto chose, also in "auto_choice").
+    ("union_lanes" for union) and "method" (for auto: the method auto chose,
+    also in "auto_choice"; "auto_meta_choice" is its choice after the meta
+    phase, 'union' meaning that the index phase decided).
     """
     if method not in METHODS:
         raise InvalidArgument(f"unknown method {method!r} (one of {', '.join(METHODS)})",
@@ -333,14 +370,27 @@ def simulate_allreduce(grads, method="lhc", seed=0, **options):
 
     chosen = method
     gcounts = None
-    if method in ("lhc", "auto"):
-        # Meta phase: exponents (MAX8) and counts (SUM32), one pass over x.
-        meta = [_with_worker(w, lambda w=w: _b.exp_nnz_encode(cps[w], grads[w]))
+    scans = None
+    if method in ("lhc", "union", "auto"):
+        # Meta phase: exponents (MAX8) and counts (SUM32) from the one-pass
+        # scan; the later phases read the scans' non-zeros.
+        meta = [_with_worker(w, lambda w=w: _b.scan_encode(cps[w], grads[w]))
                 for w in range(W)]
+        scans = [m[0] for m in meta]
         gcodes = _all_reduce_phase(ledger, "exponents", "max8",
-                                   ((w, meta[w][0]) for w in range(W)))
-        gcounts = _all_reduce_phase(ledger, "counts", "sum32",
-                                    ((w, meta[w][1]) for w in range(W)))
+                                   ((w, meta[w][1]) for w in range(W)))
+        if method == "auto":
+            # auto's counts follow the exponents, one lane per block that
+            # is non-zero somewhere (the others are 0 on every worker).
+            live = gcodes != EXP_ZERO
+            gcounts = np.zeros(nb, dtype=_b.BE32)
+            if live.any():
+                gcounts[live] = _all_reduce_phase(
+                    ledger, "counts", "sum32",
+                    ((w, np.ascontiguousarray(meta[w][2][live])) for w in range(W)))
+        else:
+            gcounts = _all_reduce_phase(ledger, "counts", "sum32",
+                                        ((w, meta[w][2]) for w in range(W)))
         del meta
         stats["global_nonzeros"] = int(gcounts.astype(np.int64).sum())
     else:
@@ -350,12 +400,15 @@ def simulate_allreduce(grads, method="lhc", seed=0, **options):
             ((w, _with_worker(w, lambda w=w: _b.exp_encode(cps[w], grads[w])))
              for w in range(W)))
     stats["zero_blocks"] = int(np.count_nonzero(gcodes == EXP_ZERO))
+    plans = None
     if method == "auto":
-        chosen = _METHOD_BY_CODE[_b.auto_choose(cps[0], n, gcodes, gcounts)]
-        for w in range(1, W):  # every worker decides alike
-            other = _METHOD_BY_CODE[_b.auto_choose(cps[w], n, gcodes, gcounts)]
-            if other != chosen:
-                raise HomAggError(f"auto: worker {w} chose {other}, worker 0 {chosen}")
+        chosen = _agreed("auto", [_b.auto_choose(cps[w], n, gcodes, gcounts)
+                                  for w in range(W)])
+        stats["auto_meta_choice"] = chosen
+        if chosen == "union":
+            # Not settled by the meta phase: the index phase, then exact counts.
+            plans = _index_phase(cps, scans, n, gcodes, gcounts, ledger, stats)
+            chosen = _agreed("auto", [_b.auto_choose_indexed(pl) for pl in plans])
         stats["auto_choice"] = chosen
     stats["method"] = chosen
 
@@ -374,7 +427,13 @@ def simulate_allreduce(grads, method="lhc", seed=0, **options):
             ((w, _b.nc_encode(cps[w], grads[w], gcodes)) for w in range(W)), top=top)
         results = (_b.dequantize(cps[w], sums, n, gcodes, 0) for w in range(W))
     else:
-        results = _simulate_lhc(cps, grads, n, gcodes, gcounts, ledger, stats)
+        if plans is None:
+            plans = _index_phase(cps, scans, n, gcodes, gcounts, ledger, stats)
+        if chosen == "union":
+            results = _simulate_union(plans, scans, ledger, stats)
+        else:
+            results = _simulate_lhc(plans, scans, grads, ledger, stats)
+    del scans
 
     y0 = None
     for w, y in enumerate(results):
@@ -396,28 +455,58 @@ def simulate_allreduce(grads, method="lhc", seed=0, **options):
     return AllreduceResult(sum=y0, stats=stats)
 
 
-def _simulate_lhc(cps, grads, n, gcodes, gcounts, ledger, stats):
-    """The lhc phases after the meta phase; yields each worker's result."""
-    W = len(grads)
+def _agreed(what, codes):
+    """The method every worker chose (they decide alike), or HomAggError."""
+    chosen = _METHOD_BY_CODE[codes[0]]
+    for w, m in enumerate(codes):
+        if _METHOD_BY_CODE[m] != chosen:
+            raise HomAggError(f"{what}: worker {w} chose {_METHOD_BY_CODE[m]}, worker 0 {chosen}")
+    return chosen
+
+
+def _index_phase(cps, scans, n, gcodes, gcounts, ledger, stats):
+    """lhc's planning and index phase (lhc, union, auto); returns the plans."""
+    W = len(cps)
     plans = [_b.lhc_create(cps[w], n, gcodes, gcounts) for w in range(W)]
     info = plans[0].info()
     for w in range(1, W):
-        other = plans[w].info()
-        if other["index_bytes"] != info["index_bytes"]:
-            raise HomAggError(f"lhc: worker {w} planned another index than worker 0")
-
+        if plans[w].info()["index_bytes"] != info["index_bytes"]:
+            raise HomAggError(f"index: worker {w} planned another index than worker 0")
     gindex = _all_reduce_phase(
         ledger, "index", "or",
-        ((w, _b.lhc_index_encode(plans[w], grads[w])) for w in range(W)))
+        ((w, _b.lhc_index_encode_scan(plans[w], scans[w])) for w in range(W)))
     if gindex is None or gindex.size == 0:
         gindex = np.zeros(info["index_bytes"], dtype=np.uint8)
     for pl in plans:
         _b.lhc_set_index(pl, gindex)
+    info = plans[0].info()
+    for k in ("index_bytes", "bitmap_blocks", "bloom_blocks", "candidates"):
+        stats[k] = info[k]
+    return plans
 
+
+def _simulate_union(plans, scans, ledger, stats):
+    """union's values phase after the index phase; yields each worker's result."""
+    W = len(plans)
+    lanes = _b.union_lanes(plans[0])
+    gvals = _all_reduce_phase(
+        ledger, "values", "sum32",
+        ((w, _b.union_encode(plans[w], scans[w])) for w in range(W)))
+    if gvals is None or gvals.size == 0:
+        gvals = np.zeros(lanes, dtype=_b.BE32)
+    stats["union_lanes"] = lanes
+    for w in range(W):
+        yield _b.union_decode(plans[w], gvals)
+        plans[w] = None
+
+
+def _simulate_lhc(plans, scans, grads, ledger, stats):
+    """The lhc phases after the index phase; yields each worker's result."""
+    W = len(plans)
     info = plans[0].info()
     gcells = _all_reduce_phase(
         ledger, "sketch", "sum32",
-        ((w, _b.lhc_sketch_encode(plans[w], grads[w])) for w in range(W)))
+        ((w, _b.lhc_sketch_encode_scan(plans[w], scans[w])) for w in range(W)))
     if gcells is None or gcells.size == 0:
         gcells = np.zeros(info["sketch_lanes"], dtype=_b.BE32)
     for pl in plans:
