@@ -171,6 +171,7 @@ void hg_lhc_destroy(struct hg_lhc *l)
 	free(l->gcodes);
 	free(l->blk);
 	free(l->cand_pos);
+	free(l->gindex);
 	free(l->values);
 	free(l->unresolved);
 	free(l->s_cell);
@@ -481,6 +482,14 @@ int hg_lhc_set_index(struct hg_lhc *l, const uint8_t *gindex)
 		return -EINVAL;
 	vbmi2 = cand_vbmi2();
 	l->state = LHC_PLANNED;
+	/* union reads the bitmaps again, in words (slack for the last one) */
+	free(l->gindex);
+	l->gindex = malloc(l->info.index_bytes + 8);
+	if (!l->gindex)
+		return -ENOMEM;
+	if (l->info.index_bytes)
+		memcpy(l->gindex, gindex, l->info.index_bytes);
+	memset(l->gindex + l->info.index_bytes, 0, 8);
 	for (size_t b = 0; b < l->nb; b++) {
 		struct lhc_block *bk = &l->blk[b];
 		uint32_t c = 0;

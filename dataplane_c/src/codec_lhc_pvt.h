@@ -38,6 +38,7 @@ struct hg_lhc {
 	/* after set_index */
 	uint16_t *cand_pos; /* position in its block, per candidate */
 	size_t cand_cap;
+	uint8_t *gindex;    /* copy of the global index, 8 zero bytes of slack */
 	/* after peel */
 	int32_t *values;      /* peeled sum per candidate (0 if unresolved) */
 	uint32_t *unresolved; /* global ranks, ascending */
