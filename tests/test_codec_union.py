@@ -92,6 +92,32 @@ def test_one_pass_equals_previous_path(isa, workers, n, block, density, position
         assert np.array_equal(new, old), "sketch"
 
 
+@pytest.mark.parametrize("workers,n,block,density,positions", [
+    (4, 4096 * 6 + 100, 4096, 0.05, "independent"),
+    (3, 20000, 512, 0.001, "independent"),  # Bloom blocks
+    (8, 9000, 64, 0.3, "clustered"),
+])
+def test_decode_paths_identical(monkeypatch, workers, n, block, density, positions):
+    """lhc and union decode on the vector path (one write per element by
+    64-bit index words) and on the portable path (the previous
+    implementation's zero fill and scatter) give the same bits, equal to
+    the oracle; a forced stall exercises the fallback's patching."""
+    rng = np.random.default_rng(n)
+    grads = make_grads(rng, workers, n, density, positions)
+    want = ref.allreduce(grads, block)
+    for isa in ISAS:
+        if isa == "portable":
+            monkeypatch.setenv("HOMAGG_CODEC_ISA", "portable")
+        for m, kw in (("lhc", {}), ("lhc", {"sketch_cells_per_candidate": 1.0}),
+                      ("union", {})):
+            r = run(grads, m, block, **kw)
+            assert_bits_equal(r.sum, want, f"{m} {kw} {isa}")
+        if isa == "portable":
+            monkeypatch.delenv("HOMAGG_CODEC_ISA")
+    stalled = run(grads, "lhc", block, sketch_cells_per_candidate=1.0).stats
+    assert stalled["fallback_lanes"] > 0
+
+
 # ---- union against the oracle --------------------------------------------------
 
 @pytest.mark.parametrize("workers,n,block,density,positions", [

@@ -978,6 +978,24 @@ static int peel_block(struct hg_lhc *l, size_t b, const uint8_t *gcells,
 	return 0;
 }
 
+/*
+ * Ask for the next block's summed cells and candidate positions while the
+ * current one is peeled (both are read once, front to back, when its turn
+ * comes; the peeling itself works in L1).
+ */
+static void prefetch_block(const struct hg_lhc *l, const struct lhc_block *bk,
+			   const uint8_t *gcells_be32)
+{
+	const uint8_t *c = gcells_be32 + 4 * bk->sketch_off;
+	const uint8_t *p = (const uint8_t *)(l->cand_pos + bk->cand_off);
+	size_t cb = 12 * (size_t)bk->t, pb = 2 * (size_t)bk->ncand;
+
+	for (size_t o = 0; o < cb; o += 64)
+		__builtin_prefetch(c + o, 0, 3);
+	for (size_t o = 0; o < pb; o += 64)
+		__builtin_prefetch(p + o, 0, 3);
+}
+
 int hg_lhc_peel(struct hg_lhc *l, const uint8_t *gcells_be32)
 {
 	bool avx512;
@@ -995,6 +1013,8 @@ int hg_lhc_peel(struct hg_lhc *l, const uint8_t *gcells_be32)
 
 		if (!bk->ncand)
 			continue;
+		if (b + 1 < l->nb)
+			prefetch_block(l, &l->blk[b + 1], gcells_be32);
 		rc = peel_block(l, b, gcells_be32 + 4 * bk->sketch_off, avx512);
 		if (rc)
 			return rc;
@@ -1039,10 +1059,12 @@ int hg_lhc_decode(const struct hg_lhc *l, const uint8_t *gfallback_be32,
 		  float *y)
 {
 	size_t u = 0;
+	bool vec;
 
 	if (!l || l->state < LHC_PEELED || (l->n && !y) ||
 	    (l->info.fallback_lanes && !gfallback_be32))
 		return -EINVAL;
+	vec = hg_union_vec();
 	for (size_t b = 0; b < l->nb; b++) {
 		const struct lhc_block *bk = &l->blk[b];
 		size_t len = hg_block_len(&l->p, l->n, b);
@@ -1052,12 +1074,21 @@ int hg_lhc_decode(const struct hg_lhc *l, const uint8_t *gfallback_be32,
 		const size_t end = bk->cand_off + bk->ncand;
 		double scale;
 
-		memset(yb, 0, len * sizeof(float));
-		if (!bk->ncand)
+		if (!bk->ncand) {
+			memset(yb, 0, len * sizeof(float));
 			continue;
+		}
 		scale = hg_pow2(-hg_scale_shift(&l->p, l->gcodes[b]));
-		for (uint32_t j = 0; j < bk->ncand; j++)
-			yb[pos[j]] = (float)((double)val[j] * scale);
+		if (vec && bk->kind == LHC_BITMAP) {
+			/* zeros and peeled values in one write of the block */
+			hg_scatter_bitmap(l->gindex + bk->index_off,
+					  (uint32_t)len, (const uint8_t *)val,
+					  false, scale, yb);
+		} else {
+			memset(yb, 0, len * sizeof(float));
+			for (uint32_t j = 0; j < bk->ncand; j++)
+				yb[pos[j]] = (float)((double)val[j] * scale);
+		}
 		for (; u < l->info.fallback_lanes && l->unresolved[u] < end;
 		     u++)
 			yb[l->cand_pos[l->unresolved[u]]] = (float)(

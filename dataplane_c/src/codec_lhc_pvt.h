@@ -52,6 +52,18 @@ struct hg_lhc {
 	size_t s_cells_cap, s_cand_cap;
 };
 
+/* The vector scatter of codec_union.c may be used (AVX-512 F/DQ/BW, BMI2). */
+bool hg_union_vec(void);
+
+/*
+ * Decode a bitmap block of len elements into y, writing each element once:
+ * +0 where the bitmap gbm has no bit, else the next int32 sum of in
+ * (big-endian lanes when be, host order otherwise) times scale, rounded
+ * once to float32.  Needs hg_union_vec().
+ */
+void hg_scatter_bitmap(const uint8_t *gbm, uint32_t len, const uint8_t *in,
+		       bool be, double scale, float *y);
+
 /* 0 when the scan s is of a tensor of the plan's length and blocking. */
 static inline int lhc_scan_matches(const struct hg_lhc *l,
 				   const struct hg_scan *s)

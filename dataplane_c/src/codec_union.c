@@ -20,7 +20,7 @@
 
 /* The vector paths: AVX-512 (F, DQ, BW) and BMI2 (pext), not disabled by
  * HOMAGG_CODEC_ISA. */
-static bool union_vec(void)
+bool hg_union_vec(void)
 {
 	return hg_codec_avx512() && __builtin_cpu_supports("avx512bw") &&
 	       __builtin_cpu_supports("bmi2");
@@ -165,7 +165,7 @@ int hg_union_encode(const struct hg_lhc *l, const struct hg_scan *s,
 	    (l->info.candidates && !out_be32))
 		return -EINVAL;
 	sto = l->p.flags & HG_F_STOCHASTIC;
-	vec = !sto && union_vec();
+	vec = !sto && hg_union_vec();
 	rkey = hg_stream_key(l->p.seed, HG_DOM_ROUND, l->p.worker);
 	for (size_t b = 0; b < l->nb; b++) {
 		const struct lhc_block *bk = &l->blk[b];
@@ -203,17 +203,17 @@ int hg_union_encode(const struct hg_lhc *l, const struct hg_scan *s,
 }
 
 /*
- * A bitmap block's output, 16 elements at a time: the next |m| summed
- * lanes (m = the 16 index bits) are loaded (masked: nothing past the
- * buffer is touched), byte-swapped, scaled exactly in float64, rounded
- * once to float32 (as the scalar code) and expanded into their positions,
- * zeros elsewhere: every output element is written once.  The tail (a short
- * last block) goes element by element.
+ * A bitmap block's output, 16 elements at a time: the next |m| int32 sums
+ * (m = the 16 index bits; big-endian lanes when be, else host order) are
+ * loaded (masked: nothing past the buffer is touched), scaled exactly in
+ * float64, rounded once to float32 (as the scalar code) and expanded into
+ * their positions, zeros elsewhere: every output element is written once.
+ * The tail (a short last block) goes element by element.  Used by union
+ * and lhc decode (codec_lhc_pvt.h).
  */
 __attribute__((target("avx512f,avx512dq,avx512bw,popcnt")))
-static void union_decode_bitmap_avx512(const uint8_t *gbm, uint32_t len,
-				       const uint8_t *in, double scale,
-				       float *y)
+void hg_scatter_bitmap(const uint8_t *gbm, uint32_t len, const uint8_t *in,
+		       bool be, double scale, float *y)
 {
 	const __m512d sc = _mm512_set1_pd(scale);
 	const __m512i bswap = _mm512_loadu_si512((const void *)bswap32_idx);
@@ -227,9 +227,9 @@ static void union_decode_bitmap_avx512(const uint8_t *gbm, uint32_t len,
 
 		memcpy(&m, gbm + i / 8, 2); /* LSB first: little endian */
 		c = (uint32_t)__builtin_popcount(m);
-		v = _mm512_shuffle_epi8(
-			_mm512_maskz_loadu_epi32((__mmask16)((1u << c) - 1), in),
-			bswap);
+		v = _mm512_maskz_loadu_epi32((__mmask16)((1u << c) - 1), in);
+		if (be)
+			v = _mm512_shuffle_epi8(v, bswap);
 		lo = _mm512_cvtpd_ps(_mm512_mul_pd(
 			_mm512_cvtepi32_pd(_mm512_castsi512_si256(v)), sc));
 		hi = _mm512_cvtpd_ps(_mm512_mul_pd(
@@ -244,7 +244,11 @@ static void union_decode_bitmap_avx512(const uint8_t *gbm, uint32_t len,
 		float f = 0.0f;
 
 		if (gbm[i >> 3] & (1u << (i & 7))) {
-			f = (float)((double)(int32_t)hg_ld_be32(in) * scale);
+			uint32_t v;
+
+			memcpy(&v, in, 4);
+			v = be ? __builtin_bswap32(v) : v;
+			f = (float)((double)(int32_t)v * scale);
 			in += 4;
 		}
 		y[i] = f;
@@ -259,7 +263,7 @@ int hg_union_decode(const struct hg_lhc *l, const uint8_t *gvals_be32,
 	if (!l || l->state < LHC_INDEXED || (l->n && !y) ||
 	    (l->info.candidates && !gvals_be32))
 		return -EINVAL;
-	vec = union_vec();
+	vec = hg_union_vec();
 	for (size_t b = 0; b < l->nb; b++) {
 		const struct lhc_block *bk = &l->blk[b];
 		const size_t len = hg_block_len(&l->p, l->n, b);
@@ -274,8 +278,8 @@ int hg_union_decode(const struct hg_lhc *l, const uint8_t *gvals_be32,
 		}
 		scale = hg_pow2(-hg_scale_shift(&l->p, l->gcodes[b]));
 		if (vec && bk->kind == LHC_BITMAP) {
-			union_decode_bitmap_avx512(l->gindex + bk->index_off,
-						   (uint32_t)len, in, scale, yb);
+			hg_scatter_bitmap(l->gindex + bk->index_off,
+					  (uint32_t)len, in, true, scale, yb);
 			continue;
 		}
 		memset(yb, 0, len * sizeof(float));
