@@ -180,8 +180,9 @@ def test_union_bytes_formula():
     assert s["bytes_sent"]["exponents"] == nb
     assert s["bytes_sent"]["counts"] == 4 * nb
     assert s["bytes_sent"]["index"] == s["index_bytes"]
-    assert s["bytes_sent"]["values"] == 4 * s["candidates"] == 4 * s["union_lanes"]
+    assert s["bytes_sent"]["union"] == 4 * s["candidates"] == 4 * s["union_lanes"]
     assert s["bytes_sent"]["sketch"] == s["bytes_sent"]["fallback"] == 0
+    assert s["bytes_sent"]["values"] == 0
     assert s["bytes_per_worker"] == nb + 4 * nb + s["index_bytes"] + 4 * s["candidates"]
     lhc = run(grads, "lhc", 1024).stats
     assert s["bytes_per_worker"] < lhc["bytes_per_worker"]

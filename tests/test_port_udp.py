@@ -54,19 +54,26 @@ def agg():
         a.close()
 
 
-def run(agg, job, token, grads, method, slots=8, timeout=10.0, payload=1024):
+def run(agg, job, token, grads, method, slots=8, timeout=10.0, payload=1024,
+        aggregators=None, stats=None):
+    """Every worker in its own thread; aggregators (a list of addresses)
+    instead of agg's one; stats (a list) receives each worker's stats."""
     W = len(grads)
     out, err = [None] * W, [None] * W
+    if stats is not None:
+        stats[:] = [None] * W
 
     def work(w):
         try:
             with Worker(job=job, token=token, worker=w, workers=W,
-                        aggregator=agg.address, bind=("127.0.0.1", 0),
+                        aggregators=aggregators or [agg.address], bind=("127.0.0.1", 0),
                         timeout=timeout, slots=slots, payload=payload) as wk:
                 out[w] = wk.allreduce(grads[w], method=method, block=BLOCK)
                 assert wk.local_address[0] == "127.0.0.1"
                 st = wk.stats()
                 assert st["port"]["tx"] >= st["packets_sent"] > 0
+                if stats is not None:
+                    stats[w] = st
         except Exception as exc:  # noqa: BLE001 - reported below
             err[w] = exc
 

@@ -1,19 +1,28 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The worker client (homagg/client.h): one allreduce as a state machine of
- * steps.  A step is one or two streams of lanes aggregated with one op each
- * (the meta step sends the exponents and the non-zero counts together); it
- * is cut into chunks of at most payload_bytes, numbered with consecutive
- * job sequence numbers.  A step starts only when the previous one is
- * complete, because its size and contents come from the previous results.
+ * steps.  The method table (homagg/protocol.h) lists each method's steps;
+ * a step is one or more phases, each a stream of lanes aggregated with the
+ * phase's op (lhc's first step sends the exponents and the non-zero counts
+ * together).  A step is cut into chunks of at most payload_bytes, numbered
+ * with consecutive job sequence numbers.  A step starts only when the
+ * previous one is complete, because its size and contents come from the
+ * previous results.  Each phase has an encoder and a decoder here
+ * (phase_codec[]); the codec (homagg/codec.h) does the arithmetic.
  *
- * In flight: at most S chunks, kept in a ring indexed by seq % S (the same
- * index as the aggregator's slot).  Chunk k of a step may go out the first
- * time when k < S (every earlier chunk is complete) or when chunk k - S has
- * its result: the aggregator reuses slot seq % S only then.
+ Several aggregators (docs/PROTOCOL.md): chunk number c (one 64-bit
+ * counter of the job) goes to aggregator a = c % K as its seq c / K; K = 1
+ * is the single-aggregator numbering.  Everything that follows holds per
+ * aggregator: its own window, sequence numbers, in-order results and timer.
  *
- * Retransmission timeout (RFC 6298): one estimator per client, kept across
- * allreduces.  A sample is the time from a chunk's only transmission to its
+ * In flight: at most S chunks per aggregator, kept in a ring indexed by
+ * a * S + seq % S (seq % S is the aggregator's slot).  Chunk k of a step may
+ * go out the first time when k < K S (every earlier chunk is complete) or
+ * when chunk k - K S, the one before it in the same slot of the same
+ * aggregator, has its result: the aggregator reuses the slot only then.
+ *
+ * Retransmission timeout (RFC 6298): one estimator per aggregator, kept
+ * across allreduces.  A sample is the time from a chunk's only transmission to its
  * result (Karn: chunks sent more than once give none).  Under a full window
  * results come back one behind the other at the bottleneck's pace, so the
  * samples include the queueing of the whole window and SRTT settles at the
@@ -38,28 +47,16 @@
 
 enum stage {
 	ST_IDLE = 0,
-	ST_META,
-	ST_VALUES,
-	ST_INDEX,
-	ST_SKETCH,
-	ST_FALLBACK,
+	ST_RUNNING,
 	ST_DONE,
 	ST_FAILED,
 };
 
-static const char *const phase_names[HG_PH_COUNT] = {
-	[HG_PH_META] = "exponents",
-	[HG_PH_VALUES] = "values",
-	[HG_PH_INDEX] = "index",
-	[HG_PH_SKETCH] = "sketch",
-	[HG_PH_FALLBACK] = "fallback",
-};
-
-/* One run of lanes aggregated with one op. */
+/* One phase's run of lanes, aggregated with the phase's op. */
 struct stream {
 	enum hg_op op;
 	int8_t exp;
-	enum hg_client_phase phase;
+	enum hg_phase phase;
 	const uint8_t *in;      /* lanes * in_lane bytes, as sent */
 	uint8_t *out;           /* lanes * acc_lane bytes, the results */
 	size_t lanes;
@@ -70,19 +67,19 @@ struct stream {
 };
 
 struct step {
-	struct stream s[2];
+	struct stream s[HG_PH__COUNT];
 	int nstreams;
-	uint32_t base_seq;
+	uint64_t base;          /* chunk number c of its first chunk */
 	size_t nchunks;
 	size_t next_send;       /* next chunk to send the first time */
 	size_t ndone;
-	size_t hi_done;         /* 1 + the highest chunk with its result (0: none) */
-	uint64_t t_hi;          /* when the result of chunk hi_done - 1 arrived */
 };
 
-/* A chunk in flight, at ring index seq % S. */
+/* A chunk in flight, at ring index a * S + seq % S. */
 struct flight {
-	uint32_t seq;
+	uint64_t chunk;         /* its chunk number c */
+	uint32_t seq;           /* its sequence number at its aggregator */
+	uint32_t agg;           /* a = chunk % K */
 	bool busy;
 	bool unsent;            /* the port refused it: send at the next poll */
 	bool have_status;
@@ -95,6 +92,26 @@ struct flight {
 	uint8_t bitmap[BITMAP_BYTES];
 };
 
+/*
+ * One aggregator of the job: where its chunks go, its RTT estimator (ns,
+ * RFC 6298; rto_est: SRTT + max(G, 4 RTTVAR), clamped, from the last
+ * sample; rto: what a new chunk is armed with, rto_est backed off by
+ * timeouts since that sample), and the order of its results in the step.
+ */
+struct agg {
+	struct hg_wire_addr dst;
+	bool have_rtt;
+	uint64_t srtt, rttvar, rto_est, rto;
+	uint64_t t_backoff;     /* when rto was last backed off */
+	uint64_t t_timeout;     /* when a timer last expired (0: never) */
+	size_t hi_done;         /* 1 + its highest chunk (of the step) with its
+				 * result (0: none) */
+	uint64_t t_hi;          /* when the result of chunk hi_done - 1 arrived */
+	uint64_t start_results; /* st.results_received at the allreduce's start */
+	uint64_t start_sent;    /* st.packets_sent then */
+	struct hg_client_agg_stats st;
+};
+
 /* A growable scratch buffer, kept across allreduces. */
 struct buf {
 	uint8_t *p;
@@ -104,39 +121,35 @@ struct buf {
 struct hg_client {
 	struct hg_client_config cfg;
 	struct hg_port_info me;
-	struct hg_wire_addr src, dst; /* this worker, the aggregator */
+	struct hg_wire_addr src;      /* this worker */
+	struct agg *agg;              /* K entries */
+	uint32_t naggs;               /* K */
 
 	/* the allreduce in progress */
 	enum stage stage;
 	int rc;                 /* result once ST_DONE / ST_FAILED */
 	struct hg_params p;
-	int method;             /* as asked */
-	int method_eff;         /* after auto's choice */
+	const struct hg_method_info *mi; /* the method (after auto's choice) */
+	uint32_t step;          /* index of the current step in mi->steps */
+	uint32_t sent_phases;   /* phases of the steps completed so far (mask) */
+	bool choose_again;      /* auto: choose again after the index step */
 	const float *x;
 	float *y;
 	size_t n, nblocks;
 	uint32_t qflags;
 	struct hg_lhc *lhc;
+	struct hg_scan *scan;   /* the one-pass encode of x (lhc, union, auto) */
+	struct buf lcounts;     /* this worker's counts, one lane per block */
+	struct buf gcounts;     /* the global counts, one lane per block */
 	struct step st;
 	uint64_t start_results; /* results_received at the start */
 	uint64_t start_sent;
 
-	uint32_t next_seq;      /* job sequence number of the next chunk */
-	struct flight *fl;      /* S entries */
+	uint64_t next_chunk;    /* chunk number c of the next chunk */
+	struct flight *fl;      /* K * S entries */
 	struct buf done;        /* one byte per chunk of the step */
-	struct buf lcodes, gcodes, lcounts, gcounts;
-	struct buf tx, rx;      /* values / index / sketch / fallback */
-	struct buf fb_tx, fb_rx;
-
-	/*
-	 * RTT estimator, ns (RFC 6298).  rto_est: SRTT + max(G, 4 RTTVAR),
-	 * clamped, from the last sample; rto: what a new chunk is armed
-	 * with, rto_est backed off by timeouts since that sample.
-	 */
-	bool have_rtt;
-	uint64_t srtt, rttvar, rto_est, rto;
-	uint64_t t_backoff;     /* when rto was last backed off */
-	uint64_t t_timeout;     /* when a timer last expired (0: never) */
+	struct buf tx[HG_PH__COUNT];  /* per phase: this worker's lanes */
+	struct buf rx[HG_PH__COUNT];  /* per phase: the aggregated lanes */
 
 	struct hg_client_stats stats;
 	char err[256];
@@ -182,6 +195,8 @@ struct hg_client *hg_client_create(const struct hg_client_config *cfg)
 	if ((cfg->backoff_num == 0) != (cfg->backoff_den == 0) ||
 	    cfg->backoff_num < cfg->backoff_den)
 		return NULL;
+	if (cfg->naggs > HG_CLIENT_MAX_AGGREGATORS || (cfg->naggs && !cfg->aggs))
+		return NULL;
 
 	c = calloc(1, sizeof(*c));
 	if (!c)
@@ -200,8 +215,6 @@ struct hg_client *hg_client_create(const struct hg_client_config *cfg)
 				    c->cfg.rto_ns : HG_CLIENT_DEFAULT_RTO_MIN_NS;
 	if (c->cfg.rto_min_ns > c->cfg.rto_max_ns)
 		goto err_free;
-	c->rto = c->cfg.rto_ns;
-	c->rto_est = c->cfg.rto_ns;
 	if (!c->cfg.give_up_ns)
 		c->cfg.give_up_ns = HG_CLIENT_DEFAULT_GIVE_UP_NS;
 	if (!c->cfg.backoff_num) {
@@ -215,18 +228,39 @@ struct hg_client *hg_client_create(const struct hg_client_config *cfg)
 	memcpy(c->src.mac, c->me.mac, 6);
 	c->src.ipv4 = c->me.ipv4;
 	c->src.port = c->me.udp_port ? c->me.udp_port : HG_UDP_PORT;
-	memcpy(c->dst.mac, c->cfg.agg_mac, 6);
-	c->dst.ipv4 = c->cfg.agg_ipv4;
-	c->dst.port = c->cfg.agg_udp_port;
+	c->naggs = cfg->naggs ? cfg->naggs : 1;
+	c->cfg.aggs = NULL; /* the caller's array is not kept */
+	c->agg = calloc(c->naggs, sizeof(*c->agg));
+	if (!c->agg)
+		goto err_free;
+	for (uint32_t a = 0; a < c->naggs; a++) {
+		struct agg *ag = &c->agg[a];
+
+		if (cfg->naggs) {
+			memcpy(ag->dst.mac, cfg->aggs[a].mac, 6);
+			ag->dst.ipv4 = cfg->aggs[a].ipv4;
+			ag->dst.port = cfg->aggs[a].udp_port;
+		} else {
+			memcpy(ag->dst.mac, c->cfg.agg_mac, 6);
+			ag->dst.ipv4 = c->cfg.agg_ipv4;
+			ag->dst.port = c->cfg.agg_udp_port;
+		}
+		if (!ag->dst.port)
+			ag->dst.port = HG_UDP_PORT;
+		ag->rto = c->cfg.rto_ns;
+		ag->rto_est = c->cfg.rto_ns;
+	}
 	if (cfg->group_ipv4 && cfg->port->ops->join_group &&
 	    cfg->port->ops->join_group(cfg->port->ctx, cfg->group_ipv4) < 0)
-		goto err_free;
-	c->fl = calloc(cfg->slots, sizeof(*c->fl));
+		goto err_free_agg;
+	c->fl = calloc((size_t)c->naggs * cfg->slots, sizeof(*c->fl));
 	if (!c->fl)
-		goto err_free;
+		goto err_free_agg;
 	c->stats.method_chosen = 0;
 	return c;
 
+err_free_agg:
+	free(c->agg);
 err_free:
 	free(c);
 	return NULL;
@@ -243,16 +277,16 @@ void hg_client_destroy(struct hg_client *c)
 	if (!c)
 		return;
 	client_release_lhc(c);
-	buf_free(&c->done);
-	buf_free(&c->lcodes);
-	buf_free(&c->gcodes);
+	hg_scan_destroy(c->scan);
 	buf_free(&c->lcounts);
 	buf_free(&c->gcounts);
-	buf_free(&c->tx);
-	buf_free(&c->rx);
-	buf_free(&c->fb_tx);
-	buf_free(&c->fb_rx);
+	buf_free(&c->done);
+	for (int ph = 0; ph < HG_PH__COUNT; ph++) {
+		buf_free(&c->tx[ph]);
+		buf_free(&c->rx[ph]);
+	}
 	free(c->fl);
+	free(c->agg);
 	free(c);
 }
 
@@ -269,13 +303,42 @@ const char *hg_client_error_text(const struct hg_client *c)
 
 int hg_client_get_stats(const struct hg_client *c, struct hg_client_stats *st)
 {
+	const struct agg *slow;
+
 	if (!c || !st)
 		return -EINVAL;
 	*st = c->stats;
-	st->next_seq = c->next_seq;
-	st->srtt_ns = c->srtt;
-	st->rttvar_ns = c->rttvar;
-	st->rto_ns = c->rto;
+	st->next_seq = c->next_chunk;
+	st->aggregators = c->naggs;
+	st->rtt_samples = 0;
+	slow = &c->agg[0];
+	for (uint32_t a = 0; a < c->naggs; a++) {
+		st->rtt_samples += c->agg[a].st.rtt_samples;
+		if (c->agg[a].rto > slow->rto)
+			slow = &c->agg[a];
+	}
+	st->srtt_ns = slow->srtt;
+	st->rttvar_ns = slow->rttvar;
+	st->rto_ns = slow->rto;
+	return 0;
+}
+
+int hg_client_get_agg_stats(const struct hg_client *c, uint32_t k,
+			    struct hg_client_agg_stats *st)
+{
+	const struct agg *ag;
+
+	if (!c || !st)
+		return -EINVAL;
+	if (k >= c->naggs)
+		return -ERANGE;
+	ag = &c->agg[k];
+	*st = ag->st;
+	/* The chunks c < next_chunk with c % K == k. */
+	st->next_seq = c->next_chunk / c->naggs + (c->next_chunk % c->naggs > k);
+	st->srtt_ns = ag->srtt;
+	st->rttvar_ns = ag->rttvar;
+	st->rto_ns = ag->rto;
 	return 0;
 }
 
@@ -291,44 +354,46 @@ static uint64_t rto_backoff(const struct hg_client *c, uint64_t rto)
 }
 
 /*
- * A valid RTT sample r (ns): RFC 6298 section 2 with alpha = 1/8,
- * beta = 1/4, K = 4, G = HG_CLIENT_RTO_GRANULARITY_NS.  The new timeout
- * replaces any backed-off one.
+ * A valid RTT sample r (ns) of aggregator ag: RFC 6298 section 2 with
+ * alpha = 1/8, beta = 1/4, K = 4, G = HG_CLIENT_RTO_GRANULARITY_NS.  The
+ * new timeout replaces any backed-off one.
  */
-static void rtt_sample(struct hg_client *c, uint64_t r)
+static void rtt_sample(const struct hg_client *c, struct agg *ag, uint64_t r)
 {
 	uint64_t var4, rto;
 
-	if (!c->have_rtt) {
-		c->srtt = r;
-		c->rttvar = r / 2;
-		c->have_rtt = true;
+	if (!ag->have_rtt) {
+		ag->srtt = r;
+		ag->rttvar = r / 2;
+		ag->have_rtt = true;
 	} else {
-		uint64_t d = c->srtt > r ? c->srtt - r : r - c->srtt;
+		uint64_t d = ag->srtt > r ? ag->srtt - r : r - ag->srtt;
 
-		c->rttvar = (3 * c->rttvar + d) / 4;
-		c->srtt = (7 * c->srtt + r) / 8;
+		ag->rttvar = (3 * ag->rttvar + d) / 4;
+		ag->srtt = (7 * ag->srtt + r) / 8;
 	}
-	var4 = 4 * c->rttvar;
-	rto = c->srtt + (var4 > HG_CLIENT_RTO_GRANULARITY_NS ?
-			 var4 : HG_CLIENT_RTO_GRANULARITY_NS);
+	var4 = 4 * ag->rttvar;
+	rto = ag->srtt + (var4 > HG_CLIENT_RTO_GRANULARITY_NS ?
+			  var4 : HG_CLIENT_RTO_GRANULARITY_NS);
 	if (rto < c->cfg.rto_min_ns)
 		rto = c->cfg.rto_min_ns;
 	if (rto > c->cfg.rto_max_ns)
 		rto = c->cfg.rto_max_ns;
-	c->rto_est = rto;
-	c->rto = rto;
-	c->stats.rtt_samples++;
+	ag->rto_est = rto;
+	ag->rto = rto;
+	ag->st.rtt_samples++;
 }
 
 /*
  * The timeout of a chunk in flight: its own (armed at its first
- * transmission, backed off at each of its expiries) or the client's
+ * transmission, backed off at each of its expiries) or its aggregator's
  * current one when that is longer (a longer estimate, or a backoff since).
  */
 static uint64_t chunk_rto(const struct hg_client *c, const struct flight *fl)
 {
-	return fl->rto > c->rto ? fl->rto : c->rto;
+	uint64_t rto = c->agg[fl->agg].rto;
+
+	return fl->rto > rto ? fl->rto : rto;
 }
 
 /*
@@ -345,19 +410,40 @@ static uint64_t chunk_rto(const struct hg_client *c, const struct flight *fl)
  */
 static uint64_t chunk_deadline(const struct hg_client *c, const struct flight *fl)
 {
-	size_t k = (uint32_t)(fl->seq - c->st.base_seq);
+	const struct agg *ag = &c->agg[fl->agg];
+	size_t k = (size_t)(fl->chunk - c->st.base);
 	uint64_t from = fl->armed;
 
-	if (k >= c->st.hi_done) {
-		if (c->st.t_hi > from)
-			from = c->st.t_hi;
-		if (c->t_backoff > from)
-			from = c->t_backoff;
+	if (k >= ag->hi_done) {
+		if (ag->t_hi > from)
+			from = ag->t_hi;
+		if (ag->t_backoff > from)
+			from = ag->t_backoff;
 	}
 	return from + chunk_rto(c, fl);
 }
 
+/* The flight record of chunk k of the step (a * S + seq % S). */
+static struct flight *flight_of(const struct hg_client *c, size_t k)
+{
+	uint64_t chunk = c->st.base + k;
+	uint32_t a = (uint32_t)(chunk % c->naggs);
+	uint32_t seq = (uint32_t)(chunk / c->naggs);
+
+	return &c->fl[(size_t)a * c->cfg.slots + seq % c->cfg.slots];
+}
+
 /* ---- frames ------------------------------------------------------------ */
+
+/* The stream chunk k of the step belongs to. */
+static const struct stream *chunk_stream(const struct step *st, size_t k)
+{
+	int i = st->nstreams - 1;
+
+	while (i > 0 && k < st->s[i].first_chunk)
+		i--;
+	return &st->s[i];
+}
 
 /*
  * Write the frame of chunk k of the step into pkt: Ethernet / IPv4 / UDP to
@@ -365,16 +451,16 @@ static uint64_t chunk_deadline(const struct hg_client *c, const struct flight *f
  * stream's input buffer (already big-endian).  Returns the payload bytes.
  */
 static size_t build_chunk(struct hg_client *c, struct hg_pkt *pkt, size_t k,
-			  bool retrans, enum hg_client_phase *phase)
+			  bool retrans, enum hg_phase *phase)
 {
-	const struct stream *s = &c->st.s[0];
-	uint32_t seq = c->st.base_seq + (uint32_t)k;
+	const struct stream *s = chunk_stream(&c->st, k);
+	uint64_t chunk = c->st.base + k;
+	uint32_t a = (uint32_t)(chunk % c->naggs);
+	uint32_t seq = (uint32_t)(chunk / c->naggs);
 	struct hg_hdr h = { 0 };
 	size_t first, lanes, bytes;
 	int len;
 
-	if (c->st.nstreams > 1 && k >= c->st.s[1].first_chunk)
-		s = &c->st.s[1];
 	first = (k - s->first_chunk) * s->per_chunk;
 	lanes = s->lanes - first < s->per_chunk ? s->lanes - first : s->per_chunk;
 	bytes = lanes * s->in_lane;
@@ -391,7 +477,7 @@ static size_t build_chunk(struct hg_client *c, struct hg_pkt *pkt, size_t k,
 	h.seq = seq;
 	h.lanes = (uint16_t)lanes;
 	h.exp = s->exp;
-	len = hg_wire_build(pkt->data, pkt->cap, &c->src, &c->dst, &h,
+	len = hg_wire_build(pkt->data, pkt->cap, &c->src, &c->agg[a].dst, &h,
 			    s->in + first * s->in_lane, bytes, 0);
 	/* Cannot fail: cap and payload were checked against payload_bytes. */
 	pkt->len = len > 0 ? (uint16_t)len : 0;
@@ -400,20 +486,20 @@ static size_t build_chunk(struct hg_client *c, struct hg_pkt *pkt, size_t k,
 
 /* ---- steps ------------------------------------------------------------- */
 
-static void stream_set(struct stream *s, enum hg_op op, int exp,
-		       enum hg_client_phase phase, const uint8_t *in,
-		       uint8_t *out, size_t lanes, uint32_t payload)
+static void stream_set(struct stream *s, enum hg_phase phase, int exp,
+		       const uint8_t *in, uint8_t *out, size_t lanes,
+		       uint32_t payload)
 {
 	size_t widest;
 
-	s->op = op;
-	s->exp = (int8_t)exp;
 	s->phase = phase;
+	s->op = (enum hg_op)hg_phase_at(phase)->op;
+	s->exp = (int8_t)exp;
 	s->in = in;
 	s->out = out;
 	s->lanes = lanes;
-	s->in_lane = hg_op_in_lane_bytes(op);
-	s->acc_lane = hg_op_acc_lane_bytes(op);
+	s->in_lane = hg_op_in_lane(s->op);
+	s->acc_lane = hg_op_acc_lane(s->op);
 	/* Both the request and the result payload must fit (NC8 grows 4x). */
 	widest = s->in_lane > s->acc_lane ? s->in_lane : s->acc_lane;
 	s->per_chunk = payload / widest;
@@ -434,13 +520,20 @@ static int step_begin(struct hg_client *c, int nstreams)
 		st->s[i].first_chunk = st->nchunks;
 		st->nchunks += st->s[i].chunks;
 	}
-	st->base_seq = c->next_seq;
-	c->next_seq += (uint32_t)st->nchunks;
+	st->base = c->next_chunk;
+	c->next_chunk += st->nchunks;
 	c->stats.chunks += st->nchunks;
+	for (uint32_t a = 0; a < c->naggs; a++) {
+		struct agg *ag = &c->agg[a];
+
+		/* chunks c < x with c % K == a: x / K + (x % K > a) */
+		ag->st.chunks += c->next_chunk / c->naggs + (c->next_chunk % c->naggs > a) -
+				 (st->base / c->naggs + (st->base % c->naggs > a));
+		ag->hi_done = 0;
+		ag->t_hi = 0;
+	}
 	st->next_send = 0;
 	st->ndone = 0;
-	st->hi_done = 0;
-	st->t_hi = 0;
 	rc = buf_need(&c->done, st->nchunks);
 	if (rc)
 		return rc;
@@ -453,7 +546,7 @@ static int client_fail(struct hg_client *c, int rc)
 	c->stage = ST_FAILED;
 	c->rc = rc;
 	client_release_lhc(c);
-	for (uint32_t i = 0; i < c->cfg.slots; i++)
+	for (size_t i = 0; i < (size_t)c->naggs * c->cfg.slots; i++)
 		c->fl[i].busy = false;
 	return rc;
 }
@@ -464,137 +557,359 @@ static int fail_text(struct hg_client *c, int rc, const char *what)
 	return client_fail(c, rc);
 }
 
-/* The step after the meta step, once the global exponents (and counts) are known. */
-static int begin_method(struct hg_client *c)
+/* ---- phases: encoders and decoders -------------------------------------- */
+
+static const int8_t *gcodes(const struct hg_client *c)
 {
-	const struct hg_params *p = &c->p;
+	return (const int8_t *)c->rx[HG_PH_EXPONENTS].p;
+}
+
+static const uint8_t *gcounts(const struct hg_client *c)
+{
+	return c->gcounts.p;
+}
+
+/*
+ * The counts phase carries one lane per block when it travels with the
+ * exponents, else (auto: a step after them) one lane per block whose global
+ * code is not HG_EXP_ZERO (the others are 0 on every worker).
+ */
+static bool counts_compact(const struct hg_client *c)
+{
+	return c->sent_phases & HG_PHB(EXPONENTS);
+}
+
+static int counts_plan(struct hg_client *c, size_t *lanes, int *exp)
+{
+	size_t k = 0;
+
+	(void)exp;
+	if (!counts_compact(c)) {
+		*lanes = c->nblocks;
+		return 0;
+	}
+	for (size_t b = 0; b < c->nblocks; b++)
+		k += gcodes(c)[b] != HG_EXP_ZERO;
+	*lanes = k;
+	return 0;
+}
+
+static struct hg_lhc_info lhc_info(const struct hg_client *c)
+{
+	struct hg_lhc_info info = { 0 };
+
+	hg_lhc_get_info(c->lhc, &info);
+	return info;
+}
+
+/*
+ * One phase of the client.  plan: how many lanes this phase sends (and the
+ * header's exp), from what the earlier steps left; it may fail with a
+ * negative errno.  encode: this worker's lanes into tx (sized by the op's
+ * lane width).  decode (NULL: nothing to do): use the aggregated lanes.
+ */
+struct phase_codec {
+	int (*plan)(struct hg_client *c, size_t *lanes, int *exp);
+	int (*encode)(struct hg_client *c, uint8_t *tx);
+	int (*decode)(struct hg_client *c, const uint8_t *rx);
+	const char *what;       /* the phase's work, for error texts */
+};
+
+static int exponents_plan(struct hg_client *c, size_t *lanes, int *exp)
+{
+	(void)exp;
+	*lanes = c->nblocks;
+	return 0;
+}
+
+/* hg_client_start encoded the exponents already (it reports bad input). */
+static int exponents_encode(struct hg_client *c, uint8_t *tx)
+{
+	(void)c;
+	(void)tx;
+	return 0;
+}
+
+/* hg_client_start's scan computed the counts. */
+static int counts_encode(struct hg_client *c, uint8_t *tx)
+{
+	size_t k = 0;
+
+	if (!counts_compact(c)) {
+		memcpy(tx, c->lcounts.p, 4 * c->nblocks);
+		return 0;
+	}
+	for (size_t b = 0; b < c->nblocks; b++)
+		if (gcodes(c)[b] != HG_EXP_ZERO)
+			memcpy(tx + 4 * k++, c->lcounts.p + 4 * b, 4);
+	return 0;
+}
+
+static int counts_decode(struct hg_client *c, const uint8_t *rx)
+{
+	size_t k = 0;
+
+	if (buf_need(&c->gcounts, 4 * c->nblocks))
+		return -ENOMEM;
+	if (!counts_compact(c)) {
+		memcpy(c->gcounts.p, rx, 4 * c->nblocks);
+		return 0;
+	}
+	for (size_t b = 0; b < c->nblocks; b++) {
+		if (gcodes(c)[b] != HG_EXP_ZERO)
+			memcpy(c->gcounts.p + 4 * b, rx + 4 * k++, 4);
+		else
+			memset(c->gcounts.p + 4 * b, 0, 4);
+	}
+	return 0;
+}
+
+static int values_plan(struct hg_client *c, size_t *lanes, int *exp)
+{
+	(void)exp;
+	c->qflags = (c->mi->flags & HG_MF_SKIP_ZERO) ? HG_Q_SKIP_ZERO : 0;
+	*lanes = hg_quantized_lanes(&c->p, c->n, gcodes(c), c->qflags);
+	return 0;
+}
+
+static int values_encode(struct hg_client *c, uint8_t *tx)
+{
+	return hg_quantize(&c->p, c->x, c->n, gcodes(c), c->qflags, tx);
+}
+
+static int values_decode(struct hg_client *c, const uint8_t *rx)
+{
+	return hg_dequantize(&c->p, rx, c->n, gcodes(c), c->qflags, c->y);
+}
+
+static int codes_plan(struct hg_client *c, size_t *lanes, int *exp)
+{
+	c->qflags = 0;
+	*lanes = c->n;
+	*exp = hg_nc_top(&c->p);
+	return 0;
+}
+
+static int codes_encode(struct hg_client *c, uint8_t *tx)
+{
+	return hg_nc_encode(&c->p, c->x, c->n, gcodes(c), tx);
+}
+
+static int index_plan(struct hg_client *c, size_t *lanes, int *exp)
+{
+	(void)exp;
+	client_release_lhc(c);
+	c->lhc = hg_lhc_create(&c->p, c->n, gcodes(c), gcounts(c));
+	if (!c->lhc)
+		return -ENOMEM;
+	*lanes = lhc_info(c).index_bytes;
+	return 0;
+}
+
+static int index_encode(struct hg_client *c, uint8_t *tx)
+{
+	return hg_lhc_index_encode_scan(c->lhc, c->scan, tx);
+}
+
+static int index_decode(struct hg_client *c, const uint8_t *rx)
+{
+	return hg_lhc_set_index(c->lhc, rx);
+}
+
+static int sketch_plan(struct hg_client *c, size_t *lanes, int *exp)
+{
+	(void)exp;
+	*lanes = lhc_info(c).sketch_lanes;
+	return 0;
+}
+
+static int sketch_encode(struct hg_client *c, uint8_t *tx)
+{
+	return hg_lhc_sketch_encode_scan(c->lhc, c->scan, tx);
+}
+
+static int sketch_decode(struct hg_client *c, const uint8_t *rx)
+{
 	struct hg_lhc_info info;
-	size_t lanes;
-	int rc;
+	int rc = hg_lhc_peel(c->lhc, rx);
 
-	if (c->method_eff == HG_M_AUTO) {
-		rc = hg_auto_choose(p, c->n, (const int8_t *)c->gcodes.p, c->gcounts.p);
-		if (rc < 0)
-			return fail_text(c, rc, "auto: cannot choose a method");
-		c->method_eff = rc;
-	}
-	c->stats.method_chosen = c->method_eff;
+	if (rc)
+		return rc;
+	info = lhc_info(c);
+	c->stats.stalled_blocks += info.stalled_blocks;
+	c->stats.fallback_lanes += info.fallback_lanes;
+	return 0;
+}
 
-	switch (c->method_eff) {
-	case HG_M_DENSE:
-	case HG_M_BLOCKS:
-		c->qflags = c->method_eff == HG_M_BLOCKS ? HG_Q_SKIP_ZERO : 0;
-		lanes = hg_quantized_lanes(p, c->n, (const int8_t *)c->gcodes.p, c->qflags);
-		if (buf_need(&c->tx, lanes * 4) || buf_need(&c->rx, lanes * 4))
-			return fail_text(c, -ENOMEM, "out of memory");
-		rc = hg_quantize(p, c->x, c->n, (const int8_t *)c->gcodes.p, c->qflags, c->tx.p);
+static int fallback_plan(struct hg_client *c, size_t *lanes, int *exp)
+{
+	(void)exp;
+	*lanes = lhc_info(c).fallback_lanes;
+	return 0;
+}
+
+static int fallback_encode(struct hg_client *c, uint8_t *tx)
+{
+	return hg_lhc_fallback_encode(c->lhc, c->x, tx);
+}
+
+static int fallback_decode(struct hg_client *c, const uint8_t *rx)
+{
+	int rc = hg_lhc_decode(c->lhc, rx, c->y);
+
+	client_release_lhc(c);
+	return rc;
+}
+
+static int union_plan(struct hg_client *c, size_t *lanes, int *exp)
+{
+	(void)exp;
+	*lanes = hg_union_lanes(c->lhc);
+	return 0;
+}
+
+static int union_encode(struct hg_client *c, uint8_t *tx)
+{
+	return hg_union_encode(c->lhc, c->scan, tx);
+}
+
+static int union_decode(struct hg_client *c, const uint8_t *rx)
+{
+	int rc = hg_union_decode(c->lhc, rx, c->y);
+
+	client_release_lhc(c);
+	return rc;
+}
+
+static const struct phase_codec phase_codec[HG_PH__COUNT] = {
+	[HG_PH_EXPONENTS] = { exponents_plan, exponents_encode, NULL, "exponents" },
+	[HG_PH_COUNTS] = { counts_plan, counts_encode, counts_decode,
+			   "non-zero counts" },
+	[HG_PH_VALUES] = { values_plan, values_encode, values_decode, "quantize" },
+	[HG_PH_CODES] = { codes_plan, codes_encode, values_decode, "nc encode" },
+	[HG_PH_INDEX] = { index_plan, index_encode, index_decode, "lhc index" },
+	[HG_PH_SKETCH] = { sketch_plan, sketch_encode, sketch_decode, "lhc sketch" },
+	[HG_PH_FALLBACK] = { fallback_plan, fallback_encode, fallback_decode,
+			     "lhc fallback" },
+	[HG_PH_UNION] = { union_plan, union_encode, union_decode, "union values" },
+};
+
+/* The first step of mi with a phase not sent yet (mi->nsteps if none). */
+static uint32_t first_unsent_step(const struct hg_client *c,
+				  const struct hg_method_info *mi)
+{
+	uint32_t k = 0;
+
+	while (k < mi->nsteps && !(mi->steps[k] & ~c->sent_phases))
+		k++;
+	return k;
+}
+
+/*
+ * Set up step c->step of the method: plan, size and encode each of its
+ * phases, and number the chunks.  Returns 0 or a negative errno (the
+ * allreduce failed).
+ */
+static int step_setup(struct hg_client *c)
+{
+	uint32_t mask = c->mi->steps[c->step];
+	int ns = 0, rc;
+
+	for (int ph = 0; ph < HG_PH__COUNT; ph++) {
+		const struct phase_codec *pc = &phase_codec[ph];
+		const struct hg_op_info *op;
+		size_t lanes = 0;
+		int exp = 0;
+
+		if (!(mask & (1u << ph)))
+			continue;
+		if (!pc->plan)
+			return fail_text(c, -ENOTSUP, "a phase the client lacks");
+		rc = pc->plan(c, &lanes, &exp);
 		if (rc)
-			return fail_text(c, rc, "quantize failed");
-		stream_set(&c->st.s[0], HG_OP_SUM32, 0, HG_PH_VALUES, c->tx.p,
-			   c->rx.p, lanes, c->cfg.payload_bytes);
-		c->stage = ST_VALUES;
-		break;
-	case HG_M_NC:
-		if (buf_need(&c->tx, c->n) || buf_need(&c->rx, c->n * 4))
+			return fail_text(c, rc, pc->what);
+		op = hg_op_get(hg_phase_at(ph)->op);
+		if (buf_need(&c->tx[ph], lanes * op->in_lane) ||
+		    buf_need(&c->rx[ph], lanes * op->acc_lane))
 			return fail_text(c, -ENOMEM, "out of memory");
-		rc = hg_nc_encode(p, c->x, c->n, (const int8_t *)c->gcodes.p, c->tx.p);
+		rc = pc->encode(c, c->tx[ph].p);
 		if (rc)
-			return fail_text(c, rc, "nc encode failed");
-		stream_set(&c->st.s[0], HG_OP_NC8, hg_nc_top(p), HG_PH_VALUES,
-			   c->tx.p, c->rx.p, c->n, c->cfg.payload_bytes);
-		c->stage = ST_VALUES;
-		break;
-	case HG_M_LHC:
-		c->lhc = hg_lhc_create(p, c->n, (const int8_t *)c->gcodes.p, c->gcounts.p);
-		if (!c->lhc)
-			return fail_text(c, -ENOMEM, "lhc: cannot plan the index");
-		hg_lhc_get_info(c->lhc, &info);
-		if (buf_need(&c->tx, info.index_bytes) || buf_need(&c->rx, info.index_bytes))
-			return fail_text(c, -ENOMEM, "out of memory");
-		rc = hg_lhc_index_encode(c->lhc, c->x, c->tx.p);
-		if (rc)
-			return fail_text(c, rc, "lhc index encode failed");
-		stream_set(&c->st.s[0], HG_OP_OR, 0, HG_PH_INDEX, c->tx.p, c->rx.p,
-			   info.index_bytes, c->cfg.payload_bytes);
-		c->stage = ST_INDEX;
-		break;
-	default:
-		return fail_text(c, -EINVAL, "unknown method");
+			return fail_text(c, rc, pc->what);
+		stream_set(&c->st.s[ns++], (enum hg_phase)ph, exp, c->tx[ph].p,
+			   c->rx[ph].p, lanes, c->cfg.payload_bytes);
 	}
-	rc = step_begin(c, 1);
+	rc = step_begin(c, ns);
 	return rc ? fail_text(c, rc, "out of memory") : 0;
 }
 
 /*
- * The current step is complete: use its results, set up the next step or
- * finish.  Returns 0, or the negative errno the allreduce failed with.
+ * The current step is complete: decode its phases, then set up the next
+ * step (after auto's choice, the chosen method's) or finish.  Returns 0, or
+ * the negative errno the allreduce failed with.
  */
 static int advance(struct hg_client *c)
 {
-	struct hg_lhc_info info;
+	const struct hg_method_info *next;
 	int rc;
 
-	switch (c->stage) {
-	case ST_META:
-		return begin_method(c);
-	case ST_VALUES:
-		rc = hg_dequantize(&c->p, c->rx.p, c->n, (const int8_t *)c->gcodes.p,
-				   c->method_eff == HG_M_NC ? 0 : c->qflags, c->y);
+	for (int i = 0; i < c->st.nstreams; i++) {
+		const struct stream *s = &c->st.s[i];
+		const struct phase_codec *pc = &phase_codec[s->phase];
+
+		if (!pc->decode)
+			continue;
+		rc = pc->decode(c, s->out);
 		if (rc)
-			return fail_text(c, rc, "dequantize failed");
-		c->stage = ST_DONE;
-		c->rc = 1;
-		return 0;
-	case ST_INDEX:
-		rc = hg_lhc_set_index(c->lhc, c->rx.p);
-		if (rc)
-			return fail_text(c, rc, "lhc: bad global index");
-		hg_lhc_get_info(c->lhc, &info);
-		if (buf_need(&c->tx, info.sketch_lanes * 4) ||
-		    buf_need(&c->rx, info.sketch_lanes * 4))
-			return fail_text(c, -ENOMEM, "out of memory");
-		rc = hg_lhc_sketch_encode(c->lhc, c->x, c->tx.p);
-		if (rc)
-			return fail_text(c, rc, "lhc sketch encode failed");
-		stream_set(&c->st.s[0], HG_OP_SUM32, 0, HG_PH_SKETCH, c->tx.p,
-			   c->rx.p, info.sketch_lanes, c->cfg.payload_bytes);
-		c->stage = ST_SKETCH;
-		break;
-	case ST_SKETCH:
-		rc = hg_lhc_peel(c->lhc, c->rx.p);
-		if (rc)
-			return fail_text(c, rc, "lhc peel failed");
-		hg_lhc_get_info(c->lhc, &info);
-		c->stats.stalled_blocks += info.stalled_blocks;
-		c->stats.fallback_lanes += info.fallback_lanes;
-		if (buf_need(&c->fb_tx, info.fallback_lanes * 4) ||
-		    buf_need(&c->fb_rx, info.fallback_lanes * 4))
-			return fail_text(c, -ENOMEM, "out of memory");
-		rc = hg_lhc_fallback_encode(c->lhc, c->x, c->fb_tx.p);
-		if (rc)
-			return fail_text(c, rc, "lhc fallback encode failed");
-		stream_set(&c->st.s[0], HG_OP_SUM32, 0, HG_PH_FALLBACK, c->fb_tx.p,
-			   c->fb_rx.p, info.fallback_lanes, c->cfg.payload_bytes);
-		c->stage = ST_FALLBACK;
-		break;
-	case ST_FALLBACK:
-		rc = hg_lhc_decode(c->lhc, c->fb_rx.p, c->y);
-		if (rc)
-			return fail_text(c, rc, "lhc decode failed");
-		client_release_lhc(c);
-		c->stage = ST_DONE;
-		c->rc = 1;
-		return 0;
-	default:
-		return fail_text(c, -EINVAL, "no allreduce in progress");
+			return fail_text(c, rc, pc->what);
 	}
-	rc = step_begin(c, 1);
-	return rc ? fail_text(c, rc, "out of memory") : 0;
+	c->sent_phases |= c->mi->steps[c->step];
+	next = NULL;
+	if ((c->mi->flags & HG_MF_CHOOSES) && c->step + 1 == c->mi->nsteps) {
+		/* auto after its own steps: the meta phase decides, or the
+		 * index phase runs first */
+		rc = hg_auto_choose(&c->p, c->n, gcodes(c), gcounts(c));
+		next = rc < 0 ? NULL : hg_method_get(rc);
+		if (!next)
+			return fail_text(c, rc < 0 ? rc : -EPROTO,
+					 "auto: cannot choose a method");
+		c->choose_again = true;
+	} else if (c->choose_again &&
+		   (c->mi->steps[c->step] & HG_PHB(INDEX))) {
+		rc = hg_auto_choose_indexed(c->lhc);
+		next = rc < 0 ? NULL : hg_method_get(rc);
+		if (!next)
+			return fail_text(c, rc < 0 ? rc : -EPROTO,
+					 "auto: cannot choose a method");
+		c->choose_again = false;
+	}
+	if (next) {
+		c->mi = next;
+		c->stats.method_chosen = next->code;
+		c->step = first_unsent_step(c, next);
+	} else {
+		c->step++;
+	}
+	if (c->step >= c->mi->nsteps) {
+		c->stage = ST_DONE;
+		c->rc = 1;
+		return 0;
+	}
+	return step_setup(c);
+}
+
+/* Does any step of mi send phase ph? */
+static bool method_sends(const struct hg_method_info *mi, int ph)
+{
+	for (uint32_t k = 0; k < mi->nsteps; k++)
+		if (mi->steps[k] & (1u << ph))
+			return true;
+	return false;
 }
 
 int hg_client_start(struct hg_client *c, const struct hg_params *params,
 		    int method, const float *x, size_t n, float *y)
 {
+	const struct hg_method_info *mi = hg_method_get(method);
 	struct hg_params p;
 	size_t nb;
 	int rc;
@@ -603,7 +918,7 @@ int hg_client_start(struct hg_client *c, const struct hg_params *params,
 		return -EINVAL;
 	if (hg_client_busy(c))
 		return -EBUSY;
-	if (method < HG_M_DENSE || method > HG_M_AUTO)
+	if (!mi)
 		return -EINVAL;
 	p = *params;
 	p.workers = c->cfg.workers;
@@ -612,11 +927,23 @@ int hg_client_start(struct hg_client *c, const struct hg_params *params,
 	if (rc)
 		return rc;
 	nb = hg_nblocks(&p, n);
-	if (buf_need(&c->lcodes, nb) || buf_need(&c->gcodes, nb) ||
-	    buf_need(&c->lcounts, nb * 4) || buf_need(&c->gcounts, nb * 4))
+	if (buf_need(&c->tx[HG_PH_EXPONENTS], nb))
 		return -ENOMEM;
 	c->err[0] = '\0';
-	rc = hg_exp_encode(&p, x, n, (int8_t *)c->lcodes.p, NULL);
+	if (method_sends(mi, HG_PH_COUNTS)) {
+		/* lhc, union, auto: one pass gives exponents, counts and the
+		 * non-zeros every later phase reads */
+		if (!c->scan)
+			c->scan = hg_scan_create();
+		if (!c->scan || buf_need(&c->lcounts, 4 * nb))
+			return -ENOMEM;
+		rc = hg_scan_encode(c->scan, &p, x, n,
+				    (int8_t *)c->tx[HG_PH_EXPONENTS].p,
+				    c->lcounts.p, NULL);
+	} else {
+		rc = hg_exp_encode(&p, x, n, (int8_t *)c->tx[HG_PH_EXPONENTS].p,
+				   NULL);
+	}
 	if (rc) {
 		snprintf(c->err, sizeof(c->err), "%s",
 			 rc == -EDOM ? "the gradient holds NaN or Inf"
@@ -625,34 +952,31 @@ int hg_client_start(struct hg_client *c, const struct hg_params *params,
 	}
 	client_release_lhc(c);
 	c->p = p;
-	c->method = method;
-	c->method_eff = method;
+	c->mi = mi;
+	c->step = 0;
+	c->sent_phases = 0;
+	c->choose_again = false;
 	c->x = x;
 	c->y = y;
 	c->n = n;
 	c->nblocks = nb;
 	c->qflags = 0;
+	c->stats.method_chosen = mi->code;
 	c->start_results = c->stats.results_received;
 	c->start_sent = c->stats.packets_sent;
-	for (uint32_t i = 0; i < c->cfg.slots; i++)
-		c->fl[i].busy = false;
-
-	stream_set(&c->st.s[0], HG_OP_MAX8, 0, HG_PH_META, c->lcodes.p,
-		   c->gcodes.p, nb, c->cfg.payload_bytes);
-	if (method == HG_M_LHC || method == HG_M_AUTO) {
-		rc = hg_nnz_counts(&p, x, n, c->lcounts.p);
-		if (rc)
-			return rc;
-		stream_set(&c->st.s[1], HG_OP_SUM32, 0, HG_PH_META, c->lcounts.p,
-			   c->gcounts.p, nb, c->cfg.payload_bytes);
-		rc = step_begin(c, 2);
-	} else {
-		rc = step_begin(c, 1);
+	for (uint32_t a = 0; a < c->naggs; a++) {
+		c->agg[a].start_results = c->agg[a].st.results_received;
+		c->agg[a].start_sent = c->agg[a].st.packets_sent;
 	}
-	if (rc)
-		return rc;
-	c->stage = ST_META;
+	for (size_t i = 0; i < (size_t)c->naggs * c->cfg.slots; i++)
+		c->fl[i].busy = false;
+	c->stage = ST_RUNNING;
 	c->rc = 0;
+	rc = step_setup(c);
+	if (rc) {
+		c->stage = ST_IDLE;
+		return rc;
+	}
 	return 0;
 }
 
@@ -664,6 +988,19 @@ static void format_ip(char *s, size_t len, uint32_t ip)
 		 (ip >> 8) & 255, ip & 255);
 }
 
+/*
+ * Which aggregator sent a reply: the one whose address (IPv4, UDP port) is
+ * its source.  Returns its index, or -1.
+ */
+static int reply_agg(const struct hg_client *c, const struct hg_wire_view *v)
+{
+	for (uint32_t a = 0; a < c->naggs; a++)
+		if (c->agg[a].dst.ipv4 == v->src.ipv4 &&
+		    c->agg[a].dst.port == v->src.port)
+			return (int)a;
+	return -1;
+}
+
 /* Handle one received frame (at port time now): a result or a status for this job. */
 static void handle_frame(struct hg_client *c, const uint8_t *f, size_t len,
 			 uint64_t now)
@@ -672,28 +1009,41 @@ static void handle_frame(struct hg_client *c, const uint8_t *f, size_t len,
 	struct hg_wire_view v;
 	const struct stream *s;
 	struct flight *fl;
+	struct agg *ag;
 	const uint8_t *pl;
 	size_t k, first, lanes;
+	uint64_t chunk;
 	uint32_t seq;
+	int a;
 
 	/* Same validation as the aggregator: addresses, lengths, header. */
 	if (hg_wire_parse(f, len, c->src.port, 0, &v) != 0 ||
 	    v.hdr.job != c->cfg.job || v.hdr.token != c->cfg.token ||
 	    !(v.hdr.flags & (HG_FLAG_RESULT | HG_FLAG_STATUS)))
 		goto ignore;
+	a = reply_agg(c, &v);
+	if (a < 0)
+		goto ignore;
+	ag = &c->agg[a];
 	pl = f + v.payload_off;
 	seq = v.hdr.seq;
-	if (!(c->stage >= ST_META && c->stage <= ST_FALLBACK)) {
+	if (c->stage != ST_RUNNING) {
 		if (v.hdr.flags & HG_FLAG_RESULT)
 			c->stats.duplicates_received++;
 		return;
 	}
-	k = (uint32_t)(seq - st->base_seq);
+	/* Chunk number of (a, seq): seq counts from the step's base / K at
+	 * every aggregator, modulo 2^32.  Below the step's base, k wraps to
+	 * a huge value: a late copy of an earlier step. */
+	chunk = (st->base / c->naggs + (uint32_t)(seq - (uint32_t)(st->base / c->naggs))) *
+		c->naggs + (uint32_t)a;
+	k = (size_t)(chunk - st->base);
+	fl = &c->fl[(size_t)a * c->cfg.slots + seq % c->cfg.slots];
 
 	if (v.hdr.flags & HG_FLAG_STATUS) {
-		fl = &c->fl[seq % c->cfg.slots];
 		c->stats.status_received++;
-		if (fl->busy && fl->seq == seq) {
+		ag->st.status_received++;
+		if (fl->busy && fl->chunk == chunk) {
 			size_t nb = (c->cfg.workers + 7) / 8;
 
 			memset(fl->bitmap, 0, sizeof(fl->bitmap));
@@ -711,9 +1061,7 @@ static void handle_frame(struct hg_client *c, const uint8_t *f, size_t len,
 		c->stats.duplicates_received++;
 		return;
 	}
-	s = &st->s[0];
-	if (st->nstreams > 1 && k >= st->s[1].first_chunk)
-		s = &st->s[1];
+	s = chunk_stream(st, k);
 	first = (k - s->first_chunk) * s->per_chunk;
 	lanes = s->lanes - first < s->per_chunk ? s->lanes - first : s->per_chunk;
 	/* hg_wire_parse checked payload_len == lanes * acc lane bytes. */
@@ -724,8 +1072,9 @@ static void handle_frame(struct hg_client *c, const uint8_t *f, size_t len,
 	st->ndone++;
 	c->stats.results_received++;
 	c->stats.bytes_received[s->phase] += lanes * s->acc_lane;
-	fl = &c->fl[seq % c->cfg.slots];
-	if (fl->busy && fl->seq == seq) {
+	ag->st.results_received++;
+	ag->st.bytes_received += lanes * s->acc_lane;
+	if (fl->busy && fl->chunk == chunk) {
 		/*
 		 * Karn: only a chunk sent once tells which copy was answered.
 		 * And results come back in chunk order unless a chunk waited
@@ -736,25 +1085,26 @@ static void handle_frame(struct hg_client *c, const uint8_t *f, size_t len,
 		 * have waited for that recovery (a peer's chunk lost with
 		 * ours answered, say): only chunks sent after it count.
 		 */
-		if (fl->tries == 1 && k + 1 >= st->hi_done &&
-		    fl->last_tx > c->t_timeout && now >= fl->last_tx)
-			rtt_sample(c, now - fl->last_tx);
+		if (fl->tries == 1 && k + 1 >= ag->hi_done &&
+		    fl->last_tx > ag->t_timeout && now >= fl->last_tx)
+			rtt_sample(c, ag, now - fl->last_tx);
 		fl->busy = false;
 	}
-	if (k + 1 > st->hi_done) {
-		/* Chunks this result overtook: their timers stop following
-		 * the results from here on (see chunk_deadline). */
-		uint64_t from = st->t_hi > c->t_backoff ? st->t_hi : c->t_backoff;
+	if (k + 1 > ag->hi_done) {
+		/* Chunks of this aggregator this result overtook: their
+		 * timers stop following its results from here on (see
+		 * chunk_deadline).  Its chunks are K apart in the step. */
+		uint64_t from = ag->t_hi > ag->t_backoff ? ag->t_hi : ag->t_backoff;
+		size_t i = ag->hi_done ? ag->hi_done - 1 + c->naggs : k % c->naggs;
 
-		for (size_t i = st->hi_done; i < k; i++) {
-			struct flight *o = &c->fl[(st->base_seq + (uint32_t)i) %
-						  c->cfg.slots];
+		for (; i < k; i += c->naggs) {
+			struct flight *o = flight_of(c, i);
 
 			if (!c->done.p[i] && o->busy && o->armed < from)
 				o->armed = from;
 		}
-		st->hi_done = k + 1;
-		st->t_hi = now;
+		ag->hi_done = k + 1;
+		ag->t_hi = now;
 	}
 	return;
 
@@ -789,7 +1139,7 @@ static void tx_chunks(struct hg_client *c, const size_t *ks, uint16_t cnt,
 		      uint64_t now)
 {
 	struct hg_pkt *pk[BURST];
-	enum hg_client_phase ph[BURST];
+	enum hg_phase ph[BURST];
 	size_t bytes[BURST];
 	uint16_t got, sent;
 
@@ -801,17 +1151,15 @@ static void tx_chunks(struct hg_client *c, const size_t *ks, uint16_t cnt,
 			got = i;
 			break;
 		}
-		uint32_t seq = c->st.base_seq + (uint32_t)ks[i];
-
-		bytes[i] = build_chunk(c, pk[i], ks[i],
-				       c->fl[seq % c->cfg.slots].tries > 0, &ph[i]);
+		bytes[i] = build_chunk(c, pk[i], ks[i], flight_of(c, ks[i])->tries > 0,
+				       &ph[i]);
 	}
 	sent = got ? hg_port_tx(c->cfg.port, pk, got) : 0;
 	if (sent < got)
 		hg_port_free(c->cfg.port, pk + sent, got - sent);
 	for (uint16_t i = 0; i < cnt; i++) {
-		uint32_t seq = c->st.base_seq + (uint32_t)ks[i];
-		struct flight *fl = &c->fl[seq % c->cfg.slots];
+		struct flight *fl = flight_of(c, ks[i]);
+		struct agg *ag = &c->agg[fl->agg];
 
 		if (i >= sent) {
 			fl->unsent = true;
@@ -821,10 +1169,14 @@ static void tx_chunks(struct hg_client *c, const size_t *ks, uint16_t cnt,
 		fl->unsent = false;
 		fl->last_tx = now;
 		fl->armed = now;
-		if (fl->tries++ > 0)
+		if (fl->tries++ > 0) {
 			c->stats.retransmissions++;
+			ag->st.retransmissions++;
+		}
 		c->stats.packets_sent++;
 		c->stats.bytes_sent[ph[i]] += bytes[i];
+		ag->st.packets_sent++;
+		ag->st.bytes_sent += bytes[i];
 	}
 }
 
@@ -839,59 +1191,76 @@ static void tx_new(struct hg_client *c, uint64_t now)
 		cnt = 0;
 		while (cnt < BURST && st->next_send < st->nchunks) {
 			size_t k = st->next_send;
-			uint32_t seq = st->base_seq + (uint32_t)k;
-			struct flight *fl = &c->fl[seq % c->cfg.slots];
+			size_t span = (size_t)c->naggs * c->cfg.slots;
+			struct flight *fl = flight_of(c, k);
 
-			if (k >= c->cfg.slots && !c->done.p[k - c->cfg.slots])
+			/* chunk k - K S: the same slot of the same aggregator */
+			if (k >= span && !c->done.p[k - span])
 				break;
 			if (fl->busy)
 				break; /* cannot happen when the above holds */
 			fl->busy = true;
-			fl->seq = seq;
+			fl->chunk = st->base + k;
+			fl->agg = (uint32_t)(fl->chunk % c->naggs);
+			fl->seq = (uint32_t)(fl->chunk / c->naggs);
 			fl->tries = 0;
 			fl->have_status = false;
 			fl->first_tx = now;
-			fl->rto = c->rto;
+			fl->rto = c->agg[fl->agg].rto;
 			ks[cnt++] = k;
 			st->next_send++;
 		}
 		if (!cnt)
 			return;
 		tx_chunks(c, ks, cnt, now);
-		if (c->fl[(st->base_seq + (uint32_t)ks[cnt - 1]) % c->cfg.slots].unsent)
+		if (flight_of(c, ks[cnt - 1])->unsent)
 			return; /* the port is full: try again at the next poll */
 	}
+}
+
+/*
+ * The aggregator's name in error texts: "10.0.0.1:48879", and with K > 1
+ * "10.0.1.2:48879 (shard 1 of 3)".
+ */
+static void agg_name(const struct hg_client *c, uint32_t a, char *s, size_t len)
+{
+	const struct hg_wire_addr *d = &c->agg[a].dst;
+	char ip[20];
+
+	format_ip(ip, sizeof(ip), d->ipv4);
+	if (c->naggs == 1)
+		snprintf(s, len, "%s:%u", ip, d->port);
+	else
+		snprintf(s, len, "%s:%u (shard %u of %u)", ip, d->port, a, c->naggs);
 }
 
 static void timeout_text(struct hg_client *c, const struct flight *fl,
 			 uint64_t now)
 {
-	const struct stream *s = &c->st.s[0];
-	size_t k = (uint32_t)(fl->seq - c->st.base_seq);
-	char ip[20], *e = c->err, *end = c->err + sizeof(c->err);
+	const struct stream *s = chunk_stream(&c->st, (size_t)(fl->chunk - c->st.base));
+	const struct agg *ag = &c->agg[fl->agg];
+	char name[64], *e = c->err, *end = c->err + sizeof(c->err);
 	double secs = (double)(now - fl->first_tx) / 1e9;
 	uint32_t missing = 0;
 
-	if (c->st.nstreams > 1 && k >= c->st.s[1].first_chunk)
-		s = &c->st.s[1];
-	format_ip(ip, sizeof(ip), c->cfg.agg_ipv4);
-	if (c->stats.results_received == c->start_results && !fl->have_status) {
+	agg_name(c, fl->agg, name, sizeof(name));
+	if (ag->st.results_received == ag->start_results && !fl->have_status) {
 		snprintf(c->err, sizeof(c->err),
-			 "no answer from aggregator %s:%u (sent %llu chunks, "
-			 "received 0 results)", ip, c->cfg.agg_udp_port,
-			 (unsigned long long)(c->stats.packets_sent - c->start_sent));
+			 "no answer from aggregator %s: sent %llu chunks, "
+			 "received 0 results", name,
+			 (unsigned long long)(ag->st.packets_sent - ag->start_sent));
 		return;
 	}
 	e += snprintf(e, (size_t)(end - e),
-		      "timed out after %.3g s waiting for chunk %u (phase %s): ",
-		      secs, fl->seq, phase_names[s->phase]);
+		      "timed out after %.3g s waiting for chunk %llu (phase %s): ",
+		      secs, (unsigned long long)fl->chunk, hg_phase_name(s->phase));
 	if (!fl->have_status) {
 		snprintf(e, (size_t)(end - e),
-			 "no status from aggregator %s:%u after %u transmissions",
-			 ip, c->cfg.agg_udp_port, fl->tries);
+			 "no status from aggregator %s after %u transmissions",
+			 name, fl->tries);
 		return;
 	}
-	e += snprintf(e, (size_t)(end - e), "aggregator reports workers ");
+	e += snprintf(e, (size_t)(end - e), "aggregator %s reports workers ", name);
 	for (int pass = 0; pass < 2; pass++) {
 		bool first = true;
 
@@ -927,7 +1296,9 @@ static int tx_expired(struct hg_client *c, uint64_t now)
 	size_t ks[BURST];
 	uint16_t cnt = 0;
 
-	for (uint32_t i = 0; i < c->cfg.slots; i++) {
+	size_t nfl = (size_t)c->naggs * c->cfg.slots;
+
+	for (size_t i = 0; i < nfl; i++) {
 		const struct flight *fl = &c->fl[i];
 
 		if (fl->busy && now - fl->first_tx >= c->cfg.give_up_ns &&
@@ -939,8 +1310,9 @@ static int tx_expired(struct hg_client *c, uint64_t now)
 		c->stats.timeouts++;
 		return client_fail(c, -ETIMEDOUT);
 	}
-	for (uint32_t i = 0; i < c->cfg.slots; i++) {
+	for (size_t i = 0; i < nfl; i++) {
 		struct flight *fl = &c->fl[i];
+		struct agg *ag = &c->agg[fl->agg];
 
 		if (!fl->busy)
 			continue;
@@ -954,14 +1326,15 @@ static int tx_expired(struct hg_client *c, uint64_t now)
 			 * contribution times out on every worker's copy of
 			 * the chunk) do not compound. */
 			c->stats.timeouts++;
-			c->t_timeout = now;
+			ag->st.timeouts++;
+			ag->t_timeout = now;
 			fl->rto = rto_backoff(c, chunk_rto(c, fl));
-			if (now - c->t_backoff >= c->rto) {
-				c->rto = rto_backoff(c, c->rto);
-				c->t_backoff = now;
+			if (now - ag->t_backoff >= ag->rto) {
+				ag->rto = rto_backoff(c, ag->rto);
+				ag->t_backoff = now;
 			}
 		}
-		ks[cnt++] = (uint32_t)(fl->seq - c->st.base_seq);
+		ks[cnt++] = (size_t)(fl->chunk - c->st.base);
 		if (cnt == BURST) {
 			tx_chunks(c, ks, cnt, now);
 			cnt = 0;
@@ -976,7 +1349,7 @@ static uint64_t next_deadline(const struct hg_client *c, uint64_t now)
 {
 	uint64_t dl = UINT64_MAX;
 
-	for (uint32_t i = 0; i < c->cfg.slots; i++) {
+	for (size_t i = 0; i < (size_t)c->naggs * c->cfg.slots; i++) {
 		const struct flight *fl = &c->fl[i];
 		uint64_t t;
 

@@ -1,14 +1,15 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * The simulated cluster (homagg/sim.h): one NIC fabric, the aggregator's
- * port driven by the engine, an attacker port for hand-made frames, and per
+ * The simulated cluster (homagg/sim.h): one NIC fabric, K aggregator ports
+ * each driven by an engine, an attacker port for hand-made frames, and per
  * job W worker ports each driven by a worker client.
  *
- * Addresses: aggregator 02:00:00:00:00:01 / 10.0.0.1, attacker
+ * Addresses: aggregator 0 02:00:00:00:00:01 / 10.0.0.1, aggregator k > 0
+ * 02:00:00:00:01:kk / 10.0.1.k, attacker
  * 02:00:00:00:00:02 / 10.0.0.2, worker w of job j 02:00:01:jj:ww:ww /
  * 10.(1 + j).(w >> 8).(w & 255 + 1)... (see worker_addr()).  Faults apply to
  * both directions of every worker's link, so each frame between a worker
- * and the aggregator crosses exactly one faulty stage; the aggregator's and
+ * and an aggregator crosses exactly one faulty stage; the aggregators' and
  * the attacker's links are perfect.  Worker and attacker links run at
  * link_gbps, the aggregator's at agg_link_gbps.
  *
@@ -27,6 +28,7 @@
 #include "homagg/wire.h"
 
 #define AGG_IP 0x0a000001u
+#define AGG_IP_K 0x0a000100u   /* 10.0.1.k, aggregator k > 0 */
 #define ATTACKER_IP 0x0a000002u
 #define GROUP_BASE 0xef010001u /* 239.1.0.1 + job */
 #define JOB_ID_BASE 100u
@@ -53,12 +55,19 @@ struct sim_job {
 	struct sim_worker *w;      /* workers entries */
 };
 
+/* One aggregator: its port, its engine, when it dies. */
+struct sim_agg {
+	struct hg_nic_port *port;
+	struct hg_engine *engine;
+	uint64_t dead_at;          /* UINT64_MAX: never */
+};
+
 struct hg_sim {
 	struct hg_sim_config cfg;
 	struct hg_nic_fabric *fab;
-	struct hg_nic_port *agg_port;
+	struct sim_agg agg[HG_SIM_MAX_AGGREGATORS];
+	uint32_t naggs;
 	struct hg_nic_port *attacker;
-	struct hg_engine *engine;
 	struct sim_job jobs[HG_SIM_MAX_JOBS];
 	int njobs;
 	uint16_t mtu;
@@ -182,9 +191,22 @@ static struct hg_nic_port *add_port(struct hg_sim *s, const uint8_t mac[6],
 	return p;
 }
 
+/* Aggregator k's addresses. */
+static void agg_addr(uint32_t k, uint8_t mac[6], uint32_t *ip)
+{
+	static const uint8_t agg0[6] = { 2, 0, 0, 0, 0, 1 };
+
+	memcpy(mac, agg0, 6);
+	*ip = AGG_IP;
+	if (k > 0) {
+		mac[4] = 1;
+		mac[5] = (uint8_t)k;
+		*ip = AGG_IP_K | k;
+	}
+}
+
 struct hg_sim *hg_sim_create(const struct hg_sim_config *cfg)
 {
-	static const uint8_t agg_mac[6] = { 2, 0, 0, 0, 0, 1 };
 	static const uint8_t att_mac[6] = { 2, 0, 0, 0, 0, 2 };
 	struct hg_nic_fabric_config fc = { 0 };
 	struct hg_engine_config ec = { 0 };
@@ -198,7 +220,8 @@ struct hg_sim *hg_sim_create(const struct hg_sim_config *cfg)
 	    !(cfg->loss >= 0 && cfg->loss < 1) ||
 	    !(cfg->duplicate >= 0 && cfg->duplicate < 1) ||
 	    !(cfg->reorder >= 0 && cfg->reorder < 1) || !(cfg->link_gbps >= 0) ||
-	    !(cfg->agg_link_gbps >= 0))
+	    !(cfg->agg_link_gbps >= 0) ||
+	    cfg->aggregators > HG_SIM_MAX_AGGREGATORS)
 		return NULL;
 	s = calloc(1, sizeof(*s));
 	if (!s)
@@ -218,15 +241,26 @@ struct hg_sim *hg_sim_create(const struct hg_sim_config *cfg)
 	s->fab = hg_nic_fabric_create(&fc);
 	if (!s->fab)
 		goto err;
-	s->agg_port = add_port(s, agg_mac, AGG_IP, s->cfg.agg_link_gbps, false);
+	s->naggs = cfg->aggregators ? cfg->aggregators : 1;
+	for (uint32_t k = 0; k < s->naggs; k++) {
+		struct sim_agg *ag = &s->agg[k];
+		uint8_t mac[6];
+		uint32_t ip;
+
+		agg_addr(k, mac, &ip);
+		ag->dead_at = UINT64_MAX;
+		ag->port = add_port(s, mac, ip, s->cfg.agg_link_gbps, false);
+		if (!ag->port)
+			goto err;
+		hg_engine_config_init(&ec);
+		ec.port = hg_nic_port_get(ag->port);
+		ec.max_jobs = HG_SIM_MAX_JOBS;
+		ag->engine = hg_engine_create(&ec);
+		if (!ag->engine)
+			goto err;
+	}
 	s->attacker = add_port(s, att_mac, ATTACKER_IP, s->cfg.link_gbps, false);
-	if (!s->agg_port || !s->attacker)
-		goto err;
-	hg_engine_config_init(&ec);
-	ec.port = hg_nic_port_get(s->agg_port);
-	ec.max_jobs = HG_SIM_MAX_JOBS;
-	s->engine = hg_engine_create(&ec);
-	if (!s->engine)
+	if (!s->attacker)
 		goto err;
 	return s;
 
@@ -246,7 +280,8 @@ void hg_sim_destroy(struct hg_sim *s)
 			hg_client_destroy(job->w[w].client);
 		free(job->w);
 	}
-	hg_engine_destroy(s->engine);
+	for (uint32_t k = 0; k < HG_SIM_MAX_AGGREGATORS; k++)
+		hg_engine_destroy(s->agg[k].engine);
 	hg_nic_fabric_destroy(s->fab);
 	free(s);
 }
@@ -260,6 +295,7 @@ int hg_sim_add_job(struct hg_sim *s, const struct hg_sim_job_config *jc)
 {
 	struct hg_job_config ej = { 0 };
 	uint8_t mac[6] = { 2, 0, 1, 0, 0, 0 };
+	struct hg_client_agg aggs[HG_SIM_MAX_AGGREGATORS];
 	struct hg_client_config cc = { 0 };
 	struct sim_job *job;
 	uint64_t seed;
@@ -286,9 +322,13 @@ int hg_sim_add_job(struct hg_sim *s, const struct hg_sim_job_config *jc)
 	ej.slots = job->slots;
 	ej.payload_bytes = s->cfg.payload_bytes;
 	ej.group_ipv4 = s->cfg.unicast_results ? 0 : GROUP_BASE + (uint32_t)j;
-	rc = hg_engine_add_job(s->engine, &ej);
-	if (rc)
-		return rc;
+	for (uint32_t k = 0; k < s->naggs; k++) {
+		rc = hg_engine_add_job(s->agg[k].engine, &ej);
+		if (rc)
+			return rc;
+		agg_addr(k, aggs[k].mac, &aggs[k].ipv4);
+		aggs[k].udp_port = HG_UDP_PORT;
+	}
 
 	job->w = calloc(job->workers, sizeof(*job->w));
 	if (!job->w)
@@ -299,10 +339,8 @@ int hg_sim_add_job(struct hg_sim *s, const struct hg_sim_job_config *jc)
 	cc.workers = job->workers;
 	cc.slots = job->slots;
 	cc.payload_bytes = s->cfg.payload_bytes;
-	cc.agg_mac[0] = 2;
-	cc.agg_mac[5] = 1;
-	cc.agg_ipv4 = AGG_IP;
-	cc.agg_udp_port = HG_UDP_PORT;
+	cc.naggs = s->naggs;
+	cc.aggs = aggs;
 	cc.group_ipv4 = ej.group_ipv4;
 	cc.rto_ns = jc->rto_ns;
 	cc.rto_max_ns = jc->rto_max_ns;
@@ -389,8 +427,11 @@ int hg_sim_start(struct hg_sim *s, int job, int method,
 
 static bool rx_pending(const struct hg_sim *s)
 {
-	if (hg_nic_port_rx_pending(s->agg_port))
-		return true;
+	uint64_t now = hg_nic_now(s->fab);
+
+	for (uint32_t k = 0; k < s->naggs; k++)
+		if (now < s->agg[k].dead_at && hg_nic_port_rx_pending(s->agg[k].port))
+			return true;
 	for (int j = 0; j < s->njobs; j++)
 		for (uint32_t w = 0; w < s->jobs[j].workers; w++) {
 			const struct sim_worker *sw = &s->jobs[j].w[w];
@@ -401,10 +442,21 @@ static bool rx_pending(const struct hg_sim *s)
 	return false;
 }
 
-/* Drain the dead workers' rx rings so they do not hold pool buffers. */
+/* Drain the dead hosts' rx rings so they do not hold pool buffers. */
 static void drain_dead(struct hg_sim *s)
 {
 	struct hg_pkt *pk[32];
+
+	for (uint32_t k = 0; k < s->naggs; k++) {
+		struct hg_port *p = hg_nic_port_get(s->agg[k].port);
+		uint16_t nb;
+
+		if (s->agg[k].dead_at == UINT64_MAX ||
+		    s->agg[k].dead_at > hg_nic_now(s->fab))
+			continue;
+		while ((nb = p->ops->rx_burst(p->ctx, pk, 32)))
+			p->ops->free_bulk(p->ctx, pk, nb);
+	}
 
 	for (int j = 0; j < s->njobs; j++)
 		for (uint32_t w = 0; w < s->jobs[j].workers; w++) {
@@ -432,8 +484,12 @@ int hg_sim_run(struct hg_sim *s, uint64_t max_ns)
 		bool any = false;
 
 		s->st.loop_rounds++;
-		while (hg_engine_poll(s->engine) > 0)
-			s->st.engine_polls++;
+		for (uint32_t k = 0; k < s->naggs; k++) {
+			if (now >= s->agg[k].dead_at)
+				continue;
+			while (hg_engine_poll(s->agg[k].engine) > 0)
+				s->st.engine_polls++;
+		}
 		for (int j = 0; j < s->njobs; j++)
 			for (uint32_t w = 0; w < s->jobs[j].workers; w++) {
 				struct sim_worker *sw = &s->jobs[j].w[w];
@@ -567,9 +623,47 @@ int hg_sim_build_frame(const struct hg_sim *s, const struct hg_hdr *h,
 	return hg_wire_build(frame, cap, &src, &dst, h, payload, payload_len, 0);
 }
 
+int hg_sim_kill_aggregator(struct hg_sim *s, uint32_t k, uint64_t after_ns)
+{
+	uint64_t now;
+
+	if (!s)
+		return -EINVAL;
+	if (k >= s->naggs)
+		return -ENOENT;
+	now = hg_nic_now(s->fab);
+	s->agg[k].dead_at = UINT64_MAX - now > after_ns ? now + after_ns : UINT64_MAX - 1;
+	return 0;
+}
+
+int hg_sim_worker_agg_stats(const struct hg_sim *s, int job, uint32_t worker,
+			    uint32_t k, struct hg_client_agg_stats *st)
+{
+	const struct sim_worker *sw = get_worker(s, job, worker);
+
+	if (!sw)
+		return -EINVAL;
+	return hg_client_get_agg_stats(sw->client, k, st);
+}
+
 struct hg_engine *hg_sim_engine(struct hg_sim *s)
 {
-	return s ? s->engine : NULL;
+	return s ? s->agg[0].engine : NULL;
+}
+
+struct hg_engine *hg_sim_aggregator_engine(struct hg_sim *s, uint32_t k)
+{
+	return s && k < s->naggs ? s->agg[k].engine : NULL;
+}
+
+struct hg_nic_port *hg_sim_aggregator_port(struct hg_sim *s, uint32_t k)
+{
+	return s && k < s->naggs ? s->agg[k].port : NULL;
+}
+
+uint32_t hg_sim_aggregators(const struct hg_sim *s)
+{
+	return s ? s->naggs : 0;
 }
 
 struct hg_nic_fabric *hg_sim_fabric(struct hg_sim *s)

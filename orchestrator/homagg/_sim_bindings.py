@@ -10,10 +10,9 @@ import numpy as np
 
 from homagg._native import ffi, lib
 from homagg.errors import InvalidArgument, ResourceError, check
+from homagg.protocol import PHASES
 
 F32 = np.dtype(np.float32)
-
-PHASES = ("meta", "values", "index", "sketch", "fallback")
 
 
 def _f32_1d(a, name, writable=False):
@@ -28,12 +27,15 @@ def _f32_1d(a, name, writable=False):
 
 def sim_create(loss=0.0, duplicate=0.0, reorder=0.0, reorder_ns=0, delay_ns=0,
                link_gbps=0.0, seed=0, payload_bytes=0, unicast_results=False,
-               agg_link_gbps=0.0):
+               agg_link_gbps=0.0, aggregators=1):
     for name, v in (("loss", loss), ("duplicate", duplicate), ("reorder", reorder)):
         if not 0.0 <= v < 1.0:
             raise InvalidArgument(f"{name} must be in [0, 1), got {v}")
     if link_gbps < 0 or agg_link_gbps < 0 or delay_ns < 0 or reorder_ns < 0:
         raise InvalidArgument("link rates, delay and reorder delay must be >= 0")
+    if not 1 <= aggregators <= lib.HG_SIM_MAX_AGGREGATORS:
+        raise InvalidArgument(f"aggregators must be in 1..{lib.HG_SIM_MAX_AGGREGATORS}, "
+                              f"got {aggregators}")
     cfg = ffi.new("struct hg_sim_config *")
     cfg.loss = loss
     cfg.duplicate = duplicate
@@ -45,6 +47,7 @@ def sim_create(loss=0.0, duplicate=0.0, reorder=0.0, reorder_ns=0, delay_ns=0,
     cfg.payload_bytes = int(payload_bytes)
     cfg.unicast_results = bool(unicast_results)
     cfg.agg_link_gbps = float(agg_link_gbps)
+    cfg.aggregators = int(aggregators)
     s = lib.hg_sim_create(cfg)
     if s == ffi.NULL:
         raise ResourceError("cannot create the simulated cluster (bad configuration or out of memory)")
@@ -134,6 +137,7 @@ def client_stats_dict(st):
         "rttvar_ns": st.rttvar_ns,
         "rto_ns": st.rto_ns,
         "rtt_samples": st.rtt_samples,
+        "aggregators": st.aggregators,
     }
 
 
@@ -141,6 +145,46 @@ def sim_worker_stats(s, job, worker):
     st = ffi.new("struct hg_client_stats *")
     check(lib.hg_sim_worker_stats(s, job, worker, st), "worker stats")
     return client_stats_dict(st)
+
+
+AGG_STATS = ("packets_sent", "retransmissions", "timeouts", "results_received",
+             "status_received", "bytes_sent", "bytes_received", "chunks", "next_seq",
+             "srtt_ns", "rttvar_ns", "rto_ns", "rtt_samples")
+
+
+def agg_stats_dict(st):
+    return {k: getattr(st, k) for k in AGG_STATS}
+
+
+def sim_worker_agg_stats(s, job, worker, k):
+    st = ffi.new("struct hg_client_agg_stats *")
+    check(lib.hg_sim_worker_agg_stats(s, job, worker, k, st), "worker aggregator stats")
+    return agg_stats_dict(st)
+
+
+def sim_kill_aggregator(s, k, after_ns):
+    check(lib.hg_sim_kill_aggregator(s, k, int(after_ns)), f"kill aggregator {k}")
+
+
+def sim_aggregators(s):
+    return lib.hg_sim_aggregators(s)
+
+
+def sim_aggregator_counters(s, k):
+    """Aggregator k's engine counters and its NIC port's (its link), as two dicts."""
+    e = lib.hg_sim_aggregator_engine(s, k)
+    if e == ffi.NULL:
+        raise InvalidArgument(f"no aggregator {k}")
+    n = lib.hg_counter_count()
+    out = ffi.new("uint64_t[]", n)
+    got = check(lib.hg_engine_counters(e, out, n), "engine counters")
+    engine = {ffi.string(lib.hg_counter_name(i)).decode(): out[i] for i in range(got)}
+    port = lib.hg_sim_aggregator_port(s, k)
+    n = lib.hg_nic_port_counter_count()
+    out = ffi.new("uint64_t[]", n)
+    got = lib.hg_nic_port_counters(port, out, n)
+    link = {ffi.string(lib.hg_nic_port_counter_name(i)).decode(): out[i] for i in range(got)}
+    return engine, link
 
 
 def sim_kill_worker(s, job, worker, after_packets):

@@ -11,7 +11,13 @@ rate), all driven by one event loop in C (homagg/sim.h)::
         result.sum            # float32, bit-identical on every worker
         result.stats          # per worker, engine counters, virtual time
 
-Several jobs share one engine: ``cluster.add_job(workers=...)`` returns a
+``Cluster(aggregators=K)`` spreads every job over K aggregators (one
+engine and one link each; chunk c goes to aggregator c mod K, see
+docs/PROTOCOL.md "Several aggregators"); ``cluster.aggregator_counters(k)``
+gives aggregator k's engine and link counters, ``kill_aggregator(k)`` stops
+one mid-job (the workers' ``PeerTimeout`` names it).
+
+Several jobs share the aggregators: ``cluster.add_job(workers=...)`` returns a
 ``Job``; ``cluster.allreduce_many([(job, grads, method), ...])`` runs them
 interleaved in one event loop.  Errors come from ``homagg.errors``: a dead
 peer makes the others raise ``PeerTimeout`` naming it.
@@ -22,16 +28,8 @@ import numpy as np
 
 from homagg._native import ffi, lib
 from homagg import _sim_bindings as _b
+from homagg import protocol
 from homagg.errors import HomAggError, InvalidArgument, PeerTimeout, error_for
-
-METHODS = {
-    "dense": lib.HG_M_DENSE,
-    "blocks": lib.HG_M_BLOCKS,
-    "lhc": lib.HG_M_LHC,
-    "nc": lib.HG_M_NC,
-    "auto": lib.HG_M_AUTO,
-}
-_METHOD_NAMES = {v: k for k, v in METHODS.items()}
 
 # The codec options, named as in homagg.codec.Params ("block" is an alias).
 _CODEC_OPTIONS = ("block_elements", "block", "stochastic", "seed", "nc_levels",
@@ -96,14 +94,19 @@ class Job:
     def worker_stats(self, worker):
         return _b.sim_worker_stats(self.cluster._sim, self.index, worker)
 
+    def worker_aggregator_stats(self, worker, k):
+        """What worker exchanged with aggregator k (packets, bytes, RTO)."""
+        return _b.sim_worker_agg_stats(self.cluster._sim, self.index, worker, k)
+
 
 class Cluster:
-    """A simulated cluster: one aggregator engine, one job of ``workers``
-    workers to start with, every link with the same faults.
+    """A simulated cluster: ``aggregators`` aggregator engines (K, each
+    with its own link; every job is spread over all of them), one job of
+    ``workers`` workers to start with, every link with the same faults.
 
     loss, duplicate, reorder: per-frame probabilities on every worker link
     hop; delay: one-way link delay (s); link_gbps: line rate of each
-    worker's link (0 = unlimited); agg_link_gbps: line rate of the
+    worker's link (0 = unlimited); agg_link_gbps: line rate of each
     aggregator's link -- None (default) gives it the workers' aggregate,
     ``min(workers * link_gbps, max(400, link_gbps))`` (a switch or
     aggregator port is faster than one worker's link; at most 400 Gbit/s,
@@ -119,7 +122,7 @@ class Cluster:
     def __init__(self, workers=4, loss=0.0, duplicate=0.0, reorder=0.0, seed=0,
                  slots=64, link_gbps=100.0, timeout=2.0, rto=200e-6, rto_max=50e-3,
                  delay=1e-6, payload=1024, multicast=True, max_time=600.0,
-                 agg_link_gbps=None, rto_min=None):
+                 agg_link_gbps=None, rto_min=None, aggregators=1):
         if agg_link_gbps is None:
             agg_link_gbps = (min(workers * link_gbps, max(400.0, link_gbps))
                              if link_gbps > 0 else 0.0)
@@ -131,7 +134,9 @@ class Cluster:
                                   link_gbps=float(link_gbps), seed=seed,
                                   payload_bytes=payload,
                                   unicast_results=not multicast,
-                                  agg_link_gbps=self.agg_link_gbps)
+                                  agg_link_gbps=self.agg_link_gbps,
+                                  aggregators=int(aggregators))
+        self.aggregators = int(aggregators)
         self._timeout = timeout
         self._rto = rto
         self._rto_min = 0.0 if rto_min is None else rto_min
@@ -198,14 +203,13 @@ class Cluster:
             unknown = set(options) - set(_CODEC_OPTIONS)
             if unknown:
                 raise InvalidArgument(f"unknown codec options: {sorted(unknown)}")
-            if method not in METHODS:
-                raise InvalidArgument(f"unknown method {method!r}; one of {sorted(METHODS)}")
+            code = protocol.method(method).code
             if len(grads) != job.workers:
                 raise InvalidArgument(f"job has {job.workers} workers, got {len(grads)} gradients")
             xs = [np.ascontiguousarray(g, dtype=np.float32).reshape(-1) for g in grads]
             ys = [np.empty_like(x) for x in xs]
             p = _params(job.workers, **options)
-            keep = _b.sim_start(s, job.index, METHODS[method], p, xs, ys)
+            keep = _b.sim_start(s, job.index, code, p, xs, ys)
             started.append((job, xs, ys, keep))
 
         t0 = _b.sim_stats(s)["now_ns"]
@@ -232,7 +236,7 @@ class Cluster:
                 "engine": engine,
                 "fabric": fabric,
                 "virtual_time": (t1 - t0) / 1e9,
-                "method": _METHOD_NAMES.get(per[0]["method_chosen"], "none"),
+                "method": protocol.method_name(per[0]["method_chosen"]),
             }
             if failures:
                 errors.append(self._group_error(job, failures, stats))
@@ -262,6 +266,20 @@ class Cluster:
     def engine_counters(self):
         """The engine's counter table as a dict (name -> count)."""
         return _b.sim_engine_counters(self._live())
+
+    def aggregator_counters(self, k):
+        """Aggregator k's counters: ``{"engine": {...}, "link": {...}}`` (its
+        engine's counter table and its NIC port's: rx_bytes is the load of
+        its link towards it, tx_bytes from it)."""
+        engine, link = _b.sim_aggregator_counters(self._live(), k)
+        return {"engine": engine, "link": link}
+
+    def kill_aggregator(self, k, after=0.0):
+        """Aggregator k dies ``after`` seconds of virtual time from now (0:
+        now): it is not polled again and its port discards what arrives."""
+        if not 0 <= k < self.aggregators:
+            raise InvalidArgument(f"aggregator {k} not in 0..{self.aggregators - 1}")
+        _b.sim_kill_aggregator(self._live(), k, int(after * 1e9))
 
     def inject(self, frame):
         """Send a raw Ethernet frame to the aggregator from an extra port."""

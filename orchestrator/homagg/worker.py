@@ -12,24 +12,23 @@ The C worker client (homagg/client.h) over the kernel UDP port backend
 
 Every worker of the job makes the same calls with its own ``worker`` id;
 the job (id, token, W, slots, payload) must be configured on the
-aggregator first (homagg.control.ControlClient.add_job).  A dead
-aggregator makes ``allreduce`` raise ``PeerTimeout`` naming it within
-``timeout`` seconds.
+aggregator first (homagg.control.ControlClient.add_job).  A job spread over
+K aggregators names them all, in the same order on every worker and with
+aggregator k told its ``shard`` k at add_job (docs/PROTOCOL.md, "Several
+aggregators")::
+
+    Worker(..., aggregators=[("10.0.0.1", 48879), ("10.0.0.3", 48879)])
+
+A dead aggregator makes ``allreduce`` raise ``PeerTimeout`` naming it
+within ``timeout`` seconds.
 """
 import ipaddress
 
 import numpy as np
 
+from homagg import protocol
 from homagg._native import ffi, lib
 from homagg.errors import InvalidArgument, check, error_for
-
-METHODS = {
-    "dense": "HG_M_DENSE",
-    "blocks": "HG_M_BLOCKS",
-    "lhc": "HG_M_LHC",
-    "nc": "HG_M_NC",
-    "auto": "HG_M_AUTO",
-}
 
 
 def _ipv4(addr, what):
@@ -89,18 +88,28 @@ class Worker:
     def __init__(self, job, token, worker, workers,
                  aggregator=("10.0.0.1", 48879), group=None,
                  bind=("0.0.0.0", 0), timeout=5.0, slots=64, payload=1024,
-                 rto=0.001, packets=0):
+                 rto=0.001, packets=0, aggregators=None):
         if not 0 <= worker < workers:
             raise InvalidArgument(f"worker {worker} not in 0..{workers - 1}")
         if timeout <= 0:
             raise InvalidArgument("timeout must be positive")
+        if aggregators is None:
+            aggregators = [aggregator]
+        aggregators = [(str(a[0]), int(a[1])) for a in aggregators]
+        if not 1 <= len(aggregators) <= lib.HG_CLIENT_MAX_AGGREGATORS:
+            raise InvalidArgument(f"aggregators: 1..{lib.HG_CLIENT_MAX_AGGREGATORS} "
+                                  f"(host, port) pairs, got {len(aggregators)}")
+        if len(set(aggregators)) != len(aggregators):
+            raise InvalidArgument(f"aggregators: the same address twice in {aggregators}")
         self.job, self.token = job, token
         self.worker, self.workers = worker, workers
-        self.aggregator = (str(aggregator[0]), int(aggregator[1]))
+        self.aggregators = aggregators
+        self.aggregator = aggregators[0]
         self.group = group
         self.timeout = timeout
 
-        self._port = UdpPort(bind, packets=max(int(packets), 4 * slots + 256))
+        self._port = UdpPort(bind, packets=max(int(packets),
+                                               4 * slots * len(aggregators) + 256))
 
         cfg = ffi.new("struct hg_client_config *")
         cfg.port = self._port.port
@@ -110,12 +119,17 @@ class Worker:
         cfg.workers = workers
         cfg.slots = slots
         cfg.payload_bytes = payload
-        cfg.agg_ipv4 = _ipv4(self.aggregator[0], "aggregator")
-        cfg.agg_udp_port = self.aggregator[1]
+        aggs = ffi.new("struct hg_client_agg[]", len(aggregators))
+        for a, (host, port) in zip(aggs, aggregators):
+            a.ipv4 = _ipv4(host, "aggregator")
+            a.udp_port = port
+        cfg.naggs = len(aggregators)
+        cfg.aggs = aggs
         cfg.group_ipv4 = _ipv4(group, "group") if group else 0
         cfg.rto_ns = int(rto * 1e9)
         cfg.give_up_ns = int(timeout * 1e9)
         self._cfg = cfg
+        self._aggs = aggs
         client = lib.hg_client_create(cfg)
         if client == ffi.NULL:
             raise InvalidArgument(
@@ -132,8 +146,7 @@ class Worker:
     def allreduce(self, array, method="dense", out=None, block=None,
                   stochastic=False, seed=0, nc_levels=0):
         """The sum over the job's workers of ``array`` (float32, 1-D)."""
-        if method not in METHODS:
-            raise InvalidArgument(f"method {method!r} not in {sorted(METHODS)}")
+        code = protocol.method(method).code
         x = np.ascontiguousarray(array, dtype=np.float32).reshape(-1)
         if out is None:
             out = np.empty_like(x)
@@ -148,12 +161,13 @@ class Worker:
         p.seed = int(seed) & (2**64 - 1)
         p.nc_levels = int(nc_levels)
         rc = lib.hg_client_allreduce(
-            self._client, p, getattr(lib, METHODS[method]),
+            self._client, p, code,
             ffi.from_buffer("float[]", x), x.size,
             ffi.from_buffer("float[]", out, require_writable=True))
         if rc < 0:
             text = ffi.string(lib.hg_client_error_text(self._client)).decode()
-            where = f"aggregator {self.aggregator[0]}:{self.aggregator[1]}"
+            where = ", ".join(f"{h}:{p}" for h, p in self.aggregators)
+            where = f"aggregator{'s' if len(self.aggregators) > 1 else ''} {where}"
             raise error_for(rc, f"worker {self.worker} of job {self.job}, "
                                 f"{where}: {text or 'failed'}")
         return out
@@ -167,6 +181,13 @@ class Worker:
             "duplicates_received", "status_received", "packets_ignored",
             "tx_refused", "chunks", "srtt_ns", "rto_ns")}
         out["port"] = self._port.stats()
+        out["aggregators"] = []
+        ast = ffi.new("struct hg_client_agg_stats *")
+        for k in range(len(self.aggregators)):
+            check(lib.hg_client_get_agg_stats(self._client, k, ast))
+            out["aggregators"].append({f: getattr(ast, f) for f in (
+                "packets_sent", "retransmissions", "timeouts", "results_received",
+                "bytes_sent", "bytes_received", "chunks", "srtt_ns", "rto_ns")})
         return out
 
     def close(self):

@@ -5,20 +5,25 @@
  *
  * No threads and no blocking inside: hg_client_start() prepares an
  * allreduce, every hg_client_poll() receives a burst, places the results
- * that arrived, advances the phases (codec.h lists them per method), sends
+ * that arrived, advances the phases (protocol.h lists them per method), sends
  * new chunks within the window of S chunks and retransmits the chunks whose
  * timer expired.  The caller polls again at the latest at *next_deadline_ns
  * (the port's clock), or as soon as a packet may have arrived.
  *
- * Chunk sequence numbers run on per job, across the phases of one allreduce
- * and across successive allreduces: every worker of the job computes the
- * same phase sizes from global data, so they all agree on every seq.
- * Chunk seq uses slot seq % S and shadow set (seq / S) % 2; chunk seq + S is
- * sent only after the result of chunk seq arrived.
+ * Chunks are numbered with one 64-bit counter per job, running on across
+ * the phases of one allreduce and across successive allreduces: every
+ * worker of the job computes the same phase sizes from global data, so they
+ * all agree on every number.  A job may name K aggregators: chunk c goes to
+ * aggregator c % K with sequence number c / K there (docs/PROTOCOL.md,
+ * "Several aggregators"); with K = 1 the sequence number is c.  At each
+ * aggregator, seq uses slot seq % S and shadow set (seq / S) % 2, and seq + S
+ * is sent only after the result of seq arrived (a window of S per
+ * aggregator).
  *
  * The retransmission timeout adapts to the round trip (RFC 6298: SRTT,
- * RTTVAR, Karn's rule, exponential backoff), between rto_min_ns and
- * rto_max_ns; hg_client_stats reports it.
+ * RTTVAR, Karn's rule, exponential backoff), one estimator per aggregator,
+ * between rto_min_ns and rto_max_ns; hg_client_stats and
+ * hg_client_get_agg_stats report it.
  *
  * docs/PROTOCOL.md ("Worker state machine") describes the protocol side.
  */
@@ -31,6 +36,7 @@
 
 #include "homagg/codec.h"
 #include "homagg/port.h"
+#include "homagg/protocol.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -45,15 +51,14 @@ extern "C" {
 #define HG_CLIENT_RTO_GRANULARITY_NS 50000
 #define HG_CLIENT_DEFAULT_GIVE_UP_NS 2000000000
 #define HG_CLIENT_MAX_SLOTS 65535
+/* Aggregators one job may be spread over (the header's shard is one byte). */
+#define HG_CLIENT_MAX_AGGREGATORS 64
 
-/* Phase indices of hg_client_stats.bytes_sent / bytes_received. */
-enum hg_client_phase {
-	HG_PH_META = 0,      /* exponents (MAX8) and non-zero counts (SUM32) */
-	HG_PH_VALUES = 1,    /* dense / blocks values (SUM32), nc codes (NC8) */
-	HG_PH_INDEX = 2,     /* lhc index (OR) */
-	HG_PH_SKETCH = 3,    /* lhc count sketch (SUM32) */
-	HG_PH_FALLBACK = 4,  /* lhc fallback of stalled blocks (SUM32) */
-	HG_PH_COUNT = 5,
+/* One aggregator of a job spread over several (hg_client_config.aggs). */
+struct hg_client_agg {
+	uint8_t mac[6];            /* its MAC (next hop) */
+	uint32_t ipv4;             /* its IPv4 address (host order) */
+	uint16_t udp_port;         /* its UDP port (0 = HG_UDP_PORT) */
 };
 
 struct hg_client_config {
@@ -62,11 +67,14 @@ struct hg_client_config {
 	uint32_t token;            /* job token */
 	uint32_t worker;           /* this worker's id, 0..workers-1 */
 	uint32_t workers;          /* W */
-	uint32_t slots;            /* S: aggregator slots of the job = window */
+	uint32_t slots;            /* S: slots of the job at each aggregator = window there */
 	uint32_t payload_bytes;    /* largest payload, multiple of 4, <= HG_MAX_PAYLOAD */
-	uint8_t agg_mac[6];        /* aggregator's MAC */
+	uint8_t agg_mac[6];        /* aggregator's MAC (naggs == 0) */
 	uint32_t agg_ipv4;         /* aggregator's IPv4 address (host order) */
 	uint16_t agg_udp_port;     /* aggregator's UDP port (0 = HG_UDP_PORT) */
+	uint32_t naggs;            /* K aggregators listed in aggs; 0 = the one above */
+	const struct hg_client_agg *aggs; /* K entries in the job's order (index =
+				    * shard); copied by hg_client_create */
 	uint32_t group_ipv4;       /* result multicast group; 0 = unicast results */
 	uint64_t rto_ns;           /* initial retransmission timeout (no RTT sample yet) */
 	uint32_t backoff_num;      /* timeout *= backoff_num / backoff_den per retry */
@@ -86,17 +94,33 @@ struct hg_client_stats {
 	uint64_t status_received;  /* STATUS replies (slot bitmaps) */
 	uint64_t packets_ignored;  /* received frames that were not for this client */
 	uint64_t tx_refused;       /* packets the port did not take (resent later) */
-	uint64_t bytes_sent[5];    /* HomAgg payload bytes sent, per enum hg_client_phase */
-	uint64_t bytes_received[5];/* result payload bytes placed, per phase */
+	uint64_t bytes_sent[HG_PH__COUNT];     /* HomAgg payload bytes sent, per enum hg_phase */
+	uint64_t bytes_received[HG_PH__COUNT]; /* result payload bytes placed, per phase */
 	uint64_t chunks;           /* distinct chunks of the allreduces so far */
 	uint64_t stalled_blocks;   /* lhc: blocks whose peeling stalled */
 	uint64_t fallback_lanes;   /* lhc: lanes of the fallback phase */
 	int method_chosen;         /* method of the last allreduce (auto's choice) */
-	uint64_t next_seq;         /* next chunk sequence number of the job */
+	uint64_t next_seq;         /* next chunk number c of the job (K = 1: its seq) */
 	uint64_t srtt_ns;          /* smoothed round-trip time (0 before the first sample) */
 	uint64_t rttvar_ns;        /* its mean deviation */
 	uint64_t rto_ns;           /* current retransmission timeout, backoff included */
 	uint64_t rtt_samples;      /* RTT samples taken (results of chunks sent once) */
+	uint32_t aggregators;      /* K; srtt/rttvar/rto above are of the aggregator
+				    * with the longest timeout, rtt_samples the total */
+};
+
+/* What a worker exchanged with one of its aggregators. */
+struct hg_client_agg_stats {
+	uint64_t packets_sent;     /* transmissions, retransmissions included */
+	uint64_t retransmissions;
+	uint64_t timeouts;         /* timer expiries of its chunks */
+	uint64_t results_received; /* first copies of results */
+	uint64_t status_received;
+	uint64_t bytes_sent;       /* HomAgg payload bytes sent to it */
+	uint64_t bytes_received;   /* result payload bytes placed from it */
+	uint64_t chunks;           /* distinct chunks assigned to it */
+	uint64_t next_seq;         /* its next sequence number (wraps at 2^32 on the wire) */
+	uint64_t srtt_ns, rttvar_ns, rto_ns, rtt_samples;
 };
 
 struct hg_client;
@@ -141,6 +165,9 @@ bool hg_client_busy(const struct hg_client *c);
 const char *hg_client_error_text(const struct hg_client *c);
 
 int hg_client_get_stats(const struct hg_client *c, struct hg_client_stats *st);
+/* Aggregator k's share (0..K-1).  Returns 0, -EINVAL or -ERANGE (k >= K). */
+int hg_client_get_agg_stats(const struct hg_client *c, uint32_t k,
+			    struct hg_client_agg_stats *st);
 /* cdef-end */
 
 #ifdef __cplusplus

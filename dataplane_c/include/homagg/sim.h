@@ -2,9 +2,11 @@
 /*
  * homagg/sim.h - a whole HomAgg cluster in one process and one thread.
  *
- * A software NIC fabric (homagg/nic.h, virtual time, seeded faults), one
- * aggregator port driven by the engine (homagg/engine.h), and for each job
- * W worker ports each driven by a worker client (homagg/client.h).  The
+ * A software NIC fabric (homagg/nic.h, virtual time, seeded faults), K
+ * aggregator ports each driven by an engine (homagg/engine.h), and for each
+ * job W worker ports each driven by a worker client (homagg/client.h).
+ * Every job is spread over the K aggregators (docs/PROTOCOL.md, "Several
+ * aggregators").  The
  * same engine and client bytes as on real ports; only the clock is virtual.
  *
  * hg_sim_run() is the event loop: poll the engine and every busy client
@@ -29,6 +31,7 @@ extern "C" {
 
 /* cdef-begin */
 #define HG_SIM_MAX_JOBS 16
+#define HG_SIM_MAX_AGGREGATORS 64
 
 struct hg_sim_config {
 	double loss;            /* probability a frame is dropped, per link hop */
@@ -43,6 +46,7 @@ struct hg_sim_config {
 	double agg_link_gbps;   /* line rate of the aggregator's link, 0 = link_gbps
 				 * (a real aggregator or switch port is usually
 				 * faster than one worker's link) */
+	uint32_t aggregators;   /* K aggregators every job is spread over (0 = 1) */
 };
 
 struct hg_sim_job_config {
@@ -128,8 +132,23 @@ int hg_sim_build_frame(const struct hg_sim *s, const struct hg_hdr *h,
 		       const uint8_t *payload, size_t payload_len,
 		       uint8_t *frame, size_t cap);
 
-/* The engine, for its counters (homagg/engine.h). */
+/*
+ * Aggregator k stops (its host dies) after_ns of virtual time from now: its
+ * engine is not polled again and what reaches its port is discarded.
+ * Returns 0 or -EINVAL / -ENOENT.
+ */
+int hg_sim_kill_aggregator(struct hg_sim *s, uint32_t k, uint64_t after_ns);
+
+/* Worker w's exchange with aggregator k (homagg/client.h). */
+int hg_sim_worker_agg_stats(const struct hg_sim *s, int job, uint32_t worker,
+			    uint32_t k, struct hg_client_agg_stats *st);
+
+/* The engine of aggregator 0, for its counters (homagg/engine.h). */
 struct hg_engine *hg_sim_engine(struct hg_sim *s);
+/* Aggregator k's engine and NIC port (its link's counters); NULL if k >= K. */
+struct hg_engine *hg_sim_aggregator_engine(struct hg_sim *s, uint32_t k);
+struct hg_nic_port *hg_sim_aggregator_port(struct hg_sim *s, uint32_t k);
+uint32_t hg_sim_aggregators(const struct hg_sim *s);
 /* The NIC fabric, for its counters (homagg/nic.h). */
 struct hg_nic_fabric *hg_sim_fabric(struct hg_sim *s);
 

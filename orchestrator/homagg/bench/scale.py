@@ -30,9 +30,8 @@ import numpy as np
 
 from homagg.bench import report as rep
 from homagg.bench import workloads
+from homagg.protocol import EXACT_METHODS, METHODS
 
-METHODS = ("dense", "blocks", "lhc", "nc", "auto")
-EXACT_METHODS = ("dense", "blocks", "lhc", "auto")
 DEFAULT_WORKERS = "8,16,32,64,128,256"
 # Bytes around every HomAgg payload on the wire: Ethernet + IPv4 + UDP + the
 # HomAgg header (homagg/wire.h HG_ETH_IP_UDP_LEN + HG_HDR_LEN).

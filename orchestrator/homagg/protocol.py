@@ -1,0 +1,141 @@
+"""The protocol's vocabulary: aggregation ops, phases and allreduce methods.
+
+Everything here is read at import from the C library's tables
+(dataplane_c/include/homagg/protocol.h, through cffi), so C stays the one
+place that defines them; no other module keeps its own list.
+
+- ``OPS``: op name -> :class:`Op` (wire code, lane widths, identity byte).
+- ``PHASES``: phase names in index order (the index of the per-phase byte
+  counters of a worker); ``PHASE``: name -> :class:`Phase` (with its op).
+- ``METHODS``: method names in wire-code order; ``METHOD``: name ->
+  :class:`Method` (its steps, each a tuple of phase names, and its flags).
+- ``EXACT_METHODS``: methods whose result is bit-exact (auto included);
+  ``AUTO_CANDIDATES``: the methods auto chooses from.
+
+Example::
+
+    >>> from homagg import protocol
+    >>> protocol.METHOD["lhc"].steps[0]
+    ('exponents', 'counts')
+    >>> protocol.PHASE["index"].op
+    'or'
+"""
+import dataclasses
+import errno
+
+from homagg.bindings import protocol as _b
+from homagg.errors import InvalidArgument
+
+
+@dataclasses.dataclass(frozen=True)
+class Op:
+    name: str
+    code: int
+    in_lane_bytes: int
+    acc_lane_bytes: int
+    identity: int
+    exp_max: int
+    doc: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Phase:
+    name: str
+    index: int
+    op: str
+    doc: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Method:
+    name: str
+    code: int
+    exact: bool
+    skip_zero: bool
+    auto_candidate: bool
+    chooses: bool
+    steps: tuple
+    doc: str
+
+    @property
+    def phases(self):
+        """Every phase of the method, in the order they are sent."""
+        return tuple(ph for step in self.steps for ph in step)
+
+
+OPS = {r["name"]: Op(r["name"], r["code"], r["in_lane"], r["acc_lane"], r["identity"],
+                    r["exp_max"], r["doc"]) for r in _b.op_table()}
+OP_BY_CODE = {o.code: o for o in OPS.values()}
+
+PHASE = {r["name"]: Phase(r["name"], r["index"], OP_BY_CODE[r["op"]].name, r["doc"])
+         for r in _b.phase_table()}
+PHASES = tuple(sorted(PHASE, key=lambda n: PHASE[n].index))
+
+
+def _method(r):
+    steps = tuple(tuple(ph for ph in PHASES if mask >> PHASE[ph].index & 1)
+                  for mask in r["steps"])
+    f = r["flags"]
+    return Method(r["name"], r["code"], bool(f & _b.MF_EXACT), bool(f & _b.MF_SKIP_ZERO),
+                  bool(f & _b.MF_CANDIDATE), bool(f & _b.MF_CHOOSES), steps, r["doc"])
+
+
+METHOD = {r["name"]: _method(r) for r in _b.method_table()}
+METHODS = tuple(sorted(METHOD, key=lambda n: METHOD[n].code))
+METHOD_BY_CODE = {m.code: m for m in METHOD.values()}
+EXACT_METHODS = tuple(m for m in METHODS if METHOD[m].exact)
+AUTO_CANDIDATES = tuple(m for m in METHODS if METHOD[m].auto_candidate)
+
+
+def method(name):
+    """The Method called name; InvalidArgument naming the choices otherwise."""
+    try:
+        return METHOD[name]
+    except (KeyError, TypeError):
+        raise InvalidArgument(f"unknown method {name!r} (one of {', '.join(METHODS)})",
+                              -errno.EINVAL) from None
+
+
+def method_name(code, default="none"):
+    """The name of a method's wire code (default for 0 or an unknown one)."""
+    m = METHOD_BY_CODE.get(code)
+    return m.name if m else default
+
+
+def op_code(op):
+    """The wire code of an op given by name ('sum32', ...) or code."""
+    if isinstance(op, str):
+        try:
+            return OPS[op.lower()].code
+        except KeyError:
+            raise InvalidArgument(f"unknown aggregation op {op!r} (one of {', '.join(OPS)})",
+                                  -errno.EINVAL) from None
+    return op
+
+
+def run_steps(name, chosen=None, via=None):
+    """The steps an allreduce of method name sends.  For a method that
+    chooses (auto): its own steps, then, when its first choice ``via`` has an
+    index step (union), that method's steps up to the index step, then the
+    steps of the finally ``chosen`` method; a step whose phases were all sent
+    already is skipped (docs/PROTOCOL.md "auto's rule")."""
+    m = method(name)
+    if not m.chooses:
+        return m.steps
+    if chosen is None:
+        raise InvalidArgument(f"{name}: the steps after its own depend on the method it chose")
+    steps = list(m.steps)
+    sent = {ph for st in steps for ph in st}
+
+    def unsent(meth, stop_at_index):
+        for st in method(meth).steps:
+            if set(st) - sent:
+                steps.append(st)
+                sent.update(st)
+                if stop_at_index and "index" in st:
+                    return
+
+    if via is not None:
+        unsent(via, True)
+    unsent(chosen, False)
+    return tuple(steps)

@@ -1,0 +1,189 @@
+"""A job over several aggregators (docs/PROTOCOL.md, "Several aggregators").
+
+Through the NIC model (homagg.sim.Cluster(aggregators=K)): every exact
+method is bit-identical to the numpy oracle with K = 1, 2, 3 under loss,
+duplication and reordering, also over successive allreduces (the chunk
+counter runs on, so steps start at any aggregator); chunks are spread
+evenly (each aggregator gets 1/K of the bytes, within 10%); an aggregator
+that dies mid-job is named in every worker's error within the timeout, and
+re-running with the K - 1 others is exact.
+"""
+import socket
+import time
+
+import numpy as np
+import pytest
+
+from homagg.bench import workloads
+from homagg.errors import InvalidArgument, PeerTimeout
+from homagg.protocol import EXACT_METHODS
+from homagg.sim import Cluster
+
+from reference import allreduce as oracle_allreduce
+from test_port_udp import BLOCK as UDP_BLOCK
+from test_sim import BLOCK, assert_bits_equal, check_result, make_grads
+
+pytestmark = pytest.mark.sanitize
+
+EXACT = EXACT_METHODS
+FAULTS = {"loss": 0.02, "duplicate": 0.02, "reorder": 0.05}
+
+
+@pytest.mark.parametrize("aggregators", (1, 2, 3))
+@pytest.mark.parametrize("method", EXACT)
+def test_exact_over_k_aggregators_under_faults(method, aggregators):
+    grads = make_grads(4, 20000, density=0.05, seed=70 + aggregators)
+    with Cluster(workers=4, aggregators=aggregators, seed=aggregators, slots=8,
+                 **FAULTS) as cl:
+        res = cl.allreduce(grads, method=method, block_elements=BLOCK)
+        check_result(res, grads)
+        fab = cl.fabric_counters()
+        assert fab["dropped_loss"] > 0 and fab["duplicated"] > 0 and fab["reordered"] > 0
+        for k in range(aggregators):
+            eng = cl.aggregator_counters(k)["engine"]
+            assert eng["completed"] > 0, f"aggregator {k} summed nothing"
+
+
+def test_successive_allreduces_k3_start_at_every_aggregator():
+    """Steps of odd lengths move the first chunk of the next step around
+    the aggregators; every allreduce stays exact."""
+    with Cluster(workers=3, aggregators=3, seed=5, slots=4, loss=0.01, reorder=0.01) as cl:
+        bases = set()
+        for i, n in enumerate((700, 1300, 257, 4100, 999)):
+            grads = make_grads(3, n, density=0.2, seed=80 + i, zero_blocks=False)
+            bases.add(cl.job.worker_stats(0)["next_seq"] % 3)
+            check_result(cl.allreduce(grads, method=EXACT[i % len(EXACT)],
+                                      block_elements=BLOCK), grads)
+        assert bases == {0, 1, 2}
+        st = cl.job.worker_stats(0)
+        assert st["aggregators"] == 3
+        per = [cl.job.worker_aggregator_stats(0, k) for k in range(3)]
+        assert sum(a["chunks"] for a in per) == st["chunks"]
+        assert [a["next_seq"] for a in per] == [
+            len(range(k, st["next_seq"], 3)) for k in range(3)]
+
+
+@pytest.mark.parametrize("aggregators", (2, 3, 4))
+@pytest.mark.parametrize("method", ("lhc", "dense"))
+def test_chunks_spread_evenly(method, aggregators):
+    """The benchmark workload (2^18 float32, zipf 1%)."""
+    W, n = 8, 2**18
+    grads = workloads.generate_all("zipf", W, n, 0.01, 1)
+    with Cluster(workers=W, aggregators=aggregators, seed=1, slots=16) as cl:
+        res = cl.allreduce(grads, method=method)
+        worker_bytes = [[cl.job.worker_aggregator_stats(w, k)["bytes_sent"]
+                         for k in range(aggregators)] for w in range(W)]
+        link_rx = [cl.aggregator_counters(k)["link"]["rx_bytes"] for k in range(aggregators)]
+    for w, per in enumerate(worker_bytes):
+        total = sum(per)
+        for k, b in enumerate(per):
+            assert abs(b - total / aggregators) <= 0.1 * total / aggregators, (w, k, per)
+    total = sum(link_rx)
+    for k, b in enumerate(link_rx):
+        assert abs(b - total / aggregators) <= 0.1 * total / aggregators, (k, link_rx)
+    assert res.stats["workers"][0]["aggregators"] == aggregators
+
+
+def test_dead_aggregator_is_named_and_k_minus_1_recovers():
+    grads = make_grads(4, 40000, density=0.3, seed=90, zero_blocks=False)
+    timeout = 0.05
+    with Cluster(workers=4, aggregators=3, seed=4, timeout=timeout, slots=8,
+                 link_gbps=1.0) as cl:
+        cl.kill_aggregator(1, after=50e-6)
+        with pytest.raises(PeerTimeout) as ei:
+            cl.allreduce(grads, method="dense", block_elements=BLOCK)
+        exc = ei.value
+        assert len(exc.failures) == 4
+        for f in exc.failures:
+            assert "aggregator 10.0.1.1:48879 (shard 1 of 3)" in str(f), str(f)
+        assert timeout <= exc.stats["virtual_time"] <= 2 * timeout
+        # the others answered: aggregator 1 is the only one named
+        assert "shard 0" not in str(exc) and "shard 2" not in str(exc)
+    # Recovery: re-run the step with the K - 1 live aggregators.
+    with Cluster(workers=4, aggregators=2, seed=4, timeout=timeout, slots=8,
+                 link_gbps=1.0) as cl:
+        check_result(cl.allreduce(grads, method="dense", block_elements=BLOCK), grads)
+
+
+def test_aggregator_silent_from_the_start():
+    grads = make_grads(2, 3000, seed=91)
+    with Cluster(workers=2, aggregators=2, seed=4, timeout=0.02) as cl:
+        cl.kill_aggregator(0)
+        with pytest.raises(PeerTimeout) as ei:
+            cl.allreduce(grads, method="dense", block_elements=BLOCK)
+    assert "no answer from aggregator 10.0.0.1:48879 (shard 0 of 2)" in str(ei.value)
+
+
+def test_bad_aggregator_count():
+    with pytest.raises(InvalidArgument, match="aggregators"):
+        Cluster(workers=2, aggregators=0)
+    with pytest.raises(InvalidArgument, match="aggregators"):
+        Cluster(workers=2, aggregators=65)
+    with Cluster(workers=2, aggregators=2) as cl:
+        with pytest.raises(InvalidArgument, match="aggregator 2"):
+            cl.kill_aggregator(2)
+
+
+def test_same_result_whatever_k():
+    grads = make_grads(5, 5000, density=0.1, seed=92)
+    outs = []
+    for k in (1, 2, 5):
+        with Cluster(workers=5, aggregators=k, seed=k, loss=0.005) as cl:
+            outs.append(cl.allreduce(grads, method="auto", block_elements=BLOCK).sum)
+    for o in outs[1:]:
+        assert_bits_equal(o, outs[0])
+
+
+# ---- homagg.worker.Worker over kernel UDP, K engines on loopback ----------
+
+def _udp_allreduce(addresses, job, grads, method, timeout=10.0):
+    """test_port_udp's threads, one Worker each, block UDP_BLOCK."""
+    from test_port_udp import run
+
+    stats = []
+    out, err = run(None, job, 5, grads, method, timeout=timeout, aggregators=addresses,
+                   stats=stats)
+    return out, err, stats
+
+
+@pytest.mark.parametrize("method", ("dense", "lhc"))
+def test_worker_over_two_udp_aggregators(method):
+    from test_port_udp import LoopbackAggregator, grads_of
+
+    aggs = [LoopbackAggregator(), LoopbackAggregator()]
+    try:
+        for k, a in enumerate(aggs):
+            a.engine.add_job(job=31, token=5, workers=3, slots=8)
+        grads = grads_of(3, 20000, seed=3, density=0.3)
+        out, err, stats = _udp_allreduce([a.address for a in aggs], 31, grads, method)
+        assert err == [None] * 3
+        want = oracle_allreduce(grads, UDP_BLOCK)
+        for y in out:
+            assert y.tobytes() == want.tobytes()
+        for k, a in enumerate(aggs):
+            assert a.engine.counters()["completed"] > 0
+            for st in stats:
+                assert st["aggregators"][k]["results_received"] > 0
+    finally:
+        for a in aggs:
+            a.close()
+
+
+def test_worker_names_the_silent_udp_aggregator():
+    from test_port_udp import LoopbackAggregator
+
+    live = LoopbackAggregator()
+    silent = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    silent.bind(("127.0.0.1", 0))
+    try:
+        live.engine.add_job(job=32, token=5, workers=1, slots=8)
+        addr = silent.getsockname()
+        t0 = time.monotonic()
+        _out, err, _st = _udp_allreduce([live.address, addr], 32,
+                                        [np.ones(5000, np.float32)], "dense", timeout=0.5)
+        assert time.monotonic() - t0 < 5.0
+        assert isinstance(err[0], PeerTimeout)
+        assert f"no answer from aggregator 127.0.0.1:{addr[1]} (shard 1 of 2)" in str(err[0])
+    finally:
+        silent.close()
+        live.close()
