@@ -1067,28 +1067,16 @@ int hg_lhc_decode(const struct hg_lhc *l, const uint8_t *gfallback_be32,
 	vec = hg_union_vec();
 	for (size_t b = 0; b < l->nb; b++) {
 		const struct lhc_block *bk = &l->blk[b];
-		size_t len = hg_block_len(&l->p, l->n, b);
 		float *yb = y + b * l->p.block;
-		const uint16_t *pos = l->cand_pos + bk->cand_off;
-		const int32_t *val = l->values + bk->cand_off;
 		const size_t end = bk->cand_off + bk->ncand;
 		double scale;
 
-		if (!bk->ncand) {
-			memset(yb, 0, len * sizeof(float));
+		/* peeled values (0 where unresolved), then the fallback's */
+		hg_decode_block(l, b, (const uint8_t *)(l->values + bk->cand_off),
+				false, vec, yb);
+		if (u == l->info.fallback_lanes || l->unresolved[u] >= end)
 			continue;
-		}
 		scale = hg_pow2(-hg_scale_shift(&l->p, l->gcodes[b]));
-		if (vec && bk->kind == LHC_BITMAP) {
-			/* zeros and peeled values in one write of the block */
-			hg_scatter_bitmap(l->gindex + bk->index_off,
-					  (uint32_t)len, (const uint8_t *)val,
-					  false, scale, yb);
-		} else {
-			memset(yb, 0, len * sizeof(float));
-			for (uint32_t j = 0; j < bk->ncand; j++)
-				yb[pos[j]] = (float)((double)val[j] * scale);
-		}
 		for (; u < l->info.fallback_lanes && l->unresolved[u] < end;
 		     u++)
 			yb[l->cand_pos[l->unresolved[u]]] = (float)(

@@ -64,6 +64,15 @@ bool hg_union_vec(void);
 void hg_scatter_bitmap(const uint8_t *gbm, uint32_t len, const uint8_t *in,
 		       bool be, double scale, float *y);
 
+/*
+ * Decode block b of the plan into yb from one int32 sum per candidate
+ * (big-endian lanes when be, host order otherwise): +0 at non-candidates,
+ * every element written once (the vector scatter when vec and the block
+ * has a bitmap).  Shared by union and lhc decode.
+ */
+void hg_decode_block(const struct hg_lhc *l, size_t b, const uint8_t *in,
+		     bool be, bool vec, float *yb);
+
 /* 0 when the scan s is of a tensor of the plan's length and blocking. */
 static inline int lhc_scan_matches(const struct hg_lhc *l,
 				   const struct hg_scan *s)

@@ -255,6 +255,34 @@ void hg_scatter_bitmap(const uint8_t *gbm, uint32_t len, const uint8_t *in,
 	}
 }
 
+void hg_decode_block(const struct hg_lhc *l, size_t b, const uint8_t *in,
+		     bool be, bool vec, float *yb)
+{
+	const struct lhc_block *bk = &l->blk[b];
+	const size_t len = hg_block_len(&l->p, l->n, b);
+	const uint16_t *cand = l->cand_pos + bk->cand_off;
+	double scale;
+
+	if (!bk->ncand) {
+		memset(yb, 0, len * sizeof(float));
+		return;
+	}
+	scale = hg_pow2(-hg_scale_shift(&l->p, l->gcodes[b]));
+	if (vec && bk->kind == LHC_BITMAP) {
+		hg_scatter_bitmap(l->gindex + bk->index_off, (uint32_t)len, in,
+				  be, scale, yb);
+		return;
+	}
+	memset(yb, 0, len * sizeof(float));
+	for (uint32_t j = 0; j < bk->ncand; j++) {
+		uint32_t v;
+
+		memcpy(&v, in + 4 * (size_t)j, 4);
+		v = be ? __builtin_bswap32(v) : v;
+		yb[cand[j]] = (float)((double)(int32_t)v * scale);
+	}
+}
+
 int hg_union_decode(const struct hg_lhc *l, const uint8_t *gvals_be32,
 		    float *y)
 {
@@ -264,29 +292,8 @@ int hg_union_decode(const struct hg_lhc *l, const uint8_t *gvals_be32,
 	    (l->info.candidates && !gvals_be32))
 		return -EINVAL;
 	vec = hg_union_vec();
-	for (size_t b = 0; b < l->nb; b++) {
-		const struct lhc_block *bk = &l->blk[b];
-		const size_t len = hg_block_len(&l->p, l->n, b);
-		const uint16_t *cand = l->cand_pos + bk->cand_off;
-		const uint8_t *in = gvals_be32 + 4 * bk->cand_off;
-		float *yb = y + b * l->p.block;
-		double scale;
-
-		if (!bk->ncand) {
-			memset(yb, 0, len * sizeof(float));
-			continue;
-		}
-		scale = hg_pow2(-hg_scale_shift(&l->p, l->gcodes[b]));
-		if (vec && bk->kind == LHC_BITMAP) {
-			hg_scatter_bitmap(l->gindex + bk->index_off,
-					  (uint32_t)len, in, true, scale, yb);
-			continue;
-		}
-		memset(yb, 0, len * sizeof(float));
-		for (uint32_t j = 0; j < bk->ncand; j++)
-			yb[cand[j]] = (float)((double)(int32_t)hg_ld_be32(
-						      in + 4 * (size_t)j) *
-					      scale);
-	}
+	for (size_t b = 0; b < l->nb; b++)
+		hg_decode_block(l, b, gvals_be32 + 4 * l->blk[b].cand_off, true,
+				vec, y + b * l->p.block);
 	return 0;
 }

@@ -190,8 +190,9 @@ def nnz_counts(p, x):
     return nnz_counts_into(p, x, np.empty(nblocks(p, x.size), dtype=BE32))
 
 
-def exp_nnz_encode_into(p, x, codes, counts):
-    """hg_exp_nnz_encode: exponent codes and non-zero counts in one pass."""
+def _meta_call(name, fn, p, x, codes, counts):
+    """A call writing codes (int8) and counts ('>i4') of x, with its
+    first non-finite index turned into NonFiniteValue."""
     _f32(x)
     nb = nblocks(p, x.size)
     _i8(codes, "codes", writable=True)
@@ -199,11 +200,17 @@ def exp_nnz_encode_into(p, x, codes, counts):
     _length(codes, nb, "codes", "blocks")
     _length(counts, nb, "counts", "lanes")
     bad = ffi.new("size_t *", _U64_MAX)
-    rc = lib.hg_exp_nnz_encode(p, _buf("float[]", x), x.size, _wbuf("int8_t[]", codes),
-                               _wbuf("uint8_t[]", counts), bad)
+    rc = fn(_buf("float[]", x), x.size, _wbuf("int8_t[]", codes), _wbuf("uint8_t[]", counts),
+            bad)
     index = None if bad[0] == _U64_MAX else int(bad[0])
-    _check_x(rc, p, x, "hg_exp_nnz_encode", index)
+    _check_x(rc, p, x, name, index)
     return codes, counts
+
+
+def exp_nnz_encode_into(p, x, codes, counts):
+    """hg_exp_nnz_encode: exponent codes and non-zero counts in one pass."""
+    return _meta_call("hg_exp_nnz_encode", lambda *a: lib.hg_exp_nnz_encode(p, *a),
+                      p, x, codes, counts)
 
 
 def exp_nnz_encode(p, x):
@@ -240,18 +247,9 @@ def scan_new():
 def scan_encode_into(scan, p, x, codes, counts):
     """hg_scan_encode: one pass over x; codes (int8) and counts ('>i4')
     as hg_exp_nnz_encode writes them."""
-    _f32(x)
-    nb = nblocks(p, x.size)
-    _i8(codes, "codes", writable=True)
-    _be32(counts, "counts", writable=True)
-    _length(codes, nb, "codes", "blocks")
-    _length(counts, nb, "counts", "lanes")
-    bad = ffi.new("size_t *", _U64_MAX)
     scan.n = None
-    rc = lib.hg_scan_encode(scan.ptr, p, _buf("float[]", x), x.size, _wbuf("int8_t[]", codes),
-                            _wbuf("uint8_t[]", counts), bad)
-    index = None if bad[0] == _U64_MAX else int(bad[0])
-    _check_x(rc, p, x, "hg_scan_encode", index)
+    _meta_call("hg_scan_encode", lambda *a: lib.hg_scan_encode(scan.ptr, p, *a),
+               p, x, codes, counts)
     scan.params = p
     scan.n = x.size
     return codes, counts
