@@ -143,7 +143,8 @@ class Cluster:
                                   payload_bytes=payload,
                                   unicast_results=not multicast,
                                   agg_link_gbps=self.agg_link_gbps,
-                                  aggregators=int(aggregators))
+                                  aggregators=int(aggregators),
+                                  pool_frames=self._pool_frames(workers, slots, aggregators))
         self.aggregators = int(aggregators)
         self._timeout = timeout
         self._rto = rto
@@ -153,6 +154,13 @@ class Cluster:
         self.max_time = max_time
         self.jobs = []
         self.job = self.add_job(workers)
+
+    @staticmethod
+    def _pool_frames(workers, slots, aggregators):
+        """Fabric buffers for the first job's worst case: every worker's
+        window full at every aggregator, each request and each result copy
+        (multicast: one per worker) holding a buffer; at least 65536."""
+        return max(65536, min(1 << 20, 2 * workers * slots * aggregators + 8192))
 
     # ---- lifecycle -------------------------------------------------------
     def close(self):
