@@ -18,6 +18,7 @@ import uuid
 import numpy as np
 import pytest
 
+from homagg.control import ControlError
 from homagg.errors import PeerTimeout
 from homagg.worker import Worker
 
@@ -286,6 +287,38 @@ def test_switch_benchmark_sums_every_frame():
         assert r["received"] > 0 and r["summed"] == r["received"]
         assert abs(r["summed"] - W * r["completed"]) <= 2 * W
         assert r["mpps"] > 0 and r["engine_mpps"] > 0
+
+
+def test_one_job_spread_over_two_engine_lcores(link, tmp_path):
+    """--lcores 2: one job's slots are spread over both engine lcores
+    ((job + slot) % 2), the result stays exact and each lcore sums its half."""
+    d = Daemon(tmp_path / "spread", ["--vdev", f"net_af_packet0,iface={link.dev_switch}"],
+               ["--port-ip", link.switch_ip, "--lcores", "2",
+                *([] if link.csum_complete else ["--no-udp-csum"])],
+               netns=link.ns_switch, lcores="0@0,1@1,2@1")
+    try:
+        d.wait_ready()
+        with d.client() as c:
+            c.add_job(job=30, token=3, workers=2, slots=32, group=GROUP)
+        grads = gradients(2, 60000, seed=8)
+        threads, results, errors, _stats = run_workers(link, 30, 3, grads, "dense", group=GROUP)
+        join_all(threads, 60)
+        assert errors == [None, None], errors
+        expected = oracle_allreduce(grads, BLOCK)
+        for y in results:
+            assert y.tobytes() == expected.tobytes()
+        with d.client() as c:
+            st = c.stats()
+            c.remove_job(30)
+            with pytest.raises(ControlError):
+                c.remove_job(30)
+        summed = st["engine_summed"]
+        assert len(summed) == 2 and sum(summed) == st["stats"]["summed"]
+        # consecutive slots alternate between the lcores: an even split
+        assert abs(summed[0] - summed[1]) <= 0.1 * sum(summed), summed
+    finally:
+        d.stop()
+    assert d.proc.returncode == 0
 
 
 def test_two_engine_lcores_serve_two_jobs_at_once(link, tmp_path):
