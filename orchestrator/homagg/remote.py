@@ -24,7 +24,7 @@ process while a run is in progress.  A PID file holds "PID STARTTIME" (from
 group, SIGKILL after 10 s) and removes INSTALL_DIR/run/.
 
 An inventory with several aggregator hosts spreads every job over all of
-them, in inventory order (aggregator k of K gets ``shard`` k at add_job,
+them, in inventory order (shard k is the k-th aggregator host,
 docs/PROTOCOL.md "Several aggregators"): ``up`` starts a daemon on each,
 ``run`` registers the job on each and gives every worker the K addresses,
 ``down`` stops them all.
@@ -402,9 +402,9 @@ def run_allreduce(inventory: inv.Inventory, method: str, elements: int, density:
                               ", ".join(f"host '{n}'" for n in down_aggs) +
                               f": start it with `homagg up -i {inventory.path}`")
         before = []
-        for k, a in enumerate(aggs):
+        for a in aggs:
             a.control({"cmd": "add_job", "job": job, "token": token, "workers": W, "slots": slots,
-                       "payload": payload, "group": group, **localrun.shard_option(k, len(aggs))})
+                       "payload": payload, "group": group})
             registered.append(a)
             before.append(a.control({"cmd": "stats"}))
         agg_addrs = [(a.h.address, localrun.UDP_PORT) for a in aggs]

@@ -341,10 +341,10 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
                               idle_us=idle_us, idle_polls=idle_polls, host=h.name))
         sw = sws[0]
         before = []
-        for k, s in enumerate(sws):
+        for s in sws:
             with s.client() as c:
                 c.add_job(job=job, token=token, workers=W, slots=slots, payload=payload,
-                          group=group, **shard_option(k, len(sws)))
+                          group=group)
                 before.append(c.stats())
         agg_addrs = [(s.ip, UDP_PORT) for s in sws]
         env = dict(os.environ)
@@ -450,10 +450,6 @@ def sum_dicts(ds: list[dict]) -> dict:
             out[k] = out.get(k, 0) + v
     return out
 
-
-def shard_option(k: int, K: int) -> dict:
-    """add_job's ``shard`` option for aggregator k of K (none when K = 1)."""
-    return {"shard": k} if K > 1 else {}
 
 
 def _readline(p, timeout: float) -> str:
