@@ -235,3 +235,22 @@ def test_testbed_two_dpdk_aggregators_exact(testbed_k2, method):
         sent = [a["bytes_sent"] for a in st["aggregators"]]
         assert abs(sent[0] - sent[1]) <= 0.1 * sum(sent) / 2, sent
     assert testbed_k2.state()["processes"] == []
+
+
+@pytest.mark.root
+@pytest.mark.netns
+@pytest.mark.dpdk
+@pytest.mark.timeout(300)
+def test_testbed_dead_aggregator_is_named(testbed_k2):
+    from homagg import run as runmod
+
+    dead = testbed_k2.host("agg1")
+    with pytest.raises(runmod.RunError) as ei:
+        runmod.run_allreduce(testbed_k2.name, "dense", elements=20_000, density=1.0,
+                             workload="dense", seed=12, timeout=1.0,
+                             state_dir=testbed_k2.state_dir, fail_aggregators=("agg1",))
+    text = str(ei.value)
+    assert "failed on 3 of 3 workers" in text, text
+    assert text.count(f"no answer from aggregator {dead.ip}:48879 (shard 1 of 2)") == 3, text
+    assert "shard 0 of 2" not in text
+    assert testbed_k2.state()["processes"] == []

@@ -320,11 +320,13 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
                   rto: float = 0.005, pmd: str = "auto", switch: str | None = None,
                   state_dir: str | None = None, group: str = "239.77.0.1",
                   drop_rate: float = 0.0, idle_us: int = IDLE_US,
-                  idle_polls: int = IDLE_POLLS) -> dict:
+                  idle_polls: int = IDLE_POLLS, fail_aggregators: tuple = ()) -> dict:
     """One allreduce on testbed ``testbed``; returns the report dict (see
     the module doc).  Every process it starts is stopped before it returns.
     ``drop_rate`` makes the daemon's port drop that fraction of the frames it
-    receives (fault injection; retransmissions repair it)."""
+    receives (fault injection; retransmissions repair it).
+    ``fail_aggregators`` (host names, e.g. ("agg1",)) are stopped once the
+    job is registered on them: the workers' error must name them."""
     check_arguments(method, elements, density)
     if workload not in WORKLOADS:
         raise RunError(f"workload {workload!r} not in {WORKLOADS}")
@@ -347,6 +349,10 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
                           group=group)
                 before.append(c.stats())
         agg_addrs = [(s.ip, UDP_PORT) for s in sws]
+        unknown = set(fail_aggregators) - {s.host for s in sws}
+        if unknown:
+            raise RunError(f"fail_aggregators: no aggregator host {sorted(unknown)} "
+                           f"(the testbed has {[s.host for s in sws]})")
         env = dict(os.environ)
         pkg_root = str(pathlib.Path(__file__).resolve().parents[1])
         env["PYTHONPATH"] = pkg_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -365,6 +371,9 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
             line = _readline(p, 60.0)
             if line.strip() != "ready":
                 raise RunError(f"worker {h.name} did not start: {line!r} {_stderr(p)}")
+        for s in sws:
+            if s.host in fail_aggregators:
+                s.stop()
         link0 = [_link_bytes(tb, h.name) for h in workers]
         agg_link0 = [_link_bytes(tb, s.host) for s in sws]
         t0 = time.perf_counter()
@@ -389,10 +398,15 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
         agg_link1 = [_link_bytes(tb, s.host) for s in sws]
         after = []
         for s in sws:
+            if s.proc is None:  # stopped by fail_aggregators
+                after.append(None)
+                continue
             with s.client() as c:
                 after.append(c.stats())
                 with contextlib.suppress(HomAggError):
                     c.remove_job(job)
+        if not failures and None in after:
+            failures.append("every worker finished although an aggregator was stopped")
         if failures:
             raise RunError(f"allreduce {method} failed on {len(failures)} of {W} workers: "
                            + "; ".join(failures))
