@@ -449,8 +449,8 @@ def test_nc_is_deterministic_per_seed():
     c = codec.simulate_allreduce(grads, method="nc", seed=5, block_elements=64)
     d = codec.simulate_allreduce(grads, method="nc", seed=6, block_elements=64)
     assert np.array_equal(a.sum, c.sum) and not np.array_equal(a.sum, d.sum)
-    assert a.stats["bytes_sent"]["values"] == 300
-    assert a.stats["bytes_received"]["values"] == 4 * 300
+    assert a.stats["bytes_sent"]["codes"] == 300
+    assert a.stats["bytes_received"]["codes"] == 4 * 300
 
 
 # ---- auto ----------------------------------------------------------------------

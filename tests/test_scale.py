@@ -16,7 +16,8 @@ import pytest
 
 from homagg.bench import workloads
 from homagg.errors import InvalidArgument, PeerTimeout
-from homagg.sim import METHODS, Cluster
+from homagg.protocol import EXACT_METHODS
+from homagg.sim import Cluster
 
 from reference import allreduce as oracle_allreduce
 from test_port_udp import BLOCK as UDP_BLOCK
@@ -24,7 +25,7 @@ from test_sim import BLOCK, assert_bits_equal, check_result, make_grads
 
 pytestmark = pytest.mark.sanitize
 
-EXACT = tuple(m for m in METHODS if m != "nc")
+EXACT = EXACT_METHODS
 FAULTS = {"loss": 0.02, "duplicate": 0.02, "reorder": 0.05}
 
 

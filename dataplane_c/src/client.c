@@ -1,11 +1,14 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The worker client (homagg/client.h): one allreduce as a state machine of
- * steps.  A step is one or two streams of lanes aggregated with one op each
- * (the meta step sends the exponents and the non-zero counts together); it
- * is cut into chunks of at most payload_bytes, numbered with consecutive
- * job sequence numbers.  A step starts only when the previous one is
- * complete, because its size and contents come from the previous results.
+ * steps.  The method table (homagg/protocol.h) lists each method's steps;
+ * a step is one or more phases, each a stream of lanes aggregated with the
+ * phase's op (lhc's first step sends the exponents and the non-zero counts
+ * together).  A step is cut into chunks of at most payload_bytes, numbered
+ * with consecutive job sequence numbers.  A step starts only when the
+ * previous one is complete, because its size and contents come from the
+ * previous results.  Each phase has an encoder and a decoder here
+ * (phase_codec[]); the codec (homagg/codec.h) does the arithmetic.
  *
  Several aggregators (docs/PROTOCOL.md): chunk number c (one 64-bit
  * counter of the job) goes to aggregator a = c % K as its seq c / K; K = 1
@@ -44,28 +47,16 @@
 
 enum stage {
 	ST_IDLE = 0,
-	ST_META,
-	ST_VALUES,
-	ST_INDEX,
-	ST_SKETCH,
-	ST_FALLBACK,
+	ST_RUNNING,
 	ST_DONE,
 	ST_FAILED,
 };
 
-static const char *const phase_names[HG_PH_COUNT] = {
-	[HG_PH_META] = "exponents",
-	[HG_PH_VALUES] = "values",
-	[HG_PH_INDEX] = "index",
-	[HG_PH_SKETCH] = "sketch",
-	[HG_PH_FALLBACK] = "fallback",
-};
-
-/* One run of lanes aggregated with one op. */
+/* One phase's run of lanes, aggregated with the phase's op. */
 struct stream {
 	enum hg_op op;
 	int8_t exp;
-	enum hg_client_phase phase;
+	enum hg_phase phase;
 	const uint8_t *in;      /* lanes * in_lane bytes, as sent */
 	uint8_t *out;           /* lanes * acc_lane bytes, the results */
 	size_t lanes;
@@ -76,7 +67,7 @@ struct stream {
 };
 
 struct step {
-	struct stream s[2];
+	struct stream s[HG_PH__COUNT];
 	int nstreams;
 	uint64_t base;          /* chunk number c of its first chunk */
 	size_t nchunks;
@@ -138,8 +129,8 @@ struct hg_client {
 	enum stage stage;
 	int rc;                 /* result once ST_DONE / ST_FAILED */
 	struct hg_params p;
-	int method;             /* as asked */
-	int method_eff;         /* after auto's choice */
+	const struct hg_method_info *mi; /* the method (after auto's choice) */
+	uint32_t step;          /* index of the current step in mi->steps */
 	const float *x;
 	float *y;
 	size_t n, nblocks;
@@ -152,9 +143,8 @@ struct hg_client {
 	uint64_t next_chunk;    /* chunk number c of the next chunk */
 	struct flight *fl;      /* K * S entries */
 	struct buf done;        /* one byte per chunk of the step */
-	struct buf lcodes, gcodes, lcounts, gcounts;
-	struct buf tx, rx;      /* values / index / sketch / fallback */
-	struct buf fb_tx, fb_rx;
+	struct buf tx[HG_PH__COUNT];  /* per phase: this worker's lanes */
+	struct buf rx[HG_PH__COUNT];  /* per phase: the aggregated lanes */
 
 	struct hg_client_stats stats;
 	char err[256];
@@ -283,14 +273,10 @@ void hg_client_destroy(struct hg_client *c)
 		return;
 	client_release_lhc(c);
 	buf_free(&c->done);
-	buf_free(&c->lcodes);
-	buf_free(&c->gcodes);
-	buf_free(&c->lcounts);
-	buf_free(&c->gcounts);
-	buf_free(&c->tx);
-	buf_free(&c->rx);
-	buf_free(&c->fb_tx);
-	buf_free(&c->fb_rx);
+	for (int ph = 0; ph < HG_PH__COUNT; ph++) {
+		buf_free(&c->tx[ph]);
+		buf_free(&c->rx[ph]);
+	}
 	free(c->fl);
 	free(c->agg);
 	free(c);
@@ -441,15 +427,25 @@ static struct flight *flight_of(const struct hg_client *c, size_t k)
 
 /* ---- frames ------------------------------------------------------------ */
 
+/* The stream chunk k of the step belongs to. */
+static const struct stream *chunk_stream(const struct step *st, size_t k)
+{
+	int i = st->nstreams - 1;
+
+	while (i > 0 && k < st->s[i].first_chunk)
+		i--;
+	return &st->s[i];
+}
+
 /*
  * Write the frame of chunk k of the step into pkt: Ethernet / IPv4 / UDP to
  * the aggregator, the HomAgg header, the chunk's lanes as they are in the
  * stream's input buffer (already big-endian).  Returns the payload bytes.
  */
 static size_t build_chunk(struct hg_client *c, struct hg_pkt *pkt, size_t k,
-			  bool retrans, enum hg_client_phase *phase)
+			  bool retrans, enum hg_phase *phase)
 {
-	const struct stream *s = &c->st.s[0];
+	const struct stream *s = chunk_stream(&c->st, k);
 	uint64_t chunk = c->st.base + k;
 	uint32_t a = (uint32_t)(chunk % c->naggs);
 	uint32_t seq = (uint32_t)(chunk / c->naggs);
@@ -457,8 +453,6 @@ static size_t build_chunk(struct hg_client *c, struct hg_pkt *pkt, size_t k,
 	size_t first, lanes, bytes;
 	int len;
 
-	if (c->st.nstreams > 1 && k >= c->st.s[1].first_chunk)
-		s = &c->st.s[1];
 	first = (k - s->first_chunk) * s->per_chunk;
 	lanes = s->lanes - first < s->per_chunk ? s->lanes - first : s->per_chunk;
 	bytes = lanes * s->in_lane;
@@ -484,20 +478,20 @@ static size_t build_chunk(struct hg_client *c, struct hg_pkt *pkt, size_t k,
 
 /* ---- steps ------------------------------------------------------------- */
 
-static void stream_set(struct stream *s, enum hg_op op, int exp,
-		       enum hg_client_phase phase, const uint8_t *in,
-		       uint8_t *out, size_t lanes, uint32_t payload)
+static void stream_set(struct stream *s, enum hg_phase phase, int exp,
+		       const uint8_t *in, uint8_t *out, size_t lanes,
+		       uint32_t payload)
 {
 	size_t widest;
 
-	s->op = op;
-	s->exp = (int8_t)exp;
 	s->phase = phase;
+	s->op = (enum hg_op)hg_phase_at(phase)->op;
+	s->exp = (int8_t)exp;
 	s->in = in;
 	s->out = out;
 	s->lanes = lanes;
-	s->in_lane = hg_op_in_lane_bytes(op);
-	s->acc_lane = hg_op_acc_lane_bytes(op);
+	s->in_lane = hg_op_in_lane(s->op);
+	s->acc_lane = hg_op_acc_lane(s->op);
 	/* Both the request and the result payload must fit (NC8 grows 4x). */
 	widest = s->in_lane > s->acc_lane ? s->in_lane : s->acc_lane;
 	s->per_chunk = payload / widest;
@@ -555,137 +549,246 @@ static int fail_text(struct hg_client *c, int rc, const char *what)
 	return client_fail(c, rc);
 }
 
-/* The step after the meta step, once the global exponents (and counts) are known. */
-static int begin_method(struct hg_client *c)
+/* ---- phases: encoders and decoders -------------------------------------- */
+
+static const int8_t *gcodes(const struct hg_client *c)
 {
-	const struct hg_params *p = &c->p;
+	return (const int8_t *)c->rx[HG_PH_EXPONENTS].p;
+}
+
+static const uint8_t *gcounts(const struct hg_client *c)
+{
+	return c->rx[HG_PH_COUNTS].p;
+}
+
+static struct hg_lhc_info lhc_info(const struct hg_client *c)
+{
+	struct hg_lhc_info info = { 0 };
+
+	hg_lhc_get_info(c->lhc, &info);
+	return info;
+}
+
+/*
+ * One phase of the client.  plan: how many lanes this phase sends (and the
+ * header's exp), from what the earlier steps left; it may fail with a
+ * negative errno.  encode: this worker's lanes into tx (sized by the op's
+ * lane width).  decode (NULL: nothing to do): use the aggregated lanes.
+ */
+struct phase_codec {
+	int (*plan)(struct hg_client *c, size_t *lanes, int *exp);
+	int (*encode)(struct hg_client *c, uint8_t *tx);
+	int (*decode)(struct hg_client *c, const uint8_t *rx);
+	const char *what;       /* the phase's work, for error texts */
+};
+
+static int exponents_plan(struct hg_client *c, size_t *lanes, int *exp)
+{
+	(void)exp;
+	*lanes = c->nblocks;
+	return 0;
+}
+
+/* hg_client_start encoded the exponents already (it reports bad input). */
+static int exponents_encode(struct hg_client *c, uint8_t *tx)
+{
+	(void)c;
+	(void)tx;
+	return 0;
+}
+
+static int counts_encode(struct hg_client *c, uint8_t *tx)
+{
+	return hg_nnz_counts(&c->p, c->x, c->n, tx);
+}
+
+static int values_plan(struct hg_client *c, size_t *lanes, int *exp)
+{
+	(void)exp;
+	c->qflags = (c->mi->flags & HG_MF_SKIP_ZERO) ? HG_Q_SKIP_ZERO : 0;
+	*lanes = hg_quantized_lanes(&c->p, c->n, gcodes(c), c->qflags);
+	return 0;
+}
+
+static int values_encode(struct hg_client *c, uint8_t *tx)
+{
+	return hg_quantize(&c->p, c->x, c->n, gcodes(c), c->qflags, tx);
+}
+
+static int values_decode(struct hg_client *c, const uint8_t *rx)
+{
+	return hg_dequantize(&c->p, rx, c->n, gcodes(c), c->qflags, c->y);
+}
+
+static int codes_plan(struct hg_client *c, size_t *lanes, int *exp)
+{
+	c->qflags = 0;
+	*lanes = c->n;
+	*exp = hg_nc_top(&c->p);
+	return 0;
+}
+
+static int codes_encode(struct hg_client *c, uint8_t *tx)
+{
+	return hg_nc_encode(&c->p, c->x, c->n, gcodes(c), tx);
+}
+
+static int index_plan(struct hg_client *c, size_t *lanes, int *exp)
+{
+	(void)exp;
+	client_release_lhc(c);
+	c->lhc = hg_lhc_create(&c->p, c->n, gcodes(c), gcounts(c));
+	if (!c->lhc)
+		return -ENOMEM;
+	*lanes = lhc_info(c).index_bytes;
+	return 0;
+}
+
+static int index_encode(struct hg_client *c, uint8_t *tx)
+{
+	return hg_lhc_index_encode(c->lhc, c->x, tx);
+}
+
+static int index_decode(struct hg_client *c, const uint8_t *rx)
+{
+	return hg_lhc_set_index(c->lhc, rx);
+}
+
+static int sketch_plan(struct hg_client *c, size_t *lanes, int *exp)
+{
+	(void)exp;
+	*lanes = lhc_info(c).sketch_lanes;
+	return 0;
+}
+
+static int sketch_encode(struct hg_client *c, uint8_t *tx)
+{
+	return hg_lhc_sketch_encode(c->lhc, c->x, tx);
+}
+
+static int sketch_decode(struct hg_client *c, const uint8_t *rx)
+{
 	struct hg_lhc_info info;
-	size_t lanes;
-	int rc;
+	int rc = hg_lhc_peel(c->lhc, rx);
 
-	if (c->method_eff == HG_M_AUTO) {
-		rc = hg_auto_choose(p, c->n, (const int8_t *)c->gcodes.p, c->gcounts.p);
-		if (rc < 0)
-			return fail_text(c, rc, "auto: cannot choose a method");
-		c->method_eff = rc;
-	}
-	c->stats.method_chosen = c->method_eff;
+	if (rc)
+		return rc;
+	info = lhc_info(c);
+	c->stats.stalled_blocks += info.stalled_blocks;
+	c->stats.fallback_lanes += info.fallback_lanes;
+	return 0;
+}
 
-	switch (c->method_eff) {
-	case HG_M_DENSE:
-	case HG_M_BLOCKS:
-		c->qflags = c->method_eff == HG_M_BLOCKS ? HG_Q_SKIP_ZERO : 0;
-		lanes = hg_quantized_lanes(p, c->n, (const int8_t *)c->gcodes.p, c->qflags);
-		if (buf_need(&c->tx, lanes * 4) || buf_need(&c->rx, lanes * 4))
-			return fail_text(c, -ENOMEM, "out of memory");
-		rc = hg_quantize(p, c->x, c->n, (const int8_t *)c->gcodes.p, c->qflags, c->tx.p);
+static int fallback_plan(struct hg_client *c, size_t *lanes, int *exp)
+{
+	(void)exp;
+	*lanes = lhc_info(c).fallback_lanes;
+	return 0;
+}
+
+static int fallback_encode(struct hg_client *c, uint8_t *tx)
+{
+	return hg_lhc_fallback_encode(c->lhc, c->x, tx);
+}
+
+static int fallback_decode(struct hg_client *c, const uint8_t *rx)
+{
+	int rc = hg_lhc_decode(c->lhc, rx, c->y);
+
+	client_release_lhc(c);
+	return rc;
+}
+
+static const struct phase_codec phase_codec[HG_PH__COUNT] = {
+	[HG_PH_EXPONENTS] = { exponents_plan, exponents_encode, NULL, "exponents" },
+	[HG_PH_COUNTS] = { exponents_plan, counts_encode, NULL, "non-zero counts" },
+	[HG_PH_VALUES] = { values_plan, values_encode, values_decode, "quantize" },
+	[HG_PH_CODES] = { codes_plan, codes_encode, values_decode, "nc encode" },
+	[HG_PH_INDEX] = { index_plan, index_encode, index_decode, "lhc index" },
+	[HG_PH_SKETCH] = { sketch_plan, sketch_encode, sketch_decode, "lhc sketch" },
+	[HG_PH_FALLBACK] = { fallback_plan, fallback_encode, fallback_decode,
+			     "lhc fallback" },
+};
+
+/*
+ * Set up step c->step of the method: plan, size and encode each of its
+ * phases, and number the chunks.  Returns 0 or a negative errno (the
+ * allreduce failed).
+ */
+static int step_setup(struct hg_client *c)
+{
+	uint32_t mask = c->mi->steps[c->step];
+	int ns = 0, rc;
+
+	for (int ph = 0; ph < HG_PH__COUNT; ph++) {
+		const struct phase_codec *pc = &phase_codec[ph];
+		const struct hg_op_info *op;
+		size_t lanes = 0;
+		int exp = 0;
+
+		if (!(mask & (1u << ph)))
+			continue;
+		if (!pc->plan)
+			return fail_text(c, -ENOTSUP, "a phase the client lacks");
+		rc = pc->plan(c, &lanes, &exp);
 		if (rc)
-			return fail_text(c, rc, "quantize failed");
-		stream_set(&c->st.s[0], HG_OP_SUM32, 0, HG_PH_VALUES, c->tx.p,
-			   c->rx.p, lanes, c->cfg.payload_bytes);
-		c->stage = ST_VALUES;
-		break;
-	case HG_M_NC:
-		if (buf_need(&c->tx, c->n) || buf_need(&c->rx, c->n * 4))
+			return fail_text(c, rc, pc->what);
+		op = hg_op_get(hg_phase_at(ph)->op);
+		if (buf_need(&c->tx[ph], lanes * op->in_lane) ||
+		    buf_need(&c->rx[ph], lanes * op->acc_lane))
 			return fail_text(c, -ENOMEM, "out of memory");
-		rc = hg_nc_encode(p, c->x, c->n, (const int8_t *)c->gcodes.p, c->tx.p);
+		rc = pc->encode(c, c->tx[ph].p);
 		if (rc)
-			return fail_text(c, rc, "nc encode failed");
-		stream_set(&c->st.s[0], HG_OP_NC8, hg_nc_top(p), HG_PH_VALUES,
-			   c->tx.p, c->rx.p, c->n, c->cfg.payload_bytes);
-		c->stage = ST_VALUES;
-		break;
-	case HG_M_LHC:
-		c->lhc = hg_lhc_create(p, c->n, (const int8_t *)c->gcodes.p, c->gcounts.p);
-		if (!c->lhc)
-			return fail_text(c, -ENOMEM, "lhc: cannot plan the index");
-		hg_lhc_get_info(c->lhc, &info);
-		if (buf_need(&c->tx, info.index_bytes) || buf_need(&c->rx, info.index_bytes))
-			return fail_text(c, -ENOMEM, "out of memory");
-		rc = hg_lhc_index_encode(c->lhc, c->x, c->tx.p);
-		if (rc)
-			return fail_text(c, rc, "lhc index encode failed");
-		stream_set(&c->st.s[0], HG_OP_OR, 0, HG_PH_INDEX, c->tx.p, c->rx.p,
-			   info.index_bytes, c->cfg.payload_bytes);
-		c->stage = ST_INDEX;
-		break;
-	default:
-		return fail_text(c, -EINVAL, "unknown method");
+			return fail_text(c, rc, pc->what);
+		stream_set(&c->st.s[ns++], (enum hg_phase)ph, exp, c->tx[ph].p,
+			   c->rx[ph].p, lanes, c->cfg.payload_bytes);
 	}
-	rc = step_begin(c, 1);
+	rc = step_begin(c, ns);
 	return rc ? fail_text(c, rc, "out of memory") : 0;
 }
 
 /*
- * The current step is complete: use its results, set up the next step or
- * finish.  Returns 0, or the negative errno the allreduce failed with.
+ * The current step is complete: decode its phases, then set up the next
+ * step (after auto's choice, the chosen method's) or finish.  Returns 0, or
+ * the negative errno the allreduce failed with.
  */
 static int advance(struct hg_client *c)
 {
-	struct hg_lhc_info info;
+	const struct hg_method_info *next;
 	int rc;
 
-	switch (c->stage) {
-	case ST_META:
-		return begin_method(c);
-	case ST_VALUES:
-		rc = hg_dequantize(&c->p, c->rx.p, c->n, (const int8_t *)c->gcodes.p,
-				   c->method_eff == HG_M_NC ? 0 : c->qflags, c->y);
+	for (int i = 0; i < c->st.nstreams; i++) {
+		const struct stream *s = &c->st.s[i];
+		const struct phase_codec *pc = &phase_codec[s->phase];
+
+		if (!pc->decode)
+			continue;
+		rc = pc->decode(c, s->out);
 		if (rc)
-			return fail_text(c, rc, "dequantize failed");
-		c->stage = ST_DONE;
-		c->rc = 1;
-		return 0;
-	case ST_INDEX:
-		rc = hg_lhc_set_index(c->lhc, c->rx.p);
-		if (rc)
-			return fail_text(c, rc, "lhc: bad global index");
-		hg_lhc_get_info(c->lhc, &info);
-		if (buf_need(&c->tx, info.sketch_lanes * 4) ||
-		    buf_need(&c->rx, info.sketch_lanes * 4))
-			return fail_text(c, -ENOMEM, "out of memory");
-		rc = hg_lhc_sketch_encode(c->lhc, c->x, c->tx.p);
-		if (rc)
-			return fail_text(c, rc, "lhc sketch encode failed");
-		stream_set(&c->st.s[0], HG_OP_SUM32, 0, HG_PH_SKETCH, c->tx.p,
-			   c->rx.p, info.sketch_lanes, c->cfg.payload_bytes);
-		c->stage = ST_SKETCH;
-		break;
-	case ST_SKETCH:
-		rc = hg_lhc_peel(c->lhc, c->rx.p);
-		if (rc)
-			return fail_text(c, rc, "lhc peel failed");
-		hg_lhc_get_info(c->lhc, &info);
-		c->stats.stalled_blocks += info.stalled_blocks;
-		c->stats.fallback_lanes += info.fallback_lanes;
-		if (buf_need(&c->fb_tx, info.fallback_lanes * 4) ||
-		    buf_need(&c->fb_rx, info.fallback_lanes * 4))
-			return fail_text(c, -ENOMEM, "out of memory");
-		rc = hg_lhc_fallback_encode(c->lhc, c->x, c->fb_tx.p);
-		if (rc)
-			return fail_text(c, rc, "lhc fallback encode failed");
-		stream_set(&c->st.s[0], HG_OP_SUM32, 0, HG_PH_FALLBACK, c->fb_tx.p,
-			   c->fb_rx.p, info.fallback_lanes, c->cfg.payload_bytes);
-		c->stage = ST_FALLBACK;
-		break;
-	case ST_FALLBACK:
-		rc = hg_lhc_decode(c->lhc, c->fb_rx.p, c->y);
-		if (rc)
-			return fail_text(c, rc, "lhc decode failed");
-		client_release_lhc(c);
-		c->stage = ST_DONE;
-		c->rc = 1;
-		return 0;
-	default:
-		return fail_text(c, -EINVAL, "no allreduce in progress");
+			return fail_text(c, rc, pc->what);
 	}
-	rc = step_begin(c, 1);
-	return rc ? fail_text(c, rc, "out of memory") : 0;
+	if (c->mi->flags & HG_MF_CHOOSES) {
+		rc = hg_auto_choose(&c->p, c->n, gcodes(c), gcounts(c));
+		next = rc < 0 ? NULL : hg_method_get(rc);
+		/* The chosen method's first step must be inside this one. */
+		if (!next || (next->steps[0] & ~c->mi->steps[c->step]))
+			return fail_text(c, rc < 0 ? rc : -EPROTO,
+					 "auto: cannot choose a method");
+		c->mi = next;
+		c->stats.method_chosen = next->code;
+	}
+	if (++c->step == c->mi->nsteps) {
+		c->stage = ST_DONE;
+		c->rc = 1;
+		return 0;
+	}
+	return step_setup(c);
 }
 
 int hg_client_start(struct hg_client *c, const struct hg_params *params,
 		    int method, const float *x, size_t n, float *y)
 {
+	const struct hg_method_info *mi = hg_method_get(method);
 	struct hg_params p;
 	size_t nb;
 	int rc;
@@ -694,7 +797,7 @@ int hg_client_start(struct hg_client *c, const struct hg_params *params,
 		return -EINVAL;
 	if (hg_client_busy(c))
 		return -EBUSY;
-	if (method < HG_M_DENSE || method > HG_M_AUTO)
+	if (!mi)
 		return -EINVAL;
 	p = *params;
 	p.workers = c->cfg.workers;
@@ -703,11 +806,10 @@ int hg_client_start(struct hg_client *c, const struct hg_params *params,
 	if (rc)
 		return rc;
 	nb = hg_nblocks(&p, n);
-	if (buf_need(&c->lcodes, nb) || buf_need(&c->gcodes, nb) ||
-	    buf_need(&c->lcounts, nb * 4) || buf_need(&c->gcounts, nb * 4))
+	if (buf_need(&c->tx[HG_PH_EXPONENTS], nb))
 		return -ENOMEM;
 	c->err[0] = '\0';
-	rc = hg_exp_encode(&p, x, n, (int8_t *)c->lcodes.p, NULL);
+	rc = hg_exp_encode(&p, x, n, (int8_t *)c->tx[HG_PH_EXPONENTS].p, NULL);
 	if (rc) {
 		snprintf(c->err, sizeof(c->err), "%s",
 			 rc == -EDOM ? "the gradient holds NaN or Inf"
@@ -716,13 +818,14 @@ int hg_client_start(struct hg_client *c, const struct hg_params *params,
 	}
 	client_release_lhc(c);
 	c->p = p;
-	c->method = method;
-	c->method_eff = method;
+	c->mi = mi;
+	c->step = 0;
 	c->x = x;
 	c->y = y;
 	c->n = n;
 	c->nblocks = nb;
 	c->qflags = 0;
+	c->stats.method_chosen = mi->code;
 	c->start_results = c->stats.results_received;
 	c->start_sent = c->stats.packets_sent;
 	for (uint32_t a = 0; a < c->naggs; a++) {
@@ -731,23 +834,13 @@ int hg_client_start(struct hg_client *c, const struct hg_params *params,
 	}
 	for (size_t i = 0; i < (size_t)c->naggs * c->cfg.slots; i++)
 		c->fl[i].busy = false;
-
-	stream_set(&c->st.s[0], HG_OP_MAX8, 0, HG_PH_META, c->lcodes.p,
-		   c->gcodes.p, nb, c->cfg.payload_bytes);
-	if (method == HG_M_LHC || method == HG_M_AUTO) {
-		rc = hg_nnz_counts(&p, x, n, c->lcounts.p);
-		if (rc)
-			return rc;
-		stream_set(&c->st.s[1], HG_OP_SUM32, 0, HG_PH_META, c->lcounts.p,
-			   c->gcounts.p, nb, c->cfg.payload_bytes);
-		rc = step_begin(c, 2);
-	} else {
-		rc = step_begin(c, 1);
-	}
-	if (rc)
-		return rc;
-	c->stage = ST_META;
+	c->stage = ST_RUNNING;
 	c->rc = 0;
+	rc = step_setup(c);
+	if (rc) {
+		c->stage = ST_IDLE;
+		return rc;
+	}
 	return 0;
 }
 
@@ -798,7 +891,7 @@ static void handle_frame(struct hg_client *c, const uint8_t *f, size_t len,
 	ag = &c->agg[a];
 	pl = f + v.payload_off;
 	seq = v.hdr.seq;
-	if (!(c->stage >= ST_META && c->stage <= ST_FALLBACK)) {
+	if (c->stage != ST_RUNNING) {
 		if (v.hdr.flags & HG_FLAG_RESULT)
 			c->stats.duplicates_received++;
 		return;
@@ -832,9 +925,7 @@ static void handle_frame(struct hg_client *c, const uint8_t *f, size_t len,
 		c->stats.duplicates_received++;
 		return;
 	}
-	s = &st->s[0];
-	if (st->nstreams > 1 && k >= st->s[1].first_chunk)
-		s = &st->s[1];
+	s = chunk_stream(st, k);
 	first = (k - s->first_chunk) * s->per_chunk;
 	lanes = s->lanes - first < s->per_chunk ? s->lanes - first : s->per_chunk;
 	/* hg_wire_parse checked payload_len == lanes * acc lane bytes. */
@@ -912,7 +1003,7 @@ static void tx_chunks(struct hg_client *c, const size_t *ks, uint16_t cnt,
 		      uint64_t now)
 {
 	struct hg_pkt *pk[BURST];
-	enum hg_client_phase ph[BURST];
+	enum hg_phase ph[BURST];
 	size_t bytes[BURST];
 	uint16_t got, sent;
 
@@ -1010,15 +1101,12 @@ static void agg_name(const struct hg_client *c, uint32_t a, char *s, size_t len)
 static void timeout_text(struct hg_client *c, const struct flight *fl,
 			 uint64_t now)
 {
-	const struct stream *s = &c->st.s[0];
+	const struct stream *s = chunk_stream(&c->st, (size_t)(fl->chunk - c->st.base));
 	const struct agg *ag = &c->agg[fl->agg];
-	size_t k = (size_t)(fl->chunk - c->st.base);
 	char name[64], *e = c->err, *end = c->err + sizeof(c->err);
 	double secs = (double)(now - fl->first_tx) / 1e9;
 	uint32_t missing = 0;
 
-	if (c->st.nstreams > 1 && k >= c->st.s[1].first_chunk)
-		s = &c->st.s[1];
 	agg_name(c, fl->agg, name, sizeof(name));
 	if (ag->st.results_received == ag->start_results && !fl->have_status) {
 		snprintf(c->err, sizeof(c->err),
@@ -1029,7 +1117,7 @@ static void timeout_text(struct hg_client *c, const struct flight *fl,
 	}
 	e += snprintf(e, (size_t)(end - e),
 		      "timed out after %.3g s waiting for chunk %llu (phase %s): ",
-		      secs, (unsigned long long)fl->chunk, phase_names[s->phase]);
+		      secs, (unsigned long long)fl->chunk, hg_phase_name(s->phase));
 	if (!fl->have_status) {
 		snprintf(e, (size_t)(end - e),
 			 "no status from aggregator %s after %u transmissions",

@@ -79,23 +79,6 @@ int hg_scale_shift(const struct hg_params *p, int8_t code)
 	return 30 - hg_log2_workers(p) - (code + 1);
 }
 
-const char *hg_method_name(enum hg_method m)
-{
-	switch (m) {
-	case HG_M_DENSE:
-		return "dense";
-	case HG_M_BLOCKS:
-		return "blocks";
-	case HG_M_LHC:
-		return "lhc";
-	case HG_M_NC:
-		return "nc";
-	case HG_M_AUTO:
-		return "auto";
-	}
-	return "unknown";
-}
-
 /* ---- exponent codes and non-zero counts: one pass --------------------- */
 
 static void scan_portable(const float *x, size_t len, uint32_t *absmax,

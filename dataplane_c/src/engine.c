@@ -61,7 +61,7 @@ struct hg_engine {
 	uint32_t flags;
 	uint32_t wire_flags;
 	uint16_t burst;
-	hg_kernel_fn kern[HG_OP_NC8 + 1];
+	hg_kernel_fn kern[HG_OP__COUNT + 1];
 
 	uint32_t max_jobs;
 	uint32_t njobs;
@@ -134,7 +134,7 @@ struct hg_engine *hg_engine_create(const struct hg_engine_config *c)
 	e->flags = c->flags;
 	e->wire_flags = (c->flags & HG_ENGINE_F_UDP_CSUM) ? HG_WIRE_F_UDP_CSUM : 0;
 	e->burst = c->burst;
-	for (int op = HG_OP_SUM32; op <= HG_OP_NC8; op++)
+	for (int op = 1; op <= HG_OP__COUNT; op++)
 		e->kern[op] = hg_kernel((enum hg_op)op, c->isa);
 	return e;
 
@@ -432,7 +432,7 @@ static void send_result(struct hg_engine *e, struct hg_job *j,
 			const struct hg_set *s, const uint8_t *acc, uint16_t w,
 			struct hg_pkt **reuse)
 {
-	size_t plen = (size_t)s->lanes * hg_lane_acc(s->op);
+	size_t plen = (size_t)s->lanes * hg_op_acc_lane(s->op);
 	uint16_t fl = set_flags(j, s, HG_FLAG_RESULT);
 	struct hg_pkt *p;
 
@@ -535,13 +535,12 @@ static void handle(struct hg_engine *e, struct hg_pkt *pkt)
 		rc = HG_CNT_BAD_SLOT;
 		goto drop;
 	}
-	acc_bytes = (size_t)v.hdr.lanes * hg_lane_acc(v.hdr.op);
+	acc_bytes = (size_t)v.hdr.lanes * hg_op_acc_lane(v.hdr.op);
 	if (acc_bytes > j->cfg.payload_bytes) {
 		rc = HG_CNT_BAD_LANES;
 		goto drop;
 	}
-	if (v.hdr.op == HG_OP_NC8 ? (v.hdr.exp < 0 || v.hdr.exp > 31)
-				  : v.hdr.exp != 0) {
+	if (v.hdr.exp < 0 || v.hdr.exp > hg_op_exp_max(v.hdr.op)) {
 		rc = HG_CNT_BAD_EXP;
 		goto drop;
 	}
@@ -591,12 +590,12 @@ static void handle(struct hg_engine *e, struct hg_pkt *pkt)
 	}
 
 	in = pkt->data + v.payload_off;
-	if (s->count == 0 && s->op != HG_OP_NC8) {
+	if (s->count == 0 && hg_op_in_lane(s->op) == hg_op_acc_lane(s->op)) {
 		/* First contribution: the identity combined with in is in. */
 		memcpy(acc, in, acc_bytes);
 	} else {
 		if (s->count == 0)
-			memset(acc, 0, acc_bytes);
+			memset(acc, hg_op_identity_byte(s->op), acc_bytes);
 		e->kern[s->op](acc, in, s->lanes, s->exp);
 	}
 	s->bitmap[w / 64] |= 1ull << (w % 64);

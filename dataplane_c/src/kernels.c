@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * The aggregation ALU (homagg/kernels.h): SUM32, OR, MAX8 and NC8 over
+ * The aggregation ALU (homagg/kernels.h): the ops of homagg/protocol.h over
  * big-endian wire lanes, in three implementations that give identical bytes:
  *
  *   portable  plain C, any CPU
@@ -345,39 +345,6 @@ const char *hg_isa_name(enum hg_isa isa)
 	}
 }
 
-bool hg_op_valid(int op)
-{
-	return op >= HG_OP_SUM32 && op <= HG_OP_NC8;
-}
-
-size_t hg_op_in_lane_bytes(enum hg_op op)
-{
-	switch (op) {
-	case HG_OP_SUM32:
-		return 4;
-	case HG_OP_OR:
-	case HG_OP_MAX8:
-	case HG_OP_NC8:
-		return 1;
-	default:
-		return 0;
-	}
-}
-
-size_t hg_op_acc_lane_bytes(enum hg_op op)
-{
-	switch (op) {
-	case HG_OP_SUM32:
-	case HG_OP_NC8:
-		return 4;
-	case HG_OP_OR:
-	case HG_OP_MAX8:
-		return 1;
-	default:
-		return 0;
-	}
-}
-
 int hg_op_identity(enum hg_op op, uint8_t *acc, size_t lanes)
 {
 	size_t lb = hg_op_acc_lane_bytes(op);
@@ -385,9 +352,14 @@ int hg_op_identity(enum hg_op op, uint8_t *acc, size_t lanes)
 	if (!lb || (!acc && lanes))
 		return -EINVAL;
 	if (lanes)
-		memset(acc, op == HG_OP_MAX8 ? 0x80 : 0, lanes * lb);
+		memset(acc, hg_op_identity_byte(op), lanes * lb);
 	return 0;
 }
+
+/* One kernel per op and ISA, named <op id>_<isa> (homagg/protocol.h). */
+#define KERNEL_ROW_portable(NAME, id, code, ...) [code] = id##_portable,
+#define KERNEL_ROW_avx2(NAME, id, code, ...) [code] = id##_avx2,
+#define KERNEL_ROW_avx512(NAME, id, code, ...) [code] = id##_avx512,
 
 hg_kernel_fn hg_kernel(enum hg_op op, enum hg_isa isa)
 {
@@ -397,22 +369,21 @@ hg_kernel_fn hg_kernel(enum hg_op op, enum hg_isa isa)
 		return NULL;
 	switch (isa) {
 	case HG_ISA_PORTABLE: {
-		static const hg_kernel_fn k[] = {
-			NULL, sum32_portable, or_portable, max8_portable,
-			nc8_portable,
+		static const hg_kernel_fn k[HG_OP__COUNT + 1] = {
+			HG_FOREACH_OP(KERNEL_ROW_portable)
 		};
 		return k[op];
 	}
 #ifdef HG_X86
 	case HG_ISA_AVX2: {
-		static const hg_kernel_fn k[] = {
-			NULL, sum32_avx2, or_avx2, max8_avx2, nc8_avx2,
+		static const hg_kernel_fn k[HG_OP__COUNT + 1] = {
+			HG_FOREACH_OP(KERNEL_ROW_avx2)
 		};
 		return k[op];
 	}
 	case HG_ISA_AVX512: {
-		static const hg_kernel_fn k[] = {
-			NULL, sum32_avx512, or_avx512, max8_avx512, nc8_avx512,
+		static const hg_kernel_fn k[HG_OP__COUNT + 1] = {
+			HG_FOREACH_OP(KERNEL_ROW_avx512)
 		};
 		return k[op];
 	}

@@ -162,17 +162,6 @@ static inline void hg_wire_put_udp_csum(uint8_t *f, uint64_t data_sum)
 	memcpy(udp + 6, &c, 2);
 }
 
-/* Lane sizes of a valid op (inline forms of hg_op_*_lane_bytes). */
-static inline size_t hg_lane_in(unsigned op)
-{
-	return op == HG_OP_SUM32 ? 4 : 1;
-}
-
-static inline size_t hg_lane_acc(unsigned op)
-{
-	return (op == HG_OP_SUM32 || op == HG_OP_NC8) ? 4 : 1;
-}
-
 /*
  * The body of hg_wire_parse() (arguments not NULL), inline so the engine's
  * per-frame path has no call and keeps the view in registers.
@@ -240,7 +229,7 @@ static inline int hg_wire_parse_inl(const uint8_t *f, size_t len,
 	if ((v->hdr.flags & ~HG_FLAGS_KNOWN) || v->hdr.reserved ||
 	    ((v->hdr.flags & HG_FLAG_RESULT) && (v->hdr.flags & HG_FLAG_STATUS)))
 		return HG_CNT_BAD_FLAGS;
-	if (v->hdr.op < HG_OP_SUM32 || v->hdr.op > HG_OP_NC8)
+	if (v->hdr.op < 1 || v->hdr.op > HG_OP__COUNT)
 		return HG_CNT_BAD_OP;
 	pay_len = udp_len - 8 - HG_HDR_LEN;
 	if (v->hdr.flags & HG_FLAG_STATUS) {
@@ -249,8 +238,8 @@ static inline int hg_wire_parse_inl(const uint8_t *f, size_t len,
 	} else {
 		want = (size_t)v->hdr.lanes *
 		       ((v->hdr.flags & HG_FLAG_RESULT) ?
-				hg_lane_acc(v->hdr.op) :
-				hg_lane_in(v->hdr.op));
+				hg_op_acc_lane(v->hdr.op) :
+				hg_op_in_lane(v->hdr.op));
 		if (pay_len != want || pay_len > HG_MAX_PAYLOAD)
 			return HG_CNT_BAD_LANES;
 	}

@@ -3,7 +3,9 @@
 The cdef is read from the public C headers themselves: the text between the
 ``/* cdef-begin */`` and ``/* cdef-end */`` markers of each header listed in
 HEADERS, with every ``#define NAME value`` turned into ``#define NAME ...`` so
-that C stays the single source of truth for constants.
+that C stays the single source of truth for constants.  A block that uses
+an X-macro table (``HG_FOREACH_*``, homagg/protocol.h) is first expanded by
+the C preprocessor, so the enums cffi sees are the ones the tables generate.
 
 The extension links the static library built by the Makefile, found in
 $HOMAGG_LIBDIR (default build/release).  $HOMAGG_SANITIZE adds sanitizer
@@ -12,6 +14,8 @@ flags to the extension itself.
 import os
 import pathlib
 import re
+import shlex
+import subprocess
 
 from cffi import FFI
 
@@ -20,6 +24,7 @@ INCLUDE_DIRS = [ROOT / "dataplane_c" / "include", ROOT / "nic" / "include"]
 # Order matters: a header's types must come before their users.
 HEADERS = [
     "homagg/errors.h",
+    "homagg/protocol.h",
     "homagg/codec.h",
     "homagg/kernels.h",
     "homagg/wire.h",
@@ -45,13 +50,30 @@ def _find(header):
     return None
 
 
+def _expanded_blocks(path):
+    """The header's cdef blocks after the C preprocessor (comments kept, so
+    the markers survive; directives gone, so constants are taken from the
+    raw block)."""
+    cpp = shlex.split(os.environ.get("CC", "cc")) + ["-E", "-P", "-C", "-std=gnu11"]
+    cpp += [f"-I{d}" for d in INCLUDE_DIRS]
+    out = subprocess.run(cpp + [str(path)], check=True, capture_output=True, text=True).stdout
+    return _BLOCK.findall(out)
+
+
 def cdef_text():
     parts = []
     for header in HEADERS:
         path = _find(header)
         if path is None:
             continue
-        for block in _BLOCK.findall(path.read_text()):
+        raw = _BLOCK.findall(path.read_text())
+        if any("HG_FOREACH_" in block for block in raw):
+            for block, expanded in zip(raw, _expanded_blocks(path)):
+                defines = [m.group(0) for m in _DEFINE.finditer(block)]
+                parts.append("\n".join(_DEFINE.sub(r"#define \1 ...", d) for d in defines))
+                parts.append(expanded)
+            continue
+        for block in raw:
             parts.append(_DEFINE.sub(r"#define \1 ...", block))
     return "\n".join(parts)
 

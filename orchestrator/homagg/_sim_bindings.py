@@ -10,10 +10,9 @@ import numpy as np
 
 from homagg._native import ffi, lib
 from homagg.errors import InvalidArgument, ResourceError, check
+from homagg.protocol import PHASES
 
 F32 = np.dtype(np.float32)
-
-PHASES = ("meta", "values", "index", "sketch", "fallback")
 
 
 def _f32_1d(a, name, writable=False):

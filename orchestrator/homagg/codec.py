@@ -13,13 +13,15 @@ lhc          SUM32 of the non-zero counts, OR of the index (bitmap or
              of the candidates whose peeling stalled (the fallback)
 nc           NC8 codes (natural compression, unbiased, lossy by design)
 auto         the exact method with the fewest bytes, chosen by every worker
-             alike after the lhc meta phase (exponents + counts)
+             alike after the first step of lhc (exponents + counts)
 ===========  ==============================================================
 
-The exact methods decode bit-identically to the fixed-point reference
-(``homagg.reference``).  ``simulate_allreduce`` runs every phase for every
-worker, combines the W payloads with the aggregator's own kernels
-(``hg_aggregate``) and checks that every worker decodes the same bits.
+The methods, their phases and steps come from the C tables
+(``homagg.protocol``).  The exact methods decode bit-identically to the
+fixed-point reference (``homagg.reference``).  ``simulate_allreduce`` walks
+the method's steps, runs every phase for every worker, combines the W
+payloads with the aggregator's own kernels (``hg_aggregate``) and checks that
+every worker decodes the same bits.
 
 Example::
 
@@ -35,21 +37,13 @@ import errno
 
 import numpy as np
 
+from homagg import protocol
 from homagg.bindings import codec as _b
 from homagg.errors import HomAggError, InvalidArgument, NonFiniteValue, OutOfRange
 
 DEFAULT_BLOCK = _b.DEFAULT_BLOCK
 MAX_WORKERS = _b.MAX_WORKERS
 EXP_ZERO = _b.EXP_ZERO
-
-METHODS = ("dense", "blocks", "lhc", "nc", "auto")
-EXACT_METHODS = ("dense", "blocks", "lhc")
-PHASES = ("exponents", "counts", "index", "sketch", "fallback", "values")
-
-_METHOD_BY_CODE = {_b.M_DENSE: "dense", _b.M_BLOCKS: "blocks", _b.M_LHC: "lhc",
-                   _b.M_NC: "nc", _b.M_AUTO: "auto"}
-
-OPS = {"sum32": _b.OP_SUM32, "or": _b.OP_OR, "max8": _b.OP_MAX8, "nc8": _b.OP_NC8}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,16 +80,6 @@ def _p(params, worker):
     if isinstance(params, Params):
         return params.c(worker)
     return params  # already a struct hg_params *
-
-
-def _op(op):
-    if isinstance(op, str):
-        try:
-            return OPS[op.lower()]
-        except KeyError:
-            raise InvalidArgument(f"unknown aggregation op {op!r} (one of {', '.join(OPS)})",
-                                  -errno.EINVAL) from None
-    return op
 
 
 # ---- phases ----------------------------------------------------------------
@@ -145,9 +129,9 @@ def nc_top(params):
 
 
 def choose_auto(params, n, gcodes, gcounts):
-    """auto's choice from the meta phase: 'dense', 'blocks' or 'lhc'."""
+    """auto's choice from the first step (exponents + counts): 'dense', 'blocks' or 'lhc'."""
     m = _b.auto_choose(_p(params, 0), n, gcodes, gcounts)
-    return _METHOD_BY_CODE[m]
+    return protocol.METHOD_BY_CODE[m].name
 
 
 class LhcPlan:
@@ -216,7 +200,7 @@ def aggregate(op, acc, inputs, top=0):
     a new accumulator holding the op's identity is made, sized from the
     first input.  Returns acc.
     """
-    op = _op(op)
+    op = protocol.op_code(op)
     for inp in inputs:
         if acc is None:
             lanes = inp.nbytes // max(_b.op_in_lane_bytes(op), 1)
@@ -262,25 +246,12 @@ class _Ledger:
     """Payload bytes each worker sends and receives, per phase."""
 
     def __init__(self, workers):
-        self.sent = [dict.fromkeys(PHASES, 0) for _ in range(workers)]
-        self.received = [dict.fromkeys(PHASES, 0) for _ in range(workers)]
+        self.sent = [dict.fromkeys(protocol.PHASES, 0) for _ in range(workers)]
+        self.received = [dict.fromkeys(protocol.PHASES, 0) for _ in range(workers)]
 
     def add(self, phase, worker, sent, received):
         self.sent[worker][phase] += int(sent)
         self.received[worker][phase] += int(received)
-
-
-def _all_reduce_phase(ledger, phase, op, payloads_of, top=0):
-    """Every worker encodes (payloads_of(w)), the aggregator combines them
-    with hg_aggregate, every worker receives the accumulator."""
-    acc = None
-    opc = _op(op)
-    for w, payload in payloads_of:
-        if acc is None:
-            acc = _b.op_identity_new(opc, payload.nbytes // _b.op_in_lane_bytes(opc))
-        _b.aggregate(opc, acc, payload, top)
-        ledger.add(phase, w, payload.nbytes, acc.nbytes)
-    return acc
 
 
 def _with_worker(w, fn):
@@ -293,26 +264,160 @@ def _with_worker(w, fn):
         raise
 
 
+class _Run:
+    """The state of one simulated allreduce, shared by the phases below."""
+
+    def __init__(self, params, grads, method):
+        self.grads = grads
+        self.W = len(grads)
+        self.n = grads[0].size
+        self.cps = [params.c(w) for w in range(self.W)]
+        self.method = protocol.method(method)
+        self.ledger = _Ledger(self.W)
+        self.gcodes = self.gcounts = None
+        self.qflags = 0
+        self.top = 0
+        self.plans = None
+        self.results = None
+        self.stats = {}
+
+    def all_reduce(self, phase):
+        """Every worker encodes phase, the aggregator combines the W payloads
+        with hg_aggregate and the phase's op, every worker receives the
+        accumulator.  Returns it."""
+        op = protocol.OPS[protocol.PHASE[phase].op]
+        top = self.top if op.exp_max else 0
+        op = op.code
+        encode = _PHASES[phase][1]
+        acc = None
+        for w in range(self.W):
+            payload = _with_worker(w, lambda w=w: encode(self, w))
+            if acc is None:
+                acc = _b.op_identity_new(op, payload.nbytes // _b.op_in_lane_bytes(op))
+            _b.aggregate(op, acc, payload, top)
+            self.ledger.add(phase, w, payload.nbytes, acc.nbytes)
+        return acc
+
+
+# Each phase: (plan, encode, decode).  plan(run) prepares what every worker
+# needs before encoding; encode(run, w) is worker w's payload; decode(run,
+# acc) takes the aggregated lanes (and sets run.results on the last step).
+
+def _plan_none(r):
+    pass
+
+
+def _plan_values(r):
+    r.qflags = _b.Q_SKIP_ZERO if r.method.skip_zero else 0
+
+
+def _plan_codes(r):
+    r.qflags = 0
+    r.top = _b.nc_top(r.cps[0])
+
+
+def _plan_index(r):
+    r.plans = [_b.lhc_create(r.cps[w], r.n, r.gcodes, r.gcounts) for w in range(r.W)]
+    want = r.plans[0].info()["index_bytes"]
+    for w in range(1, r.W):
+        if r.plans[w].info()["index_bytes"] != want:
+            raise HomAggError(f"lhc: worker {w} planned another index than worker 0")
+
+
+def _decode_exponents(r, acc):
+    r.gcodes = acc
+    r.stats["zero_blocks"] = int(np.count_nonzero(acc == EXP_ZERO))
+
+
+def _decode_counts(r, acc):
+    r.gcounts = acc
+    r.stats["global_nonzeros"] = int(acc.astype(np.int64).sum())
+
+
+def _decode_values(r, acc):
+    r.results = (_b.dequantize(r.cps[w], acc, r.n, r.gcodes, r.qflags) for w in range(r.W))
+
+
+def _decode_index(r, acc):
+    for pl in r.plans:
+        _b.lhc_set_index(pl, acc)
+
+
+def _decode_sketch(r, acc):
+    for pl in r.plans:
+        _b.lhc_peel(pl, acc)
+    info = r.plans[0].info()
+    for w in range(1, r.W):
+        if r.plans[w].info() != info:
+            raise HomAggError(f"lhc: worker {w}'s peeling differs from worker 0's")
+    for k in ("index_bytes", "bitmap_blocks", "bloom_blocks", "candidates", "sketch_lanes",
+              "stalled_blocks", "fallback_lanes"):
+        r.stats[k] = info[k]
+    r.stats["fallback_blocks"] = info["stalled_blocks"]
+
+
+def _decode_fallback(r, acc):
+    def each():
+        for w in range(r.W):
+            yield _b.lhc_decode(r.plans[w], acc)
+            r.plans[w] = None  # free each plan once decoded
+    r.results = each()
+
+
+_PHASES = {
+    "exponents": (_plan_none, lambda r, w: _b.exp_encode(r.cps[w], r.grads[w]),
+                  _decode_exponents),
+    "counts": (_plan_none, lambda r, w: _b.nnz_counts(r.cps[w], r.grads[w]), _decode_counts),
+    "values": (_plan_values,
+               lambda r, w: _b.quantize(r.cps[w], r.grads[w], r.gcodes, r.qflags),
+               _decode_values),
+    "codes": (_plan_codes, lambda r, w: _b.nc_encode(r.cps[w], r.grads[w], r.gcodes),
+              _decode_values),
+    "index": (_plan_index, lambda r, w: _b.lhc_index_encode(r.plans[w], r.grads[w]),
+              _decode_index),
+    "sketch": (_plan_none, lambda r, w: _b.lhc_sketch_encode(r.plans[w], r.grads[w]),
+               _decode_sketch),
+    "fallback": (_plan_none, lambda r, w: _b.lhc_fallback_encode(r.plans[w], r.grads[w]),
+                 _decode_fallback),
+}
+
+
+def _run_step(r, step):
+    for phase in step:
+        plan, _, decode = _PHASES[phase]
+        plan(r)
+        decode(r, r.all_reduce(phase))
+
+
+def _choose(r):
+    """auto's choice, made by every worker alike from the first step."""
+    chosen = protocol.METHOD_BY_CODE[_b.auto_choose(r.cps[0], r.n, r.gcodes, r.gcounts)]
+    for w in range(1, r.W):  # every worker decides alike
+        other = protocol.METHOD_BY_CODE[_b.auto_choose(r.cps[w], r.n, r.gcodes, r.gcounts)]
+        if other != chosen:
+            raise HomAggError(f"auto: worker {w} chose {other.name}, worker 0 {chosen.name}")
+    return chosen
+
+
 def simulate_allreduce(grads, method="lhc", seed=0, **options):
     """Allreduce W workers' gradients in one process with the real codec.
 
     grads: a list of W equal-length 1-D float32 arrays (C-contiguous).
-    method: 'dense', 'blocks', 'lhc', 'nc' or 'auto'.  options: the other
+    method: one of ``homagg.protocol.METHODS``.  options: the other
     ``Params`` fields (block_elements, stochastic, nc_levels,
     sketch_cells_per_candidate).
 
-    Every worker encodes every phase, the W payloads are combined with
-    hg_aggregate (the aggregator's kernels), and every worker decodes; all
-    decoded results must be bit-identical (HomAggError otherwise).
-    Returns an AllreduceResult; ``stats`` holds, per phase, the payload
-    bytes each worker sent and received ("bytes_sent", "bytes_received",
-    identical for every worker; "bytes_sent_by_worker" lists them all),
-    "bytes_per_worker" (sent), "dense_fp32_bytes" (4 n), the lhc counters
-    and "method" (for auto: the method auto chose, also in "auto_choice").
+    Every worker encodes every phase of the method's steps, the W payloads
+    are combined with hg_aggregate (the aggregator's kernels), and every
+    worker decodes; all decoded results must be bit-identical (HomAggError
+    otherwise).  Returns an AllreduceResult; ``stats`` holds, per phase
+    (``homagg.protocol.PHASES``), the payload bytes each worker sent and
+    received ("bytes_sent", "bytes_received", identical for every worker;
+    "bytes_sent_by_worker" lists them all), "bytes_per_worker" (sent),
+    "dense_fp32_bytes" (4 n), the lhc counters and "method" (for auto: the
+    method auto chose, also in "auto_choice").
     """
-    if method not in METHODS:
-        raise InvalidArgument(f"unknown method {method!r} (one of {', '.join(METHODS)})",
-                              -errno.EINVAL)
+    protocol.method(method)
     unknown = set(options) - {f.name for f in dataclasses.fields(Params)} - {"workers", "seed"}
     if unknown:
         raise InvalidArgument(f"unknown option(s): {', '.join(sorted(unknown))}", -errno.EINVAL)
@@ -321,63 +426,26 @@ def simulate_allreduce(grads, method="lhc", seed=0, **options):
     grads, n = _check_grads(grads)
     W = len(grads)
     params = Params(workers=W, seed=seed, **options)
-    cps = [params.c(w) for w in range(W)]
     nb = params.nblocks(n)
-    ledger = _Ledger(W)
-    stats = {
+    r = _Run(params, grads, method)
+    r.stats.update({
         "method": method, "block_elements": params.block_elements, "workers": W,
         "elements": n, "blocks": nb, "dense_fp32_bytes": 4 * n,
         "candidates": 0, "index_bytes": 0, "bitmap_blocks": 0, "bloom_blocks": 0,
         "sketch_lanes": 0, "stalled_blocks": 0, "fallback_blocks": 0, "fallback_lanes": 0,
-    }
-
-    chosen = method
-    gcounts = None
-    if method in ("lhc", "auto"):
-        # Meta phase: exponents (MAX8) and counts (SUM32), one pass over x.
-        meta = [_with_worker(w, lambda w=w: _b.exp_nnz_encode(cps[w], grads[w]))
-                for w in range(W)]
-        gcodes = _all_reduce_phase(ledger, "exponents", "max8",
-                                   ((w, meta[w][0]) for w in range(W)))
-        gcounts = _all_reduce_phase(ledger, "counts", "sum32",
-                                    ((w, meta[w][1]) for w in range(W)))
-        del meta
-        stats["global_nonzeros"] = int(gcounts.astype(np.int64).sum())
-    else:
-        # Exponent phase (every method).
-        gcodes = _all_reduce_phase(
-            ledger, "exponents", "max8",
-            ((w, _with_worker(w, lambda w=w: _b.exp_encode(cps[w], grads[w])))
-             for w in range(W)))
-    stats["zero_blocks"] = int(np.count_nonzero(gcodes == EXP_ZERO))
-    if method == "auto":
-        chosen = _METHOD_BY_CODE[_b.auto_choose(cps[0], n, gcodes, gcounts)]
-        for w in range(1, W):  # every worker decides alike
-            other = _METHOD_BY_CODE[_b.auto_choose(cps[w], n, gcodes, gcounts)]
-            if other != chosen:
-                raise HomAggError(f"auto: worker {w} chose {other}, worker 0 {chosen}")
-        stats["auto_choice"] = chosen
-    stats["method"] = chosen
-
-    if chosen in ("dense", "blocks"):
-        qflags = _qflags(chosen)
-        sums = _all_reduce_phase(
-            ledger, "values", "sum32",
-            ((w, _b.quantize(cps[w], grads[w], gcodes, qflags)) for w in range(W)))
-        if sums is None or sums.size == 0:
-            sums = np.zeros(_b.quantized_lanes(cps[0], n, gcodes, qflags), dtype=_b.BE32)
-        results = (_b.dequantize(cps[w], sums, n, gcodes, qflags) for w in range(W))
-    elif chosen == "nc":
-        top = _b.nc_top(cps[0])
-        sums = _all_reduce_phase(
-            ledger, "values", "nc8",
-            ((w, _b.nc_encode(cps[w], grads[w], gcodes)) for w in range(W)), top=top)
-        results = (_b.dequantize(cps[w], sums, n, gcodes, 0) for w in range(W))
-    else:
-        results = _simulate_lhc(cps, grads, n, gcodes, gcounts, ledger, stats)
+    })
+    steps = list(r.method.steps)
+    _run_step(r, steps[0])
+    if r.method.chooses:
+        r.method = _choose(r)
+        r.stats["auto_choice"] = r.method.name
+        steps = [steps[0]] + list(r.method.steps[1:])
+    r.stats["method"] = chosen = r.method.name
+    for step in steps[1:]:
+        _run_step(r, step)
 
     y0 = None
-    for w, y in enumerate(results):
+    for w, y in enumerate(r.results):
         if y0 is None:
             y0 = y
         elif not np.array_equal(y.view(np.uint32), y0.view(np.uint32)):
@@ -386,6 +454,7 @@ def simulate_allreduce(grads, method="lhc", seed=0, **options):
                 f"{chosen}: worker {w} decoded {y[bad]!r} at element {bad}, worker 0 "
                 f"{y0[bad]!r}: workers disagree")
 
+    stats, ledger = r.stats, r.ledger
     stats["bytes_sent_by_worker"] = ledger.sent
     stats["bytes_received_by_worker"] = ledger.received
     stats["bytes_sent"] = dict(ledger.sent[0])
@@ -394,49 +463,3 @@ def simulate_allreduce(grads, method="lhc", seed=0, **options):
     stats["bytes_received_per_worker"] = sum(ledger.received[0].values())
     stats["ratio_vs_dense_fp32"] = (stats["bytes_per_worker"] / (4 * n)) if n else 0.0
     return AllreduceResult(sum=y0, stats=stats)
-
-
-def _simulate_lhc(cps, grads, n, gcodes, gcounts, ledger, stats):
-    """The lhc phases after the meta phase; yields each worker's result."""
-    W = len(grads)
-    plans = [_b.lhc_create(cps[w], n, gcodes, gcounts) for w in range(W)]
-    info = plans[0].info()
-    for w in range(1, W):
-        other = plans[w].info()
-        if other["index_bytes"] != info["index_bytes"]:
-            raise HomAggError(f"lhc: worker {w} planned another index than worker 0")
-
-    gindex = _all_reduce_phase(
-        ledger, "index", "or",
-        ((w, _b.lhc_index_encode(plans[w], grads[w])) for w in range(W)))
-    if gindex is None or gindex.size == 0:
-        gindex = np.zeros(info["index_bytes"], dtype=np.uint8)
-    for pl in plans:
-        _b.lhc_set_index(pl, gindex)
-
-    info = plans[0].info()
-    gcells = _all_reduce_phase(
-        ledger, "sketch", "sum32",
-        ((w, _b.lhc_sketch_encode(plans[w], grads[w])) for w in range(W)))
-    if gcells is None or gcells.size == 0:
-        gcells = np.zeros(info["sketch_lanes"], dtype=_b.BE32)
-    for pl in plans:
-        _b.lhc_peel(pl, gcells)
-
-    info = plans[0].info()
-    for w in range(1, W):
-        if plans[w].info() != info:
-            raise HomAggError(f"lhc: worker {w}'s peeling differs from worker 0's")
-    gfall = _all_reduce_phase(
-        ledger, "fallback", "sum32",
-        ((w, _b.lhc_fallback_encode(plans[w], grads[w])) for w in range(W)))
-    if gfall is None or gfall.size == 0:
-        gfall = np.zeros(info["fallback_lanes"], dtype=_b.BE32)
-
-    for k in ("index_bytes", "bitmap_blocks", "bloom_blocks", "candidates", "sketch_lanes",
-              "stalled_blocks", "fallback_lanes"):
-        stats[k] = info[k]
-    stats["fallback_blocks"] = info["stalled_blocks"]
-    for w in range(W):
-        yield _b.lhc_decode(plans[w], gfall)
-        plans[w] = None  # free each plan once decoded

@@ -25,7 +25,9 @@ import time
 
 import numpy as np
 
-METHODS = ("dense", "blocks", "lhc", "nc", "auto")
+from homagg.protocol import METHODS
+
+# The methods the testbed mode runs by default (each one costs a daemon run).
 NET_METHODS = ("dense", "lhc")
 
 

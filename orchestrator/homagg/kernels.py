@@ -7,22 +7,17 @@ paths and benchmarks.
 """
 import numpy as np
 
+from homagg import protocol
 from homagg._native import ffi, lib
 from homagg.errors import InvalidArgument, check
 
-OPS = {"sum32": lib.HG_OP_SUM32, "or": lib.HG_OP_OR, "max8": lib.HG_OP_MAX8,
-       "nc8": lib.HG_OP_NC8}
+OPS = {name: op.code for name, op in protocol.OPS.items()}
 ISAS = {"portable": lib.HG_ISA_PORTABLE, "avx2": lib.HG_ISA_AVX2,
         "avx512": lib.HG_ISA_AVX512, "best": lib.HG_ISA_BEST}
 
 
 def _op(op):
-    if isinstance(op, str):
-        try:
-            return OPS[op.lower()]
-        except KeyError:
-            raise InvalidArgument(f"unknown op {op!r}") from None
-    return int(op)
+    return int(protocol.op_code(op))
 
 
 def _isa(isa):

@@ -44,12 +44,12 @@ import time
 
 import numpy as np
 
+from homagg import protocol
 from homagg.bench import workloads
 from homagg.errors import HomAggError, PeerTimeout
 from homagg.testbed import Testbed, TestbedError
 
-METHODS = ("dense", "blocks", "lhc", "nc", "auto")
-EXACT_METHODS = ("dense", "blocks", "lhc", "auto")
+METHODS = protocol.METHODS
 WORKLOADS = workloads.WORKLOADS  # shared, random, zipf, dense
 UDP_PORT = 48879  # HG_UDP_PORT (wire.h)
 DEFAULT_BLOCK = 4096  # HG_DEFAULT_BLOCK (codec.h)
@@ -298,7 +298,7 @@ def verify(method: str, elements: int, density: float, workload: str, seed: int,
     bits = [r.view(np.uint32) for r in results]
     agree = all(np.array_equal(bits[0], b) for b in bits[1:])
     exact_each = [bool(np.array_equal(b, ref.view(np.uint32))) for b in bits]
-    exact = all(exact_each) if method in EXACT_METHODS else None
+    exact = all(exact_each) if method in protocol.EXACT_METHODS else None
     fsum = np.sum(np.stack(grads).astype(np.float64), axis=0)
     err = float(np.max(np.abs(results[0].astype(np.float64) - fsum))) if elements else 0.0
     return {"exact": exact, "exact_per_worker": exact_each, "workers_agree": agree,

@@ -28,16 +28,8 @@ import numpy as np
 
 from homagg._native import ffi, lib
 from homagg import _sim_bindings as _b
+from homagg import protocol
 from homagg.errors import HomAggError, InvalidArgument, PeerTimeout, error_for
-
-METHODS = {
-    "dense": lib.HG_M_DENSE,
-    "blocks": lib.HG_M_BLOCKS,
-    "lhc": lib.HG_M_LHC,
-    "nc": lib.HG_M_NC,
-    "auto": lib.HG_M_AUTO,
-}
-_METHOD_NAMES = {v: k for k, v in METHODS.items()}
 
 # The codec options, named as in homagg.codec.Params ("block" is an alias).
 _CODEC_OPTIONS = ("block_elements", "block", "stochastic", "seed", "nc_levels",
@@ -219,14 +211,13 @@ class Cluster:
             unknown = set(options) - set(_CODEC_OPTIONS)
             if unknown:
                 raise InvalidArgument(f"unknown codec options: {sorted(unknown)}")
-            if method not in METHODS:
-                raise InvalidArgument(f"unknown method {method!r}; one of {sorted(METHODS)}")
+            code = protocol.method(method).code
             if len(grads) != job.workers:
                 raise InvalidArgument(f"job has {job.workers} workers, got {len(grads)} gradients")
             xs = [np.ascontiguousarray(g, dtype=np.float32).reshape(-1) for g in grads]
             ys = [np.empty_like(x) for x in xs]
             p = _params(job.workers, **options)
-            keep = _b.sim_start(s, job.index, METHODS[method], p, xs, ys)
+            keep = _b.sim_start(s, job.index, code, p, xs, ys)
             started.append((job, xs, ys, keep))
 
         t0 = _b.sim_stats(s)["now_ns"]
@@ -253,7 +244,7 @@ class Cluster:
                 "engine": engine,
                 "fabric": fabric,
                 "virtual_time": (t1 - t0) / 1e9,
-                "method": _METHOD_NAMES.get(per[0]["method_chosen"], "none"),
+                "method": protocol.method_name(per[0]["method_chosen"]),
             }
             if failures:
                 errors.append(self._group_error(job, failures, stats))

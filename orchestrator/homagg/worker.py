@@ -26,16 +26,9 @@ import ipaddress
 
 import numpy as np
 
+from homagg import protocol
 from homagg._native import ffi, lib
 from homagg.errors import InvalidArgument, check, error_for
-
-METHODS = {
-    "dense": "HG_M_DENSE",
-    "blocks": "HG_M_BLOCKS",
-    "lhc": "HG_M_LHC",
-    "nc": "HG_M_NC",
-    "auto": "HG_M_AUTO",
-}
 
 
 def _ipv4(addr, what):
@@ -153,8 +146,7 @@ class Worker:
     def allreduce(self, array, method="dense", out=None, block=None,
                   stochastic=False, seed=0, nc_levels=0):
         """The sum over the job's workers of ``array`` (float32, 1-D)."""
-        if method not in METHODS:
-            raise InvalidArgument(f"method {method!r} not in {sorted(METHODS)}")
+        code = protocol.method(method).code
         x = np.ascontiguousarray(array, dtype=np.float32).reshape(-1)
         if out is None:
             out = np.empty_like(x)
@@ -169,7 +161,7 @@ class Worker:
         p.seed = int(seed) & (2**64 - 1)
         p.nc_levels = int(nc_levels)
         rc = lib.hg_client_allreduce(
-            self._client, p, getattr(lib, METHODS[method]),
+            self._client, p, code,
             ffi.from_buffer("float[]", x), x.size,
             ffi.from_buffer("float[]", out, require_writable=True))
         if rc < 0:

@@ -5,7 +5,7 @@
  *
  * No threads and no blocking inside: hg_client_start() prepares an
  * allreduce, every hg_client_poll() receives a burst, places the results
- * that arrived, advances the phases (codec.h lists them per method), sends
+ * that arrived, advances the phases (protocol.h lists them per method), sends
  * new chunks within the window of S chunks and retransmits the chunks whose
  * timer expired.  The caller polls again at the latest at *next_deadline_ns
  * (the port's clock), or as soon as a packet may have arrived.
@@ -36,6 +36,7 @@
 
 #include "homagg/codec.h"
 #include "homagg/port.h"
+#include "homagg/protocol.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -52,16 +53,6 @@ extern "C" {
 #define HG_CLIENT_MAX_SLOTS 65535
 /* Aggregators one job may be spread over (the header's shard is one byte). */
 #define HG_CLIENT_MAX_AGGREGATORS 64
-
-/* Phase indices of hg_client_stats.bytes_sent / bytes_received. */
-enum hg_client_phase {
-	HG_PH_META = 0,      /* exponents (MAX8) and non-zero counts (SUM32) */
-	HG_PH_VALUES = 1,    /* dense / blocks values (SUM32), nc codes (NC8) */
-	HG_PH_INDEX = 2,     /* lhc index (OR) */
-	HG_PH_SKETCH = 3,    /* lhc count sketch (SUM32) */
-	HG_PH_FALLBACK = 4,  /* lhc fallback of stalled blocks (SUM32) */
-	HG_PH_COUNT = 5,
-};
 
 /* One aggregator of a job spread over several (hg_client_config.aggs). */
 struct hg_client_agg {
@@ -103,8 +94,8 @@ struct hg_client_stats {
 	uint64_t status_received;  /* STATUS replies (slot bitmaps) */
 	uint64_t packets_ignored;  /* received frames that were not for this client */
 	uint64_t tx_refused;       /* packets the port did not take (resent later) */
-	uint64_t bytes_sent[5];    /* HomAgg payload bytes sent, per enum hg_client_phase */
-	uint64_t bytes_received[5];/* result payload bytes placed, per phase */
+	uint64_t bytes_sent[HG_PH__COUNT];     /* HomAgg payload bytes sent, per enum hg_phase */
+	uint64_t bytes_received[HG_PH__COUNT]; /* result payload bytes placed, per phase */
 	uint64_t chunks;           /* distinct chunks of the allreduces so far */
 	uint64_t stalled_blocks;   /* lhc: blocks whose peeling stalled */
 	uint64_t fallback_lanes;   /* lhc: lanes of the fallback phase */

@@ -10,16 +10,16 @@
  * Wire buffers ("be32" below) hold big-endian int32 lanes, exactly as they
  * travel in a packet payload; they are typed uint8_t * and sized in lanes.
  *
- * The phases of each allreduce method (docs/PROTOCOL.md, "Methods"):
+ * The encoder and decoder of each phase (homagg/protocol.h lists the phases
+ * and, per method, which phases it sends in which steps):
  *
- *   all methods: hg_exp_encode -> MAX8 over workers -> global codes
- *   dense      : hg_quantize(flags 0)              -> SUM32 -> hg_dequantize
- *   blocks     : hg_quantize(HG_Q_SKIP_ZERO)       -> SUM32 -> hg_dequantize
- *   lhc        : hg_nnz_counts (with the exponents) -> SUM32 -> hg_lhc_create
- *                hg_lhc_index_encode -> OR -> hg_lhc_set_index
- *                hg_lhc_sketch_encode -> SUM32 -> hg_lhc_peel
- *                hg_lhc_fallback_encode -> SUM32 -> hg_lhc_decode
- *   nc         : hg_nc_encode -> NC8 (expands into int32 lanes) -> hg_dequantize
+ *   exponents: hg_exp_encode (hg_exp_nnz_encode with counts) -> MAX8 -> global codes
+ *   counts   : hg_nnz_counts                      -> SUM32 -> hg_lhc_create / hg_auto_choose
+ *   values   : hg_quantize (HG_Q_SKIP_ZERO: blocks) -> SUM32 -> hg_dequantize
+ *   codes    : hg_nc_encode -> NC8 (expands into int32 lanes) -> hg_dequantize
+ *   index    : hg_lhc_index_encode                -> OR    -> hg_lhc_set_index
+ *   sketch   : hg_lhc_sketch_encode               -> SUM32 -> hg_lhc_peel
+ *   fallback : hg_lhc_fallback_encode             -> SUM32 -> hg_lhc_decode
  */
 #ifndef HOMAGG_CODEC_H
 #define HOMAGG_CODEC_H
@@ -27,6 +27,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include "homagg/protocol.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -43,15 +45,6 @@ extern "C" {
 
 /* hg_params.flags */
 #define HG_F_STOCHASTIC 1
-
-/* Allreduce methods (docs/PROTOCOL.md "Methods"). */
-enum hg_method {
-	HG_M_DENSE = 1,
-	HG_M_BLOCKS = 2,
-	HG_M_LHC = 3,
-	HG_M_NC = 4,
-	HG_M_AUTO = 5,
-};
 
 /* hg_quantize / hg_dequantize flags */
 #define HG_Q_SKIP_ZERO 1
@@ -177,7 +170,6 @@ int hg_lhc_decode(const struct hg_lhc *l, const uint8_t *gfallback_be32,
  */
 int hg_auto_choose(const struct hg_params *p, size_t n, const int8_t *gcodes,
 		   const uint8_t *gcounts_be32);
-const char *hg_method_name(enum hg_method m);
 
 /* ---- nc: natural compression / natural dithering ---------------------- */
 

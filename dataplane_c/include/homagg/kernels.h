@@ -6,6 +6,8 @@
  * lane by lane, over big-endian lanes exactly as they are on the wire, so a
  * result payload is the accumulator itself.  Integer operations only.
  *
+ * The ops, their codes and lane widths are the table of homagg/protocol.h:
+ *
  *   op            in lane        acc lane      acc = ...
  *   HG_OP_SUM32   int32 BE       int32 BE      acc + in (wrapping)
  *   HG_OP_OR      byte           byte          acc | in
@@ -25,18 +27,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "homagg/protocol.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
 /* cdef-begin */
-enum hg_op {
-	HG_OP_SUM32 = 1,
-	HG_OP_OR = 2,
-	HG_OP_MAX8 = 3,
-	HG_OP_NC8 = 4,
-};
-
 enum hg_isa {
 	HG_ISA_PORTABLE = 0,
 	HG_ISA_AVX2 = 1,
@@ -49,11 +46,6 @@ bool hg_isa_supported(enum hg_isa isa);
 /* The ISA hg_aggregate() uses. */
 enum hg_isa hg_isa_best(void);
 const char *hg_isa_name(enum hg_isa isa);
-
-/* Bytes of one input lane / one accumulator lane of op; 0 for a bad op. */
-size_t hg_op_in_lane_bytes(enum hg_op op);
-size_t hg_op_acc_lane_bytes(enum hg_op op);
-bool hg_op_valid(int op);
 
 /* Fill lanes accumulator lanes with the op's identity (0, or -128 for MAX8). */
 int hg_op_identity(enum hg_op op, uint8_t *acc, size_t lanes);

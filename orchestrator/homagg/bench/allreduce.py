@@ -54,9 +54,9 @@ import numpy as np
 
 from homagg.bench import report as rep
 from homagg.bench import workloads
+from homagg.protocol import EXACT_METHODS
+from homagg.protocol import METHODS as HOMAGG_METHODS
 
-HOMAGG_METHODS = ("dense", "blocks", "lhc", "nc", "auto")
-EXACT_METHODS = ("dense", "blocks", "lhc", "auto")
 METHODS = ("gloo",) + HOMAGG_METHODS
 GLOO_PORT = 29511
 CPU_BOUND_MACHINE = 0.8

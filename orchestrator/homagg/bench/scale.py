@@ -38,9 +38,8 @@ import numpy as np
 
 from homagg.bench import report as rep
 from homagg.bench import workloads
+from homagg.protocol import EXACT_METHODS, METHODS
 
-METHODS = ("dense", "blocks", "lhc", "nc", "auto")
-EXACT_METHODS = ("dense", "blocks", "lhc", "auto")
 DEFAULT_WORKERS = "8,16,32,64,128,256"
 
 

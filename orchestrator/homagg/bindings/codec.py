@@ -477,7 +477,7 @@ def nc_encode(p, x, gcodes):
     return nc_encode_into(p, x, gcodes, np.empty(x.size, dtype=U8))
 
 
-# ---- kernels.h ---------------------------------------------------------------
+# ---- kernels.h, protocol.h ---------------------------------------------------------------
 
 def isa_supported(isa):
     return bool(lib.hg_isa_supported(isa))
@@ -504,13 +504,16 @@ def op_valid(op):
     return isinstance(op, (int, np.integer)) and bool(lib.hg_op_valid(op))
 
 
-# Accepted dtypes of (accumulator, input) per op.
-_OP_DTYPES = {
-    OP_SUM32: ((BE32, U8), (BE32, U8)),
-    OP_OR: ((U8,), (U8,)),
-    OP_MAX8: ((I8,), (I8,)),
-    OP_NC8: ((BE32, U8), (U8,)),
-}
+def _lane_dtypes(op, which):
+    """Accepted dtypes of op's accumulator or input buffer, from the lane
+    width of the op table (homagg/protocol.h): big-endian int32 (or raw
+    bytes) for 4-byte lanes, int8 or uint8 for byte lanes.  The first one
+    is what a new buffer gets: int8 when the identity is -128 (MAX8)."""
+    width = op_acc_lane_bytes(op) if which == "acc" else op_in_lane_bytes(op)
+    if width == 4:
+        return (BE32, U8)
+    signed = which == "acc" and lib.hg_op_get(op).identity == 0x80
+    return (I8, U8) if signed else (U8, I8)
 
 
 def _op(op):
@@ -521,7 +524,7 @@ def _op(op):
 
 def _op_lanes(op, a, name, which):
     """Lanes of a buffer of op (acc or in), checking dtype and size."""
-    dtypes = _OP_DTYPES[op][0 if which == "acc" else 1]
+    dtypes = _lane_dtypes(op, which)
     _array(a, name, dtypes, writable=(which == "acc"))
     lane = op_acc_lane_bytes(op) if which == "acc" else op_in_lane_bytes(op)
     if a.nbytes % lane:
@@ -540,7 +543,7 @@ def op_identity(op, acc):
 def op_identity_new(op, lanes):
     """A new accumulator of lanes lanes holding op's identity."""
     op = _op(op)
-    dtype = _OP_DTYPES[op][0][0]
+    dtype = _lane_dtypes(op, "acc")[0]
     return op_identity(op, np.empty(lanes, dtype=dtype))
 
 
