@@ -289,41 +289,11 @@ def test_switch_benchmark_sums_every_frame():
         assert r["mpps"] > 0 and r["engine_mpps"] > 0
 
 
-def test_one_job_spread_over_two_engine_lcores(link, tmp_path):
-    """--lcores 2: one job's slots are spread over both engine lcores
-    ((job + slot) % 2), the result stays exact and each lcore sums its half."""
-    d = Daemon(tmp_path / "spread", ["--vdev", f"net_af_packet0,iface={link.dev_switch}"],
-               ["--port-ip", link.switch_ip, "--lcores", "2",
-                *([] if link.csum_complete else ["--no-udp-csum"])],
-               netns=link.ns_switch, lcores="0@0,1@1,2@1")
-    try:
-        d.wait_ready()
-        with d.client() as c:
-            c.add_job(job=30, token=3, workers=2, slots=32, group=GROUP)
-        grads = gradients(2, 60000, seed=8)
-        threads, results, errors, _stats = run_workers(link, 30, 3, grads, "dense", group=GROUP)
-        join_all(threads, 60)
-        assert errors == [None, None], errors
-        expected = oracle_allreduce(grads, BLOCK)
-        for y in results:
-            assert y.tobytes() == expected.tobytes()
-        with d.client() as c:
-            st = c.stats()
-            c.remove_job(30)
-            with pytest.raises(ControlError):
-                c.remove_job(30)
-        summed = st["engine_summed"]
-        assert len(summed) == 2 and sum(summed) == st["stats"]["summed"]
-        # consecutive slots alternate between the lcores: an even split
-        assert abs(summed[0] - summed[1]) <= 0.1 * sum(summed), summed
-    finally:
-        d.stop()
-    assert d.proc.returncode == 0
-
-
 def test_two_engine_lcores_serve_two_jobs_at_once(link, tmp_path):
-    """--lcores 2: a dispatcher lcore and two engine lcores; two jobs (one
-    per engine) run at the same time, both exact."""
+    """--lcores 2: a dispatcher lcore and two engine lcores; two jobs run at
+    the same time, both exact, each spread over both lcores by slot
+    ((job + slot) % 2): each lcore sums about half of the contributions;
+    remove_job removes a job from both."""
     d = Daemon(tmp_path / "two", ["--vdev", f"net_af_packet0,iface={link.dev_switch}"],
                ["--port-ip", link.switch_ip, "--lcores", "2",
                 *([] if link.csum_complete else ["--no-udp-csum"])],
@@ -346,8 +316,15 @@ def test_two_engine_lcores_serve_two_jobs_at_once(link, tmp_path):
                 assert y.tobytes() == expected.tobytes()
         with d.client() as c:
             st = c.stats()
+            for job in (20, 21):
+                c.remove_job(job)
+                with pytest.raises(ControlError):
+                    c.remove_job(job)
         assert st["engines"] == 2 and st["port"]["dispatch_full"] == 0
-        assert st["stats"]["summed"] > 0
+        summed = st["engine_summed"]
+        assert len(summed) == 2 and sum(summed) == st["stats"]["summed"] > 0
+        # consecutive slots alternate between the lcores: an even split
+        assert abs(summed[0] - summed[1]) <= 0.1 * sum(summed), summed
     finally:
         d.stop()
     assert d.proc.returncode == 0
