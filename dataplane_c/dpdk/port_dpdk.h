@@ -50,7 +50,8 @@ struct hg_dpdk_port_stats {
 	uint64_t tx_refused;    /* frames the NIC refused (caller still owns) */
 	uint64_t drop_injected; /* frames dropped by drop_rate */
 	uint64_t drop_segmented;/* multi-segment frames (not supported) dropped */
-	uint64_t arp_replies;   /* ARP requests for our address answered */
+	uint64_t arp_replies;   /* ARP requests for our address (answered) */
+	uint64_t arp_other;     /* other ARP frames, consumed (never the engine's) */
 	uint64_t alloc_fail;    /* alloc_bulk calls the pool could not serve */
 };
 

@@ -45,6 +45,7 @@
 #include "homagg/errors.h"
 #include "homagg/wire.h"
 #include "control.h"
+#include "log.h"
 #include "port_dpdk.h"
 
 #define RX_DESC 1024
@@ -202,7 +203,7 @@ static int parse_opts(int argc, char **argv, struct opts *o)
 		switch (c) {
 		case O_IP:
 			if (inet_pton(AF_INET, optarg, &a) != 1) {
-				fprintf(stderr, "--port-ip: not an IPv4 address: %s\n", optarg);
+				HG_LOG(ERR, "--port-ip: not an IPv4 address: %s", optarg);
 				return -EINVAL;
 			}
 			o->ipv4 = ntohl(a.s_addr);
@@ -283,23 +284,23 @@ static int parse_opts(int argc, char **argv, struct opts *o)
 		}
 	}
 	if (optind != argc) {
-		fprintf(stderr, "unexpected argument: %s\n", argv[optind]);
+		HG_LOG(ERR, "unexpected argument: %s", argv[optind]);
 		return -EINVAL;
 	}
 	if (o->queues != 1) {
 		/* every packet of a job must reach the engine that holds the job;
 		 * RSS hashes the 5-tuple, which spreads a job's workers over
 		 * queues: more engines are fed by a dispatcher lcore instead */
-		fprintf(stderr, "--queues: only 1 is supported (use --lcores)\n");
+		HG_LOG(ERR, "--queues: only 1 is supported (use --lcores)");
 		return -ENOTSUP;
 	}
 	if (o->lcores > 64) {
-		fprintf(stderr, "--lcores: at most 64 engines\n");
+		HG_LOG(ERR, "--lcores: at most 64 engines");
 		return -ERANGE;
 	}
 	return 0;
 bad:
-	fprintf(stderr, "bad value for --%s: %s\n", lo[c - O_IP].name, optarg);
+	HG_LOG(ERR, "bad value for --%s: %s", lo[c - O_IP].name, optarg);
 	return -EINVAL;
 }
 
@@ -484,57 +485,52 @@ static int ctl_remove_job(void *ctx, uint32_t job)
 	return rc;
 }
 
-static void ctl_stats(void *ctx, struct hg_json_out *w)
+/* The counters under "stats" (engine) and "port" (backend, dispatcher). */
+static int ctl_stats(void *ctx, json_t *reply)
 {
 	struct daemon *d = ctx;
 	uint64_t c[HG_CNT__COUNT];
 	struct hg_dpdk_port_stats ps;
+	json_t *eng = json_object(), *port, *summed;
 	unsigned int i;
+	int rc;
 
 	counters_sum(d, c);
-	hg_json_key(w, "stats");
-	hg_json_raw(w, "{");
-	for (i = 0; i < HG_CNT__COUNT; i++) {
-		hg_json_key(w, hg_counter_name((int)i));
-		hg_json_u64(w, c[i]);
-	}
-	hg_json_raw(w, "}");
+	for (i = 0; eng && i < HG_CNT__COUNT; i++)
+		if (json_object_set_new(eng, hg_counter_name((int)i),
+					json_integer((json_int_t)c[i])) < 0)
+			break;
 	hg_dpdk_port_get_stats(d->dport, &ps);
-	hg_json_key(w, "port");
-	hg_json_raw(w, "{");
-	hg_json_key(w, "rx");
-	hg_json_u64(w, ps.rx);
-	hg_json_key(w, "tx");
-	hg_json_u64(w, ps.tx);
-	hg_json_key(w, "tx_refused");
-	hg_json_u64(w, ps.tx_refused);
-	hg_json_key(w, "drop_injected");
-	hg_json_u64(w, ps.drop_injected);
-	hg_json_key(w, "drop_segmented");
-	hg_json_u64(w, ps.drop_segmented);
-	hg_json_key(w, "arp_replies");
-	hg_json_u64(w, ps.arp_replies);
-	hg_json_key(w, "alloc_fail");
-	hg_json_u64(w, ps.alloc_fail);
-	hg_json_key(w, "dispatch_full");
-	hg_json_u64(w, d->dispatch_full);
-	hg_json_raw(w, "}");
-	hg_json_key(w, "engines");
-	hg_json_u64(w, d->nshards);
-	/* What each engine lcore summed (the spread of the slots). */
-	hg_json_key(w, "engine_summed");
-	hg_json_raw(w, "[");
-	for (i = 0; i < d->nshards; i++) {
+	port = json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}",
+			 "rx", (json_int_t)ps.rx, "tx", (json_int_t)ps.tx,
+			 "tx_refused", (json_int_t)ps.tx_refused,
+			 "drop_injected", (json_int_t)ps.drop_injected,
+			 "drop_segmented", (json_int_t)ps.drop_segmented,
+			 "arp_replies", (json_int_t)ps.arp_replies,
+			 "arp_other", (json_int_t)ps.arp_other,
+			 "alloc_fail", (json_int_t)ps.alloc_fail,
+			 "dispatch_full", (json_int_t)d->dispatch_full);
+	if (!eng || i < HG_CNT__COUNT || !port) {
+		json_decref(eng);
+		json_decref(port);
+		return -ENOMEM;
+	}
+	/* each set takes its value's reference, also when it fails */
+	rc = json_object_set_new(reply, "stats", eng);
+	rc |= json_object_set_new(reply, "port", port);
+	rc |= json_object_set_new(reply, "engines", json_integer(d->nshards));
+	/* What each engine lcore summed (the spread of one job's slots). */
+	summed = json_array();
+	for (i = 0; summed && i < d->nshards; i++) {
 		uint64_t v = d->nshards == 1 && !d->shards[0].launched ?
 			     c[HG_CNT_SUMMED] :
 			     __atomic_load_n(&d->shards[i].snap[HG_CNT_SUMMED],
 					     __ATOMIC_RELAXED);
 
-		if (i)
-			hg_json_raw(w, ",");
-		hg_json_u64(w, v);
+		rc |= json_array_append_new(summed, json_integer((json_int_t)v));
 	}
-	hg_json_raw(w, "]");
+	rc |= json_object_set_new(reply, "engine_summed", summed);
+	return rc ? -ENOMEM : 0;
 }
 
 static void ctl_shutdown(void *ctx)
@@ -583,8 +579,8 @@ static int port_setup(struct daemon *d)
 	int socket, rc;
 
 	if (!rte_eth_dev_is_valid_port(pid)) {
-		fprintf(stderr, "ethdev port %u does not exist (%u available): "
-			"pass a --vdev or a device in the EAL arguments\n",
+		HG_LOG(ERR, "ethdev port %u does not exist (%u available): "
+			"pass a --vdev or a device in the EAL arguments",
 			pid, rte_eth_dev_count_avail());
 		return -ENODEV;
 	}
@@ -600,7 +596,7 @@ static int port_setup(struct daemon *d)
 							d->mtu + RTE_ETHER_HDR_LEN + 8),
 				      socket);
 	if (!d->pool) {
-		fprintf(stderr, "mbuf pool: %s\n", rte_strerror(rte_errno));
+		HG_LOG(ERR, "mbuf pool: %s", rte_strerror(rte_errno));
 		return -ENOMEM;
 	}
 	memset(&conf, 0, sizeof(conf));
@@ -617,7 +613,7 @@ static int port_setup(struct daemon *d)
 	if (rc == 0)
 		rc = rte_eth_dev_start(pid);
 	if (rc < 0) {
-		fprintf(stderr, "port %u setup: %s\n", pid, rte_strerror(-rc));
+		HG_LOG(ERR, "port %u setup: %s", pid, rte_strerror(-rc));
 		return rc;
 	}
 	d->port_started = true;
@@ -628,22 +624,26 @@ static int port_setup(struct daemon *d)
 	return 0;
 }
 
-static void print_counters(struct daemon *d, FILE *f)
+/* One log line of the port counters and the non-zero engine counters. */
+static void log_counters(struct daemon *d)
 {
 	uint64_t c[HG_CNT__COUNT];
 	struct hg_dpdk_port_stats ps;
+	char line[4096];
+	size_t n;
 	unsigned int i;
 
 	counters_sum(d, c);
 	hg_dpdk_port_get_stats(d->dport, &ps);
-	fprintf(f, "stats: port rx=%" PRIu64 " tx=%" PRIu64 " drop_injected=%"
-		PRIu64 " arp=%" PRIu64, ps.rx, ps.tx, ps.drop_injected,
-		ps.arp_replies);
-	for (i = 0; i < HG_CNT__COUNT; i++)
+	n = (size_t)snprintf(line, sizeof(line), "port rx=%" PRIu64 " tx=%"
+			     PRIu64 " drop_injected=%" PRIu64 " arp=%" PRIu64,
+			     ps.rx, ps.tx, ps.drop_injected, ps.arp_replies);
+	for (i = 0; i < HG_CNT__COUNT && n < sizeof(line); i++)
 		if (c[i])
-			fprintf(f, " %s=%" PRIu64, hg_counter_name((int)i), c[i]);
-	fprintf(f, "\n");
-	fflush(f);
+			n += (size_t)snprintf(line + n, sizeof(line) - n,
+					      " %s=%" PRIu64,
+					      hg_counter_name((int)i), c[i]);
+	HG_LOG(NOTICE, "stats: %s", line);
 }
 
 /* The dispatcher (--lcores > 1): frames from the ethdev to the shard of
@@ -707,12 +707,12 @@ static int run(struct daemon *d)
 			continue;
 		next_ctl = now + ctl_period;
 		if (hg_control_poll(d->ctl) < 0)
-			fprintf(stderr, "control socket: %s\n", strerror(errno));
+			HG_LOG(ERR, "control socket: %s", strerror(errno));
 		if (one)
 			shard_publish(one);   /* for the telemetry thread */
 		if (stats_period && now >= next_stats) {
 			next_stats = now + stats_period;
-			print_counters(d, stdout);
+			log_counters(d);
 		}
 	}
 	return 0;
@@ -762,8 +762,8 @@ static int shards_setup(struct daemon *d)
 
 	d->nshards = d->o.lcores;
 	if (d->nshards > 1 && rte_lcore_count() < d->nshards + 1) {
-		fprintf(stderr, "--lcores %u needs %u EAL lcores (e.g. -l 0-%u): "
-			"one dispatcher and one per engine\n", d->nshards,
+		HG_LOG(ERR, "--lcores %u needs %u EAL lcores (e.g. -l 0-%u): "
+			"one dispatcher and one per engine", d->nshards,
 			d->nshards + 1, d->nshards);
 		return -EINVAL;
 	}
@@ -805,7 +805,7 @@ static int shards_setup(struct daemon *d)
 			ec.flags &= ~(uint32_t)HG_ENGINE_F_UDP_CSUM;
 		sh->eng = hg_engine_create(&ec);
 		if (!sh->eng) {
-			fprintf(stderr, "engine: could not create\n");
+			HG_LOG(ERR, "engine: could not create");
 			return -ENOMEM;
 		}
 		shard_publish(sh);
@@ -818,7 +818,7 @@ static int shards_setup(struct daemon *d)
 		lcore = rte_get_next_lcore(lcore, 1, 0);
 		sh->lcore = lcore;
 		if (rte_eal_remote_launch(shard_loop, sh, lcore) != 0) {
-			fprintf(stderr, "lcore %u: could not launch\n", lcore);
+			HG_LOG(ERR, "lcore %u: could not launch", lcore);
 			return -EBUSY;
 		}
 		sh->launched = true;
@@ -843,7 +843,7 @@ int main(int argc, char **argv)
 
 	eal_args = rte_eal_init(argc, argv);
 	if (eal_args < 0) {
-		fprintf(stderr, "EAL init failed: %s\n", rte_strerror(rte_errno));
+		HG_LOG(ERR, "EAL init failed: %s", rte_strerror(rte_errno));
 		return 1;
 	}
 	argc -= eal_args;
@@ -860,7 +860,7 @@ int main(int argc, char **argv)
 		.can_replicate = d->o.replicate, .drop_rate = d->o.drop_rate,
 		.seed = d->o.seed });
 	if (!d->dport) {
-		fprintf(stderr, "port backend: %s\n", strerror(errno));
+		HG_LOG(ERR, "port backend: %s", strerror(errno));
 		goto out;
 	}
 	d->port = hg_dpdk_port_ops(d->dport);
@@ -873,7 +873,7 @@ int main(int argc, char **argv)
 				  (uint32_t)(d->mtu - 20 - 8 - HG_HDR_LEN)) & ~3u;
 	d->ctl = hg_control_create(d->o.control, &ctl_ops, d, &lim);
 	if (!d->ctl) {
-		fprintf(stderr, "control socket %s: %s\n", d->o.control,
+		HG_LOG(ERR, "control socket %s: %s", d->o.control,
 			strerror(errno));
 		goto out;
 	}
@@ -881,7 +881,7 @@ int main(int argc, char **argv)
 	rc = rte_telemetry_register_cmd("/homagg/stats", tel_stats,
 					"HomAgg engine counters. No parameters");
 	if (rc < 0)
-		fprintf(stderr, "telemetry: /homagg/stats not registered (%d)\n", rc);
+		HG_LOG(ERR, "telemetry: /homagg/stats not registered (%d)", rc);
 
 	a.s_addr = htonl(d->o.ipv4);
 	inet_ntop(AF_INET, &a, ip, sizeof(ip));
@@ -889,20 +889,18 @@ int main(int argc, char **argv)
 		struct hg_port_info pi;
 
 		d->port.ops->get_info(d->port.ctx, &pi);
-		printf("homagg-switch: ready port=%u mac=%02x:%02x:%02x:%02x:%02x:%02x "
-		       "ip=%s udp=%u control=%s drop_rate=%g engines=%u\n",
+		HG_LOG(NOTICE, "ready port=%u mac=%02x:%02x:%02x:%02x:%02x:%02x "
+		       "ip=%s udp=%u control=%s drop_rate=%g engines=%u",
 		       d->o.port_id, pi.mac[0], pi.mac[1], pi.mac[2], pi.mac[3],
 		       pi.mac[4], pi.mac[5], ip, d->o.udp_port, d->o.control,
 		       d->o.drop_rate, d->nshards);
-		fflush(stdout);
 	}
 	run(d);
 	stop_engines(d);
 	if (d->o.stats_interval > 0)
-		print_counters(d, stdout);
-	printf("homagg-switch: stopping (%s)\n",
+		log_counters(d);
+	HG_LOG(NOTICE, "stopping (%s)",
 	       g_signalled ? strsignal(g_signalled) : "shutdown command");
-	fflush(stdout);
 	status = 0;
 out:
 	teardown(d);

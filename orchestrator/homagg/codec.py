@@ -39,6 +39,7 @@ import numpy as np
 
 from homagg import protocol
 from homagg.bindings import codec as _b
+from homagg.bindings import kernels as _k
 from homagg.errors import HomAggError, InvalidArgument, NonFiniteValue, OutOfRange
 
 DEFAULT_BLOCK = _b.DEFAULT_BLOCK
@@ -203,9 +204,9 @@ def aggregate(op, acc, inputs, top=0):
     op = protocol.op_code(op)
     for inp in inputs:
         if acc is None:
-            lanes = inp.nbytes // max(_b.op_in_lane_bytes(op), 1)
-            acc = _b.op_identity_new(op, lanes)
-        _b.aggregate(op, acc, inp, top)
+            lanes = inp.nbytes // max(_k.op_in_lane_bytes(op), 1)
+            acc = _k.op_identity_new(op, lanes)
+        _k.aggregate(op, acc, inp, top)
     if acc is None:
         raise InvalidArgument("aggregate: no inputs and no accumulator")
     return acc
@@ -293,8 +294,8 @@ class _Run:
         for w in range(self.W):
             payload = _with_worker(w, lambda w=w: encode(self, w))
             if acc is None:
-                acc = _b.op_identity_new(op, payload.nbytes // _b.op_in_lane_bytes(op))
-            _b.aggregate(op, acc, payload, top)
+                acc = _k.op_identity_new(op, payload.nbytes // _k.op_in_lane_bytes(op))
+            _k.aggregate(op, acc, payload, top)
             self.ledger.add(phase, w, payload.nbytes, acc.nbytes)
         return acc
 

@@ -23,7 +23,7 @@ Example::
 import dataclasses
 import errno
 
-from homagg._native import ffi, lib
+from homagg.bindings import protocol as _b
 from homagg.errors import InvalidArgument
 
 
@@ -63,49 +63,24 @@ class Method:
         return tuple(ph for step in self.steps for ph in step)
 
 
-def _s(p):
-    return ffi.string(p).decode()
-
-
-def _ops():
-    out = {}
-    for i in range(lib.hg_op_count()):
-        o = lib.hg_op_at(i)
-        out[_s(o.name)] = Op(_s(o.name), o.code, o.in_lane, o.acc_lane, o.identity,
-                             o.exp_max, _s(o.doc))
-    return out
-
-
-OPS = _ops()
+OPS = {r["name"]: Op(r["name"], r["code"], r["in_lane"], r["acc_lane"], r["identity"],
+                    r["exp_max"], r["doc"]) for r in _b.op_table()}
 OP_BY_CODE = {o.code: o for o in OPS.values()}
 
-
-def _phases():
-    out = {}
-    for i in range(lib.hg_phase_count()):
-        p = lib.hg_phase_at(i)
-        out[_s(p.name)] = Phase(_s(p.name), p.index, OP_BY_CODE[p.op].name, _s(p.doc))
-    return out
-
-
-PHASE = _phases()
+PHASE = {r["name"]: Phase(r["name"], r["index"], OP_BY_CODE[r["op"]].name, r["doc"])
+         for r in _b.phase_table()}
 PHASES = tuple(sorted(PHASE, key=lambda n: PHASE[n].index))
 
 
-def _methods():
-    out = {}
-    for i in range(lib.hg_method_count()):
-        m = lib.hg_method_at(i)
-        steps = tuple(tuple(ph for ph in PHASES if m.steps[k] >> PHASE[ph].index & 1)
-                      for k in range(m.nsteps))
-        out[_s(m.name)] = Method(
-            _s(m.name), m.code, bool(m.flags & lib.HG_MF_EXACT),
-            bool(m.flags & lib.HG_MF_SKIP_ZERO), bool(m.flags & lib.HG_MF_CANDIDATE),
-            bool(m.flags & lib.HG_MF_CHOOSES), steps, _s(m.doc))
-    return out
+def _method(r):
+    steps = tuple(tuple(ph for ph in PHASES if mask >> PHASE[ph].index & 1)
+                  for mask in r["steps"])
+    f = r["flags"]
+    return Method(r["name"], r["code"], bool(f & _b.MF_EXACT), bool(f & _b.MF_SKIP_ZERO),
+                  bool(f & _b.MF_CANDIDATE), bool(f & _b.MF_CHOOSES), steps, r["doc"])
 
 
-METHOD = _methods()
+METHOD = {r["name"]: _method(r) for r in _b.method_table()}
 METHODS = tuple(sorted(METHOD, key=lambda n: METHOD[n].code))
 METHOD_BY_CODE = {m.code: m for m in METHOD.values()}
 EXACT_METHODS = tuple(m for m in METHODS if METHOD[m].exact)

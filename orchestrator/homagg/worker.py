@@ -21,8 +21,16 @@ aggregators")::
 
 A dead aggregator makes ``allreduce`` raise ``PeerTimeout`` naming it
 within ``timeout`` seconds.
+
+``allreduce`` releases the GIL for the whole C call (cffi does), so
+``allreduce_async(grad)`` runs it on the worker's one background thread and
+returns a concurrent.futures.Future: calls run one at a time in the order
+they were made (every worker of a job must make the same calls in the same
+order), while Python keeps running.
 """
+import concurrent.futures
 import ipaddress
+import threading
 
 import numpy as np
 
@@ -138,14 +146,21 @@ class Worker:
         # the destructor holds the port: the client frees packets into it
         self._client = ffi.gc(
             client, lambda c, _port=self._port: lib.hg_client_destroy(c))
+        # one C call at a time; allreduce_async's calls run on one thread
+        self._lock = threading.Lock()
+        self._executor = None
 
     @property
     def local_address(self):
         return self._port.local_address
 
     def allreduce(self, array, method="dense", out=None, block=None,
-                  stochastic=False, seed=0, nc_levels=0):
-        """The sum over the job's workers of ``array`` (float32, 1-D)."""
+                  stochastic=False, seed=0, nc_levels=0, info=None):
+        """The sum over the job's workers of ``array`` (float32, 1-D).
+
+        ``info`` (a dict, optional) receives what this call did:
+        "method" (the method that ran: auto's choice), "bytes_sent" and
+        "bytes_received" (HomAgg payload bytes of this call)."""
         code = protocol.method(method).code
         x = np.ascontiguousarray(array, dtype=np.float32).reshape(-1)
         if out is None:
@@ -160,10 +175,21 @@ class Worker:
         p.flags = lib.HG_F_STOCHASTIC if stochastic else 0
         p.seed = int(seed) & (2**64 - 1)
         p.nc_levels = int(nc_levels)
-        rc = lib.hg_client_allreduce(
-            self._client, p, code,
-            ffi.from_buffer("float[]", x), x.size,
-            ffi.from_buffer("float[]", out, require_writable=True))
+        with self._lock:
+            if self._client is None:
+                raise InvalidArgument("worker is closed")
+            if info is not None:
+                before = self._payload_bytes()
+            rc = lib.hg_client_allreduce(
+                self._client, p, code,
+                ffi.from_buffer("float[]", x), x.size,
+                ffi.from_buffer("float[]", out, require_writable=True))
+            if info is not None and rc >= 0:
+                after = self._payload_bytes()
+                m = protocol.METHOD_BY_CODE.get(after[2])
+                info["method"] = m.name if m else None
+                info["bytes_sent"] = after[0] - before[0]
+                info["bytes_received"] = after[1] - before[1]
         if rc < 0:
             text = ffi.string(lib.hg_client_error_text(self._client)).decode()
             where = ", ".join(f"{h}:{p}" for h, p in self.aggregators)
@@ -171,6 +197,24 @@ class Worker:
             raise error_for(rc, f"worker {self.worker} of job {self.job}, "
                                 f"{where}: {text or 'failed'}")
         return out
+
+    def allreduce_async(self, array, method="dense", **kwargs):
+        """``allreduce`` on the worker's background thread: returns a
+        concurrent.futures.Future of the result (its exception on failure,
+        e.g. PeerTimeout naming the aggregator).  ``array`` must stay
+        unchanged until the future is done.  Calls run in submission order."""
+        if self._client is None:
+            raise InvalidArgument("worker is closed")
+        if self._executor is None:
+            self._executor = concurrent.futures.ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix=f"homagg-w{self.worker}")
+        return self._executor.submit(self.allreduce, array, method, **kwargs)
+
+    def _payload_bytes(self):
+        """(bytes sent, bytes received, method chosen) of the client so far."""
+        st = ffi.new("struct hg_client_stats *")
+        lib.hg_client_get_stats(self._client, st)
+        return (sum(st.bytes_sent), sum(st.bytes_received), st.method_chosen)
 
     def stats(self):
         """The client's counters and the UDP port's, as one dict."""
@@ -180,6 +224,10 @@ class Worker:
             "packets_sent", "retransmissions", "timeouts", "results_received",
             "duplicates_received", "status_received", "packets_ignored",
             "tx_refused", "chunks", "srtt_ns", "rto_ns")}
+        out["bytes_sent"] = sum(st.bytes_sent)
+        out["bytes_received"] = sum(st.bytes_received)
+        m = protocol.METHOD_BY_CODE.get(st.method_chosen)
+        out["method_chosen"] = m.name if m else None
         out["port"] = self._port.stats()
         out["aggregators"] = []
         ast = ffi.new("struct hg_client_agg_stats *")
@@ -191,10 +239,15 @@ class Worker:
         return out
 
     def close(self):
+        # pending asynchronous calls finish (or time out) first
+        if getattr(self, "_executor", None) is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
         # the client first: it holds packets of the port
         if getattr(self, "_client", None) is not None:
-            ffi.release(self._client)
-            self._client = None
+            with self._lock:
+                ffi.release(self._client)
+                self._client = None
         if getattr(self, "_port", None) is not None:
             self._port.close()
             self._port = None

@@ -69,6 +69,7 @@ def make_gradients(n, workers, density, seed):
 def run(args):
     from homagg import codec
     from homagg.bench import numpy_codec as npc
+    from homagg import kernels
     from homagg.bindings import codec as b
 
     n, W = args.elements, args.workers
@@ -145,7 +146,7 @@ def run(args):
 
     out = {
         "elements": n, "workers": W, "density": args.density, "block_elements": block,
-        "isa": b.isa_name(b.isa_best()),
+        "isa": kernels.isa_best(),
         "encode_seconds": t_enc, "decode_seconds": t_dec, "memcpy_seconds": t_mem,
         "encode_gbps": gb / t_enc, "decode_gbps": gb / t_dec, "memcpy_gbps": gb / t_mem,
         "encode_vs_memcpy": t_mem / t_enc, "decode_vs_memcpy": t_mem / t_dec,

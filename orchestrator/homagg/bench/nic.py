@@ -17,7 +17,7 @@ import time
 
 import numpy as np
 
-from homagg._native import ffi, lib
+from homagg.bindings import nic as _nb
 from homagg.nic import Fabric, Faults
 
 
@@ -38,15 +38,14 @@ class _Sink:
     def __init__(self, port, n, length):
         self.port = port
         self.cap = n * length
-        self.buf = ffi.new("uint8_t[]", self.cap)
-        self.lens = ffi.new("uint16_t[]", n)
+        self.buf, self.lens = _nb.recv_buffers(n, self.cap)
         self.n = n
 
     def drain(self):
         total = 0
         while True:
-            got = lib.hg_nic_port_recv_frames(self.port._p, self.buf, self.cap, self.lens,
-                                              ffi.NULL, self.n)
+            got = _nb.port_recv_frames_into(self.port._p, self.buf, self.cap, self.lens,
+                                            self.n)
             total += got
             if got < self.n:
                 return total

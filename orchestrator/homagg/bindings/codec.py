@@ -1,4 +1,4 @@
-"""Bindings of homagg/codec.h and homagg/kernels.h.
+"""Bindings of homagg/codec.h.
 
 One function per C function.  Every buffer is a 1-D C-contiguous numpy
 array of the exact dtype the C side expects, passed without a copy:
@@ -21,12 +21,10 @@ import math
 import numpy as np
 
 from homagg._native import ffi, lib
+from homagg.bindings._args import (BE32, F32, I8, U8, _be32, _buf, _f32, _i8, _length,
+                                   _u8, _wbuf)
 from homagg.errors import HomAggError, InvalidArgument, NonFiniteValue, OutOfRange, check
 
-F32 = np.dtype(np.float32)
-I8 = np.dtype(np.int8)
-U8 = np.dtype(np.uint8)
-BE32 = np.dtype(">i4")
 
 MAX_WORKERS = lib.HG_MAX_WORKERS
 MIN_BLOCK = lib.HG_MIN_BLOCK
@@ -36,79 +34,7 @@ EXP_ZERO = lib.HG_EXP_ZERO
 F_STOCHASTIC = lib.HG_F_STOCHASTIC
 Q_SKIP_ZERO = lib.HG_Q_SKIP_ZERO
 
-M_DENSE = lib.HG_M_DENSE
-M_BLOCKS = lib.HG_M_BLOCKS
-M_LHC = lib.HG_M_LHC
-M_NC = lib.HG_M_NC
-M_AUTO = lib.HG_M_AUTO
-
-OP_SUM32 = lib.HG_OP_SUM32
-OP_OR = lib.HG_OP_OR
-OP_MAX8 = lib.HG_OP_MAX8
-OP_NC8 = lib.HG_OP_NC8
-
-ISA_PORTABLE = lib.HG_ISA_PORTABLE
-ISA_AVX2 = lib.HG_ISA_AVX2
-ISA_AVX512 = lib.HG_ISA_AVX512
-ISA_BEST = lib.HG_ISA_BEST
-
 _U64_MAX = 2**64 - 1
-
-
-# ---- argument checks -------------------------------------------------------
-
-def _array(a, name, dtypes, writable=False):
-    """Check that a is a 1-D C-contiguous array of one of dtypes."""
-    if not isinstance(a, np.ndarray):
-        raise InvalidArgument(f"{name}: expected a numpy array, got {type(a).__name__}")
-    if a.ndim != 1:
-        raise InvalidArgument(f"{name}: expected a 1-D array, got shape {a.shape}")
-    if a.dtype not in dtypes:
-        want = " or ".join(str(d) for d in dtypes)
-        raise InvalidArgument(f"{name}: expected dtype {want}, got {a.dtype.str}")
-    if not a.flags.c_contiguous:
-        raise InvalidArgument(f"{name}: array is not C-contiguous (pass np.ascontiguousarray(...))")
-    if writable and not a.flags.writeable:
-        raise InvalidArgument(f"{name}: output array is read-only")
-    return a
-
-
-def _f32(a, name="x", writable=False):
-    return _array(a, name, (F32,), writable)
-
-
-def _i8(a, name, writable=False):
-    return _array(a, name, (I8,), writable)
-
-
-def _u8(a, name, writable=False):
-    return _array(a, name, (U8,), writable)
-
-
-def _be32(a, name, writable=False):
-    """int32 wire lanes: '>i4', or raw uint8 bytes (multiple of 4)."""
-    _array(a, name, (BE32, U8), writable)
-    if a.dtype == U8 and a.size % 4:
-        raise InvalidArgument(f"{name}: raw int32 lanes need a multiple of 4 bytes, got {a.size}")
-    return a
-
-
-def _lanes32(a):
-    return a.size if a.dtype == BE32 else a.size // 4
-
-
-def _length(a, want, name, unit="elements"):
-    have = _lanes32(a) if a.dtype == BE32 or (a.dtype == U8 and unit == "lanes") else a.size
-    if have != want:
-        raise InvalidArgument(f"{name}: expected {want} {unit}, got {have}")
-
-
-def _buf(ctype, a):
-    return ffi.from_buffer(ctype, a, require_writable=False)
-
-
-def _wbuf(ctype, a):
-    return ffi.from_buffer(ctype, a, require_writable=True)
 
 
 def _first_bad(x):
@@ -475,104 +401,6 @@ def nc_encode_into(p, x, gcodes, codes):
 def nc_encode(p, x, gcodes):
     _f32(x)
     return nc_encode_into(p, x, gcodes, np.empty(x.size, dtype=U8))
-
-
-# ---- kernels.h, protocol.h ---------------------------------------------------------------
-
-def isa_supported(isa):
-    return bool(lib.hg_isa_supported(isa))
-
-
-def isa_best():
-    return int(lib.hg_isa_best())
-
-
-def isa_name(isa):
-    s = lib.hg_isa_name(isa)
-    return "?" if s == ffi.NULL else ffi.string(s).decode()
-
-
-def op_in_lane_bytes(op):
-    return int(lib.hg_op_in_lane_bytes(op))
-
-
-def op_acc_lane_bytes(op):
-    return int(lib.hg_op_acc_lane_bytes(op))
-
-
-def op_valid(op):
-    return isinstance(op, (int, np.integer)) and bool(lib.hg_op_valid(op))
-
-
-def _lane_dtypes(op, which):
-    """Accepted dtypes of op's accumulator or input buffer, from the lane
-    width of the op table (homagg/protocol.h): big-endian int32 (or raw
-    bytes) for 4-byte lanes, int8 or uint8 for byte lanes.  The first one
-    is what a new buffer gets: int8 when the identity is -128 (MAX8)."""
-    width = op_acc_lane_bytes(op) if which == "acc" else op_in_lane_bytes(op)
-    if width == 4:
-        return (BE32, U8)
-    signed = which == "acc" and lib.hg_op_get(op).identity == 0x80
-    return (I8, U8) if signed else (U8, I8)
-
-
-def _op(op):
-    if not op_valid(op):
-        raise InvalidArgument(f"unknown aggregation op {op!r}", -errno.EINVAL)
-    return int(op)
-
-
-def _op_lanes(op, a, name, which):
-    """Lanes of a buffer of op (acc or in), checking dtype and size."""
-    dtypes = _lane_dtypes(op, which)
-    _array(a, name, dtypes, writable=(which == "acc"))
-    lane = op_acc_lane_bytes(op) if which == "acc" else op_in_lane_bytes(op)
-    if a.nbytes % lane:
-        raise InvalidArgument(f"{name}: {a.nbytes} bytes is not a whole number of {lane}-byte lanes")
-    return a.nbytes // lane
-
-
-def op_identity(op, acc):
-    """hg_op_identity: fill acc with the op's identity."""
-    op = _op(op)
-    lanes = _op_lanes(op, acc, "acc", "acc")
-    check(lib.hg_op_identity(op, _wbuf("uint8_t[]", acc), lanes), "hg_op_identity")
-    return acc
-
-
-def op_identity_new(op, lanes):
-    """A new accumulator of lanes lanes holding op's identity."""
-    op = _op(op)
-    dtype = _lane_dtypes(op, "acc")[0]
-    return op_identity(op, np.empty(lanes, dtype=dtype))
-
-
-def _aggregate_args(op, acc, inp):
-    op = _op(op)
-    lanes = _op_lanes(op, inp, "in", "in")
-    acc_lanes = _op_lanes(op, acc, "acc", "acc")
-    if acc_lanes != lanes:
-        raise InvalidArgument(f"acc has {acc_lanes} lanes, in has {lanes}")
-    if np.shares_memory(acc, inp) and acc.ctypes.data != inp.ctypes.data:
-        raise InvalidArgument("acc and in overlap partially")
-    return op, lanes
-
-
-def aggregate(op, acc, inp, top=0):
-    """hg_aggregate: acc = acc (op) inp, lane by lane, in place."""
-    op, lanes = _aggregate_args(op, acc, inp)
-    rc = lib.hg_aggregate(op, _wbuf("uint8_t[]", acc), _buf("uint8_t[]", inp), lanes, int(top))
-    check(rc, f"hg_aggregate({op})")
-    return acc
-
-
-def aggregate_isa(isa, op, acc, inp, top=0):
-    """hg_aggregate_isa: the same with a forced ISA (ResourceError if missing)."""
-    op, lanes = _aggregate_args(op, acc, inp)
-    rc = lib.hg_aggregate_isa(isa, op, _wbuf("uint8_t[]", acc), _buf("uint8_t[]", inp),
-                              lanes, int(top))
-    check(rc, f"hg_aggregate_isa({isa_name(isa)}, {op})")
-    return acc
 
 
 __all__ = [n for n in dir() if not n.startswith("_") and n not in (
