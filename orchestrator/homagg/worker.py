@@ -19,8 +19,11 @@ aggregators")::
 
     Worker(..., aggregators=[("10.0.0.1", 48879), ("10.0.0.3", 48879)])
 
-A dead aggregator makes ``allreduce`` raise ``PeerTimeout`` naming it
-within ``timeout`` seconds.
+``payload`` is the job's payload size (1024 bytes by default; up to 8192
+with jumbo frames): it must fit the MTU of the path to every aggregator,
+which the worker asks the kernel for (or takes from ``mtu``).  A dead
+aggregator makes ``allreduce`` raise ``PeerTimeout`` naming it within
+``timeout`` seconds.
 
 ``allreduce`` releases the GIL for the whole C call (cffi does), so
 ``allreduce_async(grad)`` runs it on the worker's one background thread and
@@ -30,6 +33,7 @@ order), while Python keeps running.
 """
 import concurrent.futures
 import ipaddress
+import socket
 import threading
 
 import numpy as np
@@ -46,17 +50,44 @@ def _ipv4(addr, what):
         raise InvalidArgument(f"{what}: not an IPv4 address: {addr!r}") from exc
 
 
+IP_MTU = getattr(socket, "IP_MTU", 14)  # linux/in.h
+# IPv4 + UDP + HomAgg header + the optional MAC (docs/PROTOCOL.md Part 2)
+FRAME_OVERHEAD = 20 + 8 + lib.HG_HDR_LEN + 16
+
+
+def path_mtu(dest, source="0.0.0.0"):
+    """The kernel's MTU of the route from ``source`` to ``dest`` (IPv4
+    strings): a connected UDP socket's IP_MTU; 1500 when it cannot tell."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.bind((source, 0))
+            s.connect((dest, 9))
+            return int(s.getsockopt(socket.IPPROTO_IP, IP_MTU))
+        except OSError:
+            return 1500
+
+
+def max_payload(mtu):
+    """The largest job payload (bytes, a multiple of 4, at most
+    HG_MAX_PAYLOAD) whose frames fit a link of this MTU."""
+    return min(lib.HG_MAX_PAYLOAD, (int(mtu) - FRAME_OVERHEAD) // 4 * 4)
+
+
 class UdpPort:
     """The kernel UDP port backend (homagg/port_udp.h); ``port`` is the
-    ``struct hg_port *`` a Worker's client or an Engine runs on."""
+    ``struct hg_port *`` a Worker's client or an Engine runs on; ``mtu`` is
+    what its get_info reports (0 = 1500)."""
 
-    def __init__(self, bind=("0.0.0.0", 0), group_port=0, packets=0, rcvbuf=0):
+    def __init__(self, bind=("0.0.0.0", 0), group_port=0, packets=0, rcvbuf=0, mtu=0):
+        if mtu and not 576 <= int(mtu) <= 9000:
+            raise InvalidArgument(f"mtu must be 576..9000, got {mtu}")
         pc = ffi.new("struct hg_udp_port_config *")
         pc.bind_ipv4 = _ipv4(bind[0], "bind")
         pc.bind_port = int(bind[1])
         pc.group_port = int(group_port)
         pc.packets = int(packets)
         pc.rcvbuf = int(rcvbuf)
+        pc.mtu = int(mtu)
         p = lib.hg_udp_port_create(pc)
         if p == ffi.NULL:
             raise error_for(-ffi.errno, f"UDP socket on {bind[0]}:{bind[1]}")
@@ -96,11 +127,14 @@ class Worker:
     def __init__(self, job, token, worker, workers,
                  aggregator=("10.0.0.1", 48879), group=None,
                  bind=("0.0.0.0", 0), timeout=5.0, slots=64, payload=1024,
-                 rto=0.001, packets=0, aggregators=None):
+                 rto=0.001, packets=0, aggregators=None, mtu=None):
         if not 0 <= worker < workers:
             raise InvalidArgument(f"worker {worker} not in 0..{workers - 1}")
         if timeout <= 0:
             raise InvalidArgument("timeout must be positive")
+        if not 4 <= int(payload) <= lib.HG_MAX_PAYLOAD or int(payload) % 4:
+            raise InvalidArgument(f"payload must be a multiple of 4 in 4..{lib.HG_MAX_PAYLOAD}, "
+                                  f"got {payload}")
         if aggregators is None:
             aggregators = [aggregator]
         aggregators = [(str(a[0]), int(a[1])) for a in aggregators]
@@ -113,11 +147,23 @@ class Worker:
         self.worker, self.workers = worker, workers
         self.aggregators = aggregators
         self.aggregator = aggregators[0]
+        for a in aggregators:
+            _ipv4(a[0], "aggregator")
         self.group = group
         self.timeout = timeout
+        # the smallest MTU of the paths to the aggregators
+        narrow = min(aggregators, key=lambda a: path_mtu(a[0], str(bind[0])))
+        self.mtu = int(mtu) if mtu else min(9000, max(576, path_mtu(narrow[0], str(bind[0]))))
+        if payload > max_payload(self.mtu):
+            raise InvalidArgument(
+                f"payload {payload} bytes does not fit the MTU {self.mtu} of the path to "
+                f"aggregator {narrow[0]}: at most {max_payload(self.mtu)} bytes; "
+                f"a {payload}-byte payload needs links with MTU >= {payload + FRAME_OVERHEAD} "
+                f"(jumbo frames, e.g. `homagg testbed up --mtu 9000`)")
 
         self._port = UdpPort(bind, packets=max(int(packets),
-                                               4 * slots * len(aggregators) + 256))
+                                               4 * slots * len(aggregators) + 256),
+                             mtu=self.mtu)
 
         cfg = ffi.new("struct hg_client_config *")
         cfg.port = self._port.port
