@@ -255,3 +255,11 @@ def test_testbed_dead_aggregator_is_named(testbed_k2):
     assert text.count(f"no answer from aggregator {dead.ip}:48879 (shard 1 of 2)") == 3, text
     assert "shard 0 of 2" not in text
     assert testbed_k2.state()["processes"] == []
+    # Recovery: re-run with the K - 1 = 1 live aggregator.
+    rep = runmod.run_allreduce(testbed_k2.name, "dense", elements=20_000, density=1.0,
+                               workload="dense", seed=12, state_dir=testbed_k2.state_dir,
+                               aggregators=1)
+    assert rep["exact"] is True and [a["host"] for a in rep["aggregators"]] == ["agg"]
+    with pytest.raises(runmod.RunError, match="aggregators must be 1..2"):
+        runmod.run_allreduce(testbed_k2.name, "dense", elements=100, density=1.0,
+                             state_dir=testbed_k2.state_dir, aggregators=3)

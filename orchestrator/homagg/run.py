@@ -370,13 +370,16 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
                   rto: float = 0.005, pmd: str = "auto", switch: str | None = None,
                   state_dir: str | None = None, group: str = "239.77.0.1",
                   drop_rate: float = 0.0, idle_us: int = IDLE_US,
-                  idle_polls: int = IDLE_POLLS, fail_aggregators: tuple = ()) -> dict:
+                  idle_polls: int = IDLE_POLLS, fail_aggregators: tuple = (),
+                  aggregators: int | None = None) -> dict:
     """One allreduce on testbed ``testbed``; returns the report dict (see
     the module doc).  Every process it starts is stopped before it returns.
     ``drop_rate`` makes the daemon's port drop that fraction of the frames it
     receives (fault injection; retransmissions repair it).
     ``fail_aggregators`` (host names, e.g. ("agg1",)) are stopped once the
-    job is registered on them: the workers' error must name them."""
+    job is registered on them: the workers' error must name them.
+    ``aggregators`` N spreads the job over the testbed's first N aggregator
+    hosts (default: all of them; N - 1 is the re-run without a dead one)."""
     check_arguments(method, elements, density)
     if workload not in WORKLOADS:
         raise RunError(f"workload {workload!r} not in {WORKLOADS}")
@@ -386,11 +389,15 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
     workers = tb.workers
     W = len(workers)
     job, token = 1 + secrets.randbelow(1 << 15), secrets.randbits(31)
+    hosts = tb.aggregators
+    if aggregators is not None and not 1 <= aggregators <= len(hosts):
+        raise RunError(f"aggregators must be 1..{len(hosts)} (the testbed's aggregator hosts), "
+                       f"got {aggregators}")
     workdir = tempfile.mkdtemp(prefix=f"homagg-run-{testbed}-")
     procs = []
     sws = []
     try:
-        for h in tb.aggregators:
+        for h in hosts[:aggregators]:
             sws.append(Switch(tb, workdir, pmd=pmd, switch=switch, drop_rate=drop_rate,
                               idle_us=idle_us, idle_polls=idle_polls, host=h.name))
         sw = sws[0]
@@ -569,6 +576,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--drop-rate", type=float, default=0.0, metavar="P",
                    help="the daemon drops this fraction of received frames (fault injection, "
                    "local testbed only; default 0)")
+    p.add_argument("--aggregators", type=int, default=None, metavar="K",
+                   help="spread the job over the testbed's first K aggregators "
+                   "(default: all of them; see `homagg testbed up --aggregators`)")
     p.add_argument("--switch", default=None, metavar="PATH",
                    help="homagg-switch binary (default: build/release/homagg-switch or $HOMAGG_SWITCH)")
     p.add_argument("--state-dir", default=None, metavar="DIR", help="testbed state directory")
@@ -588,7 +598,7 @@ def main(args: argparse.Namespace) -> int:
                             slots=args.slots, payload=args.payload_bytes, timeout=args.timeout,
                             rto=args.rto, pmd=args.pmd,
                             switch=args.switch, state_dir=args.state_dir,
-                            drop_rate=args.drop_rate)
+                            drop_rate=args.drop_rate, aggregators=args.aggregators)
     except (HomAggError, TestbedError) as e:
         print(f"homagg run allreduce: {e}", file=sys.stderr)
         return 1
@@ -618,6 +628,10 @@ def print_report(rep: dict, as_json: bool = False) -> int:
     else:
         print(f"  bit-exact on every worker: {rep['exact']} {rep['exact_per_worker']}")
     print("  daemon counters: " + ", ".join(f"{k}={v}" for k, v in rep["counters"].items() if v))
+    if len(rep.get("aggregators", [])) > 1:
+        for a in rep["aggregators"]:
+            print(f"  aggregator {a['host']} ({a['ip']}): received {a.get('rx_bytes', '?')} bytes, "
+                  f"sent {a.get('tx_bytes', '?')}, summed {a['counters'].get('summed', 0)}")
     if rep.get("run_dir"):
         print(f"  results and logs: {rep['run_dir']}")
     return 0 if ok else 3
