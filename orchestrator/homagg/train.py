@@ -235,7 +235,13 @@ def _child(spec: dict) -> int:
         reports = []
         for method in spec["phases"]:
             reports.append(_phase(spec, dist, torch, method, spec["workdir"]))
-        print(json.dumps({"rank": spec["rank"], "phases": reports}), flush=True)
+        line = json.dumps({"rank": spec["rank"], "phases": reports})
+        if spec.get("report"):  # remote hosts: a file the caller polls for
+            tmp = spec["report"] + ".tmp"
+            with open(tmp, "w") as f:
+                f.write(line + "\n")
+            os.replace(tmp, spec["report"])
+        print(line, flush=True)
     finally:
         dist.destroy_process_group()
     return 0
@@ -577,6 +583,7 @@ def main(args: argparse.Namespace) -> int:
             from homagg import remote_train
 
             rep = remote_train.run_train(args.inventory, runs_dir=args.runs_dir, **kw)
+            print(f"results and logs: {rep['run_dir']}", file=sys.stderr)
         else:
             rep = run_train(args.testbed, state_dir=args.state_dir, switch=args.switch, **kw)
     except (HomAggError, TestbedError) as e:
