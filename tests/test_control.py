@@ -11,6 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from homagg._native import lib
 from homagg.control import ControlClient, ControlError
 from homagg.errors import InvalidArgument, OutOfRange, PeerTimeout
 from homagg.session import accounting
@@ -47,6 +48,8 @@ def shared(tmp_path_factory):
 
 JOB = dict(job=7, token=0xC0FFEE, workers=4, slots=32, payload=1024,
            group="239.1.1.1")
+# IPv4 + UDP + HomAgg header + payload + the optional 16-byte MAC <= MTU
+PAYLOAD_AT_1500 = (1500 - 20 - 8 - lib.HG_HDR_LEN - 16) // 4 * 4
 
 
 def test_stats_names_every_counter(daemon):
@@ -92,8 +95,11 @@ def test_add_and_remove_job(daemon):
     (dict(JOB, slots=1.5), InvalidArgument, "field 'slots': must be an integer"),
     (dict(JOB, payload=1022), InvalidArgument, "field 'payload': must be a multiple of 4"),
     (dict(JOB, payload=10**6), OutOfRange, "field 'payload': must be 4.."),
-    # a packet is one datagram of the port's MTU (1500 on net_ring)
-    (dict(JOB, payload=1452), OutOfRange, "field 'payload': must be 4..1448"),
+    # a packet is one datagram of the port's MTU (1500 on net_ring), MAC included
+    (dict(JOB, payload=PAYLOAD_AT_1500 + 4), OutOfRange,
+     f"field 'payload': {PAYLOAD_AT_1500 + 4} bytes do not fit this aggregator's frames: "
+     f"at most {PAYLOAD_AT_1500} bytes at MTU 1500"),
+    (dict(JOB, payload=8192), OutOfRange, "--mtu 9000"),
     (dict(JOB, group="10.0.0.1"), InvalidArgument, "is not a multicast address"),
     (dict(JOB, group="239.1.1"), InvalidArgument, "field 'group': must be an IPv4"),
     (dict(JOB, group=5), InvalidArgument, "field 'group': must be an IPv4"),
@@ -110,6 +116,38 @@ def test_add_job_rejects_bad_fields(shared, fields, exc, message):
         c.add_job(**JOB)
         c.remove_job(JOB["job"])
     assert daemon.alive()
+
+
+def test_jumbo_mtu_takes_8192_byte_payloads(tmp_path):
+    """--mtu 9000: mbufs of a whole jumbo frame, jobs of up to HG_MAX_PAYLOAD
+    bytes; past it the refusal names the limit."""
+    if not SWITCH.exists():
+        pytest.fail(f"{SWITCH} is not built (make switch)")
+    d = Daemon(tmp_path / "sw", ["--vdev", "net_ring0"], ["--mtu", "9000"])
+    try:
+        d.wait_ready()
+        assert "mtu=9000 max_payload=8192 mbuf_data_room=9216" in d.output()
+        with d.client() as c:
+            assert c.add_job(**dict(JOB, payload=8192))["job"] == 7
+            with pytest.raises(OutOfRange) as ei:
+                c.add_job(**dict(JOB, job=8, payload=8196))
+            assert "field 'payload': must be 4..8192" in str(ei.value)
+            c.remove_job(7)
+        assert d.alive()
+    finally:
+        d.stop()
+
+
+def test_mtu_option_is_checked(tmp_path):
+    if not SWITCH.exists():
+        pytest.fail(f"{SWITCH} is not built (make switch)")
+    d = Daemon(tmp_path / "sw", ["--vdev", "net_ring0"], ["--mtu", "9001"])
+    try:
+        wait_for(lambda: not d.alive(), 30, "homagg-switch to refuse --mtu 9001")
+        assert d.proc.returncode == 1
+        assert "bad value for --mtu: 9001" in d.output()
+    finally:
+        d.stop()
 
 
 @pytest.mark.parametrize("line, message", [

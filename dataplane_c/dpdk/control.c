@@ -17,6 +17,7 @@
 #include <jansson.h>
 
 #include "homagg/errors.h"
+#include "homagg/wire.h"
 #include "control.h"
 
 #define CTL_MAX_CONN 64
@@ -241,12 +242,19 @@ static int do_add_job(struct hg_control *c, const json_t *o, json_t **reply)
 	if ((rc = get_uint(o, "slots", true, 1, c->lim.max_slots, 0, &v, reply)))
 		return rc;
 	j.slots = (uint32_t)v;
-	if ((rc = get_uint(o, "payload", false, 4, c->lim.max_payload, 1024,
+	if ((rc = get_uint(o, "payload", false, 4, HG_MAX_PAYLOAD, 1024,
 			   &v, reply)))
 		return rc;
 	if (v % 4)
 		return reply_error(reply, -EINVAL,
 				   "field 'payload': must be a multiple of 4");
+	if (v > c->lim.max_payload)
+		return reply_error(reply, -ERANGE,
+				   "field 'payload': %lld bytes do not fit this "
+				   "aggregator's frames: at most %u bytes at MTU %u "
+				   "(payloads up to %d need a link and daemon with "
+				   "MTU 9000: --mtu 9000)", (long long)v,
+				   c->lim.max_payload, c->lim.mtu, HG_MAX_PAYLOAD);
 	j.payload = (uint32_t)v;
 	g = json_object_get(o, "group");
 	if (g && !json_is_null(g)) {

@@ -41,7 +41,8 @@ struct hg_ctl_job {
 struct hg_ctl_limits {
 	uint32_t max_workers;
 	uint32_t max_slots;
-	uint32_t max_payload;
+	uint32_t max_payload;  /* bytes: the largest payload the port's frames hold */
+	uint32_t mtu;          /* of the port's link, named when a payload is refused */
 };
 
 struct hg_ctl_ops {

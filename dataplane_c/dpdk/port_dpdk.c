@@ -142,10 +142,16 @@ static uint16_t dpdk_rx(void *ctx, struct hg_pkt **pkts, uint16_t n)
 			rte_pktmbuf_free(m[i]);
 			continue;
 		}
+		/* the engine reads a frame as one buffer: a PMD that scattered
+		 * it (a jumbo frame into small rx buffers) gets it copied into
+		 * its first mbuf when that one can hold it all */
 		if (unlikely(m[i]->nb_segs != 1)) {
-			p->st.drop_segmented++;
-			rte_pktmbuf_free(m[i]);
-			continue;
+			if (rte_pktmbuf_linearize(m[i]) != 0) {
+				p->st.drop_segmented++;
+				rte_pktmbuf_free(m[i]);
+				continue;
+			}
+			p->st.rx_linearized++;
 		}
 		if (unlikely(arp_consume(p, m[i])))
 			continue;
@@ -304,7 +310,8 @@ struct hg_dpdk_port *hg_dpdk_port_create(const struct hg_dpdk_port_conf *c)
 	p->conf = *c;
 	if (rte_eth_macaddr_get(c->port_id, &p->mac) != 0)
 		memset(&p->mac, 0, sizeof(p->mac));
-	if (rte_eth_dev_get_mtu(c->port_id, &p->mtu) != 0)
+	p->mtu = c->mtu;
+	if (!p->mtu && rte_eth_dev_get_mtu(c->port_id, &p->mtu) != 0)
 		p->mtu = RTE_ETHER_MTU;
 	/* drop_rate 1.0 saturates to "drop everything but 1 in 2^64" */
 	if (c->drop_rate >= 1.0)

@@ -19,10 +19,13 @@
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
+#include <net/if.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -63,6 +66,7 @@ struct opts {
 	unsigned int idle_polls;  /* empty polls before the first sleep */
 	unsigned int mbufs;
 	unsigned int max_jobs;
+	unsigned int mtu;         /* 0 = the port's (kernel interface or PMD) */
 	bool replicate;
 	bool udp_csum;            /* verify received / fill sent UDP checksums */
 };
@@ -105,7 +109,8 @@ struct daemon {
 	unsigned int nshards;
 	struct hg_control *ctl;
 	bool port_started;
-	uint16_t mtu;                  /* of the port, from the PMD */
+	uint16_t mtu;                  /* of the link (--mtu, kernel interface, PMD) */
+	uint16_t data_room;            /* of every mbuf: a whole frame of the MTU */
 	volatile bool stop_requested;  /* by the shutdown command */
 	volatile bool stop_engines;    /* engine lcores leave their loop */
 	uint64_t dispatch_full;        /* frames a full shard ring refused */
@@ -142,6 +147,9 @@ static void usage(const char *prog)
 		"  --idle-polls N        empty polls before the first sleep (default 256)\n"
 		"  --mbufs N             mbufs in the pool (default 8191)\n"
 		"  --max-jobs N          concurrent jobs (default 64)\n"
+		"  --mtu N               MTU of the link, 576..9000 (default: the kernel\n"
+		"                        interface's for af_packet/af_xdp/tap, else the PMD's);\n"
+		"                        9000 for jumbo payloads of up to 8192 bytes\n"
 		"  --no-replicate        the link does not replicate multicast: unicast results\n"
 		"  --no-udp-csum         neither verify nor fill UDP checksums (peers whose\n"
 		"                        kernel leaves them to an offload, e.g. veth)\n",
@@ -163,7 +171,8 @@ static int parse_ulong(const char *s, unsigned long lo, unsigned long hi,
 static int parse_opts(int argc, char **argv, struct opts *o)
 {
 	enum { O_IP = 256, O_UDP, O_PORT, O_CTL, O_LCORES, O_QUEUES, O_DROP,
-	       O_SEED, O_STATS, O_IDLE, O_IDLE_POLLS, O_MBUFS, O_JOBS, O_NOREP, O_NOCSUM, O_HELP };
+	       O_SEED, O_STATS, O_IDLE, O_IDLE_POLLS, O_MBUFS, O_JOBS, O_NOREP, O_NOCSUM,
+	       O_MTU, O_HELP };
 	static const struct option lo[] = {
 		{ "port-ip", required_argument, NULL, O_IP },
 		{ "udp-port", required_argument, NULL, O_UDP },
@@ -180,6 +189,7 @@ static int parse_opts(int argc, char **argv, struct opts *o)
 		{ "max-jobs", required_argument, NULL, O_JOBS },
 		{ "no-replicate", no_argument, NULL, O_NOREP },
 		{ "no-udp-csum", no_argument, NULL, O_NOCSUM },
+		{ "mtu", required_argument, NULL, O_MTU },
 		{ "help", no_argument, NULL, O_HELP },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -270,6 +280,11 @@ static int parse_opts(int argc, char **argv, struct opts *o)
 			break;
 		case O_NOCSUM:
 			o->udp_csum = false;
+			break;
+		case O_MTU:
+			if (parse_ulong(optarg, 576, 9000, &v))
+				goto bad;
+			o->mtu = (unsigned int)v;
 			break;
 		case 'h':
 		case O_HELP:
@@ -491,11 +506,12 @@ static int ctl_stats(void *ctx, json_t *reply)
 	 * arp_other and rx */
 	if (rte_eth_stats_get(d->o.port_id, &es) != 0)
 		es.ipackets = 0;
-	port = json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}",
+	port = json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}",
 			 "ipackets", (json_int_t)es.ipackets,
 			 "rx", (json_int_t)ps.rx, "tx", (json_int_t)ps.tx,
 			 "tx_refused", (json_int_t)ps.tx_refused,
 			 "drop_injected", (json_int_t)ps.drop_injected,
+			 "rx_linearized", (json_int_t)ps.rx_linearized,
 			 "drop_segmented", (json_int_t)ps.drop_segmented,
 			 "arp_replies", (json_int_t)ps.arp_replies,
 			 "arp_other", (json_int_t)ps.arp_other,
@@ -551,11 +567,46 @@ static int tel_stats(const char *cmd, const char *params,
 
 /* ---- setup and loop ------------------------------------------------- */
 
+/* The MTU of the kernel interface behind a PMD that has one (af_packet,
+ * af_xdp and tap report its if_index); 0 when there is none. */
+static uint16_t kernel_mtu(uint32_t if_index)
+{
+	char name[IF_NAMESIZE];
+	struct ifreq ifr;
+	int fd, rc;
+
+	if (!if_index || !if_indextoname(if_index, name))
+		return 0;
+	fd = socket(AF_INET, SOCK_DGRAM, 0);
+	if (fd < 0)
+		return 0;
+	memset(&ifr, 0, sizeof(ifr));
+	snprintf(ifr.ifr_name, sizeof(ifr.ifr_name), "%s", name);
+	rc = ioctl(fd, SIOCGIFMTU, &ifr);
+	close(fd);
+	if (rc != 0 || ifr.ifr_mtu <= 0)
+		return 0;
+	return (uint16_t)RTE_MIN(ifr.ifr_mtu, 65535);
+}
+
+/*
+ * The largest job payload whose frames fit the link: an IPv4 packet of the
+ * MTU holds IPv4, UDP and HomAgg headers, the payload and the optional
+ * 16-byte MAC (docs/PROTOCOL.md Part 2); a multiple of 4, at most
+ * HG_MAX_PAYLOAD.  1424 bytes at MTU 1500, 8192 at 9000.
+ */
+static uint32_t payload_limit(uint16_t mtu)
+{
+	uint32_t room = (uint32_t)mtu - 20 - 8 - HG_HDR_LEN - 16;
+
+	return RTE_MIN((uint32_t)HG_MAX_PAYLOAD, room) & ~3u;
+}
+
 static int port_setup(struct daemon *d)
 {
 	struct rte_eth_conf conf;
 	struct rte_eth_dev_info info;
-	uint16_t nrx = RX_DESC, ntx = TX_DESC, pid = d->o.port_id;
+	uint16_t nrx = RX_DESC, ntx = TX_DESC, pid = d->o.port_id, kmtu, overhead;
 	int socket, rc;
 
 	if (!rte_eth_dev_is_valid_port(pid)) {
@@ -567,21 +618,46 @@ static int port_setup(struct daemon *d)
 	socket = rte_eth_dev_socket_id(pid);
 	if (socket < 0)
 		socket = (int)rte_socket_id();
-	/* one frame of the port's MTU per mbuf (jumbo MTUs included): the
-	 * backend handles single-segment frames only */
-	if (rte_eth_dev_get_mtu(pid, &d->mtu) != 0 || d->mtu < 576)
+	memset(&conf, 0, sizeof(conf));
+	memset(&info, 0, sizeof(info));
+	if (rte_eth_dev_info_get(pid, &info) != 0)
+		memset(&info, 0, sizeof(info));
+	/* the link's MTU: --mtu, else the kernel interface's, else the PMD's */
+	kmtu = kernel_mtu(info.if_index);
+	if (d->o.mtu)
+		d->mtu = (uint16_t)d->o.mtu;
+	else if (kmtu)
+		d->mtu = kmtu;
+	else if (rte_eth_dev_get_mtu(pid, &d->mtu) != 0)
 		d->mtu = RTE_ETHER_MTU;
-	d->pool = hg_dpdk_pool_create("hg_pool", d->o.mbufs,
-				      (uint16_t)RTE_MAX(RTE_MBUF_DEFAULT_DATAROOM,
-							d->mtu + RTE_ETHER_HDR_LEN + 8),
-				      socket);
+	d->mtu = RTE_MAX(RTE_MIN(d->mtu, (uint16_t)9000), (uint16_t)576);
+	if (kmtu && kmtu < d->mtu)
+		HG_LOG(WARNING, "--mtu %u: the port's interface has MTU %u: longer "
+		       "frames will not arrive", d->mtu, kmtu);
+	/*
+	 * One whole frame of the MTU per mbuf, so a PMD need not scatter it:
+	 * the MTU plus room for the Ethernet header, CRC, a VLAN tag and the
+	 * 66 bytes af_packet keeps before a frame (its framesz must not exceed
+	 * data room + 32), rounded up to 1 KiB: 2048 at MTU 1500, 9216 at 9000.
+	 * Frames a PMD scatters anyway are linearised by the backend.
+	 */
+	d->data_room = (uint16_t)RTE_MAX((unsigned int)RTE_MBUF_DEFAULT_DATAROOM,
+					 RTE_ALIGN_CEIL((unsigned int)d->mtu + 128, 1024u));
+	d->pool = hg_dpdk_pool_create("hg_pool", d->o.mbufs, d->data_room, socket);
 	if (!d->pool) {
-		HG_LOG(ERR, "mbuf pool: %s", rte_strerror(rte_errno));
+		HG_LOG(ERR, "mbuf pool (%u mbufs of %u bytes): %s", d->o.mbufs,
+		       d->data_room, rte_strerror(rte_errno));
 		return -ENOMEM;
 	}
-	memset(&conf, 0, sizeof(conf));
-	rc = rte_eth_dev_info_get(pid, &info);
-	if (rc == 0 && (info.tx_offload_capa & RTE_ETH_TX_OFFLOAD_MULTI_SEGS))
+	/* a PMD that manages the MTU (a NIC sizing its rx buffers) is given
+	 * it; one that accepts shorter frames only (af_packet reports 1518:
+	 * the kernel interface decides) keeps its own */
+	overhead = (info.max_mtu != UINT16_MAX && info.max_rx_pktlen > info.max_mtu) ?
+		   (uint16_t)(info.max_rx_pktlen - info.max_mtu) :
+		   RTE_ETHER_HDR_LEN + RTE_ETHER_CRC_LEN;
+	if (d->mtu <= info.max_mtu && d->mtu + overhead <= info.max_rx_pktlen)
+		conf.rxmode.mtu = d->mtu;
+	if (info.tx_offload_capa & RTE_ETH_TX_OFFLOAD_MULTI_SEGS)
 		conf.txmode.offloads |= RTE_ETH_TX_OFFLOAD_MULTI_SEGS;
 	rc = rte_eth_dev_configure(pid, 1, 1, &conf);
 	if (rc == 0)
@@ -771,7 +847,7 @@ static int shards_setup(struct daemon *d)
 			sh->dport = hg_dpdk_port_create(&(struct hg_dpdk_port_conf){
 				.port_id = d->o.port_id, .pool = d->pool,
 				.ipv4 = d->o.ipv4, .udp_port = d->o.udp_port,
-				.can_replicate = d->o.replicate,
+				.can_replicate = d->o.replicate, .mtu = d->mtu,
 				.rx_ring = sh->rx_ring, .tx_ring = sh->tx_ring });
 			if (!sh->dport)
 				return -ENOMEM;
@@ -838,7 +914,7 @@ int main(int argc, char **argv)
 		.port_id = d->o.port_id, .rx_queue = 0, .tx_queue = 0,
 		.pool = d->pool, .ipv4 = d->o.ipv4, .udp_port = d->o.udp_port,
 		.can_replicate = d->o.replicate, .drop_rate = d->o.drop_rate,
-		.seed = d->o.seed });
+		.seed = d->o.seed, .mtu = d->mtu });
 	if (!d->dport) {
 		HG_LOG(ERR, "port backend: %s", strerror(errno));
 		goto out;
@@ -849,8 +925,8 @@ int main(int argc, char **argv)
 	lim.max_workers = HG_MAX_WORKERS;
 	lim.max_slots = HG_ENGINE_MAX_SLOTS;
 	/* a packet is one IP datagram of at most the MTU */
-	lim.max_payload = RTE_MIN((uint32_t)HG_MAX_PAYLOAD,
-				  (uint32_t)(d->mtu - 20 - 8 - HG_HDR_LEN)) & ~3u;
+	lim.max_payload = payload_limit(d->mtu);
+	lim.mtu = d->mtu;
 	d->ctl = hg_control_create(d->o.control, &ctl_ops, d, &lim);
 	if (!d->ctl) {
 		HG_LOG(ERR, "control socket %s: %s", d->o.control,
@@ -870,10 +946,12 @@ int main(int argc, char **argv)
 
 		d->port.ops->get_info(d->port.ctx, &pi);
 		HG_LOG(NOTICE, "ready port=%u mac=%02x:%02x:%02x:%02x:%02x:%02x "
-		       "ip=%s udp=%u control=%s drop_rate=%g engines=%u",
+		       "ip=%s udp=%u control=%s drop_rate=%g engines=%u mtu=%u "
+		       "max_payload=%u mbuf_data_room=%u",
 		       d->o.port_id, pi.mac[0], pi.mac[1], pi.mac[2], pi.mac[3],
 		       pi.mac[4], pi.mac[5], ip, d->o.udp_port, d->o.control,
-		       d->o.drop_rate, d->nshards);
+		       d->o.drop_rate, d->nshards, d->mtu, lim.max_payload,
+		       d->data_room);
 	}
 	run(d);
 	stop_engines(d);

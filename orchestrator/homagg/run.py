@@ -21,6 +21,11 @@ by homagg.bench.workloads, the generator the benchmarks' Gloo baseline uses:
   zipf    rows of 64 elements with Zipf-distributed popularity (embedding rows)
   dense   every element non-zero (--density is ignored)
 
+--payload-bytes sets the job's payload per packet (1024 by default; up to
+8192 on a testbed made with `homagg testbed up --mtu 9000`: the aggregator
+then runs on net_af_packet with frames of the MTU, since af_xdp's 4 KB umem
+frames cannot hold a jumbo frame).
+
 Each worker also reports the CPU time of its process over its allreduce
 (time.process_time), returned as "worker_cpu_seconds"; the daemon's CPU time
 (utime + stime of /proc/PID/stat, all its threads) from "go" until every
@@ -31,6 +36,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import pathlib
 import secrets
@@ -103,6 +109,27 @@ def find_switch() -> str:
     raise RunError("homagg-switch not found: run `make build` (or set HOMAGG_SWITCH)")
 
 
+def mbuf_data_room(mtu: int) -> int:
+    """homagg-switch's mbuf data room for a link of this MTU (switch_main.c:
+    the MTU + 128 rounded up to 1 KiB, at least 2048)."""
+    return max(2048, -(-(int(mtu) + 128) // 1024) * 1024)
+
+
+def vdev_for_mtu(vdev: str, mtu: int) -> str:
+    """A DPDK vdev argument that receives whole frames of ``mtu``: net_af_packet
+    copies each frame into one ring slot of ``framesz`` bytes (2048 unless
+    told), and the daemon's mbufs must hold a slot (framesz <= data room +
+    32), so above MTU 1500 the slot is the daemon's data room and a block
+    (a multiple of the page size) holds whole slots.  Other vdevs, and an
+    af_packet vdev that names its framesz, are returned unchanged."""
+    if not vdev.startswith(("net_af_packet", "eth_af_packet")) or mtu <= 1500 \
+            or "framesz=" in vdev:
+        return vdev
+    frame = mbuf_data_room(mtu)
+    block = frame * 4096 // math.gcd(frame, 4096)
+    return f"{vdev},framesz={frame},blocksz={block},framecnt=512"
+
+
 # The daemon's idle backoff on the testbed (its --idle-us / --idle-polls):
 # the testbed's cores are shared with the worker processes, so the daemon
 # sleeps between polls once the port has been idle for IDLE_POLLS polls
@@ -130,6 +157,14 @@ class Switch:
     def __init__(self, tb: Testbed, workdir: str, pmd: str = "auto", switch: str | None = None,
                  ready_timeout: float = 30.0, drop_rate: float = 0.0,
                  idle_us: int = IDLE_US, idle_polls: int = IDLE_POLLS):
+        mtu = int(tb.state().get("mtu") or 1500)
+        kinds = ("af_xdp", "af_packet") if pmd == "auto" else (pmd,)
+        if mtu > 1500:
+            # af_xdp (DPDK 22.11) receives into 4 KB umem frames: no jumbo frame fits
+            if pmd == "af_xdp":
+                raise RunError(f"--pmd af_xdp cannot receive frames of the testbed's MTU {mtu} "
+                               "(4 KB umem frames): use --pmd af_packet or auto")
+            kinds = ("af_packet",)
         self.tb = tb
         self.workdir = workdir
         self.control = os.path.join(workdir, "control.sock")
@@ -139,14 +174,15 @@ class Switch:
         binary = switch or find_switch()
         agg = tb.aggregator
         tried = []
-        for kind in (("af_xdp", "af_packet") if pmd == "auto" else (pmd,)):
-            vdev = f"net_{kind}0,iface={agg.ifname}"
+        for kind in kinds:
+            vdev = vdev_for_mtu(f"net_{kind}0,iface={agg.ifname}", mtu)
             logpath = os.path.join(workdir, f"switch-{kind}.log")
             prefix = "hg" + secrets.token_hex(5)
             runtime = os.path.join(workdir, f"rt-{kind}")
             os.makedirs(runtime, exist_ok=True)
             argv = [binary, *EAL_BASE, "--file-prefix", prefix, "--vdev", vdev, "--",
                     "--port-ip", agg.ip, "--udp-port", str(UDP_PORT), "--control", self.control,
+                    "--mtu", str(mtu),
                     # veth leaves UDP checksums to an offload that never runs
                     "--no-udp-csum",
                     # the testbed's cores are shared with the workers: sleep when idle
@@ -218,7 +254,8 @@ def open_worker(spec: dict):
     return Worker(job=spec["job"], token=spec["token"], worker=spec["worker"],
                   workers=spec["workers"], aggregator=(spec["agg_ip"], spec["udp_port"]),
                   group=spec["group"], bind=(spec["ip"], 0), timeout=spec["timeout"],
-                  slots=spec["slots"], payload=spec["payload"], rto=spec["rto"])
+                  slots=spec["slots"], payload=spec["payload"], rto=spec["rto"],
+                  mtu=spec.get("mtu"))
 
 
 def _child(spec: dict) -> int:
@@ -283,12 +320,26 @@ def check_arguments(method: str, elements: int, density: float) -> None:
 
 
 def worker_spec(*, job, token, worker, workers, agg_ip, group, ip, timeout, slots, payload, rto,
-                method, block, elements, density, workload, seed, out) -> dict:
-    """The JSON spec of one worker process (``python -m homagg.run --child SPEC``)."""
+                method, block, elements, density, workload, seed, out, mtu=None) -> dict:
+    """The JSON spec of one worker process (``python -m homagg.run --child SPEC``);
+    ``mtu`` None: the worker asks the kernel for its path's MTU."""
     return dict(job=job, token=token, worker=worker, workers=workers, agg_ip=agg_ip,
                 udp_port=UDP_PORT, group=group, ip=ip, timeout=timeout, slots=slots,
                 payload=payload, rto=rto, method=method, block=block, elements=elements,
-                density=density, workload=workload, seed=seed, out=out)
+                density=density, workload=workload, seed=seed, out=out, mtu=mtu)
+
+
+def check_payload(payload: int, mtu: int, where: str) -> None:
+    """A job payload must be a multiple of 4 in 4..8192 whose frames fit the
+    links' MTU (IPv4, UDP, HomAgg header and the optional MAC included)."""
+    from homagg.worker import max_payload
+
+    if not 4 <= payload <= 8192 or payload % 4:
+        raise RunError(f"--payload-bytes must be a multiple of 4 in 4..8192, got {payload}")
+    if payload > max_payload(mtu):
+        raise RunError(f"--payload-bytes {payload} does not fit the MTU {mtu} of {where}: "
+                       f"at most {max_payload(mtu)} bytes (payloads up to 8192 need MTU 9000, "
+                       f"e.g. `homagg testbed up --mtu 9000`)")
 
 
 def verify(method: str, elements: int, density: float, workload: str, seed: int, block: int,
@@ -332,6 +383,8 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
     if workload not in WORKLOADS:
         raise RunError(f"workload {workload!r} not in {WORKLOADS}")
     tb = Testbed.open(testbed, state_dir)
+    mtu = int(tb.state().get("mtu") or 1500)
+    check_payload(payload, mtu, f"testbed {testbed}")
     workers = tb.workers
     W = len(workers)
     job, token = 1 + secrets.randbelow(1 << 15), secrets.randbits(31)
@@ -398,6 +451,8 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
             "workload": workload,
             "seed": seed,
             "block": block,
+            "payload_bytes": payload,
+            "mtu": mtu,
             "pmd": sw.pmd,
             "link_mbit": tb.state().get("link_mbit"),
             "seconds": max(r["seconds"] for r in reports),
@@ -458,6 +513,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--block", type=int, default=DEFAULT_BLOCK,
                    help="quantisation block in elements (default: %(default)s)")
     p.add_argument("--slots", type=int, default=64, help="aggregator slots = window (default: %(default)s)")
+    p.add_argument("--payload-bytes", type=int, default=1024, metavar="BYTES",
+                   help="payload bytes per packet, a multiple of 4 up to 8192 (more than an MTU of 1500 "
+                   "holds needs links with MTU 9000; default: %(default)s)")
     p.add_argument("--timeout", type=float, default=10.0,
                    help="a worker gives up after this many seconds without progress (default: %(default)s)")
     p.add_argument("--rto", type=float, default=0.005, metavar="S",
@@ -483,7 +541,8 @@ def main(args: argparse.Namespace) -> int:
     try:
         rep = run_allreduce(args.testbed, args.method, args.elements, args.density,
                             workload=args.workload, seed=args.seed, block=args.block,
-                            slots=args.slots, timeout=args.timeout, rto=args.rto, pmd=args.pmd,
+                            slots=args.slots, payload=args.payload_bytes, timeout=args.timeout,
+                            rto=args.rto, pmd=args.pmd,
                             switch=args.switch, state_dir=args.state_dir,
                             drop_rate=args.drop_rate)
     except (HomAggError, TestbedError) as e:
@@ -502,7 +561,9 @@ def print_report(rep: dict, as_json: bool = False) -> int:
     W, n = rep["workers"], rep["elements"]
     print(f"allreduce {rep['method']}: {W} workers x {n} float32 ({rep['workload']}, density "
           f"{rep['density']:g}), aggregator homagg-switch on {rep['pmd']}, links "
-          f"{'unshaped' if rep['link_mbit'] is None else format(rep['link_mbit'], 'g') + ' Mbit/s'}")
+          f"{'unshaped' if rep['link_mbit'] is None else format(rep['link_mbit'], 'g') + ' Mbit/s'}"
+          + (f", {rep['payload_bytes']}-byte payloads (MTU {rep['mtu']})"
+             if rep.get("payload_bytes") else ""))
     print(f"  time: {rep['seconds'] * 1e3:.1f} ms (slowest worker), {rep['wall_seconds'] * 1e3:.1f} ms wall")
     b = rep["bytes_per_worker"]
     print(f"  bytes sent per worker: {min(b)}..{max(b)} (dense float32 would be "
