@@ -247,18 +247,23 @@ class Switch:
 # Workers (child processes)
 
 
+def open_worker(spec: dict):
+    """The homagg.worker.Worker a worker spec (worker_spec()) describes."""
+    from homagg.worker import Worker
+
+    return Worker(job=spec["job"], token=spec["token"], worker=spec["worker"],
+                  workers=spec["workers"], aggregator=(spec["agg_ip"], spec["udp_port"]),
+                  group=spec["group"], bind=(spec["ip"], 0), timeout=spec["timeout"],
+                  slots=spec["slots"], payload=spec["payload"], rto=spec["rto"],
+                  mtu=spec.get("mtu"))
+
+
 def _child(spec: dict) -> int:
     """One worker process: build the gradient, wait for "go" on stdin, run
     the allreduce, save the result, print one JSON line of stats."""
-    from homagg.worker import Worker
-
     x = gradient(spec["elements"], spec["density"], spec["workload"], spec["seed"], spec["worker"],
                  spec["workers"])
-    with Worker(job=spec["job"], token=spec["token"], worker=spec["worker"],
-                workers=spec["workers"], aggregator=(spec["agg_ip"], spec["udp_port"]),
-                group=spec["group"], bind=(spec["ip"], 0), timeout=spec["timeout"],
-                slots=spec["slots"], payload=spec["payload"], rto=spec["rto"],
-                mtu=spec.get("mtu")) as w:
+    with open_worker(spec) as w:
         if spec.get("go_file"):  # remote hosts: a file barrier (homagg.remote)
             open(spec["ready_file"], "w").close()
             deadline = time.monotonic() + spec.get("start_timeout", 120.0)
@@ -283,6 +288,15 @@ def _child(spec: dict) -> int:
                 f.write(line + "\n")
         print(line, flush=True)
     return 0
+
+
+def child_env() -> dict:
+    """The environment of a worker process: this one, with this package first
+    on PYTHONPATH (the child runs ``python -m homagg...`` in a namespace)."""
+    env = dict(os.environ)
+    pkg_root = str(pathlib.Path(__file__).resolve().parents[1])
+    env["PYTHONPATH"] = pkg_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
 
 
 def _link_bytes(tb: Testbed, host: str) -> dict:
@@ -383,9 +397,7 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
         with sw.client() as c:
             c.add_job(job=job, token=token, workers=W, slots=slots, payload=payload, group=group)
             before = c.stats()
-        env = dict(os.environ)
-        pkg_root = str(pathlib.Path(__file__).resolve().parents[1])
-        env["PYTHONPATH"] = pkg_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        env = child_env()
         for i, h in enumerate(workers):
             spec = worker_spec(job=job, token=token, worker=i, workers=W, agg_ip=tb.aggregator.ip,
                                group=group, ip=h.ip, timeout=timeout, slots=slots,
