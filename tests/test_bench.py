@@ -156,7 +156,8 @@ def test_allreduce_on_a_two_worker_testbed(tmp_path, capsys):
             assert r["seconds_min"] <= r["seconds_median"] <= r["seconds_max"]
             assert r["bytes_per_worker"] > 0
             assert r["link_mbit"] == 1000.0 and 0 < r["link_utilisation"]
-            assert r["worker_cpu_seconds"] > 0
+            assert len(r["worker_cpu_seconds"]) == 2
+            assert all(c > 0 for c in r["worker_cpu_seconds"])
             if r["method"] == "gloo":
                 assert r["timeouts_per_allreduce"] is None
             else:
@@ -248,7 +249,7 @@ def test_homagg_row_statistics_and_exactness(monkeypatch):
     assert row["cpu_fraction_machine"] == pytest.approx(0.81 / (0.6 * min(os.cpu_count(), 2)))
     assert row["cpu_bound"] is (row["cpu_fraction_machine"] > 0.8
                                 or row["cpu_fraction_rank_max"] > 0.9)
-    assert row["worker_cpu_seconds"] == pytest.approx(0.135)
+    assert row["worker_cpu_seconds"] == pytest.approx([0.135, 0.135])
     assert row["timeouts_per_allreduce"] == pytest.approx(1 / 3)
     assert row["spurious_timeouts_per_allreduce"] == pytest.approx(1 / 3)
     assert row["fast_retransmissions_per_allreduce"] == pytest.approx(5 / 3)
@@ -327,3 +328,5 @@ def test_homagg_row_payload_and_cpu_per_mb(monkeypatch):
                                payload=8192)
     assert seen == [8192] and row["payload_bytes"] == 8192
     assert row["cpu_ms_per_mb"] == pytest.approx(1e3 * 0.4 / 4.0)
+    assert row["worker_cpu_seconds"] == pytest.approx([0.1, 0.1])
+    assert row["daemon_cpu_seconds"] == pytest.approx(0.2)

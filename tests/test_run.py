@@ -148,10 +148,10 @@ def test_loss_free_run_has_no_timeouts(testbed):
 
 # elements such that 70-100 frames are dropped at 1 % (the ratio below is
 # about 2 - 1/W; fewer drops would make it noisy)
-LOSS_ELEMENTS = {"dense": 800_000, "lhc": 2_000_000}
+LOSS_ELEMENTS = {"dense": 800_000, "lhc": 2_000_000, "union": 2_000_000}
 
 
-@pytest.mark.parametrize("method", ["dense", "lhc"])
+@pytest.mark.parametrize("method", ["dense", "lhc", "union"])
 def test_allreduce_exact_under_injected_loss(testbed, method):
     """1% of the frames the daemon receives are dropped by its port: the
     workers' retransmissions repair it, the result stays bit-exact, and it

@@ -223,8 +223,8 @@ def gloo_row(group, W, n, workload, density, link_mbit, args):
     wall = float(np.sum(per_call))
     row = _timing(per_call, n, link_mbit, float(np.mean(tx)))
     row.update(_cpu_fields([a["cpu_seconds"] for a in answers], wall, W))
-    row.update({"worker_cpu_seconds": float(np.mean([a["cpu_seconds"] for a in answers]))
-                / args.repeat, "daemon_cpu_seconds": None})
+    row.update({"worker_cpu_seconds": [a["cpu_seconds"] / args.repeat for a in answers],
+                "daemon_cpu_seconds": None})
     # TCP repairs Gloo's losses itself: no client counters
     row.update({f"{k}_per_allreduce": None for k in WORKER_COUNTERS})
     row.update({
@@ -328,7 +328,8 @@ def homagg_row(testbed_name, method, W, n, workload, density, link_mbit, args, p
                            daemon=daemon * calls if daemon is not None else None))
     row.update(_worker_counters(r["worker_stats_timed"], calls))
     row.update({
-        "worker_cpu_seconds": float(np.mean(cpu)) if cpu else None,
+        # per worker: CPU seconds of one allreduce (mean over the timed calls)
+        "worker_cpu_seconds": [float(c) for c in cpu] if cpu else None,
         "daemon_cpu_seconds": daemon,
         "exact": (None if method not in EXACT_METHODS else r["exact"] is True and r["workers_agree"]),
         "exact_kind": ("bit-exact vs fixed-point reference" if method in EXACT_METHODS
