@@ -187,3 +187,115 @@ def test_worker_names_the_silent_udp_aggregator():
     finally:
         silent.close()
         live.close()
+
+
+# ---- the DPDK testbed: two homagg-switch daemons, one job -----------------
+
+@pytest.fixture(scope="module")
+def testbed_k2(tmp_path_factory):
+    import os
+    import secrets
+
+    from conftest import require
+    from homagg import run as runmod
+    from homagg.testbed import Testbed
+
+    require(os.geteuid() == 0, "needs root")
+    try:
+        runmod.find_switch()
+    except runmod.RunError as e:
+        require(False, str(e))
+    sd = str(tmp_path_factory.mktemp("scale") / "testbeds")
+    tb = Testbed.up("k" + secrets.token_hex(5), workers=3, link_mbit=1000, aggregators=2,
+                    state_dir=sd)
+    try:
+        yield tb
+    finally:
+        Testbed.down(tb.name, state_dir=sd)
+
+
+@pytest.mark.root
+@pytest.mark.netns
+@pytest.mark.dpdk
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("method", EXACT)
+def test_testbed_two_dpdk_aggregators_exact(testbed_k2, method):
+    from homagg import run as runmod
+
+    assert [h.name for h in testbed_k2.aggregators] == ["agg", "agg1"]
+    rep = runmod.run_allreduce(testbed_k2.name, method, elements=40_000, density=0.05,
+                               workload="random", seed=11, state_dir=testbed_k2.state_dir)
+    assert rep["exact"] is True, rep["exact_per_worker"]
+    assert rep["workers_agree"]
+    aggs = rep["aggregators"]
+    assert [a["host"] for a in aggs] == ["agg", "agg1"]
+    for a in aggs:
+        assert a["counters"]["completed"] > 0, a
+        assert a["counters"].get("bad_shard", 0) == 0, a
+    for st in rep["worker_stats"]:
+        # chunks alternate: at most one chunk (1024 bytes) more per step
+        # (an allreduce has at most 4 steps) at one aggregator
+        sent = [a["bytes_sent"] for a in st["aggregators"]]
+        assert abs(sent[0] - sent[1]) <= 4 * 1024, sent
+    if method == "dense":
+        # each aggregator's link carries half (no other aggregator's
+        # multicast); 160 chunks per worker, so within 10%
+        rx = [a["rx_bytes"] for a in aggs]
+        assert abs(rx[0] - rx[1]) <= 0.1 * sum(rx) / 2, rx
+    assert testbed_k2.state()["processes"] == []
+
+
+@pytest.mark.root
+@pytest.mark.netns
+@pytest.mark.dpdk
+@pytest.mark.timeout(300)
+def test_testbed_dead_aggregator_is_named(testbed_k2):
+    from homagg import run as runmod
+
+    dead = testbed_k2.host("agg1")
+    with pytest.raises(runmod.RunError) as ei:
+        runmod.run_allreduce(testbed_k2.name, "dense", elements=20_000, density=1.0,
+                             workload="dense", seed=12, timeout=1.0,
+                             state_dir=testbed_k2.state_dir, fail_aggregators=("agg1",))
+    text = str(ei.value)
+    assert "failed on 3 of 3 workers" in text, text
+    assert text.count(f"no answer from aggregator {dead.ip}:48879 (shard 1 of 2)") == 3, text
+    assert "shard 0 of 2" not in text
+    assert testbed_k2.state()["processes"] == []
+    # Recovery: re-run with the K - 1 = 1 live aggregator.
+    rep = runmod.run_allreduce(testbed_k2.name, "dense", elements=20_000, density=1.0,
+                               workload="dense", seed=12, state_dir=testbed_k2.state_dir,
+                               aggregators=1)
+    assert rep["exact"] is True and [a["host"] for a in rep["aggregators"]] == ["agg"]
+    with pytest.raises(runmod.RunError, match="aggregators must be 1..2"):
+        runmod.run_allreduce(testbed_k2.name, "dense", elements=100, density=1.0,
+                             state_dir=testbed_k2.state_dir, aggregators=3)
+
+
+@pytest.mark.root
+@pytest.mark.netns
+@pytest.mark.dpdk
+@pytest.mark.timeout(300)
+def test_bench_shards_outputs(tmp_path, capsys):
+    """`homagg bench shards`: its own shaped testbed, K = 1 and 2, exact,
+    each aggregator's link load reported; timing is reported, not judged."""
+    import json
+    import os
+
+    from conftest import require
+    from homagg import cli
+
+    require(os.geteuid() == 0, "needs root")
+    out = tmp_path / "shards"
+    rc = cli.main(["bench", "shards", "--workers", "2", "--elements", "30000", "--repeat", "1",
+                   "--link-mbit", "1000", "--json", "--out", str(out)])
+    assert rc == 0
+    report = json.loads(capsys.readouterr().out)
+    assert json.loads((out / "shards.json").read_text())["results"] == report["results"]
+    assert (out / "shards.md").exists() and (out / "shards.csv").exists()
+    assert [r["aggregators"] for r in report["results"]] == [1, 2]
+    assert all(r["exact"] is True for r in report["results"])
+    k2 = report["results"][1]
+    assert len(k2["agg_rx_bytes"]) == 2 and min(k2["agg_rx_bytes"]) > 0
+    assert set(report["summary"]) == {"1", "2"}
+    assert report["summary"]["1"]["speedup_vs_k1"] == 1.0
