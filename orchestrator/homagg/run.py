@@ -42,46 +42,17 @@ import time
 
 import numpy as np
 
-from homagg import protocol
-from homagg.bench import workloads
-from homagg.errors import HomAggError, PeerTimeout
+from homagg import log
+from homagg.errors import HomAggError
+from homagg.job import (DEFAULT_BLOCK, METHODS, UDP_PORT, WORKLOADS, RunError, check_arguments,
+                        counter_deltas, print_report, verify, worker_spec)
 from homagg.testbed import Testbed, TestbedError
 
-METHODS = protocol.METHODS
-WORKLOADS = workloads.WORKLOADS  # shared, random, zipf, dense
-UDP_PORT = 48879  # HG_UDP_PORT (wire.h)
-DEFAULT_BLOCK = 4096  # HG_DEFAULT_BLOCK (codec.h)
 EAL_BASE = ["-l", "0", "--no-huge", "-m", "256", "--no-pci", "--no-shconf", "--no-telemetry",
             "--log-level", "lib.eal:error"]
 
 
-class RunError(HomAggError):
-    """The run could not be set up or a process failed."""
 
-
-# --------------------------------------------------------------------------
-# Gradients and the reference
-
-
-def gradient(elements: int, density: float, workload: str, seed: int, worker: int,
-             workers: int | None = None) -> np.ndarray:
-    """Worker ``worker``'s float32 gradient: homagg.bench.workloads.generate
-    (the same arrays the benchmarks' Gloo ranks build).  A pure function of
-    its arguments, so the checker rebuilds every worker's input.  ``workers``
-    only bounds ``worker`` (the generators do not depend on it)."""
-    if workload not in WORKLOADS:
-        raise RunError(f"workload {workload!r} not in {WORKLOADS}")
-    if workers is None:
-        workers = worker + 1
-    return workloads.generate(workload, workers, elements, density, seed, worker)
-
-
-def reference(grads: list[np.ndarray], block: int) -> np.ndarray:
-    """The bit-exact result of an exact method (homagg.reference: the
-    fixed-point contract in numpy, independent of the C codec)."""
-    from homagg import reference as ref
-
-    return ref.allreduce(grads, block)
 
 
 # --------------------------------------------------------------------------
@@ -207,102 +178,6 @@ class Switch:
         self.proc = None
 
 
-# --------------------------------------------------------------------------
-# Workers (child processes)
-
-
-def _child(spec: dict) -> int:
-    """One worker process: build the gradient, wait for "go" on stdin, run
-    the allreduce, save the result, print one JSON line of stats."""
-    from homagg.worker import Worker
-
-    x = gradient(spec["elements"], spec["density"], spec["workload"], spec["seed"], spec["worker"],
-                 spec["workers"])
-    with Worker(job=spec["job"], token=spec["token"], worker=spec["worker"],
-                workers=spec["workers"], aggregator=(spec["agg_ip"], spec["udp_port"]),
-                group=spec["group"], bind=(spec["ip"], 0), timeout=spec["timeout"],
-                slots=spec["slots"], payload=spec["payload"], rto=spec["rto"]) as w:
-        if spec.get("go_file"):  # remote hosts: a file barrier (homagg.remote)
-            open(spec["ready_file"], "w").close()
-            deadline = time.monotonic() + spec.get("start_timeout", 120.0)
-            while not os.path.exists(spec["go_file"]):
-                if time.monotonic() > deadline:
-                    print(f"no go file {spec['go_file']} within the start timeout", file=sys.stderr)
-                    return 2
-                time.sleep(0.005)
-        else:
-            print("ready", flush=True)
-            if sys.stdin.readline().strip() != "go":
-                return 2
-        c0, t0 = time.process_time(), time.perf_counter()
-        y = w.allreduce(x, method=spec["method"], block=spec["block"])
-        seconds = time.perf_counter() - t0
-        cpu = time.process_time() - c0  # this process's CPU time (all its threads)
-        np.save(spec["out"], y)
-        line = json.dumps({"worker": spec["worker"], "seconds": seconds, "cpu_seconds": cpu,
-                           "stats": w.stats()})
-        if spec.get("report"):
-            with open(spec["report"], "w") as f:
-                f.write(line + "\n")
-        print(line, flush=True)
-    return 0
-
-
-def _link_bytes(tb: Testbed, host: str) -> dict:
-    """tx/rx bytes and packets of ``host``'s eth0, from the kernel."""
-    from pyroute2 import NetNS
-
-    h = tb.host(host)
-    with NetNS(h.netns, flags=0) as ns:
-        link = ns.get_links(ns.link_lookup(ifname=h.ifname)[0])[0]
-        st = link.get_attr("IFLA_STATS64")
-        return {k: st[k] for k in ("tx_bytes", "rx_bytes", "tx_packets", "rx_packets")}
-
-
-def check_arguments(method: str, elements: int, density: float) -> None:
-    if method not in METHODS:
-        raise RunError(f"method {method!r} not in {METHODS}")
-    if elements < 1:
-        raise RunError("elements must be >= 1")
-    if not 0.0 <= density <= 1.0:
-        raise RunError("density must be in [0, 1]")
-
-
-def worker_spec(*, job, token, worker, workers, agg_ip, group, ip, timeout, slots, payload, rto,
-                method, block, elements, density, workload, seed, out) -> dict:
-    """The JSON spec of one worker process (``python -m homagg.run --child SPEC``)."""
-    return dict(job=job, token=token, worker=worker, workers=workers, agg_ip=agg_ip,
-                udp_port=UDP_PORT, group=group, ip=ip, timeout=timeout, slots=slots,
-                payload=payload, rto=rto, method=method, block=block, elements=elements,
-                density=density, workload=workload, seed=seed, out=out)
-
-
-def verify(method: str, elements: int, density: float, workload: str, seed: int, block: int,
-           results: list[np.ndarray]) -> dict:
-    """Rebuild every worker's gradient from the seed and compare the results
-    bit for bit with the reference: the exactness part of the report."""
-    W = len(results)
-    grads = [gradient(elements, density, workload, seed, i, W) for i in range(W)]
-    ref = reference(grads, block)
-    bits = [r.view(np.uint32) for r in results]
-    agree = all(np.array_equal(bits[0], b) for b in bits[1:])
-    exact_each = [bool(np.array_equal(b, ref.view(np.uint32))) for b in bits]
-    exact = all(exact_each) if method in protocol.EXACT_METHODS else None
-    fsum = np.sum(np.stack(grads).astype(np.float64), axis=0)
-    err = float(np.max(np.abs(results[0].astype(np.float64) - fsum))) if elements else 0.0
-    return {"exact": exact, "exact_per_worker": exact_each, "workers_agree": agree,
-            "max_abs_error_vs_float64_sum": err}
-
-
-def counter_deltas(before: dict, after: dict) -> tuple[dict, dict]:
-    """(engine counters, port counters) that moved between two stats replies."""
-    counters = {k: after["stats"][k] - before["stats"].get(k, 0)
-                for k in after["stats"] if isinstance(after["stats"][k], int)}
-    port = {k: v - before.get("port", {}).get(k, 0) for k, v in after.get("port", {}).items()
-            if isinstance(v, int)}
-    return counters, port
-
-
 def run_allreduce(testbed: str, method: str, elements: int, density: float,
                   workload: str = "random", seed: int = 1, block: int = DEFAULT_BLOCK,
                   slots: int = 64, payload: int = 1024, timeout: float = 10.0,
@@ -339,7 +214,7 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
                                payload=payload, rto=rto, method=method, block=block,
                                elements=elements, density=density, workload=workload, seed=seed,
                                out=os.path.join(workdir, f"result-{i}.npy"))
-            p = tb.run_in(h.name, [sys.executable, "-m", "homagg.run", "--child", json.dumps(spec)],
+            p = tb.run_in(h.name, [sys.executable, "-m", "homagg.job", "--child", json.dumps(spec)],
                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           text=True, env=env, cwd=workdir)
             procs.append(p)
@@ -347,7 +222,7 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
             line = _readline(p, 60.0)
             if line.strip() != "ready":
                 raise RunError(f"worker {h.name} did not start: {line!r} {_stderr(p)}")
-        link0 = [_link_bytes(tb, h.name) for h in workers]
+        link0 = [tb.link_stats(h.name) for h in workers]
         t0 = time.perf_counter()
         d0 = sw.cpu_seconds()
         for p in procs:
@@ -366,7 +241,7 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
             reports.append(json.loads(out.strip().splitlines()[-1]))
         wall = time.perf_counter() - t0
         d1 = sw.cpu_seconds()
-        link1 = [_link_bytes(tb, h.name) for h in workers]
+        link1 = [tb.link_stats(h.name) for h in workers]
         with sw.client() as c:
             after = c.stats()
             with contextlib.suppress(HomAggError):
@@ -480,40 +355,13 @@ def main(args: argparse.Namespace) -> int:
     return print_report(rep, args.json)
 
 
-def print_report(rep: dict, as_json: bool = False) -> int:
-    """Print the report (text or one JSON object); the exit status: 0 when
-    exact (or, for nc, the workers agree), else 3."""
-    ok = rep["exact"] is not False and rep["workers_agree"]
-    if as_json:
-        print(json.dumps(rep))
-        return 0 if ok else 3
-    W, n = rep["workers"], rep["elements"]
-    print(f"allreduce {rep['method']}: {W} workers x {n} float32 ({rep['workload']}, density "
-          f"{rep['density']:g}), aggregator homagg-switch on {rep['pmd']}, links "
-          f"{'unshaped' if rep['link_mbit'] is None else format(rep['link_mbit'], 'g') + ' Mbit/s'}")
-    print(f"  time: {rep['seconds'] * 1e3:.1f} ms (slowest worker), {rep['wall_seconds'] * 1e3:.1f} ms wall")
-    b = rep["bytes_per_worker"]
-    print(f"  bytes sent per worker: {min(b)}..{max(b)} (dense float32 would be "
-          f"{rep['dense_float32_bytes']}: {max(b) / max(1, rep['dense_float32_bytes']):.3f}x)")
-    if rep["exact"] is None:
-        print(f"  exact: n/a (lossy method); workers agree: {rep['workers_agree']}; "
-              f"max |error| vs float64 sum: {rep['max_abs_error_vs_float64_sum']:.3g}")
-    else:
-        print(f"  bit-exact on every worker: {rep['exact']} {rep['exact_per_worker']}")
-    print("  daemon counters: " + ", ".join(f"{k}={v}" for k, v in rep["counters"].items() if v))
-    if rep.get("run_dir"):
-        print(f"  results and logs: {rep['run_dir']}")
-    return 0 if ok else 3
-
-
 def _standalone(argv=None) -> int:
     """``python -m homagg.run allreduce ...``: the same as ``homagg run ...``."""
     parser = argparse.ArgumentParser(prog="homagg run", description=__doc__.splitlines()[0])
+    log.setup()
     add_arguments(parser)
     return main(parser.parse_args(argv))
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "--child":  # one worker process
-        sys.exit(_child(json.loads(sys.argv[2])))
     sys.exit(_standalone())

@@ -19,10 +19,11 @@ memcpy, >= 20x numpy, lhc wire <= 1.10x bound, auto <= the smallest exact
 method.
 """
 import json
-import sys
 import time
 
 import numpy as np
+
+from homagg.bench import report as rep
 
 
 def add_arguments(parser):
@@ -40,7 +41,7 @@ def add_arguments(parser):
 
 
 def _progress(msg):
-    print(f"[bench codec] {msg}", file=sys.stderr, flush=True)
+    rep.progress("codec", msg)
 
 
 def _best(fn, repeat):

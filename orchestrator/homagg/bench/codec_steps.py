@@ -17,6 +17,8 @@ import time
 
 import numpy as np
 
+from homagg import log
+
 
 def add_arguments(parser):
     parser.add_argument("--elements", type=int, default=2**26,
@@ -133,5 +135,6 @@ def main(args):
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+    log.setup()
     add_arguments(ap)
     sys.exit(main(ap.parse_args()))
