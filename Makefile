@@ -7,7 +7,7 @@
 #                                 sanitizer pass of its own, see test-sanitize)
 #   PYTHON=python3                interpreter used to create .venv
 #   PYTEST_ARGS=...               extra arguments for pytest (e.g. -k codec)
-#   FUZZ_SECONDS=20               time budget of the fuzz run in make test
+#   FUZZ_SECONDS=20               time budget of each libFuzzer target (make fuzz)
 #   NO_APT=1                      never call apt-get (fail if packages are missing)
 #
 # `make help` lists the targets.
@@ -37,8 +37,8 @@ LIB      := $(BUILD)/libhomagg.a
 HEADERS  := $(wildcard dataplane_c/include/homagg/*.h) $(wildcard nic/include/homagg/*.h) \
 	$(wildcard dataplane_c/src/*.h) $(wildcard nic/src/*.h)
 
-APT_PACKAGES := build-essential pkg-config libdpdk-dev dpdk clang libclang-rt-14-dev \
-	iproute2 iputils-ping openssh-server python3-venv
+APT_PACKAGES := build-essential pkg-config libdpdk-dev dpdk libjansson-dev clang \
+	libclang-rt-14-dev iproute2 iputils-ping openssh-server python3-venv
 
 .PHONY: help build deps venv lib ext switch fuzz test test-sanitize test-fast bench demo clean distclean
 
@@ -91,9 +91,10 @@ SWITCH_BENCH := $(BUILD)/homagg-switch-bench
 
 switch: $(if $(SWITCH_SRCS),$(SWITCH) $(SWITCH_BENCH),) ## build the DPDK aggregator daemon homagg-switch (and its benchmark)
 
+# The control socket parses and writes JSON with jansson.
 $(SWITCH): $(SWITCH_SRCS) $(wildcard dataplane_c/dpdk/*.h) $(LIB)
-	$(CC) $(CFLAGS_COMMON) -Wno-unused-parameter $$(pkg-config --cflags libdpdk) $(SWITCH_SRCS) \
-		$(LIB) $$(pkg-config --libs libdpdk) -lm -lpthread -o $@
+	$(CC) $(CFLAGS_COMMON) -Wno-unused-parameter $$(pkg-config --cflags libdpdk jansson) $(SWITCH_SRCS) \
+		$(LIB) $$(pkg-config --libs libdpdk jansson) -lm -lpthread -o $@
 
 # Its benchmark: the engine on a net_ring ethdev fed by a generator lcore.
 $(SWITCH_BENCH): dataplane_c/dpdk/bench/switch_bench.c dataplane_c/dpdk/port_dpdk.c dataplane_c/dpdk/port_dpdk.h $(LIB)
@@ -101,19 +102,22 @@ $(SWITCH_BENCH): dataplane_c/dpdk/bench/switch_bench.c dataplane_c/dpdk/port_dpd
 		$(LIB) $$(pkg-config --libs libdpdk) -lrte_net_ring -lm -lpthread -o $@
 
 # libFuzzer targets: dataplane_c/fuzz/fuzz_*.c, each built with clang
-# against the library sources and run for FUZZ_SECONDS.
+# against the library sources (plus FUZZ_EXTRA_<name>) and run for
+# FUZZ_SECONDS from its seed corpus dataplane_c/fuzz/corpus_<name without fuzz_>.
 FUZZ_SRCS := $(wildcard dataplane_c/fuzz/fuzz_*.c)
+FUZZ_EXTRA_fuzz_control := dataplane_c/dpdk/control.c $$(pkg-config --cflags --libs jansson)
+define FUZZ_ONE
+t=build/fuzz/$(basename $(notdir $(1))); \
+clang -g -O1 -fsanitize=fuzzer,address,undefined -Idataplane_c/include -Inic/include \
+	$(LIB_SRCS) $(1) $(FUZZ_EXTRA_$(basename $(notdir $(1)))) -lm -o $$t || exit 1; \
+mkdir -p $$t.corpus; \
+seeds=$(dir $(1))corpus_$(patsubst fuzz_%,%,$(basename $(notdir $(1)))); [ -d $$seeds ] || seeds=; \
+$$t -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 $$t.corpus $$seeds > $$t.log 2>&1; rc=$$?; \
+tail -n 12 $$t.log; [ $$rc = 0 ] || exit 1;
+endef
 fuzz: deps ## build and run every libFuzzer target for FUZZ_SECONDS each
 	@mkdir -p build/fuzz
-	@for f in $(FUZZ_SRCS); do \
-		t=build/fuzz/$$(basename $$f .c); \
-		clang -g -O1 -fsanitize=fuzzer,address,undefined -Idataplane_c/include -Inic/include \
-			$(LIB_SRCS) $$f -lm -o $$t || exit 1; \
-		mkdir -p $$t.corpus; \
-		seeds=$$(dirname $$f)/corpus_$$(basename $$f .c | sed s/fuzz_//); [ -d $$seeds ] || seeds=; \
-		$$t -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 $$t.corpus $$seeds > $$t.log 2>&1; rc=$$?; \
-		tail -n 12 $$t.log; [ $$rc = 0 ] || exit 1; \
-	done
+	@$(foreach f,$(FUZZ_SRCS),$(call FUZZ_ONE,$(f)))
 
 ext: lib venv ## build the cffi extension in place, against the current variant
 	HOMAGG_LIBDIR=$(CURDIR)/$(BUILD) HOMAGG_SANITIZE=$(SANITIZE) $(VPY) setup.py -q build_ext --inplace --force

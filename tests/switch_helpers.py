@@ -35,7 +35,7 @@ class Daemon:
     """One homagg-switch process, started in `workdir`."""
 
     def __init__(self, workdir, eal_args, app_args=(), netns=None,
-                 telemetry=False, lcores="0"):
+                 telemetry=False, lcores="0", umask=-1):
         self.workdir = pathlib.Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.control = self.workdir / "control.sock"
@@ -57,7 +57,7 @@ class Daemon:
         self._logf = open(self.log, "wb")
         self.proc = subprocess.Popen(cmd, stdout=self._logf,
                                      stderr=subprocess.STDOUT, env=env,
-                                     cwd=self.workdir)
+                                     cwd=self.workdir, umask=umask)
 
     def output(self):
         return self.log.read_text(errors="replace")

@@ -262,3 +262,23 @@ def test_homagg_row_counts_the_daemons_cpu(monkeypatch):
     it = runs(0.6)
     assert allreduce.homagg_row("x", "lhc", 2, 1000, "shared", 0.1,
                                 _args(warmup=1, repeat=1))["cpu_bound"] is True
+
+
+def test_homagg_row_payload_and_cpu_per_mb(monkeypatch):
+    """--payload-bytes reaches homagg run; cpu_ms_per_mb is the workers' and
+    the daemon's CPU per MB on the workers' links (median over timed runs)."""
+    from homagg.bench import allreduce
+
+    seen = []
+
+    def fake(*a, payload=1024, **k):
+        seen.append(payload)
+        return {"seconds": 0.5, "bytes_per_worker": [2_000_000, 2_000_000], "exact": True,
+                "workers_agree": True, "worker_cpu_seconds": [0.1, 0.1],
+                "daemon_cpu_seconds": 0.2}
+
+    monkeypatch.setattr(allreduce, "homagg_run_available", lambda: (True, None))
+    monkeypatch.setattr(allreduce, "homagg_via_run_allreduce", fake)
+    row = allreduce.homagg_row("x", "dense", 2, 1000, "shared", 0.1, _args(), payload=8192)
+    assert seen == [8192] * 4 and row["payload_bytes"] == 8192
+    assert row["cpu_ms_per_mb"] == pytest.approx(1e3 * 0.4 / 4.0)

@@ -5,9 +5,13 @@ import errno
 import json
 import signal
 import socket
+import stat
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+from homagg._native import lib
 from homagg.control import ControlClient, ControlError
 from homagg.errors import InvalidArgument, OutOfRange, PeerTimeout
 
@@ -43,6 +47,8 @@ def shared(tmp_path_factory):
 
 JOB = dict(job=7, token=0xC0FFEE, workers=4, slots=32, payload=1024,
            group="239.1.1.1")
+# IPv4 + UDP + HomAgg header + payload + the optional 16-byte MAC <= MTU
+PAYLOAD_AT_1500 = (1500 - 20 - 8 - lib.HG_HDR_LEN - 16) // 4 * 4
 
 
 def test_stats_names_every_counter(daemon):
@@ -86,8 +92,11 @@ def test_add_and_remove_job(daemon):
     (dict(JOB, slots=1.5), InvalidArgument, "field 'slots': must be an integer"),
     (dict(JOB, payload=1022), InvalidArgument, "field 'payload': must be a multiple of 4"),
     (dict(JOB, payload=10**6), OutOfRange, "field 'payload': must be 4.."),
-    # a packet is one datagram of the port's MTU (1500 on net_ring)
-    (dict(JOB, payload=1452), OutOfRange, "field 'payload': must be 4..1448"),
+    # a packet is one datagram of the port's MTU (1500 on net_ring), MAC included
+    (dict(JOB, payload=PAYLOAD_AT_1500 + 4), OutOfRange,
+     f"field 'payload': {PAYLOAD_AT_1500 + 4} bytes do not fit this aggregator's frames: "
+     f"at most {PAYLOAD_AT_1500} bytes at MTU 1500"),
+    (dict(JOB, payload=8192), OutOfRange, "--mtu 9000"),
     (dict(JOB, group="10.0.0.1"), InvalidArgument, "is not a multicast address"),
     (dict(JOB, group="239.1.1"), InvalidArgument, "field 'group': must be an IPv4"),
     (dict(JOB, group=5), InvalidArgument, "field 'group': must be an IPv4"),
@@ -106,23 +115,61 @@ def test_add_job_rejects_bad_fields(shared, fields, exc, message):
     assert daemon.alive()
 
 
+def test_jumbo_mtu_takes_8192_byte_payloads(tmp_path):
+    """--mtu 9000: mbufs of a whole jumbo frame, jobs of up to HG_MAX_PAYLOAD
+    bytes; past it the refusal names the limit."""
+    if not SWITCH.exists():
+        pytest.fail(f"{SWITCH} is not built (make switch)")
+    d = Daemon(tmp_path / "sw", ["--vdev", "net_ring0"], ["--mtu", "9000"])
+    try:
+        d.wait_ready()
+        assert "mtu=9000 max_payload=8192 mbuf_data_room=9216" in d.output()
+        with d.client() as c:
+            assert c.add_job(**dict(JOB, payload=8192))["job"] == 7
+            with pytest.raises(OutOfRange) as ei:
+                c.add_job(**dict(JOB, job=8, payload=8196))
+            assert "field 'payload': must be 4..8192" in str(ei.value)
+            c.remove_job(7)
+        assert d.alive()
+    finally:
+        d.stop()
+
+
+def test_mtu_option_is_checked(tmp_path):
+    if not SWITCH.exists():
+        pytest.fail(f"{SWITCH} is not built (make switch)")
+    d = Daemon(tmp_path / "sw", ["--vdev", "net_ring0"], ["--mtu", "9001"])
+    try:
+        wait_for(lambda: not d.alive(), 30, "homagg-switch to refuse --mtu 9001")
+        assert d.proc.returncode == 1
+        assert "bad value for --mtu: 9001" in d.output()
+    finally:
+        d.stop()
+
+
 @pytest.mark.parametrize("line, message", [
-    (b"{", "bad JSON"),
-    (b"not json", "bad JSON at byte 0: expected an object"),
-    (b"[1, 2]", "expected an object"),
-    (b'{"cmd": "stats"} trailing', "trailing characters"),
-    (b'{"cmd": "stats", "cmd": "stats"}', "duplicate key 'cmd'"),
-    (b'{"cmd": {"nested": 1}}', "nested objects and arrays are not supported"),
-    (b'{"cmd": "st\\ud800ats"}', "surrogate"),
-    (b'{"cmd": "a\x01b"}', "control character"),
+    # jansson's messages, after the byte offset it stopped at
+    (b"{", "bad JSON at byte 1: string or '}' expected near end of file"),
+    (b"not json", "bad JSON at byte 3: '[' or '{' expected near 'not'"),
+    (b"[1, 2]", "bad JSON at byte 0: expected an object"),
+    (b'{"cmd": "stats"} trailing', "end of file expected near 'trailing'"),
+    (b'{"cmd": "stats", "cmd": "stats"}', "duplicate object key near '\"cmd\"'"),
+    (b'{"cmd": {"nested": 1}}', "field 'cmd': must be a string"),
+    (b'{"cmd": "st\\ud800ats"}', "invalid Unicode '\\uD800'"),
+    (b'{"cmd": "a\x01b"}', "control character 0x1"),
+    (b'{"cmd": "stats", "x": "\\u0000"}', "\\u0000 is not allowed"),
     (b'{"job": 1}', "field 'cmd': missing"),
     (b'{"cmd": 3}', "field 'cmd': must be a string"),
     (b'{"cmd": "reboot"}', "field 'cmd': unknown command 'reboot'"),
     (b'{"cmd": "remove_job"}', "field 'job': missing"),
     (b'{"cmd": "remove_job", "job": "7"}', "field 'job': must be an integer"),
-    (b'{"cmd": "add_job", "job": 01}', "leading zero"),
+    (b'{"cmd": "remove_job", "job": 7.0}', "field 'job': must be an integer"),
+    (b'{"cmd": "remove_job", "job": [7]}', "field 'job': must be an integer"),
+    (b'{"cmd": "add_job", "job": 01}', "invalid token near '0'"),
+    (b'{"cmd": "add_job", "job": 123456789012345678901234}', "too big integer"),
     (b'{"cmd": "stats", "verbose": true}', "field 'verbose': unknown"),
-    (b"\xff\xfe{}", "expected an object"),
+    (b"\xff\xfe{}", "bad JSON at byte 0: unable to decode byte 0xff"),
+    (b'{"cmd": "st\xc3"}', "unable to decode byte 0xc3"),
 ])
 def test_malformed_requests_are_answered(shared, line, message):
     daemon = shared
@@ -134,6 +181,45 @@ def test_malformed_requests_are_answered(shared, line, message):
         # the same connection still serves well-formed requests
         assert c.send_line(b'{"cmd":"stats"}')["ok"] is True
     assert daemon.alive()
+
+
+@pytest.mark.parametrize("name, echoed", [
+    # 1 + 31 two-byte characters = 63 bytes: the 32nd would end at byte 65
+    ("a" + "\u00e9" * 40, "a" + "\u00e9" * 31),
+    # 16 four-byte characters are exactly 64 bytes
+    ("\U0001d11e" * 20, "\U0001d11e" * 16),
+    ("ab" + "\U0001d11e" * 20, "ab" + "\U0001d11e" * 15),
+    ("\u20ac" * 30, "\u20ac" * 21),
+])
+def test_long_names_are_echoed_whole_characters(shared, name, echoed):
+    """A client's string quoted in an error is cut at 64 bytes on a UTF-8
+    character boundary: the reply stays JSON, the client raises the
+    daemon's error (never ProtocolError)."""
+    with shared.client() as c:
+        with pytest.raises(InvalidArgument) as ei:
+            c.request(name)
+        assert f"unknown command '{echoed}' (add_job" in str(ei.value)
+        with pytest.raises(InvalidArgument) as ei:
+            c.request("stats", **{name: 1})
+        assert f"field '{echoed}': unknown" in str(ei.value)
+
+
+@settings(deadline=None, max_examples=60,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(name=st.text(min_size=1, max_size=120))
+def test_any_unicode_request_gets_a_json_reply(shared, name):
+    """Whatever the strings of a request, the reply is JSON: the client
+    raises the daemon's own error for it, never ProtocolError."""
+    with shared.client() as c:
+        for fields in ({"cmd": name}, {"cmd": "stats", name: name},
+                       {"cmd": "add_job", "job": 1, "token": 1, "workers": 1,
+                        "slots": 1, "group": name}):
+            if fields["cmd"] in ("stats", "remove_job", "add_job", "shutdown") \
+                    and len(fields) == 1:
+                continue
+            with pytest.raises((InvalidArgument, OutOfRange)):
+                c.request(**fields)
+    assert shared.alive()
 
 
 def test_many_requests_in_one_write_and_split_writes(daemon):
@@ -224,6 +310,43 @@ def test_bad_command_line_fails(tmp_path, args, message):
     assert message in d.output()
 
 
+@pytest.mark.parametrize("umask", [0o000, 0o022])
+def test_control_socket_is_owner_only(tmp_path, umask):
+    """The socket file is 0600 whatever the umask the daemon starts with."""
+    if not SWITCH.exists():
+        pytest.fail(f"{SWITCH} is not built (make switch)")
+    d = Daemon(tmp_path / "mode", ["--vdev", "net_ring0"], umask=umask)
+    try:
+        d.wait_ready()
+        assert stat.S_ISSOCK(d.control.stat().st_mode)
+        assert stat.S_IMODE(d.control.stat().st_mode) == 0o600
+    finally:
+        d.stop()
+
+
+def test_log_level_of_the_daemon(tmp_path):
+    """The daemon logs through rte_log type homagg.switch: NOTICE by
+    default (the ready line), --log-level homagg.switch:warning hides it,
+    errors still show."""
+    if not SWITCH.exists():
+        pytest.fail(f"{SWITCH} is not built (make switch)")
+    quiet = ["--vdev", "net_ring0", "--log-level", "homagg.switch:warning"]
+    d = Daemon(tmp_path / "quiet", quiet)
+    try:
+        d.wait_ready()
+        d.signal(signal.SIGTERM)
+        assert d.wait_exit(20) == 0
+    finally:
+        d.stop()
+    assert "homagg-switch:" not in d.output()
+    d = Daemon(tmp_path / "quiet_bad", quiet, ["--drop-rate", "2"])
+    try:
+        assert d.wait_exit(30) != 0
+    finally:
+        d.stop()
+    assert "homagg-switch: bad value for --drop-rate: 2" in d.output()
+
+
 def test_telemetry_stats(tmp_path):
     """/homagg/stats over DPDK's telemetry socket (v2 protocol)."""
     if not SWITCH.exists():
@@ -264,8 +387,6 @@ def test_stats_interval_prints_counters(tmp_path):
 
 
 # Arbitrary input never stops the daemon and always gets one JSON reply.
-from hypothesis import HealthCheck, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
 
 _scalars = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70),
                      st.floats(allow_nan=False), st.text(max_size=40))

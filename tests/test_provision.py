@@ -91,6 +91,47 @@ def test_inventory_collects_every_error(tmp_path):
     assert "ssh-keygen" in msg and len(probs) == len(expect)
 
 
+def test_inventory_mtu(tmp_path):
+    """mtu per host: 1500 by default, 576..9000, one value for the segment;
+    the aggregator's daemon and its af_packet vdev follow it."""
+    from homagg import remote
+
+    key = tmp_path / "k"
+    key.write_text("x")
+    path = tmp_path / "t.toml"
+    hosts = _valid_hosts(str(key))
+    path.write_text(to_toml({}, hosts))
+    assert [h.mtu for h in inv.load(str(path)).hosts] == [1500, 1500]
+    for h in hosts:
+        h["mtu"] = 9000
+    hosts[0].pop("pci"), hosts[0].pop("driver")
+    hosts[0]["vdev"] = "net_af_packet0,iface=eth1"
+    path.write_text(to_toml({}, hosts))
+    i = inv.load(str(path))
+    assert [h.mtu for h in i.hosts] == [9000, 9000]
+    argv = remote.switch_argv(i.host("agg"), "homagg-switch", "/mnt/{name}")
+    assert "net_af_packet0,iface=eth1,framesz=9216,blocksz=36864,framecnt=512" in argv
+    assert argv[argv.index("--mtu") + 1] == "9000"
+    assert "mtu = 9000" in prov.host_config(i.host("agg"), i, "/src")
+
+    hosts[0]["mtu"] = 9001
+    hosts[1]["mtu"] = "jumbo"
+    path.write_text(to_toml({}, hosts))
+    with pytest.raises(inv.InventoryError) as ei:
+        inv.load(str(path))
+    probs = ei.value.problems
+    assert any(p.startswith("host 'agg': field 'mtu' = 9001: must be the MTU of the host's "
+                            "data-plane link, an integer 576..9000") for p in probs), probs
+    assert any(p.startswith("host 'w1': field 'mtu' = 'jumbo'") for p in probs), probs
+    hosts[0]["mtu"], hosts[1]["mtu"] = 9000, 1500
+    path.write_text(to_toml({}, hosts))
+    with pytest.raises(inv.InventoryError) as ei:
+        inv.load(str(path))
+    assert ei.value.problems == [
+        "field 'mtu': hosts of one data-plane subnet have different MTUs (1500: 'w1'; "
+        "9000: 'agg'): give every host the same mtu (the link's)"]
+
+
 def test_inventory_missing_and_syntax(tmp_path):
     with pytest.raises(inv.InventoryError, match="not found"):
         inv.load(str(tmp_path / "none.toml"))

@@ -175,3 +175,31 @@ def test_missing_pci_device_and_unprovisioned_host(rack, tmp_path):
     assert "host 'w0': step 'preflight': no host config" in up.stderr
     assert "homagg provision -i" in up.stderr
     assert not os.path.exists(os.path.join(i.host("agg").install_dir, "run"))
+
+
+@pytest.mark.timeout(400)
+def test_train_on_inventory_hosts(rack, tmp_path):
+    """`homagg train -i` after `homagg up -i`: one DDP rank per worker host
+    over SSH, gradients through the hook and the daemon `up` started; the
+    fetched parameters are bit-identical across ranks and to the replay."""
+    path, i = make_testbed(rack, tmp_path)
+    up = cli("up", "-i", path, "--no-udp-csum")
+    assert up.returncode == 0, up.stdout + up.stderr
+    try:
+        r = cli("train", "-i", path, "--model", "ncf", "--method", "lhc", "--steps", "2",
+                "--warmup", "1", "--no-baseline", "--runs-dir", str(tmp_path / "runs"), "--json")
+        assert r.returncode == 0, r.stdout + r.stderr
+        rep = json.loads(r.stdout)
+        assert rep["ranks"] == 2 and rep["worker_hosts"] == ["w0", "w1"]
+        assert rep["params_identical_across_ranks"] is True
+        assert rep["replay_bit_identical"] is True and rep["replay"]["steps"] == 3
+        assert rep["buckets"] and rep["buckets"][0]["methods"] == {"lhc": 2}
+        names = set(os.listdir(rep["run_dir"]))
+        assert {"rank-0.json", "rank-1.json", "grads-0.npz", "params-lhc-1.npz",
+                "worker-w0.log", "train.json"} <= names, names
+        assert all(gone(p) for p in rep["rank_pids"])
+        for h in ("w0", "w1"):
+            assert os.listdir(os.path.join(i.host(h).install_dir, "run")) == []
+    finally:
+        down = cli("down", "-i", path)
+    assert down.returncode == 0, down.stdout + down.stderr

@@ -392,3 +392,64 @@ def test_aggregator_link_rate():
     assert times[None] == times[4.0]
     with pytest.raises(InvalidArgument):
         Cluster(workers=2, agg_link_gbps=-1.0)
+
+
+# ---------------------------------------------------------------- payload sizes
+# A job's payload size (docs/PROTOCOL.md Part 2 "Ops, lanes, payload sizes"):
+# 1 KB by default, up to 8 KB through NIC ports of MTU 9000 (jumbo frames).
+# 2996 is a size no power of two: lanes per chunk 749 (SUM32) and 2996
+# (MAX8, OR), so chunk boundaries fall mid-block.
+
+
+def _chunks(nbytes, payload):
+    return (nbytes + payload - 1) // payload
+
+
+@pytest.mark.parametrize("payload", [1024, 2996, 4096, 8192])
+@pytest.mark.parametrize("method", ["dense", "lhc"])
+def test_payload_sizes_through_jumbo_nic_ports(payload, method):
+    W, n = 4, 3 * 4096 + 77
+    grads = make_grads(W, n, density=0.3 if method == "lhc" else 1.0, seed=payload)
+    with Cluster(workers=W, payload=payload, mtu=9000, seed=3) as cl:
+        res = cl.allreduce(grads, method=method, block_elements=BLOCK)
+        fabric = cl.fabric_counters()
+    check_result(res, grads)
+    eng = res.stats["engine"]
+    assert eng["summed"] == W * eng["completed"] and eng["duplicates"] == 0
+    assert not any(v for k, v in fabric.items() if "oversize" in k), fabric
+    if method == "dense":
+        # one MAX8 byte per block, then one int32 lane per element: every
+        # chunk as full as the payload allows
+        nb = (n + BLOCK - 1) // BLOCK
+        assert eng["completed"] == _chunks(nb, payload) + _chunks(4 * n, payload)
+    else:
+        # every stream (exponents, counts, index, sketch, fallback) cut
+        # into full chunks but its last
+        sent = res.stats["workers"][0]["bytes_sent"]
+        assert sent["sketch"] > payload
+        assert eng["completed"] == sum(_chunks(b, payload) for b in sent.values())
+
+
+def test_jumbo_payload_exact_under_faults():
+    W, n = 4, 1 << 15
+    grads = make_grads(W, n, density=0.2, seed=9)
+    with Cluster(workers=W, payload=8192, mtu=9000, loss=0.02, duplicate=0.02,
+                 reorder=0.05, seed=11) as cl:
+        res = cl.allreduce(grads, method="lhc", block_elements=BLOCK)
+    check_result(res, grads)
+    assert sum(w["retransmissions"] for w in res.stats["workers"]) > 0
+
+
+def test_payload_must_fit_the_nic_mtu():
+    with pytest.raises(InvalidArgument) as ei:
+        Cluster(workers=2, payload=8192, mtu=1500)
+    assert "payload 8192 bytes does not fit MTU 1500: at most" in str(ei.value)
+    assert "e.g. mtu=9000" in str(ei.value)
+    with pytest.raises(InvalidArgument, match="mtu must be 576..9000"):
+        Cluster(workers=2, mtu=9216)
+    # the largest payload of an MTU of 1500 goes through
+    from homagg.worker import max_payload
+
+    grads = make_grads(2, 5000, density=1.0, seed=2)
+    with Cluster(workers=2, payload=max_payload(1500), mtu=1500) as cl:
+        check_result(cl.allreduce(grads, method="dense", block_elements=BLOCK), grads)

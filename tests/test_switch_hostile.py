@@ -120,3 +120,53 @@ def test_hostile_frames_are_dropped_counted_and_harmless(link, daemons):  # noqa
     for y in results:
         assert y.tobytes() == expected.tobytes()
     assert d.alive()
+
+
+def _arp(src_mac, dst_mac, op, sender_ip, target_ip):
+    """An Ethernet + IPv4 ARP frame (op 1 request, 2 reply)."""
+    mac = lambda m: bytes.fromhex(m.replace(":", ""))  # noqa: E731
+    return (mac(dst_mac) + mac(src_mac) + b"\x08\x06"
+            + b"\x00\x01\x08\x00\x06\x04" + op.to_bytes(2, "big")
+            + mac(src_mac) + socket.inet_aton(sender_ip)
+            + (b"\x00" * 6 if op == 1 else mac(dst_mac)) + socket.inet_aton(target_ip))
+
+
+def test_arp_never_reaches_the_engine(link, daemons):  # noqa: F811
+    """A request for the daemon's address is answered (arp_replies); every
+    other ARP frame (a reply, a request for another address, one too short
+    for an ARP body, a non-IPv4 one) is consumed and counted in arp_other;
+    none of them reaches the engine (received, not_ip unchanged)."""
+    # no IPv6 chatter (router solicitations, MLD) on the link: the engine's
+    # counters must move only through what this test sends
+    for ns in (link.ns_workers, link.ns_switch):
+        subprocess.run(["ip", "netns", "exec", ns, "sysctl", "-q", "-w",
+                        "net.ipv6.conf.all.disable_ipv6=1"], check=True, timeout=30)
+    d = daemons()
+    wmac = _mac(link.ns_workers, link.dev_workers)
+    smac = _mac(link.ns_switch, link.dev_switch)
+    other_ip = link.switch_ip.rsplit(".", 1)[0] + ".77"
+    request = _arp(wmac, "ff:ff:ff:ff:ff:ff", 1, link.worker_ip, link.switch_ip)
+    non_ipv4 = bytearray(request)
+    non_ipv4[16:18] = b"\x86\xdd"           # protocol type IPv6
+    with d.client() as c:
+        before = c.stats()
+    _send_raw(link, [
+        request,
+        _arp(wmac, smac, 2, link.worker_ip, link.switch_ip),            # a reply
+        _arp(wmac, "ff:ff:ff:ff:ff:ff", 1, link.worker_ip, other_ip),   # not ours
+        request[:14 + 10],                                              # short
+        bytes(non_ipv4),
+    ])
+
+    def counted():
+        with d.client() as c:
+            st = c.stats()
+        return (st["port"]["arp_other"] - before["port"]["arp_other"] >= 4
+                and st["port"]["arp_replies"] > before["port"]["arp_replies"]) and st
+
+    st = wait_for(counted, 20, "the daemon to count the ARP frames")
+    assert st["port"]["arp_other"] - before["port"]["arp_other"] == 4
+    assert st["stats"]["received"] == before["stats"]["received"]
+    assert st["stats"]["not_ip"] == before["stats"]["not_ip"]
+    assert st["port"]["rx"] == before["port"]["rx"]
+    assert d.alive()

@@ -10,10 +10,14 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <jansson.h>
+
 #include "homagg/errors.h"
+#include "homagg/wire.h"
 #include "control.h"
 
 #define CTL_MAX_CONN 64
@@ -66,7 +70,10 @@ struct hg_control *hg_control_create(const char *path,
 	if (c->lfd < 0)
 		goto err_free;
 	unlink(path);
-	if (bind(c->lfd, (struct sockaddr *)&sa, sizeof(sa)) < 0 ||
+	/* bind() creates the file with the socket inode's mode less the umask:
+	 * owner-only from the start, with no window where others could connect */
+	if (fchmod(c->lfd, 0600) < 0 ||
+	    bind(c->lfd, (struct sockaddr *)&sa, sizeof(sa)) < 0 ||
 	    listen(c->lfd, 128) < 0)
 		goto err_close;
 	return c;
@@ -98,205 +105,311 @@ void hg_control_destroy(struct hg_control *c)
 
 /* ---- request handling ---------------------------------------------- */
 
-static int reply_error(char *out, size_t outlen, int rc, const char *fmt, ...)
-	__attribute__((format(printf, 4, 5)));
+/* Every byte of a reply comes from jansson's serialiser, so a reply is valid
+ * JSON (and valid UTF-8: jansson refuses other strings) for every input. */
 
-static int reply_error(char *out, size_t outlen, int rc, const char *fmt, ...)
+#define CTL_ECHO_MAX 64   /* bytes of a client's string quoted in an error */
+
+/*
+ * The length of the longest prefix of s of at most max bytes that does not
+ * end inside a UTF-8 sequence (s is valid UTF-8: jansson decoded it).
+ */
+static int clip_utf8(const char *s, size_t max)
 {
-	struct hg_json_out w;
+	size_t n = strlen(s);
+
+	if (n <= max)
+		return (int)n;
+	n = max;
+	while (n > 0 && ((unsigned char)s[n] & 0xC0) == 0x80)
+		n--;
+	return (int)n;
+}
+
+/* A JSON string of msg: a message cut inside a UTF-8 sequence is clipped,
+ * and one that is still not UTF-8 has its non-ASCII bytes replaced. */
+static json_t *message_string(char *msg, bool truncated)
+{
+	json_t *s;
+	char *p;
+
+	if (truncated)
+		msg[clip_utf8(msg, strlen(msg))] = '\0';
+	s = json_string(msg);
+	if (s)
+		return s;
+	for (p = msg; *p; p++)
+		if ((unsigned char)*p >= 0x80)
+			*p = '?';
+	return json_string(msg);
+}
+
+/* {"ok":false,"error":msg,"code":rc} into *reply; returns rc. */
+static int reply_error(json_t **reply, int rc, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+
+static int reply_error(json_t **reply, int rc, const char *fmt, ...)
+{
 	char msg[512];
 	va_list ap;
+	int n;
 
 	va_start(ap, fmt);
-	vsnprintf(msg, sizeof(msg), fmt, ap);
+	n = vsnprintf(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
-	hg_json_out_init(&w, out, outlen);
-	hg_json_raw(&w, "{\"ok\":false,\"error\":");
-	hg_json_str(&w, msg);
-	hg_json_key(&w, "code");
-	hg_json_i64(&w, rc);
-	hg_json_raw(&w, "}");
-	if (hg_json_finish(&w) < 0)
-		snprintf(out, outlen, "{\"ok\":false,\"error\":\"reply too long\"}");
+	json_decref(*reply);
+	*reply = json_pack("{s:b, s:o, s:i}", "ok", 0, "error",
+			   message_string(msg, n < 0 || (size_t)n >= sizeof(msg)),
+			   "code", rc);
 	return rc;
 }
 
-/*
- * An integer field in [lo, hi].  Returns 0, or -EINVAL / -ERANGE with the
- * reply already written.
- */
-static int get_uint(const struct hg_json_obj *o, const char *key, bool required,
-		    int64_t lo, int64_t hi, int64_t dflt, int64_t *v,
-		    char *out, size_t outlen)
+/* {"ok":true} plus, when key is set, "key":value. */
+static json_t *reply_ok(const char *key, json_int_t value)
 {
-	const struct hg_json_field *f = hg_json_get(o, key);
+	return key ? json_pack("{s:b, s:I}", "ok", 1, key, value) :
+		     json_pack("{s:b}", "ok", 1);
+}
+
+/*
+ * An integer field in [lo, hi] (absent: dflt, unless required).  Returns 0,
+ * or -EINVAL / -ERANGE with the error reply in *reply.
+ */
+static int get_uint(const json_t *o, const char *key, bool required,
+		    json_int_t lo, json_int_t hi, json_int_t dflt,
+		    json_int_t *v, json_t **reply)
+{
+	const json_t *f = json_object_get(o, key);
 
 	if (!f) {
 		if (required)
-			return reply_error(out, outlen, -EINVAL,
-					   "field '%s': missing", key);
+			return reply_error(reply, -EINVAL, "field '%s': missing",
+					   key);
 		*v = dflt;
 		return 0;
 	}
-	if (f->type != HG_JSON_NUMBER || !f->is_int)
-		return reply_error(out, outlen, -EINVAL,
+	if (!json_is_integer(f))
+		return reply_error(reply, -EINVAL,
 				   "field '%s': must be an integer", key);
-	if (f->ival < lo || f->ival > hi)
-		return reply_error(out, outlen, -ERANGE,
-				   "field '%s': must be %lld..%lld", key,
-				   (long long)lo, (long long)hi);
-	*v = f->ival;
+	*v = json_integer_value(f);
+	if (*v < lo || *v > hi)
+		return reply_error(reply, -ERANGE, "field '%s': must be %lld..%lld",
+				   key, (long long)lo, (long long)hi);
 	return 0;
 }
 
-/* Every key of o must be in the NULL-terminated list allowed. */
-static int check_keys(const struct hg_json_obj *o, const char *const *allowed,
-		      char *out, size_t outlen)
+/* Strict: every key of o must be in the NULL-terminated list allowed. */
+static int check_keys(const json_t *o, const char *const *allowed,
+		      json_t **reply)
 {
-	int i, k;
+	const char *key;
+	json_t *v;
+	int k;
 
-	for (i = 0; i < o->n; i++) {
+	json_object_foreach((json_t *)o, key, v) {
 		for (k = 0; allowed[k]; k++)
-			if (strcmp(o->f[i].key, allowed[k]) == 0)
+			if (strcmp(key, allowed[k]) == 0)
 				break;
 		if (!allowed[k])
-			return reply_error(out, outlen, -EINVAL,
-					   "field '%s': unknown", o->f[i].key);
+			return reply_error(reply, -EINVAL, "field '%.*s': unknown",
+					   clip_utf8(key, CTL_ECHO_MAX), key);
 	}
 	return 0;
 }
 
-static int do_add_job(struct hg_control *c, const struct hg_json_obj *o,
-		      char *out, size_t outlen)
+static int do_add_job(struct hg_control *c, const json_t *o, json_t **reply)
 {
 	static const char *const keys[] = { "cmd", "job", "token", "workers",
 		"slots", "payload", "group", NULL };
 	struct hg_ctl_job j = { 0 };
-	const struct hg_json_field *g;
+	const json_t *g;
 	char err[256] = "";
-	int64_t v;
+	json_int_t v;
 	int rc;
 
-	rc = check_keys(o, keys, out, outlen);
-	if (rc)
+	if ((rc = check_keys(o, keys, reply)))
 		return rc;
-	if ((rc = get_uint(o, "job", true, 0, UINT32_MAX, 0, &v, out, outlen)))
+	if ((rc = get_uint(o, "job", true, 0, UINT32_MAX, 0, &v, reply)))
 		return rc;
 	j.job = (uint32_t)v;
-	if ((rc = get_uint(o, "token", true, 0, UINT32_MAX, 0, &v, out, outlen)))
+	if ((rc = get_uint(o, "token", true, 0, UINT32_MAX, 0, &v, reply)))
 		return rc;
 	j.token = (uint32_t)v;
 	if ((rc = get_uint(o, "workers", true, 1, c->lim.max_workers, 0, &v,
-			   out, outlen)))
+			   reply)))
 		return rc;
 	j.workers = (uint32_t)v;
-	if ((rc = get_uint(o, "slots", true, 1, c->lim.max_slots, 0, &v,
-			   out, outlen)))
+	if ((rc = get_uint(o, "slots", true, 1, c->lim.max_slots, 0, &v, reply)))
 		return rc;
 	j.slots = (uint32_t)v;
-	if ((rc = get_uint(o, "payload", false, 4, c->lim.max_payload, 1024,
-			   &v, out, outlen)))
+	if ((rc = get_uint(o, "payload", false, 4, HG_MAX_PAYLOAD, 1024,
+			   &v, reply)))
 		return rc;
 	if (v % 4)
-		return reply_error(out, outlen, -EINVAL,
+		return reply_error(reply, -EINVAL,
 				   "field 'payload': must be a multiple of 4");
+	if (v > c->lim.max_payload)
+		return reply_error(reply, -ERANGE,
+				   "field 'payload': %lld bytes do not fit this "
+				   "aggregator's frames: at most %u bytes at MTU %u "
+				   "(payloads up to %d need a link and daemon with "
+				   "MTU 9000: --mtu 9000)", (long long)v,
+				   c->lim.max_payload, c->lim.mtu, HG_MAX_PAYLOAD);
 	j.payload = (uint32_t)v;
-	g = hg_json_get(o, "group");
-	if (g && g->type != HG_JSON_NULL) {
+	g = json_object_get(o, "group");
+	if (g && !json_is_null(g)) {
 		struct in_addr a;
 
-		if (g->type != HG_JSON_STRING || inet_pton(AF_INET, g->str, &a) != 1)
-			return reply_error(out, outlen, -EINVAL,
+		if (!json_is_string(g) ||
+		    inet_pton(AF_INET, json_string_value(g), &a) != 1)
+			return reply_error(reply, -EINVAL,
 					   "field 'group': must be an IPv4 address string");
 		j.group = ntohl(a.s_addr);
 		if ((j.group >> 28) != 0xE)
-			return reply_error(out, outlen, -EINVAL,
+			return reply_error(reply, -EINVAL,
 					   "field 'group': %s is not a multicast address",
-					   g->str);
+					   json_string_value(g));
 	}
 	rc = c->ops->add_job(c->ctx, &j, err, sizeof(err));
 	if (rc < 0)
-		return reply_error(out, outlen, rc, "add_job %u: %s", j.job,
+		return reply_error(reply, rc, "add_job %u: %s", j.job,
 				   err[0] ? err : hg_strerror(rc));
-	snprintf(out, outlen, "{\"ok\":true,\"job\":%u}", j.job);
+	*reply = reply_ok("job", j.job);
 	return 0;
 }
 
-static int do_remove_job(struct hg_control *c, const struct hg_json_obj *o,
-			 char *out, size_t outlen)
+static int do_remove_job(struct hg_control *c, const json_t *o, json_t **reply)
 {
 	static const char *const keys[] = { "cmd", "job", NULL };
-	int64_t v;
+	json_int_t v;
 	int rc;
 
-	rc = check_keys(o, keys, out, outlen);
-	if (rc)
+	if ((rc = check_keys(o, keys, reply)))
 		return rc;
-	if ((rc = get_uint(o, "job", true, 0, UINT32_MAX, 0, &v, out, outlen)))
+	if ((rc = get_uint(o, "job", true, 0, UINT32_MAX, 0, &v, reply)))
 		return rc;
 	rc = c->ops->remove_job(c->ctx, (uint32_t)v);
 	if (rc < 0)
-		return reply_error(out, outlen, rc, "remove_job %u: %s",
-				   (uint32_t)v, hg_strerror(rc));
-	snprintf(out, outlen, "{\"ok\":true,\"job\":%u}", (uint32_t)v);
+		return reply_error(reply, rc, "remove_job %u: %s", (uint32_t)v,
+				   hg_strerror(rc));
+	*reply = reply_ok("job", v);
 	return 0;
 }
 
-static int do_stats(struct hg_control *c, const struct hg_json_obj *o,
-		    char *out, size_t outlen)
+static int do_stats(struct hg_control *c, const json_t *o, json_t **reply)
 {
 	static const char *const keys[] = { "cmd", NULL };
-	struct hg_json_out w;
 	int rc;
 
-	rc = check_keys(o, keys, out, outlen);
-	if (rc)
+	if ((rc = check_keys(o, keys, reply)))
 		return rc;
-	hg_json_out_init(&w, out, outlen);
-	hg_json_raw(&w, "{\"ok\":true");
-	c->ops->stats(c->ctx, &w);
-	hg_json_raw(&w, "}");
-	if (hg_json_finish(&w) < 0)
-		return reply_error(out, outlen, -ENOSPC, "stats: reply too long");
+	*reply = reply_ok(NULL, 0);
+	if (!*reply)
+		return -ENOMEM;
+	rc = c->ops->stats(c->ctx, *reply);
+	if (rc < 0)
+		return reply_error(reply, rc, "stats: %s", hg_strerror(rc));
 	return 0;
+}
+
+static int do_shutdown(struct hg_control *c, const json_t *o, json_t **reply)
+{
+	static const char *const keys[] = { "cmd", NULL };
+	int rc;
+
+	if ((rc = check_keys(o, keys, reply)))
+		return rc;
+	*reply = reply_ok(NULL, 0);
+	c->ops->shutdown(c->ctx);
+	return 0;
+}
+
+/* Parse and answer one request; the reply object goes to *reply. */
+static int dispatch(struct hg_control *c, const char *line, size_t len,
+		    json_t **reply)
+{
+	static const struct {
+		const char *name;
+		int (*fn)(struct hg_control *, const json_t *, json_t **);
+	} cmds[] = {
+		{ "add_job", do_add_job },
+		{ "remove_job", do_remove_job },
+		{ "stats", do_stats },
+		{ "shutdown", do_shutdown },
+	};
+	json_error_t e;
+	const json_t *cmd;
+	const char *name;
+	json_t *o;
+	size_t i;
+	int rc;
+
+	/* RFC 8259 with UTF-8 checked, no NUL in strings, no duplicate keys,
+	 * nothing after the value */
+	o = json_loadb(line, len, JSON_REJECT_DUPLICATES, &e);
+	if (!o)
+		return reply_error(reply, -EINVAL, "bad JSON at byte %d: %s",
+				   e.position, e.text);
+	if (!json_is_object(o)) {
+		rc = reply_error(reply, -EINVAL,
+				 "bad JSON at byte 0: expected an object");
+		goto out;
+	}
+	cmd = json_object_get(o, "cmd");
+	if (!cmd) {
+		rc = reply_error(reply, -EINVAL, "field 'cmd': missing");
+		goto out;
+	}
+	if (!json_is_string(cmd)) {
+		rc = reply_error(reply, -EINVAL, "field 'cmd': must be a string");
+		goto out;
+	}
+	name = json_string_value(cmd);
+	for (i = 0; i < sizeof(cmds) / sizeof(cmds[0]); i++)
+		if (strcmp(name, cmds[i].name) == 0) {
+			rc = cmds[i].fn(c, o, reply);
+			goto out;
+		}
+	rc = reply_error(reply, -EINVAL,
+			 "field 'cmd': unknown command '%.*s' (add_job, "
+			 "remove_job, stats, shutdown)",
+			 clip_utf8(name, CTL_ECHO_MAX), name);
+out:
+	json_decref(o);
+	return rc;
+}
+
+/* Serialise reply (and drop it) into out as one line without newline.
+ * Returns rc, or -ENOMEM / -ENOSPC with a fixed error reply in out. */
+static int reply_dump(json_t *reply, int rc, char *out, size_t outlen)
+{
+	static const char nomem[] =
+		"{\"ok\":false,\"error\":\"out of memory\",\"code\":-12}";
+	static const char toolong[] =
+		"{\"ok\":false,\"error\":\"reply too long\",\"code\":-28}";
+	size_t n;
+
+	if (!reply) {
+		snprintf(out, outlen, "%s", nomem);
+		return -ENOMEM;
+	}
+	n = json_dumpb(reply, out, outlen, JSON_COMPACT);
+	json_decref(reply);
+	if (n == 0 || n >= outlen) {
+		snprintf(out, outlen, "%s", toolong);
+		return -ENOSPC;
+	}
+	out[n] = '\0';
+	return rc;
 }
 
 int hg_control_handle(struct hg_control *c, const char *line, size_t len,
 		      char *out, size_t outlen)
 {
-	struct hg_json_obj o;
-	const struct hg_json_field *cmd;
-	char err[256];
-	int rc;
+	json_t *reply = NULL;
+	int rc = dispatch(c, line, len, &reply);
 
-	rc = hg_json_parse(line, len, &o, err, sizeof(err));
-	if (rc < 0)
-		return reply_error(out, outlen, rc, "%s", err);
-	cmd = hg_json_get(&o, "cmd");
-	if (!cmd)
-		return reply_error(out, outlen, -EINVAL, "field 'cmd': missing");
-	if (cmd->type != HG_JSON_STRING)
-		return reply_error(out, outlen, -EINVAL,
-				   "field 'cmd': must be a string");
-	if (strcmp(cmd->str, "add_job") == 0)
-		return do_add_job(c, &o, out, outlen);
-	if (strcmp(cmd->str, "remove_job") == 0)
-		return do_remove_job(c, &o, out, outlen);
-	if (strcmp(cmd->str, "stats") == 0)
-		return do_stats(c, &o, out, outlen);
-	if (strcmp(cmd->str, "shutdown") == 0) {
-		static const char *const keys[] = { "cmd", NULL };
-
-		rc = check_keys(&o, keys, out, outlen);
-		if (rc)
-			return rc;
-		snprintf(out, outlen, "{\"ok\":true}");
-		c->ops->shutdown(c->ctx);
-		return 0;
-	}
-	return reply_error(out, outlen, -EINVAL,
-			   "field 'cmd': unknown command '%.64s' (add_job, "
-			   "remove_job, stats, shutdown)", cmd->str);
+	return reply_dump(reply, rc, out, outlen);
 }
 
 /* ---- socket plumbing ------------------------------------------------ */
@@ -377,8 +490,11 @@ static int conn_process(struct hg_control *c, struct ctl_conn *k)
 	k->in_len -= start;
 	if (k->in_len == sizeof(k->in)) {
 		/* a line longer than the buffer: answer once, skip to its end */
-		reply_error(c->reply, sizeof(c->reply), -EINVAL,
-			    "request longer than %d bytes", CTL_IN_CAP - 1);
+		json_t *reply = NULL;
+
+		reply_error(&reply, -EINVAL, "request longer than %d bytes",
+			    CTL_IN_CAP - 1);
+		reply_dump(reply, 0, c->reply, sizeof(c->reply));
 		if (!conn_queue(k, c->reply))
 			return -1;
 		k->discard = true;

@@ -11,7 +11,11 @@
  *
  * Every reply is {"ok":true,...} or {"ok":false,"error":"...","code":-errno};
  * the error names the offending field ("field 'workers': must be 1..256").  A bad
- * request is answered and forgotten: it never stops the daemon.
+ * request is answered and forgotten: it never stops the daemon.  Requests
+ * are parsed by jansson (RFC 8259, UTF-8 checked, duplicate keys refused)
+ * and every reply is serialised by it, so every reply is one line of valid
+ * JSON whatever the request was; a client's string quoted in an error is
+ * cut at 64 bytes on a UTF-8 character boundary.
  *
  * The socket is polled without blocking from the data-path loop
  * (hg_control_poll), so the callbacks run on the lcore that owns the engine
@@ -20,9 +24,10 @@
 #ifndef HOMAGG_DPDK_CONTROL_H
 #define HOMAGG_DPDK_CONTROL_H
 
+#include <stddef.h>
 #include <stdint.h>
 
-#include "json.h"
+#include <jansson.h>
 
 struct hg_ctl_job {
 	uint32_t job;
@@ -36,7 +41,8 @@ struct hg_ctl_job {
 struct hg_ctl_limits {
 	uint32_t max_workers;
 	uint32_t max_slots;
-	uint32_t max_payload;
+	uint32_t max_payload;  /* bytes: the largest payload the port's frames hold */
+	uint32_t mtu;          /* of the port's link, named when a payload is refused */
 };
 
 struct hg_ctl_ops {
@@ -44,14 +50,15 @@ struct hg_ctl_ops {
 	int (*add_job)(void *ctx, const struct hg_ctl_job *j, char *err,
 		       size_t errlen);
 	int (*remove_job)(void *ctx, uint32_t job);
-	/* Append members ("name":value) to the open reply object w. */
-	void (*stats)(void *ctx, struct hg_json_out *w);
+	/* Add members ("name": value) to the reply object; 0 or -errno. */
+	int (*stats)(void *ctx, json_t *reply);
 	/* Ask the daemon to stop (it replies first). */
 	void (*shutdown)(void *ctx);
 };
 
-/* Bind and listen on path (an old socket file is replaced).  NULL with
- * errno set on failure. */
+/* Bind and listen on path (an old socket file is replaced).  The socket
+ * file is created owner-only (0600) whatever the umask.  NULL with errno
+ * set on failure. */
 struct hg_control *hg_control_create(const char *path,
 				     const struct hg_ctl_ops *ops, void *ctx,
 				     const struct hg_ctl_limits *lim);

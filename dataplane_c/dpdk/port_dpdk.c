@@ -75,25 +75,27 @@ static inline uint64_t rng_next(struct hg_dpdk_port *p)
 }
 
 /*
- * Answer an ARP request for our address by turning m into the reply in
- * place and sending it.  Returns true when m was consumed.
+ * ARP never reaches the engine.  A request for our address is turned into
+ * the reply in place and sent (arp_replies; a reply the NIC refuses is also
+ * counted in tx_refused); every other ARP frame -- a request for another
+ * address, a reply, one too short for an IPv4 ARP body, another protocol --
+ * is freed and counted in arp_other.  Returns true when m was consumed.
  */
-static bool arp_answer(struct hg_dpdk_port *p, struct rte_mbuf *m)
+static bool arp_consume(struct hg_dpdk_port *p, struct rte_mbuf *m)
 {
 	struct rte_ether_hdr *eth = rte_pktmbuf_mtod(m, struct rte_ether_hdr *);
 	struct rte_arp_hdr *arp;
-	uint32_t tip;
 
-	if (m->data_len < sizeof(*eth) + sizeof(*arp) ||
+	if (m->data_len < sizeof(*eth) ||
 	    eth->ether_type != rte_cpu_to_be_16(RTE_ETHER_TYPE_ARP))
 		return false;
 	arp = (struct rte_arp_hdr *)(eth + 1);
-	if (arp->arp_opcode != rte_cpu_to_be_16(RTE_ARP_OP_REQUEST) ||
-	    arp->arp_protocol != rte_cpu_to_be_16(RTE_ETHER_TYPE_IPV4))
-		return false;
-	tip = rte_be_to_cpu_32(arp->arp_data.arp_tip);
-	if (tip != p->conf.ipv4) {
-		rte_pktmbuf_free(m);   /* not ours: nothing for the engine */
+	if (m->data_len < sizeof(*eth) + sizeof(*arp) ||
+	    arp->arp_opcode != rte_cpu_to_be_16(RTE_ARP_OP_REQUEST) ||
+	    arp->arp_protocol != rte_cpu_to_be_16(RTE_ETHER_TYPE_IPV4) ||
+	    rte_be_to_cpu_32(arp->arp_data.arp_tip) != p->conf.ipv4) {
+		p->st.arp_other++;
+		rte_pktmbuf_free(m);
 		return true;
 	}
 	arp->arp_opcode = rte_cpu_to_be_16(RTE_ARP_OP_REPLY);
@@ -103,10 +105,11 @@ static bool arp_answer(struct hg_dpdk_port *p, struct rte_mbuf *m)
 	arp->arp_data.arp_sip = rte_cpu_to_be_32(p->conf.ipv4);
 	eth->dst_addr = eth->src_addr;
 	eth->src_addr = p->mac;
-	if (rte_eth_tx_burst(p->conf.port_id, p->conf.tx_queue, &m, 1) == 1)
-		p->st.arp_replies++;
-	else
+	p->st.arp_replies++;
+	if (rte_eth_tx_burst(p->conf.port_id, p->conf.tx_queue, &m, 1) != 1) {
+		p->st.tx_refused++;
 		rte_pktmbuf_free(m);
+	}
 	return true;
 }
 
@@ -139,12 +142,18 @@ static uint16_t dpdk_rx(void *ctx, struct hg_pkt **pkts, uint16_t n)
 			rte_pktmbuf_free(m[i]);
 			continue;
 		}
+		/* the engine reads a frame as one buffer: a PMD that scattered
+		 * it (a jumbo frame into small rx buffers) gets it copied into
+		 * its first mbuf when that one can hold it all */
 		if (unlikely(m[i]->nb_segs != 1)) {
-			p->st.drop_segmented++;
-			rte_pktmbuf_free(m[i]);
-			continue;
+			if (rte_pktmbuf_linearize(m[i]) != 0) {
+				p->st.drop_segmented++;
+				rte_pktmbuf_free(m[i]);
+				continue;
+			}
+			p->st.rx_linearized++;
 		}
-		if (unlikely(arp_answer(p, m[i])))
+		if (unlikely(arp_consume(p, m[i])))
 			continue;
 		pkts[out++] = pkt_bind(m[i]);
 	}
@@ -301,7 +310,8 @@ struct hg_dpdk_port *hg_dpdk_port_create(const struct hg_dpdk_port_conf *c)
 	p->conf = *c;
 	if (rte_eth_macaddr_get(c->port_id, &p->mac) != 0)
 		memset(&p->mac, 0, sizeof(p->mac));
-	if (rte_eth_dev_get_mtu(c->port_id, &p->mtu) != 0)
+	p->mtu = c->mtu;
+	if (!p->mtu && rte_eth_dev_get_mtu(c->port_id, &p->mtu) != 0)
 		p->mtu = RTE_ETHER_MTU;
 	/* drop_rate 1.0 saturates to "drop everything but 1 in 2^64" */
 	if (c->drop_rate >= 1.0)

@@ -19,10 +19,13 @@
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
+#include <net/if.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -43,6 +46,7 @@
 #include "homagg/errors.h"
 #include "homagg/wire.h"
 #include "control.h"
+#include "log.h"
 #include "port_dpdk.h"
 
 #define RX_DESC 1024
@@ -62,6 +66,7 @@ struct opts {
 	unsigned int idle_polls;  /* empty polls before the first sleep */
 	unsigned int mbufs;
 	unsigned int max_jobs;
+	unsigned int mtu;         /* 0 = the port's (kernel interface or PMD) */
 	bool replicate;
 	bool udp_csum;            /* verify received / fill sent UDP checksums */
 };
@@ -104,7 +109,8 @@ struct daemon {
 	unsigned int nshards;
 	struct hg_control *ctl;
 	bool port_started;
-	uint16_t mtu;                  /* of the port, from the PMD */
+	uint16_t mtu;                  /* of the link (--mtu, kernel interface, PMD) */
+	uint16_t data_room;            /* of every mbuf: a whole frame of the MTU */
 	volatile bool stop_requested;  /* by the shutdown command */
 	volatile bool stop_engines;    /* engine lcores leave their loop */
 	uint64_t dispatch_full;        /* frames a full shard ring refused */
@@ -141,6 +147,9 @@ static void usage(const char *prog)
 		"  --idle-polls N        empty polls before the first sleep (default 256)\n"
 		"  --mbufs N             mbufs in the pool (default 8191)\n"
 		"  --max-jobs N          concurrent jobs (default 64)\n"
+		"  --mtu N               MTU of the link, 576..9000 (default: the kernel\n"
+		"                        interface's for af_packet/af_xdp/tap, else the PMD's);\n"
+		"                        9000 for jumbo payloads of up to 8192 bytes\n"
 		"  --no-replicate        the link does not replicate multicast: unicast results\n"
 		"  --no-udp-csum         neither verify nor fill UDP checksums (peers whose\n"
 		"                        kernel leaves them to an offload, e.g. veth)\n",
@@ -162,7 +171,8 @@ static int parse_ulong(const char *s, unsigned long lo, unsigned long hi,
 static int parse_opts(int argc, char **argv, struct opts *o)
 {
 	enum { O_IP = 256, O_UDP, O_PORT, O_CTL, O_LCORES, O_QUEUES, O_DROP,
-	       O_SEED, O_STATS, O_IDLE, O_IDLE_POLLS, O_MBUFS, O_JOBS, O_NOREP, O_NOCSUM, O_HELP };
+	       O_SEED, O_STATS, O_IDLE, O_IDLE_POLLS, O_MBUFS, O_JOBS, O_NOREP, O_NOCSUM,
+	       O_MTU, O_HELP };
 	static const struct option lo[] = {
 		{ "port-ip", required_argument, NULL, O_IP },
 		{ "udp-port", required_argument, NULL, O_UDP },
@@ -179,6 +189,7 @@ static int parse_opts(int argc, char **argv, struct opts *o)
 		{ "max-jobs", required_argument, NULL, O_JOBS },
 		{ "no-replicate", no_argument, NULL, O_NOREP },
 		{ "no-udp-csum", no_argument, NULL, O_NOCSUM },
+		{ "mtu", required_argument, NULL, O_MTU },
 		{ "help", no_argument, NULL, O_HELP },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -199,7 +210,7 @@ static int parse_opts(int argc, char **argv, struct opts *o)
 		switch (c) {
 		case O_IP:
 			if (inet_pton(AF_INET, optarg, &a) != 1) {
-				fprintf(stderr, "--port-ip: not an IPv4 address: %s\n", optarg);
+				HG_LOG(ERR, "--port-ip: not an IPv4 address: %s", optarg);
 				return -EINVAL;
 			}
 			o->ipv4 = ntohl(a.s_addr);
@@ -270,6 +281,11 @@ static int parse_opts(int argc, char **argv, struct opts *o)
 		case O_NOCSUM:
 			o->udp_csum = false;
 			break;
+		case O_MTU:
+			if (parse_ulong(optarg, 576, 9000, &v))
+				goto bad;
+			o->mtu = (unsigned int)v;
+			break;
 		case 'h':
 		case O_HELP:
 			usage(argv[0]);
@@ -280,23 +296,23 @@ static int parse_opts(int argc, char **argv, struct opts *o)
 		}
 	}
 	if (optind != argc) {
-		fprintf(stderr, "unexpected argument: %s\n", argv[optind]);
+		HG_LOG(ERR, "unexpected argument: %s", argv[optind]);
 		return -EINVAL;
 	}
 	if (o->queues != 1) {
 		/* every packet of a job must reach the engine that holds the job;
 		 * RSS hashes the 5-tuple, which spreads a job's workers over
 		 * queues: more engines are fed by a dispatcher lcore instead */
-		fprintf(stderr, "--queues: only 1 is supported (use --lcores)\n");
+		HG_LOG(ERR, "--queues: only 1 is supported (use --lcores)");
 		return -ENOTSUP;
 	}
 	if (o->lcores > 64) {
-		fprintf(stderr, "--lcores: at most 64 engines\n");
+		HG_LOG(ERR, "--lcores: at most 64 engines");
 		return -ERANGE;
 	}
 	return 0;
 bad:
-	fprintf(stderr, "bad value for --%s: %s\n", lo[c - O_IP].name, optarg);
+	HG_LOG(ERR, "bad value for --%s: %s", lo[c - O_IP].name, optarg);
 	return -EINVAL;
 }
 
@@ -468,43 +484,42 @@ static int ctl_remove_job(void *ctx, uint32_t job)
 	return shard_call(&d->shards[shard_of_job(d, job)], MB_REMOVE, NULL, job);
 }
 
-static void ctl_stats(void *ctx, struct hg_json_out *w)
+/* The counters under "stats" (engine) and "port" (backend, dispatcher). */
+static int ctl_stats(void *ctx, json_t *reply)
 {
 	struct daemon *d = ctx;
 	uint64_t c[HG_CNT__COUNT];
 	struct hg_dpdk_port_stats ps;
+	json_t *eng = json_object(), *port;
 	unsigned int i;
+	int rc;
 
 	counters_sum(d, c);
-	hg_json_key(w, "stats");
-	hg_json_raw(w, "{");
-	for (i = 0; i < HG_CNT__COUNT; i++) {
-		hg_json_key(w, hg_counter_name((int)i));
-		hg_json_u64(w, c[i]);
-	}
-	hg_json_raw(w, "}");
+	for (i = 0; eng && i < HG_CNT__COUNT; i++)
+		if (json_object_set_new(eng, hg_counter_name((int)i),
+					json_integer((json_int_t)c[i])) < 0)
+			break;
 	hg_dpdk_port_get_stats(d->dport, &ps);
-	hg_json_key(w, "port");
-	hg_json_raw(w, "{");
-	hg_json_key(w, "rx");
-	hg_json_u64(w, ps.rx);
-	hg_json_key(w, "tx");
-	hg_json_u64(w, ps.tx);
-	hg_json_key(w, "tx_refused");
-	hg_json_u64(w, ps.tx_refused);
-	hg_json_key(w, "drop_injected");
-	hg_json_u64(w, ps.drop_injected);
-	hg_json_key(w, "drop_segmented");
-	hg_json_u64(w, ps.drop_segmented);
-	hg_json_key(w, "arp_replies");
-	hg_json_u64(w, ps.arp_replies);
-	hg_json_key(w, "alloc_fail");
-	hg_json_u64(w, ps.alloc_fail);
-	hg_json_key(w, "dispatch_full");
-	hg_json_u64(w, d->dispatch_full);
-	hg_json_raw(w, "}");
-	hg_json_key(w, "engines");
-	hg_json_u64(w, d->nshards);
+	port = json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}",
+			 "rx", (json_int_t)ps.rx, "tx", (json_int_t)ps.tx,
+			 "tx_refused", (json_int_t)ps.tx_refused,
+			 "drop_injected", (json_int_t)ps.drop_injected,
+			 "rx_linearized", (json_int_t)ps.rx_linearized,
+			 "drop_segmented", (json_int_t)ps.drop_segmented,
+			 "arp_replies", (json_int_t)ps.arp_replies,
+			 "arp_other", (json_int_t)ps.arp_other,
+			 "alloc_fail", (json_int_t)ps.alloc_fail,
+			 "dispatch_full", (json_int_t)d->dispatch_full);
+	if (!eng || i < HG_CNT__COUNT || !port) {
+		json_decref(eng);
+		json_decref(port);
+		return -ENOMEM;
+	}
+	/* each set takes its value's reference, also when it fails */
+	rc = json_object_set_new(reply, "stats", eng);
+	rc |= json_object_set_new(reply, "port", port);
+	rc |= json_object_set_new(reply, "engines", json_integer(d->nshards));
+	return rc ? -ENOMEM : 0;
 }
 
 static void ctl_shutdown(void *ctx)
@@ -545,37 +560,97 @@ static int tel_stats(const char *cmd, const char *params,
 
 /* ---- setup and loop ------------------------------------------------- */
 
+/* The MTU of the kernel interface behind a PMD that has one (af_packet,
+ * af_xdp and tap report its if_index); 0 when there is none. */
+static uint16_t kernel_mtu(uint32_t if_index)
+{
+	char name[IF_NAMESIZE];
+	struct ifreq ifr;
+	int fd, rc;
+
+	if (!if_index || !if_indextoname(if_index, name))
+		return 0;
+	fd = socket(AF_INET, SOCK_DGRAM, 0);
+	if (fd < 0)
+		return 0;
+	memset(&ifr, 0, sizeof(ifr));
+	snprintf(ifr.ifr_name, sizeof(ifr.ifr_name), "%s", name);
+	rc = ioctl(fd, SIOCGIFMTU, &ifr);
+	close(fd);
+	if (rc != 0 || ifr.ifr_mtu <= 0)
+		return 0;
+	return (uint16_t)RTE_MIN(ifr.ifr_mtu, 65535);
+}
+
+/*
+ * The largest job payload whose frames fit the link: an IPv4 packet of the
+ * MTU holds IPv4, UDP and HomAgg headers, the payload and the optional
+ * 16-byte MAC (docs/PROTOCOL.md Part 2); a multiple of 4, at most
+ * HG_MAX_PAYLOAD.  1424 bytes at MTU 1500, 8192 at 9000.
+ */
+static uint32_t payload_limit(uint16_t mtu)
+{
+	uint32_t room = (uint32_t)mtu - 20 - 8 - HG_HDR_LEN - 16;
+
+	return RTE_MIN((uint32_t)HG_MAX_PAYLOAD, room) & ~3u;
+}
+
 static int port_setup(struct daemon *d)
 {
 	struct rte_eth_conf conf;
 	struct rte_eth_dev_info info;
-	uint16_t nrx = RX_DESC, ntx = TX_DESC, pid = d->o.port_id;
+	uint16_t nrx = RX_DESC, ntx = TX_DESC, pid = d->o.port_id, kmtu, overhead;
 	int socket, rc;
 
 	if (!rte_eth_dev_is_valid_port(pid)) {
-		fprintf(stderr, "ethdev port %u does not exist (%u available): "
-			"pass a --vdev or a device in the EAL arguments\n",
+		HG_LOG(ERR, "ethdev port %u does not exist (%u available): "
+			"pass a --vdev or a device in the EAL arguments",
 			pid, rte_eth_dev_count_avail());
 		return -ENODEV;
 	}
 	socket = rte_eth_dev_socket_id(pid);
 	if (socket < 0)
 		socket = (int)rte_socket_id();
-	/* one frame of the port's MTU per mbuf (jumbo MTUs included): the
-	 * backend handles single-segment frames only */
-	if (rte_eth_dev_get_mtu(pid, &d->mtu) != 0 || d->mtu < 576)
+	memset(&conf, 0, sizeof(conf));
+	memset(&info, 0, sizeof(info));
+	if (rte_eth_dev_info_get(pid, &info) != 0)
+		memset(&info, 0, sizeof(info));
+	/* the link's MTU: --mtu, else the kernel interface's, else the PMD's */
+	kmtu = kernel_mtu(info.if_index);
+	if (d->o.mtu)
+		d->mtu = (uint16_t)d->o.mtu;
+	else if (kmtu)
+		d->mtu = kmtu;
+	else if (rte_eth_dev_get_mtu(pid, &d->mtu) != 0)
 		d->mtu = RTE_ETHER_MTU;
-	d->pool = hg_dpdk_pool_create("hg_pool", d->o.mbufs,
-				      (uint16_t)RTE_MAX(RTE_MBUF_DEFAULT_DATAROOM,
-							d->mtu + RTE_ETHER_HDR_LEN + 8),
-				      socket);
+	d->mtu = RTE_MAX(RTE_MIN(d->mtu, (uint16_t)9000), (uint16_t)576);
+	if (kmtu && kmtu < d->mtu)
+		HG_LOG(WARNING, "--mtu %u: the port's interface has MTU %u: longer "
+		       "frames will not arrive", d->mtu, kmtu);
+	/*
+	 * One whole frame of the MTU per mbuf, so a PMD need not scatter it:
+	 * the MTU plus room for the Ethernet header, CRC, a VLAN tag and the
+	 * 66 bytes af_packet keeps before a frame (its framesz must not exceed
+	 * data room + 32), rounded up to 1 KiB: 2048 at MTU 1500, 9216 at 9000.
+	 * Frames a PMD scatters anyway are linearised by the backend.
+	 */
+	d->data_room = (uint16_t)RTE_MAX((unsigned int)RTE_MBUF_DEFAULT_DATAROOM,
+					 RTE_ALIGN_CEIL((unsigned int)d->mtu + 128, 1024u));
+	d->pool = hg_dpdk_pool_create("hg_pool", d->o.mbufs, d->data_room, socket);
 	if (!d->pool) {
-		fprintf(stderr, "mbuf pool: %s\n", rte_strerror(rte_errno));
+		HG_LOG(ERR, "mbuf pool (%u mbufs of %u bytes): %s", d->o.mbufs,
+		       d->data_room, rte_strerror(rte_errno));
 		return -ENOMEM;
 	}
-	memset(&conf, 0, sizeof(conf));
-	rc = rte_eth_dev_info_get(pid, &info);
-	if (rc == 0 && (info.tx_offload_capa & RTE_ETH_TX_OFFLOAD_MULTI_SEGS))
+	/* a PMD that manages the MTU (a NIC sizing its rx buffers) is given
+	 * it; one that accepts shorter frames only (af_packet reports 1518:
+	 * the kernel interface decides) keeps its own */
+	overhead = (info.max_mtu != UINT16_MAX && info.max_rx_pktlen > info.max_mtu) ?
+		   (uint16_t)(info.max_rx_pktlen - info.max_mtu) :
+		   RTE_ETHER_HDR_LEN + RTE_ETHER_CRC_LEN;
+	if (d->mtu <= info.max_mtu && d->mtu + overhead <= info.max_rx_pktlen)
+		conf.rxmode.mtu = d->mtu;
+	if (info.tx_offload_capa & RTE_ETH_TX_OFFLOAD_MULTI_SEGS)
 		conf.txmode.offloads |= RTE_ETH_TX_OFFLOAD_MULTI_SEGS;
 	rc = rte_eth_dev_configure(pid, 1, 1, &conf);
 	if (rc == 0)
@@ -587,7 +662,7 @@ static int port_setup(struct daemon *d)
 	if (rc == 0)
 		rc = rte_eth_dev_start(pid);
 	if (rc < 0) {
-		fprintf(stderr, "port %u setup: %s\n", pid, rte_strerror(-rc));
+		HG_LOG(ERR, "port %u setup: %s", pid, rte_strerror(-rc));
 		return rc;
 	}
 	d->port_started = true;
@@ -598,22 +673,26 @@ static int port_setup(struct daemon *d)
 	return 0;
 }
 
-static void print_counters(struct daemon *d, FILE *f)
+/* One log line of the port counters and the non-zero engine counters. */
+static void log_counters(struct daemon *d)
 {
 	uint64_t c[HG_CNT__COUNT];
 	struct hg_dpdk_port_stats ps;
+	char line[4096];
+	size_t n;
 	unsigned int i;
 
 	counters_sum(d, c);
 	hg_dpdk_port_get_stats(d->dport, &ps);
-	fprintf(f, "stats: port rx=%" PRIu64 " tx=%" PRIu64 " drop_injected=%"
-		PRIu64 " arp=%" PRIu64, ps.rx, ps.tx, ps.drop_injected,
-		ps.arp_replies);
-	for (i = 0; i < HG_CNT__COUNT; i++)
+	n = (size_t)snprintf(line, sizeof(line), "port rx=%" PRIu64 " tx=%"
+			     PRIu64 " drop_injected=%" PRIu64 " arp=%" PRIu64,
+			     ps.rx, ps.tx, ps.drop_injected, ps.arp_replies);
+	for (i = 0; i < HG_CNT__COUNT && n < sizeof(line); i++)
 		if (c[i])
-			fprintf(f, " %s=%" PRIu64, hg_counter_name((int)i), c[i]);
-	fprintf(f, "\n");
-	fflush(f);
+			n += (size_t)snprintf(line + n, sizeof(line) - n,
+					      " %s=%" PRIu64,
+					      hg_counter_name((int)i), c[i]);
+	HG_LOG(NOTICE, "stats: %s", line);
 }
 
 /* The dispatcher (--lcores > 1): frames from the ethdev to the shard of
@@ -677,12 +756,12 @@ static int run(struct daemon *d)
 			continue;
 		next_ctl = now + ctl_period;
 		if (hg_control_poll(d->ctl) < 0)
-			fprintf(stderr, "control socket: %s\n", strerror(errno));
+			HG_LOG(ERR, "control socket: %s", strerror(errno));
 		if (one)
 			shard_publish(one);   /* for the telemetry thread */
 		if (stats_period && now >= next_stats) {
 			next_stats = now + stats_period;
-			print_counters(d, stdout);
+			log_counters(d);
 		}
 	}
 	return 0;
@@ -732,8 +811,8 @@ static int shards_setup(struct daemon *d)
 
 	d->nshards = d->o.lcores;
 	if (d->nshards > 1 && rte_lcore_count() < d->nshards + 1) {
-		fprintf(stderr, "--lcores %u needs %u EAL lcores (e.g. -l 0-%u): "
-			"one dispatcher and one per engine\n", d->nshards,
+		HG_LOG(ERR, "--lcores %u needs %u EAL lcores (e.g. -l 0-%u): "
+			"one dispatcher and one per engine", d->nshards,
 			d->nshards + 1, d->nshards);
 		return -EINVAL;
 	}
@@ -761,7 +840,7 @@ static int shards_setup(struct daemon *d)
 			sh->dport = hg_dpdk_port_create(&(struct hg_dpdk_port_conf){
 				.port_id = d->o.port_id, .pool = d->pool,
 				.ipv4 = d->o.ipv4, .udp_port = d->o.udp_port,
-				.can_replicate = d->o.replicate,
+				.can_replicate = d->o.replicate, .mtu = d->mtu,
 				.rx_ring = sh->rx_ring, .tx_ring = sh->tx_ring });
 			if (!sh->dport)
 				return -ENOMEM;
@@ -775,7 +854,7 @@ static int shards_setup(struct daemon *d)
 			ec.flags &= ~(uint32_t)HG_ENGINE_F_UDP_CSUM;
 		sh->eng = hg_engine_create(&ec);
 		if (!sh->eng) {
-			fprintf(stderr, "engine: could not create\n");
+			HG_LOG(ERR, "engine: could not create");
 			return -ENOMEM;
 		}
 		shard_publish(sh);
@@ -788,7 +867,7 @@ static int shards_setup(struct daemon *d)
 		lcore = rte_get_next_lcore(lcore, 1, 0);
 		sh->lcore = lcore;
 		if (rte_eal_remote_launch(shard_loop, sh, lcore) != 0) {
-			fprintf(stderr, "lcore %u: could not launch\n", lcore);
+			HG_LOG(ERR, "lcore %u: could not launch", lcore);
 			return -EBUSY;
 		}
 		sh->launched = true;
@@ -813,7 +892,7 @@ int main(int argc, char **argv)
 
 	eal_args = rte_eal_init(argc, argv);
 	if (eal_args < 0) {
-		fprintf(stderr, "EAL init failed: %s\n", rte_strerror(rte_errno));
+		HG_LOG(ERR, "EAL init failed: %s", rte_strerror(rte_errno));
 		return 1;
 	}
 	argc -= eal_args;
@@ -828,9 +907,9 @@ int main(int argc, char **argv)
 		.port_id = d->o.port_id, .rx_queue = 0, .tx_queue = 0,
 		.pool = d->pool, .ipv4 = d->o.ipv4, .udp_port = d->o.udp_port,
 		.can_replicate = d->o.replicate, .drop_rate = d->o.drop_rate,
-		.seed = d->o.seed });
+		.seed = d->o.seed, .mtu = d->mtu });
 	if (!d->dport) {
-		fprintf(stderr, "port backend: %s\n", strerror(errno));
+		HG_LOG(ERR, "port backend: %s", strerror(errno));
 		goto out;
 	}
 	d->port = hg_dpdk_port_ops(d->dport);
@@ -839,11 +918,11 @@ int main(int argc, char **argv)
 	lim.max_workers = HG_MAX_WORKERS;
 	lim.max_slots = HG_ENGINE_MAX_SLOTS;
 	/* a packet is one IP datagram of at most the MTU */
-	lim.max_payload = RTE_MIN((uint32_t)HG_MAX_PAYLOAD,
-				  (uint32_t)(d->mtu - 20 - 8 - HG_HDR_LEN)) & ~3u;
+	lim.max_payload = payload_limit(d->mtu);
+	lim.mtu = d->mtu;
 	d->ctl = hg_control_create(d->o.control, &ctl_ops, d, &lim);
 	if (!d->ctl) {
-		fprintf(stderr, "control socket %s: %s\n", d->o.control,
+		HG_LOG(ERR, "control socket %s: %s", d->o.control,
 			strerror(errno));
 		goto out;
 	}
@@ -851,7 +930,7 @@ int main(int argc, char **argv)
 	rc = rte_telemetry_register_cmd("/homagg/stats", tel_stats,
 					"HomAgg engine counters. No parameters");
 	if (rc < 0)
-		fprintf(stderr, "telemetry: /homagg/stats not registered (%d)\n", rc);
+		HG_LOG(ERR, "telemetry: /homagg/stats not registered (%d)", rc);
 
 	a.s_addr = htonl(d->o.ipv4);
 	inet_ntop(AF_INET, &a, ip, sizeof(ip));
@@ -859,20 +938,20 @@ int main(int argc, char **argv)
 		struct hg_port_info pi;
 
 		d->port.ops->get_info(d->port.ctx, &pi);
-		printf("homagg-switch: ready port=%u mac=%02x:%02x:%02x:%02x:%02x:%02x "
-		       "ip=%s udp=%u control=%s drop_rate=%g engines=%u\n",
+		HG_LOG(NOTICE, "ready port=%u mac=%02x:%02x:%02x:%02x:%02x:%02x "
+		       "ip=%s udp=%u control=%s drop_rate=%g engines=%u mtu=%u "
+		       "max_payload=%u mbuf_data_room=%u",
 		       d->o.port_id, pi.mac[0], pi.mac[1], pi.mac[2], pi.mac[3],
 		       pi.mac[4], pi.mac[5], ip, d->o.udp_port, d->o.control,
-		       d->o.drop_rate, d->nshards);
-		fflush(stdout);
+		       d->o.drop_rate, d->nshards, d->mtu, lim.max_payload,
+		       d->data_room);
 	}
 	run(d);
 	stop_engines(d);
 	if (d->o.stats_interval > 0)
-		print_counters(d, stdout);
-	printf("homagg-switch: stopping (%s)\n",
+		log_counters(d);
+	HG_LOG(NOTICE, "stopping (%s)",
 	       g_signalled ? strsignal(g_signalled) : "shutdown command");
-	fflush(stdout);
 	status = 0;
 out:
 	teardown(d);

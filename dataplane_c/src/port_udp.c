@@ -27,6 +27,7 @@ struct hg_udp_port {
 	uint16_t udp_port;
 	uint16_t group_port;
 	uint32_t rcvbuf;
+	uint16_t mtu;                /* reported by get_info */
 	struct hg_udp_port_stats st;
 	uint32_t npkts;
 	uint32_t nfree;
@@ -259,7 +260,7 @@ static int udp_info(void *ctx, struct hg_port_info *info)
 	memset(info, 0, sizeof(*info));
 	info->ipv4 = p->ipv4;
 	info->udp_port = p->udp_port;
-	info->mtu = 1500;
+	info->mtu = p->mtu;
 	info->can_replicate = true;   /* the kernel delivers to every member */
 	return 0;
 }
@@ -338,7 +339,7 @@ struct hg_udp_port *hg_udp_port_create(const struct hg_udp_port_config *cfg)
 	uint32_t i;
 	int e;
 
-	if (!cfg) {
+	if (!cfg || (cfg->mtu && (cfg->mtu < 576 || cfg->mtu > 9000))) {
 		errno = EINVAL;
 		return NULL;
 	}
@@ -349,6 +350,7 @@ struct hg_udp_port *hg_udp_port_create(const struct hg_udp_port_config *cfg)
 	p->npkts = cfg->packets ? cfg->packets : 1024;
 	p->group_port = cfg->group_port ? cfg->group_port : HG_UDP_PORT;
 	p->rcvbuf = cfg->rcvbuf ? cfg->rcvbuf : 4u << 20;
+	p->mtu = cfg->mtu ? cfg->mtu : 1500;
 	p->pkts = calloc(p->npkts, sizeof(*p->pkts));
 	p->free = calloc(p->npkts, sizeof(*p->free));
 	p->mem = malloc((size_t)p->npkts * FRAME_CAP);

@@ -217,6 +217,8 @@ struct hg_sim *hg_sim_create(const struct hg_sim_config *cfg)
 		return NULL;
 	payload = cfg->payload_bytes ? cfg->payload_bytes : HG_DEFAULT_PAYLOAD;
 	if (payload % 4 || payload > HG_MAX_PAYLOAD ||
+	    (cfg->mtu && (cfg->mtu < 576 || cfg->mtu > 9000 ||
+			  cfg->mtu < 20 + 8 + HG_HDR_LEN + payload)) ||
 	    !(cfg->loss >= 0 && cfg->loss < 1) ||
 	    !(cfg->duplicate >= 0 && cfg->duplicate < 1) ||
 	    !(cfg->reorder >= 0 && cfg->reorder < 1) || !(cfg->link_gbps >= 0) ||
@@ -230,10 +232,13 @@ struct hg_sim *hg_sim_create(const struct hg_sim_config *cfg)
 	s->cfg.payload_bytes = payload;
 	if (s->cfg.agg_link_gbps == 0)
 		s->cfg.agg_link_gbps = s->cfg.link_gbps;
-	/* Largest IP packet: IPv4 + UDP + header + payload, at least 1500. */
+	/* Largest IP packet: the configured MTU, else IPv4 + UDP + header +
+	 * payload, at least 1500. */
 	s->mtu = (uint16_t)(20 + 8 + HG_HDR_LEN + payload);
 	if (s->mtu < 1500)
 		s->mtu = 1500;
+	if (cfg->mtu)
+		s->mtu = cfg->mtu;
 	fc.seed = cfg->seed;
 	fc.pool_size = 65536;
 	fc.buf_size = (uint16_t)((s->mtu + 14 + 63) / 64 * 64);

@@ -15,6 +15,7 @@ COMMANDS = {
     "bench": "homagg.bench",
     "testbed": "homagg.testbed_cli",
     "run": "homagg.run",
+    "train": "homagg.train",
     "provision": "homagg.provision",
     "ansible-inventory": "homagg.ansible_inventory",
     "up": "homagg.up",

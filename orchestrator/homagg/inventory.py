@@ -38,7 +38,7 @@ SETTINGS_FIELDS = {
 }
 HOST_FIELDS = {
     "name", "ssh_host", "ssh_port", "ssh_user", "ssh_key", "role",
-    "pci", "driver", "vdev", "iface", "dataplane_ip", "cores", "hugepages",
+    "pci", "driver", "vdev", "iface", "dataplane_ip", "mtu", "cores", "hugepages",
     "install_dir", "config_file",
 }
 
@@ -81,6 +81,7 @@ class HostSpec:
     hugepages: Hugepages | None
     install_dir: str  # {name} already substituted
     config_file: str  # {name} already substituted
+    mtu: int = 1500  # of the data-plane link (9000: jumbo payloads up to 8192 bytes)
 
     @property
     def dataplane_kind(self) -> str:
@@ -163,7 +164,7 @@ class Inventory:
 DEFAULT_APT = {
     "common": ("python3", "python3-venv", "python3-dev", "build-essential", "pkg-config",
                "make", "iproute2", "tar"),
-    "aggregator": ("dpdk", "libdpdk-dev"),
+    "aggregator": ("dpdk", "libdpdk-dev", "libjansson-dev"),
     "worker": (),
 }
 
@@ -403,6 +404,13 @@ def _host(raw: dict, idx: int, s: Settings, base: str, c: _Collector) -> HostSpe
               "(CIDR), e.g. '10.10.0.1/24'")
         dip = ""
 
+    mtu = raw.get("mtu", 1500)
+    if not _is_int(mtu) or not 576 <= mtu <= 9000:
+        c.add(where, "mtu", mtu, "must be the MTU of the host's data-plane link, an integer "
+              "576..9000 (default 1500; 9000 for jumbo payloads of up to 8192 bytes, set on "
+              "the interface and the switch ports as well)")
+        mtu = 1500
+
     cores = _cores(raw.get("cores"), where, c)
 
     hp = raw.get("hugepages")
@@ -437,7 +445,7 @@ def _host(raw: dict, idx: int, s: Settings, base: str, c: _Collector) -> HostSpe
     return HostSpec(name=name, ssh_host=ssh_host, ssh_port=ssh_port, ssh_user=ssh_user,
                     ssh_key=ssh_key, role=role, pci=pci, driver=driver, vdev=vdev, iface=iface,
                     dataplane_ip=dip, cores=cores, hugepages=hugepages,
-                    install_dir=install_dir, config_file=config_file)
+                    install_dir=install_dir, config_file=config_file, mtu=mtu)
 
 
 def parse(data: dict, path: str = "<inventory>") -> Inventory:
@@ -476,6 +484,14 @@ def parse(data: dict, path: str = "<inventory>") -> Inventory:
             c.problems.append(
                 "field 'dataplane_ip': hosts are in different subnets "
                 f"({', '.join(sorted(map(str, nets)))}): put every data-plane address in one subnet")
+        mtus = {}
+        for h in hosts:
+            mtus.setdefault(h.mtu, []).append(h.name)
+        if len(mtus) > 1:
+            c.problems.append(
+                "field 'mtu': hosts of one data-plane subnet have different MTUs ("
+                + "; ".join(f"{m}: {', '.join(map(repr, n))}" for m, n in sorted(mtus.items()))
+                + "): give every host the same mtu (the link's)")
         if hosts and not any(h.role == "aggregator" for h in hosts):
             c.problems.append("no host has role = 'aggregator': mark the machine running homagg-switch")
         if hosts and not any(h.role == "worker" for h in hosts):

@@ -18,6 +18,7 @@ use this module; neither imports the other.
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import time
@@ -37,6 +38,35 @@ DEFAULT_BLOCK = lib.HG_DEFAULT_BLOCK
 
 class RunError(HomAggError):
     """The run could not be set up or a process failed."""
+
+
+# --------------------------------------------------------------------------
+# The aggregator's link
+
+
+def mbuf_data_room(mtu: int) -> int:
+    """homagg-switch's mbuf data room for a link of this MTU (switch_main.c:
+    the MTU + 128 rounded up to 1 KiB, at least 2048)."""
+    return max(2048, -(-(int(mtu) + 128) // 1024) * 1024)
+
+
+def vdev_for_mtu(vdev: str, mtu: int) -> str:
+    """A DPDK vdev argument that receives whole frames of ``mtu``: net_af_packet
+    copies each frame into one ring slot of ``framesz`` bytes (2048 unless
+    told), and the daemon's mbufs must hold a slot (framesz <= data room +
+    32), so above MTU 1500 the slot is the daemon's data room and a block
+    (a multiple of the page size) holds whole slots.  Other vdevs, and an
+    af_packet vdev that names its framesz, are returned unchanged."""
+    if not vdev.startswith(("net_af_packet", "eth_af_packet")) or mtu <= 1500 \
+            or "framesz=" in vdev:
+        return vdev
+    frame = mbuf_data_room(mtu)
+    block = frame * 4096 // math.gcd(frame, 4096)
+    return f"{vdev},framesz={frame},blocksz={block},framecnt=512"
+
+
+# --------------------------------------------------------------------------
+# Gradients, workers, the check and the report
 
 
 def gradient(elements: int, density: float, workload: str, seed: int, worker: int,
@@ -70,7 +100,8 @@ def child(spec: dict) -> int:
     with Worker(job=spec["job"], token=spec["token"], worker=spec["worker"],
                 workers=spec["workers"], aggregator=(spec["agg_ip"], spec["udp_port"]),
                 group=spec["group"], bind=(spec["ip"], 0), timeout=spec["timeout"],
-                slots=spec["slots"], payload=spec["payload"], rto=spec["rto"]) as w:
+                slots=spec["slots"], payload=spec["payload"], rto=spec["rto"],
+                mtu=spec.get("mtu")) as w:
         if spec.get("go_file"):  # remote hosts: a file barrier (homagg.remote)
             open(spec["ready_file"], "w").close()
             deadline = time.monotonic() + spec.get("start_timeout", 120.0)
@@ -107,12 +138,26 @@ def check_arguments(method: str, elements: int, density: float) -> None:
 
 
 def worker_spec(*, job, token, worker, workers, agg_ip, group, ip, timeout, slots, payload, rto,
-                method, block, elements, density, workload, seed, out) -> dict:
-    """The JSON spec of one worker process (``python -m homagg.job --child SPEC``)."""
+                method, block, elements, density, workload, seed, out, mtu=None) -> dict:
+    """The JSON spec of one worker process (``python -m homagg.job --child SPEC``);
+    ``mtu`` None: the worker asks the kernel for its path's MTU."""
     return dict(job=job, token=token, worker=worker, workers=workers, agg_ip=agg_ip,
                 udp_port=UDP_PORT, group=group, ip=ip, timeout=timeout, slots=slots,
                 payload=payload, rto=rto, method=method, block=block, elements=elements,
-                density=density, workload=workload, seed=seed, out=out)
+                density=density, workload=workload, seed=seed, out=out, mtu=mtu)
+
+
+def check_payload(payload: int, mtu: int, where: str) -> None:
+    """A job payload must be a multiple of 4 in 4..8192 whose frames fit the
+    links' MTU (IPv4, UDP, HomAgg header and the optional MAC included)."""
+    from homagg.worker import max_payload
+
+    if not 4 <= payload <= 8192 or payload % 4:
+        raise RunError(f"--payload-bytes must be a multiple of 4 in 4..8192, got {payload}")
+    if payload > max_payload(mtu):
+        raise RunError(f"--payload-bytes {payload} does not fit the MTU {mtu} of {where}: "
+                       f"at most {max_payload(mtu)} bytes (payloads up to 8192 need MTU 9000, "
+                       f"e.g. `homagg testbed up --mtu 9000`)")
 
 
 def verify(method: str, elements: int, density: float, workload: str, seed: int, block: int,
@@ -151,7 +196,9 @@ def print_report(rep: dict, as_json: bool = False) -> int:
     W, n = rep["workers"], rep["elements"]
     print(f"allreduce {rep['method']}: {W} workers x {n} float32 ({rep['workload']}, density "
           f"{rep['density']:g}), aggregator homagg-switch on {rep['pmd']}, links "
-          f"{'unshaped' if rep['link_mbit'] is None else format(rep['link_mbit'], 'g') + ' Mbit/s'}")
+          f"{'unshaped' if rep['link_mbit'] is None else format(rep['link_mbit'], 'g') + ' Mbit/s'}"
+          + (f", {rep['payload_bytes']}-byte payloads (MTU {rep['mtu']})"
+             if rep.get("payload_bytes") else ""))
     print(f"  time: {rep['seconds'] * 1e3:.1f} ms (slowest worker), {rep['wall_seconds'] * 1e3:.1f} ms wall")
     b = rep["bytes_per_worker"]
     print(f"  bytes sent per worker: {min(b)}..{max(b)} (dense float32 would be "

@@ -132,7 +132,7 @@ def host_config(h: inv.HostSpec, inventory: inv.Inventory, srcdir: str) -> str:
     s = inventory.settings
     lines = ["# Written by `homagg provision`; changes are overwritten on the next run.",
              "[host]", f"name = {q(h.name)}", f"role = {q(h.role)}",
-             f"dataplane_ip = {q(h.dataplane_ip)}",
+             f"dataplane_ip = {q(h.dataplane_ip)}", f"mtu = {h.mtu}",
              f"cores = [{', '.join(map(str, h.cores))}]",
              f"install_dir = {q(h.install_dir)}", f"venv = {q(h.venv)}",
              f"source_dir = {q(srcdir)}", "", "[dataplane]"]

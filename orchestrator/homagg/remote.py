@@ -236,13 +236,13 @@ def switch_argv(h: inv.HostSpec, binary: str, hugepages_mount: str,
     its PCI NIC (-a, hugepages) or vdev, its cores, its data-plane IP."""
     eal = ["-l", ",".join(map(str, h.cores)), "--file-prefix", f"homagg-{h.name}",
            "--no-telemetry", "--log-level", "lib.eal:error"]
-    eal += ["-a", h.pci] if h.pci else ["--no-pci", "--vdev", h.vdev]
+    eal += ["-a", h.pci] if h.pci else ["--no-pci", "--vdev", localrun.vdev_for_mtu(h.vdev, h.mtu)]
     if h.hugepages and h.hugepages.count:
         eal += ["--huge-dir", hugepages_mount.replace("{name}", h.name)]
     else:
         eal += ["--no-huge", "-m", "256", "--no-shconf"]
     opts = ["--port-ip", h.address, "--udp-port", str(localrun.UDP_PORT),
-            "--control", control_socket(h)]
+            "--control", control_socket(h), "--mtu", str(h.mtu)]
     return [binary, *eal, "--", *opts, *(["--no-udp-csum"] if no_udp_csum else [])]
 
 
@@ -359,6 +359,8 @@ def run_allreduce(inventory: inv.Inventory, method: str, elements: int, density:
 
     out = out or sys.stderr
     localrun.check_arguments(method, elements, density)
+    localrun.check_payload(payload, min(h.mtu for h in inventory.hosts),
+                           f"inventory {inventory.path}")
     hosts = open_hosts(inventory, out)
     workers = [r for r in hosts if r.h.role == "worker"]
     agg = _aggregator(hosts)
@@ -386,7 +388,7 @@ def run_allreduce(inventory: inv.Inventory, method: str, elements: int, density:
                 job=job, token=token, worker=i, workers=W, agg_ip=agg.h.address, group=group,
                 ip=r.h.address, timeout=timeout, slots=slots, payload=payload, rto=rto,
                 method=method, block=block, elements=elements, density=density,
-                workload=workload, seed=seed, out=p["out"])
+                workload=workload, seed=seed, out=p["out"], mtu=r.h.mtu)
             spec.update(ready_file=p["ready"], go_file=p["go"], report=p["report"],
                         start_timeout=start_timeout)
             pids.append(r.start(p["pid"], p["log"],
@@ -436,7 +438,8 @@ def run_allreduce(inventory: inv.Inventory, method: str, elements: int, density:
         names = [r.h.name for r in workers]
         rep = {
             "method": method, "workers": W, "elements": elements, "density": density,
-            "workload": workload, "seed": seed, "block": block,
+            "workload": workload, "seed": seed, "block": block, "payload_bytes": payload,
+            "mtu": min(h.mtu for h in inventory.hosts),
             "pmd": agg.h.vdev or f"pci {agg.h.pci} ({agg.h.driver})", "link_mbit": None,
             "seconds": max(x["seconds"] for x in reports), "wall_seconds": wall, **check,
             "bytes_per_worker": [link1[n]["tx_bytes"] - link0[n]["tx_bytes"] for n in names],
@@ -520,8 +523,8 @@ def run_main(args) -> int:
     try:
         rep = run_allreduce(inv.load(args.inventory), args.method, args.elements, args.density,
                             workload=args.workload, seed=args.seed, block=args.block,
-                            slots=args.slots, timeout=args.timeout, rto=args.rto,
-                            runs_dir=args.runs_dir)
+                            slots=args.slots, payload=args.payload_bytes, timeout=args.timeout,
+                            rto=args.rto, runs_dir=args.runs_dir)
     except HomAggError as e:
         print(f"homagg run allreduce: {e}", file=sys.stderr)
         return 1

@@ -21,6 +21,11 @@ by homagg.bench.workloads, the generator the benchmarks' Gloo baseline uses:
   zipf    rows of 64 elements with Zipf-distributed popularity (embedding rows)
   dense   every element non-zero (--density is ignored)
 
+--payload-bytes sets the job's payload per packet (1024 by default; up to
+8192 on a testbed made with `homagg testbed up --mtu 9000`: the aggregator
+then runs on net_af_packet with frames of the MTU, since af_xdp's 4 KB umem
+frames cannot hold a jumbo frame).
+
 Each worker also reports the CPU time of its process over its allreduce
 (time.process_time), returned as "worker_cpu_seconds"; the daemon's CPU time
 (utime + stime of /proc/PID/stat, all its threads) from "go" until every
@@ -45,7 +50,8 @@ import numpy as np
 from homagg import log
 from homagg.errors import HomAggError
 from homagg.job import (DEFAULT_BLOCK, METHODS, UDP_PORT, WORKLOADS, RunError, check_arguments,
-                        counter_deltas, print_report, verify, worker_spec)
+                        check_payload, counter_deltas, print_report, vdev_for_mtu, verify,
+                        worker_spec)
 from homagg.testbed import Testbed, TestbedError
 
 EAL_BASE = ["-l", "0", "--no-huge", "-m", "256", "--no-pci", "--no-shconf", "--no-telemetry",
@@ -101,6 +107,14 @@ class Switch:
     def __init__(self, tb: Testbed, workdir: str, pmd: str = "auto", switch: str | None = None,
                  ready_timeout: float = 30.0, drop_rate: float = 0.0,
                  idle_us: int = IDLE_US, idle_polls: int = IDLE_POLLS):
+        mtu = int(tb.state().get("mtu") or 1500)
+        kinds = ("af_xdp", "af_packet") if pmd == "auto" else (pmd,)
+        if mtu > 1500:
+            # af_xdp (DPDK 22.11) receives into 4 KB umem frames: no jumbo frame fits
+            if pmd == "af_xdp":
+                raise RunError(f"--pmd af_xdp cannot receive frames of the testbed's MTU {mtu} "
+                               "(4 KB umem frames): use --pmd af_packet or auto")
+            kinds = ("af_packet",)
         self.tb = tb
         self.workdir = workdir
         self.control = os.path.join(workdir, "control.sock")
@@ -110,14 +124,15 @@ class Switch:
         binary = switch or find_switch()
         agg = tb.aggregator
         tried = []
-        for kind in (("af_xdp", "af_packet") if pmd == "auto" else (pmd,)):
-            vdev = f"net_{kind}0,iface={agg.ifname}"
+        for kind in kinds:
+            vdev = vdev_for_mtu(f"net_{kind}0,iface={agg.ifname}", mtu)
             logpath = os.path.join(workdir, f"switch-{kind}.log")
             prefix = "hg" + secrets.token_hex(5)
             runtime = os.path.join(workdir, f"rt-{kind}")
             os.makedirs(runtime, exist_ok=True)
             argv = [binary, *EAL_BASE, "--file-prefix", prefix, "--vdev", vdev, "--",
                     "--port-ip", agg.ip, "--udp-port", str(UDP_PORT), "--control", self.control,
+                    "--mtu", str(mtu),
                     # veth leaves UDP checksums to an offload that never runs
                     "--no-udp-csum",
                     # the testbed's cores are shared with the workers: sleep when idle
@@ -193,6 +208,8 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
     if workload not in WORKLOADS:
         raise RunError(f"workload {workload!r} not in {WORKLOADS}")
     tb = Testbed.open(testbed, state_dir)
+    mtu = int(tb.state().get("mtu") or 1500)
+    check_payload(payload, mtu, f"testbed {testbed}")
     workers = tb.workers
     W = len(workers)
     job, token = 1 + secrets.randbelow(1 << 15), secrets.randbits(31)
@@ -261,6 +278,8 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
             "workload": workload,
             "seed": seed,
             "block": block,
+            "payload_bytes": payload,
+            "mtu": mtu,
             "pmd": sw.pmd,
             "link_mbit": tb.state().get("link_mbit"),
             "seconds": max(r["seconds"] for r in reports),
@@ -321,6 +340,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--block", type=int, default=DEFAULT_BLOCK,
                    help="quantisation block in elements (default: %(default)s)")
     p.add_argument("--slots", type=int, default=64, help="aggregator slots = window (default: %(default)s)")
+    p.add_argument("--payload-bytes", type=int, default=1024, metavar="BYTES",
+                   help="payload bytes per packet, a multiple of 4 up to 8192 (more than an MTU of 1500 "
+                   "holds needs links with MTU 9000; default: %(default)s)")
     p.add_argument("--timeout", type=float, default=10.0,
                    help="a worker gives up after this many seconds without progress (default: %(default)s)")
     p.add_argument("--rto", type=float, default=0.005, metavar="S",
@@ -346,7 +368,8 @@ def main(args: argparse.Namespace) -> int:
     try:
         rep = run_allreduce(args.testbed, args.method, args.elements, args.density,
                             workload=args.workload, seed=args.seed, block=args.block,
-                            slots=args.slots, timeout=args.timeout, rto=args.rto, pmd=args.pmd,
+                            slots=args.slots, payload=args.payload_bytes, timeout=args.timeout,
+                            rto=args.rto, pmd=args.pmd,
                             switch=args.switch, state_dir=args.state_dir,
                             drop_rate=args.drop_rate)
     except (HomAggError, TestbedError) as e:

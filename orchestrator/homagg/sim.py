@@ -116,13 +116,26 @@ class Cluster:
     rto: the initial retransmission timeout (s), used until the first RTT
     sample; rto_min, rto_max: clamps of the adaptive timeout (s; rto_min
     None = the client's default); max_time: the virtual-time budget of one
-    run (s); multicast: results by multicast (else unicast).
+    run (s); multicast: results by multicast (else unicast); payload: the
+    job's payload bytes per packet (1024; up to 8192); mtu: the MTU of every
+    NIC port (None: 1500, or what the payload needs; 9000: jumbo frames), a
+    payload whose frames do not fit it is refused with the limit named.
     """
 
     def __init__(self, workers=4, loss=0.0, duplicate=0.0, reorder=0.0, seed=0,
                  slots=64, link_gbps=100.0, timeout=2.0, rto=200e-6, rto_max=50e-3,
                  delay=1e-6, payload=1024, multicast=True, max_time=600.0,
-                 agg_link_gbps=None, rto_min=None, aggregators=1):
+                 agg_link_gbps=None, rto_min=None, aggregators=1, mtu=None):
+        if mtu is not None:
+            from homagg.worker import FRAME_OVERHEAD, max_payload
+
+            if not 576 <= int(mtu) <= 9000:
+                raise InvalidArgument(f"mtu must be 576..9000, got {mtu}")
+            if payload > max_payload(mtu):
+                raise InvalidArgument(
+                    f"payload {payload} bytes does not fit MTU {mtu}: at most "
+                    f"{max_payload(mtu)} bytes (a {payload}-byte payload needs MTU >= "
+                    f"{payload + FRAME_OVERHEAD}, e.g. mtu=9000)")
         if agg_link_gbps is None:
             agg_link_gbps = (min(workers * link_gbps, max(400.0, link_gbps))
                              if link_gbps > 0 else 0.0)
@@ -135,7 +148,8 @@ class Cluster:
                                   payload_bytes=payload,
                                   unicast_results=not multicast,
                                   agg_link_gbps=self.agg_link_gbps,
-                                  aggregators=int(aggregators))
+                                  aggregators=int(aggregators),
+                                  mtu=int(mtu or 0))
         self.aggregators = int(aggregators)
         self._timeout = timeout
         self._rto = rto

@@ -45,7 +45,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="testbed name: 1-16 of a-z 0-9 _ (default: %(default)s)")
     p.add_argument("--subnet", default=DEFAULT_SUBNET,
                    help="IPv4 subnet of the testbed (default: %(default)s)")
-    p.add_argument("--mtu", type=int, default=1500, help="MTU of every link (default: %(default)s)")
+    p.add_argument("--mtu", type=int, default=1500,
+                   help="MTU of every link, 576..9000 (9000: jumbo frames, job payloads up to "
+                   "8192 bytes; default: %(default)s)")
 
     p = sub.add_parser("down", help="remove a testbed",
                        description="Stop the processes recorded for the testbed (by PID), "

@@ -19,10 +19,22 @@ aggregators")::
 
     Worker(..., aggregators=[("10.0.0.1", 48879), ("10.0.0.3", 48879)])
 
-A dead aggregator makes ``allreduce`` raise ``PeerTimeout`` naming it
-within ``timeout`` seconds.
+``payload`` is the job's payload size (1024 bytes by default; up to 8192
+with jumbo frames): it must fit the MTU of the path to every aggregator,
+which the worker asks the kernel for (or takes from ``mtu``).  A dead
+aggregator makes ``allreduce`` raise ``PeerTimeout`` naming it within
+``timeout`` seconds.
+
+``allreduce`` releases the GIL for the whole C call (cffi does), so
+``allreduce_async(grad)`` runs it on the worker's one background thread and
+returns a concurrent.futures.Future: calls run one at a time in the order
+they were made (every worker of a job must make the same calls in the same
+order), while Python keeps running.
 """
+import concurrent.futures
 import ipaddress
+import socket
+import threading
 
 import numpy as np
 
@@ -38,17 +50,44 @@ def _ipv4(addr, what):
         raise InvalidArgument(f"{what}: not an IPv4 address: {addr!r}") from exc
 
 
+IP_MTU = getattr(socket, "IP_MTU", 14)  # linux/in.h
+# IPv4 + UDP + HomAgg header + the optional MAC (docs/PROTOCOL.md Part 2)
+FRAME_OVERHEAD = 20 + 8 + lib.HG_HDR_LEN + 16
+
+
+def path_mtu(dest, source="0.0.0.0"):
+    """The kernel's MTU of the route from ``source`` to ``dest`` (IPv4
+    strings): a connected UDP socket's IP_MTU; 1500 when it cannot tell."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.bind((source, 0))
+            s.connect((dest, 9))
+            return int(s.getsockopt(socket.IPPROTO_IP, IP_MTU))
+        except OSError:
+            return 1500
+
+
+def max_payload(mtu):
+    """The largest job payload (bytes, a multiple of 4, at most
+    HG_MAX_PAYLOAD) whose frames fit a link of this MTU."""
+    return min(lib.HG_MAX_PAYLOAD, (int(mtu) - FRAME_OVERHEAD) // 4 * 4)
+
+
 class UdpPort:
     """The kernel UDP port backend (homagg/port_udp.h); ``port`` is the
-    ``struct hg_port *`` a Worker's client or an Engine runs on."""
+    ``struct hg_port *`` a Worker's client or an Engine runs on; ``mtu`` is
+    what its get_info reports (0 = 1500)."""
 
-    def __init__(self, bind=("0.0.0.0", 0), group_port=0, packets=0, rcvbuf=0):
+    def __init__(self, bind=("0.0.0.0", 0), group_port=0, packets=0, rcvbuf=0, mtu=0):
+        if mtu and not 576 <= int(mtu) <= 9000:
+            raise InvalidArgument(f"mtu must be 576..9000, got {mtu}")
         pc = ffi.new("struct hg_udp_port_config *")
         pc.bind_ipv4 = _ipv4(bind[0], "bind")
         pc.bind_port = int(bind[1])
         pc.group_port = int(group_port)
         pc.packets = int(packets)
         pc.rcvbuf = int(rcvbuf)
+        pc.mtu = int(mtu)
         p = lib.hg_udp_port_create(pc)
         if p == ffi.NULL:
             raise error_for(-ffi.errno, f"UDP socket on {bind[0]}:{bind[1]}")
@@ -88,11 +127,14 @@ class Worker:
     def __init__(self, job, token, worker, workers,
                  aggregator=("10.0.0.1", 48879), group=None,
                  bind=("0.0.0.0", 0), timeout=5.0, slots=64, payload=1024,
-                 rto=0.001, packets=0, aggregators=None):
+                 rto=0.001, packets=0, aggregators=None, mtu=None):
         if not 0 <= worker < workers:
             raise InvalidArgument(f"worker {worker} not in 0..{workers - 1}")
         if timeout <= 0:
             raise InvalidArgument("timeout must be positive")
+        if not 4 <= int(payload) <= lib.HG_MAX_PAYLOAD or int(payload) % 4:
+            raise InvalidArgument(f"payload must be a multiple of 4 in 4..{lib.HG_MAX_PAYLOAD}, "
+                                  f"got {payload}")
         if aggregators is None:
             aggregators = [aggregator]
         aggregators = [(str(a[0]), int(a[1])) for a in aggregators]
@@ -105,11 +147,23 @@ class Worker:
         self.worker, self.workers = worker, workers
         self.aggregators = aggregators
         self.aggregator = aggregators[0]
+        for a in aggregators:
+            _ipv4(a[0], "aggregator")
         self.group = group
         self.timeout = timeout
+        # the smallest MTU of the paths to the aggregators
+        narrow = min(aggregators, key=lambda a: path_mtu(a[0], str(bind[0])))
+        self.mtu = int(mtu) if mtu else min(9000, max(576, path_mtu(narrow[0], str(bind[0]))))
+        if payload > max_payload(self.mtu):
+            raise InvalidArgument(
+                f"payload {payload} bytes does not fit the MTU {self.mtu} of the path to "
+                f"aggregator {narrow[0]}: at most {max_payload(self.mtu)} bytes; "
+                f"a {payload}-byte payload needs links with MTU >= {payload + FRAME_OVERHEAD} "
+                f"(jumbo frames, e.g. `homagg testbed up --mtu 9000`)")
 
         self._port = UdpPort(bind, packets=max(int(packets),
-                                               4 * slots * len(aggregators) + 256))
+                                               4 * slots * len(aggregators) + 256),
+                             mtu=self.mtu)
 
         cfg = ffi.new("struct hg_client_config *")
         cfg.port = self._port.port
@@ -138,14 +192,21 @@ class Worker:
         # the destructor holds the port: the client frees packets into it
         self._client = ffi.gc(
             client, lambda c, _port=self._port: lib.hg_client_destroy(c))
+        # one C call at a time; allreduce_async's calls run on one thread
+        self._lock = threading.Lock()
+        self._executor = None
 
     @property
     def local_address(self):
         return self._port.local_address
 
     def allreduce(self, array, method="dense", out=None, block=None,
-                  stochastic=False, seed=0, nc_levels=0):
-        """The sum over the job's workers of ``array`` (float32, 1-D)."""
+                  stochastic=False, seed=0, nc_levels=0, info=None):
+        """The sum over the job's workers of ``array`` (float32, 1-D).
+
+        ``info`` (a dict, optional) receives what this call did:
+        "method" (the method that ran: auto's choice), "bytes_sent" and
+        "bytes_received" (HomAgg payload bytes of this call)."""
         code = protocol.method(method).code
         x = np.ascontiguousarray(array, dtype=np.float32).reshape(-1)
         if out is None:
@@ -160,10 +221,21 @@ class Worker:
         p.flags = lib.HG_F_STOCHASTIC if stochastic else 0
         p.seed = int(seed) & (2**64 - 1)
         p.nc_levels = int(nc_levels)
-        rc = lib.hg_client_allreduce(
-            self._client, p, code,
-            ffi.from_buffer("float[]", x), x.size,
-            ffi.from_buffer("float[]", out, require_writable=True))
+        with self._lock:
+            if self._client is None:
+                raise InvalidArgument("worker is closed")
+            if info is not None:
+                before = self._payload_bytes()
+            rc = lib.hg_client_allreduce(
+                self._client, p, code,
+                ffi.from_buffer("float[]", x), x.size,
+                ffi.from_buffer("float[]", out, require_writable=True))
+            if info is not None and rc >= 0:
+                after = self._payload_bytes()
+                m = protocol.METHOD_BY_CODE.get(after[2])
+                info["method"] = m.name if m else None
+                info["bytes_sent"] = after[0] - before[0]
+                info["bytes_received"] = after[1] - before[1]
         if rc < 0:
             text = ffi.string(lib.hg_client_error_text(self._client)).decode()
             where = ", ".join(f"{h}:{p}" for h, p in self.aggregators)
@@ -171,6 +243,24 @@ class Worker:
             raise error_for(rc, f"worker {self.worker} of job {self.job}, "
                                 f"{where}: {text or 'failed'}")
         return out
+
+    def allreduce_async(self, array, method="dense", **kwargs):
+        """``allreduce`` on the worker's background thread: returns a
+        concurrent.futures.Future of the result (its exception on failure,
+        e.g. PeerTimeout naming the aggregator).  ``array`` must stay
+        unchanged until the future is done.  Calls run in submission order."""
+        if self._client is None:
+            raise InvalidArgument("worker is closed")
+        if self._executor is None:
+            self._executor = concurrent.futures.ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix=f"homagg-w{self.worker}")
+        return self._executor.submit(self.allreduce, array, method, **kwargs)
+
+    def _payload_bytes(self):
+        """(bytes sent, bytes received, method chosen) of the client so far."""
+        st = ffi.new("struct hg_client_stats *")
+        lib.hg_client_get_stats(self._client, st)
+        return (sum(st.bytes_sent), sum(st.bytes_received), st.method_chosen)
 
     def stats(self):
         """The client's counters and the UDP port's, as one dict."""
@@ -180,6 +270,10 @@ class Worker:
             "packets_sent", "retransmissions", "timeouts", "results_received",
             "duplicates_received", "status_received", "packets_ignored",
             "tx_refused", "chunks", "srtt_ns", "rto_ns")}
+        out["bytes_sent"] = sum(st.bytes_sent)
+        out["bytes_received"] = sum(st.bytes_received)
+        m = protocol.METHOD_BY_CODE.get(st.method_chosen)
+        out["method_chosen"] = m.name if m else None
         out["port"] = self._port.stats()
         out["aggregators"] = []
         ast = ffi.new("struct hg_client_agg_stats *")
@@ -191,10 +285,15 @@ class Worker:
         return out
 
     def close(self):
+        # pending asynchronous calls finish (or time out) first
+        if getattr(self, "_executor", None) is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
         # the client first: it holds packets of the port
         if getattr(self, "_client", None) is not None:
-            ffi.release(self._client)
-            self._client = None
+            with self._lock:
+                ffi.release(self._client)
+                self._client = None
         if getattr(self, "_port", None) is not None:
             self._port.close()
             self._port = None

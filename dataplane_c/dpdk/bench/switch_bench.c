@@ -234,7 +234,7 @@ static int check_fanout(struct bench *b)
 		return -EPROTO;
 	for (i = 0; i < n; i++) {
 		struct rte_mbuf *m = got[i];
-		uint8_t buf[HG_ETH_IP_UDP_LEN + HG_HDR_LEN + 1500];
+		uint8_t buf[HG_ETH_IP_UDP_LEN + HG_HDR_LEN + HG_MAX_PAYLOAD];
 		const uint8_t *f;
 
 		if (m->pkt_len != b->flen || m->nb_segs != 2)
@@ -291,8 +291,11 @@ static int parse(int argc, char **argv, struct bench *b)
 	}
 	if (b->workers < 1 || b->workers > HG_MAX_WORKERS || b->slots < 1 ||
 	    b->slots > HG_ENGINE_MAX_SLOTS || b->payload < 4 || b->payload % 4 ||
-	    b->payload > 1400 || !(b->seconds > 0)) {
-		fprintf(stderr, "bad arguments\n");
+	    b->payload > HG_MAX_PAYLOAD || !(b->seconds > 0)) {
+		fprintf(stderr, "bad arguments: --workers 1..%d, --slots 1..%d, "
+			"--payload a multiple of 4 in 4..%d, --seconds > 0\n",
+			HG_MAX_WORKERS, HG_ENGINE_MAX_SLOTS,
+			HG_MAX_PAYLOAD);
 		return -EINVAL;
 	}
 	return 0;
@@ -319,7 +322,13 @@ int main(int argc, char **argv)
 	}
 	if (parse(argc - n, argv + n, b) < 0)
 		goto fail;
-	b->pool = hg_dpdk_pool_create("bench_pool", 16383, RTE_MBUF_DEFAULT_DATAROOM,
+	/* one frame per mbuf, as in the daemon (a jumbo payload: 9216-byte
+	 * data rooms); fewer mbufs for big frames keep the pool in -m 256 */
+	b->pool = hg_dpdk_pool_create("bench_pool", b->payload > 1400 ? 8191 : 16383,
+				      (uint16_t)RTE_MAX((unsigned int)RTE_MBUF_DEFAULT_DATAROOM,
+							RTE_ALIGN_CEIL(HG_ETH_IP_UDP_LEN +
+								       HG_HDR_LEN + b->payload + 128,
+								       1024)),
 				      (int)rte_socket_id());
 	b->to_engine = rte_ring_create("bench_rx", RING_SIZE, (int)rte_socket_id(),
 				       RING_F_SP_ENQ | RING_F_SC_DEQ);
@@ -408,14 +417,17 @@ int main(int argc, char **argv)
 		      ((double)b->busy_tsc / (double)hz) / 1e6 : 0.0;
 	if (b->json)
 		printf("{\"workers\":%u,\"mpps\":%.3f,\"engine_mpps\":%.3f,"
-		       "\"gbps\":%.2f,\"payload\":%u,\"frame\":%u,\"slots\":%u,"
+		       "\"gbps\":%.2f,\"payload_gbps\":%.2f,"
+		       "\"engine_payload_gbps\":%.2f,\"payload\":%u,\"frame\":%u,\"slots\":%u,"
 		       "\"seconds\":%.3f,\"lcores\":%u,\"isa\":\"%s\","
 		       "\"received\":%" PRIu64 ",\"summed\":%" PRIu64
 		       ",\"completed\":%" PRIu64 ",\"drops\":%" PRIu64
 		       ",\"engine_busy\":%.4f,\"generator_blocked\":%" PRIu64
 		       ",\"generator_no_mbuf\":%" PRIu64 ",\"preempted_polls\":%" PRIu64 ",\"fanout_checked\":true}\n",
 		       b->workers, mpps, engine_mpps,
-		       mpps * 1e6 * b->flen * 8 / 1e9, b->payload, b->flen,
+		       mpps * 1e6 * b->flen * 8 / 1e9,
+		       mpps * 1e6 * b->payload * 8 / 1e9,
+		       engine_mpps * 1e6 * b->payload * 8 / 1e9, b->payload, b->flen,
 		       b->slots, (double)(t1 - t0) / (double)hz, share ? 1u : 2u,
 		       hg_isa_name(hg_isa_best()),
 		       c1[HG_CNT_RECEIVED] - c0[HG_CNT_RECEIVED],
@@ -424,11 +436,14 @@ int main(int argc, char **argv)
 		       busy_frac, b->gen_full, b->alloc_fail, b->preempted);
 	else
 		printf("W=%u payload=%u: %.3f Mpps end to end (%.2f Gbit/s of "
-		       "%u-byte frames, %s), engine lcore capacity %.3f Mpps, "
-		       "%" PRIu64 " drops\n", b->workers, b->payload, mpps,
+		       "%u-byte frames, %.2f Gbit/s of payload, %s), engine lcore "
+		       "capacity %.3f Mpps (%.2f Gbit/s of payload), %" PRIu64
+		       " drops\n", b->workers, b->payload, mpps,
 		       mpps * 1e6 * b->flen * 8 / 1e9, b->flen,
+		       mpps * 1e6 * b->payload * 8 / 1e9,
 		       share ? "generator and engine on one lcore" :
-		       "generator and engine on two lcores", engine_mpps, drops);
+		       "generator and engine on two lcores", engine_mpps,
+		       engine_mpps * 1e6 * b->payload * 8 / 1e9, drops);
 	ret = drops ? 2 : 0;
 	goto out;
 fail:

@@ -36,6 +36,8 @@ struct hg_udp_port_config {
 	uint16_t group_port;  /* UDP port of multicast results (0 = HG_UDP_PORT) */
 	uint32_t packets;     /* packet pool size (0 = 1024) */
 	uint32_t rcvbuf;      /* socket receive buffer bytes (0 = 4 MiB) */
+	uint16_t mtu;         /* MTU of the path to the aggregator, reported by
+			       * get_info (0 = 1500; at most 9000) */
 };
 
 struct hg_udp_port_stats {
@@ -48,7 +50,8 @@ struct hg_udp_port_stats {
 
 struct hg_udp_port;
 
-/* NULL with errno set (socket/bind errors, ENOMEM, EINVAL). */
+/* NULL with errno set (socket/bind errors, ENOMEM, EINVAL: mtu not 0 or
+ * 576..9000). */
 struct hg_udp_port *hg_udp_port_create(const struct hg_udp_port_config *cfg);
 void hg_udp_port_destroy(struct hg_udp_port *p);
 

@@ -32,6 +32,12 @@ extra).  HomAgg methods run through ``homagg run allreduce`` (its Python
 function homagg.run.run_allreduce); where that is missing or fails, the row
 says ``unavailable: <reason>`` / ``failed: <reason>`` and carries no numbers.
 
+--payload-bytes 1024,4096,8192 runs every HomAgg method once per job
+payload size (rows carry ``payload_bytes``); a payload larger than an MTU
+of 1500 holds makes the testbed's links MTU 9000 (jumbo frames).  Every
+HomAgg row also reports ``cpu_ms_per_mb``: the workers' and the daemon's
+CPU time per MB the workers put on their links (median over the runs).
+
 Workloads (homagg.bench.workloads): shared, random, zipf, dense.  The Gloo
 ranks generate them with homagg.bench.workloads; HomAgg's workers generate
 theirs inside ``homagg run`` (homagg.job.gradient, which calls the same
@@ -84,6 +90,10 @@ def add_arguments(parser):
                         "the dense workload runs once at 1)")
     parser.add_argument("--link-mbit", type=float, default=1000.0,
                         help="rate of every worker link, both directions (default 1000)")
+    parser.add_argument("--payload-bytes", type=_list(int), default=[1024], metavar="B[,B...]",
+                        help="HomAgg job payload bytes per packet, a multiple of 4 up to 8192 "
+                        "(default 1024; several: rows for each; above what MTU 1500 holds the "
+                        "testbed gets MTU 9000)")
     parser.add_argument("--repeat", type=int, default=5, help="timed runs (default 5)")
     parser.add_argument("--warmup", type=int, default=1, help="untimed runs first (default 1)")
     parser.add_argument("--seed", type=int, default=1, help="gradient seed")
@@ -256,7 +266,7 @@ def homagg_run_available():
     return True, None
 
 
-def homagg_via_run_allreduce(testbed_name, method, n, workload, density, args):
+def homagg_via_run_allreduce(testbed_name, method, n, workload, density, args, payload=1024):
     """One HomAgg allreduce on the testbed, by homagg.run.run_allreduce (the
     function behind `homagg run allreduce --testbed NAME`); returns its report."""
     from homagg import job
@@ -267,20 +277,23 @@ def homagg_via_run_allreduce(testbed_name, method, n, workload, density, args):
     else:
         run_workload, run_density = (("shared", 1.0) if workload == "dense" else (workload, density))
     return hrun.run_allreduce(testbed_name, method, n, run_density, workload=run_workload,
-                              seed=args.seed, timeout=args.timeout, state_dir=args.state_dir)
+                              seed=args.seed, timeout=args.timeout, state_dir=args.state_dir,
+                              payload=payload)
 
 
-def homagg_row(testbed_name, method, W, n, workload, density, args):
+def homagg_row(testbed_name, method, W, n, workload, density, args, payload=1024):
     ok, why = homagg_run_available()
     if not ok:
         return {"status": f"unavailable: {why}"}
     seconds, tx, exact, agree = [], [], [], []
     cpu = []  # per run: the workers' CPU seconds, when homagg run reports them
     daemon = []  # per run: the daemon's CPU seconds, when homagg run reports them
+    per_mb = []  # per run: workers' + daemon's CPU ms per MB on the workers' links
     generator = "homagg.job.gradient"
     try:
         for i in range(args.warmup + args.repeat):
-            r = homagg_via_run_allreduce(testbed_name, method, n, workload, density, args)
+            r = homagg_via_run_allreduce(testbed_name, method, n, workload, density, args,
+                                         payload=payload)
             agree.append(bool(r["workers_agree"]))
             exact.append(r["exact"])
             generator = r.get("generator", generator)
@@ -291,6 +304,11 @@ def homagg_row(testbed_name, method, W, n, workload, density, args):
                     cpu.append(list(r["worker_cpu_seconds"]))
                 if r.get("daemon_cpu_seconds") is not None:
                     daemon.append(float(r["daemon_cpu_seconds"]))
+                moved = sum(r["bytes_per_worker"])
+                if r.get("worker_cpu_seconds") and r.get("daemon_cpu_seconds") is not None \
+                        and moved > 0:
+                    cpu_s = sum(r["worker_cpu_seconds"]) + r["daemon_cpu_seconds"]
+                    per_mb.append(1e3 * cpu_s / (moved / 1e6))
     except Exception as exc:  # a failed method is a result, not a crash of the whole run
         return {"status": f"failed: {type(exc).__name__}: {exc}"[:500]}
     row = _timing(seconds, n, args.link_mbit, float(np.mean(tx)))
@@ -304,6 +322,8 @@ def homagg_row(testbed_name, method, W, n, workload, density, args):
                        else "lossy by design"),
         "workers_agree": all(agree),
         "generator": generator,
+        "payload_bytes": payload,
+        "cpu_ms_per_mb": float(np.median(per_mb)) if len(per_mb) == len(seconds) else None,
         "status": "ok",
     })
     return row
@@ -327,13 +347,20 @@ def run(args):
         raise SystemExit(f"unknown method(s)/workload(s): {bad}")
     if args.repeat < 1 or args.warmup < 0 or args.elements < 1:
         raise SystemExit("--repeat >= 1, --warmup >= 0, --elements >= 1")
+    from homagg.worker import max_payload
+
+    payloads = list(dict.fromkeys(args.payload_bytes)) or [1024]
+    bad = [p for p in payloads if not 4 <= p <= 8192 or p % 4]
+    if bad:
+        raise SystemExit(f"--payload-bytes: multiples of 4 in 4..8192, got {bad}")
+    mtu = 9000 if max(payloads) > max_payload(1500) else 1500
     require_root("homagg bench allreduce")
     results = []
     torch_version = None
     for W in args.workers:
         name = args.testbed_name
-        _progress(f"testbed {name}: {W} workers, links {args.link_mbit:g} Mbit/s")
-        tb = Testbed.up(name, W, link_mbit=args.link_mbit, state_dir=args.state_dir)
+        _progress(f"testbed {name}: {W} workers, links {args.link_mbit:g} Mbit/s, MTU {mtu}")
+        tb = Testbed.up(name, W, link_mbit=args.link_mbit, state_dir=args.state_dir, mtu=mtu)
         try:
             gloo = None
             if "gloo" in args.methods:
@@ -356,10 +383,14 @@ def run(args):
                                     row = gloo_row(gloo, W, args.elements, wl, d, args)
                                 except Exception as exc:
                                     row = {"status": f"failed: {type(exc).__name__}: {exc}"[:500]}
-                        else:
-                            row = homagg_row(name, m, W, args.elements, wl, d, args)
-                        rows[m] = {"method": m, **base, **row}
-                        _progress(_line(rows[m]))
+                            rows[m] = {"method": m, **base, **row}
+                            _progress(_line(rows[m]))
+                            continue
+                        for p in payloads:
+                            row = homagg_row(name, m, W, args.elements, wl, d, args, payload=p)
+                            key = m if len(payloads) == 1 else f"{m}@{p}"
+                            rows[key] = {"method": m, **base, **row}
+                            _progress(_line(rows[key]))
                     g = rows.get("gloo", {}).get("seconds_median")
                     for r in rows.values():
                         s = r.get("seconds_median")
@@ -372,6 +403,7 @@ def run(args):
             Testbed.down(name, state_dir=args.state_dir)
             _progress(f"testbed {name} removed")
     return rep.header(benchmark="allreduce", link_mbit=args.link_mbit, elements=args.elements,
+                      payload_bytes=payloads, mtu=mtu,
                       repeat=args.repeat, warmup=args.warmup, seed=args.seed,
                       _extra_versions=("torch", "pyroute2"),
                       torch_runtime=torch_version, kernel=platform.release(), results=results)
@@ -379,17 +411,22 @@ def run(args):
 
 def _line(r):
     head = f"W={r['workers']} {r['method']:6s} {r['workload']:6s} d={r['density']:<6g}"
+    if r.get("payload_bytes"):
+        head += f" {r['payload_bytes']} B"
     if r.get("status") != "ok":
         return f"{head} {r.get('status')}"
     return (f"{head} median {r['seconds_median'] * 1e3:9.2f} ms "
             f"[{r['seconds_min'] * 1e3:.2f}..{r['seconds_max'] * 1e3:.2f}], "
             f"{r['bytes_per_worker'] / 1e6:.3f} MB/worker, exact {r['exact']}, "
-            f"cpu_bound {r['cpu_bound']}")
+            f"cpu_bound {r['cpu_bound']}"
+            + (f", {r['cpu_ms_per_mb']:.2f} CPU ms/MB" if r.get("cpu_ms_per_mb") is not None
+               else ""))
 
 
-MD_COLUMNS = ("workers", "workload", "density", "method", "status", "seconds_median",
+MD_COLUMNS = ("workers", "workload", "density", "method", "payload_bytes", "status",
+              "seconds_median",
               "seconds_min", "seconds_max", "speedup_vs_gloo", "algbw_gbps", "bytes_per_worker",
-              "link_utilisation", "exact", "cpu_bound", "link_bound")
+              "link_utilisation", "exact", "cpu_bound", "cpu_ms_per_mb", "link_bound")
 
 
 def plot(report, out_dir):

@@ -6,8 +6,11 @@ net_ring ethdev, fed with SUM32 frames of W workers by a generator on the
 main lcore.  Each run reports ``mpps`` (frames the engine received per
 second of wall time), ``engine_mpps`` (the engine lcore's capacity: frames
 over the cycles of its polls that received frames; a poll longer than 50 us
-was preempted by another process and counts 50 us), the Gbit/s, and the
-drops (must be 0).  ``--lcores 0`` runs generator and engine on one lcore
+was preempted by another process and counts 50 us), the Gbit/s of frames
+and of payload (``payload_gbps``, ``engine_payload_gbps``: the lane bytes
+the engine sums), and the drops (must be 0).  ``--payload 1024 8192``
+measures the default payload and a jumbo one (frames up to MTU 9000) in one
+run.  ``--lcores 0`` runs generator and engine on one lcore
 (frames hot in that core's cache); the default ``0,1`` puts them on two
 (frames cross cores, as from a NIC, and the engine lcore's share of its CPU
 matters on a shared machine).  Needs root (EAL).
@@ -25,8 +28,10 @@ ROOT = pathlib.Path(__file__).resolve().parents[3]
 def add_arguments(parser):
     parser.add_argument("--workers", type=int, nargs="+", default=[2, 8, 32],
                         help="W values to measure (default 2 8 32)")
-    parser.add_argument("--payload", type=int, default=1024,
-                        help="payload bytes per frame (default 1024)")
+    parser.add_argument("--payload", "--payload-bytes", type=int, nargs="+", default=[1024],
+                        dest="payload", metavar="BYTES",
+                        help="payload bytes per frame, a multiple of 4 up to 8192 "
+                        "(default 1024; several: one run each)")
     parser.add_argument("--slots", type=int, default=256)
     parser.add_argument("--seconds", type=float, default=2.0)
     parser.add_argument("--lcores", default="0,1",
@@ -58,16 +63,18 @@ def main(args):
         print(f"{binary} is missing: run `make switch`", file=sys.stderr)
         return 1
     rc = 0
-    for w in args.workers:
-        r = run_one(binary, w, args.payload, args.slots, args.seconds, args.lcores)
-        if r["drops"]:
-            rc = 2
-        if args.json:
-            print(json.dumps(r), flush=True)
-        else:
-            print(f"W={r['workers']:4d} payload={r['payload']} B: {r['mpps']:7.3f} Mpps "
-                  f"({r['gbps']:6.2f} Gbit/s) end to end, engine lcore capacity "
-                  f"{r['engine_mpps']:7.3f} Mpps (busy {100 * r['engine_busy']:.0f}%, "
-                  f"{r['preempted_polls']} preempted polls), "
-                  f"{r['lcores']} lcore(s), {r['isa']}, drops {r['drops']}", flush=True)
+    for payload in args.payload:
+        for w in args.workers:
+            r = run_one(binary, w, payload, args.slots, args.seconds, args.lcores)
+            if r["drops"]:
+                rc = 2
+            if args.json:
+                print(json.dumps(r), flush=True)
+            else:
+                print(f"W={r['workers']:4d} payload={r['payload']} B: {r['mpps']:7.3f} Mpps "
+                      f"({r['payload_gbps']:6.2f} Gbit/s of payload) end to end, engine lcore "
+                      f"capacity {r['engine_mpps']:7.3f} Mpps "
+                      f"({r['engine_payload_gbps']:6.2f} Gbit/s of payload, busy "
+                      f"{100 * r['engine_busy']:.0f}%, {r['preempted_polls']} preempted polls), "
+                      f"{r['lcores']} lcore(s), {r['isa']}, drops {r['drops']}", flush=True)
     return rc

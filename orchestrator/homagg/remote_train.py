@@ -1,0 +1,155 @@
+"""`homagg train -i testbed.toml`: the ranks on an inventory's worker hosts.
+
+    homagg up -i testbed.toml                 # homagg-switch on the aggregator
+    homagg train -i testbed.toml --model ncf --method auto --steps 10
+    homagg down -i testbed.toml
+
+The same run as ``homagg train --testbed`` (homagg.train), over SSH
+(homagg.remote's hosts, preflight and process handling): the job is
+registered on the daemon ``homagg up`` started, its job file written on
+every worker host, one rank started per worker host (``python -m
+homagg.train --child SPEC`` in the host's venv, in the background with a
+PID file; Gloo rendezvous at the first worker's data-plane address), and
+when they are done their reports, final parameters and recorded bucket
+gradients are copied into RUNS_DIR/<timestamp>-train-<method>/ with the
+logs; the cross-rank and replay checks run there.  A user's model file
+(``--model path.py:factory``) must exist at the same path on every worker.
+"""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shlex
+import sys
+
+from homagg import inventory as inv
+from homagg import provision as prov
+from homagg import remote
+from homagg import train as trainmod
+from homagg.run import UDP_PORT
+
+REPORT = "rank-{rank}.json"
+
+
+def _files(W: int, phases: list[str]) -> list[str]:
+    """What every rank leaves in its run folder (rank r's names)."""
+    out = []
+    for ph in phases:
+        out.append(f"params-{ph}-{{rank}}.npz")
+    if any(ph != "gloo" for ph in phases):
+        out += ["grads-{rank}.npz", "layout-{rank}.json"]
+    return out + [REPORT]
+
+
+def run_train(inventory_path: str, model: str = "ncf", method: str = "auto", steps: int = 5,
+              warmup: int = 1, ranks: int | None = None, lr: float | None = None,
+              seed: int = 1, bucket_mb: float = 4.0, baseline: bool = True,
+              sparsify: str | None = None, timeout: float = 10.0, runs_dir: str = "runs",
+              out_dir: str | None = None, slots: int = 64, payload: int = 1024,
+              group: str = "239.77.0.2", start_timeout: float = 120.0, out=None) -> dict:
+    """Train on the inventory's worker hosts; returns homagg.train's report
+    plus "run_dir".  Every rank process is stopped before it returns."""
+    out = out or sys.stderr
+    trainmod.check_arguments(method, model, steps, warmup)
+    lr = trainmod.load_factory(model)[1] if lr is None else lr
+    inventory = inv.load(inventory_path)
+    hosts = remote.open_hosts(inventory, out)
+    workers = [r for r in hosts if r.h.role == "worker"]
+    if ranks is not None:
+        if not 1 <= ranks <= len(workers):
+            raise trainmod.TrainError(f"--ranks {ranks}: the inventory has {len(workers)} workers")
+        workers = workers[:ranks]
+    agg = remote._aggregator(hosts)
+    W = len(workers)
+    phases = trainmod._phases(method, baseline)
+    folder = remote._run_folder(runs_dir, f"train-{method}")
+    run_id = os.path.basename(folder)
+    job = 1 + secrets.randbelow(1 << 15)
+    started, registered = [], False
+    try:
+        env = {"OMP_NUM_THREADS": "1"}
+        if method != "gloo":
+            if not agg.alive(remote.switch_pidfile(agg.h)):
+                raise remote.RemoteError(f"host '{agg.h.name}': homagg-switch is not running: "
+                                         f"start it with `homagg up -i {inventory.path}`")
+            token = secrets.randbits(31)
+            agg.control({"cmd": "add_job", "job": job, "token": token, "workers": W,
+                         "slots": slots, "payload": payload, "group": group})
+            registered = True
+        init = f"tcp://{workers[0].h.address}:{trainmod.GLOO_PORT + secrets.randbelow(2000)}"
+        dirs, pids = [], []
+        for r, host in enumerate(workers):
+            d = f"{remote.rundir(host.h)}/{run_id}"
+            host.run(f"mkdir -p {shlex.quote(d)}")
+            renv = dict(env, HOMAGG_BIND=host.h.address, GLOO_SOCKET_IFNAME=host.h.iface)
+            if method != "gloo":
+                job_file = {"aggregator": f"{agg.h.address}:{UDP_PORT}",
+                            "job": job, "token": token, "group": group, "timeout": timeout,
+                            "slots": slots, "payload": payload}
+                path = f"{d}/job.json"
+                host.run(f"printf %s {shlex.quote(json.dumps(job_file))} > {shlex.quote(path)}")
+                renv["HOMAGG_JOB_FILE"] = path
+            spec = trainmod.rank_spec(rank=r, world=W, init=init, model=model, seed=seed, lr=lr,
+                                      steps=steps, warmup=warmup, bucket_mb=bucket_mb,
+                                      phases=phases, workdir=d, ifname=host.h.iface,
+                                      sparsify=sparsify, start_timeout=start_timeout)
+            spec["report"] = f"{d}/{REPORT.format(rank=r)}"
+            pidfile = f"{remote.rundir(host.h)}/rank-{run_id}-{r}.pid"
+            pids.append(host.start(pidfile, f"{d}/worker-{r}.log",
+                                   [host.python, "-m", "homagg.train", "--child", json.dumps(spec)],
+                                   d, env=renv))
+            started.append((host, pidfile))
+            dirs.append(d)
+        budget = start_timeout + (steps + warmup) * (timeout + 30.0)
+
+        rank_of = {host.h.name: r for r, host in enumerate(workers)}
+
+        def finished(host):
+            r = rank_of[host.h.name]
+            report = f"{dirs[r]}/{REPORT.format(rank=r)}"
+            return remote._wait_remote(host, f"test -s {shlex.quote(report)}", started[r][1],
+                                       budget)
+
+        done = prov._parallel(finished, workers, W)
+        logs = [{"log": f"{d}/worker-{r}.log"} for r, d in enumerate(dirs)]
+        remote._fetch_logs(workers, logs, folder)
+        failed = [n for n, ok in done.items() if not ok]
+        if failed:
+            raise trainmod.TrainError(f"training {model} with {method} failed on {len(failed)} "
+                                      f"of {W} ranks: " + "; ".join(
+                                          f"host '{n}': {remote._log_tail(folder, n)}"
+                                          for n in failed))
+        reports = []
+        for r, (host, d) in enumerate(zip(workers, dirs)):
+            for name in _files(W, phases):
+                name = name.format(rank=r)
+                host.conn.get(f"{d}/{name}", os.path.join(folder, name))
+            with open(os.path.join(folder, REPORT.format(rank=r))) as f:
+                reports.append(json.load(f))
+        rep = trainmod.summarize(method, reports, folder, dict(
+            model=model, steps=steps, warmup=warmup, lr=lr, seed=seed, bucket_mb=bucket_mb,
+            sparsify=sparsify))
+        rep.update({"inventory": inventory.path, "aggregator": agg.h.name,
+                    "worker_hosts": [w.h.name for w in workers], "rank_pids": pids,
+                    "run_dir": folder, "link_mbit": None})
+        if out_dir:
+            os.makedirs(out_dir, exist_ok=True)
+            rep["plots"] = trainmod.plot(rep, out_dir)
+        with open(os.path.join(folder, "train.json"), "w") as f:
+            json.dump(rep, f, indent=1)
+        return rep
+    finally:
+        for host, pidfile in started:
+            try:
+                host.sh(f"hg_stop {shlex.quote(pidfile)} >/dev/null; "
+                        f"rm -rf {shlex.quote(remote.rundir(host.h) + '/' + run_id)}", check=False)
+            except Exception as e:  # noqa: BLE001 - report, keep cleaning the others
+                print(f"host '{host.h.name}': cleanup failed: {e}", file=out)
+        if registered:
+            try:
+                agg.control({"cmd": "remove_job", "job": job})
+            except Exception as e:  # noqa: BLE001
+                print(f"host '{agg.h.name}': {e}", file=out)
+        for host in hosts:
+            host.close()

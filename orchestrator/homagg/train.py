@@ -1,0 +1,636 @@
+"""Train a model with DDP on a testbed, gradients through HomAgg, next to Gloo DDP.
+
+    sudo homagg testbed up --workers 4 --link-mbit 1000 --name demo
+    sudo homagg train --model ncf --testbed demo --method auto --steps 10
+
+starts homagg-switch in the testbed's aggregator namespace (as ``homagg
+run`` does), registers a job, writes its job file (homagg.torch's
+HOMAGG_JOB_FILE) and starts one rank per worker namespace
+(``python -m homagg.train --child SPEC``): torch.distributed with the Gloo
+backend for rendezvous, the model in DistributedDataParallel.  Every rank
+trains twice from the same initial parameters and the same data: first
+plain Gloo DDP (the baseline, skipped with --no-baseline), then DDP with
+``homagg.torch.allreduce_hook`` and --method (``gloo``: the baseline only).
+Optimiser: SGD, the model's learning rate (--lr).
+
+Per phase it reports, from the timed steps (the first --warmup steps are
+not timed; every rank starts each step after a barrier): the iteration time
+(median over steps of the slowest rank), the backward pass time (which
+contains the communication DDP waits for), the bytes each rank's interface
+sent per step (the kernel's counter), the loss of every step (mean over
+ranks) and its wall time, and the speedup: Gloo's iteration time / HomAgg's.
+HomAgg's phase also reports every bucket's size, gradient density, the
+method that ran (auto's choice) and its payload bytes.
+
+Lossless, checked on every run with an exact method: after the last step
+every rank's parameters are compared bit for bit
+(params_identical_across_ranks), and a single-process replay starts from
+the same initial model and applies, at every step, the fixed-point
+reference sum (homagg.reference, numpy) of the per-rank bucket gradients
+the ranks recorded, divided by the world size, with the same optimiser:
+its parameters must equal the ranks' bit for bit (replay_bit_identical).
+With nc (lossy) both are reported, and the loss curve's largest relative
+distance from the Gloo run's (loss_band_vs_gloo).
+
+--model: ncf, lstm, bert, vgg (homagg.models, generated data) or your own,
+``path/to/file.py:factory`` with factory(rank, world_size, seed) ->
+(model, batches, loss_fn): batches an iterable of (inputs, targets).
+
+-i testbed.toml runs the ranks on the inventory's worker hosts instead,
+against the daemon ``homagg up -i`` started (see homagg.remote).
+
+--out DIR writes train.json, loss_vs_step.png and loss_vs_time.png.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import importlib
+import importlib.util
+import json
+import os
+import pathlib
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+from homagg.errors import HomAggError
+from homagg.protocol import EXACT_METHODS, METHODS as HOMAGG_METHODS
+
+# the protocol's methods (homagg.protocol, read from C) and the Gloo baseline
+METHODS = tuple(HOMAGG_METHODS) + ("gloo",)
+BUILTIN_MODELS = ("ncf", "lstm", "bert", "vgg")
+GLOO_PORT = 29611
+DEFAULT_LR = 0.05  # a user's model without --lr
+
+
+class TrainError(HomAggError):
+    """The training run could not be set up or a rank failed."""
+
+
+# --------------------------------------------------------------------------
+# Models
+
+
+def load_factory(model: str):
+    """(factory, default learning rate) of a built-in model name or of
+    ``path/to/file.py:factory``."""
+    from homagg import models
+
+    if model in models.MODELS:
+        return models.MODELS[model]
+    path, sep, name = model.rpartition(":")
+    if not sep or not path.endswith(".py"):
+        raise TrainError(f"--model {model!r}: not one of {sorted(models.MODELS)} "
+                         "nor path/to/file.py:factory")
+    if not os.path.exists(path):
+        raise TrainError(f"--model {model!r}: no file {path}")
+    spec = importlib.util.spec_from_file_location("homagg_user_model", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    factory = getattr(mod, name, None)
+    if not callable(factory):
+        raise TrainError(f"--model {model!r}: {path} has no callable {name!r}")
+    return factory, DEFAULT_LR
+
+
+def _call(model, inputs):
+    return model(*inputs) if isinstance(inputs, (tuple, list)) else model(inputs)
+
+
+# --------------------------------------------------------------------------
+# One rank (child process)
+
+
+def _iface_tx(ifname: str) -> int:
+    try:
+        with open(f"/sys/class/net/{ifname}/statistics/tx_bytes") as f:
+            return int(f.read())
+    except OSError:
+        return 0
+
+
+def _phase(spec, dist, torch, method, record_dir):
+    """Train spec["steps"] steps with ``method`` ("gloo": plain DDP);
+    returns the per-rank report; with ``record_dir`` the bucket inputs of
+    every step and the final parameters are saved there."""
+    import homagg.torch as hgt
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    rank, world = spec["rank"], spec["world"]
+    factory, _ = load_factory(spec["model"])
+    model, batches, loss_fn = factory(rank, world, spec["seed"])
+    batches = iter(batches)
+    ddp = DDP(model, bucket_cap_mb=spec["bucket_mb"])
+    opt = torch.optim.SGD(ddp.parameters(), lr=spec["lr"])
+    names = {id(p): n for n, p in ddp.module.named_parameters()}
+    state = None
+    record = {"step": 0, "buckets": []}
+    if method != "gloo":
+        def recorder(index, x, y, params):
+            record["buckets"].append({"step": record["step"], "bucket": index,
+                                      "params": [names[id(p)] for p in params], "x": x})
+        state = hgt.HookState(method=method, sparsify=_sparsifier(spec.get("sparsify")),
+                              recorder=recorder if record_dir else None)
+        ddp.register_comm_hook(state, hgt.allreduce_hook)
+    steps, warmup = spec["steps"], spec["warmup"]
+    losses, step_s, bwd_s, buckets = [], [], [], []
+    tx0 = tx1 = 0
+    try:
+        for step in range(warmup + steps):
+            inputs, targets = next(batches)
+            record["step"] = step
+            dist.barrier()
+            if step == warmup:
+                tx0 = _iface_tx(spec["ifname"])
+            t0 = time.perf_counter()
+            opt.zero_grad()
+            loss = loss_fn(_call(ddp, inputs), targets)
+            t1 = time.perf_counter()
+            loss.backward()  # DDP waits for every bucket's future here
+            t2 = time.perf_counter()
+            opt.step()
+            t3 = time.perf_counter()
+            losses.append(float(loss.detach()))
+            if step >= warmup:
+                step_s.append(t3 - t0)
+                bwd_s.append(t2 - t1)
+            if state is not None:
+                log = state.take_log()
+                if step >= warmup:
+                    buckets.extend(log)
+        tx1 = _iface_tx(spec["ifname"])
+    finally:
+        if state is not None:
+            state.close()
+    out = {"rank": rank, "method": method, "losses": losses, "step_seconds": step_s,
+           "backward_seconds": bwd_s,
+           "tx_bytes_per_step": (tx1 - tx0) / max(1, steps),
+           "buckets": _bucket_summary(buckets)}
+    if record_dir:
+        params = {n: p.detach().numpy().copy() for n, p in ddp.module.named_parameters()}
+        np.savez(os.path.join(record_dir, f"params-{method}-{rank}.npz"), **params)
+        if method != "gloo":
+            arrays = {f"s{b['step']}_b{b['bucket']}": b["x"] for b in record["buckets"]}
+            np.savez(os.path.join(record_dir, f"grads-{rank}.npz"), **arrays)
+            layout = [{k: b[k] for k in ("step", "bucket", "params")} for b in record["buckets"]]
+            with open(os.path.join(record_dir, f"layout-{rank}.json"), "w") as f:
+                json.dump(layout, f)
+    return out
+
+
+def _bucket_summary(log):
+    """Per bucket index: numel, mean density, methods run, payload bytes."""
+    by = {}
+    for e in log:
+        b = by.setdefault(e["bucket"], {"bucket": e["bucket"], "numel": e["numel"],
+                                        "density": [], "methods": {}, "bytes_sent": [],
+                                        "seconds": []})
+        b["density"].append(e["nnz"] / max(1, e["numel"]))
+        b["methods"][e["method"]] = b["methods"].get(e["method"], 0) + 1
+        b["bytes_sent"].append(e["bytes_sent"])
+        b["seconds"].append(e["seconds"])
+    out = []
+    for b in sorted(by.values(), key=lambda b: b["bucket"]):
+        out.append({"bucket": b["bucket"], "numel": b["numel"],
+                    "density": float(np.mean(b["density"])), "methods": b["methods"],
+                    "bytes_sent": float(np.mean(b["bytes_sent"])),
+                    "seconds": float(np.median(b["seconds"]))})
+    return out
+
+
+def _sparsifier(text):
+    """"topk:F" or "threshold:V" (the CLI's --sparsify) -> homagg.torch object."""
+    if not text:
+        return None
+    import homagg.torch as hgt
+
+    kind, _, value = text.partition(":")
+    try:
+        v = float(value)
+    except ValueError:
+        raise TrainError(f"--sparsify {text!r}: expected topk:FRACTION or threshold:VALUE")
+    if kind == "topk":
+        return hgt.TopK(v)
+    if kind == "threshold":
+        return hgt.Threshold(v)
+    raise TrainError(f"--sparsify {text!r}: expected topk:FRACTION or threshold:VALUE")
+
+
+def _child(spec: dict) -> int:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=spec["init"], rank=spec["rank"],
+                            world_size=spec["world"],
+                            timeout=datetime.timedelta(seconds=spec["start_timeout"]))
+    try:
+        reports = []
+        for method in spec["phases"]:
+            reports.append(_phase(spec, dist, torch, method, spec["workdir"]))
+        line = json.dumps({"rank": spec["rank"], "phases": reports})
+        if spec.get("report"):  # remote hosts: a file the caller polls for
+            tmp = spec["report"] + ".tmp"
+            with open(tmp, "w") as f:
+                f.write(line + "\n")
+            os.replace(tmp, spec["report"])
+        print(line, flush=True)
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+# --------------------------------------------------------------------------
+# The checks: ranks agree, and the replay
+
+
+def params_identical(workdir: str, method: str, world: int) -> bool:
+    ps = [np.load(os.path.join(workdir, f"params-{method}-{r}.npz")) for r in range(world)]
+    for name in ps[0].files:
+        a = ps[0][name].view(np.uint32)
+        if not all(np.array_equal(a, p[name].view(np.uint32)) for p in ps[1:]):
+            return False
+    return True
+
+
+def replay(workdir: str, model: str, world: int, seed: int, lr: float, block: int) -> dict:
+    """One process, no network: the initial model, then at every step the
+    fixed-point reference sum of the ranks' recorded bucket gradients / W
+    and the same SGD step.  Returns {"bit_identical", "max_abs_diff",
+    "steps", "buckets"} against rank 0's final parameters."""
+    import torch
+
+    from homagg import reference as ref
+
+    torch.set_num_threads(1)
+    factory, _ = load_factory(model)
+    net, _, _ = factory(0, world, seed)
+    opt = torch.optim.SGD(net.parameters(), lr=lr)
+    params = dict(net.named_parameters())
+    layouts = []
+    for r in range(world):
+        with open(os.path.join(workdir, f"layout-{r}.json")) as f:
+            layouts.append(json.load(f))
+    if any(lay != layouts[0] for lay in layouts[1:]):
+        raise TrainError("replay: the ranks recorded different bucket layouts")
+    grads = [np.load(os.path.join(workdir, f"grads-{r}.npz")) for r in range(world)]
+    W = np.float32(world)
+    steps = sorted({e["step"] for e in layouts[0]})
+    for step in steps:
+        opt.zero_grad()
+        for e in (e for e in layouts[0] if e["step"] == step):
+            key = f"s{step}_b{e['bucket']}"
+            y = ref.allreduce([g[key] for g in grads], block)
+            y = y / W
+            off = 0
+            for name in e["params"]:
+                p = params[name]
+                n = p.numel()
+                p.grad = torch.from_numpy(y[off:off + n].copy()).reshape(p.shape)
+                off += n
+            if off != y.size:
+                raise TrainError(f"replay: bucket {e['bucket']} holds {y.size} elements, "
+                                 f"its parameters {off}")
+        opt.step()
+    final = np.load(os.path.join(workdir, f"params-{_homagg_phase(workdir)}-0.npz"))
+    same, diff = True, 0.0
+    for name, p in params.items():
+        a = p.detach().numpy()
+        b = final[name]
+        same &= bool(np.array_equal(a.view(np.uint32), b.view(np.uint32)))
+        diff = max(diff, float(np.max(np.abs(a.astype(np.float64) - b))))
+    return {"bit_identical": same, "max_abs_diff": diff, "steps": len(steps),
+            "buckets": len(layouts[0])}
+
+
+def _homagg_phase(workdir):
+    names = [p.name for p in pathlib.Path(workdir).glob("params-*-0.npz")]
+    phases = [n[len("params-"):-len("-0.npz")] for n in names]
+    phases = [m for m in phases if m != "gloo"]
+    if len(phases) != 1:
+        raise TrainError(f"replay: expected one HomAgg phase in {workdir}, found {phases}")
+    return phases[0]
+
+
+# --------------------------------------------------------------------------
+# The report
+
+
+def _phase_summary(reports: list[dict]) -> dict:
+    """Slowest rank per step, median over steps; losses averaged over ranks."""
+    step = np.max([r["step_seconds"] for r in reports], axis=0)
+    bwd = np.max([r["backward_seconds"] for r in reports], axis=0)
+    losses = np.mean([r["losses"] for r in reports], axis=0)
+    return {
+        "iteration_seconds": float(np.median(step)) if step.size else None,
+        "backward_comm_seconds": float(np.median(bwd)) if bwd.size else None,
+        "step_seconds": step.tolist(),
+        "bytes_per_rank": [r["tx_bytes_per_step"] for r in reports],
+        "losses": losses.tolist(),
+        "losses_per_rank": [r["losses"] for r in reports],
+    }
+
+
+def summarize(method: str, rank_reports: list[dict], workdir: str, args_like: dict) -> dict:
+    W = len(rank_reports)
+    by_method = {}
+    for rr in rank_reports:
+        for ph in rr["phases"]:
+            by_method.setdefault(ph["method"], []).append(ph)
+    rep = {"method": method, "model": args_like["model"], "ranks": W,
+           "steps": args_like["steps"], "warmup": args_like["warmup"],
+           "lr": args_like["lr"], "seed": args_like["seed"],
+           "bucket_mb": args_like["bucket_mb"], "sparsify": args_like.get("sparsify")}
+    gloo = _phase_summary(by_method["gloo"]) if "gloo" in by_method else None
+    if gloo:
+        rep.update({"gloo_iteration_seconds": gloo["iteration_seconds"],
+                    "gloo_backward_comm_seconds": gloo["backward_comm_seconds"],
+                    "gloo_bytes_per_rank": gloo["bytes_per_rank"],
+                    "gloo_losses": gloo["losses"], "gloo_step_seconds": gloo["step_seconds"]})
+    if method == "gloo":
+        rep.update({"iteration_seconds": gloo["iteration_seconds"],
+                    "backward_comm_seconds": gloo["backward_comm_seconds"],
+                    "bytes_per_rank": gloo["bytes_per_rank"], "losses": gloo["losses"],
+                    "step_seconds": gloo["step_seconds"], "speedup_vs_gloo": 1.0,
+                    "params_identical_across_ranks": params_identical(workdir, "gloo", W),
+                    "replay_bit_identical": None, "buckets": []})
+        return rep
+    mine = _phase_summary(by_method[method])
+    rep.update({k: mine[k] for k in ("iteration_seconds", "backward_comm_seconds",
+                                     "bytes_per_rank", "losses", "step_seconds",
+                                     "losses_per_rank")})
+    rep["buckets"] = by_method[method][0]["buckets"]
+    rep["speedup_vs_gloo"] = (gloo["iteration_seconds"] / mine["iteration_seconds"]
+                              if gloo and mine["iteration_seconds"] else None)
+    rep["params_identical_across_ranks"] = params_identical(workdir, method, W)
+    from homagg._native import lib
+
+    rp = replay(workdir, args_like["model"], W, args_like["seed"], args_like["lr"],
+                lib.HG_DEFAULT_BLOCK)
+    rep["replay_bit_identical"] = rp["bit_identical"] if method in EXACT_METHODS else None
+    rep["replay"] = rp
+    if gloo:
+        a, b = np.array(mine["losses"]), np.array(gloo["losses"])
+        rep["loss_band_vs_gloo"] = float(np.max(np.abs(a - b) / np.maximum(np.abs(b), 1e-12)))
+    return rep
+
+
+def plot(rep: dict, out_dir: str) -> list[str]:
+    from homagg.bench.report import pyplot
+
+    plt = pyplot()
+    made = []
+    series = [(rep["method"], rep["losses"], rep.get("step_seconds"))]
+    if rep["method"] != "gloo" and rep.get("gloo_losses"):
+        series.append(("gloo", rep["gloo_losses"], rep.get("gloo_step_seconds")))
+    warm = rep["warmup"]
+    for kind in ("step", "time"):
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for name, losses, secs in series:
+            if kind == "step":
+                ax.plot(range(len(losses)), losses, marker=".", label=name)
+            else:  # timed steps only: cumulative wall time of the slowest rank
+                t = np.cumsum(secs)
+                ax.plot(t, losses[warm:warm + len(t)], marker=".", label=name)
+        ax.set_xlabel("step" if kind == "step" else "wall time of the timed steps (s)")
+        ax.set_ylabel("training loss (mean over ranks)")
+        ax.set_title(f"{rep['model']}, {rep['ranks']} ranks")
+        ax.legend()
+        path = os.path.join(out_dir, f"loss_vs_{kind}.png")
+        fig.tight_layout()
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        made.append(path)
+    return made
+
+
+# --------------------------------------------------------------------------
+# Local testbed
+
+
+def rank_spec(*, rank, world, init, model, seed, lr, steps, warmup, bucket_mb, phases, workdir,
+              ifname, sparsify, start_timeout) -> dict:
+    return dict(rank=rank, world=world, init=init, model=model, seed=seed, lr=lr, steps=steps,
+                warmup=warmup, bucket_mb=bucket_mb, phases=phases, workdir=workdir,
+                ifname=ifname, sparsify=sparsify, start_timeout=start_timeout)
+
+
+def _phases(method: str, baseline: bool) -> list[str]:
+    if method == "gloo":
+        return ["gloo"]
+    return (["gloo"] if baseline else []) + [method]
+
+
+def check_arguments(method, model, steps, warmup, ranks=None):
+    if method not in METHODS:
+        raise TrainError(f"--method {method!r} not in {METHODS}")
+    if steps < 1 or warmup < 0:
+        raise TrainError("--steps must be >= 1 and --warmup >= 0")
+    load_factory(model)
+
+
+def run_train(testbed: str, model: str = "ncf", method: str = "auto", steps: int = 5,
+              warmup: int = 1, ranks: int | None = None, lr: float | None = None,
+              seed: int = 1, bucket_mb: float = 4.0, baseline: bool = True,
+              sparsify: str | None = None, timeout: float = 10.0, state_dir: str | None = None,
+              switch: str | None = None, slots: int = 64, payload: int = 1024,
+              group: str = "239.77.0.2", out_dir: str | None = None) -> dict:
+    """Train on testbed ``testbed``; returns the report (module doc).  Every
+    process started is stopped before it returns."""
+    from homagg import run as runmod
+    from homagg.testbed import Testbed
+
+    import homagg.torch  # noqa: F401  (torch must import here: fail early)
+
+    check_arguments(method, model, steps, warmup)
+    model_lr = load_factory(model)[1]
+    lr = model_lr if lr is None else lr
+    tb = Testbed.open(testbed, state_dir)
+    hosts = tb.workers
+    if ranks is not None:
+        if not 1 <= ranks <= len(hosts):
+            raise TrainError(f"--ranks {ranks}: the testbed has {len(hosts)} workers")
+        hosts = hosts[:ranks]
+    W = len(hosts)
+    workdir = tempfile.mkdtemp(prefix=f"homagg-train-{testbed}-")
+    os.chmod(workdir, 0o755)
+    procs, sw = [], None
+    job = 1 + secrets.randbelow(1 << 15)
+    try:
+        env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME=hosts[0].ifname)
+        pkg_root = str(pathlib.Path(__file__).resolve().parents[1])
+        env["PYTHONPATH"] = pkg_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        if method != "gloo":
+            sw = runmod.Switch(tb, workdir, switch=switch)
+            token = secrets.randbits(31)
+            with sw.client() as c:
+                c.add_job(job=job, token=token, workers=W, slots=slots, payload=payload,
+                          group=group)
+            import homagg.torch as hgt
+
+            env["HOMAGG_JOB_FILE"] = hgt.write_job_file(
+                os.path.join(workdir, "job.json"), aggregator=(tb.aggregator.ip, runmod.UDP_PORT),
+                job=job, token=token, group=group, timeout=timeout, slots=slots, payload=payload)
+        init = f"tcp://{hosts[0].ip}:{GLOO_PORT + secrets.randbelow(2000)}"
+        for r, h in enumerate(hosts):
+            spec = rank_spec(rank=r, world=W, init=init, model=os.path.abspath(model)
+                             if model.endswith(".py") or ".py:" in model else model,
+                             seed=seed, lr=lr, steps=steps, warmup=warmup, bucket_mb=bucket_mb,
+                             phases=_phases(method, baseline), workdir=workdir, ifname=h.ifname,
+                             sparsify=sparsify, start_timeout=120.0)
+            renv = dict(env, HOMAGG_BIND=h.ip)
+            procs.append(tb.run_in(h.name, [sys.executable, "-m", "homagg.train", "--child",
+                                            json.dumps(spec)],
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                   env=renv, cwd=workdir))
+        budget = 180.0 + (steps + warmup) * (timeout + 30.0)
+        reports, failures = [], []
+        for h, p in zip(hosts, procs):
+            try:
+                out, err = p.communicate(timeout=budget)
+            except subprocess.TimeoutExpired:
+                failures.append(f"{h.name}: no answer within {budget:.0f} s")
+                continue
+            if p.returncode != 0:
+                failures.append(f"{h.name}: exit {p.returncode}: {_tail(err)}")
+                continue
+            reports.append(json.loads(out.strip().splitlines()[-1]))
+        if failures:
+            raise TrainError(f"training {model} with {method} failed on {len(failures)} of "
+                             f"{W} ranks: " + "; ".join(failures))
+        reports.sort(key=lambda r: r["rank"])
+        rep = summarize(method, reports, workdir, dict(model=model, steps=steps, warmup=warmup,
+                                                       lr=lr, seed=seed, bucket_mb=bucket_mb,
+                                                       sparsify=sparsify))
+        rep.update({"testbed": testbed, "link_mbit": tb.state().get("link_mbit"),
+                    "pmd": sw.pmd if sw else None})
+        if out_dir:
+            os.makedirs(out_dir, exist_ok=True)
+            rep["plots"] = plot(rep, out_dir)
+            with open(os.path.join(out_dir, "train.json"), "w") as f:
+                json.dump(rep, f, indent=1)
+        return rep
+    finally:
+        for p in procs:
+            p.stop()
+        if sw is not None:
+            with contextlib.suppress(HomAggError, OSError):
+                with sw.client() as c:
+                    c.remove_job(job)
+            sw.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _tail(text: str, n: int = 800) -> str:
+    text = (text or "").strip()
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    return "\n".join(lines[-6:])[-n:]
+
+
+# --------------------------------------------------------------------------
+# CLI
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--testbed", metavar="NAME", help="a testbed made with `homagg testbed up`")
+    where.add_argument("-i", "--inventory", metavar="TOML",
+                       help="real hosts: testbed.toml (docs/INVENTORY.md), after `homagg up -i`")
+    p.add_argument("--model", default="ncf", metavar="NAME|FILE.py:FACTORY",
+                   help=f"{', '.join(BUILTIN_MODELS)} or path/to/file.py:factory (default ncf)")
+    p.add_argument("--method", default="auto", choices=METHODS,
+                   help="HomAgg method of the hook, or gloo: plain Gloo DDP only (default auto)")
+    p.add_argument("--steps", type=int, default=10, help="timed steps (default 10)")
+    p.add_argument("--warmup", type=int, default=1, help="untimed steps first (default 1)")
+    p.add_argument("--ranks", type=int, default=None,
+                   help="use the first N worker hosts (default: every worker)")
+    p.add_argument("--lr", type=float, default=None,
+                   help=f"SGD learning rate (default: the model's; {DEFAULT_LR} for a file)")
+    p.add_argument("--seed", type=int, default=1, help="model and data seed (default 1)")
+    p.add_argument("--bucket-mb", type=float, default=4.0,
+                   help="DDP bucket_cap_mb: gradient bucket size (default 4)")
+    p.add_argument("--sparsify", default=None, metavar="topk:F|threshold:V",
+                   help="sparsify every bucket with error feedback (default off)")
+    p.add_argument("--no-baseline", action="store_true",
+                   help="skip the Gloo DDP phase (no speedup reported)")
+    p.add_argument("--timeout", type=float, default=10.0,
+                   help="an allreduce gives up after this many seconds without progress")
+    p.add_argument("--switch", default=None, metavar="PATH", help="homagg-switch binary")
+    p.add_argument("--state-dir", default=None, metavar="DIR", help="testbed state directory")
+    p.add_argument("--runs-dir", default="runs", metavar="DIR",
+                   help="with -i: logs go to DIR/<timestamp>-train-<method>/ (default runs)")
+    p.add_argument("--out", default=None, metavar="DIR",
+                   help="write train.json and the loss plots into DIR")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def main(args: argparse.Namespace) -> int:
+    from homagg.testbed import TestbedError
+
+    kw = dict(model=args.model, method=args.method, steps=args.steps, warmup=args.warmup,
+              ranks=args.ranks, lr=args.lr, seed=args.seed, bucket_mb=args.bucket_mb,
+              baseline=not args.no_baseline, sparsify=args.sparsify, timeout=args.timeout,
+              out_dir=args.out)
+    try:
+        if args.inventory:
+            from homagg import remote_train
+
+            rep = remote_train.run_train(args.inventory, runs_dir=args.runs_dir, **kw)
+            print(f"results and logs: {rep['run_dir']}", file=sys.stderr)
+        else:
+            rep = run_train(args.testbed, state_dir=args.state_dir, switch=args.switch, **kw)
+    except (HomAggError, TestbedError) as e:
+        print(f"homagg train: {e}", file=sys.stderr)
+        return 1
+    return print_report(rep, args.json)
+
+
+def print_report(rep: dict, as_json: bool = False) -> int:
+    ok = rep["params_identical_across_ranks"] and rep["replay_bit_identical"] is not False
+    if as_json:
+        print(json.dumps(rep))
+        return 0 if ok else 3
+    print(f"train {rep['model']}: {rep['ranks']} ranks, method {rep['method']}, "
+          f"{rep['steps']} timed steps after {rep['warmup']} warmup, lr {rep['lr']:g}")
+
+    def ms(v):
+        return "-" if v is None else f"{v * 1e3:.1f} ms"
+    print(f"  iteration: {ms(rep['iteration_seconds'])} (backward + communication "
+          f"{ms(rep['backward_comm_seconds'])}), bytes sent per rank and step "
+          f"{np.mean(rep['bytes_per_rank']):.0f}")
+    if rep.get("gloo_iteration_seconds") is not None and rep["method"] != "gloo":
+        print(f"  gloo DDP:  {ms(rep['gloo_iteration_seconds'])} (backward + communication "
+              f"{ms(rep['gloo_backward_comm_seconds'])}), bytes sent per rank and step "
+              f"{np.mean(rep['gloo_bytes_per_rank']):.0f}")
+        print(f"  speedup vs gloo: {rep['speedup_vs_gloo']:.2f}x")
+    for b in rep.get("buckets", []):
+        methods = ", ".join(f"{m} x{n}" for m, n in b["methods"].items())
+        print(f"  bucket {b['bucket']}: {b['numel']} elements, density {b['density']:.4f}, "
+              f"method {methods}, {b['bytes_sent']:.0f} payload bytes")
+    print("  loss: " + " ".join(f"{v:.4f}" for v in rep["losses"]))
+    print(f"  parameters bit-identical across ranks: {rep['params_identical_across_ranks']}")
+    print(f"  bit-identical to the single-process reference replay: {rep['replay_bit_identical']}")
+    if rep.get("loss_band_vs_gloo") is not None:
+        print(f"  largest relative loss distance from the gloo run: {rep['loss_band_vs_gloo']:.2e}")
+    for path in rep.get("plots", []):
+        print(f"  plot: {path}")
+    return 0 if ok else 3
+
+
+def _standalone(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="homagg train", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    return main(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--child":  # one rank
+        sys.exit(_child(json.loads(sys.argv[2])))
+    sys.exit(_standalone())
