@@ -216,3 +216,39 @@ def allreduce_nc(grads, block, seed, nc_levels=0):
     for w, g in enumerate(grads):
         total += nc_values(g, gcodes, workers, block, seed, w, nc_levels)
     return dequantize(total, gcodes, workers, block)
+
+
+# ---- union (docs/PROTOCOL.md "union: candidate values") -----------------------
+
+def union_candidates(grads):
+    """The candidates of an all-bitmap index: positions non-zero on some
+    worker, increasing (block order is position order)."""
+    nz = np.zeros(np.asarray(grads[0]).size, dtype=bool)
+    for g in grads:
+        nz |= np.asarray(g, dtype=np.float32) != 0
+    return np.flatnonzero(nz)
+
+
+def union_lanes(x, gcodes, candidates, workers, block):
+    """One worker's union lanes: its quantised value at every candidate
+    (0 where it has none), as int64."""
+    return quantize(x, gcodes, workers, block)[np.asarray(candidates, dtype=np.int64)]
+
+
+def union_decode(sums, gcodes, candidates, n, workers, block):
+    """The float32 result from the summed lanes (int32 wrap-around applied):
+    +0 at non-candidates, sum * 2^-s_b at candidates."""
+    sums = (np.asarray(sums, dtype=np.int64) + 2**31) % 2**32 - 2**31
+    full = np.zeros(n, dtype=np.int64)
+    full[np.asarray(candidates, dtype=np.int64)] = sums
+    return dequantize(full, gcodes, workers, block)
+
+
+def union_allreduce(grads, block):
+    """The union method end to end (all-bitmap index); equals allreduce()."""
+    grads = [np.asarray(g, dtype=np.float32) for g in grads]
+    workers, n = len(grads), grads[0].size
+    gcodes = global_codes([exponent_codes(g, block) for g in grads])
+    cand = union_candidates(grads)
+    total = sum(union_lanes(g, gcodes, cand, workers, block) for g in grads)
+    return union_decode(total, gcodes, cand, n, workers, block)

@@ -231,8 +231,8 @@ def test_params_check_and_basics():
     assert lib.hg_nblocks(p, 0) == 0 and lib.hg_nblocks(p, 65) == 2
     assert lib.hg_scale_shift(params(workers=4), -128) == 0
     assert lib.hg_scale_shift(params(workers=4), 0) == 27
-    names = {m: ffi.string(lib.hg_method_name(m)).decode() for m in range(1, 6)}
-    assert names == {1: "dense", 2: "blocks", 3: "lhc", 4: "nc", 5: "auto"}
+    names = {m: ffi.string(lib.hg_method_name(m)).decode() for m in range(1, 7)}
+    assert names == {1: "dense", 2: "blocks", 3: "lhc", 4: "nc", 5: "auto", 6: "union"}
 
 
 def test_exponent_codes_special_blocks():
@@ -552,7 +552,12 @@ def test_auto_choice():
     half = full.copy()
     half[::2] = -128
     assert choose(half, np.full(nb, 4 * block)) == lib.HG_M_BLOCKS
-    assert choose(full, np.full(nb, 20)) == lib.HG_M_LHC
+    # union's least bytes (index + 4 x ceil(20 / 4) per block) are below
+    # dense and blocks: the index phase decides (hg_auto_choose_indexed)
+    assert choose(full, np.full(nb, 20)) == lib.HG_M_UNION
+    # 4 workers with 1024 non-zeros each in a block of 1024: at least 1024
+    # candidates, so union sends at least dense plus its index
+    assert choose(full, np.full(nb, 4 * block)) == lib.HG_M_DENSE
     assert lib.hg_auto_choose(params(workers=0), n, ffi.NULL, ffi.NULL) == -errno.ERANGE
 
 

@@ -20,20 +20,20 @@ def _demo(*args, timeout=600):
 
 def _rows(out):
     return [line.split() for line in out.splitlines()
-            if line.split() and line.split()[0] in ("dense", "lhc", "blocks", "nc")
+            if line.split() and line.split()[0] in ("dense", "lhc", "union", "blocks", "nc")
             or line.startswith("auto->")]
 
 
 def test_demo_sim_mode_is_exact():
-    p = _demo("--mode", "sim", "--elements", "65536", "--methods", "dense,lhc,blocks")
+    p = _demo("--mode", "sim", "--elements", "65536", "--methods", "dense,lhc,union,blocks")
     assert p.returncode == 0, p.stderr
     rows = _rows(p.stdout)
-    assert {r[0] for r in rows} == {"dense", "lhc", "blocks"}
-    assert len(rows) == 6  # two workloads
+    assert {r[0] for r in rows} == {"dense", "lhc", "union", "blocks"}
+    assert len(rows) == 8  # two workloads
     assert all("yes" in r for r in rows), p.stdout
-    # lhc sends fewer bytes than dense at 5% density
+    # lhc sends fewer bytes than dense at 5% density, union fewer than lhc
     by = {(r[0], r[1]): int(r[4]) for r in rows}
-    assert by[("lhc", "shared")] < by[("dense", "shared")]
+    assert by[("union", "shared")] < by[("lhc", "shared")] < by[("dense", "shared")]
 
 
 @pytest.mark.root
@@ -44,7 +44,7 @@ def test_demo_testbed_mode_is_exact_and_tears_down():
     p = _demo("--mode", "testbed", "--elements", "65536", "--link-mbit", "200")
     assert p.returncode == 0, p.stderr[-3000:]
     rows = _rows(p.stdout)
-    assert {r[0] for r in rows} == {"dense", "lhc"}
+    assert {r[0] for r in rows} == {"dense", "lhc", "union"}
     assert all("yes" in r for r in rows), p.stdout
     after = set(os.listdir("/run/netns")) if os.path.isdir("/run/netns") else set()
     assert not {n for n in after - before if n.startswith("hg-demo")}

@@ -96,7 +96,7 @@ def grads_of(W, n, seed, density=0.5):
     return g
 
 
-@pytest.mark.parametrize("method", ["dense", "blocks", "lhc"])
+@pytest.mark.parametrize("method", ["dense", "blocks", "lhc", "union", "auto"])
 @pytest.mark.parametrize("W", [1, 3])
 def test_exact_allreduce_over_loopback_udp(agg, method, W):
     job = 40 + W

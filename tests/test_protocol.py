@@ -49,22 +49,28 @@ def test_op_facts_agree_with_the_c_accessors():
 
 def test_phases_and_methods():
     assert protocol.PHASES == ("exponents", "counts", "values", "codes", "index", "sketch",
-                               "fallback")
+                               "fallback", "union")
+    assert protocol.METHOD["union"].steps == (("exponents", "counts"), ("index",), ("union",))
     assert protocol.METHOD["lhc"].steps == (("exponents", "counts"), ("index",), ("sketch",),
                                             ("fallback",))
     assert protocol.METHOD["nc"].phases == ("exponents", "codes")
     assert protocol.PHASE["codes"].op == "nc8" and protocol.PHASE["index"].op == "or"
     assert "auto" in protocol.EXACT_METHODS and "nc" not in protocol.EXACT_METHODS
-    assert {"dense", "blocks", "lhc"} <= set(protocol.AUTO_CANDIDATES)
-    assert not {"nc", "auto"} & set(protocol.AUTO_CANDIDATES)
+    # lhc never sends fewer bytes than union for the same index: not a candidate
+    assert set(protocol.AUTO_CANDIDATES) == {"dense", "blocks", "union"}
     for name in protocol.METHODS:
         m = protocol.METHOD[name]
         assert m.steps[0][0] == "exponents", name
         if m.chooses:
+            own = {ph for st in m.steps for ph in st}
             for c in protocol.AUTO_CANDIDATES:
-                # the chosen method's first step is inside the chooser's
-                assert set(protocol.METHOD[c].steps[0]) <= set(m.steps[0])
-    assert protocol.run_steps("auto", "dense") == (("exponents", "counts"), ("values",))
+                # the chosen method's first step was sent by the chooser
+                assert set(protocol.METHOD[c].steps[0]) <= own
+    assert protocol.run_steps("auto", "dense") == (("exponents",), ("counts",), ("values",))
+    assert protocol.run_steps("auto", "dense", via="union") == (
+        ("exponents",), ("counts",), ("index",), ("values",))
+    assert protocol.run_steps("auto", "union", via="union") == (
+        ("exponents",), ("counts",), ("index",), ("union",))
     with pytest.raises(InvalidArgument) as ei:
         protocol.method("zip")
     assert ei.value.code == -errno.EINVAL and "dense" in str(ei.value)
@@ -97,7 +103,7 @@ def test_client_and_simulation_walk_the_same_phases(method):
         assert set(got["bytes_sent"]) == set(protocol.PHASES)
         assert got["bytes_sent"] == sim.stats["bytes_sent_by_worker"][w], w
         assert got["bytes_received"] == sim.stats["bytes_received_by_worker"][w], w
-    want = protocol.run_steps(method, sim.stats["method"])
+    want = protocol.run_steps(method, sim.stats["method"], sim.stats.get("auto_meta_choice"))
     sent = {ph for ph, b in sim.stats["bytes_sent"].items() if b}
     assert sent <= {ph for step in want for ph in step}
     if method in protocol.EXACT_METHODS:

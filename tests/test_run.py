@@ -128,7 +128,7 @@ def test_runtime_reference_matches_the_test_oracle():
     assert np.all(mine[4096:8192] == 0)
 
 
-@pytest.mark.parametrize("method", ["dense", "lhc"])
+@pytest.mark.parametrize("method", ["dense", "lhc", "union"])
 def test_allreduce_exact_under_injected_loss(testbed, method):
     """1% of the frames the daemon receives are dropped by its port: the
     workers' retransmissions repair it, the result stays bit-exact."""

@@ -146,7 +146,7 @@ def _udp_allreduce(addresses, job, grads, method, timeout=10.0):
     return out, err, stats
 
 
-@pytest.mark.parametrize("method", ("dense", "lhc"))
+@pytest.mark.parametrize("method", ("dense", "lhc", "union"))
 def test_worker_over_two_udp_aggregators(method):
     from test_port_udp import LoopbackAggregator, grads_of
 

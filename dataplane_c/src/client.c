@@ -131,11 +131,16 @@ struct hg_client {
 	struct hg_params p;
 	const struct hg_method_info *mi; /* the method (after auto's choice) */
 	uint32_t step;          /* index of the current step in mi->steps */
+	uint32_t sent_phases;   /* phases of the steps completed so far (mask) */
+	bool choose_again;      /* auto: choose again after the index step */
 	const float *x;
 	float *y;
 	size_t n, nblocks;
 	uint32_t qflags;
 	struct hg_lhc *lhc;
+	struct hg_scan *scan;   /* the one-pass encode of x (lhc, union, auto) */
+	struct buf lcounts;     /* this worker's counts, one lane per block */
+	struct buf gcounts;     /* the global counts, one lane per block */
 	struct step st;
 	uint64_t start_results; /* results_received at the start */
 	uint64_t start_sent;
@@ -272,6 +277,9 @@ void hg_client_destroy(struct hg_client *c)
 	if (!c)
 		return;
 	client_release_lhc(c);
+	hg_scan_destroy(c->scan);
+	buf_free(&c->lcounts);
+	buf_free(&c->gcounts);
 	buf_free(&c->done);
 	for (int ph = 0; ph < HG_PH__COUNT; ph++) {
 		buf_free(&c->tx[ph]);
@@ -558,7 +566,32 @@ static const int8_t *gcodes(const struct hg_client *c)
 
 static const uint8_t *gcounts(const struct hg_client *c)
 {
-	return c->rx[HG_PH_COUNTS].p;
+	return c->gcounts.p;
+}
+
+/*
+ * The counts phase carries one lane per block when it travels with the
+ * exponents, else (auto: a step after them) one lane per block whose global
+ * code is not HG_EXP_ZERO (the others are 0 on every worker).
+ */
+static bool counts_compact(const struct hg_client *c)
+{
+	return c->sent_phases & HG_PHB(EXPONENTS);
+}
+
+static int counts_plan(struct hg_client *c, size_t *lanes, int *exp)
+{
+	size_t k = 0;
+
+	(void)exp;
+	if (!counts_compact(c)) {
+		*lanes = c->nblocks;
+		return 0;
+	}
+	for (size_t b = 0; b < c->nblocks; b++)
+		k += gcodes(c)[b] != HG_EXP_ZERO;
+	*lanes = k;
+	return 0;
 }
 
 static struct hg_lhc_info lhc_info(const struct hg_client *c)
@@ -597,9 +630,38 @@ static int exponents_encode(struct hg_client *c, uint8_t *tx)
 	return 0;
 }
 
+/* hg_client_start's scan computed the counts. */
 static int counts_encode(struct hg_client *c, uint8_t *tx)
 {
-	return hg_nnz_counts(&c->p, c->x, c->n, tx);
+	size_t k = 0;
+
+	if (!counts_compact(c)) {
+		memcpy(tx, c->lcounts.p, 4 * c->nblocks);
+		return 0;
+	}
+	for (size_t b = 0; b < c->nblocks; b++)
+		if (gcodes(c)[b] != HG_EXP_ZERO)
+			memcpy(tx + 4 * k++, c->lcounts.p + 4 * b, 4);
+	return 0;
+}
+
+static int counts_decode(struct hg_client *c, const uint8_t *rx)
+{
+	size_t k = 0;
+
+	if (buf_need(&c->gcounts, 4 * c->nblocks))
+		return -ENOMEM;
+	if (!counts_compact(c)) {
+		memcpy(c->gcounts.p, rx, 4 * c->nblocks);
+		return 0;
+	}
+	for (size_t b = 0; b < c->nblocks; b++) {
+		if (gcodes(c)[b] != HG_EXP_ZERO)
+			memcpy(c->gcounts.p + 4 * b, rx + 4 * k++, 4);
+		else
+			memset(c->gcounts.p + 4 * b, 0, 4);
+	}
+	return 0;
 }
 
 static int values_plan(struct hg_client *c, size_t *lanes, int *exp)
@@ -646,7 +708,7 @@ static int index_plan(struct hg_client *c, size_t *lanes, int *exp)
 
 static int index_encode(struct hg_client *c, uint8_t *tx)
 {
-	return hg_lhc_index_encode(c->lhc, c->x, tx);
+	return hg_lhc_index_encode_scan(c->lhc, c->scan, tx);
 }
 
 static int index_decode(struct hg_client *c, const uint8_t *rx)
@@ -663,7 +725,7 @@ static int sketch_plan(struct hg_client *c, size_t *lanes, int *exp)
 
 static int sketch_encode(struct hg_client *c, uint8_t *tx)
 {
-	return hg_lhc_sketch_encode(c->lhc, c->x, tx);
+	return hg_lhc_sketch_encode_scan(c->lhc, c->scan, tx);
 }
 
 static int sketch_decode(struct hg_client *c, const uint8_t *rx)
@@ -699,16 +761,49 @@ static int fallback_decode(struct hg_client *c, const uint8_t *rx)
 	return rc;
 }
 
+static int union_plan(struct hg_client *c, size_t *lanes, int *exp)
+{
+	(void)exp;
+	*lanes = hg_union_lanes(c->lhc);
+	return 0;
+}
+
+static int union_encode(struct hg_client *c, uint8_t *tx)
+{
+	return hg_union_encode(c->lhc, c->scan, tx);
+}
+
+static int union_decode(struct hg_client *c, const uint8_t *rx)
+{
+	int rc = hg_union_decode(c->lhc, rx, c->y);
+
+	client_release_lhc(c);
+	return rc;
+}
+
 static const struct phase_codec phase_codec[HG_PH__COUNT] = {
 	[HG_PH_EXPONENTS] = { exponents_plan, exponents_encode, NULL, "exponents" },
-	[HG_PH_COUNTS] = { exponents_plan, counts_encode, NULL, "non-zero counts" },
+	[HG_PH_COUNTS] = { counts_plan, counts_encode, counts_decode,
+			   "non-zero counts" },
 	[HG_PH_VALUES] = { values_plan, values_encode, values_decode, "quantize" },
 	[HG_PH_CODES] = { codes_plan, codes_encode, values_decode, "nc encode" },
 	[HG_PH_INDEX] = { index_plan, index_encode, index_decode, "lhc index" },
 	[HG_PH_SKETCH] = { sketch_plan, sketch_encode, sketch_decode, "lhc sketch" },
 	[HG_PH_FALLBACK] = { fallback_plan, fallback_encode, fallback_decode,
 			     "lhc fallback" },
+	[HG_PH_UNION] = { union_plan, union_encode, union_decode, "union values" },
 };
+
+/* The first step of mi with a phase not sent yet (mi->nsteps if none). */
+static uint32_t first_unsent_step(const struct hg_client *c,
+				  const struct hg_method_info *mi)
+{
+	uint32_t k = 0;
+
+	while (k < mi->nsteps && !(mi->steps[k] & ~c->sent_phases))
+		k++;
+	return k;
+}
 
 /*
  * Set up step c->step of the method: plan, size and encode each of its
@@ -767,22 +862,48 @@ static int advance(struct hg_client *c)
 		if (rc)
 			return fail_text(c, rc, pc->what);
 	}
-	if (c->mi->flags & HG_MF_CHOOSES) {
+	c->sent_phases |= c->mi->steps[c->step];
+	next = NULL;
+	if ((c->mi->flags & HG_MF_CHOOSES) && c->step + 1 == c->mi->nsteps) {
+		/* auto after its own steps: the meta phase decides, or the
+		 * index phase runs first */
 		rc = hg_auto_choose(&c->p, c->n, gcodes(c), gcounts(c));
 		next = rc < 0 ? NULL : hg_method_get(rc);
-		/* The chosen method's first step must be inside this one. */
-		if (!next || (next->steps[0] & ~c->mi->steps[c->step]))
+		if (!next)
 			return fail_text(c, rc < 0 ? rc : -EPROTO,
 					 "auto: cannot choose a method");
+		c->choose_again = true;
+	} else if (c->choose_again &&
+		   (c->mi->steps[c->step] & HG_PHB(INDEX))) {
+		rc = hg_auto_choose_indexed(c->lhc);
+		next = rc < 0 ? NULL : hg_method_get(rc);
+		if (!next)
+			return fail_text(c, rc < 0 ? rc : -EPROTO,
+					 "auto: cannot choose a method");
+		c->choose_again = false;
+	}
+	if (next) {
 		c->mi = next;
 		c->stats.method_chosen = next->code;
+		c->step = first_unsent_step(c, next);
+	} else {
+		c->step++;
 	}
-	if (++c->step == c->mi->nsteps) {
+	if (c->step >= c->mi->nsteps) {
 		c->stage = ST_DONE;
 		c->rc = 1;
 		return 0;
 	}
 	return step_setup(c);
+}
+
+/* Does any step of mi send phase ph? */
+static bool method_sends(const struct hg_method_info *mi, int ph)
+{
+	for (uint32_t k = 0; k < mi->nsteps; k++)
+		if (mi->steps[k] & (1u << ph))
+			return true;
+	return false;
 }
 
 int hg_client_start(struct hg_client *c, const struct hg_params *params,
@@ -809,7 +930,20 @@ int hg_client_start(struct hg_client *c, const struct hg_params *params,
 	if (buf_need(&c->tx[HG_PH_EXPONENTS], nb))
 		return -ENOMEM;
 	c->err[0] = '\0';
-	rc = hg_exp_encode(&p, x, n, (int8_t *)c->tx[HG_PH_EXPONENTS].p, NULL);
+	if (method_sends(mi, HG_PH_COUNTS)) {
+		/* lhc, union, auto: one pass gives exponents, counts and the
+		 * non-zeros every later phase reads */
+		if (!c->scan)
+			c->scan = hg_scan_create();
+		if (!c->scan || buf_need(&c->lcounts, 4 * nb))
+			return -ENOMEM;
+		rc = hg_scan_encode(c->scan, &p, x, n,
+				    (int8_t *)c->tx[HG_PH_EXPONENTS].p,
+				    c->lcounts.p, NULL);
+	} else {
+		rc = hg_exp_encode(&p, x, n, (int8_t *)c->tx[HG_PH_EXPONENTS].p,
+				   NULL);
+	}
 	if (rc) {
 		snprintf(c->err, sizeof(c->err), "%s",
 			 rc == -EDOM ? "the gradient holds NaN or Inf"
@@ -820,6 +954,8 @@ int hg_client_start(struct hg_client *c, const struct hg_params *params,
 	c->p = p;
 	c->mi = mi;
 	c->step = 0;
+	c->sent_phases = 0;
+	c->choose_again = false;
 	c->x = x;
 	c->y = y;
 	c->n = n;

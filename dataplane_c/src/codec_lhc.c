@@ -14,11 +14,7 @@
 
 #include <immintrin.h>
 
-#include "codec_pvt.h"
-
-enum lhc_kind { LHC_NONE = 0, LHC_BITMAP = 1, LHC_BLOOM = 2 };
-
-enum lhc_state { LHC_PLANNED = 0, LHC_INDEXED = 1, LHC_PEELED = 2 };
+#include "codec_lhc_pvt.h"
 
 /*
  * Bloom filter options (protocol constants): bits per counted element,
@@ -36,42 +32,6 @@ static const struct {
 /* Sketch bits charged per expected Bloom false positive (about 1.23 cells
  * of 32 bits). */
 #define FP_COST_BITS 40
-
-struct lhc_block {
-	size_t index_off;  /* byte offset of the block's index */
-	size_t cand_off;   /* global rank of the block's first candidate */
-	size_t sketch_off; /* lane offset of the block's cells */
-	uint32_t ncand;	   /* global candidates */
-	uint32_t t;	   /* sub-table size: 3t cells */
-	uint32_t bloom_bits;
-	uint8_t kind;
-	uint8_t bloom_k;
-	uint8_t bloom_opt; /* index in bloom_opts */
-};
-
-struct hg_lhc {
-	struct hg_params p;
-	size_t n, nb;
-	int8_t *gcodes;
-	struct lhc_block *blk;
-	int state;
-	struct hg_lhc_info info;
-	uint64_t key_sketch, key_bloom;
-	/* after set_index */
-	uint16_t *cand_pos; /* position in its block, per candidate */
-	size_t cand_cap;
-	/* after peel */
-	int32_t *values;      /* peeled sum per candidate (0 if unresolved) */
-	uint32_t *unresolved; /* global ranks, ascending */
-	/* peeling scratch, sized for the largest block: per cell its value,
-	 * count + rank sum, queue slot; per candidate its cells, sign mask and
-	 * a done flag (one more slot: the masked writes of stale pops) */
-	uint32_t *s_cell, *s_queue;
-	uint64_t *s_cid;
-	uint32_t *s_c0, *s_c1, *s_c2, *s_sm;
-	uint8_t *s_done;
-	size_t s_cells_cap, s_cand_cap;
-};
 
 /* ---- sizing rules ----------------------------------------------------- */
 
@@ -156,14 +116,6 @@ static size_t index_bytes_of(const struct lhc_block *bk, uint32_t len)
 	return 0;
 }
 
-/* Expected candidates of a Bloom block: c plus false positives. */
-static uint32_t bloom_expected(const struct lhc_block *bk, uint32_t len,
-			       uint32_t c)
-{
-	return c + (uint32_t)((bloom_opts[bk->bloom_opt].fp_q20 *
-			       (uint64_t)(len - c)) >> 20);
-}
-
 /* ---- create / destroy / info ------------------------------------------ */
 
 struct hg_lhc *hg_lhc_create(const struct hg_params *p, size_t n,
@@ -219,6 +171,7 @@ void hg_lhc_destroy(struct hg_lhc *l)
 	free(l->gcodes);
 	free(l->blk);
 	free(l->cand_pos);
+	free(l->gindex);
 	free(l->values);
 	free(l->unresolved);
 	free(l->s_cell);
@@ -326,6 +279,43 @@ int hg_lhc_index_encode(const struct hg_lhc *l, const float *x, uint8_t *index)
 			for (uint32_t k = 0; k < bk->bloom_k; k++)
 				out[pr[k] >> 3] |= (uint8_t)(1u << (pr[k] & 7));
 		}
+	}
+	return 0;
+}
+
+/* The Bloom bits of block b from its non-zero positions. */
+static void bloom_encode(const struct hg_lhc *l, size_t b,
+			 const uint16_t *pos, size_t nz, uint8_t *out)
+{
+	const struct lhc_block *bk = &l->blk[b];
+
+	memset(out, 0, bk->bloom_bits / 8);
+	for (size_t j = 0; j < nz; j++) {
+		uint32_t pr[8];
+
+		bloom_probes(l->key_bloom, b * l->p.block + pos[j], bk->bloom_k,
+			     bk->bloom_bits, pr);
+		for (uint32_t k = 0; k < bk->bloom_k; k++)
+			out[pr[k] >> 3] |= (uint8_t)(1u << (pr[k] & 7));
+	}
+}
+
+int hg_lhc_index_encode_scan(const struct hg_lhc *l, const struct hg_scan *s,
+			     uint8_t *index)
+{
+	if (!l || lhc_scan_matches(l, s) || (l->info.index_bytes && !index))
+		return -EINVAL;
+	for (size_t b = 0; b < l->nb; b++) {
+		const struct lhc_block *bk = &l->blk[b];
+		size_t len = hg_block_len(&l->p, l->n, b);
+		uint8_t *out = index + bk->index_off;
+
+		if (bk->kind == LHC_BITMAP)
+			memcpy(out, s->bitmap + b * (l->p.block / 8),
+			       (len + 7) / 8);
+		else if (bk->kind == LHC_BLOOM)
+			bloom_encode(l, b, s->pos + s->off[b],
+				     s->off[b + 1] - s->off[b], out);
 	}
 	return 0;
 }
@@ -492,6 +482,14 @@ int hg_lhc_set_index(struct hg_lhc *l, const uint8_t *gindex)
 		return -EINVAL;
 	vbmi2 = cand_vbmi2();
 	l->state = LHC_PLANNED;
+	/* union reads the bitmaps again, in words (slack for the last one) */
+	free(l->gindex);
+	l->gindex = malloc(l->info.index_bytes + 8);
+	if (!l->gindex)
+		return -ENOMEM;
+	if (l->info.index_bytes)
+		memcpy(l->gindex, gindex, l->info.index_bytes);
+	memset(l->gindex + l->info.index_bytes, 0, 8);
 	for (size_t b = 0; b < l->nb; b++) {
 		struct lhc_block *bk = &l->blk[b];
 		uint32_t c = 0;
@@ -715,13 +713,19 @@ static inline int32_t quant1(const struct hg_params *p, uint64_t rkey,
 	return hg_rne((double)x * scale);
 }
 
-/* Quantised values of the compacted elements (range already checked). */
-static void quant_batch(const struct hg_params *p, uint64_t rkey,
-			const float *xb, uint64_t g0, const uint16_t *pos,
-			uint32_t n, double scale, uint32_t *q)
+/* Quantised values v[j] of the elements g0 + pos[j] (range already
+ * checked). */
+static void quant_vals(const struct hg_params *p, uint64_t rkey,
+		       const float *v, uint64_t g0, const uint16_t *pos,
+		       uint32_t n, double scale, uint32_t *q)
 {
+	if (!(p->flags & HG_F_STOCHASTIC)) {
+		for (uint32_t j = 0; j < n; j++)
+			q[j] = (uint32_t)hg_rne((double)v[j] * scale);
+		return;
+	}
 	for (uint32_t j = 0; j < n; j++)
-		q[j] = (uint32_t)quant1(p, rkey, xb[pos[j]], scale, g0 + pos[j]);
+		q[j] = (uint32_t)quant1(p, rkey, v[j], scale, g0 + pos[j]);
 }
 
 /* The wire buffer is only byte-aligned: host-order cells via memcpy. */
@@ -735,7 +739,38 @@ static inline void cell_add(uint8_t *cells, uint32_t k, uint32_t v)
 }
 
 /*
- * Adds the block's non-zero elements into its cells (host order, in place);
+ * Adds n non-zero elements of block b (positions pos, values v, in range)
+ * into the block's cells (host order, in place), SK_CHUNK at a time.
+ */
+static void sketch_add(const struct hg_lhc *l, size_t b, const uint16_t *pos,
+		       const float *v, uint32_t n, uint8_t *cells,
+		       uint64_t rkey, bool avx512)
+{
+	const struct lhc_block *bk = &l->blk[b];
+	const double scale = hg_pow2(hg_scale_shift(&l->p, l->gcodes[b]));
+	const uint64_t g0 = b * l->p.block;
+	uint32_t q[SK_CHUNK], c0[SK_CHUNK], c1[SK_CHUNK], c2[SK_CHUNK];
+	uint32_t sm[SK_CHUNK];
+	const struct cell_batch cb = { c0, c1, c2, sm };
+
+	for (uint32_t j0 = 0; j0 < n; j0 += SK_CHUNK) {
+		uint32_t m = n - j0 < SK_CHUNK ? n - j0 : SK_CHUNK;
+
+		quant_vals(&l->p, rkey, v + j0, g0, pos + j0, m, scale, q);
+		cells_batch(avx512, l->key_sketch, g0, bk->t, pos + j0, m, &cb);
+		for (uint32_t j = 0; j < m; j++) {
+			uint32_t sv = (q[j] ^ sm[j]) - sm[j];
+
+			cell_add(cells, c0[j], sv);
+			cell_add(cells, c1[j], sv);
+			cell_add(cells, c2[j], sv);
+		}
+	}
+}
+
+/*
+ * Adds the block's non-zero elements into its cells, reading the tensor
+ * (the path before the one-pass scan, kept for hg_lhc_sketch_encode);
  * returns false if one is out of the block's range or the block has no
  * candidate although this worker has a non-zero.
  */
@@ -745,12 +780,8 @@ static bool sketch_block(const struct hg_lhc *l, size_t b, const float *xb,
 {
 	const struct lhc_block *bk = &l->blk[b];
 	const uint32_t lim = hg_code_limit_bits(l->gcodes[b]);
-	const double scale = hg_pow2(hg_scale_shift(&l->p, l->gcodes[b]));
-	const uint64_t g0 = b * l->p.block;
 	uint16_t pos[SK_CHUNK + 16];
-	uint32_t q[SK_CHUNK], c0[SK_CHUNK], c1[SK_CHUNK], c2[SK_CHUNK];
-	uint32_t sm[SK_CHUNK];
-	const struct cell_batch cb = { c0, c1, c2, sm };
+	float v[SK_CHUNK];
 
 	for (uint32_t i0 = 0; i0 < len; i0 += SK_CHUNK) {
 		uint32_t i1 = len - i0 < SK_CHUNK ? len : i0 + SK_CHUNK;
@@ -770,17 +801,22 @@ static bool sketch_block(const struct hg_lhc *l, size_t b, const float *xb,
 			continue;
 		if (amax >= lim || bk->ncand == 0)
 			return false;
-		quant_batch(&l->p, rkey, xb, g0, pos, n, scale, q);
-		cells_batch(avx512, l->key_sketch, g0, bk->t, pos, n, &cb);
-		for (uint32_t j = 0; j < n; j++) {
-			uint32_t v = (q[j] ^ sm[j]) - sm[j];
-
-			cell_add(cells, c0[j], v);
-			cell_add(cells, c1[j], v);
-			cell_add(cells, c2[j], v);
-		}
+		for (uint32_t j = 0; j < n; j++)
+			v[j] = xb[pos[j]];
+		sketch_add(l, b, pos, v, n, cells, rkey, avx512);
 	}
 	return true;
+}
+
+/* Host-order cells of a block to big-endian, in place. */
+static void cells_to_be(uint8_t *cells, size_t nc)
+{
+	for (size_t k = 0; k < nc; k++) {
+		uint32_t t;
+
+		memcpy(&t, cells + 4 * k, 4);
+		hg_st_be32(cells + 4 * k, t);
+	}
 }
 
 int hg_lhc_sketch_encode(const struct hg_lhc *l, const float *x,
@@ -813,12 +849,38 @@ int hg_lhc_sketch_encode(const struct hg_lhc *l, const float *x,
 		}
 		if (!sketch_block(l, b, xb, len, cells, rkey, avx512))
 			return -ERANGE;
-		for (size_t k = 0; k < nc; k++) {
-			uint32_t t;
+		cells_to_be(cells, nc);
+	}
+	return 0;
+}
 
-			memcpy(&t, cells + 4 * k, 4);
-			hg_st_be32(cells + 4 * k, t);
-		}
+int hg_lhc_sketch_encode_scan(const struct hg_lhc *l, const struct hg_scan *s,
+			      uint8_t *cells_be32)
+{
+	uint64_t rkey;
+	bool avx512;
+
+	if (!l || l->state < LHC_INDEXED || lhc_scan_matches(l, s) ||
+	    (l->info.sketch_lanes && !cells_be32))
+		return -EINVAL;
+	avx512 = hg_codec_avx512();
+	rkey = hg_stream_key(l->p.seed, HG_DOM_ROUND, l->p.worker);
+	for (size_t b = 0; b < l->nb; b++) {
+		const struct lhc_block *bk = &l->blk[b];
+		uint8_t *cells = cells_be32 + 4 * bk->sketch_off;
+		size_t nc = 3 * (size_t)bk->t;
+		size_t o = s->off[b];
+		uint32_t nz = (uint32_t)(s->off[b + 1] - o);
+
+		memset(cells, 0, nc * 4);
+		if (!nz)
+			continue;
+		if (s->absmax[b] >= hg_code_limit_bits(l->gcodes[b]) ||
+		    bk->ncand == 0)
+			return -ERANGE;
+		sketch_add(l, b, s->pos + o, s->val + o, nz, cells, rkey,
+			   avx512);
+		cells_to_be(cells, nc);
 	}
 	return 0;
 }
@@ -916,6 +978,24 @@ static int peel_block(struct hg_lhc *l, size_t b, const uint8_t *gcells,
 	return 0;
 }
 
+/*
+ * Ask for the next block's summed cells and candidate positions while the
+ * current one is peeled (both are read once, front to back, when its turn
+ * comes; the peeling itself works in L1).
+ */
+static void prefetch_block(const struct hg_lhc *l, const struct lhc_block *bk,
+			   const uint8_t *gcells_be32)
+{
+	const uint8_t *c = gcells_be32 + 4 * bk->sketch_off;
+	const uint8_t *p = (const uint8_t *)(l->cand_pos + bk->cand_off);
+	size_t cb = 12 * (size_t)bk->t, pb = 2 * (size_t)bk->ncand;
+
+	for (size_t o = 0; o < cb; o += 64)
+		__builtin_prefetch(c + o, 0, 3);
+	for (size_t o = 0; o < pb; o += 64)
+		__builtin_prefetch(p + o, 0, 3);
+}
+
 int hg_lhc_peel(struct hg_lhc *l, const uint8_t *gcells_be32)
 {
 	bool avx512;
@@ -933,6 +1013,8 @@ int hg_lhc_peel(struct hg_lhc *l, const uint8_t *gcells_be32)
 
 		if (!bk->ncand)
 			continue;
+		if (b + 1 < l->nb)
+			prefetch_block(l, &l->blk[b + 1], gcells_be32);
 		rc = peel_block(l, b, gcells_be32 + 4 * bk->sketch_off, avx512);
 		if (rc)
 			return rc;
@@ -977,25 +1059,24 @@ int hg_lhc_decode(const struct hg_lhc *l, const uint8_t *gfallback_be32,
 		  float *y)
 {
 	size_t u = 0;
+	bool vec;
 
 	if (!l || l->state < LHC_PEELED || (l->n && !y) ||
 	    (l->info.fallback_lanes && !gfallback_be32))
 		return -EINVAL;
+	vec = hg_union_vec();
 	for (size_t b = 0; b < l->nb; b++) {
 		const struct lhc_block *bk = &l->blk[b];
-		size_t len = hg_block_len(&l->p, l->n, b);
 		float *yb = y + b * l->p.block;
-		const uint16_t *pos = l->cand_pos + bk->cand_off;
-		const int32_t *val = l->values + bk->cand_off;
 		const size_t end = bk->cand_off + bk->ncand;
 		double scale;
 
-		memset(yb, 0, len * sizeof(float));
-		if (!bk->ncand)
+		/* peeled values (0 where unresolved), then the fallback's */
+		hg_decode_block(l, b, (const uint8_t *)(l->values + bk->cand_off),
+				false, vec, yb);
+		if (u == l->info.fallback_lanes || l->unresolved[u] >= end)
 			continue;
 		scale = hg_pow2(-hg_scale_shift(&l->p, l->gcodes[b]));
-		for (uint32_t j = 0; j < bk->ncand; j++)
-			yb[pos[j]] = (float)((double)val[j] * scale);
 		for (; u < l->info.fallback_lanes && l->unresolved[u] < end;
 		     u++)
 			yb[l->cand_pos[l->unresolved[u]]] = (float)(
@@ -1009,17 +1090,37 @@ int hg_lhc_decode(const struct hg_lhc *l, const uint8_t *gfallback_be32,
 /* ---- auto ------------------------------------------------------------- */
 
 /*
- * Wire bytes after the meta phase (exponents and counts, paid by every
- * choice alike): dense 4n; blocks 4 x lanes of the non-zero blocks; lhc
- * index bytes + 4 x sketch cells for an estimated min(count, len)
- * candidates per block (plus expected Bloom false positives), an upper
- * bound of the true candidates, so auto never prefers lhc too eagerly.
- * Ties go to the simpler method (dense, then blocks).
+ * auto decides on exact byte counts (docs/PROTOCOL.md "auto's rule").
+ * After the meta phase (exponents and counts, paid by every choice alike)
+ * the remaining bytes of dense (4 n) and blocks (4 x the lanes of the
+ * non-zero blocks) are exact; union's are its index bytes (exact: the plan
+ * depends only on codes and counts) plus 4 per candidate, and a block's
+ * candidates are at least ceil(C_b / W) (no position is counted by more
+ * than W workers).  lhc never sends fewer bytes than union (its sketch and
+ * fallback carry at least the 4 bytes per candidate union sends), so it is
+ * never the smallest.  When dense or blocks sends no more than that lower
+ * bound of union, it is the smallest: chosen now.  Otherwise the index
+ * phase runs and hg_auto_choose_indexed compares the exact counts; if it
+ * then picks dense or blocks, the index was paid for nothing, at most
+ * 1/32 of dense or blocks (one bit per element against 32).
  */
+static void auto_dense_blocks(const struct hg_params *p, size_t n,
+			      const int8_t *gcodes, uint64_t *dense,
+			      uint64_t *blocks)
+{
+	size_t nb = hg_nblocks(p, n);
+
+	*dense = 4 * (uint64_t)n;
+	*blocks = 0;
+	for (size_t b = 0; b < nb; b++)
+		if (gcodes[b] != HG_EXP_ZERO)
+			*blocks += 4 * (uint64_t)hg_block_len(p, n, b);
+}
+
 int hg_auto_choose(const struct hg_params *p, size_t n, const int8_t *gcodes,
 		   const uint8_t *gcounts_be32)
 {
-	uint64_t dense, blocks = 0, lhc = 0;
+	uint64_t dense, blocks, union_lo = 0, best;
 	size_t nb;
 	int rc = hg_params_check(p);
 
@@ -1028,24 +1129,35 @@ int hg_auto_choose(const struct hg_params *p, size_t n, const int8_t *gcodes,
 	if (n && (!gcodes || !gcounts_be32))
 		return -EINVAL;
 	nb = hg_nblocks(p, n);
-	dense = 4 * (uint64_t)n;
+	auto_dense_blocks(p, n, gcodes, &dense, &blocks);
 	for (size_t b = 0; b < nb; b++) {
 		uint32_t len = (uint32_t)hg_block_len(p, n, b);
 		uint32_t cnt = hg_ld_be32(gcounts_be32 + 4 * b);
-		uint32_t c = cnt < len ? cnt : len;
+		uint64_t lo = ((uint64_t)cnt + p->workers - 1) / p->workers;
 		struct lhc_block bk;
 
 		if (gcodes[b] == HG_EXP_ZERO)
 			continue;
-		blocks += 4 * (uint64_t)len;
 		plan_index(len, cnt, &bk);
-		if (bk.kind == LHC_BLOOM)
-			c = bloom_expected(&bk, len, c);
-		lhc += index_bytes_of(&bk, len) + 12 * (uint64_t)sketch_t(p, c);
+		union_lo += index_bytes_of(&bk, len) + 4 * (lo < len ? lo : len);
 	}
-	if (dense <= blocks && dense <= lhc)
+	best = dense <= blocks ? dense : blocks;
+	if (best <= union_lo)
+		return dense <= blocks ? HG_M_DENSE : HG_M_BLOCKS;
+	return HG_M_UNION;
+}
+
+int hg_auto_choose_indexed(const struct hg_lhc *l)
+{
+	uint64_t dense, blocks, un;
+
+	if (!l || l->state < LHC_INDEXED)
+		return -EINVAL;
+	auto_dense_blocks(&l->p, l->n, l->gcodes, &dense, &blocks);
+	un = 4 * (uint64_t)l->info.candidates;
+	if (dense <= blocks && dense <= un)
 		return HG_M_DENSE;
-	if (blocks <= lhc)
+	if (blocks <= un)
 		return HG_M_BLOCKS;
-	return HG_M_LHC;
+	return HG_M_UNION;
 }

@@ -101,6 +101,25 @@ static inline double hg_pow2(int s)
 	return ldexp(1.0, s);
 }
 
+/*
+ * One pass over a gradient (codec_scan.c): per block the largest
+ * absolute-value bits and the non-zero elements (block-relative position
+ * and value, in position order), and the local non-zero bitmap.  The lhc
+ * index, sketch and union phases read these instead of the tensor.
+ */
+struct hg_scan {
+	size_t n;          /* elements of the scanned tensor */
+	uint32_t block;    /* its block length */
+	size_t nb;         /* blocks */
+	bool valid;        /* the last hg_scan_encode succeeded */
+	size_t *off;       /* nb + 1: block b's non-zeros are off[b]..off[b+1]-1 */
+	uint32_t *absmax;  /* nb: largest hg_abs_bits of the block */
+	uint16_t *pos;     /* position in its block, per non-zero */
+	float *val;        /* value, per non-zero */
+	uint8_t *bitmap;   /* ceil(n / 8) bytes: bit g set iff x[g] != 0 */
+	size_t cap, nb_cap, bm_cap;
+};
+
 /* true when the AVX2 paths may be used (CPU has it, not disabled by
  * HOMAGG_CODEC_ISA=portable, which tests use to compare both paths). */
 bool hg_codec_avx2(void);

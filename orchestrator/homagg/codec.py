@@ -11,10 +11,18 @@ blocks       SUM32 of the blocks that are non-zero on some worker
 lhc          SUM32 of the non-zero counts, OR of the index (bitmap or
              Bloom filter), SUM32 of the count sketch, peeling, then SUM32
              of the candidates whose peeling stalled (the fallback)
+union        lhc's counts and index phases, then SUM32 of every worker's
+             value at every global candidate (0 where it has none), and a
+             scatter: no sketch, no peeling, no fallback
 nc           NC8 codes (natural compression, unbiased, lossy by design)
 auto         the exact method with the fewest bytes, chosen by every worker
-             alike after the first step of lhc (exponents + counts)
+             alike on exact byte counts: after the exponents and the counts
+             of the non-zero blocks when that settles it, else after
+             union's index step
 ===========  ==============================================================
+
+lhc, union and auto read each gradient once (``scan``, the one-pass
+encode); their later phases read only the scan's non-zeros.
 
 The methods, their phases and steps come from the C tables
 (``homagg.protocol``).  The exact methods decode bit-identically to the
@@ -130,9 +138,22 @@ def nc_top(params):
 
 
 def choose_auto(params, n, gcodes, gcounts):
-    """auto's choice from the first step (exponents + counts): 'dense', 'blocks' or 'lhc'."""
+    """auto's choice from the exponents and counts: 'dense' or 'blocks' when
+    that is certainly the smallest, else 'union' (run the index step, then
+    ``choose_auto_indexed``)."""
     m = _b.auto_choose(_p(params, 0), n, gcodes, gcounts)
     return protocol.METHOD_BY_CODE[m].name
+
+
+def choose_auto_indexed(plan):
+    """auto's final choice after the index step: 'dense', 'blocks' or 'union'."""
+    return protocol.METHOD_BY_CODE[_b.auto_choose_indexed(plan._l)].name
+
+
+def scan(params, x, worker=0):
+    """The one-pass encode: (scan, codes int8, counts '>i4') of x; the scan
+    feeds ``LhcPlan.encode_index / encode_sketch / encode_union``."""
+    return _b.scan_encode(_p(params, worker), x)
 
 
 class LhcPlan:
@@ -149,13 +170,28 @@ class LhcPlan:
         return self._l.info()
 
     def encode_index(self, x):
+        """From the tensor x, or from its scan (``scan``)."""
+        if isinstance(x, _b.Scan):
+            return _b.lhc_index_encode_scan(self._l, x)
         return _b.lhc_index_encode(self._l, x)
 
     def set_index(self, gindex):
         _b.lhc_set_index(self._l, gindex)
 
     def encode_sketch(self, x):
+        """From the tensor x, or from its scan (``scan``)."""
+        if isinstance(x, _b.Scan):
+            return _b.lhc_sketch_encode_scan(self._l, x)
         return _b.lhc_sketch_encode(self._l, x)
+
+    def encode_union(self, scan):
+        """union phase: this worker's value at every candidate ('>i4')."""
+        return _b.union_encode(self._l, scan)
+
+    def decode_union(self, gvals, out=None):
+        if out is None:
+            return _b.union_decode(self._l, gvals)
+        return _b.union_decode_into(self._l, gvals, out)
 
     def peel(self, gcells):
         _b.lhc_peel(self._l, gcells)
@@ -279,6 +315,8 @@ class _Run:
         self.qflags = 0
         self.top = 0
         self.plans = None
+        self.scans = None
+        self.sent = set()      # phases of the completed steps
         self.results = None
         self.stats = {}
 
@@ -325,12 +363,49 @@ def _plan_index(r):
             raise HomAggError(f"lhc: worker {w} planned another index than worker 0")
 
 
+def _scan_all(r):
+    """The one-pass encode of every worker (methods with a counts phase)."""
+    if r.scans is None:
+        meta = [_with_worker(w, lambda w=w: _b.scan_encode(r.cps[w], r.grads[w]))
+                for w in range(r.W)]
+        r.scans = [m[0] for m in meta]
+        r.lcodes = [m[1] for m in meta]
+        r.lcounts = [m[2] for m in meta]
+
+
+def _plan_exponents(r):
+    if "counts" in r.method.phases:
+        _scan_all(r)
+
+
+def _encode_exponents(r, w):
+    if r.scans is not None:
+        return r.lcodes[w]
+    return _b.exp_encode(r.cps[w], r.grads[w])
+
+
+def _counts_compact(r):
+    """A counts phase after the exponents' step (auto) sends one lane per
+    block non-zero somewhere."""
+    return "exponents" in r.sent
+
+
+def _encode_counts(r, w):
+    if _counts_compact(r):
+        return np.ascontiguousarray(r.lcounts[w][r.gcodes != EXP_ZERO])
+    return r.lcounts[w]
+
+
 def _decode_exponents(r, acc):
     r.gcodes = acc
     r.stats["zero_blocks"] = int(np.count_nonzero(acc == EXP_ZERO))
 
 
 def _decode_counts(r, acc):
+    if _counts_compact(r):
+        full = np.zeros(r.gcodes.size, dtype=_b.BE32)
+        full[r.gcodes != EXP_ZERO] = acc
+        acc = full
     r.gcounts = acc
     r.stats["global_nonzeros"] = int(acc.astype(np.int64).sum())
 
@@ -342,6 +417,19 @@ def _decode_values(r, acc):
 def _decode_index(r, acc):
     for pl in r.plans:
         _b.lhc_set_index(pl, acc)
+    info = r.plans[0].info()
+    for k in ("index_bytes", "bitmap_blocks", "bloom_blocks", "candidates"):
+        r.stats[k] = info[k]
+
+
+def _decode_union(r, acc):
+    r.stats["union_lanes"] = _b.union_lanes(r.plans[0])
+
+    def each():
+        for w in range(r.W):
+            yield _b.union_decode(r.plans[w], acc)
+            r.plans[w] = None  # free each plan once decoded
+    r.results = each()
 
 
 def _decode_sketch(r, acc):
@@ -366,20 +454,21 @@ def _decode_fallback(r, acc):
 
 
 _PHASES = {
-    "exponents": (_plan_none, lambda r, w: _b.exp_encode(r.cps[w], r.grads[w]),
-                  _decode_exponents),
-    "counts": (_plan_none, lambda r, w: _b.nnz_counts(r.cps[w], r.grads[w]), _decode_counts),
+    "exponents": (_plan_exponents, _encode_exponents, _decode_exponents),
+    "counts": (_scan_all, _encode_counts, _decode_counts),
     "values": (_plan_values,
                lambda r, w: _b.quantize(r.cps[w], r.grads[w], r.gcodes, r.qflags),
                _decode_values),
     "codes": (_plan_codes, lambda r, w: _b.nc_encode(r.cps[w], r.grads[w], r.gcodes),
               _decode_values),
-    "index": (_plan_index, lambda r, w: _b.lhc_index_encode(r.plans[w], r.grads[w]),
+    "index": (_plan_index, lambda r, w: _b.lhc_index_encode_scan(r.plans[w], r.scans[w]),
               _decode_index),
-    "sketch": (_plan_none, lambda r, w: _b.lhc_sketch_encode(r.plans[w], r.grads[w]),
+    "sketch": (_plan_none, lambda r, w: _b.lhc_sketch_encode_scan(r.plans[w], r.scans[w]),
                _decode_sketch),
     "fallback": (_plan_none, lambda r, w: _b.lhc_fallback_encode(r.plans[w], r.grads[w]),
                  _decode_fallback),
+    "union": (_plan_none, lambda r, w: _b.union_encode(r.plans[w], r.scans[w]),
+              _decode_union),
 }
 
 
@@ -388,16 +477,32 @@ def _run_step(r, step):
         plan, _, decode = _PHASES[phase]
         plan(r)
         decode(r, r.all_reduce(phase))
+    r.sent.update(step)
 
 
-def _choose(r):
-    """auto's choice, made by every worker alike from the first step."""
-    chosen = protocol.METHOD_BY_CODE[_b.auto_choose(r.cps[0], r.n, r.gcodes, r.gcounts)]
-    for w in range(1, r.W):  # every worker decides alike
-        other = protocol.METHOD_BY_CODE[_b.auto_choose(r.cps[w], r.n, r.gcodes, r.gcounts)]
+def _agreed(codes):
+    """The method every worker chose (they decide alike), or HomAggError."""
+    chosen = protocol.METHOD_BY_CODE[codes[0]]
+    for w, code in enumerate(codes):
+        other = protocol.METHOD_BY_CODE[code]
         if other != chosen:
             raise HomAggError(f"auto: worker {w} chose {other.name}, worker 0 {chosen.name}")
     return chosen
+
+
+def _choose(r):
+    """auto's choice after its own steps (exponents, counts)."""
+    return _agreed([_b.auto_choose(r.cps[w], r.n, r.gcodes, r.gcounts) for w in range(r.W)])
+
+
+def _choose_indexed(r):
+    """auto's second choice, after the index step."""
+    return _agreed([_b.auto_choose_indexed(pl) for pl in r.plans])
+
+
+def _unsent(r, method):
+    """The steps of method with a phase not sent yet."""
+    return [st for st in method.steps if set(st) - r.sent]
 
 
 def simulate_allreduce(grads, method="lhc", seed=0, **options):
@@ -415,8 +520,10 @@ def simulate_allreduce(grads, method="lhc", seed=0, **options):
     (``homagg.protocol.PHASES``), the payload bytes each worker sent and
     received ("bytes_sent", "bytes_received", identical for every worker;
     "bytes_sent_by_worker" lists them all), "bytes_per_worker" (sent),
-    "dense_fp32_bytes" (4 n), the lhc counters and "method" (for auto: the
-    method auto chose, also in "auto_choice").
+    "dense_fp32_bytes" (4 n), the lhc counters ("union_lanes" for union)
+    and "method" (for auto: the method auto chose, also in "auto_choice";
+    "auto_meta_choice" is its choice after the counts, 'union' meaning that
+    the index step decided).
     """
     protocol.method(method)
     unknown = set(options) - {f.name for f in dataclasses.fields(Params)} - {"workers", "seed"}
@@ -435,15 +542,22 @@ def simulate_allreduce(grads, method="lhc", seed=0, **options):
         "candidates": 0, "index_bytes": 0, "bitmap_blocks": 0, "bloom_blocks": 0,
         "sketch_lanes": 0, "stalled_blocks": 0, "fallback_blocks": 0, "fallback_lanes": 0,
     })
-    steps = list(r.method.steps)
-    _run_step(r, steps[0])
-    if r.method.chooses:
-        r.method = _choose(r)
-        r.stats["auto_choice"] = r.method.name
-        steps = [steps[0]] + list(r.method.steps[1:])
-    r.stats["method"] = chosen = r.method.name
-    for step in steps[1:]:
+    for step in r.method.steps:
         _run_step(r, step)
+    if r.method.chooses:
+        # auto (docs/PROTOCOL.md "auto's rule"): the meta phase settles
+        # it, or union's index step runs and the exact counts do
+        r.method = _choose(r)
+        r.stats["auto_meta_choice"] = r.method.name
+        steps = _unsent(r, r.method)
+        if steps and "index" in steps[0]:
+            _run_step(r, steps[0])
+            r.method = _choose_indexed(r)
+            steps = _unsent(r, r.method)
+        r.stats["auto_choice"] = r.method.name
+        for step in steps:
+            _run_step(r, step)
+    r.stats["method"] = chosen = r.method.name
 
     y0 = None
     for w, y in enumerate(r.results):

@@ -29,14 +29,14 @@ import numpy as np
 from homagg.protocol import METHODS
 
 # The methods the testbed mode runs by default (each one costs a daemon run).
-NET_METHODS = ("dense", "lhc")
+NET_METHODS = ("dense", "lhc", "union")
 
 
 def add_arguments(parser):
     parser.add_argument("--mode", choices=("auto", "testbed", "sim", "codec"), default="auto",
                         help="where the allreduce runs (default auto: testbed as root, else sim)")
     parser.add_argument("--methods", default=None,
-                        help="comma-separated methods (default dense,lhc on the network, "
+                        help="comma-separated methods (default dense,lhc,union on the network, "
                         "every method in codec mode)")
     parser.add_argument("--link-mbit", type=float, default=1000.0,
                         help="worker link rate in Mbit/s (testbed and sim; default 1000)")

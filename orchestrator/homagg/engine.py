@@ -209,7 +209,7 @@ class Engine:
     attribute is a ``struct hg_port *``); the port must outlive it."""
 
     def __init__(self, port, *, max_jobs=64, udp_port=UDP_PORT, burst=32,
-                 udp_csum=True, isa="best"):
+                 udp_csum=True, isa="best", staged=True):
         from homagg.kernels import _isa
 
         c = ffi.new("struct hg_engine_config *")
@@ -226,6 +226,13 @@ class Engine:
                                   "unsupported ISA, or no memory)")
         self._port = port  # keep the port alive as long as the engine
         self._e = ffi.gc(e, lib.hg_engine_destroy)
+        if not staged:
+            self.set_staging(False)
+
+    def set_staging(self, staged):
+        """Staged bursts (classify all, then apply; the default) or one
+        frame at a time: the same counters and results either way."""
+        check(lib.hg_engine_set_staging(self._e, bool(staged)), "hg_engine_set_staging")
 
     def close(self):
         """Destroy the engine now (idempotent)."""

@@ -113,12 +113,29 @@ def op_code(op):
     return op
 
 
-def run_steps(name, chosen=None):
-    """The steps an allreduce of method name sends: for a method that
-    chooses (auto), its first step then the chosen method's later steps."""
+def run_steps(name, chosen=None, via=None):
+    """The steps an allreduce of method name sends.  For a method that
+    chooses (auto): its own steps, then, when its first choice ``via`` has an
+    index step (union), that method's steps up to the index step, then the
+    steps of the finally ``chosen`` method; a step whose phases were all sent
+    already is skipped (docs/PROTOCOL.md "auto's rule")."""
     m = method(name)
     if not m.chooses:
         return m.steps
     if chosen is None:
-        raise InvalidArgument(f"{name}: the steps after the first depend on the method it chose")
-    return m.steps[:1] + method(chosen).steps[1:]
+        raise InvalidArgument(f"{name}: the steps after its own depend on the method it chose")
+    steps = list(m.steps)
+    sent = {ph for st in steps for ph in st}
+
+    def unsent(meth, stop_at_index):
+        for st in method(meth).steps:
+            if set(st) - sent:
+                steps.append(st)
+                sent.update(st)
+                if stop_at_index and "index" in st:
+                    return
+
+    if via is not None:
+        unsent(via, True)
+    unsent(chosen, False)
+    return tuple(steps)

@@ -29,6 +29,9 @@ struct hg_bench_engine_config {
 	bool udp_csum;           /* frames carry UDP checksums (computed in the timed loop, as a
 				    sender without offload would), the engine checks and fills them */
 	enum hg_isa isa;
+	bool one_at_a_time;      /* also time the engine handling each frame completely before
+				    the next (hg_engine_set_staging(e, false)), in a third
+				    alternating phase: the staged burst's baseline */
 };
 
 struct hg_bench_engine_result {
@@ -40,6 +43,10 @@ struct hg_bench_engine_result {
 	double raw_seconds;
 	double raw_kernel_mpps;  /* best phase */
 	double raw_kernel_mpps_mean;
+	uint64_t one_packets;    /* one_at_a_time: frames through the unstaged engine */
+	double one_seconds;
+	double one_mpps;         /* best phase (0 without one_at_a_time) */
+	double one_mpps_mean;
 	uint64_t completed;      /* engine counter: chunks completed */
 	uint64_t results_sent;
 	uint64_t dropped;        /* frames counted under any drop reason (expect 0) */

@@ -20,6 +20,11 @@
  *   index    : hg_lhc_index_encode                -> OR    -> hg_lhc_set_index
  *   sketch   : hg_lhc_sketch_encode               -> SUM32 -> hg_lhc_peel
  *   fallback : hg_lhc_fallback_encode             -> SUM32 -> hg_lhc_decode
+ *   union    : hg_union_encode                    -> SUM32 -> hg_union_decode
+ *
+ * lhc, union and auto encode from one pass over the gradient (hg_scan_encode:
+ * exponents, counts, the local bitmap and the non-zeros; then the *_scan
+ * encoders and hg_union_encode read only the scan).
  */
 #ifndef HOMAGG_CODEC_H
 #define HOMAGG_CODEC_H
@@ -117,6 +122,32 @@ int hg_nnz_counts(const struct hg_params *p, const float *x, size_t n,
 int hg_exp_nnz_encode(const struct hg_params *p, const float *x, size_t n,
 		      int8_t *codes, uint8_t *counts_be32, size_t *bad_index);
 
+/*
+ * The one-pass encode: a scan of x computes the exponent codes and the
+ * non-zero counts (the meta phase's lanes) and keeps, per block, the
+ * positions and values of the non-zero elements and the local non-zero
+ * bitmap.  The lhc and union phases then read only the scan (the *_scan
+ * functions), not the tensor again.  A scan is reused across tensors (its
+ * buffers grow as needed).
+ */
+struct hg_scan;
+
+struct hg_scan *hg_scan_create(void);
+void hg_scan_destroy(struct hg_scan *s);
+
+/*
+ * Scan x: codes and counts_be32 as hg_exp_nnz_encode writes them (either
+ * may be NULL).  Returns 0; -EDOM if x holds NaN or Inf (first such index in
+ * *bad_index, which may be NULL); -EINVAL / -ERANGE (parameters); -ENOMEM.
+ * A failed scan leaves s unusable until the next successful one.
+ */
+int hg_scan_encode(struct hg_scan *s, const struct hg_params *p,
+		   const float *x, size_t n, int8_t *codes,
+		   uint8_t *counts_be32, size_t *bad_index);
+
+/* Non-zero elements of the last successful scan. */
+size_t hg_scan_nonzeros(const struct hg_scan *s);
+
 /* ---- lhc: index + count sketch + peeling ------------------------------ */
 
 struct hg_lhc;
@@ -144,14 +175,28 @@ int hg_lhc_get_info(const struct hg_lhc *l, struct hg_lhc_info *info);
 /* This worker's index (bitmap / Bloom bits), hg_lhc_info.index_bytes long. */
 int hg_lhc_index_encode(const struct hg_lhc *l, const float *x, uint8_t *index);
 
-/* Take the OR of every worker's index: candidates and sketch layout. */
+/* The same bytes from a scan of x (the one-pass encode). */
+int hg_lhc_index_encode_scan(const struct hg_lhc *l, const struct hg_scan *s,
+			     uint8_t *index);
+
+/*
+ * Take the OR of every worker's index: candidates and sketch layout.  Any
+ * bytes are accepted (a hostile index only makes more candidates).
+ */
 int hg_lhc_set_index(struct hg_lhc *l, const uint8_t *gindex);
 
 /* This worker's count sketch, sketch_lanes big-endian int32 cells. */
 int hg_lhc_sketch_encode(const struct hg_lhc *l, const float *x,
 			 uint8_t *cells_be32);
 
-/* Peel the summed sketch; afterwards info tells the stalls. Deterministic. */
+/* The same cells from a scan of x. */
+int hg_lhc_sketch_encode_scan(const struct hg_lhc *l, const struct hg_scan *s,
+			      uint8_t *cells_be32);
+
+/*
+ * Peel the summed sketch; afterwards info tells the stalls. Deterministic.
+ * -EPROTO when the cells are inconsistent with the index (never a crash).
+ */
 int hg_lhc_peel(struct hg_lhc *l, const uint8_t *gcells_be32);
 
 /* This worker's quantised values at the unresolved candidates. */
@@ -162,14 +207,52 @@ int hg_lhc_fallback_encode(const struct hg_lhc *l, const float *x,
 int hg_lhc_decode(const struct hg_lhc *l, const uint8_t *gfallback_be32,
 		  float *y);
 
+/* ---- union: the candidates' values (docs/PROTOCOL.md "union") -------- */
+
 /*
- * auto: the exact method (HG_M_DENSE, HG_M_BLOCKS or HG_M_LHC) with the
- * fewest bytes on the wire, decided by every worker alike from the global
- * exponent codes and the global non-zero counts (the lhc meta phase).
+ * Lanes of the union values phase: one int32 per global candidate, after
+ * hg_lhc_set_index (hg_lhc_info.candidates).
+ */
+size_t hg_union_lanes(const struct hg_lhc *l);
+
+/*
+ * This worker's quantised value at every global candidate, in block then
+ * position order, 0 where it has none (hg_union_lanes big-endian int32
+ * lanes), from a scan of x.  Returns 0; -EINVAL (no index set, scan of
+ * another tensor); -ERANGE (a value outside its block's global range, or a
+ * non-zero in a block zero everywhere); -EPROTO (a non-zero of this worker
+ * that the global index does not list: the index is not the OR of the
+ * workers' indexes).
+ */
+int hg_union_encode(const struct hg_lhc *l, const struct hg_scan *s,
+		    uint8_t *out_be32);
+
+/*
+ * Final result from the summed candidate values: every element of y
+ * (n floats) written once, +0 at non-candidates.  Any summed values decode
+ * (to some float32).  Returns 0 or -EINVAL.
+ */
+int hg_union_decode(const struct hg_lhc *l, const uint8_t *gvals_be32,
+		    float *y);
+
+/*
+ * auto, decided on exact byte counts (docs/PROTOCOL.md "auto's rule").
+ * From the meta phase (global codes and summed counts): HG_M_DENSE or
+ * HG_M_BLOCKS when one of them is certainly the smallest exact method (it
+ * sends no more than the least bytes union could send), else HG_M_UNION:
+ * run the index phase, then hg_auto_choose_indexed makes the final choice.
  * Returns the method, or -EINVAL / -ERANGE.
  */
 int hg_auto_choose(const struct hg_params *p, size_t n, const int8_t *gcodes,
 		   const uint8_t *gcounts_be32);
+
+/*
+ * auto's final choice after the index phase (l after hg_lhc_set_index):
+ * the fewest remaining bytes among dense (4 n), blocks (4 x the lanes of
+ * the non-zero blocks) and union (4 x the candidates); ties go to dense,
+ * then blocks.  Returns HG_M_DENSE, HG_M_BLOCKS or HG_M_UNION, or -EINVAL.
+ */
+int hg_auto_choose_indexed(const struct hg_lhc *l);
 
 /* ---- nc: natural compression / natural dithering ---------------------- */
 

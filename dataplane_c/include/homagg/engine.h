@@ -107,6 +107,15 @@ int hg_engine_poll(struct hg_engine *e);
 int hg_engine_process(struct hg_engine *e, struct hg_pkt **pkts, uint32_t n);
 
 /*
+ * Staged processing (the default): a burst is classified first (parse, the
+ * checks against the job, the slot's set prefetched), then applied frame by
+ * frame in arrival order.  false handles each frame completely before the
+ * next; counters and results are the same either way (a test knob and a
+ * baseline for `homagg bench engine --one-at-a-time`).  0 or -EINVAL.
+ */
+int hg_engine_set_staging(struct hg_engine *e, bool staged);
+
+/*
  * Copy the engine's counters (enum hg_counter order, names from
  * hg_counter_name()) into out[0..n); returns how many were copied
  * (min(n, hg_counter_count())).

@@ -49,7 +49,9 @@
 	X(CODES, "codes", NC8, "natural-compression codes, one byte per element") \
 	X(INDEX, "index", OR, "candidate index: bitmaps or Bloom filters")        \
 	X(SKETCH, "sketch", SUM32, "count sketch cells")                          \
-	X(FALLBACK, "fallback", SUM32, "values of the candidates peeling left")
+	X(FALLBACK, "fallback", SUM32, "values of the candidates peeling left")   \
+	X(UNION, "union", SUM32,                                                 \
+	  "values at every global candidate, 0 where the worker has none")
 
 /* The phase bit of a step mask. */
 #define HG_PHB(NAME) (1u << HG_PH_##NAME)
@@ -67,15 +69,18 @@
 	X(BLOCKS, "blocks", 2, HG_MF_EXACT | HG_MF_SKIP_ZERO | HG_MF_CANDIDATE,  \
 	  "fixed-point values of the blocks non-zero anywhere (OmniReduce-like)",\
 	  HG_PHB(EXPONENTS), HG_PHB(VALUES))                                     \
-	X(LHC, "lhc", 3, HG_MF_EXACT | HG_MF_CANDIDATE,                          \
-	  "index and count sketch, peeled; stalled blocks sent dense",           \
+	X(LHC, "lhc", 3, HG_MF_EXACT,                                            \
+	  "index and count sketch, peeled; stalled candidates sent again",       \
 	  HG_PHB(EXPONENTS) | HG_PHB(COUNTS), HG_PHB(INDEX), HG_PHB(SKETCH),     \
 	  HG_PHB(FALLBACK))                                                      \
 	X(NC, "nc", 4, 0, "natural compression (unbiased, lossy by design)",     \
 	  HG_PHB(EXPONENTS), HG_PHB(CODES))                                      \
 	X(AUTO, "auto", 5, HG_MF_EXACT | HG_MF_CHOOSES,                          \
 	  "the exact method with the fewest bytes, chosen from exact counts",    \
-	  HG_PHB(EXPONENTS) | HG_PHB(COUNTS))
+	  HG_PHB(EXPONENTS), HG_PHB(COUNTS))                                     \
+	X(UNION, "union", 6, HG_MF_EXACT | HG_MF_CANDIDATE,                      \
+	  "lhc's index, then every worker's value at every candidate, scattered",\
+	  HG_PHB(EXPONENTS) | HG_PHB(COUNTS), HG_PHB(INDEX), HG_PHB(UNION))
 
 #ifdef __cplusplus
 extern "C" {
@@ -85,8 +90,13 @@ extern "C" {
 /*
  * hg_method_info.flags.  EXACT: the result is bit-exact (homagg.reference).
  * SKIP_ZERO: the values phase leaves out the blocks zero on every worker.
- * CANDIDATE: auto may choose it.  CHOOSES: after its first step, continue
- * with the steps after the first of the method hg_auto_choose() picks.
+ * CANDIDATE: auto may choose it.  CHOOSES: after its own steps, continue
+ * with the steps of the method hg_auto_choose() picks, skipping each step
+ * whose phases were all sent already; when that method has an index step,
+ * choose again after it (hg_auto_choose_indexed) and continue the same way
+ * (docs/PROTOCOL.md "auto's rule").  A counts phase in a step after the
+ * exponents' carries one lane per block non-zero somewhere, not one per
+ * block.
  */
 #define HG_MF_EXACT 1
 #define HG_MF_SKIP_ZERO 2

@@ -1,8 +1,12 @@
-"""Per-step timing of the lhc codec (one worker), next to memcpy.
+"""Per-step timing of the lhc and union codec (one worker), next to memcpy.
 
-Times each library call of one lhc allreduce on its own, single core:
-encode = hg_exp_nnz_encode, hg_lhc_index_encode, hg_lhc_sketch_encode;
-decode = hg_lhc_set_index, hg_lhc_peel, hg_lhc_decode.  Each step is the
+Times each library call of one allreduce on its own, single core.
+lhc encode, one pass = hg_scan_encode, hg_lhc_index_encode_scan,
+hg_lhc_sketch_encode_scan; the tensor-reading calls they replace
+(hg_exp_nnz_encode, hg_lhc_index_encode, hg_lhc_sketch_encode) are timed
+too ("previous").  lhc decode = hg_lhc_set_index, hg_lhc_peel,
+hg_lhc_decode.  union encode = hg_scan_encode, hg_lhc_index_encode_scan,
+hg_union_encode; union decode = hg_lhc_set_index, hg_union_decode.  Each step is the
 best of --repeat runs (the machine may be shared: take the best, and read
 every figure against the memcpy of the same run).  memcpy = numpy copyto
 of the same float32 buffer.  Gradients as in ``homagg bench codec``
@@ -79,16 +83,26 @@ def run(args):
     counts = np.empty(params.nblocks(n), dtype=">i4")
     index = np.empty(info["index_bytes"], dtype=np.uint8)
     cells = np.empty(info["sketch_lanes"], dtype=">i4")
+    uvals = np.empty(info["candidates"], dtype=">i4")
+    scan = b.scan_encode(cps[0], x)[0]
+    gvals = codec.aggregate("sum32", None, [b.union_encode(plan, b.scan_encode(cps[w], grads[w])[0])
+                                            for w in range(W)])
+    del grads[1:]
     y = np.empty(n, dtype=np.float32)
     dst = np.empty_like(x)
     np.copyto(dst, x)
     steps = {
-        "exponents+counts": lambda: b.exp_nnz_encode_into(cps[0], x, codes, counts),
-        "index": lambda: b.lhc_index_encode_into(plan, x, index),
-        "sketch": lambda: b.lhc_sketch_encode_into(plan, x, cells),
+        "previous exponents+counts": lambda: b.exp_nnz_encode_into(cps[0], x, codes, counts),
+        "previous index": lambda: b.lhc_index_encode_into(plan, x, index),
+        "previous sketch": lambda: b.lhc_sketch_encode_into(plan, x, cells),
+        "scan": lambda: b.scan_encode_into(scan, cps[0], x, codes, counts),
+        "index": lambda: b.lhc_index_encode_scan(plan, scan, index),
+        "sketch": lambda: b.lhc_sketch_encode_scan(plan, scan, cells),
+        "union values": lambda: b.union_encode(plan, scan, uvals),
         "set_index": lambda: b.lhc_set_index(plan, gindex),
         "peel": lambda: b.lhc_peel(plan, gcells),
         "output": lambda: b.lhc_decode_into(plan, gfall, y),
+        "union scatter": lambda: b.union_decode_into(plan, gvals, y),
     }
     ms = {"memcpy": _best(lambda: np.copyto(dst, x), args.repeat) * 1e3}
     cpu_ms = {"memcpy": _best.cpu * 1e3}
@@ -98,8 +112,20 @@ def run(args):
     ms["memcpy_after"] = _best(lambda: np.copyto(dst, x), args.repeat) * 1e3
     cpu_ms["memcpy_after"] = _best.cpu * 1e3
     mem = min(ms["memcpy"], ms["memcpy_after"])
-    enc = ms["exponents+counts"] + ms["index"] + ms["sketch"]
-    dec = ms["set_index"] + ms["peel"] + ms["output"]
+    cmem = min(cpu_ms["memcpy"], cpu_ms["memcpy_after"])
+
+    def total(d, keys):
+        return sum(d[k] for k in keys)
+
+    parts = {
+        "previous_encode": ("previous exponents+counts", "previous index", "previous sketch"),
+        "encode": ("scan", "index", "sketch"),
+        "decode": ("set_index", "peel", "output"),
+        "union_encode": ("scan", "index", "union values"),
+        "union_decode": ("set_index", "union scatter"),
+    }
+    enc = total(ms, parts["encode"])
+    dec = total(ms, parts["decode"])
     info = plan.info()
     return {
         "elements": n, "workers": W, "density": args.density, "block_elements": block,
@@ -107,6 +133,9 @@ def run(args):
         "fallback_lanes": info["fallback_lanes"], "ms": ms, "cpu_ms": cpu_ms,
         "encode_ms": enc, "decode_ms": dec,
         "encode_x_memcpy": mem / enc, "decode_x_memcpy": mem / dec,
+        "totals_ms": {k: total(ms, v) for k, v in parts.items()},
+        "totals_cpu_ms": {k: total(cpu_ms, v) for k, v in parts.items()},
+        "cpu_x_memcpy": {k: cmem / total(cpu_ms, v) for k, v in parts.items()},
     }
 
 
@@ -123,12 +152,12 @@ def main(args):
     print(f"memcpy            {min(ms['memcpy'], ms['memcpy_after']):8.1f} "
           f"{min(cpu['memcpy'], cpu['memcpy_after']):8.1f}   "
           f"(wall before {ms['memcpy']:.1f}, after {ms['memcpy_after']:.1f})")
-    for k in ("exponents+counts", "index", "sketch"):
-        print(f"  encode {k:17s} {ms[k]:8.1f} {cpu[k]:8.1f}")
-    print(f"encode            {out['encode_ms']:8.1f}          {out['encode_x_memcpy']:.2f}x memcpy (wall)")
-    for k in ("set_index", "peel", "output"):
-        print(f"  decode {k:17s} {ms[k]:8.1f} {cpu[k]:8.1f}")
-    print(f"decode            {out['decode_ms']:8.1f}          {out['decode_x_memcpy']:.2f}x memcpy (wall)")
+    for k in ms:
+        if not k.startswith("memcpy"):
+            print(f"  {k:25s} {ms[k]:8.1f} {cpu[k]:8.1f}")
+    for k, t in out["totals_ms"].items():
+        print(f"{k:27s} {t:8.1f} {out['totals_cpu_ms'][k]:8.1f}   "
+              f"{out['cpu_x_memcpy'][k]:.2f}x memcpy (CPU)")
     return 0
 
 

@@ -5,7 +5,12 @@ calling thread (an in-memory null port: nothing else is measured); in the
 same run the raw SUM32 kernel is timed over the same payload bytes in the
 same order, in ten alternating phases (Mpps: the best phase of each; the
 means are in --json).  The ratio engine/raw says how much of the kernel's speed the
-whole data path (parsing, validation, slot state, results) keeps.
+whole data path (parsing, validation, slot state, results) keeps.  The
+engine stages each burst (classify every frame, prefetch its slot, then
+apply them in order); ``--one-at-a-time`` adds a third alternating phase in
+which the same engine handles each frame completely before the next
+(``one_at_a_time_mpps``, ``staged_vs_one_at_a_time``): the staging's gain,
+measured in the same run.
 
     homagg bench engine                 # W = 2, 8, 32; 1024-byte payloads
     homagg bench engine --workers 8 --payload 4096 --json
@@ -18,7 +23,7 @@ from homagg.kernels import _isa
 
 
 def run(workers, payload_bytes=1024, slots=16, seconds=1.0, multicast=True, udp_csum=False,
-        isa="best", burst=32):
+        isa="best", burst=32, one_at_a_time=False):
     """One measurement: a dict with workers, payload_bytes, mpps, raw_kernel_mpps, ..."""
     c = ffi.new("struct hg_bench_engine_config *")
     lib.hg_bench_engine_config_init(c)
@@ -30,6 +35,7 @@ def run(workers, payload_bytes=1024, slots=16, seconds=1.0, multicast=True, udp_
     c.multicast = multicast
     c.udp_csum = udp_csum
     c.isa = _isa(isa)
+    c.one_at_a_time = one_at_a_time
     r = ffi.new("struct hg_bench_engine_result *")
     check(lib.hg_bench_engine(c, r), "hg_bench_engine")
     return {
@@ -47,6 +53,13 @@ def run(workers, payload_bytes=1024, slots=16, seconds=1.0, multicast=True, udp_
         "raw_kernel_mpps": r.raw_kernel_mpps,
         "raw_kernel_mpps_mean": r.raw_kernel_mpps_mean,
         "ratio": r.mpps / r.raw_kernel_mpps if r.raw_kernel_mpps else 0.0,
+        "one_at_a_time_packets": r.one_packets,
+        "one_at_a_time_mpps": r.one_mpps if one_at_a_time else None,
+        "one_at_a_time_mpps_mean": r.one_mpps_mean if one_at_a_time else None,
+        "one_at_a_time_ratio": (r.one_mpps / r.raw_kernel_mpps
+                                if one_at_a_time and r.raw_kernel_mpps else None),
+        "staged_vs_one_at_a_time": (r.mpps / r.one_mpps
+                                    if one_at_a_time and r.one_mpps else None),
         "completed": r.completed,
         "results_sent": r.results_sent,
         "dropped": r.dropped,
@@ -66,21 +79,30 @@ def add_arguments(p):
     p.add_argument("--udp-csum", action="store_true",
                    help="software UDP checksums (verify every frame, fill every result)")
     p.add_argument("--isa", default="best", choices=["best", "portable", "avx2", "avx512"])
+    p.add_argument("--burst", type=int, default=32,
+                   help="frames per hg_engine_process() call (default 32)")
+    p.add_argument("--one-at-a-time", action="store_true",
+                   help="also time the engine frame by frame (unstaged), in the same run")
     p.add_argument("--json", action="store_true", help="print a JSON list of results")
 
 
 def main(args):
     rows = [run(w, args.payload, args.slots, args.seconds, not args.unicast, args.udp_csum,
-                args.isa) for w in args.workers]
+                args.isa, args.burst, args.one_at_a_time) for w in args.workers]
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
     print(f"engine on one core: SUM32, {args.payload}-byte payloads, "
           f"{'unicast' if args.unicast else 'multicast'} results, "
           f"UDP checksums {'in software' if args.udp_csum else 'offloaded'}, ISA {rows[0]['isa']}")
+    one = args.one_at_a_time
     print(f"{'W':>4} {'engine Mpps':>12} {'Gbit/s':>8} {'raw kernel Mpps':>16} {'ratio':>6} "
-          f"{'dropped':>8}")
+          + (f"{'1-at-a-time Mpps':>17} {'ratio':>6} {'staged/1':>8} " if one else "")
+          + f"{'dropped':>8}")
     for r in rows:
         print(f"{r['workers']:>4} {r['mpps']:>12.2f} {r['gbit_s']:>8.1f} "
-              f"{r['raw_kernel_mpps']:>16.2f} {r['ratio']:>6.2f} {r['dropped']:>8}")
+              f"{r['raw_kernel_mpps']:>16.2f} {r['ratio']:>6.2f} "
+              + (f"{r['one_at_a_time_mpps']:>17.2f} {r['one_at_a_time_ratio']:>6.2f} "
+                 f"{r['staged_vs_one_at_a_time']:>8.2f} " if one else "")
+              + f"{r['dropped']:>8}")
     return 0

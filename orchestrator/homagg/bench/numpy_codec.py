@@ -1,5 +1,5 @@
-"""A plain numpy implementation of the lhc encode and decode (the baseline
-``homagg bench codec`` compares the C codec with).
+"""A plain numpy implementation of the lhc and union encode and decode (the
+baseline ``homagg bench codec`` compares the C codec with).
 
 It follows docs/PROTOCOL.md step by step, written for reading, not speed:
 block exponents and non-zero counts, a bitmap index per block, the count
@@ -184,6 +184,31 @@ def decode(gcells, layout, fallback=None):
     y = np.zeros(layout.n, dtype=np.float32)
     y[layout.cand] = np.ldexp(values.astype(np.float64), -s).astype(np.float32)
     return y
+
+
+# ---- union (docs/PROTOCOL.md "union") -------------------------------------------
+
+def union_encode(x, layout):
+    """This worker's union lanes: its quantised value at every candidate
+    (0 where it has none), int64, in candidate order."""
+    return quantize_at(x, layout.cand, layout)
+
+
+def union_decode(gvals, layout):
+    """The float32 result from the summed union lanes (wrapped to int32)."""
+    v = (np.asarray(gvals, dtype=np.int64) + 2**31) % 2**32 - 2**31
+    s = layout.shift[layout.cand // layout.block]
+    y = np.zeros(layout.n, dtype=np.float32)
+    y[layout.cand] = np.ldexp(v.astype(np.float64), -s).astype(np.float32)
+    return y
+
+
+def allreduce_union(grads, block, seed=0):
+    """The whole union allreduce in numpy (bitmap index for every block)."""
+    gcodes = np.max([exponent_codes(g, block) for g in grads], axis=0)
+    gindex = np.bitwise_or.reduce([bitmap_index(g, block) for g in grads])
+    layout = Layout(gindex, grads[0].size, block, gcodes, len(grads), seed)
+    return union_decode(sum(union_encode(g, layout) for g in grads), layout)
 
 
 def allreduce(grads, block, seed=0):

@@ -190,8 +190,9 @@ def nnz_counts(p, x):
     return nnz_counts_into(p, x, np.empty(nblocks(p, x.size), dtype=BE32))
 
 
-def exp_nnz_encode_into(p, x, codes, counts):
-    """hg_exp_nnz_encode: exponent codes and non-zero counts in one pass."""
+def _meta_call(name, fn, p, x, codes, counts):
+    """A call writing codes (int8) and counts ('>i4') of x, with its
+    first non-finite index turned into NonFiniteValue."""
     _f32(x)
     nb = nblocks(p, x.size)
     _i8(codes, "codes", writable=True)
@@ -199,17 +200,78 @@ def exp_nnz_encode_into(p, x, codes, counts):
     _length(codes, nb, "codes", "blocks")
     _length(counts, nb, "counts", "lanes")
     bad = ffi.new("size_t *", _U64_MAX)
-    rc = lib.hg_exp_nnz_encode(p, _buf("float[]", x), x.size, _wbuf("int8_t[]", codes),
-                               _wbuf("uint8_t[]", counts), bad)
+    rc = fn(_buf("float[]", x), x.size, _wbuf("int8_t[]", codes), _wbuf("uint8_t[]", counts),
+            bad)
     index = None if bad[0] == _U64_MAX else int(bad[0])
-    _check_x(rc, p, x, "hg_exp_nnz_encode", index)
+    _check_x(rc, p, x, name, index)
     return codes, counts
+
+
+def exp_nnz_encode_into(p, x, codes, counts):
+    """hg_exp_nnz_encode: exponent codes and non-zero counts in one pass."""
+    return _meta_call("hg_exp_nnz_encode", lambda *a: lib.hg_exp_nnz_encode(p, *a),
+                      p, x, codes, counts)
 
 
 def exp_nnz_encode(p, x):
     _f32(x)
     nb = nblocks(p, x.size)
     return exp_nnz_encode_into(p, x, np.empty(nb, dtype=I8), np.empty(nb, dtype=BE32))
+
+
+# ---- the one-pass scan -------------------------------------------------------
+
+class Scan:
+    """A scan of one gradient (struct hg_scan): codes, counts, the local
+    bitmap and the non-zeros, read by the *_scan functions.  Freed by
+    hg_scan_destroy when collected; keeps the parameters it was made with."""
+
+    __slots__ = ("ptr", "params", "n", "__weakref__")
+
+    def __init__(self, ptr):
+        self.ptr = ptr
+        self.params = None
+        self.n = None
+
+    def nonzeros(self):
+        return int(lib.hg_scan_nonzeros(self.ptr))
+
+
+def scan_new():
+    ptr = lib.hg_scan_create()
+    if ptr == ffi.NULL:
+        raise HomAggError("hg_scan_create: out of memory", -errno.ENOMEM)
+    return Scan(ffi.gc(ptr, lib.hg_scan_destroy))
+
+
+def scan_encode_into(scan, p, x, codes, counts):
+    """hg_scan_encode: one pass over x; codes (int8) and counts ('>i4')
+    as hg_exp_nnz_encode writes them."""
+    scan.n = None
+    _meta_call("hg_scan_encode", lambda *a: lib.hg_scan_encode(scan.ptr, p, *a),
+               p, x, codes, counts)
+    scan.params = p
+    scan.n = x.size
+    return codes, counts
+
+
+def scan_encode(p, x, scan=None):
+    """(scan, codes, counts) of x in one pass."""
+    _f32(x)
+    nb = nblocks(p, x.size)
+    scan = scan_new() if scan is None else scan
+    codes, counts = scan_encode_into(scan, p, x, np.empty(nb, dtype=I8),
+                                     np.empty(nb, dtype=BE32))
+    return scan, codes, counts
+
+
+def _lhc_scan(lhc, scan, what):
+    if not isinstance(scan, Scan) or scan.n is None:
+        raise InvalidArgument(f"{what}: expected a successful scan (scan_encode)", -errno.EINVAL)
+    if scan.n != lhc.n or int(scan.params.block) != int(lhc.params.block):
+        raise InvalidArgument(f"{what}: the scan is of {scan.n} elements in blocks of "
+                              f"{int(scan.params.block)}, the plan of {lhc.n} in blocks of "
+                              f"{int(lhc.params.block)}", -errno.EINVAL)
 
 
 # ---- lhc -------------------------------------------------------------------
@@ -288,6 +350,18 @@ def lhc_index_encode(lhc, x):
     return lhc_index_encode_into(lhc, x, out)
 
 
+def lhc_index_encode_scan(lhc, scan, index=None):
+    """hg_lhc_index_encode_scan: the index bytes from a scan of x."""
+    _lhc_scan(lhc, scan, "lhc_index_encode_scan")
+    nbytes = lhc_get_info(lhc)["index_bytes"]
+    index = np.empty(nbytes, dtype=U8) if index is None else index
+    _u8(index, "index", writable=True)
+    _length(index, nbytes, "index", "bytes")
+    check(lib.hg_lhc_index_encode_scan(lhc.ptr, scan.ptr, _wbuf("uint8_t[]", index)),
+          "hg_lhc_index_encode_scan")
+    return index
+
+
 def lhc_set_index(lhc, gindex):
     """hg_lhc_set_index: the OR of every worker's index."""
     _u8(gindex, "gindex")
@@ -314,6 +388,19 @@ def lhc_sketch_encode(lhc, x):
     lhc.need(Lhc.INDEXED, "lhc_sketch_encode")
     out = np.empty(lhc_get_info(lhc)["sketch_lanes"], dtype=BE32)
     return lhc_sketch_encode_into(lhc, x, out)
+
+
+def lhc_sketch_encode_scan(lhc, scan, cells=None):
+    """hg_lhc_sketch_encode_scan: the count sketch from a scan of x."""
+    _lhc_scan(lhc, scan, "lhc_sketch_encode_scan")
+    lhc.need(Lhc.INDEXED, "lhc_sketch_encode_scan")
+    lanes = lhc_get_info(lhc)["sketch_lanes"]
+    cells = np.empty(lanes, dtype=BE32) if cells is None else cells
+    _be32(cells, "cells", writable=True)
+    _length(cells, lanes, "cells", "lanes")
+    check(lib.hg_lhc_sketch_encode_scan(lhc.ptr, scan.ptr, _wbuf("uint8_t[]", cells)),
+          "hg_lhc_sketch_encode_scan")
+    return cells
 
 
 def lhc_peel(lhc, gcells):
@@ -361,10 +448,48 @@ def lhc_decode(lhc, gfallback):
     return lhc_decode_into(lhc, gfallback, np.empty(lhc.n, dtype=F32))
 
 
+# ---- union -------------------------------------------------------------------
+
+def union_lanes(lhc):
+    """hg_union_lanes: int32 lanes of the union values phase (the candidates)."""
+    lhc.need(Lhc.INDEXED, "union_lanes")
+    return int(lib.hg_union_lanes(lhc.ptr))
+
+
+def union_encode(lhc, scan, out=None):
+    """hg_union_encode: this worker's quantised value at every global
+    candidate ('>i4'), 0 where it has none, from a scan of x."""
+    _lhc_scan(lhc, scan, "union_encode")
+    lhc.need(Lhc.INDEXED, "union_encode")
+    lanes = union_lanes(lhc)
+    out = np.empty(lanes, dtype=BE32) if out is None else out
+    _be32(out, "out", writable=True)
+    _length(out, lanes, "out", "lanes")
+    check(lib.hg_union_encode(lhc.ptr, scan.ptr, _wbuf("uint8_t[]", out)), "hg_union_encode")
+    return out
+
+
+def union_decode_into(lhc, gvals, y):
+    """hg_union_decode: the bit-exact result from the summed candidate values."""
+    lhc.need(Lhc.INDEXED, "union_decode")
+    _be32(gvals, "gvals")
+    _length(gvals, union_lanes(lhc), "gvals", "lanes")
+    _f32(y, "y", writable=True)
+    _length(y, lhc.n, "y")
+    check(lib.hg_union_decode(lhc.ptr, _buf("uint8_t[]", gvals), _wbuf("float[]", y)),
+          "hg_union_decode")
+    return y
+
+
+def union_decode(lhc, gvals):
+    return union_decode_into(lhc, gvals, np.empty(lhc.n, dtype=F32))
+
+
 # ---- auto, nc --------------------------------------------------------------
 
 def auto_choose(p, n, gcodes, gcounts):
-    """hg_auto_choose: M_DENSE, M_BLOCKS or M_LHC."""
+    """hg_auto_choose: M_DENSE or M_BLOCKS (clear from the meta phase), or
+    M_UNION (run the index phase, then auto_choose_indexed)."""
     nb = nblocks(p, n)
     _i8(gcodes, "gcodes")
     _be32(gcounts, "gcounts")
@@ -372,6 +497,12 @@ def auto_choose(p, n, gcodes, gcounts):
     _length(gcounts, nb, "gcounts", "lanes")
     rc = lib.hg_auto_choose(p, n, _buf("int8_t[]", gcodes), _buf("uint8_t[]", gcounts))
     return check(rc, "hg_auto_choose")
+
+
+def auto_choose_indexed(lhc):
+    """hg_auto_choose_indexed: M_DENSE, M_BLOCKS or M_UNION after the index phase."""
+    lhc.need(Lhc.INDEXED, "auto_choose_indexed")
+    return check(lib.hg_auto_choose_indexed(lhc.ptr), "hg_auto_choose_indexed")
 
 
 def method_name(m):

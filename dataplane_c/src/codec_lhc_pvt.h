@@ -1,0 +1,85 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * codec_lhc_pvt.h - the lhc plan (struct hg_lhc), shared by codec_lhc.c
+ * (index, sketch, peeling, auto) and codec_union.c (the union values phase,
+ * which reuses lhc's meta and index phases and its candidate list).
+ */
+#ifndef HOMAGG_CODEC_LHC_PVT_H
+#define HOMAGG_CODEC_LHC_PVT_H
+
+#include <errno.h>
+
+#include "codec_pvt.h"
+
+enum lhc_kind { LHC_NONE = 0, LHC_BITMAP = 1, LHC_BLOOM = 2 };
+
+enum lhc_state { LHC_PLANNED = 0, LHC_INDEXED = 1, LHC_PEELED = 2 };
+
+struct lhc_block {
+	size_t index_off;  /* byte offset of the block's index */
+	size_t cand_off;   /* global rank of the block's first candidate */
+	size_t sketch_off; /* lane offset of the block's cells */
+	uint32_t ncand;	   /* global candidates */
+	uint32_t t;	   /* sub-table size: 3t cells */
+	uint32_t bloom_bits;
+	uint8_t kind;
+	uint8_t bloom_k;
+	uint8_t bloom_opt; /* index in bloom_opts */
+};
+
+struct hg_lhc {
+	struct hg_params p;
+	size_t n, nb;
+	int8_t *gcodes;
+	struct lhc_block *blk;
+	int state;
+	struct hg_lhc_info info;
+	uint64_t key_sketch, key_bloom;
+	/* after set_index */
+	uint16_t *cand_pos; /* position in its block, per candidate */
+	size_t cand_cap;
+	uint8_t *gindex;    /* copy of the global index, 8 zero bytes of slack */
+	/* after peel */
+	int32_t *values;      /* peeled sum per candidate (0 if unresolved) */
+	uint32_t *unresolved; /* global ranks, ascending */
+	/* peeling scratch, sized for the largest block: per cell its value,
+	 * count + rank sum, queue slot; per candidate its cells, sign mask and
+	 * a done flag (one more slot: the masked writes of stale pops) */
+	uint32_t *s_cell, *s_queue;
+	uint64_t *s_cid;
+	uint32_t *s_c0, *s_c1, *s_c2, *s_sm;
+	uint8_t *s_done;
+	size_t s_cells_cap, s_cand_cap;
+};
+
+/* The vector scatter of codec_union.c may be used (AVX-512 F/DQ/BW, BMI2). */
+bool hg_union_vec(void);
+
+/*
+ * Decode a bitmap block of len elements into y, writing each element once:
+ * +0 where the bitmap gbm has no bit, else the next int32 sum of in
+ * (big-endian lanes when be, host order otherwise) times scale, rounded
+ * once to float32.  Needs hg_union_vec().
+ */
+void hg_scatter_bitmap(const uint8_t *gbm, uint32_t len, const uint8_t *in,
+		       bool be, double scale, float *y);
+
+/*
+ * Decode block b of the plan into yb from one int32 sum per candidate
+ * (big-endian lanes when be, host order otherwise): +0 at non-candidates,
+ * every element written once (the vector scatter when vec and the block
+ * has a bitmap).  Shared by union and lhc decode.
+ */
+void hg_decode_block(const struct hg_lhc *l, size_t b, const uint8_t *in,
+		     bool be, bool vec, float *yb);
+
+/* 0 when the scan s is of a tensor of the plan's length and blocking. */
+static inline int lhc_scan_matches(const struct hg_lhc *l,
+				   const struct hg_scan *s)
+{
+	if (!s || s->n != l->n || s->block != l->p.block || !s->valid)
+		return -EINVAL;
+	return 0;
+}
+
+#endif /* HOMAGG_CODEC_LHC_PVT_H */

@@ -1,0 +1,229 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * codec_scan.c - the one-pass encode (homagg/codec.h "hg_scan"): a single
+ * read of the float32 gradient yields the exponent codes and non-zero
+ * counts of the meta phase, the local non-zero bitmap (the lhc index of a
+ * bitmap block, as it travels) and a compact list of the non-zero elements
+ * (block-relative position and value).  The index, sketch and union phases
+ * then read only the non-zeros (5% of the tensor at the benchmark's
+ * density) instead of the whole tensor again.
+ *
+ * Same codes and counts as hg_exp_nnz_encode, same index bytes, sketch
+ * cells and values as the tensor-reading functions: tests compare them on
+ * random inputs (tests/test_codec_union.py).
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <immintrin.h>
+
+#include "codec_pvt.h"
+
+/* Whole 16-element vectors are stored past the last non-zero. */
+#define SCAN_SLACK 16
+
+struct hg_scan *hg_scan_create(void)
+{
+	return calloc(1, sizeof(struct hg_scan));
+}
+
+void hg_scan_destroy(struct hg_scan *s)
+{
+	if (!s)
+		return;
+	free(s->off);
+	free(s->absmax);
+	free(s->pos);
+	free(s->val);
+	free(s->bitmap);
+	free(s);
+}
+
+size_t hg_scan_nonzeros(const struct hg_scan *s)
+{
+	if (!s || !s->valid)
+		return 0;
+	return s->off[s->nb];
+}
+
+/* pos and val share one capacity. */
+static int reserve_nz(struct hg_scan *s, size_t need)
+{
+	size_t c = s->cap ? s->cap : 4096;
+	uint16_t *np;
+	float *nv;
+
+	if (need <= s->cap)
+		return 0;
+	while (c < need)
+		c *= 2;
+	np = realloc(s->pos, c * sizeof(*np));
+	if (!np)
+		return -ENOMEM;
+	s->pos = np;
+	nv = realloc(s->val, c * sizeof(*nv));
+	if (!nv)
+		return -ENOMEM;
+	s->val = nv;
+	s->cap = c;
+	return 0;
+}
+
+static int reserve_blocks(struct hg_scan *s, size_t nb, size_t bm_bytes)
+{
+	if (nb + 1 > s->nb_cap) {
+		size_t *o = realloc(s->off, (nb + 1) * sizeof(*o));
+		uint32_t *a;
+
+		if (!o)
+			return -ENOMEM;
+		s->off = o;
+		a = realloc(s->absmax, (nb + 1) * sizeof(*a));
+		if (!a)
+			return -ENOMEM;
+		s->absmax = a;
+		s->nb_cap = nb + 1;
+	}
+	if (bm_bytes + 8 > s->bm_cap) {
+		uint8_t *m = realloc(s->bitmap, bm_bytes + 8);
+
+		if (!m)
+			return -ENOMEM;
+		s->bitmap = m;
+		s->bm_cap = bm_bytes + 8;
+	}
+	return 0;
+}
+
+/*
+ * Elements i0 <= i < len of a block: positions and values of the non-zeros
+ * appended at pos / val (branch free: every element is stored, the count
+ * advances only for non-zeros), bits into bm (bit i of the block at byte
+ * i / 8, bytes from i0 / 8 on cleared first), absolute-value bits max-ed
+ * into *amax.  i0 is a multiple of 8.
+ */
+static uint32_t scan_tail(const float *xb, uint32_t i0, uint32_t len,
+			  uint16_t *pos, float *val, uint8_t *bm,
+			  uint32_t *amax)
+{
+	uint32_t c = 0, mx = *amax;
+
+	memset(bm + i0 / 8, 0, (len - i0 + 7) / 8);
+	for (uint32_t i = i0; i < len; i++) {
+		uint32_t a = hg_abs_bits(xb[i]);
+		uint32_t nz = a != 0;
+
+		pos[c] = (uint16_t)i;
+		val[c] = xb[i];
+		c += nz;
+		bm[i >> 3] |= (uint8_t)(nz << (i & 7));
+		mx = a > mx ? a : mx;
+	}
+	*amax = mx;
+	return c;
+}
+
+/*
+ * The same for the whole 16-element vectors of a block: each vector's
+ * non-zero mask is its 16 bitmap bits; positions and values are compressed
+ * in registers (a compressing store to memory is slow on some CPUs) and
+ * all 16 lanes stored, the output advancing by the count.
+ */
+__attribute__((target("avx512f,avx512bw,avx512dq")))
+static uint32_t scan_avx512(const float *xb, uint32_t len16, uint16_t *pos,
+			    float *val, uint8_t *bm, uint32_t *amax)
+{
+	const __m512i m = _mm512_set1_epi32(0x7FFFFFFF);
+	const __m512i step = _mm512_set1_epi32(16);
+	__m512i idx = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11,
+					12, 13, 14, 15);
+	__m512i mx = _mm512_setzero_si512();
+	uint32_t c = 0;
+
+	for (uint32_t i = 0; i < len16; i += 16) {
+		__m512 v = _mm512_loadu_ps(xb + i);
+		__m512i a = _mm512_and_si512(_mm512_castps_si512(v), m);
+		__mmask16 nz = _mm512_test_epi32_mask(a, a);
+		uint16_t bits = (uint16_t)nz;
+
+		mx = _mm512_max_epu32(mx, a);
+		memcpy(bm + i / 8, &bits, 2); /* LSB first: little endian */
+		_mm256_storeu_si256((__m256i *)(pos + c),
+				    _mm512_cvtepi32_epi16(
+					    _mm512_maskz_compress_epi32(nz, idx)));
+		_mm512_storeu_ps(val + c, _mm512_maskz_compress_ps(nz, v));
+		c += (uint32_t)__builtin_popcount(nz);
+		idx = _mm512_add_epi32(idx, step);
+	}
+	{
+		uint32_t r = _mm512_reduce_max_epu32(mx);
+
+		*amax = r > *amax ? r : *amax;
+	}
+	/* leave no dirty upper state to the SSE code that follows */
+	_mm256_zeroupper();
+	return c;
+}
+
+int hg_scan_encode(struct hg_scan *s, const struct hg_params *p,
+		   const float *x, size_t n, int8_t *codes,
+		   uint8_t *counts_be32, size_t *bad_index)
+{
+	int rc = hg_params_check(p);
+	size_t nb, total = 0;
+	bool avx512;
+
+	if (!s)
+		return -EINVAL;
+	s->valid = false;
+	if (rc)
+		return rc;
+	if (n && !x)
+		return -EINVAL;
+	nb = hg_nblocks(p, n);
+	rc = reserve_blocks(s, nb, (n + 7) / 8);
+	if (rc)
+		return rc;
+	s->n = n;
+	s->block = p->block;
+	s->nb = nb;
+	avx512 = hg_codec_avx512();
+	for (size_t b = 0; b < nb; b++) {
+		uint32_t len = (uint32_t)hg_block_len(p, n, b);
+		const float *xb = x + b * p->block;
+		uint8_t *bm = s->bitmap + b * (p->block / 8);
+		uint32_t amax = 0, c = 0, i0 = 0;
+
+		rc = reserve_nz(s, total + len + SCAN_SLACK);
+		if (rc)
+			return rc;
+		s->off[b] = total;
+		if (avx512) {
+			i0 = len & ~15u;
+			c = scan_avx512(xb, i0, s->pos + total, s->val + total,
+					bm, &amax);
+		}
+		c += scan_tail(xb, i0, len, s->pos + total + c,
+			       s->val + total + c, bm, &amax);
+		if (amax >= 0x7F800000u) {
+			if (bad_index) {
+				size_t i = 0;
+
+				while (hg_abs_bits(xb[i]) < 0x7F800000u)
+					i++;
+				*bad_index = b * p->block + i;
+			}
+			return -EDOM;
+		}
+		s->absmax[b] = amax;
+		if (codes)
+			codes[b] = hg_code_of_absmax(amax);
+		if (counts_be32)
+			hg_st_be32(counts_be32 + 4 * b, c);
+		total += c;
+	}
+	s->off[nb] = total;
+	s->valid = true;
+	return 0;
+}
