@@ -149,8 +149,10 @@ bench: build ## the standard benchmark suite into docs/results/ (the testbed par
 	$(VENV)/bin/homagg bench engine --json > docs/results/engine.json
 	$(VENV)/bin/python -m homagg.bench.markdown engine docs/results/engine.json docs/results/engine.md
 	$(VENV)/bin/homagg bench scale --out docs/results/scale
+	$(VENV)/bin/homagg bench scale --methods dense,lhc --aggregators 1,2,4,8,W/8 --out docs/results/scale_k
 	@if [ "$$(id -u)" = 0 ]; then set -x; $(VENV)/bin/homagg bench allreduce $(BENCH_ALLREDUCE); \
-	else echo "make bench: skipping homagg bench allreduce: it builds network namespaces," \
+	  $(VENV)/bin/homagg bench soak --minutes 5 --json > docs/results/soak.json; \
+	else echo "make bench: skipping homagg bench allreduce and soak: they build network namespaces," \
 	  "tc-shaped veth links and a DPDK daemon, which needs root (run make bench as root)"; fi
 
 demo: build ## the main job: exact allreduce on a 4-worker testbed (in-process cluster without root)

@@ -57,7 +57,7 @@ def _free_third_octet():
 
 
 class Rack:
-    def __init__(self, tmp, workers=2):
+    def __init__(self, tmp, workers=2, aggregators=1):
         self.tmp = str(tmp)
         self.name = "p" + secrets.token_hex(4)
         self.subnet_third = _free_third_octet()
@@ -66,6 +66,7 @@ class Rack:
         self.unused_ip = f"10.79.{self.subnet_third}.99"  # in the subnet, no host
         self.ctl_if = "hgc" + secrets.token_hex(3)
         self.workers = workers
+        self.aggregators = aggregators
         self.tb = None
         self.sshd = {}
         self.key = os.path.join(self.tmp, "id_client")
@@ -76,7 +77,8 @@ class Rack:
 
         os.makedirs("/run/sshd", exist_ok=True)
         self.tb = Testbed.up(self.name, workers=self.workers, subnet=self.subnet,
-                             state_dir=os.path.join(self.tmp, "testbeds"))
+                             state_dir=os.path.join(self.tmp, "testbeds"),
+                             aggregators=self.aggregators)
         sw = self.tb.state()["switch_netns"]
         with IPRoute() as ipr:
             ipr.link("add", ifname=self.ctl_if, kind="veth", peer={"ifname": "ctl", "net_ns_fd": sw})

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from homagg._native import lib
 from homagg.control import ControlClient, ControlError
 from homagg.errors import InvalidArgument, OutOfRange, PeerTimeout
+from homagg.session import accounting
 
 from switch_helpers import SWITCH, Daemon, wait_for
 
@@ -59,7 +60,9 @@ def test_stats_names_every_counter(daemon):
     assert all(isinstance(v, int) and v >= 0 for v in counters.values())
     for name in ("received", "summed", "results_sent", "unknown_job", "bad_token"):
         assert name in counters
-    assert set(st["port"]) >= {"rx", "tx", "drop_injected", "arp_replies"}
+    assert set(st["port"]) >= {"ipackets", "rx", "tx", "drop_injected", "arp_replies",
+                               "arp_other"}
+    assert accounting(st)["consistent"]
 
 
 def test_add_and_remove_job(daemon):

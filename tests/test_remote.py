@@ -203,3 +203,45 @@ def test_train_on_inventory_hosts(rack, tmp_path):
     finally:
         down = cli("down", "-i", path)
     assert down.returncode == 0, down.stdout + down.stderr
+
+
+@pytest.fixture(scope="module")
+def rack2(tmp_path_factory):
+    require(os.geteuid() == 0, "needs root")
+    require(os.path.exists(SWITCH), "homagg-switch not built (make build)")
+    r = Rack(tmp_path_factory.mktemp("rack2"), workers=2, aggregators=2)
+    try:
+        r.up()
+        yield r
+    finally:
+        r.down()
+
+
+@pytest.mark.timeout(600)
+def test_two_aggregators_up_run_down(rack2, tmp_path):
+    """Every aggregator host of the inventory runs a daemon and holds a
+    shard of the job (docs/PROTOCOL.md "Several aggregators")."""
+    path, i = make_testbed(rack2, tmp_path)
+    assert [h.name for h in i.aggregators] == ["agg", "agg1"]
+    up = cli("up", "-i", path, "--no-udp-csum")
+    assert up.returncode == 0, up.stdout + up.stderr
+    pids = {}
+    for h in i.aggregators:
+        pids[h.name] = int(open(os.path.join(h.install_dir, "run", "switch.pid")).read().split()[0])
+        ns = rack2.tb.host(h.name).netns
+        assert os.stat(f"/proc/{pids[h.name]}/ns/net").st_ino == os.stat(f"/run/netns/{ns}").st_ino
+    try:
+        r = cli("run", "allreduce", "-i", path, "--method", "lhc", "--elements", "30000",
+                "--density", "0.05", "--seed", "7", "--runs-dir", str(tmp_path / "runs"), "--json")
+        assert r.returncode == 0, r.stdout + r.stderr
+        rep = json.loads(r.stdout)
+        assert rep["exact"] is True and rep["exact_per_worker"] == [True, True], rep
+        assert [a["host"] for a in rep["aggregators"]] == ["agg", "agg1"]
+        for a in rep["aggregators"]:
+            assert a["counters"]["completed"] > 0, a
+        assert os.path.exists(os.path.join(rep["run_dir"], "switch-agg1.log"))
+    finally:
+        down = cli("down", "-i", path)
+    assert down.returncode == 0, down.stdout + down.stderr
+    for name, pid in pids.items():
+        assert gone(pid), name

@@ -187,3 +187,79 @@ def test_worker_names_the_silent_udp_aggregator():
     finally:
         silent.close()
         live.close()
+
+
+# ---- the DPDK testbed: two homagg-switch daemons, one job -----------------
+
+@pytest.fixture(scope="module")
+def testbed_k2(tmp_path_factory):
+    import os
+    import secrets
+
+    from conftest import require
+    from homagg import run as runmod
+    from homagg.testbed import Testbed
+
+    require(os.geteuid() == 0, "needs root")
+    try:
+        runmod.find_switch()
+    except runmod.RunError as e:
+        require(False, str(e))
+    sd = str(tmp_path_factory.mktemp("scale") / "testbeds")
+    tb = Testbed.up("k" + secrets.token_hex(5), workers=3, link_mbit=1000, aggregators=2,
+                    state_dir=sd)
+    try:
+        yield tb
+    finally:
+        Testbed.down(tb.name, state_dir=sd)
+
+
+@pytest.mark.root
+@pytest.mark.netns
+@pytest.mark.dpdk
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("method", EXACT)
+def test_testbed_two_dpdk_aggregators_exact(testbed_k2, method):
+    from homagg import run as runmod
+
+    assert [h.name for h in testbed_k2.aggregators] == ["agg", "agg1"]
+    rep = runmod.run_allreduce(testbed_k2.name, method, elements=40_000, density=0.05,
+                               workload="random", seed=11, state_dir=testbed_k2.state_dir)
+    assert rep["exact"] is True, rep["exact_per_worker"]
+    assert rep["workers_agree"]
+    aggs = rep["aggregators"]
+    assert [a["host"] for a in aggs] == ["agg", "agg1"]
+    for a in aggs:
+        assert a["counters"]["completed"] > 0, a
+        assert a["counters"].get("bad_shard", 0) == 0, a
+    for st in rep["worker_stats"]:
+        sent = [a["bytes_sent"] for a in st["aggregators"]]
+        assert abs(sent[0] - sent[1]) <= 0.1 * sum(sent) / 2, sent
+    assert testbed_k2.state()["processes"] == []
+
+
+@pytest.mark.root
+@pytest.mark.netns
+@pytest.mark.dpdk
+@pytest.mark.timeout(300)
+def test_testbed_dead_aggregator_is_named(testbed_k2):
+    from homagg import run as runmod
+
+    dead = testbed_k2.host("agg1")
+    with pytest.raises(runmod.RunError) as ei:
+        runmod.run_allreduce(testbed_k2.name, "dense", elements=20_000, density=1.0,
+                             workload="dense", seed=12, timeout=1.0,
+                             state_dir=testbed_k2.state_dir, fail_aggregators=("agg1",))
+    text = str(ei.value)
+    assert "failed on 3 of 3 workers" in text, text
+    assert text.count(f"no answer from aggregator {dead.ip}:48879 (shard 1 of 2)") == 3, text
+    assert "shard 0 of 2" not in text
+    assert testbed_k2.state()["processes"] == []
+    # Recovery: re-run with the K - 1 = 1 live aggregator.
+    rep = runmod.run_allreduce(testbed_k2.name, "dense", elements=20_000, density=1.0,
+                               workload="dense", seed=12, state_dir=testbed_k2.state_dir,
+                               aggregators=1)
+    assert rep["exact"] is True and [a["host"] for a in rep["aggregators"]] == ["agg"]
+    with pytest.raises(runmod.RunError, match="aggregators must be 1..2"):
+        runmod.run_allreduce(testbed_k2.name, "dense", elements=100, density=1.0,
+                             state_dir=testbed_k2.state_dir, aggregators=3)

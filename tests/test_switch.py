@@ -18,6 +18,7 @@ import uuid
 import numpy as np
 import pytest
 
+from homagg.control import ControlError
 from homagg.errors import PeerTimeout
 from homagg.worker import Worker
 
@@ -289,8 +290,10 @@ def test_switch_benchmark_sums_every_frame():
 
 
 def test_two_engine_lcores_serve_two_jobs_at_once(link, tmp_path):
-    """--lcores 2: a dispatcher lcore and two engine lcores; two jobs (one
-    per engine) run at the same time, both exact."""
+    """--lcores 2: a dispatcher lcore and two engine lcores; two jobs run at
+    the same time, both exact, each spread over both lcores by slot
+    ((job + slot) % 2): each lcore sums about half of the contributions;
+    remove_job removes a job from both."""
     d = Daemon(tmp_path / "two", ["--vdev", f"net_af_packet0,iface={link.dev_switch}"],
                ["--port-ip", link.switch_ip, "--lcores", "2",
                 *([] if link.csum_complete else ["--no-udp-csum"])],
@@ -313,8 +316,15 @@ def test_two_engine_lcores_serve_two_jobs_at_once(link, tmp_path):
                 assert y.tobytes() == expected.tobytes()
         with d.client() as c:
             st = c.stats()
+            for job in (20, 21):
+                c.remove_job(job)
+                with pytest.raises(ControlError):
+                    c.remove_job(job)
         assert st["engines"] == 2 and st["port"]["dispatch_full"] == 0
-        assert st["stats"]["summed"] > 0
+        summed = st["engine_summed"]
+        assert len(summed) == 2 and sum(summed) == st["stats"]["summed"] > 0
+        # consecutive slots alternate between the lcores: an even split
+        assert abs(summed[0] - summed[1]) <= 0.1 * sum(summed), summed
     finally:
         d.stop()
     assert d.proc.returncode == 0

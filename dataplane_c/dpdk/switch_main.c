@@ -8,12 +8,14 @@
  * lcore behind one hg_dpdk_port (port_dpdk.h), and the same loop polls the
  * control socket (control.h) every millisecond, so the engine is only ever
  * touched by one thread.  With --lcores N > 1 the main lcore dispatches:
- * it receives from the ethdev, hands each frame to engine (job id % N) on
- * its own lcore through a ring, sends what the engines put in their tx
- * rings, and serves the control socket; job changes reach an engine
- * through a mailbox its lcore serves between polls, so again nothing runs
- * concurrently with a poll and the packet path takes
- * no locks.  docs/SWITCH.md documents the command line.
+ * it receives from the ethdev, hands each frame to engine (job id + slot)
+ * % N on its own lcore through a ring, sends what the engines put in their
+ * tx rings, and serves the control socket.  Every engine holds every job
+ * and serves the slots that map to it, so one job's slots are spread over
+ * all N lcores (a slot is only ever touched by one of them).  Job changes
+ * reach each engine through a mailbox its lcore serves between polls, so
+ * again nothing runs concurrently with a poll and the packet path takes no
+ * locks.  docs/SWITCH.md documents the command line.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -86,7 +88,8 @@ struct mailbox {
 
 /* One engine.  With --lcores 1 the only shard runs on the main lcore on
  * the ethdev port itself; with N > 1 each runs on its own lcore on a
- * ring-mode port fed by the dispatcher (job id % N picks the shard). */
+ * ring-mode port fed by the dispatcher ((job id + slot) % N picks the
+ * shard; every shard holds every job). */
 struct shard {
 	struct daemon *d;
 	struct hg_dpdk_port *dport;    /* ring-mode port (N > 1) */
@@ -388,24 +391,26 @@ static int shard_call(struct shard *sh, int op, const struct hg_job_config *jc,
 	return rc;
 }
 
-static inline unsigned int shard_of_job(const struct daemon *d, uint32_t job)
-{
-	return job % d->nshards;
-}
-
-/* The shard of a received frame: its job's, read where a HomAgg header
- * sits in an IPv4 (no options) / UDP frame; anything else goes to shard 0,
- * whose engine counts it as the drop it is. */
+/*
+ * The shard of a received frame: (job id + slot) % N, read where a HomAgg
+ * header sits in an IPv4 (no options) / UDP frame, so consecutive slots of
+ * one job go to consecutive lcores.  Anything else goes to shard 0, whose
+ * engine counts it as the drop it is (a frame with a bad slot lands on
+ * some shard, which drops it the same way).
+ */
 static inline unsigned int shard_of_frame(const struct daemon *d,
 					  const struct hg_pkt *pk)
 {
 	const uint8_t *f = pk->data, *h = f + HG_ETH_IP_UDP_LEN;
+	uint32_t job, slot;
 
 	if (pk->len < HG_ETH_IP_UDP_LEN + HG_HDR_LEN || f[12] != 0x08 ||
 	    f[13] != 0x00 || f[14] != 0x45)
 		return 0;
-	return shard_of_job(d, (uint32_t)h[4] << 24 | (uint32_t)h[5] << 16 |
-			       (uint32_t)h[6] << 8 | h[7]);
+	job = (uint32_t)h[4] << 24 | (uint32_t)h[5] << 16 |
+	      (uint32_t)h[6] << 8 | h[7];
+	slot = (uint32_t)h[14] << 8 | h[15];
+	return (unsigned int)(((uint64_t)job + slot) % d->nshards);
 }
 
 /* Idle backoff: after --idle-polls polls in a row that moved nothing, sleep
@@ -466,9 +471,15 @@ static int ctl_add_job(void *ctx, const struct hg_ctl_job *j, char *err,
 		.payload_bytes = j->payload,
 		.group_ipv4 = j->group,
 	};
-	int rc = shard_call(&d->shards[shard_of_job(d, j->job)], MB_ADD, &jc,
-			    j->job);
+	unsigned int k;
+	int rc = 0;
 
+	/* On every shard (each serves its slots of the job); all or none. */
+	for (k = 0; k < d->nshards && !rc; k++)
+		rc = shard_call(&d->shards[k], MB_ADD, &jc, j->job);
+	if (rc && rc != -EEXIST)
+		while (--k > 0)
+			shard_call(&d->shards[k - 1], MB_REMOVE, NULL, j->job);
 	if (rc == -EEXIST)
 		snprintf(err, errlen, "job %u already exists", j->job);
 	else if (rc == -ETIMEDOUT || rc == -EBUSY)
@@ -480,8 +491,13 @@ static int ctl_add_job(void *ctx, const struct hg_ctl_job *j, char *err,
 static int ctl_remove_job(void *ctx, uint32_t job)
 {
 	struct daemon *d = ctx;
+	unsigned int k;
+	int rc = 0, r;
 
-	return shard_call(&d->shards[shard_of_job(d, job)], MB_REMOVE, NULL, job);
+	for (k = 0; k < d->nshards; k++)
+		if ((r = shard_call(&d->shards[k], MB_REMOVE, NULL, job)) && !rc)
+			rc = r;
+	return rc;
 }
 
 /* The counters under "stats" (engine) and "port" (backend, dispatcher). */
@@ -490,7 +506,8 @@ static int ctl_stats(void *ctx, json_t *reply)
 	struct daemon *d = ctx;
 	uint64_t c[HG_CNT__COUNT];
 	struct hg_dpdk_port_stats ps;
-	json_t *eng = json_object(), *port;
+	struct rte_eth_stats es;
+	json_t *eng = json_object(), *port, *summed;
 	unsigned int i;
 	int rc;
 
@@ -500,7 +517,13 @@ static int ctl_stats(void *ctx, json_t *reply)
 					json_integer((json_int_t)c[i])) < 0)
 			break;
 	hg_dpdk_port_get_stats(d->dport, &ps);
-	port = json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}",
+	/* the ethdev's own count of frames received: every one of them is
+	 * in exactly one of drop_injected, drop_segmented, arp_replies,
+	 * arp_other and rx */
+	if (rte_eth_stats_get(d->o.port_id, &es) != 0)
+		es.ipackets = 0;
+	port = json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}",
+			 "ipackets", (json_int_t)es.ipackets,
 			 "rx", (json_int_t)ps.rx, "tx", (json_int_t)ps.tx,
 			 "tx_refused", (json_int_t)ps.tx_refused,
 			 "drop_injected", (json_int_t)ps.drop_injected,
@@ -519,6 +542,17 @@ static int ctl_stats(void *ctx, json_t *reply)
 	rc = json_object_set_new(reply, "stats", eng);
 	rc |= json_object_set_new(reply, "port", port);
 	rc |= json_object_set_new(reply, "engines", json_integer(d->nshards));
+	/* What each engine lcore summed (the spread of one job's slots). */
+	summed = json_array();
+	for (i = 0; summed && i < d->nshards; i++) {
+		uint64_t v = d->nshards == 1 && !d->shards[0].launched ?
+			     c[HG_CNT_SUMMED] :
+			     __atomic_load_n(&d->shards[i].snap[HG_CNT_SUMMED],
+					     __ATOMIC_RELAXED);
+
+		rc |= json_array_append_new(summed, json_integer((json_int_t)v));
+	}
+	rc |= json_object_set_new(reply, "engine_summed", summed);
 	return rc ? -ENOMEM : 0;
 }
 

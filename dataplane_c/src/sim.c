@@ -240,7 +240,7 @@ struct hg_sim *hg_sim_create(const struct hg_sim_config *cfg)
 	if (cfg->mtu)
 		s->mtu = cfg->mtu;
 	fc.seed = cfg->seed;
-	fc.pool_size = 65536;
+	fc.pool_size = cfg->pool_frames ? cfg->pool_frames : 65536;
 	fc.buf_size = (uint16_t)((s->mtu + 14 + 63) / 64 * 64);
 	fc.max_ports = HG_NIC_MAX_PORTS;
 	s->fab = hg_nic_fabric_create(&fc);

@@ -27,7 +27,7 @@ def _f32_1d(a, name, writable=False):
 
 def sim_create(loss=0.0, duplicate=0.0, reorder=0.0, reorder_ns=0, delay_ns=0,
                link_gbps=0.0, seed=0, payload_bytes=0, unicast_results=False,
-               agg_link_gbps=0.0, aggregators=1, mtu=0):
+               agg_link_gbps=0.0, aggregators=1, pool_frames=0, mtu=0):
     for name, v in (("loss", loss), ("duplicate", duplicate), ("reorder", reorder)):
         if not 0.0 <= v < 1.0:
             raise InvalidArgument(f"{name} must be in [0, 1), got {v}")
@@ -48,6 +48,7 @@ def sim_create(loss=0.0, duplicate=0.0, reorder=0.0, reorder_ns=0, delay_ns=0,
     cfg.unicast_results = bool(unicast_results)
     cfg.agg_link_gbps = float(agg_link_gbps)
     cfg.aggregators = int(aggregators)
+    cfg.pool_frames = int(pool_frames)
     cfg.mtu = int(mtu)
     s = lib.hg_sim_create(cfg)
     if s == ffi.NULL:

@@ -90,18 +90,24 @@ def reference(grads: list[np.ndarray], block: int) -> np.ndarray:
     return ref.allreduce(grads, block)
 
 
+def open_worker(spec: dict):
+    """The homagg.worker.Worker a worker spec (worker_spec()) describes."""
+    from homagg.worker import Worker
+
+    aggs = spec.get("aggregators") or [(spec["agg_ip"], spec["udp_port"])]
+    return Worker(job=spec["job"], token=spec["token"], worker=spec["worker"],
+                  workers=spec["workers"], aggregators=[tuple(a) for a in aggs],
+                  group=spec["group"], bind=(spec["ip"], 0), timeout=spec["timeout"],
+                  slots=spec["slots"], payload=spec["payload"], rto=spec["rto"],
+                  mtu=spec.get("mtu"))
+
+
 def child(spec: dict) -> int:
     """One worker process: build the gradient, wait for "go" on stdin, run
     the allreduce, save the result, print one JSON line of stats."""
-    from homagg.worker import Worker
-
     x = gradient(spec["elements"], spec["density"], spec["workload"], spec["seed"], spec["worker"],
                  spec["workers"])
-    with Worker(job=spec["job"], token=spec["token"], worker=spec["worker"],
-                workers=spec["workers"], aggregator=(spec["agg_ip"], spec["udp_port"]),
-                group=spec["group"], bind=(spec["ip"], 0), timeout=spec["timeout"],
-                slots=spec["slots"], payload=spec["payload"], rto=spec["rto"],
-                mtu=spec.get("mtu")) as w:
+    with open_worker(spec) as w:
         if spec.get("go_file"):  # remote hosts: a file barrier (homagg.remote)
             open(spec["ready_file"], "w").close()
             deadline = time.monotonic() + spec.get("start_timeout", 120.0)
@@ -138,13 +144,16 @@ def check_arguments(method: str, elements: int, density: float) -> None:
 
 
 def worker_spec(*, job, token, worker, workers, agg_ip, group, ip, timeout, slots, payload, rto,
-                method, block, elements, density, workload, seed, out, mtu=None) -> dict:
+                method, block, elements, density, workload, seed, out, mtu=None,
+                aggregators=None) -> dict:
     """The JSON spec of one worker process (``python -m homagg.job --child SPEC``);
-    ``mtu`` None: the worker asks the kernel for its path's MTU."""
+    ``mtu`` None: the worker asks the kernel for its path's MTU; ``aggregators``:
+    the job's K aggregator addresses in shard order (default: agg_ip alone)."""
     return dict(job=job, token=token, worker=worker, workers=workers, agg_ip=agg_ip,
                 udp_port=UDP_PORT, group=group, ip=ip, timeout=timeout, slots=slots,
                 payload=payload, rto=rto, method=method, block=block, elements=elements,
-                density=density, workload=workload, seed=seed, out=out, mtu=mtu)
+                density=density, workload=workload, seed=seed, out=out, mtu=mtu,
+                aggregators=[list(a) for a in (aggregators or [(agg_ip, UDP_PORT)])])
 
 
 def check_payload(payload: int, mtu: int, where: str) -> None:
@@ -186,6 +195,14 @@ def counter_deltas(before: dict, after: dict) -> tuple[dict, dict]:
     return counters, port
 
 
+def sum_dicts(ds: list[dict]) -> dict:
+    out: dict = {}
+    for d in ds:
+        for k, v in d.items():
+            out[k] = out.get(k, 0) + v
+    return out
+
+
 def print_report(rep: dict, as_json: bool = False) -> int:
     """Print the report (text or one JSON object); the exit status: 0 when
     exact (or, for nc, the workers agree), else 3."""
@@ -209,6 +226,10 @@ def print_report(rep: dict, as_json: bool = False) -> int:
     else:
         print(f"  bit-exact on every worker: {rep['exact']} {rep['exact_per_worker']}")
     print("  daemon counters: " + ", ".join(f"{k}={v}" for k, v in rep["counters"].items() if v))
+    if len(rep.get("aggregators", [])) > 1:
+        for a in rep["aggregators"]:
+            print(f"  aggregator {a['host']} ({a['ip']}): received {a.get('rx_bytes', '?')} bytes, "
+                  f"sent {a.get('tx_bytes', '?')}, summed {a['counters'].get('summed', 0)}")
     if rep.get("run_dir"):
         print(f"  results and logs: {rep['run_dir']}")
     return 0 if ok else 3

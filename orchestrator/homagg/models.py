@@ -225,7 +225,9 @@ class VGGLike(nn.Module):
 def vgg(rank, world_size, seed, batch=16, classes=10):
     torch.manual_seed(seed)
     model = VGGLike(classes)
-    templates = _rng(seed, 5).standard_normal((classes, 3, 32, 32)).astype(np.float32)
+    # class templates: 4x4 random patterns blown up to 32x32
+    coarse = _rng(seed, 5).standard_normal((classes, 3, 4, 4)).astype(np.float32)
+    templates = np.repeat(np.repeat(coarse, 8, axis=2), 8, axis=3)
     rng = _rng(seed, 6, rank)
 
     def gen():

@@ -1,6 +1,6 @@
 """Run HomAgg on the real hosts of an inventory over SSH (fabric): up, run, down.
 
-    homagg up -i testbed.toml              # homagg-switch on the aggregator, in the background
+    homagg up -i testbed.toml              # homagg-switch on every aggregator, in the background
     homagg run allreduce -i testbed.toml --method lhc --elements 1000000 --density 0.01
     homagg down -i testbed.toml            # stop every process started, remove the run state
 
@@ -22,6 +22,12 @@ process while a run is in progress.  A PID file holds "PID STARTTIME" (from
 /proc/PID/stat), so a PID reused by another process is never signalled.
 ``down`` stops the processes its PID files name (SIGTERM to the process
 group, SIGKILL after 10 s) and removes INSTALL_DIR/run/.
+
+An inventory with several aggregator hosts spreads every job over all of
+them, in inventory order (shard k is the k-th aggregator host,
+docs/PROTOCOL.md "Several aggregators"): ``up`` starts a daemon on each,
+``run`` registers the job on each and gives every worker the K addresses,
+``down`` stops them all.
 
 ``run allreduce -i`` registers a job over the daemon's control socket (by
 running ``python -m homagg.control`` on the aggregator), starts one worker
@@ -226,8 +232,9 @@ def open_hosts(inventory: inv.Inventory, out=None, switch: str | None = None,
     return hosts
 
 
-def _aggregator(hosts: list[Host]) -> Host:
-    return next(r for r in hosts if r.h.role == "aggregator")
+def _aggregators(hosts: list[Host]) -> list[Host]:
+    """The aggregator hosts in inventory order: shard k is the k-th."""
+    return [r for r in hosts if r.h.role == "aggregator"]
 
 
 def switch_argv(h: inv.HostSpec, binary: str, hugepages_mount: str,
@@ -250,35 +257,55 @@ def switch_argv(h: inv.HostSpec, binary: str, hugepages_mount: str,
 # up / down
 
 
+def _up_one(agg: Host, inventory: inv.Inventory, no_udp_csum: bool, ready_timeout: float,
+            out) -> dict:
+    """homagg-switch on one aggregator, ready (its control socket answers)."""
+    h = agg.h
+    if agg.alive(switch_pidfile(h)):
+        raise RemoteError(f"host '{h.name}': homagg-switch already runs ({switch_pidfile(h)}): "
+                          f"stop it first with `homagg down -i {inventory.path}`")
+    argv = switch_argv(h, agg.switch_binary, inventory.settings.hugepages_mount, no_udp_csum)
+    rt = f"{rundir(h)}/rt"
+    agg.run(f"mkdir -p {shlex.quote(rt)}")
+    pid = agg.start(switch_pidfile(h), switch_log(h), argv, rundir(h),
+                    env={"RUNTIME_DIRECTORY": rt, "XDG_RUNTIME_DIR": rt})
+    try:
+        agg.control({"cmd": "stats"}, wait=ready_timeout, pid=pid)
+    except RemoteError as e:
+        log = agg.run(f"tail -n 30 {shlex.quote(switch_log(h))}", check=False).stdout
+        agg.stop_all()
+        raise RemoteError(f"host '{h.name}': homagg-switch did not become ready within "
+                          f"{ready_timeout:g} s ({e}); its log:\n{log}") from None
+    print(f"homagg-switch up on {h.name} (pid {pid}, {h.vdev or 'pci ' + h.pci}, ip {h.address}), "
+          f"control socket {control_socket(h)}", file=out)
+    return {"host": h.name, "pid": pid, "control": control_socket(h), "log": switch_log(h),
+            "argv": argv}
+
+
 def up(inventory: inv.Inventory, switch: str | None = None, no_udp_csum: bool = False,
        ready_timeout: float = 30.0, out=None) -> dict:
-    """Start homagg-switch on the (first) aggregator and wait until its
-    control socket answers; returns {"host", "pid", "control", "log"}."""
+    """Start homagg-switch on every aggregator (in parallel) and wait until
+    each control socket answers; returns the first one's {"host", "pid",
+    "control", "log", "argv"} with "aggregators": the list of all of them.
+    One failing host does not hide the others: RemoteError names each."""
     out = out or sys.stdout
     hosts = open_hosts(inventory, out, switch)
     try:
-        agg = _aggregator(hosts)
-        h = agg.h
-        if agg.alive(switch_pidfile(h)):
-            raise RemoteError(f"host '{h.name}': homagg-switch already runs ({switch_pidfile(h)}): "
-                              f"stop it first with `homagg down -i {inventory.path}`")
-        argv = switch_argv(h, agg.switch_binary, inventory.settings.hugepages_mount, no_udp_csum)
-        rt = f"{rundir(h)}/rt"
-        agg.run(f"mkdir -p {shlex.quote(rt)}")
-        pid = agg.start(switch_pidfile(h), switch_log(h), argv, rundir(h),
-                        env={"RUNTIME_DIRECTORY": rt, "XDG_RUNTIME_DIR": rt})
-        try:
-            agg.control({"cmd": "stats"}, wait=ready_timeout, pid=pid)
-        except RemoteError as e:
-            log = agg.run(f"tail -n 30 {shlex.quote(switch_log(h))}", check=False).stdout
-            agg.stop_all()
-            raise RemoteError(f"host '{h.name}': homagg-switch did not become ready within "
-                              f"{ready_timeout:g} s ({e}); its log:\n{log}") from None
-        info = {"host": h.name, "pid": pid, "control": control_socket(h), "log": switch_log(h),
-                "argv": argv}
-        print(f"homagg-switch up on {h.name} (pid {pid}, {h.vdev or 'pci ' + h.pci}, ip {h.address}), "
-              f"control socket {control_socket(h)}", file=out)
-        return info
+        aggs = _aggregators(hosts)
+
+        def one(agg):
+            try:
+                return _up_one(agg, inventory, no_udp_csum, ready_timeout, out)
+            except Exception as e:  # noqa: BLE001 - collected per host below
+                return e
+
+        res = ssh.parallel(one, aggs, inventory.settings.parallel)
+        bad = {n: v for n, v in res.items() if isinstance(v, Exception)}
+        if bad:
+            raise RemoteError("homagg-switch did not start on every aggregator: " +
+                              "; ".join(str(e) for e in bad.values()))
+        infos = [res[a.h.name] for a in aggs]
+        return {**infos[0], "aggregators": infos}
     finally:
         for r in hosts:
             r.close()
@@ -363,21 +390,27 @@ def run_allreduce(inventory: inv.Inventory, method: str, elements: int, density:
                            f"inventory {inventory.path}")
     hosts = open_hosts(inventory, out)
     workers = [r for r in hosts if r.h.role == "worker"]
-    agg = _aggregator(hosts)
+    aggs = _aggregators(hosts)
+    agg = aggs[0]
     W = len(workers)
     job, token = 1 + secrets.randbelow(1 << 15), secrets.randbits(31)
     folder = _run_folder(runs_dir, method)
     run_id = os.path.basename(folder)
     started: list[tuple[Host, str]] = []
-    registered = False
+    registered: list[Host] = []
     try:
-        if not agg.alive(switch_pidfile(agg.h)):
-            raise RemoteError(f"host '{agg.h.name}': homagg-switch is not running: start it with "
-                              f"`homagg up -i {inventory.path}`")
-        agg.control({"cmd": "add_job", "job": job, "token": token, "workers": W, "slots": slots,
-                     "payload": payload, "group": group})
-        registered = True
-        before = agg.control({"cmd": "stats"})
+        down_aggs = [a.h.name for a in aggs if not a.alive(switch_pidfile(a.h))]
+        if down_aggs:
+            raise RemoteError("homagg-switch is not running on " +
+                              ", ".join(f"host '{n}'" for n in down_aggs) +
+                              f": start it with `homagg up -i {inventory.path}`")
+        before = []
+        for a in aggs:
+            a.control({"cmd": "add_job", "job": job, "token": token, "workers": W, "slots": slots,
+                       "payload": payload, "group": group})
+            registered.append(a)
+            before.append(a.control({"cmd": "stats"}))
+        agg_addrs = [(a.h.address, localrun.UDP_PORT) for a in aggs]
         paths, pids = [], []
         for i, r in enumerate(workers):
             d = f"{rundir(r.h)}/{run_id}"
@@ -388,7 +421,7 @@ def run_allreduce(inventory: inv.Inventory, method: str, elements: int, density:
                 job=job, token=token, worker=i, workers=W, agg_ip=agg.h.address, group=group,
                 ip=r.h.address, timeout=timeout, slots=slots, payload=payload, rto=rto,
                 method=method, block=block, elements=elements, density=density,
-                workload=workload, seed=seed, out=p["out"], mtu=r.h.mtu)
+                workload=workload, seed=seed, out=p["out"], aggregators=agg_addrs, mtu=r.h.mtu)
             spec.update(ready_file=p["ready"], go_file=p["go"], report=p["report"],
                         start_timeout=start_timeout)
             pids.append(r.start(p["pid"], p["log"],
@@ -421,7 +454,7 @@ def run_allreduce(inventory: inv.Inventory, method: str, elements: int, density:
         done = ssh.parallel(finished, workers, W)
         wall = time.perf_counter() - t0
         link1 = ssh.parallel(lambda r: _link_bytes(r), workers, W)
-        after = agg.control({"cmd": "stats"})
+        after = [a.control({"cmd": "stats"}) for a in aggs]
         _fetch_logs(workers, paths, folder)
         failed = [n for n, ok in done.items() if not ok]
         if failed:
@@ -434,7 +467,13 @@ def run_allreduce(inventory: inv.Inventory, method: str, elements: int, density:
             reports.append(json.loads(open(os.path.join(folder, f"report-{i}.json")).read()))
             results.append(np.load(os.path.join(folder, f"result-{i}.npy")))
         check = localrun.verify(method, elements, density, workload, seed, block, results)
-        counters, port = localrun.counter_deltas(before, after)
+        per_agg = []
+        for a, b, c in zip(aggs, before, after):
+            counters, port = localrun.counter_deltas(b, c)
+            per_agg.append({"host": a.h.name, "ip": a.h.address, "counters": counters,
+                            "port_counters": port})
+        counters = localrun.sum_dicts([a["counters"] for a in per_agg])
+        port = localrun.sum_dicts([a["port_counters"] for a in per_agg])
         names = [r.h.name for r in workers]
         rep = {
             "method": method, "workers": W, "elements": elements, "density": density,
@@ -448,6 +487,7 @@ def run_allreduce(inventory: inv.Inventory, method: str, elements: int, density:
             "worker_stats": [x["stats"] for x in sorted(reports, key=lambda x: x["worker"])],
             "counters": counters, "port_counters": port,
             "inventory": inventory.path, "aggregator": agg.h.name, "worker_hosts": names,
+            "aggregators": per_agg,
             "job": job, "worker_pids": pids, "run_dir": folder,
         }
         with open(os.path.join(folder, "report.json"), "w") as f:
@@ -460,12 +500,14 @@ def run_allreduce(inventory: inv.Inventory, method: str, elements: int, density:
                      f"rm -rf {shlex.quote(rundir(r.h) + '/' + run_id)}", check=False)
             except Exception as e:  # noqa: BLE001 - report, keep cleaning the others
                 log.warning("host '%s': cleanup failed: %s", r.h.name, e)
-        try:
-            if registered:
-                agg.control({"cmd": "remove_job", "job": job})
-            agg.conn.get(switch_log(agg.h), os.path.join(folder, "switch.log"))
-        except Exception as e:  # noqa: BLE001
-            log.warning("host '%s': %s", agg.h.name, e)
+        for k, a in enumerate(aggs):
+            try:
+                if a in registered:
+                    a.control({"cmd": "remove_job", "job": job})
+                a.conn.get(switch_log(a.h), os.path.join(
+                    folder, "switch.log" if k == 0 else f"switch-{a.h.name}.log"))
+            except Exception as e:  # noqa: BLE001 - report, keep cleaning the others
+                log.warning("host '%s': %s", a.h.name, e)
         for r in hosts:
             r.close()
 

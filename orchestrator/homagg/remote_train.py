@@ -59,7 +59,7 @@ def run_train(inventory_path: str, model: str = "ncf", method: str = "auto", ste
         if not 1 <= ranks <= len(workers):
             raise trainmod.TrainError(f"--ranks {ranks}: the inventory has {len(workers)} workers")
         workers = workers[:ranks]
-    agg = remote._aggregator(hosts)
+    agg = remote._aggregators(hosts)[0]  # training: the first aggregator
     W = len(workers)
     phases = trainmod._phases(method, baseline)
     folder = remote._run_folder(runs_dir, f"train-{method}")

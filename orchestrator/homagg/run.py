@@ -4,8 +4,10 @@
     sudo homagg run allreduce --testbed demo --method lhc --elements 1000000 --density 0.01
 
 starts homagg-switch in the aggregator's namespace (DPDK vdev net_af_xdp on
-its eth0, falling back to net_af_packet), registers a job over the control
-socket, starts one worker process in every worker namespace (each generates
+its eth0, falling back to net_af_packet) -- in every aggregator's namespace
+when the testbed has several (``homagg testbed up --aggregators K``: the job
+is spread over them, docs/PROTOCOL.md "Several aggregators") --, registers
+the job over each control socket, starts one worker process in every worker namespace (each generates
 its gradient from the seed and its worker id, then calls
 homagg.worker.Worker.allreduce), checks every worker's result bit for bit
 against the fixed-point reference (numpy), prints the time, the bytes each
@@ -50,15 +52,11 @@ import numpy as np
 from homagg import log
 from homagg.errors import HomAggError
 from homagg.job import (DEFAULT_BLOCK, METHODS, UDP_PORT, WORKLOADS, RunError, check_arguments,
-                        check_payload, counter_deltas, print_report, vdev_for_mtu, verify,
-                        worker_spec)
+                        check_payload, counter_deltas, print_report, sum_dicts, vdev_for_mtu,
+                        verify, worker_spec)
 from homagg.testbed import Testbed, TestbedError
-
 EAL_BASE = ["-l", "0", "--no-huge", "-m", "256", "--no-pci", "--no-shconf", "--no-telemetry",
             "--log-level", "lib.eal:error"]
-
-
-
 
 
 # --------------------------------------------------------------------------
@@ -102,11 +100,12 @@ def process_cpu_seconds(pid: int) -> float | None:
 
 
 class Switch:
-    """homagg-switch in the testbed's aggregator namespace."""
+    """homagg-switch in one aggregator namespace of the testbed (``host``:
+    "agg", "agg1", ...)."""
 
     def __init__(self, tb: Testbed, workdir: str, pmd: str = "auto", switch: str | None = None,
                  ready_timeout: float = 30.0, drop_rate: float = 0.0,
-                 idle_us: int = IDLE_US, idle_polls: int = IDLE_POLLS):
+                 idle_us: int = IDLE_US, idle_polls: int = IDLE_POLLS, host: str = "agg"):
         mtu = int(tb.state().get("mtu") or 1500)
         kinds = ("af_xdp", "af_packet") if pmd == "auto" else (pmd,)
         if mtu > 1500:
@@ -117,18 +116,21 @@ class Switch:
             kinds = ("af_packet",)
         self.tb = tb
         self.workdir = workdir
-        self.control = os.path.join(workdir, "control.sock")
+        self.host = host
+        tag = "" if host == "agg" else f"-{host}"
+        self.control = os.path.join(workdir, f"control{tag}.sock")
         self.proc = None
         self.pmd = None
         self.log = ""
         binary = switch or find_switch()
-        agg = tb.aggregator
+        agg = tb.host(host)
+        self.ip = agg.ip
         tried = []
         for kind in kinds:
             vdev = vdev_for_mtu(f"net_{kind}0,iface={agg.ifname}", mtu)
-            logpath = os.path.join(workdir, f"switch-{kind}.log")
+            logpath = os.path.join(workdir, f"switch{tag}-{kind}.log")
             prefix = "hg" + secrets.token_hex(5)
-            runtime = os.path.join(workdir, f"rt-{kind}")
+            runtime = os.path.join(workdir, f"rt{tag}-{kind}")
             os.makedirs(runtime, exist_ok=True)
             argv = [binary, *EAL_BASE, "--file-prefix", prefix, "--vdev", vdev, "--",
                     "--port-ip", agg.ip, "--udp-port", str(UDP_PORT), "--control", self.control,
@@ -143,7 +145,7 @@ class Switch:
                 argv += ["--drop-rate", repr(float(drop_rate))]
             env = dict(os.environ, RUNTIME_DIRECTORY=runtime, XDG_RUNTIME_DIR=runtime)
             with open(logpath, "wb") as logf:
-                proc = tb.run_in("agg", argv, stdout=logf, stderr=subprocess.STDOUT, env=env,
+                proc = tb.run_in(host, argv, stdout=logf, stderr=subprocess.STDOUT, env=env,
                                  cwd=workdir)
             if self._wait_ready(proc, ready_timeout):
                 self.proc, self.pmd = proc, kind
@@ -153,7 +155,7 @@ class Switch:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.control)
             tried.append(f"{vdev}: " + pathlib.Path(logpath).read_text(errors="replace")[-800:])
-        raise RunError("homagg-switch did not start:\n" + "\n".join(tried))
+        raise RunError(f"homagg-switch did not start on {host}:\n" + "\n".join(tried))
 
     def _wait_ready(self, proc, timeout) -> bool:
         from homagg.control import ControlClient
@@ -193,17 +195,35 @@ class Switch:
         self.proc = None
 
 
+# --------------------------------------------------------------------------
+# Workers (child processes)
+
+
+def child_env() -> dict:
+    """The environment of a worker process: this one, with this package first
+    on PYTHONPATH (the child runs ``python -m homagg...`` in a namespace)."""
+    env = dict(os.environ)
+    pkg_root = str(pathlib.Path(__file__).resolve().parents[1])
+    env["PYTHONPATH"] = pkg_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
 def run_allreduce(testbed: str, method: str, elements: int, density: float,
                   workload: str = "random", seed: int = 1, block: int = DEFAULT_BLOCK,
                   slots: int = 64, payload: int = 1024, timeout: float = 10.0,
                   rto: float = 0.005, pmd: str = "auto", switch: str | None = None,
                   state_dir: str | None = None, group: str = "239.77.0.1",
                   drop_rate: float = 0.0, idle_us: int = IDLE_US,
-                  idle_polls: int = IDLE_POLLS) -> dict:
+                  idle_polls: int = IDLE_POLLS, fail_aggregators: tuple = (),
+                  aggregators: int | None = None) -> dict:
     """One allreduce on testbed ``testbed``; returns the report dict (see
     the module doc).  Every process it starts is stopped before it returns.
     ``drop_rate`` makes the daemon's port drop that fraction of the frames it
-    receives (fault injection; retransmissions repair it)."""
+    receives (fault injection; retransmissions repair it).
+    ``fail_aggregators`` (host names, e.g. ("agg1",)) are stopped once the
+    job is registered on them: the workers' error must name them.
+    ``aggregators`` N spreads the job over the testbed's first N aggregator
+    hosts (default: all of them; N - 1 is the re-run without a dead one)."""
     check_arguments(method, elements, density)
     if workload not in WORKLOADS:
         raise RunError(f"workload {workload!r} not in {WORKLOADS}")
@@ -213,24 +233,37 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
     workers = tb.workers
     W = len(workers)
     job, token = 1 + secrets.randbelow(1 << 15), secrets.randbits(31)
+    hosts = tb.aggregators
+    if aggregators is not None and not 1 <= aggregators <= len(hosts):
+        raise RunError(f"aggregators must be 1..{len(hosts)} (the testbed's aggregator hosts), "
+                       f"got {aggregators}")
     workdir = tempfile.mkdtemp(prefix=f"homagg-run-{testbed}-")
     procs = []
-    sw = None
+    sws = []
     try:
-        sw = Switch(tb, workdir, pmd=pmd, switch=switch, drop_rate=drop_rate, idle_us=idle_us,
-                    idle_polls=idle_polls)
-        with sw.client() as c:
-            c.add_job(job=job, token=token, workers=W, slots=slots, payload=payload, group=group)
-            before = c.stats()
-        env = dict(os.environ)
-        pkg_root = str(pathlib.Path(__file__).resolve().parents[1])
-        env["PYTHONPATH"] = pkg_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        for h in hosts[:aggregators]:
+            sws.append(Switch(tb, workdir, pmd=pmd, switch=switch, drop_rate=drop_rate,
+                              idle_us=idle_us, idle_polls=idle_polls, host=h.name))
+        sw = sws[0]
+        before = []
+        for s in sws:
+            with s.client() as c:
+                c.add_job(job=job, token=token, workers=W, slots=slots, payload=payload,
+                          group=group)
+                before.append(c.stats())
+        agg_addrs = [(s.ip, UDP_PORT) for s in sws]
+        unknown = set(fail_aggregators) - {s.host for s in sws}
+        if unknown:
+            raise RunError(f"fail_aggregators: no aggregator host {sorted(unknown)} "
+                           f"(the testbed has {[s.host for s in sws]})")
+        env = child_env()
         for i, h in enumerate(workers):
             spec = worker_spec(job=job, token=token, worker=i, workers=W, agg_ip=tb.aggregator.ip,
                                group=group, ip=h.ip, timeout=timeout, slots=slots,
                                payload=payload, rto=rto, method=method, block=block,
                                elements=elements, density=density, workload=workload, seed=seed,
-                               out=os.path.join(workdir, f"result-{i}.npy"))
+                               out=os.path.join(workdir, f"result-{i}.npy"),
+                               aggregators=agg_addrs)
             p = tb.run_in(h.name, [sys.executable, "-m", "homagg.job", "--child", json.dumps(spec)],
                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           text=True, env=env, cwd=workdir)
@@ -239,9 +272,13 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
             line = _readline(p, 60.0)
             if line.strip() != "ready":
                 raise RunError(f"worker {h.name} did not start: {line!r} {_stderr(p)}")
+        for s in sws:
+            if s.host in fail_aggregators:
+                s.stop()
         link0 = [tb.link_stats(h.name) for h in workers]
+        agg_link0 = [tb.link_stats(s.host) for s in sws]
         t0 = time.perf_counter()
-        d0 = sw.cpu_seconds()
+        d0 = [s.cpu_seconds() for s in sws]
         for p in procs:
             p.popen.stdin.write("go\n")
             p.popen.stdin.flush()
@@ -257,19 +294,38 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
                 continue
             reports.append(json.loads(out.strip().splitlines()[-1]))
         wall = time.perf_counter() - t0
-        d1 = sw.cpu_seconds()
+        d1 = [s.cpu_seconds() for s in sws]
         link1 = [tb.link_stats(h.name) for h in workers]
-        with sw.client() as c:
-            after = c.stats()
-            with contextlib.suppress(HomAggError):
-                c.remove_job(job)
+        agg_link1 = [tb.link_stats(s.host) for s in sws]
+        after = []
+        for s in sws:
+            if s.proc is None:  # stopped by fail_aggregators
+                after.append(None)
+                continue
+            with s.client() as c:
+                after.append(c.stats())
+                with contextlib.suppress(HomAggError):
+                    c.remove_job(job)
+        if not failures and None in after:
+            failures.append("every worker finished although an aggregator was stopped")
         if failures:
             raise RunError(f"allreduce {method} failed on {len(failures)} of {W} workers: "
                            + "; ".join(failures))
 
         results = [np.load(os.path.join(workdir, f"result-{i}.npy")) for i in range(W)]
         check = verify(method, elements, density, workload, seed, block, results)
-        counters, port = counter_deltas(before, after)
+        per_agg = []
+        for s, b, a, l0, l1, c0, c1 in zip(sws, before, after, agg_link0, agg_link1, d0, d1):
+            counters, port = counter_deltas(b, a)
+            per_agg.append({"host": s.host, "ip": s.ip, "counters": counters,
+                            "port_counters": port,
+                            "rx_bytes": l1["rx_bytes"] - l0["rx_bytes"],
+                            "tx_bytes": l1["tx_bytes"] - l0["tx_bytes"],
+                            "cpu_seconds": c1 - c0 if c0 is not None and c1 is not None
+                            else None})
+        counters = sum_dicts([a["counters"] for a in per_agg])
+        port = sum_dicts([a["port_counters"] for a in per_agg])
+        cpu = [a["cpu_seconds"] for a in per_agg]
         return {
             "method": method,
             "workers": W,
@@ -289,17 +345,18 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
             "bytes_received_per_worker": [b["rx_bytes"] - a["rx_bytes"] for a, b in zip(link0, link1)],
             "dense_float32_bytes": 4 * elements,
             "worker_cpu_seconds": [r["cpu_seconds"] for r in sorted(reports, key=lambda r: r["worker"])],
-            "daemon_cpu_seconds": d1 - d0 if d0 is not None and d1 is not None else None,
+            "daemon_cpu_seconds": None if None in cpu else sum(cpu),
             "generator": "homagg.bench.workloads",
             "worker_stats": [r["stats"] for r in sorted(reports, key=lambda r: r["worker"])],
             "counters": counters,
             "port_counters": port,
+            "aggregators": per_agg,
         }
     finally:
         for p in procs:
             p.stop()
-        if sw is not None:
-            sw.stop()
+        for s in sws:
+            s.stop()
         shutil.rmtree(workdir, ignore_errors=True)
 
 
@@ -352,6 +409,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--drop-rate", type=float, default=0.0, metavar="P",
                    help="the daemon drops this fraction of received frames (fault injection, "
                    "local testbed only; default 0)")
+    p.add_argument("--aggregators", type=int, default=None, metavar="K",
+                   help="spread the job over the testbed's first K aggregators "
+                   "(default: all of them; see `homagg testbed up --aggregators`)")
     p.add_argument("--switch", default=None, metavar="PATH",
                    help="homagg-switch binary (default: build/release/homagg-switch or $HOMAGG_SWITCH)")
     p.add_argument("--state-dir", default=None, metavar="DIR", help="testbed state directory")
@@ -371,7 +431,7 @@ def main(args: argparse.Namespace) -> int:
                             slots=args.slots, payload=args.payload_bytes, timeout=args.timeout,
                             rto=args.rto, pmd=args.pmd,
                             switch=args.switch, state_dir=args.state_dir,
-                            drop_rate=args.drop_rate)
+                            drop_rate=args.drop_rate, aggregators=args.aggregators)
     except (HomAggError, TestbedError) as e:
         print(f"homagg run allreduce: {e}", file=sys.stderr)
         return 1

@@ -149,6 +149,8 @@ class Cluster:
                                   unicast_results=not multicast,
                                   agg_link_gbps=self.agg_link_gbps,
                                   aggregators=int(aggregators),
+                                  pool_frames=self._pool_frames(workers, slots, aggregators,
+                                                                payload, mtu),
                                   mtu=int(mtu or 0))
         self.aggregators = int(aggregators)
         self._timeout = timeout
@@ -159,6 +161,15 @@ class Cluster:
         self.max_time = max_time
         self.jobs = []
         self.job = self.add_job(workers)
+
+    @staticmethod
+    def _pool_frames(workers, slots, aggregators, payload, mtu):
+        """Fabric buffers for the first job's worst case: every worker's
+        window full at every aggregator, each request and each result copy
+        (multicast: one per worker) holding a buffer; at least 65536 (the
+        fabric's default), at most 512 MB of buffers."""
+        frame = max(int(mtu or 0), 1500, payload + 100) + 64
+        return max(65536, min((512 << 20) // frame, 2 * workers * slots * aggregators + 8192))
 
     # ---- lifecycle -------------------------------------------------------
     def close(self):

@@ -7,6 +7,9 @@
     hg-demo-w1    eth0 10.77.0.11/24 --veth--  port "w1"  -+
     ...
 
+With ``aggregators=K`` (a job spread over K aggregators) the aggregators
+are hosts ``agg`` (.1), ``agg1`` (.2), ... ``agg{K-1}`` (.K), K <= 9.
+
 - the switch is a Linux bridge in its own namespace (``hg-<name>-sw``), so
   the host's own network is never touched; multicast snooping is off, so the
   bridge floods multicast to every port (a result sent once by the
@@ -52,6 +55,7 @@ BRIDGE_IFNAME = "br0"
 STATE_VERSION = 1
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_]{0,15}$")
 _MAX_WORKERS = 1000
+_MAX_AGGREGATORS = 9  # .1 .. .9, workers from .10
 
 
 class TestbedError(HomAggError):
@@ -343,6 +347,11 @@ class Testbed:
         return self.hosts()[0]
 
     @property
+    def aggregators(self) -> list[Host]:
+        """Every aggregator host in shard order (agg, agg1, agg2, ...)."""
+        return [h for h in self.hosts() if h.role == "aggregator"]
+
+    @property
     def workers(self) -> list[Host]:
         return [h for h in self.hosts() if h.role == "worker"]
 
@@ -376,15 +385,19 @@ class Testbed:
         subnet: str = DEFAULT_SUBNET,
         mtu: int = 1500,
         state_dir: str | None = None,
+        aggregators: int = 1,
     ) -> "Testbed":
-        """Build testbed ``name`` with ``workers`` worker hosts and one
-        aggregator.  Raises RootRequired, TestbedExists (nothing touched),
+        """Build testbed ``name`` with ``workers`` worker hosts and
+        ``aggregators`` aggregator hosts (1..9).  Raises RootRequired, TestbedExists (nothing touched),
         TestbedError for bad arguments; on any failure midway it removes what
         it built and re-raises the original exception."""
         check_name(name)
         require_root("homagg testbed up")
         if not isinstance(workers, int) or not 1 <= workers <= _MAX_WORKERS:
             raise TestbedError(f"workers must be 1..{_MAX_WORKERS}, got {workers!r}", -errno.ERANGE)
+        if not isinstance(aggregators, int) or not 1 <= aggregators <= _MAX_AGGREGATORS:
+            raise TestbedError(f"aggregators must be 1..{_MAX_AGGREGATORS} (addresses .1 .. .9), "
+                               f"got {aggregators!r}", -errno.ERANGE)
         for label, r in (("link_mbit", link_mbit), ("agg_link_mbit", agg_link_mbit)):
             if r is not None and not (r > 0):
                 raise TestbedError(f"{label} must be > 0 Mbit/s, got {r!r}", -errno.EINVAL)
@@ -416,6 +429,7 @@ class Testbed:
             "created": time.time(),
             "complete": False,
             "workers": workers,
+            "aggregators": aggregators,
             "link_mbit": link_mbit,
             "agg_link_mbit": agg_link_mbit,
             "subnet": str(net),
@@ -427,7 +441,7 @@ class Testbed:
             "hosts": [],
         })
         try:
-            tb._build(workers, link_mbit, agg_link_mbit, net, mtu)
+            tb._build(workers, link_mbit, agg_link_mbit, net, mtu, aggregators)
         except BaseException:
             with contextlib.suppress(Exception):
                 cls.down(name, state_dir=tb.state_dir)
@@ -453,11 +467,12 @@ class Testbed:
             self._unrecord(obj)
             raise
 
-    def _build(self, workers, link_mbit, agg_link_mbit, net, mtu) -> None:
+    def _build(self, workers, link_mbit, agg_link_mbit, net, mtu, aggregators=1) -> None:
         p = ns_prefix(self.name)
         sw_ns = f"{p}sw"
         base = net.network_address
-        plan = [("agg", "aggregator", f"{p}agg", str(base + 1), 1, agg_link_mbit)]
+        plan = [("agg" if k == 0 else f"agg{k}", "aggregator", f"{p}agg" if k == 0 else f"{p}agg{k}",
+                 str(base + 1 + k), 1 + k, agg_link_mbit) for k in range(aggregators)]
         plan += [(f"w{i}", "worker", f"{p}w{i}", str(base + 10 + i), 0x100 + i, link_mbit)
                  for i in range(workers)]
 

@@ -4,7 +4,8 @@ A testbed is one network namespace per host (hg-NAME-agg for the aggregator,
 hg-NAME-w0, hg-NAME-w1, ... for the workers), each with an eth0 linked by a
 veth pair to a bridge in hg-NAME-sw that plays the switch (multicast is
 flooded to every port).  Addresses: aggregator .1, workers .10, .11, ... of
-the subnet (default 10.77.0.0/24).  With --link-mbit every worker link is
+the subnet (default 10.77.0.0/24); with --aggregators K, aggregators
+hg-NAME-agg, hg-NAME-agg1, ... at .1 .. .K (a job spread over K).  With --link-mbit every worker link is
 shaped in both directions (tbf).  What was created is recorded in
 /run/homagg/testbeds/NAME.json (--state-dir or $HOMAGG_TESTBED_DIR), and
 `down` removes exactly that.
@@ -36,11 +37,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        "nothing, if the name is taken; removes what it built if a step fails.")
     p.add_argument("--workers", "-w", type=int, required=True, metavar="N",
                    help="number of worker hosts (namespaces hg-NAME-w0 .. w{N-1})")
+    p.add_argument("--aggregators", "-k", type=int, default=1, metavar="K",
+                   help="aggregator hosts (1..9; hg-NAME-agg, hg-NAME-agg1, ...) "
+                   "(default: %(default)s)")
     p.add_argument("--link-mbit", type=float, default=None, metavar="R",
                    help="shape every worker link to R Mbit/s in both directions "
                    "(tbf on both veth ends); default: unshaped")
     p.add_argument("--agg-link-mbit", type=float, default=None, metavar="R",
-                   help="shape the aggregator's link too (default: unshaped)")
+                   help="shape the aggregators' links too (default: unshaped)")
     p.add_argument("--name", "-n", default="default",
                    help="testbed name: 1-16 of a-z 0-9 _ (default: %(default)s)")
     p.add_argument("--subnet", default=DEFAULT_SUBNET,
@@ -82,8 +86,9 @@ def _run(args) -> int:
     if args.action == "up":
         tb = Testbed.up(args.name, workers=args.workers, link_mbit=args.link_mbit,
                         agg_link_mbit=args.agg_link_mbit, subnet=args.subnet, mtu=args.mtu,
-                        state_dir=sd)
-        print(f"testbed {tb.name} is up ({args.workers} workers, links {_rate(args.link_mbit)}); "
+                        state_dir=sd, aggregators=args.aggregators)
+        print(f"testbed {tb.name} is up ({args.workers} workers, {args.aggregators} "
+              f"aggregator{'s' if args.aggregators > 1 else ''}, links {_rate(args.link_mbit)}); "
               f"state: {tb.state_path}")
         _print_hosts(tb)
         return 0

@@ -258,8 +258,8 @@ class HookState:
         x = buffer.detach().to(torch.float32).reshape(-1).numpy()
         if self.sparsify is not None:
             x = self._sparsified(x, params, list(grads))
-        elif dtype == torch.float32:
-            x = x.copy()  # DDP may reuse the bucket while we send it
+        elif dtype == torch.float32 and self.recorder is not None:
+            x = x.copy()  # the recorder keeps it; DDP refills the bucket next step
         info = {}
         t0 = time.perf_counter()
         seed = self.seed + self._calls

@@ -16,7 +16,9 @@ Optimiser: SGD, the model's learning rate (--lr).
 Per phase it reports, from the timed steps (the first --warmup steps are
 not timed; every rank starts each step after a barrier): the iteration time
 (median over steps of the slowest rank), the backward pass time (which
-contains the communication DDP waits for), the bytes each rank's interface
+contains the communication DDP waits for), the compute time (forward +
+backward of two more batches under DDP's no_sync, no communication, the
+same CPU contention; not applied), the bytes each rank's interface
 sent per step (the kernel's counter), the loss of every step (mean over
 ranks) and its wall time, and the speedup: Gloo's iteration time / HomAgg's.
 HomAgg's phase also reports every bucket's size, gradient density, the
@@ -166,16 +168,28 @@ def _phase(spec, dist, torch, method, record_dir):
                 if step >= warmup:
                     buckets.extend(log)
         tx1 = _iface_tx(spec["ifname"])
+        final = {n: p.detach().numpy().copy() for n, p in ddp.module.named_parameters()}
+        # the same forward + backward without communication (DDP's no_sync),
+        # under the same CPU contention: the iteration's compute part
+        compute_s = []
+        for _ in range(spec.get("compute_steps", 2)):
+            inputs, targets = next(batches)
+            dist.barrier()
+            t0 = time.perf_counter()
+            with ddp.no_sync():
+                opt.zero_grad()
+                loss_fn(_call(ddp, inputs), targets).backward()
+            compute_s.append(time.perf_counter() - t0)
+        opt.zero_grad()
     finally:
         if state is not None:
             state.close()
     out = {"rank": rank, "method": method, "losses": losses, "step_seconds": step_s,
-           "backward_seconds": bwd_s,
+           "backward_seconds": bwd_s, "compute_seconds": compute_s,
            "tx_bytes_per_step": (tx1 - tx0) / max(1, steps),
            "buckets": _bucket_summary(buckets)}
     if record_dir:
-        params = {n: p.detach().numpy().copy() for n, p in ddp.module.named_parameters()}
-        np.savez(os.path.join(record_dir, f"params-{method}-{rank}.npz"), **params)
+        np.savez(os.path.join(record_dir, f"params-{method}-{rank}.npz"), **final)
         if method != "gloo":
             arrays = {f"s{b['step']}_b{b['bucket']}": b["x"] for b in record["buckets"]}
             np.savez(os.path.join(record_dir, f"grads-{rank}.npz"), **arrays)
@@ -310,6 +324,13 @@ def replay(workdir: str, model: str, world: int, seed: int, lr: float, block: in
             "buckets": len(layouts[0])}
 
 
+def _max_diff(workdir: str, a: str, b: str) -> float:
+    """Largest |difference| between rank 0's final parameters of two phases."""
+    pa = np.load(os.path.join(workdir, f"params-{a}-0.npz"))
+    pb = np.load(os.path.join(workdir, f"params-{b}-0.npz"))
+    return max(float(np.max(np.abs(pa[n].astype(np.float64) - pb[n]))) for n in pa.files)
+
+
 def _homagg_phase(workdir):
     names = [p.name for p in pathlib.Path(workdir).glob("params-*-0.npz")]
     phases = [n[len("params-"):-len("-0.npz")] for n in names]
@@ -328,8 +349,10 @@ def _phase_summary(reports: list[dict]) -> dict:
     step = np.max([r["step_seconds"] for r in reports], axis=0)
     bwd = np.max([r["backward_seconds"] for r in reports], axis=0)
     losses = np.mean([r["losses"] for r in reports], axis=0)
+    comp = np.max([r.get("compute_seconds", []) for r in reports], axis=0)
     return {
         "iteration_seconds": float(np.median(step)) if step.size else None,
+        "compute_seconds": float(np.median(comp)) if comp.size else None,
         "backward_comm_seconds": float(np.median(bwd)) if bwd.size else None,
         "step_seconds": step.tolist(),
         "bytes_per_rank": [r["tx_bytes_per_step"] for r in reports],
@@ -351,11 +374,13 @@ def summarize(method: str, rank_reports: list[dict], workdir: str, args_like: di
     gloo = _phase_summary(by_method["gloo"]) if "gloo" in by_method else None
     if gloo:
         rep.update({"gloo_iteration_seconds": gloo["iteration_seconds"],
+                    "gloo_compute_seconds": gloo["compute_seconds"],
                     "gloo_backward_comm_seconds": gloo["backward_comm_seconds"],
                     "gloo_bytes_per_rank": gloo["bytes_per_rank"],
                     "gloo_losses": gloo["losses"], "gloo_step_seconds": gloo["step_seconds"]})
     if method == "gloo":
         rep.update({"iteration_seconds": gloo["iteration_seconds"],
+                    "compute_seconds": gloo["compute_seconds"],
                     "backward_comm_seconds": gloo["backward_comm_seconds"],
                     "bytes_per_rank": gloo["bytes_per_rank"], "losses": gloo["losses"],
                     "step_seconds": gloo["step_seconds"], "speedup_vs_gloo": 1.0,
@@ -363,7 +388,8 @@ def summarize(method: str, rank_reports: list[dict], workdir: str, args_like: di
                     "replay_bit_identical": None, "buckets": []})
         return rep
     mine = _phase_summary(by_method[method])
-    rep.update({k: mine[k] for k in ("iteration_seconds", "backward_comm_seconds",
+    rep.update({k: mine[k] for k in ("iteration_seconds", "compute_seconds",
+                                     "backward_comm_seconds",
                                      "bytes_per_rank", "losses", "step_seconds",
                                      "losses_per_rank")})
     rep["buckets"] = by_method[method][0]["buckets"]
@@ -379,6 +405,7 @@ def summarize(method: str, rank_reports: list[dict], workdir: str, args_like: di
     if gloo:
         a, b = np.array(mine["losses"]), np.array(gloo["losses"])
         rep["loss_band_vs_gloo"] = float(np.max(np.abs(a - b) / np.maximum(np.abs(b), 1e-12)))
+        rep["max_param_diff_vs_gloo"] = _max_diff(workdir, method, "gloo")
     return rep
 
 
@@ -453,6 +480,7 @@ def run_train(testbed: str, model: str = "ncf", method: str = "auto", steps: int
     model_lr = load_factory(model)[1]
     lr = model_lr if lr is None else lr
     tb = Testbed.open(testbed, state_dir)
+    runmod.check_payload(payload, int(tb.state().get("mtu") or 1500), f"testbed {testbed}")
     hosts = tb.workers
     if ranks is not None:
         if not 1 <= ranks <= len(hosts):
@@ -510,7 +538,7 @@ def run_train(testbed: str, model: str = "ncf", method: str = "auto", steps: int
                                                        lr=lr, seed=seed, bucket_mb=bucket_mb,
                                                        sparsify=sparsify))
         rep.update({"testbed": testbed, "link_mbit": tb.state().get("link_mbit"),
-                    "pmd": sw.pmd if sw else None})
+                    "pmd": sw.pmd if sw else None, "slots": slots, "payload_bytes": payload})
         if out_dir:
             os.makedirs(out_dir, exist_ok=True)
             rep["plots"] = plot(rep, out_dir)
@@ -562,6 +590,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="skip the Gloo DDP phase (no speedup reported)")
     p.add_argument("--timeout", type=float, default=10.0,
                    help="an allreduce gives up after this many seconds without progress")
+    p.add_argument("--slots", type=int, default=64,
+                   help="aggregator slots of the job = packets in flight per rank (default 64)")
+    p.add_argument("--payload-bytes", type=int, default=1024, metavar="BYTES",
+                   help="payload per packet, up to 8192 on links with MTU 9000 (default 1024)")
     p.add_argument("--switch", default=None, metavar="PATH", help="homagg-switch binary")
     p.add_argument("--state-dir", default=None, metavar="DIR", help="testbed state directory")
     p.add_argument("--runs-dir", default="runs", metavar="DIR",
@@ -577,7 +609,7 @@ def main(args: argparse.Namespace) -> int:
     kw = dict(model=args.model, method=args.method, steps=args.steps, warmup=args.warmup,
               ranks=args.ranks, lr=args.lr, seed=args.seed, bucket_mb=args.bucket_mb,
               baseline=not args.no_baseline, sparsify=args.sparsify, timeout=args.timeout,
-              out_dir=args.out)
+              out_dir=args.out, slots=args.slots, payload=args.payload_bytes)
     try:
         if args.inventory:
             from homagg import remote_train
@@ -603,11 +635,13 @@ def print_report(rep: dict, as_json: bool = False) -> int:
     def ms(v):
         return "-" if v is None else f"{v * 1e3:.1f} ms"
     print(f"  iteration: {ms(rep['iteration_seconds'])} (backward + communication "
-          f"{ms(rep['backward_comm_seconds'])}), bytes sent per rank and step "
+          f"{ms(rep['backward_comm_seconds'])}, forward + backward alone "
+          f"{ms(rep.get('compute_seconds'))}), bytes sent per rank and step "
           f"{np.mean(rep['bytes_per_rank']):.0f}")
     if rep.get("gloo_iteration_seconds") is not None and rep["method"] != "gloo":
         print(f"  gloo DDP:  {ms(rep['gloo_iteration_seconds'])} (backward + communication "
-              f"{ms(rep['gloo_backward_comm_seconds'])}), bytes sent per rank and step "
+              f"{ms(rep['gloo_backward_comm_seconds'])}, forward + backward alone "
+              f"{ms(rep.get('gloo_compute_seconds'))}), bytes sent per rank and step "
               f"{np.mean(rep['gloo_bytes_per_rank']):.0f}")
         print(f"  speedup vs gloo: {rep['speedup_vs_gloo']:.2f}x")
     for b in rep.get("buckets", []):
@@ -618,7 +652,8 @@ def print_report(rep: dict, as_json: bool = False) -> int:
     print(f"  parameters bit-identical across ranks: {rep['params_identical_across_ranks']}")
     print(f"  bit-identical to the single-process reference replay: {rep['replay_bit_identical']}")
     if rep.get("loss_band_vs_gloo") is not None:
-        print(f"  largest relative loss distance from the gloo run: {rep['loss_band_vs_gloo']:.2e}")
+        print(f"  largest relative loss distance from the gloo run: {rep['loss_band_vs_gloo']:.2e}"
+              f" (largest parameter difference {rep['max_param_diff_vs_gloo']:.2e})")
     for path in rep.get("plots", []):
         print(f"  plot: {path}")
     return 0 if ok else 3

@@ -47,6 +47,9 @@ struct hg_sim_config {
 				 * (a real aggregator or switch port is usually
 				 * faster than one worker's link) */
 	uint32_t aggregators;   /* K aggregators every job is spread over (0 = 1) */
+	uint32_t pool_frames;   /* frame buffers of the fabric (0 = 65536): every
+				 * frame in flight or queued holds one, each
+				 * multicast copy too */
 	uint16_t mtu;           /* MTU of every port, 576..9000 (9000: jumbo
 				 * frames); 0 = 1500, or the payload's frame
 				 * when that is larger */

@@ -1,14 +1,21 @@
-"""Scaling with W on the simulated cluster, next to ring all-reduce.
+"""Scaling with W and K aggregators on the simulated cluster, next to ring all-reduce.
 
-The NIC-model cluster (homagg.sim.Cluster: the C engine and W C worker
+The NIC-model cluster (homagg.sim.Cluster: K C engines and W C worker
 clients over the software NIC, virtual time, every link at --link-gbps)
-runs one allreduce per (W, method) on a fresh cluster.  Per row:
+runs one allreduce per (W, method, K) on a fresh cluster; --aggregators
+lists the K of each W (a number, or W/N for one aggregator per N workers:
+``--aggregators 1,2,4,8,W/8``).  The job is spread over the K aggregators
+(docs/PROTOCOL.md "Several aggregators"), each on its own link at
+--link-gbps.  Per row:
 
 - aggregator throughput in virtual time: frames the engine received per
   second and the workers' payload bytes per second (Gbit/s), against the
   aggregator's one link at --link-gbps;
 - the allreduce's virtual time, and what it costs to simulate it: wall
   seconds and simulated frames per wall second;
+- per-aggregator link load: bytes into and out of each aggregator's link
+  (its NIC port's counters), the busiest one's share of the total (1/K when
+  evenly spread) and its Gbit/s of virtual time;
 - bytes per worker: HomAgg payload sent and received (the client's
   counters) and on the wire (+ Ethernet/IP/UDP/HomAgg headers per frame),
   next to ring all-reduce's 2(W-1)/W x 4n bytes per worker and the ring's
@@ -20,7 +27,8 @@ runs one allreduce per (W, method) on a fresh cluster.  Per row:
   reports its relative L2 error against the float64 sum instead.
 
 Outputs with --out DIR: scale.json, scale.csv, scale.md, scale.png (bytes
-per worker and time vs W, log2 x-axis).  --json prints the report.
+per worker and time vs W at K = 1; time vs W per K with the ring's model;
+log2 x-axis).  --json prints the report.
 """
 import json
 import sys
@@ -33,9 +41,14 @@ from homagg.bench import workloads
 from homagg.protocol import EXACT_METHODS, METHODS
 
 DEFAULT_WORKERS = "8,16,32,64,128,256"
-# Bytes around every HomAgg payload on the wire: Ethernet + IPv4 + UDP + the
-# HomAgg header (homagg/wire.h HG_ETH_IP_UDP_LEN + HG_HDR_LEN).
-FRAME_OVERHEAD = 42 + 24
+
+
+def frame_overhead():
+    """Bytes around every HomAgg payload on the wire: Ethernet + IPv4 + UDP
+    + the HomAgg header (homagg/wire.h HG_HDR_LEN)."""
+    from homagg._native import lib
+
+    return 42 + lib.HG_HDR_LEN
 AGG_RX_RING = 4096
 LINK_DELAY = 1e-6  # one-way delay of every simulated link (s)
 
@@ -46,6 +59,26 @@ def _int_list(text):
 
 def _name_list(text):
     return [v.strip() for v in text.split(",") if v.strip()]
+
+
+def _k_list(text):
+    """"1,2,W/8" -> [1, 2, "W/8"]: numbers, or one aggregator per N workers."""
+    out = []
+    for v in _name_list(text):
+        if v.upper().startswith("W/"):
+            if not v[2:].isdigit() or int(v[2:]) < 1:
+                raise ValueError(f"bad aggregator count {v!r}: a number or W/N")
+            out.append(f"W/{int(v[2:])}")
+        else:
+            out.append(int(v))
+    return out
+
+
+def aggregators_for(token, workers):
+    """K for W workers: the number itself, or max(1, W // N) for "W/N" (at most 64)."""
+    if isinstance(token, str):
+        return max(1, min(64, workers // int(token[2:])))
+    return int(token)
 
 
 def add_arguments(parser):
@@ -59,6 +92,9 @@ def add_arguments(parser):
                         help="gradient pattern, see homagg.bench.workloads (default zipf)")
     parser.add_argument("--methods", type=_name_list, default=list(METHODS),
                         help=f"comma-separated methods (default {','.join(METHODS)})")
+    parser.add_argument("--aggregators", type=_k_list, default=[1],
+                        help="comma-separated aggregator counts K per W: numbers or W/N "
+                        "(one per N workers), e.g. 1,2,4,8,W/8 (default 1)")
     parser.add_argument("--link-gbps", type=float, default=100.0,
                         help="line rate of every simulated link (default 100)")
     parser.add_argument("--block", type=int, default=None,
@@ -100,30 +136,35 @@ def _payload(stats_dict):
     return int(sum(stats_dict.values()))
 
 
-def run_one(grads, method, link_gbps, block, slots, seed, want=None, f64=None):
-    """One allreduce of grads on a fresh simulated cluster; returns a row
-    (without the W/workload context) and the result."""
+def run_one(grads, method, link_gbps, block, slots, seed, want=None, f64=None, aggregators=1):
+    """One allreduce of grads on a fresh simulated cluster of ``aggregators``
+    aggregators; returns a row (without the W/workload context) and the
+    result."""
     from homagg.sim import Cluster
 
     W = len(grads)
     n = grads[0].size
-    # One aggregator NIC at the same rate as each worker's: the aggregator's
+    # Each aggregator NIC at the same rate as each worker's: an aggregator's
     # port is shared by all W workers, as with a DPDK aggregator server.
     with Cluster(workers=W, link_gbps=link_gbps, agg_link_gbps=link_gbps, slots=slots,
-                 seed=seed, delay=LINK_DELAY) as cl:
+                 seed=seed, delay=LINK_DELAY, aggregators=aggregators) as cl:
         t0 = time.perf_counter()
         res = cl.allreduce(grads, method=method, block_elements=block)
         wall = time.perf_counter() - t0
         sim = cl.stats()
+        aggs = [cl.aggregator_counters(k) for k in range(aggregators)]
     per = res.stats["workers"]
     sent = [_payload(w["bytes_sent"]) for w in per]
     recv = [_payload(w["bytes_received"]) for w in per]
     pkts = [w["packets_sent"] for w in per]
     vt = res.stats["virtual_time"]
-    eng = res.stats["engine"]
+    eng = {k: sum(a["engine"][k] for a in aggs) for k in ("received", "results_sent")}
+    link_rx = [a["link"]["rx_bytes"] for a in aggs]
+    link_tx = [a["link"]["tx_bytes"] for a in aggs]
     ring = ring_bytes_per_worker(W, n)
     row = {
         "method": method,
+        "aggregators": aggregators,
         "slots": slots,
         "method_chosen": res.stats["method"],
         "virtual_seconds": vt,
@@ -133,12 +174,16 @@ def run_one(grads, method, link_gbps, block, slots, seed, want=None, f64=None):
         "agg_results_sent": eng["results_sent"],
         "agg_packets_per_s": eng["received"] / vt if vt > 0 else None,
         "agg_payload_gbps": 8.0 * sum(sent) / vt / 1e9 if vt > 0 else None,
-        "link_utilisation": (8.0 * (sum(sent) + FRAME_OVERHEAD * sum(pkts)) / vt / 1e9 / link_gbps
-                             if vt > 0 and link_gbps > 0 else None),
+        "agg_link_rx_bytes": link_rx,
+        "agg_link_tx_bytes": link_tx,
+        "agg_link_rx_max_share": max(link_rx) / sum(link_rx) if sum(link_rx) else None,
+        "agg_link_rx_max_gbps": 8.0 * max(link_rx) / vt / 1e9 if vt > 0 else None,
+        "link_utilisation": (8.0 * (sum(sent) + frame_overhead() * sum(pkts)) / vt / 1e9 / link_gbps
+                             / aggregators if vt > 0 and link_gbps > 0 else None),
         "bytes_sent_per_worker": float(np.mean(sent)),
         "bytes_received_per_worker": float(np.mean(recv)),
         "bytes_sent_per_worker_max": int(max(sent)),
-        "wire_bytes_per_worker": float(np.mean(sent) + FRAME_OVERHEAD * np.mean(pkts)),
+        "wire_bytes_per_worker": float(np.mean(sent) + frame_overhead() * np.mean(pkts)),
         "packets_per_worker": float(np.mean(pkts)),
         "ring_bytes_per_worker": ring,
         "ratio_vs_ring": float(np.mean(sent)) / ring if ring else None,
@@ -178,14 +223,15 @@ def run(args):
         want = reference.allreduce(grads, block) if set(args.methods) & set(EXACT_METHODS) else None
         f64 = np.sum([g.astype(np.float64) for g in grads], axis=0)
         union = int(np.count_nonzero(np.any([g != 0 for g in grads], axis=0)))
-        for m in args.methods:
+        ks = list(dict.fromkeys(aggregators_for(t, W) for t in args.aggregators))
+        for m, K in ((m, K) for K in ks for m in args.methods):
             slots = args.slots or auto_slots(W)
             row, _res = run_one(grads, m, args.link_gbps, block, slots, args.seed,
-                                want=want, f64=f64)
+                                want=want, f64=f64, aggregators=K)
             row = {"workers": W, "elements": args.elements, "workload": args.workload,
                    "density": density, "union_density": union / args.elements, **row}
             rows.append(row)
-            rep.progress("scale", f"W={W} {m:6s} virtual {row['virtual_seconds'] * 1e3:8.3f} ms "
+            rep.progress("scale", f"W={W} K={K} {m:6s} virtual {row['virtual_seconds'] * 1e3:8.3f} ms "
                          f"(ring model {row['ring_model_seconds'] * 1e3:.3f} ms), "
                          f"{row['bytes_sent_per_worker'] / 1e6:.3f} MB/worker "
                          f"({row['ratio_vs_ring']:.3f} x ring), agg "
@@ -194,10 +240,12 @@ def run(args):
         del grads
     return rep.header(benchmark="scale", link_gbps=args.link_gbps, elements=args.elements,
                       density=density, workload=args.workload, block_elements=block,
-                      slots=args.slots or "auto", seed=args.seed, results=rows)
+                      slots=args.slots or "auto", seed=args.seed,
+                      aggregators=[str(t) for t in args.aggregators], results=rows)
 
 
-MD_COLUMNS = ("workers", "method", "method_chosen", "slots", "virtual_seconds", "ring_model_seconds",
+MD_COLUMNS = ("workers", "aggregators", "method", "method_chosen", "slots", "virtual_seconds",
+              "ring_model_seconds", "agg_link_rx_max_share", "agg_link_rx_max_gbps",
               "bytes_sent_per_worker", "ring_bytes_per_worker", "ratio_vs_ring",
               "agg_packets_per_s", "agg_payload_gbps", "wall_seconds", "retransmissions", "exact", "rel_l2_error")
 
@@ -207,9 +255,10 @@ def plot(report, path):
     rows = report["results"]
     methods = list(dict.fromkeys(r["method"] for r in rows))
     ws = sorted({r["workers"] for r in rows})
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    k1 = [r for r in rows if r.get("aggregators", 1) == 1] or rows
+    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(17, 4.5))
     for m in methods:
-        rs = sorted((r for r in rows if r["method"] == m), key=lambda r: r["workers"])
+        rs = sorted((r for r in k1 if r["method"] == m), key=lambda r: r["workers"])
         ax1.plot([r["workers"] for r in rs], [r["bytes_sent_per_worker"] for r in rs],
                  marker="o", label=m)
         ax2.plot([r["workers"] for r in rs], [r["virtual_seconds"] for r in rs],
@@ -218,7 +267,24 @@ def plot(report, path):
     ax1.plot(ws, [ring[w]["ring_bytes_per_worker"] for w in ws], "k--", label="ring 2(W-1)/W·4n")
     ax2.plot(ws, [ring[w]["ring_model_seconds"] for w in ws], "k--",
              label="ring, model (bandwidth + latency)")
-    for ax, yl in ((ax1, "payload bytes sent per worker"), (ax2, "allreduce time (s, virtual)")):
+    # Time against W for every K (the first method of the run).
+    m0 = methods[0]
+    for K in sorted({r.get("aggregators", 1) for r in rows}):
+        rs = sorted((r for r in rows if r["method"] == m0 and r.get("aggregators", 1) == K),
+                    key=lambda r: r["workers"])
+        ax3.plot([r["workers"] for r in rs], [r["virtual_seconds"] for r in rs], marker="o",
+                 label=f"{m0}, K = {K}")
+    for t in report.get("aggregators", []):
+        if str(t).startswith("W/"):
+            rs = sorted((r for r in rows if r["method"] == m0 and
+                         r.get("aggregators", 1) == aggregators_for(t, r["workers"])),
+                        key=lambda r: r["workers"])
+            ax3.plot([r["workers"] for r in rs], [r["virtual_seconds"] for r in rs], "r-",
+                     lw=2.5, alpha=0.5, label=f"{m0}, K = {t}")
+    ax3.plot(ws, [ring[w]["ring_model_seconds"] for w in ws], "k--", label="ring, model")
+    for ax, yl in ((ax1, "payload bytes sent per worker (K = 1)"),
+                   (ax2, "allreduce time (s, virtual, K = 1)"),
+                   (ax3, "allreduce time (s, virtual) per K aggregators")):
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("workers W")
