@@ -152,6 +152,7 @@ bench: build ## the standard benchmark suite into docs/results/ (the testbed par
 	$(VENV)/bin/homagg bench scale --methods dense,lhc --aggregators 1,2,4,8,W/8 --out docs/results/scale_k
 	@if [ "$$(id -u)" = 0 ]; then set -x; $(VENV)/bin/homagg bench allreduce $(BENCH_ALLREDUCE); \
 	  $(VENV)/bin/homagg bench soak --minutes 5 --json > docs/results/soak.json; \
+	  $(VENV)/bin/homagg bench shards --out docs/results/shards; \
 	else echo "make bench: skipping homagg bench allreduce and soak: they build network namespaces," \
 	  "tc-shaped veth links and a DPDK daemon, which needs root (run make bench as root)"; fi
 

@@ -282,3 +282,5 @@ def test_homagg_row_payload_and_cpu_per_mb(monkeypatch):
     row = allreduce.homagg_row("x", "dense", 2, 1000, "shared", 0.1, _args(), payload=8192)
     assert seen == [8192] * 4 and row["payload_bytes"] == 8192
     assert row["cpu_ms_per_mb"] == pytest.approx(1e3 * 0.4 / 4.0)
+    assert row["worker_cpu_seconds"] == pytest.approx([0.1, 0.1])
+    assert row["daemon_cpu_seconds"] == pytest.approx(0.2)

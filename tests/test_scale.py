@@ -153,7 +153,7 @@ def test_worker_over_two_udp_aggregators(method):
     aggs = [LoopbackAggregator(), LoopbackAggregator()]
     try:
         for k, a in enumerate(aggs):
-            a.engine.add_job(job=31, token=5, workers=3, slots=8)
+            a.engine.add_job(job=31, token=5, workers=3, slots=8, shard=k)
         grads = grads_of(3, 20000, seed=3, density=0.3)
         out, err, stats = _udp_allreduce([a.address for a in aggs], 31, grads, method)
         assert err == [None] * 3
@@ -233,8 +233,15 @@ def test_testbed_two_dpdk_aggregators_exact(testbed_k2, method):
         assert a["counters"]["completed"] > 0, a
         assert a["counters"].get("bad_shard", 0) == 0, a
     for st in rep["worker_stats"]:
+        # chunks alternate: at most one chunk (1024 bytes) more per step
+        # (an allreduce has at most 4 steps) at one aggregator
         sent = [a["bytes_sent"] for a in st["aggregators"]]
-        assert abs(sent[0] - sent[1]) <= 0.1 * sum(sent) / 2, sent
+        assert abs(sent[0] - sent[1]) <= 4 * 1024, sent
+    if method == "dense":
+        # each aggregator's link carries half (no other aggregator's
+        # multicast); 160 chunks per worker, so within 10%
+        rx = [a["rx_bytes"] for a in aggs]
+        assert abs(rx[0] - rx[1]) <= 0.1 * sum(rx) / 2, rx
     assert testbed_k2.state()["processes"] == []
 
 
@@ -263,3 +270,32 @@ def test_testbed_dead_aggregator_is_named(testbed_k2):
     with pytest.raises(runmod.RunError, match="aggregators must be 1..2"):
         runmod.run_allreduce(testbed_k2.name, "dense", elements=100, density=1.0,
                              state_dir=testbed_k2.state_dir, aggregators=3)
+
+
+@pytest.mark.root
+@pytest.mark.netns
+@pytest.mark.dpdk
+@pytest.mark.timeout(300)
+def test_bench_shards_outputs(tmp_path, capsys):
+    """`homagg bench shards`: its own shaped testbed, K = 1 and 2, exact,
+    each aggregator's link load reported; timing is reported, not judged."""
+    import json
+    import os
+
+    from conftest import require
+    from homagg import cli
+
+    require(os.geteuid() == 0, "needs root")
+    out = tmp_path / "shards"
+    rc = cli.main(["bench", "shards", "--workers", "2", "--elements", "30000", "--repeat", "1",
+                   "--link-mbit", "1000", "--json", "--out", str(out)])
+    assert rc == 0
+    report = json.loads(capsys.readouterr().out)
+    assert json.loads((out / "shards.json").read_text())["results"] == report["results"]
+    assert (out / "shards.md").exists() and (out / "shards.csv").exists()
+    assert [r["aggregators"] for r in report["results"]] == [1, 2]
+    assert all(r["exact"] is True for r in report["results"])
+    k2 = report["results"][1]
+    assert len(k2["agg_rx_bytes"]) == 2 and min(k2["agg_rx_bytes"]) > 0
+    assert set(report["summary"]) == {"1", "2"}
+    assert report["summary"]["1"]["speedup_vs_k1"] == 1.0

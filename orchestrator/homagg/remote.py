@@ -405,9 +405,9 @@ def run_allreduce(inventory: inv.Inventory, method: str, elements: int, density:
                               ", ".join(f"host '{n}'" for n in down_aggs) +
                               f": start it with `homagg up -i {inventory.path}`")
         before = []
-        for a in aggs:
+        for k, a in enumerate(aggs):  # aggregator k of the job: its shard k
             a.control({"cmd": "add_job", "job": job, "token": token, "workers": W, "slots": slots,
-                       "payload": payload, "group": group})
+                       "payload": payload, "group": group, "shard": k})
             registered.append(a)
             before.append(a.control({"cmd": "stats"}))
         agg_addrs = [(a.h.address, localrun.UDP_PORT) for a in aggs]

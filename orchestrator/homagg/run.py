@@ -246,10 +246,10 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
                               idle_us=idle_us, idle_polls=idle_polls, host=h.name))
         sw = sws[0]
         before = []
-        for s in sws:
-            with s.client() as c:
+        for k, s in enumerate(sws):
+            with s.client() as c:  # aggregator k of the job: its shard k
                 c.add_job(job=job, token=token, workers=W, slots=slots, payload=payload,
-                          group=group)
+                          group=group, shard=k)
                 before.append(c.stats())
         agg_addrs = [(s.ip, UDP_PORT) for s in sws]
         unknown = set(fail_aggregators) - {s.host for s in sws}

@@ -12,8 +12,9 @@ are hosts ``agg`` (.1), ``agg1`` (.2), ... ``agg{K-1}`` (.K), K <= 9.
 
 - the switch is a Linux bridge in its own namespace (``hg-<name>-sw``), so
   the host's own network is never touched; multicast snooping is off, so the
-  bridge floods multicast to every port (a result sent once by the
-  aggregator reaches every worker);
+  bridge floods multicast to every worker port (a result sent once by an
+  aggregator reaches every worker); aggregator ports are left out of the
+  flood (``mcast_flood off``): no aggregator needs another's results;
 - every host namespace has ``lo`` up, ``eth0`` with its address and a route
   for 224.0.0.0/4 on ``eth0`` (multicast works without a default route);
 - with ``link_mbit`` every worker link is shaped in BOTH directions: a tbf
@@ -508,6 +509,11 @@ class Testbed:
                       "peer_netns": sw_ns, "peer_ifname": hname})
         port = sw.link_lookup(ifname=hname)[0]
         sw.link("set", index=port, master=bridge, state="up")
+        if role == "aggregator":
+            # results are multicast by the aggregators, for the workers: with
+            # several aggregators the flood would also load every other
+            # aggregator's link (a quarter more bytes into each at K = 2)
+            sw.brport("set", index=port, mcast_flood=0)
         self._step_address(h, ns, ip, prefixlen)
         if rate is not None:
             self._step_rate_limit(h, ns, HOST_IFNAME, rate, mtu)

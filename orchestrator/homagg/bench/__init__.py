@@ -13,6 +13,7 @@ BENCHMARKS = {
     "switch": "homagg.bench.switch",
     "scale": "homagg.bench.scale",
     "allreduce": "homagg.bench.allreduce",
+    "shards": "homagg.bench.shards",
     "soak": "homagg.bench.soak",
 }
 

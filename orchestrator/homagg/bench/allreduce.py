@@ -321,6 +321,11 @@ def homagg_row(testbed_name, method, W, n, workload, density, args, payload=1024
         "exact_kind": ("bit-exact vs fixed-point reference" if method in EXACT_METHODS
                        else "lossy by design"),
         "workers_agree": all(agree),
+        # per worker, mean over the timed runs: CPU seconds of one allreduce
+        "worker_cpu_seconds": ([float(np.mean(c)) for c in zip(*cpu)]
+                               if cpu and len(cpu) == len(seconds) else None),
+        "daemon_cpu_seconds": (float(np.mean(daemon)) if daemon and len(daemon) == len(seconds)
+                               else None),
         "generator": generator,
         "payload_bytes": payload,
         "cpu_ms_per_mb": float(np.median(per_mb)) if len(per_mb) == len(seconds) else None,
