@@ -78,8 +78,10 @@ def test_add_and_remove_job(daemon):
         with pytest.raises(ControlError) as ei:
             c.remove_job(7)
         assert ei.value.code == -errno.ENOENT
-        # the id is free again
-        c.add_job(**JOB)
+        # the id is free again; the job's incarnation is given or from the clock
+        assert c.add_job(**JOB, shard=5, incarnation=4242)["incarnation"] == 4242
+        c.remove_job(7)
+        assert c.add_job(**JOB)["incarnation"] > 0
         c.remove_job(7)
         c.remove_job(8)
     assert daemon.alive()
@@ -104,6 +106,9 @@ def test_add_and_remove_job(daemon):
     (dict(JOB, group="239.1.1"), InvalidArgument, "field 'group': must be an IPv4"),
     (dict(JOB, group=5), InvalidArgument, "field 'group': must be an IPv4"),
     (dict(JOB, colour="red"), InvalidArgument, "field 'colour': unknown"),
+    (dict(JOB, shard=64), OutOfRange, "field 'shard': must be 0..63"),
+    (dict(JOB, incarnation=0), OutOfRange, "field 'incarnation': must be 1..4294967295"),
+    (dict(JOB, incarnation=-1), OutOfRange, "field 'incarnation': must be 1.."),
     ({k: v for k, v in JOB.items() if k != "token"}, InvalidArgument, "field 'token': missing"),
 ])
 def test_add_job_rejects_bad_fields(shared, fields, exc, message):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from homagg import kernels
-from homagg.engine import (FLAG_RESULT, FLAG_RETRANS, FLAG_SHADOW, FLAG_STATUS,
+from homagg.engine import (FLAG_AUTH, FLAG_RESULT, FLAG_RETRANS, FLAG_SHADOW, FLAG_STATUS,
                            UDP_PORT, WORKER_ALL, Addr, Engine, MemPort,
                            build_frame, counter_names, parse_frame)
 from homagg.errors import HomAggError, OutOfRange
@@ -242,8 +242,10 @@ def hostile_frames():
         ("wrong_port", build_frame(waddr(1), Addr(AGG.mac, AGG.ipv4, 9999), op="sum32", job=1,
                                    token=77, worker=1, seq=0, slot=0, **ok), "wrong_port"),
         ("bad_ip_csum", _corrupt(good, 24, good[24] ^ 0xFF), "bad_csum"),
-        ("bad_udp_csum", _corrupt(good, 70, good[70] ^ 0x01), "bad_csum"),
-        ("bad_version", frame(1, version=2, **ok), "bad_version"),
+        ("bad_udp_csum", _corrupt(good, 80, good[80] ^ 0x01), "bad_csum"),
+        ("bad_version", frame(1, version=3, **ok), "bad_version"),
+        ("version_1", frame(1, version=1, **ok), "bad_version"),
+        ("version_1_layout", v1_frame(good), "bad_version"),
         ("unknown_job", frame(1, job=12345, **ok), "unknown_job"),
         ("bad_token", frame(1, token=78, **ok), "bad_token"),
         ("bad_worker", frame(4, **ok), "bad_worker"),
@@ -264,13 +266,20 @@ def hostile_frames():
          "bad_flags"),
         ("unknown_flag", frame(1, flags=0x100, **ok), "bad_flags"),
         ("reserved", frame(1, reserved=1, **ok), "bad_flags"),
+        ("reserved_high", frame(1, reserved=1 << 31, **ok), "bad_flags"),
+        ("incarnation_zero", frame(1, incarnation=0, **ok), "bad_flags"),
+        ("auth_no_room", with_auth_flag(frame(1, lanes=2, payload=bytes(8), udp_csum=False)),
+         "truncated"),
+        ("auth_on_plain_job", frame(1, flags=FLAG_AUTH, **ok), "bad_mac"),
+        ("bad_shard", frame(1, shard=1, **ok), "bad_shard"),
+        ("old_incarnation", frame(0, incarnation=0xFFFFFFFF, **ok), "old_incarnation"),
         ("exp_nonzero_sum", frame(1, exp=3, **ok), "bad_exp"),
         ("exp_nc8_range", frame(1, op="nc8", exp=-1, payload=bytes(8)), "bad_exp"),
         ("all_ones", build_frame(waddr(1), AGG, op=0xFF, job=0xFFFFFFFF, token=0xFFFFFFFF,
                                  worker=0xFFFF, seq=0xFFFFFFFF, slot=0xFFFF, lanes=0xFFFF,
                                  exp=-1, flags=0xFFFF, version=0xFF, reserved=0xFF,
                                  payload=bytes(16)), "bad_version"),
-        ("all_ones_v1", build_frame(waddr(1), AGG, op=0xFF, job=0xFFFFFFFF, token=0xFFFFFFFF,
+        ("all_ones_v2", build_frame(waddr(1), AGG, op=0xFF, job=0xFFFFFFFF, token=0xFFFFFFFF,
                                     worker=0xFFFF, seq=0xFFFFFFFF, slot=0xFFFF, lanes=0xFFFF,
                                     exp=-1, flags=0xFFFF, reserved=0xFF, payload=bytes(16)),
          "bad_flags"),
@@ -278,14 +287,38 @@ def hostile_frames():
     return cases
 
 
-def frame_with_ip_proto(f, proto):
-    b = bytearray(f)
-    b[23] = proto
+def _fix_ip_csum(b):
     b[24] = b[25] = 0
     s = sum(int.from_bytes(b[14 + i:16 + i], "big") for i in range(0, 20, 2))
     while s >> 16:
         s = (s & 0xFFFF) + (s >> 16)
     b[24:26] = (~s & 0xFFFF).to_bytes(2, "big")
+
+
+def v1_frame(f):
+    """The same chunk laid out as protocol version 1 wrote it: a 24-byte
+    header (no incarnation, no reserved word), version 1, no UDP checksum."""
+    b = bytearray(f[:42 + 24] + f[42 + 32:])
+    b[42] = 1
+    b[42 + 23] = 0
+    b[16:18] = (len(b) - 14).to_bytes(2, "big")
+    b[38:40] = (len(b) - 34).to_bytes(2, "big")
+    b[40] = b[41] = 0
+    _fix_ip_csum(b)
+    return bytes(b)
+
+
+def with_auth_flag(f):
+    """f (built without a UDP checksum) with HG_FLAG_AUTH set in place."""
+    b = bytearray(f)
+    b[42 + 3] |= FLAG_AUTH
+    return bytes(b)
+
+
+def frame_with_ip_proto(f, proto):
+    b = bytearray(f)
+    b[23] = proto
+    _fix_ip_csum(b)
     return bytes(b)
 
 
@@ -416,7 +449,8 @@ def test_counter_names():
     for n in ["summed", "duplicates", "replays", "results_sent", "status_sent", "stale",
               "not_ip", "not_udp", "wrong_port", "truncated", "bad_version", "unknown_job",
               "bad_token", "bad_worker", "bad_slot", "bad_lanes", "bad_op", "bad_flags",
-              "bad_exp", "tx_full"]:
+              "bad_exp", "tx_full", "bad_mac", "bad_shard", "old_incarnation",
+              "incarnation_resets"]:
         assert n in names
     assert len(set(names)) == len(names)
 
@@ -469,6 +503,77 @@ def test_result_checksums_large_payload():
     good = frame(0, seq=1, payload=be32(xs[0]))
     assert rig.send(_corrupt(good, 3000, good[3000] ^ 1)) == []
     assert rig.eng.counters()["bad_csum"] == 1
+
+
+def test_replies_carry_the_jobs_shard_and_incarnation():
+    port = MemPort()
+    eng = Engine(port)
+    assert eng.add_job(job=1, token=77, workers=2, slots=4, shard=3, incarnation=777) == 777
+    assert eng.job_config(1)["shard"] == 3
+    # The first frame of a worker may carry any incarnation, even one whose
+    # serial distance from 0 is negative.
+    for w, inc in ((0, 0x80000001), (1, 5)):
+        port.inject(frame(w, shard=3, incarnation=inc, payload=be32([w + 1])))
+    port.inject(frame(0, shard=0, seq=1, incarnation=0x80000001, payload=be32([1])))
+    eng.poll_all()
+    res = [parse_frame(f) for f in port.pop_all()]
+    assert len(res) == 2
+    assert all(r.shard == 3 and r.incarnation == 777 and from_be32(r.payload).tolist() == [3]
+               for r in res)
+    assert eng.counters()["bad_shard"] == 1
+    # Without an incarnation the job gets one from the clock, never 0.
+    assert eng.add_job(job=2, token=1, workers=1, slots=1) != 0
+
+
+def test_new_incarnation_resets_slots_holding_the_old_life():
+    rig = Rig(workers=3, slots=4)
+    x = {w: np.arange(8) * (w + 2) for w in range(3)}
+    x0_new = np.arange(8) * -7
+    # Chunk 2 completes in life 1 of every worker; chunks 0 and 1 hold
+    # worker 0's life-1 contribution, chunk 3 does not.
+    done = rig.results(rig.send(*[frame(w, seq=2, payload=be32(x[w])) for w in range(3)]))
+    assert len(done) == 3
+    assert rig.send(frame(0, seq=0, payload=be32(x[0])), frame(1, seq=0, payload=be32(x[1])),
+                    frame(0, seq=1, payload=be32(x[0])), frame(1, seq=3, payload=be32(x[1]))) == []
+    # Worker 0 restarts (incarnation 2): chunks 0 and 1 start over.
+    assert rig.send(frame(0, seq=0, incarnation=2, payload=be32(x0_new))) == []
+    c = rig.eng.counters()
+    assert c["incarnation_resets"] == 2
+    # Its past life is never summed again ...
+    assert rig.send(frame(0, seq=1, payload=be32(x[0])),
+                    frame(0, seq=0, flags=FLAG_RETRANS, payload=be32(x[0]))) == []
+    assert rig.eng.counters()["old_incarnation"] == 2
+    # ... worker 1's cleared contribution comes back by retransmission and
+    # the sum holds the new life only.
+    out = rig.send(frame(1, seq=0, flags=FLAG_RETRANS, payload=be32(x[1])))
+    st = [f for f in out if f.flags & FLAG_STATUS]
+    assert len(st) == 0  # not a duplicate any more: summed again
+    res = rig.results(rig.send(frame(2, seq=0, payload=be32(x[2]))))
+    assert len(res) == 3
+    assert all(from_be32(r.payload).tolist() == (x0_new + x[1] + x[2]).tolist() for r in res)
+    # Chunk 3 (no contribution of worker 0) kept worker 1's; chunk 2 kept its result.
+    res = rig.results(rig.send(frame(0, seq=3, incarnation=2, payload=be32(x[0])),
+                               frame(2, seq=3, payload=be32(x[2]))))
+    assert len(res) == 3
+    assert all(from_be32(r.payload).tolist() == (x[0] + x[1] + x[2]).tolist() for r in res)
+    replay = rig.results(rig.send(frame(0, seq=2, incarnation=2, payload=be32(x[0]))))
+    assert len(replay) == 1
+    assert from_be32(replay[0].payload).tolist() == (x[0] + x[1] + x[2]).tolist()
+    assert rig.eng.counters()["incarnation_resets"] == 2
+    rig.no_leak()
+
+
+def test_old_incarnation_never_summed():
+    rig = Rig(workers=2, slots=4)
+    a, b, stale = np.arange(8), np.arange(8) * 3, np.full(8, 1000)
+    rig.send(frame(0, incarnation=5, payload=be32(a)))
+    assert rig.send(frame(0, incarnation=4, payload=be32(stale)),
+                    frame(0, incarnation=4, seq=1, payload=be32(stale))) == []
+    res = rig.results(rig.send(frame(1, payload=be32(b))))
+    assert len(res) == 2 and all(from_be32(r.payload).tolist() == (a + b).tolist() for r in res)
+    c = rig.eng.counters()
+    assert c["old_incarnation"] == 2 and c["summed"] == 2
+    rig.no_leak()
 
 
 # ---- staged bursts == one frame at a time -----------------------------------
@@ -526,7 +631,7 @@ def _run_mixed(frames, staged, burst, replicate):
     rig.eng.close()
     rig.eng = eng
     eng.add_job(job=1, token=77, workers=4, slots=4, payload_bytes=1024,
-                group=GROUP if replicate else 0)
+                group=GROUP if replicate else 0, incarnation=7)  # replies compared byte for byte
     out = []
     for i in range(0, len(frames), burst):
         for f in frames[i:i + burst]:

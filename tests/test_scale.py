@@ -153,7 +153,7 @@ def test_worker_over_two_udp_aggregators(method):
     aggs = [LoopbackAggregator(), LoopbackAggregator()]
     try:
         for k, a in enumerate(aggs):
-            a.engine.add_job(job=31, token=5, workers=3, slots=8)
+            a.engine.add_job(job=31, token=5, workers=3, slots=8, shard=k)
         grads = grads_of(3, 20000, seed=3, density=0.3)
         out, err, stats = _udp_allreduce([a.address for a in aggs], 31, grads, method)
         assert err == [None] * 3

@@ -8,13 +8,14 @@ same allreduce done codec-level (the C codec and the aggregation kernels
 called directly, no network), which uses the same seeded streams.  Also: two jobs on one engine, hostile frames at the aggregator,
 and a worker that dies mid-allreduce.
 """
+import errno
 import zlib
 
 import numpy as np
 import pytest
 
 from homagg._native import ffi, lib
-from homagg.errors import InvalidArgument, PeerTimeout
+from homagg.errors import InvalidArgument, PeerRestarted, PeerTimeout
 from homagg.sim import Cluster
 
 pytestmark = pytest.mark.sanitize
@@ -250,8 +251,11 @@ def _hostile_frames(cl, job):
     f["bad_lanes"] = cl.build_frame(job, payload=payload, lanes=3, **good)
     f["bad_op"] = cl.build_frame(job, payload=payload, **{**good, "op": 9})
     f["bad_flags"] = cl.build_frame(job, payload=payload, flags=lib.HG_FLAG_RESULT, **good)
+    f["bad_shard"] = cl.build_frame(job, payload=payload, shard=1, **good)
+    f["bad_mac"] = cl.build_frame(job, payload=payload, flags=lib.HG_FLAG_AUTH, **good)
+    f["incarnation_zero"] = cl.build_frame(job, payload=payload, incarnation=0, **good)
     ones = bytearray(full)
-    ones[42:42 + 24] = b"\xff" * 24
+    ones[42:42 + 32] = b"\xff" * 32
     f["all_ones"] = bytes(ones)
     return f
 
@@ -268,7 +272,7 @@ def test_hostile_frames_are_dropped_and_counted():
         after = cl.engine_counters()
         delta = {k: after[k] - before[k] for k in after}
         for reason in ("truncated", "bad_version", "unknown_job", "bad_token", "bad_worker",
-                       "bad_slot", "bad_lanes", "bad_op", "bad_flags"):
+                       "bad_slot", "bad_lanes", "bad_op", "bad_flags", "bad_shard", "bad_mac"):
             assert delta[reason] >= 1, (reason, delta)
         drops = sum(v for k, v in delta.items()
                     if k not in ("received", "summed", "completed", "results_sent", "replays",
@@ -396,6 +400,52 @@ def test_aggregator_link_rate():
     assert times[None] == times[4.0]
     with pytest.raises(InvalidArgument):
         Cluster(workers=2, agg_link_gbps=-1.0)
+
+
+def test_old_incarnation_frames_are_never_summed():
+    """Frames of a worker's earlier life (incarnation below the workers'
+    HG_SIM_INCARNATION), for the very chunks the next allreduce uses, are
+    dropped: the allreduce stays exact."""
+    grads = make_grads(3, 5000, seed=61)
+    with Cluster(workers=3, seed=9, slots=8) as cl:
+        check_result(cl.allreduce(grads, method="dense", block_elements=BLOCK), grads)
+        seq = cl.job.worker_stats(0)["next_seq"]
+        chunks_before = cl.job.worker_stats(0)["chunks"]
+        old = lib.HG_SIM_INCARNATION - 1
+        bogus = np.full(256, 0x01010101, dtype=">i4").tobytes()
+        before = cl.engine_counters()
+        for w in range(3):
+            for k in range(4):
+                cl.inject(cl.build_frame(cl.job, payload=bogus, worker=w, seq=seq + k,
+                                         slot=(seq + k) % 8, incarnation=old,
+                                         flags=lib.HG_FLAG_SHADOW if (seq + k) // 8 % 2 else 0))
+        res = cl.allreduce(grads, method="dense", block_elements=BLOCK)
+        check_result(res, grads)
+        delta = {k: v - before[k] for k, v in cl.engine_counters().items()}
+        assert delta["old_incarnation"] == 12
+        assert delta["summed"] == 3 * (res.stats["workers"][0]["chunks"] - chunks_before)
+        assert delta["incarnation_resets"] == 0
+
+
+def test_aggregator_restart_mid_allreduce_names_both_incarnations():
+    grads = make_grads(3, 60000, seed=62)
+    with Cluster(workers=3, seed=5, slots=8, timeout=0.2) as cl:
+        cl.restart_aggregator(0, after_frames=40, incarnation=2000)
+        with pytest.raises(PeerRestarted) as ei:
+            cl.allreduce(grads, method="dense", block_elements=BLOCK)
+        assert len(ei.value.failures) == 3
+        for f in ei.value.failures:
+            assert f.code == -errno.ECONNRESET
+            assert ("aggregator 10.0.0.1:48879 restarted during the allreduce "
+                    "(incarnation 1000, now 2000)") in str(f)
+
+
+def test_aggregator_restart_between_allreduces_is_transparent():
+    grads = make_grads(3, 6000, seed=63)
+    with Cluster(workers=3, seed=6, slots=8) as cl:
+        check_result(cl.allreduce(grads, method="lhc", block_elements=BLOCK), grads)
+        cl.restart_aggregator(after_frames=0)
+        check_result(cl.allreduce(grads, method="lhc", block_elements=BLOCK), grads)
 
 
 # ---------------------------------------------------------------- payload sizes

@@ -48,7 +48,10 @@ def _hostile(src, dst):
     good = f()
     return [
         ("truncated_header", good[:42 + 10], "truncated"),
-        ("bad_version", f(version=2), "bad_version"),
+        ("version_1", f(version=1), "bad_version"),
+        ("incarnation_zero", f(incarnation=0), "bad_flags"),
+        ("bad_shard", f(shard=1), "bad_shard"),
+        ("auth_on_plain_job", f(flags=32), "bad_mac"),
         ("unknown_job", f(job=JOB + 1000), "unknown_job"),
         ("bad_token", f(token=TOKEN ^ 1), "bad_token"),
         ("bad_worker", f(worker=W), "bad_worker"),

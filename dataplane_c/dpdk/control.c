@@ -220,7 +220,7 @@ static int check_keys(const json_t *o, const char *const *allowed,
 static int do_add_job(struct hg_control *c, const json_t *o, json_t **reply)
 {
 	static const char *const keys[] = { "cmd", "job", "token", "workers",
-		"slots", "payload", "group", NULL };
+		"slots", "payload", "group", "shard", "incarnation", NULL };
 	struct hg_ctl_job j = { 0 };
 	const json_t *g;
 	char err[256] = "";
@@ -270,11 +270,19 @@ static int do_add_job(struct hg_control *c, const json_t *o, json_t **reply)
 					   "field 'group': %s is not a multicast address",
 					   json_string_value(g));
 	}
+	if ((rc = get_uint(o, "shard", false, 0, 63, 0, &v, reply)))
+		return rc;
+	j.shard = (uint8_t)v;
+	if ((rc = get_uint(o, "incarnation", false, 1, UINT32_MAX, 0, &v, reply)))
+		return rc;
+	j.incarnation = v ? (uint32_t)v : hg_wire_incarnation_now();
 	rc = c->ops->add_job(c->ctx, &j, err, sizeof(err));
 	if (rc < 0)
 		return reply_error(reply, rc, "add_job %u: %s", j.job,
 				   err[0] ? err : hg_strerror(rc));
 	*reply = reply_ok("job", j.job);
+	if (*reply)
+		json_object_set_new(*reply, "incarnation", json_integer(j.incarnation));
 	return 0;
 }
 

@@ -4,7 +4,9 @@
  * JSON lines.  One request object per line, one reply object per line:
  *
  *   {"cmd":"add_job","job":7,"token":99,"workers":4,"slots":64,
- *    "payload":1024,"group":"239.1.1.1"}          group optional
+ *    "payload":1024,"group":"239.1.1.1","shard":0,"incarnation":N}
+ *                                 payload, group, shard, incarnation optional
+ *                                 -> {"ok":true,"job":7,"incarnation":N}
  *   {"cmd":"remove_job","job":7}
  *   {"cmd":"stats"}      -> {"ok":true,"stats":{counter:value,...},...}
  *   {"cmd":"shutdown"}
@@ -36,6 +38,8 @@ struct hg_ctl_job {
 	uint32_t slots;
 	uint32_t payload;   /* bytes per packet */
 	uint32_t group;     /* IPv4 host order; 0 = no multicast group */
+	uint8_t shard;      /* this aggregator's index among the job's */
+	uint32_t incarnation; /* the job's incarnation, never 0 here */
 };
 
 struct hg_ctl_limits {

@@ -470,6 +470,8 @@ static int ctl_add_job(void *ctx, const struct hg_ctl_job *j, char *err,
 		.slots = j->slots,
 		.payload_bytes = j->payload,
 		.group_ipv4 = j->group,
+		.shard = j->shard,
+		.incarnation = j->incarnation,
 	};
 	unsigned int k;
 	int rc = 0;

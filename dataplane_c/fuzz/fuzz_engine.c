@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * libFuzzer target: the wire parser and the engine on an in-memory port with
- * two jobs.  The input is a sequence of records
+ * two jobs (the seed corpus, corpus_engine/, is written by make_corpus.py
+ * for them).  The input is a sequence of records
  *
  *   ctl (1 byte) | len (2 bytes, big-endian) | frame (len bytes)
  *
@@ -75,6 +76,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	jc.slots = 4;
 	jc.payload_bytes = 1024;
 	jc.group_ipv4 = 0xef010203;
+	jc.incarnation = 7;
 	if (hg_engine_add_job(e, &jc))
 		abort();
 	jc.job = 2;
@@ -83,6 +85,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	jc.slots = 1;
 	jc.payload_bytes = 64;
 	jc.group_ipv4 = 0;
+	jc.shard = 1;
 	if (hg_engine_add_job(e, &jc))
 		abort();
 

@@ -5,7 +5,7 @@
  * A null port hands out scratch buffers for unicast results and drops
  * whatever is transmitted, so only the engine is measured.  The S * W input
  * frames are built once; each round re-stamps their seq and shadow flag (six
- * bytes; a frame the engine turned into a result gets its whole 66-byte
+ * bytes; a frame the engine turned into a result gets its whole 74-byte
  * header back), which is part of the measured loop.
  */
 #include <errno.h>
@@ -216,8 +216,10 @@ int hg_bench_engine(const struct hg_bench_engine_config *c,
 					    0x0a010000u + w, (uint16_t)(40000 + w) };
 		struct hg_wire_addr dst = { { 2, 0, 0, 0, 0, 1 }, 0x0a0000fe,
 					    HG_UDP_PORT };
-		struct hg_hdr h = { HG_PROTOCOL_VERSION, HG_OP_SUM32, 0, 1, 77,
-				    (uint16_t)w, 0, 0, (uint16_t)lanes, 0, 0 };
+		struct hg_hdr h = { .version = HG_PROTOCOL_VERSION,
+				    .op = HG_OP_SUM32, .job = 1, .token = 77,
+				    .worker = (uint16_t)w,
+				    .lanes = (uint16_t)lanes, .incarnation = 1 };
 
 		hg_wire_build(tmpl + (size_t)w * HG_OFF_PAYLOAD, HG_OFF_PAYLOAD,
 			      &src, &dst, &h, NULL, 0, 0);

@@ -109,6 +109,7 @@ struct agg {
 	uint64_t t_hi;          /* when the result of chunk hi_done - 1 arrived */
 	uint64_t start_results; /* st.results_received at the allreduce's start */
 	uint64_t start_sent;    /* st.packets_sent then */
+	uint32_t incarnation;   /* of this allreduce's first reply (0: none yet) */
 	struct hg_client_agg_stats st;
 };
 
@@ -215,6 +216,8 @@ struct hg_client *hg_client_create(const struct hg_client_config *cfg)
 				    c->cfg.rto_ns : HG_CLIENT_DEFAULT_RTO_MIN_NS;
 	if (c->cfg.rto_min_ns > c->cfg.rto_max_ns)
 		goto err_free;
+	if (!c->cfg.incarnation)
+		c->cfg.incarnation = hg_wire_incarnation_now();
 	if (!c->cfg.give_up_ns)
 		c->cfg.give_up_ns = HG_CLIENT_DEFAULT_GIVE_UP_NS;
 	if (!c->cfg.backoff_num) {
@@ -477,6 +480,8 @@ static size_t build_chunk(struct hg_client *c, struct hg_pkt *pkt, size_t k,
 	h.seq = seq;
 	h.lanes = (uint16_t)lanes;
 	h.exp = s->exp;
+	h.shard = (uint8_t)a;
+	h.incarnation = c->cfg.incarnation;
 	len = hg_wire_build(pkt->data, pkt->cap, &c->src, &c->agg[a].dst, &h,
 			    s->in + first * s->in_lane, bytes, 0);
 	/* Cannot fail: cap and payload were checked against payload_bytes. */
@@ -967,6 +972,7 @@ int hg_client_start(struct hg_client *c, const struct hg_params *params,
 	for (uint32_t a = 0; a < c->naggs; a++) {
 		c->agg[a].start_results = c->agg[a].st.results_received;
 		c->agg[a].start_sent = c->agg[a].st.packets_sent;
+		c->agg[a].incarnation = 0;
 	}
 	for (size_t i = 0; i < (size_t)c->naggs * c->cfg.slots; i++)
 		c->fl[i].busy = false;
@@ -986,6 +992,20 @@ static void format_ip(char *s, size_t len, uint32_t ip)
 {
 	snprintf(s, len, "%u.%u.%u.%u", ip >> 24, (ip >> 16) & 255,
 		 (ip >> 8) & 255, ip & 255);
+}
+
+/* Aggregator ag answered with incarnation inc after another one during
+ * this allreduce: it lost the job's state.  End the allreduce. */
+static void agg_restarted(struct hg_client *c, const struct agg *ag,
+			  uint32_t inc)
+{
+	char ip[20];
+
+	format_ip(ip, sizeof(ip), ag->dst.ipv4);
+	snprintf(c->err, sizeof(c->err),
+		 "aggregator %s:%u restarted during the allreduce (incarnation "
+		 "%u, now %u)", ip, ag->dst.port, ag->incarnation, inc);
+	client_fail(c, -ECONNRESET);
 }
 
 /*
@@ -1039,6 +1059,14 @@ static void handle_frame(struct hg_client *c, const uint8_t *f, size_t len,
 		c->naggs + (uint32_t)a;
 	k = (size_t)(chunk - st->base);
 	fl = &c->fl[(size_t)a * c->cfg.slots + seq % c->cfg.slots];
+	if (k < st->nchunks && v.hdr.incarnation != ag->incarnation) {
+		/* A reply about this step from another life of the aggregator. */
+		if (ag->incarnation) {
+			agg_restarted(c, ag, v.hdr.incarnation);
+			return;
+		}
+		ag->incarnation = v.hdr.incarnation;
+	}
 
 	if (v.hdr.flags & HG_FLAG_STATUS) {
 		c->stats.status_received++;
@@ -1389,6 +1417,8 @@ int hg_client_poll(struct hg_client *c, uint64_t *next_deadline_ns)
 	}
 	now = hg_port_now(c->cfg.port);
 	rx_all(c, now);
+	if (c->stage == ST_FAILED)
+		return c->rc;
 	while (c->st.ndone == c->st.nchunks) {
 		rc = advance(c);
 		if (rc < 0)

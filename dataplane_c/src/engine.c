@@ -3,10 +3,11 @@
  * The aggregation engine (homagg/engine.h).
  *
  * Per frame: hg_wire_parse() validates everything that can be checked
- * without state, then the job, token, worker, slot, lanes and exponent are
- * checked against the job before a payload byte is read, then the shadow set
- * of the chunk decides: start over, stale, duplicate (replay / status) or
- * combine.
+ * without state, then the job, token, worker, MAC flag, shard, slot, lanes
+ * and exponent are checked against the job before a payload byte is read,
+ * then the worker's incarnation (old: dropped; new: its incomplete slots
+ * start over), then the shadow set of the chunk decides: start over, stale,
+ * duplicate (replay / status) or combine.
  *
  * A burst is processed in two passes, as VPP nodes do (see
  * hg_engine_process()): the first classifies every frame (parse and the
@@ -63,6 +64,12 @@ struct hg_set {
 	uint8_t state;     /* enum set_state */
 };
 
+/* What the engine knows of one worker of a job. */
+struct hg_peer {
+	struct hg_wire_addr addr;      /* learned from its latest valid frame */
+	uint32_t incarnation;          /* greatest accepted, 0 = none yet */
+};
+
 struct hg_job {
 	struct hg_job_config cfg;
 	bool in_use;
@@ -70,7 +77,7 @@ struct hg_job {
 	int slot_shift;                /* log2(S) when S is a power of 2, else -1 */
 	struct hg_set *sets;           /* 2 * S, set of slot s shadow h: 2s+h */
 	uint8_t *acc;                  /* 2 * S * acc_stride, 64-byte aligned */
-	struct hg_wire_addr *workers;  /* W learned addresses */
+	struct hg_peer *peers;         /* W entries */
 	uint64_t cnt[HG_CNT__COUNT];
 };
 
@@ -82,6 +89,7 @@ struct hg_stage {
 	uint8_t *acc;
 	const uint8_t *in;             /* payload */
 	uint32_t seq;
+	uint32_t incarnation;
 	uint16_t udp_off;              /* of the UDP header: the source port */
 	uint16_t worker;
 	uint16_t flags;
@@ -188,7 +196,7 @@ static void job_free(struct hg_job *j)
 {
 	free(j->sets);
 	free(j->acc);
-	free(j->workers);
+	free(j->peers);
 	memset(j, 0, sizeof(*j));
 }
 
@@ -271,6 +279,8 @@ int hg_engine_add_job(struct hg_engine *e, const struct hg_job_config *jc)
 		return -ERANGE;
 	memset(j, 0, sizeof(*j));
 	j->cfg = *jc;
+	if (!j->cfg.incarnation)
+		j->cfg.incarnation = hg_wire_incarnation_now();
 	j->acc_stride = (jc->payload_bytes + ACC_ALIGN - 1) & ~(uint32_t)(ACC_ALIGN - 1);
 	j->slot_shift = -1;
 	if (!(jc->slots & (jc->slots - 1)))
@@ -284,8 +294,8 @@ int hg_engine_add_job(struct hg_engine *e, const struct hg_job_config *jc)
 		goto err_free_job;
 	}
 	memset(j->acc, 0, nsets * j->acc_stride);
-	j->workers = calloc(jc->workers, sizeof(*j->workers));
-	if (!j->workers)
+	j->peers = calloc(jc->workers, sizeof(*j->peers));
+	if (!j->peers)
 		goto err_free_job;
 	j->in_use = true;
 	e->njobs++;
@@ -298,6 +308,20 @@ err_free_job:
 	job_free(j);
 err_nomem:
 	return -ENOMEM;
+}
+
+int hg_engine_job_config(const struct hg_engine *e, uint32_t id,
+			 struct hg_job_config *out)
+{
+	const struct hg_job *j;
+
+	if (!e || !out)
+		return -EINVAL;
+	j = job_find(e, id);
+	if (!j)
+		return -ENOENT;
+	*out = j->cfg;
+	return 0;
 }
 
 int hg_engine_remove_job(struct hg_engine *e, uint32_t id)
@@ -433,6 +457,8 @@ static void put_reply(struct hg_engine *e, struct hg_job *j, struct hg_pkt *p,
 		.seq = s->seq,
 		.lanes = s->lanes,
 		.exp = s->exp,
+		.shard = j->cfg.shard,
+		.incarnation = j->cfg.incarnation,
 		.reserved = 0,
 	};
 	uint8_t *f = p->data;
@@ -444,7 +470,7 @@ static void put_reply(struct hg_engine *e, struct hg_job *j, struct hg_pkt *p,
 		hg_wire_put_l2l4(f, &e->self, mac, j->cfg.group_ipv4,
 				 e->self.port, HG_HDR_LEN + plen);
 	} else {
-		const struct hg_wire_addr *a = &j->workers[w];
+		const struct hg_wire_addr *a = &j->peers[w].addr;
 
 		hg_wire_put_l2l4(f, &e->self, a->mac, a->ipv4, a->port,
 				 HG_HDR_LEN + plen);
@@ -522,6 +548,28 @@ static inline bool serial_newer(uint32_t a, uint32_t b)
 }
 
 /*
+ * Worker w of job j came back with a greater incarnation: every incomplete
+ * set holding a contribution of its earlier life starts over (accumulator,
+ * bitmap and count cleared; its seq kept, so stale frames stay stale).  The
+ * other workers' contributions to it come back by retransmission.  Complete
+ * sets keep their results.  Rare (a restart), so a scan of the 2 S sets.
+ */
+static void incarnation_reset(struct hg_engine *e, struct hg_job *j, uint32_t w)
+{
+	const uint64_t bit = 1ull << (w % 64);
+
+	for (size_t i = 0; i < 2 * (size_t)j->cfg.slots; i++) {
+		struct hg_set *s = &j->sets[i];
+
+		if (s->state != SET_OPEN || !(s->bitmap[w / 64] & bit))
+			continue;
+		memset(s->bitmap, 0, sizeof(s->bitmap));
+		s->count = 0;
+		count(e, j, HG_CNT_INCARNATION_RESETS);
+	}
+}
+
+/*
  * First pass over one frame: everything no frame of the burst can change
  * (the frame itself, the job table, the job's W, S and payload size).  A
  * frame that fails is counted and freed here (job = NULL); a valid one gets
@@ -572,6 +620,14 @@ static void classify(struct hg_engine *e, struct hg_pkt *pkt,
 		rc = HG_CNT_BAD_WORKER;
 		goto drop;
 	}
+	if (flags & HG_FLAG_AUTH) {
+		rc = HG_CNT_BAD_MAC;
+		goto drop;
+	}
+	if (v.hdr.shard != j->cfg.shard) {
+		rc = HG_CNT_BAD_SHARD;
+		goto drop;
+	}
 	S = j->cfg.slots;
 	q = j->slot_shift >= 0 ? v.hdr.seq >> j->slot_shift : v.hdr.seq / S;
 	expect_shadow = (q & 1) ? HG_FLAG_SHADOW : 0;
@@ -601,6 +657,7 @@ static void classify(struct hg_engine *e, struct hg_pkt *pkt,
 	 * of this function's cycles under perf, `homagg bench engine`) */
 	st->udp_off = (uint16_t)(v.payload_off - HG_HDR_LEN - 8);
 	st->seq = v.hdr.seq;
+	st->incarnation = v.hdr.incarnation;
 	st->worker = (uint16_t)w;
 	st->flags = flags;
 	st->lanes = v.hdr.lanes;
@@ -624,6 +681,20 @@ static void apply(struct hg_engine *e, struct hg_stage *st)
 	uint32_t w = st->worker;
 	size_t acc_bytes = (size_t)st->lanes * hg_op_acc_lane(st->op);
 	int rc;
+
+	/* The incarnation table changes with frames of the burst: checked here. */
+	if (st->incarnation != j->peers[w].incarnation) {
+		if (j->peers[w].incarnation) {
+			if (hg_wire_incarnation_older(st->incarnation,
+						      j->peers[w].incarnation)) {
+				rc = HG_CNT_OLD_INCARNATION;
+				goto drop;
+			}
+			/* The worker's new life: nothing of the old one is summed. */
+			incarnation_reset(e, j, w);
+		}
+		j->peers[w].incarnation = st->incarnation;
+	}
 
 	if (s->state == SET_EMPTY || serial_newer(st->seq, s->seq)) {
 		/* A newer chunk for this set: the previous one is complete. */
@@ -650,9 +721,9 @@ static void apply(struct hg_engine *e, struct hg_stage *st)
 	}
 
 	/* Valid: learn where this worker is (frame checked by classify()). */
-	memcpy(j->workers[w].mac, pkt->data + 6, 6);
-	j->workers[w].ipv4 = hg_rd32(pkt->data + HG_OFF_IP + 12);
-	j->workers[w].port = hg_rd16(pkt->data + st->udp_off);
+	memcpy(j->peers[w].addr.mac, pkt->data + 6, 6);
+	j->peers[w].addr.ipv4 = hg_rd32(pkt->data + HG_OFF_IP + 12);
+	j->peers[w].addr.port = hg_rd16(pkt->data + st->udp_off);
 
 	if (s->bitmap[w / 64] & (1ull << (w % 64))) {
 		count(e, j, HG_CNT_DUPLICATES);

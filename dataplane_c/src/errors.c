@@ -42,6 +42,8 @@ const char *hg_strerror(int rc)
 		return "connection refused";
 	case EIO:
 		return "I/O error";
+	case ECONNRESET:
+		return "the peer restarted (connection reset)";
 	default:
 		return "unknown error";
 	}

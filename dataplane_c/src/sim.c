@@ -55,11 +55,14 @@ struct sim_job {
 	struct sim_worker *w;      /* workers entries */
 };
 
-/* One aggregator: its port, its engine, when it dies. */
+/* One aggregator: its port, its engine, when it dies or restarts. */
 struct sim_agg {
 	struct hg_nic_port *port;
 	struct hg_engine *engine;
 	uint64_t dead_at;          /* UINT64_MAX: never */
+	uint64_t restart_at;       /* its engine's "received" count; UINT64_MAX: none */
+	uint32_t restart_incarnation;
+	uint32_t incarnation;      /* of its jobs after a restart (0: none yet) */
 };
 
 struct hg_sim {
@@ -254,6 +257,7 @@ struct hg_sim *hg_sim_create(const struct hg_sim_config *cfg)
 
 		agg_addr(k, mac, &ip);
 		ag->dead_at = UINT64_MAX;
+		ag->restart_at = UINT64_MAX;
 		ag->port = add_port(s, mac, ip, s->cfg.agg_link_gbps, false);
 		if (!ag->port)
 			goto err;
@@ -304,6 +308,7 @@ int hg_sim_add_job(struct hg_sim *s, const struct hg_sim_job_config *jc)
 	struct hg_client_config cc = { 0 };
 	struct sim_job *job;
 	uint64_t seed;
+	uint32_t inc;
 	int j, rc;
 
 	if (!s || !jc)
@@ -327,7 +332,10 @@ int hg_sim_add_job(struct hg_sim *s, const struct hg_sim_job_config *jc)
 	ej.slots = job->slots;
 	ej.payload_bytes = s->cfg.payload_bytes;
 	ej.group_ipv4 = s->cfg.unicast_results ? 0 : GROUP_BASE + (uint32_t)j;
+	inc = jc->incarnation ? jc->incarnation : HG_SIM_INCARNATION;
 	for (uint32_t k = 0; k < s->naggs; k++) {
+		ej.shard = (uint8_t)k;
+		ej.incarnation = s->agg[k].incarnation ? s->agg[k].incarnation : inc;
 		rc = hg_engine_add_job(s->agg[k].engine, &ej);
 		if (rc)
 			return rc;
@@ -351,6 +359,7 @@ int hg_sim_add_job(struct hg_sim *s, const struct hg_sim_job_config *jc)
 	cc.rto_max_ns = jc->rto_max_ns;
 	cc.give_up_ns = jc->give_up_ns;
 	cc.rto_min_ns = jc->rto_min_ns;
+	cc.incarnation = inc;
 	for (uint32_t w = 0; w < job->workers; w++) {
 		struct sim_worker *sw = &job->w[w];
 
@@ -430,6 +439,46 @@ int hg_sim_start(struct hg_sim *s, int job, int method,
 
 /* ---- the event loop ---------------------------------------------------- */
 
+int hg_sim_restart_aggregator(struct hg_sim *s, uint32_t k,
+			      uint64_t after_frames, uint32_t incarnation)
+{
+	uint64_t rx = 0;
+
+	if (!s || k >= s->naggs)
+		return -EINVAL;
+	hg_engine_counters(s->agg[k].engine, &rx, 1);
+	s->agg[k].restart_at = rx + after_frames;
+	s->agg[k].restart_incarnation = incarnation;
+	return 0;
+}
+
+/* A restart of aggregator k is due: every job starts over there. */
+static void restart_due(struct hg_sim *s, uint32_t k)
+{
+	struct sim_agg *ag = &s->agg[k];
+	struct hg_job_config ec;
+	uint64_t rx = 0;
+
+	if (ag->restart_at == UINT64_MAX)
+		return;
+	hg_engine_counters(ag->engine, &rx, 1);
+	if (rx < ag->restart_at)
+		return;
+	ag->restart_at = UINT64_MAX;
+	for (int j = 0; j < s->njobs; j++) {
+		if (hg_engine_job_config(ag->engine, s->jobs[j].id, &ec))
+			continue;
+		ec.incarnation = ag->restart_incarnation ? ag->restart_incarnation
+							 : ec.incarnation + 1;
+		if (!ec.incarnation)
+			ec.incarnation = 1;
+		ag->incarnation = ec.incarnation;
+		/* Cannot fail: the same job was there (memory aside). */
+		hg_engine_remove_job(ag->engine, ec.job);
+		hg_engine_add_job(ag->engine, &ec);
+	}
+}
+
 static bool rx_pending(const struct hg_sim *s)
 {
 	uint64_t now = hg_nic_now(s->fab);
@@ -492,8 +541,11 @@ int hg_sim_run(struct hg_sim *s, uint64_t max_ns)
 		for (uint32_t k = 0; k < s->naggs; k++) {
 			if (now >= s->agg[k].dead_at)
 				continue;
-			while (hg_engine_poll(s->agg[k].engine) > 0)
+			restart_due(s, k);
+			while (hg_engine_poll(s->agg[k].engine) > 0) {
 				s->st.engine_polls++;
+				restart_due(s, k);
+			}
 		}
 		for (int j = 0; j < s->njobs; j++)
 			for (uint32_t w = 0; w < s->jobs[j].workers; w++) {

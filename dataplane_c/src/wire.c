@@ -9,6 +9,7 @@
  */
 #include <errno.h>
 #include <string.h>
+#include <time.h>
 
 #include "homagg/codec.h"
 #include "homagg/counters.h"
@@ -97,6 +98,21 @@ void hg_wire_mcast_mac(uint32_t group_ipv4, uint8_t mac[6])
 	mac[5] = (uint8_t)group_ipv4;
 }
 
+uint32_t hg_wire_incarnation_now(void)
+{
+	struct timespec ts;
+	uint32_t inc;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	inc = (uint32_t)((uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000);
+	return inc ? inc : 1;
+}
+
+bool hg_wire_incarnation_older(uint32_t a, uint32_t b)
+{
+	return (int32_t)(a - b) < 0;
+}
+
 int hg_wire_parse(const uint8_t *f, size_t len, uint16_t udp_port,
 		  uint32_t flags, struct hg_wire_view *v)
 {
@@ -109,7 +125,8 @@ int hg_wire_build(uint8_t *f, size_t cap, const struct hg_wire_addr *src,
 		  const struct hg_wire_addr *dst, const struct hg_hdr *hdr,
 		  const uint8_t *payload, size_t payload_len, uint32_t flags)
 {
-	size_t flen = HG_OFF_PAYLOAD + payload_len;
+	size_t mac = (hdr && (hdr->flags & HG_FLAG_AUTH)) ? HG_MAC_LEN : 0;
+	size_t flen = HG_OFF_PAYLOAD + payload_len + mac;
 
 	if (!f || !src || !dst || !hdr || (payload_len && !payload))
 		return -EINVAL;
@@ -118,12 +135,13 @@ int hg_wire_build(uint8_t *f, size_t cap, const struct hg_wire_addr *src,
 	if (cap < flen)
 		return -ENOSPC;
 	hg_wire_put_l2l4(f, src, dst->mac, dst->ipv4, dst->port,
-			 HG_HDR_LEN + payload_len);
+			 HG_HDR_LEN + payload_len + mac);
 	hg_wire_put_hdr(f + HG_OFF_HDR, hdr);
 	if (payload_len)
 		memmove(f + HG_OFF_PAYLOAD, payload, payload_len);
+	memset(f + HG_OFF_PAYLOAD + payload_len, 0, mac);
 	if (flags & HG_WIRE_F_UDP_CSUM)
 		hg_wire_put_udp_csum(f, hg_csum_add(0, f + HG_OFF_HDR,
-						    HG_HDR_LEN + payload_len));
+						    HG_HDR_LEN + payload_len + mac));
 	return (int)flen;
 }

@@ -20,7 +20,7 @@
 #define HG_OFF_IP 14
 #define HG_OFF_UDP 34
 #define HG_OFF_HDR 42
-#define HG_OFF_PAYLOAD 66
+#define HG_OFF_PAYLOAD 74
 
 static inline uint16_t hg_rd16(const uint8_t *p)
 {
@@ -138,7 +138,9 @@ static inline void hg_wire_put_hdr(uint8_t *p, const struct hg_hdr *h)
 	hg_wr32(p + 16, h->seq);
 	hg_wr16(p + 20, h->lanes);
 	p[22] = (uint8_t)h->exp;
-	p[23] = h->reserved;
+	p[23] = h->shard;
+	hg_wr32(p + 24, h->incarnation);
+	hg_wr32(p + 28, h->reserved);
 }
 
 /*
@@ -225,13 +227,21 @@ static inline int hg_wire_parse_inl(const uint8_t *f, size_t len,
 	v->hdr.seq = hg_rd32(h + 16);
 	v->hdr.lanes = hg_rd16(h + 20);
 	v->hdr.exp = (int8_t)h[22];
-	v->hdr.reserved = h[23];
+	v->hdr.shard = h[23];
+	v->hdr.incarnation = hg_rd32(h + 24);
+	v->hdr.reserved = hg_rd32(h + 28);
 	if ((v->hdr.flags & ~HG_FLAGS_KNOWN) || v->hdr.reserved ||
+	    !v->hdr.incarnation ||
 	    ((v->hdr.flags & HG_FLAG_RESULT) && (v->hdr.flags & HG_FLAG_STATUS)))
 		return HG_CNT_BAD_FLAGS;
 	if (v->hdr.op < 1 || v->hdr.op > HG_OP__COUNT)
 		return HG_CNT_BAD_OP;
 	pay_len = udp_len - 8 - HG_HDR_LEN;
+	if (v->hdr.flags & HG_FLAG_AUTH) {
+		if (pay_len < HG_MAC_LEN)
+			return HG_CNT_TRUNCATED;
+		pay_len -= HG_MAC_LEN;
+	}
 	if (v->hdr.flags & HG_FLAG_STATUS) {
 		if (pay_len < 1 || pay_len > HG_MAX_WORKERS / 8)
 			return HG_CNT_BAD_LANES;

@@ -6,7 +6,7 @@ or was built from other C sources.
 """
 from homagg.errors import HomAggError
 
-_ABI_VERSION = 1
+_ABI_VERSION = 2
 
 try:
     from homagg._hg import ffi, lib  # noqa: F401

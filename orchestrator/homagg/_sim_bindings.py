@@ -193,6 +193,11 @@ def sim_kill_worker(s, job, worker, after_packets):
     check(lib.hg_sim_kill_worker(s, job, worker, int(after_packets)), "kill worker")
 
 
+def sim_restart_aggregator(s, k, after_frames, incarnation):
+    check(lib.hg_sim_restart_aggregator(s, k, int(after_frames), int(incarnation)),
+          f"restart aggregator {k}")
+
+
 def sim_inject(s, frame):
     frame = bytes(frame)
     check(lib.hg_sim_inject(s, frame, len(frame)), "inject")
@@ -203,7 +208,7 @@ def sim_build_frame(s, fields, payload=b""):
     for k, v in fields.items():
         setattr(h, k, v)
     payload = bytes(payload)
-    cap = 14 + 20 + 8 + 24 + len(payload) + 64
+    cap = lib.HG_ETH_IP_UDP_LEN + lib.HG_HDR_LEN + len(payload) + lib.HG_MAC_LEN
     out = ffi.new("uint8_t[]", cap)
     n = check(lib.hg_sim_build_frame(s, h, payload, len(payload), out, cap), "build frame")
     return bytes(ffi.buffer(out, n))

@@ -137,11 +137,18 @@ class ControlClient:
             raise _error_for(reply)
         return reply
 
-    def add_job(self, job, token, workers, slots, payload=1024, group=None):
+    def add_job(self, job, token, workers, slots, payload=1024, group=None,
+                shard=None, incarnation=None):
+        """Configure a job; the reply carries the job's ``incarnation``
+        (chosen by the daemon from its clock unless given)."""
         fields = dict(job=job, token=token, workers=workers, slots=slots,
                       payload=payload)
         if group is not None:
             fields["group"] = group
+        if shard is not None:
+            fields["shard"] = shard
+        if incarnation is not None:
+            fields["incarnation"] = incarnation
         return self.request("add_job", **fields)
 
     def remove_job(self, job):

@@ -22,6 +22,7 @@ FLAG_RETRANS = lib.HG_FLAG_RETRANS
 FLAG_SHADOW = lib.HG_FLAG_SHADOW
 FLAG_OVERFLOW = lib.HG_FLAG_OVERFLOW
 FLAG_STATUS = lib.HG_FLAG_STATUS
+FLAG_AUTH = lib.HG_FLAG_AUTH
 WORKER_ALL = lib.HG_WORKER_ALL
 UDP_PORT = lib.HG_UDP_PORT
 
@@ -85,15 +86,18 @@ class Frame:
     seq: int
     lanes: int
     exp: int
+    shard: int
+    incarnation: int
     payload: bytes
 
 
 def build_frame(src, dst, *, op, job, token, worker, seq, slot, lanes=None,
-                exp=0, flags=0, payload=b"", version=None, reserved=0,
-                udp_csum=True):
+                exp=0, flags=0, payload=b"", version=None, shard=0, incarnation=1,
+                reserved=0, udp_csum=True):
     """Bytes of one frame.  ``lanes`` defaults to the count the payload
     length implies for ``op`` (a data packet); every field can be forced to
-    any value so tests can build hostile frames."""
+    any value so tests can build hostile frames.  With FLAG_AUTH in
+    ``flags`` the frame ends in a zero MAC."""
     payload = bytes(payload)
     o = _op(op)
     if lanes is None:
@@ -110,8 +114,11 @@ def build_frame(src, dst, *, op, job, token, worker, seq, slot, lanes=None,
     h.seq = seq
     h.lanes = lanes
     h.exp = exp
+    h.shard = shard
+    h.incarnation = incarnation
     h.reserved = reserved
-    buf = ffi.new("uint8_t[]", lib.HG_ETH_IP_UDP_LEN + lib.HG_HDR_LEN + len(payload))
+    buf = ffi.new("uint8_t[]", lib.HG_ETH_IP_UDP_LEN + lib.HG_HDR_LEN + len(payload)
+                  + lib.HG_MAC_LEN)
     n = check(lib.hg_wire_build(buf, len(buf), src._c(), dst._c(), h,
                                 payload if payload else ffi.NULL, len(payload),
                                 lib.HG_WIRE_F_UDP_CSUM if udp_csum else 0),
@@ -134,7 +141,7 @@ def parse_frame(frame, udp_port=0, udp_csum=True):
         return Addr(bytes(a.mac), a.ipv4, a.port)
 
     return Frame(addr(v.src), addr(v.dst), h.version, h.op, h.flags, h.job, h.token,
-                 h.worker, h.slot, h.seq, h.lanes, h.exp,
+                 h.worker, h.slot, h.seq, h.lanes, h.exp, h.shard, h.incarnation,
                  frame[v.payload_off:v.payload_off + v.payload_len])
 
 
@@ -240,7 +247,11 @@ class Engine:
             ffi.release(self._e)  # runs hg_engine_destroy now
             self._e = None
 
-    def add_job(self, job, token, workers, slots, payload_bytes=1024, group=0):
+    def add_job(self, job, token, workers, slots, payload_bytes=1024, group=0,
+                shard=0, incarnation=0):
+        """Add a job; ``shard`` is this aggregator's index among the job's,
+        ``incarnation`` the job's in replies (0: from the clock).  Returns
+        the incarnation the job got."""
         j = ffi.new("struct hg_job_config *")
         j.job = job
         j.token = token
@@ -248,7 +259,18 @@ class Engine:
         j.slots = slots
         j.payload_bytes = payload_bytes
         j.group_ipv4 = _ip(group)
+        j.shard = shard
+        j.incarnation = incarnation
         check(lib.hg_engine_add_job(self._e, j), f"add job {job}")
+        return self.job_config(job)["incarnation"]
+
+    def job_config(self, job):
+        """The job's configuration as the engine holds it (a dict)."""
+        j = ffi.new("struct hg_job_config *")
+        check(lib.hg_engine_job_config(self._e, job, j), f"job {job}")
+        return {k: getattr(j, k) for k in (
+            "job", "token", "workers", "slots", "payload_bytes", "group_ipv4",
+            "shard", "incarnation")}
 
     def remove_job(self, job):
         check(lib.hg_engine_remove_job(self._e, job), f"remove job {job}")

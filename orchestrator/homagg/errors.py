@@ -40,6 +40,11 @@ class PeerTimeout(HomAggError, TimeoutError):
     """A peer or the aggregator did not answer in time; the message names it."""
 
 
+class PeerRestarted(ProtocolError, ConnectionResetError):
+    """The aggregator restarted (its incarnation changed) during an
+    allreduce; the message names it and both incarnations."""
+
+
 class ResourceError(HomAggError):
     """Allocation failed, a buffer is too small, or a feature is missing."""
 
@@ -50,10 +55,16 @@ _BY_ERRNO = {
     _errno.ERANGE: OutOfRange,
     _errno.EPROTO: ProtocolError,
     _errno.ETIMEDOUT: PeerTimeout,
+    _errno.ECONNRESET: PeerRestarted,
     _errno.ENOMEM: ResourceError,
     _errno.ENOSPC: ResourceError,
     _errno.ENOTSUP: ResourceError,
 }
+
+
+def error_class(rc):
+    """The exception class of a negative return code ``rc``."""
+    return _BY_ERRNO.get(-rc, HomAggError)
 
 
 def error_for(rc, context=""):
@@ -63,8 +74,7 @@ def error_for(rc, context=""):
     msg = ffi.string(lib.hg_strerror(rc)).decode()
     if context:
         msg = f"{context}: {msg}"
-    cls = _BY_ERRNO.get(-rc, HomAggError)
-    return cls(msg, rc)
+    return error_class(rc)(msg, rc)
 
 
 def check(rc, context=""):

@@ -29,7 +29,7 @@ import numpy as np
 from homagg._native import ffi, lib
 from homagg import _sim_bindings as _b
 from homagg import protocol
-from homagg.errors import HomAggError, InvalidArgument, PeerTimeout, error_for
+from homagg.errors import HomAggError, InvalidArgument, PeerTimeout, error_class, error_for
 
 # The codec options, named as in homagg.codec.Params ("block" is an alias).
 _CODEC_OPTIONS = ("block_elements", "block", "stochastic", "seed", "nc_levels",
@@ -279,7 +279,7 @@ class Cluster:
         text = "; ".join(f"job {job.index} worker {w}: {msg}" for w, _rc, msg in failures)
         timeouts = [rc for _w, rc, _m in failures if rc == -errno.ETIMEDOUT]
         code = timeouts[0] if timeouts else failures[0][1]
-        cls = PeerTimeout if timeouts else HomAggError
+        cls = PeerTimeout if timeouts else error_class(code)
         exc = cls(text, code)
         exc.failures = [WorkerError(msg, rc) for w, rc, msg in failures]
         for (w, _rc, _m), e in zip(failures, exc.failures):
@@ -313,14 +313,25 @@ class Cluster:
     def build_frame(self, for_job=None, payload=b"", **fields):
         """A well-formed frame to the aggregator from the attacker port with
         any header fields (version, op, flags, job, token, worker, slot, seq,
-        lanes, exp); job id and token default to those of for_job (default:
-        the first job), lanes to the payload's int32 lanes."""
+        lanes, exp, shard, incarnation, reserved); job id and token default
+        to those of for_job (default: the first job), lanes to the payload's
+        int32 lanes, the incarnation to the workers' (HG_SIM_INCARNATION)."""
         job = for_job or self.job
         hdr = {"version": lib.HG_PROTOCOL_VERSION, "op": lib.HG_OP_SUM32,
                "job": job.wire_id, "token": job.token,
-               "lanes": len(payload) // 4}
+               "lanes": len(payload) // 4, "incarnation": lib.HG_SIM_INCARNATION}
         hdr.update(fields)
         return _b.sim_build_frame(self._live(), hdr, payload)
+
+    def restart_aggregator(self, k=0, after_frames=0, incarnation=0):
+        """Aggregator k restarts (every job's state there lost, a new
+        incarnation: ``incarnation`` or the previous one + 1) once it has
+        received ``after_frames`` more frames.  Workers in the middle of an
+        allreduce then fail with PeerRestarted naming it and both
+        incarnations."""
+        if not 0 <= k < self.aggregators:
+            raise InvalidArgument(f"aggregator {k} not in 0..{self.aggregators - 1}")
+        _b.sim_restart_aggregator(self._live(), k, after_frames, incarnation)
 
     def kill_worker(self, worker, after_packets=0, job=None):
         (job or self.job).kill_worker(worker, after_packets)

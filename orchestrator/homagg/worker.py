@@ -30,6 +30,10 @@ aggregator makes ``allreduce`` raise ``PeerTimeout`` naming it within
 returns a concurrent.futures.Future: calls run one at a time in the order
 they were made (every worker of a job must make the same calls in the same
 order), while Python keeps running.
+
+Every frame carries the worker's ``incarnation`` (default: from the clock,
+so a restarted worker gets a greater one); an aggregator that restarts
+during an allreduce makes it raise ``PeerRestarted``.
 """
 import concurrent.futures
 import ipaddress
@@ -127,7 +131,7 @@ class Worker:
     def __init__(self, job, token, worker, workers,
                  aggregator=("10.0.0.1", 48879), group=None,
                  bind=("0.0.0.0", 0), timeout=5.0, slots=64, payload=1024,
-                 rto=0.001, packets=0, aggregators=None, mtu=None):
+                 rto=0.001, packets=0, aggregators=None, mtu=None, incarnation=0):
         if not 0 <= worker < workers:
             raise InvalidArgument(f"worker {worker} not in 0..{workers - 1}")
         if timeout <= 0:
@@ -135,6 +139,8 @@ class Worker:
         if not 4 <= int(payload) <= lib.HG_MAX_PAYLOAD or int(payload) % 4:
             raise InvalidArgument(f"payload must be a multiple of 4 in 4..{lib.HG_MAX_PAYLOAD}, "
                                   f"got {payload}")
+        if not 0 <= int(incarnation) < 2**32:
+            raise InvalidArgument(f"incarnation {incarnation} not in 0..2^32-1 (0: from the clock)")
         if aggregators is None:
             aggregators = [aggregator]
         aggregators = [(str(a[0]), int(a[1])) for a in aggregators]
@@ -182,6 +188,7 @@ class Worker:
         cfg.group_ipv4 = _ipv4(group, "group") if group else 0
         cfg.rto_ns = int(rto * 1e9)
         cfg.give_up_ns = int(timeout * 1e9)
+        cfg.incarnation = int(incarnation)
         self._cfg = cfg
         self._aggs = aggs
         client = lib.hg_client_create(cfg)

@@ -120,7 +120,7 @@ static int build_templates(struct bench *b)
 		struct hg_hdr h = {
 			.version = HG_PROTOCOL_VERSION, .op = HG_OP_SUM32,
 			.job = 1, .token = 0xBEEF, .worker = (uint16_t)w,
-			.lanes = (uint16_t)(b->payload / 4),
+			.lanes = (uint16_t)(b->payload / 4), .incarnation = 1,
 		};
 		src = (struct hg_wire_addr){ .mac = { 0x02, 0, 0, 0, 1, (uint8_t)w },
 					     .ipv4 = 0x0A000100 + w, .port = 40000 };

@@ -83,6 +83,9 @@ struct hg_client_config {
 	uint64_t give_up_ns;       /* a chunk unanswered this long ends the allreduce */
 	uint64_t rto_min_ns;       /* lower clamp of the timeout computed from RTT samples
 				    * (0 = min(HG_CLIENT_DEFAULT_RTO_MIN_NS, rto_ns)) */
+	uint32_t incarnation;      /* this worker's life, carried by every frame;
+				    * 0 = hg_wire_incarnation_now() (a restarted
+				    * worker passes one greater than before) */
 };
 
 struct hg_client_stats {
@@ -143,8 +146,9 @@ int hg_client_start(struct hg_client *c, const struct hg_params *p, int method,
  * Make progress without blocking.  Returns 1 when the allreduce is complete
  * (y holds the result), 0 while in progress, or a negative errno: -ETIMEDOUT
  * (a chunk got no result within give_up_ns; hg_client_error_text() names the
- * chunk, the phase and the missing workers), -EPROTO, -ENOMEM, -EINVAL (no
- * allreduce started).  *next_deadline_ns (may be NULL) is set to the port
+ * chunk, the phase and the missing workers), -ECONNRESET (the aggregator's
+ * incarnation changed during the allreduce: it restarted; the text names it
+ * and both incarnations), -EPROTO, -ENOMEM, -EINVAL (no allreduce started).  *next_deadline_ns (may be NULL) is set to the port
  * time at which the client needs to be polled again even if nothing arrives
  * (UINT64_MAX when none).
  */

@@ -34,10 +34,14 @@
 	X(BAD_SLOT, "bad_slot", "slot >= S, slot != seq % S, or shadow flag wrong") \
 	X(BAD_LANES, "bad_lanes", "lane count disagrees with the length, the job's payload or the slot") \
 	X(BAD_OP, "bad_op", "unknown op, or op differs from the slot's")          \
-	X(BAD_FLAGS, "bad_flags", "unknown flag bits, reserved byte set, or RESULT/STATUS from a worker") \
+	X(BAD_FLAGS, "bad_flags", "unknown flag bits, reserved bytes set, incarnation 0, or RESULT/STATUS from a worker") \
 	X(BAD_EXP, "bad_exp", "exp not 0 (non-NC8), outside 0..31 (NC8), or differs from the slot's") \
 	X(NO_BUFFER, "no_buffer", "no packet buffer for a result or status frame") \
-	X(TX_FULL, "tx_full", "frames the port refused to transmit (freed)")
+	X(TX_FULL, "tx_full", "frames the port refused to transmit (freed)")     \
+	X(BAD_MAC, "bad_mac", "MAC missing or wrong (auth job), or a MAC on a job without auth") \
+	X(BAD_SHARD, "bad_shard", "shard differs from the aggregator's index for the job") \
+	X(OLD_INCARNATION, "old_incarnation", "frames of a worker's earlier incarnation") \
+	X(INCARNATION_RESETS, "incarnation_resets", "incomplete slots cleared: a worker came back with a new incarnation")
 
 enum hg_counter {
 #define HG_CNT_ENUM_(name, str, doc) HG_CNT_##name,

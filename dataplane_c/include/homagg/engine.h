@@ -22,6 +22,12 @@
  * Sequence numbers compare in serial-number arithmetic (RFC 1982), so they
  * may wrap.  Worker addresses are learned from their valid packets.
  *
+ * Incarnations (docs/PROTOCOL.md): the engine keeps per job and worker the
+ * greatest incarnation it accepted; a frame of an older one is dropped
+ * ("old_incarnation"), a greater one replaces it and clears every
+ * incomplete slot holding the worker's earlier contribution
+ * ("incarnation_resets").  Replies carry the job's incarnation and shard.
+ *
  * The packet path allocates nothing and logs nothing: memory is allocated by
  * hg_engine_create() and hg_engine_add_job().  The control calls
  * (add/remove job) must not run concurrently with poll/process.
@@ -67,11 +73,14 @@ struct hg_engine_config {
 
 struct hg_job_config {
 	uint32_t job;            /* job id */
-	uint32_t token;          /* shared secret of the job's members */
+	uint32_t token;          /* job selector (its secret only without auth) */
 	uint32_t workers;        /* W, 1..HG_MAX_WORKERS */
 	uint32_t slots;          /* S, 1..HG_ENGINE_MAX_SLOTS */
 	uint32_t payload_bytes;  /* largest result payload, 4..HG_MAX_PAYLOAD */
 	uint32_t group_ipv4;     /* multicast group (host order), 0 = none */
+	uint8_t shard;           /* this aggregator's index k among the job's K */
+	uint32_t incarnation;    /* the job's incarnation in replies;
+				  * 0 = hg_wire_incarnation_now() */
 };
 
 /* Defaults: max_jobs 64, HG_UDP_PORT, burst 32, HG_ENGINE_F_UDP_CSUM,
@@ -88,6 +97,10 @@ void hg_engine_destroy(struct hg_engine *e);
  * id in use), -ERANGE (W, S, payload, or max_jobs reached), -ENOMEM.
  */
 int hg_engine_add_job(struct hg_engine *e, const struct hg_job_config *j);
+/* The job's configuration as the engine holds it (the incarnation chosen
+ * when it was 0).  0, -EINVAL (NULL) or -ENOENT. */
+int hg_engine_job_config(const struct hg_engine *e, uint32_t job,
+			 struct hg_job_config *out);
 /* 0 or -ENOENT.  Packets of the job are then dropped as unknown_job. */
 int hg_engine_remove_job(struct hg_engine *e, uint32_t job);
 /* Number of jobs configured. */

@@ -15,6 +15,8 @@
  *   -ETIMEDOUT a peer or the aggregator did not answer in time
  *   -EEXIST / -ENOENT  a job already exists / does not exist
  *   -ENOTSUP the CPU or the port lacks a requested feature
+ *   -ECONNRESET the aggregator restarted (its incarnation changed) during
+ *            an allreduce
  */
 #ifndef HOMAGG_ERRORS_H
 #define HOMAGG_ERRORS_H
@@ -26,7 +28,7 @@ extern "C" {
 #endif
 
 /* cdef-begin */
-#define HG_ABI_VERSION 1
+#define HG_ABI_VERSION 2
 
 /* Version of the compiled library; the Python bindings check it at import. */
 int hg_abi_version(void);

@@ -32,6 +32,7 @@ extern "C" {
 /* cdef-begin */
 #define HG_SIM_MAX_JOBS 16
 #define HG_SIM_MAX_AGGREGATORS 64
+#define HG_SIM_INCARNATION 1000
 
 struct hg_sim_config {
 	double loss;            /* probability a frame is dropped, per link hop */
@@ -62,6 +63,9 @@ struct hg_sim_job_config {
 	uint64_t rto_max_ns;    /* cap (0 = default) */
 	uint64_t give_up_ns;    /* give-up deadline per chunk (0 = default) */
 	uint64_t rto_min_ns;    /* lower clamp of the adaptive timeout (0 = default) */
+	uint32_t incarnation;   /* of every worker and of the job on the
+				 * aggregator (0 = HG_SIM_INCARNATION; the
+				 * virtual cluster keeps it deterministic) */
 };
 
 struct hg_sim_stats {
@@ -123,6 +127,16 @@ int hg_sim_worker_stats(const struct hg_sim *s, int job, uint32_t worker,
  */
 int hg_sim_kill_worker(struct hg_sim *s, int job, uint32_t worker,
 		       uint64_t after_packets);
+
+/*
+ * Aggregator k restarts once its engine received after_frames more frames
+ * (0: at its next poll in hg_sim_run): every job is removed and added again
+ * with the same configuration, all slot and worker state lost, and the new
+ * incarnation (0 = the previous one + 1).  The engine's counters are kept.
+ * Returns 0 or -EINVAL (no aggregator k).
+ */
+int hg_sim_restart_aggregator(struct hg_sim *s, uint32_t k,
+			      uint64_t after_frames, uint32_t incarnation);
 
 /*
  * Send a raw Ethernet frame to the aggregator from an extra port (an

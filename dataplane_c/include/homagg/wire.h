@@ -9,14 +9,19 @@
  *    1   1   op           enum hg_op
  *    2   2   flags        HG_FLAG_*
  *    4   4   job          job id
- *    8   4   token        job token (a shared secret of the job's members)
- *   12   2   worker       worker id, 0..W-1
+ *    8   4   token        job token (the job selector; a secret only
+ *                         without authentication)
+ *   12   2   worker       worker id, 0..W-1 (HG_WORKER_ALL in a multicast result)
  *   14   2   slot         seq mod S
- *   16   4   seq          chunk sequence number of the job
+ *   16   4   seq          chunk sequence number of the job at this aggregator
  *   20   2   lanes        payload lanes (payload bytes = lanes * in-lane size)
  *   22   1   exp          signed; the NC8 "top" shift, 0 for other ops
- *   23   1   reserved     0
- *   24   ..  payload
+ *   23   1   shard        index of the aggregator the chunk belongs to, 0..K-1
+ *   24   4   incarnation  sender's life: the worker's, or in a reply the
+ *                         aggregator's incarnation of the job; never 0
+ *   28   4   reserved     0
+ *   32   ..  payload
+ *   ..   16  MAC          only with HG_FLAG_AUTH (docs/PROTOCOL.md)
  */
 #ifndef HOMAGG_WIRE_H
 #define HOMAGG_WIRE_H
@@ -31,7 +36,9 @@ extern "C" {
 
 /* cdef-begin */
 #define HG_UDP_PORT 48879
-#define HG_HDR_LEN 24
+#define HG_HDR_LEN 32
+/* The MAC trailer of an authenticated frame (HG_FLAG_AUTH). */
+#define HG_MAC_LEN 16
 #define HG_ETH_IP_UDP_LEN 42
 /* Default and largest payload: 1024 bytes = 256 int32 lanes. */
 #define HG_DEFAULT_PAYLOAD 1024
@@ -43,6 +50,8 @@ extern "C" {
 #define HG_FLAG_OVERFLOW 8
 /* Aggregator -> worker: the slot is incomplete; payload = worker bitmap. */
 #define HG_FLAG_STATUS 16
+/* Both directions: a HG_MAC_LEN-byte MAC follows the payload. */
+#define HG_FLAG_AUTH 32
 
 struct hg_hdr {
 	uint8_t version;
@@ -55,14 +64,16 @@ struct hg_hdr {
 	uint32_t seq;
 	uint16_t lanes;
 	int8_t exp;
-	uint8_t reserved;
+	uint8_t shard;
+	uint32_t incarnation;
+	uint32_t reserved;
 };
 
 /* Worker field of a multicast result (addressed to every worker). */
 #define HG_WORKER_ALL 65535
 /* Flags a worker may set; RESULT and STATUS are the aggregator's. */
-#define HG_FLAGS_WORKER 14
-#define HG_FLAGS_KNOWN 31
+#define HG_FLAGS_WORKER 46
+#define HG_FLAGS_KNOWN 63
 
 /* hg_wire_parse / hg_wire_build flags */
 /* Verify (parse) or fill in (build) the UDP checksum.  Without it a parsed
@@ -92,24 +103,40 @@ struct hg_wire_view {
  * counter index (enum hg_counter in homagg/counters.h, > 0), or -EINVAL for
  * a NULL frame or view.  Checks, in order: Ethernet type, IPv4 header
  * (version, IHL, fragments, lengths, checksum), UDP (protocol, port, length,
- * checksum with HG_WIRE_F_UDP_CSUM), HomAgg version, flags, reserved byte,
- * op, and the payload length: lanes * in-lane bytes for data, lanes *
- * accumulator-lane bytes for a RESULT, 1..HG_MAX_WORKERS/8 bytes for a
- * STATUS.  It reads nothing outside frame[0..len).
+ * checksum with HG_WIRE_F_UDP_CSUM), HomAgg version (HG_PROTOCOL_VERSION;
+ * nothing else of an other version is read), flags, incarnation (not 0),
+ * reserved bytes, op, the MAC trailer's presence (HG_FLAG_AUTH: 16 bytes
+ * after the payload, not verified here), and the payload length: lanes *
+ * in-lane bytes for data, lanes * accumulator-lane bytes for a RESULT,
+ * 1..HG_MAX_WORKERS/8 bytes for a STATUS.  With HG_FLAG_AUTH the MAC is at
+ * frame + payload_off + payload_len.  It reads nothing outside frame[0..len).
  */
 int hg_wire_parse(const uint8_t *frame, size_t len, uint16_t udp_port,
 		  uint32_t flags, struct hg_wire_view *v);
 
 /*
- * Write a whole frame (Ethernet, IPv4, UDP, HomAgg header, payload) to
- * frame[0..cap) from src to dst.  hdr is in host byte order; payload may be
- * NULL when payload_len is 0.  Returns the frame length, -EINVAL (NULL
- * argument), -ERANGE (payload longer than HG_MAX_PAYLOAD), -ENOSPC (cap too
- * small).  The IPv4 checksum is always filled in.
+ * Write a whole frame (Ethernet, IPv4, UDP, HomAgg header, payload, and
+ * with HG_FLAG_AUTH in hdr->flags the 16-byte MAC) to frame[0..cap) from
+ * src to dst.  hdr is in host byte order; payload may be NULL when
+ * payload_len is 0.  The MAC written is all zero (a frame that fails
+ * verification).  Returns the frame length, -EINVAL (NULL
+ * argument), -ERANGE (payload longer than
+ * HG_MAX_PAYLOAD), -ENOSPC (cap too small).  The IPv4 checksum is always
+ * filled in.
  */
 int hg_wire_build(uint8_t *frame, size_t cap, const struct hg_wire_addr *src,
 		  const struct hg_wire_addr *dst, const struct hg_hdr *hdr,
 		  const uint8_t *payload, size_t payload_len, uint32_t flags);
+
+/*
+ * A fresh incarnation (docs/PROTOCOL.md "Incarnations"): the low 32 bits of
+ * CLOCK_REALTIME in milliseconds, 1 instead of 0.  A later life started more
+ * than a millisecond later gets a greater one (RFC 1982 order, for 24 days).
+ */
+uint32_t hg_wire_incarnation_now(void);
+
+/* Is incarnation a older than b (RFC 1982 serial arithmetic)? */
+bool hg_wire_incarnation_older(uint32_t a, uint32_t b);
 
 /* The Ethernet address of an IPv4 multicast group (01:00:5e + low 23 bits). */
 void hg_wire_mcast_mac(uint32_t group_ipv4, uint8_t mac[6]);
