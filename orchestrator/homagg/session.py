@@ -18,7 +18,7 @@ the result saved for the checker), ``reset`` (a new client: chunk counters
 from 0, a new incarnation; what docs/PROTOCOL.md asks after a failed
 allreduce) and ``exit``.  ``allreduce`` returns every worker's outcome and,
 when all succeeded, the bit-exact check against the fixed-point reference
-(homagg.run.verify).  After a failed allreduce ``recover`` re-adds the job
+(homagg.job.verify).  After a failed allreduce ``recover`` re-adds the job
 on the daemon and resets every worker, so the next one starts clean.
 
 Used by ``homagg bench soak`` and by the chaos tests (docs/SWITCH.md,
@@ -39,7 +39,7 @@ import time
 
 import numpy as np
 
-from homagg import run
+from homagg import job, run
 from homagg.errors import HomAggError
 
 
@@ -116,6 +116,7 @@ class Session:
         self.drop_rate, self.pmd, self.binary = drop_rate, pmd, switch
         self.switch = None
         self.switch_starts = 0
+        self.incarnations: list = []   # of the job, one per add_job
         self.procs: list = [None] * self.W
         self._pending: list[bool] = [False] * self.W
         self._lost: set[int] = set()   # killed while a command was pending
@@ -138,9 +139,12 @@ class Session:
         self.add_job()
 
     def add_job(self) -> None:
+        """Add the job on the daemon; its incarnation (the daemon's reply)
+        is appended to ``incarnations``."""
         with self.switch.client() as c:
-            c.add_job(job=self.job, token=self.token, workers=self.W, slots=self.slots,
-                      payload=self.payload, group=self.group)
+            r = c.add_job(job=self.job, token=self.token, workers=self.W, slots=self.slots,
+                          payload=self.payload, group=self.group)
+        self.incarnations.append(r.get("incarnation"))
 
     def kill_switch(self, sig=signal.SIGKILL) -> None:
         """Stop the daemon with ``sig`` (SIGKILL: no cleanup at all)."""
@@ -166,10 +170,10 @@ class Session:
 
     def _spec(self, i: int) -> dict:
         h = self.tb.workers[i]
-        return run.worker_spec(
+        return job.worker_spec(
             job=self.job, token=self.token, worker=i, workers=self.W, agg_ip=self.tb.aggregator.ip,
             group=self.group, ip=h.ip, timeout=self.timeout, slots=self.slots,
-            payload=self.payload, rto=self.rto, method="dense", block=run.DEFAULT_BLOCK,
+            payload=self.payload, rto=self.rto, method="dense", block=job.DEFAULT_BLOCK,
             elements=0, density=0.0, workload="random", seed=0, out="")
 
     def start_worker(self, i: int) -> None:
@@ -225,7 +229,7 @@ class Session:
                         workload: str = "random", seed: int = 1) -> dict:
         """Tell every worker to start one allreduce; returns the job of it
         for finish_allreduce."""
-        run.check_arguments(method, elements, density)
+        job.check_arguments(method, elements, density)
         a = dict(method=method, elements=elements, density=density, workload=workload,
                  seed=seed, t0=time.perf_counter())
         for i in range(self.W):
@@ -247,8 +251,8 @@ class Session:
         out["exact"] = None
         if out["ok"]:
             results = [np.load(os.path.join(self.workdir, f"result-{i}.npy")) for i in range(self.W)]
-            out.update(run.verify(a["method"], a["elements"], a["density"], a["workload"],
-                                  a["seed"], run.DEFAULT_BLOCK, results))
+            out.update(job.verify(a["method"], a["elements"], a["density"], a["workload"],
+                                  a["seed"], job.DEFAULT_BLOCK, results))
             out["seconds"] = max(r["seconds"] for r in replies)
         return out
 
@@ -297,7 +301,7 @@ class Session:
 
 def _worker_main(spec: dict) -> int:
     """The worker process: one Worker, one JSON reply per command line."""
-    w = run.open_worker(spec)
+    w = job.open_worker(spec)
     print(json.dumps({"ready": True}), flush=True)
     try:
         for line in sys.stdin:
@@ -306,10 +310,10 @@ def _worker_main(spec: dict) -> int:
                 break
             if cmd["cmd"] == "reset":
                 w.close()
-                w = run.open_worker(spec)
+                w = job.open_worker(spec)
                 print(json.dumps({"ok": True}), flush=True)
                 continue
-            x = run.gradient(cmd["elements"], cmd["density"], cmd["workload"], cmd["seed"],
+            x = job.gradient(cmd["elements"], cmd["density"], cmd["workload"], cmd["seed"],
                              spec["worker"], spec["workers"])
             before = w.stats()
             t0 = time.perf_counter()

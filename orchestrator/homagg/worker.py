@@ -50,7 +50,7 @@ import numpy as np
 
 from homagg import protocol
 from homagg._native import ffi, lib
-from homagg._sim_bindings import client_stats_dict
+from homagg.bindings.client import agg_stats_dict, client_stats_dict
 from homagg.errors import InvalidArgument, check, error_for
 
 
@@ -306,9 +306,7 @@ class Worker:
         ast = ffi.new("struct hg_client_agg_stats *")
         for k in range(len(self.aggregators)):
             check(lib.hg_client_get_agg_stats(self._client, k, ast))
-            out["aggregators"].append({
-                f: getattr(ast, f)
-                for f, _ in ffi.typeof("struct hg_client_agg_stats").fields})
+            out["aggregators"].append(agg_stats_dict(ast))
         return out
 
     def close(self):

@@ -1,4 +1,4 @@
-"""Bindings of homagg/sim.h and homagg/client.h (stats).
+"""Bindings of homagg/sim.h (the client stats structs: homagg.bindings.client).
 
 One function per C function, each checking its arguments before the call
 and turning the return code into an exception of ``homagg.errors`` after it.
@@ -9,8 +9,8 @@ references).  The typed API is ``homagg.sim``.
 import numpy as np
 
 from homagg._native import ffi, lib
+from homagg.bindings.client import agg_stats_dict, client_stats_dict
 from homagg.errors import InvalidArgument, ResourceError, check
-from homagg.protocol import PHASES
 
 F32 = np.dtype(np.float32)
 
@@ -118,33 +118,10 @@ def sim_worker_error(s, job, worker):
     return ffi.string(lib.hg_sim_worker_error(s, job, worker)).decode(errors="replace")
 
 
-def client_stats_dict(st):
-    """A ``struct hg_client_stats`` as a dict: every field of the C struct
-    (read from the cdef, so a counter added in client.h appears here), the
-    per-phase arrays as {phase name: bytes}."""
-    out = {}
-    for name, field in ffi.typeof("struct hg_client_stats").fields:
-        v = getattr(st, name)
-        if field.type.kind == "array":
-            out[name] = {PHASES[i]: v[i] for i in range(len(PHASES))}
-        else:
-            out[name] = v
-    return out
-
-
 def sim_worker_stats(s, job, worker):
     st = ffi.new("struct hg_client_stats *")
     check(lib.hg_sim_worker_stats(s, job, worker, st), "worker stats")
     return client_stats_dict(st)
-
-
-AGG_STATS = ("packets_sent", "retransmissions", "timeouts", "results_received",
-             "status_received", "bytes_sent", "bytes_received", "chunks", "next_seq",
-             "srtt_ns", "rttvar_ns", "rto_ns", "rtt_samples")
-
-
-def agg_stats_dict(st):
-    return {k: getattr(st, k) for k in AGG_STATS}
 
 
 def sim_worker_agg_stats(s, job, worker, k):
