@@ -1118,17 +1118,33 @@ static void format_ip(char *s, size_t len, uint32_t ip)
 		 (ip >> 8) & 255, ip & 255);
 }
 
+/*
+ * The aggregator's name in error texts: "10.0.0.1:48879", and with K > 1
+ * "10.0.1.2:48879 (shard 1 of 3)".
+ */
+static void agg_name(const struct hg_client *c, uint32_t a, char *s, size_t len)
+{
+	const struct hg_wire_addr *d = &c->agg[a].dst;
+	char ip[20];
+
+	format_ip(ip, sizeof(ip), d->ipv4);
+	if (c->naggs == 1)
+		snprintf(s, len, "%s:%u", ip, d->port);
+	else
+		snprintf(s, len, "%s:%u (shard %u of %u)", ip, d->port, a, c->naggs);
+}
+
 /* Aggregator ag answered with incarnation inc after another one during
  * this allreduce: it lost the job's state.  End the allreduce. */
 static void agg_restarted(struct hg_client *c, const struct agg *ag,
 			  uint32_t inc)
 {
-	char ip[20];
+	char name[64];
 
-	format_ip(ip, sizeof(ip), ag->dst.ipv4);
+	agg_name(c, (uint32_t)(ag - c->agg), name, sizeof(name));
 	snprintf(c->err, sizeof(c->err),
-		 "aggregator %s:%u restarted during the allreduce (incarnation "
-		 "%u, now %u)", ip, ag->dst.port, ag->incarnation, inc);
+		 "aggregator %s restarted during the allreduce (incarnation "
+		 "%u, now %u)", name, ag->incarnation, inc);
 	client_fail(c, -ECONNRESET);
 }
 
@@ -1166,8 +1182,8 @@ static void handle_frame(struct hg_client *c, const uint8_t *f, size_t len,
 	    !(v.hdr.flags & (HG_FLAG_RESULT | HG_FLAG_STATUS)))
 		goto ignore;
 	a = reply_agg(c, &v);
-	if (a < 0)
-		goto ignore;
+	if (a < 0 || v.hdr.shard != (uint32_t)a)
+		goto ignore; /* not one of ours, or its reply about another shard */
 	ag = &c->agg[a];
 	pl = f + v.payload_off;
 	seq = v.hdr.seq;
@@ -1427,22 +1443,6 @@ static void tx_new(struct hg_client *c, uint64_t now)
 		if (flight_of(c, ks[cnt - 1])->unsent)
 			return; /* the port is full: try again at the next poll */
 	}
-}
-
-/*
- * The aggregator's name in error texts: "10.0.0.1:48879", and with K > 1
- * "10.0.1.2:48879 (shard 1 of 3)".
- */
-static void agg_name(const struct hg_client *c, uint32_t a, char *s, size_t len)
-{
-	const struct hg_wire_addr *d = &c->agg[a].dst;
-	char ip[20];
-
-	format_ip(ip, sizeof(ip), d->ipv4);
-	if (c->naggs == 1)
-		snprintf(s, len, "%s:%u", ip, d->port);
-	else
-		snprintf(s, len, "%s:%u (shard %u of %u)", ip, d->port, a, c->naggs);
 }
 
 static void timeout_text(struct hg_client *c, const struct flight *fl,
