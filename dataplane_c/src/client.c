@@ -1445,13 +1445,13 @@ static void tx_new(struct hg_client *c, uint64_t now)
 	}
 }
 
-static void timeout_text(struct hg_client *c, const struct flight *fl,
-			 uint64_t now)
+static void timeout_text(struct hg_client *c, const struct flight *fl)
 {
 	const struct stream *s = chunk_stream(&c->st, (size_t)(fl->chunk - c->st.base));
 	const struct agg *ag = &c->agg[fl->agg];
 	char name[64], *e = c->err, *end = c->err + sizeof(c->err);
-	double secs = (double)(now - fl->first_tx) / 1e9;
+	/* the limit it waited for; a late wake-up (a loaded host) is not news */
+	double secs = (double)c->cfg.give_up_ns / 1e9;
 	uint32_t missing = 0;
 
 	agg_name(c, fl->agg, name, sizeof(name));
@@ -1517,7 +1517,7 @@ static int tx_expired(struct hg_client *c, uint64_t now)
 			oldest = fl;
 	}
 	if (oldest) {
-		timeout_text(c, oldest, now);
+		timeout_text(c, oldest);
 		c->stats.timeouts++;
 		return client_fail(c, -ETIMEDOUT);
 	}
