@@ -50,6 +50,7 @@ import time
 
 import numpy as np
 
+from homagg import auth as hg_auth
 from homagg import protocol
 from homagg.bench import workloads
 from homagg.errors import HomAggError, PeerTimeout
@@ -262,7 +263,7 @@ def open_worker(spec: dict):
                   workers=spec["workers"], aggregators=[tuple(a) for a in aggs],
                   group=spec["group"], bind=(spec["ip"], 0), timeout=spec["timeout"],
                   slots=spec["slots"], payload=spec["payload"], rto=spec["rto"],
-                  mtu=spec.get("mtu"))
+                  mtu=spec.get("mtu"), auth_file=spec.get("auth_file"))
 
 
 def _child(spec: dict) -> int:
@@ -328,15 +329,17 @@ def check_arguments(method: str, elements: int, density: float) -> None:
 
 def worker_spec(*, job, token, worker, workers, agg_ip, group, ip, timeout, slots, payload, rto,
                 method, block, elements, density, workload, seed, out, mtu=None,
-                aggregators=None) -> dict:
+                aggregators=None, auth_file=None) -> dict:
     """The JSON spec of one worker process (``python -m homagg.run --child SPEC``);
     ``mtu`` None: the worker asks the kernel for its path's MTU; ``aggregators``:
-    the job's K aggregator addresses in shard order (default: agg_ip alone)."""
+    the job's K aggregator addresses in shard order (default: agg_ip alone);
+    ``auth_file``: the path of the job secret's file (never the secret)."""
     return dict(job=job, token=token, worker=worker, workers=workers, agg_ip=agg_ip,
                 udp_port=UDP_PORT, group=group, ip=ip, timeout=timeout, slots=slots,
                 payload=payload, rto=rto, method=method, block=block, elements=elements,
                 density=density, workload=workload, seed=seed, out=out, mtu=mtu,
-                aggregators=[list(a) for a in (aggregators or [(agg_ip, UDP_PORT)])])
+                aggregators=[list(a) for a in (aggregators or [(agg_ip, UDP_PORT)])],
+                auth_file=auth_file)
 
 
 def check_payload(payload: int, mtu: int, where: str) -> None:
@@ -385,7 +388,7 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
                   state_dir: str | None = None, group: str = "239.77.0.1",
                   drop_rate: float = 0.0, idle_us: int = IDLE_US,
                   idle_polls: int = IDLE_POLLS, fail_aggregators: tuple = (),
-                  aggregators: int | None = None) -> dict:
+                  aggregators: int | None = None, auth: bool = False) -> dict:
     """One allreduce on testbed ``testbed``; returns the report dict (see
     the module doc).  Every process it starts is stopped before it returns.
     ``drop_rate`` makes the daemon's port drop that fraction of the frames it
@@ -393,7 +396,10 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
     ``fail_aggregators`` (host names, e.g. ("agg1",)) are stopped once the
     job is registered on them: the workers' error must name them.
     ``aggregators`` N spreads the job over the testbed's first N aggregator
-    hosts (default: all of them; N - 1 is the re-run without a dead one)."""
+    hosts (default: all of them; N - 1 is the re-run without a dead one).
+    ``auth``: the job authenticates every frame; its new secret goes to the
+    daemons over their control sockets and to the workers in a file only its
+    owner reads."""
     check_arguments(method, elements, density)
     if workload not in WORKLOADS:
         raise RunError(f"workload {workload!r} not in {WORKLOADS}")
@@ -416,11 +422,14 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
                               idle_us=idle_us, idle_polls=idle_polls, host=h.name))
         sw = sws[0]
         before = []
+        auth_file = os.path.join(workdir, "job.secret") if auth else None
+        secret = hg_auth.create_secret_file(auth_file) if auth else None
         for k, s in enumerate(sws):
             with s.client() as c:  # aggregator k of the job: its shard k
                 c.add_job(job=job, token=token, workers=W, slots=slots, payload=payload,
-                          group=group, shard=k)
+                          group=group, shard=k, auth=secret)
                 before.append(c.stats())
+        del secret
         agg_addrs = [(s.ip, UDP_PORT) for s in sws]
         unknown = set(fail_aggregators) - {s.host for s in sws}
         if unknown:
@@ -433,7 +442,7 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
                                payload=payload, rto=rto, method=method, block=block,
                                elements=elements, density=density, workload=workload, seed=seed,
                                out=os.path.join(workdir, f"result-{i}.npy"),
-                               aggregators=agg_addrs)
+                               aggregators=agg_addrs, auth_file=auth_file)
             p = tb.run_in(h.name, [sys.executable, "-m", "homagg.run", "--child", json.dumps(spec)],
                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           text=True, env=env, cwd=workdir)
@@ -507,6 +516,7 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
             "payload_bytes": payload,
             "mtu": mtu,
             "pmd": sw.pmd,
+            "auth": bool(auth),
             "link_mbit": tb.state().get("link_mbit"),
             "seconds": max(r["seconds"] for r in reports),
             "wall_seconds": wall,
@@ -596,6 +606,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--state-dir", default=None, metavar="DIR", help="testbed state directory")
     p.add_argument("--runs-dir", default="runs", metavar="DIR",
                    help="with -i: results and logs go to DIR/<timestamp>-<method>/ (default: %(default)s)")
+    p.add_argument("--auth", action="store_true",
+                   help="authenticate every frame with per-worker keys from a new job secret "
+                        "(docs/PROTOCOL.md \"Authentication\"; costs one keyed BLAKE2b per frame)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -603,6 +616,10 @@ def main(args: argparse.Namespace) -> int:
     if args.inventory:
         from homagg import remote
 
+        if args.auth:
+            print("homagg run allreduce: --auth runs on a local testbed (--testbed); on "
+                  "--inventory hosts the job secret file is not provisioned yet", file=sys.stderr)
+            return 2
         return remote.run_main(args)
     try:
         rep = run_allreduce(args.testbed, args.method, args.elements, args.density,
@@ -610,7 +627,8 @@ def main(args: argparse.Namespace) -> int:
                             slots=args.slots, payload=args.payload_bytes, timeout=args.timeout,
                             rto=args.rto, pmd=args.pmd,
                             switch=args.switch, state_dir=args.state_dir,
-                            drop_rate=args.drop_rate, aggregators=args.aggregators)
+                            drop_rate=args.drop_rate, aggregators=args.aggregators,
+                            auth=args.auth)
     except (HomAggError, TestbedError) as e:
         print(f"homagg run allreduce: {e}", file=sys.stderr)
         return 1
@@ -626,7 +644,8 @@ def print_report(rep: dict, as_json: bool = False) -> int:
         return 0 if ok else 3
     W, n = rep["workers"], rep["elements"]
     print(f"allreduce {rep['method']}: {W} workers x {n} float32 ({rep['workload']}, density "
-          f"{rep['density']:g}), aggregator homagg-switch on {rep['pmd']}, links "
+          f"{rep['density']:g}), aggregator homagg-switch on {rep['pmd']}"
+          f"{', authenticated' if rep.get('auth') else ''}, links "
           f"{'unshaped' if rep['link_mbit'] is None else format(rep['link_mbit'], 'g') + ' Mbit/s'}"
           + (f", {rep['payload_bytes']}-byte payloads (MTU {rep['mtu']})"
              if rep.get("payload_bytes") else ""))

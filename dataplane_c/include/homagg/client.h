@@ -34,6 +34,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "homagg/auth.h"
 #include "homagg/codec.h"
 #include "homagg/port.h"
 #include "homagg/protocol.h"
@@ -86,6 +87,9 @@ struct hg_client_config {
 	uint32_t incarnation;      /* this worker's life, carried by every frame;
 				    * 0 = hg_wire_incarnation_now() (a restarted
 				    * worker passes one greater than before) */
+	uint8_t auth;              /* 1: the job authenticates every frame */
+	uint8_t secret[32];         /* auth: the job secret (HG_AUTH_SECRET_LEN); the client
+				    * keeps only its key and the aggregator's */
 };
 
 struct hg_client_stats {
@@ -110,6 +114,8 @@ struct hg_client_stats {
 	uint64_t rtt_samples;      /* RTT samples taken (results of chunks sent once) */
 	uint32_t aggregators;      /* K; srtt/rttvar/rto above are of the aggregator
 				    * with the longest timeout, rtt_samples the total */
+	uint64_t bad_mac;          /* replies dropped: MAC missing, wrong, or
+				    * present on a job without auth */
 };
 
 /* What a worker exchanged with one of its aggregators. */
