@@ -62,13 +62,13 @@ build/.deps-stamp: Makefile
 	fi
 	@touch $@
 
-venv: $(VENV)/.stamp ## create .venv and install the package editable with its test extras
+venv: $(VENV)/.stamp ## create .venv and install the package editable with the extras the tests need
 
 $(VENV)/.stamp: pyproject.toml setup.py
 	@test -x $(VPY) || $(PYTHON) -m venv $(VENV)
 	$(VPY) -m pip install -q --upgrade pip setuptools wheel cffi
 	$(MAKE) --no-print-directory lib
-	HOMAGG_LIBDIR=$(CURDIR)/$(BUILD) $(VPY) -m pip install -q --no-build-isolation -e '.[test,provision]'
+	HOMAGG_LIBDIR=$(CURDIR)/$(BUILD) $(VPY) -m pip install -q --no-build-isolation -e '.[test,testbed,provision,plot]'
 	$(VPY) -m pip install -q torch==2.13.0
 	@touch $@
 

@@ -21,7 +21,7 @@ from conftest import require
 
 from homagg import inventory as inv
 from homagg import provision as prov
-from homagg import run as localrun
+from homagg import job as localrun
 from sshrack import Rack, host_table, to_toml
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from conftest import require
+from homagg import job
 from homagg import run as runmod
 from homagg.testbed import Testbed
 
@@ -48,7 +49,7 @@ def _no_processes_left(tb):
     assert tb.state()["processes"] == []
 
 
-@pytest.mark.parametrize("method", runmod.METHODS)
+@pytest.mark.parametrize("method", job.METHODS)
 def test_allreduce_every_method(testbed, method):
     rep = runmod.run_allreduce(testbed.name, method, elements=20_000, density=0.05,
                                workload="random", seed=7, state_dir=testbed.state_dir)
@@ -58,7 +59,7 @@ def test_allreduce_every_method(testbed, method):
         assert rep["exact"] is None
         # NC rounds to powers of two (and the block's fixed point): each
         # summand is off by less than its own magnitude
-        grads = [runmod.gradient(20_000, 0.05, "random", 7, w) for w in range(4)]
+        grads = [job.gradient(20_000, 0.05, "random", 7, w) for w in range(4)]
         bound = np.sum(np.abs(np.stack(grads).astype(np.float64)), axis=0).max()
         assert rep["max_abs_error_vs_float64_sum"] <= bound
     else:
@@ -82,7 +83,7 @@ def test_dense_workload_same_gradients_as_bench_and_cpu_time(testbed):
     from homagg.bench import workloads
 
     for w in range(4):
-        assert np.array_equal(runmod.gradient(5_000, 0.1, "zipf", 9, w, 4),
+        assert np.array_equal(job.gradient(5_000, 0.1, "zipf", 9, w, 4),
                               workloads.generate("zipf", 4, 5_000, 0.1, 9, w))
     rep = runmod.run_allreduce(testbed.name, "auto", elements=20_000, density=0.05,
                                workload="dense", seed=2, state_dir=testbed.state_dir)
@@ -132,11 +133,11 @@ def test_runtime_reference_matches_the_test_oracle():
     including blocks that are zero on one or on every worker."""
     import reference as oracle
 
-    grads = [runmod.gradient(10_000, 0.3, "random", 5, w) for w in range(3)]
+    grads = [job.gradient(10_000, 0.3, "random", 5, w) for w in range(3)]
     grads[1][:4096] = 0  # a block zero on one worker
     for g in grads:
         g[4096:8192] = 0  # a block zero on every worker
-    mine = runmod.reference(grads, 4096)
+    mine = job.reference(grads, 4096)
     want = oracle.allreduce(grads, 4096)
     assert np.array_equal(mine.view(np.uint32), want.view(np.uint32))
     exact = np.sum(np.stack(grads).astype(np.float64), axis=0)

@@ -11,4 +11,10 @@ The C side lives in ``dataplane_c/`` (public headers in
 ``dataplane_c/include/homagg/``) and ``nic/`` (the software NIC model).
 """
 
+import logging
+
 __version__ = "0.1.0"
+
+# Every module logs under "homagg" (homagg.log); a program using the package
+# sees nothing unless it configures logging (the homagg command does).
+logging.getLogger("homagg").addHandler(logging.NullHandler())

@@ -8,6 +8,8 @@ import argparse
 import importlib
 import sys
 
+from homagg import log
+
 COMMANDS = {
     "demo": "homagg.demo",
     "bench": "homagg.bench",
@@ -27,6 +29,10 @@ def build_parser():
         description="HomAgg: in-network gradient aggregation with lossless "
         "homomorphic compression. Run `homagg COMMAND --help` for details.",
     )
+    parser.add_argument("-v", "--verbose", action="count", default=0,
+                        help="more detail on stderr (debug log of every step)")
+    parser.add_argument("-q", "--quiet", action="store_true",
+                        help="no progress lines on stderr, only warnings and errors")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name, modname in COMMANDS.items():
@@ -46,6 +52,7 @@ def build_parser():
 def main(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
+    log.setup(-1 if args.quiet else args.verbose)
     try:
         return args._module.main(args) or 0
     except KeyboardInterrupt:

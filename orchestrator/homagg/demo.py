@@ -19,6 +19,7 @@ The table shows the time, the bytes each worker put on the wire, the ratio to
 sending dense float32 (4 n bytes), and whether every worker's result is
 bit-identical to the fixed-point reference (numpy).
 """
+import logging
 import os
 import sys
 import time
@@ -47,8 +48,11 @@ def add_arguments(parser):
     parser.add_argument("--seed", type=int, default=0, help="seed of the gradients")
 
 
+_log = logging.getLogger("homagg.demo")
+
+
 def _progress(msg):
-    print(f"[demo] {msg}", file=sys.stderr, flush=True)
+    _log.info("[demo] %s", msg)
 
 
 def realistic_gradients(n, workers, density, shared, seed):

@@ -29,13 +29,9 @@ The inventory format is in docs/INVENTORY.md.
 """
 from __future__ import annotations
 
-import concurrent.futures
-import dataclasses
 import hashlib
-import io
 import os
 import shlex
-import socket
 import subprocess
 import sys
 import tarfile
@@ -44,47 +40,15 @@ import zipfile
 
 from homagg import inventory as inv
 from homagg.errors import HomAggError
+from homagg.progress import StepView
+from homagg.ssh import (CHANGED, FAILED, OK, SKIPPED, WOULD, PreflightError,  # noqa: F401
+                        ProvisionError, Session, StepFailed, StepResult, format_table,
+                        failure_message, parallel, preflight_all)
+from homagg.ssh import tail as _tail
 
-CHANGED, OK, FAILED, WOULD, SKIPPED = "changed", "ok", "failed", "would change", "skipped"
 STEPS = ("os", "packages", "venv", "upload", "wheels", "build", "install", "hugepages", "hugetlbfs",
          "nic_bind", "address", "config")
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-TAIL_LINES = 15
-
-
-class ProvisionError(HomAggError):
-    """Provisioning failed on some hosts.  ``.failures`` is a list of
-    (host, step, message, stderr_tail); ``.reports`` maps every host (the
-    healthy ones too) to its list of StepResult."""
-
-    def __init__(self, message, failures, reports=None, code=0):
-        super().__init__(message, code)
-        self.failures = failures
-        self.reports = reports or {}
-
-
-class PreflightError(ProvisionError):
-    """A host cannot be provisioned at all (unreachable, key refused, no
-    privilege, unsupported OS); raised before anything is changed."""
-
-
-@dataclasses.dataclass
-class StepResult:
-    step: str
-    status: str  # changed | ok | failed | would change | skipped
-    detail: str = ""
-    stderr: str = ""
-
-
-class StepFailed(Exception):
-    def __init__(self, detail, stderr=""):
-        super().__init__(detail)
-        self.detail = detail
-        self.stderr = stderr
-
-
-def _tail(text: str, n: int = TAIL_LINES) -> str:
-    return "\n".join((text or "").rstrip().splitlines()[-n:])
 
 
 # --------------------------------------------------------------------------
@@ -187,111 +151,24 @@ def host_config(h: inv.HostSpec, inventory: inv.Inventory, srcdir: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-class HostRun:
+class HostRun(Session):
     """The SSH session and the steps of one host."""
 
     def __init__(self, h: inv.HostSpec, inventory: inv.Inventory, artifact: str | None,
                  digest: str | None, dry_run: bool, wheelhouse: str | None = None):
+        super().__init__(h, inventory)
         self.wheelhouse = wheelhouse
         self.wh_digest = wheelhouse_digest(wheelhouse) if wheelhouse else None
-        self.h = h
-        self.inv = inventory
-        self.s = inventory.settings
         self.artifact = artifact
         self.digest = digest
         self.dry_run = dry_run
-        self.conn = None
-        self.sudo = ""
-
-    # -- SSH -------------------------------------------------------------------
-
-    def connect(self):
-        from fabric import Connection
-
-        self.conn = Connection(
-            self.h.ssh_host, user=self.h.ssh_user, port=self.h.ssh_port,
-            connect_timeout=self.s.connect_timeout,
-            connect_kwargs={"key_filename": [self.h.ssh_key], "look_for_keys": False,
-                            "allow_agent": False, "banner_timeout": self.s.connect_timeout,
-                            "auth_timeout": self.s.connect_timeout})
-        self.conn.open()
-
-    def close(self):
-        if self.conn is not None:
-            self.conn.close()
-
-    def run(self, cmd: str, check: bool = True, timeout: float | None = None):
-        """Run ``cmd`` with sh as root (sudo -n when the login user is not
-        root); StepFailed with the stderr tail when it fails and ``check``."""
-        full = f"{self.sudo}sh -c {shlex.quote(cmd)}"
-        r = self.conn.run(full, hide=True, warn=True, in_stream=False,
-                          timeout=timeout or self.s.command_timeout)
-        if check and r.exited != 0:
-            raise StepFailed(f"`{cmd if len(cmd) < 120 else cmd[:117] + '...'}` exited {r.exited}",
-                             _tail(r.stderr or r.stdout))
-        return r
-
-    def put_text(self, text: str, remote: str, mode: str = "0644"):
-        tmp = self.run("mktemp").stdout.strip()
-        self.conn.put(io.BytesIO(text.encode()), tmp)
-        self.run(f"mkdir -p {shlex.quote(os.path.dirname(remote))} && "
-                 f"install -m {mode} {shlex.quote(tmp)} {shlex.quote(remote)} && rm -f {shlex.quote(tmp)}")
-
-    # -- preflight ---------------------------------------------------------------
-
-    def preflight(self) -> str:
-        """Log in, check privilege and OS.  StepFailed with the fix."""
-        import paramiko
-
-        where = f"{self.h.ssh_user}@{self.h.ssh_host}:{self.h.ssh_port}"
-        try:
-            self.connect()
-        except paramiko.AuthenticationException as e:
-            raise StepFailed(
-                f"SSH login as {where} with key {self.h.ssh_key} was refused ({e}): add "
-                f"{self.h.ssh_key}.pub to ~{self.h.ssh_user}/.ssh/authorized_keys on the host, "
-                "or fix 'ssh_key'/'ssh_user' in the inventory") from None
-        except paramiko.SSHException as e:
-            raise StepFailed(f"SSH to {where} failed: {e}: check that sshd runs there and "
-                             "'ssh_key' is a valid private key") from None
-        except (OSError, socket.timeout, EOFError) as e:
-            raise StepFailed(
-                f"cannot reach {where}: {e}: check 'ssh_host'/'ssh_port' in the inventory, that "
-                "the host is up, sshd listens there and no firewall blocks it "
-                f"(connect_timeout {self.s.connect_timeout:g}s)") from None
-        uid = self.conn.run("id -u", hide=True, warn=True, in_stream=False,
-                            timeout=self.s.connect_timeout)
-        if uid.exited != 0:
-            raise StepFailed(f"`id -u` failed on {where}", _tail(uid.stderr))
-        if uid.stdout.strip() != "0":
-            r = self.conn.run("sudo -n true", hide=True, warn=True, in_stream=False,
-                              timeout=self.s.connect_timeout)
-            if r.exited != 0:
-                raise StepFailed(
-                    f"user {self.h.ssh_user} on {self.h.name} is not root and has no passwordless "
-                    f"sudo: log in as root (ssh_user = 'root') or add "
-                    f"'{self.h.ssh_user} ALL=(ALL) NOPASSWD: ALL' to /etc/sudoers.d/homagg",
-                    _tail(r.stderr))
-            self.sudo = "sudo -n "
-        return self._os_name()
-
-    def _os_name(self) -> str:
-        r = self.run(". /etc/os-release && printf '%s\\n%s\\n%s\\n' \"$ID\" \"$ID_LIKE\" \"$PRETTY_NAME\"",
-                     check=False)
-        if r.exited != 0:
-            raise StepFailed(f"{self.h.name}: cannot read /etc/os-release", _tail(r.stderr))
-        ident, like, pretty = (r.stdout.splitlines() + ["", "", ""])[:3]
-        if "debian" not in (ident, *like.split()) and "ubuntu" not in (ident, *like.split()):
-            raise StepFailed(f"{self.h.name} runs {pretty or ident!r}: HomAgg provisioning supports "
-                             "Debian and Ubuntu (apt); use a Debian 12 or Ubuntu 22.04+ host")
-        return pretty
 
     # -- steps -------------------------------------------------------------------
     # Each returns (status, detail): it checks first, acts only when needed
     # (never in a dry run), and raises StepFailed on errors.
 
     def step_os(self):
-        return OK, self._os_name()
+        return OK, self.os_name()
 
     def step_packages(self):
         pkgs = list(self.s.apt_packages["common"]) + list(self.s.apt_packages[self.h.role])
@@ -518,22 +395,29 @@ class HostRun:
         self.put_text(text, path)
         return CHANGED, f"wrote {path}"
 
-    def provision(self) -> list[StepResult]:
+    def provision(self, view=None) -> list[StepResult]:
+        """Every step in order (a failed step skips the rest); ``view`` (a
+        homagg.progress.StepView) hears each step's start and end."""
         out = []
         failed = False
         for step in STEPS:
             if failed:
-                out.append(StepResult(step, SKIPPED, "an earlier step failed"))
-                continue
-            try:
-                status, detail = getattr(self, f"step_{step}")()
-                out.append(StepResult(step, status, detail))
-            except StepFailed as e:
-                out.append(StepResult(step, FAILED, e.detail, e.stderr))
-                failed = True
-            except Exception as e:  # SSH dropped, timeout: report, do not hide other hosts
-                out.append(StepResult(step, FAILED, f"{type(e).__name__}: {e}"))
-                failed = True
+                res = StepResult(step, SKIPPED, "an earlier step failed")
+            else:
+                if view is not None:
+                    view.start(self.h.name, step)
+                try:
+                    status, detail = getattr(self, f"step_{step}")()
+                    res = StepResult(step, status, detail)
+                except StepFailed as e:
+                    res = StepResult(step, FAILED, e.detail, e.stderr)
+                    failed = True
+                except Exception as e:  # SSH dropped, timeout: report, do not hide other hosts
+                    res = StepResult(step, FAILED, f"{type(e).__name__}: {e}")
+                    failed = True
+            out.append(res)
+            if view is not None:
+                view.done(self.h.name, res)
         return out
 
 
@@ -541,41 +425,13 @@ class HostRun:
 # All hosts
 
 
-def _parallel(fn, items, workers):
-    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(workers, len(items)))) as ex:
-        futs = {item.h.name: ex.submit(fn, item) for item in items}
-        return {name: f.result() for name, f in futs.items()}
-
-
-def preflight_all(runs: list, parallel: int, out, consequence: str,
-                  check=lambda r: r.preflight()) -> dict[str, StepResult]:
-    """Run ``check(run)`` (default: HostRun.preflight: login, privilege, OS)
-    on every host in parallel.  If any host fails, print the table and raise
-    PreflightError naming each failing host and its fix (``consequence``
-    says what did not happen, e.g. "nothing was changed")."""
-    def pre(r):
-        try:
-            return StepResult("preflight", OK, check(r))
-        except StepFailed as e:
-            return StepResult("preflight", FAILED, e.detail, e.stderr)
-        except Exception as e:
-            return StepResult("preflight", FAILED, f"{type(e).__name__}: {e}")
-
-    pres = _parallel(pre, runs, parallel)
-    bad = [(n, r) for n, r in pres.items() if r.status == FAILED]
-    if bad:
-        reports = {n: [r] for n, r in pres.items()}
-        print(format_table(reports), file=out)
-        failures = [(n, "preflight", r.detail, r.stderr) for n, r in bad]
-        raise PreflightError(_failure_message(f"preflight failed, {consequence}", failures),
-                             failures, reports)
-    return pres
-
-
 def provision(inventory: inv.Inventory, hosts: list[str] | None = None, dry_run: bool = False,
               artifact: str | None = None, out=None,
-              wheelhouse: str | None = None) -> dict[str, list[StepResult]]:
-    """Provision the selected hosts; returns host -> [StepResult].  Raises
+              wheelhouse: str | None = None,
+              live: bool | None = None) -> dict[str, list[StepResult]]:
+    """Provision the selected hosts; returns host -> [StepResult].  While the
+    steps run, a live per-host view (homagg.progress.StepView; ``live``
+    None: when stderr is a terminal, else one log line per step).  Raises
     PreflightError (nothing changed) or ProvisionError (after every host
     finished), each carrying all failing hosts."""
     out = out or sys.stdout
@@ -592,7 +448,9 @@ def provision(inventory: inv.Inventory, hosts: list[str] | None = None, dry_run:
     runs = [HostRun(h, inventory, artifact, digest, dry_run, wheelhouse) for h in selected]
     try:
         preflight_all(runs, inventory.settings.parallel, out, "nothing was changed")
-        reports = _parallel(lambda r: r.provision(), runs, inventory.settings.parallel)
+        title = "homagg provision" + (" (dry run)" if dry_run else "")
+        with StepView([r.h.name for r in runs], STEPS, title, live=live) as view:
+            reports = parallel(lambda r: r.provision(view), runs, inventory.settings.parallel)
     finally:
         for r in runs:
             r.close()
@@ -600,33 +458,8 @@ def provision(inventory: inv.Inventory, hosts: list[str] | None = None, dry_run:
     failures = [(n, s.step, s.detail, s.stderr) for n, steps in reports.items()
                 for s in steps if s.status == FAILED]
     if failures:
-        raise ProvisionError(_failure_message("provisioning failed", failures), failures, reports)
+        raise ProvisionError(failure_message("provisioning failed", failures), failures, reports)
     return reports
-
-
-def _failure_message(head, failures):
-    parts = [f"{head} on {len(failures)} host(s):"]
-    for host, step, detail, stderr in failures:
-        parts.append(f"  host '{host}': step '{step}': {detail}")
-        for ln in (stderr or "").splitlines():
-            parts.append(f"      | {ln}")
-    return "\n".join(parts)
-
-
-def format_table(reports: dict[str, list[StepResult]]) -> str:
-    rows = [("HOST", "STEP", "STATUS", "DETAIL")]
-    for host, steps in reports.items():
-        for s in steps:
-            rows.append((host, s.step, s.status, s.detail))
-    w = [max(len(r[i]) for r in rows) for i in range(3)]
-    lines = [f"{r[0]:<{w[0]}}  {r[1]:<{w[1]}}  {r[2]:<{w[2]}}  {r[3]}" for r in rows]
-    summary = []
-    for host, steps in reports.items():
-        counts = {st: sum(1 for s in steps if s.status == st) for st in (CHANGED, OK, WOULD, FAILED)}
-        summary.append(f"{host}: changed={counts[CHANGED]} ok={counts[OK]} "
-                       + (f"would_change={counts[WOULD]} " if counts[WOULD] else "")
-                       + f"failed={counts[FAILED]}")
-    return "\n".join(lines + [""] + summary)
 
 
 # --------------------------------------------------------------------------

@@ -31,7 +31,7 @@ docs/PROTOCOL.md "Several aggregators"): ``up`` starts a daemon on each,
 
 ``run allreduce -i`` registers a job over the daemon's control socket (by
 running ``python -m homagg.control`` on the aggregator), starts one worker
-process per worker host (``python -m homagg.run --child SPEC``: each builds
+process per worker host (``python -m homagg.job --child SPEC``: each builds
 its gradient from the seed), releases them together, waits with a timeout,
 copies every result, worker log, worker report and the daemon log into
 RUNS_DIR/<timestamp>-<method>/, checks bit-exactness against the reference
@@ -40,6 +40,7 @@ and writes report.json there.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shlex
 import sys
@@ -49,9 +50,11 @@ import tomllib
 import numpy as np
 
 from homagg import inventory as inv
-from homagg import provision as prov
-from homagg import run as localrun
+from homagg import job as localrun
+from homagg import ssh
 from homagg.errors import HomAggError
+
+log = logging.getLogger("homagg.remote")
 
 SOCKET_PATH_MAX = 107  # sun_path minus the terminating NUL
 
@@ -106,12 +109,12 @@ def switch_log(h: inv.HostSpec) -> str:
     return f"{rundir(h)}/switch.log"
 
 
-class Host(prov.HostRun):
-    """The SSH session to one host (provision.HostRun: connect, preflight,
+class Host(ssh.Session):
+    """The SSH session to one host (homagg.ssh.Session: connect, preflight,
     run as root) plus the checks and process handling of up/run/down."""
 
     def __init__(self, h: inv.HostSpec, inventory: inv.Inventory, switch: str | None = None):
-        super().__init__(h, inventory, artifact=None, digest=None, dry_run=True)
+        super().__init__(h, inventory)
         self.switch_override = switch
         self.conf: dict = {}
 
@@ -130,62 +133,60 @@ class Host(prov.HostRun):
         src = self.conf.get("host", {}).get("source_dir", "")
         return f"{src}/build/release/homagg-switch" if src else ""
 
-    def check(self, need_switch: bool = True) -> str:
-        """Preflight for up/run: the provision preflight, then what running
-        needs on this host.  StepFailed names the fix."""
-        pretty = self.preflight()
+    def check(self, need_switch: bool = True) -> None:
+        """What up/run need on this host, after the preflight (login,
+        privilege, OS: homagg.ssh.preflight_all).  StepFailed names the fix."""
         h = self.h
         fix = f"run `homagg provision -i {self.inv.path}`"
         r = self.run(f"cat {shlex.quote(h.config_file)}", check=False)
         if r.exited != 0:
-            raise prov.StepFailed(f"no host config {h.config_file} on {h.name}: the host is not "
+            raise ssh.StepFailed(f"no host config {h.config_file} on {h.name}: the host is not "
                                   f"provisioned: {fix}")
         try:
             self.conf = tomllib.loads(r.stdout)
         except tomllib.TOMLDecodeError as e:
-            raise prov.StepFailed(f"{h.config_file} on {h.name} is not valid TOML ({e}): {fix}") from None
+            raise ssh.StepFailed(f"{h.config_file} on {h.name} is not valid TOML ({e}): {fix}") from None
         if self.conf.get("host", {}).get("role") != h.role:
-            raise prov.StepFailed(f"{h.config_file} on {h.name} says role "
+            raise ssh.StepFailed(f"{h.config_file} on {h.name} says role "
                                   f"{self.conf.get('host', {}).get('role')!r}, the inventory "
                                   f"{h.role!r}: {fix} again")
         r = self.run(f"{shlex.quote(self.python)} -c 'import homagg._hg, numpy'", check=False)
         if r.exited != 0:
-            raise prov.StepFailed(f"homagg does not import in {h.venv} on {h.name}: {fix}",
-                                  prov._tail(r.stderr))
+            raise ssh.StepFailed(f"homagg does not import in {h.venv} on {h.name}: {fix}",
+                                  ssh.tail(r.stderr))
         if h.role == "aggregator":
             if len(control_socket(h)) > SOCKET_PATH_MAX:
-                raise prov.StepFailed(f"control socket path {control_socket(h)} is longer than "
+                raise ssh.StepFailed(f"control socket path {control_socket(h)} is longer than "
                                       f"{SOCKET_PATH_MAX} bytes: use a shorter 'install_dir'")
             binary = self.switch_binary
             if need_switch and (not binary or self.run(
                     f"test -x {shlex.quote(binary)}", check=False).exited != 0):
                 where = binary or f"no source_dir in {h.config_file}"
-                raise prov.StepFailed(
+                raise ssh.StepFailed(
                     f"homagg-switch not found on {h.name} ({where}): provision from an sdist "
                     "(it builds the daemon), or pass --switch PATH")
             if h.pci:
                 dev = f"/sys/bus/pci/devices/{h.pci}"
                 if self.run(f"test -e {dev}", check=False).exited != 0:
-                    raise prov.StepFailed(f"no PCI device {h.pci} on {h.name} ({dev} missing): fix "
+                    raise ssh.StepFailed(f"no PCI device {h.pci} on {h.name} ({dev} missing): fix "
                                           "'pci' in the inventory (`lspci -D` on the host lists them)")
                 cur = self.run(f"basename \"$(readlink {dev}/driver)\" 2>/dev/null",
                                check=False).stdout.strip()
                 if cur != h.driver:
-                    raise prov.StepFailed(f"PCI device {h.pci} on {h.name} is bound to "
+                    raise ssh.StepFailed(f"PCI device {h.pci} on {h.name} is bound to "
                                           f"{cur or 'no driver'}, not {h.driver}: {fix} (step nic_bind)")
         kif = h.kernel_iface
         if kif and self.run(f"test -e /sys/class/net/{shlex.quote(kif)}", check=False).exited != 0:
-            raise prov.StepFailed(f"interface {kif} does not exist on {h.name}: fix 'vdev'/'iface' "
+            raise ssh.StepFailed(f"interface {kif} does not exist on {h.name}: fix 'vdev'/'iface' "
                                   "in the inventory (`ip link` on the host lists them)")
         if h.role == "worker":
             if not h.iface:
-                raise prov.StepFailed(f"worker {h.name} has no kernel interface: the worker process "
+                raise ssh.StepFailed(f"worker {h.name} has no kernel interface: the worker process "
                                       "uses the kernel UDP stack, give it iface = '...'")
             r = self.run(f"ip -o -4 addr show dev {shlex.quote(h.iface)}", check=False)
             if h.dataplane_ip not in r.stdout.split():
-                raise prov.StepFailed(f"{h.dataplane_ip} is not on {h.iface} on {h.name}: {fix} "
+                raise ssh.StepFailed(f"{h.dataplane_ip} is not on {h.iface} on {h.name}: {fix} "
                                       "(step address)")
-        return pretty
 
     def alive(self, pidfile: str) -> bool:
         return self.sh(f"hg_alive {shlex.quote(pidfile)}", check=False).exited == 0
@@ -222,7 +223,7 @@ def open_hosts(inventory: inv.Inventory, out=None, switch: str | None = None,
     out = out or sys.stdout
     hosts = [Host(h, inventory, switch) for h in inventory.hosts]
     try:
-        prov.preflight_all(hosts, inventory.settings.parallel, out, consequence,
+        ssh.preflight_all(hosts, inventory.settings.parallel, out, consequence,
                            check=lambda r: r.check())
     except BaseException:
         for r in hosts:
@@ -298,7 +299,7 @@ def up(inventory: inv.Inventory, switch: str | None = None, no_udp_csum: bool = 
             except Exception as e:  # noqa: BLE001 - collected per host below
                 return e
 
-        res = prov._parallel(one, aggs, inventory.settings.parallel)
+        res = ssh.parallel(one, aggs, inventory.settings.parallel)
         bad = {n: v for n, v in res.items() if isinstance(v, Exception)}
         if bad:
             raise RemoteError("homagg-switch did not start on every aggregator: " +
@@ -322,24 +323,24 @@ def down(inventory: inv.Inventory, out=None) -> dict[str, list[str]]:
         try:
             r.preflight()
             return r.stop_all()
-        except prov.StepFailed as e:
+        except ssh.StepFailed as e:
             return e
         except Exception as e:  # SSH dropped
-            return prov.StepFailed(f"{type(e).__name__}: {e}")
+            return ssh.StepFailed(f"{type(e).__name__}: {e}")
 
     try:
-        res = prov._parallel(one, hosts, inventory.settings.parallel)
+        res = ssh.parallel(one, hosts, inventory.settings.parallel)
     finally:
         for r in hosts:
             r.close()
     for name, v in res.items():
-        if isinstance(v, prov.StepFailed):
+        if isinstance(v, ssh.StepFailed):
             failures.append((name, "down", v.detail, v.stderr))
         else:
             stopped[name] = v
             print(f"{name}: " + ("; ".join(v) if v else "nothing running"), file=out)
     if failures:
-        raise RemoteError(prov._failure_message("down failed", failures))
+        raise RemoteError(ssh.failure_message("down failed", failures))
     return stopped
 
 
@@ -424,7 +425,7 @@ def run_allreduce(inventory: inv.Inventory, method: str, elements: int, density:
             spec.update(ready_file=p["ready"], go_file=p["go"], report=p["report"],
                         start_timeout=start_timeout)
             pids.append(r.start(p["pid"], p["log"],
-                                [r.python, "-m", "homagg.run", "--child", json.dumps(spec)], d))
+                                [r.python, "-m", "homagg.job", "--child", json.dumps(spec)], d))
             started.append((r, p["pid"]))
             paths.append(p)
 
@@ -434,15 +435,15 @@ def run_allreduce(inventory: inv.Inventory, method: str, elements: int, density:
             p = P[r.h.name]
             return _wait_remote(r, f"test -e {shlex.quote(p['ready'])}", p["pid"], start_timeout)
 
-        oks = prov._parallel(ready, workers, W)
+        oks = ssh.parallel(ready, workers, W)
         bad = [n for n, ok in oks.items() if not ok]
         if bad:
             _fetch_logs(workers, paths, folder)
             raise RemoteError("workers did not start: " + "; ".join(
                 f"host '{n}': {_log_tail(folder, n)}" for n in bad))
-        link0 = prov._parallel(lambda r: _link_bytes(r), workers, W)
+        link0 = ssh.parallel(lambda r: _link_bytes(r), workers, W)
         t0 = time.perf_counter()
-        prov._parallel(lambda r: r.run(f"touch {shlex.quote(P[r.h.name]['go'])}"), workers, W)
+        ssh.parallel(lambda r: r.run(f"touch {shlex.quote(P[r.h.name]['go'])}"), workers, W)
 
         def finished(r):
             p = P[r.h.name]
@@ -450,9 +451,9 @@ def run_allreduce(inventory: inv.Inventory, method: str, elements: int, density:
             return _wait_remote(r, f"test -s {shlex.quote(p['report'])}", p["pid"],
                                 timeout * 6 + 60)
 
-        done = prov._parallel(finished, workers, W)
+        done = ssh.parallel(finished, workers, W)
         wall = time.perf_counter() - t0
-        link1 = prov._parallel(lambda r: _link_bytes(r), workers, W)
+        link1 = ssh.parallel(lambda r: _link_bytes(r), workers, W)
         after = [a.control({"cmd": "stats"}) for a in aggs]
         _fetch_logs(workers, paths, folder)
         failed = [n for n, ok in done.items() if not ok]
@@ -498,7 +499,7 @@ def run_allreduce(inventory: inv.Inventory, method: str, elements: int, density:
                 r.sh(f"hg_stop {shlex.quote(pidfile)} >/dev/null; "
                      f"rm -rf {shlex.quote(rundir(r.h) + '/' + run_id)}", check=False)
             except Exception as e:  # noqa: BLE001 - report, keep cleaning the others
-                print(f"host '{r.h.name}': cleanup failed: {e}", file=out)
+                log.warning("host '%s': cleanup failed: %s", r.h.name, e)
         for k, a in enumerate(aggs):
             try:
                 if a in registered:
@@ -506,7 +507,7 @@ def run_allreduce(inventory: inv.Inventory, method: str, elements: int, density:
                 a.conn.get(switch_log(a.h), os.path.join(
                     folder, "switch.log" if k == 0 else f"switch-{a.h.name}.log"))
             except Exception as e:  # noqa: BLE001 - report, keep cleaning the others
-                print(f"host '{a.h.name}': {e}", file=out)
+                log.warning("host '%s': %s", a.h.name, e)
         for r in hosts:
             r.close()
 
@@ -523,7 +524,7 @@ def _log_tail(folder: str, name: str) -> str:
     path = os.path.join(folder, f"worker-{name}.log")
     if not os.path.exists(path):
         return "no log"
-    return prov._tail(open(path, errors="replace").read(), 8).replace("\n", " | ") or "empty log"
+    return ssh.tail(open(path, errors="replace").read(), 8).replace("\n", " | ") or "empty log"
 
 
 # --------------------------------------------------------------------------

@@ -24,10 +24,9 @@ import shlex
 import sys
 
 from homagg import inventory as inv
-from homagg import provision as prov
-from homagg import remote
+from homagg import remote, ssh
 from homagg import train as trainmod
-from homagg.run import UDP_PORT
+from homagg.job import UDP_PORT
 
 REPORT = "rank-{rank}.json"
 
@@ -111,7 +110,7 @@ def run_train(inventory_path: str, model: str = "ncf", method: str = "auto", ste
             return remote._wait_remote(host, f"test -s {shlex.quote(report)}", started[r][1],
                                        budget)
 
-        done = prov._parallel(finished, workers, W)
+        done = ssh.parallel(finished, workers, W)
         logs = [{"log": f"{d}/worker-{r}.log"} for r, d in enumerate(dirs)]
         remote._fetch_logs(workers, logs, folder)
         failed = [n for n, ok in done.items() if not ok]

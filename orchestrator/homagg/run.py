@@ -38,7 +38,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import os
 import pathlib
 import secrets
@@ -51,46 +50,14 @@ import time
 import numpy as np
 
 from homagg import auth as hg_auth
-from homagg import protocol
-from homagg.bench import workloads
-from homagg.errors import HomAggError, PeerTimeout
+from homagg import log
+from homagg.errors import HomAggError
+from homagg.job import (DEFAULT_BLOCK, METHODS, UDP_PORT, WORKLOADS, RunError, check_arguments,
+                        check_payload, counter_deltas, print_report, sum_dicts, vdev_for_mtu,
+                        verify, worker_spec)
 from homagg.testbed import Testbed, TestbedError
-
-METHODS = protocol.METHODS
-WORKLOADS = workloads.WORKLOADS  # shared, random, zipf, dense
-UDP_PORT = 48879  # HG_UDP_PORT (wire.h)
-DEFAULT_BLOCK = 4096  # HG_DEFAULT_BLOCK (codec.h)
 EAL_BASE = ["-l", "0", "--no-huge", "-m", "256", "--no-pci", "--no-shconf", "--no-telemetry",
             "--log-level", "lib.eal:error"]
-
-
-class RunError(HomAggError):
-    """The run could not be set up or a process failed."""
-
-
-# --------------------------------------------------------------------------
-# Gradients and the reference
-
-
-def gradient(elements: int, density: float, workload: str, seed: int, worker: int,
-             workers: int | None = None) -> np.ndarray:
-    """Worker ``worker``'s float32 gradient: homagg.bench.workloads.generate
-    (the same arrays the benchmarks' Gloo ranks build).  A pure function of
-    its arguments, so the checker rebuilds every worker's input.  ``workers``
-    only bounds ``worker`` (the generators do not depend on it)."""
-    if workload not in WORKLOADS:
-        raise RunError(f"workload {workload!r} not in {WORKLOADS}")
-    if workers is None:
-        workers = worker + 1
-    return workloads.generate(workload, workers, elements, density, seed, worker)
-
-
-def reference(grads: list[np.ndarray], block: int) -> np.ndarray:
-    """The bit-exact result of an exact method (homagg.reference: the
-    fixed-point contract in numpy, independent of the C codec)."""
-    from homagg import reference as ref
-
-    return ref.allreduce(grads, block)
 
 
 # --------------------------------------------------------------------------
@@ -110,27 +77,6 @@ def find_switch() -> str:
     if found:
         return found
     raise RunError("homagg-switch not found: run `make build` (or set HOMAGG_SWITCH)")
-
-
-def mbuf_data_room(mtu: int) -> int:
-    """homagg-switch's mbuf data room for a link of this MTU (switch_main.c:
-    the MTU + 128 rounded up to 1 KiB, at least 2048)."""
-    return max(2048, -(-(int(mtu) + 128) // 1024) * 1024)
-
-
-def vdev_for_mtu(vdev: str, mtu: int) -> str:
-    """A DPDK vdev argument that receives whole frames of ``mtu``: net_af_packet
-    copies each frame into one ring slot of ``framesz`` bytes (2048 unless
-    told), and the daemon's mbufs must hold a slot (framesz <= data room +
-    32), so above MTU 1500 the slot is the daemon's data room and a block
-    (a multiple of the page size) holds whole slots.  Other vdevs, and an
-    af_packet vdev that names its framesz, are returned unchanged."""
-    if not vdev.startswith(("net_af_packet", "eth_af_packet")) or mtu <= 1500 \
-            or "framesz=" in vdev:
-        return vdev
-    frame = mbuf_data_room(mtu)
-    block = frame * 4096 // math.gcd(frame, 4096)
-    return f"{vdev},framesz={frame},blocksz={block},framecnt=512"
 
 
 # The daemon's idle backoff on the testbed (its --idle-us / --idle-polls):
@@ -254,50 +200,6 @@ class Switch:
 # Workers (child processes)
 
 
-def open_worker(spec: dict):
-    """The homagg.worker.Worker a worker spec (worker_spec()) describes."""
-    from homagg.worker import Worker
-
-    aggs = spec.get("aggregators") or [(spec["agg_ip"], spec["udp_port"])]
-    return Worker(job=spec["job"], token=spec["token"], worker=spec["worker"],
-                  workers=spec["workers"], aggregators=[tuple(a) for a in aggs],
-                  group=spec["group"], bind=(spec["ip"], 0), timeout=spec["timeout"],
-                  slots=spec["slots"], payload=spec["payload"], rto=spec["rto"],
-                  mtu=spec.get("mtu"), auth_file=spec.get("auth_file"))
-
-
-def _child(spec: dict) -> int:
-    """One worker process: build the gradient, wait for "go" on stdin, run
-    the allreduce, save the result, print one JSON line of stats."""
-    x = gradient(spec["elements"], spec["density"], spec["workload"], spec["seed"], spec["worker"],
-                 spec["workers"])
-    with open_worker(spec) as w:
-        if spec.get("go_file"):  # remote hosts: a file barrier (homagg.remote)
-            open(spec["ready_file"], "w").close()
-            deadline = time.monotonic() + spec.get("start_timeout", 120.0)
-            while not os.path.exists(spec["go_file"]):
-                if time.monotonic() > deadline:
-                    print(f"no go file {spec['go_file']} within the start timeout", file=sys.stderr)
-                    return 2
-                time.sleep(0.005)
-        else:
-            print("ready", flush=True)
-            if sys.stdin.readline().strip() != "go":
-                return 2
-        c0, t0 = time.process_time(), time.perf_counter()
-        y = w.allreduce(x, method=spec["method"], block=spec["block"])
-        seconds = time.perf_counter() - t0
-        cpu = time.process_time() - c0  # this process's CPU time (all its threads)
-        np.save(spec["out"], y)
-        line = json.dumps({"worker": spec["worker"], "seconds": seconds, "cpu_seconds": cpu,
-                           "stats": w.stats()})
-        if spec.get("report"):
-            with open(spec["report"], "w") as f:
-                f.write(line + "\n")
-        print(line, flush=True)
-    return 0
-
-
 def child_env() -> dict:
     """The environment of a worker process: this one, with this package first
     on PYTHONPATH (the child runs ``python -m homagg...`` in a namespace)."""
@@ -305,80 +207,6 @@ def child_env() -> dict:
     pkg_root = str(pathlib.Path(__file__).resolve().parents[1])
     env["PYTHONPATH"] = pkg_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return env
-
-
-def _link_bytes(tb: Testbed, host: str) -> dict:
-    """tx/rx bytes and packets of ``host``'s eth0, from the kernel."""
-    from pyroute2 import NetNS
-
-    h = tb.host(host)
-    with NetNS(h.netns, flags=0) as ns:
-        link = ns.get_links(ns.link_lookup(ifname=h.ifname)[0])[0]
-        st = link.get_attr("IFLA_STATS64")
-        return {k: st[k] for k in ("tx_bytes", "rx_bytes", "tx_packets", "rx_packets")}
-
-
-def check_arguments(method: str, elements: int, density: float) -> None:
-    if method not in METHODS:
-        raise RunError(f"method {method!r} not in {METHODS}")
-    if elements < 1:
-        raise RunError("elements must be >= 1")
-    if not 0.0 <= density <= 1.0:
-        raise RunError("density must be in [0, 1]")
-
-
-def worker_spec(*, job, token, worker, workers, agg_ip, group, ip, timeout, slots, payload, rto,
-                method, block, elements, density, workload, seed, out, mtu=None,
-                aggregators=None, auth_file=None) -> dict:
-    """The JSON spec of one worker process (``python -m homagg.run --child SPEC``);
-    ``mtu`` None: the worker asks the kernel for its path's MTU; ``aggregators``:
-    the job's K aggregator addresses in shard order (default: agg_ip alone);
-    ``auth_file``: the path of the job secret's file (never the secret)."""
-    return dict(job=job, token=token, worker=worker, workers=workers, agg_ip=agg_ip,
-                udp_port=UDP_PORT, group=group, ip=ip, timeout=timeout, slots=slots,
-                payload=payload, rto=rto, method=method, block=block, elements=elements,
-                density=density, workload=workload, seed=seed, out=out, mtu=mtu,
-                aggregators=[list(a) for a in (aggregators or [(agg_ip, UDP_PORT)])],
-                auth_file=auth_file)
-
-
-def check_payload(payload: int, mtu: int, where: str) -> None:
-    """A job payload must be a multiple of 4 in 4..8192 whose frames fit the
-    links' MTU (IPv4, UDP, HomAgg header and the optional MAC included)."""
-    from homagg.worker import max_payload
-
-    if not 4 <= payload <= 8192 or payload % 4:
-        raise RunError(f"--payload-bytes must be a multiple of 4 in 4..8192, got {payload}")
-    if payload > max_payload(mtu):
-        raise RunError(f"--payload-bytes {payload} does not fit the MTU {mtu} of {where}: "
-                       f"at most {max_payload(mtu)} bytes (payloads up to 8192 need MTU 9000, "
-                       f"e.g. `homagg testbed up --mtu 9000`)")
-
-
-def verify(method: str, elements: int, density: float, workload: str, seed: int, block: int,
-           results: list[np.ndarray]) -> dict:
-    """Rebuild every worker's gradient from the seed and compare the results
-    bit for bit with the reference: the exactness part of the report."""
-    W = len(results)
-    grads = [gradient(elements, density, workload, seed, i, W) for i in range(W)]
-    ref = reference(grads, block)
-    bits = [r.view(np.uint32) for r in results]
-    agree = all(np.array_equal(bits[0], b) for b in bits[1:])
-    exact_each = [bool(np.array_equal(b, ref.view(np.uint32))) for b in bits]
-    exact = all(exact_each) if method in protocol.EXACT_METHODS else None
-    fsum = np.sum(np.stack(grads).astype(np.float64), axis=0)
-    err = float(np.max(np.abs(results[0].astype(np.float64) - fsum))) if elements else 0.0
-    return {"exact": exact, "exact_per_worker": exact_each, "workers_agree": agree,
-            "max_abs_error_vs_float64_sum": err}
-
-
-def counter_deltas(before: dict, after: dict) -> tuple[dict, dict]:
-    """(engine counters, port counters) that moved between two stats replies."""
-    counters = {k: after["stats"][k] - before["stats"].get(k, 0)
-                for k in after["stats"] if isinstance(after["stats"][k], int)}
-    port = {k: v - before.get("port", {}).get(k, 0) for k, v in after.get("port", {}).items()
-            if isinstance(v, int)}
-    return counters, port
 
 
 def run_allreduce(testbed: str, method: str, elements: int, density: float,
@@ -443,7 +271,7 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
                                elements=elements, density=density, workload=workload, seed=seed,
                                out=os.path.join(workdir, f"result-{i}.npy"),
                                aggregators=agg_addrs, auth_file=auth_file)
-            p = tb.run_in(h.name, [sys.executable, "-m", "homagg.run", "--child", json.dumps(spec)],
+            p = tb.run_in(h.name, [sys.executable, "-m", "homagg.job", "--child", json.dumps(spec)],
                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           text=True, env=env, cwd=workdir)
             procs.append(p)
@@ -454,8 +282,8 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
         for s in sws:
             if s.host in fail_aggregators:
                 s.stop()
-        link0 = [_link_bytes(tb, h.name) for h in workers]
-        agg_link0 = [_link_bytes(tb, s.host) for s in sws]
+        link0 = [tb.link_stats(h.name) for h in workers]
+        agg_link0 = [tb.link_stats(s.host) for s in sws]
         t0 = time.perf_counter()
         d0 = [s.cpu_seconds() for s in sws]
         for p in procs:
@@ -474,8 +302,8 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
             reports.append(json.loads(out.strip().splitlines()[-1]))
         wall = time.perf_counter() - t0
         d1 = [s.cpu_seconds() for s in sws]
-        link1 = [_link_bytes(tb, h.name) for h in workers]
-        agg_link1 = [_link_bytes(tb, s.host) for s in sws]
+        link1 = [tb.link_stats(h.name) for h in workers]
+        agg_link1 = [tb.link_stats(s.host) for s in sws]
         after = []
         for s in sws:
             if s.proc is None:  # stopped by fail_aggregators
@@ -538,15 +366,6 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
         for s in sws:
             s.stop()
         shutil.rmtree(workdir, ignore_errors=True)
-
-
-def sum_dicts(ds: list[dict]) -> dict:
-    out: dict = {}
-    for d in ds:
-        for k, v in d.items():
-            out[k] = out.get(k, 0) + v
-    return out
-
 
 
 def _readline(p, timeout: float) -> str:
@@ -635,47 +454,13 @@ def main(args: argparse.Namespace) -> int:
     return print_report(rep, args.json)
 
 
-def print_report(rep: dict, as_json: bool = False) -> int:
-    """Print the report (text or one JSON object); the exit status: 0 when
-    exact (or, for nc, the workers agree), else 3."""
-    ok = rep["exact"] is not False and rep["workers_agree"]
-    if as_json:
-        print(json.dumps(rep))
-        return 0 if ok else 3
-    W, n = rep["workers"], rep["elements"]
-    print(f"allreduce {rep['method']}: {W} workers x {n} float32 ({rep['workload']}, density "
-          f"{rep['density']:g}), aggregator homagg-switch on {rep['pmd']}"
-          f"{', authenticated' if rep.get('auth') else ''}, links "
-          f"{'unshaped' if rep['link_mbit'] is None else format(rep['link_mbit'], 'g') + ' Mbit/s'}"
-          + (f", {rep['payload_bytes']}-byte payloads (MTU {rep['mtu']})"
-             if rep.get("payload_bytes") else ""))
-    print(f"  time: {rep['seconds'] * 1e3:.1f} ms (slowest worker), {rep['wall_seconds'] * 1e3:.1f} ms wall")
-    b = rep["bytes_per_worker"]
-    print(f"  bytes sent per worker: {min(b)}..{max(b)} (dense float32 would be "
-          f"{rep['dense_float32_bytes']}: {max(b) / max(1, rep['dense_float32_bytes']):.3f}x)")
-    if rep["exact"] is None:
-        print(f"  exact: n/a (lossy method); workers agree: {rep['workers_agree']}; "
-              f"max |error| vs float64 sum: {rep['max_abs_error_vs_float64_sum']:.3g}")
-    else:
-        print(f"  bit-exact on every worker: {rep['exact']} {rep['exact_per_worker']}")
-    print("  daemon counters: " + ", ".join(f"{k}={v}" for k, v in rep["counters"].items() if v))
-    if len(rep.get("aggregators", [])) > 1:
-        for a in rep["aggregators"]:
-            print(f"  aggregator {a['host']} ({a['ip']}): received {a.get('rx_bytes', '?')} bytes, "
-                  f"sent {a.get('tx_bytes', '?')}, summed {a['counters'].get('summed', 0)}")
-    if rep.get("run_dir"):
-        print(f"  results and logs: {rep['run_dir']}")
-    return 0 if ok else 3
-
-
 def _standalone(argv=None) -> int:
     """``python -m homagg.run allreduce ...``: the same as ``homagg run ...``."""
     parser = argparse.ArgumentParser(prog="homagg run", description=__doc__.splitlines()[0])
+    log.setup()
     add_arguments(parser)
     return main(parser.parse_args(argv))
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "--child":  # one worker process
-        sys.exit(_child(json.loads(sys.argv[2])))
     sys.exit(_standalone())

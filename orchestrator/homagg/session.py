@@ -18,7 +18,7 @@ the result saved for the checker), ``reset`` (a new client: chunk counters
 from 0, a new incarnation; what docs/PROTOCOL.md asks after a failed
 allreduce) and ``exit``.  ``allreduce`` returns every worker's outcome and,
 when all succeeded, the bit-exact check against the fixed-point reference
-(homagg.run.verify).  After a failed allreduce ``recover`` re-adds the job
+(homagg.job.verify).  After a failed allreduce ``recover`` re-adds the job
 on the daemon and resets every worker, so the next one starts clean.
 
 Used by ``homagg bench soak`` and by the chaos tests (docs/SWITCH.md,
@@ -39,7 +39,7 @@ import time
 
 import numpy as np
 
-from homagg import run
+from homagg import job, run
 from homagg.errors import HomAggError
 
 
@@ -166,10 +166,10 @@ class Session:
 
     def _spec(self, i: int) -> dict:
         h = self.tb.workers[i]
-        return run.worker_spec(
+        return job.worker_spec(
             job=self.job, token=self.token, worker=i, workers=self.W, agg_ip=self.tb.aggregator.ip,
             group=self.group, ip=h.ip, timeout=self.timeout, slots=self.slots,
-            payload=self.payload, rto=self.rto, method="dense", block=run.DEFAULT_BLOCK,
+            payload=self.payload, rto=self.rto, method="dense", block=job.DEFAULT_BLOCK,
             elements=0, density=0.0, workload="random", seed=0, out="")
 
     def start_worker(self, i: int) -> None:
@@ -225,7 +225,7 @@ class Session:
                         workload: str = "random", seed: int = 1) -> dict:
         """Tell every worker to start one allreduce; returns the job of it
         for finish_allreduce."""
-        run.check_arguments(method, elements, density)
+        job.check_arguments(method, elements, density)
         a = dict(method=method, elements=elements, density=density, workload=workload,
                  seed=seed, t0=time.perf_counter())
         for i in range(self.W):
@@ -247,8 +247,8 @@ class Session:
         out["exact"] = None
         if out["ok"]:
             results = [np.load(os.path.join(self.workdir, f"result-{i}.npy")) for i in range(self.W)]
-            out.update(run.verify(a["method"], a["elements"], a["density"], a["workload"],
-                                  a["seed"], run.DEFAULT_BLOCK, results))
+            out.update(job.verify(a["method"], a["elements"], a["density"], a["workload"],
+                                  a["seed"], job.DEFAULT_BLOCK, results))
             out["seconds"] = max(r["seconds"] for r in replies)
         return out
 
@@ -297,7 +297,7 @@ class Session:
 
 def _worker_main(spec: dict) -> int:
     """The worker process: one Worker, one JSON reply per command line."""
-    w = run.open_worker(spec)
+    w = job.open_worker(spec)
     print(json.dumps({"ready": True}), flush=True)
     try:
         for line in sys.stdin:
@@ -306,10 +306,10 @@ def _worker_main(spec: dict) -> int:
                 break
             if cmd["cmd"] == "reset":
                 w.close()
-                w = run.open_worker(spec)
+                w = job.open_worker(spec)
                 print(json.dumps({"ok": True}), flush=True)
                 continue
-            x = run.gradient(cmd["elements"], cmd["density"], cmd["workload"], cmd["seed"],
+            x = job.gradient(cmd["elements"], cmd["density"], cmd["workload"], cmd["seed"],
                              spec["worker"], spec["workers"])
             before = w.stats()
             t0 = time.perf_counter()

@@ -27,7 +27,7 @@ import errno
 import numpy as np
 
 from homagg._native import ffi, lib
-from homagg import _sim_bindings as _b
+from homagg.bindings import sim as _b
 from homagg import auth, protocol
 from homagg.errors import HomAggError, InvalidArgument, PeerTimeout, error_class, error_for
 

@@ -149,6 +149,14 @@ def _proc_starttime(pid: int) -> int | None:
     return int(rest[19])
 
 
+def _in_netns(name: str):
+    """An IPRoute (pyroute2 >= 0.9.1) in the existing network namespace
+    ``name`` (the replacement of the deprecated NetNS(name, flags=0))."""
+    from pyroute2 import IPRoute
+
+    return IPRoute(netns=name, flags=0)
+
+
 def _mac(index: int) -> str:
     """A deterministic locally administered MAC: 02:48:47:00:hi:lo."""
     return "02:48:47:00:%02x:%02x" % (index >> 8 & 0xFF, index & 0xFF)
@@ -461,8 +469,6 @@ class Testbed:
             raise
 
     def _build(self, workers, link_mbit, agg_link_mbit, net, mtu, aggregators=1) -> None:
-        from pyroute2 import NetNS
-
         p = ns_prefix(self.name)
         sw_ns = f"{p}sw"
         base = net.network_address
@@ -472,12 +478,12 @@ class Testbed:
                  for i in range(workers)]
 
         self._create_netns(sw_ns)
-        with NetNS(sw_ns, flags=0) as sw:
+        with _in_netns(sw_ns) as sw:
             self._step_bridge(sw, sw_ns, mtu)
             bridge = sw.link_lookup(ifname=BRIDGE_IFNAME)[0]
             for hname, role, ns, ip, macidx, rate in plan:
                 self._create_netns(ns)
-                with NetNS(ns, flags=0) as h:
+                with _in_netns(ns) as h:
                     self._step_host(h, sw, sw_ns, bridge, hname, role, ns, ip,
                                     net.prefixlen, _mac(macidx), mtu, rate)
         self._state.update(lambda d: d.update(complete=True))
@@ -639,7 +645,7 @@ class Testbed:
     def _remove_objects(objects: list[dict], errors: list[str]) -> list[dict]:
         """Delete links (their qdiscs, addresses and routes go with them),
         then namespaces, newest first.  Returns the objects that remain."""
-        from pyroute2 import NetNS, netns
+        from pyroute2 import netns
         from pyroute2.netlink.exceptions import NetlinkError
 
         existing = set(_netns_list())
@@ -650,7 +656,7 @@ class Testbed:
             if obj["netns"] not in existing:
                 continue  # the namespace is gone, and with it the link
             try:
-                with NetNS(obj["netns"], flags=0) as ns:
+                with _in_netns(obj["netns"]) as ns:
                     idx = ns.link_lookup(ifname=obj["ifname"])
                     if idx:
                         ns.link("del", index=idx[0])
@@ -686,15 +692,21 @@ class Testbed:
 
     # -- inspection ----------------------------------------------------------------
 
+    def link_stats(self, host: str) -> dict[str, int]:
+        """tx/rx bytes and packets of ``host``'s link, from the kernel."""
+        h = self.host(host)
+        with _in_netns(h.netns) as ns:
+            link = ns.get_links(ns.link_lookup(ifname=h.ifname)[0])[0]
+            st = link.get_attr("IFLA_STATS64")
+            return {k: st[k] for k in ("tx_bytes", "rx_bytes", "tx_packets", "rx_packets")}
+
     def qdisc_stats(self, host: str, side: str = "host") -> dict[str, Any] | None:
         """Statistics of the tbf qdisc shaping ``host``'s link: ``side`` "host"
         is the host's egress (uplink), "switch" the switch port's egress
         (downlink).  None when the link is not shaped."""
-        from pyroute2 import NetNS
-
         h = self.host(host)
         ns, ifname = (h.netns, h.ifname) if side == "host" else (self.state()["switch_netns"], h.switch_port)
-        with NetNS(ns, flags=0) as n:
+        with _in_netns(ns) as n:
             idx = n.link_lookup(ifname=ifname)[0]
             for q in n.get_qdiscs(index=idx):
                 if q.get_attr("TCA_KIND") != "tbf" or q["parent"] != 0xFFFFFFFF:

@@ -20,6 +20,7 @@ import argparse
 import json
 import sys
 
+from homagg import log
 from homagg.testbed import DEFAULT_SUBNET, Testbed, TestbedError, state_dir_default
 
 
@@ -140,6 +141,7 @@ def _standalone(argv=None) -> int:
     """``python -m homagg.testbed_cli ...``: the same as ``homagg testbed ...``."""
     parser = argparse.ArgumentParser(prog="homagg testbed", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    log.setup()
     add_arguments(parser)
     return main(parser.parse_args(argv))
 

@@ -40,7 +40,7 @@ CPU time per MB the workers put on their links (median over the runs).
 
 Workloads (homagg.bench.workloads): shared, random, zipf, dense.  The Gloo
 ranks generate them with homagg.bench.workloads; HomAgg's workers generate
-theirs inside ``homagg run`` (homagg.run.gradient, which calls the same
+theirs inside ``homagg run`` (homagg.job.gradient, which calls the same
 generator), recorded per row as ``generator``.
 
 Outputs with --out DIR: allreduce.json/.csv/.md and allreduce_time.png,
@@ -118,17 +118,6 @@ def _progress(msg):
 # Gloo
 
 
-def _link_bytes(tb, host):
-    """tx/rx bytes of host's eth0, from the kernel (pyroute2)."""
-    from pyroute2 import NetNS
-
-    h = tb.host(host)
-    with NetNS(h.netns, flags=0) as ns:
-        link = ns.get_links(ns.link_lookup(ifname=h.ifname)[0])[0]
-        st = link.get_attr("IFLA_STATS64")
-        return {"tx_bytes": st["tx_bytes"], "rx_bytes": st["rx_bytes"]}
-
-
 def _readline(proc, timeout):
     r, _, _ = select.select([proc.popen.stdout], [], [], timeout)
     return proc.popen.stdout.readline() if r else ""
@@ -173,7 +162,7 @@ class GlooGroup:
     def run(self, job):
         """One job on every rank; returns the per-rank answers and bytes."""
         hosts = self.tb.workers
-        before = [_link_bytes(self.tb, h.name) for h in hosts]
+        before = [self.tb.link_stats(h.name) for h in hosts]
         line = json.dumps(job) + "\n"
         for p in self.procs:
             p.popen.stdin.write(line)
@@ -188,7 +177,7 @@ class GlooGroup:
             if "error" in a:
                 raise RuntimeError(f"gloo rank on {h.name}: {a['error']}")
             answers.append(a)
-        after = [_link_bytes(self.tb, h.name) for h in hosts]
+        after = [self.tb.link_stats(h.name) for h in hosts]
         calls = job["repeat"] + job["warmup"]
         tx = [(b["tx_bytes"] - a["tx_bytes"]) / calls for a, b in zip(before, after)]
         return answers, tx
@@ -284,9 +273,10 @@ def homagg_via_run_allreduce(testbed_name, method, n, workload, density, args, p
                              auth=False):
     """One HomAgg allreduce on the testbed, by homagg.run.run_allreduce (the
     function behind `homagg run allreduce --testbed NAME`); returns its report."""
+    from homagg import job
     from homagg import run as hrun
 
-    if workload in getattr(hrun, "WORKLOADS", ()):
+    if workload in job.WORKLOADS:
         run_workload, run_density = workload, density  # the same generator as the Gloo ranks
     else:
         run_workload, run_density = (("shared", 1.0) if workload == "dense" else (workload, density))
@@ -303,7 +293,7 @@ def homagg_row(testbed_name, method, W, n, workload, density, args, payload=1024
     cpu = []  # per run: the workers' CPU seconds, when homagg run reports them
     daemon = []  # per run: the daemon's CPU seconds, when homagg run reports them
     per_mb = []  # per run: workers' + daemon's CPU ms per MB on the workers' links
-    generator = "homagg.run.gradient"
+    generator = "homagg.job.gradient"
     try:
         for i in range(args.warmup + args.repeat):
             r = homagg_via_run_allreduce(testbed_name, method, n, workload, density, args,

@@ -23,10 +23,11 @@ Targets (reported, not asserted): encode >= 0.5x memcpy, lhc decode >=
 bound, union wire <= 0.85x lhc's, auto <= 1.05x the smallest exact method.
 """
 import json
-import sys
 import time
 
 import numpy as np
+
+from homagg.bench import report as rep
 
 
 def add_arguments(parser):
@@ -44,7 +45,7 @@ def add_arguments(parser):
 
 
 def _progress(msg):
-    print(f"[bench codec] {msg}", file=sys.stderr, flush=True)
+    rep.progress("codec", msg)
 
 
 def _best(fn, repeat):

@@ -21,6 +21,8 @@ import time
 
 import numpy as np
 
+from homagg import log
+
 
 def add_arguments(parser):
     parser.add_argument("--elements", type=int, default=2**26,
@@ -162,5 +164,6 @@ def main(args):
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+    log.setup()
     add_arguments(ap)
     sys.exit(main(ap.parse_args()))

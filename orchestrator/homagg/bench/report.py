@@ -7,6 +7,7 @@ an output directory; the plots are the benchmark's own.
 """
 import csv
 import json
+import logging
 import os
 import platform
 import shlex
@@ -14,9 +15,12 @@ import sys
 import time
 
 
+_log = logging.getLogger("homagg.bench")
+
+
 def progress(bench, msg):
-    """One progress line on stderr."""
-    print(f"[bench {bench}] {msg}", file=sys.stderr, flush=True)
+    """One progress line (logger homagg.bench, stderr under the homagg command)."""
+    _log.info("[bench %s] %s", bench, msg)
 
 
 def machine():

@@ -1,4 +1,4 @@
-"""Bindings of homagg/sim.h and homagg/client.h (stats).
+"""Bindings of homagg/sim.h (the client stats structs: homagg.bindings.client).
 
 One function per C function, each checking its arguments before the call
 and turning the return code into an exception of ``homagg.errors`` after it.
@@ -9,8 +9,8 @@ references).  The typed API is ``homagg.sim``.
 import numpy as np
 
 from homagg._native import ffi, lib
+from homagg.bindings.client import agg_stats_dict, client_stats_dict
 from homagg.errors import InvalidArgument, ResourceError, check
-from homagg.protocol import PHASES
 
 F32 = np.dtype(np.float32)
 
@@ -122,45 +122,10 @@ def sim_worker_error(s, job, worker):
     return ffi.string(lib.hg_sim_worker_error(s, job, worker)).decode(errors="replace")
 
 
-def client_stats_dict(st):
-    return {
-        "packets_sent": st.packets_sent,
-        "retransmissions": st.retransmissions,
-        "timeouts": st.timeouts,
-        "results_received": st.results_received,
-        "duplicates_received": st.duplicates_received,
-        "status_received": st.status_received,
-        "packets_ignored": st.packets_ignored,
-        "tx_refused": st.tx_refused,
-        "bytes_sent": {PHASES[i]: st.bytes_sent[i] for i in range(len(PHASES))},
-        "bytes_received": {PHASES[i]: st.bytes_received[i] for i in range(len(PHASES))},
-        "chunks": st.chunks,
-        "stalled_blocks": st.stalled_blocks,
-        "fallback_lanes": st.fallback_lanes,
-        "method_chosen": st.method_chosen,
-        "next_seq": st.next_seq,
-        "srtt_ns": st.srtt_ns,
-        "rttvar_ns": st.rttvar_ns,
-        "rto_ns": st.rto_ns,
-        "rtt_samples": st.rtt_samples,
-        "aggregators": st.aggregators,
-        "bad_mac": st.bad_mac,
-    }
-
-
 def sim_worker_stats(s, job, worker):
     st = ffi.new("struct hg_client_stats *")
     check(lib.hg_sim_worker_stats(s, job, worker, st), "worker stats")
     return client_stats_dict(st)
-
-
-AGG_STATS = ("packets_sent", "retransmissions", "timeouts", "results_received",
-             "status_received", "bytes_sent", "bytes_received", "chunks", "next_seq",
-             "srtt_ns", "rttvar_ns", "rto_ns", "rtt_samples")
-
-
-def agg_stats_dict(st):
-    return {k: getattr(st, k) for k in AGG_STATS}
 
 
 def sim_worker_agg_stats(s, job, worker, k):
