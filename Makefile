@@ -27,27 +27,29 @@ CC      ?= gcc
 OPT     := $(if $(DEBUG),-O0 -g3,-O2 -g)
 SANFLAGS := $(if $(SANITIZE),-fsanitize=$(SANITIZE) -fno-omit-frame-pointer -fno-sanitize-recover=all,)
 CFLAGS_COMMON := -std=gnu11 -Wall -Wextra -Werror=implicit-function-declaration \
-	-fPIC $(OPT) $(SANFLAGS) -Idataplane_c/include -Inic/include
+	-fPIC $(OPT) $(SANFLAGS) -Idataplane_c/include -Inic/include -Isim/include
 
-# Every C file of the library: the engine, the codec, the kernels, the NIC
-# model.  Backends are chosen by file (dataplane_c/dpdk/ builds separately).
-LIB_SRCS := $(wildcard dataplane_c/src/*.c) $(wildcard nic/src/*.c)
+# Every C file of the library: the engine, the codec, the kernels
+# (dataplane_c/), the NIC model (nic/) and the simulated cluster that
+# assembles them (sim/; dataplane_c/ never includes nic/ or sim/ headers).
+# Backends are chosen by file (dataplane_c/dpdk/ builds separately).
+LIB_SRCS := $(wildcard dataplane_c/src/*.c) $(wildcard nic/src/*.c) $(wildcard sim/src/*.c)
 LIB_OBJS := $(patsubst %.c,$(BUILD)/%.o,$(LIB_SRCS))
 LIB      := $(BUILD)/libhomagg.a
 HEADERS  := $(wildcard dataplane_c/include/homagg/*.h) $(wildcard nic/include/homagg/*.h) \
-	$(wildcard dataplane_c/src/*.h) $(wildcard nic/src/*.h)
+	$(wildcard sim/include/homagg/*.h) $(wildcard dataplane_c/src/*.h) $(wildcard nic/src/*.h)
 
 APT_PACKAGES := build-essential pkg-config libdpdk-dev dpdk libjansson-dev libsodium-dev clang \
 	libclang-rt-14-dev iproute2 iputils-ping openssh-server python3-venv
 
-.PHONY: help build deps venv lib ext switch fuzz test test-sanitize test-fast bench demo clean distclean
+.PHONY: help build deps venv lib ext switch tools fuzz test test-sanitize test-fast bench demo clean distclean
 
 help: ## list the targets
 	@echo "HomAgg make targets:"
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | sed -e 's/:.*## /\t/' | expand -t 18 | sed 's/^/  /'
 	@echo "Knobs: see the top of the Makefile (DEBUG, SANITIZE, PYTHON, PYTEST_ARGS, FUZZ_SECONDS, NO_APT)."
 
-build: deps venv lib ext switch ## install system packages, create .venv, build the C library and the Python extension
+build: deps venv lib ext switch tools ## install system packages, create .venv, build the C library, the Python extension, the daemon and the tools
 
 deps: build/.deps-stamp ## install missing system packages (apt-get, non-interactive)
 
@@ -101,6 +103,17 @@ $(SWITCH_BENCH): dataplane_c/dpdk/bench/switch_bench.c dataplane_c/dpdk/port_dpd
 	$(CC) $(CFLAGS_COMMON) -Wno-unused-parameter $$(pkg-config --cflags libdpdk) $(filter %.c,$^) \
 		$(LIB) $$(pkg-config --libs libdpdk) -lrte_net_ring -lsodium -lm -lpthread -o $@
 
+# Measurement tools of docs/PROTOCOL.md ("Sketch sizing measurements"):
+# dataplane_c/tools/*.c, each one program against the library.
+TOOLS_SRCS := $(wildcard dataplane_c/tools/*.c)
+TOOLS      := $(patsubst dataplane_c/tools/%.c,$(BUILD)/tools/%,$(TOOLS_SRCS))
+
+tools: $(TOOLS) ## build the measurement tools (build/<variant>/tools/)
+
+$(BUILD)/tools/%: dataplane_c/tools/%.c $(HEADERS) $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_COMMON) -Idataplane_c/src $< $(LIB) -lm -o $@
+
 # libFuzzer targets: dataplane_c/fuzz/fuzz_*.c, each built with clang
 # against the library sources (plus FUZZ_EXTRA_<name>) and run for
 # FUZZ_SECONDS from its seed corpus dataplane_c/fuzz/corpus_<name without fuzz_>.
@@ -108,7 +121,7 @@ FUZZ_SRCS := $(wildcard dataplane_c/fuzz/fuzz_*.c)
 FUZZ_EXTRA_fuzz_control := dataplane_c/dpdk/control.c $$(pkg-config --cflags --libs jansson)
 define FUZZ_ONE
 t=build/fuzz/$(basename $(notdir $(1))); \
-clang -g -O1 -fsanitize=fuzzer,address,undefined -Idataplane_c/include -Inic/include \
+clang -g -O1 -fsanitize=fuzzer,address,undefined -Idataplane_c/include -Inic/include -Isim/include \
 	$(LIB_SRCS) $(1) $(FUZZ_EXTRA_$(basename $(notdir $(1)))) -lsodium -lm -o $$t || exit 1; \
 mkdir -p $$t.corpus; \
 seeds=$(dir $(1))corpus_$(patsubst fuzz_%,%,$(basename $(notdir $(1)))); [ -d $$seeds ] || seeds=; \
@@ -139,9 +152,15 @@ test-sanitize: ## codec and engine tests against SANITIZE=address,undefined
 	ASAN_OPTIONS=detect_leaks=0:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	HOMAGG_SANITIZED=1 $(VPY) -m pytest -m "sanitize" -p no:cacheprovider $(PYTEST_ARGS)
 
+# The testbed at the paper's size: 2^24 float32 per worker, W = 4, density
+# 0.05, every method (the default) and Gloo, 1 Gbit/s links; then the
+# link-rate sweep (Gloo, lhc and auto on shared).  Both: median of 3 timed
+# allreduces after 1 warmup by the same processes.
 BENCH_ALLREDUCE := --workers 4 --densities 0.05 --workloads shared,random,zipf,dense \
-	--methods gloo,dense,blocks,lhc,nc,auto --link-mbit 1000 --elements 4194304 \
-	--repeat 3 --warmup 1 --out docs/results/allreduce
+	--link-mbit 1000 --elements 16777216 --repeat 3 --warmup 1 --out docs/results/allreduce
+BENCH_SWEEP := --workers 4 --densities 0.05 --workloads shared --methods gloo,lhc,auto \
+	--link-mbit 100,1000,2500,10000 --elements 16777216 --repeat 3 --warmup 1 \
+	--testbed-name benchsweep --out docs/results/allreduce_sweep
 bench: build ## the standard benchmark suite into docs/results/ (the testbed part needs root)
 	mkdir -p docs/results
 	$(VENV)/bin/homagg bench codec --json > docs/results/codec.json
@@ -150,7 +169,8 @@ bench: build ## the standard benchmark suite into docs/results/ (the testbed par
 	$(VENV)/bin/python -m homagg.bench.markdown engine docs/results/engine.json docs/results/engine.md
 	$(VENV)/bin/homagg bench scale --out docs/results/scale
 	$(VENV)/bin/homagg bench scale --methods dense,lhc --aggregators 1,2,4,8,W/8 --out docs/results/scale_k
-	@if [ "$$(id -u)" = 0 ]; then set -x; $(VENV)/bin/homagg bench allreduce $(BENCH_ALLREDUCE); \
+	@if [ "$$(id -u)" = 0 ]; then set -x; $(VENV)/bin/homagg bench allreduce $(BENCH_ALLREDUCE) && \
+	  $(VENV)/bin/homagg bench allreduce $(BENCH_SWEEP); \
 	  $(VENV)/bin/homagg bench soak --minutes 5 --json > docs/results/soak.json; \
 	  $(VENV)/bin/homagg bench shards --out docs/results/shards; \
 	else echo "make bench: skipping homagg bench allreduce and soak: they build network namespaces," \

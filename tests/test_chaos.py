@@ -65,6 +65,35 @@ def _assert_exact_allreduce(s, seed):
     assert r["exact"] is True, r["exact_per_worker"]
 
 
+def test_daemon_killed_mid_allreduce_and_restarted(session):
+    """Documented outcome: the new daemon's replies carry the job's new
+    incarnation, so every worker ends the allreduce within its timeout with
+    PeerRestarted naming the aggregator and both incarnations (PeerTimeout
+    if no reply of the new daemon reached it in time); nothing of the
+    killed daemon's partial sums is used.  After recovery the next
+    allreduce is exact."""
+    s = session
+    a = _mid_allreduce(s)
+    s.kill_switch(signal.SIGKILL)
+    s.start_switch()                  # a new daemon, the job added again
+    old, new = s.incarnations[-2], s.incarnations[-1]
+    assert old != new
+    r = s.finish_allreduce(a)
+    assert not r["ok"]
+    kinds = [w["kind"] for w in r["workers"]]
+    assert set(kinds) <= {"PeerRestarted", "PeerTimeout"}, r["workers"]
+    assert "PeerRestarted" in kinds, r["workers"]
+    agg = f"{s.tb.aggregator.ip}:{runmod.UDP_PORT}"
+    for w in r["workers"]:
+        if w["kind"] == "PeerRestarted":
+            assert (f"aggregator {agg} restarted during the allreduce "
+                    f"(incarnation {old}, now {new})") in w["error"], w["error"]
+        else:
+            assert f"aggregator {agg}: timed out after {TIMEOUT:g} s" in w["error"], w["error"]
+    s.recover()
+    _assert_exact_allreduce(s, seed=31)
+
+
 def test_worker_killed_mid_allreduce_and_restarted(session):
     """Documented outcome: the other workers fail within their timeout with
     PeerTimeout naming the aggregator and the chunk they waited for; one

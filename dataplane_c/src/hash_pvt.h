@@ -17,20 +17,15 @@
 
 #include <stdint.h>
 
-#define HG_HASH_GOLDEN 0x9E3779B97F4A7C15ull
+#include "homagg/mix.h"
+
+#define HG_HASH_GOLDEN HG_MIX_GOLDEN
 
 /* Stream domains: one per use, so the streams are independent. */
 #define HG_DOM_ROUND 0x524F554E44000001ull  /* stochastic rounding */
 #define HG_DOM_NC 0x4E41544E43000002ull     /* natural compression */
 #define HG_DOM_SKETCH 0x534B455443480003ull /* count-sketch cells and signs */
 #define HG_DOM_BLOOM 0x424C4F4F4D000004ull  /* Bloom filter probes */
-
-static inline uint64_t hg_mix64(uint64_t z)
-{
-	z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-	z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-	return z ^ (z >> 31);
-}
 
 static inline uint64_t hg_stream_key(uint64_t seed, uint64_t domain,
 				     uint32_t worker)

@@ -14,8 +14,7 @@
  *
  * Usage: lhc_sizing_sim N T_lo T_hi [T_step] [trials]
  *
- *   cc -O2 -Idataplane_c/src dataplane_c/tools/lhc_sizing_sim.c \
- *      -o build/lhc_sizing_sim
+ * Built by `make tools` (build/release/tools/lhc_sizing_sim).
  */
 #include <stdio.h>
 #include <stdlib.h>

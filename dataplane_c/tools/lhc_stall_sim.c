@@ -9,14 +9,14 @@
  * blocks are counted.  Usage: lhc_stall_sim [cells_per_candidate] [blocks] [n]
  * (0 = the protocol's default sizing) [only_this_n].
  *
- *   cc -O2 -Idataplane_c/include dataplane_c/tools/lhc_stall_sim.c \
- *      build/release/libhomagg.a -lm -o build/lhc_stall_sim
+ * Built by `make tools` (build/release/tools/lhc_stall_sim).
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "homagg/codec.h"
+#include "homagg/mix.h"
 
 #define BLOCK 65536u
 
@@ -24,11 +24,7 @@ static uint64_t rng_state = 0x1234567ull;
 
 static uint64_t rng(void)
 {
-	uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
-
-	z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-	z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-	return z ^ (z >> 31);
+	return hg_splitmix64(&rng_state);
 }
 
 int main(int argc, char **argv)

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "homagg/mix.h"
 #include "nic_pvt.h"
 
 #define DEFAULT_POOL 8192
@@ -103,19 +104,9 @@ static struct nic_ev ev_pop(struct hg_nic_fabric *f)
 
 /* --------------------------------------------------------------- trace */
 
-static uint64_t mix64(uint64_t x)
-{
-	x ^= x >> 30;
-	x *= 0xbf58476d1ce4e5b9ULL;
-	x ^= x >> 27;
-	x *= 0x94d049bb133111ebULL;
-	x ^= x >> 31;
-	return x;
-}
-
 static uint64_t hash_bytes(const uint8_t *p, size_t n)
 {
-	uint64_t h = 0x9e3779b97f4a7c15ULL ^ n;
+	uint64_t h = HG_MIX_GOLDEN ^ n;
 	size_t i = 0;
 
 	for (; i + 8 <= n; i += 8) {
@@ -127,7 +118,7 @@ static uint64_t hash_bytes(const uint8_t *p, size_t n)
 	}
 	for (; i < n; i++)
 		h = (h ^ p[i]) * 0x100000001b3ULL;
-	return mix64(h);
+	return hg_mix64(h);
 }
 
 /* Record one event of buffer b into the running hash and the ring. */
@@ -150,9 +141,9 @@ void nic_trace(struct hg_nic_fabric *f, uint32_t b, uint16_t dst, uint8_t kind,
 	if (f->cfg.trace_hash) {
 		uint64_t h = f->trace_hash;
 
-		h = mix64(h ^ r.t_ns);
-		h = mix64(h ^ r.hash);
-		h = mix64(h ^ ((uint64_t)r.src | (uint64_t)r.dst << 16 |
+		h = hg_mix64(h ^ r.t_ns);
+		h = hg_mix64(h ^ r.hash);
+		h = hg_mix64(h ^ ((uint64_t)r.src | (uint64_t)r.dst << 16 |
 			       (uint64_t)r.len << 32 | (uint64_t)r.kind << 48 |
 			       (uint64_t)r.dir << 56));
 		f->trace_hash = h;
@@ -285,7 +276,7 @@ static uint64_t mac_key(const uint8_t *m)
 
 static uint32_t mac_slot(const struct hg_nic_fabric *f, uint64_t key)
 {
-	return (uint32_t)(mix64(key) & f->mac_mask);
+	return (uint32_t)(hg_mix64(key) & f->mac_mask);
 }
 
 /* The port owning unicast MAC key, or -1 (linear probing; never full). */

@@ -8,20 +8,12 @@
 #include <math.h>
 #include <string.h>
 
+#include "homagg/mix.h"
 #include "nic_pvt.h"
 
 #define DEFAULT_HOLD_TIMEOUT_NS 100000
 
 /* ----------------------------------------------------------------- rng */
-
-static uint64_t splitmix64(uint64_t *s)
-{
-	uint64_t z = (*s += 0x9e3779b97f4a7c15ULL);
-
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-	return z ^ (z >> 31);
-}
 
 static uint64_t rotl(uint64_t x, int k)
 {
@@ -67,7 +59,7 @@ void nic_link_init(struct nic_link *l, uint64_t seed, uint16_t port, uint8_t dir
 	memset(l, 0, sizeof(*l));
 	l->dir = dir;
 	for (i = 0; i < 4; i++)
-		l->rng[i] = splitmix64(&s);
+		l->rng[i] = hg_splitmix64(&s);
 }
 
 static bool prob_ok(double p)

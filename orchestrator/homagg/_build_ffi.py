@@ -20,7 +20,8 @@ import subprocess
 from cffi import FFI
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-INCLUDE_DIRS = [ROOT / "dataplane_c" / "include", ROOT / "nic" / "include"]
+INCLUDE_DIRS = [ROOT / "dataplane_c" / "include", ROOT / "nic" / "include",
+                ROOT / "sim" / "include"]
 # Order matters: a header's types must come before their users.
 HEADERS = [
     "homagg/errors.h",

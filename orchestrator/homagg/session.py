@@ -116,6 +116,7 @@ class Session:
         self.drop_rate, self.pmd, self.binary = drop_rate, pmd, switch
         self.switch = None
         self.switch_starts = 0
+        self.incarnations: list = []   # of the job, one per add_job
         self.procs: list = [None] * self.W
         self._pending: list[bool] = [False] * self.W
         self._lost: set[int] = set()   # killed while a command was pending
@@ -138,9 +139,12 @@ class Session:
         self.add_job()
 
     def add_job(self) -> None:
+        """Add the job on the daemon; its incarnation (the daemon's reply)
+        is appended to ``incarnations``."""
         with self.switch.client() as c:
-            c.add_job(job=self.job, token=self.token, workers=self.W, slots=self.slots,
-                      payload=self.payload, group=self.group)
+            r = c.add_job(job=self.job, token=self.token, workers=self.W, slots=self.slots,
+                          payload=self.payload, group=self.group)
+        self.incarnations.append(r.get("incarnation"))
 
     def kill_switch(self, sig=signal.SIGKILL) -> None:
         """Stop the daemon with ``sig`` (SIGKILL: no cleanup at all)."""

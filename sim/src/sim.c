@@ -24,6 +24,7 @@
 #include "homagg/auth.h"
 #include "homagg/client.h"
 #include "homagg/engine.h"
+#include "homagg/mix.h"
 #include "homagg/nic.h"
 #include "homagg/sim.h"
 #include "homagg/wire.h"
@@ -156,15 +157,6 @@ static const struct hg_port_ops worker_port_ops = {
 };
 
 /* ---- create / destroy -------------------------------------------------- */
-
-static uint64_t splitmix64(uint64_t *x)
-{
-	uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
-
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-	return z ^ (z >> 31);
-}
 
 static struct hg_nic_port *add_port(struct hg_sim *s, const uint8_t mac[6],
 				    uint32_t ip, double gbps, bool faulty)
@@ -323,7 +315,7 @@ int hg_sim_add_job(struct hg_sim *s, const struct hg_sim_job_config *jc)
 	memset(job, 0, sizeof(*job));
 	job->id = JOB_ID_BASE + (uint32_t)j;
 	seed = s->cfg.seed ^ (0x5eedull << 32) ^ (uint64_t)j;
-	job->token = (uint32_t)splitmix64(&seed) | 1;
+	job->token = (uint32_t)hg_splitmix64(&seed) | 1;
 	job->workers = jc->workers;
 	job->slots = jc->slots ? jc->slots : DEFAULT_SLOTS;
 
