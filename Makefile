@@ -156,9 +156,15 @@ test-sanitize: ## codec and engine tests against SANITIZE=address,undefined
 	ASAN_OPTIONS=detect_leaks=0:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	HOMAGG_SANITIZED=1 $(VPY) -m pytest -m "sanitize" -p no:cacheprovider $(PYTEST_ARGS)
 
+# The testbed at the paper's size: 2^24 float32 per worker, W = 4, density
+# 0.05, every method (the default) and Gloo, 1 Gbit/s links; then the
+# link-rate sweep (Gloo, lhc and auto on shared).  Both: median of 3 timed
+# allreduces after 1 warmup by the same processes.
 BENCH_ALLREDUCE := --workers 4 --densities 0.05 --workloads shared,random,zipf,dense \
-	--methods gloo,dense,blocks,lhc,nc,auto --link-mbit 1000 --elements 4194304 \
-	--repeat 3 --warmup 1 --out docs/results/allreduce
+	--link-mbit 1000 --elements 16777216 --repeat 3 --warmup 1 --out docs/results/allreduce
+BENCH_SWEEP := --workers 4 --densities 0.05 --workloads shared --methods gloo,lhc,auto \
+	--link-mbit 100,1000,2500,10000 --elements 16777216 --repeat 3 --warmup 1 \
+	--testbed-name benchsweep --out docs/results/allreduce_sweep
 bench: build ## the standard benchmark suite into docs/results/ (the testbed part needs root)
 	mkdir -p docs/results
 	$(VENV)/bin/homagg bench codec --json > docs/results/codec.json
@@ -167,7 +173,8 @@ bench: build ## the standard benchmark suite into docs/results/ (the testbed par
 	$(VENV)/bin/python -m homagg.bench.markdown engine docs/results/engine.json docs/results/engine.md
 	$(VENV)/bin/homagg bench scale --out docs/results/scale
 	$(VENV)/bin/homagg bench scale --methods dense,lhc --aggregators 1,2,4,8,W/8 --out docs/results/scale_k
-	@if [ "$$(id -u)" = 0 ]; then set -x; $(VENV)/bin/homagg bench allreduce $(BENCH_ALLREDUCE); \
+	@if [ "$$(id -u)" = 0 ]; then set -x; $(VENV)/bin/homagg bench allreduce $(BENCH_ALLREDUCE) && \
+	  $(VENV)/bin/homagg bench allreduce $(BENCH_SWEEP); \
 	  $(VENV)/bin/homagg bench soak --minutes 5 --json > docs/results/soak.json; \
 	  $(VENV)/bin/homagg bench shards --out docs/results/shards; \
 	else echo "make bench: skipping homagg bench allreduce and soak: they build network namespaces," \

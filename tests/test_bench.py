@@ -142,7 +142,7 @@ def test_allreduce_on_a_two_worker_testbed(tmp_path, capsys):
     report, _rows = _check_outputs(out, "allreduce", ["allreduce_time.png", "allreduce_speedup.png",
                                                       "allreduce_workers.png"])
     assert printed["results"] == report["results"]
-    assert report["link_mbit"] == 1000
+    assert report["link_mbit"] == [1000.0]
     assert rc == 0
     rows = report["results"]
     assert {(r["method"], r["workload"], r["density"]) for r in rows} == \
@@ -155,6 +155,16 @@ def test_allreduce_on_a_two_worker_testbed(tmp_path, capsys):
             assert r["runs"] == 2
             assert r["seconds_min"] <= r["seconds_median"] <= r["seconds_max"]
             assert r["bytes_per_worker"] > 0
+            assert r["link_mbit"] == 1000.0 and 0 < r["link_utilisation"]
+            assert len(r["worker_cpu_seconds"]) == 2
+            assert all(c > 0 for c in r["worker_cpu_seconds"])
+            if r["method"] == "gloo":
+                assert r["timeouts_per_allreduce"] is None
+            else:
+                # the testbed loses nothing: no timer expires
+                assert r["timeouts_per_allreduce"] == 0
+                assert r["retransmissions_per_allreduce"] == 0
+                assert r["daemon_cpu_seconds"] is None or r["daemon_cpu_seconds"] >= 0
             if r["method"] == "nc":
                 assert r["exact"] is None
             else:
@@ -192,35 +202,41 @@ def test_homagg_rows_never_carry_numbers_without_a_run(monkeypatch):
     from homagg.bench import allreduce
 
     monkeypatch.setattr(allreduce, "homagg_run_available", lambda: (False, "no daemon"))
-    row = allreduce.homagg_row("x", "lhc", 2, 1024, "shared", 0.1, _args())
+    row = allreduce.homagg_row("x", "lhc", 2, 1024, "shared", 0.1, 1000.0, _args())
     assert row == {"status": "unavailable: no daemon"}
 
     def boom(*a, **k):
         raise RuntimeError("switch did not start")
     monkeypatch.setattr(allreduce, "homagg_run_available", lambda: (True, None))
     monkeypatch.setattr(allreduce, "homagg_via_run_allreduce", boom)
-    row = allreduce.homagg_row("x", "lhc", 2, 1024, "shared", 0.1, _args())
+    row = allreduce.homagg_row("x", "lhc", 2, 1024, "shared", 0.1, 1000.0, _args())
     assert row["status"].startswith("failed: RuntimeError: switch did not start")
     assert "seconds_median" not in row
 
 
+def _run_report(**kw):
+    """What homagg.run.run_allreduce returns for repeat timed calls."""
+    r = {"seconds_each": [0.3, 0.1, 0.2], "bytes_per_worker": [200, 200], "exact": True,
+         "workers_agree": True, "worker_cpu_seconds": [0.135, 0.135],
+         "daemon_cpu_seconds": None,
+         "worker_stats_timed": [{"timeouts": 1, "spurious_timeouts": 1,
+                                 "fast_retransmissions": 2, "retransmissions": 3},
+                                {"timeouts": 0, "spurious_timeouts": 0,
+                                 "fast_retransmissions": 3, "retransmissions": 3}]}
+    r.update(kw)
+    return r
+
+
 def test_homagg_row_statistics_and_exactness(monkeypatch):
-    """Warmup runs are dropped, median/min/max/IQR come from the timed runs,
-    one inexact run makes the row inexact, CPU time gives cpu_bound."""
+    """median/min/max/IQR come from the timed calls, an inexact result makes
+    the row inexact, CPU time gives cpu_bound, the workers' counters are
+    summed per allreduce."""
     from homagg.bench import allreduce
 
-    runs = iter([
-        {"seconds": 9.0, "bytes_per_worker": [1, 1], "exact": True, "workers_agree": True},
-        {"seconds": 0.3, "bytes_per_worker": [100, 300], "exact": True, "workers_agree": True,
-         "worker_cpu_seconds": [0.3, 0.3]},
-        {"seconds": 0.1, "bytes_per_worker": [200, 200], "exact": False, "workers_agree": True,
-         "worker_cpu_seconds": [0.1, 0.1]},
-        {"seconds": 0.2, "bytes_per_worker": [200, 200], "exact": True, "workers_agree": True,
-         "worker_cpu_seconds": [0.0, 0.01]},
-    ])
     monkeypatch.setattr(allreduce, "homagg_run_available", lambda: (True, None))
-    monkeypatch.setattr(allreduce, "homagg_via_run_allreduce", lambda *a, **k: next(runs))
-    row = allreduce.homagg_row("x", "dense", 2, 1000, "shared", 0.1, _args())
+    monkeypatch.setattr(allreduce, "homagg_via_run_allreduce",
+                        lambda *a, **k: _run_report(exact=False))
+    row = allreduce.homagg_row("x", "dense", 2, 1000, "shared", 0.1, 1000.0, _args())
     assert row["status"] == "ok" and row["runs"] == 3
     assert (row["seconds_min"], row["seconds_median"], row["seconds_max"]) == (0.1, 0.2, 0.3)
     assert row["seconds_q1"] == pytest.approx(0.15) and row["seconds_q3"] == pytest.approx(0.25)
@@ -229,10 +245,18 @@ def test_homagg_row_statistics_and_exactness(monkeypatch):
     assert row["link_utilisation"] == pytest.approx(8 * 200 / 0.2 / 1e9)
     assert row["link_bound"] is False
     assert row["exact"] is False
-    # 0.81 CPU-seconds of 2 workers over 0.6 s on min(cores, 2) cores
+    # 3 calls x 0.135 CPU-seconds of 2 workers over 0.6 s on min(cores, 2) cores
     assert row["cpu_fraction_machine"] == pytest.approx(0.81 / (0.6 * min(os.cpu_count(), 2)))
     assert row["cpu_bound"] is (row["cpu_fraction_machine"] > 0.8
                                 or row["cpu_fraction_rank_max"] > 0.9)
+    assert row["worker_cpu_seconds"] == pytest.approx([0.135, 0.135])
+    assert row["timeouts_per_allreduce"] == pytest.approx(1 / 3)
+    assert row["spurious_timeouts_per_allreduce"] == pytest.approx(1 / 3)
+    assert row["fast_retransmissions_per_allreduce"] == pytest.approx(5 / 3)
+    assert row["retransmissions_per_allreduce"] == pytest.approx(2)
+    monkeypatch.setattr(allreduce, "homagg_via_run_allreduce", lambda *a, **k: _run_report())
+    assert allreduce.homagg_row("x", "dense", 2, 1000, "shared", 0.1, 1000.0,
+                                _args())["exact"] is True
 
 
 def test_homagg_row_counts_the_daemons_cpu(monkeypatch):
@@ -240,47 +264,69 @@ def test_homagg_row_counts_the_daemons_cpu(monkeypatch):
     CPU seconds count toward cpu_bound (workers alone would not flag it)."""
     from homagg.bench import allreduce
 
-    def runs(daemon):
-        return iter([{"seconds": 0.5, "bytes_per_worker": [10, 10], "exact": True,
-                      "workers_agree": True, "worker_cpu_seconds": [0.15, 0.15],
-                      "daemon_cpu_seconds": daemon}] * 2)
+    def run(daemon):
+        return _run_report(seconds_each=[0.5], worker_cpu_seconds=[0.15, 0.15],
+                           daemon_cpu_seconds=daemon)
 
     monkeypatch.setattr(allreduce, "homagg_run_available", lambda: (True, None))
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
-    it = runs(None)
-    monkeypatch.setattr(allreduce, "homagg_via_run_allreduce", lambda *a, **k: next(it))
-    alone = allreduce.homagg_row("x", "lhc", 2, 1000, "shared", 0.1, _args(warmup=1, repeat=1))
+    monkeypatch.setattr(allreduce, "homagg_via_run_allreduce", lambda *a, **k: run(None))
+    alone = allreduce.homagg_row("x", "lhc", 2, 1000, "shared", 0.1, 1000.0,
+                                 _args(warmup=1, repeat=1))
     assert alone["cpu_fraction_machine"] == pytest.approx(0.3 / (0.5 * 2))
     assert alone["cpu_fraction_daemon"] is None and alone["cpu_bound"] is False
-    it = runs(0.4)
-    with_daemon = allreduce.homagg_row("x", "lhc", 2, 1000, "shared", 0.1,
+    monkeypatch.setattr(allreduce, "homagg_via_run_allreduce", lambda *a, **k: run(0.4))
+    with_daemon = allreduce.homagg_row("x", "lhc", 2, 1000, "shared", 0.1, 1000.0,
                                        _args(warmup=1, repeat=1))
     assert with_daemon["cpu_fraction_machine"] == pytest.approx(0.7 / (0.5 * 2))
     assert with_daemon["cpu_fraction_daemon"] == pytest.approx(0.8)
     assert with_daemon["cpu_fraction_rank_max"] == pytest.approx(0.8)
+    assert with_daemon["daemon_cpu_seconds"] == pytest.approx(0.4)
     assert with_daemon["cpu_bound"] is False          # 0.7 of 2 cores, 0.8 of one
-    it = runs(0.6)
-    assert allreduce.homagg_row("x", "lhc", 2, 1000, "shared", 0.1,
+    monkeypatch.setattr(allreduce, "homagg_via_run_allreduce", lambda *a, **k: run(0.6))
+    assert allreduce.homagg_row("x", "lhc", 2, 1000, "shared", 0.1, 1000.0,
                                 _args(warmup=1, repeat=1))["cpu_bound"] is True
+
+
+def test_link_rate_sweep_plot(tmp_path):
+    """Several --link-mbit rates: the density plots use 1000 Mbit/s, and
+    allreduce_linkrate.png plots the speedup against the rate."""
+    from homagg.bench import allreduce
+
+    rows = []
+    for rate, g, m in ((100.0, 8.0, 0.5), (1000.0, 1.0, 0.4), (10000.0, 0.2, 0.3)):
+        for meth, t in (("gloo", g), ("lhc", m)):
+            rows.append({"method": meth, "workers": 4, "link_mbit": rate, "workload": "shared",
+                         "density": 0.05, "status": "ok", "seconds_median": t,
+                         "speedup_vs_gloo": g / t})
+    report = {"link_mbit": [100.0, 1000.0, 10000.0], "elements": 1024, "results": rows}
+    assert allreduce.reference_rate(report) == 1000.0
+    assert allreduce.reference_rate({"link_mbit": [100.0, 2500.0]}) == 100.0
+    paths = allreduce.plot(report, str(tmp_path))
+    names = sorted(os.path.basename(p) for p in paths)
+    assert names == ["allreduce_linkrate.png", "allreduce_speedup.png", "allreduce_time.png",
+                     "allreduce_workers.png"]
+    for p in paths:
+        assert os.path.getsize(p) > 1000
 
 
 def test_homagg_row_payload_and_cpu_per_mb(monkeypatch):
     """--payload-bytes reaches homagg run; cpu_ms_per_mb is the workers' and
-    the daemon's CPU per MB on the workers' links (median over timed runs)."""
+    the daemon's CPU per MB on the workers' links, per allreduce."""
     from homagg.bench import allreduce
 
     seen = []
 
     def fake(*a, payload=1024, **k):
         seen.append(payload)
-        return {"seconds": 0.5, "bytes_per_worker": [2_000_000, 2_000_000], "exact": True,
-                "workers_agree": True, "worker_cpu_seconds": [0.1, 0.1],
-                "daemon_cpu_seconds": 0.2}
+        return _run_report(seconds_each=[0.5, 0.5, 0.5], bytes_per_worker=[2_000_000, 2_000_000],
+                           worker_cpu_seconds=[0.1, 0.1], daemon_cpu_seconds=0.2)
 
     monkeypatch.setattr(allreduce, "homagg_run_available", lambda: (True, None))
     monkeypatch.setattr(allreduce, "homagg_via_run_allreduce", fake)
-    row = allreduce.homagg_row("x", "dense", 2, 1000, "shared", 0.1, _args(), payload=8192)
-    assert seen == [8192] * 4 and row["payload_bytes"] == 8192
+    row = allreduce.homagg_row("x", "dense", 2, 1000, "shared", 0.1, 1000.0, _args(),
+                               payload=8192)
+    assert seen == [8192] and row["payload_bytes"] == 8192
     assert row["cpu_ms_per_mb"] == pytest.approx(1e3 * 0.4 / 4.0)
     assert row["worker_cpu_seconds"] == pytest.approx([0.1, 0.1])
     assert row["daemon_cpu_seconds"] == pytest.approx(0.2)

@@ -72,6 +72,11 @@ def run(agg, job, token, grads, method, slots=8, timeout=10.0, payload=1024,
                 assert wk.local_address[0] == "127.0.0.1"
                 st = wk.stats()
                 assert st["port"]["tx"] >= st["packets_sent"] > 0
+                # The blocking form slept in ppoll: every wake that was not
+                # a deadline brought a datagram (or room to send), no spin.
+                p = st["port"]
+                assert p["waits"] > 0
+                assert p["waits"] - p["wait_timeouts"] <= p["rx"] + st["tx_refused"], p
                 if stats is not None:
                     stats[w] = st
         except Exception as exc:  # noqa: BLE001 - reported below
@@ -153,6 +158,23 @@ def test_missing_aggregator_times_out_naming_it():
         assert took < 5.0
     finally:
         silent.close()
+
+
+def test_wait_wakes_on_a_datagram_and_keeps_its_deadline():
+    port = UdpPort(("127.0.0.1", 0))
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        assert port.wait(0) is False          # nothing there: returns at once
+        assert port.wait(0.0002) is False     # a sub-millisecond deadline
+        st = port.stats()
+        assert st["waits"] == 2 and st["wait_timeouts"] == 2
+        s.sendto(b"x" * 40, port.local_address)
+        assert port.wait(30.0) is True        # woken by the datagram
+        st = port.stats()
+        assert st["waits"] == 3 and st["wait_timeouts"] == 2
+    finally:
+        s.close()
+        port.close()
 
 
 def test_bad_arguments():

@@ -319,6 +319,47 @@ static int udp_join(void *ctx, uint32_t group)
 	return 0;
 }
 
+/*
+ * Block in ppoll(2) on the unicast socket (and the group socket) until a
+ * datagram is ready, the socket can take more (tx), or the clock reaches
+ * until_ns: a nanosecond timeout, so a result wakes the worker at once and
+ * a deadline is kept without a sleep-and-poll loop.
+ */
+static int wait_fds(struct hg_udp_port *p, uint64_t until_ns, bool tx)
+{
+	struct pollfd pf[2];
+	struct timespec ts, *tsp = NULL;
+	uint64_t now = udp_now(p);
+	int n = 1, rc;
+
+	pf[0].fd = p->ufd;
+	pf[0].events = (short)(POLLIN | (tx ? POLLOUT : 0));
+	if (p->gfd >= 0) {
+		pf[1].fd = p->gfd;
+		pf[1].events = POLLIN;
+		n = 2;
+	}
+	if (until_ns != UINT64_MAX) {
+		uint64_t d = until_ns > now ? until_ns - now : 0;
+
+		ts.tv_sec = (time_t)(d / 1000000000u);
+		ts.tv_nsec = (long)(d % 1000000000u);
+		tsp = &ts;
+	}
+	p->st.waits++;
+	rc = ppoll(pf, (nfds_t)n, tsp, NULL);
+	if (rc < 0)
+		return errno == EINTR ? 0 : -errno;
+	if (rc == 0)
+		p->st.wait_timeouts++;
+	return rc > 0;
+}
+
+static int udp_wait(void *ctx, uint64_t until_ns, bool tx)
+{
+	return wait_fds(ctx, until_ns, tx);
+}
+
 static const struct hg_port_ops udp_ops = {
 	.rx_burst = udp_rx,
 	.tx_burst = udp_tx,
@@ -327,6 +368,7 @@ static const struct hg_port_ops udp_ops = {
 	.get_info = udp_info,
 	.now_ns = udp_now,
 	.join_group = udp_join,
+	.wait = udp_wait,
 };
 
 /* ---- lifecycle ------------------------------------------------------ */
@@ -425,22 +467,10 @@ int hg_udp_port_local(const struct hg_udp_port *p, uint32_t *ipv4,
 
 int hg_udp_port_wait(struct hg_udp_port *p, uint64_t timeout_ns)
 {
-	struct pollfd pf[2];
-	int n = 1, rc;
-
 	if (!p)
 		return -EINVAL;
-	pf[0].fd = p->ufd;
-	pf[0].events = POLLIN;
-	if (p->gfd >= 0) {
-		pf[1].fd = p->gfd;
-		pf[1].events = POLLIN;
-		n = 2;
-	}
-	rc = poll(pf, (nfds_t)n, (int)((timeout_ns + 999999) / 1000000));
-	if (rc < 0)
-		return errno == EINTR ? 0 : -errno;
-	return rc > 0;
+	return wait_fds(p, timeout_ns > UINT64_MAX - udp_now(p) ? UINT64_MAX
+				: udp_now(p) + timeout_ns, false);
 }
 
 int hg_udp_port_get_stats(const struct hg_udp_port *p,

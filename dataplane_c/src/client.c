@@ -27,6 +27,19 @@
  * results come back one behind the other at the bottleneck's pace, so the
  * samples include the queueing of the whole window and SRTT settles at the
  * real round trip of a chunk, S times the bottleneck's per-chunk time.
+ *
+ * Loss is mostly repaired without the timer (fast retransmission): a chunk
+ * whose result is missing while DUPTHRESH results of its aggregator's
+ * chunks sent after it came back, or a STATUS reply showing this worker's
+ * contribution missing, is sent again at once.  Every worker sees the same
+ * gap, but only one of them lost the contribution: they take turns by a
+ * rank that rotates with the chunk, SRTT + 4 RTTVAR apart, and the
+ * aggregator's STATUS reply to the first (sent to the group) tells the
+ * others whether they are missing.  A timer expiry whose chunk turns out
+ * not to have been lost (a STATUS with this worker's bit set, or the
+ * result twice) is a spurious timeout: counted, its backoff undone (Eifel,
+ * RFC 4015).  Before the first result of a step the timers wait at least
+ * start_wait, which learns how late the slowest peer starts a step.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -39,7 +52,15 @@
 #include "homagg/kernels.h"
 #include "homagg/wire.h"
 
-#define BURST 32
+#define BURST 64         /* a window's worth of frames per port call */
+/* Results of chunks sent after a missing one that declare it lost (TCP's
+ * duplicate-ACK threshold): tolerates reordering by up to DUPTHRESH - 1. */
+#define DUPTHRESH 3
+/* done[] values: no result yet, the result, the result after a timeout
+ * (a second copy then shows the timeout was spurious). */
+enum { CH_PENDING = 0, CH_DONE = 1, CH_DONE_AFTER_TIMEOUT = 2 };
+/* The blocking form's longest wait without a deadline (a safety net). */
+#define IDLE_WAIT_NS 10000000ull
 #define ETH_LEN 14
 #define IP_LEN 20
 #define UDP_LEN 8
@@ -83,7 +104,13 @@ struct flight {
 	bool busy;
 	bool unsent;            /* the port refused it: send at the next poll */
 	bool have_status;
+	bool timed_out;         /* its timer expired; not yet judged spurious */
+	bool present;           /* a STATUS showed our contribution in the slot */
+	uint16_t overtaken;     /* results of chunks sent after its latest transmission */
 	uint32_t tries;         /* transmissions so far */
+	uint64_t txn_first;     /* transmission order number of its first sending */
+	uint64_t txn_last;      /*   and of its latest */
+	uint64_t fast_at;       /* a fast retransmission is due then (0: none) */
 	uint64_t first_tx;      /* when it was queued for its first transmission */
 	uint64_t last_tx;       /* its latest transmission */
 	uint64_t armed;         /* its timer runs from here (see chunk_deadline) */
@@ -93,6 +120,29 @@ struct flight {
 };
 
 /*
+ * A smoothed mean and mean deviation of samples, ns (RFC 6298 section 2:
+ * alpha = 1/8, beta = 1/4; the first sample r gives r and r / 2).
+ */
+struct smooth {
+	bool have;
+	uint64_t avg, var;
+};
+
+static void smooth_add(struct smooth *m, uint64_t r)
+{
+	if (!m->have) {
+		m->avg = r;
+		m->var = r / 2;
+		m->have = true;
+	} else {
+		uint64_t d = m->avg > r ? m->avg - r : r - m->avg;
+
+		m->var = (3 * m->var + d) / 4;
+		m->avg = (7 * m->avg + r) / 8;
+	}
+}
+
+/*
  * One aggregator of the job: where its chunks go, its RTT estimator (ns,
  * RFC 6298; rto_est: SRTT + max(G, 4 RTTVAR), clamped, from the last
  * sample; rto: what a new chunk is armed with, rto_est backed off by
@@ -100,13 +150,15 @@ struct flight {
  */
 struct agg {
 	struct hg_wire_addr dst;
-	bool have_rtt;
-	uint64_t srtt, rttvar, rto_est, rto;
+	struct smooth rtt;      /* SRTT (avg) and RTTVAR (var) */
+	uint64_t rto_est, rto;
 	uint64_t t_backoff;     /* when rto was last backed off */
 	uint64_t t_timeout;     /* when a timer last expired (0: never) */
 	size_t hi_done;         /* 1 + its highest chunk (of the step) with its
 				 * result (0: none) */
+	size_t lo_open;         /* each of its chunks of the step below has its result */
 	uint64_t t_hi;          /* when the result of chunk hi_done - 1 arrived */
+	uint64_t t_first_tx;    /* when its first chunk of the step was sent (0: not yet) */
 	uint64_t start_results; /* st.results_received at the allreduce's start */
 	uint64_t start_sent;    /* st.packets_sent then */
 	uint32_t incarnation;   /* of this allreduce's first reply (0: none yet) */
@@ -147,6 +199,18 @@ struct hg_client {
 	uint64_t start_sent;
 
 	uint64_t next_chunk;    /* chunk number c of the next chunk */
+	uint64_t txn;           /* transmissions so far: their order numbers */
+	bool tx_blocked;        /* the port refused frames in the latest poll */
+	/*
+	 * Step-start wait, ns: the time from a step's first transmission to
+	 * its first result includes the slowest peer's computing of the step
+	 * (every worker starts a step when it has decoded the previous one).
+	 * Smoothed like SRTT/RTTVAR from one sample per step and aggregator;
+	 * chunks of an aggregator without a result in the step yet wait
+	 * max(RTO, start_wait).
+	 */
+	struct smooth start;    /* SSTART, SSTARTVAR */
+	uint64_t start_wait;
 	struct flight *fl;      /* K * S entries */
 	struct buf done;        /* one byte per chunk of the step */
 	struct buf tx[HG_PH__COUNT];  /* per phase: this worker's lanes */
@@ -220,6 +284,11 @@ struct hg_client *hg_client_create(const struct hg_client_config *cfg)
 		c->cfg.incarnation = hg_wire_incarnation_now();
 	if (!c->cfg.give_up_ns)
 		c->cfg.give_up_ns = HG_CLIENT_DEFAULT_GIVE_UP_NS;
+	if (!c->cfg.start_wait_ns)
+		c->cfg.start_wait_ns = 4 * c->cfg.rto_ns;
+	if (c->cfg.start_wait_ns > c->cfg.give_up_ns / 4)
+		c->cfg.start_wait_ns = c->cfg.give_up_ns / 4;
+	c->start_wait = c->cfg.start_wait_ns;
 	if (!c->cfg.backoff_num) {
 		c->cfg.backoff_num = 2;
 		c->cfg.backoff_den = 1;
@@ -320,9 +389,10 @@ int hg_client_get_stats(const struct hg_client *c, struct hg_client_stats *st)
 		if (c->agg[a].rto > slow->rto)
 			slow = &c->agg[a];
 	}
-	st->srtt_ns = slow->srtt;
-	st->rttvar_ns = slow->rttvar;
+	st->srtt_ns = slow->rtt.avg;
+	st->rttvar_ns = slow->rtt.var;
 	st->rto_ns = slow->rto;
+	st->start_wait_ns = c->start_wait;
 	return 0;
 }
 
@@ -339,8 +409,8 @@ int hg_client_get_agg_stats(const struct hg_client *c, uint32_t k,
 	*st = ag->st;
 	/* The chunks c < next_chunk with c % K == k. */
 	st->next_seq = c->next_chunk / c->naggs + (c->next_chunk % c->naggs > k);
-	st->srtt_ns = ag->srtt;
-	st->rttvar_ns = ag->rttvar;
+	st->srtt_ns = ag->rtt.avg;
+	st->rttvar_ns = ag->rtt.var;
 	st->rto_ns = ag->rto;
 	return 0;
 }
@@ -356,6 +426,20 @@ static uint64_t rto_backoff(const struct hg_client *c, uint64_t rto)
 	return rto < c->cfg.rto_max_ns ? rto : c->cfg.rto_max_ns;
 }
 
+/* SRTT + max(G, 4 RTTVAR), clamped to [rto_min_ns, rto_max_ns]. */
+static uint64_t rto_clamp(const struct hg_client *c, uint64_t srtt, uint64_t var)
+{
+	uint64_t var4 = 4 * var, rto;
+
+	rto = srtt + (var4 > HG_CLIENT_RTO_GRANULARITY_NS ?
+		      var4 : HG_CLIENT_RTO_GRANULARITY_NS);
+	if (rto < c->cfg.rto_min_ns)
+		rto = c->cfg.rto_min_ns;
+	if (rto > c->cfg.rto_max_ns)
+		rto = c->cfg.rto_max_ns;
+	return rto;
+}
+
 /*
  * A valid RTT sample r (ns) of aggregator ag: RFC 6298 section 2 with
  * alpha = 1/8, beta = 1/4, K = 4, G = HG_CLIENT_RTO_GRANULARITY_NS.  The
@@ -363,28 +447,61 @@ static uint64_t rto_backoff(const struct hg_client *c, uint64_t rto)
  */
 static void rtt_sample(const struct hg_client *c, struct agg *ag, uint64_t r)
 {
-	uint64_t var4, rto;
-
-	if (!ag->have_rtt) {
-		ag->srtt = r;
-		ag->rttvar = r / 2;
-		ag->have_rtt = true;
-	} else {
-		uint64_t d = ag->srtt > r ? ag->srtt - r : r - ag->srtt;
-
-		ag->rttvar = (3 * ag->rttvar + d) / 4;
-		ag->srtt = (7 * ag->srtt + r) / 8;
-	}
-	var4 = 4 * ag->rttvar;
-	rto = ag->srtt + (var4 > HG_CLIENT_RTO_GRANULARITY_NS ?
-			  var4 : HG_CLIENT_RTO_GRANULARITY_NS);
-	if (rto < c->cfg.rto_min_ns)
-		rto = c->cfg.rto_min_ns;
-	if (rto > c->cfg.rto_max_ns)
-		rto = c->cfg.rto_max_ns;
-	ag->rto_est = rto;
-	ag->rto = rto;
+	smooth_add(&ag->rtt, r);
+	ag->rto_est = rto_clamp(c, ag->rtt.avg, ag->rtt.var);
+	ag->rto = ag->rto_est;
 	ag->st.rtt_samples++;
+}
+
+/*
+ * A step-start sample s (ns): an aggregator's first transmission of the
+ * step to its first result.  Smoothed as RTT samples are; start_wait
+ * stays within [start_wait_ns, give_up_ns / 4].
+ */
+static void start_sample(struct hg_client *c, uint64_t s)
+{
+	uint64_t w;
+
+	smooth_add(&c->start, s);
+	w = c->start.avg + 4 * c->start.var;
+	if (w < c->cfg.start_wait_ns)
+		w = c->cfg.start_wait_ns;
+	if (w > c->cfg.give_up_ns / 4)
+		w = c->cfg.give_up_ns / 4;
+	c->start_wait = w;
+}
+
+/*
+ * A timeout of aggregator ag turned out spurious: the chunk had not been
+ * lost, it waited for a peer (computing, descheduled, or repairing its own
+ * loss).  Eifel response (RFC 4015): undo the backoff, keep the estimate.
+ * The margin against such waits is rto_min_ns (real-time ports) and
+ * start_wait.
+ */
+static void spurious_timeout(struct hg_client *c, struct agg *ag, struct flight *fl)
+{
+	c->stats.spurious_timeouts++;
+	ag->st.spurious_timeouts++;
+	if (fl)
+		fl->timed_out = false;
+	ag->rto = ag->rto_est;
+}
+
+/* This worker's turn among the W for chunk number chunk (0 first), rotating. */
+static uint32_t chunk_rank(const struct hg_client *c, uint64_t chunk)
+{
+	return (uint32_t)((c->cfg.worker + c->cfg.workers - chunk % c->cfg.workers) %
+			  c->cfg.workers);
+}
+
+/* How far apart the workers' turns are: SRTT + 4 RTTVAR, by when the
+ * STATUS reply to the previous turn's retransmission is back, with the
+ * confidence RFC 6298 gives the RTO (but without its floors). */
+static uint64_t turn_ns(const struct hg_client *c, const struct agg *ag)
+{
+	uint64_t d = ag->rtt.have ? ag->rtt.avg + 4 * ag->rtt.var : c->cfg.rto_ns;
+
+	return d > HG_CLIENT_RTO_GRANULARITY_NS ? d : HG_CLIENT_RTO_GRANULARITY_NS;
 }
 
 /*
@@ -415,7 +532,7 @@ static uint64_t chunk_deadline(const struct hg_client *c, const struct flight *f
 {
 	const struct agg *ag = &c->agg[fl->agg];
 	size_t k = (size_t)(fl->chunk - c->st.base);
-	uint64_t from = fl->armed;
+	uint64_t from = fl->armed, rto = chunk_rto(c, fl);
 
 	if (k >= ag->hi_done) {
 		if (ag->t_hi > from)
@@ -423,7 +540,12 @@ static uint64_t chunk_deadline(const struct hg_client *c, const struct flight *f
 		if (ag->t_backoff > from)
 			from = ag->t_backoff;
 	}
-	return from + chunk_rto(c, fl);
+	/* No result of the step yet: the slowest peer may still be computing
+	 * it.  And the workers take turns (see chunk_rank), so that the first
+	 * one's STATUS reply tells the others whether they are missing. */
+	if (ag->hi_done == 0 && c->start_wait > rto)
+		rto = c->start_wait;
+	return from + rto + chunk_rank(c, fl->chunk) * turn_ns(c, ag);
 }
 
 /* The flight record of chunk k of the step (a * S + seq % S). */
@@ -535,7 +657,9 @@ static int step_begin(struct hg_client *c, int nstreams)
 		ag->st.chunks += c->next_chunk / c->naggs + (c->next_chunk % c->naggs > a) -
 				 (st->base / c->naggs + (st->base % c->naggs > a));
 		ag->hi_done = 0;
+		ag->lo_open = (a + c->naggs - st->base % c->naggs) % c->naggs;
 		ag->t_hi = 0;
+		ag->t_first_tx = 0;
 	}
 	st->next_send = 0;
 	st->ndone = 0;
@@ -1048,7 +1172,7 @@ static void handle_frame(struct hg_client *c, const uint8_t *f, size_t len,
 	struct agg *ag;
 	const uint8_t *pl;
 	size_t k, first, lanes;
-	uint64_t chunk;
+	uint64_t chunk, txn;
 	uint32_t seq;
 	int a;
 
@@ -1093,6 +1217,23 @@ static void handle_frame(struct hg_client *c, const uint8_t *f, size_t len,
 			memset(fl->bitmap, 0, sizeof(fl->bitmap));
 			memcpy(fl->bitmap, pl, v.payload_len < nb ? v.payload_len : nb);
 			fl->have_status = true;
+			if (fl->bitmap[c->cfg.worker / 8] >> (c->cfg.worker % 8) & 1) {
+				/* Our contribution is there: the slot waits for
+				 * a peer.  Nothing to resend; a timeout that made
+				 * us ask was spurious. */
+				if (fl->timed_out)
+					spurious_timeout(c, ag, fl);
+				fl->present = true;
+				fl->fast_at = 0;
+				fl->armed = now;
+			} else if (!fl->unsent &&
+				   (fl->fast_at || now - fl->last_tx >= turn_ns(c, ag))) {
+				/* Ours is missing, and this STATUS is not older
+				 * than our latest copy (results of chunks sent
+				 * after it came back, or it is a turn old):
+				 * resend it now. */
+				fl->fast_at = now;
+			}
 		}
 		return;
 	}
@@ -1101,8 +1242,14 @@ static void handle_frame(struct hg_client *c, const uint8_t *f, size_t len,
 		c->stats.duplicates_received++;
 		return;
 	}
-	if (c->done.p[k]) {
+	if (c->done.p[k] != CH_PENDING) {
 		c->stats.duplicates_received++;
+		if (c->done.p[k] == CH_DONE_AFTER_TIMEOUT) {
+			/* The original's result and the answer to the
+			 * retransmission both came: it was not lost. */
+			spurious_timeout(c, ag, NULL);
+			c->done.p[k] = CH_DONE;
+		}
 		return;
 	}
 	s = chunk_stream(st, k);
@@ -1112,12 +1259,15 @@ static void handle_frame(struct hg_client *c, const uint8_t *f, size_t len,
 	if (v.hdr.op != s->op || v.hdr.lanes != lanes)
 		goto ignore;
 	memcpy(s->out + first * s->acc_lane, pl, lanes * s->acc_lane);
-	c->done.p[k] = 1;
+	c->done.p[k] = CH_DONE;
 	st->ndone++;
 	c->stats.results_received++;
 	c->stats.bytes_received[s->phase] += lanes * s->acc_lane;
 	ag->st.results_received++;
 	ag->st.bytes_received += lanes * s->acc_lane;
+	if (ag->hi_done == 0 && ag->t_first_tx && now >= ag->t_first_tx)
+		start_sample(c, now - ag->t_first_tx);
+	txn = UINT64_MAX;
 	if (fl->busy && fl->chunk == chunk) {
 		/*
 		 * Karn: only a chunk sent once tells which copy was answered.
@@ -1132,7 +1282,29 @@ static void handle_frame(struct hg_client *c, const uint8_t *f, size_t len,
 		if (fl->tries == 1 && k + 1 >= ag->hi_done &&
 		    fl->last_tx > ag->t_timeout && now >= fl->last_tx)
 			rtt_sample(c, ag, now - fl->last_tx);
+		if (fl->timed_out)
+			c->done.p[k] = CH_DONE_AFTER_TIMEOUT;
+		/* The answered copy was sent no earlier than the first. */
+		txn = fl->txn_first;
 		fl->busy = false;
+		fl->fast_at = 0;
+	}
+	/*
+	 * The aggregator's chunks still open below k (K apart) that were last
+	 * sent before k was first sent: one more result overtook them.  At
+	 * DUPTHRESH they are taken as lost and resent at this worker's turn
+	 * (chunk_rank).
+	 */
+	while (ag->lo_open < st->nchunks && c->done.p[ag->lo_open] != CH_PENDING)
+		ag->lo_open += c->naggs;
+	for (size_t i = ag->lo_open; i < k && txn != UINT64_MAX; i += c->naggs) {
+		struct flight *o = flight_of(c, i);
+
+		if (c->done.p[i] != CH_PENDING || !o->busy || o->unsent ||
+		    o->present || o->txn_last >= txn || o->fast_at)
+			continue;
+		if (++o->overtaken >= DUPTHRESH)
+			o->fast_at = now + chunk_rank(c, o->chunk) * turn_ns(c, ag);
 	}
 	if (k + 1 > ag->hi_done) {
 		/* Chunks of this aggregator this result overtook: their
@@ -1206,6 +1378,7 @@ static void tx_chunks(struct hg_client *c, const size_t *ks, uint16_t cnt,
 		struct agg *ag = &c->agg[fl->agg];
 
 		if (i >= sent) {
+			c->tx_blocked = true;
 			fl->unsent = true;
 			c->stats.tx_refused++;
 			continue;
@@ -1213,6 +1386,12 @@ static void tx_chunks(struct hg_client *c, const size_t *ks, uint16_t cnt,
 		fl->unsent = false;
 		fl->last_tx = now;
 		fl->armed = now;
+		fl->txn_last = ++c->txn;
+		fl->overtaken = 0;
+		if (fl->tries == 0)
+			fl->txn_first = fl->txn_last;
+		if (!ag->t_first_tx)
+			ag->t_first_tx = now;
 		if (fl->tries++ > 0) {
 			c->stats.retransmissions++;
 			ag->st.retransmissions++;
@@ -1249,6 +1428,10 @@ static void tx_new(struct hg_client *c, uint64_t now)
 			fl->seq = (uint32_t)(fl->chunk / c->naggs);
 			fl->tries = 0;
 			fl->have_status = false;
+			fl->timed_out = false;
+			fl->present = false;
+			fl->overtaken = 0;
+			fl->fast_at = 0;
 			fl->first_tx = now;
 			fl->rto = c->agg[fl->agg].rto;
 			ks[cnt++] = k;
@@ -1344,9 +1527,15 @@ static int tx_expired(struct hg_client *c, uint64_t now)
 
 		if (!fl->busy)
 			continue;
-		if (!fl->unsent && now < chunk_deadline(c, fl))
+		if (!fl->unsent && fl->fast_at && now >= fl->fast_at) {
+			/* Fast retransmission: a gap or a STATUS said it was
+			 * lost; no timer expired, nothing to back off. */
+			fl->fast_at = 0;
+			c->stats.fast_retransmissions++;
+			ag->st.fast_retransmissions++;
+		} else if (!fl->unsent && now < chunk_deadline(c, fl)) {
 			continue;
-		if (!fl->unsent) {
+		} else if (!fl->unsent) {
 			/* RFC 6298 5.5: back off this chunk's timer, and the
 			 * client's, which new chunks start with until a valid
 			 * sample -- the latter at most once per RTO, so
@@ -1356,6 +1545,8 @@ static int tx_expired(struct hg_client *c, uint64_t now)
 			c->stats.timeouts++;
 			ag->st.timeouts++;
 			ag->t_timeout = now;
+			fl->timed_out = true;
+			fl->fast_at = 0;
 			fl->rto = rto_backoff(c, chunk_rto(c, fl));
 			if (now - ag->t_backoff >= ag->rto) {
 				ag->rto = rto_backoff(c, ag->rto);
@@ -1386,6 +1577,8 @@ static uint64_t next_deadline(const struct hg_client *c, uint64_t now)
 		if (fl->unsent)
 			return now;
 		t = chunk_deadline(c, fl);
+		if (fl->fast_at && fl->fast_at < t)
+			t = fl->fast_at;
 		if (t < dl)
 			dl = t;
 		t = fl->first_tx + c->cfg.give_up_ns;
@@ -1416,6 +1609,7 @@ int hg_client_poll(struct hg_client *c, uint64_t *next_deadline_ns)
 		break;
 	}
 	now = hg_port_now(c->cfg.port);
+	c->tx_blocked = false;
 	rx_all(c, now);
 	if (c->stage == ST_FAILED)
 		return c->rc;
@@ -1438,23 +1632,38 @@ int hg_client_poll(struct hg_client *c, uint64_t *next_deadline_ns)
 int hg_client_allreduce(struct hg_client *c, const struct hg_params *p,
 			int method, const float *x, size_t n, float *y)
 {
+	const struct hg_port *port;
 	uint64_t dl, now;
 	int rc;
 
 	rc = hg_client_start(c, p, method, x, n, y);
 	if (rc)
 		return rc;
+	port = c->cfg.port;
 	for (;;) {
 		rc = hg_client_poll(c, &dl);
 		if (rc != 0)
 			return rc > 0 ? 0 : rc;
-		now = hg_port_now(c->cfg.port);
-		if (dl > now) {
+		now = hg_port_now(port);
+		if (c->tx_blocked) {
+			/* The port refused frames: wait until it takes more
+			 * (or a result comes), at most one granule. */
+			dl = now + HG_CLIENT_RTO_GRANULARITY_NS;
+		} else if (dl <= now) {
+			continue;
+		}
+		if (dl - now > IDLE_WAIT_NS)
+			dl = now + IDLE_WAIT_NS;
+		if (hg_port_can_wait(port)) {
+			rc = hg_port_wait(port, dl, c->tx_blocked);
+			if (rc < 0)
+				return client_fail(c, rc);
+		} else {
 			uint64_t wait = dl - now;
 			struct timespec ts;
 
-			if (wait > 50000)
-				wait = 50000;
+			if (wait > HG_CLIENT_RTO_GRANULARITY_NS)
+				wait = HG_CLIENT_RTO_GRANULARITY_NS;
 			ts.tv_sec = 0;
 			ts.tv_nsec = (long)wait;
 			nanosleep(&ts, NULL);

@@ -519,7 +519,8 @@ static void send_result(struct hg_engine *e, struct hg_job *j,
 	}
 }
 
-/* STATUS to worker w: the set's worker bitmap, W bits, bit w%8 of byte w/8. */
+/* STATUS to worker w (HG_WORKER_ALL: the job's group): the set's worker
+ * bitmap, W bits, bit w%8 of byte w/8. */
 static void send_status(struct hg_engine *e, struct hg_job *j,
 			const struct hg_set *s, uint16_t w,
 			struct hg_pkt **reuse)
@@ -731,7 +732,11 @@ static void apply(struct hg_engine *e, struct hg_stage *st)
 			send_result(e, j, s, acc, (uint16_t)w, &pkt);
 			count(e, j, HG_CNT_REPLAYS);
 		} else if (st->flags & HG_FLAG_RETRANS) {
-			send_status(e, j, s, (uint16_t)w, &pkt);
+			/* To the group where there is one: every worker that
+			 * waits for this slot learns whether it is missing
+			 * (PROTOCOL.md Part 3, fast retransmission). */
+			send_status(e, j, s, e->can_replicate && j->cfg.group_ipv4 ?
+				    HG_WORKER_ALL : (uint16_t)w, &pkt);
 		}
 		if (pkt)
 			queue_free(e, pkt);

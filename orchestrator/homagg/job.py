@@ -102,9 +102,18 @@ def open_worker(spec: dict):
                   mtu=spec.get("mtu"))
 
 
+def _numeric_delta(before: dict, after: dict) -> dict:
+    """after - before for the integer counters of a worker's stats."""
+    return {k: v - before.get(k, 0) for k, v in after.items()
+            if isinstance(v, int) and not isinstance(v, bool)}
+
+
 def child(spec: dict) -> int:
     """One worker process: build the gradient, wait for "go" on stdin, run
-    the allreduce, save the result, print one JSON line of stats."""
+    ``warmup`` untimed allreduces, then (after a second "ready"/"go" when
+    there were any) ``repeat`` timed ones, save the result, print one JSON
+    line of stats: the time and CPU of each timed call and the counters
+    they moved ("stats_timed"; "stats" is the client's total)."""
     x = gradient(spec["elements"], spec["density"], spec["workload"], spec["seed"], spec["worker"],
                  spec["workers"])
     with open_worker(spec) as w:
@@ -120,13 +129,25 @@ def child(spec: dict) -> int:
             print("ready", flush=True)
             if sys.stdin.readline().strip() != "go":
                 return 2
-        c0, t0 = time.process_time(), time.perf_counter()
-        y = w.allreduce(x, method=spec["method"], block=spec["block"])
-        seconds = time.perf_counter() - t0
-        cpu = time.process_time() - c0  # this process's CPU time (all its threads)
+        y = np.empty_like(x)
+        for _ in range(spec.get("warmup", 0)):
+            w.allreduce(x, method=spec["method"], block=spec["block"], out=y)
+        if spec.get("warmup", 0) and not spec.get("go_file"):
+            print("ready", flush=True)  # the timed calls start together
+            if sys.stdin.readline().strip() != "go":
+                return 2
+        st0 = w.stats()
+        seconds, cpu = [], []
+        for _ in range(spec.get("repeat", 1)):
+            c0, t0 = time.process_time(), time.perf_counter()
+            w.allreduce(x, method=spec["method"], block=spec["block"], out=y)
+            seconds.append(time.perf_counter() - t0)
+            cpu.append(time.process_time() - c0)  # this process's CPU (all its threads)
+        st1 = w.stats()
         np.save(spec["out"], y)
-        line = json.dumps({"worker": spec["worker"], "seconds": seconds, "cpu_seconds": cpu,
-                           "stats": w.stats()})
+        line = json.dumps({"worker": spec["worker"], "seconds": seconds[0],
+                           "seconds_each": seconds, "cpu_seconds": sum(cpu) / len(cpu),
+                           "stats": st1, "stats_timed": _numeric_delta(st0, st1)})
         if spec.get("report"):
             with open(spec["report"], "w") as f:
                 f.write(line + "\n")
@@ -217,6 +238,9 @@ def print_report(rep: dict, as_json: bool = False) -> int:
           + (f", {rep['payload_bytes']}-byte payloads (MTU {rep['mtu']})"
              if rep.get("payload_bytes") else ""))
     print(f"  time: {rep['seconds'] * 1e3:.1f} ms (slowest worker), {rep['wall_seconds'] * 1e3:.1f} ms wall")
+    if len(rep.get("seconds_each", ())) > 1:
+        print(f"  timed calls: {', '.join(f'{s * 1e3:.1f}' for s in rep['seconds_each'])} ms "
+              f"(median above; after {rep['warmup']} untimed)")
     b = rep["bytes_per_worker"]
     print(f"  bytes sent per worker: {min(b)}..{max(b)} (dense float32 would be "
           f"{rep['dense_float32_bytes']}: {max(b) / max(1, rep['dense_float32_bytes']):.3f}x)")
@@ -225,6 +249,10 @@ def print_report(rep: dict, as_json: bool = False) -> int:
               f"max |error| vs float64 sum: {rep['max_abs_error_vs_float64_sum']:.3g}")
     else:
         print(f"  bit-exact on every worker: {rep['exact']} {rep['exact_per_worker']}")
+    ws = rep.get("worker_stats_timed") or rep["worker_stats"]
+    print("  worker counters (all workers): " + ", ".join(
+        f"{k}={sum(w.get(k, 0) for w in ws)}" for k in (
+            "timeouts", "spurious_timeouts", "fast_retransmissions", "retransmissions")))
     print("  daemon counters: " + ", ".join(f"{k}={v}" for k, v in rep["counters"].items() if v))
     if len(rep.get("aggregators", [])) > 1:
         for a in rep["aggregators"]:

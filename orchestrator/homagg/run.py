@@ -208,6 +208,11 @@ def child_env() -> dict:
     return env
 
 
+def _per_call(total: int, calls: int):
+    """A counter moved over ``calls`` calls, per call (an int for one)."""
+    return total if calls == 1 else total / calls
+
+
 def run_allreduce(testbed: str, method: str, elements: int, density: float,
                   workload: str = "random", seed: int = 1, block: int = DEFAULT_BLOCK,
                   slots: int = 64, payload: int = 1024, timeout: float = 10.0,
@@ -215,7 +220,7 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
                   state_dir: str | None = None, group: str = "239.77.0.1",
                   drop_rate: float = 0.0, idle_us: int = IDLE_US,
                   idle_polls: int = IDLE_POLLS, fail_aggregators: tuple = (),
-                  aggregators: int | None = None) -> dict:
+                  aggregators: int | None = None, repeat: int = 1, warmup: int = 0) -> dict:
     """One allreduce on testbed ``testbed``; returns the report dict (see
     the module doc).  Every process it starts is stopped before it returns.
     ``drop_rate`` makes the daemon's port drop that fraction of the frames it
@@ -223,7 +228,17 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
     ``fail_aggregators`` (host names, e.g. ("agg1",)) are stopped once the
     job is registered on them: the workers' error must name them.
     ``aggregators`` N spreads the job over the testbed's first N aggregator
-    hosts (default: all of them; N - 1 is the re-run without a dead one)."""
+    hosts (default: all of them; N - 1 is the re-run without a dead one).
+
+    With ``warmup`` / ``repeat`` the same workers and daemon run ``warmup``
+    untimed allreduces, then ``repeat`` timed ones (the same gradients:
+    every call gives the same result, checked once).  Then "seconds_each"
+    is the slowest worker's time of each timed call, "seconds" their
+    median, and the bytes, CPU and counters are per timed call
+    ("worker_stats_timed": each worker's counters over the timed calls;
+    the daemons' counters and "aggregators" cover all timed calls)."""
+    if repeat < 1 or warmup < 0:
+        raise RunError("repeat must be >= 1 and warmup >= 0")
     check_arguments(method, elements, density)
     if workload not in WORKLOADS:
         raise RunError(f"workload {workload!r} not in {WORKLOADS}")
@@ -264,6 +279,7 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
                                elements=elements, density=density, workload=workload, seed=seed,
                                out=os.path.join(workdir, f"result-{i}.npy"),
                                aggregators=agg_addrs)
+            spec.update(repeat=repeat, warmup=warmup)
             p = tb.run_in(h.name, [sys.executable, "-m", "homagg.job", "--child", json.dumps(spec)],
                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           text=True, env=env, cwd=workdir)
@@ -272,6 +288,14 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
             line = _readline(p, 60.0)
             if line.strip() != "ready":
                 raise RunError(f"worker {h.name} did not start: {line!r} {_stderr(p)}")
+        if warmup:
+            for p in procs:
+                p.popen.stdin.write("go\n")
+                p.popen.stdin.flush()
+            for h, p in zip(workers, procs):
+                line = _readline(p, warmup * timeout + 60.0)
+                if line.strip() != "ready":
+                    raise RunError(f"worker {h.name} failed in the warmup: {line!r} {_stderr(p)}")
         for s in sws:
             if s.host in fail_aggregators:
                 s.stop()
@@ -285,7 +309,7 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
         reports, failures = [], []
         for h, p in zip(workers, procs):
             try:
-                out, err = p.communicate(timeout=timeout + 60)
+                out, err = p.communicate(timeout=repeat * timeout + 60)
             except subprocess.TimeoutExpired:
                 failures.append(f"{h.name}: no answer")
                 continue
@@ -314,6 +338,8 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
 
         results = [np.load(os.path.join(workdir, f"result-{i}.npy")) for i in range(W)]
         check = verify(method, elements, density, workload, seed, block, results)
+        reports.sort(key=lambda r: r["worker"])
+        each = [max(r["seconds_each"][i] for r in reports) for i in range(repeat)]
         per_agg = []
         for s, b, a, l0, l1, c0, c1 in zip(sws, before, after, agg_link0, agg_link1, d0, d1):
             counters, port = counter_deltas(b, a)
@@ -338,16 +364,22 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
             "mtu": mtu,
             "pmd": sw.pmd,
             "link_mbit": tb.state().get("link_mbit"),
-            "seconds": max(r["seconds"] for r in reports),
+            "seconds": float(np.median(each)),
+            "seconds_each": each,
+            "repeat": repeat,
+            "warmup": warmup,
             "wall_seconds": wall,
             **check,
-            "bytes_per_worker": [b["tx_bytes"] - a["tx_bytes"] for a, b in zip(link0, link1)],
-            "bytes_received_per_worker": [b["rx_bytes"] - a["rx_bytes"] for a, b in zip(link0, link1)],
+            "bytes_per_worker": [_per_call(b["tx_bytes"] - a["tx_bytes"], repeat)
+                                 for a, b in zip(link0, link1)],
+            "bytes_received_per_worker": [_per_call(b["rx_bytes"] - a["rx_bytes"], repeat)
+                                          for a, b in zip(link0, link1)],
             "dense_float32_bytes": 4 * elements,
-            "worker_cpu_seconds": [r["cpu_seconds"] for r in sorted(reports, key=lambda r: r["worker"])],
-            "daemon_cpu_seconds": None if None in cpu else sum(cpu),
+            "worker_cpu_seconds": [r["cpu_seconds"] for r in reports],
+            "daemon_cpu_seconds": None if None in cpu else sum(cpu) / repeat,
             "generator": "homagg.bench.workloads",
-            "worker_stats": [r["stats"] for r in sorted(reports, key=lambda r: r["worker"])],
+            "worker_stats": [r["stats"] for r in reports],
+            "worker_stats_timed": [r["stats_timed"] for r in reports],
             "counters": counters,
             "port_counters": port,
             "aggregators": per_agg,
@@ -409,6 +441,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--drop-rate", type=float, default=0.0, metavar="P",
                    help="the daemon drops this fraction of received frames (fault injection, "
                    "local testbed only; default 0)")
+    p.add_argument("--repeat", type=int, default=1, metavar="N",
+                   help="timed allreduces by the same workers and daemon (default: %(default)s)")
+    p.add_argument("--warmup", type=int, default=0, metavar="N",
+                   help="untimed allreduces before them (default: %(default)s)")
     p.add_argument("--aggregators", type=int, default=None, metavar="K",
                    help="spread the job over the testbed's first K aggregators "
                    "(default: all of them; see `homagg testbed up --aggregators`)")
@@ -431,7 +467,8 @@ def main(args: argparse.Namespace) -> int:
                             slots=args.slots, payload=args.payload_bytes, timeout=args.timeout,
                             rto=args.rto, pmd=args.pmd,
                             switch=args.switch, state_dir=args.state_dir,
-                            drop_rate=args.drop_rate, aggregators=args.aggregators)
+                            drop_rate=args.drop_rate, aggregators=args.aggregators,
+                            repeat=args.repeat, warmup=args.warmup)
     except (HomAggError, TestbedError) as e:
         print(f"homagg run allreduce: {e}", file=sys.stderr)
         return 1

@@ -23,7 +23,13 @@ aggregators")::
 with jumbo frames): it must fit the MTU of the path to every aggregator,
 which the worker asks the kernel for (or takes from ``mtu``).  A dead
 aggregator makes ``allreduce`` raise ``PeerTimeout`` naming it within
-``timeout`` seconds.
+``timeout`` seconds.  ``rto`` is the first retransmission timeout (before
+any round trip was measured), ``rto_min`` the least one, ``start_wait``
+the least wait for the first result of a step.  ``stats()`` returns every
+counter of the client (homagg/client.h: timeouts, spurious_timeouts,
+fast_retransmissions, ...), of each aggregator and of its UDP port (waits,
+wait_timeouts: the blocking allreduce sleeps in ppoll until a result
+arrives).
 
 ``allreduce`` releases the GIL for the whole C call (cffi does), so
 ``allreduce_async(grad)`` runs it on the worker's one background thread and
@@ -44,7 +50,21 @@ import numpy as np
 
 from homagg import protocol
 from homagg._native import ffi, lib
+from homagg.bindings.client import agg_stats_dict, client_stats_dict
 from homagg.errors import InvalidArgument, check, error_for
+
+
+# The least retransmission timeout of a worker on kernel UDP (seconds).  Its
+# results stop for as long as the scheduler keeps a peer, the aggregator or
+# itself off a core: up to 11 ms measured on the 2-core testbed under load 8
+# (spurious timeouts of 1-11 ms with a 1-3 ms RTO).  Losses inside a window
+# do not wait for it (fast retransmission); only a lost tail of a step does.
+RTO_MIN = 0.02
+# The least wait for the first result of a step (seconds): it includes the
+# slowest peer's computing of the step (encoding 2^24 elements under CPU
+# contention: 20-140 ms measured on that testbed).  Only a step none of
+# whose results came back waits for it (a lost single-chunk step).
+START_WAIT = 0.1
 
 
 def _ipv4(addr, what):
@@ -116,8 +136,8 @@ class UdpPort:
     def stats(self):
         ps = ffi.new("struct hg_udp_port_stats *")
         check(lib.hg_udp_port_get_stats(self._p, ps))
-        return {k: getattr(ps, k) for k in (
-            "rx", "tx", "rx_truncated", "tx_bad", "tx_errors")}
+        return {name: getattr(ps, name)
+                for name, _ in ffi.typeof("struct hg_udp_port_stats").fields}
 
     def close(self):
         if self._p is not None:
@@ -131,7 +151,8 @@ class Worker:
     def __init__(self, job, token, worker, workers,
                  aggregator=("10.0.0.1", 48879), group=None,
                  bind=("0.0.0.0", 0), timeout=5.0, slots=64, payload=1024,
-                 rto=0.001, packets=0, aggregators=None, mtu=None, incarnation=0):
+                 rto=0.001, packets=0, aggregators=None, mtu=None, incarnation=0,
+                 rto_min=RTO_MIN, start_wait=START_WAIT):
         if not 0 <= worker < workers:
             raise InvalidArgument(f"worker {worker} not in 0..{workers - 1}")
         if timeout <= 0:
@@ -187,6 +208,8 @@ class Worker:
         cfg.aggs = aggs
         cfg.group_ipv4 = _ipv4(group, "group") if group else 0
         cfg.rto_ns = int(rto * 1e9)
+        cfg.rto_min_ns = int(rto_min * 1e9)
+        cfg.start_wait_ns = int(start_wait * 1e9)
         cfg.give_up_ns = int(timeout * 1e9)
         cfg.incarnation = int(incarnation)
         self._cfg = cfg
@@ -272,11 +295,8 @@ class Worker:
     def stats(self):
         """The client's counters and the UDP port's, as one dict."""
         st = ffi.new("struct hg_client_stats *")
-        lib.hg_client_get_stats(self._client, st)
-        out = {k: getattr(st, k) for k in (
-            "packets_sent", "retransmissions", "timeouts", "results_received",
-            "duplicates_received", "status_received", "packets_ignored",
-            "tx_refused", "chunks", "srtt_ns", "rto_ns")}
+        check(lib.hg_client_get_stats(self._client, st))
+        out = client_stats_dict(st)
         out["bytes_sent"] = sum(st.bytes_sent)
         out["bytes_received"] = sum(st.bytes_received)
         m = protocol.METHOD_BY_CODE.get(st.method_chosen)
@@ -286,9 +306,7 @@ class Worker:
         ast = ffi.new("struct hg_client_agg_stats *")
         for k in range(len(self.aggregators)):
             check(lib.hg_client_get_agg_stats(self._client, k, ast))
-            out["aggregators"].append({f: getattr(ast, f) for f in (
-                "packets_sent", "retransmissions", "timeouts", "results_received",
-                "bytes_sent", "bytes_received", "chunks", "srtt_ns", "rto_ns")})
+            out["aggregators"].append(agg_stats_dict(ast))
         return out
 
     def close(self):

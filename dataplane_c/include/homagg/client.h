@@ -86,12 +86,17 @@ struct hg_client_config {
 	uint32_t incarnation;      /* this worker's life, carried by every frame;
 				    * 0 = hg_wire_incarnation_now() (a restarted
 				    * worker passes one greater than before) */
+	uint64_t start_wait_ns;    /* least wait for the first result of a step, which
+				    * includes the slowest peer's computing (0 = 4 rto_ns) */
 };
 
 struct hg_client_stats {
 	uint64_t packets_sent;     /* every chunk transmission, retransmissions included */
 	uint64_t retransmissions;  /* transmissions after the first of a chunk */
 	uint64_t timeouts;         /* retransmission timer expiries */
+	uint64_t spurious_timeouts;/* expiries whose chunk had not been lost (a STATUS
+				    * showed our contribution, or the result came twice) */
+	uint64_t fast_retransmissions; /* resent on a gap or a STATUS, without a timer */
 	uint64_t results_received; /* result packets placed (first copy of a chunk) */
 	uint64_t duplicates_received; /* result packets for chunks already placed */
 	uint64_t status_received;  /* STATUS replies (slot bitmaps) */
@@ -110,6 +115,7 @@ struct hg_client_stats {
 	uint64_t rtt_samples;      /* RTT samples taken (results of chunks sent once) */
 	uint32_t aggregators;      /* K; srtt/rttvar/rto above are of the aggregator
 				    * with the longest timeout, rtt_samples the total */
+	uint64_t start_wait_ns;    /* current wait for the first result of a step */
 };
 
 /* What a worker exchanged with one of its aggregators. */
@@ -117,6 +123,8 @@ struct hg_client_agg_stats {
 	uint64_t packets_sent;     /* transmissions, retransmissions included */
 	uint64_t retransmissions;
 	uint64_t timeouts;         /* timer expiries of its chunks */
+	uint64_t spurious_timeouts;/* of which its chunk had not been lost */
+	uint64_t fast_retransmissions; /* resent on a gap or a STATUS */
 	uint64_t results_received; /* first copies of results */
 	uint64_t status_received;
 	uint64_t bytes_sent;       /* HomAgg payload bytes sent to it */
@@ -155,8 +163,11 @@ int hg_client_start(struct hg_client *c, const struct hg_params *p, int method,
 int hg_client_poll(struct hg_client *c, uint64_t *next_deadline_ns);
 
 /*
- * Blocking form for real-time ports: start, then poll until done, sleeping
- * until the next deadline (at most 50 us at a time) when nothing moves.
+ * Blocking form for real-time ports: start, then poll until done; between
+ * polls it blocks in the port's wait op (kernel UDP: ppoll on the sockets
+ * with a nanosecond timeout) until a frame arrives or the next deadline,
+ * so a result wakes it at once and an idle worker uses no CPU.  Ports
+ * without a wait op sleep until the deadline, at most 50 us at a time.
  * Same returns as hg_client_start / hg_client_poll, 0 on success.
  */
 int hg_client_allreduce(struct hg_client *c, const struct hg_params *p,

@@ -57,6 +57,13 @@ struct hg_port_ops {
 	uint64_t (*now_ns)(void *ctx);
 	/* Optional (NULL = none): join a multicast group (IPv4, host order). */
 	int (*join_group)(void *ctx, uint32_t group_ipv4);
+	/*
+	 * Optional (NULL = none; real-time ports only): block until a frame
+	 * may be ready to receive (or, with tx, the port can take frames
+	 * again) or the port's clock reaches until_ns.  Returns 1 (ready),
+	 * 0 (the time passed) or a negative errno.
+	 */
+	int (*wait)(void *ctx, uint64_t until_ns, bool tx);
 };
 
 struct hg_port {
@@ -92,6 +99,16 @@ static inline void hg_port_free(const struct hg_port *p, struct hg_pkt **pk,
 static inline uint64_t hg_port_now(const struct hg_port *p)
 {
 	return p->ops->now_ns(p->ctx);
+}
+
+static inline bool hg_port_can_wait(const struct hg_port *p)
+{
+	return p->ops->wait != NULL;
+}
+
+static inline int hg_port_wait(const struct hg_port *p, uint64_t until_ns, bool tx)
+{
+	return p->ops->wait(p->ctx, until_ns, tx);
 }
 
 #ifdef __cplusplus

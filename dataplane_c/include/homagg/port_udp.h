@@ -46,6 +46,8 @@ struct hg_udp_port_stats {
 	uint64_t rx_truncated;/* datagrams larger than a packet (dropped) */
 	uint64_t tx_bad;      /* frames that were not IPv4/UDP (dropped) */
 	uint64_t tx_errors;   /* sendmmsg errors other than a full buffer */
+	uint64_t waits;       /* blocking waits (ppoll) */
+	uint64_t wait_timeouts; /* waits that ended at their deadline, no frame */
 };
 
 struct hg_udp_port;

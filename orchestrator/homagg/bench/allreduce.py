@@ -2,11 +2,14 @@
 
 Needs root: it builds a testbed (homagg.testbed: one namespace per host,
 a bridge, tc-shaped veth links at --link-mbit), runs every method there,
-and tears the testbed down.  Per (W, method, workload, density):
+and tears the testbed down; with several --link-mbit rates (a sweep, e.g.
+100,1000,2500,10000) one testbed per rate.  Per (W, link rate, method,
+workload, density):
 
-- the time of one allreduce over --repeat runs after --warmup untimed ones:
-  median, min and max (HomAgg: the slowest worker's time of each run;
-  Gloo: the slowest rank's time of each all_reduce);
+- the time of one allreduce over --repeat runs after --warmup untimed ones
+  by the same processes (HomAgg: one ``homagg run`` with repeat/warmup, the
+  same workers and daemon; the slowest worker's time of each run; Gloo: the
+  slowest rank's time of each all_reduce): median, min and max;
 - algorithm bandwidth 4n / median time, and bytes on the wire per worker
   (the kernel's tx bytes of the worker's interface, per allreduce);
 - speedup_vs_gloo: Gloo's median / the method's median, both measured in
@@ -22,7 +25,12 @@ and tears the testbed down.  Per (W, method, workload, density):
   workers' CPU seconds plus the homagg-switch daemon's (``homagg run``'s
   "worker_cpu_seconds" and "daemon_cpu_seconds": the daemon shares the
   machine's cores with the workers), else None; link_utilisation (bytes x 8 / time /
-  link rate) and link_bound (utilisation >= 0.5) for every row.
+  link rate) and link_bound (utilisation >= 0.5) for every row;
+  worker_cpu_seconds (mean over workers) and daemon_cpu_seconds per
+  allreduce;
+- HomAgg: the workers' retransmission timer expiries, spurious ones, fast
+  retransmissions and all retransmissions per allreduce, summed over the
+  workers (timeouts_per_allreduce, ...; Gloo: None, TCP repairs its own).
 
 The baseline: torch.distributed with the Gloo backend, one process per
 worker namespace (homagg.bench.gloo_worker, started with the testbed's
@@ -45,7 +53,9 @@ generator), recorded per row as ``generator``.
 
 Outputs with --out DIR: allreduce.json/.csv/.md and allreduce_time.png,
 allreduce_speedup.png (vs density, one panel per workload), and
-allreduce_workers.png (speedup vs W).  --json prints the report.
+allreduce_workers.png (speedup vs W), at 1000 Mbit/s (else the first rate);
+with several rates allreduce_linkrate.png (speedup vs link rate).  --json
+prints the report.
 """
 import json
 import os
@@ -88,8 +98,10 @@ def add_arguments(parser):
     parser.add_argument("--densities", type=_list(float), default=[0.001, 0.01, 0.1],
                         help="comma-separated non-zero fractions (default 0.001,0.01,0.1; "
                         "the dense workload runs once at 1)")
-    parser.add_argument("--link-mbit", type=float, default=1000.0,
-                        help="rate of every worker link, both directions (default 1000)")
+    parser.add_argument("--link-mbit", type=_list(float), default=[1000.0],
+                        help="comma-separated rates of every worker link, both directions, "
+                        "one testbed each: a link-rate sweep, e.g. 100,1000,2500,10000 "
+                        "(default 1000)")
     parser.add_argument("--payload-bytes", type=_list(int), default=[1024], metavar="B[,B...]",
                         help="HomAgg job payload bytes per packet, a multiple of 4 up to 8192 "
                         "(default 1024; several: rows for each; above what MTU 1500 holds the "
@@ -192,14 +204,18 @@ class GlooGroup:
         self.procs = []
 
 
-def gloo_row(group, W, n, workload, density, args):
+def gloo_row(group, W, n, workload, density, link_mbit, args):
     job = {"workload": workload, "elements": n, "density": density, "seed": args.seed,
            "repeat": args.repeat, "warmup": args.warmup}
     answers, tx = group.run(job)
     per_call = np.max([a["seconds"] for a in answers], axis=0)  # slowest rank per call
     wall = float(np.sum(per_call))
-    row = _timing(per_call, n, args.link_mbit, float(np.mean(tx)))
+    row = _timing(per_call, n, link_mbit, float(np.mean(tx)))
     row.update(_cpu_fields([a["cpu_seconds"] for a in answers], wall, W))
+    row.update({"worker_cpu_seconds": [a["cpu_seconds"] / args.repeat for a in answers],
+                "daemon_cpu_seconds": None})
+    # TCP repairs Gloo's losses itself: no client counters
+    row.update({f"{k}_per_allreduce": None for k in WORKER_COUNTERS})
     row.update({
         "exact": all(a["within_tolerance"] for a in answers),
         "exact_kind": "float64 sum within float32 bound",
@@ -278,60 +294,62 @@ def homagg_via_run_allreduce(testbed_name, method, n, workload, density, args, p
         run_workload, run_density = (("shared", 1.0) if workload == "dense" else (workload, density))
     return hrun.run_allreduce(testbed_name, method, n, run_density, workload=run_workload,
                               seed=args.seed, timeout=args.timeout, state_dir=args.state_dir,
-                              payload=payload)
+                              repeat=args.repeat, warmup=args.warmup, payload=payload)
 
 
-def homagg_row(testbed_name, method, W, n, workload, density, args, payload=1024):
+def homagg_row(testbed_name, method, W, n, workload, density, link_mbit, args, payload=1024):
+    """One row: --warmup untimed and --repeat timed allreduces by the same
+    worker processes and daemon (homagg run's repeat/warmup), checked bit
+    for bit once (every call sums the same gradients)."""
     ok, why = homagg_run_available()
     if not ok:
         return {"status": f"unavailable: {why}"}
-    seconds, tx, exact, agree = [], [], [], []
-    cpu = []  # per run: the workers' CPU seconds, when homagg run reports them
-    daemon = []  # per run: the daemon's CPU seconds, when homagg run reports them
-    per_mb = []  # per run: workers' + daemon's CPU ms per MB on the workers' links
-    generator = "homagg.job.gradient"
     try:
-        for i in range(args.warmup + args.repeat):
-            r = homagg_via_run_allreduce(testbed_name, method, n, workload, density, args,
-                                         payload=payload)
-            agree.append(bool(r["workers_agree"]))
-            exact.append(r["exact"])
-            generator = r.get("generator", generator)
-            if i >= args.warmup:
-                seconds.append(r["seconds"])
-                tx.append(float(np.mean(r["bytes_per_worker"])))
-                if r.get("worker_cpu_seconds"):
-                    cpu.append(list(r["worker_cpu_seconds"]))
-                if r.get("daemon_cpu_seconds") is not None:
-                    daemon.append(float(r["daemon_cpu_seconds"]))
-                moved = sum(r["bytes_per_worker"])
-                if r.get("worker_cpu_seconds") and r.get("daemon_cpu_seconds") is not None \
-                        and moved > 0:
-                    cpu_s = sum(r["worker_cpu_seconds"]) + r["daemon_cpu_seconds"]
-                    per_mb.append(1e3 * cpu_s / (moved / 1e6))
+        r = homagg_via_run_allreduce(testbed_name, method, n, workload, density, args,
+                                     payload=payload)
     except Exception as exc:  # a failed method is a result, not a crash of the whole run
         return {"status": f"failed: {type(exc).__name__}: {exc}"[:500]}
-    row = _timing(seconds, n, args.link_mbit, float(np.mean(tx)))
-    row.update(_cpu_fields([sum(c) for c in zip(*cpu)] if len(cpu) == len(seconds) else None,
-                           float(np.sum(seconds)), W,
-                           daemon=sum(daemon) if len(daemon) == len(seconds) else None))
+    seconds = r["seconds_each"]
+    row = _timing(seconds, n, link_mbit, float(np.mean(r["bytes_per_worker"])))
+    calls = len(seconds)
+    cpu = r.get("worker_cpu_seconds")  # per worker, per call
+    daemon = r.get("daemon_cpu_seconds")  # per call
+    row.update(_cpu_fields([c * calls for c in cpu] if cpu else None, float(np.sum(seconds)), W,
+                           daemon=daemon * calls if daemon is not None else None))
+    row.update(_worker_counters(r["worker_stats_timed"], calls))
     row.update({
-        "exact": (None if method not in EXACT_METHODS
-                  else all(e is True for e in exact) and all(agree)),
+        # per worker: CPU seconds of one allreduce (mean over the timed calls)
+        "worker_cpu_seconds": [float(c) for c in cpu] if cpu else None,
+        "daemon_cpu_seconds": daemon,
+        "exact": (None if method not in EXACT_METHODS else r["exact"] is True and r["workers_agree"]),
         "exact_kind": ("bit-exact vs fixed-point reference" if method in EXACT_METHODS
                        else "lossy by design"),
-        "workers_agree": all(agree),
-        # per worker, mean over the timed runs: CPU seconds of one allreduce
-        "worker_cpu_seconds": ([float(np.mean(c)) for c in zip(*cpu)]
-                               if cpu and len(cpu) == len(seconds) else None),
-        "daemon_cpu_seconds": (float(np.mean(daemon)) if daemon and len(daemon) == len(seconds)
-                               else None),
-        "generator": generator,
+        "workers_agree": r["workers_agree"],
+        "generator": r.get("generator", "homagg.job.gradient"),
         "payload_bytes": payload,
-        "cpu_ms_per_mb": float(np.median(per_mb)) if len(per_mb) == len(seconds) else None,
+        "cpu_ms_per_mb": _cpu_ms_per_mb(r),
         "status": "ok",
     })
     return row
+
+
+def _cpu_ms_per_mb(r):
+    """The workers' and the daemon's CPU ms per MB the workers sent, per
+    allreduce (None when a CPU time is unknown)."""
+    moved = sum(r["bytes_per_worker"])
+    if not r.get("worker_cpu_seconds") or r.get("daemon_cpu_seconds") is None or moved <= 0:
+        return None
+    return 1e3 * (sum(r["worker_cpu_seconds"]) + r["daemon_cpu_seconds"]) / (moved / 1e6)
+
+
+WORKER_COUNTERS = ("timeouts", "spurious_timeouts", "fast_retransmissions", "retransmissions")
+
+
+def _worker_counters(stats, calls):
+    """Per allreduce, summed over the workers: the client's timer expiries,
+    the spurious ones, fast retransmissions and all retransmissions."""
+    return {f"{k}_per_allreduce": sum(s.get(k, 0) for s in stats) / calls
+            for k in WORKER_COUNTERS}
 
 
 # --------------------------------------------------------------------------
@@ -362,10 +380,10 @@ def run(args):
     require_root("homagg bench allreduce")
     results = []
     torch_version = None
-    for W in args.workers:
+    for W, link_mbit in ((W, r) for W in args.workers for r in args.link_mbit):
         name = args.testbed_name
-        _progress(f"testbed {name}: {W} workers, links {args.link_mbit:g} Mbit/s, MTU {mtu}")
-        tb = Testbed.up(name, W, link_mbit=args.link_mbit, state_dir=args.state_dir, mtu=mtu)
+        _progress(f"testbed {name}: {W} workers, links {link_mbit:g} Mbit/s, MTU {mtu}")
+        tb = Testbed.up(name, W, link_mbit=link_mbit, state_dir=args.state_dir, mtu=mtu)
         try:
             gloo = None
             if "gloo" in args.methods:
@@ -377,7 +395,8 @@ def run(args):
                     _progress(f"gloo {gloo}")
             try:
                 for wl, d in _cases(args):
-                    base = {"workers": W, "elements": args.elements, "workload": wl, "density": d}
+                    base = {"workers": W, "link_mbit": link_mbit, "elements": args.elements,
+                            "workload": wl, "density": d}
                     rows = {}
                     for m in args.methods:
                         if m == "gloo":
@@ -385,14 +404,16 @@ def run(args):
                                 row = {"status": gloo}
                             else:
                                 try:
-                                    row = gloo_row(gloo, W, args.elements, wl, d, args)
+                                    row = gloo_row(gloo, W, args.elements, wl, d, link_mbit,
+                                                   args)
                                 except Exception as exc:
                                     row = {"status": f"failed: {type(exc).__name__}: {exc}"[:500]}
                             rows[m] = {"method": m, **base, **row}
                             _progress(_line(rows[m]))
                             continue
                         for p in payloads:
-                            row = homagg_row(name, m, W, args.elements, wl, d, args, payload=p)
+                            row = homagg_row(name, m, W, args.elements, wl, d, link_mbit, args,
+                                             payload=p)
                             key = m if len(payloads) == 1 else f"{m}@{p}"
                             rows[key] = {"method": m, **base, **row}
                             _progress(_line(rows[key]))
@@ -415,28 +436,43 @@ def run(args):
 
 
 def _line(r):
-    head = f"W={r['workers']} {r['method']:6s} {r['workload']:6s} d={r['density']:<6g}"
+    head = (f"W={r['workers']} {r['link_mbit']:g} Mbit/s {r['method']:6s} {r['workload']:6s} "
+            f"d={r['density']:<6g}")
     if r.get("payload_bytes"):
         head += f" {r['payload_bytes']} B"
     if r.get("status") != "ok":
         return f"{head} {r.get('status')}"
-    return (f"{head} median {r['seconds_median'] * 1e3:9.2f} ms "
+    line = (f"{head} median {r['seconds_median'] * 1e3:9.2f} ms "
             f"[{r['seconds_min'] * 1e3:.2f}..{r['seconds_max'] * 1e3:.2f}], "
-            f"{r['bytes_per_worker'] / 1e6:.3f} MB/worker, exact {r['exact']}, "
+            f"{r['bytes_per_worker'] / 1e6:.3f} MB/worker, "
+            f"link {r['link_utilisation'] or 0:.0%}, exact {r['exact']}, "
             f"cpu_bound {r['cpu_bound']}"
             + (f", {r['cpu_ms_per_mb']:.2f} CPU ms/MB" if r.get("cpu_ms_per_mb") is not None
                else ""))
+    if r.get("timeouts_per_allreduce") is not None:
+        line += (f", timeouts {r['timeouts_per_allreduce']:g} "
+                 f"retrans {r['retransmissions_per_allreduce']:g} per allreduce")
+    return line
 
 
-MD_COLUMNS = ("workers", "workload", "density", "method", "payload_bytes", "status",
-              "seconds_median",
-              "seconds_min", "seconds_max", "speedup_vs_gloo", "algbw_gbps", "bytes_per_worker",
-              "link_utilisation", "exact", "cpu_bound", "cpu_ms_per_mb", "link_bound")
+MD_COLUMNS = ("workers", "link_mbit", "workload", "density", "method", "payload_bytes", "status",
+              "seconds_median", "seconds_min", "seconds_max", "speedup_vs_gloo", "algbw_gbps",
+              "bytes_per_worker", "link_utilisation", "worker_cpu_seconds", "daemon_cpu_seconds",
+              "timeouts_per_allreduce", "retransmissions_per_allreduce", "exact", "cpu_bound",
+              "cpu_ms_per_mb", "link_bound")
+
+
+def reference_rate(report):
+    """The link rate of the density and worker plots: 1000 Mbit/s when it
+    was measured, else the first."""
+    rates = list(report["link_mbit"])
+    return 1000.0 if 1000.0 in rates else rates[0]
 
 
 def plot(report, out_dir):
     plt = rep.pyplot()
-    rows = [r for r in report["results"] if r.get("status") == "ok"]
+    rate = reference_rate(report)
+    rows = [r for r in report["results"] if r.get("status") == "ok" and r["link_mbit"] == rate]
     paths = []
     wls = list(dict.fromkeys(r["workload"] for r in report["results"]))
     methods = list(dict.fromkeys(r["method"] for r in report["results"]))
@@ -460,7 +496,7 @@ def plot(report, out_dir):
             ax.set_ylabel(ylabel)
             ax.grid(True, which="both", alpha=0.3)
             ax.legend(fontsize=7)
-        fig.suptitle(f"{report['elements']} float32, links {report['link_mbit']:g} Mbit/s")
+        fig.suptitle(f"{report['elements']} float32, links {rate:g} Mbit/s")
         fig.tight_layout()
         p = os.path.join(out_dir, fname)
         fig.savefig(p, dpi=100)
@@ -488,7 +524,46 @@ def plot(report, out_dir):
     fig.savefig(p, dpi=100)
     plt.close(fig)
     paths.append(p)
+    if len(report["link_mbit"]) > 1:
+        paths.append(plot_link_rates(report, out_dir))
     return paths
+
+
+def plot_link_rates(report, out_dir):
+    """allreduce_linkrate.png: speedup vs Gloo against the link rate, one
+    panel per workload (its middle density, the most workers): where the
+    links stop hiding the CPU, the speedup falls."""
+    plt = rep.pyplot()
+    rows = [r for r in report["results"] if r.get("status") == "ok"
+            and r.get("speedup_vs_gloo") is not None and r["method"] != "gloo"]
+    wls = list(dict.fromkeys(r["workload"] for r in report["results"]))
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    wmax = max((r["workers"] for r in report["results"]), default=0)
+    fig, axes = plt.subplots(1, max(1, len(wls)), figsize=(4.5 * max(1, len(wls)), 4),
+                             squeeze=False)
+    for ax, wl in zip(axes[0], wls):
+        ds = sorted({r["density"] for r in rows if r["workload"] == wl})
+        d = ds[len(ds) // 2] if ds else None
+        for m in methods:
+            rs = sorted((r for r in rows if r["workload"] == wl and r["method"] == m
+                         and r["density"] == d and r["workers"] == wmax),
+                        key=lambda r: r["link_mbit"])
+            if rs:
+                ax.plot([r["link_mbit"] / 1000 for r in rs], [r["speedup_vs_gloo"] for r in rs],
+                        marker="o", label=m)
+        ax.axhline(1.0, color="grey", linewidth=0.8)
+        ax.set_xscale("log")
+        ax.set_title(f"{wl}, density {d}, W={wmax}")
+        ax.set_xlabel("link rate (Gbit/s)")
+        ax.set_ylabel("speedup vs Gloo")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"{report['elements']} float32 per worker")
+    fig.tight_layout()
+    p = os.path.join(out_dir, "allreduce_linkrate.png")
+    fig.savefig(p, dpi=100)
+    plt.close(fig)
+    return p
 
 
 def main(args):
