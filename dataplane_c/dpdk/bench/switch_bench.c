@@ -46,7 +46,7 @@
 #include "homagg/engine.h"
 #include "homagg/kernels.h"
 #include "homagg/wire.h"
-#include "../port_dpdk.h"
+#include "port_dpdk.h"
 
 #define GEN_BURST 32
 #define RING_SIZE 4096
