@@ -72,15 +72,17 @@ class Frame:
     shard: int
     incarnation: int
     payload: bytes
+    mac: bytes = None  # the MAC trailer (HG_FLAG_AUTH), else None
 
 
 def build_frame(src, dst, *, op, job, token, worker, seq, slot, lanes=None,
                 exp=0, flags=0, payload=b"", version=None, shard=0, incarnation=1,
-                reserved=0, udp_csum=True):
+                reserved=0, udp_csum=True, key=None):
     """Bytes of one frame.  ``lanes`` defaults to the count the payload
     length implies for ``op`` (a data packet); every field can be forced to
-    any value so tests can build hostile frames.  With FLAG_AUTH in
-    ``flags`` the frame ends in a zero MAC."""
+    any value so tests can build hostile frames.  With ``key`` (a 32-byte
+    key, homagg.auth.derive_key) the frame carries FLAG_AUTH and its MAC;
+    with FLAG_AUTH in ``flags`` and no key it ends in a zero MAC."""
     payload = bytes(payload)
     o = _op(op)
     if lanes is None:
@@ -102,10 +104,13 @@ def build_frame(src, dst, *, op, job, token, worker, seq, slot, lanes=None,
     h.reserved = reserved
     buf = ffi.new("uint8_t[]", lib.HG_ETH_IP_UDP_LEN + lib.HG_HDR_LEN + len(payload)
                   + lib.HG_MAC_LEN)
-    n = check(lib.hg_wire_build(buf, len(buf), src._c(), dst._c(), h,
-                                payload if payload else ffi.NULL, len(payload),
-                                lib.HG_WIRE_F_UDP_CSUM if udp_csum else 0),
-              "hg_wire_build")
+    if key is not None and len(bytes(key)) != lib.HG_AUTH_KEY_LEN:
+        raise InvalidArgument(f"key: {lib.HG_AUTH_KEY_LEN} bytes")
+    n = check(lib.hg_wire_build_mac(buf, len(buf), src._c(), dst._c(), h,
+                                    payload if payload else ffi.NULL, len(payload),
+                                    lib.HG_WIRE_F_UDP_CSUM if udp_csum else 0,
+                                    bytes(key) if key is not None else ffi.NULL),
+              "hg_wire_build_mac")
     return bytes(ffi.buffer(buf, n))
 
 
@@ -125,7 +130,9 @@ def parse_frame(frame, udp_port=0, udp_csum=True):
 
     return Frame(addr(v.src), addr(v.dst), h.version, h.op, h.flags, h.job, h.token,
                  h.worker, h.slot, h.seq, h.lanes, h.exp, h.shard, h.incarnation,
-                 frame[v.payload_off:v.payload_off + v.payload_len])
+                 frame[v.payload_off:v.payload_off + v.payload_len],
+                 frame[v.payload_off + v.payload_len:v.payload_off + v.payload_len
+                       + lib.HG_MAC_LEN] if h.flags & lib.HG_FLAG_AUTH else None)
 
 
 class MemPort:
@@ -231,10 +238,11 @@ class Engine:
             self._e = None
 
     def add_job(self, job, token, workers, slots, payload_bytes=1024, group=0,
-                shard=0, incarnation=0):
+                shard=0, incarnation=0, auth=None):
         """Add a job; ``shard`` is this aggregator's index among the job's,
-        ``incarnation`` the job's in replies (0: from the clock).  Returns
-        the incarnation the job got."""
+        ``incarnation`` the job's in replies (0: from the clock), ``auth``
+        the job secret (32 bytes) of an authenticated job (None: off).
+        Returns the incarnation the job got."""
         j = ffi.new("struct hg_job_config *")
         j.job = job
         j.token = token
@@ -244,6 +252,12 @@ class Engine:
         j.group_ipv4 = parse_ipv4(group, "group")
         j.shard = shard
         j.incarnation = incarnation
+        if auth is not None:
+            auth = bytes(auth)
+            if len(auth) != lib.HG_AUTH_SECRET_LEN:
+                raise InvalidArgument(f"auth: a job secret has {lib.HG_AUTH_SECRET_LEN} bytes")
+            j.auth = 1
+            j.secret = list(auth)
         check(lib.hg_engine_add_job(self._e, j), f"add job {job}")
         return self.job_config(job)["incarnation"]
 
@@ -253,7 +267,7 @@ class Engine:
         check(lib.hg_engine_job_config(self._e, job, j), f"job {job}")
         return {k: getattr(j, k) for k in (
             "job", "token", "workers", "slots", "payload_bytes", "group_ipv4",
-            "shard", "incarnation")}
+            "shard", "incarnation", "auth")}
 
     def remove_job(self, job):
         check(lib.hg_engine_remove_job(self._e, job), f"remove job {job}")
