@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from homagg._native import ffi, lib
 from homagg.errors import InvalidArgument, ResourceError, check
+from homagg.netaddr import parse_ipv4, parse_mac
 from homagg.kernels import _op
 
 FLAG_RESULT = lib.HG_FLAG_RESULT
@@ -32,24 +33,6 @@ def counter_names():
     return [ffi.string(lib.hg_counter_name(i)).decode() for i in range(lib.hg_counter_count())]
 
 
-def _mac(mac):
-    if isinstance(mac, str):
-        mac = bytes(int(x, 16) for x in mac.split(":"))
-    mac = bytes(mac)
-    if len(mac) != 6:
-        raise InvalidArgument("a MAC address has 6 bytes")
-    return mac
-
-
-def _ip(ip):
-    if isinstance(ip, str):
-        a = [int(x) for x in ip.split(".")]
-        if len(a) != 4 or not all(0 <= x < 256 for x in a):
-            raise InvalidArgument(f"bad IPv4 address {ip!r}")
-        return a[0] << 24 | a[1] << 16 | a[2] << 8 | a[3]
-    return int(ip)
-
-
 @dataclass
 class Addr:
     """An endpoint: MAC, IPv4 (int, host order), UDP port."""
@@ -60,7 +43,7 @@ class Addr:
 
     @classmethod
     def of(cls, mac, ipv4, port):
-        return cls(_mac(mac), _ip(ipv4), int(port))
+        return cls(parse_mac(mac), parse_ipv4(ipv4), int(port))
 
     def _c(self):
         a = ffi.new("struct hg_wire_addr *")
@@ -163,8 +146,8 @@ class MemPort:
         c.pool = pool
         c.buf_size = buf_size
         c.can_replicate = can_replicate
-        c.mac = list(_mac(mac))
-        c.ipv4 = _ip(ipv4)
+        c.mac = list(parse_mac(mac))
+        c.ipv4 = parse_ipv4(ipv4)
         c.udp_port = udp_port
         c.mtu = mtu
         c.tx_limit = tx_limit
@@ -173,7 +156,7 @@ class MemPort:
             raise ResourceError("hg_port_mem_create failed (config or memory)")
         self._p = ffi.gc(p, lib.hg_port_mem_destroy)
         self.buf_size = buf_size
-        self.addr = Addr(_mac(mac), _ip(ipv4), udp_port)
+        self.addr = Addr(parse_mac(mac), parse_ipv4(ipv4), udp_port)
 
     @property
     def port(self):
@@ -266,7 +249,7 @@ class Engine:
         j.workers = workers
         j.slots = slots
         j.payload_bytes = payload_bytes
-        j.group_ipv4 = _ip(group)
+        j.group_ipv4 = parse_ipv4(group, "group")
         j.shard = shard
         j.incarnation = incarnation
         if auth is not None:
