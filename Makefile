@@ -33,13 +33,17 @@ CFLAGS_COMMON := -std=gnu11 -Wall -Wextra -Werror=implicit-function-declaration 
 # (dataplane_c/), the NIC model (nic/) and the simulated cluster that
 # assembles them (sim/; dataplane_c/ never includes nic/ or sim/ headers).
 # Backends are chosen by file (dataplane_c/dpdk/ builds separately).
-LIB_SRCS := $(wildcard dataplane_c/src/*.c) $(wildcard nic/src/*.c) $(wildcard sim/src/*.c)
+# Port backends (homagg/port.h) live in dataplane_c/ports/: memory and kernel
+# UDP in the library, DPDK (ports/dpdk/) in the daemon only; the NIC model's
+# port is nic/src/nic_port.c.
+LIB_SRCS := $(wildcard dataplane_c/src/*.c) $(wildcard dataplane_c/ports/*.c) \
+	$(wildcard nic/src/*.c) $(wildcard sim/src/*.c)
 LIB_OBJS := $(patsubst %.c,$(BUILD)/%.o,$(LIB_SRCS))
 LIB      := $(BUILD)/libhomagg.a
 HEADERS  := $(wildcard dataplane_c/include/homagg/*.h) $(wildcard nic/include/homagg/*.h) \
 	$(wildcard sim/include/homagg/*.h) $(wildcard dataplane_c/src/*.h) $(wildcard nic/src/*.h)
 
-APT_PACKAGES := build-essential pkg-config libdpdk-dev dpdk libjansson-dev clang \
+APT_PACKAGES := build-essential pkg-config libdpdk-dev dpdk libjansson-dev libsodium-dev clang \
 	libclang-rt-14-dev iproute2 iputils-ping openssh-server python3-venv
 
 .PHONY: help build deps venv lib ext switch tools fuzz test test-sanitize test-fast bench demo clean distclean
@@ -86,7 +90,7 @@ $(LIB): $(LIB_OBJS)
 
 # The DPDK aggregator daemon: dataplane_c/dpdk/*.c against the library and
 # the distribution's libdpdk (pkg-config, evaluated when the rule runs).
-SWITCH_SRCS := $(wildcard dataplane_c/dpdk/*.c)
+SWITCH_SRCS := $(wildcard dataplane_c/dpdk/*.c) dataplane_c/ports/dpdk/port_dpdk.c
 SWITCH      := $(BUILD)/homagg-switch
 
 SWITCH_BENCH := $(BUILD)/homagg-switch-bench
@@ -94,14 +98,14 @@ SWITCH_BENCH := $(BUILD)/homagg-switch-bench
 switch: $(if $(SWITCH_SRCS),$(SWITCH) $(SWITCH_BENCH),) ## build the DPDK aggregator daemon homagg-switch (and its benchmark)
 
 # The control socket parses and writes JSON with jansson.
-$(SWITCH): $(SWITCH_SRCS) $(wildcard dataplane_c/dpdk/*.h) $(LIB)
-	$(CC) $(CFLAGS_COMMON) -Wno-unused-parameter $$(pkg-config --cflags libdpdk jansson) $(SWITCH_SRCS) \
-		$(LIB) $$(pkg-config --libs libdpdk jansson) -lm -lpthread -o $@
+$(SWITCH): $(SWITCH_SRCS) $(wildcard dataplane_c/dpdk/*.h) dataplane_c/ports/dpdk/port_dpdk.h $(LIB)
+	$(CC) $(CFLAGS_COMMON) -Idataplane_c/ports/dpdk -Wno-unused-parameter $$(pkg-config --cflags libdpdk jansson) $(SWITCH_SRCS) \
+		$(LIB) $$(pkg-config --libs libdpdk jansson) -lsodium -lm -lpthread -o $@
 
 # Its benchmark: the engine on a net_ring ethdev fed by a generator lcore.
-$(SWITCH_BENCH): dataplane_c/dpdk/bench/switch_bench.c dataplane_c/dpdk/port_dpdk.c dataplane_c/dpdk/port_dpdk.h $(LIB)
-	$(CC) $(CFLAGS_COMMON) -Wno-unused-parameter $$(pkg-config --cflags libdpdk) $(filter %.c,$^) \
-		$(LIB) $$(pkg-config --libs libdpdk) -lrte_net_ring -lm -lpthread -o $@
+$(SWITCH_BENCH): dataplane_c/dpdk/bench/switch_bench.c dataplane_c/ports/dpdk/port_dpdk.c dataplane_c/ports/dpdk/port_dpdk.h $(LIB)
+	$(CC) $(CFLAGS_COMMON) -Idataplane_c/ports/dpdk -Wno-unused-parameter $$(pkg-config --cflags libdpdk) $(filter %.c,$^) \
+		$(LIB) $$(pkg-config --libs libdpdk) -lrte_net_ring -lsodium -lm -lpthread -o $@
 
 # Measurement tools of docs/PROTOCOL.md ("Sketch sizing measurements"):
 # dataplane_c/tools/*.c, each one program against the library.
@@ -122,7 +126,7 @@ FUZZ_EXTRA_fuzz_control := dataplane_c/dpdk/control.c $$(pkg-config --cflags --l
 define FUZZ_ONE
 t=build/fuzz/$(basename $(notdir $(1))); \
 clang -g -O1 -fsanitize=fuzzer,address,undefined -Idataplane_c/include -Inic/include -Isim/include \
-	$(LIB_SRCS) $(1) $(FUZZ_EXTRA_$(basename $(notdir $(1)))) -lm -o $$t || exit 1; \
+	$(LIB_SRCS) $(1) $(FUZZ_EXTRA_$(basename $(notdir $(1)))) -lsodium -lm -o $$t || exit 1; \
 mkdir -p $$t.corpus; \
 seeds=$(dir $(1))corpus_$(patsubst fuzz_%,%,$(basename $(notdir $(1)))); [ -d $$seeds ] || seeds=; \
 $$t -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 $$t.corpus $$seeds > $$t.log 2>&1; rc=$$?; \

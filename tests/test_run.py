@@ -110,6 +110,23 @@ def test_cli_json(testbed):
     _no_processes_left(testbed)
 
 
+def test_cli_auth_is_exact_and_counts_no_bad_mac(testbed):
+    """`homagg run allreduce --auth`: the daemon gets the job secret over its
+    control socket, the workers from an owner-only file; exact, nothing
+    dropped for its MAC, every frame authenticated."""
+    env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "orchestrator"))
+    r = subprocess.run([sys.executable, "-m", "homagg.run", "allreduce", "--testbed", testbed.name,
+                        "--state-dir", testbed.state_dir, "--method", "lhc", "--elements", "20000",
+                        "--density", "0.05", "--auth", "--json"],
+                       capture_output=True, text=True, env=env, timeout=200)
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(r.stdout)
+    assert rep["auth"] is True and rep["exact"] is True
+    assert rep["counters"]["summed"] > 0 and rep["counters"].get("bad_mac", 0) == 0
+    assert all(st["bad_mac"] == 0 for st in rep["worker_stats"])
+    _no_processes_left(testbed)
+
+
 def test_runtime_reference_matches_the_test_oracle():
     """run.reference (homagg.reference, the check `homagg run` and the demo
     use on any machine) agrees bit for bit with the independent test oracle,

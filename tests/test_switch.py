@@ -109,9 +109,10 @@ def daemons(link, tmp_path):
 
 
 def run_workers(link, job, token, grads, method="dense", timeout=10.0,
-                slots=32, before_start=None, group=GROUP):
+                slots=32, before_start=None, group=GROUP, **worker_kw):
     """Every worker in its own thread inside the workers' namespace; returns
-    (results, errors, stats) per worker."""
+    (results, errors, stats) per worker.  worker_kw go to every Worker
+    (auth_file, incarnation)."""
     from pyroute2.netns import setns
 
     W = len(grads)
@@ -123,7 +124,7 @@ def run_workers(link, job, token, grads, method="dense", timeout=10.0,
         try:
             wk = Worker(job=job, token=token, worker=w, workers=W,
                         aggregator=(link.switch_ip, 48879), group=group,
-                        bind=(link.worker_ip, 0), timeout=timeout, slots=slots)
+                        bind=(link.worker_ip, 0), timeout=timeout, slots=slots, **worker_kw)
         except Exception as exc:  # noqa: BLE001 - reported by the caller
             errors[w] = exc
             made.wait()

@@ -173,3 +173,77 @@ def test_arp_never_reaches_the_engine(link, daemons):  # noqa: F811
     assert st["stats"]["not_ip"] == before["stats"]["not_ip"]
     assert st["port"]["rx"] == before["port"]["rx"]
     assert d.alive()
+
+
+def test_authenticated_job_drops_forged_flipped_replayed_and_old_frames(link, daemons, tmp_path):  # noqa: F811
+    """With authentication: a worker forging another worker's id (its own
+    key), a frame with a flipped payload bit, a replayed frame of the
+    finished allreduce and a frame of an old incarnation, each with a MAC
+    made from the job secret, are dropped under their reason by the running
+    daemon; the allreduces stay bit-exact."""
+    from homagg import auth
+
+    d = daemons()
+    secret_file = tmp_path / "job.secret"
+    secret = auth.create_secret_file(secret_file)
+    job_a, job_b, inc = JOB + 1, JOB + 2, 5000
+    src = Addr.of(_mac(link.ns_workers, link.dev_workers), link.worker_ip, 40000)
+    dst = Addr.of(_mac(link.ns_switch, link.dev_switch), link.switch_ip, 48879)
+    key = [auth.derive_key(secret, w) for w in range(W)]
+    bogus = _be32(np.full(256, 0x01010101))
+    with d.client() as c:
+        for j in (job_a, job_b):
+            c.add_job(job=j, token=TOKEN, workers=W, slots=SLOTS, group=GROUP, auth=secret)
+
+    def frame(job, worker, key_of, seq, **kw):
+        return build_frame(src, dst, op="sum32", job=job, token=TOKEN, worker=worker, seq=seq,
+                           slot=seq % SLOTS, flags=32 | (4 if (seq // SLOTS) % 2 else 0),
+                           payload=bogus, key=key[key_of], **kw)
+
+    def stats():
+        with d.client() as c:
+            return c.stats()["stats"]
+
+    # job B: forged and tampered frames for the chunks the allreduce is about to use
+    def attack_b():
+        # no UDP checksum: the MAC, not the checksum, must catch the flip
+        flipped = [bytearray(frame(job_b, 1, 1, s, incarnation=inc, udp_csum=False))
+                   for s in range(4)]
+        for f in flipped:
+            f[42 + 32 + 9] ^= 0x01
+        _send_raw(link, [frame(job_b, 1, 0, s, incarnation=inc) for s in range(4)]
+                  + [bytes(f) for f in flipped])
+
+    grads = gradients(W, 30000, seed=7)
+    expected = oracle_allreduce(grads, BLOCK)
+    before = stats()
+    next_seq = {}
+    for job, hook in ((job_a, None), (job_b, attack_b)):
+        threads, results, errors, st = run_workers(link, job, TOKEN, grads, "dense", slots=SLOTS,
+                                                   before_start=hook, auth_file=secret_file,
+                                                   incarnation=inc)
+        join_all(threads, 60)
+        assert errors == [None] * W, errors
+        for y in results:
+            assert y.tobytes() == expected.tobytes()
+        assert all(s["bad_mac"] == 0 for s in st)
+        next_seq[job] = st[0]["next_seq"]
+    mid = wait_for(lambda: (lambda s: s["bad_mac"] - before["bad_mac"] >= 8 and s)(stats()), 20,
+                   "the daemon to count the forged frames of job B")
+    assert mid["bad_mac"] - before["bad_mac"] == 8, {k: v - before[k] for k, v in mid.items()}
+
+    # job A is finished: a replay of one of its full chunks, and an old life of worker 0
+    done, nxt = next_seq[job_a] - 2, next_seq[job_a]
+    _send_raw(link, [frame(job_a, 1, 1, done, incarnation=inc),
+                     frame(job_a, 0, 0, nxt, incarnation=inc - 1),
+                     frame(job_a, 0, 1, nxt, incarnation=inc)])
+    after = wait_for(lambda: (lambda s: s["old_incarnation"] > mid["old_incarnation"]
+                              and s["bad_mac"] > mid["bad_mac"] and s)(stats()), 20,
+                     "the daemon to count the frames sent to the finished job")
+    assert after["old_incarnation"] - mid["old_incarnation"] == 1
+    assert after["bad_mac"] - mid["bad_mac"] == 1
+    assert after["replays"] - mid["replays"] == 1
+    assert after["summed"] == mid["summed"], "a hostile frame was summed"
+    assert d.alive()
+    log = d.output()
+    assert secret.hex() not in log

@@ -2,6 +2,7 @@
 /* control.c - JSON-lines control socket of homagg-switch (see control.h). */
 #define _GNU_SOURCE   /* accept4 */
 #include <arpa/inet.h>
+#include <ctype.h>
 #include <errno.h>
 #include <poll.h>
 #include <stdarg.h>
@@ -217,10 +218,44 @@ static int check_keys(const json_t *o, const char *const *allowed,
 	return 0;
 }
 
+/*
+ * The optional "auth" field: the job secret as 64 hex digits.  Its value
+ * never appears in a reply (nor anywhere else: the daemon logs no request).
+ * The port's payload limit already leaves room for the MAC.
+ */
+static int get_secret(const json_t *o, struct hg_ctl_job *j, json_t **reply)
+{
+	const json_t *f = json_object_get(o, "auth");
+	const char *h;
+
+	if (!f || json_is_null(f))
+		return 0;
+	h = json_is_string(f) ? json_string_value(f) : "";
+	if (strlen(h) != 2 * HG_AUTH_SECRET_LEN)
+		goto bad;
+	for (int i = 0; i < HG_AUTH_SECRET_LEN; i++) {
+		unsigned int b;
+
+		if (!isxdigit((unsigned char)h[2 * i]) ||
+		    !isxdigit((unsigned char)h[2 * i + 1]) ||
+		    sscanf(h + 2 * i, "%2x", &b) != 1)
+			goto bad;
+		j->secret[i] = (uint8_t)b;
+	}
+	j->auth = 1;
+	return 0;
+
+bad:
+	hg_auth_wipe(j->secret, sizeof(j->secret));
+	return reply_error(reply, -EINVAL,
+			   "field 'auth': must be the job secret as a string of "
+			   "%d hexadecimal digits", 2 * HG_AUTH_SECRET_LEN);
+}
+
 static int do_add_job(struct hg_control *c, const json_t *o, json_t **reply)
 {
 	static const char *const keys[] = { "cmd", "job", "token", "workers",
-		"slots", "payload", "group", "shard", "incarnation", NULL };
+		"slots", "payload", "group", "shard", "incarnation", "auth", NULL };
 	struct hg_ctl_job j = { 0 };
 	const json_t *g;
 	char err[256] = "";
@@ -276,7 +311,11 @@ static int do_add_job(struct hg_control *c, const json_t *o, json_t **reply)
 	if ((rc = get_uint(o, "incarnation", false, 1, UINT32_MAX, 0, &v, reply)))
 		return rc;
 	j.incarnation = v ? (uint32_t)v : hg_wire_incarnation_now();
+	rc = get_secret(o, &j, reply);
+	if (rc)
+		return rc;
 	rc = c->ops->add_job(c->ctx, &j, err, sizeof(err));
+	hg_auth_wipe(j.secret, sizeof(j.secret));
 	if (rc < 0)
 		return reply_error(reply, rc, "add_job %u: %s", j.job,
 				   err[0] ? err : hg_strerror(rc));

@@ -4,8 +4,10 @@
  * JSON lines.  One request object per line, one reply object per line:
  *
  *   {"cmd":"add_job","job":7,"token":99,"workers":4,"slots":64,
- *    "payload":1024,"group":"239.1.1.1","shard":0,"incarnation":N}
- *                                 payload, group, shard, incarnation optional
+ *    "payload":1024,"group":"239.1.1.1","shard":0,"incarnation":N,
+ *    "auth":"<64 hex digits: the job secret>"}
+ *                                 payload, group, shard, incarnation, auth
+ *                                 optional; the secret is never echoed
  *                                 -> {"ok":true,"job":7,"incarnation":N}
  *   {"cmd":"remove_job","job":7}
  *   {"cmd":"stats"}      -> {"ok":true,"stats":{counter:value,...},...}
@@ -31,6 +33,8 @@
 
 #include <jansson.h>
 
+#include "homagg/auth.h"
+
 struct hg_ctl_job {
 	uint32_t job;
 	uint32_t token;
@@ -40,6 +44,8 @@ struct hg_ctl_job {
 	uint32_t group;     /* IPv4 host order; 0 = no multicast group */
 	uint8_t shard;      /* this aggregator's index among the job's */
 	uint32_t incarnation; /* the job's incarnation, never 0 here */
+	uint8_t auth;       /* 1: authenticated job, secret below */
+	uint8_t secret[HG_AUTH_SECRET_LEN];
 };
 
 struct hg_ctl_limits {

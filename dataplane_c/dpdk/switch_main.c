@@ -42,6 +42,7 @@
 #include <rte_ring.h>
 #include <rte_telemetry.h>
 
+#include "homagg/auth.h"
 #include "homagg/codec.h"
 #include "homagg/counters.h"
 #include "homagg/engine.h"
@@ -358,6 +359,7 @@ static void shard_serve(struct shard *sh)
 		return;
 	mb->rc = mb->op == MB_ADD ? hg_engine_add_job(sh->eng, &mb->jc) :
 				    hg_engine_remove_job(sh->eng, mb->job);
+	hg_auth_wipe(mb->jc.secret, sizeof(mb->jc.secret));
 	shard_publish(sh);
 	__atomic_store_n(&mb->state, MB_DONE, __ATOMIC_RELEASE);
 }
@@ -472,9 +474,12 @@ static int ctl_add_job(void *ctx, const struct hg_ctl_job *j, char *err,
 		.group_ipv4 = j->group,
 		.shard = j->shard,
 		.incarnation = j->incarnation,
+		.auth = j->auth,
 	};
 	unsigned int k;
 	int rc = 0;
+
+	memcpy(jc.secret, j->secret, sizeof(jc.secret));
 
 	/* On every shard (each serves its slots of the job); all or none. */
 	for (k = 0; k < d->nshards && !rc; k++)
@@ -482,6 +487,7 @@ static int ctl_add_job(void *ctx, const struct hg_ctl_job *j, char *err,
 	if (rc && rc != -EEXIST)
 		while (--k > 0)
 			shard_call(&d->shards[k - 1], MB_REMOVE, NULL, j->job);
+	hg_auth_wipe(jc.secret, sizeof(jc.secret));
 	if (rc == -EEXIST)
 		snprintf(err, errlen, "job %u already exists", j->job);
 	else if (rc == -ETIMEDOUT || rc == -EBUSY)
@@ -626,7 +632,7 @@ static uint16_t kernel_mtu(uint32_t if_index)
  */
 static uint32_t payload_limit(uint16_t mtu)
 {
-	uint32_t room = (uint32_t)mtu - 20 - 8 - HG_HDR_LEN - 16;
+	uint32_t room = (uint32_t)mtu - 20 - 8 - HG_HDR_LEN - HG_MAC_LEN;
 
 	return RTE_MIN((uint32_t)HG_MAX_PAYLOAD, room) & ~3u;
 }

@@ -47,6 +47,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "homagg/auth.h"
 #include "homagg/client.h"
 #include "homagg/codec.h"
 #include "homagg/kernels.h"
@@ -216,6 +217,10 @@ struct hg_client {
 	struct buf tx[HG_PH__COUNT];  /* per phase: this worker's lanes */
 	struct buf rx[HG_PH__COUNT];  /* per phase: the aggregated lanes */
 
+	/* auth: this worker's key, then the aggregator's */
+	uint8_t keys[2][HG_AUTH_KEY_LEN];
+	size_t mac_len;         /* auth: HG_MAC_LEN, else 0 */
+
 	struct hg_client_stats stats;
 	char err[256];
 };
@@ -282,6 +287,14 @@ struct hg_client *hg_client_create(const struct hg_client_config *cfg)
 		goto err_free;
 	if (!c->cfg.incarnation)
 		c->cfg.incarnation = hg_wire_incarnation_now();
+	hg_auth_wipe(c->cfg.secret, sizeof(c->cfg.secret));
+	if (cfg->auth) {
+		if (hg_auth_derive_key(cfg->secret, cfg->worker, c->keys[0]) ||
+		    hg_auth_derive_key(cfg->secret, HG_AUTH_KEY_AGGREGATOR,
+				       c->keys[1]))
+			goto err_free;
+		c->mac_len = HG_MAC_LEN;
+	}
 	if (!c->cfg.give_up_ns)
 		c->cfg.give_up_ns = HG_CLIENT_DEFAULT_GIVE_UP_NS;
 	if (!c->cfg.start_wait_ns)
@@ -295,7 +308,8 @@ struct hg_client *hg_client_create(const struct hg_client_config *cfg)
 	}
 	if (cfg->port->ops->get_info(cfg->port->ctx, &c->me) < 0)
 		goto err_free;
-	if (c->me.mtu && c->me.mtu < IP_LEN + UDP_LEN + HG_HDR_LEN + cfg->payload_bytes)
+	if (c->me.mtu && c->me.mtu < IP_LEN + UDP_LEN + HG_HDR_LEN +
+				     cfg->payload_bytes + c->mac_len)
 		goto err_free;
 	memcpy(c->src.mac, c->me.mac, 6);
 	c->src.ipv4 = c->me.ipv4;
@@ -334,6 +348,7 @@ struct hg_client *hg_client_create(const struct hg_client_config *cfg)
 err_free_agg:
 	free(c->agg);
 err_free:
+	hg_auth_wipe(c->keys, sizeof(c->keys));
 	free(c);
 	return NULL;
 }
@@ -359,6 +374,7 @@ void hg_client_destroy(struct hg_client *c)
 	}
 	free(c->fl);
 	free(c->agg);
+	hg_auth_wipe(c->keys, sizeof(c->keys));
 	free(c);
 }
 
@@ -604,8 +620,9 @@ static size_t build_chunk(struct hg_client *c, struct hg_pkt *pkt, size_t k,
 	h.exp = s->exp;
 	h.shard = (uint8_t)a;
 	h.incarnation = c->cfg.incarnation;
-	len = hg_wire_build(pkt->data, pkt->cap, &c->src, &c->agg[a].dst, &h,
-			    s->in + first * s->in_lane, bytes, 0);
+	len = hg_wire_build_mac(pkt->data, pkt->cap, &c->src, &c->agg[a].dst,
+				&h, s->in + first * s->in_lane, bytes, 0,
+				c->mac_len ? c->keys[0] : NULL);
 	/* Cannot fail: cap and payload were checked against payload_bytes. */
 	pkt->len = len > 0 ? (uint16_t)len : 0;
 	return bytes;
@@ -1181,6 +1198,15 @@ static void handle_frame(struct hg_client *c, const uint8_t *f, size_t len,
 	    v.hdr.job != c->cfg.job || v.hdr.token != c->cfg.token ||
 	    !(v.hdr.flags & (HG_FLAG_RESULT | HG_FLAG_STATUS)))
 		goto ignore;
+	/* A reply of this job must carry the aggregator's MAC (auth), or none. */
+	if (c->mac_len ? !(v.hdr.flags & HG_FLAG_AUTH) ||
+			 !hg_auth_verify(c->keys[1], f + v.payload_off - HG_HDR_LEN,
+					 HG_HDR_LEN + v.payload_len,
+					 f + v.payload_off + v.payload_len)
+		       : (v.hdr.flags & HG_FLAG_AUTH)) {
+		c->stats.bad_mac++;
+		return;
+	}
 	a = reply_agg(c, &v);
 	if (a < 0 || v.hdr.shard != (uint32_t)a)
 		goto ignore; /* not one of ours, or its reply about another shard */
@@ -1362,7 +1388,7 @@ static void tx_chunks(struct hg_client *c, const size_t *ks, uint16_t cnt,
 	got = hg_port_alloc(c->cfg.port, pk, cnt);
 	for (uint16_t i = 0; i < got; i++) {
 		if (pk[i]->cap < ETH_LEN + IP_LEN + UDP_LEN + HG_HDR_LEN +
-				 c->cfg.payload_bytes) {
+				 c->cfg.payload_bytes + c->mac_len) {
 			hg_port_free(c->cfg.port, pk + i, got - i);
 			got = i;
 			break;

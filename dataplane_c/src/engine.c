@@ -26,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "homagg/auth.h"
 #include "homagg/codec.h"
 #include "homagg/counters.h"
 #include "homagg/engine.h"
@@ -78,6 +79,8 @@ struct hg_job {
 	struct hg_set *sets;           /* 2 * S, set of slot s shadow h: 2s+h */
 	uint8_t *acc;                  /* 2 * S * acc_stride, 64-byte aligned */
 	struct hg_peer *peers;         /* W entries */
+	uint8_t (*keys)[HG_AUTH_KEY_LEN]; /* auth: W worker keys + the aggregator's */
+	size_t mac_len;                /* auth: HG_MAC_LEN, else 0 */
 	uint64_t cnt[HG_CNT__COUNT];
 };
 
@@ -197,6 +200,9 @@ static void job_free(struct hg_job *j)
 	free(j->sets);
 	free(j->acc);
 	free(j->peers);
+	if (j->keys)
+		hg_auth_wipe(j->keys, (j->cfg.workers + 1) * sizeof(*j->keys));
+	free(j->keys);
 	memset(j, 0, sizeof(*j));
 }
 
@@ -279,6 +285,8 @@ int hg_engine_add_job(struct hg_engine *e, const struct hg_job_config *jc)
 		return -ERANGE;
 	memset(j, 0, sizeof(*j));
 	j->cfg = *jc;
+	/* The secret is not kept: only the keys derived from it. */
+	hg_auth_wipe(j->cfg.secret, sizeof(j->cfg.secret));
 	if (!j->cfg.incarnation)
 		j->cfg.incarnation = hg_wire_incarnation_now();
 	j->acc_stride = (jc->payload_bytes + ACC_ALIGN - 1) & ~(uint32_t)(ACC_ALIGN - 1);
@@ -297,6 +305,22 @@ int hg_engine_add_job(struct hg_engine *e, const struct hg_job_config *jc)
 	j->peers = calloc(jc->workers, sizeof(*j->peers));
 	if (!j->peers)
 		goto err_free_job;
+	if (jc->auth) {
+		j->keys = calloc(jc->workers + 1, sizeof(*j->keys));
+		if (!j->keys)
+			goto err_free_job;
+		for (uint32_t w = 0; w <= jc->workers; w++) {
+			int rc = hg_auth_derive_key(jc->secret, w < jc->workers ?
+						    w : HG_AUTH_KEY_AGGREGATOR,
+						    j->keys[w]);
+
+			if (rc) {
+				job_free(j);
+				return rc;
+			}
+		}
+		j->mac_len = HG_MAC_LEN;
+	}
 	j->in_use = true;
 	e->njobs++;
 	table_rebuild(e);
@@ -440,7 +464,10 @@ static struct hg_pkt *out_pkt(struct hg_engine *e, struct hg_job *j,
 /*
  * Write a reply frame (result or status) into p: to worker w's learned
  * address, or to the job's group when w is HG_WORKER_ALL.  psum is the
- * checksum partial sum of the payload (ignored without checksums).
+ * checksum partial sum of the payload (ignored without checksums).  An
+ * auth job's reply carries HG_FLAG_AUTH and the aggregator's MAC; its
+ * checksum is then summed over the whole datagram (the MAC may start at an
+ * odd offset, and the MAC costs far more than that pass).
  */
 static void put_reply(struct hg_engine *e, struct hg_job *j, struct hg_pkt *p,
 		      const struct hg_set *s, uint16_t flags, uint16_t w,
@@ -449,7 +476,7 @@ static void put_reply(struct hg_engine *e, struct hg_job *j, struct hg_pkt *p,
 	struct hg_hdr h = {
 		.version = HG_PROTOCOL_VERSION,
 		.op = s->op,
-		.flags = flags,
+		.flags = (uint16_t)(flags | (j->mac_len ? HG_FLAG_AUTH : 0)),
 		.job = j->cfg.job,
 		.token = j->cfg.token,
 		.worker = w,
@@ -468,20 +495,26 @@ static void put_reply(struct hg_engine *e, struct hg_job *j, struct hg_pkt *p,
 
 		hg_wire_mcast_mac(j->cfg.group_ipv4, mac);
 		hg_wire_put_l2l4(f, &e->self, mac, j->cfg.group_ipv4,
-				 e->self.port, HG_HDR_LEN + plen);
+				 e->self.port, HG_HDR_LEN + plen + j->mac_len);
 	} else {
 		const struct hg_wire_addr *a = &j->peers[w].addr;
 
 		hg_wire_put_l2l4(f, &e->self, a->mac, a->ipv4, a->port,
-				 HG_HDR_LEN + plen);
+				 HG_HDR_LEN + plen + j->mac_len);
 	}
 	hg_wire_put_hdr(f + HG_OFF_HDR, &h);
 	if (f + HG_OFF_PAYLOAD != payload)
 		memcpy(f + HG_OFF_PAYLOAD, payload, plen);
+	if (j->mac_len) {
+		hg_auth_mac(j->keys[j->cfg.workers], f + HG_OFF_HDR,
+			    HG_HDR_LEN + plen, f + HG_OFF_PAYLOAD + plen);
+		psum = hg_csum_add(0, f + HG_OFF_PAYLOAD,
+				   plen + j->mac_len);
+	}
 	if (e->wire_flags & HG_WIRE_F_UDP_CSUM)
 		hg_wire_put_udp_csum(f, hg_csum_add(psum, f + HG_OFF_HDR,
 						    HG_HDR_LEN));
-	p->len = (uint16_t)(HG_OFF_PAYLOAD + plen);
+	p->len = (uint16_t)(HG_OFF_PAYLOAD + plen + j->mac_len);
 }
 
 /* Flags of a reply about set s: its shadow bit plus kind. */
@@ -501,7 +534,7 @@ static void send_result(struct hg_engine *e, struct hg_job *j,
 	struct hg_pkt *p;
 
 	if (w != HG_WORKER_ALL || (e->can_replicate && j->cfg.group_ipv4)) {
-		p = out_pkt(e, j, reuse, HG_OFF_PAYLOAD + plen);
+		p = out_pkt(e, j, reuse, HG_OFF_PAYLOAD + plen + j->mac_len);
 		if (!p)
 			return;
 		put_reply(e, j, p, s, fl, w, acc, plen, s->psum);
@@ -510,7 +543,7 @@ static void send_result(struct hg_engine *e, struct hg_job *j,
 		return;
 	}
 	for (uint32_t i = 0; i < j->cfg.workers; i++) {
-		p = out_pkt(e, j, reuse, HG_OFF_PAYLOAD + plen);
+		p = out_pkt(e, j, reuse, HG_OFF_PAYLOAD + plen + j->mac_len);
 		if (!p)
 			continue;
 		put_reply(e, j, p, s, fl, (uint16_t)i, acc, plen, s->psum);
@@ -532,7 +565,7 @@ static void send_status(struct hg_engine *e, struct hg_job *j,
 
 	for (size_t i = 0; i < plen; i++)
 		bits[i] = (uint8_t)(s->bitmap[i / 8] >> (8 * (i % 8)));
-	p = out_pkt(e, j, reuse, HG_OFF_PAYLOAD + plen);
+	p = out_pkt(e, j, reuse, HG_OFF_PAYLOAD + plen + j->mac_len);
 	if (!p)
 		return;
 	if (e->wire_flags & HG_WIRE_F_UDP_CSUM)
@@ -621,7 +654,12 @@ static void classify(struct hg_engine *e, struct hg_pkt *pkt,
 		rc = HG_CNT_BAD_WORKER;
 		goto drop;
 	}
-	if (flags & HG_FLAG_AUTH) {
+	/* Before anything that changes state (incarnation, slot, address). */
+	if (j->mac_len ? !(flags & HG_FLAG_AUTH) ||
+			 !hg_auth_verify(j->keys[w], pkt->data + v.payload_off -
+					 HG_HDR_LEN, HG_HDR_LEN + v.payload_len,
+					 pkt->data + v.payload_off + v.payload_len)
+		       : (flags & HG_FLAG_AUTH)) {
 		rc = HG_CNT_BAD_MAC;
 		goto drop;
 	}

@@ -11,6 +11,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "homagg/auth.h"
 #include "homagg/codec.h"
 #include "homagg/counters.h"
 #include "homagg/kernels.h"
@@ -121,27 +122,45 @@ int hg_wire_parse(const uint8_t *f, size_t len, uint16_t udp_port,
 	return hg_wire_parse_inl(f, len, udp_port, flags, v);
 }
 
-int hg_wire_build(uint8_t *f, size_t cap, const struct hg_wire_addr *src,
-		  const struct hg_wire_addr *dst, const struct hg_hdr *hdr,
-		  const uint8_t *payload, size_t payload_len, uint32_t flags)
+int hg_wire_build_mac(uint8_t *f, size_t cap, const struct hg_wire_addr *src,
+		      const struct hg_wire_addr *dst, const struct hg_hdr *hdr,
+		      const uint8_t *payload, size_t payload_len, uint32_t flags,
+		      const uint8_t *key)
 {
-	size_t mac = (hdr && (hdr->flags & HG_FLAG_AUTH)) ? HG_MAC_LEN : 0;
-	size_t flen = HG_OFF_PAYLOAD + payload_len + mac;
+	struct hg_hdr h;
+	size_t mac, flen;
 
 	if (!f || !src || !dst || !hdr || (payload_len && !payload))
 		return -EINVAL;
 	if (payload_len > HG_MAX_PAYLOAD)
 		return -ERANGE;
+	h = *hdr;
+	if (key)
+		h.flags |= HG_FLAG_AUTH;
+	mac = (h.flags & HG_FLAG_AUTH) ? HG_MAC_LEN : 0;
+	flen = HG_OFF_PAYLOAD + payload_len + mac;
 	if (cap < flen)
 		return -ENOSPC;
 	hg_wire_put_l2l4(f, src, dst->mac, dst->ipv4, dst->port,
 			 HG_HDR_LEN + payload_len + mac);
-	hg_wire_put_hdr(f + HG_OFF_HDR, hdr);
+	hg_wire_put_hdr(f + HG_OFF_HDR, &h);
 	if (payload_len)
 		memmove(f + HG_OFF_PAYLOAD, payload, payload_len);
-	memset(f + HG_OFF_PAYLOAD + payload_len, 0, mac);
+	if (key)
+		hg_auth_mac(key, f + HG_OFF_HDR, HG_HDR_LEN + payload_len,
+			    f + HG_OFF_PAYLOAD + payload_len);
+	else
+		memset(f + HG_OFF_PAYLOAD + payload_len, 0, mac);
 	if (flags & HG_WIRE_F_UDP_CSUM)
 		hg_wire_put_udp_csum(f, hg_csum_add(0, f + HG_OFF_HDR,
 						    HG_HDR_LEN + payload_len + mac));
 	return (int)flen;
+}
+
+int hg_wire_build(uint8_t *f, size_t cap, const struct hg_wire_addr *src,
+		  const struct hg_wire_addr *dst, const struct hg_hdr *hdr,
+		  const uint8_t *payload, size_t payload_len, uint32_t flags)
+{
+	return hg_wire_build_mac(f, cap, src, dst, hdr, payload, payload_len,
+				 flags, NULL);
 }

@@ -29,6 +29,7 @@ HEADERS = [
     "homagg/codec.h",
     "homagg/kernels.h",
     "homagg/wire.h",
+    "homagg/auth.h",
     "homagg/port.h",
     "homagg/port_mem.h",
     "homagg/port_udp.h",
@@ -97,7 +98,7 @@ ffibuilder.set_source(
     extra_objects=[str(_libdir / "libhomagg.a")],
     extra_compile_args=["-O2", "-std=gnu11"] + _sanflags,
     extra_link_args=_sanflags,
-    libraries=["m"],
+    libraries=["sodium", "m"],
 )
 
 if __name__ == "__main__":

@@ -138,9 +138,11 @@ class ControlClient:
         return reply
 
     def add_job(self, job, token, workers, slots, payload=1024, group=None,
-                shard=None, incarnation=None):
+                shard=None, incarnation=None, auth=None):
         """Configure a job; the reply carries the job's ``incarnation``
-        (chosen by the daemon from its clock unless given)."""
+        (chosen by the daemon from its clock unless given).  ``auth``: the
+        job secret (32 bytes) of an authenticated job; it travels over the
+        control socket only (the daemon logs no request)."""
         fields = dict(job=job, token=token, workers=workers, slots=slots,
                       payload=payload)
         if group is not None:
@@ -149,6 +151,8 @@ class ControlClient:
             fields["shard"] = shard
         if incarnation is not None:
             fields["incarnation"] = incarnation
+        if auth is not None:
+            fields["auth"] = bytes(auth).hex()
         return self.request("add_job", **fields)
 
     def remove_job(self, job):

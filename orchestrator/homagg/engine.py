@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from homagg._native import ffi, lib
 from homagg.errors import InvalidArgument, ResourceError, check
+from homagg.netaddr import parse_ipv4, parse_mac
 from homagg.kernels import _op
 
 FLAG_RESULT = lib.HG_FLAG_RESULT
@@ -32,24 +33,6 @@ def counter_names():
     return [ffi.string(lib.hg_counter_name(i)).decode() for i in range(lib.hg_counter_count())]
 
 
-def _mac(mac):
-    if isinstance(mac, str):
-        mac = bytes(int(x, 16) for x in mac.split(":"))
-    mac = bytes(mac)
-    if len(mac) != 6:
-        raise InvalidArgument("a MAC address has 6 bytes")
-    return mac
-
-
-def _ip(ip):
-    if isinstance(ip, str):
-        a = [int(x) for x in ip.split(".")]
-        if len(a) != 4 or not all(0 <= x < 256 for x in a):
-            raise InvalidArgument(f"bad IPv4 address {ip!r}")
-        return a[0] << 24 | a[1] << 16 | a[2] << 8 | a[3]
-    return int(ip)
-
-
 @dataclass
 class Addr:
     """An endpoint: MAC, IPv4 (int, host order), UDP port."""
@@ -60,7 +43,7 @@ class Addr:
 
     @classmethod
     def of(cls, mac, ipv4, port):
-        return cls(_mac(mac), _ip(ipv4), int(port))
+        return cls(parse_mac(mac), parse_ipv4(ipv4), int(port))
 
     def _c(self):
         a = ffi.new("struct hg_wire_addr *")
@@ -89,15 +72,17 @@ class Frame:
     shard: int
     incarnation: int
     payload: bytes
+    mac: bytes = None  # the MAC trailer (HG_FLAG_AUTH), else None
 
 
 def build_frame(src, dst, *, op, job, token, worker, seq, slot, lanes=None,
                 exp=0, flags=0, payload=b"", version=None, shard=0, incarnation=1,
-                reserved=0, udp_csum=True):
+                reserved=0, udp_csum=True, key=None):
     """Bytes of one frame.  ``lanes`` defaults to the count the payload
     length implies for ``op`` (a data packet); every field can be forced to
-    any value so tests can build hostile frames.  With FLAG_AUTH in
-    ``flags`` the frame ends in a zero MAC."""
+    any value so tests can build hostile frames.  With ``key`` (a 32-byte
+    key, homagg.auth.derive_key) the frame carries FLAG_AUTH and its MAC;
+    with FLAG_AUTH in ``flags`` and no key it ends in a zero MAC."""
     payload = bytes(payload)
     o = _op(op)
     if lanes is None:
@@ -119,10 +104,13 @@ def build_frame(src, dst, *, op, job, token, worker, seq, slot, lanes=None,
     h.reserved = reserved
     buf = ffi.new("uint8_t[]", lib.HG_ETH_IP_UDP_LEN + lib.HG_HDR_LEN + len(payload)
                   + lib.HG_MAC_LEN)
-    n = check(lib.hg_wire_build(buf, len(buf), src._c(), dst._c(), h,
-                                payload if payload else ffi.NULL, len(payload),
-                                lib.HG_WIRE_F_UDP_CSUM if udp_csum else 0),
-              "hg_wire_build")
+    if key is not None and len(bytes(key)) != lib.HG_AUTH_KEY_LEN:
+        raise InvalidArgument(f"key: {lib.HG_AUTH_KEY_LEN} bytes")
+    n = check(lib.hg_wire_build_mac(buf, len(buf), src._c(), dst._c(), h,
+                                    payload if payload else ffi.NULL, len(payload),
+                                    lib.HG_WIRE_F_UDP_CSUM if udp_csum else 0,
+                                    bytes(key) if key is not None else ffi.NULL),
+              "hg_wire_build_mac")
     return bytes(ffi.buffer(buf, n))
 
 
@@ -142,7 +130,9 @@ def parse_frame(frame, udp_port=0, udp_csum=True):
 
     return Frame(addr(v.src), addr(v.dst), h.version, h.op, h.flags, h.job, h.token,
                  h.worker, h.slot, h.seq, h.lanes, h.exp, h.shard, h.incarnation,
-                 frame[v.payload_off:v.payload_off + v.payload_len])
+                 frame[v.payload_off:v.payload_off + v.payload_len],
+                 frame[v.payload_off + v.payload_len:v.payload_off + v.payload_len
+                       + lib.HG_MAC_LEN] if h.flags & lib.HG_FLAG_AUTH else None)
 
 
 class MemPort:
@@ -156,8 +146,8 @@ class MemPort:
         c.pool = pool
         c.buf_size = buf_size
         c.can_replicate = can_replicate
-        c.mac = list(_mac(mac))
-        c.ipv4 = _ip(ipv4)
+        c.mac = list(parse_mac(mac))
+        c.ipv4 = parse_ipv4(ipv4)
         c.udp_port = udp_port
         c.mtu = mtu
         c.tx_limit = tx_limit
@@ -166,7 +156,7 @@ class MemPort:
             raise ResourceError("hg_port_mem_create failed (config or memory)")
         self._p = ffi.gc(p, lib.hg_port_mem_destroy)
         self.buf_size = buf_size
-        self.addr = Addr(_mac(mac), _ip(ipv4), udp_port)
+        self.addr = Addr(parse_mac(mac), parse_ipv4(ipv4), udp_port)
 
     @property
     def port(self):
@@ -248,19 +238,26 @@ class Engine:
             self._e = None
 
     def add_job(self, job, token, workers, slots, payload_bytes=1024, group=0,
-                shard=0, incarnation=0):
+                shard=0, incarnation=0, auth=None):
         """Add a job; ``shard`` is this aggregator's index among the job's,
-        ``incarnation`` the job's in replies (0: from the clock).  Returns
-        the incarnation the job got."""
+        ``incarnation`` the job's in replies (0: from the clock), ``auth``
+        the job secret (32 bytes) of an authenticated job (None: off).
+        Returns the incarnation the job got."""
         j = ffi.new("struct hg_job_config *")
         j.job = job
         j.token = token
         j.workers = workers
         j.slots = slots
         j.payload_bytes = payload_bytes
-        j.group_ipv4 = _ip(group)
+        j.group_ipv4 = parse_ipv4(group, "group")
         j.shard = shard
         j.incarnation = incarnation
+        if auth is not None:
+            auth = bytes(auth)
+            if len(auth) != lib.HG_AUTH_SECRET_LEN:
+                raise InvalidArgument(f"auth: a job secret has {lib.HG_AUTH_SECRET_LEN} bytes")
+            j.auth = 1
+            j.secret = list(auth)
         check(lib.hg_engine_add_job(self._e, j), f"add job {job}")
         return self.job_config(job)["incarnation"]
 
@@ -270,7 +267,7 @@ class Engine:
         check(lib.hg_engine_job_config(self._e, job, j), f"job {job}")
         return {k: getattr(j, k) for k in (
             "job", "token", "workers", "slots", "payload_bytes", "group_ipv4",
-            "shard", "incarnation")}
+            "shard", "incarnation", "auth")}
 
     def remove_job(self, job):
         check(lib.hg_engine_remove_job(self._e, job), f"remove job {job}")

@@ -163,7 +163,7 @@ class Inventory:
 
 DEFAULT_APT = {
     "common": ("python3", "python3-venv", "python3-dev", "build-essential", "pkg-config",
-               "make", "iproute2", "tar"),
+               "make", "iproute2", "tar", "libsodium-dev"),
     "aggregator": ("dpdk", "libdpdk-dev", "libjansson-dev"),
     "worker": (),
 }

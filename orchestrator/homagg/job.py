@@ -99,7 +99,7 @@ def open_worker(spec: dict):
                   workers=spec["workers"], aggregators=[tuple(a) for a in aggs],
                   group=spec["group"], bind=(spec["ip"], 0), timeout=spec["timeout"],
                   slots=spec["slots"], payload=spec["payload"], rto=spec["rto"],
-                  mtu=spec.get("mtu"))
+                  mtu=spec.get("mtu"), auth_file=spec.get("auth_file"))
 
 
 def _numeric_delta(before: dict, after: dict) -> dict:
@@ -166,15 +166,17 @@ def check_arguments(method: str, elements: int, density: float) -> None:
 
 def worker_spec(*, job, token, worker, workers, agg_ip, group, ip, timeout, slots, payload, rto,
                 method, block, elements, density, workload, seed, out, mtu=None,
-                aggregators=None) -> dict:
+                aggregators=None, auth_file=None) -> dict:
     """The JSON spec of one worker process (``python -m homagg.job --child SPEC``);
     ``mtu`` None: the worker asks the kernel for its path's MTU; ``aggregators``:
-    the job's K aggregator addresses in shard order (default: agg_ip alone)."""
+    the job's K aggregator addresses in shard order (default: agg_ip alone);
+    ``auth_file``: the path of the job secret's file (never the secret)."""
     return dict(job=job, token=token, worker=worker, workers=workers, agg_ip=agg_ip,
                 udp_port=UDP_PORT, group=group, ip=ip, timeout=timeout, slots=slots,
                 payload=payload, rto=rto, method=method, block=block, elements=elements,
                 density=density, workload=workload, seed=seed, out=out, mtu=mtu,
-                aggregators=[list(a) for a in (aggregators or [(agg_ip, UDP_PORT)])])
+                aggregators=[list(a) for a in (aggregators or [(agg_ip, UDP_PORT)])],
+                auth_file=auth_file)
 
 
 def check_payload(payload: int, mtu: int, where: str) -> None:
@@ -233,7 +235,8 @@ def print_report(rep: dict, as_json: bool = False) -> int:
         return 0 if ok else 3
     W, n = rep["workers"], rep["elements"]
     print(f"allreduce {rep['method']}: {W} workers x {n} float32 ({rep['workload']}, density "
-          f"{rep['density']:g}), aggregator homagg-switch on {rep['pmd']}, links "
+          f"{rep['density']:g}), aggregator homagg-switch on {rep['pmd']}"
+          f"{', authenticated' if rep.get('auth') else ''}, links "
           f"{'unshaped' if rep['link_mbit'] is None else format(rep['link_mbit'], 'g') + ' Mbit/s'}"
           + (f", {rep['payload_bytes']}-byte payloads (MTU {rep['mtu']})"
              if rep.get("payload_bytes") else ""))

@@ -7,6 +7,7 @@ hold); ``format_ipv4`` turns such an int back into dotted form.  Bad input
 raises ``InvalidArgument`` naming the field (``what``).
 """
 import ipaddress
+import operator
 
 from homagg.errors import InvalidArgument
 
@@ -14,6 +15,11 @@ from homagg.errors import InvalidArgument
 def parse_mac(mac, what="MAC address") -> bytes:
     if isinstance(mac, (bytes, bytearray)):
         raw = bytes(mac)
+    elif isinstance(mac, (list, tuple)):
+        try:
+            raw = bytes(mac)
+        except (TypeError, ValueError):
+            raw = b""
     else:
         try:
             raw = bytes(int(x, 16) for x in str(mac).split(":"))
@@ -26,7 +32,8 @@ def parse_mac(mac, what="MAC address") -> bytes:
 
 
 def parse_ipv4(addr, what="IPv4 address") -> int:
-    if isinstance(addr, int):
+    if not isinstance(addr, str) and hasattr(addr, "__index__"):
+        addr = operator.index(addr)
         if not 0 <= addr < 2**32:
             raise InvalidArgument(f"{what}: {addr} is outside 0..2^32-1")
         return addr

@@ -49,6 +49,7 @@ import time
 
 import numpy as np
 
+from homagg import auth as hg_auth
 from homagg import log
 from homagg.errors import HomAggError
 from homagg.job import (DEFAULT_BLOCK, METHODS, UDP_PORT, WORKLOADS, RunError, check_arguments,
@@ -220,7 +221,8 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
                   state_dir: str | None = None, group: str = "239.77.0.1",
                   drop_rate: float = 0.0, idle_us: int = IDLE_US,
                   idle_polls: int = IDLE_POLLS, fail_aggregators: tuple = (),
-                  aggregators: int | None = None, repeat: int = 1, warmup: int = 0) -> dict:
+                  aggregators: int | None = None, repeat: int = 1, warmup: int = 0,
+                  auth: bool = False) -> dict:
     """One allreduce on testbed ``testbed``; returns the report dict (see
     the module doc).  Every process it starts is stopped before it returns.
     ``drop_rate`` makes the daemon's port drop that fraction of the frames it
@@ -236,7 +238,10 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
     is the slowest worker's time of each timed call, "seconds" their
     median, and the bytes, CPU and counters are per timed call
     ("worker_stats_timed": each worker's counters over the timed calls;
-    the daemons' counters and "aggregators" cover all timed calls)."""
+    the daemons' counters and "aggregators" cover all timed calls).
+    ``auth``: the job authenticates every frame; its new secret goes to the
+    daemons over their control sockets and to the workers in a file only its
+    owner reads."""
     if repeat < 1 or warmup < 0:
         raise RunError("repeat must be >= 1 and warmup >= 0")
     check_arguments(method, elements, density)
@@ -261,11 +266,14 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
                               idle_us=idle_us, idle_polls=idle_polls, host=h.name))
         sw = sws[0]
         before = []
+        auth_file = os.path.join(workdir, "job.secret") if auth else None
+        secret = hg_auth.create_secret_file(auth_file) if auth else None
         for k, s in enumerate(sws):
             with s.client() as c:  # aggregator k of the job: its shard k
                 c.add_job(job=job, token=token, workers=W, slots=slots, payload=payload,
-                          group=group, shard=k)
+                          group=group, shard=k, auth=secret)
                 before.append(c.stats())
+        del secret
         agg_addrs = [(s.ip, UDP_PORT) for s in sws]
         unknown = set(fail_aggregators) - {s.host for s in sws}
         if unknown:
@@ -278,7 +286,7 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
                                payload=payload, rto=rto, method=method, block=block,
                                elements=elements, density=density, workload=workload, seed=seed,
                                out=os.path.join(workdir, f"result-{i}.npy"),
-                               aggregators=agg_addrs)
+                               aggregators=agg_addrs, auth_file=auth_file)
             spec.update(repeat=repeat, warmup=warmup)
             p = tb.run_in(h.name, [sys.executable, "-m", "homagg.job", "--child", json.dumps(spec)],
                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -363,6 +371,7 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
             "payload_bytes": payload,
             "mtu": mtu,
             "pmd": sw.pmd,
+            "auth": bool(auth),
             "link_mbit": tb.state().get("link_mbit"),
             "seconds": float(np.median(each)),
             "seconds_each": each,
@@ -453,6 +462,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--state-dir", default=None, metavar="DIR", help="testbed state directory")
     p.add_argument("--runs-dir", default="runs", metavar="DIR",
                    help="with -i: results and logs go to DIR/<timestamp>-<method>/ (default: %(default)s)")
+    p.add_argument("--auth", action="store_true",
+                   help="authenticate every frame with per-worker keys from a new job secret "
+                        "(docs/PROTOCOL.md \"Authentication\"; costs one keyed BLAKE2b per frame)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -460,6 +472,10 @@ def main(args: argparse.Namespace) -> int:
     if args.inventory:
         from homagg import remote
 
+        if args.auth:
+            print("homagg run allreduce: --auth runs on a local testbed (--testbed); on "
+                  "--inventory hosts the job secret file is not provisioned yet", file=sys.stderr)
+            return 2
         return remote.run_main(args)
     try:
         rep = run_allreduce(args.testbed, args.method, args.elements, args.density,
@@ -468,7 +484,8 @@ def main(args: argparse.Namespace) -> int:
                             rto=args.rto, pmd=args.pmd,
                             switch=args.switch, state_dir=args.state_dir,
                             drop_rate=args.drop_rate, aggregators=args.aggregators,
-                            repeat=args.repeat, warmup=args.warmup)
+                            repeat=args.repeat, warmup=args.warmup,
+                            auth=args.auth)
     except (HomAggError, TestbedError) as e:
         print(f"homagg run allreduce: {e}", file=sys.stderr)
         return 1

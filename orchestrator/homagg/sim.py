@@ -28,7 +28,7 @@ import numpy as np
 
 from homagg._native import ffi, lib
 from homagg.bindings import sim as _b
-from homagg import protocol
+from homagg import auth, protocol
 from homagg.errors import HomAggError, InvalidArgument, PeerTimeout, error_class, error_for
 
 # The codec options, named as in homagg.codec.Params ("block" is an alias).
@@ -77,12 +77,19 @@ def _params(workers, block_elements=None, block=None, stochastic=False, seed=0,
 class Job:
     """One job of a cluster: W workers with their own token and slots."""
 
-    def __init__(self, cluster, index, workers, slots):
+    def __init__(self, cluster, index, workers, slots, secret=None):
         self.cluster = cluster
         self.index = index
         self.workers = workers
         self.slots = slots
+        self.secret = secret  # the job secret when it authenticates, else None
         self.wire_id, self.token = _b.sim_job_wire(cluster._sim, index)
+
+    def key(self, key_id):
+        """Key ``key_id`` (a worker id or homagg.auth.AGGREGATOR) of the job."""
+        if self.secret is None:
+            raise InvalidArgument("the job does not authenticate (Cluster(auth=True))")
+        return auth.derive_key(self.secret, key_id)
 
     def allreduce(self, grads, method="lhc", **options):
         return self.cluster.allreduce_many([(self, grads, method, options)])[0]
@@ -120,12 +127,15 @@ class Cluster:
     job's payload bytes per packet (1024; up to 8192); mtu: the MTU of every
     NIC port (None: 1500, or what the payload needs; 9000: jumbo frames), a
     payload whose frames do not fit it is refused with the limit named.
+    auth: every job authenticates its frames (per-worker MACs,
+    docs/PROTOCOL.md "Authentication"; the job secret is ``job.secret``).
     """
 
     def __init__(self, workers=4, loss=0.0, duplicate=0.0, reorder=0.0, seed=0,
                  slots=64, link_gbps=100.0, timeout=2.0, rto=200e-6, rto_max=50e-3,
                  delay=1e-6, payload=1024, multicast=True, max_time=600.0,
-                 agg_link_gbps=None, rto_min=None, aggregators=1, mtu=None):
+                 agg_link_gbps=None, rto_min=None, aggregators=1, mtu=None,
+                 auth=False):
         if mtu is not None:
             from homagg.worker import FRAME_OVERHEAD, max_payload
 
@@ -158,6 +168,8 @@ class Cluster:
         self._rto_min = 0.0 if rto_min is None else rto_min
         self._rto_max = rto_max
         self._slots = slots
+        self._seed = seed
+        self.auth = bool(auth)
         self.max_time = max_time
         self.jobs = []
         self.job = self.add_job(workers)
@@ -189,15 +201,20 @@ class Cluster:
         return self._sim
 
     # ---- jobs ------------------------------------------------------------
-    def add_job(self, workers, slots=None, timeout=None):
+    def add_job(self, workers, slots=None, timeout=None, auth=None):
+        """A new job on the aggregators; ``auth`` (default: the cluster's)
+        gives it a job secret, drawn from the seed so runs repeat."""
         s = self._live()
         slots = self._slots if slots is None else slots
         timeout = self._timeout if timeout is None else timeout
+        auth = self.auth if auth is None else auth
+        secret = (np.random.default_rng([self._seed, len(self.jobs), 0xA07]).bytes(32)
+                  if auth else None)
         idx = _b.sim_add_job(s, workers, slots=slots, rto_ns=int(self._rto * 1e9),
                              rto_max_ns=int(self._rto_max * 1e9),
                              give_up_ns=int(timeout * 1e9),
-                             rto_min_ns=int(self._rto_min * 1e9))
-        job = Job(self, idx, workers, slots)
+                             rto_min_ns=int(self._rto_min * 1e9), secret=secret)
+        job = Job(self, idx, workers, slots, secret)
         self.jobs.append(job)
         return job
 
@@ -310,18 +327,19 @@ class Cluster:
         """Send a raw Ethernet frame to the aggregator from an extra port."""
         _b.sim_inject(self._live(), frame)
 
-    def build_frame(self, for_job=None, payload=b"", **fields):
+    def build_frame(self, for_job=None, payload=b"", key=None, **fields):
         """A well-formed frame to the aggregator from the attacker port with
         any header fields (version, op, flags, job, token, worker, slot, seq,
         lanes, exp, shard, incarnation, reserved); job id and token default
         to those of for_job (default: the first job), lanes to the payload's
-        int32 lanes, the incarnation to the workers' (HG_SIM_INCARNATION)."""
+        int32 lanes, the incarnation to the workers' (HG_SIM_INCARNATION).
+        ``key``: MAC the frame with it (Job.key)."""
         job = for_job or self.job
         hdr = {"version": lib.HG_PROTOCOL_VERSION, "op": lib.HG_OP_SUM32,
                "job": job.wire_id, "token": job.token,
                "lanes": len(payload) // 4, "incarnation": lib.HG_SIM_INCARNATION}
         hdr.update(fields)
-        return _b.sim_build_frame(self._live(), hdr, payload)
+        return _b.sim_build_frame(self._live(), hdr, payload, key)
 
     def restart_aggregator(self, k=0, after_frames=0, incarnation=0):
         """Aggregator k restarts (every job's state there lost, a new

@@ -39,7 +39,9 @@ order), while Python keeps running.
 
 Every frame carries the worker's ``incarnation`` (default: from the clock,
 so a restarted worker gets a greater one); an aggregator that restarts
-during an allreduce makes it raise ``PeerRestarted``.
+during an allreduce makes it raise ``PeerRestarted``.  A job with
+authentication gives every worker ``auth_file``: the job secret in a file
+only its owner can read (homagg.auth).
 """
 import concurrent.futures
 import ipaddress
@@ -48,7 +50,7 @@ import threading
 
 import numpy as np
 
-from homagg import protocol
+from homagg import auth, protocol
 from homagg._native import ffi, lib
 from homagg.bindings.client import agg_stats_dict, client_stats_dict
 from homagg.errors import InvalidArgument, check, error_for
@@ -76,7 +78,7 @@ def _ipv4(addr, what):
 
 IP_MTU = getattr(socket, "IP_MTU", 14)  # linux/in.h
 # IPv4 + UDP + HomAgg header + the optional MAC (docs/PROTOCOL.md Part 2)
-FRAME_OVERHEAD = 20 + 8 + lib.HG_HDR_LEN + 16
+FRAME_OVERHEAD = 20 + 8 + lib.HG_HDR_LEN + lib.HG_MAC_LEN
 
 
 def path_mtu(dest, source="0.0.0.0"):
@@ -152,7 +154,8 @@ class Worker:
                  aggregator=("10.0.0.1", 48879), group=None,
                  bind=("0.0.0.0", 0), timeout=5.0, slots=64, payload=1024,
                  rto=0.001, packets=0, aggregators=None, mtu=None, incarnation=0,
-                 rto_min=RTO_MIN, start_wait=START_WAIT):
+                 rto_min=RTO_MIN, start_wait=START_WAIT,
+                 auth_file=None):
         if not 0 <= worker < workers:
             raise InvalidArgument(f"worker {worker} not in 0..{workers - 1}")
         if timeout <= 0:
@@ -212,9 +215,13 @@ class Worker:
         cfg.start_wait_ns = int(start_wait * 1e9)
         cfg.give_up_ns = int(timeout * 1e9)
         cfg.incarnation = int(incarnation)
+        if auth_file is not None:
+            cfg.auth = 1
+            cfg.secret = list(auth.load_secret(auth_file))
         self._cfg = cfg
         self._aggs = aggs
         client = lib.hg_client_create(cfg)
+        cfg.secret = [0] * len(cfg.secret)  # the client keeps only its keys
         if client == ffi.NULL:
             raise InvalidArgument(
                 f"worker client configuration refused (job {job}, worker "

@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "homagg/auth.h"
 #include "homagg/client.h"
 #include "homagg/engine.h"
 #include "homagg/mix.h"
@@ -228,8 +229,8 @@ struct hg_sim *hg_sim_create(const struct hg_sim_config *cfg)
 	if (s->cfg.agg_link_gbps == 0)
 		s->cfg.agg_link_gbps = s->cfg.link_gbps;
 	/* Largest IP packet: the configured MTU, else IPv4 + UDP + header +
-	 * payload, at least 1500. */
-	s->mtu = (uint16_t)(20 + 8 + HG_HDR_LEN + payload);
+	 * payload + MAC, at least 1500. */
+	s->mtu = (uint16_t)(20 + 8 + HG_HDR_LEN + payload + HG_MAC_LEN);
 	if (s->mtu < 1500)
 		s->mtu = 1500;
 	if (cfg->mtu)
@@ -325,6 +326,8 @@ int hg_sim_add_job(struct hg_sim *s, const struct hg_sim_job_config *jc)
 	ej.payload_bytes = s->cfg.payload_bytes;
 	ej.group_ipv4 = s->cfg.unicast_results ? 0 : GROUP_BASE + (uint32_t)j;
 	inc = jc->incarnation ? jc->incarnation : HG_SIM_INCARNATION;
+	ej.auth = jc->auth;
+	memcpy(ej.secret, jc->secret, sizeof(ej.secret));
 	for (uint32_t k = 0; k < s->naggs; k++) {
 		ej.shard = (uint8_t)k;
 		ej.incarnation = s->agg[k].incarnation ? s->agg[k].incarnation : inc;
@@ -352,6 +355,9 @@ int hg_sim_add_job(struct hg_sim *s, const struct hg_sim_job_config *jc)
 	cc.give_up_ns = jc->give_up_ns;
 	cc.rto_min_ns = jc->rto_min_ns;
 	cc.incarnation = inc;
+	cc.auth = jc->auth;
+	memcpy(cc.secret, jc->secret, sizeof(cc.secret));
+	hg_auth_wipe(ej.secret, sizeof(ej.secret));
 	for (uint32_t w = 0; w < job->workers; w++) {
 		struct sim_worker *sw = &job->w[w];
 
@@ -362,7 +368,7 @@ int hg_sim_add_job(struct hg_sim *s, const struct hg_sim_job_config *jc)
 		mac[5] = (uint8_t)w;
 		sw->nport = add_port(s, mac, worker_ip(j, w), s->cfg.link_gbps, true);
 		if (!sw->nport)
-			return -ENOMEM;
+			break;
 		sw->inner = hg_nic_port_get(sw->nport);
 		sw->wrap.ops = &worker_port_ops;
 		sw->wrap.ctx = sw;
@@ -370,9 +376,10 @@ int hg_sim_add_job(struct hg_sim *s, const struct hg_sim_job_config *jc)
 		cc.worker = w;
 		sw->client = hg_client_create(&cc);
 		if (!sw->client)
-			return -ENOMEM;
+			break;
 	}
-	return j;
+	hg_auth_wipe(cc.secret, sizeof(cc.secret));
+	return job->w[job->workers - 1].client ? j : -ENOMEM;
 }
 
 static struct sim_job *get_job(const struct hg_sim *s, int job)
@@ -662,14 +669,15 @@ int hg_sim_inject(struct hg_sim *s, const uint8_t *frame, size_t len)
 
 int hg_sim_build_frame(const struct hg_sim *s, const struct hg_hdr *h,
 		       const uint8_t *payload, size_t payload_len,
-		       uint8_t *frame, size_t cap)
+		       uint8_t *frame, size_t cap, const uint8_t *key)
 {
 	struct hg_wire_addr src = { { 2, 0, 0, 0, 0, 2 }, ATTACKER_IP, HG_UDP_PORT };
 	struct hg_wire_addr dst = { { 2, 0, 0, 0, 0, 1 }, AGG_IP, HG_UDP_PORT };
 
 	if (!s || !h)
 		return -EINVAL;
-	return hg_wire_build(frame, cap, &src, &dst, h, payload, payload_len, 0);
+	return hg_wire_build_mac(frame, cap, &src, &dst, h, payload, payload_len,
+				 0, key);
 }
 
 int hg_sim_kill_aggregator(struct hg_sim *s, uint32_t k, uint64_t after_ns)

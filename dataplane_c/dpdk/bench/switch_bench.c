@@ -4,7 +4,7 @@
  * aggregator's data path on one lcore.
  *
  *   homagg-switch-bench [EAL args] -- [--workers W] [--slots S]
- *                       [--payload BYTES] [--seconds T] [--json]
+ *                       [--payload BYTES] [--seconds T] [--auth] [--json]
  *
  * One process, two lcores, net_ring between them: the engine lcore runs
  * exactly the daemon's data path (hg_engine_poll over hg_dpdk_port on an
@@ -15,6 +15,10 @@
  * the engine's "received" counter over the measured interval; every frame
  * must also be "summed" (no drops), which the program checks.  With one
  * lcore both run in turn on it (the figure is then a lower bound).
+ *
+ * --auth: the job authenticates (a random secret); the generator MACs every
+ * frame it patches with its worker's key, the engine verifies each one and
+ * MACs its results (docs/PROTOCOL.md "Authentication").
  */
 #include <errno.h>
 #include <getopt.h>
@@ -33,13 +37,16 @@
 #include <rte_memcpy.h>
 #include <rte_ring.h>
 
+#include <sodium.h>
+
+#include "homagg/auth.h"
 #include "homagg/codec.h"
 #include "homagg/counters.h"
 #include "homagg/errors.h"
 #include "homagg/engine.h"
 #include "homagg/kernels.h"
 #include "homagg/wire.h"
-#include "../port_dpdk.h"
+#include "port_dpdk.h"
 
 #define GEN_BURST 32
 #define RING_SIZE 4096
@@ -48,6 +55,9 @@ struct bench {
 	unsigned int workers, slots, payload;
 	double seconds;
 	bool json;
+	bool auth;
+	uint8_t secret[HG_AUTH_SECRET_LEN];
+	uint8_t (*keys)[HG_AUTH_KEY_LEN]; /* auth: one per worker */
 	struct rte_mempool *pool;
 	struct rte_ring *to_engine, *from_engine;
 	uint16_t port_id;
@@ -110,7 +120,8 @@ static int build_templates(struct bench *b)
 
 	if (!payload)
 		return -ENOMEM;
-	b->flen = (uint16_t)(HG_ETH_IP_UDP_LEN + HG_HDR_LEN + b->payload);
+	b->flen = (uint16_t)(HG_ETH_IP_UDP_LEN + HG_HDR_LEN + b->payload +
+			     (b->auth ? HG_MAC_LEN : 0));
 	b->tmpl = calloc(b->workers, b->flen);
 	if (!b->tmpl) {
 		free(payload);
@@ -126,8 +137,9 @@ static int build_templates(struct bench *b)
 					     .ipv4 = 0x0A000100 + w, .port = 40000 };
 		for (i = 0; i < b->payload; i++)
 			payload[i] = (uint8_t)(i * 7 + w);
-		len = hg_wire_build(b->tmpl + (size_t)w * b->flen, b->flen, &src,
-				    &dst, &h, payload, b->payload, 0);
+		len = hg_wire_build_mac(b->tmpl + (size_t)w * b->flen, b->flen,
+					&src, &dst, &h, payload, b->payload, 0,
+					b->auth ? b->keys[w] : NULL);
 		if (len != b->flen) {
 			free(payload);
 			return len < 0 ? len : -EPROTO;
@@ -183,9 +195,14 @@ static uint64_t generate(struct bench *b, uint64_t until_tsc, bool share_lcore,
 			uint32_t s = *seq;
 
 			rte_memcpy(f, b->tmpl + (size_t)*worker * b->flen, b->flen);
-			put16(h + 2, ((s / b->slots) & 1) ? HG_FLAG_SHADOW : 0);
+			put16(h + 2, (((s / b->slots) & 1) ? HG_FLAG_SHADOW : 0) |
+				     (b->auth ? HG_FLAG_AUTH : 0));
 			put16(h + 14, (uint16_t)(s % b->slots));
 			put32(h + 16, s);
+			if (b->auth)   /* what a worker computes per frame */
+				hg_auth_mac(b->keys[*worker], h,
+					    HG_HDR_LEN + b->payload,
+					    h + HG_HDR_LEN + b->payload);
 			m[i]->data_len = b->flen;
 			m[i]->pkt_len = b->flen;
 			if (++*worker == b->workers) {
@@ -259,6 +276,7 @@ static int parse(int argc, char **argv, struct bench *b)
 		{ "payload", required_argument, NULL, 'p' },
 		{ "seconds", required_argument, NULL, 't' },
 		{ "json", no_argument, NULL, 'j' },
+		{ "auth", no_argument, NULL, 'a' },
 		{ NULL, 0, NULL, 0 },
 	};
 	int c;
@@ -284,6 +302,9 @@ static int parse(int argc, char **argv, struct bench *b)
 			break;
 		case 'j':
 			b->json = true;
+			break;
+		case 'a':
+			b->auth = true;
 			break;
 		default:
 			return -EINVAL;
@@ -370,7 +391,20 @@ int main(int argc, char **argv)
 		goto fail;
 	jc = (struct hg_job_config){ .job = 1, .token = 0xBEEF,
 		.workers = b->workers, .slots = b->slots,
-		.payload_bytes = b->payload, .group_ipv4 = 0xEF010101 };
+		.payload_bytes = b->payload, .group_ipv4 = 0xEF010101,
+		.incarnation = 1, .auth = b->auth };
+	if (b->auth) {
+		if (sodium_init() < 0)
+			goto fail;
+		randombytes_buf(b->secret, sizeof(b->secret));
+		memcpy(jc.secret, b->secret, sizeof(jc.secret));
+		b->keys = calloc(b->workers, sizeof(*b->keys));
+		if (!b->keys)
+			goto fail;
+		for (i = 0; i < b->workers; i++)
+			if (hg_auth_derive_key(b->secret, i, b->keys[i]) < 0)
+				goto fail;
+	}
 	rc = hg_engine_add_job(b->eng, &jc);
 	if (rc < 0) {
 		fprintf(stderr, "add_job: %s\n", hg_strerror(rc));
@@ -423,7 +457,8 @@ int main(int argc, char **argv)
 		       "\"received\":%" PRIu64 ",\"summed\":%" PRIu64
 		       ",\"completed\":%" PRIu64 ",\"drops\":%" PRIu64
 		       ",\"engine_busy\":%.4f,\"generator_blocked\":%" PRIu64
-		       ",\"generator_no_mbuf\":%" PRIu64 ",\"preempted_polls\":%" PRIu64 ",\"fanout_checked\":true}\n",
+		       ",\"generator_no_mbuf\":%" PRIu64 ",\"preempted_polls\":%" PRIu64
+		       ",\"auth\":%s,\"fanout_checked\":true}\n",
 		       b->workers, mpps, engine_mpps,
 		       mpps * 1e6 * b->flen * 8 / 1e9,
 		       mpps * 1e6 * b->payload * 8 / 1e9,
@@ -433,7 +468,8 @@ int main(int argc, char **argv)
 		       c1[HG_CNT_RECEIVED] - c0[HG_CNT_RECEIVED],
 		       c1[HG_CNT_SUMMED] - c0[HG_CNT_SUMMED],
 		       c1[HG_CNT_COMPLETED] - c0[HG_CNT_COMPLETED], drops,
-		       busy_frac, b->gen_full, b->alloc_fail, b->preempted);
+		       busy_frac, b->gen_full, b->alloc_fail, b->preempted,
+		       b->auth ? "true" : "false");
 	else
 		printf("W=%u payload=%u: %.3f Mpps end to end (%.2f Gbit/s of "
 		       "%u-byte frames, %.2f Gbit/s of payload, %s), engine lcore "
@@ -449,6 +485,10 @@ int main(int argc, char **argv)
 fail:
 	ret = 1;
 out:
+	if (b->keys)
+		hg_auth_wipe(b->keys, b->workers * sizeof(*b->keys));
+	free(b->keys);
+	hg_auth_wipe(b->secret, sizeof(b->secret));
 	hg_engine_destroy(b->eng);
 	hg_dpdk_port_destroy(b->dport);
 	free(b->tmpl);

@@ -34,6 +34,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "homagg/auth.h"
 #include "homagg/codec.h"
 #include "homagg/port.h"
 #include "homagg/protocol.h"
@@ -88,6 +89,9 @@ struct hg_client_config {
 				    * worker passes one greater than before) */
 	uint64_t start_wait_ns;    /* least wait for the first result of a step, which
 				    * includes the slowest peer's computing (0 = 4 rto_ns) */
+	uint8_t auth;              /* 1: the job authenticates every frame */
+	uint8_t secret[32];         /* auth: the job secret (HG_AUTH_SECRET_LEN); the client
+				    * keeps only its key and the aggregator's */
 };
 
 struct hg_client_stats {
@@ -116,6 +120,8 @@ struct hg_client_stats {
 	uint32_t aggregators;      /* K; srtt/rttvar/rto above are of the aggregator
 				    * with the longest timeout, rtt_samples the total */
 	uint64_t start_wait_ns;    /* current wait for the first result of a step */
+	uint64_t bad_mac;          /* replies dropped: MAC missing, wrong, or
+				    * present on a job without auth */
 };
 
 /* What a worker exchanged with one of its aggregators. */

@@ -40,6 +40,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "homagg/auth.h"
 #include "homagg/kernels.h"
 #include "homagg/port.h"
 #include "homagg/wire.h"
@@ -81,6 +82,9 @@ struct hg_job_config {
 	uint8_t shard;           /* this aggregator's index k among the job's K */
 	uint32_t incarnation;    /* the job's incarnation in replies;
 				  * 0 = hg_wire_incarnation_now() */
+	uint8_t auth;            /* 1: every frame carries a MAC (homagg/auth.h) */
+	uint8_t secret[32];      /* auth: the job secret (HG_AUTH_SECRET_LEN); the engine
+				  * keeps only the keys derived from it */
 };
 
 /* Defaults: max_jobs 64, HG_UDP_PORT, burst 32, HG_ENGINE_F_UDP_CSUM,
@@ -93,8 +97,9 @@ void hg_engine_destroy(struct hg_engine *e);
 
 /*
  * Add a job; all its memory (2 * S accumulators of payload_bytes, the
- * worker table) is allocated here.  Returns 0, -EINVAL (NULL), -EEXIST (job
- * id in use), -ERANGE (W, S, payload, or max_jobs reached), -ENOMEM.
+ * worker table, with auth the W + 1 keys) is allocated here.  Returns 0,
+ * -EINVAL (NULL), -EEXIST (job id in use), -ERANGE (W, S, payload, or
+ * max_jobs reached), -ENOMEM, -ENOTSUP (auth: libsodium unusable).
  */
 int hg_engine_add_job(struct hg_engine *e, const struct hg_job_config *j);
 /* The job's configuration as the engine holds it (the incarnation chosen

@@ -3,9 +3,12 @@
  * homagg/port.h - the port interface: how the engine and the worker client
  * move packets.  One ops table, several backends chosen by the build:
  *
- *   nic/src/...        the software NIC model (virtual time, fault injection)
- *   dataplane_c/dpdk/  rte_ethdev (hardware NICs and virtual PMDs)
- *   dataplane_c/src/port_udp.c  kernel UDP sockets (workers on real links)
+ *   dataplane_c/ports/port_mem.c     in-memory (tests, benchmarks)
+ *   dataplane_c/ports/port_udp.c     kernel UDP sockets (workers on real links)
+ *   dataplane_c/ports/dpdk/          rte_ethdev (hardware NICs and virtual PMDs;
+ *                                    built into the daemon only)
+ *   nic/src/nic_port.c               the software NIC model (virtual time,
+ *                                    fault injection)
  *
  * A packet is a struct hg_pkt owned by the backend that allocated it.  A
  * frame starts at data[0] with the Ethernet header.  Ownership rules, as in

@@ -118,15 +118,22 @@ int hg_wire_parse(const uint8_t *frame, size_t len, uint16_t udp_port,
  * Write a whole frame (Ethernet, IPv4, UDP, HomAgg header, payload, and
  * with HG_FLAG_AUTH in hdr->flags the 16-byte MAC) to frame[0..cap) from
  * src to dst.  hdr is in host byte order; payload may be NULL when
- * payload_len is 0.  The MAC written is all zero (a frame that fails
- * verification).  Returns the frame length, -EINVAL (NULL
- * argument), -ERANGE (payload longer than
+ * payload_len is 0.  hg_wire_build() writes an all-zero MAC (a frame that
+ * fails verification, for tests); hg_wire_build_mac() with a key
+ * (HG_AUTH_KEY_LEN bytes, homagg/auth.h) sets HG_FLAG_AUTH and writes the
+ * MAC keyed with it (NULL key: as hg_wire_build).  Returns the frame
+ * length, -EINVAL (NULL argument), -ERANGE (payload longer than
  * HG_MAX_PAYLOAD), -ENOSPC (cap too small).  The IPv4 checksum is always
  * filled in.
  */
 int hg_wire_build(uint8_t *frame, size_t cap, const struct hg_wire_addr *src,
 		  const struct hg_wire_addr *dst, const struct hg_hdr *hdr,
 		  const uint8_t *payload, size_t payload_len, uint32_t flags);
+int hg_wire_build_mac(uint8_t *frame, size_t cap,
+		      const struct hg_wire_addr *src,
+		      const struct hg_wire_addr *dst, const struct hg_hdr *hdr,
+		      const uint8_t *payload, size_t payload_len, uint32_t flags,
+		      const uint8_t *key);
 
 /*
  * A fresh incarnation (docs/PROTOCOL.md "Incarnations"): the low 32 bits of

@@ -114,6 +114,9 @@ def add_arguments(parser):
     parser.add_argument("--testbed-name", default="bench",
                         help="name of the testbed this benchmark builds and removes (default bench)")
     parser.add_argument("--state-dir", default=None, help="testbed state directory")
+    parser.add_argument("--auth", action="store_true",
+                        help="also run every HomAgg method with per-worker authentication "
+                             "(rows METHOD+auth, with time_vs_unauthenticated)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
     parser.add_argument("--out", metavar="DIR", default=None,
                         help="write allreduce.json/.csv/.md and the plots into DIR")
@@ -282,7 +285,8 @@ def homagg_run_available():
     return True, None
 
 
-def homagg_via_run_allreduce(testbed_name, method, n, workload, density, args, payload=1024):
+def homagg_via_run_allreduce(testbed_name, method, n, workload, density, args, payload=1024,
+                             auth=False):
     """One HomAgg allreduce on the testbed, by homagg.run.run_allreduce (the
     function behind `homagg run allreduce --testbed NAME`); returns its report."""
     from homagg import job
@@ -294,10 +298,12 @@ def homagg_via_run_allreduce(testbed_name, method, n, workload, density, args, p
         run_workload, run_density = (("shared", 1.0) if workload == "dense" else (workload, density))
     return hrun.run_allreduce(testbed_name, method, n, run_density, workload=run_workload,
                               seed=args.seed, timeout=args.timeout, state_dir=args.state_dir,
-                              repeat=args.repeat, warmup=args.warmup, payload=payload)
+                              repeat=args.repeat, warmup=args.warmup, payload=payload,
+                              auth=auth)
 
 
-def homagg_row(testbed_name, method, W, n, workload, density, link_mbit, args, payload=1024):
+def homagg_row(testbed_name, method, W, n, workload, density, link_mbit, args, payload=1024,
+               auth=False):
     """One row: --warmup untimed and --repeat timed allreduces by the same
     worker processes and daemon (homagg run's repeat/warmup), checked bit
     for bit once (every call sums the same gradients)."""
@@ -306,7 +312,7 @@ def homagg_row(testbed_name, method, W, n, workload, density, link_mbit, args, p
         return {"status": f"unavailable: {why}"}
     try:
         r = homagg_via_run_allreduce(testbed_name, method, n, workload, density, args,
-                                     payload=payload)
+                                     payload=payload, auth=auth)
     except Exception as exc:  # a failed method is a result, not a crash of the whole run
         return {"status": f"failed: {type(exc).__name__}: {exc}"[:500]}
     seconds = r["seconds_each"]
@@ -417,6 +423,17 @@ def run(args):
                             key = m if len(payloads) == 1 else f"{m}@{p}"
                             rows[key] = {"method": m, **base, **row}
                             _progress(_line(rows[key]))
+                            if args.auth:
+                                # the same allreduce with per-worker MACs, right after
+                                row = homagg_row(name, m, W, args.elements, wl, d, link_mbit,
+                                                 args, payload=p, auth=True)
+                                plain = rows[key].get("seconds_median")
+                                authed = row.get("seconds_median")
+                                row["time_vs_unauthenticated"] = (authed / plain
+                                                                  if plain and authed else None)
+                                rows[key + "+auth"] = {"method": m + "+auth", "auth": True,
+                                                       **base, **row}
+                                _progress(_line(rows[key + "+auth"]))
                     g = rows.get("gloo", {}).get("seconds_median")
                     for r in rows.values():
                         s = r.get("seconds_median")
@@ -459,7 +476,7 @@ MD_COLUMNS = ("workers", "link_mbit", "workload", "density", "method", "payload_
               "seconds_median", "seconds_min", "seconds_max", "speedup_vs_gloo", "algbw_gbps",
               "bytes_per_worker", "link_utilisation", "worker_cpu_seconds", "daemon_cpu_seconds",
               "timeouts_per_allreduce", "retransmissions_per_allreduce", "exact", "cpu_bound",
-              "cpu_ms_per_mb", "link_bound")
+              "cpu_ms_per_mb", "link_bound", "time_vs_unauthenticated")
 
 
 def reference_rate(report):

@@ -13,7 +13,10 @@ measures the default payload and a jumbo one (frames up to MTU 9000) in one
 run.  ``--lcores 0`` runs generator and engine on one lcore
 (frames hot in that core's cache); the default ``0,1`` puts them on two
 (frames cross cores, as from a NIC, and the engine lcore's share of its CPU
-matters on a shared machine).  Needs root (EAL).
+matters on a shared machine).  ``--auth`` measures every W twice in the
+same run, without and with per-worker authentication (the generator MACs
+each frame, the engine verifies it and MACs its results), and reports the
+ratio of the engine lcore's capacity.  Needs root (EAL).
 """
 import json
 import os
@@ -38,16 +41,20 @@ def add_arguments(parser):
                         help="EAL lcore list: generator first, engine second (default 0,1)")
     parser.add_argument("--binary", default=None,
                         help="path of homagg-switch-bench (default build/release/)")
+    parser.add_argument("--auth", action="store_true",
+                        help="also measure with per-worker authentication and report the ratio")
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
 
 
-def run_one(binary, workers, payload, slots, seconds, lcores):
+def run_one(binary, workers, payload, slots, seconds, lcores, auth=False):
     with tempfile.TemporaryDirectory(prefix="homagg-bench-") as rundir:
         env = dict(os.environ, RUNTIME_DIRECTORY=rundir, XDG_RUNTIME_DIR=rundir)
         cmd = [str(binary), "-l", lcores, "--no-huge", "-m", "512", "--no-pci",
                "--no-shconf", "--no-telemetry", "--log-level", "lib.eal:error",
                "--", "--workers", str(workers), "--payload", str(payload),
                "--slots", str(slots), "--seconds", str(seconds), "--json"]
+        if auth:
+            cmd.append("--auth")
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env,
                               timeout=seconds * 4 + 60)
     lines = [x for x in proc.stdout.splitlines() if x.startswith("{")]
@@ -65,15 +72,25 @@ def main(args):
     rc = 0
     for payload in args.payload:
         for w in args.workers:
-            r = run_one(binary, w, payload, args.slots, args.seconds, args.lcores)
-            if r["drops"]:
-                rc = 2
-            if args.json:
-                print(json.dumps(r), flush=True)
-            else:
-                print(f"W={r['workers']:4d} payload={r['payload']} B: {r['mpps']:7.3f} Mpps "
+            runs = [run_one(binary, w, payload, args.slots, args.seconds, args.lcores)]
+            if args.auth:  # the same run, with per-worker MACs
+                runs.append(run_one(binary, w, payload, args.slots, args.seconds, args.lcores,
+                                    auth=True))
+                base = runs[0]["engine_mpps"]
+                runs[1]["engine_mpps_vs_unauthenticated"] = (runs[1]["engine_mpps"] / base
+                                                             if base else None)
+            for r in runs:
+                if r["drops"]:
+                    rc = 2
+                if args.json:
+                    print(json.dumps(r), flush=True)
+                    continue
+                ratio = r.get("engine_mpps_vs_unauthenticated")
+                print(f"W={r['workers']:4d} payload={r['payload']} B"
+                      f"{' auth' if r.get('auth') else ''}: {r['mpps']:7.3f} Mpps "
                       f"({r['payload_gbps']:6.2f} Gbit/s of payload) end to end, engine lcore "
-                      f"capacity {r['engine_mpps']:7.3f} Mpps "
+                      f"capacity {r['engine_mpps']:7.3f} Mpps"
+                      f"{f' = {ratio:.2f}x unauthenticated' if ratio is not None else ''} "
                       f"({r['engine_payload_gbps']:6.2f} Gbit/s of payload, busy "
                       f"{100 * r['engine_busy']:.0f}%, {r['preempted_polls']} preempted polls), "
                       f"{r['lcores']} lcore(s), {r['isa']}, drops {r['drops']}", flush=True)

@@ -60,8 +60,12 @@ def sim_destroy(s):
     ffi.release(s)
 
 
-def sim_add_job(s, workers, slots=0, rto_ns=0, rto_max_ns=0, give_up_ns=0, rto_min_ns=0):
+def sim_add_job(s, workers, slots=0, rto_ns=0, rto_max_ns=0, give_up_ns=0, rto_min_ns=0,
+                secret=None):
     jc = ffi.new("struct hg_sim_job_config *")
+    if secret is not None:
+        jc.auth = 1
+        jc.secret = list(bytes(secret))
     jc.workers = int(workers)
     jc.slots = int(slots)
     jc.rto_ns = int(rto_ns)
@@ -169,14 +173,16 @@ def sim_inject(s, frame):
     check(lib.hg_sim_inject(s, frame, len(frame)), "inject")
 
 
-def sim_build_frame(s, fields, payload=b""):
+def sim_build_frame(s, fields, payload=b"", key=None):
     h = ffi.new("struct hg_hdr *")
     for k, v in fields.items():
         setattr(h, k, v)
     payload = bytes(payload)
     cap = lib.HG_ETH_IP_UDP_LEN + lib.HG_HDR_LEN + len(payload) + lib.HG_MAC_LEN
     out = ffi.new("uint8_t[]", cap)
-    n = check(lib.hg_sim_build_frame(s, h, payload, len(payload), out, cap), "build frame")
+    n = check(lib.hg_sim_build_frame(s, h, payload, len(payload), out, cap,
+                                     bytes(key) if key is not None else ffi.NULL),
+              "build frame")
     return bytes(ffi.buffer(out, n))
 
 

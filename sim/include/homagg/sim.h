@@ -66,6 +66,8 @@ struct hg_sim_job_config {
 	uint32_t incarnation;   /* of every worker and of the job on the
 				 * aggregator (0 = HG_SIM_INCARNATION; the
 				 * virtual cluster keeps it deterministic) */
+	uint8_t auth;           /* 1: the job authenticates every frame */
+	uint8_t secret[32];     /* auth: the job secret (HG_AUTH_SECRET_LEN) */
 };
 
 struct hg_sim_stats {
@@ -146,11 +148,12 @@ int hg_sim_restart_aggregator(struct hg_sim *s, uint32_t k,
 int hg_sim_inject(struct hg_sim *s, const uint8_t *frame, size_t len);
 
 /* Build a well-formed HomAgg frame to the aggregator in frame (cap bytes):
- * the same headers a worker writes, any header values.  Returns its length
- * or -ENOSPC / -EINVAL. */
+ * the same headers a worker writes, any header values, with a MAC keyed
+ * with key (HG_AUTH_KEY_LEN bytes; NULL: none, or a zero MAC when h has
+ * HG_FLAG_AUTH).  Returns its length or -ENOSPC / -EINVAL. */
 int hg_sim_build_frame(const struct hg_sim *s, const struct hg_hdr *h,
 		       const uint8_t *payload, size_t payload_len,
-		       uint8_t *frame, size_t cap);
+		       uint8_t *frame, size_t cap, const uint8_t *key);
 
 /*
  * Aggregator k stops (its host dies) after_ns of virtual time from now: its

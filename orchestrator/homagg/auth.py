@@ -1,0 +1,111 @@
+"""Job secrets and keys of authenticated jobs (docs/PROTOCOL.md Part 2,
+"Authentication"; the C side is homagg/auth.h, on libsodium).
+
+A job with authentication has a 32-byte secret.  The aggregator gets it
+over its control socket (``ControlClient.add_job(..., auth=secret)``), the
+workers from a file only its owner may read::
+
+    from homagg import auth
+
+    secret = auth.create_secret_file("/run/user/0/job7.secret")  # mode 0600
+    secret = auth.load_secret("/run/user/0/job7.secret")
+    Worker(..., auth_file="/run/user/0/job7.secret")
+
+The file holds the secret as 64 hexadecimal digits on one line.  The
+secret never goes on a command line or into a log line: pass the file's
+path, not its content.
+"""
+import os
+import stat
+
+from homagg._native import ffi, lib
+from homagg.errors import InvalidArgument, check
+
+SECRET_LEN = lib.HG_AUTH_SECRET_LEN
+KEY_LEN = lib.HG_AUTH_KEY_LEN
+MAC_LEN = lib.HG_MAC_LEN
+AGGREGATOR = lib.HG_AUTH_KEY_AGGREGATOR
+
+
+class SecretFileError(InvalidArgument):
+    """The secret file is missing, unsafe (group/world readable) or malformed."""
+
+
+def new_secret():
+    """32 random bytes from the OS."""
+    return os.urandom(SECRET_LEN)
+
+
+def _check_secret(secret):
+    secret = bytes(secret)
+    if len(secret) != SECRET_LEN:
+        raise InvalidArgument(f"a job secret has {SECRET_LEN} bytes, got {len(secret)}")
+    return secret
+
+
+def create_secret_file(path, secret=None):
+    """Write ``secret`` (default: a new random one) to a new file ``path``
+    readable and writable by its owner only; returns the secret.  An
+    existing file is never overwritten."""
+    secret = _check_secret(new_secret() if secret is None else secret)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)  # whatever the umask
+        os.write(fd, secret.hex().encode() + b"\n")
+    finally:
+        os.close(fd)
+    return secret
+
+
+def load_secret(path):
+    """The secret in file ``path``.  Refuses a file that its group or other
+    users may read or write, one owned by another user, and anything but 64
+    hex digits, with a message naming the file and the fix."""
+    path = os.fspath(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError as exc:
+        raise SecretFileError(f"secret file {path}: {exc.strerror}") from exc
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise SecretFileError(f"secret file {path}: not a regular file")
+        if st.st_mode & 0o077:
+            raise SecretFileError(
+                f"secret file {path} is accessible by its group or others "
+                f"(mode {stat.S_IMODE(st.st_mode):04o}): run `chmod 600 {path}`")
+        if st.st_uid != os.geteuid():
+            raise SecretFileError(
+                f"secret file {path} belongs to uid {st.st_uid}, not to this "
+                f"user (uid {os.geteuid()}): it must be the reader's own file")
+        text = os.read(fd, 4 * SECRET_LEN + 16)
+    finally:
+        os.close(fd)
+    try:
+        secret = bytes.fromhex(text.decode("ascii").strip())
+    except (UnicodeDecodeError, ValueError):
+        secret = b""
+    if len(secret) != SECRET_LEN:
+        raise SecretFileError(
+            f"secret file {path}: must hold {2 * SECRET_LEN} hexadecimal digits "
+            "(homagg.auth.create_secret_file writes one)")
+    return secret
+
+
+def derive_key(secret, key_id):
+    """The key ``key_id`` (a worker id, or AGGREGATOR) of a job secret."""
+    secret = _check_secret(secret)
+    key = ffi.new("uint8_t[]", KEY_LEN)
+    check(lib.hg_auth_derive_key(secret, int(key_id), key), f"derive key {key_id}")
+    return bytes(key)
+
+
+def mac(key, data):
+    """The 16-byte MAC of ``data`` under ``key``."""
+    key = bytes(key)
+    if len(key) != KEY_LEN:
+        raise InvalidArgument(f"a key has {KEY_LEN} bytes, got {len(key)}")
+    data = bytes(data)
+    out = ffi.new("uint8_t[]", MAC_LEN)
+    check(lib.hg_auth_mac(key, data, len(data), out), "mac")
+    return bytes(out)

@@ -1,0 +1,350 @@
+"""Per-worker authentication (docs/PROTOCOL.md Part 2, "Authentication").
+
+The keys and MACs are checked against Python's hashlib (BLAKE2b with key,
+salt and personalisation: an implementation independent of libsodium); the
+engine against hostile frames with and without valid MACs; the simulated
+cluster (NIC model) and workers over loopback UDP end to end, bit-exact
+against the numpy oracle.
+"""
+import hashlib
+import os
+import socket
+import threading
+
+import numpy as np
+import pytest
+
+from homagg import auth
+from homagg.engine import (FLAG_AUTH, FLAG_RESULT, FLAG_RETRANS, UDP_PORT, Addr, Engine, MemPort,
+                           build_frame, parse_frame)
+from homagg.errors import InvalidArgument
+from homagg.sim import Cluster
+from homagg.worker import Worker
+
+from reference import allreduce as oracle_allreduce
+
+pytestmark = pytest.mark.sanitize
+
+SECRET = bytes(range(32))
+AGG = Addr.of("02:00:00:00:00:01", "10.0.0.254", UDP_PORT)
+
+
+def ref_key(secret, key_id):
+    """crypto_kdf_derive_from_key: BLAKE2b-256 keyed with the secret, salt =
+    the id little-endian in 16 bytes, personal = context padded to 16."""
+    return hashlib.blake2b(b"", digest_size=32, key=secret,
+                           salt=key_id.to_bytes(8, "little") + bytes(8),
+                           person=b"homaggv2" + bytes(8)).digest()
+
+
+def ref_mac(key, data):
+    return hashlib.blake2b(data, digest_size=16, key=key).digest()
+
+
+def waddr(w):
+    return Addr.of(bytes([2, 0, 0, 1, 0, w]), (10 << 24) | (1 << 16) | w, 40000 + w)
+
+
+def be32(a):
+    return np.asarray(a, dtype=np.int64).astype(np.uint32).astype(">u4").tobytes()
+
+
+def wframe(w, key_of=None, seq=0, payload=None, incarnation=1, flags=0, src=None, key=True,
+           udp_csum=True):
+    """Worker w's frame of chunk seq, MAC'd with worker key_of's key (default w's)."""
+    payload = be32(np.arange(8) * (w + 1)) if payload is None else payload
+    k = ref_key(SECRET, w if key_of is None else key_of) if key else None
+    return build_frame(src or waddr(w), AGG, op="sum32", job=1, token=77, worker=w, seq=seq,
+                       slot=seq % 4, flags=flags, payload=payload, incarnation=incarnation,
+                       key=k, udp_csum=udp_csum)
+
+
+# ---- keys, MACs, secret files ---------------------------------------------------------------
+
+@pytest.mark.parametrize("key_id", [0, 1, 7, 255, auth.AGGREGATOR])
+def test_keys_and_macs_match_an_independent_blake2b(key_id):
+    key = auth.derive_key(SECRET, key_id)
+    assert key == ref_key(SECRET, key_id)
+    for n in (0, 1, 32, 1056, 8224):
+        data = os.urandom(n)
+        assert auth.mac(key, data) == ref_mac(key, data)
+
+
+def test_key_ids_and_lengths_are_checked():
+    with pytest.raises(InvalidArgument):
+        auth.derive_key(SECRET, 256)  # neither a worker nor the aggregator
+    with pytest.raises(InvalidArgument):
+        auth.derive_key(SECRET[:31], 0)
+    with pytest.raises(InvalidArgument):
+        auth.mac(b"short", b"")
+
+
+def test_frames_carry_the_flag_and_the_mac_over_header_and_payload():
+    f = wframe(2)
+    v = parse_frame(f)
+    assert v.flags & FLAG_AUTH and len(v.mac) == 16
+    hdr_and_payload = f[42:42 + 32 + len(v.payload)]
+    assert v.mac == ref_mac(ref_key(SECRET, 2), hdr_and_payload)
+    assert f[-16:] == v.mac
+
+
+def test_secret_file_owner_only(tmp_path):
+    path = tmp_path / "job.secret"
+    old = os.umask(0)
+    try:
+        secret = auth.create_secret_file(path)
+    finally:
+        os.umask(old)
+    assert os.stat(path).st_mode & 0o777 == 0o600
+    assert auth.load_secret(path) == secret
+    with pytest.raises(FileExistsError):
+        auth.create_secret_file(path)
+    for mode in (0o640, 0o604, 0o620):
+        os.chmod(path, mode)
+        with pytest.raises(auth.SecretFileError) as ei:
+            auth.load_secret(path)
+        assert f"accessible by its group or others (mode {mode:04o})" in str(ei.value)
+        assert f"chmod 600 {path}" in str(ei.value)
+        assert secret.hex() not in str(ei.value)
+    os.chmod(path, 0o600)
+    if os.geteuid() == 0:
+        os.chown(path, 65534, 65534)
+        with pytest.raises(auth.SecretFileError, match="belongs to uid 65534"):
+            auth.load_secret(path)
+        os.chown(path, 0, 0)
+    bad = tmp_path / "bad.secret"
+    fd = os.open(bad, os.O_WRONLY | os.O_CREAT, 0o600)
+    os.write(fd, b"00ff\n")
+    os.close(fd)
+    with pytest.raises(auth.SecretFileError, match="64 hexadecimal digits"):
+        auth.load_secret(bad)
+    with pytest.raises(auth.SecretFileError, match="No such file"):
+        auth.load_secret(tmp_path / "missing")
+
+
+# ---- the engine ------------------------------------------------------------------------------
+
+class Rig:
+    def __init__(self, workers=3, replicate=False):
+        self.port = MemPort(can_replicate=replicate)
+        self.eng = Engine(self.port)
+        self.eng.add_job(job=1, token=77, workers=workers, slots=4, auth=SECRET,
+                         group="239.1.2.3" if replicate else 0)
+        self.pool = self.port.free_count
+
+    def send(self, *frames):
+        for f in frames:
+            self.port.inject(f)
+        self.eng.poll_all()
+        return [parse_frame(f) for f in self.port.pop_all()]
+
+    def drops(self):
+        c = self.eng.counters()
+        return {k: v for k, v in c.items() if v and k not in (
+            "received", "summed", "completed", "results_sent", "duplicates", "replays",
+            "status_sent")}
+
+
+def test_engine_sums_authenticated_frames_and_macs_its_results():
+    rig = Rig(workers=3)
+    res = rig.send(*[wframe(w) for w in range(3)])
+    assert len(res) == 3
+    agg_key = ref_key(SECRET, auth.AGGREGATOR)
+    want = sum(np.arange(8) * (w + 1) for w in range(3))
+    for r in res:
+        assert r.flags & FLAG_RESULT and r.flags & FLAG_AUTH
+        assert np.frombuffer(r.payload, ">i4").tolist() == want.tolist()
+    # every result's MAC verifies with the aggregator's key (rebuilt here)
+    rig2 = Rig(workers=1, replicate=True)
+    rig2.port.inject(wframe(0, payload=be32([5, 6])))
+    rig2.eng.poll_all()
+    raw = rig2.port.pop_all()
+    assert len(raw) == 1
+    v = parse_frame(raw[0])
+    assert v.mac == ref_mac(agg_key, raw[0][42:42 + 32 + len(v.payload)])
+    assert rig.drops() == {} and rig2.drops() == {}
+
+
+def test_engine_drops_forged_flipped_unflagged_and_old_frames_before_any_state():
+    rig = Rig(workers=3)
+    x = {w: np.arange(8) * (w + 3) for w in range(3)}
+    rig.send(wframe(0, payload=be32(x[0])))
+    thief = Addr.of("02:66:66:66:66:66", "10.9.9.9", 6666)
+    # no UDP checksum: the MAC, not the checksum, must catch the flip
+    flipped = bytearray(wframe(1, payload=be32(x[1]), udp_csum=False))
+    flipped[42 + 32 + 5] ^= 0x10
+    hostile = {
+        # worker 0 speaks for worker 1 with its own key, from its own host
+        "forged_id": wframe(1, key_of=0, payload=be32([999] * 8), src=thief),
+        "flipped_bit": bytes(flipped),
+        "no_flag": wframe(1, payload=be32([999] * 8), key=False),
+        "zero_mac": wframe(1, payload=be32([999] * 8), key=False, flags=FLAG_AUTH),
+        # an earlier life of worker 0 (its first frame used incarnation 1)
+        "old_incarnation": wframe(0, incarnation=0xFFFFFFFF, payload=be32([999] * 8)),
+    }
+    for name, f in hostile.items():
+        assert rig.send(f) == [], name
+    assert rig.drops() == {"bad_mac": 4, "old_incarnation": 1}
+    # the forged frames taught the engine no address: worker 1's result goes
+    # to worker 1's own host
+    res = rig.send(wframe(1, payload=be32(x[1])), wframe(2, payload=be32(x[2])))
+    assert len(res) == 3
+    assert {r.worker: r.dst for r in res} == {w: waddr(w) for w in range(3)}
+    assert all(np.frombuffer(r.payload, ">i4").tolist() == (x[0] + x[1] + x[2]).tolist()
+               for r in res)
+    # a replayed frame of the finished chunk is a duplicate: answered with the
+    # result to the worker's learned address, never summed again
+    out = rig.send(wframe(1, payload=be32(x[1])))
+    assert len(out) == 1 and out[0].dst == waddr(1)
+    c = rig.eng.counters()
+    assert c["summed"] == 3 and c["replays"] == 1
+    rig.port.pop_all()
+    assert rig.port.free_count == rig.pool
+
+
+def test_job_without_auth_refuses_macs_and_auth_job_refuses_plain_frames():
+    port = MemPort()
+    eng = Engine(port)
+    eng.add_job(job=1, token=77, workers=1, slots=4)
+    eng.add_job(job=2, token=77, workers=1, slots=4, auth=SECRET)
+    port.inject(wframe(0))                                     # job 1 with a MAC
+    port.inject(build_frame(waddr(0), AGG, op="sum32", job=2, token=77, worker=0, seq=0,
+                            slot=0, payload=be32([1])))      # job 2 without
+    eng.poll_all()
+    assert port.pop_all() == []
+    assert eng.job_counters(1)["bad_mac"] == 1 and eng.job_counters(2)["bad_mac"] == 1
+    assert eng.job_config(2)["auth"] == 1
+    with pytest.raises(InvalidArgument):
+        eng.add_job(job=3, token=1, workers=1, slots=1, auth=b"short")
+
+
+# ---- the simulated cluster -------------------------------------------------------------------
+
+def grads_of(W, n, seed):
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(W):
+        x = (rng.standard_normal(n) * 10.0 ** rng.integers(-3, 3, n)).astype(np.float32)
+        x[rng.random(n) < 0.7] = 0
+        out.append(x)
+    return out
+
+
+@pytest.mark.parametrize("method", ["dense", "lhc"])
+def test_cluster_with_auth_is_exact(method):
+    grads = grads_of(4, 20000, seed=3)
+    with Cluster(workers=4, seed=2, auth=True, loss=0.01) as cl:
+        res = cl.allreduce(grads, method=method, block_elements=1024)
+        want = oracle_allreduce(grads, 1024)
+        for y in res.outputs:
+            assert y.tobytes() == want.tobytes()
+        assert res.stats["engine"]["bad_mac"] == 0
+        assert all(st["bad_mac"] == 0 for st in res.stats["workers"])
+
+
+def test_cluster_with_auth_drops_each_hostile_frame_under_its_reason():
+    """Against the running allreduce: a worker forging another's id, a frame
+    with a flipped payload bit, a replayed frame of the finished allreduce
+    and a frame of an old incarnation, each with a MAC made with a real key
+    (a member's): each is dropped and counted, and the sum stays exact."""
+    grads = grads_of(3, 8000, seed=4)
+    with Cluster(workers=3, seed=5, slots=8, auth=True) as cl:
+        job = cl.job
+        want = oracle_allreduce(grads, 1024)
+        first = cl.allreduce(grads, method="dense", block_elements=1024)
+        assert first.sum.tobytes() == want.tobytes()
+        st = job.worker_stats(0)
+        # the next allreduce's first chunk, and a full chunk of the finished one
+        seq, done = st["next_seq"], st["next_seq"] - 2
+        bogus = np.full(256, 0x01010101, ">i4").tobytes()
+
+        def f(worker, key_of, s, **kw):
+            return cl.build_frame(job, payload=bogus, worker=worker, seq=s, slot=s % 8,
+                                  flags=lib_shadow(s), key=job.key(key_of), **kw)
+
+        flipped = bytearray(f(1, 1, seq))
+        flipped[42 + 32 + 100] ^= 0x04
+        cases = {
+            "forged_id": (f(1, 0, seq), "bad_mac"),
+            "flipped_bit": (bytes(flipped), "bad_mac"),
+            # the last chunk of the finished allreduce, as worker 2 sent it
+            # (its payload aside), flagged as a retransmission
+            "replay": (cl.build_frame(job, payload=bogus, worker=2, seq=done, slot=done % 8,
+                                      flags=lib_shadow(done) | FLAG_RETRANS, key=job.key(2)),
+                       "replays"),
+            "old_incarnation": (f(0, 0, seq, incarnation=999), "old_incarnation"),
+        }
+        before = cl.engine_counters()
+        for frame, _reason in cases.values():
+            cl.inject(frame)
+        second = cl.allreduce(grads, method="dense", block_elements=1024)
+        for y in second.outputs:
+            assert y.tobytes() == want.tobytes()
+        delta = {k: v - before[k] for k, v in cl.engine_counters().items()}
+        assert delta["bad_mac"] == 2
+        assert delta["old_incarnation"] == 1
+        assert delta["replays"] >= 1  # answered with the old result, nothing summed
+        chunks = second.stats["workers"][0]["chunks"] - st["chunks"]
+        assert delta["summed"] == 3 * chunks
+
+
+def lib_shadow(seq, slots=8):
+    from homagg._native import lib
+
+    return lib.HG_FLAG_SHADOW if (seq // slots) % 2 else 0
+
+
+def test_cluster_without_auth_unchanged():
+    grads = grads_of(3, 5000, seed=6)
+    with Cluster(workers=3, seed=7) as cl:
+        assert cl.job.secret is None
+        res = cl.allreduce(grads, method="lhc", block_elements=1024)
+        assert res.sum.tobytes() == oracle_allreduce(grads, 1024).tobytes()
+        assert res.stats["engine"]["bad_mac"] == 0
+
+
+# ---- workers over loopback UDP: forged results are dropped by the worker ---------------------
+
+def test_worker_drops_results_without_the_aggregators_mac(tmp_path):
+    from test_port_udp import LoopbackAggregator
+
+    agg = LoopbackAggregator()
+    secret_file = tmp_path / "job.secret"
+    secret = auth.create_secret_file(secret_file)
+    agg.engine.add_job(job=9, token=5, workers=1, slots=4, auth=secret)
+    x = grads_of(1, 30000, seed=8)[0]
+    stop = threading.Event()
+    try:
+        with Worker(job=9, token=5, worker=0, workers=1, aggregator=agg.address,
+                    bind=("127.0.0.1", 0), slots=4, timeout=10.0, auth_file=secret_file) as w:
+            me = w.local_address
+            worker_key = auth.derive_key(secret, 0)
+
+            def rogue():
+                # results of every early chunk, MAC'd with the worker's own
+                # key (not the aggregator's), from the aggregator's address
+                # family: they must never be placed
+                s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+                try:
+                    while not stop.is_set():
+                        for seq in range(64):
+                            fr = build_frame(Addr.of("02:00:00:00:00:09", agg.address[0],
+                                                     agg.address[1]),
+                                             Addr.of("02:00:00:00:00:08", me[0], me[1]),
+                                             op="max8", job=9, token=5, worker=0, seq=seq,
+                                             slot=seq % 4, lanes=30, payload=bytes(30),
+                                             flags=FLAG_RESULT, key=worker_key)
+                            s.sendto(fr[42:], me)
+                finally:
+                    s.close()
+
+            t = threading.Thread(target=rogue, daemon=True)
+            t.start()
+            y = w.allreduce(x, method="dense", block=1024)
+            stop.set()
+            t.join(10)
+            assert y.tobytes() == oracle_allreduce([x], 1024).tobytes()
+            assert w.stats()["bad_mac"] > 0
+    finally:
+        stop.set()
+        agg.close()
