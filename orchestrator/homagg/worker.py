@@ -54,6 +54,7 @@ from homagg import auth, protocol
 from homagg._native import ffi, lib
 from homagg.bindings.client import agg_stats_dict, client_stats_dict
 from homagg.errors import InvalidArgument, check, error_for
+from homagg.netaddr import parse_ipv4
 
 
 # The least retransmission timeout of a worker on kernel UDP (seconds).  Its
@@ -67,13 +68,6 @@ RTO_MIN = 0.02
 # contention: 20-140 ms measured on that testbed).  Only a step none of
 # whose results came back waits for it (a lost single-chunk step).
 START_WAIT = 0.1
-
-
-def _ipv4(addr, what):
-    try:
-        return int(ipaddress.IPv4Address(addr))
-    except (ipaddress.AddressValueError, ValueError) as exc:
-        raise InvalidArgument(f"{what}: not an IPv4 address: {addr!r}") from exc
 
 
 IP_MTU = getattr(socket, "IP_MTU", 14)  # linux/in.h
@@ -108,7 +102,7 @@ class UdpPort:
         if mtu and not 576 <= int(mtu) <= 9000:
             raise InvalidArgument(f"mtu must be 576..9000, got {mtu}")
         pc = ffi.new("struct hg_udp_port_config *")
-        pc.bind_ipv4 = _ipv4(bind[0], "bind")
+        pc.bind_ipv4 = parse_ipv4(bind[0], "bind")
         pc.bind_port = int(bind[1])
         pc.group_port = int(group_port)
         pc.packets = int(packets)
@@ -178,7 +172,7 @@ class Worker:
         self.aggregators = aggregators
         self.aggregator = aggregators[0]
         for a in aggregators:
-            _ipv4(a[0], "aggregator")
+            parse_ipv4(a[0], "aggregator")
         self.group = group
         self.timeout = timeout
         # the smallest MTU of the paths to the aggregators
@@ -205,11 +199,11 @@ class Worker:
         cfg.payload_bytes = payload
         aggs = ffi.new("struct hg_client_agg[]", len(aggregators))
         for a, (host, port) in zip(aggs, aggregators):
-            a.ipv4 = _ipv4(host, "aggregator")
+            a.ipv4 = parse_ipv4(host, "aggregator")
             a.udp_port = port
         cfg.naggs = len(aggregators)
         cfg.aggs = aggs
-        cfg.group_ipv4 = _ipv4(group, "group") if group else 0
+        cfg.group_ipv4 = parse_ipv4(group, "group") if group else 0
         cfg.rto_ns = int(rto * 1e9)
         cfg.rto_min_ns = int(rto_min * 1e9)
         cfg.start_wait_ns = int(start_wait * 1e9)
