@@ -1,7 +1,12 @@
 """numpy oracle of HomAgg's fixed-point contract (docs/PROTOCOL.md).
 
 Written from the specification alone: it never imports homagg, so a bug in
-the C codec or in the bindings cannot hide in the oracle too.
+the C codec or in the bindings cannot hide in the oracle too.  It is the
+obvious per-worker float64 reading of the contract (frexp, ldexp, rint); the
+package's runtime reference (orchestrator/homagg/reference.py) reaches the
+same bits another way on purpose (integer arithmetic on the float32 bit
+fields, all workers as one matrix), and tests/test_reference.py checks that
+the two agree.
 
 For a quantisation block b of W workers' float32 gradients:
 

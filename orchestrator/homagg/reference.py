@@ -1,21 +1,30 @@
 """The fixed-point reference result of an exact allreduce, in numpy.
 
-Used by ``homagg demo`` to check the codec's results bit for bit.  It is
+Used at run time (``homagg demo``, ``homagg run``, job replay, the training
+replay, the scale benchmark) to check the codec's results bit for bit.  It is
 computed from docs/PROTOCOL.md's fixed-point contract with numpy only (no C
-code), so the check is independent of the codec it checks.  (The test suite
-has its own copy in tests/reference.py.)
+code), so the check is independent of the codec it checks.
 
-For a quantisation block b of W workers' float32 gradients:
+It differs in approach on purpose from the test suite's oracle
+(tests/reference.py).  The oracle is the obvious per-worker float64 reading
+of the contract (frexp for the block exponents, ldexp then rint for the
+quantisation).  This module works on the float32 bit fields with integer
+arithmetic, all workers at once as one (W, n) matrix:
 
-- e_wb: the frexp exponent of max |x_w| over the block (max < 2^e),
-  clamped to [-126, 128]; a block that is all +-0 has no exponent.  The
-  wire code is e - 1 as int8, -128 for an all-zero block.
-- E_b = max over workers of e_wb (the MAX8 phase over the codes).
-- s_b = 30 - ceil(log2 W) - E_b.
-- q_wb = round_half_even(x * 2^s_b), computed in float64 (exact: a float32
-  times a power of two), so |sum_w q_wb| <= 2^30.
-- y = float32(sum_w q_wb * 2^-s_b): one rounding, from float64 (exact).
+- |x| = M * 2^k with M the 24-bit significand (implicit bit added for
+  normal numbers) and k = max(field, 1) - 150 from the exponent field.
+- The block maximum is taken on the magnitude bits (monotone in |x| for
+  finite floats); its frexp exponent is bit_length(M) + k, clamped to
+  [-126, 128]; the wire code is that minus one, -128 for an all-zero block.
+- E_b = max over workers of the codes plus one; s_b = 30 - ceil(log2 W) - E_b.
+- q = round_half_even(M * 2^(k + s_b)) as an integer shift: a left shift, or
+  a right shift that rounds on the bits shifted out (ties to the even q).
+- y = float32(sum_w q * 2^-s_b): the sum is exact in int64 (|sum| <= 2^30)
+  and in float64, scaled by a power-of-two table, rounded once to float32.
   A block that is zero on every worker decodes to +0.
+
+tests/test_reference.py checks that both agree bit for bit on random inputs,
+so a slip in either formulation shows up as a disagreement.
 """
 import numpy as np
 
@@ -24,105 +33,61 @@ EXP_MIN = -126
 EXP_MAX = 128
 
 
-def log2_ceil(workers):
-    """ceil(log2(W)) for W >= 1."""
-    return int(workers - 1).bit_length()
+def _bit_length(m):
+    """bit_length of non-negative int64 values below 2^24, vectorised."""
+    m = np.asarray(m, dtype=np.int64)
+    out = np.zeros(m.shape, dtype=np.int64)
+    for step in (16, 8, 4, 2, 1):
+        big = (m >> step) > 0
+        out += np.where(big, step, 0)
+        m = np.where(big, m >> step, m)
+    return out + (m > 0)
 
 
-def nblocks(n, block):
-    return (n + block - 1) // block
-
-
-def _block_max_abs(x, block):
-    """max |x| of every block, as float64 (the last block may be short)."""
-    x = np.asarray(x, dtype=np.float32)
-    n = x.size
-    nb = nblocks(n, block)
-    out = np.zeros(nb, dtype=np.float64)
-    if n == 0:
-        return out
-    full = n // block
-    a = np.abs(x.astype(np.float64))
-    if full:
-        out[:full] = a[: full * block].reshape(full, block).max(axis=1)
-    if full < nb:
-        out[full] = a[full * block:].max()
-    return out
-
-
-def exponent_codes(x, block):
-    """The local block exponent codes of one worker (int8 array)."""
-    m = _block_max_abs(x, block)
-    _, e = np.frexp(m)
-    e = np.clip(e.astype(np.int64), EXP_MIN, EXP_MAX)
-    codes = (e - 1).astype(np.int64)
-    codes[m == 0] = EXP_ZERO
-    return codes.astype(np.int8)
-
-
-def global_codes(codes_per_worker):
-    """The MAX8 of every worker's codes."""
-    return np.max(np.stack([np.asarray(c, dtype=np.int8) for c in codes_per_worker]), axis=0)
-
-
-def scale_shifts(gcodes, workers):
-    """s_b per block (int64); 0 for blocks zero on every worker."""
-    g = np.asarray(gcodes, dtype=np.int64)
-    s = 30 - log2_ceil(workers) - (g + 1)
-    s[g == EXP_ZERO] = 0
-    return s
-
-
-def _per_element(values, n, block):
-    return np.repeat(np.asarray(values), block)[:n]
-
-
-def quantize(x, gcodes, workers, block):
-    """q = round_half_even(x * 2^s_b) as int64 (the int32 lanes' values)."""
-    x = np.asarray(x, dtype=np.float32)
-    n = x.size
-    s = _per_element(scale_shifts(gcodes, workers), n, block)
-    z = _per_element(np.asarray(gcodes) == EXP_ZERO, n, block)
-    # Exact in float64: a float32 mantissa scaled by a power of two whose
-    # result lies far inside float64's range.
-    scaled = np.ldexp(x.astype(np.float64), s)
-    q = np.rint(scaled).astype(np.int64)
-    q[z] = 0
-    return q
-
-
-def dequantize(sums, gcodes, workers, block):
-    """y = float32(sum * 2^-s_b); sums are exact int64 sums."""
-    sums = np.asarray(sums, dtype=np.int64)
-    n = sums.size
-    s = _per_element(scale_shifts(gcodes, workers), n, block)
-    z = _per_element(np.asarray(gcodes) == EXP_ZERO, n, block)
-    y = np.ldexp(sums.astype(np.float64), -s).astype(np.float32)
-    y[z] = np.float32(0.0)
-    return y
+def _fields(x):
+    """(sign, M, k) of finite float32 values: x = (-1)^sign * M * 2^k."""
+    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.int64)
+    field = (bits >> 23) & 0xFF
+    if np.any(field == 0xFF):
+        raise ValueError("grads: a gradient holds inf or NaN; "
+                         "the fixed-point contract covers finite float32 values only")
+    mant = (bits & 0x7FFFFF) | np.where(field > 0, 1 << 23, 0)
+    return bits >> 31, mant, np.maximum(field, 1) - 150
 
 
 def allreduce(grads, block):
     """The bit-exact result every exact method must decode (float32)."""
-    grads = [np.asarray(g, dtype=np.float32) for g in grads]
-    workers = len(grads)
-    n = grads[0].size if grads else 0
-    if n == 0:
+    x = np.stack([np.asarray(g, dtype=np.float32).ravel() for g in grads]) if grads else None
+    if x is None or x.shape[1] == 0:
         return np.zeros(0, dtype=np.float32)
-    gcodes = global_codes([exponent_codes(g, block) for g in grads])
-    total = np.zeros(n, dtype=np.int64)
-    for g in grads:
-        total += quantize(g, gcodes, workers, block)
+    workers, n = x.shape
+    nb = (n + block - 1) // block
+    sign, mant, k = _fields(x)
+
+    # Block maxima on the magnitude bits, zero-padded to whole blocks.
+    mag = np.zeros((workers, nb * block), dtype=np.int64)
+    mag[:, :n] = (np.ascontiguousarray(x).view(np.uint32) & 0x7FFFFFFF).astype(np.int64)
+    top = mag.reshape(workers, nb, block).max(axis=2)
+    tfield = top >> 23
+    tmant = (top & 0x7FFFFF) | np.where(tfield > 0, 1 << 23, 0)
+    e = np.clip(_bit_length(tmant) + np.maximum(tfield, 1) - 150, EXP_MIN, EXP_MAX)
+    codes = np.where(top == 0, EXP_ZERO, e - 1).max(axis=0)  # MAX8 over workers
+    zero = codes == EXP_ZERO
+    shift = np.where(zero, 0, 30 - (workers - 1).bit_length() - (codes + 1))
+
+    t = k + np.repeat(shift, block)[:n]  # q = round_half_even(M * 2^t)
+    left = mant << np.clip(t, 0, 62)
+    d = np.clip(-t, 1, 40)  # M < 2^24: a shift of 40 leaves 0 and a remainder < half
+    q = mant >> d
+    rem = mant - (q << d)
+    half = np.int64(1) << (d - 1)
+    q = q + ((rem > half) | ((rem == half) & ((q & 1) == 1)))
+    q = np.where(t >= 0, left, q)
+    q = np.where(sign == 1, -q, q)
+    total = q.sum(axis=0)
+    total[np.repeat(zero, block)[:n]] = 0
     # The contract's bound: the int32 lanes never overflow.
     assert np.all(np.abs(total) <= 2**30), "fixed-point bound violated"
-    return dequantize(total, gcodes, workers, block)
 
-
-def nnz_counts(x, block):
-    """Per-block count of non-zero elements (+-0 are zero)."""
-    x = np.asarray(x, dtype=np.float32)
-    nz = (x != 0).astype(np.int64)
-    nb = nblocks(x.size, block)
-    pad = np.zeros(nb * block, dtype=np.int64)
-    pad[: x.size] = nz
-    return pad.reshape(nb, block).sum(axis=1) if nb else np.zeros(0, dtype=np.int64)
+    scale = np.exp2(-np.repeat(shift, block)[:n].astype(np.float64))
+    return (total.astype(np.float64) * scale).astype(np.float32)
