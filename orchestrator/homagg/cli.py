@@ -23,6 +23,25 @@ COMMANDS = {
 }
 
 
+def add_subcommands(parser, dest, metavar, modules, key):
+    """One subcommand per module of modules ({name: module path}): its
+    arguments from the module's add_arguments, its help from the first line
+    of the module docstring; the parsed args carry the module as args.<key>."""
+    sub = parser.add_subparsers(dest=dest, metavar=metavar)
+    sub.required = True
+    for name, modname in modules.items():
+        mod = importlib.import_module(modname)
+        doc = (mod.__doc__ or "").strip()
+        p = sub.add_parser(
+            name,
+            help=doc.splitlines()[0] if doc else None,
+            description=doc,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        mod.add_arguments(p)
+        p.set_defaults(**{key: mod})
+
+
 def build_parser():
     parser = argparse.ArgumentParser(
         prog="homagg",
@@ -33,19 +52,7 @@ def build_parser():
                         help="more detail on stderr (debug log of every step)")
     parser.add_argument("-q", "--quiet", action="store_true",
                         help="no progress lines on stderr, only warnings and errors")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    sub.required = True
-    for name, modname in COMMANDS.items():
-        mod = importlib.import_module(modname)
-        doc = (mod.__doc__ or "").strip()
-        p = sub.add_parser(
-            name,
-            help=doc.splitlines()[0] if doc else None,
-            description=doc,
-            formatter_class=argparse.RawDescriptionHelpFormatter,
-        )
-        mod.add_arguments(p)
-        p.set_defaults(_module=mod)
+    add_subcommands(parser, "command", "COMMAND", COMMANDS, "_module")
     return parser
 
 

@@ -3,9 +3,6 @@
 Each benchmark is a module of this package listed in BENCHMARKS, providing
 ``add_arguments(parser)`` and ``main(args) -> int``.
 """
-import argparse
-import importlib
-
 BENCHMARKS = {
     "codec": "homagg.bench.codec",
     "engine": "homagg.bench.engine",
@@ -19,19 +16,9 @@ BENCHMARKS = {
 
 
 def add_arguments(parser):
-    sub = parser.add_subparsers(dest="bench", metavar="BENCHMARK")
-    sub.required = True
-    for name, modname in BENCHMARKS.items():
-        mod = importlib.import_module(modname)
-        doc = (mod.__doc__ or "").strip()
-        p = sub.add_parser(
-            name,
-            help=doc.splitlines()[0] if doc else None,
-            description=doc,
-            formatter_class=argparse.RawDescriptionHelpFormatter,
-        )
-        mod.add_arguments(p)
-        p.set_defaults(_bench=mod)
+    from homagg.cli import add_subcommands
+
+    add_subcommands(parser, "bench", "BENCHMARK", BENCHMARKS, "_bench")
 
 
 def main(args):

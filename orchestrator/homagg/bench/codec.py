@@ -71,6 +71,36 @@ def make_gradients(n, workers, density, seed):
     return grads
 
 
+def lhc_state(grads, block):
+    """The global state of one lhc allreduce of grads (C kernels): the
+    aggregated codes, counts, index, sketch cells and fallback lanes, and
+    every worker's plan, set to the index and peeled."""
+    from types import SimpleNamespace
+
+    from homagg import codec
+    from homagg.bindings import codec as b
+
+    W, n = len(grads), grads[0].size
+    params = codec.Params(block_elements=block, workers=W)
+    cps = [params.c(w) for w in range(W)]
+    gcodes = codec.aggregate("max8", None, [b.exp_encode(cps[w], grads[w]) for w in range(W)])
+    gcounts = codec.aggregate("sum32", None, [b.nnz_counts(cps[w], grads[w]) for w in range(W)])
+    plans = [b.lhc_create(cps[w], n, gcodes, gcounts) for w in range(W)]
+    gindex = codec.aggregate("or", None, [b.lhc_index_encode(plans[w], grads[w]) for w in range(W)])
+    for pl in plans:
+        b.lhc_set_index(pl, gindex)
+    gcells = codec.aggregate("sum32", None, [b.lhc_sketch_encode(plans[w], grads[w])
+                                             for w in range(W)])
+    for pl in plans:
+        b.lhc_peel(pl, gcells)
+    gfall = codec.aggregate("sum32", np.zeros(plans[0].info()["fallback_lanes"], dtype=">i4"),
+                            [b.lhc_fallback_encode(plans[w], grads[w]) for w in range(W)])
+    gvals = codec.aggregate("sum32", None, [b.union_encode(plans[w], b.scan_encode(cps[w], grads[w])[0])
+                                            for w in range(W)])
+    return SimpleNamespace(params=params, cps=cps, plans=plans, gcodes=gcodes, gcounts=gcounts,
+                           gindex=gindex, gcells=gcells, gfall=gfall, gvals=gvals)
+
+
 def run(args):
     from homagg import codec
     from homagg.bench import numpy_codec as npc
@@ -85,20 +115,12 @@ def run(args):
     _progress(f"{W} gradients of {n} float32 ({4 * n / 2**20:.0f} MiB each), density {args.density}")
     grads = make_gradients(n, W, args.density, args.seed)
 
-    params = codec.Params(block_elements=block, workers=W)
-    cps = [params.c(w) for w in range(W)]
-    nb = params.nblocks(n)
-
     # The global state every worker gets from the aggregator (C kernels).
     _progress("meta phase and index of every worker")
-    gcodes = codec.aggregate("max8", None, [b.exp_encode(cps[w], grads[w]) for w in range(W)])
-    gcounts = codec.aggregate("sum32", None, [b.nnz_counts(cps[w], grads[w]) for w in range(W)])
-    plans = [b.lhc_create(cps[w], n, gcodes, gcounts) for w in range(W)]
-    gindex = codec.aggregate("or", None, [b.lhc_index_encode(plans[w], grads[w]) for w in range(W)])
-    for pl in plans:
-        b.lhc_set_index(pl, gindex)
-    gcells = codec.aggregate("sum32", None, [b.lhc_sketch_encode(plans[w], grads[w])
-                                             for w in range(W)])
+    st = lhc_state(grads, block)
+    cps, plans, nb = st.cps, st.plans, st.params.nblocks(n)
+    gcodes, gindex, gcells, gfall, gvals = st.gcodes, st.gindex, st.gcells, st.gfall, st.gvals
+    del st
     x = grads[0]
     plan = plans[0]
     info = plan.info()
@@ -130,14 +152,8 @@ def run(args):
     enc_breakdown = {k: _best(f, args.repeat) for k, f in enc_parts.items()}
     t_uenc = _best(union_encode_all, args.repeat)
     enc_breakdown["union_values"] = _best(lambda: b.union_encode(plan, scan, uvals), args.repeat)
-    gvals = codec.aggregate("sum32", None, [b.union_encode(plans[w], b.scan_encode(cps[w], grads[w])[0])
-                                            for w in range(W)])
 
     # Decode: set_index + peel + output (fallback summed once, outside).
-    for pl in plans:
-        b.lhc_peel(pl, gcells)
-    gfall = codec.aggregate("sum32", np.zeros(plan.info()["fallback_lanes"], dtype=">i4"),
-                            [b.lhc_fallback_encode(plans[w], grads[w]) for w in range(W)])
     y = np.empty(n, dtype=np.float32)
     _progress("timing decode (set_index + peel + output)")
 

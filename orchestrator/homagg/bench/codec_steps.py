@@ -54,7 +54,7 @@ def _best(fn, repeat):
 
 def run(args):
     from homagg import codec
-    from homagg.bench.codec import make_gradients
+    from homagg.bench.codec import lhc_state, make_gradients
     from homagg.bindings import codec as b
 
     n, W = args.elements, args.workers
@@ -62,20 +62,11 @@ def run(args):
     if n <= 0 or n % block:
         raise SystemExit(f"--elements must be a positive multiple of the block ({block})")
     grads = make_gradients(n, W, args.density, args.seed)
-    params = codec.Params(block_elements=block, workers=W)
-    cps = [params.c(w) for w in range(W)]
-    gcodes = codec.aggregate("max8", None, [b.exp_encode(cps[w], grads[w]) for w in range(W)])
-    gcounts = codec.aggregate("sum32", None, [b.nnz_counts(cps[w], grads[w]) for w in range(W)])
-    plans = [b.lhc_create(cps[w], n, gcodes, gcounts) for w in range(W)]
-    gindex = codec.aggregate("or", None, [b.lhc_index_encode(plans[w], grads[w]) for w in range(W)])
-    for pl in plans:
-        b.lhc_set_index(pl, gindex)
-    gcells = codec.aggregate("sum32", None, [b.lhc_sketch_encode(plans[w], grads[w])
-                                             for w in range(W)])
-    for pl in plans:
-        b.lhc_peel(pl, gcells)
-    gfall = codec.aggregate("sum32", np.zeros(plans[0].info()["fallback_lanes"], dtype=">i4"),
-                            [b.lhc_fallback_encode(plans[w], grads[w]) for w in range(W)])
+    st = lhc_state(grads, block)
+    cps, plans, gindex, gcells, gfall, gvals = (st.cps, st.plans, st.gindex, st.gcells,
+                                                st.gfall, st.gvals)
+    params = st.params
+    del st
     x, plan = grads[0], plans[0]
     del plans[1:]
     info = plan.info()
@@ -85,8 +76,6 @@ def run(args):
     cells = np.empty(info["sketch_lanes"], dtype=">i4")
     uvals = np.empty(info["candidates"], dtype=">i4")
     scan = b.scan_encode(cps[0], x)[0]
-    gvals = codec.aggregate("sum32", None, [b.union_encode(plan, b.scan_encode(cps[w], grads[w])[0])
-                                            for w in range(W)])
     del grads[1:]
     y = np.empty(n, dtype=np.float32)
     dst = np.empty_like(x)
