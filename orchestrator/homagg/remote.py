@@ -109,6 +109,18 @@ def switch_log(h: inv.HostSpec) -> str:
     return f"{rundir(h)}/switch.log"
 
 
+def stop_started(started, run_id, warn):
+    """Stop every process of a run ((host, pidfile) pairs) and remove the
+    run's folder on its host; warn(host, exception) for a host that fails,
+    and go on with the others."""
+    for r, pidfile in started:
+        try:
+            r.sh(f"hg_stop {shlex.quote(pidfile)} >/dev/null; "
+                 f"rm -rf {shlex.quote(rundir(r.h) + '/' + run_id)}", check=False)
+        except Exception as e:  # noqa: BLE001 - report, keep cleaning the others
+            warn(r, e)
+
+
 class Host(ssh.Session):
     """The SSH session to one host (homagg.ssh.Session: connect, preflight,
     run as root) plus the checks and process handling of up/run/down."""
@@ -494,12 +506,8 @@ def run_allreduce(inventory: inv.Inventory, method: str, elements: int, density:
             json.dump(rep, f, indent=1)
         return rep
     finally:
-        for r, pidfile in started:
-            try:
-                r.sh(f"hg_stop {shlex.quote(pidfile)} >/dev/null; "
-                     f"rm -rf {shlex.quote(rundir(r.h) + '/' + run_id)}", check=False)
-            except Exception as e:  # noqa: BLE001 - report, keep cleaning the others
-                log.warning("host '%s': cleanup failed: %s", r.h.name, e)
+        stop_started(started, run_id, lambda r, e: log.warning("host '%s': cleanup failed: %s",
+                                                               r.h.name, e))
         for k, a in enumerate(aggs):
             try:
                 if a in registered:

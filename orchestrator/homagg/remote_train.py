@@ -139,12 +139,8 @@ def run_train(inventory_path: str, model: str = "ncf", method: str = "auto", ste
             json.dump(rep, f, indent=1)
         return rep
     finally:
-        for host, pidfile in started:
-            try:
-                host.sh(f"hg_stop {shlex.quote(pidfile)} >/dev/null; "
-                        f"rm -rf {shlex.quote(remote.rundir(host.h) + '/' + run_id)}", check=False)
-            except Exception as e:  # noqa: BLE001 - report, keep cleaning the others
-                print(f"host '{host.h.name}': cleanup failed: {e}", file=out)
+        remote.stop_started(started, run_id, lambda host, e: print(
+            f"host '{host.h.name}': cleanup failed: {e}", file=out))
         if registered:
             try:
                 agg.control({"cmd": "remove_job", "job": job})
