@@ -343,7 +343,9 @@ static int do_remove_job(struct hg_control *c, const json_t *o, json_t **reply)
 	return 0;
 }
 
-static int do_stats(struct hg_control *c, const json_t *o, json_t **reply)
+/* A request without arguments ({"cmd": ...} alone): checked, and *reply
+ * set to an empty ok reply to fill in. */
+static int no_args_reply(const json_t *o, json_t **reply)
 {
 	static const char *const keys[] = { "cmd", NULL };
 	int rc;
@@ -351,8 +353,15 @@ static int do_stats(struct hg_control *c, const json_t *o, json_t **reply)
 	if ((rc = check_keys(o, keys, reply)))
 		return rc;
 	*reply = reply_ok(NULL, 0);
-	if (!*reply)
-		return -ENOMEM;
+	return *reply ? 0 : -ENOMEM;
+}
+
+static int do_stats(struct hg_control *c, const json_t *o, json_t **reply)
+{
+	int rc;
+
+	if ((rc = no_args_reply(o, reply)))
+		return rc;
 	rc = c->ops->stats(c->ctx, *reply);
 	if (rc < 0)
 		return reply_error(reply, rc, "stats: %s", hg_strerror(rc));
@@ -361,12 +370,10 @@ static int do_stats(struct hg_control *c, const json_t *o, json_t **reply)
 
 static int do_shutdown(struct hg_control *c, const json_t *o, json_t **reply)
 {
-	static const char *const keys[] = { "cmd", NULL };
 	int rc;
 
-	if ((rc = check_keys(o, keys, reply)))
+	if ((rc = no_args_reply(o, reply)))
 		return rc;
-	*reply = reply_ok(NULL, 0);
 	c->ops->shutdown(c->ctx);
 	return 0;
 }

@@ -13,10 +13,9 @@
 
 #include "homagg/port_udp.h"
 #include "homagg/wire.h"
+#include "../src/wire_pvt.h"
 
 #define UDP_BURST 64
-#define ETH_LEN 14
-#define IP_LEN 20
 #define FRAME_CAP (HG_ETH_IP_UDP_LEN + HG_HDR_LEN + HG_MAX_PAYLOAD)
 
 struct hg_udp_port {
@@ -38,66 +37,15 @@ struct hg_udp_port {
 
 /* ---- frame helpers -------------------------------------------------- */
 
-static uint16_t ip_csum(const uint8_t *h)
-{
-	uint32_t s = 0;
-	int i;
-
-	for (i = 0; i < IP_LEN; i += 2)
-		s += (uint32_t)(h[i] << 8 | h[i + 1]);
-	while (s >> 16)
-		s = (s & 0xFFFF) + (s >> 16);
-	return (uint16_t)~s;
-}
-
-static void put16(uint8_t *p, uint16_t v)
-{
-	p[0] = (uint8_t)(v >> 8);
-	p[1] = (uint8_t)v;
-}
-
-static void put32(uint8_t *p, uint32_t v)
-{
-	p[0] = (uint8_t)(v >> 24);
-	p[1] = (uint8_t)(v >> 16);
-	p[2] = (uint8_t)(v >> 8);
-	p[3] = (uint8_t)v;
-}
-
-static uint16_t get16(const uint8_t *p)
-{
-	return (uint16_t)(p[0] << 8 | p[1]);
-}
-
-static uint32_t get32(const uint8_t *p)
-{
-	return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 |
-	       (uint32_t)p[2] << 8 | p[3];
-}
-
-/* Ethernet/IPv4/UDP headers in front of a received payload of n bytes. */
+/* Ethernet/IPv4/UDP headers in front of a received payload of n bytes;
+ * the MACs stay zero: the kernel owns the link. */
 static void synth_headers(uint8_t *f, uint32_t src, uint16_t sport,
 			  uint32_t dst, uint16_t dport, uint16_t n)
 {
-	uint8_t *ip = f + ETH_LEN, *udp = ip + IP_LEN;
+	static const uint8_t no_mac[6];
+	struct hg_wire_addr from = { .ipv4 = src, .port = sport };
 
-	memset(f, 0, 12);            /* MACs: the kernel owns the link */
-	put16(f + 12, 0x0800);
-	ip[0] = 0x45;
-	ip[1] = 0;
-	put16(ip + 2, (uint16_t)(IP_LEN + 8 + n));
-	put16(ip + 4, 0);
-	put16(ip + 6, 0x4000);       /* DF */
-	ip[8] = 64;
-	ip[9] = 17;
-	put16(ip + 10, 0);
-	put32(ip + 12, src);
-	put32(ip + 16, dst);
-	put16(ip + 10, ip_csum(ip));
-	put16(udp, sport);
-	put16(udp + 2, dport);
-	put16(udp + 4, (uint16_t)(8 + n));
-	put16(udp + 6, 0);
+	hg_wire_put_l2l4(f, &from, no_mac, dst, dport, n);
 }
 
 /* ---- ops ------------------------------------------------------------ */
@@ -179,9 +127,9 @@ static void udp_free(void *ctx, struct hg_pkt **pkts, uint16_t n)
 /* A frame the kernel can send: Ethernet + IPv4 without options + UDP. */
 static bool frame_ok(const struct hg_pkt *pk)
 {
-	const uint8_t *ip = pk->data + ETH_LEN;
+	const uint8_t *ip = pk->data + HG_OFF_IP;
 
-	return pk->len >= HG_ETH_IP_UDP_LEN && get16(pk->data + 12) == 0x0800 &&
+	return pk->len >= HG_ETH_IP_UDP_LEN && hg_rd16(pk->data + 12) == 0x0800 &&
 	       ip[0] == 0x45 && ip[9] == 17;
 }
 
@@ -198,15 +146,15 @@ static uint16_t udp_tx(void *ctx, struct hg_pkt **pkts, uint16_t n)
 	if (n > UDP_BURST)
 		n = UDP_BURST;
 	for (i = 0; i < n; i++) {
-		const uint8_t *ip = pkts[i]->data + ETH_LEN;
-		const uint8_t *udp = ip + IP_LEN;
+		const uint8_t *ip = pkts[i]->data + HG_OFF_IP;
+		const uint8_t *udp = pkts[i]->data + HG_OFF_UDP;
 
 		if (!frame_ok(pkts[i]))
 			continue;
 		memset(&to[m], 0, sizeof(to[m]));
 		to[m].sin_family = AF_INET;
-		to[m].sin_addr.s_addr = htonl(get32(ip + 16));
-		to[m].sin_port = htons(get16(udp + 2));
+		to[m].sin_addr.s_addr = htonl(hg_rd32(ip + 16));
+		to[m].sin_port = htons(hg_rd16(udp + 2));
 		iov[m].iov_base = pkts[i]->data + HG_ETH_IP_UDP_LEN;
 		iov[m].iov_len = pkts[i]->len - HG_ETH_IP_UDP_LEN;
 		memset(&mm[m].msg_hdr, 0, sizeof(mm[m].msg_hdr));

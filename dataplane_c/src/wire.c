@@ -53,22 +53,12 @@ static uint64_t csum_avx2(uint64_t sum, const uint8_t *p, size_t len,
 uint64_t hg_csum_add_long(uint64_t sum, const uint8_t *p, size_t len)
 {
 	size_t i = 0;
-	uint32_t w;
 
 #if defined(__x86_64__) || defined(__i386__)
 	if (__builtin_cpu_supports("avx2"))
 		sum = csum_avx2(sum, p, len, &i);
 #endif
-	for (; i + 4 <= len; i += 4) {
-		memcpy(&w, p + i, 4);
-		sum += w;
-	}
-	if (i < len) {
-		w = 0;
-		memcpy(&w, p + i, len - i);
-		sum += w;
-	}
-	return sum;
+	return hg_csum_add_words(sum, p + i, len - i);
 }
 
 static const char *const counter_names[] = {

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * wire_pvt.h - frame layout helpers shared by wire.c and engine.c.
+ * wire_pvt.h - frame layout helpers shared by wire.c, engine.c, the kernel
+ * UDP port and the switch benchmark.
  *
  * Offsets of a HomAgg frame without IP options (what the aggregator sends;
  * what it receives may carry IP options, see hg_wire_parse()).
@@ -57,13 +58,12 @@ static inline void hg_wr32(uint8_t *p, uint32_t v)
  * it, 16-bit halves summed in 32-bit lanes). */
 uint64_t hg_csum_add_long(uint64_t sum, const uint8_t *p, size_t len);
 
-static inline uint64_t hg_csum_add(uint64_t sum, const uint8_t *p, size_t len)
+/* 32-bit words (and a zero-padded tail) added to sum: the scalar loop. */
+static inline uint64_t hg_csum_add_words(uint64_t sum, const uint8_t *p, size_t len)
 {
 	size_t i = 0;
 	uint32_t w;
 
-	if (len >= 128)
-		return hg_csum_add_long(sum, p, len);
 	for (; i + 4 <= len; i += 4) {
 		memcpy(&w, p + i, 4);
 		sum += w;
@@ -74,6 +74,13 @@ static inline uint64_t hg_csum_add(uint64_t sum, const uint8_t *p, size_t len)
 		sum += w;
 	}
 	return sum;
+}
+
+static inline uint64_t hg_csum_add(uint64_t sum, const uint8_t *p, size_t len)
+{
+	if (len >= 128)
+		return hg_csum_add_long(sum, p, len);
+	return hg_csum_add_words(sum, p, len);
 }
 
 /* Fold to 16 bits (native order, as stored by memcpy into the frame). */

@@ -47,6 +47,7 @@
 #include "homagg/kernels.h"
 #include "homagg/wire.h"
 #include "port_dpdk.h"
+#include "../../src/wire_pvt.h"
 
 #define GEN_BURST 32
 #define RING_SIZE 4096
@@ -149,20 +150,6 @@ static int build_templates(struct bench *b)
 	return 0;
 }
 
-static void put16(uint8_t *p, uint16_t v)
-{
-	p[0] = (uint8_t)(v >> 8);
-	p[1] = (uint8_t)v;
-}
-
-static void put32(uint8_t *p, uint32_t v)
-{
-	p[0] = (uint8_t)(v >> 24);
-	p[1] = (uint8_t)(v >> 16);
-	p[2] = (uint8_t)(v >> 8);
-	p[3] = (uint8_t)v;
-}
-
 /* Generate until stop; returns frames enqueued. */
 static uint64_t generate(struct bench *b, uint64_t until_tsc, bool share_lcore,
 			 uint32_t *seq, unsigned int *worker)
@@ -195,10 +182,10 @@ static uint64_t generate(struct bench *b, uint64_t until_tsc, bool share_lcore,
 			uint32_t s = *seq;
 
 			rte_memcpy(f, b->tmpl + (size_t)*worker * b->flen, b->flen);
-			put16(h + 2, (((s / b->slots) & 1) ? HG_FLAG_SHADOW : 0) |
+			hg_wr16(h + 2, (((s / b->slots) & 1) ? HG_FLAG_SHADOW : 0) |
 				     (b->auth ? HG_FLAG_AUTH : 0));
-			put16(h + 14, (uint16_t)(s % b->slots));
-			put32(h + 16, s);
+			hg_wr16(h + 14, (uint16_t)(s % b->slots));
+			hg_wr32(h + 16, s);
 			if (b->auth)   /* what a worker computes per frame */
 				hg_auth_mac(b->keys[*worker], h,
 					    HG_HDR_LEN + b->payload,
