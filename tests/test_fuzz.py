@@ -39,6 +39,8 @@ def test_engine_seed_corpus_reaches_the_slots():
         eng = Engine(port)
         eng.add_job(job=1, token=77, workers=3, slots=4, group="239.1.2.3", incarnation=7)
         eng.add_job(job=2, token=99, workers=2, slots=1, payload_bytes=64, shard=1)
+        eng.add_job(job=3, token=55, workers=2, slots=2, payload_bytes=256,
+                    auth=bytes(range(1, 33)))
         off = 0
         while off + 3 <= len(data):
             n = int.from_bytes(data[off + 1:off + 3], "big")
@@ -47,3 +49,5 @@ def test_engine_seed_corpus_reaches_the_slots():
         eng.poll_all()
         assert off == len(data), seed.name
         assert eng.counters()["summed"] > 0, (seed.name, eng.counters())
+        if seed.name.startswith("auth"):  # job 3 only: its frames pass the MAC check
+            assert eng.counters()["bad_mac"] == (3 if seed.name == "auth_forged" else 0)

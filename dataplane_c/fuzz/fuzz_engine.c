@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * libFuzzer target: the wire parser and the engine on an in-memory port with
- * two jobs (the seed corpus, corpus_engine/, is written by make_corpus.py
- * for them).  The input is a sequence of records
+ * three jobs, the third authenticated with a fixed secret (the seed corpus,
+ * corpus_engine/, is written by make_corpus.py for them, its job 3 frames
+ * with valid MACs).  The input is a sequence of records
  *
  *   ctl (1 byte) | len (2 bytes, big-endian) | frame (len bytes)
  *
@@ -86,6 +87,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	jc.payload_bytes = 64;
 	jc.group_ipv4 = 0;
 	jc.shard = 1;
+	if (hg_engine_add_job(e, &jc))
+		abort();
+	jc.job = 3;
+	jc.token = 55;
+	jc.workers = 2;
+	jc.slots = 2;
+	jc.payload_bytes = 256;
+	jc.shard = 0;
+	jc.auth = 1;
+	for (size_t i = 0; i < sizeof(jc.secret); i++)
+		jc.secret[i] = (uint8_t)(i + 1);   /* make_corpus.py's SECRET */
 	if (hg_engine_add_job(e, &jc))
 		abort();
 

@@ -4,20 +4,24 @@
 
 Each seed is a sequence of records ``ctl (1 byte) | len (2 bytes, big-endian)
 | frame``, the input format of fuzz_engine.c, whose frames are valid for the
-target's two jobs (job 1: token 77, W 3, S 4, a multicast group; job 2:
-token 99, W 2, S 1, 64-byte payloads, shard 1), so the fuzzer starts from
-frames that reach the engine's slots.  Run it again whenever the wire format
+target's three jobs (job 1: token 77, W 3, S 4, a multicast group; job 2:
+token 99, W 2, S 1, 64-byte payloads, shard 1; job 3: token 55, W 2, S 2,
+256-byte payloads, authenticated with the job secret SECRET), so the fuzzer
+starts from frames that reach the engine's slots.  Run it again whenever the wire format
 changes (docs/PROTOCOL.md Part 2).
 """
 import pathlib
 
 import numpy as np
 
+from homagg.auth import derive_key
 from homagg.engine import FLAG_AUTH, FLAG_RETRANS, FLAG_SHADOW, Addr, build_frame
 
 OUT = pathlib.Path(__file__).resolve().parent / "corpus_engine"
 AGG = Addr.of("02:00:00:00:00:01", "10.0.0.254", 48879)
-JOBS = {1: dict(token=77, slots=4, shard=0), 2: dict(token=99, slots=1, shard=1)}
+JOBS = {1: dict(token=77, slots=4, shard=0), 2: dict(token=99, slots=1, shard=1),
+        3: dict(token=55, slots=2, shard=0)}
+SECRET = bytes(range(1, 33))  # job 3's secret, as in fuzz_engine.c
 
 
 def rec(frame, ctl=0):
@@ -31,6 +35,8 @@ def chunk(w, seq=0, job=1, op="sum32", payload=None, flags=0, incarnation=1, exp
         payload = np.arange(16, dtype=">i4").tobytes()
     if (seq // j["slots"]) % 2:
         flags |= FLAG_SHADOW
+    if job == 3 and "key" not in kw:
+        kw["key"] = derive_key(SECRET, w)
     src = Addr.of(bytes([2, 0, 0, 1, 0, w]), (10 << 24) | (1 << 16) | w, 40000 + w)
     return build_frame(src, AGG, op=op, job=job, token=j["token"], worker=w, seq=seq,
                        slot=seq % j["slots"], flags=flags, payload=payload, exp=exp,
@@ -56,6 +62,11 @@ def seeds():
                               rec(chunk(1, flags=FLAG_RETRANS)), rec(chunk(2))],
         "shard_and_mac": [rec(chunk(0, job=2, shard=0)), rec(chunk(0, flags=FLAG_AUTH)),
                           rec(chunk(1, job=2)), rec(chunk(0, job=2))],
+        "auth_sum": [rec(chunk(w, job=3, seq=s)) for s in (0, 1, 2) for w in range(2)],
+        "auth_forged": [rec(chunk(0, job=3, key=derive_key(SECRET, 1))),
+                        rec(chunk(0, job=3, key=None, flags=FLAG_AUTH)),
+                        rec(chunk(1, job=3, key=None)), rec(chunk(0, job=3)),
+                        rec(chunk(0, job=3, flags=FLAG_RETRANS)), rec(chunk(1, job=3))],
     }
 
 
