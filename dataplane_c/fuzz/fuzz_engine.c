@@ -45,6 +45,18 @@ static void fix_ip_csum(uint8_t *f, size_t len)
 	f[25] = (uint8_t)s;
 }
 
+/* The target's jobs (make_corpus.py's JOBS); job 3's secret is 1, 2, .., 32. */
+static const struct {
+	uint32_t job, token, group_ipv4;
+	uint16_t workers, slots, payload_bytes, shard;
+	uint8_t auth;
+} jobs[] = {
+	{ .job = 1, .token = 77, .workers = 3, .slots = 4, .payload_bytes = 1024,
+	  .group_ipv4 = 0xef010203 },
+	{ .job = 2, .token = 99, .workers = 2, .slots = 1, .payload_bytes = 64, .shard = 1 },
+	{ .job = 3, .token = 55, .workers = 2, .slots = 2, .payload_bytes = 256, .auth = 1 },
+};
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	struct hg_port_mem_config pc;
@@ -70,36 +82,22 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	e = hg_engine_create(&ec);
 	if (!e)
 		abort();
-	memset(&jc, 0, sizeof(jc));
-	jc.job = 1;
-	jc.token = 77;
-	jc.workers = 3;
-	jc.slots = 4;
-	jc.payload_bytes = 1024;
-	jc.group_ipv4 = 0xef010203;
-	jc.incarnation = 7;
-	if (hg_engine_add_job(e, &jc))
-		abort();
-	jc.job = 2;
-	jc.token = 99;
-	jc.workers = 2;
-	jc.slots = 1;
-	jc.payload_bytes = 64;
-	jc.group_ipv4 = 0;
-	jc.shard = 1;
-	if (hg_engine_add_job(e, &jc))
-		abort();
-	jc.job = 3;
-	jc.token = 55;
-	jc.workers = 2;
-	jc.slots = 2;
-	jc.payload_bytes = 256;
-	jc.shard = 0;
-	jc.auth = 1;
-	for (size_t i = 0; i < sizeof(jc.secret); i++)
-		jc.secret[i] = (uint8_t)(i + 1);   /* make_corpus.py's SECRET */
-	if (hg_engine_add_job(e, &jc))
-		abort();
+	for (size_t k = 0; k < sizeof(jobs) / sizeof(jobs[0]); k++) {
+		memset(&jc, 0, sizeof(jc));
+		jc.job = jobs[k].job;
+		jc.token = jobs[k].token;
+		jc.workers = jobs[k].workers;
+		jc.slots = jobs[k].slots;
+		jc.payload_bytes = jobs[k].payload_bytes;
+		jc.group_ipv4 = jobs[k].group_ipv4;
+		jc.shard = jobs[k].shard;
+		jc.incarnation = 7;
+		jc.auth = jobs[k].auth;
+		for (size_t i = 0; jc.auth && i < sizeof(jc.secret); i++)
+			jc.secret[i] = (uint8_t)(i + 1);   /* make_corpus.py's SECRET */
+		if (hg_engine_add_job(e, &jc))
+			abort();
+	}
 
 	while (off + 3 <= size) {
 		uint8_t ctl = data[off];
