@@ -1,0 +1,128 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* switch_ctl.c - homagg-switch's control callbacks (control.h): job
+ * changes go to every shard, stats come from the counter snapshots. */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <rte_ethdev.h>
+
+#include "homagg/auth.h"
+#include "switch_pvt.h"
+
+static int ctl_add_job(void *ctx, const struct hg_ctl_job *j, char *err,
+		       size_t errlen)
+{
+	struct daemon *d = ctx;
+	struct hg_job_config jc = {
+		.job = j->job,
+		.token = j->token,
+		.workers = j->workers,
+		.slots = j->slots,
+		.payload_bytes = j->payload,
+		.group_ipv4 = j->group,
+		.shard = j->shard,
+		.incarnation = j->incarnation,
+		.auth = j->auth,
+	};
+	unsigned int k;
+	int rc = 0;
+
+	memcpy(jc.secret, j->secret, sizeof(jc.secret));
+
+	/* On every shard (each serves its slots of the job); all or none. */
+	for (k = 0; k < d->nshards && !rc; k++)
+		rc = hg_switch_shard_call(&d->shards[k], MB_ADD, &jc, j->job);
+	if (rc && rc != -EEXIST)
+		while (--k > 0)
+			hg_switch_shard_call(&d->shards[k - 1], MB_REMOVE, NULL, j->job);
+	hg_auth_wipe(jc.secret, sizeof(jc.secret));
+	if (rc == -EEXIST)
+		snprintf(err, errlen, "job %u already exists", j->job);
+	else if (rc == -ETIMEDOUT || rc == -EBUSY)
+		snprintf(err, errlen, "the engine lcore of job %u did not answer",
+			 j->job);
+	return rc;
+}
+
+static int ctl_remove_job(void *ctx, uint32_t job)
+{
+	struct daemon *d = ctx;
+	unsigned int k;
+	int rc = 0, r;
+
+	for (k = 0; k < d->nshards; k++)
+		if ((r = hg_switch_shard_call(&d->shards[k], MB_REMOVE, NULL, job)) && !rc)
+			rc = r;
+	return rc;
+}
+
+/* The counters under "stats" (engine) and "port" (backend, dispatcher). */
+static int ctl_stats(void *ctx, json_t *reply)
+{
+	struct daemon *d = ctx;
+	uint64_t c[HG_CNT__COUNT];
+	struct hg_dpdk_port_stats ps;
+	struct rte_eth_stats es;
+	json_t *eng = json_object(), *port, *summed;
+	unsigned int i;
+	int rc;
+
+	hg_switch_counters_sum(d, c);
+	for (i = 0; eng && i < HG_CNT__COUNT; i++)
+		if (json_object_set_new(eng, hg_counter_name((int)i),
+					json_integer((json_int_t)c[i])) < 0)
+			break;
+	hg_dpdk_port_get_stats(d->dport, &ps);
+	/* the ethdev's own count of frames received: every one of them is
+	 * in exactly one of drop_injected, drop_segmented, arp_replies,
+	 * arp_other and rx */
+	if (rte_eth_stats_get(d->o.port_id, &es) != 0)
+		es.ipackets = 0;
+	port = json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}",
+			 "ipackets", (json_int_t)es.ipackets,
+			 "rx", (json_int_t)ps.rx, "tx", (json_int_t)ps.tx,
+			 "tx_refused", (json_int_t)ps.tx_refused,
+			 "drop_injected", (json_int_t)ps.drop_injected,
+			 "rx_linearized", (json_int_t)ps.rx_linearized,
+			 "drop_segmented", (json_int_t)ps.drop_segmented,
+			 "arp_replies", (json_int_t)ps.arp_replies,
+			 "arp_other", (json_int_t)ps.arp_other,
+			 "alloc_fail", (json_int_t)ps.alloc_fail,
+			 "dispatch_full", (json_int_t)d->dispatch_full);
+	if (!eng || i < HG_CNT__COUNT || !port) {
+		json_decref(eng);
+		json_decref(port);
+		return -ENOMEM;
+	}
+	/* each set takes its value's reference, also when it fails */
+	rc = json_object_set_new(reply, "stats", eng);
+	rc |= json_object_set_new(reply, "port", port);
+	rc |= json_object_set_new(reply, "engines", json_integer(d->nshards));
+	/* What each engine lcore summed (the spread of one job's slots). */
+	summed = json_array();
+	for (i = 0; summed && i < d->nshards; i++) {
+		uint64_t v = d->nshards == 1 && !d->shards[0].launched ?
+			     c[HG_CNT_SUMMED] :
+			     __atomic_load_n(&d->shards[i].snap[HG_CNT_SUMMED],
+					     __ATOMIC_RELAXED);
+
+		rc |= json_array_append_new(summed, json_integer((json_int_t)v));
+	}
+	rc |= json_object_set_new(reply, "engine_summed", summed);
+	return rc ? -ENOMEM : 0;
+}
+
+static void ctl_shutdown(void *ctx)
+{
+	struct daemon *d = ctx;
+
+	d->stop_requested = true;
+}
+
+const struct hg_ctl_ops hg_switch_ctl_ops = {
+	.add_job = ctl_add_job,
+	.remove_job = ctl_remove_job,
+	.stats = ctl_stats,
+	.shutdown = ctl_shutdown,
+};

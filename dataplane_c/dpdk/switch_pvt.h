@@ -1,0 +1,149 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * switch_pvt.h - what the files of homagg-switch share: the daemon, its
+ * shards (one engine each) and their mailboxes, and the calls between the
+ * files.  Nothing here is part of the library's public headers.
+ *
+ *   switch_main.c       EAL, port setup, the main loop, signals, teardown
+ *   switch_opts.c       the command line (after the EAL arguments)
+ *   switch_shard.c      shards: engines, their lcores, mailboxes, counters
+ *   switch_dispatch.c   the dispatcher (--lcores > 1): frames to and from shards
+ *   switch_ctl.c        the control socket's callbacks (control.h)
+ *   switch_telemetry.c  the /homagg/stats telemetry command
+ *
+ * With --lcores 1 (the default) one engine (engine.h) runs on the main
+ * lcore behind one hg_dpdk_port (port_dpdk.h), and the same loop polls the
+ * control socket (control.h) every millisecond, so the engine is only ever
+ * touched by one thread.  With --lcores N > 1 the main lcore dispatches:
+ * it receives from the ethdev, hands each frame to engine (job id + slot)
+ * % N on its own lcore through a ring, sends what the engines put in their
+ * tx rings, and serves the control socket.  Every engine holds every job
+ * and serves the slots that map to it, so one job's slots are spread over
+ * all N lcores (a slot is only ever touched by one of them).  Job changes
+ * reach each engine through a mailbox its lcore serves between polls, so
+ * again nothing runs concurrently with a poll and the packet path takes no
+ * locks.  docs/SWITCH.md documents the command line.
+ */
+#ifndef HOMAGG_DPDK_SWITCH_PVT_H
+#define HOMAGG_DPDK_SWITCH_PVT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <time.h>
+
+#include <rte_common.h>
+#include <rte_mempool.h>
+#include <rte_ring.h>
+
+#include "homagg/counters.h"
+#include "homagg/engine.h"
+#include "homagg/port.h"
+#include "control.h"
+#include "port_dpdk.h"
+
+struct opts {
+	uint32_t ipv4;
+	uint16_t udp_port;
+	uint16_t port_id;
+	const char *control;
+	unsigned int lcores;
+	unsigned int queues;
+	double drop_rate;
+	uint64_t seed;
+	double stats_interval;    /* seconds, 0 = off */
+	unsigned int idle_us;     /* sleep when idle, 0 = spin */
+	unsigned int idle_polls;  /* empty polls before the first sleep */
+	unsigned int mbufs;
+	unsigned int max_jobs;
+	unsigned int mtu;         /* 0 = the port's (kernel interface or PMD) */
+	bool replicate;
+	bool udp_csum;            /* verify received / fill sent UDP checksums */
+};
+
+/* A request to an engine lcore (job changes must run on the lcore that
+ * polls the engine: engine.h forbids concurrent control and poll). */
+enum { MB_IDLE, MB_REQ, MB_DONE };
+enum { MB_ADD, MB_REMOVE };
+
+struct mailbox {
+	int state;                 /* MB_*, acquire/release atomics */
+	int op;
+	struct hg_job_config jc;
+	uint32_t job;
+	int rc;
+};
+
+/* One engine.  With --lcores 1 the only shard runs on the main lcore on
+ * the ethdev port itself; with N > 1 each runs on its own lcore on a
+ * ring-mode port fed by the dispatcher ((job id + slot) % N picks the
+ * shard; every shard holds every job). */
+struct shard {
+	struct daemon *d;
+	struct hg_dpdk_port *dport;    /* ring-mode port (N > 1) */
+	struct hg_port port;
+	struct hg_engine *eng;
+	struct rte_ring *rx_ring;
+	struct rte_ring *tx_ring;
+	unsigned int lcore;
+	bool launched;
+	struct mailbox mb;
+	uint64_t snap[HG_CNT__COUNT];  /* published counters (relaxed atomics) */
+} __rte_cache_aligned;
+
+struct daemon {
+	struct opts o;
+	struct rte_mempool *pool;
+	struct hg_dpdk_port *dport;    /* the ethdev port */
+	struct hg_port port;
+	struct shard *shards;
+	unsigned int nshards;
+	struct hg_control *ctl;
+	bool port_started;
+	uint16_t mtu;                  /* of the link (--mtu, kernel interface, PMD) */
+	uint16_t data_room;            /* of every mbuf: a whole frame of the MTU */
+	volatile bool stop_requested;  /* by the shutdown command */
+	volatile bool stop_engines;    /* engine lcores leave their loop */
+	uint64_t dispatch_full;        /* frames a full shard ring refused */
+};
+
+/* switch_opts.c: parse the daemon's options (argv[0] is the program);
+ * 0, or -EINVAL after printing what is wrong. */
+int hg_switch_parse_opts(int argc, char **argv, struct opts *o);
+
+/* switch_shard.c */
+int hg_switch_shards_setup(struct daemon *d);
+void hg_switch_stop_engines(struct daemon *d);
+void hg_switch_shard_publish(struct shard *sh);
+void hg_switch_counters_sum(struct daemon *d, uint64_t *out);
+int hg_switch_shard_call(struct shard *sh, int op, const struct hg_job_config *jc,
+			 uint32_t job);
+
+/* switch_dispatch.c: one round of the dispatcher; whether a frame moved. */
+bool hg_switch_dispatch(struct daemon *d);
+
+/* switch_ctl.c: the control socket's callbacks (ctx is the daemon). */
+extern const struct hg_ctl_ops hg_switch_ctl_ops;
+
+/* switch_telemetry.c: register /homagg/stats for d (logs a failure);
+ * stop makes the command answer -EAGAIN again. */
+void hg_switch_telemetry_start(struct daemon *d);
+void hg_switch_telemetry_stop(void);
+
+/* Idle backoff: after --idle-polls polls in a row that moved nothing, sleep
+ * --idle-us between polls until a poll moves a frame again.  On a machine
+ * whose cores are shared with the workers (a testbed on one host) a spinning
+ * lcore takes a core from them; a dedicated core can spin (--idle-us 0). */
+static inline void idle_sleep(const struct daemon *d, unsigned int *idle, bool moved)
+{
+	if (moved) {
+		*idle = 0;
+	} else if (d->o.idle_us && ++*idle >= d->o.idle_polls) {
+		struct timespec ts = { (time_t)(d->o.idle_us / 1000000),
+				       (long)(d->o.idle_us % 1000000) * 1000 };
+
+		nanosleep(&ts, NULL);
+	}
+}
+
+
+#endif /* HOMAGG_DPDK_SWITCH_PVT_H */
