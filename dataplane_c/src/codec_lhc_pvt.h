@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * codec_lhc_pvt.h - the lhc plan (struct hg_lhc), shared by codec_lhc.c
- * (index, sketch, peeling, auto) and codec_union.c (the union values phase,
- * which reuses lhc's meta and index phases and its candidate list).
+ * (index, sketch, peeling, auto), its vector paths (codec_lhc_avx2.c,
+ * codec_lhc_avx512.c) and codec_union.c (the union values phase, which
+ * reuses lhc's meta and index phases and its candidate list).
  */
 #ifndef HOMAGG_CODEC_LHC_PVT_H
 #define HOMAGG_CODEC_LHC_PVT_H
@@ -51,6 +52,39 @@ struct hg_lhc {
 	uint8_t *s_done;
 	size_t s_cells_cap, s_cand_cap;
 };
+
+/*
+ * Cells and signs of the elements g0 + pos[j], j < n, in structure-of-arrays
+ * form: c0/c1/c2[j] the three cells, sm[j] = 0 (positive) or 0xFFFFFFFF
+ * (negative), so that a signed value is (v ^ sm) - sm.  Hashing a whole
+ * batch at once lets it run as straight-line (vector) code.
+ */
+struct cell_batch {
+	uint32_t *c0, *c1, *c2, *sm;
+};
+
+/*
+ * The vector paths (codec_lhc_avx2.c, codec_lhc_avx512.c), each giving the
+ * same bits as the portable code of codec_lhc.c, which chooses them at run
+ * time (hg_codec_avx2(), hg_codec_avx512()).
+ *
+ * hg_lhc_bitmap_avx2: the bitmap of whole groups of 32 of the len elements
+ * of x at out; returns how many elements it did (the caller does the rest).
+ */
+size_t hg_lhc_bitmap_avx2(const float *x, size_t len, uint8_t *out);
+/* Positions of the set bits of nwords 64-bit words of a bitmap (AVX-512
+ * VBMI2, BW); see codec_lhc_avx512.c. */
+uint32_t hg_lhc_bitmap_positions_vbmi2(const uint8_t *idx, uint32_t nwords,
+				       uint16_t *out);
+/* Cells of the elements g0 + pos[j] for whole groups of 8 of the n; returns
+ * how many it did (the caller does the rest). */
+uint32_t hg_lhc_cells_avx512(uint64_t key, uint64_t g0, uint32_t t,
+			     const uint16_t *pos, uint32_t n,
+			     const struct cell_batch *cb);
+/* The non-zeros of xb[i0, i1) (i1 - i0 a multiple of 16); see
+ * codec_lhc_avx512.c. */
+uint32_t hg_lhc_compact_avx512(const float *xb, uint32_t i0, uint32_t i1,
+			       uint16_t *pos, uint32_t *amax);
 
 /* The vector scatter of codec_union.c may be used (AVX-512 F/DQ/BW, BMI2). */
 bool hg_union_vec(void);

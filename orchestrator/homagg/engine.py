@@ -13,24 +13,15 @@ frames into and read transmitted frames back from.  ``build_frame`` and
 """
 from dataclasses import dataclass
 
-from homagg._native import ffi, lib
-from homagg.errors import InvalidArgument, ResourceError, check
+from homagg.bindings import engine as _e
+from homagg.bindings import port_mem as _m
+from homagg.bindings import wire as _w
+from homagg.bindings.kernels import op_in_lane_bytes
+from homagg.bindings.wire import (FLAG_AUTH, FLAG_OVERFLOW, FLAG_RESULT,  # noqa: F401
+                                  FLAG_RETRANS, FLAG_SHADOW, FLAG_STATUS, UDP_PORT,
+                                  WORKER_ALL, counter_names)
 from homagg.netaddr import parse_ipv4, parse_mac
 from homagg.kernels import _op
-
-FLAG_RESULT = lib.HG_FLAG_RESULT
-FLAG_RETRANS = lib.HG_FLAG_RETRANS
-FLAG_SHADOW = lib.HG_FLAG_SHADOW
-FLAG_OVERFLOW = lib.HG_FLAG_OVERFLOW
-FLAG_STATUS = lib.HG_FLAG_STATUS
-FLAG_AUTH = lib.HG_FLAG_AUTH
-WORKER_ALL = lib.HG_WORKER_ALL
-UDP_PORT = lib.HG_UDP_PORT
-
-
-def counter_names():
-    """The counter names in table order (homagg/counters.h)."""
-    return [ffi.string(lib.hg_counter_name(i)).decode() for i in range(lib.hg_counter_count())]
 
 
 @dataclass
@@ -45,12 +36,8 @@ class Addr:
     def of(cls, mac, ipv4, port):
         return cls(parse_mac(mac), parse_ipv4(ipv4), int(port))
 
-    def _c(self):
-        a = ffi.new("struct hg_wire_addr *")
-        a.mac = list(self.mac)
-        a.ipv4 = self.ipv4
-        a.port = self.port
-        return a
+    def _t(self):
+        return (self.mac, self.ipv4, self.port)
 
 
 @dataclass
@@ -86,53 +73,27 @@ def build_frame(src, dst, *, op, job, token, worker, seq, slot, lanes=None,
     payload = bytes(payload)
     o = _op(op)
     if lanes is None:
-        ib = lib.hg_op_in_lane_bytes(o) or 1
+        ib = op_in_lane_bytes(o) or 1
         lanes = len(payload) // ib
-    h = ffi.new("struct hg_hdr *")
-    h.version = lib.HG_PROTOCOL_VERSION if version is None else version
-    h.op = o
-    h.flags = flags
-    h.job = job
-    h.token = token
-    h.worker = worker
-    h.slot = slot
-    h.seq = seq
-    h.lanes = lanes
-    h.exp = exp
-    h.shard = shard
-    h.incarnation = incarnation
-    h.reserved = reserved
-    buf = ffi.new("uint8_t[]", lib.HG_ETH_IP_UDP_LEN + lib.HG_HDR_LEN + len(payload)
-                  + lib.HG_MAC_LEN)
-    if key is not None and len(bytes(key)) != lib.HG_AUTH_KEY_LEN:
-        raise InvalidArgument(f"key: {lib.HG_AUTH_KEY_LEN} bytes")
-    n = check(lib.hg_wire_build_mac(buf, len(buf), src._c(), dst._c(), h,
-                                    payload if payload else ffi.NULL, len(payload),
-                                    lib.HG_WIRE_F_UDP_CSUM if udp_csum else 0,
-                                    bytes(key) if key is not None else ffi.NULL),
-              "hg_wire_build_mac")
-    return bytes(ffi.buffer(buf, n))
+    hdr = {"version": _w.PROTOCOL_VERSION if version is None else version,
+           "op": o, "flags": flags, "job": job, "token": token, "worker": worker,
+           "slot": slot, "seq": seq, "lanes": lanes, "exp": exp, "shard": shard,
+           "incarnation": incarnation, "reserved": reserved}
+    return _w.wire_build_mac(src._t(), dst._t(), hdr, payload, udp_csum, key)
 
 
 def parse_frame(frame, udp_port=0, udp_csum=True):
     """A Frame for a valid frame; else the drop reason's counter name (str)."""
     frame = bytes(frame)
-    v = ffi.new("struct hg_wire_view *")
-    rc = lib.hg_wire_parse(frame, len(frame), udp_port,
-                           lib.HG_WIRE_F_UDP_CSUM if udp_csum else 0, v)
-    check(rc, "hg_wire_parse")
-    if rc > 0:
-        return ffi.string(lib.hg_counter_name(rc)).decode()
-    h = v.hdr
-
-    def addr(a):
-        return Addr(bytes(a.mac), a.ipv4, a.port)
-
-    return Frame(addr(v.src), addr(v.dst), h.version, h.op, h.flags, h.job, h.token,
-                 h.worker, h.slot, h.seq, h.lanes, h.exp, h.shard, h.incarnation,
-                 frame[v.payload_off:v.payload_off + v.payload_len],
-                 frame[v.payload_off + v.payload_len:v.payload_off + v.payload_len
-                       + lib.HG_MAC_LEN] if h.flags & lib.HG_FLAG_AUTH else None)
+    v = _w.wire_parse(frame, udp_port, udp_csum)
+    if isinstance(v, str):
+        return v
+    h = v["hdr"]
+    off, end = v["payload_off"], v["payload_off"] + v["payload_len"]
+    return Frame(Addr(*v["src"]), Addr(*v["dst"]), h["version"], h["op"], h["flags"],
+                 h["job"], h["token"], h["worker"], h["slot"], h["seq"], h["lanes"],
+                 h["exp"], h["shard"], h["incarnation"], frame[off:end],
+                 frame[end:end + _w.MAC_LEN] if h["flags"] & FLAG_AUTH else None)
 
 
 class MemPort:
@@ -141,36 +102,23 @@ class MemPort:
     def __init__(self, *, pool=4096, buf_size=9216, can_replicate=False,
                  mac="02:00:00:00:00:01", ipv4="10.0.0.254", udp_port=UDP_PORT,
                  mtu=9000, tx_limit=0):
-        c = ffi.new("struct hg_port_mem_config *")
-        lib.hg_port_mem_config_init(c)
-        c.pool = pool
-        c.buf_size = buf_size
-        c.can_replicate = can_replicate
-        c.mac = list(parse_mac(mac))
-        c.ipv4 = parse_ipv4(ipv4)
-        c.udp_port = udp_port
-        c.mtu = mtu
-        c.tx_limit = tx_limit
-        p = lib.hg_port_mem_create(c)
-        if p == ffi.NULL:
-            raise ResourceError("hg_port_mem_create failed (config or memory)")
-        self._p = ffi.gc(p, lib.hg_port_mem_destroy)
+        self._p = _m.port_mem_create(
+            pool=pool, buf_size=buf_size, can_replicate=can_replicate,
+            mac=parse_mac(mac), ipv4=parse_ipv4(ipv4), udp_port=udp_port, mtu=mtu,
+            tx_limit=tx_limit)
         self.buf_size = buf_size
         self.addr = Addr(parse_mac(mac), parse_ipv4(ipv4), udp_port)
 
     @property
     def port(self):
-        return lib.hg_port_mem_port(self._p)
+        return _m.port_mem_port(self._p)
 
     def inject(self, frame):
-        frame = bytes(frame)
-        check(lib.hg_port_mem_inject(self._p, frame, len(frame)), "hg_port_mem_inject")
+        _m.port_mem_inject(self._p, frame)
 
     def pop(self):
         """The oldest transmitted frame (bytes), or None."""
-        buf = ffi.new("uint8_t[]", self.buf_size)
-        n = check(lib.hg_port_mem_pop_tx(self._p, buf, len(buf)), "hg_port_mem_pop_tx")
-        return bytes(ffi.buffer(buf, n)) if n else None
+        return _m.port_mem_pop_tx(self._p, self.buf_size)
 
     def pop_all(self):
         out = []
@@ -180,25 +128,25 @@ class MemPort:
 
     @property
     def rx_pending(self):
-        return lib.hg_port_mem_rx_pending(self._p)
+        return _m.port_mem_rx_pending(self._p)
 
     @property
     def tx_pending(self):
-        return lib.hg_port_mem_tx_pending(self._p)
+        return _m.port_mem_tx_pending(self._p)
 
     @property
     def free_count(self):
-        return lib.hg_port_mem_free_count(self._p)
+        return _m.port_mem_free_count(self._p)
 
     @property
     def groups_joined(self):
-        return lib.hg_port_mem_groups(self._p)
+        return _m.port_mem_groups(self._p)
 
     def set_time(self, ns):
-        lib.hg_port_mem_set_time(self._p, ns)
+        _m.port_mem_set_time(self._p, ns)
 
     def set_tx_limit(self, limit):
-        lib.hg_port_mem_set_tx_limit(self._p, limit)
+        _m.port_mem_set_tx_limit(self._p, limit)
 
 
 class Engine:
@@ -209,32 +157,22 @@ class Engine:
                  udp_csum=True, isa="best", staged=True):
         from homagg.kernels import _isa
 
-        c = ffi.new("struct hg_engine_config *")
-        lib.hg_engine_config_init(c)
-        c.port = port.port
-        c.max_jobs = max_jobs
-        c.udp_port = udp_port
-        c.burst = burst
-        c.flags = lib.HG_ENGINE_F_UDP_CSUM if udp_csum else 0
-        c.isa = _isa(isa)
-        e = lib.hg_engine_create(c)
-        if e == ffi.NULL:
-            raise InvalidArgument("hg_engine_create failed (config out of range, "
-                                  "unsupported ISA, or no memory)")
+        e = _e.engine_create(port.port, max_jobs=max_jobs, udp_port=udp_port, burst=burst,
+                             flags=_e.F_UDP_CSUM if udp_csum else 0, isa=_isa(isa))
         self._port = port  # keep the port alive as long as the engine
-        self._e = ffi.gc(e, lib.hg_engine_destroy)
+        self._e = e
         if not staged:
             self.set_staging(False)
 
     def set_staging(self, staged):
         """Staged bursts (classify all, then apply; the default) or one
         frame at a time: the same counters and results either way."""
-        check(lib.hg_engine_set_staging(self._e, bool(staged)), "hg_engine_set_staging")
+        _e.engine_set_staging(self._e, staged)
 
     def close(self):
         """Destroy the engine now (idempotent)."""
         if self._e is not None:
-            ffi.release(self._e)  # runs hg_engine_destroy now
+            _e.engine_destroy(self._e)
             self._e = None
 
     def add_job(self, job, token, workers, slots, payload_bytes=1024, group=0,
@@ -243,42 +181,26 @@ class Engine:
         ``incarnation`` the job's in replies (0: from the clock), ``auth``
         the job secret (32 bytes) of an authenticated job (None: off).
         Returns the incarnation the job got."""
-        j = ffi.new("struct hg_job_config *")
-        j.job = job
-        j.token = token
-        j.workers = workers
-        j.slots = slots
-        j.payload_bytes = payload_bytes
-        j.group_ipv4 = parse_ipv4(group, "group")
-        j.shard = shard
-        j.incarnation = incarnation
-        if auth is not None:
-            auth = bytes(auth)
-            if len(auth) != lib.HG_AUTH_SECRET_LEN:
-                raise InvalidArgument(f"auth: a job secret has {lib.HG_AUTH_SECRET_LEN} bytes")
-            j.auth = 1
-            j.secret = list(auth)
-        check(lib.hg_engine_add_job(self._e, j), f"add job {job}")
+        _e.engine_add_job(self._e, secret=auth, job=job, token=token, workers=workers,
+                          slots=slots, payload_bytes=payload_bytes,
+                          group_ipv4=parse_ipv4(group, "group"), shard=shard,
+                          incarnation=incarnation)
         return self.job_config(job)["incarnation"]
 
     def job_config(self, job):
         """The job's configuration as the engine holds it (a dict)."""
-        j = ffi.new("struct hg_job_config *")
-        check(lib.hg_engine_job_config(self._e, job, j), f"job {job}")
-        return {k: getattr(j, k) for k in (
-            "job", "token", "workers", "slots", "payload_bytes", "group_ipv4",
-            "shard", "incarnation", "auth")}
+        return _e.engine_job_config(self._e, job)
 
     def remove_job(self, job):
-        check(lib.hg_engine_remove_job(self._e, job), f"remove job {job}")
+        _e.engine_remove_job(self._e, job)
 
     @property
     def job_count(self):
-        return lib.hg_engine_job_count(self._e)
+        return _e.engine_job_count(self._e)
 
     def poll(self):
         """One rx burst: the number of frames received."""
-        return check(lib.hg_engine_poll(self._e), "hg_engine_poll")
+        return _e.engine_poll(self._e)
 
     def poll_all(self, limit=1_000_000):
         """Poll until the port has nothing; the total received."""
@@ -292,16 +214,10 @@ class Engine:
 
     def process(self, pkts, n):
         """Process n packets (a ``struct hg_pkt *[]``) already received."""
-        return check(lib.hg_engine_process(self._e, pkts, n), "hg_engine_process")
+        return _e.engine_process(self._e, pkts, n)
 
     def counters(self):
-        n = lib.hg_counter_count()
-        out = ffi.new("uint64_t[]", n)
-        lib.hg_engine_counters(self._e, out, n)
-        return dict(zip(counter_names(), list(out)))
+        return _e.engine_counters(self._e)
 
     def job_counters(self, job):
-        n = lib.hg_counter_count()
-        out = ffi.new("uint64_t[]", n)
-        check(lib.hg_engine_job_counters(self._e, job, out, n), f"job {job} counters")
-        return dict(zip(counter_names(), list(out)))
+        return _e.engine_job_counters(self._e, job)

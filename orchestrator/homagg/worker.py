@@ -51,9 +51,11 @@ import threading
 import numpy as np
 
 from homagg import auth, protocol
-from homagg._native import ffi, lib
-from homagg.bindings.client import agg_stats_dict, client_stats_dict
-from homagg.errors import InvalidArgument, check, error_for
+from homagg.bindings import client as _c
+from homagg.bindings import port_udp as _u
+from homagg.bindings.codec import DEFAULT_BLOCK, F_STOCHASTIC
+from homagg.bindings.wire import HDR_LEN, MAC_LEN, MAX_PAYLOAD
+from homagg.errors import InvalidArgument
 from homagg.netaddr import parse_ipv4
 
 
@@ -72,7 +74,7 @@ START_WAIT = 0.1
 
 IP_MTU = getattr(socket, "IP_MTU", 14)  # linux/in.h
 # IPv4 + UDP + HomAgg header + the optional MAC (docs/PROTOCOL.md Part 2)
-FRAME_OVERHEAD = 20 + 8 + lib.HG_HDR_LEN + lib.HG_MAC_LEN
+FRAME_OVERHEAD = 20 + 8 + HDR_LEN + MAC_LEN
 
 
 def path_mtu(dest, source="0.0.0.0"):
@@ -90,7 +92,7 @@ def path_mtu(dest, source="0.0.0.0"):
 def max_payload(mtu):
     """The largest job payload (bytes, a multiple of 4, at most
     HG_MAX_PAYLOAD) whose frames fit a link of this MTU."""
-    return min(lib.HG_MAX_PAYLOAD, (int(mtu) - FRAME_OVERHEAD) // 4 * 4)
+    return min(MAX_PAYLOAD, (int(mtu) - FRAME_OVERHEAD) // 4 * 4)
 
 
 class UdpPort:
@@ -101,43 +103,31 @@ class UdpPort:
     def __init__(self, bind=("0.0.0.0", 0), group_port=0, packets=0, rcvbuf=0, mtu=0):
         if mtu and not 576 <= int(mtu) <= 9000:
             raise InvalidArgument(f"mtu must be 576..9000, got {mtu}")
-        pc = ffi.new("struct hg_udp_port_config *")
-        pc.bind_ipv4 = parse_ipv4(bind[0], "bind")
-        pc.bind_port = int(bind[1])
-        pc.group_port = int(group_port)
-        pc.packets = int(packets)
-        pc.rcvbuf = int(rcvbuf)
-        pc.mtu = int(mtu)
-        p = lib.hg_udp_port_create(pc)
-        if p == ffi.NULL:
-            raise error_for(-ffi.errno, f"UDP socket on {bind[0]}:{bind[1]}")
-        self._p = ffi.gc(p, lib.hg_udp_port_destroy)
+        self._p = _u.udp_port_create(
+            f"UDP socket on {bind[0]}:{bind[1]}", bind_ipv4=parse_ipv4(bind[0], "bind"),
+            bind_port=int(bind[1]), group_port=int(group_port), packets=int(packets),
+            rcvbuf=int(rcvbuf), mtu=int(mtu))
 
     @property
     def port(self):
-        return lib.hg_udp_port_port(self._p)
+        return _u.udp_port_port(self._p)
 
     @property
     def local_address(self):
         """(ip, port) the unicast socket is bound to."""
-        ip = ffi.new("uint32_t *")
-        port = ffi.new("uint16_t *")
-        check(lib.hg_udp_port_local(self._p, ip, port))
-        return (str(ipaddress.IPv4Address(ip[0])), port[0])
+        ip, port = _u.udp_port_local(self._p)
+        return (str(ipaddress.IPv4Address(ip)), port)
 
     def wait(self, timeout):
         """Block until a datagram is ready (True) or timeout seconds pass."""
-        return check(lib.hg_udp_port_wait(self._p, int(timeout * 1e9))) == 1
+        return _u.udp_port_wait(self._p, int(timeout * 1e9))
 
     def stats(self):
-        ps = ffi.new("struct hg_udp_port_stats *")
-        check(lib.hg_udp_port_get_stats(self._p, ps))
-        return {name: getattr(ps, name)
-                for name, _ in ffi.typeof("struct hg_udp_port_stats").fields}
+        return _u.udp_port_get_stats(self._p)
 
     def close(self):
         if self._p is not None:
-            ffi.release(self._p)
+            _u.udp_port_destroy(self._p)
             self._p = None
 
 
@@ -154,16 +144,16 @@ class Worker:
             raise InvalidArgument(f"worker {worker} not in 0..{workers - 1}")
         if timeout <= 0:
             raise InvalidArgument("timeout must be positive")
-        if not 4 <= int(payload) <= lib.HG_MAX_PAYLOAD or int(payload) % 4:
-            raise InvalidArgument(f"payload must be a multiple of 4 in 4..{lib.HG_MAX_PAYLOAD}, "
+        if not 4 <= int(payload) <= MAX_PAYLOAD or int(payload) % 4:
+            raise InvalidArgument(f"payload must be a multiple of 4 in 4..{MAX_PAYLOAD}, "
                                   f"got {payload}")
         if not 0 <= int(incarnation) < 2**32:
             raise InvalidArgument(f"incarnation {incarnation} not in 0..2^32-1 (0: from the clock)")
         if aggregators is None:
             aggregators = [aggregator]
         aggregators = [(str(a[0]), int(a[1])) for a in aggregators]
-        if not 1 <= len(aggregators) <= lib.HG_CLIENT_MAX_AGGREGATORS:
-            raise InvalidArgument(f"aggregators: 1..{lib.HG_CLIENT_MAX_AGGREGATORS} "
+        if not 1 <= len(aggregators) <= _c.MAX_AGGREGATORS:
+            raise InvalidArgument(f"aggregators: 1..{_c.MAX_AGGREGATORS} "
                                   f"(host, port) pairs, got {len(aggregators)}")
         if len(set(aggregators)) != len(aggregators):
             raise InvalidArgument(f"aggregators: the same address twice in {aggregators}")
@@ -189,40 +179,18 @@ class Worker:
                                                4 * slots * len(aggregators) + 256),
                              mtu=self.mtu)
 
-        cfg = ffi.new("struct hg_client_config *")
-        cfg.port = self._port.port
-        cfg.job = job
-        cfg.token = token
-        cfg.worker = worker
-        cfg.workers = workers
-        cfg.slots = slots
-        cfg.payload_bytes = payload
-        aggs = ffi.new("struct hg_client_agg[]", len(aggregators))
-        for a, (host, port) in zip(aggs, aggregators):
-            a.ipv4 = parse_ipv4(host, "aggregator")
-            a.udp_port = port
-        cfg.naggs = len(aggregators)
-        cfg.aggs = aggs
-        cfg.group_ipv4 = parse_ipv4(group, "group") if group else 0
-        cfg.rto_ns = int(rto * 1e9)
-        cfg.rto_min_ns = int(rto_min * 1e9)
-        cfg.start_wait_ns = int(start_wait * 1e9)
-        cfg.give_up_ns = int(timeout * 1e9)
-        cfg.incarnation = int(incarnation)
-        if auth_file is not None:
-            cfg.auth = 1
-            cfg.secret = list(auth.load_secret(auth_file))
-        self._cfg = cfg
-        self._aggs = aggs
-        client = lib.hg_client_create(cfg)
-        cfg.secret = [0] * len(cfg.secret)  # the client keeps only its keys
-        if client == ffi.NULL:
-            raise InvalidArgument(
-                f"worker client configuration refused (job {job}, worker "
-                f"{worker}/{workers}, slots {slots}, payload {payload})")
-        # the destructor holds the port: the client frees packets into it
-        self._client = ffi.gc(
-            client, lambda c, _port=self._port: lib.hg_client_destroy(c))
+        # the client holds the port: it frees packets into it
+        self._client = _c.client_create(
+            self._port.port,
+            [(parse_ipv4(host, "aggregator"), port) for host, port in aggregators],
+            auth.load_secret(auth_file) if auth_file is not None else None,
+            self._port,
+            f"job {job}, worker {worker}/{workers}, slots {slots}, payload {payload}",
+            job=job, token=token, worker=worker, workers=workers, slots=slots,
+            payload_bytes=payload, group_ipv4=parse_ipv4(group, "group") if group else 0,
+            rto_ns=int(rto * 1e9), rto_min_ns=int(rto_min * 1e9),
+            start_wait_ns=int(start_wait * 1e9), give_up_ns=int(timeout * 1e9),
+            incarnation=int(incarnation))
         # one C call at a time; allreduce_async's calls run on one thread
         self._lock = threading.Lock()
         self._executor = None
@@ -245,34 +213,24 @@ class Worker:
         elif (out.dtype != np.float32 or out.size != x.size
               or not out.flags.c_contiguous):
             raise InvalidArgument("out must be a contiguous float32 array of the input's size")
-        p = ffi.new("struct hg_params *")
-        p.block = int(block or lib.HG_DEFAULT_BLOCK)
-        p.workers = self.workers
-        p.worker = self.worker
-        p.flags = lib.HG_F_STOCHASTIC if stochastic else 0
-        p.seed = int(seed) & (2**64 - 1)
-        p.nc_levels = int(nc_levels)
+        p = _c.client_params(int(block or DEFAULT_BLOCK), self.workers, self.worker,
+                             F_STOCHASTIC if stochastic else 0, int(seed) & (2**64 - 1),
+                             int(nc_levels))
         with self._lock:
             if self._client is None:
                 raise InvalidArgument("worker is closed")
             if info is not None:
                 before = self._payload_bytes()
-            rc = lib.hg_client_allreduce(
-                self._client, p, code,
-                ffi.from_buffer("float[]", x), x.size,
-                ffi.from_buffer("float[]", out, require_writable=True))
-            if info is not None and rc >= 0:
+            where = ", ".join(f"{h}:{port}" for h, port in self.aggregators)
+            where = f"aggregator{'s' if len(self.aggregators) > 1 else ''} {where}"
+            _c.client_allreduce(self._client, p, code, x, out,
+                                f"worker {self.worker} of job {self.job}, {where}")
+            if info is not None:
                 after = self._payload_bytes()
                 m = protocol.METHOD_BY_CODE.get(after[2])
                 info["method"] = m.name if m else None
                 info["bytes_sent"] = after[0] - before[0]
                 info["bytes_received"] = after[1] - before[1]
-        if rc < 0:
-            text = ffi.string(lib.hg_client_error_text(self._client)).decode()
-            where = ", ".join(f"{h}:{p}" for h, p in self.aggregators)
-            where = f"aggregator{'s' if len(self.aggregators) > 1 else ''} {where}"
-            raise error_for(rc, f"worker {self.worker} of job {self.job}, "
-                                f"{where}: {text or 'failed'}")
         return out
 
     def allreduce_async(self, array, method="dense", **kwargs):
@@ -289,25 +247,21 @@ class Worker:
 
     def _payload_bytes(self):
         """(bytes sent, bytes received, method chosen) of the client so far."""
-        st = ffi.new("struct hg_client_stats *")
-        lib.hg_client_get_stats(self._client, st)
+        st = _c.client_get_stats(self._client)
         return (sum(st.bytes_sent), sum(st.bytes_received), st.method_chosen)
 
     def stats(self):
         """The client's counters and the UDP port's, as one dict."""
-        st = ffi.new("struct hg_client_stats *")
-        check(lib.hg_client_get_stats(self._client, st))
-        out = client_stats_dict(st)
+        st = _c.client_get_stats(self._client)
+        out = _c.client_stats_dict(st)
         out["bytes_sent"] = sum(st.bytes_sent)
         out["bytes_received"] = sum(st.bytes_received)
         m = protocol.METHOD_BY_CODE.get(st.method_chosen)
         out["method_chosen"] = m.name if m else None
         out["port"] = self._port.stats()
         out["aggregators"] = []
-        ast = ffi.new("struct hg_client_agg_stats *")
         for k in range(len(self.aggregators)):
-            check(lib.hg_client_get_agg_stats(self._client, k, ast))
-            out["aggregators"].append(agg_stats_dict(ast))
+            out["aggregators"].append(_c.client_get_agg_stats(self._client, k))
         return out
 
     def close(self):
@@ -318,7 +272,7 @@ class Worker:
         # the client first: it holds packets of the port
         if getattr(self, "_client", None) is not None:
             with self._lock:
-                ffi.release(self._client)
+                _c.client_destroy(self._client)
                 self._client = None
         if getattr(self, "_port", None) is not None:
             self._port.close()

@@ -17,52 +17,42 @@ measured in the same run.
 """
 import json
 
-from homagg._native import ffi, lib
-from homagg.errors import check
+from homagg.bindings.bench import bench_engine
+from homagg.bindings.kernels import isa_best, isa_name
 from homagg.kernels import _isa
 
 
 def run(workers, payload_bytes=1024, slots=16, seconds=1.0, multicast=True, udp_csum=False,
         isa="best", burst=32, one_at_a_time=False):
     """One measurement: a dict with workers, payload_bytes, mpps, raw_kernel_mpps, ..."""
-    c = ffi.new("struct hg_bench_engine_config *")
-    lib.hg_bench_engine_config_init(c)
-    c.workers = workers
-    c.payload_bytes = payload_bytes
-    c.slots = slots
-    c.burst = burst
-    c.seconds = seconds
-    c.multicast = multicast
-    c.udp_csum = udp_csum
-    c.isa = _isa(isa)
-    c.one_at_a_time = one_at_a_time
-    r = ffi.new("struct hg_bench_engine_result *")
-    check(lib.hg_bench_engine(c, r), "hg_bench_engine")
+    r = bench_engine(workers=workers, payload_bytes=payload_bytes, slots=slots, burst=burst,
+                     seconds=seconds, multicast=multicast, udp_csum=udp_csum, isa=_isa(isa),
+                     one_at_a_time=one_at_a_time)
     return {
         "workers": workers,
         "payload_bytes": payload_bytes,
         "slots": slots,
         "multicast": multicast,
         "udp_csum": udp_csum,
-        "isa": isa if isa != "best" else ffi.string(lib.hg_isa_name(lib.hg_isa_best())).decode(),
-        "packets": r.packets,
-        "seconds": r.seconds,
-        "mpps": r.mpps,
-        "gbit_s": r.mpps * payload_bytes * 8 / 1e3,
-        "mpps_mean": r.mpps_mean,
-        "raw_kernel_mpps": r.raw_kernel_mpps,
-        "raw_kernel_mpps_mean": r.raw_kernel_mpps_mean,
-        "ratio": r.mpps / r.raw_kernel_mpps if r.raw_kernel_mpps else 0.0,
-        "one_at_a_time_packets": r.one_packets,
-        "one_at_a_time_mpps": r.one_mpps if one_at_a_time else None,
-        "one_at_a_time_mpps_mean": r.one_mpps_mean if one_at_a_time else None,
-        "one_at_a_time_ratio": (r.one_mpps / r.raw_kernel_mpps
-                                if one_at_a_time and r.raw_kernel_mpps else None),
-        "staged_vs_one_at_a_time": (r.mpps / r.one_mpps
-                                    if one_at_a_time and r.one_mpps else None),
-        "completed": r.completed,
-        "results_sent": r.results_sent,
-        "dropped": r.dropped,
+        "isa": isa if isa != "best" else isa_name(isa_best()),
+        "packets": r["packets"],
+        "seconds": r["seconds"],
+        "mpps": r["mpps"],
+        "gbit_s": r["mpps"] * payload_bytes * 8 / 1e3,
+        "mpps_mean": r["mpps_mean"],
+        "raw_kernel_mpps": r["raw_kernel_mpps"],
+        "raw_kernel_mpps_mean": r["raw_kernel_mpps_mean"],
+        "ratio": r["mpps"] / r["raw_kernel_mpps"] if r["raw_kernel_mpps"] else 0.0,
+        "one_at_a_time_packets": r["one_packets"],
+        "one_at_a_time_mpps": r["one_mpps"] if one_at_a_time else None,
+        "one_at_a_time_mpps_mean": r["one_mpps_mean"] if one_at_a_time else None,
+        "one_at_a_time_ratio": (r["one_mpps"] / r["raw_kernel_mpps"]
+                                if one_at_a_time and r["raw_kernel_mpps"] else None),
+        "staged_vs_one_at_a_time": (r["mpps"] / r["one_mpps"]
+                                    if one_at_a_time and r["one_mpps"] else None),
+        "completed": r["completed"],
+        "results_sent": r["results_sent"],
+        "dropped": r["dropped"],
     }
 
 

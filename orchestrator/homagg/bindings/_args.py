@@ -64,3 +64,16 @@ def _buf(ctype, a):
 
 def _wbuf(ctype, a):
     return ffi.from_buffer(ctype, a, require_writable=True)
+
+
+def _fill(cstruct, fields):
+    """Set the fields of a cffi struct from a dict; bytes go into byte
+    arrays (a MAC, a secret) as lists."""
+    for k, v in fields.items():
+        setattr(cstruct, k, list(v) if isinstance(v, (bytes, bytearray)) else v)
+    return cstruct
+
+
+def _struct_dict(st, ctype):
+    """Every field of a cffi struct (read from its cdef) as a dict."""
+    return {name: getattr(st, name) for name, _ in ffi.typeof(ctype).fields}

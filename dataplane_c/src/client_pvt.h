@@ -1,0 +1,205 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * client_pvt.h - the worker client's state (struct hg_client), shared by
+ * client.c (create, poll, the blocking allreduce), client_method.c (the
+ * method sequencer), client_window.c (the window transport) and
+ * client_rto.c (the retransmission timeout).
+ */
+#ifndef HOMAGG_CLIENT_PVT_H
+#define HOMAGG_CLIENT_PVT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "homagg/auth.h"
+#include "homagg/client.h"
+#include "homagg/codec.h"
+#include "homagg/wire.h"
+
+#define BURST 64         /* a window's worth of frames per port call */
+/* Results of chunks sent after a missing one that declare it lost (TCP's
+ * duplicate-ACK threshold): tolerates reordering by up to DUPTHRESH - 1. */
+#define DUPTHRESH 3
+/* done[] values: no result yet, the result, the result after a timeout
+ * (a second copy then shows the timeout was spurious). */
+enum { CH_PENDING = 0, CH_DONE = 1, CH_DONE_AFTER_TIMEOUT = 2 };
+/* The blocking form's longest wait without a deadline (a safety net). */
+#define IDLE_WAIT_NS 10000000ull
+#define ETH_LEN 14
+#define IP_LEN 20
+#define UDP_LEN 8
+#define BITMAP_BYTES (HG_MAX_WORKERS / 8)
+
+enum stage {
+	ST_IDLE = 0,
+	ST_RUNNING,
+	ST_DONE,
+	ST_FAILED,
+};
+
+/* One phase's run of lanes, aggregated with the phase's op. */
+struct stream {
+	enum hg_op op;
+	int8_t exp;
+	enum hg_phase phase;
+	const uint8_t *in;      /* lanes * in_lane bytes, as sent */
+	uint8_t *out;           /* lanes * acc_lane bytes, the results */
+	size_t lanes;
+	size_t in_lane, acc_lane;
+	size_t per_chunk;       /* lanes per chunk */
+	size_t chunks;
+	size_t first_chunk;     /* index of its first chunk in the step */
+};
+
+struct step {
+	struct stream s[HG_PH__COUNT];
+	int nstreams;
+	uint64_t base;          /* chunk number c of its first chunk */
+	size_t nchunks;
+	size_t next_send;       /* next chunk to send the first time */
+	size_t ndone;
+};
+
+/* A chunk in flight, at ring index a * S + seq % S. */
+struct flight {
+	uint64_t chunk;         /* its chunk number c */
+	uint32_t seq;           /* its sequence number at its aggregator */
+	uint32_t agg;           /* a = chunk % K */
+	bool busy;
+	bool unsent;            /* the port refused it: send at the next poll */
+	bool have_status;
+	bool timed_out;         /* its timer expired; not yet judged spurious */
+	bool present;           /* a STATUS showed our contribution in the slot */
+	uint16_t overtaken;     /* results of chunks sent after its latest transmission */
+	uint32_t tries;         /* transmissions so far */
+	uint64_t txn_first;     /* transmission order number of its first sending */
+	uint64_t txn_last;      /*   and of its latest */
+	uint64_t fast_at;       /* a fast retransmission is due then (0: none) */
+	uint64_t first_tx;      /* when it was queued for its first transmission */
+	uint64_t last_tx;       /* its latest transmission */
+	uint64_t armed;         /* its timer runs from here (see hg_cl_chunk_deadline) */
+	uint64_t rto;           /* its timeout: the client's at the first
+				 * transmission, backed off at every expiry */
+	uint8_t bitmap[BITMAP_BYTES];
+};
+
+/*
+ * A smoothed mean and mean deviation of samples, ns (RFC 6298 section 2:
+ * alpha = 1/8, beta = 1/4; the first sample r gives r and r / 2).
+ */
+struct smooth {
+	bool have;
+	uint64_t avg, var;
+};
+
+/*
+ * One aggregator of the job: where its chunks go, its RTT estimator (ns,
+ * RFC 6298; rto_est: SRTT + max(G, 4 RTTVAR), clamped, from the last
+ * sample; rto: what a new chunk is armed with, rto_est backed off by
+ * timeouts since that sample), and the order of its results in the step.
+ */
+struct agg {
+	struct hg_wire_addr dst;
+	struct smooth rtt;      /* SRTT (avg) and RTTVAR (var) */
+	uint64_t rto_est, rto;
+	uint64_t t_backoff;     /* when rto was last backed off */
+	uint64_t t_timeout;     /* when a timer last expired (0: never) */
+	size_t hi_done;         /* 1 + its highest chunk (of the step) with its
+				 * result (0: none) */
+	size_t lo_open;         /* each of its chunks of the step below has its result */
+	uint64_t t_hi;          /* when the result of chunk hi_done - 1 arrived */
+	uint64_t t_first_tx;    /* when its first chunk of the step was sent (0: not yet) */
+	uint64_t start_results; /* st.results_received at the allreduce's start */
+	uint64_t start_sent;    /* st.packets_sent then */
+	uint32_t incarnation;   /* of this allreduce's first reply (0: none yet) */
+	struct hg_client_agg_stats st;
+};
+
+/* A growable scratch buffer, kept across allreduces. */
+struct buf {
+	uint8_t *p;
+	size_t cap;
+};
+
+struct hg_client {
+	struct hg_client_config cfg;
+	struct hg_port_info me;
+	struct hg_wire_addr src;      /* this worker */
+	struct agg *agg;              /* K entries */
+	uint32_t naggs;               /* K */
+
+	/* the allreduce in progress */
+	enum stage stage;
+	int rc;                 /* result once ST_DONE / ST_FAILED */
+	struct hg_params p;
+	const struct hg_method_info *mi; /* the method (after auto's choice) */
+	uint32_t step;          /* index of the current step in mi->steps */
+	uint32_t sent_phases;   /* phases of the steps completed so far (mask) */
+	bool choose_again;      /* auto: choose again after the index step */
+	const float *x;
+	float *y;
+	size_t n, nblocks;
+	uint32_t qflags;
+	struct hg_lhc *lhc;
+	struct hg_scan *scan;   /* the one-pass encode of x (lhc, union, auto) */
+	struct buf lcounts;     /* this worker's counts, one lane per block */
+	struct buf gcounts;     /* the global counts, one lane per block */
+	struct step st;
+	uint64_t start_results; /* results_received at the start */
+	uint64_t start_sent;
+
+	uint64_t next_chunk;    /* chunk number c of the next chunk */
+	uint64_t txn;           /* transmissions so far: their order numbers */
+	bool tx_blocked;        /* the port refused frames in the latest poll */
+	/*
+	 * Step-start wait, ns: the time from a step's first transmission to
+	 * its first result includes the slowest peer's computing of the step
+	 * (every worker starts a step when it has decoded the previous one).
+	 * Smoothed like SRTT/RTTVAR from one sample per step and aggregator;
+	 * chunks of an aggregator without a result in the step yet wait
+	 * max(RTO, start_wait).
+	 */
+	struct smooth start;    /* SSTART, SSTARTVAR */
+	uint64_t start_wait;
+	struct flight *fl;      /* K * S entries */
+	struct buf done;        /* one byte per chunk of the step */
+	struct buf tx[HG_PH__COUNT];  /* per phase: this worker's lanes */
+	struct buf rx[HG_PH__COUNT];  /* per phase: the aggregated lanes */
+
+	/* auth: this worker's key, then the aggregator's */
+	uint8_t keys[2][HG_AUTH_KEY_LEN];
+	size_t mac_len;         /* auth: HG_MAC_LEN, else 0 */
+
+	struct hg_client_stats stats;
+	char err[256];
+};
+
+/* client.c */
+int hg_cl_buf_need(struct buf *b, size_t n);
+void hg_cl_release_lhc(struct hg_client *c);
+/* The allreduce failed with rc (a negative errno): returns rc. */
+int hg_cl_fail(struct hg_client *c, int rc);
+/* The same, with the error text what. */
+int hg_cl_fail_text(struct hg_client *c, int rc, const char *what);
+
+/* client_method.c: the sequencer */
+int hg_cl_advance(struct hg_client *c);
+
+/* client_window.c: the window transport */
+void hg_cl_rx_all(struct hg_client *c, uint64_t now);
+void hg_cl_tx_new(struct hg_client *c, uint64_t now);
+int hg_cl_tx_expired(struct hg_client *c, uint64_t now);
+uint64_t hg_cl_next_deadline(const struct hg_client *c, uint64_t now);
+
+/* client_rto.c: the retransmission timeout */
+uint64_t hg_cl_rto_backoff(const struct hg_client *c, uint64_t rto);
+void hg_cl_rtt_sample(const struct hg_client *c, struct agg *ag, uint64_t r);
+void hg_cl_start_sample(struct hg_client *c, uint64_t s);
+void hg_cl_spurious_timeout(struct hg_client *c, struct agg *ag, struct flight *fl);
+uint32_t hg_cl_chunk_rank(const struct hg_client *c, uint64_t chunk);
+uint64_t hg_cl_turn_ns(const struct hg_client *c, const struct agg *ag);
+uint64_t hg_cl_chunk_rto(const struct hg_client *c, const struct flight *fl);
+uint64_t hg_cl_chunk_deadline(const struct hg_client *c, const struct flight *fl);
+
+#endif

@@ -1,0 +1,164 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The worker client's retransmission timeout (see client.c).
+ *
+ * Retransmission timeout (RFC 6298): one estimator per aggregator, kept
+ * across allreduces.  A sample is the time from a chunk's only transmission to its
+ * result (Karn: chunks sent more than once give none).  Under a full window
+ * results come back one behind the other at the bottleneck's pace, so the
+ * samples include the queueing of the whole window and SRTT settles at the
+ * real round trip of a chunk, S times the bottleneck's per-chunk time.
+ *
+ * A timer expiry whose chunk turns out not to have been lost is a spurious
+ * timeout: counted, its backoff undone (Eifel, RFC 4015).  Before the first
+ * result of a step the timers wait at least start_wait, which learns how
+ * late the slowest peer starts a step.
+ */
+#include "client_pvt.h"
+
+static void smooth_add(struct smooth *m, uint64_t r)
+{
+	if (!m->have) {
+		m->avg = r;
+		m->var = r / 2;
+		m->have = true;
+	} else {
+		uint64_t d = m->avg > r ? m->avg - r : r - m->avg;
+
+		m->var = (3 * m->var + d) / 4;
+		m->avg = (7 * m->avg + r) / 8;
+	}
+}
+
+/* ---- retransmission timeout -------------------------------------------- */
+
+/* rto * backoff_num / backoff_den, saturating at rto_max_ns. */
+uint64_t hg_cl_rto_backoff(const struct hg_client *c, uint64_t rto)
+{
+	if (rto >= c->cfg.rto_max_ns / c->cfg.backoff_num * c->cfg.backoff_den)
+		return c->cfg.rto_max_ns;
+	rto = rto * c->cfg.backoff_num / c->cfg.backoff_den;
+	return rto < c->cfg.rto_max_ns ? rto : c->cfg.rto_max_ns;
+}
+
+/* SRTT + max(G, 4 RTTVAR), clamped to [rto_min_ns, rto_max_ns]. */
+static uint64_t rto_clamp(const struct hg_client *c, uint64_t srtt, uint64_t var)
+{
+	uint64_t var4 = 4 * var, rto;
+
+	rto = srtt + (var4 > HG_CLIENT_RTO_GRANULARITY_NS ?
+		      var4 : HG_CLIENT_RTO_GRANULARITY_NS);
+	if (rto < c->cfg.rto_min_ns)
+		rto = c->cfg.rto_min_ns;
+	if (rto > c->cfg.rto_max_ns)
+		rto = c->cfg.rto_max_ns;
+	return rto;
+}
+
+/*
+ * A valid RTT sample r (ns) of aggregator ag: RFC 6298 section 2 with
+ * alpha = 1/8, beta = 1/4, K = 4, G = HG_CLIENT_RTO_GRANULARITY_NS.  The
+ * new timeout replaces any backed-off one.
+ */
+void hg_cl_rtt_sample(const struct hg_client *c, struct agg *ag, uint64_t r)
+{
+	smooth_add(&ag->rtt, r);
+	ag->rto_est = rto_clamp(c, ag->rtt.avg, ag->rtt.var);
+	ag->rto = ag->rto_est;
+	ag->st.rtt_samples++;
+}
+
+/*
+ * A step-start sample s (ns): an aggregator's first transmission of the
+ * step to its first result.  Smoothed as RTT samples are; start_wait
+ * stays within [start_wait_ns, give_up_ns / 4].
+ */
+void hg_cl_start_sample(struct hg_client *c, uint64_t s)
+{
+	uint64_t w;
+
+	smooth_add(&c->start, s);
+	w = c->start.avg + 4 * c->start.var;
+	if (w < c->cfg.start_wait_ns)
+		w = c->cfg.start_wait_ns;
+	if (w > c->cfg.give_up_ns / 4)
+		w = c->cfg.give_up_ns / 4;
+	c->start_wait = w;
+}
+
+/*
+ * A timeout of aggregator ag turned out spurious: the chunk had not been
+ * lost, it waited for a peer (computing, descheduled, or repairing its own
+ * loss).  Eifel response (RFC 4015): undo the backoff, keep the estimate.
+ * The margin against such waits is rto_min_ns (real-time ports) and
+ * start_wait.
+ */
+void hg_cl_spurious_timeout(struct hg_client *c, struct agg *ag, struct flight *fl)
+{
+	c->stats.spurious_timeouts++;
+	ag->st.spurious_timeouts++;
+	if (fl)
+		fl->timed_out = false;
+	ag->rto = ag->rto_est;
+}
+
+/* This worker's turn among the W for chunk number chunk (0 first), rotating. */
+uint32_t hg_cl_chunk_rank(const struct hg_client *c, uint64_t chunk)
+{
+	return (uint32_t)((c->cfg.worker + c->cfg.workers - chunk % c->cfg.workers) %
+			  c->cfg.workers);
+}
+
+/* How far apart the workers' turns are: SRTT + 4 RTTVAR, by when the
+ * STATUS reply to the previous turn's retransmission is back, with the
+ * confidence RFC 6298 gives the RTO (but without its floors). */
+uint64_t hg_cl_turn_ns(const struct hg_client *c, const struct agg *ag)
+{
+	uint64_t d = ag->rtt.have ? ag->rtt.avg + 4 * ag->rtt.var : c->cfg.rto_ns;
+
+	return d > HG_CLIENT_RTO_GRANULARITY_NS ? d : HG_CLIENT_RTO_GRANULARITY_NS;
+}
+
+/*
+ * The timeout of a chunk in flight: its own (armed at its first
+ * transmission, backed off at each of its expiries) or its aggregator's
+ * current one when that is longer (a longer estimate, or a backoff since).
+ */
+uint64_t hg_cl_chunk_rto(const struct hg_client *c, const struct flight *fl)
+{
+	uint64_t rto = c->agg[fl->agg].rto;
+
+	return fl->rto > rto ? fl->rto : rto;
+}
+
+/*
+ * When the chunk's timer expires.  Results of a window come back in chunk
+ * order, one behind the other at the bottleneck's pace.  So, as TCP
+ * restarts its one timer whenever new data is acknowledged and after each
+ * backoff (RFC 6298 5.3, 5.6), the timer of a chunk no later chunk has
+ * overtaken runs from the latest of its transmission, the latest result of
+ * an earlier chunk and the latest backoff: the 64th chunk of a burst is not
+ * late while the 63 before it keep coming back, and one expiry (backing
+ * off) gives the rest of the window the longer timeout instead of
+ * retransmitting all of it.  A chunk a later one overtook was probably
+ * lost: its timer start is frozen then (handle_frame sets fl->armed).
+ */
+uint64_t hg_cl_chunk_deadline(const struct hg_client *c, const struct flight *fl)
+{
+	const struct agg *ag = &c->agg[fl->agg];
+	size_t k = (size_t)(fl->chunk - c->st.base);
+	uint64_t from = fl->armed, rto = hg_cl_chunk_rto(c, fl);
+
+	if (k >= ag->hi_done) {
+		if (ag->t_hi > from)
+			from = ag->t_hi;
+		if (ag->t_backoff > from)
+			from = ag->t_backoff;
+	}
+	/* No result of the step yet: the slowest peer may still be computing
+	 * it.  And the workers take turns (see hg_cl_chunk_rank), so that the first
+	 * one's STATUS reply tells the others whether they are missing. */
+	if (ag->hi_done == 0 && c->start_wait > rto)
+		rto = c->start_wait;
+	return from + rto + hg_cl_chunk_rank(c, fl->chunk) * hg_cl_turn_ns(c, ag);
+}

@@ -1,0 +1,587 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The worker client's window transport (see client.c).
+ *
+ * Several aggregators (docs/PROTOCOL.md): chunk number c (one 64-bit
+ * counter of the job) goes to aggregator a = c % K as its seq c / K; K = 1
+ * is the single-aggregator numbering.  Everything that follows holds per
+ * aggregator: its own window, sequence numbers, in-order results and timer.
+ *
+ * In flight: at most S chunks per aggregator, kept in a ring indexed by
+ * a * S + seq % S (seq % S is the aggregator's slot).  Chunk k of a step may
+ * go out the first time when k < K S (every earlier chunk is complete) or
+ * when chunk k - K S, the one before it in the same slot of the same
+ * aggregator, has its result: the aggregator reuses the slot only then.
+ *
+ * Loss is mostly repaired without the timer (fast retransmission): a chunk
+ * whose result is missing while DUPTHRESH results of its aggregator's
+ * chunks sent after it came back, or a STATUS reply showing this worker's
+ * contribution missing, is sent again at once.  Every worker sees the same
+ * gap, but only one of them lost the contribution: they take turns by a
+ * rank that rotates with the chunk, SRTT + 4 RTTVAR apart, and the
+ * aggregator's STATUS reply to the first (sent to the group) tells the
+ * others whether they are missing.  A timer expiry whose chunk turns out
+ * not to have been lost (a STATUS with this worker's bit set, or the
+ * result twice) is a spurious timeout: counted, its backoff undone (Eifel,
+ * RFC 4015).  Before the first result of a step the timers wait at least
+ * start_wait, which learns how late the slowest peer starts a step.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "homagg/kernels.h"
+
+#include "client_pvt.h"
+
+/* The flight record of chunk k of the step (a * S + seq % S). */
+static struct flight *flight_of(const struct hg_client *c, size_t k)
+{
+	uint64_t chunk = c->st.base + k;
+	uint32_t a = (uint32_t)(chunk % c->naggs);
+	uint32_t seq = (uint32_t)(chunk / c->naggs);
+
+	return &c->fl[(size_t)a * c->cfg.slots + seq % c->cfg.slots];
+}
+
+/* ---- frames ------------------------------------------------------------ */
+
+/* The stream chunk k of the step belongs to. */
+static const struct stream *chunk_stream(const struct step *st, size_t k)
+{
+	int i = st->nstreams - 1;
+
+	while (i > 0 && k < st->s[i].first_chunk)
+		i--;
+	return &st->s[i];
+}
+
+/*
+ * Write the frame of chunk k of the step into pkt: Ethernet / IPv4 / UDP to
+ * the aggregator, the HomAgg header, the chunk's lanes as they are in the
+ * stream's input buffer (already big-endian).  Returns the payload bytes.
+ */
+static size_t build_chunk(struct hg_client *c, struct hg_pkt *pkt, size_t k,
+			  bool retrans, enum hg_phase *phase)
+{
+	const struct stream *s = chunk_stream(&c->st, k);
+	uint64_t chunk = c->st.base + k;
+	uint32_t a = (uint32_t)(chunk % c->naggs);
+	uint32_t seq = (uint32_t)(chunk / c->naggs);
+	struct hg_hdr h = { 0 };
+	size_t first, lanes, bytes;
+	int len;
+
+	first = (k - s->first_chunk) * s->per_chunk;
+	lanes = s->lanes - first < s->per_chunk ? s->lanes - first : s->per_chunk;
+	bytes = lanes * s->in_lane;
+	*phase = s->phase;
+
+	h.version = HG_PROTOCOL_VERSION;
+	h.op = (uint8_t)s->op;
+	h.flags = (uint16_t)((retrans ? HG_FLAG_RETRANS : 0) |
+			     ((seq / c->cfg.slots) % 2 ? HG_FLAG_SHADOW : 0));
+	h.job = c->cfg.job;
+	h.token = c->cfg.token;
+	h.worker = (uint16_t)c->cfg.worker;
+	h.slot = (uint16_t)(seq % c->cfg.slots);
+	h.seq = seq;
+	h.lanes = (uint16_t)lanes;
+	h.exp = s->exp;
+	h.shard = (uint8_t)a;
+	h.incarnation = c->cfg.incarnation;
+	len = hg_wire_build_mac(pkt->data, pkt->cap, &c->src, &c->agg[a].dst,
+				&h, s->in + first * s->in_lane, bytes, 0,
+				c->mac_len ? c->keys[0] : NULL);
+	/* Cannot fail: cap and payload were checked against payload_bytes. */
+	pkt->len = len > 0 ? (uint16_t)len : 0;
+	return bytes;
+}
+
+/* ---- receive ----------------------------------------------------------- */
+
+static void format_ip(char *s, size_t len, uint32_t ip)
+{
+	snprintf(s, len, "%u.%u.%u.%u", ip >> 24, (ip >> 16) & 255,
+		 (ip >> 8) & 255, ip & 255);
+}
+
+/*
+ * The aggregator's name in error texts: "10.0.0.1:48879", and with K > 1
+ * "10.0.1.2:48879 (shard 1 of 3)".
+ */
+static void agg_name(const struct hg_client *c, uint32_t a, char *s, size_t len)
+{
+	const struct hg_wire_addr *d = &c->agg[a].dst;
+	char ip[20];
+
+	format_ip(ip, sizeof(ip), d->ipv4);
+	if (c->naggs == 1)
+		snprintf(s, len, "%s:%u", ip, d->port);
+	else
+		snprintf(s, len, "%s:%u (shard %u of %u)", ip, d->port, a, c->naggs);
+}
+
+/* Aggregator ag answered with incarnation inc after another one during
+ * this allreduce: it lost the job's state.  End the allreduce. */
+static void agg_restarted(struct hg_client *c, const struct agg *ag,
+			  uint32_t inc)
+{
+	char name[64];
+
+	agg_name(c, (uint32_t)(ag - c->agg), name, sizeof(name));
+	snprintf(c->err, sizeof(c->err),
+		 "aggregator %s restarted during the allreduce (incarnation "
+		 "%u, now %u)", name, ag->incarnation, inc);
+	hg_cl_fail(c, -ECONNRESET);
+}
+
+/*
+ * Which aggregator sent a reply: the one whose address (IPv4, UDP port) is
+ * its source.  Returns its index, or -1.
+ */
+static int reply_agg(const struct hg_client *c, const struct hg_wire_view *v)
+{
+	for (uint32_t a = 0; a < c->naggs; a++)
+		if (c->agg[a].dst.ipv4 == v->src.ipv4 &&
+		    c->agg[a].dst.port == v->src.port)
+			return (int)a;
+	return -1;
+}
+
+/* Handle one received frame (at port time now): a result or a status for this job. */
+static void handle_frame(struct hg_client *c, const uint8_t *f, size_t len,
+			 uint64_t now)
+{
+	struct step *st = &c->st;
+	struct hg_wire_view v;
+	const struct stream *s;
+	struct flight *fl;
+	struct agg *ag;
+	const uint8_t *pl;
+	size_t k, first, lanes;
+	uint64_t chunk, txn;
+	uint32_t seq;
+	int a;
+
+	/* Same validation as the aggregator: addresses, lengths, header. */
+	if (hg_wire_parse(f, len, c->src.port, 0, &v) != 0 ||
+	    v.hdr.job != c->cfg.job || v.hdr.token != c->cfg.token ||
+	    !(v.hdr.flags & (HG_FLAG_RESULT | HG_FLAG_STATUS)))
+		goto ignore;
+	/* A reply of this job must carry the aggregator's MAC (auth), or none. */
+	if (c->mac_len ? !(v.hdr.flags & HG_FLAG_AUTH) ||
+			 !hg_auth_verify(c->keys[1], f + v.payload_off - HG_HDR_LEN,
+					 HG_HDR_LEN + v.payload_len,
+					 f + v.payload_off + v.payload_len)
+		       : (v.hdr.flags & HG_FLAG_AUTH)) {
+		c->stats.bad_mac++;
+		return;
+	}
+	a = reply_agg(c, &v);
+	if (a < 0 || v.hdr.shard != (uint32_t)a)
+		goto ignore; /* not one of ours, or its reply about another shard */
+	ag = &c->agg[a];
+	pl = f + v.payload_off;
+	seq = v.hdr.seq;
+	if (c->stage != ST_RUNNING) {
+		if (v.hdr.flags & HG_FLAG_RESULT)
+			c->stats.duplicates_received++;
+		return;
+	}
+	/* Chunk number of (a, seq): seq counts from the step's base / K at
+	 * every aggregator, modulo 2^32.  Below the step's base, k wraps to
+	 * a huge value: a late copy of an earlier step. */
+	chunk = (st->base / c->naggs + (uint32_t)(seq - (uint32_t)(st->base / c->naggs))) *
+		c->naggs + (uint32_t)a;
+	k = (size_t)(chunk - st->base);
+	fl = &c->fl[(size_t)a * c->cfg.slots + seq % c->cfg.slots];
+	if (k < st->nchunks && v.hdr.incarnation != ag->incarnation) {
+		/* A reply about this step from another life of the aggregator. */
+		if (ag->incarnation) {
+			agg_restarted(c, ag, v.hdr.incarnation);
+			return;
+		}
+		ag->incarnation = v.hdr.incarnation;
+	}
+
+	if (v.hdr.flags & HG_FLAG_STATUS) {
+		c->stats.status_received++;
+		ag->st.status_received++;
+		if (fl->busy && fl->chunk == chunk) {
+			size_t nb = (c->cfg.workers + 7) / 8;
+
+			memset(fl->bitmap, 0, sizeof(fl->bitmap));
+			memcpy(fl->bitmap, pl, v.payload_len < nb ? v.payload_len : nb);
+			fl->have_status = true;
+			if (fl->bitmap[c->cfg.worker / 8] >> (c->cfg.worker % 8) & 1) {
+				/* Our contribution is there: the slot waits for
+				 * a peer.  Nothing to resend; a timeout that made
+				 * us ask was spurious. */
+				if (fl->timed_out)
+					hg_cl_spurious_timeout(c, ag, fl);
+				fl->present = true;
+				fl->fast_at = 0;
+				fl->armed = now;
+			} else if (!fl->unsent &&
+				   (fl->fast_at || now - fl->last_tx >= hg_cl_turn_ns(c, ag))) {
+				/* Ours is missing, and this STATUS is not older
+				 * than our latest copy (results of chunks sent
+				 * after it came back, or it is a turn old):
+				 * resend it now. */
+				fl->fast_at = now;
+			}
+		}
+		return;
+	}
+	if (k >= st->nchunks) {
+		/* A late copy of a chunk of an earlier step. */
+		c->stats.duplicates_received++;
+		return;
+	}
+	if (c->done.p[k] != CH_PENDING) {
+		c->stats.duplicates_received++;
+		if (c->done.p[k] == CH_DONE_AFTER_TIMEOUT) {
+			/* The original's result and the answer to the
+			 * retransmission both came: it was not lost. */
+			hg_cl_spurious_timeout(c, ag, NULL);
+			c->done.p[k] = CH_DONE;
+		}
+		return;
+	}
+	s = chunk_stream(st, k);
+	first = (k - s->first_chunk) * s->per_chunk;
+	lanes = s->lanes - first < s->per_chunk ? s->lanes - first : s->per_chunk;
+	/* hg_wire_parse checked payload_len == lanes * acc lane bytes. */
+	if (v.hdr.op != s->op || v.hdr.lanes != lanes)
+		goto ignore;
+	memcpy(s->out + first * s->acc_lane, pl, lanes * s->acc_lane);
+	c->done.p[k] = CH_DONE;
+	st->ndone++;
+	c->stats.results_received++;
+	c->stats.bytes_received[s->phase] += lanes * s->acc_lane;
+	ag->st.results_received++;
+	ag->st.bytes_received += lanes * s->acc_lane;
+	if (ag->hi_done == 0 && ag->t_first_tx && now >= ag->t_first_tx)
+		hg_cl_start_sample(c, now - ag->t_first_tx);
+	txn = UINT64_MAX;
+	if (fl->busy && fl->chunk == chunk) {
+		/*
+		 * Karn: only a chunk sent once tells which copy was answered.
+		 * And results come back in chunk order unless a chunk waited
+		 * for a retransmission, ours or another worker's: a result
+		 * behind a later chunk's measured that recovery, not the
+		 * path, and would ratchet the timeout of every worker up.
+		 * Likewise a chunk sent before one of our timers expired may
+		 * have waited for that recovery (a peer's chunk lost with
+		 * ours answered, say): only chunks sent after it count.
+		 */
+		if (fl->tries == 1 && k + 1 >= ag->hi_done &&
+		    fl->last_tx > ag->t_timeout && now >= fl->last_tx)
+			hg_cl_rtt_sample(c, ag, now - fl->last_tx);
+		if (fl->timed_out)
+			c->done.p[k] = CH_DONE_AFTER_TIMEOUT;
+		/* The answered copy was sent no earlier than the first. */
+		txn = fl->txn_first;
+		fl->busy = false;
+		fl->fast_at = 0;
+	}
+	/*
+	 * The aggregator's chunks still open below k (K apart) that were last
+	 * sent before k was first sent: one more result overtook them.  At
+	 * DUPTHRESH they are taken as lost and resent at this worker's turn
+	 * (hg_cl_chunk_rank).
+	 */
+	while (ag->lo_open < st->nchunks && c->done.p[ag->lo_open] != CH_PENDING)
+		ag->lo_open += c->naggs;
+	for (size_t i = ag->lo_open; i < k && txn != UINT64_MAX; i += c->naggs) {
+		struct flight *o = flight_of(c, i);
+
+		if (c->done.p[i] != CH_PENDING || !o->busy || o->unsent ||
+		    o->present || o->txn_last >= txn || o->fast_at)
+			continue;
+		if (++o->overtaken >= DUPTHRESH)
+			o->fast_at = now + hg_cl_chunk_rank(c, o->chunk) * hg_cl_turn_ns(c, ag);
+	}
+	if (k + 1 > ag->hi_done) {
+		/* Chunks of this aggregator this result overtook: their
+		 * timers stop following its results from here on (see
+		 * hg_cl_chunk_deadline).  Its chunks are K apart in the step. */
+		uint64_t from = ag->t_hi > ag->t_backoff ? ag->t_hi : ag->t_backoff;
+		size_t i = ag->hi_done ? ag->hi_done - 1 + c->naggs : k % c->naggs;
+
+		for (; i < k; i += c->naggs) {
+			struct flight *o = flight_of(c, i);
+
+			if (!c->done.p[i] && o->busy && o->armed < from)
+				o->armed = from;
+		}
+		ag->hi_done = k + 1;
+		ag->t_hi = now;
+	}
+	return;
+
+ignore:
+	c->stats.packets_ignored++;
+}
+
+void hg_cl_rx_all(struct hg_client *c, uint64_t now)
+{
+	struct hg_pkt *pk[BURST];
+	uint16_t nb;
+
+	/* Bounded: at most 8 bursts per poll, so a flood cannot starve tx. */
+	for (int round = 0; round < 8; round++) {
+		nb = hg_port_rx(c->cfg.port, pk, BURST);
+		if (nb == 0)
+			return;
+		for (uint16_t i = 0; i < nb; i++)
+			handle_frame(c, pk[i]->data, pk[i]->len, now);
+		hg_port_free(c->cfg.port, pk, nb);
+	}
+}
+
+/* ---- transmit ---------------------------------------------------------- */
+
+/*
+ * Send the chunks listed in ks (chunk indices of the step), flagged as
+ * retransmissions after their first transmission.  Entries the port refuses stay marked
+ * unsent and go out at the next poll.
+ */
+static void tx_chunks(struct hg_client *c, const size_t *ks, uint16_t cnt,
+		      uint64_t now)
+{
+	struct hg_pkt *pk[BURST];
+	enum hg_phase ph[BURST];
+	size_t bytes[BURST];
+	uint16_t got, sent;
+
+	got = hg_port_alloc(c->cfg.port, pk, cnt);
+	for (uint16_t i = 0; i < got; i++) {
+		if (pk[i]->cap < ETH_LEN + IP_LEN + UDP_LEN + HG_HDR_LEN +
+				 c->cfg.payload_bytes + c->mac_len) {
+			hg_port_free(c->cfg.port, pk + i, got - i);
+			got = i;
+			break;
+		}
+		bytes[i] = build_chunk(c, pk[i], ks[i], flight_of(c, ks[i])->tries > 0,
+				       &ph[i]);
+	}
+	sent = got ? hg_port_tx(c->cfg.port, pk, got) : 0;
+	if (sent < got)
+		hg_port_free(c->cfg.port, pk + sent, got - sent);
+	for (uint16_t i = 0; i < cnt; i++) {
+		struct flight *fl = flight_of(c, ks[i]);
+		struct agg *ag = &c->agg[fl->agg];
+
+		if (i >= sent) {
+			c->tx_blocked = true;
+			fl->unsent = true;
+			c->stats.tx_refused++;
+			continue;
+		}
+		fl->unsent = false;
+		fl->last_tx = now;
+		fl->armed = now;
+		fl->txn_last = ++c->txn;
+		fl->overtaken = 0;
+		if (fl->tries == 0)
+			fl->txn_first = fl->txn_last;
+		if (!ag->t_first_tx)
+			ag->t_first_tx = now;
+		if (fl->tries++ > 0) {
+			c->stats.retransmissions++;
+			ag->st.retransmissions++;
+		}
+		c->stats.packets_sent++;
+		c->stats.bytes_sent[ph[i]] += bytes[i];
+		ag->st.packets_sent++;
+		ag->st.bytes_sent += bytes[i];
+	}
+}
+
+/* First transmissions of the chunks the window allows. */
+void hg_cl_tx_new(struct hg_client *c, uint64_t now)
+{
+	struct step *st = &c->st;
+	size_t ks[BURST];
+	uint16_t cnt;
+
+	for (;;) {
+		cnt = 0;
+		while (cnt < BURST && st->next_send < st->nchunks) {
+			size_t k = st->next_send;
+			size_t span = (size_t)c->naggs * c->cfg.slots;
+			struct flight *fl = flight_of(c, k);
+
+			/* chunk k - K S: the same slot of the same aggregator */
+			if (k >= span && !c->done.p[k - span])
+				break;
+			if (fl->busy)
+				break; /* cannot happen when the above holds */
+			fl->busy = true;
+			fl->chunk = st->base + k;
+			fl->agg = (uint32_t)(fl->chunk % c->naggs);
+			fl->seq = (uint32_t)(fl->chunk / c->naggs);
+			fl->tries = 0;
+			fl->have_status = false;
+			fl->timed_out = false;
+			fl->present = false;
+			fl->overtaken = 0;
+			fl->fast_at = 0;
+			fl->first_tx = now;
+			fl->rto = c->agg[fl->agg].rto;
+			ks[cnt++] = k;
+			st->next_send++;
+		}
+		if (!cnt)
+			return;
+		tx_chunks(c, ks, cnt, now);
+		if (flight_of(c, ks[cnt - 1])->unsent)
+			return; /* the port is full: try again at the next poll */
+	}
+}
+
+static void timeout_text(struct hg_client *c, const struct flight *fl)
+{
+	const struct stream *s = chunk_stream(&c->st, (size_t)(fl->chunk - c->st.base));
+	const struct agg *ag = &c->agg[fl->agg];
+	char name[64], *e = c->err, *end = c->err + sizeof(c->err);
+	/* the limit it waited for; a late wake-up (a loaded host) is not news */
+	double secs = (double)c->cfg.give_up_ns / 1e9;
+	uint32_t missing = 0;
+
+	agg_name(c, fl->agg, name, sizeof(name));
+	if (ag->st.results_received == ag->start_results && !fl->have_status) {
+		snprintf(c->err, sizeof(c->err),
+			 "no answer from aggregator %s: sent %llu chunks, "
+			 "received 0 results", name,
+			 (unsigned long long)(ag->st.packets_sent - ag->start_sent));
+		return;
+	}
+	e += snprintf(e, (size_t)(end - e),
+		      "timed out after %.3g s waiting for chunk %llu (phase %s): ",
+		      secs, (unsigned long long)fl->chunk, hg_phase_name(s->phase));
+	if (!fl->have_status) {
+		snprintf(e, (size_t)(end - e),
+			 "no status from aggregator %s after %u transmissions",
+			 name, fl->tries);
+		return;
+	}
+	e += snprintf(e, (size_t)(end - e), "aggregator %s reports workers ", name);
+	for (int pass = 0; pass < 2; pass++) {
+		bool first = true;
+
+		if (pass == 1) {
+			for (uint32_t w = 0; w < c->cfg.workers; w++)
+				missing += !(fl->bitmap[w / 8] >> (w % 8) & 1);
+			if (e < end)
+				e += snprintf(e, (size_t)(end - e),
+					      " present, missing worker%s ",
+					      missing == 1 ? "" : "s");
+		}
+		for (uint32_t w = 0; w < c->cfg.workers && e < end - 1; w++) {
+			bool in = fl->bitmap[w / 8] >> (w % 8) & 1;
+
+			if (in != (pass == 0))
+				continue;
+			e += snprintf(e, (size_t)(end - e), "%s%u",
+				      first ? "" : ",", w);
+			first = false;
+		}
+		if (first && e < end - 1)
+			e += snprintf(e, (size_t)(end - e), "none");
+	}
+}
+
+/*
+ * Retransmit the chunks whose timer expired (backing off), and end the
+ * allreduce when the oldest one waited give_up_ns.  Returns 0 or -ETIMEDOUT.
+ */
+int hg_cl_tx_expired(struct hg_client *c, uint64_t now)
+{
+	const struct flight *oldest = NULL;
+	size_t ks[BURST];
+	uint16_t cnt = 0;
+
+	size_t nfl = (size_t)c->naggs * c->cfg.slots;
+
+	for (size_t i = 0; i < nfl; i++) {
+		const struct flight *fl = &c->fl[i];
+
+		if (fl->busy && now - fl->first_tx >= c->cfg.give_up_ns &&
+		    (!oldest || fl->first_tx < oldest->first_tx))
+			oldest = fl;
+	}
+	if (oldest) {
+		timeout_text(c, oldest);
+		c->stats.timeouts++;
+		return hg_cl_fail(c, -ETIMEDOUT);
+	}
+	for (size_t i = 0; i < nfl; i++) {
+		struct flight *fl = &c->fl[i];
+		struct agg *ag = &c->agg[fl->agg];
+
+		if (!fl->busy)
+			continue;
+		if (!fl->unsent && fl->fast_at && now >= fl->fast_at) {
+			/* Fast retransmission: a gap or a STATUS said it was
+			 * lost; no timer expired, nothing to back off. */
+			fl->fast_at = 0;
+			c->stats.fast_retransmissions++;
+			ag->st.fast_retransmissions++;
+		} else if (!fl->unsent && now < hg_cl_chunk_deadline(c, fl)) {
+			continue;
+		} else if (!fl->unsent) {
+			/* RFC 6298 5.5: back off this chunk's timer, and the
+			 * client's, which new chunks start with until a valid
+			 * sample -- the latter at most once per RTO, so
+			 * independent losses expiring together (one lost
+			 * contribution times out on every worker's copy of
+			 * the chunk) do not compound. */
+			c->stats.timeouts++;
+			ag->st.timeouts++;
+			ag->t_timeout = now;
+			fl->timed_out = true;
+			fl->fast_at = 0;
+			fl->rto = hg_cl_rto_backoff(c, hg_cl_chunk_rto(c, fl));
+			if (now - ag->t_backoff >= ag->rto) {
+				ag->rto = hg_cl_rto_backoff(c, ag->rto);
+				ag->t_backoff = now;
+			}
+		}
+		ks[cnt++] = (size_t)(fl->chunk - c->st.base);
+		if (cnt == BURST) {
+			tx_chunks(c, ks, cnt, now);
+			cnt = 0;
+		}
+	}
+	if (cnt)
+		tx_chunks(c, ks, cnt, now);
+	return 0;
+}
+
+uint64_t hg_cl_next_deadline(const struct hg_client *c, uint64_t now)
+{
+	uint64_t dl = UINT64_MAX;
+
+	for (size_t i = 0; i < (size_t)c->naggs * c->cfg.slots; i++) {
+		const struct flight *fl = &c->fl[i];
+		uint64_t t;
+
+		if (!fl->busy)
+			continue;
+		if (fl->unsent)
+			return now;
+		t = hg_cl_chunk_deadline(c, fl);
+		if (fl->fast_at && fl->fast_at < t)
+			t = fl->fast_at;
+		if (t < dl)
+			dl = t;
+		t = fl->first_tx + c->cfg.give_up_ns;
+		if (t < dl)
+			dl = t;
+	}
+	return dl;
+}

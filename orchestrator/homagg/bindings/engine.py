@@ -1,0 +1,85 @@
+"""Bindings of homagg/engine.h, the aggregation engine.
+
+The engine is the cffi ``struct hg_engine *`` ``engine_create`` returns
+(freed by the garbage collector, or now by ``engine_destroy``); counters
+come back as dicts keyed by the names of homagg/counters.h.  The typed API
+is ``homagg.engine.Engine``.
+"""
+from homagg._native import ffi, lib
+from homagg.bindings._args import _fill
+from homagg.bindings.wire import counters_read
+from homagg.errors import InvalidArgument, check
+
+F_UDP_CSUM = lib.HG_ENGINE_F_UDP_CSUM
+AUTH_SECRET_LEN = lib.HG_AUTH_SECRET_LEN
+
+JOB_FIELDS = ("job", "token", "workers", "slots", "payload_bytes", "group_ipv4",
+              "shard", "incarnation", "auth")
+
+
+def engine_create(port, **config):
+    """hg_engine_create on ``port`` (a ``struct hg_port *``) with
+    hg_engine_config_init's defaults and the given fields of struct
+    hg_engine_config."""
+    c = ffi.new("struct hg_engine_config *")
+    lib.hg_engine_config_init(c)
+    c.port = port
+    e = lib.hg_engine_create(_fill(c, config))
+    if e == ffi.NULL:
+        raise InvalidArgument("hg_engine_create failed (config out of range, "
+                              "unsupported ISA, or no memory)")
+    return ffi.gc(e, lib.hg_engine_destroy)
+
+
+def engine_destroy(e):
+    ffi.release(e)  # runs hg_engine_destroy now
+
+
+def engine_set_staging(e, staged):
+    check(lib.hg_engine_set_staging(e, bool(staged)), "hg_engine_set_staging")
+
+
+def engine_add_job(e, secret=None, **job):
+    """hg_engine_add_job with the given fields of struct hg_job_config;
+    ``secret`` (AUTH_SECRET_LEN bytes) makes it an authenticated job."""
+    j = _fill(ffi.new("struct hg_job_config *"), job)
+    if secret is not None:
+        secret = bytes(secret)
+        if len(secret) != AUTH_SECRET_LEN:
+            raise InvalidArgument(f"auth: a job secret has {AUTH_SECRET_LEN} bytes")
+        j.auth = 1
+        j.secret = list(secret)
+    check(lib.hg_engine_add_job(e, j), f"add job {job['job']}")
+
+
+def engine_job_config(e, job):
+    """The job's configuration as the engine holds it (JOB_FIELDS)."""
+    j = ffi.new("struct hg_job_config *")
+    check(lib.hg_engine_job_config(e, job, j), f"job {job}")
+    return {k: getattr(j, k) for k in JOB_FIELDS}
+
+
+def engine_remove_job(e, job):
+    check(lib.hg_engine_remove_job(e, job), f"remove job {job}")
+
+
+def engine_job_count(e):
+    return lib.hg_engine_job_count(e)
+
+
+def engine_poll(e):
+    return check(lib.hg_engine_poll(e), "hg_engine_poll")
+
+
+def engine_process(e, pkts, n):
+    return check(lib.hg_engine_process(e, pkts, n), "hg_engine_process")
+
+
+def engine_counters(e):
+    return counters_read(lambda out, n: lib.hg_engine_counters(e, out, n),
+                         "hg_engine_counters")
+
+
+def engine_job_counters(e, job):
+    return counters_read(lambda out, n: lib.hg_engine_job_counters(e, job, out, n),
+                         f"job {job} counters")
