@@ -46,13 +46,13 @@ def _bit_length(m):
 
 def _fields(x):
     """(sign, M, k) of finite float32 values: x = (-1)^sign * M * 2^k."""
-    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.int64)
+    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.int32)
     field = (bits >> 23) & 0xFF
     if np.any(field == 0xFF):
         raise ValueError("grads: a gradient holds inf or NaN; "
                          "the fixed-point contract covers finite float32 values only")
     mant = (bits & 0x7FFFFF) | np.where(field > 0, 1 << 23, 0)
-    return bits >> 31, mant, np.maximum(field, 1) - 150
+    return (bits >> 31) & 1, mant, np.maximum(field, 1) - 150
 
 
 def allreduce(grads, block):
@@ -65,8 +65,8 @@ def allreduce(grads, block):
     sign, mant, k = _fields(x)
 
     # Block maxima on the magnitude bits, zero-padded to whole blocks.
-    mag = np.zeros((workers, nb * block), dtype=np.int64)
-    mag[:, :n] = (np.ascontiguousarray(x).view(np.uint32) & 0x7FFFFFFF).astype(np.int64)
+    mag = np.zeros((workers, nb * block), dtype=np.int32)
+    mag[:, :n] = np.ascontiguousarray(x).view(np.int32) & 0x7FFFFFFF
     top = mag.reshape(workers, nb, block).max(axis=2)
     tfield = top >> 23
     tmant = (top & 0x7FFFFF) | np.where(tfield > 0, 1 << 23, 0)
@@ -76,15 +76,16 @@ def allreduce(grads, block):
     shift = np.where(zero, 0, 30 - (workers - 1).bit_length() - (codes + 1))
 
     t = k + np.repeat(shift, block)[:n]  # q = round_half_even(M * 2^t)
-    left = mant << np.clip(t, 0, 62)
-    d = np.clip(-t, 1, 40)  # M < 2^24: a shift of 40 leaves 0 and a remainder < half
-    q = mant >> d
-    rem = mant - (q << d)
-    half = np.int64(1) << (d - 1)
-    q = q + ((rem > half) | ((rem == half) & ((q & 1) == 1)))
+    # int32 suffices: |q| <= 2^30 by the contract, M < 2^24 <= 2^(d-1) for
+    # d >= 25 (q = 0 there, as for any larger right shift).
+    t = t.astype(np.int32)
+    left = mant << np.clip(t, 0, 30)
+    d = np.clip(-t, 1, 30)
+    # Ties to even: add half - 1, plus 1 more when the kept part is odd.
+    q = (mant + ((np.int32(1) << (d - 1)) - 1) + ((mant >> d) & 1)) >> d
     q = np.where(t >= 0, left, q)
-    q = np.where(sign == 1, -q, q)
-    total = q.sum(axis=0)
+    q = (q ^ -sign) + sign  # two's complement negation where the sign bit is set
+    total = q.sum(axis=0, dtype=np.int64)
     total[np.repeat(zero, block)[:n]] = 0
     # The contract's bound: the int32 lanes never overflow.
     assert np.all(np.abs(total) <= 2**30), "fixed-point bound violated"
