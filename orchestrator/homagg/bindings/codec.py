@@ -334,32 +334,58 @@ def _lhc_x(lhc, x):
         raise InvalidArgument(f"x: the plan is for {lhc.n} elements, got {x.size}")
 
 
+def _lhc_out(out, name, size, dtype):
+    """out, or a new array when None, checked as the output of size index
+    bytes (dtype U8) or int32 lanes (BE32)."""
+    out = np.empty(size, dtype=dtype) if out is None else out
+    if dtype == U8:
+        _u8(out, name, writable=True)
+        _length(out, size, name, "bytes")
+    else:
+        _be32(out, name, writable=True)
+        _length(out, size, name, "lanes")
+    return out
+
+
+def _lhc_encode(fn, lhc, x, out, name, field, dtype, state=None):
+    """fn(lhc, x, out), an encoder of x into info[field] bytes or lanes:
+    arguments checked, -EDOM as NonFiniteValue about x."""
+    what = fn[3:]
+    _lhc_x(lhc, x)
+    if state is not None:
+        lhc.need(state, what)
+    out = _lhc_out(out, name, lhc_get_info(lhc)[field], dtype)
+    rc = getattr(lib, fn)(lhc.ptr, _buf("float[]", x), _wbuf("uint8_t[]", out))
+    _check_x(rc, lhc.params, x, fn)
+    return out
+
+
+def _lhc_encode_scan(fn, lhc, scan, out, name, size, dtype, state=None):
+    """fn(lhc, scan, out), an encoder reading a scan of x into size bytes
+    or lanes (size: an info field, or a function of the plan)."""
+    what = fn[3:]
+    _lhc_scan(lhc, scan, what)
+    if state is not None:
+        lhc.need(state, what)
+    size = size(lhc) if callable(size) else lhc_get_info(lhc)[size]
+    out = _lhc_out(out, name, size, dtype)
+    check(getattr(lib, fn)(lhc.ptr, scan.ptr, _wbuf("uint8_t[]", out)), fn)
+    return out
+
+
 def lhc_index_encode_into(lhc, x, index):
     """hg_lhc_index_encode: this worker's index bytes (uint8)."""
-    _lhc_x(lhc, x)
-    _u8(index, "index", writable=True)
-    _length(index, lhc_get_info(lhc)["index_bytes"], "index", "bytes")
-    rc = lib.hg_lhc_index_encode(lhc.ptr, _buf("float[]", x), _wbuf("uint8_t[]", index))
-    _check_x(rc, lhc.params, x, "hg_lhc_index_encode")
-    return index
+    return _lhc_encode("hg_lhc_index_encode", lhc, x, index, "index", "index_bytes", U8)
 
 
 def lhc_index_encode(lhc, x):
-    _lhc_x(lhc, x)
-    out = np.empty(lhc_get_info(lhc)["index_bytes"], dtype=U8)
-    return lhc_index_encode_into(lhc, x, out)
+    return lhc_index_encode_into(lhc, x, None)
 
 
 def lhc_index_encode_scan(lhc, scan, index=None):
     """hg_lhc_index_encode_scan: the index bytes from a scan of x."""
-    _lhc_scan(lhc, scan, "lhc_index_encode_scan")
-    nbytes = lhc_get_info(lhc)["index_bytes"]
-    index = np.empty(nbytes, dtype=U8) if index is None else index
-    _u8(index, "index", writable=True)
-    _length(index, nbytes, "index", "bytes")
-    check(lib.hg_lhc_index_encode_scan(lhc.ptr, scan.ptr, _wbuf("uint8_t[]", index)),
-          "hg_lhc_index_encode_scan")
-    return index
+    return _lhc_encode_scan("hg_lhc_index_encode_scan", lhc, scan, index, "index",
+                            "index_bytes", U8)
 
 
 def lhc_set_index(lhc, gindex):
@@ -374,33 +400,18 @@ def lhc_set_index(lhc, gindex):
 
 def lhc_sketch_encode_into(lhc, x, cells):
     """hg_lhc_sketch_encode: this worker's count sketch ('>i4' cells)."""
-    _lhc_x(lhc, x)
-    lhc.need(Lhc.INDEXED, "lhc_sketch_encode")
-    _be32(cells, "cells", writable=True)
-    _length(cells, lhc_get_info(lhc)["sketch_lanes"], "cells", "lanes")
-    rc = lib.hg_lhc_sketch_encode(lhc.ptr, _buf("float[]", x), _wbuf("uint8_t[]", cells))
-    _check_x(rc, lhc.params, x, "hg_lhc_sketch_encode")
-    return cells
+    return _lhc_encode("hg_lhc_sketch_encode", lhc, x, cells, "cells", "sketch_lanes", BE32,
+                       Lhc.INDEXED)
 
 
 def lhc_sketch_encode(lhc, x):
-    _lhc_x(lhc, x)
-    lhc.need(Lhc.INDEXED, "lhc_sketch_encode")
-    out = np.empty(lhc_get_info(lhc)["sketch_lanes"], dtype=BE32)
-    return lhc_sketch_encode_into(lhc, x, out)
+    return lhc_sketch_encode_into(lhc, x, None)
 
 
 def lhc_sketch_encode_scan(lhc, scan, cells=None):
     """hg_lhc_sketch_encode_scan: the count sketch from a scan of x."""
-    _lhc_scan(lhc, scan, "lhc_sketch_encode_scan")
-    lhc.need(Lhc.INDEXED, "lhc_sketch_encode_scan")
-    lanes = lhc_get_info(lhc)["sketch_lanes"]
-    cells = np.empty(lanes, dtype=BE32) if cells is None else cells
-    _be32(cells, "cells", writable=True)
-    _length(cells, lanes, "cells", "lanes")
-    check(lib.hg_lhc_sketch_encode_scan(lhc.ptr, scan.ptr, _wbuf("uint8_t[]", cells)),
-          "hg_lhc_sketch_encode_scan")
-    return cells
+    return _lhc_encode_scan("hg_lhc_sketch_encode_scan", lhc, scan, cells, "cells",
+                            "sketch_lanes", BE32, Lhc.INDEXED)
 
 
 def lhc_peel(lhc, gcells):
@@ -416,20 +427,12 @@ def lhc_peel(lhc, gcells):
 
 def lhc_fallback_encode_into(lhc, x, out):
     """hg_lhc_fallback_encode: quantised values at the unresolved candidates."""
-    _lhc_x(lhc, x)
-    lhc.need(Lhc.PEELED, "lhc_fallback_encode")
-    _be32(out, "out", writable=True)
-    _length(out, lhc_get_info(lhc)["fallback_lanes"], "out", "lanes")
-    rc = lib.hg_lhc_fallback_encode(lhc.ptr, _buf("float[]", x), _wbuf("uint8_t[]", out))
-    _check_x(rc, lhc.params, x, "hg_lhc_fallback_encode")
-    return out
+    return _lhc_encode("hg_lhc_fallback_encode", lhc, x, out, "out", "fallback_lanes", BE32,
+                       Lhc.PEELED)
 
 
 def lhc_fallback_encode(lhc, x):
-    _lhc_x(lhc, x)
-    lhc.need(Lhc.PEELED, "lhc_fallback_encode")
-    out = np.empty(lhc_get_info(lhc)["fallback_lanes"], dtype=BE32)
-    return lhc_fallback_encode_into(lhc, x, out)
+    return lhc_fallback_encode_into(lhc, x, None)
 
 
 def lhc_decode_into(lhc, gfallback, y):
@@ -459,14 +462,8 @@ def union_lanes(lhc):
 def union_encode(lhc, scan, out=None):
     """hg_union_encode: this worker's quantised value at every global
     candidate ('>i4'), 0 where it has none, from a scan of x."""
-    _lhc_scan(lhc, scan, "union_encode")
-    lhc.need(Lhc.INDEXED, "union_encode")
-    lanes = union_lanes(lhc)
-    out = np.empty(lanes, dtype=BE32) if out is None else out
-    _be32(out, "out", writable=True)
-    _length(out, lanes, "out", "lanes")
-    check(lib.hg_union_encode(lhc.ptr, scan.ptr, _wbuf("uint8_t[]", out)), "hg_union_encode")
-    return out
+    return _lhc_encode_scan("hg_union_encode", lhc, scan, out, "out", union_lanes, BE32,
+                            Lhc.INDEXED)
 
 
 def union_decode_into(lhc, gvals, y):
