@@ -75,8 +75,8 @@ def run(args):
     np.copyto(dst, x)
     steps = {
         "previous exponents+counts": lambda: b.exp_nnz_encode_into(cps[0], x, codes, counts),
-        "previous index": lambda: b.lhc_index_encode_into(plan, x, index),
-        "previous sketch": lambda: b.lhc_sketch_encode_into(plan, x, cells),
+        "previous index": lambda: b.lhc_index_encode(plan, x, index),
+        "previous sketch": lambda: b.lhc_sketch_encode(plan, x, cells),
         "scan": lambda: b.scan_encode_into(scan, cps[0], x, codes, counts),
         "index": lambda: b.lhc_index_encode_scan(plan, scan, index),
         "sketch": lambda: b.lhc_sketch_encode_scan(plan, scan, cells),
