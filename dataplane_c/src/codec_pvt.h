@@ -128,4 +128,17 @@ bool hg_codec_avx2(void);
  * HOMAGG_CODEC_ISA=portable or =avx2 disables them. */
 bool hg_codec_avx512(void);
 
+/*
+ * hg_quantize and hg_nc_encode of the elements x[0..n-1] that sit at
+ * first.. in the whole tensor (first a multiple of p->block): the random
+ * streams are indexed by the element's position in the whole tensor, so a
+ * tensor encoded block group by block group (the client's pipelined
+ * phases) gives the bytes of the encoding in one piece.
+ */
+int hg_quantize_at(const struct hg_params *p, uint64_t first, const float *x,
+		   size_t n, const int8_t *gcodes, uint32_t qflags,
+		   uint8_t *out_be32);
+int hg_nc_encode_at(const struct hg_params *p, uint64_t first, const float *x,
+		    size_t n, const int8_t *gcodes, uint8_t *codes);
+
 #endif /* HOMAGG_CODEC_PVT_H */

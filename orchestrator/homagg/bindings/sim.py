@@ -61,8 +61,9 @@ def sim_destroy(s):
 
 
 def sim_add_job(s, workers, slots=0, rto_ns=0, rto_max_ns=0, give_up_ns=0, rto_min_ns=0,
-                secret=None):
+                secret=None, pipeline_groups=0):
     jc = ffi.new("struct hg_sim_job_config *")
+    jc.pipeline_groups = int(pipeline_groups)
     if secret is not None:
         jc.auth = 1
         jc.secret = list(bytes(secret))
