@@ -65,12 +65,12 @@ def spec_groups(n, option, slots, aggregators=1):
     return -(-nb // gb), gb
 
 
-def spec_chunks(method, grads, option, slots):
+def spec_chunks(method, grads, option, slots, aggregators=1):
     """Chunks of the allreduce: per group, its exponents (1 lane per block,
     PAYLOAD lanes per chunk) and its values or codes (PAYLOAD / 4 lanes per
     chunk; blocks: only blocks non-zero on some worker)."""
     n = grads[0].size
-    G, gb = spec_groups(n, option, slots)
+    G, gb = spec_groups(n, option, slots, aggregators)
     nb = -(-n // BLOCK)
     nonzero = np.zeros(nb, bool)
     for g in grads:
@@ -86,11 +86,15 @@ def spec_chunks(method, grads, option, slots):
     return G, total
 
 
-def run(grads, method, option, slots, seed, faults=FAULTS, repeat=1):
+def run(grads, method, option, slots, seed, faults=FAULTS, aggregators=1):
+    """One allreduce on a fresh cluster; the Result, with "engines": the
+    counters of its K engines summed."""
     with Cluster(workers=len(grads), seed=seed, slots=slots, payload=PAYLOAD,
-                 pipeline_groups=option, **faults) as cl:
-        return [cl.allreduce(grads, method=method, **options(method, seed + 1))
-                for _ in range(repeat)]
+                 pipeline_groups=option, aggregators=aggregators, **faults) as cl:
+        res = cl.allreduce(grads, method=method, **options(method, seed + 1))
+        engines = [cl.aggregator_counters(k)["engine"] for k in range(aggregators)]
+    res.stats["engines"] = {key: sum(e[key] for e in engines) for key in engines[0]}
+    return res
 
 
 def assert_bits(got, want):
@@ -105,26 +109,28 @@ def test_pipelined_methods_are_the_block_wise_ones():
     assert protocol.PIPELINED_METHODS == ("dense", "blocks", "nc")
 
 
-CASES = [  # workers, n, slots, pipeline_groups
-    (2, 100, 8, 0),            # tiny: one block, one group
-    (3, 2 * BLOCK + 7, 4, 3),  # three groups, the last one 7 elements
-    (4, 40_000, 4, 0),         # automatic: 16 blocks per group, not a multiple
-    (4, 40_000, 16, 7),
-    (5, 33_333, 8, 1000),      # one block per group
-    (8, 20_480, 2, 0),
+CASES = [  # workers, n, slots, pipeline_groups, aggregators
+    (2, 100, 8, 0, 1),            # tiny: one block, one group
+    (3, 2 * BLOCK + 7, 4, 3, 1),  # three groups, the last one 7 elements
+    (4, 40_000, 4, 0, 1),         # automatic: 16 blocks per group, not a multiple
+    (4, 40_000, 16, 7, 1),
+    (5, 33_333, 8, 1000, 1),      # one block per group
+    (8, 20_480, 2, 0, 1),
+    (4, 40_000, 4, 0, 3),         # K = 3: 48 blocks per group, chunks spread over three
 ]
 
 
 @pytest.mark.parametrize("method", ["dense", "blocks", "nc"])
-@pytest.mark.parametrize("workers,n,slots,option", CASES)
-def test_pipelined_equals_unpipelined_and_oracle_under_faults(method, workers, n, slots, option):
-    seed = 1000 * workers + n % 997 + option
+@pytest.mark.parametrize("workers,n,slots,option,aggregators", CASES)
+def test_pipelined_equals_unpipelined_and_oracle_under_faults(method, workers, n, slots, option,
+                                                              aggregators):
+    seed = 1000 * workers + n % 997 + option + aggregators
     grads = grads_for(workers, n, seed, zero_groups=n > 4 * 1024)
     want = oracle(method, grads, seed + 1)
-    plain, = run(grads, method, 1, slots, seed)
-    piped, = run(grads, method, option, slots, seed)
+    plain = run(grads, method, 1, slots, seed, aggregators=aggregators)
+    piped = run(grads, method, option, slots, seed, aggregators=aggregators)
     assert plain.stats["workers"][0]["groups"] == 1
-    G, chunks = spec_chunks(method, grads, option, slots)
+    G, chunks = spec_chunks(method, grads, option, slots, aggregators)
     for res in (plain, piped):
         assert_bits(res.sum, want)
         for out in res.outputs:
@@ -134,7 +140,7 @@ def test_pipelined_equals_unpipelined_and_oracle_under_faults(method, workers, n
         assert w["groups"] == G
         assert w["chunks"] == chunks
         assert w["next_seq"] == chunks
-    eng = piped.stats["engine"]
+    eng = piped.stats["engines"]
     # every chunk completed once, every contribution summed once
     assert eng["completed"] == chunks
     assert eng["summed"] == workers * chunks
@@ -144,7 +150,7 @@ def test_pipelined_equals_unpipelined_and_oracle_under_faults(method, workers, n
 def test_all_zero_tensors_and_zero_groups(method):
     n = 30_000
     zeros = [np.zeros(n, np.float32)] * 3
-    res, = run(zeros, method, 0, 4, 5)
+    res = run(zeros, method, 0, 4, 5)
     assert_bits(res.sum, np.zeros(n, np.float32))
     G, chunks = spec_chunks(method, zeros, 0, 4)
     assert G > 1

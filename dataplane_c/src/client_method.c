@@ -142,7 +142,8 @@ static int unit_append(struct hg_client *c, uint32_t group, uint32_t step,
 	rc = done_need(c, st->nchunks + u->nchunks);
 	if (rc)
 		return rc;
-	memset(c->done.p + st->nchunks, 0, u->nchunks);
+	if (u->nchunks)
+		memset(c->done.p + st->nchunks, 0, u->nchunks);
 	st->nchunks += u->nchunks;
 	st->nunits++;
 	if (u->nchunks == 0)

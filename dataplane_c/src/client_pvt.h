@@ -91,6 +91,7 @@ struct flight {
 	uint64_t chunk;         /* its chunk number c */
 	uint32_t seq;           /* its sequence number at its aggregator */
 	uint32_t agg;           /* a = chunk % K */
+	uint32_t unit;          /* its unit in the segment (seg.u) */
 	bool busy;
 	bool unsent;            /* the port refused it: send at the next poll */
 	bool have_status;

@@ -290,10 +290,13 @@ static void handle_frame(struct hg_client *c, const uint8_t *f, size_t len,
 		 * path, and would ratchet the timeout of every worker up.
 		 * Likewise a chunk sent before one of our timers expired may
 		 * have waited for that recovery (a peer's chunk lost with
-		 * ours answered, say): only chunks sent after it count.
+		 * ours answered, say): only chunks sent after it count.  With
+		 * pipelined block groups the first result of a unit waited
+		 * for the slowest peer to compute the unit: not a sample.
 		 */
 		if (fl->tries == 1 && k + 1 >= ag->hi_done &&
-		    fl->last_tx > ag->t_timeout && now >= fl->last_tx)
+		    fl->last_tx > ag->t_timeout && now >= fl->last_tx &&
+		    !(c->groups > 1 && c->st.u[fl->unit].ndone == 1))
 			hg_cl_rtt_sample(c, ag, now - fl->last_tx);
 		if (fl->timed_out)
 			c->done.p[k] = CH_DONE_AFTER_TIMEOUT;
@@ -437,6 +440,7 @@ void hg_cl_tx_new(struct hg_client *c, uint64_t now)
 				break; /* cannot happen when the above holds */
 			fl->busy = true;
 			fl->chunk = st->base + k;
+			fl->unit = hg_cl_chunk_stream(c, k)->unit;
 			fl->agg = (uint32_t)(fl->chunk % c->naggs);
 			fl->seq = (uint32_t)(fl->chunk / c->naggs);
 			fl->tries = 0;

@@ -94,7 +94,7 @@ PIPELINED_METHODS = tuple(m for m in METHODS if METHOD[m].pipelined)
 
 # Block groups of a job's pipelined methods: 0 = automatic (about four
 # windows of value chunks per group), 1 = not pipelined, N = N groups.
-PIPELINE_GROUPS = 0
+PIPELINE_GROUPS = 1
 
 
 def check_pipeline_groups(value):
