@@ -198,3 +198,14 @@ def test_results_repeat_across_seeds_of_the_fabric():
 def test_bad_pipeline_groups_is_refused(bad):
     with pytest.raises(InvalidArgument, match="pipeline_groups"):
         Cluster(workers=2, pipeline_groups=bad)
+
+
+def test_pipelined_through_a_tree_of_aggregators():
+    """Leaves forward one partial sum per slot to the root: the clients'
+    pipelined numbering is all they see, and the result stays exact."""
+    grads = grads_for(6, 30_000, 21, zero_groups=True)
+    with Cluster(workers=6, leaves=2, seed=4, slots=4, pipeline_groups=0,
+                 loss=0.01, reorder=0.05) as cl:
+        res = cl.allreduce(grads, method="blocks", block_elements=BLOCK)
+    assert_bits(res.sum, reference.allreduce(grads, BLOCK))
+    assert {w["groups"] for w in res.stats["workers"]} == {spec_groups(30_000, 0, 4)[0]}
