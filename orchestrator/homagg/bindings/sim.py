@@ -59,10 +59,11 @@ def sim_destroy(s):
 
 
 def sim_add_job(s, workers, slots=0, rto_ns=0, rto_max_ns=0, give_up_ns=0, rto_min_ns=0,
-                secret=None):
+                secret=None, pipeline_groups=0):
     jc = _fill(ffi.new("struct hg_sim_job_config *"), dict(
         workers=int(workers), slots=int(slots), rto_ns=int(rto_ns), rto_max_ns=int(rto_max_ns),
-        give_up_ns=int(give_up_ns), rto_min_ns=int(rto_min_ns)))
+        give_up_ns=int(give_up_ns), rto_min_ns=int(rto_min_ns),
+        pipeline_groups=int(pipeline_groups)))
     if secret is not None:
         _fill(jc, {"auth": 1, "secret": bytes(secret)})
     return check(lib.hg_sim_add_job(s, jc), "add job")
