@@ -355,3 +355,30 @@ def test_homagg_row_payload_and_cpu_per_mb(monkeypatch):
     assert row["cpu_ms_per_mb"] == pytest.approx(1e3 * 0.4 / 4.0)
     assert row["worker_cpu_seconds"] == pytest.approx([0.1, 0.1])
     assert row["daemon_cpu_seconds"] == pytest.approx(0.2)
+
+
+@pytest.mark.root
+@pytest.mark.netns
+@pytest.mark.dpdk
+@pytest.mark.timeout(300)
+def test_bench_lcores_outputs(tmp_path, capsys):
+    """`homagg bench lcores`: one job on a daemon with 1 and 2 engine
+    lcores, exact both ways, the 2-lcore runs spread over both engines
+    (each sums half the contributions: consecutive slots alternate);
+    timing is reported, not judged."""
+    require(os.geteuid() == 0, "needs root (network namespaces)")
+    out = tmp_path / "lcores"
+    rc = cli.main(["bench", "lcores", "--workers", "2", "--elements", "60000", "--repeat", "1",
+                   "--calls", "1", "--json", "--out", str(out)])
+    assert rc == 0
+    report = json.loads(capsys.readouterr().out)
+    assert json.loads((out / "lcores.json").read_text())["results"] == report["results"]
+    assert (out / "lcores.md").exists() and (out / "lcores.csv").exists()
+    one, two = report["results"]
+    assert (one["lcores"], two["lcores"]) == (1, 2)
+    assert one["exact"] is True and two["exact"] is True
+    assert len(one["engine_summed"]) == 1 and len(two["engine_summed"]) == 2
+    # the summed contributions are the same work, split evenly by slot
+    assert sum(two["engine_summed"]) == sum(one["engine_summed"]) > 0
+    assert abs(two["engine_summed"][0] - two["engine_summed"][1]) <= 0.1 * sum(two["engine_summed"])
+    assert report["summary"]["1"]["speedup_vs_1"] == 1.0

@@ -28,7 +28,7 @@ def _f32_1d(a, name, writable=False):
 def sim_create(loss=0.0, duplicate=0.0, reorder=0.0, reorder_ns=0, delay_ns=0,
                link_gbps=0.0, seed=0, payload_bytes=0, unicast_results=False,
                agg_link_gbps=0.0, aggregators=1, pool_frames=0, mtu=0, leaves=0,
-               up_rto_ns=0):
+               up_rto_ns=0, up_give_up_ns=0):
     for name, v in (("loss", loss), ("duplicate", duplicate), ("reorder", reorder)):
         if not 0.0 <= v < 1.0:
             raise InvalidArgument(f"{name} must be in [0, 1), got {v}")
@@ -59,6 +59,7 @@ def sim_create(loss=0.0, duplicate=0.0, reorder=0.0, reorder_ns=0, delay_ns=0,
     cfg.mtu = int(mtu)
     cfg.leaves = int(leaves)
     cfg.up_rto_ns = int(up_rto_ns)
+    cfg.up_give_up_ns = int(up_give_up_ns)
     s = lib.hg_sim_create(cfg)
     if s == ffi.NULL:
         raise ResourceError("cannot create the simulated cluster (bad configuration or out of memory)")
