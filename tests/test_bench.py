@@ -357,6 +357,18 @@ def test_homagg_row_payload_and_cpu_per_mb(monkeypatch):
     assert row["daemon_cpu_seconds"] == pytest.approx(0.2)
 
 
+def run_testbed_bench(tmp_path, capsys, name, *argv):
+    """`homagg bench NAME ARGV --json --out DIR`: exit 0, the printed report
+    is the one written to DIR (NAME.json, .csv, .md); returns it."""
+    out = tmp_path / name
+    rc = cli.main(["bench", name, *argv, "--json", "--out", str(out)])
+    assert rc == 0
+    report = json.loads(capsys.readouterr().out)
+    assert json.loads((out / f"{name}.json").read_text())["results"] == report["results"]
+    assert (out / f"{name}.md").exists() and (out / f"{name}.csv").exists()
+    return report
+
+
 @pytest.mark.root
 @pytest.mark.netns
 @pytest.mark.dpdk
@@ -367,13 +379,8 @@ def test_bench_lcores_outputs(tmp_path, capsys):
     (each sums half the contributions: consecutive slots alternate);
     timing is reported, not judged."""
     require(os.geteuid() == 0, "needs root (network namespaces)")
-    out = tmp_path / "lcores"
-    rc = cli.main(["bench", "lcores", "--workers", "2", "--elements", "60000", "--repeat", "1",
-                   "--calls", "1", "--json", "--out", str(out)])
-    assert rc == 0
-    report = json.loads(capsys.readouterr().out)
-    assert json.loads((out / "lcores.json").read_text())["results"] == report["results"]
-    assert (out / "lcores.md").exists() and (out / "lcores.csv").exists()
+    report = run_testbed_bench(tmp_path, capsys, "lcores", "--workers", "2", "--elements",
+                               "60000", "--repeat", "1", "--calls", "1")
     one, two = report["results"]
     assert (one["lcores"], two["lcores"]) == (1, 2)
     assert one["exact"] is True and two["exact"] is True

@@ -17,10 +17,8 @@ against the first count, measured in the same run.
 Outputs with --out DIR: lcores.json, lcores.csv, lcores.md.  --json prints
 the report.
 """
-import json
 import secrets
 import statistics
-import sys
 import tempfile
 
 from homagg.bench import report as rep
@@ -102,12 +100,5 @@ def main(args):
     for n, s in report["summary"].items():
         rep.progress("lcores", f"{n} lcore(s): median {s['median_seconds'] * 1e3:.1f} ms, "
                      + ", ".join(f"{v:.2f}x" for k, v in s.items() if k.startswith("speedup")))
-    if args.out:
-        paths = rep.write_outputs(args.out, "lcores", report, MD_COLUMNS,
-                                  "One job over several engine lcores of one homagg-switch")
-        rep.progress("lcores", "wrote " + ", ".join(paths.values()))
-    if args.json:
-        json.dump(report, sys.stdout, indent=2, default=str)
-        sys.stdout.write("\n")
-    bad = [r for r in report["results"] if r["exact"] is False or not r["workers_agree"]]
-    return 1 if bad else 0
+    return rep.finish("lcores", args, report, MD_COLUMNS,
+                      "One job over several engine lcores of one homagg-switch")
