@@ -635,16 +635,21 @@ static inline uint8_t up_op(uint8_t op)
 	return op == HG_OP_NC8 ? HG_OP_SUM32 : op;
 }
 
+/* Why a partial sum goes up: first, on its timer (the timeout doubles),
+ * or asked by a root STATUS or a worker's retransmission (it does not). */
+enum up_why { UP_FIRST, UP_TIMER, UP_ASKED };
+
 /*
  * Send set s's partial sum (its accumulator) up to the root, as worker
- * up_worker of the root's job (retrans: with HG_FLAG_RETRANS), and arm the
- * set's timer with the timeout doubled per try.  reuse: a buffer to take
- * if large enough (NULL: allocate one).  Without a buffer the frame is not
- * sent (no_buffer) but the timer still runs, so it goes at the next try.
+ * up_worker of the root's job (a resend with HG_FLAG_RETRANS), and arm the
+ * set's timer with the timeout doubled per timer expiry.  reuse: a buffer
+ * to take if large enough (NULL: allocate one).  Without a buffer the
+ * frame is not sent (no_buffer) but the timer still runs.
  */
 static void up_send(struct hg_engine *e, struct hg_job *j, struct hg_set *s,
-		    const uint8_t *acc, bool retrans, struct hg_pkt **reuse)
+		    const uint8_t *acc, enum up_why why, struct hg_pkt **reuse)
 {
+	bool retrans = why != UP_FIRST;
 	size_t i = (size_t)(s - j->sets);
 	struct hg_up_timer *t = &j->up[i];
 	uint8_t op = up_op(s->op);
@@ -669,11 +674,11 @@ static void up_send(struct hg_engine *e, struct hg_job *j, struct hg_set *s,
 	struct hg_pkt *p;
 	uint8_t *f;
 
-	if (retrans) {
-		t->tries++;
-	} else {
+	if (why == UP_FIRST) {
 		t->first_ns = now;
 		t->tries = 0;
+	} else if (why == UP_TIMER) {
+		t->tries++;
 	}
 	t->sent_ns = now;
 	t->due_ns = now + (j->cfg.up_rto_ns << (t->tries < UP_MAX_BACKOFF ?
@@ -701,7 +706,29 @@ static void up_forward(struct hg_engine *e, struct hg_job *j, struct hg_set *s,
 		       const uint8_t *acc, struct hg_pkt **reuse)
 {
 	s->state = SET_UP;
-	up_send(e, j, s, acc, false, reuse);
+	up_send(e, j, s, acc, UP_FIRST, reuse);
+}
+
+/*
+ * Resend set s at once (a root STATUS without this leaf, or a worker's
+ * retransmission at least holdoff_ns after the last send), unless the
+ * set was abandoned or its give-up time has passed (then it is abandoned
+ * here: counted once).
+ */
+static void up_asked(struct hg_engine *e, struct hg_job *j, struct hg_set *s,
+		     const uint8_t *acc, uint64_t holdoff_ns, struct hg_pkt **reuse)
+{
+	struct hg_up_timer *t = &j->up[s - j->sets];
+	uint64_t now = hg_port_now(e->port);
+
+	if (t->due_ns == UINT64_MAX || now - t->sent_ns < holdoff_ns)
+		return;
+	if (now - t->first_ns >= j->cfg.up_give_up_ns) {
+		t->due_ns = UINT64_MAX;
+		count(e, j, HG_CNT_UP_ABANDONED);
+		return;
+	}
+	up_send(e, j, s, acc, UP_ASKED, reuse);
 }
 
 /*
@@ -714,11 +741,8 @@ static void up_worker_retrans(struct hg_engine *e, struct hg_job *j,
 			      struct hg_set *s, const uint8_t *acc, uint16_t w,
 			      struct hg_pkt **reuse)
 {
-	const struct hg_up_timer *t = &j->up[s - j->sets];
-
 	send_status(e, j, s, w, reuse);
-	if (hg_port_now(e->port) - t->sent_ns >= j->cfg.up_rto_ns / 2)
-		up_send(e, j, s, acc, true, NULL);
+	up_asked(e, j, s, acc, j->cfg.up_rto_ns / 2, NULL);
 }
 
 /*
@@ -823,7 +847,7 @@ static void up_apply(struct hg_engine *e, struct hg_stage *st)
 	if (st->flags & HG_FLAG_STATUS) {
 		count(e, j, HG_CNT_UP_STATUS);
 		if (!st->worker)
-			up_send(e, j, s, st->acc, true, &pkt);
+			up_asked(e, j, s, st->acc, 0, &pkt);
 		if (pkt)
 			queue_free(e, pkt);
 		return;
@@ -873,7 +897,7 @@ int hg_engine_timers(struct hg_engine *e)
 				continue;
 			}
 			up_send(e, j, &j->sets[i], j->acc + i * j->acc_stride,
-				true, NULL);
+				UP_TIMER, NULL);
 			resent++;
 		}
 	}
