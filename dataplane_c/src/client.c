@@ -61,11 +61,20 @@ struct hg_client *hg_client_create(const struct hg_client_config *cfg)
 		return NULL;
 	if (cfg->naggs > HG_CLIENT_MAX_AGGREGATORS || (cfg->naggs && !cfg->aggs))
 		return NULL;
+	if (cfg->agg_workers ? cfg->agg_workers > cfg->workers ||
+			       cfg->agg_worker >= cfg->agg_workers ||
+			       cfg->agg_worker > cfg->worker
+			     : cfg->agg_worker != 0)
+		return NULL;
 
 	c = calloc(1, sizeof(*c));
 	if (!c)
 		return NULL;
 	c->cfg = *cfg;
+	if (!c->cfg.agg_workers) {
+		c->cfg.agg_workers = cfg->workers;
+		c->cfg.agg_worker = cfg->worker;
+	}
 	if (!c->cfg.agg_udp_port)
 		c->cfg.agg_udp_port = HG_UDP_PORT;
 	if (!c->cfg.rto_ns)
@@ -83,7 +92,7 @@ struct hg_client *hg_client_create(const struct hg_client_config *cfg)
 		c->cfg.incarnation = hg_wire_incarnation_now();
 	hg_auth_wipe(c->cfg.secret, sizeof(c->cfg.secret));
 	if (cfg->auth) {
-		if (hg_auth_derive_key(cfg->secret, cfg->worker, c->keys[0]) ||
+		if (hg_auth_derive_key(cfg->secret, c->cfg.agg_worker, c->keys[0]) ||
 		    hg_auth_derive_key(cfg->secret, HG_AUTH_KEY_AGGREGATOR,
 				       c->keys[1]))
 			goto err_free;

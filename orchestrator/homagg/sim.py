@@ -17,6 +17,11 @@ docs/PROTOCOL.md "Several aggregators"); ``cluster.aggregator_counters(k)``
 gives aggregator k's engine and link counters, ``kill_aggregator(k)`` stops
 one mid-job (the workers' ``PeerTimeout`` names it).
 
+``Cluster(leaves=L)`` runs every job over a two-level tree (docs/PROTOCOL.md
+"Tree"): aggregators 0..L-1 are leaf aggregators, each summing a contiguous
+part of the workers and sending one partial sum per slot up to the root,
+aggregator L, whose result comes back down through the leaves.
+
 Several jobs share the aggregators: ``cluster.add_job(workers=...)`` returns a
 ``Job``; ``cluster.allreduce_many([(job, grads, method), ...])`` runs them
 interleaved in one event loop.  Errors come from ``homagg.errors``: a dead
@@ -129,13 +134,27 @@ class Cluster:
     payload whose frames do not fit it is refused with the limit named.
     auth: every job authenticates its frames (per-worker MACs,
     docs/PROTOCOL.md "Authentication"; the job secret is ``job.secret``).
+    leaves: L > 0 runs every job over a tree of L leaves and a root
+    (``aggregators`` is then L + 1: leaves 0..L-1, the root L; each job
+    needs at least L workers; trees do not authenticate); up_rto: the
+    leaves' upward retransmission timeout (s; None: the engine's 1 ms).
     """
 
     def __init__(self, workers=4, loss=0.0, duplicate=0.0, reorder=0.0, seed=0,
                  slots=64, link_gbps=100.0, timeout=2.0, rto=200e-6, rto_max=50e-3,
                  delay=1e-6, payload=1024, multicast=True, max_time=600.0,
                  agg_link_gbps=None, rto_min=None, aggregators=1, mtu=None,
-                 auth=False):
+                 auth=False, leaves=0, up_rto=None):
+        leaves = int(leaves or 0)
+        if leaves:
+            if aggregators != 1:
+                raise InvalidArgument(f"a tree has one root: leaves={leaves} needs "
+                                      f"aggregators=1, got {aggregators}")
+            if auth:
+                raise InvalidArgument("a tree does not authenticate: leaves= with auth=True")
+            if workers < leaves:
+                raise InvalidArgument(f"leaves={leaves} needs at least as many workers, "
+                                      f"got workers={workers}")
         if mtu is not None:
             from homagg.worker import FRAME_OVERHEAD, max_payload
 
@@ -159,10 +178,13 @@ class Cluster:
                                   unicast_results=not multicast,
                                   agg_link_gbps=self.agg_link_gbps,
                                   aggregators=int(aggregators),
-                                  pool_frames=self._pool_frames(workers, slots, aggregators,
-                                                                payload, mtu),
-                                  mtu=int(mtu or 0))
-        self.aggregators = int(aggregators)
+                                  pool_frames=self._pool_frames(
+                                      workers, slots, leaves + 1 if leaves else aggregators,
+                                      payload, mtu),
+                                  mtu=int(mtu or 0), leaves=leaves,
+                                  up_rto_ns=int((up_rto or 0) * 1e9))
+        self.leaves = leaves
+        self.aggregators = leaves + 1 if leaves else int(aggregators)
         self._timeout = timeout
         self._rto = rto
         self._rto_min = 0.0 if rto_min is None else rto_min

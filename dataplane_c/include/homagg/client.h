@@ -92,6 +92,12 @@ struct hg_client_config {
 	uint8_t auth;              /* 1: the job authenticates every frame */
 	uint8_t secret[32];         /* auth: the job secret (HG_AUTH_SECRET_LEN); the client
 				    * keeps only its key and the aggregator's */
+	uint32_t agg_worker;       /* wire worker id at its aggregator (a tree leaf's
+				    * index of it, docs/PROTOCOL.md "Tree"); worker
+				    * and workers above stay the codec's */
+	uint32_t agg_workers;      /* W at its aggregator; 0 = workers (and agg_worker
+				    * = worker).  The leaf serves workers worker -
+				    * agg_worker .. + agg_workers - 1 (errors name them) */
 };
 
 struct hg_client_stats {

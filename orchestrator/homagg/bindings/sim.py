@@ -27,7 +27,8 @@ def _f32_1d(a, name, writable=False):
 
 def sim_create(loss=0.0, duplicate=0.0, reorder=0.0, reorder_ns=0, delay_ns=0,
                link_gbps=0.0, seed=0, payload_bytes=0, unicast_results=False,
-               agg_link_gbps=0.0, aggregators=1, pool_frames=0, mtu=0):
+               agg_link_gbps=0.0, aggregators=1, pool_frames=0, mtu=0, leaves=0,
+               up_rto_ns=0):
     for name, v in (("loss", loss), ("duplicate", duplicate), ("reorder", reorder)):
         if not 0.0 <= v < 1.0:
             raise InvalidArgument(f"{name} must be in [0, 1), got {v}")
@@ -35,6 +36,12 @@ def sim_create(loss=0.0, duplicate=0.0, reorder=0.0, reorder_ns=0, delay_ns=0,
         raise InvalidArgument("link rates, delay and reorder delay must be >= 0")
     if not 1 <= aggregators <= lib.HG_SIM_MAX_AGGREGATORS:
         raise InvalidArgument(f"aggregators must be in 1..{lib.HG_SIM_MAX_AGGREGATORS}, "
+                              f"got {aggregators}")
+    if leaves and not 1 <= leaves < lib.HG_SIM_MAX_AGGREGATORS:
+        raise InvalidArgument(f"leaves must be in 1..{lib.HG_SIM_MAX_AGGREGATORS - 1}, "
+                              f"got {leaves}")
+    if leaves and aggregators > 1:
+        raise InvalidArgument(f"a tree has one root: leaves={leaves} needs aggregators=1, "
                               f"got {aggregators}")
     cfg = ffi.new("struct hg_sim_config *")
     cfg.loss = loss
@@ -50,6 +57,8 @@ def sim_create(loss=0.0, duplicate=0.0, reorder=0.0, reorder_ns=0, delay_ns=0,
     cfg.aggregators = int(aggregators)
     cfg.pool_frames = int(pool_frames)
     cfg.mtu = int(mtu)
+    cfg.leaves = int(leaves)
+    cfg.up_rto_ns = int(up_rto_ns)
     s = lib.hg_sim_create(cfg)
     if s == ffi.NULL:
         raise ResourceError("cannot create the simulated cluster (bad configuration or out of memory)")
