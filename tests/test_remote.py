@@ -17,7 +17,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import require
+from conftest import gone, require
 
 from homagg import inventory as inv
 from homagg import provision as prov
@@ -70,15 +70,6 @@ def make_testbed(rack, tmp, **host_overrides):
 def cli(*args, timeout=300):
     return subprocess.run([os.path.join(VENV, "bin", "homagg"), *args], capture_output=True,
                           text=True, timeout=timeout)
-
-
-def gone(pid):
-    """The process exited (a zombie waiting for its reaper counts as exited)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(") ", 1)[1].split()[0] == "Z"
-    except FileNotFoundError:
-        return True
 
 
 @pytest.mark.timeout(600)

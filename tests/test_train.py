@@ -27,7 +27,7 @@ import pytest
 import torch
 
 import homagg.torch as hgt
-from conftest import require
+from conftest import gone, require
 from homagg import protocol
 from homagg import run as runmod
 from homagg import train as trainmod
@@ -131,15 +131,6 @@ def test_train_cli_gloo_baseline_user_model_and_plots(testbed, tmp_path):
     assert testbed.state()["processes"] == []
 
 
-def _exited(pid):
-    """The process is gone (a zombie waiting for its reaper counts as gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(") ", 1)[1].split()[0] == "Z"
-    except FileNotFoundError:
-        return True
-
-
 TINY_MODELS = """\
 from homagg import models
 
@@ -221,7 +212,7 @@ def test_testbed_up_job_file_trains_vgg_and_bert_over_two_aggregators(tmp_path):
     finally:
         r = cli("down", "--name", name)
     assert r.returncode == 0 and "removed" in r.stdout, r.stderr
-    assert all(_exited(p) for p in pids)
+    assert all(gone(p) for p in pids)
     assert not os.path.exists(path)
 
 

@@ -121,6 +121,17 @@ def write_job_file(path, **fields):
     return path
 
 
+def add_job_arguments(p) -> None:
+    """The job options of `homagg testbed up` and `homagg up -i`."""
+    p.add_argument("--slots", type=int, default=64,
+                   help="the job's aggregator slots (default: %(default)s)")
+    p.add_argument("--payload-bytes", type=int, default=1024, metavar="BYTES",
+                   help="the job's payload per packet (default: %(default)s)")
+    p.add_argument("--timeout", type=float, default=10.0, metavar="S",
+                   help="the job file's timeout: an allreduce gives up after S seconds "
+                   "without progress (default: %(default)s)")
+
+
 # --------------------------------------------------------------------------
 # Registration on the aggregators
 

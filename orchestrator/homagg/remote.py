@@ -601,13 +601,7 @@ def add_up_arguments(p) -> None:
                    help="the daemon neither checks nor fills UDP checksums (workers on veth)")
     p.add_argument("--ready-timeout", type=float, default=30.0, metavar="S",
                    help="seconds to wait for the control socket (default: %(default)s)")
-    p.add_argument("--slots", type=int, default=64,
-                   help="the job's aggregator slots (default: %(default)s)")
-    p.add_argument("--payload-bytes", type=int, default=1024, metavar="BYTES",
-                   help="the job's payload per packet (default: %(default)s)")
-    p.add_argument("--timeout", type=float, default=10.0, metavar="S",
-                   help="the job file's timeout: an allreduce gives up after S seconds "
-                   "without progress (default: %(default)s)")
+    job_file.add_job_arguments(p)
 
 
 def up_main(args) -> int:

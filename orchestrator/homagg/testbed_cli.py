@@ -27,7 +27,7 @@ import argparse
 import json
 import sys
 
-from homagg import log, testbed_job
+from homagg import job_file, log, testbed_job
 from homagg.errors import HomAggError
 from homagg.testbed import DEFAULT_SUBNET, Testbed, TestbedError, state_dir_default
 
@@ -63,13 +63,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--no-daemon", action="store_true",
                    help="build the network only: no homagg-switch, no job (`homagg run` and "
                    "`homagg train` then start daemons of their own)")
-    p.add_argument("--slots", type=int, default=64,
-                   help="the job's aggregator slots (default: %(default)s)")
-    p.add_argument("--payload-bytes", type=int, default=1024, metavar="BYTES",
-                   help="the job's payload per packet (default: %(default)s)")
-    p.add_argument("--timeout", type=float, default=10.0, metavar="S",
-                   help="the job file's timeout: an allreduce gives up after S seconds "
-                   "without progress (default: %(default)s)")
+    job_file.add_job_arguments(p)
     p.add_argument("--switch", default=None, metavar="PATH", help="homagg-switch binary")
 
     p = sub.add_parser("job", help="register the testbed's job afresh",
