@@ -209,3 +209,53 @@ def test_bad_tree_configurations():
         with pytest.raises(Exception, match="add job"):
             cl.add_job(workers=1)
 
+
+
+# ---- the DPDK testbed: two leaf daemons and a root daemon -----------------
+
+@pytest.mark.root
+@pytest.mark.netns
+@pytest.mark.dpdk
+@pytest.mark.timeout(300)
+def test_testbed_tree_of_dpdk_daemons(tmp_path):
+    """`homagg testbed up --leaves 2`: 3 workers (2 at leaf agg1), leaves
+    agg and agg1 below the root agg2, each a homagg-switch; exact for a
+    SUM32 method (dense) and for lhc (OR and SUM32 phases); nothing summed
+    twice at either level; a tree and --aggregators are refused together."""
+    import os
+    import secrets
+
+    from conftest import require
+    from homagg import run as runmod
+    from homagg.testbed import Testbed
+
+    require(os.geteuid() == 0, "needs root")
+    try:
+        runmod.find_switch()
+    except runmod.RunError as e:
+        require(False, str(e))
+    sd = str(tmp_path / "testbeds")
+    name = "tr" + secrets.token_hex(5)
+    tb = Testbed.up(name, workers=3, link_mbit=1000, leaves=2, state_dir=sd)
+    try:
+        assert [h.name for h in tb.aggregators] == ["agg", "agg1", "agg2"]
+        for method in ("dense", "lhc"):
+            rep = runmod.run_allreduce(name, method, elements=40_000, density=0.05,
+                                       workload="random", seed=11, state_dir=sd)
+            assert rep["exact"] is True, rep["exact_per_worker"]
+            assert rep["leaves"] == 2
+            roles = {a["host"]: a["role"] for a in rep["aggregators"]}
+            assert roles == {"agg": "leaf", "agg1": "leaf", "agg2": "root"}
+            leaves = [a["counters"] for a in rep["aggregators"][:2]]
+            root = rep["aggregators"][2]["counters"]
+            for c, w in zip(leaves, (1, 2)):
+                assert c["completed"] > 0
+                assert c["summed"] == w * c["completed"], c
+                assert c["up_sent"] == c["up_results"] == c["completed"] == root["completed"]
+            assert root["summed"] == 2 * root["completed"], root
+            assert tb.state()["processes"] == []
+        with pytest.raises(runmod.RunError, match="exclude each other"):
+            runmod.run_allreduce(name, "dense", elements=100, density=1.0, state_dir=sd,
+                                 aggregators=2)
+    finally:
+        Testbed.down(name, state_dir=sd)

@@ -99,7 +99,8 @@ def open_worker(spec: dict):
                   workers=spec["workers"], aggregators=[tuple(a) for a in aggs],
                   group=spec["group"], bind=(spec["ip"], 0), timeout=spec["timeout"],
                   slots=spec["slots"], payload=spec["payload"], rto=spec["rto"],
-                  mtu=spec.get("mtu"), auth_file=spec.get("auth_file"))
+                  mtu=spec.get("mtu"), auth_file=spec.get("auth_file"),
+                  leaf_ids=spec.get("leaf_ids"))
 
 
 def _numeric_delta(before: dict, after: dict) -> dict:
@@ -166,17 +167,27 @@ def check_arguments(method: str, elements: int, density: float) -> None:
 
 def worker_spec(*, job, token, worker, workers, agg_ip, group, ip, timeout, slots, payload, rto,
                 method, block, elements, density, workload, seed, out, mtu=None,
-                aggregators=None, auth_file=None) -> dict:
+                aggregators=None, auth_file=None, leaf_ids=None) -> dict:
     """The JSON spec of one worker process (``python -m homagg.job --child SPEC``);
     ``mtu`` None: the worker asks the kernel for its path's MTU; ``aggregators``:
     the job's K aggregator addresses in shard order (default: agg_ip alone);
-    ``auth_file``: the path of the job secret's file (never the secret)."""
+    ``auth_file``: the path of the job secret's file (never the secret);
+    ``leaf_ids``: (i, n) below a tree leaf (homagg.worker.Worker)."""
     return dict(job=job, token=token, worker=worker, workers=workers, agg_ip=agg_ip,
                 udp_port=UDP_PORT, group=group, ip=ip, timeout=timeout, slots=slots,
                 payload=payload, rto=rto, method=method, block=block, elements=elements,
                 density=density, workload=workload, seed=seed, out=out, mtu=mtu,
                 aggregators=[list(a) for a in (aggregators or [(agg_ip, UDP_PORT)])],
-                auth_file=auth_file)
+                auth_file=auth_file, leaf_ids=list(leaf_ids) if leaf_ids else None)
+
+
+def tree_leaf(worker: int, workers: int, leaves: int) -> tuple[int, int, int]:
+    """Worker's place in a tree of ``leaves`` leaves (docs/PROTOCOL.md
+    "Tree": leaf l serves workers floor(l W / L) .. floor((l + 1) W / L) - 1):
+    (its leaf, its index there, that leaf's worker count)."""
+    leaf = next(l for l in range(leaves) if worker < (l + 1) * workers // leaves)
+    first = leaf * workers // leaves
+    return leaf, worker - first, (leaf + 1) * workers // leaves - first
 
 
 def check_payload(payload: int, mtu: int, where: str) -> None:

@@ -5,14 +5,18 @@ hg-NAME-w0, hg-NAME-w1, ... for the workers), each with an eth0 linked by a
 veth pair to a bridge in hg-NAME-sw that plays the switch (multicast is
 flooded to every port).  Addresses: aggregator .1, workers .10, .11, ... of
 the subnet (default 10.77.0.0/24); with --aggregators K, aggregators
-hg-NAME-agg, hg-NAME-agg1, ... at .1 .. .K (a job spread over K).  With --link-mbit every worker link is
+hg-NAME-agg, hg-NAME-agg1, ... at .1 .. .K (a job spread over K); with
+--leaves L, L + 1 aggregator hosts for a two-level tree (the first L leaves,
+the last the root; `homagg run allreduce` then runs its job over the tree,
+docs/PROTOCOL.md "Tree").  With --link-mbit every worker link is
 shaped in both directions (tbf).  What was created is recorded in
 /run/homagg/testbeds/NAME.json (--state-dir or $HOMAGG_TESTBED_DIR), and
 `down` removes exactly that.
 
 `up` also starts homagg-switch in every aggregator namespace and registers
 one job for all the workers, spread over the aggregators, with its job file
-(HOMAGG_JOB_FILE of homagg.torch; --no-daemon: the network only).  `homagg
+(HOMAGG_JOB_FILE of homagg.torch; --no-daemon: the network only; a tree
+testbed gets neither, `homagg run` sets its job up).  `homagg
 run` and `homagg train` use these daemons; `down` stops them by PID.  A job
 serves one run of its ranks: `job` registers it afresh for the next one.
 
@@ -48,6 +52,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--aggregators", "-k", type=int, default=1, metavar="K",
                    help="aggregator hosts (1..9; hg-NAME-agg, hg-NAME-agg1, ...) "
                    "(default: %(default)s)")
+    p.add_argument("--leaves", type=int, default=0, metavar="L",
+                   help="a two-level tree: L leaf aggregators and a root (L + 1 aggregator "
+                   "hosts, 1..8 leaves; excludes --aggregators)")
     p.add_argument("--link-mbit", type=float, default=None, metavar="R",
                    help="shape every worker link to R Mbit/s in both directions "
                    "(tbf on both veth ends); default: unshaped")
@@ -62,7 +69,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    "8192 bytes; default: %(default)s)")
     p.add_argument("--no-daemon", action="store_true",
                    help="build the network only: no homagg-switch, no job (`homagg run` and "
-                   "`homagg train` then start daemons of their own)")
+                   "`homagg train` then start daemons of their own; implied by --leaves)")
     job_file.add_job_arguments(p)
     p.add_argument("--switch", default=None, metavar="PATH", help="homagg-switch binary")
 
@@ -105,17 +112,19 @@ def _run(args) -> int:
     if args.action == "up":
         tb = Testbed.up(args.name, workers=args.workers, link_mbit=args.link_mbit,
                         agg_link_mbit=args.agg_link_mbit, subnet=args.subnet, mtu=args.mtu,
-                        state_dir=sd, aggregators=args.aggregators)
-        if not args.no_daemon:
+                        state_dir=sd, aggregators=args.aggregators, leaves=args.leaves)
+        if not args.no_daemon and not args.leaves:
             try:
                 testbed_job.start(tb, slots=args.slots, payload=args.payload_bytes,
                                   timeout=args.timeout, switch=args.switch)
             except BaseException:
                 Testbed.down(args.name, state_dir=sd)
                 raise
-        print(f"testbed {tb.name} is up ({args.workers} workers, {args.aggregators} "
-              f"aggregator{'s' if args.aggregators > 1 else ''}, links {_rate(args.link_mbit)}); "
-              f"state: {tb.state_path}")
+        naggs = len(tb.aggregators)
+        shape = f"a tree of {args.leaves} leaves and a root" if args.leaves else \
+            f"{naggs} aggregator{'s' if naggs > 1 else ''}"
+        print(f"testbed {tb.name} is up ({args.workers} workers, {shape}, "
+              f"links {_rate(args.link_mbit)}); state: {tb.state_path}")
         _print_hosts(tb)
         for line in testbed_job.describe(tb):
             print(line)
