@@ -252,6 +252,18 @@ bad:
 			   "%d hexadecimal digits", 2 * HG_AUTH_SECRET_LEN);
 }
 
+/* check_keys, then the required "job" (a uint32) into *job.  Returns 0,
+ * or -EINVAL / -ERANGE with the error reply in *reply. */
+static int keys_and_job(const json_t *o, const char *const *keys,
+			json_int_t *job, json_t **reply)
+{
+	int rc = check_keys(o, keys, reply);
+
+	if (rc)
+		return rc;
+	return get_uint(o, "job", true, 0, UINT32_MAX, 0, job, reply);
+}
+
 /* An IPv4 address string field of o (absent: 0 unless required);
  * multicast: must be 224/4. */
 static int get_ipv4(const json_t *o, const char *key, bool required,
@@ -339,9 +351,7 @@ static int do_add_job(struct hg_control *c, const json_t *o, json_t **reply)
 	json_int_t v;
 	int rc;
 
-	if ((rc = check_keys(o, keys, reply)))
-		return rc;
-	if ((rc = get_uint(o, "job", true, 0, UINT32_MAX, 0, &v, reply)))
+	if ((rc = keys_and_job(o, keys, &v, reply)))
 		return rc;
 	j.job = (uint32_t)v;
 	if ((rc = get_uint(o, "token", true, 0, UINT32_MAX, 0, &v, reply)))
@@ -400,9 +410,7 @@ static int do_remove_job(struct hg_control *c, const json_t *o, json_t **reply)
 	json_int_t v;
 	int rc;
 
-	if ((rc = check_keys(o, keys, reply)))
-		return rc;
-	if ((rc = get_uint(o, "job", true, 0, UINT32_MAX, 0, &v, reply)))
+	if ((rc = keys_and_job(o, keys, &v, reply)))
 		return rc;
 	rc = c->ops->remove_job(c->ctx, (uint32_t)v);
 	if (rc < 0)

@@ -192,6 +192,35 @@ const char *hg_client_error_text(const struct hg_client *c)
 	return c ? c->err : "";
 }
 
+#define HG_CS_NAME_(type, name, doc) { #name, false },
+#define HG_CS_PER_PHASE_NAME_(name, doc) { #name, true },
+static const struct {
+	const char *name;
+	bool per_phase;
+} client_stat_fields[] = {
+	HG_FOREACH_CLIENT_STAT(HG_CS_NAME_, HG_CS_PER_PHASE_NAME_)
+};
+#undef HG_CS_NAME_
+#undef HG_CS_PER_PHASE_NAME_
+
+#define CLIENT_STAT_COUNT \
+	(unsigned)(sizeof(client_stat_fields) / sizeof(client_stat_fields[0]))
+
+unsigned hg_client_stat_count(void)
+{
+	return CLIENT_STAT_COUNT;
+}
+
+const char *hg_client_stat_name(unsigned i)
+{
+	return i < CLIENT_STAT_COUNT ? client_stat_fields[i].name : NULL;
+}
+
+bool hg_client_stat_per_phase(unsigned i)
+{
+	return i < CLIENT_STAT_COUNT && client_stat_fields[i].per_phase;
+}
+
 int hg_client_get_stats(const struct hg_client *c, struct hg_client_stats *st)
 {
 	const struct agg *slow;

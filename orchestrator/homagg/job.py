@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import subprocess
 import sys
 import time
 
@@ -235,6 +236,30 @@ def sum_dicts(ds: list[dict]) -> dict:
         for k, v in d.items():
             out[k] = out.get(k, 0) + v
     return out
+
+
+def output_tail(text: str, n: int = 800) -> str:
+    """The last six non-empty lines of a process's output, at most n characters."""
+    lines = [ln for ln in (text or "").strip().splitlines() if ln.strip()]
+    return "\n".join(lines[-6:])[-n:]
+
+
+def collect_reports(hosts, procs, timeout: float) -> tuple[list, list]:
+    """Wait for each host's process (at most timeout seconds each) and read
+    the JSON report on the last line it printed: (reports, failures), a
+    failure line "<host>: ..." for each process that timed out or failed."""
+    reports, failures = [], []
+    for h, p in zip(hosts, procs):
+        try:
+            out, err = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            failures.append(f"{h.name}: no answer within {timeout:.0f} s")
+            continue
+        if p.returncode != 0:
+            failures.append(f"{h.name}: exit {p.returncode}: {output_tail(err)}")
+            continue
+        reports.append(json.loads(out.strip().splitlines()[-1]))
+    return reports, failures
 
 
 def print_report(rep: dict, as_json: bool = False) -> int:

@@ -56,8 +56,8 @@ from homagg import auth as hg_auth
 from homagg import job_file, log
 from homagg.errors import HomAggError
 from homagg.job import (DEFAULT_BLOCK, METHODS, UDP_PORT, WORKLOADS, RunError, check_arguments,
-                        check_payload, counter_deltas, print_report, sum_dicts, vdev_for_mtu,
-                        tree_leaf, verify, worker_spec)
+                        check_payload, collect_reports, counter_deltas, print_report, sum_dicts,
+                        tree_leaf, vdev_for_mtu, verify, worker_spec)
 from homagg.testbed import Testbed, TestbedError
 EAL_BASE = ["-l", "0", "--no-huge", "-m", "256", "--no-pci", "--no-shconf", "--no-telemetry",
             "--log-level", "lib.eal:error"]
@@ -401,17 +401,7 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
         for p in procs:
             p.popen.stdin.write("go\n")
             p.popen.stdin.flush()
-        reports, failures = [], []
-        for h, p in zip(workers, procs):
-            try:
-                out, err = p.communicate(timeout=repeat * timeout + 60)
-            except subprocess.TimeoutExpired:
-                failures.append(f"{h.name}: no answer")
-                continue
-            if p.returncode != 0:
-                failures.append(f"{h.name}: exit {p.returncode}: {err.strip()[-600:]}")
-                continue
-            reports.append(json.loads(out.strip().splitlines()[-1]))
+        reports, failures = collect_reports(workers, procs, repeat * timeout + 60)
         wall = time.perf_counter() - t0
         d1 = [s.cpu_seconds() for s in sws]
         link1 = [tb.link_stats(h.name) for h in workers]

@@ -31,8 +31,10 @@ import errno
 
 import numpy as np
 
-from homagg._native import ffi, lib
 from homagg.bindings import sim as _b
+from homagg.bindings.codec import DEFAULT_BLOCK, F_STOCHASTIC
+from homagg.bindings.kernels import OP_SUM32
+from homagg.bindings.wire import PROTOCOL_VERSION
 from homagg import auth, protocol
 from homagg.errors import HomAggError, InvalidArgument, PeerTimeout, error_class, error_for
 
@@ -67,16 +69,11 @@ class Result:
 def _params(workers, block_elements=None, block=None, stochastic=False, seed=0,
             nc_levels=0, sketch_cells_per_candidate=0.0):
     if block_elements is None:
-        block_elements = lib.HG_DEFAULT_BLOCK if block is None else block
-    p = ffi.new("struct hg_params *")
-    p.block = int(block_elements)
-    p.workers = workers
-    p.worker = 0
-    p.flags = lib.HG_F_STOCHASTIC if stochastic else 0
-    p.seed = int(seed) & (2**64 - 1)
-    p.nc_levels = int(nc_levels)
-    p.sketch_cells_per_candidate = float(sketch_cells_per_candidate)
-    return p
+        block_elements = DEFAULT_BLOCK if block is None else block
+    return _b.params(block=int(block_elements), workers=workers, worker=0,
+                     flags=F_STOCHASTIC if stochastic else 0, seed=int(seed) & (2**64 - 1),
+                     nc_levels=int(nc_levels),
+                     sketch_cells_per_candidate=float(sketch_cells_per_candidate))
 
 
 class Job:
@@ -357,9 +354,9 @@ class Cluster:
         int32 lanes, the incarnation to the workers' (HG_SIM_INCARNATION).
         ``key``: MAC the frame with it (Job.key)."""
         job = for_job or self.job
-        hdr = {"version": lib.HG_PROTOCOL_VERSION, "op": lib.HG_OP_SUM32,
+        hdr = {"version": PROTOCOL_VERSION, "op": OP_SUM32,
                "job": job.wire_id, "token": job.token,
-               "lanes": len(payload) // 4, "incarnation": lib.HG_SIM_INCARNATION}
+               "lanes": len(payload) // 4, "incarnation": _b.INCARNATION}
         hdr.update(fields)
         return _b.sim_build_frame(self._live(), hdr, payload, key)
 

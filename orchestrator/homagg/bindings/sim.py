@@ -6,23 +6,19 @@ Gradients and outputs are 1-D C-contiguous ``float32`` arrays passed without
 copies; the caller keeps them alive until the allreduce ends (``Sim`` holds
 references).  The typed API is ``homagg.sim``.
 """
-import numpy as np
-
 from homagg._native import ffi, lib
+from homagg.bindings._args import _f32, _fill
 from homagg.bindings.client import agg_stats_dict, client_stats_dict
 from homagg.errors import InvalidArgument, ResourceError, check
 
-F32 = np.dtype(np.float32)
+# the incarnation of every simulated worker
+INCARNATION = lib.HG_SIM_INCARNATION
 
 
-def _f32_1d(a, name, writable=False):
-    if not isinstance(a, np.ndarray) or a.dtype != F32 or a.ndim != 1:
-        raise InvalidArgument(f"{name} must be a 1-D float32 numpy array")
-    if not a.flags.c_contiguous:
-        raise InvalidArgument(f"{name} must be C-contiguous")
-    if writable and not a.flags.writeable:
-        raise InvalidArgument(f"{name} must be writable")
-    return a
+def params(**fields):
+    """A ``struct hg_params *`` with these fields, unchecked here
+    (hg_sim_create checks them)."""
+    return _fill(ffi.new("struct hg_params *"), fields)
 
 
 def sim_create(loss=0.0, duplicate=0.0, reorder=0.0, reorder_ns=0, delay_ns=0,
@@ -97,8 +93,8 @@ def sim_start(s, job, method, params, xs, ys):
         raise InvalidArgument("one input and one output per worker")
     n = None
     for i, (x, y) in enumerate(zip(xs, ys)):
-        _f32_1d(x, f"grads[{i}]")
-        _f32_1d(y, f"out[{i}]", writable=True)
+        _f32(x, f"grads[{i}]")
+        _f32(y, f"out[{i}]", writable=True)
         if n is None:
             n = x.size
         if x.size != n or y.size != n:
