@@ -149,6 +149,7 @@ def test_testbed_up_job_file_trains_vgg_and_bert_over_two_aggregators(tmp_path):
     import sys
 
     from homagg import testbed_job
+    from homagg.testbed import Testbed
 
     require(os.geteuid() == 0, "needs root")
     sd, name = str(tmp_path / "testbeds"), "j" + secrets.token_hex(5)
