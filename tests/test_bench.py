@@ -355,3 +355,31 @@ def test_homagg_row_payload_and_cpu_per_mb(monkeypatch):
     assert row["cpu_ms_per_mb"] == pytest.approx(1e3 * 0.4 / 4.0)
     assert row["worker_cpu_seconds"] == pytest.approx([0.1, 0.1])
     assert row["daemon_cpu_seconds"] == pytest.approx(0.2)
+
+
+def test_pipeline_groups_rows_and_speedup_vs_unpipelined(monkeypatch):
+    """--pipeline-groups 0,1: the pipelined methods run once per value, the
+    value reaches homagg run, and every row of the method gets the
+    unpipelined row's median / its own; other methods run once."""
+    from homagg.bench import allreduce
+
+    seen = []
+    times = {0: [0.2, 0.2, 0.2], 1: [0.3, 0.3, 0.3]}
+
+    def fake(testbed, method, *a, pipeline_groups=0, **k):
+        seen.append((method, pipeline_groups))
+        return _run_report(seconds_each=times[pipeline_groups])
+
+    monkeypatch.setattr(allreduce, "homagg_run_available", lambda: (True, None))
+    monkeypatch.setattr(allreduce, "homagg_via_run_allreduce", fake)
+    row = allreduce.homagg_row("x", "dense", 2, 1000, "shared", 0.1, 1000.0, _args(),
+                               pipeline_groups=0)
+    assert seen == [("dense", 0)] and row["pipeline_groups"] == 0
+    assert allreduce.homagg_row("x", "lhc", 2, 1000, "shared", 0.1, 1000.0, _args(),
+                                pipeline_groups=0)["pipeline_groups"] is None
+    rows = {f"dense/groups{g}": {"method": "dense", **allreduce.homagg_row(
+        "x", "dense", 2, 1000, "shared", 0.1, 1000.0, _args(), pipeline_groups=g)}
+        for g in (0, 1)}
+    allreduce._pipeline_ratios(rows, "dense", 1024, [0, 1], False)
+    assert rows["dense/groups0"]["speedup_vs_unpipelined"] == pytest.approx(1.5)
+    assert rows["dense/groups1"]["speedup_vs_unpipelined"] == pytest.approx(1.0)

@@ -116,6 +116,9 @@ uint64_t hg_cl_turn_ns(const struct hg_client *c, const struct agg *ag)
 {
 	uint64_t d = ag->rtt.have ? ag->rtt.avg + 4 * ag->rtt.var : c->cfg.rto_ns;
 
+	/* at most the longest timeout: W - 1 turns stay bounded */
+	if (d > c->cfg.rto_max_ns)
+		d = c->cfg.rto_max_ns;
 	return d > HG_CLIENT_RTO_GRANULARITY_NS ? d : HG_CLIENT_RTO_GRANULARITY_NS;
 }
 
@@ -155,10 +158,12 @@ uint64_t hg_cl_chunk_deadline(const struct hg_client *c, const struct flight *fl
 		if (ag->t_backoff > from)
 			from = ag->t_backoff;
 	}
-	/* No result of the step yet: the slowest peer may still be computing
-	 * it.  And the workers take turns (see hg_cl_chunk_rank), so that the first
-	 * one's STATUS reply tells the others whether they are missing. */
-	if (ag->hi_done == 0 && c->start_wait > rto)
+	/* No result of the step (of the segment, or of the chunk's unit when
+	 * block groups are pipelined) yet: the slowest peer may still be
+	 * computing it.  And the workers take turns (see hg_cl_chunk_rank), so
+	 * that the first one's STATUS reply tells the others whether they are
+	 * missing. */
+	if ((ag->hi_done == 0 || c->st.u[fl->unit].ndone == 0) && c->start_wait > rto)
 		rto = c->start_wait;
 	return from + rto + hg_cl_chunk_rank(c, fl->chunk) * hg_cl_turn_ns(c, ag);
 }

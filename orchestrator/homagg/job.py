@@ -17,6 +17,7 @@ use this module; neither imports the other.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -27,6 +28,7 @@ import time
 import numpy as np
 
 from homagg import protocol
+from homagg.protocol import PIPELINE_GROUPS
 from homagg._native import lib
 from homagg.bench import workloads
 from homagg.errors import HomAggError
@@ -101,7 +103,8 @@ def open_worker(spec: dict):
                   group=spec["group"], bind=(spec["ip"], 0), timeout=spec["timeout"],
                   slots=spec["slots"], payload=spec["payload"], rto=spec["rto"],
                   mtu=spec.get("mtu"), auth_file=spec.get("auth_file"),
-                  leaf_ids=spec.get("leaf_ids"))
+                  leaf_ids=spec.get("leaf_ids"),
+                  pipeline_groups=spec.get("pipeline_groups", PIPELINE_GROUPS))
 
 
 def _numeric_delta(before: dict, after: dict) -> dict:
@@ -168,18 +171,21 @@ def check_arguments(method: str, elements: int, density: float) -> None:
 
 def worker_spec(*, job, token, worker, workers, agg_ip, group, ip, timeout, slots, payload, rto,
                 method, block, elements, density, workload, seed, out, mtu=None,
-                aggregators=None, auth_file=None, leaf_ids=None) -> dict:
+                aggregators=None, auth_file=None, leaf_ids=None,
+                pipeline_groups=PIPELINE_GROUPS) -> dict:
     """The JSON spec of one worker process (``python -m homagg.job --child SPEC``);
     ``mtu`` None: the worker asks the kernel for its path's MTU; ``aggregators``:
     the job's K aggregator addresses in shard order (default: agg_ip alone);
     ``auth_file``: the path of the job secret's file (never the secret);
-    ``leaf_ids``: (i, n) below a tree leaf (homagg.worker.Worker)."""
+    ``leaf_ids``: (i, n) below a tree leaf; ``pipeline_groups``: the job's
+    block groups (homagg.worker.Worker)."""
     return dict(job=job, token=token, worker=worker, workers=workers, agg_ip=agg_ip,
                 udp_port=UDP_PORT, group=group, ip=ip, timeout=timeout, slots=slots,
                 payload=payload, rto=rto, method=method, block=block, elements=elements,
                 density=density, workload=workload, seed=seed, out=out, mtu=mtu,
                 aggregators=[list(a) for a in (aggregators or [(agg_ip, UDP_PORT)])],
-                auth_file=auth_file, leaf_ids=list(leaf_ids) if leaf_ids else None)
+                auth_file=auth_file, leaf_ids=list(leaf_ids) if leaf_ids else None,
+                pipeline_groups=pipeline_groups)
 
 
 def tree_leaf(worker: int, workers: int, leaves: int) -> tuple[int, int, int]:
@@ -207,7 +213,8 @@ def check_payload(payload: int, mtu: int, where: str) -> None:
 def verify(method: str, elements: int, density: float, workload: str, seed: int, block: int,
            results: list[np.ndarray]) -> dict:
     """Rebuild every worker's gradient from the seed and compare the results
-    bit for bit with the reference: the exactness part of the report."""
+    bit for bit with the reference: the exactness part of the report
+    ("result_sha256": of worker 0's result bytes, to compare runs)."""
     W = len(results)
     grads = [gradient(elements, density, workload, seed, i, W) for i in range(W)]
     ref = reference(grads, block)
@@ -218,7 +225,8 @@ def verify(method: str, elements: int, density: float, workload: str, seed: int,
     fsum = np.sum(np.stack(grads).astype(np.float64), axis=0)
     err = float(np.max(np.abs(results[0].astype(np.float64) - fsum))) if elements else 0.0
     return {"exact": exact, "exact_per_worker": exact_each, "workers_agree": agree,
-            "max_abs_error_vs_float64_sum": err}
+            "max_abs_error_vs_float64_sum": err,
+            "result_sha256": hashlib.sha256(results[0].tobytes()).hexdigest() if results else None}
 
 
 def counter_deltas(before: dict, after: dict) -> tuple[dict, dict]:

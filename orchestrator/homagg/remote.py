@@ -446,7 +446,7 @@ def run_allreduce(inventory: inv.Inventory, method: str, elements: int, density:
                   workload: str = "random", seed: int = 1, block: int = localrun.DEFAULT_BLOCK,
                   slots: int = 64, payload: int = 1024, timeout: float = 10.0, rto: float = 0.005,
                   group: str = "239.77.0.1", runs_dir: str = "runs", start_timeout: float = 120.0,
-                  out=None) -> dict:
+                  out=None, pipeline_groups: int = localrun.PIPELINE_GROUPS) -> dict:
     """One allreduce on the inventory's hosts with the daemon `up` started;
     returns the report (the same fields as homagg.run.run_allreduce, plus
     "run_dir").  Worker processes are stopped before it returns."""
@@ -487,7 +487,8 @@ def run_allreduce(inventory: inv.Inventory, method: str, elements: int, density:
                 job=job, token=token, worker=i, workers=W, agg_ip=agg.h.address, group=group,
                 ip=r.h.address, timeout=timeout, slots=slots, payload=payload, rto=rto,
                 method=method, block=block, elements=elements, density=density,
-                workload=workload, seed=seed, out=p["out"], aggregators=agg_addrs, mtu=r.h.mtu)
+                workload=workload, seed=seed, out=p["out"], aggregators=agg_addrs, mtu=r.h.mtu,
+                pipeline_groups=pipeline_groups)
             spec.update(ready_file=p["ready"], go_file=p["go"], report=p["report"],
                         start_timeout=start_timeout)
             pids.append(r.start(p["pid"], p["log"],
@@ -544,7 +545,7 @@ def run_allreduce(inventory: inv.Inventory, method: str, elements: int, density:
         rep = {
             "method": method, "workers": W, "elements": elements, "density": density,
             "workload": workload, "seed": seed, "block": block, "payload_bytes": payload,
-            "mtu": min(h.mtu for h in inventory.hosts),
+            "pipeline_groups": pipeline_groups, "mtu": min(h.mtu for h in inventory.hosts),
             "pmd": agg.h.vdev or f"pci {agg.h.pci} ({agg.h.driver})", "link_mbit": None,
             "seconds": max(x["seconds"] for x in reports), "wall_seconds": wall, **check,
             "bytes_per_worker": [link1[n]["tx_bytes"] - link0[n]["tx_bytes"] for n in names],
@@ -630,7 +631,8 @@ def run_main(args) -> int:
         rep = run_allreduce(inv.load(args.inventory), args.method, args.elements, args.density,
                             workload=args.workload, seed=args.seed, block=args.block,
                             slots=args.slots, payload=args.payload_bytes, timeout=args.timeout,
-                            rto=args.rto, runs_dir=args.runs_dir)
+                            rto=args.rto, runs_dir=args.runs_dir,
+                            pipeline_groups=args.pipeline_groups)
     except HomAggError as e:
         print(f"homagg run allreduce: {e}", file=sys.stderr)
         return 1

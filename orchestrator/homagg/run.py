@@ -31,6 +31,10 @@ by homagg.bench.workloads, the generator the benchmarks' Gloo baseline uses:
 then runs on net_af_packet with frames of the MTU, since af_xdp's 4 KB umem
 frames cannot hold a jumbo frame).
 
+--pipeline-groups sets the job's block groups of dense, blocks and nc (0
+automatic, 1 not pipelined, N groups; docs/PROTOCOL.md "Pipelined block
+groups"); the report carries it, and each worker's stats the groups used.
+
 Each worker also reports the CPU time of its process over its allreduce
 (time.process_time), returned as "worker_cpu_seconds"; the daemon's CPU time
 (utime + stime of /proc/PID/stat, all its threads) from "go" until every
@@ -55,6 +59,7 @@ import numpy as np
 from homagg import auth as hg_auth
 from homagg import job_file, log
 from homagg.errors import HomAggError
+from homagg.protocol import PIPELINE_GROUPS, check_pipeline_groups
 from homagg.job import (DEFAULT_BLOCK, METHODS, UDP_PORT, WORKLOADS, RunError, check_arguments,
                         check_payload, collect_reports, counter_deltas, print_report, sum_dicts,
                         tree_leaf, vdev_for_mtu, verify, worker_spec)
@@ -272,7 +277,8 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
                   drop_rate: float = 0.0, idle_us: int = IDLE_US,
                   idle_polls: int = IDLE_POLLS, fail_aggregators: tuple = (),
                   aggregators: int | None = None, repeat: int = 1, warmup: int = 0,
-                  auth: bool = False, leaves: int | None = None) -> dict:
+                  auth: bool = False, leaves: int | None = None,
+                  pipeline_groups: int = PIPELINE_GROUPS) -> dict:
     """One allreduce on testbed ``testbed``; returns the report dict (see
     the module doc).  Every process it starts is stopped before it returns.
     ``drop_rate`` makes the daemon's port drop that fraction of the frames it
@@ -296,9 +302,12 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
     --leaves``): a two-level tree, the first L aggregator hosts leaves
     (leaf l serves workers floor(l W / L) .. floor((l + 1) W / L) - 1 and
     multicasts to ``group`` + 256 l) and host L + 1 the root, which answers
-    the leaves by unicast (aggregator ports get no multicast flood)."""
+    the leaves by unicast (aggregator ports get no multicast flood).
+    ``pipeline_groups``: the job's block groups (0 automatic, 1 not
+    pipelined; docs/PROTOCOL.md "Pipelined block groups")."""
     if repeat < 1 or warmup < 0:
         raise RunError("repeat must be >= 1 and warmup >= 0")
+    pipeline_groups = check_pipeline_groups(pipeline_groups)
     check_arguments(method, elements, density)
     if workload not in WORKLOADS:
         raise RunError(f"workload {workload!r} not in {WORKLOADS}")
@@ -373,7 +382,8 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
                                payload=payload, rto=rto, method=method, block=block,
                                elements=elements, density=density, workload=workload, seed=seed,
                                out=os.path.join(workdir, f"result-{i}.npy"),
-                               auth_file=auth_file, **place)
+                               auth_file=auth_file, pipeline_groups=pipeline_groups,
+                               **place)
             spec.update(repeat=repeat, warmup=warmup)
             p = tb.run_in(h.name, [sys.executable, "-m", "homagg.job", "--child", json.dumps(spec)],
                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -440,6 +450,7 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
             "seed": seed,
             "block": block,
             "payload_bytes": payload,
+            "pipeline_groups": pipeline_groups,
             "mtu": mtu,
             "pmd": sw.pmd,
             "auth": bool(auth),
@@ -523,6 +534,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--payload-bytes", type=int, default=1024, metavar="BYTES",
                    help="payload bytes per packet, a multiple of 4 up to 8192 (more than an MTU of 1500 "
                    "holds needs links with MTU 9000; default: %(default)s)")
+    p.add_argument("--pipeline-groups", type=int, default=PIPELINE_GROUPS, metavar="N",
+                   help="block groups of dense, blocks and nc that go through the steps "
+                   "independently: 0 automatic, 1 not pipelined, N groups (default: %(default)s)")
     p.add_argument("--timeout", type=float, default=10.0,
                    help="a worker gives up after this many seconds without progress (default: %(default)s)")
     p.add_argument("--rto", type=float, default=0.005, metavar="S",
@@ -574,7 +588,8 @@ def main(args: argparse.Namespace) -> int:
                             switch=args.switch, state_dir=args.state_dir,
                             drop_rate=args.drop_rate, aggregators=args.aggregators,
                             repeat=args.repeat, warmup=args.warmup,
-                            auth=args.auth, leaves=args.leaves)
+                            auth=args.auth, leaves=args.leaves,
+                            pipeline_groups=args.pipeline_groups)
     except (HomAggError, TestbedError) as e:
         print(f"homagg run allreduce: {e}", file=sys.stderr)
         return 1

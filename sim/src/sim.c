@@ -429,6 +429,7 @@ int hg_sim_add_job(struct hg_sim *s, const struct hg_sim_job_config *jc)
 	cc.give_up_ns = jc->give_up_ns;
 	cc.rto_min_ns = jc->rto_min_ns;
 	cc.incarnation = inc;
+	cc.pipeline_groups = jc->pipeline_groups;
 	cc.auth = jc->auth;
 	memcpy(cc.secret, jc->secret, sizeof(cc.secret));
 	hg_auth_wipe(ej.secret, sizeof(ej.secret));

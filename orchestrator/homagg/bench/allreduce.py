@@ -46,6 +46,13 @@ of 1500 holds makes the testbed's links MTU 9000 (jumbo frames).  Every
 HomAgg row also reports ``cpu_ms_per_mb``: the workers' and the daemon's
 CPU time per MB the workers put on their links (median over the runs).
 
+--pipeline-groups 0,1 runs every pipelined method (dense, blocks, nc) once
+per value of the job option pipeline_groups (0 automatic block groups, 1
+not pipelined, N groups; docs/PROTOCOL.md "Pipelined block groups"), one
+right after the other on the same testbed; rows carry ``pipeline_groups``
+and, next to a row with 1, ``speedup_vs_unpipelined`` (its median / this
+row's).  The other methods run once.
+
 Workloads (homagg.bench.workloads): shared, random, zipf, dense.  The Gloo
 ranks generate them with homagg.bench.workloads; HomAgg's workers generate
 theirs inside ``homagg run`` (homagg.job.gradient, which calls the same
@@ -70,7 +77,7 @@ import numpy as np
 
 from homagg.bench import report as rep
 from homagg.bench import workloads
-from homagg.protocol import EXACT_METHODS
+from homagg.protocol import EXACT_METHODS, PIPELINE_GROUPS, PIPELINED_METHODS
 from homagg.protocol import METHODS as HOMAGG_METHODS
 
 METHODS = ("gloo",) + HOMAGG_METHODS
@@ -106,6 +113,11 @@ def add_arguments(parser):
                         help="HomAgg job payload bytes per packet, a multiple of 4 up to 8192 "
                         "(default 1024; several: rows for each; above what MTU 1500 holds the "
                         "testbed gets MTU 9000)")
+    parser.add_argument("--pipeline-groups", type=_list(int), default=[PIPELINE_GROUPS],
+                        metavar="N[,N...]",
+                        help="block groups of the pipelined methods (dense, blocks, nc): 0 "
+                        "automatic, 1 not pipelined, N groups; several: rows for each, with "
+                        f"speedup_vs_unpipelined next to 1 (default {PIPELINE_GROUPS})")
     parser.add_argument("--repeat", type=int, default=5, help="timed runs (default 5)")
     parser.add_argument("--warmup", type=int, default=1, help="untimed runs first (default 1)")
     parser.add_argument("--seed", type=int, default=1, help="gradient seed")
@@ -286,7 +298,7 @@ def homagg_run_available():
 
 
 def homagg_via_run_allreduce(testbed_name, method, n, workload, density, args, payload=1024,
-                             auth=False):
+                             auth=False, pipeline_groups=PIPELINE_GROUPS):
     """One HomAgg allreduce on the testbed, by homagg.run.run_allreduce (the
     function behind `homagg run allreduce --testbed NAME`); returns its report."""
     from homagg import job
@@ -299,11 +311,11 @@ def homagg_via_run_allreduce(testbed_name, method, n, workload, density, args, p
     return hrun.run_allreduce(testbed_name, method, n, run_density, workload=run_workload,
                               seed=args.seed, timeout=args.timeout, state_dir=args.state_dir,
                               repeat=args.repeat, warmup=args.warmup, payload=payload,
-                              auth=auth)
+                              auth=auth, pipeline_groups=pipeline_groups)
 
 
 def homagg_row(testbed_name, method, W, n, workload, density, link_mbit, args, payload=1024,
-               auth=False):
+               auth=False, pipeline_groups=PIPELINE_GROUPS):
     """One row: --warmup untimed and --repeat timed allreduces by the same
     worker processes and daemon (homagg run's repeat/warmup), checked bit
     for bit once (every call sums the same gradients)."""
@@ -312,7 +324,8 @@ def homagg_row(testbed_name, method, W, n, workload, density, link_mbit, args, p
         return {"status": f"unavailable: {why}"}
     try:
         r = homagg_via_run_allreduce(testbed_name, method, n, workload, density, args,
-                                     payload=payload, auth=auth)
+                                     payload=payload, auth=auth,
+                                     pipeline_groups=pipeline_groups)
     except Exception as exc:  # a failed method is a result, not a crash of the whole run
         return {"status": f"failed: {type(exc).__name__}: {exc}"[:500]}
     seconds = r["seconds_each"]
@@ -333,6 +346,7 @@ def homagg_row(testbed_name, method, W, n, workload, density, link_mbit, args, p
         "workers_agree": r["workers_agree"],
         "generator": r.get("generator", "homagg.job.gradient"),
         "payload_bytes": payload,
+        "pipeline_groups": pipeline_groups if method in PIPELINED_METHODS else None,
         "cpu_ms_per_mb": _cpu_ms_per_mb(r),
         "status": "ok",
     })
@@ -383,6 +397,9 @@ def run(args):
     if bad:
         raise SystemExit(f"--payload-bytes: multiples of 4 in 4..8192, got {bad}")
     mtu = 9000 if max(payloads) > max_payload(1500) else 1500
+    pgs = list(dict.fromkeys(args.pipeline_groups)) or [PIPELINE_GROUPS]
+    if any(g < 0 for g in pgs):
+        raise SystemExit(f"--pipeline-groups: integers >= 0, got {pgs}")
     require_root("homagg bench allreduce")
     results = []
     torch_version = None
@@ -417,16 +434,21 @@ def run(args):
                             rows[m] = {"method": m, **base, **row}
                             _progress(_line(rows[m]))
                             continue
-                        for p in payloads:
+                        for p, pg in ((p, pg) for p in payloads
+                                      for pg in (pgs if m in PIPELINED_METHODS else pgs[:1])):
                             row = homagg_row(name, m, W, args.elements, wl, d, link_mbit, args,
-                                             payload=p)
-                            key = m if len(payloads) == 1 else f"{m}@{p}"
+                                             payload=p, pipeline_groups=pg)
+                            key = ((m if len(payloads) == 1 else f"{m}@{p}")
+                                   + (f"/groups{pg}" if len(pgs) > 1 and m in PIPELINED_METHODS
+                                      else ""))
                             rows[key] = {"method": m, **base, **row}
                             _progress(_line(rows[key]))
+                            if pg == pgs[-1] and len(pgs) > 1 and m in PIPELINED_METHODS:
+                                _pipeline_ratios(rows, m, p, pgs, len(payloads) > 1)
                             if args.auth:
                                 # the same allreduce with per-worker MACs, right after
                                 row = homagg_row(name, m, W, args.elements, wl, d, link_mbit,
-                                                 args, payload=p, auth=True)
+                                                 args, payload=p, auth=True, pipeline_groups=pg)
                                 plain = rows[key].get("seconds_median")
                                 authed = row.get("seconds_median")
                                 row["time_vs_unauthenticated"] = (authed / plain
@@ -452,11 +474,25 @@ def run(args):
                       torch_runtime=torch_version, kernel=platform.release(), results=results)
 
 
+def _pipeline_ratios(rows, m, p, pgs, by_payload):
+    """speedup_vs_unpipelined of the rows of method m at payload p: the
+    median of its pipeline_groups=1 row / each row's (both of this run)."""
+    def key(pg):
+        return (f"{m}@{p}" if by_payload else m) + f"/groups{pg}"
+
+    plain = rows.get(key(1), {}).get("seconds_median")
+    for pg in pgs:
+        s = rows[key(pg)].get("seconds_median")
+        rows[key(pg)]["speedup_vs_unpipelined"] = plain / s if plain and s else None
+
+
 def _line(r):
     head = (f"W={r['workers']} {r['link_mbit']:g} Mbit/s {r['method']:6s} {r['workload']:6s} "
             f"d={r['density']:<6g}")
     if r.get("payload_bytes"):
         head += f" {r['payload_bytes']} B"
+    if r.get("pipeline_groups") is not None:
+        head += f" groups {r['pipeline_groups']}"
     if r.get("status") != "ok":
         return f"{head} {r.get('status')}"
     line = (f"{head} median {r['seconds_median'] * 1e3:9.2f} ms "
@@ -476,7 +512,8 @@ MD_COLUMNS = ("workers", "link_mbit", "workload", "density", "method", "payload_
               "seconds_median", "seconds_min", "seconds_max", "speedup_vs_gloo", "algbw_gbps",
               "bytes_per_worker", "link_utilisation", "worker_cpu_seconds", "daemon_cpu_seconds",
               "timeouts_per_allreduce", "retransmissions_per_allreduce", "exact", "cpu_bound",
-              "cpu_ms_per_mb", "link_bound", "time_vs_unauthenticated")
+              "cpu_ms_per_mb", "link_bound", "time_vs_unauthenticated", "pipeline_groups",
+              "speedup_vs_unpipelined")
 
 
 def reference_rate(report):

@@ -74,6 +74,8 @@ struct hg_sim_job_config {
 				 * virtual cluster keeps it deterministic) */
 	uint8_t auth;           /* 1: the job authenticates every frame */
 	uint8_t secret[32];     /* auth: the job secret (HG_AUTH_SECRET_LEN) */
+	uint32_t pipeline_groups; /* hg_client_config.pipeline_groups of every
+				 * worker (0 = automatic, 1 = not pipelined) */
 };
 
 struct hg_sim_stats {
