@@ -169,6 +169,26 @@ def test_dead_root_is_reported_by_every_worker():
         assert eng["summed"] == 2 * eng["completed"]
 
 
+def test_leaves_stop_resending_after_the_give_up_time():
+    """A dead root: each leaf resends its forwarded sets with a doubling
+    timeout, then abandons them after up_give_up (counted), while its
+    workers still wait."""
+    W = 4
+    grads = make_grads(W, 3000, density=1.0, seed=58, zero_blocks=False)
+    with Cluster(workers=W, leaves=2, seed=4, timeout=0.06, slots=8, up_rto=1e-3,
+                 up_give_up=0.01) as cl:
+        cl.kill_aggregator(2)
+        with pytest.raises(PeerTimeout):
+            cl.allreduce(grads, method="dense", block_elements=BLOCK)
+        *leaves, _root = engines(cl)
+    for eng in leaves:
+        # every set sent up, each abandoned once
+        assert eng["up_sent"] == eng["completed"] == eng["up_abandoned"] > 0, eng
+        # timers at 1, 2, 4 ms (7 ms < 10 ms <= 15 ms): 3 timer resends
+        # per set, plus those the workers' retransmissions asked for
+        assert eng["up_retransmissions"] >= 3 * eng["up_sent"], eng
+
+
 def test_replies_to_a_leaf_only_from_its_root():
     """RESULT/STATUS frames reach a leaf from elsewhere (the fabric's
     attacker port): dropped under bad_flags, the allreduce stays exact; a

@@ -108,6 +108,18 @@ def process_cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def eal_lcores(engines: int) -> list[str]:
+    """EAL arguments for homagg-switch with ``engines`` engine lcores: one
+    lcore, or with N > 1 a dispatcher and N engines (lcore i on CPU i mod
+    the CPUs this process may use, so N + 1 lcores fit any machine)."""
+    if engines <= 1:
+        return list(EAL_BASE)
+    cpus = sorted(os.sched_getaffinity(0))
+    rest = EAL_BASE[2:]  # EAL_BASE without its "-l 0"
+    return ["--lcores", ",".join(f"{i}@{cpus[i % len(cpus)]}" for i in range(engines + 1)),
+            *rest]
+
+
 class Switch:
     """homagg-switch in one aggregator namespace of the testbed (``host``:
     "agg", "agg1", ...).  When the testbed already runs one there (started
@@ -117,7 +129,8 @@ class Switch:
 
     def __init__(self, tb: Testbed, workdir: str, pmd: str = "auto", switch: str | None = None,
                  ready_timeout: float = 30.0, drop_rate: float = 0.0,
-                 idle_us: int = IDLE_US, idle_polls: int = IDLE_POLLS, host: str = "agg"):
+                 idle_us: int = IDLE_US, idle_polls: int = IDLE_POLLS, host: str = "agg",
+                 lcores: int = 1):
         self.pid = None
         self.shared = False
         running = tb.state().get("daemons", {}).get(host)
@@ -131,6 +144,15 @@ class Switch:
             if pmd == "af_xdp":
                 raise RunError(f"--pmd af_xdp cannot receive frames of the testbed's MTU {mtu} "
                                "(4 KB umem frames): use --pmd af_packet or auto")
+            kinds = ("af_packet",)
+        if lcores > 1:
+            # measured: with a dispatcher and 2 engine lcores on af_xdp the
+            # port stops receiving after ~6800 frames (4 workers, dense
+            # 2^20; ethdev ipackets stays put, no alloc_fail, no
+            # dispatch_full); af_packet runs the same job exactly
+            if pmd == "af_xdp":
+                raise RunError("--pmd af_xdp stops receiving with several engine lcores "
+                               "(--switch-lcores > 1): use --pmd af_packet or auto")
             kinds = ("af_packet",)
         self.tb = tb
         self.workdir = workdir
@@ -150,13 +172,15 @@ class Switch:
             prefix = "hg" + secrets.token_hex(5)
             runtime = os.path.join(workdir, f"rt{tag}-{kind}")
             os.makedirs(runtime, exist_ok=True)
-            argv = [binary, *EAL_BASE, "--file-prefix", prefix, "--vdev", vdev, "--",
+            argv = [binary, *eal_lcores(lcores), "--file-prefix", prefix, "--vdev", vdev, "--",
                     "--port-ip", agg.ip, "--udp-port", str(UDP_PORT), "--control", self.control_path,
                     "--mtu", str(mtu),
                     # veth leaves UDP checksums to an offload that never runs
                     "--no-udp-csum",
                     # the testbed's cores are shared with the workers: sleep when idle
                     "--idle-us", str(int(idle_us)), "--idle-polls", str(int(idle_polls))]
+            if lcores > 1:
+                argv += ["--lcores", str(lcores)]
             if drop_rate:
                 # the kernel has no netem: the daemon's port drops this
                 # fraction of what it receives (seeded)
@@ -278,6 +302,7 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
                   idle_polls: int = IDLE_POLLS, fail_aggregators: tuple = (),
                   aggregators: int | None = None, repeat: int = 1, warmup: int = 0,
                   auth: bool = False, leaves: int | None = None,
+                  switch_lcores: int = 1,
                   pipeline_groups: int = PIPELINE_GROUPS) -> dict:
     """One allreduce on testbed ``testbed``; returns the report dict (see
     the module doc).  Every process it starts is stopped before it returns.
@@ -303,6 +328,10 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
     (leaf l serves workers floor(l W / L) .. floor((l + 1) W / L) - 1 and
     multicasts to ``group`` + 256 l) and host L + 1 the root, which answers
     the leaves by unicast (aggregator ports get no multicast flood).
+    ``switch_lcores`` N: every homagg-switch runs N engine lcores (N > 1: a
+    dispatcher spreads each job's slots over them, docs/SWITCH.md "Several
+    engines"); each aggregator's report then has "engine_summed" per
+    engine.
     ``pipeline_groups``: the job's block groups (0 automatic, 1 not
     pipelined; docs/PROTOCOL.md "Pipelined block groups")."""
     if repeat < 1 or warmup < 0:
@@ -339,7 +368,8 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
     try:
         for h in hosts[:aggregators]:
             sws.append(Switch(tb, workdir, pmd=pmd, switch=switch, drop_rate=drop_rate,
-                              idle_us=idle_us, idle_polls=idle_polls, host=h.name))
+                              idle_us=idle_us, idle_polls=idle_polls, host=h.name,
+                              lcores=switch_lcores))
         sw = sws[0]
         unknown = set(fail_aggregators) - {s.host for s in sws}
         if unknown:
@@ -432,7 +462,10 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
         for s, b, a, l0, l1, c0, c1 in zip(sws, before, after, agg_link0, agg_link1, d0, d1):
             counters, port = counter_deltas(b, a)
             role = ("root" if s is sws[leaves] else "leaf") if leaves else "aggregator"
+            summed = [x - y for x, y in zip(a.get("engine_summed", []),
+                                            b.get("engine_summed", []))] if a else None
             per_agg.append({"host": s.host, "ip": s.ip, "role": role, "counters": counters,
+                            "engine_summed": summed,
                             "port_counters": port,
                             "rx_bytes": l1["rx_bytes"] - l0["rx_bytes"],
                             "tx_bytes": l1["tx_bytes"] - l0["tx_bytes"],
@@ -475,6 +508,7 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
             "port_counters": port,
             "aggregators": per_agg,
             "leaves": leaves,
+            "switch_lcores": switch_lcores,
         }
     finally:
         for p in procs:
@@ -556,6 +590,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--leaves", type=int, default=None, metavar="L",
                    help="a two-level tree: the first L aggregators are leaves below the next, "
                    "the root (default: the testbed's `homagg testbed up --leaves`)")
+    p.add_argument("--switch-lcores", type=int, default=1, metavar="N",
+                   help="engine lcores of every homagg-switch (N > 1: a dispatcher lcore too; "
+                   "default: %(default)s)")
     p.add_argument("--switch", default=None, metavar="PATH",
                    help="homagg-switch binary (default: build/release/homagg-switch or $HOMAGG_SWITCH)")
     p.add_argument("--state-dir", default=None, metavar="DIR", help="testbed state directory")
@@ -589,6 +626,7 @@ def main(args: argparse.Namespace) -> int:
                             drop_rate=args.drop_rate, aggregators=args.aggregators,
                             repeat=args.repeat, warmup=args.warmup,
                             auth=args.auth, leaves=args.leaves,
+                            switch_lcores=args.switch_lcores,
                             pipeline_groups=args.pipeline_groups)
     except (HomAggError, TestbedError) as e:
         print(f"homagg run allreduce: {e}", file=sys.stderr)
