@@ -135,7 +135,7 @@ class Switch:
         self.shared = False
         running = tb.state().get("daemons", {}).get(host)
         if running:
-            self._attach(tb, host, running, pmd, drop_rate)
+            self._attach(tb, host, running, pmd, drop_rate, lcores)
             return
         mtu = int(tb.state().get("mtu") or 1500)
         kinds = ("af_xdp", "af_packet") if pmd == "auto" else (pmd,)
@@ -199,14 +199,15 @@ class Switch:
             tried.append(f"{vdev}: " + pathlib.Path(logpath).read_text(errors="replace")[-800:])
         raise RunError(f"homagg-switch did not start on {host}:\n" + "\n".join(tried))
 
-    def _attach(self, tb: Testbed, host: str, rec: dict, pmd: str, drop_rate: float) -> None:
+    def _attach(self, tb: Testbed, host: str, rec: dict, pmd: str, drop_rate: float,
+                lcores: int) -> None:
         """Use the daemon ``homagg testbed up`` started on ``host`` (``rec``:
         its record in the state file)."""
         where = f"testbed {tb.name} runs homagg-switch on {host} (pid {rec['pid']}, " \
                 "started by `homagg testbed up`)"
-        if drop_rate:
-            raise RunError(f"{where}: a drop rate needs a daemon of its own; build the "
-                           "testbed with `homagg testbed up --no-daemon`")
+        if drop_rate or lcores > 1:
+            raise RunError(f"{where}: a drop rate or several engine lcores need a daemon of "
+                           "its own; build the testbed with `homagg testbed up --no-daemon`")
         if pmd not in ("auto", rec["pmd"]):
             raise RunError(f"{where} on {rec['pmd']}, not {pmd}: use --pmd auto or build the "
                            "testbed with `homagg testbed up --no-daemon`")
