@@ -99,21 +99,28 @@ struct bench {
  * the engine's cost, so such a poll counts poll_cap cycles.  The clock read
  * costs ~20 ns per poll of up to 32 frames.
  */
+static inline void add_busy(const struct bench *b, uint64_t t0,
+			    uint64_t *busy, uint64_t *preempted)
+{
+	uint64_t d = rte_rdtsc() - t0;
+
+	if (d > b->poll_cap) {
+		d = b->poll_cap;
+		(*preempted)++;
+	}
+	*busy += d;
+}
+
 static inline void timed_poll(struct bench *b)
 {
-	uint64_t t = rte_rdtsc(), d;
+	uint64_t t = rte_rdtsc();
 
 	b->polls++;
 	if (hg_engine_poll(b->eng) == 0) {
 		b->empty_polls++;
 		return;
 	}
-	d = rte_rdtsc() - t;
-	if (d > b->poll_cap) {
-		d = b->poll_cap;
-		b->preempted++;
-	}
-	b->busy_tsc += d;
+	add_busy(b, t, &b->busy_tsc, &b->preempted);
 }
 
 /*
@@ -124,7 +131,7 @@ static inline void timed_poll(struct bench *b)
 static inline void timed_pull(struct bench *b)
 {
 	struct hg_pkt *pk[HG_ENGINE_MAX_BURST];
-	uint64_t t = rte_rdtsc(), d, sum = 0;
+	uint64_t t = rte_rdtsc(), sum = 0;
 	uint16_t n = hg_port_rx(&b->port, pk, b->burst), i;
 
 	if (!n)
@@ -139,12 +146,7 @@ static inline void timed_pull(struct bench *b)
 	hg_port_free(&b->port, pk, n);
 	b->pull_sink += sum;
 	b->pulled += n;
-	d = rte_rdtsc() - t;
-	if (d > b->poll_cap) {
-		d = b->poll_cap;
-		b->pull_preempted++;
-	}
-	b->pull_tsc += d;
+	add_busy(b, t, &b->pull_tsc, &b->pull_preempted);
 }
 
 static inline void serve(struct bench *b)
