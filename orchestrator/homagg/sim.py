@@ -136,7 +136,7 @@ class Cluster:
     (``aggregators`` is then L + 1: leaves 0..L-1, the root L; each job
     needs at least L workers; trees do not authenticate); up_rto: the
     leaves' upward retransmission timeout (s; None: the engine's 1 ms).
-    pipeline_groups: block groups of dense, blocks and nc (docs/PROTOCOL.md
+    pipeline_groups: block groups of every method but auto (docs/PROTOCOL.md
     "Pipelined block groups"): 0 automatic, 1 not pipelined, N groups.
     """
 
