@@ -62,10 +62,8 @@ def spec_groups(n, option, slots, aggregators=1, method="dense"):
     nb = -(-n // BLOCK)
     if option == 1 or nb <= 1:
         return 1, max(nb, 1)
-    if option == 0 and method in ("lhc", "union"):
-        gb = -(-nb // 8)
-    elif option == 0:
-        gb = -(-4 * aggregators * slots * (PAYLOAD // 4) // BLOCK)
+    if option == 0:
+        gb = max(-(-nb // 8), -(-4 * aggregators * slots * (PAYLOAD // 4) // BLOCK))
     else:
         gb = -(-nb // option)
     gb = min(max(gb, 1), nb)

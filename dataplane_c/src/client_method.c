@@ -570,16 +570,16 @@ static void groups_plan(struct hg_client *c)
 
 	if (!(c->mi->flags & HG_MF_GROUPS) || opt == 1 || nb <= 1) {
 		gb = nb;
-	} else if (opt == 0 && !(c->mi->steps[c->mi->nsteps - 1] &
-				 (HG_PHB(VALUES) | HG_PHB(CODES)))) {
-		/* lhc, union: their sizes depend on the density, known only
-		 * after the first step: HG_CLIENT_AUTO_GROUPS groups */
-		gb = (nb + HG_CLIENT_AUTO_GROUPS - 1) / HG_CLIENT_AUTO_GROUPS;
 	} else if (opt == 0) {
-		/* about four windows of value chunks per group */
+		/* HG_CLIENT_AUTO_GROUPS groups, each at least four windows of
+		 * dense value chunks (so a group's exponents come back while
+		 * the previous group's values are sent) */
 		uint64_t lanes = 4ull * c->naggs * c->cfg.slots * (c->cfg.payload_bytes / 4);
+		size_t least = (size_t)((lanes + c->p.block - 1) / c->p.block);
 
-		gb = (size_t)((lanes + c->p.block - 1) / c->p.block);
+		gb = (nb + HG_CLIENT_AUTO_GROUPS - 1) / HG_CLIENT_AUTO_GROUPS;
+		if (gb < least)
+			gb = least;
 	} else {
 		gb = (nb + opt - 1) / opt;
 	}

@@ -125,9 +125,9 @@ struct hg_client_config {
 				    * includes the slowest peer's computing (0 = 4 rto_ns) */
 	uint32_t pipeline_groups;  /* block groups of every method but auto, the same on
 				    * every worker (docs/PROTOCOL.md "Pipelined block
-				    * groups"): 0 = automatic (about four windows of
-				    * values per group; lhc, union: 8 groups),
-				    * 1 = no pipelining, N = N groups */
+				    * groups"): 0 = automatic (8 groups, each at least
+				    * four windows of dense values), 1 = no pipelining,
+				    * N = N groups */
 	uint8_t auth;              /* 1: the job authenticates every frame */
 	uint8_t secret[32];         /* auth: the job secret (HG_AUTH_SECRET_LEN); the client
 				    * keeps only its key and the aggregator's */
