@@ -357,6 +357,40 @@ def test_homagg_row_payload_and_cpu_per_mb(monkeypatch):
     assert row["daemon_cpu_seconds"] == pytest.approx(0.2)
 
 
+def run_testbed_bench(tmp_path, capsys, name, *argv):
+    """`homagg bench NAME ARGV --json --out DIR`: exit 0, the printed report
+    is the one written to DIR (NAME.json, .csv, .md); returns it."""
+    out = tmp_path / name
+    rc = cli.main(["bench", name, *argv, "--json", "--out", str(out)])
+    assert rc == 0
+    report = json.loads(capsys.readouterr().out)
+    assert json.loads((out / f"{name}.json").read_text())["results"] == report["results"]
+    assert (out / f"{name}.md").exists() and (out / f"{name}.csv").exists()
+    return report
+
+
+@pytest.mark.root
+@pytest.mark.netns
+@pytest.mark.dpdk
+@pytest.mark.timeout(300)
+def test_bench_lcores_outputs(tmp_path, capsys):
+    """`homagg bench lcores`: one job on a daemon with 1 and 2 engine
+    lcores, exact both ways, the 2-lcore runs spread over both engines
+    (each sums half the contributions: consecutive slots alternate);
+    timing is reported, not judged."""
+    require(os.geteuid() == 0, "needs root (network namespaces)")
+    report = run_testbed_bench(tmp_path, capsys, "lcores", "--workers", "2", "--elements",
+                               "60000", "--repeat", "1", "--calls", "1")
+    one, two = report["results"]
+    assert (one["lcores"], two["lcores"]) == (1, 2)
+    assert one["exact"] is True and two["exact"] is True
+    assert len(one["engine_summed"]) == 1 and len(two["engine_summed"]) == 2
+    # the summed contributions are the same work, split evenly by slot
+    assert sum(two["engine_summed"]) == sum(one["engine_summed"]) > 0
+    assert abs(two["engine_summed"][0] - two["engine_summed"][1]) <= 0.1 * sum(two["engine_summed"])
+    assert report["summary"]["1"]["speedup_vs_1"] == 1.0
+
+
 def test_pipeline_groups_rows_and_speedup_vs_unpipelined(monkeypatch):
     """--pipeline-groups 0,1: the pipelined methods run once per value, the
     value reaches homagg run, and every row of the method gets the

@@ -102,11 +102,14 @@ void hg_cl_spurious_timeout(struct hg_client *c, struct agg *ag, struct flight *
 	ag->rto = ag->rto_est;
 }
 
-/* This worker's turn among the W for chunk number chunk (0 first), rotating. */
+/* This worker's turn among the W at its aggregator for chunk number chunk
+ * (0 first), rotating: the workers whose retransmissions that aggregator's
+ * STATUS answers (below a tree leaf, the leaf's, not the job's W). */
 uint32_t hg_cl_chunk_rank(const struct hg_client *c, uint64_t chunk)
 {
-	return (uint32_t)((c->cfg.worker + c->cfg.workers - chunk % c->cfg.workers) %
-			  c->cfg.workers);
+	uint32_t n = c->cfg.agg_workers;
+
+	return (uint32_t)((c->cfg.agg_worker + n - chunk % n) % n);
 }
 
 /* How far apart the workers' turns are: SRTT + 4 RTTVAR, by when the

@@ -135,7 +135,9 @@ class Cluster:
     leaves: L > 0 runs every job over a tree of L leaves and a root
     (``aggregators`` is then L + 1: leaves 0..L-1, the root L; each job
     needs at least L workers; trees do not authenticate); up_rto: the
-    leaves' upward retransmission timeout (s; None: the engine's 1 ms).
+    leaves' upward retransmission timeout (s; None: the engine's 1 ms);
+    up_give_up: when a leaf stops resending a partial sum (s; None: the
+    engine's 10 s).
     pipeline_groups: block groups of every method but auto (docs/PROTOCOL.md
     "Pipelined block groups"): 0 automatic, 1 not pipelined, N groups.
     """
@@ -144,7 +146,7 @@ class Cluster:
                  slots=64, link_gbps=100.0, timeout=2.0, rto=200e-6, rto_max=50e-3,
                  delay=1e-6, payload=1024, multicast=True, max_time=600.0,
                  agg_link_gbps=None, rto_min=None, aggregators=1, mtu=None,
-                 auth=False, leaves=0, up_rto=None,
+                 auth=False, leaves=0, up_rto=None, up_give_up=None,
                  pipeline_groups=PIPELINE_GROUPS):
         leaves = int(leaves or 0)
         if leaves:
@@ -183,7 +185,8 @@ class Cluster:
                                       workers, slots, leaves + 1 if leaves else aggregators,
                                       payload, mtu),
                                   mtu=int(mtu or 0), leaves=leaves,
-                                  up_rto_ns=int((up_rto or 0) * 1e9))
+                                  up_rto_ns=int((up_rto or 0) * 1e9),
+                                  up_give_up_ns=int((up_give_up or 0) * 1e9))
         self.leaves = leaves
         self.aggregators = leaves + 1 if leaves else int(aggregators)
         self._timeout = timeout

@@ -60,6 +60,7 @@ struct hg_sim_config {
 				 * (aggregators must be 0 or 1; every job needs
 				 * W >= L); 0: flat */
 	uint64_t up_rto_ns;     /* the leaves' upward timeout (0 = the engine's) */
+	uint64_t up_give_up_ns; /* the leaves' upward give-up time (0 = the engine's) */
 };
 
 struct hg_sim_job_config {
