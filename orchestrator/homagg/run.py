@@ -57,7 +57,7 @@ import time
 import numpy as np
 
 from homagg import auth as hg_auth
-from homagg import log
+from homagg import job_file, log
 from homagg.errors import HomAggError
 from homagg.protocol import PIPELINE_GROUPS, check_pipeline_groups
 from homagg.job import (DEFAULT_BLOCK, METHODS, UDP_PORT, WORKLOADS, RunError, check_arguments,
@@ -122,12 +122,21 @@ def eal_lcores(engines: int) -> list[str]:
 
 class Switch:
     """homagg-switch in one aggregator namespace of the testbed (``host``:
-    "agg", "agg1", ...)."""
+    "agg", "agg1", ...).  When the testbed already runs one there (started
+    by ``homagg testbed up``, recorded in its state file under "daemons"),
+    that one is used: ``stop`` leaves it running (``homagg testbed down``
+    stops it) and the options that need a daemon of one's own are refused."""
 
     def __init__(self, tb: Testbed, workdir: str, pmd: str = "auto", switch: str | None = None,
                  ready_timeout: float = 30.0, drop_rate: float = 0.0,
                  idle_us: int = IDLE_US, idle_polls: int = IDLE_POLLS, host: str = "agg",
                  lcores: int = 1):
+        self.pid = None
+        self.shared = False
+        running = tb.state().get("daemons", {}).get(host)
+        if running:
+            self._attach(tb, host, running, pmd, drop_rate, lcores)
+            return
         mtu = int(tb.state().get("mtu") or 1500)
         kinds = ("af_xdp", "af_packet") if pmd == "auto" else (pmd,)
         if mtu > 1500:
@@ -149,7 +158,7 @@ class Switch:
         self.workdir = workdir
         self.host = host
         tag = "" if host == "agg" else f"-{host}"
-        self.control = os.path.join(workdir, f"control{tag}.sock")
+        self.control_path = os.path.join(workdir, f"control{tag}.sock")
         self.proc = None
         self.pmd = None
         self.log = ""
@@ -164,7 +173,7 @@ class Switch:
             runtime = os.path.join(workdir, f"rt{tag}-{kind}")
             os.makedirs(runtime, exist_ok=True)
             argv = [binary, *eal_lcores(lcores), "--file-prefix", prefix, "--vdev", vdev, "--",
-                    "--port-ip", agg.ip, "--udp-port", str(UDP_PORT), "--control", self.control,
+                    "--port-ip", agg.ip, "--udp-port", str(UDP_PORT), "--control", self.control_path,
                     "--mtu", str(mtu),
                     # veth leaves UDP checksums to an offload that never runs
                     "--no-udp-csum",
@@ -181,14 +190,44 @@ class Switch:
                 proc = tb.run_in(host, argv, stdout=logf, stderr=subprocess.STDOUT, env=env,
                                  cwd=workdir)
             if self._wait_ready(proc, ready_timeout):
-                self.proc, self.pmd = proc, kind
+                self.proc, self.pmd, self.pid = proc, kind, proc.pid
                 self.logpath = logpath
                 return
             proc.stop()
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.control)
+                os.unlink(self.control_path)
             tried.append(f"{vdev}: " + pathlib.Path(logpath).read_text(errors="replace")[-800:])
         raise RunError(f"homagg-switch did not start on {host}:\n" + "\n".join(tried))
+
+    def _attach(self, tb: Testbed, host: str, rec: dict, pmd: str, drop_rate: float,
+                lcores: int) -> None:
+        """Use the daemon ``homagg testbed up`` started on ``host`` (``rec``:
+        its record in the state file)."""
+        where = f"testbed {tb.name} runs homagg-switch on {host} (pid {rec['pid']}, " \
+                "started by `homagg testbed up`)"
+        if drop_rate or lcores > 1:
+            raise RunError(f"{where}: a drop rate or several engine lcores need a daemon of "
+                           "its own; build the testbed with `homagg testbed up --no-daemon`")
+        if pmd not in ("auto", rec["pmd"]):
+            raise RunError(f"{where} on {rec['pmd']}, not {pmd}: use --pmd auto or build the "
+                           "testbed with `homagg testbed up --no-daemon`")
+        if process_cpu_seconds(rec["pid"]) is None:
+            raise RunError(f"{where}, but it has exited (its log: {rec['log']}): "
+                           f"`homagg testbed down --name {tb.name}` and up again")
+        self.tb, self.host, self.workdir = tb, host, os.path.dirname(rec["control"])
+        self.control_path, self.pmd, self.pid = rec["control"], rec["pmd"], rec["pid"]
+        self.ip, self.logpath, self.log = rec["ip"], rec["log"], ""
+        self.proc, self.shared = None, True
+
+    def record(self) -> dict:
+        """What ``homagg testbed up`` keeps of a daemon it leaves running."""
+        return {"pid": self.pid, "control": self.control_path, "pmd": self.pmd,
+                "ip": self.ip, "log": self.logpath}
+
+    @property
+    def running(self) -> bool:
+        """False once ``stop`` stopped a daemon of one's own."""
+        return self.proc is not None or self.shared
 
     def _wait_ready(self, proc, timeout) -> bool:
         from homagg.control import ControlClient
@@ -197,9 +236,9 @@ class Switch:
         while time.monotonic() < deadline:
             if proc.poll() is not None:
                 return False
-            if os.path.exists(self.control):
+            if os.path.exists(self.control_path):
                 try:
-                    with ControlClient(self.control, timeout=1.0) as c:
+                    with ControlClient(self.control_path, timeout=1.0) as c:
                         c.stats()
                     return True
                 except HomAggError:
@@ -209,14 +248,23 @@ class Switch:
 
     def cpu_seconds(self) -> float | None:
         """The daemon's CPU time so far (utime + stime, every thread), or None."""
-        return process_cpu_seconds(self.proc.pid) if self.proc is not None else None
+        return process_cpu_seconds(self.pid) if self.running else None
 
     def client(self):
         from homagg.control import ControlClient
 
-        return ControlClient(self.control, timeout=5.0)
+        return ControlClient(self.control_path, timeout=5.0)
+
+    def control(self, request: dict) -> dict:
+        """One control request ({"cmd": ..., fields}) and its reply, raising
+        on an error reply (as homagg.remote.Host.control)."""
+        fields = dict(request)
+        cmd = fields.pop("cmd")
+        with self.client() as c:
+            return c.request(cmd, **fields)
 
     def stop(self) -> None:
+        """Stop the daemon this object started (not a shared one)."""
         if self.proc is None:
             return
         with contextlib.suppress(HomAggError, OSError):
@@ -317,22 +365,31 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
         aggregators = leaves + 1
     workdir = tempfile.mkdtemp(prefix=f"homagg-run-{testbed}-")
     procs = []
-    sws = []
+    sws, registered = [], []
     try:
         for h in hosts[:aggregators]:
             sws.append(Switch(tb, workdir, pmd=pmd, switch=switch, drop_rate=drop_rate,
                               idle_us=idle_us, idle_polls=idle_polls, host=h.name,
                               lcores=switch_lcores))
         sw = sws[0]
-        before = []
+        unknown = set(fail_aggregators) - {s.host for s in sws}
+        if unknown:
+            raise RunError(f"fail_aggregators: no aggregator host {sorted(unknown)} "
+                           f"(the testbed has {[s.host for s in sws]})")
+        if any(s.shared for s in sws if s.host in fail_aggregators):
+            raise RunError(f"fail_aggregators: testbed {testbed} runs its own daemons "
+                           "(`homagg testbed up`); stopping one needs `--no-daemon`")
         auth_file = os.path.join(workdir, "job.secret") if auth else None
         secret = hg_auth.create_secret_file(auth_file) if auth else None
-        for k, s in enumerate(sws):
+        agg_addrs = [(s.ip, UDP_PORT) for s in sws]
+        if not leaves:  # aggregator k of the job: its shard k
+            job_file.register([s.control for s in sws], agg_addrs, workers=W, slots=slots,
+                              payload=payload, group=group, timeout=timeout, job=job,
+                              token=token, auth=secret)
+        registered = sws
+        for k, s in enumerate(sws if leaves else ()):
             with s.client() as c:
-                if not leaves:  # aggregator k of the job: its shard k
-                    c.add_job(job=job, token=token, workers=W, slots=slots, payload=payload,
-                              group=group, shard=k, auth=secret)
-                elif k == leaves:  # the root: the L leaves are its workers
+                if k == leaves:  # the root: the L leaves are its workers
                     c.add_job(job=job, token=token, workers=leaves, slots=slots,
                               payload=payload)
                 else:
@@ -342,13 +399,8 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
                               parent={"ip": root.ip, "mac": root.mac, "worker": k,
                                       # the workers' timeout: the root is as far
                                       "rto_us": max(1, int(rto * 1e6))})
-                before.append(c.stats())
         del secret
-        agg_addrs = [(s.ip, UDP_PORT) for s in sws]
-        unknown = set(fail_aggregators) - {s.host for s in sws}
-        if unknown:
-            raise RunError(f"fail_aggregators: no aggregator host {sorted(unknown)} "
-                           f"(the testbed has {[s.host for s in sws]})")
+        before = [s.control({"cmd": "stats"}) for s in sws]
         env = child_env()
         for i, h in enumerate(workers):
             place = dict(group=group, aggregators=agg_addrs)
@@ -395,15 +447,8 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
         d1 = [s.cpu_seconds() for s in sws]
         link1 = [tb.link_stats(h.name) for h in workers]
         agg_link1 = [tb.link_stats(s.host) for s in sws]
-        after = []
-        for s in sws:
-            if s.proc is None:  # stopped by fail_aggregators
-                after.append(None)
-                continue
-            with s.client() as c:
-                after.append(c.stats())
-                with contextlib.suppress(HomAggError):
-                    c.remove_job(job)
+        after = [s.control({"cmd": "stats"}) if s.running else None  # None: stopped
+                 for s in sws]
         if not failures and None in after:
             failures.append("every worker finished although an aggregator was stopped")
         if failures:
@@ -469,6 +514,8 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
     finally:
         for p in procs:
             p.stop()
+        job_file.unregister([s.control for s in registered if s.running], job,
+                            warn=lambda k, e: None)  # gone with a stopped daemon
         for s in sws:
             s.stop()
         shutil.rmtree(workdir, ignore_errors=True)
