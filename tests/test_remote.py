@@ -167,8 +167,9 @@ def test_missing_pci_device_and_unprovisioned_host(rack, tmp_path):
 @pytest.mark.timeout(400)
 def test_train_on_inventory_hosts(rack, tmp_path):
     """`homagg train -i` after `homagg up -i`: one DDP rank per worker host
-    over SSH, gradients through the hook and the daemon `up` started; the
-    fetched parameters are bit-identical across ranks and to the replay."""
+    over SSH, configured from the job files `up` wrote, gradients through
+    the hook and the daemon `up` started; the fetched parameters are
+    bit-identical across ranks and to the replay."""
     path, i = make_testbed(rack, tmp_path)
     up = cli("up", "-i", path, "--no-udp-csum")
     assert up.returncode == 0, up.stdout + up.stderr
@@ -178,6 +179,9 @@ def test_train_on_inventory_hosts(rack, tmp_path):
         assert r.returncode == 0, r.stdout + r.stderr
         rep = json.loads(r.stdout)
         assert rep["ranks"] == 2 and rep["worker_hosts"] == ["w0", "w1"]
+        # a rank per worker host: the ranks were configured from up's job files
+        up_file = os.path.join(i.host("w0").install_dir, "run", "job.json")
+        assert rep["job_file"] == up_file and rep["job"] == json.load(open(up_file))["job"]
         assert rep["params_identical_across_ranks"] is True
         assert rep["replay_bit_identical"] is True and rep["replay"]["steps"] == 3
         assert rep["buckets"] and rep["buckets"][0]["methods"] == {"lhc": 2}
