@@ -409,7 +409,7 @@ def test_pipeline_groups_rows_and_speedup_vs_unpipelined(monkeypatch):
     row = allreduce.homagg_row("x", "dense", 2, 1000, "shared", 0.1, 1000.0, _args(),
                                pipeline_groups=0)
     assert seen == [("dense", 0)] and row["pipeline_groups"] == 0
-    assert allreduce.homagg_row("x", "lhc", 2, 1000, "shared", 0.1, 1000.0, _args(),
+    assert allreduce.homagg_row("x", "auto", 2, 1000, "shared", 0.1, 1000.0, _args(),
                                 pipeline_groups=0)["pipeline_groups"] is None
     rows = {f"dense/groups{g}": {"method": "dense", **allreduce.homagg_row(
         "x", "dense", 2, 1000, "shared", 0.1, 1000.0, _args(), pipeline_groups=g)}

@@ -1,7 +1,8 @@
 """Pipelined block groups (docs/PROTOCOL.md Part 3, "Pipelined block groups").
 
-dense, blocks and nc cut the tensor into G block groups that go through
-the method's steps independently, numbered by a fixed wavefront schedule.
+dense, blocks, nc, lhc and union cut the tensor into G block groups that go
+through the method's steps independently, numbered by a fixed wavefront
+schedule (auto is not pipelined).
 Through the NIC-model cluster (the real engine and clients), under seeded
 loss, duplication and reordering, a pipelined allreduce must give the bits
 of the unpipelined one (pipeline_groups=1) and of the numpy oracle
@@ -40,6 +41,10 @@ def grads_for(workers, n, seed, zero_groups=False):
     return out
 
 
+PIPELINED = ("dense", "blocks", "lhc", "nc", "union")
+VALUE_METHODS = ("dense", "blocks", "nc")  # their chunk counts follow from the data alone
+
+
 def oracle(method, grads, seed):
     if method == "nc":
         return reference.allreduce_nc(grads, BLOCK, seed)
@@ -52,13 +57,13 @@ def options(method, seed):
     return {"block_elements": BLOCK, "seed": seed, "stochastic": method == "dense"}
 
 
-def spec_groups(n, option, slots, aggregators=1):
+def spec_groups(n, option, slots, aggregators=1, method="dense"):
     """G and blocks per group, from the spec's formulas."""
     nb = -(-n // BLOCK)
     if option == 1 or nb <= 1:
         return 1, max(nb, 1)
     if option == 0:
-        gb = -(-4 * aggregators * slots * (PAYLOAD // 4) // BLOCK)
+        gb = max(-(-nb // 8), -(-4 * aggregators * slots * (PAYLOAD // 4) // BLOCK))
     else:
         gb = -(-nb // option)
     gb = min(max(gb, 1), nb)
@@ -106,7 +111,7 @@ def assert_bits(got, want):
 
 
 def test_pipelined_methods_are_the_block_wise_ones():
-    assert protocol.PIPELINED_METHODS == ("dense", "blocks", "nc")
+    assert protocol.PIPELINED_METHODS == PIPELINED
 
 
 CASES = [  # workers, n, slots, pipeline_groups, aggregators
@@ -120,7 +125,7 @@ CASES = [  # workers, n, slots, pipeline_groups, aggregators
 ]
 
 
-@pytest.mark.parametrize("method", ["dense", "blocks", "nc"])
+@pytest.mark.parametrize("method", PIPELINED)
 @pytest.mark.parametrize("workers,n,slots,option,aggregators", CASES)
 def test_pipelined_equals_unpipelined_and_oracle_under_faults(method, workers, n, slots, option,
                                                               aggregators):
@@ -130,12 +135,19 @@ def test_pipelined_equals_unpipelined_and_oracle_under_faults(method, workers, n
     plain = run(grads, method, 1, slots, seed, aggregators=aggregators)
     piped = run(grads, method, option, slots, seed, aggregators=aggregators)
     assert plain.stats["workers"][0]["groups"] == 1
-    G, chunks = spec_chunks(method, grads, option, slots, aggregators)
     for res in (plain, piped):
         assert_bits(res.sum, want)
         for out in res.outputs:
             assert_bits(out, res.sum)
         assert res.stats["fabric"]["dropped_loss"] > 0 or n < 1000
+    if method in VALUE_METHODS:
+        G, chunks = spec_chunks(method, grads, option, slots, aggregators)
+    else:  # lhc, union: the sizes of their index and sketch come from the data
+        G = spec_groups(n, option, slots, aggregators, method)[0]
+        chunks = piped.stats["workers"][0]["chunks"]
+        if method == "lhc":
+            assert piped.stats["workers"][0]["stalled_blocks"] == \
+                plain.stats["workers"][0]["stalled_blocks"]
     for w in piped.stats["workers"]:
         assert w["groups"] == G
         assert w["chunks"] == chunks
@@ -146,14 +158,21 @@ def test_pipelined_equals_unpipelined_and_oracle_under_faults(method, workers, n
     assert eng["summed"] == workers * chunks
 
 
-@pytest.mark.parametrize("method", ["dense", "blocks", "nc"])
+@pytest.mark.parametrize("method", PIPELINED)
 def test_all_zero_tensors_and_zero_groups(method):
     n = 30_000
     zeros = [np.zeros(n, np.float32)] * 3
     res = run(zeros, method, 0, 4, 5)
     assert_bits(res.sum, np.zeros(n, np.float32))
-    G, chunks = spec_chunks(method, zeros, 0, 4)
+    if method in VALUE_METHODS:
+        G, chunks = spec_chunks(method, zeros, 0, 4)
+    else:  # only the exponents and the counts travel (no block has a candidate)
+        G, gb = spec_groups(n, 0, 4, method=method)
+        nb = -(-n // BLOCK)
+        sizes = [min(nb, (g + 1) * gb) - g * gb for g in range(G)]
+        chunks = sum(-(-k // PAYLOAD) + -(-k // (PAYLOAD // 4)) for k in sizes)
     assert G > 1
+    assert res.stats["workers"][0]["groups"] == G
     assert res.stats["workers"][0]["chunks"] == chunks
     if method == "blocks":  # nothing but the exponents travels
         assert res.stats["workers"][0]["bytes_sent"]["values"] == 0
@@ -173,7 +192,8 @@ def test_successive_allreduces_mix_pipelined_and_other_methods():
             assert len({w["next_seq"] for w in st}) == 1
             assert st[0]["next_seq"] > seq
             seq = st[0]["next_seq"]
-            want_groups = spec_groups(25_000, 0, 8)[0] if method in ("dense", "blocks", "nc") else 1
+            want_groups = (spec_groups(25_000, 0, 8, method=method)[0]
+                           if method in PIPELINED else 1)
             assert {w["groups"] for w in st} == {want_groups}
 
 

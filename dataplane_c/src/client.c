@@ -156,9 +156,15 @@ err_free:
 	return NULL;
 }
 
+/* Every group's lhc (with G = 1 the one of the whole tensor). */
 void hg_cl_release_lhc(struct hg_client *c)
 {
-	hg_lhc_destroy(c->lhc);
+	struct hg_lhc **l = (struct hg_lhc **)c->glhc.p;
+
+	for (uint32_t g = 0; l && g < c->groups; g++) {
+		hg_lhc_destroy(l[g]);
+		l[g] = NULL;
+	}
 	c->lhc = NULL;
 }
 
@@ -172,6 +178,7 @@ void hg_client_destroy(struct hg_client *c)
 	buf_free(&c->gcounts);
 	buf_free(&c->done);
 	buf_free(&c->glast);
+	buf_free(&c->glhc);
 	hg_cl_release_segment(c);
 	for (int ph = 0; ph < HG_PH__COUNT; ph++) {
 		buf_free(&c->tx[ph]);

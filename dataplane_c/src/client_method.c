@@ -76,11 +76,20 @@ static int grow(void **p, uint32_t *cap, size_t elem, size_t need)
 	return 0;
 }
 
-/* The done bytes of chunks 0 .. n - 1 of the segment, grown by doubling. */
+/*
+ * At least n bytes in b, grown by doubling (a buffer that grows unit by
+ * unit); never NULL, even for n = 0 (the codec may be handed it).
+ */
+static int buf_grow(struct buf *b, size_t n)
+{
+	return n <= b->cap && b->p ? 0 :
+	       hg_cl_buf_need(b, n < 2 * b->cap ? 2 * b->cap : n);
+}
+
+/* The done bytes of chunks 0 .. n - 1 of the segment. */
 static int done_need(struct hg_client *c, size_t n)
 {
-	return n <= c->done.cap ? 0 :
-	       hg_cl_buf_need(&c->done, n < 2 * c->done.cap ? 2 * c->done.cap : n);
+	return buf_grow(&c->done, n);
 }
 
 /*
@@ -203,13 +212,30 @@ static int counts_plan(struct hg_client *c, size_t *lanes, int *exp)
 
 	(void)exp;
 	if (!counts_compact(c)) {
-		*lanes = c->nblocks;
+		*lanes = c->gnb;
 		return 0;
 	}
 	for (size_t b = 0; b < c->nblocks; b++)
 		k += gcodes(c)[b] != HG_EXP_ZERO;
 	*lanes = k;
 	return 0;
+}
+
+/* The current group's lhc is done with (after its last decode). */
+static void group_lhc_release(struct hg_client *c)
+{
+	hg_lhc_destroy(c->lhc);
+	c->lhc = NULL;
+	((struct hg_lhc **)c->glhc.p)[c->cur_group] = NULL;
+}
+
+/* The scan of the current group's blocks (the whole scan when G = 1). */
+static const struct hg_scan *group_scan(const struct hg_client *c, struct hg_scan *v)
+{
+	if (c->groups == 1)
+		return c->scan;
+	hg_scan_view(c->scan, c->gb0, c->gnb, c->gn, v);
+	return v;
 }
 
 static struct hg_lhc_info lhc_info(const struct hg_client *c)
@@ -255,7 +281,7 @@ static int counts_encode(struct hg_client *c, uint8_t *tx)
 	size_t k = 0;
 
 	if (!counts_compact(c)) {
-		memcpy(tx, c->lcounts.p, 4 * c->nblocks);
+		memcpy(tx, c->lcounts.p + 4 * c->gb0, 4 * c->gnb);
 		return 0;
 	}
 	for (size_t b = 0; b < c->nblocks; b++)
@@ -271,7 +297,7 @@ static int counts_decode(struct hg_client *c, const uint8_t *rx)
 	if (hg_cl_buf_need(&c->gcounts, 4 * c->nblocks))
 		return -ENOMEM;
 	if (!counts_compact(c)) {
-		memcpy(c->gcounts.p, rx, 4 * c->nblocks);
+		memcpy(c->gcounts.p + 4 * c->gb0, rx, 4 * c->gnb);
 		return 0;
 	}
 	for (size_t b = 0; b < c->nblocks; b++) {
@@ -321,8 +347,10 @@ static int codes_encode(struct hg_client *c, uint8_t *tx)
 static int index_plan(struct hg_client *c, size_t *lanes, int *exp)
 {
 	(void)exp;
-	hg_cl_release_lhc(c);
-	c->lhc = hg_lhc_create(&c->p, c->n, gcodes(c), gcounts(c));
+	group_lhc_release(c);
+	c->lhc = hg_lhc_create_at(&c->p, c->ge0, c->gn, gcodes(c) + c->gb0,
+				  gcounts(c) + 4 * c->gb0);
+	((struct hg_lhc **)c->glhc.p)[c->cur_group] = c->lhc;
 	if (!c->lhc)
 		return -ENOMEM;
 	*lanes = lhc_info(c).index_bytes;
@@ -331,7 +359,9 @@ static int index_plan(struct hg_client *c, size_t *lanes, int *exp)
 
 static int index_encode(struct hg_client *c, uint8_t *tx)
 {
-	return hg_lhc_index_encode_scan(c->lhc, c->scan, tx);
+	struct hg_scan v;
+
+	return hg_lhc_index_encode_scan(c->lhc, group_scan(c, &v), tx);
 }
 
 static int index_decode(struct hg_client *c, const uint8_t *rx)
@@ -348,7 +378,9 @@ static int sketch_plan(struct hg_client *c, size_t *lanes, int *exp)
 
 static int sketch_encode(struct hg_client *c, uint8_t *tx)
 {
-	return hg_lhc_sketch_encode_scan(c->lhc, c->scan, tx);
+	struct hg_scan v;
+
+	return hg_lhc_sketch_encode_scan(c->lhc, group_scan(c, &v), tx);
 }
 
 static int sketch_decode(struct hg_client *c, const uint8_t *rx)
@@ -373,14 +405,14 @@ static int fallback_plan(struct hg_client *c, size_t *lanes, int *exp)
 
 static int fallback_encode(struct hg_client *c, uint8_t *tx)
 {
-	return hg_lhc_fallback_encode(c->lhc, c->x, tx);
+	return hg_lhc_fallback_encode(c->lhc, c->x + c->ge0, tx);
 }
 
 static int fallback_decode(struct hg_client *c, const uint8_t *rx)
 {
-	int rc = hg_lhc_decode(c->lhc, rx, c->y);
+	int rc = hg_lhc_decode(c->lhc, rx, c->y + c->ge0);
 
-	hg_cl_release_lhc(c);
+	group_lhc_release(c);
 	return rc;
 }
 
@@ -393,14 +425,16 @@ static int union_plan(struct hg_client *c, size_t *lanes, int *exp)
 
 static int union_encode(struct hg_client *c, uint8_t *tx)
 {
-	return hg_union_encode(c->lhc, c->scan, tx);
+	struct hg_scan v;
+
+	return hg_union_encode(c->lhc, group_scan(c, &v), tx);
 }
 
 static int union_decode(struct hg_client *c, const uint8_t *rx)
 {
-	int rc = hg_union_decode(c->lhc, rx, c->y);
+	int rc = hg_union_decode(c->lhc, rx, c->y + c->ge0);
 
-	hg_cl_release_lhc(c);
+	group_lhc_release(c);
 	return rc;
 }
 
@@ -432,6 +466,9 @@ static uint32_t first_unsent_step(const struct hg_client *c,
 static void group_range(struct hg_client *c, uint32_t g)
 {
 	size_t bl = c->p.block;
+
+	c->cur_group = g;
+	c->lhc = ((struct hg_lhc **)c->glhc.p)[g];
 
 	c->gb0 = (size_t)g * c->group_blocks;
 	c->gnb = c->nblocks - c->gb0 < c->group_blocks ? c->nblocks - c->gb0
@@ -466,8 +503,8 @@ static int unit_setup(struct hg_client *c, uint32_t g, uint32_t step)
 		if (rc)
 			return hg_cl_fail_text(c, rc, pc->what);
 		op = hg_op_get(hg_phase_at(ph)->op);
-		if (hg_cl_buf_need(&c->tx[ph], (before + lanes) * op->in_lane) ||
-		    hg_cl_buf_need(&c->rx[ph], (before + lanes) * op->acc_lane) ||
+		if (buf_grow(&c->tx[ph], (before + lanes) * op->in_lane) ||
+		    buf_grow(&c->rx[ph], (before + lanes) * op->acc_lane) ||
 		    grow((void **)&c->st.s, &c->st.cap_streams, sizeof(*c->st.s),
 			 c->st.nstreams + 1))
 			return hg_cl_fail_text(c, -ENOMEM, "out of memory");
@@ -538,10 +575,15 @@ static void groups_plan(struct hg_client *c)
 	if (!(c->mi->flags & HG_MF_GROUPS) || opt == 1 || nb <= 1) {
 		gb = nb;
 	} else if (opt == 0) {
-		/* about four windows of value chunks per group */
+		/* HG_CLIENT_AUTO_GROUPS groups, each at least four windows of
+		 * dense value chunks (so a group's exponents come back while
+		 * the previous group's values are sent) */
 		uint64_t lanes = 4ull * c->naggs * c->cfg.slots * (c->cfg.payload_bytes / 4);
+		size_t least = (size_t)((lanes + c->p.block - 1) / c->p.block);
 
-		gb = (size_t)((lanes + c->p.block - 1) / c->p.block);
+		gb = (nb + HG_CLIENT_AUTO_GROUPS - 1) / HG_CLIENT_AUTO_GROUPS;
+		if (gb < least)
+			gb = least;
 	} else {
 		gb = (nb + opt - 1) / opt;
 	}
@@ -762,6 +804,12 @@ int hg_client_start(struct hg_client *c, const struct hg_params *params,
 	c->rc = 0;
 	memset(c->ph_lanes, 0, sizeof(c->ph_lanes));
 	groups_plan(c);
+	if (hg_cl_buf_need(&c->glhc, sizeof(struct hg_lhc *) * c->groups)) {
+		c->groups = 0;
+		c->stage = ST_IDLE;
+		return -ENOMEM;
+	}
+	memset(c->glhc.p, 0, sizeof(struct hg_lhc *) * c->groups);
 	segment_begin(c);
 	if (pipelined(c)) {
 		/* every group's lanes at their place in one buffer per phase,
@@ -772,9 +820,12 @@ int hg_client_start(struct hg_client *c, const struct hg_params *params,
 		for (uint32_t k = 0; k < mi->nsteps && !rc; k++)
 			for (int ph = 0; ph < HG_PH__COUNT && !rc; ph++) {
 				const struct hg_op_info *op = hg_op_get(hg_phase_at(ph)->op);
-				size_t lanes = ph == HG_PH_EXPONENTS ? nb : n;
+				size_t lanes = ph == HG_PH_EXPONENTS || ph == HG_PH_COUNTS ? nb : n;
 
-				if (!(mi->steps[k] & (1u << ph)))
+				/* the sizes of the others grow as they come */
+				if (!(mi->steps[k] & (1u << ph)) ||
+				    !(HG_PHB(EXPONENTS) & (1u << ph) || HG_PHB(COUNTS) & (1u << ph) ||
+				      HG_PHB(VALUES) & (1u << ph) || HG_PHB(CODES) & (1u << ph)))
 					continue;
 				rc = hg_cl_buf_need(&c->tx[ph], lanes * op->in_lane);
 				if (!rc)

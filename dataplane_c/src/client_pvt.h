@@ -18,6 +18,13 @@
 #include "homagg/wire.h"
 
 #define BURST 64         /* a window's worth of frames per port call */
+/*
+ * pipeline_groups 0 (automatic): at most this many block groups.  Measured
+ * on the 4-worker testbed (2^22 floats, dense, 1 Gbit/s, median of 5):
+ * 8 groups 781 ms, 1 (unpipelined) 900 ms, 64 groups 1009 ms -- on a
+ * CPU-bound host many small groups cost more than they overlap.
+ */
+#define HG_CLIENT_AUTO_GROUPS 8
 /* Results of chunks sent after a missing one that declare it lost (TCP's
  * duplicate-ACK threshold): tolerates reordering by up to DUPTHRESH - 1. */
 #define DUPTHRESH 3
@@ -178,7 +185,7 @@ struct hg_client {
 	float *y;
 	size_t n, nblocks;
 	uint32_t qflags;
-	struct hg_lhc *lhc;
+	struct hg_lhc *lhc;     /* the current group's (glhc[cur_group]) */
 	struct hg_scan *scan;   /* the one-pass encode of x (lhc, union, auto) */
 	struct buf lcounts;     /* this worker's counts, one lane per block */
 	struct buf gcounts;     /* the global counts, one lane per block */
@@ -202,6 +209,8 @@ struct hg_client {
 	struct flight *fl;      /* K * S entries */
 	struct buf done;        /* one byte per chunk of the segment */
 	struct buf glast;       /* pipelined: per group, its latest unit (uint32) */
+	struct buf glhc;        /* per group, its lhc (struct hg_lhc *; lhc, union) */
+	uint32_t cur_group;     /* the group the phase codecs work on (lhc: its glhc) */
 	struct buf tx[HG_PH__COUNT];  /* per phase: this worker's lanes */
 	struct buf rx[HG_PH__COUNT];  /* per phase: the aggregated lanes */
 

@@ -151,4 +151,17 @@ int hg_quantize_at(const struct hg_params *p, uint64_t first, const float *x,
 int hg_nc_encode_at(const struct hg_params *p, uint64_t first, const float *x,
 		    size_t n, const int8_t *gcodes, uint8_t *codes);
 
+/*
+ * The same for lhc and union: hg_lhc_create of the n elements at first..
+ * of the whole tensor (their codes and counts), whose hashes (Bloom,
+ * sketch, rounding) use the whole tensor's element index; and a scan of
+ * its blocks: view describes blocks b0 .. b0 + nb - 1 (n elements) of s,
+ * without copying (it points into s, which must outlive it).
+ */
+struct hg_lhc *hg_lhc_create_at(const struct hg_params *p, uint64_t first,
+				size_t n, const int8_t *gcodes,
+				const uint8_t *gcounts_be32);
+void hg_scan_view(const struct hg_scan *s, size_t b0, size_t nb, size_t n,
+		  struct hg_scan *view);
+
 #endif /* HOMAGG_CODEC_PVT_H */

@@ -101,6 +101,7 @@ struct hg_job {
 	size_t mac_len;                /* auth: HG_MAC_LEN, else 0 */
 	uint64_t cnt[HG_CNT__COUNT];
 	struct hg_up_timer *up;        /* tree leaf: 2 * S upward timers, else NULL */
+	uint32_t up_incarnation;       /* tree leaf: the root's, 0 = none seen yet */
 };
 
 /* Tree leaf: the upward timer of one set (SET_UP). */
@@ -813,6 +814,7 @@ static bool up_classify(struct hg_engine *e, struct hg_pkt *pkt,
 	st->lanes = v->hdr.lanes;
 	st->op = v->hdr.op;
 	st->exp = 0;
+	st->incarnation = v->hdr.incarnation;
 	st->worker = (flags & HG_FLAG_STATUS) && uw / 8 < v->payload_len &&
 		     (st->in[uw / 8] >> (uw % 8) & 1);
 	st->in_lane = st->acc_lane = 0;   /* nothing to prefetch for apply() */
@@ -829,7 +831,10 @@ drop:
  * Second pass over a root's reply: a RESULT of a forwarded set becomes the
  * set's result and goes to the leaf's workers; a STATUS without this
  * leaf's bit sends the partial sum up again at once.  Anything not about a
- * forwarded set (late copies, a set started over) is up_stale.
+ * forwarded set (late copies, a set started over) is up_stale.  A root
+ * reply with another incarnation than the root's earlier ones: the root
+ * lost its state, so the leaf takes a new incarnation for its job and its
+ * workers end their allreduce as after a restart of the leaf.
  */
 static void up_apply(struct hg_engine *e, struct hg_stage *st)
 {
@@ -837,6 +842,15 @@ static void up_apply(struct hg_engine *e, struct hg_stage *st)
 	struct hg_set *s = st->set;
 	struct hg_pkt *pkt = st->pkt;
 	size_t bytes;
+
+	if (st->incarnation != j->up_incarnation) {
+		if (j->up_incarnation) {
+			j->cfg.incarnation = j->cfg.incarnation + 1 ?
+					     j->cfg.incarnation + 1 : 1;
+			count(e, j, HG_CNT_UP_ROOT_RESTARTS);
+		}
+		j->up_incarnation = st->incarnation;
+	}
 
 	if (s->state != SET_UP || s->seq != st->seq ||
 	    s->lanes != st->lanes || up_op(s->op) != st->op) {

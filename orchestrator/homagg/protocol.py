@@ -92,8 +92,9 @@ EXACT_METHODS = tuple(m for m in METHODS if METHOD[m].exact)
 AUTO_CANDIDATES = tuple(m for m in METHODS if METHOD[m].auto_candidate)
 PIPELINED_METHODS = tuple(m for m in METHODS if METHOD[m].pipelined)
 
-# Block groups of a job's pipelined methods: 0 = automatic (about four
-# windows of value chunks per group), 1 = not pipelined, N = N groups.
+# Block groups of a job's pipelined methods: 0 = automatic (8 groups, each
+# at least four windows of dense value chunks), 1 = not pipelined, N = N
+# groups.
 PIPELINE_GROUPS = 1
 
 

@@ -31,7 +31,7 @@ by homagg.bench.workloads, the generator the benchmarks' Gloo baseline uses:
 then runs on net_af_packet with frames of the MTU, since af_xdp's 4 KB umem
 frames cannot hold a jumbo frame).
 
---pipeline-groups sets the job's block groups of dense, blocks and nc (0
+--pipeline-groups sets the job's block groups of every method but auto (0
 automatic, 1 not pipelined, N groups; docs/PROTOCOL.md "Pipelined block
 groups"); the report carries it, and each worker's stats the groups used.
 
@@ -570,7 +570,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="payload bytes per packet, a multiple of 4 up to 8192 (more than an MTU of 1500 "
                    "holds needs links with MTU 9000; default: %(default)s)")
     p.add_argument("--pipeline-groups", type=int, default=PIPELINE_GROUPS, metavar="N",
-                   help="block groups of dense, blocks and nc that go through the steps "
+                   help="block groups of every method but auto that go through the steps "
                    "independently: 0 automatic, 1 not pipelined, N groups (default: %(default)s)")
     p.add_argument("--timeout", type=float, default=10.0,
                    help="a worker gives up after this many seconds without progress (default: %(default)s)")

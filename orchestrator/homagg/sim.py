@@ -138,7 +138,7 @@ class Cluster:
     leaves' upward retransmission timeout (s; None: the engine's 1 ms);
     up_give_up: when a leaf stops resending a partial sum (s; None: the
     engine's 10 s).
-    pipeline_groups: block groups of dense, blocks and nc (docs/PROTOCOL.md
+    pipeline_groups: block groups of every method but auto (docs/PROTOCOL.md
     "Pipelined block groups"): 0 automatic, 1 not pipelined, N groups.
     """
 

@@ -30,7 +30,7 @@ aggregator makes ``allreduce`` raise ``PeerTimeout`` naming it within
 ``timeout`` seconds.  ``rto`` is the first retransmission timeout (before
 any round trip was measured), ``rto_min`` the least one, ``start_wait``
 the least wait for the first result of a step.  ``pipeline_groups`` (the
-same on every worker of the job) cuts dense, blocks and nc into block
+same on every worker of the job) cuts every method but auto into block
 groups that go through the steps independently (docs/PROTOCOL.md
 "Pipelined block groups"): 0 automatic, 1 not pipelined, N groups.
 ``stats()`` returns every

@@ -123,10 +123,11 @@ struct hg_client_config {
 				    * worker passes one greater than before) */
 	uint64_t start_wait_ns;    /* least wait for the first result of a step, which
 				    * includes the slowest peer's computing (0 = 4 rto_ns) */
-	uint32_t pipeline_groups;  /* block groups of dense, blocks and nc, the same on
+	uint32_t pipeline_groups;  /* block groups of every method but auto, the same on
 				    * every worker (docs/PROTOCOL.md "Pipelined block
-				    * groups"): 0 = automatic (about four windows of
-				    * values per group), 1 = no pipelining, N = N groups */
+				    * groups"): 0 = automatic (8 groups, each at least
+				    * four windows of dense values), 1 = no pipelining,
+				    * N = N groups */
 	uint8_t auth;              /* 1: the job authenticates every frame */
 	uint8_t secret[32];         /* auth: the job secret (HG_AUTH_SECRET_LEN); the client
 				    * keeps only its key and the aggregator's */

@@ -70,7 +70,7 @@
 	  HG_MF_GROUPS,                                                          \
 	  "fixed-point values of the blocks non-zero anywhere (OmniReduce-like)",\
 	  HG_PHB(EXPONENTS), HG_PHB(VALUES))                                     \
-	X(LHC, "lhc", 3, HG_MF_EXACT,                                            \
+	X(LHC, "lhc", 3, HG_MF_EXACT | HG_MF_GROUPS,                             \
 	  "index and count sketch, peeled; stalled candidates sent again",       \
 	  HG_PHB(EXPONENTS) | HG_PHB(COUNTS), HG_PHB(INDEX), HG_PHB(SKETCH),     \
 	  HG_PHB(FALLBACK))                                                      \
@@ -80,7 +80,7 @@
 	X(AUTO, "auto", 5, HG_MF_EXACT | HG_MF_CHOOSES,                          \
 	  "the exact method with the fewest bytes, chosen from exact counts",    \
 	  HG_PHB(EXPONENTS), HG_PHB(COUNTS))                                     \
-	X(UNION, "union", 6, HG_MF_EXACT | HG_MF_CANDIDATE,                      \
+	X(UNION, "union", 6, HG_MF_EXACT | HG_MF_CANDIDATE | HG_MF_GROUPS,       \
 	  "lhc's index, then every worker's value at every candidate, scattered",\
 	  HG_PHB(EXPONENTS) | HG_PHB(COUNTS), HG_PHB(INDEX), HG_PHB(UNION))
 

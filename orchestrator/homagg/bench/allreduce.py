@@ -46,7 +46,7 @@ of 1500 holds makes the testbed's links MTU 9000 (jumbo frames).  Every
 HomAgg row also reports ``cpu_ms_per_mb``: the workers' and the daemon's
 CPU time per MB the workers put on their links (median over the runs).
 
---pipeline-groups 0,1 runs every pipelined method (dense, blocks, nc) once
+--pipeline-groups 0,1 runs every pipelined method (all but auto) once
 per value of the job option pipeline_groups (0 automatic block groups, 1
 not pipelined, N groups; docs/PROTOCOL.md "Pipelined block groups"), one
 right after the other on the same testbed; rows carry ``pipeline_groups``
@@ -115,7 +115,7 @@ def add_arguments(parser):
                         "testbed gets MTU 9000)")
     parser.add_argument("--pipeline-groups", type=_list(int), default=[PIPELINE_GROUPS],
                         metavar="N[,N...]",
-                        help="block groups of the pipelined methods (dense, blocks, nc): 0 "
+                        help="block groups of the pipelined methods (all but auto): 0 "
                         "automatic, 1 not pipelined, N groups; several: rows for each, with "
                         f"speedup_vs_unpipelined next to 1 (default {PIPELINE_GROUPS})")
     parser.add_argument("--repeat", type=int, default=5, help="timed runs (default 5)")
