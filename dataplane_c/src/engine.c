@@ -1175,7 +1175,7 @@ static void apply(struct hg_engine *e, struct hg_stage *st,
 
 	/* Valid: learn where this worker is (frame checked by classify()). */
 	memcpy(j->peers[w].addr.mac, pkt->data + 6, 6);
-	j->peers[w].addr.ipv4 = hg_rd32(pkt->data + HG_OFF_IP + 12);
+	j->peers[w].addr.ipv4 = hg_ld_be32(pkt->data + HG_OFF_IP + 12);
 	j->peers[w].addr.port = hg_rd16(pkt->data + st->udp_off);
 
 	if (s->bitmap[w / 64] & (1ull << (w % 64))) {
