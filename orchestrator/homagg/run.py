@@ -196,6 +196,36 @@ class Switch:
         self.proc = None
 
 
+class Switches:
+    """One running homagg-switch per aggregator host of a testbed (the first
+    ``aggregators`` of them, default all), for several run_allreduce calls
+    (``switches=``); a context manager that stops them."""
+
+    def __init__(self, testbed: str, state_dir: str | None = None,
+                 aggregators: int | None = None, **switch_args):
+        tb = Testbed.open(testbed, state_dir)
+        self.workdir = tempfile.mkdtemp(prefix=f"homagg-switches-{testbed}-")
+        self.switches = []
+        try:
+            for h in tb.aggregators[:aggregators]:
+                self.switches.append(Switch(tb, self.workdir, host=h.name, **switch_args))
+        except BaseException:
+            self.close()
+            raise
+
+    def __enter__(self) -> list:
+        return self.switches
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for s in self.switches:
+            s.stop()
+        self.switches = []
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
 # --------------------------------------------------------------------------
 # Workers (child processes)
 
@@ -222,7 +252,8 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
                   drop_rate: float = 0.0, idle_us: int = IDLE_US,
                   idle_polls: int = IDLE_POLLS, fail_aggregators: tuple = (),
                   aggregators: int | None = None, repeat: int = 1, warmup: int = 0,
-                  auth: bool = False) -> dict:
+                  auth: bool = False, switches: list | None = None,
+                  gradient_files: list[str] | None = None, expect: dict | None = None) -> dict:
     """One allreduce on testbed ``testbed``; returns the report dict (see
     the module doc).  Every process it starts is stopped before it returns.
     ``drop_rate`` makes the daemon's port drop that fraction of the frames it
@@ -241,7 +272,15 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
     the daemons' counters and "aggregators" cover all timed calls).
     ``auth``: the job authenticates every frame; its new secret goes to the
     daemons over their control sockets and to the workers in a file only its
-    owner reads."""
+    owner reads.
+
+    A benchmark running several methods on the same gradients passes what
+    they share: ``switches``, the running daemons (Switches(), one per
+    aggregator host used; the job is added and removed, the daemons keep
+    running), ``gradient_files`` (homagg.job.save_gradients: each worker
+    loads its gradient instead of generating it) and ``expect``
+    (homagg.job.expected of the same job: the check does not rebuild the
+    reference)."""
     if repeat < 1 or warmup < 0:
         raise RunError("repeat must be >= 1 and warmup >= 0")
     check_arguments(method, elements, density)
@@ -257,13 +296,22 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
     if aggregators is not None and not 1 <= aggregators <= len(hosts):
         raise RunError(f"aggregators must be 1..{len(hosts)} (the testbed's aggregator hosts), "
                        f"got {aggregators}")
+    if gradient_files is not None and len(gradient_files) != W:
+        raise RunError(f"gradient_files: {len(gradient_files)} files for {W} workers")
+    if switches is not None and [s.host for s in switches] != [h.name for h in hosts[:aggregators]]:
+        raise RunError(f"switches run on {[s.host for s in switches]}, the job needs "
+                       f"{[h.name for h in hosts[:aggregators]]}")
     workdir = tempfile.mkdtemp(prefix=f"homagg-run-{testbed}-")
     procs = []
     sws = []
+    added = []
     try:
-        for h in hosts[:aggregators]:
-            sws.append(Switch(tb, workdir, pmd=pmd, switch=switch, drop_rate=drop_rate,
-                              idle_us=idle_us, idle_polls=idle_polls, host=h.name))
+        if switches is not None:
+            sws = list(switches)
+        else:
+            for h in hosts[:aggregators]:
+                sws.append(Switch(tb, workdir, pmd=pmd, switch=switch, drop_rate=drop_rate,
+                                  idle_us=idle_us, idle_polls=idle_polls, host=h.name))
         sw = sws[0]
         before = []
         auth_file = os.path.join(workdir, "job.secret") if auth else None
@@ -272,6 +320,7 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
             with s.client() as c:  # aggregator k of the job: its shard k
                 c.add_job(job=job, token=token, workers=W, slots=slots, payload=payload,
                           group=group, shard=k, auth=secret)
+                added.append(s)
                 before.append(c.stats())
         del secret
         agg_addrs = [(s.ip, UDP_PORT) for s in sws]
@@ -286,7 +335,8 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
                                payload=payload, rto=rto, method=method, block=block,
                                elements=elements, density=density, workload=workload, seed=seed,
                                out=os.path.join(workdir, f"result-{i}.npy"),
-                               aggregators=agg_addrs, auth_file=auth_file)
+                               aggregators=agg_addrs, auth_file=auth_file,
+                               gradient_file=gradient_files[i] if gradient_files else None)
             spec.update(repeat=repeat, warmup=warmup)
             p = tb.run_in(h.name, [sys.executable, "-m", "homagg.job", "--child", json.dumps(spec)],
                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -338,6 +388,7 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
                 after.append(c.stats())
                 with contextlib.suppress(HomAggError):
                     c.remove_job(job)
+                added.remove(s)
         if not failures and None in after:
             failures.append("every worker finished although an aggregator was stopped")
         if failures:
@@ -345,7 +396,7 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
                            + "; ".join(failures))
 
         results = [np.load(os.path.join(workdir, f"result-{i}.npy")) for i in range(W)]
-        check = verify(method, elements, density, workload, seed, block, results)
+        check = verify(method, elements, density, workload, seed, block, results, expect)
         reports.sort(key=lambda r: r["worker"])
         each = [max(r["seconds_each"][i] for r in reports) for i in range(repeat)]
         per_agg = []
@@ -396,8 +447,14 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
     finally:
         for p in procs:
             p.stop()
-        for s in sws:
-            s.stop()
+        if switches is None:
+            for s in sws:
+                s.stop()
+        else:  # the caller's daemons keep running: take the job off them
+            for s in added:
+                with contextlib.suppress(HomAggError, OSError):
+                    with s.client() as c:
+                        c.remove_job(job)
         shutil.rmtree(workdir, ignore_errors=True)
 
 

@@ -207,9 +207,9 @@ class GlooGroup:
         self.procs = []
 
 
-def gloo_row(group, W, n, workload, density, link_mbit, args):
+def gloo_row(group, W, n, workload, density, link_mbit, args, gradient_files=None):
     job = {"workload": workload, "elements": n, "density": density, "seed": args.seed,
-           "repeat": args.repeat, "warmup": args.warmup}
+           "repeat": args.repeat, "warmup": args.warmup, "gradient_files": gradient_files}
     answers, tx = group.run(job)
     per_call = np.max([a["seconds"] for a in answers], axis=0)  # slowest rank per call
     wall = float(np.sum(per_call))
@@ -286,9 +286,11 @@ def homagg_run_available():
 
 
 def homagg_via_run_allreduce(testbed_name, method, n, workload, density, args, payload=1024,
-                             auth=False):
+                             auth=False, shared=None):
     """One HomAgg allreduce on the testbed, by homagg.run.run_allreduce (the
-    function behind `homagg run allreduce --testbed NAME`); returns its report."""
+    function behind `homagg run allreduce --testbed NAME`); returns its report.
+    ``shared``: run_allreduce's switches / gradient_files / expect, what
+    every method of a case shares (Case)."""
     from homagg import job
     from homagg import run as hrun
 
@@ -299,11 +301,11 @@ def homagg_via_run_allreduce(testbed_name, method, n, workload, density, args, p
     return hrun.run_allreduce(testbed_name, method, n, run_density, workload=run_workload,
                               seed=args.seed, timeout=args.timeout, state_dir=args.state_dir,
                               repeat=args.repeat, warmup=args.warmup, payload=payload,
-                              auth=auth)
+                              auth=auth, **(shared or {}))
 
 
 def homagg_row(testbed_name, method, W, n, workload, density, link_mbit, args, payload=1024,
-               auth=False):
+               auth=False, shared=None):
     """One row: --warmup untimed and --repeat timed allreduces by the same
     worker processes and daemon (homagg run's repeat/warmup), checked bit
     for bit once (every call sums the same gradients)."""
@@ -312,7 +314,7 @@ def homagg_row(testbed_name, method, W, n, workload, density, link_mbit, args, p
         return {"status": f"unavailable: {why}"}
     try:
         r = homagg_via_run_allreduce(testbed_name, method, n, workload, density, args,
-                                     payload=payload, auth=auth)
+                                     payload=payload, auth=auth, shared=shared)
     except Exception as exc:  # a failed method is a result, not a crash of the whole run
         return {"status": f"failed: {type(exc).__name__}: {exc}"[:500]}
     seconds = r["seconds_each"]
@@ -361,6 +363,59 @@ def _worker_counters(stats, calls):
 # --------------------------------------------------------------------------
 
 
+def _start_switches(name, args):
+    """The testbed's homagg-switch daemons, kept for every HomAgg row on it
+    (each row adds and removes its own job); or the reason they did not start."""
+    from homagg import run as hrun
+
+    try:
+        return hrun.Switches(name, state_dir=args.state_dir)
+    except Exception as exc:
+        why = f"failed: {type(exc).__name__}: {exc}"[:500]
+        _progress(f"homagg-switch {why}")
+        return why
+
+
+class Case:
+    """The gradients of one case (W, workload, density), built once for every
+    method and link rate that runs it: written to files the HomAgg workers
+    and the Gloo ranks load, and the expected results (bit-exact reference
+    and float64 sum, homagg.job.expected) the HomAgg rows are checked with.
+    Holds the latest case only."""
+
+    def __init__(self, args):
+        self.args = args
+        self.key = None
+        self.dir = None
+        self.files = None
+        self.expect = None
+
+    def prepare(self, W, workload, density, exact_check=True):
+        """(gradient files, expected results or None) of this case."""
+        import tempfile
+
+        from homagg import job
+
+        key = (W, workload, density, exact_check)
+        if key != self.key:
+            self.close()
+            a = self.args
+            grads = [job.gradient(a.elements, density, workload, a.seed, w, W) for w in range(W)]
+            self.dir = tempfile.mkdtemp(prefix="homagg-bench-grads-")
+            self.files = job.save_gradients(self.dir, grads)
+            self.expect = (job.expected(a.elements, density, workload, a.seed,
+                                        job.DEFAULT_BLOCK, W, grads) if exact_check else None)
+            self.key = key
+        return self.files, self.expect
+
+    def close(self):
+        import shutil
+
+        if self.dir:
+            shutil.rmtree(self.dir, ignore_errors=True)
+        self.key = self.dir = self.files = self.expect = None
+
+
 def _cases(args):
     for wl in args.workloads:
         for d in ([1.0] if wl == "dense" else args.densities):
@@ -386,65 +441,82 @@ def run(args):
     require_root("homagg bench allreduce")
     results = []
     torch_version = None
-    for W, link_mbit in ((W, r) for W in args.workers for r in args.link_mbit):
-        name = args.testbed_name
-        _progress(f"testbed {name}: {W} workers, links {link_mbit:g} Mbit/s, MTU {mtu}")
-        tb = Testbed.up(name, W, link_mbit=link_mbit, state_dir=args.state_dir, mtu=mtu)
-        try:
-            gloo = None
-            if "gloo" in args.methods:
-                try:
-                    gloo = GlooGroup(tb, args.timeout)
-                    torch_version = gloo.torch_version
-                except Exception as exc:
-                    gloo = f"unavailable: {type(exc).__name__}: {exc}"[:500]
-                    _progress(f"gloo {gloo}")
+    case = Case(args)
+    homagg_methods = [m for m in args.methods if m != "gloo"]
+    try:
+        for W, link_mbit in ((W, r) for W in args.workers for r in args.link_mbit):
+            name = args.testbed_name
+            _progress(f"testbed {name}: {W} workers, links {link_mbit:g} Mbit/s, MTU {mtu}")
+            tb = Testbed.up(name, W, link_mbit=link_mbit, state_dir=args.state_dir, mtu=mtu)
+            switches = None
             try:
-                for wl, d in _cases(args):
-                    base = {"workers": W, "link_mbit": link_mbit, "elements": args.elements,
-                            "workload": wl, "density": d}
-                    rows = {}
-                    for m in args.methods:
-                        if m == "gloo":
-                            if isinstance(gloo, str):
-                                row = {"status": gloo}
-                            else:
-                                try:
-                                    row = gloo_row(gloo, W, args.elements, wl, d, link_mbit,
-                                                   args)
-                                except Exception as exc:
-                                    row = {"status": f"failed: {type(exc).__name__}: {exc}"[:500]}
-                            rows[m] = {"method": m, **base, **row}
-                            _progress(_line(rows[m]))
-                            continue
-                        for p in payloads:
-                            row = homagg_row(name, m, W, args.elements, wl, d, link_mbit, args,
-                                             payload=p)
-                            key = m if len(payloads) == 1 else f"{m}@{p}"
-                            rows[key] = {"method": m, **base, **row}
-                            _progress(_line(rows[key]))
-                            if args.auth:
-                                # the same allreduce with per-worker MACs, right after
-                                row = homagg_row(name, m, W, args.elements, wl, d, link_mbit,
-                                                 args, payload=p, auth=True)
-                                plain = rows[key].get("seconds_median")
-                                authed = row.get("seconds_median")
-                                row["time_vs_unauthenticated"] = (authed / plain
-                                                                  if plain and authed else None)
-                                rows[key + "+auth"] = {"method": m + "+auth", "auth": True,
-                                                       **base, **row}
-                                _progress(_line(rows[key + "+auth"]))
-                    g = rows.get("gloo", {}).get("seconds_median")
-                    for r in rows.values():
-                        s = r.get("seconds_median")
-                        r["speedup_vs_gloo"] = g / s if g and s else None
-                        results.append(r)
+                if homagg_methods:
+                    switches = _start_switches(name, args)
+                gloo = None
+                if "gloo" in args.methods:
+                    try:
+                        gloo = GlooGroup(tb, args.timeout)
+                        torch_version = gloo.torch_version
+                    except Exception as exc:
+                        gloo = f"unavailable: {type(exc).__name__}: {exc}"[:500]
+                        _progress(f"gloo {gloo}")
+                try:
+                    for wl, d in _cases(args):
+                        base = {"workers": W, "link_mbit": link_mbit, "elements": args.elements,
+                                "workload": wl, "density": d}
+                        files, expect = case.prepare(W, wl, d, exact_check=bool(homagg_methods))
+                        shared = {"gradient_files": files, "expect": expect}
+                        if not isinstance(switches, str) and switches is not None:
+                            shared["switches"] = switches.switches
+                        rows = {}
+                        for m in args.methods:
+                            if m == "gloo":
+                                if isinstance(gloo, str):
+                                    row = {"status": gloo}
+                                else:
+                                    try:
+                                        row = gloo_row(gloo, W, args.elements, wl, d, link_mbit,
+                                                       args, gradient_files=files)
+                                    except Exception as exc:
+                                        row = {"status": f"failed: {type(exc).__name__}: {exc}"[:500]}
+                                rows[m] = {"method": m, **base, **row}
+                                _progress(_line(rows[m]))
+                                continue
+                            for p in payloads:
+                                if isinstance(switches, str):
+                                    row = {"status": switches}
+                                else:
+                                    row = homagg_row(name, m, W, args.elements, wl, d, link_mbit,
+                                                     args, payload=p, shared=shared)
+                                key = m if len(payloads) == 1 else f"{m}@{p}"
+                                rows[key] = {"method": m, **base, **row}
+                                _progress(_line(rows[key]))
+                                if args.auth:
+                                    # the same allreduce with per-worker MACs, right after
+                                    row = homagg_row(name, m, W, args.elements, wl, d, link_mbit,
+                                                     args, payload=p, auth=True, shared=shared)
+                                    plain = rows[key].get("seconds_median")
+                                    authed = row.get("seconds_median")
+                                    row["time_vs_unauthenticated"] = (authed / plain
+                                                                      if plain and authed else None)
+                                    rows[key + "+auth"] = {"method": m + "+auth", "auth": True,
+                                                           **base, **row}
+                                    _progress(_line(rows[key + "+auth"]))
+                        g = rows.get("gloo", {}).get("seconds_median")
+                        for r in rows.values():
+                            s = r.get("seconds_median")
+                            r["speedup_vs_gloo"] = g / s if g and s else None
+                            results.append(r)
+                finally:
+                    if gloo is not None and not isinstance(gloo, str):
+                        gloo.close()
             finally:
-                if gloo is not None and not isinstance(gloo, str):
-                    gloo.close()
-        finally:
-            Testbed.down(name, state_dir=args.state_dir)
-            _progress(f"testbed {name} removed")
+                if switches is not None and not isinstance(switches, str):
+                    switches.close()
+                Testbed.down(name, state_dir=args.state_dir)
+                _progress(f"testbed {name} removed")
+    finally:
+        case.close()
     return rep.header(benchmark="allreduce", link_mbit=args.link_mbit, elements=args.elements,
                       payload_bytes=payloads, mtu=mtu,
                       repeat=args.repeat, warmup=args.warmup, seed=args.seed,

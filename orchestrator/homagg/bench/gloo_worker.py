@@ -9,10 +9,11 @@ It joins the process group (Gloo backend, TCP rendezvous at rank 0's
 address inside the testbed), prints ``{"ready": ...}``, then reads one JSON
 job per line from stdin and answers each with one JSON line on stdout:
 
-    {"workload", "elements", "density", "seed", "repeat", "warmup"}
+    {"workload", "elements", "density", "seed", "repeat", "warmup", "gradient_files"}
 
 For each job it generates its gradient (homagg.bench.workloads, so every
-rank knows every other rank's input), runs ``warmup`` untimed and
+rank knows every other rank's input), or loads the W gradients from
+"gradient_files" when the benchmark wrote them (homagg.job.save_gradients), runs ``warmup`` untimed and
 ``repeat`` timed all_reduce calls of a fresh float32 tensor (a barrier
 before each one, so every rank starts together), and reports the seconds
 of each timed call, the process CPU time (user + system, every thread)
@@ -42,8 +43,11 @@ def _check(y, grads):
 def run_job(dist, torch, job, rank, world):
     from homagg.bench import workloads
 
-    grads = [workloads.generate(job["workload"], world, job["elements"], job["density"],
-                                job["seed"], w) for w in range(world)]
+    if job.get("gradient_files"):  # written by the benchmark, one per rank
+        grads = [np.load(f) for f in job["gradient_files"]]
+    else:
+        grads = [workloads.generate(job["workload"], world, job["elements"], job["density"],
+                                    job["seed"], w) for w in range(world)]
     x = torch.from_numpy(grads[rank])
     for _ in range(job["warmup"]):
         buf = x.clone()
