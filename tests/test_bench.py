@@ -330,3 +330,19 @@ def test_homagg_row_payload_and_cpu_per_mb(monkeypatch):
     assert row["cpu_ms_per_mb"] == pytest.approx(1e3 * 0.4 / 4.0)
     assert row["worker_cpu_seconds"] == pytest.approx([0.1, 0.1])
     assert row["daemon_cpu_seconds"] == pytest.approx(0.2)
+
+
+def test_gloo_check_in_passes():
+    """The Gloo ranks' check (float32 result vs the float64 sum within the
+    summation bound) gives the same verdict in passes as in one: the
+    float32 sum passes, one element off in a later pass fails."""
+    from homagg.bench import gloo_worker
+
+    rng = np.random.default_rng(3)
+    grads = [rng.standard_normal(10_000).astype(np.float32) for _ in range(4)]
+    y = grads[0] + grads[1] + grads[2] + grads[3]
+    ok, err = gloo_worker._check(y, grads, step=1000)
+    assert ok and err == gloo_worker._check(y, grads, step=1 << 20)[1]
+    y[7777] += 1e-3
+    ok, err = gloo_worker._check(y, grads, step=1000)
+    assert not ok and err >= 1e-3 * 0.99
