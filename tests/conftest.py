@@ -5,7 +5,9 @@ slow, sanitize.  `make test` runs all of them.  Under CI (CI=true) a test
 whose capability is missing fails instead of skipping: a skip there would
 hide a gap.  tests/ is on sys.path, so the numpy oracle is `import reference`.
 """
+import contextlib
 import os
+import secrets
 import shutil
 import subprocess
 
@@ -39,3 +41,25 @@ def _declared_needs(request):
     if node.get_closest_marker("ssh"):
         require(shutil.which("sshd") or os.path.exists("/usr/sbin/sshd"),
                 "needs openssh-server (make deps installs it)")
+
+
+@contextlib.contextmanager
+def dpdk_testbed(tmp_path_factory, folder, **spec):
+    """A Testbed (homagg.testbed) for homagg-switch runs, named after its
+    folder's first letter plus a random suffix, in its own state dir under
+    tmp_path_factory; taken down on exit.  Needs root and a built
+    homagg-switch (require)."""
+    from homagg import run as runmod
+    from homagg.testbed import Testbed
+
+    require(os.geteuid() == 0, "needs root")
+    try:
+        runmod.find_switch()
+    except runmod.RunError as e:
+        require(False, str(e))
+    sd = str(tmp_path_factory.mktemp(folder) / "testbeds")
+    tb = Testbed.up(folder[0] + secrets.token_hex(5), state_dir=sd, **spec)
+    try:
+        yield tb
+    finally:
+        Testbed.down(tb.name, state_dir=sd)

@@ -104,6 +104,31 @@ def test_scale_outputs_and_accounting(tmp_path, capsys):
         assert float(c["bytes_sent_per_worker"]) == r["bytes_sent_per_worker"]
 
 
+def test_scale_tree_rows(tmp_path, capsys):
+    """--leaves adds tree rows: exact, the same bytes per worker as the
+    flat row, every leaf's and the root's link load reported, the root's
+    link carrying one partial sum per leaf and set."""
+    out = tmp_path / "scale"
+    rc = cli.main(["bench", "scale", "--workers", "8", "--elements", "30000",
+                   "--density", "0.05", "--methods", "dense,lhc", "--aggregators", "1",
+                   "--leaves", "W/4,3", "--json", "--out", str(out)])
+    assert rc == 0
+    report = json.loads(capsys.readouterr().out)
+    assert (out / "scale.png").exists()
+    flat = {r["method"]: r for r in report["results"] if not r["leaves"]}
+    trees = [r for r in report["results"] if r["leaves"]]
+    assert sorted((r["leaves"], r["method"]) for r in trees) == \
+        [(2, "dense"), (2, "lhc"), (3, "dense"), (3, "lhc")]
+    for r in trees:
+        assert r["exact"] is True and r["retransmissions"] == 0
+        assert r["aggregators"] == r["leaves"] + 1
+        assert len(r["agg_link_rx_bytes"]) == r["leaves"] + 1
+        assert r["bytes_sent_per_worker"] == flat[r["method"]]["bytes_sent_per_worker"]
+        *leaf_rx, root_rx = r["agg_link_rx_bytes"]
+        assert 0 < root_rx < max(leaf_rx)
+    assert report["leaves"] == ["W/4", "3"]
+
+
 def test_scale_flags_an_inexact_result(monkeypatch):
     """The exactness check can fail: a wrong reference is caught."""
     grads = workloads.generate_all("shared", 3, 4096, 0.1, 1)

@@ -8,16 +8,14 @@ homagg.session.Session, and each case asserting its documented outcome:
 
 Processes are started and killed by their PIDs; every allreduce that
 completes is checked bit for bit against the fixed-point reference."""
-import secrets
 import signal
 import time
 
 import pytest
 
-from conftest import require
+from conftest import dpdk_testbed
 from homagg import run as runmod
 from homagg.session import Session
-from homagg.testbed import Testbed
 
 pytestmark = [pytest.mark.root, pytest.mark.netns, pytest.mark.dpdk, pytest.mark.slow,
               pytest.mark.timeout(300)]
@@ -28,16 +26,8 @@ BIG = 2_000_000         # elements of an allreduce long enough to interrupt
 
 @pytest.fixture(scope="module")
 def testbed(tmp_path_factory):
-    try:
-        runmod.find_switch()
-    except runmod.RunError as e:
-        require(False, str(e))
-    sd = str(tmp_path_factory.mktemp("chaos") / "testbeds")
-    tb = Testbed.up("k" + secrets.token_hex(5), workers=4, link_mbit=1000, state_dir=sd)
-    try:
+    with dpdk_testbed(tmp_path_factory, "kchaos", workers=4, link_mbit=1000) as tb:
         yield tb
-    finally:
-        Testbed.down(tb.name, state_dir=sd)
 
 
 @pytest.fixture

@@ -50,6 +50,7 @@ JOB = dict(job=7, token=0xC0FFEE, workers=4, slots=32, payload=1024,
            group="239.1.1.1")
 # IPv4 + UDP + HomAgg header + payload + the optional 16-byte MAC <= MTU
 PAYLOAD_AT_1500 = (1500 - 20 - 8 - lib.HG_HDR_LEN - 16) // 4 * 4
+PARENT = dict(ip="10.0.0.9", mac="02:00:00:00:00:09", worker=1)
 
 
 def test_stats_names_every_counter(daemon):
@@ -87,6 +88,17 @@ def test_add_and_remove_job(daemon):
     assert daemon.alive()
 
 
+def test_add_job_with_a_parent(shared):
+    """A tree leaf's job: its parent with every optional field."""
+    with shared.client() as c:
+        c.add_job(**JOB, parent=dict(PARENT, port=48879, shard=0, group="239.2.0.1",
+                                     rto_us=2000))
+        with pytest.raises(Exception, match="already exists"):
+            c.add_job(**JOB)
+        c.remove_job(JOB["job"])
+    assert shared.alive()
+
+
 @pytest.mark.parametrize("fields, exc, message", [
     (dict(JOB, workers=0), OutOfRange, "field 'workers': must be 1..256"),
     (dict(JOB, workers=100000), OutOfRange, "field 'workers': must be 1.."),
@@ -110,6 +122,16 @@ def test_add_and_remove_job(daemon):
     (dict(JOB, incarnation=0), OutOfRange, "field 'incarnation': must be 1..4294967295"),
     (dict(JOB, incarnation=-1), OutOfRange, "field 'incarnation': must be 1.."),
     ({k: v for k, v in JOB.items() if k != "token"}, InvalidArgument, "field 'token': missing"),
+    # a tree leaf's parent (docs/PROTOCOL.md "Tree")
+    (dict(JOB, parent=5), InvalidArgument, "field 'parent': must be an object"),
+    (dict(JOB, parent=dict(PARENT, ip=None)), InvalidArgument, "field 'ip': missing"),
+    (dict(JOB, parent=dict(PARENT, mac="02:00:00:00:00")), InvalidArgument,
+     "field 'parent.mac': must be a MAC address"),
+    (dict(JOB, parent=dict(PARENT, worker=256)), OutOfRange, "field 'worker': must be 0..255"),
+    (dict(JOB, parent=dict(PARENT, group="10.0.0.9")), InvalidArgument,
+     "is not a multicast address"),
+    (dict(JOB, parent=dict(PARENT, colour=1)), InvalidArgument, "field 'colour': unknown"),
+    (dict(JOB, parent=PARENT, auth="00" * 32), InvalidArgument, "does not authenticate"),
 ])
 def test_add_job_rejects_bad_fields(shared, fields, exc, message):
     daemon = shared

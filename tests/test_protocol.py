@@ -47,6 +47,25 @@ def test_op_facts_agree_with_the_c_accessors():
     assert ffi.string(lib.hg_method_name(99)).decode() == "unknown"
 
 
+def test_client_stats_table_names_every_field():
+    """hg_client_stat_name/per_phase (from HG_FOREACH_CLIENT_STAT) list the
+    fields of struct hg_client_stats in order; per-phase ones are arrays of
+    one entry per phase."""
+    from homagg.bindings.client import client_stat_fields
+
+    fields = client_stat_fields()
+    struct = ffi.typeof("struct hg_client_stats").fields
+    assert [n for n, _ in fields] == [n for n, _ in struct]
+    assert len({n for n, _ in fields}) == len(fields)
+    for (name, per_phase), (_, f) in zip(fields, struct):
+        assert per_phase == (f.type.kind == "array"), name
+        if per_phase:
+            assert f.type.length == len(protocol.PHASES), name
+    assert {n for n, p in fields if p} == {"bytes_sent", "bytes_received"}
+    assert lib.hg_client_stat_name(len(fields)) == ffi.NULL
+    assert not lib.hg_client_stat_per_phase(len(fields))
+
+
 def test_phases_and_methods():
     assert protocol.PHASES == ("exponents", "counts", "values", "codes", "index", "sketch",
                                "fallback", "union")

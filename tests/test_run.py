@@ -3,17 +3,15 @@ aggregator namespace, 4 worker processes in their namespaces, every method,
 results checked bit for bit against the numpy fixed-point reference."""
 import json
 import os
-import secrets
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 
-from conftest import require
+from conftest import dpdk_testbed, require
 from homagg import job
 from homagg import run as runmod
-from homagg.testbed import Testbed
 
 pytestmark = [pytest.mark.root, pytest.mark.netns, pytest.mark.dpdk, pytest.mark.timeout(300)]
 
@@ -31,18 +29,9 @@ def _have_worker():
 
 @pytest.fixture(scope="module")
 def testbed(tmp_path_factory):
-    require(os.geteuid() == 0, "needs root")
     require(_have_worker(), "homagg.worker / homagg.control not available")
-    try:
-        runmod.find_switch()
-    except runmod.RunError as e:
-        require(False, str(e))
-    sd = str(tmp_path_factory.mktemp("run") / "testbeds")
-    tb = Testbed.up("r" + secrets.token_hex(5), workers=4, link_mbit=1000, state_dir=sd)
-    try:
+    with dpdk_testbed(tmp_path_factory, "run", workers=4, link_mbit=1000) as tb:
         yield tb
-    finally:
-        Testbed.down(tb.name, state_dir=sd)
 
 
 def _no_processes_left(tb):
@@ -235,18 +224,8 @@ def test_allreduce_exact_under_injected_loss(testbed, method):
 @pytest.fixture(scope="module")
 def jumbo_testbed(tmp_path_factory):
     """A second testbed whose links (veths, bridge) have MTU 9000."""
-    require(os.geteuid() == 0, "needs root")
-    try:
-        runmod.find_switch()
-    except runmod.RunError as e:
-        require(False, str(e))
-    sd = str(tmp_path_factory.mktemp("jumbo") / "testbeds")
-    tb = Testbed.up("j" + secrets.token_hex(5), workers=4, link_mbit=1000, mtu=9000,
-                    state_dir=sd)
-    try:
+    with dpdk_testbed(tmp_path_factory, "jumbo", workers=4, link_mbit=1000, mtu=9000) as tb:
         yield tb
-    finally:
-        Testbed.down(tb.name, state_dir=sd)
 
 
 def test_jumbo_payloads_on_the_dpdk_testbed(jumbo_testbed):

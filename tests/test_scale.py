@@ -193,25 +193,11 @@ def test_worker_names_the_silent_udp_aggregator():
 
 @pytest.fixture(scope="module")
 def testbed_k2(tmp_path_factory):
-    import os
-    import secrets
+    from conftest import dpdk_testbed
 
-    from conftest import require
-    from homagg import run as runmod
-    from homagg.testbed import Testbed
-
-    require(os.geteuid() == 0, "needs root")
-    try:
-        runmod.find_switch()
-    except runmod.RunError as e:
-        require(False, str(e))
-    sd = str(tmp_path_factory.mktemp("scale") / "testbeds")
-    tb = Testbed.up("k" + secrets.token_hex(5), workers=3, link_mbit=1000, aggregators=2,
-                    state_dir=sd)
-    try:
+    with dpdk_testbed(tmp_path_factory, "k2scale", workers=3, link_mbit=1000,
+                      aggregators=2) as tb:
         yield tb
-    finally:
-        Testbed.down(tb.name, state_dir=sd)
 
 
 @pytest.mark.root

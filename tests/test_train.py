@@ -27,11 +27,10 @@ import pytest
 import torch
 
 import homagg.torch as hgt
-from conftest import require
+from conftest import dpdk_testbed
 from homagg import protocol
 from homagg import run as runmod
 from homagg import train as trainmod
-from homagg.testbed import Testbed
 
 from reference import allreduce as oracle_allreduce
 
@@ -42,17 +41,8 @@ pytestmark = [pytest.mark.timeout(400)]
 
 @pytest.fixture(scope="module")
 def testbed(tmp_path_factory):
-    require(os.geteuid() == 0, "needs root")
-    try:
-        runmod.find_switch()
-    except runmod.RunError as e:
-        require(False, str(e))
-    sd = str(tmp_path_factory.mktemp("train") / "testbeds")
-    tb = Testbed.up("t" + secrets.token_hex(5), workers=4, link_mbit=1000, state_dir=sd)
-    try:
+    with dpdk_testbed(tmp_path_factory, "train", workers=4, link_mbit=1000) as tb:
         yield tb
-    finally:
-        Testbed.down(tb.name, state_dir=sd)
 
 
 # --------------------------------------------------------------------------

@@ -252,19 +252,106 @@ bad:
 			   "%d hexadecimal digits", 2 * HG_AUTH_SECRET_LEN);
 }
 
+/* check_keys, then the required "job" (a uint32) into *job.  Returns 0,
+ * or -EINVAL / -ERANGE with the error reply in *reply. */
+static int keys_and_job(const json_t *o, const char *const *keys,
+			json_int_t *job, json_t **reply)
+{
+	int rc = check_keys(o, keys, reply);
+
+	if (rc)
+		return rc;
+	return get_uint(o, "job", true, 0, UINT32_MAX, 0, job, reply);
+}
+
+/* An IPv4 address string field of o (absent: 0 unless required);
+ * multicast: must be 224/4. */
+static int get_ipv4(const json_t *o, const char *key, bool required,
+		    bool multicast, uint32_t *out, json_t **reply)
+{
+	const json_t *g = json_object_get(o, key);
+	struct in_addr a;
+
+	*out = 0;
+	if (!g || json_is_null(g))
+		return required ? reply_error(reply, -EINVAL, "field '%s': missing",
+					      key) : 0;
+	if (!json_is_string(g) || inet_pton(AF_INET, json_string_value(g), &a) != 1)
+		return reply_error(reply, -EINVAL,
+				   "field '%s': must be an IPv4 address string", key);
+	*out = ntohl(a.s_addr);
+	if (multicast && (*out >> 28) != 0xE)
+		return reply_error(reply, -EINVAL,
+				   "field '%s': %s is not a multicast address",
+				   key, json_string_value(g));
+	return 0;
+}
+
+/*
+ * The optional "parent" object: this aggregator is a tree leaf below the
+ * root it names (docs/PROTOCOL.md "Tree").  ip, mac and worker (the leaf's
+ * id at the root) are required; port, shard, group (the root's result
+ * group, joined) and rto_us are optional.
+ */
+static int get_parent(struct hg_control *c, const json_t *o,
+		      struct hg_ctl_job *j, json_t **reply)
+{
+	static const char *const keys[] = { "ip", "mac", "worker", "port",
+		"shard", "group", "rto_us", NULL };
+	const json_t *p = json_object_get(o, "parent"), *m;
+	unsigned int b[6];
+	json_int_t v;
+	char tail;
+	int rc;
+
+	if (!p || json_is_null(p))
+		return 0;
+	if (!json_is_object(p))
+		return reply_error(reply, -EINVAL, "field 'parent': must be an "
+				   "object {\"ip\":..,\"mac\":..,\"worker\":..}");
+	if ((rc = check_keys(p, keys, reply)) ||
+	    (rc = get_ipv4(p, "ip", true, false, &j->up_ipv4, reply)) ||
+	    (rc = get_ipv4(p, "group", false, true, &j->up_group, reply)))
+		return rc;
+	m = json_object_get(p, "mac");
+	if (!m || !json_is_string(m) ||
+	    sscanf(json_string_value(m), "%2x:%2x:%2x:%2x:%2x:%2x%c", &b[0], &b[1],
+		   &b[2], &b[3], &b[4], &b[5], &tail) != 6)
+		return reply_error(reply, -EINVAL, "field 'parent.mac': must be "
+				   "a MAC address string like \"02:00:00:00:00:01\"");
+	for (int i = 0; i < 6; i++)
+		j->up_mac[i] = (uint8_t)b[i];
+	if ((rc = get_uint(p, "worker", true, 0, c->lim.max_workers - 1, 0, &v,
+			   reply)))
+		return rc;
+	j->up_worker = (uint16_t)v;
+	if ((rc = get_uint(p, "port", false, 1, 65535, HG_UDP_PORT, &v, reply)))
+		return rc;
+	j->up_port = (uint16_t)v;
+	if ((rc = get_uint(p, "shard", false, 0, 63, 0, &v, reply)))
+		return rc;
+	j->up_shard = (uint8_t)v;
+	if ((rc = get_uint(p, "rto_us", false, 1, 10000000, 0, &v, reply)))
+		return rc;
+	j->up_rto_ns = (uint64_t)v * 1000;
+	if (j->auth)
+		return reply_error(reply, -EINVAL, "field 'parent': a tree job "
+				   "does not authenticate (drop 'auth')");
+	j->up = 1;
+	return 0;
+}
+
 static int do_add_job(struct hg_control *c, const json_t *o, json_t **reply)
 {
 	static const char *const keys[] = { "cmd", "job", "token", "workers",
-		"slots", "payload", "group", "shard", "incarnation", "auth", NULL };
+		"slots", "payload", "group", "shard", "incarnation", "auth", "parent",
+		NULL };
 	struct hg_ctl_job j = { 0 };
-	const json_t *g;
 	char err[256] = "";
 	json_int_t v;
 	int rc;
 
-	if ((rc = check_keys(o, keys, reply)))
-		return rc;
-	if ((rc = get_uint(o, "job", true, 0, UINT32_MAX, 0, &v, reply)))
+	if ((rc = keys_and_job(o, keys, &v, reply)))
 		return rc;
 	j.job = (uint32_t)v;
 	if ((rc = get_uint(o, "token", true, 0, UINT32_MAX, 0, &v, reply)))
@@ -291,20 +378,8 @@ static int do_add_job(struct hg_control *c, const json_t *o, json_t **reply)
 				   "MTU 9000: --mtu 9000)", (long long)v,
 				   c->lim.max_payload, c->lim.mtu, HG_MAX_PAYLOAD);
 	j.payload = (uint32_t)v;
-	g = json_object_get(o, "group");
-	if (g && !json_is_null(g)) {
-		struct in_addr a;
-
-		if (!json_is_string(g) ||
-		    inet_pton(AF_INET, json_string_value(g), &a) != 1)
-			return reply_error(reply, -EINVAL,
-					   "field 'group': must be an IPv4 address string");
-		j.group = ntohl(a.s_addr);
-		if ((j.group >> 28) != 0xE)
-			return reply_error(reply, -EINVAL,
-					   "field 'group': %s is not a multicast address",
-					   json_string_value(g));
-	}
+	if ((rc = get_ipv4(o, "group", false, true, &j.group, reply)))
+		return rc;
 	if ((rc = get_uint(o, "shard", false, 0, 63, 0, &v, reply)))
 		return rc;
 	j.shard = (uint8_t)v;
@@ -312,8 +387,12 @@ static int do_add_job(struct hg_control *c, const json_t *o, json_t **reply)
 		return rc;
 	j.incarnation = v ? (uint32_t)v : hg_wire_incarnation_now();
 	rc = get_secret(o, &j, reply);
-	if (rc)
+	if (!rc)
+		rc = get_parent(c, o, &j, reply);
+	if (rc) {
+		hg_auth_wipe(j.secret, sizeof(j.secret));
 		return rc;
+	}
 	rc = c->ops->add_job(c->ctx, &j, err, sizeof(err));
 	hg_auth_wipe(j.secret, sizeof(j.secret));
 	if (rc < 0)
@@ -331,9 +410,7 @@ static int do_remove_job(struct hg_control *c, const json_t *o, json_t **reply)
 	json_int_t v;
 	int rc;
 
-	if ((rc = check_keys(o, keys, reply)))
-		return rc;
-	if ((rc = get_uint(o, "job", true, 0, UINT32_MAX, 0, &v, reply)))
+	if ((rc = keys_and_job(o, keys, &v, reply)))
 		return rc;
 	rc = c->ops->remove_job(c->ctx, (uint32_t)v);
 	if (rc < 0)

@@ -5,9 +5,14 @@
  *
  *   {"cmd":"add_job","job":7,"token":99,"workers":4,"slots":64,
  *    "payload":1024,"group":"239.1.1.1","shard":0,"incarnation":N,
- *    "auth":"<64 hex digits: the job secret>"}
- *                                 payload, group, shard, incarnation, auth
- *                                 optional; the secret is never echoed
+ *    "auth":"<64 hex digits: the job secret>",
+ *    "parent":{"ip":"10.0.0.9","mac":"02:..","worker":1,"port":48879,
+ *              "shard":0,"group":"239.2.0.1","rto_us":1000}}
+ *                                 payload, group, shard, incarnation, auth,
+ *                                 parent optional; the secret is never
+ *                                 echoed; parent makes this aggregator a
+ *                                 tree leaf below that root (ip, mac and
+ *                                 worker required; docs/PROTOCOL.md "Tree")
  *                                 -> {"ok":true,"job":7,"incarnation":N}
  *   {"cmd":"remove_job","job":7}
  *   {"cmd":"stats"}      -> {"ok":true,"stats":{counter:value,...},...}
@@ -46,6 +51,15 @@ struct hg_ctl_job {
 	uint32_t incarnation; /* the job's incarnation, never 0 here */
 	uint8_t auth;       /* 1: authenticated job, secret below */
 	uint8_t secret[HG_AUTH_SECRET_LEN];
+	/* parent: a tree leaf's root (homagg/engine.h up_* fields) */
+	uint8_t up;
+	uint8_t up_mac[6];
+	uint32_t up_ipv4;   /* host order */
+	uint16_t up_port;
+	uint16_t up_worker;
+	uint8_t up_shard;
+	uint32_t up_group;  /* host order, 0 = none */
+	uint64_t up_rto_ns;
 };
 
 struct hg_ctl_limits {

@@ -24,11 +24,19 @@ static int ctl_add_job(void *ctx, const struct hg_ctl_job *j, char *err,
 		.shard = j->shard,
 		.incarnation = j->incarnation,
 		.auth = j->auth,
+		.up = j->up,
+		.up_shard = j->up_shard,
+		.up_worker = j->up_worker,
+		.up_ipv4 = j->up_ipv4,
+		.up_port = j->up_port,
+		.up_group = j->up_group,
+		.up_rto_ns = j->up_rto_ns,
 	};
 	unsigned int k;
 	int rc = 0;
 
 	memcpy(jc.secret, j->secret, sizeof(jc.secret));
+	memcpy(jc.up_mac, j->up_mac, sizeof(jc.up_mac));
 
 	/* On every shard (each serves its slots of the job); all or none. */
 	for (k = 0; k < d->nshards && !rc; k++)

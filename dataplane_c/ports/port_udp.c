@@ -48,6 +48,20 @@ static void synth_headers(uint8_t *f, uint32_t src, uint16_t sport,
 	hg_wire_put_l2l4(f, &from, no_mac, dst, dport, n);
 }
 
+/* One datagram of a recvmmsg/sendmmsg batch: len bytes at base, from or
+ * to addr. */
+static void mmsg_one(struct mmsghdr *mm, struct iovec *iov,
+		     struct sockaddr_in *addr, void *base, size_t len)
+{
+	iov->iov_base = base;
+	iov->iov_len = len;
+	memset(&mm->msg_hdr, 0, sizeof(mm->msg_hdr));
+	mm->msg_hdr.msg_name = addr;
+	mm->msg_hdr.msg_namelen = sizeof(*addr);
+	mm->msg_hdr.msg_iov = iov;
+	mm->msg_hdr.msg_iovlen = 1;
+}
+
 /* ---- ops ------------------------------------------------------------ */
 
 static uint16_t rx_fd(struct hg_udp_port *p, int fd, uint32_t dst_ip,
@@ -68,13 +82,9 @@ static uint16_t rx_fd(struct hg_udp_port *p, int fd, uint32_t dst_ip,
 		return 0;
 	for (i = 0; i < n; i++) {
 		pk[i] = p->free[p->nfree - 1 - i];
-		iov[i].iov_base = pk[i]->data + HG_ETH_IP_UDP_LEN;
-		iov[i].iov_len = pk[i]->cap - HG_ETH_IP_UDP_LEN;
-		memset(&mm[i].msg_hdr, 0, sizeof(mm[i].msg_hdr));
-		mm[i].msg_hdr.msg_name = &from[i];
-		mm[i].msg_hdr.msg_namelen = sizeof(from[i]);
-		mm[i].msg_hdr.msg_iov = &iov[i];
-		mm[i].msg_hdr.msg_iovlen = 1;
+		mmsg_one(&mm[i], &iov[i], &from[i],
+			 pk[i]->data + HG_ETH_IP_UDP_LEN,
+			 pk[i]->cap - HG_ETH_IP_UDP_LEN);
 	}
 	got = recvmmsg(fd, mm, n, MSG_DONTWAIT, NULL);
 	if (got <= 0)
@@ -155,13 +165,9 @@ static uint16_t udp_tx(void *ctx, struct hg_pkt **pkts, uint16_t n)
 		to[m].sin_family = AF_INET;
 		to[m].sin_addr.s_addr = htonl(hg_rd32(ip + 16));
 		to[m].sin_port = htons(hg_rd16(udp + 2));
-		iov[m].iov_base = pkts[i]->data + HG_ETH_IP_UDP_LEN;
-		iov[m].iov_len = pkts[i]->len - HG_ETH_IP_UDP_LEN;
-		memset(&mm[m].msg_hdr, 0, sizeof(mm[m].msg_hdr));
-		mm[m].msg_hdr.msg_name = &to[m];
-		mm[m].msg_hdr.msg_namelen = sizeof(to[m]);
-		mm[m].msg_hdr.msg_iov = &iov[m];
-		mm[m].msg_hdr.msg_iovlen = 1;
+		mmsg_one(&mm[m], &iov[m], &to[m],
+			 pkts[i]->data + HG_ETH_IP_UDP_LEN,
+			 pkts[i]->len - HG_ETH_IP_UDP_LEN);
 		idx[m++] = i;
 	}
 	sent = m ? sendmmsg(p->ufd, mm, m, MSG_DONTWAIT) : 0;

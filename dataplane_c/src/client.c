@@ -61,11 +61,20 @@ struct hg_client *hg_client_create(const struct hg_client_config *cfg)
 		return NULL;
 	if (cfg->naggs > HG_CLIENT_MAX_AGGREGATORS || (cfg->naggs && !cfg->aggs))
 		return NULL;
+	if (cfg->agg_workers ? cfg->agg_workers > cfg->workers ||
+			       cfg->agg_worker >= cfg->agg_workers ||
+			       cfg->agg_worker > cfg->worker
+			     : cfg->agg_worker != 0)
+		return NULL;
 
 	c = calloc(1, sizeof(*c));
 	if (!c)
 		return NULL;
 	c->cfg = *cfg;
+	if (!c->cfg.agg_workers) {
+		c->cfg.agg_workers = cfg->workers;
+		c->cfg.agg_worker = cfg->worker;
+	}
 	if (!c->cfg.agg_udp_port)
 		c->cfg.agg_udp_port = HG_UDP_PORT;
 	if (!c->cfg.rto_ns)
@@ -83,7 +92,7 @@ struct hg_client *hg_client_create(const struct hg_client_config *cfg)
 		c->cfg.incarnation = hg_wire_incarnation_now();
 	hg_auth_wipe(c->cfg.secret, sizeof(c->cfg.secret));
 	if (cfg->auth) {
-		if (hg_auth_derive_key(cfg->secret, cfg->worker, c->keys[0]) ||
+		if (hg_auth_derive_key(cfg->secret, c->cfg.agg_worker, c->keys[0]) ||
 		    hg_auth_derive_key(cfg->secret, HG_AUTH_KEY_AGGREGATOR,
 				       c->keys[1]))
 			goto err_free;
@@ -181,6 +190,35 @@ bool hg_client_busy(const struct hg_client *c)
 const char *hg_client_error_text(const struct hg_client *c)
 {
 	return c ? c->err : "";
+}
+
+#define HG_CS_NAME_(type, name, doc) { #name, false },
+#define HG_CS_PER_PHASE_NAME_(name, doc) { #name, true },
+static const struct {
+	const char *name;
+	bool per_phase;
+} client_stat_fields[] = {
+	HG_FOREACH_CLIENT_STAT(HG_CS_NAME_, HG_CS_PER_PHASE_NAME_)
+};
+#undef HG_CS_NAME_
+#undef HG_CS_PER_PHASE_NAME_
+
+#define CLIENT_STAT_COUNT \
+	(unsigned)(sizeof(client_stat_fields) / sizeof(client_stat_fields[0]))
+
+unsigned hg_client_stat_count(void)
+{
+	return CLIENT_STAT_COUNT;
+}
+
+const char *hg_client_stat_name(unsigned i)
+{
+	return i < CLIENT_STAT_COUNT ? client_stat_fields[i].name : NULL;
+}
+
+bool hg_client_stat_per_phase(unsigned i)
+{
+	return i < CLIENT_STAT_COUNT && client_stat_fields[i].per_phase;
 }
 
 int hg_client_get_stats(const struct hg_client *c, struct hg_client_stats *st)

@@ -84,7 +84,7 @@ static size_t build_chunk(struct hg_client *c, struct hg_pkt *pkt, size_t k,
 			     ((seq / c->cfg.slots) % 2 ? HG_FLAG_SHADOW : 0));
 	h.job = c->cfg.job;
 	h.token = c->cfg.token;
-	h.worker = (uint16_t)c->cfg.worker;
+	h.worker = (uint16_t)c->cfg.agg_worker;
 	h.slot = (uint16_t)(seq % c->cfg.slots);
 	h.seq = seq;
 	h.lanes = (uint16_t)lanes;
@@ -210,12 +210,12 @@ static void handle_frame(struct hg_client *c, const uint8_t *f, size_t len,
 		c->stats.status_received++;
 		ag->st.status_received++;
 		if (fl->busy && fl->chunk == chunk) {
-			size_t nb = (c->cfg.workers + 7) / 8;
+			size_t nb = (c->cfg.agg_workers + 7) / 8;
 
 			memset(fl->bitmap, 0, sizeof(fl->bitmap));
 			memcpy(fl->bitmap, pl, v.payload_len < nb ? v.payload_len : nb);
 			fl->have_status = true;
-			if (fl->bitmap[c->cfg.worker / 8] >> (c->cfg.worker % 8) & 1) {
+			if (fl->bitmap[c->cfg.agg_worker / 8] >> (c->cfg.agg_worker % 8) & 1) {
 				/* Our contribution is there: the slot waits for
 				 * a peer.  Nothing to resend; a timeout that made
 				 * us ask was spurious. */
@@ -452,7 +452,7 @@ static void timeout_text(struct hg_client *c, const struct flight *fl)
 	char name[64], *e = c->err, *end = c->err + sizeof(c->err);
 	/* the limit it waited for; a late wake-up (a loaded host) is not news */
 	double secs = (double)c->cfg.give_up_ns / 1e9;
-	uint32_t missing = 0;
+	uint32_t missing = 0, base = c->cfg.worker - c->cfg.agg_worker;
 
 	agg_name(c, fl->agg, name, sizeof(name));
 	if (ag->st.results_received == ag->start_results && !fl->have_status) {
@@ -476,25 +476,30 @@ static void timeout_text(struct hg_client *c, const struct flight *fl)
 		bool first = true;
 
 		if (pass == 1) {
-			for (uint32_t w = 0; w < c->cfg.workers; w++)
+			for (uint32_t w = 0; w < c->cfg.agg_workers; w++)
 				missing += !(fl->bitmap[w / 8] >> (w % 8) & 1);
 			if (e < end)
 				e += snprintf(e, (size_t)(end - e),
 					      " present, missing worker%s ",
 					      missing == 1 ? "" : "s");
 		}
-		for (uint32_t w = 0; w < c->cfg.workers && e < end - 1; w++) {
+		for (uint32_t w = 0; w < c->cfg.agg_workers && e < end - 1; w++) {
 			bool in = fl->bitmap[w / 8] >> (w % 8) & 1;
 
 			if (in != (pass == 0))
 				continue;
+			/* the job's worker numbers (a tree leaf's are an offset) */
 			e += snprintf(e, (size_t)(end - e), "%s%u",
-				      first ? "" : ",", w);
+				      first ? "" : ",", w + base);
 			first = false;
 		}
 		if (first && e < end - 1)
 			e += snprintf(e, (size_t)(end - e), "none");
 	}
+	/* complete there: a tree leaf waiting for its root (PROTOCOL.md "Tree") */
+	if (!missing && e < end - 1)
+		snprintf(e, (size_t)(end - e),
+			 " (complete there: it waits for its root aggregator)");
 }
 
 /*

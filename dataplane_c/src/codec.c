@@ -4,15 +4,13 @@
  * quantisation and dequantisation (homagg/codec.h, docs/PROTOCOL.md
  * "Codec").
  *
- * The hot loops have an AVX2 form (target attribute, chosen at run time)
- * and a portable form; both give the same bits: the AVX2 conversions use
- * the default round-to-nearest-even mode exactly like the scalar code.
+ * The hot loops have an AVX2 form (codec_avx2.c, chosen at run time) and
+ * a portable form; both give the same bits: the AVX2 conversions use the
+ * default round-to-nearest-even mode exactly like the scalar code.
  */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
-
-#include <immintrin.h>
 
 #include "codec_pvt.h"
 
@@ -96,37 +94,18 @@ static void scan_portable(const float *x, size_t len, uint32_t *absmax,
 	*nnz = c;
 }
 
-__attribute__((target("avx2")))
-static void scan_avx2(const float *x, size_t len, uint32_t *absmax,
-		      uint32_t *nnz)
+/* The same with the AVX2 path (when avx2) for the whole groups of 16. */
+static void scan_block(const float *x, size_t len, bool avx2,
+		       uint32_t *absmax, uint32_t *nnz)
 {
-	const __m256i m = _mm256_set1_epi32(0x7FFFFFFF);
-	const __m256i z = _mm256_setzero_si256();
-	__m256i mx0 = z, mx1 = z, zc0 = z, zc1 = z;
-	uint32_t lanes[8], zeros = 0, mx = 0, tmx, tc;
-	size_t i = 0;
+	uint32_t mx = 0, c = 0, tmx, tc;
+	size_t i = avx2 ? hg_absmax_nnz_avx2(x, len, &mx, &c) : 0;
 
-	for (; i + 16 <= len; i += 16) {
-		__m256i a = _mm256_and_si256(
-			_mm256_loadu_si256((const __m256i *)(x + i)), m);
-		__m256i b = _mm256_and_si256(
-			_mm256_loadu_si256((const __m256i *)(x + i + 8)), m);
-
-		mx0 = _mm256_max_epu32(mx0, a);
-		mx1 = _mm256_max_epu32(mx1, b);
-		zc0 = _mm256_sub_epi32(zc0, _mm256_cmpeq_epi32(a, z));
-		zc1 = _mm256_sub_epi32(zc1, _mm256_cmpeq_epi32(b, z));
-	}
-	_mm256_storeu_si256((__m256i *)lanes, _mm256_max_epu32(mx0, mx1));
-	for (int k = 0; k < 8; k++)
-		mx = lanes[k] > mx ? lanes[k] : mx;
-	_mm256_storeu_si256((__m256i *)lanes, _mm256_add_epi32(zc0, zc1));
-	for (int k = 0; k < 8; k++)
-		zeros += lanes[k];
 	scan_portable(x + i, len - i, &tmx, &tc);
 	*absmax = tmx > mx ? tmx : mx;
-	*nnz = (uint32_t)(i - zeros) + tc;
+	*nnz = c + tc;
 }
+
 
 static size_t first_nonfinite(const float *x, size_t len)
 {
@@ -159,10 +138,7 @@ static int exp_nnz(const struct hg_params *p, const float *x, size_t n,
 		const float *xb = x + b * p->block;
 		uint32_t mx, c;
 
-		if (avx2)
-			scan_avx2(xb, len, &mx, &c);
-		else
-			scan_portable(xb, len, &mx, &c);
+		scan_block(xb, len, avx2, &mx, &c);
 		if (check_finite && mx >= 0x7F800000u) {
 			if (bad_index)
 				*bad_index = b * p->block +
@@ -219,6 +195,20 @@ size_t hg_quantized_lanes(const struct hg_params *p, size_t n,
 	return lanes;
 }
 
+/* The checks of hg_quantize and hg_dequantize: the parameters, the
+ * buffers (bufs: none is NULL) unless n is 0, the flags. */
+static int quant_check(const struct hg_params *p, size_t n, bool bufs,
+		       uint32_t qflags)
+{
+	int rc = hg_params_check(p);
+
+	if (rc)
+		return rc;
+	if ((n && !bufs) || (qflags & ~(uint32_t)HG_Q_SKIP_ZERO))
+		return -EINVAL;
+	return 0;
+}
+
 /* Returns false when an element is out of the block's range. */
 static bool quant_block_portable(const float *x, size_t len, int8_t code,
 				 int shift, uint8_t *out)
@@ -234,38 +224,15 @@ static bool quant_block_portable(const float *x, size_t len, int8_t code,
 	return !bad;
 }
 
-__attribute__((target("avx2")))
-static bool quant_block_avx2(const float *x, size_t len, int8_t code,
-			     int shift, uint8_t *out)
+/* The same with the AVX2 path (when avx2) for the whole groups of 8. */
+static bool quant_block(const float *x, size_t len, int8_t code, int shift,
+			bool avx2, uint8_t *out)
 {
-	const uint32_t lim = hg_code_limit_bits(code);
-	const __m256i m = _mm256_set1_epi32(0x7FFFFFFF);
-	const __m256i limv = _mm256_set1_epi32((int32_t)(lim - 1));
-	const __m256d scale = _mm256_set1_pd(hg_pow2(shift));
-	const __m256i bswap = _mm256_setr_epi8(
-		3, 2, 1, 0, 7, 6, 5, 4, 11, 10, 9, 8, 15, 14, 13, 12,
-		3, 2, 1, 0, 7, 6, 5, 4, 11, 10, 9, 8, 15, 14, 13, 12);
-	__m256i bad = _mm256_setzero_si256();
-	size_t i = 0;
+	bool bad = false;
+	size_t i = avx2 ? hg_quant_avx2(x, len, code, shift, out, &bad) : 0;
 
-	for (; i + 8 <= len; i += 8) {
-		__m256 v = _mm256_loadu_ps(x + i);
-		__m256i a = _mm256_and_si256(_mm256_castps_si256(v), m);
-		__m128i lo, hi;
-
-		bad = _mm256_or_si256(bad, _mm256_cmpgt_epi32(a, limv));
-		/* cvtpd_epi32 rounds to nearest even (default MXCSR) */
-		lo = _mm256_cvtpd_epi32(_mm256_mul_pd(
-			_mm256_cvtps_pd(_mm256_castps256_ps128(v)), scale));
-		hi = _mm256_cvtpd_epi32(_mm256_mul_pd(
-			_mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)), scale));
-		_mm256_storeu_si256(
-			(__m256i *)(out + 4 * i),
-			_mm256_shuffle_epi8(_mm256_set_m128i(hi, lo), bswap));
-	}
-	if (!_mm256_testz_si256(bad, bad))
-		return false;
-	return quant_block_portable(x + i, len - i, code, shift, out + 4 * i);
+	return !bad && quant_block_portable(x + i, len - i, code, shift,
+					    out + 4 * i);
 }
 
 static bool quant_block_stochastic(const float *x, size_t len, int8_t code,
@@ -289,17 +256,13 @@ static bool quant_block_stochastic(const float *x, size_t len, int8_t code,
 int hg_quantize(const struct hg_params *p, const float *x, size_t n,
 		const int8_t *gcodes, uint32_t qflags, uint8_t *out_be32)
 {
-	int rc = hg_params_check(p);
+	int rc = quant_check(p, n, x && gcodes && out_be32, qflags);
 	bool avx2, sto;
 	uint64_t key;
 	size_t nb, off = 0;
 
 	if (rc)
 		return rc;
-	if (n && (!x || !gcodes || !out_be32))
-		return -EINVAL;
-	if (qflags & ~(uint32_t)HG_Q_SKIP_ZERO)
-		return -EINVAL;
 	avx2 = hg_codec_avx2();
 	sto = p->flags & HG_F_STOCHASTIC;
 	key = hg_stream_key(p->seed, HG_DOM_ROUND, p->worker);
@@ -323,12 +286,9 @@ int hg_quantize(const struct hg_params *p, const float *x, size_t n,
 			ok = quant_block_stochastic(xb, len, code, s, key,
 						    b * p->block,
 						    out_be32 + 4 * off);
-		else if (avx2)
-			ok = quant_block_avx2(xb, len, code, s,
-					      out_be32 + 4 * off);
 		else
-			ok = quant_block_portable(xb, len, code, s,
-						  out_be32 + 4 * off);
+			ok = quant_block(xb, len, code, s, avx2,
+					 out_be32 + 4 * off);
 		if (!ok)
 			return -ERANGE;
 		off += len;
@@ -347,62 +307,30 @@ static void dequant_block_portable(const uint8_t *in, size_t len, int shift,
 		y[i] = (float)((double)(int32_t)hg_ld_be32(in + 4 * i) * scale);
 }
 
-__attribute__((target("avx2")))
-static void dequant_block_avx2(const uint8_t *in, size_t len, int shift,
-			       float *y)
-{
-	const __m256d scale = _mm256_set1_pd(hg_pow2(-shift));
-	const __m256i bswap = _mm256_setr_epi8(
-		3, 2, 1, 0, 7, 6, 5, 4, 11, 10, 9, 8, 15, 14, 13, 12,
-		3, 2, 1, 0, 7, 6, 5, 4, 11, 10, 9, 8, 15, 14, 13, 12);
-	size_t i = 0;
-
-	for (; i + 8 <= len; i += 8) {
-		__m256i v = _mm256_shuffle_epi8(
-			_mm256_loadu_si256((const __m256i *)(in + 4 * i)),
-			bswap);
-		/* both conversions are exact or round once, like the scalar */
-		__m128 lo = _mm256_cvtpd_ps(_mm256_mul_pd(
-			_mm256_cvtepi32_pd(_mm256_castsi256_si128(v)), scale));
-		__m128 hi = _mm256_cvtpd_ps(_mm256_mul_pd(
-			_mm256_cvtepi32_pd(_mm256_extracti128_si256(v, 1)),
-			scale));
-
-		_mm256_storeu_ps(y + i, _mm256_set_m128(hi, lo));
-	}
-	dequant_block_portable(in + 4 * i, len - i, shift, y + i);
-}
-
 int hg_dequantize(const struct hg_params *p, const uint8_t *sum_be32,
 		  size_t n, const int8_t *gcodes, uint32_t qflags, float *y)
 {
-	int rc = hg_params_check(p);
+	int rc = quant_check(p, n, sum_be32 && gcodes && y, qflags);
 	size_t nb, off = 0;
 	bool avx2;
 
 	if (rc)
 		return rc;
-	if (n && (!sum_be32 || !gcodes || !y))
-		return -EINVAL;
-	if (qflags & ~(uint32_t)HG_Q_SKIP_ZERO)
-		return -EINVAL;
 	avx2 = hg_codec_avx2();
 	nb = hg_nblocks(p, n);
 	for (size_t b = 0; b < nb; b++) {
 		size_t len = hg_block_len(p, n, b);
 		float *yb = y + b * p->block;
+		const uint8_t *in = sum_be32 + 4 * off;
+		int s = hg_scale_shift(p, gcodes[b]);
+		size_t i;
 
 		if (gcodes[b] == HG_EXP_ZERO && (qflags & HG_Q_SKIP_ZERO)) {
 			memset(yb, 0, len * sizeof(float));
 			continue;
 		}
-		if (avx2)
-			dequant_block_avx2(sum_be32 + 4 * off, len,
-					   hg_scale_shift(p, gcodes[b]), yb);
-		else
-			dequant_block_portable(sum_be32 + 4 * off, len,
-					       hg_scale_shift(p, gcodes[b]),
-					       yb);
+		i = avx2 ? hg_dequant_avx2(in, len, s, yb) : 0;
+		dequant_block_portable(in + 4 * i, len - i, s, yb + i);
 		off += len;
 	}
 	return 0;

@@ -656,17 +656,27 @@ static void cells_to_be(uint8_t *cells, size_t nc)
 	}
 }
 
+/* The checks both sketch encoders share (-EINVAL), then the stream key
+ * of this worker's rounding into *rkey. */
+static int sketch_start(const struct hg_lhc *l, const uint8_t *cells_be32,
+			uint64_t *rkey)
+{
+	if (!l || l->state < LHC_INDEXED ||
+	    (l->info.sketch_lanes && !cells_be32))
+		return -EINVAL;
+	*rkey = hg_stream_key(l->p.seed, HG_DOM_ROUND, l->p.worker);
+	return 0;
+}
+
 int hg_lhc_sketch_encode(const struct hg_lhc *l, const float *x,
 			 uint8_t *cells_be32)
 {
 	uint64_t rkey;
 	bool avx512;
 
-	if (!l || l->state < LHC_INDEXED || (l->n && !x) ||
-	    (l->info.sketch_lanes && !cells_be32))
+	if (sketch_start(l, cells_be32, &rkey) || (l->n && !x))
 		return -EINVAL;
 	avx512 = hg_codec_avx512();
-	rkey = hg_stream_key(l->p.seed, HG_DOM_ROUND, l->p.worker);
 	for (size_t b = 0; b < l->nb; b++) {
 		const struct lhc_block *bk = &l->blk[b];
 		uint32_t len = (uint32_t)hg_block_len(&l->p, l->n, b);
@@ -697,11 +707,9 @@ int hg_lhc_sketch_encode_scan(const struct hg_lhc *l, const struct hg_scan *s,
 	uint64_t rkey;
 	bool avx512;
 
-	if (!l || l->state < LHC_INDEXED || lhc_scan_matches(l, s) ||
-	    (l->info.sketch_lanes && !cells_be32))
+	if (sketch_start(l, cells_be32, &rkey) || lhc_scan_matches(l, s))
 		return -EINVAL;
 	avx512 = hg_codec_avx512();
-	rkey = hg_stream_key(l->p.seed, HG_DOM_ROUND, l->p.worker);
 	for (size_t b = 0; b < l->nb; b++) {
 		const struct lhc_block *bk = &l->blk[b];
 		uint8_t *cells = cells_be32 + 4 * bk->sketch_off;

@@ -3,7 +3,8 @@
  * codec_lhc_pvt.h - the lhc plan (struct hg_lhc), shared by codec_lhc.c
  * (index, sketch, peeling, auto), its vector paths (codec_lhc_avx2.c,
  * codec_lhc_avx512.c) and codec_union.c (the union values phase, which
- * reuses lhc's meta and index phases and its candidate list).
+ * reuses lhc's meta and index phases and its candidate list) with its
+ * vector paths (codec_union_avx512.c).
  */
 #ifndef HOMAGG_CODEC_LHC_PVT_H
 #define HOMAGG_CODEC_LHC_PVT_H
@@ -86,14 +87,26 @@ uint32_t hg_lhc_cells_avx512(uint64_t key, uint64_t g0, uint32_t t,
 uint32_t hg_lhc_compact_avx512(const float *xb, uint32_t i0, uint32_t i1,
 			       uint16_t *pos, uint32_t *amax);
 
-/* The vector scatter of codec_union.c may be used (AVX-512 F/DQ/BW, BMI2). */
+/* The vector paths of codec_union_avx512.c may be used (AVX-512 F/DQ/BW,
+ * BMI2). */
 bool hg_union_vec(void);
+
+/*
+ * The union values of a bitmap block (gbm: the global bitmap, lbm: this
+ * worker's, len elements) from this worker's non-zero values v (16
+ * readable past the last), deterministic rounding; codec_union_avx512.c.
+ * Returns the non-zeros consumed, or UINT32_MAX if lbm is not a subset of
+ * gbm.  Needs hg_union_vec().
+ */
+uint32_t hg_union_bitmap_avx512(const uint8_t *gbm, const uint8_t *lbm,
+				uint32_t len, const float *v, double scale,
+				uint8_t *out);
 
 /*
  * Decode a bitmap block of len elements into y, writing each element once:
  * +0 where the bitmap gbm has no bit, else the next int32 sum of in
  * (big-endian lanes when be, host order otherwise) times scale, rounded
- * once to float32.  Needs hg_union_vec().
+ * once to float32.  codec_union_avx512.c; needs hg_union_vec().
  */
 void hg_scatter_bitmap(const uint8_t *gbm, uint32_t len, const uint8_t *in,
 		       bool be, double scale, float *y);

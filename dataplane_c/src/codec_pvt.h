@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "homagg/codec.h"
+#include "be32_pvt.h"
 #include "hash_pvt.h"
 
 /* Absolute-value bits of a float32: monotonic in |x| for finite x. */
@@ -50,20 +51,6 @@ static inline uint32_t hg_code_limit_bits(int8_t code)
 	if (code == HG_EXP_ZERO)
 		return 1; /* only +-0 allowed */
 	return (uint32_t)(code + 1 + 127) << 23;
-}
-
-static inline uint32_t hg_ld_be32(const uint8_t *p)
-{
-	uint32_t v;
-
-	memcpy(&v, p, 4);
-	return __builtin_bswap32(v);
-}
-
-static inline void hg_st_be32(uint8_t *p, uint32_t v)
-{
-	v = __builtin_bswap32(v);
-	memcpy(p, &v, 4);
 }
 
 /* Round-half-even of an exact float64 v with |v| < 2^51 (default FP mode). */
@@ -127,5 +114,28 @@ bool hg_codec_avx2(void);
 /* true when the AVX-512 (F + DQ: 64-bit lane multiplies) paths may be used;
  * HOMAGG_CODEC_ISA=portable or =avx2 disables them. */
 bool hg_codec_avx512(void);
+
+/*
+ * codec_avx2.c: the whole vectors of a block of len elements (the caller
+ * does the rest with the portable code); each returns how many elements it
+ * did.  hg_absmax_nnz_avx2: the largest absolute-value bits and the
+ * non-zero count of them.  hg_quant_avx2: their fixed-point lanes
+ * (big-endian) at out, *bad set when one is out of the code's range.
+ * hg_dequant_avx2: float32 at y from the int32 lanes at in.
+ */
+size_t hg_absmax_nnz_avx2(const float *x, size_t len, uint32_t *absmax,
+			  uint32_t *nnz);
+size_t hg_quant_avx2(const float *x, size_t len, int8_t code, int shift,
+		     uint8_t *out, bool *bad);
+size_t hg_dequant_avx2(const uint8_t *in, size_t len, int shift, float *y);
+
+/*
+ * codec_scan_avx512.c (AVX-512 F, BW, DQ): the scan of the first len16
+ * elements of a block (a multiple of 16): non-zero positions and values at
+ * pos / val (16 entries of slack past the last), the bitmap bits at bm,
+ * absolute-value bits max-ed into *amax; returns the non-zero count.
+ */
+uint32_t hg_scan_avx512(const float *xb, uint32_t len16, uint16_t *pos,
+			float *val, uint8_t *bm, uint32_t *amax);
 
 #endif /* HOMAGG_CODEC_PVT_H */

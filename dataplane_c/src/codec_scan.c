@@ -6,7 +6,8 @@
  * bitmap block, as it travels) and a compact list of the non-zero elements
  * (block-relative position and value).  The index, sketch and union phases
  * then read only the non-zeros (5% of the tensor at the benchmark's
- * density) instead of the whole tensor again.
+ * density) instead of the whole tensor again.  The AVX-512 path of the
+ * pass is in codec_scan_avx512.c, chosen at run time (hg_codec_avx512()).
  *
  * Same codes and counts as hg_exp_nnz_encode, same index bytes, sketch
  * cells and values as the tensor-reading functions: tests compare them on
@@ -15,8 +16,6 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
-
-#include <immintrin.h>
 
 #include "codec_pvt.h"
 
@@ -124,48 +123,6 @@ static uint32_t scan_tail(const float *xb, uint32_t i0, uint32_t len,
 	return c;
 }
 
-/*
- * The same for the whole 16-element vectors of a block: each vector's
- * non-zero mask is its 16 bitmap bits; positions and values are compressed
- * in registers (a compressing store to memory is slow on some CPUs) and
- * all 16 lanes stored, the output advancing by the count.
- */
-__attribute__((target("avx512f,avx512bw,avx512dq")))
-static uint32_t scan_avx512(const float *xb, uint32_t len16, uint16_t *pos,
-			    float *val, uint8_t *bm, uint32_t *amax)
-{
-	const __m512i m = _mm512_set1_epi32(0x7FFFFFFF);
-	const __m512i step = _mm512_set1_epi32(16);
-	__m512i idx = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11,
-					12, 13, 14, 15);
-	__m512i mx = _mm512_setzero_si512();
-	uint32_t c = 0;
-
-	for (uint32_t i = 0; i < len16; i += 16) {
-		__m512 v = _mm512_loadu_ps(xb + i);
-		__m512i a = _mm512_and_si512(_mm512_castps_si512(v), m);
-		__mmask16 nz = _mm512_test_epi32_mask(a, a);
-		uint16_t bits = (uint16_t)nz;
-
-		mx = _mm512_max_epu32(mx, a);
-		memcpy(bm + i / 8, &bits, 2); /* LSB first: little endian */
-		_mm256_storeu_si256((__m256i *)(pos + c),
-				    _mm512_cvtepi32_epi16(
-					    _mm512_maskz_compress_epi32(nz, idx)));
-		_mm512_storeu_ps(val + c, _mm512_maskz_compress_ps(nz, v));
-		c += (uint32_t)__builtin_popcount(nz);
-		idx = _mm512_add_epi32(idx, step);
-	}
-	{
-		uint32_t r = _mm512_reduce_max_epu32(mx);
-
-		*amax = r > *amax ? r : *amax;
-	}
-	/* leave no dirty upper state to the SSE code that follows */
-	_mm256_zeroupper();
-	return c;
-}
-
 int hg_scan_encode(struct hg_scan *s, const struct hg_params *p,
 		   const float *x, size_t n, int8_t *codes,
 		   uint8_t *counts_be32, size_t *bad_index)
@@ -201,8 +158,8 @@ int hg_scan_encode(struct hg_scan *s, const struct hg_params *p,
 		s->off[b] = total;
 		if (avx512) {
 			i0 = len & ~15u;
-			c = scan_avx512(xb, i0, s->pos + total, s->val + total,
-					bm, &amax);
+			c = hg_scan_avx512(xb, i0, s->pos + total,
+					   s->val + total, bm, &amax);
 		}
 		c += scan_tail(xb, i0, len, s->pos + total + c,
 			       s->val + total + c, bm, &amax);

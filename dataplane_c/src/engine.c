@@ -50,8 +50,15 @@
  */
 #define PREFETCH_AHEAD 2
 #define PREFETCH_BYTES 128
+/* Tree leaf defaults (docs/PROTOCOL.md "Tree"); the timeout doubles per
+ * try up to 2^UP_MAX_BACKOFF times. */
+#define HG_UP_DEFAULT_RTO_NS 1000000ull
+#define HG_UP_DEFAULT_GIVE_UP_NS 10000000000ull
+#define UP_MAX_BACKOFF 6
 
-enum set_state { SET_EMPTY = 0, SET_OPEN = 1, SET_DONE = 2 };
+/* SET_UP: a tree leaf's set, complete here and sent up, waiting for the
+ * root's result (docs/PROTOCOL.md "Tree"). */
+enum set_state { SET_EMPTY = 0, SET_OPEN = 1, SET_DONE = 2, SET_UP = 3 };
 
 /* One shadow set of one slot. */
 struct hg_set {
@@ -82,6 +89,15 @@ struct hg_job {
 	uint8_t (*keys)[HG_AUTH_KEY_LEN]; /* auth: W worker keys + the aggregator's */
 	size_t mac_len;                /* auth: HG_MAC_LEN, else 0 */
 	uint64_t cnt[HG_CNT__COUNT];
+	struct hg_up_timer *up;        /* tree leaf: 2 * S upward timers, else NULL */
+};
+
+/* Tree leaf: the upward timer of one set (SET_UP). */
+struct hg_up_timer {
+	uint64_t first_ns;             /* first sent up */
+	uint64_t sent_ns;              /* last sent up */
+	uint64_t due_ns;               /* resend then; UINT64_MAX: abandoned */
+	uint32_t tries;
 };
 
 /* What the first pass learned of one frame of a burst. */
@@ -99,6 +115,7 @@ struct hg_stage {
 	uint16_t lanes;
 	uint8_t op;
 	int8_t exp;
+	bool up;                       /* a root's RESULT or STATUS (tree leaf) */
 };
 
 struct hg_engine {
@@ -125,6 +142,7 @@ struct hg_engine {
 	struct hg_pkt *rx[HG_ENGINE_MAX_BURST];
 	struct hg_stage stage[HG_ENGINE_MAX_BURST];
 	bool one_at_a_time;            /* hg_engine_set_staging(e, false) */
+	uint64_t up_next;              /* earliest upward timer, UINT64_MAX: none */
 };
 
 void hg_engine_config_init(struct hg_engine_config *c)
@@ -183,6 +201,7 @@ struct hg_engine *hg_engine_create(const struct hg_engine_config *c)
 	e->flags = c->flags;
 	e->wire_flags = (c->flags & HG_ENGINE_F_UDP_CSUM) ? HG_WIRE_F_UDP_CSUM : 0;
 	e->burst = c->burst;
+	e->up_next = UINT64_MAX;
 	for (int op = 1; op <= HG_OP__COUNT; op++)
 		e->kern[op] = hg_kernel((enum hg_op)op, c->isa);
 	return e;
@@ -200,6 +219,7 @@ static void job_free(struct hg_job *j)
 	free(j->sets);
 	free(j->acc);
 	free(j->peers);
+	free(j->up);
 	if (j->keys)
 		hg_auth_wipe(j->keys, (j->cfg.workers + 1) * sizeof(*j->keys));
 	free(j->keys);
@@ -283,6 +303,10 @@ int hg_engine_add_job(struct hg_engine *e, const struct hg_job_config *jc)
 	}
 	if (!j)
 		return -ERANGE;
+	if (jc->up && jc->auth)
+		return -ENOTSUP;
+	if (jc->up && !jc->up_ipv4)
+		return -EINVAL;
 	memset(j, 0, sizeof(*j));
 	j->cfg = *jc;
 	/* The secret is not kept: only the keys derived from it. */
@@ -305,6 +329,17 @@ int hg_engine_add_job(struct hg_engine *e, const struct hg_job_config *jc)
 	j->peers = calloc(jc->workers, sizeof(*j->peers));
 	if (!j->peers)
 		goto err_free_job;
+	if (jc->up) {
+		j->up = calloc(nsets, sizeof(*j->up));
+		if (!j->up)
+			goto err_free_job;
+		if (!j->cfg.up_port)
+			j->cfg.up_port = HG_UDP_PORT;
+		if (!j->cfg.up_rto_ns)
+			j->cfg.up_rto_ns = HG_UP_DEFAULT_RTO_NS;
+		if (!j->cfg.up_give_up_ns)
+			j->cfg.up_give_up_ns = HG_UP_DEFAULT_GIVE_UP_NS;
+	}
 	if (jc->auth) {
 		j->keys = calloc(jc->workers + 1, sizeof(*j->keys));
 		if (!j->keys)
@@ -326,6 +361,8 @@ int hg_engine_add_job(struct hg_engine *e, const struct hg_job_config *jc)
 	table_rebuild(e);
 	if (jc->group_ipv4 && e->port->ops->join_group)
 		e->port->ops->join_group(e->port->ctx, jc->group_ipv4);
+	if (jc->up && jc->up_group && e->port->ops->join_group)
+		e->port->ops->join_group(e->port->ctx, jc->up_group);
 	return 0;
 
 err_free_job:
@@ -576,6 +613,268 @@ static void send_status(struct hg_engine *e, struct hg_job *j,
 	count(e, j, HG_CNT_STATUS_SENT);
 }
 
+/* ---- tree leaf (docs/PROTOCOL.md "Tree") -------------------------------- */
+
+/* The op a leaf's partial sum goes up with: an NC8 accumulator is already
+ * int32 lanes, so it goes up as SUM32; OR, MAX8 and SUM32 keep theirs. */
+static inline uint8_t up_op(uint8_t op)
+{
+	return op == HG_OP_NC8 ? HG_OP_SUM32 : op;
+}
+
+/*
+ * Send set s's partial sum (its accumulator) up to the root, as worker
+ * up_worker of the root's job (retrans: with HG_FLAG_RETRANS), and arm the
+ * set's timer with the timeout doubled per try.  reuse: a buffer to take
+ * if large enough (NULL: allocate one).  Without a buffer the frame is not
+ * sent (no_buffer) but the timer still runs, so it goes at the next try.
+ */
+static void up_send(struct hg_engine *e, struct hg_job *j, struct hg_set *s,
+		    const uint8_t *acc, bool retrans, struct hg_pkt **reuse)
+{
+	size_t i = (size_t)(s - j->sets);
+	struct hg_up_timer *t = &j->up[i];
+	uint8_t op = up_op(s->op);
+	size_t plen = (size_t)s->lanes * hg_op_in_lane(op);
+	struct hg_hdr h = {
+		.version = HG_PROTOCOL_VERSION,
+		.op = op,
+		.flags = set_flags(j, s, retrans ? HG_FLAG_RETRANS : 0),
+		.job = j->cfg.job,
+		.token = j->cfg.token,
+		.worker = j->cfg.up_worker,
+		.slot = (uint16_t)(i / 2),
+		.seq = s->seq,
+		.lanes = s->lanes,
+		.exp = op == s->op ? s->exp : 0,
+		.shard = j->cfg.up_shard,
+		.incarnation = j->cfg.incarnation,
+		.reserved = 0,
+	};
+	struct hg_pkt *none = NULL;
+	uint64_t now = hg_port_now(e->port);
+	struct hg_pkt *p;
+	uint8_t *f;
+
+	if (retrans) {
+		t->tries++;
+	} else {
+		t->first_ns = now;
+		t->tries = 0;
+	}
+	t->sent_ns = now;
+	t->due_ns = now + (j->cfg.up_rto_ns << (t->tries < UP_MAX_BACKOFF ?
+						t->tries : UP_MAX_BACKOFF));
+	if (t->due_ns < e->up_next)
+		e->up_next = t->due_ns;
+	count(e, j, retrans ? HG_CNT_UP_RETRANSMISSIONS : HG_CNT_UP_SENT);
+	p = out_pkt(e, j, reuse ? reuse : &none, HG_OFF_PAYLOAD + plen);
+	if (!p)
+		return;
+	f = p->data;
+	hg_wire_put_l2l4(f, &e->self, j->cfg.up_mac, j->cfg.up_ipv4,
+			 j->cfg.up_port, HG_HDR_LEN + plen);
+	hg_wire_put_hdr(f + HG_OFF_HDR, &h);
+	memcpy(f + HG_OFF_PAYLOAD, acc, plen);
+	if (e->wire_flags & HG_WIRE_F_UDP_CSUM)
+		hg_wire_put_udp_csum(f, hg_csum_add(hg_csum_add(0, acc, plen),
+						    f + HG_OFF_HDR, HG_HDR_LEN));
+	p->len = (uint16_t)(HG_OFF_PAYLOAD + plen);
+	queue_tx(e, p);
+}
+
+/* Set s reached its W_l contributions at a leaf: it goes up. */
+static void up_forward(struct hg_engine *e, struct hg_job *j, struct hg_set *s,
+		       const uint8_t *acc, struct hg_pkt **reuse)
+{
+	s->state = SET_UP;
+	up_send(e, j, s, acc, false, reuse);
+}
+
+/*
+ * A worker's retransmission of a set already sent up: it is counted (a
+ * STATUS with every bit set tells it so) and never summed again; the
+ * partial sum goes up again at once unless it went less than half an
+ * upward timeout ago (the workers' timers then hurry the leaf's).
+ */
+static void up_worker_retrans(struct hg_engine *e, struct hg_job *j,
+			      struct hg_set *s, const uint8_t *acc, uint16_t w,
+			      struct hg_pkt **reuse)
+{
+	const struct hg_up_timer *t = &j->up[s - j->sets];
+
+	send_status(e, j, s, w, reuse);
+	if (hg_port_now(e->port) - t->sent_ns >= j->cfg.up_rto_ns / 2)
+		up_send(e, j, s, acc, true, NULL);
+}
+
+/*
+ * First pass over a RESULT or STATUS frame: taken (true) when its job is a
+ * tree leaf's, then either staged (st->up) or counted and freed; false for
+ * any other job (the caller drops it as bad_flags).  The frame must come
+ * from the parent's address and port and match the job as the root knows
+ * it (token, worker up_worker or all, shard, slot and shadow, lanes).
+ * st->worker carries whether a STATUS has this leaf's bit.
+ */
+static bool up_classify(struct hg_engine *e, struct hg_pkt *pkt,
+			const struct hg_wire_view *v, uint16_t flags,
+			struct hg_stage *st)
+{
+	struct hg_job *j = job_find(e, v->hdr.job);
+	uint32_t S, q, expect_shadow, uw;
+	int rc;
+
+	if (!j || !j->up)
+		return false;
+	e->last = j;
+	j->cnt[HG_CNT_RECEIVED]++;
+	uw = j->cfg.up_worker;
+	if (v->hdr.token != j->cfg.token) {
+		rc = HG_CNT_BAD_TOKEN;
+		goto drop;
+	}
+	if (v->src.ipv4 != j->cfg.up_ipv4 || v->src.port != j->cfg.up_port) {
+		rc = HG_CNT_BAD_FLAGS; /* a reply, but not from the root */
+		goto drop;
+	}
+	if (v->hdr.worker != uw && v->hdr.worker != HG_WORKER_ALL) {
+		rc = HG_CNT_BAD_WORKER;
+		goto drop;
+	}
+	if (flags & HG_FLAG_AUTH) {
+		rc = HG_CNT_BAD_MAC;
+		goto drop;
+	}
+	if (v->hdr.shard != j->cfg.up_shard) {
+		rc = HG_CNT_BAD_SHARD;
+		goto drop;
+	}
+	S = j->cfg.slots;
+	q = v->hdr.seq / S;
+	expect_shadow = (q & 1) ? HG_FLAG_SHADOW : 0;
+	if (v->hdr.slot >= S || v->hdr.slot != v->hdr.seq - q * S ||
+	    (flags & HG_FLAG_SHADOW) != expect_shadow) {
+		rc = HG_CNT_BAD_SLOT;
+		goto drop;
+	}
+	if (!(flags & HG_FLAG_STATUS) &&
+	    (size_t)v->hdr.lanes * hg_op_acc_lane(v->hdr.op) > j->cfg.payload_bytes) {
+		rc = HG_CNT_BAD_LANES;
+		goto drop;
+	}
+	if (v->hdr.exp != 0) {
+		rc = HG_CNT_BAD_EXP;
+		goto drop;
+	}
+	st->pkt = pkt;
+	st->job = j;
+	st->set = &j->sets[2 * (size_t)v->hdr.slot + (expect_shadow ? 1 : 0)];
+	st->acc = j->acc + (size_t)(st->set - j->sets) * j->acc_stride;
+	st->in = pkt->data + v->payload_off;
+	st->seq = v->hdr.seq;
+	st->flags = flags;
+	st->lanes = v->hdr.lanes;
+	st->op = v->hdr.op;
+	st->exp = 0;
+	st->worker = (flags & HG_FLAG_STATUS) && uw / 8 < v->payload_len &&
+		     (st->in[uw / 8] >> (uw % 8) & 1);
+	st->up = true;
+	return true;
+
+drop:
+	count(e, j, rc);
+	queue_free(e, pkt);
+	return true;
+}
+
+/*
+ * Second pass over a root's reply: a RESULT of a forwarded set becomes the
+ * set's result and goes to the leaf's workers; a STATUS without this
+ * leaf's bit sends the partial sum up again at once.  Anything not about a
+ * forwarded set (late copies, a set started over) is up_stale.
+ */
+static void up_apply(struct hg_engine *e, struct hg_stage *st)
+{
+	struct hg_job *j = st->job;
+	struct hg_set *s = st->set;
+	struct hg_pkt *pkt = st->pkt;
+	size_t bytes;
+
+	if (s->state != SET_UP || s->seq != st->seq ||
+	    s->lanes != st->lanes || up_op(s->op) != st->op) {
+		count(e, j, HG_CNT_UP_STALE);
+		queue_free(e, pkt);
+		return;
+	}
+	if (st->flags & HG_FLAG_STATUS) {
+		count(e, j, HG_CNT_UP_STATUS);
+		if (!st->worker)
+			up_send(e, j, s, st->acc, true, &pkt);
+		if (pkt)
+			queue_free(e, pkt);
+		return;
+	}
+	bytes = (size_t)s->lanes * hg_op_acc_lane(s->op);
+	memcpy(st->acc, st->in, bytes);
+	s->state = SET_DONE;
+	s->psum = (e->wire_flags & HG_WIRE_F_UDP_CSUM) ?
+		  hg_csum_add(0, st->acc, bytes) : 0;
+	count(e, j, HG_CNT_UP_RESULTS);
+	send_result(e, j, s, st->acc, HG_WORKER_ALL, &pkt);
+	if (pkt)
+		queue_free(e, pkt);
+}
+
+int hg_engine_timers(struct hg_engine *e)
+{
+	uint64_t now, next = UINT64_MAX;
+	int resent = 0;
+
+	if (!e)
+		return -EINVAL;
+	if (e->up_next == UINT64_MAX)
+		return 0;
+	now = hg_port_now(e->port);
+	if (now < e->up_next)
+		return 0;
+	e->up_next = UINT64_MAX; /* up_send() lowers it again */
+	for (uint32_t k = 0; k < e->max_jobs; k++) {
+		struct hg_job *j = &e->jobs[k];
+
+		if (!j->in_use || !j->up)
+			continue;
+		for (size_t i = 0; i < 2 * (size_t)j->cfg.slots; i++) {
+			struct hg_up_timer *t = &j->up[i];
+
+			if (j->sets[i].state != SET_UP || t->due_ns == UINT64_MAX)
+				continue;
+			if (t->due_ns > now) {
+				if (t->due_ns < next)
+					next = t->due_ns;
+				continue;
+			}
+			if (now - t->first_ns >= j->cfg.up_give_up_ns) {
+				t->due_ns = UINT64_MAX;
+				count(e, j, HG_CNT_UP_ABANDONED);
+				continue;
+			}
+			up_send(e, j, &j->sets[i], j->acc + i * j->acc_stride,
+				true, NULL);
+			resent++;
+		}
+	}
+	if (next < e->up_next)
+		e->up_next = next;
+	if (e->ntx)
+		flush_tx(e);
+	return resent;
+}
+
+uint64_t hg_engine_next_deadline(const struct hg_engine *e)
+{
+	return e ? e->up_next : UINT64_MAX;
+}
+
 static inline bool serial_newer(uint32_t a, uint32_t b)
 {
 	return (int32_t)(a - b) > 0;
@@ -634,7 +933,11 @@ static void classify(struct hg_engine *e, struct hg_pkt *pkt,
 	 * perf, `homagg bench engine`).
 	 */
 	flags = hg_rd16(pkt->data + v.payload_off - HG_HDR_LEN + 2);
+	st->up = false;
 	if (flags & (HG_FLAG_RESULT | HG_FLAG_STATUS)) {
+		/* Only a tree leaf takes replies: its root's. */
+		if (up_classify(e, pkt, &v, flags, st))
+			return;
 		rc = HG_CNT_BAD_FLAGS;
 		goto drop;
 	}
@@ -721,6 +1024,10 @@ static void apply(struct hg_engine *e, struct hg_stage *st)
 	size_t acc_bytes = (size_t)st->lanes * hg_op_acc_lane(st->op);
 	int rc;
 
+	if (st->up) {
+		up_apply(e, st);
+		return;
+	}
 	/* The incarnation table changes with frames of the burst: checked here. */
 	if (st->incarnation != j->peers[w].incarnation) {
 		if (j->peers[w].incarnation) {
@@ -769,6 +1076,9 @@ static void apply(struct hg_engine *e, struct hg_stage *st)
 		if (s->state == SET_DONE) {
 			send_result(e, j, s, acc, (uint16_t)w, &pkt);
 			count(e, j, HG_CNT_REPLAYS);
+		} else if (s->state == SET_UP) {
+			if (st->flags & HG_FLAG_RETRANS)
+				up_worker_retrans(e, j, s, acc, (uint16_t)w, &pkt);
 		} else if (st->flags & HG_FLAG_RETRANS) {
 			/* To the group where there is one: every worker that
 			 * waits for this slot learns whether it is missing
@@ -793,11 +1103,15 @@ static void apply(struct hg_engine *e, struct hg_stage *st)
 	s->count++;
 	count(e, j, HG_CNT_SUMMED);
 	if (s->count == j->cfg.workers) {
-		s->state = SET_DONE;
 		count(e, j, HG_CNT_COMPLETED);
-		if (e->wire_flags & HG_WIRE_F_UDP_CSUM)
-			s->psum = hg_csum_add(0, acc, acc_bytes);
-		send_result(e, j, s, acc, HG_WORKER_ALL, &pkt);
+		if (j->up) {
+			up_forward(e, j, s, acc, &pkt);
+		} else {
+			s->state = SET_DONE;
+			if (e->wire_flags & HG_WIRE_F_UDP_CSUM)
+				s->psum = hg_csum_add(0, acc, acc_bytes);
+			send_result(e, j, s, acc, HG_WORKER_ALL, &pkt);
+		}
 	}
 	if (pkt)
 		queue_free(e, pkt);
@@ -872,6 +1186,8 @@ int hg_engine_poll(struct hg_engine *e)
 
 	if (!e)
 		return -EINVAL;
+	if (e->up_next != UINT64_MAX)
+		hg_engine_timers(e);
 	n = hg_port_rx(e->port, e->rx, e->burst);
 	if (!n)
 		return 0;

@@ -20,25 +20,12 @@
 #include <string.h>
 
 #include "homagg/kernels.h"
+#include "be32_pvt.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #define HG_X86 1
 #include <immintrin.h>
 #endif
-
-static inline uint32_t load_be32(const uint8_t *p)
-{
-	uint32_t v;
-
-	memcpy(&v, p, 4);
-	return __builtin_bswap32(v);
-}
-
-static inline void store_be32(uint8_t *p, uint32_t v)
-{
-	v = __builtin_bswap32(v);
-	memcpy(p, &v, 4);
-}
 
 /* The int32 (mod 2^32) value one NC8 code adds. */
 static inline uint32_t nc8_expand(uint8_t code, int top)
@@ -60,7 +47,8 @@ static void sum32_portable(uint8_t *acc, const uint8_t *in, size_t lanes,
 {
 	(void)top;
 	for (size_t i = 0; i < lanes; i++)
-		store_be32(acc + 4 * i, load_be32(acc + 4 * i) + load_be32(in + 4 * i));
+		hg_st_be32(acc + 4 * i,
+			   hg_ld_be32(acc + 4 * i) + hg_ld_be32(in + 4 * i));
 }
 
 static void or_portable(uint8_t *acc, const uint8_t *in, size_t lanes, int top)
@@ -84,8 +72,8 @@ static void max8_portable(uint8_t *acc, const uint8_t *in, size_t lanes,
 static void nc8_portable(uint8_t *acc, const uint8_t *in, size_t lanes, int top)
 {
 	for (size_t i = 0; i < lanes; i++)
-		store_be32(acc + 4 * i,
-			   load_be32(acc + 4 * i) + nc8_expand(in[i], top));
+		hg_st_be32(acc + 4 * i,
+			   hg_ld_be32(acc + 4 * i) + nc8_expand(in[i], top));
 }
 
 #ifdef HG_X86

@@ -486,38 +486,30 @@ static const char *const fabric_counter_names[] = { HG_NIC_FABRIC_COUNTERS(NIC_N
 static const char *const port_counter_names[] = { HG_NIC_PORT_COUNTERS(NIC_NAME_) };
 #undef NIC_NAME_
 
-unsigned hg_nic_fabric_counter_count(void)
-{
-	return HG_NIC_FC__COUNT;
-}
+/*
+ * The three accessors of one counter table (homagg/nic.h):
+ * hg_nic_<obj>_counter_count(), hg_nic_<obj>_counter_name(i) (NULL past
+ * the end) and hg_nic_<obj>_counters(o, out, n) (the first n, at most
+ * count, into out; returns how many).
+ */
+#define NIC_COUNTER_ACCESSORS(obj, names, count)                              \
+	unsigned hg_nic_##obj##_counter_count(void)                           \
+	{                                                                     \
+		return count;                                                 \
+	}                                                                     \
+	const char *hg_nic_##obj##_counter_name(unsigned i)                   \
+	{                                                                     \
+		return i < count ? names[i] : NULL;                           \
+	}                                                                     \
+	unsigned hg_nic_##obj##_counters(const struct hg_nic_##obj *o,        \
+					 uint64_t *out, unsigned n)           \
+	{                                                                     \
+		if (n > count)                                                \
+			n = count;                                            \
+		memcpy(out, o->ctr, n * sizeof(*out));                        \
+		return n;                                                     \
+	}
 
-const char *hg_nic_fabric_counter_name(unsigned i)
-{
-	return i < HG_NIC_FC__COUNT ? fabric_counter_names[i] : NULL;
-}
-
-unsigned hg_nic_fabric_counters(const struct hg_nic_fabric *f, uint64_t *out, unsigned n)
-{
-	if (n > HG_NIC_FC__COUNT)
-		n = HG_NIC_FC__COUNT;
-	memcpy(out, f->ctr, n * sizeof(*out));
-	return n;
-}
-
-unsigned hg_nic_port_counter_count(void)
-{
-	return HG_NIC_PC__COUNT;
-}
-
-const char *hg_nic_port_counter_name(unsigned i)
-{
-	return i < HG_NIC_PC__COUNT ? port_counter_names[i] : NULL;
-}
-
-unsigned hg_nic_port_counters(const struct hg_nic_port *p, uint64_t *out, unsigned n)
-{
-	if (n > HG_NIC_PC__COUNT)
-		n = HG_NIC_PC__COUNT;
-	memcpy(out, p->ctr, n * sizeof(*out));
-	return n;
-}
+NIC_COUNTER_ACCESSORS(fabric, fabric_counter_names, HG_NIC_FC__COUNT)
+NIC_COUNTER_ACCESSORS(port, port_counter_names, HG_NIC_PC__COUNT)
+#undef NIC_COUNTER_ACCESSORS

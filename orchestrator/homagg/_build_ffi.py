@@ -52,14 +52,25 @@ def _find(header):
     return None
 
 
+_LINEMARKER = re.compile(r'^# \d+ "(.*)"')
+
+
 def _expanded_blocks(path):
-    """The header's cdef blocks after the C preprocessor (comments kept, so
-    the markers survive; directives gone, so constants are taken from the
-    raw block)."""
-    cpp = shlex.split(os.environ.get("CC", "cc")) + ["-E", "-P", "-C", "-std=gnu11"]
+    """The header's own cdef blocks after the C preprocessor (comments kept,
+    so the markers survive; directives gone, so constants are taken from the
+    raw block).  The line markers tell its lines from those of the headers
+    it includes, whose blocks are read on their own."""
+    cpp = shlex.split(os.environ.get("CC", "cc")) + ["-E", "-C", "-std=gnu11"]
     cpp += [f"-I{d}" for d in INCLUDE_DIRS]
     out = subprocess.run(cpp + [str(path)], check=True, capture_output=True, text=True).stdout
-    return _BLOCK.findall(out)
+    own, current = [], None
+    for line in out.splitlines():
+        m = _LINEMARKER.match(line)
+        if m:
+            current = m.group(1)
+        elif current == str(path):
+            own.append(line)
+    return _BLOCK.findall("\n".join(own))
 
 
 def cdef_text():

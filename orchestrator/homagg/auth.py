@@ -18,13 +18,13 @@ path, not its content.
 import os
 import stat
 
-from homagg._native import ffi, lib
-from homagg.errors import InvalidArgument, check
+from homagg.bindings import auth as _b
+from homagg.errors import InvalidArgument
 
-SECRET_LEN = lib.HG_AUTH_SECRET_LEN
-KEY_LEN = lib.HG_AUTH_KEY_LEN
-MAC_LEN = lib.HG_MAC_LEN
-AGGREGATOR = lib.HG_AUTH_KEY_AGGREGATOR
+SECRET_LEN = _b.SECRET_LEN
+KEY_LEN = _b.KEY_LEN
+MAC_LEN = _b.MAC_LEN
+AGGREGATOR = _b.KEY_AGGREGATOR
 
 
 class SecretFileError(InvalidArgument):
@@ -37,10 +37,7 @@ def new_secret():
 
 
 def _check_secret(secret):
-    secret = bytes(secret)
-    if len(secret) != SECRET_LEN:
-        raise InvalidArgument(f"a job secret has {SECRET_LEN} bytes, got {len(secret)}")
-    return secret
+    return _b.fixed_bytes(secret, SECRET_LEN, "a job secret")
 
 
 def create_secret_file(path, secret=None):
@@ -94,18 +91,9 @@ def load_secret(path):
 
 def derive_key(secret, key_id):
     """The key ``key_id`` (a worker id, or AGGREGATOR) of a job secret."""
-    secret = _check_secret(secret)
-    key = ffi.new("uint8_t[]", KEY_LEN)
-    check(lib.hg_auth_derive_key(secret, int(key_id), key), f"derive key {key_id}")
-    return bytes(key)
+    return _b.derive_key(secret, key_id)
 
 
 def mac(key, data):
     """The 16-byte MAC of ``data`` under ``key``."""
-    key = bytes(key)
-    if len(key) != KEY_LEN:
-        raise InvalidArgument(f"a key has {KEY_LEN} bytes, got {len(key)}")
-    data = bytes(data)
-    out = ffi.new("uint8_t[]", MAC_LEN)
-    check(lib.hg_auth_mac(key, data, len(data), out), "mac")
-    return bytes(out)
+    return _b.mac(key, data)

@@ -138,11 +138,14 @@ class ControlClient:
         return reply
 
     def add_job(self, job, token, workers, slots, payload=1024, group=None,
-                shard=None, incarnation=None, auth=None):
+                shard=None, incarnation=None, auth=None, parent=None):
         """Configure a job; the reply carries the job's ``incarnation``
         (chosen by the daemon from its clock unless given).  ``auth``: the
         job secret (32 bytes) of an authenticated job; it travels over the
-        control socket only (the daemon logs no request)."""
+        control socket only (the daemon logs no request).  ``parent``: this
+        daemon is a tree leaf below that root, a dict with ``ip``, ``mac``,
+        ``worker`` (the leaf's id at the root) and optionally ``port``,
+        ``shard``, ``group``, ``rto_us`` (docs/PROTOCOL.md "Tree")."""
         fields = dict(job=job, token=token, workers=workers, slots=slots,
                       payload=payload)
         if group is not None:
@@ -153,6 +156,8 @@ class ControlClient:
             fields["incarnation"] = incarnation
         if auth is not None:
             fields["auth"] = bytes(auth).hex()
+        if parent is not None:
+            fields["parent"] = dict(parent)
         return self.request("add_job", **fields)
 
     def remove_job(self, job):

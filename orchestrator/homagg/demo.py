@@ -84,8 +84,8 @@ def _methods(args, default):
 
 
 def _default_block():
-    from homagg._native import lib
-    return lib.HG_DEFAULT_BLOCK
+    from homagg.bindings.codec import DEFAULT_BLOCK
+    return DEFAULT_BLOCK
 
 
 def _switch_built():

@@ -203,12 +203,17 @@ def _settings(raw: dict, base: str, c: _Collector) -> Settings:
     for k in sorted(set(raw) - SETTINGS_FIELDS):
         c.add(where, k, raw[k], f"unknown field; known: {', '.join(sorted(SETTINGS_FIELDS))}")
 
-    project = raw.get("project", "")
-    if not isinstance(project, str):
-        c.add(where, "project", project, "must be a path (string) to a .tar.gz sdist or a .whl wheel")
-        project = ""
-    elif project:
-        project = os.path.normpath(os.path.join(base, os.path.expanduser(project)))
+    def local_path(key, what):
+        """raw[key], a path on this machine relative to the inventory's
+        folder: normalised, "" when absent or not a string (a problem)."""
+        v = raw.get(key, "")
+        if not isinstance(v, str):
+            c.add(where, key, v, f"must be {what}")
+            return ""
+        return os.path.normpath(os.path.join(base, os.path.expanduser(v))) if v else ""
+
+    project = local_path("project", "a path (string) to a .tar.gz sdist or a .whl wheel")
+    if project:
         if not (project.endswith(".tar.gz") or project.endswith(".whl")):
             c.add(where, "project", project,
                   "must end in .tar.gz (an sdist, `python setup.py sdist`) or .whl "
@@ -273,12 +278,8 @@ def _settings(raw: dict, base: str, c: _Collector) -> Settings:
         c.add(where, "pip_index", pip_index, "must be true (hosts use a package index) or false "
               "(default: dependencies are copied as a wheelhouse)")
         pip_index = False
-    wheelhouse = raw.get("wheelhouse", "")
-    if not isinstance(wheelhouse, str):
-        c.add(where, "wheelhouse", wheelhouse, "must be a local directory of .whl files")
-        wheelhouse = ""
-    elif wheelhouse:
-        wheelhouse = os.path.normpath(os.path.join(base, os.path.expanduser(wheelhouse)))
+    wheelhouse = local_path("wheelhouse", "a local directory of .whl files")
+    if wheelhouse:
         if not os.path.isdir(wheelhouse):
             c.add(where, "wheelhouse", wheelhouse, "directory not found: create it with `pip download "
                   "-d DIR --only-binary :all: <requirements>` or leave it out (downloaded automatically)")

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import subprocess
 import sys
 import time
 
@@ -119,7 +120,8 @@ def open_worker(spec: dict):
                   workers=spec["workers"], aggregators=[tuple(a) for a in aggs],
                   group=spec["group"], bind=(spec["ip"], 0), timeout=spec["timeout"],
                   slots=spec["slots"], payload=spec["payload"], rto=spec["rto"],
-                  mtu=spec.get("mtu"), auth_file=spec.get("auth_file"))
+                  mtu=spec.get("mtu"), auth_file=spec.get("auth_file"),
+                  leaf_ids=spec.get("leaf_ids"))
 
 
 def _numeric_delta(before: dict, after: dict) -> dict:
@@ -189,11 +191,13 @@ def check_arguments(method: str, elements: int, density: float) -> None:
 
 def worker_spec(*, job, token, worker, workers, agg_ip, group, ip, timeout, slots, payload, rto,
                 method, block, elements, density, workload, seed, out, mtu=None,
-                aggregators=None, auth_file=None, gradient_file=None) -> dict:
+                aggregators=None, auth_file=None, leaf_ids=None,
+                gradient_file=None) -> dict:
     """The JSON spec of one worker process (``python -m homagg.job --child SPEC``);
     ``mtu`` None: the worker asks the kernel for its path's MTU; ``aggregators``:
     the job's K aggregator addresses in shard order (default: agg_ip alone);
     ``auth_file``: the path of the job secret's file (never the secret);
+    ``leaf_ids``: (i, n) below a tree leaf (homagg.worker.Worker);
     ``gradient_file``: this worker's gradient from save_gradients() (default:
     the worker generates it from the seed)."""
     return dict(job=job, token=token, worker=worker, workers=workers, agg_ip=agg_ip,
@@ -201,7 +205,17 @@ def worker_spec(*, job, token, worker, workers, agg_ip, group, ip, timeout, slot
                 payload=payload, rto=rto, method=method, block=block, elements=elements,
                 density=density, workload=workload, seed=seed, out=out, mtu=mtu,
                 aggregators=[list(a) for a in (aggregators or [(agg_ip, UDP_PORT)])],
-                auth_file=auth_file, gradient_file=gradient_file)
+                auth_file=auth_file, leaf_ids=list(leaf_ids) if leaf_ids else None,
+                gradient_file=gradient_file)
+
+
+def tree_leaf(worker: int, workers: int, leaves: int) -> tuple[int, int, int]:
+    """Worker's place in a tree of ``leaves`` leaves (docs/PROTOCOL.md
+    "Tree": leaf l serves workers floor(l W / L) .. floor((l + 1) W / L) - 1):
+    (its leaf, its index there, that leaf's worker count)."""
+    leaf = next(l for l in range(leaves) if worker < (l + 1) * workers // leaves)
+    first = leaf * workers // leaves
+    return leaf, worker - first, (leaf + 1) * workers // leaves - first
 
 
 def check_payload(payload: int, mtu: int, where: str) -> None:
@@ -269,6 +283,30 @@ def sum_dicts(ds: list[dict]) -> dict:
         for k, v in d.items():
             out[k] = out.get(k, 0) + v
     return out
+
+
+def output_tail(text: str, n: int = 800) -> str:
+    """The last six non-empty lines of a process's output, at most n characters."""
+    lines = [ln for ln in (text or "").strip().splitlines() if ln.strip()]
+    return "\n".join(lines[-6:])[-n:]
+
+
+def collect_reports(hosts, procs, timeout: float) -> tuple[list, list]:
+    """Wait for each host's process (at most timeout seconds each) and read
+    the JSON report on the last line it printed: (reports, failures), a
+    failure line "<host>: ..." for each process that timed out or failed."""
+    reports, failures = [], []
+    for h, p in zip(hosts, procs):
+        try:
+            out, err = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            failures.append(f"{h.name}: no answer within {timeout:.0f} s")
+            continue
+        if p.returncode != 0:
+            failures.append(f"{h.name}: exit {p.returncode}: {output_tail(err)}")
+            continue
+        reports.append(json.loads(out.strip().splitlines()[-1]))
+    return reports, failures
 
 
 def print_report(rep: dict, as_json: bool = False) -> int:

@@ -153,6 +153,17 @@ def host_config(h: inv.HostSpec, inventory: inv.Inventory, srcdir: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+class Change:
+    """What a step found to change: ``would`` says it (a dry run reports
+    only that), ``apply()`` does it (it may raise StepFailed), ``done``
+    says what was done."""
+
+    __slots__ = ("would", "apply", "done")
+
+    def __init__(self, would: str, apply, done: str):
+        self.would, self.apply, self.done = would, apply, done
+
+
 class HostRun(Session):
     """The SSH session and the steps of one host."""
 
@@ -166,8 +177,19 @@ class HostRun(Session):
         self.dry_run = dry_run
 
     # -- steps -------------------------------------------------------------------
-    # Each returns (status, detail): it checks first, acts only when needed
-    # (never in a dry run), and raises StepFailed on errors.
+    # Each checks first and returns (OK, detail) when nothing is to change,
+    # else a Change (applied by run_step, never in a dry run); errors raise
+    # StepFailed.
+
+    def run_step(self, step):
+        """(status, detail) of step: OK, WOULD (a dry run) or CHANGED."""
+        r = getattr(self, f"step_{step}")()
+        if not isinstance(r, Change):
+            return r
+        if self.dry_run:
+            return WOULD, r.would
+        r.apply()
+        return CHANGED, r.done
 
     def step_os(self):
         return OK, self.os_name()
@@ -182,22 +204,20 @@ class HostRun(Session):
         missing = [p for p in pkgs if p not in installed]
         if not missing:
             return OK, f"{len(pkgs)} packages present"
-        if self.dry_run:
-            return WOULD, "would apt-get install " + " ".join(missing)
         env = "DEBIAN_FRONTEND=noninteractive"
-        self.run(f"{env} apt-get -o DPkg::Lock::Timeout=600 update -qq && {env} apt-get "
-                 f"-o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends {' '.join(missing)}")
-        return CHANGED, "installed " + " ".join(missing)
+        return Change("would apt-get install " + " ".join(missing), lambda: self.run(
+            f"{env} apt-get -o DPkg::Lock::Timeout=600 update -qq && {env} apt-get "
+            f"-o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends {' '.join(missing)}"),
+            "installed " + " ".join(missing))
 
     def step_venv(self):
         py = f"{self.h.venv}/bin/python"
         if self.run(f"{shlex.quote(py)} -c 'import sys, venv' 2>/dev/null", check=False).exited == 0:
             return OK, f"{self.h.venv} exists"
-        if self.dry_run:
-            return WOULD, f"would create {self.h.venv}"
-        self.run(f"mkdir -p {shlex.quote(self.h.install_dir)} && "
-                 f"{shlex.quote(self.s.python)} -m venv {shlex.quote(self.h.venv)}")
-        return CHANGED, f"created {self.h.venv} ({self.s.python})"
+        return Change(f"would create {self.h.venv}", lambda: self.run(
+            f"mkdir -p {shlex.quote(self.h.install_dir)} && "
+            f"{shlex.quote(self.s.python)} -m venv {shlex.quote(self.h.venv)}"),
+            f"created {self.h.venv} ({self.s.python})")
 
     @property
     def dist_dir(self):
@@ -229,15 +249,16 @@ class HostRun(Session):
         if self._stamp_ok("upload") and self.run(
                 f"test -f {shlex.quote(self.remote_artifact)}", check=False).exited == 0:
             return OK, f"{name} ({short}) present"
-        if self.dry_run:
-            return WOULD, f"would copy {name} ({short}) to {self.dist_dir}"
-        self.run(f"mkdir -p {shlex.quote(self.dist_dir)}")
-        tmp = self.run("mktemp").stdout.strip()
-        self.conn.put(self.artifact, tmp)
-        self.run(f"install -m 0644 {shlex.quote(tmp)} {shlex.quote(self.remote_artifact)} && "
-                 f"rm -f {shlex.quote(tmp)}")
-        self._write_stamp("upload")
-        return CHANGED, f"copied {name} ({short})"
+
+        def apply():
+            self.run(f"mkdir -p {shlex.quote(self.dist_dir)}")
+            tmp = self.run("mktemp").stdout.strip()
+            self.conn.put(self.artifact, tmp)
+            self.run(f"install -m 0644 {shlex.quote(tmp)} {shlex.quote(self.remote_artifact)} && "
+                     f"rm -f {shlex.quote(tmp)}")
+            self._write_stamp("upload")
+        return Change(f"would copy {name} ({short}) to {self.dist_dir}", apply,
+                      f"copied {name} ({short})")
 
     def step_wheels(self):
         if not self.wheelhouse:
@@ -248,13 +269,14 @@ class HostRun(Session):
         names = sorted(n for n in os.listdir(self.wheelhouse) if n.endswith(".whl"))
         if r.stdout.strip() == self.wh_digest:
             return OK, f"{len(names)} wheels present"
-        if self.dry_run:
-            return WOULD, f"would copy {len(names)} wheels to {dst}"
-        self.run(f"rm -rf {shlex.quote(dst)} && mkdir -p {shlex.quote(dst)}")
-        for n in names:
-            self.conn.put(os.path.join(self.wheelhouse, n), f"{dst}/{n}")
-        self.run(f"echo {self.wh_digest} > {shlex.quote(stamp)}")
-        return CHANGED, f"copied {len(names)} wheels to {dst}"
+
+        def apply():
+            self.run(f"rm -rf {shlex.quote(dst)} && mkdir -p {shlex.quote(dst)}")
+            for n in names:
+                self.conn.put(os.path.join(self.wheelhouse, n), f"{dst}/{n}")
+            self.run(f"echo {self.wh_digest} > {shlex.quote(stamp)}")
+        return Change(f"would copy {len(names)} wheels to {dst}", apply,
+                      f"copied {len(names)} wheels to {dst}")
 
     def _make_targets(self):
         return "lib switch" if self.h.role == "aggregator" else "lib"
@@ -265,22 +287,21 @@ class HostRun(Session):
         targets = self._make_targets()
         if self._stamp_ok("build"):
             return OK, f"make {targets} done in {self.srcdir}"
-        if self.dry_run:
-            return WOULD, f"would unpack into {self.srcdir} and make {targets}"
-        src = shlex.quote(self.srcdir)
-        self.run(f"rm -rf {src} && mkdir -p {shlex.quote(os.path.dirname(self.srcdir))} && "
-                 f"tar -xzf {shlex.quote(self.remote_artifact)} -C {shlex.quote(os.path.dirname(self.srcdir))}")
-        self.run(f"make -C {src} --no-print-directory {targets}")
-        self._write_stamp("build")
-        return CHANGED, f"unpacked and ran make {targets}"
+
+        def apply():
+            src, top = shlex.quote(self.srcdir), shlex.quote(os.path.dirname(self.srcdir))
+            self.run(f"rm -rf {src} && mkdir -p {top} && "
+                     f"tar -xzf {shlex.quote(self.remote_artifact)} -C {top}")
+            self.run(f"make -C {src} --no-print-directory {targets}")
+            self._write_stamp("build")
+        return Change(f"would unpack into {self.srcdir} and make {targets}", apply,
+                      f"unpacked and ran make {targets}")
 
     def step_install(self):
         pip = f"{self.h.venv}/bin/python -m pip"
         check = f"{self.h.venv}/bin/python -c 'import homagg._hg, homagg; print(homagg.__file__)'"
         if self._stamp_ok("install") and self.run(check, check=False).exited == 0:
             return OK, f"homagg ({self.digest[:12]}) importable in {self.h.venv}"
-        if self.dry_run:
-            return WOULD, f"would pip install homagg into {self.h.venv}"
         extra = " ".join(map(shlex.quote, self.s.pip_args))
         if self.wheelhouse:
             extra = f"--no-index --find-links {shlex.quote(self.h.install_dir + '/wheels')} {extra}"
@@ -295,12 +316,15 @@ class HostRun(Session):
             cmd = f"{pipq} --force-reinstall --no-deps {target} && {pipq} {target}"
         else:  # a source directory is always rebuilt and reinstalled
             cmd = f"{pipq} {target}"
-        self.run(f"cd {shlex.quote(self.h.install_dir)} && {cmd}")
-        r = self.run(check, check=False)
-        if r.exited != 0:
-            raise StepFailed("homagg installed but does not import", _tail(r.stderr))
-        self._write_stamp("install")
-        return CHANGED, f"installed homagg ({self.digest[:12]}) into {self.h.venv}"
+
+        def apply():
+            self.run(f"cd {shlex.quote(self.h.install_dir)} && {cmd}")
+            r = self.run(check, check=False)
+            if r.exited != 0:
+                raise StepFailed("homagg installed but does not import", _tail(r.stderr))
+            self._write_stamp("install")
+        return Change(f"would pip install homagg into {self.h.venv}", apply,
+                      f"installed homagg ({self.digest[:12]}) into {self.h.venv}")
 
     def _hp_sysfs(self):
         return f"/sys/kernel/mm/hugepages/hugepages-{self.h.hugepages.size_kb}kB/nr_hugepages"
@@ -318,16 +342,17 @@ class HostRun(Session):
         have = int(r.stdout.strip())
         if have >= hp.count:
             return OK, f"{have} x {hp.size} reserved (>= {hp.count})"
-        if self.dry_run:
-            return WOULD, f"would reserve {hp.count} x {hp.size} (now {have})"
-        self.run(f"echo {hp.count} > {path}")
-        now = int(self.run(f"cat {path}").stdout.strip())
-        if now < hp.count:
-            raise StepFailed(
-                f"the kernel reserved only {now} of {hp.count} x {hp.size} hugepages (memory "
-                f"fragmented): reserve them at boot (kernel command line hugepages={hp.count}) "
-                "or lower hugepages.count")
-        return CHANGED, f"reserved {hp.count} x {hp.size} (was {have})"
+
+        def apply():
+            self.run(f"echo {hp.count} > {path}")
+            now = int(self.run(f"cat {path}").stdout.strip())
+            if now < hp.count:
+                raise StepFailed(
+                    f"the kernel reserved only {now} of {hp.count} x {hp.size} hugepages (memory "
+                    f"fragmented): reserve them at boot (kernel command line hugepages={hp.count}) "
+                    "or lower hugepages.count")
+        return Change(f"would reserve {hp.count} x {hp.size} (now {have})", apply,
+                      f"reserved {hp.count} x {hp.size} (was {have})")
 
     def step_hugetlbfs(self):
         hp = self.h.hugepages
@@ -341,11 +366,9 @@ class HostRun(Session):
                 opts = dict(o.partition("=")[::2] for o in f[3].split(","))
                 if opts.get("pagesize", "2M") == hp.size:
                     return OK, f"hugetlbfs (pagesize={hp.size}) mounted at {mnt}"
-        if self.dry_run:
-            return WOULD, f"would mount hugetlbfs pagesize={hp.size} at {mnt}"
-        self.run(f"mkdir -p {shlex.quote(mnt)} && mount -t hugetlbfs -o pagesize={hp.size} "
-                 f"nodev {shlex.quote(mnt)}")
-        return CHANGED, f"mounted hugetlbfs (pagesize={hp.size}) at {mnt}"
+        return Change(f"would mount hugetlbfs pagesize={hp.size} at {mnt}", lambda: self.run(
+            f"mkdir -p {shlex.quote(mnt)} && mount -t hugetlbfs -o pagesize={hp.size} "
+            f"nodev {shlex.quote(mnt)}"), f"mounted hugetlbfs (pagesize={hp.size}) at {mnt}")
 
     def _iface_exists(self, ifname):
         if self.run(f"ip link show dev {shlex.quote(ifname)} >/dev/null", check=False).exited != 0:
@@ -367,11 +390,10 @@ class HostRun(Session):
         cur = self.run(f"basename \"$(readlink {dev}/driver)\" 2>/dev/null", check=False).stdout.strip()
         if cur == h.driver:
             return OK, f"{h.pci} bound to {h.driver}"
-        if self.dry_run:
-            return WOULD, f"would bind {h.pci} from {cur or 'no driver'} to {h.driver}"
         mod = h.driver.replace("-", "_")
-        self.run(f"modprobe {mod} && dpdk-devbind.py --force --bind={h.driver} {h.pci}")
-        return CHANGED, f"bound {h.pci} to {h.driver} (was {cur or 'unbound'})"
+        return Change(f"would bind {h.pci} from {cur or 'no driver'} to {h.driver}", lambda: self.run(
+            f"modprobe {mod} && dpdk-devbind.py --force --bind={h.driver} {h.pci}"),
+            f"bound {h.pci} to {h.driver} (was {cur or 'unbound'})")
 
     def step_mtu(self):
         h = self.h
@@ -398,11 +420,9 @@ class HostRun(Session):
         r = self.run(f"ip -o -4 addr show dev {shlex.quote(h.iface)}")
         if any(h.dataplane_ip in ln.split() for ln in r.stdout.splitlines()):
             return OK, f"{h.dataplane_ip} on {h.iface}"
-        if self.dry_run:
-            return WOULD, f"would add {h.dataplane_ip} to {h.iface}"
-        self.run(f"ip addr add {h.dataplane_ip} dev {shlex.quote(h.iface)} && "
-                 f"ip link set dev {shlex.quote(h.iface)} up")
-        return CHANGED, f"added {h.dataplane_ip} to {h.iface}"
+        return Change(f"would add {h.dataplane_ip} to {h.iface}", lambda: self.run(
+            f"ip addr add {h.dataplane_ip} dev {shlex.quote(h.iface)} && "
+            f"ip link set dev {shlex.quote(h.iface)} up"), f"added {h.dataplane_ip} to {h.iface}")
 
     def step_config(self):
         text = host_config(self.h, self.inv, self.srcdir)
@@ -410,10 +430,7 @@ class HostRun(Session):
         r = self.run(f"cat {shlex.quote(path)} 2>/dev/null", check=False)
         if r.exited == 0 and r.stdout == text:
             return OK, f"{path} up to date"
-        if self.dry_run:
-            return WOULD, f"would write {path}"
-        self.put_text(text, path)
-        return CHANGED, f"wrote {path}"
+        return Change(f"would write {path}", lambda: self.put_text(text, path), f"wrote {path}")
 
     def provision(self, view=None) -> list[StepResult]:
         """Every step in order (a failed step skips the rest); ``view`` (a
@@ -427,7 +444,7 @@ class HostRun(Session):
                 if view is not None:
                     view.start(self.h.name, step)
                 try:
-                    status, detail = getattr(self, f"step_{step}")()
+                    status, detail = self.run_step(step)
                     res = StepResult(step, status, detail)
                 except StepFailed as e:
                     res = StepResult(step, FAILED, e.detail, e.stderr)

@@ -6,7 +6,10 @@
 starts homagg-switch in the aggregator's namespace (DPDK vdev net_af_xdp on
 its eth0, falling back to net_af_packet) -- in every aggregator's namespace
 when the testbed has several (``homagg testbed up --aggregators K``: the job
-is spread over them, docs/PROTOCOL.md "Several aggregators") --, registers
+is spread over them, docs/PROTOCOL.md "Several aggregators"; with
+``--leaves L`` or a testbed made with ``homagg testbed up --leaves L`` the
+first L are tree leaves below the next one, the root, docs/PROTOCOL.md
+"Tree") --, registers
 the job over each control socket, starts one worker process in every worker namespace (each generates
 its gradient from the seed and its worker id, then calls
 homagg.worker.Worker.allreduce), checks every worker's result bit for bit
@@ -53,8 +56,8 @@ from homagg import auth as hg_auth
 from homagg import log
 from homagg.errors import HomAggError
 from homagg.job import (DEFAULT_BLOCK, METHODS, UDP_PORT, WORKLOADS, RunError, check_arguments,
-                        check_payload, counter_deltas, print_report, sum_dicts, vdev_for_mtu,
-                        verify, worker_spec)
+                        check_payload, collect_reports, counter_deltas, print_report, sum_dicts,
+                        tree_leaf, vdev_for_mtu, verify, worker_spec)
 from homagg.testbed import Testbed, TestbedError
 EAL_BASE = ["-l", "0", "--no-huge", "-m", "256", "--no-pci", "--no-shconf", "--no-telemetry",
             "--log-level", "lib.eal:error"]
@@ -252,8 +255,9 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
                   drop_rate: float = 0.0, idle_us: int = IDLE_US,
                   idle_polls: int = IDLE_POLLS, fail_aggregators: tuple = (),
                   aggregators: int | None = None, repeat: int = 1, warmup: int = 0,
-                  auth: bool = False, switches: list | None = None,
-                  gradient_files: list[str] | None = None, expect: dict | None = None) -> dict:
+                  auth: bool = False, leaves: int | None = None,
+                  switches: list | None = None, gradient_files: list[str] | None = None,
+                  expect: dict | None = None) -> dict:
     """One allreduce on testbed ``testbed``; returns the report dict (see
     the module doc).  Every process it starts is stopped before it returns.
     ``drop_rate`` makes the daemon's port drop that fraction of the frames it
@@ -273,6 +277,11 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
     ``auth``: the job authenticates every frame; its new secret goes to the
     daemons over their control sockets and to the workers in a file only its
     owner reads.
+    ``leaves`` L (default: the testbed's, from ``homagg testbed up
+    --leaves``): a two-level tree, the first L aggregator hosts leaves
+    (leaf l serves workers floor(l W / L) .. floor((l + 1) W / L) - 1 and
+    multicasts to ``group`` + 256 l) and host L + 1 the root, which answers
+    the leaves by unicast (aggregator ports get no multicast flood).
 
     A benchmark running several methods on the same gradients passes what
     they share: ``switches``, the running daemons (Switches(), one per
@@ -296,6 +305,18 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
     if aggregators is not None and not 1 <= aggregators <= len(hosts):
         raise RunError(f"aggregators must be 1..{len(hosts)} (the testbed's aggregator hosts), "
                        f"got {aggregators}")
+    if leaves is None:
+        leaves = int(tb.state().get("leaves") or 0)
+    if leaves:
+        if aggregators is not None:
+            raise RunError("--aggregators and a tree (--leaves) exclude each other")
+        if not 1 <= leaves <= min(W, len(hosts) - 1):
+            raise RunError(f"leaves must be 1..{min(W, len(hosts) - 1)}: a tree of L leaves needs "
+                           f"L + 1 aggregator hosts and at least L workers (the testbed has "
+                           f"{len(hosts)} and {W}; `homagg testbed up --leaves L`)")
+        if auth:
+            raise RunError("a tree does not authenticate: drop --auth or --leaves")
+        aggregators = leaves + 1
     if gradient_files is not None and len(gradient_files) != W:
         raise RunError(f"gradient_files: {len(gradient_files)} files for {W} workers")
     if switches is not None and [s.host for s in switches] != [h.name for h in hosts[:aggregators]]:
@@ -317,9 +338,20 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
         auth_file = os.path.join(workdir, "job.secret") if auth else None
         secret = hg_auth.create_secret_file(auth_file) if auth else None
         for k, s in enumerate(sws):
-            with s.client() as c:  # aggregator k of the job: its shard k
-                c.add_job(job=job, token=token, workers=W, slots=slots, payload=payload,
-                          group=group, shard=k, auth=secret)
+            with s.client() as c:
+                if not leaves:  # aggregator k of the job: its shard k
+                    c.add_job(job=job, token=token, workers=W, slots=slots, payload=payload,
+                              group=group, shard=k, auth=secret)
+                elif k == leaves:  # the root: the L leaves are its workers
+                    c.add_job(job=job, token=token, workers=leaves, slots=slots,
+                              payload=payload)
+                else:
+                    root = tb.host(sws[leaves].host)
+                    c.add_job(job=job, token=token, workers=tree_leaf(k * W // leaves, W, leaves)[2],
+                              slots=slots, payload=payload, group=_leaf_group(group, k),
+                              parent={"ip": root.ip, "mac": root.mac, "worker": k,
+                                      # the workers' timeout: the root is as far
+                                      "rto_us": max(1, int(rto * 1e6))})
                 added.append(s)
                 before.append(c.stats())
         del secret
@@ -330,12 +362,17 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
                            f"(the testbed has {[s.host for s in sws]})")
         env = child_env()
         for i, h in enumerate(workers):
+            place = dict(group=group, aggregators=agg_addrs)
+            if leaves:  # its leaf is its one aggregator
+                leaf, index, size = tree_leaf(i, W, leaves)
+                place = dict(group=_leaf_group(group, leaf), aggregators=[agg_addrs[leaf]],
+                             leaf_ids=(index, size))
             spec = worker_spec(job=job, token=token, worker=i, workers=W, agg_ip=tb.aggregator.ip,
-                               group=group, ip=h.ip, timeout=timeout, slots=slots,
+                               ip=h.ip, timeout=timeout, slots=slots,
                                payload=payload, rto=rto, method=method, block=block,
                                elements=elements, density=density, workload=workload, seed=seed,
                                out=os.path.join(workdir, f"result-{i}.npy"),
-                               aggregators=agg_addrs, auth_file=auth_file,
+                               auth_file=auth_file, **place,
                                gradient_file=gradient_files[i] if gradient_files else None)
             spec.update(repeat=repeat, warmup=warmup)
             p = tb.run_in(h.name, [sys.executable, "-m", "homagg.job", "--child", json.dumps(spec)],
@@ -364,17 +401,7 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
         for p in procs:
             p.popen.stdin.write("go\n")
             p.popen.stdin.flush()
-        reports, failures = [], []
-        for h, p in zip(workers, procs):
-            try:
-                out, err = p.communicate(timeout=repeat * timeout + 60)
-            except subprocess.TimeoutExpired:
-                failures.append(f"{h.name}: no answer")
-                continue
-            if p.returncode != 0:
-                failures.append(f"{h.name}: exit {p.returncode}: {err.strip()[-600:]}")
-                continue
-            reports.append(json.loads(out.strip().splitlines()[-1]))
+        reports, failures = collect_reports(workers, procs, repeat * timeout + 60)
         wall = time.perf_counter() - t0
         d1 = [s.cpu_seconds() for s in sws]
         link1 = [tb.link_stats(h.name) for h in workers]
@@ -402,7 +429,8 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
         per_agg = []
         for s, b, a, l0, l1, c0, c1 in zip(sws, before, after, agg_link0, agg_link1, d0, d1):
             counters, port = counter_deltas(b, a)
-            per_agg.append({"host": s.host, "ip": s.ip, "counters": counters,
+            role = ("root" if s is sws[leaves] else "leaf") if leaves else "aggregator"
+            per_agg.append({"host": s.host, "ip": s.ip, "role": role, "counters": counters,
                             "port_counters": port,
                             "rx_bytes": l1["rx_bytes"] - l0["rx_bytes"],
                             "tx_bytes": l1["tx_bytes"] - l0["tx_bytes"],
@@ -443,6 +471,7 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
             "counters": counters,
             "port_counters": port,
             "aggregators": per_agg,
+            "leaves": leaves,
         }
     finally:
         for p in procs:
@@ -456,6 +485,14 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
                     with s.client() as c:
                         c.remove_job(job)
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _leaf_group(group: str, leaf: int) -> str:
+    """Leaf l's result group: ``group`` + 256 l (one group per leaf, so a
+    leaf's results reach its own workers only)."""
+    import ipaddress
+
+    return str(ipaddress.IPv4Address(group) + 256 * leaf)
 
 
 def _readline(p, timeout: float) -> str:
@@ -514,6 +551,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--aggregators", type=int, default=None, metavar="K",
                    help="spread the job over the testbed's first K aggregators "
                    "(default: all of them; see `homagg testbed up --aggregators`)")
+    p.add_argument("--leaves", type=int, default=None, metavar="L",
+                   help="a two-level tree: the first L aggregators are leaves below the next, "
+                   "the root (default: the testbed's `homagg testbed up --leaves`)")
     p.add_argument("--switch", default=None, metavar="PATH",
                    help="homagg-switch binary (default: build/release/homagg-switch or $HOMAGG_SWITCH)")
     p.add_argument("--state-dir", default=None, metavar="DIR", help="testbed state directory")
@@ -533,6 +573,10 @@ def main(args: argparse.Namespace) -> int:
             print("homagg run allreduce: --auth runs on a local testbed (--testbed); on "
                   "--inventory hosts the job secret file is not provisioned yet", file=sys.stderr)
             return 2
+        if args.leaves:
+            print("homagg run allreduce: --leaves runs on a local testbed (--testbed); "
+                  "--inventory hosts have no tree yet", file=sys.stderr)
+            return 2
         return remote.run_main(args)
     try:
         rep = run_allreduce(args.testbed, args.method, args.elements, args.density,
@@ -542,7 +586,7 @@ def main(args: argparse.Namespace) -> int:
                             switch=args.switch, state_dir=args.state_dir,
                             drop_rate=args.drop_rate, aggregators=args.aggregators,
                             repeat=args.repeat, warmup=args.warmup,
-                            auth=args.auth)
+                            auth=args.auth, leaves=args.leaves)
     except (HomAggError, TestbedError) as e:
         print(f"homagg run allreduce: {e}", file=sys.stderr)
         return 1

@@ -17,6 +17,11 @@ docs/PROTOCOL.md "Several aggregators"); ``cluster.aggregator_counters(k)``
 gives aggregator k's engine and link counters, ``kill_aggregator(k)`` stops
 one mid-job (the workers' ``PeerTimeout`` names it).
 
+``Cluster(leaves=L)`` runs every job over a two-level tree (docs/PROTOCOL.md
+"Tree"): aggregators 0..L-1 are leaf aggregators, each summing a contiguous
+part of the workers and sending one partial sum per slot up to the root,
+aggregator L, whose result comes back down through the leaves.
+
 Several jobs share the aggregators: ``cluster.add_job(workers=...)`` returns a
 ``Job``; ``cluster.allreduce_many([(job, grads, method), ...])`` runs them
 interleaved in one event loop.  Errors come from ``homagg.errors``: a dead
@@ -26,8 +31,10 @@ import errno
 
 import numpy as np
 
-from homagg._native import ffi, lib
 from homagg.bindings import sim as _b
+from homagg.bindings.codec import DEFAULT_BLOCK, F_STOCHASTIC
+from homagg.bindings.kernels import OP_SUM32
+from homagg.bindings.wire import PROTOCOL_VERSION
 from homagg import auth, protocol
 from homagg.errors import HomAggError, InvalidArgument, PeerTimeout, error_class, error_for
 
@@ -62,16 +69,11 @@ class Result:
 def _params(workers, block_elements=None, block=None, stochastic=False, seed=0,
             nc_levels=0, sketch_cells_per_candidate=0.0):
     if block_elements is None:
-        block_elements = lib.HG_DEFAULT_BLOCK if block is None else block
-    p = ffi.new("struct hg_params *")
-    p.block = int(block_elements)
-    p.workers = workers
-    p.worker = 0
-    p.flags = lib.HG_F_STOCHASTIC if stochastic else 0
-    p.seed = int(seed) & (2**64 - 1)
-    p.nc_levels = int(nc_levels)
-    p.sketch_cells_per_candidate = float(sketch_cells_per_candidate)
-    return p
+        block_elements = DEFAULT_BLOCK if block is None else block
+    return _b.params(block=int(block_elements), workers=workers, worker=0,
+                     flags=F_STOCHASTIC if stochastic else 0, seed=int(seed) & (2**64 - 1),
+                     nc_levels=int(nc_levels),
+                     sketch_cells_per_candidate=float(sketch_cells_per_candidate))
 
 
 class Job:
@@ -129,13 +131,27 @@ class Cluster:
     payload whose frames do not fit it is refused with the limit named.
     auth: every job authenticates its frames (per-worker MACs,
     docs/PROTOCOL.md "Authentication"; the job secret is ``job.secret``).
+    leaves: L > 0 runs every job over a tree of L leaves and a root
+    (``aggregators`` is then L + 1: leaves 0..L-1, the root L; each job
+    needs at least L workers; trees do not authenticate); up_rto: the
+    leaves' upward retransmission timeout (s; None: the engine's 1 ms).
     """
 
     def __init__(self, workers=4, loss=0.0, duplicate=0.0, reorder=0.0, seed=0,
                  slots=64, link_gbps=100.0, timeout=2.0, rto=200e-6, rto_max=50e-3,
                  delay=1e-6, payload=1024, multicast=True, max_time=600.0,
                  agg_link_gbps=None, rto_min=None, aggregators=1, mtu=None,
-                 auth=False):
+                 auth=False, leaves=0, up_rto=None):
+        leaves = int(leaves or 0)
+        if leaves:
+            if aggregators != 1:
+                raise InvalidArgument(f"a tree has one root: leaves={leaves} needs "
+                                      f"aggregators=1, got {aggregators}")
+            if auth:
+                raise InvalidArgument("a tree does not authenticate: leaves= with auth=True")
+            if workers < leaves:
+                raise InvalidArgument(f"leaves={leaves} needs at least as many workers, "
+                                      f"got workers={workers}")
         if mtu is not None:
             from homagg.worker import FRAME_OVERHEAD, max_payload
 
@@ -159,10 +175,13 @@ class Cluster:
                                   unicast_results=not multicast,
                                   agg_link_gbps=self.agg_link_gbps,
                                   aggregators=int(aggregators),
-                                  pool_frames=self._pool_frames(workers, slots, aggregators,
-                                                                payload, mtu),
-                                  mtu=int(mtu or 0))
-        self.aggregators = int(aggregators)
+                                  pool_frames=self._pool_frames(
+                                      workers, slots, leaves + 1 if leaves else aggregators,
+                                      payload, mtu),
+                                  mtu=int(mtu or 0), leaves=leaves,
+                                  up_rto_ns=int((up_rto or 0) * 1e9))
+        self.leaves = leaves
+        self.aggregators = leaves + 1 if leaves else int(aggregators)
         self._timeout = timeout
         self._rto = rto
         self._rto_min = 0.0 if rto_min is None else rto_min
@@ -335,9 +354,9 @@ class Cluster:
         int32 lanes, the incarnation to the workers' (HG_SIM_INCARNATION).
         ``key``: MAC the frame with it (Job.key)."""
         job = for_job or self.job
-        hdr = {"version": lib.HG_PROTOCOL_VERSION, "op": lib.HG_OP_SUM32,
+        hdr = {"version": PROTOCOL_VERSION, "op": OP_SUM32,
                "job": job.wire_id, "token": job.token,
-               "lanes": len(payload) // 4, "incarnation": lib.HG_SIM_INCARNATION}
+               "lanes": len(payload) // 4, "incarnation": _b.INCARNATION}
         hdr.update(fields)
         return _b.sim_build_frame(self._live(), hdr, payload, key)
 

@@ -387,15 +387,30 @@ class Testbed:
         mtu: int = 1500,
         state_dir: str | None = None,
         aggregators: int = 1,
+        leaves: int = 0,
     ) -> "Testbed":
         """Build testbed ``name`` with ``workers`` worker hosts and
-        ``aggregators`` aggregator hosts (1..9).  Raises RootRequired, TestbedExists (nothing touched),
+        ``aggregators`` aggregator hosts (1..9); ``leaves`` L > 0 instead
+        builds L + 1 for a two-level tree (recorded as the testbed's
+        "leaves": the first L leaves, the last the root).  Raises RootRequired, TestbedExists (nothing touched),
         TestbedError for bad arguments; on any failure midway it removes what
         it built and re-raises the original exception."""
         check_name(name)
         require_root("homagg testbed up")
         if not isinstance(workers, int) or not 1 <= workers <= _MAX_WORKERS:
             raise TestbedError(f"workers must be 1..{_MAX_WORKERS}, got {workers!r}", -errno.ERANGE)
+        if leaves:
+            if aggregators != 1:
+                raise TestbedError("leaves and aggregators exclude each other (a tree has "
+                                   "L + 1 aggregator hosts)", -errno.EINVAL)
+            if not isinstance(leaves, int) or not 1 <= leaves < _MAX_AGGREGATORS:
+                raise TestbedError(f"leaves must be 1..{_MAX_AGGREGATORS - 1} (L + 1 aggregator "
+                                   f"hosts, at most {_MAX_AGGREGATORS}), got {leaves!r}",
+                                   -errno.ERANGE)
+            if leaves > workers:
+                raise TestbedError(f"leaves ({leaves}) must not exceed workers ({workers})",
+                                   -errno.ERANGE)
+            aggregators = leaves + 1
         if not isinstance(aggregators, int) or not 1 <= aggregators <= _MAX_AGGREGATORS:
             raise TestbedError(f"aggregators must be 1..{_MAX_AGGREGATORS} (addresses .1 .. .9), "
                                f"got {aggregators!r}", -errno.ERANGE)
@@ -431,6 +446,7 @@ class Testbed:
             "complete": False,
             "workers": workers,
             "aggregators": aggregators,
+            "leaves": leaves,
             "link_mbit": link_mbit,
             "agg_link_mbit": agg_link_mbit,
             "subnet": str(net),

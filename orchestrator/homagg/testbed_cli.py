@@ -5,7 +5,10 @@ hg-NAME-w0, hg-NAME-w1, ... for the workers), each with an eth0 linked by a
 veth pair to a bridge in hg-NAME-sw that plays the switch (multicast is
 flooded to every port).  Addresses: aggregator .1, workers .10, .11, ... of
 the subnet (default 10.77.0.0/24); with --aggregators K, aggregators
-hg-NAME-agg, hg-NAME-agg1, ... at .1 .. .K (a job spread over K).  With --link-mbit every worker link is
+hg-NAME-agg, hg-NAME-agg1, ... at .1 .. .K (a job spread over K); with
+--leaves L, L + 1 aggregator hosts for a two-level tree (the first L leaves,
+the last the root; `homagg run allreduce` then runs its job over the tree,
+docs/PROTOCOL.md "Tree").  With --link-mbit every worker link is
 shaped in both directions (tbf).  What was created is recorded in
 /run/homagg/testbeds/NAME.json (--state-dir or $HOMAGG_TESTBED_DIR), and
 `down` removes exactly that.
@@ -40,6 +43,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--aggregators", "-k", type=int, default=1, metavar="K",
                    help="aggregator hosts (1..9; hg-NAME-agg, hg-NAME-agg1, ...) "
                    "(default: %(default)s)")
+    p.add_argument("--leaves", type=int, default=0, metavar="L",
+                   help="a two-level tree: L leaf aggregators and a root (L + 1 aggregator "
+                   "hosts, 1..8 leaves; excludes --aggregators)")
     p.add_argument("--link-mbit", type=float, default=None, metavar="R",
                    help="shape every worker link to R Mbit/s in both directions "
                    "(tbf on both veth ends); default: unshaped")
@@ -86,10 +92,12 @@ def _run(args) -> int:
     if args.action == "up":
         tb = Testbed.up(args.name, workers=args.workers, link_mbit=args.link_mbit,
                         agg_link_mbit=args.agg_link_mbit, subnet=args.subnet, mtu=args.mtu,
-                        state_dir=sd, aggregators=args.aggregators)
-        print(f"testbed {tb.name} is up ({args.workers} workers, {args.aggregators} "
-              f"aggregator{'s' if args.aggregators > 1 else ''}, links {_rate(args.link_mbit)}); "
-              f"state: {tb.state_path}")
+                        state_dir=sd, aggregators=args.aggregators, leaves=args.leaves)
+        naggs = len(tb.aggregators)
+        shape = f"a tree of {args.leaves} leaves and a root" if args.leaves else \
+            f"{naggs} aggregator{'s' if naggs > 1 else ''}"
+        print(f"testbed {tb.name} is up ({args.workers} workers, {shape}, "
+              f"links {_rate(args.link_mbit)}); state: {tb.state_path}")
         _print_hosts(tb)
         return 0
     if args.action == "down":

@@ -472,6 +472,7 @@ def run_train(testbed: str, model: str = "ncf", method: str = "auto", steps: int
     """Train on testbed ``testbed``; returns the report (module doc).  Every
     process started is stopped before it returns."""
     from homagg import run as runmod
+    from homagg.job import collect_reports
     from homagg.testbed import Testbed
 
     import homagg.torch  # noqa: F401  (torch must import here: fail early)
@@ -519,17 +520,7 @@ def run_train(testbed: str, model: str = "ncf", method: str = "auto", steps: int
                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                    env=renv, cwd=workdir))
         budget = 180.0 + (steps + warmup) * (timeout + 30.0)
-        reports, failures = [], []
-        for h, p in zip(hosts, procs):
-            try:
-                out, err = p.communicate(timeout=budget)
-            except subprocess.TimeoutExpired:
-                failures.append(f"{h.name}: no answer within {budget:.0f} s")
-                continue
-            if p.returncode != 0:
-                failures.append(f"{h.name}: exit {p.returncode}: {_tail(err)}")
-                continue
-            reports.append(json.loads(out.strip().splitlines()[-1]))
+        reports, failures = collect_reports(hosts, procs, budget)
         if failures:
             raise TrainError(f"training {model} with {method} failed on {len(failures)} of "
                              f"{W} ranks: " + "; ".join(failures))
@@ -554,12 +545,6 @@ def run_train(testbed: str, model: str = "ncf", method: str = "auto", steps: int
                     c.remove_job(job)
             sw.stop()
         shutil.rmtree(workdir, ignore_errors=True)
-
-
-def _tail(text: str, n: int = 800) -> str:
-    text = (text or "").strip()
-    lines = [ln for ln in text.splitlines() if ln.strip()]
-    return "\n".join(lines[-6:])[-n:]
 
 
 # --------------------------------------------------------------------------

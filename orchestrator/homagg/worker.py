@@ -19,6 +19,10 @@ aggregators")::
 
     Worker(..., aggregators=[("10.0.0.1", 48879), ("10.0.0.3", 48879)])
 
+Below a tree leaf (docs/PROTOCOL.md "Tree") a worker keeps its id in the
+job (``worker``, ``workers``: the codec's) and is wire worker ``i`` of the
+leaf's ``n``: ``leaf_ids=(i, n)``, ``aggregator`` the leaf.
+
 ``payload`` is the job's payload size (1024 bytes by default; up to 8192
 with jumbo frames): it must fit the MTU of the path to every aggregator,
 which the worker asks the kernel for (or takes from ``mtu``).  A dead
@@ -139,9 +143,14 @@ class Worker:
                  bind=("0.0.0.0", 0), timeout=5.0, slots=64, payload=1024,
                  rto=0.001, packets=0, aggregators=None, mtu=None, incarnation=0,
                  rto_min=RTO_MIN, start_wait=START_WAIT,
-                 auth_file=None):
+                 auth_file=None, leaf_ids=None):
         if not 0 <= worker < workers:
             raise InvalidArgument(f"worker {worker} not in 0..{workers - 1}")
+        agg_worker, agg_workers = leaf_ids or (0, 0)
+        if leaf_ids is not None and not (0 <= agg_worker < agg_workers <= workers and
+                                         agg_worker <= worker):
+            raise InvalidArgument(f"leaf_ids {tuple(leaf_ids)}: (i, n) with 0 <= i < n <= "
+                                  f"workers ({workers}) and i <= worker ({worker})")
         if timeout <= 0:
             raise InvalidArgument("timeout must be positive")
         if not 4 <= int(payload) <= MAX_PAYLOAD or int(payload) % 4:
@@ -191,7 +200,8 @@ class Worker:
             payload_bytes=payload, group_ipv4=parse_ipv4(group, "group") if group else 0,
             rto_ns=int(rto * 1e9), rto_min_ns=int(rto_min * 1e9),
             start_wait_ns=int(start_wait * 1e9), give_up_ns=int(timeout * 1e9),
-            incarnation=int(incarnation))
+            incarnation=int(incarnation), agg_worker=int(agg_worker),
+            agg_workers=int(agg_workers))
         # one C call at a time; allreduce_async's calls run on one thread
         self._lock = threading.Lock()
         self._executor = None

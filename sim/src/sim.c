@@ -10,7 +10,11 @@
  * 10.(1 + j).(w >> 8).(w & 255 + 1)... (see worker_addr()).  Faults apply to
  * both directions of every worker's link, so each frame between a worker
  * and an aggregator crosses exactly one faulty stage; the aggregators' and
- * the attacker's links are perfect.  Worker and attacker links run at
+ * the attacker's links are perfect, except a tree's root link (leaves
+ * 0..L-1 at the aggregator addresses, the root at aggregator L's), which
+ * has the workers' faults, so leaf-root frames cross one faulty stage too.
+ * In a tree, job j's leaf l multicasts to 239.1.l.(j + 1), the root to
+ * 239.2.0.(j + 1), which the leaves join.  Worker and attacker links run at
  * link_gbps, the aggregator's at agg_link_gbps.
  *
  * Each worker's client talks through a thin wrapper of its NIC port that
@@ -32,7 +36,8 @@
 #define AGG_IP 0x0a000001u
 #define AGG_IP_K 0x0a000100u   /* 10.0.1.k, aggregator k > 0 */
 #define ATTACKER_IP 0x0a000002u
-#define GROUP_BASE 0xef010001u /* 239.1.0.1 + job */
+#define GROUP_BASE 0xef010001u /* 239.1.0.1 + job (+ leaf << 8 in a tree) */
+#define ROOT_GROUP_BASE 0xef020001u /* 239.2.0.1 + job: a tree root's results */
 #define JOB_ID_BASE 100u
 #define DEFAULT_SLOTS 64
 #define DEFAULT_REORDER_NS 10000
@@ -72,6 +77,7 @@ struct hg_sim {
 	struct hg_nic_fabric *fab;
 	struct sim_agg agg[HG_SIM_MAX_AGGREGATORS];
 	uint32_t naggs;
+	uint32_t leaves;           /* tree: L leaves, agg[L] the root; 0: flat */
 	struct hg_nic_port *attacker;
 	struct sim_job jobs[HG_SIM_MAX_JOBS];
 	int njobs;
@@ -219,7 +225,9 @@ struct hg_sim *hg_sim_create(const struct hg_sim_config *cfg)
 	    !(cfg->duplicate >= 0 && cfg->duplicate < 1) ||
 	    !(cfg->reorder >= 0 && cfg->reorder < 1) || !(cfg->link_gbps >= 0) ||
 	    !(cfg->agg_link_gbps >= 0) ||
-	    cfg->aggregators > HG_SIM_MAX_AGGREGATORS)
+	    cfg->aggregators > HG_SIM_MAX_AGGREGATORS ||
+	    cfg->leaves >= HG_SIM_MAX_AGGREGATORS ||
+	    (cfg->leaves && cfg->aggregators > 1))
 		return NULL;
 	s = calloc(1, sizeof(*s));
 	if (!s)
@@ -243,6 +251,9 @@ struct hg_sim *hg_sim_create(const struct hg_sim_config *cfg)
 	if (!s->fab)
 		goto err;
 	s->naggs = cfg->aggregators ? cfg->aggregators : 1;
+	s->leaves = cfg->leaves;
+	if (s->leaves)
+		s->naggs = s->leaves + 1;
 	for (uint32_t k = 0; k < s->naggs; k++) {
 		struct sim_agg *ag = &s->agg[k];
 		uint8_t mac[6];
@@ -251,7 +262,10 @@ struct hg_sim *hg_sim_create(const struct hg_sim_config *cfg)
 		agg_addr(k, mac, &ip);
 		ag->dead_at = UINT64_MAX;
 		ag->restart_at = UINT64_MAX;
-		ag->port = add_port(s, mac, ip, s->cfg.agg_link_gbps, false);
+		/* a tree's root link is faulty too: leaf-root frames cross
+		 * one faulty stage, as worker-leaf frames do */
+		ag->port = add_port(s, mac, ip, s->cfg.agg_link_gbps,
+				    s->leaves && k == s->leaves);
 		if (!ag->port)
 			goto err;
 		hg_engine_config_init(&ec);
@@ -293,6 +307,55 @@ static uint32_t worker_ip(int job, uint32_t w)
 	return 0x0a000000u | (uint32_t)(1 + job) << 16 | (w + 1);
 }
 
+/* Tree: the first worker of leaf l among W (leaf l serves first(l) ..
+ * first(l + 1) - 1, docs/PROTOCOL.md "Tree"). */
+static uint32_t leaf_first(const struct hg_sim *s, uint32_t W, uint32_t l)
+{
+	return (uint32_t)((uint64_t)l * W / s->leaves);
+}
+
+static uint32_t leaf_of(const struct hg_sim *s, uint32_t W, uint32_t w)
+{
+	uint32_t l = (uint32_t)((uint64_t)w * s->leaves / W);
+
+	while (l + 1 < s->leaves && leaf_first(s, W, l + 1) <= w)
+		l++;
+	while (leaf_first(s, W, l) > w)
+		l--;
+	return l;
+}
+
+/* Tree: add job j to every leaf (its part of the workers, the root as
+ * parent) and to the root (the L leaves as workers). */
+static int add_tree_job(struct hg_sim *s, int j, struct hg_job_config *ej)
+{
+	struct sim_agg *root = &s->agg[s->leaves];
+	uint32_t W = ej->workers, group = ej->group_ipv4, inc = ej->incarnation;
+	int rc;
+
+	ej->incarnation = root->incarnation ? root->incarnation : inc;
+	ej->workers = s->leaves;
+	ej->group_ipv4 = group ? ROOT_GROUP_BASE + (uint32_t)j : 0;
+	rc = hg_engine_add_job(root->engine, ej);
+	if (rc)
+		return rc;
+	ej->up = 1;
+	agg_addr(s->leaves, ej->up_mac, &ej->up_ipv4);
+	ej->up_port = HG_UDP_PORT;
+	ej->up_group = ej->group_ipv4;
+	ej->up_rto_ns = s->cfg.up_rto_ns;
+	for (uint32_t l = 0; l < s->leaves; l++) {
+		ej->workers = leaf_first(s, W, l + 1) - leaf_first(s, W, l);
+		ej->up_worker = (uint16_t)l;
+		ej->group_ipv4 = group ? group + (l << 8) : 0;
+		ej->incarnation = s->agg[l].incarnation ? s->agg[l].incarnation : inc;
+		rc = hg_engine_add_job(s->agg[l].engine, ej);
+		if (rc)
+			return rc;
+	}
+	return 0;
+}
+
 int hg_sim_add_job(struct hg_sim *s, const struct hg_sim_job_config *jc)
 {
 	struct hg_job_config ej = { 0 };
@@ -306,7 +369,8 @@ int hg_sim_add_job(struct hg_sim *s, const struct hg_sim_job_config *jc)
 
 	if (!s || !jc)
 		return -EINVAL;
-	if (jc->workers == 0 || jc->workers > HG_MAX_WORKERS)
+	if (jc->workers == 0 || jc->workers > HG_MAX_WORKERS ||
+	    jc->workers < s->leaves)
 		return -ERANGE;
 	if (s->njobs == HG_SIM_MAX_JOBS)
 		return -ENOSPC;
@@ -329,13 +393,23 @@ int hg_sim_add_job(struct hg_sim *s, const struct hg_sim_job_config *jc)
 	ej.auth = jc->auth;
 	memcpy(ej.secret, jc->secret, sizeof(ej.secret));
 	for (uint32_t k = 0; k < s->naggs; k++) {
+		agg_addr(k, aggs[k].mac, &aggs[k].ipv4);
+		aggs[k].udp_port = HG_UDP_PORT;
+		if (s->leaves)
+			continue;
 		ej.shard = (uint8_t)k;
 		ej.incarnation = s->agg[k].incarnation ? s->agg[k].incarnation : inc;
 		rc = hg_engine_add_job(s->agg[k].engine, &ej);
 		if (rc)
 			return rc;
-		agg_addr(k, aggs[k].mac, &aggs[k].ipv4);
-		aggs[k].udp_port = HG_UDP_PORT;
+	}
+	if (s->leaves) {
+		struct hg_job_config tj = ej;
+
+		tj.incarnation = inc;
+		rc = add_tree_job(s, j, &tj);
+		if (rc)
+			return rc;
 	}
 
 	job->w = calloc(job->workers, sizeof(*job->w));
@@ -374,6 +448,18 @@ int hg_sim_add_job(struct hg_sim *s, const struct hg_sim_job_config *jc)
 		sw->wrap.ctx = sw;
 		cc.port = &sw->wrap;
 		cc.worker = w;
+		if (s->leaves) {
+			/* its leaf is its one aggregator, its id there local */
+			uint32_t l = leaf_of(s, job->workers, w);
+
+			cc.naggs = 1;
+			cc.aggs = &aggs[l];
+			cc.agg_worker = w - leaf_first(s, job->workers, l);
+			cc.agg_workers = leaf_first(s, job->workers, l + 1) -
+					 leaf_first(s, job->workers, l);
+			cc.group_ipv4 = ej.group_ipv4 ? GROUP_BASE + (uint32_t)j +
+							(l << 8) : 0;
+		}
 		sw->client = hg_client_create(&cc);
 		if (!sw->client)
 			break;
@@ -575,6 +661,13 @@ int hg_sim_run(struct hg_sim *s, uint64_t max_ns)
 				if (sw->deadline < min_dl)
 					min_dl = sw->deadline;
 			}
+		/* tree leaves: their upward timers */
+		for (uint32_t k = 0; k < s->leaves; k++) {
+			uint64_t dl = hg_engine_next_deadline(s->agg[k].engine);
+
+			if (now < s->agg[k].dead_at && dl < min_dl)
+				min_dl = dl;
+		}
 		drain_dead(s);
 		if (!any)
 			return 0;

@@ -43,6 +43,41 @@
 extern "C" {
 #endif
 
+/*
+ * HG_FOREACH_CLIENT_STAT(X, P): the fields of struct hg_client_stats, one
+ * table.  X(type, name, doc) is a scalar field, P(name, doc) a uint64_t per
+ * phase (an array indexed by enum hg_phase).  It generates the struct and
+ * the name table behind hg_client_stat_name(); Python reads the fields
+ * through it (homagg.bindings.client.client_stats_dict).
+ */
+#define HG_FOREACH_CLIENT_STAT(X, P)                                           \
+	X(uint64_t, packets_sent, "every chunk transmission, retransmissions included") \
+	X(uint64_t, retransmissions, "transmissions after the first of a chunk") \
+	X(uint64_t, timeouts, "retransmission timer expiries")                 \
+	X(uint64_t, spurious_timeouts, "expiries whose chunk had not been lost (a STATUS showed our contribution, or the result came twice)") \
+	X(uint64_t, fast_retransmissions, "resent on a gap or a STATUS, without a timer") \
+	X(uint64_t, window_retransmissions, "resent with a stalled window: a chunk of its aggregator timed out again (docs/PROTOCOL.md)") \
+	X(uint64_t, results_received, "result packets placed (first copy of a chunk)") \
+	X(uint64_t, duplicates_received, "result packets for chunks already placed") \
+	X(uint64_t, status_received, "STATUS replies (slot bitmaps)")          \
+	X(uint64_t, packets_ignored, "received frames that were not for this client") \
+	X(uint64_t, tx_refused, "packets the port did not take (resent later)") \
+	P(bytes_sent, "HomAgg payload bytes sent, per enum hg_phase")          \
+	P(bytes_received, "result payload bytes placed, per phase")           \
+	X(uint64_t, chunks, "distinct chunks of the allreduces so far")       \
+	X(uint64_t, stalled_blocks, "lhc: blocks whose peeling stalled")      \
+	X(uint64_t, fallback_lanes, "lhc: lanes of the fallback phase")       \
+	X(int, method_chosen, "method of the last allreduce (auto's choice)") \
+	X(uint64_t, next_seq, "next chunk number c of the job (K = 1: its seq)") \
+	X(uint64_t, srtt_ns, "smoothed round-trip time (0 before the first sample)") \
+	X(uint64_t, rttvar_ns, "its mean deviation")                          \
+	X(uint64_t, rto_ns, "current retransmission timeout, backoff included") \
+	X(uint64_t, rtt_samples, "RTT samples taken (results of chunks sent once)") \
+	X(uint32_t, aggregators, "K; srtt/rttvar/rto above are of the aggregator with the longest timeout, rtt_samples the total") \
+	X(uint64_t, start_wait_ns, "current wait for the first result of a step") \
+	X(uint64_t, rto_floor_ns, "the floor of the timeout spurious timeouts taught (0: none; of that same aggregator)") \
+	X(uint64_t, bad_mac, "replies dropped: MAC missing, wrong, or present on a job without auth")
+
 /* cdef-begin */
 /* Defaults used when a config field is 0. */
 #define HG_CLIENT_DEFAULT_RTO_NS 1000000
@@ -92,41 +127,30 @@ struct hg_client_config {
 	uint8_t auth;              /* 1: the job authenticates every frame */
 	uint8_t secret[32];         /* auth: the job secret (HG_AUTH_SECRET_LEN); the client
 				    * keeps only its key and the aggregator's */
+	uint32_t agg_worker;       /* wire worker id at its aggregator (a tree leaf's
+				    * index of it, docs/PROTOCOL.md "Tree"); worker
+				    * and workers above stay the codec's */
+	uint32_t agg_workers;      /* W at its aggregator; 0 = workers (and agg_worker
+				    * = worker).  The leaf serves workers worker -
+				    * agg_worker .. + agg_workers - 1 (errors name them) */
 };
 
 struct hg_client_stats {
-	uint64_t packets_sent;     /* every chunk transmission, retransmissions included */
-	uint64_t retransmissions;  /* transmissions after the first of a chunk */
-	uint64_t timeouts;         /* retransmission timer expiries */
-	uint64_t spurious_timeouts;/* expiries whose chunk had not been lost (a STATUS
-				    * showed our contribution, or the result came twice) */
-	uint64_t fast_retransmissions; /* resent on a gap or a STATUS, without a timer */
-	uint64_t window_retransmissions; /* resent with a stalled window (a chunk of its
-				    * aggregator timed out again): docs/PROTOCOL.md */
-	uint64_t results_received; /* result packets placed (first copy of a chunk) */
-	uint64_t duplicates_received; /* result packets for chunks already placed */
-	uint64_t status_received;  /* STATUS replies (slot bitmaps) */
-	uint64_t packets_ignored;  /* received frames that were not for this client */
-	uint64_t tx_refused;       /* packets the port did not take (resent later) */
-	uint64_t bytes_sent[HG_PH__COUNT];     /* HomAgg payload bytes sent, per enum hg_phase */
-	uint64_t bytes_received[HG_PH__COUNT]; /* result payload bytes placed, per phase */
-	uint64_t chunks;           /* distinct chunks of the allreduces so far */
-	uint64_t stalled_blocks;   /* lhc: blocks whose peeling stalled */
-	uint64_t fallback_lanes;   /* lhc: lanes of the fallback phase */
-	int method_chosen;         /* method of the last allreduce (auto's choice) */
-	uint64_t next_seq;         /* next chunk number c of the job (K = 1: its seq) */
-	uint64_t srtt_ns;          /* smoothed round-trip time (0 before the first sample) */
-	uint64_t rttvar_ns;        /* its mean deviation */
-	uint64_t rto_ns;           /* current retransmission timeout, backoff included */
-	uint64_t rtt_samples;      /* RTT samples taken (results of chunks sent once) */
-	uint32_t aggregators;      /* K; srtt/rttvar/rto above are of the aggregator
-				    * with the longest timeout, rtt_samples the total */
-	uint64_t start_wait_ns;    /* current wait for the first result of a step */
-	uint64_t rto_floor_ns;     /* the floor of the timeout spurious timeouts taught
-				    * (0: none; of that same aggregator) */
-	uint64_t bad_mac;          /* replies dropped: MAC missing, wrong, or
-				    * present on a job without auth */
+#define HG_CS_FIELD_(type, name, doc) type name;
+#define HG_CS_PER_PHASE_(name, doc) uint64_t name[HG_PH__COUNT];
+	HG_FOREACH_CLIENT_STAT(HG_CS_FIELD_, HG_CS_PER_PHASE_)
+#undef HG_CS_FIELD_
+#undef HG_CS_PER_PHASE_
 };
+
+/*
+ * The fields of struct hg_client_stats in table order: their count, the
+ * name of field i (NULL past the end), and whether it is per phase (an
+ * array indexed by enum hg_phase).
+ */
+unsigned hg_client_stat_count(void);
+const char *hg_client_stat_name(unsigned i);
+bool hg_client_stat_per_phase(unsigned i);
 
 /* What a worker exchanged with one of its aggregators. */
 struct hg_client_agg_stats {

@@ -41,7 +41,13 @@
 	X(BAD_MAC, "bad_mac", "MAC missing or wrong (auth job), or a MAC on a job without auth") \
 	X(BAD_SHARD, "bad_shard", "shard differs from the aggregator's index for the job") \
 	X(OLD_INCARNATION, "old_incarnation", "frames of a worker's earlier incarnation") \
-	X(INCARNATION_RESETS, "incarnation_resets", "incomplete slots cleared: a worker came back with a new incarnation")
+	X(INCARNATION_RESETS, "incarnation_resets", "incomplete slots cleared: a worker came back with a new incarnation") \
+	X(UP_SENT, "up_sent", "tree leaf: partial sums sent up to the root (first transmissions)") \
+	X(UP_RETRANSMISSIONS, "up_retransmissions", "tree leaf: partial sums sent up again") \
+	X(UP_RESULTS, "up_results", "tree leaf: root results accepted and sent to the workers") \
+	X(UP_STATUS, "up_status", "tree leaf: STATUS frames from the root") \
+	X(UP_STALE, "up_stale", "tree leaf: root replies for no forwarded set or not matching it") \
+	X(UP_ABANDONED, "up_abandoned", "tree leaf: forwarded sets no longer resent (give-up time passed)")
 
 enum hg_counter {
 #define HG_CNT_ENUM_(name, str, doc) HG_CNT_##name,

@@ -28,6 +28,13 @@
  * incomplete slot holding the worker's earlier contribution
  * ("incarnation_resets").  Replies carry the job's incarnation and shard.
  *
+ * Tree (docs/PROTOCOL.md "Tree"): a job whose config names a parent (up)
+ * is a leaf.  A set complete there goes up to the root as one request of
+ * worker up_worker (NC8 accumulators as SUM32) and waits, resent on a timer
+ * served by hg_engine_poll(), until the root's RESULT arrives; that result
+ * then goes to the leaf's workers.  Only a leaf accepts RESULT and STATUS
+ * frames, and only from its root.
+ *
  * The packet path allocates nothing and logs nothing: memory is allocated by
  * hg_engine_create() and hg_engine_add_job().  The control calls
  * (add/remove job) must not run concurrently with poll/process.
@@ -85,6 +92,18 @@ struct hg_job_config {
 	uint8_t auth;            /* 1: every frame carries a MAC (homagg/auth.h) */
 	uint8_t secret[32];      /* auth: the job secret (HG_AUTH_SECRET_LEN); the engine
 				  * keeps only the keys derived from it */
+	/* Tree (docs/PROTOCOL.md "Tree"): with up = 1 this aggregator is a
+	 * leaf; a slot complete here goes up to the root as one request of
+	 * worker up_worker and its workers get the root's result. */
+	uint8_t up;              /* 1: a leaf with the parent below */
+	uint8_t up_shard;        /* the root's shard index for the job */
+	uint16_t up_worker;      /* this leaf's worker id at the root */
+	uint8_t up_mac[6];       /* the root's MAC (next hop) */
+	uint32_t up_ipv4;        /* the root's IPv4 address (host order) */
+	uint16_t up_port;        /* the root's UDP port (0 = HG_UDP_PORT) */
+	uint32_t up_group;       /* the root's result group, joined (0 = none) */
+	uint64_t up_rto_ns;      /* upward retransmission timeout (0 = 1 ms) */
+	uint64_t up_give_up_ns;  /* stop resending a set after this (0 = 10 s) */
 };
 
 /* Defaults: max_jobs 64, HG_UDP_PORT, burst 32, HG_ENGINE_F_UDP_CSUM,
@@ -99,7 +118,8 @@ void hg_engine_destroy(struct hg_engine *e);
  * Add a job; all its memory (2 * S accumulators of payload_bytes, the
  * worker table, with auth the W + 1 keys) is allocated here.  Returns 0,
  * -EINVAL (NULL), -EEXIST (job id in use), -ERANGE (W, S, payload, or
- * max_jobs reached), -ENOMEM, -ENOTSUP (auth: libsodium unusable).
+ * max_jobs reached), -ENOMEM, -ENOTSUP (auth: libsodium unusable; auth
+ * together with up), -EINVAL (up without the root's address).
  */
 int hg_engine_add_job(struct hg_engine *e, const struct hg_job_config *j);
 /* The job's configuration as the engine holds it (the incarnation chosen
@@ -112,10 +132,22 @@ int hg_engine_remove_job(struct hg_engine *e, uint32_t job);
 int hg_engine_job_count(const struct hg_engine *e);
 
 /*
- * Receive one burst from the port, process it, transmit what it produced.
+ * Receive one burst from the port, process it, transmit what it produced;
+ * serve the leaf jobs' upward timers when one is due (hg_engine_timers).
  * Returns the number of frames received (0 when the port had none).
  */
 int hg_engine_poll(struct hg_engine *e);
+
+/*
+ * Tree leaves: resend every partial sum whose upward timer is due (at the
+ * port's clock) and transmit.  hg_engine_poll() calls it; a caller that
+ * only uses hg_engine_process() calls it itself.  Returns the number of
+ * requests resent, or -EINVAL.
+ */
+int hg_engine_timers(struct hg_engine *e);
+
+/* When the next upward timer is due (port clock, ns); UINT64_MAX: none. */
+uint64_t hg_engine_next_deadline(const struct hg_engine *e);
 
 /*
  * Process n frames already received from the engine's port: the engine

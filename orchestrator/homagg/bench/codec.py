@@ -30,7 +30,8 @@ import numpy as np
 from homagg.bench import report as rep
 
 
-def add_arguments(parser):
+def add_gradient_arguments(parser, repeat):
+    """The gradients and timed runs (shared with homagg.bench.codec_steps)."""
     parser.add_argument("--elements", type=int, default=2**26,
                         help="elements per worker (default 2^26)")
     parser.add_argument("--density", type=float, default=0.05,
@@ -38,10 +39,15 @@ def add_arguments(parser):
     parser.add_argument("--workers", type=int, default=4, help="workers W (default 4)")
     parser.add_argument("--block", type=int, default=None,
                         help="block elements (default HG_DEFAULT_BLOCK)")
-    parser.add_argument("--repeat", type=int, default=3, help="timed runs, best kept (default 3)")
+    parser.add_argument("--repeat", type=int, default=repeat,
+                        help=f"timed runs, best kept (default {repeat})")
     parser.add_argument("--seed", type=int, default=1, help="seed of the gradients")
-    parser.add_argument("--no-numpy", action="store_true", help="skip the numpy baseline")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def add_arguments(parser):
+    add_gradient_arguments(parser, repeat=3)
+    parser.add_argument("--no-numpy", action="store_true", help="skip the numpy baseline")
 
 
 def _progress(msg):

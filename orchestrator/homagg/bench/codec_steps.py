@@ -25,16 +25,9 @@ from homagg import log
 
 
 def add_arguments(parser):
-    parser.add_argument("--elements", type=int, default=2**26,
-                        help="elements per worker (default 2^26)")
-    parser.add_argument("--density", type=float, default=0.05,
-                        help="fraction of non-zero elements per worker (default 0.05)")
-    parser.add_argument("--workers", type=int, default=4, help="workers W (default 4)")
-    parser.add_argument("--block", type=int, default=None,
-                        help="block elements (default HG_DEFAULT_BLOCK)")
-    parser.add_argument("--repeat", type=int, default=5, help="timed runs, best kept (default 5)")
-    parser.add_argument("--seed", type=int, default=1, help="seed of the gradients")
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    from homagg.bench.codec import add_gradient_arguments
+
+    add_gradient_arguments(parser, repeat=5)
 
 
 def _best(fn, repeat):
@@ -82,8 +75,8 @@ def run(args):
     np.copyto(dst, x)
     steps = {
         "previous exponents+counts": lambda: b.exp_nnz_encode_into(cps[0], x, codes, counts),
-        "previous index": lambda: b.lhc_index_encode_into(plan, x, index),
-        "previous sketch": lambda: b.lhc_sketch_encode_into(plan, x, cells),
+        "previous index": lambda: b.lhc_index_encode(plan, x, index),
+        "previous sketch": lambda: b.lhc_sketch_encode(plan, x, cells),
         "scan": lambda: b.scan_encode_into(scan, cps[0], x, codes, counts),
         "index": lambda: b.lhc_index_encode_scan(plan, scan, index),
         "sketch": lambda: b.lhc_sketch_encode_scan(plan, scan, cells),

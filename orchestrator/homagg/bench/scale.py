@@ -6,7 +6,11 @@ runs one allreduce per (W, method, K) on a fresh cluster; --aggregators
 lists the K of each W (a number, or W/N for one aggregator per N workers:
 ``--aggregators 1,2,4,8,W/8``).  The job is spread over the K aggregators
 (docs/PROTOCOL.md "Several aggregators"), each on its own link at
---link-gbps.  Per row:
+--link-gbps.  --leaves adds tree rows: the job over a two-level tree of L
+leaf aggregators and one root (docs/PROTOCOL.md "Tree"; a number or W/N,
+e.g. ``--leaves W/16``), every link at --link-gbps, the window sized by
+the same rule as a flat row's but for the tree's busiest aggregator
+(max(W/L, L) senders).  Per row:
 
 - aggregator throughput in virtual time: frames the engine received per
   second and the workers' payload bytes per second (Gbit/s), against the
@@ -95,6 +99,9 @@ def add_arguments(parser):
     parser.add_argument("--aggregators", type=_k_list, default=[1],
                         help="comma-separated aggregator counts K per W: numbers or W/N "
                         "(one per N workers), e.g. 1,2,4,8,W/8 (default 1)")
+    parser.add_argument("--leaves", type=_k_list, default=[],
+                        help="comma-separated leaf counts L of tree rows per W: numbers or "
+                        "W/N, e.g. W/16 (default: no tree rows)")
     parser.add_argument("--link-gbps", type=float, default=100.0,
                         help="line rate of every simulated link (default 100)")
     parser.add_argument("--block", type=int, default=None,
@@ -136,9 +143,11 @@ def _payload(stats_dict):
     return int(sum(stats_dict.values()))
 
 
-def run_one(grads, method, link_gbps, block, slots, seed, want=None, f64=None, aggregators=1):
+def run_one(grads, method, link_gbps, block, slots, seed, want=None, f64=None, aggregators=1,
+            leaves=0):
     """One allreduce of grads on a fresh simulated cluster of ``aggregators``
-    aggregators; returns a row (without the W/workload context) and the
+    aggregators (leaves > 0: a tree of ``leaves`` leaves and a root, the
+    root last); returns a row (without the W/workload context) and the
     result."""
     from homagg.sim import Cluster
 
@@ -147,7 +156,9 @@ def run_one(grads, method, link_gbps, block, slots, seed, want=None, f64=None, a
     # Each aggregator NIC at the same rate as each worker's: an aggregator's
     # port is shared by all W workers, as with a DPDK aggregator server.
     with Cluster(workers=W, link_gbps=link_gbps, agg_link_gbps=link_gbps, slots=slots,
-                 seed=seed, delay=LINK_DELAY, aggregators=aggregators) as cl:
+                 seed=seed, delay=LINK_DELAY, aggregators=1 if leaves else aggregators,
+                 leaves=leaves) as cl:
+        aggregators = cl.aggregators
         t0 = time.perf_counter()
         res = cl.allreduce(grads, method=method, block_elements=block)
         wall = time.perf_counter() - t0
@@ -165,6 +176,7 @@ def run_one(grads, method, link_gbps, block, slots, seed, want=None, f64=None, a
     row = {
         "method": method,
         "aggregators": aggregators,
+        "leaves": leaves,
         "slots": slots,
         "method_chosen": res.stats["method"],
         "virtual_seconds": vt,
@@ -231,20 +243,45 @@ def run(args):
             row = {"workers": W, "elements": args.elements, "workload": args.workload,
                    "density": density, "union_density": union / args.elements, **row}
             rows.append(row)
-            rep.progress("scale", f"W={W} K={K} {m:6s} virtual {row['virtual_seconds'] * 1e3:8.3f} ms "
+            _progress(row)
+        for m, L in ((m, L) for L in tree_leaves(args.leaves, W) for m in args.methods):
+            slots = args.slots or auto_slots(max(-(-W // L), L))
+            row, _res = run_one(grads, m, args.link_gbps, block, slots, args.seed,
+                                want=want, f64=f64, leaves=L)
+            row = {"workers": W, "elements": args.elements, "workload": args.workload,
+                   "density": density, "union_density": union / args.elements, **row}
+            rows.append(row)
+            _progress(row)
+        del grads
+    return rep.header(benchmark="scale", link_gbps=args.link_gbps, elements=args.elements,
+                      density=density, workload=args.workload, block_elements=block,
+                      slots=args.slots or "auto", seed=args.seed,
+                      aggregators=[str(t) for t in args.aggregators],
+                      leaves=[str(t) for t in args.leaves], results=rows)
+
+
+def tree_leaves(tokens, workers):
+    """The distinct L of --leaves for W workers (2 <= L <= min(W, 63))."""
+    out = []
+    for t in tokens:
+        L = min(aggregators_for(t, workers), workers, 63)
+        if L >= 2 and L not in out:
+            out.append(L)
+    return out
+
+
+def _progress(row):
+    m, W = row["method"], row["workers"]
+    where = (f"tree L={row['leaves']}" if row["leaves"] else f"K={row['aggregators']}")
+    rep.progress("scale", f"W={W} {where} {m:6s} virtual {row['virtual_seconds'] * 1e3:8.3f} ms "
                          f"(ring model {row['ring_model_seconds'] * 1e3:.3f} ms), "
                          f"{row['bytes_sent_per_worker'] / 1e6:.3f} MB/worker "
                          f"({row['ratio_vs_ring']:.3f} x ring), agg "
                          f"{row['agg_payload_gbps']:.1f} Gbit/s, wall {row['wall_seconds']:.2f} s, "
                          f"retx {row['retransmissions']}, exact {row['exact']}")
-        del grads
-    return rep.header(benchmark="scale", link_gbps=args.link_gbps, elements=args.elements,
-                      density=density, workload=args.workload, block_elements=block,
-                      slots=args.slots or "auto", seed=args.seed,
-                      aggregators=[str(t) for t in args.aggregators], results=rows)
 
 
-MD_COLUMNS = ("workers", "aggregators", "method", "method_chosen", "slots", "virtual_seconds",
+MD_COLUMNS = ("workers", "aggregators", "leaves", "method", "method_chosen", "slots", "virtual_seconds",
               "ring_model_seconds", "agg_link_rx_max_share", "agg_link_rx_max_gbps",
               "bytes_sent_per_worker", "ring_bytes_per_worker", "ratio_vs_ring",
               "agg_packets_per_s", "agg_payload_gbps", "wall_seconds", "retransmissions", "exact", "rel_l2_error")
@@ -252,10 +289,13 @@ MD_COLUMNS = ("workers", "aggregators", "method", "method_chosen", "slots", "vir
 
 def plot(report, path):
     plt = rep.pyplot()
-    rows = report["results"]
+    trees = [r for r in report["results"] if r.get("leaves")]
+    rows = [r for r in report["results"] if not r.get("leaves")]
     methods = list(dict.fromkeys(r["method"] for r in rows))
     ws = sorted({r["workers"] for r in rows})
-    k1 = [r for r in rows if r.get("aggregators", 1) == 1] or rows
+    # the first two panels: the smallest K of the run (normally 1)
+    kmin = min((r.get("aggregators", 1) for r in rows), default=1)
+    k1 = [r for r in rows if r.get("aggregators", 1) == kmin]
     fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(17, 4.5))
     for m in methods:
         rs = sorted((r for r in k1 if r["method"] == m), key=lambda r: r["workers"])
@@ -281,9 +321,16 @@ def plot(report, path):
                         key=lambda r: r["workers"])
             ax3.plot([r["workers"] for r in rs], [r["virtual_seconds"] for r in rs], "r-",
                      lw=2.5, alpha=0.5, label=f"{m0}, K = {t}")
+    for t in report.get("leaves", []):
+        rs = sorted((r for r in trees if r["method"] == m0 and
+                     r["leaves"] in tree_leaves([_k_list(t)[0]], r["workers"])),
+                    key=lambda r: r["workers"])
+        if rs:
+            ax3.plot([r["workers"] for r in rs], [r["virtual_seconds"] for r in rs], "g-s",
+                     lw=2, label=f"{m0}, tree of L = {t} leaves + root")
     ax3.plot(ws, [ring[w]["ring_model_seconds"] for w in ws], "k--", label="ring, model")
-    for ax, yl in ((ax1, "payload bytes sent per worker (K = 1)"),
-                   (ax2, "allreduce time (s, virtual, K = 1)"),
+    for ax, yl in ((ax1, f"payload bytes sent per worker (K = {kmin})"),
+                   (ax2, f"allreduce time (s, virtual, K = {kmin})"),
                    (ax3, "allreduce time (s, virtual) per K aggregators")):
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")

@@ -76,17 +76,24 @@ def client_get_agg_stats(c, k):
     return agg_stats_dict(ast)
 
 
+def client_stat_fields():
+    """(name, per_phase) of every field of ``struct hg_client_stats``, in
+    the order of its table (HG_FOREACH_CLIENT_STAT, homagg/client.h)."""
+    return [(ffi.string(lib.hg_client_stat_name(i)).decode(),
+             bool(lib.hg_client_stat_per_phase(i)))
+            for i in range(lib.hg_client_stat_count())]
+
+
+_STAT_FIELDS = client_stat_fields()
+
+
 def client_stats_dict(st):
-    """A ``struct hg_client_stats`` as a dict: every field of the C struct
-    (read from the cdef, so a counter added in client.h appears here), the
-    per-phase arrays as {phase name: bytes}."""
+    """A ``struct hg_client_stats`` as a dict: every field of its table,
+    the per-phase ones as {phase name: value}."""
     out = {}
-    for name, field in ffi.typeof("struct hg_client_stats").fields:
+    for name, per_phase in _STAT_FIELDS:
         v = getattr(st, name)
-        if field.type.kind == "array":
-            out[name] = {PHASES[i]: v[i] for i in range(len(PHASES))}
-        else:
-            out[name] = v
+        out[name] = {p: v[i] for i, p in enumerate(PHASES)} if per_phase else v
     return out
 
 

@@ -10,8 +10,9 @@ array of the exact dtype the C side expects, passed without a copy:
   ``uint8`` bytes whose length is a multiple of 4;
 - index bytes (OR lanes) and NC8 codes: ``uint8``.
 
-Functions returning a new array have an ``*_into(..., out)`` variant that
-writes a caller-owned buffer instead.  Return codes become exceptions of
+Functions returning a new array have an ``*_into(..., out)`` variant, or
+an optional ``out`` argument (the lhc encoders), that writes a
+caller-owned buffer instead.  Return codes become exceptions of
 ``homagg.errors``; a NaN or an infinity becomes ``NonFiniteValue`` naming
 the first bad index and the worker (``p.worker``).
 """
@@ -21,8 +22,8 @@ import math
 import numpy as np
 
 from homagg._native import ffi, lib
-from homagg.bindings._args import (BE32, F32, I8, U8, _be32, _buf, _f32, _i8, _length,
-                                   _u8, _wbuf)
+from homagg.bindings._args import (BE32, F32, I8, U8, _be32, _buf, _f32, _fill, _i8,
+                                   _length, _u8, _wbuf)
 from homagg.errors import HomAggError, InvalidArgument, NonFiniteValue, OutOfRange, check
 
 
@@ -86,14 +87,9 @@ def params_new(block=None, workers=1, worker=0, flags=0, seed=0, nc_levels=0,
     cells = float(sketch_cells_per_candidate)
     if not math.isfinite(cells) or cells < 0:
         raise InvalidArgument(f"sketch_cells_per_candidate: {cells} must be finite and >= 0")
-    p = ffi.new("struct hg_params *")
-    p.block = block
-    p.workers = workers
-    p.worker = worker
-    p.flags = flags
-    p.seed = seed
-    p.nc_levels = nc_levels
-    p.sketch_cells_per_candidate = cells
+    p = _fill(ffi.new("struct hg_params *"), dict(
+        block=block, workers=workers, worker=worker, flags=flags, seed=seed,
+        nc_levels=nc_levels, sketch_cells_per_candidate=cells))
     params_check(p)
     return p
 
@@ -302,14 +298,21 @@ class Lhc:
         return lhc_get_info(self)
 
 
-def lhc_create(p, n, gcodes, gcounts):
-    """hg_lhc_create from the global codes and global counts."""
+def _global_meta(p, n, gcodes, gcounts):
+    """The global codes (int8) and counts ('>i4') of n elements, checked,
+    as the buffers the C calls take."""
     nb = nblocks(p, n)
     _i8(gcodes, "gcodes")
     _be32(gcounts, "gcounts")
     _length(gcodes, nb, "gcodes", "blocks")
     _length(gcounts, nb, "gcounts", "lanes")
-    ptr = lib.hg_lhc_create(p, n, _buf("int8_t[]", gcodes), _buf("uint8_t[]", gcounts))
+    return _buf("int8_t[]", gcodes), _buf("uint8_t[]", gcounts)
+
+
+def lhc_create(p, n, gcodes, gcounts):
+    """hg_lhc_create from the global codes and global counts."""
+    nb = nblocks(p, n)
+    ptr = lib.hg_lhc_create(p, n, *_global_meta(p, n, gcodes, gcounts))
     if ptr == ffi.NULL:
         raise InvalidArgument(
             "hg_lhc_create failed: bad global codes / counts (a count above the "
@@ -334,102 +337,100 @@ def _lhc_x(lhc, x):
         raise InvalidArgument(f"x: the plan is for {lhc.n} elements, got {x.size}")
 
 
-def lhc_index_encode_into(lhc, x, index):
+def _lhc_buf(a, name, size, dtype, writable=False):
+    """a checked as size index bytes (dtype U8) or int32 lanes (BE32)."""
+    if dtype == U8:
+        _u8(a, name, writable)
+        _length(a, size, name, "bytes")
+    else:
+        _be32(a, name, writable)
+        _length(a, size, name, "lanes")
+    return a
+
+
+def _lhc_out(out, name, size, dtype):
+    """out, or a new array when None, checked as an output (_lhc_buf)."""
+    out = np.empty(size, dtype=dtype) if out is None else out
+    return _lhc_buf(out, name, size, dtype, writable=True)
+
+
+def _lhc_advance(fn, lhc, gin, name, field, dtype, before, after):
+    """fn(lhc, gin) with the aggregated info[field] bytes or lanes gin,
+    taking the plan from state before to after (left at before when the
+    call fails)."""
+    _lhc_buf(gin, name, lhc_get_info(lhc)[field], dtype)
+    lhc.state = before
+    rc = check(getattr(lib, fn)(lhc.ptr, _buf("uint8_t[]", gin)), fn)
+    lhc.state = after
+    return rc
+
+
+def _lhc_encode(fn, lhc, x, out, name, field, dtype, state=None):
+    """fn(lhc, x, out), an encoder of x into info[field] bytes or lanes:
+    arguments checked, -EDOM as NonFiniteValue about x."""
+    what = fn[3:]
+    _lhc_x(lhc, x)
+    if state is not None:
+        lhc.need(state, what)
+    out = _lhc_out(out, name, lhc_get_info(lhc)[field], dtype)
+    rc = getattr(lib, fn)(lhc.ptr, _buf("float[]", x), _wbuf("uint8_t[]", out))
+    _check_x(rc, lhc.params, x, fn)
+    return out
+
+
+def _lhc_encode_scan(fn, lhc, scan, out, name, size, dtype, state=None):
+    """fn(lhc, scan, out), an encoder reading a scan of x into size bytes
+    or lanes (size: an info field, or a function of the plan)."""
+    what = fn[3:]
+    _lhc_scan(lhc, scan, what)
+    if state is not None:
+        lhc.need(state, what)
+    size = size(lhc) if callable(size) else lhc_get_info(lhc)[size]
+    out = _lhc_out(out, name, size, dtype)
+    check(getattr(lib, fn)(lhc.ptr, scan.ptr, _wbuf("uint8_t[]", out)), fn)
+    return out
+
+
+def lhc_index_encode(lhc, x, index=None):
     """hg_lhc_index_encode: this worker's index bytes (uint8)."""
-    _lhc_x(lhc, x)
-    _u8(index, "index", writable=True)
-    _length(index, lhc_get_info(lhc)["index_bytes"], "index", "bytes")
-    rc = lib.hg_lhc_index_encode(lhc.ptr, _buf("float[]", x), _wbuf("uint8_t[]", index))
-    _check_x(rc, lhc.params, x, "hg_lhc_index_encode")
-    return index
-
-
-def lhc_index_encode(lhc, x):
-    _lhc_x(lhc, x)
-    out = np.empty(lhc_get_info(lhc)["index_bytes"], dtype=U8)
-    return lhc_index_encode_into(lhc, x, out)
+    return _lhc_encode("hg_lhc_index_encode", lhc, x, index, "index", "index_bytes", U8)
 
 
 def lhc_index_encode_scan(lhc, scan, index=None):
     """hg_lhc_index_encode_scan: the index bytes from a scan of x."""
-    _lhc_scan(lhc, scan, "lhc_index_encode_scan")
-    nbytes = lhc_get_info(lhc)["index_bytes"]
-    index = np.empty(nbytes, dtype=U8) if index is None else index
-    _u8(index, "index", writable=True)
-    _length(index, nbytes, "index", "bytes")
-    check(lib.hg_lhc_index_encode_scan(lhc.ptr, scan.ptr, _wbuf("uint8_t[]", index)),
-          "hg_lhc_index_encode_scan")
-    return index
+    return _lhc_encode_scan("hg_lhc_index_encode_scan", lhc, scan, index, "index",
+                            "index_bytes", U8)
 
 
 def lhc_set_index(lhc, gindex):
     """hg_lhc_set_index: the OR of every worker's index."""
-    _u8(gindex, "gindex")
-    _length(gindex, lhc_get_info(lhc)["index_bytes"], "gindex", "bytes")
-    lhc.state = Lhc.PLANNED
-    rc = check(lib.hg_lhc_set_index(lhc.ptr, _buf("uint8_t[]", gindex)), "hg_lhc_set_index")
-    lhc.state = Lhc.INDEXED
-    return rc
+    return _lhc_advance("hg_lhc_set_index", lhc, gindex, "gindex", "index_bytes", U8,
+                        Lhc.PLANNED, Lhc.INDEXED)
 
 
-def lhc_sketch_encode_into(lhc, x, cells):
+def lhc_sketch_encode(lhc, x, cells=None):
     """hg_lhc_sketch_encode: this worker's count sketch ('>i4' cells)."""
-    _lhc_x(lhc, x)
-    lhc.need(Lhc.INDEXED, "lhc_sketch_encode")
-    _be32(cells, "cells", writable=True)
-    _length(cells, lhc_get_info(lhc)["sketch_lanes"], "cells", "lanes")
-    rc = lib.hg_lhc_sketch_encode(lhc.ptr, _buf("float[]", x), _wbuf("uint8_t[]", cells))
-    _check_x(rc, lhc.params, x, "hg_lhc_sketch_encode")
-    return cells
-
-
-def lhc_sketch_encode(lhc, x):
-    _lhc_x(lhc, x)
-    lhc.need(Lhc.INDEXED, "lhc_sketch_encode")
-    out = np.empty(lhc_get_info(lhc)["sketch_lanes"], dtype=BE32)
-    return lhc_sketch_encode_into(lhc, x, out)
+    return _lhc_encode("hg_lhc_sketch_encode", lhc, x, cells, "cells", "sketch_lanes", BE32,
+                       Lhc.INDEXED)
 
 
 def lhc_sketch_encode_scan(lhc, scan, cells=None):
     """hg_lhc_sketch_encode_scan: the count sketch from a scan of x."""
-    _lhc_scan(lhc, scan, "lhc_sketch_encode_scan")
-    lhc.need(Lhc.INDEXED, "lhc_sketch_encode_scan")
-    lanes = lhc_get_info(lhc)["sketch_lanes"]
-    cells = np.empty(lanes, dtype=BE32) if cells is None else cells
-    _be32(cells, "cells", writable=True)
-    _length(cells, lanes, "cells", "lanes")
-    check(lib.hg_lhc_sketch_encode_scan(lhc.ptr, scan.ptr, _wbuf("uint8_t[]", cells)),
-          "hg_lhc_sketch_encode_scan")
-    return cells
+    return _lhc_encode_scan("hg_lhc_sketch_encode_scan", lhc, scan, cells, "cells",
+                            "sketch_lanes", BE32, Lhc.INDEXED)
 
 
 def lhc_peel(lhc, gcells):
     """hg_lhc_peel: peel the summed sketch (stalls are in the info)."""
     lhc.need(Lhc.INDEXED, "lhc_peel")
-    _be32(gcells, "gcells")
-    _length(gcells, lhc_get_info(lhc)["sketch_lanes"], "gcells", "lanes")
-    lhc.state = Lhc.INDEXED
-    rc = check(lib.hg_lhc_peel(lhc.ptr, _buf("uint8_t[]", gcells)), "hg_lhc_peel")
-    lhc.state = Lhc.PEELED
-    return rc
+    return _lhc_advance("hg_lhc_peel", lhc, gcells, "gcells", "sketch_lanes", BE32,
+                        Lhc.INDEXED, Lhc.PEELED)
 
 
-def lhc_fallback_encode_into(lhc, x, out):
+def lhc_fallback_encode(lhc, x, out=None):
     """hg_lhc_fallback_encode: quantised values at the unresolved candidates."""
-    _lhc_x(lhc, x)
-    lhc.need(Lhc.PEELED, "lhc_fallback_encode")
-    _be32(out, "out", writable=True)
-    _length(out, lhc_get_info(lhc)["fallback_lanes"], "out", "lanes")
-    rc = lib.hg_lhc_fallback_encode(lhc.ptr, _buf("float[]", x), _wbuf("uint8_t[]", out))
-    _check_x(rc, lhc.params, x, "hg_lhc_fallback_encode")
-    return out
-
-
-def lhc_fallback_encode(lhc, x):
-    _lhc_x(lhc, x)
-    lhc.need(Lhc.PEELED, "lhc_fallback_encode")
-    out = np.empty(lhc_get_info(lhc)["fallback_lanes"], dtype=BE32)
-    return lhc_fallback_encode_into(lhc, x, out)
+    return _lhc_encode("hg_lhc_fallback_encode", lhc, x, out, "out", "fallback_lanes", BE32,
+                       Lhc.PEELED)
 
 
 def lhc_decode_into(lhc, gfallback, y):
@@ -459,14 +460,8 @@ def union_lanes(lhc):
 def union_encode(lhc, scan, out=None):
     """hg_union_encode: this worker's quantised value at every global
     candidate ('>i4'), 0 where it has none, from a scan of x."""
-    _lhc_scan(lhc, scan, "union_encode")
-    lhc.need(Lhc.INDEXED, "union_encode")
-    lanes = union_lanes(lhc)
-    out = np.empty(lanes, dtype=BE32) if out is None else out
-    _be32(out, "out", writable=True)
-    _length(out, lanes, "out", "lanes")
-    check(lib.hg_union_encode(lhc.ptr, scan.ptr, _wbuf("uint8_t[]", out)), "hg_union_encode")
-    return out
+    return _lhc_encode_scan("hg_union_encode", lhc, scan, out, "out", union_lanes, BE32,
+                            Lhc.INDEXED)
 
 
 def union_decode_into(lhc, gvals, y):
@@ -490,12 +485,7 @@ def union_decode(lhc, gvals):
 def auto_choose(p, n, gcodes, gcounts):
     """hg_auto_choose: M_DENSE or M_BLOCKS (clear from the meta phase), or
     M_UNION (run the index phase, then auto_choose_indexed)."""
-    nb = nblocks(p, n)
-    _i8(gcodes, "gcodes")
-    _be32(gcounts, "gcounts")
-    _length(gcodes, nb, "gcodes", "blocks")
-    _length(gcounts, nb, "gcounts", "lanes")
-    rc = lib.hg_auto_choose(p, n, _buf("int8_t[]", gcodes), _buf("uint8_t[]", gcounts))
+    rc = lib.hg_auto_choose(p, n, *_global_meta(p, n, gcodes, gcounts))
     return check(rc, "hg_auto_choose")
 
 

@@ -8,6 +8,7 @@ buffers; counters come back as dicts.  The typed API is ``homagg.nic``.
 import errno
 
 from homagg._native import ffi, lib
+from homagg.bindings._args import _fill
 from homagg.errors import InvalidArgument, ResourceError, check
 
 DIR_OUT = lib.HG_NIC_OUT
@@ -32,12 +33,6 @@ def _counters(n, name_fn, read_fn, obj):
     buf = ffi.new("uint64_t[]", n)
     got = read_fn(obj, buf, n)
     return {ffi.string(name_fn(i)).decode(): int(buf[i]) for i in range(got)}
-
-
-def _fill(cstruct, fields):
-    for k, v in fields.items():
-        setattr(cstruct, k, v)
-    return cstruct
 
 
 def fabric_create(**config):

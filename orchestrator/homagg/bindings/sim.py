@@ -6,28 +6,25 @@ Gradients and outputs are 1-D C-contiguous ``float32`` arrays passed without
 copies; the caller keeps them alive until the allreduce ends (``Sim`` holds
 references).  The typed API is ``homagg.sim``.
 """
-import numpy as np
-
 from homagg._native import ffi, lib
+from homagg.bindings._args import _f32, _fill
 from homagg.bindings.client import agg_stats_dict, client_stats_dict
 from homagg.errors import InvalidArgument, ResourceError, check
 
-F32 = np.dtype(np.float32)
+# the incarnation of every simulated worker
+INCARNATION = lib.HG_SIM_INCARNATION
 
 
-def _f32_1d(a, name, writable=False):
-    if not isinstance(a, np.ndarray) or a.dtype != F32 or a.ndim != 1:
-        raise InvalidArgument(f"{name} must be a 1-D float32 numpy array")
-    if not a.flags.c_contiguous:
-        raise InvalidArgument(f"{name} must be C-contiguous")
-    if writable and not a.flags.writeable:
-        raise InvalidArgument(f"{name} must be writable")
-    return a
+def params(**fields):
+    """A ``struct hg_params *`` with these fields, unchecked here
+    (hg_sim_create checks them)."""
+    return _fill(ffi.new("struct hg_params *"), fields)
 
 
 def sim_create(loss=0.0, duplicate=0.0, reorder=0.0, reorder_ns=0, delay_ns=0,
                link_gbps=0.0, seed=0, payload_bytes=0, unicast_results=False,
-               agg_link_gbps=0.0, aggregators=1, pool_frames=0, mtu=0):
+               agg_link_gbps=0.0, aggregators=1, pool_frames=0, mtu=0, leaves=0,
+               up_rto_ns=0):
     for name, v in (("loss", loss), ("duplicate", duplicate), ("reorder", reorder)):
         if not 0.0 <= v < 1.0:
             raise InvalidArgument(f"{name} must be in [0, 1), got {v}")
@@ -35,6 +32,12 @@ def sim_create(loss=0.0, duplicate=0.0, reorder=0.0, reorder_ns=0, delay_ns=0,
         raise InvalidArgument("link rates, delay and reorder delay must be >= 0")
     if not 1 <= aggregators <= lib.HG_SIM_MAX_AGGREGATORS:
         raise InvalidArgument(f"aggregators must be in 1..{lib.HG_SIM_MAX_AGGREGATORS}, "
+                              f"got {aggregators}")
+    if leaves and not 1 <= leaves < lib.HG_SIM_MAX_AGGREGATORS:
+        raise InvalidArgument(f"leaves must be in 1..{lib.HG_SIM_MAX_AGGREGATORS - 1}, "
+                              f"got {leaves}")
+    if leaves and aggregators > 1:
+        raise InvalidArgument(f"a tree has one root: leaves={leaves} needs aggregators=1, "
                               f"got {aggregators}")
     cfg = ffi.new("struct hg_sim_config *")
     cfg.loss = loss
@@ -50,6 +53,8 @@ def sim_create(loss=0.0, duplicate=0.0, reorder=0.0, reorder_ns=0, delay_ns=0,
     cfg.aggregators = int(aggregators)
     cfg.pool_frames = int(pool_frames)
     cfg.mtu = int(mtu)
+    cfg.leaves = int(leaves)
+    cfg.up_rto_ns = int(up_rto_ns)
     s = lib.hg_sim_create(cfg)
     if s == ffi.NULL:
         raise ResourceError("cannot create the simulated cluster (bad configuration or out of memory)")
@@ -88,8 +93,8 @@ def sim_start(s, job, method, params, xs, ys):
         raise InvalidArgument("one input and one output per worker")
     n = None
     for i, (x, y) in enumerate(zip(xs, ys)):
-        _f32_1d(x, f"grads[{i}]")
-        _f32_1d(y, f"out[{i}]", writable=True)
+        _f32(x, f"grads[{i}]")
+        _f32(y, f"out[{i}]", writable=True)
         if n is None:
             n = x.size
         if x.size != n or y.size != n:

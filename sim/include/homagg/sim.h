@@ -6,7 +6,9 @@
  * aggregator ports each driven by an engine (homagg/engine.h), and for each
  * job W worker ports each driven by a worker client (homagg/client.h).
  * Every job is spread over the K aggregators (docs/PROTOCOL.md, "Several
- * aggregators").  The
+ * aggregators"), or runs over a two-level tree: L leaf aggregators
+ * (0..L-1), each serving a contiguous part of every job's workers, below
+ * one root (aggregator L) (docs/PROTOCOL.md, "Tree").  The
  * same engine and client bytes as on real ports; only the clock is virtual.
  *
  * hg_sim_run() is the event loop: poll the engine and every busy client
@@ -54,6 +56,10 @@ struct hg_sim_config {
 	uint16_t mtu;           /* MTU of every port, 576..9000 (9000: jumbo
 				 * frames); 0 = 1500, or the payload's frame
 				 * when that is larger */
+	uint32_t leaves;        /* L > 0: a two-level tree of L leaves and a root
+				 * (aggregators must be 0 or 1; every job needs
+				 * W >= L); 0: flat */
+	uint64_t up_rto_ns;     /* the leaves' upward timeout (0 = the engine's) */
 };
 
 struct hg_sim_job_config {
@@ -166,7 +172,8 @@ int hg_sim_kill_aggregator(struct hg_sim *s, uint32_t k, uint64_t after_ns);
 int hg_sim_worker_agg_stats(const struct hg_sim *s, int job, uint32_t worker,
 			    uint32_t k, struct hg_client_agg_stats *st);
 
-/* The engine of aggregator 0, for its counters (homagg/engine.h). */
+/* The engine of aggregator 0, for its counters (homagg/engine.h); in a tree
+ * aggregators 0..L-1 are the leaves and L the root. */
 struct hg_engine *hg_sim_engine(struct hg_sim *s);
 /* Aggregator k's engine and NIC port (its link's counters); NULL if k >= K. */
 struct hg_engine *hg_sim_aggregator_engine(struct hg_sim *s, uint32_t k);
