@@ -43,7 +43,7 @@ CHILD = textwrap.dedent("""
         except InvalidArgument as e:
             st = w.stats()["port"]
             print(f"too_big={st['tx_too_big']} bytes={st['tx_too_big_bytes']} tx={st['tx']}")
-            print(str(e).replace("\n", " "))
+            print(" ".join(str(e).split()))
         else:
             print("no error")
     stop.set()
