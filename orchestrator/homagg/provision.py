@@ -404,14 +404,16 @@ class HostRun(Session):
         cur = self.run(f"cat /sys/class/net/{q}/mtu").stdout.strip()
         if cur == str(h.mtu):
             return OK, f"{ifname} has MTU {h.mtu}"
-        if self.dry_run:
-            return WOULD, f"would set the MTU of {ifname} from {cur} to {h.mtu}"
-        r = self.run(f"ip link set dev {q} mtu {h.mtu}", check=False)
-        if r.exited != 0:
-            raise StepFailed(f"cannot set MTU {h.mtu} on {ifname} of {h.name} (it has {cur}): its "
-                             "NIC or driver does not take it; lower 'mtu' in the inventory (every "
-                             "host the same) or use a NIC that carries it", _tail(r.stderr))
-        return CHANGED, f"set the MTU of {ifname} from {cur} to {h.mtu}"
+
+        def apply():
+            r = self.run(f"ip link set dev {q} mtu {h.mtu}", check=False)
+            if r.exited != 0:
+                raise StepFailed(f"cannot set MTU {h.mtu} on {ifname} of {h.name} (it has {cur}): "
+                                 "its NIC or driver does not take it; lower 'mtu' in the inventory "
+                                 "(every host the same) or use a NIC that carries it",
+                                 _tail(r.stderr))
+        return Change(f"would set the MTU of {ifname} from {cur} to {h.mtu}", apply,
+                      f"set the MTU of {ifname} from {cur} to {h.mtu}")
 
     def step_address(self):
         h = self.h
