@@ -173,10 +173,13 @@ bench: build ## the standard benchmark suite into docs/results/ (the testbed par
 	$(VENV)/bin/python -m homagg.bench.markdown engine docs/results/engine.json docs/results/engine.md
 	$(VENV)/bin/homagg bench scale --out docs/results/scale
 	$(VENV)/bin/homagg bench scale --methods dense,lhc --aggregators 1,2,4,8,W/8 --out docs/results/scale_k
+	$(VENV)/bin/homagg bench scale --workers 32,64,128,256 --methods dense,lhc --aggregators 16 \
+	  --leaves W/16 --out docs/results/scale_tree
 	@if [ "$$(id -u)" = 0 ]; then set -x; $(VENV)/bin/homagg bench allreduce $(BENCH_ALLREDUCE) && \
 	  $(VENV)/bin/homagg bench allreduce $(BENCH_SWEEP); \
 	  $(VENV)/bin/homagg bench soak --minutes 5 --json > docs/results/soak.json; \
 	  $(VENV)/bin/homagg bench shards --out docs/results/shards; \
+	  $(VENV)/bin/homagg bench lcores --out docs/results/lcores; \
 	else echo "make bench: skipping homagg bench allreduce and soak: they build network namespaces," \
 	  "tc-shaped veth links and a DPDK daemon, which needs root (run make bench as root)"; fi
 

@@ -25,6 +25,15 @@ def require(condition, reason):
     pytest.skip(reason)
 
 
+def gone(pid):
+    """Process ``pid`` exited (a zombie waiting for its reaper counts as exited)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(") ", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
 def _have_dpdk():
     if shutil.which("pkg-config") is None:
         return False

@@ -357,6 +357,68 @@ def test_homagg_row_payload_and_cpu_per_mb(monkeypatch):
     assert row["daemon_cpu_seconds"] == pytest.approx(0.2)
 
 
+def run_testbed_bench(tmp_path, capsys, name, *argv):
+    """`homagg bench NAME ARGV --json --out DIR`: exit 0, the printed report
+    is the one written to DIR (NAME.json, .csv, .md); returns it."""
+    out = tmp_path / name
+    rc = cli.main(["bench", name, *argv, "--json", "--out", str(out)])
+    assert rc == 0
+    report = json.loads(capsys.readouterr().out)
+    assert json.loads((out / f"{name}.json").read_text())["results"] == report["results"]
+    assert (out / f"{name}.md").exists() and (out / f"{name}.csv").exists()
+    return report
+
+
+@pytest.mark.root
+@pytest.mark.netns
+@pytest.mark.dpdk
+@pytest.mark.timeout(300)
+def test_bench_lcores_outputs(tmp_path, capsys):
+    """`homagg bench lcores`: one job on a daemon with 1 and 2 engine
+    lcores, exact both ways, the 2-lcore runs spread over both engines
+    (each sums half the contributions: consecutive slots alternate);
+    timing is reported, not judged."""
+    require(os.geteuid() == 0, "needs root (network namespaces)")
+    report = run_testbed_bench(tmp_path, capsys, "lcores", "--workers", "2", "--elements",
+                               "60000", "--repeat", "1", "--calls", "1")
+    one, two = report["results"]
+    assert (one["lcores"], two["lcores"]) == (1, 2)
+    assert one["exact"] is True and two["exact"] is True
+    assert len(one["engine_summed"]) == 1 and len(two["engine_summed"]) == 2
+    # the summed contributions are the same work, split evenly by slot
+    assert sum(two["engine_summed"]) == sum(one["engine_summed"]) > 0
+    assert abs(two["engine_summed"][0] - two["engine_summed"][1]) <= 0.1 * sum(two["engine_summed"])
+    assert report["summary"]["1"]["speedup_vs_1"] == 1.0
+
+
+def test_pipeline_groups_rows_and_speedup_vs_unpipelined(monkeypatch):
+    """--pipeline-groups 0,1: the pipelined methods run once per value, the
+    value reaches homagg run, and every row of the method gets the
+    unpipelined row's median / its own; other methods run once."""
+    from homagg.bench import allreduce
+
+    seen = []
+    times = {0: [0.2, 0.2, 0.2], 1: [0.3, 0.3, 0.3]}
+
+    def fake(testbed, method, *a, pipeline_groups=0, **k):
+        seen.append((method, pipeline_groups))
+        return _run_report(seconds_each=times[pipeline_groups])
+
+    monkeypatch.setattr(allreduce, "homagg_run_available", lambda: (True, None))
+    monkeypatch.setattr(allreduce, "homagg_via_run_allreduce", fake)
+    row = allreduce.homagg_row("x", "dense", 2, 1000, "shared", 0.1, 1000.0, _args(),
+                               pipeline_groups=0)
+    assert seen == [("dense", 0)] and row["pipeline_groups"] == 0
+    assert allreduce.homagg_row("x", "auto", 2, 1000, "shared", 0.1, 1000.0, _args(),
+                                pipeline_groups=0)["pipeline_groups"] is None
+    rows = {f"dense/groups{g}": {"method": "dense", **allreduce.homagg_row(
+        "x", "dense", 2, 1000, "shared", 0.1, 1000.0, _args(), pipeline_groups=g)}
+        for g in (0, 1)}
+    allreduce._pipeline_ratios(rows, "dense", 1024, [0, 1], False)
+    assert rows["dense/groups0"]["speedup_vs_unpipelined"] == pytest.approx(1.5)
+    assert rows["dense/groups1"]["speedup_vs_unpipelined"] == pytest.approx(1.0)
+
+
 def test_gloo_check_in_passes():
     """The Gloo ranks' check (float32 result vs the float64 sum within the
     summation bound) gives the same verdict in passes as in one: the

@@ -17,7 +17,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import require
+from conftest import gone, require
 
 from homagg import inventory as inv
 from homagg import provision as prov
@@ -72,15 +72,6 @@ def cli(*args, timeout=300):
                           text=True, timeout=timeout)
 
 
-def gone(pid):
-    """The process exited (a zombie waiting for its reaper counts as exited)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(") ", 1)[1].split()[0] == "Z"
-    except FileNotFoundError:
-        return True
-
-
 @pytest.mark.timeout(600)
 def test_up_run_down(rack, tmp_path):
     path, i = make_testbed(rack, tmp_path)
@@ -128,7 +119,7 @@ def test_up_run_down(rack, tmp_path):
             assert all(gone(p) for p in rep["worker_pids"]), rep["worker_pids"]
             for h in ("w0", "w1"):
                 left = os.listdir(os.path.join(i.host(h).install_dir, "run"))
-                assert left == [], left
+                assert left == ["job.json"], left  # up's job file stays until down
             text = cli("run", "allreduce", "-i", path, "--method", method, "--elements", "5000",
                        "--density", "0.1", "--runs-dir", str(tmp_path / "runs"))
             assert text.returncode == 0, text.stdout + text.stderr
@@ -136,7 +127,7 @@ def test_up_run_down(rack, tmp_path):
     finally:
         down = cli("down", "-i", path)
     assert down.returncode == 0, down.stdout + down.stderr
-    assert re.search(rf"^agg: stopped {pid} ", down.stdout, re.M), down.stdout
+    assert re.search(rf"^agg: removed job \d+; stopped {pid} ", down.stdout, re.M), down.stdout
     assert gone(pid)
     assert not os.path.exists(rundir)
     # nothing left to stop
@@ -199,7 +190,7 @@ def test_train_on_inventory_hosts(rack, tmp_path):
                 "worker-w0.log", "train.json"} <= names, names
         assert all(gone(p) for p in rep["rank_pids"])
         for h in ("w0", "w1"):
-            assert os.listdir(os.path.join(i.host(h).install_dir, "run")) == []
+            assert os.listdir(os.path.join(i.host(h).install_dir, "run")) == ["job.json"]
     finally:
         down = cli("down", "-i", path)
     assert down.returncode == 0, down.stdout + down.stderr
@@ -230,6 +221,7 @@ def test_two_aggregators_up_run_down(rack2, tmp_path):
         pids[h.name] = int(open(os.path.join(h.install_dir, "run", "switch.pid")).read().split()[0])
         ns = rack2.tb.host(h.name).netns
         assert os.stat(f"/proc/{pids[h.name]}/ns/net").st_ino == os.stat(f"/run/netns/{ns}").st_ino
+    files = [os.path.join(i.host(w).install_dir, "run", "job.json") for w in ("w0", "w1")]
     try:
         r = cli("run", "allreduce", "-i", path, "--method", "lhc", "--elements", "30000",
                 "--density", "0.05", "--seed", "7", "--runs-dir", str(tmp_path / "runs"), "--json")
@@ -240,8 +232,60 @@ def test_two_aggregators_up_run_down(rack2, tmp_path):
         for a in rep["aggregators"]:
             assert a["counters"]["completed"] > 0, a
         assert os.path.exists(os.path.join(rep["run_dir"], "switch-agg1.log"))
+        # up's job: its file on every worker host names both aggregators and
+        # the host's own address; two ranks configured from it alone are exact
+        for w, f in zip(("w0", "w1"), files):
+            job = json.load(open(f))
+            assert os.stat(f).st_mode & 0o077 == 0
+            assert job["aggregator"] == ",".join(f"{h.address}:{localrun.UDP_PORT}"
+                                                 for h in i.aggregators)
+            assert job["workers"] == 2 and job["bind"] == i.host(w).address
+        _allreduce_from_job_files(rack2, files, tmp_path)
     finally:
         down = cli("down", "-i", path)
     assert down.returncode == 0, down.stdout + down.stderr
+    assert re.search(rf"^agg: removed job {job['job']}; ", down.stdout, re.M), down.stdout
+    assert re.search(rf"^agg1: removed job {job['job']}; ", down.stdout, re.M), down.stdout
+    assert not any(os.path.exists(f) for f in files)
     for name, pid in pids.items():
         assert gone(pid), name
+
+
+RANK = """\
+import sys
+import numpy as np
+from homagg.job_file import job_config
+from homagg.worker import Worker
+conf = job_config({"HOMAGG_JOB_FILE": sys.argv[1]})
+rank = int(sys.argv[2])
+x = np.random.default_rng(rank).standard_normal(20000).astype(np.float32)
+x[::3] = 0
+with Worker(job=conf["job"], token=conf["token"], worker=rank, workers=conf["workers"],
+            aggregators=conf["aggregators"], group=conf["group"], bind=(conf["bind"], 0),
+            timeout=conf["timeout"], slots=conf["slots"], payload=conf["payload"]) as w:
+    np.save(sys.argv[3], w.allreduce(x, method="union"))
+"""
+
+
+def _allreduce_from_job_files(rack, files, tmp):
+    """One rank per worker namespace, each configured only from its job file
+    (homagg.job_file, what homagg.torch reads): bit-exact against the oracle."""
+    from reference import allreduce as oracle
+
+    procs, outs = [], []
+    for rank, f in enumerate(files):
+        outs.append(str(tmp / f"rank-{rank}.npy"))
+        procs.append(rack.tb.run_in(f"w{rank}", [sys.executable, "-c", RANK, f, str(rank),
+                                                 outs[-1]], stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True))
+    for p in procs:
+        out, err = p.communicate(timeout=60)
+        assert p.returncode == 0, err[-2000:]
+    xs = []
+    for rank in range(len(files)):
+        x = np.random.default_rng(rank).standard_normal(20000).astype(np.float32)
+        x[::3] = 0
+        xs.append(x)
+    want = oracle(xs, localrun.DEFAULT_BLOCK).view(np.uint32)
+    for o in outs:
+        assert np.array_equal(np.load(o).view(np.uint32), want)

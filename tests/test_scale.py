@@ -265,20 +265,14 @@ def test_testbed_dead_aggregator_is_named(testbed_k2):
 def test_bench_shards_outputs(tmp_path, capsys):
     """`homagg bench shards`: its own shaped testbed, K = 1 and 2, exact,
     each aggregator's link load reported; timing is reported, not judged."""
-    import json
     import os
 
     from conftest import require
-    from homagg import cli
+    from test_bench import run_testbed_bench
 
     require(os.geteuid() == 0, "needs root")
-    out = tmp_path / "shards"
-    rc = cli.main(["bench", "shards", "--workers", "2", "--elements", "30000", "--repeat", "1",
-                   "--link-mbit", "1000", "--json", "--out", str(out)])
-    assert rc == 0
-    report = json.loads(capsys.readouterr().out)
-    assert json.loads((out / "shards.json").read_text())["results"] == report["results"]
-    assert (out / "shards.md").exists() and (out / "shards.csv").exists()
+    report = run_testbed_bench(tmp_path, capsys, "shards", "--workers", "2", "--elements",
+                               "30000", "--repeat", "1", "--link-mbit", "1000")
     assert [r["aggregators"] for r in report["results"]] == [1, 2]
     assert all(r["exact"] is True for r in report["results"])
     k2 = report["results"][1]

@@ -275,7 +275,8 @@ def test_killed_daemon_fails_workers_then_restart_serves(link, daemons):
 def test_switch_benchmark_sums_every_frame():
     """homagg-switch-bench (the `homagg bench switch` figure): every frame
     the generator feeds is summed, the chunks complete, the zero-copy
-    fan-out self-check passes.  No timing is asserted."""
+    fan-out self-check passes, and the pull-only baseline of the same run
+    received frames.  No timing is asserted."""
     from homagg.bench.switch import ROOT as BENCH_ROOT, run_one
 
     binary = BENCH_ROOT / "build" / "release" / "homagg-switch-bench"
@@ -288,6 +289,9 @@ def test_switch_benchmark_sums_every_frame():
         assert r["received"] > 0 and r["summed"] == r["received"]
         assert abs(r["summed"] - W * r["completed"]) <= 2 * W
         assert r["mpps"] > 0 and r["engine_mpps"] > 0
+        assert r["pulled"] > 0 and r["pull_mpps"] > 0
+        assert r["engine_vs_pull"] == pytest.approx(r["engine_mpps"] / r["pull_mpps"],
+                                                    rel=0.01)
 
 
 def test_two_engine_lcores_serve_two_jobs_at_once(link, tmp_path):

@@ -27,7 +27,7 @@ import pytest
 import torch
 
 import homagg.torch as hgt
-from conftest import dpdk_testbed
+from conftest import dpdk_testbed, gone, require
 from homagg import protocol
 from homagg import run as runmod
 from homagg import train as trainmod
@@ -119,6 +119,92 @@ def test_train_cli_gloo_baseline_user_model_and_plots(testbed, tmp_path):
     for name in ("loss_vs_step.png", "loss_vs_time.png", "train.json"):
         assert (out / name).stat().st_size > 0
     assert testbed.state()["processes"] == []
+
+
+TINY_MODELS = """\
+from homagg import models
+
+
+def vgg(rank, world_size, seed):
+    return models.vgg(rank, world_size, seed, batch=4)
+
+
+def bert(rank, world_size, seed):
+    return models.bert(rank, world_size, seed, vocab=500, batch=4, length=16)
+"""
+
+
+@pytest.mark.root
+@pytest.mark.netns
+@pytest.mark.dpdk
+def test_testbed_up_job_file_trains_vgg_and_bert_over_two_aggregators(tmp_path):
+    """`homagg testbed up --aggregators 2` starts both daemons and writes
+    the job file; `homagg train` runs its ranks configured from that file
+    alone (HOMAGG_JOB_FILE, plus each rank's bind address): tiny VGG and
+    BERT, 2 ranks, 2 steps each, every parameter bit-identical across ranks
+    and to the replay, the job spread over both aggregators, auto's choice
+    visible per bucket; `down` stops the daemons by PID."""
+    import json
+    import subprocess
+    import sys
+
+    from homagg import testbed_job
+    from homagg.testbed import Testbed
+
+    require(os.geteuid() == 0, "needs root")
+    sd, name = str(tmp_path / "testbeds"), "j" + secrets.token_hex(5)
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=os.path.join(repo, "orchestrator"))
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "homagg.testbed_cli", "--state-dir", sd,
+                               *args], capture_output=True, text=True, env=env, timeout=120)
+
+    models = tmp_path / "tiny.py"
+    models.write_text(TINY_MODELS)
+    r = cli("up", "--workers", "2", "--aggregators", "2", "--name", name)
+    assert r.returncode == 0, r.stdout + r.stderr
+    try:
+        tb = Testbed.open(name, sd)
+        path = os.path.join(tb.files_dir, "job.json")
+        assert f"job file: {path}" in r.stdout
+        assert os.stat(path).st_mode & 0o077 == 0  # it holds the token
+        fields = json.load(open(path))
+        assert fields["aggregator"] == "10.77.0.1:48879,10.77.0.2:48879"
+        assert fields["workers"] == 2 and fields["job"] == tb.state()["job"]["job"]
+        assert hgt.job_config({"HOMAGG_JOB_FILE": path})["aggregators"] == [
+            ("10.77.0.1", 48879), ("10.77.0.2", 48879)]
+        daemons = tb.state()["daemons"]
+        assert sorted(daemons) == ["agg", "agg1"]
+        assert {d["pid"] for d in daemons.values()} <= {p["pid"] for p in tb.state()["processes"]}
+
+        def completed():
+            return [c({"cmd": "stats"})["stats"]["completed"] for c in testbed_job.controls(tb)]
+
+        for model, lr in (("vgg", 0.2), ("bert", 0.1)):
+            before = completed()
+            rep = trainmod.run_train(name, model=f"{models}:{model}", method="auto", steps=2,
+                                     warmup=0, baseline=False, lr=lr, bucket_mb=0.05,
+                                     state_dir=sd)
+            assert rep["job_file"] == path and rep["aggregators"] == ["10.77.0.1", "10.77.0.2"]
+            assert rep["params_identical_across_ranks"] is True, model
+            assert rep["replay_bit_identical"] is True, rep["replay"]
+            assert all(a > b for a, b in zip(completed(), before)), model  # both carried it
+            ran = [m for b in rep["buckets"] for m in b["methods"]]
+            assert set(ran) <= set(protocol.AUTO_CANDIDATES), rep["buckets"]
+            if model == "vgg":
+                # dense gradients: auto sends the densest bucket dense, and not
+                # the sparse ones (ReLU zeros half of the first layers' gradient)
+                by_density = sorted(rep["buckets"], key=lambda b: b["density"])
+                assert by_density[-1]["density"] > 0.99 and by_density[-1]["methods"] == {
+                    "dense": 1}, by_density
+                assert by_density[0]["density"] < 0.7 and "dense" not in by_density[0]["methods"]
+        pids = [d["pid"] for d in daemons.values()]
+    finally:
+        r = cli("down", "--name", name)
+    assert r.returncode == 0 and "removed" in r.stdout, r.stderr
+    assert all(gone(p) for p in pids)
+    assert not os.path.exists(path)
 
 
 def test_methods_follow_the_worker_method_list():

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from homagg.errors import InvalidArgument, PeerTimeout
-from homagg.protocol import EXACT_METHODS
+from homagg.protocol import EXACT_METHODS, OPS
 from homagg.session import NOT_FRAME_OUTCOMES
 from homagg.sim import Cluster
 
@@ -169,6 +169,26 @@ def test_dead_root_is_reported_by_every_worker():
         assert eng["summed"] == 2 * eng["completed"]
 
 
+def test_leaves_stop_resending_after_the_give_up_time():
+    """A dead root: each leaf resends its forwarded sets with a doubling
+    timeout, then abandons them after up_give_up (counted), while its
+    workers still wait."""
+    W = 4
+    grads = make_grads(W, 3000, density=1.0, seed=58, zero_blocks=False)
+    with Cluster(workers=W, leaves=2, seed=4, timeout=0.06, slots=8, up_rto=1e-3,
+                 up_give_up=0.01) as cl:
+        cl.kill_aggregator(2)
+        with pytest.raises(PeerTimeout):
+            cl.allreduce(grads, method="dense", block_elements=BLOCK)
+        *leaves, _root = engines(cl)
+    for eng in leaves:
+        # every set sent up, each abandoned once
+        assert eng["up_sent"] == eng["completed"] == eng["up_abandoned"] > 0, eng
+        # timers at 1, 2, 4 ms (7 ms < 10 ms <= 15 ms): 3 timer resends
+        # per set, plus those the workers' retransmissions asked for
+        assert eng["up_retransmissions"] >= 3 * eng["up_sent"], eng
+
+
 def test_replies_to_a_leaf_only_from_its_root():
     """RESULT/STATUS frames reach a leaf from elsewhere (the fabric's
     attacker port): dropped under bad_flags, the allreduce stays exact; a
@@ -259,3 +279,179 @@ def test_testbed_tree_of_dpdk_daemons(tmp_path):
                                  aggregators=2)
     finally:
         Testbed.down(name, state_dir=sd)
+
+
+# ---- one leaf engine on the in-memory port: the root's side by hand -------
+
+def _leaf_rig(workers=2, slots=4, rto=1e-3, give_up=1.0, replicate=False):
+    from homagg.engine import Addr, Engine, MemPort
+
+    root = Addr.of(bytes([2, 0, 0, 0, 9, 9]), (10 << 24) | 99, 48879)
+    port = MemPort(can_replicate=replicate)
+    port.set_time(1_000_000)
+    eng = Engine(port)
+    eng.add_job(job=5, token=55, workers=workers, slots=slots, incarnation=7,
+                group="239.1.0.9" if replicate else 0,
+                parent={"addr": root, "worker": 3, "shard": 2, "rto": rto,
+                        "give_up": give_up})
+    return port, eng, root
+
+
+def _leaf_send(port, eng, *frames):
+    from homagg.engine import parse_frame
+
+    for f in frames:
+        port.inject(f)
+    eng.poll_all()
+    return [parse_frame(f) for f in port.pop_all()]
+
+
+def _worker_frame(port, w, seq, op, payload, flags=0, exp=0, slots=4):
+    from homagg.engine import FLAG_SHADOW, Addr, build_frame
+
+    src = Addr.of(bytes([2, 0, 0, 1, 0, w]), (10 << 24) | (1 << 16) | (w + 1), 40000 + w)
+    if (seq // slots) % 2:
+        flags |= FLAG_SHADOW
+    return build_frame(src, port.addr, op=op, job=5, token=55, worker=w, seq=seq,
+                       slot=seq % slots, flags=flags, payload=payload, exp=exp,
+                       incarnation=1)
+
+
+def _root_frame(port, root, seq, payload, flags, slots=4, **kw):
+    from homagg.engine import FLAG_SHADOW, build_frame
+
+    if (seq // slots) % 2:
+        flags |= FLAG_SHADOW
+    fields = dict(op="sum32", job=5, token=55, worker=3, seq=seq, slot=seq % slots,
+                  shard=2, incarnation=11, lanes=len(payload) // 4)
+    fields.update(kw)
+    return build_frame(root, port.addr, flags=flags, payload=payload, **fields)
+
+
+def test_leaf_engine_forwards_nc8_as_sum32_and_relays_the_root_result():
+    """Two NC8 requests complete the leaf's set: one SUM32 request goes up
+    (worker 3, the root's shard, exp 0, the int32 partial sum); malformed
+    root replies are dropped under their reasons, a late one is up_stale;
+    the root's RESULT reaches the workers as the NC8 result of the leaf's
+    own job (its op, exp, shard 0, its incarnation)."""
+    from homagg import kernels
+    from homagg.engine import FLAG_RESULT, FLAG_RETRANS, FLAG_STATUS
+
+    port, eng, root = _leaf_rig()
+    rng = np.random.default_rng(3)
+    codes = [rng.integers(0, 256, 64).astype(np.uint8) for _ in range(2)]
+    top = 9
+    out = _leaf_send(port, eng, *(_worker_frame(port, w, 6, "nc8", codes[w].tobytes(), exp=top)
+                                  for w in range(2)))
+    assert len(out) == 1
+    up = out[0]
+    acc = kernels.identity("nc8", 64)
+    for c in codes:
+        kernels.aggregate("nc8", acc, c, top=top, isa="portable")
+    assert (up.op, up.worker, up.shard, up.exp, up.seq, up.slot, up.lanes) == \
+        (OPS["sum32"].code, 3, 2, 0, 6, 2, 64)
+    assert up.dst.ipv4 == root.ipv4 and up.dst.mac == root.mac and up.dst.port == root.port
+    assert up.incarnation == 7 and not up.flags & FLAG_RETRANS
+    assert up.payload == acc.tobytes()
+
+    result = np.arange(64, dtype=">i4").tobytes()  # whatever the root summed
+    bad = [
+        (dict(token=56), "bad_token"),
+        (dict(shard=0), "bad_shard"),
+        (dict(worker=1), "bad_worker"),
+        (dict(slot=3), "bad_slot"),
+        (dict(exp=1), "bad_exp"),
+    ]
+    for fields, reason in bad:
+        before = eng.counters()[reason]
+        assert _leaf_send(port, eng, _root_frame(port, root, 6, result, FLAG_RESULT,
+                                                 **fields)) == []
+        assert eng.counters()[reason] == before + 1, reason
+    # not from the root: a worker's address
+    from homagg.engine import Addr
+
+    other = Addr.of(bytes([2, 0, 0, 1, 0, 0]), (10 << 24) | (1 << 16) | 1, 40000)
+    assert _leaf_send(port, eng, _root_frame(port, other, 6, result, FLAG_RESULT)) == []
+    assert eng.counters()["bad_flags"] == 1
+    # a result for another seq of the set's slot: not the forwarded one
+    assert _leaf_send(port, eng, _root_frame(port, root, 2, result, FLAG_RESULT)) == []
+    assert eng.counters()["up_stale"] == 1
+    # a STATUS that has this leaf (bit 3): counted, nothing resent
+    assert _leaf_send(port, eng, _root_frame(port, root, 6, bytes([0b1000]), FLAG_STATUS,
+                                             lanes=64)) == []
+    # one without it: the partial sum goes up again at once
+    again = _leaf_send(port, eng, _root_frame(port, root, 6, bytes([0b0001]), FLAG_STATUS,
+                                              lanes=64))
+    assert len(again) == 1 and again[0].flags & FLAG_RETRANS and again[0].payload == up.payload
+    assert eng.counters()["up_status"] == 2
+
+    down = _leaf_send(port, eng, _root_frame(port, root, 6, result, FLAG_RESULT, worker=0xFFFF))
+    assert len(down) == 2  # unicast to both workers (the port does not replicate)
+    for f, w in zip(down, (0, 1)):
+        assert f.flags & FLAG_RESULT and f.worker == w
+        assert (f.op, f.exp, f.shard, f.incarnation, f.lanes) == (OPS["nc8"].code, top, 0, 7, 64)
+        assert f.payload == result
+    c = eng.counters()
+    assert (c["up_sent"], c["up_retransmissions"], c["up_results"], c["completed"]) == (1, 1, 1, 1)
+    assert c["summed"] == 2
+    # a second copy of the root's result is late; a worker's retransmission
+    # of the done set is a replay of the root's result
+    assert _leaf_send(port, eng, _root_frame(port, root, 6, result, FLAG_RESULT)) == []
+    assert eng.counters()["up_stale"] == 2
+    replay = _leaf_send(port, eng, _worker_frame(port, 1, 6, "nc8", codes[1].tobytes(),
+                                                 flags=FLAG_RETRANS, exp=top))
+    assert len(replay) == 1 and replay[0].worker == 1 and replay[0].payload == result
+
+
+def test_leaf_engine_timers_and_worker_retransmissions():
+    """The upward timer doubles per expiry; a worker's retransmission of a
+    forwarded set gets a STATUS with every bit and, past half the timeout
+    since the last send, one more upward copy (not summed again); after
+    the give-up time the set is abandoned once."""
+    from homagg.engine import FLAG_RETRANS, FLAG_STATUS
+
+    port, eng, root = _leaf_rig(rto=1e-3, give_up=10e-3)
+    t0 = 1_000_000
+    pay = np.ones(16, dtype=">i4").tobytes()
+    out = _leaf_send(port, eng, *(_worker_frame(port, w, 0, "sum32", pay) for w in range(2)))
+    assert len(out) == 1 and eng.next_deadline == t0 + 1_000_000
+    sent = [t0]
+    for dt in (1, 2, 4):  # expiries at +1, +3, +7 ms
+        t = sent[-1] + dt * 1_000_000
+        port.set_time(t - 1)
+        assert eng.timers() == 0 and port.pop_all() == []
+        port.set_time(t)
+        assert eng.timers() == 1
+        f = [_parse(x) for x in port.pop_all()]
+        assert len(f) == 1 and f[0].flags & FLAG_RETRANS
+        assert f[0].payload == np.full(16, 2, dtype=">i4").tobytes()
+        sent.append(t)
+    # a worker retransmits 0.3 ms after the last upward copy: STATUS only
+    port.set_time(sent[-1] + 300_000)
+    out = _leaf_send(port, eng, _worker_frame(port, 0, 0, "sum32", pay, flags=FLAG_RETRANS))
+    assert len(out) == 1 and out[0].flags & FLAG_STATUS and out[0].worker == 0
+    assert out[0].payload == bytes([0b11])
+    # 0.6 ms after it: STATUS and one upward copy, the timer doubling kept
+    port.set_time(sent[-1] + 600_000)
+    out = _leaf_send(port, eng, _worker_frame(port, 1, 0, "sum32", pay, flags=FLAG_RETRANS))
+    assert sorted(bool(f.flags & FLAG_STATUS) for f in out) == [False, True]
+    # re-armed 8 ms (2^3 x 1 ms) from then; the engine wakes at the old
+    # due time first (an early bound), resends nothing, and learns it
+    port.set_time(sent[-1] + 8_000_000)
+    assert eng.timers() == 0 and port.pop_all() == []
+    assert eng.next_deadline == sent[-1] + 600_000 + 8_000_000
+    c = eng.counters()
+    assert c["summed"] == 2 and c["duplicates"] == 2 and c["up_retransmissions"] == 4
+    # the give-up time (10 ms after the first send) passes: abandoned once
+    port.set_time(t0 + 20_000_000)
+    assert eng.timers() == 0 and port.pop_all() == []
+    assert eng.counters()["up_abandoned"] == 1 and eng.next_deadline is None
+    out = _leaf_send(port, eng, _worker_frame(port, 0, 0, "sum32", pay, flags=FLAG_RETRANS))
+    assert len(out) == 1 and out[0].flags & FLAG_STATUS  # no more upward copies
+    assert eng.counters()["up_abandoned"] == 1
+
+
+def _parse(f):
+    from homagg.engine import parse_frame
+
+    return parse_frame(f)

@@ -156,9 +156,15 @@ err_free:
 	return NULL;
 }
 
+/* Every group's lhc (with G = 1 the one of the whole tensor). */
 void hg_cl_release_lhc(struct hg_client *c)
 {
-	hg_lhc_destroy(c->lhc);
+	struct hg_lhc **l = (struct hg_lhc **)c->glhc.p;
+
+	for (uint32_t g = 0; l && g < c->groups; g++) {
+		hg_lhc_destroy(l[g]);
+		l[g] = NULL;
+	}
 	c->lhc = NULL;
 }
 
@@ -171,6 +177,9 @@ void hg_client_destroy(struct hg_client *c)
 	buf_free(&c->lcounts);
 	buf_free(&c->gcounts);
 	buf_free(&c->done);
+	buf_free(&c->glast);
+	buf_free(&c->glhc);
+	hg_cl_release_segment(c);
 	for (int ph = 0; ph < HG_PH__COUNT; ph++) {
 		buf_free(&c->tx[ph]);
 		buf_free(&c->rx[ph]);
@@ -306,13 +315,11 @@ int hg_client_poll(struct hg_client *c, uint64_t *next_deadline_ns)
 	hg_cl_rx_all(c, now);
 	if (c->stage == ST_FAILED)
 		return c->rc;
-	while (c->st.ndone == c->st.nchunks) {
-		rc = hg_cl_advance(c);
-		if (rc < 0)
-			return rc;
-		if (c->stage == ST_DONE)
-			return 1;
-	}
+	rc = hg_cl_advance(c);
+	if (rc < 0)
+		return rc;
+	if (c->stage == ST_DONE)
+		return 1;
 	hg_cl_tx_new(c, now);
 	rc = hg_cl_tx_expired(c, now);
 	if (rc < 0)

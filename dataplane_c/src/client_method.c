@@ -5,11 +5,18 @@
  * method's steps; a step is one or more phases, each a stream of lanes
  * aggregated with the phase's op (lhc's first step sends the exponents and
  * the non-zero counts together).  A step is cut into chunks of at most
- * payload_bytes, numbered with consecutive job sequence numbers.  A step
- * starts only when the previous one is complete, because its size and
- * contents come from the previous results.  Each phase has an encoder and
- * a decoder here (phase_codec[]); the codec (homagg/codec.h) does the
- * arithmetic.
+ * payload_bytes, numbered with consecutive job sequence numbers.  Each phase
+ * has an encoder and a decoder here (phase_codec[]); the codec
+ * (homagg/codec.h) does the arithmetic.
+ *
+ * Without pipelining a step starts only when the previous one is complete,
+ * because its size and contents come from the previous results; each step
+ * is a segment of its own (client_window.c keeps its window state per
+ * segment).  Methods whose steps work block by block (HG_MF_GROUPS: dense,
+ * blocks, nc) cut the tensor into G block groups instead, and the whole
+ * allreduce is one segment: unit (g, s), step s for group g, is numbered in
+ * a fixed wavefront order as soon as unit (g, s - 1) is complete
+ * (docs/PROTOCOL.md "Pipelined block groups").
  */
 #include <errno.h>
 #include <stdio.h>
@@ -19,23 +26,28 @@
 #include "homagg/kernels.h"
 
 #include "client_pvt.h"
+#include "codec_pvt.h"
 
 /* ---- steps ------------------------------------------------------------- */
 
+/*
+ * Stream s carries lanes of phase ph from byte in_off of c->tx[ph]; its
+ * results go to byte out_off of c->rx[ph] (offsets, not pointers: the
+ * buffers may move when they grow).
+ */
 static void stream_set(struct stream *s, enum hg_phase phase, int exp,
-		       const uint8_t *in, uint8_t *out, size_t lanes,
-		       uint32_t payload)
+		       size_t lanes_before, size_t lanes, uint32_t payload)
 {
 	size_t widest;
 
 	s->phase = phase;
 	s->op = (enum hg_op)hg_phase_at(phase)->op;
 	s->exp = (int8_t)exp;
-	s->in = in;
-	s->out = out;
 	s->lanes = lanes;
 	s->in_lane = hg_op_in_lane(s->op);
 	s->acc_lane = hg_op_acc_lane(s->op);
+	s->in_off = lanes_before * s->in_lane;
+	s->out_off = lanes_before * s->acc_lane;
 	/* Both the request and the result payload must fit (NC8 grows 4x). */
 	widest = s->in_lane > s->acc_lane ? s->in_lane : s->acc_lane;
 	s->per_chunk = payload / widest;
@@ -44,39 +56,128 @@ static void stream_set(struct stream *s, enum hg_phase phase, int exp,
 	s->chunks = (lanes + s->per_chunk - 1) / s->per_chunk;
 }
 
-/* Number the chunks of the streams set in c->st and reset the step. */
-static int step_begin(struct hg_client *c, int nstreams)
+/* Room for need entries of size elem in *p (capacity *cap), grown by doubling. */
+static int grow(void **p, uint32_t *cap, size_t elem, size_t need)
 {
-	struct step *st = &c->st;
-	int rc;
+	size_t n = *cap ? *cap : 16;
+	void *q;
 
-	st->nstreams = nstreams;
-	st->nchunks = 0;
-	for (int i = 0; i < nstreams; i++) {
-		st->s[i].first_chunk = st->nchunks;
-		st->nchunks += st->s[i].chunks;
-	}
+	if (need <= *cap)
+		return 0;
+	while (n < need)
+		n *= 2;
+	if (n > UINT32_MAX)
+		return -ENOMEM;
+	q = realloc(*p, n * elem);
+	if (!q)
+		return -ENOMEM;
+	*p = q;
+	*cap = (uint32_t)n;
+	return 0;
+}
+
+/* At least n bytes in b, grown by doubling (a buffer that grows unit by unit). */
+static int buf_grow(struct buf *b, size_t n)
+{
+	return n <= b->cap ? 0 : hg_cl_buf_need(b, n < 2 * b->cap ? 2 * b->cap : n);
+}
+
+/* The done bytes of chunks 0 .. n - 1 of the segment. */
+static int done_need(struct hg_client *c, size_t n)
+{
+	return buf_grow(&c->done, n);
+}
+
+/*
+ * Start a segment at chunk c->next_chunk: no chunk numbered yet, the
+ * aggregators' order of results and step-start wait begin again.
+ */
+static void segment_begin(struct hg_client *c)
+{
+	struct segment *st = &c->st;
+
+	st->nstreams = 0;
+	st->nunits = 0;
+	st->lo_unit = 0;
 	st->base = c->next_chunk;
-	c->next_chunk += st->nchunks;
-	c->stats.chunks += st->nchunks;
+	st->nchunks = 0;
+	st->next_send = 0;
+	st->ndone = 0;
+	st->completions = 0;
+	st->seen = 0;
 	for (uint32_t a = 0; a < c->naggs; a++) {
 		struct agg *ag = &c->agg[a];
 
-		/* chunks c < x with c % K == a: x / K + (x % K > a) */
-		ag->st.chunks += c->next_chunk / c->naggs + (c->next_chunk % c->naggs > a) -
-				 (st->base / c->naggs + (st->base % c->naggs > a));
 		ag->hi_done = 0;
 		ag->lo_open = (a + c->naggs - st->base % c->naggs) % c->naggs;
 		ag->t_hi = 0;
 		ag->t_first_tx = 0;
 	}
-	st->next_send = 0;
-	st->ndone = 0;
-	rc = hg_cl_buf_need(&c->done, st->nchunks);
+}
+
+/*
+ * Make the streams from first_stream on unit (group, step) and number its
+ * chunks: the next ones of the segment and of the job.
+ */
+static int unit_append(struct hg_client *c, uint32_t group, uint32_t step,
+		       uint32_t first_stream)
+{
+	struct segment *st = &c->st;
+	uint64_t from = c->next_chunk;
+	struct unit *u;
+	int rc;
+
+	rc = grow((void **)&st->u, &st->cap_units, sizeof(*st->u), st->nunits + 1);
 	if (rc)
 		return rc;
-	memset(c->done.p, 0, st->nchunks ? st->nchunks : 1);
+	u = &st->u[st->nunits];
+	u->group = group;
+	u->step = step;
+	u->first_stream = first_stream;
+	u->nstreams = st->nstreams - first_stream;
+	u->first_chunk = st->nchunks;
+	u->nchunks = 0;
+	u->ndone = 0;
+	u->decoded = false;
+	for (uint32_t i = first_stream; i < st->nstreams; i++) {
+		st->s[i].first_chunk = st->nchunks + u->nchunks;
+		st->s[i].unit = st->nunits;
+		u->nchunks += st->s[i].chunks;
+	}
+	rc = done_need(c, st->nchunks + u->nchunks);
+	if (rc)
+		return rc;
+	if (u->nchunks)
+		memset(c->done.p + st->nchunks, 0, u->nchunks);
+	st->nchunks += u->nchunks;
+	st->nunits++;
+	if (u->nchunks == 0)
+		st->completions++; /* nothing to wait for */
+	c->next_chunk += u->nchunks;
+	c->stats.chunks += u->nchunks;
+	for (uint32_t a = 0; a < c->naggs; a++) {
+		/* chunks c < x with c % K == a: x / K + (x % K > a) */
+		c->agg[a].st.chunks += c->next_chunk / c->naggs + (c->next_chunk % c->naggs > a) -
+				       (from / c->naggs + (from % c->naggs > a));
+	}
 	return 0;
+}
+
+void hg_cl_chunk_done(struct hg_client *c, size_t k)
+{
+	struct segment *st = &c->st;
+	struct unit *u = &st->u[hg_cl_chunk_stream(c, k)->unit];
+
+	st->ndone++;
+	if (++u->ndone == u->nchunks)
+		st->completions++;
+}
+
+void hg_cl_release_segment(struct hg_client *c)
+{
+	free(c->st.s);
+	free(c->st.u);
+	memset(&c->st, 0, sizeof(c->st));
 }
 
 /* ---- phases: encoders and decoders -------------------------------------- */
@@ -107,13 +208,30 @@ static int counts_plan(struct hg_client *c, size_t *lanes, int *exp)
 
 	(void)exp;
 	if (!counts_compact(c)) {
-		*lanes = c->nblocks;
+		*lanes = c->gnb;
 		return 0;
 	}
 	for (size_t b = 0; b < c->nblocks; b++)
 		k += gcodes(c)[b] != HG_EXP_ZERO;
 	*lanes = k;
 	return 0;
+}
+
+/* The current group's lhc is done with (after its last decode). */
+static void group_lhc_release(struct hg_client *c)
+{
+	hg_lhc_destroy(c->lhc);
+	c->lhc = NULL;
+	((struct hg_lhc **)c->glhc.p)[c->cur_group] = NULL;
+}
+
+/* The scan of the current group's blocks (the whole scan when G = 1). */
+static const struct hg_scan *group_scan(const struct hg_client *c, struct hg_scan *v)
+{
+	if (c->groups == 1)
+		return c->scan;
+	hg_scan_view(c->scan, c->gb0, c->gnb, c->gn, v);
+	return v;
 }
 
 static struct hg_lhc_info lhc_info(const struct hg_client *c)
@@ -140,11 +258,12 @@ struct phase_codec {
 static int exponents_plan(struct hg_client *c, size_t *lanes, int *exp)
 {
 	(void)exp;
-	*lanes = c->nblocks;
+	*lanes = c->gnb;
 	return 0;
 }
 
-/* hg_client_start encoded the exponents already (it reports bad input). */
+/* hg_client_start encoded the exponents of every block already (it reports
+ * bad input); a group's stream starts at its first block's code. */
 static int exponents_encode(struct hg_client *c, uint8_t *tx)
 {
 	(void)c;
@@ -158,7 +277,7 @@ static int counts_encode(struct hg_client *c, uint8_t *tx)
 	size_t k = 0;
 
 	if (!counts_compact(c)) {
-		memcpy(tx, c->lcounts.p, 4 * c->nblocks);
+		memcpy(tx, c->lcounts.p + 4 * c->gb0, 4 * c->gnb);
 		return 0;
 	}
 	for (size_t b = 0; b < c->nblocks; b++)
@@ -174,7 +293,7 @@ static int counts_decode(struct hg_client *c, const uint8_t *rx)
 	if (hg_cl_buf_need(&c->gcounts, 4 * c->nblocks))
 		return -ENOMEM;
 	if (!counts_compact(c)) {
-		memcpy(c->gcounts.p, rx, 4 * c->nblocks);
+		memcpy(c->gcounts.p + 4 * c->gb0, rx, 4 * c->gnb);
 		return 0;
 	}
 	for (size_t b = 0; b < c->nblocks; b++) {
@@ -186,42 +305,48 @@ static int counts_decode(struct hg_client *c, const uint8_t *rx)
 	return 0;
 }
 
+/* values and codes work on the block range c->gb0.. (a group, or all). */
 static int values_plan(struct hg_client *c, size_t *lanes, int *exp)
 {
 	(void)exp;
 	c->qflags = (c->mi->flags & HG_MF_SKIP_ZERO) ? HG_Q_SKIP_ZERO : 0;
-	*lanes = hg_quantized_lanes(&c->p, c->n, gcodes(c), c->qflags);
+	*lanes = hg_quantized_lanes(&c->p, c->gn, gcodes(c) + c->gb0, c->qflags);
 	return 0;
 }
 
 static int values_encode(struct hg_client *c, uint8_t *tx)
 {
-	return hg_quantize(&c->p, c->x, c->n, gcodes(c), c->qflags, tx);
+	return hg_quantize_at(&c->p, c->ge0, c->x + c->ge0, c->gn,
+			      gcodes(c) + c->gb0, c->qflags, tx);
 }
 
 static int values_decode(struct hg_client *c, const uint8_t *rx)
 {
-	return hg_dequantize(&c->p, rx, c->n, gcodes(c), c->qflags, c->y);
+	return hg_dequantize(&c->p, rx, c->gn, gcodes(c) + c->gb0, c->qflags,
+			     c->y + c->ge0);
 }
 
 static int codes_plan(struct hg_client *c, size_t *lanes, int *exp)
 {
 	c->qflags = 0;
-	*lanes = c->n;
+	*lanes = c->gn;
 	*exp = hg_nc_top(&c->p);
 	return 0;
 }
 
 static int codes_encode(struct hg_client *c, uint8_t *tx)
 {
-	return hg_nc_encode(&c->p, c->x, c->n, gcodes(c), tx);
+	return hg_nc_encode_at(&c->p, c->ge0, c->x + c->ge0, c->gn,
+			       gcodes(c) + c->gb0, tx);
 }
 
 static int index_plan(struct hg_client *c, size_t *lanes, int *exp)
 {
 	(void)exp;
-	hg_cl_release_lhc(c);
-	c->lhc = hg_lhc_create(&c->p, c->n, gcodes(c), gcounts(c));
+	group_lhc_release(c);
+	c->lhc = hg_lhc_create_at(&c->p, c->ge0, c->gn, gcodes(c) + c->gb0,
+				  gcounts(c) + 4 * c->gb0);
+	((struct hg_lhc **)c->glhc.p)[c->cur_group] = c->lhc;
 	if (!c->lhc)
 		return -ENOMEM;
 	*lanes = lhc_info(c).index_bytes;
@@ -230,7 +355,9 @@ static int index_plan(struct hg_client *c, size_t *lanes, int *exp)
 
 static int index_encode(struct hg_client *c, uint8_t *tx)
 {
-	return hg_lhc_index_encode_scan(c->lhc, c->scan, tx);
+	struct hg_scan v;
+
+	return hg_lhc_index_encode_scan(c->lhc, group_scan(c, &v), tx);
 }
 
 static int index_decode(struct hg_client *c, const uint8_t *rx)
@@ -247,7 +374,9 @@ static int sketch_plan(struct hg_client *c, size_t *lanes, int *exp)
 
 static int sketch_encode(struct hg_client *c, uint8_t *tx)
 {
-	return hg_lhc_sketch_encode_scan(c->lhc, c->scan, tx);
+	struct hg_scan v;
+
+	return hg_lhc_sketch_encode_scan(c->lhc, group_scan(c, &v), tx);
 }
 
 static int sketch_decode(struct hg_client *c, const uint8_t *rx)
@@ -272,14 +401,14 @@ static int fallback_plan(struct hg_client *c, size_t *lanes, int *exp)
 
 static int fallback_encode(struct hg_client *c, uint8_t *tx)
 {
-	return hg_lhc_fallback_encode(c->lhc, c->x, tx);
+	return hg_lhc_fallback_encode(c->lhc, c->x + c->ge0, tx);
 }
 
 static int fallback_decode(struct hg_client *c, const uint8_t *rx)
 {
-	int rc = hg_lhc_decode(c->lhc, rx, c->y);
+	int rc = hg_lhc_decode(c->lhc, rx, c->y + c->ge0);
 
-	hg_cl_release_lhc(c);
+	group_lhc_release(c);
 	return rc;
 }
 
@@ -292,14 +421,16 @@ static int union_plan(struct hg_client *c, size_t *lanes, int *exp)
 
 static int union_encode(struct hg_client *c, uint8_t *tx)
 {
-	return hg_union_encode(c->lhc, c->scan, tx);
+	struct hg_scan v;
+
+	return hg_union_encode(c->lhc, group_scan(c, &v), tx);
 }
 
 static int union_decode(struct hg_client *c, const uint8_t *rx)
 {
-	int rc = hg_union_decode(c->lhc, rx, c->y);
+	int rc = hg_union_decode(c->lhc, rx, c->y + c->ge0);
 
-	hg_cl_release_lhc(c);
+	group_lhc_release(c);
 	return rc;
 }
 
@@ -327,20 +458,37 @@ static uint32_t first_unsent_step(const struct hg_client *c,
 	return k;
 }
 
-/*
- * Set up step c->step of the method: plan, size and encode each of its
- * phases, and number the chunks.  Returns 0 or a negative errno (the
- * allreduce failed).
- */
-static int step_setup(struct hg_client *c)
+/* The phase codecs work on block group g from here on (all blocks when G = 1). */
+static void group_range(struct hg_client *c, uint32_t g)
 {
-	uint32_t mask = c->mi->steps[c->step];
-	int ns = 0, rc;
+	size_t bl = c->p.block;
 
+	c->cur_group = g;
+	c->lhc = ((struct hg_lhc **)c->glhc.p)[g];
+
+	c->gb0 = (size_t)g * c->group_blocks;
+	c->gnb = c->nblocks - c->gb0 < c->group_blocks ? c->nblocks - c->gb0
+						       : c->group_blocks;
+	c->ge0 = c->gb0 * bl;
+	c->gn = c->n - c->ge0 < c->gnb * bl ? c->n - c->ge0 : c->gnb * bl;
+}
+
+/*
+ * Set up unit (g, step) of the method: plan, size and encode each of its
+ * phases for block group g, and number its chunks (the next ones of the
+ * segment).  Returns 0 or a negative errno (the allreduce failed).
+ */
+static int unit_setup(struct hg_client *c, uint32_t g, uint32_t step)
+{
+	uint32_t mask = c->mi->steps[step];
+	uint32_t first = c->st.nstreams;
+	int rc;
+
+	group_range(c, g);
 	for (int ph = 0; ph < HG_PH__COUNT; ph++) {
 		const struct phase_codec *pc = &phase_codec[ph];
 		const struct hg_op_info *op;
-		size_t lanes = 0;
+		size_t lanes = 0, before = c->ph_lanes[ph];
 		int exp = 0;
 
 		if (!(mask & (1u << ph)))
@@ -351,72 +499,227 @@ static int step_setup(struct hg_client *c)
 		if (rc)
 			return hg_cl_fail_text(c, rc, pc->what);
 		op = hg_op_get(hg_phase_at(ph)->op);
-		if (hg_cl_buf_need(&c->tx[ph], lanes * op->in_lane) ||
-		    hg_cl_buf_need(&c->rx[ph], lanes * op->acc_lane))
+		if (buf_grow(&c->tx[ph], (before + lanes) * op->in_lane) ||
+		    buf_grow(&c->rx[ph], (before + lanes) * op->acc_lane) ||
+		    grow((void **)&c->st.s, &c->st.cap_streams, sizeof(*c->st.s),
+			 c->st.nstreams + 1))
 			return hg_cl_fail_text(c, -ENOMEM, "out of memory");
-		rc = pc->encode(c, c->tx[ph].p);
+		rc = pc->encode(c, c->tx[ph].p + before * op->in_lane);
 		if (rc)
 			return hg_cl_fail_text(c, rc, pc->what);
-		stream_set(&c->st.s[ns++], (enum hg_phase)ph, exp, c->tx[ph].p,
-			   c->rx[ph].p, lanes, c->cfg.payload_bytes);
+		stream_set(&c->st.s[c->st.nstreams++], (enum hg_phase)ph, exp,
+			   before, lanes, c->cfg.payload_bytes);
+		c->ph_lanes[ph] = before + lanes;
 	}
-	rc = step_begin(c, ns);
+	rc = unit_append(c, g, step, first);
 	return rc ? hg_cl_fail_text(c, rc, "out of memory") : 0;
 }
 
-/*
- * The current step is complete: decode its phases, then set up the next
- * step (after auto's choice, the chosen method's) or finish.  Returns 0, or
- * the negative errno the allreduce failed with.
- */
-int hg_cl_advance(struct hg_client *c)
+/* Decode the phases of a complete unit (its group's elements of the output). */
+static int unit_decode(struct hg_client *c, struct unit *u)
 {
-	const struct hg_method_info *next;
 	int rc;
 
-	for (int i = 0; i < c->st.nstreams; i++) {
+	group_range(c, u->group);
+	for (uint32_t i = u->first_stream; i < u->first_stream + u->nstreams; i++) {
 		const struct stream *s = &c->st.s[i];
 		const struct phase_codec *pc = &phase_codec[s->phase];
 
 		if (!pc->decode)
 			continue;
-		rc = pc->decode(c, s->out);
+		rc = pc->decode(c, c->rx[s->phase].p + s->out_off);
 		if (rc)
 			return hg_cl_fail_text(c, rc, pc->what);
 	}
-	c->sent_phases |= c->mi->steps[c->step];
-	next = NULL;
-	if ((c->mi->flags & HG_MF_CHOOSES) && c->step + 1 == c->mi->nsteps) {
-		/* auto after its own steps: the meta phase decides, or the
-		 * index phase runs first */
-		rc = hg_auto_choose(&c->p, c->n, gcodes(c), gcounts(c));
-		next = rc < 0 ? NULL : hg_method_get(rc);
-		if (!next)
-			return hg_cl_fail_text(c, rc < 0 ? rc : -EPROTO,
-					       "auto: cannot choose a method");
-		c->choose_again = true;
-	} else if (c->choose_again &&
-		   (c->mi->steps[c->step] & HG_PHB(INDEX))) {
-		rc = hg_auto_choose_indexed(c->lhc);
-		next = rc < 0 ? NULL : hg_method_get(rc);
-		if (!next)
-			return hg_cl_fail_text(c, rc < 0 ? rc : -EPROTO,
-					       "auto: cannot choose a method");
-		c->choose_again = false;
-	}
-	if (next) {
-		c->mi = next;
-		c->stats.method_chosen = next->code;
-		c->step = first_unsent_step(c, next);
-	} else {
-		c->step++;
-	}
-	if (c->step >= c->mi->nsteps) {
-		c->stage = ST_DONE;
-		c->rc = 1;
+	u->decoded = true;
+	return 0;
+}
+
+/* Decode every unit that completed since the last look. */
+static int decode_complete(struct hg_client *c)
+{
+	struct segment *st = &c->st;
+	int rc;
+
+	if (st->completions == st->seen)
 		return 0;
+	st->seen = st->completions;
+	for (uint32_t i = st->lo_unit; i < st->nunits; i++) {
+		struct unit *u = &st->u[i];
+
+		if (u->decoded || u->ndone < u->nchunks)
+			continue;
+		rc = unit_decode(c, u);
+		if (rc)
+			return rc;
 	}
-	return step_setup(c);
+	while (st->lo_unit < st->nunits && st->u[st->lo_unit].decoded)
+		st->lo_unit++;
+	return 0;
+}
+
+/*
+ * Block groups (docs/PROTOCOL.md "Pipelined block groups"): G and the
+ * blocks per group, from the job's option and the allreduce's size; G = 1
+ * for a method whose steps do not work block by block.
+ */
+static void groups_plan(struct hg_client *c)
+{
+	uint32_t opt = c->cfg.pipeline_groups;
+	size_t nb = c->nblocks, gb;
+
+	if (!(c->mi->flags & HG_MF_GROUPS) || opt == 1 || nb <= 1) {
+		gb = nb;
+	} else if (opt == 0) {
+		/* HG_CLIENT_AUTO_GROUPS groups, each at least four windows of
+		 * dense value chunks (so a group's exponents come back while
+		 * the previous group's values are sent) */
+		uint64_t lanes = 4ull * c->naggs * c->cfg.slots * (c->cfg.payload_bytes / 4);
+		size_t least = (size_t)((lanes + c->p.block - 1) / c->p.block);
+
+		gb = (nb + HG_CLIENT_AUTO_GROUPS - 1) / HG_CLIENT_AUTO_GROUPS;
+		if (gb < least)
+			gb = least;
+	} else {
+		gb = (nb + opt - 1) / opt;
+	}
+	if (gb < 1)
+		gb = 1;
+	if (gb > nb)
+		gb = nb ? nb : 1;
+	c->group_blocks = (uint32_t)gb;
+	c->groups = nb ? (uint32_t)((nb + gb - 1) / gb) : 1;
+	c->stats.groups = c->groups;
+}
+
+static bool pipelined(const struct hg_client *c)
+{
+	return c->groups > 1;
+}
+
+/* The schedule's units run out after round G + T - 2. */
+static bool sched_done(const struct hg_client *c)
+{
+	return c->round >= c->groups + c->mi->nsteps - 1;
+}
+
+/*
+ * Move the schedule's cursor to its next unit: round r holds (r - s, s) for
+ * s = 0 .. T - 1 whose group is in 0 .. G - 1.
+ */
+static void sched_next(struct hg_client *c)
+{
+	do {
+		if (++c->rstep == c->mi->nsteps) {
+			c->rstep = 0;
+			c->round++;
+		}
+	} while (!sched_done(c) &&
+		 (c->rstep > c->round || c->round - c->rstep >= c->groups));
+}
+
+/*
+ * Pipelined: number the schedule's units in order while the next one's
+ * prerequisite, its group's previous step, is complete and decoded (units
+ * are numbered in schedule order, so the prerequisite of (g, s) is the
+ * unit numbered for group g in the round before).  Finish once every unit
+ * is numbered and decoded.
+ */
+static int sched_advance(struct hg_client *c)
+{
+	struct segment *st = &c->st;
+	uint32_t *last = (uint32_t *)c->glast.p;
+	uint32_t g;
+	int rc;
+
+	for (;;) {
+		rc = decode_complete(c);
+		if (rc)
+			return rc;
+		if (sched_done(c)) {
+			if (st->lo_unit == st->nunits) {
+				c->sent_phases = 0;
+				for (uint32_t k = 0; k < c->mi->nsteps; k++)
+					c->sent_phases |= c->mi->steps[k];
+				c->stage = ST_DONE;
+				c->rc = 1;
+			}
+			return 0;
+		}
+		g = c->round - c->rstep;
+		if (c->rstep > 0 && !st->u[last[g]].decoded)
+			return 0; /* wait for group g's previous step */
+		rc = unit_setup(c, g, c->rstep);
+		if (rc)
+			return rc;
+		last[g] = st->nunits - 1;
+		sched_next(c);
+	}
+}
+
+/*
+ * Unpipelined: once the current step is complete, decode its phases, then
+ * set up the next step (after auto's choice, the chosen method's) or
+ * finish.
+ */
+static int step_advance(struct hg_client *c)
+{
+	const struct hg_method_info *next;
+	int rc;
+
+	for (;;) {
+		rc = decode_complete(c);
+		if (rc)
+			return rc;
+		if (c->st.lo_unit < c->st.nunits)
+			return 0;
+		c->sent_phases |= c->mi->steps[c->step];
+		next = NULL;
+		if ((c->mi->flags & HG_MF_CHOOSES) && c->step + 1 == c->mi->nsteps) {
+			/* auto after its own steps: the meta phase decides, or
+			 * the index phase runs first */
+			rc = hg_auto_choose(&c->p, c->n, gcodes(c), gcounts(c));
+			next = rc < 0 ? NULL : hg_method_get(rc);
+			if (!next)
+				return hg_cl_fail_text(c, rc < 0 ? rc : -EPROTO,
+						       "auto: cannot choose a method");
+			c->choose_again = true;
+		} else if (c->choose_again &&
+			   (c->mi->steps[c->step] & HG_PHB(INDEX))) {
+			rc = hg_auto_choose_indexed(c->lhc);
+			next = rc < 0 ? NULL : hg_method_get(rc);
+			if (!next)
+				return hg_cl_fail_text(c, rc < 0 ? rc : -EPROTO,
+						       "auto: cannot choose a method");
+			c->choose_again = false;
+		}
+		if (next) {
+			c->mi = next;
+			c->stats.method_chosen = next->code;
+			c->step = first_unsent_step(c, next);
+		} else {
+			c->step++;
+		}
+		if (c->step >= c->mi->nsteps) {
+			c->stage = ST_DONE;
+			c->rc = 1;
+			return 0;
+		}
+		segment_begin(c);
+		rc = unit_setup(c, 0, c->step);
+		if (rc)
+			return rc;
+	}
+}
+
+/*
+ * Use the results that completed units: decode them and number what may
+ * follow (the next step, or the schedule's next units), or finish.
+ * Returns 0, or the negative errno the allreduce failed with.
+ */
+int hg_cl_advance(struct hg_client *c)
+{
+	return pipelined(c) ? sched_advance(c) : step_advance(c);
 }
 
 /* Does any step of mi send phase ph? */
@@ -495,7 +798,39 @@ int hg_client_start(struct hg_client *c, const struct hg_params *params,
 		c->fl[i].busy = false;
 	c->stage = ST_RUNNING;
 	c->rc = 0;
-	rc = step_setup(c);
+	memset(c->ph_lanes, 0, sizeof(c->ph_lanes));
+	groups_plan(c);
+	if (hg_cl_buf_need(&c->glhc, sizeof(struct hg_lhc *) * c->groups)) {
+		c->groups = 0;
+		c->stage = ST_IDLE;
+		return -ENOMEM;
+	}
+	memset(c->glhc.p, 0, sizeof(struct hg_lhc *) * c->groups);
+	segment_begin(c);
+	if (pipelined(c)) {
+		/* every group's lanes at their place in one buffer per phase,
+		 * sized once (the tx of the exponents is encoded already) */
+		c->round = 0;
+		c->rstep = 0;
+		rc = hg_cl_buf_need(&c->glast, sizeof(uint32_t) * c->groups);
+		for (uint32_t k = 0; k < mi->nsteps && !rc; k++)
+			for (int ph = 0; ph < HG_PH__COUNT && !rc; ph++) {
+				const struct hg_op_info *op = hg_op_get(hg_phase_at(ph)->op);
+				size_t lanes = ph == HG_PH_EXPONENTS || ph == HG_PH_COUNTS ? nb : n;
+
+				/* the sizes of the others grow as they come */
+				if (!(mi->steps[k] & (1u << ph)) ||
+				    !(HG_PHB(EXPONENTS) & (1u << ph) || HG_PHB(COUNTS) & (1u << ph) ||
+				      HG_PHB(VALUES) & (1u << ph) || HG_PHB(CODES) & (1u << ph)))
+					continue;
+				rc = hg_cl_buf_need(&c->tx[ph], lanes * op->in_lane);
+				if (!rc)
+					rc = hg_cl_buf_need(&c->rx[ph], lanes * op->acc_lane);
+			}
+		rc = rc ? hg_cl_fail_text(c, rc, "out of memory") : sched_advance(c);
+	} else {
+		rc = unit_setup(c, 0, 0);
+	}
 	if (rc) {
 		c->stage = ST_IDLE;
 		return rc;

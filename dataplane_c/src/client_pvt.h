@@ -18,6 +18,13 @@
 #include "homagg/wire.h"
 
 #define BURST 64         /* a window's worth of frames per port call */
+/*
+ * pipeline_groups 0 (automatic): at most this many block groups.  Measured
+ * on the 4-worker testbed (2^22 floats, dense, 1 Gbit/s, median of 5):
+ * 8 groups 781 ms, 1 (unpipelined) 900 ms, 64 groups 1009 ms -- on a
+ * CPU-bound host many small groups cost more than they overlap.
+ */
+#define HG_CLIENT_AUTO_GROUPS 8
 /* Results of chunks sent after a missing one that declare it lost (TCP's
  * duplicate-ACK threshold): tolerates reordering by up to DUPTHRESH - 1. */
 #define DUPTHRESH 3
@@ -46,22 +53,47 @@ struct stream {
 	enum hg_op op;
 	int8_t exp;
 	enum hg_phase phase;
-	const uint8_t *in;      /* lanes * in_lane bytes, as sent */
-	uint8_t *out;           /* lanes * acc_lane bytes, the results */
+	size_t in_off;          /* its lanes in c->tx[phase] from this byte */
+	size_t out_off;         /* its results in c->rx[phase] from this byte */
 	size_t lanes;
 	size_t in_lane, acc_lane;
 	size_t per_chunk;       /* lanes per chunk */
 	size_t chunks;
-	size_t first_chunk;     /* index of its first chunk in the step */
+	size_t first_chunk;     /* index of its first chunk in the segment */
+	uint32_t unit;          /* the unit it belongs to (seg.u) */
 };
 
-struct step {
-	struct stream s[HG_PH__COUNT];
-	int nstreams;
+/*
+ * A unit: step `step` of the method for block group `group` (without
+ * pipelining: the step for the whole tensor), its streams seg.s[first_stream
+ * .. + nstreams - 1] and chunks first_chunk .. + nchunks - 1 of the segment.
+ */
+struct unit {
+	uint32_t group, step;
+	uint32_t first_stream, nstreams;
+	size_t first_chunk, nchunks;
+	size_t ndone;           /* chunks with their result */
+	bool decoded;
+};
+
+/*
+ * A segment: a run of consecutively numbered chunks whose window state is
+ * kept together -- one step without pipelining, the whole allreduce with it
+ * (docs/PROTOCOL.md "Pipelined block groups").  Its units are appended in
+ * schedule order as they are numbered; its chunk count grows with them.
+ */
+struct segment {
+	struct stream *s;
+	uint32_t nstreams, cap_streams;
+	struct unit *u;
+	uint32_t nunits, cap_units;
+	uint32_t lo_unit;       /* every unit below is complete and decoded */
 	uint64_t base;          /* chunk number c of its first chunk */
-	size_t nchunks;
+	size_t nchunks;         /* chunks numbered so far */
 	size_t next_send;       /* next chunk to send the first time */
 	size_t ndone;
+	uint64_t completions;   /* units that completed (decoding looks when it moves) */
+	uint64_t seen;          /* completions the sequencer has looked at */
 };
 
 /* A chunk in flight, at ring index a * S + seq % S. */
@@ -69,6 +101,7 @@ struct flight {
 	uint64_t chunk;         /* its chunk number c */
 	uint32_t seq;           /* its sequence number at its aggregator */
 	uint32_t agg;           /* a = chunk % K */
+	uint32_t unit;          /* its unit in the segment (seg.u) */
 	bool busy;
 	bool unsent;            /* the port refused it: send at the next poll */
 	bool have_status;
@@ -141,18 +174,29 @@ struct hg_client {
 	int rc;                 /* result once ST_DONE / ST_FAILED */
 	struct hg_params p;
 	const struct hg_method_info *mi; /* the method (after auto's choice) */
-	uint32_t step;          /* index of the current step in mi->steps */
+	uint32_t step;          /* index of the current step in mi->steps
+				 * (unpipelined) */
+	/*
+	 * Block groups (docs/PROTOCOL.md "Pipelined block groups"): G groups
+	 * of gb blocks; the schedule's next unit is (round - rstep, rstep).
+	 */
+	uint32_t groups, group_blocks;
+	uint32_t round, rstep;
+	size_t ph_lanes[HG_PH__COUNT]; /* lanes of each phase numbered this allreduce */
+	/* the block range the phase codecs work on: blocks gb0 .. gb0 + gnb - 1,
+	 * elements ge0 .. ge0 + gn - 1 */
+	size_t gb0, gnb, ge0, gn;
 	uint32_t sent_phases;   /* phases of the steps completed so far (mask) */
 	bool choose_again;      /* auto: choose again after the index step */
 	const float *x;
 	float *y;
 	size_t n, nblocks;
 	uint32_t qflags;
-	struct hg_lhc *lhc;
+	struct hg_lhc *lhc;     /* the current group's (glhc[cur_group]) */
 	struct hg_scan *scan;   /* the one-pass encode of x (lhc, union, auto) */
 	struct buf lcounts;     /* this worker's counts, one lane per block */
 	struct buf gcounts;     /* the global counts, one lane per block */
-	struct step st;
+	struct segment st;
 	uint64_t start_results; /* results_received at the start */
 	uint64_t start_sent;
 
@@ -170,7 +214,10 @@ struct hg_client {
 	struct smooth start;    /* SSTART, SSTARTVAR */
 	uint64_t start_wait;
 	struct flight *fl;      /* K * S entries */
-	struct buf done;        /* one byte per chunk of the step */
+	struct buf done;        /* one byte per chunk of the segment */
+	struct buf glast;       /* pipelined: per group, its latest unit (uint32) */
+	struct buf glhc;        /* per group, its lhc (struct hg_lhc *; lhc, union) */
+	uint32_t cur_group;     /* the group the phase codecs work on (lhc: its glhc) */
 	struct buf tx[HG_PH__COUNT];  /* per phase: this worker's lanes */
 	struct buf rx[HG_PH__COUNT];  /* per phase: the aggregated lanes */
 
@@ -192,8 +239,12 @@ int hg_cl_fail_text(struct hg_client *c, int rc, const char *what);
 
 /* client_method.c: the sequencer */
 int hg_cl_advance(struct hg_client *c);
+/* A result completed chunk k of the segment (counts it for its unit). */
+void hg_cl_chunk_done(struct hg_client *c, size_t k);
+void hg_cl_release_segment(struct hg_client *c);
 
 /* client_window.c: the window transport */
+const struct stream *hg_cl_chunk_stream(const struct hg_client *c, size_t k);
 void hg_cl_rx_all(struct hg_client *c, uint64_t now);
 void hg_cl_tx_new(struct hg_client *c, uint64_t now);
 int hg_cl_tx_expired(struct hg_client *c, uint64_t now);

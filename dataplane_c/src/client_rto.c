@@ -132,11 +132,14 @@ void hg_cl_spurious_timeout(struct hg_client *c, struct agg *ag, struct flight *
 	ag->rto = ag->rto_est;
 }
 
-/* This worker's turn among the W for chunk number chunk (0 first), rotating. */
+/* This worker's turn among the W at its aggregator for chunk number chunk
+ * (0 first), rotating: the workers whose retransmissions that aggregator's
+ * STATUS answers (below a tree leaf, the leaf's, not the job's W). */
 uint32_t hg_cl_chunk_rank(const struct hg_client *c, uint64_t chunk)
 {
-	return (uint32_t)((c->cfg.worker + c->cfg.workers - chunk % c->cfg.workers) %
-			  c->cfg.workers);
+	uint32_t n = c->cfg.agg_workers;
+
+	return (uint32_t)((c->cfg.agg_worker + n - chunk % n) % n);
 }
 
 /* How far apart the workers' turns are: SRTT + 4 RTTVAR, by when the
@@ -146,6 +149,9 @@ uint64_t hg_cl_turn_ns(const struct hg_client *c, const struct agg *ag)
 {
 	uint64_t d = ag->rtt.have ? ag->rtt.avg + 4 * ag->rtt.var : c->cfg.rto_ns;
 
+	/* at most the longest timeout: W - 1 turns stay bounded */
+	if (d > c->cfg.rto_max_ns)
+		d = c->cfg.rto_max_ns;
 	return d > HG_CLIENT_RTO_GRANULARITY_NS ? d : HG_CLIENT_RTO_GRANULARITY_NS;
 }
 
@@ -185,10 +191,12 @@ uint64_t hg_cl_chunk_deadline(const struct hg_client *c, const struct flight *fl
 		if (ag->t_backoff > from)
 			from = ag->t_backoff;
 	}
-	/* No result of the step yet: the slowest peer may still be computing
-	 * it.  And the workers take turns (see hg_cl_chunk_rank), so that the first
-	 * one's STATUS reply tells the others whether they are missing. */
-	if (ag->hi_done == 0 && c->start_wait > rto)
+	/* No result of the step (of the segment, or of the chunk's unit when
+	 * block groups are pipelined) yet: the slowest peer may still be
+	 * computing it.  And the workers take turns (see hg_cl_chunk_rank), so
+	 * that the first one's STATUS reply tells the others whether they are
+	 * missing. */
+	if ((ag->hi_done == 0 || c->st.u[fl->unit].ndone == 0) && c->start_wait > rto)
 		rto = c->start_wait;
 	return from + rto + hg_cl_chunk_rank(c, fl->chunk) * hg_cl_turn_ns(c, ag);
 }

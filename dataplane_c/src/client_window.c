@@ -8,8 +8,10 @@
  * aggregator: its own window, sequence numbers, in-order results and timer.
  *
  * In flight: at most S chunks per aggregator, kept in a ring indexed by
- * a * S + seq % S (seq % S is the aggregator's slot).  Chunk k of a step may
- * go out the first time when k < K S (every earlier chunk is complete) or
+ * a * S + seq % S (seq % S is the aggregator's slot).  Chunk k of a
+ * segment (a step, or the whole allreduce when its block groups are
+ * pipelined: client_method.c) may go out the first time when k < K S
+ * (every earlier chunk is complete) or
  * when chunk k - K S, the one before it in the same slot of the same
  * aggregator, has its result: the aggregator reuses the slot only then.
  *
@@ -23,8 +25,8 @@
  * others whether they are missing.  A timer expiry whose chunk turns out
  * not to have been lost (a STATUS with this worker's bit set, or the
  * result twice) is a spurious timeout: counted, its backoff undone (Eifel,
- * RFC 4015).  Before the first result of a step the timers wait at least
- * start_wait, which learns how late the slowest peer starts a step.
+ * RFC 4015).  Before the first result of a segment the timers wait at
+ * least start_wait, which learns how late the slowest peer starts one.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -35,7 +37,7 @@
 
 #include "client_pvt.h"
 
-/* The flight record of chunk k of the step (a * S + seq % S). */
+/* The flight record of chunk k of the segment (a * S + seq % S). */
 static struct flight *flight_of(const struct hg_client *c, size_t k)
 {
 	uint64_t chunk = c->st.base + k;
@@ -47,25 +49,36 @@ static struct flight *flight_of(const struct hg_client *c, size_t k)
 
 /* ---- frames ------------------------------------------------------------ */
 
-/* The stream chunk k of the step belongs to. */
-static const struct stream *chunk_stream(const struct step *st, size_t k)
+/*
+ * The stream chunk k (< st.nchunks) of the segment belongs to: the last
+ * one starting at or before k (streams without chunks start where the next
+ * one does, so the last of equals is the one with chunks).
+ */
+const struct stream *hg_cl_chunk_stream(const struct hg_client *c, size_t k)
 {
-	int i = st->nstreams - 1;
+	const struct segment *st = &c->st;
+	uint32_t lo = 0, hi = st->nstreams; /* the answer is in [lo, hi) */
 
-	while (i > 0 && k < st->s[i].first_chunk)
-		i--;
-	return &st->s[i];
+	while (hi - lo > 1) {
+		uint32_t mid = lo + (hi - lo) / 2;
+
+		if (st->s[mid].first_chunk <= k)
+			lo = mid;
+		else
+			hi = mid;
+	}
+	return &st->s[lo];
 }
 
 /*
- * Write the frame of chunk k of the step into pkt: Ethernet / IPv4 / UDP to
+ * Write the frame of chunk k of the segment into pkt: Ethernet / IPv4 / UDP to
  * the aggregator, the HomAgg header, the chunk's lanes as they are in the
  * stream's input buffer (already big-endian).  Returns the payload bytes.
  */
 static size_t build_chunk(struct hg_client *c, struct hg_pkt *pkt, size_t k,
 			  bool retrans, enum hg_phase *phase)
 {
-	const struct stream *s = chunk_stream(&c->st, k);
+	const struct stream *s = hg_cl_chunk_stream(c, k);
 	uint64_t chunk = c->st.base + k;
 	uint32_t a = (uint32_t)(chunk % c->naggs);
 	uint32_t seq = (uint32_t)(chunk / c->naggs);
@@ -92,7 +105,8 @@ static size_t build_chunk(struct hg_client *c, struct hg_pkt *pkt, size_t k,
 	h.shard = (uint8_t)a;
 	h.incarnation = c->cfg.incarnation;
 	len = hg_wire_build_mac(pkt->data, pkt->cap, &c->src, &c->agg[a].dst,
-				&h, s->in + first * s->in_lane, bytes, 0,
+				&h, c->tx[s->phase].p + s->in_off + first * s->in_lane,
+				bytes, 0,
 				c->mac_len ? c->keys[0] : NULL);
 	/* Cannot fail: cap and payload were checked against payload_bytes. */
 	pkt->len = len > 0 ? (uint16_t)len : 0;
@@ -154,7 +168,7 @@ static int reply_agg(const struct hg_client *c, const struct hg_wire_view *v)
 static void handle_frame(struct hg_client *c, const uint8_t *f, size_t len,
 			 uint64_t now)
 {
-	struct step *st = &c->st;
+	struct segment *st = &c->st;
 	struct hg_wire_view v;
 	const struct stream *s;
 	struct flight *fl;
@@ -190,15 +204,15 @@ static void handle_frame(struct hg_client *c, const uint8_t *f, size_t len,
 			c->stats.duplicates_received++;
 		return;
 	}
-	/* Chunk number of (a, seq): seq counts from the step's base / K at
-	 * every aggregator, modulo 2^32.  Below the step's base, k wraps to
-	 * a huge value: a late copy of an earlier step. */
+	/* Chunk number of (a, seq): seq counts from the segment's base / K at
+	 * every aggregator, modulo 2^32.  Below the segment's base, k wraps to
+	 * a huge value: a late copy of an earlier segment. */
 	chunk = (st->base / c->naggs + (uint32_t)(seq - (uint32_t)(st->base / c->naggs))) *
 		c->naggs + (uint32_t)a;
 	k = (size_t)(chunk - st->base);
 	fl = &c->fl[(size_t)a * c->cfg.slots + seq % c->cfg.slots];
 	if (k < st->nchunks && v.hdr.incarnation != ag->incarnation) {
-		/* A reply about this step from another life of the aggregator. */
+		/* A reply about this segment from another life of the aggregator. */
 		if (ag->incarnation) {
 			agg_restarted(c, ag, v.hdr.incarnation);
 			return;
@@ -236,7 +250,7 @@ static void handle_frame(struct hg_client *c, const uint8_t *f, size_t len,
 		return;
 	}
 	if (k >= st->nchunks) {
-		/* A late copy of a chunk of an earlier step. */
+		/* A late copy of a chunk of an earlier segment. */
 		c->stats.duplicates_received++;
 		return;
 	}
@@ -250,15 +264,16 @@ static void handle_frame(struct hg_client *c, const uint8_t *f, size_t len,
 		}
 		return;
 	}
-	s = chunk_stream(st, k);
+	s = hg_cl_chunk_stream(c, k);
 	first = (k - s->first_chunk) * s->per_chunk;
 	lanes = s->lanes - first < s->per_chunk ? s->lanes - first : s->per_chunk;
 	/* hg_wire_parse checked payload_len == lanes * acc lane bytes. */
 	if (v.hdr.op != s->op || v.hdr.lanes != lanes)
 		goto ignore;
-	memcpy(s->out + first * s->acc_lane, pl, lanes * s->acc_lane);
+	memcpy(c->rx[s->phase].p + s->out_off + first * s->acc_lane, pl,
+	       lanes * s->acc_lane);
 	c->done.p[k] = CH_DONE;
-	st->ndone++;
+	hg_cl_chunk_done(c, k);
 	c->stats.results_received++;
 	c->stats.bytes_received[s->phase] += lanes * s->acc_lane;
 	ag->st.results_received++;
@@ -275,10 +290,13 @@ static void handle_frame(struct hg_client *c, const uint8_t *f, size_t len,
 		 * path, and would ratchet the timeout of every worker up.
 		 * Likewise a chunk sent before one of our timers expired may
 		 * have waited for that recovery (a peer's chunk lost with
-		 * ours answered, say): only chunks sent after it count.
+		 * ours answered, say): only chunks sent after it count.  With
+		 * pipelined block groups the first result of a unit waited
+		 * for the slowest peer to compute the unit: not a sample.
 		 */
 		if (fl->tries == 1 && k + 1 >= ag->hi_done &&
-		    fl->last_tx > ag->t_timeout && now >= fl->last_tx)
+		    fl->last_tx > ag->t_timeout && now >= fl->last_tx &&
+		    !(c->groups > 1 && c->st.u[fl->unit].ndone == 1))
 			hg_cl_rtt_sample(c, ag, now - fl->last_tx, now);
 		if (fl->timed_out) {
 			c->done.p[k] = CH_DONE_AFTER_TIMEOUT;
@@ -309,7 +327,7 @@ static void handle_frame(struct hg_client *c, const uint8_t *f, size_t len,
 	if (k + 1 > ag->hi_done) {
 		/* Chunks of this aggregator this result overtook: their
 		 * timers stop following its results from here on (see
-		 * hg_cl_chunk_deadline).  Its chunks are K apart in the step. */
+		 * hg_cl_chunk_deadline).  Its chunks are K apart in the segment. */
 		uint64_t from = ag->t_hi > ag->t_backoff ? ag->t_hi : ag->t_backoff;
 		size_t i = ag->hi_done ? ag->hi_done - 1 + c->naggs : k % c->naggs;
 
@@ -347,7 +365,7 @@ void hg_cl_rx_all(struct hg_client *c, uint64_t now)
 /* ---- transmit ---------------------------------------------------------- */
 
 /*
- * Send the chunks listed in ks (chunk indices of the step), flagged as
+ * Send the chunks listed in ks (chunk indices of the segment), flagged as
  * retransmissions after their first transmission.  Entries the port refuses stay marked
  * unsent and go out at the next poll.
  */
@@ -406,7 +424,7 @@ static void tx_chunks(struct hg_client *c, const size_t *ks, uint16_t cnt,
 /* First transmissions of the chunks the window allows. */
 void hg_cl_tx_new(struct hg_client *c, uint64_t now)
 {
-	struct step *st = &c->st;
+	struct segment *st = &c->st;
 	size_t ks[BURST];
 	uint16_t cnt;
 
@@ -424,6 +442,7 @@ void hg_cl_tx_new(struct hg_client *c, uint64_t now)
 				break; /* cannot happen when the above holds */
 			fl->busy = true;
 			fl->chunk = st->base + k;
+			fl->unit = hg_cl_chunk_stream(c, k)->unit;
 			fl->agg = (uint32_t)(fl->chunk % c->naggs);
 			fl->seq = (uint32_t)(fl->chunk / c->naggs);
 			fl->tries = 0;
@@ -447,7 +466,7 @@ void hg_cl_tx_new(struct hg_client *c, uint64_t now)
 
 static void timeout_text(struct hg_client *c, const struct flight *fl)
 {
-	const struct stream *s = chunk_stream(&c->st, (size_t)(fl->chunk - c->st.base));
+	const struct stream *s = hg_cl_chunk_stream(c, (size_t)(fl->chunk - c->st.base));
 	const struct agg *ag = &c->agg[fl->agg];
 	char name[64], *e = c->err, *end = c->err + sizeof(c->err);
 	/* the limit it waited for; a late wake-up (a loaded host) is not news */

@@ -256,6 +256,13 @@ static bool quant_block_stochastic(const float *x, size_t len, int8_t code,
 int hg_quantize(const struct hg_params *p, const float *x, size_t n,
 		const int8_t *gcodes, uint32_t qflags, uint8_t *out_be32)
 {
+	return hg_quantize_at(p, 0, x, n, gcodes, qflags, out_be32);
+}
+
+int hg_quantize_at(const struct hg_params *p, uint64_t first, const float *x,
+		   size_t n, const int8_t *gcodes, uint32_t qflags,
+		   uint8_t *out_be32)
+{
 	int rc = quant_check(p, n, x && gcodes && out_be32, qflags);
 	bool avx2, sto;
 	uint64_t key;
@@ -284,7 +291,7 @@ int hg_quantize(const struct hg_params *p, const float *x, size_t n,
 		}
 		if (sto)
 			ok = quant_block_stochastic(xb, len, code, s, key,
-						    b * p->block,
+						    first + b * p->block,
 						    out_be32 + 4 * off);
 		else
 			ok = quant_block(xb, len, code, s, avx2,

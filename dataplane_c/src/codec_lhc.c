@@ -122,6 +122,13 @@ static size_t index_bytes_of(const struct lhc_block *bk, uint32_t len)
 struct hg_lhc *hg_lhc_create(const struct hg_params *p, size_t n,
 			     const int8_t *gcodes, const uint8_t *gcounts_be32)
 {
+	return hg_lhc_create_at(p, 0, n, gcodes, gcounts_be32);
+}
+
+struct hg_lhc *hg_lhc_create_at(const struct hg_params *p, uint64_t first,
+				size_t n, const int8_t *gcodes,
+				const uint8_t *gcounts_be32)
+{
 	struct hg_lhc *l;
 	size_t off = 0;
 
@@ -132,6 +139,7 @@ struct hg_lhc *hg_lhc_create(const struct hg_params *p, size_t n,
 		return NULL;
 	l->p = *p;
 	l->n = n;
+	l->first = first;
 	l->nb = hg_nblocks(p, n);
 	l->key_sketch = hg_stream_key(p->seed, HG_DOM_SKETCH, 0);
 	l->key_bloom = hg_stream_key(p->seed, HG_DOM_BLOOM, 0);
@@ -249,7 +257,7 @@ int hg_lhc_index_encode(const struct hg_lhc *l, const float *x, uint8_t *index)
 
 			if (!hg_abs_bits(xb[i]))
 				continue;
-			bloom_probes(l->key_bloom, b * l->p.block + i,
+			bloom_probes(l->key_bloom, l->first + b * l->p.block + i,
 				     bk->bloom_k, bk->bloom_bits, pr);
 			for (uint32_t k = 0; k < bk->bloom_k; k++)
 				out[pr[k] >> 3] |= (uint8_t)(1u << (pr[k] & 7));
@@ -268,7 +276,7 @@ static void bloom_encode(const struct hg_lhc *l, size_t b,
 	for (size_t j = 0; j < nz; j++) {
 		uint32_t pr[8];
 
-		bloom_probes(l->key_bloom, b * l->p.block + pos[j], bk->bloom_k,
+		bloom_probes(l->key_bloom, l->first + b * l->p.block + pos[j], bk->bloom_k,
 			     bk->bloom_bits, pr);
 		for (uint32_t k = 0; k < bk->bloom_k; k++)
 			out[pr[k] >> 3] |= (uint8_t)(1u << (pr[k] & 7));
@@ -365,7 +373,7 @@ static int collect_candidates(struct hg_lhc *l, size_t b, const uint8_t *idx,
 		for (uint32_t i = 0; i < len; i++) {
 			uint32_t pr[8], k;
 
-			bloom_probes(l->key_bloom, b * l->p.block + i,
+			bloom_probes(l->key_bloom, l->first + b * l->p.block + i,
 				     bk->bloom_k, bk->bloom_bits, pr);
 			for (k = 0; k < bk->bloom_k; k++)
 				if (!(idx[pr[k] >> 3] & (1u << (pr[k] & 7))))
@@ -585,7 +593,7 @@ static void sketch_add(const struct hg_lhc *l, size_t b, const uint16_t *pos,
 {
 	const struct lhc_block *bk = &l->blk[b];
 	const double scale = hg_pow2(hg_scale_shift(&l->p, l->gcodes[b]));
-	const uint64_t g0 = b * l->p.block;
+	const uint64_t g0 = l->first + b * l->p.block;
 	uint32_t q[SK_CHUNK], c0[SK_CHUNK], c1[SK_CHUNK], c2[SK_CHUNK];
 	uint32_t sm[SK_CHUNK];
 	const struct cell_batch cb = { c0, c1, c2, sm };
@@ -767,7 +775,8 @@ static int peel_block(struct hg_lhc *l, size_t b, const uint8_t *gcells,
 		cell[k] = hg_ld_be32(gcells + 4 * k);
 	memset(cid, 0, nc * sizeof(*cid));
 	memset(done, 0, n + 1);
-	cells_batch(avx512, l->key_sketch, b * l->p.block, bk->t, pos, n, &cb);
+	cells_batch(avx512, l->key_sketch, l->first + b * l->p.block, bk->t, pos,
+		    n, &cb);
 	for (uint32_t j = 0; j < n; j++) {
 		const uint64_t d = 1 + ((uint64_t)j << 32);
 
@@ -894,7 +903,8 @@ int hg_lhc_fallback_encode(const struct hg_lhc *l, const float *x,
 			if (hg_abs_bits(x[g]) >= lim)
 				return -ERANGE;
 			hg_st_be32(out_be32 + 4 * u,
-				   (uint32_t)quant1(&l->p, rkey, x[g], scale, g));
+				   (uint32_t)quant1(&l->p, rkey, x[g], scale,
+						    l->first + g));
 		}
 	}
 	return 0;

@@ -32,6 +32,8 @@ struct lhc_block {
 struct hg_lhc {
 	struct hg_params p;
 	size_t n, nb;
+	uint64_t first;     /* element index of its element 0 in the whole tensor
+			     * (hg_lhc_create_at): the hashes' g is first + i */
 	int8_t *gcodes;
 	struct lhc_block *blk;
 	int state;

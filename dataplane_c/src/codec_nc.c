@@ -46,6 +46,12 @@ static inline uint8_t nc_code(float x, double scale, int top, int kmin,
 int hg_nc_encode(const struct hg_params *p, const float *x, size_t n,
 		 const int8_t *gcodes, uint8_t *codes)
 {
+	return hg_nc_encode_at(p, 0, x, n, gcodes, codes);
+}
+
+int hg_nc_encode_at(const struct hg_params *p, uint64_t first, const float *x,
+		    size_t n, const int8_t *gcodes, uint8_t *codes)
+{
 	int rc = hg_params_check(p);
 	int top, levels, kmin;
 	uint64_t key;
@@ -77,7 +83,7 @@ int hg_nc_encode(const struct hg_params *p, const float *x, size_t n,
 			}
 			codes[g0 + i] = nc_code(
 				xi, scale, top, kmin,
-				(uint32_t)(hg_hash(key, g0 + i) >> 32));
+				(uint32_t)(hg_hash(key, first + g0 + i) >> 32));
 		}
 	}
 	return 0;

@@ -138,4 +138,30 @@ size_t hg_dequant_avx2(const uint8_t *in, size_t len, int shift, float *y);
 uint32_t hg_scan_avx512(const float *xb, uint32_t len16, uint16_t *pos,
 			float *val, uint8_t *bm, uint32_t *amax);
 
+/*
+ * hg_quantize and hg_nc_encode of the elements x[0..n-1] that sit at
+ * first.. in the whole tensor (first a multiple of p->block): the random
+ * streams are indexed by the element's position in the whole tensor, so a
+ * tensor encoded block group by block group (the client's pipelined
+ * phases) gives the bytes of the encoding in one piece.
+ */
+int hg_quantize_at(const struct hg_params *p, uint64_t first, const float *x,
+		   size_t n, const int8_t *gcodes, uint32_t qflags,
+		   uint8_t *out_be32);
+int hg_nc_encode_at(const struct hg_params *p, uint64_t first, const float *x,
+		    size_t n, const int8_t *gcodes, uint8_t *codes);
+
+/*
+ * The same for lhc and union: hg_lhc_create of the n elements at first..
+ * of the whole tensor (their codes and counts), whose hashes (Bloom,
+ * sketch, rounding) use the whole tensor's element index; and a scan of
+ * its blocks: view describes blocks b0 .. b0 + nb - 1 (n elements) of s,
+ * without copying (it points into s, which must outlive it).
+ */
+struct hg_lhc *hg_lhc_create_at(const struct hg_params *p, uint64_t first,
+				size_t n, const int8_t *gcodes,
+				const uint8_t *gcounts_be32);
+void hg_scan_view(const struct hg_scan *s, size_t b0, size_t nb, size_t n,
+		  struct hg_scan *view);
+
 #endif /* HOMAGG_CODEC_PVT_H */

@@ -46,6 +46,20 @@ size_t hg_scan_nonzeros(const struct hg_scan *s)
 	return s->off[s->nb];
 }
 
+void hg_scan_view(const struct hg_scan *s, size_t b0, size_t nb, size_t n,
+		  struct hg_scan *view)
+{
+	*view = *s;
+	view->n = n;
+	view->nb = nb;
+	/* off[] indexes pos[] / val[] of the whole scan: the view's blocks
+	 * keep their entries there */
+	view->off = s->off + b0;
+	view->absmax = s->absmax + b0;
+	view->bitmap = s->bitmap + b0 * (s->block / 8);
+	view->cap = view->nb_cap = view->bm_cap = 0; /* it owns nothing */
+}
+
 /* pos and val share one capacity. */
 static int reserve_nz(struct hg_scan *s, size_t need)
 {

@@ -115,7 +115,7 @@ int hg_union_encode(const struct hg_lhc *l, const struct hg_scan *s,
 				s->val + o, scale, out);
 		else if (sto)
 			used = merge_sr(cand, bk->ncand, s->pos + o, s->val + o,
-					nz, scale, rkey, b * l->p.block, out);
+					nz, scale, rkey, l->first + b * l->p.block, out);
 		else
 			used = merge_rne(cand, bk->ncand, s->pos + o,
 					 s->val + o, nz, scale, out);

@@ -93,10 +93,26 @@ static inline uint16_t hg_csum_fold(uint64_t sum)
 	return (uint16_t)sum;
 }
 
+/* Partial sum of an IPv4 header: a header without options (20 bytes, what
+ * every sender here writes) in three loads, else the word loop. */
+static inline uint64_t hg_ip_hdr_sum(const uint8_t *ip, size_t ihl)
+{
+	uint64_t a, b;
+	uint32_t c;
+
+	if (ihl != 20)
+		return hg_csum_add(0, ip, ihl);
+	memcpy(&a, ip, 8);
+	memcpy(&b, ip + 8, 8);
+	memcpy(&c, ip + 16, 4);
+	/* 64-bit halves as 32-bit words: no carry is lost */
+	return (a & 0xffffffffu) + (a >> 32) + (b & 0xffffffffu) + (b >> 32) + c;
+}
+
 /* IPv4 header checksum of hdr (ihl_bytes long), checksum field included. */
 static inline uint16_t hg_ip_csum(const uint8_t *hdr, size_t ihl_bytes)
 {
-	return (uint16_t)~hg_csum_fold(hg_csum_add(0, hdr, ihl_bytes));
+	return (uint16_t)~hg_csum_fold(hg_ip_hdr_sum(hdr, ihl_bytes));
 }
 
 /*
@@ -200,7 +216,7 @@ static inline int hg_wire_parse_inl(const uint8_t *f, size_t len,
 	frag = hg_rd16(ip + 6);
 	if (frag & 0x3fff)              /* MF set or a fragment offset */
 		return HG_CNT_NOT_IP;
-	if (hg_csum_fold(hg_csum_add(0, ip, ihl)) != 0xffff)
+	if (hg_csum_fold(hg_ip_hdr_sum(ip, ihl)) != 0xffff)
 		return HG_CNT_BAD_CSUM;
 	if (ip[9] != 17)
 		return HG_CNT_NOT_UDP;

@@ -2,7 +2,8 @@
 
     homagg down -i testbed.toml
 
-On every host: stops the processes named by the PID files in
+On every aggregator host it first removes the job `homagg up` registered
+(its job file names it); then on every host it stops the processes named by the PID files in
 INSTALL_DIR/run/ (SIGTERM to the process group, SIGKILL after 10 s; a PID
 whose start time differs is left alone) and removes INSTALL_DIR/run/.
 """

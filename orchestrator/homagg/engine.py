@@ -176,15 +176,28 @@ class Engine:
             self._e = None
 
     def add_job(self, job, token, workers, slots, payload_bytes=1024, group=0,
-                shard=0, incarnation=0, auth=None):
+                shard=0, incarnation=0, auth=None, parent=None):
         """Add a job; ``shard`` is this aggregator's index among the job's,
         ``incarnation`` the job's in replies (0: from the clock), ``auth``
         the job secret (32 bytes) of an authenticated job (None: off).
+        ``parent``: this engine is a tree leaf below that root
+        (docs/PROTOCOL.md "Tree"), an ``Addr`` or a dict with ``addr`` (an
+        Addr), ``worker`` (the leaf's id at the root) and optionally
+        ``shard``, ``group``, ``rto`` and ``give_up`` (seconds).
         Returns the incarnation the job got."""
+        up = {}
+        if parent is not None:
+            p = parent if isinstance(parent, dict) else {"addr": parent}
+            a = p["addr"]
+            up = dict(up=1, up_mac=list(a.mac), up_ipv4=a.ipv4, up_port=a.port,
+                      up_worker=int(p.get("worker", 0)), up_shard=int(p.get("shard", 0)),
+                      up_group=parse_ipv4(p.get("group") or 0, "parent group"),
+                      up_rto_ns=int(p.get("rto", 0) * 1e9),
+                      up_give_up_ns=int(p.get("give_up", 0) * 1e9))
         _e.engine_add_job(self._e, secret=auth, job=job, token=token, workers=workers,
                           slots=slots, payload_bytes=payload_bytes,
                           group_ipv4=parse_ipv4(group, "group"), shard=shard,
-                          incarnation=incarnation)
+                          incarnation=incarnation, **up)
         return self.job_config(job)["incarnation"]
 
     def job_config(self, job):
@@ -201,6 +214,15 @@ class Engine:
     def poll(self):
         """One rx burst: the number of frames received."""
         return _e.engine_poll(self._e)
+
+    def timers(self):
+        """Tree leaves: resend the partial sums whose timer is due; how many."""
+        return _e.engine_timers(self._e)
+
+    @property
+    def next_deadline(self):
+        """When the next upward timer is due (port clock, ns); None: none."""
+        return _e.engine_next_deadline(self._e)
 
     def poll_all(self, limit=1_000_000):
         """Poll until the port has nothing; the total received."""

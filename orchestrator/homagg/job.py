@@ -17,6 +17,7 @@ use this module; neither imports the other.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -27,6 +28,7 @@ import time
 import numpy as np
 
 from homagg import protocol
+from homagg.protocol import PIPELINE_GROUPS
 from homagg._native import lib
 from homagg.bench import workloads
 from homagg.errors import HomAggError
@@ -121,7 +123,8 @@ def open_worker(spec: dict):
                   group=spec["group"], bind=(spec["ip"], 0), timeout=spec["timeout"],
                   slots=spec["slots"], payload=spec["payload"], rto=spec["rto"],
                   mtu=spec.get("mtu"), auth_file=spec.get("auth_file"),
-                  leaf_ids=spec.get("leaf_ids"))
+                  leaf_ids=spec.get("leaf_ids"),
+                  pipeline_groups=spec.get("pipeline_groups", PIPELINE_GROUPS))
 
 
 def _numeric_delta(before: dict, after: dict) -> dict:
@@ -192,21 +195,22 @@ def check_arguments(method: str, elements: int, density: float) -> None:
 def worker_spec(*, job, token, worker, workers, agg_ip, group, ip, timeout, slots, payload, rto,
                 method, block, elements, density, workload, seed, out, mtu=None,
                 aggregators=None, auth_file=None, leaf_ids=None,
-                gradient_file=None) -> dict:
+                pipeline_groups=PIPELINE_GROUPS, gradient_file=None) -> dict:
     """The JSON spec of one worker process (``python -m homagg.job --child SPEC``);
     ``mtu`` None: the worker asks the kernel for its path's MTU; ``aggregators``:
     the job's K aggregator addresses in shard order (default: agg_ip alone);
     ``auth_file``: the path of the job secret's file (never the secret);
-    ``leaf_ids``: (i, n) below a tree leaf (homagg.worker.Worker);
-    ``gradient_file``: this worker's gradient from save_gradients() (default:
-    the worker generates it from the seed)."""
+    ``leaf_ids``: (i, n) below a tree leaf; ``pipeline_groups``: the job's
+    block groups (homagg.worker.Worker); ``gradient_file``: this worker's
+    gradient from save_gradients() (default: the worker generates it from
+    the seed)."""
     return dict(job=job, token=token, worker=worker, workers=workers, agg_ip=agg_ip,
                 udp_port=UDP_PORT, group=group, ip=ip, timeout=timeout, slots=slots,
                 payload=payload, rto=rto, method=method, block=block, elements=elements,
                 density=density, workload=workload, seed=seed, out=out, mtu=mtu,
                 aggregators=[list(a) for a in (aggregators or [(agg_ip, UDP_PORT)])],
                 auth_file=auth_file, leaf_ids=list(leaf_ids) if leaf_ids else None,
-                gradient_file=gradient_file)
+                pipeline_groups=pipeline_groups, gradient_file=gradient_file)
 
 
 def tree_leaf(worker: int, workers: int, leaves: int) -> tuple[int, int, int]:
@@ -250,7 +254,8 @@ def verify(method: str, elements: int, density: float, workload: str, seed: int,
            results: list[np.ndarray], expect: dict | None = None) -> dict:
     """Compare every worker's result bit for bit with the reference built
     from the seed (or with ``expect``, expected() of the same job): the
-    exactness part of the report."""
+    exactness part of the report ("result_sha256": of worker 0's result
+    bytes, to compare runs)."""
     W = len(results)
     job = (elements, float(density), workload, seed, block, W)
     if expect is None:
@@ -265,7 +270,8 @@ def verify(method: str, elements: int, density: float, workload: str, seed: int,
     fsum = expect["float64_sum"]
     err = float(np.max(np.abs(results[0].astype(np.float64) - fsum))) if elements else 0.0
     return {"exact": exact, "exact_per_worker": exact_each, "workers_agree": agree,
-            "max_abs_error_vs_float64_sum": err}
+            "max_abs_error_vs_float64_sum": err,
+            "result_sha256": hashlib.sha256(results[0].tobytes()).hexdigest() if results else None}
 
 
 def counter_deltas(before: dict, after: dict) -> tuple[dict, dict]:

@@ -10,7 +10,10 @@ place that defines them; no other module keeps its own list.
 - ``METHODS``: method names in wire-code order; ``METHOD``: name ->
   :class:`Method` (its steps, each a tuple of phase names, and its flags).
 - ``EXACT_METHODS``: methods whose result is bit-exact (auto included);
-  ``AUTO_CANDIDATES``: the methods auto chooses from.
+  ``AUTO_CANDIDATES``: the methods auto chooses from; ``PIPELINED_METHODS``:
+  those whose block groups go through the steps independently.
+- ``PIPELINE_GROUPS``: the default of the job option ``pipeline_groups``
+  (docs/PROTOCOL.md "Pipelined block groups"); :func:`check_pipeline_groups`.
 
 Example::
 
@@ -56,6 +59,7 @@ class Method:
     chooses: bool
     steps: tuple
     doc: str
+    pipelined: bool = False  # block groups go through its steps independently
 
     @property
     def phases(self):
@@ -77,7 +81,8 @@ def _method(r):
                   for mask in r["steps"])
     f = r["flags"]
     return Method(r["name"], r["code"], bool(f & _b.MF_EXACT), bool(f & _b.MF_SKIP_ZERO),
-                  bool(f & _b.MF_CANDIDATE), bool(f & _b.MF_CHOOSES), steps, r["doc"])
+                  bool(f & _b.MF_CANDIDATE), bool(f & _b.MF_CHOOSES), steps, r["doc"],
+                  bool(f & _b.MF_GROUPS))
 
 
 METHOD = {r["name"]: _method(r) for r in _b.method_table()}
@@ -85,6 +90,25 @@ METHODS = tuple(sorted(METHOD, key=lambda n: METHOD[n].code))
 METHOD_BY_CODE = {m.code: m for m in METHOD.values()}
 EXACT_METHODS = tuple(m for m in METHODS if METHOD[m].exact)
 AUTO_CANDIDATES = tuple(m for m in METHODS if METHOD[m].auto_candidate)
+PIPELINED_METHODS = tuple(m for m in METHODS if METHOD[m].pipelined)
+
+# Block groups of a job's pipelined methods: 0 = automatic (8 groups, each
+# at least four windows of dense value chunks), 1 = not pipelined, N = N
+# groups.
+PIPELINE_GROUPS = 1
+
+
+def check_pipeline_groups(value):
+    """pipeline_groups as an int, or InvalidArgument naming the field."""
+    try:
+        v = int(value)
+    except (TypeError, ValueError):
+        v = -1
+    if isinstance(value, bool) or v != value or not 0 <= v <= 2**32 - 1:
+        raise InvalidArgument(f"pipeline_groups must be an integer >= 0 (0 automatic, 1 not "
+                              f"pipelined, N block groups), got {value!r}",
+                              errno.EINVAL)
+    return v
 
 
 def method(name):

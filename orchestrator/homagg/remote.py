@@ -16,8 +16,13 @@ vdev's interface must exist), on each worker its data-plane address on its
 kernel interface.  Any failure stops the command with one error naming every
 failing host and the fix.
 
+``up`` then registers one job for every worker host on the daemons and
+writes its job file (homagg.job_file) on every host as
+INSTALL_DIR/run/job.json: a torchrun user points HOMAGG_JOB_FILE at it on
+the worker hosts.  ``down`` removes that job before it stops the daemons.
+
 Run state lives on each host in INSTALL_DIR/run/: ``switch.pid``,
-``switch.log``, ``control.sock`` (aggregator) and one PID file per worker
+``switch.log``, ``control.sock`` (aggregator), ``job.json`` and one PID file per worker
 process while a run is in progress.  A PID file holds "PID STARTTIME" (from
 /proc/PID/stat), so a PID reused by another process is never signalled.
 ``down`` stops the processes its PID files name (SIGTERM to the process
@@ -51,12 +56,13 @@ import numpy as np
 
 from homagg import inventory as inv
 from homagg import job as localrun
-from homagg import ssh
+from homagg import job_file, ssh
 from homagg.errors import HomAggError
 
 log = logging.getLogger("homagg.remote")
 
 SOCKET_PATH_MAX = 107  # sun_path minus the terminating NUL
+UP_JOB_GROUP = "239.77.0.3"  # the results' multicast group of the job `up` registers
 
 # Shell functions sent ahead of the process commands (POSIX sh).  Field 22 of
 # /proc/PID/stat (the 20th after the ") " closing the command name) is the
@@ -107,6 +113,11 @@ def switch_pidfile(h: inv.HostSpec) -> str:
 
 def switch_log(h: inv.HostSpec) -> str:
     return f"{rundir(h)}/switch.log"
+
+
+def job_file_path(h: inv.HostSpec) -> str:
+    """The job file `up` writes on every host (HOMAGG_JOB_FILE on a worker)."""
+    return f"{rundir(h)}/job.json"
 
 
 def stop_started(started, run_id, warn):
@@ -217,6 +228,17 @@ class Host(ssh.Session):
         r = self.sh(f'for f in {d}/*.pid; do [ -e "$f" ] && hg_stop "$f"; done; rm -rf {d}; true')
         return [ln for ln in r.stdout.splitlines() if ln.strip()]
 
+    def put_job_file(self, path: str, fields: dict) -> None:
+        """Write a job file (homagg.job_file) on this host, readable by root only."""
+        d = shlex.quote(os.path.dirname(path))
+        self.run(f"mkdir -p {d} && (umask 077 && printf %s {shlex.quote(json.dumps(fields))} "
+                 f"> {shlex.quote(path)})")
+
+    def job_file_fields(self) -> dict | None:
+        """The job file `up` left on this host (None when there is none)."""
+        r = self.run(f"cat {shlex.quote(job_file_path(self.h))}", check=False)
+        return json.loads(r.stdout) if r.exited == 0 and r.stdout.strip() else None
+
     def control(self, request: dict, wait: float = 0.0, pid: int = 0) -> dict:
         """One request to the daemon's control socket (python -m homagg.control on this host)."""
         cmd = (f"{shlex.quote(self.python)} -m homagg.control --wait {wait:g} --pid {pid} "
@@ -295,11 +317,15 @@ def _up_one(agg: Host, inventory: inv.Inventory, no_udp_csum: bool, ready_timeou
 
 
 def up(inventory: inv.Inventory, switch: str | None = None, no_udp_csum: bool = False,
-       ready_timeout: float = 30.0, out=None) -> dict:
+       ready_timeout: float = 30.0, out=None, **job_options) -> dict:
     """Start homagg-switch on every aggregator (in parallel) and wait until
-    each control socket answers; returns the first one's {"host", "pid",
-    "control", "log", "argv"} with "aggregators": the list of all of them.
-    One failing host does not hide the others: RemoteError names each."""
+    each control socket answers, then register one job for every worker
+    host spread over them and write its job file on every host
+    (job_file_path; ``job_options``: slots, payload, timeout, group);
+    returns the first daemon's {"host", "pid", "control", "log", "argv"}
+    with "aggregators": the list of all of them and "job": the job file's
+    fields.  One failing host does not hide the others: RemoteError names
+    each."""
     out = out or sys.stdout
     hosts = open_hosts(inventory, out, switch)
     try:
@@ -317,10 +343,32 @@ def up(inventory: inv.Inventory, switch: str | None = None, no_udp_csum: bool = 
             raise RemoteError("homagg-switch did not start on every aggregator: " +
                               "; ".join(str(e) for e in bad.values()))
         infos = [res[a.h.name] for a in aggs]
-        return {**infos[0], "aggregators": infos}
+        job = _up_job(hosts, inventory, out, **job_options)
+        return {**infos[0], "aggregators": infos, "job": job}
     finally:
         for r in hosts:
             r.close()
+
+
+def _up_job(hosts: list[Host], inventory: inv.Inventory, out, slots: int = 64,
+            payload: int = 1024, timeout: float = 10.0, group: str = UP_JOB_GROUP) -> dict:
+    """The job of `up`: every worker host, spread over every aggregator, and
+    its job file on every host (a worker's names its own bind address)."""
+    aggs = _aggregators(hosts)
+    workers = [r for r in hosts if r.h.role == "worker"]
+    localrun.check_payload(payload, min(h.mtu for h in inventory.hosts),
+                           f"inventory {inventory.path}")
+    fields = job_file.register([a.control for a in aggs],
+                               [(a.h.address, localrun.UDP_PORT) for a in aggs],
+                               workers=len(workers), slots=slots, payload=payload, group=group,
+                               timeout=timeout)
+    ssh.parallel(lambda r: r.put_job_file(job_file_path(r.h), dict(
+        fields, **({"bind": r.h.address} if r.h.role == "worker" else {}))),
+        hosts, inventory.settings.parallel)
+    print(f"job {fields['job']} for {len(workers)} workers on {fields['aggregator']}; job file "
+          f"on every host: {job_file_path(workers[0].h) if workers else '-'} "
+          "(HOMAGG_JOB_FILE for torchrun)", file=out)
+    return fields
 
 
 def down(inventory: inv.Inventory, out=None) -> dict[str, list[str]]:
@@ -334,7 +382,15 @@ def down(inventory: inv.Inventory, out=None) -> dict[str, list[str]]:
     def one(r):
         try:
             r.preflight()
-            return r.stop_all()
+            done = []
+            job = r.job_file_fields() if r.h.role == "aggregator" else None
+            if job and r.alive(switch_pidfile(r.h)):
+                try:  # the job `up` registered, then the daemon
+                    r.control({"cmd": "remove_job", "job": job["job"]})
+                    done.append(f"removed job {job['job']}")
+                except RemoteError as e:
+                    done.append(f"job {job['job']} not removed: {e}")
+            return done + r.stop_all()
         except ssh.StepFailed as e:
             return e
         except Exception as e:  # SSH dropped
@@ -390,7 +446,7 @@ def run_allreduce(inventory: inv.Inventory, method: str, elements: int, density:
                   workload: str = "random", seed: int = 1, block: int = localrun.DEFAULT_BLOCK,
                   slots: int = 64, payload: int = 1024, timeout: float = 10.0, rto: float = 0.005,
                   group: str = "239.77.0.1", runs_dir: str = "runs", start_timeout: float = 120.0,
-                  out=None) -> dict:
+                  out=None, pipeline_groups: int = localrun.PIPELINE_GROUPS) -> dict:
     """One allreduce on the inventory's hosts with the daemon `up` started;
     returns the report (the same fields as homagg.run.run_allreduce, plus
     "run_dir").  Worker processes are stopped before it returns."""
@@ -416,13 +472,11 @@ def run_allreduce(inventory: inv.Inventory, method: str, elements: int, density:
             raise RemoteError("homagg-switch is not running on " +
                               ", ".join(f"host '{n}'" for n in down_aggs) +
                               f": start it with `homagg up -i {inventory.path}`")
-        before = []
-        for k, a in enumerate(aggs):  # aggregator k of the job: its shard k
-            a.control({"cmd": "add_job", "job": job, "token": token, "workers": W, "slots": slots,
-                       "payload": payload, "group": group, "shard": k})
-            registered.append(a)
-            before.append(a.control({"cmd": "stats"}))
         agg_addrs = [(a.h.address, localrun.UDP_PORT) for a in aggs]
+        job_file.register([a.control for a in aggs], agg_addrs, workers=W, slots=slots,
+                          payload=payload, group=group, timeout=timeout, job=job, token=token)
+        registered = aggs
+        before = [a.control({"cmd": "stats"}) for a in aggs]
         paths, pids = [], []
         for i, r in enumerate(workers):
             d = f"{rundir(r.h)}/{run_id}"
@@ -433,7 +487,8 @@ def run_allreduce(inventory: inv.Inventory, method: str, elements: int, density:
                 job=job, token=token, worker=i, workers=W, agg_ip=agg.h.address, group=group,
                 ip=r.h.address, timeout=timeout, slots=slots, payload=payload, rto=rto,
                 method=method, block=block, elements=elements, density=density,
-                workload=workload, seed=seed, out=p["out"], aggregators=agg_addrs, mtu=r.h.mtu)
+                workload=workload, seed=seed, out=p["out"], aggregators=agg_addrs, mtu=r.h.mtu,
+                pipeline_groups=pipeline_groups)
             spec.update(ready_file=p["ready"], go_file=p["go"], report=p["report"],
                         start_timeout=start_timeout)
             pids.append(r.start(p["pid"], p["log"],
@@ -490,7 +545,7 @@ def run_allreduce(inventory: inv.Inventory, method: str, elements: int, density:
         rep = {
             "method": method, "workers": W, "elements": elements, "density": density,
             "workload": workload, "seed": seed, "block": block, "payload_bytes": payload,
-            "mtu": min(h.mtu for h in inventory.hosts),
+            "pipeline_groups": pipeline_groups, "mtu": min(h.mtu for h in inventory.hosts),
             "pmd": agg.h.vdev or f"pci {agg.h.pci} ({agg.h.driver})", "link_mbit": None,
             "seconds": max(x["seconds"] for x in reports), "wall_seconds": wall, **check,
             "bytes_per_worker": [link1[n]["tx_bytes"] - link0[n]["tx_bytes"] for n in names],
@@ -508,10 +563,10 @@ def run_allreduce(inventory: inv.Inventory, method: str, elements: int, density:
     finally:
         stop_started(started, run_id, lambda r, e: log.warning("host '%s': cleanup failed: %s",
                                                                r.h.name, e))
+        job_file.unregister([a.control for a in registered], job, warn=lambda k, e: log.warning(
+            "host '%s': %s", registered[k].h.name, e))
         for k, a in enumerate(aggs):
             try:
-                if a in registered:
-                    a.control({"cmd": "remove_job", "job": job})
                 a.conn.get(switch_log(a.h), os.path.join(
                     folder, "switch.log" if k == 0 else f"switch-{a.h.name}.log"))
             except Exception as e:  # noqa: BLE001 - report, keep cleaning the others
@@ -547,12 +602,14 @@ def add_up_arguments(p) -> None:
                    help="the daemon neither checks nor fills UDP checksums (workers on veth)")
     p.add_argument("--ready-timeout", type=float, default=30.0, metavar="S",
                    help="seconds to wait for the control socket (default: %(default)s)")
+    job_file.add_job_arguments(p)
 
 
 def up_main(args) -> int:
     try:
         up(inv.load(args.inventory), switch=args.switch, no_udp_csum=args.no_udp_csum,
-           ready_timeout=args.ready_timeout)
+           ready_timeout=args.ready_timeout, slots=args.slots, payload=args.payload_bytes,
+           timeout=args.timeout)
     except HomAggError as e:
         print(f"homagg up: {e}", file=sys.stderr)
         return 1
@@ -574,7 +631,8 @@ def run_main(args) -> int:
         rep = run_allreduce(inv.load(args.inventory), args.method, args.elements, args.density,
                             workload=args.workload, seed=args.seed, block=args.block,
                             slots=args.slots, payload=args.payload_bytes, timeout=args.timeout,
-                            rto=args.rto, runs_dir=args.runs_dir)
+                            rto=args.rto, runs_dir=args.runs_dir,
+                            pipeline_groups=args.pipeline_groups)
     except HomAggError as e:
         print(f"homagg run allreduce: {e}", file=sys.stderr)
         return 1

@@ -5,8 +5,9 @@
     homagg down -i testbed.toml
 
 The same run as ``homagg train --testbed`` (homagg.train), over SSH
-(homagg.remote's hosts, preflight and process handling): the job is
-registered on the daemon ``homagg up`` started, its job file written on
+(homagg.remote's hosts, preflight and process handling): a job of its own
+is registered on the daemons ``homagg up`` started (spread over every
+aggregator host, homagg.job_file), its job file written on
 every worker host, one rank started per worker host (``python -m
 homagg.train --child SPEC`` in the host's venv, in the background with a
 PID file; Gloo rendezvous at the first worker's data-plane address), and
@@ -24,7 +25,7 @@ import shlex
 import sys
 
 from homagg import inventory as inv
-from homagg import remote, ssh
+from homagg import job_file, remote, ssh
 from homagg import train as trainmod
 from homagg.job import UDP_PORT
 
@@ -59,35 +60,32 @@ def run_train(inventory_path: str, model: str = "ncf", method: str = "auto", ste
         if not 1 <= ranks <= len(workers):
             raise trainmod.TrainError(f"--ranks {ranks}: the inventory has {len(workers)} workers")
         workers = workers[:ranks]
-    agg = remote._aggregators(hosts)[0]  # training: the first aggregator
+    aggs = remote._aggregators(hosts)  # the job is spread over every aggregator
     W = len(workers)
     phases = trainmod._phases(method, baseline)
     folder = remote._run_folder(runs_dir, f"train-{method}")
     run_id = os.path.basename(folder)
-    job = 1 + secrets.randbelow(1 << 15)
-    started, registered = [], False
+    started, job = [], None
     try:
         env = {"OMP_NUM_THREADS": "1"}
         if method != "gloo":
-            if not agg.alive(remote.switch_pidfile(agg.h)):
-                raise remote.RemoteError(f"host '{agg.h.name}': homagg-switch is not running: "
-                                         f"start it with `homagg up -i {inventory.path}`")
-            token = secrets.randbits(31)
-            agg.control({"cmd": "add_job", "job": job, "token": token, "workers": W,
-                         "slots": slots, "payload": payload, "group": group})
-            registered = True
+            down = [a.h.name for a in aggs if not a.alive(remote.switch_pidfile(a.h))]
+            if down:
+                raise remote.RemoteError(
+                    "homagg-switch is not running on " + ", ".join(f"host '{n}'" for n in down)
+                    + f": start it with `homagg up -i {inventory.path}`")
+            job = job_file.register([a.control for a in aggs],
+                                    [(a.h.address, UDP_PORT) for a in aggs], workers=W,
+                                    slots=slots, payload=payload, group=group, timeout=timeout)
         init = f"tcp://{workers[0].h.address}:{trainmod.GLOO_PORT + secrets.randbelow(2000)}"
         dirs, pids = [], []
         for r, host in enumerate(workers):
             d = f"{remote.rundir(host.h)}/{run_id}"
             host.run(f"mkdir -p {shlex.quote(d)}")
             renv = dict(env, HOMAGG_BIND=host.h.address, GLOO_SOCKET_IFNAME=host.h.iface)
-            if method != "gloo":
-                job_file = {"aggregator": f"{agg.h.address}:{UDP_PORT}",
-                            "job": job, "token": token, "group": group, "timeout": timeout,
-                            "slots": slots, "payload": payload}
+            if job is not None:
                 path = f"{d}/job.json"
-                host.run(f"printf %s {shlex.quote(json.dumps(job_file))} > {shlex.quote(path)}")
+                host.put_job_file(path, job)
                 renv["HOMAGG_JOB_FILE"] = path
             spec = trainmod.rank_spec(rank=r, world=W, init=init, model=model, seed=seed, lr=lr,
                                       steps=steps, warmup=warmup, bucket_mb=bucket_mb,
@@ -129,7 +127,8 @@ def run_train(inventory_path: str, model: str = "ncf", method: str = "auto", ste
         rep = trainmod.summarize(method, reports, folder, dict(
             model=model, steps=steps, warmup=warmup, lr=lr, seed=seed, bucket_mb=bucket_mb,
             sparsify=sparsify))
-        rep.update({"inventory": inventory.path, "aggregator": agg.h.name,
+        rep.update({"inventory": inventory.path, "aggregator": aggs[0].h.name,
+                    "aggregators": [a.h.name for a in aggs],
                     "worker_hosts": [w.h.name for w in workers], "rank_pids": pids,
                     "run_dir": folder, "link_mbit": None})
         if out_dir:
@@ -141,10 +140,8 @@ def run_train(inventory_path: str, model: str = "ncf", method: str = "auto", ste
     finally:
         remote.stop_started(started, run_id, lambda host, e: print(
             f"host '{host.h.name}': cleanup failed: {e}", file=out))
-        if registered:
-            try:
-                agg.control({"cmd": "remove_job", "job": job})
-            except Exception as e:  # noqa: BLE001
-                print(f"host '{agg.h.name}': {e}", file=out)
+        if job is not None:
+            job_file.unregister([a.control for a in aggs], job["job"], warn=lambda k, e: print(
+                f"host '{aggs[k].h.name}': {e}", file=out))
         for host in hosts:
             host.close()

@@ -31,6 +31,10 @@ by homagg.bench.workloads, the generator the benchmarks' Gloo baseline uses:
 then runs on net_af_packet with frames of the MTU, since af_xdp's 4 KB umem
 frames cannot hold a jumbo frame).
 
+--pipeline-groups sets the job's block groups of every method but auto (0
+automatic, 1 not pipelined, N groups; docs/PROTOCOL.md "Pipelined block
+groups"); the report carries it, and each worker's stats the groups used.
+
 Each worker also reports the CPU time of its process over its allreduce
 (time.process_time), returned as "worker_cpu_seconds"; the daemon's CPU time
 (utime + stime of /proc/PID/stat, all its threads) from "go" until every
@@ -53,8 +57,9 @@ import time
 import numpy as np
 
 from homagg import auth as hg_auth
-from homagg import log
+from homagg import job_file, log
 from homagg.errors import HomAggError
+from homagg.protocol import PIPELINE_GROUPS, check_pipeline_groups
 from homagg.job import (DEFAULT_BLOCK, METHODS, UDP_PORT, WORKLOADS, RunError, check_arguments,
                         check_payload, collect_reports, counter_deltas, print_report, sum_dicts,
                         tree_leaf, vdev_for_mtu, verify, worker_spec)
@@ -103,13 +108,35 @@ def process_cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def eal_lcores(engines: int) -> list[str]:
+    """EAL arguments for homagg-switch with ``engines`` engine lcores: one
+    lcore, or with N > 1 a dispatcher and N engines (lcore i on CPU i mod
+    the CPUs this process may use, so N + 1 lcores fit any machine)."""
+    if engines <= 1:
+        return list(EAL_BASE)
+    cpus = sorted(os.sched_getaffinity(0))
+    rest = EAL_BASE[2:]  # EAL_BASE without its "-l 0"
+    return ["--lcores", ",".join(f"{i}@{cpus[i % len(cpus)]}" for i in range(engines + 1)),
+            *rest]
+
+
 class Switch:
     """homagg-switch in one aggregator namespace of the testbed (``host``:
-    "agg", "agg1", ...)."""
+    "agg", "agg1", ...).  When the testbed already runs one there (started
+    by ``homagg testbed up``, recorded in its state file under "daemons"),
+    that one is used: ``stop`` leaves it running (``homagg testbed down``
+    stops it) and the options that need a daemon of one's own are refused."""
 
     def __init__(self, tb: Testbed, workdir: str, pmd: str = "auto", switch: str | None = None,
                  ready_timeout: float = 30.0, drop_rate: float = 0.0,
-                 idle_us: int = IDLE_US, idle_polls: int = IDLE_POLLS, host: str = "agg"):
+                 idle_us: int = IDLE_US, idle_polls: int = IDLE_POLLS, host: str = "agg",
+                 lcores: int = 1):
+        self.pid = None
+        self.shared = False
+        running = tb.state().get("daemons", {}).get(host)
+        if running:
+            self._attach(tb, host, running, pmd, drop_rate, lcores)
+            return
         mtu = int(tb.state().get("mtu") or 1500)
         kinds = ("af_xdp", "af_packet") if pmd == "auto" else (pmd,)
         if mtu > 1500:
@@ -118,11 +145,20 @@ class Switch:
                 raise RunError(f"--pmd af_xdp cannot receive frames of the testbed's MTU {mtu} "
                                "(4 KB umem frames): use --pmd af_packet or auto")
             kinds = ("af_packet",)
+        if lcores > 1:
+            # measured: with a dispatcher and 2 engine lcores on af_xdp the
+            # port stops receiving after ~6800 frames (4 workers, dense
+            # 2^20; ethdev ipackets stays put, no alloc_fail, no
+            # dispatch_full); af_packet runs the same job exactly
+            if pmd == "af_xdp":
+                raise RunError("--pmd af_xdp stops receiving with several engine lcores "
+                               "(--switch-lcores > 1): use --pmd af_packet or auto")
+            kinds = ("af_packet",)
         self.tb = tb
         self.workdir = workdir
         self.host = host
         tag = "" if host == "agg" else f"-{host}"
-        self.control = os.path.join(workdir, f"control{tag}.sock")
+        self.control_path = os.path.join(workdir, f"control{tag}.sock")
         self.proc = None
         self.pmd = None
         self.log = ""
@@ -136,13 +172,15 @@ class Switch:
             prefix = "hg" + secrets.token_hex(5)
             runtime = os.path.join(workdir, f"rt{tag}-{kind}")
             os.makedirs(runtime, exist_ok=True)
-            argv = [binary, *EAL_BASE, "--file-prefix", prefix, "--vdev", vdev, "--",
-                    "--port-ip", agg.ip, "--udp-port", str(UDP_PORT), "--control", self.control,
+            argv = [binary, *eal_lcores(lcores), "--file-prefix", prefix, "--vdev", vdev, "--",
+                    "--port-ip", agg.ip, "--udp-port", str(UDP_PORT), "--control", self.control_path,
                     "--mtu", str(mtu),
                     # veth leaves UDP checksums to an offload that never runs
                     "--no-udp-csum",
                     # the testbed's cores are shared with the workers: sleep when idle
                     "--idle-us", str(int(idle_us)), "--idle-polls", str(int(idle_polls))]
+            if lcores > 1:
+                argv += ["--lcores", str(lcores)]
             if drop_rate:
                 # the kernel has no netem: the daemon's port drops this
                 # fraction of what it receives (seeded)
@@ -152,14 +190,44 @@ class Switch:
                 proc = tb.run_in(host, argv, stdout=logf, stderr=subprocess.STDOUT, env=env,
                                  cwd=workdir)
             if self._wait_ready(proc, ready_timeout):
-                self.proc, self.pmd = proc, kind
+                self.proc, self.pmd, self.pid = proc, kind, proc.pid
                 self.logpath = logpath
                 return
             proc.stop()
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.control)
+                os.unlink(self.control_path)
             tried.append(f"{vdev}: " + pathlib.Path(logpath).read_text(errors="replace")[-800:])
         raise RunError(f"homagg-switch did not start on {host}:\n" + "\n".join(tried))
+
+    def _attach(self, tb: Testbed, host: str, rec: dict, pmd: str, drop_rate: float,
+                lcores: int) -> None:
+        """Use the daemon ``homagg testbed up`` started on ``host`` (``rec``:
+        its record in the state file)."""
+        where = f"testbed {tb.name} runs homagg-switch on {host} (pid {rec['pid']}, " \
+                "started by `homagg testbed up`)"
+        if drop_rate or lcores > 1:
+            raise RunError(f"{where}: a drop rate or several engine lcores need a daemon of "
+                           "its own; build the testbed with `homagg testbed up --no-daemon`")
+        if pmd not in ("auto", rec["pmd"]):
+            raise RunError(f"{where} on {rec['pmd']}, not {pmd}: use --pmd auto or build the "
+                           "testbed with `homagg testbed up --no-daemon`")
+        if process_cpu_seconds(rec["pid"]) is None:
+            raise RunError(f"{where}, but it has exited (its log: {rec['log']}): "
+                           f"`homagg testbed down --name {tb.name}` and up again")
+        self.tb, self.host, self.workdir = tb, host, os.path.dirname(rec["control"])
+        self.control_path, self.pmd, self.pid = rec["control"], rec["pmd"], rec["pid"]
+        self.ip, self.logpath, self.log = rec["ip"], rec["log"], ""
+        self.proc, self.shared = None, True
+
+    def record(self) -> dict:
+        """What ``homagg testbed up`` keeps of a daemon it leaves running."""
+        return {"pid": self.pid, "control": self.control_path, "pmd": self.pmd,
+                "ip": self.ip, "log": self.logpath}
+
+    @property
+    def running(self) -> bool:
+        """False once ``stop`` stopped a daemon of one's own."""
+        return self.proc is not None or self.shared
 
     def _wait_ready(self, proc, timeout) -> bool:
         from homagg.control import ControlClient
@@ -168,9 +236,9 @@ class Switch:
         while time.monotonic() < deadline:
             if proc.poll() is not None:
                 return False
-            if os.path.exists(self.control):
+            if os.path.exists(self.control_path):
                 try:
-                    with ControlClient(self.control, timeout=1.0) as c:
+                    with ControlClient(self.control_path, timeout=1.0) as c:
                         c.stats()
                     return True
                 except HomAggError:
@@ -180,14 +248,23 @@ class Switch:
 
     def cpu_seconds(self) -> float | None:
         """The daemon's CPU time so far (utime + stime, every thread), or None."""
-        return process_cpu_seconds(self.proc.pid) if self.proc is not None else None
+        return process_cpu_seconds(self.pid) if self.running else None
 
     def client(self):
         from homagg.control import ControlClient
 
-        return ControlClient(self.control, timeout=5.0)
+        return ControlClient(self.control_path, timeout=5.0)
+
+    def control(self, request: dict) -> dict:
+        """One control request ({"cmd": ..., fields}) and its reply, raising
+        on an error reply (as homagg.remote.Host.control)."""
+        fields = dict(request)
+        cmd = fields.pop("cmd")
+        with self.client() as c:
+            return c.request(cmd, **fields)
 
     def stop(self) -> None:
+        """Stop the daemon this object started (not a shared one)."""
         if self.proc is None:
             return
         with contextlib.suppress(HomAggError, OSError):
@@ -197,36 +274,6 @@ class Switch:
             self.proc.wait(5)
         self.proc.stop()
         self.proc = None
-
-
-class Switches:
-    """One running homagg-switch per aggregator host of a testbed (the first
-    ``aggregators`` of them, default all), for several run_allreduce calls
-    (``switches=``); a context manager that stops them."""
-
-    def __init__(self, testbed: str, state_dir: str | None = None,
-                 aggregators: int | None = None, **switch_args):
-        tb = Testbed.open(testbed, state_dir)
-        self.workdir = tempfile.mkdtemp(prefix=f"homagg-switches-{testbed}-")
-        self.switches = []
-        try:
-            for h in tb.aggregators[:aggregators]:
-                self.switches.append(Switch(tb, self.workdir, host=h.name, **switch_args))
-        except BaseException:
-            self.close()
-            raise
-
-    def __enter__(self) -> list:
-        return self.switches
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def close(self) -> None:
-        for s in self.switches:
-            s.stop()
-        self.switches = []
-        shutil.rmtree(self.workdir, ignore_errors=True)
 
 
 # --------------------------------------------------------------------------
@@ -256,8 +303,9 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
                   idle_polls: int = IDLE_POLLS, fail_aggregators: tuple = (),
                   aggregators: int | None = None, repeat: int = 1, warmup: int = 0,
                   auth: bool = False, leaves: int | None = None,
-                  switches: list | None = None, gradient_files: list[str] | None = None,
-                  expect: dict | None = None) -> dict:
+                  switch_lcores: int = 1,
+                  pipeline_groups: int = PIPELINE_GROUPS,
+                  gradient_files: list[str] | None = None, expect: dict | None = None) -> dict:
     """One allreduce on testbed ``testbed``; returns the report dict (see
     the module doc).  Every process it starts is stopped before it returns.
     ``drop_rate`` makes the daemon's port drop that fraction of the frames it
@@ -282,16 +330,22 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
     (leaf l serves workers floor(l W / L) .. floor((l + 1) W / L) - 1 and
     multicasts to ``group`` + 256 l) and host L + 1 the root, which answers
     the leaves by unicast (aggregator ports get no multicast flood).
+    ``switch_lcores`` N: every homagg-switch runs N engine lcores (N > 1: a
+    dispatcher spreads each job's slots over them, docs/SWITCH.md "Several
+    engines"); each aggregator's report then has "engine_summed" per
+    engine.
+    ``pipeline_groups``: the job's block groups (0 automatic, 1 not
+    pipelined; docs/PROTOCOL.md "Pipelined block groups").
 
     A benchmark running several methods on the same gradients passes what
-    they share: ``switches``, the running daemons (Switches(), one per
-    aggregator host used; the job is added and removed, the daemons keep
-    running), ``gradient_files`` (homagg.job.save_gradients: each worker
+    they share: ``gradient_files`` (homagg.job.save_gradients: each worker
     loads its gradient instead of generating it) and ``expect``
     (homagg.job.expected of the same job: the check does not rebuild the
-    reference)."""
+    reference); the daemons it shares are the testbed's own
+    (homagg.testbed_job.start)."""
     if repeat < 1 or warmup < 0:
         raise RunError("repeat must be >= 1 and warmup >= 0")
+    pipeline_groups = check_pipeline_groups(pipeline_groups)
     check_arguments(method, elements, density)
     if workload not in WORKLOADS:
         raise RunError(f"workload {workload!r} not in {WORKLOADS}")
@@ -319,30 +373,33 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
         aggregators = leaves + 1
     if gradient_files is not None and len(gradient_files) != W:
         raise RunError(f"gradient_files: {len(gradient_files)} files for {W} workers")
-    if switches is not None and [s.host for s in switches] != [h.name for h in hosts[:aggregators]]:
-        raise RunError(f"switches run on {[s.host for s in switches]}, the job needs "
-                       f"{[h.name for h in hosts[:aggregators]]}")
     workdir = tempfile.mkdtemp(prefix=f"homagg-run-{testbed}-")
     procs = []
-    sws = []
-    added = []
+    sws, registered = [], []
     try:
-        if switches is not None:
-            sws = list(switches)
-        else:
-            for h in hosts[:aggregators]:
-                sws.append(Switch(tb, workdir, pmd=pmd, switch=switch, drop_rate=drop_rate,
-                                  idle_us=idle_us, idle_polls=idle_polls, host=h.name))
+        for h in hosts[:aggregators]:
+            sws.append(Switch(tb, workdir, pmd=pmd, switch=switch, drop_rate=drop_rate,
+                              idle_us=idle_us, idle_polls=idle_polls, host=h.name,
+                              lcores=switch_lcores))
         sw = sws[0]
-        before = []
+        unknown = set(fail_aggregators) - {s.host for s in sws}
+        if unknown:
+            raise RunError(f"fail_aggregators: no aggregator host {sorted(unknown)} "
+                           f"(the testbed has {[s.host for s in sws]})")
+        if any(s.shared for s in sws if s.host in fail_aggregators):
+            raise RunError(f"fail_aggregators: testbed {testbed} runs its own daemons "
+                           "(`homagg testbed up`); stopping one needs `--no-daemon`")
         auth_file = os.path.join(workdir, "job.secret") if auth else None
         secret = hg_auth.create_secret_file(auth_file) if auth else None
-        for k, s in enumerate(sws):
+        agg_addrs = [(s.ip, UDP_PORT) for s in sws]
+        if not leaves:  # aggregator k of the job: its shard k
+            job_file.register([s.control for s in sws], agg_addrs, workers=W, slots=slots,
+                              payload=payload, group=group, timeout=timeout, job=job,
+                              token=token, auth=secret)
+        registered = sws
+        for k, s in enumerate(sws if leaves else ()):
             with s.client() as c:
-                if not leaves:  # aggregator k of the job: its shard k
-                    c.add_job(job=job, token=token, workers=W, slots=slots, payload=payload,
-                              group=group, shard=k, auth=secret)
-                elif k == leaves:  # the root: the L leaves are its workers
+                if k == leaves:  # the root: the L leaves are its workers
                     c.add_job(job=job, token=token, workers=leaves, slots=slots,
                               payload=payload)
                 else:
@@ -352,14 +409,8 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
                               parent={"ip": root.ip, "mac": root.mac, "worker": k,
                                       # the workers' timeout: the root is as far
                                       "rto_us": max(1, int(rto * 1e6))})
-                added.append(s)
-                before.append(c.stats())
         del secret
-        agg_addrs = [(s.ip, UDP_PORT) for s in sws]
-        unknown = set(fail_aggregators) - {s.host for s in sws}
-        if unknown:
-            raise RunError(f"fail_aggregators: no aggregator host {sorted(unknown)} "
-                           f"(the testbed has {[s.host for s in sws]})")
+        before = [s.control({"cmd": "stats"}) for s in sws]
         env = child_env()
         for i, h in enumerate(workers):
             place = dict(group=group, aggregators=agg_addrs)
@@ -372,8 +423,9 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
                                payload=payload, rto=rto, method=method, block=block,
                                elements=elements, density=density, workload=workload, seed=seed,
                                out=os.path.join(workdir, f"result-{i}.npy"),
-                               auth_file=auth_file, **place,
-                               gradient_file=gradient_files[i] if gradient_files else None)
+                               auth_file=auth_file, pipeline_groups=pipeline_groups,
+                               gradient_file=gradient_files[i] if gradient_files else None,
+                               **place)
             spec.update(repeat=repeat, warmup=warmup)
             p = tb.run_in(h.name, [sys.executable, "-m", "homagg.job", "--child", json.dumps(spec)],
                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -406,16 +458,8 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
         d1 = [s.cpu_seconds() for s in sws]
         link1 = [tb.link_stats(h.name) for h in workers]
         agg_link1 = [tb.link_stats(s.host) for s in sws]
-        after = []
-        for s in sws:
-            if s.proc is None:  # stopped by fail_aggregators
-                after.append(None)
-                continue
-            with s.client() as c:
-                after.append(c.stats())
-                with contextlib.suppress(HomAggError):
-                    c.remove_job(job)
-                added.remove(s)
+        after = [s.control({"cmd": "stats"}) if s.running else None  # None: stopped
+                 for s in sws]
         if not failures and None in after:
             failures.append("every worker finished although an aggregator was stopped")
         if failures:
@@ -430,7 +474,10 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
         for s, b, a, l0, l1, c0, c1 in zip(sws, before, after, agg_link0, agg_link1, d0, d1):
             counters, port = counter_deltas(b, a)
             role = ("root" if s is sws[leaves] else "leaf") if leaves else "aggregator"
+            summed = [x - y for x, y in zip(a.get("engine_summed", []),
+                                            b.get("engine_summed", []))] if a else None
             per_agg.append({"host": s.host, "ip": s.ip, "role": role, "counters": counters,
+                            "engine_summed": summed,
                             "port_counters": port,
                             "rx_bytes": l1["rx_bytes"] - l0["rx_bytes"],
                             "tx_bytes": l1["tx_bytes"] - l0["tx_bytes"],
@@ -448,6 +495,7 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
             "seed": seed,
             "block": block,
             "payload_bytes": payload,
+            "pipeline_groups": pipeline_groups,
             "mtu": mtu,
             "pmd": sw.pmd,
             "auth": bool(auth),
@@ -472,18 +520,15 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
             "port_counters": port,
             "aggregators": per_agg,
             "leaves": leaves,
+            "switch_lcores": switch_lcores,
         }
     finally:
         for p in procs:
             p.stop()
-        if switches is None:
-            for s in sws:
-                s.stop()
-        else:  # the caller's daemons keep running: take the job off them
-            for s in added:
-                with contextlib.suppress(HomAggError, OSError):
-                    with s.client() as c:
-                        c.remove_job(job)
+        job_file.unregister([s.control for s in registered if s.running], job,
+                            warn=lambda k, e: None)  # gone with a stopped daemon
+        for s in sws:
+            s.stop()
         shutil.rmtree(workdir, ignore_errors=True)
 
 
@@ -535,6 +580,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--payload-bytes", type=int, default=1024, metavar="BYTES",
                    help="payload bytes per packet, a multiple of 4 up to 8192 (more than an MTU of 1500 "
                    "holds needs links with MTU 9000; default: %(default)s)")
+    p.add_argument("--pipeline-groups", type=int, default=PIPELINE_GROUPS, metavar="N",
+                   help="block groups of every method but auto that go through the steps "
+                   "independently: 0 automatic, 1 not pipelined, N groups (default: %(default)s)")
     p.add_argument("--timeout", type=float, default=10.0,
                    help="a worker gives up after this many seconds without progress (default: %(default)s)")
     p.add_argument("--rto", type=float, default=0.005, metavar="S",
@@ -554,6 +602,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--leaves", type=int, default=None, metavar="L",
                    help="a two-level tree: the first L aggregators are leaves below the next, "
                    "the root (default: the testbed's `homagg testbed up --leaves`)")
+    p.add_argument("--switch-lcores", type=int, default=1, metavar="N",
+                   help="engine lcores of every homagg-switch (N > 1: a dispatcher lcore too; "
+                   "default: %(default)s)")
     p.add_argument("--switch", default=None, metavar="PATH",
                    help="homagg-switch binary (default: build/release/homagg-switch or $HOMAGG_SWITCH)")
     p.add_argument("--state-dir", default=None, metavar="DIR", help="testbed state directory")
@@ -586,7 +637,9 @@ def main(args: argparse.Namespace) -> int:
                             switch=args.switch, state_dir=args.state_dir,
                             drop_rate=args.drop_rate, aggregators=args.aggregators,
                             repeat=args.repeat, warmup=args.warmup,
-                            auth=args.auth, leaves=args.leaves)
+                            auth=args.auth, leaves=args.leaves,
+                            switch_lcores=args.switch_lcores,
+                            pipeline_groups=args.pipeline_groups)
     except (HomAggError, TestbedError) as e:
         print(f"homagg run allreduce: {e}", file=sys.stderr)
         return 1

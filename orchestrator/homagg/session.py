@@ -152,7 +152,7 @@ class Session:
         if self.switch is not None:
             _kill(self.switch.proc, sig)
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.switch.control)
+                os.unlink(self.switch.control_path)
             self.switch.proc = None
             self.switch = None
 

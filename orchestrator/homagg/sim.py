@@ -36,6 +36,7 @@ from homagg.bindings.codec import DEFAULT_BLOCK, F_STOCHASTIC
 from homagg.bindings.kernels import OP_SUM32
 from homagg.bindings.wire import PROTOCOL_VERSION
 from homagg import auth, protocol
+from homagg.protocol import PIPELINE_GROUPS, check_pipeline_groups
 from homagg.errors import HomAggError, InvalidArgument, PeerTimeout, error_class, error_for
 
 # The codec options, named as in homagg.codec.Params ("block" is an alias).
@@ -134,14 +135,19 @@ class Cluster:
     leaves: L > 0 runs every job over a tree of L leaves and a root
     (``aggregators`` is then L + 1: leaves 0..L-1, the root L; each job
     needs at least L workers; trees do not authenticate); up_rto: the
-    leaves' upward retransmission timeout (s; None: the engine's 1 ms).
+    leaves' upward retransmission timeout (s; None: the engine's 1 ms);
+    up_give_up: when a leaf stops resending a partial sum (s; None: the
+    engine's 10 s).
+    pipeline_groups: block groups of every method but auto (docs/PROTOCOL.md
+    "Pipelined block groups"): 0 automatic, 1 not pipelined, N groups.
     """
 
     def __init__(self, workers=4, loss=0.0, duplicate=0.0, reorder=0.0, seed=0,
                  slots=64, link_gbps=100.0, timeout=2.0, rto=200e-6, rto_max=50e-3,
                  delay=1e-6, payload=1024, multicast=True, max_time=600.0,
                  agg_link_gbps=None, rto_min=None, aggregators=1, mtu=None,
-                 auth=False, leaves=0, up_rto=None):
+                 auth=False, leaves=0, up_rto=None, up_give_up=None,
+                 pipeline_groups=PIPELINE_GROUPS):
         leaves = int(leaves or 0)
         if leaves:
             if aggregators != 1:
@@ -179,7 +185,8 @@ class Cluster:
                                       workers, slots, leaves + 1 if leaves else aggregators,
                                       payload, mtu),
                                   mtu=int(mtu or 0), leaves=leaves,
-                                  up_rto_ns=int((up_rto or 0) * 1e9))
+                                  up_rto_ns=int((up_rto or 0) * 1e9),
+                                  up_give_up_ns=int((up_give_up or 0) * 1e9))
         self.leaves = leaves
         self.aggregators = leaves + 1 if leaves else int(aggregators)
         self._timeout = timeout
@@ -189,6 +196,7 @@ class Cluster:
         self._slots = slots
         self._seed = seed
         self.auth = bool(auth)
+        self.pipeline_groups = check_pipeline_groups(pipeline_groups)
         self.max_time = max_time
         self.jobs = []
         self.job = self.add_job(workers)
@@ -220,10 +228,13 @@ class Cluster:
         return self._sim
 
     # ---- jobs ------------------------------------------------------------
-    def add_job(self, workers, slots=None, timeout=None, auth=None):
+    def add_job(self, workers, slots=None, timeout=None, auth=None, pipeline_groups=None):
         """A new job on the aggregators; ``auth`` (default: the cluster's)
-        gives it a job secret, drawn from the seed so runs repeat."""
+        gives it a job secret, drawn from the seed so runs repeat;
+        ``pipeline_groups`` (default: the cluster's) its block groups."""
         s = self._live()
+        pipeline_groups = check_pipeline_groups(self.pipeline_groups if pipeline_groups is None
+                                                else pipeline_groups)
         slots = self._slots if slots is None else slots
         timeout = self._timeout if timeout is None else timeout
         auth = self.auth if auth is None else auth
@@ -232,7 +243,8 @@ class Cluster:
         idx = _b.sim_add_job(s, workers, slots=slots, rto_ns=int(self._rto * 1e9),
                              rto_max_ns=int(self._rto_max * 1e9),
                              give_up_ns=int(timeout * 1e9),
-                             rto_min_ns=int(self._rto_min * 1e9), secret=secret)
+                             rto_min_ns=int(self._rto_min * 1e9), secret=secret,
+                             pipeline_groups=pipeline_groups)
         job = Job(self, idx, workers, slots, secret)
         self.jobs.append(job)
         return job

@@ -27,7 +27,7 @@ are hosts ``agg`` (.1), ``agg1`` (.2), ... ``agg{K-1}`` (.K), K <= 9.
 
 ``Testbed.down(name)`` removes exactly what the state file records (it stops
 the recorded processes by PID first, after checking the PID still is the
-process it started), works on a half-built testbed, and does nothing when the
+process it started, and removes their ``files_dir``), works on a half-built testbed, and does nothing when the
 testbed is already gone.  If ``up`` fails midway it tears down what it built
 and re-raises.  Everything needs root (``sudo``).
 """
@@ -41,6 +41,7 @@ import ipaddress
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import time
@@ -328,6 +329,17 @@ class Testbed:
     @property
     def state_path(self) -> str:
         return self._state.path
+
+    @property
+    def files_dir(self) -> str:
+        """A directory for the files of processes that outlive the command
+        that started them (sockets, logs, the job file); ``down`` removes it."""
+        return self._state.path[:-len(".json")] + ".d"
+
+    def note(self, **fields) -> None:
+        """Record ``fields`` in the state file (e.g. the daemons and the job
+        ``homagg testbed up`` left running, for the commands that follow)."""
+        self._state.update(lambda d: d.update(fields))
 
     def state(self) -> dict:
         """The state file's content."""
@@ -633,6 +645,7 @@ class Testbed:
                 tb._state.update(keep)
             raise TestbedError(f"testbed {name}: teardown incomplete: " + "; ".join(errors))
         tb._state.remove()
+        shutil.rmtree(tb.files_dir, ignore_errors=True)
         return True
 
     @staticmethod

@@ -13,17 +13,26 @@ shaped in both directions (tbf).  What was created is recorded in
 /run/homagg/testbeds/NAME.json (--state-dir or $HOMAGG_TESTBED_DIR), and
 `down` removes exactly that.
 
+`up` also starts homagg-switch in every aggregator namespace and registers
+one job for all the workers, spread over the aggregators, with its job file
+(HOMAGG_JOB_FILE of homagg.torch; --no-daemon: the network only; a tree
+testbed gets neither, `homagg run` sets its job up).  `homagg
+run` and `homagg train` use these daemons; `down` stops them by PID.  A job
+serves one run of its ranks: `job` registers it afresh for the next one.
+
 examples:
   sudo homagg testbed up --workers 4 --link-mbit 1000 --name demo
   sudo homagg testbed show --name demo
   sudo ip netns exec hg-demo-w0 ping -c 1 10.77.0.1
+  sudo homagg testbed job --name demo
   sudo homagg testbed down --name demo
 """
 import argparse
 import json
 import sys
 
-from homagg import log
+from homagg import job_file, log, testbed_job
+from homagg.errors import HomAggError
 from homagg.testbed import DEFAULT_SUBNET, Testbed, TestbedError, state_dir_default
 
 
@@ -58,6 +67,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--mtu", type=int, default=1500,
                    help="MTU of every link, 576..9000 (9000: jumbo frames, job payloads up to "
                    "8192 bytes; default: %(default)s)")
+    p.add_argument("--no-daemon", action="store_true",
+                   help="build the network only: no homagg-switch, no job (`homagg run` and "
+                   "`homagg train` then start daemons of their own; implied by --leaves)")
+    job_file.add_job_arguments(p)
+    p.add_argument("--switch", default=None, metavar="PATH", help="homagg-switch binary")
+
+    p = sub.add_parser("job", help="register the testbed's job afresh",
+                       description="Remove the job `up` registered and add it again (same id, "
+                       "token and job file): a job serves one run of its ranks, since their "
+                       "chunk counters start from 0 and the aggregators remember the last run.")
+    p.add_argument("--name", "-n", default="default", help="testbed name (default: %(default)s)")
 
     p = sub.add_parser("down", help="remove a testbed",
                        description="Stop the processes recorded for the testbed (by PID), "
@@ -82,7 +102,7 @@ def _rate(r):
 def main(args: argparse.Namespace) -> int:
     try:
         return _run(args)
-    except TestbedError as e:
+    except HomAggError as e:
         print(f"homagg testbed {args.action}: {e}", file=sys.stderr)
         return 1
 
@@ -93,12 +113,26 @@ def _run(args) -> int:
         tb = Testbed.up(args.name, workers=args.workers, link_mbit=args.link_mbit,
                         agg_link_mbit=args.agg_link_mbit, subnet=args.subnet, mtu=args.mtu,
                         state_dir=sd, aggregators=args.aggregators, leaves=args.leaves)
+        if not args.no_daemon and not args.leaves:
+            try:
+                testbed_job.start(tb, slots=args.slots, payload=args.payload_bytes,
+                                  timeout=args.timeout, switch=args.switch)
+            except BaseException:
+                Testbed.down(args.name, state_dir=sd)
+                raise
         naggs = len(tb.aggregators)
         shape = f"a tree of {args.leaves} leaves and a root" if args.leaves else \
             f"{naggs} aggregator{'s' if naggs > 1 else ''}"
         print(f"testbed {tb.name} is up ({args.workers} workers, {shape}, "
               f"links {_rate(args.link_mbit)}); state: {tb.state_path}")
         _print_hosts(tb)
+        for line in testbed_job.describe(tb):
+            print(line)
+        return 0
+    if args.action == "job":
+        tb = Testbed.open(args.name, sd)
+        j = testbed_job.renew(tb)
+        print(f"job {j['job']} registered afresh on {j['aggregator']}; job file: {j['file']}")
         return 0
     if args.action == "down":
         if Testbed.down(args.name, state_dir=sd):
@@ -126,6 +160,8 @@ def _run(args) -> int:
               f"mtu {st['mtu']}, switch: bridge {st['bridge']} in {st['switch_netns']}"
               f"{'' if st.get('complete') else ' (INCOMPLETE)'}")
         _print_hosts(tb)
+        for line in testbed_job.describe(tb):
+            print(line)
         procs = st.get("processes", [])
         if procs:
             print("processes:")

@@ -30,9 +30,13 @@ Configuration (the torchrun way): rank and world size come from
 torch.distributed (the hook's process group); the job from the environment,
 each variable overriding the same field of the job file::
 
-    HOMAGG_JOB_FILE   JSON written by `homagg train` (fields below, lower case)
-    HOMAGG_AGGREGATOR ip[:port] of the aggregator (homagg-switch), port 48879
-    HOMAGG_JOB, HOMAGG_TOKEN  the job registered on the aggregator
+    HOMAGG_JOB_FILE   JSON written by `homagg testbed up`, `homagg up -i` or
+                      `homagg train` (fields below, lower case)
+    HOMAGG_AGGREGATOR ip[:port] of the aggregator (homagg-switch), port 48879;
+                      a job spread over K aggregators names them all, comma
+                      separated, in shard order: ip[:port],ip[:port],...
+    HOMAGG_JOB, HOMAGG_TOKEN  the job registered on the aggregator(s)
+    HOMAGG_WORKERS    the job's worker count: must equal the world size (optional)
     HOMAGG_GROUP      multicast group of the results (optional)
     HOMAGG_BIND       this rank's local address (default: any)
     HOMAGG_TIMEOUT    seconds without progress before an allreduce fails (10)
@@ -44,90 +48,18 @@ within HOMAGG_TIMEOUT seconds.
 """
 
 import dataclasses
-import json
 import math
-import os
 import threading
 import time
 
 import numpy as np
 import torch
 
-from homagg.errors import HomAggError, InvalidArgument
+from homagg.errors import InvalidArgument
 from homagg import protocol
+from homagg.job_file import (JOB_FIELDS, UDP_PORT, ConfigError, job_config,  # noqa: F401
+                             write_job_file)
 from homagg.worker import Worker
-
-UDP_PORT = 48879  # HG_UDP_PORT (wire.h)
-
-# Fields of the job configuration: name -> (type, default).  None: required.
-JOB_FIELDS = {
-    "aggregator": (str, None),
-    "job": (int, None),
-    "token": (int, None),
-    "group": (str, ""),
-    "bind": (str, "0.0.0.0"),
-    "timeout": (float, 10.0),
-    "slots": (int, 64),
-    "payload": (int, 1024),
-}
-
-
-class ConfigError(HomAggError):
-    """The HomAgg job of a training process is not configured correctly."""
-
-
-def job_config(env=None):
-    """The job configuration from HOMAGG_JOB_FILE and HOMAGG_* variables
-    (a variable wins over the file's field); ConfigError names what is
-    missing or malformed."""
-    env = os.environ if env is None else env
-    conf = {}
-    path = env.get("HOMAGG_JOB_FILE")
-    if path:
-        try:
-            with open(path) as f:
-                conf = json.load(f)
-        except (OSError, ValueError) as exc:
-            raise ConfigError(f"HOMAGG_JOB_FILE={path}: cannot read the job file: {exc}") from exc
-        if not isinstance(conf, dict):
-            raise ConfigError(f"HOMAGG_JOB_FILE={path}: not a JSON object")
-    out = {}
-    for name, (kind, default) in JOB_FIELDS.items():
-        var = "HOMAGG_" + name.upper()
-        value = env.get(var, conf.get(name, default))
-        if value is None:
-            raise ConfigError(
-                f"no {name} configured for the HomAgg job: set {var} "
-                f"(or HOMAGG_JOB_FILE, a job file written by `homagg train`)")
-        try:
-            out[name] = kind(value)
-        except (TypeError, ValueError) as exc:
-            raise ConfigError(f"{var}={value!r}: not a valid {kind.__name__}") from exc
-    host, _, port = out["aggregator"].partition(":")
-    try:
-        out["aggregator"] = (host, int(port) if port else UDP_PORT)
-    except ValueError as exc:
-        raise ConfigError(f"HOMAGG_AGGREGATOR={out['aggregator']!r}: expected ip[:port]") from exc
-    if out["timeout"] <= 0:
-        raise ConfigError("HOMAGG_TIMEOUT must be positive")
-    for key in ("rank", "world_size"):
-        if key in conf:
-            out[key] = int(conf[key])
-    return out
-
-
-def write_job_file(path, **fields):
-    """Write a job file HOMAGG_JOB_FILE can name (the JOB_FIELDS)."""
-    unknown = set(fields) - set(JOB_FIELDS)
-    if unknown:
-        raise InvalidArgument(f"unknown job file fields {sorted(unknown)}")
-    agg = fields.get("aggregator")
-    if isinstance(agg, (tuple, list)):
-        fields["aggregator"] = f"{agg[0]}:{agg[1]}"
-    with open(path, "w") as f:
-        json.dump(fields, f)
-    return path
-
 
 # --------------------------------------------------------------------------
 # Sparsifiers (error feedback lives in HookState)
@@ -218,8 +150,12 @@ class HookState:
             raise ConfigError("torch.distributed is not initialised: call "
                               "init_process_group before HookState() (rank and world "
                               "size of the HomAgg job come from it)")
+        if conf["workers"] and conf["workers"] != world:
+            raise ConfigError(f"the HomAgg job {conf['job']} has {conf['workers']} workers "
+                              f"(HOMAGG_WORKERS or the job file), the world size is {world}: "
+                              "start as many ranks as the job has workers")
         return Worker(job=conf["job"], token=conf["token"], worker=rank, workers=world,
-                      aggregator=conf["aggregator"], group=conf["group"] or None,
+                      aggregators=conf["aggregators"], group=conf["group"] or None,
                       bind=(conf["bind"], 0), timeout=conf["timeout"], slots=conf["slots"],
                       payload=conf["payload"])
 

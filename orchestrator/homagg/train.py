@@ -62,6 +62,7 @@ import time
 
 import numpy as np
 
+from homagg import job_file
 from homagg.errors import HomAggError
 from homagg.protocol import EXACT_METHODS, METHODS as HOMAGG_METHODS
 
@@ -472,6 +473,7 @@ def run_train(testbed: str, model: str = "ncf", method: str = "auto", steps: int
     """Train on testbed ``testbed``; returns the report (module doc).  Every
     process started is stopped before it returns."""
     from homagg import run as runmod
+    from homagg import testbed_job as testbed_job_mod
     from homagg.job import collect_reports
     from homagg.testbed import Testbed
 
@@ -490,23 +492,28 @@ def run_train(testbed: str, model: str = "ncf", method: str = "auto", steps: int
     W = len(hosts)
     workdir = tempfile.mkdtemp(prefix=f"homagg-train-{testbed}-")
     os.chmod(workdir, 0o755)
-    procs, sw = [], None
-    job = 1 + secrets.randbelow(1 << 15)
+    procs, sws, job = [], [], None
+    testbed_job = testbed_job_mod.job(tb)  # `homagg testbed up`'s, if any
     try:
         env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME=hosts[0].ifname)
         pkg_root = str(pathlib.Path(__file__).resolve().parents[1])
         env["PYTHONPATH"] = pkg_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         if method != "gloo":
-            sw = runmod.Switch(tb, workdir, switch=switch)
-            token = secrets.randbits(31)
-            with sw.client() as c:
-                c.add_job(job=job, token=token, workers=W, slots=slots, payload=payload,
-                          group=group)
-            import homagg.torch as hgt
-
-            env["HOMAGG_JOB_FILE"] = hgt.write_job_file(
-                os.path.join(workdir, "job.json"), aggregator=(tb.aggregator.ip, runmod.UDP_PORT),
-                job=job, token=token, group=group, timeout=timeout, slots=slots, payload=payload)
+            # every aggregator of the testbed: the job is spread over them
+            sws = [runmod.Switch(tb, workdir, switch=switch, host=h.name)
+                   for h in tb.aggregators]
+            controls = [s.control for s in sws]
+            if testbed_job and testbed_job["workers"] == W:
+                # the testbed's job, afresh, and its job file
+                job = job_file.renew(controls, {k: v for k, v in testbed_job.items()
+                                                if k != "file"})
+                env["HOMAGG_JOB_FILE"] = testbed_job["file"]
+            else:
+                job = job_file.register(controls, [(s.ip, runmod.UDP_PORT) for s in sws],
+                                        workers=W, slots=slots, payload=payload, group=group,
+                                        timeout=timeout)
+                env["HOMAGG_JOB_FILE"] = job_file.write_job_file(
+                    os.path.join(workdir, "job.json"), **job)
         init = f"tcp://{hosts[0].ip}:{GLOO_PORT + secrets.randbelow(2000)}"
         for r, h in enumerate(hosts):
             spec = rank_spec(rank=r, world=W, init=init, model=os.path.abspath(model)
@@ -529,7 +536,10 @@ def run_train(testbed: str, model: str = "ncf", method: str = "auto", steps: int
                                                        lr=lr, seed=seed, bucket_mb=bucket_mb,
                                                        sparsify=sparsify))
         rep.update({"testbed": testbed, "link_mbit": tb.state().get("link_mbit"),
-                    "pmd": sw.pmd if sw else None, "slots": slots, "payload_bytes": payload})
+                    "pmd": sws[0].pmd if sws else None, "aggregators": [s.ip for s in sws],
+                    "job_file": env.get("HOMAGG_JOB_FILE") if job else None,
+                    "slots": job["slots"] if job else slots,
+                    "payload_bytes": job["payload"] if job else payload})
         if out_dir:
             os.makedirs(out_dir, exist_ok=True)
             rep["plots"] = plot(rep, out_dir)
@@ -539,11 +549,15 @@ def run_train(testbed: str, model: str = "ncf", method: str = "auto", steps: int
     finally:
         for p in procs:
             p.stop()
-        if sw is not None:
-            with contextlib.suppress(HomAggError, OSError):
-                with sw.client() as c:
-                    c.remove_job(job)
-            sw.stop()
+        if job is not None:
+            controls = [s.control for s in sws]
+            if testbed_job and job["job"] == testbed_job["job"]:
+                with contextlib.suppress(HomAggError, OSError):
+                    job_file.renew(controls, job)  # fresh for the next run of ranks
+            else:
+                job_file.unregister(controls, job["job"], warn=lambda k, e: None)
+        for s in sws:
+            s.stop()
         shutil.rmtree(workdir, ignore_errors=True)
 
 

@@ -5,9 +5,14 @@
 Checks every host first (login, privilege, provisioned venv and config, the
 daemon binary, the data-plane device); starts one daemon per aggregator
 host with that host's PCI NIC or vdev, cores and data-plane IP from the
-inventory, writes its PID file and waits until its control socket answers.  No job is
-registered: `homagg run allreduce -i testbed.toml ...` does that, `homagg
-down -i testbed.toml` stops it.  Details: homagg.remote.
+inventory, writes its PID file and waits until its control socket answers.
+Then it registers one job for every worker host, spread over every
+aggregator (--slots, --payload-bytes, --timeout), and writes its job file
+on every host, INSTALL_DIR/run/job.json (HOMAGG_JOB_FILE of homagg.torch,
+for torchrun on the worker hosts; a worker's names its own bind address).
+`homagg run allreduce -i` and `homagg train -i` register jobs of their own;
+`homagg down -i testbed.toml` removes the job and stops the daemons.
+Details: homagg.remote.
 """
 
 

@@ -29,7 +29,11 @@ which the worker asks the kernel for (or takes from ``mtu``).  A dead
 aggregator makes ``allreduce`` raise ``PeerTimeout`` naming it within
 ``timeout`` seconds.  ``rto`` is the first retransmission timeout (before
 any round trip was measured), ``rto_min`` the least one, ``start_wait``
-the least wait for the first result of a step.  ``stats()`` returns every
+the least wait for the first result of a step.  ``pipeline_groups`` (the
+same on every worker of the job) cuts every method but auto into block
+groups that go through the steps independently (docs/PROTOCOL.md
+"Pipelined block groups"): 0 automatic, 1 not pipelined, N groups.
+``stats()`` returns every
 counter of the client (homagg/client.h: timeouts, spurious_timeouts,
 fast_retransmissions, ...), of each aggregator and of its UDP port (waits,
 wait_timeouts: the blocking allreduce sleeps in ppoll until a result
@@ -61,6 +65,7 @@ from homagg.bindings.codec import DEFAULT_BLOCK, F_STOCHASTIC
 from homagg.bindings.wire import HDR_LEN, MAC_LEN, MAX_PAYLOAD
 from homagg.errors import InvalidArgument, PeerTimeout
 from homagg.netaddr import parse_ipv4
+from homagg.protocol import PIPELINE_GROUPS, check_pipeline_groups
 
 
 # The least retransmission timeout of a worker on kernel UDP (seconds).  Its
@@ -143,7 +148,7 @@ class Worker:
                  bind=("0.0.0.0", 0), timeout=5.0, slots=64, payload=1024,
                  rto=0.001, packets=0, aggregators=None, mtu=None, incarnation=0,
                  rto_min=RTO_MIN, start_wait=START_WAIT,
-                 auth_file=None, leaf_ids=None):
+                 auth_file=None, leaf_ids=None, pipeline_groups=PIPELINE_GROUPS):
         if not 0 <= worker < workers:
             raise InvalidArgument(f"worker {worker} not in 0..{workers - 1}")
         agg_worker, agg_workers = leaf_ids or (0, 0)
@@ -158,6 +163,7 @@ class Worker:
                                   f"got {payload}")
         if not 0 <= int(incarnation) < 2**32:
             raise InvalidArgument(f"incarnation {incarnation} not in 0..2^32-1 (0: from the clock)")
+        pipeline_groups = check_pipeline_groups(pipeline_groups)
         if aggregators is None:
             aggregators = [aggregator]
         aggregators = [(str(a[0]), int(a[1])) for a in aggregators]
@@ -201,7 +207,7 @@ class Worker:
             rto_ns=int(rto * 1e9), rto_min_ns=int(rto_min * 1e9),
             start_wait_ns=int(start_wait * 1e9), give_up_ns=int(timeout * 1e9),
             incarnation=int(incarnation), agg_worker=int(agg_worker),
-            agg_workers=int(agg_workers))
+            agg_workers=int(agg_workers), pipeline_groups=pipeline_groups)
         # one C call at a time; allreduce_async's calls run on one thread
         self._lock = threading.Lock()
         self._executor = None

@@ -344,6 +344,7 @@ static int add_tree_job(struct hg_sim *s, int j, struct hg_job_config *ej)
 	ej->up_port = HG_UDP_PORT;
 	ej->up_group = ej->group_ipv4;
 	ej->up_rto_ns = s->cfg.up_rto_ns;
+	ej->up_give_up_ns = s->cfg.up_give_up_ns;
 	for (uint32_t l = 0; l < s->leaves; l++) {
 		ej->workers = leaf_first(s, W, l + 1) - leaf_first(s, W, l);
 		ej->up_worker = (uint16_t)l;
@@ -429,6 +430,7 @@ int hg_sim_add_job(struct hg_sim *s, const struct hg_sim_job_config *jc)
 	cc.give_up_ns = jc->give_up_ns;
 	cc.rto_min_ns = jc->rto_min_ns;
 	cc.incarnation = inc;
+	cc.pipeline_groups = jc->pipeline_groups;
 	cc.auth = jc->auth;
 	memcpy(cc.secret, jc->secret, sizeof(cc.secret));
 	hg_auth_wipe(ej.secret, sizeof(ej.secret));

@@ -19,6 +19,13 @@
  * --auth: the job authenticates (a random secret); the generator MACs every
  * frame it patches with its worker's key, the engine verifies each one and
  * MACs its results (docs/PROTOCOL.md "Authentication").
+ *
+ * The baseline, measured in the same run after the engine: for half the
+ * time the engine lcore only pulls (receives each frame through the same
+ * port, reads one byte of each of its cache lines, frees it).  Its
+ * capacity ("pull_mpps") is what moving the frames from the generator's
+ * core to this one costs on the machine, without the engine; the engine's
+ * capacity is reported as a fraction of it ("engine_vs_pull").
  */
 #include <errno.h>
 #include <getopt.h>
@@ -52,6 +59,8 @@
 #define GEN_BURST 32
 #define RING_SIZE 4096
 
+enum lcore_mode { MODE_ENGINE, MODE_PULL };
+
 struct bench {
 	unsigned int workers, slots, payload;
 	double seconds;
@@ -68,6 +77,8 @@ struct bench {
 	uint8_t *tmpl;           /* workers frames of flen bytes */
 	uint16_t flen;
 	volatile bool stop;
+	volatile int mode;       /* enum lcore_mode, set by the main lcore */
+	uint16_t burst;          /* frames per poll, the engine's */
 	uint64_t polls, empty_polls;  /* written by the engine lcore only */
 	uint64_t busy_tsc;       /* cycles spent in polls that received frames */
 	uint64_t poll_cap;       /* longest credible poll, cycles */
@@ -75,6 +86,10 @@ struct bench {
 	uint64_t gen_full;       /* generator found the rx ring full */
 	uint64_t results;
 	uint64_t alloc_fail;     /* generator found the pool empty */
+	uint64_t pull_tsc;       /* MODE_PULL: busy cycles, as busy_tsc */
+	uint64_t pulled;         /* MODE_PULL: frames pulled */
+	uint64_t pull_preempted; /* MODE_PULL: polls longer than poll_cap */
+	uint64_t pull_sink;      /* the bytes read, so the reads stay */
 };
 
 /*
@@ -84,21 +99,62 @@ struct bench {
  * the engine's cost, so such a poll counts poll_cap cycles.  The clock read
  * costs ~20 ns per poll of up to 32 frames.
  */
+static inline void add_busy(const struct bench *b, uint64_t t0,
+			    uint64_t *busy, uint64_t *preempted)
+{
+	uint64_t d = rte_rdtsc() - t0;
+
+	if (d > b->poll_cap) {
+		d = b->poll_cap;
+		(*preempted)++;
+	}
+	*busy += d;
+}
+
 static inline void timed_poll(struct bench *b)
 {
-	uint64_t t = rte_rdtsc(), d;
+	uint64_t t = rte_rdtsc();
 
 	b->polls++;
 	if (hg_engine_poll(b->eng) == 0) {
 		b->empty_polls++;
 		return;
 	}
-	d = rte_rdtsc() - t;
-	if (d > b->poll_cap) {
-		d = b->poll_cap;
-		b->preempted++;
+	add_busy(b, t, &b->busy_tsc, &b->preempted);
+}
+
+/*
+ * One pull poll (the baseline): a burst from the same port, one byte read
+ * from each cache line of every frame, the burst freed; timed and capped
+ * as timed_poll().
+ */
+static inline void timed_pull(struct bench *b)
+{
+	struct hg_pkt *pk[HG_ENGINE_MAX_BURST];
+	uint64_t t = rte_rdtsc(), sum = 0;
+	uint16_t n = hg_port_rx(&b->port, pk, b->burst), i;
+
+	if (!n)
+		return;
+	for (i = 0; i < n; i++) {
+		const uint8_t *f = pk[i]->data, *end = f + pk[i]->len;
+		const uint8_t *l = (const uint8_t *)((uintptr_t)f & ~(uintptr_t)63);
+
+		for (; l < end; l += 64)
+			sum += *(l < f ? f : l);
 	}
-	b->busy_tsc += d;
+	hg_port_free(&b->port, pk, n);
+	b->pull_sink += sum;
+	b->pulled += n;
+	add_busy(b, t, &b->pull_tsc, &b->pull_preempted);
+}
+
+static inline void serve(struct bench *b)
+{
+	if (b->mode == MODE_PULL)
+		timed_pull(b);
+	else
+		timed_poll(b);
 }
 
 static int engine_loop(void *arg)
@@ -106,7 +162,7 @@ static int engine_loop(void *arg)
 	struct bench *b = arg;
 
 	while (!b->stop)
-		timed_poll(b);
+		serve(b);
 	return 0;
 }
 
@@ -167,7 +223,7 @@ static uint64_t generate(struct bench *b, uint64_t until_tsc, bool share_lcore,
 			b->results += n;
 		}
 		if (share_lcore)
-			timed_poll(b);   /* the engine's share of this lcore */
+			serve(b);   /* the engine's share of this lcore */
 		if (rte_ring_free_count(b->to_engine) < GEN_BURST) {
 			b->gen_full++;
 			continue;
@@ -320,7 +376,7 @@ int main(int argc, char **argv)
 	uint32_t seq = 0;
 	bool share;
 	int n, rc, ret;
-	double mpps, engine_mpps, busy_frac;
+	double mpps, engine_mpps, busy_frac, pull_mpps;
 	uint64_t t_start;
 
 	n = rte_eal_init(argc, argv);
@@ -373,6 +429,7 @@ int main(int argc, char **argv)
 	b->port = hg_dpdk_port_ops(b->dport);
 	hg_engine_config_init(&ec);
 	ec.port = &b->port;
+	b->burst = ec.burst;
 	b->eng = hg_engine_create(&ec);
 	if (!b->eng)
 		goto fail;
@@ -423,6 +480,10 @@ int main(int argc, char **argv)
 	generate(b, t0 + (uint64_t)(b->seconds * (double)hz), share, &seq, &worker);
 	hg_engine_counters(b->eng, c1, HG_CNT__COUNT);
 	t1 = rte_get_tsc_cycles();
+	/* the baseline: the same frames only pulled, for half the time */
+	b->mode = MODE_PULL;
+	generate(b, rte_get_tsc_cycles() + (uint64_t)(b->seconds / 2 * (double)hz),
+		 share, &seq, &worker);
 	b->stop = true;
 	if (!share)
 		rte_eal_wait_lcore(engine_lcore);
@@ -436,6 +497,8 @@ int main(int argc, char **argv)
 	busy_frac = (double)b->busy_tsc / (double)(t1 - t_start);
 	engine_mpps = b->busy_tsc ? (double)c1[HG_CNT_RECEIVED] /
 		      ((double)b->busy_tsc / (double)hz) / 1e6 : 0.0;
+	pull_mpps = b->pull_tsc ? (double)b->pulled /
+		    ((double)b->pull_tsc / (double)hz) / 1e6 : 0.0;
 	if (b->json)
 		printf("{\"workers\":%u,\"mpps\":%.3f,\"engine_mpps\":%.3f,"
 		       "\"gbps\":%.2f,\"payload_gbps\":%.2f,"
@@ -445,6 +508,8 @@ int main(int argc, char **argv)
 		       ",\"completed\":%" PRIu64 ",\"drops\":%" PRIu64
 		       ",\"engine_busy\":%.4f,\"generator_blocked\":%" PRIu64
 		       ",\"generator_no_mbuf\":%" PRIu64 ",\"preempted_polls\":%" PRIu64
+		       ",\"pull_mpps\":%.3f,\"pull_payload_gbps\":%.2f"
+		       ",\"engine_vs_pull\":%.3f,\"pulled\":%" PRIu64
 		       ",\"auth\":%s,\"fanout_checked\":true}\n",
 		       b->workers, mpps, engine_mpps,
 		       mpps * 1e6 * b->flen * 8 / 1e9,
@@ -456,17 +521,22 @@ int main(int argc, char **argv)
 		       c1[HG_CNT_SUMMED] - c0[HG_CNT_SUMMED],
 		       c1[HG_CNT_COMPLETED] - c0[HG_CNT_COMPLETED], drops,
 		       busy_frac, b->gen_full, b->alloc_fail, b->preempted,
+		       pull_mpps, pull_mpps * 1e6 * b->payload * 8 / 1e9,
+		       pull_mpps > 0 ? engine_mpps / pull_mpps : 0.0, b->pulled,
 		       b->auth ? "true" : "false");
 	else
 		printf("W=%u payload=%u: %.3f Mpps end to end (%.2f Gbit/s of "
 		       "%u-byte frames, %.2f Gbit/s of payload, %s), engine lcore "
-		       "capacity %.3f Mpps (%.2f Gbit/s of payload), %" PRIu64
+		       "capacity %.3f Mpps (%.2f Gbit/s of payload) = %.2f of an "
+		       "lcore that only pulls the frames (%.3f Mpps), %" PRIu64
 		       " drops\n", b->workers, b->payload, mpps,
 		       mpps * 1e6 * b->flen * 8 / 1e9, b->flen,
 		       mpps * 1e6 * b->payload * 8 / 1e9,
 		       share ? "generator and engine on one lcore" :
 		       "generator and engine on two lcores", engine_mpps,
-		       engine_mpps * 1e6 * b->payload * 8 / 1e9, drops);
+		       engine_mpps * 1e6 * b->payload * 8 / 1e9,
+		       pull_mpps > 0 ? engine_mpps / pull_mpps : 0.0, pull_mpps,
+		       drops);
 	ret = drops ? 2 : 0;
 	goto out;
 fail:

@@ -76,7 +76,8 @@ extern "C" {
 	X(uint32_t, aggregators, "K; srtt/rttvar/rto above are of the aggregator with the longest timeout, rtt_samples the total") \
 	X(uint64_t, start_wait_ns, "current wait for the first result of a step") \
 	X(uint64_t, rto_floor_ns, "the floor of the timeout spurious timeouts taught (0: none; of that same aggregator)") \
-	X(uint64_t, bad_mac, "replies dropped: MAC missing, wrong, or present on a job without auth")
+	X(uint64_t, bad_mac, "replies dropped: MAC missing, wrong, or present on a job without auth") \
+	X(uint32_t, groups, "block groups of the last allreduce (1: not pipelined)")
 
 /* cdef-begin */
 /* Defaults used when a config field is 0. */
@@ -124,6 +125,11 @@ struct hg_client_config {
 				    * worker passes one greater than before) */
 	uint64_t start_wait_ns;    /* least wait for the first result of a step, which
 				    * includes the slowest peer's computing (0 = 4 rto_ns) */
+	uint32_t pipeline_groups;  /* block groups of every method but auto, the same on
+				    * every worker (docs/PROTOCOL.md "Pipelined block
+				    * groups"): 0 = automatic (8 groups, each at least
+				    * four windows of dense values), 1 = no pipelining,
+				    * N = N groups */
 	uint8_t auth;              /* 1: the job authenticates every frame */
 	uint8_t secret[32];         /* auth: the job secret (HG_AUTH_SECRET_LEN); the client
 				    * keeps only its key and the aggregator's */

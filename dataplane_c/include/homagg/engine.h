@@ -146,7 +146,9 @@ int hg_engine_poll(struct hg_engine *e);
  */
 int hg_engine_timers(struct hg_engine *e);
 
-/* When the next upward timer is due (port clock, ns); UINT64_MAX: none. */
+/* When hg_engine_timers() has work next (port clock, ns): no later than the
+ * earliest upward timer (a timer re-armed later leaves the earlier time,
+ * which then finds nothing due); UINT64_MAX: no timer. */
 uint64_t hg_engine_next_deadline(const struct hg_engine *e);
 
 /*

@@ -63,22 +63,24 @@
  * the previous results.
  */
 #define HG_FOREACH_METHOD(X)                                                   \
-	X(DENSE, "dense", 1, HG_MF_EXACT | HG_MF_CANDIDATE,                      \
+	X(DENSE, "dense", 1, HG_MF_EXACT | HG_MF_CANDIDATE | HG_MF_GROUPS,       \
 	  "fixed-point values of every block (SwitchML-like)",                   \
 	  HG_PHB(EXPONENTS), HG_PHB(VALUES))                                     \
-	X(BLOCKS, "blocks", 2, HG_MF_EXACT | HG_MF_SKIP_ZERO | HG_MF_CANDIDATE,  \
+	X(BLOCKS, "blocks", 2, HG_MF_EXACT | HG_MF_SKIP_ZERO | HG_MF_CANDIDATE | \
+	  HG_MF_GROUPS,                                                          \
 	  "fixed-point values of the blocks non-zero anywhere (OmniReduce-like)",\
 	  HG_PHB(EXPONENTS), HG_PHB(VALUES))                                     \
-	X(LHC, "lhc", 3, HG_MF_EXACT,                                            \
+	X(LHC, "lhc", 3, HG_MF_EXACT | HG_MF_GROUPS,                             \
 	  "index and count sketch, peeled; stalled candidates sent again",       \
 	  HG_PHB(EXPONENTS) | HG_PHB(COUNTS), HG_PHB(INDEX), HG_PHB(SKETCH),     \
 	  HG_PHB(FALLBACK))                                                      \
-	X(NC, "nc", 4, 0, "natural compression (unbiased, lossy by design)",     \
+	X(NC, "nc", 4, HG_MF_GROUPS,                                             \
+	  "natural compression (unbiased, lossy by design)",                     \
 	  HG_PHB(EXPONENTS), HG_PHB(CODES))                                      \
 	X(AUTO, "auto", 5, HG_MF_EXACT | HG_MF_CHOOSES,                          \
 	  "the exact method with the fewest bytes, chosen from exact counts",    \
 	  HG_PHB(EXPONENTS), HG_PHB(COUNTS))                                     \
-	X(UNION, "union", 6, HG_MF_EXACT | HG_MF_CANDIDATE,                      \
+	X(UNION, "union", 6, HG_MF_EXACT | HG_MF_CANDIDATE | HG_MF_GROUPS,       \
 	  "lhc's index, then every worker's value at every candidate, scattered",\
 	  HG_PHB(EXPONENTS) | HG_PHB(COUNTS), HG_PHB(INDEX), HG_PHB(UNION))
 
@@ -96,12 +98,15 @@ extern "C" {
  * choose again after it (hg_auto_choose_indexed) and continue the same way
  * (docs/PROTOCOL.md "auto's rule").  A counts phase in a step after the
  * exponents' carries one lane per block non-zero somewhere, not one per
- * block.
+ * block.  GROUPS: every step works block by block, so block groups may go
+ * through the steps independently (the client's pipelined phases,
+ * docs/PROTOCOL.md "Pipelined block groups").
  */
 #define HG_MF_EXACT 1
 #define HG_MF_SKIP_ZERO 2
 #define HG_MF_CANDIDATE 4
 #define HG_MF_CHOOSES 8
+#define HG_MF_GROUPS 16
 
 #define HG_METHOD_MAX_STEPS 8
 

@@ -130,9 +130,14 @@ static uint16_t dpdk_rx(void *ctx, struct hg_pkt **pkts, uint16_t n)
 		return 0;
 	/* the mbuf headers and the frame headers of the whole burst are
 	 * fetched in parallel rather than one miss at a time (they are cold
-	 * when another core or the NIC wrote them) */
+	 * when another core or the NIC wrote them): first every mbuf (its
+	 * header, where the data pointer is, and its private area, where
+	 * pkt_bind() writes), then the frames the data pointers point at */
 	for (i = 0; i < got; i++) {
 		rte_prefetch0(m[i]);
+		rte_prefetch0(mbuf_pkt(m[i]));
+	}
+	for (i = 0; i < got; i++) {
 		rte_prefetch0(rte_pktmbuf_mtod(m[i], void *));
 		rte_prefetch0(rte_pktmbuf_mtod_offset(m[i], char *, RTE_CACHE_LINE_SIZE));
 	}

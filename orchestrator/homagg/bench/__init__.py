@@ -11,6 +11,7 @@ BENCHMARKS = {
     "scale": "homagg.bench.scale",
     "allreduce": "homagg.bench.allreduce",
     "shards": "homagg.bench.shards",
+    "lcores": "homagg.bench.lcores",
     "soak": "homagg.bench.soak",
 }
 

@@ -46,6 +46,13 @@ of 1500 holds makes the testbed's links MTU 9000 (jumbo frames).  Every
 HomAgg row also reports ``cpu_ms_per_mb``: the workers' and the daemon's
 CPU time per MB the workers put on their links (median over the runs).
 
+--pipeline-groups 0,1 runs every pipelined method (all but auto) once
+per value of the job option pipeline_groups (0 automatic block groups, 1
+not pipelined, N groups; docs/PROTOCOL.md "Pipelined block groups"), one
+right after the other on the same testbed; rows carry ``pipeline_groups``
+and, next to a row with 1, ``speedup_vs_unpipelined`` (its median / this
+row's).  The other methods run once.
+
 Workloads (homagg.bench.workloads): shared, random, zipf, dense.  The Gloo
 ranks generate them with homagg.bench.workloads; HomAgg's workers generate
 theirs inside ``homagg run`` (homagg.job.gradient, which calls the same
@@ -70,7 +77,7 @@ import numpy as np
 
 from homagg.bench import report as rep
 from homagg.bench import workloads
-from homagg.protocol import EXACT_METHODS
+from homagg.protocol import EXACT_METHODS, PIPELINE_GROUPS, PIPELINED_METHODS
 from homagg.protocol import METHODS as HOMAGG_METHODS
 
 METHODS = ("gloo",) + HOMAGG_METHODS
@@ -106,6 +113,11 @@ def add_arguments(parser):
                         help="HomAgg job payload bytes per packet, a multiple of 4 up to 8192 "
                         "(default 1024; several: rows for each; above what MTU 1500 holds the "
                         "testbed gets MTU 9000)")
+    parser.add_argument("--pipeline-groups", type=_list(int), default=[PIPELINE_GROUPS],
+                        metavar="N[,N...]",
+                        help="block groups of the pipelined methods (all but auto): 0 "
+                        "automatic, 1 not pipelined, N groups; several: rows for each, with "
+                        f"speedup_vs_unpipelined next to 1 (default {PIPELINE_GROUPS})")
     parser.add_argument("--repeat", type=int, default=5, help="timed runs (default 5)")
     parser.add_argument("--warmup", type=int, default=1, help="untimed runs first (default 1)")
     parser.add_argument("--seed", type=int, default=1, help="gradient seed")
@@ -286,11 +298,11 @@ def homagg_run_available():
 
 
 def homagg_via_run_allreduce(testbed_name, method, n, workload, density, args, payload=1024,
-                             auth=False, shared=None):
+                             auth=False, pipeline_groups=PIPELINE_GROUPS, shared=None):
     """One HomAgg allreduce on the testbed, by homagg.run.run_allreduce (the
     function behind `homagg run allreduce --testbed NAME`); returns its report.
-    ``shared``: run_allreduce's switches / gradient_files / expect, what
-    every method of a case shares (Case)."""
+    ``shared``: run_allreduce's gradient_files / expect, what every method
+    of a case shares (Case)."""
     from homagg import job
     from homagg import run as hrun
 
@@ -301,11 +313,11 @@ def homagg_via_run_allreduce(testbed_name, method, n, workload, density, args, p
     return hrun.run_allreduce(testbed_name, method, n, run_density, workload=run_workload,
                               seed=args.seed, timeout=args.timeout, state_dir=args.state_dir,
                               repeat=args.repeat, warmup=args.warmup, payload=payload,
-                              auth=auth, **(shared or {}))
+                              auth=auth, pipeline_groups=pipeline_groups, **(shared or {}))
 
 
 def homagg_row(testbed_name, method, W, n, workload, density, link_mbit, args, payload=1024,
-               auth=False, shared=None):
+               auth=False, pipeline_groups=PIPELINE_GROUPS, shared=None):
     """One row: --warmup untimed and --repeat timed allreduces by the same
     worker processes and daemon (homagg run's repeat/warmup), checked bit
     for bit once (every call sums the same gradients)."""
@@ -314,7 +326,8 @@ def homagg_row(testbed_name, method, W, n, workload, density, link_mbit, args, p
         return {"status": f"unavailable: {why}"}
     try:
         r = homagg_via_run_allreduce(testbed_name, method, n, workload, density, args,
-                                     payload=payload, auth=auth, shared=shared)
+                                     payload=payload, auth=auth,
+                                     pipeline_groups=pipeline_groups, shared=shared)
     except Exception as exc:  # a failed method is a result, not a crash of the whole run
         return {"status": f"failed: {type(exc).__name__}: {exc}"[:500]}
     seconds = r["seconds_each"]
@@ -335,6 +348,7 @@ def homagg_row(testbed_name, method, W, n, workload, density, link_mbit, args, p
         "workers_agree": r["workers_agree"],
         "generator": r.get("generator", "homagg.job.gradient"),
         "payload_bytes": payload,
+        "pipeline_groups": pipeline_groups if method in PIPELINED_METHODS else None,
         "cpu_ms_per_mb": _cpu_ms_per_mb(r),
         "status": "ok",
     })
@@ -363,17 +377,20 @@ def _worker_counters(stats, calls):
 # --------------------------------------------------------------------------
 
 
-def _start_switches(name, args):
-    """The testbed's homagg-switch daemons, kept for every HomAgg row on it
-    (each row adds and removes its own job); or the reason they did not start."""
-    from homagg import run as hrun
+def _start_daemons(tb, args):
+    """homagg-switch on the testbed's aggregators for every HomAgg row on
+    it (homagg.testbed_job.start, as `homagg testbed up`: each row's
+    run_allreduce adds and removes its own job there); None, or the reason
+    they did not start."""
+    from homagg import testbed_job
 
     try:
-        return hrun.Switches(name, state_dir=args.state_dir)
+        testbed_job.start(tb, timeout=args.timeout)
     except Exception as exc:
         why = f"failed: {type(exc).__name__}: {exc}"[:500]
         _progress(f"homagg-switch {why}")
         return why
+    return None
 
 
 class Case:
@@ -423,6 +440,14 @@ def _cases(args):
 
 
 def run(args):
+    case = Case(args)
+    try:
+        return _run(args, case)
+    finally:
+        case.close()
+
+
+def _run(args, case):
     from homagg.testbed import Testbed, require_root
 
     bad = [m for m in args.methods if m not in METHODS]
@@ -438,85 +463,82 @@ def run(args):
     if bad:
         raise SystemExit(f"--payload-bytes: multiples of 4 in 4..8192, got {bad}")
     mtu = 9000 if max(payloads) > max_payload(1500) else 1500
+    pgs = list(dict.fromkeys(args.pipeline_groups)) or [PIPELINE_GROUPS]
+    if any(g < 0 for g in pgs):
+        raise SystemExit(f"--pipeline-groups: integers >= 0, got {pgs}")
     require_root("homagg bench allreduce")
     results = []
     torch_version = None
-    case = Case(args)
     homagg_methods = [m for m in args.methods if m != "gloo"]
-    try:
-        for W, link_mbit in ((W, r) for W in args.workers for r in args.link_mbit):
-            name = args.testbed_name
-            _progress(f"testbed {name}: {W} workers, links {link_mbit:g} Mbit/s, MTU {mtu}")
-            tb = Testbed.up(name, W, link_mbit=link_mbit, state_dir=args.state_dir, mtu=mtu)
-            switches = None
-            try:
-                if homagg_methods:
-                    switches = _start_switches(name, args)
-                gloo = None
-                if "gloo" in args.methods:
-                    try:
-                        gloo = GlooGroup(tb, args.timeout)
-                        torch_version = gloo.torch_version
-                    except Exception as exc:
-                        gloo = f"unavailable: {type(exc).__name__}: {exc}"[:500]
-                        _progress(f"gloo {gloo}")
+    for W, link_mbit in ((W, r) for W in args.workers for r in args.link_mbit):
+        name = args.testbed_name
+        _progress(f"testbed {name}: {W} workers, links {link_mbit:g} Mbit/s, MTU {mtu}")
+        tb = Testbed.up(name, W, link_mbit=link_mbit, state_dir=args.state_dir, mtu=mtu)
+        try:
+            no_daemon = _start_daemons(tb, args) if homagg_methods else None
+            gloo = None
+            if "gloo" in args.methods:
                 try:
-                    for wl, d in _cases(args):
-                        base = {"workers": W, "link_mbit": link_mbit, "elements": args.elements,
-                                "workload": wl, "density": d}
-                        files, expect = case.prepare(W, wl, d, exact_check=bool(homagg_methods))
-                        shared = {"gradient_files": files, "expect": expect}
-                        if not isinstance(switches, str) and switches is not None:
-                            shared["switches"] = switches.switches
-                        rows = {}
-                        for m in args.methods:
-                            if m == "gloo":
-                                if isinstance(gloo, str):
-                                    row = {"status": gloo}
-                                else:
-                                    try:
-                                        row = gloo_row(gloo, W, args.elements, wl, d, link_mbit,
-                                                       args, gradient_files=files)
-                                    except Exception as exc:
-                                        row = {"status": f"failed: {type(exc).__name__}: {exc}"[:500]}
-                                rows[m] = {"method": m, **base, **row}
-                                _progress(_line(rows[m]))
-                                continue
-                            for p in payloads:
-                                if isinstance(switches, str):
-                                    row = {"status": switches}
-                                else:
-                                    row = homagg_row(name, m, W, args.elements, wl, d, link_mbit,
-                                                     args, payload=p, shared=shared)
-                                key = m if len(payloads) == 1 else f"{m}@{p}"
-                                rows[key] = {"method": m, **base, **row}
-                                _progress(_line(rows[key]))
-                                if args.auth:
-                                    # the same allreduce with per-worker MACs, right after
-                                    row = homagg_row(name, m, W, args.elements, wl, d, link_mbit,
-                                                     args, payload=p, auth=True, shared=shared)
-                                    plain = rows[key].get("seconds_median")
-                                    authed = row.get("seconds_median")
-                                    row["time_vs_unauthenticated"] = (authed / plain
-                                                                      if plain and authed else None)
-                                    rows[key + "+auth"] = {"method": m + "+auth", "auth": True,
-                                                           **base, **row}
-                                    _progress(_line(rows[key + "+auth"]))
-                        g = rows.get("gloo", {}).get("seconds_median")
-                        for r in rows.values():
-                            s = r.get("seconds_median")
-                            r["speedup_vs_gloo"] = g / s if g and s else None
-                            results.append(r)
-                finally:
-                    if gloo is not None and not isinstance(gloo, str):
-                        gloo.close()
+                    gloo = GlooGroup(tb, args.timeout)
+                    torch_version = gloo.torch_version
+                except Exception as exc:
+                    gloo = f"unavailable: {type(exc).__name__}: {exc}"[:500]
+                    _progress(f"gloo {gloo}")
+            try:
+                for wl, d in _cases(args):
+                    base = {"workers": W, "link_mbit": link_mbit, "elements": args.elements,
+                            "workload": wl, "density": d}
+                    files, expect = case.prepare(W, wl, d, exact_check=bool(homagg_methods))
+                    shared = {"gradient_files": files, "expect": expect}
+                    rows = {}
+                    for m in args.methods:
+                        if m == "gloo":
+                            if isinstance(gloo, str):
+                                row = {"status": gloo}
+                            else:
+                                try:
+                                    row = gloo_row(gloo, W, args.elements, wl, d, link_mbit,
+                                                   args, gradient_files=files)
+                                except Exception as exc:
+                                    row = {"status": f"failed: {type(exc).__name__}: {exc}"[:500]}
+                            rows[m] = {"method": m, **base, **row}
+                            _progress(_line(rows[m]))
+                            continue
+                        for p, pg in ((p, pg) for p in payloads
+                                      for pg in (pgs if m in PIPELINED_METHODS else pgs[:1])):
+                            row = ({"status": no_daemon} if no_daemon else
+                                   homagg_row(name, m, W, args.elements, wl, d, link_mbit, args,
+                                              payload=p, pipeline_groups=pg, shared=shared))
+                            key = ((m if len(payloads) == 1 else f"{m}@{p}")
+                                   + (f"/groups{pg}" if len(pgs) > 1 and m in PIPELINED_METHODS
+                                      else ""))
+                            rows[key] = {"method": m, **base, **row}
+                            _progress(_line(rows[key]))
+                            if pg == pgs[-1] and len(pgs) > 1 and m in PIPELINED_METHODS:
+                                _pipeline_ratios(rows, m, p, pgs, len(payloads) > 1)
+                            if args.auth:
+                                # the same allreduce with per-worker MACs, right after
+                                row = homagg_row(name, m, W, args.elements, wl, d, link_mbit,
+                                                 args, payload=p, auth=True, pipeline_groups=pg,
+                                                 shared=shared)
+                                plain = rows[key].get("seconds_median")
+                                authed = row.get("seconds_median")
+                                row["time_vs_unauthenticated"] = (authed / plain
+                                                                  if plain and authed else None)
+                                rows[key + "+auth"] = {"method": m + "+auth", "auth": True,
+                                                       **base, **row}
+                                _progress(_line(rows[key + "+auth"]))
+                    g = rows.get("gloo", {}).get("seconds_median")
+                    for r in rows.values():
+                        s = r.get("seconds_median")
+                        r["speedup_vs_gloo"] = g / s if g and s else None
+                        results.append(r)
             finally:
-                if switches is not None and not isinstance(switches, str):
-                    switches.close()
-                Testbed.down(name, state_dir=args.state_dir)
-                _progress(f"testbed {name} removed")
-    finally:
-        case.close()
+                if gloo is not None and not isinstance(gloo, str):
+                    gloo.close()
+        finally:
+            Testbed.down(name, state_dir=args.state_dir)  # stops its daemons too
+            _progress(f"testbed {name} removed")
     return rep.header(benchmark="allreduce", link_mbit=args.link_mbit, elements=args.elements,
                       payload_bytes=payloads, mtu=mtu,
                       repeat=args.repeat, warmup=args.warmup, seed=args.seed,
@@ -524,11 +546,25 @@ def run(args):
                       torch_runtime=torch_version, kernel=platform.release(), results=results)
 
 
+def _pipeline_ratios(rows, m, p, pgs, by_payload):
+    """speedup_vs_unpipelined of the rows of method m at payload p: the
+    median of its pipeline_groups=1 row / each row's (both of this run)."""
+    def key(pg):
+        return (f"{m}@{p}" if by_payload else m) + f"/groups{pg}"
+
+    plain = rows.get(key(1), {}).get("seconds_median")
+    for pg in pgs:
+        s = rows[key(pg)].get("seconds_median")
+        rows[key(pg)]["speedup_vs_unpipelined"] = plain / s if plain and s else None
+
+
 def _line(r):
     head = (f"W={r['workers']} {r['link_mbit']:g} Mbit/s {r['method']:6s} {r['workload']:6s} "
             f"d={r['density']:<6g}")
     if r.get("payload_bytes"):
         head += f" {r['payload_bytes']} B"
+    if r.get("pipeline_groups") is not None:
+        head += f" groups {r['pipeline_groups']}"
     if r.get("status") != "ok":
         return f"{head} {r.get('status')}"
     line = (f"{head} median {r['seconds_median'] * 1e3:9.2f} ms "
@@ -548,7 +584,8 @@ MD_COLUMNS = ("workers", "link_mbit", "workload", "density", "method", "payload_
               "seconds_median", "seconds_min", "seconds_max", "speedup_vs_gloo", "algbw_gbps",
               "bytes_per_worker", "link_utilisation", "worker_cpu_seconds", "daemon_cpu_seconds",
               "timeouts_per_allreduce", "retransmissions_per_allreduce", "exact", "cpu_bound",
-              "cpu_ms_per_mb", "link_bound", "time_vs_unauthenticated")
+              "cpu_ms_per_mb", "link_bound", "time_vs_unauthenticated", "pipeline_groups",
+              "speedup_vs_unpipelined")
 
 
 def reference_rate(report):

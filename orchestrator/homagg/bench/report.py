@@ -124,6 +124,20 @@ def write_outputs(out_dir, name, report, md_columns, title):
     return paths
 
 
+def finish(name, args, report, md_columns, title):
+    """The end of a testbed benchmark's main(): its outputs into args.out
+    (when set), the report as JSON on stdout with args.json, and the exit
+    status: 1 when a result was not exact or the workers disagreed."""
+    if args.out:
+        paths = write_outputs(args.out, name, report, md_columns, title)
+        progress(name, "wrote " + ", ".join(paths.values()))
+    if args.json:
+        json.dump(report, sys.stdout, indent=2, default=str)
+        sys.stdout.write("\n")
+    bad = [r for r in report["results"] if r["exact"] is False or not r["workers_agree"]]
+    return 1 if bad else 0
+
+
 def pyplot():
     """matplotlib.pyplot on the Agg backend (no display needed)."""
     import matplotlib

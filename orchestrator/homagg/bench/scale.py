@@ -236,22 +236,18 @@ def run(args):
         f64 = np.sum([g.astype(np.float64) for g in grads], axis=0)
         union = int(np.count_nonzero(np.any([g != 0 for g in grads], axis=0)))
         ks = list(dict.fromkeys(aggregators_for(t, W) for t in args.aggregators))
-        for m, K in ((m, K) for K in ks for m in args.methods):
-            slots = args.slots or auto_slots(W)
-            row, _res = run_one(grads, m, args.link_gbps, block, slots, args.seed,
-                                want=want, f64=f64, aggregators=K)
-            row = {"workers": W, "elements": args.elements, "workload": args.workload,
-                   "density": density, "union_density": union / args.elements, **row}
-            rows.append(row)
-            _progress(row)
-        for m, L in ((m, L) for L in tree_leaves(args.leaves, W) for m in args.methods):
-            slots = args.slots or auto_slots(max(-(-W // L), L))
-            row, _res = run_one(grads, m, args.link_gbps, block, slots, args.seed,
-                                want=want, f64=f64, leaves=L)
-            row = {"workers": W, "elements": args.elements, "workload": args.workload,
-                   "density": density, "union_density": union / args.elements, **row}
-            rows.append(row)
-            _progress(row)
+        # (the aggregators or the tree, and the most workers one aggregator serves)
+        shapes = [({"aggregators": K}, W) for K in ks]
+        shapes += [({"leaves": L}, max(-(-W // L), L)) for L in tree_leaves(args.leaves, W)]
+        for shape, per_agg in shapes:
+            for m in args.methods:
+                slots = args.slots or auto_slots(per_agg)
+                row, _res = run_one(grads, m, args.link_gbps, block, slots, args.seed,
+                                    want=want, f64=f64, **shape)
+                row = {"workers": W, "elements": args.elements, "workload": args.workload,
+                       "density": density, "union_density": union / args.elements, **row}
+                rows.append(row)
+                _progress(row)
         del grads
     return rep.header(benchmark="scale", link_gbps=args.link_gbps, elements=args.elements,
                       density=density, workload=args.workload, block_elements=block,

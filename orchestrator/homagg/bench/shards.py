@@ -15,10 +15,8 @@ run.
 Outputs with --out DIR: shards.json, shards.csv, shards.md.  --json prints
 the report.
 """
-import json
 import secrets
 import statistics
-import sys
 import tempfile
 
 from homagg.bench import report as rep
@@ -87,12 +85,5 @@ def main(args):
     for K, s in report["summary"].items():
         rep.progress("shards", f"K={K}: median {s['median_seconds'] * 1e3:.1f} ms, "
                      f"{s['speedup_vs_k1']:.2f}x K = 1")
-    if args.out:
-        paths = rep.write_outputs(args.out, "shards", report, MD_COLUMNS,
-                                  "K aggregators against one on the shaped local testbed")
-        rep.progress("shards", "wrote " + ", ".join(paths.values()))
-    if args.json:
-        json.dump(report, sys.stdout, indent=2, default=str)
-        sys.stdout.write("\n")
-    bad = [r for r in report["results"] if r["exact"] is False or not r["workers_agree"]]
-    return 1 if bad else 0
+    return rep.finish("shards", args, report, MD_COLUMNS,
+                      "K aggregators against one on the shaped local testbed")

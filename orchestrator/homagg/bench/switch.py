@@ -8,7 +8,12 @@ second of wall time), ``engine_mpps`` (the engine lcore's capacity: frames
 over the cycles of its polls that received frames; a poll longer than 50 us
 was preempted by another process and counts 50 us), the Gbit/s of frames
 and of payload (``payload_gbps``, ``engine_payload_gbps``: the lane bytes
-the engine sums), and the drops (must be 0).  ``--payload 1024 8192``
+the engine sums), and the drops (must be 0).  In the same run the engine
+lcore then only pulls the frames for half the time (receives each one,
+reads one byte of each of its cache lines, frees it): ``pull_mpps`` and
+``pull_payload_gbps`` are what moving the frames to that lcore allows on
+this machine, ``engine_vs_pull`` the engine's capacity as a fraction of
+it.  ``--payload 1024 8192``
 measures the default payload and a jumbo one (frames up to MTU 9000) in one
 run.  ``--lcores 0`` runs generator and engine on one lcore
 (frames hot in that core's cache); the default ``0,1`` puts them on two
@@ -92,6 +97,8 @@ def main(args):
                       f"capacity {r['engine_mpps']:7.3f} Mpps"
                       f"{f' = {ratio:.2f}x unauthenticated' if ratio is not None else ''} "
                       f"({r['engine_payload_gbps']:6.2f} Gbit/s of payload, busy "
-                      f"{100 * r['engine_busy']:.0f}%, {r['preempted_polls']} preempted polls), "
+                      f"{100 * r['engine_busy']:.0f}%, {r['preempted_polls']} preempted polls) "
+                      f"= {r['engine_vs_pull']:.2f}x an lcore that only pulls the frames "
+                      f"({r['pull_payload_gbps']:6.2f} Gbit/s of payload), "
                       f"{r['lcores']} lcore(s), {r['isa']}, drops {r['drops']}", flush=True)
     return rc

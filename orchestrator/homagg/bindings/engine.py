@@ -14,7 +14,8 @@ F_UDP_CSUM = lib.HG_ENGINE_F_UDP_CSUM
 AUTH_SECRET_LEN = lib.HG_AUTH_SECRET_LEN
 
 JOB_FIELDS = ("job", "token", "workers", "slots", "payload_bytes", "group_ipv4",
-              "shard", "incarnation", "auth")
+              "shard", "incarnation", "auth", "up", "up_shard", "up_worker", "up_ipv4",
+              "up_port", "up_group", "up_rto_ns", "up_give_up_ns")
 
 
 def engine_create(port, **config):
@@ -73,6 +74,16 @@ def engine_poll(e):
 
 def engine_process(e, pkts, n):
     return check(lib.hg_engine_process(e, pkts, n), "hg_engine_process")
+
+
+def engine_timers(e):
+    return check(lib.hg_engine_timers(e), "hg_engine_timers")
+
+
+def engine_next_deadline(e):
+    """The next upward timer (port clock, ns), or None."""
+    t = lib.hg_engine_next_deadline(e)
+    return None if t == 2**64 - 1 else t
 
 
 def engine_counters(e):

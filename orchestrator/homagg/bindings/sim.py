@@ -9,6 +9,8 @@ references).  The typed API is ``homagg.sim``.
 from homagg._native import ffi, lib
 from homagg.bindings._args import _f32, _fill
 from homagg.bindings.client import agg_stats_dict, client_stats_dict
+from homagg.bindings.nic import port_counters
+from homagg.bindings.wire import counters_read
 from homagg.errors import InvalidArgument, ResourceError, check
 
 # the incarnation of every simulated worker
@@ -24,7 +26,7 @@ def params(**fields):
 def sim_create(loss=0.0, duplicate=0.0, reorder=0.0, reorder_ns=0, delay_ns=0,
                link_gbps=0.0, seed=0, payload_bytes=0, unicast_results=False,
                agg_link_gbps=0.0, aggregators=1, pool_frames=0, mtu=0, leaves=0,
-               up_rto_ns=0):
+               up_rto_ns=0, up_give_up_ns=0):
     for name, v in (("loss", loss), ("duplicate", duplicate), ("reorder", reorder)):
         if not 0.0 <= v < 1.0:
             raise InvalidArgument(f"{name} must be in [0, 1), got {v}")
@@ -39,22 +41,13 @@ def sim_create(loss=0.0, duplicate=0.0, reorder=0.0, reorder_ns=0, delay_ns=0,
     if leaves and aggregators > 1:
         raise InvalidArgument(f"a tree has one root: leaves={leaves} needs aggregators=1, "
                               f"got {aggregators}")
-    cfg = ffi.new("struct hg_sim_config *")
-    cfg.loss = loss
-    cfg.duplicate = duplicate
-    cfg.reorder = reorder
-    cfg.reorder_ns = int(reorder_ns)
-    cfg.delay_ns = int(delay_ns)
-    cfg.link_gbps = link_gbps
-    cfg.seed = int(seed) & (2**64 - 1)
-    cfg.payload_bytes = int(payload_bytes)
-    cfg.unicast_results = bool(unicast_results)
-    cfg.agg_link_gbps = float(agg_link_gbps)
-    cfg.aggregators = int(aggregators)
-    cfg.pool_frames = int(pool_frames)
-    cfg.mtu = int(mtu)
-    cfg.leaves = int(leaves)
-    cfg.up_rto_ns = int(up_rto_ns)
+    cfg = _fill(ffi.new("struct hg_sim_config *"), dict(
+        loss=loss, duplicate=duplicate, reorder=reorder, reorder_ns=int(reorder_ns),
+        delay_ns=int(delay_ns), link_gbps=link_gbps, seed=int(seed) & (2**64 - 1),
+        payload_bytes=int(payload_bytes), unicast_results=bool(unicast_results),
+        agg_link_gbps=float(agg_link_gbps), aggregators=int(aggregators),
+        pool_frames=int(pool_frames), mtu=int(mtu), leaves=int(leaves),
+        up_rto_ns=int(up_rto_ns), up_give_up_ns=int(up_give_up_ns)))
     s = lib.hg_sim_create(cfg)
     if s == ffi.NULL:
         raise ResourceError("cannot create the simulated cluster (bad configuration or out of memory)")
@@ -66,17 +59,13 @@ def sim_destroy(s):
 
 
 def sim_add_job(s, workers, slots=0, rto_ns=0, rto_max_ns=0, give_up_ns=0, rto_min_ns=0,
-                secret=None):
-    jc = ffi.new("struct hg_sim_job_config *")
+                secret=None, pipeline_groups=0):
+    jc = _fill(ffi.new("struct hg_sim_job_config *"), dict(
+        workers=int(workers), slots=int(slots), rto_ns=int(rto_ns), rto_max_ns=int(rto_max_ns),
+        give_up_ns=int(give_up_ns), rto_min_ns=int(rto_min_ns),
+        pipeline_groups=int(pipeline_groups)))
     if secret is not None:
-        jc.auth = 1
-        jc.secret = list(bytes(secret))
-    jc.workers = int(workers)
-    jc.slots = int(slots)
-    jc.rto_ns = int(rto_ns)
-    jc.rto_max_ns = int(rto_max_ns)
-    jc.give_up_ns = int(give_up_ns)
-    jc.rto_min_ns = int(rto_min_ns)
+        _fill(jc, {"auth": 1, "secret": bytes(secret)})
     return check(lib.hg_sim_add_job(s, jc), "add job")
 
 
@@ -152,16 +141,8 @@ def sim_aggregator_counters(s, k):
     e = lib.hg_sim_aggregator_engine(s, k)
     if e == ffi.NULL:
         raise InvalidArgument(f"no aggregator {k}")
-    n = lib.hg_counter_count()
-    out = ffi.new("uint64_t[]", n)
-    got = check(lib.hg_engine_counters(e, out, n), "engine counters")
-    engine = {ffi.string(lib.hg_counter_name(i)).decode(): out[i] for i in range(got)}
-    port = lib.hg_sim_aggregator_port(s, k)
-    n = lib.hg_nic_port_counter_count()
-    out = ffi.new("uint64_t[]", n)
-    got = lib.hg_nic_port_counters(port, out, n)
-    link = {ffi.string(lib.hg_nic_port_counter_name(i)).decode(): out[i] for i in range(got)}
-    return engine, link
+    engine = counters_read(lambda out, n: lib.hg_engine_counters(e, out, n), "engine counters")
+    return engine, port_counters(lib.hg_sim_aggregator_port(s, k))
 
 
 def sim_kill_worker(s, job, worker, after_packets):
@@ -179,9 +160,7 @@ def sim_inject(s, frame):
 
 
 def sim_build_frame(s, fields, payload=b"", key=None):
-    h = ffi.new("struct hg_hdr *")
-    for k, v in fields.items():
-        setattr(h, k, v)
+    h = _fill(ffi.new("struct hg_hdr *"), fields)
     payload = bytes(payload)
     cap = lib.HG_ETH_IP_UDP_LEN + lib.HG_HDR_LEN + len(payload) + lib.HG_MAC_LEN
     out = ffi.new("uint8_t[]", cap)
@@ -194,10 +173,7 @@ def sim_build_frame(s, fields, payload=b"", key=None):
 def sim_engine_counters(s):
     """The engine's counter table as a dict (homagg/counters.h names)."""
     e = lib.hg_sim_engine(s)
-    n = lib.hg_counter_count()
-    out = ffi.new("uint64_t[]", n)
-    got = check(lib.hg_engine_counters(e, out, n), "engine counters")
-    return {ffi.string(lib.hg_counter_name(i)).decode(): out[i] for i in range(got)}
+    return counters_read(lambda out, n: lib.hg_engine_counters(e, out, n), "engine counters")
 
 
 def sim_stats(s):

@@ -60,6 +60,7 @@ struct hg_sim_config {
 				 * (aggregators must be 0 or 1; every job needs
 				 * W >= L); 0: flat */
 	uint64_t up_rto_ns;     /* the leaves' upward timeout (0 = the engine's) */
+	uint64_t up_give_up_ns; /* the leaves' upward give-up time (0 = the engine's) */
 };
 
 struct hg_sim_job_config {
@@ -74,6 +75,8 @@ struct hg_sim_job_config {
 				 * virtual cluster keeps it deterministic) */
 	uint8_t auth;           /* 1: the job authenticates every frame */
 	uint8_t secret[32];     /* auth: the job secret (HG_AUTH_SECRET_LEN) */
+	uint32_t pipeline_groups; /* hg_client_config.pipeline_groups of every
+				 * worker (0 = automatic, 1 = not pipelined) */
 };
 
 struct hg_sim_stats {

@@ -1,0 +1,195 @@
+"""A training job: registered on its aggregators, described by a job file.
+
+``register(controls, addresses, workers=W, ...)`` adds one job on each of
+the K aggregators (aggregator k gets ``shard`` k, docs/PROTOCOL.md "Several
+aggregators") and returns its description, the fields of a job file; on a
+failure the aggregators that had it drop it again.  ``unregister`` removes
+it.  A control is a callable taking one control request (a dict such as
+``{"cmd": "stats"}``) and returning the reply: ``homagg.run.Switch.control``
+on a local testbed, ``homagg.remote.Host.control`` on an inventory's host.
+``homagg testbed up``, ``homagg up -i``, ``homagg train`` and ``homagg run``
+register their jobs this way.
+
+The job file is what a training process reads (``HOMAGG_JOB_FILE``,
+homagg.torch); every field may be overridden by its variable
+``HOMAGG_<FIELD>``::
+
+    {"aggregator": "10.77.0.1:48879,10.77.0.2:48879", "job": 1234,
+     "token": 567, "workers": 4, "group": "239.77.0.2", "timeout": 10.0,
+     "slots": 64, "payload": 1024}
+
+``aggregator`` lists the job's aggregators in shard order, comma separated;
+``workers`` (0: not stated) must equal the world size of the ranks.
+A job serves one run of its workers: their chunk counters start from 0, and
+the aggregators' slots remember the previous run's, so a new run needs the
+job registered afresh (``renew``: the same id and token, the same file).
+"""
+import json
+import os
+import secrets
+
+from homagg.bindings.wire import UDP_PORT
+from homagg.errors import HomAggError
+
+# Fields of a job file: name -> (type, default).  None: required.
+JOB_FIELDS = {
+    "aggregator": (str, None),
+    "job": (int, None),
+    "token": (int, None),
+    "group": (str, ""),
+    "bind": (str, "0.0.0.0"),
+    "timeout": (float, 10.0),
+    "slots": (int, 64),
+    "payload": (int, 1024),
+    "workers": (int, 0),  # 0: not stated; else it must equal the world size
+}
+
+
+class ConfigError(HomAggError):
+    """The HomAgg job of a training process is not configured correctly."""
+
+
+def job_config(env=None):
+    """The job configuration from HOMAGG_JOB_FILE and HOMAGG_* variables
+    (a variable wins over the file's field), with "aggregators": the list
+    of (ip, port) and "aggregator" the first; ConfigError names what is
+    missing or malformed."""
+    env = os.environ if env is None else env
+    conf = {}
+    path = env.get("HOMAGG_JOB_FILE")
+    if path:
+        try:
+            with open(path) as f:
+                conf = json.load(f)
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"HOMAGG_JOB_FILE={path}: cannot read the job file: {exc}") from exc
+        if not isinstance(conf, dict):
+            raise ConfigError(f"HOMAGG_JOB_FILE={path}: not a JSON object")
+    out = {}
+    for name, (kind, default) in JOB_FIELDS.items():
+        var = "HOMAGG_" + name.upper()
+        value = env.get(var, conf.get(name, default))
+        if value is None:
+            raise ConfigError(
+                f"no {name} configured for the HomAgg job: set {var} (or HOMAGG_JOB_FILE, "
+                "a job file written by `homagg testbed up`, `homagg up -i` or `homagg train`)")
+        try:
+            out[name] = kind(value)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"{var}={value!r}: not a valid {kind.__name__}") from exc
+    out["aggregators"] = [_address(a) for a in out["aggregator"].split(",")]
+    out["aggregator"] = out["aggregators"][0]
+    if out["timeout"] <= 0:
+        raise ConfigError("HOMAGG_TIMEOUT must be positive")
+    for key in ("rank", "world_size"):
+        if key in conf:
+            out[key] = int(conf[key])
+    return out
+
+
+def _address(text):
+    host, _, port = text.strip().partition(":")
+    try:
+        return (host, int(port) if port else UDP_PORT)
+    except ValueError as exc:
+        raise ConfigError(f"HOMAGG_AGGREGATOR={text!r}: expected ip[:port]") from exc
+
+
+def addresses_text(aggregators):
+    """"ip:port,ip:port" of (ip, port) pairs (or "ip:port" strings)."""
+    if isinstance(aggregators, (str, tuple)):
+        aggregators = [aggregators]
+    return ",".join(a if isinstance(a, str) else f"{a[0]}:{a[1]}" for a in aggregators)
+
+
+def write_job_file(path, **fields):
+    """Write a job file HOMAGG_JOB_FILE can name (the JOB_FIELDS).
+    ``aggregator``: "ip:port", one (ip, port) pair or a list of them (the
+    job's aggregators in shard order).  Only its owner may read the file:
+    it holds the job's token."""
+    from homagg.errors import InvalidArgument
+
+    unknown = set(fields) - set(JOB_FIELDS)
+    if unknown:
+        raise InvalidArgument(f"unknown job file fields {sorted(unknown)}")
+    if "aggregator" in fields:
+        fields["aggregator"] = addresses_text(fields["aggregator"])
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(fields, f)
+    return path
+
+
+def add_job_arguments(p) -> None:
+    """The job options of `homagg testbed up` and `homagg up -i`."""
+    p.add_argument("--slots", type=int, default=64,
+                   help="the job's aggregator slots (default: %(default)s)")
+    p.add_argument("--payload-bytes", type=int, default=1024, metavar="BYTES",
+                   help="the job's payload per packet (default: %(default)s)")
+    p.add_argument("--timeout", type=float, default=10.0, metavar="S",
+                   help="the job file's timeout: an allreduce gives up after S seconds "
+                   "without progress (default: %(default)s)")
+
+
+# --------------------------------------------------------------------------
+# Registration on the aggregators
+
+
+def register(controls, addresses, *, workers, slots=64, payload=1024, group=None,
+             timeout=10.0, job=None, token=None, auth=None):
+    """Add the job on every aggregator (controls[k] gets shard k; addresses
+    are their (ip, port), in the same order) and return its job-file fields.
+    ``job``/``token`` default to new random ones; ``auth``: the job secret
+    of an authenticated job (it goes to the daemons only, never into the
+    returned fields).  If an aggregator refuses, the job is removed from
+    the ones that had it and the error re-raised."""
+    if len(controls) != len(addresses) or not controls:
+        raise ValueError("register: one address per control, at least one")
+    job = 1 + secrets.randbelow(1 << 15) if job is None else int(job)
+    token = secrets.randbits(31) if token is None else int(token)
+    added = []
+    try:
+        for k, control in enumerate(controls):
+            req = {"cmd": "add_job", "job": job, "token": token, "workers": workers,
+                   "slots": slots, "payload": payload, "shard": k}
+            if group:
+                req["group"] = group
+            if auth is not None:
+                req["auth"] = bytes(auth).hex()
+            control(req)
+            added.append(control)
+    except BaseException:
+        unregister(added, job, warn=lambda k, e: None)
+        raise
+    return {"aggregator": addresses_text(list(addresses)), "job": job, "token": token,
+            "workers": workers, "group": group or "", "timeout": timeout, "slots": slots,
+            "payload": payload}
+
+
+def unregister(controls, job, warn=None):
+    """remove_job on every aggregator.  Each failure goes to warn(k, error)
+    and the others are still tried; without ``warn`` the first is raised
+    after all were tried."""
+    first = None
+    for k, control in enumerate(controls):
+        try:
+            control({"cmd": "remove_job", "job": int(job)})
+        except Exception as e:  # noqa: BLE001 - one aggregator never hides the others
+            if warn is not None:
+                warn(k, e)
+            elif first is None:
+                first = e
+    if first is not None:
+        raise first
+
+
+def renew(controls, fields):
+    """Register the job of job-file ``fields`` afresh (removed, then added
+    with the same id, token and settings) for a new run of its workers."""
+    job = fields["job"]
+    unregister(controls, job, warn=lambda k, e: None)  # gone already is fine
+    return register(controls, [_address(a) for a in fields["aggregator"].split(",")],
+                    workers=fields["workers"], slots=fields["slots"],
+                    payload=fields["payload"], group=fields.get("group") or None,
+                    timeout=fields["timeout"], job=job, token=fields["token"])

@@ -1,0 +1,104 @@
+"""The daemons and the job of a local testbed, for torchrun and `homagg train`.
+
+``homagg testbed up`` (unless --no-daemon) calls ``start``: homagg-switch in
+every aggregator namespace (homagg.run.Switch, started with the testbed's
+``run_in``, so ``homagg testbed down`` stops them by PID), one job for all
+the testbed's workers spread over them (homagg.job_file.register) and its
+job file in the testbed's ``files_dir``::
+
+    sudo homagg testbed up --workers 2 --name demo
+    # job file: /run/homagg/testbeds/demo.d/job.json
+    sudo ip netns exec hg-demo-w0 env HOMAGG_JOB_FILE=... HOMAGG_BIND=10.77.0.10 torchrun ...
+
+The state file records them ("daemons": per aggregator host its PID,
+control socket, PMD, address and log; "job": the job id and the job
+file's path; the token stays in the job file, which only root reads).
+``homagg run`` and ``homagg train`` on such a testbed use these daemons;
+``homagg train`` with as many ranks as the job has workers uses the job
+and its file.  A job serves one run of its ranks (homagg.job_file):
+``renew`` (``homagg testbed job``) registers it afresh for the next one.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+
+from homagg import job_file
+from homagg.errors import HomAggError
+from homagg.testbed import Testbed
+
+JOB_GROUP = "239.77.0.3"  # the results' multicast group of the testbed's job
+
+
+def start(tb: Testbed, *, slots: int = 64, payload: int = 1024, timeout: float = 10.0,
+          switch: str | None = None) -> dict:
+    """Start the daemons, register the job, write its job file; returns the
+    job-file fields plus "file" and "daemons" ({host: record}).  On a
+    failure the daemons started are stopped and the error re-raised."""
+    from homagg import run as runmod
+
+    runmod.check_payload(payload, int(tb.state().get("mtu") or 1500), f"testbed {tb.name}")
+    os.makedirs(tb.files_dir, mode=0o700, exist_ok=True)
+    sws = []
+    try:
+        for h in tb.aggregators:
+            sws.append(runmod.Switch(tb, tb.files_dir, switch=switch, host=h.name))
+        fields = job_file.register([s.control for s in sws],
+                                   [(s.ip, runmod.UDP_PORT) for s in sws],
+                                   workers=len(tb.workers), slots=slots, payload=payload,
+                                   group=JOB_GROUP, timeout=timeout)
+        path = job_file.write_job_file(os.path.join(tb.files_dir, "job.json"), **fields)
+        daemons = {s.host: s.record() for s in sws}
+        tb.note(daemons=daemons, job={"job": fields["job"], "file": path})
+    except BaseException:
+        for s in sws:
+            s.stop()
+        raise
+    return {**fields, "file": path, "daemons": daemons}
+
+
+def job(tb: Testbed) -> dict | None:
+    """The testbed's job: its job-file fields plus "file", or None."""
+    rec = tb.state().get("job")
+    if not rec:
+        return None
+    with open(rec["file"]) as f:
+        return {**json.load(f), "file": rec["file"]}
+
+
+def controls(tb: Testbed, workdir: str | None = None) -> list:
+    """The control callables of the testbed's daemons, in shard order."""
+    from homagg import run as runmod
+
+    return [runmod.Switch(tb, workdir or tb.files_dir, host=h.name).control
+            for h in tb.aggregators]
+
+
+def renew(tb: Testbed) -> dict:
+    """Register the testbed's job afresh (same id, token and job file) for
+    the next run of its ranks; returns it as ``job`` does."""
+    current = job(tb)
+    if current is None:
+        raise HomAggError(f"testbed {tb.name} has no job: it was built with --no-daemon "
+                          "(`homagg testbed down` and `up` again without it)")
+    fields = {k: v for k, v in current.items() if k != "file"}
+    return {**job_file.renew(controls(tb), fields), "file": current["file"]}
+
+
+def describe(tb: Testbed) -> list[str]:
+    """Lines for ``homagg testbed up`` / ``show``: the daemons and the job."""
+    st = tb.state()
+    out = []
+    for host, d in st.get("daemons", {}).items():
+        out.append(f"homagg-switch on {host}: pid {d['pid']}, {d['pmd']}, {d['ip']}, "
+                   f"log {d['log']}")
+    rec = st.get("job")
+    if rec:
+        with contextlib.suppress(OSError, ValueError):
+            j = job(tb)
+            out.append(f"job {j['job']}: {j['workers']} workers, aggregators {j['aggregator']}, "
+                       f"{j['slots']} slots, {j['payload']}-byte payloads")
+        out.append(f"job file: {rec['file']}  (HOMAGG_JOB_FILE for torchrun; "
+                   f"`homagg testbed job --name {tb.name}` renews the job before another run)")
+    return out
