@@ -306,9 +306,9 @@ def test_provision_twice_then_partial_failure(rack, sdist, wheelhouse, hugepages
                            stdout=subprocess.PIPE, text=True)
         return int(p.communicate(timeout=10)[0])
 
-    small = make_inventory(rack, tmp_path, sdist, hugepages, wheelhouse,
-                           **{n: {"mtu": 1400} for n in names})
-    for inventory, mtu in ((small, 1400), (path, 1500)):
+    for mtu in (1400, 1500):
+        inventory = make_inventory(rack, tmp_path, sdist, hugepages, wheelhouse,
+                                   **{n: {"mtu": mtu} for n in names})
         r = cli("provision", "-i", inventory)
         assert r.returncode == 0, r.stdout + r.stderr
         t = table(r.stdout)
