@@ -22,7 +22,7 @@ from conftest import gone, require
 from homagg import inventory as inv
 from homagg import provision as prov
 from homagg import job as localrun
-from sshrack import Rack, host_table, to_toml
+from sshrack import host_table, running_rack, to_toml
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VENV = os.path.dirname(os.path.dirname(sys.executable))
@@ -36,12 +36,8 @@ pytestmark = [pytest.mark.root, pytest.mark.netns, pytest.mark.ssh, pytest.mark.
 def rack(tmp_path_factory):
     require(os.geteuid() == 0, "needs root")
     require(os.path.exists(SWITCH), "homagg-switch not built (make build)")
-    r = Rack(tmp_path_factory.mktemp("rack"))
-    try:
-        r.up()
+    with running_rack(tmp_path_factory.mktemp("rack")) as r:
         yield r
-    finally:
-        r.down()
 
 
 def make_testbed(rack, tmp, **host_overrides):
@@ -171,8 +167,9 @@ def test_missing_pci_device_and_unprovisioned_host(rack, tmp_path):
 @pytest.mark.timeout(400)
 def test_train_on_inventory_hosts(rack, tmp_path):
     """`homagg train -i` after `homagg up -i`: one DDP rank per worker host
-    over SSH, gradients through the hook and the daemon `up` started; the
-    fetched parameters are bit-identical across ranks and to the replay."""
+    over SSH, configured from the job files `up` wrote, gradients through
+    the hook and the daemon `up` started; the fetched parameters are
+    bit-identical across ranks and to the replay."""
     path, i = make_testbed(rack, tmp_path)
     up = cli("up", "-i", path, "--no-udp-csum")
     assert up.returncode == 0, up.stdout + up.stderr
@@ -182,6 +179,9 @@ def test_train_on_inventory_hosts(rack, tmp_path):
         assert r.returncode == 0, r.stdout + r.stderr
         rep = json.loads(r.stdout)
         assert rep["ranks"] == 2 and rep["worker_hosts"] == ["w0", "w1"]
+        # a rank per worker host: the ranks were configured from up's job files
+        up_file = os.path.join(i.host("w0").install_dir, "run", "job.json")
+        assert rep["job_file"] == up_file and rep["job"] == json.load(open(up_file))["job"]
         assert rep["params_identical_across_ranks"] is True
         assert rep["replay_bit_identical"] is True and rep["replay"]["steps"] == 3
         assert rep["buckets"] and rep["buckets"][0]["methods"] == {"lhc": 2}
@@ -200,12 +200,8 @@ def test_train_on_inventory_hosts(rack, tmp_path):
 def rack2(tmp_path_factory):
     require(os.geteuid() == 0, "needs root")
     require(os.path.exists(SWITCH), "homagg-switch not built (make build)")
-    r = Rack(tmp_path_factory.mktemp("rack2"), workers=2, aggregators=2)
-    try:
-        r.up()
+    with running_rack(tmp_path_factory.mktemp("rack2"), workers=2, aggregators=2) as r:
         yield r
-    finally:
-        r.down()
 
 
 @pytest.mark.timeout(600)

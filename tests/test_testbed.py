@@ -497,7 +497,8 @@ def test_cli_is_registered_and_has_help():
     from homagg.cli import COMMANDS
 
     assert COMMANDS["testbed"] == "homagg.testbed_cli"
-    for args in ((), ("up",), ("down",), ("show",), ("list",)):
+    for args in ((), ("up",), ("down",), ("show",), ("list",), ("job",)):
         r = cli(*args, "--help")
         assert r.returncode == 0 and "usage:" in r.stdout
-    assert "--link-mbit" in cli("up", "--help").stdout
+    up = cli("up", "--help").stdout
+    assert "--link-mbit" in up and "--no-daemon" in up and "--payload-bytes" in up

@@ -199,6 +199,9 @@ def test_testbed_up_job_file_trains_vgg_and_bert_over_two_aggregators(tmp_path):
                 assert by_density[-1]["density"] > 0.99 and by_density[-1]["methods"] == {
                     "dense": 1}, by_density
                 assert by_density[0]["density"] < 0.7 and "dense" not in by_density[0]["methods"]
+        r = cli("job", "--name", name)  # afresh for a next run: same id, same file
+        assert r.returncode == 0 and f"job {fields['job']} registered afresh" in r.stdout, r.stderr
+        assert json.load(open(path)) == fields
         pids = [d["pid"] for d in daemons.values()]
     finally:
         r = cli("down", "--name", name)
@@ -426,6 +429,15 @@ def test_missing_aggregator_is_a_configuration_error_naming_it(tmp_path):
     conf = hgt.job_config({"HOMAGG_JOB_FILE": path, "HOMAGG_TOKEN": "7"})
     assert conf["aggregator"] == ("10.1.2.3", 4000) and conf["job"] == 5
     assert conf["token"] == 7 and conf["timeout"] == 2.5  # the variable wins
+    assert os.stat(path).st_mode & 0o777 == 0o600  # it holds the token
+    # a job over two aggregators, in shard order; a malformed one is named
+    path = hgt.write_job_file(path, aggregator=[("10.1.2.3", 4000), ("10.1.2.4", 4000)],
+                              job=5, token=6, workers=2)
+    conf = hgt.job_config({"HOMAGG_JOB_FILE": path})
+    assert conf["aggregators"] == [("10.1.2.3", 4000), ("10.1.2.4", 4000)]
+    assert conf["workers"] == 2
+    with pytest.raises(hgt.ConfigError, match="HOMAGG_AGGREGATOR='10.1.2.3:x'"):
+        hgt.job_config({"HOMAGG_JOB_FILE": path, "HOMAGG_AGGREGATOR": "10.0.0.1,10.1.2.3:x"})
 
 
 def _free_port():
@@ -451,6 +463,8 @@ def test_dead_aggregator_raises_in_backward_within_timeout_naming_it():
     dist.init_process_group("gloo", init_method=f"file://{store.name}", rank=0, world_size=1,
                             timeout=datetime.timedelta(seconds=30))
     try:
+        with pytest.raises(hgt.ConfigError, match="2 workers.*world size is 1"):
+            hgt.HookState(env=dict(env, HOMAGG_WORKERS="2"))
         model = DDP(torch.nn.Linear(16, 4))
         state = hgt.HookState(env=env)
         model.register_comm_hook(state, hgt.allreduce_hook)

@@ -169,6 +169,33 @@ def test_dead_root_is_reported_by_every_worker():
         assert eng["summed"] == 2 * eng["completed"]
 
 
+def test_root_restart_ends_the_allreduce_and_the_retry_is_exact():
+    """The root loses its state mid-allreduce (restart, a new incarnation):
+    the leaves see its new incarnation and take new ones, so every worker
+    fails with PeerRestarted naming its leaf and both incarnations; the
+    allreduce run again is exact."""
+    import errno
+
+    from homagg.errors import PeerRestarted
+
+    W = 4
+    grads = make_grads(W, 40000, density=0.3, seed=59, zero_blocks=False)
+    with Cluster(workers=W, leaves=2, seed=2, timeout=0.05, slots=8) as cl:
+        cl.restart_aggregator(2, after_frames=60)
+        with pytest.raises(PeerRestarted) as ei:
+            cl.allreduce(grads, method="dense", block_elements=BLOCK)
+        assert len(ei.value.failures) == W
+        for f in ei.value.failures:
+            assert f.code == -errno.ECONNRESET
+            leaf = "10.0.0.1" if f.worker < 2 else "10.0.1.1"
+            assert (f"aggregator {leaf}:48879 restarted during the allreduce "
+                    "(incarnation 1000, now 1001)") in str(f), str(f)
+        *leaves, _root = engines(cl)
+        assert [e["up_root_restarts"] for e in leaves] == [1, 1]
+        res = cl.allreduce(grads, method="dense", block_elements=BLOCK)
+        check_result(res, grads)
+
+
 def test_leaves_stop_resending_after_the_give_up_time():
     """A dead root: each leaf resends its forwarded sets with a doubling
     timeout, then abandons them after up_give_up (counted), while its

@@ -53,11 +53,11 @@
 /*
  * The kernel runs over PIECE_BYTES of input at a time, and before each
  * piece the same bytes of the next frame's payload are prefetched (see
- * combine()).  With frames from another core, `homagg-switch-bench
- * --workers 8`, cycles per frame of the engine lcore's polls (rx and
- * engine), median of 3 alternating runs at load 9-13: 8 KB payloads 2620
- * with it vs 2870 without (128-byte stride: 3070; prefetcht1: 2760); 1 KB
- * payloads within the noise (580-630 for every variant).
+ * combine()).  With frames from another core (homagg-switch-bench, W = 8,
+ * cycles per frame of the engine lcore's polls that received frames,
+ * medians of 3-4 alternating runs, load 9-13 from other jobs): 8 KB
+ * payloads 2700 vs 2800 before (W = 2: 2940 vs 3070), 1 KB 580 vs 640;
+ * a 128-byte stride (3070) and prefetcht1 (2760) were worse.
  */
 #define PIECE_BYTES 1024
 
@@ -101,6 +101,7 @@ struct hg_job {
 	size_t mac_len;                /* auth: HG_MAC_LEN, else 0 */
 	uint64_t cnt[HG_CNT__COUNT];
 	struct hg_up_timer *up;        /* tree leaf: 2 * S upward timers, else NULL */
+	uint32_t up_incarnation;       /* tree leaf: the root's, 0 = none seen yet */
 };
 
 /* Tree leaf: the upward timer of one set (SET_UP). */
@@ -813,6 +814,7 @@ static bool up_classify(struct hg_engine *e, struct hg_pkt *pkt,
 	st->lanes = v->hdr.lanes;
 	st->op = v->hdr.op;
 	st->exp = 0;
+	st->incarnation = v->hdr.incarnation;
 	st->worker = (flags & HG_FLAG_STATUS) && uw / 8 < v->payload_len &&
 		     (st->in[uw / 8] >> (uw % 8) & 1);
 	st->in_lane = st->acc_lane = 0;   /* nothing to prefetch for apply() */
@@ -829,7 +831,10 @@ drop:
  * Second pass over a root's reply: a RESULT of a forwarded set becomes the
  * set's result and goes to the leaf's workers; a STATUS without this
  * leaf's bit sends the partial sum up again at once.  Anything not about a
- * forwarded set (late copies, a set started over) is up_stale.
+ * forwarded set (late copies, a set started over) is up_stale.  A root
+ * reply with another incarnation than the root's earlier ones: the root
+ * lost its state, so the leaf takes a new incarnation for its job and its
+ * workers end their allreduce as after a restart of the leaf.
  */
 static void up_apply(struct hg_engine *e, struct hg_stage *st)
 {
@@ -837,6 +842,15 @@ static void up_apply(struct hg_engine *e, struct hg_stage *st)
 	struct hg_set *s = st->set;
 	struct hg_pkt *pkt = st->pkt;
 	size_t bytes;
+
+	if (st->incarnation != j->up_incarnation) {
+		if (j->up_incarnation) {
+			j->cfg.incarnation = j->cfg.incarnation + 1 ?
+					     j->cfg.incarnation + 1 : 1;
+			count(e, j, HG_CNT_UP_ROOT_RESTARTS);
+		}
+		j->up_incarnation = st->incarnation;
+	}
 
 	if (s->state != SET_UP || s->seq != st->seq ||
 	    s->lanes != st->lanes || up_op(s->op) != st->op) {
@@ -1064,11 +1078,15 @@ static inline void prefetch_range(const uint8_t *p, size_t from, size_t to)
 }
 
 /*
- * Combine a contribution into the set's accumulator, PIECE_BYTES of input
- * at a time; before each piece, the same bytes of the next frame's payload
- * (nx, NULL: none) are prefetched, so the frame after this one streams in
- * while this one is summed (frames written by another core or a NIC are
- * not in this core's cache).
+ * Combine a contribution into the set's accumulator.  The first one of a
+ * set whose lanes keep their width is copied in one piece (the identity
+ * combined with in is in).  Otherwise the kernel runs over PIECE_BYTES of
+ * input at a time, and before each piece the same bytes of the next
+ * frame's payload (nx, NULL: none) are prefetched, so the frame after this
+ * one streams in while this one is summed (frames written by another core
+ * or a NIC are not in this core's cache).  The copy prefetches nothing:
+ * alone it streams a cold payload faster than interleaved with the next
+ * frame's prefetches (8 KB, W = 2: 2940 vs 3300 cycles per frame).
  */
 static inline void combine(const struct hg_engine *e, const struct hg_set *s,
 			   const struct hg_stage *st, const struct hg_stage *nx)
@@ -1076,24 +1094,25 @@ static inline void combine(const struct hg_engine *e, const struct hg_set *s,
 	const size_t il = st->in_lane, al = st->acc_lane;
 	const size_t in_bytes = (size_t)s->lanes * il;
 	const size_t nx_bytes = nx ? (size_t)nx->lanes * nx->in_lane : 0;
+	const size_t step = PIECE_BYTES / il;   /* lanes per piece */
 	uint8_t *acc = st->acc;
 	const uint8_t *in = st->in;
-	const size_t step = PIECE_BYTES / il;   /* lanes per piece */
-	const bool first = s->count == 0;
 	size_t done = 0;
 
-	if (first && il != al)
+	if (s->count == 0) {
+		if (il == al) {
+			memcpy(acc, in, in_bytes);
+			return;
+		}
 		memset(acc, hg_op_identity_byte(s->op), (size_t)s->lanes * al);
+	}
 	do {
 		size_t n = s->lanes - done < step ? s->lanes - done : step;
 		size_t from = done * il, to = from + n * il;
 
 		if (nx_bytes > from)
 			prefetch_range(nx->in, from, to < nx_bytes ? to : nx_bytes);
-		if (first && il == al)   /* the identity combined with in is in */
-			memcpy(acc + done * al, in + from, n * il);
-		else
-			e->kern[s->op](acc + done * al, in + from, n, s->exp);
+		e->kern[s->op](acc + done * al, in + from, n, s->exp);
 		done += n;
 	} while (done < s->lanes);
 	if (nx_bytes > in_bytes)
@@ -1156,7 +1175,7 @@ static void apply(struct hg_engine *e, struct hg_stage *st,
 
 	/* Valid: learn where this worker is (frame checked by classify()). */
 	memcpy(j->peers[w].addr.mac, pkt->data + 6, 6);
-	j->peers[w].addr.ipv4 = hg_rd32(pkt->data + HG_OFF_IP + 12);
+	j->peers[w].addr.ipv4 = hg_ld_be32(pkt->data + HG_OFF_IP + 12);
 	j->peers[w].addr.port = hg_rd16(pkt->data + st->udp_off);
 
 	if (s->bitmap[w / 64] & (1ull << (w % 64))) {

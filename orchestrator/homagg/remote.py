@@ -605,24 +605,26 @@ def add_up_arguments(p) -> None:
     job_file.add_job_arguments(p)
 
 
-def up_main(args) -> int:
+def _exit_status(command: str, action) -> int:
+    """Run action(): 0, or 1 with "homagg <command>: <error>" on stderr when
+    it raises a HomAggError."""
     try:
-        up(inv.load(args.inventory), switch=args.switch, no_udp_csum=args.no_udp_csum,
-           ready_timeout=args.ready_timeout, slots=args.slots, payload=args.payload_bytes,
-           timeout=args.timeout)
+        action()
     except HomAggError as e:
-        print(f"homagg up: {e}", file=sys.stderr)
+        print(f"homagg {command}: {e}", file=sys.stderr)
         return 1
     return 0
+
+
+def up_main(args) -> int:
+    return _exit_status("up", lambda: up(
+        inv.load(args.inventory), switch=args.switch, no_udp_csum=args.no_udp_csum,
+        ready_timeout=args.ready_timeout, slots=args.slots, payload=args.payload_bytes,
+        timeout=args.timeout))
 
 
 def down_main(args) -> int:
-    try:
-        down(inv.load(args.inventory))
-    except HomAggError as e:
-        print(f"homagg down: {e}", file=sys.stderr)
-        return 1
-    return 0
+    return _exit_status("down", lambda: down(inv.load(args.inventory)))
 
 
 def run_main(args) -> int:

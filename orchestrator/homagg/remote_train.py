@@ -5,9 +5,11 @@
     homagg down -i testbed.toml
 
 The same run as ``homagg train --testbed`` (homagg.train), over SSH
-(homagg.remote's hosts, preflight and process handling): a job of its own
-is registered on the daemons ``homagg up`` started (spread over every
-aggregator host, homagg.job_file), its job file written on
+(homagg.remote's hosts, preflight and process handling).  With one rank
+per worker host it uses the job ``homagg up`` registered and its job files
+(registered afresh before and after the run, homagg.job_file); otherwise a
+job of its own is registered on the daemons ``homagg up`` started (spread
+over every aggregator host), its job file written on
 every worker host, one rank started per worker host (``python -m
 homagg.train --child SPEC`` in the host's venv, in the background with a
 PID file; Gloo rendezvous at the first worker's data-plane address), and
@@ -65,7 +67,7 @@ def run_train(inventory_path: str, model: str = "ncf", method: str = "auto", ste
     phases = trainmod._phases(method, baseline)
     folder = remote._run_folder(runs_dir, f"train-{method}")
     run_id = os.path.basename(folder)
-    started, job = [], None
+    started, job, up_job = [], None, None
     try:
         env = {"OMP_NUM_THREADS": "1"}
         if method != "gloo":
@@ -74,16 +76,25 @@ def run_train(inventory_path: str, model: str = "ncf", method: str = "auto", ste
                 raise remote.RemoteError(
                     "homagg-switch is not running on " + ", ".join(f"host '{n}'" for n in down)
                     + f": start it with `homagg up -i {inventory.path}`")
-            job = job_file.register([a.control for a in aggs],
-                                    [(a.h.address, UDP_PORT) for a in aggs], workers=W,
-                                    slots=slots, payload=payload, group=group, timeout=timeout)
+            controls = [a.control for a in aggs]
+            up_job = aggs[0].job_file_fields()  # `homagg up`'s job, if any
+            if up_job and up_job["workers"] == W:
+                # with a rank per worker host: that job afresh, and its job files
+                job = job_file.renew(controls, up_job)
+            else:
+                up_job = None
+                job = job_file.register(controls, [(a.h.address, UDP_PORT) for a in aggs],
+                                        workers=W, slots=slots, payload=payload, group=group,
+                                        timeout=timeout)
         init = f"tcp://{workers[0].h.address}:{trainmod.GLOO_PORT + secrets.randbelow(2000)}"
         dirs, pids = [], []
         for r, host in enumerate(workers):
             d = f"{remote.rundir(host.h)}/{run_id}"
             host.run(f"mkdir -p {shlex.quote(d)}")
             renv = dict(env, HOMAGG_BIND=host.h.address, GLOO_SOCKET_IFNAME=host.h.iface)
-            if job is not None:
+            if up_job is not None:
+                renv["HOMAGG_JOB_FILE"] = remote.job_file_path(host.h)
+            elif job is not None:
                 path = f"{d}/job.json"
                 host.put_job_file(path, job)
                 renv["HOMAGG_JOB_FILE"] = path
@@ -129,6 +140,9 @@ def run_train(inventory_path: str, model: str = "ncf", method: str = "auto", ste
             sparsify=sparsify))
         rep.update({"inventory": inventory.path, "aggregator": aggs[0].h.name,
                     "aggregators": [a.h.name for a in aggs],
+                    "job": job["job"] if job else None,
+                    "job_file": (remote.job_file_path(workers[0].h) if up_job else
+                                 f"{dirs[0]}/job.json" if job else None),
                     "worker_hosts": [w.h.name for w in workers], "rank_pids": pids,
                     "run_dir": folder, "link_mbit": None})
         if out_dir:
@@ -140,7 +154,12 @@ def run_train(inventory_path: str, model: str = "ncf", method: str = "auto", ste
     finally:
         remote.stop_started(started, run_id, lambda host, e: print(
             f"host '{host.h.name}': cleanup failed: {e}", file=out))
-        if job is not None:
+        if up_job is not None:
+            try:  # fresh for the next run of ranks
+                job_file.renew([a.control for a in aggs], up_job)
+            except Exception as e:  # noqa: BLE001 - reported, the run's result stands
+                print(f"`homagg up`'s job {up_job['job']} not renewed: {e}", file=out)
+        elif job is not None:
             job_file.unregister([a.control for a in aggs], job["job"], warn=lambda k, e: print(
                 f"host '{aggs[k].h.name}': {e}", file=out))
         for host in hosts:

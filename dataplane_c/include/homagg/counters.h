@@ -47,7 +47,8 @@
 	X(UP_RESULTS, "up_results", "tree leaf: root results accepted and sent to the workers") \
 	X(UP_STATUS, "up_status", "tree leaf: STATUS frames from the root") \
 	X(UP_STALE, "up_stale", "tree leaf: root replies for no forwarded set or not matching it") \
-	X(UP_ABANDONED, "up_abandoned", "tree leaf: forwarded sets no longer resent (give-up time passed)")
+	X(UP_ABANDONED, "up_abandoned", "tree leaf: forwarded sets no longer resent (give-up time passed)") \
+	X(UP_ROOT_RESTARTS, "up_root_restarts", "tree leaf: the root's incarnation changed (the leaf took a new one)")
 
 enum hg_counter {
 #define HG_CNT_ENUM_(name, str, doc) HG_CNT_##name,

@@ -18,7 +18,6 @@ Outputs with --out DIR: lcores.json, lcores.csv, lcores.md.  --json prints
 the report.
 """
 import secrets
-import statistics
 import tempfile
 
 from homagg.bench import report as rep
@@ -34,11 +33,7 @@ def add_arguments(parser):
                         help="comma-separated engine lcore counts (default 1,2)")
     parser.add_argument("--link-mbit", type=float, default=None,
                         help="shape every link to this rate (default: unshaped)")
-    parser.add_argument("--method", default="dense", help="allreduce method (default dense)")
-    parser.add_argument("--elements", type=int, default=2**20,
-                        help="float32 elements per worker (default 2^20)")
-    parser.add_argument("--workload", default="dense", help="see homagg.bench.workloads")
-    parser.add_argument("--density", type=float, default=1.0)
+    rep.add_allreduce_arguments(parser)
     parser.add_argument("--repeat", type=int, default=3, help="runs per lcore count (default 3)")
     parser.add_argument("--calls", type=int, default=3,
                         help="timed allreduces per run, after one warmup (default 3)")
@@ -80,11 +75,7 @@ def run(args):
                              f"engine_summed {row['engine_summed']}, exact {row['exact']}")
     finally:
         Testbed.down(name, state_dir=sd)
-    median = {n: statistics.median(r["seconds"] for r in rows if r["lcores"] == n)
-              for n in args.lcores}
-    base = median[args.lcores[0]]
-    summary = {str(n): {"median_seconds": t, f"speedup_vs_{args.lcores[0]}": base / t}
-               for n, t in median.items()}
+    summary = rep.median_summary(rows, "lcores", args.lcores, f"speedup_vs_{args.lcores[0]}")
     return rep.header(benchmark="lcores", workers=args.workers, link_mbit=args.link_mbit,
                       method=args.method, elements=args.elements, workload=args.workload,
                       density=args.density, repeat=args.repeat, calls=args.calls,

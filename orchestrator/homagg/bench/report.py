@@ -11,6 +11,7 @@ import logging
 import os
 import platform
 import shlex
+import statistics
 import sys
 import time
 
@@ -57,6 +58,23 @@ def versions(extra=()):
 def command():
     return " ".join(shlex.quote(a) for a in ["homagg", *sys.argv[1:]]) \
         if os.path.basename(sys.argv[0]) == "homagg" else " ".join(map(shlex.quote, sys.argv))
+
+
+def add_allreduce_arguments(parser):
+    """The allreduce of a testbed benchmark: method, elements, workload, density."""
+    parser.add_argument("--method", default="dense", help="allreduce method (default dense)")
+    parser.add_argument("--elements", type=int, default=2**20,
+                        help="float32 elements per worker (default 2^20)")
+    parser.add_argument("--workload", default="dense", help="see homagg.bench.workloads")
+    parser.add_argument("--density", type=float, default=1.0)
+
+
+def median_summary(rows, key, values, speedup_key):
+    """Per value v of rows' key (in the order of values): the median of
+    their "seconds" and, under speedup_key, the first value's median over it."""
+    median = {v: statistics.median(r["seconds"] for r in rows if r[key] == v) for v in values}
+    base = median[values[0]]
+    return {str(v): {"median_seconds": t, speedup_key: base / t} for v, t in median.items()}
 
 
 def header(**params):

@@ -16,7 +16,6 @@ Outputs with --out DIR: shards.json, shards.csv, shards.md.  --json prints
 the report.
 """
 import secrets
-import statistics
 import tempfile
 
 from homagg.bench import report as rep
@@ -28,11 +27,7 @@ def add_arguments(parser):
                         help="aggregator namespaces K; runs use 1 .. K of them (default 2)")
     parser.add_argument("--link-mbit", type=float, default=200.0,
                         help="rate of every link, both directions (default 200)")
-    parser.add_argument("--method", default="dense", help="allreduce method (default dense)")
-    parser.add_argument("--elements", type=int, default=2**20,
-                        help="float32 elements per worker (default 2^20)")
-    parser.add_argument("--workload", default="dense", help="see homagg.bench.workloads")
-    parser.add_argument("--density", type=float, default=1.0)
+    rep.add_allreduce_arguments(parser)
     parser.add_argument("--repeat", type=int, default=3, help="runs per K (default 3)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
     parser.add_argument("--out", metavar="DIR", default=None,
@@ -67,10 +62,8 @@ def run(args):
                              f"aggregator rx bytes {row['agg_rx_bytes']}, exact {row['exact']}")
     finally:
         Testbed.down(name, state_dir=sd)
-    median = {K: statistics.median(r["seconds"] for r in rows if r["aggregators"] == K)
-              for K in range(1, args.aggregators + 1)}
-    summary = {str(K): {"median_seconds": t, "speedup_vs_k1": median[1] / t}
-               for K, t in median.items()}
+    summary = rep.median_summary(rows, "aggregators", list(range(1, args.aggregators + 1)),
+                                 "speedup_vs_k1")
     return rep.header(benchmark="shards", workers=args.workers, link_mbit=args.link_mbit,
                       method=args.method, elements=args.elements, workload=args.workload,
                       density=args.density, repeat=args.repeat, summary=summary, results=rows)
