@@ -56,6 +56,18 @@ def _free_third_octet():
     return random.SystemRandom().choice(free)
 
 
+@contextlib.contextmanager
+def running_rack(tmp, **spec):
+    """A Rack(tmp, **spec) brought up, and taken down on exit (also when
+    bringing it up failed half way)."""
+    r = Rack(tmp, **spec)
+    try:
+        r.up()
+        yield r
+    finally:
+        r.down()
+
+
 class Rack:
     def __init__(self, tmp, workers=2, aggregators=1):
         self.tmp = str(tmp)

@@ -18,7 +18,7 @@ from conftest import require
 
 from homagg import inventory as inv
 from homagg import provision as prov
-from sshrack import Rack, host_table, to_toml
+from sshrack import host_table, running_rack, to_toml
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VENV_BIN = os.path.dirname(sys.executable)
@@ -168,12 +168,8 @@ def test_docs_example_is_valid(tmp_path):
 @pytest.fixture(scope="module")
 def rack(tmp_path_factory):
     require(os.geteuid() == 0, "needs root")
-    r = Rack(tmp_path_factory.mktemp("rack"))
-    try:
-        r.up()
+    with running_rack(tmp_path_factory.mktemp("rack")) as r:
         yield r
-    finally:
-        r.down()
 
 
 @pytest.fixture(scope="module")

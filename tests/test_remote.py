@@ -22,7 +22,7 @@ from conftest import gone, require
 from homagg import inventory as inv
 from homagg import provision as prov
 from homagg import job as localrun
-from sshrack import Rack, host_table, to_toml
+from sshrack import host_table, running_rack, to_toml
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VENV = os.path.dirname(os.path.dirname(sys.executable))
@@ -36,12 +36,8 @@ pytestmark = [pytest.mark.root, pytest.mark.netns, pytest.mark.ssh, pytest.mark.
 def rack(tmp_path_factory):
     require(os.geteuid() == 0, "needs root")
     require(os.path.exists(SWITCH), "homagg-switch not built (make build)")
-    r = Rack(tmp_path_factory.mktemp("rack"))
-    try:
-        r.up()
+    with running_rack(tmp_path_factory.mktemp("rack")) as r:
         yield r
-    finally:
-        r.down()
 
 
 def make_testbed(rack, tmp, **host_overrides):
@@ -204,12 +200,8 @@ def test_train_on_inventory_hosts(rack, tmp_path):
 def rack2(tmp_path_factory):
     require(os.geteuid() == 0, "needs root")
     require(os.path.exists(SWITCH), "homagg-switch not built (make build)")
-    r = Rack(tmp_path_factory.mktemp("rack2"), workers=2, aggregators=2)
-    try:
-        r.up()
+    with running_rack(tmp_path_factory.mktemp("rack2"), workers=2, aggregators=2) as r:
         yield r
-    finally:
-        r.down()
 
 
 @pytest.mark.timeout(600)
