@@ -535,10 +535,11 @@ def test_new_incarnation_resets_slots_holding_the_old_life():
     assert len(done) == 3
     assert rig.send(frame(0, seq=0, payload=be32(x[0])), frame(1, seq=0, payload=be32(x[1])),
                     frame(0, seq=1, payload=be32(x[0])), frame(1, seq=3, payload=be32(x[1]))) == []
-    # Worker 0 restarts (incarnation 2): chunks 0 and 1 start over.
+    # Worker 0 restarts (incarnation 2): chunks 0 and 1 start over, and the
+    # complete chunk 2 is emptied too.
     assert rig.send(frame(0, seq=0, incarnation=2, payload=be32(x0_new))) == []
     c = rig.eng.counters()
-    assert c["incarnation_resets"] == 2
+    assert c["incarnation_resets"] == 3
     # Its past life is never summed again ...
     assert rig.send(frame(0, seq=1, payload=be32(x[0])),
                     frame(0, seq=0, flags=FLAG_RETRANS, payload=be32(x[0]))) == []
@@ -551,15 +552,55 @@ def test_new_incarnation_resets_slots_holding_the_old_life():
     res = rig.results(rig.send(frame(2, seq=0, payload=be32(x[2]))))
     assert len(res) == 3
     assert all(from_be32(r.payload).tolist() == (x0_new + x[1] + x[2]).tolist() for r in res)
-    # Chunk 3 (no contribution of worker 0) kept worker 1's; chunk 2 kept its result.
+    # Chunk 3 (no contribution of worker 0) kept worker 1's.
     res = rig.results(rig.send(frame(0, seq=3, incarnation=2, payload=be32(x[0])),
                                frame(2, seq=3, payload=be32(x[2]))))
     assert len(res) == 3
     assert all(from_be32(r.payload).tolist() == (x[0] + x[1] + x[2]).tolist() for r in res)
-    replay = rig.results(rig.send(frame(0, seq=2, incarnation=2, payload=be32(x[0]))))
-    assert len(replay) == 1
-    assert from_be32(replay[0].payload).tolist() == (x[0] + x[1] + x[2]).tolist()
-    assert rig.eng.counters()["incarnation_resets"] == 2
+    rig.no_leak()
+
+
+def test_new_incarnation_empties_complete_sets_too():
+    """The life-1 result of chunk 2 is never replayed to worker 0's new life:
+    its chunk 2 is a new sum (a new life numbers its chunks from 0 again)."""
+    rig = Rig(workers=3, slots=4)
+    x = {w: np.arange(8) * (w + 2) for w in range(3)}
+    done = rig.results(rig.send(*[frame(w, seq=2, payload=be32(x[w])) for w in range(3)]))
+    assert len(done) == 3
+    y0 = np.arange(8) * -7
+    assert rig.send(frame(0, seq=2, incarnation=2, payload=be32(y0))) == []
+    c = rig.eng.counters()
+    assert c["incarnation_resets"] == 1 and c["replays"] == 0 and c["duplicates"] == 0
+    res = rig.results(rig.send(frame(1, seq=2, incarnation=2, payload=be32(x[1])),
+                               frame(2, seq=2, incarnation=2, payload=be32(x[2]))))
+    assert len(res) == 3
+    assert all(from_be32(r.payload).tolist() == (y0 + x[1] + x[2]).tolist() for r in res)
+    # Workers 1 and 2's new lives found nothing of their old ones left.
+    assert rig.eng.counters()["incarnation_resets"] == 1
+    rig.no_leak()
+
+
+@pytest.mark.parametrize("chunks", [3, 11], ids=["same-seq", "later-seq"])
+def test_second_run_of_new_workers_on_one_job_is_exact(chunks):
+    """Run 1 (incarnation 1) leaves finished sets behind, their seq the same
+    as run 2's first chunks (3 chunks < 2 S) or greater (11).  Run 2's
+    workers (incarnation 2, chunks from 0 again, other data) get their own
+    sums, in any arrival order."""
+    W, S = 3, 4
+    rig = Rig(workers=W, slots=S)
+    rng = np.random.default_rng(chunks)
+    for life in (1, 2):
+        xs = rng.integers(-1000, 1000, size=(chunks, W, 8))
+        order = [(c, w) for c in range(chunks) for w in rng.permutation(W)]
+        got = {}
+        for c, w in order:
+            out = rig.send(frame(int(w), seq=c, incarnation=life, payload=be32(xs[c, w])))
+            for r in rig.results(out):
+                got.setdefault(r.seq, []).append(from_be32(r.payload).tolist())
+        assert sorted(got) == list(range(chunks))
+        for c in range(chunks):
+            assert got[c] == [xs[c].sum(axis=0).tolist()] * W, (life, c)
+    assert rig.eng.counters()["stale"] == 0
     rig.no_leak()
 
 

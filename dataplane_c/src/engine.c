@@ -5,9 +5,9 @@
  * Per frame: hg_wire_parse() validates everything that can be checked
  * without state, then the job, token, worker, MAC flag, shard, slot, lanes
  * and exponent are checked against the job before a payload byte is read,
- * then the worker's incarnation (old: dropped; new: its incomplete slots
- * start over), then the shadow set of the chunk decides: start over, stale,
- * duplicate (replay / status) or combine.
+ * then the worker's incarnation (old: dropped; new: every set holding its
+ * old life is emptied), then the shadow set of the chunk decides: start
+ * over, stale, duplicate (replay / status) or combine.
  *
  * A burst is processed in two passes, as VPP nodes do (see
  * hg_engine_process()): the first classifies every frame (parse and the
@@ -933,11 +933,13 @@ static inline bool serial_newer(uint32_t a, uint32_t b)
 }
 
 /*
- * Worker w of job j came back with a greater incarnation: every incomplete
- * set holding a contribution of its earlier life starts over (accumulator,
- * bitmap and count cleared; its seq kept, so stale frames stay stale).  The
- * other workers' contributions to it come back by retransmission.  Complete
- * sets keep their results.  Rare (a restart), so a scan of the 2 S sets.
+ * Worker w of job j came back with a greater incarnation: every set holding
+ * a contribution of its earlier life is emptied, open, complete or sent up
+ * alike (PROTOCOL.md Part 2, "Incarnations").  A new life numbers its chunks
+ * from 0 again, so a result of the old life must never be replayed to it
+ * (same seq: it would be taken for the new sum) nor make its chunks stale
+ * (greater seq).  The other workers' contributions to an open set come back
+ * by retransmission.  Rare (a restart), so a scan of the 2 S sets.
  */
 static void incarnation_reset(struct hg_engine *e, struct hg_job *j, uint32_t w)
 {
@@ -946,10 +948,12 @@ static void incarnation_reset(struct hg_engine *e, struct hg_job *j, uint32_t w)
 	for (size_t i = 0; i < 2 * (size_t)j->cfg.slots; i++) {
 		struct hg_set *s = &j->sets[i];
 
-		if (s->state != SET_OPEN || !(s->bitmap[w / 64] & bit))
+		if (s->state == SET_EMPTY || !(s->bitmap[w / 64] & bit))
 			continue;
 		memset(s->bitmap, 0, sizeof(s->bitmap));
 		s->count = 0;
+		s->psum = 0;
+		s->state = SET_EMPTY;
 		count(e, j, HG_CNT_INCARNATION_RESETS);
 	}
 }

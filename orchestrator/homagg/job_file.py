@@ -20,9 +20,11 @@ homagg.torch); every field may be overridden by its variable
 
 ``aggregator`` lists the job's aggregators in shard order, comma separated;
 ``workers`` (0: not stated) must equal the world size of the ranks.
-A job serves one run of its workers: their chunk counters start from 0, and
-the aggregators' slots remember the previous run's, so a new run needs the
-job registered afresh (``renew``: the same id and token, the same file).
+Successive runs may share a job: a new worker process numbers its chunks
+from 0 again under a new incarnation, and the first frame of each new life
+empties every aggregator slot its old life left (PROTOCOL.md Part 2,
+"Incarnations").  ``renew`` registers the job afresh (the same id, token
+and file; counters at 0).
 """
 import json
 import os

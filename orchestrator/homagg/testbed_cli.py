@@ -17,8 +17,9 @@ shaped in both directions (tbf).  What was created is recorded in
 one job for all the workers, spread over the aggregators, with its job file
 (HOMAGG_JOB_FILE of homagg.torch; --no-daemon: the network only; a tree
 testbed gets neither, `homagg run` sets its job up).  `homagg
-run` and `homagg train` use these daemons; `down` stops them by PID.  A job
-serves one run of its ranks: `job` registers it afresh for the next one.
+run` and `homagg train` use these daemons; `down` stops them by PID.
+Successive runs of new ranks may share the job; `job` registers it afresh
+(its counters at 0).
 
 examples:
   sudo homagg testbed up --workers 4 --link-mbit 1000 --name demo
@@ -75,8 +76,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     p = sub.add_parser("job", help="register the testbed's job afresh",
                        description="Remove the job `up` registered and add it again (same id, "
-                       "token and job file): a job serves one run of its ranks, since their "
-                       "chunk counters start from 0 and the aggregators remember the last run.")
+                       "token and job file), its counters at 0. Not needed between runs: the "
+                       "first frame of each new rank process empties what its last run left.")
     p.add_argument("--name", "-n", default="default", help="testbed name (default: %(default)s)")
 
     p = sub.add_parser("down", help="remove a testbed",

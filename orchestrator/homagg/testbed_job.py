@@ -15,8 +15,9 @@ control socket, PMD, address and log; "job": the job id and the job
 file's path; the token stays in the job file, which only root reads).
 ``homagg run`` and ``homagg train`` on such a testbed use these daemons;
 ``homagg train`` with as many ranks as the job has workers uses the job
-and its file.  A job serves one run of its ranks (homagg.job_file):
-``renew`` (``homagg testbed job``) registers it afresh for the next one.
+and its file.  Successive runs of new ranks may share the job
+(homagg.job_file); ``renew`` (``homagg testbed job``) registers it afresh,
+its counters at 0.
 """
 from __future__ import annotations
 

@@ -41,7 +41,7 @@
 	X(BAD_MAC, "bad_mac", "MAC missing or wrong (auth job), or a MAC on a job without auth") \
 	X(BAD_SHARD, "bad_shard", "shard differs from the aggregator's index for the job") \
 	X(OLD_INCARNATION, "old_incarnation", "frames of a worker's earlier incarnation") \
-	X(INCARNATION_RESETS, "incarnation_resets", "incomplete slots cleared: a worker came back with a new incarnation") \
+	X(INCARNATION_RESETS, "incarnation_resets", "sets emptied: a worker came back with a new incarnation") \
 	X(UP_SENT, "up_sent", "tree leaf: partial sums sent up to the root (first transmissions)") \
 	X(UP_RETRANSMISSIONS, "up_retransmissions", "tree leaf: partial sums sent up again") \
 	X(UP_RESULTS, "up_results", "tree leaf: root results accepted and sent to the workers") \
