@@ -694,7 +694,8 @@ int hg_lhc_sketch_encode(const struct hg_lhc *l, const float *x,
 
 		/* accumulate in host order in place, then byte-swap: the
 		 * block's cells stay in cache */
-		memset(cells, 0, nc * 4);
+		if (nc) /* no cells at all: cells_be32 may be NULL */
+			memset(cells, 0, nc * 4);
 		if (bk->kind == LHC_NONE) {
 			/* a block zero everywhere must be zero here too */
 			for (size_t i = 0; i < len; i++)
@@ -725,7 +726,8 @@ int hg_lhc_sketch_encode_scan(const struct hg_lhc *l, const struct hg_scan *s,
 		size_t o = s->off[b];
 		uint32_t nz = (uint32_t)(s->off[b + 1] - o);
 
-		memset(cells, 0, nc * 4);
+		if (nc) /* no cells at all: cells_be32 may be NULL */
+			memset(cells, 0, nc * 4);
 		if (!nz)
 			continue;
 		if (s->absmax[b] >= hg_code_limit_bits(l->gcodes[b]) ||
