@@ -44,6 +44,36 @@ def test_exact_over_k_aggregators_under_faults(method, aggregators):
             assert eng["completed"] > 0, f"aggregator {k} summed nothing"
 
 
+def test_64_workers_over_4_aggregators_under_loss_without_status_storm():
+    """W = 64 over K = 4 aggregators, 1% loss on every link (seeded): exact,
+    and loss recovery stays proportional to the drops (PROTOCOL.md Part 3
+    "Fast retransmission").  Before, every retransmission of an open slot
+    made its aggregator multicast a STATUS to all 64 workers, each
+    aggregator received the others' multicasts (bad_flags), the workers'
+    turns ran past give_up_ns and the allreduce timed out."""
+    W, K = 64, 4
+    grads = make_grads(W, 2**16, density=1.0, seed=12, zero_blocks=False)
+    with Cluster(workers=W, aggregators=K, loss=0.01, seed=5, slots=8, link_gbps=100,
+                 agg_link_gbps=100) as cl:
+        res = cl.allreduce(grads, method="dense", block_elements=BLOCK)
+        check_result(res, grads)
+        drops = cl.fabric_counters()["dropped_loss"]
+        engs = [cl.aggregator_counters(k)["engine"] for k in range(K)]
+    assert drops > 100
+    assert all(e["bad_flags"] == 0 for e in engs)  # no aggregator got another's result
+    sent = sum(e["status_sent"] for e in engs)
+    to_group = sent - sum(e["status_repeats"] for e in engs)
+    # one STATUS to the group per bitmap: at most about one per drop (each
+    # change of an open slot's bitmap after its first STATUS is a repaired
+    # loss); every other STATUS went to its sender only
+    assert 0 < to_group <= 1.5 * drops and sent > to_group
+    per = res.stats["workers"]
+    # a worker receives the group's STATUS frames and those of its own
+    # retransmissions, not W copies per retransmission
+    assert max(w["status_received"] for w in per) <= 2 * drops
+    assert sum(w["timeouts"] for w in per) <= 20 * drops
+
+
 def test_successive_allreduces_k3_start_at_every_aggregator():
     """Steps of odd lengths move the first chunk of the next step around
     the aggregators; every allreduce stays exact."""
