@@ -163,7 +163,7 @@ static uint16_t udp_tx(void *ctx, struct hg_pkt **pkts, uint16_t n)
 			continue;
 		memset(&to[m], 0, sizeof(to[m]));
 		to[m].sin_family = AF_INET;
-		to[m].sin_addr.s_addr = htonl(hg_rd32(ip + 16));
+		to[m].sin_addr.s_addr = htonl(hg_ld_be32(ip + 16));
 		to[m].sin_port = htons(hg_rd16(udp + 2));
 		mmsg_one(&mm[m], &iov[m], &to[m],
 			 pkts[i]->data + HG_ETH_IP_UDP_LEN,

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * be32_pvt.h - big-endian int32 lanes (the wire's) loaded and stored at
- * any alignment; shared by the codec and the kernels.
+ * any alignment; shared by the codec, the kernels and the wire helpers.
  */
 #ifndef HOMAGG_BE32_PVT_H
 #define HOMAGG_BE32_PVT_H

@@ -144,7 +144,7 @@ static inline void stamp(uint8_t *f, uint32_t seq, uint32_t S, bool csum,
 	uint16_t fl = ((seq / S) & 1) ? HG_FLAG_SHADOW : 0;
 
 	hg_wr16(f + HG_OFF_HDR + 2, fl);
-	hg_wr32(f + HG_OFF_HDR + 16, seq);
+	hg_st_be32(f + HG_OFF_HDR + 16, seq);
 	if (csum) {
 		f[HG_OFF_UDP + 6] = f[HG_OFF_UDP + 7] = 0;
 		hg_wire_put_udp_csum(f, hg_csum_add(0, f + HG_OFF_HDR,

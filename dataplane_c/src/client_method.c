@@ -76,10 +76,14 @@ static int grow(void **p, uint32_t *cap, size_t elem, size_t need)
 	return 0;
 }
 
-/* At least n bytes in b, grown by doubling (a buffer that grows unit by unit). */
+/*
+ * At least n bytes in b, grown by doubling (a buffer that grows unit by
+ * unit); never NULL, even for n = 0 (the codec may be handed it).
+ */
 static int buf_grow(struct buf *b, size_t n)
 {
-	return n <= b->cap ? 0 : hg_cl_buf_need(b, n < 2 * b->cap ? 2 * b->cap : n);
+	return n <= b->cap && b->p ? 0 :
+	       hg_cl_buf_need(b, n < 2 * b->cap ? 2 * b->cap : n);
 }
 
 /* The done bytes of chunks 0 .. n - 1 of the segment. */

@@ -53,11 +53,11 @@
 /*
  * The kernel runs over PIECE_BYTES of input at a time, and before each
  * piece the same bytes of the next frame's payload are prefetched (see
- * combine()).  With frames from another core, `homagg-switch-bench
- * --workers 8`, cycles per frame of the engine lcore's polls (rx and
- * engine), median of 3 alternating runs at load 9-13: 8 KB payloads 2620
- * with it vs 2870 without (128-byte stride: 3070; prefetcht1: 2760); 1 KB
- * payloads within the noise (580-630 for every variant).
+ * combine()).  With frames from another core (homagg-switch-bench, W = 8,
+ * cycles per frame of the engine lcore's polls that received frames,
+ * medians of 3-4 alternating runs, load 9-13 from other jobs): 8 KB
+ * payloads 2700 vs 2800 before (W = 2: 2940 vs 3070), 1 KB 580 vs 640;
+ * a 128-byte stride (3070) and prefetcht1 (2760) were worse.
  */
 #define PIECE_BYTES 1024
 
@@ -1106,11 +1106,15 @@ static inline void prefetch_range(const uint8_t *p, size_t from, size_t to)
 }
 
 /*
- * Combine a contribution into the set's accumulator, PIECE_BYTES of input
- * at a time; before each piece, the same bytes of the next frame's payload
- * (nx, NULL: none) are prefetched, so the frame after this one streams in
- * while this one is summed (frames written by another core or a NIC are
- * not in this core's cache).
+ * Combine a contribution into the set's accumulator.  The first one of a
+ * set whose lanes keep their width is copied in one piece (the identity
+ * combined with in is in).  Otherwise the kernel runs over PIECE_BYTES of
+ * input at a time, and before each piece the same bytes of the next
+ * frame's payload (nx, NULL: none) are prefetched, so the frame after this
+ * one streams in while this one is summed (frames written by another core
+ * or a NIC are not in this core's cache).  The copy prefetches nothing:
+ * alone it streams a cold payload faster than interleaved with the next
+ * frame's prefetches (8 KB, W = 2: 2940 vs 3300 cycles per frame).
  */
 static inline void combine(const struct hg_engine *e, const struct hg_set *s,
 			   const struct hg_stage *st, const struct hg_stage *nx)
@@ -1118,24 +1122,25 @@ static inline void combine(const struct hg_engine *e, const struct hg_set *s,
 	const size_t il = st->in_lane, al = st->acc_lane;
 	const size_t in_bytes = (size_t)s->lanes * il;
 	const size_t nx_bytes = nx ? (size_t)nx->lanes * nx->in_lane : 0;
+	const size_t step = PIECE_BYTES / il;   /* lanes per piece */
 	uint8_t *acc = st->acc;
 	const uint8_t *in = st->in;
-	const size_t step = PIECE_BYTES / il;   /* lanes per piece */
-	const bool first = s->count == 0;
 	size_t done = 0;
 
-	if (first && il != al)
+	if (s->count == 0) {
+		if (il == al) {
+			memcpy(acc, in, in_bytes);
+			return;
+		}
 		memset(acc, hg_op_identity_byte(s->op), (size_t)s->lanes * al);
+	}
 	do {
 		size_t n = s->lanes - done < step ? s->lanes - done : step;
 		size_t from = done * il, to = from + n * il;
 
 		if (nx_bytes > from)
 			prefetch_range(nx->in, from, to < nx_bytes ? to : nx_bytes);
-		if (first && il == al)   /* the identity combined with in is in */
-			memcpy(acc + done * al, in + from, n * il);
-		else
-			e->kern[s->op](acc + done * al, in + from, n, s->exp);
+		e->kern[s->op](acc + done * al, in + from, n, s->exp);
 		done += n;
 	} while (done < s->lanes);
 	if (nx_bytes > in_bytes)
@@ -1199,7 +1204,7 @@ static void apply(struct hg_engine *e, struct hg_stage *st,
 
 	/* Valid: learn where this worker is (frame checked by classify()). */
 	memcpy(j->peers[w].addr.mac, pkt->data + 6, 6);
-	j->peers[w].addr.ipv4 = hg_rd32(pkt->data + HG_OFF_IP + 12);
+	j->peers[w].addr.ipv4 = hg_ld_be32(pkt->data + HG_OFF_IP + 12);
 	j->peers[w].addr.port = hg_rd16(pkt->data + st->udp_off);
 
 	if (s->bitmap[w / 64] & (1ull << (w % 64))) {

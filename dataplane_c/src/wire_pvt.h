@@ -12,6 +12,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "be32_pvt.h"
+
 #include "homagg/codec.h"
 #include "homagg/counters.h"
 #include "homagg/kernels.h"
@@ -28,24 +30,10 @@ static inline uint16_t hg_rd16(const uint8_t *p)
 	return (uint16_t)(p[0] << 8 | p[1]);
 }
 
-static inline uint32_t hg_rd32(const uint8_t *p)
-{
-	return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 |
-	       (uint32_t)p[2] << 8 | p[3];
-}
-
 static inline void hg_wr16(uint8_t *p, uint16_t v)
 {
 	p[0] = (uint8_t)(v >> 8);
 	p[1] = (uint8_t)v;
-}
-
-static inline void hg_wr32(uint8_t *p, uint32_t v)
-{
-	p[0] = (uint8_t)(v >> 24);
-	p[1] = (uint8_t)(v >> 16);
-	p[2] = (uint8_t)(v >> 8);
-	p[3] = (uint8_t)v;
 }
 
 /*
@@ -139,8 +127,8 @@ static inline void hg_wire_put_l2l4(uint8_t *f, const struct hg_wire_addr *src,
 	ip[8] = 64;
 	ip[9] = 17;
 	hg_wr16(ip + 10, 0);
-	hg_wr32(ip + 12, src->ipv4);
-	hg_wr32(ip + 16, dst_ip);
+	hg_st_be32(ip + 12, src->ipv4);
+	hg_st_be32(ip + 16, dst_ip);
 	c = hg_ip_csum(ip, 20);
 	memcpy(ip + 10, &c, 2);
 	hg_wr16(udp, src->port);
@@ -154,16 +142,16 @@ static inline void hg_wire_put_hdr(uint8_t *p, const struct hg_hdr *h)
 	p[0] = h->version;
 	p[1] = h->op;
 	hg_wr16(p + 2, h->flags);
-	hg_wr32(p + 4, h->job);
-	hg_wr32(p + 8, h->token);
+	hg_st_be32(p + 4, h->job);
+	hg_st_be32(p + 8, h->token);
 	hg_wr16(p + 12, h->worker);
 	hg_wr16(p + 14, h->slot);
-	hg_wr32(p + 16, h->seq);
+	hg_st_be32(p + 16, h->seq);
 	hg_wr16(p + 20, h->lanes);
 	p[22] = (uint8_t)h->exp;
 	p[23] = h->shard;
-	hg_wr32(p + 24, h->incarnation);
-	hg_wr32(p + 28, h->reserved);
+	hg_st_be32(p + 24, h->incarnation);
+	hg_st_be32(p + 28, h->reserved);
 }
 
 /*
@@ -243,16 +231,16 @@ static inline int hg_wire_parse_inl(const uint8_t *f, size_t len,
 	v->hdr.version = h[0];
 	v->hdr.op = h[1];
 	v->hdr.flags = hg_rd16(h + 2);
-	v->hdr.job = hg_rd32(h + 4);
-	v->hdr.token = hg_rd32(h + 8);
+	v->hdr.job = hg_ld_be32(h + 4);
+	v->hdr.token = hg_ld_be32(h + 8);
 	v->hdr.worker = hg_rd16(h + 12);
 	v->hdr.slot = hg_rd16(h + 14);
-	v->hdr.seq = hg_rd32(h + 16);
+	v->hdr.seq = hg_ld_be32(h + 16);
 	v->hdr.lanes = hg_rd16(h + 20);
 	v->hdr.exp = (int8_t)h[22];
 	v->hdr.shard = h[23];
-	v->hdr.incarnation = hg_rd32(h + 24);
-	v->hdr.reserved = hg_rd32(h + 28);
+	v->hdr.incarnation = hg_ld_be32(h + 24);
+	v->hdr.reserved = hg_ld_be32(h + 28);
 	if ((v->hdr.flags & ~HG_FLAGS_KNOWN) || v->hdr.reserved ||
 	    !v->hdr.incarnation ||
 	    ((v->hdr.flags & HG_FLAG_RESULT) && (v->hdr.flags & HG_FLAG_STATUS)))
@@ -278,8 +266,8 @@ static inline int hg_wire_parse_inl(const uint8_t *f, size_t len,
 	}
 	memcpy(v->src.mac, f + 6, 6);
 	memcpy(v->dst.mac, f, 6);
-	v->src.ipv4 = hg_rd32(ip + 12);
-	v->dst.ipv4 = hg_rd32(ip + 16);
+	v->src.ipv4 = hg_ld_be32(ip + 12);
+	v->dst.ipv4 = hg_ld_be32(ip + 16);
 	v->src.port = hg_rd16(udp);
 	v->dst.port = hg_rd16(udp + 2);
 	v->payload_off = (uint16_t)(14 + ihl + 8 + HG_HDR_LEN);

@@ -241,7 +241,7 @@ static uint64_t generate(struct bench *b, uint64_t until_tsc, bool share_lcore,
 			hg_wr16(h + 2, (((s / b->slots) & 1) ? HG_FLAG_SHADOW : 0) |
 				     (b->auth ? HG_FLAG_AUTH : 0));
 			hg_wr16(h + 14, (uint16_t)(s % b->slots));
-			hg_wr32(h + 16, s);
+			hg_st_be32(h + 16, s);
 			if (b->auth)   /* what a worker computes per frame */
 				hg_auth_mac(b->keys[*worker], h,
 					    HG_HDR_LEN + b->payload,
