@@ -168,8 +168,9 @@ def test_status_bitmap():
 
 def test_status_to_the_group_once_per_bitmap():
     """Retransmissions of an open slot: the first STATUS of a bitmap goes to
-    the group, repeats of it to the asking worker only (status_repeats);
-    a new contribution changes the bitmap, so the next goes to the group
+    the group; a repeat of it to the asking worker and to each missing
+    worker the engine has heard from, one unicast each (status_repeats); a
+    new contribution changes the bitmap, so the next goes to the group
     again, and a new chunk in the slot starts over."""
     W = 6
     rig = Rig(workers=W, slots=2, replicate=True, group=GROUP)
@@ -177,25 +178,27 @@ def test_status_to_the_group_once_per_bitmap():
 
     def retrans(w, seq=1):
         out = rig.send(frame(w, seq=seq, slots=2, payload=pay, flags=FLAG_RETRANS))
-        assert len(out) == 1 and out[0].flags & FLAG_STATUS
-        return out[0]
+        assert out and all(o.flags & FLAG_STATUS for o in out)
+        return out
 
+    rig.send(frame(5, seq=0, slots=2, payload=pay))  # its address known, 3 and 4 never heard from
     rig.send(*[frame(w, seq=1, slots=2, payload=pay) for w in (0, 1, 2)])
-    st = retrans(0)
+    (st,) = retrans(0)
     assert st.worker == WORKER_ALL and st.dst.ipv4 == GROUP_INT and st.payload == bytes([0b111])
     for w in (1, 2, 0):
-        st = retrans(w)
-        assert st.worker == w and st.dst == waddr(w) and st.payload == bytes([0b111])
+        out = retrans(w)
+        assert [(o.worker, o.dst) for o in out] == [(w, waddr(w)), (5, waddr(5))]
+        assert all(o.payload == bytes([0b111]) for o in out)
     rig.send(frame(4, seq=1, slots=2, payload=pay))
-    st = retrans(2)
+    (st,) = retrans(2)
     assert st.worker == WORKER_ALL and st.payload == bytes([0b10111])
-    assert retrans(4).dst == waddr(4)
+    assert [o.worker for o in retrans(4)] == [4, 5]
     c = rig.eng.counters()
-    assert (c["status_sent"], c["status_repeats"]) == (6, 4)
+    assert (c["status_sent"], c["status_repeats"]) == (10, 8)
     # seq 5 reuses the set of seq 1 (slot 1, shadow 0): its first STATUS is the group's
     rig.send(*[frame(w, seq=3, slots=2, payload=pay) for w in range(W)])
     rig.send(frame(1, seq=5, slots=2, payload=pay))
-    assert retrans(1, seq=5).worker == WORKER_ALL
+    assert [o.worker for o in retrans(1, seq=5)] == [WORKER_ALL]
     rig.no_leak()
 
 

@@ -63,15 +63,17 @@ def test_64_workers_over_4_aggregators_under_loss_without_status_storm():
     assert all(e["bad_flags"] == 0 for e in engs)  # no aggregator got another's result
     sent = sum(e["status_sent"] for e in engs)
     to_group = sent - sum(e["status_repeats"] for e in engs)
-    # one STATUS to the group per bitmap: at most about one per drop (each
-    # change of an open slot's bitmap after its first STATUS is a repaired
-    # loss); every other STATUS went to its sender only
-    assert 0 < to_group <= 1.5 * drops and sent > to_group
+    # One STATUS to the group per bitmap of an open slot: each change of
+    # the bitmap after the first STATUS is a repaired loss, so about one per
+    # drop (1.54 per drop before, one per retransmission); repeats went to
+    # the asker and the missing workers only.
+    assert 0 < to_group <= 1.2 * drops and sent > to_group
     per = res.stats["workers"]
-    # a worker receives the group's STATUS frames and those of its own
-    # retransmissions, not W copies per retransmission
-    assert max(w["status_received"] for w in per) <= 2 * drops
-    assert sum(w["timeouts"] for w in per) <= 20 * drops
+    contributions = W * per[0]["chunks"]
+    # STATUS frames the workers received: 67 per contribution before (W
+    # copies per retransmission), under 12 now
+    assert sum(w["status_received"] for w in per) < 12 * contributions
+    assert sum(w["retransmissions"] for w in per) < 10 * drops
 
 
 def test_successive_allreduces_k3_start_at_every_aggregator():

@@ -636,21 +636,33 @@ static bool send_status(struct hg_engine *e, struct hg_job *j,
  * Answer worker w's retransmission of open set s, already counted, with a
  * STATUS (docs/PROTOCOL.md Part 3, fast retransmission): to the job's group
  * where there is one, so every worker that waits for this slot learns
- * whether it is missing, but once per bitmap: a bitmap the group already
- * had goes to w only ("status_repeats").  Its bits only grow until the set
- * starts over or is cleared (status_count = NO_STATUS then), so the same
- * count is the same bitmap.
+ * whether it is missing, but once per bitmap.  A bitmap the group already
+ * had goes to w and to the workers it lacks (they may have taken the
+ * group's copy as older than their latest transmission), each a unicast
+ * counted in "status_repeats": at most W frames, at most one per worker.
+ * Its bits only grow until the set starts over or is cleared
+ * (status_count = NO_STATUS then), so the same count is the same bitmap.
  */
 static void answer_retrans(struct hg_engine *e, struct hg_job *j,
 			   struct hg_set *s, uint16_t w, struct hg_pkt **reuse)
 {
 	if (!e->can_replicate || !j->cfg.group_ipv4) {
 		send_status(e, j, s, w, reuse);
-	} else if (s->status_count == s->count) {
-		if (send_status(e, j, s, w, reuse))
+		return;
+	}
+	if (s->status_count != s->count) {
+		if (send_status(e, j, s, HG_WORKER_ALL, reuse))
+			s->status_count = s->count;
+		return;
+	}
+	if (send_status(e, j, s, w, reuse))
+		count(e, j, HG_CNT_STATUS_REPEATS);
+	for (uint32_t i = 0; i < j->cfg.workers; i++) {
+		if (s->bitmap[i / 64] & (1ull << (i % 64)) ||
+		    !j->peers[i].addr.ipv4)
+			continue; /* present, or never heard from */
+		if (send_status(e, j, s, (uint16_t)i, reuse))
 			count(e, j, HG_CNT_STATUS_REPEATS);
-	} else if (send_status(e, j, s, HG_WORKER_ALL, reuse)) {
-		s->status_count = s->count;
 	}
 }
 

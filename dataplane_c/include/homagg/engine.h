@@ -16,8 +16,8 @@
  *     slot is complete the result goes again to that worker only
  *     ("replays"); if not, and the packet is flagged RETRANS, a STATUS frame
  *     with the slot's worker bitmap goes to the job's group, or to that
- *     worker when the group already had this bitmap or there is none
- *     ("status_sent", "status_repeats");
+ *     worker when there is none, or to it and the missing workers when the
+ *     group already had this bitmap ("status_sent", "status_repeats");
  *   - otherwise: combined into the accumulator; when W have contributed, the
  *     result goes to every worker: once to the job's multicast group if the
  *     port replicates and a group is set, else one unicast per worker.

@@ -28,8 +28,9 @@ the same rule as a flat row's but for the tree's busiest aggregator
   HomAgg's W workers share the aggregator's one link);
 - loss recovery (--drop-rate: each link drops that fraction of the frames
   it carries): retransmissions, STATUS frames the aggregators sent and the
-  ones sent to the asking worker only (docs/PROTOCOL.md Part 3 "Fast
-  retransmission"), STATUS frames the workers received; a row whose
+  repeats among them, unicast to the asking and the missing workers
+  (docs/PROTOCOL.md Part 3 "Fast retransmission"), STATUS frames the
+  workers received; a row whose
   allreduce failed keeps its counters and says why in ``error``;
 - exact: the result is bit-identical, on every worker, to the numpy
   fixed-point reference (homagg.reference); nc is lossy by design, so it
@@ -301,7 +302,7 @@ def _progress(row):
                          f"({row['ratio_vs_ring']:.3f} x ring), agg "
                          f"{row['agg_payload_gbps']:.1f} Gbit/s, wall {row['wall_seconds']:.2f} s, "
                          f"retx {row['retransmissions']}, status {row['agg_status_sent']} "
-                         f"({row['agg_status_repeats']} to the sender only), exact {row['exact']}"
+                         f"({row['agg_status_repeats']} repeats unicast), exact {row['exact']}"
                          + (f", error: {row['error']}" if row["error"] else ""))
 
 
