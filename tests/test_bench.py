@@ -417,3 +417,19 @@ def test_pipeline_groups_rows_and_speedup_vs_unpipelined(monkeypatch):
     allreduce._pipeline_ratios(rows, "dense", 1024, [0, 1], False)
     assert rows["dense/groups0"]["speedup_vs_unpipelined"] == pytest.approx(1.5)
     assert rows["dense/groups1"]["speedup_vs_unpipelined"] == pytest.approx(1.0)
+
+
+def test_gloo_check_in_passes():
+    """The Gloo ranks' check (float32 result vs the float64 sum within the
+    summation bound) gives the same verdict in passes as in one: the
+    float32 sum passes, one element off in a later pass fails."""
+    from homagg.bench import gloo_worker
+
+    rng = np.random.default_rng(3)
+    grads = [rng.standard_normal(10_000).astype(np.float32) for _ in range(4)]
+    y = grads[0] + grads[1] + grads[2] + grads[3]
+    ok, err = gloo_worker._check(y, grads, step=1000)
+    assert ok and err == gloo_worker._check(y, grads, step=1 << 20)[1]
+    y[7777] += 1e-3
+    ok, err = gloo_worker._check(y, grads, step=1000)
+    assert not ok and err >= 1e-3 * 0.99

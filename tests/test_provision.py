@@ -295,6 +295,23 @@ def test_provision_twice_then_partial_failure(rack, sdist, wheelhouse, hugepages
     sel = cli("provision", "-i", path, "--hosts", "w0")
     assert sel.returncode == 0 and {h for h, _ in table(sel.stdout)} == {"w0"}
 
+    # the inventory's mtu goes onto every data-plane kernel interface (the
+    # agg's vdev iface= too), and back (a smaller one: these links carry SSH)
+    def link_mtu(h):
+        p = rack.tb.run_in(h.name, ["cat", f"/sys/class/net/{h.ifname}/mtu"],
+                           stdout=subprocess.PIPE, text=True)
+        return int(p.communicate(timeout=10)[0])
+
+    for mtu in (1400, 1500):
+        inventory = make_inventory(rack, tmp_path, sdist, hugepages, wheelhouse,
+                                   **{n: {"mtu": mtu} for n in names})
+        r = cli("provision", "-i", inventory)
+        assert r.returncode == 0, r.stdout + r.stderr
+        t = table(r.stdout)
+        for h in rack.hosts():
+            assert t[(h.name, "mtu")] == "changed", r.stdout
+            assert link_mtu(h) == mtu
+
 
 @pytest.mark.root
 @pytest.mark.netns

@@ -60,6 +60,17 @@ def test_runtime_reference_agrees_on_drawn_floats(values, workers, block):
     _same_bits([np.roll(base, w) * np.float32(-1 if w % 2 else 1) for w in range(workers)], block)
 
 
+def test_passes_over_whole_blocks_give_the_same_bits(monkeypatch):
+    """allreduce() runs COLUMNS elements (whole blocks) at a time: over many
+    passes and a last partial block it gives the oracle's bits."""
+    rng = np.random.default_rng(11)
+    grads = [(rng.standard_normal(5_000) * 2.0**rng.integers(-30, 30, 5_000)).astype(np.float32)
+             for _ in range(4)]
+    monkeypatch.setattr(runtime, "COLUMNS", 100)
+    for block in (1, 7, 64, 256):
+        _same_bits(grads, block)
+
+
 def test_zero_blocks_and_empty_input():
     g = np.zeros(1000, dtype=np.float32)
     g[:10] = 1.5

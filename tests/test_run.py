@@ -134,6 +134,44 @@ def test_runtime_reference_matches_the_test_oracle():
     assert np.all(mine[4096:8192] == 0)
 
 
+def test_methods_share_gradients_and_the_expected_result(testbed, tmp_path):
+    """What a benchmark builds once for every method of a case: the workers
+    load the gradients written once, and the check uses the reference
+    computed once -- each result still bit-exact."""
+    W, n = len(testbed.workers), 30_000
+    grads = [job.gradient(n, 0.05, "zipf", 3, w, W) for w in range(W)]
+    files = job.save_gradients(str(tmp_path), grads)
+    expect = job.expected(n, 0.05, "zipf", 3, job.DEFAULT_BLOCK, W, grads)
+    for method in ("lhc", "dense"):
+        rep = runmod.run_allreduce(testbed.name, method, elements=n, density=0.05,
+                                   workload="zipf", seed=3, state_dir=testbed.state_dir,
+                                   gradient_files=files, expect=expect)
+        assert rep["exact"] is True and rep["workers_agree"], rep["exact_per_worker"]
+        assert rep["counters"]["summed"] > 0
+    with pytest.raises(runmod.RunError, match="gradient_files: 1 files for 4 workers"):
+        runmod.run_allreduce(testbed.name, "lhc", elements=n, density=0.05, workload="zipf",
+                             seed=3, state_dir=testbed.state_dir, gradient_files=files[:1])
+    _no_processes_left(testbed)
+
+
+def test_verify_with_an_expected_result_checks_every_bit():
+    """verify(expect=) is the same check as without: one flipped bit is not
+    exact, and an expectation of another job is refused."""
+    W, n = 3, 9_000
+    grads = [job.gradient(n, 0.2, "random", 5, w, W) for w in range(W)]
+    expect = job.expected(n, 0.2, "random", 5, 4096, W, grads)
+    good = [expect["reference"].copy() for _ in range(W)]
+    assert job.verify("lhc", n, 0.2, "random", 5, 4096, good, expect)["exact"] is True
+    assert job.verify("lhc", n, 0.2, "random", 5, 4096, good)["exact"] is True
+    bad = [r.copy() for r in good]
+    bad[2].view(np.uint32)[1234] ^= 1
+    check = job.verify("lhc", n, 0.2, "random", 5, 4096, bad, expect)
+    assert check["exact"] is False and check["exact_per_worker"] == [True, True, False]
+    assert not check["workers_agree"]
+    with pytest.raises(job.RunError, match="expected result is of job"):
+        job.verify("lhc", n, 0.2, "random", 6, 4096, good, expect)
+
+
 def _worker_sum(rep, key):
     return sum(s[key] for s in rep["worker_stats"])
 

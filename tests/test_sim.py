@@ -303,6 +303,31 @@ def test_dead_worker_is_named():
         assert exc.stats["virtual_time"] >= timeout
 
 
+def test_stalled_window_is_retransmitted_whole():
+    """A dead peer stalls the window: once a chunk times out again, every
+    open chunk is sent again (not only those whose own timer expired under
+    backoff), so each gets a STATUS and the error names the missing worker.
+    Timeouts as on kernel UDP (rto_min 20 ms, rto_max 100 ms)."""
+    grads = make_grads(4, 400_000, seed=51)
+    slots = 64
+    with Cluster(workers=4, seed=3, timeout=0.6, slots=slots, rto=5e-3, rto_min=20e-3,
+                 rto_max=100e-3) as cl:
+        cl.kill_worker(2, after_packets=300)
+        with pytest.raises(PeerTimeout) as ei:
+            cl.allreduce(grads, method="dense", block_elements=BLOCK)
+    exc = ei.value
+    for f in exc.failures:
+        if f.worker != 2:
+            assert "workers 0,1,3 present, missing worker 2" in str(f), str(f)
+    for w, st in enumerate(exc.stats["workers"]):
+        if w == 2:
+            continue
+        open_chunks = st["packets_sent"] - st["retransmissions"] - 300
+        assert open_chunks == slots, st
+        assert st["window_retransmissions"] > 0, st
+        assert st["retransmissions"] >= open_chunks, st
+
+
 def test_no_aggregator_answer_names_the_aggregator():
     grads = make_grads(2, 1000, seed=60)
     with Cluster(workers=2, seed=3, timeout=0.02, loss=0.999999) as cl:
@@ -388,13 +413,19 @@ def test_bottleneck_with_loss_is_exact_and_retransmits_per_loss():
     fast = sum(w["fast_retransmissions"] for w in per)
     timeouts = sum(w["timeouts"] for w in per)
     assert fast > timeouts, (fast, timeouts)
-    assert retrans == fast + timeouts
+    window = sum(w["window_retransmissions"] for w in per)
+    assert retrans == fast + timeouts + window
     # Loss is per hop here, results too: a worker's timer can expire while
     # its chunk waits for a peer's repair.  The aggregator's STATUS (its
     # bit set) or a second copy of the result shows such a timeout was
     # spurious.
     spurious = sum(w["spurious_timeouts"] for w in per)
     assert 0 < spurious <= timeouts
+    # The delay a spurious timeout's chunk really saw became a floor of
+    # that worker's timeout (Eifel's adaptation), not only an undo.
+    for w in per:
+        assert (w["rto_floor_ns"] > 0) == (w["spurious_timeouts"] > 0), w
+        assert w["rto_ns"] >= min(w["rto_floor_ns"], 50_000_000), w
     assert res.stats["engine"]["summed"] == W * per[0]["chunks"]
 
 

@@ -175,6 +175,11 @@ static uint16_t udp_tx(void *ctx, struct hg_pkt **pkts, uint16_t n)
 		if (errno == EAGAIN || errno == EWOULDBLOCK || errno == ENOBUFS) {
 			sent = 0;          /* full: the caller keeps the rest */
 		} else {
+			if (errno == EMSGSIZE) { /* larger than the path MTU */
+				p->st.tx_too_big++;
+				p->st.tx_too_big_bytes = HG_ETH_IP_UDP_LEN - HG_OFF_IP +
+							 iov[0].iov_len;
+			}
 			/* e.g. no route: this datagram cannot leave; take it
 			 * (dropped) so the client's timer handles it rather
 			 * than a tight resend loop */
@@ -333,7 +338,7 @@ struct hg_udp_port *hg_udp_port_create(const struct hg_udp_port_config *cfg)
 	socklen_t sl = sizeof(sa);
 	struct hg_udp_port *p;
 	uint32_t i;
-	int e;
+	int e, pmtu_do = IP_PMTUDISC_DO;
 
 	if (!cfg || (cfg->mtu && (cfg->mtu < 576 || cfg->mtu > 9000))) {
 		errno = EINVAL;
@@ -371,6 +376,11 @@ struct hg_udp_port *hg_udp_port_create(const struct hg_udp_port_config *cfg)
 	    getsockname(p->ufd, (struct sockaddr *)&sa, &sl) < 0)
 		goto err_close;
 	set_rcvbuf(p->ufd, p->rcvbuf);
+	/* Don't fragment: a datagram larger than the path MTU fails with
+	 * EMSGSIZE (counted, tx_too_big) instead of leaving as fragments the
+	 * aggregator drops. */
+	if (setsockopt(p->ufd, IPPROTO_IP, IP_MTU_DISCOVER, &pmtu_do, sizeof(pmtu_do)) < 0)
+		goto err_close;
 	p->ipv4 = ntohl(sa.sin_addr.s_addr);
 	p->udp_port = ntohs(sa.sin_port);
 	p->port.ops = &udp_ops;

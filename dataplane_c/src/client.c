@@ -249,6 +249,7 @@ int hg_client_get_stats(const struct hg_client *c, struct hg_client_stats *st)
 	st->srtt_ns = slow->rtt.avg;
 	st->rttvar_ns = slow->rtt.var;
 	st->rto_ns = slow->rto;
+	st->rto_floor_ns = slow->stall;
 	st->start_wait_ns = c->start_wait;
 	return 0;
 }
@@ -269,6 +270,7 @@ int hg_client_get_agg_stats(const struct hg_client *c, uint32_t k,
 	st->srtt_ns = ag->rtt.avg;
 	st->rttvar_ns = ag->rtt.var;
 	st->rto_ns = ag->rto;
+	st->rto_floor_ns = ag->stall;
 	return 0;
 }
 

@@ -28,6 +28,9 @@
 /* Results of chunks sent after a missing one that declare it lost (TCP's
  * duplicate-ACK threshold): tolerates reordering by up to DUPTHRESH - 1. */
 #define DUPTHRESH 3
+/* A floor spurious timeouts taught the timeout halves after this long
+ * without another one (hg_cl_spurious_timeout). */
+#define STALL_MEMORY_NS 1000000000ULL
 /* done[] values: no result yet, the result, the result after a timeout
  * (a second copy then shows the timeout was spurious). */
 enum { CH_PENDING = 0, CH_DONE = 1, CH_DONE_AFTER_TIMEOUT = 2 };
@@ -136,6 +139,10 @@ struct agg {
 	struct hg_wire_addr dst;
 	struct smooth rtt;      /* SRTT (avg) and RTTVAR (var) */
 	uint64_t rto_est, rto;
+	uint64_t stall;         /* the floor of rto_est that spurious timeouts
+				 * taught (ns, 0: none; see hg_cl_spurious_timeout) */
+	uint64_t t_stall;       /* when stall was last raised or halved */
+	uint64_t late;          /* the delay of the latest result of a timed-out chunk */
 	uint64_t t_backoff;     /* when rto was last backed off */
 	uint64_t t_timeout;     /* when a timer last expired (0: never) */
 	size_t hi_done;         /* 1 + its highest chunk (of the step) with its
@@ -245,9 +252,10 @@ uint64_t hg_cl_next_deadline(const struct hg_client *c, uint64_t now);
 
 /* client_rto.c: the retransmission timeout */
 uint64_t hg_cl_rto_backoff(const struct hg_client *c, uint64_t rto);
-void hg_cl_rtt_sample(const struct hg_client *c, struct agg *ag, uint64_t r);
+void hg_cl_rtt_sample(const struct hg_client *c, struct agg *ag, uint64_t r, uint64_t now);
 void hg_cl_start_sample(struct hg_client *c, uint64_t s);
-void hg_cl_spurious_timeout(struct hg_client *c, struct agg *ag, struct flight *fl);
+void hg_cl_spurious_timeout(struct hg_client *c, struct agg *ag, struct flight *fl,
+			    uint64_t delay, uint64_t now);
 uint32_t hg_cl_chunk_rank(const struct hg_client *c, uint64_t chunk);
 uint64_t hg_cl_turn_offset(const struct hg_client *c, const struct agg *ag,
 			   uint64_t chunk);

@@ -10,11 +10,12 @@
  * real round trip of a chunk, S times the bottleneck's per-chunk time.
  *
  * A timer expiry whose chunk turns out not to have been lost is a spurious
- * timeout: counted, its backoff undone (Eifel, RFC 4015).  Before the first
- * result of a step the timers wait at least start_wait, which learns how
- * late the slowest peer starts a step.
- */
-#include "client_pvt.h"
+ * timeout: counted, its backoff undone, and the delay its chunk really saw
+ * taught to the timeout as a floor (Eifel, RFC 4015; the floor halves each
+ * STALL_MEMORY_NS without another one).  Before the first result of a step
+ * the timers wait at least start_wait, which learns how late the slowest
+ * peer starts a step.
+ */#include "client_pvt.h"
 
 static void smooth_add(struct smooth *m, uint64_t r)
 {
@@ -56,14 +57,32 @@ static uint64_t rto_clamp(const struct hg_client *c, uint64_t srtt, uint64_t var
 }
 
 /*
+ * rto_est of aggregator ag at time now: the RFC 6298 estimate (rto_ns before
+ * the first sample), at least the stall floor, which halves every
+ * STALL_MEMORY_NS since it was last raised or halved.
+ */
+static void set_rto_est(const struct hg_client *c, struct agg *ag, uint64_t now)
+{
+	uint64_t rto = ag->rtt.have ? rto_clamp(c, ag->rtt.avg, ag->rtt.var) : c->cfg.rto_ns;
+
+	while (ag->stall && now - ag->t_stall >= STALL_MEMORY_NS) {
+		ag->stall /= 2;
+		ag->t_stall += STALL_MEMORY_NS;
+	}
+	if (rto < ag->stall)
+		rto = ag->stall < c->cfg.rto_max_ns ? ag->stall : c->cfg.rto_max_ns;
+	ag->rto_est = rto;
+}
+
+/*
  * A valid RTT sample r (ns) of aggregator ag: RFC 6298 section 2 with
  * alpha = 1/8, beta = 1/4, K = 4, G = HG_CLIENT_RTO_GRANULARITY_NS.  The
  * new timeout replaces any backed-off one.
  */
-void hg_cl_rtt_sample(const struct hg_client *c, struct agg *ag, uint64_t r)
+void hg_cl_rtt_sample(const struct hg_client *c, struct agg *ag, uint64_t r, uint64_t now)
 {
 	smooth_add(&ag->rtt, r);
-	ag->rto_est = rto_clamp(c, ag->rtt.avg, ag->rtt.var);
+	set_rto_est(c, ag, now);
 	ag->rto = ag->rto_est;
 	ag->st.rtt_samples++;
 }
@@ -88,17 +107,28 @@ void hg_cl_start_sample(struct hg_client *c, uint64_t s)
 
 /*
  * A timeout of aggregator ag turned out spurious: the chunk had not been
- * lost, it waited for a peer (computing, descheduled, or repairing its own
- * loss).  Eifel response (RFC 4015): undo the backoff, keep the estimate.
- * The margin against such waits is rto_min_ns (real-time ports) and
- * start_wait.
+ * lost, it waited ``delay`` ns (from its first transmission to the STATUS or
+ * result that showed it) for a peer (computing, descheduled, or repairing
+ * its own loss).  Eifel response (RFC 4015): undo the backoff, and adapt
+ * the timer to the delay that fooled it: the smoothed estimate follows the
+ * queue of the window within a few results, so the delay goes into a floor
+ * of the timeout instead, twice the delay (SRTT = R', RTTVAR = R' / 2 gives
+ * RFC 4015's SRTT + K RTTVAR = 3 R'; the timer restarts at each result, so
+ * 2 R' covers a stall as long again), halving every STALL_MEMORY_NS.
  */
-void hg_cl_spurious_timeout(struct hg_client *c, struct agg *ag, struct flight *fl)
+void hg_cl_spurious_timeout(struct hg_client *c, struct agg *ag, struct flight *fl,
+			    uint64_t delay, uint64_t now)
 {
 	c->stats.spurious_timeouts++;
 	ag->st.spurious_timeouts++;
 	if (fl)
 		fl->timed_out = false;
+	set_rto_est(c, ag, now);
+	if (2 * delay > ag->stall) {
+		ag->stall = 2 * delay;
+		ag->t_stall = now;
+		set_rto_est(c, ag, now);
+	}
 	ag->rto = ag->rto_est;
 }
 

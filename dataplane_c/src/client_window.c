@@ -234,7 +234,7 @@ static void handle_frame(struct hg_client *c, const uint8_t *f, size_t len,
 				 * a peer.  Nothing to resend; a timeout that made
 				 * us ask was spurious. */
 				if (fl->timed_out)
-					hg_cl_spurious_timeout(c, ag, fl);
+					hg_cl_spurious_timeout(c, ag, fl, now - fl->first_tx, now);
 				fl->present = true;
 				fl->fast_at = 0;
 				fl->armed = now;
@@ -259,7 +259,7 @@ static void handle_frame(struct hg_client *c, const uint8_t *f, size_t len,
 		if (c->done.p[k] == CH_DONE_AFTER_TIMEOUT) {
 			/* The original's result and the answer to the
 			 * retransmission both came: it was not lost. */
-			hg_cl_spurious_timeout(c, ag, NULL);
+			hg_cl_spurious_timeout(c, ag, NULL, ag->late, now);
 			c->done.p[k] = CH_DONE;
 		}
 		return;
@@ -299,9 +299,11 @@ static void handle_frame(struct hg_client *c, const uint8_t *f, size_t len,
 		if (fl->tries == 1 && !fl->have_status && k + 1 >= ag->hi_done &&
 		    fl->last_tx > ag->t_timeout && now >= fl->last_tx &&
 		    !(c->groups > 1 && c->st.u[fl->unit].ndone == 1))
-			hg_cl_rtt_sample(c, ag, now - fl->last_tx);
-		if (fl->timed_out)
+			hg_cl_rtt_sample(c, ag, now - fl->last_tx, now);
+		if (fl->timed_out) {
 			c->done.p[k] = CH_DONE_AFTER_TIMEOUT;
+			ag->late = now - fl->first_tx;
+		}
 		/* The answered copy was sent no earlier than the first. */
 		txn = fl->txn_first;
 		fl->busy = false;
@@ -522,7 +524,37 @@ static void timeout_text(struct hg_client *c, const struct flight *fl)
 }
 
 /*
- * Retransmit the chunks whose timer expired (backing off), and end the
+ * An aggregator's window is stalled (one of its chunks timed out again:
+ * its retransmission went unanswered too, as when a peer is gone): send
+ * every other open chunk of it again that was out for at least an RTO and
+ * is not known present, so each gets a STATUS (the give-up names the
+ * missing workers) or its result.  Returns the new count of ks.
+ */
+static uint16_t tx_window(struct hg_client *c, uint32_t a, size_t *ks, uint16_t cnt,
+			  uint64_t now)
+{
+	struct agg *ag = &c->agg[a];
+
+	for (size_t i = (size_t)a * c->cfg.slots; i < (size_t)(a + 1) * c->cfg.slots; i++) {
+		struct flight *fl = &c->fl[i];
+
+		if (!fl->busy || fl->unsent || fl->present || fl->last_tx == now ||
+		    now - fl->last_tx < ag->rto_est)
+			continue;
+		c->stats.window_retransmissions++;
+		ag->st.window_retransmissions++;
+		ks[cnt++] = (size_t)(fl->chunk - c->st.base);
+		if (cnt == BURST) {
+			tx_chunks(c, ks, cnt, now);
+			cnt = 0;
+		}
+	}
+	return cnt;
+}
+
+/*
+ * Retransmit the chunks whose timer expired (backing off), the whole window
+ * of an aggregator where one expired again (tx_window), and end the
  * allreduce when the oldest one waited give_up_ns.  Returns 0 or -ETIMEDOUT.
  */
 int hg_cl_tx_expired(struct hg_client *c, uint64_t now)
@@ -530,6 +562,7 @@ int hg_cl_tx_expired(struct hg_client *c, uint64_t now)
 	const struct flight *oldest = NULL;
 	size_t ks[BURST];
 	uint16_t cnt = 0;
+	uint32_t stalled = UINT32_MAX; /* an aggregator whose window stalled */
 
 	size_t nfl = (size_t)c->naggs * c->cfg.slots;
 
@@ -569,6 +602,8 @@ int hg_cl_tx_expired(struct hg_client *c, uint64_t now)
 			c->stats.timeouts++;
 			ag->st.timeouts++;
 			ag->t_timeout = now;
+			if (fl->tries >= 2)
+				stalled = fl->agg;
 			fl->timed_out = true;
 			fl->fast_at = 0;
 			fl->rto = hg_cl_rto_backoff(c, hg_cl_chunk_rto(c, fl));
@@ -584,7 +619,12 @@ int hg_cl_tx_expired(struct hg_client *c, uint64_t now)
 		}
 	}
 	if (cnt)
-		tx_chunks(c, ks, cnt, now);
+		tx_chunks(c, ks, cnt, now); /* these now have last_tx == now */
+	if (stalled != UINT32_MAX) {
+		cnt = tx_window(c, stalled, ks, 0, now);
+		if (cnt)
+			tx_chunks(c, ks, cnt, now);
+	}
 	return 0;
 }
 

@@ -85,6 +85,26 @@ def gradient(elements: int, density: float, workload: str, seed: int, worker: in
     return workloads.generate(workload, workers, elements, density, seed, worker)
 
 
+def save_gradients(directory: str, grads: list[np.ndarray]) -> list[str]:
+    """Write the W gradients of a job as .npy files into ``directory`` (one
+    per worker, in worker order) and return their paths: every process of a
+    benchmark that runs several methods on the same gradients loads them
+    instead of generating them again (the ``gradient_file`` of a worker spec)."""
+    paths = []
+    for i, g in enumerate(grads):
+        paths.append(os.path.join(directory, f"gradient-{i}.npy"))
+        np.save(paths[-1], np.ascontiguousarray(g, dtype=np.float32))
+    return paths
+
+
+def load_gradient(path: str, elements: int) -> np.ndarray:
+    """One gradient written by save_gradients(); it must hold ``elements`` float32."""
+    x = np.load(path)
+    if x.dtype != np.float32 or x.shape != (elements,):
+        raise RunError(f"gradient file {path}: {x.dtype} {x.shape}, expected float32 ({elements},)")
+    return x
+
+
 def reference(grads: list[np.ndarray], block: int) -> np.ndarray:
     """The bit-exact result of an exact method (homagg.reference: the
     fixed-point contract in numpy, independent of the C codec)."""
@@ -119,8 +139,11 @@ def child(spec: dict) -> int:
     there were any) ``repeat`` timed ones, save the result, print one JSON
     line of stats: the time and CPU of each timed call and the counters
     they moved ("stats_timed"; "stats" is the client's total)."""
-    x = gradient(spec["elements"], spec["density"], spec["workload"], spec["seed"], spec["worker"],
-                 spec["workers"])
+    if spec.get("gradient_file"):
+        x = load_gradient(spec["gradient_file"], spec["elements"])
+    else:
+        x = gradient(spec["elements"], spec["density"], spec["workload"], spec["seed"],
+                     spec["worker"], spec["workers"])
     with open_worker(spec) as w:
         if spec.get("go_file"):  # remote hosts: a file barrier (homagg.remote)
             open(spec["ready_file"], "w").close()
@@ -172,20 +195,22 @@ def check_arguments(method: str, elements: int, density: float) -> None:
 def worker_spec(*, job, token, worker, workers, agg_ip, group, ip, timeout, slots, payload, rto,
                 method, block, elements, density, workload, seed, out, mtu=None,
                 aggregators=None, auth_file=None, leaf_ids=None,
-                pipeline_groups=PIPELINE_GROUPS) -> dict:
+                pipeline_groups=PIPELINE_GROUPS, gradient_file=None) -> dict:
     """The JSON spec of one worker process (``python -m homagg.job --child SPEC``);
     ``mtu`` None: the worker asks the kernel for its path's MTU; ``aggregators``:
     the job's K aggregator addresses in shard order (default: agg_ip alone);
     ``auth_file``: the path of the job secret's file (never the secret);
     ``leaf_ids``: (i, n) below a tree leaf; ``pipeline_groups``: the job's
-    block groups (homagg.worker.Worker)."""
+    block groups (homagg.worker.Worker); ``gradient_file``: this worker's
+    gradient from save_gradients() (default: the worker generates it from
+    the seed)."""
     return dict(job=job, token=token, worker=worker, workers=workers, agg_ip=agg_ip,
                 udp_port=UDP_PORT, group=group, ip=ip, timeout=timeout, slots=slots,
                 payload=payload, rto=rto, method=method, block=block, elements=elements,
                 density=density, workload=workload, seed=seed, out=out, mtu=mtu,
                 aggregators=[list(a) for a in (aggregators or [(agg_ip, UDP_PORT)])],
                 auth_file=auth_file, leaf_ids=list(leaf_ids) if leaf_ids else None,
-                pipeline_groups=pipeline_groups)
+                pipeline_groups=pipeline_groups, gradient_file=gradient_file)
 
 
 def tree_leaf(worker: int, workers: int, leaves: int) -> tuple[int, int, int]:
@@ -210,19 +235,39 @@ def check_payload(payload: int, mtu: int, where: str) -> None:
                        f"e.g. `homagg testbed up --mtu 9000`)")
 
 
+def expected(elements: int, density: float, workload: str, seed: int, block: int,
+             workers: int, grads: list[np.ndarray] | None = None) -> dict:
+    """What verify() compares results with, for every method of one job: the
+    bit-exact reference and the float64 sum of the W gradients (rebuilt
+    from the seed unless ``grads`` are those gradients).  Computed once, it
+    serves every method run on the same gradients (``verify(expect=)``)."""
+    if grads is None:
+        grads = [gradient(elements, density, workload, seed, i, workers) for i in range(workers)]
+    fsum = np.zeros(elements, dtype=np.float64)
+    for g in grads:
+        fsum += g
+    return {"job": (elements, float(density), workload, seed, block, workers),
+            "reference": reference(grads, block), "float64_sum": fsum}
+
+
 def verify(method: str, elements: int, density: float, workload: str, seed: int, block: int,
-           results: list[np.ndarray]) -> dict:
-    """Rebuild every worker's gradient from the seed and compare the results
-    bit for bit with the reference: the exactness part of the report
-    ("result_sha256": of worker 0's result bytes, to compare runs)."""
+           results: list[np.ndarray], expect: dict | None = None) -> dict:
+    """Compare every worker's result bit for bit with the reference built
+    from the seed (or with ``expect``, expected() of the same job): the
+    exactness part of the report ("result_sha256": of worker 0's result
+    bytes, to compare runs)."""
     W = len(results)
-    grads = [gradient(elements, density, workload, seed, i, W) for i in range(W)]
-    ref = reference(grads, block)
+    job = (elements, float(density), workload, seed, block, W)
+    if expect is None:
+        expect = expected(*job)
+    elif expect["job"] != job:
+        raise RunError(f"verify: the expected result is of job {expect['job']}, not {job}")
+    ref = expect["reference"]
     bits = [r.view(np.uint32) for r in results]
     agree = all(np.array_equal(bits[0], b) for b in bits[1:])
     exact_each = [bool(np.array_equal(b, ref.view(np.uint32))) for b in bits]
     exact = all(exact_each) if method in protocol.EXACT_METHODS else None
-    fsum = np.sum(np.stack(grads).astype(np.float64), axis=0)
+    fsum = expect["float64_sum"]
     err = float(np.max(np.abs(results[0].astype(np.float64) - fsum))) if elements else 0.0
     return {"exact": exact, "exact_per_worker": exact_each, "workers_agree": agree,
             "max_abs_error_vs_float64_sum": err,

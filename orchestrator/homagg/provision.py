@@ -19,6 +19,8 @@ reporting "changed" or "ok" (so a second run changes nothing and says so):
   hugepages   reserve hugepages (aggregator; never lowers a larger reservation)
   hugetlbfs   mount hugetlbfs at hugepages_mount (aggregator)
   nic_bind    bind the PCI NIC to its DPDK driver (dpdk-devbind.py); vdev/iface: nothing
+  mtu         the inventory's mtu on the data-plane kernel interface (iface, or a
+              vdev's iface=); a PCI NIC gets it from the daemon's --mtu
   address     the data-plane address on a worker's kernel interface
   config      the host's config file (config_file, TOML)
 
@@ -47,7 +49,7 @@ from homagg.ssh import (CHANGED, FAILED, OK, SKIPPED, WOULD, PreflightError,  # 
 from homagg.ssh import tail as _tail
 
 STEPS = ("os", "packages", "venv", "upload", "wheels", "build", "install", "hugepages", "hugetlbfs",
-         "nic_bind", "address", "config")
+         "nic_bind", "mtu", "address", "config")
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -392,6 +394,26 @@ class HostRun(Session):
         return Change(f"would bind {h.pci} from {cur or 'no driver'} to {h.driver}", lambda: self.run(
             f"modprobe {mod} && dpdk-devbind.py --force --bind={h.driver} {h.pci}"),
             f"bound {h.pci} to {h.driver} (was {cur or 'unbound'})")
+
+    def step_mtu(self):
+        h = self.h
+        ifname = h.kernel_iface
+        if not ifname:
+            return OK, f"PCI NIC: homagg-switch --mtu {h.mtu} sets it"
+        q = shlex.quote(ifname)
+        cur = self.run(f"cat /sys/class/net/{q}/mtu").stdout.strip()
+        if cur == str(h.mtu):
+            return OK, f"{ifname} has MTU {h.mtu}"
+
+        def apply():
+            r = self.run(f"ip link set dev {q} mtu {h.mtu}", check=False)
+            if r.exited != 0:
+                raise StepFailed(f"cannot set MTU {h.mtu} on {ifname} of {h.name} (it has {cur}): "
+                                 "its NIC or driver does not take it; lower 'mtu' in the inventory "
+                                 "(every host the same) or use a NIC that carries it",
+                                 _tail(r.stderr))
+        return Change(f"would set the MTU of {ifname} from {cur} to {h.mtu}", apply,
+                      f"set the MTU of {ifname} from {cur} to {h.mtu}")
 
     def step_address(self):
         h = self.h

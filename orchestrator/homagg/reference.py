@@ -51,15 +51,31 @@ def _fields(x):
     if np.any(field == 0xFF):
         raise ValueError("grads: a gradient holds inf or NaN; "
                          "the fixed-point contract covers finite float32 values only")
-    mant = (bits & 0x7FFFFF) | np.where(field > 0, 1 << 23, 0)
+    mant = (bits & 0x7FFFFF) | np.where(field > 0, np.int32(1 << 23), np.int32(0))
     return (bits >> 31) & 1, mant, np.maximum(field, 1) - 150
 
 
+# Columns per pass of allreduce(): whole blocks, so that a pass's
+# temporaries (a few int32/int64 arrays of W x COLUMNS) stay in the cache.
+COLUMNS = 1 << 18
+
+
 def allreduce(grads, block):
-    """The bit-exact result every exact method must decode (float32)."""
+    """The bit-exact result every exact method must decode (float32).
+    Blocks are independent, so it runs over whole blocks at a time."""
     x = np.stack([np.asarray(g, dtype=np.float32).ravel() for g in grads]) if grads else None
     if x is None or x.shape[1] == 0:
         return np.zeros(0, dtype=np.float32)
+    n = x.shape[1]
+    step = max(1, COLUMNS // block) * block
+    out = np.empty(n, dtype=np.float32)
+    for a in range(0, n, step):
+        out[a:a + step] = _allreduce_blocks(x[:, a:a + step], block)
+    return out
+
+
+def _allreduce_blocks(x, block):
+    """allreduce() of the (W, n) float32 matrix x, n up to whole blocks."""
     workers, n = x.shape
     nb = (n + block - 1) // block
     sign, mant, k = _fields(x)

@@ -388,8 +388,8 @@ def down(inventory: inv.Inventory, out=None) -> dict[str, list[str]]:
                 try:  # the job `up` registered, then the daemon
                     r.control({"cmd": "remove_job", "job": job["job"]})
                     done.append(f"removed job {job['job']}")
-                except RemoteError as e:
-                    done.append(f"job {job['job']} not removed: {e}")
+                except Exception as e:  # noqa: BLE001 - the daemon's stop below ends it anyway
+                    done.append(f"job {job['job']} not removed: {type(e).__name__}: {e}")
             return done + r.stop_all()
         except ssh.StepFailed as e:
             return e

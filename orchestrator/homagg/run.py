@@ -304,7 +304,8 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
                   aggregators: int | None = None, repeat: int = 1, warmup: int = 0,
                   auth: bool = False, leaves: int | None = None,
                   switch_lcores: int = 1,
-                  pipeline_groups: int = PIPELINE_GROUPS) -> dict:
+                  pipeline_groups: int = PIPELINE_GROUPS,
+                  gradient_files: list[str] | None = None, expect: dict | None = None) -> dict:
     """One allreduce on testbed ``testbed``; returns the report dict (see
     the module doc).  Every process it starts is stopped before it returns.
     ``drop_rate`` makes the daemon's port drop that fraction of the frames it
@@ -334,7 +335,14 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
     engines"); each aggregator's report then has "engine_summed" per
     engine.
     ``pipeline_groups``: the job's block groups (0 automatic, 1 not
-    pipelined; docs/PROTOCOL.md "Pipelined block groups")."""
+    pipelined; docs/PROTOCOL.md "Pipelined block groups").
+
+    A benchmark running several methods on the same gradients passes what
+    they share: ``gradient_files`` (homagg.job.save_gradients: each worker
+    loads its gradient instead of generating it) and ``expect``
+    (homagg.job.expected of the same job: the check does not rebuild the
+    reference); the daemons it shares are the testbed's own
+    (homagg.testbed_job.start)."""
     if repeat < 1 or warmup < 0:
         raise RunError("repeat must be >= 1 and warmup >= 0")
     pipeline_groups = check_pipeline_groups(pipeline_groups)
@@ -363,6 +371,8 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
         if auth:
             raise RunError("a tree does not authenticate: drop --auth or --leaves")
         aggregators = leaves + 1
+    if gradient_files is not None and len(gradient_files) != W:
+        raise RunError(f"gradient_files: {len(gradient_files)} files for {W} workers")
     workdir = tempfile.mkdtemp(prefix=f"homagg-run-{testbed}-")
     procs = []
     sws, registered = [], []
@@ -414,6 +424,7 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
                                elements=elements, density=density, workload=workload, seed=seed,
                                out=os.path.join(workdir, f"result-{i}.npy"),
                                auth_file=auth_file, pipeline_groups=pipeline_groups,
+                               gradient_file=gradient_files[i] if gradient_files else None,
                                **place)
             spec.update(repeat=repeat, warmup=warmup)
             p = tb.run_in(h.name, [sys.executable, "-m", "homagg.job", "--child", json.dumps(spec)],
@@ -456,7 +467,7 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
                            + "; ".join(failures))
 
         results = [np.load(os.path.join(workdir, f"result-{i}.npy")) for i in range(W)]
-        check = verify(method, elements, density, workload, seed, block, results)
+        check = verify(method, elements, density, workload, seed, block, results, expect)
         reports.sort(key=lambda r: r["worker"])
         each = [max(r["seconds_each"][i] for r in reports) for i in range(repeat)]
         per_agg = []

@@ -63,7 +63,7 @@ from homagg.bindings import client as _c
 from homagg.bindings import port_udp as _u
 from homagg.bindings.codec import DEFAULT_BLOCK, F_STOCHASTIC
 from homagg.bindings.wire import HDR_LEN, MAC_LEN, MAX_PAYLOAD
-from homagg.errors import InvalidArgument
+from homagg.errors import InvalidArgument, PeerTimeout
 from homagg.netaddr import parse_ipv4
 from homagg.protocol import PIPELINE_GROUPS, check_pipeline_groups
 
@@ -180,6 +180,7 @@ class Worker:
             parse_ipv4(a[0], "aggregator")
         self.group = group
         self.timeout = timeout
+        self.payload = int(payload)
         # the smallest MTU of the paths to the aggregators
         narrow = min(aggregators, key=lambda a: path_mtu(a[0], str(bind[0])))
         self.mtu = int(mtu) if mtu else min(9000, max(576, path_mtu(narrow[0], str(bind[0]))))
@@ -239,8 +240,13 @@ class Worker:
                 before = self._payload_bytes()
             where = ", ".join(f"{h}:{port}" for h, port in self.aggregators)
             where = f"aggregator{'s' if len(self.aggregators) > 1 else ''} {where}"
-            _c.client_allreduce(self._client, p, code, x, out,
-                                f"worker {self.worker} of job {self.job}, {where}")
+            too_big = self._port.stats()["tx_too_big"]
+            try:
+                _c.client_allreduce(self._client, p, code, x, out,
+                                    f"worker {self.worker} of job {self.job}, {where}")
+            except PeerTimeout as e:
+                self._raise_if_too_big(too_big, e)
+                raise
             if info is not None:
                 after = self._payload_bytes()
                 m = protocol.METHOD_BY_CODE.get(after[2])
@@ -248,6 +254,21 @@ class Worker:
                 info["bytes_sent"] = after[0] - before[0]
                 info["bytes_received"] = after[1] - before[1]
         return out
+
+    def _raise_if_too_big(self, too_big_before, cause):
+        """The kernel refused this call's frames as larger than the path MTU
+        (the socket never fragments): say so instead of the timeout."""
+        st = self._port.stats()
+        if st["tx_too_big"] == too_big_before:
+            return
+        host = self.aggregators[0][0]
+        mtu = path_mtu(host, self.local_address[0])
+        raise InvalidArgument(
+            f"payload {self.payload} bytes: the kernel refused {st['tx_too_big'] - too_big_before} "
+            f"frames of {st['tx_too_big_bytes']} bytes (IPv4) as larger than the MTU {mtu} of "
+            f"the path to aggregator {host} (don't-fragment is set; the worker was told MTU "
+            f"{self.mtu}): use a payload of at most {max_payload(mtu)} bytes, or links with "
+            f"MTU >= {self.payload + FRAME_OVERHEAD}") from cause
 
     def allreduce_async(self, array, method="dense", **kwargs):
         """``allreduce`` on the worker's background thread: returns a

@@ -56,6 +56,7 @@ extern "C" {
 	X(uint64_t, timeouts, "retransmission timer expiries")                 \
 	X(uint64_t, spurious_timeouts, "expiries whose chunk had not been lost (a STATUS showed our contribution, or the result came twice)") \
 	X(uint64_t, fast_retransmissions, "resent on a gap or a STATUS, without a timer") \
+	X(uint64_t, window_retransmissions, "resent with a stalled window: a chunk of its aggregator timed out again (docs/PROTOCOL.md)") \
 	X(uint64_t, results_received, "result packets placed (first copy of a chunk)") \
 	X(uint64_t, duplicates_received, "result packets for chunks already placed") \
 	X(uint64_t, status_received, "STATUS replies (slot bitmaps)")          \
@@ -74,6 +75,7 @@ extern "C" {
 	X(uint64_t, rtt_samples, "RTT samples taken (results of chunks sent once)") \
 	X(uint32_t, aggregators, "K; srtt/rttvar/rto above are of the aggregator with the longest timeout, rtt_samples the total") \
 	X(uint64_t, start_wait_ns, "current wait for the first result of a step") \
+	X(uint64_t, rto_floor_ns, "the floor of the timeout spurious timeouts taught (0: none; of that same aggregator)") \
 	X(uint64_t, bad_mac, "replies dropped: MAC missing, wrong, or present on a job without auth") \
 	X(uint32_t, groups, "block groups of the last allreduce (1: not pipelined)")
 
@@ -163,6 +165,7 @@ struct hg_client_agg_stats {
 	uint64_t timeouts;         /* timer expiries of its chunks */
 	uint64_t spurious_timeouts;/* of which its chunk had not been lost */
 	uint64_t fast_retransmissions; /* resent on a gap or a STATUS */
+	uint64_t window_retransmissions; /* resent with its stalled window */
 	uint64_t results_received; /* first copies of results */
 	uint64_t status_received;
 	uint64_t bytes_sent;       /* HomAgg payload bytes sent to it */
@@ -170,6 +173,7 @@ struct hg_client_agg_stats {
 	uint64_t chunks;           /* distinct chunks assigned to it */
 	uint64_t next_seq;         /* its next sequence number (wraps at 2^32 on the wire) */
 	uint64_t srtt_ns, rttvar_ns, rto_ns, rtt_samples;
+	uint64_t rto_floor_ns;     /* the floor of rto_ns spurious timeouts taught (0: none) */
 };
 
 struct hg_client;

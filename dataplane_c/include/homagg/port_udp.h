@@ -46,6 +46,9 @@ struct hg_udp_port_stats {
 	uint64_t rx_truncated;/* datagrams larger than a packet (dropped) */
 	uint64_t tx_bad;      /* frames that were not IPv4/UDP (dropped) */
 	uint64_t tx_errors;   /* sendmmsg errors other than a full buffer */
+	uint64_t tx_too_big;  /* datagrams the kernel refused as larger than the
+			       * path MTU (EMSGSIZE: the socket never fragments) */
+	uint64_t tx_too_big_bytes; /* the IPv4 length of the latest of them */
 	uint64_t waits;       /* blocking waits (ppoll) */
 	uint64_t wait_timeouts; /* waits that ended at their deadline, no frame */
 };

@@ -219,9 +219,9 @@ class GlooGroup:
         self.procs = []
 
 
-def gloo_row(group, W, n, workload, density, link_mbit, args):
+def gloo_row(group, W, n, workload, density, link_mbit, args, gradient_files=None):
     job = {"workload": workload, "elements": n, "density": density, "seed": args.seed,
-           "repeat": args.repeat, "warmup": args.warmup}
+           "repeat": args.repeat, "warmup": args.warmup, "gradient_files": gradient_files}
     answers, tx = group.run(job)
     per_call = np.max([a["seconds"] for a in answers], axis=0)  # slowest rank per call
     wall = float(np.sum(per_call))
@@ -298,9 +298,11 @@ def homagg_run_available():
 
 
 def homagg_via_run_allreduce(testbed_name, method, n, workload, density, args, payload=1024,
-                             auth=False, pipeline_groups=PIPELINE_GROUPS):
+                             auth=False, pipeline_groups=PIPELINE_GROUPS, shared=None):
     """One HomAgg allreduce on the testbed, by homagg.run.run_allreduce (the
-    function behind `homagg run allreduce --testbed NAME`); returns its report."""
+    function behind `homagg run allreduce --testbed NAME`); returns its report.
+    ``shared``: run_allreduce's gradient_files / expect, what every method
+    of a case shares (Case)."""
     from homagg import job
     from homagg import run as hrun
 
@@ -311,11 +313,11 @@ def homagg_via_run_allreduce(testbed_name, method, n, workload, density, args, p
     return hrun.run_allreduce(testbed_name, method, n, run_density, workload=run_workload,
                               seed=args.seed, timeout=args.timeout, state_dir=args.state_dir,
                               repeat=args.repeat, warmup=args.warmup, payload=payload,
-                              auth=auth, pipeline_groups=pipeline_groups)
+                              auth=auth, pipeline_groups=pipeline_groups, **(shared or {}))
 
 
 def homagg_row(testbed_name, method, W, n, workload, density, link_mbit, args, payload=1024,
-               auth=False, pipeline_groups=PIPELINE_GROUPS):
+               auth=False, pipeline_groups=PIPELINE_GROUPS, shared=None):
     """One row: --warmup untimed and --repeat timed allreduces by the same
     worker processes and daemon (homagg run's repeat/warmup), checked bit
     for bit once (every call sums the same gradients)."""
@@ -325,7 +327,7 @@ def homagg_row(testbed_name, method, W, n, workload, density, link_mbit, args, p
     try:
         r = homagg_via_run_allreduce(testbed_name, method, n, workload, density, args,
                                      payload=payload, auth=auth,
-                                     pipeline_groups=pipeline_groups)
+                                     pipeline_groups=pipeline_groups, shared=shared)
     except Exception as exc:  # a failed method is a result, not a crash of the whole run
         return {"status": f"failed: {type(exc).__name__}: {exc}"[:500]}
     seconds = r["seconds_each"]
@@ -375,6 +377,62 @@ def _worker_counters(stats, calls):
 # --------------------------------------------------------------------------
 
 
+def _start_daemons(tb, args):
+    """homagg-switch on the testbed's aggregators for every HomAgg row on
+    it (homagg.testbed_job.start, as `homagg testbed up`: each row's
+    run_allreduce adds and removes its own job there); None, or the reason
+    they did not start."""
+    from homagg import testbed_job
+
+    try:
+        testbed_job.start(tb, timeout=args.timeout)
+    except Exception as exc:
+        why = f"failed: {type(exc).__name__}: {exc}"[:500]
+        _progress(f"homagg-switch {why}")
+        return why
+    return None
+
+
+class Case:
+    """The gradients of one case (W, workload, density), built once for every
+    method and link rate that runs it: written to files the HomAgg workers
+    and the Gloo ranks load, and the expected results (bit-exact reference
+    and float64 sum, homagg.job.expected) the HomAgg rows are checked with.
+    Holds the latest case only."""
+
+    def __init__(self, args):
+        self.args = args
+        self.key = None
+        self.dir = None
+        self.files = None
+        self.expect = None
+
+    def prepare(self, W, workload, density, exact_check=True):
+        """(gradient files, expected results or None) of this case."""
+        import tempfile
+
+        from homagg import job
+
+        key = (W, workload, density, exact_check)
+        if key != self.key:
+            self.close()
+            a = self.args
+            grads = [job.gradient(a.elements, density, workload, a.seed, w, W) for w in range(W)]
+            self.dir = tempfile.mkdtemp(prefix="homagg-bench-grads-")
+            self.files = job.save_gradients(self.dir, grads)
+            self.expect = (job.expected(a.elements, density, workload, a.seed,
+                                        job.DEFAULT_BLOCK, W, grads) if exact_check else None)
+            self.key = key
+        return self.files, self.expect
+
+    def close(self):
+        import shutil
+
+        if self.dir:
+            shutil.rmtree(self.dir, ignore_errors=True)
+        self.key = self.dir = self.files = self.expect = None
+
+
 def _cases(args):
     for wl in args.workloads:
         for d in ([1.0] if wl == "dense" else args.densities):
@@ -382,6 +440,14 @@ def _cases(args):
 
 
 def run(args):
+    case = Case(args)
+    try:
+        return _run(args, case)
+    finally:
+        case.close()
+
+
+def _run(args, case):
     from homagg.testbed import Testbed, require_root
 
     bad = [m for m in args.methods if m not in METHODS]
@@ -403,11 +469,13 @@ def run(args):
     require_root("homagg bench allreduce")
     results = []
     torch_version = None
+    homagg_methods = [m for m in args.methods if m != "gloo"]
     for W, link_mbit in ((W, r) for W in args.workers for r in args.link_mbit):
         name = args.testbed_name
         _progress(f"testbed {name}: {W} workers, links {link_mbit:g} Mbit/s, MTU {mtu}")
         tb = Testbed.up(name, W, link_mbit=link_mbit, state_dir=args.state_dir, mtu=mtu)
         try:
+            no_daemon = _start_daemons(tb, args) if homagg_methods else None
             gloo = None
             if "gloo" in args.methods:
                 try:
@@ -420,6 +488,8 @@ def run(args):
                 for wl, d in _cases(args):
                     base = {"workers": W, "link_mbit": link_mbit, "elements": args.elements,
                             "workload": wl, "density": d}
+                    files, expect = case.prepare(W, wl, d, exact_check=bool(homagg_methods))
+                    shared = {"gradient_files": files, "expect": expect}
                     rows = {}
                     for m in args.methods:
                         if m == "gloo":
@@ -428,7 +498,7 @@ def run(args):
                             else:
                                 try:
                                     row = gloo_row(gloo, W, args.elements, wl, d, link_mbit,
-                                                   args)
+                                                   args, gradient_files=files)
                                 except Exception as exc:
                                     row = {"status": f"failed: {type(exc).__name__}: {exc}"[:500]}
                             rows[m] = {"method": m, **base, **row}
@@ -436,8 +506,9 @@ def run(args):
                             continue
                         for p, pg in ((p, pg) for p in payloads
                                       for pg in (pgs if m in PIPELINED_METHODS else pgs[:1])):
-                            row = homagg_row(name, m, W, args.elements, wl, d, link_mbit, args,
-                                             payload=p, pipeline_groups=pg)
+                            row = ({"status": no_daemon} if no_daemon else
+                                   homagg_row(name, m, W, args.elements, wl, d, link_mbit, args,
+                                              payload=p, pipeline_groups=pg, shared=shared))
                             key = ((m if len(payloads) == 1 else f"{m}@{p}")
                                    + (f"/groups{pg}" if len(pgs) > 1 and m in PIPELINED_METHODS
                                       else ""))
@@ -448,7 +519,8 @@ def run(args):
                             if args.auth:
                                 # the same allreduce with per-worker MACs, right after
                                 row = homagg_row(name, m, W, args.elements, wl, d, link_mbit,
-                                                 args, payload=p, auth=True, pipeline_groups=pg)
+                                                 args, payload=p, auth=True, pipeline_groups=pg,
+                                                 shared=shared)
                                 plain = rows[key].get("seconds_median")
                                 authed = row.get("seconds_median")
                                 row["time_vs_unauthenticated"] = (authed / plain
@@ -465,7 +537,7 @@ def run(args):
                 if gloo is not None and not isinstance(gloo, str):
                     gloo.close()
         finally:
-            Testbed.down(name, state_dir=args.state_dir)
+            Testbed.down(name, state_dir=args.state_dir)  # stops its daemons too
             _progress(f"testbed {name} removed")
     return rep.header(benchmark="allreduce", link_mbit=args.link_mbit, elements=args.elements,
                       payload_bytes=payloads, mtu=mtu,

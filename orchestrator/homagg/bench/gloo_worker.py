@@ -9,10 +9,11 @@ It joins the process group (Gloo backend, TCP rendezvous at rank 0's
 address inside the testbed), prints ``{"ready": ...}``, then reads one JSON
 job per line from stdin and answers each with one JSON line on stdout:
 
-    {"workload", "elements", "density", "seed", "repeat", "warmup"}
+    {"workload", "elements", "density", "seed", "repeat", "warmup", "gradient_files"}
 
 For each job it generates its gradient (homagg.bench.workloads, so every
-rank knows every other rank's input), runs ``warmup`` untimed and
+rank knows every other rank's input), or loads the W gradients from
+"gradient_files" when the benchmark wrote them (homagg.job.save_gradients), runs ``warmup`` untimed and
 ``repeat`` timed all_reduce calls of a fresh float32 tensor (a barrier
 before each one, so every rank starts together), and reports the seconds
 of each timed call, the process CPU time (user + system, every thread)
@@ -29,21 +30,28 @@ import time
 import numpy as np
 
 
-def _check(y, grads):
-    """y against the float64 sum, within float32 summation error."""
-    xs = np.stack([g.astype(np.float64) for g in grads])
-    exact_sum = xs.sum(axis=0)
-    bound = (len(grads) + 1) * 2.0**-23 * np.abs(xs).sum(axis=0)
-    err = np.abs(y.astype(np.float64) - exact_sum)
-    ok = bool(np.all(err <= bound))
-    return ok, float(err.max()) if err.size else 0.0
+def _check(y, grads, step=1 << 18):
+    """y against the float64 sum, within float32 summation error (``step``
+    elements at a time, so the float64 temporaries stay small)."""
+    ok, worst = True, 0.0
+    for a in range(0, y.size, step):
+        xs = np.stack([g[a:a + step].astype(np.float64) for g in grads])
+        exact_sum = xs.sum(axis=0)
+        bound = (len(grads) + 1) * 2.0**-23 * np.abs(xs).sum(axis=0)
+        err = np.abs(y[a:a + step].astype(np.float64) - exact_sum)
+        ok = ok and bool(np.all(err <= bound))
+        worst = max(worst, float(err.max()))
+    return ok, worst
 
 
 def run_job(dist, torch, job, rank, world):
     from homagg.bench import workloads
 
-    grads = [workloads.generate(job["workload"], world, job["elements"], job["density"],
-                                job["seed"], w) for w in range(world)]
+    if job.get("gradient_files"):  # written by the benchmark, one per rank
+        grads = [np.load(f) for f in job["gradient_files"]]
+    else:
+        grads = [workloads.generate(job["workload"], world, job["elements"], job["density"],
+                                    job["seed"], w) for w in range(world)]
     x = torch.from_numpy(grads[rank])
     for _ in range(job["warmup"]):
         buf = x.clone()
