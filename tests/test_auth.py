@@ -142,7 +142,7 @@ class Rig:
         c = self.eng.counters()
         return {k: v for k, v in c.items() if v and k not in (
             "received", "summed", "completed", "results_sent", "duplicates", "replays",
-            "status_sent")}
+            "status_sent", "status_repeats")}
 
 
 def test_engine_sums_authenticated_frames_and_macs_its_results():

@@ -276,7 +276,7 @@ def test_hostile_frames_are_dropped_and_counted():
             assert delta[reason] >= 1, (reason, delta)
         drops = sum(v for k, v in delta.items()
                     if k not in ("received", "summed", "completed", "results_sent", "replays",
-                                 "status_sent", "duplicates"))
+                                 "status_sent", "status_repeats", "duplicates"))
         assert drops == len(frames)
         # Nothing hostile was summed: exactly one contribution per worker and chunk.
         chunks = res.stats["workers"][0]["chunks"]

@@ -257,6 +257,8 @@ void hg_cl_start_sample(struct hg_client *c, uint64_t s);
 void hg_cl_spurious_timeout(struct hg_client *c, struct agg *ag, struct flight *fl,
 			    uint64_t delay, uint64_t now);
 uint32_t hg_cl_chunk_rank(const struct hg_client *c, uint64_t chunk);
+uint64_t hg_cl_turn_offset(const struct hg_client *c, const struct agg *ag,
+			   uint64_t chunk);
 uint64_t hg_cl_turn_ns(const struct hg_client *c, const struct agg *ag);
 uint64_t hg_cl_chunk_rto(const struct hg_client *c, const struct flight *fl);
 uint64_t hg_cl_chunk_deadline(const struct hg_client *c, const struct flight *fl);

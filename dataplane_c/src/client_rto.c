@@ -156,6 +156,20 @@ uint64_t hg_cl_turn_ns(const struct hg_client *c, const struct agg *ag)
 }
 
 /*
+ * How long after the first turn this worker's turn for chunk number chunk
+ * comes: rank x turn, at most rto_max_ns, so that every worker's turn
+ * comes within one longest timeout, however many workers and however
+ * inflated the turn.
+ */
+uint64_t hg_cl_turn_offset(const struct hg_client *c, const struct agg *ag,
+			   uint64_t chunk)
+{
+	uint64_t d = (uint64_t)hg_cl_chunk_rank(c, chunk) * hg_cl_turn_ns(c, ag);
+
+	return d < c->cfg.rto_max_ns ? d : c->cfg.rto_max_ns;
+}
+
+/*
  * The timeout of a chunk in flight: its own (armed at its first
  * transmission, backed off at each of its expiries) or its aggregator's
  * current one when that is longer (a longer estimate, or a backoff since).
@@ -198,5 +212,5 @@ uint64_t hg_cl_chunk_deadline(const struct hg_client *c, const struct flight *fl
 	 * missing. */
 	if ((ag->hi_done == 0 || c->st.u[fl->unit].ndone == 0) && c->start_wait > rto)
 		rto = c->start_wait;
-	return from + rto + hg_cl_chunk_rank(c, fl->chunk) * hg_cl_turn_ns(c, ag);
+	return from + rto + hg_cl_turn_offset(c, ag, fl->chunk);
 }

@@ -293,8 +293,10 @@ static void handle_frame(struct hg_client *c, const uint8_t *f, size_t len,
 		 * ours answered, say): only chunks sent after it count.  With
 		 * pipelined block groups the first result of a unit waited
 		 * for the slowest peer to compute the unit: not a sample.
+		 * Nor is a chunk a STATUS reported incomplete: its result
+		 * waited for a peer's repair.
 		 */
-		if (fl->tries == 1 && k + 1 >= ag->hi_done &&
+		if (fl->tries == 1 && !fl->have_status && k + 1 >= ag->hi_done &&
 		    fl->last_tx > ag->t_timeout && now >= fl->last_tx &&
 		    !(c->groups > 1 && c->st.u[fl->unit].ndone == 1))
 			hg_cl_rtt_sample(c, ag, now - fl->last_tx, now);
@@ -322,7 +324,7 @@ static void handle_frame(struct hg_client *c, const uint8_t *f, size_t len,
 		    o->present || o->txn_last >= txn || o->fast_at)
 			continue;
 		if (++o->overtaken >= DUPTHRESH)
-			o->fast_at = now + hg_cl_chunk_rank(c, o->chunk) * hg_cl_turn_ns(c, ag);
+			o->fast_at = now + hg_cl_turn_offset(c, ag, o->chunk);
 	}
 	if (k + 1 > ag->hi_done) {
 		/* Chunks of this aggregator this result overtook: their

@@ -78,10 +78,14 @@ struct hg_set {
 	uint32_t seq;
 	uint16_t lanes;
 	uint16_t count;
+	uint16_t status_count; /* count at its last STATUS to the group, or NO_STATUS */
 	uint8_t op;
 	int8_t exp;
 	uint8_t state;     /* enum set_state */
 };
+
+/* hg_set.status_count of a set whose bitmap the group has not had. */
+#define NO_STATUS UINT16_MAX
 
 /* What the engine knows of one worker of a job. */
 struct hg_peer {
@@ -373,8 +377,8 @@ int hg_engine_add_job(struct hg_engine *e, const struct hg_job_config *jc)
 	j->in_use = true;
 	e->njobs++;
 	table_rebuild(e);
-	if (jc->group_ipv4 && e->port->ops->join_group)
-		e->port->ops->join_group(e->port->ctx, jc->group_ipv4);
+	/* Not the job's own group, which it only sends to (the job's other
+	 * shards send there too); a leaf receives its root's results. */
 	if (jc->up && jc->up_group && e->port->ops->join_group)
 		e->port->ops->join_group(e->port->ctx, jc->up_group);
 	return 0;
@@ -604,8 +608,8 @@ static void send_result(struct hg_engine *e, struct hg_job *j,
 }
 
 /* STATUS to worker w (HG_WORKER_ALL: the job's group): the set's worker
- * bitmap, W bits, bit w%8 of byte w/8. */
-static void send_status(struct hg_engine *e, struct hg_job *j,
+ * bitmap, W bits, bit w%8 of byte w/8.  False when no buffer was free. */
+static bool send_status(struct hg_engine *e, struct hg_job *j,
 			const struct hg_set *s, uint16_t w,
 			struct hg_pkt **reuse)
 {
@@ -618,13 +622,48 @@ static void send_status(struct hg_engine *e, struct hg_job *j,
 		bits[i] = (uint8_t)(s->bitmap[i / 8] >> (8 * (i % 8)));
 	p = out_pkt(e, j, reuse, HG_OFF_PAYLOAD + plen + j->mac_len);
 	if (!p)
-		return;
+		return false;
 	if (e->wire_flags & HG_WIRE_F_UDP_CSUM)
 		psum = hg_csum_add(0, bits, plen);
 	put_reply(e, j, p, s, set_flags(j, s, HG_FLAG_STATUS), w, bits, plen,
 		  psum);
 	queue_tx(e, p);
 	count(e, j, HG_CNT_STATUS_SENT);
+	return true;
+}
+
+/*
+ * Answer worker w's retransmission of open set s, already counted, with a
+ * STATUS (docs/PROTOCOL.md Part 3, fast retransmission): to the job's group
+ * where there is one, so every worker that waits for this slot learns
+ * whether it is missing, but once per bitmap.  A bitmap the group already
+ * had goes to w and to the workers it lacks (they may have taken the
+ * group's copy as older than their latest transmission), each a unicast
+ * counted in "status_repeats": at most W frames, at most one per worker.
+ * Its bits only grow until the set starts over or is cleared
+ * (status_count = NO_STATUS then), so the same count is the same bitmap.
+ */
+static void answer_retrans(struct hg_engine *e, struct hg_job *j,
+			   struct hg_set *s, uint16_t w, struct hg_pkt **reuse)
+{
+	if (!e->can_replicate || !j->cfg.group_ipv4) {
+		send_status(e, j, s, w, reuse);
+		return;
+	}
+	if (s->status_count != s->count) {
+		if (send_status(e, j, s, HG_WORKER_ALL, reuse))
+			s->status_count = s->count;
+		return;
+	}
+	if (send_status(e, j, s, w, reuse))
+		count(e, j, HG_CNT_STATUS_REPEATS);
+	for (uint32_t i = 0; i < j->cfg.workers; i++) {
+		if (s->bitmap[i / 64] & (1ull << (i % 64)) ||
+		    !j->peers[i].addr.ipv4)
+			continue; /* present, or never heard from */
+		if (send_status(e, j, s, (uint16_t)i, reuse))
+			count(e, j, HG_CNT_STATUS_REPEATS);
+	}
 }
 
 /* ---- tree leaf (docs/PROTOCOL.md "Tree") -------------------------------- */
@@ -953,6 +992,7 @@ static void incarnation_reset(struct hg_engine *e, struct hg_job *j, uint32_t w)
 		memset(s->bitmap, 0, sizeof(s->bitmap));
 		s->count = 0;
 		s->psum = 0;
+		s->status_count = NO_STATUS;
 		s->state = SET_EMPTY;
 		count(e, j, HG_CNT_INCARNATION_RESETS);
 	}
@@ -1161,6 +1201,7 @@ static void apply(struct hg_engine *e, struct hg_stage *st,
 		s->op = st->op;
 		s->exp = st->exp;
 		s->count = 0;
+		s->status_count = NO_STATUS;
 		s->psum = 0;
 		s->state = SET_OPEN;
 	} else if (s->seq != st->seq) {
@@ -1191,11 +1232,7 @@ static void apply(struct hg_engine *e, struct hg_stage *st,
 			if (st->flags & HG_FLAG_RETRANS)
 				up_worker_retrans(e, j, s, acc, (uint16_t)w, &pkt);
 		} else if (st->flags & HG_FLAG_RETRANS) {
-			/* To the group where there is one: every worker that
-			 * waits for this slot learns whether it is missing
-			 * (PROTOCOL.md Part 3, fast retransmission). */
-			send_status(e, j, s, e->can_replicate && j->cfg.group_ipv4 ?
-				    HG_WORKER_ALL : (uint16_t)w, &pkt);
+			answer_retrans(e, j, s, (uint16_t)w, &pkt);
 		}
 		if (pkt)
 			queue_free(e, pkt);

@@ -64,7 +64,7 @@ def rss_kb(pid: int) -> int | None:
 # the one outcome of a frame: summed, duplicate, stale, or a drop reason --
 # a counter added later is an outcome unless listed here.
 NOT_FRAME_OUTCOMES = frozenset({"received", "completed", "replays", "results_sent",
-                                "status_sent", "no_buffer", "tx_full", "incarnation_resets",
+                                "status_sent", "status_repeats", "no_buffer", "tx_full", "incarnation_resets",
                                 "up_sent", "up_retransmissions", "up_abandoned",
                                 "up_root_restarts"})
 PORT_OUTCOMES = ("drop_injected", "drop_segmented", "arp_replies", "arp_other", "rx")

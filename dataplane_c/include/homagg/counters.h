@@ -21,6 +21,7 @@
 	X(REPLAYS, "replays", "results sent again to one worker (duplicate after completion)") \
 	X(RESULTS_SENT, "results_sent", "result frames queued for transmission")  \
 	X(STATUS_SENT, "status_sent", "status frames (worker bitmap) queued")     \
+	X(STATUS_REPEATS, "status_repeats", "status frames unicast to the asking and the missing workers: the group already had that bitmap") \
 	X(STALE, "stale", "packets older than their shadow set's chunk")          \
 	X(NOT_IP, "not_ip", "not IPv4 over Ethernet, IP options bad, or a fragment") \
 	X(NOT_UDP, "not_udp", "IPv4 but not UDP")                                  \

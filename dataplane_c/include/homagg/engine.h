@@ -15,7 +15,9 @@
  *   - from a worker already counted: not added again ("duplicates"); if the
  *     slot is complete the result goes again to that worker only
  *     ("replays"); if not, and the packet is flagged RETRANS, a STATUS frame
- *     with the slot's worker bitmap goes to that worker ("status_sent");
+ *     with the slot's worker bitmap goes to the job's group, or to that
+ *     worker when there is none, or to it and the missing workers when the
+ *     group already had this bitmap ("status_sent", "status_repeats");
  *   - otherwise: combined into the accumulator; when W have contributed, the
  *     result goes to every worker: once to the job's multicast group if the
  *     port replicates and a group is set, else one unicast per worker.

@@ -26,6 +26,12 @@ the same rule as a flat row's but for the tree's busiest aggregator
   model time 2(W-1)/W x 4n x 8 / link + 2(W-1) link delays (a model, not a
   measurement: every worker on its own link, no CPU, no protocol overhead;
   HomAgg's W workers share the aggregator's one link);
+- loss recovery (--drop-rate: each link drops that fraction of the frames
+  it carries): retransmissions, STATUS frames the aggregators sent and the
+  repeats among them, unicast to the asking and the missing workers
+  (docs/PROTOCOL.md Part 3 "Fast retransmission"), STATUS frames the
+  workers received; a row whose
+  allreduce failed keeps its counters and says why in ``error``;
 - exact: the result is bit-identical, on every worker, to the numpy
   fixed-point reference (homagg.reference); nc is lossy by design, so it
   reports its relative L2 error against the float64 sum instead.
@@ -102,6 +108,8 @@ def add_arguments(parser):
     parser.add_argument("--leaves", type=_k_list, default=[],
                         help="comma-separated leaf counts L of tree rows per W: numbers or "
                         "W/N, e.g. W/16 (default: no tree rows)")
+    parser.add_argument("--drop-rate", type=float, default=0.0,
+                        help="fraction of frames every link drops, 0..1 (default 0)")
     parser.add_argument("--link-gbps", type=float, default=100.0,
                         help="line rate of every simulated link (default 100)")
     parser.add_argument("--block", type=int, default=None,
@@ -144,11 +152,13 @@ def _payload(stats_dict):
 
 
 def run_one(grads, method, link_gbps, block, slots, seed, want=None, f64=None, aggregators=1,
-            leaves=0):
+            leaves=0, drop_rate=0.0):
     """One allreduce of grads on a fresh simulated cluster of ``aggregators``
     aggregators (leaves > 0: a tree of ``leaves`` leaves and a root, the
-    root last); returns a row (without the W/workload context) and the
-    result."""
+    root last) whose links drop ``drop_rate`` of their frames; returns a
+    row (without the W/workload context) and the result (None, and the
+    row's ``error``, when the allreduce failed)."""
+    from homagg.errors import HomAggError
     from homagg.sim import Cluster
 
     W = len(grads)
@@ -157,19 +167,27 @@ def run_one(grads, method, link_gbps, block, slots, seed, want=None, f64=None, a
     # port is shared by all W workers, as with a DPDK aggregator server.
     with Cluster(workers=W, link_gbps=link_gbps, agg_link_gbps=link_gbps, slots=slots,
                  seed=seed, delay=LINK_DELAY, aggregators=1 if leaves else aggregators,
-                 leaves=leaves) as cl:
+                 leaves=leaves, loss=drop_rate) as cl:
         aggregators = cl.aggregators
         t0 = time.perf_counter()
-        res = cl.allreduce(grads, method=method, block_elements=block)
+        error = None
+        try:
+            res = cl.allreduce(grads, method=method, block_elements=block)
+            stats = res.stats
+        except HomAggError as e:
+            if getattr(e, "stats", None) is None:
+                raise
+            res, stats, error = None, e.stats, str(e).split("; ")[0]
         wall = time.perf_counter() - t0
         sim = cl.stats()
         aggs = [cl.aggregator_counters(k) for k in range(aggregators)]
-    per = res.stats["workers"]
+    per = stats["workers"]
     sent = [_payload(w["bytes_sent"]) for w in per]
     recv = [_payload(w["bytes_received"]) for w in per]
     pkts = [w["packets_sent"] for w in per]
-    vt = res.stats["virtual_time"]
-    eng = {k: sum(a["engine"][k] for a in aggs) for k in ("received", "results_sent")}
+    vt = stats["virtual_time"]
+    eng = {k: sum(a["engine"][k] for a in aggs)
+           for k in ("received", "results_sent", "status_sent", "status_repeats")}
     link_rx = [a["link"]["rx_bytes"] for a in aggs]
     link_tx = [a["link"]["tx_bytes"] for a in aggs]
     ring = ring_bytes_per_worker(W, n)
@@ -178,12 +196,16 @@ def run_one(grads, method, link_gbps, block, slots, seed, want=None, f64=None, a
         "aggregators": aggregators,
         "leaves": leaves,
         "slots": slots,
-        "method_chosen": res.stats["method"],
+        "drop_rate": drop_rate,
+        "method_chosen": stats["method"],
         "virtual_seconds": vt,
         "wall_seconds": wall,
         "sim_frames_per_wall_s": sim["frames_tx"] / wall if wall > 0 else None,
         "agg_frames_received": eng["received"],
         "agg_results_sent": eng["results_sent"],
+        "agg_status_sent": eng["status_sent"],
+        "agg_status_repeats": eng["status_repeats"],
+        "status_received_per_worker": float(np.mean([w["status_received"] for w in per])),
         "agg_packets_per_s": eng["received"] / vt if vt > 0 else None,
         "agg_payload_gbps": 8.0 * sum(sent) / vt / 1e9 if vt > 0 else None,
         "agg_link_rx_bytes": link_rx,
@@ -204,7 +226,12 @@ def run_one(grads, method, link_gbps, block, slots, seed, want=None, f64=None, a
         "stalled_blocks": int(per[0]["stalled_blocks"]),
         "exact": None,
         "rel_l2_error": None,
+        "error": error,
     }
+    if res is None:
+        row["exact"] = False if method in EXACT_METHODS else None
+        row["workers_agree"] = False
+        return row, None
     agree = all(np.array_equal(o.view(np.uint32), res.sum.view(np.uint32)) for o in res.outputs)
     if method in EXACT_METHODS and want is not None:
         row["exact"] = bool(agree and np.array_equal(res.sum.view(np.uint32), want.view(np.uint32)))
@@ -243,7 +270,7 @@ def run(args):
             for m in args.methods:
                 slots = args.slots or auto_slots(per_agg)
                 row, _res = run_one(grads, m, args.link_gbps, block, slots, args.seed,
-                                    want=want, f64=f64, **shape)
+                                    want=want, f64=f64, drop_rate=args.drop_rate, **shape)
                 row = {"workers": W, "elements": args.elements, "workload": args.workload,
                        "density": density, "union_density": union / args.elements, **row}
                 rows.append(row)
@@ -251,7 +278,7 @@ def run(args):
         del grads
     return rep.header(benchmark="scale", link_gbps=args.link_gbps, elements=args.elements,
                       density=density, workload=args.workload, block_elements=block,
-                      slots=args.slots or "auto", seed=args.seed,
+                      slots=args.slots or "auto", seed=args.seed, drop_rate=args.drop_rate,
                       aggregators=[str(t) for t in args.aggregators],
                       leaves=[str(t) for t in args.leaves], results=rows)
 
@@ -274,13 +301,16 @@ def _progress(row):
                          f"{row['bytes_sent_per_worker'] / 1e6:.3f} MB/worker "
                          f"({row['ratio_vs_ring']:.3f} x ring), agg "
                          f"{row['agg_payload_gbps']:.1f} Gbit/s, wall {row['wall_seconds']:.2f} s, "
-                         f"retx {row['retransmissions']}, exact {row['exact']}")
+                         f"retx {row['retransmissions']}, status {row['agg_status_sent']} "
+                         f"({row['agg_status_repeats']} repeats unicast), exact {row['exact']}"
+                         + (f", error: {row['error']}" if row["error"] else ""))
 
 
 MD_COLUMNS = ("workers", "aggregators", "leaves", "method", "method_chosen", "slots", "virtual_seconds",
               "ring_model_seconds", "agg_link_rx_max_share", "agg_link_rx_max_gbps",
               "bytes_sent_per_worker", "ring_bytes_per_worker", "ratio_vs_ring",
-              "agg_packets_per_s", "agg_payload_gbps", "wall_seconds", "retransmissions", "exact", "rel_l2_error")
+              "agg_packets_per_s", "agg_payload_gbps", "wall_seconds", "retransmissions",
+              "agg_status_sent", "agg_status_repeats", "exact", "rel_l2_error")
 
 
 def plot(report, path):
