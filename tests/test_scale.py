@@ -65,15 +65,15 @@ def test_64_workers_over_4_aggregators_under_loss_without_status_storm():
     to_group = sent - sum(e["status_repeats"] for e in engs)
     # One STATUS to the group per bitmap of an open slot: each change of
     # the bitmap after the first STATUS is a repaired loss, so about one per
-    # drop (1.54 per drop before, one per retransmission); repeats went to
-    # the asker and the missing workers only.
+    # drop (0.76 now; 1.46-1.54 before, one per retransmission); repeats
+    # went to the asker and the missing workers only.
     assert 0 < to_group <= 1.2 * drops and sent > to_group
     per = res.stats["workers"]
     contributions = W * per[0]["chunks"]
-    # STATUS frames the workers received: 67 per contribution before (W
-    # copies per retransmission), under 12 now
-    assert sum(w["status_received"] for w in per) < 12 * contributions
-    assert sum(w["retransmissions"] for w in per) < 10 * drops
+    # STATUS frames the workers received: 8.5 to 67 per contribution
+    # before (W copies per retransmission), 2.0 now
+    assert sum(w["status_received"] for w in per) < 4 * contributions
+    assert sum(w["retransmissions"] for w in per) < 4 * drops  # 2.1 now
 
 
 def test_successive_allreduces_k3_start_at_every_aggregator():

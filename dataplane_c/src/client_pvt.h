@@ -28,6 +28,10 @@
 /* Results of chunks sent after a missing one that declare it lost (TCP's
  * duplicate-ACK threshold): tolerates reordering by up to DUPTHRESH - 1. */
 #define DUPTHRESH 3
+/* Turns a worker waits at most before its fast retransmission (PROTOCOL.md
+ * Part 3): the first turn's STATUS is back after one, so later turns only
+ * come when it was lost or late. */
+#define TURNS_MAX 2
 /* A floor spurious timeouts taught the timeout halves after this long
  * without another one (hg_cl_spurious_timeout). */
 #define STALL_MEMORY_NS 1000000000ULL

@@ -157,14 +157,15 @@ uint64_t hg_cl_turn_ns(const struct hg_client *c, const struct agg *ag)
 
 /*
  * How long after the first turn this worker's turn for chunk number chunk
- * comes: rank x turn, at most rto_max_ns, so that every worker's turn
- * comes within one longest timeout, however many workers and however
- * inflated the turn.
+ * comes: min(rank, TURNS_MAX) turns, at most rto_max_ns, so that every
+ * worker's turn comes soon, however many workers and however inflated the
+ * turn (a lost result, which only its worker sees, waits that long).
  */
 uint64_t hg_cl_turn_offset(const struct hg_client *c, const struct agg *ag,
 			   uint64_t chunk)
 {
-	uint64_t d = (uint64_t)hg_cl_chunk_rank(c, chunk) * hg_cl_turn_ns(c, ag);
+	uint32_t r = hg_cl_chunk_rank(c, chunk);
+	uint64_t d = (uint64_t)(r < TURNS_MAX ? r : TURNS_MAX) * hg_cl_turn_ns(c, ag);
 
 	return d < c->cfg.rto_max_ns ? d : c->cfg.rto_max_ns;
 }
