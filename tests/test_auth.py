@@ -21,6 +21,7 @@ from homagg.errors import InvalidArgument
 from homagg.sim import Cluster
 from homagg.worker import Worker
 
+from engine_rig import EngineRig
 from reference import allreduce as oracle_allreduce
 
 pytestmark = pytest.mark.sanitize
@@ -124,19 +125,10 @@ def test_secret_file_owner_only(tmp_path):
 
 # ---- the engine ------------------------------------------------------------------------------
 
-class Rig:
+class Rig(EngineRig):
     def __init__(self, workers=3, replicate=False):
-        self.port = MemPort(can_replicate=replicate)
-        self.eng = Engine(self.port)
-        self.eng.add_job(job=1, token=77, workers=workers, slots=4, auth=SECRET,
+        super().__init__(replicate=replicate, workers=workers, slots=4, auth=SECRET,
                          group="239.1.2.3" if replicate else 0)
-        self.pool = self.port.free_count
-
-    def send(self, *frames):
-        for f in frames:
-            self.port.inject(f)
-        self.eng.poll_all()
-        return [parse_frame(f) for f in self.port.pop_all()]
 
     def drops(self):
         c = self.eng.counters()

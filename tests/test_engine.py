@@ -14,6 +14,8 @@ from homagg.engine import (FLAG_AUTH, FLAG_RESULT, FLAG_RETRANS, FLAG_SHADOW, FL
                            build_frame, counter_names, parse_frame)
 from homagg.errors import HomAggError, OutOfRange
 
+from engine_rig import EngineRig
+
 pytestmark = pytest.mark.sanitize
 
 AGG = Addr.of("02:00:00:00:00:01", "10.0.0.254", UDP_PORT)
@@ -47,27 +49,12 @@ def wrap32(a):
     return ((np.asarray(a, dtype=np.int64) + 2**31) % 2**32) - 2**31
 
 
-class Rig:
+class Rig(EngineRig):
     def __init__(self, workers=4, slots=4, payload_bytes=1024, replicate=False, group=0,
                  isa="best", **port_kw):
-        self.port = MemPort(can_replicate=replicate, **port_kw)
-        self.eng = Engine(self.port, isa=isa)
+        super().__init__(replicate=replicate, isa=isa, port_kw=port_kw, workers=workers,
+                         slots=slots, payload_bytes=payload_bytes, group=group)
         self.W, self.S = workers, slots
-        self.eng.add_job(job=1, token=77, workers=workers, slots=slots,
-                         payload_bytes=payload_bytes, group=group)
-        self.pool = self.port.free_count
-
-    def send(self, *frames):
-        for f in frames:
-            self.port.inject(f)
-        self.eng.poll_all()
-        return [parse_frame(f) for f in self.port.pop_all()]
-
-    def results(self, out):
-        return [f for f in out if not isinstance(f, str) and f.flags & FLAG_RESULT]
-
-    def no_leak(self):
-        assert self.port.free_count == self.pool
 
 
 def contrib(op, rng, lanes):
