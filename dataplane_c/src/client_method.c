@@ -800,6 +800,7 @@ int hg_client_start(struct hg_client *c, const struct hg_params *params,
 	}
 	for (size_t i = 0; i < (size_t)c->naggs * c->cfg.slots; i++)
 		c->fl[i].busy = false;
+	c->t_win_full = 0;
 	c->stage = ST_RUNNING;
 	c->rc = 0;
 	memset(c->ph_lanes, 0, sizeof(c->ph_lanes));

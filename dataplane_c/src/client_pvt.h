@@ -207,6 +207,8 @@ struct hg_client {
 	uint64_t next_chunk;    /* chunk number c of the next chunk */
 	uint64_t txn;           /* transmissions so far: their order numbers */
 	bool tx_blocked;        /* the port refused frames in the latest poll */
+	uint64_t t_win_full;    /* since when a numbered chunk waits for its slot
+				 * (0: none waits; stats.window_full_ns) */
 	/*
 	 * Step-start wait, ns: the time from a step's first transmission to
 	 * its first result includes the slowest peer's computing of the step

@@ -512,6 +512,9 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
                                           for a, b in zip(link0, link1)],
             "dense_float32_bytes": 4 * elements,
             "worker_cpu_seconds": [r["cpu_seconds"] for r in reports],
+            # the whole machine over the timed calls (worker 0's view; other
+            # processes on the host count too)
+            "machine_cpu": reports[0].get("machine_cpu"),
             "daemon_cpu_seconds": None if None in cpu else sum(cpu) / repeat,
             "generator": "homagg.bench.workloads",
             "worker_stats": [r["stats"] for r in reports],

@@ -62,6 +62,8 @@ extern "C" {
 	X(uint64_t, status_received, "STATUS replies (slot bitmaps)")          \
 	X(uint64_t, packets_ignored, "received frames that were not for this client") \
 	X(uint64_t, tx_refused, "packets the port did not take (resent later)") \
+	X(uint64_t, flight_ns, "sum over results of the time their chunk was in flight (first transmission to result): / allreduce time = mean window occupancy") \
+	X(uint64_t, window_full_ns, "time a numbered chunk waited for its slot (the window of its aggregator was full)") \
 	P(bytes_sent, "HomAgg payload bytes sent, per enum hg_phase")          \
 	P(bytes_received, "result payload bytes placed, per phase")           \
 	X(uint64_t, chunks, "distinct chunks of the allreduces so far")       \
