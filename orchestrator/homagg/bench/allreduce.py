@@ -120,8 +120,8 @@ def add_arguments(parser):
                         "(default 1000)")
     parser.add_argument("--payload-bytes", type=_list(int), default=[1024], metavar="B[,B...]",
                         help="HomAgg job payload bytes per packet, a multiple of 4 up to 8192 "
-                        "(default 1024; several: rows for each; above what MTU 1500 holds the "
-                        "testbed gets MTU 9000)")
+                        "(default 1024; several: rows for each; payloads above what MTU 1500 "
+                        "holds run on a second testbed with MTU 9000 links, Gloo too)")
     parser.add_argument("--pipeline-groups", type=_list(int), default=[PIPELINE_GROUPS],
                         metavar="N[,N...]",
                         help="block groups of the pipelined methods (all but auto): 0 "
