@@ -247,7 +247,9 @@ def _run_report(**kw):
          "worker_stats_timed": [{"timeouts": 1, "spurious_timeouts": 1,
                                  "fast_retransmissions": 2, "retransmissions": 3},
                                 {"timeouts": 0, "spurious_timeouts": 0,
-                                 "fast_retransmissions": 3, "retransmissions": 3}]}
+                                 "fast_retransmissions": 3, "retransmissions": 3}],
+         "worker_stats": [{"auto_dense_groups": 2, "auto_blocks_groups": 1,
+                           "auto_union_groups": 5}] * 2}
     r.update(kw)
     return r
 
@@ -392,9 +394,9 @@ def test_bench_lcores_outputs(tmp_path, capsys):
 
 
 def test_pipeline_groups_rows_and_speedup_vs_unpipelined(monkeypatch):
-    """--pipeline-groups 0,1: the pipelined methods run once per value, the
-    value reaches homagg run, and every row of the method gets the
-    unpipelined row's median / its own; other methods run once."""
+    """--pipeline-groups 0,1: the pipelined methods (all, auto too) run once
+    per value, the value reaches homagg run, and every row of the method
+    gets the unpipelined row's median / its own."""
     from homagg.bench import allreduce
 
     seen = []
@@ -409,8 +411,12 @@ def test_pipeline_groups_rows_and_speedup_vs_unpipelined(monkeypatch):
     row = allreduce.homagg_row("x", "dense", 2, 1000, "shared", 0.1, 1000.0, _args(),
                                pipeline_groups=0)
     assert seen == [("dense", 0)] and row["pipeline_groups"] == 0
-    assert allreduce.homagg_row("x", "auto", 2, 1000, "shared", 0.1, 1000.0, _args(),
-                                pipeline_groups=0)["pipeline_groups"] is None
+    auto = allreduce.homagg_row("x", "auto", 2, 1000, "shared", 0.1, 1000.0, _args(),
+                                pipeline_groups=0)
+    assert seen[-1] == ("auto", 0) and auto["pipeline_groups"] == 0
+    # auto's choices per group, from the last call's worker stats
+    assert auto["auto_groups"] == {"dense": 2, "blocks": 1, "union": 5}
+    assert row["auto_groups"] is None
     rows = {f"dense/groups{g}": {"method": "dense", **allreduce.homagg_row(
         "x", "dense", 2, 1000, "shared", 0.1, 1000.0, _args(), pipeline_groups=g)}
         for g in (0, 1)}

@@ -195,7 +195,6 @@ struct hg_client {
 	const float *x;
 	float *y;
 	size_t n, nblocks;
-	uint32_t qflags;
 	struct hg_lhc *lhc;     /* the current group's (glhc[cur_group]) */
 	struct hg_scan *scan;   /* the one-pass encode of x (lhc, union, auto) */
 	struct buf lcounts;     /* this worker's counts, one lane per block */
@@ -223,6 +222,7 @@ struct hg_client {
 	struct buf done;        /* one byte per chunk of the segment */
 	struct buf glast;       /* pipelined: per group, its latest unit (uint32) */
 	struct buf glhc;        /* per group, its lhc (struct hg_lhc *; lhc, union) */
+	struct buf gmethod;     /* pipelined auto: per group, its method so far (uint8) */
 	uint32_t cur_group;     /* the group the phase codecs work on (lhc: its glhc) */
 	struct buf tx[HG_PH__COUNT];  /* per phase: this worker's lanes */
 	struct buf rx[HG_PH__COUNT];  /* per phase: the aggregated lanes */

@@ -30,9 +30,9 @@ aggregator makes ``allreduce`` raise ``PeerTimeout`` naming it within
 ``timeout`` seconds.  ``rto`` is the first retransmission timeout (before
 any round trip was measured), ``rto_min`` the least one, ``start_wait``
 the least wait for the first result of a step.  ``pipeline_groups`` (the
-same on every worker of the job) cuts every method but auto into block
-groups that go through the steps independently (docs/PROTOCOL.md
-"Pipelined block groups"): 0 automatic, 1 not pipelined, N groups.
+same on every worker of the job) cuts every method into block groups that
+go through the steps independently (docs/PROTOCOL.md "Pipelined block
+groups"; auto chooses per group): 0 automatic, 1 not pipelined, N groups.
 ``stats()`` returns every
 counter of the client (homagg/client.h: timeouts, spurious_timeouts,
 fast_retransmissions, ...), of each aggregator and of its UDP port (waits,

@@ -55,12 +55,12 @@ workers put on their links (median over the runs), and every row
 timed calls (the testbed's kernel networking and every other process on
 the host included; near 1: the run measured the CPU, not the links).
 
---pipeline-groups 0,1 runs every pipelined method (all but auto) once
-per value of the job option pipeline_groups (0 automatic block groups, 1
-not pipelined, N groups; docs/PROTOCOL.md "Pipelined block groups"), one
-right after the other on the same testbed; rows carry ``pipeline_groups``
-and, next to a row with 1, ``speedup_vs_unpipelined`` (its median / this
-row's).  The other methods run once.
+--pipeline-groups 0,1 runs every pipelined method (all of them; auto
+chooses per group) once per value of the job option pipeline_groups (0
+automatic block groups, 1 not pipelined, N groups; docs/PROTOCOL.md
+"Pipelined block groups"), one right after the other on the same testbed;
+rows carry ``pipeline_groups`` and, next to a row with 1,
+``speedup_vs_unpipelined`` (its median / this row's).  Gloo runs once.
 
 Workloads (homagg.bench.workloads): shared, random, zipf, dense.  The Gloo
 ranks generate them with homagg.bench.workloads; HomAgg's workers generate
@@ -86,7 +86,7 @@ import numpy as np
 
 from homagg.bench import report as rep
 from homagg.bench import workloads
-from homagg.protocol import EXACT_METHODS, PIPELINE_GROUPS, PIPELINED_METHODS
+from homagg.protocol import AUTO_CANDIDATES, EXACT_METHODS, PIPELINE_GROUPS, PIPELINED_METHODS
 from homagg.protocol import METHODS as HOMAGG_METHODS
 
 METHODS = ("gloo",) + HOMAGG_METHODS
@@ -124,7 +124,7 @@ def add_arguments(parser):
                         "holds run on a second testbed with MTU 9000 links, Gloo too)")
     parser.add_argument("--pipeline-groups", type=_list(int), default=[PIPELINE_GROUPS],
                         metavar="N[,N...]",
-                        help="block groups of the pipelined methods (all but auto): 0 "
+                        help="block groups of the pipelined methods (all; auto chooses per group): 0 "
                         "automatic, 1 not pipelined, N groups; several: rows for each, with "
                         f"speedup_vs_unpipelined next to 1 (default {PIPELINE_GROUPS})")
     parser.add_argument("--repeat", type=int, default=5, help="timed runs (default 5)")
@@ -361,6 +361,10 @@ def homagg_row(testbed_name, method, W, n, workload, density, link_mbit, args, p
         "generator": r.get("generator", "homagg.job.gradient"),
         "payload_bytes": payload,
         "pipeline_groups": pipeline_groups if method in PIPELINED_METHODS else None,
+        # auto: the block groups that chose each method (the last call; one
+        # group without pipelining)
+        "auto_groups": ({m: r["worker_stats"][0].get(f"auto_{m}_groups") for m in AUTO_CANDIDATES}
+                        if method == "auto" else None),
         "cpu_ms_per_mb": _cpu_ms_per_mb(r),
         "machine_busy": _busy(r.get("machine_cpu")),
         "status": "ok",
