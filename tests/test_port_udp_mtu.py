@@ -15,28 +15,44 @@ from conftest import require
 
 pytestmark = [pytest.mark.root, pytest.mark.netns, pytest.mark.timeout(60)]
 
-CHILD = textwrap.dedent("""
-    import subprocess
-    import threading
+# An engine on a UdpPort of the namespace's loopback, served by a thread
+# (the first lines of every child script; LO_SETUP, then SLOTS filled in).
+RIG = """
+import json
+import subprocess
+import sys
+import threading
 
-    import numpy as np
-    from homagg.engine import Engine
-    from homagg.errors import InvalidArgument
-    from homagg.worker import UdpPort, Worker
+import numpy as np
+from homagg.engine import Engine
+from homagg.errors import InvalidArgument
+from homagg.worker import UdpPort, Worker
 
-    subprocess.run("ip link set lo mtu 1500 up".split(), check=True)
-    port = UdpPort(("127.0.0.1", 0), mtu=9000)
-    engine = Engine(port, udp_port=port.local_address[1])
-    engine.add_job(job=1, token=1, workers=1, slots=8, payload_bytes=8192)
-    stop = threading.Event()
+for cmd in LO_SETUP:
+    subprocess.run(cmd.split(), check=True)
+port = UdpPort(("127.0.0.1", 0), mtu=9000)
+engine = Engine(port, udp_port=port.local_address[1])
+engine.add_job(job=1, token=1, workers=1, slots=SLOTS, payload_bytes=8192)
+stop = threading.Event()
 
-    def serve():
-        while not stop.is_set():
-            if engine.poll() == 0:
-                port.wait(0.002)
+def serve():
+    while not stop.is_set():
+        if engine.poll() == 0:
+            port.wait(0.002)
 
-    t = threading.Thread(target=serve, daemon=True)
-    t.start()
+t = threading.Thread(target=serve, daemon=True)
+t.start()
+"""
+
+
+def child(lo_setup, slots, body):
+    """A child script: RIG on a loopback set up by the lo_setup commands,
+    a job of ``slots`` slots, then body."""
+    return (f"LO_SETUP = {lo_setup!r}\nSLOTS = {slots}\n" + RIG + textwrap.dedent(body)
+            + "\nstop.set()\nt.join(5)\n")
+
+
+CHILD = child(["ip link set lo mtu 1500 up"], 8, """
     # told MTU 9000, so the worker's own check passes; the kernel must refuse
     with Worker(job=1, token=1, worker=0, workers=1, aggregator=port.local_address,
                 bind=("127.0.0.1", 0), timeout=0.5, slots=8, payload=8192, mtu=9000) as w:
@@ -48,8 +64,6 @@ CHILD = textwrap.dedent("""
             print(" ".join(str(e).split()))
         else:
             print("no error")
-    stop.set()
-    t.join(5)
 """)
 
 
@@ -67,43 +81,18 @@ def test_payload_over_the_path_mtu_fails_naming_mtu_and_payload():
     assert "at most" in message and "MTU >= " in message, message
 
 
-WINDOW_CHILD = textwrap.dedent("""
-    import json
-    import subprocess
-    import sys
-    import threading
-
-    import numpy as np
-    from homagg.engine import Engine
-    from homagg.worker import UdpPort, Worker
-
+# jumbo loopback shaped to 1 Gbit/s: a window of frames waits in the qdisc,
+# charged to the sending socket until the link takes it
+WINDOW_CHILD = child(["ip link set lo mtu 9000 up",
+                      "tc qdisc add dev lo root tbf rate 1gbit burst 64kb latency 100ms"], 64, """
     sys.path.insert(0, sys.argv[1])
     from reference import allreduce as oracle_allreduce
 
-    # jumbo loopback shaped to 1 Gbit/s: a window of frames waits in the
-    # qdisc, charged to the sending socket until the link takes it
-    subprocess.run("ip link set lo mtu 9000 up".split(), check=True)
-    subprocess.run("tc qdisc add dev lo root tbf rate 1gbit burst 64kb latency 100ms".split(),
-                   check=True)
-    port = UdpPort(("127.0.0.1", 0), mtu=9000)
-    engine = Engine(port, udp_port=port.local_address[1])
-    engine.add_job(job=1, token=1, workers=1, slots=64, payload_bytes=8192)
-    stop = threading.Event()
-
-    def serve():
-        while not stop.is_set():
-            if engine.poll() == 0:
-                port.wait(0.002)
-
-    t = threading.Thread(target=serve, daemon=True)
-    t.start()
     x = np.random.default_rng(5).standard_normal(1 << 20).astype(np.float32)
     with Worker(job=1, token=1, worker=0, workers=1, aggregator=port.local_address,
                 bind=("127.0.0.1", 0), timeout=10.0, slots=64, payload=8192) as w:
         y = w.allreduce(x, method="dense")
         st = w.stats()
-    stop.set()
-    t.join(5)
     print(json.dumps({"tx_refused": st["tx_refused"], "retransmissions": st["retransmissions"],
                       "packets_sent": st["packets_sent"], "window_full_ns": st["window_full_ns"],
                       "exact": bool(np.array_equal(y.view(np.uint32),
