@@ -229,15 +229,22 @@ static void handle_frame(struct hg_client *c, const uint8_t *f, size_t len,
 			memset(fl->bitmap, 0, sizeof(fl->bitmap));
 			memcpy(fl->bitmap, pl, v.payload_len < nb ? v.payload_len : nb);
 			fl->have_status = true;
+			hg_cl_note_silence(c, ag, now);
 			if (fl->bitmap[c->cfg.agg_worker / 8] >> (c->cfg.agg_worker % 8) & 1) {
 				/* Our contribution is there: the slot waits for
 				 * a peer.  Nothing to resend; a timeout that made
 				 * us ask was spurious. */
 				if (fl->timed_out)
-					hg_cl_spurious_timeout(c, ag, fl, now - fl->first_tx, now);
+					hg_cl_spurious_timeout(c, ag, fl, fl->silence, now);
 				fl->present = true;
 				fl->fast_at = 0;
 				fl->armed = now;
+				/* The slot completes when the peer has resent
+				 * (at once, on the same STATUS): results of
+				 * chunks sent after now that overtake this one
+				 * mean its result was lost on the way to us. */
+				fl->txn_last = c->txn;
+				fl->overtaken = 0;
 			} else if (!fl->unsent &&
 				   (fl->fast_at || now - fl->last_tx >= hg_cl_turn_ns(c, ag))) {
 				/* Ours is missing, and this STATUS is not older
@@ -272,6 +279,8 @@ static void handle_frame(struct hg_client *c, const uint8_t *f, size_t len,
 		goto ignore;
 	memcpy(c->rx[s->phase].p + s->out_off + first * s->acc_lane, pl,
 	       lanes * s->acc_lane);
+	hg_cl_note_silence(c, ag, now);
+	ag->t_res = now;
 	c->done.p[k] = CH_DONE;
 	hg_cl_chunk_done(c, k);
 	c->stats.results_received++;
@@ -302,8 +311,11 @@ static void handle_frame(struct hg_client *c, const uint8_t *f, size_t len,
 			hg_cl_rtt_sample(c, ag, now - fl->last_tx, now);
 		if (fl->timed_out) {
 			c->done.p[k] = CH_DONE_AFTER_TIMEOUT;
-			ag->late = now - fl->first_tx;
+			ag->late = fl->silence;
 		}
+		/* a STATUS showed it spurious: the whole stall is over */
+		if (fl->spurious)
+			hg_cl_stall_floor(c, ag, fl->silence, now);
 		/* The answered copy was sent no earlier than the first. */
 		txn = fl->txn_first;
 		fl->busy = false;
@@ -321,7 +333,7 @@ static void handle_frame(struct hg_client *c, const uint8_t *f, size_t len,
 		struct flight *o = flight_of(c, i);
 
 		if (c->done.p[i] != CH_PENDING || !o->busy || o->unsent ||
-		    o->present || o->txn_last >= txn || o->fast_at)
+		    o->txn_last >= txn || o->fast_at)
 			continue;
 		if (++o->overtaken >= DUPTHRESH)
 			o->fast_at = now + hg_cl_turn_offset(c, ag, o->chunk);
@@ -451,6 +463,8 @@ void hg_cl_tx_new(struct hg_client *c, uint64_t now)
 			fl->have_status = false;
 			fl->timed_out = false;
 			fl->present = false;
+			fl->spurious = false;
+			fl->silence = 0;
 			fl->overtaken = 0;
 			fl->fast_at = 0;
 			fl->first_tx = now;
