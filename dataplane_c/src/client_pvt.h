@@ -28,6 +28,9 @@
 /* Results of chunks sent after a missing one that declare it lost (TCP's
  * duplicate-ACK threshold): tolerates reordering by up to DUPTHRESH - 1. */
 #define DUPTHRESH 3
+/* How far a worker sends past a chunk whose slot an overdue repair holds
+ * (one lap: K S chunks): the other slots go on meanwhile. */
+#define AHEAD_LAPS 8
 /* Turns a worker waits at most before its fast retransmission (PROTOCOL.md
  * Part 3): the first turn's STATUS is back after one, so later turns only
  * come when it was lost or late. */
@@ -94,7 +97,7 @@ struct segment {
 	uint32_t lo_unit;       /* every unit below is complete and decoded */
 	uint64_t base;          /* chunk number c of its first chunk */
 	size_t nchunks;         /* chunks numbered so far */
-	size_t next_send;       /* next chunk to send the first time */
+	size_t next_send;       /* every chunk below was sent */
 	size_t ndone;
 	uint64_t completions;   /* units that completed (decoding looks when it moves) */
 	uint64_t seen;          /* completions the sequencer has looked at */

@@ -435,25 +435,64 @@ static void tx_chunks(struct hg_client *c, const size_t *ks, uint16_t cnt,
 	}
 }
 
-/* First transmissions of the chunks the window allows. */
+/* Chunk k of the segment went out (and may be answered already). */
+static bool chunk_sent(const struct hg_client *c, size_t k)
+{
+	const struct flight *fl = flight_of(c, k);
+
+	return c->done.p[k] != CH_PENDING || (fl->busy && fl->chunk == c->st.base + k);
+}
+
+/*
+ * When the chunks after the one holding slot fl may go out without waiting
+ * for it: a turn (hg_cl_turn_ns) after its repair was sent or a STATUS showed
+ * our contribution in (its answer is overdue: lost, or lost on the way to
+ * us); never for a chunk merely waiting for its first answer.  UINT64_MAX:
+ * not (yet) known.
+ */
+static uint64_t held_until(const struct hg_client *c, const struct flight *fl)
+{
+	if (!fl->busy || (fl->tries < 2 && !fl->present))
+		return UINT64_MAX;
+	return fl->armed + hg_cl_turn_ns(c, &c->agg[fl->agg]);
+}
+
+/*
+ * First transmissions of the chunks the window allows: chunk k when the
+ * previous chunk of its slot (k - K S) has its result, in order of k.  A
+ * chunk whose slot is held by an overdue repair (held_until) waits without
+ * holding back the later ones, up to AHEAD_LAPS laps past the lowest unsent
+ * chunk: such a repair holds one slot, not this worker's whole window (and
+ * with it every peer's, which wait for this worker's contributions), and
+ * the results of the chunks sent after it show when it was lost again.
+ */
 void hg_cl_tx_new(struct hg_client *c, uint64_t now)
 {
 	struct segment *st = &c->st;
+	size_t span = (size_t)c->naggs * c->cfg.slots;
 	size_t ks[BURST];
 	uint16_t cnt;
 
 	for (;;) {
+		size_t end;
+
+		while (st->next_send < st->nchunks && chunk_sent(c, st->next_send))
+			st->next_send++;
+		end = st->next_send + AHEAD_LAPS * span;
+		if (end > st->nchunks)
+			end = st->nchunks;
 		cnt = 0;
-		while (cnt < BURST && st->next_send < st->nchunks) {
-			size_t k = st->next_send;
-			size_t span = (size_t)c->naggs * c->cfg.slots;
+		for (size_t k = st->next_send; cnt < BURST && k < end; k++) {
 			struct flight *fl = flight_of(c, k);
 
-			/* chunk k - K S: the same slot of the same aggregator */
-			if (k >= span && !c->done.p[k - span])
-				break;
-			if (fl->busy)
-				break; /* cannot happen when the above holds */
+			if (chunk_sent(c, k))
+				continue;
+			if (fl->busy) {
+				/* its slot is held by chunk k - K S (or earlier) */
+				if (now < held_until(c, fl))
+					break;
+				continue;
+			}
 			fl->busy = true;
 			fl->chunk = st->base + k;
 			fl->unit = hg_cl_chunk_stream(c, k)->unit;
@@ -470,7 +509,6 @@ void hg_cl_tx_new(struct hg_client *c, uint64_t now)
 			fl->first_tx = now;
 			fl->rto = c->agg[fl->agg].rto;
 			ks[cnt++] = k;
-			st->next_send++;
 		}
 		if (!cnt)
 			return;
@@ -657,6 +695,8 @@ uint64_t hg_cl_next_deadline(const struct hg_client *c, uint64_t now)
 		t = hg_cl_chunk_deadline(c, fl);
 		if (fl->fast_at && fl->fast_at < t)
 			t = fl->fast_at;
+		if (held_until(c, fl) > now && held_until(c, fl) < t)
+			t = held_until(c, fl); /* the chunks after it may go then */
 		if (t < dl)
 			dl = t;
 		t = fl->first_tx + c->cfg.give_up_ns;
