@@ -316,6 +316,8 @@ static void handle_frame(struct hg_client *c, const uint8_t *f, size_t len,
 		/* a STATUS showed it spurious: the whole stall is over */
 		if (fl->spurious)
 			hg_cl_stall_floor(c, ag, fl->silence, now);
+		if (now >= fl->first_tx)
+			c->stats.flight_ns += now - fl->first_tx;
 		/* The answered copy was sent no earlier than the first. */
 		txn = fl->txn_first;
 		fl->busy = false;
@@ -474,6 +476,7 @@ void hg_cl_tx_new(struct hg_client *c, uint64_t now)
 	uint16_t cnt;
 
 	for (;;) {
+		bool full = false;
 		size_t end;
 
 		while (st->next_send < st->nchunks && chunk_sent(c, st->next_send))
@@ -489,6 +492,7 @@ void hg_cl_tx_new(struct hg_client *c, uint64_t now)
 				continue;
 			if (fl->busy) {
 				/* its slot is held by chunk k - K S (or earlier) */
+				full = true;
 				if (now < held_until(c, fl))
 					break;
 				continue;
@@ -509,6 +513,13 @@ void hg_cl_tx_new(struct hg_client *c, uint64_t now)
 			fl->first_tx = now;
 			fl->rto = c->agg[fl->agg].rto;
 			ks[cnt++] = k;
+		}
+		/* How long the window held numbered chunks back. */
+		if (full && !c->t_win_full) {
+			c->t_win_full = now;
+		} else if (!full && c->t_win_full) {
+			c->stats.window_full_ns += now - c->t_win_full;
+			c->t_win_full = 0;
 		}
 		if (!cnt)
 			return;

@@ -9,6 +9,7 @@
 #ifndef HOMAGG_WIRE_PVT_H
 #define HOMAGG_WIRE_PVT_H
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -176,6 +177,24 @@ static inline void hg_wire_put_udp_csum(uint8_t *f, uint64_t data_sum)
 }
 
 /*
+ * The UDP checksum of a received datagram (udp_len bytes at udp, IPv4
+ * header at ip) is absent (0) or right.
+ */
+static inline bool hg_udp_csum_ok(const uint8_t *ip, const uint8_t *udp,
+				  size_t udp_len)
+{
+	uint8_t ph[4] = { 0, 17, udp[4], udp[5] };
+	uint64_t s;
+
+	if (!(udp[6] | udp[7]))
+		return true;
+	s = hg_csum_add(0, ip + 12, 8);
+	s = hg_csum_add(s, ph, 4);
+	s = hg_csum_add(s, udp, udp_len);
+	return hg_csum_fold(s) == 0xffff;
+}
+
+/*
  * The body of hg_wire_parse() (arguments not NULL), inline so the engine's
  * per-frame path has no call and keeps the view in registers.
  */
@@ -216,15 +235,8 @@ static inline int hg_wire_parse_inl(const uint8_t *f, size_t len,
 	udp_len = hg_rd16(udp + 4);
 	if (udp_len < 8 + HG_HDR_LEN || udp_len > ip_len - ihl)
 		return HG_CNT_TRUNCATED;
-	if ((flags & HG_WIRE_F_UDP_CSUM) && (udp[6] | udp[7])) {
-		uint8_t ph[4] = { 0, 17, udp[4], udp[5] };
-		uint64_t s = hg_csum_add(0, ip + 12, 8);
-
-		s = hg_csum_add(s, ph, 4);
-		s = hg_csum_add(s, udp, udp_len);
-		if (hg_csum_fold(s) != 0xffff)
-			return HG_CNT_BAD_CSUM;
-	}
+	if ((flags & HG_WIRE_F_UDP_CSUM) && !hg_udp_csum_ok(ip, udp, udp_len))
+		return HG_CNT_BAD_CSUM;
 	h = udp + 8;
 	if (h[0] != HG_PROTOCOL_VERSION)
 		return HG_CNT_BAD_VERSION;

@@ -162,10 +162,12 @@ int hg_engine_process(struct hg_engine *e, struct hg_pkt **pkts, uint32_t n);
 
 /*
  * Staged processing (the default): a burst is classified first (parse, the
- * checks against the job, the slot's set prefetched), then applied frame by
+ * checks against the job, the slot's set prefetched; frames of the usual
+ * shape through a fast path of a few word compares), then applied frame by
  * frame in arrival order.  false handles each frame completely before the
- * next; counters and results are the same either way (a test knob and a
- * baseline for `homagg bench engine --one-at-a-time`).  0 or -EINVAL.
+ * next, always through the full parser; counters and results are the same
+ * either way (a test knob and a baseline for `homagg bench engine
+ * --one-at-a-time`).  0 or -EINVAL.
  */
 int hg_engine_set_staging(struct hg_engine *e, bool staged);
 

@@ -8,9 +8,10 @@ means are in --json).  The ratio engine/raw says how much of the kernel's speed 
 whole data path (parsing, validation, slot state, results) keeps.  The
 engine stages each burst (classify every frame, prefetch its slot, then
 apply them in order); ``--one-at-a-time`` adds a third alternating phase in
-which the same engine handles each frame completely before the next
-(``one_at_a_time_mpps``, ``staged_vs_one_at_a_time``): the staging's gain,
-measured in the same run.
+which the same engine handles each frame completely before the next, with
+the full parser only (``one_at_a_time_mpps``, ``staged_vs_one_at_a_time``):
+the gain of staging and of the first pass's fast path, measured in the same
+run.
 
     homagg bench engine                 # W = 2, 8, 32; 1024-byte payloads
     homagg bench engine --workers 8 --payload 4096 --json
