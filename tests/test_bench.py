@@ -247,7 +247,9 @@ def _run_report(**kw):
          "worker_stats_timed": [{"timeouts": 1, "spurious_timeouts": 1,
                                  "fast_retransmissions": 2, "retransmissions": 3},
                                 {"timeouts": 0, "spurious_timeouts": 0,
-                                 "fast_retransmissions": 3, "retransmissions": 3}]}
+                                 "fast_retransmissions": 3, "retransmissions": 3}],
+         "worker_stats": [{"auto_dense_groups": 2, "auto_blocks_groups": 1,
+                           "auto_union_groups": 5}] * 2}
     r.update(kw)
     return r
 
@@ -392,9 +394,9 @@ def test_bench_lcores_outputs(tmp_path, capsys):
 
 
 def test_pipeline_groups_rows_and_speedup_vs_unpipelined(monkeypatch):
-    """--pipeline-groups 0,1: the pipelined methods run once per value, the
-    value reaches homagg run, and every row of the method gets the
-    unpipelined row's median / its own; other methods run once."""
+    """--pipeline-groups 0,1: the pipelined methods (all, auto too) run once
+    per value, the value reaches homagg run, and every row of the method
+    gets the unpipelined row's median / its own."""
     from homagg.bench import allreduce
 
     seen = []
@@ -409,8 +411,12 @@ def test_pipeline_groups_rows_and_speedup_vs_unpipelined(monkeypatch):
     row = allreduce.homagg_row("x", "dense", 2, 1000, "shared", 0.1, 1000.0, _args(),
                                pipeline_groups=0)
     assert seen == [("dense", 0)] and row["pipeline_groups"] == 0
-    assert allreduce.homagg_row("x", "auto", 2, 1000, "shared", 0.1, 1000.0, _args(),
-                                pipeline_groups=0)["pipeline_groups"] is None
+    auto = allreduce.homagg_row("x", "auto", 2, 1000, "shared", 0.1, 1000.0, _args(),
+                                pipeline_groups=0)
+    assert seen[-1] == ("auto", 0) and auto["pipeline_groups"] == 0
+    # auto's choices per group, from the last call's worker stats
+    assert auto["auto_groups"] == {"dense": 2, "blocks": 1, "union": 5}
+    assert row["auto_groups"] is None
     rows = {f"dense/groups{g}": {"method": "dense", **allreduce.homagg_row(
         "x", "dense", 2, 1000, "shared", 0.1, 1000.0, _args(), pipeline_groups=g)}
         for g in (0, 1)}
@@ -433,3 +439,66 @@ def test_gloo_check_in_passes():
     y[7777] += 1e-3
     ok, err = gloo_worker._check(y, grads, step=1000)
     assert not ok and err >= 1e-3 * 0.99
+
+
+def test_jumbo_payloads_get_a_testbed_of_their_own():
+    """Payloads an MTU of 1500 holds run on MTU 1500 links, larger ones on a
+    second testbed with MTU 9000 (Gloo runs on each, so every speedup is
+    against Gloo on links of the same MTU); the plot series name them."""
+    from homagg.bench import allreduce
+    from homagg.worker import max_payload
+
+    assert allreduce.mtu_groups([1024]) == [(1500, [1024])]
+    assert allreduce.mtu_groups([8192]) == [(9000, [8192])]
+    edge = max_payload(1500)
+    assert allreduce.mtu_groups([8192, 1024, edge + 4, edge]) == \
+        [(1500, [1024, edge]), (9000, [8192, edge + 4])]
+    report = {"payload_bytes": [1024, 8192]}
+    assert allreduce.series({"method": "auto", "payload_bytes": 8192, "mtu": 9000},
+                            report) == "auto 8192 B MTU 9000"
+    assert allreduce.series({"method": "gloo", "payload_bytes": None, "mtu": 9000},
+                            report) == "gloo MTU 9000"
+    assert allreduce.series({"method": "auto", "payload_bytes": 1024, "mtu": 1500},
+                            {"payload_bytes": [1024]}) == "auto"
+    line = allreduce._line({"workers": 4, "link_mbit": 1000.0, "method": "auto",
+                            "workload": "shared", "density": 0.05, "payload_bytes": 8192,
+                            "mtu": 9000, "status": "ok", "seconds_median": 0.1,
+                            "seconds_min": 0.1, "seconds_max": 0.1, "bytes_per_worker": 1e6,
+                            "link_utilisation": 0.08, "exact": True, "cpu_bound": False,
+                            "machine_busy": 0.5})
+    assert "8192 B MTU 9000" in line and "machine 50% busy" in line
+
+
+def test_machine_busy_counts_every_core_and_softirq():
+    """homagg.job.machine_busy: busy = all but idle and iowait over the
+    eight /proc/stat fields, softirq its own share; a live reading is a
+    fraction."""
+    from homagg import job
+
+    before = [100, 0, 50, 1000, 10, 0, 20, 0, 0, 0]
+    after = [200, 0, 150, 1100, 10, 0, 120, 0, 0, 0]  # 100 user, 100 sys, 100 idle, 100 softirq
+    m = job.machine_busy(before, after)
+    assert m["busy"] == pytest.approx(0.75) and m["softirq"] == pytest.approx(0.25)
+    t0 = job.machine_cpu_times()
+    sum(i * i for i in range(200_000))
+    live = job.machine_busy(t0, job.machine_cpu_times())
+    assert 0 <= live["softirq"] <= live["busy"] <= 1 and live["cores"] >= 1
+
+
+def test_a_busy_machine_makes_a_row_cpu_bound(monkeypatch):
+    """A row whose processes used little CPU is still cpu_bound when the
+    whole machine was busy over its timed calls (machine_busy)."""
+    from homagg.bench import allreduce
+
+    def run(busy):
+        r = _run_report(seconds_each=[1.0, 1.0, 1.0], worker_cpu_seconds=[0.1, 0.1],
+                        daemon_cpu_seconds=0.1)
+        r["machine_cpu"] = {"busy": busy, "softirq": 0.2, "cores": 2}
+        return r
+
+    monkeypatch.setattr(allreduce, "homagg_run_available", lambda: (True, None))
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    for busy, bound in ((0.5, False), (0.95, True)):
+        monkeypatch.setattr(allreduce, "homagg_via_run_allreduce", lambda *a, **k: run(busy))
+        row = allreduce.homagg_row("x", "dense", 2, 1000, "shared", 0.1, 1000.0, _args())
+        assert row["machine_busy"] == busy and row["cpu_bound"] is bound

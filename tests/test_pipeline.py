@@ -1,8 +1,9 @@
 """Pipelined block groups (docs/PROTOCOL.md Part 3, "Pipelined block groups").
 
-dense, blocks, nc, lhc and union cut the tensor into G block groups that go
-through the method's steps independently, numbered by a fixed wavefront
-schedule (auto is not pipelined).
+Every method cuts the tensor into G block groups that go through the
+method's steps independently, numbered by a fixed wavefront schedule; auto
+chooses per group (exponents; counts; index or nothing; dense, blocks or
+union values), and every worker must make the same choice for each group.
 Through the NIC-model cluster (the real engine and clients), under seeded
 loss, duplication and reordering, a pipelined allreduce must give the bits
 of the unpipelined one (pipeline_groups=1) and of the numpy oracle
@@ -41,7 +42,7 @@ def grads_for(workers, n, seed, zero_groups=False):
     return out
 
 
-PIPELINED = ("dense", "blocks", "lhc", "nc", "union")
+PIPELINED = ("dense", "blocks", "lhc", "nc", "auto", "union")
 VALUE_METHODS = ("dense", "blocks", "nc")  # their chunk counts follow from the data alone
 
 
@@ -142,7 +143,7 @@ def test_pipelined_equals_unpipelined_and_oracle_under_faults(method, workers, n
         assert res.stats["fabric"]["dropped_loss"] > 0 or n < 1000
     if method in VALUE_METHODS:
         G, chunks = spec_chunks(method, grads, option, slots, aggregators)
-    else:  # lhc, union: the sizes of their index and sketch come from the data
+    else:  # lhc, union, auto: the sizes of their index and sketch come from the data
         G = spec_groups(n, option, slots, aggregators, method)[0]
         chunks = piped.stats["workers"][0]["chunks"]
         if method == "lhc":
@@ -166,6 +167,9 @@ def test_all_zero_tensors_and_zero_groups(method):
     assert_bits(res.sum, np.zeros(n, np.float32))
     if method in VALUE_METHODS:
         G, chunks = spec_chunks(method, zeros, 0, 4)
+    elif method == "auto":  # only the exponents: no counts (no non-zero block), blocks
+        G, chunks = spec_chunks("blocks", zeros, 0, 4)
+        assert res.stats["workers"][0]["auto_blocks_groups"] == G
     else:  # only the exponents and the counts travel (no block has a candidate)
         G, gb = spec_groups(n, 0, 4, method=method)
         nb = -(-n // BLOCK)
@@ -174,13 +178,13 @@ def test_all_zero_tensors_and_zero_groups(method):
     assert G > 1
     assert res.stats["workers"][0]["groups"] == G
     assert res.stats["workers"][0]["chunks"] == chunks
-    if method == "blocks":  # nothing but the exponents travels
+    if method in ("blocks", "auto"):  # nothing but the exponents travels
         assert res.stats["workers"][0]["bytes_sent"]["values"] == 0
 
 
 def test_successive_allreduces_mix_pipelined_and_other_methods():
-    """The chunk counter runs on across pipelined and unpipelined
-    allreduces; lhc, union and auto are never pipelined."""
+    """The chunk counter runs on across the allreduces of every method,
+    pipelined with the job's option."""
     grads = grads_for(3, 25_000, 42, zero_groups=True)
     with Cluster(workers=3, seed=3, slots=8, pipeline_groups=0, **FAULTS) as cl:
         seq = 0
@@ -229,3 +233,164 @@ def test_pipelined_through_a_tree_of_aggregators():
         res = cl.allreduce(grads, method="blocks", block_elements=BLOCK)
     assert_bits(res.sum, reference.allreduce(grads, BLOCK))
     assert {w["groups"] for w in res.stats["workers"]} == {spec_groups(30_000, 0, 4)[0]}
+
+
+# ---- auto, choosing per group ------------------------------------------------
+
+def _nonzero(x):
+    return np.asarray(x) != 0
+
+
+def auto_grads(workers, n, kind, seed, gb=None):
+    """Gradients on which auto's per-group choice is clear-cut.
+    dense: every element non-zero on every worker (dense);
+    shared: the same ~2 % of positions on every worker (union);
+    random: 30 % of positions per worker, drawn independently (union);
+    zeros: nothing (blocks, no values);
+    mixed: group g (gb blocks) is dense, half-zero blocks (blocks) or
+    shared-sparse (union) as g % 3 = 0, 1, 2."""
+    rng = np.random.default_rng(seed)
+
+    def values(k):
+        v = (rng.standard_normal(k) * 10.0 ** rng.integers(-4, 3, k)).astype(np.float32)
+        v[v == 0] = 1.0
+        return v
+
+    shared = rng.random(n) < 0.02
+    out = []
+    for _ in range(workers):
+        x = np.zeros(n, np.float32)
+        if kind == "dense":
+            x[:] = values(n)
+        elif kind == "shared":
+            x[shared] = values(int(shared.sum()))
+        elif kind == "random":
+            nz = rng.random(n) < 0.3
+            x[nz] = values(int(nz.sum()))
+        elif kind == "mixed":
+            for b in range(-(-n // BLOCK)):
+                lo, hi = b * BLOCK, min(n, (b + 1) * BLOCK)
+                g = b // gb
+                if g % 3 == 0 or (g % 3 == 1 and b % 2 == 0):
+                    x[lo:hi] = values(hi - lo)
+                elif g % 3 == 2:
+                    m = shared[lo:hi]
+                    x[lo:hi][m] = values(int(m.sum()))
+        else:
+            assert kind == "zeros"
+        out.append(x)
+    return out
+
+
+def expected_auto(grads, gb):
+    """Per group, auto's choice where the byte counts leave no doubt (PROTOCOL.md
+    Part 1 "auto's rule", applied to the group): dense = 4 n, blocks = 4 x the
+    elements of its blocks non-zero anywhere, union = 4 x its candidates (at
+    least the positions non-zero anywhere; a Bloom index may add a few).  Also
+    the value bytes every worker must receive: dense and blocks groups' lanes.
+    Computed here from the data alone."""
+    n = grads[0].size
+    nb = -(-n // BLOCK)
+    anyw = np.zeros(n, bool)
+    for g in grads:
+        anyw |= _nonzero(g)
+    choices, values = [], 0
+    for g0 in range(0, nb, gb):
+        lo, hi = g0 * BLOCK, min(n, (g0 + gb) * BLOCK)
+        cand = int(anyw[lo:hi].sum())
+        nzb = sum(hi_b - lo_b for lo_b, hi_b in
+                  ((b * BLOCK, min(n, (b + 1) * BLOCK)) for b in range(g0, min(nb, g0 + gb)))
+                  if anyw[lo_b:hi_b].any())
+        dense, blocks = hi - lo, nzb
+        if cand == 0:
+            choices.append("blocks")
+        elif cand == dense:
+            choices.append("dense")
+            values += 4 * dense
+        elif blocks <= cand:  # ties go to blocks
+            choices.append("blocks")
+            values += 4 * blocks
+        elif cand + (dense - cand) // 10 < blocks:  # even if 10 % were false positives
+            choices.append("union")
+        else:
+            raise AssertionError(f"group at block {g0}: choice too close to call")
+    return choices, values
+
+
+def check_auto(res, grads, want_groups, gb, contributors=None):
+    """auto's result and per-group choices: the oracle's bits on every worker,
+    the same choices on every worker and the ones the data call for, every
+    chunk completed once at the engine res.stats["engines"], summed with all
+    its contributors (default: the W workers)."""
+    workers = contributors or len(grads)
+    assert_bits(res.sum, reference.allreduce(grads, BLOCK))
+    for out in res.outputs:
+        assert_bits(out, res.sum)
+    per = res.stats["workers"]
+    keys = ("groups", "chunks", "next_seq", "method_chosen", "auto_dense_groups",
+            "auto_blocks_groups", "auto_union_groups")
+    for w in per:  # every worker numbered the same units with the same choices
+        assert {k: w[k] for k in keys} == {k: per[0][k] for k in keys}
+        assert w["bytes_received"] == per[0]["bytes_received"]
+    w = per[0]
+    assert w["groups"] == want_groups
+    choices, values = expected_auto(grads, gb)
+    assert len(choices) == want_groups
+    got = {m: w[f"auto_{m}_groups"] for m in ("dense", "blocks", "union")}
+    assert got == {m: choices.count(m) for m in got}
+    assert protocol.method_name(w["method_chosen"]) == max(
+        ("dense", "blocks", "union"), key=lambda m: (got[m], -("dense", "blocks", "union").index(m)))
+    assert w["bytes_received"]["values"] == values
+    if "union" not in choices:
+        assert w["bytes_received"]["union"] == 0
+    eng = res.stats["engines"]
+    assert eng["completed"] == w["chunks"]
+    assert eng["summed"] == workers * w["chunks"]
+
+
+AUTO_CASES = [  # workers, n, slots, pipeline_groups, aggregators, workload
+    (2, 100, 8, 0, 1, "random"),             # one block, one group
+    (3, 2 * BLOCK + 7, 4, 3, 1, "dense"),    # three groups, the last one 7 elements
+    (4, 40_000, 4, 0, 1, "random"),
+    (5, 33_333, 8, 7, 1, "shared"),
+    (8, 20_480, 2, 0, 1, "dense"),
+    (4, 40_000, 4, 0, 3, "mixed"),           # K = 3
+    (6, 61_447, 8, 6, 1, "mixed"),           # odd size
+    (7, 50_001, 4, 1000, 1, "mixed"),        # one block per group
+    (4, 30_000, 4, 0, 1, "zeros"),
+]
+
+
+@pytest.mark.parametrize("workers,n,slots,option,aggregators,kind", AUTO_CASES)
+def test_auto_chooses_per_group_and_equals_unpipelined_and_oracle(workers, n, slots, option,
+                                                                  aggregators, kind):
+    seed = 7 * workers + n % 991 + option + aggregators
+    G, gb = spec_groups(n, option, slots, aggregators)
+    grads = auto_grads(workers, n, kind, seed, gb)
+    plain = run(grads, "auto", 1, slots, seed, aggregators=aggregators)
+    piped = run(grads, "auto", option, slots, seed, aggregators=aggregators)
+    nb = -(-n // BLOCK)
+    check_auto(plain, grads, 1, nb)
+    check_auto(piped, grads, G, gb)
+    assert_bits(piped.sum, plain.sum)
+    if n > 1000 and kind != "zeros":
+        assert piped.stats["fabric"]["dropped_loss"] > 0
+    if kind == "mixed":  # the groups really chose differently
+        w = piped.stats["workers"][0]
+        assert min(w["auto_dense_groups"], w["auto_blocks_groups"], w["auto_union_groups"]) > 0
+
+
+def test_auto_per_group_through_a_tree_of_aggregators():
+    """Two leaves of three workers under a root: each engine completes every
+    chunk once with all its contributors, and the choices stay per group."""
+    G, gb = spec_groups(40_000, 5, 4)
+    grads = auto_grads(6, 40_000, "mixed", 31, gb)
+    with Cluster(workers=6, leaves=2, seed=4, slots=4, payload=PAYLOAD, pipeline_groups=5,
+                 loss=0.01, reorder=0.05) as cl:
+        res = cl.allreduce(grads, method="auto", block_elements=BLOCK)
+        *leaves, root = [cl.aggregator_counters(k)["engine"] for k in range(cl.aggregators)]
+    res.stats["engines"] = root
+    check_auto(res, grads, G, gb, contributors=2)
+    for leaf in leaves:
+        assert leaf["completed"] == root["completed"]
+        assert leaf["summed"] == 3 * leaf["completed"]

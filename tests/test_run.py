@@ -221,19 +221,20 @@ def test_allreduce_exact_under_injected_loss(testbed, method):
 
 
 def test_pipelined_block_groups_on_the_dpdk_testbed(testbed):
-    """dense, nc and lhc with pipelined block groups (docs/PROTOCOL.md
+    """dense, nc, lhc and auto with pipelined block groups (docs/PROTOCOL.md
     "Pipelined block groups") through the DPDK daemon: the same bytes as
-    without pipelining (pipeline_groups=1), dense bit-exact also under 1 %
-    drops, every contribution summed once."""
+    without pipelining (pipeline_groups=1), dense and auto bit-exact also
+    under 1 % drops, auto's choice per group the same on every worker,
+    every contribution summed once."""
     n = 300_000  # 74 blocks of 4096: 5 automatic groups of 16 (four windows)
-    for method, groups, want in (("dense", 0, 5), ("nc", 7, 7), ("lhc", 0, 5)):
+    for method, groups, want in (("dense", 0, 5), ("nc", 7, 7), ("lhc", 0, 5), ("auto", 0, 5)):
         plain = runmod.run_allreduce(testbed.name, method, elements=n, density=0.05,
                                      workload="random", seed=5, state_dir=testbed.state_dir,
                                      pipeline_groups=1)
         piped = runmod.run_allreduce(testbed.name, method, elements=n, density=0.05,
                                      workload="random", seed=5, state_dir=testbed.state_dir,
                                      pipeline_groups=groups,
-                                     drop_rate=0.01 if method == "dense" else 0.0)
+                                     drop_rate=0.01 if method in ("dense", "auto") else 0.0)
         assert piped["pipeline_groups"] == groups
         assert [s["groups"] for s in plain["worker_stats"]] == [1] * 4
         assert [s["groups"] for s in piped["worker_stats"]] == [want] * 4
@@ -243,8 +244,13 @@ def test_pipelined_block_groups_on_the_dpdk_testbed(testbed):
             eng = rep["counters"]
             assert eng["summed"] == 4 * eng["completed"]
         assert piped["result_sha256"] == plain["result_sha256"]
-        if method == "dense":
+        if method in ("dense", "auto"):
             assert piped["port_counters"].get("drop_injected", 0) > 0
+        if method == "auto":  # one choice per group, the same on every worker
+            for rep, g in ((plain, 1), (piped, want)):
+                chose = [tuple(s[f"auto_{m}_groups"] for m in ("dense", "blocks", "union"))
+                         for s in rep["worker_stats"]]
+                assert len(set(chose)) == 1 and sum(chose[0]) == g, chose
     _no_processes_left(testbed)
 
 

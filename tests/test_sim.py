@@ -576,3 +576,30 @@ def test_payload_must_fit_the_nic_mtu():
     grads = make_grads(2, 5000, density=1.0, seed=2)
     with Cluster(workers=2, payload=max_payload(1500), mtu=1500) as cl:
         check_result(cl.allreduce(grads, method="dense", block_elements=BLOCK), grads)
+
+
+@pytest.mark.parametrize("slots", [8, 64])
+def test_window_occupancy_and_full_window_time(slots):
+    """flight_ns (the chunks' time in flight, summed) over the run's time is
+    the mean window occupancy: at most S per aggregator; behind a 1 Gbit/s
+    bottleneck the window fills (window_full_ns > 0) and stays nearly full.
+    A window that holds every chunk of the allreduce never waits."""
+    W, n = 4, 1 << 18
+    rng = np.random.default_rng(11)
+    grads = [rng.standard_normal(n).astype(np.float32) for _ in range(W)]
+    with Cluster(workers=W, link_gbps=1.0, agg_link_gbps=1.0, slots=slots, seed=3) as cl:
+        res = cl.allreduce(grads, method="dense", block_elements=BLOCK)
+    check_result(res, grads)
+    span = res.stats["virtual_time"] * 1e9
+    for w in res.stats["workers"]:
+        assert w["results_received"] == w["chunks"] > slots
+        occupancy = w["flight_ns"] / span
+        assert slots / 2 < occupancy <= slots, (occupancy, slots)
+        assert 0 < w["window_full_ns"] <= span
+    roomy = 1 << 12  # more slots than the allreduce has chunks
+    with Cluster(workers=W, link_gbps=1.0, agg_link_gbps=1.0, slots=roomy, seed=3) as cl:
+        res = cl.allreduce(grads, method="dense", block_elements=BLOCK)
+    check_result(res, grads)
+    for w in res.stats["workers"]:
+        assert w["chunks"] < roomy and w["window_full_ns"] == 0
+        assert 0 < w["flight_ns"] <= w["chunks"] * res.stats["virtual_time"] * 1e9

@@ -179,6 +179,7 @@ void hg_client_destroy(struct hg_client *c)
 	buf_free(&c->done);
 	buf_free(&c->glast);
 	buf_free(&c->glhc);
+	buf_free(&c->gmethod);
 	hg_cl_release_segment(c);
 	for (int ph = 0; ph < HG_PH__COUNT; ph++) {
 		buf_free(&c->tx[ph]);

@@ -12,11 +12,12 @@
  * Without pipelining a step starts only when the previous one is complete,
  * because its size and contents come from the previous results; each step
  * is a segment of its own (client_window.c keeps its window state per
- * segment).  Methods whose steps work block by block (HG_MF_GROUPS: dense,
- * blocks, nc) cut the tensor into G block groups instead, and the whole
+ * segment).  Methods whose steps work block by block (HG_MF_GROUPS: all of
+ * them) cut the tensor into G block groups instead, and the whole
  * allreduce is one segment: unit (g, s), step s for group g, is numbered in
  * a fixed wavefront order as soon as unit (g, s - 1) is complete
- * (docs/PROTOCOL.md "Pipelined block groups").
+ * (docs/PROTOCOL.md "Pipelined block groups").  auto then chooses per
+ * group, in four steps whatever the groups choose (auto_phases).
  */
 #include <errno.h>
 #include <stdio.h>
@@ -203,7 +204,7 @@ static const uint8_t *gcounts(const struct hg_client *c)
  */
 static bool counts_compact(const struct hg_client *c)
 {
-	return c->sent_phases & HG_PHB(EXPONENTS);
+	return (c->sent_phases & HG_PHB(EXPONENTS)) || (c->mi->flags & HG_MF_CHOOSES);
 }
 
 static int counts_plan(struct hg_client *c, size_t *lanes, int *exp)
@@ -215,7 +216,7 @@ static int counts_plan(struct hg_client *c, size_t *lanes, int *exp)
 		*lanes = c->gnb;
 		return 0;
 	}
-	for (size_t b = 0; b < c->nblocks; b++)
+	for (size_t b = c->gb0; b < c->gb0 + c->gnb; b++)
 		k += gcodes(c)[b] != HG_EXP_ZERO;
 	*lanes = k;
 	return 0;
@@ -284,7 +285,7 @@ static int counts_encode(struct hg_client *c, uint8_t *tx)
 		memcpy(tx, c->lcounts.p + 4 * c->gb0, 4 * c->gnb);
 		return 0;
 	}
-	for (size_t b = 0; b < c->nblocks; b++)
+	for (size_t b = c->gb0; b < c->gb0 + c->gnb; b++)
 		if (gcodes(c)[b] != HG_EXP_ZERO)
 			memcpy(tx + 4 * k++, c->lcounts.p + 4 * b, 4);
 	return 0;
@@ -300,7 +301,7 @@ static int counts_decode(struct hg_client *c, const uint8_t *rx)
 		memcpy(c->gcounts.p + 4 * c->gb0, rx, 4 * c->gnb);
 		return 0;
 	}
-	for (size_t b = 0; b < c->nblocks; b++) {
+	for (size_t b = c->gb0; b < c->gb0 + c->gnb; b++) {
 		if (gcodes(c)[b] != HG_EXP_ZERO)
 			memcpy(c->gcounts.p + 4 * b, rx + 4 * k++, 4);
 		else
@@ -309,30 +310,46 @@ static int counts_decode(struct hg_client *c, const uint8_t *rx)
 	return 0;
 }
 
+/*
+ * The method the current group runs: the allreduce's, or with pipelined
+ * auto the group's own choice so far (auto until its counts are in).
+ */
+static const struct hg_method_info *group_method(const struct hg_client *c)
+{
+	if (c->groups > 1 && (c->mi->flags & HG_MF_CHOOSES))
+		return hg_method_get(c->gmethod.p[c->cur_group]);
+	return c->mi;
+}
+
+/* Quantiser flags of the current group's values (blocks: skip zero blocks;
+ * codes: 0, nc has no zero-block skipping). */
+static uint32_t group_qflags(const struct hg_client *c)
+{
+	return (group_method(c)->flags & HG_MF_SKIP_ZERO) ? HG_Q_SKIP_ZERO : 0;
+}
+
 /* values and codes work on the block range c->gb0.. (a group, or all). */
 static int values_plan(struct hg_client *c, size_t *lanes, int *exp)
 {
 	(void)exp;
-	c->qflags = (c->mi->flags & HG_MF_SKIP_ZERO) ? HG_Q_SKIP_ZERO : 0;
-	*lanes = hg_quantized_lanes(&c->p, c->gn, gcodes(c) + c->gb0, c->qflags);
+	*lanes = hg_quantized_lanes(&c->p, c->gn, gcodes(c) + c->gb0, group_qflags(c));
 	return 0;
 }
 
 static int values_encode(struct hg_client *c, uint8_t *tx)
 {
 	return hg_quantize_at(&c->p, c->ge0, c->x + c->ge0, c->gn,
-			      gcodes(c) + c->gb0, c->qflags, tx);
+			      gcodes(c) + c->gb0, group_qflags(c), tx);
 }
 
 static int values_decode(struct hg_client *c, const uint8_t *rx)
 {
-	return hg_dequantize(&c->p, rx, c->gn, gcodes(c) + c->gb0, c->qflags,
+	return hg_dequantize(&c->p, rx, c->gn, gcodes(c) + c->gb0, group_qflags(c),
 			     c->y + c->ge0);
 }
 
 static int codes_plan(struct hg_client *c, size_t *lanes, int *exp)
 {
-	c->qflags = 0;
 	*lanes = c->gn;
 	*exp = hg_nc_top(&c->p);
 	return 0;
@@ -477,6 +494,89 @@ static void group_range(struct hg_client *c, uint32_t g)
 	c->gn = c->n - c->ge0 < c->gnb * bl ? c->n - c->ge0 : c->gnb * bl;
 }
 
+/* auto's groups per chosen method (the stats of the allreduce). */
+static uint32_t *auto_groups(struct hg_client *c, int method)
+{
+	switch (method) {
+	case HG_M_DENSE:
+		return &c->stats.auto_dense_groups;
+	case HG_M_BLOCKS:
+		return &c->stats.auto_blocks_groups;
+	default:
+		return &c->stats.auto_union_groups;
+	}
+}
+
+/*
+ * auto's choice rc (a method, or a negative errno from the rule) for the
+ * current group (unpipelined: the tensor): counted in the stats in place
+ * of the group's earlier choice; method_chosen is the one of the most
+ * groups (ties: dense, blocks, union).  Returns the method's info, or NULL
+ * after failing the allreduce.
+ */
+static const struct hg_method_info *auto_chosen(struct hg_client *c, int rc)
+{
+	const struct hg_method_info *prev = group_method(c);
+	const struct hg_method_info *next = rc < 0 ? NULL : hg_method_get(rc);
+	uint32_t d, b, u;
+
+	if (!next || !(next->flags & HG_MF_CANDIDATE)) {
+		hg_cl_fail_text(c, rc < 0 ? rc : -EPROTO, "auto: cannot choose a method");
+		return NULL;
+	}
+	if (prev->flags & HG_MF_CANDIDATE)
+		(*auto_groups(c, prev->code))--;
+	(*auto_groups(c, next->code))++;
+	if (c->groups > 1)
+		c->gmethod.p[c->cur_group] = (uint8_t)next->code;
+	d = c->stats.auto_dense_groups;
+	b = c->stats.auto_blocks_groups;
+	u = c->stats.auto_union_groups;
+	c->stats.method_chosen = d >= b && d >= u ? HG_M_DENSE : b >= u ? HG_M_BLOCKS : HG_M_UNION;
+	return next;
+}
+
+/* Pipelined auto's steps per group: exponents; counts; index or nothing;
+ * the chosen method's values (docs/PROTOCOL.md "auto, per group"). */
+#define AUTO_GROUP_STEPS 4
+
+/*
+ * The phases of pipelined auto's unit (current group, step): the third and
+ * fourth steps as the group chooses, from its counts and then its index.
+ * Returns 0 or a negative errno (the allreduce failed).
+ */
+static int auto_phases(struct hg_client *c, uint32_t step, uint32_t *mask)
+{
+	const struct hg_method_info *mi;
+
+	switch (step) {
+	case 0:
+		*mask = HG_PHB(EXPONENTS);
+		return 0;
+	case 1:
+		*mask = HG_PHB(COUNTS);
+		return 0;
+	case 2: /* the meta phase decides dense or blocks, or the index runs */
+		mi = auto_chosen(c, hg_auto_choose(&c->p, c->gn, gcodes(c) + c->gb0,
+						   gcounts(c) + 4 * c->gb0));
+		if (!mi)
+			return c->rc;
+		*mask = mi->code == HG_M_UNION ? HG_PHB(INDEX) : 0;
+		return 0;
+	default:
+		mi = group_method(c);
+		if (mi->code == HG_M_UNION) {
+			mi = auto_chosen(c, hg_auto_choose_indexed(c->lhc));
+			if (!mi)
+				return c->rc;
+			if (mi->code != HG_M_UNION)
+				group_lhc_release(c); /* the index was paid for nothing */
+		}
+		*mask = mi->code == HG_M_UNION ? HG_PHB(UNION) : HG_PHB(VALUES);
+		return 0;
+	}
+}
+
 /*
  * Set up unit (g, step) of the method: plan, size and encode each of its
  * phases for block group g, and number its chunks (the next ones of the
@@ -489,6 +589,11 @@ static int unit_setup(struct hg_client *c, uint32_t g, uint32_t step)
 	int rc;
 
 	group_range(c, g);
+	if (c->groups > 1 && (c->mi->flags & HG_MF_CHOOSES)) {
+		rc = auto_phases(c, step, &mask);
+		if (rc)
+			return rc;
+	}
 	for (int ph = 0; ph < HG_PH__COUNT; ph++) {
 		const struct phase_codec *pc = &phase_codec[ph];
 		const struct hg_op_info *op;
@@ -601,10 +706,16 @@ static bool pipelined(const struct hg_client *c)
 	return c->groups > 1;
 }
 
+/* T: the steps of every group (auto: its own four, whatever it chooses). */
+static uint32_t sched_steps(const struct hg_client *c)
+{
+	return (c->mi->flags & HG_MF_CHOOSES) ? AUTO_GROUP_STEPS : c->mi->nsteps;
+}
+
 /* The schedule's units run out after round G + T - 2. */
 static bool sched_done(const struct hg_client *c)
 {
-	return c->round >= c->groups + c->mi->nsteps - 1;
+	return c->round >= c->groups + sched_steps(c) - 1;
 }
 
 /*
@@ -614,7 +725,7 @@ static bool sched_done(const struct hg_client *c)
 static void sched_next(struct hg_client *c)
 {
 	do {
-		if (++c->rstep == c->mi->nsteps) {
+		if (++c->rstep == sched_steps(c)) {
 			c->rstep = 0;
 			c->round++;
 		}
@@ -682,24 +793,20 @@ static int step_advance(struct hg_client *c)
 		if ((c->mi->flags & HG_MF_CHOOSES) && c->step + 1 == c->mi->nsteps) {
 			/* auto after its own steps: the meta phase decides, or
 			 * the index phase runs first */
-			rc = hg_auto_choose(&c->p, c->n, gcodes(c), gcounts(c));
-			next = rc < 0 ? NULL : hg_method_get(rc);
+			next = auto_chosen(c, hg_auto_choose(&c->p, c->n, gcodes(c),
+							     gcounts(c)));
 			if (!next)
-				return hg_cl_fail_text(c, rc < 0 ? rc : -EPROTO,
-						       "auto: cannot choose a method");
+				return c->rc;
 			c->choose_again = true;
 		} else if (c->choose_again &&
 			   (c->mi->steps[c->step] & HG_PHB(INDEX))) {
-			rc = hg_auto_choose_indexed(c->lhc);
-			next = rc < 0 ? NULL : hg_method_get(rc);
+			next = auto_chosen(c, hg_auto_choose_indexed(c->lhc));
 			if (!next)
-				return hg_cl_fail_text(c, rc < 0 ? rc : -EPROTO,
-						       "auto: cannot choose a method");
+				return c->rc;
 			c->choose_again = false;
 		}
 		if (next) {
 			c->mi = next;
-			c->stats.method_chosen = next->code;
 			c->step = first_unsent_step(c, next);
 		} else {
 			c->step++;
@@ -789,8 +896,10 @@ int hg_client_start(struct hg_client *c, const struct hg_params *params,
 	c->y = y;
 	c->n = n;
 	c->nblocks = nb;
-	c->qflags = 0;
 	c->stats.method_chosen = mi->code;
+	c->stats.auto_dense_groups = 0;
+	c->stats.auto_blocks_groups = 0;
+	c->stats.auto_union_groups = 0;
 	c->start_results = c->stats.results_received;
 	c->start_sent = c->stats.packets_sent;
 	for (uint32_t a = 0; a < c->naggs; a++) {
@@ -800,6 +909,7 @@ int hg_client_start(struct hg_client *c, const struct hg_params *params,
 	}
 	for (size_t i = 0; i < (size_t)c->naggs * c->cfg.slots; i++)
 		c->fl[i].busy = false;
+	c->t_win_full = 0;
 	c->stage = ST_RUNNING;
 	c->rc = 0;
 	memset(c->ph_lanes, 0, sizeof(c->ph_lanes));
@@ -813,24 +923,32 @@ int hg_client_start(struct hg_client *c, const struct hg_params *params,
 	segment_begin(c);
 	if (pipelined(c)) {
 		/* every group's lanes at their place in one buffer per phase,
-		 * sized once (the tx of the exponents is encoded already) */
+		 * sized once (the tx of the exponents is encoded already); the
+		 * sizes of the others grow as they come */
+		uint32_t sized = HG_PHB(EXPONENTS) | HG_PHB(COUNTS) | HG_PHB(VALUES) |
+				 HG_PHB(CODES), mask = 0;
+
+		for (uint32_t k = 0; k < mi->nsteps; k++)
+			mask |= mi->steps[k];
+		if (mi->flags & HG_MF_CHOOSES) /* dense or blocks values, likely */
+			mask |= HG_PHB(VALUES);
 		c->round = 0;
 		c->rstep = 0;
 		rc = hg_cl_buf_need(&c->glast, sizeof(uint32_t) * c->groups);
-		for (uint32_t k = 0; k < mi->nsteps && !rc; k++)
-			for (int ph = 0; ph < HG_PH__COUNT && !rc; ph++) {
-				const struct hg_op_info *op = hg_op_get(hg_phase_at(ph)->op);
-				size_t lanes = ph == HG_PH_EXPONENTS || ph == HG_PH_COUNTS ? nb : n;
+		if (!rc)
+			rc = hg_cl_buf_need(&c->gmethod, c->groups);
+		if (!rc)
+			memset(c->gmethod.p, HG_M_AUTO, c->groups);
+		for (int ph = 0; ph < HG_PH__COUNT && !rc; ph++) {
+			const struct hg_op_info *op = hg_op_get(hg_phase_at(ph)->op);
+			size_t lanes = ph == HG_PH_EXPONENTS || ph == HG_PH_COUNTS ? nb : n;
 
-				/* the sizes of the others grow as they come */
-				if (!(mi->steps[k] & (1u << ph)) ||
-				    !(HG_PHB(EXPONENTS) & (1u << ph) || HG_PHB(COUNTS) & (1u << ph) ||
-				      HG_PHB(VALUES) & (1u << ph) || HG_PHB(CODES) & (1u << ph)))
-					continue;
-				rc = hg_cl_buf_need(&c->tx[ph], lanes * op->in_lane);
-				if (!rc)
-					rc = hg_cl_buf_need(&c->rx[ph], lanes * op->acc_lane);
-			}
+			if (!(mask & sized & (1u << ph)))
+				continue;
+			rc = hg_cl_buf_need(&c->tx[ph], lanes * op->in_lane);
+			if (!rc)
+				rc = hg_cl_buf_need(&c->rx[ph], lanes * op->acc_lane);
+		}
 		rc = rc ? hg_cl_fail_text(c, rc, "out of memory") : sched_advance(c);
 	} else {
 		rc = unit_setup(c, 0, 0);

@@ -195,7 +195,6 @@ struct hg_client {
 	const float *x;
 	float *y;
 	size_t n, nblocks;
-	uint32_t qflags;
 	struct hg_lhc *lhc;     /* the current group's (glhc[cur_group]) */
 	struct hg_scan *scan;   /* the one-pass encode of x (lhc, union, auto) */
 	struct buf lcounts;     /* this worker's counts, one lane per block */
@@ -207,6 +206,8 @@ struct hg_client {
 	uint64_t next_chunk;    /* chunk number c of the next chunk */
 	uint64_t txn;           /* transmissions so far: their order numbers */
 	bool tx_blocked;        /* the port refused frames in the latest poll */
+	uint64_t t_win_full;    /* since when a numbered chunk waits for its slot
+				 * (0: none waits; stats.window_full_ns) */
 	/*
 	 * Step-start wait, ns: the time from a step's first transmission to
 	 * its first result includes the slowest peer's computing of the step
@@ -221,6 +222,7 @@ struct hg_client {
 	struct buf done;        /* one byte per chunk of the segment */
 	struct buf glast;       /* pipelined: per group, its latest unit (uint32) */
 	struct buf glhc;        /* per group, its lhc (struct hg_lhc *; lhc, union) */
+	struct buf gmethod;     /* pipelined auto: per group, its method so far (uint8) */
 	uint32_t cur_group;     /* the group the phase codecs work on (lhc: its glhc) */
 	struct buf tx[HG_PH__COUNT];  /* per phase: this worker's lanes */
 	struct buf rx[HG_PH__COUNT];  /* per phase: the aggregated lanes */

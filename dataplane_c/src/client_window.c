@@ -304,6 +304,8 @@ static void handle_frame(struct hg_client *c, const uint8_t *f, size_t len,
 			c->done.p[k] = CH_DONE_AFTER_TIMEOUT;
 			ag->late = now - fl->first_tx;
 		}
+		if (now >= fl->first_tx)
+			c->stats.flight_ns += now - fl->first_tx;
 		/* The answered copy was sent no earlier than the first. */
 		txn = fl->txn_first;
 		fl->busy = false;
@@ -431,6 +433,8 @@ void hg_cl_tx_new(struct hg_client *c, uint64_t now)
 	uint16_t cnt;
 
 	for (;;) {
+		bool full = false;
+
 		cnt = 0;
 		while (cnt < BURST && st->next_send < st->nchunks) {
 			size_t k = st->next_send;
@@ -438,8 +442,10 @@ void hg_cl_tx_new(struct hg_client *c, uint64_t now)
 			struct flight *fl = flight_of(c, k);
 
 			/* chunk k - K S: the same slot of the same aggregator */
-			if (k >= span && !c->done.p[k - span])
+			if (k >= span && !c->done.p[k - span]) {
+				full = true;
 				break;
+			}
 			if (fl->busy)
 				break; /* cannot happen when the above holds */
 			fl->busy = true;
@@ -457,6 +463,13 @@ void hg_cl_tx_new(struct hg_client *c, uint64_t now)
 			fl->rto = c->agg[fl->agg].rto;
 			ks[cnt++] = k;
 			st->next_send++;
+		}
+		/* How long the window held numbered chunks back. */
+		if (full && !c->t_win_full) {
+			c->t_win_full = now;
+		} else if (!full && c->t_win_full) {
+			c->stats.window_full_ns += now - c->t_win_full;
+			c->t_win_full = 0;
 		}
 		if (!cnt)
 			return;

@@ -133,6 +133,24 @@ def _numeric_delta(before: dict, after: dict) -> dict:
             if isinstance(v, int) and not isinstance(v, bool)}
 
 
+def machine_cpu_times() -> list[int]:
+    """The machine's CPU time counters (/proc/stat "cpu" line, all cores, in
+    ticks): user, nice, system, idle, iowait, irq, softirq, steal, ... ."""
+    with open("/proc/stat") as f:
+        return [int(v) for v in f.readline().split()[1:]]
+
+
+def machine_busy(before: list[int], after: list[int]) -> dict:
+    """Between two ``machine_cpu_times``: the fraction of all cores' time
+    that was busy (not idle or iowait; every process on the machine, the
+    kernel's packet processing too) and the part of it in softirq (the
+    kernel's network stack), and the cores."""
+    d = [b - a for a, b in zip(before, after)]
+    total = sum(d[:8]) or 1
+    return {"busy": (total - d[3] - d[4]) / total, "softirq": d[6] / total,
+            "cores": os.cpu_count()}
+
+
 def child(spec: dict) -> int:
     """One worker process: build the gradient, wait for "go" on stdin, run
     ``warmup`` untimed allreduces, then (after a second "ready"/"go" when
@@ -165,6 +183,7 @@ def child(spec: dict) -> int:
             if sys.stdin.readline().strip() != "go":
                 return 2
         st0 = w.stats()
+        m0 = machine_cpu_times()
         seconds, cpu = [], []
         for _ in range(spec.get("repeat", 1)):
             c0, t0 = time.process_time(), time.perf_counter()
@@ -172,9 +191,11 @@ def child(spec: dict) -> int:
             seconds.append(time.perf_counter() - t0)
             cpu.append(time.process_time() - c0)  # this process's CPU (all its threads)
         st1 = w.stats()
+        machine = machine_busy(m0, machine_cpu_times())
         np.save(spec["out"], y)
         line = json.dumps({"worker": spec["worker"], "seconds": seconds[0],
                            "seconds_each": seconds, "cpu_seconds": sum(cpu) / len(cpu),
+                           "machine_cpu": machine,
                            "stats": st1, "stats_timed": _numeric_delta(st0, st1)})
         if spec.get("report"):
             with open(spec["report"], "w") as f:

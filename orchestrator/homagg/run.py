@@ -31,9 +31,10 @@ by homagg.bench.workloads, the generator the benchmarks' Gloo baseline uses:
 then runs on net_af_packet with frames of the MTU, since af_xdp's 4 KB umem
 frames cannot hold a jumbo frame).
 
---pipeline-groups sets the job's block groups of every method but auto (0
+--pipeline-groups sets the job's block groups of every method (0
 automatic, 1 not pipelined, N groups; docs/PROTOCOL.md "Pipelined block
-groups"); the report carries it, and each worker's stats the groups used.
+groups"; auto then chooses per group); the report carries it, and each
+worker's stats the groups used (auto: the groups per chosen method).
 
 Each worker also reports the CPU time of its process over its allreduce
 (time.process_time), returned as "worker_cpu_seconds"; the daemon's CPU time
@@ -512,6 +513,9 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
                                           for a, b in zip(link0, link1)],
             "dense_float32_bytes": 4 * elements,
             "worker_cpu_seconds": [r["cpu_seconds"] for r in reports],
+            # the whole machine over the timed calls (worker 0's view; other
+            # processes on the host count too)
+            "machine_cpu": reports[0].get("machine_cpu"),
             "daemon_cpu_seconds": None if None in cpu else sum(cpu) / repeat,
             "generator": "homagg.bench.workloads",
             "worker_stats": [r["stats"] for r in reports],
@@ -581,8 +585,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="payload bytes per packet, a multiple of 4 up to 8192 (more than an MTU of 1500 "
                    "holds needs links with MTU 9000; default: %(default)s)")
     p.add_argument("--pipeline-groups", type=int, default=PIPELINE_GROUPS, metavar="N",
-                   help="block groups of every method but auto that go through the steps "
-                   "independently: 0 automatic, 1 not pipelined, N groups (default: %(default)s)")
+                   help="block groups of every method that go through the steps independently "
+                   "(auto chooses per group): 0 automatic, 1 not pipelined, N groups "
+                   "(default: %(default)s)")
     p.add_argument("--timeout", type=float, default=10.0,
                    help="a worker gives up after this many seconds without progress (default: %(default)s)")
     p.add_argument("--rto", type=float, default=0.005, metavar="S",

@@ -138,8 +138,9 @@ class Cluster:
     leaves' upward retransmission timeout (s; None: the engine's 1 ms);
     up_give_up: when a leaf stops resending a partial sum (s; None: the
     engine's 10 s).
-    pipeline_groups: block groups of every method but auto (docs/PROTOCOL.md
-    "Pipelined block groups"): 0 automatic, 1 not pipelined, N groups.
+    pipeline_groups: block groups of every method (docs/PROTOCOL.md
+    "Pipelined block groups"; auto chooses per group): 0 automatic, 1 not
+    pipelined, N groups.
     """
 
     def __init__(self, workers=4, loss=0.0, duplicate=0.0, reorder=0.0, seed=0,

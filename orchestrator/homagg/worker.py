@@ -30,9 +30,9 @@ aggregator makes ``allreduce`` raise ``PeerTimeout`` naming it within
 ``timeout`` seconds.  ``rto`` is the first retransmission timeout (before
 any round trip was measured), ``rto_min`` the least one, ``start_wait``
 the least wait for the first result of a step.  ``pipeline_groups`` (the
-same on every worker of the job) cuts every method but auto into block
-groups that go through the steps independently (docs/PROTOCOL.md
-"Pipelined block groups"): 0 automatic, 1 not pipelined, N groups.
+same on every worker of the job) cuts every method into block groups that
+go through the steps independently (docs/PROTOCOL.md "Pipelined block
+groups"; auto chooses per group): 0 automatic, 1 not pipelined, N groups.
 ``stats()`` returns every
 counter of the client (homagg/client.h: timeouts, spurious_timeouts,
 fast_retransmissions, ...), of each aggregator and of its UDP port (waits,
@@ -109,13 +109,14 @@ class UdpPort:
     ``struct hg_port *`` a Worker's client or an Engine runs on; ``mtu`` is
     what its get_info reports (0 = 1500)."""
 
-    def __init__(self, bind=("0.0.0.0", 0), group_port=0, packets=0, rcvbuf=0, mtu=0):
+    def __init__(self, bind=("0.0.0.0", 0), group_port=0, packets=0, rcvbuf=0, mtu=0,
+                 sndbuf=0):
         if mtu and not 576 <= int(mtu) <= 9000:
             raise InvalidArgument(f"mtu must be 576..9000, got {mtu}")
         self._p = _u.udp_port_create(
             f"UDP socket on {bind[0]}:{bind[1]}", bind_ipv4=parse_ipv4(bind[0], "bind"),
             bind_port=int(bind[1]), group_port=int(group_port), packets=int(packets),
-            rcvbuf=int(rcvbuf), mtu=int(mtu))
+            rcvbuf=int(rcvbuf), sndbuf=int(sndbuf), mtu=int(mtu))
 
     @property
     def port(self):
@@ -191,9 +192,13 @@ class Worker:
                 f"a {payload}-byte payload needs links with MTU >= {payload + FRAME_OVERHEAD} "
                 f"(jumbo frames, e.g. `homagg testbed up --mtu 9000`)")
 
+        # the send buffer holds a window of frames queued behind the link
+        # (about twice their bytes each in kernel memory)
         self._port = UdpPort(bind, packets=max(int(packets),
                                                4 * slots * len(aggregators) + 256),
-                             mtu=self.mtu)
+                             mtu=self.mtu,
+                             sndbuf=max(4 << 20, 2 * slots * len(aggregators)
+                                        * (self.payload + FRAME_OVERHEAD)))
 
         # the client holds the port: it frees packets into it
         self._client = _c.client_create(

@@ -62,12 +62,17 @@ extern "C" {
 	X(uint64_t, status_received, "STATUS replies (slot bitmaps)")          \
 	X(uint64_t, packets_ignored, "received frames that were not for this client") \
 	X(uint64_t, tx_refused, "packets the port did not take (resent later)") \
+	X(uint64_t, flight_ns, "sum over results of the time their chunk was in flight (first transmission to result): / allreduce time = mean window occupancy") \
+	X(uint64_t, window_full_ns, "time a numbered chunk waited for its slot (the window of its aggregator was full)") \
 	P(bytes_sent, "HomAgg payload bytes sent, per enum hg_phase")          \
 	P(bytes_received, "result payload bytes placed, per phase")           \
 	X(uint64_t, chunks, "distinct chunks of the allreduces so far")       \
 	X(uint64_t, stalled_blocks, "lhc: blocks whose peeling stalled")      \
 	X(uint64_t, fallback_lanes, "lhc: lanes of the fallback phase")       \
-	X(int, method_chosen, "method of the last allreduce (auto's choice)") \
+	X(int, method_chosen, "method of the last allreduce (auto: the one chosen by the most block groups)") \
+	X(uint32_t, auto_dense_groups, "auto: block groups of the last allreduce that sent dense values") \
+	X(uint32_t, auto_blocks_groups, "auto: block groups that sent blocks values") \
+	X(uint32_t, auto_union_groups, "auto: block groups that sent union values") \
 	X(uint64_t, next_seq, "next chunk number c of the job (K = 1: its seq)") \
 	X(uint64_t, srtt_ns, "smoothed round-trip time (0 before the first sample)") \
 	X(uint64_t, rttvar_ns, "its mean deviation")                          \

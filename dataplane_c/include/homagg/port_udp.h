@@ -36,6 +36,8 @@ struct hg_udp_port_config {
 	uint16_t group_port;  /* UDP port of multicast results (0 = HG_UDP_PORT) */
 	uint32_t packets;     /* packet pool size (0 = 1024) */
 	uint32_t rcvbuf;      /* socket receive buffer bytes (0 = 4 MiB) */
+	uint32_t sndbuf;      /* socket send buffer bytes (0 = 4 MiB): a window
+			       * of frames waits there behind a shaped link */
 	uint16_t mtu;         /* MTU of the path to the aggregator, reported by
 			       * get_info (0 = 1500; at most 9000) */
 };

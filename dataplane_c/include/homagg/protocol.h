@@ -77,7 +77,7 @@
 	X(NC, "nc", 4, HG_MF_GROUPS,                                             \
 	  "natural compression (unbiased, lossy by design)",                     \
 	  HG_PHB(EXPONENTS), HG_PHB(CODES))                                      \
-	X(AUTO, "auto", 5, HG_MF_EXACT | HG_MF_CHOOSES,                          \
+	X(AUTO, "auto", 5, HG_MF_EXACT | HG_MF_CHOOSES | HG_MF_GROUPS,           \
 	  "the exact method with the fewest bytes, chosen from exact counts",    \
 	  HG_PHB(EXPONENTS), HG_PHB(COUNTS))                                     \
 	X(UNION, "union", 6, HG_MF_EXACT | HG_MF_CANDIDATE | HG_MF_GROUPS,       \
@@ -100,7 +100,7 @@ extern "C" {
  * exponents' carries one lane per block non-zero somewhere, not one per
  * block.  GROUPS: every step works block by block, so block groups may go
  * through the steps independently (the client's pipelined phases,
- * docs/PROTOCOL.md "Pipelined block groups").
+ * docs/PROTOCOL.md "Pipelined block groups"; auto then chooses per group).
  */
 #define HG_MF_EXACT 1
 #define HG_MF_SKIP_ZERO 2

@@ -24,7 +24,10 @@ workload, density):
   run measured the CPU rather than the links); HomAgg: the same from the
   workers' CPU seconds plus the homagg-switch daemon's (``homagg run``'s
   "worker_cpu_seconds" and "daemon_cpu_seconds": the daemon shares the
-  machine's cores with the workers), else None; link_utilisation (bytes x 8 / time /
+  machine's cores with the workers), else None; also flagged when the
+  whole machine was more than 80 % busy over the timed calls
+  (machine_busy: the kernel's packet processing for the testbed's links
+  runs outside these processes); link_utilisation (bytes x 8 / time /
   link rate) and link_bound (utilisation >= 0.5) for every row;
   worker_cpu_seconds (mean over workers) and daemon_cpu_seconds per
   allreduce;
@@ -41,17 +44,23 @@ function homagg.run.run_allreduce); where that is missing or fails, the row
 says ``unavailable: <reason>`` / ``failed: <reason>`` and carries no numbers.
 
 --payload-bytes 1024,4096,8192 runs every HomAgg method once per job
-payload size (rows carry ``payload_bytes``); a payload larger than an MTU
-of 1500 holds makes the testbed's links MTU 9000 (jumbo frames).  Every
-HomAgg row also reports ``cpu_ms_per_mb``: the workers' and the daemon's
-CPU time per MB the workers put on their links (median over the runs).
+payload size (rows carry ``payload_bytes`` and ``mtu``).  Payloads an MTU
+of 1500 holds run on a testbed with MTU 1500 links; larger ones (jumbo
+frames) on a second testbed with MTU 9000 links, where Gloo runs again:
+each row's speedup_vs_gloo is against Gloo on links of its own MTU (TCP
+gains from jumbo frames too).  Every HomAgg row also reports
+``cpu_ms_per_mb``: the workers' and the daemon's CPU time per MB the
+workers put on their links (median over the runs), and every row
+``machine_busy``: the fraction of all the machine's cores busy during the
+timed calls (the testbed's kernel networking and every other process on
+the host included; near 1: the run measured the CPU, not the links).
 
---pipeline-groups 0,1 runs every pipelined method (all but auto) once
-per value of the job option pipeline_groups (0 automatic block groups, 1
-not pipelined, N groups; docs/PROTOCOL.md "Pipelined block groups"), one
-right after the other on the same testbed; rows carry ``pipeline_groups``
-and, next to a row with 1, ``speedup_vs_unpipelined`` (its median / this
-row's).  The other methods run once.
+--pipeline-groups 0,1 runs every pipelined method (all of them; auto
+chooses per group) once per value of the job option pipeline_groups (0
+automatic block groups, 1 not pipelined, N groups; docs/PROTOCOL.md
+"Pipelined block groups"), one right after the other on the same testbed;
+rows carry ``pipeline_groups`` and, next to a row with 1,
+``speedup_vs_unpipelined`` (its median / this row's).  Gloo runs once.
 
 Workloads (homagg.bench.workloads): shared, random, zipf, dense.  The Gloo
 ranks generate them with homagg.bench.workloads; HomAgg's workers generate
@@ -77,7 +86,7 @@ import numpy as np
 
 from homagg.bench import report as rep
 from homagg.bench import workloads
-from homagg.protocol import EXACT_METHODS, PIPELINE_GROUPS, PIPELINED_METHODS
+from homagg.protocol import AUTO_CANDIDATES, EXACT_METHODS, PIPELINE_GROUPS, PIPELINED_METHODS
 from homagg.protocol import METHODS as HOMAGG_METHODS
 
 METHODS = ("gloo",) + HOMAGG_METHODS
@@ -111,11 +120,11 @@ def add_arguments(parser):
                         "(default 1000)")
     parser.add_argument("--payload-bytes", type=_list(int), default=[1024], metavar="B[,B...]",
                         help="HomAgg job payload bytes per packet, a multiple of 4 up to 8192 "
-                        "(default 1024; several: rows for each; above what MTU 1500 holds the "
-                        "testbed gets MTU 9000)")
+                        "(default 1024; several: rows for each; payloads above what MTU 1500 "
+                        "holds run on a second testbed with MTU 9000 links, Gloo too)")
     parser.add_argument("--pipeline-groups", type=_list(int), default=[PIPELINE_GROUPS],
                         metavar="N[,N...]",
-                        help="block groups of the pipelined methods (all but auto): 0 "
+                        help="block groups of the pipelined methods (all; auto chooses per group): 0 "
                         "automatic, 1 not pipelined, N groups; several: rows for each, with "
                         f"speedup_vs_unpipelined next to 1 (default {PIPELINE_GROUPS})")
     parser.add_argument("--repeat", type=int, default=5, help="timed runs (default 5)")
@@ -227,8 +236,10 @@ def gloo_row(group, W, n, workload, density, link_mbit, args, gradient_files=Non
     wall = float(np.sum(per_call))
     row = _timing(per_call, n, link_mbit, float(np.mean(tx)))
     row.update(_cpu_fields([a["cpu_seconds"] for a in answers], wall, W))
+    _machine_bound(row, answers[0].get("machine_cpu"))
     row.update({"worker_cpu_seconds": [a["cpu_seconds"] / args.repeat for a in answers],
-                "daemon_cpu_seconds": None})
+                "daemon_cpu_seconds": None,
+                "machine_busy": _busy(answers[0].get("machine_cpu"))})
     # TCP repairs Gloo's losses itself: no client counters
     row.update({f"{k}_per_allreduce": None for k in WORKER_COUNTERS})
     row.update({
@@ -337,6 +348,7 @@ def homagg_row(testbed_name, method, W, n, workload, density, link_mbit, args, p
     daemon = r.get("daemon_cpu_seconds")  # per call
     row.update(_cpu_fields([c * calls for c in cpu] if cpu else None, float(np.sum(seconds)), W,
                            daemon=daemon * calls if daemon is not None else None))
+    _machine_bound(row, r.get("machine_cpu"))
     row.update(_worker_counters(r["worker_stats_timed"], calls))
     row.update({
         # per worker: CPU seconds of one allreduce (mean over the timed calls)
@@ -349,10 +361,27 @@ def homagg_row(testbed_name, method, W, n, workload, density, link_mbit, args, p
         "generator": r.get("generator", "homagg.job.gradient"),
         "payload_bytes": payload,
         "pipeline_groups": pipeline_groups if method in PIPELINED_METHODS else None,
+        # auto: the block groups that chose each method (the last call; one
+        # group without pipelining)
+        "auto_groups": ({m: r["worker_stats"][0].get(f"auto_{m}_groups") for m in AUTO_CANDIDATES}
+                        if method == "auto" else None),
         "cpu_ms_per_mb": _cpu_ms_per_mb(r),
+        "machine_busy": _busy(r.get("machine_cpu")),
         "status": "ok",
     })
     return row
+
+
+def _busy(machine):
+    """The busy fraction of homagg.job.machine_busy's answer (None: not measured)."""
+    return machine.get("busy") if machine else None
+
+
+def _machine_bound(row, machine):
+    """cpu_bound also when the whole machine was busy over the timed calls."""
+    busy = _busy(machine)
+    if busy is not None and busy > CPU_BOUND_MACHINE:
+        row["cpu_bound"] = True
 
 
 def _cpu_ms_per_mb(r):
@@ -433,6 +462,20 @@ class Case:
         self.key = self.dir = self.files = self.expect = None
 
 
+JUMBO_MTU = 9000
+
+
+def mtu_groups(payloads):
+    """The testbeds a list of payload sizes needs: [(MTU, payloads)], MTU
+    1500 for those it holds, then MTU 9000 (jumbo frames) for the rest; in
+    the order given within each."""
+    from homagg.worker import max_payload
+
+    small = [p for p in payloads if p <= max_payload(1500)]
+    jumbo = [p for p in payloads if p > max_payload(1500)]
+    return [(m, ps) for m, ps in ((1500, small), (JUMBO_MTU, jumbo)) if ps]
+
+
 def _cases(args):
     for wl in args.workloads:
         for d in ([1.0] if wl == "dense" else args.densities):
@@ -456,13 +499,11 @@ def _run(args, case):
         raise SystemExit(f"unknown method(s)/workload(s): {bad}")
     if args.repeat < 1 or args.warmup < 0 or args.elements < 1:
         raise SystemExit("--repeat >= 1, --warmup >= 0, --elements >= 1")
-    from homagg.worker import max_payload
-
     payloads = list(dict.fromkeys(args.payload_bytes)) or [1024]
     bad = [p for p in payloads if not 4 <= p <= 8192 or p % 4]
     if bad:
         raise SystemExit(f"--payload-bytes: multiples of 4 in 4..8192, got {bad}")
-    mtu = 9000 if max(payloads) > max_payload(1500) else 1500
+    groups = mtu_groups(payloads)
     pgs = list(dict.fromkeys(args.pipeline_groups)) or [PIPELINE_GROUPS]
     if any(g < 0 for g in pgs):
         raise SystemExit(f"--pipeline-groups: integers >= 0, got {pgs}")
@@ -470,7 +511,8 @@ def _run(args, case):
     results = []
     torch_version = None
     homagg_methods = [m for m in args.methods if m != "gloo"]
-    for W, link_mbit in ((W, r) for W in args.workers for r in args.link_mbit):
+    for W, link_mbit, (mtu, on_it) in ((W, r, g) for W in args.workers for r in args.link_mbit
+                                       for g in groups):
         name = args.testbed_name
         _progress(f"testbed {name}: {W} workers, links {link_mbit:g} Mbit/s, MTU {mtu}")
         tb = Testbed.up(name, W, link_mbit=link_mbit, state_dir=args.state_dir, mtu=mtu)
@@ -487,7 +529,7 @@ def _run(args, case):
             try:
                 for wl, d in _cases(args):
                     base = {"workers": W, "link_mbit": link_mbit, "elements": args.elements,
-                            "workload": wl, "density": d}
+                            "workload": wl, "density": d, "mtu": mtu}
                     files, expect = case.prepare(W, wl, d, exact_check=bool(homagg_methods))
                     shared = {"gradient_files": files, "expect": expect}
                     rows = {}
@@ -504,18 +546,18 @@ def _run(args, case):
                             rows[m] = {"method": m, **base, **row}
                             _progress(_line(rows[m]))
                             continue
-                        for p, pg in ((p, pg) for p in payloads
+                        for p, pg in ((p, pg) for p in on_it
                                       for pg in (pgs if m in PIPELINED_METHODS else pgs[:1])):
                             row = ({"status": no_daemon} if no_daemon else
                                    homagg_row(name, m, W, args.elements, wl, d, link_mbit, args,
                                               payload=p, pipeline_groups=pg, shared=shared))
-                            key = ((m if len(payloads) == 1 else f"{m}@{p}")
+                            key = ((m if len(on_it) == 1 else f"{m}@{p}")
                                    + (f"/groups{pg}" if len(pgs) > 1 and m in PIPELINED_METHODS
                                       else ""))
                             rows[key] = {"method": m, **base, **row}
                             _progress(_line(rows[key]))
                             if pg == pgs[-1] and len(pgs) > 1 and m in PIPELINED_METHODS:
-                                _pipeline_ratios(rows, m, p, pgs, len(payloads) > 1)
+                                _pipeline_ratios(rows, m, p, pgs, len(on_it) > 1)
                             if args.auth:
                                 # the same allreduce with per-worker MACs, right after
                                 row = homagg_row(name, m, W, args.elements, wl, d, link_mbit,
@@ -540,7 +582,7 @@ def _run(args, case):
             Testbed.down(name, state_dir=args.state_dir)  # stops its daemons too
             _progress(f"testbed {name} removed")
     return rep.header(benchmark="allreduce", link_mbit=args.link_mbit, elements=args.elements,
-                      payload_bytes=payloads, mtu=mtu,
+                      payload_bytes=payloads, mtu=[m for m, _ in groups],
                       repeat=args.repeat, warmup=args.warmup, seed=args.seed,
                       _extra_versions=("torch", "pyroute2"),
                       torch_runtime=torch_version, kernel=platform.release(), results=results)
@@ -563,6 +605,8 @@ def _line(r):
             f"d={r['density']:<6g}")
     if r.get("payload_bytes"):
         head += f" {r['payload_bytes']} B"
+    if r.get("mtu") == JUMBO_MTU:
+        head += f" MTU {JUMBO_MTU}"
     if r.get("pipeline_groups") is not None:
         head += f" groups {r['pipeline_groups']}"
     if r.get("status") != "ok":
@@ -572,6 +616,8 @@ def _line(r):
             f"{r['bytes_per_worker'] / 1e6:.3f} MB/worker, "
             f"link {r['link_utilisation'] or 0:.0%}, exact {r['exact']}, "
             f"cpu_bound {r['cpu_bound']}"
+            + (f", machine {r['machine_busy']:.0%} busy" if r.get("machine_busy") is not None
+               else "")
             + (f", {r['cpu_ms_per_mb']:.2f} CPU ms/MB" if r.get("cpu_ms_per_mb") is not None
                else ""))
     if r.get("timeouts_per_allreduce") is not None:
@@ -580,12 +626,13 @@ def _line(r):
     return line
 
 
-MD_COLUMNS = ("workers", "link_mbit", "workload", "density", "method", "payload_bytes", "status",
+MD_COLUMNS = ("workers", "link_mbit", "workload", "density", "method", "payload_bytes", "mtu",
+              "status",
               "seconds_median", "seconds_min", "seconds_max", "speedup_vs_gloo", "algbw_gbps",
               "bytes_per_worker", "link_utilisation", "worker_cpu_seconds", "daemon_cpu_seconds",
               "timeouts_per_allreduce", "retransmissions_per_allreduce", "exact", "cpu_bound",
               "cpu_ms_per_mb", "link_bound", "time_vs_unauthenticated", "pipeline_groups",
-              "speedup_vs_unpipelined")
+              "speedup_vs_unpipelined", "machine_busy")
 
 
 def reference_rate(report):
@@ -595,13 +642,24 @@ def reference_rate(report):
     return 1000.0 if 1000.0 in rates else rates[0]
 
 
+def series(r, report):
+    """A row's line in the plots: its method, with the payload when the
+    report has several, and "MTU 9000" on jumbo links."""
+    name = r["method"]
+    if len(report.get("payload_bytes") or []) > 1 and r.get("payload_bytes"):
+        name += f" {r['payload_bytes']} B"
+    if r.get("mtu") == JUMBO_MTU:
+        name += f" MTU {JUMBO_MTU}"
+    return name
+
+
 def plot(report, out_dir):
     plt = rep.pyplot()
     rate = reference_rate(report)
     rows = [r for r in report["results"] if r.get("status") == "ok" and r["link_mbit"] == rate]
     paths = []
     wls = list(dict.fromkeys(r["workload"] for r in report["results"]))
-    methods = list(dict.fromkeys(r["method"] for r in report["results"]))
+    methods = list(dict.fromkeys(series(r, report) for r in report["results"]))
     wmax = max((r["workers"] for r in report["results"]), default=0)
     for key, fname, ylabel in (("seconds_median", "allreduce_time.png", "allreduce time (s)"),
                                ("speedup_vs_gloo", "allreduce_speedup.png", "speedup vs Gloo")):
@@ -609,7 +667,7 @@ def plot(report, out_dir):
                                  squeeze=False)
         for ax, wl in zip(axes[0], wls):
             for m in methods:
-                rs = sorted((r for r in rows if r["workload"] == wl and r["method"] == m
+                rs = sorted((r for r in rows if r["workload"] == wl and series(r, report) == m
                              and r["workers"] == wmax and r.get(key) is not None),
                             key=lambda r: r["density"])
                 if rs:
@@ -633,7 +691,7 @@ def plot(report, out_dir):
         ds = sorted({r["density"] for r in rows if r["workload"] == wl})
         d = ds[len(ds) // 2] if ds else None
         for m in methods:
-            rs = sorted((r for r in rows if r["workload"] == wl and r["method"] == m
+            rs = sorted((r for r in rows if r["workload"] == wl and series(r, report) == m
                          and r["density"] == d and r.get("speedup_vs_gloo") is not None),
                         key=lambda r: r["workers"])
             if rs:
@@ -663,7 +721,7 @@ def plot_link_rates(report, out_dir):
     rows = [r for r in report["results"] if r.get("status") == "ok"
             and r.get("speedup_vs_gloo") is not None and r["method"] != "gloo"]
     wls = list(dict.fromkeys(r["workload"] for r in report["results"]))
-    methods = list(dict.fromkeys(r["method"] for r in rows))
+    methods = list(dict.fromkeys(series(r, report) for r in rows))
     wmax = max((r["workers"] for r in report["results"]), default=0)
     fig, axes = plt.subplots(1, max(1, len(wls)), figsize=(4.5 * max(1, len(wls)), 4),
                              squeeze=False)
@@ -671,7 +729,7 @@ def plot_link_rates(report, out_dir):
         ds = sorted({r["density"] for r in rows if r["workload"] == wl})
         d = ds[len(ds) // 2] if ds else None
         for m in methods:
-            rs = sorted((r for r in rows if r["workload"] == wl and r["method"] == m
+            rs = sorted((r for r in rows if r["workload"] == wl and series(r, report) == m
                          and r["density"] == d and r["workers"] == wmax),
                         key=lambda r: r["link_mbit"])
             if rs:

@@ -46,6 +46,7 @@ def _check(y, grads, step=1 << 18):
 
 def run_job(dist, torch, job, rank, world):
     from homagg.bench import workloads
+    from homagg.job import machine_busy, machine_cpu_times
 
     if job.get("gradient_files"):  # written by the benchmark, one per rank
         grads = [np.load(f) for f in job["gradient_files"]]
@@ -59,18 +60,24 @@ def run_job(dist, torch, job, rank, world):
         dist.all_reduce(buf)
     seconds, cpu = [], 0.0
     result = None
+    machine = None  # the machine's CPU counters moved by the timed calls
     for _ in range(job["repeat"]):
         buf = x.clone()
         dist.barrier()
         # process_time: user + system CPU of every thread of this process
+        m0 = machine_cpu_times()
         c0, t0 = time.process_time(), time.perf_counter()
         dist.all_reduce(buf)
         t1, c1 = time.perf_counter(), time.process_time()
+        m1 = machine_cpu_times()
+        moved = [b - a for a, b in zip(m0, m1)]
+        machine = moved if machine is None else [a + b for a, b in zip(machine, moved)]
         seconds.append(t1 - t0)
         cpu += c1 - c0
         result = buf
     ok, err = _check(result.numpy(), grads) if result is not None else (None, None)
     return {"rank": rank, "seconds": seconds, "cpu_seconds": cpu,
+            "machine_cpu": machine_busy([0] * len(machine), machine) if machine else None,
             "within_tolerance": ok, "max_abs_error": err}
 
 
