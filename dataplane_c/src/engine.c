@@ -49,6 +49,10 @@
  * engine lcore 4.8 vs 4.2 Mpps at 1 KB payloads, 1.01 vs 1.00 Mpps at 8 KB.
  */
 #define PREFETCH_AHEAD 2
+/* First pass: the headers of the frame this many places ahead are
+ * prefetched (the first pass waited on them: ~30% of its samples under
+ * `perf record -e cpu-clock`, `homagg bench engine`, W = 8). */
+#define HDR_AHEAD 4
 #define PREFETCH_BYTES 128
 /*
  * The kernel runs over PIECE_BYTES of input at a time, and before each
@@ -60,12 +64,24 @@
  * a 128-byte stride (3070) and prefetcht1 (2760) were worse.
  */
 #define PIECE_BYTES 1024
+/* classify_fast(): the eight-byte words of a frame it compares (offsets
+ * in FAST_OFF). */
+#define FAST_WORDS 7
 
 /* Tree leaf defaults (docs/PROTOCOL.md "Tree"); the timeout doubles per
  * try up to 2^UP_MAX_BACKOFF times. */
 #define HG_UP_DEFAULT_RTO_NS 1000000ull
 #define HG_UP_DEFAULT_GIVE_UP_NS 10000000000ull
 #define UP_MAX_BACKOFF 6
+
+/* The lanes of a frame to sum (all 0: nothing to sum): one word, so a
+ * stage takes them in one copy. */
+struct hg_lanes {
+	uint16_t in_bytes;             /* lanes * in_lane: the payload summed */
+	uint8_t in_lane;               /* bytes of one lane of op */
+	uint8_t acc_lane;
+	uint8_t in_shift;              /* log2(in_lane) */
+};
 
 /* SET_UP: a tree leaf's set, complete here and sent up, waiting for the
  * root's result (docs/PROTOCOL.md "Tree"). */
@@ -100,13 +116,16 @@ struct hg_job {
 	int slot_shift;                /* log2(S) when S is a power of 2, else -1 */
 	uint64_t slot_recip;           /* else 2^64 / S rounded up (slot_quot()) */
 	/*
-	 * classify_fast(): the 32 header bytes, as four words in memory order,
-	 * masked by hdr_mask, equal hdr_want in every contribution of this job
-	 * (version, job, token, shard, reserved 0, no flag but RETRANS, SHADOW
-	 * and OVERFLOW).  fast: the job takes that path (not an auth job).
+	 * classify_fast(): frame words (FAST_WORDS) every contribution of
+	 * this job has, masked by fast_fixed[] (see there), and the shape of
+	 * the latest one it took (masked by fast_shape[]: op, lanes, exp and
+	 * the two lengths they imply, checked once per shape); shape_len,
+	 * shape_op: that shape's frame length and op facts (shape_len 0: no
+	 * shape yet).  fast: the job takes that path (not an auth job).
 	 */
-	uint64_t hdr_want[4];
-	uint64_t hdr_mask[4];
+	uint64_t fast_want[FAST_WORDS];
+	uint32_t shape_len;
+	struct hg_lanes shape;
 	bool fast;
 	/* The L2-L4 headers of a result to the job's group, built for a UDP
 	 * payload of mc_plen bytes (0: not yet). */
@@ -145,16 +164,13 @@ struct hg_stage {
 	uint16_t lanes;
 	uint8_t op;
 	int8_t exp;
-	uint8_t in_lane;               /* bytes of one lane of op */
-	uint8_t acc_lane;
-	uint8_t in_shift;              /* log2(in_lane) */
+	struct hg_lanes ln;
 	bool up;                       /* a root's RESULT or STATUS (tree leaf) */
 };
 
 struct hg_engine {
 	struct hg_port *port;
 	struct hg_wire_addr self;      /* source of everything sent */
-	uint64_t udp_want;             /* frame bytes 34-41 masked: the port */
 	bool can_replicate;
 	uint32_t flags;
 	uint32_t wire_flags;
@@ -231,12 +247,6 @@ struct hg_engine *hg_engine_create(const struct hg_engine_config *c)
 	memcpy(e->self.mac, info.mac, 6);
 	e->self.ipv4 = info.ipv4;
 	e->self.port = c->udp_port ? c->udp_port : HG_UDP_PORT;
-	{
-		uint8_t u[8] = { 0, 0, (uint8_t)(e->self.port >> 8),
-				 (uint8_t)e->self.port };
-
-		memcpy(&e->udp_want, u, 8);
-	}
 	e->can_replicate = info.can_replicate;
 	e->flags = c->flags;
 	e->wire_flags = (c->flags & HG_ENGINE_F_UDP_CSUM) ? HG_WIRE_F_UDP_CSUM : 0;
@@ -341,26 +351,51 @@ static inline uint64_t ld64(const uint8_t *p)
 	return v;
 }
 
-/* The header words every contribution of job j carries (see hg_job). */
-static void fast_template(struct hg_job *j)
+/*
+ * classify_fast()'s words: frame bytes 12-27 (Ethernet type, IPv4 version,
+ * header and total length, fragment, protocol), 34-41 (UDP ports, length,
+ * checksum) and 42-73 (the HomAgg header).  fast_fixed: the bits every
+ * contribution of a job has alike (IPv4, version 4 without options, no MF
+ * flag nor fragment offset, UDP to the engine's port, header version, no
+ * flag but RETRANS, SHADOW and OVERFLOW, job, token, shard, reserved 0);
+ * fast_shape: those of its shape (IP and UDP length, op, lanes, exp).
+ */
+static const uint8_t FAST_OFF[FAST_WORDS] = { 12, 20, 34, 42, 50, 58, 66 };
+static const uint8_t fast_fixed[FAST_WORDS * 8] = {
+	0xff, 0xff, 0xff, 0, 0, 0, 0, 0,            /* 12: type, version+IHL */
+	0x3f, 0xff, 0, 0xff, 0, 0, 0, 0,            /* 20: fragment, protocol */
+	0, 0, 0xff, 0xff, 0, 0, 0, 0,               /* 34: destination port */
+	0xff, 0, 0xff, (uint8_t)~(HG_FLAG_RETRANS | HG_FLAG_SHADOW |
+				  HG_FLAG_OVERFLOW),
+	0xff, 0xff, 0xff, 0xff,                     /* 42: version, flags, job */
+	0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0,         /* 50: token */
+	0, 0, 0, 0, 0, 0, 0, 0xff,                  /* 58: shard */
+	0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff,         /* 66: reserved */
+};
+static const uint8_t fast_shape[FAST_WORDS * 8] = {
+	[4] = 0xff, [5] = 0xff,                     /* IP total length */
+	[2 * 8 + 4] = 0xff, [2 * 8 + 5] = 0xff,     /* UDP length */
+	[3 * 8 + 1] = 0xff,                         /* op */
+	[5 * 8 + 4] = 0xff, [5 * 8 + 5] = 0xff,     /* lanes */
+	[5 * 8 + 6] = 0xff,                         /* exp */
+};
+
+/* The fixed words of job j's contributions (see hg_job), no shape yet. */
+static void fast_template(const struct hg_engine *e, struct hg_job *j)
 {
-	uint8_t want[HG_HDR_LEN] = { HG_PROTOCOL_VERSION };
-	static const uint8_t mask[HG_HDR_LEN] = {
-		[0] = 0xff,                          /* version */
-		[2] = 0xff, [3] = (uint8_t)~(HG_FLAG_RETRANS | HG_FLAG_SHADOW |
-					     HG_FLAG_OVERFLOW),
-		[4 ... 11] = 0xff,                   /* job, token */
-		[23] = 0xff,                         /* shard */
-		[28 ... 31] = 0xff,                  /* reserved */
+	uint8_t want[FAST_WORDS * 8] = {
+		0x08, 0x00, 0x45, [8 + 3] = 17,
+		[16 + 2] = (uint8_t)(e->self.port >> 8),
+		[16 + 3] = (uint8_t)e->self.port,
+		[24] = HG_PROTOCOL_VERSION,
 	};
 
-	hg_st_be32(want + 4, j->cfg.job);
-	hg_st_be32(want + 8, j->cfg.token);
-	want[23] = j->cfg.shard;
-	for (int i = 0; i < 4; i++) {
-		j->hdr_want[i] = ld64(want + 8 * i);
-		j->hdr_mask[i] = ld64(mask + 8 * i);
-	}
+	hg_st_be32(want + 24 + 4, j->cfg.job);
+	hg_st_be32(want + 32, j->cfg.token);
+	want[40 + 7] = j->cfg.shard;
+	for (int i = 0; i < FAST_WORDS; i++)
+		j->fast_want[i] = ld64(want + 8 * i);
+	j->shape_len = 0;
 	j->fast = !j->cfg.auth;
 }
 
@@ -401,7 +436,7 @@ int hg_engine_add_job(struct hg_engine *e, const struct hg_job_config *jc)
 		j->slot_shift = __builtin_ctz(jc->slots);
 	else
 		j->slot_recip = UINT64_MAX / jc->slots + 1;
-	fast_template(j);
+	fast_template(e, j);
 	nsets = 2 * (size_t)jc->slots;
 	j->sets = calloc(nsets, sizeof(*j->sets));
 	if (!j->sets)
@@ -931,7 +966,7 @@ static bool up_classify(struct hg_engine *e, struct hg_pkt *pkt,
 	st->incarnation = v->hdr.incarnation;
 	st->worker = (flags & HG_FLAG_STATUS) && uw / 8 < v->payload_len &&
 		     (st->in[uw / 8] >> (uw % 8) & 1);
-	st->in_lane = st->acc_lane = 0;   /* nothing to prefetch for apply() */
+	memset(&st->ln, 0, sizeof(st->ln)); /* nothing to prefetch for apply() */
 	st->up = true;
 	return true;
 
@@ -1074,90 +1109,116 @@ static void incarnation_reset(struct hg_engine *e, struct hg_job *j, uint32_t w)
 }
 
 /*
+ * classify_fast() on a frame whose shape words differ from job j's latest
+ * shape: the frame's fixed words must match, and its op, lanes, exp and
+ * lengths pass the checks of hg_wire_parse_inl() and classify(); then they
+ * become the job's shape.  Once per phase or short last chunk, not per
+ * frame.
+ */
+__attribute__((noinline, cold))
+static bool fast_new_shape(struct hg_job *j, const uint8_t *f)
+{
+	const uint8_t *h = f + HG_OFF_HDR;
+	const struct hg_op_info *oi;
+	uint32_t lanes = hg_rd16(h + 20), udp_len;
+	unsigned op = h[1];
+	uint64_t bad = 0;
+
+	for (int i = 0; i < FAST_WORDS; i++)
+		bad |= (ld64(f + FAST_OFF[i]) ^ j->fast_want[i]) &
+		       ld64(fast_fixed + 8 * i);
+	if (bad || op - 1u >= HG_OP__COUNT)
+		return false;
+	oi = &hg_op_table[op - 1];
+	/* The UDP datagram is the header and lanes * in_lane bytes of
+	 * payload, the IP packet that datagram; the payload is then at most
+	 * payload_bytes <= HG_MAX_PAYLOAD too (every op's in_lane <=
+	 * acc_lane). */
+	udp_len = 8 + HG_HDR_LEN + lanes * oi->in_lane;
+	if (hg_rd16(f + HG_OFF_UDP + 4) != udp_len ||
+	    hg_rd16(f + HG_OFF_IP + 2) != udp_len + 20 ||
+	    lanes * oi->acc_lane > j->cfg.payload_bytes ||
+	    (uint8_t)h[22] > (uint8_t)oi->exp_max)   /* exp in 0..exp_max */
+		return false;
+	for (int i = 0; i < FAST_WORDS; i++) {
+		uint64_t m = ld64(fast_shape + 8 * i);
+
+		j->fast_want[i] = (j->fast_want[i] & ~m) |
+				  (ld64(f + FAST_OFF[i]) & m);
+	}
+	j->shape_len = HG_OFF_UDP + udp_len;
+	j->shape.in_bytes = (uint16_t)(lanes * oi->in_lane);
+	j->shape.in_lane = oi->in_lane;
+	j->shape.acc_lane = oi->acc_lane;
+	j->shape.in_shift = (uint8_t)__builtin_ctz(oi->in_lane);
+	return true;
+}
+
+/*
  * The first pass's fast path: a contribution of the shape every worker
  * sends (IPv4 without options, not a fragment, to the engine's port, no
  * RESULT, STATUS or AUTH flag) for the job of the previous frame, when that
- * job has no auth.  The checks of hg_wire_parse_inl() and classify() for
- * such a frame, as a few masked compares of whole words and one branch;
- * false for anything else, and for any frame that fails a check: the full
- * path then finds the counter it is dropped under.  A frame taken here is
- * one the full path takes, with the same stage (tests/test_engine.py
- * compares both on hostile and mutated frames).  Saves about 200
- * instructions per frame (callgrind, `homagg bench engine`, W = 8).
+ * job has no auth.  Seven masked compares of frame words against the job's
+ * template (fast_want: its fixed fields and its latest shape), then what
+ * differs per frame (worker, slot and seq, incarnation, IP checksum, frame
+ * length), in one branch.  false for anything else and for any frame that
+ * fails a check: the full path then finds the counter it is dropped under.
+ * A frame taken here is one the full path takes, with the same stage
+ * (tests/test_engine.py compares both on hostile and mutated frames).
+ * Parse and classify went from ~280 to ~110 instructions per frame
+ * (callgrind, `homagg bench engine`, W = 8).
  */
 static inline bool classify_fast(struct hg_engine *e, struct hg_pkt *pkt,
 				 struct hg_stage *st)
 {
-	/* frame bytes 12-19 and 20-27: IPv4 type, version 4 and 20-byte
-	 * header; no MF flag nor fragment offset, protocol UDP */
-	static const uint8_t ip_mask[16] = { 0xff, 0xff, 0xff, [8] = 0x3f,
-					     [9] = 0xff, [11] = 0xff };
-	static const uint8_t ip_want[16] = { 0x08, 0x00, 0x45, [11] = 17 };
-	static const uint8_t port_mask[8] = { [2] = 0xff, [3] = 0xff };
 	const uint8_t *f = pkt->data, *h = f + HG_OFF_HDR;
 	struct hg_job *j = e->last;
-	const struct hg_op_info *oi;
-	uint32_t udp_len, lanes, w, seq, slot, inc, q, S;
-	uint16_t flags;
-	uint64_t bad;
-	unsigned op;
+	uint64_t bad = 0;
+	uint32_t w, seq, slot, inc, q, S;
+	size_t set;
 
 	if (!j || !j->fast || pkt->len < HG_OFF_PAYLOAD)
 		return false;
-	op = h[1];
-	bad = ((ld64(f + 12) ^ ld64(ip_want)) & ld64(ip_mask)) |
-	      ((ld64(f + 20) ^ ld64(ip_want + 8)) & ld64(ip_mask + 8)) |
-	      ((ld64(f + HG_OFF_UDP) ^ e->udp_want) & ld64(port_mask));
-	for (int i = 0; i < 4; i++)
-		bad |= (ld64(h + 8 * i) ^ j->hdr_want[i]) & j->hdr_mask[i];
-	if (bad | (op - 1u >= HG_OP__COUNT))
+#pragma GCC unroll 8
+	for (int i = 0; i < FAST_WORDS; i++)
+		bad |= (ld64(f + FAST_OFF[i]) ^ j->fast_want[i]) &
+		       (ld64(fast_fixed + 8 * i) | ld64(fast_shape + 8 * i));
+	if ((bad || !j->shape_len) && !fast_new_shape(j, f))
 		return false;
-	oi = &hg_op_table[op - 1];
-	lanes = hg_rd16(h + 20);
 	w = hg_rd16(h + 12);
 	slot = hg_rd16(h + 14);
 	seq = hg_ld_be32(h + 16);
 	inc = hg_ld_be32(h + 24);
-	flags = h[3];                     /* the high byte is 0 (hdr_mask) */
 	S = j->cfg.slots;
 	q = slot_quot(j, seq);
-	/*
-	 * Lengths: the UDP datagram is the header and lanes * in_lane bytes
-	 * of payload, the IP packet that datagram, the frame holds it.  The
-	 * payload is then at most payload_bytes <= HG_MAX_PAYLOAD too (every
-	 * op's in_lane <= acc_lane).
-	 */
-	udp_len = 8 + HG_HDR_LEN + lanes * oi->in_lane;
-	bad = (hg_rd16(f + HG_OFF_UDP + 4) != udp_len) |
-	      (hg_rd16(f + HG_OFF_IP + 2) != udp_len + 20) |
-	      (pkt->len < HG_OFF_UDP + udp_len) |
-	      (lanes * oi->acc_lane > j->cfg.payload_bytes) |
-	      (inc == 0) | (w >= j->cfg.workers) |
+	bad = (pkt->len < j->shape_len) | (inc == 0) | (w >= j->cfg.workers) |
 	      (slot >= S) | (slot != seq - q * S) |
-	      ((flags & HG_FLAG_SHADOW) != ((q & 1) ? HG_FLAG_SHADOW : 0)) |
-	      ((uint8_t)h[22] > (uint8_t)oi->exp_max) |     /* exp, 0..exp_max */
-	      (hg_csum_fold(hg_ip_hdr_sum(f + HG_OFF_IP, 20)) != 0xffff);
+	      (!(h[3] & HG_FLAG_SHADOW) != !(q & 1)) |
+	      /* the IP checksum: the ones' complement sum folds to 0xffff
+	       * iff the sum (not 0: ip[0] is 0x45) is a multiple of 0xffff,
+	       * 2^16 being 1 modulo 0xffff; a multiply, not a fold */
+	      (hg_ip_hdr_sum(f + HG_OFF_IP, 20) % 0xffff != 0);
 	if (bad || ((e->wire_flags & HG_WIRE_F_UDP_CSUM) &&
-		    !hg_udp_csum_ok(f + HG_OFF_IP, f + HG_OFF_UDP, udp_len)))
+		    !hg_udp_csum_ok(f + HG_OFF_IP, f + HG_OFF_UDP,
+				    j->shape_len - HG_OFF_UDP)))
 		return false;
 
 	j->cnt[HG_CNT_RECEIVED]++;
+	set = 2 * (size_t)slot + (q & 1);
 	st->pkt = pkt;
 	st->job = j;
-	st->set = &j->sets[2 * (size_t)slot + (q & 1)];
-	st->acc = j->acc + (2 * (size_t)slot + (q & 1)) * j->acc_stride;
+	st->set = &j->sets[set];
+	st->acc = j->acc + set * j->acc_stride;
 	st->in = f + HG_OFF_PAYLOAD;
 	st->udp_off = HG_OFF_UDP;
 	st->seq = seq;
 	st->incarnation = inc;
 	st->worker = (uint16_t)w;
-	st->flags = flags;
-	st->lanes = (uint16_t)lanes;
-	st->op = (uint8_t)op;
+	st->flags = h[3];                 /* the high byte is 0 (fast_fixed) */
+	st->lanes = hg_rd16(h + 20);
+	st->op = h[1];
 	st->exp = (int8_t)h[22];
-	st->in_lane = oi->in_lane;
-	st->acc_lane = oi->acc_lane;
-	st->in_shift = (uint8_t)__builtin_ctz(oi->in_lane);
+	st->ln = j->shape;
 	st->up = false;
 	__builtin_prefetch(st->set, 1);
 	return true;
@@ -1239,10 +1300,11 @@ static void classify(struct hg_engine *e, struct hg_pkt *pkt,
 		goto drop;
 	}
 	/* op is valid (hg_wire_parse_inl): its lanes straight from the table */
-	st->in_lane = (uint8_t)hg_op_table[v.hdr.op - 1].in_lane;
-	st->acc_lane = (uint8_t)hg_op_table[v.hdr.op - 1].acc_lane;
-	st->in_shift = (uint8_t)__builtin_ctz(st->in_lane);
-	acc_bytes = (size_t)v.hdr.lanes * st->acc_lane;
+	st->ln.in_lane = (uint8_t)hg_op_table[v.hdr.op - 1].in_lane;
+	st->ln.acc_lane = (uint8_t)hg_op_table[v.hdr.op - 1].acc_lane;
+	st->ln.in_shift = (uint8_t)__builtin_ctz(st->ln.in_lane);
+	st->ln.in_bytes = (uint16_t)(v.hdr.lanes * st->ln.in_lane);
+	acc_bytes = (size_t)v.hdr.lanes * st->ln.acc_lane;
 	if (acc_bytes > j->cfg.payload_bytes) {
 		rc = HG_CNT_BAD_LANES;
 		goto drop;
@@ -1308,10 +1370,10 @@ static inline void prefetch_range(const uint8_t *p, size_t from, size_t to)
 static inline void combine(const struct hg_engine *e, const struct hg_set *s,
 			   const struct hg_stage *st, const struct hg_stage *nx)
 {
-	const size_t il = st->in_lane, al = st->acc_lane;
-	const size_t in_bytes = (size_t)s->lanes * il;
-	const size_t nx_bytes = nx ? (size_t)nx->lanes * nx->in_lane : 0;
-	const size_t step = PIECE_BYTES >> st->in_shift;   /* lanes per piece */
+	const size_t il = st->ln.in_lane, al = st->ln.acc_lane;
+	const size_t in_bytes = st->ln.in_bytes;
+	const size_t nx_bytes = nx ? nx->ln.in_bytes : 0;
+	const size_t step = PIECE_BYTES >> st->ln.in_shift; /* lanes per piece */
 	uint8_t *acc = st->acc;
 	const uint8_t *in = st->in;
 	size_t done = 0;
@@ -1322,6 +1384,15 @@ static inline void combine(const struct hg_engine *e, const struct hg_set *s,
 			return;
 		}
 		memset(acc, hg_op_identity_byte(s->op), (size_t)s->lanes * al);
+	}
+	if (in_bytes <= PIECE_BYTES) {          /* one piece */
+		if (nx_bytes)
+			prefetch_range(nx->in, 0, nx_bytes < in_bytes ?
+						  nx_bytes : in_bytes);
+		e->kern[s->op](acc, in, s->lanes, s->exp);
+		if (nx_bytes > in_bytes)
+			prefetch_range(nx->in, in_bytes, nx_bytes);
+		return;
 	}
 	do {
 		size_t n = s->lanes - done < step ? s->lanes - done : step;
@@ -1424,7 +1495,7 @@ static void apply(struct hg_engine *e, struct hg_stage *st,
 			s->state = SET_DONE;
 			if (e->wire_flags & HG_WIRE_F_UDP_CSUM)
 				s->psum = hg_csum_add(0, acc, (size_t)s->lanes *
-						      st->acc_lane);
+						      st->ln.acc_lane);
 			send_result(e, j, s, acc, HG_WORKER_ALL, &pkt);
 		}
 	}
@@ -1437,17 +1508,24 @@ drop:
 	queue_free(e, pkt);
 }
 
-/* Prefetch the start of a classified frame's accumulator and payload. */
+/* Prefetch the start (PREFETCH_BYTES) of a classified frame's accumulator
+ * and payload; lines past a shorter one are harmless (a prefetch never
+ * faults) and cost less than a loop.  A root's reply has nothing to sum. */
 static inline void prefetch_data(const struct hg_stage *st)
 {
-	size_t n = (size_t)st->lanes * st->in_lane;
-
-	if (n > PREFETCH_BYTES)
-		n = PREFETCH_BYTES;
-	for (size_t off = 0; off < n; off += 64) {
+	if (!st->ln.in_bytes)
+		return;
+	for (size_t off = 0; off < PREFETCH_BYTES; off += 64) {
 		__builtin_prefetch(st->acc + off, 1);
 		__builtin_prefetch(st->in + off, 0);
 	}
+}
+
+/* The headers of a frame (up to byte 74 of an option-less one: two lines). */
+static inline void prefetch_hdr(const struct hg_pkt *p)
+{
+	__builtin_prefetch(p->data, 0);
+	__builtin_prefetch(p->data + 64, 0);
 }
 
 /*
@@ -1467,9 +1545,13 @@ int hg_engine_process(struct hg_engine *e, struct hg_pkt **pkts, uint32_t n)
 		if (e->one_at_a_time)
 			m = 1;
 		e->cnt[HG_CNT_RECEIVED] += m;
+		for (k = 0; k < m && k < HDR_AHEAD; k++)
+			prefetch_hdr(pkts[i + k]);
 		for (k = 0; k < m; k++) {
 			struct hg_stage *st = &e->stage[valid];
 
+			if (k + HDR_AHEAD < m)
+				prefetch_hdr(pkts[i + k + HDR_AHEAD]);
 			if (e->one_at_a_time || !classify_fast(e, pkts[i + k], st))
 				classify(e, pkts[i + k], st);
 			if (st->job)

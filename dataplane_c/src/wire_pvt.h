@@ -31,10 +31,12 @@ static inline uint16_t hg_rd16(const uint8_t *p)
 	return (uint16_t)(p[0] << 8 | p[1]);
 }
 
+/* One 16-bit store (gcc 12 leaves two byte stores apart): little-endian
+ * hosts, as hg_st_be32(). */
 static inline void hg_wr16(uint8_t *p, uint16_t v)
 {
-	p[0] = (uint8_t)(v >> 8);
-	p[1] = (uint8_t)v;
+	v = __builtin_bswap16(v);
+	memcpy(p, &v, 2);
 }
 
 /*
