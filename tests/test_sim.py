@@ -445,6 +445,17 @@ def _lossy_and_clean(W, n, seed, **kw):
     return runs
 
 
+def _check_loss_cost(clean, lossy, min_lost, max_ratio):
+    """At least min_lost frames dropped, fewer than 2 retransmissions per
+    drop, and the lossy virtual time below max_ratio x the loss-free one."""
+    lost = lossy["fabric"]["dropped_loss"]
+    retrans = sum(w["retransmissions"] for w in lossy["workers"])
+    assert lost > min_lost
+    assert retrans < 2 * lost, (retrans, lost)
+    ratio = lossy["virtual_time"] / clean["virtual_time"]
+    assert ratio < max_ratio, (lossy["virtual_time"], clean["virtual_time"])
+
+
 def test_loss_repairs_do_not_teach_the_stall_floor():
     """Under sustained loss the workers' timers fire while peers repair
     their losses; the floor learns only silences that held the whole
@@ -461,16 +472,11 @@ def test_loss_repairs_do_not_teach_the_stall_floor():
     clean, lossy = _lossy_and_clean(64, 1 << 18, seed=2)
     per = lossy["workers"]
     assert all(w["rto_floor_ns"] == 0 for w in clean["workers"])
-    lost = lossy["fabric"]["dropped_loss"]
-    assert lost > 1000
     assert sum(w["spurious_timeouts"] for w in per) > 0
     floor_s = max(w["rto_floor_ns"] for w in per) / 1e9
     assert 0 < floor_s < clean["virtual_time"] / 2, (floor_s, clean["virtual_time"])
     assert sum(w["window_retransmissions"] for w in per) == 0
-    retrans = sum(w["retransmissions"] for w in per)
-    assert retrans < 2 * lost, (retrans, lost)
-    ratio = lossy["virtual_time"] / clean["virtual_time"]
-    assert ratio < 2, (lossy["virtual_time"], clean["virtual_time"])
+    _check_loss_cost(clean, lossy, min_lost=1000, max_ratio=2)
 
 
 def test_lost_repairs_hold_one_slot_not_the_window():
@@ -482,12 +488,7 @@ def test_lost_repairs_hold_one_slot_not_the_window():
     chunk waiting for its first answer still held the window; 1.2x and
     1.82 now that no held slot holds the later ones back."""
     clean, lossy = _lossy_and_clean(16, 1 << 20, seed=1, aggregators=2)
-    lost = lossy["fabric"]["dropped_loss"]
-    retrans = sum(w["retransmissions"] for w in lossy["workers"])
-    assert lost > 1000
-    assert retrans < 2 * lost, (retrans, lost)
-    ratio = lossy["virtual_time"] / clean["virtual_time"]
-    assert ratio < 2, (lossy["virtual_time"], clean["virtual_time"])
+    _check_loss_cost(clean, lossy, min_lost=1000, max_ratio=2)
 
 
 def test_lost_result_does_not_stall_the_peers():
@@ -499,12 +500,7 @@ def test_lost_result_does_not_stall_the_peers():
     timer, at the stall floor); now 1.06x, with fewer than 2 retransmissions
     per dropped frame."""
     clean, lossy = _lossy_and_clean(4, 1 << 20, seed=1)
-    lost = lossy["fabric"]["dropped_loss"]
-    retrans = sum(w["retransmissions"] for w in lossy["workers"])
-    assert lost > 200
-    assert retrans < 2 * lost, (retrans, lost)
-    ratio = lossy["virtual_time"] / clean["virtual_time"]
-    assert ratio < 1.5, (lossy["virtual_time"], clean["virtual_time"])
+    _check_loss_cost(clean, lossy, min_lost=200, max_ratio=1.5)
 
 
 def test_reordering_fast_retransmission_sums_each_contribution_once():
