@@ -693,6 +693,7 @@ int hg_cl_tx_expired(struct hg_client *c, uint64_t now)
 
 uint64_t hg_cl_next_deadline(const struct hg_client *c, uint64_t now)
 {
+	size_t span = (size_t)c->naggs * c->cfg.slots;
 	uint64_t dl = UINT64_MAX;
 
 	for (size_t i = 0; i < (size_t)c->naggs * c->cfg.slots; i++) {
@@ -706,8 +707,10 @@ uint64_t hg_cl_next_deadline(const struct hg_client *c, uint64_t now)
 		t = hg_cl_chunk_deadline(c, fl);
 		if (fl->fast_at && fl->fast_at < t)
 			t = fl->fast_at;
-		if (held_until(c, fl) > now && held_until(c, fl) < t)
-			t = held_until(c, fl); /* the chunks after it may go then */
+		/* the chunks after it may go then, when a later one waits */
+		if (held_until(c, fl) > now && held_until(c, fl) < t &&
+		    (size_t)(fl->chunk - c->st.base) + span < c->st.nchunks)
+			t = held_until(c, fl);
 		if (t < dl)
 			dl = t;
 		t = fl->first_tx + c->cfg.give_up_ns;
