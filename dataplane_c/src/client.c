@@ -321,10 +321,13 @@ int hg_client_poll(struct hg_client *c, uint64_t *next_deadline_ns)
 		return rc;
 	if (c->stage == ST_DONE)
 		return 1;
-	hg_cl_tx_new(c, now);
+	/* Retransmissions and the frames the port refused last time first:
+	 * new chunks sent before a refused one would overtake it, and the
+	 * peers' results of them would count as a gap (fast retransmission). */
 	rc = hg_cl_tx_expired(c, now);
 	if (rc < 0)
 		return rc;
+	hg_cl_tx_new(c, now);
 	if (next_deadline_ns)
 		*next_deadline_ns = hg_cl_next_deadline(c, now);
 	return 0;

@@ -28,6 +28,9 @@
 /* Results of chunks sent after a missing one that declare it lost (TCP's
  * duplicate-ACK threshold): tolerates reordering by up to DUPTHRESH - 1. */
 #define DUPTHRESH 3
+/* How far a worker sends past a chunk whose slot an overdue repair holds
+ * (one lap: K S chunks): the other slots go on meanwhile. */
+#define AHEAD_LAPS 8
 /* Turns a worker waits at most before its fast retransmission (PROTOCOL.md
  * Part 3): the first turn's STATUS is back after one, so later turns only
  * come when it was lost or late. */
@@ -94,7 +97,7 @@ struct segment {
 	uint32_t lo_unit;       /* every unit below is complete and decoded */
 	uint64_t base;          /* chunk number c of its first chunk */
 	size_t nchunks;         /* chunks numbered so far */
-	size_t next_send;       /* next chunk to send the first time */
+	size_t next_send;       /* every chunk below was sent */
 	size_t ndone;
 	uint64_t completions;   /* units that completed (decoding looks when it moves) */
 	uint64_t seen;          /* completions the sequencer has looked at */
@@ -111,14 +114,20 @@ struct flight {
 	bool have_status;
 	bool timed_out;         /* its timer expired; not yet judged spurious */
 	bool present;           /* a STATUS showed our contribution in the slot */
+	bool spurious;          /* a timeout of it was spurious: its result
+				 * teaches the floor (hg_cl_note_silence) */
 	uint16_t overtaken;     /* results of chunks sent after its latest transmission */
 	uint32_t tries;         /* transmissions so far */
 	uint64_t txn_first;     /* transmission order number of its first sending */
-	uint64_t txn_last;      /*   and of its latest */
+	uint64_t txn_last;      /*   and of its latest, or the latest of all when a
+				 * STATUS showed it present (results of chunks
+				 * first sent after it overtake it) */
 	uint64_t fast_at;       /* a fast retransmission is due then (0: none) */
 	uint64_t first_tx;      /* when it was queued for its first transmission */
 	uint64_t last_tx;       /* its latest transmission */
 	uint64_t armed;         /* its timer runs from here (see hg_cl_chunk_deadline) */
+	uint64_t silence;       /* the longest stall of its aggregator it waited
+				 * through (ns; hg_cl_note_silence) */
 	uint64_t rto;           /* its timeout: the client's at the first
 				 * transmission, backed off at every expiry */
 	uint8_t bitmap[BITMAP_BYTES];
@@ -146,7 +155,8 @@ struct agg {
 	uint64_t stall;         /* the floor of rto_est that spurious timeouts
 				 * taught (ns, 0: none; see hg_cl_spurious_timeout) */
 	uint64_t t_stall;       /* when stall was last raised or halved */
-	uint64_t late;          /* the delay of the latest result of a timed-out chunk */
+	uint64_t late;          /* the silence of the latest result of a timed-out chunk */
+	uint64_t t_res;         /* when its latest new result arrived (0: none) */
 	uint64_t t_backoff;     /* when rto was last backed off */
 	uint64_t t_timeout;     /* when a timer last expired (0: never) */
 	size_t hi_done;         /* 1 + its highest chunk (of the step) with its
@@ -261,7 +271,10 @@ uint64_t hg_cl_rto_backoff(const struct hg_client *c, uint64_t rto);
 void hg_cl_rtt_sample(const struct hg_client *c, struct agg *ag, uint64_t r, uint64_t now);
 void hg_cl_start_sample(struct hg_client *c, uint64_t s);
 void hg_cl_spurious_timeout(struct hg_client *c, struct agg *ag, struct flight *fl,
-			    uint64_t delay, uint64_t now);
+			    uint64_t silence, uint64_t now);
+void hg_cl_stall_floor(const struct hg_client *c, struct agg *ag, uint64_t silence,
+		       uint64_t now);
+void hg_cl_note_silence(struct hg_client *c, struct agg *ag, uint64_t now);
 uint32_t hg_cl_chunk_rank(const struct hg_client *c, uint64_t chunk);
 uint64_t hg_cl_turn_offset(const struct hg_client *c, const struct agg *ag,
 			   uint64_t chunk);

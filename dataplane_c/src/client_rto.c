@@ -10,9 +10,10 @@
  * real round trip of a chunk, S times the bottleneck's per-chunk time.
  *
  * A timer expiry whose chunk turns out not to have been lost is a spurious
- * timeout: counted, its backoff undone, and the delay its chunk really saw
- * taught to the timeout as a floor (Eifel, RFC 4015; the floor halves each
- * STALL_MEMORY_NS without another one).  Before the first result of a step
+ * timeout: counted, its backoff undone, and the stall its chunk waited
+ * through (a silence of its aggregator that held the whole window, not one
+ * slot) taught to the timeout as a floor (Eifel, RFC 4015; the floor halves
+ * each STALL_MEMORY_NS without another one).  Before the first result of a step
  * the timers wait at least start_wait, which learns how late the slowest
  * peer starts a step.
  */#include "client_pvt.h"
@@ -106,30 +107,75 @@ void hg_cl_start_sample(struct hg_client *c, uint64_t s)
 }
 
 /*
+ * Raise aggregator ag's stall floor to twice silence (ns), the stall a
+ * chunk with a spurious timeout waited through: the timer restarts at
+ * every result, so twice the stall covers one as long again (RFC 4015
+ * re-seeds SRTT = R', RTTVAR = R' / 2, a timeout of 3 R').  The floor
+ * halves every STALL_MEMORY_NS.
+ */
+void hg_cl_stall_floor(const struct hg_client *c, struct agg *ag, uint64_t silence,
+		       uint64_t now)
+{
+	set_rto_est(c, ag, now);
+	if (2 * silence <= ag->stall)
+		return;
+	ag->stall = 2 * silence;
+	ag->t_stall = now;
+	set_rto_est(c, ag, now);
+	if (ag->rto < ag->rto_est)
+		ag->rto = ag->rto_est;
+}
+
+/*
  * A timeout of aggregator ag turned out spurious: the chunk had not been
- * lost, it waited ``delay`` ns (from its first transmission to the STATUS or
- * result that showed it) for a peer (computing, descheduled, or repairing
- * its own loss).  Eifel response (RFC 4015): undo the backoff, and adapt
- * the timer to the delay that fooled it: the smoothed estimate follows the
- * queue of the window within a few results, so the delay goes into a floor
- * of the timeout instead, twice the delay (SRTT = R', RTTVAR = R' / 2 gives
- * RFC 4015's SRTT + K RTTVAR = 3 R'; the timer restarts at each result, so
- * 2 R' covers a stall as long again), halving every STALL_MEMORY_NS.
+ * lost, it waited for a peer (computing, descheduled, or repairing its
+ * own loss).  Eifel response (RFC 4015): undo the backoff, and adapt the
+ * timer to the stall that fooled it.  The smoothed estimate follows the
+ * queue of the window within a few results, so the stall goes into a
+ * floor of the timeout instead (hg_cl_stall_floor): ``silence``, the
+ * longest stall of the aggregator the chunk waited through so far
+ * (hg_cl_note_silence); its result teaches the whole stall.
  */
 void hg_cl_spurious_timeout(struct hg_client *c, struct agg *ag, struct flight *fl,
-			    uint64_t delay, uint64_t now)
+			    uint64_t silence, uint64_t now)
 {
 	c->stats.spurious_timeouts++;
 	ag->st.spurious_timeouts++;
-	if (fl)
+	if (fl) {
 		fl->timed_out = false;
-	set_rto_est(c, ag, now);
-	if (2 * delay > ag->stall) {
-		ag->stall = 2 * delay;
-		ag->t_stall = now;
-		set_rto_est(c, ag, now);
+		fl->spurious = true;
 	}
+	hg_cl_stall_floor(c, ag, silence, now);
 	ag->rto = ag->rto_est;
+}
+
+/*
+ * A reply of aggregator ag at time now: a new result, or a STATUS about an
+ * open chunk.  The silence since its latest result is a stall of the
+ * aggregator when at least two of our chunks there waited through all of
+ * it, none of them known lost (no later result overtook it): a peer, the
+ * aggregator or this worker off its core stops every slot of the window,
+ * while a repair holds its own slot and the others' results keep coming
+ * (until a worker waiting on it has sent the window past it), and the lone
+ * last chunk of a step proves nothing.  Every chunk that waited through it
+ * keeps the longest such stall.
+ */
+void hg_cl_note_silence(struct hg_client *c, struct agg *ag, uint64_t now)
+{
+	struct flight *f = &c->fl[(size_t)(ag - c->agg) * c->cfg.slots];
+	uint64_t g = now - ag->t_res;
+	uint32_t held = 0;
+
+	/* none yet, or too short to lengthen the timeout as a floor */
+	if (!ag->t_res || now < ag->t_res || 2 * g <= ag->rto_est)
+		return;
+	for (uint32_t i = 0; i < c->cfg.slots && held < 2; i++)
+		held += f[i].busy && f[i].first_tx <= ag->t_res && !f[i].overtaken;
+	if (held < 2)
+		return;
+	for (uint32_t i = 0; i < c->cfg.slots; i++)
+		if (f[i].busy && f[i].first_tx <= ag->t_res && f[i].silence < g)
+			f[i].silence = g;
 }
 
 /* This worker's turn among the W at its aggregator for chunk number chunk

@@ -229,15 +229,22 @@ static void handle_frame(struct hg_client *c, const uint8_t *f, size_t len,
 			memset(fl->bitmap, 0, sizeof(fl->bitmap));
 			memcpy(fl->bitmap, pl, v.payload_len < nb ? v.payload_len : nb);
 			fl->have_status = true;
+			hg_cl_note_silence(c, ag, now);
 			if (fl->bitmap[c->cfg.agg_worker / 8] >> (c->cfg.agg_worker % 8) & 1) {
 				/* Our contribution is there: the slot waits for
 				 * a peer.  Nothing to resend; a timeout that made
 				 * us ask was spurious. */
 				if (fl->timed_out)
-					hg_cl_spurious_timeout(c, ag, fl, now - fl->first_tx, now);
+					hg_cl_spurious_timeout(c, ag, fl, fl->silence, now);
 				fl->present = true;
 				fl->fast_at = 0;
 				fl->armed = now;
+				/* The slot completes when the peer has resent
+				 * (at once, on the same STATUS): results of
+				 * chunks sent after now that overtake this one
+				 * mean its result was lost on the way to us. */
+				fl->txn_last = c->txn;
+				fl->overtaken = 0;
 			} else if (!fl->unsent &&
 				   (fl->fast_at || now - fl->last_tx >= hg_cl_turn_ns(c, ag))) {
 				/* Ours is missing, and this STATUS is not older
@@ -272,6 +279,8 @@ static void handle_frame(struct hg_client *c, const uint8_t *f, size_t len,
 		goto ignore;
 	memcpy(c->rx[s->phase].p + s->out_off + first * s->acc_lane, pl,
 	       lanes * s->acc_lane);
+	hg_cl_note_silence(c, ag, now);
+	ag->t_res = now;
 	c->done.p[k] = CH_DONE;
 	hg_cl_chunk_done(c, k);
 	c->stats.results_received++;
@@ -302,8 +311,11 @@ static void handle_frame(struct hg_client *c, const uint8_t *f, size_t len,
 			hg_cl_rtt_sample(c, ag, now - fl->last_tx, now);
 		if (fl->timed_out) {
 			c->done.p[k] = CH_DONE_AFTER_TIMEOUT;
-			ag->late = now - fl->first_tx;
+			ag->late = fl->silence;
 		}
+		/* a STATUS showed it spurious: the whole stall is over */
+		if (fl->spurious)
+			hg_cl_stall_floor(c, ag, fl->silence, now);
 		if (now >= fl->first_tx)
 			c->stats.flight_ns += now - fl->first_tx;
 		/* The answered copy was sent no earlier than the first. */
@@ -323,7 +335,7 @@ static void handle_frame(struct hg_client *c, const uint8_t *f, size_t len,
 		struct flight *o = flight_of(c, i);
 
 		if (c->done.p[i] != CH_PENDING || !o->busy || o->unsent ||
-		    o->present || o->txn_last >= txn || o->fast_at)
+		    o->txn_last >= txn || o->fast_at)
 			continue;
 		if (++o->overtaken >= DUPTHRESH)
 			o->fast_at = now + hg_cl_turn_offset(c, ag, o->chunk);
@@ -425,29 +437,66 @@ static void tx_chunks(struct hg_client *c, const size_t *ks, uint16_t cnt,
 	}
 }
 
-/* First transmissions of the chunks the window allows. */
+/* Chunk k of the segment went out (and may be answered already). */
+static bool chunk_sent(const struct hg_client *c, size_t k)
+{
+	const struct flight *fl = flight_of(c, k);
+
+	return c->done.p[k] != CH_PENDING || (fl->busy && fl->chunk == c->st.base + k);
+}
+
+/*
+ * When the chunks after the one holding slot fl may go out without waiting
+ * for it: a turn (hg_cl_turn_ns) after its repair was sent or a STATUS showed
+ * our contribution in (its answer is overdue: lost, or lost on the way to
+ * us); never for a chunk merely waiting for its first answer.  UINT64_MAX:
+ * not (yet) known.
+ */
+static uint64_t held_until(const struct hg_client *c, const struct flight *fl)
+{
+	if (!fl->busy || (fl->tries < 2 && !fl->present))
+		return UINT64_MAX;
+	return fl->armed + hg_cl_turn_ns(c, &c->agg[fl->agg]);
+}
+
+/*
+ * First transmissions of the chunks the window allows: chunk k when the
+ * previous chunk of its slot (k - K S) has its result, in order of k.  A
+ * chunk whose slot is held by an overdue repair (held_until) waits without
+ * holding back the later ones, up to AHEAD_LAPS laps past the lowest unsent
+ * chunk: such a repair holds one slot, not this worker's whole window (and
+ * with it every peer's, which wait for this worker's contributions), and
+ * the results of the chunks sent after it show when it was lost again.
+ */
 void hg_cl_tx_new(struct hg_client *c, uint64_t now)
 {
 	struct segment *st = &c->st;
+	size_t span = (size_t)c->naggs * c->cfg.slots;
 	size_t ks[BURST];
 	uint16_t cnt;
 
 	for (;;) {
 		bool full = false;
+		size_t end;
 
+		while (st->next_send < st->nchunks && chunk_sent(c, st->next_send))
+			st->next_send++;
+		end = st->next_send + AHEAD_LAPS * span;
+		if (end > st->nchunks)
+			end = st->nchunks;
 		cnt = 0;
-		while (cnt < BURST && st->next_send < st->nchunks) {
-			size_t k = st->next_send;
-			size_t span = (size_t)c->naggs * c->cfg.slots;
+		for (size_t k = st->next_send; cnt < BURST && k < end; k++) {
 			struct flight *fl = flight_of(c, k);
 
-			/* chunk k - K S: the same slot of the same aggregator */
-			if (k >= span && !c->done.p[k - span]) {
+			if (chunk_sent(c, k))
+				continue;
+			if (fl->busy) {
+				/* its slot is held by chunk k - K S (or earlier) */
 				full = true;
-				break;
+				if (now < held_until(c, fl))
+					break;
+				continue;
 			}
-			if (fl->busy)
-				break; /* cannot happen when the above holds */
 			fl->busy = true;
 			fl->chunk = st->base + k;
 			fl->unit = hg_cl_chunk_stream(c, k)->unit;
@@ -457,12 +506,13 @@ void hg_cl_tx_new(struct hg_client *c, uint64_t now)
 			fl->have_status = false;
 			fl->timed_out = false;
 			fl->present = false;
+			fl->spurious = false;
+			fl->silence = 0;
 			fl->overtaken = 0;
 			fl->fast_at = 0;
 			fl->first_tx = now;
 			fl->rto = c->agg[fl->agg].rto;
 			ks[cnt++] = k;
-			st->next_send++;
 		}
 		/* How long the window held numbered chunks back. */
 		if (full && !c->t_win_full) {
@@ -643,6 +693,7 @@ int hg_cl_tx_expired(struct hg_client *c, uint64_t now)
 
 uint64_t hg_cl_next_deadline(const struct hg_client *c, uint64_t now)
 {
+	size_t span = (size_t)c->naggs * c->cfg.slots;
 	uint64_t dl = UINT64_MAX;
 
 	for (size_t i = 0; i < (size_t)c->naggs * c->cfg.slots; i++) {
@@ -656,6 +707,10 @@ uint64_t hg_cl_next_deadline(const struct hg_client *c, uint64_t now)
 		t = hg_cl_chunk_deadline(c, fl);
 		if (fl->fast_at && fl->fast_at < t)
 			t = fl->fast_at;
+		/* the chunks after it may go then, when a later one waits */
+		if (held_until(c, fl) > now && held_until(c, fl) < t &&
+		    (size_t)(fl->chunk - c->st.base) + span < c->st.nchunks)
+			t = held_until(c, fl);
 		if (t < dl)
 			dl = t;
 		t = fl->first_tx + c->cfg.give_up_ns;

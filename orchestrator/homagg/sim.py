@@ -141,6 +141,8 @@ class Cluster:
     pipeline_groups: block groups of every method (docs/PROTOCOL.md
     "Pipelined block groups"; auto chooses per group): 0 automatic, 1 not
     pipelined, N groups.
+    worker_tx_ring: tx descriptors of every worker's NIC port (None: 4096);
+    a small ring refuses a burst's tail, as a full socket send buffer does.
     """
 
     def __init__(self, workers=4, loss=0.0, duplicate=0.0, reorder=0.0, seed=0,
@@ -148,7 +150,7 @@ class Cluster:
                  delay=1e-6, payload=1024, multicast=True, max_time=600.0,
                  agg_link_gbps=None, rto_min=None, aggregators=1, mtu=None,
                  auth=False, leaves=0, up_rto=None, up_give_up=None,
-                 pipeline_groups=PIPELINE_GROUPS):
+                 pipeline_groups=PIPELINE_GROUPS, worker_tx_ring=None):
         leaves = int(leaves or 0)
         if leaves:
             if aggregators != 1:
@@ -187,7 +189,8 @@ class Cluster:
                                       payload, mtu),
                                   mtu=int(mtu or 0), leaves=leaves,
                                   up_rto_ns=int((up_rto or 0) * 1e9),
-                                  up_give_up_ns=int((up_give_up or 0) * 1e9))
+                                  up_give_up_ns=int((up_give_up or 0) * 1e9),
+                                  worker_tx_ring=int(worker_tx_ring or 0))
         self.leaves = leaves
         self.aggregators = leaves + 1 if leaves else int(aggregators)
         self._timeout = timeout

@@ -165,7 +165,8 @@ static const struct hg_port_ops worker_port_ops = {
 /* ---- create / destroy -------------------------------------------------- */
 
 static struct hg_nic_port *add_port(struct hg_sim *s, const uint8_t mac[6],
-				    uint32_t ip, double gbps, bool faulty)
+				    uint32_t ip, double gbps, bool faulty,
+				    uint32_t tx_ring)
 {
 	struct hg_nic_port_config pc = { 0 };
 	struct hg_nic_faults fa = { 0 };
@@ -176,7 +177,7 @@ static struct hg_nic_port *add_port(struct hg_sim *s, const uint8_t mac[6],
 	pc.udp_port = HG_UDP_PORT;
 	pc.mtu = s->mtu;
 	pc.rx_ring = 4096;
-	pc.tx_ring = 4096;
+	pc.tx_ring = tx_ring ? tx_ring : 4096;
 	pc.rate_bps = (uint64_t)(gbps * 1e9);
 	pc.prop_delay_ns = s->cfg.delay_ns;
 	p = hg_nic_port_create(s->fab, &pc);
@@ -265,7 +266,7 @@ struct hg_sim *hg_sim_create(const struct hg_sim_config *cfg)
 		/* a tree's root link is faulty too: leaf-root frames cross
 		 * one faulty stage, as worker-leaf frames do */
 		ag->port = add_port(s, mac, ip, s->cfg.agg_link_gbps,
-				    s->leaves && k == s->leaves);
+				    s->leaves && k == s->leaves, 0);
 		if (!ag->port)
 			goto err;
 		hg_engine_config_init(&ec);
@@ -275,7 +276,7 @@ struct hg_sim *hg_sim_create(const struct hg_sim_config *cfg)
 		if (!ag->engine)
 			goto err;
 	}
-	s->attacker = add_port(s, att_mac, ATTACKER_IP, s->cfg.link_gbps, false);
+	s->attacker = add_port(s, att_mac, ATTACKER_IP, s->cfg.link_gbps, false, 0);
 	if (!s->attacker)
 		goto err;
 	return s;
@@ -442,7 +443,8 @@ int hg_sim_add_job(struct hg_sim *s, const struct hg_sim_job_config *jc)
 		mac[3] = (uint8_t)j;
 		mac[4] = (uint8_t)(w >> 8);
 		mac[5] = (uint8_t)w;
-		sw->nport = add_port(s, mac, worker_ip(j, w), s->cfg.link_gbps, true);
+		sw->nport = add_port(s, mac, worker_ip(j, w), s->cfg.link_gbps, true,
+				     s->cfg.worker_tx_ring);
 		if (!sw->nport)
 			break;
 		sw->inner = hg_nic_port_get(sw->nport);

@@ -26,7 +26,7 @@ def params(**fields):
 def sim_create(loss=0.0, duplicate=0.0, reorder=0.0, reorder_ns=0, delay_ns=0,
                link_gbps=0.0, seed=0, payload_bytes=0, unicast_results=False,
                agg_link_gbps=0.0, aggregators=1, pool_frames=0, mtu=0, leaves=0,
-               up_rto_ns=0, up_give_up_ns=0):
+               up_rto_ns=0, up_give_up_ns=0, worker_tx_ring=0):
     for name, v in (("loss", loss), ("duplicate", duplicate), ("reorder", reorder)):
         if not 0.0 <= v < 1.0:
             raise InvalidArgument(f"{name} must be in [0, 1), got {v}")
@@ -47,7 +47,8 @@ def sim_create(loss=0.0, duplicate=0.0, reorder=0.0, reorder_ns=0, delay_ns=0,
         payload_bytes=int(payload_bytes), unicast_results=bool(unicast_results),
         agg_link_gbps=float(agg_link_gbps), aggregators=int(aggregators),
         pool_frames=int(pool_frames), mtu=int(mtu), leaves=int(leaves),
-        up_rto_ns=int(up_rto_ns), up_give_up_ns=int(up_give_up_ns)))
+        up_rto_ns=int(up_rto_ns), up_give_up_ns=int(up_give_up_ns),
+        worker_tx_ring=int(worker_tx_ring)))
     s = lib.hg_sim_create(cfg)
     if s == ffi.NULL:
         raise ResourceError("cannot create the simulated cluster (bad configuration or out of memory)")

@@ -61,6 +61,9 @@ struct hg_sim_config {
 				 * W >= L); 0: flat */
 	uint64_t up_rto_ns;     /* the leaves' upward timeout (0 = the engine's) */
 	uint64_t up_give_up_ns; /* the leaves' upward give-up time (0 = the engine's) */
+	uint32_t worker_tx_ring; /* tx descriptors of every worker's port (0 = 4096;
+				  * a small ring refuses frames as a full kernel
+				  * socket buffer does) */
 };
 
 struct hg_sim_job_config {
