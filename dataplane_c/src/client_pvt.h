@@ -28,9 +28,10 @@
 /* Results of chunks sent after a missing one that declare it lost (TCP's
  * duplicate-ACK threshold): tolerates reordering by up to DUPTHRESH - 1. */
 #define DUPTHRESH 3
-/* How far a worker sends past a chunk whose slot an overdue repair holds
- * (one lap: K S chunks): the other slots go on meanwhile. */
-#define AHEAD_LAPS 8
+/* A window is stalled (sent again whole) only after a silence of its
+ * aggregator of give_up_ns / STALL_WINDOW_DIV: in time for every open chunk's
+ * STATUS to come back before the give-up names the missing workers. */
+#define STALL_WINDOW_DIV 8
 /* Turns a worker waits at most before its fast retransmission (PROTOCOL.md
  * Part 3): the first turn's STATUS is back after one, so later turns only
  * come when it was lost or late. */

@@ -253,6 +253,17 @@ static void handle_frame(struct hg_client *c, const uint8_t *f, size_t len,
 				 * resend it now. */
 				fl->fast_at = now;
 			}
+		} else if (fl->busy && !fl->unsent &&
+			   fl->chunk + (uint64_t)c->naggs * c->cfg.slots == chunk &&
+			   (!fl->fast_at || fl->fast_at > now)) {
+			/* A STATUS of the next chunk of this slot, which we
+			 * have not sent yet: peers contributed to it only
+			 * after the result of ours, so ours is complete there
+			 * and its result was lost on the way to us.  Resend it
+			 * now (the aggregator answers with the result); the
+			 * STATUS came because a peer took the chunk we hold
+			 * back for lost. */
+			fl->fast_at = now;
 		}
 		return;
 	}
@@ -446,27 +457,15 @@ static bool chunk_sent(const struct hg_client *c, size_t k)
 }
 
 /*
- * When the chunks after the one holding slot fl may go out without waiting
- * for it: a turn (hg_cl_turn_ns) after its repair was sent or a STATUS showed
- * our contribution in (its answer is overdue: lost, or lost on the way to
- * us); never for a chunk merely waiting for its first answer.  UINT64_MAX:
- * not (yet) known.
- */
-static uint64_t held_until(const struct hg_client *c, const struct flight *fl)
-{
-	if (!fl->busy || (fl->tries < 2 && !fl->present))
-		return UINT64_MAX;
-	return fl->armed + hg_cl_turn_ns(c, &c->agg[fl->agg]);
-}
-
-/*
  * First transmissions of the chunks the window allows: chunk k when the
  * previous chunk of its slot (k - K S) has its result, in order of k.  A
- * chunk whose slot is held by an overdue repair (held_until) waits without
- * holding back the later ones, up to AHEAD_LAPS laps past the lowest unsent
- * chunk: such a repair holds one slot, not this worker's whole window (and
- * with it every peer's, which wait for this worker's contributions), and
- * the results of the chunks sent after it show when it was lost again.
+ * chunk whose slot is still held does not hold back the later ones of the
+ * same lap (up to K S chunks past the lowest unsent one): a lost result or
+ * a lost repair then holds one slot, not this worker's whole window (and
+ * with it every peer's, which wait for this worker's contributions).  The
+ * peers take the chunk held back for lost and ask the aggregator; its
+ * STATUS tells this worker at once that the result it waits for was lost
+ * (handle_frame).
  */
 void hg_cl_tx_new(struct hg_client *c, uint64_t now)
 {
@@ -481,7 +480,7 @@ void hg_cl_tx_new(struct hg_client *c, uint64_t now)
 
 		while (st->next_send < st->nchunks && chunk_sent(c, st->next_send))
 			st->next_send++;
-		end = st->next_send + AHEAD_LAPS * span;
+		end = st->next_send + span;
 		if (end > st->nchunks)
 			end = st->nchunks;
 		cnt = 0;
@@ -493,8 +492,6 @@ void hg_cl_tx_new(struct hg_client *c, uint64_t now)
 			if (fl->busy) {
 				/* its slot is held by chunk k - K S (or earlier) */
 				full = true;
-				if (now < held_until(c, fl))
-					break;
 				continue;
 			}
 			fl->busy = true;
@@ -616,6 +613,22 @@ static uint16_t tx_window(struct hg_client *c, uint32_t a, size_t *ks, uint16_t 
 }
 
 /*
+ * Whether chunk fl's aggregator ag is stalled: neither a new result of it
+ * nor the chunk's first transmission came within the last
+ * give_up_ns / STALL_WINDOW_DIV.  A repair in progress holds one slot while
+ * the results of the others keep coming; a step start or a peer's long
+ * repair is a silence shorter than that, and resending the window then cost
+ * one retransmission per open chunk and worker (10-12 per drop at W = 64).
+ */
+static bool window_stalled(const struct hg_client *c, const struct agg *ag,
+			   const struct flight *fl, uint64_t now)
+{
+	uint64_t from = ag->t_res > fl->first_tx ? ag->t_res : fl->first_tx;
+
+	return now >= from && now - from >= c->cfg.give_up_ns / STALL_WINDOW_DIV;
+}
+
+/*
  * Retransmit the chunks whose timer expired (backing off), the whole window
  * of an aggregator where one expired again (tx_window), and end the
  * allreduce when the oldest one waited give_up_ns.  Returns 0 or -ETIMEDOUT.
@@ -665,7 +678,7 @@ int hg_cl_tx_expired(struct hg_client *c, uint64_t now)
 			c->stats.timeouts++;
 			ag->st.timeouts++;
 			ag->t_timeout = now;
-			if (fl->tries >= 2)
+			if (fl->tries >= 2 && window_stalled(c, ag, fl, now))
 				stalled = fl->agg;
 			fl->timed_out = true;
 			fl->fast_at = 0;
@@ -693,7 +706,6 @@ int hg_cl_tx_expired(struct hg_client *c, uint64_t now)
 
 uint64_t hg_cl_next_deadline(const struct hg_client *c, uint64_t now)
 {
-	size_t span = (size_t)c->naggs * c->cfg.slots;
 	uint64_t dl = UINT64_MAX;
 
 	for (size_t i = 0; i < (size_t)c->naggs * c->cfg.slots; i++) {
@@ -707,10 +719,6 @@ uint64_t hg_cl_next_deadline(const struct hg_client *c, uint64_t now)
 		t = hg_cl_chunk_deadline(c, fl);
 		if (fl->fast_at && fl->fast_at < t)
 			t = fl->fast_at;
-		/* the chunks after it may go then, when a later one waits */
-		if (held_until(c, fl) > now && held_until(c, fl) < t &&
-		    (size_t)(fl->chunk - c->st.base) + span < c->st.nchunks)
-			t = held_until(c, fl);
 		if (t < dl)
 			dl = t;
 		t = fl->first_tx + c->cfg.give_up_ns;
