@@ -177,6 +177,35 @@ def test_mtu_option_is_checked(tmp_path):
         d.stop()
 
 
+def test_rx_ring_bounds_the_window(tmp_path):
+    """add_job refuses W x S frames in flight beyond the port's ring
+    (net_ring: its rx descriptors, --rx-ring), naming the job's figure, the
+    limit and the fix; --rx-ring enlarges the ring."""
+    if not SWITCH.exists():
+        pytest.fail(f"{SWITCH} is not built (make switch)")
+    for ring in (None, 64, 2048):
+        d = Daemon(tmp_path / f"r{ring}", ["--vdev", "net_ring0"],
+                   ["--rx-ring", str(ring), "--mbufs", "1023"] if ring else [])
+        try:
+            d.wait_ready()
+            n = ring or 1024
+            assert f"rx_ring={n}" in d.output()
+            with d.client() as c:
+                assert c.stats()["rx_ring"] == n and c.stats()["port"]["rx_missed"] == 0
+                assert c.add_job(**dict(JOB, workers=4, slots=n // 4))["job"] == 7
+                with pytest.raises(OutOfRange) as ei:
+                    c.add_job(**dict(JOB, job=8, workers=8, slots=n // 4))
+                assert (f"field 'slots': 8 workers x {n // 4} slots = {2 * n} frames of "
+                        f"1024-byte payloads in flight exceed this aggregator's receive "
+                        f"ring of {n} frames (rx descriptors): use at most {n // 8} slots, "
+                        "or a daemon with a larger ring") in str(ei.value)
+                fix = f"at most {n // 256} slots" if n >= 256 else f"at most {n} workers"
+                with pytest.raises(OutOfRange, match=fix):
+                    c.add_job(**dict(JOB, job=9, workers=256, slots=n // 4))
+        finally:
+            d.stop()
+
+
 @pytest.mark.parametrize("line, message", [
     # jansson's messages, after the byte offset it stopped at
     (b"{", "bad JSON at byte 1: string or '}' expected near end of file"),
@@ -326,6 +355,7 @@ def test_signal_exits_zero_and_removes_socket(daemon, sig):
     (["--lcores", "2"], "--lcores 2 needs 3 EAL lcores"),
     (["--queues", "2"], "--queues: only 1 is supported"),
     (["--port", "5"], "ethdev port 5 does not exist"),
+    (["--rx-ring", "63"], "bad value for --rx-ring: 63"),
     (["--bogus"], "usage"),
 ])
 def test_bad_command_line_fails(tmp_path, args, message):

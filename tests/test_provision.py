@@ -102,6 +102,9 @@ def test_inventory_mtu(tmp_path):
     hosts = _valid_hosts(str(key))
     path.write_text(to_toml({}, hosts))
     assert [h.mtu for h in inv.load(str(path)).hosts] == [1500, 1500]
+    # a NIC's ring for W x S frames in flight: --rx-ring, a power of two
+    argv = remote.switch_argv(inv.load(str(path)).host("agg"), "s", "/mnt/{name}", frames=1500)
+    assert argv[argv.index("--rx-ring") + 1] == "2048"
     for h in hosts:
         h["mtu"] = 9000
     hosts[0].pop("pci"), hosts[0].pop("driver")
@@ -111,6 +114,10 @@ def test_inventory_mtu(tmp_path):
     assert [h.mtu for h in i.hosts] == [9000, 9000]
     argv = remote.switch_argv(i.host("agg"), "homagg-switch", "/mnt/{name}")
     assert "net_af_packet0,iface=eth1,framesz=9216,blocksz=36864,framecnt=512" in argv
+    # a ring for the job's W x S frames in flight (4 per block of 36864)
+    argv = remote.switch_argv(i.host("agg"), "homagg-switch", "/mnt/{name}", frames=4 * 257)
+    assert "net_af_packet0,iface=eth1,framesz=9216,blocksz=36864,framecnt=1028" in argv
+    assert "--rx-ring" not in argv
     assert argv[argv.index("--mtu") + 1] == "9000"
     assert "mtu = 9000" in prov.host_config(i.host("agg"), i, "/src")
 

@@ -3,6 +3,7 @@ aggregator namespace, 4 worker processes in their namespaces, every method,
 results checked bit for bit against the numpy fixed-point reference."""
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -10,8 +11,10 @@ import numpy as np
 import pytest
 
 from conftest import dpdk_testbed, require
+from switch_helpers import wait_for
 from homagg import job
 from homagg import run as runmod
+from homagg.errors import OutOfRange
 
 pytestmark = [pytest.mark.root, pytest.mark.netns, pytest.mark.dpdk, pytest.mark.timeout(300)]
 
@@ -290,6 +293,52 @@ def test_jumbo_payloads_on_the_dpdk_testbed(jumbo_testbed):
     with pytest.raises(runmod.RunError, match="--payload-bytes 8196 does not fit|multiple of 4"):
         runmod.run_allreduce(tb.name, "dense", elements=1000, density=1.0, payload=8196,
                              state_dir=tb.state_dir)
+    _no_processes_left(tb)
+
+
+def test_receive_ring_must_hold_the_window(jumbo_testbed, tmp_path):
+    """W x S frames in flight must fit the daemon's receive ring: on
+    af_packet's default ring (512 frames) 4 workers x 256 slots of 8 KB are
+    refused at add_job, naming the limit, the job's figure and the fix;
+    `homagg run` sizes the ring (framecnt) to its job, and that ring carries
+    the same job bit-exact with no frame missed (the kernel ring's drops)."""
+    tb = jumbo_testbed
+    sw = runmod.Switch(tb, str(tmp_path))  # no frames asked: af_packet's 512
+    try:
+        job8 = {"cmd": "add_job", "job": 5, "token": 1, "workers": 4, "payload": 8192}
+        with pytest.raises(OutOfRange) as ei:
+            sw.control({**job8, "slots": 256})
+        msg = str(ei.value)
+        assert "field 'slots': 4 workers x 256 slots = 1024 frames of 8192-byte" in msg
+        assert "receive ring of 512 frames (af_packet framecnt)" in msg
+        assert "at most 128 slots" in msg and "framecnt=N" in msg and "--rx-ring N" in msg
+        assert sw.control({**job8, "slots": 128})["job"] == 5
+        assert sw.control({"cmd": "stats"})["rx_ring"] == 512
+        # an overflowing ring counts what it missed: 2000 datagrams while the
+        # daemon is stopped, 512 fit (the first one, before, resolves ARP)
+        send = [sys.executable, "-c", "import socket, sys\n"
+                "s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+                "for _ in range(int(sys.argv[3])):\n"
+                "    s.sendto(bytes(64), (sys.argv[1], int(sys.argv[2])))",
+                sw.ip, str(runmod.UDP_PORT)]
+        w0 = tb.workers[0].name
+        tb.exec(w0, send + ["1"], check=True)
+        wait_for(lambda: sw.control({"cmd": "stats"})["port"]["ipackets"] >= 1, 10,
+                 "the first datagram")
+        os.kill(sw.pid, signal.SIGSTOP)
+        try:
+            tb.exec(w0, send + ["2000"], check=True)
+        finally:
+            os.kill(sw.pid, signal.SIGCONT)
+        port = sw.control({"cmd": "stats"})["port"]
+        assert port["rx_missed"] >= 2000 - 512 - 100, port
+    finally:
+        sw.stop()
+    rep = runmod.run_allreduce(tb.name, "dense", elements=400_000, density=1.0, seed=3,
+                               payload=8192, slots=256, state_dir=tb.state_dir)
+    assert rep["exact"] is True and rep["workers_agree"]
+    assert [a["rx_ring"] for a in rep["aggregators"]] == [1024]
+    assert rep["port_counters"]["rx_missed"] == 0, rep["port_counters"]
     _no_processes_left(tb)
 
 

@@ -67,6 +67,8 @@ struct hg_ctl_limits {
 	uint32_t max_slots;
 	uint32_t max_payload;  /* bytes: the largest payload the port's frames hold */
 	uint32_t mtu;          /* of the port's link, named when a payload is refused */
+	uint32_t rx_ring;      /* frames the receive ring holds: W x S at most (0: no limit) */
+	const char *rx_ring_source; /* what sets rx_ring, named when a job is refused */
 };
 
 struct hg_ctl_ops {

@@ -87,7 +87,7 @@ static int ctl_stats(void *ctx, json_t *reply)
 	 * arp_other and rx */
 	if (rte_eth_stats_get(d->o.port_id, &es) != 0)
 		es.ipackets = 0;
-	port = json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}",
+	port = json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}",
 			 "ipackets", (json_int_t)es.ipackets,
 			 "rx", (json_int_t)ps.rx, "tx", (json_int_t)ps.tx,
 			 "tx_refused", (json_int_t)ps.tx_refused,
@@ -97,7 +97,8 @@ static int ctl_stats(void *ctx, json_t *reply)
 			 "arp_replies", (json_int_t)ps.arp_replies,
 			 "arp_other", (json_int_t)ps.arp_other,
 			 "alloc_fail", (json_int_t)ps.alloc_fail,
-			 "dispatch_full", (json_int_t)d->dispatch_full);
+			 "dispatch_full", (json_int_t)d->dispatch_full,
+			 "rx_missed", (json_int_t)hg_switch_rx_missed(d));
 	if (!eng || i < HG_CNT__COUNT || !port) {
 		json_decref(eng);
 		json_decref(port);
@@ -107,6 +108,8 @@ static int ctl_stats(void *ctx, json_t *reply)
 	rc = json_object_set_new(reply, "stats", eng);
 	rc |= json_object_set_new(reply, "port", port);
 	rc |= json_object_set_new(reply, "engines", json_integer(d->nshards));
+	/* what a job's W x S frames in flight may reach (add_job) */
+	rc |= json_object_set_new(reply, "rx_ring", json_integer(d->rx_ring_limit));
 	/* What each engine lcore summed (the spread of one job's slots). */
 	summed = json_array();
 	for (i = 0; summed && i < d->nshards; i++) {

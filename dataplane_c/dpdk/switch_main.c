@@ -32,7 +32,6 @@
 #include "log.h"
 #include "switch_pvt.h"
 
-#define RX_DESC 1024
 #define TX_DESC 1024
 
 /*
@@ -87,7 +86,8 @@ static int port_setup(struct daemon *d)
 {
 	struct rte_eth_conf conf;
 	struct rte_eth_dev_info info;
-	uint16_t nrx = RX_DESC, ntx = TX_DESC, pid = d->o.port_id, kmtu, overhead;
+	uint16_t nrx = (uint16_t)d->o.rx_ring, ntx = TX_DESC, pid = d->o.port_id, kmtu, overhead;
+	unsigned int mbufs;
 	int socket, rc;
 
 	if (!rte_eth_dev_is_valid_port(pid)) {
@@ -124,9 +124,12 @@ static int port_setup(struct daemon *d)
 	 */
 	d->data_room = (uint16_t)RTE_MAX((unsigned int)RTE_MBUF_DEFAULT_DATAROOM,
 					 RTE_ALIGN_CEIL((unsigned int)d->mtu + 128, 1024u));
-	d->pool = hg_dpdk_pool_create("hg_pool", d->o.mbufs, d->data_room, socket);
+	/* the pool fills both rings and still has mbufs for the frames in
+	 * the engine and in a burst: it grows with --rx-ring */
+	mbufs = RTE_MAX(d->o.mbufs, d->o.rx_ring + TX_DESC + 1024u);
+	d->pool = hg_dpdk_pool_create("hg_pool", mbufs, d->data_room, socket);
 	if (!d->pool) {
-		HG_LOG(ERR, "mbuf pool (%u mbufs of %u bytes): %s", d->o.mbufs,
+		HG_LOG(ERR, "mbuf pool (%u mbufs of %u bytes): %s", mbufs,
 		       d->data_room, rte_strerror(rte_errno));
 		return -ENOMEM;
 	}
@@ -154,6 +157,7 @@ static int port_setup(struct daemon *d)
 		return rc;
 	}
 	d->port_started = true;
+	hg_switch_rx_ring_probe(d, &info, nrx);
 	/* multicast and frames for other MACs of the segment (best effort:
 	 * some virtual PMDs have no such switch and receive everything) */
 	rte_eth_promiscuous_enable(pid);
@@ -285,6 +289,12 @@ int main(int argc, char **argv)
 	/* a packet is one IP datagram of at most the MTU */
 	lim.max_payload = payload_limit(d->mtu);
 	lim.mtu = d->mtu;
+	/* a job's frames in flight wait in the port's ring (and with a
+	 * dispatcher in a shard's ring of 4095) while the engine is busy */
+	lim.rx_ring = d->nshards > 1 ? RTE_MIN(d->rx_ring, 4095u) : d->rx_ring;
+	d->rx_ring_limit = lim.rx_ring;
+	lim.rx_ring_source = d->nshards > 1 && d->rx_ring > 4095u ?
+			     "engine lcore rings" : d->rx_ring_source;
 	d->ctl = hg_control_create(d->o.control, &hg_switch_ctl_ops, d, &lim);
 	if (!d->ctl) {
 		HG_LOG(ERR, "control socket %s: %s", d->o.control,
@@ -301,11 +311,11 @@ int main(int argc, char **argv)
 		d->port.ops->get_info(d->port.ctx, &pi);
 		HG_LOG(NOTICE, "ready port=%u mac=%02x:%02x:%02x:%02x:%02x:%02x "
 		       "ip=%s udp=%u control=%s drop_rate=%g engines=%u mtu=%u "
-		       "max_payload=%u mbuf_data_room=%u",
+		       "max_payload=%u mbuf_data_room=%u rx_ring=%u",
 		       d->o.port_id, pi.mac[0], pi.mac[1], pi.mac[2], pi.mac[3],
 		       pi.mac[4], pi.mac[5], ip, d->o.udp_port, d->o.control,
 		       d->o.drop_rate, d->nshards, d->mtu, lim.max_payload,
-		       d->data_room);
+		       d->data_room, lim.rx_ring);
 	}
 	run(d);
 	hg_switch_stop_engines(d);

@@ -27,7 +27,11 @@ static void usage(const char *prog)
 		"  --stats-interval S    print the counters every S seconds (0 = never)\n"
 		"  --idle-us N           sleep N us when the port is idle (default 20, 0 = spin)\n"
 		"  --idle-polls N        empty polls before the first sleep (default 256)\n"
-		"  --mbufs N             mbufs in the pool (default 8191)\n"
+		"  --mbufs N             mbufs in the pool (default 8191; at least\n"
+		"                        the rx and tx rings' descriptors + 1024)\n"
+		"  --rx-ring N           rx descriptors of a descriptor-ring PMD (NIC,\n"
+		"                        af_xdp), 64..32768 (default 1024); af_packet's\n"
+		"                        ring is its vdev's framecnt (default 512)\n"
 		"  --max-jobs N          concurrent jobs (default 64)\n"
 		"  --mtu N               MTU of the link, 576..9000 (default: the kernel\n"
 		"                        interface's for af_packet/af_xdp/tap, else the PMD's);\n"
@@ -54,7 +58,7 @@ int hg_switch_parse_opts(int argc, char **argv, struct opts *o)
 {
 	enum { O_IP = 256, O_UDP, O_PORT, O_CTL, O_LCORES, O_QUEUES, O_DROP,
 	       O_SEED, O_STATS, O_IDLE, O_IDLE_POLLS, O_MBUFS, O_JOBS, O_NOREP, O_NOCSUM,
-	       O_MTU, O_HELP };
+	       O_MTU, O_RX_RING, O_HELP };
 	static const struct option lo[] = {
 		{ "port-ip", required_argument, NULL, O_IP },
 		{ "udp-port", required_argument, NULL, O_UDP },
@@ -72,6 +76,7 @@ int hg_switch_parse_opts(int argc, char **argv, struct opts *o)
 		{ "no-replicate", no_argument, NULL, O_NOREP },
 		{ "no-udp-csum", no_argument, NULL, O_NOCSUM },
 		{ "mtu", required_argument, NULL, O_MTU },
+		{ "rx-ring", required_argument, NULL, O_RX_RING },  /* in enum order */
 		{ "help", no_argument, NULL, O_HELP },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -85,7 +90,7 @@ int hg_switch_parse_opts(int argc, char **argv, struct opts *o)
 		.control = "/run/homagg-switch.sock", .lcores = 1, .queues = 1,
 		.drop_rate = 0.0, .seed = 1, .stats_interval = 0, .idle_us = 20,
 		.idle_polls = 256,
-		.mbufs = 8191, .max_jobs = 64, .replicate = true, .udp_csum = true,
+		.mbufs = 8191, .rx_ring = 1024, .max_jobs = 64, .replicate = true, .udp_csum = true,
 	};
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
@@ -151,6 +156,11 @@ int hg_switch_parse_opts(int argc, char **argv, struct opts *o)
 			if (parse_ulong(optarg, 1023, 1u << 24, &v))
 				goto bad;
 			o->mbufs = (unsigned int)v;
+			break;
+		case O_RX_RING:
+			if (parse_ulong(optarg, 64, 32768, &v))
+				goto bad;
+			o->rx_ring = (unsigned int)v;
 			break;
 		case O_JOBS:
 			if (parse_ulong(optarg, 1, HG_ENGINE_MAX_JOBS, &v))

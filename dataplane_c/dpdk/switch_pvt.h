@@ -10,6 +10,7 @@
  *   switch_dispatch.c   the dispatcher (--lcores > 1): frames to and from shards
  *   switch_ctl.c        the control socket's callbacks (control.h)
  *   switch_telemetry.c  the /homagg/stats telemetry command
+ *   switch_rxring.c     the port's receive ring: its capacity, what it missed
  *
  * With --lcores 1 (the default) one engine (engine.h) runs on the main
  * lcore behind one hg_dpdk_port (port_dpdk.h), and the same loop polls the
@@ -32,6 +33,7 @@
 #include <time.h>
 
 #include <rte_common.h>
+#include <rte_ethdev.h>
 #include <rte_mempool.h>
 #include <rte_ring.h>
 
@@ -54,6 +56,7 @@ struct opts {
 	unsigned int idle_us;     /* sleep when idle, 0 = spin */
 	unsigned int idle_polls;  /* empty polls before the first sleep */
 	unsigned int mbufs;
+	unsigned int rx_ring;     /* rx descriptors asked of a descriptor-ring PMD */
 	unsigned int max_jobs;
 	unsigned int mtu;         /* 0 = the port's (kernel interface or PMD) */
 	bool replicate;
@@ -101,6 +104,12 @@ struct daemon {
 	bool port_started;
 	uint16_t mtu;                  /* of the link (--mtu, kernel interface, PMD) */
 	uint16_t data_room;            /* of every mbuf: a whole frame of the MTU */
+	unsigned int rx_ring;          /* frames the port's receive ring holds */
+	const char *rx_ring_source;    /* what sets it: "af_packet framecnt", ... */
+	unsigned int rx_ring_limit;    /* W x S at most: rx_ring, or a shard ring's */
+	int pkt_fds[8];                /* af_packet: the PMD's packet sockets */
+	unsigned int npkt_fds;
+	uint64_t ring_drops;           /* af_packet: the kernel ring's drops, summed */
 	volatile bool stop_requested;  /* by the shutdown command */
 	volatile bool stop_engines;    /* engine lcores leave their loop */
 	uint64_t dispatch_full;        /* frames a full shard ring refused */
@@ -120,6 +129,12 @@ int hg_switch_shard_call(struct shard *sh, int op, const struct hg_job_config *j
 
 /* switch_dispatch.c: one round of the dispatcher; whether a frame moved. */
 bool hg_switch_dispatch(struct daemon *d);
+
+/* switch_rxring.c: set d->rx_ring and its source from the PMD (nrx: the rx
+ * descriptors it took); the frames the ring had no room for so far. */
+void hg_switch_rx_ring_probe(struct daemon *d, const struct rte_eth_dev_info *info,
+			     uint16_t nrx);
+uint64_t hg_switch_rx_missed(struct daemon *d);
 
 /* switch_ctl.c: the control socket's callbacks (ctx is the daemon). */
 extern const struct hg_ctl_ops hg_switch_ctl_ops;

@@ -53,19 +53,34 @@ def mbuf_data_room(mtu: int) -> int:
     return max(2048, -(-(int(mtu) + 128) // 1024) * 1024)
 
 
-def vdev_for_mtu(vdev: str, mtu: int) -> str:
-    """A DPDK vdev argument that receives whole frames of ``mtu``: net_af_packet
-    copies each frame into one ring slot of ``framesz`` bytes (2048 unless
-    told), and the daemon's mbufs must hold a slot (framesz <= data room +
-    32), so above MTU 1500 the slot is the daemon's data room and a block
-    (a multiple of the page size) holds whole slots.  Other vdevs, and an
-    af_packet vdev that names its framesz, are returned unchanged."""
-    if not vdev.startswith(("net_af_packet", "eth_af_packet")) or mtu <= 1500 \
-            or "framesz=" in vdev:
+AF_PACKET_FRAMES = 512  # DPDK net_af_packet's default framecnt: its kernel ring
+
+
+def vdev_for_mtu(vdev: str, mtu: int, frames: int = 0) -> str:
+    """A DPDK vdev argument that receives whole frames of ``mtu`` and holds
+    ``frames`` of them at once.  net_af_packet copies each frame into one
+    slot of ``framesz`` bytes (2048 unless told) of a kernel ring of
+    ``framecnt`` slots (512 unless told), and the daemon's mbufs must hold a
+    slot (framesz <= data room + 32): above MTU 1500 the slot is the
+    daemon's data room and a block (a multiple of the page size) holds
+    whole slots; a ring for more than 512 frames (W x S of the jobs the
+    daemon takes: homagg-switch refuses a job whose frames in flight its
+    ring cannot hold) gets that framecnt, a multiple of the slots per
+    block.  Other vdevs, and what the vdev names itself, are left alone."""
+    if not vdev.startswith(("net_af_packet", "eth_af_packet")):
         return vdev
-    frame = mbuf_data_room(mtu)
-    block = frame * 4096 // math.gcd(frame, 4096)
-    return f"{vdev},framesz={frame},blocksz={block},framecnt=512"
+    named = dict(kv.split("=", 1) for kv in vdev.split(",")[1:] if "=" in kv)
+    parts = []
+    frame, block = int(named.get("framesz", 2048)), int(named.get("blocksz", 4096))
+    if mtu > 1500 and "framesz" not in named:
+        frame = mbuf_data_room(mtu)
+        block = frame * 4096 // math.gcd(frame, 4096)
+        parts += [f"framesz={frame}", f"blocksz={block}"]
+    if "framecnt" not in named and (parts or frames > AF_PACKET_FRAMES):
+        per_block = max(1, block // frame)
+        count = -(-max(AF_PACKET_FRAMES, int(frames)) // per_block) * per_block
+        parts.append(f"framecnt={count}")
+    return ",".join([vdev, *parts])
 
 
 # --------------------------------------------------------------------------

@@ -272,18 +272,23 @@ def _aggregators(hosts: list[Host]) -> list[Host]:
 
 
 def switch_argv(h: inv.HostSpec, binary: str, hugepages_mount: str,
-                no_udp_csum: bool = False) -> list[str]:
+                no_udp_csum: bool = False, frames: int = 0) -> list[str]:
     """homagg-switch's command line for aggregator ``h`` (docs/SWITCH.md):
-    its PCI NIC (-a, hugepages) or vdev, its cores, its data-plane IP."""
+    its PCI NIC (-a, hugepages) or vdev, its cores, its data-plane IP, and a
+    receive ring for ``frames`` (W x S of its job) in flight: af_packet's
+    framecnt, or --rx-ring (a power of two) above the daemon's 1024."""
     eal = ["-l", ",".join(map(str, h.cores)), "--file-prefix", f"homagg-{h.name}",
            "--no-telemetry", "--log-level", "lib.eal:error"]
-    eal += ["-a", h.pci] if h.pci else ["--no-pci", "--vdev", localrun.vdev_for_mtu(h.vdev, h.mtu)]
+    eal += ["-a", h.pci] if h.pci else ["--no-pci", "--vdev",
+                                        localrun.vdev_for_mtu(h.vdev, h.mtu, frames)]
     if h.hugepages and h.hugepages.count:
         eal += ["--huge-dir", hugepages_mount.replace("{name}", h.name)]
     else:
         eal += ["--no-huge", "-m", "256", "--no-shconf"]
     opts = ["--port-ip", h.address, "--udp-port", str(localrun.UDP_PORT),
             "--control", control_socket(h), "--mtu", str(h.mtu)]
+    if frames > 1024 and not (h.vdev or "").startswith(("net_af_packet", "eth_af_packet")):
+        opts += ["--rx-ring", str(min(32768, 1 << (int(frames) - 1).bit_length()))]
     return [binary, *eal, "--", *opts, *(["--no-udp-csum"] if no_udp_csum else [])]
 
 
@@ -292,13 +297,15 @@ def switch_argv(h: inv.HostSpec, binary: str, hugepages_mount: str,
 
 
 def _up_one(agg: Host, inventory: inv.Inventory, no_udp_csum: bool, ready_timeout: float,
-            out) -> dict:
-    """homagg-switch on one aggregator, ready (its control socket answers)."""
+            out, slots: int = 64) -> dict:
+    """homagg-switch on one aggregator, ready (its control socket answers),
+    with a receive ring for ``slots`` frames of every worker in flight."""
     h = agg.h
     if agg.alive(switch_pidfile(h)):
         raise RemoteError(f"host '{h.name}': homagg-switch already runs ({switch_pidfile(h)}): "
                           f"stop it first with `homagg down -i {inventory.path}`")
-    argv = switch_argv(h, agg.switch_binary, inventory.settings.hugepages_mount, no_udp_csum)
+    argv = switch_argv(h, agg.switch_binary, inventory.settings.hugepages_mount, no_udp_csum,
+                       frames=len(inventory.workers) * slots)
     rt = f"{rundir(h)}/rt"
     agg.run(f"mkdir -p {shlex.quote(rt)}")
     pid = agg.start(switch_pidfile(h), switch_log(h), argv, rundir(h),
@@ -333,7 +340,8 @@ def up(inventory: inv.Inventory, switch: str | None = None, no_udp_csum: bool = 
 
         def one(agg):
             try:
-                return _up_one(agg, inventory, no_udp_csum, ready_timeout, out)
+                return _up_one(agg, inventory, no_udp_csum, ready_timeout, out,
+                               slots=job_options.get("slots", 64))
             except Exception as e:  # noqa: BLE001 - collected per host below
                 return e
 

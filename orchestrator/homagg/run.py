@@ -131,7 +131,9 @@ class Switch:
     def __init__(self, tb: Testbed, workdir: str, pmd: str = "auto", switch: str | None = None,
                  ready_timeout: float = 30.0, drop_rate: float = 0.0,
                  idle_us: int = IDLE_US, idle_polls: int = IDLE_POLLS, host: str = "agg",
-                 lcores: int = 1):
+                 lcores: int = 1, frames: int = 0):
+        """``frames``: W x S of the largest job the daemon is to take (its
+        workers' frames in flight): an af_packet ring is made that large."""
         self.pid = None
         self.shared = False
         running = tb.state().get("daemons", {}).get(host)
@@ -168,7 +170,7 @@ class Switch:
         self.ip = agg.ip
         tried = []
         for kind in kinds:
-            vdev = vdev_for_mtu(f"net_{kind}0,iface={agg.ifname}", mtu)
+            vdev = vdev_for_mtu(f"net_{kind}0,iface={agg.ifname}", mtu, frames)
             logpath = os.path.join(workdir, f"switch{tag}-{kind}.log")
             prefix = "hg" + secrets.token_hex(5)
             runtime = os.path.join(workdir, f"rt{tag}-{kind}")
@@ -381,7 +383,7 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
         for h in hosts[:aggregators]:
             sws.append(Switch(tb, workdir, pmd=pmd, switch=switch, drop_rate=drop_rate,
                               idle_us=idle_us, idle_polls=idle_polls, host=h.name,
-                              lcores=switch_lcores))
+                              lcores=switch_lcores, frames=W * slots))
         sw = sws[0]
         unknown = set(fail_aggregators) - {s.host for s in sws}
         if unknown:
@@ -480,6 +482,7 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
             per_agg.append({"host": s.host, "ip": s.ip, "role": role, "counters": counters,
                             "engine_summed": summed,
                             "port_counters": port,
+                            "rx_ring": (a or {}).get("rx_ring"),
                             "rx_bytes": l1["rx_bytes"] - l0["rx_bytes"],
                             "tx_bytes": l1["tx_bytes"] - l0["tx_bytes"],
                             "cpu_seconds": c1 - c0 if c0 is not None and c1 is not None

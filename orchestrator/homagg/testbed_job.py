@@ -44,7 +44,8 @@ def start(tb: Testbed, *, slots: int = 64, payload: int = 1024, timeout: float =
     sws = []
     try:
         for h in tb.aggregators:
-            sws.append(runmod.Switch(tb, tb.files_dir, switch=switch, host=h.name))
+            sws.append(runmod.Switch(tb, tb.files_dir, switch=switch, host=h.name,
+                                     frames=len(tb.workers) * slots))
         fields = job_file.register([s.control for s in sws],
                                    [(s.ip, runmod.UDP_PORT) for s in sws],
                                    workers=len(tb.workers), slots=slots, payload=payload,

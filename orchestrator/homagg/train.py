@@ -500,7 +500,7 @@ def run_train(testbed: str, model: str = "ncf", method: str = "auto", steps: int
         env["PYTHONPATH"] = pkg_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         if method != "gloo":
             # every aggregator of the testbed: the job is spread over them
-            sws = [runmod.Switch(tb, workdir, switch=switch, host=h.name)
+            sws = [runmod.Switch(tb, workdir, switch=switch, host=h.name, frames=W * slots)
                    for h in tb.aggregators]
             controls = [s.control for s in sws]
             if testbed_job and testbed_job["workers"] == W:
