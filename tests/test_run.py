@@ -194,9 +194,9 @@ def test_loss_free_run_has_no_timeouts(testbed):
     _no_processes_left(testbed)
 
 
-# elements such that 70-100 frames are dropped at 1 % (the ratio below is
-# about 2 - 1/W; fewer drops would make it noisy)
-LOSS_ELEMENTS = {"dense": 800_000, "lhc": 2_000_000, "union": 2_000_000}
+# elements such that 70-120 frames are dropped at 1 % (the ratio below is
+# about 2 - 1/W; fewer drops would make it noisy: union at 2,000,000 saw 56)
+LOSS_ELEMENTS = {"dense": 800_000, "lhc": 2_000_000, "union": 4_000_000}
 
 
 @pytest.mark.parametrize("method", ["dense", "lhc", "union"])
