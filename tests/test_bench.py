@@ -129,6 +129,34 @@ def test_scale_tree_rows(tmp_path, capsys):
     assert report["leaves"] == ["W/4", "3"]
 
 
+def test_scale_counts_drops_and_retransmissions_per_drop(tmp_path, capsys, caplog):
+    """--drop-rate rows carry the frames the links dropped (the fabric's
+    count) and retransmissions per drop, in the JSON, the markdown and the
+    progress line; a lossless row has 0 drops and no ratio."""
+    out = tmp_path / "scale"
+    with caplog.at_level("INFO", logger="homagg.bench"):
+        rc = cli.main(["bench", "scale", "--workers", "4", "--elements", "20000",
+                       "--density", "0.05", "--methods", "dense,lhc", "--drop-rate", "0.02",
+                       "--seed", "2", "--json", "--out", str(out)])
+    assert rc == 0
+    report = json.loads(capsys.readouterr().out)
+    for r in report["results"]:
+        assert r["exact"] is True
+        # every link drops: the workers' frames, the aggregator's results
+        sent = 4 * r["packets_per_worker"] + r["agg_results_sent"]
+        assert 0 < r["drops_injected"] < sent
+        assert r["retransmissions"] > 0
+        assert r["retransmissions_per_drop"] == r["retransmissions"] / r["drops_injected"]
+        assert (f"drops {r['drops_injected']}, retx {r['retransmissions']} "
+                f"({r['retransmissions_per_drop']:.2f} per drop)") in caplog.text
+    md = (out / "scale.md").read_text()
+    header = next(line for line in md.splitlines() if line.startswith("| workers"))
+    assert "| drops_injected | retransmissions | retransmissions_per_drop |" in header
+    grads = workloads.generate_all("shared", 3, 4096, 0.1, 1)
+    row, _ = scale.run_one(grads, "dense", 100.0, 1024, 16, 0)
+    assert row["drops_injected"] == 0 and row["retransmissions_per_drop"] is None
+
+
 def test_scale_flags_an_inexact_result(monkeypatch):
     """The exactness check can fail: a wrong reference is caught."""
     grads = workloads.generate_all("shared", 3, 4096, 0.1, 1)

@@ -206,6 +206,62 @@ def test_rx_ring_bounds_the_window(tmp_path):
             d.stop()
 
 
+def test_rx_ring_bounds_the_jobs_together(tmp_path):
+    """Jobs on one daemon share its receive ring: add_job refuses a job that
+    fits alone but not with the jobs already registered, naming the total,
+    those jobs and the fix; remove_job gives a job's frames back."""
+    if not SWITCH.exists():
+        pytest.fail(f"{SWITCH} is not built (make switch)")
+    d = Daemon(tmp_path / "total", ["--vdev", "net_ring0"],
+               ["--rx-ring", "1024", "--mbufs", "1023"])
+    try:
+        d.wait_ready()
+        with d.client() as c:
+            assert c.add_job(**dict(JOB, job=7, workers=4, slots=128))["job"] == 7
+            assert c.add_job(**dict(JOB, job=8, workers=2, slots=192))["job"] == 8
+            with pytest.raises(OutOfRange) as ei:
+                c.add_job(**dict(JOB, job=9, workers=4, slots=64))
+            assert str(ei.value).endswith(
+                "field 'slots': 4 workers x 64 slots = 256 frames in flight, with the 896 "
+                "held by the jobs already on this aggregator (job 7: 512, job 8: 384), make "
+                "1152 frames, more than its receive ring of 1024 frames (rx descriptors): "
+                "use at most 32 slots, remove one of those jobs first, or a daemon with a "
+                "larger ring (af_packet: framecnt=N in its --vdev; other PMDs: --rx-ring N)")
+            # the refused job holds nothing: exactly the 128 frames left fit
+            assert c.add_job(**dict(JOB, job=10, workers=4, slots=32))["job"] == 10
+            with pytest.raises(OutOfRange) as ei:
+                c.add_job(**dict(JOB, job=9, workers=1, slots=1))
+            assert "with the 1024 held by" in str(ei.value)
+            assert "(rx descriptors): remove one of those jobs first" in str(ei.value)
+            # re-adding a registered job is still "already exists"
+            with pytest.raises(ControlError) as ei:
+                c.add_job(**dict(JOB, job=7, workers=4, slots=128))
+            assert ei.value.code == -errno.EEXIST
+            c.remove_job(10)
+            c.remove_job(8)
+            assert c.add_job(**dict(JOB, job=9, workers=4, slots=64))["job"] == 9
+            # a failed remove_job gives nothing back
+            with pytest.raises(ControlError):
+                c.remove_job(8)
+            with pytest.raises(OutOfRange, match="with the 768 held by the jobs already on "
+                               r"this aggregator \(job 7: 512, job 9: 256\)"):
+                c.add_job(**dict(JOB, job=11, workers=4, slots=128))
+            # more than 8 jobs: the first 8 are named, then how many more
+            c.remove_job(7)
+            c.remove_job(9)
+            for job in range(20, 30):
+                c.add_job(**dict(JOB, job=job, workers=4, slots=25))
+            with pytest.raises(OutOfRange) as ei:
+                c.add_job(**dict(JOB, job=30, workers=4, slots=8))
+            assert ("(job 20: 100, job 21: 100, job 22: 100, job 23: 100, job 24: 100, "
+                    "job 25: 100, job 26: 100, job 27: 100 and 2 more), make 1032 frames"
+                    ) in str(ei.value)
+            assert "use at most 6 slots" in str(ei.value)
+        assert d.alive()
+    finally:
+        d.stop()
+
+
 @pytest.mark.parametrize("line, message", [
     # jansson's messages, after the byte offset it stopped at
     (b"{", "bad JSON at byte 1: string or '}' expected near end of file"),

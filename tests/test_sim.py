@@ -671,7 +671,9 @@ def test_window_occupancy_and_full_window_time(slots):
         occupancy = w["flight_ns"] / span
         assert slots / 2 < occupancy <= slots, (occupancy, slots)
         assert 0 < w["window_full_ns"] <= span
-    roomy = 1 << 12  # more slots than the allreduce has chunks
+    # more slots than the allreduce of n/2 has chunks (513), W x S the whole ring
+    roomy = 1 << 10
+    grads = [g[: n // 2] for g in grads]
     with Cluster(workers=W, link_gbps=1.0, agg_link_gbps=1.0, slots=roomy, seed=3) as cl:
         res = cl.allreduce(grads, method="dense", block_elements=BLOCK)
     check_result(res, grads)
@@ -696,3 +698,47 @@ def test_refused_frames_are_sent_later_once():
     assert sum(w["fast_retransmissions"] for w in per) == 0
     assert sum(w["retransmissions"] for w in per) == 0
     assert res.stats["engine"]["duplicates"] == 0
+
+
+def test_jobs_together_must_fit_the_aggregator_ring():
+    """The aggregators' receive ring (4096 frames) bounds the frames in flight
+    of all the jobs on them: a job that overflows it, alone or with the jobs
+    already added, is refused naming the figures, those jobs and the fix;
+    the C call refuses it too (-ERANGE) and a refused job holds nothing."""
+    from homagg.bindings import sim as simb
+    from homagg.errors import OutOfRange
+
+    assert simb.AGG_RX_RING == 4096
+    with pytest.raises(OutOfRange) as ei:
+        Cluster(workers=8, slots=1024)
+    assert str(ei.value) == ("field 'slots': 8 workers x 1024 slots = 8192 frames in flight "
+                             "towards aggregator 0 exceed its receive ring of 4096 frames: use "
+                             "at most 512 slots, or a cluster of its own for this job")
+    with Cluster(workers=4, slots=512, aggregators=2) as cl:
+        cl.add_job(workers=2, slots=512)
+        with pytest.raises(OutOfRange) as ei:
+            cl.add_job(workers=4, slots=300)
+        assert str(ei.value) == (
+            "field 'slots': 4 workers x 300 slots = 1200 frames in flight towards aggregator "
+            "0, with the 3072 held by the jobs already on it (job 0: 2048, job 1: 1024), make "
+            "4272 frames, more than its receive ring of 4096 frames: use at most 256 slots, "
+            "or a cluster of its own for this job")
+        with pytest.raises(OutOfRange):
+            simb.sim_add_job(cl._sim, 4, slots=300)
+        # exactly the 1024 frames left fit; then nothing does
+        job = cl.add_job(workers=4, slots=256)
+        with pytest.raises(OutOfRange, match="with the 4096 held by .*: no slot is left"):
+            cl.add_job(workers=1, slots=1)
+        with pytest.raises(OutOfRange):
+            simb.sim_add_job(cl._sim, 1, slots=1)
+        grads = make_grads(4, 3000, seed=40)
+        check_result(job.allreduce(grads, "dense", block_elements=BLOCK), grads)
+    # a tree: a leaf holds its part of the workers, the root one per leaf
+    with Cluster(workers=8, leaves=2, slots=1024) as cl:
+        with pytest.raises(OutOfRange, match="2 workers x 1 slots = 1 frames in flight towards "
+                           r"aggregator 0, with the 4096 held .*\(job 0: 4096\)"):
+            cl.add_job(workers=2, slots=1)
+    with Cluster(workers=16, leaves=8, slots=256) as cl:
+        cl.add_job(workers=8, slots=256)
+        with pytest.raises(OutOfRange, match="towards aggregator 8, with the 4096 held"):
+            cl.add_job(workers=8, slots=1)

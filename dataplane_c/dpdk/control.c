@@ -35,12 +35,21 @@ struct ctl_conn {
 	char out[CTL_OUT_CAP];
 };
 
+/* A registered job's share of the receive ring: its W x S frames. */
+struct ctl_held {
+	uint32_t job;
+	uint32_t frames;
+};
+
 struct hg_control {
 	int lfd;
 	char path[108];
 	const struct hg_ctl_ops *ops;
 	void *ctx;
 	struct hg_ctl_limits lim;
+	struct ctl_held *held;  /* the jobs added and not yet removed */
+	size_t nheld, capheld;
+	uint64_t held_frames;   /* the sum of their frames */
 	struct ctl_conn conn[CTL_MAX_CONN];
 	char reply[CTL_REPLY_CAP];
 };
@@ -101,6 +110,7 @@ void hg_control_destroy(struct hg_control *c)
 			close(c->conn[i].fd);
 	close(c->lfd);
 	unlink(c->path);
+	free(c->held);
 	free(c);
 }
 
@@ -348,6 +358,60 @@ static int get_parent(struct hg_control *c, const json_t *o,
  * (measured: 4 x 256 frames of 8 KB into af_packet's 512 gave thousands of
  * retransmissions per allreduce), so such a job is refused, with the fix.
  */
+#define CTL_HELD_NAMED 8   /* jobs named in a refusal, then how many more */
+
+/* "job 7: 512, job 8: 384" (the first CTL_HELD_NAMED jobs holding the ring)
+ * into buf. */
+static void held_list(const struct hg_control *c, char *buf, size_t len)
+{
+	size_t i, n = 0;
+
+	buf[0] = '\0';
+	for (i = 0; i < c->nheld && i < CTL_HELD_NAMED && n < len; i++)
+		n += (size_t)snprintf(buf + n, len - n, "%sjob %u: %u", i ? ", " : "",
+				      c->held[i].job, c->held[i].frames);
+	if (c->nheld > CTL_HELD_NAMED && n < len)
+		snprintf(buf + n, len - n, " and %zu more",
+			 c->nheld - CTL_HELD_NAMED);
+}
+
+/*
+ * The jobs registered together share the ring: a job that fits alone is
+ * still refused when its frames and those already held add up to more.
+ */
+static int check_in_flight_total(struct hg_control *c,
+				 const struct hg_ctl_job *j, json_t **reply)
+{
+	uint64_t frames = (uint64_t)j->workers * j->slots;
+	uint64_t total = c->held_frames + frames;
+	uint64_t fit = c->held_frames < c->lim.rx_ring ?
+		       (c->lim.rx_ring - c->held_frames) / j->workers : 0;
+	char jobs[256], fix[64] = "";
+	size_t i;
+
+	if (!c->lim.rx_ring || total <= c->lim.rx_ring)
+		return 0;
+	for (i = 0; i < c->nheld; i++)
+		if (c->held[i].job == j->job)
+			return 0;   /* the engine answers "already exists" */
+	held_list(c, jobs, sizeof(jobs));
+	if (fit)
+		snprintf(fix, sizeof(fix), "use at most %llu slots, ",
+			 (unsigned long long)fit);
+	return reply_error(reply, -ERANGE,
+			   "field 'slots': %u workers x %u slots = %llu frames "
+			   "in flight, with the %llu held by the jobs already on "
+			   "this aggregator (%s), make %llu frames, more than its "
+			   "receive ring of %u frames (%s): %sremove one of those "
+			   "jobs first, or a daemon with a larger ring (af_packet: "
+			   "framecnt=N in its --vdev; other PMDs: --rx-ring N)",
+			   j->workers, j->slots, (unsigned long long)frames,
+			   (unsigned long long)c->held_frames, jobs,
+			   (unsigned long long)total, c->lim.rx_ring,
+			   c->lim.rx_ring_source ? c->lim.rx_ring_source : "rx ring",
+			   fix);
+}
+
 static int check_in_flight(struct hg_control *c, const struct hg_ctl_job *j,
 			   json_t **reply)
 {
@@ -355,7 +419,7 @@ static int check_in_flight(struct hg_control *c, const struct hg_ctl_job *j,
 	uint32_t fit = c->lim.rx_ring / j->workers;
 
 	if (!c->lim.rx_ring || frames <= c->lim.rx_ring)
-		return 0;
+		return check_in_flight_total(c, j, reply);
 	return reply_error(reply, -ERANGE,
 			   "field 'slots': %u workers x %u slots = %llu frames "
 			   "of %u-byte payloads in flight exceed this "
@@ -366,6 +430,38 @@ static int check_in_flight(struct hg_control *c, const struct hg_ctl_job *j,
 			   j->payload, c->lim.rx_ring,
 			   c->lim.rx_ring_source ? c->lim.rx_ring_source : "rx ring",
 			   fit ? fit : c->lim.rx_ring, fit ? "slots" : "workers");
+}
+
+/* Room for one more entry in c->held: 0 or -ENOMEM. */
+static int held_reserve(struct hg_control *c)
+{
+	struct ctl_held *h;
+	size_t cap;
+
+	if (c->nheld < c->capheld)
+		return 0;
+	cap = c->capheld ? 2 * c->capheld : 16;
+	h = realloc(c->held, cap * sizeof(*h));
+	if (!h)
+		return -ENOMEM;
+	c->held = h;
+	c->capheld = cap;
+	return 0;
+}
+
+/* The job gives its frames back (nothing when it held none). */
+static void held_release(struct hg_control *c, uint32_t job)
+{
+	size_t i;
+
+	for (i = 0; i < c->nheld; i++)
+		if (c->held[i].job == job) {
+			c->held_frames -= c->held[i].frames;
+			memmove(&c->held[i], &c->held[i + 1],
+				(c->nheld - i - 1) * sizeof(c->held[0]));
+			c->nheld--;
+			return;
+		}
 }
 
 static int do_add_job(struct hg_control *c, const json_t *o, json_t **reply)
@@ -422,11 +518,15 @@ static int do_add_job(struct hg_control *c, const json_t *o, json_t **reply)
 		hg_auth_wipe(j.secret, sizeof(j.secret));
 		return rc;
 	}
-	rc = c->ops->add_job(c->ctx, &j, err, sizeof(err));
+	rc = held_reserve(c);
+	if (!rc)
+		rc = c->ops->add_job(c->ctx, &j, err, sizeof(err));
 	hg_auth_wipe(j.secret, sizeof(j.secret));
 	if (rc < 0)
 		return reply_error(reply, rc, "add_job %u: %s", j.job,
 				   err[0] ? err : hg_strerror(rc));
+	c->held[c->nheld++] = (struct ctl_held){ j.job, j.workers * j.slots };
+	c->held_frames += j.workers * j.slots;
 	*reply = reply_ok("job", j.job);
 	if (*reply)
 		json_object_set_new(*reply, "incarnation", json_integer(j.incarnation));
@@ -445,6 +545,7 @@ static int do_remove_job(struct hg_control *c, const json_t *o, json_t **reply)
 	if (rc < 0)
 		return reply_error(reply, rc, "remove_job %u: %s", (uint32_t)v,
 				   hg_strerror(rc));
+	held_release(c, (uint32_t)v);
 	*reply = reply_ok("job", v);
 	return 0;
 }

@@ -14,6 +14,9 @@
  *                                 tree leaf below that root (ip, mac and
  *                                 worker required; docs/PROTOCOL.md "Tree")
  *                                 -> {"ok":true,"job":7,"incarnation":N}
+ *                                 refused (-ERANGE) when W x S, alone or
+ *                                 with the jobs registered, exceeds the
+ *                                 receive ring (hg_ctl_limits.rx_ring)
  *   {"cmd":"remove_job","job":7}
  *   {"cmd":"stats"}      -> {"ok":true,"stats":{counter:value,...},...}
  *   {"cmd":"shutdown"}
@@ -67,7 +70,8 @@ struct hg_ctl_limits {
 	uint32_t max_slots;
 	uint32_t max_payload;  /* bytes: the largest payload the port's frames hold */
 	uint32_t mtu;          /* of the port's link, named when a payload is refused */
-	uint32_t rx_ring;      /* frames the receive ring holds: W x S at most (0: no limit) */
+	uint32_t rx_ring;      /* frames the receive ring holds: the sum of the W x S of
+				* the jobs registered at most (0: no limit) */
 	const char *rx_ring_source; /* what sets rx_ring, named when a job is refused */
 };
 

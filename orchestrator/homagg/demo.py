@@ -176,7 +176,9 @@ def main_sim(args, methods):
         for m in methods:
             _progress(f"{m} / {wl}: {W} x {n} float32, density {args.density}, "
                       f"simulated links {args.link_mbit:g} Mbit/s ...")
-            with sim.Cluster(workers=W, link_gbps=args.link_mbit / 1000.0, seed=args.seed) as c:
+            # the default window of 64, or less so that W x S fits the ring
+            with sim.Cluster(workers=W, link_gbps=args.link_mbit / 1000.0, seed=args.seed,
+                             slots=min(64, sim.AGG_RX_RING // W)) as c:
                 r = c.allreduce(grads, method=m)
             st = r.stats
             sent = max(sum(w["bytes_sent"].values()) for w in st["workers"])

@@ -37,9 +37,12 @@ from homagg.bindings.kernels import OP_SUM32
 from homagg.bindings.wire import PROTOCOL_VERSION
 from homagg import auth, protocol
 from homagg.protocol import PIPELINE_GROUPS, check_pipeline_groups
-from homagg.errors import HomAggError, InvalidArgument, PeerTimeout, error_class, error_for
+from homagg.errors import (HomAggError, InvalidArgument, OutOfRange, PeerTimeout,
+                           error_class, error_for)
 
 # The codec options, named as in homagg.codec.Params ("block" is an alias).
+# frames an aggregator's receive ring holds: the W x S of its jobs together
+AGG_RX_RING = _b.AGG_RX_RING
 _CODEC_OPTIONS = ("block_elements", "block", "stochastic", "seed", "nc_levels",
                   "sketch_cells_per_candidate")
 
@@ -244,6 +247,7 @@ class Cluster:
         auth = self.auth if auth is None else auth
         secret = (np.random.default_rng([self._seed, len(self.jobs), 0xA07]).bytes(32)
                   if auth else None)
+        self._check_rings(s, workers, slots)
         idx = _b.sim_add_job(s, workers, slots=slots, rto_ns=int(self._rto * 1e9),
                              rto_max_ns=int(self._rto_max * 1e9),
                              give_up_ns=int(timeout * 1e9),
@@ -252,6 +256,35 @@ class Cluster:
         job = Job(self, idx, workers, slots, secret)
         self.jobs.append(job)
         return job
+
+    def _check_rings(self, s, workers, slots):
+        """Explain what hg_sim_add_job refuses with -ERANGE: a job whose frames
+        in flight, alone or with those of the jobs already added, exceed an
+        aggregator's receive ring (docs/PROTOCOL.md Part 2, "Frames in
+        flight").  The message names the figures, the jobs holding the ring
+        and the fix."""
+        try:
+            per_slot, held = _b.sim_agg_frames(s, 0, workers, 1)
+        except InvalidArgument:
+            return  # W out of range: sim_add_job names it
+        ring = AGG_RX_RING
+        for k in range(self.aggregators):
+            per_slot, held = _b.sim_agg_frames(s, k, workers, 1)
+            frames = _b.sim_agg_frames(s, k, workers, slots or 0)[0]
+            if held + frames <= ring:
+                continue
+            fit = (ring - held) // per_slot
+            fix = (f"use at most {fit} slots" if fit else "no slot is left") + \
+                ", or a cluster of its own for this job"
+            head = (f"field 'slots': {workers} workers x {frames // per_slot} slots = "
+                    f"{frames} frames in flight towards aggregator {k}")
+            if not held:
+                raise OutOfRange(f"{head} exceed its receive ring of {ring} frames: {fix}")
+            jobs = ", ".join(f"job {j.index}: {_b.sim_agg_frames(s, k, j.workers, j.slots or 0)[0]}"
+                             for j in self.jobs)
+            raise OutOfRange(f"{head}, with the {held} held by the jobs already on it ({jobs}), "
+                             f"make {held + frames} frames, more than its receive ring of "
+                             f"{ring} frames: {fix}")
 
     @property
     def workers(self):

@@ -70,6 +70,7 @@ struct sim_agg {
 	uint64_t restart_at;       /* its engine's "received" count; UINT64_MAX: none */
 	uint32_t restart_incarnation;
 	uint32_t incarnation;      /* of its jobs after a restart (0: none yet) */
+	uint32_t held_frames;      /* the frames in flight of the jobs on it */
 };
 
 struct hg_sim {
@@ -176,7 +177,7 @@ static struct hg_nic_port *add_port(struct hg_sim *s, const uint8_t mac[6],
 	pc.ipv4 = ip;
 	pc.udp_port = HG_UDP_PORT;
 	pc.mtu = s->mtu;
-	pc.rx_ring = 4096;
+	pc.rx_ring = HG_SIM_AGG_RX_RING;
 	pc.tx_ring = tx_ring ? tx_ring : 4096;
 	pc.rate_bps = (uint64_t)(gbps * 1e9);
 	pc.prop_delay_ns = s->cfg.delay_ns;
@@ -358,6 +359,42 @@ static int add_tree_job(struct hg_sim *s, int j, struct hg_job_config *ej)
 	return 0;
 }
 
+/* The frames a job of W workers and S slots keeps in flight towards
+ * aggregator k: one per slot from each worker (tree: each leaf's part of
+ * the workers; the root gets one per slot from each leaf). */
+static uint64_t job_frames(const struct hg_sim *s, uint32_t k, uint32_t W,
+			   uint32_t S)
+{
+	if (!s->leaves)
+		return (uint64_t)W * S;
+	if (k == s->leaves)
+		return (uint64_t)s->leaves * S;
+	return (uint64_t)(leaf_first(s, W, k + 1) - leaf_first(s, W, k)) * S;
+}
+
+int hg_sim_agg_frames(const struct hg_sim *s, uint32_t k, uint32_t workers,
+		      uint32_t slots, uint64_t *frames, uint32_t *held)
+{
+	if (!s || !frames || !held || k >= s->naggs || !workers ||
+	    workers > HG_MAX_WORKERS || workers < s->leaves)
+		return -EINVAL;
+	*frames = job_frames(s, k, workers, slots ? slots : DEFAULT_SLOTS);
+	*held = s->agg[k].held_frames;
+	return 0;
+}
+
+/* -ERANGE when the job's frames in flight, with those of the jobs already
+ * on it, overflow an aggregator's receive ring (docs/PROTOCOL.md Part 2,
+ * "Frames in flight"). */
+static int check_rings(const struct hg_sim *s, uint32_t W, uint32_t S)
+{
+	for (uint32_t k = 0; k < s->naggs; k++)
+		if ((uint64_t)s->agg[k].held_frames + job_frames(s, k, W, S) >
+		    HG_SIM_AGG_RX_RING)
+			return -ERANGE;
+	return 0;
+}
+
 int hg_sim_add_job(struct hg_sim *s, const struct hg_sim_job_config *jc)
 {
 	struct hg_job_config ej = { 0 };
@@ -376,6 +413,8 @@ int hg_sim_add_job(struct hg_sim *s, const struct hg_sim_job_config *jc)
 		return -ERANGE;
 	if (s->njobs == HG_SIM_MAX_JOBS)
 		return -ENOSPC;
+	if ((rc = check_rings(s, jc->workers, jc->slots ? jc->slots : DEFAULT_SLOTS)))
+		return rc;
 	j = s->njobs;
 	job = &s->jobs[j];
 	memset(job, 0, sizeof(*job));
@@ -418,6 +457,9 @@ int hg_sim_add_job(struct hg_sim *s, const struct hg_sim_job_config *jc)
 	if (!job->w)
 		return -ENOMEM;
 	s->njobs++; /* from here on destroy frees what exists */
+	for (uint32_t k = 0; k < s->naggs; k++)
+		s->agg[k].held_frames += (uint32_t)job_frames(s, k, job->workers,
+							      job->slots);
 	cc.job = job->id;
 	cc.token = job->token;
 	cc.workers = job->workers;

@@ -27,7 +27,8 @@ the same rule as a flat row's but for the tree's busiest aggregator
   measurement: every worker on its own link, no CPU, no protocol overhead;
   HomAgg's W workers share the aggregator's one link);
 - loss recovery (--drop-rate: each link drops that fraction of the frames
-  it carries): retransmissions, STATUS frames the aggregators sent and the
+  it carries): the frames the links dropped (the fabric's dropped_loss),
+  retransmissions and retransmissions per dropped frame, STATUS frames the aggregators sent and the
   repeats among them, unicast to the asking and the missing workers
   (docs/PROTOCOL.md Part 3 "Fast retransmission"), STATUS frames the
   workers received; a row whose
@@ -59,7 +60,6 @@ def frame_overhead():
     from homagg._native import lib
 
     return 42 + lib.HG_HDR_LEN
-AGG_RX_RING = 4096
 LINK_DELAY = 1e-6  # one-way delay of every simulated link (s)
 
 
@@ -116,7 +116,8 @@ def add_arguments(parser):
                         help="block elements (default HG_DEFAULT_BLOCK)")
     parser.add_argument("--slots", type=int, default=None,
                         help="aggregator slots per job = each worker's window (default: "
-                        "auto_slots(W), so W x S fits in half the aggregator's rx ring)")
+                        "auto_slots(W), so W x S fits in half the aggregator's rx ring; "
+                        "a W x S beyond the ring of 4096 frames is refused)")
     parser.add_argument("--seed", type=int, default=1, help="seed of the gradients")
     parser.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
     parser.add_argument("--out", metavar="DIR", default=None,
@@ -127,7 +128,10 @@ def auto_slots(workers):
     """A window that does not overflow the aggregator: W x S <= 2048 frames,
     half the simulated aggregator port's 4096-frame rx ring (homagg/sim.c).
     A larger window only turns the incast into drops and retransmissions
-    (the row's retransmissions column shows them with --slots)."""
+    (the row's retransmissions column shows them with --slots); one beyond
+    the ring is refused at add_job (homagg.sim.Cluster.add_job)."""
+    from homagg.sim import AGG_RX_RING
+
     return min(64, max(4, AGG_RX_RING // 2 // workers))
 
 
@@ -180,6 +184,7 @@ def run_one(grads, method, link_gbps, block, slots, seed, want=None, f64=None, a
             res, stats, error = None, e.stats, str(e).split("; ")[0]
         wall = time.perf_counter() - t0
         sim = cl.stats()
+        drops = int(cl.fabric_counters()["dropped_loss"])
         aggs = [cl.aggregator_counters(k) for k in range(aggregators)]
     per = stats["workers"]
     sent = [_payload(w["bytes_sent"]) for w in per]
@@ -191,6 +196,7 @@ def run_one(grads, method, link_gbps, block, slots, seed, want=None, f64=None, a
     link_rx = [a["link"]["rx_bytes"] for a in aggs]
     link_tx = [a["link"]["tx_bytes"] for a in aggs]
     ring = ring_bytes_per_worker(W, n)
+    retx = int(sum(w["retransmissions"] for w in per))
     row = {
         "method": method,
         "aggregators": aggregators,
@@ -222,7 +228,9 @@ def run_one(grads, method, link_gbps, block, slots, seed, want=None, f64=None, a
         "ring_bytes_per_worker": ring,
         "ratio_vs_ring": float(np.mean(sent)) / ring if ring else None,
         "ring_model_seconds": ring_model_seconds(W, n, link_gbps),
-        "retransmissions": int(sum(w["retransmissions"] for w in per)),
+        "drops_injected": drops,
+        "retransmissions": retx,
+        "retransmissions_per_drop": retx / drops if drops else None,
         "stalled_blocks": int(per[0]["stalled_blocks"]),
         "exact": None,
         "rel_l2_error": None,
@@ -301,7 +309,10 @@ def _progress(row):
                          f"{row['bytes_sent_per_worker'] / 1e6:.3f} MB/worker "
                          f"({row['ratio_vs_ring']:.3f} x ring), agg "
                          f"{row['agg_payload_gbps']:.1f} Gbit/s, wall {row['wall_seconds']:.2f} s, "
-                         f"retx {row['retransmissions']}, status {row['agg_status_sent']} "
+                         f"drops {row['drops_injected']}, retx {row['retransmissions']}"
+                         + (f" ({row['retransmissions_per_drop']:.2f} per drop)"
+                            if row["retransmissions_per_drop"] is not None else "")
+                         + f", status {row['agg_status_sent']} "
                          f"({row['agg_status_repeats']} repeats unicast), exact {row['exact']}"
                          + (f", error: {row['error']}" if row["error"] else ""))
 
@@ -309,7 +320,8 @@ def _progress(row):
 MD_COLUMNS = ("workers", "aggregators", "leaves", "method", "method_chosen", "slots", "virtual_seconds",
               "ring_model_seconds", "agg_link_rx_max_share", "agg_link_rx_max_gbps",
               "bytes_sent_per_worker", "ring_bytes_per_worker", "ratio_vs_ring",
-              "agg_packets_per_s", "agg_payload_gbps", "wall_seconds", "retransmissions",
+              "agg_packets_per_s", "agg_payload_gbps", "wall_seconds", "drops_injected",
+              "retransmissions", "retransmissions_per_drop",
               "agg_status_sent", "agg_status_repeats", "exact", "rel_l2_error")
 
 

@@ -15,6 +15,8 @@ from homagg.errors import InvalidArgument, ResourceError, check
 
 # the incarnation of every simulated worker
 INCARNATION = lib.HG_SIM_INCARNATION
+# frames an aggregator's receive ring holds: the bound of its jobs' W x S
+AGG_RX_RING = lib.HG_SIM_AGG_RX_RING
 
 
 def params(**fields):
@@ -68,6 +70,16 @@ def sim_add_job(s, workers, slots=0, rto_ns=0, rto_max_ns=0, give_up_ns=0, rto_m
     if secret is not None:
         _fill(jc, {"auth": 1, "secret": bytes(secret)})
     return check(lib.hg_sim_add_job(s, jc), "add job")
+
+
+def sim_agg_frames(s, k, workers, slots=0):
+    """(frames, held): what a job of workers x slots would keep in flight
+    towards aggregator k, and what the jobs already added hold there."""
+    frames = ffi.new("uint64_t *")
+    held = ffi.new("uint32_t *")
+    check(lib.hg_sim_agg_frames(s, int(k), int(workers), int(slots), frames, held),
+          "aggregator frames")
+    return frames[0], held[0]
 
 
 def sim_job_wire(s, job):

@@ -34,6 +34,9 @@ extern "C" {
 /* cdef-begin */
 #define HG_SIM_MAX_JOBS 16
 #define HG_SIM_MAX_AGGREGATORS 64
+/* Frames an aggregator's NIC port holds in its receive ring: the jobs on it
+ * keep at most this many in flight together (hg_sim_add_job). */
+#define HG_SIM_AGG_RX_RING 4096
 #define HG_SIM_INCARNATION 1000
 
 struct hg_sim_config {
@@ -101,10 +104,21 @@ void hg_sim_destroy(struct hg_sim *s);
 
 /*
  * Add a job: its W worker ports and clients, its slots and token on the
- * engine.  Returns the job index (0, 1, ...) or -EINVAL, -ERANGE, -ENOSPC
- * (HG_SIM_MAX_JOBS), -ENOMEM.
+ * engine.  Returns the job index (0, 1, ...) or -EINVAL, -ERANGE (W out of
+ * range; or the job's frames in flight, with those of the jobs already
+ * added, exceed an aggregator's HG_SIM_AGG_RX_RING: hg_sim_agg_frames),
+ * -ENOSPC (HG_SIM_MAX_JOBS), -ENOMEM.
  */
 int hg_sim_add_job(struct hg_sim *s, const struct hg_sim_job_config *jc);
+
+/*
+ * The frames a job of workers x slots (slots 0: the default) would keep in
+ * flight towards aggregator k into *frames (a tree: a leaf gets its part of
+ * the workers, the root one per leaf), and those the jobs already added
+ * hold there into *held.  0, or -EINVAL (NULL, k or workers out of range).
+ */
+int hg_sim_agg_frames(const struct hg_sim *s, uint32_t k, uint32_t workers,
+		      uint32_t slots, uint64_t *frames, uint32_t *held);
 
 /* The job's id and token on the wire (for hand-made frames). */
 int hg_sim_job_wire(const struct hg_sim *s, int job, uint32_t *job_id,
