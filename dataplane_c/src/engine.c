@@ -1178,8 +1178,9 @@ static bool fast_new_shape(struct hg_job *j, const uint8_t *f)
  * A frame taken here is one the full path takes, with the same stage
  * (tests/test_engine.py compares both on hostile and mutated frames).
  * Parse and classify went from ~280 to ~150 instructions per frame, the
- * engine outside the kernel from 619 to 367 with the other changes of the
- * same commits (callgrind, the `homagg bench engine` loop, W = 8, 1 KB).
+ * engine outside the kernel from 619 to 434 with the other changes of the
+ * same commits (callgrind, the `homagg bench engine` loop, W = 8, 1 KB;
+ * the next-frame prefetches included, see PREFETCH_FN).
  */
 static inline bool classify_fast(struct hg_engine *e, struct hg_pkt *pkt,
 				 struct hg_stage *st)
