@@ -214,6 +214,7 @@ def test_allreduce_exact_under_injected_loss(testbed, method):
     assert drops > 0, rep["port_counters"]
     retrans = _worker_sum(rep, "retransmissions")
     fast = _worker_sum(rep, "fast_retransmissions")
+    print(f"{method}: {retrans} retransmissions / {drops} drops = {retrans / drops:.2f}")
     assert 0 < retrans < 2 * drops, (retrans, drops)
     assert fast > _worker_sum(rep, "timeouts"), rep["worker_stats"]
     eng = rep["counters"]

@@ -28,8 +28,9 @@
 /* Results of chunks sent after a missing one that declare it lost (TCP's
  * duplicate-ACK threshold): tolerates reordering by up to DUPTHRESH - 1. */
 #define DUPTHRESH 3
-/* How far a worker sends past a chunk whose slot an overdue repair holds
- * (one lap: K S chunks): the other slots go on meanwhile. */
+/* How far a worker sends past a chunk whose slot an overdue chunk holds
+ * (laps of K S chunks past the lowest unsent one): the other slots go on
+ * meanwhile. */
 #define AHEAD_LAPS 8
 /* A window is stalled (sent again whole) only after a silence of its
  * aggregator of give_up_ns / STALL_WINDOW_DIV: in time for every open chunk's
@@ -39,6 +40,10 @@
  * Part 3): the first turn's STATUS is back after one, so later turns only
  * come when it was lost or late. */
 #define TURNS_MAX 2
+/* Turns every worker after the first waits more: the first turn's STATUS
+ * crosses the queue of a full window (the window goes on past the overdue
+ * chunk meanwhile, hg_cl_tx_new), later than one turn. */
+#define TURNS_LATE 4
 /* A floor spurious timeouts taught the timeout halves after this long
  * without another one (hg_cl_spurious_timeout). */
 #define STALL_MEMORY_NS 1000000000ULL

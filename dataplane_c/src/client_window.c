@@ -458,14 +458,15 @@ static bool chunk_sent(const struct hg_client *c, size_t k)
 
 /*
  * When the chunks after the one holding slot fl may go out without waiting
- * for it: a turn (hg_cl_turn_ns) after its repair was sent or a STATUS showed
- * our contribution in (its answer is overdue: lost, or lost on the way to
- * us); never for a chunk merely waiting for its first answer.  UINT64_MAX:
- * not (yet) known.
+ * for it: a turn (hg_cl_turn_ns) after its latest transmission, or after a
+ * STATUS showed our contribution in (fl->armed).  By then its answer is
+ * overdue: lost, lost on the way to us, or waiting for a peer's repair; a
+ * repair of a lost contribution at a drained queue is back sooner.
+ * UINT64_MAX: the slot is free.
  */
 static uint64_t held_until(const struct hg_client *c, const struct flight *fl)
 {
-	if (!fl->busy || (fl->tries < 2 && !fl->present))
+	if (!fl->busy)
 		return UINT64_MAX;
 	return fl->armed + hg_cl_turn_ns(c, &c->agg[fl->agg]);
 }
@@ -473,11 +474,13 @@ static uint64_t held_until(const struct hg_client *c, const struct flight *fl)
 /*
  * First transmissions of the chunks the window allows: chunk k when the
  * previous chunk of its slot (k - K S) has its result, in order of k.  A
- * chunk whose slot is held by an overdue repair (held_until) waits without
- * holding back the later ones, up to AHEAD_LAPS laps past the lowest unsent
- * chunk: such a repair holds one slot, not this worker's whole window (and
- * with it every peer's, which wait for this worker's contributions), and
- * the results of the chunks sent after it show when it was lost again.
+ * chunk whose slot is held by an overdue chunk (held_until: a turn without
+ * its answer) waits without holding back the later ones, up to AHEAD_LAPS
+ * laps past the lowest unsent chunk: a lost answer then holds one slot, not
+ * this worker's whole window (and with it every peer's, which wait for this
+ * worker's contributions), and the results of the chunks sent after it show
+ * the loss (fast retransmission) where only its timer, at the stall floor,
+ * did.
  */
 void hg_cl_tx_new(struct hg_client *c, uint64_t now)
 {
