@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "codec_lhc_pvt.h"
+#include "prefetch_pvt.h"
 
 /*
  * Bloom filter options (protocol constants): bits per counted element,
@@ -839,8 +840,8 @@ static int peel_block(struct hg_lhc *l, size_t b, const uint8_t *gcells,
  * current one is peeled (both are read once, front to back, when its turn
  * comes; the peeling itself works in L1).
  */
-static void prefetch_block(const struct hg_lhc *l, const struct lhc_block *bk,
-			   const uint8_t *gcells_be32)
+PREFETCH_FN void prefetch_block(const struct hg_lhc *l, const struct lhc_block *bk,
+				const uint8_t *gcells_be32)
 {
 	const uint8_t *c = gcells_be32 + 4 * bk->sketch_off;
 	const uint8_t *p = (const uint8_t *)(l->cand_pos + bk->cand_off);

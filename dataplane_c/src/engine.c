@@ -33,6 +33,7 @@
 #include "homagg/kernels.h"
 #include "homagg/port.h"
 #include "homagg/wire.h"
+#include "prefetch_pvt.h"
 #include "wire_pvt.h"
 
 #define TX_MAX 512
@@ -54,15 +55,6 @@
  * `perf record -e cpu-clock`, `homagg bench engine`, W = 8). */
 #define HDR_AHEAD 4
 #define PREFETCH_BYTES 128
-/*
- * The functions that only prefetch.  gcc 12 -O2 finds such a function pure
- * or const (a prefetch has no effect it sees) and deleted every call of
- * prefetch_range() and prefetch_data(): no payload of the next frame was
- * prefetched, which cost 5-10% of the engine lcore with 8 KB frames from
- * another core (`homagg bench switch --payload 8192`).  Inlined before that
- * analysis, the prefetches stay (objdump shows them in hg_engine_process).
- */
-#define PREFETCH_FN static inline __attribute__((always_inline))
 /*
  * The kernel runs over PIECE_BYTES of input at a time, and before each
  * piece the same bytes of the next frame's payload are prefetched (see
