@@ -40,10 +40,6 @@
  * Part 3): the first turn's STATUS is back after one, so later turns only
  * come when it was lost or late. */
 #define TURNS_MAX 2
-/* Turns every worker after the first waits more: the first turn's STATUS
- * crosses the queue of a full window (the window goes on past the overdue
- * chunk meanwhile, hg_cl_tx_new), later than one turn. */
-#define TURNS_LATE 4
 /* A floor spurious timeouts taught the timeout halves after this long
  * without another one (hg_cl_spurious_timeout). */
 #define STALL_MEMORY_NS 1000000000ULL

@@ -203,7 +203,7 @@ uint64_t hg_cl_turn_ns(const struct hg_client *c, const struct agg *ag)
 
 /*
  * How long after the first turn this worker's turn for chunk number chunk
- * comes: none for rank 0, else TURNS_LATE + min(rank, TURNS_MAX) turns, at
+ * comes: min(rank, TURNS_MAX) turns (none for rank 0), at
  * most rto_max_ns, so that every worker's turn comes soon, however many
  * workers and however inflated the turn (a lost result, which only its
  * worker sees, waits that long; the window goes on meanwhile).
@@ -212,8 +212,7 @@ uint64_t hg_cl_turn_offset(const struct hg_client *c, const struct agg *ag,
 			   uint64_t chunk)
 {
 	uint32_t r = hg_cl_chunk_rank(c, chunk);
-	uint64_t d = r ? (uint64_t)(TURNS_LATE + (r < TURNS_MAX ? r : TURNS_MAX)) *
-			 hg_cl_turn_ns(c, ag) : 0;
+	uint64_t d = (uint64_t)(r < TURNS_MAX ? r : TURNS_MAX) * hg_cl_turn_ns(c, ag);
 
 	return d < c->cfg.rto_max_ns ? d : c->cfg.rto_max_ns;
 }
