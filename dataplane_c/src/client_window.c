@@ -726,9 +726,9 @@ uint64_t hg_cl_next_deadline(const struct hg_client *c, uint64_t now)
 	size_t span = (size_t)c->naggs * c->cfg.slots;
 	uint64_t dl = UINT64_MAX;
 
-	for (size_t i = 0; i < (size_t)c->naggs * c->cfg.slots; i++) {
+	for (size_t i = 0; i < span; i++) {
 		const struct flight *fl = &c->fl[i];
-		uint64_t t;
+		uint64_t t, held;
 
 		if (!fl->busy)
 			continue;
@@ -738,9 +738,10 @@ uint64_t hg_cl_next_deadline(const struct hg_client *c, uint64_t now)
 		if (fl->fast_at && fl->fast_at < t)
 			t = fl->fast_at;
 		/* the chunks after it may go then, when a later one waits */
-		if (held_until(c, fl) > now && held_until(c, fl) < t &&
+		held = held_until(c, fl);
+		if (held > now && held < t &&
 		    (size_t)(fl->chunk - c->st.base) + span < c->st.nchunks)
-			t = held_until(c, fl);
+			t = held;
 		if (t < dl)
 			dl = t;
 		t = fl->first_tx + c->cfg.give_up_ns;
