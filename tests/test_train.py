@@ -80,7 +80,10 @@ def test_ddp_hook_lossless(testbed, model, ranks, method):
 @pytest.mark.dpdk
 def test_train_cli_gloo_baseline_user_model_and_plots(testbed, tmp_path):
     """--model FILE.py:factory, the Gloo baseline phase in the same run, the
-    JSON keys, and the two PNG plots."""
+    JSON keys, and the two PNG plots.  The factory does not seed its layer
+    (as most user code): every rank and phase creates other parameters,
+    yet both phases and the replay start from the snapshot taken after
+    DDP's broadcast, so the replay is bit-identical."""
     import json
     import subprocess
     import sys
@@ -89,7 +92,6 @@ def test_train_cli_gloo_baseline_user_model_and_plots(testbed, tmp_path):
     user.write_text(
         "import torch\n"
         "def factory(rank, world_size, seed):\n"
-        "    torch.manual_seed(seed)\n"
         "    model = torch.nn.Linear(8, 1)\n"
         "    g = torch.Generator().manual_seed(seed * 100 + rank)\n"
         "    w = torch.arange(8.0)\n"
@@ -112,7 +114,9 @@ def test_train_cli_gloo_baseline_user_model_and_plots(testbed, tmp_path):
               "bytes_per_rank", "losses", "params_identical_across_ranks",
               "replay_bit_identical", "backward_comm_seconds", "buckets"):
         assert k in rep, k
-    assert rep["params_identical_across_ranks"] and rep["replay_bit_identical"]
+    assert rep["params_identical_across_ranks"] and rep["replay_bit_identical"], rep["replay"]
+    assert rep["initial_params_same_in_phases"] is True
+    assert rep["replay"]["first_mismatch"] is None
     assert rep["speedup_vs_gloo"] == pytest.approx(
         rep["gloo_iteration_seconds"] / rep["iteration_seconds"])
     assert len(rep["gloo_losses"]) == len(rep["losses"]) == 4
@@ -447,10 +451,13 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def test_dead_aggregator_raises_in_backward_within_timeout_naming_it():
+def test_dead_aggregator_raises_in_backward_within_timeout_naming_it(caplog):
     """DDP (one Gloo rank in this process) with the hook configured from
     HOMAGG_* variables towards an address where no aggregator listens:
-    backward raises PeerTimeout naming it within the timeout, no hang."""
+    with fallback=False backward raises PeerTimeout naming it within the
+    timeout, no hang; with the default fallback the bucket is reduced by
+    the process group (gradients equal to the plain model's), a warning
+    names the aggregator, and HomAgg is tried again after the back-off."""
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -467,7 +474,8 @@ def test_dead_aggregator_raises_in_backward_within_timeout_naming_it():
         with pytest.raises(hgt.ConfigError, match="2 workers.*world size is 1"):
             hgt.HookState(env=dict(env, HOMAGG_WORKERS="2"))
         model = DDP(torch.nn.Linear(16, 4))
-        state = hgt.HookState(env=env)
+        state = hgt.HookState(env=env, fallback=False)
+        assert not state.fallback
         model.register_comm_hook(state, hgt.allreduce_hook)
         loss = model(torch.randn(8, 16)).sum()
         t0 = time.monotonic()
@@ -479,6 +487,76 @@ def test_dead_aggregator_raises_in_backward_within_timeout_naming_it():
         with pytest.raises(PeerTimeout):
             state.worker.allreduce(np.ones(4, np.float32))
         state.close()
+
+        # the default, fallback=True: the bucket goes through the process
+        # group (one rank: its own gradient / 1), a warning and the counters
+        torch.manual_seed(0)
+        local = torch.nn.Linear(16, 4)
+        model = DDP(torch.nn.Linear(16, 4))
+        local.load_state_dict(model.module.state_dict())
+        state = hgt.HookState(env=env, backoff=0.01, backoff_max=0.01)
+        assert state.fallback
+        model.register_comm_hook(state, hgt.allreduce_hook)
+        x = torch.randn(8, 16)
+        with caplog.at_level("WARNING", logger="homagg.torch"):
+            model(x).sum().backward()
+        local(x).sum().backward()
+        for a, b in zip(model.module.parameters(), local.parameters()):
+            assert torch.equal(a.grad, b.grad)
+        assert state.counters == {"homagg_failures": 1, "fallback_buckets": 1, "retries": 0}
+        assert [e["path"] for e in state.take_log()] == ["fallback"]
+        assert dead in caplog.text and "process group's allreduce" in caplog.text
+        time.sleep(0.02)  # past the back-off: the next bucket tries HomAgg again
+        model(x).sum().backward()
+        assert state.counters["retries"] == 1 and state.counters["homagg_failures"] == 2
+        state.close()
     finally:
         dist.destroy_process_group()
         os.unlink(store.name)
+
+
+def test_replay_names_the_first_step_and_parameter_that_differ(tmp_path):
+    """No network: what two ranks leave in the run folder for 3 steps of a
+    Linear(4, 2) (snapshot, bucket layout, recorded gradients, per-step
+    hashes, final parameters), made with the oracle and SGD.  The replay
+    is bit-identical; with rank 1's recorded gradient of the bias changed
+    at step 1 it reports step 1 and the parameter "bias"."""
+    import json
+
+    user = tmp_path / "lin.py"
+    user.write_text("import torch\n"
+                    "def factory(rank, world_size, seed):\n"
+                    "    return torch.nn.Linear(4, 2), iter(()), torch.nn.MSELoss()\n")
+    W, lr, steps = 2, 0.1, 3
+    net = torch.nn.Linear(4, 2)
+    np.savez(tmp_path / "init-0.npz", **{n: p.detach().numpy() for n, p in
+                                         net.named_parameters()})
+    opt = torch.optim.SGD(net.parameters(), lr=lr)
+    rng = np.random.default_rng(4)
+    grads, layout, digests = [{}, {}], [], []
+    for step in range(steps):
+        xs = [rng.standard_normal(10).astype(np.float32) for _ in range(W)]
+        for r in range(W):
+            grads[r][f"s{step}_b0"] = xs[r]
+        layout.append({"step": step, "bucket": 0, "params": ["weight", "bias"]})
+        y = oracle_allreduce(xs, BLOCK) / np.float32(W)
+        net.weight.grad = torch.from_numpy(y[:8].copy()).reshape(2, 4)
+        net.bias.grad = torch.from_numpy(y[8:].copy())
+        opt.step()
+        digests.append({n: trainmod._digest(p) for n, p in net.named_parameters()})
+    np.savez(tmp_path / "params-dense-0.npz", **{n: p.detach().numpy() for n, p in
+                                                 net.named_parameters()})
+    with open(tmp_path / "digests-0.json", "w") as f:
+        json.dump(digests, f)
+    for r in range(W):
+        with open(tmp_path / f"layout-{r}.json", "w") as f:
+            json.dump(layout, f)
+        np.savez(tmp_path / f"grads-{r}.npz", **grads[r])
+    model = f"{user}:factory"
+    rp = trainmod.replay(str(tmp_path), model, W, 1, lr, BLOCK)
+    assert rp["bit_identical"] is True and rp["first_mismatch"] is None, rp
+    grads[1]["s1_b0"][9] += np.float32(0.5)  # the bias's second entry, step 1
+    np.savez(tmp_path / "grads-1.npz", **grads[1])
+    rp = trainmod.replay(str(tmp_path), model, W, 1, lr, BLOCK)
+    assert rp["bit_identical"] is False
+    assert rp["first_mismatch"] == {"step": 1, "parameter": "bias"}

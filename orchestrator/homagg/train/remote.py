@@ -42,7 +42,8 @@ def _files(W: int, phases: list[str]) -> list[str]:
     for ph in phases:
         out.append(f"params-{ph}-{{rank}}.npz")
     if any(ph != "gloo" for ph in phases):
-        out += ["grads-{rank}.npz", "layout-{rank}.json"]
+        out += ["grads-{rank}.npz", "layout-{rank}.json", "digests-{rank}.json"]
+    out.append("init-{rank}.npz")
     return out + [REPORT]
 
 

@@ -24,13 +24,20 @@ ranks) and its wall time, and the speedup: Gloo's iteration time / HomAgg's.
 HomAgg's phase also reports every bucket's size, gradient density, the
 method that ran (auto's choice) and its payload bytes.
 
+Every phase and the replay start from the same parameters: the first
+phase snapshots the module's state right after DDP's broadcast (what DDP
+actually trains from) and the later phases load it, so nothing depends on
+the factory seeding its layers (initial_params_same_in_phases).
+
 Lossless, checked on every run with an exact method: after the last step
 every rank's parameters are compared bit for bit
 (params_identical_across_ranks), and a single-process replay starts from
-the same initial model and applies, at every step, the fixed-point
+rank 0's snapshot and applies, at every step, the fixed-point
 reference sum (homagg.reference, numpy) of the per-rank bucket gradients
 the ranks recorded, divided by the world size, with the same optimiser:
-its parameters must equal the ranks' bit for bit (replay_bit_identical).
+its parameters must equal the ranks' bit for bit (replay_bit_identical);
+otherwise replay.first_mismatch names the first step and parameter whose
+values differ from rank 0's (hashes recorded after every step).
 With nc (lossy) both are reported, and the loss curve's largest relative
 distance from the Gloo run's (loss_band_vs_gloo).
 
@@ -48,6 +55,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import hashlib
 import importlib
 import importlib.util
 import json
@@ -120,10 +128,23 @@ def _iface_tx(ifname: str) -> int:
         return 0
 
 
-def _phase(spec, dist, torch, method, record_dir):
+def _digest(tensor) -> str:
+    """Hash of a tensor's bytes (its values bit for bit)."""
+    a = tensor.detach().contiguous().numpy()
+    return hashlib.blake2b(a.view(np.uint8).reshape(-1), digest_size=16).hexdigest()
+
+
+def _phase(spec, dist, torch, method, record_dir, snapshot):
     """Train spec["steps"] steps with ``method`` ("gloo": plain DDP);
     returns the per-rank report; with ``record_dir`` the bucket inputs of
-    every step and the final parameters are saved there."""
+    every step, rank 0's initial parameters, every step's parameter hashes
+    and the final parameters are saved there.
+
+    ``snapshot`` (a dict, shared by the phases of one rank): empty in the
+    first phase, which fills it with the module's state right after DDP's
+    broadcast (the parameters DDP actually trains from); later phases load
+    it, so every phase and the replay start from the same parameters even
+    when the factory does not seed its layers."""
     import homagg.torch as hgt
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -132,10 +153,21 @@ def _phase(spec, dist, torch, method, record_dir):
     model, batches, loss_fn = factory(rank, world, spec["seed"])
     batches = iter(batches)
     ddp = DDP(model, bucket_cap_mb=spec["bucket_mb"])
+    if not snapshot:
+        snapshot.update({k: v.detach().clone() for k, v in ddp.module.state_dict().items()})
+        if record_dir:
+            np.savez(os.path.join(record_dir, f"init-{rank}.npz"),
+                     **{n: p.detach().numpy() for n, p in ddp.module.named_parameters()})
+    else:
+        with torch.no_grad():
+            ddp.module.load_state_dict(snapshot)
+    initial = hashlib.blake2b(digest_size=16)
+    for n, p in ddp.module.named_parameters():
+        initial.update(n.encode() + _digest(p).encode())
     opt = torch.optim.SGD(ddp.parameters(), lr=spec["lr"])
     names = {id(p): n for n, p in ddp.module.named_parameters()}
     state = None
-    record = {"step": 0, "buckets": []}
+    record = {"step": 0, "buckets": [], "digests": []}
     if method != "gloo":
         def recorder(index, x, y, params):
             record["buckets"].append({"step": record["step"], "bucket": index,
@@ -162,6 +194,9 @@ def _phase(spec, dist, torch, method, record_dir):
             opt.step()
             t3 = time.perf_counter()
             losses.append(float(loss.detach()))
+            if record_dir and method != "gloo":  # the replay names the first step that differs
+                record["digests"].append({n: _digest(p) for n, p in
+                                          ddp.module.named_parameters()})
             if step >= warmup:
                 step_s.append(t3 - t0)
                 bwd_s.append(t2 - t1)
@@ -189,7 +224,7 @@ def _phase(spec, dist, torch, method, record_dir):
     out = {"rank": rank, "method": method, "losses": losses, "step_seconds": step_s,
            "backward_seconds": bwd_s, "compute_seconds": compute_s,
            "tx_bytes_per_step": (tx1 - tx0) / max(1, steps),
-           "buckets": _bucket_summary(buckets)}
+           "buckets": _bucket_summary(buckets), "initial_digest": initial.hexdigest()}
     if record_dir:
         np.savez(os.path.join(record_dir, f"params-{method}-{rank}.npz"), **final)
         if method != "gloo":
@@ -198,6 +233,8 @@ def _phase(spec, dist, torch, method, record_dir):
             layout = [{k: b[k] for k in ("step", "bucket", "params")} for b in record["buckets"]]
             with open(os.path.join(record_dir, f"layout-{rank}.json"), "w") as f:
                 json.dump(layout, f)
+            with open(os.path.join(record_dir, f"digests-{rank}.json"), "w") as f:
+                json.dump(record["digests"], f)
     return out
 
 
@@ -248,9 +285,9 @@ def _child(spec: dict) -> int:
                             world_size=spec["world"],
                             timeout=datetime.timedelta(seconds=spec["start_timeout"]))
     try:
-        reports = []
+        reports, snapshot = [], {}
         for method in spec["phases"]:
-            reports.append(_phase(spec, dist, torch, method, spec["workdir"]))
+            reports.append(_phase(spec, dist, torch, method, spec["workdir"], snapshot))
         line = json.dumps({"rank": spec["rank"], "phases": reports})
         if spec.get("report"):  # remote hosts: a file the caller polls for
             tmp = spec["report"] + ".tmp"
@@ -277,10 +314,13 @@ def params_identical(workdir: str, method: str, world: int) -> bool:
 
 
 def replay(workdir: str, model: str, world: int, seed: int, lr: float, block: int) -> dict:
-    """One process, no network: the initial model, then at every step the
-    fixed-point reference sum of the ranks' recorded bucket gradients / W
-    and the same SGD step.  Returns {"bit_identical", "max_abs_diff",
-    "steps", "buckets"} against rank 0's final parameters."""
+    """One process, no network: the parameters DDP trained from (rank 0's
+    snapshot after DDP's broadcast), then at every step the fixed-point
+    reference sum of the ranks' recorded bucket gradients / W and the same
+    SGD step.  Returns {"bit_identical", "max_abs_diff", "steps", "buckets",
+    "first_mismatch"} against rank 0's final parameters; first_mismatch
+    ({"step", "parameter"} or None) is the first step, and the first
+    parameter in the model's order, whose values differ from rank 0's."""
     import torch
 
     from homagg import reference as ref
@@ -288,8 +328,15 @@ def replay(workdir: str, model: str, world: int, seed: int, lr: float, block: in
     torch.set_num_threads(1)
     factory, _ = load_factory(model)
     net, _, _ = factory(0, world, seed)
-    opt = torch.optim.SGD(net.parameters(), lr=lr)
     params = dict(net.named_parameters())
+    init = np.load(os.path.join(workdir, "init-0.npz"))
+    with torch.no_grad():
+        for name, p in params.items():
+            p.copy_(torch.from_numpy(init[name]))
+    opt = torch.optim.SGD(net.parameters(), lr=lr)
+    with open(os.path.join(workdir, "digests-0.json")) as f:
+        digests = json.load(f)
+    first_mismatch = None
     layouts = []
     for r in range(world):
         with open(os.path.join(workdir, f"layout-{r}.json")) as f:
@@ -315,6 +362,11 @@ def replay(workdir: str, model: str, world: int, seed: int, lr: float, block: in
                 raise TrainError(f"replay: bucket {e['bucket']} holds {y.size} elements, "
                                  f"its parameters {off}")
         opt.step()
+        if first_mismatch is None and step < len(digests):
+            for name, p in params.items():
+                if _digest(p) != digests[step].get(name):
+                    first_mismatch = {"step": step, "parameter": name}
+                    break
     final = np.load(os.path.join(workdir, f"params-{_homagg_phase(workdir)}-0.npz"))
     same, diff = True, 0.0
     for name, p in params.items():
@@ -322,8 +374,12 @@ def replay(workdir: str, model: str, world: int, seed: int, lr: float, block: in
         b = final[name]
         same &= bool(np.array_equal(a.view(np.uint32), b.view(np.uint32)))
         diff = max(diff, float(np.max(np.abs(a.astype(np.float64) - b))))
+    if not same and first_mismatch is None:
+        first_mismatch = {"step": steps[-1] if steps else None,
+                          "parameter": next(n for n, p in params.items()
+                                            if not np.array_equal(p.detach().numpy(), final[n]))}
     return {"bit_identical": same, "max_abs_diff": diff, "steps": len(steps),
-            "buckets": len(layouts[0])}
+            "buckets": len(layouts[0]), "first_mismatch": first_mismatch}
 
 
 def _max_diff(workdir: str, a: str, b: str) -> float:
@@ -373,6 +429,10 @@ def summarize(method: str, rank_reports: list[dict], workdir: str, args_like: di
            "steps": args_like["steps"], "warmup": args_like["warmup"],
            "lr": args_like["lr"], "seed": args_like["seed"],
            "bucket_mb": args_like["bucket_mb"], "sparsify": args_like.get("sparsify")}
+    # every phase of every rank started from the same parameters (hash)
+    rep["initial_params_same_in_phases"] = len({ph.get("initial_digest")
+                                                for rr in rank_reports
+                                                for ph in rr["phases"]}) == 1
     gloo = _phase_summary(by_method["gloo"]) if "gloo" in by_method else None
     if gloo:
         rep.update({"gloo_iteration_seconds": gloo["iteration_seconds"],
@@ -652,6 +712,11 @@ def print_report(rep: dict, as_json: bool = False) -> int:
     print("  loss: " + " ".join(f"{v:.4f}" for v in rep["losses"]))
     print(f"  parameters bit-identical across ranks: {rep['params_identical_across_ranks']}")
     print(f"  bit-identical to the single-process reference replay: {rep['replay_bit_identical']}")
+    miss = (rep.get("replay") or {}).get("first_mismatch")
+    if rep["replay_bit_identical"] is False and miss:
+        print(f"  the replay first differs at step {miss['step']}, parameter {miss['parameter']}")
+    if not rep.get("initial_params_same_in_phases", True):
+        print("  warning: the phases started from different parameters")
     if rep.get("loss_band_vs_gloo") is not None:
         print(f"  largest relative loss distance from the gloo run: {rep['loss_band_vs_gloo']:.2e}"
               f" (largest parameter difference {rep['max_param_diff_vs_gloo']:.2e})")
