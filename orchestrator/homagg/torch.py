@@ -42,12 +42,42 @@ each variable overriding the same field of the job file::
     HOMAGG_TIMEOUT    seconds without progress before an allreduce fails (10)
     HOMAGG_SLOTS, HOMAGG_PAYLOAD  the job's slots and payload bytes (64, 1024)
 
-A missing aggregator is an error naming the variable to set; an aggregator
-that does not answer makes the backward pass raise PeerTimeout naming it
-within HOMAGG_TIMEOUT seconds.
+A missing aggregator is an error naming the variable to set.
+
+Surviving the aggregator (``fallback=True``, the default, when
+torch.distributed is initialised): a bucket whose HomAgg allreduce fails on
+any rank (aggregator dead or restarted, job gone, timeout) is reduced with
+the process group's own allreduce (a Gloo group the hook creates, the
+float32 sum / W) and training goes on.  The ranks agree per bucket over
+that group, in bucket order, on the hook's thread:
+
+1. a rank that is healthy tries HomAgg; then every rank contributes 0 (it
+   succeeded) or 1 (it failed) to an allreduce MAX of one int32: 0 -> every
+   rank keeps HomAgg's result; 1 -> every rank drops it and the bucket goes
+   through the group's allreduce, so parameters stay identical even when
+   one rank failed while the others succeeded;
+2. after a failure the hook backs off (``backoff`` seconds, doubling per
+   consecutive failure up to ``backoff_max``): each bucket first agrees, by
+   the same MAX of one flag (1: "my back-off has not elapsed"), whether to
+   try HomAgg again; until every rank's has elapsed the bucket goes through
+   the group.  A retry makes a fresh HomAgg worker (a new incarnation) when
+   the hook made its worker from the environment, so an aggregator
+   restarted (and its job registered again) is used again without
+   restarting training.
+
+Every failure logs a warning (logger ``homagg.torch``) and counts in
+``HookState.counters`` ("homagg_failures", "fallback_buckets", "retries");
+each bucket's log entry says which path reduced it ("path": "homagg" or
+"fallback").  The agreement costs one allreduce of 4 bytes per bucket.
+With ``fallback=False`` (or without torch.distributed) a failure is raised
+by the backward pass: PeerTimeout naming the aggregator within
+HOMAGG_TIMEOUT seconds.
 """
 
+import concurrent.futures
 import dataclasses
+import inspect
+import logging
 import math
 import threading
 import time
@@ -114,13 +144,21 @@ class HookState:
     with ``take_log()``.  ``recorder(bucket, x, y, params)``, when given,
     is called on the background thread with each bucket's float32 input as
     summed (after sparsification), its averaged result and the bucket's
-    parameters (their gradients lie in x in this order)."""
+    parameters (their gradients lie in x in this order); a recorder that
+    takes a ``path`` keyword also gets "homagg" or "fallback".
+
+    ``fallback`` (default True), ``backoff`` and ``backoff_max`` (seconds):
+    see "Surviving the aggregator" in the module doc."""
 
     def __init__(self, worker=None, *, method="auto", sparsify=None, process_group=None,
-                 block=None, nc_levels=0, seed=0, recorder=None, env=None):
+                 block=None, nc_levels=0, seed=0, recorder=None, env=None, fallback=True,
+                 backoff=1.0, backoff_max=60.0):
         protocol.method(method)  # InvalidArgument naming the choices
         if sparsify is not None and not hasattr(sparsify, "mask"):
             raise InvalidArgument("sparsify must be homagg.torch.TopK(...) or Threshold(...)")
+        if not 0 < backoff <= backoff_max:
+            raise InvalidArgument(f"backoff {backoff} and backoff_max {backoff_max}: "
+                                  "need 0 < backoff <= backoff_max (seconds)")
         self.method = method
         self.sparsify = sparsify
         self.block = block
@@ -131,10 +169,25 @@ class HookState:
         self.log = []
         self._log_lock = threading.Lock()
         self._calls = 0
+        self._recorder_path = recorder is not None and _takes_keyword(recorder, "path")
+        self._make_worker = None
         if worker is None:
-            worker = self._worker_from_environment(process_group, env)
+            self._make_worker = lambda: self._worker_from_environment(process_group, env)
+            worker = self._make_worker()
         self.worker = worker
         self.world_size = worker.workers
+        self.backoff, self.backoff_max = float(backoff), float(backoff_max)
+        self.counters = {"homagg_failures": 0, "fallback_buckets": 0, "retries": 0}
+        self._failures = 0  # consecutive agreed failures
+        self._retry_at = None  # monotonic time of the next HomAgg try; None: healthy
+        self._group = None
+        self.fallback = False
+        if fallback:
+            self._group = _fallback_group(process_group)
+            self.fallback = self._group is not None
+        # one thread runs the buckets in order: HomAgg, the agreement, the fallback
+        self._executor = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix=f"homagg-hook{worker.worker}")
 
     @staticmethod
     def _worker_from_environment(process_group, env):
@@ -165,7 +218,9 @@ class HookState:
         return out
 
     def close(self):
-        self.worker.close()
+        self._executor.shutdown(wait=True)
+        if self.worker is not None:
+            self.worker.close()
 
     # -- per bucket ----------------------------------------------------------
 
@@ -200,29 +255,113 @@ class HookState:
         t0 = time.perf_counter()
         seed = self.seed + self._calls
         self._calls += 1
-        cf = self.worker.allreduce_async(x, self.method, block=self.block,
-                                         nc_levels=self.nc_levels, seed=seed, info=info)
         world = np.float32(self.world_size)
 
-        def done(f):
+        def run():
             try:
-                y = f.result()
+                y, path = self._reduce_sum(index, x, seed, info)
                 np.divide(y, world, out=y)
                 if self.recorder is not None:
-                    self.recorder(index, x, y, params)
+                    if self._recorder_path:
+                        self.recorder(index, x, y, params, path=path)
+                    else:
+                        self.recorder(index, x, y, params)
                 with self._log_lock:
                     self.log.append({
                         "bucket": index, "numel": int(x.size),
                         "nnz": int(np.count_nonzero(x)), "method": info.get("method"),
-                        "bytes_sent": info.get("bytes_sent"),
+                        "bytes_sent": info.get("bytes_sent"), "path": path,
                         "seconds": time.perf_counter() - t0, "dtype": str(dtype)})
                 out = torch.from_numpy(y).to(dtype).reshape(buffer.shape)
                 fut.set_result(out)
             except BaseException as exc:  # the backward pass raises it
                 fut.set_exception(exc)
 
-        cf.add_done_callback(done)
+        self._executor.submit(run)
         return fut
+
+    # -- the path of one bucket (on the hook's thread, buckets in order) -----
+
+    def _reduce_sum(self, index, x, seed, info):
+        """The sum of x over the ranks and the path that made it."""
+        if not self.fallback:
+            return self._homagg(x, seed, info), "homagg"
+        if self._retry_at is not None:
+            # backing off: try HomAgg again only when every rank's back-off elapsed
+            if self._agree(time.monotonic() < self._retry_at):
+                return self._group_sum(x, info), "fallback"
+            self.counters["retries"] += 1
+        error = None
+        try:
+            if self.worker is None:
+                self.worker = self._make_worker()
+            y = self._homagg(x, seed, info)
+        except Exception as exc:  # noqa: BLE001 - every rank must reach the agreement
+            error = exc
+        if not self._agree(error is not None):
+            self._failures, self._retry_at = 0, None
+            return y, "homagg"
+        self._failures += 1
+        self.counters["homagg_failures"] += 1
+        wait = min(self.backoff_max, self.backoff * 2 ** (self._failures - 1))
+        self._retry_at = time.monotonic() + wait
+        why = f"{type(error).__name__}: {error}" if error else "another rank's HomAgg failed"
+        _log.warning("homagg.torch: bucket %d reduced with the process group's allreduce "
+                     "(%s); HomAgg tried again in %.3g s", index, why, wait)
+        if self._make_worker is not None and self.worker is not None:
+            # a fresh worker (new incarnation) for the retry
+            worker, self.worker = self.worker, None
+            try:
+                worker.close()
+            except Exception as exc:  # noqa: BLE001 - it failed already
+                _log.debug("closing the failed HomAgg worker: %s", exc)
+        info.clear()
+        return self._group_sum(x, info), "fallback"
+
+    def _homagg(self, x, seed, info):
+        return self.worker.allreduce(x, self.method, block=self.block, nc_levels=self.nc_levels,
+                                     seed=seed, info=info)
+
+    def _agree(self, flag):
+        """Every rank's flag, reduced with MAX over the hook's group."""
+        import torch.distributed as dist
+
+        t = torch.tensor([1 if flag else 0], dtype=torch.int32)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self._group)
+        return bool(t.item())
+
+    def _group_sum(self, x, info):
+        import torch.distributed as dist
+
+        self.counters["fallback_buckets"] += 1
+        t = torch.from_numpy(np.array(x, dtype=np.float32, copy=True))
+        dist.all_reduce(t, op=dist.ReduceOp.SUM, group=self._group)
+        info["method"] = dist.get_backend(self._group)
+        info["bytes_sent"] = None
+        return t.numpy()
+
+
+_log = logging.getLogger("homagg.torch")
+
+
+def _takes_keyword(fn, name):
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+
+def _fallback_group(process_group):
+    """A Gloo group of the ranks of ``process_group`` (default: every rank)
+    for the fallback's agreement and allreduce, or None without
+    torch.distributed.  Collective: every rank of the default group calls it."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    ranks = None if process_group is None else dist.get_process_group_ranks(process_group)
+    return dist.new_group(ranks=ranks, backend="gloo")
 
 
 def allreduce_hook(state: HookState, bucket) -> torch.futures.Future[torch.Tensor]:
