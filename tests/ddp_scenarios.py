@@ -1,0 +1,190 @@
+"""One rank of a small DDP training job through homagg.torch, as a training
+script would be written, for tests/test_train_jobs.py.
+
+    python ddp_scenarios.py SCENARIO OUTDIR
+
+Rank and world size come from the environment as torchrun sets them
+(RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), the HomAgg job from
+HOMAGG_JOB_FILE (and HOMAGG_BIND when given).  Every rank saves to
+OUTDIR/rank-R.pt: its final parameters and, per hook call in order, the
+bucket's float32 input, its averaged result and the path that reduced it
+("homagg" or "fallback").
+
+Scenarios:
+  plain      one model, 4 steps
+  bf16       forward under torch.autocast(cpu, bfloat16), 4 steps
+  nosync     gradient accumulation: 2 micro-batches under no_sync, then one
+             that synchronises; 3 optimiser steps
+  two        two DDP models in one process sharing one HookState, 3 steps
+  join       uneven inputs: rank r has 3 + r batches, torch's Join context
+  fallback   8 steps; before steps 3 and 5 the ranks wait for OUTDIR/go-3
+             and OUTDIR/go-5 (rank 0 writes at-3 / at-5 when all arrived):
+             the test kills the aggregator, then restarts it
+  inject     4 steps; rank 1's HomAgg call #2 raises after the sum
+             arrived (the other ranks' succeed)
+  backend    no DDP: init_process_group("cpu:homagg"), dist.all_reduce
+             SUM and AVG of float32 / float16 / bfloat16 tensors, then
+             delegated collectives (int64 and MAX allreduce, broadcast,
+             all_gather, all_gather_object, barrier); saves OUTDIR/rank-R.pt
+             with every input and output
+"""
+import datetime
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import homagg.torch as hgt
+from homagg.errors import PeerTimeout
+
+
+def model(seed, d_in=12, d_out=3):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(d_in, 16), torch.nn.ReLU(),
+                               torch.nn.Linear(16, d_out))
+
+
+def batch(rank, step, d_in=12, d_out=3):
+    g = torch.Generator().manual_seed(1000 * rank + step)
+    return torch.randn(8, d_in, generator=g), torch.randn(8, d_out, generator=g)
+
+
+def wait_for(path, timeout=120.0):
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} did not appear within {timeout} s")
+        time.sleep(0.02)
+
+
+def backend(outdir):
+    import numpy as np
+
+    import homagg.torch_backend  # noqa: F401  (registers "homagg")
+
+    dist.init_process_group("cpu:homagg", timeout=datetime.timedelta(seconds=120))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    assert dist.get_backend() == "cpu:homagg", dist.get_backend()
+    rng = np.random.default_rng(50 + rank)
+    out = {"reduced": [], "delegated": {}}
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        for op in (dist.ReduceOp.SUM, dist.ReduceOp.AVG):
+            x = rng.standard_normal(3000).astype(np.float32)
+            x[rng.random(3000) < 0.6] = 0
+            t = torch.from_numpy(x).to(dtype)
+            before = t.clone()
+            if op == dist.ReduceOp.AVG:
+                dist.all_reduce(t, op=op, async_op=True).wait()
+            else:
+                dist.all_reduce(t, op=op)
+            out["reduced"].append({"dtype": str(dtype), "avg": op == dist.ReduceOp.AVG,
+                                   "x": before, "y": t})
+    d = out["delegated"]
+    n = torch.tensor([rank + 1, 10 * (rank + 1)], dtype=torch.int64)
+    dist.all_reduce(n)
+    d["int64_sum"] = n
+    m = torch.tensor([float(rank), -float(rank)])
+    dist.all_reduce(m, op=dist.ReduceOp.MAX)
+    d["max"] = m
+    b = torch.full((4,), float(rank))
+    dist.broadcast(b, src=world - 1)
+    d["broadcast"] = b
+    gathered = [torch.zeros(2) for _ in range(world)]
+    dist.all_gather(gathered, torch.tensor([float(rank), 2.0 * rank]))
+    d["all_gather"] = gathered
+    objs = [None] * world
+    dist.all_gather_object(objs, {"rank": rank})
+    d["all_gather_object"] = objs
+    dist.barrier()
+    pg = dist.distributed_c10d._get_default_group()
+    out["counters"] = dict(pg.counters)
+    torch.save(out, os.path.join(outdir, f"rank-{rank}.pt"))
+    pg.close()
+    dist.destroy_process_group()
+
+
+def main(scenario, outdir):
+    if scenario == "backend":
+        return backend(outdir)
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
+    rank = dist.get_rank()
+    records = []
+
+    def recorder(index, x, y, params, path):
+        records.append({"bucket": index, "x": torch.from_numpy(x.copy()),
+                        "y": torch.from_numpy(y.copy()), "path": path})
+
+    kw = {"backoff": 0.1, "backoff_max": 0.1} if scenario == "fallback" else {}
+    state = hgt.HookState(recorder=recorder, **kw)
+    if scenario == "inject" and rank == 1:
+        real, calls = state.worker.allreduce, [0]
+
+        def failing(*args, **kwargs):
+            out = real(*args, **kwargs)
+            calls[0] += 1
+            if calls[0] == 2:
+                raise PeerTimeout("injected: this rank's HomAgg call failed")
+            return out
+
+        state.worker.allreduce = failing
+    nets = [DDP(model(1))]
+    if scenario == "two":
+        nets.append(DDP(model(2, 12, 5)))
+    for net in nets:
+        net.register_comm_hook(state, hgt.allreduce_hook)
+    opts = [torch.optim.SGD(n.parameters(), lr=0.1) for n in nets]
+    loss_fn = torch.nn.MSELoss()
+    try:
+        if scenario == "join":
+            from torch.distributed.algorithms.join import Join
+
+            with Join(nets):
+                for step in range(3 + rank):
+                    x, t = batch(rank, step)
+                    opts[0].zero_grad()
+                    loss_fn(nets[0](x), t).backward()
+                    opts[0].step()
+        elif scenario == "nosync":
+            for step in range(3):
+                opts[0].zero_grad()
+                for micro in range(2):
+                    x, t = batch(rank, 10 * step + micro)
+                    with nets[0].no_sync():
+                        loss_fn(nets[0](x), t).backward()
+                x, t = batch(rank, 10 * step + 2)
+                loss_fn(nets[0](x), t).backward()
+                opts[0].step()
+        else:
+            steps = 8 if scenario == "fallback" else 3 if scenario == "two" else 4
+            for step in range(steps):
+                if scenario == "fallback" and step in (3, 5):
+                    dist.barrier()
+                    if rank == 0:
+                        open(os.path.join(outdir, f"at-{step}"), "w").close()
+                    wait_for(os.path.join(outdir, f"go-{step}"))
+                    if step == 5:  # past every rank's back-off (0.1 s)
+                        time.sleep(0.25)
+                for k, (net, opt) in enumerate(zip(nets, opts)):
+                    x, t = batch(rank, step, 12, 3 if k == 0 else 5)
+                    opt.zero_grad()
+                    if scenario == "bf16":
+                        with torch.autocast("cpu", dtype=torch.bfloat16):
+                            loss = loss_fn(net(x).float(), t)
+                    else:
+                        loss = loss_fn(net(x), t)
+                    loss.backward()
+                    opt.step()
+        params = [[p.detach().clone() for p in n.module.parameters()] for n in nets]
+        torch.save({"params": params, "records": records, "counters": state.counters,
+                    "fallback": state.fallback},
+                   os.path.join(outdir, f"rank-{rank}.pt"))
+    finally:
+        state.close()
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])

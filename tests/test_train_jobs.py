@@ -1,0 +1,267 @@
+"""What training jobs do, with homagg.torch in real rank processes on a
+4-worker DPDK testbed (homagg-switch on a virtual PMD in the aggregator's
+namespace, one rank per worker namespace, tests/ddp_scenarios.py):
+
+- bf16 autocast, gradient accumulation with no_sync, two DDP models in one
+  process, uneven inputs under torch's Join, torchrun with the job file only;
+- the fallback: homagg-switch killed (by its PID) before step 3 of 8 and
+  started again before step 5, and one rank whose HomAgg call fails while
+  the others' succeed;
+- the ``homagg`` torch.distributed backend on 2 and 4 processes.
+
+Checked in every case: every rank's final parameters are bit-identical; the
+ranks made the same hook calls and took the same path for each; every
+bucket that went through HomAgg equals the numpy fixed-point oracle
+(tests/reference.py) of the ranks' recorded inputs / W, bit for bit, and
+every bucket is bit-identical across ranks.
+"""
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import homagg.torch as hgt
+from conftest import dpdk_testbed
+from homagg.runs import allreduce as runmod
+from homagg.switch.daemon import Switch
+
+from reference import allreduce as oracle_allreduce
+
+BLOCK = 4096  # HG_DEFAULT_BLOCK
+HERE = os.path.dirname(os.path.abspath(__file__))
+SCENARIOS = os.path.join(HERE, "ddp_scenarios.py")
+
+pytestmark = [pytest.mark.timeout(400), pytest.mark.root, pytest.mark.netns, pytest.mark.dpdk]
+
+
+@pytest.fixture(scope="module")
+def testbed(tmp_path_factory):
+    with dpdk_testbed(tmp_path_factory, "jobs", workers=4, link_mbit=1000) as tb:
+        yield tb
+
+
+@pytest.fixture(scope="module")
+def switch(testbed, tmp_path_factory):
+    sw = Switch(testbed, str(tmp_path_factory.mktemp("jobswitch")), frames=4 * 64)
+    try:
+        yield sw
+    finally:
+        sw.stop()
+
+
+def _register(sw, W, jobid=None, token=None):
+    jobid = jobid or 1 + secrets.randbelow(1 << 15)
+    token = token or secrets.randbits(31)
+    with sw.client() as c:
+        c.add_job(job=jobid, token=token, workers=W, slots=64, payload=1024)
+    return jobid, token
+
+
+def _job_file(sw, W, path, timeout=1.0):
+    """A job on ``sw`` and its job file (a short timeout: failures show fast)."""
+    jobid, token = _register(sw, W)
+    hgt.write_job_file(str(path), aggregator=(sw.ip, runmod.UDP_PORT), job=jobid, token=token,
+                       workers=W, timeout=timeout)
+    return jobid, token
+
+
+def _env(extra):
+    env = dict(os.environ, OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join([os.path.join(os.path.dirname(HERE), "orchestrator"),
+                                           HERE]))
+    env.update(extra)
+    return env
+
+
+def _start(testbed, scenario, W, outdir, job_path):
+    port = 29000 + secrets.randbelow(3000)
+    procs = []
+    for r in range(W):
+        h = testbed.workers[r]
+        env = _env({"RANK": str(r), "WORLD_SIZE": str(W), "MASTER_ADDR": testbed.workers[0].ip,
+                    "MASTER_PORT": str(port), "HOMAGG_JOB_FILE": str(job_path),
+                    "HOMAGG_BIND": h.ip, "GLOO_SOCKET_IFNAME": h.ifname})
+        procs.append(testbed.run_in(h.name, [sys.executable, SCENARIOS, scenario, str(outdir)],
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                    env=env, cwd=str(outdir)))
+    return procs
+
+
+def _finish(procs, timeout=180.0):
+    deadline = time.monotonic() + timeout
+    try:
+        outs = []
+        for p in procs:
+            out, err = p.popen.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            outs.append((p.popen.returncode, err))
+        bad = [(r, rc, err[-3000:]) for r, (rc, err) in enumerate(outs) if rc != 0]
+        assert not bad, bad
+    finally:
+        for p in procs:
+            p.stop()
+
+
+def _bits(t):
+    return t.view(torch.int16 if t.element_size() == 2 else torch.int32)
+
+
+def _check(outdir, W):
+    """The checks of the module doc; returns the ranks' results."""
+    res = [torch.load(os.path.join(outdir, f"rank-{r}.pt"), weights_only=False)
+           for r in range(W)]
+    for r in range(1, W):
+        for pa, pb in zip(res[0]["params"], res[r]["params"]):
+            for a, b in zip(pa, pb):
+                assert torch.equal(_bits(a), _bits(b)), f"rank {r} differs from rank 0"
+    calls = [rr["records"] for rr in res]
+    assert calls[0] and all(len(c) == len(calls[0]) for c in calls), [len(c) for c in calls]
+    for k in range(len(calls[0])):
+        paths = {c[k]["path"] for c in calls}
+        assert len(paths) == 1, (k, paths)
+        for c in calls[1:]:
+            assert torch.equal(_bits(c[k]["y"]), _bits(calls[0][k]["y"])), k
+        if paths == {"homagg"}:
+            want = oracle_allreduce([c[k]["x"].numpy() for c in calls], BLOCK) / np.float32(W)
+            assert np.array_equal(calls[0][k]["y"].numpy().view(np.uint32),
+                                  want.view(np.uint32)), k
+    return res
+
+
+@pytest.mark.parametrize("scenario, W", [("bf16", 2), ("nosync", 2), ("two", 2), ("join", 4)])
+def test_training_job_features_exact(testbed, switch, tmp_path, scenario, W):
+    """bf16 autocast, no_sync accumulation, two models sharing one HookState,
+    uneven inputs under Join: exact, identical on every rank."""
+    _job_file(switch, W, tmp_path / "job.json")
+    _finish(_start(testbed, scenario, W, tmp_path, tmp_path / "job.json"))
+    res = _check(tmp_path, W)
+    calls = res[0]["records"]
+    assert {c["path"] for c in calls} == {"homagg"}
+    # one bucket per model and synchronised step (tiny models)
+    steps = {"bf16": 4, "nosync": 3, "two": 3, "join": 3 + W - 1}[scenario]
+    n_models = 2 if scenario == "two" else 1
+    assert len(calls) == steps * n_models, len(calls)
+    if scenario == "join":
+        # the ranks that ran out of inputs contributed zero gradients
+        last = [rr["records"][-1]["x"] for rr in res]
+        assert not last[0].any() and last[W - 1].any()
+
+
+def test_torchrun_with_the_job_file_only(testbed, switch, tmp_path):
+    """torchrun (torch.distributed.run), 2 ranks in one worker namespace,
+    configured by HOMAGG_JOB_FILE alone (no bind address, no rank)."""
+    W = 2
+    _job_file(switch, W, tmp_path / "job.json")
+    h = testbed.workers[0]
+    env = _env({"HOMAGG_JOB_FILE": str(tmp_path / "job.json"), "GLOO_SOCKET_IFNAME": h.ifname})
+    for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "HOMAGG_BIND"):
+        env.pop(k, None)
+    p = testbed.run_in(h.name, [sys.executable, "-m", "torch.distributed.run",
+                                "--nproc-per-node", str(W), "--master-addr", h.ip,
+                                "--master-port", str(29000 + secrets.randbelow(3000)),
+                                SCENARIOS, "plain", str(tmp_path)],
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                       cwd=str(tmp_path))
+    _finish([p])
+    res = _check(tmp_path, W)
+    assert {c["path"] for c in res[0]["records"]} == {"homagg"}
+    assert len(res[0]["records"]) == 4
+
+
+def _wait_file(path, procs, timeout=120.0):
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(path):
+        dead = [p.popen.returncode for p in procs if p.popen.poll() is not None]
+        assert not dead, f"a rank exited before {path}: {dead}"
+        assert time.monotonic() < deadline, f"{path} not written within {timeout} s"
+        time.sleep(0.02)
+
+
+def test_fallback_survives_a_killed_aggregator_and_uses_it_again(testbed, tmp_path):
+    """8 steps, 2 ranks: homagg-switch killed (SIGKILL, its PID) before step
+    3, the steps 3 and 4 go through the process group (Gloo), the daemon
+    is started again with the job registered afresh before step 5, and the
+    steps 5..7 go through HomAgg again; training finishes, every rank's
+    parameters identical, every HomAgg bucket exact."""
+    W = 2
+    sw = Switch(testbed, str(tmp_path / "sw1"), frames=W * 64)
+    sw2 = None
+    try:
+        jobid, token = _job_file(sw, W, tmp_path / "job.json")
+        procs = _start(testbed, "fallback", W, tmp_path, tmp_path / "job.json")
+        try:
+            _wait_file(tmp_path / "at-3", procs)
+            os.kill(sw.pid, signal.SIGKILL)
+            sw.proc.popen.wait(10)
+            sw.proc = None
+            (tmp_path / "go-3").touch()
+            _wait_file(tmp_path / "at-5", procs)
+            os.makedirs(tmp_path / "sw2")
+            sw2 = Switch(testbed, str(tmp_path / "sw2"), frames=W * 64)
+            assert sw2.ip == sw.ip
+            _register(sw2, W, jobid, token)
+            (tmp_path / "go-5").touch()
+        finally:
+            _finish(procs)
+    finally:
+        for s in (sw, sw2):
+            if s is not None and s.proc is not None:
+                s.stop()
+    res = _check(tmp_path, W)
+    calls = res[0]["records"]
+    assert len(calls) == 8  # one bucket per step
+    assert [c["path"] for c in calls] == ["homagg"] * 3 + ["fallback"] * 2 + ["homagg"] * 3
+    for rr in res:
+        assert rr["fallback"] is True
+        assert rr["counters"]["homagg_failures"] >= 1
+        assert rr["counters"]["fallback_buckets"] == 2
+        assert rr["counters"]["retries"] >= 1
+
+
+def test_fallback_when_one_rank_fails_and_the_others_succeed(testbed, switch, tmp_path):
+    """Rank 1's second HomAgg call raises after its sum arrived; ranks 0 and 2
+    succeed: the agreement sends that bucket through the process group on
+    every rank, and the parameters stay identical."""
+    W = 3
+    _job_file(switch, W, tmp_path / "job.json")
+    _finish(_start(testbed, "inject", W, tmp_path, tmp_path / "job.json"))
+    res = _check(tmp_path, W)
+    paths = [c["path"] for c in res[0]["records"]]
+    assert paths[:2] == ["homagg", "fallback"], paths
+    for rr in res:
+        assert rr["counters"]["homagg_failures"] == 1 and rr["counters"]["fallback_buckets"] >= 1
+
+
+@pytest.mark.parametrize("W", [2, 4])
+def test_backend_all_reduce_exact_and_delegates(testbed, switch, tmp_path, W):
+    """init_process_group("cpu:homagg"): dist.all_reduce SUM and AVG of
+    float32 / float16 / bfloat16 equal the fixed-point oracle (/ W for AVG)
+    cast to the dtype, bit for bit, on every rank; int64 and MAX allreduce,
+    broadcast, all_gather, all_gather_object and barrier are Gloo's."""
+    _job_file(switch, W, tmp_path / "job.json")
+    _finish(_start(testbed, "backend", W, tmp_path, tmp_path / "job.json"))
+    res = [torch.load(os.path.join(tmp_path, f"rank-{r}.pt"), weights_only=False)
+           for r in range(W)]
+    for k, case in enumerate(res[0]["reduced"]):
+        xs = [rr["reduced"][k]["x"].to(torch.float32).numpy() for rr in res]
+        want = oracle_allreduce(xs, BLOCK)
+        if case["avg"]:
+            want = want / np.float32(W)
+        want = torch.from_numpy(want).to(case["x"].dtype)
+        for rr in res:
+            got = rr["reduced"][k]["y"]
+            assert got.dtype == want.dtype and torch.equal(_bits(got), _bits(want)), (k, case)
+    for r, rr in enumerate(res):
+        d = rr["delegated"]
+        s = W * (W + 1) // 2
+        assert d["int64_sum"].tolist() == [s, 10 * s]
+        assert d["max"].tolist() == [W - 1.0, 0.0]
+        assert d["broadcast"].tolist() == [W - 1.0] * 4
+        assert [g.tolist() for g in d["all_gather"]] == [[q, 2.0 * q] for q in range(W)]
+        assert d["all_gather_object"] == [{"rank": q} for q in range(W)]
+        assert rr["counters"] == {"homagg_allreduce": 6, "delegated_allreduce": 2}
