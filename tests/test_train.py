@@ -116,6 +116,13 @@ def test_train_cli_gloo_baseline_user_model_and_plots(testbed, tmp_path):
         assert k in rep, k
     assert rep["params_identical_across_ranks"] and rep["replay_bit_identical"], rep["replay"]
     assert rep["initial_params_same_in_phases"] is True
+    # the per-iteration report: exposed communication, the hook's CPU, threads
+    for k in ("exposed_comm_seconds", "gloo_exposed_comm_seconds",
+              "exposed_after_last_bucket_seconds", "hook_cpu_seconds"):
+        assert rep[k] is not None, k
+    assert rep["torch_threads"] == hgt.threads_per_rank(2)
+    for b in rep["buckets"]:
+        assert b["paths"] == {"homagg": 3} and b["cpu_seconds"] >= 0.0, b
     assert rep["replay"]["first_mismatch"] is None
     assert rep["speedup_vs_gloo"] == pytest.approx(
         rep["gloo_iteration_seconds"] / rep["iteration_seconds"])
@@ -560,3 +567,13 @@ def test_replay_names_the_first_step_and_parameter_that_differ(tmp_path):
     rp = trainmod.replay(str(tmp_path), model, W, 1, lr, BLOCK)
     assert rp["bit_identical"] is False
     assert rp["first_mismatch"] == {"step": 1, "parameter": "bias"}
+
+
+def test_threads_per_rank_leaves_a_core_per_rank_to_the_hook():
+    assert hgt.threads_per_rank(1, cores=8) == 7
+    assert hgt.threads_per_rank(2, cores=16) == 7
+    assert hgt.threads_per_rank(4, cores=8) == 1
+    assert hgt.threads_per_rank(4, cores=2) == 1  # never below one
+    assert hgt.threads_per_rank(1) == max(1, len(os.sched_getaffinity(0)) - 1)
+    with pytest.raises(ValueError, match="local_ranks"):
+        hgt.threads_per_rank(0)

@@ -8,9 +8,9 @@ is enough)::
     model.register_comm_hook(homagg.torch.HookState(), homagg.torch.allreduce_hook)
 
 Every gradient bucket DDP hands to the hook goes through a HomAgg
-``homagg.worker.Worker`` on the worker's background thread (the C call
-runs without the GIL), and the hook returns a ``torch.futures.Future``
-completed from that thread, so DDP overlaps communication with the rest of
+``homagg.worker.Worker`` on the hook's background thread (the C call
+runs without the GIL), buckets in order, and the hook returns a
+``torch.futures.Future`` completed from that thread, so DDP overlaps communication with the rest of
 the backward pass.  The bucket's average is the exact fixed-point sum
 (docs/PROTOCOL.md) divided by the world size in float32: bit-identical on
 every rank.  float16 / bfloat16 buckets are reduced in float32 and cast
@@ -144,7 +144,11 @@ class HookState:
     with ``take_log()``.  ``recorder(bucket, x, y, params)``, when given,
     is called on the background thread with each bucket's float32 input as
     summed (after sparsification), its averaged result and the bucket's
-    parameters (their gradients lie in x in this order); a recorder that
+    parameters (their gradients lie in x in this order).  A log entry's
+    "cpu_seconds" is the hook thread's CPU time for the bucket: HomAgg's
+    codec and packet work (the client sleeps in ppoll while it waits), or
+    the fallback's.  ``last_call`` is the perf_counter time of the latest
+    bucket handed over.  A recorder that
     takes a ``path`` keyword also gets "homagg" or "fallback".
 
     ``fallback`` (default True), ``backoff`` and ``backoff_max`` (seconds):
@@ -169,6 +173,7 @@ class HookState:
         self.log = []
         self._log_lock = threading.Lock()
         self._calls = 0
+        self.last_call = None
         self._recorder_path = recorder is not None and _takes_keyword(recorder, "path")
         self._make_worker = None
         if worker is None:
@@ -253,13 +258,16 @@ class HookState:
             x = x.copy()  # the recorder keeps it; DDP refills the bucket next step
         info = {}
         t0 = time.perf_counter()
+        self.last_call = t0  # the time DDP handed over the latest bucket
         seed = self.seed + self._calls
         self._calls += 1
         world = np.float32(self.world_size)
 
         def run():
             try:
+                c0 = time.thread_time()
                 y, path = self._reduce_sum(index, x, seed, info)
+                cpu = time.thread_time() - c0
                 np.divide(y, world, out=y)
                 if self.recorder is not None:
                     if self._recorder_path:
@@ -271,6 +279,7 @@ class HookState:
                         "bucket": index, "numel": int(x.size),
                         "nnz": int(np.count_nonzero(x)), "method": info.get("method"),
                         "bytes_sent": info.get("bytes_sent"), "path": path,
+                        "cpu_seconds": cpu,
                         "seconds": time.perf_counter() - t0, "dtype": str(dtype)})
                 out = torch.from_numpy(y).to(dtype).reshape(buffer.shape)
                 fut.set_result(out)
@@ -342,6 +351,23 @@ class HookState:
 
 
 _log = logging.getLogger("homagg.torch")
+
+
+def threads_per_rank(local_ranks=1, cores=None):
+    """torch intra-op threads for one of ``local_ranks`` ranks sharing the
+    cores this process may run on (``cores``: default its CPU affinity),
+    leaving one core per rank to the hook's thread, which encodes and
+    decodes while the backward pass goes on: max(1, cores // local_ranks - 1).
+    Call ``torch.set_num_threads(threads_per_rank(...))`` before training;
+    torch's default (every core in every rank) makes the ranks' and the
+    hook's threads compete."""
+    import os
+
+    if cores is None:
+        cores = len(os.sched_getaffinity(0))
+    if local_ranks < 1:
+        raise InvalidArgument(f"local_ranks {local_ranks} must be >= 1")
+    return max(1, int(cores) // int(local_ranks) - 1)
 
 
 def _takes_keyword(fn, name):

@@ -22,7 +22,16 @@ same CPU contention; not applied), the bytes each rank's interface
 sent per step (the kernel's counter), the loss of every step (mean over
 ranks) and its wall time, and the speedup: Gloo's iteration time / HomAgg's.
 HomAgg's phase also reports every bucket's size, gradient density, the
-method that ran (auto's choice) and its payload bytes.
+method that ran (auto's choice), its payload bytes, seconds and the hook
+thread's CPU seconds (codec and packet work), and the path that reduced
+it (homagg, or fallback: the process group, see homagg.torch).  Per
+iteration: exposed_comm_seconds (the backward pass minus the same backward
+alone, no_sync: what DDP waited for communication; both phases),
+exposed_after_last_bucket_seconds (from the hand-over of the last bucket
+to the end of backward) and hook_cpu_seconds (the hook thread's CPU of
+the iteration's buckets).  torch_threads: each rank runs
+homagg.torch.threads_per_rank(ranks sharing the host) intra-op threads,
+leaving a core per rank to the hook's thread.
 
 Every phase and the replay start from the same parameters: the first
 phase snapshots the module's state right after DDP's broadcast (what DDP
@@ -177,6 +186,7 @@ def _phase(spec, dist, torch, method, record_dir, snapshot):
         ddp.register_comm_hook(state, hgt.allreduce_hook)
     steps, warmup = spec["steps"], spec["warmup"]
     losses, step_s, bwd_s, buckets = [], [], [], []
+    exposed_s, hook_cpu_s = [], []
     tx0 = tx1 = 0
     try:
         for step in range(warmup + steps):
@@ -204,25 +214,36 @@ def _phase(spec, dist, torch, method, record_dir, snapshot):
                 log = state.take_log()
                 if step >= warmup:
                     buckets.extend(log)
+                    # what DDP waited for after the last bucket was handed over
+                    last = state.last_call
+                    exposed_s.append(t2 - last if last is not None and last >= t1 else None)
+                    hook_cpu_s.append(sum(e.get("cpu_seconds") or 0.0 for e in log))
         tx1 = _iface_tx(spec["ifname"])
         final = {n: p.detach().numpy().copy() for n, p in ddp.module.named_parameters()}
         # the same forward + backward without communication (DDP's no_sync),
         # under the same CPU contention: the iteration's compute part
-        compute_s = []
+        compute_s, compute_bwd_s = [], []
         for _ in range(spec.get("compute_steps", 2)):
             inputs, targets = next(batches)
             dist.barrier()
             t0 = time.perf_counter()
             with ddp.no_sync():
                 opt.zero_grad()
-                loss_fn(_call(ddp, inputs), targets).backward()
-            compute_s.append(time.perf_counter() - t0)
+                loss = loss_fn(_call(ddp, inputs), targets)
+                t1 = time.perf_counter()
+                loss.backward()
+            t2 = time.perf_counter()
+            compute_s.append(t2 - t0)
+            compute_bwd_s.append(t2 - t1)
         opt.zero_grad()
     finally:
         if state is not None:
             state.close()
     out = {"rank": rank, "method": method, "losses": losses, "step_seconds": step_s,
            "backward_seconds": bwd_s, "compute_seconds": compute_s,
+           "compute_backward_seconds": compute_bwd_s,
+           "exposed_after_last_bucket_seconds": exposed_s, "hook_cpu_seconds": hook_cpu_s,
+           "torch_threads": torch.get_num_threads(),
            "tx_bytes_per_step": (tx1 - tx0) / max(1, steps),
            "buckets": _bucket_summary(buckets), "initial_digest": initial.hexdigest()}
     if record_dir:
@@ -244,17 +265,21 @@ def _bucket_summary(log):
     for e in log:
         b = by.setdefault(e["bucket"], {"bucket": e["bucket"], "numel": e["numel"],
                                         "density": [], "methods": {}, "bytes_sent": [],
-                                        "seconds": []})
+                                        "seconds": [], "cpu_seconds": [], "paths": {}})
         b["density"].append(e["nnz"] / max(1, e["numel"]))
         b["methods"][e["method"]] = b["methods"].get(e["method"], 0) + 1
         b["bytes_sent"].append(e["bytes_sent"])
         b["seconds"].append(e["seconds"])
+        b["cpu_seconds"].append(e.get("cpu_seconds") or 0.0)
+        path = e.get("path", "homagg")
+        b["paths"][path] = b["paths"].get(path, 0) + 1
     out = []
     for b in sorted(by.values(), key=lambda b: b["bucket"]):
         out.append({"bucket": b["bucket"], "numel": b["numel"],
                     "density": float(np.mean(b["density"])), "methods": b["methods"],
-                    "bytes_sent": float(np.mean(b["bytes_sent"])),
-                    "seconds": float(np.median(b["seconds"]))})
+                    "bytes_sent": float(np.mean([v or 0 for v in b["bytes_sent"]])),
+                    "seconds": float(np.median(b["seconds"])),
+                    "cpu_seconds": float(np.median(b["cpu_seconds"])), "paths": b["paths"]})
     return out
 
 
@@ -280,7 +305,11 @@ def _child(spec: dict) -> int:
     import torch
     import torch.distributed as dist
 
-    torch.set_num_threads(1)
+    import homagg.torch as hgt
+
+    # the ranks on this host share its cores; one core per rank stays free
+    # for the hook's thread (torch's default, every core per rank, competes)
+    torch.set_num_threads(hgt.threads_per_rank(spec.get("local_ranks", 1)))
     dist.init_process_group("gloo", init_method=spec["init"], rank=spec["rank"],
                             world_size=spec["world"],
                             timeout=datetime.timedelta(seconds=spec["start_timeout"]))
@@ -408,7 +437,22 @@ def _phase_summary(reports: list[dict]) -> dict:
     bwd = np.max([r["backward_seconds"] for r in reports], axis=0)
     losses = np.mean([r["losses"] for r in reports], axis=0)
     comp = np.max([r.get("compute_seconds", []) for r in reports], axis=0)
+    # exposed communication: the backward pass minus the same backward
+    # without communication (no_sync), per step the slowest rank
+    exposed = np.max([np.array(r["backward_seconds"]) -
+                      np.median(r.get("compute_backward_seconds") or [0.0])
+                      for r in reports], axis=0)
+    after_last = [max((v for v in col if v is not None), default=None)
+                  for col in zip(*[r.get("exposed_after_last_bucket_seconds", [])
+                                   for r in reports])]
+    after_last = [v for v in after_last if v is not None]
+    hook_cpu = [max(col) for col in zip(*[r.get("hook_cpu_seconds", []) for r in reports])]
     return {
+        "exposed_comm_seconds": float(np.median(exposed)) if exposed.size else None,
+        "exposed_after_last_bucket_seconds": float(np.median(after_last)) if after_last
+        else None,
+        "hook_cpu_seconds": float(np.median(hook_cpu)) if hook_cpu else None,
+        "torch_threads": reports[0].get("torch_threads"),
         "iteration_seconds": float(np.median(step)) if step.size else None,
         "compute_seconds": float(np.median(comp)) if comp.size else None,
         "backward_comm_seconds": float(np.median(bwd)) if bwd.size else None,
@@ -436,6 +480,7 @@ def summarize(method: str, rank_reports: list[dict], workdir: str, args_like: di
     gloo = _phase_summary(by_method["gloo"]) if "gloo" in by_method else None
     if gloo:
         rep.update({"gloo_iteration_seconds": gloo["iteration_seconds"],
+                    "gloo_exposed_comm_seconds": gloo["exposed_comm_seconds"],
                     "gloo_compute_seconds": gloo["compute_seconds"],
                     "gloo_backward_comm_seconds": gloo["backward_comm_seconds"],
                     "gloo_bytes_per_rank": gloo["bytes_per_rank"],
@@ -444,6 +489,8 @@ def summarize(method: str, rank_reports: list[dict], workdir: str, args_like: di
         rep.update({"iteration_seconds": gloo["iteration_seconds"],
                     "compute_seconds": gloo["compute_seconds"],
                     "backward_comm_seconds": gloo["backward_comm_seconds"],
+                    "exposed_comm_seconds": gloo["exposed_comm_seconds"],
+                    "torch_threads": gloo["torch_threads"],
                     "bytes_per_rank": gloo["bytes_per_rank"], "losses": gloo["losses"],
                     "step_seconds": gloo["step_seconds"], "speedup_vs_gloo": 1.0,
                     "params_identical_across_ranks": params_identical(workdir, "gloo", W),
@@ -451,7 +498,9 @@ def summarize(method: str, rank_reports: list[dict], workdir: str, args_like: di
         return rep
     mine = _phase_summary(by_method[method])
     rep.update({k: mine[k] for k in ("iteration_seconds", "compute_seconds",
-                                     "backward_comm_seconds",
+                                     "backward_comm_seconds", "exposed_comm_seconds",
+                                     "exposed_after_last_bucket_seconds",
+                                     "hook_cpu_seconds", "torch_threads",
                                      "bytes_per_rank", "losses", "step_seconds",
                                      "losses_per_rank")})
     rep["buckets"] = by_method[method][0]["buckets"]
@@ -505,10 +554,12 @@ def plot(rep: dict, out_dir: str) -> list[str]:
 
 
 def rank_spec(*, rank, world, init, model, seed, lr, steps, warmup, bucket_mb, phases, workdir,
-              ifname, sparsify, start_timeout) -> dict:
+              ifname, sparsify, start_timeout, local_ranks=1) -> dict:
+    """One rank's job; ``local_ranks``: the ranks sharing its host's cores."""
     return dict(rank=rank, world=world, init=init, model=model, seed=seed, lr=lr, steps=steps,
                 warmup=warmup, bucket_mb=bucket_mb, phases=phases, workdir=workdir,
-                ifname=ifname, sparsify=sparsify, start_timeout=start_timeout)
+                ifname=ifname, sparsify=sparsify, start_timeout=start_timeout,
+                local_ranks=local_ranks)
 
 
 def _phases(method: str, baseline: bool) -> list[str]:
@@ -582,7 +633,8 @@ def run_train(testbed: str, model: str = "ncf", method: str = "auto", steps: int
                              if model.endswith(".py") or ".py:" in model else model,
                              seed=seed, lr=lr, steps=steps, warmup=warmup, bucket_mb=bucket_mb,
                              phases=_phases(method, baseline), workdir=workdir, ifname=h.ifname,
-                             sparsify=sparsify, start_timeout=120.0)
+                             sparsify=sparsify, start_timeout=120.0,
+                             local_ranks=W)  # the namespaces share this host's cores
             renv = dict(env, HOMAGG_BIND=h.ip)
             procs.append(tb.run_in(h.name, [sys.executable, "-m", "homagg.train.train", "--child",
                                             json.dumps(spec)],
@@ -705,10 +757,21 @@ def print_report(rep: dict, as_json: bool = False) -> int:
               f"{ms(rep.get('gloo_compute_seconds'))}), bytes sent per rank and step "
               f"{np.mean(rep['gloo_bytes_per_rank']):.0f}")
         print(f"  speedup vs gloo: {rep['speedup_vs_gloo']:.2f}x")
+    print(f"  exposed communication (backward minus backward alone): "
+          f"{ms(rep.get('exposed_comm_seconds'))}"
+          + (f" (gloo {ms(rep.get('gloo_exposed_comm_seconds'))})"
+             if rep.get("gloo_exposed_comm_seconds") is not None and rep["method"] != "gloo"
+             else "")
+          + (f", after the last bucket {ms(rep.get('exposed_after_last_bucket_seconds'))}"
+             if rep.get("exposed_after_last_bucket_seconds") is not None else "")
+          + (f"; hook CPU per iteration {ms(rep.get('hook_cpu_seconds'))}"
+             if rep.get("hook_cpu_seconds") is not None else "")
+          + f"; torch threads per rank {rep.get('torch_threads')}")
     for b in rep.get("buckets", []):
         methods = ", ".join(f"{m} x{n}" for m, n in b["methods"].items())
         print(f"  bucket {b['bucket']}: {b['numel']} elements, density {b['density']:.4f}, "
-              f"method {methods}, {b['bytes_sent']:.0f} payload bytes")
+              f"method {methods}, {b['bytes_sent']:.0f} payload bytes, "
+              f"{ms(b['seconds'])} (hook CPU {ms(b.get('cpu_seconds'))})")
     print("  loss: " + " ".join(f"{v:.4f}" for v in rep["losses"]))
     print(f"  parameters bit-identical across ranks: {rep['params_identical_across_ranks']}")
     print(f"  bit-identical to the single-process reference replay: {rep['replay_bit_identical']}")
