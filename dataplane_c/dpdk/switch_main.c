@@ -197,9 +197,11 @@ static int run(struct daemon *d)
 	struct shard *one = d->nshards == 1 ? &d->shards[0] : NULL;
 	unsigned int idle = 0;
 
+	if (one)
+		one->start_tsc = now;
 	while (!g_signalled && !d->stop_requested) {
 		if (one)
-			idle_sleep(d, &idle, hg_engine_poll(one->eng) > 0);
+			idle_sleep(d, &idle, hg_switch_shard_poll(one) > 0);
 		else
 			idle_sleep(d, &idle, hg_switch_dispatch(d));
 		now = rte_get_tsc_cycles();

@@ -66,13 +66,14 @@ struct opts {
 /* A request to an engine lcore (job changes must run on the lcore that
  * polls the engine: engine.h forbids concurrent control and poll). */
 enum { MB_IDLE, MB_REQ, MB_DONE };
-enum { MB_ADD, MB_REMOVE };
+enum { MB_ADD, MB_REMOVE, MB_JOB_STATS };
 
 struct mailbox {
 	int state;                 /* MB_*, acquire/release atomics */
 	int op;
 	struct hg_job_config jc;
 	uint32_t job;
+	uint64_t *out;             /* MB_JOB_STATS: hg_switch_job_stats' layout */
 	int rc;
 };
 
@@ -91,6 +92,9 @@ struct shard {
 	bool launched;
 	struct mailbox mb;
 	uint64_t snap[HG_CNT__COUNT];  /* published counters (relaxed atomics) */
+	uint64_t start_tsc;            /* when its loop started */
+	uint64_t busy_tsc;             /* in polls that received frames (relaxed
+					* atomic: one writer, the shard's lcore) */
 } __rte_cache_aligned;
 
 struct daemon {
@@ -126,6 +130,14 @@ void hg_switch_shard_publish(struct shard *sh);
 void hg_switch_counters_sum(struct daemon *d, uint64_t *out);
 int hg_switch_shard_call(struct shard *sh, int op, const struct hg_job_config *jc,
 			 uint32_t job);
+/* One poll of a shard's engine, its time counted as busy when it received
+ * frames; returns what hg_engine_poll() returned. */
+int hg_switch_shard_poll(struct shard *sh);
+/* A job's counters summed over the shards into out: HG_CNT__COUNT job
+ * counters, the open sets, then W x HG_WCNT__COUNT worker counters
+ * (worker-major).  0, -ENOENT, or a mailbox error. */
+int hg_switch_job_stats(struct daemon *d, uint32_t job, uint32_t workers,
+			uint64_t *out);
 
 /* switch_dispatch.c: one round of the dispatcher; whether a frame moved. */
 bool hg_switch_dispatch(struct daemon *d);
