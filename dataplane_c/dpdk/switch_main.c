@@ -261,6 +261,8 @@ int main(int argc, char **argv)
 	sigaction(SIGINT, &sa, NULL);
 	sigaction(SIGTERM, &sa, NULL);
 
+	if (hg_switch_log_json_wanted(argc, argv) && hg_switch_log_json() < 0)
+		fprintf(stderr, "homagg-switch: --log-format json: %s\n", strerror(errno));
 	eal_args = rte_eal_init(argc, argv);
 	if (eal_args < 0) {
 		HG_LOG(ERR, "EAL init failed: %s", rte_strerror(rte_errno));

@@ -122,6 +122,9 @@ struct daemon {
 /* switch_opts.c: parse the daemon's options (argv[0] is the program);
  * 0, or -EINVAL after printing what is wrong. */
 int hg_switch_parse_opts(int argc, char **argv, struct opts *o);
+/* Whether the application arguments (after "--") ask --log-format json;
+ * read before rte_eal_init() so EAL's own messages are JSON too. */
+bool hg_switch_log_json_wanted(int argc, char **argv);
 
 /* switch_shard.c */
 int hg_switch_shards_setup(struct daemon *d);
