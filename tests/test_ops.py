@@ -232,3 +232,58 @@ def test_daemon_log_format_refuses_a_bad_value(tmp_path):
                        capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert r.returncode != 0
     assert "--log-format: must be text or json, not yaml" in r.stdout + r.stderr
+
+
+def test_testbed_up_metrics_serves_its_daemon_and_down_stops_it(tmp_path):
+    import secrets
+
+    from homagg.run import run_allreduce
+    from homagg.testbed import Testbed
+
+    sd, name = str(tmp_path / "testbeds"), "m" + secrets.token_hex(5)
+
+    def tb_cli(*args):
+        return subprocess.run(homagg("testbed", "--state-dir", sd, *args),
+                              capture_output=True, text=True, timeout=120)
+
+    r = tb_cli("up", "--workers", "2", "--name", name, "--metrics", "0")
+    assert r.returncode == 0, r.stdout + r.stderr
+    try:
+        st = Testbed.open(name, sd).state()
+        ex, job = st["exporter"], st["job"]["job"]
+        assert f"metrics: {ex['url']}" in r.stdout
+        assert ex["pid"] in {p["pid"] for p in st["processes"]}
+
+        def scrape():
+            with urllib.request.urlopen(ex["url"], timeout=30) as resp:
+                return {(s.name, tuple(sorted(s.labels.items()))): s.value
+                        for fam in text_string_to_metric_families(resp.read().decode())
+                        for s in fam.samples}
+        s = scrape()
+        assert metric(s, "homagg_up", daemon="agg") == 1
+        assert metric(s, "homagg_job_workers", daemon="agg", job=job) == 2
+
+        during, stop = [], threading.Event()
+
+        def keep_scraping():
+            while not stop.is_set() and len(during) < 500:
+                during.append(scrape())
+        t = threading.Thread(target=keep_scraping, daemon=True)
+        t.start()
+        try:
+            rep = run_allreduce(name, "lhc", 40000, 0.2, state_dir=sd)
+        finally:
+            stop.set()
+            t.join(60)
+        assert rep["exact"] is True
+        assert during and all(metric(x, "homagg_up", daemon="agg") == 1 for x in during)
+        s = scrape()
+        with ControlClient(st["daemons"]["agg"]["control"]) as c:
+            after = c.stats()
+        summed = sum(v for (n, _), v in s.items() if n == "homagg_frames_summed_total")
+        assert summed == after["stats"]["summed"] > 0
+    finally:
+        r = tb_cli("down", "--name", name)
+    assert r.returncode == 0, r.stderr
+    assert not os.path.exists(f"/proc/{ex['pid']}") or \
+        open(f"/proc/{ex['pid']}/stat").read().split()[2] == "Z"

@@ -224,3 +224,47 @@ def main(args) -> int:
         pass
     server.shutdown()
     return 0
+
+
+def start_for_testbed(tb, port: int, bind: str = "127.0.0.1", timeout: float = 20.0) -> dict:
+    """``homagg testbed up --metrics PORT``: an exporter over the testbed's
+    daemons, in the caller's namespace (so PORT is this machine's), started
+    with the testbed's ``run_in`` so ``homagg testbed down`` stops it by
+    PID.  Returns its record ({"pid", "url", "log"}), also kept in the state
+    file under "exporter"; HomAggError (with its log) when it does not serve
+    within ``timeout`` seconds."""
+    import os
+    import subprocess
+    import time
+
+    from homagg.errors import HomAggError
+
+    daemons = tb.state().get("daemons", {})
+    if not daemons:
+        raise HomAggError(f"testbed {tb.name}: --metrics needs the testbed's daemons "
+                          "(drop --no-daemon)")
+    argv = [sys.executable, "-m", "homagg.cli", "exporter", "--port", str(port), "--bind", bind]
+    for host, rec in daemons.items():
+        argv += ["--socket", f"{host}={rec['control']}"]
+    path = os.path.join(tb.files_dir, "exporter.log")
+    with open(path, "wb") as logf:
+        proc = tb.run_in(None, argv, stdout=logf, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + timeout
+    url = None
+    while url is None:
+        with open(path, errors="replace") as f:
+            for line in f:
+                if line.startswith("homagg exporter: http://"):
+                    url = line.split()[2]
+        if url:
+            break
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.stop()
+            with open(path, errors="replace") as f:
+                tail = f.read()[-800:]
+            raise HomAggError(f"testbed {tb.name}: homagg exporter did not start on "
+                              f"{bind}:{port}: {tail.strip() or 'no output'}")
+        time.sleep(0.05)
+    rec = {"pid": proc.pid, "url": url, "log": path}
+    tb.note(exporter=rec)
+    return rec
