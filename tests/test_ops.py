@@ -13,6 +13,7 @@ import sys
 import threading
 import urllib.request
 
+import numpy as np
 import pytest
 
 from homagg.control import ControlClient
@@ -287,3 +288,51 @@ def test_testbed_up_metrics_serves_its_daemon_and_down_stops_it(tmp_path):
     assert r.returncode == 0, r.stderr
     assert not os.path.exists(f"/proc/{ex['pid']}") or \
         open(f"/proc/{ex['pid']}/stat").read().split()[2] == "Z"
+
+
+def test_worker_metrics_endpoint_of_the_torch_hook(link, daemon):
+    """HOMAGG_METRICS_PORT: each rank's hook serves its allreduces; the
+    counters equal the client's own, the sums are exact."""
+    import torch
+    from pyroute2.netns import setns
+
+    import homagg.torch as hgt
+    from homagg.worker import Worker
+
+    with daemon.client() as c:
+        c.add_job(job=JOB, token=TOKEN, workers=2, slots=32, group=GROUP)
+    grads = gradients(2, 20000, seed=8)
+    out = [None, None]
+
+    def rank(w):
+        setns(link.ns_workers, flags=0)          # this thread only
+        wk = Worker(job=JOB, token=TOKEN, worker=w, workers=2, aggregator=(link.switch_ip, 48879),
+                    group=GROUP, bind=(link.worker_ip, 0), timeout=10, slots=32)
+        state = hgt.HookState(wk, method="lhc", env={"HOMAGG_METRICS_PORT": "0"})
+        try:
+            ys = [state.reduce(0, torch.from_numpy(grads[w].copy())).wait() for _ in range(2)]
+            with urllib.request.urlopen(state.metrics.url, timeout=30) as r:
+                text = r.read().decode()
+            out[w] = (ys, text, wk.counters(), state.take_log())
+        finally:
+            state.close()
+    threads = [threading.Thread(target=rank, args=(w,), daemon=True) for w in range(2)]
+    for t in threads:
+        t.start()
+    join_all(threads, 120)
+    from reference import allreduce as oracle_allreduce
+
+    expected = oracle_allreduce(grads, 4096) / np.float32(2)
+    for w in range(2):
+        ys, text, cnt, log = out[w]
+        assert all(y.numpy().tobytes() == expected.tobytes() for y in ys)
+        s = {(x.name, tuple(sorted(x.labels.items()))): x.value
+             for fam in text_string_to_metric_families(text) for x in fam.samples}
+        lab = (("job", str(JOB)), ("worker", str(w)))
+        assert s[("homagg_worker_allreduces_total", (*lab[:1], ("method", "lhc"), lab[1]))] == 2
+        assert s[("homagg_worker_allreduce_seconds_count", lab)] == 2
+        assert s[("homagg_worker_retransmissions_total", lab)] == cnt["retransmissions"]
+        assert s[("homagg_worker_packets_sent_total", lab)] == cnt["packets_sent"]
+        sent = sum(v for (n, lb), v in s.items() if n == "homagg_worker_bytes_sent_total"
+                   and ("worker", str(w)) in lb)
+        assert sent == sum(cnt["bytes_sent"].values()) == sum(e["bytes_sent"] for e in log)
