@@ -19,7 +19,7 @@ import pytest
 from homagg.control import ControlClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from switch_helpers import SWITCH, wait_for
+from switch_helpers import ROOT, SWITCH, wait_for
 from test_switch import GROUP, Link, gradients, join_all, run_workers, start_daemon
 
 pytestmark = [pytest.mark.dpdk, pytest.mark.root, pytest.mark.netns]
@@ -166,6 +166,26 @@ def test_exporter_counters_equal_the_daemons_replies(link, daemon):
     assert 0 < busy <= up
     assert after["engine_busy_ns"][0] / 1e9 >= busy
     assert metric(samples, "homagg_rx_ring_frames", daemon="sw") == after["rx_ring"]
+
+    # every series the Grafana dashboard queries is one the exporter or a
+    # training worker's endpoint (homagg.ops.worker_metrics) serves
+    import re
+
+    from prometheus_client import generate_latest
+
+    from homagg.ops.worker_metrics import WorkerMetrics
+
+    wm = WorkerMetrics(JOB, 0)
+    wm.observe(0.01, "lhc", {"packets_sent": 3, "retransmissions": 1, "timeouts": 1,
+                             "spurious_timeouts": 0, "bytes_sent": {"values": 8},
+                             "bytes_received": {"values": 8}})
+    wm.failed()
+    served = {n for n, _ in samples}
+    for fam in text_string_to_metric_families(generate_latest(wm.registry).decode()):
+        served |= {x.name for x in fam.samples}
+    dash = (ROOT / "docs" / "grafana-homagg.json").read_text()
+    queried = set(re.findall(r"homagg_[a-z_]+", dash))
+    assert queried and queried <= served, queried - served
 
 
 def test_dead_daemon_is_up_0_not_a_crash(link, daemon, tmp_path):
@@ -329,10 +349,10 @@ def test_worker_metrics_endpoint_of_the_torch_hook(link, daemon):
         s = {(x.name, tuple(sorted(x.labels.items()))): x.value
              for fam in text_string_to_metric_families(text) for x in fam.samples}
         lab = (("job", str(JOB)), ("worker", str(w)))
-        assert s[("homagg_worker_allreduces_total", (*lab[:1], ("method", "lhc"), lab[1]))] == 2
-        assert s[("homagg_worker_allreduce_seconds_count", lab)] == 2
-        assert s[("homagg_worker_retransmissions_total", lab)] == cnt["retransmissions"]
-        assert s[("homagg_worker_packets_sent_total", lab)] == cnt["packets_sent"]
-        sent = sum(v for (n, lb), v in s.items() if n == "homagg_worker_bytes_sent_total"
+        assert s[("homagg_client_allreduces_total", (*lab[:1], ("method", "lhc"), lab[1]))] == 2
+        assert s[("homagg_client_allreduce_seconds_count", lab)] == 2
+        assert s[("homagg_client_retransmissions_total", lab)] == cnt["retransmissions"]
+        assert s[("homagg_client_packets_sent_total", lab)] == cnt["packets_sent"]
+        sent = sum(v for (n, lb), v in s.items() if n == "homagg_client_bytes_sent_total"
                    and ("worker", str(w)) in lb)
         assert sent == sum(cnt["bytes_sent"].values()) == sum(e["bytes_sent"] for e in log)

@@ -9,15 +9,15 @@ completes adds to the series below, labelled with the job and the worker
 id; the client counters are read between allreduces (on the worker's
 thread, as each call completes), so a scrape never waits for the network.
 
-    homagg_worker_allreduces_total{job,worker,method}
-    homagg_worker_allreduce_failures_total{job,worker}
-    homagg_worker_allreduce_seconds{job,worker}            histogram
-    homagg_worker_bytes_sent_total{job,worker,phase}       payload bytes
-    homagg_worker_bytes_received_total{job,worker,phase}
-    homagg_worker_packets_sent_total{job,worker}
-    homagg_worker_retransmissions_total{job,worker}
-    homagg_worker_timeouts_total{job,worker}
-    homagg_worker_spurious_timeouts_total{job,worker}
+    homagg_client_allreduces_total{job,worker,method}
+    homagg_client_allreduce_failures_total{job,worker}
+    homagg_client_allreduce_seconds{job,worker}            histogram
+    homagg_client_bytes_sent_total{job,worker,phase}       payload bytes
+    homagg_client_bytes_received_total{job,worker,phase}
+    homagg_client_packets_sent_total{job,worker}
+    homagg_client_retransmissions_total{job,worker}
+    homagg_client_timeouts_total{job,worker}
+    homagg_client_spurious_timeouts_total{job,worker}
 
 docs/OPERATIONS.md shows how Prometheus finds them.
 """
@@ -45,18 +45,18 @@ class WorkerMetrics:
         self.registry = CollectorRegistry(auto_describe=True)
         self.labels = {"job": str(job), "worker": str(worker)}
         lab = ["job", "worker"]
-        self.calls = Counter("homagg_worker_allreduces", "allreduces completed",
+        self.calls = Counter("homagg_client_allreduces", "allreduces completed",
                              lab + ["method"], registry=self.registry)
-        self.failures = Counter("homagg_worker_allreduce_failures",
+        self.failures = Counter("homagg_client_allreduce_failures",
                                 "allreduces that raised (PeerTimeout, ...)", lab,
                                 registry=self.registry)
-        self.seconds = Histogram("homagg_worker_allreduce_seconds",
+        self.seconds = Histogram("homagg_client_allreduce_seconds",
                                  "time of each allreduce, submission to result", lab,
                                  buckets=BUCKETS, registry=self.registry)
-        self.scalars = {k: Counter(f"homagg_worker_{k}", f"client counter {k} "
+        self.scalars = {k: Counter(f"homagg_client_{k}", f"client counter {k} "
                                    "(homagg/client.h)", lab, registry=self.registry)
                         for k in SCALARS}
-        self.phased = {k: Counter(f"homagg_worker_{k}", f"client counter {k} per phase "
+        self.phased = {k: Counter(f"homagg_client_{k}", f"client counter {k} per phase "
                                   "(homagg/client.h)", lab + ["phase"], registry=self.registry)
                        for k in PER_PHASE}
         self._last: dict | None = None
