@@ -180,6 +180,8 @@ def _run(args) -> int:
         _print_hosts(tb)
         for line in testbed_job.describe(tb):
             print(line)
+        if st.get("exporter"):
+            print(f"metrics: {st['exporter']['url']}")
         procs = st.get("processes", [])
         if procs:
             print("processes:")

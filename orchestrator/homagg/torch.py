@@ -41,6 +41,9 @@ each variable overriding the same field of the job file::
     HOMAGG_BIND       this rank's local address (default: any)
     HOMAGG_TIMEOUT    seconds without progress before an allreduce fails (10)
     HOMAGG_SLOTS, HOMAGG_PAYLOAD  the job's slots and payload bytes (64, 1024)
+    HOMAGG_METRICS_PORT  serve this rank's allreduce statistics to Prometheus
+                      on this port + LOCAL_RANK (homagg.ops.worker_metrics,
+                      docs/OPERATIONS.md); HOMAGG_METRICS_BIND its address
 
 A missing aggregator is an error naming the variable to set; an aggregator
 that does not answer makes the backward pass raise PeerTimeout naming it
