@@ -303,6 +303,12 @@ def test_testbed_up_metrics_serves_its_daemon_and_down_stops_it(tmp_path):
             after = c.stats()
         summed = sum(v for (n, _), v in s.items() if n == "homagg_frames_summed_total")
         assert summed == after["stats"]["summed"] > 0
+        top = subprocess.run(homagg("top", "--testbed", name, "--state-dir", sd, "--once",
+                                    "--interval", "0.2"), capture_output=True, text=True,
+                             timeout=60)
+        assert top.returncode == 0, top.stderr
+        assert top.stdout.startswith(f"{name}/agg: 1 job, 1 engine busy")
+        assert any(ln.split()[:3] == [str(job), "2", "64"] for ln in top.stdout.splitlines())
     finally:
         r = tb_cli("down", "--name", name)
     assert r.returncode == 0, r.stderr
