@@ -57,17 +57,6 @@ WORKER_METRICS = {
 NO_JOB = ""
 
 
-def _job_split(snap: DaemonSnapshot, name: str):
-    """(job label, value) of engine counter ``name``: each job's, then the
-    rest of the daemon's total under NO_JOB."""
-    rest = snap.stats.get(name, 0)
-    for j in snap.jobs:
-        v = j.counters.get(name, 0)
-        rest -= v
-        yield str(j.job), v
-    yield NO_JOB, max(rest, 0)
-
-
 class Collector:
     """A prometheus_client collector over daemons {name: socket path}."""
 
@@ -75,6 +64,7 @@ class Collector:
         self.daemons = dict(daemons)
         self.timeout = timeout
         self._busy_prev: dict = {}     # (daemon, lcore) -> (engine_ns, busy_ns)
+        self._rest: dict = {}          # (daemon, counter) -> (total, rest served)
         self._lock = threading.Lock()
 
     def describe(self):
@@ -108,10 +98,10 @@ class Collector:
                           ["daemon", "job", "reason"])
         for s in live:
             for key, fam in events.items():
-                for job, v in _job_split(s, key):
+                for job, v in self._job_split(s, key):
                     fam.add_metric([s.name, job], v)
             for reason in drop_reasons(s.stats):
-                for job, v in _job_split(s, reason):
+                for job, v in self._job_split(s, reason):
                     dropped.add_metric([s.name, job, reason], v)
         yield from events.values()
         yield dropped
@@ -166,6 +156,31 @@ class Collector:
                 port[k].add_metric([s.name], v)
         yield from (ring, busy, run, ratio)
         yield from port.values()
+
+    def _job_split(self, snap: DaemonSnapshot, name: str):
+        """(job label, value) of engine counter ``name``: each job's, then the
+        rest of the daemon's total under NO_JOB.
+
+        ``stats`` is read before the jobs' ``job_stats``, so during traffic
+        the jobs' counts may already hold frames the total does not: the
+        rest computed then is at most the true one.  The series keeps the
+        largest value it served (a counter never goes down), which is
+        still at most the true rest; a total that went down means the
+        daemon restarted, and the series starts over with it."""
+        total = snap.stats.get(name, 0)
+        rest = total
+        for j in snap.jobs:
+            v = j.counters.get(name, 0)
+            rest -= v
+            yield str(j.job), v
+        key = (snap.name, name)
+        with self._lock:
+            last_total, last_rest = self._rest.get(key, (0, 0))
+            if total >= last_total:
+                rest = max(rest, last_rest)
+            rest = max(rest, 0)
+            self._rest[key] = (total, rest)
+        yield NO_JOB, rest
 
     def _ratio(self, key, t, b) -> float:
         with self._lock:
