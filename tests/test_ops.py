@@ -362,3 +362,33 @@ def test_worker_metrics_endpoint_of_the_torch_hook(link, daemon):
         sent = sum(v for (n, lb), v in s.items() if n == "homagg_client_bytes_sent_total"
                    and ("worker", str(w)) in lb)
         assert sent == sum(cnt["bytes_sent"].values()) == sum(e["bytes_sent"] for e in log)
+
+
+def test_job_stats_sums_the_engine_lcores(link, tmp_path):
+    """--lcores 2: job_stats sums each engine lcore's share of the job
+    (every chunk of each worker summed once, on one lcore or the other);
+    each lcore reports its busy and elapsed time."""
+    from switch_helpers import Daemon
+
+    d = Daemon(tmp_path / "two", ["--vdev", f"net_af_packet0,iface={link.dev_switch}"],
+               ["--port-ip", link.switch_ip, "--lcores", "2",
+                *([] if link.csum_complete else ["--no-udp-csum"])],
+               netns=link.ns_switch, lcores="0@0,1@1,2@1")
+    try:
+        d.wait_ready()
+        with d.client() as c:
+            c.add_job(job=JOB, token=TOKEN, workers=W, slots=32, group=GROUP)
+        threads, results, errors, wstats = run_workers(link, JOB, TOKEN,
+                                                       gradients(W, 30000, seed=9), "dense")
+        join_all(threads, 60)
+        assert errors == [None] * W, errors
+        js = quiet_job_stats(d.control, JOB)
+        with d.client() as c:
+            st = c.stats()
+        assert js["worker_counters"]["summed"] == [s["chunks"] for s in wstats]
+        assert js["counters"]["summed"] == st["stats"]["summed"] == sum(st["engine_summed"])
+        assert all(x > 0 for x in st["engine_summed"])          # both lcores took part
+        assert len(st["engine_ns"]) == len(st["engine_busy_ns"]) == 2
+        assert all(0 < b <= t for b, t in zip(st["engine_busy_ns"], st["engine_ns"]))
+    finally:
+        d.stop()

@@ -39,7 +39,7 @@ static void emit(char *msg)
 	int type = rte_log_cur_msg_logtype();
 	struct timeval tv;
 	struct tm tm;
-	char ts[40];
+	char ts[64];
 	json_t *ev;
 
 	if (strncmp(msg, prefix, sizeof(prefix) - 1) == 0)

@@ -164,7 +164,7 @@ static int ctl_job_stats(void *ctx, uint32_t job, json_t *reply)
 	json_t *cnt, *wk;
 	uint64_t *v;
 	uint32_t w;
-	int rc, i;
+	int rc, i, bad = 0;
 
 	/* every engine holds every job with the same configuration */
 	if ((rc = hg_engine_job_config(d->shards[0].eng, job, &jc)) < 0)
@@ -184,17 +184,18 @@ static int ctl_job_stats(void *ctx, uint32_t job, json_t *reply)
 		goto out;
 	}
 	for (i = 0; i < HG_CNT__COUNT; i++)
-		json_object_set_new(cnt, hg_counter_name(i),
-				    json_integer((json_int_t)v[i]));
+		bad |= json_object_set_new(cnt, hg_counter_name(i),
+					   json_integer((json_int_t)v[i]));
 	for (i = 0; i < HG_WCNT__COUNT; i++) {
 		json_t *a = json_array();
 
 		for (w = 0; a && w < jc.workers; w++)
-			json_array_append_new(a, json_integer((json_int_t)
+			bad |= json_array_append_new(a, json_integer((json_int_t)
 				v[HG_CNT__COUNT + 1 + (size_t)w * HG_WCNT__COUNT + i]));
-		json_object_set_new(wk, hg_worker_counter_name(i), a);
+		bad |= json_object_set_new(wk, hg_worker_counter_name(i), a);
 	}
-	if (json_object_set_new(reply, "counters", cnt) |
+	/* each set takes its value's reference, also when it fails */
+	if (bad | json_object_set_new(reply, "counters", cnt) |
 	    json_object_set_new(reply, "worker_counters", wk) |
 	    json_object_set_new(reply, "workers", json_integer(jc.workers)) |
 	    json_object_set_new(reply, "slots", json_integer(jc.slots)) |

@@ -37,6 +37,7 @@
 #include <rte_mempool.h>
 #include <rte_ring.h>
 
+#include "homagg/codec.h"     /* HG_MAX_WORKERS */
 #include "homagg/counters.h"
 #include "homagg/engine.h"
 #include "homagg/port.h"
@@ -73,7 +74,6 @@ struct mailbox {
 	int op;
 	struct hg_job_config jc;
 	uint32_t job;
-	uint64_t *out;             /* MB_JOB_STATS: hg_switch_job_stats' layout */
 	int rc;
 };
 
@@ -95,6 +95,11 @@ struct shard {
 	uint64_t start_tsc;            /* when its loop started */
 	uint64_t busy_tsc;             /* in polls that received frames (relaxed
 					* atomic: one writer, the shard's lcore) */
+	/* MB_JOB_STATS: the engine's share of one job (hg_switch_job_stats'
+	 * layout), written by the shard's lcore.  Its own memory, not the
+	 * caller's: an answer that comes after the caller gave up writes
+	 * nowhere else. */
+	uint64_t job_stats[HG_CNT__COUNT + 1 + HG_MAX_WORKERS * HG_WCNT__COUNT];
 } __rte_cache_aligned;
 
 struct daemon {

@@ -58,29 +58,25 @@ int hg_switch_shard_poll(struct shard *sh)
 	return n;
 }
 
-/* One engine's share of a job's stats, added to out (the layout of
- * hg_switch_job_stats); on the lcore that polls it. */
-static int job_stats_add(struct hg_engine *eng, uint32_t job, uint64_t *out)
+/* One engine's share of a job's stats into sh->job_stats (the layout of
+ * hg_switch_job_stats); on the lcore that polls the engine. */
+static int job_stats_fill(struct shard *sh, uint32_t job)
 {
-	uint64_t c[HG_CNT__COUNT];
+	uint64_t *out = sh->job_stats;
 	struct hg_job_config jc;
 	uint32_t w;
-	int rc, i, open;
+	int rc, open;
 
-	if ((rc = hg_engine_job_config(eng, job, &jc)) < 0 ||
-	    (rc = hg_engine_job_counters(eng, job, c, HG_CNT__COUNT)) < 0)
+	if ((rc = hg_engine_job_config(sh->eng, job, &jc)) < 0 ||
+	    (rc = hg_engine_job_counters(sh->eng, job, out, HG_CNT__COUNT)) < 0 ||
+	    (open = rc = hg_engine_job_open_sets(sh->eng, job)) < 0)
 		return rc;
-	for (i = 0; i < HG_CNT__COUNT; i++)
-		out[i] += c[i];
-	open = hg_engine_job_open_sets(eng, job);
-	out[HG_CNT__COUNT] += open > 0 ? (uint64_t)open : 0;
+	out[HG_CNT__COUNT] = (uint64_t)open;
 	out += HG_CNT__COUNT + 1;
-	for (w = 0; w < jc.workers; w++, out += HG_WCNT__COUNT) {
-		if ((rc = hg_engine_worker_counters(eng, job, w, c, HG_WCNT__COUNT)) < 0)
+	for (w = 0; w < jc.workers; w++, out += HG_WCNT__COUNT)
+		if ((rc = hg_engine_worker_counters(sh->eng, job, w, out,
+						    HG_WCNT__COUNT)) < 0)
 			return rc;
-		for (i = 0; i < HG_WCNT__COUNT; i++)
-			out[i] += c[i];
-	}
 	return 0;
 }
 
@@ -92,7 +88,7 @@ static void shard_serve(struct shard *sh)
 	if (__atomic_load_n(&mb->state, __ATOMIC_ACQUIRE) != MB_REQ)
 		return;
 	if (mb->op == MB_JOB_STATS)
-		mb->rc = job_stats_add(sh->eng, mb->job, mb->out);
+		mb->rc = job_stats_fill(sh, mb->job);
 	else
 		mb->rc = mb->op == MB_ADD ? hg_engine_add_job(sh->eng, &mb->jc) :
 					    hg_engine_remove_job(sh->eng, mb->job);
@@ -112,7 +108,7 @@ int hg_switch_shard_call(struct shard *sh, int op, const struct hg_job_config *j
 	if (!sh->launched)   /* the engine is polled by this very lcore */
 		return op == MB_ADD ? hg_engine_add_job(sh->eng, jc) :
 		       op == MB_REMOVE ? hg_engine_remove_job(sh->eng, job) :
-		       job_stats_add(sh->eng, job, sh->mb.out);
+		       job_stats_fill(sh, job);
 	if (__atomic_load_n(&mb->state, __ATOMIC_ACQUIRE) != MB_IDLE)
 		return -EBUSY;   /* an earlier request timed out */
 	mb->op = op;
@@ -134,15 +130,19 @@ int hg_switch_shard_call(struct shard *sh, int op, const struct hg_job_config *j
 int hg_switch_job_stats(struct daemon *d, uint32_t job, uint32_t workers,
 			uint64_t *out)
 {
+	const size_t n = HG_CNT__COUNT + 1 + (size_t)workers * HG_WCNT__COUNT;
 	unsigned int k;
+	size_t i;
 	int rc;
 
-	memset(out, 0, sizeof(*out) *
-	       (HG_CNT__COUNT + 1 + (size_t)workers * HG_WCNT__COUNT));
+	if (workers > HG_MAX_WORKERS)
+		return -ERANGE;
+	memset(out, 0, sizeof(*out) * n);
 	for (k = 0; k < d->nshards; k++) {
-		d->shards[k].mb.out = out;
 		if ((rc = hg_switch_shard_call(&d->shards[k], MB_JOB_STATS, NULL, job)))
 			return rc;
+		for (i = 0; i < n; i++)
+			out[i] += d->shards[k].job_stats[i];
 	}
 	return 0;
 }
