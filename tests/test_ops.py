@@ -392,3 +392,27 @@ def test_job_stats_sums_the_engine_lcores(link, tmp_path):
         assert all(0 < b <= t for b, t in zip(st["engine_busy_ns"], st["engine_ns"]))
     finally:
         d.stop()
+
+
+def test_log_format_json_reaches_the_daemons_the_orchestrator_starts(tmp_path):
+    """`homagg --log-format json testbed up`: the homagg-switch it starts
+    writes JSON lines too."""
+    import secrets
+
+    from homagg.testbed import Testbed
+
+    sd, name = str(tmp_path / "testbeds"), "l" + secrets.token_hex(5)
+    r = subprocess.run(homagg("--log-format", "json", "testbed", "--state-dir", sd, "up",
+                              "--workers", "2", "--name", name),
+                       capture_output=True, text=True, timeout=120)
+    try:
+        assert r.returncode == 0, r.stdout + r.stderr
+        events = [json.loads(ln) for ln in r.stderr.splitlines() if ln.strip()]
+        assert all(set(e) >= {"ts", "level", "logger", "msg"} for e in events)
+        rec = Testbed.open(name, sd).state()["daemons"]["agg"]
+        with open(rec["log"]) as f:
+            daemon = [json.loads(ln) for ln in f if ln.strip()]
+        assert any(e["logger"] == "homagg.switch" and e["msg"].startswith("ready port=")
+                   for e in daemon)
+    finally:
+        Testbed.down(name, state_dir=sd)

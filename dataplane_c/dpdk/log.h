@@ -28,8 +28,11 @@ extern int hg_switch_logtype;
  * becomes one JSON object per line on stdout,
  *   {"ts":"2026-12-01T21:40:00.123456Z","level":"notice",
  *    "logger":"homagg.switch","msg":"ready port=0 ..."}
- * (logger "dpdk" for DPDK's own types).  Called before rte_eal_init() so
- * EAL's messages are JSON too.  0, or -1 when the stream cannot be made.
+ * (logger "dpdk" for DPDK's own types).  What libraries write to stderr
+ * themselves (libbpf, libxdp) goes through a pipe and becomes events of
+ * logger "stderr", level "info".  Called before rte_eal_init() so EAL's
+ * messages are JSON too.  0, or -1 with errno when the stream, the pipe or
+ * its thread cannot be made.
  */
 int hg_switch_log_json(void);
 

@@ -58,6 +58,7 @@ from homagg import inventory as inv
 from homagg import job as localrun
 from homagg import job_file, ssh
 from homagg.errors import HomAggError
+from homagg.ops import logfmt
 
 log = logging.getLogger("homagg.remote")
 
@@ -289,7 +290,8 @@ def switch_argv(h: inv.HostSpec, binary: str, hugepages_mount: str,
             "--control", control_socket(h), "--mtu", str(h.mtu)]
     if frames > 1024 and not (h.vdev or "").startswith(("net_af_packet", "eth_af_packet")):
         opts += ["--rx-ring", str(min(32768, 1 << (int(frames) - 1).bit_length()))]
-    return [binary, *eal, "--", *opts, *(["--no-udp-csum"] if no_udp_csum else [])]
+    return [binary, *eal, "--", *opts, *(["--no-udp-csum"] if no_udp_csum else []),
+            *logfmt.daemon_args()]
 
 
 # --------------------------------------------------------------------------

@@ -60,6 +60,7 @@ import numpy as np
 from homagg import auth as hg_auth
 from homagg import job_file, log
 from homagg.errors import HomAggError
+from homagg.ops import logfmt
 from homagg.protocol import PIPELINE_GROUPS, check_pipeline_groups
 from homagg.job import (DEFAULT_BLOCK, METHODS, UDP_PORT, WORKLOADS, RunError, check_arguments,
                         check_payload, collect_reports, counter_deltas, print_report, sum_dicts,
@@ -181,7 +182,8 @@ class Switch:
                     # veth leaves UDP checksums to an offload that never runs
                     "--no-udp-csum",
                     # the testbed's cores are shared with the workers: sleep when idle
-                    "--idle-us", str(int(idle_us)), "--idle-polls", str(int(idle_polls))]
+                    "--idle-us", str(int(idle_us)), "--idle-polls", str(int(idle_polls)),
+                    *logfmt.daemon_args()]
             if lcores > 1:
                 argv += ["--lcores", str(lcores)]
             if drop_rate:

@@ -29,8 +29,19 @@ class JsonFormatter(logging.Formatter):
 
 
 def use_json(logger: logging.Logger | None = None) -> None:
-    """Switch the handlers ``homagg.log.setup`` installed to JSON lines."""
+    """Switch the handlers ``homagg.log.setup`` installed to JSON lines; the
+    daemons this process starts log JSON too (``daemon_args``)."""
+    global _json
+    _json = True
     lg = logger or logging.getLogger(_log.ROOT)
     for h in lg.handlers:
         if getattr(h, "_homagg", False):
             h.setFormatter(JsonFormatter())
+
+
+_json = False
+
+
+def daemon_args() -> list[str]:
+    """homagg-switch's ``--log-format`` matching this process's log."""
+    return ["--log-format", "json"] if _json else []
