@@ -311,6 +311,11 @@ def test_up_starts_the_exporter_and_down_stops_it(rack, tmp_path):
                        for s in fam.samples}
         assert samples[("homagg_up", (("daemon", "agg"),))] == 1
         assert samples[("homagg_job_workers", (("daemon", "agg"), ("job", str(job))))] == 2
+        # homagg top over the inventory: the same daemon, read over SSH
+        top = cli("top", "-i", path, "--once", "--interval", "0.2", timeout=120)
+        assert top.returncode == 0, top.stdout + top.stderr
+        assert top.stdout.startswith("agg: 1 job, 1 engine busy"), top.stdout
+        assert any(ln.split()[:2] == [str(job), "2"] for ln in top.stdout.splitlines())
     finally:
         down = cli("down", "-i", path)
     assert down.returncode == 0, down.stdout + down.stderr

@@ -44,13 +44,17 @@ class Sources:
 
     def __init__(self):
         self.local: dict = {}        # name -> socket path
-        self.remote: list = []       # homagg.remote.Host
+        self.remote: list = []       # (homagg.remote.Host, "" or why it has no session)
         self._closers = []
 
     def read(self) -> list[DaemonSnapshot]:
         out = [snapshot(n, p) for n, p in self.local.items()]
-        for r in self.remote:
-            out.append(guarded(r.h.name, _remote_socket(r), _remote_request(r)))
+        for r, err in self.remote:
+            if err:     # no SSH session: shown as down, with the fix
+                out.append(DaemonSnapshot(name=r.h.name, path=_remote_socket(r),
+                                          t=time.monotonic(), error=err))
+            else:
+                out.append(guarded(r.h.name, _remote_socket(r), _remote_request(r)))
         return out
 
     def close(self):
@@ -103,10 +107,17 @@ def sources(args) -> Sources:
         from homagg import inventory as inv
         from homagg import remote
 
+        from homagg.ssh import StepFailed
+
         inventory = inv.load(args.inventory)
-        hosts = [remote.Host(h, inventory) for h in inventory.aggregators]
-        src.remote = hosts
-        src._closers += [h.close for h in hosts]
+        for h in inventory.aggregators:
+            r = remote.Host(h, inventory)
+            src._closers.append(r.close)
+            try:
+                r.preflight()       # login and privilege (sudo when not root)
+                src.remote.append((r, ""))
+            except StepFailed as e:
+                src.remote.append((r, str(e)))
     if not src.local and not src.remote:
         raise HomAggError("no daemon to show: give --socket PATH, --testbed NAME or "
                           "-i INVENTORY")
