@@ -16,7 +16,7 @@ import urllib.request
 import numpy as np
 import pytest
 
-from homagg.control import ControlClient
+from homagg.switch.control import ControlClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from switch_helpers import ROOT, SWITCH, wait_for
@@ -258,8 +258,8 @@ def test_daemon_log_format_refuses_a_bad_value(tmp_path):
 def test_testbed_up_metrics_serves_its_daemon_and_down_stops_it(tmp_path):
     import secrets
 
-    from homagg.run import run_allreduce
-    from homagg.testbed import Testbed
+    from homagg.runs.allreduce import run_allreduce
+    from homagg.deploy.local.testbed import Testbed
 
     sd, name = str(tmp_path / "testbeds"), "m" + secrets.token_hex(5)
 
@@ -399,7 +399,7 @@ def test_log_format_json_reaches_the_daemons_the_orchestrator_starts(tmp_path):
     writes JSON lines too."""
     import secrets
 
-    from homagg.testbed import Testbed
+    from homagg.deploy.local.testbed import Testbed
 
     sd, name = str(tmp_path / "testbeds"), "l" + secrets.token_hex(5)
     r = subprocess.run(homagg("--log-format", "json", "testbed", "--state-dir", sd, "up",

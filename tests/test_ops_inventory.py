@@ -2,8 +2,8 @@
 checked with a fix per field, carried to the Ansible inventory."""
 import pytest
 
-from homagg import ansible_inventory
-from homagg import inventory as inv
+from homagg.deploy.remote import ansible_inventory
+from homagg.deploy.remote import inventory as inv
 
 from sshrack import to_toml
 

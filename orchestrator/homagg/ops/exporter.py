@@ -1,24 +1,22 @@
-"""Serve Prometheus metrics of homagg-switch daemons over HTTP.
+"""Prometheus metrics of homagg-switch daemons, read at scrape time.
 
-    homagg exporter --socket /run/homagg-switch.sock [--socket NAME=PATH ...]
-                    [--port 9477] [--bind 127.0.0.1]
-
-Each scrape of ``/metrics`` reads every daemon's control socket then and
-there (``stats``, and ``job_stats`` of each job): nothing is cached, so the
-numbers are the daemon's at that moment.  A daemon that does not answer is
-``homagg_up{daemon=...} 0``, its other series are absent, and the others are
-served as usual.  docs/OPERATIONS.md lists every metric; needs the
-``metrics`` extra (``pip install 'homagg[metrics]'``).
+``Collector`` turns each scrape into control requests to every daemon
+(``stats``, and ``job_stats`` of each job: homagg.ops.source) and the
+replies into metric families: nothing is cached, so the numbers are the
+daemon's at that moment.  A daemon that does not answer is
+``homagg_up{daemon=...} 0``, its other series are absent, and the others
+are served as usual.  ``serve`` runs the HTTP endpoint (``homagg
+exporter``: homagg.cli.exporter), ``start_for_testbed`` the exporter of
+``homagg testbed up --metrics``.  docs/OPERATIONS.md lists every metric;
+needs the ``metrics`` extra (``pip install 'homagg[metrics]'``).
 """
 from __future__ import annotations
 
-import argparse
 import logging
-import signal
 import sys
 import threading
 
-from homagg.ops.source import DaemonSnapshot, drop_reasons, parse_socket_arg, snapshot
+from homagg.ops.source import DaemonSnapshot, drop_reasons, snapshot
 
 log = logging.getLogger("homagg.ops.exporter")
 
@@ -191,18 +189,6 @@ class Collector:
         return (b - b0) / (t - t0) if t > t0 else 0.0
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--socket", action="append", required=True, metavar="[NAME=]PATH",
-                   help="a daemon's control socket (repeat for several daemons); the "
-                   "daemon label is NAME, or PATH")
-    p.add_argument("--port", type=int, default=DEFAULT_PORT,
-                   help="HTTP port (default %(default)s; 0: any free port, printed)")
-    p.add_argument("--bind", default="127.0.0.1", metavar="ADDRESS",
-                   help="address to listen on (default %(default)s: this host only)")
-    p.add_argument("--timeout", type=float, default=2.0, metavar="S",
-                   help="control socket timeout per daemon and scrape (default %(default)s)")
-
-
 def serve(daemons: dict, port: int, bind: str, timeout: float = 2.0):
     """Start the HTTP server in a thread; returns (server, registry)."""
     from prometheus_client import CollectorRegistry, start_http_server
@@ -211,34 +197,6 @@ def serve(daemons: dict, port: int, bind: str, timeout: float = 2.0):
     reg.register(Collector(daemons, timeout))
     server, _thread = start_http_server(port, addr=bind, registry=reg)
     return server, reg
-
-
-def main(args) -> int:
-    try:
-        import prometheus_client  # noqa: F401
-    except ImportError:
-        print("homagg exporter: needs prometheus_client: pip install 'homagg[metrics]'",
-              file=sys.stderr)
-        return 2
-    if not 0 <= args.port <= 65535:
-        print(f"homagg exporter: --port {args.port}: must be 0..65535", file=sys.stderr)
-        return 2
-    daemons = dict(parse_socket_arg(s) for s in args.socket)
-    try:
-        server, _ = serve(daemons, args.port, args.bind, args.timeout)
-    except OSError as e:
-        print(f"homagg exporter: --bind {args.bind} --port {args.port}: {e}", file=sys.stderr)
-        return 1
-    host, port = server.server_address[:2]
-    print(f"homagg exporter: http://{host}:{port}/metrics for {len(daemons)} "
-          f"daemon{'s' if len(daemons) > 1 else ''}", flush=True)
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    while not stop.wait(3600):
-        pass
-    server.shutdown()
-    return 0
 
 
 def start_for_testbed(tb, port: int, bind: str = "127.0.0.1", timeout: float = 20.0) -> dict:

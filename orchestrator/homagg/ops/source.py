@@ -11,7 +11,7 @@ import dataclasses
 import errno
 import time
 
-from homagg.control import ControlClient, ControlError
+from homagg.switch.control import ControlClient, ControlError
 from homagg.errors import HomAggError
 
 # Engine counters (homagg/counters.h) that count events, not dropped frames;

@@ -1,38 +1,19 @@
-"""A live view of homagg-switch daemons: jobs, workers, engines.
+"""``homagg top``'s model and view: readings of daemons and their rendering.
 
-    homagg top [--socket PATH ...] [--testbed NAME] [-i INVENTORY] [--once]
-
-Refreshes once a second (--interval): per daemon its engines' busy
-fraction, per job its slots in use and frames summed and dropped per
-second, per worker its frames per second, retransmissions and drops.
-Rates are the difference of two readings over the time between them.
-``--once`` prints one frame (two readings --interval apart) and exits, for
-scripts and tests.  A daemon that does not answer is shown as down.
-Needs rich (the ``metrics`` or ``provision`` extra).
+``sources`` says where the daemons are (local control sockets, a testbed's
+daemons, an inventory's aggregators over SSH); ``Sources.read`` takes one
+reading of each (homagg.ops.source; a daemon that does not answer is a
+reading with ``up`` False); ``render`` makes a rich table of a reading,
+with rates against the previous one.  homagg.cli.top runs the loop.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import shlex
-import sys
 import time
 
 from homagg.errors import HomAggError
 from homagg.ops.source import DaemonSnapshot, drop_reasons, guarded, parse_socket_arg, snapshot
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--socket", action="append", default=[], metavar="[NAME=]PATH",
-                   help="a local daemon's control socket (repeat for several)")
-    p.add_argument("--testbed", metavar="NAME", help="the daemons `homagg testbed up` started")
-    p.add_argument("--state-dir", default=None, help="testbed state directory")
-    p.add_argument("-i", "--inventory", metavar="TOML",
-                   help="the daemons of an inventory's aggregator hosts (over SSH)")
-    p.add_argument("--once", action="store_true",
-                   help="print one frame (two readings --interval apart) and exit")
-    p.add_argument("--interval", type=float, default=1.0, metavar="S",
-                   help="seconds between refreshes (default %(default)s)")
 
 
 # --------------------------------------------------------------------------
@@ -44,7 +25,7 @@ class Sources:
 
     def __init__(self):
         self.local: dict = {}        # name -> socket path
-        self.remote: list = []       # (homagg.remote.Host, "" or why it has no session)
+        self.remote: list = []       # (homagg.deploy.remote.hosts.Host, "" or why it has no session)
         self._closers = []
 
     def read(self) -> list[DaemonSnapshot]:
@@ -63,18 +44,18 @@ class Sources:
 
 
 def _remote_socket(r) -> str:
-    from homagg.remote import control_socket
+    from homagg.deploy.remote.hosts import control_socket
     return control_socket(r.h)
 
 
 def _remote_request(r):
-    """request(cmd, **fields) over SSH (python -m homagg.control on the host)."""
-    from homagg.control import _error_for
-    from homagg.remote import RemoteError
+    """request(cmd, **fields) over SSH (python -m homagg.switch.control on the host)."""
+    from homagg.deploy.remote.hosts import RemoteError
+    from homagg.switch.control import _error_for
 
     def request(cmd, **fields):
         line = json.dumps({"cmd": cmd, **fields})
-        res = r.run(f"{shlex.quote(r.python)} -m homagg.control "
+        res = r.run(f"{shlex.quote(r.python)} -m homagg.switch.control "
                     f"{shlex.quote(_remote_socket(r))} {shlex.quote(line)}", check=False, timeout=30)
         out = res.stdout.strip().splitlines()
         try:
@@ -89,29 +70,31 @@ def _remote_request(r):
     return request
 
 
-def sources(args) -> Sources:
+def sources(sockets=(), testbed=None, state_dir=None, inventory=None) -> Sources:
+    """The daemons at ``sockets`` ([NAME=]PATH), of local testbed
+    ``testbed``, and of the aggregators of inventory file ``inventory``."""
     src = Sources()
-    for spec in args.socket:
+    for spec in sockets:
         name, path = parse_socket_arg(spec)
         src.local[name] = path
-    if args.testbed:
-        from homagg.testbed import Testbed
+    if testbed:
+        from homagg.deploy.local.testbed import Testbed
 
-        daemons = Testbed.open(args.testbed, args.state_dir).state().get("daemons", {})
+        daemons = Testbed.open(testbed, state_dir).state().get("daemons", {})
         if not daemons:
-            raise HomAggError(f"testbed {args.testbed} runs no homagg-switch (built with "
+            raise HomAggError(f"testbed {testbed} runs no homagg-switch (built with "
                               "--no-daemon?): nothing to show")
         for host, rec in daemons.items():
-            src.local[f"{args.testbed}/{host}"] = rec["control"]
-    if args.inventory:
-        from homagg import inventory as inv
-        from homagg import remote
+            src.local[f"{testbed}/{host}"] = rec["control"]
+    if inventory:
+        from homagg.deploy.remote import hosts as remote
+        from homagg.deploy.remote import inventory as inv
 
-        from homagg.ssh import StepFailed
+        from homagg.deploy.remote.ssh import StepFailed
 
-        inventory = inv.load(args.inventory)
-        for h in inventory.aggregators:
-            r = remote.Host(h, inventory)
+        loaded = inv.load(inventory)
+        for h in loaded.aggregators:
+            r = remote.Host(h, loaded)
             src._closers.append(r.close)
             try:
                 r.preflight()       # login and privilege (sudo when not root)
@@ -204,41 +187,3 @@ def render(now: list[DaemonSnapshot], before: list[DaemonSnapshot] | None = None
             parts += [jt, wt]
         parts.append(Text(""))
     return Group(*parts)
-
-
-def main(args) -> int:
-    try:
-        import rich  # noqa: F401
-    except ImportError:
-        print("homagg top: needs rich: pip install 'homagg[metrics]'", file=sys.stderr)
-        return 2
-    if not 0.05 <= args.interval <= 3600:
-        print(f"homagg top: --interval {args.interval}: must be 0.05..3600 seconds",
-              file=sys.stderr)
-        return 2
-    from rich.console import Console
-
-    try:
-        src = sources(args)
-    except HomAggError as e:
-        print(f"homagg top: {e}", file=sys.stderr)
-        return 1
-    try:
-        if args.once:
-            before = src.read()
-            time.sleep(args.interval)
-            Console(file=sys.stdout, width=120).print(render(src.read(), before))
-            return 0
-        from rich.live import Live
-
-        before = src.read()
-        with Live(render(before), refresh_per_second=4, screen=False) as live:
-            while True:
-                time.sleep(args.interval)
-                now = src.read()
-                live.update(render(now, before))
-                before = now
-    except KeyboardInterrupt:
-        return 0
-    finally:
-        src.close()
