@@ -10,6 +10,10 @@
 #   FUZZ_SECONDS=20               time budget of each libFuzzer target (make fuzz)
 #   NO_APT=1                      never call apt-get (fail if packages are missing)
 #
+# In the environment (not a make variable): HOMAGG_CODEC_ISA=portable|avx2|avx512
+# forces the codec's ISA path of everything make runs (tests, make bench; by
+# default the best the CPU has; `homagg bench codec` times every path anyway).
+#
 # `make help` lists the targets.
 
 PYTHON      ?= python3
