@@ -1,6 +1,9 @@
 """The codec benchmark at a small size: its figures are consistent, and its
 numpy baseline does the same work as the C codec (same sketch, same result)."""
 import argparse
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -95,3 +98,15 @@ def test_bench_refuses_bad_arguments(argv, msg):
     with pytest.raises(SystemExit, match=msg) as e:
         bench.run(_args("--elements", "4096", *argv))
     assert "\n" not in str(e.value)
+
+
+def test_bench_refuses_a_bad_isa_variable():
+    """HOMAGG_CODEC_ISA naming no path: one line, no traceback."""
+    env = dict(os.environ, HOMAGG_CODEC_ISA="avx3")
+    r = subprocess.run([sys.executable, "-c", "import sys; from homagg.cli import main; "
+                        "sys.exit(main(sys.argv[1:]))", "bench", "codec", "--elements", "4096"],
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("HOMAGG_CODEC_ISA='avx3' names no codec path")
+    assert "Traceback" not in r.stderr

@@ -297,7 +297,13 @@ def run(args):
     from homagg.bench import numpy_codec as npc
     from homagg.bindings import codec as b
 
+    from homagg.errors import InvalidArgument
+
     block = check_gradient_arguments(args)
+    try:
+        b.codec_isa()  # a bad HOMAGG_CODEC_ISA: one line, no traceback
+    except InvalidArgument as e:
+        raise SystemExit(str(e)) from None
     isas = parse_isas(getattr(args, "isa", None))
     n, W = args.elements, args.workers
     _progress(f"{W} gradients of {n} float32 ({4 * n / 2**20:.0f} MiB each), density {args.density}")
