@@ -11,6 +11,10 @@
 #   NO_APT=1                      never call apt-get (fail if packages are missing)
 #   N=3                           runs of the suite for make test-repeat
 #
+# In the environment (not a make variable): HOMAGG_CODEC_ISA=portable|avx2|avx512
+# forces the codec's ISA path of everything make runs (tests, make bench; by
+# default the best the CPU has; `homagg bench codec` times every path anyway).
+#
 # `make help` lists the targets.
 
 PYTHON      ?= python3
