@@ -41,6 +41,9 @@ each variable overriding the same field of the job file::
     HOMAGG_BIND       this rank's local address (default: any)
     HOMAGG_TIMEOUT    seconds without progress before an allreduce fails (10)
     HOMAGG_SLOTS, HOMAGG_PAYLOAD  the job's slots and payload bytes (64, 1024)
+    HOMAGG_METRICS_PORT  serve this rank's allreduce statistics to Prometheus
+                      on this port + LOCAL_RANK (homagg.ops.worker_metrics,
+                      docs/OPERATIONS.md); HOMAGG_METRICS_BIND its address
 
 A missing aggregator is an error naming the variable to set.
 
@@ -193,6 +196,9 @@ class HookState:
         # one thread runs the buckets in order: HomAgg, the agreement, the fallback
         self._executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix=f"homagg-hook{worker.worker}")
+        # HOMAGG_METRICS_PORT: this rank's Prometheus endpoint (docs/OPERATIONS.md)
+        from homagg.ops import worker_metrics
+        self.metrics = worker_metrics.from_environment(worker.job, worker.worker, env)
 
     @staticmethod
     def _worker_from_environment(process_group, env):
@@ -226,6 +232,8 @@ class HookState:
         self._executor.shutdown(wait=True)
         if self.worker is not None:
             self.worker.close()
+        if self.metrics is not None:
+            self.metrics.close()
 
     # -- per bucket ----------------------------------------------------------
 
@@ -274,16 +282,21 @@ class HookState:
                         self.recorder(index, x, y, params, path=path)
                     else:
                         self.recorder(index, x, y, params)
+                seconds = time.perf_counter() - t0
+                if self.metrics is not None and path == "homagg":
+                    # between calls (this thread makes them): the client is idle
+                    self.metrics.observe(seconds, info.get("method"), self.worker.counters())
                 with self._log_lock:
                     self.log.append({
                         "bucket": index, "numel": int(x.size),
                         "nnz": int(np.count_nonzero(x)), "method": info.get("method"),
                         "bytes_sent": info.get("bytes_sent"), "path": path,
-                        "cpu_seconds": cpu,
-                        "seconds": time.perf_counter() - t0, "dtype": str(dtype)})
+                        "cpu_seconds": cpu, "seconds": seconds, "dtype": str(dtype)})
                 out = torch.from_numpy(y).to(dtype).reshape(buffer.shape)
                 fut.set_result(out)
             except BaseException as exc:  # the backward pass raises it
+                if self.metrics is not None:
+                    self.metrics.failed()
                 fut.set_exception(exc)
 
         self._executor.submit(run)
@@ -312,6 +325,8 @@ class HookState:
             return y, "homagg"
         self._failures += 1
         self.counters["homagg_failures"] += 1
+        if self.metrics is not None:
+            self.metrics.failed()
         wait = min(self.backoff_max, self.backoff * 2 ** (self._failures - 1))
         self._retry_at = time.monotonic() + wait
         why = f"{type(error).__name__}: {error}" if error else "another rank's HomAgg failed"
