@@ -19,9 +19,11 @@ Scenarios:
   join       uneven inputs: rank r has 3 + r batches, torch's Join context
   fallback   8 steps; before steps 3 and 5 the ranks wait for OUTDIR/go-3
              and OUTDIR/go-5 (rank 0 writes at-3 / at-5 when all arrived):
-             the test kills the aggregator, then restarts it
-  inject     4 steps; rank 1's HomAgg call #2 raises after the sum
-             arrived (the other ranks' succeed)
+             the test kills the aggregator, then restarts it; the steps
+             from 5 on are 0.15 s apart (past the 0.1 s back-off)
+  inject     4 steps, 0.15 s apart (the back-off is 0.1 s); rank 1's
+             HomAgg call #2 raises after the sum arrived (the other ranks'
+             succeed)
   backend    no DDP: init_process_group("cpu:homagg"), dist.all_reduce
              SUM and AVG of float32 / float16 / bfloat16 tensors, then
              delegated collectives (int64 and MAX allreduce, broadcast,
@@ -117,7 +119,7 @@ def main(scenario, outdir):
         records.append({"bucket": index, "x": torch.from_numpy(x.copy()),
                         "y": torch.from_numpy(y.copy()), "path": path})
 
-    kw = {"backoff": 0.1, "backoff_max": 0.1} if scenario == "fallback" else {}
+    kw = {"backoff": 0.1, "backoff_max": 0.1} if scenario in ("fallback", "inject") else {}
     state = hgt.HookState(recorder=recorder, **kw)
     if scenario == "inject" and rank == 1:
         real, calls = state.worker.allreduce, [0]
@@ -177,6 +179,8 @@ def main(scenario, outdir):
                         loss = loss_fn(net(x), t)
                     loss.backward()
                     opt.step()
+                if scenario == "inject" or (scenario == "fallback" and step >= 5):
+                    time.sleep(0.15)  # past the back-off: the next bucket tries HomAgg
         params = [[p.detach().clone() for p in n.module.parameters()] for n in nets]
         torch.save({"params": params, "records": records, "counters": state.counters,
                     "fallback": state.fallback},
