@@ -73,6 +73,21 @@ def _job_file(sw, W, path, timeout=10.0):
     return jobid, token
 
 
+@pytest.fixture
+def jobs(switch):
+    """_job_file on the module's daemon; every job removed after the test."""
+    made = []
+
+    def make(W, path, timeout=10.0):
+        made.append(_job_file(switch, W, path, timeout)[0])
+        return made[-1]
+
+    yield make
+    with switch.client() as c:
+        for j in made:
+            c.remove_job(j)
+
+
 def _env(extra):
     env = dict(os.environ, OMP_NUM_THREADS="1",
                PYTHONPATH=os.pathsep.join([os.path.join(os.path.dirname(HERE), "orchestrator"),
@@ -136,10 +151,10 @@ def _check(outdir, W):
 
 
 @pytest.mark.parametrize("scenario, W", [("bf16", 2), ("nosync", 2), ("two", 2), ("join", 4)])
-def test_training_job_features_exact(testbed, switch, tmp_path, scenario, W):
+def test_training_job_features_exact(testbed, jobs, tmp_path, scenario, W):
     """bf16 autocast, no_sync accumulation, two models sharing one HookState,
     uneven inputs under Join: exact, identical on every rank."""
-    _job_file(switch, W, tmp_path / "job.json")
+    jobs(W, tmp_path / "job.json")
     _finish(_start(testbed, scenario, W, tmp_path, tmp_path / "job.json"))
     res = _check(tmp_path, W)
     calls = res[0]["records"]
@@ -154,11 +169,11 @@ def test_training_job_features_exact(testbed, switch, tmp_path, scenario, W):
         assert not last[0].any() and last[W - 1].any()
 
 
-def test_torchrun_with_the_job_file_only(testbed, switch, tmp_path):
+def test_torchrun_with_the_job_file_only(testbed, jobs, tmp_path):
     """torchrun (torch.distributed.run), 2 ranks in one worker namespace,
     configured by HOMAGG_JOB_FILE alone (no bind address, no rank)."""
     W = 2
-    _job_file(switch, W, tmp_path / "job.json")
+    jobs(W, tmp_path / "job.json")
     h = testbed.workers[0]
     env = _env({"HOMAGG_JOB_FILE": str(tmp_path / "job.json"), "GLOO_SOCKET_IFNAME": h.ifname})
     for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "HOMAGG_BIND"):
@@ -184,13 +199,21 @@ def _wait_file(path, procs, timeout=120.0):
         time.sleep(0.02)
 
 
-def test_fallback_survives_a_killed_aggregator_and_uses_it_again(testbed, tmp_path):
+@pytest.fixture
+def own_testbed(tmp_path_factory):
+    """A 2-worker testbed of the test's own: its aggregator namespace runs
+    only the daemon the test kills and starts again."""
+    with dpdk_testbed(tmp_path_factory, "kill", workers=2, link_mbit=1000) as tb:
+        yield tb
+
+
+def test_fallback_survives_a_killed_aggregator_and_uses_it_again(own_testbed, tmp_path):
     """8 steps, 2 ranks: homagg-switch killed (SIGKILL, its PID) before step
     3, the steps 3 and 4 go through the process group (Gloo), the daemon
     is started again with the job registered afresh before step 5, and the
     steps 5..7 go through HomAgg again; training finishes, every rank's
     parameters identical, every HomAgg bucket exact."""
-    W = 2
+    testbed, W = own_testbed, 2
     sw = Switch(testbed, str(tmp_path / "sw1"), frames=W * 64)
     sw2 = None
     try:
@@ -230,12 +253,12 @@ def test_fallback_survives_a_killed_aggregator_and_uses_it_again(testbed, tmp_pa
         assert rr["counters"]["retries"] >= 1
 
 
-def test_fallback_when_one_rank_fails_and_the_others_succeed(testbed, switch, tmp_path):
+def test_fallback_when_one_rank_fails_and_the_others_succeed(testbed, jobs, tmp_path):
     """Rank 1's second HomAgg call raises after its sum arrived; ranks 0 and 2
     succeed: the agreement sends that bucket through the process group on
     every rank, and the parameters stay identical."""
     W = 3
-    _job_file(switch, W, tmp_path / "job.json")
+    jobs(W, tmp_path / "job.json")
     _finish(_start(testbed, "inject", W, tmp_path, tmp_path / "job.json"))
     res = _check(tmp_path, W)
     paths = [c["path"] for c in res[0]["records"]]
@@ -246,12 +269,12 @@ def test_fallback_when_one_rank_fails_and_the_others_succeed(testbed, switch, tm
 
 
 @pytest.mark.parametrize("W", [2, 4])
-def test_backend_all_reduce_exact_and_delegates(testbed, switch, tmp_path, W):
+def test_backend_all_reduce_exact_and_delegates(testbed, jobs, tmp_path, W):
     """init_process_group("cpu:homagg"): dist.all_reduce SUM and AVG of
     float32 / float16 / bfloat16 equal the fixed-point oracle (/ W for AVG)
     cast to the dtype, bit for bit, on every rank; int64 and MAX allreduce,
     broadcast, all_gather, all_gather_object and barrier are Gloo's."""
-    _job_file(switch, W, tmp_path / "job.json")
+    jobs(W, tmp_path / "job.json")
     _finish(_start(testbed, "backend", W, tmp_path, tmp_path / "job.json"))
     res = [torch.load(os.path.join(tmp_path, f"rank-{r}.pt"), weights_only=False)
            for r in range(W)]
