@@ -7,14 +7,17 @@ cluster (NIC model) and workers over loopback UDP end to end, bit-exact
 against the numpy oracle.
 """
 import hashlib
+import itertools
 import os
 import socket
 import threading
 
 import numpy as np
 import pytest
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from homagg import auth
+from homagg.bindings import auth as _ab
 from homagg.engine import (FLAG_AUTH, FLAG_RESULT, FLAG_RETRANS, UDP_PORT, Addr, Engine, MemPort,
                            build_frame, parse_frame)
 from homagg.errors import InvalidArgument
@@ -30,16 +33,36 @@ SECRET = bytes(range(32))
 AGG = Addr.of("02:00:00:00:00:01", "10.0.0.254", UDP_PORT)
 
 
-def ref_key(secret, key_id):
+JOB = 1
+
+
+def ref_key(secret, key_id, job=JOB):
     """crypto_kdf_derive_from_key: BLAKE2b-256 keyed with the secret, salt =
-    the id little-endian in 16 bytes, personal = context padded to 16."""
+    the 64-bit subkey id (job * 2^32 + member) little-endian in 16 bytes,
+    personal = context padded to 16."""
     return hashlib.blake2b(b"", digest_size=32, key=secret,
-                           salt=key_id.to_bytes(8, "little") + bytes(8),
-                           person=b"homaggv2" + bytes(8)).digest()
+                           salt=((job << 32) | key_id).to_bytes(8, "little") + bytes(8),
+                           person=b"homaggv3" + bytes(8)).digest()
 
 
-def ref_mac(key, data):
-    return hashlib.blake2b(data, digest_size=16, key=key).digest()
+def ref_nonce(hdr, direction, counter):
+    """docs/PROTOCOL.md "Nonce": shard, direction, counter (48 bits BE), incarnation."""
+    return (bytes([hdr[23], direction]) + (counter & (2**48 - 1)).to_bytes(6, "big")
+            + hdr[24:28])
+
+
+def ref_mac(key, data, alg=None, direction=0, counter=None):
+    """The MAC of a header + payload, by Python's hashlib or the
+    ``cryptography`` package's AES-GCM (independent of libsodium)."""
+    alg = _ab.default_mac() if alg is None else alg
+    if alg == auth.MAC_BLAKE2B:
+        return hashlib.blake2b(data, digest_size=16, key=key).digest()
+    if counter is None:
+        counter = int.from_bytes(data[28:32], "big")
+    return AESGCM(key).encrypt(ref_nonce(data, direction, counter), b"", data)
+
+
+_ctr = itertools.count(1)
 
 
 def waddr(w):
@@ -51,33 +74,94 @@ def be32(a):
 
 
 def wframe(w, key_of=None, seq=0, payload=None, incarnation=1, flags=0, src=None, key=True,
-           udp_csum=True):
+           udp_csum=True, counter=None, secret=SECRET):
     """Worker w's frame of chunk seq, MAC'd with worker key_of's key (default w's)."""
     payload = be32(np.arange(8) * (w + 1)) if payload is None else payload
-    k = ref_key(SECRET, w if key_of is None else key_of) if key else None
-    return build_frame(src or waddr(w), AGG, op="sum32", job=1, token=77, worker=w, seq=seq,
-                       slot=seq % 4, flags=flags, payload=payload, incarnation=incarnation,
-                       key=k, udp_csum=udp_csum)
+    k = ref_key(secret, w if key_of is None else key_of) if key else None
+    return build_frame(src or waddr(w), AGG, op="sum32", job=JOB, token=77, worker=w,
+                       seq=seq, slot=seq % 4, flags=flags, payload=payload,
+                       incarnation=incarnation, key=k, udp_csum=udp_csum,
+                       counter=next(_ctr) if counter is None else counter)
 
 
 # ---- keys, MACs, secret files ---------------------------------------------------------------
 
 @pytest.mark.parametrize("key_id", [0, 1, 7, 255, auth.AGGREGATOR])
-def test_keys_and_macs_match_an_independent_blake2b(key_id):
-    key = auth.derive_key(SECRET, key_id)
-    assert key == ref_key(SECRET, key_id)
-    for n in (0, 1, 32, 1056, 8224):
-        data = os.urandom(n)
-        assert auth.mac(key, data) == ref_mac(key, data)
+def test_keys_match_an_independent_kdf(key_id):
+    for job in (0, 1, 0xFFFFFFFF):
+        assert auth.derive_key(SECRET, job, key_id) == ref_key(SECRET, key_id, job)
+    # a secret reused by another job gives other keys
+    assert auth.derive_key(SECRET, 1, key_id) != auth.derive_key(SECRET, 2, key_id)
+
+
+ALGS = [auth.MAC_BLAKE2B] + ([auth.MAC_AES_GMAC]
+                            if _ab.mac_available(auth.MAC_AES_GMAC) else [])
+
+
+def test_aes_gmac_is_available_on_ci_hosts():
+    # the CPUs this runs on (x86-64 with AES-NI and PCLMULQDQ) must take
+    # the fast path; a host without them would silently test BLAKE2b only
+    flags = open("/proc/cpuinfo").read().split()
+    if "aes" in flags and "pclmulqdq" in flags:
+        assert _ab.default_mac() == auth.MAC_AES_GMAC
+        assert auth.MAC_AES_GMAC in ALGS
+
+
+@pytest.mark.parametrize("alg", ALGS)
+@pytest.mark.parametrize("key_id", [0, 255, auth.AGGREGATOR])
+def test_macs_match_an_independent_implementation_on_random_frames(alg, key_id):
+    rng = np.random.default_rng(key_id)
+    key = auth.derive_key(SECRET, JOB, key_id)
+    for n in (32, 33, 48, 1056, 8224):
+        data = rng.bytes(n)
+        for direction in (0, 1):
+            for counter in (0, 1, 2**32 + 5, 2**48 - 1):
+                want = ref_mac(key, data, alg, direction, counter)
+                assert auth.mac(key, data, alg, direction, counter) == want
+                assert _ab.verify(alg, key, direction, counter, data, want)
+                if alg == auth.MAC_AES_GMAC:
+                    # the nonce is part of the MAC: another counter or
+                    # direction gives another tag
+                    assert not _ab.verify(alg, key, direction ^ 1, counter, data, want)
+                    assert not _ab.verify(alg, key, direction, counter + 1, data, want)
+        assert _ab.nonce(data, 1, 0x0102030405060708) == ref_nonce(data, 1, 0x0102030405060708)
+
+
+def test_aes_gmac_known_answer():
+    """AES-256-GCM with an empty plaintext (GMAC): the test case of the
+    GCM specification (McGrew and Viega, test case 13: zero key, zero
+    nonce, nothing to authenticate) through the Python oracle, then a fixed
+    frame through both implementations."""
+    assert AESGCM(bytes(32)).encrypt(bytes(12), b"", b"").hex() == \
+        "530f8afbc74536b9a963b4f1c4cb738b"
+    if auth.MAC_AES_GMAC not in ALGS:
+        pytest.skip("this CPU has no AES-NI")
+    hdr = bytes(range(32))
+    key = bytes(range(100, 132))
+    # shard hdr[23] = 23, direction 1, counter 7, incarnation hdr[24:28]
+    assert ref_nonce(hdr, 1, 7) == bytes([23, 1, 0, 0, 0, 0, 0, 7, 24, 25, 26, 27])
+    assert auth.mac(key, hdr, auth.MAC_AES_GMAC, 1, 7) == \
+        AESGCM(key).encrypt(bytes([23, 1, 0, 0, 0, 0, 0, 7, 24, 25, 26, 27]), b"", hdr)
+
+
+def test_counter_extension():
+    ext = _ab.counter_extend
+    assert ext(0, 5) == 5
+    assert ext(2**32 + 10, 0xFFFFFFF0) == 0xFFFFFFF0          # a late frame
+    assert ext(0xFFFFFFF0, 5) == 2**32 + 5                    # the 32 bits wrapped
+    assert ext(5 * 2**32 + 7, 9) == 5 * 2**32 + 9
+    assert ext(0, 0xFFFFFFFF) == 0xFFFFFFFF                    # nothing below 0
 
 
 def test_key_ids_and_lengths_are_checked():
     with pytest.raises(InvalidArgument):
-        auth.derive_key(SECRET, 256)  # neither a worker nor the aggregator
+        auth.derive_key(SECRET, JOB, 256)  # neither a worker nor the aggregator
     with pytest.raises(InvalidArgument):
-        auth.derive_key(SECRET[:31], 0)
+        auth.derive_key(SECRET[:31], JOB, 0)
     with pytest.raises(InvalidArgument):
-        auth.mac(b"short", b"")
+        auth.mac(b"short", bytes(32))
+    with pytest.raises(InvalidArgument):
+        auth.mac_code("hmac")
 
 
 def test_frames_carry_the_flag_and_the_mac_over_header_and_payload():
@@ -153,7 +237,7 @@ def test_engine_sums_authenticated_frames_and_macs_its_results():
     raw = rig2.port.pop_all()
     assert len(raw) == 1
     v = parse_frame(raw[0])
-    assert v.mac == ref_mac(agg_key, raw[0][42:42 + 32 + len(v.payload)])
+    assert v.mac == ref_mac(agg_key, raw[0][42:42 + 32 + len(v.payload)], direction=1)
     assert rig.drops() == {} and rig2.drops() == {}
 
 
@@ -310,7 +394,7 @@ def test_worker_drops_results_without_the_aggregators_mac(tmp_path):
         with Worker(job=9, token=5, worker=0, workers=1, aggregator=agg.address,
                     bind=("127.0.0.1", 0), slots=4, timeout=10.0, auth_file=secret_file) as w:
             me = w.local_address
-            worker_key = auth.derive_key(secret, 0)
+            worker_key = auth.derive_key(secret, 9, 0)
 
             def rogue():
                 # results of every early chunk, MAC'd with the worker's own

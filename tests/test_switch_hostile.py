@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from homagg.engine import Addr, build_frame
+from homagg.bindings.wire import PROTOCOL_VERSION
 
 from reference import allreduce as oracle_allreduce
 from switch_helpers import wait_for
@@ -49,6 +50,7 @@ def _hostile(src, dst):
     return [
         ("truncated_header", good[:42 + 10], "truncated"),
         ("version_1", f(version=1), "bad_version"),
+        ("version_2", f(version=PROTOCOL_VERSION - 1), "bad_version"),
         ("incarnation_zero", f(incarnation=0), "bad_flags"),
         ("bad_shard", f(shard=1), "bad_shard"),
         ("auth_on_plain_job", f(flags=32), "bad_mac"),
@@ -61,7 +63,7 @@ def _hostile(src, dst):
         ("result_from_worker", f(flags=1), "bad_flags"),
         ("all_ones", build_frame(src, dst, op=0xFF, job=0xFFFFFFFF, token=0xFFFFFFFF,
                                  worker=0xFFFF, seq=0xFFFFFFFF, slot=0xFFFF, lanes=0xFFFF,
-                                 exp=-1, flags=0xFFFF, version=0xFF, reserved=0xFF,
+                                 exp=-1, flags=0xFFFF, version=0xFF, nonce=0xFF,
                                  payload=bytes(16)), "bad_version"),
     ]
 
@@ -189,7 +191,7 @@ def test_authenticated_job_drops_forged_flipped_replayed_and_old_frames(link, da
     job_a, job_b, inc = JOB + 1, JOB + 2, 5000
     src = Addr.of(_mac(link.ns_workers, link.dev_workers), link.worker_ip, 40000)
     dst = Addr.of(_mac(link.ns_switch, link.dev_switch), link.switch_ip, 48879)
-    key = [auth.derive_key(secret, w) for w in range(W)]
+    key = {j: [auth.derive_key(secret, j, w) for w in range(W)] for j in (job_a, job_b)}
     bogus = _be32(np.full(256, 0x01010101))
     with d.client() as c:
         for j in (job_a, job_b):
@@ -198,7 +200,7 @@ def test_authenticated_job_drops_forged_flipped_replayed_and_old_frames(link, da
     def frame(job, worker, key_of, seq, **kw):
         return build_frame(src, dst, op="sum32", job=job, token=TOKEN, worker=worker, seq=seq,
                            slot=seq % SLOTS, flags=32 | (4 if (seq // SLOTS) % 2 else 0),
-                           payload=bogus, key=key[key_of], **kw)
+                           payload=bogus, key=key[job][key_of], **kw)
 
     def stats():
         with d.client() as c:

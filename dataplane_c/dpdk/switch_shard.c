@@ -47,6 +47,19 @@ void hg_switch_counters_sum(struct daemon *d, uint64_t *out)
 						  __ATOMIC_RELAXED);
 }
 
+static int shard_op(struct hg_engine *e, int op, const struct hg_job_config *jc,
+		    uint32_t job, uint64_t grace_ns)
+{
+	switch (op) {
+	case MB_ADD:
+		return hg_engine_add_job(e, jc);
+	case MB_ROTATE:
+		return hg_engine_rotate_key(e, job, jc->secret, grace_ns);
+	default:
+		return hg_engine_remove_job(e, job);
+	}
+}
+
 /* Run a pending mailbox request (on the shard's own lcore). */
 static void shard_serve(struct shard *sh)
 {
@@ -54,8 +67,7 @@ static void shard_serve(struct shard *sh)
 
 	if (__atomic_load_n(&mb->state, __ATOMIC_ACQUIRE) != MB_REQ)
 		return;
-	mb->rc = mb->op == MB_ADD ? hg_engine_add_job(sh->eng, &mb->jc) :
-				    hg_engine_remove_job(sh->eng, mb->job);
+	mb->rc = shard_op(sh->eng, mb->op, &mb->jc, mb->job, mb->grace_ns);
 	hg_auth_wipe(mb->jc.secret, sizeof(mb->jc.secret));
 	hg_switch_shard_publish(sh);
 	__atomic_store_n(&mb->state, MB_DONE, __ATOMIC_RELEASE);
@@ -63,21 +75,21 @@ static void shard_serve(struct shard *sh)
 
 /* Ask shard sh to add or remove a job; waits (bounded) for the answer. */
 int hg_switch_shard_call(struct shard *sh, int op, const struct hg_job_config *jc,
-		      uint32_t job)
+			 uint32_t job, uint64_t grace_ns)
 {
 	struct mailbox *mb = &sh->mb;
 	uint64_t deadline;
 	int rc;
 
 	if (!sh->launched)   /* the engine is polled by this very lcore */
-		return op == MB_ADD ? hg_engine_add_job(sh->eng, jc) :
-				      hg_engine_remove_job(sh->eng, job);
+		return shard_op(sh->eng, op, jc, job, grace_ns);
 	if (__atomic_load_n(&mb->state, __ATOMIC_ACQUIRE) != MB_IDLE)
 		return -EBUSY;   /* an earlier request timed out */
 	mb->op = op;
 	if (jc)
 		mb->jc = *jc;
 	mb->job = job;
+	mb->grace_ns = grace_ns;
 	__atomic_store_n(&mb->state, MB_REQ, __ATOMIC_RELEASE);
 	deadline = rte_get_tsc_cycles() + 2 * rte_get_tsc_hz();
 	while (__atomic_load_n(&mb->state, __ATOMIC_ACQUIRE) != MB_DONE) {

@@ -42,6 +42,13 @@ static void buf_free(struct buf *b)
 	b->cap = 0;
 }
 
+static void wipe_keys(struct hg_client *c)
+{
+	hg_auth_wipe(c->keys, sizeof(c->keys));
+	hg_auth_wipe(c->next, sizeof(c->next));
+	hg_auth_wipe(&c->prev_agg, sizeof(c->prev_agg));
+}
+
 struct hg_client *hg_client_create(const struct hg_client_config *cfg)
 {
 	struct hg_client *c;
@@ -92,10 +99,14 @@ struct hg_client *hg_client_create(const struct hg_client_config *cfg)
 		c->cfg.incarnation = hg_wire_incarnation_now();
 	hg_auth_wipe(c->cfg.secret, sizeof(c->cfg.secret));
 	if (cfg->auth) {
-		if (hg_auth_derive_key(cfg->secret, c->cfg.agg_worker, c->keys[0]) ||
-		    hg_auth_derive_key(cfg->secret, HG_AUTH_KEY_AGGREGATOR,
-				       c->keys[1]))
+		if (!c->cfg.mac)
+			c->cfg.mac = hg_auth_default_mac();
+		if (hg_mac_key_derive(&c->keys[0], c->cfg.mac, cfg->secret,
+				      cfg->job, c->cfg.agg_worker) ||
+		    hg_mac_key_derive(&c->keys[1], c->cfg.mac, cfg->secret,
+				      cfg->job, HG_AUTH_KEY_AGGREGATOR))
 			goto err_free;
+		c->epoch = cfg->epoch;
 		c->mac_len = HG_MAC_LEN;
 	}
 	if (!c->cfg.give_up_ns)
@@ -151,9 +162,46 @@ struct hg_client *hg_client_create(const struct hg_client_config *cfg)
 err_free_agg:
 	free(c->agg);
 err_free:
-	hg_auth_wipe(c->keys, sizeof(c->keys));
+	wipe_keys(c);
 	free(c);
 	return NULL;
+}
+
+int hg_client_rotate_key(struct hg_client *c, const uint8_t *secret,
+			 uint32_t epoch)
+{
+	int rc;
+
+	if (!c || !secret)
+		return -EINVAL;
+	if (!c->mac_len)
+		return -EPERM;
+	if (epoch != (uint8_t)(c->epoch + 1))
+		return -EINVAL;
+	rc = hg_mac_key_derive(&c->next[0], c->cfg.mac, secret, c->cfg.job,
+			       c->cfg.agg_worker);
+	if (!rc)
+		rc = hg_mac_key_derive(&c->next[1], c->cfg.mac, secret,
+				       c->cfg.job, HG_AUTH_KEY_AGGREGATOR);
+	if (rc) {
+		hg_auth_wipe(c->next, sizeof(c->next));
+		return rc;
+	}
+	c->has_next = true;
+	return 0;
+}
+
+void hg_cl_key_switch(struct hg_client *c)
+{
+	if (!c->has_next)
+		return;
+	c->prev_agg = c->keys[1];
+	c->has_prev = true;
+	memcpy(c->keys, c->next, sizeof(c->keys));
+	hg_auth_wipe(c->next, sizeof(c->next));
+	c->has_next = false;
+	c->epoch++;
+	c->mac_ctr = 0;
 }
 
 /* Every group's lhc (with G = 1 the one of the whole tensor). */
@@ -187,7 +235,7 @@ void hg_client_destroy(struct hg_client *c)
 	}
 	free(c->fl);
 	free(c->agg);
-	hg_auth_wipe(c->keys, sizeof(c->keys));
+	wipe_keys(c);
 	free(c);
 }
 

@@ -36,6 +36,7 @@ from homagg.bindings.codec import DEFAULT_BLOCK, F_STOCHASTIC
 from homagg.bindings.kernels import OP_SUM32
 from homagg.bindings.wire import PROTOCOL_VERSION
 from homagg import auth, protocol
+from homagg import auth as _auth
 from homagg.protocol import PIPELINE_GROUPS, check_pipeline_groups
 from homagg.errors import (HomAggError, InvalidArgument, OutOfRange, PeerTimeout,
                            error_class, error_for)
@@ -83,8 +84,9 @@ def _params(workers, block_elements=None, block=None, stochastic=False, seed=0,
 class Job:
     """One job of a cluster: W workers with their own token and slots."""
 
-    def __init__(self, cluster, index, workers, slots, secret=None):
+    def __init__(self, cluster, index, workers, slots, secret=None, mac=None):
         self.cluster = cluster
+        self.mac = mac  # its MAC algorithm code when it authenticates
         self.index = index
         self.workers = workers
         self.slots = slots
@@ -95,7 +97,7 @@ class Job:
         """Key ``key_id`` (a worker id or homagg.auth.AGGREGATOR) of the job."""
         if self.secret is None:
             raise InvalidArgument("the job does not authenticate (Cluster(auth=True))")
-        return auth.derive_key(self.secret, key_id)
+        return auth.derive_key(self.secret, self.wire_id, key_id)
 
     def allreduce(self, grads, method="lhc", **options):
         return self.cluster.allreduce_many([(self, grads, method, options)])[0]
@@ -235,10 +237,12 @@ class Cluster:
         return self._sim
 
     # ---- jobs ------------------------------------------------------------
-    def add_job(self, workers, slots=None, timeout=None, auth=None, pipeline_groups=None):
+    def add_job(self, workers, slots=None, timeout=None, auth=None, pipeline_groups=None,
+                mac=None):
         """A new job on the aggregators; ``auth`` (default: the cluster's)
-        gives it a job secret, drawn from the seed so runs repeat;
-        ``pipeline_groups`` (default: the cluster's) its block groups."""
+        gives it a job secret, drawn from the seed so runs repeat, and the
+        MAC algorithm ``mac`` ('aes-gmac', 'blake2b'; None: this host's
+        default); ``pipeline_groups`` (default: the cluster's) its block groups."""
         s = self._live()
         pipeline_groups = check_pipeline_groups(self.pipeline_groups if pipeline_groups is None
                                                 else pipeline_groups)
@@ -247,13 +251,14 @@ class Cluster:
         auth = self.auth if auth is None else auth
         secret = (np.random.default_rng([self._seed, len(self.jobs), 0xA07]).bytes(32)
                   if auth else None)
+        mac_alg = _auth.mac_code(mac) if auth else 0
         self._check_rings(s, workers, slots)
         idx = _b.sim_add_job(s, workers, slots=slots, rto_ns=int(self._rto * 1e9),
                              rto_max_ns=int(self._rto_max * 1e9),
                              give_up_ns=int(timeout * 1e9),
                              rto_min_ns=int(self._rto_min * 1e9), secret=secret,
-                             pipeline_groups=pipeline_groups)
-        job = Job(self, idx, workers, slots, secret)
+                             pipeline_groups=pipeline_groups, mac=mac_alg)
+        job = Job(self, idx, workers, slots, secret, mac_alg or None)
         self.jobs.append(job)
         return job
 
@@ -395,19 +400,23 @@ class Cluster:
         """Send a raw Ethernet frame to the aggregator from an extra port."""
         _b.sim_inject(self._live(), frame)
 
-    def build_frame(self, for_job=None, payload=b"", key=None, **fields):
+    def build_frame(self, for_job=None, payload=b"", key=None, alg=None, counter=1,
+                    **fields):
         """A well-formed frame to the aggregator from the attacker port with
         any header fields (version, op, flags, job, token, worker, slot, seq,
-        lanes, exp, shard, incarnation, reserved); job id and token default
+        lanes, exp, shard, incarnation, nonce); job id and token default
         to those of for_job (default: the first job), lanes to the payload's
         int32 lanes, the incarnation to the workers' (HG_SIM_INCARNATION).
-        ``key``: MAC the frame with it (Job.key)."""
+        ``key``: MAC the frame with it (Job.key), algorithm ``alg`` (None:
+        the job's), MAC counter ``counter``."""
         job = for_job or self.job
         hdr = {"version": PROTOCOL_VERSION, "op": OP_SUM32,
                "job": job.wire_id, "token": job.token,
                "lanes": len(payload) // 4, "incarnation": _b.INCARNATION}
         hdr.update(fields)
-        return _b.sim_build_frame(self._live(), hdr, payload, key)
+        if alg is None:
+            alg = job.mac
+        return _b.sim_build_frame(self._live(), hdr, payload, key, alg, counter)
 
     def restart_aggregator(self, k=0, after_frames=0, incarnation=0):
         """Aggregator k restarts (every job's state there lost, a new

@@ -432,6 +432,7 @@ int hg_sim_add_job(struct hg_sim *s, const struct hg_sim_job_config *jc)
 	ej.group_ipv4 = s->cfg.unicast_results ? 0 : GROUP_BASE + (uint32_t)j;
 	inc = jc->incarnation ? jc->incarnation : HG_SIM_INCARNATION;
 	ej.auth = jc->auth;
+	ej.mac = jc->mac;
 	memcpy(ej.secret, jc->secret, sizeof(ej.secret));
 	for (uint32_t k = 0; k < s->naggs; k++) {
 		agg_addr(k, aggs[k].mac, &aggs[k].ipv4);
@@ -475,6 +476,7 @@ int hg_sim_add_job(struct hg_sim *s, const struct hg_sim_job_config *jc)
 	cc.incarnation = inc;
 	cc.pipeline_groups = jc->pipeline_groups;
 	cc.auth = jc->auth;
+	cc.mac = jc->mac;
 	memcpy(cc.secret, jc->secret, sizeof(cc.secret));
 	hg_auth_wipe(ej.secret, sizeof(ej.secret));
 	for (uint32_t w = 0; w < job->workers; w++) {
@@ -808,7 +810,7 @@ int hg_sim_inject(struct hg_sim *s, const uint8_t *frame, size_t len)
 
 int hg_sim_build_frame(const struct hg_sim *s, const struct hg_hdr *h,
 		       const uint8_t *payload, size_t payload_len,
-		       uint8_t *frame, size_t cap, const uint8_t *key)
+		       uint8_t *frame, size_t cap, const struct hg_wire_mac *m)
 {
 	struct hg_wire_addr src = { { 2, 0, 0, 0, 0, 2 }, ATTACKER_IP, HG_UDP_PORT };
 	struct hg_wire_addr dst = { { 2, 0, 0, 0, 0, 1 }, AGG_IP, HG_UDP_PORT };
@@ -816,7 +818,7 @@ int hg_sim_build_frame(const struct hg_sim *s, const struct hg_hdr *h,
 	if (!s || !h)
 		return -EINVAL;
 	return hg_wire_build_mac(frame, cap, &src, &dst, h, payload, payload_len,
-				 0, key);
+				 0, m);
 }
 
 int hg_sim_kill_aggregator(struct hg_sim *s, uint32_t k, uint64_t after_ns)
