@@ -20,7 +20,7 @@ from homagg import auth
 from homagg.bindings import auth as _ab
 from homagg.engine import (FLAG_AUTH, FLAG_RESULT, FLAG_RETRANS, UDP_PORT, Addr, Engine, MemPort,
                            build_frame, parse_frame)
-from homagg.errors import InvalidArgument
+from homagg.errors import HomAggError, InvalidArgument
 from homagg.sim import Cluster
 from homagg.worker import Worker
 
@@ -278,6 +278,71 @@ def test_engine_drops_forged_flipped_unflagged_and_old_frames_before_any_state()
     assert rig.port.free_count == rig.pool
 
 
+SECRET2 = bytes(range(50, 82))
+
+
+def eframe(w, seq, payload, epoch=0, secret=SECRET, alg=None, **kw):
+    """Worker w's chunk seq in key epoch ``epoch``, MACed with ``secret``'s key."""
+    return build_frame(waddr(w), AGG, op="sum32", job=JOB, token=77, worker=w, seq=seq,
+                       slot=seq % 4, flags=epoch << 8 | (4 if (seq // 4) % 2 else 0),
+                       payload=payload, incarnation=1, key=ref_key(secret, w), alg=alg,
+                       counter=next(_ctr), **kw)
+
+
+@pytest.mark.parametrize("alg", ALGS)
+def test_engine_key_rotation_with_a_grace_period(alg):
+    """A new key epoch registered on a live job (virtual time): replies use
+    it at once; frames of the old epoch are summed within the grace period,
+    dropped as bad_mac after it; no other epoch is ever accepted; every sum
+    exact and every reply's MAC verifies (Python oracle) with the key of the
+    epoch it names."""
+    rig = EngineRig(workers=2, slots=4, auth=SECRET, mac=auth.MAC_NAMES[alg])
+    rig.port.set_time(1_000_000_000)
+    xs = {w: np.arange(8) * (w + 2) - 3 for w in range(2)}
+    want = be32(xs[0] + xs[1])
+
+    res = rig.send(eframe(0, 0, be32(xs[0]), alg=alg), eframe(1, 0, be32(xs[1]), alg=alg))
+    assert [r.payload for r in res] == [want, want]
+    assert all(r.flags >> 8 == 0 for r in res)
+    assert rig.eng.rotate_key(JOB, SECRET2, grace=0.5) == 1
+    # within the grace period: one worker still in epoch 0, one in epoch 1
+    res = rig.send(eframe(0, 1, be32(xs[0]), alg=alg),
+                   eframe(1, 1, be32(xs[1]), epoch=1, secret=SECRET2, alg=alg))
+    assert [r.payload for r in res] == [want, want]
+    assert all(r.flags >> 8 == 1 for r in res)
+    rig.port.inject(eframe(0, 2, be32(xs[0]), epoch=1, secret=SECRET2, alg=alg))
+    rig.port.inject(eframe(1, 2, be32(xs[1]), epoch=1, secret=SECRET2, alg=alg))
+    rig.eng.poll_all()
+    raw_replies = rig.port.pop_all()
+    assert len(raw_replies) == 2
+    for raw in raw_replies:
+        v = parse_frame(raw)
+        assert v.payload == want and v.flags >> 8 == 1
+        data = raw[42:42 + 32 + len(v.payload)]
+        assert v.mac == ref_mac(ref_key(SECRET2, auth.AGGREGATOR), data, alg, 1)
+        assert v.mac != ref_mac(ref_key(SECRET, auth.AGGREGATOR), data, alg, 1)
+    assert rig.eng.counters()["bad_mac"] == 0
+    # after the grace period: epoch 0 is bad_mac; a never-registered epoch too,
+    # and a frame of the new epoch MACed with the old secret
+    rig.port.set_time(1_600_000_000)
+    for bad in (eframe(0, 3, be32([9] * 8), alg=alg),
+                eframe(0, 3, be32([9] * 8), epoch=2, secret=SECRET2, alg=alg),
+                eframe(0, 3, be32([9] * 8), epoch=1, secret=SECRET, alg=alg)):
+        assert rig.send(bad) == []
+    assert rig.eng.counters()["bad_mac"] == 3
+    res = rig.send(eframe(0, 3, be32(xs[0]), epoch=1, secret=SECRET2, alg=alg),
+                   eframe(1, 3, be32(xs[1]), epoch=1, secret=SECRET2, alg=alg))
+    assert [r.payload for r in res] == [want, want]
+    assert rig.eng.counters()["summed"] == 8
+    with pytest.raises(HomAggError):
+        rig.eng.rotate_key(JOB + 1, SECRET2)   # no such job
+    plain = EngineRig(workers=1, slots=4)
+    with pytest.raises(HomAggError):
+        plain.eng.rotate_key(1, SECRET2)       # a job without auth
+    rig.port.pop_all()
+    rig.no_leak()
+
+
 def test_job_without_auth_refuses_macs_and_auth_job_refuses_plain_frames():
     port = MemPort()
     eng = Engine(port)
@@ -318,13 +383,16 @@ def test_cluster_with_auth_is_exact(method):
         assert all(st["bad_mac"] == 0 for st in res.stats["workers"])
 
 
-def test_cluster_with_auth_drops_each_hostile_frame_under_its_reason():
+@pytest.mark.parametrize("mac", [auth.MAC_NAMES[a] for a in ALGS])
+def test_cluster_with_auth_drops_each_hostile_frame_under_its_reason(mac):
     """Against the running allreduce: a worker forging another's id, a frame
-    with a flipped payload bit, a replayed frame of the finished allreduce
-    and a frame of an old incarnation, each with a MAC made with a real key
-    (a member's): each is dropped and counted, and the sum stays exact."""
+    with a flipped payload bit, a replayed frame of the finished allreduce,
+    a frame of an old incarnation, one of a key epoch the job does not have,
+    one MACed with another secret's key and one cut short, each with a MAC
+    made with a real key (a member's): each is dropped and counted under
+    its reason, and the sum stays exact."""
     grads = grads_of(3, 8000, seed=4)
-    with Cluster(workers=3, seed=5, slots=8, auth=True) as cl:
+    with Cluster(workers=3, seed=5, slots=8, auth=True, mac=mac) as cl:
         job = cl.job
         want = oracle_allreduce(grads, 1024)
         first = cl.allreduce(grads, method="dense", block_elements=1024)
@@ -349,6 +417,14 @@ def test_cluster_with_auth_drops_each_hostile_frame_under_its_reason():
                                       flags=lib_shadow(done) | FLAG_RETRANS, key=job.key(2)),
                        "replays"),
             "old_incarnation": (f(0, 0, seq, incarnation=999), "old_incarnation"),
+            "wrong_epoch": (cl.build_frame(job, payload=bogus, worker=1, seq=seq,
+                                           slot=seq % 8, flags=lib_shadow(seq) | 1 << 8,
+                                           key=job.key(1)), "bad_mac"),
+            "wrong_key": (cl.build_frame(job, payload=bogus, worker=1, seq=seq,
+                                         slot=seq % 8, flags=lib_shadow(seq),
+                                         key=auth.derive_key(bytes(32), job.wire_id, 1)),
+                          "bad_mac"),
+            "truncated": (f(1, 1, seq)[:-4], "truncated"),
         }
         before = cl.engine_counters()
         for frame, _reason in cases.values():
@@ -357,8 +433,9 @@ def test_cluster_with_auth_drops_each_hostile_frame_under_its_reason():
         for y in second.outputs:
             assert y.tobytes() == want.tobytes()
         delta = {k: v - before[k] for k, v in cl.engine_counters().items()}
-        assert delta["bad_mac"] == 2
+        assert delta["bad_mac"] == 4
         assert delta["old_incarnation"] == 1
+        assert delta["truncated"] == 1
         assert delta["replays"] >= 1  # answered with the old result, nothing summed
         chunks = second.stats["workers"][0]["chunks"] - st["chunks"]
         assert delta["summed"] == 3 * chunks

@@ -154,7 +154,7 @@ class Cluster:
                  slots=64, link_gbps=100.0, timeout=2.0, rto=200e-6, rto_max=50e-3,
                  delay=1e-6, payload=1024, multicast=True, max_time=600.0,
                  agg_link_gbps=None, rto_min=None, aggregators=1, mtu=None,
-                 auth=False, leaves=0, up_rto=None, up_give_up=None,
+                 auth=False, leaves=0, up_rto=None, up_give_up=None, mac=None,
                  pipeline_groups=PIPELINE_GROUPS, worker_tx_ring=None):
         leaves = int(leaves or 0)
         if leaves:
@@ -205,6 +205,7 @@ class Cluster:
         self._slots = slots
         self._seed = seed
         self.auth = bool(auth)
+        self.mac = mac  # the jobs' MAC algorithm name (None: this host's default)
         self.pipeline_groups = check_pipeline_groups(pipeline_groups)
         self.max_time = max_time
         self.jobs = []
@@ -249,6 +250,7 @@ class Cluster:
         slots = self._slots if slots is None else slots
         timeout = self._timeout if timeout is None else timeout
         auth = self.auth if auth is None else auth
+        mac = self.mac if mac is None else mac
         secret = (np.random.default_rng([self._seed, len(self.jobs), 0xA07]).bytes(32)
                   if auth else None)
         mac_alg = _auth.mac_code(mac) if auth else 0
