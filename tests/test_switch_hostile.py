@@ -249,3 +249,64 @@ def test_authenticated_job_drops_forged_flipped_replayed_and_old_frames(link, da
     assert d.alive()
     log = d.output()
     assert secret.hex() not in log
+
+
+def test_key_rotation_on_a_live_job(link, daemons, tmp_path):  # noqa: F811
+    """A new key epoch registered on the running daemon while the job's
+    workers run allreduces: the workers are given the new secret first
+    (between two of their allreduces), the daemon gets it while they run the
+    next ones; no allreduce fails, every result is bit-exact, no frame is
+    dropped as bad_mac, and the secret never reaches the daemon's output."""
+    from pyroute2.netns import setns
+
+    from homagg import auth
+    from homagg.worker import Worker
+
+    d = daemons()
+    old_file, new_file = tmp_path / "epoch0.secret", tmp_path / "epoch1.secret"
+    old = auth.create_secret_file(old_file)
+    new = auth.create_secret_file(new_file)
+    job, rounds = JOB + 5, 4
+    with d.client() as c:
+        c.add_job(job=job, token=TOKEN, workers=W, slots=SLOTS, group=GROUP, auth=old)
+    grads = gradients(W, 20000, seed=11)
+    expected = oracle_allreduce(grads, BLOCK)
+    rotated = threading.Barrier(W + 1, timeout=60)
+    results = [[] for _ in range(W)]
+    errors = [None] * W
+
+    def work(w):
+        setns(link.ns_workers, flags=0)     # this thread only
+        try:
+            with Worker(job=job, token=TOKEN, worker=w, workers=W,
+                        aggregator=(link.switch_ip, 48879), group=GROUP,
+                        bind=(link.worker_ip, 0), timeout=20.0, slots=SLOTS,
+                        auth_file=old_file) as wk:
+                for r in range(rounds):
+                    results[w].append(wk.allreduce(grads[w], method="dense", block=BLOCK))
+                    if r == 0:
+                        wk.rotate_key(new_file, 1)
+                        rotated.wait()
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors[w] = exc
+            rotated.abort()
+
+    with d.client() as c:
+        before = c.stats()["stats"]
+    threads = [threading.Thread(target=work, args=(w,), daemon=True) for w in range(W)]
+    for t in threads:
+        t.start()
+    rotated.wait()
+    with d.client() as c:
+        assert c.rotate_key(job, new, grace=30.0)["epoch"] == 1
+    join_all(threads, 120)
+    assert errors == [None] * W, errors
+    for per_worker in results:
+        assert len(per_worker) == rounds
+        for y in per_worker:
+            assert y.tobytes() == expected.tobytes()
+    with d.client() as c:
+        after = c.stats()["stats"]
+    assert after["bad_mac"] == before["bad_mac"]
+    log = d.output()
+    assert old.hex() not in log and new.hex() not in log
