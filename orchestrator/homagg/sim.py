@@ -161,8 +161,6 @@ class Cluster:
             if aggregators != 1:
                 raise InvalidArgument(f"a tree has one root: leaves={leaves} needs "
                                       f"aggregators=1, got {aggregators}")
-            if auth:
-                raise InvalidArgument("a tree does not authenticate: leaves= with auth=True")
             if workers < leaves:
                 raise InvalidArgument(f"leaves={leaves} needs at least as many workers, "
                                       f"got workers={workers}")

@@ -25,6 +25,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <sodium.h>
+
 #include "homagg/auth.h"
 #include "homagg/client.h"
 #include "homagg/engine.h"
@@ -329,18 +331,47 @@ static uint32_t leaf_of(const struct hg_sim *s, uint32_t W, uint32_t w)
 
 /* Tree: add job j to every leaf (its part of the workers, the root as
  * parent) and to the root (the L leaves as workers). */
+/*
+ * An authenticated tree: the job's secret is the root's; leaf l's own job
+ * secret (its workers') is keyed BLAKE2b of "leaf" and l under it, a
+ * choice of this simulator only (docs/PROTOCOL.md "Tree": every level has
+ * its own secret).  The leaf gets its key at the root and the root's
+ * aggregator key, never the root's secret.
+ */
+static int leaf_auth(const uint8_t *root_secret, uint32_t job, uint32_t l,
+		     uint8_t *leaf_secret, struct hg_job_config *ej)
+{
+	uint8_t msg[8] = { 'l', 'e', 'a', 'f', (uint8_t)(l >> 24),
+			   (uint8_t)(l >> 16), (uint8_t)(l >> 8), (uint8_t)l };
+	int rc;
+
+	if (crypto_generichash(leaf_secret, HG_AUTH_SECRET_LEN, msg, sizeof(msg),
+			       root_secret, HG_AUTH_SECRET_LEN) != 0)
+		return -ENOTSUP;
+	if (!ej)
+		return 0;
+	memcpy(ej->secret, leaf_secret, HG_AUTH_SECRET_LEN);
+	rc = hg_auth_derive_key(root_secret, job, l, ej->up_key);
+	if (!rc)
+		rc = hg_auth_derive_key(root_secret, job, HG_AUTH_KEY_AGGREGATOR,
+					ej->up_reply_key);
+	return rc;
+}
+
 static int add_tree_job(struct hg_sim *s, int j, struct hg_job_config *ej)
 {
+	uint8_t root_secret[HG_AUTH_SECRET_LEN], leaf_secret[HG_AUTH_SECRET_LEN];
 	struct sim_agg *root = &s->agg[s->leaves];
 	uint32_t W = ej->workers, group = ej->group_ipv4, inc = ej->incarnation;
 	int rc;
 
+	memcpy(root_secret, ej->secret, sizeof(root_secret));
 	ej->incarnation = root->incarnation ? root->incarnation : inc;
 	ej->workers = s->leaves;
 	ej->group_ipv4 = group ? ROOT_GROUP_BASE + (uint32_t)j : 0;
 	rc = hg_engine_add_job(root->engine, ej);
 	if (rc)
-		return rc;
+		goto out;
 	ej->up = 1;
 	agg_addr(s->leaves, ej->up_mac, &ej->up_ipv4);
 	ej->up_port = HG_UDP_PORT;
@@ -352,11 +383,20 @@ static int add_tree_job(struct hg_sim *s, int j, struct hg_job_config *ej)
 		ej->up_worker = (uint16_t)l;
 		ej->group_ipv4 = group ? group + (l << 8) : 0;
 		ej->incarnation = s->agg[l].incarnation ? s->agg[l].incarnation : inc;
+		if (ej->auth &&
+		    (rc = leaf_auth(root_secret, ej->job, l, leaf_secret, ej)))
+			goto out;
 		rc = hg_engine_add_job(s->agg[l].engine, ej);
 		if (rc)
-			return rc;
+			goto out;
 	}
-	return 0;
+out:
+	hg_auth_wipe(root_secret, sizeof(root_secret));
+	hg_auth_wipe(leaf_secret, sizeof(leaf_secret));
+	hg_auth_wipe(ej->secret, sizeof(ej->secret));
+	hg_auth_wipe(ej->up_key, sizeof(ej->up_key));
+	hg_auth_wipe(ej->up_reply_key, sizeof(ej->up_reply_key));
+	return rc;
 }
 
 /* The frames a job of W workers and S slots keeps in flight towards
@@ -507,6 +547,9 @@ int hg_sim_add_job(struct hg_sim *s, const struct hg_sim_job_config *jc)
 					 leaf_first(s, job->workers, l);
 			cc.group_ipv4 = ej.group_ipv4 ? GROUP_BASE + (uint32_t)j +
 							(l << 8) : 0;
+			if (cc.auth && leaf_auth(jc->secret, job->id, l,
+						 cc.secret, NULL))
+				break;
 		}
 		sw->client = hg_client_create(&cc);
 		if (!sw->client)
