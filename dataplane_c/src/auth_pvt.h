@@ -1,7 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Keys ready for the packet path: the AES-GMAC key schedule is expanded
- * once per key (crypto_aead_aes256gcm_beforenm), not per frame.
+ * once per key, not per frame, for both implementations the MAC uses
+ * (libsodium below HG_GMAC_EVP_MIN bytes, OpenSSL's libcrypto from there
+ * on: auth.c says why).  A key is released with hg_mac_key_release().
  */
 #ifndef HOMAGG_AUTH_PVT_H
 #define HOMAGG_AUTH_PVT_H
@@ -14,17 +16,23 @@
 
 #include "homagg/auth.h"
 
+struct evp_cipher_ctx_st;
+
 struct hg_mac_key {
 	crypto_aead_aes256gcm_state aes; /* HG_MAC_AES_GMAC */
+	struct evp_cipher_ctx_st *evp;   /* HG_MAC_AES_GMAC, long frames */
 	uint8_t key[HG_AUTH_KEY_LEN];    /* HG_MAC_BLAKE2B */
 	uint32_t alg;
 };
 
-/* k = key for alg.  0, -EINVAL, -ENOTSUP (alg unknown or unavailable). */
+/* k (zeroed or released) = key for alg.  0, -EINVAL, -ENOTSUP (alg
+ * unknown or unavailable), -ENOMEM. */
 int hg_mac_key_init(struct hg_mac_key *k, uint32_t alg, const uint8_t *key);
 /* k = member id's key of job under secret. */
 int hg_mac_key_derive(struct hg_mac_key *k, uint32_t alg,
 		      const uint8_t *secret, uint32_t job, uint32_t id);
+/* Free what k holds and wipe it (accepts a zeroed key). */
+void hg_mac_key_release(struct hg_mac_key *k);
 void hg_mac_key_sign(const struct hg_mac_key *k, uint32_t dir,
 		     uint64_t counter, const uint8_t *data, size_t len,
 		     uint8_t *mac);

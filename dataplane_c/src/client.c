@@ -44,9 +44,11 @@ static void buf_free(struct buf *b)
 
 static void wipe_keys(struct hg_client *c)
 {
-	hg_auth_wipe(c->keys, sizeof(c->keys));
-	hg_auth_wipe(c->next, sizeof(c->next));
-	hg_auth_wipe(&c->prev_agg, sizeof(c->prev_agg));
+	for (int i = 0; i < 2; i++) {
+		hg_mac_key_release(&c->keys[i]);
+		hg_mac_key_release(&c->next[i]);
+	}
+	hg_mac_key_release(&c->prev_agg);
 }
 
 struct hg_client *hg_client_create(const struct hg_client_config *cfg)
@@ -178,13 +180,18 @@ int hg_client_rotate_key(struct hg_client *c, const uint8_t *secret,
 		return -EPERM;
 	if (epoch != (uint8_t)(c->epoch + 1))
 		return -EINVAL;
+	/* a next secret given again replaces the first */
+	hg_mac_key_release(&c->next[0]);
+	hg_mac_key_release(&c->next[1]);
+	c->has_next = false;
 	rc = hg_mac_key_derive(&c->next[0], c->cfg.mac, secret, c->cfg.job,
 			       c->cfg.agg_worker);
 	if (!rc)
 		rc = hg_mac_key_derive(&c->next[1], c->cfg.mac, secret,
 				       c->cfg.job, HG_AUTH_KEY_AGGREGATOR);
 	if (rc) {
-		hg_auth_wipe(c->next, sizeof(c->next));
+		hg_mac_key_release(&c->next[0]);
+		hg_mac_key_release(&c->next[1]);
 		return rc;
 	}
 	c->has_next = true;
@@ -195,10 +202,13 @@ void hg_cl_key_switch(struct hg_client *c)
 {
 	if (!c->has_next)
 		return;
+	/* keys move: the current aggregator key becomes the previous one */
+	hg_mac_key_release(&c->prev_agg);
 	c->prev_agg = c->keys[1];
 	c->has_prev = true;
+	hg_mac_key_release(&c->keys[0]);
 	memcpy(c->keys, c->next, sizeof(c->keys));
-	hg_auth_wipe(c->next, sizeof(c->next));
+	sodium_memzero(c->next, sizeof(c->next));
 	c->has_next = false;
 	c->epoch++;
 	c->mac_ctr = 0;

@@ -289,7 +289,8 @@ static void keys_free(struct hg_mac_key *k, size_t n)
 {
 	if (!k)
 		return;
-	hg_auth_wipe(k, n * sizeof(*k));
+	for (size_t i = 0; i < n; i++)
+		hg_mac_key_release(&k[i]);
 	free(k);
 }
 

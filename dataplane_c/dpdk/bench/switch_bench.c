@@ -478,6 +478,7 @@ int main(int argc, char **argv)
 		if (posix_memalign((void **)&b->keys, 64,
 				   b->workers * sizeof(*b->keys)))
 			goto fail;
+		memset(b->keys, 0, b->workers * sizeof(*b->keys));
 		b->ctr = calloc(b->workers, sizeof(*b->ctr));
 		if (!b->ctr)
 			goto fail;
@@ -581,8 +582,8 @@ int main(int argc, char **argv)
 fail:
 	ret = 1;
 out:
-	if (b->keys)
-		hg_auth_wipe(b->keys, b->workers * sizeof(*b->keys));
+	for (i = 0; b->keys && i < b->workers; i++)
+		hg_mac_key_release(&b->keys[i]);
 	free(b->keys);
 	free(b->ctr);
 	hg_auth_wipe(b->secret, sizeof(b->secret));
