@@ -144,6 +144,17 @@ def test_aes_gmac_known_answer():
         AESGCM(key).encrypt(bytes([23, 1, 0, 0, 0, 0, 0, 7, 24, 25, 26, 27]), b"", hdr)
 
 
+def test_an_exhausted_counter_never_reuses_a_nonce():
+    if auth.MAC_AES_GMAC not in ALGS:
+        pytest.skip("this CPU has no AES-NI")
+    key, data = bytes(32), bytes(range(64))
+    for counter in (2**48, 2**48 + 1, 2**64 - 1):
+        # the nonce holds 48 bits: past them the MAC verifies nothing
+        tag = auth.mac(key, data, auth.MAC_AES_GMAC, 0, counter)
+        assert tag != ref_mac(key, data, auth.MAC_AES_GMAC, 0, counter)
+        assert not _ab.verify(auth.MAC_AES_GMAC, key, 0, counter, data, tag)
+
+
 def test_counter_extension():
     ext = _ab.counter_extend
     assert ext(0, 5) == 5

@@ -144,6 +144,12 @@ void hg_mac_key_sign(const struct hg_mac_key *k, uint32_t dir,
 		uint8_t nonce[HG_AUTH_NONCE_LEN], none[1];
 		unsigned long long maclen;
 
+		/* A counter past 48 bits would repeat a nonce: such a frame
+		 * gets a MAC that verifies nothing (PROTOCOL.md "Nonce"). */
+		if (counter >> 48) {
+			randombytes_buf(mac, HG_MAC_LEN);
+			return;
+		}
 		/* GMAC: nothing encrypted, everything authenticated */
 		hg_auth_nonce(data, dir, counter, nonce);
 		if (len >= HG_GMAC_EVP_MIN && k->evp) {
