@@ -179,10 +179,11 @@ def test_arp_never_reaches_the_engine(link, daemons):  # noqa: F811
 
 def test_authenticated_job_drops_forged_flipped_replayed_and_old_frames(link, daemons, tmp_path):  # noqa: F811
     """With authentication: a worker forging another worker's id (its own
-    key), a frame with a flipped payload bit, a replayed frame of the
-    finished allreduce and a frame of an old incarnation, each with a MAC
-    made from the job secret, are dropped under their reason by the running
-    daemon; the allreduces stay bit-exact."""
+    key), a frame with a flipped payload bit, frames of a key epoch the job
+    does not have and MACed with another secret's key, frames cut short, a
+    replayed frame of the finished allreduce and a frame of an old
+    incarnation are dropped under their reason by the running daemon; the
+    allreduces stay bit-exact."""
     from homagg import auth
 
     d = daemons()
@@ -197,10 +198,13 @@ def test_authenticated_job_drops_forged_flipped_replayed_and_old_frames(link, da
         for j in (job_a, job_b):
             c.add_job(job=j, token=TOKEN, workers=W, slots=SLOTS, group=GROUP, auth=secret)
 
-    def frame(job, worker, key_of, seq, **kw):
+    other_key = auth.derive_key(bytes(32), job_b, 1)   # a key of another secret
+
+    def frame(job, worker, key_of, seq, epoch=0, k=None, **kw):
         return build_frame(src, dst, op="sum32", job=job, token=TOKEN, worker=worker, seq=seq,
-                           slot=seq % SLOTS, flags=32 | (4 if (seq // SLOTS) % 2 else 0),
-                           payload=bogus, key=key[job][key_of], **kw)
+                           slot=seq % SLOTS,
+                           flags=32 | epoch << 8 | (4 if (seq // SLOTS) % 2 else 0),
+                           payload=bogus, key=k or key[job][key_of], **kw)
 
     def stats():
         with d.client() as c:
@@ -214,7 +218,12 @@ def test_authenticated_job_drops_forged_flipped_replayed_and_old_frames(link, da
         for f in flipped:
             f[42 + 32 + 9] ^= 0x01
         _send_raw(link, [frame(job_b, 1, 0, s, incarnation=inc) for s in range(4)]
-                  + [bytes(f) for f in flipped])
+                  + [bytes(f) for f in flipped]
+                  # a key epoch the job does not have, a key of another secret
+                  + [frame(job_b, 1, 1, s, epoch=1, incarnation=inc) for s in range(4)]
+                  + [frame(job_b, 1, 1, s, k=other_key, incarnation=inc) for s in range(4)]
+                  # cut short in transit (the IPv4 length says more)
+                  + [frame(job_b, 1, 1, s, incarnation=inc)[:-4] for s in range(4)])
 
     grads = gradients(W, 30000, seed=7)
     expected = oracle_allreduce(grads, BLOCK)
@@ -230,9 +239,11 @@ def test_authenticated_job_drops_forged_flipped_replayed_and_old_frames(link, da
             assert y.tobytes() == expected.tobytes()
         assert all(s["bad_mac"] == 0 for s in st)
         next_seq[job] = st[0]["next_seq"]
-    mid = wait_for(lambda: (lambda s: s["bad_mac"] - before["bad_mac"] >= 8 and s)(stats()), 20,
+    mid = wait_for(lambda: (lambda s: s["bad_mac"] - before["bad_mac"] >= 16
+                            and s["truncated"] - before["truncated"] >= 4 and s)(stats()), 20,
                    "the daemon to count the forged frames of job B")
-    assert mid["bad_mac"] - before["bad_mac"] == 8, {k: v - before[k] for k, v in mid.items()}
+    assert mid["bad_mac"] - before["bad_mac"] == 16, {k: v - before[k] for k, v in mid.items()}
+    assert mid["truncated"] - before["truncated"] == 4
 
     # job A is finished: a replay of one of its full chunks, and an old life of worker 0
     done, nxt = next_seq[job_a] - 2, next_seq[job_a]
