@@ -512,3 +512,36 @@ def test_worker_drops_results_without_the_aggregators_mac(tmp_path):
     finally:
         stop.set()
         agg.close()
+
+
+def test_worker_started_after_a_rotation_uses_the_epoch_it_is_given(tmp_path):
+    """A worker process started after a rotation reads the new secret with
+    its epoch (the job file's key_epoch) and is exact; one started with the
+    new secret but epoch 0 is refused by the aggregator (bad_mac) and times
+    out instead of summing anything."""
+    from test_port_udp import LoopbackAggregator
+
+    from homagg.errors import PeerTimeout
+
+    agg = LoopbackAggregator()
+    first, second = tmp_path / "e0.secret", tmp_path / "e1.secret"
+    auth.create_secret_file(first, SECRET)
+    auth.create_secret_file(second, SECRET2)
+    agg.engine.add_job(job=9, token=5, workers=1, slots=4, auth=SECRET)
+    assert agg.engine.rotate_key(9, SECRET2, grace=0.0) == 1
+    x = grads_of(1, 5000, seed=9)[0]
+    try:
+        with Worker(job=9, token=5, worker=0, workers=1, aggregator=agg.address,
+                    bind=("127.0.0.1", 0), slots=4, timeout=10.0, auth_file=second,
+                    key_epoch=1) as w:
+            y = w.allreduce(x, method="dense", block=1024)
+            assert y.tobytes() == oracle_allreduce([x], 1024).tobytes()
+            assert w.stats()["bad_mac"] == 0
+        before = agg.engine.counters()["bad_mac"]
+        with Worker(job=9, token=5, worker=0, workers=1, aggregator=agg.address,
+                    bind=("127.0.0.1", 0), slots=4, timeout=0.5, auth_file=second) as w:
+            with pytest.raises(PeerTimeout):
+                w.allreduce(x, method="dense", block=1024)
+        assert agg.engine.counters()["bad_mac"] > before
+    finally:
+        agg.close()

@@ -20,8 +20,9 @@ homagg.torch); every field may be overridden by its variable
 
 An authenticated job adds ``"auth_file"`` (the path of the job secret's
 file on the worker's host, mode 0600: homagg.auth.load_secret) and
-``"mac"`` (its MAC algorithm, "aes-gmac" or "blake2b"); the secret itself
-is never in a job file.
+``"mac"`` (its MAC algorithm, "aes-gmac" or "blake2b") and, after a key
+rotation, ``"key_epoch"`` (the epoch of the secret in that file, 0 at
+first); the secret itself is never in a job file.
 
 ``aggregator`` lists the job's aggregators in shard order, comma separated;
 ``workers`` (0: not stated) must equal the world size of the ranks.
@@ -53,6 +54,7 @@ JOB_FIELDS = {
     # the worker's host; never the secret itself) and the MAC algorithm
     "auth_file": (str, ""),
     "mac": (str, ""),
+    "key_epoch": (int, 0),  # the epoch of the secret in auth_file (key rotation)
 }
 
 
