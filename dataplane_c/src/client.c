@@ -76,7 +76,11 @@ struct hg_client *hg_client_create(const struct hg_client_config *cfg)
 			     : cfg->agg_worker != 0)
 		return NULL;
 
-	c = calloc(1, sizeof(*c));
+	/* aligned for the AES-GMAC key states it holds (any allocator) */
+	if (posix_memalign((void **)&c, 64, sizeof(*c)))
+		c = NULL;
+	else
+		memset(c, 0, sizeof(*c));
 	if (!c)
 		return NULL;
 	c->cfg = *cfg;
