@@ -545,3 +545,42 @@ def test_worker_started_after_a_rotation_uses_the_epoch_it_is_given(tmp_path):
         assert agg.engine.counters()["bad_mac"] > before
     finally:
         agg.close()
+
+
+@pytest.mark.parametrize("mac", [auth.MAC_NAMES[a] for a in ALGS])
+def test_cluster_key_rotation_fails_no_allreduce(mac):
+    """NIC model, virtual time, 2% loss: the job's workers get a new key
+    epoch, then its aggregator with a 1 ms grace period; the allreduces
+    across the switch and after the grace period are all exact with no
+    frame refused, so the workers moved to the new epoch; afterwards a
+    frame of the old epoch is bad_mac and one of the new is summed."""
+    grads = grads_of(4, 20000, seed=12)
+    want = oracle_allreduce(grads, 1024)
+    with Cluster(workers=4, seed=13, slots=8, auth=True, mac=mac, loss=0.02) as cl:
+        job = cl.job
+        old_key = job.key(1)
+        assert cl.allreduce(grads, method="lhc", block_elements=1024).sum.tobytes() == \
+            want.tobytes()
+        assert cl.rotate_key(SECRET2, grace=0.001) == 1
+        for _ in range(3):
+            res = cl.allreduce(grads, method="dense", block_elements=1024)
+            for y in res.outputs:
+                assert y.tobytes() == want.tobytes()
+        assert cl.engine_counters()["bad_mac"] == 0
+        assert all(st["bad_mac"] == 0 for st in res.stats["workers"])
+        st = job.worker_stats(0)
+        seq = st["next_seq"]
+        bogus = np.full(256, 0x01010101, ">i4").tobytes()
+        before = cl.engine_counters()
+        # the old epoch's key, after the grace period
+        cl.inject(cl.build_frame(job, payload=bogus, worker=1, seq=seq, slot=seq % 8,
+                                 flags=lib_shadow(seq), key=old_key))
+        # an earlier frame of the new epoch: its MAC verifies (a duplicate
+        # or stale, never bad_mac)
+        cl.inject(cl.build_frame(job, payload=bogus, worker=1, seq=seq - 8, slot=seq % 8,
+                                 flags=lib_shadow(seq - 8) | 1 << 8, key=job.key(1),
+                                 counter=2**31))
+        res = cl.allreduce(grads, method="dense", block_elements=1024)
+        assert res.sum.tobytes() == want.tobytes()
+        delta = {k: v - before[k] for k, v in cl.engine_counters().items()}
+        assert delta["bad_mac"] == 1

@@ -91,6 +91,7 @@ class Job:
         self.workers = workers
         self.slots = slots
         self.secret = secret  # the job secret when it authenticates, else None
+        self.epoch = 0  # its key epoch (Cluster.rotate_key)
         self.wire_id, self.token = _b.sim_job_wire(cluster._sim, index)
 
     def key(self, key_id):
@@ -388,6 +389,16 @@ class Cluster:
         its link towards it, tx_bytes from it)."""
         engine, link = _b.sim_aggregator_counters(self._live(), k)
         return {"engine": engine, "link": link}
+
+    def rotate_key(self, secret, grace, job=None):
+        """The next key epoch of ``job`` (default: the first) with
+        ``secret``: its workers get it first, then its aggregators, whose
+        grace period for the previous epoch is ``grace`` seconds of virtual
+        time (docs/PROTOCOL.md "Key epochs").  Returns the epoch."""
+        job = job or self.job
+        epoch = _b.sim_rotate_key(self._live(), job.index, secret, int(grace * 1e9))
+        job.secret, job.epoch = bytes(secret), epoch
+        return epoch
 
     def kill_aggregator(self, k, after=0.0):
         """Aggregator k dies ``after`` seconds of virtual time from now (0:

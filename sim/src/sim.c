@@ -61,6 +61,7 @@ struct sim_worker {
 
 struct sim_job {
 	uint32_t id, token, workers, slots;
+	uint8_t epoch;             /* auth: its key epoch (hg_sim_rotate_key) */
 	struct sim_worker *w;      /* workers entries */
 };
 
@@ -564,6 +565,39 @@ static struct sim_job *get_job(const struct hg_sim *s, int job)
 	if (!s || job < 0 || job >= s->njobs)
 		return NULL;
 	return (struct sim_job *)&s->jobs[job];
+}
+
+int hg_sim_rotate_key(struct hg_sim *s, int job, const uint8_t *secret,
+		      uint64_t grace_ns)
+{
+	struct sim_job *jb = get_job(s, job);
+	int rc = 0, epoch = -EPERM;
+
+	if (!jb || !secret)
+		return jb ? -EINVAL : -ENOENT;
+	if (s->leaves)
+		return -EPERM;
+	for (uint32_t k = 0; k < s->naggs && !rc; k++) {
+		struct hg_job_config jc;
+
+		/* refuse before any worker has the key: the job must auth */
+		rc = hg_engine_job_config(s->agg[k].engine, jb->id, &jc);
+		if (!rc && !jc.auth)
+			rc = -EPERM;
+	}
+	for (uint32_t w = 0; w < jb->workers && !rc; w++)
+		rc = hg_client_rotate_key(jb->w[w].client, secret,
+					  (uint8_t)(jb->epoch + 1));
+	for (uint32_t k = 0; k < s->naggs && !rc; k++) {
+		epoch = hg_engine_rotate_key(s->agg[k].engine, jb->id, secret,
+					     grace_ns);
+		if (epoch < 0)
+			rc = epoch;
+	}
+	if (rc)
+		return rc;
+	jb->epoch = (uint8_t)epoch;
+	return epoch;
 }
 
 int hg_sim_job_wire(const struct hg_sim *s, int job, uint32_t *job_id,

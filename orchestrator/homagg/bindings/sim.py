@@ -141,6 +141,17 @@ def sim_worker_agg_stats(s, job, worker, k):
     return agg_stats_dict(st)
 
 
+def sim_rotate_key(s, job, secret, grace_ns):
+    """hg_sim_rotate_key: the job's next key epoch, to its workers then its
+    aggregators; returns the epoch."""
+    sec = ffi.new("uint8_t[]", bytes(secret))
+    try:
+        return check(lib.hg_sim_rotate_key(s, int(job), sec, int(grace_ns)),
+                     f"rotate key of job {job}")
+    finally:
+        lib.hg_auth_wipe(sec, len(sec))
+
+
 def sim_kill_aggregator(s, k, after_ns):
     check(lib.hg_sim_kill_aggregator(s, k, int(after_ns)), f"kill aggregator {k}")
 

@@ -183,6 +183,16 @@ int hg_sim_build_frame(const struct hg_sim *s, const struct hg_hdr *h,
 		       uint8_t *frame, size_t cap, const struct hg_wire_mac *m);
 
 /*
+ * The next key epoch of authenticated job `job` (docs/PROTOCOL.md "Key
+ * epochs"): secret (HG_AUTH_SECRET_LEN bytes) goes to every worker of the
+ * job first (hg_client_rotate_key), then to every aggregator of it
+ * (hg_engine_rotate_key, grace_ns of virtual time).  Returns the new
+ * epoch, or -EINVAL / -ENOENT / -EPERM (no auth, or a tree) / -ENOMEM.
+ */
+int hg_sim_rotate_key(struct hg_sim *s, int job, const uint8_t *secret,
+		      uint64_t grace_ns);
+
+/*
  * Aggregator k stops (its host dies) after_ns of virtual time from now: its
  * engine is not polled again and what reaches its port is discarded.
  * Returns 0 or -EINVAL / -ENOENT.
