@@ -24,7 +24,11 @@
  *                                 "Key epochs"); grace_ms optional
  *                                 -> {"ok":true,"job":7,"epoch":1}
  *   {"cmd":"remove_job","job":7}
- *   {"cmd":"stats"}      -> {"ok":true,"stats":{counter:value,...},...}
+ *   {"cmd":"stats"}      -> {"ok":true,"stats":{counter:value,...},...,
+ *                            "jobs":[7,...]}
+ *   {"cmd":"job_stats","job":7}
+ *                        -> {"ok":true,"job":7,"counters":{...},
+ *                            "worker_counters":{name:[per worker],...},...}
  *   {"cmd":"shutdown"}
  *
  * Every reply is {"ok":true,...} or {"ok":false,"error":"...","code":-errno};
@@ -95,6 +99,9 @@ struct hg_ctl_ops {
 			  uint64_t grace_ns, char *err, size_t errlen);
 	/* Add members ("name": value) to the reply object; 0 or -errno. */
 	int (*stats)(void *ctx, json_t *reply);
+	/* Add one job's members to the reply object; 0, -ENOENT (no such
+	 * job) or -errno.  NULL: the command answers -ENOTSUP. */
+	int (*job_stats)(void *ctx, uint32_t job, json_t *reply);
 	/* Ask the daemon to stop (it replies first). */
 	void (*shutdown)(void *ctx);
 };
