@@ -19,7 +19,9 @@ homagg.torch); every field may be overridden by its variable
      "slots": 64, "payload": 1024}
 
 ``aggregator`` lists the job's aggregators in shard order, comma separated;
-``workers`` (0: not stated) must equal the world size of the ranks.
+``workers`` (0: not stated) must equal the world size of the ranks;
+``slots`` (0: not stated) defaults to ``homagg.protocol.default_slots``
+of the world size, what ``register`` gives the aggregators by default.
 Successive runs may share a job: a new worker process numbers its chunks
 from 0 again under a new incarnation, and the first frame of each new life
 empties every aggregator slot its old life left (PROTOCOL.md Part 2,
@@ -41,7 +43,7 @@ JOB_FIELDS = {
     "group": (str, ""),
     "bind": (str, "0.0.0.0"),
     "timeout": (float, 10.0),
-    "slots": (int, 64),
+    "slots": (int, 0),  # 0: homagg.protocol.default_slots(workers)
     "payload": (int, 1024),
     "workers": (int, 0),  # 0: not stated; else it must equal the world size
 }
@@ -125,8 +127,9 @@ def write_job_file(path, **fields):
 
 def add_job_arguments(p) -> None:
     """The job options of `homagg testbed up` and `homagg up -i`."""
-    p.add_argument("--slots", type=int, default=64,
-                   help="the job's aggregator slots (default: %(default)s)")
+    p.add_argument("--slots", type=int, default=None,
+                   help="the job's aggregator slots (default: the most, up to 64, with "
+                   "workers x slots <= 4096 frames: homagg.protocol.default_slots)")
     p.add_argument("--payload-bytes", type=int, default=1024, metavar="BYTES",
                    help="the job's payload per packet (default: %(default)s)")
     p.add_argument("--timeout", type=float, default=10.0, metavar="S",
@@ -138,14 +141,18 @@ def add_job_arguments(p) -> None:
 # Registration on the aggregators
 
 
-def register(controls, addresses, *, workers, slots=64, payload=1024, group=None,
+def register(controls, addresses, *, workers, slots=None, payload=1024, group=None,
              timeout=10.0, job=None, token=None, auth=None):
     """Add the job on every aggregator (controls[k] gets shard k; addresses
     are their (ip, port), in the same order) and return its job-file fields.
     ``job``/``token`` default to new random ones; ``auth``: the job secret
     of an authenticated job (it goes to the daemons only, never into the
-    returned fields).  If an aggregator refuses, the job is removed from
+    returned fields).  ``slots`` unset: ``homagg.protocol.default_slots``
+    of ``workers``.  If an aggregator refuses, the job is removed from
     the ones that had it and the error re-raised."""
+    from homagg.protocol import resolve_slots
+
+    slots = resolve_slots(slots, workers)
     if len(controls) != len(addresses) or not controls:
         raise ValueError("register: one address per control, at least one")
     job = 1 + secrets.randbelow(1 << 15) if job is None else int(job)
