@@ -414,7 +414,8 @@ def test_bottleneck_with_loss_is_exact_and_retransmits_per_loss():
     timeouts = sum(w["timeouts"] for w in per)
     assert fast > timeouts, (fast, timeouts)
     window = sum(w["window_retransmissions"] for w in per)
-    assert retrans == fast + timeouts + window
+    probes = sum(w["start_probes"] for w in per)
+    assert retrans == fast + timeouts + window + probes
     # Loss is per hop here, results too: a worker's timer can expire while
     # its chunk waits for a peer's repair.  The aggregator's STATUS (its
     # bit set) or a second copy of the result shows such a timeout was

@@ -105,6 +105,15 @@ class Job:
         """Worker stops once it sent after_packets more frames."""
         _b.sim_kill_worker(self.cluster._sim, self.index, worker, after_packets)
 
+    def delay_start(self, worker, seconds):
+        """Worker starts every later allreduce ``seconds`` of virtual time
+        late (0: on time): a straggler, a rank still computing."""
+        if not 0 <= worker < self.workers:
+            raise InvalidArgument(f"worker {worker} not in 0..{self.workers - 1}")
+        if not 0 <= seconds <= 60:
+            raise InvalidArgument(f"start delay must be 0..60 s, got {seconds}")
+        _b.sim_delay_start(self.cluster._sim, self.index, worker, int(seconds * 1e9))
+
     def worker_stats(self, worker):
         return _b.sim_worker_stats(self.cluster._sim, self.index, worker)
 
@@ -438,6 +447,10 @@ class Cluster:
         if not 0 <= k < self.aggregators:
             raise InvalidArgument(f"aggregator {k} not in 0..{self.aggregators - 1}")
         _b.sim_restart_aggregator(self._live(), k, after_frames, incarnation)
+
+    def delay_start(self, worker, seconds, job=None):
+        """Worker starts every later allreduce ``seconds`` late (Job.delay_start)."""
+        (job or self.job).delay_start(worker, seconds)
 
     def kill_worker(self, worker, after_packets=0, job=None):
         (job or self.job).kill_worker(worker, after_packets)
