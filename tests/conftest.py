@@ -25,6 +25,34 @@ def require(condition, reason):
     pytest.skip(reason)
 
 
+CODEC_ISAS = ("portable", "avx2", "avx512")
+
+
+@contextlib.contextmanager
+def codec_isa(isa):
+    """Run the C codec on ISA path ``isa`` inside the block: sets
+    HOMAGG_CODEC_ISA and has the library read it again (it reads it once
+    per process otherwise), restoring both after.  Skips locally, fails in
+    CI, when this CPU lacks the path."""
+    from homagg.bindings import codec as b
+    from homagg.errors import InvalidArgument
+
+    old = os.environ.get("HOMAGG_CODEC_ISA")
+    os.environ["HOMAGG_CODEC_ISA"] = isa
+    try:
+        try:
+            assert b.codec_isa_reload() == isa
+        except InvalidArgument as e:
+            require(False, f"codec path {isa}: {e}")
+        yield isa
+    finally:
+        if old is None:
+            os.environ.pop("HOMAGG_CODEC_ISA", None)
+        else:
+            os.environ["HOMAGG_CODEC_ISA"] = old
+        b.codec_isa_reload()
+
+
 def gone(pid):
     """Process ``pid`` exited (a zombie waiting for its reaper counts as exited)."""
     try:
@@ -54,16 +82,17 @@ def _declared_needs(request):
 
 @contextlib.contextmanager
 def dpdk_testbed(tmp_path_factory, folder, **spec):
-    """A Testbed (homagg.testbed) for homagg-switch runs, named after its
+    """A Testbed (homagg.deploy.local.testbed) for homagg-switch runs, named after its
     folder's first letter plus a random suffix, in its own state dir under
     tmp_path_factory; taken down on exit.  Needs root and a built
     homagg-switch (require)."""
-    from homagg import run as runmod
-    from homagg.testbed import Testbed
+    from homagg.runs import allreduce as runmod
+    from homagg.switch.daemon import find_switch
+    from homagg.deploy.local.testbed import Testbed
 
     require(os.geteuid() == 0, "needs root")
     try:
-        runmod.find_switch()
+        find_switch()
     except runmod.RunError as e:
         require(False, str(e))
     sd = str(tmp_path_factory.mktemp(folder) / "testbeds")
