@@ -160,32 +160,6 @@ void hg_cl_spurious_timeout(struct hg_client *c, struct agg *ag, struct flight *
  * last chunk of a step proves nothing.  Every chunk that waited through it
  * keeps the longest such stall.
  */
-/*
- * A reply of aggregator ag at time now: a new result, or a STATUS about an
- * open chunk.  The silence since its latest result is a stall of the
- * aggregator when at least two of our chunks there waited through all of
- * it, none of them known lost (no later result overtook it): a peer, the
- * aggregator or this worker off its core stops every slot of the window,
- * while a repair holds its own slot and the others' results keep coming
- * (until a worker waiting on it has sent the window past it), and the lone
- * last chunk of a step proves nothing.  Every chunk that waited through it
- * keeps the longest such stall.
- */
-/* Whether chunk fl is known to wait for a repair at time now: a later
- * result overtook it DUPTHRESH times or a resend of it is due (a loss of
- * ours, or of our result), it was sent again or a STATUS lacked our
- * contribution (ours, lost), or a STATUS showed ours present less than a
- * turn and a timeout ago (the peers it lacks resend at once on that
- * STATUS: a repair).  A slot still incomplete after that waits for a peer
- * that stopped. */
-static bool in_repair(const struct hg_client *c, const struct agg *ag,
-		      const struct flight *fl, uint64_t now)
-{
-	if (fl->present)
-		return now - fl->armed < hg_cl_chunk_rto(c, fl) + hg_cl_turn_ns(c, ag);
-	return fl->tries > 1 || fl->have_status || fl->fast_at || fl->overtaken >= DUPTHRESH;
-}
-
 void hg_cl_note_silence(struct hg_client *c, struct agg *ag, uint64_t now)
 {
 	struct flight *f = &c->fl[(size_t)(ag - c->agg) * c->cfg.slots];
@@ -256,6 +230,16 @@ uint64_t hg_cl_chunk_rto(const struct hg_client *c, const struct flight *fl)
 }
 
 /*
+ * Whether chunk fl waits for the first answer of its step at its
+ * aggregator (with pipelined block groups: of its unit): none of the
+ * step's results came back yet, so a peer may not have started it.
+ */
+bool hg_cl_step_start(const struct hg_client *c, const struct flight *fl)
+{
+	return c->agg[fl->agg].hi_done == 0 || c->st.u[fl->unit].ndone == 0;
+}
+
+/*
  * When the chunk's timer expires.  Results of a window come back in chunk
  * order, one behind the other at the bottleneck's pace.  So, as TCP
  * restarts its one timer whenever new data is acknowledged and after each
@@ -267,16 +251,6 @@ uint64_t hg_cl_chunk_rto(const struct hg_client *c, const struct flight *fl)
  * retransmitting all of it.  A chunk a later one overtook was probably
  * lost: its timer start is frozen then (handle_frame sets fl->armed).
  */
-/*
- * Whether chunk fl waits for the first answer of its step at its
- * aggregator (with pipelined block groups: of its unit): none of the
- * step's results came back yet, so a peer may not have started it.
- */
-bool hg_cl_step_start(const struct hg_client *c, const struct flight *fl)
-{
-	return c->agg[fl->agg].hi_done == 0 || c->st.u[fl->unit].ndone == 0;
-}
-
 uint64_t hg_cl_chunk_deadline(const struct hg_client *c, const struct flight *fl)
 {
 	const struct agg *ag = &c->agg[fl->agg];
