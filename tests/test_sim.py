@@ -775,7 +775,8 @@ def test_worker_and_job_file_default_slots():
     """homagg.worker.Worker and the job file's registration (what `homagg
     run`, `homagg testbed up` and `homagg up` call) choose the same
     default_slots(W) when the user sets none, and keep a number given."""
-    from homagg import job_file, protocol
+    from homagg import protocol
+    from homagg.switch import job_file
     from homagg.worker import Worker
 
     with Worker(1, 2, 0, 256, aggregator=("127.0.0.1", 9), bind=("127.0.0.1", 0),
