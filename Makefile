@@ -79,7 +79,7 @@ $(VENV)/.stamp: pyproject.toml setup.py
 	@test -x $(VPY) || $(PYTHON) -m venv $(VENV)
 	$(VPY) -m pip install -q --upgrade pip setuptools wheel cffi
 	$(MAKE) --no-print-directory lib
-	HOMAGG_LIBDIR=$(CURDIR)/$(BUILD) $(VPY) -m pip install -q --no-build-isolation -e '.[test,testbed,provision,plot]'
+	HOMAGG_LIBDIR=$(CURDIR)/$(BUILD) $(VPY) -m pip install -q --no-build-isolation -e '.[test,testbed,provision,plot,metrics]'
 	$(VPY) -m pip install -q torch==2.13.0
 	@touch $@
 
