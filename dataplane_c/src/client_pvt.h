@@ -41,6 +41,10 @@
  * Part 3): the first turn's STATUS is back after one, so later turns only
  * come when it was lost or late. */
 #define TURNS_MAX 2
+/* An aggregator that answered none of this many retransmissions in a row
+ * stopped answering (a live one answers every resend its slot has, with
+ * the result or a STATUS; one that lacked it adds it silently). */
+#define STOPPED_UNANSWERED 3
 /* A floor spurious timeouts taught the timeout halves after this long
  * without another one (hg_cl_spurious_timeout). */
 #define STALL_MEMORY_NS 1000000000ULL
@@ -174,6 +178,11 @@ struct agg {
 	uint64_t start_sent;    /* st.packets_sent then */
 	uint32_t incarnation;   /* of this allreduce's first reply (0: none yet) */
 	struct hg_mac_track mac; /* auth: its MAC counter */
+	/* its latest STATUS of this allreduce (any chunk): who it lacked */
+	bool have_status;
+	uint32_t unanswered;    /* retransmissions to it since its latest reply */
+	uint64_t status_chunk;
+	uint8_t status_bitmap[BITMAP_BYTES];
 	struct hg_client_agg_stats st;
 };
 
@@ -297,5 +306,6 @@ uint64_t hg_cl_turn_offset(const struct hg_client *c, const struct agg *ag,
 uint64_t hg_cl_turn_ns(const struct hg_client *c, const struct agg *ag);
 uint64_t hg_cl_chunk_rto(const struct hg_client *c, const struct flight *fl);
 uint64_t hg_cl_chunk_deadline(const struct hg_client *c, const struct flight *fl);
+bool hg_cl_step_start(const struct hg_client *c, const struct flight *fl);
 
 #endif

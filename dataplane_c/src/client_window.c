@@ -261,9 +261,20 @@ static void handle_frame(struct hg_client *c, const uint8_t *f, size_t len,
 		ag->incarnation = v.hdr.incarnation;
 	}
 
+	ag->unanswered = 0;
 	if (v.hdr.flags & HG_FLAG_STATUS) {
 		c->stats.status_received++;
 		ag->st.status_received++;
+		if (k < st->nchunks) {
+			/* kept for the give-up's text: who this aggregator
+			 * lacked, whichever chunk times out */
+			size_t nb = (c->cfg.agg_workers + 7) / 8;
+
+			memset(ag->status_bitmap, 0, sizeof(ag->status_bitmap));
+			memcpy(ag->status_bitmap, pl, v.payload_len < nb ? v.payload_len : nb);
+			ag->status_chunk = chunk;
+			ag->have_status = true;
+		}
 		if (fl->busy && fl->chunk == chunk) {
 			size_t nb = (c->cfg.agg_workers + 7) / 8;
 
@@ -280,6 +291,11 @@ static void handle_frame(struct hg_client *c, const uint8_t *f, size_t len,
 				fl->present = true;
 				fl->fast_at = 0;
 				fl->armed = now;
+				/* the step's first answer waits for a peer that
+				 * has not started it: wait as long again before
+				 * asking again */
+				if (hg_cl_step_start(c, fl) && now - fl->first_tx > fl->rto)
+					fl->rto = now - fl->first_tx;
 				/* The slot completes when the peer has resent
 				 * (at once, on the same STATUS): results of
 				 * chunks sent after now that overtake this one
@@ -479,6 +495,7 @@ static void tx_chunks(struct hg_client *c, const size_t *ks, uint16_t cnt,
 		if (!ag->t_first_tx)
 			ag->t_first_tx = now;
 		if (fl->tries++ > 0) {
+			ag->unanswered++;
 			c->stats.retransmissions++;
 			ag->st.retransmissions++;
 		}
@@ -584,50 +601,35 @@ void hg_cl_tx_new(struct hg_client *c, uint64_t now)
 	}
 }
 
-static void timeout_text(struct hg_client *c, const struct flight *fl)
+/*
+ * Append "workers 0,1,3 present, missing worker 2" for a STATUS bitmap of
+ * the aggregator (the job's worker numbers: a tree leaf's are an offset),
+ * and when none is missing that the slot waits for the root (PROTOCOL.md
+ * "Tree").  Returns the new end of the text.
+ */
+static char *bitmap_text(const struct hg_client *c, const uint8_t *bitmap, char *e,
+			 char *end)
 {
-	const struct stream *s = hg_cl_chunk_stream(c, (size_t)(fl->chunk - c->st.base));
-	const struct agg *ag = &c->agg[fl->agg];
-	char name[64], *e = c->err, *end = c->err + sizeof(c->err);
-	/* the limit it waited for; a late wake-up (a loaded host) is not news */
-	double secs = (double)c->cfg.give_up_ns / 1e9;
 	uint32_t missing = 0, base = c->cfg.worker - c->cfg.agg_worker;
 
-	agg_name(c, fl->agg, name, sizeof(name));
-	if (ag->st.results_received == ag->start_results && !fl->have_status) {
-		snprintf(c->err, sizeof(c->err),
-			 "no answer from aggregator %s: sent %llu chunks, "
-			 "received 0 results", name,
-			 (unsigned long long)(ag->st.packets_sent - ag->start_sent));
-		return;
-	}
-	e += snprintf(e, (size_t)(end - e),
-		      "timed out after %.3g s waiting for chunk %llu (phase %s): ",
-		      secs, (unsigned long long)fl->chunk, hg_phase_name(s->phase));
-	if (!fl->have_status) {
-		snprintf(e, (size_t)(end - e),
-			 "no status from aggregator %s after %u transmissions",
-			 name, fl->tries);
-		return;
-	}
-	e += snprintf(e, (size_t)(end - e), "aggregator %s reports workers ", name);
+	if (e < end)
+		e += snprintf(e, (size_t)(end - e), "workers ");
 	for (int pass = 0; pass < 2; pass++) {
 		bool first = true;
 
 		if (pass == 1) {
 			for (uint32_t w = 0; w < c->cfg.agg_workers; w++)
-				missing += !(fl->bitmap[w / 8] >> (w % 8) & 1);
+				missing += !(bitmap[w / 8] >> (w % 8) & 1);
 			if (e < end)
 				e += snprintf(e, (size_t)(end - e),
 					      " present, missing worker%s ",
 					      missing == 1 ? "" : "s");
 		}
 		for (uint32_t w = 0; w < c->cfg.agg_workers && e < end - 1; w++) {
-			bool in = fl->bitmap[w / 8] >> (w % 8) & 1;
+			bool in = bitmap[w / 8] >> (w % 8) & 1;
 
 			if (in != (pass == 0))
 				continue;
-			/* the job's worker numbers (a tree leaf's are an offset) */
 			e += snprintf(e, (size_t)(end - e), "%s%u",
 				      first ? "" : ",", w + base);
 			first = false;
@@ -637,8 +639,56 @@ static void timeout_text(struct hg_client *c, const struct flight *fl)
 	}
 	/* complete there: a tree leaf waiting for its root (PROTOCOL.md "Tree") */
 	if (!missing && e < end - 1)
+		e += snprintf(e, (size_t)(end - e),
+			      " (complete there: it waits for its root aggregator)");
+	return e < end ? e : end;
+}
+
+/*
+ * The give-up's text (PROTOCOL.md "Timeouts and naming the missing
+ * peers"): it names who is missing -- the workers the aggregator's STATUS
+ * of the chunk lacked, else those its latest STATUS of any chunk of this
+ * allreduce lacked, else the aggregator itself when it answered nothing.
+ */
+static void timeout_text(struct hg_client *c, const struct flight *fl)
+{
+	const struct stream *s = hg_cl_chunk_stream(c, (size_t)(fl->chunk - c->st.base));
+	const struct agg *ag = &c->agg[fl->agg];
+	char name[64], *e = c->err, *end = c->err + sizeof(c->err);
+	/* the limit it waited for; a late wake-up (a loaded host) is not news */
+	double secs = (double)c->cfg.give_up_ns / 1e9;
+
+	agg_name(c, fl->agg, name, sizeof(name));
+	if (ag->st.results_received == ag->start_results && !fl->have_status &&
+	    !ag->have_status) {
+		snprintf(c->err, sizeof(c->err),
+			 "no answer from aggregator %s: sent %llu chunks, "
+			 "received 0 results", name,
+			 (unsigned long long)(ag->st.packets_sent - ag->start_sent));
+		return;
+	}
+	e += snprintf(e, (size_t)(end - e),
+		      "timed out after %.3g s waiting for chunk %llu (phase %s): ",
+		      secs, (unsigned long long)fl->chunk, hg_phase_name(s->phase));
+	if (!ag->have_status || ag->unanswered >= STOPPED_UNANSWERED) {
+		/* it answered earlier, then none of our latest resends
+		 * (a live one answers each resend its slot has): it stopped */
 		snprintf(e, (size_t)(end - e),
-			 " (complete there: it waits for its root aggregator)");
+			 "no status from aggregator %s after %u transmissions "
+			 "(it stopped answering: none of the last %u resends to "
+			 "it was answered)", name, fl->tries, ag->unanswered);
+		return;
+	}
+	if (fl->have_status) {
+		e += snprintf(e, (size_t)(end - e), "aggregator %s reports ", name);
+		bitmap_text(c, fl->bitmap, e, end);
+		return;
+	}
+	e += snprintf(e, (size_t)(end - e),
+		      "no status of it from aggregator %s after %u transmissions; "
+		      "its latest (chunk %llu) reports ", name, fl->tries,
+		      (unsigned long long)ag->status_chunk);
+	bitmap_text(c, ag->status_bitmap, e, end);
 }
 
 /*
@@ -726,6 +776,16 @@ int hg_cl_tx_expired(struct hg_client *c, uint64_t now)
 			ag->st.fast_retransmissions++;
 		} else if (!fl->unsent && now < hg_cl_chunk_deadline(c, fl)) {
 			continue;
+		} else if (!fl->unsent && hg_cl_step_start(c, fl)) {
+			/* No answer of its step yet: a peer may not have
+			 * started the step (PROTOCOL.md "Peers that start
+			 * late").  Ask (the resend repairs our contribution
+			 * if it was lost, else gets the STATUS naming who is
+			 * missing), backing off this chunk's timer only: no
+			 * timeout, nothing to learn. */
+			c->stats.start_probes++;
+			fl->fast_at = 0;
+			fl->rto = hg_cl_rto_backoff(c, hg_cl_chunk_rto(c, fl));
 		} else if (!fl->unsent) {
 			/* RFC 6298 5.5: back off this chunk's timer, and the
 			 * client's, which new chunks start with until a valid

@@ -37,7 +37,8 @@ from homagg.bindings.kernels import OP_SUM32
 from homagg.bindings.wire import PROTOCOL_VERSION
 from homagg import auth, protocol
 from homagg import auth as _auth
-from homagg.protocol import PIPELINE_GROUPS, check_pipeline_groups
+from homagg.protocol import (PIPELINE_GROUPS, check_pipeline_groups, default_slots,
+                             resolve_slots)
 from homagg.errors import (HomAggError, InvalidArgument, OutOfRange, PeerTimeout,
                            error_class, error_for)
 
@@ -107,6 +108,15 @@ class Job:
         """Worker stops once it sent after_packets more frames."""
         _b.sim_kill_worker(self.cluster._sim, self.index, worker, after_packets)
 
+    def delay_start(self, worker, seconds):
+        """Worker starts every later allreduce ``seconds`` of virtual time
+        late (0: on time): a straggler, a rank still computing."""
+        if not 0 <= worker < self.workers:
+            raise InvalidArgument(f"worker {worker} not in 0..{self.workers - 1}")
+        if not 0 <= seconds <= 60:
+            raise InvalidArgument(f"start delay must be 0..60 s, got {seconds}")
+        _b.sim_delay_start(self.cluster._sim, self.index, worker, int(seconds * 1e9))
+
     def worker_stats(self, worker):
         return _b.sim_worker_stats(self.cluster._sim, self.index, worker)
 
@@ -128,7 +138,10 @@ class Cluster:
     aggregator port is faster than one worker's link; at most 400 Gbit/s,
     one fast port), 0 unlimited, a number that rate (equal to link_gbps
     makes the aggregator's link the bottleneck, W times over);
-    slots: S of each job; timeout: the give-up deadline per chunk (s);
+    slots: S of each job (None: ``homagg.protocol.default_slots(workers)``,
+    W x S within the aggregators' receive ring, as ``Worker`` and ``homagg
+    run`` choose it; a job added later gets at most what the ring has
+    left); timeout: the give-up deadline per chunk (s);
     rto: the initial retransmission timeout (s), used until the first RTT
     sample; rto_min, rto_max: clamps of the adaptive timeout (s; rto_min
     None = the client's default); max_time: the virtual-time budget of one
@@ -152,7 +165,7 @@ class Cluster:
     """
 
     def __init__(self, workers=4, loss=0.0, duplicate=0.0, reorder=0.0, seed=0,
-                 slots=64, link_gbps=100.0, timeout=2.0, rto=200e-6, rto_max=50e-3,
+                 slots=None, link_gbps=100.0, timeout=2.0, rto=200e-6, rto_max=50e-3,
                  delay=1e-6, payload=1024, multicast=True, max_time=600.0,
                  agg_link_gbps=None, rto_min=None, aggregators=1, mtu=None,
                  auth=False, leaves=0, up_rto=None, up_give_up=None, mac=None,
@@ -189,7 +202,8 @@ class Cluster:
                                   agg_link_gbps=self.agg_link_gbps,
                                   aggregators=int(aggregators),
                                   pool_frames=self._pool_frames(
-                                      workers, slots, leaves + 1 if leaves else aggregators,
+                                      workers, resolve_slots(slots, workers),
+                                      leaves + 1 if leaves else aggregators,
                                       payload, mtu),
                                   mtu=int(mtu or 0), leaves=leaves,
                                   up_rto_ns=int((up_rto or 0) * 1e9),
@@ -247,6 +261,8 @@ class Cluster:
         pipeline_groups = check_pipeline_groups(self.pipeline_groups if pipeline_groups is None
                                                 else pipeline_groups)
         slots = self._slots if slots is None else slots
+        if slots is None or slots == 0:
+            slots = self._default_slots(s, workers)
         timeout = self._timeout if timeout is None else timeout
         auth = self.auth if auth is None else auth
         mac = self.mac if mac is None else mac
@@ -262,6 +278,19 @@ class Cluster:
         job = Job(self, idx, workers, slots, secret, mac_alg or None)
         self.jobs.append(job)
         return job
+
+    def _default_slots(self, s, workers):
+        """default_slots(workers), or fewer when the jobs already on the
+        aggregators hold part of their rings (at least 1: a full ring is
+        then refused by _check_rings, naming the jobs holding it)."""
+        slots = default_slots(workers)
+        try:
+            for k in range(self.aggregators):
+                per_slot, held = _b.sim_agg_frames(s, k, workers, 1)
+                slots = min(slots, max(1, (AGG_RX_RING - held) // per_slot))
+        except InvalidArgument:
+            pass  # W out of range: sim_add_job names it
+        return slots
 
     def _check_rings(self, s, workers, slots):
         """Explain what hg_sim_add_job refuses with -ERANGE: a job whose frames
@@ -438,6 +467,10 @@ class Cluster:
         if not 0 <= k < self.aggregators:
             raise InvalidArgument(f"aggregator {k} not in 0..{self.aggregators - 1}")
         _b.sim_restart_aggregator(self._live(), k, after_frames, incarnation)
+
+    def delay_start(self, worker, seconds, job=None):
+        """Worker starts every later allreduce ``seconds`` late (Job.delay_start)."""
+        (job or self.job).delay_start(worker, seconds)
 
     def kill_worker(self, worker, after_packets=0, job=None):
         (job or self.job).kill_worker(worker, after_packets)

@@ -12,7 +12,10 @@ The C worker client (homagg/client.h) over the kernel UDP port backend
 
 Every worker of the job makes the same calls with its own ``worker`` id;
 the job (id, token, W, slots, payload) must be configured on the
-aggregator first (homagg.switch.control.ControlClient.add_job).  A job spread over
+aggregator first (homagg.switch.control.ControlClient.add_job).  ``slots``
+unset is ``homagg.protocol.default_slots(workers)`` (W x S fits a
+4096-frame receive ring), what the job file and ``homagg run`` register by
+default.  A job spread over
 K aggregators names them all, in the same order on every worker and with
 aggregator k told its ``shard`` k at add_job (docs/PROTOCOL.md, "Several
 aggregators")::
@@ -68,7 +71,7 @@ from homagg.bindings.codec import DEFAULT_BLOCK, F_STOCHASTIC
 from homagg.bindings.wire import HDR_LEN, MAC_LEN, MAX_PAYLOAD
 from homagg.errors import InvalidArgument, PeerTimeout
 from homagg.netaddr import parse_ipv4
-from homagg.protocol import PIPELINE_GROUPS, check_pipeline_groups
+from homagg.protocol import PIPELINE_GROUPS, check_pipeline_groups, resolve_slots
 
 
 # The least retransmission timeout of a worker on kernel UDP (seconds).  Its
@@ -149,7 +152,7 @@ class Worker:
 
     def __init__(self, job, token, worker, workers,
                  aggregator=("10.0.0.1", 48879), group=None,
-                 bind=("0.0.0.0", 0), timeout=5.0, slots=64, payload=1024,
+                 bind=("0.0.0.0", 0), timeout=5.0, slots=None, payload=1024,
                  rto=0.001, packets=0, aggregators=None, mtu=None, incarnation=0,
                  rto_min=RTO_MIN, start_wait=START_WAIT,
                  auth_file=None, leaf_ids=None, pipeline_groups=PIPELINE_GROUPS,
@@ -169,6 +172,8 @@ class Worker:
         if not 0 <= int(incarnation) < 2**32:
             raise InvalidArgument(f"incarnation {incarnation} not in 0..2^32-1 (0: from the clock)")
         pipeline_groups = check_pipeline_groups(pipeline_groups)
+        slots = resolve_slots(slots, workers)
+        self.slots = slots
         if aggregators is None:
             aggregators = [aggregator]
         aggregators = [(str(a[0]), int(a[1])) for a in aggregators]

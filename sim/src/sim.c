@@ -56,6 +56,14 @@ struct sim_worker {
 	uint64_t deadline;         /* poll again at this time (or on rx) */
 	bool dead;
 	bool active;               /* an allreduce is running on it */
+	uint64_t start_delay;      /* it starts every allreduce this late (ns) */
+	uint64_t start_at;         /* its allreduce starts then (pending) */
+	bool pending;              /* started by hg_sim_start, not yet by the client */
+	struct hg_params p;        /* the pending start's arguments */
+	int method;
+	const float *x;
+	size_t n;
+	float *y;
 	int status;                /* 1 done, 0 running/never, < 0 error */
 };
 
@@ -633,6 +641,19 @@ int hg_sim_start(struct hg_sim *s, int job, int method,
 			continue;
 		}
 		sw->deadline = 0;
+		if (sw->start_delay) {
+			/* a straggler: its client starts the allreduce later
+			 * (hg_sim_run), as a rank still computing would */
+			sw->pending = true;
+			sw->start_at = hg_nic_now(s->fab) + sw->start_delay;
+			sw->p = *p;
+			sw->method = method;
+			sw->x = x[w];
+			sw->n = n;
+			sw->y = y[w];
+			sw->active = true;
+			continue;
+		}
 		rc = hg_client_start(sw->client, p, method, x[w], n, y[w]);
 		if (rc) {
 			/* Undo nothing: the others that started simply run
@@ -700,7 +721,7 @@ static bool rx_pending(const struct hg_sim *s)
 		for (uint32_t w = 0; w < s->jobs[j].workers; w++) {
 			const struct sim_worker *sw = &s->jobs[j].w[w];
 
-			if (sw->active && hg_nic_port_rx_pending(sw->nport))
+			if (sw->active && !sw->pending && hg_nic_port_rx_pending(sw->nport))
 				return true;
 		}
 	return false;
@@ -767,8 +788,26 @@ int hg_sim_run(struct hg_sim *s, uint64_t max_ns)
 					continue;
 				if (sw->dead) {
 					sw->active = false;
+					sw->pending = false;
 					sw->status = -ESHUTDOWN;
 					continue;
+				}
+				if (sw->pending) {
+					any = true;
+					if (now < sw->start_at) {
+						if (sw->start_at < min_dl)
+							min_dl = sw->start_at;
+						continue;
+					}
+					sw->pending = false;
+					rc = hg_client_start(sw->client, &sw->p, sw->method,
+							     sw->x, sw->n, sw->y);
+					if (rc != 0) {
+						sw->active = false;
+						sw->status = rc;
+						continue;
+					}
+					sw->deadline = 0;
 				}
 				/* A client acts only on a frame or a timer:
 				 * poll it only then (the loop's main cost). */
@@ -962,5 +1001,15 @@ int hg_sim_get_stats(const struct hg_sim *s, struct hg_sim_stats *st)
 	hg_nic_fabric_counters(s->fab, fc, HG_NIC_FC__COUNT);
 	st->frames_tx = fc[HG_NIC_FC_SENT];
 	st->frames_rx = fc[HG_NIC_FC_DELIVERED];
+	return 0;
+}
+
+int hg_sim_delay_start(struct hg_sim *s, int job, uint32_t worker, uint64_t delay_ns)
+{
+	struct sim_worker *sw = (struct sim_worker *)get_worker(s, job, worker);
+
+	if (!sw)
+		return -EINVAL;
+	sw->start_delay = delay_ns;
 	return 0;
 }

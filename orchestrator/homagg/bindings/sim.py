@@ -173,6 +173,10 @@ def sim_kill_worker(s, job, worker, after_packets):
     check(lib.hg_sim_kill_worker(s, job, worker, int(after_packets)), "kill worker")
 
 
+def sim_delay_start(s, job, worker, delay_ns):
+    check(lib.hg_sim_delay_start(s, job, worker, int(delay_ns)), "delay start")
+
+
 def sim_restart_aggregator(s, k, after_frames, incarnation):
     check(lib.hg_sim_restart_aggregator(s, k, int(after_frames), int(incarnation)),
           f"restart aggregator {k}")

@@ -25,7 +25,9 @@ rotation, ``"key_epoch"`` (the epoch of the secret in that file, 0 at
 first); the secret itself is never in a job file.
 
 ``aggregator`` lists the job's aggregators in shard order, comma separated;
-``workers`` (0: not stated) must equal the world size of the ranks.
+``workers`` (0: not stated) must equal the world size of the ranks;
+``slots`` (0: not stated) defaults to ``homagg.protocol.default_slots``
+of the world size, what ``register`` gives the aggregators by default.
 Successive runs may share a job: a new worker process numbers its chunks
 from 0 again under a new incarnation, and the first frame of each new life
 empties every aggregator slot its old life left (PROTOCOL.md Part 2,
@@ -47,7 +49,7 @@ JOB_FIELDS = {
     "group": (str, ""),
     "bind": (str, "0.0.0.0"),
     "timeout": (float, 10.0),
-    "slots": (int, 64),
+    "slots": (int, 0),  # 0: homagg.protocol.default_slots(workers)
     "payload": (int, 1024),
     "workers": (int, 0),  # 0: not stated; else it must equal the world size
     # an authenticated job: the path of the job secret's file (mode 0600, on
@@ -136,8 +138,9 @@ def write_job_file(path, **fields):
 
 def add_job_arguments(p) -> None:
     """The job options of `homagg testbed up` and `homagg up -i`."""
-    p.add_argument("--slots", type=int, default=64,
-                   help="the job's aggregator slots (default: %(default)s)")
+    p.add_argument("--slots", type=int, default=None,
+                   help="the job's aggregator slots (default: the most, up to 64, with "
+                   "workers x slots <= 4096 frames: homagg.protocol.default_slots)")
     p.add_argument("--payload-bytes", type=int, default=1024, metavar="BYTES",
                    help="the job's payload per packet (default: %(default)s)")
     p.add_argument("--timeout", type=float, default=10.0, metavar="S",
@@ -149,7 +152,7 @@ def add_job_arguments(p) -> None:
 # Registration on the aggregators
 
 
-def register(controls, addresses, *, workers, slots=64, payload=1024, group=None,
+def register(controls, addresses, *, workers, slots=None, payload=1024, group=None,
              timeout=10.0, job=None, token=None, auth=None, mac=None, auth_file=""):
     """Add the job on every aggregator (controls[k] gets shard k; addresses
     are their (ip, port), in the same order) and return its job-file fields.
@@ -157,8 +160,12 @@ def register(controls, addresses, *, workers, slots=64, payload=1024, group=None
     of an authenticated job (it goes to the daemons only, never into the
     returned fields), ``mac`` its algorithm (None: this host's default),
     ``auth_file`` the path of the secret's file the workers read (a
-    returned field).  If an aggregator refuses, the job is removed from
+    returned field).  ``slots`` unset: ``homagg.protocol.default_slots``
+    of ``workers``.  If an aggregator refuses, the job is removed from
     the ones that had it and the error re-raised."""
+    from homagg.protocol import resolve_slots
+
+    slots = resolve_slots(slots, workers)
     if auth is not None:
         from homagg import auth as hg_auth
 

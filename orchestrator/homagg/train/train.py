@@ -65,7 +65,7 @@ import numpy as np
 import homagg
 from homagg import auth as hg_auth
 from homagg.errors import HomAggError
-from homagg.protocol import EXACT_METHODS, METHODS as HOMAGG_METHODS
+from homagg.protocol import EXACT_METHODS, METHODS as HOMAGG_METHODS, resolve_slots
 from homagg.switch import job_file
 
 # the protocol's methods (homagg.protocol, read from C) and the Gloo baseline
@@ -470,7 +470,7 @@ def run_train(testbed: str, model: str = "ncf", method: str = "auto", steps: int
               warmup: int = 1, ranks: int | None = None, lr: float | None = None,
               seed: int = 1, bucket_mb: float = 4.0, baseline: bool = True,
               sparsify: str | None = None, timeout: float = 10.0, state_dir: str | None = None,
-              switch: str | None = None, slots: int = 64, payload: int = 1024,
+              switch: str | None = None, slots: int | None = None, payload: int = 1024,
               group: str = "239.77.0.2", out_dir: str | None = None,
               auth: bool = False) -> dict:
     """Train on testbed ``testbed``; returns the report (module doc).  Every
@@ -494,6 +494,7 @@ def run_train(testbed: str, model: str = "ncf", method: str = "auto", steps: int
             raise TrainError(f"--ranks {ranks}: the testbed has {len(hosts)} workers")
         hosts = hosts[:ranks]
     W = len(hosts)
+    slots = resolve_slots(slots, W)
     workdir = tempfile.mkdtemp(prefix=f"homagg-train-{testbed}-")
     os.chmod(workdir, 0o755)
     procs, sws, job = [], [], None
@@ -602,8 +603,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="skip the Gloo DDP phase (no speedup reported)")
     p.add_argument("--timeout", type=float, default=10.0,
                    help="an allreduce gives up after this many seconds without progress")
-    p.add_argument("--slots", type=int, default=64,
-                   help="aggregator slots of the job = packets in flight per rank (default 64)")
+    p.add_argument("--slots", type=int, default=None,
+                   help="aggregator slots of the job = packets in flight per rank (default: "
+                   "the most, up to 64, with ranks x slots <= 4096: "
+                   "homagg.protocol.default_slots)")
     p.add_argument("--payload-bytes", type=int, default=1024, metavar="BYTES",
                    help="payload per packet, up to 8192 on links with MTU 9000 (default 1024)")
     p.add_argument("--switch", default=None, metavar="PATH", help="homagg-switch binary")

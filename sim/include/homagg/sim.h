@@ -126,6 +126,14 @@ int hg_sim_job_wire(const struct hg_sim *s, int job, uint32_t *job_id,
 		    uint32_t *token);
 
 /*
+ * Worker `worker` of job starts every later allreduce delay_ns of virtual
+ * time after hg_sim_start (0: at once): a straggler, a rank still
+ * computing its gradient.  Its client is not polled before; frames that
+ * reach it meanwhile wait in its port's ring.  Returns 0 or -EINVAL.
+ */
+int hg_sim_delay_start(struct hg_sim *s, int job, uint32_t worker, uint64_t delay_ns);
+
+/*
  * Start one allreduce of job: worker w reduces x[w] (n floats) into y[w].
  * The arrays and buffers must stay valid until it ends.  Returns 0 or the
  * first worker's hg_client_start() error (-EBUSY, -EINVAL, -ERANGE, -EDOM).

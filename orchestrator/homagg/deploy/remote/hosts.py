@@ -58,6 +58,7 @@ from homagg.deploy.remote import inventory as inv
 from homagg.deploy.remote import ssh
 from homagg.errors import HomAggError
 from homagg.ops import logfmt
+from homagg.protocol import resolve_slots
 from homagg.runs import job as localrun
 from homagg.switch import job_file
 
@@ -300,13 +301,14 @@ def switch_argv(h: inv.HostSpec, binary: str, hugepages_mount: str,
 
 
 def _up_one(agg: Host, inventory: inv.Inventory, no_udp_csum: bool, ready_timeout: float,
-            out, slots: int = 64) -> dict:
+            out, slots: int | None = None) -> dict:
     """homagg-switch on one aggregator, ready (its control socket answers),
     with a receive ring for ``slots`` frames of every worker in flight."""
     h = agg.h
     if agg.alive(switch_pidfile(h)):
         raise RemoteError(f"host '{h.name}': homagg-switch already runs ({switch_pidfile(h)}): "
                           f"stop it first with `homagg down -i {inventory.path}`")
+    slots = resolve_slots(slots, len(inventory.workers))
     argv = switch_argv(h, agg.switch_binary, inventory.settings.hugepages_mount, no_udp_csum,
                        frames=len(inventory.workers) * slots)
     rt = f"{rundir(h)}/rt"
@@ -371,7 +373,7 @@ def up(inventory: inv.Inventory, switch: str | None = None, no_udp_csum: bool = 
         def one(agg):
             try:
                 return _up_one(agg, inventory, no_udp_csum, ready_timeout, out,
-                               slots=job_options.get("slots", 64))
+                               slots=job_options.get("slots"))
             except Exception as e:  # noqa: BLE001 - collected per host below
                 return e
 
@@ -388,7 +390,7 @@ def up(inventory: inv.Inventory, switch: str | None = None, no_udp_csum: bool = 
             r.close()
 
 
-def _up_job(hosts: list[Host], inventory: inv.Inventory, out, slots: int = 64,
+def _up_job(hosts: list[Host], inventory: inv.Inventory, out, slots: int | None = None,
             payload: int = 1024, timeout: float = 10.0, group: str = UP_JOB_GROUP) -> dict:
     """The job of `up`: every worker host, spread over every aggregator, and
     its job file on every host (a worker's names its own bind address)."""
@@ -482,7 +484,8 @@ def _wait_remote(r: Host, cond: str, pidfile: str, seconds: float) -> bool:
 
 def run_allreduce(inventory: inv.Inventory, method: str, elements: int, density: float,
                   workload: str = "random", seed: int = 1, block: int = localrun.DEFAULT_BLOCK,
-                  slots: int = 64, payload: int = 1024, timeout: float = 10.0, rto: float = 0.005,
+                  slots: int | None = None, payload: int = 1024, timeout: float = 10.0,
+                  rto: float = 0.005,
                   group: str = "239.77.0.1", runs_dir: str = "runs", start_timeout: float = 120.0,
                   out=None, pipeline_groups: int = localrun.PIPELINE_GROUPS) -> dict:
     """One allreduce on the inventory's hosts with the daemon `up` started;
@@ -499,6 +502,7 @@ def run_allreduce(inventory: inv.Inventory, method: str, elements: int, density:
     aggs = _aggregators(hosts)
     agg = aggs[0]
     W = len(workers)
+    slots = resolve_slots(slots, W)
     job, token = 1 + secrets.randbelow(1 << 15), secrets.randbits(31)
     folder = _run_folder(runs_dir, method)
     run_id = os.path.basename(folder)
