@@ -316,7 +316,13 @@ class Cluster:
             code = protocol.method(method).code
             if len(grads) != job.workers:
                 raise InvalidArgument(f"job has {job.workers} workers, got {len(grads)} gradients")
-            xs = [np.ascontiguousarray(g, dtype=np.float32).reshape(-1) for g in grads]
+            for w, g in enumerate(grads):  # as homagg.codec refuses them: no silent rounding
+                if not isinstance(g, np.ndarray) or g.dtype != np.float32:
+                    got = g.dtype.str if isinstance(g, np.ndarray) else type(g).__name__
+                    raise InvalidArgument(f"worker {w}: grads[{w}]: expected a float32 numpy "
+                                          f"array, got {got} (convert with "
+                                          f".astype(np.float32))")
+            xs = [np.ascontiguousarray(g).reshape(-1) for g in grads]
             ys = [np.empty_like(x) for x in xs]
             p = _params(job.workers, **options)
             keep = _b.sim_start(s, job.index, code, p, xs, ys)
