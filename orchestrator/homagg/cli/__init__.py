@@ -11,6 +11,7 @@ are only a command line: ``homagg.cli.testbed`` (``homagg testbed``) and
 """
 import argparse
 import ast
+import functools
 import importlib
 import importlib.util
 import sys
@@ -37,6 +38,7 @@ COMMANDS = {
 _argv = None
 
 
+@functools.lru_cache(maxsize=None)
 def _docstring(modname):
     """A module's docstring, read without importing the module."""
     spec = importlib.util.find_spec(modname)
