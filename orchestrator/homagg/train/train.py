@@ -3,9 +3,11 @@
     sudo homagg testbed up --workers 4 --link-mbit 1000 --name demo
     sudo homagg train --model ncf --testbed demo --method auto --steps 10
 
-starts homagg-switch in the testbed's aggregator namespace (as ``homagg
-run`` does), registers a job, writes its job file (homagg.torch's
-HOMAGG_JOB_FILE) and starts one rank per worker namespace
+uses the homagg-switch daemons of the testbed (`homagg testbed up` starts
+them; on a --no-daemon testbed it starts its own, as ``homagg run`` does),
+registers the job afresh (the testbed's job when it has as many workers,
+else one of its own), writes its job file (homagg.torch's HOMAGG_JOB_FILE)
+and starts one rank per worker namespace
 (``python -m homagg.train.train --child SPEC``): torch.distributed with the Gloo
 backend for rendezvous, the model in DistributedDataParallel.  Every rank
 trains twice from the same initial parameters and the same data: first
@@ -639,12 +641,12 @@ def print_report(rep: dict, as_json: bool = False) -> int:
     print(f"  iteration: {ms(rep['iteration_seconds'])} (backward + communication "
           f"{ms(rep['backward_comm_seconds'])}, forward + backward alone "
           f"{ms(rep.get('compute_seconds'))}), bytes sent per rank and step "
-          f"{np.mean(rep['bytes_per_rank']):.0f}")
+          f"{np.mean(rep['bytes_per_rank']):.0f} B")
     if rep.get("gloo_iteration_seconds") is not None and rep["method"] != "gloo":
         print(f"  gloo DDP:  {ms(rep['gloo_iteration_seconds'])} (backward + communication "
               f"{ms(rep['gloo_backward_comm_seconds'])}, forward + backward alone "
               f"{ms(rep.get('gloo_compute_seconds'))}), bytes sent per rank and step "
-              f"{np.mean(rep['gloo_bytes_per_rank']):.0f}")
+              f"{np.mean(rep['gloo_bytes_per_rank']):.0f} B")
         print(f"  speedup vs gloo: {rep['speedup_vs_gloo']:.2f}x")
     for b in rep.get("buckets", []):
         methods = ", ".join(f"{m} x{n}" for m, n in b["methods"].items())
@@ -652,7 +654,10 @@ def print_report(rep: dict, as_json: bool = False) -> int:
               f"method {methods}, {b['bytes_sent']:.0f} payload bytes")
     print("  loss: " + " ".join(f"{v:.4f}" for v in rep["losses"]))
     print(f"  parameters bit-identical across ranks: {rep['params_identical_across_ranks']}")
-    print(f"  bit-identical to the single-process reference replay: {rep['replay_bit_identical']}")
+    replay = rep["replay_bit_identical"]
+    print("  bit-identical to the single-process reference replay: "
+          + (str(replay) if replay is not None else "n/a (the gloo baseline alone)"
+             if rep["method"] == "gloo" else f"n/a ({rep['method']} is lossy)"))
     if rep.get("loss_band_vs_gloo") is not None:
         print(f"  largest relative loss distance from the gloo run: {rep['loss_band_vs_gloo']:.2e}"
               f" (largest parameter difference {rep['max_param_diff_vs_gloo']:.2e})")
