@@ -53,6 +53,7 @@ import datetime
 import importlib
 import importlib.util
 import json
+import logging
 import os
 import pathlib
 import secrets
@@ -74,6 +75,14 @@ METHODS = tuple(HOMAGG_METHODS) + ("gloo",)
 BUILTIN_MODELS = ("ncf", "lstm", "bert", "vgg")
 GLOO_PORT = 29611
 DEFAULT_LR = 0.05  # a user's model without --lr
+
+
+_log = logging.getLogger("homagg.train")
+
+
+def progress(msg):
+    """A progress line on stderr (-q silences it)."""
+    _log.info("[train] %s", msg)
 
 
 class TrainError(HomAggError):
@@ -482,6 +491,7 @@ def run_train(testbed: str, model: str = "ncf", method: str = "auto", steps: int
     from homagg.runs.job import collect_reports
     from homagg.switch.daemon import Switch
 
+    progress("loading torch")
     import homagg.torch  # noqa: F401  (torch must import here: fail early)
 
     check_arguments(method, model, steps, warmup)
@@ -519,12 +529,19 @@ def run_train(testbed: str, model: str = "ncf", method: str = "auto", steps: int
                                         timeout=timeout)
                 env["HOMAGG_JOB_FILE"] = job_file.write_job_file(
                     os.path.join(workdir, "job.json"), **job)
+        if job:
+            whose = "the testbed's" if testbed_job and job["job"] == testbed_job["job"] else "own"
+            progress(f"job {job['job']} on {', '.join(s.host for s in sws)} ({whose} job, "
+                     f"pmd {sws[0].pmd})")
+        phases = _phases(method, baseline)
+        progress(f"starting {W} ranks of {model} ({' then '.join(phases)}: {warmup} warmup + "
+                 f"{steps} timed steps each); the ranks load torch and build the model first")
         init = f"tcp://{hosts[0].ip}:{GLOO_PORT + secrets.randbelow(2000)}"
         for r, h in enumerate(hosts):
             spec = rank_spec(rank=r, world=W, init=init, model=os.path.abspath(model)
                              if model.endswith(".py") or ".py:" in model else model,
                              seed=seed, lr=lr, steps=steps, warmup=warmup, bucket_mb=bucket_mb,
-                             phases=_phases(method, baseline), workdir=workdir, ifname=h.ifname,
+                             phases=phases, workdir=workdir, ifname=h.ifname,
                              sparsify=sparsify, start_timeout=120.0)
             renv = dict(env, HOMAGG_BIND=h.ip)
             procs.append(tb.run_in(h.name, [sys.executable, "-m", "homagg.train.train", "--child",
@@ -537,6 +554,8 @@ def run_train(testbed: str, model: str = "ncf", method: str = "auto", steps: int
             raise TrainError(f"training {model} with {method} failed on {len(failures)} of "
                              f"{W} ranks: " + "; ".join(failures))
         reports.sort(key=lambda r: r["rank"])
+        progress(f"{W} ranks done; checking the parameters"
+                 + (" and replaying the reference" if method in EXACT_METHODS else ""))
         rep = summarize(method, reports, workdir, dict(model=model, steps=steps, warmup=warmup,
                                                        lr=lr, seed=seed, bucket_mb=bucket_mb,
                                                        sparsify=sparsify))
