@@ -18,6 +18,7 @@ import sys
 
 from homagg import log
 from homagg.cli import args as cli_args
+from homagg.ops import logfmt
 
 COMMANDS = {
     "demo": "homagg.cli.demo",
@@ -29,6 +30,8 @@ COMMANDS = {
     "ansible-inventory": "homagg.deploy.remote.ansible_inventory",
     "up": "homagg.deploy.remote.up",
     "down": "homagg.deploy.remote.down",
+    "exporter": "homagg.cli.exporter",
+    "top": "homagg.cli.top",
 }
 
 
@@ -84,6 +87,9 @@ def build_parser(argv=None):
                         help="more detail on stderr (debug log of every step)")
     parser.add_argument("-q", "--quiet", action="store_true",
                         help="no progress lines on stderr, only warnings and errors")
+    parser.add_argument("--log-format", choices=("text", "json"), default="text",
+                        help="stderr log as text lines or one JSON object per line "
+                        "(docs/OPERATIONS.md)")
     try:
         add_subcommands(parser, "command", "COMMAND", COMMANDS, "_module")
     finally:
@@ -96,6 +102,8 @@ def main(argv=None):
     parser = build_parser(argv)
     args = parser.parse_args(argv)
     log.setup(-1 if args.quiet else args.verbose)
+    if args.log_format == "json":
+        logfmt.use_json()
     try:
         return args._module.main(args) or 0
     except KeyboardInterrupt:

@@ -156,6 +156,9 @@ OPTIONS = {
     "frames": COUNT,
     "burst": integer(1, 4096, "frames per burst", 32),
     "length": integer(1, 65535, "frame length in bytes", 1066),
+    "port": integer(0, 65535, "TCP port, 0: any free port", 9477),
+    "metrics": integer(0, 65535, "TCP port of the metrics, 0: any free port", 9477),
+    "interval": number(0.0, 3600.0, "seconds between refreshes", 1, lo_open=True),
 }
 
 
