@@ -104,10 +104,17 @@ static size_t build_chunk(struct hg_client *c, struct hg_pkt *pkt, size_t k,
 	h.exp = s->exp;
 	h.shard = (uint8_t)a;
 	h.incarnation = c->cfg.incarnation;
-	len = hg_wire_build_mac(pkt->data, pkt->cap, &c->src, &c->agg[a].dst,
-				&h, c->tx[s->phase].p + s->in_off + first * s->in_lane,
-				bytes, 0,
-				c->mac_len ? c->keys[0] : NULL);
+	if (c->mac_len) {
+		/* A retransmission may be lost to a key the aggregator dropped:
+		 * a given next epoch is used from then on. */
+		if (retrans && c->has_next)
+			hg_cl_key_switch(c);
+		h.flags |= (uint16_t)(c->epoch << HG_FLAG_EPOCH_SHIFT);
+	}
+	len = hg_wire_build_keyed(pkt->data, pkt->cap, &c->src, &c->agg[a].dst,
+				  &h, c->tx[s->phase].p + s->in_off + first * s->in_lane,
+				  bytes, 0, c->mac_len ? &c->keys[0] : NULL,
+				  HG_AUTH_DIR_REQUEST, c->mac_len ? ++c->mac_ctr : 0);
 	/* Cannot fail: cap and payload were checked against payload_bytes. */
 	pkt->len = len > 0 ? (uint16_t)len : 0;
 	return bytes;
@@ -152,6 +159,43 @@ static void agg_restarted(struct hg_client *c, const struct agg *ag,
 }
 
 /*
+ * Does a reply verify with the aggregator's key of its epoch (current,
+ * the given next one, which the client then sends with, or the previous)?
+ * a: the aggregator it comes from (-1: none of ours), whose MAC counter
+ * the reply's is read against.
+ */
+static bool reply_verify(struct hg_client *c, int a, const uint8_t *f,
+			 const struct hg_wire_view *v)
+{
+	const uint8_t *h = f + v->payload_off - HG_HDR_LEN;
+	uint8_t epoch = (uint8_t)(v->hdr.flags >> HG_FLAG_EPOCH_SHIFT);
+	struct hg_mac_track *t = a >= 0 ? &c->agg[a].mac : NULL;
+	const struct hg_mac_key *k;
+	uint64_t ctr;
+
+	if (!(v->hdr.flags & HG_FLAG_AUTH))
+		return false;
+	if (epoch == c->epoch)
+		k = &c->keys[1];
+	else if (c->has_next && epoch == (uint8_t)(c->epoch + 1))
+		k = &c->next[1];
+	else if (c->has_prev && epoch == (uint8_t)(c->epoch - 1))
+		k = &c->prev_agg;
+	else
+		return false;
+	ctr = hg_mac_track_counter(t, h);
+	if (!hg_mac_key_check(k, HG_AUTH_DIR_REPLY, ctr, h,
+			      HG_HDR_LEN + v->payload_len,
+			      f + v->payload_off + v->payload_len))
+		return false;
+	if (t)
+		hg_mac_track_update(t, h, ctr);
+	if (k == &c->next[1])
+		hg_cl_key_switch(c);
+	return true;
+}
+
+/*
  * Which aggregator sent a reply: the one whose address (IPv4, UDP port) is
  * its source.  Returns its index, or -1.
  */
@@ -184,16 +228,13 @@ static void handle_frame(struct hg_client *c, const uint8_t *f, size_t len,
 	    v.hdr.job != c->cfg.job || v.hdr.token != c->cfg.token ||
 	    !(v.hdr.flags & (HG_FLAG_RESULT | HG_FLAG_STATUS)))
 		goto ignore;
+	a = reply_agg(c, &v);
 	/* A reply of this job must carry the aggregator's MAC (auth), or none. */
-	if (c->mac_len ? !(v.hdr.flags & HG_FLAG_AUTH) ||
-			 !hg_auth_verify(c->keys[1], f + v.payload_off - HG_HDR_LEN,
-					 HG_HDR_LEN + v.payload_len,
-					 f + v.payload_off + v.payload_len)
+	if (c->mac_len ? !reply_verify(c, a, f, &v)
 		       : (v.hdr.flags & HG_FLAG_AUTH)) {
 		c->stats.bad_mac++;
 		return;
 	}
-	a = reply_agg(c, &v);
 	if (a < 0 || v.hdr.shard != (uint32_t)a)
 		goto ignore; /* not one of ours, or its reply about another shard */
 	ag = &c->agg[a];

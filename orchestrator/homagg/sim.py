@@ -38,6 +38,7 @@ from homagg.bindings.codec import DEFAULT_BLOCK, F_STOCHASTIC
 from homagg.bindings.kernels import OP_SUM32
 from homagg.bindings.wire import PROTOCOL_VERSION
 from homagg import auth, protocol
+from homagg import auth as _auth
 from homagg.protocol import PIPELINE_GROUPS, check_pipeline_groups
 from homagg.errors import (HomAggError, InvalidArgument, OutOfRange, PeerTimeout,
                            error_class, error_for)
@@ -85,19 +86,21 @@ def _params(workers, block_elements=None, block=None, stochastic=False, seed=0,
 class Job:
     """One job of a cluster: W workers with their own token and slots."""
 
-    def __init__(self, cluster, index, workers, slots, secret=None):
+    def __init__(self, cluster, index, workers, slots, secret=None, mac=None):
         self.cluster = cluster
+        self.mac = mac  # its MAC algorithm code when it authenticates
         self.index = index
         self.workers = workers
         self.slots = slots
         self.secret = secret  # the job secret when it authenticates, else None
+        self.epoch = 0  # its key epoch (Cluster.rotate_key)
         self.wire_id, self.token = _b.sim_job_wire(cluster._sim, index)
 
     def key(self, key_id):
         """Key ``key_id`` (a worker id or homagg.auth.AGGREGATOR) of the job."""
         if self.secret is None:
             raise InvalidArgument("the job does not authenticate (Cluster(auth=True))")
-        return auth.derive_key(self.secret, key_id)
+        return auth.derive_key(self.secret, self.wire_id, key_id)
 
     def allreduce(self, grads, method="lhc", **options):
         return self.cluster.allreduce_many([(self, grads, method, options)])[0]
@@ -186,7 +189,7 @@ class Cluster:
                  slots=64, link_gbps=100.0, timeout=2.0, rto=200e-6, rto_max=50e-3,
                  delay=1e-6, payload=1024, multicast=True, max_time=600.0,
                  agg_link_gbps=None, rto_min=None, aggregators=1, mtu=None,
-                 auth=False, leaves=0, up_rto=None, up_give_up=None,
+                 auth=False, leaves=0, up_rto=None, up_give_up=None, mac=None,
                  pipeline_groups=PIPELINE_GROUPS, worker_tx_ring=None):
         _check_config(workers=workers, slots=slots, payload=payload, link_gbps=link_gbps,
                       agg_link_gbps=agg_link_gbps, timeout=timeout, rto=rto, delay=delay,
@@ -196,8 +199,6 @@ class Cluster:
             if aggregators != 1:
                 raise InvalidArgument(f"a tree has one root: leaves={leaves} needs "
                                       f"aggregators=1, got {aggregators}")
-            if auth:
-                raise InvalidArgument("a tree does not authenticate: leaves= with auth=True")
             if workers < leaves:
                 raise InvalidArgument(f"leaves={leaves} needs at least as many workers, "
                                       f"got workers={workers}")
@@ -240,6 +241,7 @@ class Cluster:
         self._slots = slots
         self._seed = seed
         self.auth = bool(auth)
+        self.mac = mac  # the jobs' MAC algorithm name (None: this host's default)
         self.pipeline_groups = check_pipeline_groups(pipeline_groups)
         self.max_time = max_time
         self.jobs = []
@@ -272,25 +274,29 @@ class Cluster:
         return self._sim
 
     # ---- jobs ------------------------------------------------------------
-    def add_job(self, workers, slots=None, timeout=None, auth=None, pipeline_groups=None):
+    def add_job(self, workers, slots=None, timeout=None, auth=None, pipeline_groups=None,
+                mac=None):
         """A new job on the aggregators; ``auth`` (default: the cluster's)
-        gives it a job secret, drawn from the seed so runs repeat;
-        ``pipeline_groups`` (default: the cluster's) its block groups."""
+        gives it a job secret, drawn from the seed so runs repeat, and the
+        MAC algorithm ``mac`` ('aes-gmac', 'blake2b'; None: this host's
+        default); ``pipeline_groups`` (default: the cluster's) its block groups."""
         s = self._live()
         pipeline_groups = check_pipeline_groups(self.pipeline_groups if pipeline_groups is None
                                                 else pipeline_groups)
         slots = self._slots if slots is None else slots
         timeout = self._timeout if timeout is None else timeout
         auth = self.auth if auth is None else auth
+        mac = self.mac if mac is None else mac
         secret = (np.random.default_rng([self._seed, len(self.jobs), 0xA07]).bytes(32)
                   if auth else None)
+        mac_alg = _auth.mac_code(mac) if auth else 0
         self._check_rings(s, workers, slots)
         idx = _b.sim_add_job(s, workers, slots=slots, rto_ns=int(self._rto * 1e9),
                              rto_max_ns=int(self._rto_max * 1e9),
                              give_up_ns=int(timeout * 1e9),
                              rto_min_ns=int(self._rto_min * 1e9), secret=secret,
-                             pipeline_groups=pipeline_groups)
-        job = Job(self, idx, workers, slots, secret)
+                             pipeline_groups=pipeline_groups, mac=mac_alg)
+        job = Job(self, idx, workers, slots, secret, mac_alg or None)
         self.jobs.append(job)
         return job
 
@@ -427,6 +433,16 @@ class Cluster:
         engine, link = _b.sim_aggregator_counters(self._live(), k)
         return {"engine": engine, "link": link}
 
+    def rotate_key(self, secret, grace, job=None):
+        """The next key epoch of ``job`` (default: the first) with
+        ``secret``: its workers get it first, then its aggregators, whose
+        grace period for the previous epoch is ``grace`` seconds of virtual
+        time (docs/PROTOCOL.md "Key epochs").  Returns the epoch."""
+        job = job or self.job
+        epoch = _b.sim_rotate_key(self._live(), job.index, secret, int(grace * 1e9))
+        job.secret, job.epoch = bytes(secret), epoch
+        return epoch
+
     def kill_aggregator(self, k, after=0.0):
         """Aggregator k dies ``after`` seconds of virtual time from now (0:
         now): it is not polled again and its port discards what arrives."""
@@ -438,19 +454,23 @@ class Cluster:
         """Send a raw Ethernet frame to the aggregator from an extra port."""
         _b.sim_inject(self._live(), frame)
 
-    def build_frame(self, for_job=None, payload=b"", key=None, **fields):
+    def build_frame(self, for_job=None, payload=b"", key=None, alg=None, counter=1,
+                    **fields):
         """A well-formed frame to the aggregator from the attacker port with
         any header fields (version, op, flags, job, token, worker, slot, seq,
-        lanes, exp, shard, incarnation, reserved); job id and token default
+        lanes, exp, shard, incarnation, nonce); job id and token default
         to those of for_job (default: the first job), lanes to the payload's
         int32 lanes, the incarnation to the workers' (HG_SIM_INCARNATION).
-        ``key``: MAC the frame with it (Job.key)."""
+        ``key``: MAC the frame with it (Job.key), algorithm ``alg`` (None:
+        the job's), MAC counter ``counter``."""
         job = for_job or self.job
         hdr = {"version": PROTOCOL_VERSION, "op": OP_SUM32,
                "job": job.wire_id, "token": job.token,
                "lanes": len(payload) // 4, "incarnation": _b.INCARNATION}
         hdr.update(fields)
-        return _b.sim_build_frame(self._live(), hdr, payload, key)
+        if alg is None:
+            alg = job.mac
+        return _b.sim_build_frame(self._live(), hdr, payload, key, alg, counter)
 
     def restart_aggregator(self, k=0, after_frames=0, incarnation=0):
         """Aggregator k restarts (every job's state there lost, a new

@@ -163,7 +163,8 @@ class HookState:
         return Worker(job=conf["job"], token=conf["token"], worker=rank, workers=world,
                       aggregators=conf["aggregators"], group=conf["group"] or None,
                       bind=(conf["bind"], 0), timeout=conf["timeout"], slots=conf["slots"],
-                      payload=conf["payload"])
+                      payload=conf["payload"], auth_file=conf["auth_file"] or None,
+                      mac=conf["mac"] or None, key_epoch=conf["key_epoch"])
 
     def take_log(self):
         with self._log_lock:

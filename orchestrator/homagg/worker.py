@@ -49,7 +49,10 @@ Every frame carries the worker's ``incarnation`` (default: from the clock,
 so a restarted worker gets a greater one); an aggregator that restarts
 during an allreduce makes it raise ``PeerRestarted``.  A job with
 authentication gives every worker ``auth_file``: the job secret in a file
-only its owner can read (homagg.auth).
+only its owner can read (homagg.auth), ``mac``: the job's MAC algorithm
+("aes-gmac" or "blake2b"; None: this host's default) and, after a key
+rotation, ``key_epoch``: the epoch of that secret; ``rotate_key`` gives a
+running worker the next one (docs/SECURITY.md "Rotating keys").
 """
 import concurrent.futures
 import ipaddress
@@ -149,7 +152,8 @@ class Worker:
                  bind=("0.0.0.0", 0), timeout=5.0, slots=64, payload=1024,
                  rto=0.001, packets=0, aggregators=None, mtu=None, incarnation=0,
                  rto_min=RTO_MIN, start_wait=START_WAIT,
-                 auth_file=None, leaf_ids=None, pipeline_groups=PIPELINE_GROUPS):
+                 auth_file=None, leaf_ids=None, pipeline_groups=PIPELINE_GROUPS,
+                 mac=None, key_epoch=0):
         if not 0 <= worker < workers:
             raise InvalidArgument(f"worker {worker} not in 0..{workers - 1}")
         agg_worker, agg_workers = leaf_ids or (0, 0)
@@ -212,10 +216,19 @@ class Worker:
             rto_ns=int(rto * 1e9), rto_min_ns=int(rto_min * 1e9),
             start_wait_ns=int(start_wait * 1e9), give_up_ns=int(timeout * 1e9),
             incarnation=int(incarnation), agg_worker=int(agg_worker),
-            agg_workers=int(agg_workers), pipeline_groups=pipeline_groups)
+            agg_workers=int(agg_workers), pipeline_groups=pipeline_groups,
+            mac=auth.mac_code(mac) if auth_file is not None else 0,
+            epoch=int(key_epoch) & 255)
         # one C call at a time; allreduce_async's calls run on one thread
         self._lock = threading.Lock()
         self._executor = None
+
+    def rotate_key(self, secret_file, epoch):
+        """The job's next key epoch ``epoch`` from ``secret_file``
+        (docs/PROTOCOL.md "Key epochs"): replies of it verify at once; the
+        worker sends with it from its first such reply or retransmission."""
+        with self._lock:
+            _c.client_rotate_key(self._client, auth.load_secret(secret_file), epoch)
 
     @property
     def local_address(self):

@@ -136,8 +136,11 @@ struct hg_client_config {
 				    * four windows of dense values), 1 = no pipelining,
 				    * N = N groups */
 	uint8_t auth;              /* 1: the job authenticates every frame */
-	uint8_t secret[32];         /* auth: the job secret (HG_AUTH_SECRET_LEN); the client
-				    * keeps only its key and the aggregator's */
+	uint8_t secret[32];         /* auth: the job secret (HG_AUTH_SECRET_LEN) of key
+				    * epoch `epoch`; the client keeps only its key
+				    * and the aggregator's, and wipes this copy */
+	uint32_t mac;              /* auth: HG_MAC_* of the job, 0 = hg_auth_default_mac() */
+	uint8_t epoch;             /* auth: the key epoch of secret (0 at add_job) */
 	uint32_t agg_worker;       /* wire worker id at its aggregator (a tree leaf's
 				    * index of it, docs/PROTOCOL.md "Tree"); worker
 				    * and workers above stay the codec's */
@@ -224,6 +227,17 @@ int hg_client_poll(struct hg_client *c, uint64_t *next_deadline_ns);
  */
 int hg_client_allreduce(struct hg_client *c, const struct hg_params *p,
 			int method, const float *x, size_t n, float *y);
+
+/*
+ * Give the client the secret (HG_AUTH_SECRET_LEN bytes) of key epoch
+ * `epoch` (its current one + 1; docs/PROTOCOL.md "Key epochs"): it verifies
+ * replies of that epoch at once and sends with it from its first verified
+ * reply of it or its next retransmission.  Returns 0, -EINVAL (NULL, or
+ * epoch not the next), -EPERM (no auth), -ENOTSUP.  The caller wipes its
+ * secret.
+ */
+int hg_client_rotate_key(struct hg_client *c, const uint8_t *secret,
+			 uint32_t epoch);
 
 /* Is an allreduce in progress? */
 bool hg_client_busy(const struct hg_client *c);

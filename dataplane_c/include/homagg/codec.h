@@ -40,7 +40,7 @@ extern "C" {
 #endif
 
 /* cdef-begin */
-#define HG_PROTOCOL_VERSION 2
+#define HG_PROTOCOL_VERSION 3
 #define HG_MAX_WORKERS 256
 #define HG_MIN_BLOCK 64
 #define HG_MAX_BLOCK 65536

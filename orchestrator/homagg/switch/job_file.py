@@ -18,6 +18,12 @@ homagg.torch); every field may be overridden by its variable
      "token": 567, "workers": 4, "group": "239.77.0.2", "timeout": 10.0,
      "slots": 64, "payload": 1024}
 
+An authenticated job adds ``"auth_file"`` (the path of the job secret's
+file on the worker's host, mode 0600: homagg.auth.load_secret) and
+``"mac"`` (its MAC algorithm, "aes-gmac" or "blake2b") and, after a key
+rotation, ``"key_epoch"`` (the epoch of the secret in that file, 0 at
+first); the secret itself is never in a job file.
+
 ``aggregator`` lists the job's aggregators in shard order, comma separated;
 ``workers`` (0: not stated) must equal the world size of the ranks.
 Successive runs may share a job: a new worker process numbers its chunks
@@ -44,6 +50,11 @@ JOB_FIELDS = {
     "slots": (int, 64),
     "payload": (int, 1024),
     "workers": (int, 0),  # 0: not stated; else it must equal the world size
+    # an authenticated job: the path of the job secret's file (mode 0600, on
+    # the worker's host; never the secret itself) and the MAC algorithm
+    "auth_file": (str, ""),
+    "mac": (str, ""),
+    "key_epoch": (int, 0),  # the epoch of the secret in auth_file (key rotation)
 }
 
 
@@ -139,13 +150,19 @@ def add_job_arguments(p) -> None:
 
 
 def register(controls, addresses, *, workers, slots=64, payload=1024, group=None,
-             timeout=10.0, job=None, token=None, auth=None):
+             timeout=10.0, job=None, token=None, auth=None, mac=None, auth_file=""):
     """Add the job on every aggregator (controls[k] gets shard k; addresses
     are their (ip, port), in the same order) and return its job-file fields.
     ``job``/``token`` default to new random ones; ``auth``: the job secret
     of an authenticated job (it goes to the daemons only, never into the
-    returned fields).  If an aggregator refuses, the job is removed from
+    returned fields), ``mac`` its algorithm (None: this host's default),
+    ``auth_file`` the path of the secret's file the workers read (a
+    returned field).  If an aggregator refuses, the job is removed from
     the ones that had it and the error re-raised."""
+    if auth is not None:
+        from homagg import auth as hg_auth
+
+        mac = hg_auth.mac_name(hg_auth.mac_code(mac))
     if len(controls) != len(addresses) or not controls:
         raise ValueError("register: one address per control, at least one")
     job = 1 + secrets.randbelow(1 << 15) if job is None else int(job)
@@ -159,6 +176,7 @@ def register(controls, addresses, *, workers, slots=64, payload=1024, group=None
                 req["group"] = group
             if auth is not None:
                 req["auth"] = bytes(auth).hex()
+                req["mac"] = mac
             control(req)
             added.append(control)
     except BaseException:
@@ -166,7 +184,8 @@ def register(controls, addresses, *, workers, slots=64, payload=1024, group=None
         raise
     return {"aggregator": addresses_text(list(addresses)), "job": job, "token": token,
             "workers": workers, "group": group or "", "timeout": timeout, "slots": slots,
-            "payload": payload}
+            "payload": payload, "auth_file": auth_file if auth is not None else "",
+            "mac": mac if auth is not None else ""}
 
 
 def unregister(controls, job, warn=None):
@@ -190,8 +209,15 @@ def renew(controls, fields):
     """Register the job of job-file ``fields`` afresh (removed, then added
     with the same id, token and settings) for a new run of its workers."""
     job = fields["job"]
+    secret = None
+    if fields.get("auth_file"):
+        from homagg import auth as hg_auth
+
+        secret = hg_auth.load_secret(fields["auth_file"])
     unregister(controls, job, warn=lambda k, e: None)  # gone already is fine
     return register(controls, [_address(a) for a in fields["aggregator"].split(",")],
                     workers=fields["workers"], slots=fields["slots"],
                     payload=fields["payload"], group=fields.get("group") or None,
-                    timeout=fields["timeout"], job=job, token=fields["token"])
+                    timeout=fields["timeout"], job=job, token=fields["token"],
+                    auth=secret, mac=fields.get("mac") or None,
+                    auth_file=fields.get("auth_file") or "")

@@ -66,6 +66,7 @@ import time
 import numpy as np
 
 import homagg
+from homagg import auth as hg_auth
 from homagg.errors import HomAggError
 from homagg.protocol import EXACT_METHODS, METHODS as HOMAGG_METHODS
 from homagg.switch import job_file
@@ -482,7 +483,8 @@ def run_train(testbed: str, model: str = "ncf", method: str = "auto", steps: int
               seed: int = 1, bucket_mb: float = 4.0, baseline: bool = True,
               sparsify: str | None = None, timeout: float = 10.0, state_dir: str | None = None,
               switch: str | None = None, slots: int = 64, payload: int = 1024,
-              group: str = "239.77.0.2", out_dir: str | None = None) -> dict:
+              group: str = "239.77.0.2", out_dir: str | None = None,
+              auth: bool = False) -> dict:
     """Train on testbed ``testbed``; returns the report (module doc).  Every
     process started is stopped before it returns."""
     from homagg.deploy.local import testbed_job as testbed_job_mod
@@ -518,15 +520,22 @@ def run_train(testbed: str, model: str = "ncf", method: str = "auto", steps: int
             sws = [Switch(tb, workdir, switch=switch, host=h.name, frames=W * slots)
                    for h in tb.aggregators]
             controls = [s.control for s in sws]
-            if testbed_job and testbed_job["workers"] == W:
+            if testbed_job and testbed_job["workers"] == W and (
+                    not auth or testbed_job.get("auth_file")):
                 # the testbed's job, afresh, and its job file
                 job = job_file.renew(controls, {k: v for k, v in testbed_job.items()
                                                 if k != "file"})
                 env["HOMAGG_JOB_FILE"] = testbed_job["file"]
             else:
+                secret, auth_file = None, ""
+                if auth:
+                    # read by the ranks (root in the testbed's namespaces)
+                    auth_file = os.path.join(workdir, "job.secret")
+                    secret = hg_auth.create_secret_file(auth_file)
                 job = job_file.register(controls, [(s.ip, runmod.UDP_PORT) for s in sws],
                                         workers=W, slots=slots, payload=payload, group=group,
-                                        timeout=timeout)
+                                        timeout=timeout, auth=secret, auth_file=auth_file)
+                del secret
                 env["HOMAGG_JOB_FILE"] = job_file.write_job_file(
                     os.path.join(workdir, "job.json"), **job)
         if job:
@@ -562,6 +571,8 @@ def run_train(testbed: str, model: str = "ncf", method: str = "auto", steps: int
         rep.update({"testbed": testbed, "link_mbit": tb.state().get("link_mbit"),
                     "pmd": sws[0].pmd if sws else None, "aggregators": [s.ip for s in sws],
                     "job_file": env.get("HOMAGG_JOB_FILE") if job else None,
+                    "auth": bool(job and job.get("auth_file")),
+                    "mac": (job.get("mac") or None) if job else None,
                     "slots": job["slots"] if job else slots,
                     "payload_bytes": job["payload"] if job else payload})
         if out_dir:
@@ -623,6 +634,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="with -i: logs go to DIR/<timestamp>-train-<method>/ (default runs)")
     p.add_argument("--out", default=None, metavar="DIR",
                    help="write train.json and the loss plots into DIR")
+    p.add_argument("--auth", action="store_true",
+                   help="authenticate every frame (a new job secret, given to the ranks in "
+                   "a 0600 file named by the job file; local testbed)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -635,12 +649,18 @@ def main(args: argparse.Namespace) -> int:
               out_dir=args.out, slots=args.slots, payload=args.payload_bytes)
     try:
         if args.inventory:
+            if args.auth:
+                print("homagg train: --auth runs on a local testbed (--testbed); on "
+                      "--inventory hosts the job secret file is not provisioned yet",
+                      file=sys.stderr)
+                return 2
             from homagg.train import remote as remote_train
 
             rep = remote_train.run_train(args.inventory, runs_dir=args.runs_dir, **kw)
             print(f"results and logs: {rep['run_dir']}", file=sys.stderr)
         else:
-            rep = run_train(args.testbed, state_dir=args.state_dir, switch=args.switch, **kw)
+            rep = run_train(args.testbed, state_dir=args.state_dir, switch=args.switch,
+                            auth=args.auth, **kw)
     except (HomAggError, TestbedError) as e:
         print(f"homagg train: {e}", file=sys.stderr)
         return 1
