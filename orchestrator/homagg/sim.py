@@ -28,6 +28,8 @@ interleaved in one event loop.  Errors come from ``homagg.errors``: a dead
 peer makes the others raise ``PeerTimeout`` naming it.
 """
 import errno
+import math
+import numbers
 
 import numpy as np
 
@@ -125,6 +127,38 @@ class Job:
         return _b.sim_worker_agg_stats(self.cluster._sim, self.index, worker, k)
 
 
+# The numeric arguments of Cluster checked before anything is built:
+# name -> (integer, low, high, low excluded, what a good value looks like).
+_CONFIG = {
+    "workers": (True, 1, 256, False, "workers=4"),
+    "slots": (True, 1, 65536, False, "slots=64"),
+    "payload": (True, 4, 8192, False, "payload=1024 (a multiple of 4)"),
+    "link_gbps": (False, 0.0, 1e4, False, "link_gbps=100 (0: unlimited)"),
+    "agg_link_gbps": (False, 0.0, 1e4, False, "agg_link_gbps=400 (0: unlimited)"),
+    "timeout": (False, 0.0, 1e6, True, "timeout=2.0"),
+    "rto": (False, 0.0, 60.0, True, "rto=200e-6"),
+    "delay": (False, 0.0, 60.0, False, "delay=1e-6"),
+    "max_time": (False, 0.0, 1e6, True, "max_time=600"),
+}
+
+
+def _check_config(**values):
+    """InvalidArgument naming the first argument of values outside _CONFIG's
+    range (None: the default, not checked)."""
+    for name, v in values.items():
+        if v is None:
+            continue
+        integer, lo, hi, lo_open, example = _CONFIG[name]
+        kind = numbers.Integral if integer else numbers.Real
+        ok = isinstance(v, kind) and not isinstance(v, bool) and math.isfinite(v) and \
+            lo <= v <= hi and not (lo_open and v == lo) and not (name == "payload" and v % 4)
+        if not ok:
+            rng = f"{'an integer' if integer else 'a number'} {'>' if lo_open else '>='} {lo:g}" \
+                f" and <= {hi:g}"
+            raise InvalidArgument(f"{name} must be {rng}, got {v!r}; e.g. {example}",
+                                  -errno.EINVAL)
+
+
 class Cluster:
     """A simulated cluster: ``aggregators`` aggregator engines (K, each
     with its own link; every job is spread over all of them), one job of
@@ -170,6 +204,9 @@ class Cluster:
                  agg_link_gbps=None, rto_min=None, aggregators=1, mtu=None,
                  auth=False, leaves=0, up_rto=None, up_give_up=None, mac=None,
                  pipeline_groups=PIPELINE_GROUPS, worker_tx_ring=None):
+        _check_config(workers=workers, slots=slots, payload=payload, link_gbps=link_gbps,
+                      agg_link_gbps=agg_link_gbps, timeout=timeout, rto=rto, delay=delay,
+                      max_time=max_time)
         leaves = int(leaves or 0)
         if leaves:
             if aggregators != 1:
@@ -351,7 +388,13 @@ class Cluster:
             code = protocol.method(method).code
             if len(grads) != job.workers:
                 raise InvalidArgument(f"job has {job.workers} workers, got {len(grads)} gradients")
-            xs = [np.ascontiguousarray(g, dtype=np.float32).reshape(-1) for g in grads]
+            for w, g in enumerate(grads):  # as homagg.codec refuses them: no silent rounding
+                if not isinstance(g, np.ndarray) or g.dtype != np.float32:
+                    got = g.dtype.str if isinstance(g, np.ndarray) else type(g).__name__
+                    raise InvalidArgument(f"worker {w}: grads[{w}]: expected a float32 numpy "
+                                          f"array, got {got} (convert with "
+                                          f".astype(np.float32))")
+            xs = [np.ascontiguousarray(g).reshape(-1) for g in grads]
             ys = [np.empty_like(x) for x in xs]
             p = _params(job.workers, **options)
             keep = _b.sim_start(s, job.index, code, p, xs, ys)

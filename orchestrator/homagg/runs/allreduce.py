@@ -3,8 +3,12 @@
     sudo homagg testbed up --workers 4 --link-mbit 1000 --name demo
     sudo homagg run allreduce --testbed demo --method lhc --elements 1000000 --density 0.01
 
-starts homagg-switch in the aggregator's namespace (DPDK vdev net_af_xdp on
-its eth0, falling back to net_af_packet) -- in every aggregator's namespace
+uses the homagg-switch daemons `homagg testbed up` started (a testbed made
+with --no-daemon: starts homagg-switch in the aggregator's namespace itself,
+DPDK vdev net_af_xdp on its eth0, falling back to net_af_packet; --pmd other
+than auto, --drop-rate and --switch-lcores configure a daemon of its own, so
+they need such a testbed and are refused on one whose daemons run) -- in
+every aggregator's namespace
 when the testbed has several (``homagg testbed up --aggregators K``: the job
 is spread over them, docs/PROTOCOL.md "Several aggregators"; with
 ``--leaves L`` or a testbed made with ``homagg testbed up --leaves L`` the
@@ -158,6 +162,9 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
     if leaves:
         if aggregators is not None:
             raise RunError("--aggregators and a tree (--leaves) exclude each other")
+        if len(hosts) < 2:
+            raise RunError(f"--leaves {leaves}: testbed {testbed} has one aggregator host, a tree "
+                           f"needs L + 1 (make one with `homagg testbed up --leaves {leaves}`)")
         if not 1 <= leaves <= min(W, len(hosts) - 1):
             raise RunError(f"leaves must be 1..{min(W, len(hosts) - 1)}: a tree of L leaves needs "
                            f"L + 1 aggregator hosts and at least L workers (the testbed has "

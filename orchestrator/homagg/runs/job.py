@@ -359,7 +359,11 @@ def print_report(rep: dict, as_json: bool = False) -> int:
         print(json.dumps(rep))
         return 0 if ok else 3
     W, n = rep["workers"], rep["elements"]
-    print(f"allreduce {rep['method']}: {W} workers x {n} float32 ({rep['workload']}, density "
+    ran = ""
+    if rep["method"] == "auto":  # the method auto chose, as the workers report it
+        chosen = sorted({str(w.get("method_chosen")) for w in rep.get("worker_stats", ())})
+        ran = f" (ran {', '.join(chosen) or 'unknown'})"
+    print(f"allreduce {rep['method']}{ran}: {W} workers x {n} float32 ({rep['workload']}, density "
           f"{rep['density']:g}), aggregator homagg-switch on {rep['pmd']}"
           f"{', authenticated' if rep.get('auth') else ''}, links "
           f"{'unshaped' if rep['link_mbit'] is None else format(rep['link_mbit'], 'g') + ' Mbit/s'}"
@@ -369,9 +373,11 @@ def print_report(rep: dict, as_json: bool = False) -> int:
     if len(rep.get("seconds_each", ())) > 1:
         print(f"  timed calls: {', '.join(f'{s * 1e3:.1f}' for s in rep['seconds_each'])} ms "
               f"(median above; after {rep['warmup']} untimed)")
-    b = rep["bytes_per_worker"]
-    print(f"  bytes sent per worker: {min(b)}..{max(b)} (dense float32 would be "
-          f"{rep['dense_float32_bytes']}: {max(b) / max(1, rep['dense_float32_bytes']):.3f}x)")
+    b = [int(v) for v in rep["bytes_per_worker"]]
+    dense = int(rep["dense_float32_bytes"])
+    sent = f"{min(b)} B" if min(b) == max(b) else f"{min(b)}..{max(b)} B"
+    print(f"  bytes sent per worker: {sent} (dense float32 would be {dense} B: "
+          f"{max(b) / max(1, dense):.3f}x)")
     if rep["exact"] is None:
         print(f"  exact: n/a (lossy method); workers agree: {rep['workers_agree']}; "
               f"max |error| vs float64 sum: {rep['max_abs_error_vs_float64_sum']:.3g}")

@@ -3,9 +3,11 @@
     sudo homagg testbed up --workers 4 --link-mbit 1000 --name demo
     sudo homagg train --model ncf --testbed demo --method auto --steps 10
 
-starts homagg-switch in the testbed's aggregator namespace (as ``homagg
-run`` does), registers a job, writes its job file (homagg.torch's
-HOMAGG_JOB_FILE) and starts one rank per worker namespace
+uses the homagg-switch daemons of the testbed (`homagg testbed up` starts
+them; on a --no-daemon testbed it starts its own, as ``homagg run`` does),
+registers the job afresh (the testbed's job when it has as many workers,
+else one of its own), writes its job file (homagg.torch's HOMAGG_JOB_FILE)
+and starts one rank per worker namespace
 (``python -m homagg.train.train --child SPEC``): torch.distributed with the Gloo
 backend for rendezvous, the model in DistributedDataParallel.  Every rank
 trains twice from the same initial parameters and the same data: first
@@ -51,6 +53,7 @@ import datetime
 import importlib
 import importlib.util
 import json
+import logging
 import os
 import pathlib
 import secrets
@@ -73,6 +76,14 @@ METHODS = tuple(HOMAGG_METHODS) + ("gloo",)
 BUILTIN_MODELS = ("ncf", "lstm", "bert", "vgg")
 GLOO_PORT = 29611
 DEFAULT_LR = 0.05  # a user's model without --lr
+
+
+_log = logging.getLogger("homagg.train")
+
+
+def progress(msg):
+    """A progress line on stderr (-q silences it)."""
+    _log.info("[train] %s", msg)
 
 
 class TrainError(HomAggError):
@@ -463,7 +474,8 @@ def check_arguments(method, model, steps, warmup, ranks=None):
         raise TrainError(f"--method {method!r} not in {METHODS}")
     if steps < 1 or warmup < 0:
         raise TrainError("--steps must be >= 1 and --warmup >= 0")
-    load_factory(model)
+    if model not in BUILTIN_MODELS:  # a built-in name needs no torch to check
+        load_factory(model)
 
 
 def run_train(testbed: str, model: str = "ncf", method: str = "auto", steps: int = 5,
@@ -481,6 +493,7 @@ def run_train(testbed: str, model: str = "ncf", method: str = "auto", steps: int
     from homagg.runs.job import collect_reports
     from homagg.switch.daemon import Switch
 
+    progress("loading torch")
     import homagg.torch  # noqa: F401  (torch must import here: fail early)
 
     check_arguments(method, model, steps, warmup)
@@ -526,12 +539,19 @@ def run_train(testbed: str, model: str = "ncf", method: str = "auto", steps: int
                 del secret
                 env["HOMAGG_JOB_FILE"] = job_file.write_job_file(
                     os.path.join(workdir, "job.json"), **job)
+        if job:
+            whose = "the testbed's" if testbed_job and job["job"] == testbed_job["job"] else "own"
+            progress(f"job {job['job']} on {', '.join(s.host for s in sws)} ({whose} job, "
+                     f"pmd {sws[0].pmd})")
+        phases = _phases(method, baseline)
+        progress(f"starting {W} ranks of {model} ({' then '.join(phases)}: {warmup} warmup + "
+                 f"{steps} timed steps each); the ranks load torch and build the model first")
         init = f"tcp://{hosts[0].ip}:{GLOO_PORT + secrets.randbelow(2000)}"
         for r, h in enumerate(hosts):
             spec = rank_spec(rank=r, world=W, init=init, model=os.path.abspath(model)
                              if model.endswith(".py") or ".py:" in model else model,
                              seed=seed, lr=lr, steps=steps, warmup=warmup, bucket_mb=bucket_mb,
-                             phases=_phases(method, baseline), workdir=workdir, ifname=h.ifname,
+                             phases=phases, workdir=workdir, ifname=h.ifname,
                              sparsify=sparsify, start_timeout=120.0)
             renv = dict(env, HOMAGG_BIND=h.ip)
             procs.append(tb.run_in(h.name, [sys.executable, "-m", "homagg.train.train", "--child",
@@ -544,6 +564,8 @@ def run_train(testbed: str, model: str = "ncf", method: str = "auto", steps: int
             raise TrainError(f"training {model} with {method} failed on {len(failures)} of "
                              f"{W} ranks: " + "; ".join(failures))
         reports.sort(key=lambda r: r["rank"])
+        progress(f"{W} ranks done; checking the parameters"
+                 + (" and replaying the reference" if method in EXACT_METHODS else ""))
         rep = summarize(method, reports, workdir, dict(model=model, steps=steps, warmup=warmup,
                                                        lr=lr, seed=seed, bucket_mb=bucket_mb,
                                                        sparsify=sparsify))
@@ -661,12 +683,12 @@ def print_report(rep: dict, as_json: bool = False) -> int:
     print(f"  iteration: {ms(rep['iteration_seconds'])} (backward + communication "
           f"{ms(rep['backward_comm_seconds'])}, forward + backward alone "
           f"{ms(rep.get('compute_seconds'))}), bytes sent per rank and step "
-          f"{np.mean(rep['bytes_per_rank']):.0f}")
+          f"{np.mean(rep['bytes_per_rank']):.0f} B")
     if rep.get("gloo_iteration_seconds") is not None and rep["method"] != "gloo":
         print(f"  gloo DDP:  {ms(rep['gloo_iteration_seconds'])} (backward + communication "
               f"{ms(rep['gloo_backward_comm_seconds'])}, forward + backward alone "
               f"{ms(rep.get('gloo_compute_seconds'))}), bytes sent per rank and step "
-              f"{np.mean(rep['gloo_bytes_per_rank']):.0f}")
+              f"{np.mean(rep['gloo_bytes_per_rank']):.0f} B")
         print(f"  speedup vs gloo: {rep['speedup_vs_gloo']:.2f}x")
     for b in rep.get("buckets", []):
         methods = ", ".join(f"{m} x{n}" for m, n in b["methods"].items())
@@ -674,7 +696,10 @@ def print_report(rep: dict, as_json: bool = False) -> int:
               f"method {methods}, {b['bytes_sent']:.0f} payload bytes")
     print("  loss: " + " ".join(f"{v:.4f}" for v in rep["losses"]))
     print(f"  parameters bit-identical across ranks: {rep['params_identical_across_ranks']}")
-    print(f"  bit-identical to the single-process reference replay: {rep['replay_bit_identical']}")
+    replay = rep["replay_bit_identical"]
+    print("  bit-identical to the single-process reference replay: "
+          + (str(replay) if replay is not None else "n/a (the gloo baseline alone)"
+             if rep["method"] == "gloo" else f"n/a ({rep['method']} is lossy)"))
     if rep.get("loss_band_vs_gloo") is not None:
         print(f"  largest relative loss distance from the gloo run: {rep['loss_band_vs_gloo']:.2e}"
               f" (largest parameter difference {rep['max_param_diff_vs_gloo']:.2e})")

@@ -196,7 +196,7 @@ class _State:
         except FileExistsError:
             raise TestbedExists(
                 f"testbed state file {self.path} already exists "
-                "(`homagg testbed down --name NAME` removes it)",
+                f"(`homagg testbed down --name {os.path.basename(self.path)[:-5]}` removes it)",
                 -errno.EEXIST,
             ) from None
         with os.fdopen(fd, "w") as f:
@@ -444,7 +444,7 @@ class Testbed:
         if os.path.exists(tb.state_path):
             raise TestbedExists(
                 f"testbed {name} already exists (state file {tb.state_path}; "
-                "`homagg testbed down --name NAME` removes it)", -errno.EEXIST)
+                f"`homagg testbed down --name {name}` removes it)", -errno.EEXIST)
         taken = [n for n in _netns_list() if n.startswith(ns_prefix(name))]
         if taken:
             raise TestbedExists(

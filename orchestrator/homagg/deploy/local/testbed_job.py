@@ -106,5 +106,6 @@ def describe(tb: Testbed) -> list[str]:
             out.append(f"job {j['job']}: {j['workers']} workers, aggregators {j['aggregator']}, "
                        f"{j['slots']} slots, {j['payload']}-byte payloads")
         out.append(f"job file: {rec['file']}  (HOMAGG_JOB_FILE for torchrun; "
-                   f"`homagg testbed job --name {tb.name}` renews the job before another run)")
+                   f"`homagg testbed job --name {tb.name}` registers the job afresh, "
+                   "counters at 0; not needed between runs)")
     return out
