@@ -20,6 +20,7 @@ COMMANDS = {
     "ansible-inventory": "homagg.ansible_inventory",
     "up": "homagg.up",
     "down": "homagg.down",
+    "calibrate": "homagg.calibrate",
 }
 
 

@@ -59,6 +59,7 @@ import threading
 import numpy as np
 
 from homagg import auth, protocol
+from homagg.cost import as_cost
 from homagg.bindings import client as _c
 from homagg.bindings import port_udp as _u
 from homagg.bindings.codec import DEFAULT_BLOCK, F_STOCHASTIC
@@ -142,14 +143,20 @@ class UdpPort:
 
 
 class Worker:
-    """One worker of one job, with its own UDP socket(s)."""
+    """One worker of one job, with its own UDP socket(s).
+
+    ``cost``: the job's cost model (homagg.cost.Cost or its dict, as the
+    job file's ``cost`` field holds it; None: no link rate, every choice by
+    bytes).  It must be the one registered with the job, the same on every
+    worker: never this host's own calibration."""
 
     def __init__(self, job, token, worker, workers,
                  aggregator=("10.0.0.1", 48879), group=None,
                  bind=("0.0.0.0", 0), timeout=5.0, slots=64, payload=1024,
                  rto=0.001, packets=0, aggregators=None, mtu=None, incarnation=0,
                  rto_min=RTO_MIN, start_wait=START_WAIT,
-                 auth_file=None, leaf_ids=None, pipeline_groups=PIPELINE_GROUPS):
+                 auth_file=None, leaf_ids=None, pipeline_groups=PIPELINE_GROUPS,
+                 cost=None):
         if not 0 <= worker < workers:
             raise InvalidArgument(f"worker {worker} not in 0..{workers - 1}")
         agg_worker, agg_workers = leaf_ids or (0, 0)
@@ -212,7 +219,8 @@ class Worker:
             rto_ns=int(rto * 1e9), rto_min_ns=int(rto_min * 1e9),
             start_wait_ns=int(start_wait * 1e9), give_up_ns=int(timeout * 1e9),
             incarnation=int(incarnation), agg_worker=int(agg_worker),
-            agg_workers=int(agg_workers), pipeline_groups=pipeline_groups)
+            agg_workers=int(agg_workers), pipeline_groups=pipeline_groups,
+            cost=as_cost(cost).fields())
         # one C call at a time; allreduce_async's calls run on one thread
         self._lock = threading.Lock()
         self._executor = None
