@@ -117,7 +117,8 @@ def _run(args) -> int:
         if not args.no_daemon and not args.leaves:
             try:
                 testbed_job.start(tb, slots=args.slots, payload=args.payload_bytes,
-                                  timeout=args.timeout, switch=args.switch)
+                                  timeout=args.timeout, switch=args.switch,
+                                  cost_model=args.cost_model)
             except BaseException:
                 Testbed.down(args.name, state_dir=sd)
                 raise

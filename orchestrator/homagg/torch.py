@@ -157,7 +157,7 @@ class HookState:
         return Worker(job=conf["job"], token=conf["token"], worker=rank, workers=world,
                       aggregators=conf["aggregators"], group=conf["group"] or None,
                       bind=(conf["bind"], 0), timeout=conf["timeout"], slots=conf["slots"],
-                      payload=conf["payload"])
+                      payload=conf["payload"], cost=conf["cost"])
 
     def take_log(self):
         with self._log_lock:

@@ -511,7 +511,7 @@ def run_train(testbed: str, model: str = "ncf", method: str = "auto", steps: int
             else:
                 job = job_file.register(controls, [(s.ip, runmod.UDP_PORT) for s in sws],
                                         workers=W, slots=slots, payload=payload, group=group,
-                                        timeout=timeout)
+                                        timeout=timeout, cost=testbed_job_mod.job_cost(tb))
                 env["HOMAGG_JOB_FILE"] = job_file.write_job_file(
                     os.path.join(workdir, "job.json"), **job)
         init = f"tcp://{hosts[0].ip}:{GLOO_PORT + secrets.randbelow(2000)}"
