@@ -45,6 +45,19 @@ def plan_block(length, count, workers, cost):
     return choice
 
 
+def option_times(length, count, workers, cost):
+    """(bitmap time, [(bytes, time) of each Bloom option]) of one block."""
+    xb, _, lane = terms(cost, workers)
+    c, cw = min(count, length), min(length, -(-count // workers))
+    bitmap = (length + 7) // 8 * xb + length * cost["bitmap_ps"]
+    blooms = []
+    for bpe, k, fp in BLOOM:
+        bits = max(64, -(-bpe * c // 64) * 64)
+        blooms.append((bits // 8, bits // 8 * xb + k * (length + cw) * cost["probe_ps"]
+                       + (fp * (length - c) >> 20) * lane))
+    return bitmap, blooms
+
+
 def block_lens(n, block):
     return [min(block, n - b * block) for b in range(math.ceil(n / block))]
 
