@@ -105,16 +105,3 @@ def auto_indexed(n, block, workers, gcodes, candidates, cost):
     if vd <= vk and vd <= vu:
         return "dense"
     return "blocks" if vk <= vu else "union"
-
-
-def predicted(n, block, workers, gcounts, cost, kinds=None):
-    """Predicted time (ps) of union's index and values phases with the
-    planned index (or every block forced to ``kinds``), for reports."""
-    xb, rt, lane = terms(cost, workers)
-    total = 2 * rt
-    for ln, cnt in zip(block_lens(n, block), gcounts):
-        kind, nbytes, ix = plan_block(ln, cnt, workers, cost)
-        if kinds == "bitmap":
-            kind, nbytes, ix = "bitmap", (ln + 7) // 8, (ln + 7) // 8 * xb + ln * cost["bitmap_ps"]
-        total += ix + min(cnt, ln) * lane
-    return total
