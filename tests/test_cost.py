@@ -245,3 +245,32 @@ def test_bad_costs_name_the_field(tmp_path):
         job_file.job_config({"HOMAGG_JOB_FILE": jf, "HOMAGG_COST": '{"link_mbit": -1}'})
     assert job_file.job_config({"HOMAGG_JOB_FILE": jf})["cost"] == {}
     os.unlink(jf)
+
+
+def test_inventory_link_rate_registers_a_model(tmp_path, monkeypatch):
+    """An inventory's ``link_mbit`` gives its jobs a cost model (this
+    host's calibration); without it none; a bad one is named."""
+    import re
+    import tomllib
+
+    from homagg import inventory as inv
+    from homagg import remote
+
+    text = open(os.path.join(os.path.dirname(__file__), "..", "docs", "INVENTORY.md")).read()
+    data = tomllib.loads(re.search(r"```toml\n(.*?)```", text, re.S).group(1))
+    (tmp_path / "id").write_text("x")
+    (tmp_path / "p.tar.gz").write_text("x")
+    data["settings"]["project"] = str(tmp_path / "p.tar.gz")
+    for h in data["hosts"]:
+        h["ssh_key"] = str(tmp_path / "id")
+    out = tmp_path / "cal.json"
+    calibrate.write(_calibration(COEFFS), str(out))
+    monkeypatch.setenv(cost.CALIBRATION_ENV, str(out))
+    monkeypatch.delenv("HOMAGG_CODEC_ISA", raising=False)
+    assert remote.inventory_cost(inv.parse(data, str(tmp_path / "t.toml"))) == cost.Cost()
+    data["settings"]["link_mbit"] = 10000
+    c = remote.inventory_cost(inv.parse(data, str(tmp_path / "t.toml")))
+    assert c == cost.Cost(link_mbit=10000, rtt_ns=cost.DEFAULT_RTT_NS, **COEFFS)
+    data["settings"]["link_mbit"] = "fast"
+    with pytest.raises(inv.InventoryError, match="link_mbit"):
+        inv.parse(data, str(tmp_path / "t.toml"))
