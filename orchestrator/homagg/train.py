@@ -469,9 +469,13 @@ def run_train(testbed: str, model: str = "ncf", method: str = "auto", steps: int
               seed: int = 1, bucket_mb: float = 4.0, baseline: bool = True,
               sparsify: str | None = None, timeout: float = 10.0, state_dir: str | None = None,
               switch: str | None = None, slots: int = 64, payload: int = 1024,
-              group: str = "239.77.0.2", out_dir: str | None = None) -> dict:
+              group: str = "239.77.0.2", out_dir: str | None = None,
+              cost_model: bool = True) -> dict:
     """Train on testbed ``testbed``; returns the report (module doc).  Every
-    process started is stopped before it returns."""
+    process started is stopped before it returns.  ``cost_model``: a job
+    registered here carries the testbed's link rate and this host's
+    calibration (homagg.cost; False: none, choices by bytes); the testbed's
+    own job keeps what `homagg testbed up` registered."""
     from homagg import run as runmod
     from homagg import testbed_job as testbed_job_mod
     from homagg.job import collect_reports
@@ -511,7 +515,8 @@ def run_train(testbed: str, model: str = "ncf", method: str = "auto", steps: int
             else:
                 job = job_file.register(controls, [(s.ip, runmod.UDP_PORT) for s in sws],
                                         workers=W, slots=slots, payload=payload, group=group,
-                                        timeout=timeout, cost=testbed_job_mod.job_cost(tb))
+                                        timeout=timeout,
+                                        cost=testbed_job_mod.job_cost(tb, cost_model))
                 env["HOMAGG_JOB_FILE"] = job_file.write_job_file(
                     os.path.join(workdir, "job.json"), **job)
         init = f"tcp://{hosts[0].ip}:{GLOO_PORT + secrets.randbelow(2000)}"
@@ -539,7 +544,8 @@ def run_train(testbed: str, model: str = "ncf", method: str = "auto", steps: int
                     "pmd": sws[0].pmd if sws else None, "aggregators": [s.ip for s in sws],
                     "job_file": env.get("HOMAGG_JOB_FILE") if job else None,
                     "slots": job["slots"] if job else slots,
-                    "payload_bytes": job["payload"] if job else payload})
+                    "payload_bytes": job["payload"] if job else payload,
+                    "cost": (job.get("cost") or None) if job else None})
         if out_dir:
             os.makedirs(out_dir, exist_ok=True)
             rep["plots"] = plot(rep, out_dir)
@@ -599,6 +605,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="with -i: logs go to DIR/<timestamp>-train-<method>/ (default runs)")
     p.add_argument("--out", default=None, metavar="DIR",
                    help="write train.json and the loss plots into DIR")
+    p.add_argument("--no-cost-model", dest="cost_model", action="store_false",
+                   help="a job registered for this run chooses by bytes even with a known link "
+                   "rate (docs/PROTOCOL.md \"The cost model\"; a testbed's own job keeps its "
+                   "`homagg testbed up` setting)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -616,7 +626,8 @@ def main(args: argparse.Namespace) -> int:
             rep = remote_train.run_train(args.inventory, runs_dir=args.runs_dir, **kw)
             print(f"results and logs: {rep['run_dir']}", file=sys.stderr)
         else:
-            rep = run_train(args.testbed, state_dir=args.state_dir, switch=args.switch, **kw)
+            rep = run_train(args.testbed, state_dir=args.state_dir, switch=args.switch,
+                            cost_model=args.cost_model, **kw)
     except (HomAggError, TestbedError) as e:
         print(f"homagg train: {e}", file=sys.stderr)
         return 1
