@@ -9,6 +9,7 @@
 #   PYTEST_ARGS=...               extra arguments for pytest (e.g. -k codec)
 #   FUZZ_SECONDS=20               time budget of each libFuzzer target (make fuzz)
 #   NO_APT=1                      never call apt-get (fail if packages are missing)
+#   N=3                           runs of the suite for make test-repeat
 #
 # `make help` lists the targets.
 
@@ -46,7 +47,7 @@ HEADERS  := $(wildcard dataplane_c/include/homagg/*.h) $(wildcard nic/include/ho
 APT_PACKAGES := build-essential pkg-config libdpdk-dev dpdk libjansson-dev libsodium-dev clang \
 	libclang-rt-14-dev iproute2 iputils-ping openssh-server python3-venv
 
-.PHONY: help build deps venv lib ext switch tools fuzz test test-sanitize test-fast bench demo clean distclean
+.PHONY: help build deps venv lib ext switch tools fuzz test test-sanitize test-fast test-repeat bench demo clean distclean
 
 help: ## list the targets
 	@echo "HomAgg make targets:"
@@ -146,6 +147,21 @@ test: build ## all tests (root, netns, DPDK included), then the sanitizer pass a
 
 test-fast: build ## only the tests that need no root and no network namespaces
 	$(VPY) -m pytest -m "not root and not slow" $(PYTEST_ARGS)
+
+# N runs of the whole pytest suite in a row; every test that failed in any
+# run is listed with the runs it failed in (a test that fails once is a
+# defect: CI runs the suite once).  Exit status 1 if any test failed.
+N ?= 3
+test-repeat: build ## run the pytest suite N times (default 3) and list every test that failed even once
+	@mkdir -p build/repeat; rm -f build/repeat/run-*.log; fail=0; \
+	for i in $$(seq 1 $(N)); do \
+		echo "test-repeat: run $$i of $(N)"; \
+		$(VPY) -m pytest -q -p no:cacheprovider -rf $(PYTEST_ARGS) > build/repeat/run-$$i.log 2>&1 || fail=1; \
+		tail -n 1 build/repeat/run-$$i.log; \
+	done; \
+	grep -h '^FAILED\|^ERROR' build/repeat/run-*.log | sed 's/ - .*//' | sort | uniq -c | \
+		awk '{ printf "test-repeat: failed %d of $(N) runs: %s\n", $$1, $$3 } END { if (NR == 0) print "test-repeat: no test failed in $(N) runs" }'; \
+	exit $$fail
 
 # The sanitizer pass rebuilds the extension with ASan+UBSan and runs the
 # codec and engine tests under it; `make test` rebuilds the release extension

@@ -54,16 +54,17 @@ def _declared_needs(request):
 
 @contextlib.contextmanager
 def dpdk_testbed(tmp_path_factory, folder, **spec):
-    """A Testbed (homagg.testbed) for homagg-switch runs, named after its
+    """A Testbed (homagg.deploy.local.testbed) for homagg-switch runs, named after its
     folder's first letter plus a random suffix, in its own state dir under
     tmp_path_factory; taken down on exit.  Needs root and a built
     homagg-switch (require)."""
-    from homagg import run as runmod
-    from homagg.testbed import Testbed
+    from homagg.runs import allreduce as runmod
+    from homagg.switch.daemon import find_switch
+    from homagg.deploy.local.testbed import Testbed
 
     require(os.geteuid() == 0, "needs root")
     try:
-        runmod.find_switch()
+        find_switch()
     except runmod.RunError as e:
         require(False, str(e))
     sd = str(tmp_path_factory.mktemp(folder) / "testbeds")

@@ -1,6 +1,6 @@
 """Emulated rack for the provisioning tests: testbed hosts with real sshd.
 
-``Rack.up(tmp)`` builds a local testbed (homagg.testbed: one namespace per
+``Rack.up(tmp)`` builds a local testbed (homagg.deploy.local.testbed: one namespace per
 host, a bridge switch) in a private random subnet, adds one veth from the
 namespace the tests run in to the bridge (address .254), so SSH from here
 reaches every host, generates a host key and a client key, and starts
@@ -18,7 +18,7 @@ import socket
 import subprocess
 import time
 
-from homagg.testbed import Testbed
+from homagg.deploy.local.testbed import Testbed
 
 SSH_PORT = 2222
 

@@ -8,7 +8,7 @@ import subprocess
 import time
 import uuid
 
-from homagg.control import ControlClient
+from homagg.switch.control import ControlClient
 from homagg.errors import HomAggError
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]

@@ -231,7 +231,7 @@ def test_allreduce_on_a_two_worker_testbed(tmp_path, capsys):
     gloo = [r for r in rows if r["method"] == "gloo"]
     assert all(isinstance(r["cpu_bound"], bool) for r in gloo)
     # The testbed is gone.
-    from homagg.testbed import Testbed
+    from homagg.deploy.local.testbed import Testbed
     assert name not in Testbed.list(str(tmp_path / "state"))
 
 
@@ -268,7 +268,7 @@ def test_homagg_rows_never_carry_numbers_without_a_run(monkeypatch):
 
 
 def _run_report(**kw):
-    """What homagg.run.run_allreduce returns for repeat timed calls."""
+    """What homagg.runs.allreduce.run_allreduce returns for repeat timed calls."""
     r = {"seconds_each": [0.3, 0.1, 0.2], "bytes_per_worker": [200, 200], "exact": True,
          "workers_agree": True, "worker_cpu_seconds": [0.135, 0.135],
          "daemon_cpu_seconds": None,
@@ -498,10 +498,10 @@ def test_jumbo_payloads_get_a_testbed_of_their_own():
 
 
 def test_machine_busy_counts_every_core_and_softirq():
-    """homagg.job.machine_busy: busy = all but idle and iowait over the
+    """homagg.runs.job.machine_busy: busy = all but idle and iowait over the
     eight /proc/stat fields, softirq its own share; a live reading is a
     fraction."""
-    from homagg import job
+    from homagg.runs import job
 
     before = [100, 0, 50, 1000, 10, 0, 20, 0, 0, 0]
     after = [200, 0, 150, 1100, 10, 0, 120, 0, 0, 0]  # 100 user, 100 sys, 100 idle, 100 softirq

@@ -1,6 +1,6 @@
 """Restarts and failures on the DPDK testbed (docs/SWITCH.md, "Restarts and
 failures"): one job, homagg-switch and 4 worker processes kept by a
-homagg.session.Session, and each case asserting its documented outcome:
+homagg.runs.session.Session, and each case asserting its documented outcome:
 
 - the daemon killed (SIGKILL) in the middle of an allreduce and restarted;
 - one worker killed (SIGKILL) in the middle of an allreduce and restarted;
@@ -14,8 +14,8 @@ import time
 import pytest
 
 from conftest import dpdk_testbed
-from homagg import run as runmod
-from homagg.session import Session
+from homagg.runs import allreduce as runmod
+from homagg.runs.session import Session
 
 pytestmark = [pytest.mark.root, pytest.mark.netns, pytest.mark.dpdk, pytest.mark.slow,
               pytest.mark.timeout(300)]

@@ -12,9 +12,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from homagg._native import lib
-from homagg.control import ControlClient, ControlError
+from homagg.switch.control import ControlClient, ControlError
 from homagg.errors import InvalidArgument, OutOfRange, PeerTimeout
-from homagg.session import accounting
+from homagg.runs.session import accounting
 
 from switch_helpers import SWITCH, Daemon, wait_for
 

@@ -13,7 +13,9 @@ import pytest
 
 import cost_model as M
 from reference import allreduce as oracle
-from homagg import calibrate, codec, cost, job_file
+from homagg import codec, cost
+from homagg.bench import calibrate
+from homagg.switch import job_file
 from homagg.errors import InvalidArgument, OutOfRange
 from homagg.sim import Cluster
 
@@ -253,8 +255,8 @@ def test_inventory_link_rate_registers_a_model(tmp_path, monkeypatch):
     import re
     import tomllib
 
-    from homagg import inventory as inv
-    from homagg import remote
+    from homagg.deploy.remote import hosts as remote
+    from homagg.deploy.remote import inventory as inv
 
     text = open(os.path.join(os.path.dirname(__file__), "..", "docs", "INVENTORY.md")).read()
     data = tomllib.loads(re.search(r"```toml\n(.*?)```", text, re.S).group(1))

@@ -187,3 +187,29 @@ def test_bad_arguments():
     with Worker(job=1, token=1, worker=0, workers=1, bind=("127.0.0.1", 0)) as wk:
         with pytest.raises(InvalidArgument):
             wk.allreduce(np.ones(4, np.float32), method="ring")
+
+
+def test_client_create_failure_carries_the_reason():
+    """hg_client_create reports why it refused (errno): a payload that does
+    not fit the port's MTU is EMSGSIZE, named as such, and a bad field is
+    EINVAL; the binding raises the matching exception with the C text."""
+    import errno
+
+    from homagg.bindings.client import client_create
+    from homagg.bindings.port_mem import port_mem_create, port_mem_port
+
+    m = port_mem_create(mtu=1500)
+    common = dict(workers=2, worker=0, slots=8)
+    with pytest.raises(InvalidArgument) as e:
+        client_create(port_mem_port(m), [(0x0A000001, 0)], None, m, "worker 0",
+                      payload_bytes=8192, **common)
+    assert e.value.code == -errno.EMSGSIZE
+    assert "worker 0" in str(e.value) and "MTU" in str(e.value), str(e.value)
+    with pytest.raises(InvalidArgument) as e:
+        client_create(port_mem_port(m), [(0x0A000001, 0)], None, m, "worker 0",
+                      payload_bytes=1022, **common)
+    assert e.value.code == -errno.EINVAL and "invalid argument" in str(e.value)
+    # the same port takes a client whose frames fit
+    c = client_create(port_mem_port(m), [(0x0A000001, 0)], None, m, "worker 0",
+                      payload_bytes=1024, **common)
+    assert c is not None

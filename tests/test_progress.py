@@ -1,4 +1,4 @@
-"""The live per-host, per-step view of long operations (homagg.progress) and
+"""The live per-host, per-step view of long operations (homagg.deploy.remote.progress) and
 the logging setup of the homagg command (homagg.log)."""
 import io
 import logging
@@ -7,8 +7,8 @@ import threading
 from rich.console import Console
 
 from homagg import log as hlog
-from homagg.progress import StepView
-from homagg.ssh import FAILED, OK, StepResult
+from homagg.deploy.remote.progress import StepView
+from homagg.deploy.remote.ssh import FAILED, OK, StepResult
 
 
 def test_log_lines_when_not_a_terminal(caplog):
@@ -18,7 +18,7 @@ def test_log_lines_when_not_a_terminal(caplog):
         v.done("a", StepResult("os", OK, "Debian 12"))
         v.start("b", "os")
         v.done("b", StepResult("os", FAILED, "no apt"))
-    msgs = [r.getMessage() for r in caplog.records if r.name == "homagg.progress"]
+    msgs = [r.getMessage() for r in caplog.records if r.name == "homagg.deploy.remote.progress"]
     assert msgs[0] == "a: os ..."
     assert msgs[1].startswith("a: os ok (") and msgs[1].endswith("): Debian 12")
     assert msgs[3].startswith("b: os failed (") and "no apt" in msgs[3]

@@ -16,8 +16,8 @@ import pytest
 
 from conftest import require
 
-from homagg import inventory as inv
-from homagg import provision as prov
+from homagg.deploy.remote import inventory as inv
+from homagg.deploy.remote import provision as prov
 from sshrack import host_table, running_rack, to_toml
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -94,7 +94,7 @@ def test_inventory_collects_every_error(tmp_path):
 def test_inventory_mtu(tmp_path):
     """mtu per host: 1500 by default, 576..9000, one value for the segment;
     the aggregator's daemon and its af_packet vdev follow it."""
-    from homagg import remote
+    from homagg.deploy.remote import hosts as remote
 
     key = tmp_path / "k"
     key.write_text("x")

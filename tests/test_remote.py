@@ -19,9 +19,9 @@ import pytest
 
 from conftest import gone, require
 
-from homagg import inventory as inv
-from homagg import provision as prov
-from homagg import job as localrun
+from homagg.deploy.remote import inventory as inv
+from homagg.deploy.remote import provision as prov
+from homagg.runs import job as localrun
 from sshrack import host_table, running_rack, to_toml
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -250,7 +250,7 @@ def test_two_aggregators_up_run_down(rack2, tmp_path):
 RANK = """\
 import sys
 import numpy as np
-from homagg.job_file import job_config
+from homagg.switch.job_file import job_config
 from homagg.worker import Worker
 conf = job_config({"HOMAGG_JOB_FILE": sys.argv[1]})
 rank = int(sys.argv[2])
@@ -265,7 +265,7 @@ with Worker(job=conf["job"], token=conf["token"], worker=rank, workers=conf["wor
 
 def _allreduce_from_job_files(rack, files, tmp):
     """One rank per worker namespace, each configured only from its job file
-    (homagg.job_file, what homagg.torch reads): bit-exact against the oracle."""
+    (homagg.switch.job_file, what homagg.torch reads): bit-exact against the oracle."""
     from reference import allreduce as oracle
 
     procs, outs = [], []

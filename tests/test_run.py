@@ -12,8 +12,9 @@ import pytest
 
 from conftest import dpdk_testbed, require
 from switch_helpers import wait_for
-from homagg import job
-from homagg import run as runmod
+from homagg.runs import job
+from homagg.runs import allreduce as runmod
+from homagg.switch.daemon import Switch
 from homagg.errors import OutOfRange
 
 pytestmark = [pytest.mark.root, pytest.mark.netns, pytest.mark.dpdk, pytest.mark.timeout(300)]
@@ -24,7 +25,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def _have_worker():
     try:
         import homagg.worker  # noqa: F401
-        import homagg.control  # noqa: F401
+        import homagg.switch.control  # noqa: F401
     except ImportError:
         return False
     return True
@@ -32,7 +33,7 @@ def _have_worker():
 
 @pytest.fixture(scope="module")
 def testbed(tmp_path_factory):
-    require(_have_worker(), "homagg.worker / homagg.control not available")
+    require(_have_worker(), "homagg.worker / homagg.switch.control not available")
     with dpdk_testbed(tmp_path_factory, "run", workers=4, link_mbit=1000) as tb:
         yield tb
 
@@ -89,8 +90,8 @@ def test_cli_json(testbed):
     env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "orchestrator"))
     from homagg.cli import COMMANDS
 
-    assert COMMANDS["run"] == "homagg.run"
-    r = subprocess.run([sys.executable, "-m", "homagg.run", "allreduce", "--testbed", testbed.name,
+    assert COMMANDS["run"] == "homagg.runs.allreduce"
+    r = subprocess.run([sys.executable, "-m", "homagg.runs.allreduce", "allreduce", "--testbed", testbed.name,
                         "--state-dir", testbed.state_dir, "--method", "dense", "--elements", "5000",
                         "--density", "0.1", "--json"],
                        capture_output=True, text=True, env=env, timeout=200)
@@ -107,7 +108,7 @@ def test_cli_auth_is_exact_and_counts_no_bad_mac(testbed):
     control socket, the workers from an owner-only file; exact, nothing
     dropped for its MAC, every frame authenticated."""
     env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "orchestrator"))
-    r = subprocess.run([sys.executable, "-m", "homagg.run", "allreduce", "--testbed", testbed.name,
+    r = subprocess.run([sys.executable, "-m", "homagg.runs.allreduce", "allreduce", "--testbed", testbed.name,
                         "--state-dir", testbed.state_dir, "--method", "lhc", "--elements", "20000",
                         "--density", "0.05", "--auth", "--json"],
                        capture_output=True, text=True, env=env, timeout=200)
@@ -304,7 +305,7 @@ def test_receive_ring_must_hold_the_window(jumbo_testbed, tmp_path):
     `homagg run` sizes the ring (framecnt) to its job, and that ring carries
     the same job bit-exact with no frame missed (the kernel ring's drops)."""
     tb = jumbo_testbed
-    sw = runmod.Switch(tb, str(tmp_path))  # no frames asked: af_packet's 512
+    sw = Switch(tb, str(tmp_path))  # no frames asked: af_packet's 512
     try:
         job8 = {"cmd": "add_job", "job": 5, "token": 1, "workers": 4, "payload": 8192}
         with pytest.raises(OutOfRange) as ei:

@@ -238,7 +238,7 @@ def testbed_k2(tmp_path_factory):
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("method", EXACT)
 def test_testbed_two_dpdk_aggregators_exact(testbed_k2, method):
-    from homagg import run as runmod
+    from homagg.runs import allreduce as runmod
 
     assert [h.name for h in testbed_k2.aggregators] == ["agg", "agg1"]
     rep = runmod.run_allreduce(testbed_k2.name, method, elements=40_000, density=0.05,
@@ -268,7 +268,7 @@ def test_testbed_two_dpdk_aggregators_exact(testbed_k2, method):
 @pytest.mark.dpdk
 @pytest.mark.timeout(300)
 def test_testbed_dead_aggregator_is_named(testbed_k2):
-    from homagg import run as runmod
+    from homagg.runs import allreduce as runmod
 
     dead = testbed_k2.host("agg1")
     with pytest.raises(runmod.RunError) as ei:

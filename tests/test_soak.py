@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from homagg.session import accounting
+from homagg.runs.session import accounting
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -18,7 +18,7 @@ import uuid
 import numpy as np
 import pytest
 
-from homagg.control import ControlError
+from homagg.switch.control import ControlError
 from homagg.errors import PeerTimeout
 from homagg.worker import Worker
 

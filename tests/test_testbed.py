@@ -1,4 +1,4 @@
-"""The local testbed (homagg.testbed): namespaces, bridge, veth, tc, teardown.
+"""The local testbed (homagg.deploy.local.testbed): namespaces, bridge, veth, tc, teardown.
 
 Every testbed here has a unique name and its own state directory, and a
 fixture removes it whatever happens.  Traffic only flows inside the
@@ -16,8 +16,8 @@ import pytest
 
 from conftest import require
 
-from homagg import testbed as tbmod
-from homagg.testbed import RootRequired, Testbed, TestbedError, TestbedExists
+from homagg.deploy.local import testbed as tbmod
+from homagg.deploy.local.testbed import RootRequired, Testbed, TestbedError, TestbedExists
 
 pytestmark = [pytest.mark.root, pytest.mark.netns, pytest.mark.timeout(120)]
 
@@ -469,7 +469,7 @@ def cli(*args, user=None, state_dir=None):
     env = dict(os.environ, PYTHONPATH=ORCH)
     pre = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"] if user == "nobody" else []
     sd = ["--state-dir", state_dir] if state_dir else []
-    return subprocess.run([*pre, sys.executable, "-m", "homagg.testbed_cli", *sd, *args],
+    return subprocess.run([*pre, sys.executable, "-m", "homagg.cli.testbed", *sd, *args],
                           capture_output=True, text=True, env=env, timeout=60, cwd="/")
 
 
@@ -516,7 +516,7 @@ def test_cli_up_show_list_down(state_dir):
 def test_cli_is_registered_and_has_help():
     from homagg.cli import COMMANDS
 
-    assert COMMANDS["testbed"] == "homagg.testbed_cli"
+    assert COMMANDS["testbed"] == "homagg.cli.testbed"
     for args in ((), ("up",), ("down",), ("show",), ("list",), ("job",)):
         r = cli(*args, "--help")
         assert r.returncode == 0 and "usage:" in r.stdout

@@ -29,8 +29,9 @@ import torch
 import homagg.torch as hgt
 from conftest import dpdk_testbed, gone, require
 from homagg import protocol
-from homagg import run as runmod
-from homagg import train as trainmod
+from homagg.runs import allreduce as runmod
+from homagg.switch.daemon import Switch
+from homagg.train import train as trainmod
 
 from reference import allreduce as oracle_allreduce
 
@@ -100,7 +101,7 @@ def test_train_cli_gloo_baseline_user_model_and_plots(testbed, tmp_path):
     out = tmp_path / "out"
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ, PYTHONPATH=os.path.join(repo, "orchestrator"))
-    r = subprocess.run([sys.executable, "-m", "homagg.train", "--testbed", testbed.name,
+    r = subprocess.run([sys.executable, "-m", "homagg.train.train", "--testbed", testbed.name,
                         "--state-dir", testbed.state_dir, "--model", f"{user}:factory",
                         "--method", "dense", "--steps", "3", "--ranks", "2", "--lr", "0.2",
                         "--out", str(out), "--json"],
@@ -122,7 +123,7 @@ def test_train_cli_gloo_baseline_user_model_and_plots(testbed, tmp_path):
 
 
 TINY_MODELS = """\
-from homagg import models
+from homagg.train import models
 
 
 def vgg(rank, world_size, seed):
@@ -148,8 +149,8 @@ def test_testbed_up_job_file_trains_vgg_and_bert_over_two_aggregators(tmp_path):
     import subprocess
     import sys
 
-    from homagg import testbed_job
-    from homagg.testbed import Testbed
+    from homagg.deploy.local import testbed_job
+    from homagg.deploy.local.testbed import Testbed
 
     require(os.geteuid() == 0, "needs root")
     sd, name = str(tmp_path / "testbeds"), "j" + secrets.token_hex(5)
@@ -157,7 +158,7 @@ def test_testbed_up_job_file_trains_vgg_and_bert_over_two_aggregators(tmp_path):
     env = dict(os.environ, PYTHONPATH=os.path.join(repo, "orchestrator"))
 
     def cli(*args):
-        return subprocess.run([sys.executable, "-m", "homagg.testbed_cli", "--state-dir", sd,
+        return subprocess.run([sys.executable, "-m", "homagg.cli.testbed", "--state-dir", sd,
                                *args], capture_output=True, text=True, env=env, timeout=120)
 
     models = tmp_path / "tiny.py"
@@ -251,7 +252,7 @@ class FakeBucket:
 def job(testbed, tmp_path_factory):
     """homagg-switch in the testbed and a 2-worker job: (testbed, job, token)."""
     workdir = str(tmp_path_factory.mktemp("hookswitch"))
-    sw = runmod.Switch(testbed, workdir)
+    sw = Switch(testbed, workdir)
     try:
         yield sw
     finally:

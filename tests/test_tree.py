@@ -13,7 +13,7 @@ import pytest
 
 from homagg.errors import InvalidArgument, PeerTimeout
 from homagg.protocol import EXACT_METHODS, OPS
-from homagg.session import NOT_FRAME_OUTCOMES
+from homagg.runs.session import NOT_FRAME_OUTCOMES
 from homagg.sim import Cluster
 
 from test_sim import BLOCK, assert_bits_equal, check_result, make_grads
@@ -273,12 +273,13 @@ def test_testbed_tree_of_dpdk_daemons(tmp_path):
     import secrets
 
     from conftest import require
-    from homagg import run as runmod
-    from homagg.testbed import Testbed
+    from homagg.runs import allreduce as runmod
+    from homagg.switch.daemon import find_switch
+    from homagg.deploy.local.testbed import Testbed
 
     require(os.geteuid() == 0, "needs root")
     try:
-        runmod.find_switch()
+        find_switch()
     except runmod.RunError as e:
         require(False, str(e))
     sd = str(tmp_path / "testbeds")

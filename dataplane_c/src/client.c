@@ -45,31 +45,33 @@ static void buf_free(struct buf *b)
 struct hg_client *hg_client_create(const struct hg_client_config *cfg)
 {
 	struct hg_client *c;
+	int rc = -EINVAL;
 
 	if (!cfg || !cfg->port || !cfg->port->ops)
-		return NULL;
+		goto err;
 	if (cfg->workers == 0 || cfg->workers > HG_MAX_WORKERS ||
 	    cfg->worker >= cfg->workers)
-		return NULL;
+		goto err;
 	if (cfg->slots == 0 || cfg->slots > HG_CLIENT_MAX_SLOTS)
-		return NULL;
+		goto err;
 	if (cfg->payload_bytes < 4 || cfg->payload_bytes > HG_MAX_PAYLOAD ||
 	    cfg->payload_bytes % 4)
-		return NULL;
+		goto err;
 	if ((cfg->backoff_num == 0) != (cfg->backoff_den == 0) ||
 	    cfg->backoff_num < cfg->backoff_den)
-		return NULL;
+		goto err;
 	if (cfg->naggs > HG_CLIENT_MAX_AGGREGATORS || (cfg->naggs && !cfg->aggs))
-		return NULL;
+		goto err;
 	if (cfg->agg_workers ? cfg->agg_workers > cfg->workers ||
 			       cfg->agg_worker >= cfg->agg_workers ||
 			       cfg->agg_worker > cfg->worker
 			     : cfg->agg_worker != 0)
-		return NULL;
+		goto err;
 
+	rc = -ENOMEM;
 	c = calloc(1, sizeof(*c));
 	if (!c)
-		return NULL;
+		goto err;
 	c->cfg = *cfg;
 	if (!c->cfg.agg_workers) {
 		c->cfg.agg_workers = cfg->workers;
@@ -86,6 +88,7 @@ struct hg_client *hg_client_create(const struct hg_client_config *cfg)
 	if (!c->cfg.rto_min_ns)
 		c->cfg.rto_min_ns = c->cfg.rto_ns < HG_CLIENT_DEFAULT_RTO_MIN_NS ?
 				    c->cfg.rto_ns : HG_CLIENT_DEFAULT_RTO_MIN_NS;
+	rc = -EINVAL;
 	if (c->cfg.rto_min_ns > c->cfg.rto_max_ns)
 		goto err_free;
 	if (!c->cfg.incarnation)
@@ -109,8 +112,10 @@ struct hg_client *hg_client_create(const struct hg_client_config *cfg)
 		c->cfg.backoff_num = 2;
 		c->cfg.backoff_den = 1;
 	}
-	if (cfg->port->ops->get_info(cfg->port->ctx, &c->me) < 0)
+	rc = cfg->port->ops->get_info(cfg->port->ctx, &c->me);
+	if (rc < 0)
 		goto err_free;
+	rc = -EMSGSIZE;
 	if (c->me.mtu && c->me.mtu < IP_LEN + UDP_LEN + HG_HDR_LEN +
 				     cfg->payload_bytes + c->mac_len)
 		goto err_free;
@@ -119,6 +124,7 @@ struct hg_client *hg_client_create(const struct hg_client_config *cfg)
 	c->src.port = c->me.udp_port ? c->me.udp_port : HG_UDP_PORT;
 	c->naggs = cfg->naggs ? cfg->naggs : 1;
 	c->cfg.aggs = NULL; /* the caller's array is not kept */
+	rc = -ENOMEM;
 	c->agg = calloc(c->naggs, sizeof(*c->agg));
 	if (!c->agg)
 		goto err_free;
@@ -139,9 +145,12 @@ struct hg_client *hg_client_create(const struct hg_client_config *cfg)
 		ag->rto = c->cfg.rto_ns;
 		ag->rto_est = c->cfg.rto_ns;
 	}
-	if (cfg->group_ipv4 && cfg->port->ops->join_group &&
-	    cfg->port->ops->join_group(cfg->port->ctx, cfg->group_ipv4) < 0)
-		goto err_free_agg;
+	if (cfg->group_ipv4 && cfg->port->ops->join_group) {
+		rc = cfg->port->ops->join_group(cfg->port->ctx, cfg->group_ipv4);
+		if (rc < 0)
+			goto err_free_agg;
+	}
+	rc = -ENOMEM;
 	c->fl = calloc((size_t)c->naggs * cfg->slots, sizeof(*c->fl));
 	if (!c->fl)
 		goto err_free_agg;
@@ -153,6 +162,8 @@ err_free_agg:
 err_free:
 	hg_auth_wipe(c->keys, sizeof(c->keys));
 	free(c);
+err:
+	errno = -rc;
 	return NULL;
 }
 

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Return-code strings and the ABI version (homagg/errors.h). */
 #include <errno.h>
+#include <string.h>
 
 #include "homagg/errors.h"
 
@@ -44,7 +45,9 @@ const char *hg_strerror(int rc)
 		return "I/O error";
 	case ECONNRESET:
 		return "the peer restarted (connection reset)";
+	case EMSGSIZE:
+		return "frame larger than the port's MTU";
 	default:
-		return "unknown error";
+		return rc < 0 ? strerror(-rc) : "unknown error";
 	}
 }

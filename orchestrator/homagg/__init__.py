@@ -7,6 +7,14 @@ Where to start reading:
 - ``homagg.errors``: the one exception tree every layer raises.
 - ``homagg.cli``: the ``homagg`` command (``homagg --help``).
 
+Beside the public API at the top (protocol, codec, cost, kernels, engine,
+worker, nic, sim, auth, reference, torch, errors), the subpackages: ``homagg.switch``
+(the aggregator daemon, its control client, job files), ``homagg.deploy``
+(``local``: a testbed of namespaces; ``remote``: inventory hosts over SSH),
+``homagg.runs`` (allreduce jobs), ``homagg.train`` (DDP training),
+``homagg.bench`` (benchmarks) and ``homagg.cli``.  Each one's docstring says
+where to start.
+
 The C side lives in ``dataplane_c/`` (public headers in
 ``dataplane_c/include/homagg/``) and ``nic/`` (the software NIC model).
 """

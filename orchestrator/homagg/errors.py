@@ -52,6 +52,7 @@ class ResourceError(HomAggError):
 _BY_ERRNO = {
     _errno.EINVAL: InvalidArgument,
     _errno.EDOM: InvalidArgument,
+    _errno.EMSGSIZE: InvalidArgument,
     _errno.ERANGE: OutOfRange,
     _errno.EPROTO: ProtocolError,
     _errno.ETIMEDOUT: PeerTimeout,

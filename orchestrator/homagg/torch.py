@@ -55,10 +55,10 @@ import time
 import numpy as np
 import torch
 
-from homagg.errors import InvalidArgument
 from homagg import protocol
-from homagg.job_file import (JOB_FIELDS, UDP_PORT, ConfigError, job_config,  # noqa: F401
-                             write_job_file)
+from homagg.errors import InvalidArgument
+from homagg.switch.job_file import (JOB_FIELDS, UDP_PORT, ConfigError, job_config,  # noqa: F401
+                                    write_job_file)
 from homagg.worker import Worker
 
 # --------------------------------------------------------------------------

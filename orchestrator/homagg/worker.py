@@ -12,7 +12,7 @@ The C worker client (homagg/client.h) over the kernel UDP port backend
 
 Every worker of the job makes the same calls with its own ``worker`` id;
 the job (id, token, W, slots, payload) must be configured on the
-aggregator first (homagg.control.ControlClient.add_job).  A job spread over
+aggregator first (homagg.switch.control.ControlClient.add_job).  A job spread over
 K aggregators names them all, in the same order on every worker and with
 aggregator k told its ``shard`` k at add_job (docs/PROTOCOL.md, "Several
 aggregators")::

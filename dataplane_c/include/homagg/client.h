@@ -186,7 +186,12 @@ struct hg_client_agg_stats {
 
 struct hg_client;
 
-/* NULL on bad configuration or allocation failure. */
+/*
+ * NULL on failure, with errno set to the reason (a positive errno):
+ * EINVAL (a bad configuration field), ENOMEM, EMSGSIZE (the payload and
+ * its headers exceed the port's MTU), or the port's own error from
+ * get_info or join_group (for example EADDRNOTAVAIL, ENODEV).
+ */
 struct hg_client *hg_client_create(const struct hg_client_config *cfg);
 void hg_client_destroy(struct hg_client *c);
 

@@ -1,6 +1,6 @@
 """Allreduce time on the local testbed: HomAgg methods next to Gloo ring all-reduce.
 
-Needs root: it builds a testbed (homagg.testbed: one namespace per host,
+Needs root: it builds a testbed (homagg.deploy.local.testbed: one namespace per host,
 a bridge, tc-shaped veth links at --link-mbit), runs every method there,
 and tears the testbed down; with several --link-mbit rates (a sweep, e.g.
 100,1000,2500,10000) one testbed per rate.  Per (W, link rate, method,
@@ -40,7 +40,7 @@ worker namespace (homagg.bench.gloo_worker, started with the testbed's
 run_in and stopped by PID), rendezvous over TCP at worker 0's address
 inside the testbed.  torch: ``pip install torch==2.13.0`` (the ``bench``
 extra).  HomAgg methods run through ``homagg run allreduce`` (its Python
-function homagg.run.run_allreduce); where that is missing or fails, the row
+function homagg.runs.allreduce.run_allreduce); where that is missing or fails, the row
 says ``unavailable: <reason>`` / ``failed: <reason>`` and carries no numbers.
 
 --payload-bytes 1024,4096,8192 runs every HomAgg method once per job
@@ -64,7 +64,7 @@ rows carry ``pipeline_groups`` and, next to a row with 1,
 
 Workloads (homagg.bench.workloads): shared, random, zipf, dense.  The Gloo
 ranks generate them with homagg.bench.workloads; HomAgg's workers generate
-theirs inside ``homagg run`` (homagg.job.gradient, which calls the same
+theirs inside ``homagg run`` (homagg.runs.job.gradient, which calls the same
 generator), recorded per row as ``generator``.
 
 Outputs with --out DIR: allreduce.json/.csv/.md and allreduce_time.png,
@@ -300,22 +300,22 @@ def _timing(seconds, n, link_mbit, bytes_per_worker):
 def homagg_run_available():
     """(True, None) when `homagg run allreduce` can be called, else (False, why)."""
     try:
-        from homagg import run as _run  # noqa: F401
+        from homagg.runs import allreduce as _run  # noqa: F401
     except ImportError as exc:
         return False, f"homagg run allreduce is not in this build ({exc})"
     if not hasattr(_run, "run_allreduce"):
-        return False, "homagg.run has no run_allreduce"
+        return False, "homagg.runs.allreduce has no run_allreduce"
     return True, None
 
 
 def homagg_via_run_allreduce(testbed_name, method, n, workload, density, args, payload=1024,
                              auth=False, pipeline_groups=PIPELINE_GROUPS, shared=None):
-    """One HomAgg allreduce on the testbed, by homagg.run.run_allreduce (the
+    """One HomAgg allreduce on the testbed, by homagg.runs.allreduce.run_allreduce (the
     function behind `homagg run allreduce --testbed NAME`); returns its report.
     ``shared``: run_allreduce's gradient_files / expect, what every method
     of a case shares (Case)."""
-    from homagg import job
-    from homagg import run as hrun
+    from homagg.runs import allreduce as hrun
+    from homagg.runs import job
 
     if workload in job.WORKLOADS:
         run_workload, run_density = workload, density  # the same generator as the Gloo ranks
@@ -358,7 +358,7 @@ def homagg_row(testbed_name, method, W, n, workload, density, link_mbit, args, p
         "exact_kind": ("bit-exact vs fixed-point reference" if method in EXACT_METHODS
                        else "lossy by design"),
         "workers_agree": r["workers_agree"],
-        "generator": r.get("generator", "homagg.job.gradient"),
+        "generator": r.get("generator", "homagg.runs.job.gradient"),
         "payload_bytes": payload,
         "pipeline_groups": pipeline_groups if method in PIPELINED_METHODS else None,
         # auto: the block groups that chose each method (the last call; one
@@ -373,7 +373,7 @@ def homagg_row(testbed_name, method, W, n, workload, density, link_mbit, args, p
 
 
 def _busy(machine):
-    """The busy fraction of homagg.job.machine_busy's answer (None: not measured)."""
+    """The busy fraction of homagg.runs.job.machine_busy's answer (None: not measured)."""
     return machine.get("busy") if machine else None
 
 
@@ -408,10 +408,10 @@ def _worker_counters(stats, calls):
 
 def _start_daemons(tb, args):
     """homagg-switch on the testbed's aggregators for every HomAgg row on
-    it (homagg.testbed_job.start, as `homagg testbed up`: each row's
+    it (homagg.deploy.local.testbed_job.start, as `homagg testbed up`: each row's
     run_allreduce adds and removes its own job there); None, or the reason
     they did not start."""
-    from homagg import testbed_job
+    from homagg.deploy.local import testbed_job
 
     try:
         testbed_job.start(tb, timeout=args.timeout)
@@ -426,7 +426,7 @@ class Case:
     """The gradients of one case (W, workload, density), built once for every
     method and link rate that runs it: written to files the HomAgg workers
     and the Gloo ranks load, and the expected results (bit-exact reference
-    and float64 sum, homagg.job.expected) the HomAgg rows are checked with.
+    and float64 sum, homagg.runs.job.expected) the HomAgg rows are checked with.
     Holds the latest case only."""
 
     def __init__(self, args):
@@ -440,7 +440,7 @@ class Case:
         """(gradient files, expected results or None) of this case."""
         import tempfile
 
-        from homagg import job
+        from homagg.runs import job
 
         key = (W, workload, density, exact_check)
         if key != self.key:
@@ -491,7 +491,7 @@ def run(args):
 
 
 def _run(args, case):
-    from homagg.testbed import Testbed, require_root
+    from homagg.deploy.local.testbed import Testbed, require_root
 
     bad = [m for m in args.methods if m not in METHODS]
     bad += [w for w in args.workloads if w not in workloads.WORKLOADS]
@@ -751,7 +751,7 @@ def plot_link_rates(report, out_dir):
 
 
 def main(args):
-    from homagg.testbed import RootRequired
+    from homagg.deploy.local.testbed import RootRequired
 
     t0 = time.perf_counter()
     try:

@@ -13,7 +13,7 @@ job per line from stdin and answers each with one JSON line on stdout:
 
 For each job it generates its gradient (homagg.bench.workloads, so every
 rank knows every other rank's input), or loads the W gradients from
-"gradient_files" when the benchmark wrote them (homagg.job.save_gradients), runs ``warmup`` untimed and
+"gradient_files" when the benchmark wrote them (homagg.runs.job.save_gradients), runs ``warmup`` untimed and
 ``repeat`` timed all_reduce calls of a fresh float32 tensor (a barrier
 before each one, so every rank starts together), and reports the seconds
 of each timed call, the process CPU time (user + system, every thread)
@@ -46,7 +46,7 @@ def _check(y, grads, step=1 << 18):
 
 def run_job(dist, torch, job, rank, world):
     from homagg.bench import workloads
-    from homagg.job import machine_busy, machine_cpu_times
+    from homagg.runs.job import machine_busy, machine_cpu_times
 
     if job.get("gradient_files"):  # written by the benchmark, one per rank
         grads = [np.load(f) for f in job["gradient_files"]]

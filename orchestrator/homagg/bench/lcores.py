@@ -2,12 +2,12 @@
 
 Builds a testbed of --workers worker namespaces and one aggregator, links
 unshaped unless --link-mbit is given (the daemon's CPU, not a link, should
-be the bottleneck), then runs the same allreduce of one job (homagg.run:
+be the bottleneck), then runs the same allreduce of one job (homagg.runs.allreduce:
 homagg-switch on a DPDK virtual PMD, one worker process per namespace) with
 the daemon on each engine lcore count of --lcores (N > 1: a dispatcher lcore
 hands each slot to engine (job + slot) mod N, docs/SWITCH.md "Several
 engines"), --repeat times each, interleaved, after one untimed allreduce
-of the same workers.  Every count runs on net_af_packet (homagg.run
+of the same workers.  Every count runs on net_af_packet (homagg.runs.allreduce
 refuses af_xdp with several engine lcores), so the PMD is the same.  Per run: the slowest worker's median time
 over the timed allreduces, the daemon's CPU seconds, the contributions each
 engine summed (the spread of the job's slots); every result must be
@@ -43,8 +43,8 @@ def add_arguments(parser):
 
 
 def run(args):
-    from homagg import run as runmod
-    from homagg.testbed import Testbed
+    from homagg.deploy.local.testbed import Testbed
+    from homagg.runs import allreduce as runmod
 
     if not args.lcores or min(args.lcores) < 1 or max(args.lcores) > 64:
         raise SystemExit("--lcores: counts in 1..64")

@@ -3,7 +3,7 @@
 Builds a testbed of --workers worker namespaces and --aggregators K
 aggregator namespaces with every link -- the aggregators' too -- shaped
 to --link-mbit in both directions, so that an aggregator's link and not
-the CPU is the bottleneck; then runs the same allreduce (homagg.run:
+the CPU is the bottleneck; then runs the same allreduce (homagg.runs.allreduce:
 homagg-switch on a DPDK virtual PMD in each aggregator namespace, one
 worker process per worker namespace) spread over 1 .. K of them, --repeat
 times each, interleaved.  Per run: the slowest worker's time, the bytes
@@ -35,8 +35,8 @@ def add_arguments(parser):
 
 
 def run(args):
-    from homagg import run as runmod
-    from homagg.testbed import Testbed
+    from homagg.deploy.local.testbed import Testbed
+    from homagg.runs import allreduce as runmod
 
     sd = tempfile.mkdtemp(prefix="homagg-shards-")
     name = "s" + secrets.token_hex(4)

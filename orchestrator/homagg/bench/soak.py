@@ -2,7 +2,7 @@
 
 Needs root: it builds a testbed (W worker namespaces, tc-shaped veth links,
 homagg-switch on a DPDK virtual PMD), keeps one job and its W worker
-processes for --minutes (homagg.session.Session), and runs allreduces one
+processes for --minutes (homagg.runs.session.Session), and runs allreduces one
 after the other, each with a random method (from --methods), a random size
 (log-uniform in --min-elements..--max-elements), a random density and
 workload, while the daemon's port drops --drop-rate of what it receives and
@@ -17,7 +17,7 @@ the daemon is restarted (SIGTERM, a new daemon, the job added again) every
   daemon life (it must stay flat);
 - counter consistency at the end of every life: every frame the ethdev
   received is in exactly one port counter, every frame handed to the engine
-  in exactly one engine outcome counter (homagg.session.accounting).
+  in exactly one engine outcome counter (homagg.runs.session.accounting).
 
 Progress goes to stderr every --progress seconds; --json prints the
 report.  Exit status 0 when every allreduce was exact and every life's
@@ -66,14 +66,14 @@ class _Life:
     """Figures of one daemon life."""
 
     def __init__(self, session):
-        from homagg.session import rss_kb
+        from homagg.runs.session import rss_kb
 
         self.pid = session.switch_pid()
         self.rss_start_kb = rss_kb(self.pid)
         self.allreduces = 0
 
     def end(self, session) -> dict:
-        from homagg.session import accounting, rss_kb
+        from homagg.runs.session import accounting, rss_kb
 
         stats = session.stats()
         return {"pid": self.pid, "allreduces": self.allreduces,
@@ -83,8 +83,8 @@ class _Life:
 
 def soak(args, out=sys.stderr) -> dict:
     """Run the soak; returns the report (see the module doc)."""
-    from homagg.session import Session
-    from homagg.testbed import Testbed
+    from homagg.deploy.local.testbed import Testbed
+    from homagg.runs.session import Session
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     unknown = [m for m in methods if m not in protocol.METHODS]
@@ -167,7 +167,7 @@ def soak(args, out=sys.stderr) -> dict:
 
 
 def _progress_line(elapsed, minutes, runs, failures, restarts, life) -> str:
-    from homagg.session import rss_kb
+    from homagg.runs.session import rss_kb
 
     rss = rss_kb(life.pid)
     return (f"soak: {elapsed / 60:.1f}/{minutes:g} min, {len(runs)} allreduces, "

@@ -1,6 +1,8 @@
 """Bindings of homagg/client.h, the worker client: create it on a port, run
 an allreduce, read its stats (per-phase byte counters keyed by the phase
 names of homagg.protocol).  The typed API is ``homagg.worker.Worker``."""
+import errno
+
 from homagg._native import ffi, lib
 from homagg.bindings._args import _f32, _fill, _struct_dict, _wbuf, _buf, _length
 from homagg.errors import InvalidArgument, check, error_for
@@ -29,10 +31,12 @@ def client_create(port, aggregators, secret, keep, context, **config):
     if secret is not None:
         cfg.auth = 1
         cfg.secret = list(secret)
+    ffi.errno = 0
     client = lib.hg_client_create(cfg)
+    err = ffi.errno
     cfg.secret = [0] * len(cfg.secret)  # the client keeps only its keys
     if client == ffi.NULL:
-        raise InvalidArgument(f"worker client configuration refused ({context})")
+        raise error_for(-(err or errno.EINVAL), f"worker client not created ({context})")
     return ffi.gc(client, lambda c, _keep=(keep, cfg, aggs): lib.hg_client_destroy(c))
 
 

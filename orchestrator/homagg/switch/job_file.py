@@ -5,8 +5,8 @@ the K aggregators (aggregator k gets ``shard`` k, docs/PROTOCOL.md "Several
 aggregators") and returns its description, the fields of a job file; on a
 failure the aggregators that had it drop it again.  ``unregister`` removes
 it.  A control is a callable taking one control request (a dict such as
-``{"cmd": "stats"}``) and returning the reply: ``homagg.run.Switch.control``
-on a local testbed, ``homagg.remote.Host.control`` on an inventory's host.
+``{"cmd": "stats"}``) and returning the reply: ``homagg.runs.allreduce.Switch.control``
+on a local testbed, ``homagg.deploy.remote.hosts.Host.control`` on an inventory's host.
 ``homagg testbed up``, ``homagg up -i``, ``homagg train`` and ``homagg run``
 register their jobs this way.
 

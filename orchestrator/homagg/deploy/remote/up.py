@@ -12,17 +12,17 @@ on every host, INSTALL_DIR/run/job.json (HOMAGG_JOB_FILE of homagg.torch,
 for torchrun on the worker hosts; a worker's names its own bind address).
 `homagg run allreduce -i` and `homagg train -i` register jobs of their own;
 `homagg down -i testbed.toml` removes the job and stops the daemons.
-Details: homagg.remote.
+Details: homagg.deploy.remote.hosts.
 """
 
 
 def add_arguments(p):
-    from homagg.remote import add_up_arguments
+    from homagg.deploy.remote.hosts import add_up_arguments
 
     add_up_arguments(p)
 
 
 def main(args) -> int:
-    from homagg.remote import up_main
+    from homagg.deploy.remote.hosts import up_main
 
     return up_main(args)

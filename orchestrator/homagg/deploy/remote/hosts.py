@@ -17,7 +17,7 @@ kernel interface.  Any failure stops the command with one error naming every
 failing host and the fix.
 
 ``up`` then registers one job for every worker host on the daemons and
-writes its job file (homagg.job_file) on every host as
+writes its job file (homagg.switch.job_file) on every host as
 INSTALL_DIR/run/job.json: a torchrun user points HOMAGG_JOB_FILE at it on
 the worker hosts.  ``down`` removes that job before it stops the daemons.
 
@@ -35,8 +35,8 @@ docs/PROTOCOL.md "Several aggregators"): ``up`` starts a daemon on each,
 ``down`` stops them all.
 
 ``run allreduce -i`` registers a job over the daemon's control socket (by
-running ``python -m homagg.control`` on the aggregator), starts one worker
-process per worker host (``python -m homagg.job --child SPEC``: each builds
+running ``python -m homagg.switch.control`` on the aggregator), starts one worker
+process per worker host (``python -m homagg.runs.job --child SPEC``: each builds
 its gradient from the seed), releases them together, waits with a timeout,
 copies every result, worker log, worker report and the daemon log into
 RUNS_DIR/<timestamp>-<method>/, checks bit-exactness against the reference
@@ -54,12 +54,13 @@ import tomllib
 
 import numpy as np
 
-from homagg import inventory as inv
-from homagg import job as localrun
-from homagg import job_file, ssh
+from homagg.deploy.remote import inventory as inv
+from homagg.deploy.remote import ssh
 from homagg.errors import HomAggError
+from homagg.runs import job as localrun
+from homagg.switch import job_file
 
-log = logging.getLogger("homagg.remote")
+log = logging.getLogger("homagg.deploy.remote.hosts")
 
 SOCKET_PATH_MAX = 107  # sun_path minus the terminating NUL
 UP_JOB_GROUP = "239.77.0.3"  # the results' multicast group of the job `up` registers
@@ -133,7 +134,7 @@ def stop_started(started, run_id, warn):
 
 
 class Host(ssh.Session):
-    """The SSH session to one host (homagg.ssh.Session: connect, preflight,
+    """The SSH session to one host (homagg.deploy.remote.ssh.Session: connect, preflight,
     run as root) plus the checks and process handling of up/run/down."""
 
     def __init__(self, h: inv.HostSpec, inventory: inv.Inventory, switch: str | None = None):
@@ -158,7 +159,7 @@ class Host(ssh.Session):
 
     def check(self, need_switch: bool = True) -> None:
         """What up/run need on this host, after the preflight (login,
-        privilege, OS: homagg.ssh.preflight_all).  StepFailed names the fix."""
+        privilege, OS: homagg.deploy.remote.ssh.preflight_all).  StepFailed names the fix."""
         h = self.h
         fix = f"run `homagg provision -i {self.inv.path}`"
         r = self.run(f"cat {shlex.quote(h.config_file)}", check=False)
@@ -229,7 +230,7 @@ class Host(ssh.Session):
         return [ln for ln in r.stdout.splitlines() if ln.strip()]
 
     def put_job_file(self, path: str, fields: dict) -> None:
-        """Write a job file (homagg.job_file) on this host, readable by root only."""
+        """Write a job file (homagg.switch.job_file) on this host, readable by root only."""
         d = shlex.quote(os.path.dirname(path))
         self.run(f"mkdir -p {d} && (umask 077 && printf %s {shlex.quote(json.dumps(fields))} "
                  f"> {shlex.quote(path)})")
@@ -240,8 +241,8 @@ class Host(ssh.Session):
         return json.loads(r.stdout) if r.exited == 0 and r.stdout.strip() else None
 
     def control(self, request: dict, wait: float = 0.0, pid: int = 0) -> dict:
-        """One request to the daemon's control socket (python -m homagg.control on this host)."""
-        cmd = (f"{shlex.quote(self.python)} -m homagg.control --wait {wait:g} --pid {pid} "
+        """One request to the daemon's control socket (python -m homagg.switch.control on this host)."""
+        cmd = (f"{shlex.quote(self.python)} -m homagg.switch.control --wait {wait:g} --pid {pid} "
                f"{shlex.quote(control_socket(self.h))} {shlex.quote(json.dumps(request))}")
         r = self.run(cmd, check=False, timeout=wait + 30)
         if r.exited != 0:
@@ -467,7 +468,7 @@ def run_allreduce(inventory: inv.Inventory, method: str, elements: int, density:
                   group: str = "239.77.0.1", runs_dir: str = "runs", start_timeout: float = 120.0,
                   out=None, pipeline_groups: int = localrun.PIPELINE_GROUPS) -> dict:
     """One allreduce on the inventory's hosts with the daemon `up` started;
-    returns the report (the same fields as homagg.run.run_allreduce, plus
+    returns the report (the same fields as homagg.runs.allreduce.run_allreduce, plus
     "run_dir").  Worker processes are stopped before it returns."""
     import secrets
 
@@ -514,7 +515,7 @@ def run_allreduce(inventory: inv.Inventory, method: str, elements: int, density:
             spec.update(ready_file=p["ready"], go_file=p["go"], report=p["report"],
                         start_timeout=start_timeout)
             pids.append(r.start(p["pid"], p["log"],
-                                [r.python, "-m", "homagg.job", "--child", json.dumps(spec)], d))
+                                [r.python, "-m", "homagg.runs.job", "--child", json.dumps(spec)], d))
             started.append((r, p["pid"]))
             paths.append(p)
 

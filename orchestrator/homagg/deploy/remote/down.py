@@ -14,6 +14,6 @@ def add_arguments(p):
 
 
 def main(args) -> int:
-    from homagg.remote import down_main
+    from homagg.deploy.remote.hosts import down_main
 
     return down_main(args)

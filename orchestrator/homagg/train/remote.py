@@ -4,14 +4,14 @@
     homagg train -i testbed.toml --model ncf --method auto --steps 10
     homagg down -i testbed.toml
 
-The same run as ``homagg train --testbed`` (homagg.train), over SSH
-(homagg.remote's hosts, preflight and process handling).  With one rank
+The same run as ``homagg train --testbed`` (homagg.train.train), over SSH
+(homagg.deploy.remote.hosts's hosts, preflight and process handling).  With one rank
 per worker host it uses the job ``homagg up`` registered and its job files
-(registered afresh before and after the run, homagg.job_file); otherwise a
+(registered afresh before and after the run, homagg.switch.job_file); otherwise a
 job of its own is registered on the daemons ``homagg up`` started (spread
 over every aggregator host), its job file written on
 every worker host, one rank started per worker host (``python -m
-homagg.train --child SPEC`` in the host's venv, in the background with a
+homagg.train.train --child SPEC`` in the host's venv, in the background with a
 PID file; Gloo rendezvous at the first worker's data-plane address), and
 when they are done their reports, final parameters and recorded bucket
 gradients are copied into RUNS_DIR/<timestamp>-train-<method>/ with the
@@ -26,10 +26,12 @@ import secrets
 import shlex
 import sys
 
-from homagg import inventory as inv
-from homagg import job_file, remote, ssh
-from homagg import train as trainmod
-from homagg.job import UDP_PORT
+from homagg.deploy.remote import hosts as remote
+from homagg.deploy.remote import inventory as inv
+from homagg.deploy.remote import ssh
+from homagg.runs.job import UDP_PORT
+from homagg.switch import job_file
+from homagg.train import train as trainmod
 
 REPORT = "rank-{rank}.json"
 
@@ -50,7 +52,7 @@ def run_train(inventory_path: str, model: str = "ncf", method: str = "auto", ste
               sparsify: str | None = None, timeout: float = 10.0, runs_dir: str = "runs",
               out_dir: str | None = None, slots: int = 64, payload: int = 1024,
               group: str = "239.77.0.2", start_timeout: float = 120.0, out=None) -> dict:
-    """Train on the inventory's worker hosts; returns homagg.train's report
+    """Train on the inventory's worker hosts; returns homagg.train.train's report
     plus "run_dir".  Every rank process is stopped before it returns."""
     out = out or sys.stderr
     trainmod.check_arguments(method, model, steps, warmup)
@@ -105,7 +107,7 @@ def run_train(inventory_path: str, model: str = "ncf", method: str = "auto", ste
             spec["report"] = f"{d}/{REPORT.format(rank=r)}"
             pidfile = f"{remote.rundir(host.h)}/rank-{run_id}-{r}.pid"
             pids.append(host.start(pidfile, f"{d}/worker-{r}.log",
-                                   [host.python, "-m", "homagg.train", "--child", json.dumps(spec)],
+                                   [host.python, "-m", "homagg.train.train", "--child", json.dumps(spec)],
                                    d, env=renv))
             started.append((host, pidfile))
             dirs.append(d)

@@ -6,7 +6,7 @@
 starts homagg-switch in the testbed's aggregator namespace (as ``homagg
 run`` does), registers a job, writes its job file (homagg.torch's
 HOMAGG_JOB_FILE) and starts one rank per worker namespace
-(``python -m homagg.train --child SPEC``): torch.distributed with the Gloo
+(``python -m homagg.train.train --child SPEC``): torch.distributed with the Gloo
 backend for rendezvous, the model in DistributedDataParallel.  Every rank
 trains twice from the same initial parameters and the same data: first
 plain Gloo DDP (the baseline, skipped with --no-baseline), then DDP with
@@ -34,12 +34,12 @@ its parameters must equal the ranks' bit for bit (replay_bit_identical).
 With nc (lossy) both are reported, and the loss curve's largest relative
 distance from the Gloo run's (loss_band_vs_gloo).
 
---model: ncf, lstm, bert, vgg (homagg.models, generated data) or your own,
+--model: ncf, lstm, bert, vgg (homagg.train.models, generated data) or your own,
 ``path/to/file.py:factory`` with factory(rank, world_size, seed) ->
 (model, batches, loss_fn): batches an iterable of (inputs, targets).
 
 -i testbed.toml runs the ranks on the inventory's worker hosts instead,
-against the daemon ``homagg up -i`` started (see homagg.remote).
+against the daemon ``homagg up -i`` started (see homagg.deploy.remote.hosts).
 
 --out DIR writes train.json, loss_vs_step.png and loss_vs_time.png.
 """
@@ -62,9 +62,10 @@ import time
 
 import numpy as np
 
-from homagg import job_file
+import homagg
 from homagg.errors import HomAggError
 from homagg.protocol import EXACT_METHODS, METHODS as HOMAGG_METHODS
+from homagg.switch import job_file
 
 # the protocol's methods (homagg.protocol, read from C) and the Gloo baseline
 METHODS = tuple(HOMAGG_METHODS) + ("gloo",)
@@ -84,7 +85,7 @@ class TrainError(HomAggError):
 def load_factory(model: str):
     """(factory, default learning rate) of a built-in model name or of
     ``path/to/file.py:factory``."""
-    from homagg import models
+    from homagg.train import models
 
     if model in models.MODELS:
         return models.MODELS[model]
@@ -476,10 +477,11 @@ def run_train(testbed: str, model: str = "ncf", method: str = "auto", steps: int
     registered here carries the testbed's link rate and this host's
     calibration (homagg.cost; False: none, choices by bytes); the testbed's
     own job keeps what `homagg testbed up` registered."""
-    from homagg import run as runmod
-    from homagg import testbed_job as testbed_job_mod
-    from homagg.job import collect_reports
-    from homagg.testbed import Testbed
+    from homagg.deploy.local import testbed_job as testbed_job_mod
+    from homagg.deploy.local.testbed import Testbed
+    from homagg.runs import allreduce as runmod
+    from homagg.runs.job import collect_reports
+    from homagg.switch.daemon import Switch
 
     import homagg.torch  # noqa: F401  (torch must import here: fail early)
 
@@ -500,11 +502,11 @@ def run_train(testbed: str, model: str = "ncf", method: str = "auto", steps: int
     testbed_job = testbed_job_mod.job(tb)  # `homagg testbed up`'s, if any
     try:
         env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME=hosts[0].ifname)
-        pkg_root = str(pathlib.Path(__file__).resolve().parents[1])
+        pkg_root = str(pathlib.Path(homagg.__file__).resolve().parents[1])
         env["PYTHONPATH"] = pkg_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         if method != "gloo":
             # every aggregator of the testbed: the job is spread over them
-            sws = [runmod.Switch(tb, workdir, switch=switch, host=h.name, frames=W * slots)
+            sws = [Switch(tb, workdir, switch=switch, host=h.name, frames=W * slots)
                    for h in tb.aggregators]
             controls = [s.control for s in sws]
             if testbed_job and testbed_job["workers"] == W:
@@ -527,7 +529,7 @@ def run_train(testbed: str, model: str = "ncf", method: str = "auto", steps: int
                              phases=_phases(method, baseline), workdir=workdir, ifname=h.ifname,
                              sparsify=sparsify, start_timeout=120.0)
             renv = dict(env, HOMAGG_BIND=h.ip)
-            procs.append(tb.run_in(h.name, [sys.executable, "-m", "homagg.train", "--child",
+            procs.append(tb.run_in(h.name, [sys.executable, "-m", "homagg.train.train", "--child",
                                             json.dumps(spec)],
                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                    env=renv, cwd=workdir))
@@ -613,7 +615,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from homagg.testbed import TestbedError
+    from homagg.deploy.local.testbed import TestbedError
 
     kw = dict(model=args.model, method=args.method, steps=args.steps, warmup=args.warmup,
               ranks=args.ranks, lr=args.lr, seed=args.seed, bucket_mb=args.bucket_mb,
@@ -621,7 +623,7 @@ def main(args: argparse.Namespace) -> int:
               out_dir=args.out, slots=args.slots, payload=args.payload_bytes)
     try:
         if args.inventory:
-            from homagg import remote_train
+            from homagg.train import remote as remote_train
 
             rep = remote_train.run_train(args.inventory, runs_dir=args.runs_dir, **kw)
             print(f"results and logs: {rep['run_dir']}", file=sys.stderr)

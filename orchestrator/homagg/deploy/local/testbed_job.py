@@ -1,9 +1,9 @@
 """The daemons and the job of a local testbed, for torchrun and `homagg train`.
 
 ``homagg testbed up`` (unless --no-daemon) calls ``start``: homagg-switch in
-every aggregator namespace (homagg.run.Switch, started with the testbed's
+every aggregator namespace (homagg.runs.allreduce.Switch, started with the testbed's
 ``run_in``, so ``homagg testbed down`` stops them by PID), one job for all
-the testbed's workers spread over them (homagg.job_file.register) and its
+the testbed's workers spread over them (homagg.switch.job_file.register) and its
 job file in the testbed's ``files_dir``::
 
     sudo homagg testbed up --workers 2 --name demo
@@ -16,7 +16,7 @@ file's path; the token stays in the job file, which only root reads).
 ``homagg run`` and ``homagg train`` on such a testbed use these daemons;
 ``homagg train`` with as many ranks as the job has workers uses the job
 and its file.  Successive runs of new ranks may share the job
-(homagg.job_file); ``renew`` (``homagg testbed job``) registers it afresh,
+(homagg.switch.job_file); ``renew`` (``homagg testbed job``) registers it afresh,
 its counters at 0.
 """
 from __future__ import annotations
@@ -25,9 +25,9 @@ import contextlib
 import json
 import os
 
-from homagg import job_file
+from homagg.deploy.local.testbed import Testbed
 from homagg.errors import HomAggError
-from homagg.testbed import Testbed
+from homagg.switch import job_file
 
 JOB_GROUP = "239.77.0.3"  # the results' multicast group of the testbed's job
 
@@ -62,14 +62,15 @@ def start(tb: Testbed, *, slots: int = 64, payload: int = 1024, timeout: float =
     failure the daemons started are stopped and the error re-raised.  The
     job's cost model is the testbed's link rate with this host's
     calibration (``cost_model`` False: none)."""
-    from homagg import run as runmod
+    from homagg.runs import allreduce as runmod
+    from homagg.switch.daemon import Switch
 
     runmod.check_payload(payload, int(tb.state().get("mtu") or 1500), f"testbed {tb.name}")
     os.makedirs(tb.files_dir, mode=0o700, exist_ok=True)
     sws = []
     try:
         for h in tb.aggregators:
-            sws.append(runmod.Switch(tb, tb.files_dir, switch=switch, host=h.name,
+            sws.append(Switch(tb, tb.files_dir, switch=switch, host=h.name,
                                      frames=len(tb.workers) * slots))
         fields = job_file.register([s.control for s in sws],
                                    [(s.ip, runmod.UDP_PORT) for s in sws],
@@ -97,9 +98,10 @@ def job(tb: Testbed) -> dict | None:
 
 def controls(tb: Testbed, workdir: str | None = None) -> list:
     """The control callables of the testbed's daemons, in shard order."""
-    from homagg import run as runmod
+    from homagg.runs import allreduce as runmod
+    from homagg.switch.daemon import Switch
 
-    return [runmod.Switch(tb, workdir or tb.files_dir, host=h.name).control
+    return [Switch(tb, workdir or tb.files_dir, host=h.name).control
             for h in tb.aggregators]
 
 

@@ -40,17 +40,18 @@ import tarfile
 import tempfile
 import zipfile
 
-from homagg import inventory as inv
+import homagg
+from homagg.deploy.remote import inventory as inv
+from homagg.deploy.remote.progress import StepView
+from homagg.deploy.remote.ssh import (CHANGED, FAILED, OK, SKIPPED, WOULD, PreflightError,  # noqa: F401
+                                      ProvisionError, Session, StepFailed, StepResult, format_table,
+                                      failure_message, parallel, preflight_all)
+from homagg.deploy.remote.ssh import tail as _tail
 from homagg.errors import HomAggError
-from homagg.progress import StepView
-from homagg.ssh import (CHANGED, FAILED, OK, SKIPPED, WOULD, PreflightError,  # noqa: F401
-                        ProvisionError, Session, StepFailed, StepResult, format_table,
-                        failure_message, parallel, preflight_all)
-from homagg.ssh import tail as _tail
 
 STEPS = ("os", "packages", "venv", "upload", "wheels", "build", "install", "hugepages", "hugetlbfs",
          "nic_bind", "mtu", "address", "config")
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(homagg.__file__))))
 
 
 # --------------------------------------------------------------------------
@@ -436,7 +437,7 @@ class HostRun(Session):
 
     def provision(self, view=None) -> list[StepResult]:
         """Every step in order (a failed step skips the rest); ``view`` (a
-        homagg.progress.StepView) hears each step's start and end."""
+        homagg.deploy.remote.progress.StepView) hears each step's start and end."""
         out = []
         failed = False
         for step in STEPS:
@@ -469,7 +470,7 @@ def provision(inventory: inv.Inventory, hosts: list[str] | None = None, dry_run:
               wheelhouse: str | None = None,
               live: bool | None = None) -> dict[str, list[StepResult]]:
     """Provision the selected hosts; returns host -> [StepResult].  While the
-    steps run, a live per-host view (homagg.progress.StepView; ``live``
+    steps run, a live per-host view (homagg.deploy.remote.progress.StepView; ``live``
     None: when stderr is a terminal, else one log line per step).  Raises
     PreflightError (nothing changed) or ProvisionError (after every host
     finished), each carrying all failing hosts."""

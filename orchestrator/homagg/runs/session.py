@@ -11,14 +11,14 @@ a session keeps them::
         s.restart_switch()           # new daemon, job added again
         s.allreduce("dense", 50_000, 1.0, seed=4)
 
-Each worker process (``python -m homagg.session --worker SPEC`` in its
+Each worker process (``python -m homagg.runs.session --worker SPEC`` in its
 namespace) holds one ``homagg.worker.Worker`` and answers one JSON line per
 command read from stdin: ``allreduce`` (the gradient is built from the seed,
 the result saved for the checker), ``reset`` (a new client: chunk counters
 from 0, a new incarnation; what docs/PROTOCOL.md asks after a failed
 allreduce) and ``exit``.  ``allreduce`` returns every worker's outcome and,
 when all succeeded, the bit-exact check against the fixed-point reference
-(homagg.job.verify).  After a failed allreduce ``recover`` re-adds the job
+(homagg.runs.job.verify).  After a failed allreduce ``recover`` re-adds the job
 on the daemon and resets every worker, so the next one starts clean.
 
 Used by ``homagg bench soak`` and by the chaos tests (docs/SWITCH.md,
@@ -39,8 +39,10 @@ import time
 
 import numpy as np
 
-from homagg import job, run
 from homagg.errors import HomAggError
+from homagg.runs import allreduce as run
+from homagg.runs import job
+from homagg.switch.daemon import Switch
 
 
 class SessionError(HomAggError):
@@ -135,7 +137,7 @@ class Session:
     def start_switch(self) -> None:
         """Start homagg-switch and add the job (a new daemon: a new job
         incarnation)."""
-        self.switch = run.Switch(self.tb, self.workdir, pmd=self.pmd, switch=self.binary,
+        self.switch = Switch(self.tb, self.workdir, pmd=self.pmd, switch=self.binary,
                                  drop_rate=self.drop_rate)
         self.switch_starts += 1
         self.add_job()
@@ -181,7 +183,7 @@ class Session:
     def start_worker(self, i: int) -> None:
         """Start worker i's process (a new process: a new incarnation)."""
         h = self.tb.workers[i]
-        p = self.tb.run_in(h.name, [sys.executable, "-m", "homagg.session", "--worker",
+        p = self.tb.run_in(h.name, [sys.executable, "-m", "homagg.runs.session", "--worker",
                                     json.dumps(self._spec(i))],
                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                            text=True, env=run.child_env(), cwd=self.workdir)
@@ -339,6 +341,6 @@ def _worker_main(spec: dict) -> int:
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--worker":
         sys.exit(_worker_main(json.loads(sys.argv[2])))
-    print("usage: python -m homagg.session --worker SPEC (started by homagg.session.Session)",
+    print("usage: python -m homagg.runs.session --worker SPEC (started by homagg.runs.session.Session)",
           file=sys.stderr)
     sys.exit(2)

@@ -1,23 +1,15 @@
-"""The main job: allreduce a realistic sparse gradient, exactly, over the network.
+"""The demo's three runs of one realistic sparse allreduce, each checked bit
+for bit against the fixed-point reference (numpy) and printed as a table:
 
-Modes (--mode, default "auto"):
+- ``main_testbed``: a local testbed built and torn down here
+  (homagg.deploy.local.testbed), one ``homagg run allreduce`` per method and
+  workload (homagg.runs.allreduce);
+- ``main_sim``: the in-process NIC-model cluster (homagg.sim.Cluster),
+  virtual time;
+- ``main_codec``: the protocol in one process without a network
+  (homagg.codec.simulate_allreduce).
 
-  testbed   4 worker namespaces and an aggregator namespace on this machine
-            (homagg.testbed), rate-limited veth links (--link-mbit), the DPDK
-            aggregator homagg-switch on a virtual PMD, one worker process per
-            namespace (homagg run allreduce); every method of --methods runs
-            on the same testbed, then the testbed is torn down.  Needs root.
-  sim       the same allreduce on the in-process cluster: C worker clients and
-            the C aggregation engine over the software NIC model, virtual time
-            at --link-mbit (homagg.sim.Cluster).  No root needed.
-  codec     the protocol in one process without a network: every method,
-            shared and independent positions (homagg.codec.simulate_allreduce).
-  auto      testbed when running as root with homagg-switch built, else sim
-            (saying why).
-
-The table shows the time, the bytes each worker put on the wire, the ratio to
-sending dense float32 (4 n bytes), and whether every worker's result is
-bit-identical to the fixed-point reference (numpy).
+``homagg demo`` (homagg.cli.demo) chooses the mode and calls one of them.
 """
 import logging
 import os
@@ -32,26 +24,10 @@ from homagg.protocol import METHODS
 NET_METHODS = ("dense", "lhc", "union")
 
 
-def add_arguments(parser):
-    parser.add_argument("--mode", choices=("auto", "testbed", "sim", "codec"), default="auto",
-                        help="where the allreduce runs (default auto: testbed as root, else sim)")
-    parser.add_argument("--methods", default=None,
-                        help="comma-separated methods (default dense,lhc,union on the network, "
-                        "every method in codec mode)")
-    parser.add_argument("--link-mbit", type=float, default=1000.0,
-                        help="worker link rate in Mbit/s (testbed and sim; default 1000)")
-    parser.add_argument("--elements", type=int, default=None,
-                        help="elements per worker (default 2^22 on the network, 2^24 in codec mode)")
-    parser.add_argument("--workers", type=int, default=4, help="workers W (default 4)")
-    parser.add_argument("--density", type=float, default=0.05,
-                        help="fraction of non-zeros per worker (default 0.05)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the gradients")
+_log = logging.getLogger("homagg.runs.demo")
 
 
-_log = logging.getLogger("homagg.demo")
-
-
-def _progress(msg):
+def progress(msg):
     _log.info("[demo] %s", msg)
 
 
@@ -75,7 +51,7 @@ def realistic_gradients(n, workers, density, shared, seed):
     return grads
 
 
-def _methods(args, default):
+def parse_methods(args, default):
     ms = tuple(m.strip() for m in args.methods.split(",")) if args.methods else default
     bad = [m for m in ms if m not in METHODS]
     if bad:
@@ -86,39 +62,6 @@ def _methods(args, default):
 def _default_block():
     from homagg.bindings.codec import DEFAULT_BLOCK
     return DEFAULT_BLOCK
-
-
-def _switch_built():
-    from homagg import run
-    try:
-        run.find_switch()
-        return True
-    except Exception:  # noqa: BLE001 - any failure means "not available"
-        return False
-
-
-def main(args):
-    mode = args.mode
-    if mode == "auto":
-        if os.geteuid() != 0:
-            _progress("not running as root: network namespaces need root, so the allreduce "
-                      "runs on the in-process NIC-model cluster instead (sudo make demo for "
-                      "the testbed)")
-            mode = "sim"
-        elif not _switch_built():
-            _progress("homagg-switch is not built (make build): using the in-process "
-                      "NIC-model cluster instead")
-            mode = "sim"
-        else:
-            mode = "testbed"
-    if mode == "codec":
-        return main_codec(args)
-    if args.elements is None:
-        args.elements = 2**22
-    methods = _methods(args, NET_METHODS)
-    if mode == "testbed":
-        return main_testbed(args, methods)
-    return main_sim(args, methods)
 
 
 def _table(title, rows):
@@ -137,27 +80,27 @@ def _exact_word(method, same):
 
 
 def main_testbed(args, methods):
-    from homagg import run
-    from homagg.testbed import Testbed
+    from homagg.deploy.local.testbed import Testbed
+    from homagg.runs import allreduce as run
 
     n, W = args.elements, args.workers
     name = f"demo{os.getpid() % 100000}"
-    _progress(f"testbed {name}: {W} workers, links {args.link_mbit:g} Mbit/s each way")
+    progress(f"testbed {name}: {W} workers, links {args.link_mbit:g} Mbit/s each way")
     Testbed.up(name, workers=W, link_mbit=args.link_mbit)
     rows = []
     try:
         for wl in ("shared", "random"):
             for m in methods:
-                _progress(f"{m} / {wl}: {W} x {n} float32, density {args.density} ...")
+                progress(f"{m} / {wl}: {W} x {n} float32, density {args.density} ...")
                 r = run.run_allreduce(name, m, n, args.density, workload=wl, seed=args.seed + 1)
                 retrans = sum(s.get("retransmissions", 0) for s in r["worker_stats"])
                 rows.append(dict(method=m, workload=wl, seconds=r["seconds"],
                                  bytes=max(r["bytes_per_worker"]), dense=4 * n, retrans=retrans,
                                  exact=_exact_word(m, r["exact"]), note=f"pmd {r['pmd']}"))
-                _progress(f"  {r['seconds']:.3f} s, {max(r['bytes_per_worker'])} B/worker, "
+                progress(f"  {r['seconds']:.3f} s, {max(r['bytes_per_worker'])} B/worker, "
                           f"exact {r['exact']}")
     finally:
-        _progress(f"tearing down testbed {name}")
+        progress(f"tearing down testbed {name}")
         Testbed.down(name)
     _table(f"HomAgg allreduce on a local testbed: W={W}, n={n} float32 per worker "
            f"(dense fp32 = {4 * n} B), density {args.density}, links {args.link_mbit:g} Mbit/s; "
@@ -174,7 +117,7 @@ def main_sim(args, methods):
         grads = realistic_gradients(n, W, args.density, wl == "shared", args.seed)
         want = reference.allreduce(grads, _default_block())
         for m in methods:
-            _progress(f"{m} / {wl}: {W} x {n} float32, density {args.density}, "
+            progress(f"{m} / {wl}: {W} x {n} float32, density {args.density}, "
                       f"simulated links {args.link_mbit:g} Mbit/s ...")
             # the default window of 64, or less so that W x S fits the ring
             with sim.Cluster(workers=W, link_gbps=args.link_mbit / 1000.0, seed=args.seed,
@@ -201,14 +144,14 @@ def main_codec(args):
     n, W = args.elements, args.workers
     rows = []
     for wl in ("shared", "independent"):
-        _progress(f"workload {wl}: {W} workers x {n} float32, density {args.density}")
+        progress(f"workload {wl}: {W} workers x {n} float32, density {args.density}")
         grads = realistic_gradients(n, W, args.density, wl == "shared", args.seed)
         t = time.perf_counter()
         want = reference.allreduce(grads, codec.DEFAULT_BLOCK)
-        _progress(f"  reference (numpy, fixed point) in {time.perf_counter() - t:.1f} s")
+        progress(f"  reference (numpy, fixed point) in {time.perf_counter() - t:.1f} s")
         exact64 = np.sum([g.astype(np.float64) for g in grads], axis=0)
-        for m in _methods(args, METHODS):
-            _progress(f"  {m} ...")
+        for m in parse_methods(args, METHODS):
+            progress(f"  {m} ...")
             t = time.perf_counter()
             r = codec.simulate_allreduce(grads, method=m, seed=args.seed)
             dt = time.perf_counter() - t
@@ -225,7 +168,7 @@ def main_codec(args):
                 extra = f"stalled {s['stalled_blocks']}/{s['blocks']} blocks"
             rows.append((name, wl, s["bytes_per_worker"], s["bytes_per_worker"] / (4 * n),
                          exact, dt, extra))
-            _progress(f"  {m}: {s['bytes_per_worker']} B/worker, exact {exact}, {dt:.1f} s")
+            progress(f"  {m}: {s['bytes_per_worker']} B/worker, exact {exact}, {dt:.1f} s")
             del r
         del grads
 

@@ -24,10 +24,10 @@ import os
 import shlex
 import socket
 
-from homagg import inventory as inv
+from homagg.deploy.remote import inventory as inv
 from homagg.errors import HomAggError
 
-log = logging.getLogger("homagg.ssh")
+log = logging.getLogger("homagg.deploy.remote.ssh")
 
 CHANGED, OK, FAILED, WOULD, SKIPPED = "changed", "ok", "failed", "would change", "skipped"
 TAIL_LINES = 15

@@ -16,8 +16,8 @@ import os
 import sys
 import tempfile
 
-from homagg import inventory as inv
-from homagg import provision as prov
+from homagg.deploy.remote import inventory as inv
+from homagg.deploy.remote import provision as prov
 from homagg.errors import HomAggError
 
 

@@ -1,8 +1,13 @@
-"""The ``homagg`` command.
+"""The ``homagg`` command: argument parsing and ``main`` (the console
+script's entry point; ``python -m homagg.cli`` is the same).
 
 Subcommands live in their own modules, listed in COMMANDS; each module
 provides ``add_arguments(parser)`` and ``main(args) -> int`` and a module
-docstring whose first line is the subcommand's help.
+docstring whose first line is the subcommand's help.  Start here to find
+which module implements a subcommand.  This package holds the commands that
+are only a command line: ``homagg.cli.testbed`` (``homagg testbed``) and
+``homagg.cli.demo`` (``homagg demo``); the others sit next to what they run
+(homagg.runs, homagg.train, homagg.deploy.remote, homagg.bench).
 """
 import argparse
 import importlib
@@ -11,16 +16,16 @@ import sys
 from homagg import log
 
 COMMANDS = {
-    "demo": "homagg.demo",
+    "demo": "homagg.cli.demo",
     "bench": "homagg.bench",
-    "testbed": "homagg.testbed_cli",
-    "run": "homagg.run",
-    "train": "homagg.train",
-    "provision": "homagg.provision",
-    "ansible-inventory": "homagg.ansible_inventory",
-    "up": "homagg.up",
-    "down": "homagg.down",
-    "calibrate": "homagg.calibrate",
+    "testbed": "homagg.cli.testbed",
+    "run": "homagg.runs.allreduce",
+    "train": "homagg.train.train",
+    "provision": "homagg.deploy.remote.provision",
+    "ansible-inventory": "homagg.deploy.remote.ansible_inventory",
+    "up": "homagg.deploy.remote.up",
+    "down": "homagg.deploy.remote.down",
+    "calibrate": "homagg.cli.calibrate",
 }
 
 
@@ -67,6 +72,3 @@ def main(argv=None):
         print("interrupted", file=sys.stderr)
         return 130
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -17,12 +17,12 @@ import socket
 import time
 
 from homagg.errors import (
-    HomAggError,
-    InvalidArgument,
-    OutOfRange,
-    PeerTimeout,
-    ProtocolError,
-)
+                           HomAggError,
+                           InvalidArgument,
+                           OutOfRange,
+                           PeerTimeout,
+                           ProtocolError,
+                           )
 
 
 class ControlError(HomAggError):
@@ -174,17 +174,17 @@ class ControlClient:
 
 
 def _main(argv=None):
-    """``python -m homagg.control [--wait S] [--pid PID] SOCKET REQUEST``:
+    """``python -m homagg.switch.control [--wait S] [--pid PID] SOCKET REQUEST``:
     send one request (a JSON object) and print the reply line.  ``--wait``
     retries the connection for S seconds (the daemon is starting), giving up
     early when process PID has exited.  Exit status: 0 ok, 1 the daemon
-    refused the request, 2 no daemon answered.  homagg.remote runs this on
+    refused the request, 2 no daemon answered.  homagg.deploy.remote.hosts runs this on
     the aggregator host over SSH."""
     import argparse
     import os
     import sys
 
-    ap = argparse.ArgumentParser(prog="python -m homagg.control")
+    ap = argparse.ArgumentParser(prog="python -m homagg.switch.control")
     ap.add_argument("--wait", type=float, default=0.0, metavar="S")
     ap.add_argument("--pid", type=int, default=0)
     ap.add_argument("--timeout", type=float, default=5.0)

@@ -32,9 +32,11 @@ import argparse
 import json
 import sys
 
-from homagg import job_file, log, testbed_job
+from homagg import log
+from homagg.deploy.local import testbed_job
+from homagg.deploy.local.testbed import DEFAULT_SUBNET, Testbed, TestbedError, state_dir_default
 from homagg.errors import HomAggError
-from homagg.testbed import DEFAULT_SUBNET, Testbed, TestbedError, state_dir_default
+from homagg.switch import job_file
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -184,7 +186,7 @@ def _print_hosts(tb: Testbed) -> None:
 
 
 def _standalone(argv=None) -> int:
-    """``python -m homagg.testbed_cli ...``: the same as ``homagg testbed ...``."""
+    """``python -m homagg.cli.testbed ...``: the same as ``homagg testbed ...``."""
     parser = argparse.ArgumentParser(prog="homagg testbed", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     log.setup()

@@ -6,13 +6,13 @@ results and the report.
   so the checker rebuilds every worker's input; ``reference`` is the
   bit-exact result (homagg.reference).
 - ``worker_spec`` is the JSON spec of one worker process, which runs as
-  ``python -m homagg.job --child SPEC`` (``child``): build the gradient,
+  ``python -m homagg.runs.job --child SPEC`` (``child``): build the gradient,
   wait for "go", run the allreduce through homagg.worker.Worker, save the
   result, print one JSON line of stats.
 - ``verify`` compares every worker's result bit for bit with the reference;
   ``counter_deltas`` and ``print_report`` make the report.
 
-``homagg.run`` (local testbed) and ``homagg.remote`` (hosts over SSH) both
+``homagg.runs.allreduce`` (local testbed) and ``homagg.deploy.remote.hosts`` (hosts over SSH) both
 use this module; neither imports the other.
 """
 from __future__ import annotations
@@ -28,10 +28,10 @@ import time
 import numpy as np
 
 from homagg import protocol
-from homagg.protocol import PIPELINE_GROUPS
 from homagg._native import lib
 from homagg.bench import workloads
 from homagg.errors import HomAggError
+from homagg.protocol import PIPELINE_GROUPS
 
 METHODS = protocol.METHODS
 WORKLOADS = workloads.WORKLOADS  # shared, random, zipf, dense
@@ -179,7 +179,7 @@ def child(spec: dict) -> int:
         x = gradient(spec["elements"], spec["density"], spec["workload"], spec["seed"],
                      spec["worker"], spec["workers"])
     with open_worker(spec) as w:
-        if spec.get("go_file"):  # remote hosts: a file barrier (homagg.remote)
+        if spec.get("go_file"):  # remote hosts: a file barrier (homagg.deploy.remote.hosts)
             open(spec["ready_file"], "w").close()
             deadline = time.monotonic() + spec.get("start_timeout", 120.0)
             while not os.path.exists(spec["go_file"]):
@@ -233,7 +233,7 @@ def worker_spec(*, job, token, worker, workers, agg_ip, group, ip, timeout, slot
                 method, block, elements, density, workload, seed, out, mtu=None,
                 aggregators=None, auth_file=None, leaf_ids=None,
                 pipeline_groups=PIPELINE_GROUPS, gradient_file=None, cost=None) -> dict:
-    """The JSON spec of one worker process (``python -m homagg.job --child SPEC``);
+    """The JSON spec of one worker process (``python -m homagg.runs.job --child SPEC``);
     ``mtu`` None: the worker asks the kernel for its path's MTU; ``aggregators``:
     the job's K aggregator addresses in shard order (default: agg_ip alone);
     ``auth_file``: the path of the job secret's file (never the secret);
@@ -397,4 +397,4 @@ def print_report(rep: dict, as_json: bool = False) -> int:
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--child":  # one worker process
         sys.exit(child(json.loads(sys.argv[2])))
-    sys.exit("usage: python -m homagg.job --child SPEC")
+    sys.exit("usage: python -m homagg.runs.job --child SPEC")

@@ -2,11 +2,11 @@
 
 ``StepView(hosts, steps)`` is a context manager; the code doing the work
 calls ``start(host, step)`` when a step begins and ``done(host, result)``
-(a ``homagg.ssh.StepResult``) when it ends, from any thread.  On a terminal
+(a ``homagg.deploy.remote.ssh.StepResult``) when it ends, from any thread.  On a terminal
 it shows a table (``rich``: one row per host with its current step, how
 many of the steps are done and the last result) refreshed as the steps
 move; elsewhere (a log file, CI) every start and end is one line on the
-``homagg.progress`` logger, so a step that runs for half an hour is never
+``homagg.deploy.remote.progress`` logger, so a step that runs for half an hour is never
 silent.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 
-log = logging.getLogger("homagg.progress")
+log = logging.getLogger("homagg.deploy.remote.progress")
 
 
 class StepView:

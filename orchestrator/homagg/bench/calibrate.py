@@ -1,15 +1,13 @@
-"""Measure this host's cost-model coefficients, per ISA path of the codec.
+"""Measure this host's cost-model coefficients, per ISA path of the codec
+(the layer below ``homagg calibrate``, homagg.cli.calibrate).
 
-``homagg calibrate`` times the codec's own calls (the same C functions a
-worker runs) on a 2^20-element tensor and writes the coefficients of
+:func:`calibrate` times the codec's own calls (the same C functions a
+worker runs) on a 2^20-element tensor and returns the coefficients of
 docs/PROTOCOL.md "The cost model" in picoseconds, one set per ISA path this
-CPU runs (``HOMAGG_CODEC_ISA`` forces each in turn), to the calibration
-file: ``$HOMAGG_CALIBRATION``, else ``~/.config/homagg/calibration.json``
-(``--out`` names another).  A job created on this host takes its
-coefficients from it (homagg.cost.job_cost); workers never read it for a
-job that registered a model.  It takes a few seconds::
-
-    homagg calibrate --json --out /tmp/calibration.json
+CPU runs (``HOMAGG_CODEC_ISA`` forces each in turn); :func:`write` stores
+them in the calibration file (homagg.cost.calibration_path), where a job
+created on this host takes them from (homagg.cost.job_cost); workers never
+read it for a job that registered a model.  It takes a few seconds.
 
 What each coefficient times (CPU time of the thread, best of a few runs):
 value_ps, quantise and dequantise per dense lane; bitmap_ps, a
@@ -29,7 +27,6 @@ import json
 import os
 import platform
 import socket
-import sys
 import time
 
 import numpy as np
@@ -39,17 +36,6 @@ from homagg import cost as _cost
 ISAS = ("portable", "avx2", "avx512")
 # Bloom options of docs/PROTOCOL.md "lhc: index": (bits per element, probes)
 _BLOOM = ((8, 6), (12, 8), (16, 8), (20, 8), (24, 8))
-
-
-def add_arguments(p) -> None:
-    p.add_argument("--json", action="store_true", help="print the calibration as JSON")
-    p.add_argument("--out", metavar="PATH", default=None,
-                   help="file to write (default: $HOMAGG_CALIBRATION, else "
-                   "~/.config/homagg/calibration.json)")
-    p.add_argument("--elements", type=int, default=1 << 20,
-                   help="tensor size of the codec timings (default: %(default)s)")
-    p.add_argument("--repeat", type=int, default=5,
-                   help="runs of each timing, the best is kept (default: %(default)s)")
 
 
 def _best(fn, repeat):
@@ -226,21 +212,3 @@ def write(cal, path) -> str:
         json.dump(cal, f, indent=1)
     os.replace(tmp, path)
     return path
-
-
-def main(args) -> int:
-    cal = calibrate(args.elements, args.repeat)
-    path = write(cal, args.out or _cost.calibration_path())
-    if args.json:
-        print(json.dumps({**cal, "file": path}, indent=1))
-    else:
-        print(f"calibrated {cal['cpu']} in {cal['seconds']} s, ISA paths "
-              f"{', '.join(cal['paths'])} (jobs use {cal['isa']}): {path}")
-        for isa, c in cal["paths"].items():
-            print(f"  {isa:9s} " + "  ".join(f"{k} {v}" for k, v in c.items()))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(__import__("argparse").Namespace(json=True, out=None,
-                                                   elements=1 << 20, repeat=3)))

@@ -1,0 +1,6 @@
+"""``python -m homagg.cli ...``: the same as ``homagg ...``."""
+import sys
+
+from homagg.cli import main
+
+sys.exit(main())

@@ -1,0 +1,8 @@
+"""Where HomAgg runs: the machines, networks and processes of a deployment.
+
+- ``homagg.deploy.local``: a testbed on this machine (network namespaces,
+  veth, a bridge as the switch), with its daemons and its job.
+- ``homagg.deploy.remote``: real hosts named in an inventory
+  (``testbed.toml``), reached over SSH: provisioning, the Ansible inventory,
+  ``homagg up`` / ``down`` and the runs on them.
+"""
