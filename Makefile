@@ -11,6 +11,10 @@
 #   NO_APT=1                      never call apt-get (fail if packages are missing)
 #   N=3                           runs of the suite for make test-repeat
 #
+# In the environment (not a make variable): HOMAGG_CODEC_ISA=portable|avx2|avx512
+# forces the codec's ISA path of everything make runs (tests, make bench; by
+# default the best the CPU has; `homagg bench codec` times every path anyway).
+#
 # `make help` lists the targets.
 
 PYTHON      ?= python3
@@ -44,7 +48,7 @@ LIB      := $(BUILD)/libhomagg.a
 HEADERS  := $(wildcard dataplane_c/include/homagg/*.h) $(wildcard nic/include/homagg/*.h) \
 	$(wildcard sim/include/homagg/*.h) $(wildcard dataplane_c/src/*.h) $(wildcard nic/src/*.h)
 
-APT_PACKAGES := build-essential pkg-config libdpdk-dev dpdk libjansson-dev libsodium-dev clang \
+APT_PACKAGES := build-essential pkg-config libdpdk-dev dpdk libjansson-dev libsodium-dev libssl-dev clang \
 	libclang-rt-14-dev iproute2 iputils-ping openssh-server python3-venv
 
 .PHONY: help build deps venv lib ext switch tools fuzz test test-sanitize test-fast test-repeat bench demo clean distclean
@@ -75,7 +79,7 @@ $(VENV)/.stamp: pyproject.toml setup.py
 	@test -x $(VPY) || $(PYTHON) -m venv $(VENV)
 	$(VPY) -m pip install -q --upgrade pip setuptools wheel cffi
 	$(MAKE) --no-print-directory lib
-	HOMAGG_LIBDIR=$(CURDIR)/$(BUILD) $(VPY) -m pip install -q --no-build-isolation -e '.[test,testbed,provision,plot]'
+	HOMAGG_LIBDIR=$(CURDIR)/$(BUILD) $(VPY) -m pip install -q --no-build-isolation -e '.[test,testbed,provision,plot,metrics]'
 	$(VPY) -m pip install -q torch==2.13.0
 	@touch $@
 
@@ -101,12 +105,12 @@ switch: $(if $(SWITCH_SRCS),$(SWITCH) $(SWITCH_BENCH),) ## build the DPDK aggreg
 # The control socket parses and writes JSON with jansson.
 $(SWITCH): $(SWITCH_SRCS) $(wildcard dataplane_c/dpdk/*.h) dataplane_c/ports/dpdk/port_dpdk.h $(LIB)
 	$(CC) $(CFLAGS_COMMON) -Idataplane_c/ports/dpdk -Wno-unused-parameter $$(pkg-config --cflags libdpdk jansson) $(SWITCH_SRCS) \
-		$(LIB) $$(pkg-config --libs libdpdk jansson) -lsodium -lm -lpthread -o $@
+		$(LIB) $$(pkg-config --libs libdpdk jansson) -lsodium -lcrypto -lm -lpthread -o $@
 
 # Its benchmark: the engine on a net_ring ethdev fed by a generator lcore.
 $(SWITCH_BENCH): dataplane_c/dpdk/bench/switch_bench.c dataplane_c/ports/dpdk/port_dpdk.c dataplane_c/ports/dpdk/port_dpdk.h $(LIB)
 	$(CC) $(CFLAGS_COMMON) -Idataplane_c/ports/dpdk -Wno-unused-parameter $$(pkg-config --cflags libdpdk) $(filter %.c,$^) \
-		$(LIB) $$(pkg-config --libs libdpdk) -lrte_net_ring -lsodium -lm -lpthread -o $@
+		$(LIB) $$(pkg-config --libs libdpdk) -lrte_net_ring -lsodium -lcrypto -lm -lpthread -o $@
 
 # Measurement tools of docs/PROTOCOL.md ("Sketch sizing measurements"):
 # dataplane_c/tools/*.c, each one program against the library.
@@ -127,7 +131,7 @@ FUZZ_EXTRA_fuzz_control := dataplane_c/dpdk/control.c $$(pkg-config --cflags --l
 define FUZZ_ONE
 t=build/fuzz/$(basename $(notdir $(1))); \
 clang -g -O1 -fsanitize=fuzzer,address,undefined -Idataplane_c/include -Inic/include -Isim/include \
-	$(LIB_SRCS) $(1) $(FUZZ_EXTRA_$(basename $(notdir $(1)))) -lsodium -lm -o $$t || exit 1; \
+	$(LIB_SRCS) $(1) $(FUZZ_EXTRA_$(basename $(notdir $(1)))) -lsodium -lcrypto -lm -o $$t || exit 1; \
 mkdir -p $$t.corpus; \
 seeds=$(dir $(1))corpus_$(patsubst fuzz_%,%,$(basename $(notdir $(1)))); [ -d $$seeds ] || seeds=; \
 $$t -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 $$t.corpus $$seeds > $$t.log 2>&1; rc=$$?; \

@@ -47,6 +47,55 @@ void hg_switch_counters_sum(struct daemon *d, uint64_t *out)
 						  __ATOMIC_RELAXED);
 }
 
+int hg_switch_shard_poll(struct shard *sh)
+{
+	uint64_t t0 = rte_get_tsc_cycles();
+	int n = hg_engine_poll(sh->eng);
+
+	if (n > 0)
+		__atomic_store_n(&sh->busy_tsc, sh->busy_tsc +
+				 (rte_get_tsc_cycles() - t0), __ATOMIC_RELAXED);
+	return n;
+}
+
+/* One engine's share of a job's stats into sh->job_stats (the layout of
+ * hg_switch_job_stats); on the lcore that polls the engine. */
+static int job_stats_fill(struct shard *sh, uint32_t job)
+{
+	uint64_t *out = sh->job_stats;
+	struct hg_job_config jc;
+	uint32_t w;
+	int rc, open;
+
+	if ((rc = hg_engine_job_config(sh->eng, job, &jc)) < 0 ||
+	    (rc = hg_engine_job_counters(sh->eng, job, out, HG_CNT__COUNT)) < 0 ||
+	    (open = rc = hg_engine_job_open_sets(sh->eng, job)) < 0)
+		return rc;
+	out[HG_CNT__COUNT] = (uint64_t)open;
+	out += HG_CNT__COUNT + 1;
+	for (w = 0; w < jc.workers; w++, out += HG_WCNT__COUNT)
+		if ((rc = hg_engine_worker_counters(sh->eng, job, w, out,
+						    HG_WCNT__COUNT)) < 0)
+			return rc;
+	return 0;
+}
+
+/* A mailbox request on shard sh's engine (on the lcore that polls it). */
+static int shard_op(struct shard *sh, int op, const struct hg_job_config *jc,
+		    uint32_t job, uint64_t grace_ns)
+{
+	switch (op) {
+	case MB_ADD:
+		return hg_engine_add_job(sh->eng, jc);
+	case MB_ROTATE:
+		return hg_engine_rotate_key(sh->eng, job, jc->secret, grace_ns);
+	case MB_JOB_STATS:
+		return job_stats_fill(sh, job);
+	default:
+		return hg_engine_remove_job(sh->eng, job);
+	}
+}
+
 /* Run a pending mailbox request (on the shard's own lcore). */
 static void shard_serve(struct shard *sh)
 {
@@ -54,8 +103,7 @@ static void shard_serve(struct shard *sh)
 
 	if (__atomic_load_n(&mb->state, __ATOMIC_ACQUIRE) != MB_REQ)
 		return;
-	mb->rc = mb->op == MB_ADD ? hg_engine_add_job(sh->eng, &mb->jc) :
-				    hg_engine_remove_job(sh->eng, mb->job);
+	mb->rc = shard_op(sh, mb->op, &mb->jc, mb->job, mb->grace_ns);
 	hg_auth_wipe(mb->jc.secret, sizeof(mb->jc.secret));
 	hg_switch_shard_publish(sh);
 	__atomic_store_n(&mb->state, MB_DONE, __ATOMIC_RELEASE);
@@ -63,21 +111,21 @@ static void shard_serve(struct shard *sh)
 
 /* Ask shard sh to add or remove a job; waits (bounded) for the answer. */
 int hg_switch_shard_call(struct shard *sh, int op, const struct hg_job_config *jc,
-		      uint32_t job)
+			 uint32_t job, uint64_t grace_ns)
 {
 	struct mailbox *mb = &sh->mb;
 	uint64_t deadline;
 	int rc;
 
 	if (!sh->launched)   /* the engine is polled by this very lcore */
-		return op == MB_ADD ? hg_engine_add_job(sh->eng, jc) :
-				      hg_engine_remove_job(sh->eng, job);
+		return shard_op(sh, op, jc, job, grace_ns);
 	if (__atomic_load_n(&mb->state, __ATOMIC_ACQUIRE) != MB_IDLE)
 		return -EBUSY;   /* an earlier request timed out */
 	mb->op = op;
 	if (jc)
 		mb->jc = *jc;
 	mb->job = job;
+	mb->grace_ns = grace_ns;
 	__atomic_store_n(&mb->state, MB_REQ, __ATOMIC_RELEASE);
 	deadline = rte_get_tsc_cycles() + 2 * rte_get_tsc_hz();
 	while (__atomic_load_n(&mb->state, __ATOMIC_ACQUIRE) != MB_DONE) {
@@ -90,6 +138,26 @@ int hg_switch_shard_call(struct shard *sh, int op, const struct hg_job_config *j
 	return rc;
 }
 
+int hg_switch_job_stats(struct daemon *d, uint32_t job, uint32_t workers,
+			uint64_t *out)
+{
+	const size_t n = HG_CNT__COUNT + 1 + (size_t)workers * HG_WCNT__COUNT;
+	unsigned int k;
+	size_t i;
+	int rc;
+
+	if (workers > HG_MAX_WORKERS)
+		return -ERANGE;
+	memset(out, 0, sizeof(*out) * n);
+	for (k = 0; k < d->nshards; k++) {
+		if ((rc = hg_switch_shard_call(&d->shards[k], MB_JOB_STATS, NULL, job, 0)))
+			return rc;
+		for (i = 0; i < n; i++)
+			out[i] += d->shards[k].job_stats[i];
+	}
+	return 0;
+}
+
 /* An engine lcore (--lcores > 1). */
 static int shard_loop(void *arg)
 {
@@ -99,8 +167,9 @@ static int shard_loop(void *arg)
 	uint64_t next = 0;
 	unsigned int idle = 0, iter = 0;
 
+	sh->start_tsc = rte_get_tsc_cycles();
 	while (!d->stop_engines) {
-		int n = hg_engine_poll(sh->eng);
+		int n = hg_switch_shard_poll(sh);
 
 		idle_sleep(d, &idle, n > 0);
 		shard_serve(sh);

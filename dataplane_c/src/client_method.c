@@ -908,6 +908,8 @@ int hg_client_start(struct hg_client *c, const struct hg_params *params,
 	for (uint32_t a = 0; a < c->naggs; a++) {
 		c->agg[a].start_results = c->agg[a].st.results_received;
 		c->agg[a].start_sent = c->agg[a].st.packets_sent;
+		c->agg[a].have_status = false;
+		c->agg[a].unanswered = 0;
 		c->agg[a].incarnation = 0;
 	}
 	for (size_t i = 0; i < (size_t)c->naggs * c->cfg.slots; i++)

@@ -50,15 +50,21 @@ def _best(fn, repeat):
 
 @contextlib.contextmanager
 def _isa_env(isa):
+    """The codec forced onto one ISA path (HOMAGG_CODEC_ISA, read again),
+    then back to the process's own."""
+    from homagg.bindings import codec as _bc
+
     old = os.environ.get("HOMAGG_CODEC_ISA")
     os.environ["HOMAGG_CODEC_ISA"] = isa
     try:
+        _bc.codec_isa_reload()
         yield
     finally:
         if old is None:
             os.environ.pop("HOMAGG_CODEC_ISA", None)
         else:
             os.environ["HOMAGG_CODEC_ISA"] = old
+        _bc.codec_isa_reload()
 
 
 def _sparse(n, block, per_block, rng):

@@ -15,6 +15,7 @@ import importlib
 import sys
 
 from homagg import log
+from homagg.ops import logfmt
 
 COMMANDS = {
     "demo": "homagg.cli.demo",
@@ -27,6 +28,8 @@ COMMANDS = {
     "up": "homagg.deploy.remote.up",
     "down": "homagg.deploy.remote.down",
     "calibrate": "homagg.cli.calibrate",
+    "exporter": "homagg.cli.exporter",
+    "top": "homagg.cli.top",
 }
 
 
@@ -59,6 +62,9 @@ def build_parser():
                         help="more detail on stderr (debug log of every step)")
     parser.add_argument("-q", "--quiet", action="store_true",
                         help="no progress lines on stderr, only warnings and errors")
+    parser.add_argument("--log-format", choices=("text", "json"), default="text",
+                        help="stderr log as text lines or one JSON object per line "
+                        "(docs/OPERATIONS.md)")
     add_subcommands(parser, "command", "COMMAND", COMMANDS, "_module")
     return parser
 
@@ -67,6 +73,8 @@ def main(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
     log.setup(-1 if args.quiet else args.verbose)
+    if args.log_format == "json":
+        logfmt.use_json()
     try:
         return args._module.main(args) or 0
     except KeyboardInterrupt:

@@ -62,7 +62,7 @@ from homagg import log
 from homagg.deploy.local.testbed import Testbed, TestbedError
 from homagg.deploy.local import testbed_job as testbed_job_mod
 from homagg.errors import HomAggError
-from homagg.protocol import PIPELINE_GROUPS, check_pipeline_groups
+from homagg.protocol import PIPELINE_GROUPS, check_pipeline_groups, resolve_slots
 from homagg.runs.job import (DEFAULT_BLOCK, METHODS, UDP_PORT, WORKLOADS, RunError, check_arguments,
                              check_payload, collect_reports, counter_deltas, print_report, sum_dicts,
                              tree_leaf, verify, worker_spec)
@@ -90,7 +90,7 @@ def _per_call(total: int, calls: int):
 
 def run_allreduce(testbed: str, method: str, elements: int, density: float,
                   workload: str = "random", seed: int = 1, block: int = DEFAULT_BLOCK,
-                  slots: int = 64, payload: int = 1024, timeout: float = 10.0,
+                  slots: int = None, payload: int = 1024, timeout: float = 10.0,
                   rto: float = 0.005, pmd: str = "auto", switch: str | None = None,
                   state_dir: str | None = None, group: str = "239.77.0.1",
                   drop_rate: float = 0.0, idle_us: int = IDLE_US,
@@ -149,6 +149,7 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
     check_payload(payload, mtu, f"testbed {testbed}")
     workers = tb.workers
     W = len(workers)
+    slots = resolve_slots(slots, W)  # unset: W x S fits a 4096-frame ring
     job, token = 1 + secrets.randbelow(1 << 15), secrets.randbits(31)
     hosts = tb.aggregators
     if aggregators is not None and not 1 <= aggregators <= len(hosts):
@@ -377,7 +378,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=1, help="gradient seed (default: %(default)s)")
     p.add_argument("--block", type=int, default=DEFAULT_BLOCK,
                    help="quantisation block in elements (default: %(default)s)")
-    p.add_argument("--slots", type=int, default=64, help="aggregator slots = window (default: %(default)s)")
+    p.add_argument("--slots", type=int, default=None,
+                   help="aggregator slots = window (default: the most, up to 64, with "
+                   "workers x slots <= 4096 frames: homagg.protocol.default_slots)")
     p.add_argument("--payload-bytes", type=int, default=1024, metavar="BYTES",
                    help="payload bytes per packet, a multiple of 4 up to 8192 (more than an MTU of 1500 "
                    "holds needs links with MTU 9000; default: %(default)s)")

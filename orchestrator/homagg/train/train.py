@@ -63,8 +63,9 @@ import time
 import numpy as np
 
 import homagg
+from homagg import auth as hg_auth
 from homagg.errors import HomAggError
-from homagg.protocol import EXACT_METHODS, METHODS as HOMAGG_METHODS
+from homagg.protocol import EXACT_METHODS, METHODS as HOMAGG_METHODS, resolve_slots
 from homagg.switch import job_file
 
 # the protocol's methods (homagg.protocol, read from C) and the Gloo baseline
@@ -469,9 +470,9 @@ def run_train(testbed: str, model: str = "ncf", method: str = "auto", steps: int
               warmup: int = 1, ranks: int | None = None, lr: float | None = None,
               seed: int = 1, bucket_mb: float = 4.0, baseline: bool = True,
               sparsify: str | None = None, timeout: float = 10.0, state_dir: str | None = None,
-              switch: str | None = None, slots: int = 64, payload: int = 1024,
+              switch: str | None = None, slots: int | None = None, payload: int = 1024,
               group: str = "239.77.0.2", out_dir: str | None = None,
-              cost_model: bool = True) -> dict:
+              auth: bool = False, cost_model: bool = True) -> dict:
     """Train on testbed ``testbed``; returns the report (module doc).  Every
     process started is stopped before it returns.  ``cost_model``: a job
     registered here carries the testbed's link rate and this host's
@@ -496,6 +497,7 @@ def run_train(testbed: str, model: str = "ncf", method: str = "auto", steps: int
             raise TrainError(f"--ranks {ranks}: the testbed has {len(hosts)} workers")
         hosts = hosts[:ranks]
     W = len(hosts)
+    slots = resolve_slots(slots, W)
     workdir = tempfile.mkdtemp(prefix=f"homagg-train-{testbed}-")
     os.chmod(workdir, 0o755)
     procs, sws, job = [], [], None
@@ -509,16 +511,23 @@ def run_train(testbed: str, model: str = "ncf", method: str = "auto", steps: int
             sws = [Switch(tb, workdir, switch=switch, host=h.name, frames=W * slots)
                    for h in tb.aggregators]
             controls = [s.control for s in sws]
-            if testbed_job and testbed_job["workers"] == W:
+            if testbed_job and testbed_job["workers"] == W and (
+                    not auth or testbed_job.get("auth_file")):
                 # the testbed's job, afresh, and its job file
                 job = job_file.renew(controls, {k: v for k, v in testbed_job.items()
                                                 if k != "file"})
                 env["HOMAGG_JOB_FILE"] = testbed_job["file"]
             else:
+                secret, auth_file = None, ""
+                if auth:
+                    # read by the ranks (root in the testbed's namespaces)
+                    auth_file = os.path.join(workdir, "job.secret")
+                    secret = hg_auth.create_secret_file(auth_file)
                 job = job_file.register(controls, [(s.ip, runmod.UDP_PORT) for s in sws],
                                         workers=W, slots=slots, payload=payload, group=group,
-                                        timeout=timeout,
+                                        timeout=timeout, auth=secret, auth_file=auth_file,
                                         cost=testbed_job_mod.job_cost(tb, cost_model))
+                del secret
                 env["HOMAGG_JOB_FILE"] = job_file.write_job_file(
                     os.path.join(workdir, "job.json"), **job)
         init = f"tcp://{hosts[0].ip}:{GLOO_PORT + secrets.randbelow(2000)}"
@@ -545,6 +554,8 @@ def run_train(testbed: str, model: str = "ncf", method: str = "auto", steps: int
         rep.update({"testbed": testbed, "link_mbit": tb.state().get("link_mbit"),
                     "pmd": sws[0].pmd if sws else None, "aggregators": [s.ip for s in sws],
                     "job_file": env.get("HOMAGG_JOB_FILE") if job else None,
+                    "auth": bool(job and job.get("auth_file")),
+                    "mac": (job.get("mac") or None) if job else None,
                     "slots": job["slots"] if job else slots,
                     "payload_bytes": job["payload"] if job else payload,
                     "cost": (job.get("cost") or None) if job else None})
@@ -597,8 +608,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="skip the Gloo DDP phase (no speedup reported)")
     p.add_argument("--timeout", type=float, default=10.0,
                    help="an allreduce gives up after this many seconds without progress")
-    p.add_argument("--slots", type=int, default=64,
-                   help="aggregator slots of the job = packets in flight per rank (default 64)")
+    p.add_argument("--slots", type=int, default=None,
+                   help="aggregator slots of the job = packets in flight per rank (default: "
+                   "the most, up to 64, with ranks x slots <= 4096: "
+                   "homagg.protocol.default_slots)")
     p.add_argument("--payload-bytes", type=int, default=1024, metavar="BYTES",
                    help="payload per packet, up to 8192 on links with MTU 9000 (default 1024)")
     p.add_argument("--switch", default=None, metavar="PATH", help="homagg-switch binary")
@@ -611,6 +624,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a job registered for this run chooses by bytes even with a known link "
                    "rate (docs/PROTOCOL.md \"The cost model\"; a testbed's own job keeps its "
                    "`homagg testbed up` setting)")
+    p.add_argument("--auth", action="store_true",
+                   help="authenticate every frame (a new job secret, given to the ranks in "
+                   "a 0600 file named by the job file; local testbed)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -623,13 +639,18 @@ def main(args: argparse.Namespace) -> int:
               out_dir=args.out, slots=args.slots, payload=args.payload_bytes)
     try:
         if args.inventory:
+            if args.auth:
+                print("homagg train: --auth runs on a local testbed (--testbed); on "
+                      "--inventory hosts the job secret file is not provisioned yet",
+                      file=sys.stderr)
+                return 2
             from homagg.train import remote as remote_train
 
             rep = remote_train.run_train(args.inventory, runs_dir=args.runs_dir, **kw)
             print(f"results and logs: {rep['run_dir']}", file=sys.stderr)
         else:
             rep = run_train(args.testbed, state_dir=args.state_dir, switch=args.switch,
-                            cost_model=args.cost_model, **kw)
+                            auth=args.auth, cost_model=args.cost_model, **kw)
     except (HomAggError, TestbedError) as e:
         print(f"homagg train: {e}", file=sys.stderr)
         return 1

@@ -27,6 +27,7 @@ import os
 
 from homagg.deploy.local.testbed import Testbed
 from homagg.errors import HomAggError
+from homagg.protocol import resolve_slots
 from homagg.switch import job_file
 
 JOB_GROUP = "239.77.0.3"  # the results' multicast group of the testbed's job
@@ -55,7 +56,7 @@ def job_cost(tb: Testbed, cost_model: bool = True):
     return cost.job_cost(link_mbit(tb) if cost_model else 0)
 
 
-def start(tb: Testbed, *, slots: int = 64, payload: int = 1024, timeout: float = 10.0,
+def start(tb: Testbed, *, slots: int | None = None, payload: int = 1024, timeout: float = 10.0,
           switch: str | None = None, cost_model: bool = True) -> dict:
     """Start the daemons, register the job, write its job file; returns the
     job-file fields plus "file" and "daemons" ({host: record}).  On a
@@ -66,6 +67,7 @@ def start(tb: Testbed, *, slots: int = 64, payload: int = 1024, timeout: float =
     from homagg.switch.daemon import Switch
 
     runmod.check_payload(payload, int(tb.state().get("mtu") or 1500), f"testbed {tb.name}")
+    slots = resolve_slots(slots, len(tb.workers))
     os.makedirs(tb.files_dir, mode=0o700, exist_ok=True)
     sws = []
     try:

@@ -57,6 +57,8 @@ import numpy as np
 from homagg.deploy.remote import inventory as inv
 from homagg.deploy.remote import ssh
 from homagg.errors import HomAggError
+from homagg.ops import logfmt
+from homagg.protocol import resolve_slots
 from homagg.runs import job as localrun
 from homagg.switch import job_file
 
@@ -290,7 +292,8 @@ def switch_argv(h: inv.HostSpec, binary: str, hugepages_mount: str,
             "--control", control_socket(h), "--mtu", str(h.mtu)]
     if frames > 1024 and not (h.vdev or "").startswith(("net_af_packet", "eth_af_packet")):
         opts += ["--rx-ring", str(min(32768, 1 << (int(frames) - 1).bit_length()))]
-    return [binary, *eal, "--", *opts, *(["--no-udp-csum"] if no_udp_csum else [])]
+    return [binary, *eal, "--", *opts, *(["--no-udp-csum"] if no_udp_csum else []),
+            *logfmt.daemon_args()]
 
 
 # --------------------------------------------------------------------------
@@ -298,13 +301,14 @@ def switch_argv(h: inv.HostSpec, binary: str, hugepages_mount: str,
 
 
 def _up_one(agg: Host, inventory: inv.Inventory, no_udp_csum: bool, ready_timeout: float,
-            out, slots: int = 64) -> dict:
+            out, slots: int | None = None) -> dict:
     """homagg-switch on one aggregator, ready (its control socket answers),
     with a receive ring for ``slots`` frames of every worker in flight."""
     h = agg.h
     if agg.alive(switch_pidfile(h)):
         raise RemoteError(f"host '{h.name}': homagg-switch already runs ({switch_pidfile(h)}): "
                           f"stop it first with `homagg down -i {inventory.path}`")
+    slots = resolve_slots(slots, len(inventory.workers))
     argv = switch_argv(h, agg.switch_binary, inventory.settings.hugepages_mount, no_udp_csum,
                        frames=len(inventory.workers) * slots)
     rt = f"{rundir(h)}/rt"
@@ -320,8 +324,35 @@ def _up_one(agg: Host, inventory: inv.Inventory, no_udp_csum: bool, ready_timeou
                           f"{ready_timeout:g} s ({e}); its log:\n{log}") from None
     print(f"homagg-switch up on {h.name} (pid {pid}, {h.vdev or 'pci ' + h.pci}, ip {h.address}), "
           f"control socket {control_socket(h)}", file=out)
-    return {"host": h.name, "pid": pid, "control": control_socket(h), "log": switch_log(h),
-            "argv": argv}
+    rec = {"host": h.name, "pid": pid, "control": control_socket(h), "log": switch_log(h),
+           "argv": argv}
+    if h.metrics_port:
+        rec["exporter"] = _up_exporter(agg, ready_timeout, out)
+    return rec
+
+
+def _up_exporter(agg: Host, ready_timeout: float, out) -> dict:
+    """homagg exporter beside the daemon (inventory field metrics_port), its
+    PID file in the run directory, so `homagg down` stops it with the daemon."""
+    h = agg.h
+    url = f"http://{h.metrics_bind}:{h.metrics_port}/metrics"
+    if agg.run("systemctl is-active --quiet homagg-exporter", check=False).exited == 0:
+        print(f"homagg exporter on {h.name}: the homagg-exporter service serves {url}", file=out)
+        return {"service": "homagg-exporter", "url": url}
+    pidfile, logf = f"{rundir(h)}/exporter.pid", f"{rundir(h)}/exporter.log"
+    argv = [agg.python, "-m", "homagg.cli", "exporter", "--socket",
+            f"{h.name}={control_socket(h)}", "--port", str(h.metrics_port),
+            "--bind", h.metrics_bind]
+    pid = agg.start(pidfile, logf, argv, rundir(h))
+    if not _wait_remote(agg, f"grep -q '^homagg exporter: http' {shlex.quote(logf)}",
+                        pidfile, ready_timeout):
+        tail = agg.run(f"tail -n 20 {shlex.quote(logf)}", check=False).stdout
+        agg.stop_all()
+        raise RemoteError(f"host '{h.name}': homagg exporter did not serve on "
+                          f"{h.metrics_bind}:{h.metrics_port} within {ready_timeout:g} s "
+                          f"(metrics_port / metrics_bind in the inventory); its log:\n{tail}")
+    print(f"homagg exporter up on {h.name} (pid {pid}): {url}", file=out)
+    return {"pid": pid, "url": url, "log": logf}
 
 
 def up(inventory: inv.Inventory, switch: str | None = None, no_udp_csum: bool = False,
@@ -342,7 +373,7 @@ def up(inventory: inv.Inventory, switch: str | None = None, no_udp_csum: bool = 
         def one(agg):
             try:
                 return _up_one(agg, inventory, no_udp_csum, ready_timeout, out,
-                               slots=job_options.get("slots", 64))
+                               slots=job_options.get("slots"))
             except Exception as e:  # noqa: BLE001 - collected per host below
                 return e
 
@@ -370,7 +401,7 @@ def inventory_cost(inventory) -> "cost.Cost":
     return cost.job_cost(inventory.settings.link_mbit or 0)
 
 
-def _up_job(hosts: list[Host], inventory: inv.Inventory, out, slots: int = 64,
+def _up_job(hosts: list[Host], inventory: inv.Inventory, out, slots: int | None = None,
             payload: int = 1024, timeout: float = 10.0, group: str = UP_JOB_GROUP) -> dict:
     """The job of `up`: every worker host, spread over every aggregator, and
     its job file on every host (a worker's names its own bind address)."""
@@ -464,7 +495,8 @@ def _wait_remote(r: Host, cond: str, pidfile: str, seconds: float) -> bool:
 
 def run_allreduce(inventory: inv.Inventory, method: str, elements: int, density: float,
                   workload: str = "random", seed: int = 1, block: int = localrun.DEFAULT_BLOCK,
-                  slots: int = 64, payload: int = 1024, timeout: float = 10.0, rto: float = 0.005,
+                  slots: int | None = None, payload: int = 1024, timeout: float = 10.0,
+                  rto: float = 0.005,
                   group: str = "239.77.0.1", runs_dir: str = "runs", start_timeout: float = 120.0,
                   out=None, pipeline_groups: int = localrun.PIPELINE_GROUPS) -> dict:
     """One allreduce on the inventory's hosts with the daemon `up` started;
@@ -481,6 +513,7 @@ def run_allreduce(inventory: inv.Inventory, method: str, elements: int, density:
     aggs = _aggregators(hosts)
     agg = aggs[0]
     W = len(workers)
+    slots = resolve_slots(slots, W)
     job, token = 1 + secrets.randbelow(1 << 15), secrets.randbits(31)
     folder = _run_folder(runs_dir, method)
     run_id = os.path.basename(folder)
