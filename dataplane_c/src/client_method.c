@@ -859,6 +859,9 @@ int hg_client_start(struct hg_client *c, const struct hg_params *params,
 	p = *params;
 	p.workers = c->cfg.workers;
 	p.worker = c->cfg.worker;
+	if (!p.cost.link_mbit)
+		p.cost = c->cfg.cost;
+	p.cost.payload_bytes = c->cfg.payload_bytes;
 	rc = hg_params_check(&p);
 	if (rc)
 		return rc;

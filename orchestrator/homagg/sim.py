@@ -41,6 +41,7 @@ from homagg import auth, protocol
 from homagg import auth as _auth
 from homagg.protocol import (PIPELINE_GROUPS, check_pipeline_groups, default_slots,
                              resolve_slots)
+from homagg.cost import as_cost
 from homagg.errors import (HomAggError, InvalidArgument, OutOfRange, PeerTimeout,
                            error_class, error_for)
 
@@ -75,21 +76,23 @@ class Result:
 
 
 def _params(workers, block_elements=None, block=None, stochastic=False, seed=0,
-            nc_levels=0, sketch_cells_per_candidate=0.0):
+            nc_levels=0, sketch_cells_per_candidate=0.0, cost=None):
     if block_elements is None:
         block_elements = DEFAULT_BLOCK if block is None else block
     return _b.params(block=int(block_elements), workers=workers, worker=0,
                      flags=F_STOCHASTIC if stochastic else 0, seed=int(seed) & (2**64 - 1),
                      nc_levels=int(nc_levels),
-                     sketch_cells_per_candidate=float(sketch_cells_per_candidate))
+                     sketch_cells_per_candidate=float(sketch_cells_per_candidate),
+                     cost=as_cost(cost).fields())
 
 
 class Job:
     """One job of a cluster: W workers with their own token and slots."""
 
-    def __init__(self, cluster, index, workers, slots, secret=None, mac=None):
+    def __init__(self, cluster, index, workers, slots, secret=None, mac=None, cost=None):
         self.cluster = cluster
         self.mac = mac  # its MAC algorithm code when it authenticates
+        self.cost = as_cost(cost)  # the job's cost model (homagg.cost)
         self.index = index
         self.workers = workers
         self.slots = slots
@@ -196,6 +199,9 @@ class Cluster:
     pipelined, N groups.
     worker_tx_ring: tx descriptors of every worker's NIC port (None: 4096);
     a small ring refuses a burst's tail, as a full socket send buffer does.
+    cost: the jobs' cost model (homagg.cost.Cost or its dict; None: no link
+    rate, every choice by bytes), registered with each job like its
+    block groups: every worker of the job decides with it.
     """
 
     def __init__(self, workers=4, loss=0.0, duplicate=0.0, reorder=0.0, seed=0,
@@ -203,11 +209,12 @@ class Cluster:
                  delay=1e-6, payload=1024, multicast=True, max_time=600.0,
                  agg_link_gbps=None, rto_min=None, aggregators=1, mtu=None,
                  auth=False, leaves=0, up_rto=None, up_give_up=None, mac=None,
-                 pipeline_groups=PIPELINE_GROUPS, worker_tx_ring=None):
+                 pipeline_groups=PIPELINE_GROUPS, worker_tx_ring=None, cost=None):
         _check_config(workers=workers, slots=slots, payload=payload, link_gbps=link_gbps,
                       agg_link_gbps=agg_link_gbps, timeout=timeout, rto=rto, delay=delay,
                       max_time=max_time)
         leaves = int(leaves or 0)
+        self.cost = as_cost(cost)
         if leaves:
             if aggregators != 1:
                 raise InvalidArgument(f"a tree has one root: leaves={leaves} needs "
@@ -289,11 +296,12 @@ class Cluster:
 
     # ---- jobs ------------------------------------------------------------
     def add_job(self, workers, slots=None, timeout=None, auth=None, pipeline_groups=None,
-                mac=None):
+                mac=None, cost=None):
         """A new job on the aggregators; ``auth`` (default: the cluster's)
         gives it a job secret, drawn from the seed so runs repeat, and the
         MAC algorithm ``mac`` ('aes-gmac', 'blake2b'; None: this host's
-        default); ``pipeline_groups`` (default: the cluster's) its block groups."""
+        default); ``pipeline_groups`` (default: the cluster's) its block groups;
+        ``cost`` (default: the cluster's) its cost model."""
         s = self._live()
         pipeline_groups = check_pipeline_groups(self.pipeline_groups if pipeline_groups is None
                                                 else pipeline_groups)
@@ -312,7 +320,8 @@ class Cluster:
                              give_up_ns=int(timeout * 1e9),
                              rto_min_ns=int(self._rto_min * 1e9), secret=secret,
                              pipeline_groups=pipeline_groups, mac=mac_alg)
-        job = Job(self, idx, workers, slots, secret, mac_alg or None)
+        job = Job(self, idx, workers, slots, secret, mac_alg or None,
+                  self.cost if cost is None else cost)
         self.jobs.append(job)
         return job
 
@@ -396,7 +405,7 @@ class Cluster:
                                           f".astype(np.float32))")
             xs = [np.ascontiguousarray(g).reshape(-1) for g in grads]
             ys = [np.empty_like(x) for x in xs]
-            p = _params(job.workers, **options)
+            p = _params(job.workers, cost=job.cost, **options)
             keep = _b.sim_start(s, job.index, code, p, xs, ys)
             started.append((job, xs, ys, keep))
 

@@ -164,7 +164,8 @@ class HookState:
                       aggregators=conf["aggregators"], group=conf["group"] or None,
                       bind=(conf["bind"], 0), timeout=conf["timeout"], slots=conf["slots"],
                       payload=conf["payload"], auth_file=conf["auth_file"] or None,
-                      mac=conf["mac"] or None, key_epoch=conf["key_epoch"])
+                      mac=conf["mac"] or None, key_epoch=conf["key_epoch"],
+                      cost=conf["cost"])
 
     def take_log(self):
         with self._log_lock:

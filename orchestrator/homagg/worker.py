@@ -65,6 +65,7 @@ import threading
 import numpy as np
 
 from homagg import auth, protocol
+from homagg.cost import as_cost
 from homagg.bindings import client as _c
 from homagg.bindings import port_udp as _u
 from homagg.bindings.codec import DEFAULT_BLOCK, F_STOCHASTIC
@@ -148,7 +149,12 @@ class UdpPort:
 
 
 class Worker:
-    """One worker of one job, with its own UDP socket(s)."""
+    """One worker of one job, with its own UDP socket(s).
+
+    ``cost``: the job's cost model (homagg.cost.Cost or its dict, as the
+    job file's ``cost`` field holds it; None: no link rate, every choice by
+    bytes).  It must be the one registered with the job, the same on every
+    worker: never this host's own calibration."""
 
     def __init__(self, job, token, worker, workers,
                  aggregator=("10.0.0.1", 48879), group=None,
@@ -156,7 +162,7 @@ class Worker:
                  rto=0.001, packets=0, aggregators=None, mtu=None, incarnation=0,
                  rto_min=RTO_MIN, start_wait=START_WAIT,
                  auth_file=None, leaf_ids=None, pipeline_groups=PIPELINE_GROUPS,
-                 mac=None, key_epoch=0):
+                 mac=None, key_epoch=0, cost=None):
         if not 0 <= worker < workers:
             raise InvalidArgument(f"worker {worker} not in 0..{workers - 1}")
         agg_worker, agg_workers = leaf_ids or (0, 0)
@@ -223,7 +229,7 @@ class Worker:
             incarnation=int(incarnation), agg_worker=int(agg_worker),
             agg_workers=int(agg_workers), pipeline_groups=pipeline_groups,
             mac=auth.mac_code(mac) if auth_file is not None else 0,
-            epoch=int(key_epoch) & 255)
+            epoch=int(key_epoch) & 255, cost=as_cost(cost).fields())
         # one C call at a time; allreduce_async's calls run on one thread
         self._lock = threading.Lock()
         self._executor = None

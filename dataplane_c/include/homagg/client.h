@@ -147,7 +147,10 @@ struct hg_client_config {
 				    * and workers above stay the codec's */
 	uint32_t agg_workers;      /* W at its aggregator; 0 = workers (and agg_worker
 				    * = worker).  The leaf serves workers worker -
-				    * agg_worker .. + agg_workers - 1 (errors name them) */
+				    * agg_worker .. + agg_workers - 1 (errors name them) */	struct hg_cost cost;       /* the job's cost model (docs/PROTOCOL.md "The cost
+				    * model"), the same on every worker: used by every
+				    * allreduce whose hg_params.cost names no link rate;
+				    * its payload_bytes is always this config's */
 };
 
 struct hg_client_stats {

@@ -5,8 +5,9 @@ Subcommands live in their own modules, listed in COMMANDS; each module
 provides ``add_arguments(parser)`` and ``main(args) -> int`` and a module
 docstring whose first line is the subcommand's help.  Start here to find
 which module implements a subcommand.  This package holds the commands that
-are only a command line: ``homagg.cli.testbed`` (``homagg testbed``) and
-``homagg.cli.demo`` (``homagg demo``); the others sit next to what they run
+are only a command line: ``homagg.cli.testbed`` (``homagg testbed``),
+``homagg.cli.demo`` (``homagg demo``) and ``homagg.cli.calibrate``
+(``homagg calibrate``, over homagg.bench.calibrate); the others sit next to what they run
 (homagg.runs, homagg.train, homagg.deploy.remote, homagg.bench).
 """
 import argparse
@@ -30,6 +31,7 @@ COMMANDS = {
     "ansible-inventory": "homagg.deploy.remote.ansible_inventory",
     "up": "homagg.deploy.remote.up",
     "down": "homagg.deploy.remote.down",
+    "calibrate": "homagg.cli.calibrate",
     "exporter": "homagg.cli.exporter",
     "top": "homagg.cli.top",
 }

@@ -148,7 +148,8 @@ def _run(args) -> int:
             try:
                 payload = args.payload_bytes or default_payload(args.mtu)
                 testbed_job.start(tb, slots=args.slots, payload=payload,
-                                  timeout=args.timeout, switch=args.switch)
+                                  timeout=args.timeout, switch=args.switch,
+                                  cost_model=args.cost_model)
                 if args.metrics is not None:
                     from homagg.ops.exporter import start_for_testbed
 

@@ -64,6 +64,7 @@ import homagg
 from homagg import auth as hg_auth
 from homagg import log
 from homagg.deploy.local.testbed import Testbed, TestbedError
+from homagg.deploy.local import testbed_job as testbed_job_mod
 from homagg.errors import HomAggError
 from homagg.protocol import PIPELINE_GROUPS, check_pipeline_groups, resolve_slots
 from homagg.runs.job import (DEFAULT_BLOCK, METHODS, UDP_PORT, WORKLOADS, RunError, check_arguments,
@@ -102,7 +103,8 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
                   auth: bool = False, leaves: int | None = None,
                   switch_lcores: int = 1,
                   pipeline_groups: int = PIPELINE_GROUPS,
-                  gradient_files: list[str] | None = None, expect: dict | None = None) -> dict:
+                  gradient_files: list[str] | None = None, expect: dict | None = None,
+                  cost_model: bool = True) -> dict:
     """One allreduce on testbed ``testbed``; returns the report dict (see
     the module doc).  Every process it starts is stopped before it returns.
     ``drop_rate`` makes the daemon's port drop that fraction of the frames it
@@ -193,10 +195,11 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
         auth_file = os.path.join(workdir, "job.secret") if auth else None
         secret = hg_auth.create_secret_file(auth_file) if auth else None
         agg_addrs = [(s.ip, UDP_PORT) for s in sws]
+        job_cost = testbed_job_mod.job_cost(tb, cost_model)
         if not leaves:  # aggregator k of the job: its shard k
             job_file.register([s.control for s in sws], agg_addrs, workers=W, slots=slots,
                               payload=payload, group=group, timeout=timeout, job=job,
-                              token=token, auth=secret)
+                              token=token, auth=secret, cost=job_cost)
         registered = sws
         for k, s in enumerate(sws if leaves else ()):
             with s.client() as c:
@@ -226,7 +229,7 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
                                out=os.path.join(workdir, f"result-{i}.npy"),
                                auth_file=auth_file, pipeline_groups=pipeline_groups,
                                gradient_file=gradient_files[i] if gradient_files else None,
-                               **place)
+                               cost=job_cost.fields() if job_cost.timed else None, **place)
             spec.update(repeat=repeat, warmup=warmup)
             p = tb.run_in(h.name, [sys.executable, "-m", "homagg.runs.job", "--child", json.dumps(spec)],
                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -302,6 +305,7 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
             "pmd": sw.pmd,
             "auth": bool(auth),
             "link_mbit": tb.state().get("link_mbit"),
+            "cost": job_cost.fields() if job_cost.timed else None,
             "seconds": float(np.median(each)),
             "seconds_each": each,
             "repeat": repeat,
@@ -421,6 +425,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--auth", action="store_true",
                    help="authenticate every frame with per-worker keys from a new job secret "
                         "(docs/PROTOCOL.md \"Authentication\"; costs one keyed BLAKE2b per frame)")
+    p.add_argument("--no-cost-model", dest="cost_model", action="store_false",
+                   help="choose by bytes even on a testbed with a link rate (the job registers "
+                   "no cost model; docs/PROTOCOL.md \"The cost model\")")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -447,7 +454,8 @@ def main(args: argparse.Namespace) -> int:
                             repeat=args.repeat, warmup=args.warmup,
                             auth=args.auth, leaves=args.leaves,
                             switch_lcores=args.switch_lcores,
-                            pipeline_groups=args.pipeline_groups)
+                            pipeline_groups=args.pipeline_groups,
+                            cost_model=getattr(args, "cost_model", True))
     except (HomAggError, TestbedError) as e:
         print(f"homagg run allreduce: {e}", file=sys.stderr)
         return 1

@@ -139,7 +139,8 @@ def open_worker(spec: dict):
                   slots=spec["slots"], payload=spec["payload"], rto=spec["rto"],
                   mtu=spec.get("mtu"), auth_file=spec.get("auth_file"),
                   leaf_ids=spec.get("leaf_ids"),
-                  pipeline_groups=spec.get("pipeline_groups", PIPELINE_GROUPS))
+                  pipeline_groups=spec.get("pipeline_groups", PIPELINE_GROUPS),
+                  cost=spec.get("cost"))
 
 
 def _numeric_delta(before: dict, after: dict) -> dict:
@@ -231,7 +232,7 @@ def check_arguments(method: str, elements: int, density: float) -> None:
 def worker_spec(*, job, token, worker, workers, agg_ip, group, ip, timeout, slots, payload, rto,
                 method, block, elements, density, workload, seed, out, mtu=None,
                 aggregators=None, auth_file=None, leaf_ids=None,
-                pipeline_groups=PIPELINE_GROUPS, gradient_file=None) -> dict:
+                pipeline_groups=PIPELINE_GROUPS, gradient_file=None, cost=None) -> dict:
     """The JSON spec of one worker process (``python -m homagg.runs.job --child SPEC``);
     ``mtu`` None: the worker asks the kernel for its path's MTU; ``aggregators``:
     the job's K aggregator addresses in shard order (default: agg_ip alone);
@@ -239,14 +240,16 @@ def worker_spec(*, job, token, worker, workers, agg_ip, group, ip, timeout, slot
     ``leaf_ids``: (i, n) below a tree leaf; ``pipeline_groups``: the job's
     block groups (homagg.worker.Worker); ``gradient_file``: this worker's
     gradient from save_gradients() (default: the worker generates it from
-    the seed)."""
+    the seed); ``cost``: the job's cost model as the job file holds it
+    (homagg.cost; None: none)."""
     return dict(job=job, token=token, worker=worker, workers=workers, agg_ip=agg_ip,
                 udp_port=UDP_PORT, group=group, ip=ip, timeout=timeout, slots=slots,
                 payload=payload, rto=rto, method=method, block=block, elements=elements,
                 density=density, workload=workload, seed=seed, out=out, mtu=mtu,
                 aggregators=[list(a) for a in (aggregators or [(agg_ip, UDP_PORT)])],
                 auth_file=auth_file, leaf_ids=list(leaf_ids) if leaf_ids else None,
-                pipeline_groups=pipeline_groups, gradient_file=gradient_file)
+                pipeline_groups=pipeline_groups, gradient_file=gradient_file,
+                cost=dict(cost or {}))
 
 
 def tree_leaf(worker: int, workers: int, leaves: int) -> tuple[int, int, int]:

@@ -87,7 +87,7 @@ def run_train(inventory_path: str, model: str = "ncf", method: str = "auto", ste
                 up_job = None
                 job = job_file.register(controls, [(a.h.address, UDP_PORT) for a in aggs],
                                         workers=W, slots=slots, payload=payload, group=group,
-                                        timeout=timeout)
+                                        timeout=timeout, cost=remote.inventory_cost(inventory))
         init = f"tcp://{workers[0].h.address}:{trainmod.GLOO_PORT + secrets.randbelow(2000)}"
         dirs, pids = [], []
         for r, host in enumerate(workers):

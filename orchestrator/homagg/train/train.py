@@ -484,9 +484,12 @@ def run_train(testbed: str, model: str = "ncf", method: str = "auto", steps: int
               sparsify: str | None = None, timeout: float = 10.0, state_dir: str | None = None,
               switch: str | None = None, slots: int | None = None, payload: int = 1024,
               group: str = "239.77.0.2", out_dir: str | None = None,
-              auth: bool = False) -> dict:
+              auth: bool = False, cost_model: bool = True) -> dict:
     """Train on testbed ``testbed``; returns the report (module doc).  Every
-    process started is stopped before it returns."""
+    process started is stopped before it returns.  ``cost_model``: a job
+    registered here carries the testbed's link rate and this host's
+    calibration (homagg.cost; False: none, choices by bytes); the testbed's
+    own job keeps what `homagg testbed up` registered."""
     from homagg.deploy.local import testbed_job as testbed_job_mod
     from homagg.deploy.local.testbed import Testbed
     from homagg.runs import allreduce as runmod
@@ -535,7 +538,8 @@ def run_train(testbed: str, model: str = "ncf", method: str = "auto", steps: int
                     secret = hg_auth.create_secret_file(auth_file)
                 job = job_file.register(controls, [(s.ip, runmod.UDP_PORT) for s in sws],
                                         workers=W, slots=slots, payload=payload, group=group,
-                                        timeout=timeout, auth=secret, auth_file=auth_file)
+                                        timeout=timeout, auth=secret, auth_file=auth_file,
+                                        cost=testbed_job_mod.job_cost(tb, cost_model))
                 del secret
                 env["HOMAGG_JOB_FILE"] = job_file.write_job_file(
                     os.path.join(workdir, "job.json"), **job)
@@ -575,7 +579,8 @@ def run_train(testbed: str, model: str = "ncf", method: str = "auto", steps: int
                     "auth": bool(job and job.get("auth_file")),
                     "mac": (job.get("mac") or None) if job else None,
                     "slots": job["slots"] if job else slots,
-                    "payload_bytes": job["payload"] if job else payload})
+                    "payload_bytes": job["payload"] if job else payload,
+                    "cost": (job.get("cost") or None) if job else None})
         if out_dir:
             os.makedirs(out_dir, exist_ok=True)
             rep["plots"] = plot(rep, out_dir)
@@ -637,6 +642,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="with -i: logs go to DIR/<timestamp>-train-<method>/ (default runs)")
     p.add_argument("--out", default=None, metavar="DIR",
                    help="write train.json and the loss plots into DIR")
+    p.add_argument("--no-cost-model", dest="cost_model", action="store_false",
+                   help="a job registered for this run chooses by bytes even with a known link "
+                   "rate (docs/PROTOCOL.md \"The cost model\"; a testbed's own job keeps its "
+                   "`homagg testbed up` setting)")
     p.add_argument("--auth", action="store_true",
                    help="authenticate every frame (a new job secret, given to the ranks in "
                    "a 0600 file named by the job file; local testbed)")
@@ -663,7 +672,7 @@ def main(args: argparse.Namespace) -> int:
             print(f"results and logs: {rep['run_dir']}", file=sys.stderr)
         else:
             rep = run_train(args.testbed, state_dir=args.state_dir, switch=args.switch,
-                            auth=args.auth, **kw)
+                            auth=args.auth, cost_model=args.cost_model, **kw)
     except (HomAggError, TestbedError) as e:
         print(f"homagg train: {e}", file=sys.stderr)
         return 1

@@ -33,11 +33,36 @@ from homagg.switch import job_file
 JOB_GROUP = "239.77.0.3"  # the results' multicast group of the testbed's job
 
 
+def link_mbit(tb: Testbed) -> int:
+    """The link rate of one worker of the testbed for its cost model
+    (homagg.cost): its link's shaping, or its share of the aggregator's
+    link when that is narrower; 0 when the links are not shaped (no link
+    rate: choices by bytes)."""
+    st = tb.state()
+    rates = []
+    if st.get("link_mbit"):
+        rates.append(float(st["link_mbit"]))
+    if st.get("agg_link_mbit"):
+        rates.append(float(st["agg_link_mbit"]) / max(1, len(tb.workers)))
+    return max(1, int(min(rates))) if rates else 0
+
+
+def job_cost(tb: Testbed, cost_model: bool = True):
+    """The cost model a job on this testbed registers: its link rate and
+    this host's calibration (homagg.cost.job_cost); ``cost_model`` False
+    (or unshaped links): none, choices by bytes."""
+    from homagg import cost
+
+    return cost.job_cost(link_mbit(tb) if cost_model else 0)
+
+
 def start(tb: Testbed, *, slots: int | None = None, payload: int = 1024, timeout: float = 10.0,
-          switch: str | None = None) -> dict:
+          switch: str | None = None, cost_model: bool = True) -> dict:
     """Start the daemons, register the job, write its job file; returns the
     job-file fields plus "file" and "daemons" ({host: record}).  On a
-    failure the daemons started are stopped and the error re-raised."""
+    failure the daemons started are stopped and the error re-raised.  The
+    job's cost model is the testbed's link rate with this host's
+    calibration (``cost_model`` False: none)."""
     from homagg.runs import allreduce as runmod
     from homagg.switch.daemon import Switch
 
@@ -52,7 +77,8 @@ def start(tb: Testbed, *, slots: int | None = None, payload: int = 1024, timeout
         fields = job_file.register([s.control for s in sws],
                                    [(s.ip, runmod.UDP_PORT) for s in sws],
                                    workers=len(tb.workers), slots=slots, payload=payload,
-                                   group=JOB_GROUP, timeout=timeout)
+                                   group=JOB_GROUP, timeout=timeout,
+                                   cost=job_cost(tb, cost_model))
         path = job_file.write_job_file(os.path.join(tb.files_dir, "job.json"), **fields)
         daemons = {s.host: s.record() for s in sws}
         tb.note(daemons=daemons, job={"job": fields["job"], "file": path})

@@ -390,6 +390,17 @@ def up(inventory: inv.Inventory, switch: str | None = None, no_udp_csum: bool = 
             r.close()
 
 
+def inventory_cost(inventory) -> "cost.Cost":
+    """The cost model a job on the inventory's hosts registers: the
+    inventory's ``link_mbit`` with the calibration of the host creating the
+    job (homagg.cost.job_cost); none without a link rate.  The hosts' own
+    calibrations are not fetched: run `homagg calibrate` here on a host of
+    the workers' kind."""
+    from homagg import cost
+
+    return cost.job_cost(inventory.settings.link_mbit or 0)
+
+
 def _up_job(hosts: list[Host], inventory: inv.Inventory, out, slots: int | None = None,
             payload: int = 1024, timeout: float = 10.0, group: str = UP_JOB_GROUP) -> dict:
     """The job of `up`: every worker host, spread over every aggregator, and
@@ -401,7 +412,7 @@ def _up_job(hosts: list[Host], inventory: inv.Inventory, out, slots: int | None 
     fields = job_file.register([a.control for a in aggs],
                                [(a.h.address, localrun.UDP_PORT) for a in aggs],
                                workers=len(workers), slots=slots, payload=payload, group=group,
-                               timeout=timeout)
+                               timeout=timeout, cost=inventory_cost(inventory))
     ssh.parallel(lambda r: r.put_job_file(job_file_path(r.h), dict(
         fields, **({"bind": r.h.address} if r.h.role == "worker" else {}))),
         hosts, inventory.settings.parallel)
@@ -515,8 +526,10 @@ def run_allreduce(inventory: inv.Inventory, method: str, elements: int, density:
                               ", ".join(f"host '{n}'" for n in down_aggs) +
                               f": start it with `homagg up -i {inventory.path}`")
         agg_addrs = [(a.h.address, localrun.UDP_PORT) for a in aggs]
+        job_cost = inventory_cost(inventory)
         job_file.register([a.control for a in aggs], agg_addrs, workers=W, slots=slots,
-                          payload=payload, group=group, timeout=timeout, job=job, token=token)
+                          payload=payload, group=group, timeout=timeout, job=job, token=token,
+                          cost=job_cost)
         registered = aggs
         before = [a.control({"cmd": "stats"}) for a in aggs]
         paths, pids = [], []
@@ -530,7 +543,8 @@ def run_allreduce(inventory: inv.Inventory, method: str, elements: int, density:
                 ip=r.h.address, timeout=timeout, slots=slots, payload=payload, rto=rto,
                 method=method, block=block, elements=elements, density=density,
                 workload=workload, seed=seed, out=p["out"], aggregators=agg_addrs, mtu=r.h.mtu,
-                pipeline_groups=pipeline_groups)
+                pipeline_groups=pipeline_groups,
+                cost=job_cost.fields() if job_cost.timed else None)
             spec.update(ready_file=p["ready"], go_file=p["go"], report=p["report"],
                         start_timeout=start_timeout)
             pids.append(r.start(p["pid"], p["log"],
