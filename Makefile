@@ -51,7 +51,7 @@ HEADERS  := $(wildcard dataplane_c/include/homagg/*.h) $(wildcard nic/include/ho
 APT_PACKAGES := build-essential pkg-config libdpdk-dev dpdk libjansson-dev libsodium-dev libssl-dev clang \
 	libclang-rt-14-dev iproute2 iputils-ping openssh-server python3-venv
 
-.PHONY: help build deps venv lib ext switch tools fuzz test test-sanitize test-fast test-repeat bench demo clean distclean
+.PHONY: help build deps venv lib ext switch tools fuzz lint test test-sanitize test-fast test-repeat bench demo clean distclean
 
 help: ## list the targets
 	@echo "HomAgg make targets:"
@@ -144,7 +144,10 @@ fuzz: deps ## build and run every libFuzzer target for FUZZ_SECONDS each
 ext: lib venv ## build the cffi extension in place, against the current variant
 	HOMAGG_LIBDIR=$(CURDIR)/$(BUILD) HOMAGG_SANITIZE=$(SANITIZE) $(VPY) setup.py -q build_ext --inplace --force
 
-test: build ## all tests (root, netns, DPDK included), then the sanitizer pass and the fuzz run
+lint: venv ## ruff over the Python package and the tests (configured in pyproject.toml; seconds)
+	$(VENV)/bin/ruff check orchestrator tests
+
+test: build lint ## lint, all tests (root, netns, DPDK included), then the sanitizer pass and the fuzz run
 	$(VPY) -m pytest $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory test-sanitize
 	$(MAKE) --no-print-directory ext

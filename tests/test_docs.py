@@ -30,7 +30,6 @@ import re
 import signal
 import subprocess
 import sys
-import tempfile
 
 import pytest
 

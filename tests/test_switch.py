@@ -8,7 +8,6 @@ Results are checked bit for bit against the numpy fixed-point oracle
 the kernel has no netem; a killed daemon makes every worker fail within its
 timeout naming the aggregator; a restarted daemon serves a new job.
 """
-import os
 import signal
 import subprocess
 import threading

@@ -68,7 +68,7 @@ def _hostile(src, dst):
     ]
 
 
-def _send_raw(link, frames):
+def _send_raw(link, frames):  # noqa: F811 (the fixture is imported for the tests)
     """Send frames from the workers' namespace through an AF_PACKET socket."""
     from pyroute2.netns import setns
 

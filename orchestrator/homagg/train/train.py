@@ -65,7 +65,6 @@ import time
 
 import numpy as np
 
-import homagg
 from homagg import auth as hg_auth
 from homagg.errors import HomAggError
 from homagg.protocol import EXACT_METHODS, METHODS as HOMAGG_METHODS, resolve_slots

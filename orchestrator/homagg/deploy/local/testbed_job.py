@@ -100,7 +100,6 @@ def job(tb: Testbed) -> dict | None:
 
 def controls(tb: Testbed, workdir: str | None = None) -> list:
     """The control callables of the testbed's daemons, in shard order."""
-    from homagg.runs import allreduce as runmod
     from homagg.switch.daemon import Switch
 
     return [Switch(tb, workdir or tb.files_dir, host=h.name).control

@@ -390,7 +390,7 @@ def up(inventory: inv.Inventory, switch: str | None = None, no_udp_csum: bool = 
             r.close()
 
 
-def inventory_cost(inventory) -> "cost.Cost":
+def inventory_cost(inventory):
     """The cost model a job on the inventory's hosts registers: the
     inventory's ``link_mbit`` with the calibration of the host creating the
     job (homagg.cost.job_cost); none without a link rate.  The hosts' own
