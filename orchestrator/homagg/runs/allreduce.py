@@ -3,8 +3,12 @@
     sudo homagg testbed up --workers 4 --link-mbit 1000 --name demo
     sudo homagg run allreduce --testbed demo --method lhc --elements 1000000 --density 0.01
 
-starts homagg-switch in the aggregator's namespace (DPDK vdev net_af_xdp on
-its eth0, falling back to net_af_packet) -- in every aggregator's namespace
+uses the homagg-switch daemons `homagg testbed up` started (a testbed made
+with --no-daemon: starts homagg-switch in the aggregator's namespace itself,
+DPDK vdev net_af_xdp on its eth0, falling back to net_af_packet; --pmd other
+than auto, --drop-rate and --switch-lcores configure a daemon of its own, so
+they need such a testbed and are refused on one whose daemons run) -- in
+every aggregator's namespace
 when the testbed has several (``homagg testbed up --aggregators K``: the job
 is spread over them, docs/PROTOCOL.md "Several aggregators"; with
 ``--leaves L`` or a testbed made with ``homagg testbed up --leaves L`` the
@@ -60,8 +64,9 @@ import homagg
 from homagg import auth as hg_auth
 from homagg import log
 from homagg.deploy.local.testbed import Testbed, TestbedError
+from homagg.deploy.local import testbed_job as testbed_job_mod
 from homagg.errors import HomAggError
-from homagg.protocol import PIPELINE_GROUPS, check_pipeline_groups
+from homagg.protocol import PIPELINE_GROUPS, check_pipeline_groups, resolve_slots
 from homagg.runs.job import (DEFAULT_BLOCK, METHODS, UDP_PORT, WORKLOADS, RunError, check_arguments,
                              check_payload, collect_reports, counter_deltas, print_report, sum_dicts,
                              tree_leaf, verify, worker_spec)
@@ -89,7 +94,7 @@ def _per_call(total: int, calls: int):
 
 def run_allreduce(testbed: str, method: str, elements: int, density: float,
                   workload: str = "random", seed: int = 1, block: int = DEFAULT_BLOCK,
-                  slots: int = 64, payload: int = 1024, timeout: float = 10.0,
+                  slots: int = None, payload: int = 1024, timeout: float = 10.0,
                   rto: float = 0.005, pmd: str = "auto", switch: str | None = None,
                   state_dir: str | None = None, group: str = "239.77.0.1",
                   drop_rate: float = 0.0, idle_us: int = IDLE_US,
@@ -98,7 +103,8 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
                   auth: bool = False, leaves: int | None = None,
                   switch_lcores: int = 1,
                   pipeline_groups: int = PIPELINE_GROUPS,
-                  gradient_files: list[str] | None = None, expect: dict | None = None) -> dict:
+                  gradient_files: list[str] | None = None, expect: dict | None = None,
+                  cost_model: bool = True) -> dict:
     """One allreduce on testbed ``testbed``; returns the report dict (see
     the module doc).  Every process it starts is stopped before it returns.
     ``drop_rate`` makes the daemon's port drop that fraction of the frames it
@@ -147,6 +153,7 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
     check_payload(payload, mtu, f"testbed {testbed}")
     workers = tb.workers
     W = len(workers)
+    slots = resolve_slots(slots, W)  # unset: W x S fits a 4096-frame ring
     job, token = 1 + secrets.randbelow(1 << 15), secrets.randbits(31)
     hosts = tb.aggregators
     if aggregators is not None and not 1 <= aggregators <= len(hosts):
@@ -157,6 +164,9 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
     if leaves:
         if aggregators is not None:
             raise RunError("--aggregators and a tree (--leaves) exclude each other")
+        if len(hosts) < 2:
+            raise RunError(f"--leaves {leaves}: testbed {testbed} has one aggregator host, a tree "
+                           f"needs L + 1 (make one with `homagg testbed up --leaves {leaves}`)")
         if not 1 <= leaves <= min(W, len(hosts) - 1):
             raise RunError(f"leaves must be 1..{min(W, len(hosts) - 1)}: a tree of L leaves needs "
                            f"L + 1 aggregator hosts and at least L workers (the testbed has "
@@ -185,10 +195,11 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
         auth_file = os.path.join(workdir, "job.secret") if auth else None
         secret = hg_auth.create_secret_file(auth_file) if auth else None
         agg_addrs = [(s.ip, UDP_PORT) for s in sws]
+        job_cost = testbed_job_mod.job_cost(tb, cost_model)
         if not leaves:  # aggregator k of the job: its shard k
             job_file.register([s.control for s in sws], agg_addrs, workers=W, slots=slots,
                               payload=payload, group=group, timeout=timeout, job=job,
-                              token=token, auth=secret)
+                              token=token, auth=secret, cost=job_cost)
         registered = sws
         for k, s in enumerate(sws if leaves else ()):
             with s.client() as c:
@@ -218,7 +229,7 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
                                out=os.path.join(workdir, f"result-{i}.npy"),
                                auth_file=auth_file, pipeline_groups=pipeline_groups,
                                gradient_file=gradient_files[i] if gradient_files else None,
-                               **place)
+                               cost=job_cost.fields() if job_cost.timed else None, **place)
             spec.update(repeat=repeat, warmup=warmup)
             p = tb.run_in(h.name, [sys.executable, "-m", "homagg.runs.job", "--child", json.dumps(spec)],
                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -294,6 +305,7 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
             "pmd": sw.pmd,
             "auth": bool(auth),
             "link_mbit": tb.state().get("link_mbit"),
+            "cost": job_cost.fields() if job_cost.timed else None,
             "seconds": float(np.median(each)),
             "seconds_each": each,
             "repeat": repeat,
@@ -373,7 +385,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=1, help="gradient seed (default: %(default)s)")
     p.add_argument("--block", type=int, default=DEFAULT_BLOCK,
                    help="quantisation block in elements (default: %(default)s)")
-    p.add_argument("--slots", type=int, default=64, help="aggregator slots = window (default: %(default)s)")
+    p.add_argument("--slots", type=int, default=None,
+                   help="aggregator slots = window (default: the most, up to 64, with "
+                   "workers x slots <= 4096 frames: homagg.protocol.default_slots)")
     p.add_argument("--payload-bytes", type=int, default=1024, metavar="BYTES",
                    help="payload bytes per packet, a multiple of 4 up to 8192 (more than an MTU of 1500 "
                    "holds needs links with MTU 9000; default: %(default)s)")
@@ -411,6 +425,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--auth", action="store_true",
                    help="authenticate every frame with per-worker keys from a new job secret "
                         "(docs/PROTOCOL.md \"Authentication\"; costs one keyed BLAKE2b per frame)")
+    p.add_argument("--no-cost-model", dest="cost_model", action="store_false",
+                   help="choose by bytes even on a testbed with a link rate (the job registers "
+                   "no cost model; docs/PROTOCOL.md \"The cost model\")")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -437,7 +454,8 @@ def main(args: argparse.Namespace) -> int:
                             repeat=args.repeat, warmup=args.warmup,
                             auth=args.auth, leaves=args.leaves,
                             switch_lcores=args.switch_lcores,
-                            pipeline_groups=args.pipeline_groups)
+                            pipeline_groups=args.pipeline_groups,
+                            cost_model=getattr(args, "cost_model", True))
     except (HomAggError, TestbedError) as e:
         print(f"homagg run allreduce: {e}", file=sys.stderr)
         return 1

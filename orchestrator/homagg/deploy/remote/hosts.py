@@ -58,6 +58,7 @@ from homagg.deploy.remote import inventory as inv
 from homagg.deploy.remote import ssh
 from homagg.errors import HomAggError
 from homagg.ops import logfmt
+from homagg.protocol import resolve_slots
 from homagg.runs import job as localrun
 from homagg.switch import job_file
 
@@ -300,13 +301,14 @@ def switch_argv(h: inv.HostSpec, binary: str, hugepages_mount: str,
 
 
 def _up_one(agg: Host, inventory: inv.Inventory, no_udp_csum: bool, ready_timeout: float,
-            out, slots: int = 64) -> dict:
+            out, slots: int | None = None) -> dict:
     """homagg-switch on one aggregator, ready (its control socket answers),
     with a receive ring for ``slots`` frames of every worker in flight."""
     h = agg.h
     if agg.alive(switch_pidfile(h)):
         raise RemoteError(f"host '{h.name}': homagg-switch already runs ({switch_pidfile(h)}): "
                           f"stop it first with `homagg down -i {inventory.path}`")
+    slots = resolve_slots(slots, len(inventory.workers))
     argv = switch_argv(h, agg.switch_binary, inventory.settings.hugepages_mount, no_udp_csum,
                        frames=len(inventory.workers) * slots)
     rt = f"{rundir(h)}/rt"
@@ -371,7 +373,7 @@ def up(inventory: inv.Inventory, switch: str | None = None, no_udp_csum: bool = 
         def one(agg):
             try:
                 return _up_one(agg, inventory, no_udp_csum, ready_timeout, out,
-                               slots=job_options.get("slots", 64))
+                               slots=job_options.get("slots"))
             except Exception as e:  # noqa: BLE001 - collected per host below
                 return e
 
@@ -388,7 +390,18 @@ def up(inventory: inv.Inventory, switch: str | None = None, no_udp_csum: bool = 
             r.close()
 
 
-def _up_job(hosts: list[Host], inventory: inv.Inventory, out, slots: int = 64,
+def inventory_cost(inventory):
+    """The cost model a job on the inventory's hosts registers: the
+    inventory's ``link_mbit`` with the calibration of the host creating the
+    job (homagg.cost.job_cost); none without a link rate.  The hosts' own
+    calibrations are not fetched: run `homagg calibrate` here on a host of
+    the workers' kind."""
+    from homagg import cost
+
+    return cost.job_cost(inventory.settings.link_mbit or 0)
+
+
+def _up_job(hosts: list[Host], inventory: inv.Inventory, out, slots: int | None = None,
             payload: int = 1024, timeout: float = 10.0, group: str = UP_JOB_GROUP) -> dict:
     """The job of `up`: every worker host, spread over every aggregator, and
     its job file on every host (a worker's names its own bind address)."""
@@ -399,7 +412,7 @@ def _up_job(hosts: list[Host], inventory: inv.Inventory, out, slots: int = 64,
     fields = job_file.register([a.control for a in aggs],
                                [(a.h.address, localrun.UDP_PORT) for a in aggs],
                                workers=len(workers), slots=slots, payload=payload, group=group,
-                               timeout=timeout)
+                               timeout=timeout, cost=inventory_cost(inventory))
     ssh.parallel(lambda r: r.put_job_file(job_file_path(r.h), dict(
         fields, **({"bind": r.h.address} if r.h.role == "worker" else {}))),
         hosts, inventory.settings.parallel)
@@ -482,7 +495,8 @@ def _wait_remote(r: Host, cond: str, pidfile: str, seconds: float) -> bool:
 
 def run_allreduce(inventory: inv.Inventory, method: str, elements: int, density: float,
                   workload: str = "random", seed: int = 1, block: int = localrun.DEFAULT_BLOCK,
-                  slots: int = 64, payload: int = 1024, timeout: float = 10.0, rto: float = 0.005,
+                  slots: int | None = None, payload: int = 1024, timeout: float = 10.0,
+                  rto: float = 0.005,
                   group: str = "239.77.0.1", runs_dir: str = "runs", start_timeout: float = 120.0,
                   out=None, pipeline_groups: int = localrun.PIPELINE_GROUPS) -> dict:
     """One allreduce on the inventory's hosts with the daemon `up` started;
@@ -499,6 +513,7 @@ def run_allreduce(inventory: inv.Inventory, method: str, elements: int, density:
     aggs = _aggregators(hosts)
     agg = aggs[0]
     W = len(workers)
+    slots = resolve_slots(slots, W)
     job, token = 1 + secrets.randbelow(1 << 15), secrets.randbits(31)
     folder = _run_folder(runs_dir, method)
     run_id = os.path.basename(folder)
@@ -511,8 +526,10 @@ def run_allreduce(inventory: inv.Inventory, method: str, elements: int, density:
                               ", ".join(f"host '{n}'" for n in down_aggs) +
                               f": start it with `homagg up -i {inventory.path}`")
         agg_addrs = [(a.h.address, localrun.UDP_PORT) for a in aggs]
+        job_cost = inventory_cost(inventory)
         job_file.register([a.control for a in aggs], agg_addrs, workers=W, slots=slots,
-                          payload=payload, group=group, timeout=timeout, job=job, token=token)
+                          payload=payload, group=group, timeout=timeout, job=job, token=token,
+                          cost=job_cost)
         registered = aggs
         before = [a.control({"cmd": "stats"}) for a in aggs]
         paths, pids = [], []
@@ -526,7 +543,8 @@ def run_allreduce(inventory: inv.Inventory, method: str, elements: int, density:
                 ip=r.h.address, timeout=timeout, slots=slots, payload=payload, rto=rto,
                 method=method, block=block, elements=elements, density=density,
                 workload=workload, seed=seed, out=p["out"], aggregators=agg_addrs, mtu=r.h.mtu,
-                pipeline_groups=pipeline_groups)
+                pipeline_groups=pipeline_groups,
+                cost=job_cost.fields() if job_cost.timed else None)
             spec.update(ready_file=p["ready"], go_file=p["go"], report=p["report"],
                         start_timeout=start_timeout)
             pids.append(r.start(p["pid"], p["log"],
