@@ -46,6 +46,12 @@ def test_demo_testbed_mode_is_exact_and_tears_down():
     rows = _rows(p.stdout)
     assert {r[0] for r in rows} == {"dense", "lhc", "union"}
     assert all("yes" in r for r in rows), p.stdout
+    # Gloo ran on the same testbed: each row carries its speedup against it,
+    # and the machine the figures hold for is named
+    assert "Gloo ring all-reduce (torch.distributed)" in p.stdout, p.stdout
+    assert all(any(c == "Gloo;" for c in r) for r in rows), p.stdout
+    machine = [ln for ln in p.stdout.splitlines() if ln.startswith("measured on ")]
+    assert machine and "vCPU" in machine[0] and "codec ISA path" in machine[0], p.stdout
     after = set(os.listdir("/run/netns")) if os.path.isdir("/run/netns") else set()
     assert not {n for n in after - before if n.startswith("hg-demo")}
 

@@ -95,32 +95,86 @@ def _exact_word(method, same):
     return "yes" if same else "NO"
 
 
+def machine_line():
+    """The CPU model, its vCPUs and the codec's ISA path, for every table
+    that shows a time (a figure holds for the CPU it was measured on)."""
+    from homagg.bindings.codec import codec_isa
+
+    cpu = "unknown CPU"
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")),
+                       cpu)
+    except OSError:
+        pass
+    return f"{cpu} ({os.cpu_count()} vCPU), codec ISA path {codec_isa()}"
+
+
+def _gloo_times(tb, workloads, n, density, link_mbit, seed, timeout):
+    """Gloo ring all-reduce (torch.distributed) of the same gradients on the
+    same testbed and links: {workload: seconds} of one timed call after one
+    warmup, or a string saying why Gloo could not run."""
+    from types import SimpleNamespace
+
+    try:
+        from homagg.bench.allreduce import GlooGroup, gloo_row
+        group = GlooGroup(tb, timeout)
+    except Exception as e:  # noqa: BLE001 - the demo still shows HomAgg's rows
+        return f"unavailable: {type(e).__name__}: {e}"[:300]
+    try:
+        out = {}
+        for wl in workloads:
+            progress(f"gloo / {wl}: ring all-reduce of the same gradients ...")
+            row = gloo_row(group, len(tb.workers), n, wl, density, link_mbit,
+                           SimpleNamespace(seed=seed, repeat=1, warmup=1))
+            out[wl] = row["seconds_median"]
+            progress(f"  {row['seconds_median']:.3f} s")
+        return out
+    finally:
+        group.close()
+
+
 def main_testbed(args, methods):
     from homagg.deploy.local.testbed import Testbed
     from homagg.runs import allreduce as run
 
     n, W = args.elements, args.workers
     name = f"demo{os.getpid() % 100000}"
+    workloads = ("shared", "random")
     progress(f"testbed {name}: {W} workers, links {args.link_mbit:g} Mbit/s each way")
     Testbed.up(name, workers=W, link_mbit=args.link_mbit)
     rows = []
     try:
-        for wl in ("shared", "random"):
+        for wl in workloads:
             for m in methods:
                 progress(f"{m} / {wl}: {W} x {n} float32, density {args.density} ...")
-                r = run.run_allreduce(name, m, n, args.density, workload=wl, seed=args.seed + 1)
+                r = run.run_allreduce(name, m, n, args.density, workload=wl, seed=args.seed + 1,
+                                      warmup=1)
                 retrans = sum(s.get("retransmissions", 0) for s in r["worker_stats"])
                 rows.append(dict(method=m, workload=wl, seconds=r["seconds"],
                                  bytes=max(r["bytes_per_worker"]), dense=4 * n, retrans=retrans,
                                  exact=_exact_word(m, r["exact"]), note=f"pmd {r['pmd']}"))
                 progress(f"  {r['seconds']:.3f} s, {max(r['bytes_per_worker'])} B sent per worker, "
-                          f"exact {r['exact']}")
+                         f"exact {r['exact']}")
+        gloo = _gloo_times(Testbed.open(name), workloads, n, args.density, args.link_mbit,
+                           args.seed + 1, timeout=60.0)
     finally:
         progress(f"tearing down testbed {name}")
         Testbed.down(name)
+    if isinstance(gloo, dict):
+        for r in rows:
+            r["note"] = f"{gloo[r['workload']] / r['seconds']:.2f}x Gloo; " + r["note"]
     _table(f"HomAgg allreduce on a local testbed: W={W}, n={n} float32 per worker "
            f"(dense fp32 = {4 * n} B), density {args.density}, links {args.link_mbit:g} Mbit/s; "
-           "bytes = what each worker sent on its link (headers included)", rows)
+           "bytes = what each worker sent on its link (headers included); "
+           "times: one allreduce after one warmup", rows)
+    if isinstance(gloo, dict):
+        print("Gloo ring all-reduce (torch.distributed) of the same gradients on the same links: " +
+              ", ".join(f"{wl} {_duration(t)}" for wl, t in gloo.items()) +
+              "; speedup = Gloo's time / the method's, in the last column")
+    else:
+        print(f"Gloo ring all-reduce: {gloo}")
+    print(f"measured on {machine_line()}")
     return 1 if any(r["exact"] == "NO" for r in rows) else 0
 
 
