@@ -19,16 +19,12 @@ import os
 import stat
 
 from homagg.bindings import auth as _b
-from homagg.errors import InvalidArgument
+from homagg.errors import SecretFileError  # noqa: F401 - SecretFileError importable from here
 
 SECRET_LEN = _b.SECRET_LEN
 KEY_LEN = _b.KEY_LEN
 MAC_LEN = _b.MAC_LEN
 AGGREGATOR = _b.KEY_AGGREGATOR
-
-
-class SecretFileError(InvalidArgument):
-    """The secret file is missing, unsafe (group/world readable) or malformed."""
 
 
 def new_secret():

@@ -30,17 +30,13 @@ import numpy as np
 from homagg import protocol
 from homagg._native import lib
 from homagg.bench import workloads
-from homagg.errors import HomAggError
+from homagg.errors import RunError  # noqa: F401 - RunError importable from here
 from homagg.protocol import PIPELINE_GROUPS
 
 METHODS = protocol.METHODS
 WORKLOADS = workloads.WORKLOADS  # shared, random, zipf, dense
 UDP_PORT = lib.HG_UDP_PORT
 DEFAULT_BLOCK = lib.HG_DEFAULT_BLOCK
-
-
-class RunError(HomAggError):
-    """The run could not be set up or a process failed."""
 
 
 # --------------------------------------------------------------------------

@@ -31,7 +31,7 @@ import os
 import secrets
 
 from homagg.bindings.wire import UDP_PORT
-from homagg.errors import HomAggError
+from homagg.errors import ConfigError  # noqa: F401 - ConfigError importable from here
 
 # Fields of a job file: name -> (type, default).  None: required.
 JOB_FIELDS = {
@@ -45,10 +45,6 @@ JOB_FIELDS = {
     "payload": (int, 1024),
     "workers": (int, 0),  # 0: not stated; else it must equal the world size
 }
-
-
-class ConfigError(HomAggError):
-    """The HomAgg job of a training process is not configured correctly."""
 
 
 def job_config(env=None):

@@ -63,7 +63,7 @@ import time
 import numpy as np
 
 import homagg
-from homagg.errors import HomAggError
+from homagg.errors import HomAggError, TrainError  # noqa: F401 - TrainError importable from here
 from homagg.protocol import EXACT_METHODS, METHODS as HOMAGG_METHODS
 from homagg.switch import job_file
 
@@ -72,10 +72,6 @@ METHODS = tuple(HOMAGG_METHODS) + ("gloo",)
 BUILTIN_MODELS = ("ncf", "lstm", "bert", "vgg")
 GLOO_PORT = 29611
 DEFAULT_LR = 0.05  # a user's model without --lr
-
-
-class TrainError(HomAggError):
-    """The training run could not be set up or a rank failed."""
 
 
 # --------------------------------------------------------------------------

@@ -56,7 +56,7 @@ import numpy as np
 
 from homagg.deploy.remote import inventory as inv
 from homagg.deploy.remote import ssh
-from homagg.errors import HomAggError
+from homagg.errors import HomAggError, RemoteError  # noqa: F401 - RemoteError importable from here
 from homagg.runs import job as localrun
 from homagg.switch import job_file
 
@@ -93,11 +93,6 @@ hg_stop() {
   rm -f "$1"
 }
 """
-
-
-class RemoteError(HomAggError):
-    """A remote command failed after the preflight (daemon did not start,
-    worker failed, ...); the message names the host."""
 
 
 def rundir(h: inv.HostSpec) -> str:
