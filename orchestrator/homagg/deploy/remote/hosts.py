@@ -59,6 +59,7 @@ from homagg.deploy.remote import ssh
 from homagg.errors import HomAggError, RemoteError  # noqa: F401 - RemoteError importable from here
 from homagg.runs import job as localrun
 from homagg.switch import job_file
+from homagg.switch.daemon import eal_args
 
 log = logging.getLogger("homagg.deploy.remote.hosts")
 
@@ -273,14 +274,10 @@ def switch_argv(h: inv.HostSpec, binary: str, hugepages_mount: str,
     its PCI NIC (-a, hugepages) or vdev, its cores, its data-plane IP, and a
     receive ring for ``frames`` (W x S of its job) in flight: af_packet's
     framecnt, or --rx-ring (a power of two) above the daemon's 1024."""
-    eal = ["-l", ",".join(map(str, h.cores)), "--file-prefix", f"homagg-{h.name}",
-           "--no-telemetry", "--log-level", "lib.eal:error"]
-    eal += ["-a", h.pci] if h.pci else ["--no-pci", "--vdev",
-                                        localrun.vdev_for_mtu(h.vdev, h.mtu, frames)]
-    if h.hugepages and h.hugepages.count:
-        eal += ["--huge-dir", hugepages_mount.replace("{name}", h.name)]
-    else:
-        eal += ["--no-huge", "-m", "256", "--no-shconf"]
+    huge = h.hugepages and h.hugepages.count
+    eal = eal_args(",".join(map(str, h.cores)), file_prefix=f"homagg-{h.name}", pci=h.pci or None,
+                   vdev=None if h.pci else localrun.vdev_for_mtu(h.vdev, h.mtu, frames),
+                   hugepages_dir=hugepages_mount.replace("{name}", h.name) if huge else None)
     opts = ["--port-ip", h.address, "--udp-port", str(localrun.UDP_PORT),
             "--control", control_socket(h), "--mtu", str(h.mtu)]
     if frames > 1024 and not (h.vdev or "").startswith(("net_af_packet", "eth_af_packet")):
