@@ -103,6 +103,33 @@ def test_cli_json(testbed):
     _no_processes_left(testbed)
 
 
+def test_cli_runs_dir_keeps_what_the_inventory_run_keeps(testbed, tmp_path):
+    """--runs-dir on a testbed: the run folder holds what `run -i` leaves
+    (results, the workers' reports, the daemon's log, report.json), and the
+    kept results are the reference, bit for bit; the report's run_dir names it."""
+    env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "orchestrator"))
+    r = subprocess.run([sys.executable, "-m", "homagg.runs.allreduce", "allreduce", "--testbed",
+                        testbed.name, "--state-dir", testbed.state_dir, "--method", "lhc",
+                        "--elements", "6000", "--density", "0.1", "--seed", "5", "--repeat", "2",
+                        "--runs-dir", str(tmp_path / "runs"), "--json"],
+                       capture_output=True, text=True, env=env, timeout=200)
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(r.stdout)
+    folder = rep["run_dir"]
+    assert folder.startswith(str(tmp_path / "runs")) and folder.endswith("-lhc")
+    W = rep["workers"]
+    names = set(os.listdir(folder))
+    assert {"report.json", "switch.log"} | {f"result-{w}.npy" for w in range(W)} \
+        | {f"report-{w}.json" for w in range(W)} <= names, names
+    assert json.load(open(os.path.join(folder, "report.json")))["seconds_each"] == rep["seconds_each"]
+    assert len(rep["seconds_each"]) == 2
+    ref = job.reference([job.gradient(6000, 0.1, "random", 5, w, W) for w in range(W)],
+                        job.DEFAULT_BLOCK).view(np.uint32)
+    for w in range(W):
+        assert np.array_equal(np.load(os.path.join(folder, f"result-{w}.npy")).view(np.uint32), ref)
+    _no_processes_left(testbed)
+
+
 def test_cli_auth_is_exact_and_counts_no_bad_mac(testbed):
     """`homagg run allreduce --auth`: the daemon gets the job secret over its
     control socket, the workers from an owner-only file; exact, nothing

@@ -19,6 +19,8 @@ spec's paths).
 """
 from __future__ import annotations
 
+import os
+import time
 from dataclasses import dataclass
 
 
@@ -123,3 +125,15 @@ class Placement:
 
     def stop_workers(self) -> None:  # pragma: no cover - interface
         raise NotImplementedError
+
+
+def run_folder(runs_dir: str, label: str) -> str:
+    """A new folder RUNS_DIR/<timestamp>-<label>[.N] for a run's results and
+    logs (made here; its absolute path)."""
+    base = os.path.join(runs_dir, f"{time.strftime('%Y%m%d-%H%M%S')}-{label}")
+    path, n = base, 1
+    while os.path.exists(path):
+        n += 1
+        path = f"{base}.{n}"
+    os.makedirs(path)
+    return os.path.abspath(path)

@@ -1,7 +1,17 @@
-"""Run one allreduce on a local testbed: DPDK aggregator plus one worker per namespace.
+"""Run one allreduce on a placement: a local testbed (DPDK aggregator plus one
+worker per namespace) or the hosts of an inventory over SSH.
 
     sudo homagg testbed up --workers 4 --link-mbit 1000 --name demo
     sudo homagg run allreduce --testbed demo --method lhc --elements 1000000 --density 0.01
+    homagg up -i testbed.toml && homagg run allreduce -i testbed.toml --method lhc ...
+
+The run is written once (``run_allreduce``) above homagg.deploy.placement:
+the same options and the same report on both.  On inventory hosts the
+daemons are the ones `homagg up -i` started (docs/INVENTORY.md), so what
+needs a daemon of the run's own (--drop-rate, --switch-lcores, --pmd,
+--switch) is refused there with the reason, as on a testbed whose daemons
+`homagg testbed up` started; --auth and --leaves run on a testbed only, and
+are refused with -i.  On a testbed:
 
 starts homagg-switch in the aggregator's namespace (DPDK vdev net_af_xdp on
 its eth0, falling back to net_af_packet) -- in every aggregator's namespace
@@ -448,8 +458,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--pmd", choices=("auto", "af_xdp", "af_packet"), default="auto",
                    help="DPDK virtual PMD on the aggregator's veth (auto: af_xdp, else af_packet)")
     p.add_argument("--drop-rate", type=float, default=0.0, metavar="P",
-                   help="the daemon drops this fraction of received frames (fault injection, "
-                   "local testbed only; default 0)")
+                   help="the daemon drops this fraction of received frames (fault injection; "
+                   "needs a daemon of the run's own: refused with -i, whose daemons are "
+                   "`homagg up`'s; default 0)")
     p.add_argument("--repeat", type=int, default=1, metavar="N",
                    help="timed allreduces by the same workers and daemon (default: %(default)s)")
     p.add_argument("--warmup", type=int, default=0, metavar="N",
@@ -466,8 +477,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--switch", default=None, metavar="PATH",
                    help="homagg-switch binary (default: build/release/homagg-switch or $HOMAGG_SWITCH)")
     p.add_argument("--state-dir", default=None, metavar="DIR", help="testbed state directory")
-    p.add_argument("--runs-dir", default="runs", metavar="DIR",
-                   help="with -i: results and logs go to DIR/<timestamp>-<method>/ (default: %(default)s)")
+    p.add_argument("--runs-dir", default=None, metavar="DIR",
+                   help="results, reports and logs go to DIR/<timestamp>-<method>/ (default: "
+                   "runs with -i; none on a testbed)")
     p.add_argument("--auth", action="store_true",
                    help="authenticate every frame with per-worker keys from a new job secret "
                         "(docs/PROTOCOL.md \"Authentication\"; costs one keyed BLAKE2b per frame)")
@@ -477,14 +489,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def placement_for(args: argparse.Namespace) -> Placement:
     """The placement ``homagg run`` names: ``--testbed NAME`` or ``-i TOML``."""
     if args.inventory:
+        if args.state_dir:
+            raise RunError("--state-dir names a local testbed's state (--testbed); "
+                           "inventory hosts keep theirs in INSTALL_DIR/run/")
         from homagg.deploy.remote import inventory
         from homagg.deploy.remote.placement import InventoryPlacement
 
-        return InventoryPlacement(inventory.load(args.inventory), runs_dir=args.runs_dir,
-                                  label=args.method)
+        return InventoryPlacement(inventory.load(args.inventory),
+                                  runs_dir=args.runs_dir or "runs", label=args.method)
     from homagg.deploy.local.placement import TestbedPlacement
 
-    return TestbedPlacement(args.testbed, args.state_dir)
+    return TestbedPlacement(args.testbed, args.state_dir, runs_dir=args.runs_dir,
+                            label=args.method)
 
 
 def main(args: argparse.Namespace) -> int:

@@ -1,7 +1,9 @@
 """A run placed on a local testbed (homagg.deploy.placement): every process in
 its host's network namespace, a child of this one; the worker's barriers go
-over its stdin ("go") and stdout ("ready"); its files stay in a private
-work directory removed at ``close``."""
+over its stdin ("go") and stdout ("ready"); its files are in a private
+work directory removed at ``close`` (with ``runs_dir``, the results, the
+workers' reports and the daemons' logs are copied to a new folder
+RUNS_DIR/<timestamp>-<label>/ first, as on inventory hosts)."""
 from __future__ import annotations
 
 import json
@@ -17,7 +19,7 @@ import numpy as np
 
 import homagg
 from homagg.deploy.local.testbed import Testbed
-from homagg.deploy.placement import AggregatorHost, Placement
+from homagg.deploy.placement import AggregatorHost, Placement, run_folder
 from homagg.runs.job import collect_reports
 
 
@@ -47,7 +49,8 @@ class TestbedPlacement(Placement):
     kind = "testbed"
     __test__ = False  # not a pytest class
 
-    def __init__(self, name: str, state_dir: str | None = None):
+    def __init__(self, name: str, state_dir: str | None = None, runs_dir: str | None = None,
+                 label: str = "run"):
         self.tb = Testbed.open(name, state_dir)
         st = self.tb.state()
         self.testbed = name
@@ -57,17 +60,28 @@ class TestbedPlacement(Placement):
         self.default_leaves = int(st.get("leaves") or 0)
         self.workers = [h.name for h in self.tb.workers]
         self.aggregators = [AggregatorHost(h.name, h.ip, h.mac) for h in self.tb.aggregators]
+        self.runs_dir, self.label = runs_dir, label
         self.workdir = None
         self.procs = []
         self.daemons = []
 
     def open(self) -> None:
         self.workdir = tempfile.mkdtemp(prefix=f"homagg-run-{self.testbed}-")
+        if self.runs_dir:
+            self.run_dir = run_folder(self.runs_dir, self.label)
 
     def close(self) -> None:
         self.stop_workers()
         for s in self.daemons:
             s.stop()
+        if self.run_dir:  # what the inventory placement keeps too
+            for k, s in enumerate(self.daemons):
+                if not s.shared and os.path.exists(s.logpath):
+                    shutil.copy(s.logpath, os.path.join(
+                        self.run_dir, "switch.log" if k == 0 else f"switch-{s.host}.log"))
+            for f in os.listdir(self.workdir):
+                if f.startswith("result-") and f.endswith(".npy"):
+                    shutil.copy(os.path.join(self.workdir, f), self.run_dir)
         if self.workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
@@ -127,7 +141,12 @@ class TestbedPlacement(Placement):
 
     def collect(self, timeout):
         hosts = [self.tb.host(n) for n in self.workers]
-        return collect_reports(hosts, self.procs, timeout)
+        reports, failures = collect_reports(hosts, self.procs, timeout)
+        if self.run_dir:
+            for r in reports:
+                with open(os.path.join(self.run_dir, f"report-{r['worker']}.json"), "w") as f:
+                    f.write(json.dumps(r) + "\n")
+        return reports, failures
 
     def results(self):
         return [np.load(os.path.join(self.workdir, f"result-{i}.npy"))

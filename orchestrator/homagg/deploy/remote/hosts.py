@@ -49,10 +49,10 @@ import logging
 import os
 import shlex
 import sys
-import time
 import tomllib
 
 
+from homagg.deploy.placement import run_folder
 from homagg.deploy.remote import inventory as inv
 from homagg.deploy.remote import ssh
 from homagg.errors import HomAggError, RemoteError  # noqa: F401 - RemoteError importable from here
@@ -416,14 +416,7 @@ def down(inventory: inv.Inventory, out=None) -> dict[str, list[str]]:
 # run allreduce
 
 
-def _run_folder(runs_dir: str, method: str) -> str:
-    base = os.path.join(runs_dir, f"{time.strftime('%Y%m%d-%H%M%S')}-{method}")
-    path, n = base, 1
-    while os.path.exists(path):
-        n += 1
-        path = f"{base}.{n}"
-    os.makedirs(path)
-    return os.path.abspath(path)
+_run_folder = run_folder  # homagg.train.remote's name for it
 
 
 def _link_bytes(r: Host) -> dict:

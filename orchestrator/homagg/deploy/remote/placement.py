@@ -16,7 +16,7 @@ import sys
 
 import numpy as np
 
-from homagg.deploy.placement import AggregatorHost, Daemon, Placement
+from homagg.deploy.placement import AggregatorHost, Daemon, Placement, run_folder
 from homagg.deploy.remote import hosts as rh
 from homagg.deploy.remote import inventory as inv
 from homagg.deploy.remote import ssh
@@ -94,7 +94,7 @@ class InventoryPlacement(Placement):
     def open(self):
         self.hosts = rh.open_hosts(self.inv, self.out)
         self.W = [r for r in self.hosts if r.h.role == "worker"]
-        self.run_dir = rh._run_folder(self.runs_dir, self.label)
+        self.run_dir = run_folder(self.runs_dir, self.label)
         self.run_id = os.path.basename(self.run_dir)
 
     def close(self):
