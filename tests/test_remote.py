@@ -304,6 +304,15 @@ def test_two_aggregators_up_run_down(rack2, tmp_path):
         for a in rep["aggregators"]:
             assert a["counters"]["completed"] > 0, a
         assert os.path.exists(os.path.join(rep["run_dir"], "switch-agg1.log"))
+        # --aggregators 1: the job on the first aggregator only, as on a testbed
+        r1 = cli("run", "allreduce", "-i", path, "--method", "lhc", "--elements", "30000",
+                 "--density", "0.05", "--seed", "7", "--aggregators", "1",
+                 "--runs-dir", str(tmp_path / "runs"), "--json")
+        assert r1.returncode == 0, r1.stdout + r1.stderr
+        rep1 = json.loads(r1.stdout)
+        assert [a["host"] for a in rep1["aggregators"]] == ["agg"]
+        assert rep1["exact"] is True and rep1["result_sha256"] == rep["result_sha256"]
+        assert rep1["aggregators"][0]["counters"]["completed"] > 0
         # up's job: its file on every worker host names both aggregators and
         # the host's own address; two ranks configured from it alone are exact
         for w, f in zip(("w0", "w1"), files):
