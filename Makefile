@@ -11,6 +11,10 @@
 #   NO_APT=1                      never call apt-get (fail if packages are missing)
 #   N=3                           runs of the suite for make test-repeat
 #
+# In the environment (not a make variable): HOMAGG_CODEC_ISA=portable|avx2|avx512
+# forces the codec's ISA path of everything make runs (tests, make bench; by
+# default the best the CPU has; `homagg bench codec` times every path anyway).
+#
 # `make help` lists the targets.
 
 PYTHON      ?= python3
@@ -75,7 +79,7 @@ $(VENV)/.stamp: pyproject.toml setup.py
 	@test -x $(VPY) || $(PYTHON) -m venv $(VENV)
 	$(VPY) -m pip install -q --upgrade pip setuptools wheel cffi
 	$(MAKE) --no-print-directory lib
-	HOMAGG_LIBDIR=$(CURDIR)/$(BUILD) $(VPY) -m pip install -q --no-build-isolation -e '.[test,testbed,provision,plot]'
+	HOMAGG_LIBDIR=$(CURDIR)/$(BUILD) $(VPY) -m pip install -q --no-build-isolation -e '.[test,testbed,provision,plot,metrics]'
 	$(VPY) -m pip install -q torch==2.13.0
 	@touch $@
 

@@ -25,6 +25,34 @@ def require(condition, reason):
     pytest.skip(reason)
 
 
+CODEC_ISAS = ("portable", "avx2", "avx512")
+
+
+@contextlib.contextmanager
+def codec_isa(isa):
+    """Run the C codec on ISA path ``isa`` inside the block: sets
+    HOMAGG_CODEC_ISA and has the library read it again (it reads it once
+    per process otherwise), restoring both after.  Skips locally, fails in
+    CI, when this CPU lacks the path."""
+    from homagg.bindings import codec as b
+    from homagg.errors import InvalidArgument
+
+    old = os.environ.get("HOMAGG_CODEC_ISA")
+    os.environ["HOMAGG_CODEC_ISA"] = isa
+    try:
+        try:
+            assert b.codec_isa_reload() == isa
+        except InvalidArgument as e:
+            require(False, f"codec path {isa}: {e}")
+        yield isa
+    finally:
+        if old is None:
+            os.environ.pop("HOMAGG_CODEC_ISA", None)
+        else:
+            os.environ["HOMAGG_CODEC_ISA"] = old
+        b.codec_isa_reload()
+
+
 def gone(pid):
     """Process ``pid`` exited (a zombie waiting for its reaper counts as exited)."""
     try:

@@ -1,6 +1,9 @@
 """The codec benchmark at a small size: its figures are consistent, and its
 numpy baseline does the same work as the C codec (same sketch, same result)."""
 import argparse
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -44,3 +47,66 @@ def test_numpy_lhc_matches_c(workers, density):
     assert np.array_equal(y.view(np.uint32), r.sum.view(np.uint32))
     yu = npc.allreduce_union(grads, 4096)
     assert np.array_equal(yu.view(np.uint32), r.sum.view(np.uint32))
+
+
+def _args(*argv):
+    p = argparse.ArgumentParser()
+    bench.add_arguments(p)
+    return p.parse_args(list(argv) + ["--repeat", "1", "--json"])
+
+
+@pytest.mark.parametrize("elements,block,density", [
+    (192 * 331, "192", 0.0068),   # an odd number of blocks, not a multiple of 4096
+    (4096 * 13, None, 0.0068),    # the NCF bucket's density: Bloom blocks
+    (1024 * 37, "1024", 0.001),   # some blocks zero on every worker
+    (64 * 257, "64", 1.0),
+])
+def test_bench_odd_sizes_low_density_with_numpy(elements, block, density):
+    """Any multiple of the block, low densities (Bloom blocks, blocks zero
+    everywhere), the numpy baseline on, one row per ISA path."""
+    argv = ["--elements", str(elements), "--density", str(density), "--workers", "3"]
+    if block:
+        argv += ["--block", block]
+    out = bench.run(_args(*argv))
+    assert [r["isa"] for r in out["paths"]] == bench.parse_isas(None)
+    assert out["paths_bit_identical"]
+    for r in out["paths"]:
+        assert r["encode_seconds"] > 0 and r["union_decode_vs_memcpy"] > 0, r["isa"]
+        assert r["union_decode_matches_lhc_decode"], r["isa"]
+    assert out["numpy_sketch_identical"] and out["numpy_decode_bit_identical"]
+    assert out["numpy_union_values_identical"] and out["numpy_union_decode_bit_identical"]
+    assert out["lhc_decode_matches_bench_decode"]
+
+
+def test_bench_one_path():
+    out = bench.run(_args("--elements", "4096", "--isa", "portable", "--no-numpy"))
+    assert [r["isa"] for r in out["paths"]] == ["portable"]
+    assert out["isa"] == "portable"
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["--elements", "0"], "--elements 0: use a positive multiple of the block"),
+    (["--elements", "3846305"], r"--elements 3846305: .* \(4096 elements\), e.g. 3846144"),
+    (["--elements", "100", "--block", "64"], r"--elements 100: .*e.g. 128"),
+    (["--density", "0"], r"--density 0.0: use a fraction in \(0, 1\]"),
+    (["--density", "1.5"], r"--density 1.5: use a fraction in \(0, 1\]"),
+    (["--workers", "0"], "--workers 0: use 1..256"),
+    (["--block", "100"], "--block 100: use a multiple of 64"),
+    (["--isa", "sse9"], "--isa sse9: use a comma-separated list of portable, avx2, avx512"),
+])
+def test_bench_refuses_bad_arguments(argv, msg):
+    with pytest.raises(SystemExit, match=msg) as e:
+        bench.run(_args("--elements", "4096", *argv))
+    assert "\n" not in str(e.value)
+
+
+def test_bench_refuses_a_bad_isa_variable():
+    """HOMAGG_CODEC_ISA naming no path: one line, no traceback."""
+    env = dict(os.environ, HOMAGG_CODEC_ISA="avx3")
+    r = subprocess.run([sys.executable, "-c", "import sys; from homagg.cli import main; "
+                        "sys.exit(main(sys.argv[1:]))", "bench", "codec", "--elements", "4096"],
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("HOMAGG_CODEC_ISA='avx3' names no codec path")
+    assert "Traceback" not in r.stderr

@@ -23,21 +23,19 @@ import reference as ref
 from homagg import codec
 from homagg.bindings import codec as b
 from homagg.errors import HomAggError, InvalidArgument, NonFiniteValue
+from conftest import CODEC_ISAS, codec_isa
 from test_codec import assert_bits_equal, make_grads, run
 
 pytestmark = pytest.mark.sanitize
 
-ISAS = ("best", "portable")
+ISAS = CODEC_ISAS
 
 
 @pytest.fixture(params=ISAS)
-def isa(request, monkeypatch):
-    """Run the C codec on its best vector path and on the portable one."""
-    if request.param == "portable":
-        monkeypatch.setenv("HOMAGG_CODEC_ISA", "portable")
-    else:
-        monkeypatch.delenv("HOMAGG_CODEC_ISA", raising=False)
-    return request.param
+def isa(request):
+    """Run the C codec on each ISA path (HOMAGG_CODEC_ISA, read again)."""
+    with codec_isa(request.param):
+        yield request.param
 
 
 def _global(cps, grads, n):
@@ -97,7 +95,7 @@ def test_one_pass_equals_previous_path(isa, workers, n, block, density, position
     (3, 20000, 512, 0.001, "independent"),  # Bloom blocks
     (8, 9000, 64, 0.3, "clustered"),
 ])
-def test_decode_paths_identical(monkeypatch, workers, n, block, density, positions):
+def test_decode_paths_identical(workers, n, block, density, positions):
     """lhc and union decode on the vector path (one write per element by
     64-bit index words) and on the portable path (the previous
     implementation's zero fill and scatter) give the same bits, equal to
@@ -106,14 +104,11 @@ def test_decode_paths_identical(monkeypatch, workers, n, block, density, positio
     grads = make_grads(rng, workers, n, density, positions)
     want = ref.allreduce(grads, block)
     for isa in ISAS:
-        if isa == "portable":
-            monkeypatch.setenv("HOMAGG_CODEC_ISA", "portable")
-        for m, kw in (("lhc", {}), ("lhc", {"sketch_cells_per_candidate": 1.0}),
-                      ("union", {})):
-            r = run(grads, m, block, **kw)
-            assert_bits_equal(r.sum, want, f"{m} {kw} {isa}")
-        if isa == "portable":
-            monkeypatch.delenv("HOMAGG_CODEC_ISA")
+        with codec_isa(isa):
+            for m, kw in (("lhc", {}), ("lhc", {"sketch_cells_per_candidate": 1.0}),
+                          ("union", {})):
+                r = run(grads, m, block, **kw)
+                assert_bits_equal(r.sum, want, f"{m} {kw} {isa}")
     stalled = run(grads, "lhc", block, sketch_cells_per_candidate=1.0).stats
     assert stalled["fallback_lanes"] > 0
 

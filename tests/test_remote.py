@@ -370,3 +370,38 @@ def _allreduce_from_job_files(rack, files, tmp):
     want = oracle(xs, localrun.DEFAULT_BLOCK).view(np.uint32)
     for o in outs:
         assert np.array_equal(np.load(o).view(np.uint32), want)
+
+
+@pytest.mark.timeout(300)
+def test_up_starts_the_exporter_and_down_stops_it(rack, tmp_path):
+    """Inventory field metrics_port: `homagg up` starts homagg exporter beside
+    the daemon; its numbers are the daemon's, and `homagg down` stops it."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    ip = rack.tb.host("agg").ip
+    path, i = make_testbed(rack, tmp_path, agg={"metrics_port": 19477, "metrics_bind": ip})
+    rundir = os.path.join(i.host("agg").install_dir, "run")
+    up = cli("up", "-i", path, "--no-udp-csum")
+    assert up.returncode == 0, up.stdout + up.stderr
+    try:
+        url = f"http://{ip}:19477/metrics"
+        assert f"homagg exporter up on agg (pid " in up.stdout and url in up.stdout
+        pid = int(open(os.path.join(rundir, "exporter.pid")).read().split()[0])
+        job = json.load(open(os.path.join(rundir, "job.json")))["job"]
+        with urllib.request.urlopen(url, timeout=30) as r:
+            samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+                       for fam in text_string_to_metric_families(r.read().decode())
+                       for s in fam.samples}
+        assert samples[("homagg_up", (("daemon", "agg"),))] == 1
+        assert samples[("homagg_job_workers", (("daemon", "agg"), ("job", str(job))))] == 2
+        # homagg top over the inventory: the same daemon, read over SSH
+        top = cli("top", "-i", path, "--once", "--interval", "0.2", timeout=120)
+        assert top.returncode == 0, top.stdout + top.stderr
+        assert top.stdout.startswith("agg: 1 job, 1 engine busy"), top.stdout
+        assert any(ln.split()[:2] == [str(job), "2"] for ln in top.stdout.splitlines())
+    finally:
+        down = cli("down", "-i", path)
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert gone(pid)

@@ -24,7 +24,7 @@
 #define CTL_MAX_CONN 64
 #define CTL_IN_CAP 4096
 #define CTL_OUT_CAP 65536
-#define CTL_REPLY_CAP 16384
+#define CTL_REPLY_CAP 32768   /* job_stats of 256 workers: ~15 KB */
 
 struct ctl_conn {
 	int fd;               /* -1 = free */
@@ -563,6 +563,8 @@ static int no_args_reply(const json_t *o, json_t **reply)
 	return *reply ? 0 : -ENOMEM;
 }
 
+static int stats_jobs(struct hg_control *c, json_t **reply);
+
 static int do_stats(struct hg_control *c, const json_t *o, json_t **reply)
 {
 	int rc;
@@ -572,6 +574,41 @@ static int do_stats(struct hg_control *c, const json_t *o, json_t **reply)
 	rc = c->ops->stats(c->ctx, *reply);
 	if (rc < 0)
 		return reply_error(reply, rc, "stats: %s", hg_strerror(rc));
+	return stats_jobs(c, reply);
+}
+
+/* "jobs": the ids of the jobs registered, in the order they were added. */
+static int stats_jobs(struct hg_control *c, json_t **reply)
+{
+	json_t *a = json_array();
+	size_t i;
+
+	for (i = 0; a && i < c->nheld; i++)
+		if (json_array_append_new(a, json_integer(c->held[i].job)) < 0)
+			break;
+	if (!a || i < c->nheld || json_object_set_new(*reply, "jobs", a) < 0) {
+		json_decref(a);
+		return reply_error(reply, -ENOMEM, "stats: %s", hg_strerror(-ENOMEM));
+	}
+	return 0;
+}
+
+static int do_job_stats(struct hg_control *c, const json_t *o, json_t **reply)
+{
+	static const char *const keys[] = { "cmd", "job", NULL };
+	json_int_t v;
+	int rc;
+
+	if ((rc = keys_and_job(o, keys, &v, reply)))
+		return rc;
+	*reply = reply_ok("job", v);
+	if (!*reply)
+		return -ENOMEM;
+	rc = c->ops->job_stats ? c->ops->job_stats(c->ctx, (uint32_t)v, *reply) :
+				 -ENOTSUP;
+	if (rc < 0)
+		return reply_error(reply, rc, "job_stats %u: %s", (uint32_t)v,
+				   rc == -ENOENT ? "no such job" : hg_strerror(rc));
 	return 0;
 }
 
@@ -596,6 +633,7 @@ static int dispatch(struct hg_control *c, const char *line, size_t len,
 		{ "add_job", do_add_job },
 		{ "remove_job", do_remove_job },
 		{ "stats", do_stats },
+		{ "job_stats", do_job_stats },
 		{ "shutdown", do_shutdown },
 	};
 	json_error_t e;
@@ -633,7 +671,7 @@ static int dispatch(struct hg_control *c, const char *line, size_t len,
 		}
 	rc = reply_error(reply, -EINVAL,
 			 "field 'cmd': unknown command '%.*s' (add_job, "
-			 "remove_job, stats, shutdown)",
+			 "remove_job, stats, job_stats, shutdown)",
 			 clip_utf8(name, CTL_ECHO_MAX), name);
 out:
 	json_decref(o);

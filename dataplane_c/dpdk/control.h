@@ -18,7 +18,11 @@
  *                                 with the jobs registered, exceeds the
  *                                 receive ring (hg_ctl_limits.rx_ring)
  *   {"cmd":"remove_job","job":7}
- *   {"cmd":"stats"}      -> {"ok":true,"stats":{counter:value,...},...}
+ *   {"cmd":"stats"}      -> {"ok":true,"stats":{counter:value,...},...,
+ *                            "jobs":[7,...]}
+ *   {"cmd":"job_stats","job":7}
+ *                        -> {"ok":true,"job":7,"counters":{...},
+ *                            "worker_counters":{name:[per worker],...},...}
  *   {"cmd":"shutdown"}
  *
  * Every reply is {"ok":true,...} or {"ok":false,"error":"...","code":-errno};
@@ -82,6 +86,9 @@ struct hg_ctl_ops {
 	int (*remove_job)(void *ctx, uint32_t job);
 	/* Add members ("name": value) to the reply object; 0 or -errno. */
 	int (*stats)(void *ctx, json_t *reply);
+	/* Add one job's members to the reply object; 0, -ENOENT (no such
+	 * job) or -errno.  NULL: the command answers -ENOTSUP. */
+	int (*job_stats)(void *ctx, uint32_t job, json_t *reply);
 	/* Ask the daemon to stop (it replies first). */
 	void (*shutdown)(void *ctx);
 };

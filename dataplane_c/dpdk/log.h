@@ -23,4 +23,17 @@ extern int hg_switch_logtype;
 	rte_log(RTE_LOG_ ## level, hg_switch_logtype,			\
 		"homagg-switch: " fmt "\n", ##__VA_ARGS__)
 
+/*
+ * --log-format json: every rte_log message (homagg-switch's and DPDK's)
+ * becomes one JSON object per line on stdout,
+ *   {"ts":"2026-12-01T21:40:00.123456Z","level":"notice",
+ *    "logger":"homagg.switch","msg":"ready port=0 ..."}
+ * (logger "dpdk" for DPDK's own types).  What libraries write to stderr
+ * themselves (libbpf, libxdp) goes through a pipe and becomes events of
+ * logger "stderr", level "info".  Called before rte_eal_init() so EAL's
+ * messages are JSON too.  0, or -1 with errno when the stream, the pipe or
+ * its thread cannot be made.
+ */
+int hg_switch_log_json(void);
+
 #endif /* HOMAGG_DPDK_LOG_H */

@@ -3,11 +3,13 @@
  * changes go to every shard, stats come from the counter snapshots. */
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <rte_ethdev.h>
 
 #include "homagg/auth.h"
+#include "homagg/wire.h"
 #include "switch_pvt.h"
 
 static int ctl_add_job(void *ctx, const struct hg_ctl_job *j, char *err,
@@ -65,6 +67,8 @@ static int ctl_remove_job(void *ctx, uint32_t job)
 	return rc;
 }
 
+static int engine_times(struct daemon *d, json_t *reply);
+
 /* The counters under "stats" (engine) and "port" (backend, dispatcher). */
 static int ctl_stats(void *ctx, json_t *reply)
 {
@@ -121,7 +125,90 @@ static int ctl_stats(void *ctx, json_t *reply)
 		rc |= json_array_append_new(summed, json_integer((json_int_t)v));
 	}
 	rc |= json_object_set_new(reply, "engine_summed", summed);
+	rc |= engine_times(d, reply);
 	return rc ? -ENOMEM : 0;
+}
+
+/* "engine_ns": each engine lcore's time since its loop started, and
+ * "engine_busy_ns": the part of it spent in polls that received frames
+ * (their ratio is how busy the lcore is; idle polls and sleeps are not). */
+static int engine_times(struct daemon *d, json_t *reply)
+{
+	const uint64_t hz = rte_get_tsc_hz(), now = rte_get_tsc_cycles();
+	json_t *up = json_array(), *busy = json_array();
+	unsigned int i;
+	int rc = 0;
+
+	for (i = 0; up && busy && i < d->nshards; i++) {
+		const struct shard *sh = &d->shards[i];
+		uint64_t start = __atomic_load_n(&sh->start_tsc, __ATOMIC_RELAXED);
+		uint64_t b = __atomic_load_n(&sh->busy_tsc, __ATOMIC_RELAXED);
+		uint64_t t = start && now > start ? now - start : 0;
+
+		rc |= json_array_append_new(up, json_integer(
+			(json_int_t)((double)t * 1e9 / (double)hz)));
+		rc |= json_array_append_new(busy, json_integer(
+			(json_int_t)((double)b * 1e9 / (double)hz)));
+	}
+	rc |= json_object_set_new(reply, "engine_ns", up);
+	rc |= json_object_set_new(reply, "engine_busy_ns", busy);
+	return rc;
+}
+
+/* One job: its configuration, its counters summed over the engines, the
+ * sets open and, per worker, the worker counters as one array each. */
+static int ctl_job_stats(void *ctx, uint32_t job, json_t *reply)
+{
+	struct daemon *d = ctx;
+	struct hg_job_config jc;
+	json_t *cnt, *wk;
+	uint64_t *v;
+	uint32_t w;
+	int rc, i, bad = 0;
+
+	/* every engine holds every job with the same configuration */
+	if ((rc = hg_engine_job_config(d->shards[0].eng, job, &jc)) < 0)
+		return rc;
+	v = calloc(HG_CNT__COUNT + 1 + (size_t)jc.workers * HG_WCNT__COUNT,
+		   sizeof(*v));
+	if (!v)
+		return -ENOMEM;
+	if ((rc = hg_switch_job_stats(d, job, jc.workers, v)) < 0)
+		goto out;
+	rc = -ENOMEM;
+	cnt = json_object();
+	wk = json_object();
+	if (!cnt || !wk) {
+		json_decref(cnt);
+		json_decref(wk);
+		goto out;
+	}
+	for (i = 0; i < HG_CNT__COUNT; i++)
+		bad |= json_object_set_new(cnt, hg_counter_name(i),
+					   json_integer((json_int_t)v[i]));
+	for (i = 0; i < HG_WCNT__COUNT; i++) {
+		json_t *a = json_array();
+
+		for (w = 0; a && w < jc.workers; w++)
+			bad |= json_array_append_new(a, json_integer((json_int_t)
+				v[HG_CNT__COUNT + 1 + (size_t)w * HG_WCNT__COUNT + i]));
+		bad |= json_object_set_new(wk, hg_worker_counter_name(i), a);
+	}
+	/* each set takes its value's reference, also when it fails */
+	if (bad | json_object_set_new(reply, "counters", cnt) |
+	    json_object_set_new(reply, "worker_counters", wk) |
+	    json_object_set_new(reply, "workers", json_integer(jc.workers)) |
+	    json_object_set_new(reply, "slots", json_integer(jc.slots)) |
+	    json_object_set_new(reply, "payload", json_integer(jc.payload_bytes)) |
+	    json_object_set_new(reply, "incarnation", json_integer(jc.incarnation)) |
+	    json_object_set_new(reply, "shard", json_integer(jc.shard)) |
+	    json_object_set_new(reply, "sets_open",
+				json_integer((json_int_t)v[HG_CNT__COUNT])))
+		goto out;
+	rc = 0;
+out:
+	free(v);
+	return rc;
 }
 
 static void ctl_shutdown(void *ctx)
@@ -135,5 +222,6 @@ const struct hg_ctl_ops hg_switch_ctl_ops = {
 	.add_job = ctl_add_job,
 	.remove_job = ctl_remove_job,
 	.stats = ctl_stats,
+	.job_stats = ctl_job_stats,
 	.shutdown = ctl_shutdown,
 };

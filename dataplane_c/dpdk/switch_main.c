@@ -197,9 +197,11 @@ static int run(struct daemon *d)
 	struct shard *one = d->nshards == 1 ? &d->shards[0] : NULL;
 	unsigned int idle = 0;
 
+	if (one)
+		one->start_tsc = now;
 	while (!g_signalled && !d->stop_requested) {
 		if (one)
-			idle_sleep(d, &idle, hg_engine_poll(one->eng) > 0);
+			idle_sleep(d, &idle, hg_switch_shard_poll(one) > 0);
 		else
 			idle_sleep(d, &idle, hg_switch_dispatch(d));
 		now = rte_get_tsc_cycles();
@@ -259,6 +261,8 @@ int main(int argc, char **argv)
 	sigaction(SIGINT, &sa, NULL);
 	sigaction(SIGTERM, &sa, NULL);
 
+	if (hg_switch_log_json_wanted(argc, argv) && hg_switch_log_json() < 0)
+		fprintf(stderr, "homagg-switch: --log-format json: %s\n", strerror(errno));
 	eal_args = rte_eal_init(argc, argv);
 	if (eal_args < 0) {
 		HG_LOG(ERR, "EAL init failed: %s", rte_strerror(rte_errno));

@@ -38,7 +38,8 @@ static void usage(const char *prog)
 		"                        9000 for jumbo payloads of up to 8192 bytes\n"
 		"  --no-replicate        the link does not replicate multicast: unicast results\n"
 		"  --no-udp-csum         neither verify nor fill UDP checksums (peers whose\n"
-		"                        kernel leaves them to an offload, e.g. veth)\n",
+		"                        kernel leaves them to an offload, e.g. veth)\n"
+		"  --log-format F        text (default) or json: one JSON object per line\n",
 		prog, HG_UDP_PORT);
 }
 
@@ -58,7 +59,7 @@ int hg_switch_parse_opts(int argc, char **argv, struct opts *o)
 {
 	enum { O_IP = 256, O_UDP, O_PORT, O_CTL, O_LCORES, O_QUEUES, O_DROP,
 	       O_SEED, O_STATS, O_IDLE, O_IDLE_POLLS, O_MBUFS, O_JOBS, O_NOREP, O_NOCSUM,
-	       O_MTU, O_RX_RING, O_HELP };
+	       O_MTU, O_RX_RING, O_LOG_FORMAT, O_HELP };
 	static const struct option lo[] = {
 		{ "port-ip", required_argument, NULL, O_IP },
 		{ "udp-port", required_argument, NULL, O_UDP },
@@ -77,6 +78,7 @@ int hg_switch_parse_opts(int argc, char **argv, struct opts *o)
 		{ "no-udp-csum", no_argument, NULL, O_NOCSUM },
 		{ "mtu", required_argument, NULL, O_MTU },
 		{ "rx-ring", required_argument, NULL, O_RX_RING },  /* in enum order */
+		{ "log-format", required_argument, NULL, O_LOG_FORMAT },
 		{ "help", no_argument, NULL, O_HELP },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -178,6 +180,14 @@ int hg_switch_parse_opts(int argc, char **argv, struct opts *o)
 				goto bad;
 			o->mtu = (unsigned int)v;
 			break;
+		case O_LOG_FORMAT:
+			/* applied before the EAL starts: hg_switch_log_format() */
+			if (strcmp(optarg, "text") && strcmp(optarg, "json")) {
+				HG_LOG(ERR, "--log-format: must be text or json, not %s",
+				       optarg);
+				return -EINVAL;
+			}
+			break;
 		case 'h':
 		case O_HELP:
 			usage(argv[0]);
@@ -206,4 +216,20 @@ int hg_switch_parse_opts(int argc, char **argv, struct opts *o)
 bad:
 	HG_LOG(ERR, "bad value for --%s: %s", lo[c - O_IP].name, optarg);
 	return -EINVAL;
+}
+
+bool hg_switch_log_json_wanted(int argc, char **argv)
+{
+	bool json = false;
+	int i = 1;
+
+	while (i < argc && strcmp(argv[i], "--"))
+		i++;
+	for (; i < argc; i++) {
+		if (strcmp(argv[i], "--log-format") == 0 && i + 1 < argc)
+			json = strcmp(argv[++i], "json") == 0;
+		else if (strncmp(argv[i], "--log-format=", 13) == 0)
+			json = strcmp(argv[i] + 13, "json") == 0;
+	}
+	return json;
 }

@@ -37,6 +37,7 @@
 #include <rte_mempool.h>
 #include <rte_ring.h>
 
+#include "homagg/codec.h"     /* HG_MAX_WORKERS */
 #include "homagg/counters.h"
 #include "homagg/engine.h"
 #include "homagg/port.h"
@@ -66,7 +67,7 @@ struct opts {
 /* A request to an engine lcore (job changes must run on the lcore that
  * polls the engine: engine.h forbids concurrent control and poll). */
 enum { MB_IDLE, MB_REQ, MB_DONE };
-enum { MB_ADD, MB_REMOVE };
+enum { MB_ADD, MB_REMOVE, MB_JOB_STATS };
 
 struct mailbox {
 	int state;                 /* MB_*, acquire/release atomics */
@@ -91,6 +92,14 @@ struct shard {
 	bool launched;
 	struct mailbox mb;
 	uint64_t snap[HG_CNT__COUNT];  /* published counters (relaxed atomics) */
+	uint64_t start_tsc;            /* when its loop started */
+	uint64_t busy_tsc;             /* in polls that received frames (relaxed
+					* atomic: one writer, the shard's lcore) */
+	/* MB_JOB_STATS: the engine's share of one job (hg_switch_job_stats'
+	 * layout), written by the shard's lcore.  Its own memory, not the
+	 * caller's: an answer that comes after the caller gave up writes
+	 * nowhere else. */
+	uint64_t job_stats[HG_CNT__COUNT + 1 + HG_MAX_WORKERS * HG_WCNT__COUNT];
 } __rte_cache_aligned;
 
 struct daemon {
@@ -118,6 +127,9 @@ struct daemon {
 /* switch_opts.c: parse the daemon's options (argv[0] is the program);
  * 0, or -EINVAL after printing what is wrong. */
 int hg_switch_parse_opts(int argc, char **argv, struct opts *o);
+/* Whether the application arguments (after "--") ask --log-format json;
+ * read before rte_eal_init() so EAL's own messages are JSON too. */
+bool hg_switch_log_json_wanted(int argc, char **argv);
 
 /* switch_shard.c */
 int hg_switch_shards_setup(struct daemon *d);
@@ -126,6 +138,14 @@ void hg_switch_shard_publish(struct shard *sh);
 void hg_switch_counters_sum(struct daemon *d, uint64_t *out);
 int hg_switch_shard_call(struct shard *sh, int op, const struct hg_job_config *jc,
 			 uint32_t job);
+/* One poll of a shard's engine, its time counted as busy when it received
+ * frames; returns what hg_engine_poll() returned. */
+int hg_switch_shard_poll(struct shard *sh);
+/* A job's counters summed over the shards into out: HG_CNT__COUNT job
+ * counters, the open sets, then W x HG_WCNT__COUNT worker counters
+ * (worker-major).  0, -ENOENT, or a mailbox error. */
+int hg_switch_job_stats(struct daemon *d, uint32_t job, uint32_t workers,
+			uint64_t *out);
 
 /* switch_dispatch.c: one round of the dispatcher; whether a frame moved. */
 bool hg_switch_dispatch(struct daemon *d);

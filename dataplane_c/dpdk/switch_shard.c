@@ -47,6 +47,39 @@ void hg_switch_counters_sum(struct daemon *d, uint64_t *out)
 						  __ATOMIC_RELAXED);
 }
 
+int hg_switch_shard_poll(struct shard *sh)
+{
+	uint64_t t0 = rte_get_tsc_cycles();
+	int n = hg_engine_poll(sh->eng);
+
+	if (n > 0)
+		__atomic_store_n(&sh->busy_tsc, sh->busy_tsc +
+				 (rte_get_tsc_cycles() - t0), __ATOMIC_RELAXED);
+	return n;
+}
+
+/* One engine's share of a job's stats into sh->job_stats (the layout of
+ * hg_switch_job_stats); on the lcore that polls the engine. */
+static int job_stats_fill(struct shard *sh, uint32_t job)
+{
+	uint64_t *out = sh->job_stats;
+	struct hg_job_config jc;
+	uint32_t w;
+	int rc, open;
+
+	if ((rc = hg_engine_job_config(sh->eng, job, &jc)) < 0 ||
+	    (rc = hg_engine_job_counters(sh->eng, job, out, HG_CNT__COUNT)) < 0 ||
+	    (open = rc = hg_engine_job_open_sets(sh->eng, job)) < 0)
+		return rc;
+	out[HG_CNT__COUNT] = (uint64_t)open;
+	out += HG_CNT__COUNT + 1;
+	for (w = 0; w < jc.workers; w++, out += HG_WCNT__COUNT)
+		if ((rc = hg_engine_worker_counters(sh->eng, job, w, out,
+						    HG_WCNT__COUNT)) < 0)
+			return rc;
+	return 0;
+}
+
 /* Run a pending mailbox request (on the shard's own lcore). */
 static void shard_serve(struct shard *sh)
 {
@@ -54,8 +87,11 @@ static void shard_serve(struct shard *sh)
 
 	if (__atomic_load_n(&mb->state, __ATOMIC_ACQUIRE) != MB_REQ)
 		return;
-	mb->rc = mb->op == MB_ADD ? hg_engine_add_job(sh->eng, &mb->jc) :
-				    hg_engine_remove_job(sh->eng, mb->job);
+	if (mb->op == MB_JOB_STATS)
+		mb->rc = job_stats_fill(sh, mb->job);
+	else
+		mb->rc = mb->op == MB_ADD ? hg_engine_add_job(sh->eng, &mb->jc) :
+					    hg_engine_remove_job(sh->eng, mb->job);
 	hg_auth_wipe(mb->jc.secret, sizeof(mb->jc.secret));
 	hg_switch_shard_publish(sh);
 	__atomic_store_n(&mb->state, MB_DONE, __ATOMIC_RELEASE);
@@ -71,7 +107,8 @@ int hg_switch_shard_call(struct shard *sh, int op, const struct hg_job_config *j
 
 	if (!sh->launched)   /* the engine is polled by this very lcore */
 		return op == MB_ADD ? hg_engine_add_job(sh->eng, jc) :
-				      hg_engine_remove_job(sh->eng, job);
+		       op == MB_REMOVE ? hg_engine_remove_job(sh->eng, job) :
+		       job_stats_fill(sh, job);
 	if (__atomic_load_n(&mb->state, __ATOMIC_ACQUIRE) != MB_IDLE)
 		return -EBUSY;   /* an earlier request timed out */
 	mb->op = op;
@@ -90,6 +127,26 @@ int hg_switch_shard_call(struct shard *sh, int op, const struct hg_job_config *j
 	return rc;
 }
 
+int hg_switch_job_stats(struct daemon *d, uint32_t job, uint32_t workers,
+			uint64_t *out)
+{
+	const size_t n = HG_CNT__COUNT + 1 + (size_t)workers * HG_WCNT__COUNT;
+	unsigned int k;
+	size_t i;
+	int rc;
+
+	if (workers > HG_MAX_WORKERS)
+		return -ERANGE;
+	memset(out, 0, sizeof(*out) * n);
+	for (k = 0; k < d->nshards; k++) {
+		if ((rc = hg_switch_shard_call(&d->shards[k], MB_JOB_STATS, NULL, job)))
+			return rc;
+		for (i = 0; i < n; i++)
+			out[i] += d->shards[k].job_stats[i];
+	}
+	return 0;
+}
+
 /* An engine lcore (--lcores > 1). */
 static int shard_loop(void *arg)
 {
@@ -99,8 +156,9 @@ static int shard_loop(void *arg)
 	uint64_t next = 0;
 	unsigned int idle = 0, iter = 0;
 
+	sh->start_tsc = rte_get_tsc_cycles();
 	while (!d->stop_engines) {
-		int n = hg_engine_poll(sh->eng);
+		int n = hg_switch_shard_poll(sh);
 
 		idle_sleep(d, &idle, n > 0);
 		shard_serve(sh);

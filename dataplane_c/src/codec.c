@@ -6,37 +6,105 @@
  *
  * The hot loops have an AVX2 form (codec_avx2.c, chosen at run time) and
  * a portable form; both give the same bits: the AVX2 conversions use the
- * default round-to-nearest-even mode exactly like the scalar code.
+ * default round-to-nearest-even mode exactly like the scalar code.  The
+ * path of every codec loop is chosen here (hg_codec_isa()).
  */
 #include <errno.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "homagg/kernels.h"
+
 #include "codec_pvt.h"
+
+/*
+ * The ISA path of the hot loops (homagg/codec.h "hg_codec_isa"): read from
+ * HOMAGG_CODEC_ISA at the first call, kept until hg_codec_isa_reload().
+ * A process-wide setting like the CPU's own flags: every codec call of the
+ * process runs on one path.  INT_MIN: not read yet.
+ */
+static int codec_isa_cached = INT_MIN;
+
+/* The CPU features a path's loops use: AVX2 with BMI2 (pext) for avx2,
+ * AVX-512 F, DQ (64-bit lane multiplies), BW (16-bit lanes) and BMI2 for
+ * avx512 (VBMI2 is used when present, else that one loop takes AVX2). */
+static bool codec_isa_cpu(int isa)
+{
+	__builtin_cpu_init();
+	switch (isa) {
+	case HG_ISA_PORTABLE:
+		return true;
+	case HG_ISA_AVX2:
+		return __builtin_cpu_supports("avx2") &&
+		       __builtin_cpu_supports("bmi2");
+	case HG_ISA_AVX512:
+		return codec_isa_cpu(HG_ISA_AVX2) &&
+		       __builtin_cpu_supports("avx512f") &&
+		       __builtin_cpu_supports("avx512dq") &&
+		       __builtin_cpu_supports("avx512bw");
+	default:
+		return false;
+	}
+}
+
+static int codec_isa_read(void)
+{
+	const char *v = getenv("HOMAGG_CODEC_ISA");
+	int isa;
+
+	if (!v || !*v) {
+		if (codec_isa_cpu(HG_ISA_AVX512))
+			return HG_ISA_AVX512;
+		return codec_isa_cpu(HG_ISA_AVX2) ? HG_ISA_AVX2 :
+						    HG_ISA_PORTABLE;
+	}
+	if (strcmp(v, "portable") == 0)
+		isa = HG_ISA_PORTABLE;
+	else if (strcmp(v, "avx2") == 0)
+		isa = HG_ISA_AVX2;
+	else if (strcmp(v, "avx512") == 0)
+		isa = HG_ISA_AVX512;
+	else
+		return -EINVAL;
+	return codec_isa_cpu(isa) ? isa : -ENOTSUP;
+}
+
+int hg_codec_isa(void)
+{
+	int isa = __atomic_load_n(&codec_isa_cached, __ATOMIC_RELAXED);
+
+	if (isa == INT_MIN) {
+		isa = codec_isa_read();
+		__atomic_store_n(&codec_isa_cached, isa, __ATOMIC_RELAXED);
+	}
+	return isa;
+}
+
+int hg_codec_isa_reload(void)
+{
+	int isa = codec_isa_read();
+
+	__atomic_store_n(&codec_isa_cached, isa, __ATOMIC_RELAXED);
+	return isa;
+}
 
 bool hg_codec_avx2(void)
 {
-	const char *isa = getenv("HOMAGG_CODEC_ISA");
-
-	if (isa && strcmp(isa, "portable") == 0)
-		return false;
-	__builtin_cpu_init();
-	return __builtin_cpu_supports("avx2");
+	return hg_codec_isa() >= HG_ISA_AVX2;
 }
 
 bool hg_codec_avx512(void)
 {
-	const char *isa = getenv("HOMAGG_CODEC_ISA");
-
-	if (isa && (strcmp(isa, "portable") == 0 || strcmp(isa, "avx2") == 0))
-		return false;
-	__builtin_cpu_init();
-	return __builtin_cpu_supports("avx512f") &&
-	       __builtin_cpu_supports("avx512dq");
+	return hg_codec_isa() == HG_ISA_AVX512;
 }
 
 int hg_params_check(const struct hg_params *p)
 {
+	int isa = hg_codec_isa();
+
+	if (isa < 0) /* HOMAGG_CODEC_ISA names no path, or one the CPU lacks */
+		return isa;
 	if (!p)
 		return -EINVAL;
 	if (p->block < HG_MIN_BLOCK || p->block > HG_MAX_BLOCK ||

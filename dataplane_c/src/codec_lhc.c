@@ -9,11 +9,15 @@
  * derive the same layout from the same global exponents and counts.
  *
  * The vector paths are in codec_lhc_avx2.c and codec_lhc_avx512.c, chosen
- * here at run time; each gives the same bits as the portable code here.
+ * here at run time (hg_codec_isa(): a loop with no AVX-512 form takes its
+ * AVX2 one on the avx512 path); each gives the same bits as the portable
+ * code here.
  */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "homagg/kernels.h"
 
 #include "codec_lhc_pvt.h"
 #include "prefetch_pvt.h"
@@ -332,9 +336,11 @@ static bool cand_vbmi2(void)
 /* Slack past the last candidate: whole vectors of 32 positions are stored. */
 #define CAND_SLACK 32
 
-/* Candidates of one block appended at l->cand_pos + total. */
+/* Candidates of one block appended at l->cand_pos + total (the AVX-512
+ * VBMI2 list of a bitmap when vbmi2, the AVX2 Bloom probing when avx2). */
 static int collect_candidates(struct hg_lhc *l, size_t b, const uint8_t *idx,
-			      size_t total, bool vbmi2, uint32_t *count)
+			      size_t total, bool vbmi2, bool avx2,
+			      uint32_t *count)
 {
 	const struct lhc_block *bk = &l->blk[b];
 	uint32_t len = (uint32_t)hg_block_len(&l->p, l->n, b);
@@ -371,7 +377,15 @@ static int collect_candidates(struct hg_lhc *l, size_t b, const uint8_t *idx,
 			}
 		}
 	} else if (bk->kind == LHC_BLOOM) {
-		for (uint32_t i = 0; i < len; i++) {
+		uint32_t i = 0;
+
+		if (avx2) {
+			i = len & ~7u;
+			c = hg_lhc_bloom_candidates_avx2(
+				l->key_bloom, l->first + b * l->p.block,
+				bk->bloom_k, bk->bloom_bits, idx, i, out);
+		}
+		for (; i < len; i++) {
 			uint32_t pr[8], k;
 
 			bloom_probes(l->key_bloom, l->first + b * l->p.block + i,
@@ -421,15 +435,27 @@ static int scratch_reserve(struct hg_lhc *l, size_t cells, size_t cands)
 	return 0;
 }
 
+/* Ask for block b's index bytes while the block before it is read. */
+PREFETCH_FN void prefetch_index(const struct hg_lhc *l, size_t b,
+				const uint8_t *gindex)
+{
+	const struct lhc_block *bk = &l->blk[b];
+	size_t nbytes = index_bytes_of(bk, (uint32_t)hg_block_len(&l->p, l->n, b));
+
+	for (size_t o = 0; o < nbytes; o += 64)
+		__builtin_prefetch(gindex + bk->index_off + o, 0, 3);
+}
+
 int hg_lhc_set_index(struct hg_lhc *l, const uint8_t *gindex)
 {
 	size_t total = 0, lanes = 0, max_cells = 0, max_cand = 0;
-	bool vbmi2;
+	bool vbmi2, avx2;
 	int rc;
 
 	if (!l || (l->info.index_bytes && !gindex))
 		return -EINVAL;
 	vbmi2 = cand_vbmi2();
+	avx2 = hg_codec_avx2();
 	l->state = LHC_PLANNED;
 	/* union reads the bitmaps again, in words (slack for the last one) */
 	free(l->gindex);
@@ -445,9 +471,11 @@ int hg_lhc_set_index(struct hg_lhc *l, const uint8_t *gindex)
 
 		bk->cand_off = total;
 		bk->sketch_off = lanes;
+		if (b + 1 < l->nb)
+			prefetch_index(l, b + 1, gindex);
 		if (bk->kind != LHC_NONE) {
 			rc = collect_candidates(l, b, gindex + bk->index_off,
-						total, vbmi2, &c);
+						total, vbmi2, avx2, &c);
 			if (rc)
 				return rc;
 		}
@@ -510,11 +538,16 @@ static void cells_portable(uint64_t key, uint64_t g0, uint32_t t,
 	}
 }
 
-static void cells_batch(bool avx512, uint64_t key, uint64_t g0, uint32_t t,
+static void cells_batch(int isa, uint64_t key, uint64_t g0, uint32_t t,
 			const uint16_t *pos, uint32_t n,
 			const struct cell_batch *cb)
 {
-	uint32_t j = avx512 ? hg_lhc_cells_avx512(key, g0, t, pos, n, cb) : 0;
+	uint32_t j = 0;
+
+	if (isa == HG_ISA_AVX512)
+		j = hg_lhc_cells_avx512(key, g0, t, pos, n, cb);
+	else if (isa == HG_ISA_AVX2)
+		j = hg_lhc_cells_avx2(key, g0, t, pos, n, cb);
 
 	cells_portable(key, g0, t, pos, n, cb, j);
 }
@@ -590,7 +623,7 @@ static inline void cell_add(uint8_t *cells, uint32_t k, uint32_t v)
  */
 static void sketch_add(const struct hg_lhc *l, size_t b, const uint16_t *pos,
 		       const float *v, uint32_t n, uint8_t *cells,
-		       uint64_t rkey, bool avx512)
+		       uint64_t rkey, int isa)
 {
 	const struct lhc_block *bk = &l->blk[b];
 	const double scale = hg_pow2(hg_scale_shift(&l->p, l->gcodes[b]));
@@ -603,7 +636,7 @@ static void sketch_add(const struct hg_lhc *l, size_t b, const uint16_t *pos,
 		uint32_t m = n - j0 < SK_CHUNK ? n - j0 : SK_CHUNK;
 
 		quant_vals(&l->p, rkey, v + j0, g0, pos + j0, m, scale, q);
-		cells_batch(avx512, l->key_sketch, g0, bk->t, pos + j0, m, &cb);
+		cells_batch(isa, l->key_sketch, g0, bk->t, pos + j0, m, &cb);
 		for (uint32_t j = 0; j < m; j++) {
 			uint32_t sv = (q[j] ^ sm[j]) - sm[j];
 
@@ -622,7 +655,7 @@ static void sketch_add(const struct hg_lhc *l, size_t b, const uint16_t *pos,
  */
 static bool sketch_block(const struct hg_lhc *l, size_t b, const float *xb,
 			 uint32_t len, uint8_t *cells, uint64_t rkey,
-			 bool avx512)
+			 int isa)
 {
 	const struct lhc_block *bk = &l->blk[b];
 	const uint32_t lim = hg_code_limit_bits(l->gcodes[b]);
@@ -635,7 +668,7 @@ static bool sketch_block(const struct hg_lhc *l, size_t b, const float *xb,
 
 		/* block lengths are multiples of 64 except the tensor's
 		 * last block: its tail goes the portable way */
-		if (avx512) {
+		if (isa == HG_ISA_AVX512) {
 			uint32_t iv = i0 + ((i1 - i0) & ~15u);
 
 			n = hg_lhc_compact_avx512(xb, i0, iv, pos, &amax);
@@ -649,7 +682,7 @@ static bool sketch_block(const struct hg_lhc *l, size_t b, const float *xb,
 			return false;
 		for (uint32_t j = 0; j < n; j++)
 			v[j] = xb[pos[j]];
-		sketch_add(l, b, pos, v, n, cells, rkey, avx512);
+		sketch_add(l, b, pos, v, n, cells, rkey, isa);
 	}
 	return true;
 }
@@ -681,11 +714,11 @@ int hg_lhc_sketch_encode(const struct hg_lhc *l, const float *x,
 			 uint8_t *cells_be32)
 {
 	uint64_t rkey;
-	bool avx512;
+	int isa;
 
 	if (sketch_start(l, cells_be32, &rkey) || (l->n && !x))
 		return -EINVAL;
-	avx512 = hg_codec_avx512();
+	isa = hg_codec_isa();
 	for (size_t b = 0; b < l->nb; b++) {
 		const struct lhc_block *bk = &l->blk[b];
 		uint32_t len = (uint32_t)hg_block_len(&l->p, l->n, b);
@@ -704,7 +737,7 @@ int hg_lhc_sketch_encode(const struct hg_lhc *l, const float *x,
 					return -ERANGE;
 			continue;
 		}
-		if (!sketch_block(l, b, xb, len, cells, rkey, avx512))
+		if (!sketch_block(l, b, xb, len, cells, rkey, isa))
 			return -ERANGE;
 		cells_to_be(cells, nc);
 	}
@@ -715,11 +748,11 @@ int hg_lhc_sketch_encode_scan(const struct hg_lhc *l, const struct hg_scan *s,
 			      uint8_t *cells_be32)
 {
 	uint64_t rkey;
-	bool avx512;
+	int isa;
 
 	if (sketch_start(l, cells_be32, &rkey) || lhc_scan_matches(l, s))
 		return -EINVAL;
-	avx512 = hg_codec_avx512();
+	isa = hg_codec_isa();
 	for (size_t b = 0; b < l->nb; b++) {
 		const struct lhc_block *bk = &l->blk[b];
 		uint8_t *cells = cells_be32 + 4 * bk->sketch_off;
@@ -735,7 +768,7 @@ int hg_lhc_sketch_encode_scan(const struct hg_lhc *l, const struct hg_scan *s,
 		    bk->ncand == 0)
 			return -ERANGE;
 		sketch_add(l, b, s->pos + o, s->val + o, nz, cells, rkey,
-			   avx512);
+			   isa);
 		cells_to_be(cells, nc);
 	}
 	return 0;
@@ -760,7 +793,7 @@ int hg_lhc_sketch_encode_scan(const struct hg_lhc *l, const struct hg_scan *s,
  * the values and the counts evolve exactly as with the skip.
  */
 static int peel_block(struct hg_lhc *l, size_t b, const uint8_t *gcells,
-		      bool avx512)
+		      int isa)
 {
 	const struct lhc_block *bk = &l->blk[b];
 	const uint32_t nc = 3 * bk->t, n = bk->ncand;
@@ -778,7 +811,7 @@ static int peel_block(struct hg_lhc *l, size_t b, const uint8_t *gcells,
 		cell[k] = hg_ld_be32(gcells + 4 * k);
 	memset(cid, 0, nc * sizeof(*cid));
 	memset(done, 0, n + 1);
-	cells_batch(avx512, l->key_sketch, l->first + b * l->p.block, bk->t, pos,
+	cells_batch(isa, l->key_sketch, l->first + b * l->p.block, bk->t, pos,
 		    n, &cb);
 	for (uint32_t j = 0; j < n; j++) {
 		const uint64_t d = 1 + ((uint64_t)j << 32);
@@ -855,12 +888,12 @@ PREFETCH_FN void prefetch_block(const struct hg_lhc *l, const struct lhc_block *
 
 int hg_lhc_peel(struct hg_lhc *l, const uint8_t *gcells_be32)
 {
-	bool avx512;
+	int isa;
 
 	if (!l || l->state < LHC_INDEXED ||
 	    (l->info.sketch_lanes && !gcells_be32))
 		return -EINVAL;
-	avx512 = hg_codec_avx512();
+	isa = hg_codec_isa();
 	l->info.stalled_blocks = 0;
 	l->info.fallback_lanes = 0;
 	l->state = LHC_INDEXED;
@@ -872,7 +905,7 @@ int hg_lhc_peel(struct hg_lhc *l, const uint8_t *gcells_be32)
 			continue;
 		if (b + 1 < l->nb)
 			prefetch_block(l, &l->blk[b + 1], gcells_be32);
-		rc = peel_block(l, b, gcells_be32 + 4 * bk->sketch_off, avx512);
+		rc = peel_block(l, b, gcells_be32 + 4 * bk->sketch_off, isa);
 		if (rc)
 			return rc;
 	}
@@ -917,12 +950,12 @@ int hg_lhc_decode(const struct hg_lhc *l, const uint8_t *gfallback_be32,
 		  float *y)
 {
 	size_t u = 0;
-	bool vec;
+	int isa;
 
 	if (!l || l->state < LHC_PEELED || (l->n && !y) ||
 	    (l->info.fallback_lanes && !gfallback_be32))
 		return -EINVAL;
-	vec = hg_union_vec();
+	isa = hg_codec_isa();
 	for (size_t b = 0; b < l->nb; b++) {
 		const struct lhc_block *bk = &l->blk[b];
 		float *yb = y + b * l->p.block;
@@ -931,7 +964,7 @@ int hg_lhc_decode(const struct hg_lhc *l, const uint8_t *gfallback_be32,
 
 		/* peeled values (0 where unresolved), then the fallback's */
 		hg_decode_block(l, b, (const uint8_t *)(l->values + bk->cand_off),
-				false, vec, yb);
+				false, isa, yb);
 		if (u == l->info.fallback_lanes || l->unresolved[u] >= end)
 			continue;
 		scale = hg_pow2(-hg_scale_shift(&l->p, l->gcodes[b]));

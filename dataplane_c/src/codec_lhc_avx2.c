@@ -1,12 +1,14 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * codec_lhc_avx2.c - the AVX2 path of the lhc index encoder (codec_lhc.c
- * chooses it at run time, hg_codec_avx2()); same bits as the portable code.
+ * codec_lhc_avx2.c - the AVX2 paths of the lhc method (codec_lhc.c chooses
+ * them at run time, hg_codec_isa()): the bitmap index encoder, the sketch
+ * cells of a batch of candidates (the sketch encode and the peel) and the
+ * Bloom filter probing of set_index.  Each gives the same bits as its
+ * portable counterpart in codec_lhc.c.
  */
 #include <string.h>
 
-#include <immintrin.h>
-
+#include "avx2_pvt.h"
 #include "codec_lhc_pvt.h"
 
 __attribute__((target("avx2")))
@@ -32,4 +34,209 @@ size_t hg_lhc_bitmap_avx2(const float *x, size_t len, uint8_t *out)
 		memcpy(out + i / 8, &w, 4); /* bytes LSB first: little endian */
 	}
 	return i;
+}
+
+/* Same bits as cells_portable, 4 elements per step (64-bit lanes, the
+ * 64-bit multiplies emulated); the caller does the last n % 4. */
+__attribute__((target("avx2,bmi,bmi2,popcnt")))
+uint32_t hg_lhc_cells_avx2(uint64_t key, uint64_t g0, uint32_t t,
+			   const uint16_t *pos, uint32_t n,
+			   const struct cell_batch *cb)
+{
+	const __m256i base = _mm256_set1_epi64x(
+		(long long)(key + HG_HASH_GOLDEN * (g0 + 1)));
+	const __m256i f21 = _mm256_set1_epi64x(0x1FFFFF);
+	const __m256i tv = _mm256_set1_epi64x(t);
+	const __m128i t1 = _mm_set1_epi32((int)t);
+	const __m128i t2 = _mm_set1_epi32((int)(2 * t));
+	const __m256i z = _mm256_setzero_si256();
+	uint32_t j = 0;
+
+	for (; j + 4 <= n; j += 4) {
+		uint64_t p4;
+		__m256i p, h, f0, f1, f2;
+
+		memcpy(&p4, pos + j, 8);
+		/* key + (g0 + pos + 1) * GOLDEN = base + pos * GOLDEN */
+		p = _mm256_cvtepu16_epi64(_mm_cvtsi64_si128((long long)p4));
+		h = avx2_mix64(_mm256_add_epi64(
+			base, avx2_mullo64(p, HG_HASH_GOLDEN)));
+		f0 = _mm256_and_si256(h, f21);
+		f1 = _mm256_and_si256(_mm256_srli_epi64(h, 21), f21);
+		f2 = _mm256_and_si256(_mm256_srli_epi64(h, 42), f21);
+		f0 = _mm256_srli_epi64(_mm256_mul_epu32(f0, tv), 21);
+		f1 = _mm256_srli_epi64(_mm256_mul_epu32(f1, tv), 21);
+		f2 = _mm256_srli_epi64(_mm256_mul_epu32(f2, tv), 21);
+		_mm_storeu_si128((__m128i *)(cb->c0 + j), avx2_lo32(f0));
+		_mm_storeu_si128((__m128i *)(cb->c1 + j),
+				 _mm_add_epi32(avx2_lo32(f1), t1));
+		_mm_storeu_si128((__m128i *)(cb->c2 + j),
+				 _mm_add_epi32(avx2_lo32(f2), t2));
+		/* sign: all ones iff bit 63 of h */
+		_mm_storeu_si128((__m128i *)(cb->sm + j),
+				 avx2_lo32(_mm256_cmpgt_epi64(z, h)));
+	}
+	_mm256_zeroupper();
+	return j;
+}
+
+/*
+ * Probe r of 8 elements (two vectors of 4 hash words, a: elements 0-3,
+ * b: 4-7): field r % 3 of each word, reduced to [0, bits) as bloom_probes
+ * does; the 8 probe positions in 32-bit lanes, interleaved (lane 2j:
+ * element j, lane 2j + 1: element 4 + j).
+ */
+__attribute__((target("avx2")))
+static inline __m256i bloom_probe8(__m256i a, __m256i b, int r,
+				   __m256i bitsv)
+{
+	const __m256i f21 = _mm256_set1_epi64x(0x1FFFFF);
+	const __m128i sh = _mm_cvtsi32_si128(21 * (r % 3));
+	__m256i fa = _mm256_and_si256(_mm256_srl_epi64(a, sh), f21);
+	__m256i fb = _mm256_and_si256(_mm256_srl_epi64(b, sh), f21);
+
+	fa = _mm256_srli_epi64(_mm256_mul_epu32(fa, bitsv), 21);
+	fb = _mm256_srli_epi64(_mm256_mul_epu32(fb, bitsv), 21);
+	return _mm256_blend_epi32(fa, _mm256_slli_epi64(fb, 32), 0xAA);
+}
+
+/* The bit of the filter at the 8 probe positions p (32-bit lanes), in
+ * bit 0 of each lane: a 32-bit gather of the filter's little-endian words
+ * (word p / 32 holds bit p at p % 32, as byte p / 8 holds it at p % 8). */
+__attribute__((target("avx2")))
+static inline __m256i bloom_bit8(const int *words, __m256i p)
+{
+	__m256i w = _mm256_i32gather_epi32(words, _mm256_srli_epi32(p, 5), 4);
+
+	return _mm256_srlv_epi32(w, _mm256_and_si256(p, _mm256_set1_epi32(31)));
+}
+
+/* The 8-bit element mask (element j at bit j) of interleaved lanes whose
+ * bit 0 is set (lane 2j: element j, lane 2j + 1: element 4 + j). */
+__attribute__((target("avx2,bmi2")))
+static inline uint32_t bloom_mask8(__m256i hit)
+{
+	uint32_t mm = (uint32_t)_mm256_movemask_ps(
+		_mm256_castsi256_ps(_mm256_slli_epi32(hit, 31)));
+
+	return (uint32_t)_pext_u32(mm, 0x55) |
+	       ((uint32_t)_pext_u32(mm, 0xAA) << 4);
+}
+
+/* Elements per stage-1 chunk of the Bloom probing (its survivors' list
+ * lives on the stack). */
+#define BLOOM_CHUNK 1024
+
+/*
+ * The candidates of a Bloom block: the elements i < len8 (a multiple of 8)
+ * of the block whose k probes (bloom_probes in codec_lhc.c: a chain of
+ * hash words, three 21-bit fields each) all hit a set bit of the filter
+ * (bits bits at filt, a multiple of 64).  No branch on a probe: stage 1
+ * tests the three probes of the first hash word of 8 elements at a time
+ * (about 1/8 of the elements pass them in a filter half full) and lists
+ * the survivors; stage 2 tests the other probes of the survivors, 8 at a
+ * time, recomputing their first hash word.  Same candidates, in the same
+ * order, as the element-by-element loop.  Positions appended at out (8
+ * entries of slack); returns their count.
+ */
+__attribute__((target("avx2,bmi,bmi2,popcnt")))
+uint32_t hg_lhc_bloom_candidates_avx2(uint64_t key, uint64_t g0,
+				      uint32_t k, uint32_t bits,
+				      const uint8_t *filt, uint32_t len8,
+				      uint16_t *out)
+{
+	const __m256i gold = _mm256_set1_epi64x((long long)HG_HASH_GOLDEN);
+	const __m256i step = _mm256_set1_epi64x(
+		(long long)(8 * HG_HASH_GOLDEN));
+	const __m256i bitsv = _mm256_set1_epi64x(bits);
+	const __m256i one = _mm256_set1_epi32(1);
+	const uint64_t base = key + (g0 + 1) * HG_HASH_GOLDEN;
+	const uint32_t k1 = k < 3 ? k : 3;
+	const int *words = (const int *)filt;
+	uint16_t surv[BLOOM_CHUNK + 8];
+	/* key + (g + 1) * GOLDEN for g = g0 + 0..3 and g0 + 4..7 */
+	__m256i ga = _mm256_add_epi64(
+		_mm256_set1_epi64x((long long)base),
+		_mm256_setr_epi64x(0, (long long)HG_HASH_GOLDEN,
+				   (long long)(2 * HG_HASH_GOLDEN),
+				   (long long)(3 * HG_HASH_GOLDEN)));
+	__m256i gb = _mm256_add_epi64(
+		ga, _mm256_set1_epi64x((long long)(4 * HG_HASH_GOLDEN)));
+	uint32_t c = 0;
+
+	for (uint32_t i0 = 0; i0 < len8; i0 += BLOOM_CHUNK) {
+		uint32_t i1 = len8 - i0 < BLOOM_CHUNK ? len8 : i0 + BLOOM_CHUNK;
+		uint32_t ns = 0;
+
+		/* stage 1: the probes of the first word */
+		for (uint32_t i = i0; i < i1; i += 8) {
+			__m256i wa = avx2_mix64(ga), wb = avx2_mix64(gb);
+			__m256i hit = one;
+			uint32_t m;
+
+			for (uint32_t r = 0; r < k1; r++)
+				hit = _mm256_and_si256(
+					hit, bloom_bit8(words, bloom_probe8(
+								       wa, wb, (int)r,
+								       bitsv)));
+			m = bloom_mask8(hit);
+			_mm_storeu_si128(
+				(__m128i *)(surv + ns),
+				_mm_add_epi16(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(
+						      (long long)avx2_compress_idx(m))),
+					      _mm_set1_epi16((short)i)));
+			ns += (uint32_t)__builtin_popcount(m);
+			ga = _mm256_add_epi64(ga, step);
+			gb = _mm256_add_epi64(gb, step);
+		}
+		if (k <= 3) {
+			memcpy(out + c, surv, ns * sizeof(*surv));
+			c += ns;
+			continue;
+		}
+		/* stage 2: the other probes of the survivors, 8 at a time
+		 * (the last group padded with its last survivor, masked) */
+		for (uint32_t j = ns; j < ((ns + 7) & ~7u); j++)
+			surv[j] = ns ? surv[ns - 1] : 0;
+		for (uint32_t j = 0; j < ns; j += 8) {
+			__m128i p8 = _mm_loadu_si128((const __m128i *)(surv + j));
+			__m256i pa = _mm256_cvtepu16_epi64(p8);
+			__m256i pb = _mm256_cvtepu16_epi64(_mm_srli_si128(p8, 8));
+			__m256i wa = avx2_mix64(_mm256_add_epi64(
+				_mm256_set1_epi64x((long long)base),
+				avx2_mullo64(pa, HG_HASH_GOLDEN)));
+			__m256i wb = avx2_mix64(_mm256_add_epi64(
+				_mm256_set1_epi64x((long long)base),
+				avx2_mullo64(pb, HG_HASH_GOLDEN)));
+			__m256i hit = one;
+			uint32_t m, left = ns - j;
+
+			for (uint32_t r = 3; r < k; r++) {
+				if (r % 3 == 0) {
+					wa = avx2_mix64(_mm256_add_epi64(wa, gold));
+					wb = avx2_mix64(_mm256_add_epi64(wb, gold));
+				}
+				hit = _mm256_and_si256(
+					hit, bloom_bit8(words, bloom_probe8(
+								       wa, wb, (int)r,
+								       bitsv)));
+			}
+			m = bloom_mask8(hit);
+			if (left < 8)
+				m &= (1u << left) - 1;
+			/* lane index x -> bytes 2x, 2x + 1: 514 x + 256 */
+			_mm_storeu_si128(
+				(__m128i *)(out + c),
+				_mm_shuffle_epi8(
+					p8, _mm_add_epi16(
+						    _mm_mullo_epi16(
+							    _mm_cvtepu8_epi16(_mm_cvtsi64_si128(
+								    (long long)avx2_compress_idx(m))),
+							    _mm_set1_epi16(514)),
+						    _mm_set1_epi16(256))));
+			c += (uint32_t)__builtin_popcount(m);
+		}
+	}
+	_mm256_zeroupper();
+	return c;
 }

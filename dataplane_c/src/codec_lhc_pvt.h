@@ -75,6 +75,17 @@ struct cell_batch {
  * of x at out; returns how many elements it did (the caller does the rest).
  */
 size_t hg_lhc_bitmap_avx2(const float *x, size_t len, uint8_t *out);
+/* Cells of the elements g0 + pos[j] for whole groups of 4 of the n (AVX2);
+ * returns how many it did (the caller does the rest). */
+uint32_t hg_lhc_cells_avx2(uint64_t key, uint64_t g0, uint32_t t,
+			   const uint16_t *pos, uint32_t n,
+			   const struct cell_batch *cb);
+/* The Bloom candidates among the first len8 elements (a multiple of 8) of
+ * a block whose first element is g0 (AVX2, BMI2); see codec_lhc_avx2.c. */
+uint32_t hg_lhc_bloom_candidates_avx2(uint64_t key, uint64_t g0,
+				      uint32_t k, uint32_t bits,
+				      const uint8_t *filt, uint32_t len8,
+				      uint16_t *out);
 /* Positions of the set bits of nwords 64-bit words of a bitmap (AVX-512
  * VBMI2, BW); see codec_lhc_avx512.c. */
 uint32_t hg_lhc_bitmap_positions_vbmi2(const uint8_t *idx, uint32_t nwords,
@@ -89,16 +100,12 @@ uint32_t hg_lhc_cells_avx512(uint64_t key, uint64_t g0, uint32_t t,
 uint32_t hg_lhc_compact_avx512(const float *xb, uint32_t i0, uint32_t i1,
 			       uint16_t *pos, uint32_t *amax);
 
-/* The vector paths of codec_union_avx512.c may be used (AVX-512 F/DQ/BW,
- * BMI2). */
-bool hg_union_vec(void);
-
 /*
  * The union values of a bitmap block (gbm: the global bitmap, lbm: this
  * worker's, len elements) from this worker's non-zero values v (16
  * readable past the last), deterministic rounding; codec_union_avx512.c.
  * Returns the non-zeros consumed, or UINT32_MAX if lbm is not a subset of
- * gbm.  Needs hg_union_vec().
+ * gbm.  Needs the avx512 path of hg_codec_isa().
  */
 uint32_t hg_union_bitmap_avx512(const uint8_t *gbm, const uint8_t *lbm,
 				uint32_t len, const float *v, double scale,
@@ -108,19 +115,33 @@ uint32_t hg_union_bitmap_avx512(const uint8_t *gbm, const uint8_t *lbm,
  * Decode a bitmap block of len elements into y, writing each element once:
  * +0 where the bitmap gbm has no bit, else the next int32 sum of in
  * (big-endian lanes when be, host order otherwise) times scale, rounded
- * once to float32.  codec_union_avx512.c; needs hg_union_vec().
+ * once to float32.  codec_union_avx512.c; needs the avx512 path of
+ * hg_codec_isa().
  */
 void hg_scatter_bitmap(const uint8_t *gbm, uint32_t len, const uint8_t *in,
 		       bool be, double scale, float *y);
 
 /*
+ * The AVX2 forms of the two above (codec_union_avx2.c; need the avx2 path
+ * of hg_codec_isa()): nc / nin is the block's candidate count, the lanes
+ * at out and the sums at in (nothing past them is touched).
+ */
+uint32_t hg_union_bitmap_avx2(const uint8_t *gbm, const uint8_t *lbm,
+			      uint32_t len, const float *v, double scale,
+			      uint32_t nc, uint8_t *out);
+void hg_scatter_bitmap_avx2(const uint8_t *gbm, uint32_t len,
+			    const uint8_t *in, uint32_t nin, bool be,
+			    double scale, float *y);
+
+/*
  * Decode block b of the plan into yb from one int32 sum per candidate
  * (big-endian lanes when be, host order otherwise): +0 at non-candidates,
- * every element written once (the vector scatter when vec and the block
- * has a bitmap).  Shared by union and lhc decode.
+ * every element written once (the vector scatter of the ISA path isa,
+ * enum hg_isa, when the block has a bitmap).  Shared by union and lhc
+ * decode.
  */
 void hg_decode_block(const struct hg_lhc *l, size_t b, const uint8_t *in,
-		     bool be, bool vec, float *yb);
+		     bool be, int isa, float *yb);
 
 /* 0 when the scan s is of a tensor of the plan's length and blocking. */
 static inline int lhc_scan_matches(const struct hg_lhc *l,

@@ -107,12 +107,12 @@ struct hg_scan {
 	size_t cap, nb_cap, bm_cap;
 };
 
-/* true when the AVX2 paths may be used (CPU has it, not disabled by
- * HOMAGG_CODEC_ISA=portable, which tests use to compare both paths). */
+/* true when the AVX2 paths may be used: hg_codec_isa() is avx2 or avx512
+ * (a loop with no AVX-512 form takes its AVX2 one on the avx512 path). */
 bool hg_codec_avx2(void);
 
-/* true when the AVX-512 (F + DQ: 64-bit lane multiplies) paths may be used;
- * HOMAGG_CODEC_ISA=portable or =avx2 disables them. */
+/* true when the AVX-512 (F, DQ, BW) paths may be used: hg_codec_isa() is
+ * avx512. */
 bool hg_codec_avx512(void);
 
 /*
@@ -137,6 +137,10 @@ size_t hg_dequant_avx2(const uint8_t *in, size_t len, int shift, float *y);
  */
 uint32_t hg_scan_avx512(const float *xb, uint32_t len16, uint16_t *pos,
 			float *val, uint8_t *bm, uint32_t *amax);
+/* The same with AVX2 (and BMI2) for the first len8 elements (a multiple of
+ * 8; 8 entries of slack), codec_scan_avx2.c. */
+uint32_t hg_scan_avx2(const float *xb, uint32_t len8, uint16_t *pos,
+		      float *val, uint8_t *bm, uint32_t *amax);
 
 /*
  * hg_quantize and hg_nc_encode of the elements x[0..n-1] that sit at

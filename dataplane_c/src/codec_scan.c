@@ -6,8 +6,9 @@
  * bitmap block, as it travels) and a compact list of the non-zero elements
  * (block-relative position and value).  The index, sketch and union phases
  * then read only the non-zeros (5% of the tensor at the benchmark's
- * density) instead of the whole tensor again.  The AVX-512 path of the
- * pass is in codec_scan_avx512.c, chosen at run time (hg_codec_avx512()).
+ * density) instead of the whole tensor again.  The AVX-512 and AVX2 paths
+ * of the pass are in codec_scan_avx512.c and codec_scan_avx2.c, chosen at
+ * run time (hg_codec_isa()).
  *
  * Same codes and counts as hg_exp_nnz_encode, same index bytes, sketch
  * cells and values as the tensor-reading functions: tests compare them on
@@ -16,6 +17,8 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "homagg/kernels.h"
 
 #include "codec_pvt.h"
 
@@ -143,7 +146,7 @@ int hg_scan_encode(struct hg_scan *s, const struct hg_params *p,
 {
 	int rc = hg_params_check(p);
 	size_t nb, total = 0;
-	bool avx512;
+	int isa;
 
 	if (!s)
 		return -EINVAL;
@@ -159,7 +162,7 @@ int hg_scan_encode(struct hg_scan *s, const struct hg_params *p,
 	s->n = n;
 	s->block = p->block;
 	s->nb = nb;
-	avx512 = hg_codec_avx512();
+	isa = hg_codec_isa();
 	for (size_t b = 0; b < nb; b++) {
 		uint32_t len = (uint32_t)hg_block_len(p, n, b);
 		const float *xb = x + b * p->block;
@@ -170,10 +173,14 @@ int hg_scan_encode(struct hg_scan *s, const struct hg_params *p,
 		if (rc)
 			return rc;
 		s->off[b] = total;
-		if (avx512) {
+		if (isa == HG_ISA_AVX512) {
 			i0 = len & ~15u;
 			c = hg_scan_avx512(xb, i0, s->pos + total,
 					   s->val + total, bm, &amax);
+		} else if (isa == HG_ISA_AVX2) {
+			i0 = len & ~7u;
+			c = hg_scan_avx2(xb, i0, s->pos + total,
+					 s->val + total, bm, &amax);
 		}
 		c += scan_tail(xb, i0, len, s->pos + total + c,
 			       s->val + total + c, bm, &amax);

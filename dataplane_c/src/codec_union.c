@@ -10,21 +10,16 @@
  * hg_lhc_set_index) and this worker's non-zeros (from its scan), writing
  * every lane once.  Decode writes every element of the output once per
  * block: zeros, then the candidates' sums, while the block is in cache.
- * The AVX-512 paths (encode of a bitmap block, the decode scatter) are in
- * codec_union_avx512.c, chosen at run time (hg_union_vec()).
+ * The vector paths (encode of a bitmap block, the decode scatter) are in
+ * codec_union_avx512.c and codec_union_avx2.c, chosen at run time
+ * (hg_codec_isa()).
  */
 #include <errno.h>
 #include <string.h>
 
-#include "codec_lhc_pvt.h"
+#include "homagg/kernels.h"
 
-/* The vector paths: AVX-512 (F, DQ, BW) and BMI2 (pext), not disabled by
- * HOMAGG_CODEC_ISA. */
-bool hg_union_vec(void)
-{
-	return hg_codec_avx512() && __builtin_cpu_supports("avx512bw") &&
-	       __builtin_cpu_supports("bmi2");
-}
+#include "codec_lhc_pvt.h"
 
 size_t hg_union_lanes(const struct hg_lhc *l)
 {
@@ -82,13 +77,14 @@ int hg_union_encode(const struct hg_lhc *l, const struct hg_scan *s,
 		    uint8_t *out_be32)
 {
 	uint64_t rkey;
-	bool sto, vec;
+	bool sto;
+	int isa;
 
 	if (!l || l->state < LHC_INDEXED || lhc_scan_matches(l, s) ||
 	    (l->info.candidates && !out_be32))
 		return -EINVAL;
 	sto = l->p.flags & HG_F_STOCHASTIC;
-	vec = !sto && hg_union_vec();
+	isa = sto ? HG_ISA_PORTABLE : hg_codec_isa();
 	rkey = hg_stream_key(l->p.seed, HG_DOM_ROUND, l->p.worker);
 	for (size_t b = 0; b < l->nb; b++) {
 		const struct lhc_block *bk = &l->blk[b];
@@ -107,12 +103,18 @@ int hg_union_encode(const struct hg_lhc *l, const struct hg_scan *s,
 		    s->absmax[b] >= hg_code_limit_bits(l->gcodes[b]))
 			return -ERANGE;
 		scale = hg_pow2(hg_scale_shift(&l->p, l->gcodes[b]));
-		if (vec && bk->kind == LHC_BITMAP)
+		if (isa == HG_ISA_AVX512 && bk->kind == LHC_BITMAP)
 			used = hg_union_bitmap_avx512(
 				l->gindex + bk->index_off,
 				s->bitmap + b * (l->p.block / 8),
 				(uint32_t)hg_block_len(&l->p, l->n, b),
 				s->val + o, scale, out);
+		else if (isa == HG_ISA_AVX2 && bk->kind == LHC_BITMAP)
+			used = hg_union_bitmap_avx2(
+				l->gindex + bk->index_off,
+				s->bitmap + b * (l->p.block / 8),
+				(uint32_t)hg_block_len(&l->p, l->n, b),
+				s->val + o, scale, bk->ncand, out);
 		else if (sto)
 			used = merge_sr(cand, bk->ncand, s->pos + o, s->val + o,
 					nz, scale, rkey, l->first + b * l->p.block, out);
@@ -126,7 +128,7 @@ int hg_union_encode(const struct hg_lhc *l, const struct hg_scan *s,
 }
 
 void hg_decode_block(const struct hg_lhc *l, size_t b, const uint8_t *in,
-		     bool be, bool vec, float *yb)
+		     bool be, int isa, float *yb)
 {
 	const struct lhc_block *bk = &l->blk[b];
 	const size_t len = hg_block_len(&l->p, l->n, b);
@@ -138,9 +140,15 @@ void hg_decode_block(const struct hg_lhc *l, size_t b, const uint8_t *in,
 		return;
 	}
 	scale = hg_pow2(-hg_scale_shift(&l->p, l->gcodes[b]));
-	if (vec && bk->kind == LHC_BITMAP) {
+	if (isa == HG_ISA_AVX512 && bk->kind == LHC_BITMAP) {
 		hg_scatter_bitmap(l->gindex + bk->index_off, (uint32_t)len, in,
 				  be, scale, yb);
+		return;
+	}
+	if (isa == HG_ISA_AVX2 && bk->kind == LHC_BITMAP) {
+		hg_scatter_bitmap_avx2(l->gindex + bk->index_off,
+				       (uint32_t)len, in, bk->ncand, be, scale,
+				       yb);
 		return;
 	}
 	memset(yb, 0, len * sizeof(float));
@@ -156,14 +164,14 @@ void hg_decode_block(const struct hg_lhc *l, size_t b, const uint8_t *in,
 int hg_union_decode(const struct hg_lhc *l, const uint8_t *gvals_be32,
 		    float *y)
 {
-	bool vec;
+	int isa;
 
 	if (!l || l->state < LHC_INDEXED || (l->n && !y) ||
 	    (l->info.candidates && !gvals_be32))
 		return -EINVAL;
-	vec = hg_union_vec();
+	isa = hg_codec_isa();
 	for (size_t b = 0; b < l->nb; b++)
 		hg_decode_block(l, b, gvals_be32 + 4 * l->blk[b].cand_off, true,
-				vec, y + b * l->p.block);
+				isa, y + b * l->p.block);
 	return 0;
 }

@@ -2,7 +2,7 @@
 /*
  * codec_union_avx512.c - the AVX-512 paths of the union values phase and of
  * the bitmap-block decode (codec_union.c chooses them at run time,
- * hg_union_vec()); same bits as the portable code.
+ * hg_codec_isa() avx512); same bits as the portable code.
  */
 #include <string.h>
 

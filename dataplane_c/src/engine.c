@@ -108,6 +108,7 @@ struct hg_set {
 struct hg_peer {
 	struct hg_wire_addr addr;      /* learned from its latest valid frame */
 	uint32_t incarnation;          /* greatest accepted, 0 = none yet */
+	uint64_t cnt[HG_WCNT__COUNT];  /* hg_engine_worker_counters() */
 };
 
 struct hg_job {
@@ -553,6 +554,39 @@ int hg_engine_job_counters(const struct hg_engine *e, uint32_t id,
 		n = HG_CNT__COUNT;
 	memcpy(out, j->cnt, n * sizeof(*out));
 	return (int)n;
+}
+
+int hg_engine_worker_counters(const struct hg_engine *e, uint32_t id,
+			      uint32_t worker, uint64_t *out, size_t n)
+{
+	const struct hg_job *j;
+
+	if (!e || (!out && n))
+		return -EINVAL;
+	j = job_find(e, id);
+	if (!j)
+		return -ENOENT;
+	if (worker >= j->cfg.workers)
+		return -ERANGE;
+	if (n > HG_WCNT__COUNT)
+		n = HG_WCNT__COUNT;
+	memcpy(out, j->peers[worker].cnt, n * sizeof(*out));
+	return (int)n;
+}
+
+int hg_engine_job_open_sets(const struct hg_engine *e, uint32_t id)
+{
+	const struct hg_job *j;
+	int open = 0;
+
+	if (!e)
+		return -EINVAL;
+	j = job_find(e, id);
+	if (!j)
+		return -ENOENT;
+	for (size_t i = 0; i < 2 * (size_t)j->cfg.slots; i++)
+		open += j->sets[i].state == SET_OPEN || j->sets[i].state == SET_UP;
+	return open;
 }
 
 /* ---- packet path -------------------------------------------------------- */
@@ -1429,6 +1463,8 @@ static void apply(struct hg_engine *e, struct hg_stage *st,
 		up_apply(e, st);
 		return;
 	}
+	if (st->flags & HG_FLAG_RETRANS)
+		j->peers[w].cnt[HG_WCNT_RETRANS]++;
 	/* The incarnation table changes with frames of the burst: checked here. */
 	if (st->incarnation != j->peers[w].incarnation) {
 		if (j->peers[w].incarnation) {
@@ -1475,6 +1511,7 @@ static void apply(struct hg_engine *e, struct hg_stage *st,
 
 	if (s->bitmap[w / 64] & (1ull << (w % 64))) {
 		count(e, j, HG_CNT_DUPLICATES);
+		j->peers[w].cnt[HG_WCNT_DUPLICATES]++;
 		if (s->state == SET_DONE) {
 			send_result(e, j, s, acc, (uint16_t)w, &pkt);
 			count(e, j, HG_CNT_REPLAYS);
@@ -1493,6 +1530,7 @@ static void apply(struct hg_engine *e, struct hg_stage *st,
 	s->bitmap[w / 64] |= 1ull << (w % 64);
 	s->count++;
 	count(e, j, HG_CNT_SUMMED);
+	j->peers[w].cnt[HG_WCNT_SUMMED]++;
 	if (s->count == j->cfg.workers) {
 		count(e, j, HG_CNT_COMPLETED);
 		if (j->up) {
@@ -1511,6 +1549,7 @@ static void apply(struct hg_engine *e, struct hg_stage *st,
 
 drop:
 	count(e, j, rc);
+	j->peers[w].cnt[HG_WCNT_DROPPED]++;
 	queue_free(e, pkt);
 }
 

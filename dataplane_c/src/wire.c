@@ -79,6 +79,24 @@ const char *hg_counter_name(int i)
 	return counter_names[i];
 }
 
+static const char *const worker_counter_names[] = {
+#define HG_WCNT_NAME_(name, str, doc) str,
+	HG_FOREACH_WORKER_COUNTER(HG_WCNT_NAME_)
+#undef HG_WCNT_NAME_
+};
+
+int hg_worker_counter_count(void)
+{
+	return HG_WCNT__COUNT;
+}
+
+const char *hg_worker_counter_name(int i)
+{
+	if (i < 0 || i >= HG_WCNT__COUNT)
+		return NULL;
+	return worker_counter_names[i];
+}
+
 void hg_wire_mcast_mac(uint32_t group_ipv4, uint8_t mac[6])
 {
 	mac[0] = 0x01;

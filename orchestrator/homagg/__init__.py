@@ -12,7 +12,8 @@ nic, sim, auth, reference, torch, errors), the subpackages: ``homagg.switch``
 (the aggregator daemon, its control client, job files), ``homagg.deploy``
 (``local``: a testbed of namespaces; ``remote``: inventory hosts over SSH),
 ``homagg.runs`` (allreduce jobs), ``homagg.train`` (DDP training),
-``homagg.bench`` (benchmarks) and ``homagg.cli``.  Each one's docstring says
+``homagg.bench`` (benchmarks), ``homagg.ops`` (metrics, the live view,
+JSON logs) and ``homagg.cli``.  Each one's docstring says
 where to start.
 
 The C side lives in ``dataplane_c/`` (public headers in

@@ -243,3 +243,12 @@ class Engine:
 
     def job_counters(self, job):
         return _e.engine_job_counters(self._e, job)
+
+    def worker_counters(self, job, worker):
+        """{"summed", "duplicates", "retransmissions", "dropped"} of one
+        worker of a job (homagg/counters.h HG_FOREACH_WORKER_COUNTER)."""
+        return _e.engine_worker_counters(self._e, job, worker)
+
+    def job_open_sets(self, job):
+        """The job's sets holding a chunk not answered yet."""
+        return _e.engine_job_open_sets(self._e, job)

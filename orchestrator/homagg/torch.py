@@ -41,6 +41,9 @@ each variable overriding the same field of the job file::
     HOMAGG_BIND       this rank's local address (default: any)
     HOMAGG_TIMEOUT    seconds without progress before an allreduce fails (10)
     HOMAGG_SLOTS, HOMAGG_PAYLOAD  the job's slots and payload bytes (64, 1024)
+    HOMAGG_METRICS_PORT  serve this rank's allreduce statistics to Prometheus
+                      on this port + LOCAL_RANK (homagg.ops.worker_metrics,
+                      docs/OPERATIONS.md); HOMAGG_METRICS_BIND its address
 
 A missing aggregator is an error naming the variable to set; an aggregator
 that does not answer makes the backward pass raise PeerTimeout naming it
@@ -135,6 +138,9 @@ class HookState:
             worker = self._worker_from_environment(process_group, env)
         self.worker = worker
         self.world_size = worker.workers
+        # HOMAGG_METRICS_PORT: this rank's Prometheus endpoint (docs/OPERATIONS.md)
+        from homagg.ops import worker_metrics
+        self.metrics = worker_metrics.from_environment(worker.job, worker.worker, env)
 
     @staticmethod
     def _worker_from_environment(process_group, env):
@@ -166,6 +172,8 @@ class HookState:
 
     def close(self):
         self.worker.close()
+        if self.metrics is not None:
+            self.metrics.close()
 
     # -- per bucket ----------------------------------------------------------
 
@@ -210,15 +218,20 @@ class HookState:
                 np.divide(y, world, out=y)
                 if self.recorder is not None:
                     self.recorder(index, x, y, params)
+                seconds = time.perf_counter() - t0
+                if self.metrics is not None:   # between calls: the client is idle
+                    self.metrics.observe(seconds, info.get("method"), self.worker.counters())
                 with self._log_lock:
                     self.log.append({
                         "bucket": index, "numel": int(x.size),
                         "nnz": int(np.count_nonzero(x)), "method": info.get("method"),
                         "bytes_sent": info.get("bytes_sent"),
-                        "seconds": time.perf_counter() - t0, "dtype": str(dtype)})
+                        "seconds": seconds, "dtype": str(dtype)})
                 out = torch.from_numpy(y).to(dtype).reshape(buffer.shape)
                 fut.set_result(out)
             except BaseException as exc:  # the backward pass raises it
+                if self.metrics is not None:
+                    self.metrics.failed()
                 fut.set_exception(exc)
 
         cf.add_done_callback(done)

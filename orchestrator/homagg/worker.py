@@ -292,6 +292,15 @@ class Worker:
         st = _c.client_get_stats(self._client)
         return (sum(st.bytes_sent), sum(st.bytes_received), st.method_chosen)
 
+    def counters(self):
+        """The client's counters (struct hg_client_stats) as a dict, the
+        per-phase ones as {phase: value}; read under the call lock, so
+        between allreduces (homagg.ops.worker_metrics)."""
+        with self._lock:
+            if self._client is None:
+                raise InvalidArgument("worker is closed")
+            return _c.client_stats_dict(_c.client_get_stats(self._client))
+
     def stats(self):
         """The client's counters and the UDP port's, as one dict."""
         st = _c.client_get_stats(self._client)

@@ -69,8 +69,26 @@ struct hg_params {
 	float sketch_cells_per_candidate; /* 0 = default sizing */
 };
 
-/* 0, or -EINVAL (block), -ERANGE (workers, worker id). */
+/*
+ * 0, or -EINVAL (block), -ERANGE (workers, worker id); or the error of
+ * hg_codec_isa() when HOMAGG_CODEC_ISA names no usable path (every codec
+ * call that checks its parameters refuses then).
+ */
 int hg_params_check(const struct hg_params *p);
+
+/*
+ * The ISA path every hot loop of the codec takes (the values of enum
+ * hg_isa, homagg/kernels.h: 0 portable, 1 avx2, 2 avx512), the same bits
+ * on each.  HOMAGG_CODEC_ISA=portable|avx2|avx512 forces one; unset or
+ * empty, the best this CPU has.  Read at the first call (the first codec
+ * call of the process) and kept; hg_codec_isa_reload() reads it again
+ * (tests, after changing the variable; not while other threads run codec
+ * calls).  Returns the path, -EINVAL when the variable names no path, or
+ * -ENOTSUP when this CPU lacks it (avx2 needs AVX2 and BMI2; avx512 also
+ * AVX-512 F, DQ and BW).
+ */
+int hg_codec_isa(void);
+int hg_codec_isa_reload(void);
 
 /* Number of quantisation blocks of an n-element tensor. */
 size_t hg_nblocks(const struct hg_params *p, size_t n);

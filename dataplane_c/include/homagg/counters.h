@@ -58,4 +58,23 @@ enum hg_counter {
 	HG_CNT__COUNT
 };
 
+/*
+ * HG_FOREACH_WORKER_COUNTER(X): what the engine counts per job and worker
+ * (hg_engine_worker_counters()), for frames that reached the set logic
+ * (their job, token, worker id and slot are valid).  Names through
+ * hg_worker_counter_name() (homagg/wire.h).
+ */
+#define HG_FOREACH_WORKER_COUNTER(X)                                           \
+	X(SUMMED, "summed", "payloads of the worker combined into a slot")        \
+	X(DUPLICATES, "duplicates", "frames of a chunk the worker already counted") \
+	X(RETRANS, "retransmissions", "frames flagged RETRANS (the worker resent)") \
+	X(DROPPED, "dropped", "frames dropped by the set logic (stale, old_incarnation, bad_op, bad_lanes, bad_exp)")
+
+enum hg_worker_counter {
+#define HG_WCNT_ENUM_(name, str, doc) HG_WCNT_##name,
+	HG_FOREACH_WORKER_COUNTER(HG_WCNT_ENUM_)
+#undef HG_WCNT_ENUM_
+	HG_WCNT__COUNT
+};
+
 #endif /* HOMAGG_COUNTERS_H */

@@ -181,6 +181,15 @@ int hg_engine_counters(const struct hg_engine *e, uint64_t *out, size_t n);
  * counted there).  Returns the count copied or -ENOENT. */
 int hg_engine_job_counters(const struct hg_engine *e, uint32_t job,
 			   uint64_t *out, size_t n);
+/* One worker's counters of a job (enum hg_worker_counter order, names from
+ * hg_worker_counter_name()).  Returns the count copied (min(n,
+ * hg_worker_counter_count())), -EINVAL (NULL), -ENOENT (no such job) or
+ * -ERANGE (worker >= W). */
+int hg_engine_worker_counters(const struct hg_engine *e, uint32_t job,
+			      uint32_t worker, uint64_t *out, size_t n);
+/* The job's sets holding a chunk not yet answered (open, or sent up by a
+ * tree leaf): 0..2 x S, -EINVAL (NULL) or -ENOENT. */
+int hg_engine_job_open_sets(const struct hg_engine *e, uint32_t job);
 /* cdef-end */
 
 #ifdef __cplusplus

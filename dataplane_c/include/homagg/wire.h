@@ -151,6 +151,9 @@ void hg_wire_mcast_mac(uint32_t group_ipv4, uint8_t mac[6]);
 /* The counter table (homagg/counters.h): how many, and each one's name. */
 int hg_counter_count(void);
 const char *hg_counter_name(int i);
+/* The per-worker counter table (HG_FOREACH_WORKER_COUNTER). */
+int hg_worker_counter_count(void);
+const char *hg_worker_counter_name(int i);
 /* cdef-end */
 
 #ifdef __cplusplus

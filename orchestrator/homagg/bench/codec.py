@@ -6,10 +6,14 @@ index and sketch from the scan's non-zeros); decode = one worker's
 set_index + peel + output of the float32 result.  union_encode = the scan
 + index + union values; union_decode = set_index + the scatter of the
 summed values.  All as GB/s of float32 input (4 bytes per element), best of
---repeat runs, next to:
+--repeat runs, on each ISA path of the codec (--isa, every path this CPU
+has by default: each row names its path, HOMAGG_CODEC_ISA forced for it;
+every path gives the same bits, "paths_bit_identical"), next to:
 
 - memcpy: numpy copyto of the same buffer into a preallocated array,
-  measured in the same run (the speed of touching the data once);
+  measured in the same run, right after each path's timings (the speed of
+  touching the data once; on a shared machine read the ratios, not the
+  GB/s);
 - numpy: a plain numpy implementation of the same encode and decode
   (homagg.bench.numpy_codec), on the same gradients.
 
@@ -18,7 +22,11 @@ Wire: lhc bytes per worker (all phases) against the bound index bytes +
 against lhc's, and auto's bytes against the smallest exact method (dense,
 blocks, lhc, union) run on the same data.
 
-Targets (reported, not asserted): encode >= 0.5x memcpy, lhc decode >=
+The top-level figures are those of the path the codec takes by default
+(the best this CPU has) when it is measured, else of the last one listed;
+"paths" holds one row per path.
+
+Targets (reported, not asserted; on every path): encode >= 0.5x memcpy, lhc decode >=
 0.25x memcpy, union decode >= 0.5x memcpy, >= 20x numpy, lhc wire <= 1.10x
 bound, union wire <= 0.85x lhc's, auto <= 1.05x the smallest exact method.
 """
@@ -33,9 +41,10 @@ from homagg.bench import report as rep
 def add_gradient_arguments(parser, repeat):
     """The gradients and timed runs (shared with homagg.bench.codec_steps)."""
     parser.add_argument("--elements", type=int, default=2**26,
-                        help="elements per worker (default 2^26)")
+                        help="elements per worker, a multiple of the block (default 2^26)")
     parser.add_argument("--density", type=float, default=0.05,
-                        help="fraction of non-zero elements per worker (default 0.05)")
+                        help="fraction of non-zero elements per worker, in (0, 1] "
+                             "(default 0.05)")
     parser.add_argument("--workers", type=int, default=4, help="workers W (default 4)")
     parser.add_argument("--block", type=int, default=None,
                         help="block elements (default HG_DEFAULT_BLOCK)")
@@ -45,9 +54,101 @@ def add_gradient_arguments(parser, repeat):
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
+def check_gradient_arguments(args):
+    """The block, or SystemExit with one line naming the bad option and the fix."""
+    from homagg.bindings import codec
+
+    block = args.block or codec.DEFAULT_BLOCK
+    if not (codec.MIN_BLOCK <= block <= codec.MAX_BLOCK and block % 64 == 0):
+        raise SystemExit(f"--block {block}: use a multiple of 64 in "
+                         f"{codec.MIN_BLOCK}..{codec.MAX_BLOCK}")
+    n = args.elements
+    if n <= 0 or n % block:
+        fix = f"e.g. {max(1, round(n / block)) * block}" if n > 0 else f"e.g. {block}"
+        raise SystemExit(f"--elements {n}: use a positive multiple of the block "
+                         f"({block} elements), {fix}")
+    if not 0.0 < args.density <= 1.0:
+        raise SystemExit(f"--density {args.density}: use a fraction in (0, 1], e.g. 0.05")
+    if not 1 <= args.workers <= codec.MAX_WORKERS:
+        raise SystemExit(f"--workers {args.workers}: use 1..{codec.MAX_WORKERS}")
+    if args.repeat < 1:
+        raise SystemExit(f"--repeat {args.repeat}: use 1 or more")
+    return block
+
+
+def parse_isas(text):
+    """--isa: a comma-separated list of codec paths; by default every path
+    this CPU has (SystemExit naming a path that does not exist or that this
+    CPU lacks)."""
+    from homagg.bindings import codec as b
+
+    if not text:
+        return [i for i in b.CODEC_ISAS if _isa_available(i)]
+    isas = [t.strip() for t in text.split(",") if t.strip()]
+    for i in isas:
+        if i not in b.CODEC_ISAS:
+            raise SystemExit(f"--isa {i}: use a comma-separated list of {', '.join(b.CODEC_ISAS)}")
+        if not _isa_available(i):
+            raise SystemExit(f"--isa {i}: this CPU lacks that path; use one of "
+                             f"{', '.join(x for x in b.CODEC_ISAS if _isa_available(x))}")
+    return isas
+
+
+def _isa_available(isa):
+    from homagg.errors import InvalidArgument
+
+    try:
+        with forced_isa(isa):
+            return True
+    except InvalidArgument:
+        return False
+
+
+class forced_isa:
+    """Run the codec on ISA path isa inside the block (HOMAGG_CODEC_ISA set
+    and read again), restoring the previous setting after."""
+
+    def __init__(self, isa):
+        self.isa = isa
+
+    def __enter__(self):
+        import os
+
+        from homagg.bindings import codec as b
+
+        self.old = os.environ.get("HOMAGG_CODEC_ISA")
+        os.environ["HOMAGG_CODEC_ISA"] = self.isa
+        try:
+            b.codec_isa_reload()
+        except BaseException:
+            self.__exit__()
+            raise
+        return self.isa
+
+    def __exit__(self, *exc):
+        import os
+
+        from homagg.bindings import codec as b
+
+        if self.old is None:
+            os.environ.pop("HOMAGG_CODEC_ISA", None)
+        else:
+            os.environ["HOMAGG_CODEC_ISA"] = self.old
+        try:
+            b.codec_isa_reload()
+        except Exception:
+            pass  # the caller's own setting was bad: its next codec call says so
+        return False
+
+
 def add_arguments(parser):
     add_gradient_arguments(parser, repeat=3)
     parser.add_argument("--no-numpy", action="store_true", help="skip the numpy baseline")
+    parser.add_argument("--isa", default=None, metavar="PATHS",
+                        help="codec ISA paths to time, comma-separated, of portable, avx2, "
+                             "avx512 (default: every path this CPU has); the same as running "
+                             "with HOMAGG_CODEC_ISA=<path>, which forces the path of any "
+                             "homagg command")
 
 
 def _progress(msg):
@@ -107,30 +208,12 @@ def lhc_state(grads, block):
                            gindex=gindex, gcells=gcells, gfall=gfall, gvals=gvals)
 
 
-def run(args):
-    from homagg import codec
-    from homagg.bench import numpy_codec as npc
-    from homagg import kernels
+def _time_path(isa, args, x, cps, plan, gindex, gcells, gfall, gvals, nb):
+    """One ISA path's timings of worker 0 (its figures and outputs)."""
     from homagg.bindings import codec as b
 
-    n, W = args.elements, args.workers
-    block = args.block or codec.DEFAULT_BLOCK
-    if n <= 0 or n % block:
-        raise SystemExit(f"--elements must be a positive multiple of the block ({block})")
-    gb = 4 * n / 1e9
-    _progress(f"{W} gradients of {n} float32 ({4 * n / 2**20:.0f} MiB each), density {args.density}")
-    grads = make_gradients(n, W, args.density, args.seed)
-
-    # The global state every worker gets from the aggregator (C kernels).
-    _progress("meta phase and index of every worker")
-    st = lhc_state(grads, block)
-    cps, plans, nb = st.cps, st.plans, st.params.nblocks(n)
-    gcodes, gindex, gcells, gfall, gvals = st.gcodes, st.gindex, st.gcells, st.gfall, st.gvals
-    del st
-    x = grads[0]
-    plan = plans[0]
+    n, gb = x.size, 4 * x.size / 1e9
     info = plan.info()
-
     # Encode: worker 0, preallocated outputs, the one-pass scan first.
     scan = b.scan_new()
     codes = np.empty(nb, dtype=np.int8)
@@ -143,7 +226,7 @@ def run(args):
         "index": lambda: b.lhc_index_encode_scan(plan, scan, index),
         "sketch": lambda: b.lhc_sketch_encode_scan(plan, scan, cells),
     }
-    _progress("timing encode (scan: exponents + counts; index + sketch from the scan)")
+    _progress(f"{isa}: timing encode (scan: exponents + counts; index + sketch from the scan)")
 
     def encode_all():
         for f in enc_parts.values():
@@ -161,7 +244,7 @@ def run(args):
 
     # Decode: set_index + peel + output (fallback summed once, outside).
     y = np.empty(n, dtype=np.float32)
-    _progress("timing decode (set_index + peel + output)")
+    _progress(f"{isa}: timing decode (set_index + peel + output)")
 
     def decode_all():
         b.lhc_set_index(plan, gindex)
@@ -176,7 +259,7 @@ def run(args):
     dec_breakdown["output"] = _best(lambda: b.lhc_decode_into(plan, gfall, y), args.repeat)
     info = plan.info()
 
-    _progress("timing union decode (set_index + scatter)")
+    _progress(f"{isa}: timing union decode (set_index + scatter)")
     yu = np.empty(n, dtype=np.float32)
 
     def union_decode_all():
@@ -186,16 +269,13 @@ def run(args):
     t_udec = _best(union_decode_all, args.repeat)
     dec_breakdown["union_scatter"] = _best(lambda: b.union_decode_into(plan, gvals, yu),
                                            args.repeat)
-    del plans
 
-    _progress("timing memcpy (numpy copyto, same buffer)")
+    _progress(f"{isa}: timing memcpy (numpy copyto, same buffer)")
     dst = np.empty_like(x)
     np.copyto(dst, x)
     t_mem = _best(lambda: np.copyto(dst, x), args.repeat)
-
-    out = {
-        "elements": n, "workers": W, "density": args.density, "block_elements": block,
-        "isa": kernels.isa_best(),
+    row = {
+        "isa": isa,
         "encode_seconds": t_enc, "decode_seconds": t_dec, "memcpy_seconds": t_mem,
         "encode_gbps": gb / t_enc, "decode_gbps": gb / t_dec, "memcpy_gbps": gb / t_mem,
         "encode_vs_memcpy": t_mem / t_enc, "decode_vs_memcpy": t_mem / t_dec,
@@ -208,12 +288,65 @@ def run(args):
         "union_decode_matches_lhc_decode": bool(np.array_equal(yu.view(np.uint32),
                                                                y.view(np.uint32))),
     }
+    outputs = (codes, counts, index, cells, uvals, y, yu)
+    return row, outputs
+
+
+def run(args):
+    from homagg import codec
+    from homagg.bench import numpy_codec as npc
+    from homagg.bindings import codec as b
+
+    from homagg.errors import InvalidArgument
+
+    block = check_gradient_arguments(args)
+    try:
+        b.codec_isa()  # a bad HOMAGG_CODEC_ISA: one line, no traceback
+    except InvalidArgument as e:
+        raise SystemExit(str(e)) from None
+    isas = parse_isas(getattr(args, "isa", None))
+    n, W = args.elements, args.workers
+    _progress(f"{W} gradients of {n} float32 ({4 * n / 2**20:.0f} MiB each), density {args.density}")
+    grads = make_gradients(n, W, args.density, args.seed)
+
+    # The global state every worker gets from the aggregator (C kernels).
+    _progress("meta phase and index of every worker")
+    st = lhc_state(grads, block)
+    cps, plans, nb = st.cps, st.plans, st.params.nblocks(n)
+    gcodes, gcounts, gindex, gcells, gfall, gvals = (st.gcodes, st.gcounts, st.gindex, st.gcells,
+                                                     st.gfall, st.gvals)
+    del st
+    x = grads[0]
+    plan = plans[0]
+    del plans
+
+    rows, first = [], None
+    identical = True
+    for isa in isas:
+        with forced_isa(isa):
+            row, outs = _time_path(isa, args, x, cps, plan, gindex, gcells, gfall, gvals, nb)
+        rows.append(row)
+        if first is None:
+            first = outs
+        else:
+            identical &= all(np.array_equal(a.view(np.uint8), c.view(np.uint8))
+                             for a, c in zip(first, outs))
+    default = b.codec_isa()
+    top = next((r for r in rows if r["isa"] == default), rows[-1])
+    y, yu = (first[5], first[6])
+    uvals = first[4]
+    out = {
+        "elements": n, "workers": W, "density": args.density, "block_elements": block,
+        "default_isa": default, "paths": rows, "paths_bit_identical": identical,
+    }
+    out.update(top)
 
     if not args.no_numpy:
         _progress("numpy baseline: encode")
-        t_np_enc = _best(lambda: npc.encode(x, block, W, gcodes=gcodes, gindex=gindex),
+        t_np_enc = _best(lambda: npc.encode(x, block, W, gcodes=gcodes, gindex=gindex,
+                                            gcounts=gcounts),
                          max(1, args.repeat - 2))
-        layout = npc.Layout(gindex, n, block, gcodes, W, 0)
+        layout = npc.Layout(gindex, n, block, gcodes, W, 0, gcounts)
         # numpy's own summed sketch (equal to the C one when both follow
         # the protocol; "numpy_sketch_identical" says whether they do).
         np_cells = np.zeros(layout.lanes, dtype=np.int64)
@@ -230,8 +363,10 @@ def run(args):
         t_np_dec = time.perf_counter() - t0
         out.update({
             "numpy_encode_seconds": t_np_enc, "numpy_decode_seconds": t_np_dec,
-            "numpy_encode_speedup": t_np_enc / t_enc, "numpy_decode_speedup": t_np_dec / t_dec,
-            "numpy_speedup": (t_np_enc + t_np_dec) / (t_enc + t_dec),
+            "numpy_encode_speedup": t_np_enc / out["encode_seconds"],
+            "numpy_decode_speedup": t_np_dec / out["decode_seconds"],
+            "numpy_speedup": (t_np_enc + t_np_dec) / (out["encode_seconds"]
+                                                      + out["decode_seconds"]),
             "numpy_decode_bit_identical": bool(np.array_equal(y_np.view(np.uint32),
                                                               y.view(np.uint32))),
         })
@@ -315,14 +450,15 @@ def main(args):
         print(json.dumps(out, indent=2, sort_keys=True))
         return 0
     print(f"lhc codec, {out['elements']} elements, W={out['workers']}, density {out['density']}, "
-          f"block {out['block_elements']}, ISA {out['isa']}")
-    print(f"  encode  {out['encode_gbps']:7.2f} GB/s  ({out['encode_vs_memcpy']:.2f}x memcpy)")
-    print(f"  decode  {out['decode_gbps']:7.2f} GB/s  ({out['decode_vs_memcpy']:.2f}x memcpy)")
-    print(f"  union   encode {out['union_encode_gbps']:.2f} GB/s "
-          f"({out['union_encode_vs_memcpy']:.2f}x memcpy), decode {out['union_decode_gbps']:.2f} "
-          f"GB/s ({out['union_decode_vs_memcpy']:.2f}x memcpy), wire {out['union_wire_bytes']} "
-          f"B/worker ({out['union_wire_vs_lhc']:.3f}x lhc)")
-    print(f"  memcpy  {out['memcpy_gbps']:7.2f} GB/s")
+          f"block {out['block_elements']}, ISA paths {', '.join(r['isa'] for r in out['paths'])} "
+          f"(default {out['default_isa']}; same bits on every path: "
+          f"{'yes' if out['paths_bit_identical'] else 'NO'})")
+    for r in out["paths"]:
+        print(f"  {r['isa']:8s} encode {r['encode_gbps']:6.2f} GB/s ({r['encode_vs_memcpy']:.2f}x "
+              f"memcpy), decode {r['decode_gbps']:6.2f} GB/s ({r['decode_vs_memcpy']:.2f}x); union "
+              f"encode {r['union_encode_vs_memcpy']:.2f}x, decode "
+              f"{r['union_decode_vs_memcpy']:.2f}x; memcpy {r['memcpy_gbps']:.2f} GB/s")
+    print(f"  union   wire {out['union_wire_bytes']} B/worker ({out['union_wire_vs_lhc']:.3f}x lhc)")
     if "numpy_speedup" in out:
         print(f"  numpy   encode {out['numpy_encode_seconds']:.2f} s, decode "
               f"{out['numpy_decode_seconds']:.2f} s: C is {out['numpy_speedup']:.1f}x faster")

@@ -46,14 +46,11 @@ def _best(fn, repeat):
 
 
 def run(args):
-    from homagg import codec
-    from homagg.bench.codec import lhc_state, make_gradients
+    from homagg.bench.codec import check_gradient_arguments, lhc_state, make_gradients
     from homagg.bindings import codec as b
 
     n, W = args.elements, args.workers
-    block = args.block or codec.DEFAULT_BLOCK
-    if n <= 0 or n % block:
-        raise SystemExit(f"--elements must be a positive multiple of the block ({block})")
+    block = check_gradient_arguments(args)
     grads = make_gradients(n, W, args.density, args.seed)
     st = lhc_state(grads, block)
     cps, plans, gindex, gcells, gfall, gvals = (st.cps, st.plans, st.gindex, st.gcells,

@@ -2,21 +2,26 @@
 baseline ``homagg bench codec`` compares the C codec with).
 
 It follows docs/PROTOCOL.md step by step, written for reading, not speed:
-block exponents and non-zero counts, a bitmap index per block, the count
-sketch (3 cells and a sign per element from the protocol's splitmix64 hash,
-k = 3 sub-tables of t cells, t from the default sizing rule), and peeling,
-vectorised over all blocks one round at a time.  Simplification: every
-block uses a bitmap index (the C codec may choose a Bloom filter where that
-is smaller; at the benchmark's density with several workers the global
-counts make bitmaps the choice anyway).  Peeling keeps a sum of candidate
-ids per cell instead of an XOR (same information for a cell with one
-candidate left).
+block exponents and non-zero counts, an index per block (a bitmap, or the
+Bloom filter the protocol's integer rule picks from the global counts when
+they are given; without them every block has a bitmap), the count sketch
+(3 cells and a sign per element from the protocol's splitmix64 hash, k = 3
+sub-tables of t cells, t from the default sizing rule), and peeling,
+vectorised over all blocks one round at a time.  Peeling keeps a sum of
+candidate ids per cell instead of an XOR (same information for a cell with
+one candidate left).
 """
 import numpy as np
 
 GOLDEN = 0x9E3779B97F4A7C15
 DOM_ROUND = 0x524F554E44000001
 DOM_SKETCH = 0x534B455443480003
+DOM_BLOOM = 0x424C4F4F4D000004
+# Bloom options (docs/PROTOCOL.md "Index"): bits per counted element,
+# probes, expected false-positive rate scaled by 2^20; 40 sketch bits are
+# charged per expected false positive.
+BLOOM_OPTS = ((8, 6, 22625), (12, 8, 3295), (16, 8, 602), (20, 8, 146), (24, 8, 44))
+FP_COST_BITS = 40
 _M64 = 2**64 - 1
 
 
@@ -52,6 +57,35 @@ def sketch_t(ncand):
     return np.where(ncand == 0, 0, t)
 
 
+def plan_index(length, count):
+    """The index of a block of length elements with count global non-zeros:
+    ("bitmap", bits, 0) or ("bloom", bits, k), whichever costs the fewest
+    bits (a Bloom filter charged for its expected false positives)."""
+    c = min(int(count), length)
+    best = 8 * ((length + 7) // 8)
+    kind = ("bitmap", best, 0)
+    for bpe, k, fp in BLOOM_OPTS:
+        bits = (bpe * c + 63) // 64 * 64 or 64
+        cost = bits + ((fp * (length - c) * FP_COST_BITS) >> 20)
+        if cost < best:
+            best, kind = cost, ("bloom", bits, k)
+    return kind
+
+
+def bloom_probes(key, g, k, bits):
+    """The k probe positions (int64 arrays) of elements g: 21-bit fields of
+    the chain w0 = hash(key, g), w(j+1) = mix64(w(j) + GOLDEN), probe i from
+    field i mod 3 of word i // 3, times bits, >> 21."""
+    w = element_hash(key, g)
+    out = []
+    for i in range(k):
+        if i and i % 3 == 0:
+            w = mix64(w + np.uint64(GOLDEN))
+        f = (w >> np.uint64(21 * (i % 3))) & np.uint64(0x1FFFFF)
+        out.append(((f * np.uint64(bits)) >> np.uint64(21)).astype(np.int64))
+    return out
+
+
 def log2_ceil(w):
     return int(w - 1).bit_length()
 
@@ -79,14 +113,66 @@ def scale_shifts(gcodes, workers):
     return np.where(gcodes == -128, 0, s)
 
 
-class Layout:
-    """What every worker derives from the OR of the indices."""
+def index_plan(n, block, gcodes, gcounts=None):
+    """Per block (start, length, kind, bits, k, byte offset) for the blocks
+    with an index (not zero on every worker): the protocol's choice from the
+    global counts, or a bitmap for every block when they are not given."""
+    plan, off = [], 0
+    for b in range(-(-n // block)):
+        length = min(block, n - b * block)
+        if gcodes[b] == -128:
+            continue
+        kind, bits, k = ("bitmap", 8 * ((length + 7) // 8), 0) if gcounts is None else \
+            plan_index(length, gcounts[b])
+        plan.append((b * block, length, kind, bits, k, off))
+        off += bits // 8
+    return plan
 
-    def __init__(self, gindex, n, block, gcodes, workers, seed):
+
+def index_encode(x, plan, seed=0):
+    """This worker's index bytes under the plan: the bits of its non-zeros."""
+    key = stream_key(seed, DOM_BLOOM, 0)
+    parts = []
+    for start, length, kind, bits, k, _ in plan:
+        nz = np.flatnonzero(x[start:start + length])
+        if kind == "bitmap":
+            parts.append(np.packbits(x[start:start + length] != 0, bitorder="little"))
+            continue
+        bset = np.zeros(bits, dtype=bool)
+        for p in bloom_probes(key, (start + nz).astype(np.uint64), k, bits):
+            bset[p] = True
+        parts.append(np.packbits(bset, bitorder="little"))
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint8)
+
+
+def candidates(gindex, plan, seed=0):
+    """The global candidates (ascending element indices) the summed index
+    names: a bitmap's set bits, a Bloom filter's elements whose probes all
+    hit."""
+    key = stream_key(seed, DOM_BLOOM, 0)
+    out = []
+    for start, length, kind, bits, k, off in plan:
+        have = np.unpackbits(gindex[off:off + bits // 8], bitorder="little")
+        if kind == "bitmap":
+            out.append(start + np.flatnonzero(have[:length]))
+            continue
+        ok = np.ones(length, dtype=bool)
+        for p in bloom_probes(key, np.arange(start, start + length, dtype=np.uint64), k, bits):
+            ok &= have[p] == 1
+        out.append(start + np.flatnonzero(ok))
+    return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
+
+
+class Layout:
+    """What every worker derives from the OR of the indices (and, with
+    gcounts, the index kind of each block)."""
+
+    def __init__(self, gindex, n, block, gcodes, workers, seed, gcounts=None):
         self.n, self.block, self.workers = n, block, workers
-        self.cand = np.flatnonzero(np.unpackbits(gindex, bitorder="little")[:n])
+        self.plan = index_plan(n, block, gcodes, gcounts)
+        self.cand = candidates(np.asarray(gindex, dtype=np.uint8), self.plan, seed)
         self.shift = scale_shifts(gcodes, workers)
-        nb = n // block
+        nb = -(-n // block)
         per_block = np.bincount(self.cand // block, minlength=nb)
         self.t = sketch_t(per_block)
         self.cell_off = np.concatenate([[0], np.cumsum(3 * self.t)])
@@ -124,16 +210,18 @@ def sketch_encode(x, layout):
     return ((acc + 2**31) % 2**32 - 2**31).astype(np.int32)
 
 
-def encode(x, block, workers, gcodes=None, gindex=None, seed=0):
+def encode(x, block, workers, gcodes=None, gindex=None, seed=0, gcounts=None):
     """All of one worker's lhc encode: exponents, counts, index, sketch.
 
-    The sketch needs the global codes and index (from the first phases);
-    when they are not given, this worker's own are used."""
+    The index and sketch need the global codes, counts and index (from the
+    first phases); when they are not given, this worker's own are used."""
     codes = exponent_codes(x, block)
     counts = nnz_counts(x, block)
-    index = bitmap_index(x, block)
-    layout = Layout(index if gindex is None else gindex, x.size, block,
-                    codes if gcodes is None else gcodes, workers, seed)
+    gc = codes if gcodes is None else gcodes
+    index = index_encode(x, index_plan(x.size, block, gc, counts if gcounts is None else gcounts),
+                         seed)
+    layout = Layout(index if gindex is None else gindex, x.size, block, gc, workers, seed,
+                    counts if gcounts is None else gcounts)
     return codes, counts, index, sketch_encode(x, layout), layout
 
 
@@ -203,20 +291,25 @@ def union_decode(gvals, layout):
     return y
 
 
-def allreduce_union(grads, block, seed=0):
-    """The whole union allreduce in numpy (bitmap index for every block)."""
+def _global_layout(grads, block, seed):
+    """The meta and index phases in numpy: global codes and counts, each
+    block's index kind, the OR of the indices, the layout."""
     gcodes = np.max([exponent_codes(g, block) for g in grads], axis=0)
-    gindex = np.bitwise_or.reduce([bitmap_index(g, block) for g in grads])
-    layout = Layout(gindex, grads[0].size, block, gcodes, len(grads), seed)
+    gcounts = np.sum([nnz_counts(g, block) for g in grads], axis=0)
+    plan = index_plan(grads[0].size, block, gcodes, gcounts)
+    gindex = np.bitwise_or.reduce([index_encode(g, plan, seed) for g in grads])
+    return Layout(gindex, grads[0].size, block, gcodes, len(grads), seed, gcounts)
+
+
+def allreduce_union(grads, block, seed=0):
+    """The whole union allreduce in numpy."""
+    layout = _global_layout(grads, block, seed)
     return union_decode(sum(union_encode(g, layout) for g in grads), layout)
 
 
 def allreduce(grads, block, seed=0):
     """The whole lhc allreduce in numpy (sums with numpy), for checking."""
-    W = len(grads)
-    gcodes = np.max([exponent_codes(g, block) for g in grads], axis=0)
-    gindex = np.bitwise_or.reduce([bitmap_index(g, block) for g in grads])
-    layout = Layout(gindex, grads[0].size, block, gcodes, W, seed)
+    layout = _global_layout(grads, block, seed)
     total = np.zeros(layout.lanes, dtype=np.int64)
     for g in grads:
         total += sketch_encode(g, layout)

@@ -60,6 +60,42 @@ def _check_x(rc, p, x, context, index=None):
     return check(rc, context)
 
 
+# ---- ISA path ----------------------------------------------------------------
+
+CODEC_ISAS = ("portable", "avx2", "avx512")
+
+
+def _codec_isa_value(rc):
+    """The path name of hg_codec_isa's result, or InvalidArgument /
+    InvalidArgument naming HOMAGG_CODEC_ISA and the fix."""
+    import os
+
+    if rc >= 0:
+        return CODEC_ISAS[rc]
+    value = os.environ.get("HOMAGG_CODEC_ISA", "")
+    if rc == -errno.EINVAL:
+        raise InvalidArgument(
+            f"HOMAGG_CODEC_ISA={value!r} names no codec path: set it to one of "
+            f"{', '.join(CODEC_ISAS)}, or unset it for the best this CPU has", rc)
+    raise InvalidArgument(
+        f"HOMAGG_CODEC_ISA={value!r}: this CPU lacks that path "
+        f"({'AVX2 and BMI2' if value == 'avx2' else 'AVX-512 F, DQ, BW'}): force a "
+        f"lower one or unset it", rc)
+
+
+def codec_isa():
+    """hg_codec_isa: the codec's ISA path ("portable", "avx2", "avx512"), read
+    from HOMAGG_CODEC_ISA at the first codec call of the process;
+    InvalidArgument when that names no path or one the CPU lacks."""
+    return _codec_isa_value(int(lib.hg_codec_isa()))
+
+
+def codec_isa_reload():
+    """hg_codec_isa_reload: read HOMAGG_CODEC_ISA again (tests, after
+    changing it); the path, or InvalidArgument as codec_isa()."""
+    return _codec_isa_value(int(lib.hg_codec_isa_reload()))
+
+
 # ---- parameters ------------------------------------------------------------
 
 def params_new(block=None, workers=1, worker=0, flags=0, seed=0, nc_levels=0,
@@ -90,6 +126,7 @@ def params_new(block=None, workers=1, worker=0, flags=0, seed=0, nc_levels=0,
     p = _fill(ffi.new("struct hg_params *"), dict(
         block=block, workers=workers, worker=worker, flags=flags, seed=seed,
         nc_levels=nc_levels, sketch_cells_per_candidate=cells))
+    codec_isa()  # a bad HOMAGG_CODEC_ISA refuses here, by name
     params_check(p)
     return p
 

@@ -7,7 +7,7 @@ is ``homagg.engine.Engine``.
 """
 from homagg._native import ffi, lib
 from homagg.bindings._args import _fill
-from homagg.bindings.wire import counters_read
+from homagg.bindings.wire import counters_read, worker_counter_names
 from homagg.errors import InvalidArgument, check
 
 F_UDP_CSUM = lib.HG_ENGINE_F_UDP_CSUM
@@ -94,3 +94,15 @@ def engine_counters(e):
 def engine_job_counters(e, job):
     return counters_read(lambda out, n: lib.hg_engine_job_counters(e, job, out, n),
                          f"job {job} counters")
+
+
+def engine_worker_counters(e, job, worker):
+    names = worker_counter_names()
+    out = ffi.new("uint64_t[]", len(names))
+    got = check(lib.hg_engine_worker_counters(e, job, worker, out, len(names)),
+                f"job {job} worker {worker} counters")
+    return dict(zip(names[:got], list(out)[:got]))
+
+
+def engine_job_open_sets(e, job):
+    return check(lib.hg_engine_job_open_sets(e, job), f"job {job} open sets")

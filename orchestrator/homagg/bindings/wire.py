@@ -42,6 +42,12 @@ def counter_names():
     return [counter_name(i) for i in range(counter_count())]
 
 
+def worker_counter_names():
+    """The per-worker counter names in table order (homagg/counters.h)."""
+    return [ffi.string(lib.hg_worker_counter_name(i)).decode()
+            for i in range(int(lib.hg_worker_counter_count()))]
+
+
 def counters_read(read, what):
     """Call ``read(out, n)`` (an hg_*_counters function bound to its
     object) into a new counter array; a dict of counter name -> value."""

@@ -14,6 +14,7 @@ import importlib
 import sys
 
 from homagg import log
+from homagg.ops import logfmt
 
 COMMANDS = {
     "demo": "homagg.cli.demo",
@@ -25,6 +26,8 @@ COMMANDS = {
     "ansible-inventory": "homagg.deploy.remote.ansible_inventory",
     "up": "homagg.deploy.remote.up",
     "down": "homagg.deploy.remote.down",
+    "exporter": "homagg.cli.exporter",
+    "top": "homagg.cli.top",
 }
 
 
@@ -57,6 +60,9 @@ def build_parser():
                         help="more detail on stderr (debug log of every step)")
     parser.add_argument("-q", "--quiet", action="store_true",
                         help="no progress lines on stderr, only warnings and errors")
+    parser.add_argument("--log-format", choices=("text", "json"), default="text",
+                        help="stderr log as text lines or one JSON object per line "
+                        "(docs/OPERATIONS.md)")
     add_subcommands(parser, "command", "COMMAND", COMMANDS, "_module")
     return parser
 
@@ -65,6 +71,8 @@ def main(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
     log.setup(-1 if args.quiet else args.verbose)
+    if args.log_format == "json":
+        logfmt.use_json()
     try:
         return args._module.main(args) or 0
     except KeyboardInterrupt:

@@ -75,6 +75,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    "`homagg train` then start daemons of their own; implied by --leaves)")
     job_file.add_job_arguments(p)
     p.add_argument("--switch", default=None, metavar="PATH", help="homagg-switch binary")
+    p.add_argument("--metrics", type=int, default=None, metavar="PORT",
+                   help="also serve the daemons' Prometheus metrics on PORT (homagg "
+                   "exporter, stopped with the testbed; 0: any free port)")
+    p.add_argument("--metrics-bind", default="127.0.0.1", metavar="ADDRESS",
+                   help="address of --metrics (default: %(default)s)")
 
     p = sub.add_parser("job", help="register the testbed's job afresh",
                        description="Remove the job `up` registered and add it again (same id, "
@@ -113,6 +118,11 @@ def main(args: argparse.Namespace) -> int:
 def _run(args) -> int:
     sd = args.state_dir
     if args.action == "up":
+        if args.metrics is not None and (args.no_daemon or args.leaves):
+            raise HomAggError("--metrics: the testbed runs no daemon of its own with "
+                              "--no-daemon or --leaves: drop one of them")
+        if args.metrics is not None and not 0 <= args.metrics <= 65535:
+            raise HomAggError(f"--metrics {args.metrics}: must be a TCP port 0..65535")
         tb = Testbed.up(args.name, workers=args.workers, link_mbit=args.link_mbit,
                         agg_link_mbit=args.agg_link_mbit, subnet=args.subnet, mtu=args.mtu,
                         state_dir=sd, aggregators=args.aggregators, leaves=args.leaves)
@@ -120,6 +130,10 @@ def _run(args) -> int:
             try:
                 testbed_job.start(tb, slots=args.slots, payload=args.payload_bytes,
                                   timeout=args.timeout, switch=args.switch)
+                if args.metrics is not None:
+                    from homagg.ops.exporter import start_for_testbed
+
+                    start_for_testbed(tb, args.metrics, args.metrics_bind)
             except BaseException:
                 Testbed.down(args.name, state_dir=sd)
                 raise
@@ -131,6 +145,9 @@ def _run(args) -> int:
         _print_hosts(tb)
         for line in testbed_job.describe(tb):
             print(line)
+        ex = tb.state().get("exporter")
+        if ex:
+            print(f"metrics: {ex['url']} (homagg exporter, pid {ex['pid']}, log {ex['log']})")
         return 0
     if args.action == "job":
         tb = Testbed.open(args.name, sd)
@@ -165,6 +182,8 @@ def _run(args) -> int:
         _print_hosts(tb)
         for line in testbed_job.describe(tb):
             print(line)
+        if st.get("exporter"):
+            print(f"metrics: {st['exporter']['url']}")
         procs = st.get("processes", [])
         if procs:
             print("processes:")

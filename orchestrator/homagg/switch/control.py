@@ -166,6 +166,14 @@ class ControlClient:
         reply.pop("ok", None)
         return reply
 
+    def job_stats(self, job):
+        """One job: "counters" (the engine counters of the job), "worker_counters"
+        ({name: [value per worker]}), "workers", "slots", "payload",
+        "incarnation", "shard", "sets_open" (docs/SWITCH.md)."""
+        reply = self.request("job_stats", job=job)
+        reply.pop("ok", None)
+        return reply
+
     def shutdown(self):
         return self.request("shutdown")
 

@@ -21,6 +21,7 @@ import time
 import homagg
 from homagg.deploy.local.testbed import Testbed
 from homagg.errors import HomAggError
+from homagg.ops import logfmt
 from homagg.runs.job import UDP_PORT, RunError, vdev_for_mtu
 
 
@@ -166,7 +167,8 @@ class Switch:
                     # veth leaves UDP checksums to an offload that never runs
                     "--no-udp-csum",
                     # the testbed's cores are shared with the workers: sleep when idle
-                    "--idle-us", str(int(idle_us)), "--idle-polls", str(int(idle_polls))]
+                    "--idle-us", str(int(idle_us)), "--idle-polls", str(int(idle_polls)),
+                    *logfmt.daemon_args()]
             if lcores > 1:
                 argv += ["--lcores", str(lcores)]
             if drop_rate:

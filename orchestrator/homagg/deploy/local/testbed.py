@@ -553,18 +553,21 @@ class Testbed:
         """Start ``argv`` inside the namespace of ``host`` (a host name such
         as "agg" / "w0", or its namespace) with ``ip netns exec``; the PID is
         recorded in the state file, so ``down`` stops it if nobody else does.
-        stdin/stdout/stderr as for subprocess.Popen."""
+        stdin/stdout/stderr as for subprocess.Popen.  ``host`` None: in the
+        namespace of the caller (a process serving the machine's own
+        interfaces, e.g. ``homagg exporter``), recorded the same way."""
         require_root("Testbed.run_in")
-        h = self.host(host)
+        h = self.host(host) if host is not None else None
         if not argv:
             raise TestbedError("run_in: empty argv", -errno.EINVAL)
         popen = subprocess.Popen(
-            ["ip", "netns", "exec", h.netns, *map(str, argv)],
+            [*(["ip", "netns", "exec", h.netns] if h else []), *map(str, argv)],
             stdin=stdin, stdout=stdout, stderr=stderr, env=env, cwd=cwd, text=text,
             start_new_session=True,
         )
         start = _proc_starttime(popen.pid)
-        rec = {"pid": popen.pid, "starttime": start, "host": h.name, "argv": list(map(str, argv))}
+        hname = h.name if h else "-"
+        rec = {"pid": popen.pid, "starttime": start, "host": hname, "argv": list(map(str, argv))}
         try:
             self._state.update(lambda d: d["processes"].append(rec))
         except BaseException:
@@ -572,7 +575,7 @@ class Testbed:
                 os.killpg(popen.pid, signal.SIGKILL)
             popen.wait(10)
             raise
-        return Process(self, h.name, popen, start)
+        return Process(self, hname, popen, start)
 
     def exec(self, host: str, argv: Sequence[str], timeout: float = 30.0,
              check: bool = False, input: str | None = None) -> subprocess.CompletedProcess:

@@ -51,11 +51,11 @@ import shlex
 import sys
 import tomllib
 
-
 from homagg.deploy.placement import run_folder
 from homagg.deploy.remote import inventory as inv
 from homagg.deploy.remote import ssh
 from homagg.errors import HomAggError, RemoteError  # noqa: F401 - RemoteError importable from here
+from homagg.ops import logfmt
 from homagg.runs import job as localrun
 from homagg.switch import job_file
 from homagg.switch.daemon import eal_args
@@ -281,7 +281,8 @@ def switch_argv(h: inv.HostSpec, binary: str, hugepages_mount: str,
             "--control", control_socket(h), "--mtu", str(h.mtu)]
     if frames > 1024 and not (h.vdev or "").startswith(("net_af_packet", "eth_af_packet")):
         opts += ["--rx-ring", str(min(32768, 1 << (int(frames) - 1).bit_length()))]
-    return [binary, *eal, "--", *opts, *(["--no-udp-csum"] if no_udp_csum else [])]
+    return [binary, *eal, "--", *opts, *(["--no-udp-csum"] if no_udp_csum else []),
+            *logfmt.daemon_args()]
 
 
 # --------------------------------------------------------------------------
@@ -311,8 +312,35 @@ def _up_one(agg: Host, inventory: inv.Inventory, no_udp_csum: bool, ready_timeou
                           f"{ready_timeout:g} s ({e}); its log:\n{log}") from None
     print(f"homagg-switch up on {h.name} (pid {pid}, {h.vdev or 'pci ' + h.pci}, ip {h.address}), "
           f"control socket {control_socket(h)}", file=out)
-    return {"host": h.name, "pid": pid, "control": control_socket(h), "log": switch_log(h),
-            "argv": argv}
+    rec = {"host": h.name, "pid": pid, "control": control_socket(h), "log": switch_log(h),
+           "argv": argv}
+    if h.metrics_port:
+        rec["exporter"] = _up_exporter(agg, ready_timeout, out)
+    return rec
+
+
+def _up_exporter(agg: Host, ready_timeout: float, out) -> dict:
+    """homagg exporter beside the daemon (inventory field metrics_port), its
+    PID file in the run directory, so `homagg down` stops it with the daemon."""
+    h = agg.h
+    url = f"http://{h.metrics_bind}:{h.metrics_port}/metrics"
+    if agg.run("systemctl is-active --quiet homagg-exporter", check=False).exited == 0:
+        print(f"homagg exporter on {h.name}: the homagg-exporter service serves {url}", file=out)
+        return {"service": "homagg-exporter", "url": url}
+    pidfile, logf = f"{rundir(h)}/exporter.pid", f"{rundir(h)}/exporter.log"
+    argv = [agg.python, "-m", "homagg.cli", "exporter", "--socket",
+            f"{h.name}={control_socket(h)}", "--port", str(h.metrics_port),
+            "--bind", h.metrics_bind]
+    pid = agg.start(pidfile, logf, argv, rundir(h))
+    if not _wait_remote(agg, f"grep -q '^homagg exporter: http' {shlex.quote(logf)}",
+                        pidfile, ready_timeout):
+        tail = agg.run(f"tail -n 20 {shlex.quote(logf)}", check=False).stdout
+        agg.stop_all()
+        raise RemoteError(f"host '{h.name}': homagg exporter did not serve on "
+                          f"{h.metrics_bind}:{h.metrics_port} within {ready_timeout:g} s "
+                          f"(metrics_port / metrics_bind in the inventory); its log:\n{tail}")
+    print(f"homagg exporter up on {h.name} (pid {pid}): {url}", file=out)
+    return {"pid": pid, "url": url, "log": logf}
 
 
 def up(inventory: inv.Inventory, switch: str | None = None, no_udp_csum: bool = False,

@@ -39,7 +39,7 @@ SETTINGS_FIELDS = {
 HOST_FIELDS = {
     "name", "ssh_host", "ssh_port", "ssh_user", "ssh_key", "role",
     "pci", "driver", "vdev", "iface", "dataplane_ip", "mtu", "cores", "hugepages",
-    "install_dir", "config_file",
+    "install_dir", "config_file", "metrics_port", "metrics_bind",
 }
 
 
@@ -73,6 +73,8 @@ class HostSpec:
     install_dir: str  # {name} already substituted
     config_file: str  # {name} already substituted
     mtu: int = 1500  # of the data-plane link (9000: jumbo payloads up to 8192 bytes)
+    metrics_port: int = 0  # aggregator: `homagg up` starts homagg exporter on it (0: none)
+    metrics_bind: str = "127.0.0.1"  # the address it listens on
 
     @property
     def dataplane_kind(self) -> str:
@@ -434,10 +436,30 @@ def _host(raw: dict, idx: int, s: Settings, base: str, c: _Collector) -> HostSpe
 
     install_dir = path("install_dir", s.install_dir)
     config_file = path("config_file", s.config_file)
+    metrics_port = raw.get("metrics_port", 0)
+    if not _is_int(metrics_port) or not 0 <= metrics_port <= 65535:
+        c.add(where, "metrics_port", metrics_port, "must be the TCP port of the host's "
+              "Prometheus endpoint (homagg exporter), 1..65535, or 0 for none "
+              "(docs/OPERATIONS.md)")
+        metrics_port = 0
+    elif metrics_port and role != "aggregator":
+        c.add(where, "metrics_port", metrics_port, "only an aggregator runs homagg exporter; "
+              "a worker's metrics are HOMAGG_METRICS_PORT of its training process "
+              "(docs/OPERATIONS.md)")
+        metrics_port = 0
+    metrics_bind = raw.get("metrics_bind", "127.0.0.1")
+    try:
+        metrics_bind = str(ipaddress.IPv4Address(metrics_bind))
+    except ValueError:
+        c.add(where, "metrics_bind", metrics_bind, "must be the IPv4 address homagg exporter "
+              "listens on: '127.0.0.1' (this host only, the default), the management "
+              "address, or '0.0.0.0' (every interface)")
+        metrics_bind = "127.0.0.1"
     return HostSpec(name=name, ssh_host=ssh_host, ssh_port=ssh_port, ssh_user=ssh_user,
                     ssh_key=ssh_key, role=role, pci=pci, driver=driver, vdev=vdev, iface=iface,
                     dataplane_ip=dip, cores=cores, hugepages=hugepages,
-                    install_dir=install_dir, config_file=config_file, mtu=mtu)
+                    install_dir=install_dir, config_file=config_file, mtu=mtu,
+                    metrics_port=metrics_port, metrics_bind=metrics_bind)
 
 
 def parse(data: dict, path: str = "<inventory>") -> Inventory:

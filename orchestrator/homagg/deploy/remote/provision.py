@@ -78,7 +78,8 @@ def requirements() -> list[str]:
 
     with open(os.path.join(REPO, "pyproject.toml"), "rb") as f:
         meta = tomllib.load(f)
-    return list(meta["build-system"]["requires"]) + list(meta["project"]["dependencies"])
+    return (list(meta["build-system"]["requires"]) + list(meta["project"]["dependencies"])
+            + list(meta["project"]["optional-dependencies"]["metrics"]))
 
 
 def build_wheelhouse(outdir: str, python: str | None = None) -> str:
@@ -300,17 +301,20 @@ class HostRun(Session):
 
     def step_install(self):
         pip = f"{self.h.venv}/bin/python -m pip"
-        check = f"{self.h.venv}/bin/python -c 'import homagg._hg, homagg; print(homagg.__file__)'"
+        mods = "homagg._hg, homagg" + (", prometheus_client" if self.h.metrics_port else "")
+        check = f"{self.h.venv}/bin/python -c 'import {mods}; print(homagg.__file__)'"
         if self._stamp_ok("install") and self.run(check, check=False).exited == 0:
             return OK, f"homagg ({self.digest[:12]}) importable in {self.h.venv}"
         extra = " ".join(map(shlex.quote, self.s.pip_args))
         if self.wheelhouse:
             extra = f"--no-index --find-links {shlex.quote(self.h.install_dir + '/wheels')} {extra}"
+        # an aggregator serving metrics gets the extra homagg exporter needs
+        want = "[metrics]" if self.h.metrics_port else ""
         if self.artifact.endswith(".whl"):
-            target = shlex.quote(self.remote_artifact)
+            target = shlex.quote(self.remote_artifact + want)
             envs = ""
         else:
-            target = shlex.quote(self.srcdir)
+            target = shlex.quote(self.srcdir + want)
             envs = f"HOMAGG_LIBDIR={shlex.quote(self.srcdir + '/build/release')} "
         pipq = f"{envs}{pip} install -q --disable-pip-version-check {extra}"
         if self.artifact.endswith(".whl"):  # same version installed: force it, then the deps

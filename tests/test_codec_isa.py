@@ -1,0 +1,191 @@
+"""Every ISA path of the codec gives the portable path's bits.
+
+HOMAGG_CODEC_ISA=portable|avx2|avx512 forces the path of every hot loop
+(read once per process; conftest.codec_isa sets it and has the library read
+it again).  For random gradients (hypothesis: workers, block, the last
+block's length 1, 31, 32, 33 or 257 for the vector loops' tails, density,
+layout, rounding) each path must produce, byte for byte, what the portable
+path produces: the one-pass scan (codes, counts, index bytes), the sketch
+cells, the union values, the candidates set_index finds (Bloom probing
+included), the peel and both decodes.  The candidates are also checked
+against the numpy implementation of the protocol's index (Bloom probes
+included), and the results against the numpy oracle.
+"""
+import errno
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+import reference as ref
+from conftest import CODEC_ISAS, codec_isa
+from homagg import codec
+from homagg.bench import numpy_codec as npc
+from homagg.bindings import codec as b
+from homagg.errors import InvalidArgument
+from test_codec import make_grads
+
+pytestmark = pytest.mark.sanitize
+
+VECTOR_ISAS = tuple(i for i in CODEC_ISAS if i != "portable")
+TAILS = (0, 1, 31, 32, 33, 257)
+
+
+def _agg(op, parts, empty_dtype):
+    got = codec.aggregate(op, None, parts)
+    return np.zeros(0, dtype=empty_dtype) if got is None else got
+
+
+def pipeline(grads, block, stochastic=False, seed=0, cpc=0.0):
+    """Every codec output of one lhc and one union allreduce, as bytes, in
+    this process's current ISA path (C kernels for the sums)."""
+    W, n = len(grads), grads[0].size
+    params = codec.Params(block_elements=block, workers=W, seed=seed, stochastic=stochastic,
+                          sketch_cells_per_candidate=cpc)
+    cps = [params.c(w) for w in range(W)]
+    out = {}
+    scans, codes, counts = [], [], []
+    for w in range(W):
+        s, c, k = b.scan_encode(cps[w], grads[w])
+        scans.append(s)
+        codes.append(c)
+        counts.append(k)
+        out[f"scan{w}"] = c.tobytes() + k.tobytes()
+        # the tensor-reading meta pass (its own AVX2 loop)
+        c2, k2 = b.exp_nnz_encode(cps[w], grads[w])
+        out[f"meta{w}"] = c2.tobytes() + k2.tobytes()
+    gcodes = _agg("max8", codes, np.int8)
+    gcounts = _agg("sum32", counts, ">i4")
+    plans = [b.lhc_create(cps[w], n, gcodes, gcounts) for w in range(W)]
+    idx = [b.lhc_index_encode_scan(plans[w], scans[w]) for w in range(W)]
+    for w in range(W):
+        out[f"index{w}"] = idx[w].tobytes()
+        out[f"index_x{w}"] = b.lhc_index_encode(plans[w], grads[w]).tobytes()
+    gindex = _agg("or", idx, np.uint8)
+    for pl in plans:
+        b.lhc_set_index(pl, gindex)
+    info = plans[0].info()
+    out["info_indexed"] = repr(sorted(info.items())).encode()
+    # the candidates: decode ranks 1..C, so candidate j holds j + 1
+    lanes = b.union_lanes(plans[0])
+    ranks = np.arange(1, lanes + 1, dtype=">i4")
+    probe = b.union_decode(plans[0], ranks)
+    out["candidates"] = np.flatnonzero(probe).tobytes()
+    out["candidate_ranks"] = probe.tobytes()
+    with np.errstate(over="ignore"):
+        cells = [b.lhc_sketch_encode_scan(plans[w], scans[w]) for w in range(W)]
+        for w in range(W):
+            out[f"cells{w}"] = cells[w].tobytes()
+            out[f"cells_x{w}"] = b.lhc_sketch_encode(plans[w], grads[w]).tobytes()
+        gcells = _agg("sum32", cells, ">i4")
+        uvals = [b.union_encode(plans[w], scans[w]) for w in range(W)]
+        for w in range(W):
+            out[f"union{w}"] = uvals[w].tobytes()
+        gvals = _agg("sum32", uvals, ">i4")
+        for pl in plans:
+            b.lhc_peel(pl, gcells)
+        info = plans[0].info()
+        out["info_peeled"] = repr(sorted(info.items())).encode()
+        fall = [b.lhc_fallback_encode(plans[w], grads[w]) for w in range(W)]
+        gfall = codec.aggregate("sum32", np.zeros(info["fallback_lanes"], dtype=">i4"), fall)
+        out["lhc_sum"] = b.lhc_decode(plans[0], gfall).tobytes()
+        out["union_sum"] = b.union_decode(plans[0], gvals).tobytes()
+        # quantise / dequantise (their own AVX2 loops)
+        q = b.quantize(cps[0], grads[0], gcodes)
+        out["quant"] = q.tobytes()
+        out["dequant"] = b.dequantize(cps[0], q, n, gcodes).tobytes()
+    return out, gcodes, gcounts, gindex, info
+
+
+def _compare(grads, block, **kw):
+    with codec_isa("portable"):
+        want, gcodes, gcounts, gindex, info = pipeline(grads, block, **kw)
+    for isa in VECTOR_ISAS:
+        with codec_isa(isa):
+            got, _, _, _, _ = pipeline(grads, block, **kw)
+        for k in want:
+            assert got[k] == want[k], f"{isa}: {k} differs from the portable path"
+    return want, gcodes, gcounts, gindex, info
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    workers=st.sampled_from([1, 2, 3, 5]),
+    block=st.sampled_from([64, 320, 1024, 4096]),
+    full=st.integers(0, 3),
+    tail=st.sampled_from(TAILS),
+    density=st.sampled_from([0.001, 0.005, 0.02, 0.1, 0.5, 1.0]),
+    positions=st.sampled_from(["independent", "shared", "clustered"]),
+    stochastic=st.booleans(),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_every_path_gives_the_portable_bits(workers, block, full, tail, density, positions,
+                                           stochastic, seed):
+    assume(tail < block and full * block + tail > 0)
+    n = full * block + tail
+    rng = np.random.default_rng(seed)
+    grads = make_grads(rng, workers, n, density, positions)
+    want, gcodes, gcounts, gindex, _ = _compare(grads, block, stochastic=stochastic, seed=seed)
+    # the candidates are the protocol's (numpy, Bloom probes included) ...
+    plan = npc.index_plan(n, block, gcodes, gcounts.astype(np.int64))
+    cand = npc.candidates(gindex, plan, seed)
+    assert np.frombuffer(want["candidates"], dtype=np.int64).tolist() == cand.tolist()
+    # ... and the sums exact
+    if not stochastic:
+        with np.errstate(over="ignore"):
+            expect = ref.allreduce(grads, block)
+        assert want["union_sum"] == expect.tobytes()
+        assert want["lhc_sum"] == expect.tobytes()
+
+
+@pytest.mark.parametrize("tail", TAILS)
+def test_bloom_blocks_and_stalls_on_every_path(tail):
+    """Low density: Bloom blocks (set_index probes every element); a forced
+    small sketch: stalled blocks, the fallback and the peel's every branch."""
+    rng = np.random.default_rng(100 + tail)
+    block = 4096
+    n = 3 * block + tail
+    grads = make_grads(rng, 4, n, 0.002)
+    _, _, _, _, info = _compare(grads, block)
+    assert info["bloom_blocks"] >= 3
+    _, _, _, _, info = _compare(grads, block, cpc=1.0)
+    assert info["stalled_blocks"] > 0 and info["fallback_lanes"] > 0
+
+
+def test_bad_isa_is_refused_by_name():
+    old = os.environ.get("HOMAGG_CODEC_ISA")
+    try:
+        os.environ["HOMAGG_CODEC_ISA"] = "sse9"
+        with pytest.raises(InvalidArgument, match="HOMAGG_CODEC_ISA='sse9'.*portable, avx2, avx512"):
+            b.codec_isa_reload()
+        # every codec entry point refuses while it is set
+        with pytest.raises(InvalidArgument, match="HOMAGG_CODEC_ISA"):
+            b.params_new(block=64)
+        from homagg._native import ffi, lib
+        p = ffi.new("struct hg_params *", dict(block=64, workers=1, worker=0))
+        assert lib.hg_params_check(p) == -errno.EINVAL
+        assert lib.hg_codec_isa() == -errno.EINVAL
+    finally:
+        if old is None:
+            os.environ.pop("HOMAGG_CODEC_ISA", None)
+        else:
+            os.environ["HOMAGG_CODEC_ISA"] = old
+        b.codec_isa_reload()
+    assert b.codec_isa() in CODEC_ISAS
+
+
+@pytest.mark.parametrize("isa", CODEC_ISAS)
+def test_variable_is_read_at_start(isa):
+    """A new process takes the path the variable names, without a reload."""
+    with codec_isa(isa):  # skips where this CPU lacks the path
+        pass
+    env = dict(os.environ, HOMAGG_CODEC_ISA=isa)
+    r = subprocess.run([sys.executable, "-c",
+                        "from homagg.bindings import codec as b; print(b.codec_isa())"],
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == isa
