@@ -34,10 +34,12 @@ docs/PROTOCOL.md "Several aggregators"): ``up`` starts a daemon on each,
 ``run`` registers the job on each and gives every worker the K addresses,
 ``down`` stops them all.
 
-``run allreduce -i`` registers a job over the daemon's control socket (by
-running ``python -m homagg.switch.control`` on the aggregator), starts one worker
-process per worker host (``python -m homagg.runs.job --child SPEC``: each builds
-its gradient from the seed), releases them together, waits with a timeout,
+``run allreduce -i`` is homagg.runs.allreduce.run_allreduce on
+homagg.deploy.remote.placement.InventoryPlacement: it registers a job over
+the daemons' control sockets (by running ``python -m homagg.switch.control``
+on each aggregator), starts one worker process per worker host (``python -m
+homagg.runs.job --child SPEC``: each builds its gradient from the seed),
+releases them together (after the warmup, once more), waits with a timeout,
 copies every result, worker log, worker report and the daemon log into
 RUNS_DIR/<timestamp>-<method>/, checks bit-exactness against the reference
 and writes report.json there.
