@@ -48,10 +48,10 @@ LIB      := $(BUILD)/libhomagg.a
 HEADERS  := $(wildcard dataplane_c/include/homagg/*.h) $(wildcard nic/include/homagg/*.h) \
 	$(wildcard sim/include/homagg/*.h) $(wildcard dataplane_c/src/*.h) $(wildcard nic/src/*.h)
 
-APT_PACKAGES := build-essential pkg-config libdpdk-dev dpdk libjansson-dev libsodium-dev clang \
+APT_PACKAGES := build-essential pkg-config libdpdk-dev dpdk libjansson-dev libsodium-dev libssl-dev clang \
 	libclang-rt-14-dev iproute2 iputils-ping openssh-server python3-venv
 
-.PHONY: help build deps venv lib ext switch tools fuzz test test-sanitize test-fast test-repeat bench demo clean distclean
+.PHONY: help build deps venv lib ext switch tools fuzz lint test test-sanitize test-fast test-repeat bench demo clean distclean
 
 help: ## list the targets
 	@echo "HomAgg make targets:"
@@ -105,12 +105,12 @@ switch: $(if $(SWITCH_SRCS),$(SWITCH) $(SWITCH_BENCH),) ## build the DPDK aggreg
 # The control socket parses and writes JSON with jansson.
 $(SWITCH): $(SWITCH_SRCS) $(wildcard dataplane_c/dpdk/*.h) dataplane_c/ports/dpdk/port_dpdk.h $(LIB)
 	$(CC) $(CFLAGS_COMMON) -Idataplane_c/ports/dpdk -Wno-unused-parameter $$(pkg-config --cflags libdpdk jansson) $(SWITCH_SRCS) \
-		$(LIB) $$(pkg-config --libs libdpdk jansson) -lsodium -lm -lpthread -o $@
+		$(LIB) $$(pkg-config --libs libdpdk jansson) -lsodium -lcrypto -lm -lpthread -o $@
 
 # Its benchmark: the engine on a net_ring ethdev fed by a generator lcore.
 $(SWITCH_BENCH): dataplane_c/dpdk/bench/switch_bench.c dataplane_c/ports/dpdk/port_dpdk.c dataplane_c/ports/dpdk/port_dpdk.h $(LIB)
 	$(CC) $(CFLAGS_COMMON) -Idataplane_c/ports/dpdk -Wno-unused-parameter $$(pkg-config --cflags libdpdk) $(filter %.c,$^) \
-		$(LIB) $$(pkg-config --libs libdpdk) -lrte_net_ring -lsodium -lm -lpthread -o $@
+		$(LIB) $$(pkg-config --libs libdpdk) -lrte_net_ring -lsodium -lcrypto -lm -lpthread -o $@
 
 # Measurement tools of docs/PROTOCOL.md ("Sketch sizing measurements"):
 # dataplane_c/tools/*.c, each one program against the library.
@@ -131,7 +131,7 @@ FUZZ_EXTRA_fuzz_control := dataplane_c/dpdk/control.c $$(pkg-config --cflags --l
 define FUZZ_ONE
 t=build/fuzz/$(basename $(notdir $(1))); \
 clang -g -O1 -fsanitize=fuzzer,address,undefined -Idataplane_c/include -Inic/include -Isim/include \
-	$(LIB_SRCS) $(1) $(FUZZ_EXTRA_$(basename $(notdir $(1)))) -lsodium -lm -o $$t || exit 1; \
+	$(LIB_SRCS) $(1) $(FUZZ_EXTRA_$(basename $(notdir $(1)))) -lsodium -lcrypto -lm -o $$t || exit 1; \
 mkdir -p $$t.corpus; \
 seeds=$(dir $(1))corpus_$(patsubst fuzz_%,%,$(basename $(notdir $(1)))); [ -d $$seeds ] || seeds=; \
 $$t -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 $$t.corpus $$seeds > $$t.log 2>&1; rc=$$?; \
@@ -144,7 +144,10 @@ fuzz: deps ## build and run every libFuzzer target for FUZZ_SECONDS each
 ext: lib venv ## build the cffi extension in place, against the current variant
 	HOMAGG_LIBDIR=$(CURDIR)/$(BUILD) HOMAGG_SANITIZE=$(SANITIZE) $(VPY) setup.py -q build_ext --inplace --force
 
-test: build ## all tests (root, netns, DPDK included), then the sanitizer pass and the fuzz run
+lint: venv ## ruff over the Python package and the tests (configured in pyproject.toml; seconds)
+	$(VENV)/bin/ruff check orchestrator tests
+
+test: build lint ## lint, all tests (root, netns, DPDK included), then the sanitizer pass and the fuzz run
 	$(VPY) -m pytest $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory test-sanitize
 	$(MAKE) --no-print-directory ext

@@ -7,17 +7,20 @@ cluster (NIC model) and workers over loopback UDP end to end, bit-exact
 against the numpy oracle.
 """
 import hashlib
+import itertools
 import os
 import socket
 import threading
 
 import numpy as np
 import pytest
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from homagg import auth
+from homagg.bindings import auth as _ab
 from homagg.engine import (FLAG_AUTH, FLAG_RESULT, FLAG_RETRANS, UDP_PORT, Addr, Engine, MemPort,
                            build_frame, parse_frame)
-from homagg.errors import InvalidArgument
+from homagg.errors import HomAggError, InvalidArgument
 from homagg.sim import Cluster
 from homagg.worker import Worker
 
@@ -30,16 +33,36 @@ SECRET = bytes(range(32))
 AGG = Addr.of("02:00:00:00:00:01", "10.0.0.254", UDP_PORT)
 
 
-def ref_key(secret, key_id):
+JOB = 1
+
+
+def ref_key(secret, key_id, job=JOB):
     """crypto_kdf_derive_from_key: BLAKE2b-256 keyed with the secret, salt =
-    the id little-endian in 16 bytes, personal = context padded to 16."""
+    the 64-bit subkey id (job * 2^32 + member) little-endian in 16 bytes,
+    personal = context padded to 16."""
     return hashlib.blake2b(b"", digest_size=32, key=secret,
-                           salt=key_id.to_bytes(8, "little") + bytes(8),
-                           person=b"homaggv2" + bytes(8)).digest()
+                           salt=((job << 32) | key_id).to_bytes(8, "little") + bytes(8),
+                           person=b"homaggv3" + bytes(8)).digest()
 
 
-def ref_mac(key, data):
-    return hashlib.blake2b(data, digest_size=16, key=key).digest()
+def ref_nonce(hdr, direction, counter):
+    """docs/PROTOCOL.md "Nonce": shard, direction, counter (48 bits BE), incarnation."""
+    return (bytes([hdr[23], direction]) + (counter & (2**48 - 1)).to_bytes(6, "big")
+            + hdr[24:28])
+
+
+def ref_mac(key, data, alg=None, direction=0, counter=None):
+    """The MAC of a header + payload, by Python's hashlib or the
+    ``cryptography`` package's AES-GCM (independent of libsodium)."""
+    alg = _ab.default_mac() if alg is None else alg
+    if alg == auth.MAC_BLAKE2B:
+        return hashlib.blake2b(data, digest_size=16, key=key).digest()
+    if counter is None:
+        counter = int.from_bytes(data[28:32], "big")
+    return AESGCM(key).encrypt(ref_nonce(data, direction, counter), b"", data)
+
+
+_ctr = itertools.count(1)
 
 
 def waddr(w):
@@ -51,33 +74,105 @@ def be32(a):
 
 
 def wframe(w, key_of=None, seq=0, payload=None, incarnation=1, flags=0, src=None, key=True,
-           udp_csum=True):
+           udp_csum=True, counter=None, secret=SECRET):
     """Worker w's frame of chunk seq, MAC'd with worker key_of's key (default w's)."""
     payload = be32(np.arange(8) * (w + 1)) if payload is None else payload
-    k = ref_key(SECRET, w if key_of is None else key_of) if key else None
-    return build_frame(src or waddr(w), AGG, op="sum32", job=1, token=77, worker=w, seq=seq,
-                       slot=seq % 4, flags=flags, payload=payload, incarnation=incarnation,
-                       key=k, udp_csum=udp_csum)
+    k = ref_key(secret, w if key_of is None else key_of) if key else None
+    return build_frame(src or waddr(w), AGG, op="sum32", job=JOB, token=77, worker=w,
+                       seq=seq, slot=seq % 4, flags=flags, payload=payload,
+                       incarnation=incarnation, key=k, udp_csum=udp_csum,
+                       counter=next(_ctr) if counter is None else counter)
 
 
 # ---- keys, MACs, secret files ---------------------------------------------------------------
 
 @pytest.mark.parametrize("key_id", [0, 1, 7, 255, auth.AGGREGATOR])
-def test_keys_and_macs_match_an_independent_blake2b(key_id):
-    key = auth.derive_key(SECRET, key_id)
-    assert key == ref_key(SECRET, key_id)
-    for n in (0, 1, 32, 1056, 8224):
-        data = os.urandom(n)
-        assert auth.mac(key, data) == ref_mac(key, data)
+def test_keys_match_an_independent_kdf(key_id):
+    for job in (0, 1, 0xFFFFFFFF):
+        assert auth.derive_key(SECRET, job, key_id) == ref_key(SECRET, key_id, job)
+    # a secret reused by another job gives other keys
+    assert auth.derive_key(SECRET, 1, key_id) != auth.derive_key(SECRET, 2, key_id)
+
+
+ALGS = [auth.MAC_BLAKE2B] + ([auth.MAC_AES_GMAC]
+                            if _ab.mac_available(auth.MAC_AES_GMAC) else [])
+
+
+def test_aes_gmac_is_available_on_ci_hosts():
+    # the CPUs this runs on (x86-64 with AES-NI and PCLMULQDQ) must take
+    # the fast path; a host without them would silently test BLAKE2b only
+    flags = open("/proc/cpuinfo").read().split()
+    if "aes" in flags and "pclmulqdq" in flags:
+        assert _ab.default_mac() == auth.MAC_AES_GMAC
+        assert auth.MAC_AES_GMAC in ALGS
+
+
+@pytest.mark.parametrize("alg", ALGS)
+@pytest.mark.parametrize("key_id", [0, 255, auth.AGGREGATOR])
+def test_macs_match_an_independent_implementation_on_random_frames(alg, key_id):
+    rng = np.random.default_rng(key_id)
+    key = auth.derive_key(SECRET, JOB, key_id)
+    for n in (32, 33, 48, 1056, 8224):
+        data = rng.bytes(n)
+        for direction in (0, 1):
+            for counter in (0, 1, 2**32 + 5, 2**48 - 1):
+                want = ref_mac(key, data, alg, direction, counter)
+                assert auth.mac(key, data, alg, direction, counter) == want
+                assert _ab.verify(alg, key, direction, counter, data, want)
+                if alg == auth.MAC_AES_GMAC:
+                    # the nonce is part of the MAC: another counter or
+                    # direction gives another tag
+                    assert not _ab.verify(alg, key, direction ^ 1, counter, data, want)
+                    assert not _ab.verify(alg, key, direction, counter + 1, data, want)
+        assert _ab.nonce(data, 1, 0x0102030405060708) == ref_nonce(data, 1, 0x0102030405060708)
+
+
+def test_aes_gmac_known_answer():
+    """AES-256-GCM with an empty plaintext (GMAC): the test case of the
+    GCM specification (McGrew and Viega, test case 13: zero key, zero
+    nonce, nothing to authenticate) through the Python oracle, then a fixed
+    frame through both implementations."""
+    assert AESGCM(bytes(32)).encrypt(bytes(12), b"", b"").hex() == \
+        "530f8afbc74536b9a963b4f1c4cb738b"
+    if auth.MAC_AES_GMAC not in ALGS:
+        pytest.skip("this CPU has no AES-NI")
+    hdr = bytes(range(32))
+    key = bytes(range(100, 132))
+    # shard hdr[23] = 23, direction 1, counter 7, incarnation hdr[24:28]
+    assert ref_nonce(hdr, 1, 7) == bytes([23, 1, 0, 0, 0, 0, 0, 7, 24, 25, 26, 27])
+    assert auth.mac(key, hdr, auth.MAC_AES_GMAC, 1, 7) == \
+        AESGCM(key).encrypt(bytes([23, 1, 0, 0, 0, 0, 0, 7, 24, 25, 26, 27]), b"", hdr)
+
+
+def test_an_exhausted_counter_never_reuses_a_nonce():
+    if auth.MAC_AES_GMAC not in ALGS:
+        pytest.skip("this CPU has no AES-NI")
+    key, data = bytes(32), bytes(range(64))
+    for counter in (2**48, 2**48 + 1, 2**64 - 1):
+        # the nonce holds 48 bits: past them the MAC verifies nothing
+        tag = auth.mac(key, data, auth.MAC_AES_GMAC, 0, counter)
+        assert tag != ref_mac(key, data, auth.MAC_AES_GMAC, 0, counter)
+        assert not _ab.verify(auth.MAC_AES_GMAC, key, 0, counter, data, tag)
+
+
+def test_counter_extension():
+    ext = _ab.counter_extend
+    assert ext(0, 5) == 5
+    assert ext(2**32 + 10, 0xFFFFFFF0) == 0xFFFFFFF0          # a late frame
+    assert ext(0xFFFFFFF0, 5) == 2**32 + 5                    # the 32 bits wrapped
+    assert ext(5 * 2**32 + 7, 9) == 5 * 2**32 + 9
+    assert ext(0, 0xFFFFFFFF) == 0xFFFFFFFF                    # nothing below 0
 
 
 def test_key_ids_and_lengths_are_checked():
     with pytest.raises(InvalidArgument):
-        auth.derive_key(SECRET, 256)  # neither a worker nor the aggregator
+        auth.derive_key(SECRET, JOB, 256)  # neither a worker nor the aggregator
     with pytest.raises(InvalidArgument):
-        auth.derive_key(SECRET[:31], 0)
+        auth.derive_key(SECRET[:31], JOB, 0)
     with pytest.raises(InvalidArgument):
-        auth.mac(b"short", b"")
+        auth.mac(b"short", bytes(32))
+    with pytest.raises(InvalidArgument):
+        auth.mac_code("hmac")
 
 
 def test_frames_carry_the_flag_and_the_mac_over_header_and_payload():
@@ -153,7 +248,7 @@ def test_engine_sums_authenticated_frames_and_macs_its_results():
     raw = rig2.port.pop_all()
     assert len(raw) == 1
     v = parse_frame(raw[0])
-    assert v.mac == ref_mac(agg_key, raw[0][42:42 + 32 + len(v.payload)])
+    assert v.mac == ref_mac(agg_key, raw[0][42:42 + 32 + len(v.payload)], direction=1)
     assert rig.drops() == {} and rig2.drops() == {}
 
 
@@ -192,6 +287,71 @@ def test_engine_drops_forged_flipped_unflagged_and_old_frames_before_any_state()
     assert c["summed"] == 3 and c["replays"] == 1
     rig.port.pop_all()
     assert rig.port.free_count == rig.pool
+
+
+SECRET2 = bytes(range(50, 82))
+
+
+def eframe(w, seq, payload, epoch=0, secret=SECRET, alg=None, **kw):
+    """Worker w's chunk seq in key epoch ``epoch``, MACed with ``secret``'s key."""
+    return build_frame(waddr(w), AGG, op="sum32", job=JOB, token=77, worker=w, seq=seq,
+                       slot=seq % 4, flags=epoch << 8 | (4 if (seq // 4) % 2 else 0),
+                       payload=payload, incarnation=1, key=ref_key(secret, w), alg=alg,
+                       counter=next(_ctr), **kw)
+
+
+@pytest.mark.parametrize("alg", ALGS)
+def test_engine_key_rotation_with_a_grace_period(alg):
+    """A new key epoch registered on a live job (virtual time): replies use
+    it at once; frames of the old epoch are summed within the grace period,
+    dropped as bad_mac after it; no other epoch is ever accepted; every sum
+    exact and every reply's MAC verifies (Python oracle) with the key of the
+    epoch it names."""
+    rig = EngineRig(workers=2, slots=4, auth=SECRET, mac=auth.MAC_NAMES[alg])
+    rig.port.set_time(1_000_000_000)
+    xs = {w: np.arange(8) * (w + 2) - 3 for w in range(2)}
+    want = be32(xs[0] + xs[1])
+
+    res = rig.send(eframe(0, 0, be32(xs[0]), alg=alg), eframe(1, 0, be32(xs[1]), alg=alg))
+    assert [r.payload for r in res] == [want, want]
+    assert all(r.flags >> 8 == 0 for r in res)
+    assert rig.eng.rotate_key(JOB, SECRET2, grace=0.5) == 1
+    # within the grace period: one worker still in epoch 0, one in epoch 1
+    res = rig.send(eframe(0, 1, be32(xs[0]), alg=alg),
+                   eframe(1, 1, be32(xs[1]), epoch=1, secret=SECRET2, alg=alg))
+    assert [r.payload for r in res] == [want, want]
+    assert all(r.flags >> 8 == 1 for r in res)
+    rig.port.inject(eframe(0, 2, be32(xs[0]), epoch=1, secret=SECRET2, alg=alg))
+    rig.port.inject(eframe(1, 2, be32(xs[1]), epoch=1, secret=SECRET2, alg=alg))
+    rig.eng.poll_all()
+    raw_replies = rig.port.pop_all()
+    assert len(raw_replies) == 2
+    for raw in raw_replies:
+        v = parse_frame(raw)
+        assert v.payload == want and v.flags >> 8 == 1
+        data = raw[42:42 + 32 + len(v.payload)]
+        assert v.mac == ref_mac(ref_key(SECRET2, auth.AGGREGATOR), data, alg, 1)
+        assert v.mac != ref_mac(ref_key(SECRET, auth.AGGREGATOR), data, alg, 1)
+    assert rig.eng.counters()["bad_mac"] == 0
+    # after the grace period: epoch 0 is bad_mac; a never-registered epoch too,
+    # and a frame of the new epoch MACed with the old secret
+    rig.port.set_time(1_600_000_000)
+    for bad in (eframe(0, 3, be32([9] * 8), alg=alg),
+                eframe(0, 3, be32([9] * 8), epoch=2, secret=SECRET2, alg=alg),
+                eframe(0, 3, be32([9] * 8), epoch=1, secret=SECRET, alg=alg)):
+        assert rig.send(bad) == []
+    assert rig.eng.counters()["bad_mac"] == 3
+    res = rig.send(eframe(0, 3, be32(xs[0]), epoch=1, secret=SECRET2, alg=alg),
+                   eframe(1, 3, be32(xs[1]), epoch=1, secret=SECRET2, alg=alg))
+    assert [r.payload for r in res] == [want, want]
+    assert rig.eng.counters()["summed"] == 8
+    with pytest.raises(HomAggError):
+        rig.eng.rotate_key(JOB + 1, SECRET2)   # no such job
+    plain = EngineRig(workers=1, slots=4)
+    with pytest.raises(HomAggError):
+        plain.eng.rotate_key(1, SECRET2)       # a job without auth
+    rig.port.pop_all()
+    rig.no_leak()
 
 
 def test_job_without_auth_refuses_macs_and_auth_job_refuses_plain_frames():
@@ -234,13 +394,16 @@ def test_cluster_with_auth_is_exact(method):
         assert all(st["bad_mac"] == 0 for st in res.stats["workers"])
 
 
-def test_cluster_with_auth_drops_each_hostile_frame_under_its_reason():
+@pytest.mark.parametrize("mac", [auth.MAC_NAMES[a] for a in ALGS])
+def test_cluster_with_auth_drops_each_hostile_frame_under_its_reason(mac):
     """Against the running allreduce: a worker forging another's id, a frame
-    with a flipped payload bit, a replayed frame of the finished allreduce
-    and a frame of an old incarnation, each with a MAC made with a real key
-    (a member's): each is dropped and counted, and the sum stays exact."""
+    with a flipped payload bit, a replayed frame of the finished allreduce,
+    a frame of an old incarnation, one of a key epoch the job does not have,
+    one MACed with another secret's key and one cut short, each with a MAC
+    made with a real key (a member's): each is dropped and counted under
+    its reason, and the sum stays exact."""
     grads = grads_of(3, 8000, seed=4)
-    with Cluster(workers=3, seed=5, slots=8, auth=True) as cl:
+    with Cluster(workers=3, seed=5, slots=8, auth=True, mac=mac) as cl:
         job = cl.job
         want = oracle_allreduce(grads, 1024)
         first = cl.allreduce(grads, method="dense", block_elements=1024)
@@ -265,6 +428,14 @@ def test_cluster_with_auth_drops_each_hostile_frame_under_its_reason():
                                       flags=lib_shadow(done) | FLAG_RETRANS, key=job.key(2)),
                        "replays"),
             "old_incarnation": (f(0, 0, seq, incarnation=999), "old_incarnation"),
+            "wrong_epoch": (cl.build_frame(job, payload=bogus, worker=1, seq=seq,
+                                           slot=seq % 8, flags=lib_shadow(seq) | 1 << 8,
+                                           key=job.key(1)), "bad_mac"),
+            "wrong_key": (cl.build_frame(job, payload=bogus, worker=1, seq=seq,
+                                         slot=seq % 8, flags=lib_shadow(seq),
+                                         key=auth.derive_key(bytes(32), job.wire_id, 1)),
+                          "bad_mac"),
+            "truncated": (f(1, 1, seq)[:-4], "truncated"),
         }
         before = cl.engine_counters()
         for frame, _reason in cases.values():
@@ -273,8 +444,9 @@ def test_cluster_with_auth_drops_each_hostile_frame_under_its_reason():
         for y in second.outputs:
             assert y.tobytes() == want.tobytes()
         delta = {k: v - before[k] for k, v in cl.engine_counters().items()}
-        assert delta["bad_mac"] == 2
+        assert delta["bad_mac"] == 4
         assert delta["old_incarnation"] == 1
+        assert delta["truncated"] == 1
         assert delta["replays"] >= 1  # answered with the old result, nothing summed
         chunks = second.stats["workers"][0]["chunks"] - st["chunks"]
         assert delta["summed"] == 3 * chunks
@@ -310,7 +482,7 @@ def test_worker_drops_results_without_the_aggregators_mac(tmp_path):
         with Worker(job=9, token=5, worker=0, workers=1, aggregator=agg.address,
                     bind=("127.0.0.1", 0), slots=4, timeout=10.0, auth_file=secret_file) as w:
             me = w.local_address
-            worker_key = auth.derive_key(secret, 0)
+            worker_key = auth.derive_key(secret, 9, 0)
 
             def rogue():
                 # results of every early chunk, MAC'd with the worker's own
@@ -340,3 +512,75 @@ def test_worker_drops_results_without_the_aggregators_mac(tmp_path):
     finally:
         stop.set()
         agg.close()
+
+
+def test_worker_started_after_a_rotation_uses_the_epoch_it_is_given(tmp_path):
+    """A worker process started after a rotation reads the new secret with
+    its epoch (the job file's key_epoch) and is exact; one started with the
+    new secret but epoch 0 is refused by the aggregator (bad_mac) and times
+    out instead of summing anything."""
+    from test_port_udp import LoopbackAggregator
+
+    from homagg.errors import PeerTimeout
+
+    agg = LoopbackAggregator()
+    first, second = tmp_path / "e0.secret", tmp_path / "e1.secret"
+    auth.create_secret_file(first, SECRET)
+    auth.create_secret_file(second, SECRET2)
+    agg.engine.add_job(job=9, token=5, workers=1, slots=4, auth=SECRET)
+    assert agg.engine.rotate_key(9, SECRET2, grace=0.0) == 1
+    x = grads_of(1, 5000, seed=9)[0]
+    try:
+        with Worker(job=9, token=5, worker=0, workers=1, aggregator=agg.address,
+                    bind=("127.0.0.1", 0), slots=4, timeout=10.0, auth_file=second,
+                    key_epoch=1) as w:
+            y = w.allreduce(x, method="dense", block=1024)
+            assert y.tobytes() == oracle_allreduce([x], 1024).tobytes()
+            assert w.stats()["bad_mac"] == 0
+        before = agg.engine.counters()["bad_mac"]
+        with Worker(job=9, token=5, worker=0, workers=1, aggregator=agg.address,
+                    bind=("127.0.0.1", 0), slots=4, timeout=0.5, auth_file=second) as w:
+            with pytest.raises(PeerTimeout):
+                w.allreduce(x, method="dense", block=1024)
+        assert agg.engine.counters()["bad_mac"] > before
+    finally:
+        agg.close()
+
+
+@pytest.mark.parametrize("mac", [auth.MAC_NAMES[a] for a in ALGS])
+def test_cluster_key_rotation_fails_no_allreduce(mac):
+    """NIC model, virtual time, 2% loss: the job's workers get a new key
+    epoch, then its aggregator with a 1 ms grace period; the allreduces
+    across the switch and after the grace period are all exact with no
+    frame refused, so the workers moved to the new epoch; afterwards a
+    frame of the old epoch is bad_mac and one of the new is summed."""
+    grads = grads_of(4, 20000, seed=12)
+    want = oracle_allreduce(grads, 1024)
+    with Cluster(workers=4, seed=13, slots=8, auth=True, mac=mac, loss=0.02) as cl:
+        job = cl.job
+        old_key = job.key(1)
+        assert cl.allreduce(grads, method="lhc", block_elements=1024).sum.tobytes() == \
+            want.tobytes()
+        assert cl.rotate_key(SECRET2, grace=0.001) == 1
+        for _ in range(3):
+            res = cl.allreduce(grads, method="dense", block_elements=1024)
+            for y in res.outputs:
+                assert y.tobytes() == want.tobytes()
+        assert cl.engine_counters()["bad_mac"] == 0
+        assert all(st["bad_mac"] == 0 for st in res.stats["workers"])
+        st = job.worker_stats(0)
+        seq = st["next_seq"]
+        bogus = np.full(256, 0x01010101, ">i4").tobytes()
+        before = cl.engine_counters()
+        # the old epoch's key, after the grace period
+        cl.inject(cl.build_frame(job, payload=bogus, worker=1, seq=seq, slot=seq % 8,
+                                 flags=lib_shadow(seq), key=old_key))
+        # an earlier frame of the new epoch: its MAC verifies (a duplicate
+        # or stale, never bad_mac)
+        cl.inject(cl.build_frame(job, payload=bogus, worker=1, seq=seq - 8, slot=seq % 8,
+                                 flags=lib_shadow(seq - 8) | 1 << 8, key=job.key(1),
+                                 counter=2**31))
+        res = cl.allreduce(grads, method="dense", block_elements=1024)
+        assert res.sum.tobytes() == want.tobytes()
+        delta = {k: v - before[k] for k, v in cl.engine_counters().items()}
+        assert delta["bad_mac"] == 1

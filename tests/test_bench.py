@@ -530,3 +530,30 @@ def test_a_busy_machine_makes_a_row_cpu_bound(monkeypatch):
         monkeypatch.setattr(allreduce, "homagg_via_run_allreduce", lambda *a, **k: run(busy))
         row = allreduce.homagg_row("x", "dense", 2, 1000, "shared", 0.1, 1000.0, _args())
         assert row["machine_busy"] == busy and row["cpu_bound"] is bound
+
+
+def test_scale_recovery_rows_for_drop_rates_and_stragglers(tmp_path, capsys):
+    """--drop-rate and --straggler-ms take lists: one row per combination,
+    flat and tree, each exact, with timeouts, start probes and its time
+    over the loss-free punctual row; a straggler alone costs the punctual
+    workers no timeout (seeded NIC model), and scale_recovery.png plots
+    them."""
+    out = tmp_path / "scale"
+    rc = cli.main(["bench", "scale", "--workers", "4", "--elements", "20000", "--density",
+                   "0.05", "--methods", "dense", "--leaves", "2", "--drop-rate", "0,0.02",
+                   "--straggler-ms", "0,5", "--seed", "2", "--json", "--out", str(out)])
+    assert rc == 0
+    report = json.loads(capsys.readouterr().out)
+    rows = report["results"]
+    assert len(rows) == 2 * 2 * 2  # (flat, tree) x drop rates x stragglers
+    for r in rows:
+        assert r["exact"] is True
+        assert r["start_probes"] <= r["retransmissions"]
+        if not r["drop_rate"] and not r["straggler_ms"]:
+            assert r["vs_clean"] == 1.0 and r["retransmissions"] == 0
+        if r["straggler_ms"] and not r["drop_rate"]:
+            assert r["timeouts_punctual"] == 0
+            assert r["virtual_seconds"] >= r["straggler_ms"] / 1e3
+            assert r["retransmissions"] == r["start_probes"]
+    assert (out / "scale_recovery.png").stat().st_size > 0
+    assert report["straggler_ms"] == [0.0, 5.0]

@@ -16,7 +16,7 @@ import reference as ref
 from homagg import codec
 from homagg.bindings import codec as b
 from homagg.bindings import kernels as k
-from homagg.errors import HomAggError, InvalidArgument, NonFiniteValue, OutOfRange
+from homagg.errors import InvalidArgument, NonFiniteValue, OutOfRange
 
 pytestmark = pytest.mark.sanitize
 

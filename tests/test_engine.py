@@ -13,6 +13,7 @@ from homagg.engine import (FLAG_AUTH, FLAG_RESULT, FLAG_RETRANS, FLAG_SHADOW, FL
                            UDP_PORT, WORKER_ALL, Addr, Engine, MemPort,
                            build_frame, counter_names, parse_frame)
 from homagg.errors import HomAggError, OutOfRange
+from homagg.bindings.wire import PROTOCOL_VERSION
 
 from engine_rig import EngineRig
 
@@ -266,8 +267,9 @@ def hostile_frames():
                                    token=77, worker=1, seq=0, slot=0, **ok), "wrong_port"),
         ("bad_ip_csum", _corrupt(good, 24, good[24] ^ 0xFF), "bad_csum"),
         ("bad_udp_csum", _corrupt(good, 80, good[80] ^ 0x01), "bad_csum"),
-        ("bad_version", frame(1, version=3, **ok), "bad_version"),
+        ("bad_version", frame(1, version=PROTOCOL_VERSION + 1, **ok), "bad_version"),
         ("version_1", frame(1, version=1, **ok), "bad_version"),
+        ("version_2", frame(1, version=PROTOCOL_VERSION - 1, **ok), "bad_version"),
         ("version_1_layout", v1_frame(good), "bad_version"),
         ("unknown_job", frame(1, job=12345, **ok), "unknown_job"),
         ("bad_token", frame(1, token=78, **ok), "bad_token"),
@@ -287,9 +289,10 @@ def hostile_frames():
         ("result_from_worker", frame(1, flags=FLAG_RESULT, **ok), "bad_flags"),
         ("status_from_worker", frame(1, flags=FLAG_STATUS, payload=b"\x01", lanes=8),
          "bad_flags"),
-        ("unknown_flag", frame(1, flags=0x100, **ok), "bad_flags"),
-        ("reserved", frame(1, reserved=1, **ok), "bad_flags"),
-        ("reserved_high", frame(1, reserved=1 << 31, **ok), "bad_flags"),
+        ("unknown_flag", frame(1, flags=0x40, **ok), "bad_flags"),
+        ("epoch_without_auth", frame(1, flags=0x100, **ok), "bad_flags"),
+        ("nonce_without_auth", frame(1, nonce=1, **ok), "bad_flags"),
+        ("nonce_high_without_auth", frame(1, nonce=1 << 31, **ok), "bad_flags"),
         ("incarnation_zero", frame(1, incarnation=0, **ok), "bad_flags"),
         ("auth_no_room", with_auth_flag(frame(1, lanes=2, payload=bytes(8), udp_csum=False)),
          "truncated"),
@@ -300,11 +303,11 @@ def hostile_frames():
         ("exp_nc8_range", frame(1, op="nc8", exp=-1, payload=bytes(8)), "bad_exp"),
         ("all_ones", build_frame(waddr(1), AGG, op=0xFF, job=0xFFFFFFFF, token=0xFFFFFFFF,
                                  worker=0xFFFF, seq=0xFFFFFFFF, slot=0xFFFF, lanes=0xFFFF,
-                                 exp=-1, flags=0xFFFF, version=0xFF, reserved=0xFF,
+                                 exp=-1, flags=0xFFFF, version=0xFF, nonce=0xFF,
                                  payload=bytes(16)), "bad_version"),
         ("all_ones_v2", build_frame(waddr(1), AGG, op=0xFF, job=0xFFFFFFFF, token=0xFFFFFFFF,
                                     worker=0xFFFF, seq=0xFFFFFFFF, slot=0xFFFF, lanes=0xFFFF,
-                                    exp=-1, flags=0xFFFF, reserved=0xFF, payload=bytes(16)),
+                                    exp=-1, flags=0xFFFF, nonce=0xFF, payload=bytes(16)),
          "bad_flags"),
     ]
     return cases

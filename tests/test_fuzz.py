@@ -40,7 +40,7 @@ def test_engine_seed_corpus_reaches_the_slots():
         eng.add_job(job=1, token=77, workers=3, slots=4, group="239.1.2.3", incarnation=7)
         eng.add_job(job=2, token=99, workers=2, slots=1, payload_bytes=64, shard=1)
         eng.add_job(job=3, token=55, workers=2, slots=2, payload_bytes=256,
-                    auth=bytes(range(1, 33)))
+                    auth=bytes(range(1, 33)), mac="blake2b")
         off = 0
         while off + 3 <= len(data):
             n = int.from_bytes(data[off + 1:off + 3], "big")

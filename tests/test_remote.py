@@ -387,7 +387,7 @@ def test_up_starts_the_exporter_and_down_stops_it(rack, tmp_path):
     assert up.returncode == 0, up.stdout + up.stderr
     try:
         url = f"http://{ip}:19477/metrics"
-        assert f"homagg exporter up on agg (pid " in up.stdout and url in up.stdout
+        assert "homagg exporter up on agg (pid " in up.stdout and url in up.stdout
         pid = int(open(os.path.join(rundir, "exporter.pid")).read().split()[0])
         job = json.load(open(os.path.join(rundir, "job.json")))["job"]
         with urllib.request.urlopen(url, timeout=30) as r:

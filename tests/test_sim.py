@@ -414,7 +414,8 @@ def test_bottleneck_with_loss_is_exact_and_retransmits_per_loss():
     timeouts = sum(w["timeouts"] for w in per)
     assert fast > timeouts, (fast, timeouts)
     window = sum(w["window_retransmissions"] for w in per)
-    assert retrans == fast + timeouts + window
+    probes = sum(w["start_probes"] for w in per)
+    assert retrans == fast + timeouts + window + probes
     # Loss is per hop here, results too: a worker's timer can expire while
     # its chunk waits for a peer's repair.  The aggregator's STATUS (its
     # bit set) or a second copy of the result shows such a timeout was
@@ -742,3 +743,54 @@ def test_jobs_together_must_fit_the_aggregator_ring():
         cl.add_job(workers=8, slots=256)
         with pytest.raises(OutOfRange, match="towards aggregator 8, with the 4096 held"):
             cl.add_job(workers=8, slots=1)
+
+
+def test_default_slots_fit_the_aggregator_ring_at_any_size():
+    """Without slots=, a job gets the most slots (up to 64) whose W x S fits
+    the aggregators' 4096-frame ring: Cluster(workers=256, aggregators=32)
+    works (it raised OutOfRange with a fixed 64) and sums exactly, and a job
+    added next to others gets what their share of the ring leaves."""
+    from homagg import protocol
+
+    for W in (1, 2, 63, 64, 65, 100, 255, 256):
+        S = protocol.default_slots(W)
+        assert 1 <= S <= 64 and W * S <= 4096 and (S == 64 or W * (S + 1) > 4096), (W, S)
+    assert protocol.resolve_slots(None, 256) == protocol.resolve_slots(0, 256) == 16
+    assert protocol.resolve_slots(100, 256) == 100  # the user's choice is kept
+    with pytest.raises(InvalidArgument, match="field 'slots'"):
+        protocol.resolve_slots(-1, 4)
+    grads = make_grads(256, 700, seed=41)
+    with Cluster(workers=256, aggregators=32, seed=3) as cl:
+        assert cl.job.slots == 16
+        check_result(cl.allreduce(grads, "dense", block_elements=BLOCK), grads)
+    with Cluster(workers=256, leaves=16, seed=3) as cl:
+        assert cl.job.slots == 16
+        check_result(cl.allreduce(grads, "dense", block_elements=BLOCK), grads)
+    with Cluster(workers=32, seed=3) as cl:
+        assert cl.job.slots == 64  # 2048 of the ring
+        assert cl.add_job(workers=64).slots == 32  # the 2048 frames left
+
+
+def test_worker_and_job_file_default_slots():
+    """homagg.worker.Worker and the job file's registration (what `homagg
+    run`, `homagg testbed up` and `homagg up` call) choose the same
+    default_slots(W) when the user sets none, and keep a number given."""
+    from homagg import protocol
+    from homagg.switch import job_file
+    from homagg.worker import Worker
+
+    with Worker(1, 2, 0, 256, aggregator=("127.0.0.1", 9), bind=("127.0.0.1", 0),
+                mtu=1500) as w:
+        assert w.slots == protocol.default_slots(256) == 16
+    with Worker(1, 2, 0, 4, aggregator=("127.0.0.1", 9), bind=("127.0.0.1", 0),
+                mtu=1500, slots=8) as w:
+        assert w.slots == 8
+    asked = []
+    fields = job_file.register([asked.append, asked.append], [("10.0.0.1", 1), ("10.0.0.2", 1)],
+                               workers=200)
+    assert [r["slots"] for r in asked] == [20, 20] and fields["slots"] == 20
+    asked.clear()
+    job_file.register([asked.append], [("10.0.0.1", 1)], workers=200, slots=4)
+    assert asked[0]["slots"] == 4
+    assert job_file.job_config({"HOMAGG_AGGREGATOR": "10.0.0.1", "HOMAGG_JOB": "1",
+                                "HOMAGG_TOKEN": "2"})["slots"] == 0  # Worker's default

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from homagg.engine import Addr, build_frame
+from homagg.bindings.wire import PROTOCOL_VERSION
 
 from reference import allreduce as oracle_allreduce
 from switch_helpers import wait_for
@@ -49,6 +50,7 @@ def _hostile(src, dst):
     return [
         ("truncated_header", good[:42 + 10], "truncated"),
         ("version_1", f(version=1), "bad_version"),
+        ("version_2", f(version=PROTOCOL_VERSION - 1), "bad_version"),
         ("incarnation_zero", f(incarnation=0), "bad_flags"),
         ("bad_shard", f(shard=1), "bad_shard"),
         ("auth_on_plain_job", f(flags=32), "bad_mac"),
@@ -61,12 +63,12 @@ def _hostile(src, dst):
         ("result_from_worker", f(flags=1), "bad_flags"),
         ("all_ones", build_frame(src, dst, op=0xFF, job=0xFFFFFFFF, token=0xFFFFFFFF,
                                  worker=0xFFFF, seq=0xFFFFFFFF, slot=0xFFFF, lanes=0xFFFF,
-                                 exp=-1, flags=0xFFFF, version=0xFF, reserved=0xFF,
+                                 exp=-1, flags=0xFFFF, version=0xFF, nonce=0xFF,
                                  payload=bytes(16)), "bad_version"),
     ]
 
 
-def _send_raw(link, frames):
+def _send_raw(link, frames):  # noqa: F811 (the fixture is imported for the tests)
     """Send frames from the workers' namespace through an AF_PACKET socket."""
     from pyroute2.netns import setns
 
@@ -177,10 +179,11 @@ def test_arp_never_reaches_the_engine(link, daemons):  # noqa: F811
 
 def test_authenticated_job_drops_forged_flipped_replayed_and_old_frames(link, daemons, tmp_path):  # noqa: F811
     """With authentication: a worker forging another worker's id (its own
-    key), a frame with a flipped payload bit, a replayed frame of the
-    finished allreduce and a frame of an old incarnation, each with a MAC
-    made from the job secret, are dropped under their reason by the running
-    daemon; the allreduces stay bit-exact."""
+    key), a frame with a flipped payload bit, frames of a key epoch the job
+    does not have and MACed with another secret's key, frames cut short, a
+    replayed frame of the finished allreduce and a frame of an old
+    incarnation are dropped under their reason by the running daemon; the
+    allreduces stay bit-exact."""
     from homagg import auth
 
     d = daemons()
@@ -189,16 +192,19 @@ def test_authenticated_job_drops_forged_flipped_replayed_and_old_frames(link, da
     job_a, job_b, inc = JOB + 1, JOB + 2, 5000
     src = Addr.of(_mac(link.ns_workers, link.dev_workers), link.worker_ip, 40000)
     dst = Addr.of(_mac(link.ns_switch, link.dev_switch), link.switch_ip, 48879)
-    key = [auth.derive_key(secret, w) for w in range(W)]
+    key = {j: [auth.derive_key(secret, j, w) for w in range(W)] for j in (job_a, job_b)}
     bogus = _be32(np.full(256, 0x01010101))
     with d.client() as c:
         for j in (job_a, job_b):
             c.add_job(job=j, token=TOKEN, workers=W, slots=SLOTS, group=GROUP, auth=secret)
 
-    def frame(job, worker, key_of, seq, **kw):
+    other_key = auth.derive_key(bytes(32), job_b, 1)   # a key of another secret
+
+    def frame(job, worker, key_of, seq, epoch=0, k=None, **kw):
         return build_frame(src, dst, op="sum32", job=job, token=TOKEN, worker=worker, seq=seq,
-                           slot=seq % SLOTS, flags=32 | (4 if (seq // SLOTS) % 2 else 0),
-                           payload=bogus, key=key[key_of], **kw)
+                           slot=seq % SLOTS,
+                           flags=32 | epoch << 8 | (4 if (seq // SLOTS) % 2 else 0),
+                           payload=bogus, key=k or key[job][key_of], **kw)
 
     def stats():
         with d.client() as c:
@@ -212,7 +218,12 @@ def test_authenticated_job_drops_forged_flipped_replayed_and_old_frames(link, da
         for f in flipped:
             f[42 + 32 + 9] ^= 0x01
         _send_raw(link, [frame(job_b, 1, 0, s, incarnation=inc) for s in range(4)]
-                  + [bytes(f) for f in flipped])
+                  + [bytes(f) for f in flipped]
+                  # a key epoch the job does not have, a key of another secret
+                  + [frame(job_b, 1, 1, s, epoch=1, incarnation=inc) for s in range(4)]
+                  + [frame(job_b, 1, 1, s, k=other_key, incarnation=inc) for s in range(4)]
+                  # cut short in transit (the IPv4 length says more)
+                  + [frame(job_b, 1, 1, s, incarnation=inc)[:-4] for s in range(4)])
 
     grads = gradients(W, 30000, seed=7)
     expected = oracle_allreduce(grads, BLOCK)
@@ -228,9 +239,11 @@ def test_authenticated_job_drops_forged_flipped_replayed_and_old_frames(link, da
             assert y.tobytes() == expected.tobytes()
         assert all(s["bad_mac"] == 0 for s in st)
         next_seq[job] = st[0]["next_seq"]
-    mid = wait_for(lambda: (lambda s: s["bad_mac"] - before["bad_mac"] >= 8 and s)(stats()), 20,
+    mid = wait_for(lambda: (lambda s: s["bad_mac"] - before["bad_mac"] >= 16
+                            and s["truncated"] - before["truncated"] >= 4 and s)(stats()), 20,
                    "the daemon to count the forged frames of job B")
-    assert mid["bad_mac"] - before["bad_mac"] == 8, {k: v - before[k] for k, v in mid.items()}
+    assert mid["bad_mac"] - before["bad_mac"] == 16, {k: v - before[k] for k, v in mid.items()}
+    assert mid["truncated"] - before["truncated"] == 4
 
     # job A is finished: a replay of one of its full chunks, and an old life of worker 0
     done, nxt = next_seq[job_a] - 2, next_seq[job_a]
@@ -247,3 +260,64 @@ def test_authenticated_job_drops_forged_flipped_replayed_and_old_frames(link, da
     assert d.alive()
     log = d.output()
     assert secret.hex() not in log
+
+
+def test_key_rotation_on_a_live_job(link, daemons, tmp_path):  # noqa: F811
+    """A new key epoch registered on the running daemon while the job's
+    workers run allreduces: the workers are given the new secret first
+    (between two of their allreduces), the daemon gets it while they run the
+    next ones; no allreduce fails, every result is bit-exact, no frame is
+    dropped as bad_mac, and the secret never reaches the daemon's output."""
+    from pyroute2.netns import setns
+
+    from homagg import auth
+    from homagg.worker import Worker
+
+    d = daemons()
+    old_file, new_file = tmp_path / "epoch0.secret", tmp_path / "epoch1.secret"
+    old = auth.create_secret_file(old_file)
+    new = auth.create_secret_file(new_file)
+    job, rounds = JOB + 5, 4
+    with d.client() as c:
+        c.add_job(job=job, token=TOKEN, workers=W, slots=SLOTS, group=GROUP, auth=old)
+    grads = gradients(W, 20000, seed=11)
+    expected = oracle_allreduce(grads, BLOCK)
+    rotated = threading.Barrier(W + 1, timeout=60)
+    results = [[] for _ in range(W)]
+    errors = [None] * W
+
+    def work(w):
+        setns(link.ns_workers, flags=0)     # this thread only
+        try:
+            with Worker(job=job, token=TOKEN, worker=w, workers=W,
+                        aggregator=(link.switch_ip, 48879), group=GROUP,
+                        bind=(link.worker_ip, 0), timeout=20.0, slots=SLOTS,
+                        auth_file=old_file) as wk:
+                for r in range(rounds):
+                    results[w].append(wk.allreduce(grads[w], method="dense", block=BLOCK))
+                    if r == 0:
+                        wk.rotate_key(new_file, 1)
+                        rotated.wait()
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors[w] = exc
+            rotated.abort()
+
+    with d.client() as c:
+        before = c.stats()["stats"]
+    threads = [threading.Thread(target=work, args=(w,), daemon=True) for w in range(W)]
+    for t in threads:
+        t.start()
+    rotated.wait()
+    with d.client() as c:
+        assert c.rotate_key(job, new, grace=30.0)["epoch"] == 1
+    join_all(threads, 120)
+    assert errors == [None] * W, errors
+    for per_worker in results:
+        assert len(per_worker) == rounds
+        for y in per_worker:
+            assert y.tobytes() == expected.tobytes()
+    with d.client() as c:
+        after = c.stats()["stats"]
+    assert after["bad_mac"] == before["bad_mac"]
+    log = d.output()
+    assert old.hex() not in log and new.hex() not in log

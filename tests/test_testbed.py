@@ -153,6 +153,26 @@ def test_up_creates_namespaces_links_addresses_and_qdiscs(make_testbed):
     assert sum(1 for k in kinds if k[0] == "netns") == 5
 
 
+def test_bridge_forwards_without_netfilter(make_testbed):
+    """With br_netfilter loaded, the switch namespace turns its hooks off
+    (every frame would go through iptables, ip6tables and arptables); the
+    namespace the program runs in keeps its own setting."""
+    keys = ("bridge-nf-call-iptables", "bridge-nf-call-ip6tables", "bridge-nf-call-arptables")
+    if not os.path.isdir("/proc/sys/net/bridge"):
+        tb = make_testbed(workers=1)
+        assert tb.state()["bridge_netfilter"] == "absent"
+        return
+    before = {k: open(f"/proc/sys/net/bridge/{k}").read() for k in keys}
+    tb = make_testbed(workers=1)
+    sw = f"hg-{tb.name}-sw"
+    got = subprocess.run(["ip", "netns", "exec", sw, "cat", *(f"/proc/sys/net/bridge/{k}"
+                                                              for k in keys)],
+                         capture_output=True, text=True, check=True, timeout=30).stdout.split()
+    assert got == ["0", "0", "0"]
+    assert tb.state()["bridge_netfilter"] == "off"
+    assert {k: open(f"/proc/sys/net/bridge/{k}").read() for k in keys} == before
+
+
 def test_unshaped_testbed_has_no_tbf(make_testbed):
     tb = make_testbed(workers=1)
     for h in tb.hosts():

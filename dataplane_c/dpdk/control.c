@@ -4,6 +4,7 @@
 #include <arpa/inet.h>
 #include <ctype.h>
 #include <errno.h>
+#include <malloc.h>
 #include <poll.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -54,6 +55,14 @@ struct hg_control {
 	char reply[CTL_REPLY_CAP];
 };
 
+/* jansson's free: its buffers (a parsed secret among them) are zeroed first. */
+static void zeroing_free(void *p)
+{
+	if (p)
+		hg_auth_wipe(p, malloc_usable_size(p));
+	free(p);
+}
+
 struct hg_control *hg_control_create(const char *path,
 				     const struct hg_ctl_ops *ops, void *ctx,
 				     const struct hg_ctl_limits *lim)
@@ -69,6 +78,7 @@ struct hg_control *hg_control_create(const char *path,
 	c = calloc(1, sizeof(*c));
 	if (!c)
 		return NULL;
+	json_set_alloc_funcs(malloc, zeroing_free);
 	c->ops = ops;
 	c->ctx = ctx;
 	c->lim = *lim;
@@ -253,13 +263,43 @@ static int get_secret(const json_t *o, struct hg_ctl_job *j, json_t **reply)
 		j->secret[i] = (uint8_t)b;
 	}
 	j->auth = 1;
+	/* jansson's copy of the hex string, wiped at once (its memory is also
+	 * zeroed when freed: zeroing_free) */
+	hg_auth_wipe((char *)h, strlen(h));
 	return 0;
 
 bad:
 	hg_auth_wipe(j->secret, sizeof(j->secret));
+	if (json_is_string(f))
+		hg_auth_wipe((char *)h, strlen(h));
 	return reply_error(reply, -EINVAL,
 			   "field 'auth': must be the job secret as a string of "
 			   "%d hexadecimal digits", 2 * HG_AUTH_SECRET_LEN);
+}
+
+/* The optional "mac" field of an auth job: its algorithm. */
+static int get_mac(const json_t *o, struct hg_ctl_job *j, json_t **reply)
+{
+	const json_t *f = json_object_get(o, "mac");
+	const char *s = json_is_string(f) ? json_string_value(f) : "";
+
+	if (!f || json_is_null(f))
+		return 0;
+	if (!j->auth)
+		return reply_error(reply, -EINVAL,
+				   "field 'mac': only with 'auth' (the job secret)");
+	if (!strcmp(s, "aes-gmac"))
+		j->mac = HG_MAC_AES_GMAC;
+	else if (!strcmp(s, "blake2b"))
+		j->mac = HG_MAC_BLAKE2B;
+	else
+		return reply_error(reply, -EINVAL,
+				   "field 'mac': must be \"aes-gmac\" or \"blake2b\"");
+	if (!hg_auth_mac_available(j->mac))
+		return reply_error(reply, -ENOTSUP,
+				   "field 'mac': this host's CPU lacks AES-NI or "
+				   "PCLMULQDQ for aes-gmac: use \"blake2b\"");
+	return 0;
 }
 
 /* check_keys, then the required "job" (a uint32) into *job.  Returns 0,
@@ -468,7 +508,7 @@ static int do_add_job(struct hg_control *c, const json_t *o, json_t **reply)
 {
 	static const char *const keys[] = { "cmd", "job", "token", "workers",
 		"slots", "payload", "group", "shard", "incarnation", "auth", "parent",
-		NULL };
+		"mac", NULL };
 	struct hg_ctl_job j = { 0 };
 	char err[256] = "";
 	json_int_t v;
@@ -513,6 +553,8 @@ static int do_add_job(struct hg_control *c, const json_t *o, json_t **reply)
 	j.incarnation = v ? (uint32_t)v : hg_wire_incarnation_now();
 	rc = get_secret(o, &j, reply);
 	if (!rc)
+		rc = get_mac(o, &j, reply);
+	if (!rc)
 		rc = get_parent(c, o, &j, reply);
 	if (rc) {
 		hg_auth_wipe(j.secret, sizeof(j.secret));
@@ -547,6 +589,38 @@ static int do_remove_job(struct hg_control *c, const json_t *o, json_t **reply)
 				   hg_strerror(rc));
 	held_release(c, (uint32_t)v);
 	*reply = reply_ok("job", v);
+	return 0;
+}
+
+static int do_rotate_key(struct hg_control *c, const json_t *o, json_t **reply)
+{
+	static const char *const keys[] = { "cmd", "job", "auth", "grace_ms", NULL };
+	struct hg_ctl_job j = { 0 };
+	char err[256] = "";
+	json_int_t v, grace;
+	int rc;
+
+	if ((rc = keys_and_job(o, keys, &v, reply)))
+		return rc;
+	j.job = (uint32_t)v;
+	if ((rc = get_uint(o, "grace_ms", false, 0, 86400000, 10000, &grace,
+			   reply)))
+		return rc;
+	if ((rc = get_secret(o, &j, reply)))
+		return rc;
+	if (!j.auth)
+		return reply_error(reply, -EINVAL,
+				   "field 'auth': missing (the new epoch's secret "
+				   "as %d hexadecimal digits)", 2 * HG_AUTH_SECRET_LEN);
+	rc = c->ops->rotate_key(c->ctx, j.job, j.secret,
+				(uint64_t)grace * 1000000, err, sizeof(err));
+	hg_auth_wipe(j.secret, sizeof(j.secret));
+	if (rc < 0)
+		return reply_error(reply, rc, "rotate_key %u: %s", j.job,
+				   err[0] ? err : hg_strerror(rc));
+	*reply = reply_ok("job", j.job);
+	if (json_object_set_new(*reply, "epoch", json_integer(rc)) < 0)
+		return -ENOMEM;
 	return 0;
 }
 
@@ -632,6 +706,7 @@ static int dispatch(struct hg_control *c, const char *line, size_t len,
 	} cmds[] = {
 		{ "add_job", do_add_job },
 		{ "remove_job", do_remove_job },
+		{ "rotate_key", do_rotate_key },
 		{ "stats", do_stats },
 		{ "job_stats", do_job_stats },
 		{ "shutdown", do_shutdown },
@@ -671,7 +746,7 @@ static int dispatch(struct hg_control *c, const char *line, size_t len,
 		}
 	rc = reply_error(reply, -EINVAL,
 			 "field 'cmd': unknown command '%.*s' (add_job, "
-			 "remove_job, stats, job_stats, shutdown)",
+			 "remove_job, rotate_key, stats, job_stats, shutdown)",
 			 clip_utf8(name, CTL_ECHO_MAX), name);
 out:
 	json_decref(o);
@@ -787,6 +862,8 @@ static int conn_process(struct hg_control *c, struct ctl_conn *k)
 		start = k->in_len;
 	memmove(k->in, k->in + start, k->in_len - start);
 	k->in_len -= start;
+	/* the handled requests (a secret among them) leave no copy behind */
+	hg_auth_wipe(k->in + k->in_len, start);
 	if (k->in_len == sizeof(k->in)) {
 		/* a line longer than the buffer: answer once, skip to its end */
 		json_t *reply = NULL;
@@ -797,6 +874,7 @@ static int conn_process(struct hg_control *c, struct ctl_conn *k)
 		if (!conn_queue(k, c->reply))
 			return -1;
 		k->discard = true;
+		hg_auth_wipe(k->in, k->in_len);
 		k->in_len = 0;
 		handled++;
 	}

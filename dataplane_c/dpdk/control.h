@@ -5,7 +5,7 @@
  *
  *   {"cmd":"add_job","job":7,"token":99,"workers":4,"slots":64,
  *    "payload":1024,"group":"239.1.1.1","shard":0,"incarnation":N,
- *    "auth":"<64 hex digits: the job secret>",
+ *    "auth":"<64 hex digits: the job secret>","mac":"aes-gmac",
  *    "parent":{"ip":"10.0.0.9","mac":"02:..","worker":1,"port":48879,
  *              "shard":0,"group":"239.2.0.1","rto_us":1000}}
  *                                 payload, group, shard, incarnation, auth,
@@ -17,6 +17,12 @@
  *                                 refused (-ERANGE) when W x S, alone or
  *                                 with the jobs registered, exceeds the
  *                                 receive ring (hg_ctl_limits.rx_ring)
+ *                                 mac: "aes-gmac" or "blake2b" (default:
+ *                                 this host's, hg_auth_default_mac())
+ *   {"cmd":"rotate_key","job":7,"auth":"<64 hex digits>","grace_ms":10000}
+ *                                 the job's next key epoch (docs/PROTOCOL.md
+ *                                 "Key epochs"); grace_ms optional
+ *                                 -> {"ok":true,"job":7,"epoch":1}
  *   {"cmd":"remove_job","job":7}
  *   {"cmd":"stats"}      -> {"ok":true,"stats":{counter:value,...},...,
  *                            "jobs":[7,...]}
@@ -31,7 +37,10 @@
  * are parsed by jansson (RFC 8259, UTF-8 checked, duplicate keys refused)
  * and every reply is serialised by it, so every reply is one line of valid
  * JSON whatever the request was; a client's string quoted in an error is
- * cut at 64 bytes on a UTF-8 character boundary.
+ * cut at 64 bytes on a UTF-8 character boundary.  A request's bytes are
+ * wiped from the input buffer once handled, and jansson's memory is zeroed
+ * before it is freed (hg_control_create sets its allocator), so a secret
+ * does not outlive its request in the daemon's memory.
  *
  * The socket is polled without blocking from the data-path loop
  * (hg_control_poll), so the callbacks run on the lcore that owns the engine
@@ -58,6 +67,7 @@ struct hg_ctl_job {
 	uint32_t incarnation; /* the job's incarnation, never 0 here */
 	uint8_t auth;       /* 1: authenticated job, secret below */
 	uint8_t secret[HG_AUTH_SECRET_LEN];
+	uint32_t mac;       /* HG_MAC_*, 0 = the host's default */
 	/* parent: a tree leaf's root (homagg/engine.h up_* fields) */
 	uint8_t up;
 	uint8_t up_mac[6];
@@ -84,6 +94,9 @@ struct hg_ctl_ops {
 	int (*add_job)(void *ctx, const struct hg_ctl_job *j, char *err,
 		       size_t errlen);
 	int (*remove_job)(void *ctx, uint32_t job);
+	/* The job's next key epoch (>= 0) or -errno; err explains a failure. */
+	int (*rotate_key)(void *ctx, uint32_t job, const uint8_t *secret,
+			  uint64_t grace_ns, char *err, size_t errlen);
 	/* Add members ("name": value) to the reply object; 0 or -errno. */
 	int (*stats)(void *ctx, json_t *reply);
 	/* Add one job's members to the reply object; 0, -ENOENT (no such

@@ -9,6 +9,7 @@
 #include <rte_ethdev.h>
 
 #include "homagg/auth.h"
+#include "homagg/errors.h"
 #include "homagg/wire.h"
 #include "switch_pvt.h"
 
@@ -26,6 +27,7 @@ static int ctl_add_job(void *ctx, const struct hg_ctl_job *j, char *err,
 		.shard = j->shard,
 		.incarnation = j->incarnation,
 		.auth = j->auth,
+		.mac = j->mac,
 		.up = j->up,
 		.up_shard = j->up_shard,
 		.up_worker = j->up_worker,
@@ -42,10 +44,10 @@ static int ctl_add_job(void *ctx, const struct hg_ctl_job *j, char *err,
 
 	/* On every shard (each serves its slots of the job); all or none. */
 	for (k = 0; k < d->nshards && !rc; k++)
-		rc = hg_switch_shard_call(&d->shards[k], MB_ADD, &jc, j->job);
+		rc = hg_switch_shard_call(&d->shards[k], MB_ADD, &jc, j->job, 0);
 	if (rc && rc != -EEXIST)
 		while (--k > 0)
-			hg_switch_shard_call(&d->shards[k - 1], MB_REMOVE, NULL, j->job);
+			hg_switch_shard_call(&d->shards[k - 1], MB_REMOVE, NULL, j->job, 0);
 	hg_auth_wipe(jc.secret, sizeof(jc.secret));
 	if (rc == -EEXIST)
 		snprintf(err, errlen, "job %u already exists", j->job);
@@ -62,8 +64,35 @@ static int ctl_remove_job(void *ctx, uint32_t job)
 	int rc = 0, r;
 
 	for (k = 0; k < d->nshards; k++)
-		if ((r = hg_switch_shard_call(&d->shards[k], MB_REMOVE, NULL, job)) && !rc)
+		if ((r = hg_switch_shard_call(&d->shards[k], MB_REMOVE, NULL, job, 0)) && !rc)
 			rc = r;
+	return rc;
+}
+
+/* The new epoch on every shard.  A shard that fails after others took it
+ * leaves the job's epochs differing between shards: named in err. */
+static int ctl_rotate_key(void *ctx, uint32_t job, const uint8_t *secret,
+			  uint64_t grace_ns, char *err, size_t errlen)
+{
+	struct daemon *d = ctx;
+	struct hg_job_config jc = { .job = job };
+	unsigned int k;
+	int rc = 0;
+
+	memcpy(jc.secret, secret, sizeof(jc.secret));
+	for (k = 0; k < d->nshards && rc >= 0; k++)
+		rc = hg_switch_shard_call(&d->shards[k], MB_ROTATE, &jc, job,
+					  grace_ns);
+	hg_auth_wipe(jc.secret, sizeof(jc.secret));
+	if (rc == -EPERM)
+		snprintf(err, errlen, "job %u does not authenticate, or is a "
+			 "tree leaf (its keys are not rotated)", job);
+	else if (rc == -ENOENT)
+		snprintf(err, errlen, "no job %u", job);
+	else if (rc < 0 && k > 1)
+		snprintf(err, errlen, "engine lcore %u failed (%s) after %u took "
+			 "the new epoch: remove and re-add the job", k - 1,
+			 hg_strerror(rc), k - 1);
 	return rc;
 }
 
@@ -221,6 +250,7 @@ static void ctl_shutdown(void *ctx)
 const struct hg_ctl_ops hg_switch_ctl_ops = {
 	.add_job = ctl_add_job,
 	.remove_job = ctl_remove_job,
+	.rotate_key = ctl_rotate_key,
 	.stats = ctl_stats,
 	.job_stats = ctl_job_stats,
 	.shutdown = ctl_shutdown,

@@ -67,13 +67,14 @@ struct opts {
 /* A request to an engine lcore (job changes must run on the lcore that
  * polls the engine: engine.h forbids concurrent control and poll). */
 enum { MB_IDLE, MB_REQ, MB_DONE };
-enum { MB_ADD, MB_REMOVE, MB_JOB_STATS };
+enum { MB_ADD, MB_REMOVE, MB_JOB_STATS, MB_ROTATE };
 
 struct mailbox {
 	int state;                 /* MB_*, acquire/release atomics */
 	int op;
-	struct hg_job_config jc;
+	struct hg_job_config jc;   /* MB_ROTATE: jc.secret is the new epoch's */
 	uint32_t job;
+	uint64_t grace_ns;         /* MB_ROTATE */
 	int rc;
 };
 
@@ -137,7 +138,7 @@ void hg_switch_stop_engines(struct daemon *d);
 void hg_switch_shard_publish(struct shard *sh);
 void hg_switch_counters_sum(struct daemon *d, uint64_t *out);
 int hg_switch_shard_call(struct shard *sh, int op, const struct hg_job_config *jc,
-			 uint32_t job);
+			 uint32_t job, uint64_t grace_ns);
 /* One poll of a shard's engine, its time counted as busy when it received
  * frames; returns what hg_engine_poll() returned. */
 int hg_switch_shard_poll(struct shard *sh);

@@ -80,6 +80,22 @@ static int job_stats_fill(struct shard *sh, uint32_t job)
 	return 0;
 }
 
+/* A mailbox request on shard sh's engine (on the lcore that polls it). */
+static int shard_op(struct shard *sh, int op, const struct hg_job_config *jc,
+		    uint32_t job, uint64_t grace_ns)
+{
+	switch (op) {
+	case MB_ADD:
+		return hg_engine_add_job(sh->eng, jc);
+	case MB_ROTATE:
+		return hg_engine_rotate_key(sh->eng, job, jc->secret, grace_ns);
+	case MB_JOB_STATS:
+		return job_stats_fill(sh, job);
+	default:
+		return hg_engine_remove_job(sh->eng, job);
+	}
+}
+
 /* Run a pending mailbox request (on the shard's own lcore). */
 static void shard_serve(struct shard *sh)
 {
@@ -87,11 +103,7 @@ static void shard_serve(struct shard *sh)
 
 	if (__atomic_load_n(&mb->state, __ATOMIC_ACQUIRE) != MB_REQ)
 		return;
-	if (mb->op == MB_JOB_STATS)
-		mb->rc = job_stats_fill(sh, mb->job);
-	else
-		mb->rc = mb->op == MB_ADD ? hg_engine_add_job(sh->eng, &mb->jc) :
-					    hg_engine_remove_job(sh->eng, mb->job);
+	mb->rc = shard_op(sh, mb->op, &mb->jc, mb->job, mb->grace_ns);
 	hg_auth_wipe(mb->jc.secret, sizeof(mb->jc.secret));
 	hg_switch_shard_publish(sh);
 	__atomic_store_n(&mb->state, MB_DONE, __ATOMIC_RELEASE);
@@ -99,22 +111,21 @@ static void shard_serve(struct shard *sh)
 
 /* Ask shard sh to add or remove a job; waits (bounded) for the answer. */
 int hg_switch_shard_call(struct shard *sh, int op, const struct hg_job_config *jc,
-		      uint32_t job)
+			 uint32_t job, uint64_t grace_ns)
 {
 	struct mailbox *mb = &sh->mb;
 	uint64_t deadline;
 	int rc;
 
 	if (!sh->launched)   /* the engine is polled by this very lcore */
-		return op == MB_ADD ? hg_engine_add_job(sh->eng, jc) :
-		       op == MB_REMOVE ? hg_engine_remove_job(sh->eng, job) :
-		       job_stats_fill(sh, job);
+		return shard_op(sh, op, jc, job, grace_ns);
 	if (__atomic_load_n(&mb->state, __ATOMIC_ACQUIRE) != MB_IDLE)
 		return -EBUSY;   /* an earlier request timed out */
 	mb->op = op;
 	if (jc)
 		mb->jc = *jc;
 	mb->job = job;
+	mb->grace_ns = grace_ns;
 	__atomic_store_n(&mb->state, MB_REQ, __ATOMIC_RELEASE);
 	deadline = rte_get_tsc_cycles() + 2 * rte_get_tsc_hz();
 	while (__atomic_load_n(&mb->state, __ATOMIC_ACQUIRE) != MB_DONE) {
@@ -139,7 +150,7 @@ int hg_switch_job_stats(struct daemon *d, uint32_t job, uint32_t workers,
 		return -ERANGE;
 	memset(out, 0, sizeof(*out) * n);
 	for (k = 0; k < d->nshards; k++) {
-		if ((rc = hg_switch_shard_call(&d->shards[k], MB_JOB_STATS, NULL, job)))
+		if ((rc = hg_switch_shard_call(&d->shards[k], MB_JOB_STATS, NULL, job, 0)))
 			return rc;
 		for (i = 0; i < n; i++)
 			out[i] += d->shards[k].job_stats[i];

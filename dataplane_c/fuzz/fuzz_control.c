@@ -71,6 +71,13 @@ static int stub_stats(void *ctx, json_t *reply)
 				   json_integer(s->shutdowns)) ? -ENOMEM : 0;
 }
 
+static int stub_rotate(void *ctx, uint32_t job, const uint8_t *secret,
+		       uint64_t grace_ns, char *err, size_t errlen)
+{
+	(void)ctx; (void)secret; (void)grace_ns; (void)err; (void)errlen;
+	return job == 1 ? 1 : -ENOENT;
+}
+
 static void stub_shutdown(void *ctx)
 {
 	((struct stub *)ctx)->shutdowns++;
@@ -79,6 +86,7 @@ static void stub_shutdown(void *ctx)
 static const struct hg_ctl_ops ops = {
 	.add_job = stub_add,
 	.remove_job = stub_remove,
+	.rotate_key = stub_rotate,
 	.stats = stub_stats,
 	.shutdown = stub_shutdown,
 };

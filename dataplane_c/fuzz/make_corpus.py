@@ -14,7 +14,7 @@ import pathlib
 
 import numpy as np
 
-from homagg.auth import derive_key
+from homagg.auth import MAC_BLAKE2B, derive_key
 from homagg.engine import FLAG_AUTH, FLAG_RETRANS, FLAG_SHADOW, Addr, build_frame
 
 OUT = pathlib.Path(__file__).resolve().parent / "corpus_engine"
@@ -22,6 +22,7 @@ AGG = Addr.of("02:00:00:00:00:01", "10.0.0.254", 48879)
 JOBS = {1: dict(token=77, slots=4, shard=0), 2: dict(token=99, slots=1, shard=1),
         3: dict(token=55, slots=2, shard=0)}
 SECRET = bytes(range(1, 33))  # job 3's secret, as in fuzz_engine.c
+MAC = MAC_BLAKE2B             # job 3's MAC algorithm, as in fuzz_engine.c (any host)
 
 
 def rec(frame, ctl=0):
@@ -36,12 +37,12 @@ def chunk(w, seq=0, job=1, op="sum32", payload=None, flags=0, incarnation=1, exp
     if (seq // j["slots"]) % 2:
         flags |= FLAG_SHADOW
     if job == 3 and "key" not in kw:
-        kw["key"] = derive_key(SECRET, w)
+        kw["key"] = derive_key(SECRET, 3, w)
     src = Addr.of(bytes([2, 0, 0, 1, 0, w]), (10 << 24) | (1 << 16) | w, 40000 + w)
     return build_frame(src, AGG, op=op, job=job, token=j["token"], worker=w, seq=seq,
                        slot=seq % j["slots"], flags=flags, payload=payload, exp=exp,
                        shard=kw.pop("shard", j["shard"]), incarnation=incarnation,
-                       udp_csum=udp_csum, **kw)
+                       udp_csum=udp_csum, alg=MAC, **kw)
 
 
 def seeds():
@@ -63,7 +64,7 @@ def seeds():
         "shard_and_mac": [rec(chunk(0, job=2, shard=0)), rec(chunk(0, flags=FLAG_AUTH)),
                           rec(chunk(1, job=2)), rec(chunk(0, job=2))],
         "auth_sum": [rec(chunk(w, job=3, seq=s)) for s in (0, 1, 2) for w in range(2)],
-        "auth_forged": [rec(chunk(0, job=3, key=derive_key(SECRET, 1))),
+        "auth_forged": [rec(chunk(0, job=3, key=derive_key(SECRET, 3, 1))),
                         rec(chunk(0, job=3, key=None, flags=FLAG_AUTH)),
                         rec(chunk(1, job=3, key=None)), rec(chunk(0, job=3)),
                         rec(chunk(0, job=3, flags=FLAG_RETRANS)), rec(chunk(1, job=3))],

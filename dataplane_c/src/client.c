@@ -42,6 +42,15 @@ static void buf_free(struct buf *b)
 	b->cap = 0;
 }
 
+static void wipe_keys(struct hg_client *c)
+{
+	for (int i = 0; i < 2; i++) {
+		hg_mac_key_release(&c->keys[i]);
+		hg_mac_key_release(&c->next[i]);
+	}
+	hg_mac_key_release(&c->prev_agg);
+}
+
 struct hg_client *hg_client_create(const struct hg_client_config *cfg)
 {
 	struct hg_client *c;
@@ -69,7 +78,11 @@ struct hg_client *hg_client_create(const struct hg_client_config *cfg)
 		goto err;
 
 	rc = -ENOMEM;
-	c = calloc(1, sizeof(*c));
+	/* aligned for the AES-GMAC key states it holds (any allocator) */
+	if (posix_memalign((void **)&c, 64, sizeof(*c)))
+		c = NULL;
+	else
+		memset(c, 0, sizeof(*c));
 	if (!c)
 		goto err;
 	c->cfg = *cfg;
@@ -95,10 +108,17 @@ struct hg_client *hg_client_create(const struct hg_client_config *cfg)
 		c->cfg.incarnation = hg_wire_incarnation_now();
 	hg_auth_wipe(c->cfg.secret, sizeof(c->cfg.secret));
 	if (cfg->auth) {
-		if (hg_auth_derive_key(cfg->secret, c->cfg.agg_worker, c->keys[0]) ||
-		    hg_auth_derive_key(cfg->secret, HG_AUTH_KEY_AGGREGATOR,
-				       c->keys[1]))
+		if (!c->cfg.mac)
+			c->cfg.mac = hg_auth_default_mac();
+		/* -ENOTSUP: the job's MAC algorithm is not available here */
+		rc = hg_mac_key_derive(&c->keys[0], c->cfg.mac, cfg->secret,
+				       cfg->job, c->cfg.agg_worker);
+		if (!rc)
+			rc = hg_mac_key_derive(&c->keys[1], c->cfg.mac, cfg->secret,
+					       cfg->job, HG_AUTH_KEY_AGGREGATOR);
+		if (rc)
 			goto err_free;
+		c->epoch = cfg->epoch;
 		c->mac_len = HG_MAC_LEN;
 	}
 	if (!c->cfg.give_up_ns)
@@ -160,11 +180,56 @@ struct hg_client *hg_client_create(const struct hg_client_config *cfg)
 err_free_agg:
 	free(c->agg);
 err_free:
-	hg_auth_wipe(c->keys, sizeof(c->keys));
+	wipe_keys(c);
 	free(c);
 err:
 	errno = -rc;
 	return NULL;
+}
+
+int hg_client_rotate_key(struct hg_client *c, const uint8_t *secret,
+			 uint32_t epoch)
+{
+	int rc;
+
+	if (!c || !secret)
+		return -EINVAL;
+	if (!c->mac_len)
+		return -EPERM;
+	if (epoch != (uint8_t)(c->epoch + 1))
+		return -EINVAL;
+	/* a next secret given again replaces the first */
+	hg_mac_key_release(&c->next[0]);
+	hg_mac_key_release(&c->next[1]);
+	c->has_next = false;
+	rc = hg_mac_key_derive(&c->next[0], c->cfg.mac, secret, c->cfg.job,
+			       c->cfg.agg_worker);
+	if (!rc)
+		rc = hg_mac_key_derive(&c->next[1], c->cfg.mac, secret,
+				       c->cfg.job, HG_AUTH_KEY_AGGREGATOR);
+	if (rc) {
+		hg_mac_key_release(&c->next[0]);
+		hg_mac_key_release(&c->next[1]);
+		return rc;
+	}
+	c->has_next = true;
+	return 0;
+}
+
+void hg_cl_key_switch(struct hg_client *c)
+{
+	if (!c->has_next)
+		return;
+	/* keys move: the current aggregator key becomes the previous one */
+	hg_mac_key_release(&c->prev_agg);
+	c->prev_agg = c->keys[1];
+	c->has_prev = true;
+	hg_mac_key_release(&c->keys[0]);
+	memcpy(c->keys, c->next, sizeof(c->keys));
+	sodium_memzero(c->next, sizeof(c->next));
+	c->has_next = false;
+	c->epoch++;
+	c->mac_ctr = 0;
 }
 
 /* Every group's lhc (with G = 1 the one of the whole tensor). */
@@ -198,7 +263,7 @@ void hg_client_destroy(struct hg_client *c)
 	}
 	free(c->fl);
 	free(c->agg);
-	hg_auth_wipe(c->keys, sizeof(c->keys));
+	wipe_keys(c);
 	free(c);
 }
 

@@ -859,6 +859,9 @@ int hg_client_start(struct hg_client *c, const struct hg_params *params,
 	p = *params;
 	p.workers = c->cfg.workers;
 	p.worker = c->cfg.worker;
+	if (!p.cost.link_mbit)
+		p.cost = c->cfg.cost;
+	p.cost.payload_bytes = c->cfg.payload_bytes;
 	rc = hg_params_check(&p);
 	if (rc)
 		return rc;
@@ -905,6 +908,8 @@ int hg_client_start(struct hg_client *c, const struct hg_params *params,
 	for (uint32_t a = 0; a < c->naggs; a++) {
 		c->agg[a].start_results = c->agg[a].st.results_received;
 		c->agg[a].start_sent = c->agg[a].st.packets_sent;
+		c->agg[a].have_status = false;
+		c->agg[a].unanswered = 0;
 		c->agg[a].incarnation = 0;
 	}
 	for (size_t i = 0; i < (size_t)c->naggs * c->cfg.slots; i++)

@@ -12,6 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "auth_pvt.h"
 #include "homagg/auth.h"
 #include "homagg/client.h"
 #include "homagg/codec.h"
@@ -40,6 +41,10 @@
  * Part 3): the first turn's STATUS is back after one, so later turns only
  * come when it was lost or late. */
 #define TURNS_MAX 2
+/* An aggregator that answered none of this many retransmissions in a row
+ * stopped answering (a live one answers every resend its slot has, with
+ * the result or a STATUS; one that lacked it adds it silently). */
+#define STOPPED_UNANSWERED 3
 /* A floor spurious timeouts taught the timeout halves after this long
  * without another one (hg_cl_spurious_timeout). */
 #define STALL_MEMORY_NS 1000000000ULL
@@ -172,6 +177,12 @@ struct agg {
 	uint64_t start_results; /* st.results_received at the allreduce's start */
 	uint64_t start_sent;    /* st.packets_sent then */
 	uint32_t incarnation;   /* of this allreduce's first reply (0: none yet) */
+	struct hg_mac_track mac; /* auth: its MAC counter */
+	/* its latest STATUS of this allreduce (any chunk): who it lacked */
+	bool have_status;
+	uint32_t unanswered;    /* retransmissions to it since its latest reply */
+	uint64_t status_chunk;
+	uint8_t status_bitmap[BITMAP_BYTES];
 	struct hg_client_agg_stats st;
 };
 
@@ -242,8 +253,15 @@ struct hg_client {
 	struct buf tx[HG_PH__COUNT];  /* per phase: this worker's lanes */
 	struct buf rx[HG_PH__COUNT];  /* per phase: the aggregated lanes */
 
-	/* auth: this worker's key, then the aggregator's */
-	uint8_t keys[2][HG_AUTH_KEY_LEN];
+	/* auth: this worker's key, then the aggregator's, of the current key
+	 * epoch; of the next (given, not yet used); of the previous (the
+	 * aggregator's only, for its replies still in that epoch) */
+	struct hg_mac_key keys[2];
+	struct hg_mac_key next[2];
+	struct hg_mac_key prev_agg;
+	bool has_next, has_prev;
+	uint8_t epoch;
+	uint64_t mac_ctr;       /* frames MACed in this epoch */
 	size_t mac_len;         /* auth: HG_MAC_LEN, else 0 */
 
 	struct hg_client_stats stats;
@@ -252,6 +270,8 @@ struct hg_client {
 
 /* client.c */
 int hg_cl_buf_need(struct buf *b, size_t n);
+/* Send with the next key epoch from now on (auth, when given one). */
+void hg_cl_key_switch(struct hg_client *c);
 void hg_cl_release_lhc(struct hg_client *c);
 /* The allreduce failed with rc (a negative errno): returns rc. */
 int hg_cl_fail(struct hg_client *c, int rc);
@@ -286,5 +306,6 @@ uint64_t hg_cl_turn_offset(const struct hg_client *c, const struct agg *ag,
 uint64_t hg_cl_turn_ns(const struct hg_client *c, const struct agg *ag);
 uint64_t hg_cl_chunk_rto(const struct hg_client *c, const struct flight *fl);
 uint64_t hg_cl_chunk_deadline(const struct hg_client *c, const struct flight *fl);
+bool hg_cl_step_start(const struct hg_client *c, const struct flight *fl);
 
 #endif

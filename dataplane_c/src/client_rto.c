@@ -230,6 +230,16 @@ uint64_t hg_cl_chunk_rto(const struct hg_client *c, const struct flight *fl)
 }
 
 /*
+ * Whether chunk fl waits for the first answer of its step at its
+ * aggregator (with pipelined block groups: of its unit): none of the
+ * step's results came back yet, so a peer may not have started it.
+ */
+bool hg_cl_step_start(const struct hg_client *c, const struct flight *fl)
+{
+	return c->agg[fl->agg].hi_done == 0 || c->st.u[fl->unit].ndone == 0;
+}
+
+/*
  * When the chunk's timer expires.  Results of a window come back in chunk
  * order, one behind the other at the bottleneck's pace.  So, as TCP
  * restarts its one timer whenever new data is acknowledged and after each
@@ -258,7 +268,14 @@ uint64_t hg_cl_chunk_deadline(const struct hg_client *c, const struct flight *fl
 	 * computing it.  And the workers take turns (see hg_cl_chunk_rank), so
 	 * that the first one's STATUS reply tells the others whether they are
 	 * missing. */
-	if ((ag->hi_done == 0 || c->st.u[fl->unit].ndone == 0) && c->start_wait > rto)
-		rto = c->start_wait;
+	if (hg_cl_step_start(c, fl)) {
+		/* Only the lowest open chunk of the aggregator asks (the
+		 * others wait for the same peers; its STATUS goes to the
+		 * group); the others' timers start when it has its answer. */
+		if (k != ag->lo_open)
+			return UINT64_MAX;
+		if (c->start_wait > rto)
+			rto = c->start_wait;
+	}
 	return from + rto + hg_cl_turn_offset(c, ag, fl->chunk);
 }

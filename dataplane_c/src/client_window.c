@@ -104,10 +104,17 @@ static size_t build_chunk(struct hg_client *c, struct hg_pkt *pkt, size_t k,
 	h.exp = s->exp;
 	h.shard = (uint8_t)a;
 	h.incarnation = c->cfg.incarnation;
-	len = hg_wire_build_mac(pkt->data, pkt->cap, &c->src, &c->agg[a].dst,
-				&h, c->tx[s->phase].p + s->in_off + first * s->in_lane,
-				bytes, 0,
-				c->mac_len ? c->keys[0] : NULL);
+	if (c->mac_len) {
+		/* A retransmission may be lost to a key the aggregator dropped:
+		 * a given next epoch is used from then on. */
+		if (retrans && c->has_next)
+			hg_cl_key_switch(c);
+		h.flags |= (uint16_t)(c->epoch << HG_FLAG_EPOCH_SHIFT);
+	}
+	len = hg_wire_build_keyed(pkt->data, pkt->cap, &c->src, &c->agg[a].dst,
+				  &h, c->tx[s->phase].p + s->in_off + first * s->in_lane,
+				  bytes, 0, c->mac_len ? &c->keys[0] : NULL,
+				  HG_AUTH_DIR_REQUEST, c->mac_len ? ++c->mac_ctr : 0);
 	/* Cannot fail: cap and payload were checked against payload_bytes. */
 	pkt->len = len > 0 ? (uint16_t)len : 0;
 	return bytes;
@@ -152,6 +159,43 @@ static void agg_restarted(struct hg_client *c, const struct agg *ag,
 }
 
 /*
+ * Does a reply verify with the aggregator's key of its epoch (current,
+ * the given next one, which the client then sends with, or the previous)?
+ * a: the aggregator it comes from (-1: none of ours), whose MAC counter
+ * the reply's is read against.
+ */
+static bool reply_verify(struct hg_client *c, int a, const uint8_t *f,
+			 const struct hg_wire_view *v)
+{
+	const uint8_t *h = f + v->payload_off - HG_HDR_LEN;
+	uint8_t epoch = (uint8_t)(v->hdr.flags >> HG_FLAG_EPOCH_SHIFT);
+	struct hg_mac_track *t = a >= 0 ? &c->agg[a].mac : NULL;
+	const struct hg_mac_key *k;
+	uint64_t ctr;
+
+	if (!(v->hdr.flags & HG_FLAG_AUTH))
+		return false;
+	if (epoch == c->epoch)
+		k = &c->keys[1];
+	else if (c->has_next && epoch == (uint8_t)(c->epoch + 1))
+		k = &c->next[1];
+	else if (c->has_prev && epoch == (uint8_t)(c->epoch - 1))
+		k = &c->prev_agg;
+	else
+		return false;
+	ctr = hg_mac_track_counter(t, h);
+	if (!hg_mac_key_check(k, HG_AUTH_DIR_REPLY, ctr, h,
+			      HG_HDR_LEN + v->payload_len,
+			      f + v->payload_off + v->payload_len))
+		return false;
+	if (t)
+		hg_mac_track_update(t, h, ctr);
+	if (k == &c->next[1])
+		hg_cl_key_switch(c);
+	return true;
+}
+
+/*
  * Which aggregator sent a reply: the one whose address (IPv4, UDP port) is
  * its source.  Returns its index, or -1.
  */
@@ -184,16 +228,13 @@ static void handle_frame(struct hg_client *c, const uint8_t *f, size_t len,
 	    v.hdr.job != c->cfg.job || v.hdr.token != c->cfg.token ||
 	    !(v.hdr.flags & (HG_FLAG_RESULT | HG_FLAG_STATUS)))
 		goto ignore;
+	a = reply_agg(c, &v);
 	/* A reply of this job must carry the aggregator's MAC (auth), or none. */
-	if (c->mac_len ? !(v.hdr.flags & HG_FLAG_AUTH) ||
-			 !hg_auth_verify(c->keys[1], f + v.payload_off - HG_HDR_LEN,
-					 HG_HDR_LEN + v.payload_len,
-					 f + v.payload_off + v.payload_len)
+	if (c->mac_len ? !reply_verify(c, a, f, &v)
 		       : (v.hdr.flags & HG_FLAG_AUTH)) {
 		c->stats.bad_mac++;
 		return;
 	}
-	a = reply_agg(c, &v);
 	if (a < 0 || v.hdr.shard != (uint32_t)a)
 		goto ignore; /* not one of ours, or its reply about another shard */
 	ag = &c->agg[a];
@@ -220,9 +261,20 @@ static void handle_frame(struct hg_client *c, const uint8_t *f, size_t len,
 		ag->incarnation = v.hdr.incarnation;
 	}
 
+	ag->unanswered = 0;
 	if (v.hdr.flags & HG_FLAG_STATUS) {
 		c->stats.status_received++;
 		ag->st.status_received++;
+		if (k < st->nchunks) {
+			/* kept for the give-up's text: who this aggregator
+			 * lacked, whichever chunk times out */
+			size_t nb = (c->cfg.agg_workers + 7) / 8;
+
+			memset(ag->status_bitmap, 0, sizeof(ag->status_bitmap));
+			memcpy(ag->status_bitmap, pl, v.payload_len < nb ? v.payload_len : nb);
+			ag->status_chunk = chunk;
+			ag->have_status = true;
+		}
 		if (fl->busy && fl->chunk == chunk) {
 			size_t nb = (c->cfg.agg_workers + 7) / 8;
 
@@ -239,6 +291,11 @@ static void handle_frame(struct hg_client *c, const uint8_t *f, size_t len,
 				fl->present = true;
 				fl->fast_at = 0;
 				fl->armed = now;
+				/* the step's first answer waits for a peer that
+				 * has not started it: wait as long again before
+				 * asking again */
+				if (hg_cl_step_start(c, fl) && now - fl->first_tx > fl->rto)
+					fl->rto = now - fl->first_tx;
 				/* The slot completes when the peer has resent
 				 * (at once, on the same STATUS): results of
 				 * chunks sent after now that overtake this one
@@ -438,6 +495,7 @@ static void tx_chunks(struct hg_client *c, const size_t *ks, uint16_t cnt,
 		if (!ag->t_first_tx)
 			ag->t_first_tx = now;
 		if (fl->tries++ > 0) {
+			ag->unanswered++;
 			c->stats.retransmissions++;
 			ag->st.retransmissions++;
 		}
@@ -543,50 +601,35 @@ void hg_cl_tx_new(struct hg_client *c, uint64_t now)
 	}
 }
 
-static void timeout_text(struct hg_client *c, const struct flight *fl)
+/*
+ * Append "workers 0,1,3 present, missing worker 2" for a STATUS bitmap of
+ * the aggregator (the job's worker numbers: a tree leaf's are an offset),
+ * and when none is missing that the slot waits for the root (PROTOCOL.md
+ * "Tree").  Returns the new end of the text.
+ */
+static char *bitmap_text(const struct hg_client *c, const uint8_t *bitmap, char *e,
+			 char *end)
 {
-	const struct stream *s = hg_cl_chunk_stream(c, (size_t)(fl->chunk - c->st.base));
-	const struct agg *ag = &c->agg[fl->agg];
-	char name[64], *e = c->err, *end = c->err + sizeof(c->err);
-	/* the limit it waited for; a late wake-up (a loaded host) is not news */
-	double secs = (double)c->cfg.give_up_ns / 1e9;
 	uint32_t missing = 0, base = c->cfg.worker - c->cfg.agg_worker;
 
-	agg_name(c, fl->agg, name, sizeof(name));
-	if (ag->st.results_received == ag->start_results && !fl->have_status) {
-		snprintf(c->err, sizeof(c->err),
-			 "no answer from aggregator %s: sent %llu chunks, "
-			 "received 0 results", name,
-			 (unsigned long long)(ag->st.packets_sent - ag->start_sent));
-		return;
-	}
-	e += snprintf(e, (size_t)(end - e),
-		      "timed out after %.3g s waiting for chunk %llu (phase %s): ",
-		      secs, (unsigned long long)fl->chunk, hg_phase_name(s->phase));
-	if (!fl->have_status) {
-		snprintf(e, (size_t)(end - e),
-			 "no status from aggregator %s after %u transmissions",
-			 name, fl->tries);
-		return;
-	}
-	e += snprintf(e, (size_t)(end - e), "aggregator %s reports workers ", name);
+	if (e < end)
+		e += snprintf(e, (size_t)(end - e), "workers ");
 	for (int pass = 0; pass < 2; pass++) {
 		bool first = true;
 
 		if (pass == 1) {
 			for (uint32_t w = 0; w < c->cfg.agg_workers; w++)
-				missing += !(fl->bitmap[w / 8] >> (w % 8) & 1);
+				missing += !(bitmap[w / 8] >> (w % 8) & 1);
 			if (e < end)
 				e += snprintf(e, (size_t)(end - e),
 					      " present, missing worker%s ",
 					      missing == 1 ? "" : "s");
 		}
 		for (uint32_t w = 0; w < c->cfg.agg_workers && e < end - 1; w++) {
-			bool in = fl->bitmap[w / 8] >> (w % 8) & 1;
+			bool in = bitmap[w / 8] >> (w % 8) & 1;
 
 			if (in != (pass == 0))
 				continue;
-			/* the job's worker numbers (a tree leaf's are an offset) */
 			e += snprintf(e, (size_t)(end - e), "%s%u",
 				      first ? "" : ",", w + base);
 			first = false;
@@ -596,8 +639,56 @@ static void timeout_text(struct hg_client *c, const struct flight *fl)
 	}
 	/* complete there: a tree leaf waiting for its root (PROTOCOL.md "Tree") */
 	if (!missing && e < end - 1)
+		e += snprintf(e, (size_t)(end - e),
+			      " (complete there: it waits for its root aggregator)");
+	return e < end ? e : end;
+}
+
+/*
+ * The give-up's text (PROTOCOL.md "Timeouts and naming the missing
+ * peers"): it names who is missing -- the workers the aggregator's STATUS
+ * of the chunk lacked, else those its latest STATUS of any chunk of this
+ * allreduce lacked, else the aggregator itself when it answered nothing.
+ */
+static void timeout_text(struct hg_client *c, const struct flight *fl)
+{
+	const struct stream *s = hg_cl_chunk_stream(c, (size_t)(fl->chunk - c->st.base));
+	const struct agg *ag = &c->agg[fl->agg];
+	char name[64], *e = c->err, *end = c->err + sizeof(c->err);
+	/* the limit it waited for; a late wake-up (a loaded host) is not news */
+	double secs = (double)c->cfg.give_up_ns / 1e9;
+
+	agg_name(c, fl->agg, name, sizeof(name));
+	if (ag->st.results_received == ag->start_results && !fl->have_status &&
+	    !ag->have_status) {
+		snprintf(c->err, sizeof(c->err),
+			 "no answer from aggregator %s: sent %llu chunks, "
+			 "received 0 results", name,
+			 (unsigned long long)(ag->st.packets_sent - ag->start_sent));
+		return;
+	}
+	e += snprintf(e, (size_t)(end - e),
+		      "timed out after %.3g s waiting for chunk %llu (phase %s): ",
+		      secs, (unsigned long long)fl->chunk, hg_phase_name(s->phase));
+	if (!ag->have_status || ag->unanswered >= STOPPED_UNANSWERED) {
+		/* it answered earlier, then none of our latest resends
+		 * (a live one answers each resend its slot has): it stopped */
 		snprintf(e, (size_t)(end - e),
-			 " (complete there: it waits for its root aggregator)");
+			 "no status from aggregator %s after %u transmissions "
+			 "(it stopped answering: none of the last %u resends to "
+			 "it was answered)", name, fl->tries, ag->unanswered);
+		return;
+	}
+	if (fl->have_status) {
+		e += snprintf(e, (size_t)(end - e), "aggregator %s reports ", name);
+		bitmap_text(c, fl->bitmap, e, end);
+		return;
+	}
+	e += snprintf(e, (size_t)(end - e),
+		      "no status of it from aggregator %s after %u transmissions; "
+		      "its latest (chunk %llu) reports ", name, fl->tries,
+		      (unsigned long long)ag->status_chunk);
+	bitmap_text(c, ag->status_bitmap, e, end);
 }
 
 /*
@@ -685,6 +776,16 @@ int hg_cl_tx_expired(struct hg_client *c, uint64_t now)
 			ag->st.fast_retransmissions++;
 		} else if (!fl->unsent && now < hg_cl_chunk_deadline(c, fl)) {
 			continue;
+		} else if (!fl->unsent && hg_cl_step_start(c, fl)) {
+			/* No answer of its step yet: a peer may not have
+			 * started the step (PROTOCOL.md "Peers that start
+			 * late").  Ask (the resend repairs our contribution
+			 * if it was lost, else gets the STATUS naming who is
+			 * missing), backing off this chunk's timer only: no
+			 * timeout, nothing to learn. */
+			c->stats.start_probes++;
+			fl->fast_at = 0;
+			fl->rto = hg_cl_rto_backoff(c, hg_cl_chunk_rto(c, fl));
 		} else if (!fl->unsent) {
 			/* RFC 6298 5.5: back off this chunk's timer, and the
 			 * client's, which new chunks start with until a valid

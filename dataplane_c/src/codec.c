@@ -117,6 +117,13 @@ int hg_params_check(const struct hg_params *p)
 	if (!(p->sketch_cells_per_candidate >= 0.0f &&
 	      p->sketch_cells_per_candidate <= 64.0f))
 		return -EINVAL;
+	if (p->cost.pkt_ps > HG_COST_MAX_PKT_PS ||
+	    p->cost.agg_pkt_ps > HG_COST_MAX_PKT_PS ||
+	    p->cost.value_ps > HG_COST_MAX_ELEM_PS ||
+	    p->cost.lane_ps > HG_COST_MAX_ELEM_PS ||
+	    p->cost.bitmap_ps > HG_COST_MAX_ELEM_PS ||
+	    p->cost.probe_ps > HG_COST_MAX_ELEM_PS)
+		return -ERANGE;
 	return 0;
 }
 

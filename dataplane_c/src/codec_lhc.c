@@ -22,6 +22,9 @@
 #include "codec_lhc_pvt.h"
 #include "prefetch_pvt.h"
 
+/* The cost model's exact integers: products of 64-bit terms. */
+__extension__ typedef unsigned __int128 hg_u128;
+
 /*
  * Bloom filter options (protocol constants): bits per counted element,
  * probes, and the expected false-positive rate (1 - e^(-k/bpe))^k scaled
@@ -87,30 +90,92 @@ static uint32_t sketch_t(const struct hg_params *p, uint32_t nc)
 	}
 }
 
-/* The index of one block: bitmap or the cheapest Bloom option. */
-static void plan_index(uint32_t len, uint32_t count, struct lhc_block *bk)
+/*
+ * The cost model's per-byte and per-round-trip terms (docs/PROTOCOL.md
+ * "The cost model"), in picoseconds; exact integers, the same on every
+ * platform.  timed is false without a link rate (the bytes rules).
+ */
+struct cost_terms {
+	bool timed;
+	hg_u128 xb;        /* one byte of a phase: wire + per-packet CPU share */
+	hg_u128 rt;        /* one phase round trip */
+	hg_u128 lane;      /* one union lane: 4 xb + lane_ps */
+};
+
+static void cost_terms(const struct hg_params *p, struct cost_terms *ct)
+{
+	const struct hg_cost *k = &p->cost;
+	hg_u128 byte_ps, payload;
+
+	memset(ct, 0, sizeof(*ct));
+	if (!k->link_mbit)
+		return;
+	ct->timed = true;
+	byte_ps = (hg_u128)8000000 / k->link_mbit;
+	payload = k->payload_bytes ? k->payload_bytes : 1024;
+	ct->xb = byte_ps + ((hg_u128)k->pkt_ps +
+			    (hg_u128)p->workers * k->agg_pkt_ps +
+			    HG_COST_FRAME_BYTES * byte_ps) / payload;
+	ct->rt = (hg_u128)1000 * k->rtt_ns;
+	ct->lane = 4 * ct->xb + k->lane_ps;
+}
+
+/*
+ * The index of one block: bitmap or a Bloom option.  Without a link rate
+ * the fewest bits (the bytes rule); with one the least predicted time.
+ * Returns the block's index time (the cost model's ix_b; 0 for the bytes
+ * rule).
+ */
+static hg_u128 plan_index(const struct hg_params *p,
+			  const struct cost_terms *ct, uint32_t len,
+			  uint32_t count, struct lhc_block *bk)
 {
 	uint64_t c = count < len ? count : len;
 	uint64_t best = 8 * (((uint64_t)len + 7) / 8);
+	hg_u128 tbest = 0, ix = 0;
+	uint64_t cw = 0;
 
 	bk->kind = LHC_BITMAP;
 	bk->bloom_bits = 0;
 	bk->bloom_k = 0;
+	if (ct->timed) {
+		cw = ((uint64_t)count + p->workers - 1) / p->workers;
+		if (cw > len)
+			cw = len;
+		tbest = (hg_u128)(((uint64_t)len + 7) / 8) * ct->xb +
+			(hg_u128)len * p->cost.bitmap_ps;
+		ix = tbest;
+	}
 	for (size_t i = 0; i < N_BLOOM_OPTS; i++) {
 		uint64_t bits = (bloom_opts[i].bpe * c + 63) / 64 * 64;
-		uint64_t fp = (bloom_opts[i].fp_q20 * (len - c) *
-			       FP_COST_BITS) >> 20;
 
 		if (bits == 0)
 			bits = 64;
-		if (bits + fp < best) {
+		if (ct->timed) {
+			uint64_t fpn = (bloom_opts[i].fp_q20 * (len - c)) >> 20;
+			hg_u128 ti = (hg_u128)(bits / 8) * ct->xb +
+				     (hg_u128)bloom_opts[i].k * (len + cw) *
+					     p->cost.probe_ps;
+			hg_u128 t = ti + (hg_u128)fpn * ct->lane;
+
+			if (!(t < tbest))
+				continue;
+			tbest = t;
+			ix = ti;
+		} else {
+			uint64_t fp = (bloom_opts[i].fp_q20 * (len - c) *
+				       FP_COST_BITS) >> 20;
+
+			if (!(bits + fp < best))
+				continue;
 			best = bits + fp;
-			bk->kind = LHC_BLOOM;
-			bk->bloom_bits = (uint32_t)bits;
-			bk->bloom_k = (uint8_t)bloom_opts[i].k;
-			bk->bloom_opt = (uint8_t)i;
 		}
+		bk->kind = LHC_BLOOM;
+		bk->bloom_bits = (uint32_t)bits;
+		bk->bloom_k = (uint8_t)bloom_opts[i].k;
+		bk->bloom_opt = (uint8_t)i;
 	}
+	return ix;
 }
 
 static size_t index_bytes_of(const struct lhc_block *bk, uint32_t len)
@@ -135,6 +200,7 @@ struct hg_lhc *hg_lhc_create_at(const struct hg_params *p, uint64_t first,
 				const uint8_t *gcounts_be32)
 {
 	struct hg_lhc *l;
+	struct cost_terms ct;
 	size_t off = 0;
 
 	if (hg_params_check(p) || (n && (!gcodes || !gcounts_be32)))
@@ -153,6 +219,7 @@ struct hg_lhc *hg_lhc_create_at(const struct hg_params *p, uint64_t first,
 	if (!l->gcodes || !l->blk)
 		goto err_free;
 	memcpy(l->gcodes, gcodes, l->nb);
+	cost_terms(p, &ct);
 	for (size_t b = 0; b < l->nb; b++) {
 		struct lhc_block *bk = &l->blk[b];
 		uint32_t len = (uint32_t)hg_block_len(p, n, b);
@@ -162,7 +229,7 @@ struct hg_lhc *hg_lhc_create_at(const struct hg_params *p, uint64_t first,
 			bk->kind = LHC_NONE;
 			continue;
 		}
-		plan_index(len, hg_ld_be32(gcounts_be32 + 4 * b), bk);
+		plan_index(p, &ct, len, hg_ld_be32(gcounts_be32 + 4 * b), bk);
 		if (bk->kind == LHC_BITMAP)
 			l->info.bitmap_blocks++;
 		else
@@ -1008,10 +1075,20 @@ static void auto_dense_blocks(const struct hg_params *p, size_t n,
 			*blocks += 4 * (uint64_t)hg_block_len(p, n, b);
 }
 
+/* Predicted time of the dense or blocks values phase: 4 bytes and one
+ * value_ps per lane. */
+static hg_u128 values_time(const struct hg_params *p,
+			   const struct cost_terms *ct, uint64_t bytes)
+{
+	return (hg_u128)bytes * ct->xb + (hg_u128)(bytes / 4) * p->cost.value_ps;
+}
+
 int hg_auto_choose(const struct hg_params *p, size_t n, const int8_t *gcodes,
 		   const uint8_t *gcounts_be32)
 {
 	uint64_t dense, blocks, union_lo = 0, best;
+	hg_u128 t_union_lo = 0, td, tk;
+	struct cost_terms ct;
 	size_t nb;
 	int rc = hg_params_check(p);
 
@@ -1020,17 +1097,30 @@ int hg_auto_choose(const struct hg_params *p, size_t n, const int8_t *gcodes,
 	if (n && (!gcodes || !gcounts_be32))
 		return -EINVAL;
 	nb = hg_nblocks(p, n);
+	cost_terms(p, &ct);
 	auto_dense_blocks(p, n, gcodes, &dense, &blocks);
 	for (size_t b = 0; b < nb; b++) {
 		uint32_t len = (uint32_t)hg_block_len(p, n, b);
 		uint32_t cnt = hg_ld_be32(gcounts_be32 + 4 * b);
 		uint64_t lo = ((uint64_t)cnt + p->workers - 1) / p->workers;
 		struct lhc_block bk;
+		hg_u128 ix;
 
 		if (gcodes[b] == HG_EXP_ZERO)
 			continue;
-		plan_index(len, cnt, &bk);
-		union_lo += index_bytes_of(&bk, len) + 4 * (lo < len ? lo : len);
+		if (lo > len)
+			lo = len;
+		ix = plan_index(p, &ct, len, cnt, &bk);
+		union_lo += index_bytes_of(&bk, len) + 4 * lo;
+		t_union_lo += ix + (hg_u128)lo * ct.lane;
+	}
+	if (ct.timed) {
+		td = values_time(p, &ct, dense) + ct.rt;
+		tk = values_time(p, &ct, blocks) + ct.rt;
+		t_union_lo += 2 * ct.rt;
+		if ((td <= tk ? td : tk) <= t_union_lo)
+			return td <= tk ? HG_M_DENSE : HG_M_BLOCKS;
+		return HG_M_UNION;
 	}
 	best = dense <= blocks ? dense : blocks;
 	if (best <= union_lo)
@@ -1041,11 +1131,24 @@ int hg_auto_choose(const struct hg_params *p, size_t n, const int8_t *gcodes,
 int hg_auto_choose_indexed(const struct hg_lhc *l)
 {
 	uint64_t dense, blocks, un;
+	struct cost_terms ct;
 
 	if (!l || l->state < LHC_INDEXED)
 		return -EINVAL;
 	auto_dense_blocks(&l->p, l->n, l->gcodes, &dense, &blocks);
 	un = 4 * (uint64_t)l->info.candidates;
+	cost_terms(&l->p, &ct);
+	if (ct.timed) {
+		hg_u128 td = values_time(&l->p, &ct, dense);
+		hg_u128 tk = values_time(&l->p, &ct, blocks);
+		hg_u128 tu = (hg_u128)l->info.candidates * ct.lane;
+
+		if (td <= tk && td <= tu)
+			return HG_M_DENSE;
+		if (tk <= tu)
+			return HG_M_BLOCKS;
+		return HG_M_UNION;
+	}
 	if (dense <= blocks && dense <= un)
 		return HG_M_DENSE;
 	if (blocks <= un)

@@ -26,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "auth_pvt.h"
 #include "homagg/auth.h"
 #include "homagg/codec.h"
 #include "homagg/counters.h"
@@ -108,6 +109,7 @@ struct hg_set {
 struct hg_peer {
 	struct hg_wire_addr addr;      /* learned from its latest valid frame */
 	uint32_t incarnation;          /* greatest accepted, 0 = none yet */
+	struct hg_mac_track mac;       /* auth: its MAC counter */
 	uint64_t cnt[HG_WCNT__COUNT];  /* hg_engine_worker_counters() */
 };
 
@@ -136,7 +138,14 @@ struct hg_job {
 	struct hg_set *sets;           /* 2 * S, set of slot s shadow h: 2s+h */
 	uint8_t *acc;                  /* 2 * S * acc_stride, 64-byte aligned */
 	struct hg_peer *peers;         /* W entries */
-	uint8_t (*keys)[HG_AUTH_KEY_LEN]; /* auth: W worker keys + the aggregator's */
+	struct hg_mac_key *keys;       /* auth: W worker keys + the aggregator's */
+	struct hg_mac_key *old_keys;   /* the previous epoch's, within its grace */
+	uint64_t old_until_ns;         /* end of old_keys' grace period */
+	uint8_t epoch;                 /* current key epoch */
+	uint64_t mac_ctr;              /* auth: replies MACed in this epoch */
+	struct hg_mac_key *up_keys;    /* auth leaf: own key at the root, root's */
+	uint64_t up_ctr;               /* auth leaf: requests MACed */
+	struct hg_mac_track up_track;  /* auth leaf: the root's MAC counter */
 	size_t mac_len;                /* auth: HG_MAC_LEN, else 0 */
 	uint64_t cnt[HG_CNT__COUNT];
 	struct hg_up_timer *up;        /* tree leaf: 2 * S upward timers, else NULL */
@@ -266,15 +275,56 @@ err:
 	return NULL;
 }
 
+/* n keys, aligned for the AES state, zeroed; NULL when out of memory. */
+static struct hg_mac_key *keys_alloc(size_t n)
+{
+	struct hg_mac_key *k;
+
+	if (posix_memalign((void **)&k, 64, n * sizeof(*k)))
+		return NULL;
+	memset(k, 0, n * sizeof(*k));
+	return k;
+}
+
+static void keys_free(struct hg_mac_key *k, size_t n)
+{
+	if (!k)
+		return;
+	for (size_t i = 0; i < n; i++)
+		hg_mac_key_release(&k[i]);
+	free(k);
+}
+
+/* The W + 1 keys of secret's epoch for job j; NULL and *rc on failure. */
+static struct hg_mac_key *keys_derive(const struct hg_job *j,
+				      const uint8_t *secret, int *rc)
+{
+	uint32_t W = j->cfg.workers;
+	struct hg_mac_key *k = keys_alloc(W + 1);
+
+	*rc = -ENOMEM;
+	if (!k)
+		return NULL;
+	for (uint32_t w = 0; w <= W; w++) {
+		*rc = hg_mac_key_derive(&k[w], j->cfg.mac, secret, j->cfg.job,
+					w < W ? w : HG_AUTH_KEY_AGGREGATOR);
+		if (*rc) {
+			keys_free(k, W + 1);
+			return NULL;
+		}
+	}
+	return k;
+}
+
 static void job_free(struct hg_job *j)
 {
 	free(j->sets);
 	free(j->acc);
 	free(j->peers);
 	free(j->up);
-	if (j->keys)
-		hg_auth_wipe(j->keys, (j->cfg.workers + 1) * sizeof(*j->keys));
-	free(j->keys);
+	keys_free(j->keys, j->cfg.workers + 1);
+	keys_free(j->old_keys, j->cfg.workers + 1);
+	keys_free(j->up_keys, 2);
 	memset(j, 0, sizeof(*j));
 }
 
@@ -425,14 +475,16 @@ int hg_engine_add_job(struct hg_engine *e, const struct hg_job_config *jc)
 	}
 	if (!j)
 		return -ERANGE;
-	if (jc->up && jc->auth)
-		return -ENOTSUP;
 	if (jc->up && !jc->up_ipv4)
 		return -EINVAL;
 	memset(j, 0, sizeof(*j));
 	j->cfg = *jc;
-	/* The secret is not kept: only the keys derived from it. */
+	/* The secrets are not kept: only the keys derived from them. */
 	hg_auth_wipe(j->cfg.secret, sizeof(j->cfg.secret));
+	hg_auth_wipe(j->cfg.up_key, sizeof(j->cfg.up_key));
+	hg_auth_wipe(j->cfg.up_reply_key, sizeof(j->cfg.up_reply_key));
+	if (jc->auth && !j->cfg.mac)
+		j->cfg.mac = hg_auth_default_mac();
 	if (!j->cfg.incarnation)
 		j->cfg.incarnation = hg_wire_incarnation_now();
 	j->acc_stride = (jc->payload_bytes + ACC_ALIGN - 1) & ~(uint32_t)(ACC_ALIGN - 1);
@@ -466,18 +518,20 @@ int hg_engine_add_job(struct hg_engine *e, const struct hg_job_config *jc)
 			j->cfg.up_give_up_ns = HG_UP_DEFAULT_GIVE_UP_NS;
 	}
 	if (jc->auth) {
-		j->keys = calloc(jc->workers + 1, sizeof(*j->keys));
-		if (!j->keys)
-			goto err_free_job;
-		for (uint32_t w = 0; w <= jc->workers; w++) {
-			int rc = hg_auth_derive_key(jc->secret, w < jc->workers ?
-						    w : HG_AUTH_KEY_AGGREGATOR,
-						    j->keys[w]);
+		int rc;
 
-			if (rc) {
-				job_free(j);
-				return rc;
-			}
+		j->keys = keys_derive(j, jc->secret, &rc);
+		if (!rc && jc->up) {
+			j->up_keys = keys_alloc(2);
+			rc = !j->up_keys ? -ENOMEM :
+			     hg_mac_key_init(&j->up_keys[0], j->cfg.mac, jc->up_key);
+			if (!rc)
+				rc = hg_mac_key_init(&j->up_keys[1], j->cfg.mac,
+						     jc->up_reply_key);
+		}
+		if (rc) {
+			job_free(j);
+			return rc;
 		}
 		j->mac_len = HG_MAC_LEN;
 	}
@@ -523,6 +577,33 @@ int hg_engine_remove_job(struct hg_engine *e, uint32_t id)
 	e->njobs--;
 	table_rebuild(e);
 	return 0;
+}
+
+int hg_engine_rotate_key(struct hg_engine *e, uint32_t id,
+			 const uint8_t *secret, uint64_t grace_ns)
+{
+	struct hg_mac_key *k;
+	struct hg_job *j;
+	int rc;
+
+	if (!e || !secret)
+		return -EINVAL;
+	j = job_find(e, id);
+	if (!j)
+		return -ENOENT;
+	if (!j->mac_len || j->up)
+		return -EPERM;
+	k = keys_derive(j, secret, &rc);
+	if (!k)
+		return rc;
+	/* Only two epochs are held: a grace period still running ends. */
+	keys_free(j->old_keys, j->cfg.workers + 1);
+	j->old_keys = j->keys;
+	j->old_until_ns = hg_port_now(e->port) + grace_ns;
+	j->keys = k;
+	j->epoch++;
+	j->mac_ctr = 0;
+	return j->epoch;
 }
 
 int hg_engine_job_count(const struct hg_engine *e)
@@ -671,7 +752,8 @@ static void put_reply(struct hg_engine *e, struct hg_job *j, struct hg_pkt *p,
 	struct hg_hdr h = {
 		.version = HG_PROTOCOL_VERSION,
 		.op = s->op,
-		.flags = (uint16_t)(flags | (j->mac_len ? HG_FLAG_AUTH : 0)),
+		.flags = (uint16_t)(flags | (j->mac_len ? HG_FLAG_AUTH |
+					     j->epoch << HG_FLAG_EPOCH_SHIFT : 0)),
 		.job = j->cfg.job,
 		.token = j->cfg.token,
 		.worker = w,
@@ -681,7 +763,7 @@ static void put_reply(struct hg_engine *e, struct hg_job *j, struct hg_pkt *p,
 		.exp = s->exp,
 		.shard = j->cfg.shard,
 		.incarnation = j->cfg.incarnation,
-		.reserved = 0,
+		.nonce = j->mac_len ? (uint32_t)++j->mac_ctr : 0,
 	};
 	uint8_t *f = p->data;
 
@@ -709,8 +791,9 @@ static void put_reply(struct hg_engine *e, struct hg_job *j, struct hg_pkt *p,
 	if (f + HG_OFF_PAYLOAD != payload)
 		memcpy(f + HG_OFF_PAYLOAD, payload, plen);
 	if (j->mac_len) {
-		hg_auth_mac(j->keys[j->cfg.workers], f + HG_OFF_HDR,
-			    HG_HDR_LEN + plen, f + HG_OFF_PAYLOAD + plen);
+		hg_mac_key_sign(&j->keys[j->cfg.workers], HG_AUTH_DIR_REPLY,
+				j->mac_ctr, f + HG_OFF_HDR, HG_HDR_LEN + plen,
+				f + HG_OFF_PAYLOAD + plen);
 		psum = hg_csum_add(0, f + HG_OFF_PAYLOAD,
 				   plen + j->mac_len);
 	}
@@ -855,13 +938,15 @@ static void up_send(struct hg_engine *e, struct hg_job *j, struct hg_set *s,
 		.exp = op == s->op ? s->exp : 0,
 		.shard = j->cfg.up_shard,
 		.incarnation = j->cfg.incarnation,
-		.reserved = 0,
+		.nonce = j->mac_len ? (uint32_t)++j->up_ctr : 0,
 	};
 	struct hg_pkt *none = NULL;
 	uint64_t now = hg_port_now(e->port);
 	struct hg_pkt *p;
 	uint8_t *f;
 
+	if (j->mac_len)
+		h.flags |= HG_FLAG_AUTH;
 	if (why == UP_FIRST) {
 		t->first_ns = now;
 		t->tries = 0;
@@ -874,18 +959,23 @@ static void up_send(struct hg_engine *e, struct hg_job *j, struct hg_set *s,
 	if (t->due_ns < e->up_next)
 		e->up_next = t->due_ns;
 	count(e, j, retrans ? HG_CNT_UP_RETRANSMISSIONS : HG_CNT_UP_SENT);
-	p = out_pkt(e, j, reuse ? reuse : &none, HG_OFF_PAYLOAD + plen);
+	p = out_pkt(e, j, reuse ? reuse : &none,
+		    HG_OFF_PAYLOAD + plen + j->mac_len);
 	if (!p)
 		return;
 	f = p->data;
 	hg_wire_put_l2l4(f, &e->self, j->cfg.up_mac, j->cfg.up_ipv4,
-			 j->cfg.up_port, HG_HDR_LEN + plen);
+			 j->cfg.up_port, HG_HDR_LEN + plen + j->mac_len);
 	hg_wire_put_hdr(f + HG_OFF_HDR, &h);
 	memcpy(f + HG_OFF_PAYLOAD, acc, plen);
+	if (j->mac_len)
+		hg_mac_key_sign(&j->up_keys[0], HG_AUTH_DIR_REQUEST, j->up_ctr,
+				f + HG_OFF_HDR, HG_HDR_LEN + plen,
+				f + HG_OFF_PAYLOAD + plen);
 	if (e->wire_flags & HG_WIRE_F_UDP_CSUM)
-		hg_wire_put_udp_csum(f, hg_csum_add(hg_csum_add(0, acc, plen),
-						    f + HG_OFF_HDR, HG_HDR_LEN));
-	p->len = (uint16_t)(HG_OFF_PAYLOAD + plen);
+		hg_wire_put_udp_csum(f, hg_csum_add(0, f + HG_OFF_HDR,
+						    HG_HDR_LEN + plen + j->mac_len));
+	p->len = (uint16_t)(HG_OFF_PAYLOAD + plen + j->mac_len);
 	queue_tx(e, p);
 }
 
@@ -941,6 +1031,24 @@ static void up_worker_retrans(struct hg_engine *e, struct hg_job *j,
  * it (token, worker up_worker or all, shard, slot and shadow, lanes).
  * st->worker carries whether a STATUS has this leaf's bit.
  */
+/* A root reply to auth leaf j: epoch 0, the root's aggregator key. */
+static bool up_verify(struct hg_job *j, const struct hg_pkt *pkt,
+		      const struct hg_wire_view *v, uint16_t flags)
+{
+	const uint8_t *h = pkt->data + v->payload_off - HG_HDR_LEN;
+	uint64_t ctr;
+
+	if (!(flags & HG_FLAG_AUTH) || (flags >> HG_FLAG_EPOCH_SHIFT))
+		return false;
+	ctr = hg_mac_track_counter(&j->up_track, h);
+	if (!hg_mac_key_check(&j->up_keys[1], HG_AUTH_DIR_REPLY, ctr, h,
+			      HG_HDR_LEN + v->payload_len,
+			      pkt->data + v->payload_off + v->payload_len))
+		return false;
+	hg_mac_track_update(&j->up_track, h, ctr);
+	return true;
+}
+
 static bool up_classify(struct hg_engine *e, struct hg_pkt *pkt,
 			const struct hg_wire_view *v, uint16_t flags,
 			struct hg_stage *st)
@@ -966,7 +1074,7 @@ static bool up_classify(struct hg_engine *e, struct hg_pkt *pkt,
 		rc = HG_CNT_BAD_WORKER;
 		goto drop;
 	}
-	if (flags & HG_FLAG_AUTH) {
+	if (j->mac_len ? !up_verify(j, pkt, v, flags) : (flags & HG_FLAG_AUTH)) {
 		rc = HG_CNT_BAD_MAC;
 		goto drop;
 	}
@@ -1265,6 +1373,43 @@ static inline bool classify_fast(struct hg_engine *e, struct hg_pkt *pkt,
 }
 
 /*
+ * Does worker w's frame of auth job j verify?  Its key epoch picks the
+ * keys: the job's current one, or the previous one within its grace period
+ * (whose keys are wiped at the first frame of that epoch after it).
+ */
+static bool worker_verify(struct hg_engine *e, struct hg_job *j, uint32_t w,
+			  const struct hg_pkt *pkt,
+			  const struct hg_wire_view *v, uint16_t flags)
+{
+	const uint8_t *h = pkt->data + v->payload_off - HG_HDR_LEN;
+	uint8_t epoch = (uint8_t)(flags >> HG_FLAG_EPOCH_SHIFT);
+	const struct hg_mac_key *k;
+	uint64_t ctr;
+
+	if (!(flags & HG_FLAG_AUTH))
+		return false;
+	if (epoch == j->epoch) {
+		k = &j->keys[w];
+	} else if (j->old_keys && epoch == (uint8_t)(j->epoch - 1)) {
+		if (hg_port_now(e->port) >= j->old_until_ns) {
+			keys_free(j->old_keys, j->cfg.workers + 1);
+			j->old_keys = NULL;
+			return false;
+		}
+		k = &j->old_keys[w];
+	} else {
+		return false;
+	}
+	ctr = hg_mac_track_counter(&j->peers[w].mac, h);
+	if (!hg_mac_key_check(k, HG_AUTH_DIR_REQUEST, ctr, h,
+			      HG_HDR_LEN + v->payload_len,
+			      pkt->data + v->payload_off + v->payload_len))
+		return false;
+	hg_mac_track_update(&j->peers[w].mac, h, ctr);
+	return true;
+}
+
+/*
  * First pass over one frame: everything no frame of the burst can change
  * (the frame itself, the job table, the job's W, S and payload size).  A
  * frame that fails is counted and freed here (job = NULL); a valid one gets
@@ -1319,10 +1464,7 @@ static void classify(struct hg_engine *e, struct hg_pkt *pkt,
 		goto drop;
 	}
 	/* Before anything that changes state (incarnation, slot, address). */
-	if (j->mac_len ? !(flags & HG_FLAG_AUTH) ||
-			 !hg_auth_verify(j->keys[w], pkt->data + v.payload_off -
-					 HG_HDR_LEN, HG_HDR_LEN + v.payload_len,
-					 pkt->data + v.payload_off + v.payload_len)
+	if (j->mac_len ? !worker_verify(e, j, w, pkt, &v, flags)
 		       : (flags & HG_FLAG_AUTH)) {
 		rc = HG_CNT_BAD_MAC;
 		goto drop;

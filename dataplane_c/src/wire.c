@@ -11,6 +11,9 @@
 #include <string.h>
 #include <time.h>
 
+#include <sodium.h>
+
+#include "auth_pvt.h"
 #include "homagg/auth.h"
 #include "homagg/codec.h"
 #include "homagg/counters.h"
@@ -130,10 +133,11 @@ int hg_wire_parse(const uint8_t *f, size_t len, uint16_t udp_port,
 	return hg_wire_parse_inl(f, len, udp_port, flags, v);
 }
 
-int hg_wire_build_mac(uint8_t *f, size_t cap, const struct hg_wire_addr *src,
-		      const struct hg_wire_addr *dst, const struct hg_hdr *hdr,
-		      const uint8_t *payload, size_t payload_len, uint32_t flags,
-		      const uint8_t *key)
+int hg_wire_build_keyed(uint8_t *f, size_t cap, const struct hg_wire_addr *src,
+			const struct hg_wire_addr *dst, const struct hg_hdr *hdr,
+			const uint8_t *payload, size_t payload_len,
+			uint32_t flags, const struct hg_mac_key *k,
+			uint32_t dir, uint64_t counter)
 {
 	struct hg_hdr h;
 	size_t mac, flen;
@@ -143,8 +147,10 @@ int hg_wire_build_mac(uint8_t *f, size_t cap, const struct hg_wire_addr *src,
 	if (payload_len > HG_MAX_PAYLOAD)
 		return -ERANGE;
 	h = *hdr;
-	if (key)
+	if (k) {
 		h.flags |= HG_FLAG_AUTH;
+		h.nonce = (uint32_t)counter;
+	}
 	mac = (h.flags & HG_FLAG_AUTH) ? HG_MAC_LEN : 0;
 	flen = HG_OFF_PAYLOAD + payload_len + mac;
 	if (cap < flen)
@@ -154,15 +160,40 @@ int hg_wire_build_mac(uint8_t *f, size_t cap, const struct hg_wire_addr *src,
 	hg_wire_put_hdr(f + HG_OFF_HDR, &h);
 	if (payload_len)
 		memmove(f + HG_OFF_PAYLOAD, payload, payload_len);
-	if (key)
-		hg_auth_mac(key, f + HG_OFF_HDR, HG_HDR_LEN + payload_len,
-			    f + HG_OFF_PAYLOAD + payload_len);
+	if (k)
+		hg_mac_key_sign(k, dir, counter, f + HG_OFF_HDR,
+				HG_HDR_LEN + payload_len,
+				f + HG_OFF_PAYLOAD + payload_len);
 	else
 		memset(f + HG_OFF_PAYLOAD + payload_len, 0, mac);
 	if (flags & HG_WIRE_F_UDP_CSUM)
 		hg_wire_put_udp_csum(f, hg_csum_add(0, f + HG_OFF_HDR,
 						    HG_HDR_LEN + payload_len + mac));
 	return (int)flen;
+}
+
+int hg_wire_build_mac(uint8_t *f, size_t cap, const struct hg_wire_addr *src,
+		      const struct hg_wire_addr *dst, const struct hg_hdr *hdr,
+		      const uint8_t *payload, size_t payload_len, uint32_t flags,
+		      const struct hg_wire_mac *m)
+{
+	struct hg_mac_key *k = NULL;
+	int rc;
+
+	if (m) {
+		k = sodium_malloc(sizeof(*k));  /* aligned; wiped when freed */
+		if (!k)
+			return -ENOMEM;
+		rc = hg_mac_key_init(k, m->alg, m->key);
+		if (rc)
+			goto out;
+	}
+	rc = hg_wire_build_keyed(f, cap, src, dst, hdr, payload, payload_len,
+				 flags, k, m ? m->dir : 0, m ? m->counter : 0);
+out:
+	if (k)
+		sodium_free(k);
+	return rc;
 }
 
 int hg_wire_build(uint8_t *f, size_t cap, const struct hg_wire_addr *src,

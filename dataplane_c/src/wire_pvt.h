@@ -154,7 +154,7 @@ static inline void hg_wire_put_hdr(uint8_t *p, const struct hg_hdr *h)
 	p[22] = (uint8_t)h->exp;
 	p[23] = h->shard;
 	hg_st_be32(p + 24, h->incarnation);
-	hg_st_be32(p + 28, h->reserved);
+	hg_st_be32(p + 28, h->nonce);
 }
 
 /*
@@ -254,8 +254,10 @@ static inline int hg_wire_parse_inl(const uint8_t *f, size_t len,
 	v->hdr.exp = (int8_t)h[22];
 	v->hdr.shard = h[23];
 	v->hdr.incarnation = hg_ld_be32(h + 24);
-	v->hdr.reserved = hg_ld_be32(h + 28);
-	if ((v->hdr.flags & ~HG_FLAGS_KNOWN) || v->hdr.reserved ||
+	v->hdr.nonce = hg_ld_be32(h + 28);
+	if ((v->hdr.flags & ~HG_FLAGS_KNOWN) ||
+	    (!(v->hdr.flags & HG_FLAG_AUTH) &&
+	     (v->hdr.nonce || (v->hdr.flags >> HG_FLAG_EPOCH_SHIFT))) ||
 	    !v->hdr.incarnation ||
 	    ((v->hdr.flags & HG_FLAG_RESULT) && (v->hdr.flags & HG_FLAG_STATUS)))
 		return HG_CNT_BAD_FLAGS;

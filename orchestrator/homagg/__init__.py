@@ -7,8 +7,8 @@ Where to start reading:
 - ``homagg.errors``: the one exception tree every layer raises.
 - ``homagg.cli``: the ``homagg`` command (``homagg --help``).
 
-Beside the public API at the top (protocol, codec, kernels, engine, worker,
-nic, sim, auth, reference, torch, errors), the subpackages: ``homagg.switch``
+Beside the public API at the top (protocol, codec, cost, kernels, engine,
+worker, nic, sim, auth, reference, torch, errors), the subpackages: ``homagg.switch``
 (the aggregator daemon, its control client, job files), ``homagg.deploy``
 (``local``: a testbed of namespaces; ``remote``: inventory hosts over SSH),
 ``homagg.runs`` (allreduce jobs), ``homagg.train`` (DDP training),

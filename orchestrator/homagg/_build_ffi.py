@@ -109,7 +109,7 @@ ffibuilder.set_source(
     extra_objects=[str(_libdir / "libhomagg.a")],
     extra_compile_args=["-O2", "-std=gnu11"] + _sanflags,
     extra_link_args=_sanflags,
-    libraries=["sodium", "m"],
+    libraries=["sodium", "crypto", "m"],
 )
 
 if __name__ == "__main__":

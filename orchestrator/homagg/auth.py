@@ -19,12 +19,17 @@ import os
 import stat
 
 from homagg.bindings import auth as _b
-from homagg.errors import SecretFileError  # noqa: F401 - SecretFileError importable from here
+from homagg.errors import InvalidArgument, SecretFileError
 
 SECRET_LEN = _b.SECRET_LEN
 KEY_LEN = _b.KEY_LEN
 MAC_LEN = _b.MAC_LEN
 AGGREGATOR = _b.KEY_AGGREGATOR
+MAC_BLAKE2B = _b.MAC_BLAKE2B
+MAC_AES_GMAC = _b.MAC_AES_GMAC
+MAC_NAMES = {MAC_BLAKE2B: "blake2b", MAC_AES_GMAC: "aes-gmac"}
+DIR_REQUEST = _b.DIR_REQUEST
+DIR_REPLY = _b.DIR_REPLY
 
 
 def new_secret():
@@ -85,11 +90,38 @@ def load_secret(path):
     return secret
 
 
-def derive_key(secret, key_id):
-    """The key ``key_id`` (a worker id, or AGGREGATOR) of a job secret."""
-    return _b.derive_key(secret, key_id)
+def derive_key(secret, job, key_id):
+    """The key ``key_id`` (a worker id, or AGGREGATOR) of job ``job`` (its
+    id) under a job secret."""
+    return _b.derive_key(secret, job, key_id)
 
 
-def mac(key, data):
-    """The 16-byte MAC of ``data`` under ``key``."""
-    return _b.mac(key, data)
+def mac_name(alg):
+    """'aes-gmac' or 'blake2b' for an algorithm code."""
+    return MAC_NAMES[alg]
+
+
+def mac_code(name):
+    """The algorithm code of a MAC name ('aes-gmac', 'blake2b'), or of
+    'auto' (this host's default); a one-line error naming the choices."""
+    if name in (None, "auto"):
+        return _b.default_mac()
+    for code, n in MAC_NAMES.items():
+        if n == name:
+            if not _b.mac_available(code):
+                raise InvalidArgument(
+                    f"mac {name}: this host's CPU lacks AES-NI or PCLMULQDQ; "
+                    "use mac blake2b")
+            return code
+    raise InvalidArgument(f"mac {name!r}: one of {', '.join(MAC_NAMES.values())} or auto")
+
+
+def default_mac_name():
+    """This host's default MAC algorithm's name."""
+    return MAC_NAMES[_b.default_mac()]
+
+
+def mac(key, data, alg=None, direction=0, counter=1):
+    """The 16-byte MAC of ``data`` (a HomAgg header and payload) under
+    ``key`` with algorithm ``alg`` (default: this host's)."""
+    return _b.mac(_b.default_mac() if alg is None else alg, key, direction, counter, data)

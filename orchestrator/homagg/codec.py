@@ -48,6 +48,7 @@ import numpy as np
 from homagg import protocol
 from homagg.bindings import codec as _b
 from homagg.bindings import kernels as _k
+from homagg import cost as _cost
 from homagg.errors import HomAggError, InvalidArgument, NonFiniteValue, OutOfRange
 
 DEFAULT_BLOCK = _b.DEFAULT_BLOCK
@@ -69,6 +70,7 @@ class Params:
     stochastic: bool = False
     nc_levels: int = 0
     sketch_cells_per_candidate: float = 0.0
+    cost: object = None  # homagg.cost.Cost (or its dict) of the job; None: bytes rules
 
     def __post_init__(self):
         self.c(0)  # validate now: raises InvalidArgument / OutOfRange
@@ -79,7 +81,8 @@ class Params:
             block=self.block_elements, workers=self.workers, worker=worker,
             flags=_b.F_STOCHASTIC if self.stochastic else 0, seed=self.seed,
             nc_levels=self.nc_levels,
-            sketch_cells_per_candidate=self.sketch_cells_per_candidate)
+            sketch_cells_per_candidate=self.sketch_cells_per_candidate,
+            cost=_cost.as_cost(self.cost).fields())
 
     def nblocks(self, n):
         return (n + self.block_elements - 1) // self.block_elements

@@ -64,12 +64,14 @@ class Frame:
 
 def build_frame(src, dst, *, op, job, token, worker, seq, slot, lanes=None,
                 exp=0, flags=0, payload=b"", version=None, shard=0, incarnation=1,
-                reserved=0, udp_csum=True, key=None):
+                nonce=0, udp_csum=True, key=None, alg=None, counter=1, direction=0):
     """Bytes of one frame.  ``lanes`` defaults to the count the payload
     length implies for ``op`` (a data packet); every field can be forced to
     any value so tests can build hostile frames.  With ``key`` (a 32-byte
-    key, homagg.auth.derive_key) the frame carries FLAG_AUTH and its MAC;
-    with FLAG_AUTH in ``flags`` and no key it ends in a zero MAC."""
+    key, homagg.auth.derive_key) the frame carries FLAG_AUTH, MAC counter
+    ``counter`` (its nonce field) and its MAC of algorithm ``alg`` (None:
+    this host's default); the key epoch is ``flags >> 8``.  With FLAG_AUTH
+    in ``flags`` and no key it ends in a zero MAC."""
     payload = bytes(payload)
     o = _op(op)
     if lanes is None:
@@ -78,8 +80,9 @@ def build_frame(src, dst, *, op, job, token, worker, seq, slot, lanes=None,
     hdr = {"version": _w.PROTOCOL_VERSION if version is None else version,
            "op": o, "flags": flags, "job": job, "token": token, "worker": worker,
            "slot": slot, "seq": seq, "lanes": lanes, "exp": exp, "shard": shard,
-           "incarnation": incarnation, "reserved": reserved}
-    return _w.wire_build_mac(src._t(), dst._t(), hdr, payload, udp_csum, key)
+           "incarnation": incarnation, "nonce": nonce}
+    return _w.wire_build_mac(src._t(), dst._t(), hdr, payload, udp_csum, key, alg,
+                             counter, direction)
 
 
 def parse_frame(frame, udp_port=0, udp_csum=True):
@@ -176,16 +179,20 @@ class Engine:
             self._e = None
 
     def add_job(self, job, token, workers, slots, payload_bytes=1024, group=0,
-                shard=0, incarnation=0, auth=None, parent=None):
+                shard=0, incarnation=0, auth=None, parent=None, mac=None):
         """Add a job; ``shard`` is this aggregator's index among the job's,
         ``incarnation`` the job's in replies (0: from the clock), ``auth``
-        the job secret (32 bytes) of an authenticated job (None: off).
+        the job secret (32 bytes) of an authenticated job (None: off), ``mac``
+        its algorithm ('aes-gmac', 'blake2b'; None: this host's default).
         ``parent``: this engine is a tree leaf below that root
         (docs/PROTOCOL.md "Tree"), an ``Addr`` or a dict with ``addr`` (an
         Addr), ``worker`` (the leaf's id at the root) and optionally
-        ``shard``, ``group``, ``rto`` and ``give_up`` (seconds).
+        ``shard``, ``group``, ``rto``, ``give_up`` (seconds) and, for an
+        authenticated tree, ``keys``: (the leaf's key at the root, the
+        root's aggregator key), from the root job's secret.
         Returns the incarnation the job got."""
         up = {}
+        up_keys = None
         if parent is not None:
             p = parent if isinstance(parent, dict) else {"addr": parent}
             a = p["addr"]
@@ -194,11 +201,22 @@ class Engine:
                       up_group=parse_ipv4(p.get("group") or 0, "parent group"),
                       up_rto_ns=int(p.get("rto", 0) * 1e9),
                       up_give_up_ns=int(p.get("give_up", 0) * 1e9))
-        _e.engine_add_job(self._e, secret=auth, job=job, token=token, workers=workers,
+            up_keys = p.get("keys")
+        from homagg import auth as _auth
+        if auth is not None:
+            up["mac"] = _auth.mac_code(mac)
+        _e.engine_add_job(self._e, secret=auth, up_keys=up_keys, job=job, token=token,
+                          workers=workers,
                           slots=slots, payload_bytes=payload_bytes,
                           group_ipv4=parse_ipv4(group, "group"), shard=shard,
                           incarnation=incarnation, **up)
         return self.job_config(job)["incarnation"]
+
+    def rotate_key(self, job, secret, grace=10.0):
+        """Register the next key epoch of authenticated job ``job`` with
+        ``secret``; frames of the previous epoch are accepted for ``grace``
+        seconds more (docs/PROTOCOL.md "Key epochs").  Returns the epoch."""
+        return _e.engine_rotate_key(self._e, job, secret, int(grace * 1e9))
 
     def job_config(self, job):
         """The job's configuration as the engine holds it (a dict)."""

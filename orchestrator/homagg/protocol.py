@@ -14,6 +14,9 @@ place that defines them; no other module keeps its own list.
   those whose block groups go through the steps independently.
 - ``PIPELINE_GROUPS``: the default of the job option ``pipeline_groups``
   (docs/PROTOCOL.md "Pipelined block groups"); :func:`check_pipeline_groups`.
+- :func:`default_slots`: a job's slots when the user sets none, the same in
+  ``homagg.worker.Worker``, ``homagg.sim.Cluster``, the job file and
+  ``homagg run`` (docs/PROTOCOL.md Part 2, "Frames in flight").
 
 Example::
 
@@ -96,6 +99,39 @@ PIPELINED_METHODS = tuple(m for m in METHODS if METHOD[m].pipelined)
 # at least four windows of dense value chunks), 1 = not pipelined, N = N
 # groups.
 PIPELINE_GROUPS = 1
+
+
+# The receive ring, in frames, that a job's default slots fit: the NIC
+# model's aggregators (HG_SIM_AGG_RX_RING) and the largest ring the
+# testbed's commands provision for a default job.
+DEFAULT_RING_FRAMES = 4096
+# The most slots a default job gets (a window of 64 chunks fills a
+# 100 Gbit/s link's round trip at 1 KB payloads).
+MAX_DEFAULT_SLOTS = 64
+
+
+def default_slots(workers, ring=DEFAULT_RING_FRAMES):
+    """The slots S of a job of ``workers`` workers when the user sets none:
+    the most, up to 64, with W x S <= ``ring`` (each worker's window towards
+    an aggregator fits its receive ring: 64 up to W = 64, 16 at W = 256).
+    A function of W alone, so every worker, the simulator and the
+    aggregators' registration compute the same S; a tree's aggregators
+    each hear fewer than W senders, so the same S fits them too."""
+    workers = int(workers)
+    if workers < 1:
+        raise InvalidArgument(f"field 'workers': must be at least 1, got {workers}")
+    return max(1, min(MAX_DEFAULT_SLOTS, int(ring) // workers))
+
+
+def resolve_slots(slots, workers):
+    """``slots`` when the user set it (a positive number), else
+    :func:`default_slots` of ``workers``."""
+    if slots is None or int(slots) == 0:
+        return default_slots(workers)
+    if int(slots) < 0:
+        raise InvalidArgument(f"field 'slots': must be positive (or unset for the default), "
+                              f"got {slots}")
+    return int(slots)
 
 
 def check_pipeline_groups(value):

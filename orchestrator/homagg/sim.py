@@ -28,6 +28,8 @@ interleaved in one event loop.  Errors come from ``homagg.errors``: a dead
 peer makes the others raise ``PeerTimeout`` naming it.
 """
 import errno
+import math
+import numbers
 
 import numpy as np
 
@@ -36,8 +38,11 @@ from homagg.bindings.codec import DEFAULT_BLOCK, F_STOCHASTIC
 from homagg.bindings.kernels import OP_SUM32
 from homagg.bindings.wire import PROTOCOL_VERSION
 from homagg import auth, protocol
-from homagg.protocol import PIPELINE_GROUPS, check_pipeline_groups
-from homagg.errors import (HomAggError, InvalidArgument, OutOfRange, PeerTimeout,
+from homagg import auth as _auth
+from homagg.protocol import (PIPELINE_GROUPS, check_pipeline_groups, default_slots,
+                             resolve_slots)
+from homagg.cost import as_cost
+from homagg.errors import (InvalidArgument, OutOfRange, PeerTimeout,
                            error_class, error_for)
 from homagg.errors import WorkerError
 
@@ -68,31 +73,35 @@ class Result:
 
 
 def _params(workers, block_elements=None, block=None, stochastic=False, seed=0,
-            nc_levels=0, sketch_cells_per_candidate=0.0):
+            nc_levels=0, sketch_cells_per_candidate=0.0, cost=None):
     if block_elements is None:
         block_elements = DEFAULT_BLOCK if block is None else block
     return _b.params(block=int(block_elements), workers=workers, worker=0,
                      flags=F_STOCHASTIC if stochastic else 0, seed=int(seed) & (2**64 - 1),
                      nc_levels=int(nc_levels),
-                     sketch_cells_per_candidate=float(sketch_cells_per_candidate))
+                     sketch_cells_per_candidate=float(sketch_cells_per_candidate),
+                     cost=as_cost(cost).fields())
 
 
 class Job:
     """One job of a cluster: W workers with their own token and slots."""
 
-    def __init__(self, cluster, index, workers, slots, secret=None):
+    def __init__(self, cluster, index, workers, slots, secret=None, mac=None, cost=None):
         self.cluster = cluster
+        self.mac = mac  # its MAC algorithm code when it authenticates
+        self.cost = as_cost(cost)  # the job's cost model (homagg.cost)
         self.index = index
         self.workers = workers
         self.slots = slots
         self.secret = secret  # the job secret when it authenticates, else None
+        self.epoch = 0  # its key epoch (Cluster.rotate_key)
         self.wire_id, self.token = _b.sim_job_wire(cluster._sim, index)
 
     def key(self, key_id):
         """Key ``key_id`` (a worker id or homagg.auth.AGGREGATOR) of the job."""
         if self.secret is None:
             raise InvalidArgument("the job does not authenticate (Cluster(auth=True))")
-        return auth.derive_key(self.secret, key_id)
+        return auth.derive_key(self.secret, self.wire_id, key_id)
 
     def allreduce(self, grads, method="lhc", **options):
         return self.cluster.allreduce_many([(self, grads, method, options)])[0]
@@ -101,12 +110,53 @@ class Job:
         """Worker stops once it sent after_packets more frames."""
         _b.sim_kill_worker(self.cluster._sim, self.index, worker, after_packets)
 
+    def delay_start(self, worker, seconds):
+        """Worker starts every later allreduce ``seconds`` of virtual time
+        late (0: on time): a straggler, a rank still computing."""
+        if not 0 <= worker < self.workers:
+            raise InvalidArgument(f"worker {worker} not in 0..{self.workers - 1}")
+        if not 0 <= seconds <= 60:
+            raise InvalidArgument(f"start delay must be 0..60 s, got {seconds}")
+        _b.sim_delay_start(self.cluster._sim, self.index, worker, int(seconds * 1e9))
+
     def worker_stats(self, worker):
         return _b.sim_worker_stats(self.cluster._sim, self.index, worker)
 
     def worker_aggregator_stats(self, worker, k):
         """What worker exchanged with aggregator k (packets, bytes, RTO)."""
         return _b.sim_worker_agg_stats(self.cluster._sim, self.index, worker, k)
+
+
+# The numeric arguments of Cluster checked before anything is built:
+# name -> (integer, low, high, low excluded, what a good value looks like).
+_CONFIG = {
+    "workers": (True, 1, 256, False, "workers=4"),
+    "slots": (True, 1, 65536, False, "slots=64"),
+    "payload": (True, 4, 8192, False, "payload=1024 (a multiple of 4)"),
+    "link_gbps": (False, 0.0, 1e4, False, "link_gbps=100 (0: unlimited)"),
+    "agg_link_gbps": (False, 0.0, 1e4, False, "agg_link_gbps=400 (0: unlimited)"),
+    "timeout": (False, 0.0, 1e6, True, "timeout=2.0"),
+    "rto": (False, 0.0, 60.0, True, "rto=200e-6"),
+    "delay": (False, 0.0, 60.0, False, "delay=1e-6"),
+    "max_time": (False, 0.0, 1e6, True, "max_time=600"),
+}
+
+
+def _check_config(**values):
+    """InvalidArgument naming the first argument of values outside _CONFIG's
+    range (None: the default, not checked)."""
+    for name, v in values.items():
+        if v is None:
+            continue
+        integer, lo, hi, lo_open, example = _CONFIG[name]
+        kind = numbers.Integral if integer else numbers.Real
+        ok = isinstance(v, kind) and not isinstance(v, bool) and math.isfinite(v) and \
+            lo <= v <= hi and not (lo_open and v == lo) and not (name == "payload" and v % 4)
+        if not ok:
+            rng = f"{'an integer' if integer else 'a number'} {'>' if lo_open else '>='} {lo:g}" \
+                f" and <= {hi:g}"
+            raise InvalidArgument(f"{name} must be {rng}, got {v!r}; e.g. {example}",
+                                  -errno.EINVAL)
 
 
 class Cluster:
@@ -122,7 +172,10 @@ class Cluster:
     aggregator port is faster than one worker's link; at most 400 Gbit/s,
     one fast port), 0 unlimited, a number that rate (equal to link_gbps
     makes the aggregator's link the bottleneck, W times over);
-    slots: S of each job; timeout: the give-up deadline per chunk (s);
+    slots: S of each job (None: ``homagg.protocol.default_slots(workers)``,
+    W x S within the aggregators' receive ring, as ``Worker`` and ``homagg
+    run`` choose it; a job added later gets at most what the ring has
+    left); timeout: the give-up deadline per chunk (s);
     rto: the initial retransmission timeout (s), used until the first RTT
     sample; rto_min, rto_max: clamps of the adaptive timeout (s; rto_min
     None = the client's default); max_time: the virtual-time budget of one
@@ -143,21 +196,26 @@ class Cluster:
     pipelined, N groups.
     worker_tx_ring: tx descriptors of every worker's NIC port (None: 4096);
     a small ring refuses a burst's tail, as a full socket send buffer does.
+    cost: the jobs' cost model (homagg.cost.Cost or its dict; None: no link
+    rate, every choice by bytes), registered with each job like its
+    block groups: every worker of the job decides with it.
     """
 
     def __init__(self, workers=4, loss=0.0, duplicate=0.0, reorder=0.0, seed=0,
-                 slots=64, link_gbps=100.0, timeout=2.0, rto=200e-6, rto_max=50e-3,
+                 slots=None, link_gbps=100.0, timeout=2.0, rto=200e-6, rto_max=50e-3,
                  delay=1e-6, payload=1024, multicast=True, max_time=600.0,
                  agg_link_gbps=None, rto_min=None, aggregators=1, mtu=None,
-                 auth=False, leaves=0, up_rto=None, up_give_up=None,
-                 pipeline_groups=PIPELINE_GROUPS, worker_tx_ring=None):
+                 auth=False, leaves=0, up_rto=None, up_give_up=None, mac=None,
+                 pipeline_groups=PIPELINE_GROUPS, worker_tx_ring=None, cost=None):
+        _check_config(workers=workers, slots=slots, payload=payload, link_gbps=link_gbps,
+                      agg_link_gbps=agg_link_gbps, timeout=timeout, rto=rto, delay=delay,
+                      max_time=max_time)
         leaves = int(leaves or 0)
+        self.cost = as_cost(cost)
         if leaves:
             if aggregators != 1:
                 raise InvalidArgument(f"a tree has one root: leaves={leaves} needs "
                                       f"aggregators=1, got {aggregators}")
-            if auth:
-                raise InvalidArgument("a tree does not authenticate: leaves= with auth=True")
             if workers < leaves:
                 raise InvalidArgument(f"leaves={leaves} needs at least as many workers, "
                                       f"got workers={workers}")
@@ -185,7 +243,8 @@ class Cluster:
                                   agg_link_gbps=self.agg_link_gbps,
                                   aggregators=int(aggregators),
                                   pool_frames=self._pool_frames(
-                                      workers, slots, leaves + 1 if leaves else aggregators,
+                                      workers, resolve_slots(slots, workers),
+                                      leaves + 1 if leaves else aggregators,
                                       payload, mtu),
                                   mtu=int(mtu or 0), leaves=leaves,
                                   up_rto_ns=int((up_rto or 0) * 1e9),
@@ -200,6 +259,7 @@ class Cluster:
         self._slots = slots
         self._seed = seed
         self.auth = bool(auth)
+        self.mac = mac  # the jobs' MAC algorithm name (None: this host's default)
         self.pipeline_groups = check_pipeline_groups(pipeline_groups)
         self.max_time = max_time
         self.jobs = []
@@ -232,27 +292,48 @@ class Cluster:
         return self._sim
 
     # ---- jobs ------------------------------------------------------------
-    def add_job(self, workers, slots=None, timeout=None, auth=None, pipeline_groups=None):
+    def add_job(self, workers, slots=None, timeout=None, auth=None, pipeline_groups=None,
+                mac=None, cost=None):
         """A new job on the aggregators; ``auth`` (default: the cluster's)
-        gives it a job secret, drawn from the seed so runs repeat;
-        ``pipeline_groups`` (default: the cluster's) its block groups."""
+        gives it a job secret, drawn from the seed so runs repeat, and the
+        MAC algorithm ``mac`` ('aes-gmac', 'blake2b'; None: this host's
+        default); ``pipeline_groups`` (default: the cluster's) its block groups;
+        ``cost`` (default: the cluster's) its cost model."""
         s = self._live()
         pipeline_groups = check_pipeline_groups(self.pipeline_groups if pipeline_groups is None
                                                 else pipeline_groups)
         slots = self._slots if slots is None else slots
+        if slots is None or slots == 0:
+            slots = self._default_slots(s, workers)
         timeout = self._timeout if timeout is None else timeout
         auth = self.auth if auth is None else auth
+        mac = self.mac if mac is None else mac
         secret = (np.random.default_rng([self._seed, len(self.jobs), 0xA07]).bytes(32)
                   if auth else None)
+        mac_alg = _auth.mac_code(mac) if auth else 0
         self._check_rings(s, workers, slots)
         idx = _b.sim_add_job(s, workers, slots=slots, rto_ns=int(self._rto * 1e9),
                              rto_max_ns=int(self._rto_max * 1e9),
                              give_up_ns=int(timeout * 1e9),
                              rto_min_ns=int(self._rto_min * 1e9), secret=secret,
-                             pipeline_groups=pipeline_groups)
-        job = Job(self, idx, workers, slots, secret)
+                             pipeline_groups=pipeline_groups, mac=mac_alg)
+        job = Job(self, idx, workers, slots, secret, mac_alg or None,
+                  self.cost if cost is None else cost)
         self.jobs.append(job)
         return job
+
+    def _default_slots(self, s, workers):
+        """default_slots(workers), or fewer when the jobs already on the
+        aggregators hold part of their rings (at least 1: a full ring is
+        then refused by _check_rings, naming the jobs holding it)."""
+        slots = default_slots(workers)
+        try:
+            for k in range(self.aggregators):
+                per_slot, held = _b.sim_agg_frames(s, k, workers, 1)
+                slots = min(slots, max(1, (AGG_RX_RING - held) // per_slot))
+        except InvalidArgument:
+            pass  # W out of range: sim_add_job names it
+        return slots
 
     def _check_rings(self, s, workers, slots):
         """Explain what hg_sim_add_job refuses with -ERANGE: a job whose frames
@@ -313,9 +394,15 @@ class Cluster:
             code = protocol.method(method).code
             if len(grads) != job.workers:
                 raise InvalidArgument(f"job has {job.workers} workers, got {len(grads)} gradients")
-            xs = [np.ascontiguousarray(g, dtype=np.float32).reshape(-1) for g in grads]
+            for w, g in enumerate(grads):  # as homagg.codec refuses them: no silent rounding
+                if not isinstance(g, np.ndarray) or g.dtype != np.float32:
+                    got = g.dtype.str if isinstance(g, np.ndarray) else type(g).__name__
+                    raise InvalidArgument(f"worker {w}: grads[{w}]: expected a float32 numpy "
+                                          f"array, got {got} (convert with "
+                                          f".astype(np.float32))")
+            xs = [np.ascontiguousarray(g).reshape(-1) for g in grads]
             ys = [np.empty_like(x) for x in xs]
-            p = _params(job.workers, **options)
+            p = _params(job.workers, cost=job.cost, **options)
             keep = _b.sim_start(s, job.index, code, p, xs, ys)
             started.append((job, xs, ys, keep))
 
@@ -381,6 +468,16 @@ class Cluster:
         engine, link = _b.sim_aggregator_counters(self._live(), k)
         return {"engine": engine, "link": link}
 
+    def rotate_key(self, secret, grace, job=None):
+        """The next key epoch of ``job`` (default: the first) with
+        ``secret``: its workers get it first, then its aggregators, whose
+        grace period for the previous epoch is ``grace`` seconds of virtual
+        time (docs/PROTOCOL.md "Key epochs").  Returns the epoch."""
+        job = job or self.job
+        epoch = _b.sim_rotate_key(self._live(), job.index, secret, int(grace * 1e9))
+        job.secret, job.epoch = bytes(secret), epoch
+        return epoch
+
     def kill_aggregator(self, k, after=0.0):
         """Aggregator k dies ``after`` seconds of virtual time from now (0:
         now): it is not polled again and its port discards what arrives."""
@@ -392,19 +489,23 @@ class Cluster:
         """Send a raw Ethernet frame to the aggregator from an extra port."""
         _b.sim_inject(self._live(), frame)
 
-    def build_frame(self, for_job=None, payload=b"", key=None, **fields):
+    def build_frame(self, for_job=None, payload=b"", key=None, alg=None, counter=1,
+                    **fields):
         """A well-formed frame to the aggregator from the attacker port with
         any header fields (version, op, flags, job, token, worker, slot, seq,
-        lanes, exp, shard, incarnation, reserved); job id and token default
+        lanes, exp, shard, incarnation, nonce); job id and token default
         to those of for_job (default: the first job), lanes to the payload's
         int32 lanes, the incarnation to the workers' (HG_SIM_INCARNATION).
-        ``key``: MAC the frame with it (Job.key)."""
+        ``key``: MAC the frame with it (Job.key), algorithm ``alg`` (None:
+        the job's), MAC counter ``counter``."""
         job = for_job or self.job
         hdr = {"version": PROTOCOL_VERSION, "op": OP_SUM32,
                "job": job.wire_id, "token": job.token,
                "lanes": len(payload) // 4, "incarnation": _b.INCARNATION}
         hdr.update(fields)
-        return _b.sim_build_frame(self._live(), hdr, payload, key)
+        if alg is None:
+            alg = job.mac
+        return _b.sim_build_frame(self._live(), hdr, payload, key, alg, counter)
 
     def restart_aggregator(self, k=0, after_frames=0, incarnation=0):
         """Aggregator k restarts (every job's state there lost, a new
@@ -415,6 +516,10 @@ class Cluster:
         if not 0 <= k < self.aggregators:
             raise InvalidArgument(f"aggregator {k} not in 0..{self.aggregators - 1}")
         _b.sim_restart_aggregator(self._live(), k, after_frames, incarnation)
+
+    def delay_start(self, worker, seconds, job=None):
+        """Worker starts every later allreduce ``seconds`` late (Job.delay_start)."""
+        (job or self.job).delay_start(worker, seconds)
 
     def kill_worker(self, worker, after_packets=0, job=None):
         (job or self.job).kill_worker(worker, after_packets)

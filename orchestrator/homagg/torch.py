@@ -163,7 +163,9 @@ class HookState:
         return Worker(job=conf["job"], token=conf["token"], worker=rank, workers=world,
                       aggregators=conf["aggregators"], group=conf["group"] or None,
                       bind=(conf["bind"], 0), timeout=conf["timeout"], slots=conf["slots"],
-                      payload=conf["payload"])
+                      payload=conf["payload"], auth_file=conf["auth_file"] or None,
+                      mac=conf["mac"] or None, key_epoch=conf["key_epoch"],
+                      cost=conf["cost"])
 
     def take_log(self):
         with self._log_lock:
@@ -229,11 +231,31 @@ class HookState:
                         "seconds": seconds, "dtype": str(dtype)})
                 out = torch.from_numpy(y).to(dtype).reshape(buffer.shape)
                 fut.set_result(out)
-            except BaseException as exc:  # the backward pass raises it
+            except BaseException as exc:
                 if self.metrics is not None:
                     self.metrics.failed()
-                fut.set_exception(exc)
+                if in_backward:  # check() below raises it, its type intact
+                    fut.set_result(buffer)
+                else:
+                    fut.set_exception(exc)
 
+        # DDP's reducer reads the Future from C++: an exception set on it
+        # reaches the user as "Unable to cast ... to Tensor", and one raised
+        # in a then() callback as a RuntimeError quoting it.  A callback
+        # queued on the autograd engine runs before the reducer's own (which
+        # is queued once every bucket is handed out) and raises the
+        # worker's exception itself: loss.backward() raises PeerTimeout,
+        # InvalidArgument, ... as the worker did.
+        def check():
+            exc = cf.exception()
+            if exc is not None:
+                raise exc
+
+        try:
+            torch.autograd.Variable._execution_engine.queue_callback(check)
+            in_backward = True
+        except RuntimeError:  # called outside a backward pass: the Future carries it
+            in_backward = False
         cf.add_done_callback(done)
         return fut
 

@@ -12,7 +12,10 @@ The C worker client (homagg/client.h) over the kernel UDP port backend
 
 Every worker of the job makes the same calls with its own ``worker`` id;
 the job (id, token, W, slots, payload) must be configured on the
-aggregator first (homagg.switch.control.ControlClient.add_job).  A job spread over
+aggregator first (homagg.switch.control.ControlClient.add_job).  ``slots``
+unset is ``homagg.protocol.default_slots(workers)`` (W x S fits a
+4096-frame receive ring), what the job file and ``homagg run`` register by
+default.  A job spread over
 K aggregators names them all, in the same order on every worker and with
 aggregator k told its ``shard`` k at add_job (docs/PROTOCOL.md, "Several
 aggregators")::
@@ -49,7 +52,10 @@ Every frame carries the worker's ``incarnation`` (default: from the clock,
 so a restarted worker gets a greater one); an aggregator that restarts
 during an allreduce makes it raise ``PeerRestarted``.  A job with
 authentication gives every worker ``auth_file``: the job secret in a file
-only its owner can read (homagg.auth).
+only its owner can read (homagg.auth), ``mac``: the job's MAC algorithm
+("aes-gmac" or "blake2b"; None: this host's default) and, after a key
+rotation, ``key_epoch``: the epoch of that secret; ``rotate_key`` gives a
+running worker the next one (docs/SECURITY.md "Rotating keys").
 """
 import concurrent.futures
 import ipaddress
@@ -59,13 +65,14 @@ import threading
 import numpy as np
 
 from homagg import auth, protocol
+from homagg.cost import as_cost
 from homagg.bindings import client as _c
 from homagg.bindings import port_udp as _u
 from homagg.bindings.codec import DEFAULT_BLOCK, F_STOCHASTIC
 from homagg.bindings.wire import HDR_LEN, MAC_LEN, MAX_PAYLOAD
 from homagg.errors import InvalidArgument, PeerTimeout
 from homagg.netaddr import parse_ipv4
-from homagg.protocol import PIPELINE_GROUPS, check_pipeline_groups
+from homagg.protocol import PIPELINE_GROUPS, check_pipeline_groups, resolve_slots
 
 
 # The least retransmission timeout of a worker on kernel UDP (seconds).  Its
@@ -142,14 +149,20 @@ class UdpPort:
 
 
 class Worker:
-    """One worker of one job, with its own UDP socket(s)."""
+    """One worker of one job, with its own UDP socket(s).
+
+    ``cost``: the job's cost model (homagg.cost.Cost or its dict, as the
+    job file's ``cost`` field holds it; None: no link rate, every choice by
+    bytes).  It must be the one registered with the job, the same on every
+    worker: never this host's own calibration."""
 
     def __init__(self, job, token, worker, workers,
                  aggregator=("10.0.0.1", 48879), group=None,
-                 bind=("0.0.0.0", 0), timeout=5.0, slots=64, payload=1024,
+                 bind=("0.0.0.0", 0), timeout=5.0, slots=None, payload=1024,
                  rto=0.001, packets=0, aggregators=None, mtu=None, incarnation=0,
                  rto_min=RTO_MIN, start_wait=START_WAIT,
-                 auth_file=None, leaf_ids=None, pipeline_groups=PIPELINE_GROUPS):
+                 auth_file=None, leaf_ids=None, pipeline_groups=PIPELINE_GROUPS,
+                 mac=None, key_epoch=0, cost=None):
         if not 0 <= worker < workers:
             raise InvalidArgument(f"worker {worker} not in 0..{workers - 1}")
         agg_worker, agg_workers = leaf_ids or (0, 0)
@@ -165,6 +178,8 @@ class Worker:
         if not 0 <= int(incarnation) < 2**32:
             raise InvalidArgument(f"incarnation {incarnation} not in 0..2^32-1 (0: from the clock)")
         pipeline_groups = check_pipeline_groups(pipeline_groups)
+        slots = resolve_slots(slots, workers)
+        self.slots = slots
         if aggregators is None:
             aggregators = [aggregator]
         aggregators = [(str(a[0]), int(a[1])) for a in aggregators]
@@ -212,10 +227,19 @@ class Worker:
             rto_ns=int(rto * 1e9), rto_min_ns=int(rto_min * 1e9),
             start_wait_ns=int(start_wait * 1e9), give_up_ns=int(timeout * 1e9),
             incarnation=int(incarnation), agg_worker=int(agg_worker),
-            agg_workers=int(agg_workers), pipeline_groups=pipeline_groups)
+            agg_workers=int(agg_workers), pipeline_groups=pipeline_groups,
+            mac=auth.mac_code(mac) if auth_file is not None else 0,
+            epoch=int(key_epoch) & 255, cost=as_cost(cost).fields())
         # one C call at a time; allreduce_async's calls run on one thread
         self._lock = threading.Lock()
         self._executor = None
+
+    def rotate_key(self, secret_file, epoch):
+        """The job's next key epoch ``epoch`` from ``secret_file``
+        (docs/PROTOCOL.md "Key epochs"): replies of it verify at once; the
+        worker sends with it from its first such reply or retransmission."""
+        with self._lock:
+            _c.client_rotate_key(self._client, auth.load_secret(secret_file), epoch)
 
     @property
     def local_address(self):

@@ -25,6 +25,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <sodium.h>
+
 #include "homagg/auth.h"
 #include "homagg/client.h"
 #include "homagg/engine.h"
@@ -54,11 +56,20 @@ struct sim_worker {
 	uint64_t deadline;         /* poll again at this time (or on rx) */
 	bool dead;
 	bool active;               /* an allreduce is running on it */
+	uint64_t start_delay;      /* it starts every allreduce this late (ns) */
+	uint64_t start_at;         /* its allreduce starts then (pending) */
+	bool pending;              /* started by hg_sim_start, not yet by the client */
+	struct hg_params p;        /* the pending start's arguments */
+	int method;
+	const float *x;
+	size_t n;
+	float *y;
 	int status;                /* 1 done, 0 running/never, < 0 error */
 };
 
 struct sim_job {
 	uint32_t id, token, workers, slots;
+	uint8_t epoch;             /* auth: its key epoch (hg_sim_rotate_key) */
 	struct sim_worker *w;      /* workers entries */
 };
 
@@ -329,18 +340,47 @@ static uint32_t leaf_of(const struct hg_sim *s, uint32_t W, uint32_t w)
 
 /* Tree: add job j to every leaf (its part of the workers, the root as
  * parent) and to the root (the L leaves as workers). */
+/*
+ * An authenticated tree: the job's secret is the root's; leaf l's own job
+ * secret (its workers') is keyed BLAKE2b of "leaf" and l under it, a
+ * choice of this simulator only (docs/PROTOCOL.md "Tree": every level has
+ * its own secret).  The leaf gets its key at the root and the root's
+ * aggregator key, never the root's secret.
+ */
+static int leaf_auth(const uint8_t *root_secret, uint32_t job, uint32_t l,
+		     uint8_t *leaf_secret, struct hg_job_config *ej)
+{
+	uint8_t msg[8] = { 'l', 'e', 'a', 'f', (uint8_t)(l >> 24),
+			   (uint8_t)(l >> 16), (uint8_t)(l >> 8), (uint8_t)l };
+	int rc;
+
+	if (crypto_generichash(leaf_secret, HG_AUTH_SECRET_LEN, msg, sizeof(msg),
+			       root_secret, HG_AUTH_SECRET_LEN) != 0)
+		return -ENOTSUP;
+	if (!ej)
+		return 0;
+	memcpy(ej->secret, leaf_secret, HG_AUTH_SECRET_LEN);
+	rc = hg_auth_derive_key(root_secret, job, l, ej->up_key);
+	if (!rc)
+		rc = hg_auth_derive_key(root_secret, job, HG_AUTH_KEY_AGGREGATOR,
+					ej->up_reply_key);
+	return rc;
+}
+
 static int add_tree_job(struct hg_sim *s, int j, struct hg_job_config *ej)
 {
+	uint8_t root_secret[HG_AUTH_SECRET_LEN], leaf_secret[HG_AUTH_SECRET_LEN];
 	struct sim_agg *root = &s->agg[s->leaves];
 	uint32_t W = ej->workers, group = ej->group_ipv4, inc = ej->incarnation;
 	int rc;
 
+	memcpy(root_secret, ej->secret, sizeof(root_secret));
 	ej->incarnation = root->incarnation ? root->incarnation : inc;
 	ej->workers = s->leaves;
 	ej->group_ipv4 = group ? ROOT_GROUP_BASE + (uint32_t)j : 0;
 	rc = hg_engine_add_job(root->engine, ej);
 	if (rc)
-		return rc;
+		goto out;
 	ej->up = 1;
 	agg_addr(s->leaves, ej->up_mac, &ej->up_ipv4);
 	ej->up_port = HG_UDP_PORT;
@@ -352,11 +392,20 @@ static int add_tree_job(struct hg_sim *s, int j, struct hg_job_config *ej)
 		ej->up_worker = (uint16_t)l;
 		ej->group_ipv4 = group ? group + (l << 8) : 0;
 		ej->incarnation = s->agg[l].incarnation ? s->agg[l].incarnation : inc;
+		if (ej->auth &&
+		    (rc = leaf_auth(root_secret, ej->job, l, leaf_secret, ej)))
+			goto out;
 		rc = hg_engine_add_job(s->agg[l].engine, ej);
 		if (rc)
-			return rc;
+			goto out;
 	}
-	return 0;
+out:
+	hg_auth_wipe(root_secret, sizeof(root_secret));
+	hg_auth_wipe(leaf_secret, sizeof(leaf_secret));
+	hg_auth_wipe(ej->secret, sizeof(ej->secret));
+	hg_auth_wipe(ej->up_key, sizeof(ej->up_key));
+	hg_auth_wipe(ej->up_reply_key, sizeof(ej->up_reply_key));
+	return rc;
 }
 
 /* The frames a job of W workers and S slots keeps in flight towards
@@ -432,6 +481,7 @@ int hg_sim_add_job(struct hg_sim *s, const struct hg_sim_job_config *jc)
 	ej.group_ipv4 = s->cfg.unicast_results ? 0 : GROUP_BASE + (uint32_t)j;
 	inc = jc->incarnation ? jc->incarnation : HG_SIM_INCARNATION;
 	ej.auth = jc->auth;
+	ej.mac = jc->mac;
 	memcpy(ej.secret, jc->secret, sizeof(ej.secret));
 	for (uint32_t k = 0; k < s->naggs; k++) {
 		agg_addr(k, aggs[k].mac, &aggs[k].ipv4);
@@ -475,6 +525,7 @@ int hg_sim_add_job(struct hg_sim *s, const struct hg_sim_job_config *jc)
 	cc.incarnation = inc;
 	cc.pipeline_groups = jc->pipeline_groups;
 	cc.auth = jc->auth;
+	cc.mac = jc->mac;
 	memcpy(cc.secret, jc->secret, sizeof(cc.secret));
 	hg_auth_wipe(ej.secret, sizeof(ej.secret));
 	for (uint32_t w = 0; w < job->workers; w++) {
@@ -505,6 +556,9 @@ int hg_sim_add_job(struct hg_sim *s, const struct hg_sim_job_config *jc)
 					 leaf_first(s, job->workers, l);
 			cc.group_ipv4 = ej.group_ipv4 ? GROUP_BASE + (uint32_t)j +
 							(l << 8) : 0;
+			if (cc.auth && leaf_auth(jc->secret, job->id, l,
+						 cc.secret, NULL))
+				break;
 		}
 		sw->client = hg_client_create(&cc);
 		if (!sw->client)
@@ -519,6 +573,39 @@ static struct sim_job *get_job(const struct hg_sim *s, int job)
 	if (!s || job < 0 || job >= s->njobs)
 		return NULL;
 	return (struct sim_job *)&s->jobs[job];
+}
+
+int hg_sim_rotate_key(struct hg_sim *s, int job, const uint8_t *secret,
+		      uint64_t grace_ns)
+{
+	struct sim_job *jb = get_job(s, job);
+	int rc = 0, epoch = -EPERM;
+
+	if (!jb || !secret)
+		return jb ? -EINVAL : -ENOENT;
+	if (s->leaves)
+		return -EPERM;
+	for (uint32_t k = 0; k < s->naggs && !rc; k++) {
+		struct hg_job_config jc;
+
+		/* refuse before any worker has the key: the job must auth */
+		rc = hg_engine_job_config(s->agg[k].engine, jb->id, &jc);
+		if (!rc && !jc.auth)
+			rc = -EPERM;
+	}
+	for (uint32_t w = 0; w < jb->workers && !rc; w++)
+		rc = hg_client_rotate_key(jb->w[w].client, secret,
+					  (uint8_t)(jb->epoch + 1));
+	for (uint32_t k = 0; k < s->naggs && !rc; k++) {
+		epoch = hg_engine_rotate_key(s->agg[k].engine, jb->id, secret,
+					     grace_ns);
+		if (epoch < 0)
+			rc = epoch;
+	}
+	if (rc)
+		return rc;
+	jb->epoch = (uint8_t)epoch;
+	return epoch;
 }
 
 int hg_sim_job_wire(const struct hg_sim *s, int job, uint32_t *job_id,
@@ -554,6 +641,19 @@ int hg_sim_start(struct hg_sim *s, int job, int method,
 			continue;
 		}
 		sw->deadline = 0;
+		if (sw->start_delay) {
+			/* a straggler: its client starts the allreduce later
+			 * (hg_sim_run), as a rank still computing would */
+			sw->pending = true;
+			sw->start_at = hg_nic_now(s->fab) + sw->start_delay;
+			sw->p = *p;
+			sw->method = method;
+			sw->x = x[w];
+			sw->n = n;
+			sw->y = y[w];
+			sw->active = true;
+			continue;
+		}
 		rc = hg_client_start(sw->client, p, method, x[w], n, y[w]);
 		if (rc) {
 			/* Undo nothing: the others that started simply run
@@ -621,7 +721,7 @@ static bool rx_pending(const struct hg_sim *s)
 		for (uint32_t w = 0; w < s->jobs[j].workers; w++) {
 			const struct sim_worker *sw = &s->jobs[j].w[w];
 
-			if (sw->active && hg_nic_port_rx_pending(sw->nport))
+			if (sw->active && !sw->pending && hg_nic_port_rx_pending(sw->nport))
 				return true;
 		}
 	return false;
@@ -688,8 +788,26 @@ int hg_sim_run(struct hg_sim *s, uint64_t max_ns)
 					continue;
 				if (sw->dead) {
 					sw->active = false;
+					sw->pending = false;
 					sw->status = -ESHUTDOWN;
 					continue;
+				}
+				if (sw->pending) {
+					any = true;
+					if (now < sw->start_at) {
+						if (sw->start_at < min_dl)
+							min_dl = sw->start_at;
+						continue;
+					}
+					sw->pending = false;
+					rc = hg_client_start(sw->client, &sw->p, sw->method,
+							     sw->x, sw->n, sw->y);
+					if (rc != 0) {
+						sw->active = false;
+						sw->status = rc;
+						continue;
+					}
+					sw->deadline = 0;
 				}
 				/* A client acts only on a frame or a timer:
 				 * poll it only then (the loop's main cost). */
@@ -808,7 +926,7 @@ int hg_sim_inject(struct hg_sim *s, const uint8_t *frame, size_t len)
 
 int hg_sim_build_frame(const struct hg_sim *s, const struct hg_hdr *h,
 		       const uint8_t *payload, size_t payload_len,
-		       uint8_t *frame, size_t cap, const uint8_t *key)
+		       uint8_t *frame, size_t cap, const struct hg_wire_mac *m)
 {
 	struct hg_wire_addr src = { { 2, 0, 0, 0, 0, 2 }, ATTACKER_IP, HG_UDP_PORT };
 	struct hg_wire_addr dst = { { 2, 0, 0, 0, 0, 1 }, AGG_IP, HG_UDP_PORT };
@@ -816,7 +934,7 @@ int hg_sim_build_frame(const struct hg_sim *s, const struct hg_hdr *h,
 	if (!s || !h)
 		return -EINVAL;
 	return hg_wire_build_mac(frame, cap, &src, &dst, h, payload, payload_len,
-				 0, key);
+				 0, m);
 }
 
 int hg_sim_kill_aggregator(struct hg_sim *s, uint32_t k, uint64_t after_ns)
@@ -883,5 +1001,15 @@ int hg_sim_get_stats(const struct hg_sim *s, struct hg_sim_stats *st)
 	hg_nic_fabric_counters(s->fab, fc, HG_NIC_FC__COUNT);
 	st->frames_tx = fc[HG_NIC_FC_SENT];
 	st->frames_rx = fc[HG_NIC_FC_DELIVERED];
+	return 0;
+}
+
+int hg_sim_delay_start(struct hg_sim *s, int job, uint32_t worker, uint64_t delay_ns)
+{
+	struct sim_worker *sw = (struct sim_worker *)get_worker(s, job, worker);
+
+	if (!sw)
+		return -EINVAL;
+	sw->start_delay = delay_ns;
 	return 0;
 }

@@ -4,7 +4,8 @@
  * aggregator's data path on one lcore.
  *
  *   homagg-switch-bench [EAL args] -- [--workers W] [--slots S]
- *                       [--payload BYTES] [--seconds T] [--auth] [--json]
+ *                       [--payload BYTES] [--seconds T] [--auth]
+ *                       [--mac aes-gmac|blake2b] [--json]
  *
  * One process, two lcores, net_ring between them: the engine lcore runs
  * exactly the daemon's data path (hg_engine_poll over hg_dpdk_port on an
@@ -17,8 +18,10 @@
  * lcore both run in turn on it (the figure is then a lower bound).
  *
  * --auth: the job authenticates (a random secret); the generator MACs every
- * frame it patches with its worker's key, the engine verifies each one and
- * MACs its results (docs/PROTOCOL.md "Authentication").
+ * frame it patches with its worker's key (a new MAC counter per frame),
+ * the engine verifies each one and MACs its results (docs/PROTOCOL.md
+ * "Authentication"); --mac picks the algorithm (default: the host's,
+ * hg_auth_default_mac()).
  *
  * The baseline, measured in the same run after the engine: for half the
  * time the engine lcore only pulls (receives each frame through the same
@@ -54,6 +57,7 @@
 #include "homagg/kernels.h"
 #include "homagg/wire.h"
 #include "port_dpdk.h"
+#include "../../src/auth_pvt.h"
 #include "../../src/wire_pvt.h"
 
 #define GEN_BURST 32
@@ -67,7 +71,9 @@ struct bench {
 	bool json;
 	bool auth;
 	uint8_t secret[HG_AUTH_SECRET_LEN];
-	uint8_t (*keys)[HG_AUTH_KEY_LEN]; /* auth: one per worker */
+	struct hg_mac_key *keys;  /* auth: one per worker */
+	uint64_t *ctr;            /* auth: each worker's MAC counter */
+	uint32_t mac;             /* auth: HG_MAC_* */
 	struct rte_mempool *pool;
 	struct rte_ring *to_engine, *from_engine;
 	uint16_t port_id;
@@ -194,9 +200,10 @@ static int build_templates(struct bench *b)
 					     .ipv4 = 0x0A000100 + w, .port = 40000 };
 		for (i = 0; i < b->payload; i++)
 			payload[i] = (uint8_t)(i * 7 + w);
-		len = hg_wire_build_mac(b->tmpl + (size_t)w * b->flen, b->flen,
-					&src, &dst, &h, payload, b->payload, 0,
-					b->auth ? b->keys[w] : NULL);
+		len = hg_wire_build_keyed(b->tmpl + (size_t)w * b->flen, b->flen,
+					  &src, &dst, &h, payload, b->payload, 0,
+					  b->auth ? &b->keys[w] : NULL,
+					  HG_AUTH_DIR_REQUEST, 0);
 		if (len != b->flen) {
 			free(payload);
 			return len < 0 ? len : -EPROTO;
@@ -242,10 +249,15 @@ static uint64_t generate(struct bench *b, uint64_t until_tsc, bool share_lcore,
 				     (b->auth ? HG_FLAG_AUTH : 0));
 			hg_wr16(h + 14, (uint16_t)(s % b->slots));
 			hg_st_be32(h + 16, s);
-			if (b->auth)   /* what a worker computes per frame */
-				hg_auth_mac(b->keys[*worker], h,
-					    HG_HDR_LEN + b->payload,
-					    h + HG_HDR_LEN + b->payload);
+			if (b->auth) {  /* what a worker computes per frame */
+				uint64_t ctr = ++b->ctr[*worker];
+
+				hg_st_be32(h + 28, (uint32_t)ctr);
+				hg_mac_key_sign(&b->keys[*worker],
+						HG_AUTH_DIR_REQUEST, ctr, h,
+						HG_HDR_LEN + b->payload,
+						h + HG_HDR_LEN + b->payload);
+			}
 			m[i]->data_len = b->flen;
 			m[i]->pkt_len = b->flen;
 			if (++*worker == b->workers) {
@@ -320,6 +332,7 @@ static int parse(int argc, char **argv, struct bench *b)
 		{ "seconds", required_argument, NULL, 't' },
 		{ "json", no_argument, NULL, 'j' },
 		{ "auth", no_argument, NULL, 'a' },
+		{ "mac", required_argument, NULL, 'm' },
 		{ NULL, 0, NULL, 0 },
 	};
 	int c;
@@ -347,6 +360,18 @@ static int parse(int argc, char **argv, struct bench *b)
 			b->json = true;
 			break;
 		case 'a':
+			b->auth = true;
+			break;
+		case 'm':
+			if (!strcmp(optarg, "aes-gmac")) {
+				b->mac = HG_MAC_AES_GMAC;
+			} else if (!strcmp(optarg, "blake2b")) {
+				b->mac = HG_MAC_BLAKE2B;
+			} else {
+				fprintf(stderr, "--mac: aes-gmac or blake2b, not %s\n",
+					optarg);
+				return -EINVAL;
+			}
 			b->auth = true;
 			break;
 		default:
@@ -440,13 +465,26 @@ int main(int argc, char **argv)
 	if (b->auth) {
 		if (sodium_init() < 0)
 			goto fail;
+		if (!b->mac)
+			b->mac = hg_auth_default_mac();
+		if (!hg_auth_mac_available(b->mac)) {
+			fprintf(stderr, "--mac aes-gmac: this CPU lacks AES-NI or "
+				"PCLMULQDQ; use --mac blake2b\n");
+			goto fail;
+		}
+		jc.mac = b->mac;
 		randombytes_buf(b->secret, sizeof(b->secret));
 		memcpy(jc.secret, b->secret, sizeof(jc.secret));
-		b->keys = calloc(b->workers, sizeof(*b->keys));
-		if (!b->keys)
+		if (posix_memalign((void **)&b->keys, 64,
+				   b->workers * sizeof(*b->keys)))
+			goto fail;
+		memset(b->keys, 0, b->workers * sizeof(*b->keys));
+		b->ctr = calloc(b->workers, sizeof(*b->ctr));
+		if (!b->ctr)
 			goto fail;
 		for (i = 0; i < b->workers; i++)
-			if (hg_auth_derive_key(b->secret, i, b->keys[i]) < 0)
+			if (hg_mac_key_derive(&b->keys[i], b->mac, b->secret, 1,
+					      i) < 0)
 				goto fail;
 	}
 	rc = hg_engine_add_job(b->eng, &jc);
@@ -510,7 +548,7 @@ int main(int argc, char **argv)
 		       ",\"generator_no_mbuf\":%" PRIu64 ",\"preempted_polls\":%" PRIu64
 		       ",\"pull_mpps\":%.3f,\"pull_payload_gbps\":%.2f"
 		       ",\"engine_vs_pull\":%.3f,\"pulled\":%" PRIu64
-		       ",\"auth\":%s,\"fanout_checked\":true}\n",
+		       ",\"auth\":%s,\"mac\":\"%s\",\"fanout_checked\":true}\n",
 		       b->workers, mpps, engine_mpps,
 		       mpps * 1e6 * b->flen * 8 / 1e9,
 		       mpps * 1e6 * b->payload * 8 / 1e9,
@@ -523,7 +561,9 @@ int main(int argc, char **argv)
 		       busy_frac, b->gen_full, b->alloc_fail, b->preempted,
 		       pull_mpps, pull_mpps * 1e6 * b->payload * 8 / 1e9,
 		       pull_mpps > 0 ? engine_mpps / pull_mpps : 0.0, b->pulled,
-		       b->auth ? "true" : "false");
+		       b->auth ? "true" : "false",
+		       !b->auth ? "none" : b->mac == HG_MAC_AES_GMAC ? "aes-gmac"
+		       : "blake2b");
 	else
 		printf("W=%u payload=%u: %.3f Mpps end to end (%.2f Gbit/s of "
 		       "%u-byte frames, %.2f Gbit/s of payload, %s), engine lcore "
@@ -542,9 +582,10 @@ int main(int argc, char **argv)
 fail:
 	ret = 1;
 out:
-	if (b->keys)
-		hg_auth_wipe(b->keys, b->workers * sizeof(*b->keys));
+	for (i = 0; b->keys && i < b->workers; i++)
+		hg_mac_key_release(&b->keys[i]);
 	free(b->keys);
+	free(b->ctr);
 	hg_auth_wipe(b->secret, sizeof(b->secret));
 	hg_engine_destroy(b->eng);
 	hg_dpdk_port_destroy(b->dport);

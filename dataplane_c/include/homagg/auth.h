@@ -3,12 +3,15 @@
  * homagg/auth.h - per-worker authentication of HomAgg frames
  * (docs/PROTOCOL.md Part 2, "Authentication").
  *
- * A job's members share a 32-byte job secret.  Worker w's key is the
- * libsodium KDF subkey w of it (crypto_kdf_derive_from_key, context
- * "homaggv2"), the aggregator's key the subkey HG_AUTH_KEY_AGGREGATOR.  A
- * frame's MAC is keyed BLAKE2b with a 16-byte output (crypto_generichash)
- * over the HomAgg header as sent (HG_FLAG_AUTH set) and the payload; it
- * follows the payload.  The crypto is libsodium's; nothing here is
+ * A job's members share a 32-byte secret per key epoch.  Member m's key is
+ * the libsodium KDF subkey job * 2^32 + m of it (crypto_kdf_derive_from_key,
+ * context "homaggv3"): m is a worker id, or HG_AUTH_KEY_AGGREGATOR for the
+ * aggregator's key.  A frame's 16-byte MAC follows the payload and covers
+ * the HomAgg header as sent (HG_FLAG_AUTH, the key epoch and the MAC
+ * counter set) and the payload, with the job's algorithm: keyed BLAKE2b
+ * (crypto_generichash) or AES-GMAC (crypto_aead_aes256gcm, empty
+ * plaintext, header + payload as additional data) under the nonce of
+ * hg_auth_nonce().  The crypto is libsodium's; nothing here is
  * hand-written cryptography.
  */
 #ifndef HOMAGG_AUTH_H
@@ -25,24 +28,63 @@ extern "C" {
 /* cdef-begin */
 #define HG_AUTH_SECRET_LEN 32
 #define HG_AUTH_KEY_LEN 32
-/* KDF subkey id of the aggregator's key (workers use their id 0..W-1). */
+#define HG_AUTH_NONCE_LEN 12
+/* KDF member id of the aggregator's key (workers use their id 0..W-1). */
 #define HG_AUTH_KEY_AGGREGATOR 65536
 
-/*
- * key (HG_AUTH_KEY_LEN bytes) = subkey id of secret (HG_AUTH_SECRET_LEN
- * bytes): id is a worker id or HG_AUTH_KEY_AGGREGATOR.  Returns 0, -EINVAL
- * (NULL, or id neither a worker id nor the aggregator's), -ENOTSUP
- * (libsodium failed to initialise).
- */
-int hg_auth_derive_key(const uint8_t *secret, uint32_t id, uint8_t *key);
+/* MAC algorithms (hg_job_config.mac, hg_client_config.mac); 0 = the
+ * default of this host, hg_auth_default_mac(). */
+#define HG_MAC_BLAKE2B 1
+#define HG_MAC_AES_GMAC 2
 
-/* mac (HG_MAC_LEN bytes) = keyed BLAKE2b-128 of data[0..len).  0 or -EINVAL. */
-int hg_auth_mac(const uint8_t *key, const uint8_t *data, size_t len,
+/* Nonce directions: towards an aggregator, or an aggregator's reply. */
+#define HG_AUTH_DIR_REQUEST 0
+#define HG_AUTH_DIR_REPLY 1
+
+/* Can this host compute MAC algorithm alg (AES-GMAC: AES-NI and PCLMUL)? */
+bool hg_auth_mac_available(uint32_t alg);
+
+/* HG_MAC_AES_GMAC where available, else HG_MAC_BLAKE2B; 0 when libsodium
+ * fails to initialise. */
+uint32_t hg_auth_default_mac(void);
+
+/*
+ * key (HG_AUTH_KEY_LEN bytes) = member id's key of job under secret
+ * (HG_AUTH_SECRET_LEN bytes): id is a worker id or HG_AUTH_KEY_AGGREGATOR.
+ * Returns 0, -EINVAL (NULL, or id neither a worker id nor the
+ * aggregator's), -ENOTSUP (libsodium failed to initialise).
+ */
+int hg_auth_derive_key(const uint8_t *secret, uint32_t job, uint32_t id,
+		       uint8_t *key);
+
+/*
+ * The AES-GMAC nonce (HG_AUTH_NONCE_LEN bytes) of a frame whose HomAgg
+ * header (as sent, HG_HDR_LEN bytes) is hdr, sent in direction dir with
+ * the full MAC counter counter: shard, dir, the counter's low 48 bits
+ * (big-endian), the header's incarnation.
+ */
+void hg_auth_nonce(const uint8_t *hdr, uint32_t dir, uint64_t counter,
+		   uint8_t *nonce);
+
+/*
+ * mac (HG_MAC_LEN bytes) = the MAC of algorithm alg under key of
+ * data[0..len), which starts with the HomAgg header (len >= HG_HDR_LEN
+ * for AES-GMAC; dir and counter make its nonce, BLAKE2b ignores them).
+ * 0, -EINVAL (NULL, short data), -ENOTSUP (alg unknown or unavailable).
+ */
+int hg_auth_mac(uint32_t alg, const uint8_t *key, uint32_t dir,
+		uint64_t counter, const uint8_t *data, size_t len,
 		uint8_t *mac);
 
-/* Does mac verify for data[0..len) under key?  Constant-time compare. */
-bool hg_auth_verify(const uint8_t *key, const uint8_t *data, size_t len,
+/* Does mac verify as hg_auth_mac's?  Constant-time compare. */
+bool hg_auth_verify(uint32_t alg, const uint8_t *key, uint32_t dir,
+		    uint64_t counter, const uint8_t *data, size_t len,
 		    const uint8_t *mac);
+
+/* The full MAC counter a receiver takes for the 32 bits c32 of a frame:
+ * the value with low bits c32 nearest to last (the greatest verified from
+ * that sender, incarnation and epoch; 0 before the first). */
+uint64_t hg_auth_counter_extend(uint64_t last, uint32_t c32);
 
 /* Overwrite p[0..len) with zeros in a way the compiler keeps (secrets). */
 void hg_auth_wipe(void *p, size_t len);

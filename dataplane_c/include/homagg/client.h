@@ -57,6 +57,7 @@ extern "C" {
 	X(uint64_t, spurious_timeouts, "expiries whose chunk had not been lost (a STATUS showed our contribution, or the result came twice)") \
 	X(uint64_t, fast_retransmissions, "resent on a gap or a STATUS, without a timer") \
 	X(uint64_t, window_retransmissions, "resent with a stalled window: a chunk of its aggregator timed out again (docs/PROTOCOL.md)") \
+	X(uint64_t, start_probes, "resent when the first answer of a step was late: a peer may not have started it; not timeouts (docs/PROTOCOL.md \"Peers that start late\")") \
 	X(uint64_t, results_received, "result packets placed (first copy of a chunk)") \
 	X(uint64_t, duplicates_received, "result packets for chunks already placed") \
 	X(uint64_t, status_received, "STATUS replies (slot bitmaps)")          \
@@ -136,14 +137,20 @@ struct hg_client_config {
 				    * four windows of dense values), 1 = no pipelining,
 				    * N = N groups */
 	uint8_t auth;              /* 1: the job authenticates every frame */
-	uint8_t secret[32];         /* auth: the job secret (HG_AUTH_SECRET_LEN); the client
-				    * keeps only its key and the aggregator's */
+	uint8_t secret[32];         /* auth: the job secret (HG_AUTH_SECRET_LEN) of key
+				    * epoch `epoch`; the client keeps only its key
+				    * and the aggregator's, and wipes this copy */
+	uint32_t mac;              /* auth: HG_MAC_* of the job, 0 = hg_auth_default_mac() */
+	uint8_t epoch;             /* auth: the key epoch of secret (0 at add_job) */
 	uint32_t agg_worker;       /* wire worker id at its aggregator (a tree leaf's
 				    * index of it, docs/PROTOCOL.md "Tree"); worker
 				    * and workers above stay the codec's */
 	uint32_t agg_workers;      /* W at its aggregator; 0 = workers (and agg_worker
 				    * = worker).  The leaf serves workers worker -
-				    * agg_worker .. + agg_workers - 1 (errors name them) */
+				    * agg_worker .. + agg_workers - 1 (errors name them) */	struct hg_cost cost;       /* the job's cost model (docs/PROTOCOL.md "The cost
+				    * model"), the same on every worker: used by every
+				    * allreduce whose hg_params.cost names no link rate;
+				    * its payload_bytes is always this config's */
 };
 
 struct hg_client_stats {
@@ -224,6 +231,17 @@ int hg_client_poll(struct hg_client *c, uint64_t *next_deadline_ns);
  */
 int hg_client_allreduce(struct hg_client *c, const struct hg_params *p,
 			int method, const float *x, size_t n, float *y);
+
+/*
+ * Give the client the secret (HG_AUTH_SECRET_LEN bytes) of key epoch
+ * `epoch` (its current one + 1; docs/PROTOCOL.md "Key epochs"): it verifies
+ * replies of that epoch at once and sends with it from its first verified
+ * reply of it or its next retransmission.  Returns 0, -EINVAL (NULL, or
+ * epoch not the next), -EPERM (no auth), -ENOTSUP.  The caller wipes its
+ * secret.
+ */
+int hg_client_rotate_key(struct hg_client *c, const uint8_t *secret,
+			 uint32_t epoch);
 
 /* Is an allreduce in progress? */
 bool hg_client_busy(const struct hg_client *c);

@@ -40,7 +40,7 @@ extern "C" {
 #endif
 
 /* cdef-begin */
-#define HG_PROTOCOL_VERSION 2
+#define HG_PROTOCOL_VERSION 3
 #define HG_MAX_WORKERS 256
 #define HG_MIN_BLOCK 64
 #define HG_MAX_BLOCK 65536
@@ -53,6 +53,30 @@ extern "C" {
 
 /* hg_quantize / hg_dequantize flags */
 #define HG_Q_SKIP_ZERO 1
+
+/* Bounds of the cost model's coefficients (hg_params_check: -ERANGE). */
+#define HG_COST_MAX_ELEM_PS 1000000
+#define HG_COST_MAX_PKT_PS 100000000
+/* Framing bytes per packet the cost model charges (docs/PROTOCOL.md). */
+#define HG_COST_FRAME_BYTES 98
+
+/*
+ * The cost model (docs/PROTOCOL.md "The cost model"): the job's link and
+ * its hosts' CPU costs, registered with the job, the same on every worker.
+ * link_mbit == 0: no model, every choice minimises bytes (the bytes rules).
+ * CPU coefficients are picoseconds.
+ */
+struct hg_cost {
+	uint32_t link_mbit;     /* link rate, Mbit/s; 0 = the bytes rules */
+	uint32_t payload_bytes; /* payload per packet; 0 = 1024 (the client sets its own) */
+	uint32_t rtt_ns;        /* one phase round trip */
+	uint32_t pkt_ps;        /* worker CPU per packet sent and its result received */
+	uint32_t agg_pkt_ps;    /* aggregator CPU per frame received */
+	uint32_t value_ps;      /* per dense / blocks value lane (quantise + dequantise) */
+	uint32_t lane_ps;       /* per union lane (encode + scatter) */
+	uint32_t bitmap_ps;     /* per element of a bitmap-indexed block */
+	uint32_t probe_ps;      /* per element and probe of a Bloom-indexed block */
+};
 
 /*
  * Parameters every worker of one allreduce agrees on (plus its own id).
@@ -67,12 +91,14 @@ struct hg_params {
 	uint64_t seed;       /* seed of every random stream (rounding, NC) */
 	uint32_t nc_levels;  /* natural dithering levels s; 0 = plain C_nat */
 	float sketch_cells_per_candidate; /* 0 = default sizing */
+	struct hg_cost cost; /* the job's cost model; all 0 = the bytes rules */
 };
 
 /*
- * 0, or -EINVAL (block), -ERANGE (workers, worker id); or the error of
- * hg_codec_isa() when HOMAGG_CODEC_ISA names no usable path (every codec
- * call that checks its parameters refuses then).
+ * 0, or -EINVAL (block), -ERANGE (workers, worker id, a cost coefficient
+ * above its bound); or the error of hg_codec_isa() when HOMAGG_CODEC_ISA
+ * names no usable path (every codec call that checks its parameters
+ * refuses then).
  */
 int hg_params_check(const struct hg_params *p);
 

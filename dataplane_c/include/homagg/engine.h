@@ -92,8 +92,10 @@ struct hg_job_config {
 	uint32_t incarnation;    /* the job's incarnation in replies;
 				  * 0 = hg_wire_incarnation_now() */
 	uint8_t auth;            /* 1: every frame carries a MAC (homagg/auth.h) */
-	uint8_t secret[32];      /* auth: the job secret (HG_AUTH_SECRET_LEN); the engine
-				  * keeps only the keys derived from it */
+	uint8_t secret[32];      /* auth: the job secret (HG_AUTH_SECRET_LEN) of key
+				  * epoch 0; the engine keeps only the keys derived
+				  * from it and wipes this copy */
+	uint32_t mac;            /* auth: HG_MAC_*, 0 = hg_auth_default_mac() */
 	/* Tree (docs/PROTOCOL.md "Tree"): with up = 1 this aggregator is a
 	 * leaf; a slot complete here goes up to the root as one request of
 	 * worker up_worker and its workers get the root's result. */
@@ -106,6 +108,11 @@ struct hg_job_config {
 	uint32_t up_group;       /* the root's result group, joined (0 = none) */
 	uint64_t up_rto_ns;      /* upward retransmission timeout (0 = 1 ms) */
 	uint64_t up_give_up_ns;  /* stop resending a set after this (0 = 10 s) */
+	/* A leaf of an auth job: its key as worker up_worker of the root's
+	 * job, and the root's aggregator key (HG_AUTH_KEY_LEN bytes each,
+	 * from the root job's secret; wiped like secret). */
+	uint8_t up_key[32];
+	uint8_t up_reply_key[32];
 };
 
 /* Defaults: max_jobs 64, HG_UDP_PORT, burst 32, HG_ENGINE_F_UDP_CSUM,
@@ -120,10 +127,22 @@ void hg_engine_destroy(struct hg_engine *e);
  * Add a job; all its memory (2 * S accumulators of payload_bytes, the
  * worker table, with auth the W + 1 keys) is allocated here.  Returns 0,
  * -EINVAL (NULL), -EEXIST (job id in use), -ERANGE (W, S, payload, or
- * max_jobs reached), -ENOMEM, -ENOTSUP (auth: libsodium unusable; auth
- * together with up), -EINVAL (up without the root's address).
+ * max_jobs reached), -ENOMEM, -ENOTSUP (auth: libsodium unusable, or the
+ * MAC algorithm unknown or not available on this host), -EINVAL (up
+ * without the root's address).
  */
 int hg_engine_add_job(struct hg_engine *e, const struct hg_job_config *j);
+
+/*
+ * Register the next key epoch of auth job `job` (docs/PROTOCOL.md "Key
+ * epochs"): secret (HG_AUTH_SECRET_LEN bytes) is the new epoch's; replies
+ * use it at once; worker frames of the previous epoch are accepted for
+ * grace_ns more, then dropped as bad_mac.  Returns the new epoch (0..255),
+ * -EINVAL (NULL), -ENOENT (no such job), -EPERM (job without auth, or a
+ * tree leaf), -ENOMEM.  The caller wipes its secret.
+ */
+int hg_engine_rotate_key(struct hg_engine *e, uint32_t job,
+			 const uint8_t *secret, uint64_t grace_ns);
 /* The job's configuration as the engine holds it (the incarnation chosen
  * when it was 0).  0, -EINVAL (NULL) or -ENOENT. */
 int hg_engine_job_config(const struct hg_engine *e, uint32_t job,

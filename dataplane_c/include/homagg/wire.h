@@ -7,7 +7,7 @@
  *   off size field
  *    0   1   version      HG_PROTOCOL_VERSION
  *    1   1   op           enum hg_op
- *    2   2   flags        HG_FLAG_*
+ *    2   2   flags        HG_FLAG_*; bits 8..15: key epoch (with HG_FLAG_AUTH)
  *    4   4   job          job id
  *    8   4   token        job token (the job selector; a secret only
  *                         without authentication)
@@ -19,7 +19,8 @@
  *   23   1   shard        index of the aggregator the chunk belongs to, 0..K-1
  *   24   4   incarnation  sender's life: the worker's, or in a reply the
  *                         aggregator's incarnation of the job; never 0
- *   28   4   reserved     0
+ *   28   4   nonce        with HG_FLAG_AUTH the sender's MAC counter (low
+ *                         32 bits), else 0
  *   32   ..  payload
  *   ..   16  MAC          only with HG_FLAG_AUTH (docs/PROTOCOL.md)
  */
@@ -66,14 +67,16 @@ struct hg_hdr {
 	int8_t exp;
 	uint8_t shard;
 	uint32_t incarnation;
-	uint32_t reserved;
+	uint32_t nonce;
 };
 
 /* Worker field of a multicast result (addressed to every worker). */
 #define HG_WORKER_ALL 65535
 /* Flags a worker may set; RESULT and STATUS are the aggregator's. */
 #define HG_FLAGS_WORKER 46
-#define HG_FLAGS_KNOWN 63
+/* Bits 8..15 of the flags: the key epoch of an authenticated frame. */
+#define HG_FLAG_EPOCH_SHIFT 8
+#define HG_FLAGS_KNOWN 65343
 
 /* hg_wire_parse / hg_wire_build flags */
 /* Verify (parse) or fill in (build) the UDP checksum.  Without it a parsed
@@ -85,6 +88,14 @@ struct hg_wire_addr {
 	uint8_t mac[6];
 	uint32_t ipv4;
 	uint16_t port;
+};
+
+/* How hg_wire_build_mac() authenticates a frame (homagg/auth.h). */
+struct hg_wire_mac {
+	uint32_t alg;              /* HG_MAC_* */
+	uint32_t dir;              /* HG_AUTH_DIR_* */
+	uint64_t counter;          /* the sender's MAC counter of this frame */
+	uint8_t key[32];           /* HG_AUTH_KEY_LEN */
 };
 
 /* A validated frame: its addresses, its header in host byte order and
@@ -119,11 +130,13 @@ int hg_wire_parse(const uint8_t *frame, size_t len, uint16_t udp_port,
  * with HG_FLAG_AUTH in hdr->flags the 16-byte MAC) to frame[0..cap) from
  * src to dst.  hdr is in host byte order; payload may be NULL when
  * payload_len is 0.  hg_wire_build() writes an all-zero MAC (a frame that
- * fails verification, for tests); hg_wire_build_mac() with a key
- * (HG_AUTH_KEY_LEN bytes, homagg/auth.h) sets HG_FLAG_AUTH and writes the
- * MAC keyed with it (NULL key: as hg_wire_build).  Returns the frame
+ * fails verification, for tests); hg_wire_build_mac() with m sets
+ * HG_FLAG_AUTH, the nonce field (m->counter's low 32 bits) and writes the
+ * MAC of algorithm m->alg keyed with m->key, direction m->dir (the key
+ * epoch is hdr->flags' high byte; NULL m: as hg_wire_build).  Returns the frame
  * length, -EINVAL (NULL argument), -ERANGE (payload longer than
- * HG_MAX_PAYLOAD), -ENOSPC (cap too small).  The IPv4 checksum is always
+ * HG_MAX_PAYLOAD), -ENOSPC (cap too small), -ENOTSUP (m->alg unknown or
+ * not available on this host).  The IPv4 checksum is always
  * filled in.
  */
 int hg_wire_build(uint8_t *frame, size_t cap, const struct hg_wire_addr *src,
@@ -133,7 +146,7 @@ int hg_wire_build_mac(uint8_t *frame, size_t cap,
 		      const struct hg_wire_addr *src,
 		      const struct hg_wire_addr *dst, const struct hg_hdr *hdr,
 		      const uint8_t *payload, size_t payload_len, uint32_t flags,
-		      const uint8_t *key);
+		      const struct hg_wire_mac *m);
 
 /*
  * A fresh incarnation (docs/PROTOCOL.md "Incarnations"): the low 32 bits of

@@ -33,11 +33,19 @@ the same rule as a flat row's but for the tree's busiest aggregator
   (docs/PROTOCOL.md Part 3 "Fast retransmission"), STATUS frames the
   workers received; a row whose
   allreduce failed keeps its counters and says why in ``error``;
+- recovery (--drop-rate and --straggler-ms take lists, --link-gbps too:
+  one row per combination): timeouts (all workers, and the punctual ones
+  when the last worker starts --straggler-ms late), start probes (docs/
+  PROTOCOL.md Part 3, "Three causes, told apart"), the highest stall
+  floor, and ``vs_clean``: the row's time over the loss-free, punctual
+  row of the same W, shape, method and link (the first of the lists);
 - exact: the result is bit-identical, on every worker, to the numpy
   fixed-point reference (homagg.reference); nc is lossy by design, so it
   reports its relative L2 error against the float64 sum instead.
 
-Outputs with --out DIR: scale.json, scale.csv, scale.md, scale.png (bytes
+Outputs with --out DIR: scale.json, scale.csv, scale.md, scale_recovery.png
+(with loss or stragglers: time / loss-free time, retransmissions per drop
+and the punctual workers' timeouts against W), scale.png (bytes
 per worker and time vs W at K = 1; time vs W per K with the ring's model;
 log2 x-axis).  --json prints the report.
 """
@@ -65,6 +73,10 @@ LINK_DELAY = 1e-6  # one-way delay of every simulated link (s)
 
 def _int_list(text):
     return [int(v) for v in text.split(",") if v.strip()]
+
+
+def _float_list(text):
+    return [float(v) for v in text.split(",") if v.strip()]
 
 
 def _name_list(text):
@@ -108,10 +120,19 @@ def add_arguments(parser):
     parser.add_argument("--leaves", type=_k_list, default=[],
                         help="comma-separated leaf counts L of tree rows per W: numbers or "
                         "W/N, e.g. W/16 (default: no tree rows)")
-    parser.add_argument("--drop-rate", type=float, default=0.0,
-                        help="fraction of frames every link drops, 0..1 (default 0)")
-    parser.add_argument("--link-gbps", type=float, default=100.0,
-                        help="line rate of every simulated link (default 100)")
+    parser.add_argument("--drop-rate", type=_float_list, default=[0.0],
+                        help="comma-separated fractions of frames every link drops, 0..1, "
+                        "one row each (default 0)")
+    parser.add_argument("--straggler-ms", type=_float_list, default=[0.0],
+                        help="comma-separated start delays (ms of virtual time) of the last "
+                        "worker, one row each: a straggler still computing (default 0)")
+    parser.add_argument("--link-gbps", type=_float_list, default=[100.0],
+                        help="comma-separated line rates of every simulated link, one row "
+                        "each (default 100)")
+    parser.add_argument("--agg-link-gbps", default=None,
+                        help="line rate of each aggregator's link: a number, or 'auto' for "
+                        "homagg.sim.Cluster's default min(W x link, max(400, link)) "
+                        "(default: the workers' --link-gbps)")
     parser.add_argument("--block", type=int, default=None,
                         help="block elements (default HG_DEFAULT_BLOCK)")
     parser.add_argument("--slots", type=int, default=None,
@@ -156,12 +177,14 @@ def _payload(stats_dict):
 
 
 def run_one(grads, method, link_gbps, block, slots, seed, want=None, f64=None, aggregators=1,
-            leaves=0, drop_rate=0.0):
+            leaves=0, drop_rate=0.0, straggler_ms=0.0, agg_link_gbps=None):
     """One allreduce of grads on a fresh simulated cluster of ``aggregators``
     aggregators (leaves > 0: a tree of ``leaves`` leaves and a root, the
-    root last) whose links drop ``drop_rate`` of their frames; returns a
-    row (without the W/workload context) and the result (None, and the
-    row's ``error``, when the allreduce failed)."""
+    root last) whose links drop ``drop_rate`` of their frames, the last
+    worker starting ``straggler_ms`` late; returns a row (without the
+    W/workload context) and the result (None, and the row's ``error``,
+    when the allreduce failed).  agg_link_gbps: None the workers' rate,
+    "auto" homagg.sim.Cluster's default, else that rate."""
     from homagg.errors import HomAggError
     from homagg.sim import Cluster
 
@@ -169,10 +192,14 @@ def run_one(grads, method, link_gbps, block, slots, seed, want=None, f64=None, a
     n = grads[0].size
     # Each aggregator NIC at the same rate as each worker's: an aggregator's
     # port is shared by all W workers, as with a DPDK aggregator server.
-    with Cluster(workers=W, link_gbps=link_gbps, agg_link_gbps=link_gbps, slots=slots,
+    agg_rate = (link_gbps if agg_link_gbps is None else
+                None if agg_link_gbps == "auto" else float(agg_link_gbps))
+    with Cluster(workers=W, link_gbps=link_gbps, agg_link_gbps=agg_rate, slots=slots,
                  seed=seed, delay=LINK_DELAY, aggregators=1 if leaves else aggregators,
                  leaves=leaves, loss=drop_rate) as cl:
         aggregators = cl.aggregators
+        if straggler_ms:
+            cl.delay_start(W - 1, straggler_ms / 1e3)
         t0 = time.perf_counter()
         error = None
         try:
@@ -197,12 +224,16 @@ def run_one(grads, method, link_gbps, block, slots, seed, want=None, f64=None, a
     link_tx = [a["link"]["tx_bytes"] for a in aggs]
     ring = ring_bytes_per_worker(W, n)
     retx = int(sum(w["retransmissions"] for w in per))
+    punctual = per[:-1] if straggler_ms else per
     row = {
         "method": method,
         "aggregators": aggregators,
         "leaves": leaves,
         "slots": slots,
         "drop_rate": drop_rate,
+        "straggler_ms": straggler_ms,
+        "link_gbps": link_gbps,
+        "agg_link_gbps": cl.agg_link_gbps,
         "method_chosen": stats["method"],
         "virtual_seconds": vt,
         "wall_seconds": wall,
@@ -231,6 +262,12 @@ def run_one(grads, method, link_gbps, block, slots, seed, want=None, f64=None, a
         "drops_injected": drops,
         "retransmissions": retx,
         "retransmissions_per_drop": retx / drops if drops else None,
+        "timeouts": int(sum(w["timeouts"] for w in per)),
+        "timeouts_punctual": int(sum(w["timeouts"] for w in punctual)),
+        "spurious_timeouts": int(sum(w["spurious_timeouts"] for w in per)),
+        "start_probes": int(sum(w["start_probes"] for w in per)),
+        "rto_floor_max_ms": max(w["rto_floor_ns"] for w in per) / 1e6,
+        "vs_clean": None,  # filled by run(): this time / the loss-free, punctual row's
         "stalled_blocks": int(per[0]["stalled_blocks"]),
         "exact": None,
         "rel_l2_error": None,
@@ -277,16 +314,29 @@ def run(args):
         for shape, per_agg in shapes:
             for m in args.methods:
                 slots = args.slots or auto_slots(per_agg)
-                row, _res = run_one(grads, m, args.link_gbps, block, slots, args.seed,
-                                    want=want, f64=f64, drop_rate=args.drop_rate, **shape)
-                row = {"workers": W, "elements": args.elements, "workload": args.workload,
-                       "density": density, "union_density": union / args.elements, **row}
-                rows.append(row)
-                _progress(row)
+                for gbps in args.link_gbps:
+                    clean = None
+                    for drop in args.drop_rate:
+                        for lag in args.straggler_ms:
+                            row, _res = run_one(grads, m, gbps, block, slots, args.seed, want=want,
+                                                f64=f64, drop_rate=drop, straggler_ms=lag,
+                                                agg_link_gbps=args.agg_link_gbps, **shape)
+                            row = {"workers": W, "elements": args.elements,
+                                   "workload": args.workload, "density": density,
+                                   "union_density": union / args.elements, **row}
+                            if drop == 0 and lag == 0:
+                                clean = row
+                            if clean is not None and clean["virtual_seconds"] > 0:
+                                row["vs_clean"] = row["virtual_seconds"] / clean["virtual_seconds"]
+                            rows.append(row)
+                            _progress(row)
         del grads
-    return rep.header(benchmark="scale", link_gbps=args.link_gbps, elements=args.elements,
+    return rep.header(benchmark="scale", link_gbps=args.link_gbps[0] if len(args.link_gbps) == 1
+                      else args.link_gbps, elements=args.elements,
                       density=density, workload=args.workload, block_elements=block,
-                      slots=args.slots or "auto", seed=args.seed, drop_rate=args.drop_rate,
+                      slots=args.slots or "auto", seed=args.seed,
+                      drop_rate=args.drop_rate[0] if len(args.drop_rate) == 1 else args.drop_rate,
+                      straggler_ms=args.straggler_ms, agg_link_gbps=args.agg_link_gbps,
                       aggregators=[str(t) for t in args.aggregators],
                       leaves=[str(t) for t in args.leaves], results=rows)
 
@@ -312,6 +362,11 @@ def _progress(row):
                          f"drops {row['drops_injected']}, retx {row['retransmissions']}"
                          + (f" ({row['retransmissions_per_drop']:.2f} per drop)"
                             if row["retransmissions_per_drop"] is not None else "")
+                         + (f", timeouts {row['timeouts']}, probes {row['start_probes']}"
+                            + (f", straggler {row['straggler_ms']:g} ms" if row["straggler_ms"]
+                               else "")
+                            + (f", {row['vs_clean']:.2f} x loss-free" if row["vs_clean"]
+                               else ""))
                          + f", status {row['agg_status_sent']} "
                          f"({row['agg_status_repeats']} repeats unicast), exact {row['exact']}"
                          + (f", error: {row['error']}" if row["error"] else ""))
@@ -321,14 +376,77 @@ MD_COLUMNS = ("workers", "aggregators", "leaves", "method", "method_chosen", "sl
               "ring_model_seconds", "agg_link_rx_max_share", "agg_link_rx_max_gbps",
               "bytes_sent_per_worker", "ring_bytes_per_worker", "ratio_vs_ring",
               "agg_packets_per_s", "agg_payload_gbps", "wall_seconds", "drops_injected",
-              "retransmissions", "retransmissions_per_drop",
-              "agg_status_sent", "agg_status_repeats", "exact", "rel_l2_error")
+              "retransmissions", "retransmissions_per_drop", "timeouts", "timeouts_punctual",
+              "start_probes", "rto_floor_max_ms", "drop_rate", "straggler_ms", "link_gbps",
+              "vs_clean", "agg_status_sent", "agg_status_repeats", "exact", "rel_l2_error")
+
+
+def _base_rows(results):
+    """The rows of the first link rate and drop rate, without a straggler
+    (what the scaling panels plot)."""
+    if not results:
+        return results
+    first = results[0]
+    return [r for r in results if r.get("link_gbps") == first.get("link_gbps")
+            and r.get("drop_rate") == first.get("drop_rate") and not r.get("straggler_ms")]
+
+
+def plot_recovery(report, path):
+    """Loss and stragglers against W: time / the loss-free punctual time,
+    retransmissions per drop and the punctual workers' timeouts, one line
+    per (link, drop rate, straggler), flat (solid) and tree (dashed), the
+    first method of the run."""
+    plt = rep.pyplot()
+    rows = [r for r in report["results"] if r.get("drop_rate") or r.get("straggler_ms")]
+    if not rows:
+        return None
+    m0 = rows[0]["method"]
+    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(17, 4.5))
+    keys = sorted({(r["link_gbps"], r["drop_rate"], r["straggler_ms"], bool(r["leaves"]))
+                   for r in rows if r["method"] == m0})
+    has = {ax1: any(r["vs_clean"] for r in rows), ax2: any(r["drop_rate"] for r in rows),
+           ax3: True}
+    for gbps, drop, lag, tree in keys:
+        rs = sorted((r for r in rows if r["method"] == m0 and r["link_gbps"] == gbps and
+                     r["drop_rate"] == drop and r["straggler_ms"] == lag and
+                     bool(r["leaves"]) == tree), key=lambda r: r["workers"])
+        label = (f"{gbps:g} Gbit/s, loss {drop:g}" + (f", straggler {lag:g} ms" if lag else "")
+                 + (", tree" if tree else ""))
+        style = "--" if tree else "-"
+        ws = [r["workers"] for r in rs]
+        ax1.plot(ws, [r["vs_clean"] or float("nan") for r in rs], style, marker="o", label=label)
+        if drop:
+            ax2.plot(ws, [r["retransmissions_per_drop"] or float("nan") for r in rs], style,
+                     marker="o", label=label)
+        ax3.plot(ws, [r["timeouts_punctual"] for r in rs], style, marker="o", label=label)
+    ax1.axhline(1.5, color="k", lw=0.8, ls=":")
+    ax2.axhline(2.0, color="k", lw=0.8, ls=":")
+    for ax, yl in ((ax1, "time / loss-free punctual time"),
+                   (ax2, "retransmissions per dropped frame"),
+                   (ax3, "timeouts of the punctual workers")):
+        if not has[ax]:
+            ax.set_visible(False)  # nothing to plot (no loss-free row, no loss)
+            continue
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("workers W")
+        ax.set_ylabel(yl)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    if ax1.get_visible():
+        ax1.set_yscale("log")
+    fig.suptitle(f"HomAgg recovery on the simulated cluster ({m0}, {report['elements']} "
+                 "elements, virtual time)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def plot(report, path):
     plt = rep.pyplot()
-    trees = [r for r in report["results"] if r.get("leaves")]
-    rows = [r for r in report["results"] if not r.get("leaves")]
+    base = _base_rows(report["results"])
+    trees = [r for r in base if r.get("leaves")]
+    rows = [r for r in base if not r.get("leaves")]
     methods = list(dict.fromkeys(r["method"] for r in rows))
     ws = sorted({r["workers"] for r in rows})
     # the first two panels: the smallest K of the run (normally 1)
@@ -377,7 +495,8 @@ def plot(report, path):
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
     fig.suptitle(f"HomAgg on the simulated cluster: {report['elements']} elements, "
-                 f"{report['workload']} density {report['density']}, {report['link_gbps']} Gbit/s links")
+                 f"{report['workload']} density {report['density']}, "
+                 f"{rows[0]['link_gbps'] if rows else report['link_gbps']} Gbit/s links")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -391,6 +510,9 @@ def main(args):
         paths = rep.write_outputs(args.out, "scale", report, MD_COLUMNS,
                                   "HomAgg scaling on the simulated cluster")
         paths["png"] = plot(report, os.path.join(args.out, "scale.png"))
+        recovery = plot_recovery(report, os.path.join(args.out, "scale_recovery.png"))
+        if recovery:
+            paths["recovery_png"] = recovery
         rep.progress("scale", "wrote " + ", ".join(paths.values()))
     if args.json:
         json.dump(report, sys.stdout, indent=2, default=str)

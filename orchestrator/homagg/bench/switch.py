@@ -18,10 +18,12 @@ measures the default payload and a jumbo one (frames up to MTU 9000) in one
 run.  ``--lcores 0`` runs generator and engine on one lcore
 (frames hot in that core's cache); the default ``0,1`` puts them on two
 (frames cross cores, as from a NIC, and the engine lcore's share of its CPU
-matters on a shared machine).  ``--auth`` measures every W twice in the
-same run, without and with per-worker authentication (the generator MACs
-each frame, the engine verifies it and MACs its results), and reports the
-ratio of the engine lcore's capacity.  Needs root (EAL).
+matters on a shared machine).  ``--auth`` measures every W in the same
+run without authentication and then with each MAC algorithm of ``--mac``
+(default: AES-GMAC where the CPU has AES-NI, and keyed BLAKE2b; the
+generator MACs each frame, the engine verifies it and MACs its results),
+and reports each one's engine lcore capacity as a ratio of the
+unauthenticated one.  Needs root (EAL).
 """
 import json
 import os
@@ -50,16 +52,21 @@ def add_arguments(parser):
                         help="path of homagg-switch-bench (default build/release/)")
     parser.add_argument("--auth", action="store_true",
                         help="also measure with per-worker authentication and report the ratio")
+    parser.add_argument("--mac", nargs="+", choices=("aes-gmac", "blake2b"), default=None,
+                        help="with --auth: the MAC algorithms to measure (default: aes-gmac "
+                        "where the CPU has it, and blake2b)")
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
 
 
-def run_one(binary, workers, payload, slots, seconds, lcores, auth=False):
+def run_one(binary, workers, payload, slots, seconds, lcores, auth=False, mac=None):
     with tempfile.TemporaryDirectory(prefix="homagg-bench-") as rundir:
         env = dict(os.environ, RUNTIME_DIRECTORY=rundir, XDG_RUNTIME_DIR=rundir)
         cmd = [str(binary), *eal_args(lcores, memory_mb=512), "--", "--workers", str(workers), "--payload", str(payload),
                "--slots", str(slots), "--seconds", str(seconds), "--json"]
         if auth:
             cmd.append("--auth")
+        if mac:
+            cmd += ["--mac", mac]
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env,
                               timeout=seconds * 4 + 60)
     lines = [x for x in proc.stdout.splitlines() if x.startswith("{")]
@@ -74,16 +81,21 @@ def main(args):
     if not binary.exists():
         print(f"{binary} is missing: run `make switch`", file=sys.stderr)
         return 1
+    macs = args.mac
+    if args.auth and macs is None:
+        from homagg import auth
+
+        macs = (["aes-gmac"] if auth.default_mac_name() == "aes-gmac" else []) + ["blake2b"]
     rc = 0
     for payload in args.payload:
         for w in args.workers:
             runs = [run_one(binary, w, payload, args.slots, args.seconds, args.lcores)]
-            if args.auth:  # the same run, with per-worker MACs
-                runs.append(run_one(binary, w, payload, args.slots, args.seconds, args.lcores,
-                                    auth=True))
-                base = runs[0]["engine_mpps"]
-                runs[1]["engine_mpps_vs_unauthenticated"] = (runs[1]["engine_mpps"] / base
-                                                             if base else None)
+            base = runs[0]["engine_mpps"]
+            for mac in (macs if args.auth else []):  # the same run, with per-worker MACs
+                r = run_one(binary, w, payload, args.slots, args.seconds, args.lcores,
+                            auth=True, mac=mac)
+                r["engine_mpps_vs_unauthenticated"] = r["engine_mpps"] / base if base else None
+                runs.append(r)
             for r in runs:
                 if r["drops"]:
                     rc = 2
@@ -92,7 +104,8 @@ def main(args):
                     continue
                 ratio = r.get("engine_mpps_vs_unauthenticated")
                 print(f"W={r['workers']:4d} payload={r['payload']} B"
-                      f"{' auth' if r.get('auth') else ''}: {r['mpps']:7.3f} Mpps "
+                      f"{' auth ' + r.get('mac', '') if r.get('auth') else ''}: "
+                      f"{r['mpps']:7.3f} Mpps "
                       f"({r['payload_gbps']:6.2f} Gbit/s of payload) end to end, engine lcore "
                       f"capacity {r['engine_mpps']:7.3f} Mpps"
                       f"{f' = {ratio:.2f}x unauthenticated' if ratio is not None else ''} "

@@ -22,6 +22,8 @@ decades, like real gradients.
 import numpy as np
 
 WORKLOADS = ("shared", "random", "zipf", "dense")
+# Other names accepted for a workload (``homagg demo`` used to say independent).
+ALIASES = {"independent": "random"}
 ROW_DIM = 64
 ZIPF_S = 1.1
 
@@ -45,6 +47,7 @@ def effective_density(name, density):
 
 def generate(name, workers, elements, density, seed, worker):
     """The gradient of one worker (float32 array of ``elements``)."""
+    name = ALIASES.get(name, name)
     if name not in WORKLOADS:
         raise ValueError(f"unknown workload {name!r}; one of {', '.join(WORKLOADS)}")
     if not 0 <= worker < workers:

@@ -70,7 +70,10 @@ def _fill(cstruct, fields):
     """Set the fields of a cffi struct from a dict; bytes go into byte
     arrays (a MAC, a secret) as lists."""
     for k, v in fields.items():
-        setattr(cstruct, k, list(v) if isinstance(v, (bytes, bytearray)) else v)
+        if isinstance(v, dict):  # a nested struct (hg_params.cost)
+            _fill(getattr(cstruct, k), v)
+        else:
+            setattr(cstruct, k, list(v) if isinstance(v, (bytes, bytearray)) else v)
     return cstruct
 
 

@@ -10,7 +10,12 @@ from homagg.errors import InvalidArgument, check
 SECRET_LEN = lib.HG_AUTH_SECRET_LEN
 KEY_LEN = lib.HG_AUTH_KEY_LEN
 MAC_LEN = lib.HG_MAC_LEN
+NONCE_LEN = lib.HG_AUTH_NONCE_LEN
 KEY_AGGREGATOR = lib.HG_AUTH_KEY_AGGREGATOR
+MAC_BLAKE2B = lib.HG_MAC_BLAKE2B
+MAC_AES_GMAC = lib.HG_MAC_AES_GMAC
+DIR_REQUEST = lib.HG_AUTH_DIR_REQUEST
+DIR_REPLY = lib.HG_AUTH_DIR_REPLY
 
 
 def fixed_bytes(v, size, what):
@@ -20,26 +25,66 @@ def fixed_bytes(v, size, what):
     return v
 
 
-def derive_key(secret, key_id):
-    """hg_auth_derive_key: the key key_id (a worker id or KEY_AGGREGATOR) of secret."""
+def mac_available(alg):
+    """hg_auth_mac_available: can this host compute algorithm alg?"""
+    return bool(lib.hg_auth_mac_available(int(alg)))
+
+
+def default_mac():
+    """hg_auth_default_mac: MAC_AES_GMAC where available, else MAC_BLAKE2B."""
+    return int(lib.hg_auth_default_mac())
+
+
+def derive_key(secret, job, key_id):
+    """hg_auth_derive_key: member key_id's key (a worker id or
+    KEY_AGGREGATOR) of job under secret."""
     secret = fixed_bytes(secret, SECRET_LEN, "a job secret")
     key = ffi.new("uint8_t[]", KEY_LEN)
-    check(lib.hg_auth_derive_key(secret, int(key_id), key), f"derive key {key_id}")
+    check(lib.hg_auth_derive_key(secret, int(job), int(key_id), key),
+          f"derive key {key_id}")
     return bytes(key)
 
 
-def mac(key, data):
-    """hg_auth_mac: the MAC_LEN-byte MAC of data under key."""
-    key = fixed_bytes(key, KEY_LEN, "a key")
-    data = bytes(data)
-    out = ffi.new("uint8_t[]", MAC_LEN)
-    check(lib.hg_auth_mac(key, data, len(data), out), "mac")
+def nonce(hdr, direction, counter):
+    """hg_auth_nonce: the AES-GMAC nonce of a frame with header hdr."""
+    hdr = bytes(hdr)
+    if len(hdr) < lib.HG_HDR_LEN:
+        raise InvalidArgument(f"a header has {lib.HG_HDR_LEN} bytes, got {len(hdr)}")
+    out = ffi.new("uint8_t[]", NONCE_LEN)
+    lib.hg_auth_nonce(hdr, int(direction), int(counter), out)
     return bytes(out)
 
 
-def verify(key, data, tag):
-    """hg_auth_verify: does tag verify for data under key (constant time)?"""
+def mac(alg, key, direction, counter, data):
+    """hg_auth_mac: the MAC_LEN-byte MAC of data (header + payload)."""
+    key = fixed_bytes(key, KEY_LEN, "a key")
+    data = bytes(data)
+    out = ffi.new("uint8_t[]", MAC_LEN)
+    check(lib.hg_auth_mac(int(alg), key, int(direction), int(counter), data,
+                          len(data), out), "mac")
+    return bytes(out)
+
+
+def verify(alg, key, direction, counter, data, tag):
+    """hg_auth_verify: does tag verify for data (constant time)?"""
     key = fixed_bytes(key, KEY_LEN, "a key")
     tag = fixed_bytes(tag, MAC_LEN, "a MAC")
     data = bytes(data)
-    return bool(lib.hg_auth_verify(key, data, len(data), tag))
+    return bool(lib.hg_auth_verify(int(alg), key, int(direction), int(counter),
+                                   data, len(data), tag))
+
+
+def counter_extend(last, c32):
+    """hg_auth_counter_extend: the full counter a receiver takes."""
+    return int(lib.hg_auth_counter_extend(int(last), int(c32)))
+
+
+def wire_mac(key, alg=None, direction=0, counter=1):
+    """A ``struct hg_wire_mac *`` for hg_wire_build_mac / hg_sim_build_frame
+    (alg None: this host's default)."""
+    m = ffi.new("struct hg_wire_mac *")
+    m.alg = default_mac() if alg is None else int(alg)
+    m.dir = int(direction)
+    m.counter = int(counter)
+    m.key = list(fixed_bytes(key, KEY_LEN, "a key"))
+    return m

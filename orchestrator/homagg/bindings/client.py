@@ -40,6 +40,15 @@ def client_create(port, aggregators, secret, keep, context, **config):
     return ffi.gc(client, lambda c, _keep=(keep, cfg, aggs): lib.hg_client_destroy(c))
 
 
+def client_rotate_key(c, secret, epoch):
+    """hg_client_rotate_key: the secret of the job's next key epoch."""
+    s = ffi.new("uint8_t[]", bytes(secret))
+    try:
+        check(lib.hg_client_rotate_key(c, s, int(epoch)), f"rotate key to epoch {epoch}")
+    finally:
+        lib.hg_auth_wipe(s, len(s))
+
+
 def client_destroy(c):
     ffi.release(c)  # runs hg_client_destroy now
 

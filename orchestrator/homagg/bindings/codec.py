@@ -99,8 +99,9 @@ def codec_isa_reload():
 # ---- parameters ------------------------------------------------------------
 
 def params_new(block=None, workers=1, worker=0, flags=0, seed=0, nc_levels=0,
-               sketch_cells_per_candidate=0.0):
-    """A ``struct hg_params *`` (checked in Python, then by hg_params_check)."""
+               sketch_cells_per_candidate=0.0, cost=None):
+    """A ``struct hg_params *`` (checked in Python, then by hg_params_check);
+    ``cost``: the fields of its ``struct hg_cost`` (a dict), None = none."""
     block = DEFAULT_BLOCK if block is None else block
     for name, v in (("block", block), ("workers", workers), ("worker", worker),
                     ("flags", flags), ("nc_levels", nc_levels)):
@@ -125,7 +126,7 @@ def params_new(block=None, workers=1, worker=0, flags=0, seed=0, nc_levels=0,
         raise InvalidArgument(f"sketch_cells_per_candidate: {cells} must be finite and >= 0")
     p = _fill(ffi.new("struct hg_params *"), dict(
         block=block, workers=workers, worker=worker, flags=flags, seed=seed,
-        nc_levels=nc_levels, sketch_cells_per_candidate=cells))
+        nc_levels=nc_levels, sketch_cells_per_candidate=cells, cost=dict(cost or {})))
     codec_isa()  # a bad HOMAGG_CODEC_ISA refuses here, by name
     params_check(p)
     return p

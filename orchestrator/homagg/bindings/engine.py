@@ -15,7 +15,7 @@ AUTH_SECRET_LEN = lib.HG_AUTH_SECRET_LEN
 
 JOB_FIELDS = ("job", "token", "workers", "slots", "payload_bytes", "group_ipv4",
               "shard", "incarnation", "auth", "up", "up_shard", "up_worker", "up_ipv4",
-              "up_port", "up_group", "up_rto_ns", "up_give_up_ns")
+              "up_port", "up_group", "up_rto_ns", "up_give_up_ns", "mac")
 
 
 def engine_create(port, **config):
@@ -40,17 +40,42 @@ def engine_set_staging(e, staged):
     check(lib.hg_engine_set_staging(e, bool(staged)), "hg_engine_set_staging")
 
 
-def engine_add_job(e, secret=None, **job):
+def _secret(secret, what="auth"):
+    secret = bytes(secret)
+    if len(secret) != AUTH_SECRET_LEN:
+        raise InvalidArgument(f"{what}: a job secret has {AUTH_SECRET_LEN} bytes")
+    return secret
+
+
+def engine_add_job(e, secret=None, up_keys=None, **job):
     """hg_engine_add_job with the given fields of struct hg_job_config;
-    ``secret`` (AUTH_SECRET_LEN bytes) makes it an authenticated job."""
+    ``secret`` (AUTH_SECRET_LEN bytes) makes it an authenticated job; a
+    leaf's ``up_keys`` are (its key at the root, the root's aggregator
+    key).  The configuration's copies are wiped after the call."""
     j = _fill(ffi.new("struct hg_job_config *"), job)
     if secret is not None:
-        secret = bytes(secret)
-        if len(secret) != AUTH_SECRET_LEN:
-            raise InvalidArgument(f"auth: a job secret has {AUTH_SECRET_LEN} bytes")
         j.auth = 1
-        j.secret = list(secret)
-    check(lib.hg_engine_add_job(e, j), f"add job {job['job']}")
+        j.secret = list(_secret(secret))
+    if up_keys is not None:
+        k, r = (bytes(x) for x in up_keys)
+        if len(k) != AUTH_SECRET_LEN or len(r) != AUTH_SECRET_LEN:
+            raise InvalidArgument(f"up_keys: two keys of {AUTH_SECRET_LEN} bytes")
+        j.up_key = list(k)
+        j.up_reply_key = list(r)
+    try:
+        check(lib.hg_engine_add_job(e, j), f"add job {job['job']}")
+    finally:
+        lib.hg_auth_wipe(j, ffi.sizeof("struct hg_job_config"))
+
+
+def engine_rotate_key(e, job, secret, grace_ns):
+    """hg_engine_rotate_key: register the job's next key epoch; its number."""
+    s = ffi.new("uint8_t[]", _secret(secret, "rotate_key"))
+    try:
+        return check(lib.hg_engine_rotate_key(e, int(job), s, int(grace_ns)),
+                     f"rotate key of job {job}")
+    finally:
+        lib.hg_auth_wipe(s, len(s))
 
 
 def engine_job_config(e, job):

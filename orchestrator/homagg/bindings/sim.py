@@ -62,13 +62,13 @@ def sim_destroy(s):
 
 
 def sim_add_job(s, workers, slots=0, rto_ns=0, rto_max_ns=0, give_up_ns=0, rto_min_ns=0,
-                secret=None, pipeline_groups=0):
+                secret=None, pipeline_groups=0, mac=0):
     jc = _fill(ffi.new("struct hg_sim_job_config *"), dict(
         workers=int(workers), slots=int(slots), rto_ns=int(rto_ns), rto_max_ns=int(rto_max_ns),
         give_up_ns=int(give_up_ns), rto_min_ns=int(rto_min_ns),
         pipeline_groups=int(pipeline_groups)))
     if secret is not None:
-        _fill(jc, {"auth": 1, "secret": bytes(secret)})
+        _fill(jc, {"auth": 1, "secret": bytes(secret), "mac": int(mac)})
     return check(lib.hg_sim_add_job(s, jc), "add job")
 
 
@@ -141,6 +141,17 @@ def sim_worker_agg_stats(s, job, worker, k):
     return agg_stats_dict(st)
 
 
+def sim_rotate_key(s, job, secret, grace_ns):
+    """hg_sim_rotate_key: the job's next key epoch, to its workers then its
+    aggregators; returns the epoch."""
+    sec = ffi.new("uint8_t[]", bytes(secret))
+    try:
+        return check(lib.hg_sim_rotate_key(s, int(job), sec, int(grace_ns)),
+                     f"rotate key of job {job}")
+    finally:
+        lib.hg_auth_wipe(sec, len(sec))
+
+
 def sim_kill_aggregator(s, k, after_ns):
     check(lib.hg_sim_kill_aggregator(s, k, int(after_ns)), f"kill aggregator {k}")
 
@@ -162,6 +173,10 @@ def sim_kill_worker(s, job, worker, after_packets):
     check(lib.hg_sim_kill_worker(s, job, worker, int(after_packets)), "kill worker")
 
 
+def sim_delay_start(s, job, worker, delay_ns):
+    check(lib.hg_sim_delay_start(s, job, worker, int(delay_ns)), "delay start")
+
+
 def sim_restart_aggregator(s, k, after_frames, incarnation):
     check(lib.hg_sim_restart_aggregator(s, k, int(after_frames), int(incarnation)),
           f"restart aggregator {k}")
@@ -172,13 +187,16 @@ def sim_inject(s, frame):
     check(lib.hg_sim_inject(s, frame, len(frame)), "inject")
 
 
-def sim_build_frame(s, fields, payload=b"", key=None):
+def sim_build_frame(s, fields, payload=b"", key=None, alg=None, counter=1, direction=0):
+    from homagg.bindings.auth import wire_mac
+
     h = _fill(ffi.new("struct hg_hdr *"), fields)
     payload = bytes(payload)
     cap = lib.HG_ETH_IP_UDP_LEN + lib.HG_HDR_LEN + len(payload) + lib.HG_MAC_LEN
     out = ffi.new("uint8_t[]", cap)
     n = check(lib.hg_sim_build_frame(s, h, payload, len(payload), out, cap,
-                                     bytes(key) if key is not None else ffi.NULL),
+                                     wire_mac(key, alg, direction, counter)
+                                     if key is not None else ffi.NULL),
               "build frame")
     return bytes(ffi.buffer(out, n))
 

@@ -26,7 +26,7 @@ AUTH_KEY_LEN = lib.HG_AUTH_KEY_LEN
 
 # struct hg_hdr, in the order of docs/PROTOCOL.md Part 2
 HDR_FIELDS = ("version", "op", "flags", "job", "token", "worker", "slot", "seq",
-              "lanes", "exp", "shard", "incarnation", "reserved")
+              "lanes", "exp", "shard", "incarnation", "nonce")
 
 
 def counter_count():
@@ -66,10 +66,13 @@ def _addr(a):
     return c
 
 
-def wire_build_mac(src, dst, hdr, payload=b"", udp_csum=True, key=None):
+def wire_build_mac(src, dst, hdr, payload=b"", udp_csum=True, key=None, alg=None,
+                   counter=1, direction=0):
     """hg_wire_build_mac: the bytes of one frame.  ``hdr`` sets any field
     of struct hg_hdr (hostile values included); ``key`` (AUTH_KEY_LEN
-    bytes) appends the frame's MAC."""
+    bytes) appends the frame's MAC of algorithm ``alg`` (None: the host's
+    default) with MAC counter ``counter`` in direction ``direction``."""
+    from homagg.bindings.auth import wire_mac
     payload = bytes(payload)
     h = ffi.new("struct hg_hdr *")
     for k, v in hdr.items():
@@ -80,7 +83,8 @@ def wire_build_mac(src, dst, hdr, payload=b"", udp_csum=True, key=None):
     n = check(lib.hg_wire_build_mac(buf, len(buf), _addr(src), _addr(dst), h,
                                     payload if payload else ffi.NULL, len(payload),
                                     F_UDP_CSUM if udp_csum else 0,
-                                    bytes(key) if key is not None else ffi.NULL),
+                                    wire_mac(key, alg, direction, counter)
+                                    if key is not None else ffi.NULL),
               "hg_wire_build_mac")
     return bytes(ffi.buffer(buf, n))
 

@@ -11,17 +11,18 @@ Modes (--mode, default "auto"):
             the C aggregation engine over the software NIC model, virtual time
             at --link-mbit (homagg.sim.Cluster).  No root needed.
   codec     the protocol in one process without a network: every method,
-            shared and independent positions (homagg.codec.simulate_allreduce).
+            shared and random positions (homagg.codec.simulate_allreduce).
   auto      testbed when running as root with homagg-switch built, else sim
             (saying why).
 
-The table shows the time, the bytes each worker put on the wire, the ratio to
+Each method runs on two workloads: ``shared`` (the same non-zero positions
+on every worker) and ``random`` (independent positions per worker; the name
+``independent`` is accepted for it wherever a workload is named).  The table
+shows the time, the bytes each worker put on the wire, the ratio to
 sending dense float32 (4 n bytes), and whether every worker's result is
 bit-identical to the fixed-point reference (numpy).
 """
 import os
-
-from homagg.runs import demo
 
 
 def add_arguments(parser):
@@ -50,6 +51,8 @@ def _switch_built():
 
 
 def main(args):
+    from homagg.runs import demo
+
     mode = args.mode
     if mode == "auto":
         if os.geteuid() != 0:

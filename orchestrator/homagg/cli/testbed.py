@@ -18,13 +18,15 @@ one job for all the workers, spread over the aggregators, with its job file
 (HOMAGG_JOB_FILE of homagg.torch; --no-daemon: the network only; a tree
 testbed gets neither, `homagg run` sets its job up).  `homagg
 run` and `homagg train` use these daemons; `down` stops them by PID.
-Successive runs of new ranks may share the job; `job` registers it afresh
-(its counters at 0).
+Successive runs of new ranks share the job without renewing it (the first
+frame of each new rank process empties what its last run left); `job`
+registers it afresh, its counters at 0, when you want them counted from 0.
 
 examples:
   sudo homagg testbed up --workers 4 --link-mbit 1000 --name demo
   sudo homagg testbed show --name demo
-  sudo ip netns exec hg-demo-w0 ping -c 1 10.77.0.1
+  sudo ip netns exec hg-demo-w0 ping -c 1 10.77.0.11   # worker to worker (homagg-switch
+                                                        # owns the aggregator's eth0)
   sudo homagg testbed job --name demo
   sudo homagg testbed down --name demo
 """
@@ -74,6 +76,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="build the network only: no homagg-switch, no job (`homagg run` and "
                    "`homagg train` then start daemons of their own; implied by --leaves)")
     job_file.add_job_arguments(p)
+    # the job's payload follows the MTU unless given (default_payload)
+    p.set_defaults(payload_bytes=None)
+    next(a for a in p._actions if a.dest == "payload_bytes").help = (
+        "the job's payload per packet, a multiple of 4 (default: 1024 bytes up to MTU 1500, "
+        "the largest the MTU carries above, 8192 at --mtu 9000; less than 1024 where the "
+        "MTU needs it)")
     p.add_argument("--switch", default=None, metavar="PATH", help="homagg-switch binary")
     p.add_argument("--metrics", type=int, default=None, metavar="PORT",
                    help="also serve the daemons' Prometheus metrics on PORT (homagg "
@@ -103,6 +111,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the whole state as JSON")
 
 
+def default_payload(mtu: int) -> int:
+    """The job payload of a testbed of this MTU when --payload-bytes is not
+    given: 1024 bytes (the job default everywhere) where it fits, the
+    largest payload the MTU carries on jumbo links (above 1500) or where
+    1024 does not fit."""
+    from homagg.worker import max_payload
+
+    return max_payload(mtu) if mtu > 1500 else min(1024, max_payload(mtu))
+
+
 def _rate(r):
     return "unshaped" if r is None else f"{r:g} Mbit/s"
 
@@ -128,8 +146,10 @@ def _run(args) -> int:
                         state_dir=sd, aggregators=args.aggregators, leaves=args.leaves)
         if not args.no_daemon and not args.leaves:
             try:
-                testbed_job.start(tb, slots=args.slots, payload=args.payload_bytes,
-                                  timeout=args.timeout, switch=args.switch)
+                payload = args.payload_bytes or default_payload(args.mtu)
+                testbed_job.start(tb, slots=args.slots, payload=payload,
+                                  timeout=args.timeout, switch=args.switch,
+                                  cost_model=args.cost_model)
                 if args.metrics is not None:
                     from homagg.ops.exporter import start_for_testbed
 
@@ -162,7 +182,11 @@ def _run(args) -> int:
                   f"{sd or state_dir_default()})")
         return 0
     if args.action == "list":
-        for name in Testbed.list(sd):
+        names = Testbed.list(sd)
+        if not names:
+            print(f"no testbeds (no state file in {sd or state_dir_default()}; "
+                  "`homagg testbed up` makes one)")
+        for name in names:
             try:
                 st = Testbed.open(name, sd).state()
                 print(f"{name}\t{st['workers']} workers\tlinks {_rate(st['link_mbit'])}\t"

@@ -66,7 +66,7 @@ class Placement:
     testbed: str | None = None
     inventory: str | None = None
     mtu: int = 1500
-    link_mbit: float | None = None
+    link_mbit: float | None = None  # the workers' link rate (None: not shaped / not given)
     default_leaves: int = 0
     run_dir: str | None = None  # where results and logs stay after the run (None: nowhere)
     workers: list[str]
@@ -80,6 +80,12 @@ class Placement:
 
     def refusals(self, options: dict) -> list[str]:
         return []
+
+    def job_cost(self, cost_model: bool = True):  # pragma: no cover - interface
+        """The cost model a job here registers (homagg.cost.Cost): the
+        placement's link rate with this host's calibration; ``cost_model``
+        False, or no link rate: none (``Cost()``, choices by bytes)."""
+        raise NotImplementedError
 
     def open_daemons(self, count: int, *, frames: int, pmd: str, switch: str | None,
                      drop_rate: float, idle_us: int | None, idle_polls: int | None,

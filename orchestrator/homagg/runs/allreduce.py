@@ -13,8 +13,12 @@ needs a daemon of the run's own (--drop-rate, --switch-lcores, --pmd,
 `homagg testbed up` started; --auth and --leaves run on a testbed only, and
 are refused with -i.  On a testbed:
 
-starts homagg-switch in the aggregator's namespace (DPDK vdev net_af_xdp on
-its eth0, falling back to net_af_packet) -- in every aggregator's namespace
+uses the homagg-switch daemons `homagg testbed up` started (a testbed made
+with --no-daemon: starts homagg-switch in the aggregator's namespace itself,
+DPDK vdev net_af_xdp on its eth0, falling back to net_af_packet; --pmd other
+than auto, --drop-rate and --switch-lcores configure a daemon of its own, so
+they need such a testbed and are refused on one whose daemons run) -- in
+every aggregator's namespace
 when the testbed has several (``homagg testbed up --aggregators K``: the job
 is spread over them, docs/PROTOCOL.md "Several aggregators"; with
 ``--leaves L`` or a testbed made with ``homagg testbed up --leaves L`` the
@@ -70,7 +74,7 @@ from homagg import log as hg_log
 from homagg.deploy.local.placement import child_env  # noqa: F401 - homagg.runs.session uses it
 from homagg.deploy.placement import Placement
 from homagg.errors import HomAggError
-from homagg.protocol import PIPELINE_GROUPS, check_pipeline_groups
+from homagg.protocol import PIPELINE_GROUPS, check_pipeline_groups, resolve_slots
 from homagg.runs.job import (DEFAULT_BLOCK, METHODS, UDP_PORT, WORKLOADS, RunError, check_arguments,
                              check_payload, counter_deltas, print_report, sum_dicts,
                              tree_leaf, verify, worker_spec)
@@ -102,7 +106,9 @@ class AllreduceReport:
     name) or ``inventory`` (its path) set; ``run_dir``: the folder the
     results, logs and report.json stay in (None on a testbed, whose
     work directory goes with the run).  ``link_mbit``: the testbed's link
-    shaping (None: unshaped, or inventory hosts).  ``pmd``: the daemons'
+    shaping, or an inventory's ``link_mbit`` (None: unshaped, or not
+    given).  ``cost``: the cost model the job registered (homagg.cost.Cost
+    fields; None: none, choices by bytes).  ``pmd``: the daemons'
     DPDK driver.  Each ``aggregators`` entry: host, ip, role, counters,
     engine_summed, port_counters, rx_ring, rx_bytes, tx_bytes (None where
     the host's NIC has no kernel interface), cpu_seconds (None where /proc
@@ -124,6 +130,7 @@ class AllreduceReport:
     pmd: str
     auth: bool
     link_mbit: float | None
+    cost: dict | None
     seconds: float
     seconds_each: list
     repeat: int
@@ -192,7 +199,7 @@ def _delta(after: dict | None, before: dict | None, key: str):
 
 def run_allreduce(testbed: "str | Placement", method: str, elements: int, density: float,
                   workload: str = "random", seed: int = 1, block: int = DEFAULT_BLOCK,
-                  slots: int = 64, payload: int = 1024, timeout: float = 10.0,
+                  slots: int = None, payload: int = 1024, timeout: float = 10.0,
                   rto: float = 0.005, pmd: str = "auto", switch: str | None = None,
                   state_dir: str | None = None, group: str = "239.77.0.1",
                   drop_rate: float = 0.0, idle_us: int | None = None,
@@ -201,8 +208,8 @@ def run_allreduce(testbed: "str | Placement", method: str, elements: int, densit
                   auth: bool = False, leaves: int | None = None,
                   switch_lcores: int = 1,
                   pipeline_groups: int = PIPELINE_GROUPS,
-                  gradient_files: list[str] | None = None,
-                  expect: dict | None = None) -> AllreduceReport:
+                  gradient_files: list[str] | None = None, expect: dict | None = None,
+                  cost_model: bool = True) -> AllreduceReport:
     """One allreduce on a placement: ``testbed`` is a local testbed's name
     (with ``state_dir``) or a homagg.deploy.placement.Placement (e.g.
     homagg.deploy.remote.placement.InventoryPlacement for inventory hosts).
@@ -210,6 +217,11 @@ def run_allreduce(testbed: "str | Placement", method: str, elements: int, densit
     it returns.  An option the placement cannot do is refused (RunError
     naming each and why) before anything starts.
 
+    ``slots`` None: homagg.protocol.resolve_slots of the world size (W x S
+    fits a 4096-frame ring).  ``cost_model``: the job registers the
+    placement's cost model (Placement.job_cost: a testbed's link rate, an
+    inventory's ``link_mbit``, with this host's calibration; homagg.cost);
+    False: none, choices by bytes.
     ``drop_rate`` makes the daemon's port drop that fraction of the frames it
     receives (fault injection; retransmissions repair it).
     ``fail_aggregators`` (host names, e.g. ("agg1",)) are stopped once the
@@ -258,6 +270,7 @@ def run_allreduce(testbed: "str | Placement", method: str, elements: int, densit
         pl = testbed
     check_payload(payload, pl.mtu, pl.where)
     W = len(pl.workers)
+    slots = resolve_slots(slots, W)  # unset: W x S fits a 4096-frame ring
     hosts = pl.aggregators
     if aggregators is not None and not 1 <= aggregators <= len(hosts):
         raise RunError(f"aggregators must be 1..{len(hosts)} (the {pl.kind}'s aggregator hosts), "
@@ -267,6 +280,9 @@ def run_allreduce(testbed: "str | Placement", method: str, elements: int, densit
     if leaves:
         if aggregators is not None:
             raise RunError("--aggregators and a tree (--leaves) exclude each other")
+        if pl.kind == "testbed" and len(hosts) < 2:
+            raise RunError(f"--leaves {leaves}: {pl.where} has one aggregator host, a tree "
+                           f"needs L + 1 (make one with `homagg testbed up --leaves {leaves}`)")
         if pl.kind == "testbed" and not 1 <= leaves <= min(W, len(hosts) - 1):
             raise RunError(f"leaves must be 1..{min(W, len(hosts) - 1)}: a tree of L leaves needs "
                            f"L + 1 aggregator hosts and at least L workers (the testbed has "
@@ -283,6 +299,7 @@ def run_allreduce(testbed: "str | Placement", method: str, elements: int, densit
         aggregators=count))
     if refused:
         raise RunError(f"not on {pl.where}: " + "; ".join(refused))
+    job_cost = pl.job_cost(cost_model)  # homagg.cost.Cost (not timed: none)
     job, token = 1 + secrets.randbelow(1 << 15), secrets.randbits(31)
     pl.open()
     sws, registered = [], []
@@ -296,7 +313,7 @@ def run_allreduce(testbed: "str | Placement", method: str, elements: int, densit
         if not leaves:  # aggregator k of the job: its shard k
             job_file.register([s.control for s in sws], agg_addrs, workers=W, slots=slots,
                               payload=payload, group=group, timeout=timeout, job=job,
-                              token=token, auth=secret)
+                              token=token, auth=secret, cost=job_cost)
         registered = sws
         for k, s in enumerate(sws if leaves else ()):
             if k == leaves:  # the root: the L leaves are its workers
@@ -325,7 +342,7 @@ def run_allreduce(testbed: "str | Placement", method: str, elements: int, densit
                                elements=elements, density=density, workload=workload, seed=seed,
                                out=None, auth_file=auth_file, pipeline_groups=pipeline_groups,
                                gradient_file=gradient_files[i] if gradient_files else None,
-                               **place)
+                               cost=job_cost.fields() if job_cost.timed else None, **place)
             spec.update(repeat=repeat, warmup=warmup)
             specs.append(spec)
         pids = pl.start_workers(specs)
@@ -383,6 +400,7 @@ def run_allreduce(testbed: "str | Placement", method: str, elements: int, densit
             method=method, workers=W, elements=elements, density=density, workload=workload,
             seed=seed, block=block, payload_bytes=payload, pipeline_groups=pipeline_groups,
             mtu=pl.mtu, pmd=sws[0].pmd, auth=bool(auth), link_mbit=pl.link_mbit,
+            cost=job_cost.fields() if job_cost.timed else None,
             seconds=float(np.median(each)), seconds_each=each, repeat=repeat, warmup=warmup,
             wall_seconds=wall, **check,
             bytes_per_worker=[_per_call(_delta(b, a, "tx_bytes"), repeat)
@@ -443,7 +461,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=1, help="gradient seed (default: %(default)s)")
     p.add_argument("--block", type=int, default=DEFAULT_BLOCK,
                    help="quantisation block in elements (default: %(default)s)")
-    p.add_argument("--slots", type=int, default=64, help="aggregator slots = window (default: %(default)s)")
+    p.add_argument("--slots", type=int, default=None,
+                   help="aggregator slots = window (default: the most, up to 64, with "
+                   "workers x slots <= 4096 frames: homagg.protocol.default_slots)")
     p.add_argument("--payload-bytes", type=int, default=1024, metavar="BYTES",
                    help="payload bytes per packet, a multiple of 4 up to 8192 (more than an MTU of 1500 "
                    "holds needs links with MTU 9000; default: %(default)s)")
@@ -483,6 +503,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--auth", action="store_true",
                    help="authenticate every frame with per-worker keys from a new job secret "
                         "(docs/PROTOCOL.md \"Authentication\"; costs one keyed BLAKE2b per frame)")
+    p.add_argument("--no-cost-model", dest="cost_model", action="store_false",
+                   help="choose by bytes even on a testbed or an inventory with a link rate (the job registers "
+                   "no cost model; docs/PROTOCOL.md \"The cost model\")")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -513,8 +536,9 @@ def main(args: argparse.Namespace) -> int:
                             repeat=args.repeat, warmup=args.warmup,
                             auth=args.auth, leaves=args.leaves,
                             switch_lcores=args.switch_lcores,
-                            pipeline_groups=args.pipeline_groups)
-    except HomAggError as e:
+                            pipeline_groups=args.pipeline_groups,
+                            cost_model=getattr(args, "cost_model", True))
+    except HomAggError as e:  # TestbedError (no such testbed, ...) is one too
         print(f"homagg run allreduce: {e}", file=sys.stderr)
         return 1
     return print_report(rep, args.json)

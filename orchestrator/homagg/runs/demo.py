@@ -64,13 +64,29 @@ def _default_block():
     return DEFAULT_BLOCK
 
 
+def _format_table(head, rows, right):
+    """Lines of a table whose columns are as wide as their widest cell;
+    columns whose index is in ``right`` are right-aligned (numbers)."""
+    cells = [list(head)] + [[str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(head))]
+    return ["  ".join(c.rjust(w) if i in right else c.ljust(w)
+                      for i, (c, w) in enumerate(zip(r, widths))).rstrip() for r in cells]
+
+
+def _duration(seconds):
+    """A duration with its unit, readable from microseconds to minutes."""
+    return f"{seconds * 1e3:.3f} ms" if seconds < 1 else f"{seconds:.3f} s"
+
+
 def _table(title, rows):
     print(title)
-    fmt = "{:<10} {:<8} {:>10} {:>14} {:>9} {:>10} {:<9} {}"
-    print(fmt.format("method", "workload", "time", "bytes/worker", "vs fp32", "retrans", "bit-exact", ""))
-    for r in rows:
-        print(fmt.format(r["method"], r["workload"], f"{r['seconds']:.3f} s", r["bytes"],
-                         f"{r['bytes'] / r['dense']:.3f}", r["retrans"], r["exact"], r.get("note", "")))
+    head = ("method", "workload", "time", "sent/worker", "vs fp32", "retransmissions",
+            "bit-exact", "")
+    body = [(r["method"], r["workload"], _duration(r["seconds"]), f"{r['bytes']} B",
+             f"{r['bytes'] / r['dense']:.3f}", r["retrans"], r["exact"], r.get("note", ""))
+            for r in rows]
+    for line in _format_table(head, body, right={2, 3, 4, 5}):
+        print(line)
 
 
 def _exact_word(method, same):
@@ -97,7 +113,7 @@ def main_testbed(args, methods):
                 rows.append(dict(method=m, workload=wl, seconds=r["seconds"],
                                  bytes=max(r["bytes_per_worker"]), dense=4 * n, retrans=retrans,
                                  exact=_exact_word(m, r["exact"]), note=f"pmd {r['pmd']}"))
-                progress(f"  {r['seconds']:.3f} s, {max(r['bytes_per_worker'])} B/worker, "
+                progress(f"  {r['seconds']:.3f} s, {max(r['bytes_per_worker'])} B sent per worker, "
                           f"exact {r['exact']}")
     finally:
         progress(f"tearing down testbed {name}")
@@ -113,7 +129,7 @@ def main_sim(args, methods):
 
     n, W = args.elements, args.workers
     rows = []
-    for wl in ("shared", "independent"):
+    for wl in ("shared", "random"):
         grads = realistic_gradients(n, W, args.density, wl == "shared", args.seed)
         want = reference.allreduce(grads, _default_block())
         for m in methods:
@@ -143,7 +159,7 @@ def main_codec(args):
         args.elements = 2**24
     n, W = args.elements, args.workers
     rows = []
-    for wl in ("shared", "independent"):
+    for wl in ("shared", "random"):
         progress(f"workload {wl}: {W} workers x {n} float32, density {args.density}")
         grads = realistic_gradients(n, W, args.density, wl == "shared", args.seed)
         t = time.perf_counter()
@@ -168,17 +184,20 @@ def main_codec(args):
                 extra = f"stalled {s['stalled_blocks']}/{s['blocks']} blocks"
             rows.append((name, wl, s["bytes_per_worker"], s["bytes_per_worker"] / (4 * n),
                          exact, dt, extra))
-            progress(f"  {m}: {s['bytes_per_worker']} B/worker, exact {exact}, {dt:.1f} s")
+            progress(f"  {m}: {s['bytes_per_worker']} B sent per worker, exact {exact}, "
+                     f"{dt:.1f} s")
             del r
         del grads
 
-    head = ("method", "workload", "bytes/worker", "vs dense fp32", "bit-exact", "time", "")
+    head = ("method", "workload", "sent/worker", "vs dense fp32", "bit-exact", "time", "")
     print(f"HomAgg in-process allreduce: W={W}, n={n} float32 per worker "
-          f"(dense fp32 = {4 * n} B), density {args.density}")
-    fmt = "{:<14} {:<12} {:>13} {:>14} {:<28} {:>7} {}"
-    print(fmt.format(*head))
-    for name, wl, by, ratio, exact, dt, extra in rows:
-        print(fmt.format(name, wl, by, f"{ratio:.3f}", exact, f"{dt:.1f} s", extra))
+          f"(dense fp32 = {4 * n} B), density {args.density}; lhc's stalled blocks: "
+          "blocks whose sketch peeling stalled, completed by a fallback SUM32 of their "
+          "candidates (still exact)")
+    body = [(name, wl, f"{by} B", f"{ratio:.3f}", exact, _duration(dt), extra)
+            for name, wl, by, ratio, exact, dt, extra in rows]
+    for line in _format_table(head, body, right={2, 3, 5}):
+        print(line)
     bad = [r for r in rows if r[4] == "NO"]
     if bad:
         print(f"{len(bad)} exact method(s) did not match the reference", file=sys.stderr)

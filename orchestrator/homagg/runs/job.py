@@ -135,7 +135,8 @@ def open_worker(spec: dict):
                   slots=spec["slots"], payload=spec["payload"], rto=spec["rto"],
                   mtu=spec.get("mtu"), auth_file=spec.get("auth_file"),
                   leaf_ids=spec.get("leaf_ids"),
-                  pipeline_groups=spec.get("pipeline_groups", PIPELINE_GROUPS))
+                  pipeline_groups=spec.get("pipeline_groups", PIPELINE_GROUPS),
+                  cost=spec.get("cost"))
 
 
 def _numeric_delta(before: dict, after: dict) -> dict:
@@ -234,7 +235,7 @@ def check_arguments(method: str, elements: int, density: float) -> None:
 def worker_spec(*, job, token, worker, workers, agg_ip, group, ip, timeout, slots, payload, rto,
                 method, block, elements, density, workload, seed, out, mtu=None,
                 aggregators=None, auth_file=None, leaf_ids=None,
-                pipeline_groups=PIPELINE_GROUPS, gradient_file=None) -> dict:
+                pipeline_groups=PIPELINE_GROUPS, gradient_file=None, cost=None) -> dict:
     """The JSON spec of one worker process (``python -m homagg.runs.job --child SPEC``);
     ``mtu`` None: the worker asks the kernel for its path's MTU; ``aggregators``:
     the job's K aggregator addresses in shard order (default: agg_ip alone);
@@ -242,14 +243,16 @@ def worker_spec(*, job, token, worker, workers, agg_ip, group, ip, timeout, slot
     ``leaf_ids``: (i, n) below a tree leaf; ``pipeline_groups``: the job's
     block groups (homagg.worker.Worker); ``gradient_file``: this worker's
     gradient from save_gradients() (default: the worker generates it from
-    the seed)."""
+    the seed); ``cost``: the job's cost model as the job file holds it
+    (homagg.cost; None: none)."""
     return dict(job=job, token=token, worker=worker, workers=workers, agg_ip=agg_ip,
                 udp_port=UDP_PORT, group=group, ip=ip, timeout=timeout, slots=slots,
                 payload=payload, rto=rto, method=method, block=block, elements=elements,
                 density=density, workload=workload, seed=seed, out=out, mtu=mtu,
                 aggregators=[list(a) for a in (aggregators or [(agg_ip, UDP_PORT)])],
                 auth_file=auth_file, leaf_ids=list(leaf_ids) if leaf_ids else None,
-                pipeline_groups=pipeline_groups, gradient_file=gradient_file)
+                pipeline_groups=pipeline_groups, gradient_file=gradient_file,
+                cost=dict(cost or {}))
 
 
 def tree_leaf(worker: int, workers: int, leaves: int) -> tuple[int, int, int]:
@@ -362,7 +365,11 @@ def print_report(rep: dict, as_json: bool = False) -> int:
         print(json.dumps(rep.as_dict() if hasattr(rep, "as_dict") else rep))
         return 0 if ok else 3
     W, n = rep["workers"], rep["elements"]
-    print(f"allreduce {rep['method']}: {W} workers x {n} float32 ({rep['workload']}, density "
+    ran = ""
+    if rep["method"] == "auto":  # the method auto chose, as the workers report it
+        chosen = sorted({str(w.get("method_chosen")) for w in rep.get("worker_stats", ())})
+        ran = f" (ran {', '.join(chosen) or 'unknown'})"
+    print(f"allreduce {rep['method']}{ran}: {W} workers x {n} float32 ({rep['workload']}, density "
           f"{rep['density']:g}), aggregator homagg-switch on {rep['pmd']}"
           f"{', authenticated' if rep.get('auth') else ''}, links "
           f"{'unshaped' if rep['link_mbit'] is None else format(rep['link_mbit'], 'g') + ' Mbit/s'}"
@@ -372,9 +379,11 @@ def print_report(rep: dict, as_json: bool = False) -> int:
     if len(rep.get("seconds_each", ())) > 1:
         print(f"  timed calls: {', '.join(f'{s * 1e3:.1f}' for s in rep['seconds_each'])} ms "
               f"(median above; after {rep['warmup']} untimed)")
-    b = rep["bytes_per_worker"]
-    print(f"  bytes sent per worker: {min(b)}..{max(b)} (dense float32 would be "
-          f"{rep['dense_float32_bytes']}: {max(b) / max(1, rep['dense_float32_bytes']):.3f}x)")
+    b = [int(v) for v in rep["bytes_per_worker"]]
+    dense = int(rep["dense_float32_bytes"])
+    sent = f"{min(b)} B" if min(b) == max(b) else f"{min(b)}..{max(b)} B"
+    print(f"  bytes sent per worker: {sent} (dense float32 would be {dense} B: "
+          f"{max(b) / max(1, dense):.3f}x)")
     if rep["exact"] is None:
         print(f"  exact: n/a (lossy method); workers agree: {rep['workers_agree']}; "
               f"max |error| vs float64 sum: {rep['max_abs_error_vs_float64_sum']:.3g}")

@@ -135,11 +135,13 @@ class ControlClient:
         return reply
 
     def add_job(self, job, token, workers, slots, payload=1024, group=None,
-                shard=None, incarnation=None, auth=None, parent=None):
+                shard=None, incarnation=None, auth=None, parent=None, mac=None):
         """Configure a job; the reply carries the job's ``incarnation``
         (chosen by the daemon from its clock unless given).  ``auth``: the
         job secret (32 bytes) of an authenticated job; it travels over the
-        control socket only (the daemon logs no request).  ``parent``: this
+        control socket only (the daemon logs no request); ``mac`` its MAC
+        algorithm, "aes-gmac" or "blake2b" (None: the daemon host's
+        default; every worker must be given the same).  ``parent``: this
         daemon is a tree leaf below that root, a dict with ``ip``, ``mac``,
         ``worker`` (the leaf's id at the root) and optionally ``port``,
         ``shard``, ``group``, ``rto_us`` (docs/PROTOCOL.md "Tree")."""
@@ -153,12 +155,22 @@ class ControlClient:
             fields["incarnation"] = incarnation
         if auth is not None:
             fields["auth"] = bytes(auth).hex()
+        if mac is not None:
+            fields["mac"] = mac
         if parent is not None:
             fields["parent"] = dict(parent)
         return self.request("add_job", **fields)
 
     def remove_job(self, job):
         return self.request("remove_job", job=job)
+
+    def rotate_key(self, job, secret, grace=10.0):
+        """Register the next key epoch of authenticated job ``job`` with
+        ``secret`` (32 bytes); frames of the previous epoch are accepted for
+        ``grace`` seconds more (docs/PROTOCOL.md "Key epochs").  The reply
+        carries the new ``epoch``."""
+        return self.request("rotate_key", job=job, auth=bytes(secret).hex(),
+                            grace_ms=int(grace * 1000))
 
     def stats(self):
         """{"stats": {counter: value}, "port": {counter: value}}"""

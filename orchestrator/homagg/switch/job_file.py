@@ -16,10 +16,22 @@ homagg.torch); every field may be overridden by its variable
 
     {"aggregator": "10.77.0.1:48879,10.77.0.2:48879", "job": 1234,
      "token": 567, "workers": 4, "group": "239.77.0.2", "timeout": 10.0,
-     "slots": 64, "payload": 1024}
+     "slots": 64, "payload": 1024, "cost": {"link_mbit": 1000, "rtt_ns": 100000, ...}}
+
+An authenticated job adds ``"auth_file"`` (the path of the job secret's
+file on the worker's host, mode 0600: homagg.auth.load_secret) and
+``"mac"`` (its MAC algorithm, "aes-gmac" or "blake2b") and, after a key
+rotation, ``"key_epoch"`` (the epoch of the secret in that file, 0 at
+first); the secret itself is never in a job file.
 
 ``aggregator`` lists the job's aggregators in shard order, comma separated;
-``workers`` (0: not stated) must equal the world size of the ranks.
+``workers`` (0: not stated) must equal the world size of the ranks;
+``slots`` (0: not stated) defaults to ``homagg.protocol.default_slots``
+of the world size, what ``register`` gives the aggregators by default.
+``cost`` is the job's cost model (homagg.cost; docs/PROTOCOL.md "The cost
+model"): the link rate and the coefficients registered with the job, the
+same for every rank whatever its own host's calibration; absent or {}: no
+link rate, every choice by bytes.
 Successive runs may share a job: a new worker process numbers its chunks
 from 0 again under a new incarnation, and the first frame of each new life
 empties every aggregator slot its old life left (PROTOCOL.md Part 2,
@@ -31,7 +43,7 @@ import os
 import secrets
 
 from homagg.bindings.wire import UDP_PORT
-from homagg.errors import ConfigError  # noqa: F401 - ConfigError importable from here
+from homagg.errors import ConfigError, HomAggError
 
 # Fields of a job file: name -> (type, default).  None: required.
 JOB_FIELDS = {
@@ -41,10 +53,27 @@ JOB_FIELDS = {
     "group": (str, ""),
     "bind": (str, "0.0.0.0"),
     "timeout": (float, 10.0),
-    "slots": (int, 64),
+    "slots": (int, 0),  # 0: homagg.protocol.default_slots(workers)
     "payload": (int, 1024),
     "workers": (int, 0),  # 0: not stated; else it must equal the world size
+    # the job's cost model (homagg.cost.Cost fields; {}: no link rate, choices by bytes)
+    "cost": (lambda v: _cost_field(v), {}),
+    # an authenticated job: the path of the job secret's file (mode 0600, on
+    # the worker's host; never the secret itself) and the MAC algorithm
+    "auth_file": (str, ""),
+    "mac": (str, ""),
+    "key_epoch": (int, 0),  # the epoch of the secret in auth_file (key rotation)
 }
+
+
+def _cost_field(value):
+    """The job file's ``cost`` object (or HOMAGG_COST's JSON text), checked."""
+    from homagg.cost import Cost
+
+    if isinstance(value, str):
+        value = json.loads(value) if value.strip() else {}
+    c = Cost.from_dict(value, "the job's cost")
+    return c.fields() if c.timed else {}
 
 
 def job_config(env=None):
@@ -73,8 +102,11 @@ def job_config(env=None):
                 "a job file written by `homagg testbed up`, `homagg up -i` or `homagg train`)")
         try:
             out[name] = kind(value)
+        except HomAggError as exc:
+            raise ConfigError(f"{var} (or the job file's {name!r}): {exc}") from exc
         except (TypeError, ValueError) as exc:
-            raise ConfigError(f"{var}={value!r}: not a valid {kind.__name__}") from exc
+            raise ConfigError(f"{var}={value!r}: not a valid "
+                              f"{getattr(kind, '__name__', name)}") from exc
     out["aggregators"] = [_address(a) for a in out["aggregator"].split(",")]
     out["aggregator"] = out["aggregators"][0]
     if out["timeout"] <= 0:
@@ -121,27 +153,45 @@ def write_job_file(path, **fields):
 
 def add_job_arguments(p) -> None:
     """The job options of `homagg testbed up` and `homagg up -i`."""
-    p.add_argument("--slots", type=int, default=64,
-                   help="the job's aggregator slots (default: %(default)s)")
+    p.add_argument("--slots", type=int, default=None,
+                   help="the job's aggregator slots (default: the most, up to 64, with "
+                   "workers x slots <= 4096 frames: homagg.protocol.default_slots)")
     p.add_argument("--payload-bytes", type=int, default=1024, metavar="BYTES",
                    help="the job's payload per packet (default: %(default)s)")
     p.add_argument("--timeout", type=float, default=10.0, metavar="S",
                    help="the job file's timeout: an allreduce gives up after S seconds "
                    "without progress (default: %(default)s)")
+    p.add_argument("--no-cost-model", dest="cost_model", action="store_false",
+                   help="register no cost model with the job: its choices go by bytes even "
+                   "with a known link rate (default: the link rate and this host's "
+                   "`homagg calibrate` coefficients, docs/PROTOCOL.md \"The cost model\")")
 
 
 # --------------------------------------------------------------------------
 # Registration on the aggregators
 
 
-def register(controls, addresses, *, workers, slots=64, payload=1024, group=None,
-             timeout=10.0, job=None, token=None, auth=None):
+def register(controls, addresses, *, workers, slots=None, payload=1024, group=None,
+             timeout=10.0, job=None, token=None, auth=None, mac=None, auth_file="",
+             cost=None):
     """Add the job on every aggregator (controls[k] gets shard k; addresses
     are their (ip, port), in the same order) and return its job-file fields.
     ``job``/``token`` default to new random ones; ``auth``: the job secret
     of an authenticated job (it goes to the daemons only, never into the
-    returned fields).  If an aggregator refuses, the job is removed from
-    the ones that had it and the error re-raised."""
+    returned fields), ``mac`` its algorithm (None: this host's default),
+    ``auth_file`` the path of the secret's file the workers read (a
+    returned field).  ``slots`` unset: ``homagg.protocol.default_slots``
+    of ``workers``.  If an aggregator refuses, the job is removed from
+    the ones that had it and the error re-raised.  ``cost``: the job's cost
+    model (homagg.cost.Cost or its dict; None: none), kept in the job file
+    for its workers (the aggregators never see it)."""
+    from homagg.protocol import resolve_slots
+
+    slots = resolve_slots(slots, workers)
+    if auth is not None:
+        from homagg import auth as hg_auth
+
+        mac = hg_auth.mac_name(hg_auth.mac_code(mac))
     if len(controls) != len(addresses) or not controls:
         raise ValueError("register: one address per control, at least one")
     job = 1 + secrets.randbelow(1 << 15) if job is None else int(job)
@@ -155,6 +205,7 @@ def register(controls, addresses, *, workers, slots=64, payload=1024, group=None
                 req["group"] = group
             if auth is not None:
                 req["auth"] = bytes(auth).hex()
+                req["mac"] = mac
             control(req)
             added.append(control)
     except BaseException:
@@ -162,7 +213,17 @@ def register(controls, addresses, *, workers, slots=64, payload=1024, group=None
         raise
     return {"aggregator": addresses_text(list(addresses)), "job": job, "token": token,
             "workers": workers, "group": group or "", "timeout": timeout, "slots": slots,
-            "payload": payload}
+            "payload": payload, "auth_file": auth_file if auth is not None else "",
+            "mac": mac if auth is not None else "",
+            "cost": _cost_field(_cost_dict(cost))}
+
+
+def _cost_dict(cost):
+    from homagg.cost import Cost
+
+    if cost is None:
+        return {}
+    return cost.fields() if isinstance(cost, Cost) else dict(cost)
 
 
 def unregister(controls, job, warn=None):
@@ -186,8 +247,15 @@ def renew(controls, fields):
     """Register the job of job-file ``fields`` afresh (removed, then added
     with the same id, token and settings) for a new run of its workers."""
     job = fields["job"]
+    secret = None
+    if fields.get("auth_file"):
+        from homagg import auth as hg_auth
+
+        secret = hg_auth.load_secret(fields["auth_file"])
     unregister(controls, job, warn=lambda k, e: None)  # gone already is fine
     return register(controls, [_address(a) for a in fields["aggregator"].split(",")],
                     workers=fields["workers"], slots=fields["slots"],
                     payload=fields["payload"], group=fields.get("group") or None,
-                    timeout=fields["timeout"], job=job, token=fields["token"])
+                    timeout=fields["timeout"], job=job, token=fields["token"],
+                    auth=secret, mac=fields.get("mac") or None,
+                    auth_file=fields.get("auth_file") or "", cost=fields.get("cost"))

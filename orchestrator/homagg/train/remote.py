@@ -50,7 +50,7 @@ def run_train(inventory_path: str, model: str = "ncf", method: str = "auto", ste
               warmup: int = 1, ranks: int | None = None, lr: float | None = None,
               seed: int = 1, bucket_mb: float = 4.0, baseline: bool = True,
               sparsify: str | None = None, timeout: float = 10.0, runs_dir: str = "runs",
-              out_dir: str | None = None, slots: int = 64, payload: int = 1024,
+              out_dir: str | None = None, slots: int | None = None, payload: int = 1024,
               group: str = "239.77.0.2", start_timeout: float = 120.0, out=None) -> dict:
     """Train on the inventory's worker hosts; returns homagg.train.train's report
     plus "run_dir".  Every rank process is stopped before it returns."""
@@ -87,7 +87,7 @@ def run_train(inventory_path: str, model: str = "ncf", method: str = "auto", ste
                 up_job = None
                 job = job_file.register(controls, [(a.h.address, UDP_PORT) for a in aggs],
                                         workers=W, slots=slots, payload=payload, group=group,
-                                        timeout=timeout)
+                                        timeout=timeout, cost=remote.inventory_cost(inventory))
         init = f"tcp://{workers[0].h.address}:{trainmod.GLOO_PORT + secrets.randbelow(2000)}"
         dirs, pids = [], []
         for r, host in enumerate(workers):

@@ -3,9 +3,11 @@
     sudo homagg testbed up --workers 4 --link-mbit 1000 --name demo
     sudo homagg train --model ncf --testbed demo --method auto --steps 10
 
-starts homagg-switch in the testbed's aggregator namespace (as ``homagg
-run`` does), registers a job, writes its job file (homagg.torch's
-HOMAGG_JOB_FILE) and starts one rank per worker namespace
+uses the homagg-switch daemons of the testbed (`homagg testbed up` starts
+them; on a --no-daemon testbed it starts its own, as ``homagg run`` does),
+registers the job afresh (the testbed's job when it has as many workers,
+else one of its own), writes its job file (homagg.torch's HOMAGG_JOB_FILE)
+and starts one rank per worker namespace
 (``python -m homagg.train.train --child SPEC``): torch.distributed with the Gloo
 backend for rendezvous, the model in DistributedDataParallel.  Every rank
 trains twice from the same initial parameters and the same data: first
@@ -51,6 +53,7 @@ import datetime
 import importlib
 import importlib.util
 import json
+import logging
 import os
 import pathlib
 import secrets
@@ -62,9 +65,9 @@ import time
 
 import numpy as np
 
-import homagg
-from homagg.errors import HomAggError, TrainError  # noqa: F401 - TrainError importable from here
-from homagg.protocol import EXACT_METHODS, METHODS as HOMAGG_METHODS
+from homagg import auth as hg_auth
+from homagg.errors import HomAggError, TrainError
+from homagg.protocol import EXACT_METHODS, METHODS as HOMAGG_METHODS, resolve_slots
 from homagg.switch import job_file
 
 # the protocol's methods (homagg.protocol, read from C) and the Gloo baseline
@@ -72,6 +75,14 @@ METHODS = tuple(HOMAGG_METHODS) + ("gloo",)
 BUILTIN_MODELS = ("ncf", "lstm", "bert", "vgg")
 GLOO_PORT = 29611
 DEFAULT_LR = 0.05  # a user's model without --lr
+
+
+_log = logging.getLogger("homagg.train")
+
+
+def progress(msg):
+    """A progress line on stderr (-q silences it)."""
+    _log.info("[train] %s", msg)
 
 
 # --------------------------------------------------------------------------
@@ -458,23 +469,29 @@ def check_arguments(method, model, steps, warmup, ranks=None):
         raise TrainError(f"--method {method!r} not in {METHODS}")
     if steps < 1 or warmup < 0:
         raise TrainError("--steps must be >= 1 and --warmup >= 0")
-    load_factory(model)
+    if model not in BUILTIN_MODELS:  # a built-in name needs no torch to check
+        load_factory(model)
 
 
 def run_train(testbed: str, model: str = "ncf", method: str = "auto", steps: int = 5,
               warmup: int = 1, ranks: int | None = None, lr: float | None = None,
               seed: int = 1, bucket_mb: float = 4.0, baseline: bool = True,
               sparsify: str | None = None, timeout: float = 10.0, state_dir: str | None = None,
-              switch: str | None = None, slots: int = 64, payload: int = 1024,
-              group: str = "239.77.0.2", out_dir: str | None = None) -> dict:
+              switch: str | None = None, slots: int | None = None, payload: int = 1024,
+              group: str = "239.77.0.2", out_dir: str | None = None,
+              auth: bool = False, cost_model: bool = True) -> dict:
     """Train on testbed ``testbed``; returns the report (module doc).  Every
-    process started is stopped before it returns."""
+    process started is stopped before it returns.  ``cost_model``: a job
+    registered here carries the testbed's link rate and this host's
+    calibration (homagg.cost; False: none, choices by bytes); the testbed's
+    own job keeps what `homagg testbed up` registered."""
     from homagg.deploy.local import testbed_job as testbed_job_mod
     from homagg.deploy.local.testbed import Testbed
     from homagg.runs import allreduce as runmod
     from homagg.runs.job import collect_reports
     from homagg.switch.daemon import Switch
 
+    progress("loading torch")
     import homagg.torch  # noqa: F401  (torch must import here: fail early)
 
     check_arguments(method, model, steps, warmup)
@@ -488,6 +505,7 @@ def run_train(testbed: str, model: str = "ncf", method: str = "auto", steps: int
             raise TrainError(f"--ranks {ranks}: the testbed has {len(hosts)} workers")
         hosts = hosts[:ranks]
     W = len(hosts)
+    slots = resolve_slots(slots, W)
     workdir = tempfile.mkdtemp(prefix=f"homagg-train-{testbed}-")
     os.chmod(workdir, 0o755)
     procs, sws, job = [], [], None
@@ -501,23 +519,38 @@ def run_train(testbed: str, model: str = "ncf", method: str = "auto", steps: int
             sws = [Switch(tb, workdir, switch=switch, host=h.name, frames=W * slots)
                    for h in tb.aggregators]
             controls = [s.control for s in sws]
-            if testbed_job and testbed_job["workers"] == W:
+            if testbed_job and testbed_job["workers"] == W and (
+                    not auth or testbed_job.get("auth_file")):
                 # the testbed's job, afresh, and its job file
                 job = job_file.renew(controls, {k: v for k, v in testbed_job.items()
                                                 if k != "file"})
                 env["HOMAGG_JOB_FILE"] = testbed_job["file"]
             else:
+                secret, auth_file = None, ""
+                if auth:
+                    # read by the ranks (root in the testbed's namespaces)
+                    auth_file = os.path.join(workdir, "job.secret")
+                    secret = hg_auth.create_secret_file(auth_file)
                 job = job_file.register(controls, [(s.ip, runmod.UDP_PORT) for s in sws],
                                         workers=W, slots=slots, payload=payload, group=group,
-                                        timeout=timeout)
+                                        timeout=timeout, auth=secret, auth_file=auth_file,
+                                        cost=testbed_job_mod.job_cost(tb, cost_model))
+                del secret
                 env["HOMAGG_JOB_FILE"] = job_file.write_job_file(
                     os.path.join(workdir, "job.json"), **job)
+        if job:
+            whose = "the testbed's" if testbed_job and job["job"] == testbed_job["job"] else "own"
+            progress(f"job {job['job']} on {', '.join(s.host for s in sws)} ({whose} job, "
+                     f"pmd {sws[0].pmd})")
+        phases = _phases(method, baseline)
+        progress(f"starting {W} ranks of {model} ({' then '.join(phases)}: {warmup} warmup + "
+                 f"{steps} timed steps each); the ranks load torch and build the model first")
         init = f"tcp://{hosts[0].ip}:{GLOO_PORT + secrets.randbelow(2000)}"
         for r, h in enumerate(hosts):
             spec = rank_spec(rank=r, world=W, init=init, model=os.path.abspath(model)
                              if model.endswith(".py") or ".py:" in model else model,
                              seed=seed, lr=lr, steps=steps, warmup=warmup, bucket_mb=bucket_mb,
-                             phases=_phases(method, baseline), workdir=workdir, ifname=h.ifname,
+                             phases=phases, workdir=workdir, ifname=h.ifname,
                              sparsify=sparsify, start_timeout=120.0)
             renv = dict(env, HOMAGG_BIND=h.ip)
             procs.append(tb.run_in(h.name, [sys.executable, "-m", "homagg.train.train", "--child",
@@ -530,14 +563,19 @@ def run_train(testbed: str, model: str = "ncf", method: str = "auto", steps: int
             raise TrainError(f"training {model} with {method} failed on {len(failures)} of "
                              f"{W} ranks: " + "; ".join(failures))
         reports.sort(key=lambda r: r["rank"])
+        progress(f"{W} ranks done; checking the parameters"
+                 + (" and replaying the reference" if method in EXACT_METHODS else ""))
         rep = summarize(method, reports, workdir, dict(model=model, steps=steps, warmup=warmup,
                                                        lr=lr, seed=seed, bucket_mb=bucket_mb,
                                                        sparsify=sparsify))
         rep.update({"testbed": testbed, "link_mbit": tb.state().get("link_mbit"),
                     "pmd": sws[0].pmd if sws else None, "aggregators": [s.ip for s in sws],
                     "job_file": env.get("HOMAGG_JOB_FILE") if job else None,
+                    "auth": bool(job and job.get("auth_file")),
+                    "mac": (job.get("mac") or None) if job else None,
                     "slots": job["slots"] if job else slots,
-                    "payload_bytes": job["payload"] if job else payload})
+                    "payload_bytes": job["payload"] if job else payload,
+                    "cost": (job.get("cost") or None) if job else None})
         if out_dir:
             os.makedirs(out_dir, exist_ok=True)
             rep["plots"] = plot(rep, out_dir)
@@ -587,8 +625,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="skip the Gloo DDP phase (no speedup reported)")
     p.add_argument("--timeout", type=float, default=10.0,
                    help="an allreduce gives up after this many seconds without progress")
-    p.add_argument("--slots", type=int, default=64,
-                   help="aggregator slots of the job = packets in flight per rank (default 64)")
+    p.add_argument("--slots", type=int, default=None,
+                   help="aggregator slots of the job = packets in flight per rank (default: "
+                   "the most, up to 64, with ranks x slots <= 4096: "
+                   "homagg.protocol.default_slots)")
     p.add_argument("--payload-bytes", type=int, default=1024, metavar="BYTES",
                    help="payload per packet, up to 8192 on links with MTU 9000 (default 1024)")
     p.add_argument("--switch", default=None, metavar="PATH", help="homagg-switch binary")
@@ -597,6 +637,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="with -i: logs go to DIR/<timestamp>-train-<method>/ (default runs)")
     p.add_argument("--out", default=None, metavar="DIR",
                    help="write train.json and the loss plots into DIR")
+    p.add_argument("--no-cost-model", dest="cost_model", action="store_false",
+                   help="a job registered for this run chooses by bytes even with a known link "
+                   "rate (docs/PROTOCOL.md \"The cost model\"; a testbed's own job keeps its "
+                   "`homagg testbed up` setting)")
+    p.add_argument("--auth", action="store_true",
+                   help="authenticate every frame (a new job secret, given to the ranks in "
+                   "a 0600 file named by the job file; local testbed)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -609,12 +656,18 @@ def main(args: argparse.Namespace) -> int:
               out_dir=args.out, slots=args.slots, payload=args.payload_bytes)
     try:
         if args.inventory:
+            if args.auth:
+                print("homagg train: --auth runs on a local testbed (--testbed); on "
+                      "--inventory hosts the job secret file is not provisioned yet",
+                      file=sys.stderr)
+                return 2
             from homagg.train import remote as remote_train
 
             rep = remote_train.run_train(args.inventory, runs_dir=args.runs_dir, **kw)
             print(f"results and logs: {rep['run_dir']}", file=sys.stderr)
         else:
-            rep = run_train(args.testbed, state_dir=args.state_dir, switch=args.switch, **kw)
+            rep = run_train(args.testbed, state_dir=args.state_dir, switch=args.switch,
+                            auth=args.auth, cost_model=args.cost_model, **kw)
     except (HomAggError, TestbedError) as e:
         print(f"homagg train: {e}", file=sys.stderr)
         return 1
@@ -634,12 +687,12 @@ def print_report(rep: dict, as_json: bool = False) -> int:
     print(f"  iteration: {ms(rep['iteration_seconds'])} (backward + communication "
           f"{ms(rep['backward_comm_seconds'])}, forward + backward alone "
           f"{ms(rep.get('compute_seconds'))}), bytes sent per rank and step "
-          f"{np.mean(rep['bytes_per_rank']):.0f}")
+          f"{np.mean(rep['bytes_per_rank']):.0f} B")
     if rep.get("gloo_iteration_seconds") is not None and rep["method"] != "gloo":
         print(f"  gloo DDP:  {ms(rep['gloo_iteration_seconds'])} (backward + communication "
               f"{ms(rep['gloo_backward_comm_seconds'])}, forward + backward alone "
               f"{ms(rep.get('gloo_compute_seconds'))}), bytes sent per rank and step "
-              f"{np.mean(rep['gloo_bytes_per_rank']):.0f}")
+              f"{np.mean(rep['gloo_bytes_per_rank']):.0f} B")
         print(f"  speedup vs gloo: {rep['speedup_vs_gloo']:.2f}x")
     for b in rep.get("buckets", []):
         methods = ", ".join(f"{m} x{n}" for m, n in b["methods"].items())
@@ -647,7 +700,10 @@ def print_report(rep: dict, as_json: bool = False) -> int:
               f"method {methods}, {b['bytes_sent']:.0f} payload bytes")
     print("  loss: " + " ".join(f"{v:.4f}" for v in rep["losses"]))
     print(f"  parameters bit-identical across ranks: {rep['params_identical_across_ranks']}")
-    print(f"  bit-identical to the single-process reference replay: {rep['replay_bit_identical']}")
+    replay = rep["replay_bit_identical"]
+    print("  bit-identical to the single-process reference replay: "
+          + (str(replay) if replay is not None else "n/a (the gloo baseline alone)"
+             if rep["method"] == "gloo" else f"n/a ({rep['method']} is lossy)"))
     if rep.get("loss_band_vs_gloo") is not None:
         print(f"  largest relative loss distance from the gloo run: {rep['loss_band_vs_gloo']:.2e}"
               f" (largest parameter difference {rep['max_param_diff_vs_gloo']:.2e})")

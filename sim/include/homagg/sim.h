@@ -81,6 +81,7 @@ struct hg_sim_job_config {
 				 * virtual cluster keeps it deterministic) */
 	uint8_t auth;           /* 1: the job authenticates every frame */
 	uint8_t secret[32];     /* auth: the job secret (HG_AUTH_SECRET_LEN) */
+	uint32_t mac;           /* auth: HG_MAC_*, 0 = hg_auth_default_mac() */
 	uint32_t pipeline_groups; /* hg_client_config.pipeline_groups of every
 				 * worker (0 = automatic, 1 = not pipelined) */
 };
@@ -123,6 +124,14 @@ int hg_sim_agg_frames(const struct hg_sim *s, uint32_t k, uint32_t workers,
 /* The job's id and token on the wire (for hand-made frames). */
 int hg_sim_job_wire(const struct hg_sim *s, int job, uint32_t *job_id,
 		    uint32_t *token);
+
+/*
+ * Worker `worker` of job starts every later allreduce delay_ns of virtual
+ * time after hg_sim_start (0: at once): a straggler, a rank still
+ * computing its gradient.  Its client is not polled before; frames that
+ * reach it meanwhile wait in its port's ring.  Returns 0 or -EINVAL.
+ */
+int hg_sim_delay_start(struct hg_sim *s, int job, uint32_t worker, uint64_t delay_ns);
 
 /*
  * Start one allreduce of job: worker w reduces x[w] (n floats) into y[w].
@@ -174,12 +183,22 @@ int hg_sim_restart_aggregator(struct hg_sim *s, uint32_t k,
 int hg_sim_inject(struct hg_sim *s, const uint8_t *frame, size_t len);
 
 /* Build a well-formed HomAgg frame to the aggregator in frame (cap bytes):
- * the same headers a worker writes, any header values, with a MAC keyed
- * with key (HG_AUTH_KEY_LEN bytes; NULL: none, or a zero MAC when h has
- * HG_FLAG_AUTH).  Returns its length or -ENOSPC / -EINVAL. */
+ * the same headers a worker writes, any header values, with the MAC m
+ * describes (hg_wire_build_mac(); NULL: none, or a zero MAC when h has
+ * HG_FLAG_AUTH).  Returns its length or -ENOSPC / -EINVAL / -ENOTSUP. */
 int hg_sim_build_frame(const struct hg_sim *s, const struct hg_hdr *h,
 		       const uint8_t *payload, size_t payload_len,
-		       uint8_t *frame, size_t cap, const uint8_t *key);
+		       uint8_t *frame, size_t cap, const struct hg_wire_mac *m);
+
+/*
+ * The next key epoch of authenticated job `job` (docs/PROTOCOL.md "Key
+ * epochs"): secret (HG_AUTH_SECRET_LEN bytes) goes to every worker of the
+ * job first (hg_client_rotate_key), then to every aggregator of it
+ * (hg_engine_rotate_key, grace_ns of virtual time).  Returns the new
+ * epoch, or -EINVAL / -ENOENT / -EPERM (no auth, or a tree) / -ENOMEM.
+ */
+int hg_sim_rotate_key(struct hg_sim *s, int job, const uint8_t *secret,
+		      uint64_t grace_ns);
 
 /*
  * Aggregator k stops (its host dies) after_ns of virtual time from now: its

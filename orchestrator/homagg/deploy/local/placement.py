@@ -18,6 +18,7 @@ import tempfile
 import numpy as np
 
 import homagg
+from homagg.deploy.local import testbed_job
 from homagg.deploy.local.testbed import Testbed
 from homagg.deploy.placement import AggregatorHost, Placement, run_folder
 from homagg.runs.job import collect_reports
@@ -97,6 +98,10 @@ class TestbedPlacement(Placement):
             out.append(f"fail_aggregators: {self.where} runs its own daemons "
                        "(`homagg testbed up`); stopping one needs `--no-daemon`")
         return out
+
+    def job_cost(self, cost_model=True):
+        """The testbed's link rate (homagg.deploy.local.testbed_job.job_cost)."""
+        return testbed_job.job_cost(self.tb, cost_model)
 
     def open_daemons(self, count, *, frames, pmd, switch, drop_rate, idle_us, idle_polls,
                      lcores):

@@ -27,20 +27,47 @@ import os
 
 from homagg.deploy.local.testbed import Testbed
 from homagg.errors import HomAggError
+from homagg.protocol import resolve_slots
 from homagg.switch import job_file
 
 JOB_GROUP = "239.77.0.3"  # the results' multicast group of the testbed's job
 
 
-def start(tb: Testbed, *, slots: int = 64, payload: int = 1024, timeout: float = 10.0,
-          switch: str | None = None) -> dict:
+def link_mbit(tb: Testbed) -> int:
+    """The link rate of one worker of the testbed for its cost model
+    (homagg.cost): its link's shaping, or its share of the aggregator's
+    link when that is narrower; 0 when the links are not shaped (no link
+    rate: choices by bytes)."""
+    st = tb.state()
+    rates = []
+    if st.get("link_mbit"):
+        rates.append(float(st["link_mbit"]))
+    if st.get("agg_link_mbit"):
+        rates.append(float(st["agg_link_mbit"]) / max(1, len(tb.workers)))
+    return max(1, int(min(rates))) if rates else 0
+
+
+def job_cost(tb: Testbed, cost_model: bool = True):
+    """The cost model a job on this testbed registers: its link rate and
+    this host's calibration (homagg.cost.job_cost); ``cost_model`` False
+    (or unshaped links): none, choices by bytes."""
+    from homagg import cost
+
+    return cost.job_cost(link_mbit(tb) if cost_model else 0)
+
+
+def start(tb: Testbed, *, slots: int | None = None, payload: int = 1024, timeout: float = 10.0,
+          switch: str | None = None, cost_model: bool = True) -> dict:
     """Start the daemons, register the job, write its job file; returns the
     job-file fields plus "file" and "daemons" ({host: record}).  On a
-    failure the daemons started are stopped and the error re-raised."""
+    failure the daemons started are stopped and the error re-raised.  The
+    job's cost model is the testbed's link rate with this host's
+    calibration (``cost_model`` False: none)."""
     from homagg.runs import allreduce as runmod
     from homagg.switch.daemon import Switch
 
     runmod.check_payload(payload, int(tb.state().get("mtu") or 1500), f"testbed {tb.name}")
+    slots = resolve_slots(slots, len(tb.workers))
     os.makedirs(tb.files_dir, mode=0o700, exist_ok=True)
     sws = []
     try:
@@ -50,7 +77,8 @@ def start(tb: Testbed, *, slots: int = 64, payload: int = 1024, timeout: float =
         fields = job_file.register([s.control for s in sws],
                                    [(s.ip, runmod.UDP_PORT) for s in sws],
                                    workers=len(tb.workers), slots=slots, payload=payload,
-                                   group=JOB_GROUP, timeout=timeout)
+                                   group=JOB_GROUP, timeout=timeout,
+                                   cost=job_cost(tb, cost_model))
         path = job_file.write_job_file(os.path.join(tb.files_dir, "job.json"), **fields)
         daemons = {s.host: s.record() for s in sws}
         tb.note(daemons=daemons, job={"job": fields["job"], "file": path})
@@ -72,7 +100,6 @@ def job(tb: Testbed) -> dict | None:
 
 def controls(tb: Testbed, workdir: str | None = None) -> list:
     """The control callables of the testbed's daemons, in shard order."""
-    from homagg.runs import allreduce as runmod
     from homagg.switch.daemon import Switch
 
     return [Switch(tb, workdir or tb.files_dir, host=h.name).control
@@ -104,5 +131,6 @@ def describe(tb: Testbed) -> list[str]:
             out.append(f"job {j['job']}: {j['workers']} workers, aggregators {j['aggregator']}, "
                        f"{j['slots']} slots, {j['payload']}-byte payloads")
         out.append(f"job file: {rec['file']}  (HOMAGG_JOB_FILE for torchrun; "
-                   f"`homagg testbed job --name {tb.name}` renews the job before another run)")
+                   f"`homagg testbed job --name {tb.name}` registers the job afresh, "
+                   "counters at 0; not needed between runs)")
     return out

@@ -58,6 +58,7 @@ from homagg.deploy.remote import inventory as inv
 from homagg.deploy.remote import ssh
 from homagg.errors import HomAggError, RemoteError  # noqa: F401 - RemoteError importable from here
 from homagg.ops import logfmt
+from homagg.protocol import resolve_slots
 from homagg.runs import job as localrun
 from homagg.switch import job_file
 from homagg.switch.daemon import eal_args
@@ -292,13 +293,14 @@ def switch_argv(h: inv.HostSpec, binary: str, hugepages_mount: str,
 
 
 def _up_one(agg: Host, inventory: inv.Inventory, no_udp_csum: bool, ready_timeout: float,
-            out, slots: int = 64) -> dict:
+            out, slots: int | None = None) -> dict:
     """homagg-switch on one aggregator, ready (its control socket answers),
     with a receive ring for ``slots`` frames of every worker in flight."""
     h = agg.h
     if agg.alive(switch_pidfile(h)):
         raise RemoteError(f"host '{h.name}': homagg-switch already runs ({switch_pidfile(h)}): "
                           f"stop it first with `homagg down -i {inventory.path}`")
+    slots = resolve_slots(slots, len(inventory.workers))
     argv = switch_argv(h, agg.switch_binary, inventory.settings.hugepages_mount, no_udp_csum,
                        frames=len(inventory.workers) * slots)
     rt = f"{rundir(h)}/rt"
@@ -363,7 +365,7 @@ def up(inventory: inv.Inventory, switch: str | None = None, no_udp_csum: bool = 
         def one(agg):
             try:
                 return _up_one(agg, inventory, no_udp_csum, ready_timeout, out,
-                               slots=job_options.get("slots", 64))
+                               slots=job_options.get("slots"))
             except Exception as e:  # noqa: BLE001 - collected per host below
                 return e
 
@@ -380,7 +382,18 @@ def up(inventory: inv.Inventory, switch: str | None = None, no_udp_csum: bool = 
             r.close()
 
 
-def _up_job(hosts: list[Host], inventory: inv.Inventory, out, slots: int = 64,
+def inventory_cost(inventory):
+    """The cost model a job on the inventory's hosts registers: the
+    inventory's ``link_mbit`` with the calibration of the host creating the
+    job (homagg.cost.job_cost); none without a link rate.  The hosts' own
+    calibrations are not fetched: run `homagg calibrate` here on a host of
+    the workers' kind."""
+    from homagg import cost
+
+    return cost.job_cost(inventory.settings.link_mbit or 0)
+
+
+def _up_job(hosts: list[Host], inventory: inv.Inventory, out, slots: int | None = None,
             payload: int = 1024, timeout: float = 10.0, group: str = UP_JOB_GROUP) -> dict:
     """The job of `up`: every worker host, spread over every aggregator, and
     its job file on every host (a worker's names its own bind address)."""
@@ -391,7 +404,7 @@ def _up_job(hosts: list[Host], inventory: inv.Inventory, out, slots: int = 64,
     fields = job_file.register([a.control for a in aggs],
                                [(a.h.address, localrun.UDP_PORT) for a in aggs],
                                workers=len(workers), slots=slots, payload=payload, group=group,
-                               timeout=timeout)
+                               timeout=timeout, cost=inventory_cost(inventory))
     ssh.parallel(lambda r: r.put_job_file(job_file_path(r.h), dict(
         fields, **({"bind": r.h.address} if r.h.role == "worker" else {}))),
         hosts, inventory.settings.parallel)

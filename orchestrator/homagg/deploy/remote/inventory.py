@@ -34,7 +34,7 @@ _VDEV_RE = re.compile(r"^net_[a-z_]+[0-9]*(,[A-Za-z0-9_]+=[^,\s]+)*$")
 SETTINGS_FIELDS = {
     "project", "install_dir", "config_file", "hugepages_mount", "python",
     "connect_timeout", "command_timeout", "parallel", "pip_args", "apt_packages",
-    "pip_index", "wheelhouse",
+    "pip_index", "wheelhouse", "link_mbit",
 }
 HOST_FIELDS = {
     "name", "ssh_host", "ssh_port", "ssh_user", "ssh_key", "role",
@@ -117,6 +117,7 @@ class Settings:
     apt_packages: dict  # role -> tuple of Debian packages
     pip_index: bool = False  # hosts reach a package index themselves
     wheelhouse: str = ""  # local directory of wheels ("" = download one)  # role -> tuple of Debian packages
+    link_mbit: float = 0.0  # the workers' link rate for the jobs' cost model (0: none)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -276,7 +277,14 @@ def _settings(raw: dict, base: str, c: _Collector) -> Settings:
         if not os.path.isdir(wheelhouse):
             c.add(where, "wheelhouse", wheelhouse, "directory not found: create it with `pip download "
                   "-d DIR --only-binary :all: <requirements>` or leave it out (downloaded automatically)")
-    return Settings(pip_index=pip_index, wheelhouse=wheelhouse, project=project, install_dir=install_dir, config_file=config_file,
+    link_mbit = raw.get("link_mbit", 0)
+    if isinstance(link_mbit, bool) or not isinstance(link_mbit, (int, float)) or \
+            not (link_mbit == 0 or 1 <= link_mbit < 2**32):
+        c.add(where, "link_mbit", link_mbit, "must be the workers' link rate in Mbit/s (>= 1), "
+              "e.g. 10000, or 0 / left out: jobs choose by bytes")
+        link_mbit = 0
+    return Settings(pip_index=pip_index, wheelhouse=wheelhouse, link_mbit=float(link_mbit),
+                    project=project, install_dir=install_dir, config_file=config_file,
                     hugepages_mount=hp_mount, python=python, connect_timeout=connect_timeout,
                     command_timeout=command_timeout, parallel=parallel,
                     pip_args=tuple(pip_args), apt_packages=apt)

@@ -16,6 +16,7 @@ import sys
 
 import numpy as np
 
+from homagg.cost import Cost
 from homagg.deploy.placement import AggregatorHost, Daemon, Placement, run_folder
 from homagg.deploy.remote import hosts as rh
 from homagg.deploy.remote import inventory as inv
@@ -77,6 +78,7 @@ class InventoryPlacement(Placement):
         self.inventory = inventory.path
         self.where = f"inventory {inventory.path}"
         self.mtu = min(h.mtu for h in inventory.hosts)
+        self.link_mbit = inventory.settings.link_mbit or None
         self.runs_dir, self.label = runs_dir, label
         self.start_timeout = start_timeout
         self.out = out or sys.stderr
@@ -127,6 +129,11 @@ class InventoryPlacement(Placement):
         }
         return [f"{k}: {why[k]}" for k, d in _DEFAULTS.items()
                 if (options.get(k) or d) != d]
+
+    def job_cost(self, cost_model=True):
+        """The inventory's ``link_mbit`` (homagg.deploy.remote.hosts.inventory_cost,
+        as the job of `homagg up -i`)."""
+        return rh.inventory_cost(self.inv) if cost_model else Cost()
 
     # -- daemons -------------------------------------------------------------
 

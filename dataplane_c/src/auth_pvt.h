@@ -1,0 +1,66 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Keys ready for the packet path: the AES-GMAC key schedule is expanded
+ * once per key, not per frame, for both implementations the MAC uses
+ * (libsodium below HG_GMAC_EVP_MIN bytes, OpenSSL's libcrypto from there
+ * on: auth.c says why).  A key is released with hg_mac_key_release().
+ */
+#ifndef HOMAGG_AUTH_PVT_H
+#define HOMAGG_AUTH_PVT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <sodium.h>
+
+#include "homagg/auth.h"
+
+struct evp_cipher_ctx_st;
+
+struct hg_mac_key {
+	crypto_aead_aes256gcm_state aes; /* HG_MAC_AES_GMAC */
+	struct evp_cipher_ctx_st *evp;   /* HG_MAC_AES_GMAC, long frames */
+	uint8_t key[HG_AUTH_KEY_LEN];    /* HG_MAC_BLAKE2B */
+	uint32_t alg;
+};
+
+/* k (zeroed or released) = key for alg.  0, -EINVAL, -ENOTSUP (alg
+ * unknown or unavailable), -ENOMEM. */
+int hg_mac_key_init(struct hg_mac_key *k, uint32_t alg, const uint8_t *key);
+/* k = member id's key of job under secret. */
+int hg_mac_key_derive(struct hg_mac_key *k, uint32_t alg,
+		      const uint8_t *secret, uint32_t job, uint32_t id);
+/* Free what k holds and wipe it (accepts a zeroed key). */
+void hg_mac_key_release(struct hg_mac_key *k);
+void hg_mac_key_sign(const struct hg_mac_key *k, uint32_t dir,
+		     uint64_t counter, const uint8_t *data, size_t len,
+		     uint8_t *mac);
+bool hg_mac_key_check(const struct hg_mac_key *k, uint32_t dir,
+		      uint64_t counter, const uint8_t *data, size_t len,
+		      const uint8_t *mac);
+
+/* Receiver state of one sender's MAC counter (PROTOCOL.md "Nonce"). */
+struct hg_mac_track {
+	uint64_t last;          /* greatest verified counter */
+	uint32_t incarnation;   /* of that sender life, 0 = none yet */
+	uint8_t epoch;
+};
+
+/* The counter of a frame with header hdr (as sent) from a sender tracked
+ * by t (NULL: none). */
+uint64_t hg_mac_track_counter(const struct hg_mac_track *t, const uint8_t *hdr);
+/* A frame with header hdr verified with counter ctr: remember it. */
+void hg_mac_track_update(struct hg_mac_track *t, const uint8_t *hdr,
+			 uint64_t ctr);
+
+struct hg_wire_addr;
+struct hg_hdr;
+/* hg_wire_build_mac() with a ready key k (NULL: no MAC). */
+int hg_wire_build_keyed(uint8_t *f, size_t cap, const struct hg_wire_addr *src,
+			const struct hg_wire_addr *dst, const struct hg_hdr *hdr,
+			const uint8_t *payload, size_t payload_len,
+			uint32_t flags, const struct hg_mac_key *k,
+			uint32_t dir, uint64_t counter);
+
+#endif /* HOMAGG_AUTH_PVT_H */

@@ -1,0 +1,220 @@
+"""Measure this host's cost-model coefficients, per ISA path of the codec
+(the layer below ``homagg calibrate``, homagg.cli.calibrate).
+
+:func:`calibrate` times the codec's own calls (the same C functions a
+worker runs) on a 2^20-element tensor and returns the coefficients of
+docs/PROTOCOL.md "The cost model" in picoseconds, one set per ISA path this
+CPU runs (``HOMAGG_CODEC_ISA`` forces each in turn); :func:`write` stores
+them in the calibration file (homagg.cost.calibration_path), where a job
+created on this host takes them from (homagg.cost.job_cost); workers never
+read it for a job that registered a model.  It takes a few seconds.
+
+What each coefficient times (CPU time of the thread, best of a few runs):
+value_ps, quantise and dequantise per dense lane; bitmap_ps, a
+bitmap-indexed block's candidate list and union decode per element (a
+nearly empty tensor); lane_ps, union encode and decode per candidate above
+that; probe_ps, a Bloom-indexed block's candidate test and decode per
+element and probe; agg_pkt_ps, the engine's per-frame cost
+(hg_bench_engine, 4 workers, 1 KB); pkt_ps, one 1 KB UDP datagram sent and
+received on loopback by this process (kernel and Python call, so an upper
+bound of the C worker's cost).
+"""
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import os
+import platform
+import socket
+import time
+
+import numpy as np
+
+from homagg import cost as _cost
+
+ISAS = ("portable", "avx2", "avx512")
+# Bloom options of docs/PROTOCOL.md "lhc: index": (bits per element, probes)
+_BLOOM = ((8, 6), (12, 8), (16, 8), (20, 8), (24, 8))
+
+
+def _best(fn, repeat):
+    best = None
+    for _ in range(max(1, repeat)):
+        t0 = time.thread_time_ns()
+        fn()
+        dt = time.thread_time_ns() - t0
+        best = dt if best is None else min(best, dt)
+    return max(best, 1)
+
+
+@contextlib.contextmanager
+def _isa_env(isa):
+    """The codec forced onto one ISA path (HOMAGG_CODEC_ISA, read again),
+    then back to the process's own."""
+    from homagg.bindings import codec as _bc
+
+    old = os.environ.get("HOMAGG_CODEC_ISA")
+    os.environ["HOMAGG_CODEC_ISA"] = isa
+    try:
+        _bc.codec_isa_reload()
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("HOMAGG_CODEC_ISA", None)
+        else:
+            os.environ["HOMAGG_CODEC_ISA"] = old
+        _bc.codec_isa_reload()
+
+
+def _sparse(n, block, per_block, rng):
+    """A tensor with exactly per_block non-zeros in every block."""
+    x = np.zeros(n, np.float32)
+    for b0 in range(0, n, block):
+        ln = min(block, n - b0)
+        pos = rng.choice(ln, size=min(per_block, ln), replace=False)
+        x[b0 + pos] = rng.standard_normal(pos.size).astype(np.float32) + 2.0
+    return x
+
+
+def _union_time(params, x, repeat):
+    """(CPU ns of set_index + encode_union + decode_union, plan info)."""
+    from homagg import codec
+
+    sc, codes, counts = codec.scan(params, x)
+    plan = codec.plan_lhc(params, x.size, codes, counts)
+    gindex = plan.encode_index(sc)
+    out = np.empty_like(x)
+
+    def run():
+        p2 = codec.plan_lhc(params, x.size, codes, counts)
+        p2.set_index(gindex)
+        vals = p2.encode_union(sc)
+        p2.decode_union(vals, out)
+
+    plan.set_index(gindex)
+    return _best(run, repeat), plan.info
+
+
+def _plan_time(params, x, repeat):
+    from homagg import codec
+
+    _, codes, counts = codec.scan(params, x)
+    return _best(lambda: codec.plan_lhc(params, x.size, codes, counts), repeat)
+
+
+def measure_path(elements=1 << 20, repeat=3, block=4096) -> dict:
+    """The element coefficients of the codec path in use (ps, ints)."""
+    from homagg import codec
+
+    rng = np.random.default_rng(1)
+    n = max(block, elements // block * block)
+    p = codec.Params(block_elements=block, workers=1)
+    dense = rng.standard_normal(n).astype(np.float32)
+    codes = codec.encode_exponents(p, dense)
+    t_q = _best(lambda: codec.encode_values(p, dense, codes), repeat)
+    lanes = codec.encode_values(p, dense, codes)
+    t_d = _best(lambda: codec.decode_values(p, lanes, n, codes), repeat)
+    value_ps = (t_q + t_d) * 1000 // n
+
+    # bitmap blocks: a model that makes the bitmap certain (probes dear)
+    bitmap_only = codec.Params(block_elements=block, workers=1, cost=_cost.Cost(
+        link_mbit=1_000_000, probe_ps=_cost.MAX_ELEM_PS))
+    nearly_empty = _sparse(n, block, 1, rng)
+    t_empty, info = _union_time(bitmap_only, nearly_empty, repeat)
+    t_empty -= _plan_time(bitmap_only, nearly_empty, repeat)
+    bitmap_ps = max(0, t_empty) * 1000 // n
+    five = _sparse(n, block, block // 4, rng)
+    t_five, info = _union_time(bitmap_only, five, repeat)
+    t_five -= _plan_time(bitmap_only, five, repeat)
+    lane_ps = max(0, t_five * 1000 - n * bitmap_ps) // max(1, info["candidates"])
+
+    # Bloom blocks: the bytes rule picks one option for every block of a
+    # tensor with the same count in each (0.68 %)
+    bloom = codec.Params(block_elements=block, workers=1)
+    sparse = _sparse(n, block, max(1, block * 68 // 10000), rng)
+    t_bloom, info = _union_time(bloom, sparse, repeat)
+    t_bloom -= _plan_time(bloom, sparse, repeat)
+    probe_ps = 0
+    if info["bloom_blocks"]:
+        bits = 8 * info["index_bytes"] // info["bloom_blocks"]
+        c = max(1, block * 68 // 10000)
+        k = next((k for bpe, k in _BLOOM if max(64, -(-bpe * c // 64) * 64) == bits), 8)
+        probe_ps = max(0, t_bloom * 1000 - n * bitmap_ps) // (n * k)
+    return {"value_ps": int(min(value_ps, _cost.MAX_ELEM_PS)),
+            "lane_ps": int(min(lane_ps, _cost.MAX_ELEM_PS)),
+            "bitmap_ps": int(min(bitmap_ps, _cost.MAX_ELEM_PS)),
+            "probe_ps": int(min(probe_ps, _cost.MAX_ELEM_PS))}
+
+
+def measure_packets(count=4000, payload=1024) -> dict:
+    """pkt_ps (loopback UDP, this process) and agg_pkt_ps (the engine)."""
+    from homagg.bindings import bench
+
+    r = bench.bench_engine(workers=4, payload_bytes=payload, seconds=0.15)
+    agg_pkt_ps = int(1e6 / r["mpps"]) if r["mpps"] > 0 else _cost.MAX_PKT_PS
+    data = bytes(payload)
+    rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+        rx.bind(("127.0.0.1", 0))
+        rx.settimeout(2.0)
+        addr = rx.getsockname()
+        best = None
+        for _ in range(3):
+            t0 = time.process_time_ns()
+            got = 0
+            for _ in range(count // 64):
+                for _ in range(64):
+                    tx.sendto(data, addr)
+                for _ in range(64):
+                    rx.recv(payload + 64)
+                    got += 1
+            dt = (time.process_time_ns() - t0) / max(1, got)
+            best = dt if best is None else min(best, dt)
+    finally:
+        rx.close()
+        tx.close()
+    return {"pkt_ps": int(min(best * 1000, _cost.MAX_PKT_PS)),
+            "agg_pkt_ps": int(min(agg_pkt_ps, _cost.MAX_PKT_PS))}
+
+
+def _cpu_model():
+    with contextlib.suppress(OSError):
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def calibrate(elements=1 << 20, repeat=5) -> dict:
+    """The calibration of this host: one coefficient set per ISA path."""
+    from homagg import kernels
+
+    t0 = time.monotonic()
+    pkts = measure_packets()
+    paths = {}
+    for isa in ISAS:
+        if not kernels.isa_supported(isa):
+            continue
+        with _isa_env(isa):
+            paths[isa] = {**pkts, **measure_path(elements, repeat)}
+    forced = os.environ.get("HOMAGG_CODEC_ISA")
+    isa = forced if forced in paths else list(paths)[-1]
+    return {"version": _cost.CALIBRATION_VERSION, "host": socket.gethostname(),
+            "cpu": _cpu_model(), "isa": isa,
+            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "elements": int(elements), "seconds": round(time.monotonic() - t0, 3),
+            "paths": paths}
+
+
+def write(cal, path) -> str:
+    _cost.check_calibration(cal, "calibration")
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(cal, f, indent=1)
+    os.replace(tmp, path)
+    return path

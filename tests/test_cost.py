@@ -1,0 +1,278 @@
+"""The cost model (docs/PROTOCOL.md "The cost model"): the C choices of
+each block's index kind and of auto's method against the page's rules
+written again in Python (tests/cost_model.py), decisions that come from the
+job's registration and not from a worker's own calibration, the bytes rules
+kept exactly for a job without a link rate, results bit-exact against the
+numpy reference, and `homagg calibrate`'s file."""
+import json
+import os
+import random
+
+import numpy as np
+import pytest
+
+import cost_model as M
+from reference import allreduce as oracle
+from homagg import codec, cost
+from homagg.bench import calibrate
+from homagg.switch import job_file
+from homagg.errors import InvalidArgument, OutOfRange
+from homagg.sim import Cluster
+
+# a host's coefficients, as `homagg calibrate` writes them (ps)
+COEFFS = {"pkt_ps": 2_000_000, "agg_pkt_ps": 150_000, "value_ps": 1_000,
+          "lane_ps": 7_000, "bitmap_ps": 400, "probe_ps": 2_100}
+
+
+def _cost(link_mbit, **over):
+    return dict(link_mbit=link_mbit, rtt_ns=100_000, payload_bytes=1024, **{**COEFFS, **over})
+
+
+def _meta(grads, block, workers):
+    """Global codes and summed counts of the workers' gradients."""
+    p = codec.Params(block_elements=block, workers=workers)
+    codes = np.max([codec.encode_exponents(p, g) for g in grads], axis=0).astype(np.int8)
+    counts = np.sum([codec.encode_counts(p, g).astype(np.int64) for g in grads], axis=0)
+    return codes, counts
+
+
+def _shared(n, workers, density, seed):
+    """Gradients whose non-zeros sit at the same positions on every worker."""
+    rng = np.random.default_rng(seed)
+    pos = rng.choice(n, size=int(density * n), replace=False)
+    grads = []
+    for _ in range(workers):
+        g = np.zeros(n, np.float32)
+        g[pos] = rng.standard_normal(pos.size).astype(np.float32)
+        grads.append(g)
+    return grads
+
+
+def _random_cost(rng):
+    return dict(link_mbit=rng.choice([1, 10, 100, 1000, 10000, 400000]),
+                rtt_ns=rng.randrange(0, 10**6), payload_bytes=rng.choice([0, 4, 1024, 8192]),
+                pkt_ps=rng.randrange(0, 10**7), agg_pkt_ps=rng.randrange(0, 10**6),
+                value_ps=rng.randrange(0, 5000), lane_ps=rng.randrange(0, 10000),
+                bitmap_ps=rng.randrange(0, 2000), probe_ps=rng.choice([0, rng.randrange(0, 5000)]))
+
+
+def test_index_kind_of_every_block_is_the_models():
+    """One block at a time (its kind and bytes name the option), over
+    random sizes, counts, worker counts, links and coefficients: the C plan
+    is the page's, and a Bloom option is chosen only where the model
+    predicts it strictly faster than the bitmap."""
+    rng = random.Random(19)
+    blooms = 0
+    for _ in range(1500):
+        block = rng.choice([64, 128, 4096, 65536])
+        workers = rng.choice([1, 2, 4, 7, 256])
+        count = rng.choice([0, 1, 2, rng.randrange(0, block * workers + 1),
+                            rng.randrange(0, block // 8 + 2)])
+        c = _random_cost(rng)
+        info = codec.plan_lhc(codec.Params(block_elements=block, workers=workers, cost=c),
+                              block, np.array([3], np.int8), np.array([count], ">i4")).info
+        kind, nbytes, ix = M.plan_block(block, count, workers, c)
+        assert ("bloom" if info["bloom_blocks"] else "bitmap", info["index_bytes"]) == \
+            (kind, nbytes), (block, workers, count, c)
+        if kind == "bloom":  # the fastest option, and faster than the bitmap
+            blooms += 1
+            bitmap, options = M.option_times(block, count, workers, c)
+            best = min(t for _, t in options)
+            assert best < bitmap
+            assert nbytes in [b for b, t in options if t == best]
+    assert blooms > 20  # the draw reaches both kinds
+
+
+def test_bloom_where_the_link_is_slow_bitmap_where_probing_costs_more():
+    """One non-zero in a 65536-element block: at 1 Mbit/s the Bloom filter
+    (8 bytes for 8 KB) is faster, at 1 Gbit/s probing 65536 elements costs
+    more than the bitmap's wire time; under the bytes rule it is Bloom."""
+    n, block, W = 2 * 65536, 65536, 2
+    grads = [np.zeros(n, np.float32) for _ in range(W)]
+    grads[0][5] = 1.5
+    grads[1][70000] = -2.25
+    codes, counts = _meta(grads, block, W)
+    kinds = {}
+    for link in (0, 1, 1000):
+        c = _cost(link) if link else {}
+        info = codec.plan_lhc(codec.Params(block_elements=block, workers=W, cost=c), n, codes,
+                              counts.astype(">i4")).info
+        want = [M.plan_block(block, int(k), W, c)[0] for k in counts]
+        assert ["bloom"] * info["bloom_blocks"] + ["bitmap"] * info["bitmap_blocks"] == \
+            sorted(want, reverse=True)
+        kinds[link] = want
+        with Cluster(workers=W, cost=c, pipeline_groups=1) as cl:
+            res = cl.job.allreduce(grads, method="union", block_elements=block)
+        np.testing.assert_array_equal(res.sum.view(np.uint32),
+                                      oracle(grads, block).view(np.uint32))
+    assert kinds == {0: ["bloom", "bloom"], 1: ["bloom", "bloom"], 1000: ["bitmap", "bitmap"]}
+
+
+def test_auto_at_100_mbit_and_10_gbit_decides_as_the_model():
+    """A tensor whose candidates cover 80 % of it: union sends fewer bytes
+    than dense, so the bytes rule and a 100 Mbit/s link choose union; at
+    10 Gbit/s union's CPU per lane outweighs the wire it saves and the
+    model chooses dense.  The simulated cluster (one job registration per
+    rate) runs what the model predicts, bit-exact."""
+    n, block, W = 16 * 4096, 4096, 2
+    grads = _shared(n, W, 0.8, 3)
+    codes, counts = _meta(grads, block, W)
+    chosen = {}
+    for link in (0, 100, 10_000):
+        c = _cost(link) if link else {}
+        want = M.auto_meta(n, block, W, list(codes), [int(k) for k in counts], c)
+        if want == "union":
+            cands = int(np.count_nonzero(np.any([g != 0 for g in grads], axis=0)))
+            want = M.auto_indexed(n, block, W, list(codes), cands, c)
+        with Cluster(workers=W, cost=c, pipeline_groups=1) as cl:
+            res = cl.job.allreduce(grads, method="auto", block_elements=block)
+        assert res.stats["method"] == want, link
+        np.testing.assert_array_equal(res.sum.view(np.uint32),
+                                      oracle(grads, block).view(np.uint32))
+        chosen[link] = want
+    assert chosen == {0: "union", 100: "union", 10_000: "dense"}
+
+
+def test_without_a_link_rate_every_choice_is_the_bytes_rule():
+    """A cost with coefficients but no link rate, and no cost at all, plan
+    the same index and make the same auto choices as the bytes rules of the
+    page, on random tensors."""
+    rng = np.random.default_rng(4)
+    for trial in range(12):
+        W = int(rng.integers(1, 6))
+        block = int(rng.choice([64, 256, 4096]))
+        n = int(rng.integers(1, 20)) * block - int(rng.integers(0, block // 2))
+        dens = float(rng.choice([0.0005, 0.01, 0.1, 0.6]))
+        grads = [np.where(rng.random(n) < dens, rng.standard_normal(n), 0).astype(np.float32)
+                 for _ in range(W)]
+        codes, counts = _meta(grads, block, W)
+        gc = counts.astype(">i4")
+        outs = []
+        for c in (None, dict(COEFFS, link_mbit=0)):
+            p = codec.Params(block_elements=block, workers=W, cost=c)
+            plan = codec.plan_lhc(p, n, codes, gc)
+            plan.set_index(np.bitwise_or.reduce([plan.encode_index(g) for g in grads]))
+            outs.append((plan.info, codec.choose_auto(p, n, codes, gc),
+                         codec.choose_auto_indexed(plan)))
+        assert outs[0] == outs[1]
+        info, first, final = outs[0]
+        lens = M.block_lens(n, block)
+        plans = [M.plan_block(ln, int(k), W, {}) for ln, k, cd in zip(lens, counts, codes)
+                 if cd != M.EXP_ZERO]
+        assert info["index_bytes"] == sum(b for _, b, _ in plans)
+        assert info["bloom_blocks"] == sum(k == "bloom" for k, _, _ in plans)
+        assert first == M.auto_meta(n, block, W, list(codes), [int(k) for k in counts], {})
+        assert final == M.auto_indexed(n, block, W, list(codes), info["candidates"], {})
+
+
+def _calibration(coeffs):
+    return {"version": cost.CALIBRATION_VERSION, "host": "h", "cpu": "c", "isa": "portable",
+            "paths": {"portable": dict(coeffs)}}
+
+
+def test_workers_with_other_calibrations_decide_as_the_job(tmp_path):
+    """The job registers host A's calibration at 1 Gbit/s.  Hosts B and C
+    calibrated very differently (with their own numbers auto would choose
+    differently), yet every rank's job configuration carries A's model,
+    whatever HOMAGG_CALIBRATION names, and the run chooses as A's model
+    predicts, bit-exact."""
+    n, block, W = 16 * 4096, 4096, 2
+    grads = _shared(n, W, 0.8, 5)
+    codes, counts = _meta(grads, block, W)
+    cands = int(np.count_nonzero(np.any([g != 0 for g in grads], axis=0)))
+    cal = {"A": COEFFS, "B": dict(COEFFS, lane_ps=0, pkt_ps=0),
+           "C": dict(COEFFS, lane_ps=200_000, value_ps=0)}
+    files = {}
+    for name, co in cal.items():
+        files[name] = str(tmp_path / f"{name}.json")
+        calibrate.write(_calibration(co), files[name])
+
+    def decide(coeffs):
+        c = cost.job_cost(1000, calibration=_calibration(coeffs)).fields()
+        first = M.auto_meta(n, block, W, list(codes), [int(k) for k in counts], c)
+        return first if first != "union" else M.auto_indexed(n, block, W, list(codes), cands, c)
+
+    assert decide(cal["B"]) != decide(cal["C"])  # local numbers would split the job
+    registered = cost.job_cost(1000, calibration=cost.load_calibration(files["A"]))
+    jf = job_file.write_job_file(str(tmp_path / "job.json"), aggregator="10.0.0.1:48879",
+                                 job=1, token=2, workers=W, cost=registered.fields())
+    seen = [job_file.job_config({"HOMAGG_JOB_FILE": jf, cost.CALIBRATION_ENV: files[h]})["cost"]
+            for h in ("B", "C")]
+    assert seen[0] == seen[1] == registered.fields()
+    with Cluster(workers=W, cost=seen[0], pipeline_groups=1) as cl:
+        res = cl.job.allreduce(grads, method="auto", block_elements=block)
+    assert res.stats["method"] == decide(cal["A"])
+    np.testing.assert_array_equal(res.sum.view(np.uint32), oracle(grads, block).view(np.uint32))
+
+
+def test_calibrate_writes_a_calibration_jobs_read(tmp_path, monkeypatch, capsys):
+    """`homagg calibrate --json --out PATH` on a small tensor: a well-formed
+    file (every coefficient of every ISA path this CPU runs, within its
+    bound) that the job creation reads through HOMAGG_CALIBRATION."""
+    from homagg import cli, kernels
+
+    out = tmp_path / "cal.json"
+    assert cli.main(["calibrate", "--json", "--out", str(out), "--elements", "65536",
+                     "--repeat", "1"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    cal = cost.check_calibration(json.loads(out.read_text()))
+    assert printed["file"] == str(out)
+    assert set(cal["paths"]) == {i for i in calibrate.ISAS if kernels.isa_supported(i)}
+    for coeffs in cal["paths"].values():
+        assert set(coeffs) == set(cost.COEFFICIENTS)
+        assert coeffs["value_ps"] > 0 and coeffs["pkt_ps"] > 0 and coeffs["agg_pkt_ps"] > 0
+    monkeypatch.setenv(cost.CALIBRATION_ENV, str(out))
+    monkeypatch.delenv("HOMAGG_CODEC_ISA", raising=False)
+    assert cost.calibration_path() == str(out)
+    job = cost.job_cost(1000)
+    assert {k: getattr(job, k) for k in cost.COEFFICIENTS} == cal["paths"][cal["isa"]]
+    assert cost.job_cost(None) == cost.Cost()  # no link rate: no model
+
+
+def test_bad_costs_name_the_field(tmp_path):
+    with pytest.raises(InvalidArgument, match="cost.value_ps"):
+        cost.Cost(link_mbit=1000, value_ps=2_000_000)
+    with pytest.raises(InvalidArgument, match="unknown fields"):
+        cost.Cost.from_dict({"link_mbit": 1, "speed": 3})
+    with pytest.raises(OutOfRange):  # hg_params_check's own bound
+        codec.encode_exponents(codec._b.params_new(workers=1, cost={"probe_ps": 2_000_000}),
+                               np.zeros(64, np.float32))
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(_calibration(dict(COEFFS, lane_ps=-1))))
+    with pytest.raises(InvalidArgument, match="paths.portable.lane_ps"):
+        cost.load_calibration(str(bad))
+    jf = job_file.write_job_file(str(tmp_path / "j.json"), aggregator="10.0.0.1", job=1,
+                                 token=2)
+    with pytest.raises(job_file.ConfigError, match="HOMAGG_COST"):
+        job_file.job_config({"HOMAGG_JOB_FILE": jf, "HOMAGG_COST": '{"link_mbit": -1}'})
+    assert job_file.job_config({"HOMAGG_JOB_FILE": jf})["cost"] == {}
+    os.unlink(jf)
+
+
+def test_inventory_link_rate_registers_a_model(tmp_path, monkeypatch):
+    """An inventory's ``link_mbit`` gives its jobs a cost model (this
+    host's calibration); without it none; a bad one is named."""
+    import re
+    import tomllib
+
+    from homagg.deploy.remote import hosts as remote
+    from homagg.deploy.remote import inventory as inv
+
+    text = open(os.path.join(os.path.dirname(__file__), "..", "docs", "INVENTORY.md")).read()
+    data = tomllib.loads(re.search(r"```toml\n(.*?)```", text, re.S).group(1))
+    (tmp_path / "id").write_text("x")
+    (tmp_path / "p.tar.gz").write_text("x")
+    data["settings"]["project"] = str(tmp_path / "p.tar.gz")
+    for h in data["hosts"]:
+        h["ssh_key"] = str(tmp_path / "id")
+    out = tmp_path / "cal.json"
+    calibrate.write(_calibration(COEFFS), str(out))
+    monkeypatch.setenv(cost.CALIBRATION_ENV, str(out))
+    monkeypatch.delenv("HOMAGG_CODEC_ISA", raising=False)
+    assert remote.inventory_cost(inv.parse(data, str(tmp_path / "t.toml"))) == cost.Cost()
+    data["settings"]["link_mbit"] = 10000
+    c = remote.inventory_cost(inv.parse(data, str(tmp_path / "t.toml")))
+    assert c == cost.Cost(link_mbit=10000, rtt_ns=cost.DEFAULT_RTT_NS, **COEFFS)
+    data["settings"]["link_mbit"] = "fast"
+    with pytest.raises(inv.InventoryError, match="link_mbit"):
+        inv.parse(data, str(tmp_path / "t.toml"))
