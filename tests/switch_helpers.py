@@ -9,14 +9,12 @@ import time
 import uuid
 
 from homagg.switch.control import ControlClient
+from homagg.switch.daemon import eal_args as switch_eal_args
 from homagg.errors import HomAggError
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 # $HOMAGG_SWITCH runs the tests against another build (e.g. build/san/)
 SWITCH = pathlib.Path(os.environ.get("HOMAGG_SWITCH", ROOT / "build" / "release" / "homagg-switch"))
-
-EAL_BASE = ["--no-huge", "-m", "256", "--no-pci", "--no-shconf",
-            "--log-level", "lib.eal:error"]
 
 
 def wait_for(pred, timeout, what, interval=0.02):
@@ -44,11 +42,8 @@ class Daemon:
         self.runtime.mkdir(exist_ok=True)
         self.prefix = "hg" + uuid.uuid4().hex[:10]
         # "0" or "0-2": EAL lcore ids; "0@0,1@1,2@1": lcores mapped to CPUs
-        lflag = "--lcores" if "@" in lcores else "-l"
-        cmd = [str(SWITCH), lflag, lcores, *EAL_BASE, "--file-prefix", self.prefix]
-        if not telemetry:
-            cmd.append("--no-telemetry")
-        cmd += [*eal_args, "--", "--control", str(self.control), *app_args]
+        cmd = [str(SWITCH), *switch_eal_args(lcores, file_prefix=self.prefix, telemetry=telemetry),
+               *eal_args, "--", "--control", str(self.control), *app_args]
         if netns:
             cmd = ["ip", "netns", "exec", netns, *cmd]
         self.cmd = cmd

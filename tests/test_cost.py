@@ -257,6 +257,7 @@ def test_inventory_link_rate_registers_a_model(tmp_path, monkeypatch):
 
     from homagg.deploy.remote import hosts as remote
     from homagg.deploy.remote import inventory as inv
+    from homagg.deploy.remote.placement import InventoryPlacement
 
     text = open(os.path.join(os.path.dirname(__file__), "..", "docs", "INVENTORY.md")).read()
     data = tomllib.loads(re.search(r"```toml\n(.*?)```", text, re.S).group(1))
@@ -273,6 +274,9 @@ def test_inventory_link_rate_registers_a_model(tmp_path, monkeypatch):
     data["settings"]["link_mbit"] = 10000
     c = remote.inventory_cost(inv.parse(data, str(tmp_path / "t.toml")))
     assert c == cost.Cost(link_mbit=10000, rtt_ns=cost.DEFAULT_RTT_NS, **COEFFS)
+    # a run on the inventory's hosts registers the same model (--no-cost-model: none)
+    pl = InventoryPlacement(inv.parse(data, str(tmp_path / "t.toml")))
+    assert pl.job_cost() == c and pl.job_cost(False) == cost.Cost() and pl.link_mbit == 10000
     data["settings"]["link_mbit"] = "fast"
     with pytest.raises(inv.InventoryError, match="link_mbit"):
         inv.parse(data, str(tmp_path / "t.toml"))

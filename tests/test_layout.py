@@ -25,3 +25,36 @@ def test_every_module_folder_is_a_package_and_imports():
 def test_console_script_target():
     from homagg.cli import main
     assert callable(main)
+
+
+def test_every_exception_class_is_in_errors():
+    """One exception tree (homagg.errors): no other module of the package
+    defines a class deriving from an exception; the classes a module used to
+    define stay importable from it and are errors.py's."""
+    import ast
+
+    from homagg import errors
+
+    tree = {n for n, v in vars(errors).items() if isinstance(v, type)
+            and issubclass(v, BaseException)}
+    elsewhere = []
+    for here, dirs, files in os.walk(ROOT):
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        for f in files:
+            path = os.path.join(here, f)
+            if not f.endswith(".py") or path == errors.__file__:
+                continue
+            for node in ast.walk(ast.parse(open(path).read(), path)):
+                if not isinstance(node, ast.ClassDef):
+                    continue
+                bases = {b.id if isinstance(b, ast.Name) else getattr(b, "attr", "")
+                         for b in node.bases}
+                if bases & (tree | {"Exception", "BaseException", "ValueError", "RuntimeError",
+                                    "OSError", "TimeoutError", "KeyError", "TypeError"}):
+                    elsewhere.append(f"{os.path.relpath(path, ROOT)}: {node.name}")
+    assert elsewhere == []
+    from homagg.switch import job_file
+    from homagg.train import train
+
+    assert job_file.ConfigError is errors.ConfigError
+    assert train.TrainError is errors.TrainError

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from homagg.switch.control import ControlClient
+from homagg.switch.daemon import eal_args
 from prometheus_client.parser import text_string_to_metric_families
 
 from switch_helpers import ROOT, SWITCH, wait_for
@@ -246,9 +247,8 @@ def test_daemon_log_format_json(link, daemon):
 
 
 def test_daemon_log_format_refuses_a_bad_value(tmp_path):
-    r = subprocess.run([str(SWITCH), "--no-huge", "-m", "64", "--no-pci", "--no-shconf",
-                        "--no-telemetry", "--file-prefix", f"hgbad{os.getpid()}",
-                        "--vdev", "net_null0", "--", "--control", str(tmp_path / "c.sock"),
+    eal = eal_args("0", file_prefix=f"hgbad{os.getpid()}", vdev="net_null0", memory_mb=64)
+    r = subprocess.run([str(SWITCH), *eal, "--", "--control", str(tmp_path / "c.sock"),
                         "--log-format", "yaml"],
                        capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert r.returncode != 0

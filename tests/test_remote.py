@@ -8,6 +8,8 @@ this checkout, so the aggregator runs build/release/homagg-switch on a DPDK
 virtual PMD (net_af_packet on its namespace's eth0) and the workers run this
 checkout's homagg.  Everything else goes over SSH as on a real rack.
 """
+import dataclasses
+import hashlib
 import json
 import os
 import re
@@ -134,6 +136,80 @@ def test_up_run_down(rack, tmp_path):
     assert run.returncode == 1 and "homagg-switch is not running" in run.stderr
 
 
+@pytest.mark.timeout(600)
+def test_one_run_path_local_and_remote_reports_alike(rack, tmp_path):
+    """The same job on the rack's namespaces as a local testbed and on its
+    hosts over SSH: one report type (the same keys), the same exact result,
+    and --repeat/--warmup honoured on both (three timed calls, their median
+    the seconds)."""
+    from homagg.runs import allreduce as runmod
+
+    args = dict(elements=30000, density=0.05, seed=11, repeat=3, warmup=1)
+    # local first: `up` below takes the aggregator's eth0
+    loc = runmod.run_allreduce(rack.tb.name, "lhc", state_dir=rack.tb.state_dir,
+                               pmd="af_packet", **args)
+    path, i = make_testbed(rack, tmp_path)
+    up = cli("up", "-i", path, "--no-udp-csum")
+    assert up.returncode == 0, up.stdout + up.stderr
+    try:
+        r = cli("run", "allreduce", "-i", path, "--method", "lhc", "--elements", "30000",
+                "--density", "0.05", "--seed", "11", "--repeat", "3", "--warmup", "1",
+                "--runs-dir", str(tmp_path / "runs"), "--json")
+        assert r.returncode == 0, r.stdout + r.stderr
+        rem = json.loads(r.stdout)
+    finally:
+        down = cli("down", "-i", path)
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert set(rem) == set(loc.as_dict()) == {f.name for f in
+                                                dataclasses.fields(runmod.AllreduceReport)}
+    assert [a.keys() for a in rem["aggregators"]] == [a.keys() for a in loc["aggregators"]]
+    assert (loc["placement"], rem["placement"]) == ("testbed", "inventory")
+    assert rem["inventory"] == path and loc["testbed"] == rack.tb.name
+    for rep in (rem, loc.as_dict()):
+        assert rep["exact"] is True and rep["exact_per_worker"] == [True, True], rep
+        assert rep["repeat"] == 3 and rep["warmup"] == 1
+        assert len(rep["seconds_each"]) == 3 and all(t > 0 for t in rep["seconds_each"])
+        assert rep["seconds"] == float(np.median(rep["seconds_each"]))
+        assert len(rep["worker_stats_timed"]) == 2 and len(rep["worker_cpu_seconds"]) == 2
+        assert rep["worker_hosts"] == ["w0", "w1"] and rep["aggregator"] == "agg"
+    # the same gradients, the same bits (and the reference's, independently)
+    assert rem["result_sha256"] == loc["result_sha256"]
+    grads = [localrun.gradient(30000, 0.05, "random", 11, w) for w in range(2)]
+    ref = localrun.reference(grads, localrun.DEFAULT_BLOCK)
+    assert hashlib.sha256(ref.tobytes()).hexdigest() == rem["result_sha256"]
+    # the worker's own report, fetched into the run folder: three timings
+    stats = json.load(open(os.path.join(rem["run_dir"], "report-0.json")))
+    assert len(stats["seconds_each"]) == 3
+
+
+@pytest.mark.timeout(300)
+def test_options_a_placement_cannot_do_are_refused_before_anything_starts(rack, tmp_path):
+    """Inventory hosts use the daemons `homagg up -i` started: an option that
+    needs a daemon of the run's own is refused, each named with why, before
+    any host is contacted; a local testbed refuses what it cannot do too."""
+    path, i = make_testbed(rack, tmp_path)
+    r = cli("run", "allreduce", "-i", path, "--method", "lhc", "--elements", "100",
+            "--density", "0.1", "--drop-rate", "0.1", "--switch-lcores", "2",
+            "--runs-dir", str(tmp_path / "runs"))
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert f"not on inventory {path}" in r.stderr
+    assert "drop_rate: " in r.stderr and "switch_lcores: " in r.stderr
+    assert "homagg up -i" in r.stderr
+    for opt, name in (("--auth", "auth"), ("--leaves", "leaves"), ("--pmd", "pmd")):
+        extra = {"--leaves": ["1"], "--pmd": ["af_xdp"]}.get(opt, [])
+        r = cli("run", "allreduce", "-i", path, "--method", "lhc", "--elements", "100",
+                "--density", "0.1", opt, *extra, "--runs-dir", str(tmp_path / "runs"))
+        assert r.returncode == 1 and f"{name}: " in r.stderr, (opt, r.stderr)
+    assert not os.path.exists(tmp_path / "runs")  # refused before the preflight
+    # the local placement: an aggregator host it does not have
+    from homagg.runs import allreduce as runmod
+    from homagg.errors import RunError
+
+    with pytest.raises(RunError, match=r"fail_aggregators: no aggregator host \['agg7'\]"):
+        runmod.run_allreduce(rack.tb.name, "lhc", 100, 0.1, state_dir=rack.tb.state_dir,
+                             fail_aggregators=("agg7",))
+
+
 @pytest.mark.timeout(300)
 def test_unreachable_host_named_before_anything_starts(rack, tmp_path):
     path, i = make_testbed(rack, tmp_path, w1={"ssh_host": rack.unused_ip},
@@ -228,6 +304,15 @@ def test_two_aggregators_up_run_down(rack2, tmp_path):
         for a in rep["aggregators"]:
             assert a["counters"]["completed"] > 0, a
         assert os.path.exists(os.path.join(rep["run_dir"], "switch-agg1.log"))
+        # --aggregators 1: the job on the first aggregator only, as on a testbed
+        r1 = cli("run", "allreduce", "-i", path, "--method", "lhc", "--elements", "30000",
+                 "--density", "0.05", "--seed", "7", "--aggregators", "1",
+                 "--runs-dir", str(tmp_path / "runs"), "--json")
+        assert r1.returncode == 0, r1.stdout + r1.stderr
+        rep1 = json.loads(r1.stdout)
+        assert [a["host"] for a in rep1["aggregators"]] == ["agg"]
+        assert rep1["exact"] is True and rep1["result_sha256"] == rep["result_sha256"]
+        assert rep1["aggregators"][0]["counters"]["completed"] > 0
         # up's job: its file on every worker host names both aggregators and
         # the host's own address; two ranks configured from it alone are exact
         for w, f in zip(("w0", "w1"), files):

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from conftest import dpdk_testbed, require
+from homagg import cost
 from switch_helpers import wait_for
 from homagg.runs import job
 from homagg.runs import allreduce as runmod
@@ -81,6 +82,8 @@ def test_dense_workload_same_gradients_as_bench_and_cpu_time(testbed):
     rep = runmod.run_allreduce(testbed.name, "auto", elements=20_000, density=0.05,
                                workload="dense", seed=2, state_dir=testbed.state_dir)
     assert rep["exact"] is True and rep["generator"] == "homagg.bench.workloads"
+    # the job registered the testbed's link rate with this host's calibration
+    assert rep["cost"] == cost.job_cost(1000).fields() and rep["cost"]["link_mbit"] == 1000
     cpu = rep["worker_cpu_seconds"]
     assert len(cpu) == 4 and all(c > 0 for c in cpu)
     _no_processes_left(testbed)
@@ -100,6 +103,33 @@ def test_cli_json(testbed):
     for k in ("method", "seconds", "exact", "bytes_per_worker", "counters"):
         assert k in rep
     assert rep["method"] == "dense" and rep["exact"] is True
+    _no_processes_left(testbed)
+
+
+def test_cli_runs_dir_keeps_what_the_inventory_run_keeps(testbed, tmp_path):
+    """--runs-dir on a testbed: the run folder holds what `run -i` leaves
+    (results, the workers' reports, the daemon's log, report.json), and the
+    kept results are the reference, bit for bit; the report's run_dir names it."""
+    env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "orchestrator"))
+    r = subprocess.run([sys.executable, "-m", "homagg.runs.allreduce", "allreduce", "--testbed",
+                        testbed.name, "--state-dir", testbed.state_dir, "--method", "lhc",
+                        "--elements", "6000", "--density", "0.1", "--seed", "5", "--repeat", "2",
+                        "--runs-dir", str(tmp_path / "runs"), "--json"],
+                       capture_output=True, text=True, env=env, timeout=200)
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(r.stdout)
+    folder = rep["run_dir"]
+    assert folder.startswith(str(tmp_path / "runs")) and folder.endswith("-lhc")
+    W = rep["workers"]
+    names = set(os.listdir(folder))
+    assert {"report.json", "switch.log"} | {f"result-{w}.npy" for w in range(W)} \
+        | {f"report-{w}.json" for w in range(W)} <= names, names
+    assert json.load(open(os.path.join(folder, "report.json")))["seconds_each"] == rep["seconds_each"]
+    assert len(rep["seconds_each"]) == 2
+    ref = job.reference([job.gradient(6000, 0.1, "random", 5, w, W) for w in range(W)],
+                        job.DEFAULT_BLOCK).view(np.uint32)
+    for w in range(W):
+        assert np.array_equal(np.load(os.path.join(folder, f"result-{w}.npy")).view(np.uint32), ref)
     _no_processes_left(testbed)
 
 
@@ -350,4 +380,16 @@ def test_payload_larger_than_the_mtu_is_refused(testbed):
                              state_dir=testbed.state_dir)
     assert "--payload-bytes 8192 does not fit the MTU 1500 of testbed" in str(ei.value)
     assert "at most" in str(ei.value) and "--mtu 9000" in str(ei.value)
+    _no_processes_left(testbed)
+
+
+def test_a_tree_on_a_one_aggregator_testbed_is_refused_naming_the_fix(testbed):
+    """--leaves on a testbed with one aggregator host: refused before
+    anything starts, naming the testbed and the command that makes a tree."""
+    assert len(testbed.aggregators) == 1
+    with pytest.raises(runmod.RunError) as ei:
+        runmod.run_allreduce(testbed.name, "dense", elements=1000, density=1.0, leaves=2,
+                             state_dir=testbed.state_dir)
+    assert f"--leaves 2: testbed {testbed.name} has one aggregator host" in str(ei.value)
+    assert "`homagg testbed up --leaves 2`" in str(ei.value)
     _no_processes_left(testbed)

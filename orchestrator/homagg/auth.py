@@ -19,7 +19,7 @@ import os
 import stat
 
 from homagg.bindings import auth as _b
-from homagg.errors import InvalidArgument
+from homagg.errors import InvalidArgument, SecretFileError
 
 SECRET_LEN = _b.SECRET_LEN
 KEY_LEN = _b.KEY_LEN
@@ -30,10 +30,6 @@ MAC_AES_GMAC = _b.MAC_AES_GMAC
 MAC_NAMES = {MAC_BLAKE2B: "blake2b", MAC_AES_GMAC: "aes-gmac"}
 DIR_REQUEST = _b.DIR_REQUEST
 DIR_REPLY = _b.DIR_REPLY
-
-
-class SecretFileError(InvalidArgument):
-    """The secret file is missing, unsafe (group/world readable) or malformed."""
 
 
 def new_secret():

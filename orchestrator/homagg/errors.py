@@ -49,6 +49,118 @@ class ResourceError(HomAggError):
     """Allocation failed, a buffer is too small, or a feature is missing."""
 
 
+# --------------------------------------------------------------------------
+# The bindings and the simulator
+
+
+class SecretFileError(InvalidArgument):
+    """The secret file is missing, unsafe (group/world readable) or malformed."""
+
+
+class WorkerError(HomAggError):
+    """One worker's failure inside a group error (``.worker``, ``.code``)."""
+
+
+# --------------------------------------------------------------------------
+# The daemon and its jobs
+
+
+class ControlError(HomAggError):
+    """The daemon refused a request (job exists, no such job, ...)."""
+
+
+class ConfigError(HomAggError):
+    """The HomAgg job of a training process is not configured correctly."""
+
+
+# --------------------------------------------------------------------------
+# Runs
+
+
+class RunError(HomAggError):
+    """The run could not be set up or a process failed."""
+
+
+class SessionError(HomAggError):
+    """A session process could not be started or stopped talking."""
+
+
+class TrainError(HomAggError):
+    """The training run could not be set up or a rank failed."""
+
+
+# --------------------------------------------------------------------------
+# A local testbed (homagg.deploy.local)
+
+
+class TestbedError(HomAggError):
+    """A testbed could not be built, found, used or removed."""
+
+    __test__ = False  # not a pytest test class despite the name
+
+
+class RootRequired(TestbedError, PermissionError):
+    """The operation needs root (network namespaces, veth, tc)."""
+
+    __test__ = False
+
+
+class TestbedExists(TestbedError, FileExistsError):
+    """A testbed (state file or namespace) of that name already exists."""
+
+    __test__ = False
+
+
+class TestbedNotFound(TestbedError, FileNotFoundError):
+    """No state file for that name."""
+
+    __test__ = False
+
+
+# --------------------------------------------------------------------------
+# Inventory hosts (homagg.deploy.remote)
+
+
+class InventoryError(HomAggError, ValueError):
+    """The inventory file is missing, unreadable or invalid.  ``.problems``
+    lists every problem (one string each, naming host, field and fix)."""
+
+    def __init__(self, message, problems=(), code=-_errno.EINVAL):
+        super().__init__(message, code)
+        self.problems = list(problems)
+
+
+class ProvisionError(HomAggError):
+    """A step failed on some hosts.  ``.failures`` is a list of (host, step,
+    message, stderr_tail); ``.reports`` maps every host (the healthy ones
+    too) to its list of StepResult."""
+
+    def __init__(self, message, failures, reports=None, code=0):
+        super().__init__(message, code)
+        self.failures = failures
+        self.reports = reports or {}
+
+
+class PreflightError(ProvisionError):
+    """A host cannot be used at all (unreachable, key refused, no
+    privilege, unsupported OS); raised before anything is changed."""
+
+
+class StepFailed(HomAggError):
+    """One step failed on one host: ``.detail`` names it and the fix,
+    ``.stderr`` is the tail of its output (collected into a ProvisionError)."""
+
+    def __init__(self, detail, stderr=""):
+        super().__init__(detail)
+        self.detail = detail
+        self.stderr = stderr
+
+
+class RemoteError(HomAggError):
+    """A remote command failed after the preflight (daemon did not start,
+    worker failed, ...); the message names the host."""
+
+
 _BY_ERRNO = {
     _errno.EINVAL: InvalidArgument,
     _errno.EDOM: InvalidArgument,

@@ -42,18 +42,15 @@ from homagg import auth as _auth
 from homagg.protocol import (PIPELINE_GROUPS, check_pipeline_groups, default_slots,
                              resolve_slots)
 from homagg.cost import as_cost
-from homagg.errors import (HomAggError, InvalidArgument, OutOfRange, PeerTimeout,
+from homagg.errors import (InvalidArgument, OutOfRange, PeerTimeout,
                            error_class, error_for)
+from homagg.errors import WorkerError
 
 # The codec options, named as in homagg.codec.Params ("block" is an alias).
 # frames an aggregator's receive ring holds: the W x S of its jobs together
 AGG_RX_RING = _b.AGG_RX_RING
 _CODEC_OPTIONS = ("block_elements", "block", "stochastic", "seed", "nc_levels",
                   "sketch_cells_per_candidate")
-
-
-class WorkerError(HomAggError):
-    """One worker's failure inside a group error (``.worker``, ``.code``)."""
 
 
 class Result:

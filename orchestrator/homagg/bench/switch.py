@@ -32,6 +32,8 @@ import subprocess
 import sys
 import tempfile
 
+from homagg.switch.daemon import eal_args
+
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 
 
@@ -59,9 +61,7 @@ def add_arguments(parser):
 def run_one(binary, workers, payload, slots, seconds, lcores, auth=False, mac=None):
     with tempfile.TemporaryDirectory(prefix="homagg-bench-") as rundir:
         env = dict(os.environ, RUNTIME_DIRECTORY=rundir, XDG_RUNTIME_DIR=rundir)
-        cmd = [str(binary), "-l", lcores, "--no-huge", "-m", "512", "--no-pci",
-               "--no-shconf", "--no-telemetry", "--log-level", "lib.eal:error",
-               "--", "--workers", str(workers), "--payload", str(payload),
+        cmd = [str(binary), *eal_args(lcores, memory_mb=512), "--", "--workers", str(workers), "--payload", str(payload),
                "--slots", str(slots), "--seconds", str(seconds), "--json"]
         if auth:
             cmd.append("--auth")

@@ -1,7 +1,8 @@
 """Runs: one job on a placement, start to report.
 
-``allreduce`` runs timed allreduces of generated gradients on a testbed and
-returns the report; ``job`` is the worker process it starts (one per host);
+``allreduce`` runs timed allreduces of generated gradients on a placement
+(homagg.deploy.placement: a local testbed or inventory hosts) and returns
+the report (``AllreduceReport``, the same fields on both); ``job`` is the worker process it starts (one per host);
 ``session`` keeps a job's workers alive between allreduces; ``demo`` holds
 the three modes of ``homagg demo``.  Start with ``allreduce.run_allreduce``.
 """

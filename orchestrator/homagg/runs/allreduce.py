@@ -1,7 +1,17 @@
-"""Run one allreduce on a local testbed: DPDK aggregator plus one worker per namespace.
+"""Run one allreduce on a placement: a local testbed (DPDK aggregator plus one
+worker per namespace) or the hosts of an inventory over SSH.
 
     sudo homagg testbed up --workers 4 --link-mbit 1000 --name demo
     sudo homagg run allreduce --testbed demo --method lhc --elements 1000000 --density 0.01
+    homagg up -i testbed.toml && homagg run allreduce -i testbed.toml --method lhc ...
+
+The run is written once (``run_allreduce``) above homagg.deploy.placement:
+the same options and the same report on both.  On inventory hosts the
+daemons are the ones `homagg up -i` started (docs/INVENTORY.md), so what
+needs a daemon of the run's own (--drop-rate, --switch-lcores, --pmd,
+--switch) is refused there with the reason, as on a testbed whose daemons
+`homagg testbed up` started; --auth and --leaves run on a testbed only, and
+are refused with -i.  On a testbed:
 
 uses the homagg-switch daemons `homagg testbed up` started (a testbed made
 with --no-daemon: starts homagg-switch in the aggregator's namespace itself,
@@ -48,79 +58,183 @@ worker answered is "daemon_cpu_seconds" (None where /proc cannot tell).
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import json
+import logging
 import os
-import pathlib
 import secrets
-import shutil
-import subprocess
 import sys
-import tempfile
 import time
+from dataclasses import dataclass, fields
 
 import numpy as np
 
-import homagg
 from homagg import auth as hg_auth
-from homagg import log
-from homagg.deploy.local.testbed import Testbed, TestbedError
-from homagg.deploy.local import testbed_job as testbed_job_mod
+from homagg import log as hg_log
+from homagg.deploy.local.placement import child_env  # noqa: F401 - homagg.runs.session uses it
+from homagg.deploy.placement import Placement
 from homagg.errors import HomAggError
 from homagg.protocol import PIPELINE_GROUPS, check_pipeline_groups, resolve_slots
 from homagg.runs.job import (DEFAULT_BLOCK, METHODS, UDP_PORT, WORKLOADS, RunError, check_arguments,
-                             check_payload, collect_reports, counter_deltas, print_report, sum_dicts,
+                             check_payload, counter_deltas, print_report, sum_dicts,
                              tree_leaf, verify, worker_spec)
 from homagg.switch import job_file
-from homagg.switch.daemon import IDLE_POLLS, IDLE_US, Switch
+from homagg.switch.daemon import Switch  # noqa: F401 - where the docs point for the daemon
+
+log = logging.getLogger("homagg.runs.allreduce")
 
 
 # --------------------------------------------------------------------------
-# Workers (child processes)
+# The report
 
 
-def child_env() -> dict:
-    """The environment of a worker process: this one, with this package first
-    on PYTHONPATH (the child runs ``python -m homagg...`` in a namespace)."""
-    env = dict(os.environ)
-    pkg_root = str(pathlib.Path(homagg.__file__).resolve().parents[1])
-    env["PYTHONPATH"] = pkg_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    return env
+@dataclass
+class AllreduceReport:
+    """What ``run_allreduce`` returns, the same fields wherever it ran (a
+    field that does not apply to a placement is None there).
+
+    ``seconds``: the median over the ``repeat`` timed calls of
+    ``seconds_each``, where ``seconds_each[k]`` is the slowest worker's time
+    of timed call k (each worker times its own call with perf_counter).
+    ``wall_seconds``: from releasing the workers to the last report here
+    (it includes the placement's overhead: SSH round trips on inventory
+    hosts).  Bytes, CPU and counters are per timed call
+    (``worker_stats_timed``: each worker's counters over the timed calls;
+    ``worker_stats`` its client's totals, warmup included; the daemons'
+    ``counters``, ``port_counters`` and ``aggregators`` cover all timed
+    calls).  ``placement``: "testbed" or "inventory", with ``testbed`` (its
+    name) or ``inventory`` (its path) set; ``run_dir``: the folder the
+    results, logs and report.json stay in (None on a testbed, whose
+    work directory goes with the run).  ``link_mbit``: the testbed's link
+    shaping, or an inventory's ``link_mbit`` (None: unshaped, or not
+    given).  ``cost``: the cost model the job registered (homagg.cost.Cost
+    fields; None: none, choices by bytes).  ``pmd``: the daemons'
+    DPDK driver.  Each ``aggregators`` entry: host, ip, role, counters,
+    engine_summed, port_counters, rx_ring, rx_bytes, tx_bytes (None where
+    the host's NIC has no kernel interface), cpu_seconds (None where /proc
+    cannot tell).
+
+    It reads like the dict it replaces (``rep["seconds"]``, ``rep.get``);
+    ``as_dict`` gives a plain dict (JSON)."""
+
+    method: str
+    workers: int
+    elements: int
+    density: float
+    workload: str
+    seed: int
+    block: int
+    payload_bytes: int
+    pipeline_groups: int
+    mtu: int
+    pmd: str
+    auth: bool
+    link_mbit: float | None
+    cost: dict | None
+    seconds: float
+    seconds_each: list
+    repeat: int
+    warmup: int
+    wall_seconds: float
+    exact: bool | None
+    exact_per_worker: list
+    workers_agree: bool
+    max_abs_error_vs_float64_sum: float
+    result_sha256: str | None
+    bytes_per_worker: list
+    bytes_received_per_worker: list
+    dense_float32_bytes: int
+    worker_cpu_seconds: list
+    machine_cpu: dict | None
+    daemon_cpu_seconds: float | None
+    generator: str
+    worker_stats: list
+    worker_stats_timed: list
+    counters: dict
+    port_counters: dict
+    aggregators: list
+    leaves: int
+    switch_lcores: int
+    placement: str
+    testbed: str | None
+    inventory: str | None
+    aggregator: str
+    worker_hosts: list
+    job: int
+    worker_pids: list
+    run_dir: str | None
+
+    def as_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def keys(self):
+        return self.as_dict().keys()
+
+    def __getitem__(self, key: str):
+        if key not in self.__dataclass_fields__:
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def __contains__(self, key) -> bool:
+        return key in self.__dataclass_fields__
+
+    def get(self, key: str, default=None):
+        return getattr(self, key) if key in self.__dataclass_fields__ else default
 
 
-def _per_call(total: int, calls: int):
+# --------------------------------------------------------------------------
+# The run
+
+
+def _per_call(total, calls: int):
     """A counter moved over ``calls`` calls, per call (an int for one)."""
+    if total is None:
+        return None
     return total if calls == 1 else total / calls
 
 
-def run_allreduce(testbed: str, method: str, elements: int, density: float,
+def _delta(after: dict | None, before: dict | None, key: str):
+    return None if after is None or before is None else after[key] - before[key]
+
+
+def run_allreduce(testbed: "str | Placement", method: str, elements: int, density: float,
                   workload: str = "random", seed: int = 1, block: int = DEFAULT_BLOCK,
                   slots: int = None, payload: int = 1024, timeout: float = 10.0,
                   rto: float = 0.005, pmd: str = "auto", switch: str | None = None,
                   state_dir: str | None = None, group: str = "239.77.0.1",
-                  drop_rate: float = 0.0, idle_us: int = IDLE_US,
-                  idle_polls: int = IDLE_POLLS, fail_aggregators: tuple = (),
+                  drop_rate: float = 0.0, idle_us: int | None = None,
+                  idle_polls: int | None = None, fail_aggregators: tuple = (),
                   aggregators: int | None = None, repeat: int = 1, warmup: int = 0,
                   auth: bool = False, leaves: int | None = None,
                   switch_lcores: int = 1,
                   pipeline_groups: int = PIPELINE_GROUPS,
                   gradient_files: list[str] | None = None, expect: dict | None = None,
-                  cost_model: bool = True) -> dict:
-    """One allreduce on testbed ``testbed``; returns the report dict (see
-    the module doc).  Every process it starts is stopped before it returns.
+                  cost_model: bool = True) -> AllreduceReport:
+    """One allreduce on a placement: ``testbed`` is a local testbed's name
+    (with ``state_dir``) or a homagg.deploy.placement.Placement (e.g.
+    homagg.deploy.remote.placement.InventoryPlacement for inventory hosts).
+    Returns the AllreduceReport.  Every process it starts is stopped before
+    it returns.  An option the placement cannot do is refused (RunError
+    naming each and why) before anything starts.
+
+    ``slots`` None: homagg.protocol.resolve_slots of the world size (W x S
+    fits a 4096-frame ring).  ``cost_model``: the job registers the
+    placement's cost model (Placement.job_cost: a testbed's link rate, an
+    inventory's ``link_mbit``, with this host's calibration; homagg.cost);
+    False: none, choices by bytes.
     ``drop_rate`` makes the daemon's port drop that fraction of the frames it
     receives (fault injection; retransmissions repair it).
     ``fail_aggregators`` (host names, e.g. ("agg1",)) are stopped once the
     job is registered on them: the workers' error must name them.
-    ``aggregators`` N spreads the job over the testbed's first N aggregator
+    ``aggregators`` N spreads the job over the placement's first N aggregator
     hosts (default: all of them; N - 1 is the re-run without a dead one).
+    ``idle_us`` / ``idle_polls``: the daemon's idle backoff (None: the
+    testbed's, homagg.switch.daemon.IDLE_US / IDLE_POLLS).
 
     With ``warmup`` / ``repeat`` the same workers and daemon run ``warmup``
     untimed allreduces, then ``repeat`` timed ones (the same gradients:
-    every call gives the same result, checked once).  Then "seconds_each"
-    is the slowest worker's time of each timed call, "seconds" their
-    median, and the bytes, CPU and counters are per timed call
-    ("worker_stats_timed": each worker's counters over the timed calls;
-    the daemons' counters and "aggregators" cover all timed calls).
+    every call gives the same result, checked once); the report's
+    ``seconds`` is defined in AllreduceReport.
     ``auth``: the job authenticates every frame; its new secret goes to the
     daemons over their control sockets and to the workers in a file only its
     owner reads.
@@ -148,120 +262,111 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
     check_arguments(method, elements, density)
     if workload not in WORKLOADS:
         raise RunError(f"workload {workload!r} not in {WORKLOADS}")
-    tb = Testbed.open(testbed, state_dir)
-    mtu = int(tb.state().get("mtu") or 1500)
-    check_payload(payload, mtu, f"testbed {testbed}")
-    workers = tb.workers
-    W = len(workers)
+    if isinstance(testbed, str):
+        from homagg.deploy.local.placement import TestbedPlacement
+
+        pl = TestbedPlacement(testbed, state_dir)
+    else:
+        pl = testbed
+    check_payload(payload, pl.mtu, pl.where)
+    W = len(pl.workers)
     slots = resolve_slots(slots, W)  # unset: W x S fits a 4096-frame ring
-    job, token = 1 + secrets.randbelow(1 << 15), secrets.randbits(31)
-    hosts = tb.aggregators
+    hosts = pl.aggregators
     if aggregators is not None and not 1 <= aggregators <= len(hosts):
-        raise RunError(f"aggregators must be 1..{len(hosts)} (the testbed's aggregator hosts), "
+        raise RunError(f"aggregators must be 1..{len(hosts)} (the {pl.kind}'s aggregator hosts), "
                        f"got {aggregators}")
     if leaves is None:
-        leaves = int(tb.state().get("leaves") or 0)
+        leaves = pl.default_leaves
     if leaves:
         if aggregators is not None:
             raise RunError("--aggregators and a tree (--leaves) exclude each other")
-        if len(hosts) < 2:
-            raise RunError(f"--leaves {leaves}: testbed {testbed} has one aggregator host, a tree "
+        if pl.kind == "testbed" and len(hosts) < 2:
+            raise RunError(f"--leaves {leaves}: {pl.where} has one aggregator host, a tree "
                            f"needs L + 1 (make one with `homagg testbed up --leaves {leaves}`)")
-        if not 1 <= leaves <= min(W, len(hosts) - 1):
+        if pl.kind == "testbed" and not 1 <= leaves <= min(W, len(hosts) - 1):
             raise RunError(f"leaves must be 1..{min(W, len(hosts) - 1)}: a tree of L leaves needs "
                            f"L + 1 aggregator hosts and at least L workers (the testbed has "
                            f"{len(hosts)} and {W}; `homagg testbed up --leaves L`)")
         if auth:
             raise RunError("a tree does not authenticate: drop --auth or --leaves")
-        aggregators = leaves + 1
+    count = leaves + 1 if leaves else (aggregators or len(hosts))
     if gradient_files is not None and len(gradient_files) != W:
         raise RunError(f"gradient_files: {len(gradient_files)} files for {W} workers")
-    workdir = tempfile.mkdtemp(prefix=f"homagg-run-{testbed}-")
-    procs = []
+    refused = pl.refusals(dict(
+        auth=auth, leaves=leaves, drop_rate=drop_rate, switch_lcores=switch_lcores, pmd=pmd,
+        switch=switch, idle_us=idle_us, idle_polls=idle_polls,
+        fail_aggregators=tuple(fail_aggregators), gradient_files=gradient_files,
+        aggregators=count))
+    if refused:
+        raise RunError(f"not on {pl.where}: " + "; ".join(refused))
+    job_cost = pl.job_cost(cost_model)  # homagg.cost.Cost (not timed: none)
+    job, token = 1 + secrets.randbelow(1 << 15), secrets.randbits(31)
+    pl.open()
     sws, registered = [], []
     try:
-        for h in hosts[:aggregators]:
-            sws.append(Switch(tb, workdir, pmd=pmd, switch=switch, drop_rate=drop_rate,
-                              idle_us=idle_us, idle_polls=idle_polls, host=h.name,
-                              lcores=switch_lcores, frames=W * slots))
-        sw = sws[0]
-        unknown = set(fail_aggregators) - {s.host for s in sws}
-        if unknown:
-            raise RunError(f"fail_aggregators: no aggregator host {sorted(unknown)} "
-                           f"(the testbed has {[s.host for s in sws]})")
-        if any(s.shared for s in sws if s.host in fail_aggregators):
-            raise RunError(f"fail_aggregators: testbed {testbed} runs its own daemons "
-                           "(`homagg testbed up`); stopping one needs `--no-daemon`")
-        auth_file = os.path.join(workdir, "job.secret") if auth else None
+        sws = pl.open_daemons(count, frames=W * slots, pmd=pmd, switch=switch,
+                              drop_rate=drop_rate, idle_us=idle_us, idle_polls=idle_polls,
+                              lcores=switch_lcores)
+        auth_file = pl.private_path("job.secret") if auth else None
         secret = hg_auth.create_secret_file(auth_file) if auth else None
         agg_addrs = [(s.ip, UDP_PORT) for s in sws]
-        job_cost = testbed_job_mod.job_cost(tb, cost_model)
         if not leaves:  # aggregator k of the job: its shard k
             job_file.register([s.control for s in sws], agg_addrs, workers=W, slots=slots,
                               payload=payload, group=group, timeout=timeout, job=job,
                               token=token, auth=secret, cost=job_cost)
         registered = sws
         for k, s in enumerate(sws if leaves else ()):
-            with s.client() as c:
-                if k == leaves:  # the root: the L leaves are its workers
-                    c.add_job(job=job, token=token, workers=leaves, slots=slots,
-                              payload=payload)
-                else:
-                    root = tb.host(sws[leaves].host)
-                    c.add_job(job=job, token=token, workers=tree_leaf(k * W // leaves, W, leaves)[2],
-                              slots=slots, payload=payload, group=_leaf_group(group, k),
-                              parent={"ip": root.ip, "mac": root.mac, "worker": k,
+            if k == leaves:  # the root: the L leaves are its workers
+                s.control({"cmd": "add_job", "job": job, "token": token, "workers": leaves,
+                           "slots": slots, "payload": payload})
+            else:
+                root = hosts[leaves]
+                s.control({"cmd": "add_job", "job": job, "token": token,
+                           "workers": tree_leaf(k * W // leaves, W, leaves)[2],
+                           "slots": slots, "payload": payload, "group": _leaf_group(group, k),
+                           "parent": {"ip": root.ip, "mac": root.mac, "worker": k,
                                       # the workers' timeout: the root is as far
-                                      "rto_us": max(1, int(rto * 1e6))})
+                                      "rto_us": max(1, int(rto * 1e6))}})
         del secret
         before = [s.control({"cmd": "stats"}) for s in sws]
-        env = child_env()
-        for i, h in enumerate(workers):
+        specs = []
+        for i, name in enumerate(pl.workers):
             place = dict(group=group, aggregators=agg_addrs)
             if leaves:  # its leaf is its one aggregator
                 leaf, index, size = tree_leaf(i, W, leaves)
                 place = dict(group=_leaf_group(group, leaf), aggregators=[agg_addrs[leaf]],
                              leaf_ids=(index, size))
-            spec = worker_spec(job=job, token=token, worker=i, workers=W, agg_ip=tb.aggregator.ip,
-                               ip=h.ip, timeout=timeout, slots=slots,
+            spec = worker_spec(job=job, token=token, worker=i, workers=W, agg_ip=sws[0].ip,
+                               ip=pl.worker_ip(i), timeout=timeout, slots=slots,
                                payload=payload, rto=rto, method=method, block=block,
                                elements=elements, density=density, workload=workload, seed=seed,
-                               out=os.path.join(workdir, f"result-{i}.npy"),
-                               auth_file=auth_file, pipeline_groups=pipeline_groups,
+                               out=None, auth_file=auth_file, pipeline_groups=pipeline_groups,
                                gradient_file=gradient_files[i] if gradient_files else None,
                                cost=job_cost.fields() if job_cost.timed else None, **place)
             spec.update(repeat=repeat, warmup=warmup)
-            p = tb.run_in(h.name, [sys.executable, "-m", "homagg.runs.job", "--child", json.dumps(spec)],
-                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          text=True, env=env, cwd=workdir)
-            procs.append(p)
-        for h, p in zip(workers, procs):
-            line = _readline(p, 60.0)
-            if line.strip() != "ready":
-                raise RunError(f"worker {h.name} did not start: {line!r} {_stderr(p)}")
+            specs.append(spec)
+        pids = pl.start_workers(specs)
+        bad = pl.wait_ready(60.0)
+        if bad:
+            raise RunError("workers did not start: " + "; ".join(bad))
         if warmup:
-            for p in procs:
-                p.popen.stdin.write("go\n")
-                p.popen.stdin.flush()
-            for h, p in zip(workers, procs):
-                line = _readline(p, warmup * timeout + 60.0)
-                if line.strip() != "ready":
-                    raise RunError(f"worker {h.name} failed in the warmup: {line!r} {_stderr(p)}")
+            pl.go()
+            bad = pl.wait_ready(warmup * timeout + 60.0)
+            if bad:
+                raise RunError("workers failed in the warmup: " + "; ".join(bad))
         for s in sws:
             if s.host in fail_aggregators:
                 s.stop()
-        link0 = [tb.link_stats(h.name) for h in workers]
-        agg_link0 = [tb.link_stats(s.host) for s in sws]
+        link0 = [pl.link_stats(n) for n in pl.workers]
+        agg_link0 = [pl.link_stats(s.host) for s in sws]
         t0 = time.perf_counter()
         d0 = [s.cpu_seconds() for s in sws]
-        for p in procs:
-            p.popen.stdin.write("go\n")
-            p.popen.stdin.flush()
-        reports, failures = collect_reports(workers, procs, repeat * timeout + 60)
+        pl.go()
+        reports, failures = pl.collect(repeat * timeout + 60)
         wall = time.perf_counter() - t0
         d1 = [s.cpu_seconds() for s in sws]
-        link1 = [tb.link_stats(h.name) for h in workers]
-        agg_link1 = [tb.link_stats(s.host) for s in sws]
+        link1 = [pl.link_stats(n) for n in pl.workers]
+        agg_link1 = [pl.link_stats(s.host) for s in sws]
         after = [s.control({"cmd": "stats"}) if s.running else None  # None: stopped
                  for s in sws]
         if not failures and None in after:
@@ -270,7 +375,7 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
             raise RunError(f"allreduce {method} failed on {len(failures)} of {W} workers: "
                            + "; ".join(failures))
 
-        results = [np.load(os.path.join(workdir, f"result-{i}.npy")) for i in range(W)]
+        results = pl.results()
         check = verify(method, elements, density, workload, seed, block, results, expect)
         reports.sort(key=lambda r: r["worker"])
         each = [max(r["seconds_each"][i] for r in reports) for i in range(repeat)]
@@ -284,82 +389,53 @@ def run_allreduce(testbed: str, method: str, elements: int, density: float,
                             "engine_summed": summed,
                             "port_counters": port,
                             "rx_ring": (a or {}).get("rx_ring"),
-                            "rx_bytes": l1["rx_bytes"] - l0["rx_bytes"],
-                            "tx_bytes": l1["tx_bytes"] - l0["tx_bytes"],
+                            "rx_bytes": _delta(l1, l0, "rx_bytes"),
+                            "tx_bytes": _delta(l1, l0, "tx_bytes"),
                             "cpu_seconds": c1 - c0 if c0 is not None and c1 is not None
                             else None})
         counters = sum_dicts([a["counters"] for a in per_agg])
         port = sum_dicts([a["port_counters"] for a in per_agg])
         cpu = [a["cpu_seconds"] for a in per_agg]
-        return {
-            "method": method,
-            "workers": W,
-            "elements": elements,
-            "density": density,
-            "workload": workload,
-            "seed": seed,
-            "block": block,
-            "payload_bytes": payload,
-            "pipeline_groups": pipeline_groups,
-            "mtu": mtu,
-            "pmd": sw.pmd,
-            "auth": bool(auth),
-            "link_mbit": tb.state().get("link_mbit"),
-            "cost": job_cost.fields() if job_cost.timed else None,
-            "seconds": float(np.median(each)),
-            "seconds_each": each,
-            "repeat": repeat,
-            "warmup": warmup,
-            "wall_seconds": wall,
-            **check,
-            "bytes_per_worker": [_per_call(b["tx_bytes"] - a["tx_bytes"], repeat)
-                                 for a, b in zip(link0, link1)],
-            "bytes_received_per_worker": [_per_call(b["rx_bytes"] - a["rx_bytes"], repeat)
-                                          for a, b in zip(link0, link1)],
-            "dense_float32_bytes": 4 * elements,
-            "worker_cpu_seconds": [r["cpu_seconds"] for r in reports],
+        rep = AllreduceReport(
+            method=method, workers=W, elements=elements, density=density, workload=workload,
+            seed=seed, block=block, payload_bytes=payload, pipeline_groups=pipeline_groups,
+            mtu=pl.mtu, pmd=sws[0].pmd, auth=bool(auth), link_mbit=pl.link_mbit,
+            cost=job_cost.fields() if job_cost.timed else None,
+            seconds=float(np.median(each)), seconds_each=each, repeat=repeat, warmup=warmup,
+            wall_seconds=wall, **check,
+            bytes_per_worker=[_per_call(_delta(b, a, "tx_bytes"), repeat)
+                              for a, b in zip(link0, link1)],
+            bytes_received_per_worker=[_per_call(_delta(b, a, "rx_bytes"), repeat)
+                                       for a, b in zip(link0, link1)],
+            dense_float32_bytes=4 * elements,
+            worker_cpu_seconds=[r["cpu_seconds"] for r in reports],
             # the whole machine over the timed calls (worker 0's view; other
             # processes on the host count too)
-            "machine_cpu": reports[0].get("machine_cpu"),
-            "daemon_cpu_seconds": None if None in cpu else sum(cpu) / repeat,
-            "generator": "homagg.bench.workloads",
-            "worker_stats": [r["stats"] for r in reports],
-            "worker_stats_timed": [r["stats_timed"] for r in reports],
-            "counters": counters,
-            "port_counters": port,
-            "aggregators": per_agg,
-            "leaves": leaves,
-            "switch_lcores": switch_lcores,
-        }
+            machine_cpu=reports[0].get("machine_cpu"),
+            daemon_cpu_seconds=None if None in cpu else sum(cpu) / repeat,
+            generator="homagg.bench.workloads",
+            worker_stats=[r["stats"] for r in reports],
+            worker_stats_timed=[r["stats_timed"] for r in reports],
+            counters=counters, port_counters=port, aggregators=per_agg, leaves=leaves,
+            switch_lcores=switch_lcores, placement=pl.kind, testbed=pl.testbed,
+            inventory=pl.inventory, aggregator=sws[0].host, worker_hosts=list(pl.workers),
+            job=job, worker_pids=pids, run_dir=pl.run_dir)
+        if pl.run_dir:
+            with open(os.path.join(pl.run_dir, "report.json"), "w") as f:
+                json.dump(rep.as_dict(), f, indent=1)
+        return rep
     finally:
-        for p in procs:
-            p.stop()
-        job_file.unregister([s.control for s in registered if s.running], job,
-                            warn=lambda k, e: None)  # gone with a stopped daemon
-        for s in sws:
-            s.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
+        pl.stop_workers()
+        live = [s for s in registered if s.running]  # a stopped daemon took its job along
+        job_file.unregister([s.control for s in live], job,
+                            warn=lambda k, e: log.warning("host '%s': %s", live[k].host, e))
+        pl.close()
 
 
 def _leaf_group(group: str, leaf: int) -> str:
     """Leaf l's result group: ``group`` + 256 l (one group per leaf, so a
     leaf's results reach its own workers only)."""
-    import ipaddress
-
     return str(ipaddress.IPv4Address(group) + 256 * leaf)
-
-
-def _readline(p, timeout: float) -> str:
-    import select
-
-    r, _, _ = select.select([p.popen.stdout], [], [], timeout)
-    return p.popen.stdout.readline() if r else ""
-
-
-def _stderr(p) -> str:
-    if p.poll() is None:
-        return ""
-    return p.popen.stderr.read()[-600:]
 
 
 # --------------------------------------------------------------------------
@@ -402,8 +478,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--pmd", choices=("auto", "af_xdp", "af_packet"), default="auto",
                    help="DPDK virtual PMD on the aggregator's veth (auto: af_xdp, else af_packet)")
     p.add_argument("--drop-rate", type=float, default=0.0, metavar="P",
-                   help="the daemon drops this fraction of received frames (fault injection, "
-                   "local testbed only; default 0)")
+                   help="the daemon drops this fraction of received frames (fault injection; "
+                   "needs a daemon of the run's own: refused with -i, whose daemons are "
+                   "`homagg up`'s; default 0)")
     p.add_argument("--repeat", type=int, default=1, metavar="N",
                    help="timed allreduces by the same workers and daemon (default: %(default)s)")
     p.add_argument("--warmup", type=int, default=0, metavar="N",
@@ -420,43 +497,48 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--switch", default=None, metavar="PATH",
                    help="homagg-switch binary (default: build/release/homagg-switch or $HOMAGG_SWITCH)")
     p.add_argument("--state-dir", default=None, metavar="DIR", help="testbed state directory")
-    p.add_argument("--runs-dir", default="runs", metavar="DIR",
-                   help="with -i: results and logs go to DIR/<timestamp>-<method>/ (default: %(default)s)")
+    p.add_argument("--runs-dir", default=None, metavar="DIR",
+                   help="results, reports and logs go to DIR/<timestamp>-<method>/ (default: "
+                   "runs with -i; none on a testbed)")
     p.add_argument("--auth", action="store_true",
                    help="authenticate every frame with per-worker keys from a new job secret "
                         "(docs/PROTOCOL.md \"Authentication\"; costs one keyed BLAKE2b per frame)")
     p.add_argument("--no-cost-model", dest="cost_model", action="store_false",
-                   help="choose by bytes even on a testbed with a link rate (the job registers "
+                   help="choose by bytes even on a testbed or an inventory with a link rate (the job registers "
                    "no cost model; docs/PROTOCOL.md \"The cost model\")")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
-def main(args: argparse.Namespace) -> int:
+def placement_for(args: argparse.Namespace) -> Placement:
+    """The placement ``homagg run`` names: ``--testbed NAME`` or ``-i TOML``."""
     if args.inventory:
-        from homagg.deploy.remote import hosts as remote
+        if args.state_dir:
+            raise RunError("--state-dir names a local testbed's state (--testbed); "
+                           "inventory hosts keep theirs in INSTALL_DIR/run/")
+        from homagg.deploy.remote import inventory
+        from homagg.deploy.remote.placement import InventoryPlacement
 
-        if args.auth:
-            print("homagg run allreduce: --auth runs on a local testbed (--testbed); on "
-                  "--inventory hosts the job secret file is not provisioned yet", file=sys.stderr)
-            return 2
-        if args.leaves:
-            print("homagg run allreduce: --leaves runs on a local testbed (--testbed); "
-                  "--inventory hosts have no tree yet", file=sys.stderr)
-            return 2
-        return remote.run_main(args)
+        return InventoryPlacement(inventory.load(args.inventory),
+                                  runs_dir=args.runs_dir or "runs", label=args.method)
+    from homagg.deploy.local.placement import TestbedPlacement
+
+    return TestbedPlacement(args.testbed, args.state_dir, runs_dir=args.runs_dir,
+                            label=args.method)
+
+
+def main(args: argparse.Namespace) -> int:
     try:
-        rep = run_allreduce(args.testbed, args.method, args.elements, args.density,
+        rep = run_allreduce(placement_for(args), args.method, args.elements, args.density,
                             workload=args.workload, seed=args.seed, block=args.block,
                             slots=args.slots, payload=args.payload_bytes, timeout=args.timeout,
-                            rto=args.rto, pmd=args.pmd,
-                            switch=args.switch, state_dir=args.state_dir,
+                            rto=args.rto, pmd=args.pmd, switch=args.switch,
                             drop_rate=args.drop_rate, aggregators=args.aggregators,
                             repeat=args.repeat, warmup=args.warmup,
                             auth=args.auth, leaves=args.leaves,
                             switch_lcores=args.switch_lcores,
                             pipeline_groups=args.pipeline_groups,
                             cost_model=getattr(args, "cost_model", True))
-    except (HomAggError, TestbedError) as e:
+    except HomAggError as e:  # TestbedError (no such testbed, ...) is one too
         print(f"homagg run allreduce: {e}", file=sys.stderr)
         return 1
     return print_report(rep, args.json)
@@ -465,7 +547,7 @@ def main(args: argparse.Namespace) -> int:
 def _standalone(argv=None) -> int:
     """``python -m homagg.runs.allreduce allreduce ...``: the same as ``homagg run ...``."""
     parser = argparse.ArgumentParser(prog="homagg run", description=__doc__.splitlines()[0])
-    log.setup()
+    hg_log.setup()
     add_arguments(parser)
     return main(parser.parse_args(argv))
 

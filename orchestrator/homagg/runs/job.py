@@ -30,17 +30,13 @@ import numpy as np
 from homagg import protocol
 from homagg._native import lib
 from homagg.bench import workloads
-from homagg.errors import HomAggError
+from homagg.errors import RunError  # noqa: F401 - RunError importable from here
 from homagg.protocol import PIPELINE_GROUPS
 
 METHODS = protocol.METHODS
 WORKLOADS = workloads.WORKLOADS  # shared, random, zipf, dense
 UDP_PORT = lib.HG_UDP_PORT
 DEFAULT_BLOCK = lib.HG_DEFAULT_BLOCK
-
-
-class RunError(HomAggError):
-    """The run could not be set up or a process failed."""
 
 
 # --------------------------------------------------------------------------
@@ -167,6 +163,25 @@ def machine_busy(before: list[int], after: list[int]) -> dict:
             "cores": os.cpu_count()}
 
 
+def _barrier(spec: dict, stage: str) -> bool:
+    """Say "ready" and wait for "go": over stdout and stdin (a local
+    testbed), or with files on a remote host (``ready_file`` + ``stage`` is
+    created, ``go_file`` + ``stage`` awaited: homagg.deploy.remote.placement).
+    False when no "go" came."""
+    if not spec.get("go_file"):
+        print("ready", flush=True)
+        return sys.stdin.readline().strip() == "go"
+    open(spec["ready_file"] + stage, "w").close()
+    deadline = time.monotonic() + spec.get("start_timeout", 120.0)
+    while not os.path.exists(spec["go_file"] + stage):
+        if time.monotonic() > deadline:
+            print(f"no go file {spec['go_file'] + stage} within the start timeout",
+                  file=sys.stderr)
+            return False
+        time.sleep(0.005)
+    return True
+
+
 def child(spec: dict) -> int:
     """One worker process: build the gradient, wait for "go" on stdin, run
     ``warmup`` untimed allreduces, then (after a second "ready"/"go" when
@@ -179,25 +194,13 @@ def child(spec: dict) -> int:
         x = gradient(spec["elements"], spec["density"], spec["workload"], spec["seed"],
                      spec["worker"], spec["workers"])
     with open_worker(spec) as w:
-        if spec.get("go_file"):  # remote hosts: a file barrier (homagg.deploy.remote.hosts)
-            open(spec["ready_file"], "w").close()
-            deadline = time.monotonic() + spec.get("start_timeout", 120.0)
-            while not os.path.exists(spec["go_file"]):
-                if time.monotonic() > deadline:
-                    print(f"no go file {spec['go_file']} within the start timeout", file=sys.stderr)
-                    return 2
-                time.sleep(0.005)
-        else:
-            print("ready", flush=True)
-            if sys.stdin.readline().strip() != "go":
-                return 2
+        if not _barrier(spec, ""):
+            return 2
         y = np.empty_like(x)
         for _ in range(spec.get("warmup", 0)):
             w.allreduce(x, method=spec["method"], block=spec["block"], out=y)
-        if spec.get("warmup", 0) and not spec.get("go_file"):
-            print("ready", flush=True)  # the timed calls start together
-            if sys.stdin.readline().strip() != "go":
-                return 2
+        if spec.get("warmup", 0) and not _barrier(spec, ".timed"):
+            return 2  # the timed calls start together
         st0 = w.stats()
         m0 = machine_cpu_times()
         seconds, cpu = [], []
@@ -359,7 +362,7 @@ def print_report(rep: dict, as_json: bool = False) -> int:
     exact (or, for nc, the workers agree), else 3."""
     ok = rep["exact"] is not False and rep["workers_agree"]
     if as_json:
-        print(json.dumps(rep))
+        print(json.dumps(rep.as_dict() if hasattr(rep, "as_dict") else rep))
         return 0 if ok else 3
     W, n = rep["workers"], rep["elements"]
     ran = ""

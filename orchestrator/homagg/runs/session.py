@@ -39,14 +39,11 @@ import time
 
 import numpy as np
 
-from homagg.errors import HomAggError
+# SessionError: defined in homagg.errors, importable from here too
+from homagg.errors import HomAggError, SessionError  # noqa: F401
 from homagg.runs import allreduce as run
 from homagg.runs import job
 from homagg.switch.daemon import Switch
-
-
-class SessionError(HomAggError):
-    """A session process could not be started or stopped talking."""
 
 
 def rss_kb(pid: int) -> int | None:

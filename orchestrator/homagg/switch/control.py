@@ -23,10 +23,7 @@ from homagg.errors import (
                            PeerTimeout,
                            ProtocolError,
                            )
-
-
-class ControlError(HomAggError):
-    """The daemon refused a request (job exists, no such job, ...)."""
+from homagg.errors import ControlError
 
 
 _BY_ERRNO = {

@@ -5,7 +5,8 @@ already runs one there, attached to).
 
 ``Switch`` is what ``homagg run allreduce``, ``homagg train --testbed``,
 ``homagg testbed up`` and the long-lived job (homagg.runs.session) start;
-``find_switch`` locates the binary, ``eal_lcores`` builds its EAL arguments.
+``find_switch`` locates the binary, ``eal_args`` builds its EAL arguments
+(for every daemon: the testbed's, inventory hosts', the benchmarks' and tests').
 """
 from __future__ import annotations
 
@@ -23,8 +24,6 @@ from homagg.errors import HomAggError
 from homagg.ops import logfmt
 from homagg.runs.job import UDP_PORT, RunError, vdev_for_mtu
 
-EAL_BASE = ["-l", "0", "--no-huge", "-m", "256", "--no-pci", "--no-shconf", "--no-telemetry",
-            "--log-level", "lib.eal:error"]
 
 
 
@@ -64,16 +63,48 @@ def process_cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def eal_lcores(engines: int) -> list[str]:
-    """EAL arguments for homagg-switch with ``engines`` engine lcores: one
-    lcore, or with N > 1 a dispatcher and N engines (lcore i on CPU i mod
-    the CPUs this process may use, so N + 1 lcores fit any machine)."""
+def eal_args(lcores: str = "0", *, file_prefix: str | None = None, vdev: str | None = None,
+             pci: str | None = None, hugepages_dir: str | None = None, memory_mb: int = 256,
+             telemetry: bool = False) -> list[str]:
+    """The EAL arguments of homagg-switch (and homagg-switch-bench): what
+    goes before their "--", built here only.
+
+    ``lcores``: an EAL lcore list ("0", "0-2", "0,1": ``-l``) or lcores
+    mapped to CPUs ("0@0,1@1": ``--lcores``); ``file_prefix``: the runtime
+    files' prefix (one per daemon on a machine); ``vdev``: a virtual PMD
+    (no PCI scan then), ``pci``: the one PCI NIC allowed (``-a``);
+    ``hugepages_dir``: a hugetlbfs mount, else ``memory_mb`` of ordinary
+    memory (``--no-huge``, no shared config); ``telemetry``: keep DPDK's
+    telemetry socket (off by default)."""
+    out = ["--lcores" if "@" in lcores else "-l", lcores]
+    if hugepages_dir:
+        out += ["--huge-dir", hugepages_dir]
+    else:
+        out += ["--no-huge", "-m", str(int(memory_mb)), "--no-shconf"]
+    out += ["-a", pci] if pci else ["--no-pci"]
+    if vdev:
+        out += ["--vdev", vdev]
+    if file_prefix:
+        out += ["--file-prefix", file_prefix]
+    if not telemetry:
+        out.append("--no-telemetry")
+    return out + ["--log-level", "lib.eal:error"]
+
+
+def engine_lcores(engines: int) -> str:
+    """The EAL lcores of homagg-switch with ``engines`` engine lcores: lcore
+    0, or with N > 1 a dispatcher and N engines (lcore i on CPU i mod the
+    CPUs this process may use, so N + 1 lcores fit any machine)."""
     if engines <= 1:
-        return list(EAL_BASE)
+        return "0"
     cpus = sorted(os.sched_getaffinity(0))
-    rest = EAL_BASE[2:]  # EAL_BASE without its "-l 0"
-    return ["--lcores", ",".join(f"{i}@{cpus[i % len(cpus)]}" for i in range(engines + 1)),
-            *rest]
+    return ",".join(f"{i}@{cpus[i % len(cpus)]}" for i in range(engines + 1))
+
+
+def eal_lcores(engines: int) -> list[str]:
+    """EAL arguments for homagg-switch with ``engines`` engine lcores
+    (engine_lcores; the rest as eal_args)."""
+    return eal_args(engine_lcores(engines))
 
 
 class Switch:
@@ -130,7 +161,7 @@ class Switch:
             prefix = "hg" + secrets.token_hex(5)
             runtime = os.path.join(workdir, f"rt{tag}-{kind}")
             os.makedirs(runtime, exist_ok=True)
-            argv = [binary, *eal_lcores(lcores), "--file-prefix", prefix, "--vdev", vdev, "--",
+            argv = [binary, *eal_args(engine_lcores(lcores), file_prefix=prefix, vdev=vdev), "--",
                     "--port-ip", agg.ip, "--udp-port", str(UDP_PORT), "--control", self.control_path,
                     "--mtu", str(mtu),
                     # veth leaves UDP checksums to an offload that never runs

@@ -43,7 +43,7 @@ import os
 import secrets
 
 from homagg.bindings.wire import UDP_PORT
-from homagg.errors import HomAggError
+from homagg.errors import ConfigError, HomAggError
 
 # Fields of a job file: name -> (type, default).  None: required.
 JOB_FIELDS = {
@@ -74,10 +74,6 @@ def _cost_field(value):
         value = json.loads(value) if value.strip() else {}
     c = Cost.from_dict(value, "the job's cost")
     return c.fields() if c.timed else {}
-
-
-class ConfigError(HomAggError):
-    """The HomAgg job of a training process is not configured correctly."""
 
 
 def job_config(env=None):

@@ -83,7 +83,7 @@ import time
 import numpy as np
 
 from homagg import auth as hg_auth
-from homagg.errors import HomAggError
+from homagg.errors import HomAggError, TrainError
 from homagg.protocol import EXACT_METHODS, METHODS as HOMAGG_METHODS, resolve_slots
 from homagg.switch import job_file
 
@@ -100,10 +100,6 @@ _log = logging.getLogger("homagg.train")
 def progress(msg):
     """A progress line on stderr (-q silences it)."""
     _log.info("[train] %s", msg)
-
-
-class TrainError(HomAggError):
-    """The training run could not be set up or a rank failed."""
 
 
 # --------------------------------------------------------------------------

@@ -47,7 +47,8 @@ import subprocess
 import time
 from typing import Any, Iterable, Sequence
 
-from homagg.errors import HomAggError
+# TestbedError, RootRequired, TestbedExists, TestbedNotFound: defined in homagg.errors, importable from here too
+from homagg.errors import TestbedError, RootRequired, TestbedExists, TestbedNotFound  # noqa: F401
 
 DEFAULT_STATE_DIR = "/run/homagg/testbeds"
 DEFAULT_SUBNET = "10.77.0.0/24"
@@ -58,30 +59,6 @@ STATE_VERSION = 1
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_]{0,15}$")
 _MAX_WORKERS = 1000
 _MAX_AGGREGATORS = 9  # .1 .. .9, workers from .10
-
-
-class TestbedError(HomAggError):
-    """A testbed could not be built, found, used or removed."""
-
-    __test__ = False  # not a pytest test class despite the name
-
-
-class RootRequired(TestbedError, PermissionError):
-    """The operation needs root (network namespaces, veth, tc)."""
-
-    __test__ = False
-
-
-class TestbedExists(TestbedError, FileExistsError):
-    """A testbed (state file or namespace) of that name already exists."""
-
-    __test__ = False
-
-
-class TestbedNotFound(TestbedError, FileNotFoundError):
-    """No state file for that name."""
-
-    __test__ = False
 
 
 @dataclasses.dataclass(frozen=True)

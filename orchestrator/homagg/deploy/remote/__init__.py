@@ -9,6 +9,8 @@
 - ``homagg.deploy.remote.ansible_inventory``: ``homagg ansible-inventory``
   (the same inventory for ansible/site.yml).
 - ``homagg.deploy.remote.hosts``: the provisioned hosts: start and stop the
-  daemons, run an allreduce on them (``homagg up``, ``homagg run -i``,
-  ``homagg down``; ``up`` and ``down`` are their subcommand modules).
+  daemons (``homagg up``, ``homagg down``; ``up`` and ``down`` are their
+  subcommand modules).
+- ``homagg.deploy.remote.placement``: a run on those hosts (``homagg run
+  -i``: homagg.runs.allreduce over InventoryPlacement).
 """

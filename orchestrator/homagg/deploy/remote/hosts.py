@@ -34,10 +34,12 @@ docs/PROTOCOL.md "Several aggregators"): ``up`` starts a daemon on each,
 ``run`` registers the job on each and gives every worker the K addresses,
 ``down`` stops them all.
 
-``run allreduce -i`` registers a job over the daemon's control socket (by
-running ``python -m homagg.switch.control`` on the aggregator), starts one worker
-process per worker host (``python -m homagg.runs.job --child SPEC``: each builds
-its gradient from the seed), releases them together, waits with a timeout,
+``run allreduce -i`` is homagg.runs.allreduce.run_allreduce on
+homagg.deploy.remote.placement.InventoryPlacement: it registers a job over
+the daemons' control sockets (by running ``python -m homagg.switch.control``
+on each aggregator), starts one worker process per worker host (``python -m
+homagg.runs.job --child SPEC``: each builds its gradient from the seed),
+releases them together (after the warmup, once more), waits with a timeout,
 copies every result, worker log, worker report and the daemon log into
 RUNS_DIR/<timestamp>-<method>/, checks bit-exactness against the reference
 and writes report.json there.
@@ -49,18 +51,17 @@ import logging
 import os
 import shlex
 import sys
-import time
 import tomllib
 
-import numpy as np
-
+from homagg.deploy.placement import run_folder
 from homagg.deploy.remote import inventory as inv
 from homagg.deploy.remote import ssh
-from homagg.errors import HomAggError
+from homagg.errors import HomAggError, RemoteError  # noqa: F401 - RemoteError importable from here
 from homagg.ops import logfmt
 from homagg.protocol import resolve_slots
 from homagg.runs import job as localrun
 from homagg.switch import job_file
+from homagg.switch.daemon import eal_args
 
 log = logging.getLogger("homagg.deploy.remote.hosts")
 
@@ -95,11 +96,6 @@ hg_stop() {
   rm -f "$1"
 }
 """
-
-
-class RemoteError(HomAggError):
-    """A remote command failed after the preflight (daemon did not start,
-    worker failed, ...); the message names the host."""
 
 
 def rundir(h: inv.HostSpec) -> str:
@@ -280,14 +276,10 @@ def switch_argv(h: inv.HostSpec, binary: str, hugepages_mount: str,
     its PCI NIC (-a, hugepages) or vdev, its cores, its data-plane IP, and a
     receive ring for ``frames`` (W x S of its job) in flight: af_packet's
     framecnt, or --rx-ring (a power of two) above the daemon's 1024."""
-    eal = ["-l", ",".join(map(str, h.cores)), "--file-prefix", f"homagg-{h.name}",
-           "--no-telemetry", "--log-level", "lib.eal:error"]
-    eal += ["-a", h.pci] if h.pci else ["--no-pci", "--vdev",
-                                        localrun.vdev_for_mtu(h.vdev, h.mtu, frames)]
-    if h.hugepages and h.hugepages.count:
-        eal += ["--huge-dir", hugepages_mount.replace("{name}", h.name)]
-    else:
-        eal += ["--no-huge", "-m", "256", "--no-shconf"]
+    huge = h.hugepages and h.hugepages.count
+    eal = eal_args(",".join(map(str, h.cores)), file_prefix=f"homagg-{h.name}", pci=h.pci or None,
+                   vdev=None if h.pci else localrun.vdev_for_mtu(h.vdev, h.mtu, frames),
+                   hugepages_dir=hugepages_mount.replace("{name}", h.name) if huge else None)
     opts = ["--port-ip", h.address, "--udp-port", str(localrun.UDP_PORT),
             "--control", control_socket(h), "--mtu", str(h.mtu)]
     if frames > 1024 and not (h.vdev or "").startswith(("net_af_packet", "eth_af_packet")):
@@ -467,14 +459,7 @@ def down(inventory: inv.Inventory, out=None) -> dict[str, list[str]]:
 # run allreduce
 
 
-def _run_folder(runs_dir: str, method: str) -> str:
-    base = os.path.join(runs_dir, f"{time.strftime('%Y%m%d-%H%M%S')}-{method}")
-    path, n = base, 1
-    while os.path.exists(path):
-        n += 1
-        path = f"{base}.{n}"
-    os.makedirs(path)
-    return os.path.abspath(path)
+_run_folder = run_folder  # homagg.train.remote's name for it
 
 
 def _link_bytes(r: Host) -> dict:
@@ -494,141 +479,17 @@ def _wait_remote(r: Host, cond: str, pidfile: str, seconds: float) -> bool:
 
 
 def run_allreduce(inventory: inv.Inventory, method: str, elements: int, density: float,
-                  workload: str = "random", seed: int = 1, block: int = localrun.DEFAULT_BLOCK,
-                  slots: int | None = None, payload: int = 1024, timeout: float = 10.0,
-                  rto: float = 0.005,
-                  group: str = "239.77.0.1", runs_dir: str = "runs", start_timeout: float = 120.0,
-                  out=None, pipeline_groups: int = localrun.PIPELINE_GROUPS) -> dict:
-    """One allreduce on the inventory's hosts with the daemon `up` started;
-    returns the report (the same fields as homagg.runs.allreduce.run_allreduce, plus
-    "run_dir").  Worker processes are stopped before it returns."""
-    import secrets
+                  runs_dir: str = "runs", start_timeout: float = 120.0, out=None, **options):
+    """One allreduce on the inventory's hosts with the daemons `up` started:
+    homagg.runs.allreduce.run_allreduce on an InventoryPlacement (the same
+    options and report; the report's "run_dir" holds the results, logs and
+    report.json)."""
+    from homagg.deploy.remote.placement import InventoryPlacement
+    from homagg.runs.allreduce import run_allreduce as run
 
-    out = out or sys.stderr
-    localrun.check_arguments(method, elements, density)
-    localrun.check_payload(payload, min(h.mtu for h in inventory.hosts),
-                           f"inventory {inventory.path}")
-    hosts = open_hosts(inventory, out)
-    workers = [r for r in hosts if r.h.role == "worker"]
-    aggs = _aggregators(hosts)
-    agg = aggs[0]
-    W = len(workers)
-    slots = resolve_slots(slots, W)
-    job, token = 1 + secrets.randbelow(1 << 15), secrets.randbits(31)
-    folder = _run_folder(runs_dir, method)
-    run_id = os.path.basename(folder)
-    started: list[tuple[Host, str]] = []
-    registered: list[Host] = []
-    try:
-        down_aggs = [a.h.name for a in aggs if not a.alive(switch_pidfile(a.h))]
-        if down_aggs:
-            raise RemoteError("homagg-switch is not running on " +
-                              ", ".join(f"host '{n}'" for n in down_aggs) +
-                              f": start it with `homagg up -i {inventory.path}`")
-        agg_addrs = [(a.h.address, localrun.UDP_PORT) for a in aggs]
-        job_cost = inventory_cost(inventory)
-        job_file.register([a.control for a in aggs], agg_addrs, workers=W, slots=slots,
-                          payload=payload, group=group, timeout=timeout, job=job, token=token,
-                          cost=job_cost)
-        registered = aggs
-        before = [a.control({"cmd": "stats"}) for a in aggs]
-        paths, pids = [], []
-        for i, r in enumerate(workers):
-            d = f"{rundir(r.h)}/{run_id}"
-            p = {"dir": d, "pid": f"{rundir(r.h)}/worker-{run_id}-{i}.pid",
-                 "log": f"{d}/worker-{i}.log", "ready": f"{d}/ready-{i}", "go": f"{d}/go",
-                 "out": f"{d}/result-{i}.npy", "report": f"{d}/report-{i}.json"}
-            spec = localrun.worker_spec(
-                job=job, token=token, worker=i, workers=W, agg_ip=agg.h.address, group=group,
-                ip=r.h.address, timeout=timeout, slots=slots, payload=payload, rto=rto,
-                method=method, block=block, elements=elements, density=density,
-                workload=workload, seed=seed, out=p["out"], aggregators=agg_addrs, mtu=r.h.mtu,
-                pipeline_groups=pipeline_groups,
-                cost=job_cost.fields() if job_cost.timed else None)
-            spec.update(ready_file=p["ready"], go_file=p["go"], report=p["report"],
-                        start_timeout=start_timeout)
-            pids.append(r.start(p["pid"], p["log"],
-                                [r.python, "-m", "homagg.runs.job", "--child", json.dumps(spec)], d))
-            started.append((r, p["pid"]))
-            paths.append(p)
-
-        P = {r.h.name: p for r, p in zip(workers, paths)}
-
-        def ready(r):
-            p = P[r.h.name]
-            return _wait_remote(r, f"test -e {shlex.quote(p['ready'])}", p["pid"], start_timeout)
-
-        oks = ssh.parallel(ready, workers, W)
-        bad = [n for n, ok in oks.items() if not ok]
-        if bad:
-            _fetch_logs(workers, paths, folder)
-            raise RemoteError("workers did not start: " + "; ".join(
-                f"host '{n}': {_log_tail(folder, n)}" for n in bad))
-        link0 = ssh.parallel(lambda r: _link_bytes(r), workers, W)
-        t0 = time.perf_counter()
-        ssh.parallel(lambda r: r.run(f"touch {shlex.quote(P[r.h.name]['go'])}"), workers, W)
-
-        def finished(r):
-            p = P[r.h.name]
-            # the worker gives up by itself after `timeout` without progress
-            return _wait_remote(r, f"test -s {shlex.quote(p['report'])}", p["pid"],
-                                timeout * 6 + 60)
-
-        done = ssh.parallel(finished, workers, W)
-        wall = time.perf_counter() - t0
-        link1 = ssh.parallel(lambda r: _link_bytes(r), workers, W)
-        after = [a.control({"cmd": "stats"}) for a in aggs]
-        _fetch_logs(workers, paths, folder)
-        failed = [n for n, ok in done.items() if not ok]
-        if failed:
-            raise RemoteError(f"allreduce {method} failed on {len(failed)} of {W} workers: " + "; ".join(
-                f"host '{n}': {_log_tail(folder, n)}" for n in failed))
-        reports, results = [], []
-        for i, (r, p) in enumerate(zip(workers, paths)):
-            r.conn.get(p["out"], os.path.join(folder, f"result-{i}.npy"))
-            r.conn.get(p["report"], os.path.join(folder, f"report-{i}.json"))
-            reports.append(json.loads(open(os.path.join(folder, f"report-{i}.json")).read()))
-            results.append(np.load(os.path.join(folder, f"result-{i}.npy")))
-        check = localrun.verify(method, elements, density, workload, seed, block, results)
-        per_agg = []
-        for a, b, c in zip(aggs, before, after):
-            counters, port = localrun.counter_deltas(b, c)
-            per_agg.append({"host": a.h.name, "ip": a.h.address, "counters": counters,
-                            "port_counters": port})
-        counters = localrun.sum_dicts([a["counters"] for a in per_agg])
-        port = localrun.sum_dicts([a["port_counters"] for a in per_agg])
-        names = [r.h.name for r in workers]
-        rep = {
-            "method": method, "workers": W, "elements": elements, "density": density,
-            "workload": workload, "seed": seed, "block": block, "payload_bytes": payload,
-            "pipeline_groups": pipeline_groups, "mtu": min(h.mtu for h in inventory.hosts),
-            "pmd": agg.h.vdev or f"pci {agg.h.pci} ({agg.h.driver})", "link_mbit": None,
-            "seconds": max(x["seconds"] for x in reports), "wall_seconds": wall, **check,
-            "bytes_per_worker": [link1[n]["tx_bytes"] - link0[n]["tx_bytes"] for n in names],
-            "bytes_received_per_worker": [link1[n]["rx_bytes"] - link0[n]["rx_bytes"] for n in names],
-            "dense_float32_bytes": 4 * elements,
-            "worker_stats": [x["stats"] for x in sorted(reports, key=lambda x: x["worker"])],
-            "counters": counters, "port_counters": port,
-            "inventory": inventory.path, "aggregator": agg.h.name, "worker_hosts": names,
-            "aggregators": per_agg,
-            "job": job, "worker_pids": pids, "run_dir": folder,
-        }
-        with open(os.path.join(folder, "report.json"), "w") as f:
-            json.dump(rep, f, indent=1)
-        return rep
-    finally:
-        stop_started(started, run_id, lambda r, e: log.warning("host '%s': cleanup failed: %s",
-                                                               r.h.name, e))
-        job_file.unregister([a.control for a in registered], job, warn=lambda k, e: log.warning(
-            "host '%s': %s", registered[k].h.name, e))
-        for k, a in enumerate(aggs):
-            try:
-                a.conn.get(switch_log(a.h), os.path.join(
-                    folder, "switch.log" if k == 0 else f"switch-{a.h.name}.log"))
-            except Exception as e:  # noqa: BLE001 - report, keep cleaning the others
-                log.warning("host '%s': %s", a.h.name, e)
-        for r in hosts:
-            r.close()
+    return run(InventoryPlacement(inventory, runs_dir=runs_dir, label=method,
+                                  start_timeout=start_timeout, out=out),
+               method, elements, density, **options)
 
 
 def _fetch_logs(workers: list[Host], paths: list[dict], folder: str) -> None:
@@ -647,7 +508,7 @@ def _log_tail(folder: str, name: str) -> str:
 
 
 # --------------------------------------------------------------------------
-# CLI (homagg up / homagg down / homagg run allreduce -i)
+# CLI (homagg up / homagg down; homagg run allreduce -i is homagg.runs.allreduce's)
 
 
 def add_up_arguments(p) -> None:
@@ -681,17 +542,3 @@ def up_main(args) -> int:
 
 def down_main(args) -> int:
     return _exit_status("down", lambda: down(inv.load(args.inventory)))
-
-
-def run_main(args) -> int:
-    """``homagg run allreduce -i testbed.toml ...``"""
-    try:
-        rep = run_allreduce(inv.load(args.inventory), args.method, args.elements, args.density,
-                            workload=args.workload, seed=args.seed, block=args.block,
-                            slots=args.slots, payload=args.payload_bytes, timeout=args.timeout,
-                            rto=args.rto, runs_dir=args.runs_dir,
-                            pipeline_groups=args.pipeline_groups)
-    except HomAggError as e:
-        print(f"homagg run allreduce: {e}", file=sys.stderr)
-        return 1
-    return localrun.print_report(rep, args.json)

@@ -21,7 +21,7 @@ import re
 import tomllib
 from typing import Any
 
-from homagg.errors import HomAggError
+from homagg.errors import InventoryError  # noqa: F401 - InventoryError importable from here
 
 ROLES = ("aggregator", "worker")
 HUGEPAGE_SIZES = {"2M": 2048, "1G": 1048576}  # size -> kB (sysfs directory name)
@@ -41,15 +41,6 @@ HOST_FIELDS = {
     "pci", "driver", "vdev", "iface", "dataplane_ip", "mtu", "cores", "hugepages",
     "install_dir", "config_file", "metrics_port", "metrics_bind",
 }
-
-
-class InventoryError(HomAggError, ValueError):
-    """The inventory file is missing, unreadable or invalid.  ``.problems``
-    lists every problem (one string each, naming host, field and fix)."""
-
-    def __init__(self, message, problems=(), code=-errno.EINVAL):
-        super().__init__(message, code)
-        self.problems = list(problems)
 
 
 @dataclasses.dataclass(frozen=True)

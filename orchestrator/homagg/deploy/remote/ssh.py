@@ -25,28 +25,13 @@ import shlex
 import socket
 
 from homagg.deploy.remote import inventory as inv
-from homagg.errors import HomAggError
+# ProvisionError, PreflightError, StepFailed: defined in homagg.errors, importable from here too
+from homagg.errors import ProvisionError, PreflightError, StepFailed  # noqa: F401
 
 log = logging.getLogger("homagg.deploy.remote.ssh")
 
 CHANGED, OK, FAILED, WOULD, SKIPPED = "changed", "ok", "failed", "would change", "skipped"
 TAIL_LINES = 15
-
-
-class ProvisionError(HomAggError):
-    """A step failed on some hosts.  ``.failures`` is a list of (host, step,
-    message, stderr_tail); ``.reports`` maps every host (the healthy ones
-    too) to its list of StepResult."""
-
-    def __init__(self, message, failures, reports=None, code=0):
-        super().__init__(message, code)
-        self.failures = failures
-        self.reports = reports or {}
-
-
-class PreflightError(ProvisionError):
-    """A host cannot be used at all (unreachable, key refused, no
-    privilege, unsupported OS); raised before anything is changed."""
 
 
 @dataclasses.dataclass
@@ -55,13 +40,6 @@ class StepResult:
     status: str  # changed | ok | failed | would change | skipped
     detail: str = ""
     stderr: str = ""
-
-
-class StepFailed(Exception):
-    def __init__(self, detail, stderr=""):
-        super().__init__(detail)
-        self.detail = detail
-        self.stderr = stderr
 
 
 def tail(text: str, n: int = TAIL_LINES) -> str:

@@ -1,0 +1,165 @@
+"""A run placed on a local testbed (homagg.deploy.placement): every process in
+its host's network namespace, a child of this one; the worker's barriers go
+over its stdin ("go") and stdout ("ready"); its files are in a private
+work directory removed at ``close`` (with ``runs_dir``, the results, the
+workers' reports and the daemons' logs are copied to a new folder
+RUNS_DIR/<timestamp>-<label>/ first, as on inventory hosts)."""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import select
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+import homagg
+from homagg.deploy.local import testbed_job
+from homagg.deploy.local.testbed import Testbed
+from homagg.deploy.placement import AggregatorHost, Placement, run_folder
+from homagg.runs.job import collect_reports
+
+
+def child_env() -> dict:
+    """The environment of a worker process: this one, with this package first
+    on PYTHONPATH (the child runs ``python -m homagg...`` in a namespace)."""
+    env = dict(os.environ)
+    pkg_root = str(pathlib.Path(homagg.__file__).resolve().parents[1])
+    env["PYTHONPATH"] = pkg_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+def _readline(p, timeout: float) -> str:
+    r, _, _ = select.select([p.popen.stdout], [], [], timeout)
+    return p.popen.stdout.readline() if r else ""
+
+
+def _stderr(p) -> str:
+    if p.poll() is None:
+        return ""
+    return p.popen.stderr.read()[-600:]
+
+
+class TestbedPlacement(Placement):
+    """The hosts of local testbed ``name`` (``homagg testbed up``)."""
+
+    kind = "testbed"
+    __test__ = False  # not a pytest class
+
+    def __init__(self, name: str, state_dir: str | None = None, runs_dir: str | None = None,
+                 label: str = "run"):
+        self.tb = Testbed.open(name, state_dir)
+        st = self.tb.state()
+        self.testbed = name
+        self.where = f"testbed {name}"
+        self.mtu = int(st.get("mtu") or 1500)
+        self.link_mbit = st.get("link_mbit")
+        self.default_leaves = int(st.get("leaves") or 0)
+        self.workers = [h.name for h in self.tb.workers]
+        self.aggregators = [AggregatorHost(h.name, h.ip, h.mac) for h in self.tb.aggregators]
+        self.runs_dir, self.label = runs_dir, label
+        self.workdir = None
+        self.procs = []
+        self.daemons = []
+
+    def open(self) -> None:
+        self.workdir = tempfile.mkdtemp(prefix=f"homagg-run-{self.testbed}-")
+        if self.runs_dir:
+            self.run_dir = run_folder(self.runs_dir, self.label)
+
+    def close(self) -> None:
+        self.stop_workers()
+        for s in self.daemons:
+            s.stop()
+        if self.run_dir:  # what the inventory placement keeps too
+            for k, s in enumerate(self.daemons):
+                if not s.shared and os.path.exists(s.logpath):
+                    shutil.copy(s.logpath, os.path.join(
+                        self.run_dir, "switch.log" if k == 0 else f"switch-{s.host}.log"))
+            for f in os.listdir(self.workdir):
+                if f.startswith("result-") and f.endswith(".npy"):
+                    shutil.copy(os.path.join(self.workdir, f), self.run_dir)
+        if self.workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def refusals(self, options: dict) -> list[str]:
+        out = []
+        fail = options.get("fail_aggregators") or ()
+        unknown = set(fail) - {a.name for a in self.aggregators[:options["aggregators"]]}
+        if unknown:
+            out.append(f"fail_aggregators: no aggregator host {sorted(unknown)} (the run uses "
+                       f"{[a.name for a in self.aggregators[:options['aggregators']]]})")
+        shared = set(self.tb.state().get("daemons", {}))
+        if set(fail) & shared:
+            out.append(f"fail_aggregators: {self.where} runs its own daemons "
+                       "(`homagg testbed up`); stopping one needs `--no-daemon`")
+        return out
+
+    def job_cost(self, cost_model=True):
+        """The testbed's link rate (homagg.deploy.local.testbed_job.job_cost)."""
+        return testbed_job.job_cost(self.tb, cost_model)
+
+    def open_daemons(self, count, *, frames, pmd, switch, drop_rate, idle_us, idle_polls,
+                     lcores):
+        from homagg.switch.daemon import IDLE_POLLS, IDLE_US, Switch
+
+        for a in self.aggregators[:count]:
+            self.daemons.append(Switch(
+                self.tb, self.workdir, pmd=pmd, switch=switch, drop_rate=drop_rate,
+                idle_us=IDLE_US if idle_us is None else idle_us,
+                idle_polls=IDLE_POLLS if idle_polls is None else idle_polls,
+                host=a.name, lcores=lcores, frames=frames))
+        return self.daemons
+
+    def private_path(self, name: str) -> str:
+        return os.path.join(self.workdir, name)
+
+    def worker_ip(self, i):
+        return self.tb.host(self.workers[i]).ip
+
+    def start_workers(self, specs):
+        env = child_env()
+        for i, (name, spec) in enumerate(zip(self.workers, specs)):
+            spec = dict(spec, out=os.path.join(self.workdir, f"result-{i}.npy"))
+            self.procs.append(self.tb.run_in(
+                name, [sys.executable, "-m", "homagg.runs.job", "--child", json.dumps(spec)],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                text=True, env=env, cwd=self.workdir))
+        return [p.pid for p in self.procs]
+
+    def wait_ready(self, timeout):
+        failures = []
+        for name, p in zip(self.workers, self.procs):
+            line = _readline(p, timeout)
+            if line.strip() != "ready":
+                failures.append(f"host '{name}': {line!r} {_stderr(p)}")
+        return failures
+
+    def go(self):
+        for p in self.procs:
+            p.popen.stdin.write("go\n")
+            p.popen.stdin.flush()
+
+    def collect(self, timeout):
+        hosts = [self.tb.host(n) for n in self.workers]
+        reports, failures = collect_reports(hosts, self.procs, timeout)
+        if self.run_dir:
+            for r in reports:
+                with open(os.path.join(self.run_dir, f"report-{r['worker']}.json"), "w") as f:
+                    f.write(json.dumps(r) + "\n")
+        return reports, failures
+
+    def results(self):
+        return [np.load(os.path.join(self.workdir, f"result-{i}.npy"))
+                for i in range(len(self.workers))]
+
+    def link_stats(self, host):
+        return self.tb.link_stats(host)
+
+    def stop_workers(self):
+        for p in self.procs:
+            p.stop()

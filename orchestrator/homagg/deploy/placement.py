@@ -1,0 +1,145 @@
+"""Where a run's processes go: the placement interface under homagg.runs.
+
+A run (homagg.runs.allreduce.run_allreduce) is written once: start or reuse
+the daemons, register the job, start the workers, release them, collect,
+check.  What differs between a local testbed and inventory hosts is only how
+a process is started on a host, how its handshake and output are read, how
+a file comes back and how it is stopped.  That is a ``Placement``:
+
+- ``homagg.deploy.local.placement.TestbedPlacement``: the network namespaces
+  of a local testbed (processes are children of this one).
+- ``homagg.deploy.remote.placement.InventoryPlacement``: the hosts of an
+  inventory over SSH (the daemons are the ones ``homagg up -i`` started;
+  processes run in the background on their host, files come back by SFTP).
+
+A worker process is ``python -m homagg.runs.job --child SPEC`` on both; its
+barriers ("ready" / "go", once more after the warmup) go over its stdin and
+stdout locally and over files on a remote host (the placement fills in the
+spec's paths).
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+
+
+@dataclass
+class AggregatorHost:
+    """One aggregator host of a placement: its name, data-plane IP and MAC."""
+    name: str
+    ip: str
+    mac: str | None = None
+
+
+class Daemon:
+    """One homagg-switch a run uses (started for it, or shared)."""
+    host: str
+    ip: str
+    pmd: str
+    shared: bool  # not started by this run: ``stop`` leaves it alone
+    running: bool
+
+    def control(self, request: dict) -> dict:  # pragma: no cover - interface
+        """One control request ({"cmd": ..., fields}) and its reply."""
+        raise NotImplementedError
+
+    def cpu_seconds(self) -> float | None:  # pragma: no cover - interface
+        """The daemon's CPU time so far (utime + stime, every thread), or None."""
+        raise NotImplementedError
+
+    def stop(self) -> None:  # pragma: no cover - interface
+        raise NotImplementedError
+
+
+class Placement:
+    """The hosts of a run and how processes are started on them.
+
+    ``open`` connects (and checks) before anything starts; ``close`` stops
+    every process the placement started and releases what it holds.
+    ``refusals(options)`` names each run option this placement cannot do
+    and why (the run raises one RunError listing them before anything
+    starts)."""
+
+    kind: str = ""           # "testbed" / "inventory"
+    where: str = ""          # "testbed NAME" / "inventory PATH": for messages
+    testbed: str | None = None
+    inventory: str | None = None
+    mtu: int = 1500
+    link_mbit: float | None = None  # the workers' link rate (None: not shaped / not given)
+    default_leaves: int = 0
+    run_dir: str | None = None  # where results and logs stay after the run (None: nowhere)
+    workers: list[str]
+    aggregators: list[AggregatorHost]
+
+    def open(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def refusals(self, options: dict) -> list[str]:
+        return []
+
+    def job_cost(self, cost_model: bool = True):  # pragma: no cover - interface
+        """The cost model a job here registers (homagg.cost.Cost): the
+        placement's link rate with this host's calibration; ``cost_model``
+        False, or no link rate: none (``Cost()``, choices by bytes)."""
+        raise NotImplementedError
+
+    def open_daemons(self, count: int, *, frames: int, pmd: str, switch: str | None,
+                     drop_rate: float, idle_us: int | None, idle_polls: int | None,
+                     lcores: int) -> list[Daemon]:  # pragma: no cover - interface
+        """The daemons of the first ``count`` aggregator hosts, ready."""
+        raise NotImplementedError
+
+    def private_path(self, name: str) -> str:  # pragma: no cover - interface
+        """A path for file ``name`` that this process writes and every worker
+        reads, readable by its owner only (the job secret of ``auth``)."""
+        raise NotImplementedError
+
+    def worker_ip(self, i: int) -> str:  # pragma: no cover - interface
+        """Worker i's data-plane address (the worker binds it)."""
+        raise NotImplementedError
+
+    def start_workers(self, specs: list[dict]) -> list[int]:  # pragma: no cover - interface
+        """Start worker i with ``specs[i]`` (the placement fills in "out" and
+        its barrier fields); returns their PIDs."""
+        raise NotImplementedError
+
+    def wait_ready(self, timeout: float) -> list[str]:  # pragma: no cover - interface
+        """Wait until every worker reached its next barrier: the failures
+        ("host 'w0': ..."), empty when all did."""
+        raise NotImplementedError
+
+    def go(self) -> None:  # pragma: no cover - interface
+        """Release every worker from the barrier it waits at."""
+        raise NotImplementedError
+
+    def collect(self, timeout: float) -> tuple[list[dict], list[str]]:  # pragma: no cover
+        """Every worker's report (its JSON line) and the failures."""
+        raise NotImplementedError
+
+    def results(self) -> list:  # pragma: no cover - interface
+        """Every worker's result array, worker order (fetched here)."""
+        raise NotImplementedError
+
+    def link_stats(self, host: str) -> dict | None:  # pragma: no cover - interface
+        """The kernel counters of ``host``'s data-plane link (tx/rx bytes and
+        packets), None where it has no kernel interface (a PCI NIC)."""
+        raise NotImplementedError
+
+    def stop_workers(self) -> None:  # pragma: no cover - interface
+        raise NotImplementedError
+
+
+def run_folder(runs_dir: str, label: str) -> str:
+    """A new folder RUNS_DIR/<timestamp>-<label>[.N] for a run's results and
+    logs (made here; its absolute path)."""
+    base = os.path.join(runs_dir, f"{time.strftime('%Y%m%d-%H%M%S')}-{label}")
+    path, n = base, 1
+    while os.path.exists(path):
+        n += 1
+        path = f"{base}.{n}"
+    os.makedirs(path)
+    return os.path.abspath(path)
