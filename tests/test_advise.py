@@ -191,3 +191,18 @@ def test_python_entry_refuses_bad_numbers():
         adv.advise(2, 100, 0.1, 0.5)
     with pytest.raises(adv.InvalidArgument, match="workload"):
         adv.advise(2, 100, 0.1, 10, "dense")
+
+
+def test_index_plan_is_the_codecs_with_bloom_blocks_on_a_slow_link(capsys):
+    """On a slow link with few non-zeros the model takes Bloom filters: the
+    advisor's plan (whose index CPU it charges) is the codec's, block kinds
+    and index bytes."""
+    a = _advise(capsys, "--workers", 2, "--elements", 16 * BLOCK, "--density", 0.0005,
+                "--link-mbit", 10, "--workload", "random")
+    plan = a["index_plan"]
+    assert plan["bloom_blocks"] > 0
+    for k in ("lhc", "union"):
+        r = a["methods"][k]
+        assert (r["bitmap_blocks"], r["bloom_blocks"]) == \
+            (plan["bitmap_blocks"], plan["bloom_blocks"]), k
+        assert r["bytes"]["index"] == plan["index_bytes"], k

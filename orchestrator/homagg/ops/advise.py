@@ -201,7 +201,8 @@ def advise(workers, elements, density, link_mbit, workload="shared", *, rtt_ns=N
         "coefficients_from": source,
         "simulated_elements": n, "scale": scale,
         "index_plan": {"bitmap_blocks": sum(k == "bitmap" for _, k, *_ in plan),
-                       "bloom_blocks": sum(k == "bloom" for _, k, *_ in plan)},
+                       "bloom_blocks": sum(k == "bloom" for _, k, *_ in plan),
+                       "index_bytes": sum(b for _, _, b, _ in plan)},
         "assumptions": list(ASSUMPTIONS),
         "ring": rg, "methods": {},
     }
