@@ -35,7 +35,6 @@ when there is none.
 """
 from __future__ import annotations
 
-
 from homagg import cost as _cost
 from homagg.errors import InvalidArgument
 
