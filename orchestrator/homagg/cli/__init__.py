@@ -34,6 +34,7 @@ COMMANDS = {
     "calibrate": "homagg.cli.calibrate",
     "exporter": "homagg.cli.exporter",
     "top": "homagg.cli.top",
+    "advise": "homagg.cli.advise",
 }
 
 

@@ -159,6 +159,8 @@ OPTIONS = {
     "port": integer(0, 65535, "TCP port, 0: any free port", 9477),
     "metrics": integer(0, 65535, "TCP port of the metrics, 0: any free port", 9477),
     "interval": number(0.0, 3600.0, "seconds between refreshes", 1, lo_open=True),
+    "rtt_us": number(0.0, 10**6, "round trip in microseconds", 100, lo_open=True),
+    "sample_elements": integer(1024, MAX_ELEMENTS, "elements simulated at most", 1048576),
 }
 
 

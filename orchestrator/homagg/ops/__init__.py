@@ -8,7 +8,10 @@ and by Prometheus (docs/OPERATIONS.md).
 - ``top``: the readings and the table of ``homagg top``;
 - ``worker_metrics``: a training worker's own endpoint
   (``HOMAGG_METRICS_PORT``) with its per-allreduce statistics;
-- ``logfmt``: ``--log-format json`` for the orchestrator's log.
+- ``logfmt``: ``--log-format json`` for the orchestrator's log;
+- ``advise``: ``homagg advise``, the cost model's predicted time of ring
+  all-reduce and of each HomAgg method on given links and gradients.
 
-The command lines are homagg.cli.exporter and homagg.cli.top.
+The command lines are homagg.cli.exporter, homagg.cli.top and
+homagg.cli.advise.
 """
