@@ -217,7 +217,7 @@ def make_inventory(rack, tmp, sdist, hugepages, wheelhouse=None, **host_override
         hosts.append(host_table(h, rack.key, os.path.join(str(tmp), "{name}", "opt"), **extra))
     settings = {"project": sdist, "config_file": os.path.join(str(tmp), "{name}", "etc", "host.toml"),
                 "hugepages_mount": os.path.join(str(tmp), "{name}", "hugepages"),
-                "connect_timeout": 4, "command_timeout": 900}
+                "connect_timeout": 15, "command_timeout": 900}
     if wheelhouse:
         settings["wheelhouse"] = wheelhouse
     path = os.path.join(str(tmp), "testbed.toml")

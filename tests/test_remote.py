@@ -50,7 +50,7 @@ def make_testbed(rack, tmp, **host_overrides):
                        **host_overrides.get(h.name, {}))
         hosts.append({k: v for k, v in d.items() if v is not None})
     settings = {"config_file": os.path.join(str(tmp), "{name}", "etc", "host.toml"),
-                "connect_timeout": 4, "command_timeout": 120}
+                "connect_timeout": 15, "command_timeout": 120}
     path = os.path.join(str(tmp), "testbed.toml")
     with open(path, "w") as f:
         f.write(to_toml(settings, hosts))
