@@ -19,6 +19,7 @@ spec's paths).
 """
 from __future__ import annotations
 
+import abc
 import os
 import time
 from dataclasses import dataclass
@@ -32,7 +33,7 @@ class AggregatorHost:
     mac: str | None = None
 
 
-class Daemon:
+class Daemon(abc.ABC):
     """One homagg-switch a run uses (started for it, or shared)."""
     host: str
     ip: str
@@ -40,19 +41,20 @@ class Daemon:
     shared: bool  # not started by this run: ``stop`` leaves it alone
     running: bool
 
-    def control(self, request: dict) -> dict:  # pragma: no cover - interface
+    @abc.abstractmethod
+    def control(self, request: dict) -> dict:
         """One control request ({"cmd": ..., fields}) and its reply."""
-        raise NotImplementedError
 
-    def cpu_seconds(self) -> float | None:  # pragma: no cover - interface
+    @abc.abstractmethod
+    def cpu_seconds(self) -> float | None:
         """The daemon's CPU time so far (utime + stime, every thread), or None."""
-        raise NotImplementedError
 
-    def stop(self) -> None:  # pragma: no cover - interface
-        raise NotImplementedError
+    @abc.abstractmethod
+    def stop(self) -> None:
+        ...
 
 
-class Placement:
+class Placement(abc.ABC):
     """The hosts of a run and how processes are started on them.
 
     ``open`` connects (and checks) before anything starts; ``close`` stops
@@ -81,56 +83,57 @@ class Placement:
     def refusals(self, options: dict) -> list[str]:
         return []
 
-    def job_cost(self, cost_model: bool = True):  # pragma: no cover - interface
+    @abc.abstractmethod
+    def job_cost(self, cost_model: bool = True):
         """The cost model a job here registers (homagg.cost.Cost): the
         placement's link rate with this host's calibration; ``cost_model``
         False, or no link rate: none (``Cost()``, choices by bytes)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def open_daemons(self, count: int, *, frames: int, pmd: str, switch: str | None,
                      drop_rate: float, idle_us: int | None, idle_polls: int | None,
-                     lcores: int) -> list[Daemon]:  # pragma: no cover - interface
+                     lcores: int) -> list[Daemon]:
         """The daemons of the first ``count`` aggregator hosts, ready."""
-        raise NotImplementedError
 
-    def private_path(self, name: str) -> str:  # pragma: no cover - interface
+    @abc.abstractmethod
+    def private_path(self, name: str) -> str:
         """A path for file ``name`` that this process writes and every worker
         reads, readable by its owner only (the job secret of ``auth``)."""
-        raise NotImplementedError
 
-    def worker_ip(self, i: int) -> str:  # pragma: no cover - interface
+    @abc.abstractmethod
+    def worker_ip(self, i: int) -> str:
         """Worker i's data-plane address (the worker binds it)."""
-        raise NotImplementedError
 
-    def start_workers(self, specs: list[dict]) -> list[int]:  # pragma: no cover - interface
+    @abc.abstractmethod
+    def start_workers(self, specs: list[dict]) -> list[int]:
         """Start worker i with ``specs[i]`` (the placement fills in "out" and
         its barrier fields); returns their PIDs."""
-        raise NotImplementedError
 
-    def wait_ready(self, timeout: float) -> list[str]:  # pragma: no cover - interface
+    @abc.abstractmethod
+    def wait_ready(self, timeout: float) -> list[str]:
         """Wait until every worker reached its next barrier: the failures
         ("host 'w0': ..."), empty when all did."""
-        raise NotImplementedError
 
-    def go(self) -> None:  # pragma: no cover - interface
+    @abc.abstractmethod
+    def go(self) -> None:
         """Release every worker from the barrier it waits at."""
-        raise NotImplementedError
 
-    def collect(self, timeout: float) -> tuple[list[dict], list[str]]:  # pragma: no cover
+    @abc.abstractmethod
+    def collect(self, timeout: float) -> tuple[list[dict], list[str]]:
         """Every worker's report (its JSON line) and the failures."""
-        raise NotImplementedError
 
-    def results(self) -> list:  # pragma: no cover - interface
+    @abc.abstractmethod
+    def results(self) -> list:
         """Every worker's result array, worker order (fetched here)."""
-        raise NotImplementedError
 
-    def link_stats(self, host: str) -> dict | None:  # pragma: no cover - interface
+    @abc.abstractmethod
+    def link_stats(self, host: str) -> dict | None:
         """The kernel counters of ``host``'s data-plane link (tx/rx bytes and
         packets), None where it has no kernel interface (a PCI NIC)."""
-        raise NotImplementedError
 
-    def stop_workers(self) -> None:  # pragma: no cover - interface
-        raise NotImplementedError
+    @abc.abstractmethod
+    def stop_workers(self) -> None:
+        ...
 
 
 def run_folder(runs_dir: str, label: str) -> str:

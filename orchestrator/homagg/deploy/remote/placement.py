@@ -112,6 +112,12 @@ class InventoryPlacement(Placement):
             for r in self.hosts:
                 r.close()
 
+    def private_path(self, name):
+        """Not reached: ``refusals`` refuses ``auth`` on inventory hosts
+        before a run starts (no job secret is placed on them)."""
+        raise RemoteError(f"{self.where}: auth: the job secret file is not provisioned "
+                          "to inventory hosts yet")
+
     def refusals(self, options):
         why = {
             "auth": "the job secret file is not provisioned to inventory hosts yet",
