@@ -223,7 +223,7 @@ class HookState:
                       bind=(conf["bind"], 0), timeout=conf["timeout"], slots=conf["slots"],
                       payload=conf["payload"], auth_file=conf["auth_file"] or None,
                       mac=conf["mac"] or None, key_epoch=conf["key_epoch"],
-                      cost=conf["cost"])
+                      cost=conf["cost"], leaf_ids=conf["leaf_ids"])
 
     def take_log(self):
         with self._log_lock:

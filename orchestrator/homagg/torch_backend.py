@@ -82,7 +82,7 @@ class HomAggProcessGroup(dist.ProcessGroup):
                                   workers=world, aggregators=conf["aggregators"],
                                   group=conf["group"] or None, bind=(conf["bind"], 0),
                                   timeout=conf["timeout"], slots=conf["slots"],
-                                  payload=conf["payload"])
+                                  payload=conf["payload"], leaf_ids=conf["leaf_ids"])
         return self._worker
 
     @staticmethod

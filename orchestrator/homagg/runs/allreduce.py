@@ -58,7 +58,6 @@ worker answered is "daemon_cpu_seconds" (None where /proc cannot tell).
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import json
 import logging
 import os
@@ -197,6 +196,35 @@ def _delta(after: dict | None, before: dict | None, key: str):
     return None if after is None or before is None else after[key] - before[key]
 
 
+def aggregator_count(pl: Placement, aggregators: int | None, leaves: int | None,
+                     auth: bool) -> tuple[int, int]:
+    """(leaves, the aggregator hosts the job uses) from the options, checked
+    against the placement: ``aggregators`` N the first N hosts (default
+    all), or ``leaves`` L (default: the placement's) a tree of L leaves and
+    the next host the root; RunError names what does not fit and the fix."""
+    hosts, W = pl.aggregators, len(pl.workers)
+    if aggregators is not None and not 1 <= aggregators <= len(hosts):
+        raise RunError(f"aggregators must be 1..{len(hosts)} (the {pl.kind}'s aggregator hosts), "
+                       f"got {aggregators}")
+    if leaves is None:
+        leaves = pl.default_leaves
+    if leaves:
+        fix = (f"make one with `homagg testbed up --leaves {leaves}`" if pl.kind == "testbed"
+               else "add aggregator hosts to the inventory")
+        if aggregators is not None:
+            raise RunError("--aggregators and a tree (--leaves) exclude each other")
+        if len(hosts) < 2:
+            raise RunError(f"--leaves {leaves}: {pl.where} has one aggregator host, a tree "
+                           f"needs L + 1 ({fix})")
+        if not 1 <= leaves <= min(W, len(hosts) - 1):
+            raise RunError(f"--leaves must be 1..{min(W, len(hosts) - 1)}: a tree of L leaves "
+                           f"needs L + 1 aggregator hosts and at least L workers ({pl.where} "
+                           f"has {len(hosts)} and {W}; {fix})")
+        if auth:
+            raise RunError("a tree does not authenticate: drop --auth or --leaves")
+    return leaves, (leaves + 1 if leaves else (aggregators or len(hosts)))
+
+
 def run_allreduce(testbed: "str | Placement", method: str, elements: int, density: float,
                   workload: str = "random", seed: int = 1, block: int = DEFAULT_BLOCK,
                   slots: int = None, payload: int = 1024, timeout: float = 10.0,
@@ -272,24 +300,7 @@ def run_allreduce(testbed: "str | Placement", method: str, elements: int, densit
     W = len(pl.workers)
     slots = resolve_slots(slots, W)  # unset: W x S fits a 4096-frame ring
     hosts = pl.aggregators
-    if aggregators is not None and not 1 <= aggregators <= len(hosts):
-        raise RunError(f"aggregators must be 1..{len(hosts)} (the {pl.kind}'s aggregator hosts), "
-                       f"got {aggregators}")
-    if leaves is None:
-        leaves = pl.default_leaves
-    if leaves:
-        if aggregators is not None:
-            raise RunError("--aggregators and a tree (--leaves) exclude each other")
-        if pl.kind == "testbed" and len(hosts) < 2:
-            raise RunError(f"--leaves {leaves}: {pl.where} has one aggregator host, a tree "
-                           f"needs L + 1 (make one with `homagg testbed up --leaves {leaves}`)")
-        if pl.kind == "testbed" and not 1 <= leaves <= min(W, len(hosts) - 1):
-            raise RunError(f"leaves must be 1..{min(W, len(hosts) - 1)}: a tree of L leaves needs "
-                           f"L + 1 aggregator hosts and at least L workers (the testbed has "
-                           f"{len(hosts)} and {W}; `homagg testbed up --leaves L`)")
-        if auth:
-            raise RunError("a tree does not authenticate: drop --auth or --leaves")
-    count = leaves + 1 if leaves else (aggregators or len(hosts))
+    leaves, count = aggregator_count(pl, aggregators, leaves, auth)
     if gradient_files is not None and len(gradient_files) != W:
         raise RunError(f"gradient_files: {len(gradient_files)} files for {W} workers")
     refused = pl.refusals(dict(
@@ -310,32 +321,25 @@ def run_allreduce(testbed: "str | Placement", method: str, elements: int, densit
         auth_file = pl.private_path("job.secret") if auth else None
         secret = hg_auth.create_secret_file(auth_file) if auth else None
         agg_addrs = [(s.ip, UDP_PORT) for s in sws]
-        if not leaves:  # aggregator k of the job: its shard k
+        if leaves:  # leaf l serves its workers, the root the leaves
+            tree = job_file.register_tree(
+                [s.control for s in sws], [(a.ip, UDP_PORT, a.mac) for a in hosts[:count]],
+                leaves=leaves, workers=W, slots=slots, payload=payload, group=group,
+                timeout=timeout, rto=rto, job=job, token=token, cost=job_cost)
+        else:  # aggregator k of the job: its shard k
             job_file.register([s.control for s in sws], agg_addrs, workers=W, slots=slots,
                               payload=payload, group=group, timeout=timeout, job=job,
                               token=token, auth=secret, cost=job_cost)
         registered = sws
-        for k, s in enumerate(sws if leaves else ()):
-            if k == leaves:  # the root: the L leaves are its workers
-                s.control({"cmd": "add_job", "job": job, "token": token, "workers": leaves,
-                           "slots": slots, "payload": payload})
-            else:
-                root = hosts[leaves]
-                s.control({"cmd": "add_job", "job": job, "token": token,
-                           "workers": tree_leaf(k * W // leaves, W, leaves)[2],
-                           "slots": slots, "payload": payload, "group": _leaf_group(group, k),
-                           "parent": {"ip": root.ip, "mac": root.mac, "worker": k,
-                                      # the workers' timeout: the root is as far
-                                      "rto_us": max(1, int(rto * 1e6))}})
         del secret
         before = [s.control({"cmd": "stats"}) for s in sws]
         specs = []
         for i, name in enumerate(pl.workers):
             place = dict(group=group, aggregators=agg_addrs)
             if leaves:  # its leaf is its one aggregator
-                leaf, index, size = tree_leaf(i, W, leaves)
-                place = dict(group=_leaf_group(group, leaf), aggregators=[agg_addrs[leaf]],
-                             leaf_ids=(index, size))
+                leaf = tree_leaf(i, W, leaves)[0]
+                place = dict(group=tree[i]["group"], aggregators=[agg_addrs[leaf]],
+                             leaf_ids=tuple(tree[i]["leaf_ids"]))
             spec = worker_spec(job=job, token=token, worker=i, workers=W, agg_ip=sws[0].ip,
                                ip=pl.worker_ip(i), timeout=timeout, slots=slots,
                                payload=payload, rto=rto, method=method, block=block,
@@ -430,12 +434,6 @@ def run_allreduce(testbed: "str | Placement", method: str, elements: int, densit
         job_file.unregister([s.control for s in live], job,
                             warn=lambda k, e: log.warning("host '%s': %s", live[k].host, e))
         pl.close()
-
-
-def _leaf_group(group: str, leaf: int) -> str:
-    """Leaf l's result group: ``group`` + 256 l (one group per leaf, so a
-    leaf's results reach its own workers only)."""
-    return str(ipaddress.IPv4Address(group) + 256 * leaf)
 
 
 # --------------------------------------------------------------------------

@@ -32,6 +32,7 @@ from homagg._native import lib
 from homagg.bench import workloads
 from homagg.errors import RunError  # noqa: F401 - RunError importable from here
 from homagg.protocol import PIPELINE_GROUPS
+from homagg.switch.job_file import tree_leaf  # noqa: F401 - the tree's layout, importable from here
 
 METHODS = protocol.METHODS
 WORKLOADS = workloads.WORKLOADS  # shared, random, zipf, dense
@@ -253,15 +254,6 @@ def worker_spec(*, job, token, worker, workers, agg_ip, group, ip, timeout, slot
                 auth_file=auth_file, leaf_ids=list(leaf_ids) if leaf_ids else None,
                 pipeline_groups=pipeline_groups, gradient_file=gradient_file,
                 cost=dict(cost or {}))
-
-
-def tree_leaf(worker: int, workers: int, leaves: int) -> tuple[int, int, int]:
-    """Worker's place in a tree of ``leaves`` leaves (docs/PROTOCOL.md
-    "Tree": leaf l serves workers floor(l W / L) .. floor((l + 1) W / L) - 1):
-    (its leaf, its index there, that leaf's worker count)."""
-    leaf = next(l for l in range(leaves) if worker < (l + 1) * workers // leaves)
-    first = leaf * workers // leaves
-    return leaf, worker - first, (leaf + 1) * workers // leaves - first
 
 
 def check_payload(payload: int, mtu: int, where: str) -> None:

@@ -18,6 +18,11 @@ homagg.torch); every field may be overridden by its variable
      "token": 567, "workers": 4, "group": "239.77.0.2", "timeout": 10.0,
      "slots": 64, "payload": 1024, "cost": {"link_mbit": 1000, "rtt_ns": 100000, ...}}
 
+A job summed by a two-level tree (docs/PROTOCOL.md "Tree") has one job
+file per worker: ``aggregator`` is the worker's leaf, ``group`` the leaf's
+group and ``leaf_ids`` [i, n] its index at the leaf and the leaf's worker
+count (``register_tree``).
+
 An authenticated job adds ``"auth_file"`` (the path of the job secret's
 file on the worker's host, mode 0600: homagg.auth.load_secret) and
 ``"mac"`` (its MAC algorithm, "aes-gmac" or "blake2b") and, after a key
@@ -63,7 +68,23 @@ JOB_FIELDS = {
     "auth_file": (str, ""),
     "mac": (str, ""),
     "key_epoch": (int, 0),  # the epoch of the secret in auth_file (key rotation)
+    # below a tree leaf: (the worker's index at its leaf, the leaf's worker
+    # count); [] / "": not in a tree
+    "leaf_ids": (lambda v: _leaf_ids_field(v), ""),
 }
+
+
+def _leaf_ids_field(value):
+    """The job file's ``leaf_ids`` ([i, n], or HOMAGG_LEAF_IDS "i,n") as a
+    tuple, None when empty."""
+    if isinstance(value, str):
+        value = [int(x) for x in value.split(",")] if value.strip() else []
+    value = tuple(int(x) for x in value)
+    if not value:
+        return None
+    if len(value) != 2 or not 0 <= value[0] < value[1]:
+        raise ValueError(f"leaf_ids {list(value)}: expected [i, n] with 0 <= i < n")
+    return value
 
 
 def _cost_field(value):
@@ -216,6 +237,69 @@ def register(controls, addresses, *, workers, slots=None, payload=1024, group=No
             "payload": payload, "auth_file": auth_file if auth is not None else "",
             "mac": mac if auth is not None else "",
             "cost": _cost_field(_cost_dict(cost))}
+
+
+def tree_leaf(worker: int, workers: int, leaves: int) -> tuple[int, int, int]:
+    """Worker's place in a tree of ``leaves`` leaves (docs/PROTOCOL.md
+    "Tree": leaf l serves workers floor(l W / L) .. floor((l + 1) W / L) - 1):
+    (its leaf, its index there, that leaf's worker count)."""
+    leaf = next(l for l in range(leaves) if worker < (l + 1) * workers // leaves)
+    first = leaf * workers // leaves
+    return leaf, worker - first, (leaf + 1) * workers // leaves - first
+
+
+def leaf_group(group: str, leaf: int) -> str:
+    """Leaf l's result group: ``group`` + 256 l (one group per leaf, so a
+    leaf's results reach its own workers only)."""
+    import ipaddress
+
+    return str(ipaddress.IPv4Address(group) + 256 * leaf)
+
+
+def register_tree(controls, aggregators, *, leaves, workers, slots=None, payload=1024,
+                  group, timeout=10.0, rto=0.005, job=None, token=None, cost=None):
+    """A two-level tree (docs/PROTOCOL.md "Tree"): ``controls`` and
+    ``aggregators`` ((ip, port, mac) of each) are the ``leaves`` leaves, then
+    the root.  Leaf l gets the job with its workers (``tree_leaf``), the
+    result group ``leaf_group(group, l)`` and the root as its parent (its
+    retransmission timeout ``rto`` seconds, the workers'); the root gets the
+    leaves as its workers.  Returns each worker's job-file fields (its leaf
+    the one aggregator, ``leaf_ids``).  On a failure the aggregators that had
+    the job drop it again and the error is re-raised."""
+    from homagg.protocol import resolve_slots
+
+    if len(controls) != leaves + 1 or len(aggregators) != leaves + 1:
+        raise ValueError("register_tree: L leaves and the root, one control and address each")
+    slots = resolve_slots(slots, workers)
+    job = 1 + secrets.randbelow(1 << 15) if job is None else int(job)
+    token = secrets.randbits(31) if token is None else int(token)
+    root_ip, _, root_mac = aggregators[leaves]
+    added = []
+    try:
+        for k, control in enumerate(controls):
+            req = {"cmd": "add_job", "job": job, "token": token, "slots": slots,
+                   "payload": payload}
+            if k == leaves:  # the root: the L leaves are its workers
+                req["workers"] = leaves
+            else:
+                req.update(workers=tree_leaf(k * workers // leaves, workers, leaves)[2],
+                           group=leaf_group(group, k),
+                           parent={"ip": root_ip, "mac": root_mac, "worker": k,
+                                   "rto_us": max(1, int(rto * 1e6))})
+            control(req)
+            added.append(control)
+    except BaseException:
+        unregister(added, job, warn=lambda k, e: None)
+        raise
+    out = []
+    for w in range(workers):
+        leaf, index, size = tree_leaf(w, workers, leaves)
+        ip, port, _ = aggregators[leaf]
+        out.append({"aggregator": addresses_text([(ip, port)]), "job": job, "token": token,
+                    "workers": workers, "group": leaf_group(group, leaf), "timeout": timeout,
+                    "slots": slots, "payload": payload, "auth_file": "", "mac": "",
+                    "cost": _cost_field(_cost_dict(cost)), "leaf_ids": [index, size]})
+    return out
 
 
 def _cost_dict(cost):
