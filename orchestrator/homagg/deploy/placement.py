@@ -15,7 +15,11 @@ a file comes back and how it is stopped.  That is a ``Placement``:
 A worker process is ``python -m homagg.runs.job --child SPEC`` on both; its
 barriers ("ready" / "go", once more after the warmup) go over its stdin and
 stdout locally and over files on a remote host (the placement fills in the
-spec's paths).
+spec's paths).  A training rank (homagg.train.train.run_train) is
+``python -m homagg.train.train --child SPEC`` started the same way, without
+barriers: it reads its job file (``put_job_file``, or the standing job's
+``standing_job``), leaves its files in ``worker_dir`` and they come back
+with ``fetch``.
 """
 from __future__ import annotations
 
@@ -74,6 +78,14 @@ class Placement(abc.ABC):
     workers: list[str]
     aggregators: list[AggregatorHost]
 
+    def select_workers(self, n: int) -> None:
+        """Use the first ``n`` worker hosts only (before ``open``)."""
+        self.workers = self.workers[:n]
+
+    def ranks_per_host(self) -> int:
+        """How many of the run's processes share one host's cores."""
+        return 1
+
     def open(self) -> None:
         pass
 
@@ -105,9 +117,38 @@ class Placement(abc.ABC):
         """Worker i's data-plane address (the worker binds it)."""
 
     @abc.abstractmethod
-    def start_workers(self, specs: list[dict]) -> list[int]:
-        """Start worker i with ``specs[i]`` (the placement fills in "out" and
-        its barrier fields); returns their PIDs."""
+    def worker_iface(self, i: int) -> str | None:
+        """Worker i's data-plane kernel interface (None: none known)."""
+
+    @abc.abstractmethod
+    def worker_dir(self, i: int) -> str:
+        """The folder on worker i's host its process runs in and leaves its
+        files in (after ``open``)."""
+
+    @abc.abstractmethod
+    def put_job_file(self, i: int, name: str, fields: dict) -> str:
+        """Write job file ``name`` (homagg.switch.job_file fields, readable by
+        its owner only) into ``worker_dir(i)`` on worker i's host; its path
+        there."""
+
+    @abc.abstractmethod
+    def standing_job(self) -> tuple[dict, list[str]] | None:
+        """The job the placement's own daemons carry (``homagg testbed up``'s
+        or ``homagg up -i``'s): its job-file fields and the path of its job
+        file on each worker's host; None where there is none (after
+        ``open``)."""
+
+    @abc.abstractmethod
+    def fetch(self, i: int, names: list[str]) -> str:
+        """Bring worker i's files ``names`` (in ``worker_dir(i)``) here; the
+        local folder that holds them."""
+
+    @abc.abstractmethod
+    def start_workers(self, specs: list[dict], module: str = "homagg.runs.job",
+                      env: list[dict] | None = None) -> list[int]:
+        """Start worker i: ``python -m MODULE --child SPECS[i]`` (the
+        placement fills in "out", "report" and its barrier fields), with
+        ``env[i]`` added to its environment; returns their PIDs."""
 
     @abc.abstractmethod
     def wait_ready(self, timeout: float) -> list[str]:

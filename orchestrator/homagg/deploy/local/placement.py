@@ -22,6 +22,7 @@ from homagg.deploy.local import testbed_job
 from homagg.deploy.local.testbed import Testbed
 from homagg.deploy.placement import AggregatorHost, Placement, run_folder
 from homagg.runs.job import collect_reports
+from homagg.switch import job_file
 
 
 def child_env() -> dict:
@@ -118,17 +119,45 @@ class TestbedPlacement(Placement):
     def private_path(self, name: str) -> str:
         return os.path.join(self.workdir, name)
 
+    def ranks_per_host(self) -> int:
+        """Every namespace shares this machine's cores."""
+        return len(self.workers)
+
     def worker_ip(self, i):
         return self.tb.host(self.workers[i]).ip
 
-    def start_workers(self, specs):
-        env = child_env()
+    def worker_iface(self, i):
+        return self.tb.host(self.workers[i]).ifname
+
+    def worker_dir(self, i):
+        """The work directory: every namespace sees this machine's files."""
+        return self.workdir
+
+    def put_job_file(self, i, name, fields):
+        return job_file.write_job_file(os.path.join(self.workdir, name), **fields)
+
+    def standing_job(self):
+        """`homagg testbed up`'s job and its file (every namespace reads it)."""
+        job = testbed_job.job(self.tb)
+        if job is None:
+            return None
+        return ({k: v for k, v in job.items() if k != "file"}, [job["file"]] * len(self.workers))
+
+    def fetch(self, i, names):
+        """Already here (the work directory); copied to ``run_dir`` too."""
+        if self.run_dir:
+            for n in names:
+                shutil.copy(os.path.join(self.workdir, n), self.run_dir)
+        return self.workdir
+
+    def start_workers(self, specs, module="homagg.runs.job", env=None):
+        base = child_env()
         for i, (name, spec) in enumerate(zip(self.workers, specs)):
             spec = dict(spec, out=os.path.join(self.workdir, f"result-{i}.npy"))
             self.procs.append(self.tb.run_in(
-                name, [sys.executable, "-m", "homagg.runs.job", "--child", json.dumps(spec)],
+                name, [sys.executable, "-m", module, "--child", json.dumps(spec)],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                text=True, env=env, cwd=self.workdir))
+                text=True, env=dict(base, **(env[i] if env else {})), cwd=self.workdir))
         return [p.pid for p in self.procs]
 
     def wait_ready(self, timeout):
@@ -148,8 +177,9 @@ class TestbedPlacement(Placement):
         hosts = [self.tb.host(n) for n in self.workers]
         reports, failures = collect_reports(hosts, self.procs, timeout)
         if self.run_dir:
-            for r in reports:
-                with open(os.path.join(self.run_dir, f"report-{r['worker']}.json"), "w") as f:
+            for r in reports:  # an allreduce worker's or a training rank's
+                i = r["worker"] if "worker" in r else r["rank"]
+                with open(os.path.join(self.run_dir, f"report-{i}.json"), "w") as f:
                     f.write(json.dumps(r) + "\n")
         return reports, failures
 

@@ -53,7 +53,6 @@ import shlex
 import sys
 import tomllib
 
-from homagg.deploy.placement import run_folder
 from homagg.deploy.remote import inventory as inv
 from homagg.deploy.remote import ssh
 from homagg.errors import HomAggError, RemoteError  # noqa: F401 - RemoteError importable from here
@@ -459,7 +458,6 @@ def down(inventory: inv.Inventory, out=None) -> dict[str, list[str]]:
 # run allreduce
 
 
-_run_folder = run_folder  # homagg.train.remote's name for it
 
 
 def _link_bytes(r: Host) -> dict:

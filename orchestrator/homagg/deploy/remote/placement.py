@@ -95,7 +95,7 @@ class InventoryPlacement(Placement):
 
     def open(self):
         self.hosts = rh.open_hosts(self.inv, self.out)
-        self.W = [r for r in self.hosts if r.h.role == "worker"]
+        self.W = [r for r in self.hosts if r.h.role == "worker" and r.h.name in self.workers]
         self.run_dir = run_folder(self.runs_dir, self.label)
         self.run_id = os.path.basename(self.run_dir)
 
@@ -121,7 +121,6 @@ class InventoryPlacement(Placement):
     def refusals(self, options):
         why = {
             "auth": "the job secret file is not provisioned to inventory hosts yet",
-            "leaves": "inventory hosts have no tree yet",
             "drop_rate": f"{_UP_DAEMON}; a drop rate needs a daemon of its own "
                          "(a local testbed made with `homagg testbed up --no-daemon`)",
             "switch_lcores": f"{_UP_DAEMON}; their engine lcores are the inventory's 'cores'",
@@ -133,8 +132,16 @@ class InventoryPlacement(Placement):
             "gradient_files": "gradient files are paths on this machine; the worker hosts "
                               "build their gradients from the seed",
         }
-        return [f"{k}: {why[k]}" for k, d in _DEFAULTS.items()
-                if (options.get(k) or d) != d]
+        out = [f"{k}: {why[k]}" for k, d in _DEFAULTS.items()
+               if k in why and (options.get(k) or d) != d]
+        leaves = options.get("leaves") or 0
+        if leaves and leaves < len(self.aggregators):
+            root = self.inv.host(self.aggregators[leaves].name)
+            if not root.kernel_iface:  # its MAC is read from the kernel interface
+                out.append(f"leaves: the tree's root, host '{root.name}', has a PCI NIC whose "
+                           "MAC address the leaves cannot learn here: make a host with a "
+                           "vdev (net_af_packet/net_af_xdp on a kernel interface) the root")
+        return out
 
     def job_cost(self, cost_model=True):
         """The inventory's ``link_mbit`` (homagg.deploy.remote.hosts.inventory_cost,
@@ -152,6 +159,11 @@ class InventoryPlacement(Placement):
                               ", ".join(f"host '{n}'" for n in down) +
                               f": start it with `homagg up -i {self.inv.path}`")
         self.daemons = [UpDaemon(a) for a in aggs]
+        spec_of = {a.name: a for a in self.aggregators}
+        for a in aggs:  # a tree's leaves send to the root's MAC
+            iface, spec = a.h.kernel_iface, spec_of[a.h.name]
+            if iface and spec.mac is None:
+                spec.mac = a.run(f"cat /sys/class/net/{shlex.quote(iface)}/address").stdout.strip()
         return self.daemons
 
     # -- workers -------------------------------------------------------------
@@ -159,17 +171,46 @@ class InventoryPlacement(Placement):
     def worker_ip(self, i):
         return self.inv.host(self.workers[i]).address
 
-    def start_workers(self, specs):
+    def worker_iface(self, i):
+        return self.inv.host(self.workers[i]).kernel_iface
+
+    def worker_dir(self, i):
+        """INSTALL_DIR/run/<run id> on the worker's host (removed at ``close``)."""
+        return f"{rh.rundir(self.W[i].h)}/{self.run_id}"
+
+    def put_job_file(self, i, name, fields):
+        path = f"{self.worker_dir(i)}/{name}"
+        self.W[i].put_job_file(path, fields)
+        return path
+
+    def standing_job(self):
+        """`homagg up -i`'s job (its job file on the first aggregator host)
+        and the job file `up` wrote on every worker host."""
+        agg = next(r for r in self.hosts if r.h.role == "aggregator")
+        fields = agg.job_file_fields()
+        if fields is None:
+            return None
+        return fields, [rh.job_file_path(r.h) for r in self.W]
+
+    def fetch(self, i, names):
+        """By SFTP into ``run_dir``."""
+        d = self.worker_dir(i)
+        for n in names:
+            self.W[i].conn.get(f"{d}/{n}", os.path.join(self.run_dir, n))
+        return self.run_dir
+
+    def start_workers(self, specs, module="homagg.runs.job", env=None):
         pids = []
         for i, (r, spec) in enumerate(zip(self.W, specs)):
-            d = f"{rh.rundir(r.h)}/{self.run_id}"
+            d = self.worker_dir(i)
             p = {"dir": d, "pid": f"{rh.rundir(r.h)}/worker-{self.run_id}-{i}.pid",
                  "log": f"{d}/worker-{i}.log", "ready": f"{d}/ready-{i}", "go": f"{d}/go",
                  "out": f"{d}/result-{i}.npy", "report": f"{d}/report-{i}.json"}
             spec = dict(spec, out=p["out"], mtu=r.h.mtu, ready_file=p["ready"], go_file=p["go"],
                         report=p["report"], start_timeout=self.start_timeout)
             pids.append(r.start(p["pid"], p["log"],
-                                [r.python, "-m", "homagg.runs.job", "--child", json.dumps(spec)], d))
+                                [r.python, "-m", module, "--child", json.dumps(spec)], d,
+                                env=env[i] if env else None))
             self.started.append((r, p["pid"]))
             self.paths.append(p)
         return pids
