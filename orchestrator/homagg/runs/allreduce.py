@@ -10,8 +10,9 @@ the same options and the same report on both.  On inventory hosts the
 daemons are the ones `homagg up -i` started (docs/INVENTORY.md), so what
 needs a daemon of the run's own (--drop-rate, --switch-lcores, --pmd,
 --switch) is refused there with the reason, as on a testbed whose daemons
-`homagg testbed up` started; --auth and --leaves run on a testbed only, and
-are refused with -i.  On a testbed:
+`homagg testbed up` started; --auth runs on a testbed only, and is refused
+with -i; --leaves needs L + 1 aggregator hosts on either, the root with a
+kernel interface on inventory hosts (its MAC is read there).  On a testbed:
 
 uses the homagg-switch daemons `homagg testbed up` started (a testbed made
 with --no-daemon: starts homagg-switch in the aggregator's namespace itself,
@@ -64,7 +65,7 @@ import os
 import secrets
 import sys
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -77,6 +78,7 @@ from homagg.protocol import PIPELINE_GROUPS, check_pipeline_groups, resolve_slot
 from homagg.runs.job import (DEFAULT_BLOCK, METHODS, UDP_PORT, WORKLOADS, RunError, check_arguments,
                              check_payload, counter_deltas, print_report, sum_dicts,
                              tree_leaf, verify, worker_spec)
+from homagg.runs.report import ReportView
 from homagg.switch import job_file
 from homagg.switch.daemon import Switch  # noqa: F401 - where the docs point for the daemon
 
@@ -88,7 +90,7 @@ log = logging.getLogger("homagg.runs.allreduce")
 
 
 @dataclass
-class AllreduceReport:
+class AllreduceReport(ReportView):
     """What ``run_allreduce`` returns, the same fields wherever it ran (a
     field that does not apply to a placement is None there).
 
@@ -163,22 +165,6 @@ class AllreduceReport:
     worker_pids: list
     run_dir: str | None
 
-    def as_dict(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
-
-    def keys(self):
-        return self.as_dict().keys()
-
-    def __getitem__(self, key: str):
-        if key not in self.__dataclass_fields__:
-            raise KeyError(key)
-        return getattr(self, key)
-
-    def __contains__(self, key) -> bool:
-        return key in self.__dataclass_fields__
-
-    def get(self, key: str, default=None):
-        return getattr(self, key) if key in self.__dataclass_fields__ else default
 
 
 # --------------------------------------------------------------------------

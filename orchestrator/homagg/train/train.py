@@ -5,9 +5,9 @@
 
 uses the homagg-switch daemons of the testbed (`homagg testbed up` starts
 them; on a --no-daemon testbed it starts its own, as ``homagg run`` does),
-registers the job afresh (the testbed's job when it has as many workers,
-else one of its own), writes its job file (homagg.torch's HOMAGG_JOB_FILE)
-and starts one rank per worker namespace
+registers the job afresh (the testbed's job when it has as many workers
+and aggregators, else one of its own), writes its job files
+(homagg.torch's HOMAGG_JOB_FILE) and starts one rank per worker namespace
 (``python -m homagg.train.train --child SPEC``): torch.distributed with the Gloo
 backend for rendezvous, the model in DistributedDataParallel.  Every rank
 trains twice from the same initial parameters and the same data: first
@@ -56,15 +56,22 @@ distance from the Gloo run's (loss_band_vs_gloo).
 ``path/to/file.py:factory`` with factory(rank, world_size, seed) ->
 (model, batches, loss_fn): batches an iterable of (inputs, targets).
 
--i testbed.toml runs the ranks on the inventory's worker hosts instead,
-against the daemon ``homagg up -i`` started (see homagg.deploy.remote.hosts).
+The run is written once (``run_train``) above homagg.deploy.placement and
+returns one TrainReport, the same fields on both placements:
+-i testbed.toml runs the ranks on the inventory's worker hosts instead
+(one per host, over SSH), against the daemons ``homagg up -i`` started
+(homagg.deploy.remote.placement); the ranks' reports, parameters and logs
+come back into RUNS_DIR/<timestamp>-train-<method>/.  --aggregators K and
+--leaves L (a two-level tree) work on both; an option a placement cannot
+do (--switch, or --auth on inventory hosts until the job secret is placed
+there) is refused before anything starts, with the reason.  A user's model
+file must exist at the same path on every worker host.
 
 --out DIR writes train.json, loss_vs_step.png and loss_vs_time.png.
 """
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
 import hashlib
 import importlib
@@ -74,17 +81,17 @@ import logging
 import os
 import pathlib
 import secrets
-import shutil
-import subprocess
 import sys
-import tempfile
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
 from homagg import auth as hg_auth
+from homagg.deploy.placement import Placement
 from homagg.errors import HomAggError, TrainError
 from homagg.protocol import EXACT_METHODS, METHODS as HOMAGG_METHODS, resolve_slots
+from homagg.runs.report import ReportView
 from homagg.switch import job_file
 
 # the protocol's methods (homagg.protocol, read from C) and the Gloo baseline
@@ -594,129 +601,284 @@ def check_arguments(method, model, steps, warmup, ranks=None):
         load_factory(model)
 
 
-def run_train(testbed: str, model: str = "ncf", method: str = "auto", steps: int = 5,
-              warmup: int = 1, ranks: int | None = None, lr: float | None = None,
-              seed: int = 1, bucket_mb: float = 4.0, baseline: bool = True,
-              sparsify: str | None = None, timeout: float = 10.0, state_dir: str | None = None,
-              switch: str | None = None, slots: int | None = None, payload: int = 1024,
-              group: str = "239.77.0.2", out_dir: str | None = None,
-              auth: bool = False, cost_model: bool = True) -> dict:
-    """Train on testbed ``testbed``; returns the report (module doc).  Every
-    process started is stopped before it returns.  ``cost_model``: a job
-    registered here carries the testbed's link rate and this host's
-    calibration (homagg.cost; False: none, choices by bytes); the testbed's
-    own job keeps what `homagg testbed up` registered."""
-    from homagg.deploy.local import testbed_job as testbed_job_mod
-    from homagg.deploy.local.testbed import Testbed
-    from homagg.runs import allreduce as runmod
-    from homagg.runs.job import collect_reports
-    from homagg.switch.daemon import Switch
+@dataclass
+class TrainReport(ReportView):
+    """What ``run_train`` returns, the same fields on every placement (a
+    field that does not apply is None).
 
+    Per phase, from the timed steps (module doc): ``iteration_seconds`` the
+    median over steps of the slowest rank's step (``step_seconds`` per
+    step), ``backward_comm_seconds`` the same of the backward pass,
+    ``compute_seconds`` forward + backward without communication,
+    ``exposed_comm_seconds`` what DDP waited for communication,
+    ``bytes_per_rank`` each rank's interface bytes per step, ``losses``
+    per step (mean over ranks); the ``gloo_*`` fields are the Gloo
+    baseline's (None with ``baseline`` off), ``speedup_vs_gloo`` Gloo's
+    iteration time / HomAgg's.  ``buckets``: per bucket of the HomAgg
+    phase its size, density, methods, bytes and seconds.  The checks:
+    ``params_identical_across_ranks``, ``replay_bit_identical`` (None: the
+    method is lossy, the baseline alone, or buckets went through the
+    fallback, ``fallback_buckets``) and ``replay``.
+
+    Where it ran: ``placement`` "testbed" or "inventory" with ``testbed``
+    (its name) or ``inventory`` (its path); ``link_mbit`` the testbed's
+    shaping or the inventory's ``link_mbit``; ``aggregators`` the job's
+    aggregators' data-plane IPs in shard order (a tree: the leaves, then
+    the root), ``aggregator_hosts`` their host names, ``leaves`` the tree's
+    leaves (0: none); ``job`` / ``job_file`` the job and the first rank's
+    job file (None with method gloo); ``worker_hosts`` the ranks' hosts,
+    ``rank_pids`` their processes; ``run_dir`` the folder the ranks'
+    reports, parameters, logs and train.json stay in (None on a testbed
+    without ``runs_dir``)."""
+
+    method: str
+    model: str
+    ranks: int
+    steps: int
+    warmup: int
+    lr: float
+    seed: int
+    bucket_mb: float
+    sparsify: str | None
+    initial_params_same_in_phases: bool
+    iteration_seconds: float | None
+    compute_seconds: float | None
+    backward_comm_seconds: float | None
+    exposed_comm_seconds: float | None
+    torch_threads: int | None
+    bytes_per_rank: list
+    losses: list
+    step_seconds: list
+    speedup_vs_gloo: float | None
+    params_identical_across_ranks: bool
+    replay_bit_identical: bool | None
+    buckets: list
+    placement: str
+    testbed: str | None
+    inventory: str | None
+    link_mbit: float | None
+    pmd: str | None
+    aggregators: list
+    aggregator_hosts: list
+    leaves: int
+    job: int | None
+    job_file: str | None
+    auth: bool
+    mac: str | None
+    slots: int
+    payload_bytes: int
+    cost: dict | None
+    worker_hosts: list
+    rank_pids: list
+    run_dir: str | None
+    exposed_after_last_bucket_seconds: float | None = None
+    hook_cpu_seconds: float | None = None
+    losses_per_rank: list | None = None
+    fallback_buckets: int = 0
+    replay: dict | None = None
+    gloo_iteration_seconds: float | None = None
+    gloo_exposed_comm_seconds: float | None = None
+    gloo_compute_seconds: float | None = None
+    gloo_backward_comm_seconds: float | None = None
+    gloo_bytes_per_rank: list | None = None
+    gloo_losses: list | None = None
+    gloo_step_seconds: list | None = None
+    loss_band_vs_gloo: float | None = None
+    max_param_diff_vs_gloo: float | None = None
+    plots: list | None = None
+
+
+def _files(phases: list[str]) -> list[str]:
+    """What rank r leaves in its folder besides its report (rank r's names)."""
+    out = [f"params-{ph}-{{rank}}.npz" for ph in phases]
+    if any(ph != "gloo" for ph in phases):
+        out += ["grads-{rank}.npz", "layout-{rank}.json", "digests-{rank}.json"]
+    return out + ["init-{rank}.npz"]
+
+
+def placement(testbed: str | None = None, inventory: str | None = None,
+              state_dir: str | None = None, runs_dir: str | None = None,
+              label: str = "train"):
+    """The placement of ``homagg train``: local testbed ``testbed`` or the
+    hosts of inventory file ``inventory`` (results and logs under
+    ``runs_dir``, "runs" by default there)."""
+    if inventory:
+        if state_dir:
+            raise TrainError("--state-dir names a local testbed's state (--testbed); "
+                             "inventory hosts keep theirs in INSTALL_DIR/run/")
+        from homagg.deploy.remote import inventory as inv
+        from homagg.deploy.remote.placement import InventoryPlacement
+
+        return InventoryPlacement(inv.load(inventory), runs_dir=runs_dir or "runs", label=label)
+    from homagg.deploy.local.placement import TestbedPlacement
+
+    return TestbedPlacement(testbed, state_dir, runs_dir=runs_dir, label=label)
+
+
+def run_train(testbed: "str | Placement", model: str = "ncf", method: str = "auto",
+              steps: int = 5, warmup: int = 1, ranks: int | None = None,
+              lr: float | None = None, seed: int = 1, bucket_mb: float = 4.0,
+              baseline: bool = True, sparsify: str | None = None, timeout: float = 10.0,
+              state_dir: str | None = None, switch: str | None = None,
+              slots: int | None = None, payload: int = 1024, group: str = "239.77.0.2",
+              out_dir: str | None = None, auth: bool = False, cost_model: bool = True,
+              aggregators: int | None = None, leaves: int | None = None,
+              start_timeout: float = 120.0) -> TrainReport:
+    """Train on a placement: ``testbed`` is a local testbed's name (with
+    ``state_dir``) or a homagg.deploy.placement.Placement (e.g.
+    homagg.deploy.remote.placement.InventoryPlacement for inventory hosts).
+    Returns the TrainReport (module doc).  Every process started is
+    stopped before it returns.  An option the placement cannot do is
+    refused (TrainError naming each and why) before anything starts.
+
+    The job: the placement's standing one (`homagg testbed up`'s or
+    `homagg up -i`'s) registered afresh when it fits (as many workers, the
+    same aggregators, no tree, authenticated if ``auth``), else one of the
+    run's own, its job file written into every rank's folder.
+    ``aggregators`` N spreads the job over the first N aggregator hosts
+    (default: all); ``leaves`` L (default: the placement's) makes a
+    two-level tree of the first L hosts below the next, the root
+    (docs/PROTOCOL.md "Tree"; every rank's job file names its leaf).
+    ``cost_model``: a job registered here carries the placement's link rate
+    and this host's calibration (homagg.cost; False: none, choices by
+    bytes); a standing job keeps what it was registered with.  ``auth``:
+    the job authenticates every frame (a new secret in a file only its
+    owner reads, Placement.private_path)."""
+    from homagg.runs.allreduce import aggregator_count
+    from homagg.runs.job import UDP_PORT, check_payload
+
+    check_arguments(method, model, steps, warmup)
+    lr = load_factory(model)[1] if lr is None else lr
+    if model.endswith(".py") or ".py:" in model:  # the ranks run in another folder
+        path, _, name = model.rpartition(":")
+        model = f"{os.path.abspath(path)}:{name}"
+    if isinstance(testbed, str):
+        pl = placement(testbed=testbed, state_dir=state_dir)
+    else:
+        pl = testbed
+    check_payload(payload, pl.mtu, pl.where)
+    if ranks is not None:
+        if not 1 <= ranks <= len(pl.workers):
+            raise TrainError(f"--ranks {ranks}: {pl.where} has {len(pl.workers)} workers")
+        pl.select_workers(ranks)
+    W = len(pl.workers)
+    slots = resolve_slots(slots, W)
+    if method == "gloo":
+        given = [n for n, v in (("--auth", auth), ("--leaves", leaves),
+                                ("--aggregators", aggregators)) if v]
+        if given:
+            raise TrainError(f"--method gloo trains without an aggregator: drop "
+                             f"{', '.join(given)}")
+        leaves, count = 0, 0
+    else:
+        leaves, count = aggregator_count(pl, aggregators, leaves, auth)
+    refused = pl.refusals(dict(auth=auth, leaves=leaves, switch=switch, aggregators=count))
+    if refused:
+        raise TrainError(f"not on {pl.where}: " + "; ".join(refused))
     progress("loading torch")
     import homagg.torch  # noqa: F401  (torch must import here: fail early)
 
-    check_arguments(method, model, steps, warmup)
-    model_lr = load_factory(model)[1]
-    lr = model_lr if lr is None else lr
-    tb = Testbed.open(testbed, state_dir)
-    runmod.check_payload(payload, int(tb.state().get("mtu") or 1500), f"testbed {testbed}")
-    hosts = tb.workers
-    if ranks is not None:
-        if not 1 <= ranks <= len(hosts):
-            raise TrainError(f"--ranks {ranks}: the testbed has {len(hosts)} workers")
-        hosts = hosts[:ranks]
-    W = len(hosts)
-    slots = resolve_slots(slots, W)
-    workdir = tempfile.mkdtemp(prefix=f"homagg-train-{testbed}-")
-    os.chmod(workdir, 0o755)
-    procs, sws, job = [], [], None
-    testbed_job = testbed_job_mod.job(tb)  # `homagg testbed up`'s, if any
+    job_cost = pl.job_cost(cost_model)
+    phases = _phases(method, baseline)
+    pl.open()
+    sws, job, standing, files, pids = [], None, None, [], []
     try:
-        env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME=hosts[0].ifname)
-        pkg_root = str(pathlib.Path(homagg.__file__).resolve().parents[1])
-        env["PYTHONPATH"] = pkg_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         if method != "gloo":
-            # every aggregator of the testbed: the job is spread over them
-            sws = [Switch(tb, workdir, switch=switch, host=h.name, frames=W * slots)
-                   for h in tb.aggregators]
+            sws = pl.open_daemons(count, frames=W * slots, pmd="auto", switch=switch,
+                                  drop_rate=0.0, idle_us=None, idle_polls=None, lcores=1)
             controls = [s.control for s in sws]
-            if testbed_job and testbed_job["workers"] == W and (
-                    not auth or testbed_job.get("auth_file")):
-                # the testbed's job, afresh, and its job file
-                job = job_file.renew(controls, {k: v for k, v in testbed_job.items()
-                                                if k != "file"})
-                env["HOMAGG_JOB_FILE"] = testbed_job["file"]
+            standing = pl.standing_job()
+            if standing and not (standing[0]["workers"] == W and not leaves
+                                 and len(standing[0]["aggregator"].split(",")) == count
+                                 and (not auth or standing[0].get("auth_file"))):
+                standing = None
+            if standing:  # the standing job afresh, and its job files
+                job = job_file.renew(controls, standing[0])
+                files = standing[1]
             else:
-                secret, auth_file = None, ""
-                if auth:
-                    # read by the ranks (root in the testbed's namespaces)
-                    auth_file = os.path.join(workdir, "job.secret")
-                    secret = hg_auth.create_secret_file(auth_file)
-                job = job_file.register(controls, [(s.ip, runmod.UDP_PORT) for s in sws],
-                                        workers=W, slots=slots, payload=payload, group=group,
-                                        timeout=timeout, auth=secret, auth_file=auth_file,
-                                        cost=testbed_job_mod.job_cost(tb, cost_model))
-                del secret
-                env["HOMAGG_JOB_FILE"] = job_file.write_job_file(
-                    os.path.join(workdir, "job.json"), **job)
-        if job:
-            whose = "the testbed's" if testbed_job and job["job"] == testbed_job["job"] else "own"
-            progress(f"job {job['job']} on {', '.join(s.host for s in sws)} ({whose} job, "
-                     f"pmd {sws[0].pmd})")
-        phases = _phases(method, baseline)
+                if leaves:
+                    per_rank = job_file.register_tree(
+                        controls, [(a.ip, UDP_PORT, a.mac) for a in pl.aggregators[:count]],
+                        leaves=leaves, workers=W, slots=slots, payload=payload, group=group,
+                        timeout=timeout, cost=job_cost)
+                else:
+                    auth_file = pl.private_path("job.secret") if auth else ""
+                    secret = hg_auth.create_secret_file(auth_file) if auth else None
+                    per_rank = [job_file.register(
+                        controls, [(s.ip, UDP_PORT) for s in sws], workers=W, slots=slots,
+                        payload=payload, group=group, timeout=timeout, auth=secret,
+                        auth_file=auth_file, cost=job_cost)] * W
+                    del secret
+                job = per_rank[0]
+                files = [pl.put_job_file(r, f"job-{r}.json", per_rank[r]) for r in range(W)]
+            progress(f"job {job['job']} on {', '.join(s.host for s in sws)} "
+                     f"({'the standing' if standing else 'own'} job"
+                     f"{f', a tree of {leaves} leaves' if leaves else ''}, pmd {sws[0].pmd})")
         progress(f"starting {W} ranks of {model} ({' then '.join(phases)}: {warmup} warmup + "
                  f"{steps} timed steps each); the ranks load torch and build the model first")
-        init = f"tcp://{hosts[0].ip}:{GLOO_PORT + secrets.randbelow(2000)}"
-        for r, h in enumerate(hosts):
-            spec = rank_spec(rank=r, world=W, init=init, model=os.path.abspath(model)
-                             if model.endswith(".py") or ".py:" in model else model,
-                             seed=seed, lr=lr, steps=steps, warmup=warmup, bucket_mb=bucket_mb,
-                             phases=phases, workdir=workdir, ifname=h.ifname,
-                             sparsify=sparsify, start_timeout=120.0,
-                             local_ranks=W)  # the namespaces share this host's cores
-            renv = dict(env, HOMAGG_BIND=h.ip)
-            procs.append(tb.run_in(h.name, [sys.executable, "-m", "homagg.train.train", "--child",
-                                            json.dumps(spec)],
-                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                   env=renv, cwd=workdir))
-        budget = 180.0 + (steps + warmup) * (timeout + 30.0)
-        reports, failures = collect_reports(hosts, procs, budget)
+        init = f"tcp://{pl.worker_ip(0)}:{GLOO_PORT + secrets.randbelow(2000)}"
+        specs, envs = [], []
+        for r in range(W):
+            iface = pl.worker_iface(r)
+            specs.append(rank_spec(rank=r, world=W, init=init, model=model, seed=seed, lr=lr,
+                                   steps=steps, warmup=warmup, bucket_mb=bucket_mb,
+                                   phases=phases, workdir=pl.worker_dir(r), ifname=iface,
+                                   sparsify=sparsify, start_timeout=start_timeout,
+                                   local_ranks=pl.ranks_per_host()))
+            env = {"OMP_NUM_THREADS": "1", "HOMAGG_BIND": pl.worker_ip(r)}
+            if iface:
+                env["GLOO_SOCKET_IFNAME"] = iface
+            if files:
+                env["HOMAGG_JOB_FILE"] = files[r]
+            envs.append(env)
+        pids = pl.start_workers(specs, module="homagg.train.train", env=envs)
+        budget = 60.0 + start_timeout + (steps + warmup) * (timeout + 30.0)
+        reports, failures = pl.collect(budget)
         if failures:
             raise TrainError(f"training {model} with {method} failed on {len(failures)} of "
                              f"{W} ranks: " + "; ".join(failures))
         reports.sort(key=lambda r: r["rank"])
+        folder = None
+        for r in range(W):
+            folder = pl.fetch(r, [n.format(rank=r) for n in _files(phases)])
         progress(f"{W} ranks done; checking the parameters"
                  + (" and replaying the reference" if method in EXACT_METHODS else ""))
-        rep = summarize(method, reports, workdir, dict(model=model, steps=steps, warmup=warmup,
-                                                       lr=lr, seed=seed, bucket_mb=bucket_mb,
-                                                       sparsify=sparsify))
-        rep.update({"testbed": testbed, "link_mbit": tb.state().get("link_mbit"),
-                    "pmd": sws[0].pmd if sws else None, "aggregators": [s.ip for s in sws],
-                    "job_file": env.get("HOMAGG_JOB_FILE") if job else None,
-                    "auth": bool(job and job.get("auth_file")),
-                    "mac": (job.get("mac") or None) if job else None,
-                    "slots": job["slots"] if job else slots,
-                    "payload_bytes": job["payload"] if job else payload,
-                    "cost": (job.get("cost") or None) if job else None})
+        summary = summarize(method, reports, folder, dict(
+            model=model, steps=steps, warmup=warmup, lr=lr, seed=seed, bucket_mb=bucket_mb,
+            sparsify=sparsify))
+        rep = TrainReport(
+            **summary, placement=pl.kind, testbed=pl.testbed, inventory=pl.inventory,
+            link_mbit=pl.link_mbit, pmd=sws[0].pmd if sws else None,
+            aggregators=[s.ip for s in sws], aggregator_hosts=[s.host for s in sws],
+            leaves=leaves, job=job["job"] if job else None,
+            job_file=files[0] if files else None,
+            auth=bool(job and job.get("auth_file")),
+            mac=(job.get("mac") or None) if job else None,
+            slots=job["slots"] if job else slots,
+            payload_bytes=job["payload"] if job else payload,
+            cost=(job.get("cost") or None) if job else None,
+            worker_hosts=list(pl.workers), rank_pids=pids, run_dir=pl.run_dir)
         if out_dir:
             os.makedirs(out_dir, exist_ok=True)
-            rep["plots"] = plot(rep, out_dir)
-            with open(os.path.join(out_dir, "train.json"), "w") as f:
-                json.dump(rep, f, indent=1)
+            rep.plots = plot(rep, out_dir)
+        for d in (out_dir, pl.run_dir):
+            if d:
+                with open(os.path.join(d, "train.json"), "w") as f:
+                    json.dump(rep.as_dict(), f, indent=1)
         return rep
     finally:
-        for p in procs:
-            p.stop()
+        pl.stop_workers()
         if job is not None:
             controls = [s.control for s in sws]
-            if testbed_job and job["job"] == testbed_job["job"]:
-                with contextlib.suppress(HomAggError, OSError):
-                    job_file.renew(controls, job)  # fresh for the next run of ranks
+            if standing:
+                try:  # fresh for the next run of ranks
+                    job_file.renew(controls, standing[0])
+                except (HomAggError, OSError) as e:
+                    _log.warning("the standing job %s not renewed: %s", job["job"], e)
             else:
-                job_file.unregister(controls, job["job"], warn=lambda k, e: None)
-        for s in sws:
-            s.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
+                job_file.unregister(controls, job["job"], warn=lambda k, e: _log.warning(
+                    "host '%s': %s", sws[k].host, e))
+        pl.close()
 
 
 # --------------------------------------------------------------------------
@@ -755,8 +917,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="payload per packet, up to 8192 on links with MTU 9000 (default 1024)")
     p.add_argument("--switch", default=None, metavar="PATH", help="homagg-switch binary")
     p.add_argument("--state-dir", default=None, metavar="DIR", help="testbed state directory")
-    p.add_argument("--runs-dir", default="runs", metavar="DIR",
-                   help="with -i: logs go to DIR/<timestamp>-train-<method>/ (default runs)")
+    p.add_argument("--runs-dir", default=None, metavar="DIR",
+                   help="the ranks' reports, parameters and logs stay in "
+                   "DIR/<timestamp>-train-<method>/ (default: runs with -i; none on a testbed)")
     p.add_argument("--out", default=None, metavar="DIR",
                    help="write train.json and the loss plots into DIR")
     p.add_argument("--no-cost-model", dest="cost_model", action="store_false",
@@ -765,41 +928,41 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "`homagg testbed up` setting)")
     p.add_argument("--auth", action="store_true",
                    help="authenticate every frame (a new job secret, given to the ranks in "
-                   "a 0600 file named by the job file; local testbed)")
+                   "a 0600 file named by the job file; refused where the placement cannot "
+                   "place the secret, with the reason)")
+    p.add_argument("--aggregators", type=int, default=None, metavar="K",
+                   help="spread the job over the first K aggregator hosts (default: all)")
+    p.add_argument("--leaves", type=int, default=None, metavar="L",
+                   help="a two-level tree: the first L aggregator hosts are leaves below the "
+                   "next, the root (default: the testbed's `homagg testbed up --leaves`)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
 def main(args: argparse.Namespace) -> int:
     from homagg.deploy.local.testbed import TestbedError
 
-    kw = dict(model=args.model, method=args.method, steps=args.steps, warmup=args.warmup,
-              ranks=args.ranks, lr=args.lr, seed=args.seed, bucket_mb=args.bucket_mb,
-              baseline=not args.no_baseline, sparsify=args.sparsify, timeout=args.timeout,
-              out_dir=args.out, slots=args.slots, payload=args.payload_bytes)
     try:
-        if args.inventory:
-            if args.auth:
-                print("homagg train: --auth runs on a local testbed (--testbed); on "
-                      "--inventory hosts the job secret file is not provisioned yet",
-                      file=sys.stderr)
-                return 2
-            from homagg.train import remote as remote_train
-
-            rep = remote_train.run_train(args.inventory, runs_dir=args.runs_dir, **kw)
-            print(f"results and logs: {rep['run_dir']}", file=sys.stderr)
-        else:
-            rep = run_train(args.testbed, state_dir=args.state_dir, switch=args.switch,
-                            auth=args.auth, cost_model=args.cost_model, **kw)
+        pl = placement(testbed=args.testbed, inventory=args.inventory, state_dir=args.state_dir,
+                       runs_dir=args.runs_dir, label=f"train-{args.method}")
+        rep = run_train(pl, model=args.model, method=args.method, steps=args.steps,
+                        warmup=args.warmup, ranks=args.ranks, lr=args.lr, seed=args.seed,
+                        bucket_mb=args.bucket_mb, baseline=not args.no_baseline,
+                        sparsify=args.sparsify, timeout=args.timeout, switch=args.switch,
+                        slots=args.slots, payload=args.payload_bytes, out_dir=args.out,
+                        auth=args.auth, cost_model=args.cost_model,
+                        aggregators=args.aggregators, leaves=args.leaves)
     except (HomAggError, TestbedError) as e:
         print(f"homagg train: {e}", file=sys.stderr)
         return 1
+    if rep.run_dir:
+        print(f"results and logs: {rep.run_dir}", file=sys.stderr)
     return print_report(rep, args.json)
 
 
 def print_report(rep: dict, as_json: bool = False) -> int:
     ok = rep["params_identical_across_ranks"] and rep["replay_bit_identical"] is not False
     if as_json:
-        print(json.dumps(rep))
+        print(json.dumps(rep.as_dict() if hasattr(rep, "as_dict") else rep))
         return 0 if ok else 3
     print(f"train {rep['model']}: {rep['ranks']} ranks, method {rep['method']}, "
           f"{rep['steps']} timed steps after {rep['warmup']} warmup, lr {rep['lr']:g}")
