@@ -195,11 +195,17 @@ def test_options_a_placement_cannot_do_are_refused_before_anything_starts(rack, 
     assert f"not on inventory {path}" in r.stderr
     assert "drop_rate: " in r.stderr and "switch_lcores: " in r.stderr
     assert "homagg up -i" in r.stderr
-    for opt, name in (("--auth", "auth"), ("--leaves", "leaves"), ("--pmd", "pmd")):
+    for opt, why in (("--auth", "auth: "), ("--pmd", "pmd: "),
+                     ("--leaves", f"--leaves 1: inventory {path} has one aggregator host")):
         extra = {"--leaves": ["1"], "--pmd": ["af_xdp"]}.get(opt, [])
         r = cli("run", "allreduce", "-i", path, "--method", "lhc", "--elements", "100",
                 "--density", "0.1", opt, *extra, "--runs-dir", str(tmp_path / "runs"))
-        assert r.returncode == 1 and f"{name}: " in r.stderr, (opt, r.stderr)
+        assert r.returncode == 1 and why in r.stderr, (opt, r.stderr)
+    # training refuses the same, in the same place
+    r = cli("train", "-i", path, "--model", "ncf", "--method", "lhc", "--auth",
+            "--runs-dir", str(tmp_path / "runs"))
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert f"not on inventory {path}: auth: " in r.stderr, r.stderr
     assert not os.path.exists(tmp_path / "runs")  # refused before the preflight
     # the local placement: an aggregator host it does not have
     from homagg.runs import allreduce as runmod
@@ -240,29 +246,74 @@ def test_missing_pci_device_and_unprovisioned_host(rack, tmp_path):
     assert not os.path.exists(os.path.join(i.host("agg").install_dir, "run"))
 
 
-@pytest.mark.timeout(400)
-def test_train_on_inventory_hosts(rack, tmp_path):
+TINY_MODEL = """
+import torch
+
+
+def factory(rank, world_size, seed):
+    # not seeded before its layers (as most user code): DDP's broadcast and
+    # the snapshot after it decide the parameters
+    model = torch.nn.Sequential(torch.nn.EmbeddingBag(500, 8, mode="sum"),
+                                torch.nn.Linear(8, 1))
+    g = torch.Generator().manual_seed(seed * 100 + rank)
+
+    def batches():
+        while True:
+            x = torch.randint(0, 500, (16, 4), generator=g)
+            yield x, (x % 7).float().mean(dim=1, keepdim=True)
+    return model, batches(), torch.nn.MSELoss()
+"""
+
+
+def tiny_model(tmp):
+    """A user's model file, at the same path on every rack host (they share
+    this machine's filesystem): two parameters, sparse embedding gradients."""
+    path = os.path.join(str(tmp), "tiny.py")
+    with open(path, "w") as f:
+        f.write(TINY_MODEL)
+    return f"{path}:factory"
+
+
+def check_train(rep, ranks=2):
+    """Exact training: every rank's parameters bit for bit the same, and the
+    single-process replay of the fixed-point reference sum (numpy) equal."""
+    assert rep["ranks"] == ranks and rep["params_identical_across_ranks"] is True, rep
+    assert rep["replay_bit_identical"] is True, rep["replay"]
+    assert rep["replay"]["first_mismatch"] is None and rep["fallback_buckets"] == 0
+    assert rep["buckets"] and all(set(b["paths"]) == {"homagg"} for b in rep["buckets"])
+
+
+@pytest.mark.timeout(600)
+def test_train_on_inventory_hosts_and_testbed_reports_alike(rack, tmp_path):
     """`homagg train -i` after `homagg up -i`: one DDP rank per worker host
     over SSH, configured from the job files `up` wrote, gradients through
     the hook and the daemon `up` started; the fetched parameters are
-    bit-identical across ranks and to the replay."""
+    bit-identical across ranks and to the replay.  The same run on the
+    rack's namespaces as a local testbed returns a report with the same
+    keys (one TrainReport) and the same placement-independent results."""
+    from homagg.train import train as trainmod
+
+    model = tiny_model(tmp_path)
+    # local first: `up` below takes the aggregator's eth0
+    loc = trainmod.run_train(rack.tb.name, model=model, method="lhc", steps=2, warmup=1,
+                             baseline=False, state_dir=rack.tb.state_dir)
+    check_train(loc)
     path, i = make_testbed(rack, tmp_path)
     up = cli("up", "-i", path, "--no-udp-csum")
     assert up.returncode == 0, up.stdout + up.stderr
     try:
-        r = cli("train", "-i", path, "--model", "ncf", "--method", "lhc", "--steps", "2",
+        r = cli("train", "-i", path, "--model", model, "--method", "lhc", "--steps", "2",
                 "--warmup", "1", "--no-baseline", "--runs-dir", str(tmp_path / "runs"), "--json")
         assert r.returncode == 0, r.stdout + r.stderr
         rep = json.loads(r.stdout)
-        assert rep["ranks"] == 2 and rep["worker_hosts"] == ["w0", "w1"]
+        check_train(rep)
+        assert rep["worker_hosts"] == ["w0", "w1"] == loc["worker_hosts"]
         # a rank per worker host: the ranks were configured from up's job files
         up_file = os.path.join(i.host("w0").install_dir, "run", "job.json")
         assert rep["job_file"] == up_file and rep["job"] == json.load(open(up_file))["job"]
-        assert rep["params_identical_across_ranks"] is True
-        assert rep["replay_bit_identical"] is True and rep["replay"]["steps"] == 3
-        assert rep["buckets"] and rep["buckets"][0]["methods"] == {"lhc": 2}
+        assert rep["replay"]["steps"] == 3 and rep["buckets"][0]["methods"] == {"lhc": 2}
         names = set(os.listdir(rep["run_dir"]))
-        assert {"rank-0.json", "rank-1.json", "grads-0.npz", "params-lhc-1.npz",
+        assert {"report-0.json", "report-1.json", "grads-0.npz", "params-lhc-1.npz",
                 "worker-w0.log", "train.json"} <= names, names
         assert all(gone(p) for p in rep["rank_pids"])
         for h in ("w0", "w1"):
@@ -270,6 +321,13 @@ def test_train_on_inventory_hosts(rack, tmp_path):
     finally:
         down = cli("down", "-i", path)
     assert down.returncode == 0, down.stdout + down.stderr
+    fields = {f.name for f in dataclasses.fields(trainmod.TrainReport)}
+    assert set(rep) == set(loc.as_dict()) == fields
+    assert (loc["placement"], rep["placement"]) == ("testbed", "inventory")
+    assert rep["inventory"] == path and loc["testbed"] == rack.tb.name
+    assert rep["aggregator_hosts"] == loc["aggregator_hosts"] == ["agg"]
+    assert rep["aggregators"] == loc["aggregators"] == [i.host("agg").address]
+    assert loc["run_dir"] is None and loc["job_file"] is not None
 
 
 @pytest.fixture(scope="module")
@@ -278,6 +336,39 @@ def rack2(tmp_path_factory):
     require(os.path.exists(SWITCH), "homagg-switch not built (make build)")
     with running_rack(tmp_path_factory.mktemp("rack2"), workers=2, aggregators=2) as r:
         yield r
+
+
+@pytest.mark.timeout(600)
+def test_train_on_two_aggregators_and_a_tree(rack2, tmp_path):
+    """`homagg train -i` with the testbed path's options: the job spread
+    over two aggregator hosts (`up`'s job), then a tree (--leaves 1: agg a
+    leaf below agg1, the root; every rank's job file names its leaf), each
+    exact: parameters identical across ranks and to the replay."""
+    model = tiny_model(tmp_path)
+    path, i = make_testbed(rack2, tmp_path)
+    up = cli("up", "-i", path, "--no-udp-csum")
+    assert up.returncode == 0, up.stdout + up.stderr
+    reps = {}
+    try:
+        for name, extra in (("two", []), ("tree", ["--leaves", "1"])):
+            r = cli("train", "-i", path, "--model", model, "--method", "lhc", "--steps", "2",
+                    "--warmup", "1", "--no-baseline", *extra,
+                    "--runs-dir", str(tmp_path / "runs"), "--json")
+            assert r.returncode == 0, (name, r.stdout + r.stderr)
+            reps[name] = json.loads(r.stdout)
+    finally:
+        down = cli("down", "-i", path)
+    assert down.returncode == 0, down.stdout + down.stderr
+    addrs = [h.address for h in i.aggregators]
+    two, tree = reps["two"], reps["tree"]
+    check_train(two)
+    assert two["aggregator_hosts"] == ["agg", "agg1"] and two["aggregators"] == addrs
+    assert two["leaves"] == 0
+    assert two["job_file"] == os.path.join(i.host("w0").install_dir, "run", "job.json")
+    check_train(tree)
+    assert tree["leaves"] == 1 and tree["aggregator_hosts"] == ["agg", "agg1"]
+    assert tree["job"] != two["job"] and tree["job_file"].endswith("/job-0.json")
+    assert all(b > 0 for b in tree["bytes_per_rank"])
 
 
 @pytest.mark.timeout(600)

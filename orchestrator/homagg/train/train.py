@@ -1011,7 +1011,7 @@ def print_report(rep: dict, as_json: bool = False) -> int:
     if rep.get("loss_band_vs_gloo") is not None:
         print(f"  largest relative loss distance from the gloo run: {rep['loss_band_vs_gloo']:.2e}"
               f" (largest parameter difference {rep['max_param_diff_vs_gloo']:.2e})")
-    for path in rep.get("plots", []):
+    for path in rep.get("plots") or []:
         print(f"  plot: {path}")
     return 0 if ok else 3
 
