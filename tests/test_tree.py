@@ -346,6 +346,65 @@ def test_testbed_tree_of_dpdk_daemons(tmp_path):
         Testbed.down(name, state_dir=sd)
 
 
+def test_register_tree_requests_and_job_files(tmp_path):
+    """register_tree: leaf l gets its workers' count, its group and the root
+    as parent, the root the leaves as workers; each worker's job file names
+    its leaf, the leaf's group and leaf_ids, and job_config reads them back
+    (HOMAGG_LEAF_IDS overrides); a refused add_job removes the job again."""
+    from homagg.errors import ConfigError
+    from homagg.switch import job_file
+
+    seen = [[] for _ in range(3)]
+
+    def control(k, fail=False):
+        def c(req):
+            seen[k].append(req)
+            if fail and req["cmd"] == "add_job":
+                raise ConfigError("refused")
+            return {}
+        return c
+
+    aggs = [("10.0.0.1", 48879, "02:00:00:00:00:01"), ("10.0.0.2", 48879, "02:00:00:00:00:02"),
+            ("10.0.0.3", 48879, "02:00:00:00:00:03")]
+    files = job_file.register_tree([control(k) for k in range(3)], aggs, leaves=2, workers=5,
+                                   slots=8, payload=512, group="239.1.0.1", timeout=3.0,
+                                   rto=0.002, job=77, token=99)
+    # leaf 0 serves workers 0, 1 (floor(5/2) = 2), leaf 1 workers 2, 3, 4
+    leaf0, leaf1, root = (s[0] for s in seen)
+    assert leaf0 == {"cmd": "add_job", "job": 77, "token": 99, "slots": 8, "payload": 512,
+                     "workers": 2, "group": "239.1.0.1",
+                     "parent": {"ip": "10.0.0.3", "mac": "02:00:00:00:00:03", "worker": 0,
+                                "rto_us": 2000}}
+    assert leaf1["workers"] == 3 and leaf1["group"] == "239.1.1.1"
+    assert leaf1["parent"]["worker"] == 1
+    assert root == {"cmd": "add_job", "job": 77, "token": 99, "slots": 8, "payload": 512,
+                    "workers": 2}
+    expect = [("10.0.0.1:48879", "239.1.0.1", [0, 2]), ("10.0.0.1:48879", "239.1.0.1", [1, 2]),
+              ("10.0.0.2:48879", "239.1.1.1", [0, 3]), ("10.0.0.2:48879", "239.1.1.1", [1, 3]),
+              ("10.0.0.2:48879", "239.1.1.1", [2, 3])]
+    assert [(f["aggregator"], f["group"], f["leaf_ids"]) for f in files] == expect
+    for w, f in enumerate(files):
+        path = job_file.write_job_file(str(tmp_path / f"job-{w}.json"), **f)
+        conf = job_file.job_config({"HOMAGG_JOB_FILE": path})
+        assert conf["leaf_ids"] == tuple(expect[w][2])
+        assert conf["aggregators"] == [(expect[w][0].split(":")[0], 48879)]
+    flat = job_file.write_job_file(str(tmp_path / "flat.json"), aggregator="10.0.0.1", job=1,
+                                   token=2)
+    assert job_file.job_config({"HOMAGG_JOB_FILE": flat})["leaf_ids"] is None
+    assert job_file.job_config({"HOMAGG_JOB_FILE": flat,
+                                "HOMAGG_LEAF_IDS": "1,4"})["leaf_ids"] == (1, 4)
+    with pytest.raises(ConfigError, match="HOMAGG_LEAF_IDS"):
+        job_file.job_config({"HOMAGG_JOB_FILE": flat, "HOMAGG_LEAF_IDS": "4,4"})
+    # the root refuses: both leaves drop the job again
+    seen = [[] for _ in range(3)]
+    with pytest.raises(ConfigError, match="refused"):
+        job_file.register_tree([control(0), control(1), control(2, fail=True)], aggs,
+                               leaves=2, workers=5, group="239.1.0.1", job=78)
+    assert [r["cmd"] for r in seen[0]] == ["add_job", "remove_job"] == \
+        [r["cmd"] for r in seen[1]]
+    assert seen[0][1]["job"] == 78
+
+
 # ---- one leaf engine on the in-memory port: the root's side by hand -------
 
 def _leaf_rig(workers=2, slots=4, rto=1e-3, give_up=1.0, replicate=False):

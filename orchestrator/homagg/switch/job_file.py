@@ -77,13 +77,18 @@ JOB_FIELDS = {
 def _leaf_ids_field(value):
     """The job file's ``leaf_ids`` ([i, n], or HOMAGG_LEAF_IDS "i,n") as a
     tuple, None when empty."""
-    if isinstance(value, str):
-        value = [int(x) for x in value.split(",")] if value.strip() else []
-    value = tuple(int(x) for x in value)
-    if not value:
+    try:
+        if isinstance(value, str):
+            value = [int(x) for x in value.split(",")] if value.strip() else []
+        value = tuple(int(x) for x in value)
+    except (TypeError, ValueError):
+        value = None
+    if value == ():
         return None
-    if len(value) != 2 or not 0 <= value[0] < value[1]:
-        raise ValueError(f"leaf_ids {list(value)}: expected [i, n] with 0 <= i < n")
+    if value is None or len(value) != 2 or not 0 <= value[0] < value[1]:
+        raise ConfigError("leaf_ids: expected [i, n] (\"i,n\" in HOMAGG_LEAF_IDS), the "
+                          "worker's index at its tree leaf and the leaf's worker count, "
+                          "0 <= i < n")
     return value
 
 
