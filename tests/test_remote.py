@@ -343,8 +343,17 @@ def test_train_on_two_aggregators_and_a_tree(rack2, tmp_path):
     """`homagg train -i` with the testbed path's options: the job spread
     over two aggregator hosts (`up`'s job), then a tree (--leaves 1: agg a
     leaf below agg1, the root; every rank's job file names its leaf), each
-    exact: parameters identical across ranks and to the replay."""
+    exact: parameters identical across ranks and to the replay.  The same
+    tree on the rack's namespaces as a local testbed (daemons of the run's
+    own) is exact too."""
+    from homagg.train import train as trainmod
+
     model = tiny_model(tmp_path)
+    # local first: `up` below takes the aggregators' eth0
+    loc = trainmod.run_train(rack2.tb.name, model=model, method="lhc", steps=2, warmup=1,
+                             baseline=False, state_dir=rack2.tb.state_dir, leaves=1)
+    check_train(loc)
+    assert loc["leaves"] == 1 and loc["aggregator_hosts"] == ["agg", "agg1"]
     path, i = make_testbed(rack2, tmp_path)
     up = cli("up", "-i", path, "--no-udp-csum")
     assert up.returncode == 0, up.stdout + up.stderr
