@@ -413,6 +413,18 @@ def test_two_aggregators_up_run_down(rack2, tmp_path):
         assert [a["host"] for a in rep1["aggregators"]] == ["agg"]
         assert rep1["exact"] is True and rep1["result_sha256"] == rep["result_sha256"]
         assert rep1["aggregators"][0]["counters"]["completed"] > 0
+        # --leaves 1: agg a leaf below agg1, the root (its MAC read over SSH)
+        rt = cli("run", "allreduce", "-i", path, "--method", "lhc", "--elements", "30000",
+                 "--density", "0.05", "--seed", "7", "--leaves", "1",
+                 "--runs-dir", str(tmp_path / "runs"), "--json")
+        assert rt.returncode == 0, rt.stdout + rt.stderr
+        rept = json.loads(rt.stdout)
+        assert rept["exact"] is True and rept["result_sha256"] == rep["result_sha256"]
+        assert [(a["host"], a["role"]) for a in rept["aggregators"]] == [("agg", "leaf"),
+                                                                        ("agg1", "root")]
+        leaf, root = (a["counters"] for a in rept["aggregators"])
+        assert leaf["completed"] > 0 and leaf["up_sent"] == leaf["completed"]
+        assert root["summed"] == root["completed"] == leaf["completed"], (leaf, root)
         # up's job: its file on every worker host names both aggregators and
         # the host's own address; two ranks configured from it alone are exact
         for w, f in zip(("w0", "w1"), files):
