@@ -749,7 +749,7 @@ def run_train(testbed: "str | Placement", model: str = "ncf", method: str = "aut
 
     check_arguments(method, model, steps, warmup)
     lr = load_factory(model)[1] if lr is None else lr
-    if model.endswith(".py") or ".py:" in model:  # the ranks run in another folder
+    if ".py:" in model:  # a file: the ranks run in another folder
         path, _, name = model.rpartition(":")
         model = f"{os.path.abspath(path)}:{name}"
     if isinstance(testbed, str):

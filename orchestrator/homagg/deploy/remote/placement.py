@@ -31,7 +31,7 @@ _UP_DAEMON = ("the daemons on inventory hosts are the ones `homagg up -i` starte
 
 
 # a run option's value that needs nothing of a daemon of one's own
-_DEFAULTS = {"auth": False, "leaves": 0, "drop_rate": 0.0, "switch_lcores": 1, "pmd": "auto",
+_DEFAULTS = {"auth": False, "drop_rate": 0.0, "switch_lcores": 1, "pmd": "auto",
              "switch": None, "idle_us": None, "idle_polls": None, "fail_aggregators": (),
              "gradient_files": None}
 
@@ -133,7 +133,7 @@ class InventoryPlacement(Placement):
                               "build their gradients from the seed",
         }
         out = [f"{k}: {why[k]}" for k, d in _DEFAULTS.items()
-               if k in why and (options.get(k) or d) != d]
+               if (options.get(k) or d) != d]
         leaves = options.get("leaves") or 0
         if leaves and leaves < len(self.aggregators):
             root = self.inv.host(self.aggregators[leaves].name)
