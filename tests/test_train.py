@@ -594,3 +594,19 @@ def test_threads_per_rank_leaves_a_core_per_rank_to_the_hook():
     assert hgt.threads_per_rank(1) == max(1, len(os.sched_getaffinity(0)) - 1)
     with pytest.raises(ValueError, match="local_ranks"):
         hgt.threads_per_rank(0)
+
+
+def test_the_standing_job_is_used_only_when_it_fits():
+    """`homagg train` reuses `homagg testbed up`'s / `homagg up -i`'s job only
+    when it is the one asked for: an explicit --slots, --payload-bytes or
+    --timeout, a tree, other aggregators or --auth on an unauthenticated
+    job give the run a job of its own (none is silently ignored)."""
+    job = {"workers": 2, "aggregator": "10.0.0.1:48879,10.0.0.2:48879", "slots": 64,
+           "payload": 1024, "timeout": 10.0, "auth_file": ""}
+    fits = dict(W=2, count=2, leaves=0, auth=False, slots=None, payload=1024, timeout=10.0)
+    assert trainmod._fits(job, **fits)
+    assert trainmod._fits(job, **dict(fits, slots=64))
+    for change in (dict(W=3), dict(count=1), dict(leaves=1), dict(auth=True), dict(slots=32),
+                   dict(payload=512), dict(timeout=5.0)):
+        assert not trainmod._fits(job, **dict(fits, **change)), change
+    assert trainmod._fits(dict(job, auth_file="/x/job.secret"), **dict(fits, auth=True))

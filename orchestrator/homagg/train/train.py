@@ -696,6 +696,18 @@ def _files(phases: list[str]) -> list[str]:
     return out + ["init-{rank}.npz"]
 
 
+def _fits(fields: dict, W: int, count: int, leaves: int, auth: bool, slots: int | None,
+          payload: int, timeout: float) -> bool:
+    """Whether the standing job of job-file ``fields`` is the run's: as many
+    workers, the same aggregators (no tree), authenticated if asked, and
+    the slots (when given), payload and timeout asked for."""
+    return (fields["workers"] == W and not leaves
+            and len(fields["aggregator"].split(",")) == count
+            and (not auth or bool(fields.get("auth_file")))
+            and (slots is None or fields["slots"] == slots)
+            and fields["payload"] == payload and float(fields["timeout"]) == float(timeout))
+
+
 def placement(testbed: str | None = None, inventory: str | None = None,
               state_dir: str | None = None, runs_dir: str | None = None,
               label: str = "train"):
@@ -733,8 +745,9 @@ def run_train(testbed: "str | Placement", model: str = "ncf", method: str = "aut
 
     The job: the placement's standing one (`homagg testbed up`'s or
     `homagg up -i`'s) registered afresh when it fits (as many workers, the
-    same aggregators, no tree, authenticated if ``auth``), else one of the
-    run's own, its job file written into every rank's folder.
+    same aggregators, no tree, authenticated if ``auth``, the ``slots``
+    when given, ``payload`` and ``timeout``), else one of the run's own,
+    its job file written into every rank's folder.
     ``aggregators`` N spreads the job over the first N aggregator hosts
     (default: all); ``leaves`` L (default: the placement's) makes a
     two-level tree of the first L hosts below the next, the root
@@ -762,7 +775,7 @@ def run_train(testbed: "str | Placement", model: str = "ncf", method: str = "aut
             raise TrainError(f"--ranks {ranks}: {pl.where} has {len(pl.workers)} workers")
         pl.select_workers(ranks)
     W = len(pl.workers)
-    slots = resolve_slots(slots, W)
+    slots_given, slots = slots, resolve_slots(slots, W)
     if method == "gloo":
         given = [n for n, v in (("--auth", auth), ("--leaves", leaves),
                                 ("--aggregators", aggregators)) if v]
@@ -788,9 +801,8 @@ def run_train(testbed: "str | Placement", model: str = "ncf", method: str = "aut
                                   drop_rate=0.0, idle_us=None, idle_polls=None, lcores=1)
             controls = [s.control for s in sws]
             standing = pl.standing_job()
-            if standing and not (standing[0]["workers"] == W and not leaves
-                                 and len(standing[0]["aggregator"].split(",")) == count
-                                 and (not auth or standing[0].get("auth_file"))):
+            if standing and not _fits(standing[0], W, count, leaves, auth, slots_given,
+                                      payload, timeout):
                 standing = None
             if standing:  # the standing job afresh, and its job files
                 job = job_file.renew(controls, standing[0])
