@@ -59,6 +59,10 @@ TINY = textwrap.dedent('''
 
     def broken(rank, world_size, seed):
         raise RuntimeError("no data here")
+
+
+    def model_only(rank, world_size, seed):
+        return Tiny()
 ''')
 
 
@@ -224,6 +228,7 @@ def test_ncf_buckets_are_ddps(capsys):
     ("{dir}/missing.py:build", "no file"),
     ("{dir}/tiny.py:nothere", "no callable 'nothere'"),
     ("{dir}/tiny.py:broken", "the factory raised for rank 0 (RuntimeError: no data here)"),
+    ("{dir}/tiny.py:model_only", "must return (torch.nn.Module, batches, loss_fn)"),
     ("resnet", "not one of"),
 ])
 def test_bad_model_is_one_line_exit_2(capsys, tiny, model, word):

@@ -110,11 +110,14 @@ def bucket_gradients(spec: str, workers: int, seed: int = 1, bucket_cap_mb: floa
     made = []
     for r in range(workers):
         try:
-            model, batches, loss_fn = factory(r, workers, seed)
+            got = factory(r, workers, seed)
         except Exception as exc:
             raise _error(spec, f"the factory raised for rank {r}", exc) from None
-        if not isinstance(model, torch.nn.Module) or not callable(loss_fn):
-            raise _error(spec, "the factory must return (torch.nn.Module, batches, loss_fn)")
+        if not (isinstance(got, (tuple, list)) and len(got) == 3
+                and isinstance(got[0], torch.nn.Module) and callable(got[2])):
+            raise _error(spec, "the factory must return (torch.nn.Module, batches, loss_fn), "
+                         f"it returned {type(got).__name__}")
+        model, batches, loss_fn = got
         try:
             batch = next(iter(batches))
             inputs, targets = batch
