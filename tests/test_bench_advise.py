@@ -73,11 +73,18 @@ def test_bench_advise_rows_for_every_configuration(tmp_path, capsys, monkeypatch
             assert r["measured_s"] > 0 and r["measured_bytes_per_worker"] > 0
             assert r["error"] == pytest.approx(r["predicted_s"] / r["measured_s"] - 1, rel=1e-12)
             assert r["within_target"] == (abs(r["error"]) <= 0.25)
+            assert r["bytes_ratio"] == pytest.approx(
+                r["measured_bytes_per_worker"] / r["predicted_payload_bytes_per_worker"],
+                rel=1e-12)
+            assert isinstance(r["cpu_bound"], bool)
         assert lhc["exact"] is True
         assert lhc["measured_speedup_vs_gloo"] == pytest.approx(
             gloo["measured_s"] / lhc["measured_s"], rel=1e-12)
     assert report["measured"] == len(rows)
     assert report["within_target"] == sum(r["within_target"] for r in rows)
+    assert report["cpu_bound"] == sum(r["cpu_bound"] for r in rows)
+    assert report["within_target_not_cpu_bound"] == \
+        sum(r["within_target"] for r in rows if not r["cpu_bound"])
     from homagg.deploy.local.testbed import Testbed
     assert name not in Testbed.list(str(tmp_path / "state"))
 

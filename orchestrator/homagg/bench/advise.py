@@ -157,6 +157,9 @@ def run(args):
                       _extra_versions=("torch", "pyroute2"), torch_runtime=torch_version,
                       configurations=len(results), measured=len(ok),
                       within_target=sum(bool(r["within_target"]) for r in ok),
+                      cpu_bound=sum(bool(r["cpu_bound"]) for r in ok),
+                      within_target_not_cpu_bound=sum(bool(r["within_target"]) for r in ok
+                                                      if r["cpu_bound"] is False),
                       results=results)
 
 
@@ -189,6 +192,8 @@ def _case(args, case, tb, name, link, wl, d, gloo, no_daemon, ar, adv):
                "within_target": within, "predicted_binds": binds,
                "predicted_payload_bytes_per_worker": p_bytes,
                "measured_bytes_per_worker": row.get("bytes_per_worker"),
+               "bytes_ratio": (row["bytes_per_worker"] / p_bytes
+                               if row.get("bytes_per_worker") and p_bytes else None),
                "predicted_speedup_vs_gloo": (a["ring"]["time_s"] / p_s if m != "gloo" else 1.0),
                "auto_choice_predicted": a["methods"]["auto"]["choice"] if m == "auto" else None,
                "seconds_min": row.get("seconds_min"), "seconds_max": row.get("seconds_max"),
@@ -220,24 +225,31 @@ def line(r):
 def table(report):
     """The report as text: one line per configuration and the summary."""
     lines = [f"{'link':>6s} {'workload':8s} {'density':>7s} {'method':6s} {'pred ms':>9s} "
-             f"{'meas ms':>9s} {'error':>7s} {'pred x':>7s} {'meas x':>7s}  binds"]
+             f"{'meas ms':>9s} {'error':>7s} {'pred x':>7s} {'meas x':>7s} {'bytes':>6s}  binds"]
     for r in report["results"]:
         err = "-" if r["error"] is None else f"{r['error']:+.0%}"
         px = f"{r['predicted_speedup_vs_gloo']:.2f}" if r["predicted_speedup_vs_gloo"] else "-"
         mx = f"{r['measured_speedup_vs_gloo']:.2f}" if r["measured_speedup_vs_gloo"] else "-"
+        br = f"{r['bytes_ratio']:.3f}" if r["bytes_ratio"] else "-"
         lines.append(f"{r['link_mbit']:6g} {r['workload']:8s} {r['density']:7g} "
                      f"{r['method']:6s} {_ms(r['predicted_s']):>9s} {_ms(r['measured_s']):>9s} "
-                     f"{err:>7s} {px:>7s} {mx:>7s}  {r['predicted_binds']}"
+                     f"{err:>7s} {px:>7s} {mx:>7s} {br:>6s}  {r['predicted_binds']}"
+                     + ("  cpu-bound" if r.get("cpu_bound") else "")
                      + ("" if r["status"] == "ok" else f"  [{r['status']}]"))
     lines.append(f"{report['within_target']} of {report['measured']} measured configurations "
-                 f"within {TARGET:.0%} ({report['configurations']} configurations)")
+                 f"within {TARGET:.0%} ({report['configurations']} configurations); "
+                 f"{report['cpu_bound']} cpu-bound (the run measured the machine's CPU, not "
+                 f"the links), {report['within_target_not_cpu_bound']} within {TARGET:.0%} of "
+                 "those that were not")
+    lines.append("pred x / meas x: speedup against Gloo; bytes: the bytes the interface sent "
+                 "over the payload bytes the model expects")
     return "\n".join(lines)
 
 
 MD_COLUMNS = ("link_mbit", "workload", "density", "method", "status", "predicted_s",
               "measured_s", "error", "within_target", "predicted_speedup_vs_gloo",
               "measured_speedup_vs_gloo", "predicted_binds", "predicted_payload_bytes_per_worker",
-              "measured_bytes_per_worker", "auto_choice_predicted", "cpu_bound", "machine_busy",
+              "measured_bytes_per_worker", "bytes_ratio", "auto_choice_predicted", "cpu_bound", "machine_busy",
               "exact")
 
 
