@@ -45,8 +45,8 @@ def add_arguments(p) -> None:
                    help="where the non-zeros are (homagg.bench.workloads; default shared; "
                    "not with --model)")
     p.add_argument("--bucket-mb", type=float, default=None,
-                   help="with --model: DDP's bucket_cap_mb (default 25, DDP's own; "
-                   "homagg train uses 4)")
+                   help="with --model: DDP's bucket_cap_mb, for every bucket (left out: "
+                   "DDP's default, 25 MB and a first bucket of 1 MiB; homagg train gives 4)")
     p.add_argument("--rtt-us", type=float, default=None,
                    help="one round trip plus a step's start, microseconds (default 100)")
     p.add_argument("--payload-bytes", type=int, default=1024,
@@ -73,7 +73,7 @@ def main(args) -> int:
                               ("--workload", args.workload)) if v is not None]
         if bad:
             _usage(f"{', '.join(bad)}: not with --model (the model's buckets give "
-                          "sizes and densities); drop them")
+                   "sizes and densities); drop them")
         return _main_model(args, adv)
     if args.bucket_mb is not None:
         _usage("--bucket-mb: only with --model")
@@ -82,7 +82,7 @@ def main(args) -> int:
                if v is None]
     if missing:
         _usage(f"the following arguments are required without --model: "
-                      f"{', '.join(missing)}")
+               f"{', '.join(missing)}")
     try:
         a = adv.advise(args.workers, args.elements, args.density, args.link_mbit,
                        args.workload or "shared",
