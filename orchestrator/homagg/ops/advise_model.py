@@ -147,8 +147,9 @@ def bucket_gradients(spec: str, workers: int, seed: int = 1, bucket_cap_mb: floa
         config = getattr(ddp, "_bucket_config", None)
         first_cap = getattr(config, "first_bucket_bytes_cap", None)
         passes = []
-        # the first pass forms the buckets by size; DDP rebuilds them at the
-        # next forward in the order the gradients became ready
+        # the first pass runs on DDP's initial buckets (torch 2.13: all in
+        # one); DDP rebuilds them by size at the next forward, in the order
+        # the gradients became ready, and keeps that layout
         for r in [0] + list(range(workers)):
             _, inputs, targets, lf = made[r]
             record.clear()
