@@ -2,7 +2,8 @@
 
 The buckets are checked against torch's own bucketing
 (``dist._compute_bucket_assignment_by_size`` with DDP's limits, the first
-bucket capped at ``dist._DEFAULT_FIRST_BUCKET_BYTES``), the densities
+bucket capped at ``dist._DEFAULT_FIRST_BUCKET_BYTES`` under DDP's default
+cap) and against the buckets DDP's reducer reports it rebuilt, the densities
 against numpy on gradients computed here without DDP, and the prediction
 for consistency: each bucket's prediction is homagg.ops.advise.predict's
 on the same gradients, the iteration's sums are the buckets', the best
@@ -104,6 +105,32 @@ def _torch_buckets(model, cap_mb=None):
     return [[named[i][0] for i in b] for b in indices]
 
 
+def _reducer_buckets(factory, cap_mb, store_path):
+    """(bytes, parameter indices) of each bucket as DDP's reducer reports
+    them after rebuilding (its logging data), on a one-process Gloo group:
+    a DDP of the same model trained three passes."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    dist.init_process_group("gloo", store=dist.FileStore(str(store_path), 1), rank=0,
+                            world_size=1)
+    try:
+        model, batches, loss_fn = factory(0, 1, 1)
+        ddp = DDP(model, bucket_cap_mb=cap_mb)
+        it = iter(batches)
+        for _ in range(3):
+            x, y = next(it)
+            loss_fn(ddp(x), y).backward()
+        info = ddp._get_ddp_logging_data()
+        assert info["has_rebuilt_buckets"] == 1
+        sizes = [int(v) for v in info["rebuilt_bucket_sizes"].split(",")]
+        params = [[int(i) for i in b.split()]
+                  for b in info["rebuilt_per_bucket_param_indices"].split(",")]
+        return sizes, params
+    finally:
+        dist.destroy_process_group()
+
+
 def _plain_gradients(factory, W, seed):
     """Each rank's gradients by a plain forward/backward (no DDP), by name."""
     out = []
@@ -117,7 +144,7 @@ def _plain_gradients(factory, W, seed):
     return out
 
 
-def test_tiny_model_buckets_densities_and_a_consistent_prediction(capsys, tiny):
+def test_tiny_model_buckets_densities_and_a_consistent_prediction(capsys, tiny, tmp_path):
     from homagg.ops import advise as adv
     from homagg.ops import advise_model as am
     from homagg.train.train import load_factory
@@ -136,6 +163,12 @@ def test_tiny_model_buckets_densities_and_a_consistent_prediction(capsys, tiny):
     assert [b["numel"] for b in a["buckets"]] == [sum(sizes[n] for n in b) for b in want]
     assert [b["index"] for b in a["buckets"]] == list(range(3))
     assert a["elements"] == sum(sizes.values())
+    # and the reducer's own account of the buckets it rebuilt
+    rb_bytes, rb_params = _reducer_buckets(factory, cap, tmp_path / "store")
+    names = [n for n, _ in model.named_parameters()]
+    assert [b["bytes"] for b in a["buckets"]] == rb_bytes
+    assert [sorted(b["params"]) for b in a["buckets"]] == \
+        [sorted(names[i] for i in b) for b in rb_params]
     assert a["bucket_cap_mb"] == cap and not a["bucket_cap_default"]
     assert a["first_bucket_bytes"] in (None, int(cap * 1024 * 1024))
 
