@@ -104,9 +104,20 @@ class Session:
         secret reaches a remote command: never in ``cmd``, which is logged)."""
         full = f"{self.sudo}sh -c {shlex.quote(cmd)}"
         log.debug("%s: %s", self.h.name, cmd if len(cmd) < 200 else cmd[:197] + "...")
-        r = self.conn.run(full, hide=True, warn=True,
-                          in_stream=False if stdin is None else io.StringIO(stdin),
-                          timeout=timeout or self.s.command_timeout)
+        if stdin is None:
+            r = self.conn.run(full, hide=True, warn=True, in_stream=False,
+                              timeout=timeout or self.s.command_timeout)
+        else:
+            from invoke.exceptions import ThreadException
+
+            try:
+                r = self.conn.run(full, hide=True, warn=True, in_stream=io.StringIO(stdin),
+                                  timeout=timeout or self.s.command_timeout)
+            except (ThreadException, OSError) as e:
+                # the command ended before it read its input (never quoted here)
+                short = cmd if len(cmd) < 120 else cmd[:117] + "..."
+                raise StepFailed(f"`{short}` on {self.h.name} did not read its input: "
+                                 f"{type(e).__name__}") from None
         if check and r.exited != 0:
             raise StepFailed(f"`{cmd if len(cmd) < 120 else cmd[:117] + '...'}` exited {r.exited}",
                              tail(r.stderr or r.stdout))
