@@ -196,7 +196,7 @@ def test_options_a_placement_cannot_do_are_refused_before_anything_starts(rack, 
     assert f"not on inventory {path}" in r.stderr
     assert "drop_rate: " in r.stderr and "switch_lcores: " in r.stderr
     assert "homagg up -i" in r.stderr
-    for opt, name in (("--auth", "auth"), ("--leaves", "leaves"), ("--pmd", "pmd")):
+    for opt, name in (("--leaves", "leaves"), ("--pmd", "pmd")):
         extra = {"--leaves": ["1"], "--pmd": ["af_xdp"]}.get(opt, [])
         r = cli("run", "allreduce", "-i", path, "--method", "lhc", "--elements", "100",
                 "--density", "0.1", opt, *extra, "--runs-dir", str(tmp_path / "runs"))
