@@ -54,6 +54,47 @@ def test_inventory_valid(tmp_path):
     assert i.settings.connect_timeout == 10.0
 
 
+def test_inventory_auth_secret_is_a_path_never_the_secret(tmp_path):
+    """``auth_secret`` names the job secret's file here (relative to the
+    inventory); the generated Ansible inventory carries that path and each
+    worker's host path, never the secret; the file is created mode 0600
+    when missing, and a group-readable one or a directory is refused."""
+    import io
+    import tarfile
+
+    from homagg import auth
+    from homagg.deploy.remote import ansible_inventory
+    from homagg.errors import SecretFileError
+
+    key = tmp_path / "k"
+    key.write_text("x")
+    path = tmp_path / "t.toml"
+    path.write_text(to_toml({"install_dir": "/opt/hg/{name}", "pip_index": True,
+                             "auth_secret": "sec/job.secret"}, _valid_hosts(str(key))))
+    i = inv.load(str(path))
+    local = str(tmp_path / "sec" / "job.secret")
+    assert i.settings.auth_secret == local
+    assert i.host("w1").secret_file == "/opt/hg/w1/secret/job.secret"
+    sdist = tmp_path / "homagg-0.tar.gz"
+    with tarfile.open(sdist, "w:gz") as t:
+        info = tarfile.TarInfo("homagg-0/setup.py")
+        t.addfile(info, io.BytesIO(b""))
+    data = ansible_inventory.generate(i, artifact=str(sdist), outdir=str(tmp_path / "out"))
+    assert os.stat(local).st_mode & 0o777 == 0o600
+    secret = auth.load_secret(local)
+    assert data["all"]["vars"]["homagg_auth_secret"] == local
+    hosts = data["all"]["children"]
+    assert hosts["worker"]["hosts"]["w1"]["homagg_secret_file"] == "/opt/hg/w1/secret/job.secret"
+    assert hosts["aggregator"]["hosts"]["agg"]["homagg_secret_file"] == ""
+    assert secret.hex() not in repr(data) and secret.hex() not in path.read_text()
+    os.chmod(local, 0o640)
+    with pytest.raises(SecretFileError, match=r"chmod 600"):
+        ansible_inventory.generate(i, artifact=str(sdist), outdir=str(tmp_path / "out"))
+    path.write_text(to_toml({"auth_secret": "sec"}, _valid_hosts(str(key))))
+    with pytest.raises(inv.InventoryError, match=r"field 'auth_secret' .* is a directory"):
+        inv.load(str(path))
+
+
 def test_inventory_collects_every_error(tmp_path):
     key = tmp_path / "k"
     key.write_text("x")
