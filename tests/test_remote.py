@@ -593,3 +593,45 @@ def test_auth_on_inventory_hosts_provision_up_run(rack, tmp_path):
     for h in workers:
         assert auth.load_secret(h.secret_file) == secret
         assert not os.path.exists(os.path.join(h.install_dir, "run"))
+
+
+@pytest.mark.timeout(600)
+def test_up_auth_without_a_provisioned_secret(rack, tmp_path):
+    """`homagg up -i --auth` with no auth_secret in the inventory: a new
+    secret on every worker host as INSTALL_DIR/run/job.secret (mode 0600,
+    the same on each, none on the aggregator), named by that host's job
+    file, and gone after `homagg down`; with auth_secret but no copy on the
+    hosts, up names `homagg provision` as the fix before registering."""
+    from homagg import auth
+
+    path, i = make_testbed(rack, tmp_path)
+    workers = [h for h in i.hosts if h.role == "worker"]
+    up = cli("up", "-i", path, "--no-udp-csum", "--auth", "--mac", "blake2b")
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        seen = set()
+        for h in workers:
+            f = os.path.join(h.install_dir, "run", "job.secret")
+            assert os.stat(f).st_mode & 0o777 == 0o600
+            seen.add(auth.load_secret(f))
+            fields = json.load(open(os.path.join(h.install_dir, "run", "job.json")))
+            assert fields["auth_file"] == f and fields["mac"] == "blake2b"
+        assert len(seen) == 1 and seen.pop().hex() not in up.stdout + up.stderr
+        assert not os.path.exists(os.path.join(i.host("agg").install_dir, "run", "job.secret"))
+    finally:
+        down = cli("down", "-i", path)
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert not any(os.path.exists(os.path.join(h.install_dir, "run")) for h in workers)
+
+    (tmp_path / "p").mkdir()
+    path, i = make_testbed(rack, tmp_path / "p", settings={"auth_secret": "job.secret"})
+    auth.create_secret_file(tmp_path / "p" / "job.secret")
+    up = cli("up", "-i", path, "--no-udp-csum", "--auth")
+    try:
+        assert up.returncode == 1, up.stdout + up.stderr
+        assert "the job secret of 'auth_secret' is not in place" in up.stderr
+        assert "secret/job.secret is missing" in up.stderr and "homagg provision" in up.stderr
+        assert "homagg-switch up" not in up.stdout  # refused before anything started
+    finally:
+        down = cli("down", "-i", path)
+    assert down.returncode == 0, down.stdout + down.stderr

@@ -371,6 +371,10 @@ def up(inventory: inv.Inventory, switch: str | None = None, no_udp_csum: bool = 
     hosts = open_hosts(inventory, out, switch)
     try:
         aggs = _aggregators(hosts)
+        if job_options.get("auth") and inventory.settings.auth_secret:
+            # the provisioned secret is checked (read only) before anything starts
+            job_options["placed"] = _up_secret([r for r in hosts if r.h.role == "worker"],
+                                               inventory, inventory.settings.parallel)
 
         def one(agg):
             try:
@@ -430,16 +434,18 @@ def _up_secret(workers: list[Host], inventory: inv.Inventory, parallel: int):
 
 def _up_job(hosts: list[Host], inventory: inv.Inventory, out, slots: int | None = None,
             payload: int = 1024, timeout: float = 10.0, group: str = UP_JOB_GROUP,
-            auth: bool = False, mac: str | None = None) -> dict:
+            auth: bool = False, mac: str | None = None, placed=None) -> dict:
     """The job of `up`: every worker host, spread over every aggregator, and
     its job file on every host (a worker's names its own bind address and,
-    with ``auth``, its own copy of the job secret: _up_secret)."""
+    with ``auth``, its own copy of the job secret: _up_secret, or
+    ``placed``, what it returned already)."""
     aggs = _aggregators(hosts)
     workers = [r for r in hosts if r.h.role == "worker"]
     localrun.check_payload(payload, min(h.mtu for h in inventory.hosts),
                            f"inventory {inventory.path}")
-    secret, files = (_up_secret(workers, inventory, inventory.settings.parallel) if auth
-                     else (None, {}))
+    secret, files = (None, {}) if not auth else placed or _up_secret(
+        workers, inventory, inventory.settings.parallel)
+    placed = None
     fields = job_file.register([a.control for a in aggs],
                                [(a.h.address, localrun.UDP_PORT) for a in aggs],
                                workers=len(workers), slots=slots, payload=payload, group=group,
