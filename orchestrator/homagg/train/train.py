@@ -63,8 +63,8 @@ returns one TrainReport, the same fields on both placements:
 (homagg.deploy.remote.placement); the ranks' reports, parameters and logs
 come back into RUNS_DIR/<timestamp>-train-<method>/.  --aggregators K and
 --leaves L (a two-level tree) work on both; an option a placement cannot
-do (--switch, or --auth on inventory hosts until the job secret is placed
-there) is refused before anything starts, with the reason.  A user's model
+do (--switch on inventory hosts; --auth with --leaves on both) is refused
+before anything starts, with the reason.  A user's model
 file must exist at the same path on every worker host.
 
 --out DIR writes train.json, loss_vs_step.png and loss_vs_time.png.
@@ -785,6 +785,10 @@ def run_train(testbed: "str | Placement", model: str = "ncf", method: str = "aut
         leaves, count = 0, 0
     else:
         leaves, count = aggregator_count(pl, aggregators, leaves, auth)
+        if leaves and auth:
+            raise TrainError("--auth with a tree (--leaves) is not in `homagg train` yet (the "
+                             "ranks' job files name one secret; `homagg run allreduce` has "
+                             "it): drop one of them")
     refused = pl.refusals(dict(auth=auth, leaves=leaves, switch=switch, aggregators=count))
     if refused:
         raise TrainError(f"not on {pl.where}: " + "; ".join(refused))
@@ -805,7 +809,7 @@ def run_train(testbed: "str | Placement", model: str = "ncf", method: str = "aut
                                       payload, timeout):
                 standing = None
             if standing:  # the standing job afresh, and its job files
-                job = job_file.renew(controls, standing[0])
+                job = job_file.renew(controls, standing[0], secret=standing[2])
                 files = standing[1]
             else:
                 if leaves:
@@ -814,13 +818,17 @@ def run_train(testbed: "str | Placement", model: str = "ncf", method: str = "aut
                         leaves=leaves, workers=W, slots=slots, payload=payload, group=group,
                         timeout=timeout, cost=job_cost)
                 else:
-                    auth_file = pl.private_path("job.secret") if auth else ""
-                    secret = hg_auth.create_secret_file(auth_file) if auth else None
-                    per_rank = [job_file.register(
+                    # a new secret in every worker's folder (Placement.place_secret)
+                    secret = hg_auth.new_secret() if auth else None
+                    if auth:
+                        pl.place_secret(secret)
+                    job0 = job_file.register(
                         controls, [(s.ip, UDP_PORT) for s in sws], workers=W, slots=slots,
                         payload=payload, group=group, timeout=timeout, auth=secret,
-                        auth_file=auth_file, cost=job_cost)] * W
+                        auth_file="job.secret" if auth else "", cost=job_cost)
                     del secret
+                    per_rank = [dict(job0, auth_file=f"{pl.worker_dir(r)}/job.secret"
+                                     if auth else "") for r in range(W)]
                 job = per_rank[0]
                 files = [pl.put_job_file(r, f"job-{r}.json", per_rank[r]) for r in range(W)]
             progress(f"job {job['job']} on {', '.join(s.host for s in sws)} "
@@ -884,7 +892,7 @@ def run_train(testbed: "str | Placement", model: str = "ncf", method: str = "aut
             controls = [s.control for s in sws]
             if standing:
                 try:  # fresh for the next run of ranks
-                    job_file.renew(controls, standing[0])
+                    job_file.renew(controls, standing[0], secret=standing[2])
                 except (HomAggError, OSError) as e:
                     _log.warning("the standing job %s not renewed: %s", job["job"], e)
             else:

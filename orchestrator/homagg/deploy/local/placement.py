@@ -18,6 +18,7 @@ import tempfile
 import numpy as np
 
 import homagg
+from homagg import auth as hg_auth
 from homagg.deploy.local import testbed_job
 from homagg.deploy.local.testbed import Testbed
 from homagg.deploy.placement import AggregatorHost, Placement, run_folder
@@ -119,6 +120,13 @@ class TestbedPlacement(Placement):
     def private_path(self, name: str) -> str:
         return os.path.join(self.workdir, name)
 
+    def place_secret(self, secret, name="job.secret"):
+        """The testbed's hosts share this machine's files: one file in the
+        run's private folder (removed when the placement closes)."""
+        path = self.private_path(name)
+        hg_auth.create_secret_file(path, secret)
+        return path
+
     def ranks_per_host(self) -> int:
         """Every namespace shares this machine's cores."""
         return len(self.workers)
@@ -141,7 +149,8 @@ class TestbedPlacement(Placement):
         job = testbed_job.job(self.tb)
         if job is None:
             return None
-        return ({k: v for k, v in job.items() if k != "file"}, [job["file"]] * len(self.workers))
+        return ({k: v for k, v in job.items() if k != "file"}, [job["file"]] * len(self.workers),
+                None)
 
     def fetch(self, i, names):
         """Already here (the work directory); copied to ``run_dir`` too."""
