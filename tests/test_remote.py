@@ -203,10 +203,10 @@ def test_options_a_placement_cannot_do_are_refused_before_anything_starts(rack, 
                 "--density", "0.1", opt, *extra, "--runs-dir", str(tmp_path / "runs"))
         assert r.returncode == 1 and why in r.stderr, (opt, r.stderr)
     # training refuses the same, in the same place
-    r = cli("train", "-i", path, "--model", "ncf", "--method", "lhc", "--auth",
+    r = cli("train", "-i", path, "--model", "ncf", "--method", "lhc", "--switch", SWITCH,
             "--runs-dir", str(tmp_path / "runs"))
     assert r.returncode == 1, r.stdout + r.stderr
-    assert f"not on inventory {path}: auth: " in r.stderr, r.stderr
+    assert f"not on inventory {path}: switch: " in r.stderr, r.stderr
     assert not os.path.exists(tmp_path / "runs")  # refused before the preflight
     # the local placement: an aggregator host it does not have
     from homagg.runs import allreduce as runmod
