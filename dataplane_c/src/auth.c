@@ -1,9 +1,12 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * Keys and MACs of authenticated jobs (homagg/auth.h), on libsodium.
+ * Keys and MACs of authenticated jobs (homagg/auth.h): the KDF and BLAKE2b
+ * on libsodium, AES-GMAC on the path of hg_mac_isa() (auth_gmac.c).
  *
  * Cost: one MAC pass over header + payload per frame checked or sent.
- * AES-GMAC is computed by libsodium (crypto_aead_aes256gcm: AES-NI and a
+ * On the project's own paths (pclmul, avx2, avx512) auth_gmac_pvt.h and
+ * docs/BENCHMARKS.md have the cost.  On the portable path AES-GMAC is
+ * computed by libsodium (crypto_aead_aes256gcm: AES-NI and a
  * 4-block PCLMULQDQ GHASH, ~30 ns of fixed cost) for frames shorter than
  * HG_GMAC_EVP_MIN bytes and by OpenSSL's libcrypto (EVP AES-256-GCM, whose
  * GHASH of the additional data runs on VPCLMULQDQ where the CPU has it,
@@ -105,6 +108,17 @@ int hg_mac_key_init(struct hg_mac_key *k, uint32_t alg, const uint8_t *key)
 		memcpy(k->key, key, HG_AUTH_KEY_LEN);
 		return 0;
 	}
+	k->isa = hg_mac_isa();
+	if (k->isa < 0) {               /* HOMAGG_MAC_ISA refused */
+		int rc = k->isa;
+
+		hg_mac_key_release(k);
+		return rc;
+	}
+	if (k->isa != HG_MAC_ISA_PORTABLE) {
+		hg_gmac_init(&k->gmac, key);
+		return 0;
+	}
 	crypto_aead_aes256gcm_beforenm(&k->aes, key);
 	k->evp = EVP_CIPHER_CTX_new();
 	if (!k->evp ||
@@ -152,6 +166,10 @@ void hg_mac_key_sign(const struct hg_mac_key *k, uint32_t dir,
 		}
 		/* GMAC: nothing encrypted, everything authenticated */
 		hg_auth_nonce(data, dir, counter, nonce);
+		if (k->isa != HG_MAC_ISA_PORTABLE) {
+			hg_gmac_tag(&k->gmac, k->isa, nonce, data, len, mac);
+			return;
+		}
 		if (len >= HG_GMAC_EVP_MIN && k->evp) {
 			int n;
 
@@ -194,6 +212,8 @@ int hg_auth_mac(uint32_t alg, const uint8_t *key, uint32_t dir,
 
 	if (!key || !mac || !data || len < HG_HDR_LEN)
 		return -EINVAL;
+	if (sodium_init() < 0)          /* sodium_malloc needs it first */
+		return -ENOTSUP;
 	k = sodium_malloc(sizeof(*k));  /* aligned; wiped when freed */
 	if (!k)
 		return -ENOMEM;
