@@ -49,10 +49,17 @@ static bool mac_isa_cpu(int isa)
 	}
 }
 
+static const char *const mac_isa_names[] = { "portable", "pclmul", "avx2",
+					      "avx512" };
+#define MAC_ISA_COUNT ((int)(sizeof(mac_isa_names) / sizeof(mac_isa_names[0])))
+
+const char *hg_mac_isa_name(int isa)
+{
+	return isa >= 0 && isa < MAC_ISA_COUNT ? mac_isa_names[isa] : "?";
+}
+
 static int mac_isa_read(void)
 {
-	static const char *const names[] = { "portable", "pclmul", "avx2",
-					     "avx512" };
 	const char *v = getenv("HOMAGG_MAC_ISA");
 
 	if (!v || !*v) {
@@ -61,10 +68,15 @@ static int mac_isa_read(void)
 				return isa;
 		return HG_MAC_ISA_PORTABLE;
 	}
-	for (int isa = 0; isa < (int)(sizeof(names) / sizeof(names[0])); isa++)
-		if (strcmp(v, names[isa]) == 0)
+	for (int isa = 0; isa < MAC_ISA_COUNT; isa++)
+		if (strcmp(v, mac_isa_names[isa]) == 0)
 			return mac_isa_cpu(isa) ? isa : -ENOTSUP;
 	return -EINVAL;
+}
+
+bool hg_mac_isa_available(int isa)
+{
+	return mac_isa_cpu(isa);
 }
 
 int hg_mac_isa(void)
@@ -154,7 +166,7 @@ GMAC_PCLMUL void hg_gmac_init(struct hg_gmac_key *g, const uint8_t *key)
 	memcpy(g->rk, rk, sizeof(g->rk));
 	h = gmac_bswap(aes256_block(g, _mm_setzero_si128()));
 	p = h;
-	for (int i = HG_GMAC_CHUNK - 1; i >= 0; i--) {  /* hpow[i] = H^(16-i) */
+	for (int i = HG_GMAC_CHUNK - 1; i >= 0; i--) {  /* hpow[i] = H^(64-i) */
 		_mm_storeu_si128((__m128i *)g->hpow[i], p);
 		p = gf_mul(p, h);
 	}
@@ -164,72 +176,75 @@ GMAC_PCLMUL void hg_gmac_init(struct hg_gmac_key *g, const uint8_t *key)
 	__asm__ volatile("" : : "x"(h), "x"(p) : "memory");
 }
 
-GMAC_PCLMUL __m128i hg_gmac_blocks_pclmul(const struct hg_gmac_key *g,
-					  __m128i y, const uint8_t *blocks,
-					  size_t n)
+GMAC_PCLMUL static inline void mul_add(__m128i x, __m128i h,
+					struct hg_gmac_sum *s)
 {
-	const uint8_t (*hp)[16] = g->hpow + HG_GMAC_CHUNK - n;
-	__m128i lo = _mm_setzero_si128(), mid = lo, hi = lo;
-
-	for (size_t i = 0; i < n; i++) {
-		__m128i x = gmac_bswap(_mm_loadu_si128((const __m128i *)(blocks + 16 * i)));
-		__m128i h = _mm_loadu_si128((const __m128i *)hp[i]);
-
-		if (i == 0)
-			x = _mm_xor_si128(x, y);
-		lo = _mm_xor_si128(lo, _mm_clmulepi64_si128(x, h, 0x00));
-		mid = _mm_xor_si128(mid, _mm_xor_si128(_mm_clmulepi64_si128(x, h, 0x01),
-						       _mm_clmulepi64_si128(x, h, 0x10)));
-		hi = _mm_xor_si128(hi, _mm_clmulepi64_si128(x, h, 0x11));
-	}
-	return ghash_reduce(lo, mid, hi);
+	s->lo = _mm_xor_si128(s->lo, _mm_clmulepi64_si128(x, h, 0x00));
+	s->mid = _mm_xor_si128(s->mid, _mm_xor_si128(_mm_clmulepi64_si128(x, h, 0x01),
+						     _mm_clmulepi64_si128(x, h, 0x10)));
+	s->hi = _mm_xor_si128(s->hi, _mm_clmulepi64_si128(x, h, 0x11));
 }
 
-GMAC_PCLMUL size_t hg_gmac_chunks_pclmul(const struct hg_gmac_key *g,
-					 __m128i *y, const uint8_t *data,
-					 size_t len)
+GMAC_PCLMUL void hg_gmac_mul_pclmul(__m128i y, const uint8_t *blocks,
+				    const uint8_t (*hp)[16], size_t n,
+				    struct hg_gmac_sum *s)
 {
-	size_t done = 0;
-
-	for (; done + 16 * HG_GMAC_CHUNK <= len; done += 16 * HG_GMAC_CHUNK)
-		*y = hg_gmac_blocks_pclmul(g, *y, data + done, HG_GMAC_CHUNK);
-	return done;
+	mul_add(_mm_xor_si128(y, gmac_bswap(_mm_loadu_si128((const __m128i *)blocks))),
+		_mm_loadu_si128((const __m128i *)hp[0]), s);
+	for (size_t i = 1; i < n; i++)
+		mul_add(gmac_bswap(_mm_loadu_si128((const __m128i *)(blocks + 16 * i))),
+			_mm_loadu_si128((const __m128i *)hp[i]), s);
 }
 
+typedef void gmac_mul_fn(__m128i y, const uint8_t *blocks,
+			 const uint8_t (*hp)[16], size_t n,
+			 struct hg_gmac_sum *s);
+
+/*
+ * The data's full blocks go to the path's multiply straight from the frame,
+ * at most HG_GMAC_CHUNK per reduction, each chunk against the last powers
+ * of the table (H^k .. H^1); the last one to three blocks (a partial block,
+ * zero-padded, and the length block) are multiplied from a copy, in the
+ * same reduction as the full blocks before them.
+ */
 GMAC_PCLMUL void hg_gmac_tag(const struct hg_gmac_key *g, int isa,
 			     const uint8_t *nonce, const uint8_t *data,
 			     size_t len, uint8_t *tag)
 {
-	/* the tail: < 16 blocks of data, zero-padded, and the length block */
-	uint8_t tail[(HG_GMAC_CHUNK + 1) * 16];
-	__m128i y = _mm_setzero_si128(), j0;
-	size_t done, rest, nb;
+	gmac_mul_fn *mul = isa == HG_MAC_ISA_AVX512 ? hg_gmac_mul_avx512 :
+			   isa == HG_MAC_ISA_AVX2 ? hg_gmac_mul_avx2 :
+			   hg_gmac_mul_pclmul;
+	const uint8_t (*hend)[16] = g->hpow + HG_GMAC_CHUNK;
+	size_t full = len / 16, part = len % 16, t = part ? 2 : 1, pos = 0, k;
 	uint64_t bits = (uint64_t)len * 8;
+	uint8_t last[32];
+	struct hg_gmac_sum s;
+	__m128i y = _mm_setzero_si128(), mask;
 
-	if (isa == HG_MAC_ISA_AVX512)
-		done = hg_gmac_chunks_avx512(g, &y, data, len);
-	else if (isa == HG_MAC_ISA_AVX2)
-		done = hg_gmac_chunks_avx2(g, &y, data, len);
-	else
-		done = hg_gmac_chunks_pclmul(g, &y, data, len);
-	rest = len - done;
-	nb = (rest + 15) / 16;
-	memcpy(tail, data + done, rest);
-	memset(tail + rest, 0, nb * 16 - rest + 16);
-	for (int i = 0; i < 8; i++)     /* [8 len(A)]_64 || [0]_64 */
-		tail[nb * 16 + i] = (uint8_t)(bits >> (56 - 8 * i));
-	nb++;
-	if (nb > HG_GMAC_CHUNK) {
-		y = hg_gmac_blocks_pclmul(g, y, tail, HG_GMAC_CHUNK);
-		y = hg_gmac_blocks_pclmul(g, y, tail + 16 * HG_GMAC_CHUNK,
-					  nb - HG_GMAC_CHUNK);
-	} else {
-		y = hg_gmac_blocks_pclmul(g, y, tail, nb);
+	/* J0 = nonce || 0x00000001; its block cipher runs beside the GHASH */
+	memcpy(last, nonce, 12);
+	last[12] = last[13] = last[14] = 0;
+	last[15] = 1;
+	mask = aes256_block(g, _mm_loadu_si128((const __m128i *)last));
+
+	while (full - pos + t > HG_GMAC_CHUNK) {
+		k = full - pos < HG_GMAC_CHUNK ? full - pos : HG_GMAC_CHUNK;
+		s.lo = s.mid = s.hi = _mm_setzero_si128();
+		mul(y, data + 16 * pos, hend - k, k, &s);
+		y = ghash_reduce(s.lo, s.mid, s.hi);
+		pos += k;
 	}
-	/* J0 = nonce || 0x00000001 */
-	memcpy(tail, nonce, 12);
-	tail[12] = tail[13] = tail[14] = 0;
-	tail[15] = 1;
-	j0 = aes256_block(g, _mm_loadu_si128((const __m128i *)tail));
-	_mm_storeu_si128((__m128i *)tag, _mm_xor_si128(gmac_bswap(y), j0));
+	k = full - pos;
+	s.lo = s.mid = s.hi = _mm_setzero_si128();
+	if (k) {
+		mul(y, data + 16 * pos, hend - k - t, k, &s);
+		y = _mm_setzero_si128();
+	}
+	memset(last, 0, sizeof(last));
+	memcpy(last, data + 16 * full, part);
+	for (int i = 0; i < 8; i++)     /* [8 len(A)]_64 || [0]_64 */
+		last[16 * (t - 1) + i] = (uint8_t)(bits >> (56 - 8 * i));
+	hg_gmac_mul_pclmul(y, last, hend - t, t, &s);
+	y = ghash_reduce(s.lo, s.mid, s.hi);
+	_mm_storeu_si128((__m128i *)tag, _mm_xor_si128(gmac_bswap(y), mask));
 }

@@ -1,8 +1,10 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * The AES-GMAC main loop on zmm VPCLMULQDQ (auth_gmac_pvt.h): a 16-block
- * chunk is four 64-byte loads, each multiplied lane by lane with four
- * powers of H; the four lanes of the three sums are folded and reduced once.
+ * AES-GMAC's multiply-and-sum on zmm VPCLMULQDQ (auth_gmac_pvt.h): four
+ * blocks per 64-byte load, each multiplied lane by lane with its power of
+ * H; the last one to three blocks by a masked load (the masked-off lanes
+ * read nothing and add nothing); the four lanes of the sums folded at the
+ * end.
  */
 #include "auth_gmac_pvt.h"
 
@@ -18,35 +20,43 @@ GMAC_AVX512 static inline __m128i fold4(__m512i v)
 			     _mm256_extracti128_si256(t, 1));
 }
 
-GMAC_AVX512 size_t hg_gmac_chunks_avx512(const struct hg_gmac_key *g,
-					 __m128i *y, const uint8_t *data,
-					 size_t len)
+#define XOR3(a, b, c) _mm512_ternarylogic_epi64(a, b, c, 0x96)
+
+GMAC_AVX512 void hg_gmac_mul_avx512(__m128i y, const uint8_t *blocks,
+				    const uint8_t (*hp)[16], size_t n,
+				    struct hg_gmac_sum *s)
 {
 	const __m512i bs = _mm512_broadcast_i32x4(
 		_mm_set_epi8(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
-	__m512i h[4];
-	__m128i acc = *y;
-	size_t done = 0;
+	__m512i lo = _mm512_zextsi128_si512(y), mid, hi, x, h;
+	size_t i = 0;
 
-	for (int k = 0; k < 4; k++)
-		h[k] = _mm512_loadu_si512((const void *)g->hpow[4 * k]);
-	for (; done + 16 * HG_GMAC_CHUNK <= len; done += 16 * HG_GMAC_CHUNK) {
-		__m512i lo = _mm512_setzero_si512(), mid = lo, hi = lo;
-
-		for (int k = 0; k < 4; k++) {
-			__m512i x = _mm512_shuffle_epi8(
-				_mm512_loadu_si512((const void *)(data + done + 64 * k)), bs);
-
-			if (k == 0)
-				x = _mm512_xor_si512(x, _mm512_zextsi128_si512(acc));
-			lo = _mm512_xor_si512(lo, _mm512_clmulepi64_epi128(x, h[k], 0x00));
-			mid = _mm512_ternarylogic_epi64(
-				mid, _mm512_clmulepi64_epi128(x, h[k], 0x01),
-				_mm512_clmulepi64_epi128(x, h[k], 0x10), 0x96);
-			hi = _mm512_xor_si512(hi, _mm512_clmulepi64_epi128(x, h[k], 0x11));
-		}
-		acc = ghash_reduce(fold4(lo), fold4(mid), fold4(hi));
+	/* y joins the first block: (y + b0) h0 = y h0 + b0 h0, folded in
+	 * below as one more lane-0 product */
+	h = _mm512_zextsi128_si512(_mm_loadu_si128((const __m128i *)hp[0]));
+	mid = XOR3(_mm512_setzero_si512(), _mm512_clmulepi64_epi128(lo, h, 0x01),
+		   _mm512_clmulepi64_epi128(lo, h, 0x10));
+	hi = _mm512_clmulepi64_epi128(lo, h, 0x11);
+	lo = _mm512_clmulepi64_epi128(lo, h, 0x00);
+	for (; i + 4 <= n; i += 4) {
+		x = _mm512_shuffle_epi8(_mm512_loadu_si512((const void *)(blocks + 16 * i)), bs);
+		h = _mm512_loadu_si512((const void *)hp[i]);
+		lo = _mm512_xor_si512(lo, _mm512_clmulepi64_epi128(x, h, 0x00));
+		mid = XOR3(mid, _mm512_clmulepi64_epi128(x, h, 0x01),
+			   _mm512_clmulepi64_epi128(x, h, 0x10));
+		hi = _mm512_xor_si512(hi, _mm512_clmulepi64_epi128(x, h, 0x11));
 	}
-	*y = acc;
-	return done;
+	if (i < n) {
+		__mmask8 m = (__mmask8)((1u << (2 * (n - i))) - 1);
+
+		x = _mm512_shuffle_epi8(_mm512_maskz_loadu_epi64(m, blocks + 16 * i), bs);
+		h = _mm512_maskz_loadu_epi64(m, hp[i]);
+		lo = _mm512_xor_si512(lo, _mm512_clmulepi64_epi128(x, h, 0x00));
+		mid = XOR3(mid, _mm512_clmulepi64_epi128(x, h, 0x01),
+			   _mm512_clmulepi64_epi128(x, h, 0x10));
+		hi = _mm512_xor_si512(hi, _mm512_clmulepi64_epi128(x, h, 0x11));
+	}
+	s->lo = _mm_xor_si128(s->lo, fold4(lo));
+	s->mid = _mm_xor_si128(s->mid, fold4(mid));
+	s->hi = _mm_xor_si128(s->hi, fold4(hi));
 }

@@ -2,13 +2,16 @@
 /*
  * AES-GMAC of the project's own (auth_gmac*.c): AES-256 with AES-NI for the
  * hash key H = E_K(0) and the tag mask E_K(J0), GHASH over the additional
- * data with PCLMULQDQ, 16 blocks per reduction against precomputed powers
- * H^16..H^1.  The main loop of 16-block chunks has three forms, all giving
- * the same bits (HOMAGG_MAC_ISA, auth_gmac.c "hg_mac_isa"):
+ * data with carry-less multiplies against precomputed powers H^64..H^1: up
+ * to 64 blocks are multiplied each by its power and summed unreduced, then
+ * reduced once, so the one dependent chain (the running hash into the next
+ * 64 blocks) costs one reduction per KB.  The multiply-and-sum loop has
+ * three forms, all giving the same bits (HOMAGG_MAC_ISA, auth_gmac.c
+ * "hg_mac_isa"):
  *
- *   pclmul   xmm, one block per multiply      (auth_gmac.c)
- *   avx2     ymm VPCLMULQDQ, two blocks       (auth_gmac_avx2.c)
- *   avx512   zmm VPCLMULQDQ, four blocks      (auth_gmac_avx512.c)
+ *   pclmul   xmm PCLMULQDQ, one block per multiply     (auth_gmac.c)
+ *   avx2     ymm VPCLMULQDQ, two blocks                (auth_gmac_avx2.c)
+ *   avx512   zmm VPCLMULQDQ, four blocks, masked tail  (auth_gmac_avx512.c)
  *
  * Field elements are kept byte-reflected (the block's bytes reversed), so
  * that a carry-less product of two of them is the reflected product shifted
@@ -24,13 +27,19 @@
 
 #include <immintrin.h>
 
-#define HG_GMAC_CHUNK 16        /* blocks per reduction */
+#define HG_GMAC_CHUNK 64        /* blocks per reduction */
 #define HG_GMAC_ROUNDS 14       /* AES-256 */
 
 /* One key's precomputed state; wiped by whoever frees it. */
 struct hg_gmac_key {
 	uint8_t rk[HG_GMAC_ROUNDS + 1][16];   /* AES-256 round keys */
-	uint8_t hpow[HG_GMAC_CHUNK][16];      /* H^16 .. H^1, reflected */
+	uint8_t hpow[HG_GMAC_CHUNK][16];      /* H^64 .. H^1, reflected */
+};
+
+/* An unreduced sum of products: the 64-bit halves' a0*b0, a1*b0 + a0*b1
+ * and a1*b1 summed (ghash_reduce's arguments). */
+struct hg_gmac_sum {
+	__m128i lo, mid, hi;
 };
 
 #define GMAC_PCLMUL __attribute__((target("aes,pclmul,ssse3")))
@@ -74,19 +83,18 @@ GMAC_PCLMUL static inline __m128i ghash_reduce(__m128i lo, __m128i mid,
 	return _mm_xor_si128(hi, _mm_xor_si128(lo, t));
 }
 
-/* y = (y + blocks[0]) H^n + blocks[1] H^(n-1) + ... + blocks[n-1] H for
- * 1 <= n <= HG_GMAC_CHUNK blocks (raw bytes), one reduction. */
-__m128i hg_gmac_blocks_pclmul(const struct hg_gmac_key *g, __m128i y,
-			      const uint8_t *blocks, size_t n);
-
-/* y after the whole chunks of len bytes (len / 256 of them) at data: the
- * wide main loops; each returns the bytes it consumed (a multiple of 256). */
-size_t hg_gmac_chunks_pclmul(const struct hg_gmac_key *g, __m128i *y,
-			     const uint8_t *data, size_t len);
-size_t hg_gmac_chunks_avx2(const struct hg_gmac_key *g, __m128i *y,
-			   const uint8_t *data, size_t len);
-size_t hg_gmac_chunks_avx512(const struct hg_gmac_key *g, __m128i *y,
-			     const uint8_t *data, size_t len);
+/*
+ * s += (y + b[0]) hp[0] + b[1] hp[1] + ... + b[n-1] hp[n-1], unreduced, for
+ * n raw 16-byte blocks b at blocks and n reflected powers hp (n >= 1).
+ */
+void hg_gmac_mul_pclmul(__m128i y, const uint8_t *blocks,
+			const uint8_t (*hp)[16], size_t n,
+			struct hg_gmac_sum *s);
+void hg_gmac_mul_avx2(__m128i y, const uint8_t *blocks,
+		      const uint8_t (*hp)[16], size_t n, struct hg_gmac_sum *s);
+void hg_gmac_mul_avx512(__m128i y, const uint8_t *blocks,
+			const uint8_t (*hp)[16], size_t n,
+			struct hg_gmac_sum *s);
 
 /* g = the state of AES-256 key (32 bytes).  Needs AES-NI and PCLMULQDQ. */
 void hg_gmac_init(struct hg_gmac_key *g, const uint8_t *key);

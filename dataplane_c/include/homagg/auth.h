@@ -61,6 +61,10 @@ extern "C" {
 int hg_mac_isa(void);
 /* Read HOMAGG_MAC_ISA again (tests); returns as hg_mac_isa(). */
 int hg_mac_isa_reload(void);
+/* Does this CPU have the instructions of AES-GMAC path isa? */
+bool hg_mac_isa_available(int isa);
+/* "portable", "pclmul", "avx2", "avx512"; "?" for anything else. */
+const char *hg_mac_isa_name(int isa);
 
 /* Can this host compute MAC algorithm alg (AES-GMAC: AES-NI and PCLMUL)? */
 bool hg_auth_mac_available(uint32_t alg);
