@@ -150,13 +150,41 @@ int hg_mac_key_derive(struct hg_mac_key *k, uint32_t alg,
 	return rc;
 }
 
+/* mac = the AES-GCM tag under k's key of nonce, an empty plaintext and
+ * data[0..len) as additional data, on k's path. */
+static void gmac_tag(const struct hg_mac_key *k, const uint8_t *nonce,
+		     const uint8_t *data, size_t len, uint8_t *mac)
+{
+	uint8_t none[1] = { 0 };
+	unsigned long long maclen;
+
+	if (k->isa != HG_MAC_ISA_PORTABLE) {
+		hg_gmac_tag(&k->gmac, k->isa, nonce, data, len, mac);
+		return;
+	}
+	if (len >= HG_GMAC_EVP_MIN && k->evp) {
+		int n;
+
+		/* cannot fail on a context made by hg_mac_key_init with a
+		 * 12-byte nonce; a failure leaves a tag that verifies nothing */
+		if (EVP_EncryptInit_ex(k->evp, NULL, NULL, NULL, nonce) != 1 ||
+		    EVP_EncryptUpdate(k->evp, NULL, &n, data, (int)len) != 1 ||
+		    EVP_EncryptFinal_ex(k->evp, none, &n) != 1 ||
+		    EVP_CIPHER_CTX_ctrl(k->evp, EVP_CTRL_AEAD_GET_TAG,
+					HG_MAC_LEN, mac) != 1)
+			randombytes_buf(mac, HG_MAC_LEN);
+		return;
+	}
+	crypto_aead_aes256gcm_encrypt_detached_afternm(
+		none, mac, &maclen, none, 0, data, len, NULL, nonce, &k->aes);
+}
+
 void hg_mac_key_sign(const struct hg_mac_key *k, uint32_t dir,
 		     uint64_t counter, const uint8_t *data, size_t len,
 		     uint8_t *mac)
 {
 	if (k->alg == HG_MAC_AES_GMAC) {
-		uint8_t nonce[HG_AUTH_NONCE_LEN], none[1];
-		unsigned long long maclen;
+		uint8_t nonce[HG_AUTH_NONCE_LEN];
 
 		/* A counter past 48 bits would repeat a nonce: such a frame
 		 * gets a MAC that verifies nothing (PROTOCOL.md "Nonce"). */
@@ -166,27 +194,7 @@ void hg_mac_key_sign(const struct hg_mac_key *k, uint32_t dir,
 		}
 		/* GMAC: nothing encrypted, everything authenticated */
 		hg_auth_nonce(data, dir, counter, nonce);
-		if (k->isa != HG_MAC_ISA_PORTABLE) {
-			hg_gmac_tag(&k->gmac, k->isa, nonce, data, len, mac);
-			return;
-		}
-		if (len >= HG_GMAC_EVP_MIN && k->evp) {
-			int n;
-
-			/* cannot fail on a context made by hg_mac_key_init with
-			 * a 12-byte nonce; a failure leaves a tag that verifies
-			 * nothing */
-			if (EVP_EncryptInit_ex(k->evp, NULL, NULL, NULL, nonce) != 1 ||
-			    EVP_EncryptUpdate(k->evp, NULL, &n, data, (int)len) != 1 ||
-			    EVP_EncryptFinal_ex(k->evp, none, &n) != 1 ||
-			    EVP_CIPHER_CTX_ctrl(k->evp, EVP_CTRL_AEAD_GET_TAG,
-						HG_MAC_LEN, mac) != 1)
-				randombytes_buf(mac, HG_MAC_LEN);
-			return;
-		}
-		crypto_aead_aes256gcm_encrypt_detached_afternm(
-			none, mac, &maclen, none, 0, data, len, NULL, nonce,
-			&k->aes);
+		gmac_tag(k, nonce, data, len, mac);
 	} else {
 		crypto_generichash(mac, HG_MAC_LEN, data, len, k->key,
 				   HG_AUTH_KEY_LEN);
@@ -221,6 +229,28 @@ int hg_auth_mac(uint32_t alg, const uint8_t *key, uint32_t dir,
 	rc = hg_mac_key_init(k, alg, key);
 	if (!rc)
 		hg_mac_key_sign(k, dir, counter, data, len, mac);
+	hg_mac_key_release(k);
+	sodium_free(k);
+	return rc;
+}
+
+int hg_auth_gmac(const uint8_t *key, const uint8_t *nonce,
+		 const uint8_t *data, size_t len, uint8_t *tag)
+{
+	struct hg_mac_key *k;
+	int rc;
+
+	if (!key || !nonce || !tag || (!data && len))
+		return -EINVAL;
+	if (sodium_init() < 0)
+		return -ENOTSUP;
+	k = sodium_malloc(sizeof(*k));  /* aligned; wiped when freed */
+	if (!k)
+		return -ENOMEM;
+	memset(k, 0, sizeof(*k));
+	rc = hg_mac_key_init(k, HG_MAC_AES_GMAC, key);
+	if (!rc)
+		gmac_tag(k, nonce, len ? data : (const uint8_t *)"", len, tag);
 	hg_mac_key_release(k);
 	sodium_free(k);
 	return rc;

@@ -103,6 +103,16 @@ int hg_auth_mac(uint32_t alg, const uint8_t *key, uint32_t dir,
 		uint64_t counter, const uint8_t *data, size_t len,
 		uint8_t *mac);
 
+/*
+ * tag (HG_MAC_LEN bytes) = the AES-256-GCM tag under key of the 12-byte
+ * nonce, an empty plaintext and data[0..len) as additional data, on the
+ * path of hg_mac_isa(): the primitive under hg_auth_mac's AES-GMAC, for
+ * known-answer tests.  0, -EINVAL (NULL; HOMAGG_MAC_ISA names no path),
+ * -ENOTSUP (no AES-GMAC on this CPU or on the forced path), -ENOMEM.
+ */
+int hg_auth_gmac(const uint8_t *key, const uint8_t *nonce,
+		 const uint8_t *data, size_t len, uint8_t *tag);
+
 /* Does mac verify as hg_auth_mac's?  Constant-time compare. */
 bool hg_auth_verify(uint32_t alg, const uint8_t *key, uint32_t dir,
 		    uint64_t counter, const uint8_t *data, size_t len,
