@@ -201,32 +201,56 @@ typedef void gmac_mul_fn(__m128i y, const uint8_t *blocks,
 			 struct hg_gmac_sum *s);
 
 /*
+ * pshufb masks: tail_shuf[p] turns the last 16 bytes of the data, whose
+ * last p bytes are a partial block, into that block zero-padded and
+ * reflected (byte j = data byte 15 - j of the block, or 0).
+ */
+#define TAIL_BYTE(p, j) ((15 - (j)) < (p) ? 16 - (p) + 15 - (j) : 0x80)
+#define TAIL_ROW(p)                                                          \
+	{ TAIL_BYTE(p, 0), TAIL_BYTE(p, 1), TAIL_BYTE(p, 2), TAIL_BYTE(p, 3),  \
+	  TAIL_BYTE(p, 4), TAIL_BYTE(p, 5), TAIL_BYTE(p, 6), TAIL_BYTE(p, 7),  \
+	  TAIL_BYTE(p, 8), TAIL_BYTE(p, 9), TAIL_BYTE(p, 10), TAIL_BYTE(p, 11), \
+	  TAIL_BYTE(p, 12), TAIL_BYTE(p, 13), TAIL_BYTE(p, 14), TAIL_BYTE(p, 15) }
+static const uint8_t tail_shuf[16][16] __attribute__((aligned(16))) = {
+	TAIL_ROW(0), TAIL_ROW(1), TAIL_ROW(2), TAIL_ROW(3), TAIL_ROW(4),
+	TAIL_ROW(5), TAIL_ROW(6), TAIL_ROW(7), TAIL_ROW(8), TAIL_ROW(9),
+	TAIL_ROW(10), TAIL_ROW(11), TAIL_ROW(12), TAIL_ROW(13), TAIL_ROW(14),
+	TAIL_ROW(15),
+};
+
+/* The partial last block (p = len % 16 > 0 bytes), reflected, read
+ * without touching a byte outside data[0..len). */
+GMAC_PCLMUL static inline __m128i partial_block(const uint8_t *data,
+						size_t len, size_t p)
+{
+	uint8_t b[16] = { 0 };
+
+	if (len >= 16)  /* one load, shifted in a register */
+		return _mm_shuffle_epi8(
+			_mm_loadu_si128((const __m128i *)(data + len - 16)),
+			_mm_load_si128((const __m128i *)tail_shuf[p]));
+	memcpy(b, data, len);
+	return gmac_bswap(_mm_loadu_si128((const __m128i *)b));
+}
+
+/*
  * The data's full blocks go to the path's multiply straight from the frame,
  * at most HG_GMAC_CHUNK per reduction, each chunk against the last powers
- * of the table (H^k .. H^1); the last one to three blocks (a partial block,
- * zero-padded, and the length block) are multiplied from a copy, in the
- * same reduction as the full blocks before them.
+ * of the table (H^k .. H^1); a partial last block and the length block are
+ * made in registers (no store to reload) and join the last reduction.
  */
-GMAC_PCLMUL void hg_gmac_tag(const struct hg_gmac_key *g, int isa,
-			     const uint8_t *nonce, const uint8_t *data,
-			     size_t len, uint8_t *tag)
+GMAC_PCLMUL void hg_gmac_tag(const struct hg_gmac_key *g, int isa, __m128i j0,
+			     const uint8_t *data, size_t len, uint8_t *tag)
 {
 	gmac_mul_fn *mul = isa == HG_MAC_ISA_AVX512 ? hg_gmac_mul_avx512 :
 			   isa == HG_MAC_ISA_AVX2 ? hg_gmac_mul_avx2 :
 			   hg_gmac_mul_pclmul;
 	const uint8_t (*hend)[16] = g->hpow + HG_GMAC_CHUNK;
 	size_t full = len / 16, part = len % 16, t = part ? 2 : 1, pos = 0, k;
-	uint64_t bits = (uint64_t)len * 8;
-	uint8_t last[32];
 	struct hg_gmac_sum s;
 	__m128i y = _mm_setzero_si128(), mask;
 
-	/* J0 = nonce || 0x00000001; its block cipher runs beside the GHASH */
-	memcpy(last, nonce, 12);
-	last[12] = last[13] = last[14] = 0;
-	last[15] = 1;
-	mask = aes256_block(g, _mm_loadu_si128((const __m128i *)last));
-
+	mask = aes256_block(g, j0);     /* E_K(J0), beside the GHASH */
 	while (full - pos + t > HG_GMAC_CHUNK) {
 		k = full - pos < HG_GMAC_CHUNK ? full - pos : HG_GMAC_CHUNK;
 		s.lo = s.mid = s.hi = _mm_setzero_si128();
@@ -240,11 +264,14 @@ GMAC_PCLMUL void hg_gmac_tag(const struct hg_gmac_key *g, int isa,
 		mul(y, data + 16 * pos, hend - k - t, k, &s);
 		y = _mm_setzero_si128();
 	}
-	memset(last, 0, sizeof(last));
-	memcpy(last, data + 16 * full, part);
-	for (int i = 0; i < 8; i++)     /* [8 len(A)]_64 || [0]_64 */
-		last[16 * (t - 1) + i] = (uint8_t)(bits >> (56 - 8 * i));
-	hg_gmac_mul_pclmul(y, last, hend - t, t, &s);
+	if (part) {
+		mul_add(_mm_xor_si128(y, partial_block(data, len, part)),
+			_mm_loadu_si128((const __m128i *)hend[-2]), &s);
+		y = _mm_setzero_si128();
+	}
+	/* the length block [8 len(A)]_64 || [0]_64, reflected */
+	mul_add(_mm_xor_si128(y, _mm_set_epi64x((long long)((uint64_t)len * 8), 0)),
+		_mm_loadu_si128((const __m128i *)hend[-1]), &s);
 	y = ghash_reduce(s.lo, s.mid, s.hi);
 	_mm_storeu_si128((__m128i *)tag, _mm_xor_si128(gmac_bswap(y), mask));
 }

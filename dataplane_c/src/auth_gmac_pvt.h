@@ -98,10 +98,11 @@ void hg_gmac_mul_avx512(__m128i y, const uint8_t *blocks,
 
 /* g = the state of AES-256 key (32 bytes).  Needs AES-NI and PCLMULQDQ. */
 void hg_gmac_init(struct hg_gmac_key *g, const uint8_t *key);
-/* tag = AES-GCM's tag under g of the 12-byte nonce, an empty plaintext
- * and data[0..len) as additional data, the chunks by path isa
- * (HG_MAC_ISA_PCLMUL, _AVX2 or _AVX512). */
-void hg_gmac_tag(const struct hg_gmac_key *g, int isa, const uint8_t *nonce,
+/* tag = AES-GCM's tag under g with the pre-counter block j0 (the 12-byte
+ * nonce, then 0x00000001), an empty plaintext and data[0..len) as
+ * additional data, multiplied on path isa (HG_MAC_ISA_PCLMUL, _AVX2 or
+ * _AVX512). */
+void hg_gmac_tag(const struct hg_gmac_key *g, int isa, __m128i j0,
 		 const uint8_t *data, size_t len, uint8_t *tag);
 
 #endif /* HOMAGG_AUTH_GMAC_PVT_H */
