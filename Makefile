@@ -121,7 +121,7 @@ tools: $(TOOLS) ## build the measurement tools (build/<variant>/tools/)
 
 $(BUILD)/tools/%: dataplane_c/tools/%.c $(HEADERS) $(LIB)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_COMMON) -Idataplane_c/src $< $(LIB) -lm -o $@
+	$(CC) $(CFLAGS_COMMON) -Idataplane_c/src $< $(LIB) -lsodium -lcrypto -lm -o $@
 
 # libFuzzer targets: dataplane_c/fuzz/fuzz_*.c, each built with clang
 # against the library sources (plus FUZZ_EXTRA_<name>) and run for

@@ -5,7 +5,8 @@
  *
  * Cost: one MAC pass over header + payload per frame checked or sent.
  * On the project's own paths (pclmul, avx2, avx512) auth_gmac_pvt.h and
- * docs/BENCHMARKS.md have the cost.  On the portable path AES-GMAC is
+ * docs/BENCHMARKS.md "AES-GMAC per path" have the cost.  On the portable
+ * path AES-GMAC is
  * computed by libsodium (crypto_aead_aes256gcm: AES-NI and a
  * 4-block PCLMULQDQ GHASH, ~30 ns of fixed cost) for frames shorter than
  * HG_GMAC_EVP_MIN bytes and by OpenSSL's libcrypto (EVP AES-256-GCM, whose
@@ -18,7 +19,7 @@
  *   1056       827        760        6301
  *   4128       2009       390        21059
  *   8224       3346       676        36880
- * docs/SWITCH.md "Authentication" has the engine's rates.
+ * docs/SWITCH.md "Authentication" has the engine's rates on this path.
  */
 
 /* Frames of at least this many bytes (header + payload) go to libcrypto. */

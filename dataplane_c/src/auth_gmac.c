@@ -142,6 +142,7 @@ GMAC_PCLMUL static inline __m128i aes256_block(const struct hg_gmac_key *g,
 					       __m128i x)
 {
 	x = _mm_xor_si128(x, _mm_loadu_si128((const __m128i *)g->rk[0]));
+#pragma GCC unroll 13
 	for (int r = 1; r < HG_GMAC_ROUNDS; r++)
 		x = _mm_aesenc_si128(x, _mm_loadu_si128((const __m128i *)g->rk[r]));
 	return _mm_aesenclast_si128(

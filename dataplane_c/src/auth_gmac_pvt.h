@@ -13,6 +13,11 @@
  *   avx2     ymm VPCLMULQDQ, two blocks                (auth_gmac_avx2.c)
  *   avx512   zmm VPCLMULQDQ, four blocks, masked tail  (auth_gmac_avx512.c)
  *
+ * Cost (build/release/tools/gmac_bench, best batch of 50 tags, the shared
+ * 2-vCPU Intel Xeon VM under load, 2026-12-02), ns per tag of 32 / 1056 /
+ * 8224 bytes: pclmul 12 / 89 / 609, avx2 13 / 55 / 334, avx512 17 / 46 /
+ * 253; libsodium and OpenSSL (the portable path) 38 / 196 / 704.
+ *
  * Field elements are kept byte-reflected (the block's bytes reversed), so
  * that a carry-less product of two of them is the reflected product shifted
  * right by one bit: ghash_reduce() shifts the 256-bit sum of products left
