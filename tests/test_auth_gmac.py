@@ -191,3 +191,38 @@ def test_a_bad_path_name_is_refused_in_one_line(monkeypatch, value, words):
     finally:
         monkeypatch.undo()
         _ab.mac_isa_reload()
+
+
+@pytest.mark.parametrize("workers", [3, 10, 17])
+@pytest.mark.parametrize("lanes", [7, 8])
+def test_authenticated_replies_carry_a_checksum_over_the_mac(workers, lanes):
+    # a reply's UDP checksum covers its MAC: added to the payload's sum
+    # where the MAC starts 16-bit aligned (results; STATUS bitmaps of even
+    # length), summed again where not (odd bitmaps); parse_frame checks the
+    # checksum, cryptography the MAC
+    import numpy as np
+
+    from engine_rig import EngineRig
+    from homagg.engine import FLAG_RETRANS, FLAG_STATUS
+    from test_auth import SECRET, be32, parse_frame, ref_key, ref_mac, wframe
+
+    rig = EngineRig(workers=workers, slots=4, auth=SECRET, payload_bytes=4 * lanes,
+                    replicate=True, group="239.1.2.3")
+    key = ref_key(SECRET, auth.AGGREGATOR)
+    payloads = [be32(np.arange(lanes) * (w + 3) - w) for w in range(workers)]
+    rig.port.inject(wframe(0, payload=payloads[0]))
+    rig.port.inject(wframe(0, payload=payloads[0], flags=FLAG_RETRANS))
+    for w in range(1, workers):
+        rig.port.inject(wframe(w, payload=payloads[w]))
+    rig.eng.poll_all()
+    raw = rig.port.pop_all()
+    kinds = []
+    for f in raw:
+        v = parse_frame(f)
+        assert not isinstance(v, str), v  # e.g. "bad_csum"
+        data = f[42:42 + 32 + len(v.payload)]
+        assert v.mac == ref_mac(key, data, auth.MAC_AES_GMAC, 1)
+        kinds.append((bool(v.flags & FLAG_STATUS), len(v.payload)))
+    want = sum(np.frombuffer(p, ">i4").astype(np.int64) for p in payloads)
+    assert kinds == [(True, (workers + 7) // 8), (False, 4 * lanes)]
+    assert parse_frame(raw[-1]).payload == be32(want)
