@@ -14,6 +14,8 @@
 # In the environment (not a make variable): HOMAGG_CODEC_ISA=portable|avx2|avx512
 # forces the codec's ISA path of everything make runs (tests, make bench; by
 # default the best the CPU has; `homagg bench codec` times every path anyway).
+# HOMAGG_MAC_ISA=portable|pclmul|avx2|avx512 likewise forces AES-GMAC's path
+# (docs/SECURITY.md "How AES-GMAC is computed"; the same tags on each).
 #
 # `make help` lists the targets.
 
