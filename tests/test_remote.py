@@ -331,6 +331,33 @@ def test_train_on_inventory_hosts_and_testbed_reports_alike(rack, tmp_path):
     assert loc["run_dir"] is None and loc["job_file"] is not None
 
 
+@pytest.mark.timeout(400)
+def test_train_with_auth_on_inventory_hosts(rack, tmp_path):
+    """`homagg train -i --auth` on `up`'s unauthenticated daemons: a job of
+    the run's own, its new secret placed in every rank's folder on its host
+    (mode 0600, gone with the folder), every frame authenticated, as exact
+    as without."""
+    model = tiny_model(tmp_path)
+    path, i = make_testbed(rack, tmp_path)
+    up = cli("up", "-i", path, "--no-udp-csum")
+    assert up.returncode == 0, up.stdout + up.stderr
+    try:
+        r = cli("train", "-i", path, "--model", model, "--method", "lhc", "--steps", "2",
+                "--warmup", "1", "--no-baseline", "--auth", "--runs-dir", str(tmp_path / "runs"),
+                "--json")
+        assert r.returncode == 0, r.stdout + r.stderr
+        rep = json.loads(r.stdout)
+    finally:
+        down = cli("down", "-i", path)
+    assert down.returncode == 0, down.stdout + down.stderr
+    check_train(rep)
+    assert rep["auth"] is True and rep["mac"]
+    assert rep["job_file"].endswith("/job-0.json")
+    for h in ("w0", "w1"):  # the run's folder, with the secret, is gone
+        assert not os.path.exists(os.path.join(i.host(h).install_dir, "run",
+                                               os.path.basename(rep["run_dir"])))
+
+
 @pytest.fixture(scope="module")
 def rack2(tmp_path_factory):
     require(os.geteuid() == 0, "needs root")
