@@ -1,7 +1,7 @@
 """Every ISA path of the codec gives the portable path's bits.
 
 HOMAGG_CODEC_ISA=portable|avx2|avx512 forces the path of every hot loop
-(read once per process; conftest.codec_isa sets it and has the library read
+(read once per process; helpers.codec_isa sets it and has the library read
 it again).  For random gradients (hypothesis: workers, block, the last
 block's length 1, 31, 32, 33 or 257 for the vector loops' tails, density,
 layout, rounding) each path must produce, byte for byte, what the portable
@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import reference as ref
-from conftest import CODEC_ISAS, codec_isa
+from helpers import CODEC_ISAS, codec_isa
 from homagg import codec
 from homagg.bench import numpy_codec as npc
 from homagg.bindings import codec as b

@@ -16,6 +16,7 @@ from homagg.errors import HomAggError, OutOfRange
 from homagg.bindings.wire import PROTOCOL_VERSION
 
 from engine_rig import EngineRig
+from helpers import be32, from_be32, wrap32
 
 pytestmark = pytest.mark.sanitize
 
@@ -36,18 +37,6 @@ def frame(w, *, op="sum32", job=1, token=77, seq=0, slots=4, payload=b"", flags=
         flags |= FLAG_SHADOW
     return build_frame(waddr(w), AGG, op=op, job=job, token=token, worker=w,
                        seq=seq, slot=slot, flags=flags, payload=payload, **kw)
-
-
-def be32(a):
-    return np.asarray(a, dtype=np.int64).astype(np.uint32).astype(">u4").tobytes()
-
-
-def from_be32(b):
-    return np.frombuffer(b, dtype=">u4").astype(np.uint32).view(np.int32).astype(np.int64)
-
-
-def wrap32(a):
-    return ((np.asarray(a, dtype=np.int64) + 2**31) % 2**32) - 2**31
 
 
 class Rig(EngineRig):

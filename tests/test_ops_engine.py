@@ -10,7 +10,8 @@ from homagg.engine import FLAG_RETRANS
 from homagg.errors import HomAggError, OutOfRange
 
 from engine_rig import EngineRig
-from test_engine import be32, frame
+from helpers import be32
+from test_engine import frame
 
 pytestmark = pytest.mark.sanitize
 

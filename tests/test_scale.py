@@ -225,7 +225,7 @@ def test_worker_names_the_silent_udp_aggregator():
 
 @pytest.fixture(scope="module")
 def testbed_k2(tmp_path_factory):
-    from conftest import dpdk_testbed
+    from helpers import dpdk_testbed
 
     with dpdk_testbed(tmp_path_factory, "k2scale", workers=3, link_mbit=1000,
                       aggregators=2) as tb:
@@ -299,7 +299,7 @@ def test_bench_shards_outputs(tmp_path, capsys):
     each aggregator's link load reported; timing is reported, not judged."""
     import os
 
-    from conftest import require
+    from helpers import require
     from test_bench import run_testbed_bench
 
     require(os.geteuid() == 0, "needs root")
