@@ -106,7 +106,7 @@ def test_duplicates_not_double_counted_and_replay():
     rig = Rig(workers=3)
     xs = [rng.integers(-1000, 1000, 256) for _ in range(3)]
     f = [frame(w, payload=be32(xs[w])) for w in range(3)]
-    out = rig.send(f[0], f[0], f[1], f[1] , f[1])
+    out = rig.send(f[0], f[0], f[1], f[1], f[1])
     assert out == []
     c = rig.eng.counters()
     assert c["duplicates"] == 3 and c["summed"] == 2

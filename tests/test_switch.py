@@ -22,6 +22,7 @@ from switch_helpers import BLOCK, GROUP, Daemon, gradients, join_all, run_worker
 
 pytestmark = [pytest.mark.dpdk, pytest.mark.root, pytest.mark.netns]
 
+
 @pytest.mark.parametrize("method, pmd", [("dense", "af_packet"), ("lhc", "af_packet"),
                                          ("dense", "af_xdp")])
 def test_exact_allreduce_through_the_daemon(link, daemons, method, pmd):
