@@ -13,7 +13,7 @@ import textwrap
 
 import pytest
 
-from helpers import readline, require
+from helpers import require
 
 from homagg.deploy.local import testbed as tbmod
 from homagg.deploy.local.testbed import RootRequired, Testbed, TestbedError, TestbedExists
@@ -216,7 +216,7 @@ def test_udp_multicast_from_aggregator_reaches_every_worker(shaped):
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             receivers.append(p)
         for p in receivers:  # each has joined the group before anything is sent
-            line = readline(p.stdout, 30, f"receiver in {p.host} to join the group")
+            line = p.readline(30)  # "" after 30 s without a line
             assert line.strip() == "ready", p.stderr.read() if p.poll() is not None else line
         # one sender in the aggregator; a few copies in case the first one
         # races the bridge learning (every worker needs one)
@@ -270,7 +270,7 @@ def test_rate_limit_is_in_effect(shaped):
     sink = shaped.run_in("w1", [sys.executable, "-c", TCP_SINK, dst.ip, 47002],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        assert readline(sink.stdout, 30, "the TCP sink's ready line").strip() == "ready"
+        assert sink.readline(30).strip() == "ready"
         r = shaped.exec("w0", [sys.executable, "-c", TCP_SOURCE, dst.ip, 47002, nbytes], timeout=30)
         assert r.returncode == 0, r.stderr
         out, err = sink.communicate(timeout=30)
@@ -296,7 +296,7 @@ def test_run_in_records_pid_and_down_stops_it(state_dir, make_testbed):
                           "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
                           "print('ready', flush=True); time.sleep(600)"],
                    stdout=subprocess.PIPE, text=True)
-    assert readline(p2.stdout, 30, "the SIGTERM-ignoring process's ready line").strip() == "ready"
+    assert p2.readline(30).strip() == "ready"
     recorded = {r["pid"]: r for r in tb.state()["processes"]}
     assert set(recorded) == {p1.pid, p2.pid}
     assert recorded[p1.pid]["host"] == "w0" and recorded[p1.pid]["argv"] == ["sleep", "600"]
