@@ -4,14 +4,14 @@ Fixtures stay in conftest.py (pytest finds them there); functions a test
 calls live here, so no test imports conftest.  The numpy oracle of the
 protocol (mix64, the random streams, the codec) is reference.py; the rigs
 are switch_helpers.py (homagg-switch on a veth pair), engine_rig.py (one
-engine on an in-memory port) and sshrack.py (testbed hosts with sshd).
+engine on an in-memory port) and sshrack.py (testbed hosts with sshd).  A
+line from a testbed process within a timeout: its Process.readline(timeout).
 tests/ is on sys.path (pytest puts it there: it is no package), so these
 import by name.
 """
 import contextlib
 import os
 import secrets
-import select
 import shutil
 import subprocess
 import time
@@ -98,15 +98,6 @@ def wait_for(pred, timeout, what, interval=0.02):
         time.sleep(interval)
 
 
-def readline(stream, timeout, what="a line"):
-    """The next line of a pipe (a subprocess's text stdout), failing naming
-    ``what`` when none came within ``timeout`` seconds.  At EOF: ''."""
-    r, _, _ = select.select([stream], [], [], timeout)
-    if not r:
-        raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-    return stream.readline()
-
-
 def gone(pid):
     """Process ``pid`` exited (a zombie waiting for its reaper counts as exited)."""
     try:
@@ -159,3 +150,69 @@ def from_be32(b):
 def wrap32(a):
     """Integers wrapped into the signed 32-bit range, as int64."""
     return ((np.asarray(a, dtype=np.int64) + 2**31) % 2**32) - 2**31
+
+
+# ---- the codec: gradients and bit-exact comparison -------------------------
+
+def _magnitudes(rng, size, kind):
+    """Positive magnitudes of one kind (float64, converted by the caller)."""
+    if kind == "normal":
+        return np.abs(rng.standard_normal(size)) * 1e-3
+    if kind == "tiny":
+        return np.abs(rng.standard_normal(size)) * 1e-30
+    if kind == "huge":
+        return np.abs(rng.standard_normal(size)) * 1e30
+    if kind == "max":  # near float32 max: sums may overflow to inf, as the contract says
+        return rng.uniform(0.5, 1.0, size) * float(np.finfo(np.float32).max)
+    if kind == "subnormal":
+        return rng.uniform(0, 2**-126, size)
+    if kind == "mixed":  # log-uniform over the whole float32 range
+        return 2.0 ** rng.uniform(-149, 127, size)
+    if kind == "zeros":
+        return np.zeros(size)
+    raise ValueError(kind)
+
+
+def make_grads(rng, workers, n, density=0.05, positions="independent", magnitude="normal"):
+    """W float32 gradients with the given density and layout of non-zeros."""
+    def mask():
+        if positions == "clustered":  # non-zeros in runs of ~100 elements
+            m = np.zeros(n, dtype=bool)
+            runs = int(np.ceil(n * density / 100)) if density > 0 else 0
+            for _ in range(runs):
+                start = rng.integers(0, max(n, 1))
+                m[start:start + 100] = True
+            return m
+        return rng.random(n) < density
+
+    shared = mask()
+    grads = []
+    for _ in range(workers):
+        m = shared if positions in ("shared", "clustered") else mask()
+        v = _magnitudes(rng, n, magnitude) * rng.choice([-1.0, 1.0], n)
+        with np.errstate(over="ignore"):
+            g = np.where(m, v, 0.0).astype(np.float32)
+        # +-0 mixes: signed zeros where nothing is set.
+        g[~m & (rng.random(n) < 0.5)] = np.float32(-0.0)
+        grads.append(g)
+    return grads
+
+
+def assert_bits_equal(got, want, what=""):
+    """float32 arrays equal bit for bit (signed zeros, NaN payloads, inf);
+    else the first element that differs and how many do."""
+    assert got.dtype == np.float32 and got.shape == want.shape, what
+    gb, wb = got.view(np.uint32), want.view(np.uint32)
+    if not np.array_equal(gb, wb):
+        i = int(np.flatnonzero(gb != wb)[0])
+        raise AssertionError(
+            f"{what}: element {i}: got {got[i]!r} ({gb[i]:#010x}), oracle {want[i]!r} "
+            f"({wb[i]:#010x}); {int(np.count_nonzero(gb != wb))} elements differ")
+
+
+def run(grads, method, block, **kw):
+    """homagg.codec.simulate_allreduce of ``grads`` (overflow to inf allowed)."""
+    from homagg import codec
+
+    with np.errstate(over="ignore"):
+        return codec.simulate_allreduce(grads, method=method, block_elements=block, **kw)

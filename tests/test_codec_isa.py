@@ -27,7 +27,7 @@ from homagg import codec
 from homagg.bench import numpy_codec as npc
 from homagg.bindings import codec as b
 from homagg.errors import InvalidArgument
-from test_codec import make_grads
+from helpers import make_grads
 
 pytestmark = pytest.mark.sanitize
 
