@@ -59,6 +59,25 @@ def require_gmac(available):
 
 
 @contextlib.contextmanager
+def codec_isa_env(value):
+    """HOMAGG_CODEC_ISA=value inside the block (any string: the library is
+    not asked to read it); after it the old value is back and the library
+    has read it again."""
+    from homagg.bindings import codec as b
+
+    old = os.environ.get("HOMAGG_CODEC_ISA")
+    os.environ["HOMAGG_CODEC_ISA"] = value
+    try:
+        yield value
+    finally:
+        if old is None:
+            os.environ.pop("HOMAGG_CODEC_ISA", None)
+        else:
+            os.environ["HOMAGG_CODEC_ISA"] = old
+        b.codec_isa_reload()
+
+
+@contextlib.contextmanager
 def codec_isa(isa):
     """Run the C codec on ISA path ``isa`` inside the block: sets
     HOMAGG_CODEC_ISA and has the library read it again (it reads it once
@@ -67,20 +86,12 @@ def codec_isa(isa):
     from homagg.bindings import codec as b
     from homagg.errors import InvalidArgument
 
-    old = os.environ.get("HOMAGG_CODEC_ISA")
-    os.environ["HOMAGG_CODEC_ISA"] = isa
-    try:
+    with codec_isa_env(isa):
         try:
             assert b.codec_isa_reload() == isa
         except InvalidArgument as e:
             require(False, f"codec path {isa}: {e}")
         yield isa
-    finally:
-        if old is None:
-            os.environ.pop("HOMAGG_CODEC_ISA", None)
-        else:
-            os.environ["HOMAGG_CODEC_ISA"] = old
-        b.codec_isa_reload()
 
 
 # ---- processes and waiting -----------------------------------------------
