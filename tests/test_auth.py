@@ -465,7 +465,7 @@ def test_cluster_without_auth_unchanged():
 # ---- workers over loopback UDP: forged results are dropped by the worker ---------------------
 
 def test_worker_drops_results_without_the_aggregators_mac(tmp_path):
-    from test_port_udp import LoopbackAggregator
+    from udp_rig import LoopbackAggregator
 
     agg = LoopbackAggregator()
     secret_file = tmp_path / "job.secret"
@@ -514,7 +514,7 @@ def test_worker_started_after_a_rotation_uses_the_epoch_it_is_given(tmp_path):
     its epoch (the job file's key_epoch) and is exact; one started with the
     new secret but epoch 0 is refused by the aggregator (bad_mac) and times
     out instead of summing anything."""
-    from test_port_udp import LoopbackAggregator
+    from udp_rig import LoopbackAggregator
 
     from homagg.errors import PeerTimeout
 

@@ -15,28 +15,13 @@ from homagg.engine import (FLAG_AUTH, FLAG_RESULT, FLAG_RETRANS, FLAG_SHADOW, FL
 from homagg.errors import HomAggError, OutOfRange
 from homagg.bindings.wire import PROTOCOL_VERSION
 
-from engine_rig import EngineRig
+from engine_rig import AGG, EngineRig, frame, waddr
 from helpers import be32, from_be32, wrap32
 
 pytestmark = pytest.mark.sanitize
 
-AGG = Addr.of("02:00:00:00:00:01", "10.0.0.254", UDP_PORT)
 GROUP = "239.1.2.3"
 GROUP_INT = (239 << 24) | (1 << 16) | (2 << 8) | 3
-
-
-def waddr(w):
-    return Addr.of(bytes([2, 0, 0, 1, w >> 8, w & 0xFF]), (10 << 24) | (1 << 16) | w, 40000 + w)
-
-
-def frame(w, *, op="sum32", job=1, token=77, seq=0, slots=4, payload=b"", flags=0,
-          slot=None, **kw):
-    if slot is None:
-        slot = seq % slots
-    if (seq // slots) % 2:
-        flags |= FLAG_SHADOW
-    return build_frame(waddr(w), AGG, op=op, job=job, token=token, worker=w,
-                       seq=seq, slot=slot, flags=flags, payload=payload, **kw)
 
 
 class Rig(EngineRig):

@@ -9,9 +9,8 @@ import pytest
 from homagg.engine import FLAG_RETRANS
 from homagg.errors import HomAggError, OutOfRange
 
-from engine_rig import EngineRig
+from engine_rig import EngineRig, frame
 from helpers import be32
-from test_engine import frame
 
 pytestmark = pytest.mark.sanitize
 

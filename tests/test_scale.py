@@ -20,7 +20,7 @@ from homagg.protocol import EXACT_METHODS
 from homagg.sim import Cluster
 
 from reference import allreduce as oracle_allreduce
-from test_port_udp import BLOCK as UDP_BLOCK
+from udp_rig import BLOCK as UDP_BLOCK
 from test_sim import BLOCK, assert_bits_equal, check_result, make_grads
 
 pytestmark = pytest.mark.sanitize
@@ -169,8 +169,8 @@ def test_same_result_whatever_k():
 # ---- homagg.worker.Worker over kernel UDP, K engines on loopback ----------
 
 def _udp_allreduce(addresses, job, grads, method, timeout=10.0):
-    """test_port_udp's threads, one Worker each, block UDP_BLOCK."""
-    from test_port_udp import run
+    """udp_rig's threads, one Worker each, block UDP_BLOCK."""
+    from udp_rig import run
 
     stats = []
     out, err = run(None, job, 5, grads, method, timeout=timeout, aggregators=addresses,
@@ -180,7 +180,7 @@ def _udp_allreduce(addresses, job, grads, method, timeout=10.0):
 
 @pytest.mark.parametrize("method", ("dense", "lhc", "union"))
 def test_worker_over_two_udp_aggregators(method):
-    from test_port_udp import LoopbackAggregator, grads_of
+    from udp_rig import LoopbackAggregator, grads_of
 
     aggs = [LoopbackAggregator(), LoopbackAggregator()]
     try:
@@ -202,7 +202,7 @@ def test_worker_over_two_udp_aggregators(method):
 
 
 def test_worker_names_the_silent_udp_aggregator():
-    from test_port_udp import LoopbackAggregator
+    from udp_rig import LoopbackAggregator
 
     live = LoopbackAggregator()
     silent = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
