@@ -4,7 +4,8 @@ Fixtures stay in conftest.py (pytest finds them there); functions a test
 calls live here, so no test imports conftest.  The numpy oracle of the
 protocol (mix64, the random streams, the codec) is reference.py; the rigs
 are switch_helpers.py (homagg-switch on a veth pair), engine_rig.py (one
-engine on an in-memory port) and sshrack.py (testbed hosts with sshd).  A
+engine on an in-memory port), udp_rig.py (an engine on loopback UDP) and
+sshrack.py (testbed hosts with sshd).  A
 line from a testbed process within a timeout: its Process.readline(timeout).
 tests/ is on sys.path (pytest puts it there: it is no package), so these
 import by name.
