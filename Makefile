@@ -156,7 +156,7 @@ C_FORMAT_SRCS = $(shell find dataplane_c nic sim -name '*.[ch]' | sort)
 
 lint: venv ## ruff over the Python package and the tests (pyproject.toml; seconds); FORMAT=1 also checks the format
 	$(VENV)/bin/ruff check $(PY_FORMAT_DIRS)
-ifneq ($(FORMAT),)
+ifeq ($(FORMAT),1)
 	$(VENV)/bin/ruff format --check $(PY_FORMAT_DIRS)
 	clang-format --dry-run -Werror $(C_FORMAT_SRCS)
 endif
