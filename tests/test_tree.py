@@ -525,7 +525,7 @@ def test_testbed_tree_with_auth_exact_under_loss_and_bad_mac_at_the_root(tmp_pat
     import tempfile
     import threading
 
-    from conftest import require
+    from helpers import require
     from homagg import auth
     from homagg.deploy.local.placement import TestbedPlacement
     from homagg.deploy.local.testbed import Testbed
