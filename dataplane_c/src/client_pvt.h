@@ -130,6 +130,8 @@ struct flight {
 	bool repair;            /* its latest STATUS showed us present and a
 				 * missing worker active: a peer's repair is under
 				 * way (PROTOCOL.md "Who is missing, and why") */
+	bool quiet;             /* in repair, not the first present worker in
+				 * turn: its next expiry only backs off */
 	bool spurious;          /* a timeout of it was spurious: its result
 				 * teaches the floor (hg_cl_note_silence) */
 	uint16_t overtaken;     /* results of chunks sent after its latest transmission */

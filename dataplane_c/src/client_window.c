@@ -305,7 +305,17 @@ static void handle_frame(struct hg_client *c, const uint8_t *f, size_t len,
 				if (repair) {
 					/* the peer resends on this STATUS: its
 					 * frame and the result take a round trip
-					 * each, through full queues */
+					 * each, through full queues; only the
+					 * first present worker in turn asks at
+					 * the first expiry */
+					uint32_t n = c->cfg.agg_workers, w = 0;
+
+					for (uint32_t r = 0; r < n; r++) {
+						w = (uint32_t)((chunk + r) % n);
+						if (pl[w / 8] >> (w % 8) & 1)
+							break;
+					}
+					fl->quiet = w != c->cfg.agg_worker;
 					fl->spurious = false;
 					if (fl->rto < 2 * hg_cl_turn_ns(c, ag))
 						fl->rto = 2 * hg_cl_turn_ns(c, ag);
@@ -603,6 +613,7 @@ void hg_cl_tx_new(struct hg_client *c, uint64_t now)
 			fl->timed_out = false;
 			fl->present = false;
 			fl->repair = false;
+			fl->quiet = false;
 			fl->spurious = false;
 			fl->silence = 0;
 			fl->overtaken = 0;
@@ -817,9 +828,15 @@ int hg_cl_tx_expired(struct hg_client *c, uint64_t now)
 			 * the result was lost).  Ask again, backing off this
 			 * chunk's timer only: no timeout, nothing to learn
 			 * (PROTOCOL.md "Who is missing, and why"). */
-			c->stats.repair_probes++;
 			fl->fast_at = 0;
 			fl->rto = hg_cl_rto_backoff(c, hg_cl_chunk_rto(c, fl));
+			if (fl->quiet) {
+				/* the first present worker in turn asks */
+				fl->quiet = false;
+				fl->armed = now;
+				continue;
+			}
+			c->stats.repair_probes++;
 		} else if (!fl->unsent) {
 			/* RFC 6298 5.5: back off this chunk's timer, and the
 			 * client's, which new chunks start with until a valid
