@@ -57,9 +57,6 @@ enum { CH_PENDING = 0, CH_DONE = 1, CH_DONE_AFTER_TIMEOUT = 2 };
 #define IP_LEN 20
 #define UDP_LEN 8
 #define BITMAP_BYTES (HG_MAX_WORKERS / 8)
-/* A STATUS payload: the worker bitmap, then the active bitmap, each
- * ceil(W / 8) bytes (PROTOCOL.md Part 2, version 3). */
-#define STATUS_BITMAPS 2
 
 enum stage {
 	ST_IDLE = 0,
@@ -127,11 +124,6 @@ struct flight {
 	bool have_status;
 	bool timed_out;         /* its timer expired; not yet judged spurious */
 	bool present;           /* a STATUS showed our contribution in the slot */
-	bool repair;            /* its latest STATUS showed us present and a
-				 * missing worker active: a peer's repair is under
-				 * way (PROTOCOL.md "Who is missing, and why") */
-	bool quiet;             /* in repair, not the first present worker in
-				 * turn: its next expiry only backs off */
 	bool spurious;          /* a timeout of it was spurious: its result
 				 * teaches the floor (hg_cl_note_silence) */
 	uint16_t overtaken;     /* results of chunks sent after its latest transmission */

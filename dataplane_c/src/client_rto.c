@@ -169,11 +169,6 @@ void hg_cl_note_silence(struct hg_client *c, struct agg *ag, uint64_t now)
 	/* none yet, or too short to lengthen the timeout as a floor */
 	if (!ag->t_res || now < ag->t_res || 2 * g <= ag->rto_est)
 		return;
-	/* a chunk in a peer's repair through it: the results stopped for
-	 * the repair, not for a stall (PROTOCOL.md "Who is missing, and why") */
-	for (uint32_t i = 0; i < c->cfg.slots; i++)
-		if (f[i].busy && f[i].repair && f[i].first_tx <= ag->t_res)
-			return;
 	for (uint32_t i = 0; i < c->cfg.slots && held < 2; i++)
 		held += f[i].busy && f[i].first_tx <= ag->t_res && !f[i].overtaken;
 	if (held < 2)

@@ -261,66 +261,33 @@ static void handle_frame(struct hg_client *c, const uint8_t *f, size_t len,
 		ag->incarnation = v.hdr.incarnation;
 	}
 
+	ag->unanswered = 0;
 	if (v.hdr.flags & HG_FLAG_STATUS) {
-		size_t nb = (c->cfg.agg_workers + 7) / 8;
-
-		/* the worker bitmap, then the active bitmap (version 3) */
-		if (v.payload_len != STATUS_BITMAPS * nb)
-			goto ignore;
-		ag->unanswered = 0;
 		c->stats.status_received++;
 		ag->st.status_received++;
 		if (k < st->nchunks) {
 			/* kept for the give-up's text: who this aggregator
 			 * lacked, whichever chunk times out */
+			size_t nb = (c->cfg.agg_workers + 7) / 8;
+
 			memset(ag->status_bitmap, 0, sizeof(ag->status_bitmap));
-			memcpy(ag->status_bitmap, pl, nb);
+			memcpy(ag->status_bitmap, pl, v.payload_len < nb ? v.payload_len : nb);
 			ag->status_chunk = chunk;
 			ag->have_status = true;
 		}
 		if (fl->busy && fl->chunk == chunk) {
-			bool repair = false;
+			size_t nb = (c->cfg.agg_workers + 7) / 8;
 
 			memset(fl->bitmap, 0, sizeof(fl->bitmap));
-			memcpy(fl->bitmap, pl, nb);
+			memcpy(fl->bitmap, pl, v.payload_len < nb ? v.payload_len : nb);
 			fl->have_status = true;
-			/* A missing worker that sent since the slot opened
-			 * (its bit in the active bitmap) lost its frame or
-			 * its result and repairs on this STATUS: the slot
-			 * waits for a repair, not for a stall (PROTOCOL.md
-			 * "Who is missing, and why"). */
-			for (size_t i = 0; i < nb; i++)
-				if (pl[nb + i])
-					repair = true;
-			fl->repair = false;
 			hg_cl_note_silence(c, ag, now);
 			if (fl->bitmap[c->cfg.agg_worker / 8] >> (c->cfg.agg_worker % 8) & 1) {
 				/* Our contribution is there: the slot waits for
 				 * a peer.  Nothing to resend; a timeout that made
-				 * us ask was spurious -- a stall the floor learns,
-				 * unless the peers missing are repairing. */
+				 * us ask was spurious. */
 				if (fl->timed_out)
-					hg_cl_spurious_timeout(c, ag, fl,
-							       repair ? 0 : fl->silence, now);
-				if (repair) {
-					/* the peer resends on this STATUS: its
-					 * frame and the result take a round trip
-					 * each, through full queues; only the
-					 * first present worker in turn asks at
-					 * the first expiry */
-					uint32_t n = c->cfg.agg_workers, w = 0;
-
-					for (uint32_t r = 0; r < n; r++) {
-						w = (uint32_t)((chunk + r) % n);
-						if (pl[w / 8] >> (w % 8) & 1)
-							break;
-					}
-					fl->quiet = w != c->cfg.agg_worker;
-					fl->spurious = false;
-					if (fl->rto < 2 * hg_cl_turn_ns(c, ag))
-						fl->rto = 2 * hg_cl_turn_ns(c, ag);
-				}
-				fl->repair = repair;
+					hg_cl_spurious_timeout(c, ag, fl, fl->silence, now);
 				fl->present = true;
 				fl->fast_at = 0;
 				fl->armed = now;
@@ -357,7 +324,6 @@ static void handle_frame(struct hg_client *c, const uint8_t *f, size_t len,
 		}
 		return;
 	}
-	ag->unanswered = 0;
 	if (k >= st->nchunks) {
 		/* A late copy of a chunk of an earlier segment. */
 		c->stats.duplicates_received++;
@@ -612,8 +578,6 @@ void hg_cl_tx_new(struct hg_client *c, uint64_t now)
 			fl->have_status = false;
 			fl->timed_out = false;
 			fl->present = false;
-			fl->repair = false;
-			fl->quiet = false;
 			fl->spurious = false;
 			fl->silence = 0;
 			fl->overtaken = 0;
@@ -822,21 +786,6 @@ int hg_cl_tx_expired(struct hg_client *c, uint64_t now)
 			c->stats.start_probes++;
 			fl->fast_at = 0;
 			fl->rto = hg_cl_rto_backoff(c, hg_cl_chunk_rto(c, fl));
-		} else if (!fl->unsent && fl->repair) {
-			/* Its latest STATUS showed us in and a missing peer
-			 * active: a peer's repair is late (its resend or
-			 * the result was lost).  Ask again, backing off this
-			 * chunk's timer only: no timeout, nothing to learn
-			 * (PROTOCOL.md "Who is missing, and why"). */
-			fl->fast_at = 0;
-			fl->rto = hg_cl_rto_backoff(c, hg_cl_chunk_rto(c, fl));
-			if (fl->quiet) {
-				/* the first present worker in turn asks */
-				fl->quiet = false;
-				fl->armed = now;
-				continue;
-			}
-			c->stats.repair_probes++;
 		} else if (!fl->unsent) {
 			/* RFC 6298 5.5: back off this chunk's timer, and the
 			 * client's, which new chunks start with until a valid

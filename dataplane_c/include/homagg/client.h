@@ -58,7 +58,6 @@ extern "C" {
 	X(uint64_t, fast_retransmissions, "resent on a gap or a STATUS, without a timer") \
 	X(uint64_t, window_retransmissions, "resent with a stalled window: a chunk of its aggregator timed out again (docs/PROTOCOL.md)") \
 	X(uint64_t, start_probes, "resent when the first answer of a step was late: a peer may not have started it; not timeouts (docs/PROTOCOL.md \"Peers that start late\")") \
-	X(uint64_t, repair_probes, "resent while a STATUS showed our contribution in and a missing peer active (a peer's repair); not timeouts (docs/PROTOCOL.md \"Who is missing, and why\")") \
 	X(uint64_t, results_received, "result packets placed (first copy of a chunk)") \
 	X(uint64_t, duplicates_received, "result packets for chunks already placed") \
 	X(uint64_t, status_received, "STATUS replies (slot bitmaps)")          \
