@@ -10,6 +10,9 @@
 #   FUZZ_SECONDS=20               time budget of each libFuzzer target (make fuzz)
 #   NO_APT=1                      never call apt-get (fail if packages are missing)
 #   N=3                           runs of the suite for make test-repeat
+#   FORMAT=1                      make lint also checks the format (ruff format
+#                                 --check, clang-format --dry-run -Werror); off
+#                                 until the tree has been formatted once
 #
 # In the environment (not a make variable): HOMAGG_CODEC_ISA=portable|avx2|avx512
 # forces the codec's ISA path of everything make runs (tests, make bench; by
@@ -24,6 +27,7 @@ DEBUG       ?=
 SANITIZE    ?=
 PYTEST_ARGS ?=
 FUZZ_SECONDS ?= 20
+FORMAT      ?=
 
 VENV   := .venv
 VPY    := $(VENV)/bin/python
@@ -51,14 +55,14 @@ HEADERS  := $(wildcard dataplane_c/include/homagg/*.h) $(wildcard nic/include/ho
 	$(wildcard sim/include/homagg/*.h) $(wildcard dataplane_c/src/*.h) $(wildcard nic/src/*.h)
 
 APT_PACKAGES := build-essential pkg-config libdpdk-dev dpdk libjansson-dev libsodium-dev libssl-dev clang \
-	libclang-rt-14-dev iproute2 iputils-ping openssh-server python3-venv
+	libclang-rt-14-dev clang-format iproute2 iputils-ping openssh-server python3-venv
 
-.PHONY: help build deps venv lib ext switch tools fuzz lint test test-sanitize test-fast test-repeat bench demo clean distclean
+.PHONY: help build deps venv lib ext switch tools fuzz lint format test test-sanitize test-fast test-repeat bench demo clean distclean
 
 help: ## list the targets
 	@echo "HomAgg make targets:"
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | sed -e 's/:.*## /\t/' | expand -t 18 | sed 's/^/  /'
-	@echo "Knobs: see the top of the Makefile (DEBUG, SANITIZE, PYTHON, PYTEST_ARGS, FUZZ_SECONDS, NO_APT)."
+	@echo "Knobs: see the top of the Makefile (DEBUG, SANITIZE, PYTHON, PYTEST_ARGS, FUZZ_SECONDS, NO_APT, N, FORMAT)."
 
 build: deps venv lib ext switch tools ## install system packages, create .venv, build the C library, the Python extension, the daemon and the tools
 
@@ -146,8 +150,22 @@ fuzz: deps ## build and run every libFuzzer target for FUZZ_SECONDS each
 ext: lib venv ## build the cffi extension in place, against the current variant
 	HOMAGG_LIBDIR=$(CURDIR)/$(BUILD) HOMAGG_SANITIZE=$(SANITIZE) $(VPY) setup.py -q build_ext --inplace --force
 
-lint: venv ## ruff over the Python package and the tests (configured in pyproject.toml; seconds)
-	$(VENV)/bin/ruff check orchestrator tests
+# What the formatters cover: the Python package and the tests (ruff format,
+# [tool.ruff.format] in pyproject.toml) and every C file of the tree
+# (clang-format, .clang-format at the top).
+PY_FORMAT_DIRS := orchestrator tests
+C_FORMAT_SRCS = $(shell find dataplane_c nic sim -name '*.[ch]' | sort)
+
+lint: venv ## ruff over the Python package and the tests (pyproject.toml; seconds); FORMAT=1 also checks the format
+	$(VENV)/bin/ruff check $(PY_FORMAT_DIRS)
+ifeq ($(FORMAT),1)
+	$(VENV)/bin/ruff format --check $(PY_FORMAT_DIRS)
+	clang-format --dry-run -Werror $(C_FORMAT_SRCS)
+endif
+
+format: venv deps ## format the Python (ruff format) and the C (clang-format) in place
+	$(VENV)/bin/ruff format $(PY_FORMAT_DIRS)
+	clang-format -i $(C_FORMAT_SRCS)
 
 test: build lint ## lint, all tests (root, netns, DPDK included), then the sanitizer pass and the fuzz run
 	$(VPY) -m pytest $(PYTEST_ARGS)

@@ -42,6 +42,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import homagg.torch as hgt
 from homagg.errors import PeerTimeout
 
+from helpers import wait_for  # tests/ is sys.path[0]: this file runs as a script
+
 
 def model(seed, d_in=12, d_out=3):
     torch.manual_seed(seed)
@@ -52,14 +54,6 @@ def model(seed, d_in=12, d_out=3):
 def batch(rank, step, d_in=12, d_out=3):
     g = torch.Generator().manual_seed(1000 * rank + step)
     return torch.randn(8, d_in, generator=g), torch.randn(8, d_out, generator=g)
-
-
-def wait_for(path, timeout=120.0):
-    deadline = time.monotonic() + timeout
-    while not os.path.exists(path):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{path} did not appear within {timeout} s")
-        time.sleep(0.02)
 
 
 def backend(outdir):
@@ -166,7 +160,8 @@ def main(scenario, outdir):
                     dist.barrier()
                     if rank == 0:
                         open(os.path.join(outdir, f"at-{step}"), "w").close()
-                    wait_for(os.path.join(outdir, f"go-{step}"))
+                    go = os.path.join(outdir, f"go-{step}")
+                    wait_for(lambda: os.path.exists(go), 120.0, f"{go} to appear")
                     if step == 5:  # past every rank's back-off (0.1 s)
                         time.sleep(0.25)
                 for k, (net, opt) in enumerate(zip(nets, opts)):

@@ -137,33 +137,46 @@ def nnz_counts(x, block):
 
 # ---- random streams (docs/PROTOCOL.md "Random streams and hashes") -----------
 
-_M64 = 2**64 - 1
+M64 = 2**64 - 1
 GOLDEN = 0x9E3779B97F4A7C15
 DOM_ROUND = 0x524F554E44000001
 DOM_NC = 0x4E41544E43000002
+DOM_SKETCH = 0x534B455443480003
 
 
-def _mix64(z):
+def mix64(z):
     """splitmix64's finaliser on uint64 arrays (numpy wraps modulo 2^64)."""
     z = np.asarray(z, dtype=np.uint64)
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    with np.errstate(over="ignore"):
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
     return z ^ (z >> np.uint64(31))
 
 
-def _mix64_int(z):
-    return int(_mix64(np.array([z & _M64], dtype=np.uint64))[0])
+def mix64_int(z):
+    """mix64 of one Python integer, in Python integers (modulo 2^64)."""
+    z &= M64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & M64
+    return z ^ (z >> 31)
 
 
 def stream_key(seed, domain, worker):
-    return _mix64_int(_mix64_int((seed + domain) & _M64) + worker)
+    """The key of worker ``worker``'s stream ``domain`` under ``seed`` (an int)."""
+    return mix64_int(mix64_int(seed + domain) + worker)
+
+
+def hash_u32(key, g):
+    """hash(key, g) >> 32 for global indices g, as float64 (exact)."""
+    g = np.asarray(g, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        h = mix64(np.uint64(key) + (g + np.uint64(1)) * np.uint64(GOLDEN))
+    return (h >> np.uint64(32)).astype(np.float64)
 
 
 def stream_u32(seed, domain, worker, n):
     """u = hash(key, g) >> 32 for g = 0..n-1, as float64 (exact)."""
-    g = np.arange(n, dtype=np.uint64)
-    h = _mix64(np.uint64(stream_key(seed, domain, worker)) + (g + np.uint64(1)) * np.uint64(GOLDEN))
-    return (h >> np.uint64(32)).astype(np.float64)
+    return hash_u32(stream_key(seed, domain, worker), np.arange(n, dtype=np.uint64))
 
 
 def quantize_stochastic(x, gcodes, workers, block, seed, worker):

@@ -16,20 +16,12 @@ import secrets
 import signal
 import socket
 import subprocess
-import time
 
 from homagg.deploy.local.testbed import Testbed
 
+from helpers import wait_for
+
 SSH_PORT = 2222
-
-
-def wait_for(pred, timeout, what):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        time.sleep(0.1)
-    raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
 
 
 def _port_open(ip, port):

@@ -25,6 +25,7 @@ from homagg.sim import Cluster
 from homagg.worker import Worker
 
 from engine_rig import EngineRig
+from helpers import be32, require_gmac
 from reference import allreduce as oracle_allreduce
 
 pytestmark = pytest.mark.sanitize
@@ -35,23 +36,6 @@ AGG = Addr.of("02:00:00:00:00:01", "10.0.0.254", UDP_PORT)
 
 JOB = 1
 
-
-
-def _require_gmac(available):
-    """AES-GMAC runs wherever the CPU has AES-NI and PCLMULQDQ (every CPU
-    this project's machines have): there its absence is a failure, not a
-    skip; only a CPU without them skips, naming why."""
-    flags = set()
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = set(next((ln.split(":", 1)[1].split() for ln in f
-                              if ln.startswith("flags")), []))
-    except OSError:
-        pass
-    if {"aes", "pclmulqdq"} <= flags:
-        assert available, "the CPU has AES-NI and PCLMULQDQ but aes-gmac is not available"
-    elif not available:
-        pytest.skip("this CPU has no AES-NI/PCLMULQDQ: aes-gmac cannot run here")
 
 def ref_key(secret, key_id, job=JOB):
     """crypto_kdf_derive_from_key: BLAKE2b-256 keyed with the secret, salt =
@@ -84,10 +68,6 @@ _ctr = itertools.count(1)
 
 def waddr(w):
     return Addr.of(bytes([2, 0, 0, 1, 0, w]), (10 << 24) | (1 << 16) | w, 40000 + w)
-
-
-def be32(a):
-    return np.asarray(a, dtype=np.int64).astype(np.uint32).astype(">u4").tobytes()
 
 
 def wframe(w, key_of=None, seq=0, payload=None, incarnation=1, flags=0, src=None, key=True,
@@ -151,7 +131,7 @@ def test_aes_gmac_known_answer():
     frame through both implementations."""
     assert AESGCM(bytes(32)).encrypt(bytes(12), b"", b"").hex() == \
         "530f8afbc74536b9a963b4f1c4cb738b"
-    _require_gmac(auth.MAC_AES_GMAC in ALGS)
+    require_gmac(auth.MAC_AES_GMAC in ALGS)
     hdr = bytes(range(32))
     key = bytes(range(100, 132))
     # shard hdr[23] = 23, direction 1, counter 7, incarnation hdr[24:28]
@@ -161,7 +141,7 @@ def test_aes_gmac_known_answer():
 
 
 def test_an_exhausted_counter_never_reuses_a_nonce():
-    _require_gmac(auth.MAC_AES_GMAC in ALGS)
+    require_gmac(auth.MAC_AES_GMAC in ALGS)
     key, data = bytes(32), bytes(range(64))
     for counter in (2**48, 2**48 + 1, 2**64 - 1):
         # the nonce holds 48 bits: past them the MAC verifies nothing
@@ -485,7 +465,7 @@ def test_cluster_without_auth_unchanged():
 # ---- workers over loopback UDP: forged results are dropped by the worker ---------------------
 
 def test_worker_drops_results_without_the_aggregators_mac(tmp_path):
-    from test_port_udp import LoopbackAggregator
+    from udp_rig import LoopbackAggregator
 
     agg = LoopbackAggregator()
     secret_file = tmp_path / "job.secret"
@@ -534,7 +514,7 @@ def test_worker_started_after_a_rotation_uses_the_epoch_it_is_given(tmp_path):
     its epoch (the job file's key_epoch) and is exact; one started with the
     new secret but epoch 0 is refused by the aggregator (bad_mac) and times
     out instead of summing anything."""
-    from test_port_udp import LoopbackAggregator
+    from udp_rig import LoopbackAggregator
 
     from homagg.errors import PeerTimeout
 

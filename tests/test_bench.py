@@ -15,7 +15,7 @@ import numpy as np
 
 import pytest
 
-from conftest import require
+from helpers import require
 
 from homagg import cli, codec
 from homagg.bench import scale, workloads

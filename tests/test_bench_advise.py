@@ -13,7 +13,7 @@ import os
 
 import pytest
 
-from conftest import require
+from helpers import require
 
 from homagg import cli
 

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from conftest import dpdk_testbed
+from helpers import dpdk_testbed
 from homagg.runs import allreduce as runmod
 from homagg.runs.session import Session
 

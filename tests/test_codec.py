@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import reference as ref
+from helpers import assert_bits_equal, make_grads, run
 from homagg import codec
 from homagg.bindings import codec as b
 from homagg.bindings import kernels as k
@@ -24,70 +25,9 @@ EXACT = ("dense", "blocks", "lhc", "union", "auto")
 LANES = 256  # int32 lanes of one default payload
 
 
-# ---- gradient generators -----------------------------------------------------
-
-def _magnitudes(rng, size, kind):
-    """Positive magnitudes of one kind (float64, converted by the caller)."""
-    if kind == "normal":
-        return np.abs(rng.standard_normal(size)) * 1e-3
-    if kind == "tiny":
-        return np.abs(rng.standard_normal(size)) * 1e-30
-    if kind == "huge":
-        return np.abs(rng.standard_normal(size)) * 1e30
-    if kind == "max":  # near float32 max: sums may overflow to inf, as the contract says
-        return rng.uniform(0.5, 1.0, size) * float(np.finfo(np.float32).max)
-    if kind == "subnormal":
-        return rng.uniform(0, 2**-126, size)
-    if kind == "mixed":  # log-uniform over the whole float32 range
-        return 2.0 ** rng.uniform(-149, 127, size)
-    if kind == "zeros":
-        return np.zeros(size)
-    raise ValueError(kind)
-
-
-def make_grads(rng, workers, n, density=0.05, positions="independent", magnitude="normal"):
-    """W float32 gradients with the given density and layout of non-zeros."""
-    def mask():
-        if positions == "clustered":  # non-zeros in runs of ~100 elements
-            m = np.zeros(n, dtype=bool)
-            runs = int(np.ceil(n * density / 100)) if density > 0 else 0
-            for _ in range(runs):
-                start = rng.integers(0, max(n, 1))
-                m[start:start + 100] = True
-            return m
-        return rng.random(n) < density
-
-    shared = mask()
-    grads = []
-    for _ in range(workers):
-        m = shared if positions in ("shared", "clustered") else mask()
-        v = _magnitudes(rng, n, magnitude) * rng.choice([-1.0, 1.0], n)
-        with np.errstate(over="ignore"):
-            g = np.where(m, v, 0.0).astype(np.float32)
-        # +-0 mixes: signed zeros where nothing is set.
-        g[~m & (rng.random(n) < 0.5)] = np.float32(-0.0)
-        grads.append(g)
-    return grads
-
-
 def oracle(grads, block):
     with np.errstate(over="ignore"):
         return ref.allreduce(grads, block)
-
-
-def assert_bits_equal(got, want, what=""):
-    assert got.dtype == np.float32 and got.shape == want.shape, what
-    gb, wb = got.view(np.uint32), want.view(np.uint32)
-    if not np.array_equal(gb, wb):
-        i = int(np.flatnonzero(gb != wb)[0])
-        raise AssertionError(
-            f"{what}: element {i}: got {got[i]!r} ({gb[i]:#010x}), oracle {want[i]!r} "
-            f"({wb[i]:#010x}); {int(np.count_nonzero(gb != wb))} elements differ")
-
-
-def run(grads, method, block, **kw):
-    with np.errstate(over="ignore"):
-        return codec.simulate_allreduce(grads, method=method, block_elements=block, **kw)
 
 
 # ---- exactness: explicit cases -----------------------------------------------

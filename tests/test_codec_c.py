@@ -15,35 +15,13 @@ import pytest
 
 from homagg._native import ffi, lib
 
-pytestmark = pytest.mark.sanitize
+from reference import DOM_NC, DOM_ROUND, hash_u32, stream_key
 
-M64 = (1 << 64) - 1
-GOLDEN = 0x9E3779B97F4A7C15
-DOM_ROUND = 0x524F554E44000001
-DOM_NC = 0x4E41544E43000002
+pytestmark = pytest.mark.sanitize
 
 
 # ---- numpy reference of the protocol formulas -----------------------------
-
-def mix64(z):
-    z = np.asarray(z, dtype=np.uint64)
-    with np.errstate(over="ignore"):
-        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return z ^ (z >> np.uint64(31))
-
-
-def stream_key(seed, domain, worker):
-    k = int(mix64(np.uint64((seed + domain) & M64)))
-    return int(mix64(np.uint64((k + worker) & M64)))
-
-
-def hash_u32(key, g):
-    g = np.asarray(g, dtype=np.uint64)
-    with np.errstate(over="ignore"):
-        h = mix64(np.uint64(key) + (g + np.uint64(1)) * np.uint64(GOLDEN))
-    return (h >> np.uint64(32)).astype(np.float64)
-
+# (the random streams, stream_key and hash_u32, are reference.py's)
 
 def log2w(w):
     return (w - 1).bit_length()

@@ -1,7 +1,7 @@
 """Every ISA path of the codec gives the portable path's bits.
 
 HOMAGG_CODEC_ISA=portable|avx2|avx512 forces the path of every hot loop
-(read once per process; conftest.codec_isa sets it and has the library read
+(read once per process; helpers.codec_isa sets it and has the library read
 it again).  For random gradients (hypothesis: workers, block, the last
 block's length 1, 31, 32, 33 or 257 for the vector loops' tails, density,
 layout, rounding) each path must produce, byte for byte, what the portable
@@ -22,12 +22,12 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import reference as ref
-from conftest import CODEC_ISAS, codec_isa
+from helpers import CODEC_ISAS, codec_isa, codec_isa_env
 from homagg import codec
 from homagg.bench import numpy_codec as npc
 from homagg.bindings import codec as b
 from homagg.errors import InvalidArgument
-from test_codec import make_grads
+from helpers import make_grads
 
 pytestmark = pytest.mark.sanitize
 
@@ -157,9 +157,7 @@ def test_bloom_blocks_and_stalls_on_every_path(tail):
 
 
 def test_bad_isa_is_refused_by_name():
-    old = os.environ.get("HOMAGG_CODEC_ISA")
-    try:
-        os.environ["HOMAGG_CODEC_ISA"] = "sse9"
+    with codec_isa_env("sse9"):
         with pytest.raises(InvalidArgument, match="HOMAGG_CODEC_ISA='sse9'.*portable, avx2, avx512"):
             b.codec_isa_reload()
         # every codec entry point refuses while it is set
@@ -169,12 +167,6 @@ def test_bad_isa_is_refused_by_name():
         p = ffi.new("struct hg_params *", dict(block=64, workers=1, worker=0))
         assert lib.hg_params_check(p) == -errno.EINVAL
         assert lib.hg_codec_isa() == -errno.EINVAL
-    finally:
-        if old is None:
-            os.environ.pop("HOMAGG_CODEC_ISA", None)
-        else:
-            os.environ["HOMAGG_CODEC_ISA"] = old
-        b.codec_isa_reload()
     assert b.codec_isa() in CODEC_ISAS
 
 

@@ -20,26 +20,13 @@ import pytest
 
 from homagg._native import ffi, lib
 
+from reference import DOM_SKETCH, GOLDEN, mix64_int, stream_key
+
 pytestmark = pytest.mark.sanitize
-
-M64 = (1 << 64) - 1
-GOLDEN = 0x9E3779B97F4A7C15
-DOM_ROUND = 0x524F554E44000001
-DOM_SKETCH = 0x534B455443480003
-
-
-def mix64(z):
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & M64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & M64
-    return z ^ (z >> 31)
-
-
-def stream_key(seed, domain, worker):
-    return mix64((mix64((seed + domain) & M64) + worker) & M64)
 
 
 def ref_cells(key, g, t):
-    h = mix64((key + (g + 1) * GOLDEN) & M64)
+    h = mix64_int(key + (g + 1) * GOLDEN)
     cells = [r * t + ((((h >> (21 * r)) & 0x1FFFFF) * t) >> 21) for r in range(3)]
     return cells, h >> 63
 

@@ -23,8 +23,8 @@ import reference as ref
 from homagg import codec
 from homagg.bindings import codec as b
 from homagg.errors import HomAggError, InvalidArgument, NonFiniteValue
-from conftest import CODEC_ISAS, codec_isa
-from test_codec import assert_bits_equal, make_grads, run
+from helpers import CODEC_ISAS, codec_isa
+from helpers import assert_bits_equal, make_grads, run
 
 pytestmark = pytest.mark.sanitize
 

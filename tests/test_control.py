@@ -16,7 +16,8 @@ from homagg.switch.control import ControlClient, ControlError
 from homagg.errors import InvalidArgument, OutOfRange, PeerTimeout
 from homagg.runs.session import accounting
 
-from switch_helpers import SWITCH, Daemon, wait_for
+from helpers import wait_for
+from switch_helpers import SWITCH, Daemon
 
 pytestmark = [pytest.mark.dpdk, pytest.mark.root]
 

@@ -33,7 +33,7 @@ import sys
 
 import pytest
 
-from conftest import require
+from helpers import require
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md"] + sorted((ROOT / "docs").glob("*.md"))

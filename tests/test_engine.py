@@ -15,39 +15,13 @@ from homagg.engine import (FLAG_AUTH, FLAG_RESULT, FLAG_RETRANS, FLAG_SHADOW, FL
 from homagg.errors import HomAggError, OutOfRange
 from homagg.bindings.wire import PROTOCOL_VERSION
 
-from engine_rig import EngineRig
+from engine_rig import AGG, EngineRig, frame, waddr
+from helpers import be32, from_be32, wrap32
 
 pytestmark = pytest.mark.sanitize
 
-AGG = Addr.of("02:00:00:00:00:01", "10.0.0.254", UDP_PORT)
 GROUP = "239.1.2.3"
 GROUP_INT = (239 << 24) | (1 << 16) | (2 << 8) | 3
-
-
-def waddr(w):
-    return Addr.of(bytes([2, 0, 0, 1, w >> 8, w & 0xFF]), (10 << 24) | (1 << 16) | w, 40000 + w)
-
-
-def frame(w, *, op="sum32", job=1, token=77, seq=0, slots=4, payload=b"", flags=0,
-          slot=None, **kw):
-    if slot is None:
-        slot = seq % slots
-    if (seq // slots) % 2:
-        flags |= FLAG_SHADOW
-    return build_frame(waddr(w), AGG, op=op, job=job, token=token, worker=w,
-                       seq=seq, slot=slot, flags=flags, payload=payload, **kw)
-
-
-def be32(a):
-    return np.asarray(a, dtype=np.int64).astype(np.uint32).astype(">u4").tobytes()
-
-
-def from_be32(b):
-    return np.frombuffer(b, dtype=">u4").astype(np.uint32).view(np.int32).astype(np.int64)
-
-
-def wrap32(a):
-    return ((np.asarray(a, dtype=np.int64) + 2**31) % 2**32) - 2**31
 
 
 class Rig(EngineRig):
@@ -117,7 +91,7 @@ def test_duplicates_not_double_counted_and_replay():
     rig = Rig(workers=3)
     xs = [rng.integers(-1000, 1000, 256) for _ in range(3)]
     f = [frame(w, payload=be32(xs[w])) for w in range(3)]
-    out = rig.send(f[0], f[0], f[1], f[1] , f[1])
+    out = rig.send(f[0], f[0], f[1], f[1], f[1])
     assert out == []
     c = rig.eng.counters()
     assert c["duplicates"] == 3 and c["summed"] == 2

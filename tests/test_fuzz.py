@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from conftest import require
+from helpers import require
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 

@@ -8,23 +8,13 @@ from homagg import kernels
 from homagg._native import ffi, lib
 from homagg.errors import HomAggError
 
+from helpers import be32_buffer as be32, from_be32, wrap32
+
 pytestmark = pytest.mark.sanitize
 
 LANES = [0, 1, 31, 32, 33, 63, 64, 65, 255, 256, 257]
 ALL_ISAS = ["portable", "avx2", "avx512"]
 ISAS = [i for i in ALL_ISAS if kernels.isa_supported(i)] + ["best"]
-
-
-def be32(a):
-    return np.asarray(a, dtype=np.int64).astype(np.uint32).astype(">u4").view(np.uint8).copy()
-
-
-def from_be32(b):
-    return b.view(">u4").astype(np.int64)
-
-
-def wrap32(a):
-    return ((np.asarray(a, dtype=np.int64) + 2**31) % 2**32) - 2**31
 
 
 def nc8_ref(codes, top):

@@ -58,3 +58,23 @@ def test_every_exception_class_is_in_errors():
 
     assert job_file.ConfigError is errors.ConfigError
     assert train.TrainError is errors.TrainError
+
+
+def test_no_test_imports_conftest():
+    """Fixtures live in conftest.py and helper functions in helpers.py.
+    conftest.py is pytest's to load (under --import-mode=importlib it is not
+    importable by name at all), so no test imports it."""
+    import ast
+
+    tests = os.path.dirname(os.path.abspath(__file__))
+    offenders = []
+    for f in sorted(os.listdir(tests)):
+        if not f.endswith(".py"):
+            continue
+        path = os.path.join(tests, f)
+        for node in ast.walk(ast.parse(open(path).read(), path)):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module] if isinstance(node, ast.ImportFrom) else [])
+            if "conftest" in names:
+                offenders.append(f"{f}:{node.lineno}")
+    assert offenders == [], f"import helpers instead of conftest: {offenders}"

@@ -20,23 +20,13 @@ from homagg.switch.control import ControlClient
 from homagg.switch.daemon import eal_args
 from prometheus_client.parser import text_string_to_metric_families
 
-from switch_helpers import ROOT, SWITCH, wait_for
-from test_switch import GROUP, Link, gradients, join_all, run_workers, start_daemon
+from helpers import wait_for
+from switch_helpers import ROOT, SWITCH
+from switch_helpers import GROUP, gradients, join_all, run_workers, start_daemon
 
 pytestmark = [pytest.mark.dpdk, pytest.mark.root, pytest.mark.netns]
 
 JOB, TOKEN, W = 21, 0x5151, 3
-
-
-@pytest.fixture
-def link():
-    if not SWITCH.exists():
-        pytest.fail(f"{SWITCH} is not built (make switch)")
-    lk = Link()
-    try:
-        yield lk
-    finally:
-        lk.teardown()
 
 
 @pytest.fixture

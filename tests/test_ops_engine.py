@@ -9,8 +9,8 @@ import pytest
 from homagg.engine import FLAG_RETRANS
 from homagg.errors import HomAggError, OutOfRange
 
-from engine_rig import EngineRig
-from test_engine import be32, frame
+from engine_rig import EngineRig, frame
+from helpers import be32
 
 pytestmark = pytest.mark.sanitize
 

@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from conftest import require
+from helpers import require
 
 pytestmark = [pytest.mark.root, pytest.mark.netns, pytest.mark.timeout(60)]
 

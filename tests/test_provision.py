@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from conftest import require
+from helpers import require
 
 from homagg.deploy.remote import inventory as inv
 from homagg.deploy.remote import provision as prov

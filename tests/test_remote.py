@@ -19,7 +19,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import gone, require
+from helpers import gone, require
 
 from homagg.deploy.remote import inventory as inv
 from homagg.deploy.remote import provision as prov

@@ -10,9 +10,9 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import dpdk_testbed, require
+from helpers import dpdk_testbed, require
 from homagg import cost
-from switch_helpers import wait_for
+from helpers import wait_for
 from homagg.runs import job
 from homagg.runs import allreduce as runmod
 from homagg.switch.daemon import Switch

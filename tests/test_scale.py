@@ -20,7 +20,7 @@ from homagg.protocol import EXACT_METHODS
 from homagg.sim import Cluster
 
 from reference import allreduce as oracle_allreduce
-from test_port_udp import BLOCK as UDP_BLOCK
+from udp_rig import BLOCK as UDP_BLOCK
 from test_sim import BLOCK, assert_bits_equal, check_result, make_grads
 
 pytestmark = pytest.mark.sanitize
@@ -169,8 +169,8 @@ def test_same_result_whatever_k():
 # ---- homagg.worker.Worker over kernel UDP, K engines on loopback ----------
 
 def _udp_allreduce(addresses, job, grads, method, timeout=10.0):
-    """test_port_udp's threads, one Worker each, block UDP_BLOCK."""
-    from test_port_udp import run
+    """udp_rig's threads, one Worker each, block UDP_BLOCK."""
+    from udp_rig import run
 
     stats = []
     out, err = run(None, job, 5, grads, method, timeout=timeout, aggregators=addresses,
@@ -180,7 +180,7 @@ def _udp_allreduce(addresses, job, grads, method, timeout=10.0):
 
 @pytest.mark.parametrize("method", ("dense", "lhc", "union"))
 def test_worker_over_two_udp_aggregators(method):
-    from test_port_udp import LoopbackAggregator, grads_of
+    from udp_rig import LoopbackAggregator, grads_of
 
     aggs = [LoopbackAggregator(), LoopbackAggregator()]
     try:
@@ -202,7 +202,7 @@ def test_worker_over_two_udp_aggregators(method):
 
 
 def test_worker_names_the_silent_udp_aggregator():
-    from test_port_udp import LoopbackAggregator
+    from udp_rig import LoopbackAggregator
 
     live = LoopbackAggregator()
     silent = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -225,7 +225,7 @@ def test_worker_names_the_silent_udp_aggregator():
 
 @pytest.fixture(scope="module")
 def testbed_k2(tmp_path_factory):
-    from conftest import dpdk_testbed
+    from helpers import dpdk_testbed
 
     with dpdk_testbed(tmp_path_factory, "k2scale", workers=3, link_mbit=1000,
                       aggregators=2) as tb:
@@ -299,7 +299,7 @@ def test_bench_shards_outputs(tmp_path, capsys):
     each aggregator's link load reported; timing is reported, not judged."""
     import os
 
-    from conftest import require
+    from helpers import require
     from test_bench import run_testbed_bench
 
     require(os.geteuid() == 0, "needs root")

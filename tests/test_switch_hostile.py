@@ -18,8 +18,8 @@ from homagg.engine import Addr, build_frame
 from homagg.bindings.wire import PROTOCOL_VERSION
 
 from reference import allreduce as oracle_allreduce
-from switch_helpers import wait_for
-from test_switch import BLOCK, GROUP, gradients, join_all, link, daemons, run_workers  # noqa: F401
+from helpers import be32, wait_for
+from switch_helpers import BLOCK, GROUP, gradients, join_all, run_workers
 
 pytestmark = [pytest.mark.dpdk, pytest.mark.root, pytest.mark.netns]
 
@@ -32,14 +32,10 @@ def _mac(ns, dev):
     return json.loads(out)[0]["address"]
 
 
-def _be32(values):
-    return np.asarray(values, dtype=">i4").tobytes()
-
-
 def _hostile(src, dst):
     """(name, frame, counter): every kind a worker-side attacker can send."""
     ok = dict(op="sum32", job=JOB, token=TOKEN, worker=1, seq=0, slot=0,
-              payload=_be32(np.arange(8)))
+              payload=be32(np.arange(8)))
 
     def f(**kw):
         args = dict(ok)
@@ -193,7 +189,7 @@ def test_authenticated_job_drops_forged_flipped_replayed_and_old_frames(link, da
     src = Addr.of(_mac(link.ns_workers, link.dev_workers), link.worker_ip, 40000)
     dst = Addr.of(_mac(link.ns_switch, link.dev_switch), link.switch_ip, 48879)
     key = {j: [auth.derive_key(secret, j, w) for w in range(W)] for j in (job_a, job_b)}
-    bogus = _be32(np.full(256, 0x01010101))
+    bogus = be32(np.full(256, 0x01010101))
     with d.client() as c:
         for j in (job_a, job_b):
             c.add_job(job=j, token=TOKEN, workers=W, slots=SLOTS, group=GROUP, auth=secret)

@@ -10,11 +10,10 @@ import secrets
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
 
-from conftest import require
+from helpers import require
 
 from homagg.deploy.local import testbed as tbmod
 from homagg.deploy.local.testbed import RootRequired, Testbed, TestbedError, TestbedExists
@@ -54,15 +53,6 @@ def host_links():
 
 def pid_alive(pid):
     return tbmod._proc_starttime(pid) is not None
-
-
-def wait_for(pred, timeout, what):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        time.sleep(0.05)
-    pytest.fail(f"timed out after {timeout}s waiting for {what}")
 
 
 @pytest.fixture
@@ -226,7 +216,7 @@ def test_udp_multicast_from_aggregator_reaches_every_worker(shaped):
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             receivers.append(p)
         for p in receivers:  # each has joined the group before anything is sent
-            line = p.stdout.readline()
+            line = p.readline(30)  # "" after 30 s without a line
             assert line.strip() == "ready", p.stderr.read() if p.poll() is not None else line
         # one sender in the aggregator; a few copies in case the first one
         # races the bridge learning (every worker needs one)
@@ -280,7 +270,7 @@ def test_rate_limit_is_in_effect(shaped):
     sink = shaped.run_in("w1", [sys.executable, "-c", TCP_SINK, dst.ip, 47002],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        assert sink.stdout.readline().strip() == "ready"
+        assert sink.readline(30).strip() == "ready"
         r = shaped.exec("w0", [sys.executable, "-c", TCP_SOURCE, dst.ip, 47002, nbytes], timeout=30)
         assert r.returncode == 0, r.stderr
         out, err = sink.communicate(timeout=30)
@@ -306,7 +296,7 @@ def test_run_in_records_pid_and_down_stops_it(state_dir, make_testbed):
                           "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
                           "print('ready', flush=True); time.sleep(600)"],
                    stdout=subprocess.PIPE, text=True)
-    assert p2.stdout.readline().strip() == "ready"
+    assert p2.readline(30).strip() == "ready"
     recorded = {r["pid"]: r for r in tb.state()["processes"]}
     assert set(recorded) == {p1.pid, p2.pid}
     assert recorded[p1.pid]["host"] == "w0" and recorded[p1.pid]["argv"] == ["sleep", "600"]

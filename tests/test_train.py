@@ -27,7 +27,7 @@ import pytest
 import torch
 
 import homagg.torch as hgt
-from conftest import dpdk_testbed, gone, require
+from helpers import dpdk_testbed, gone, require
 from homagg import protocol
 from homagg.runs import allreduce as runmod
 from homagg.switch.daemon import Switch

@@ -27,7 +27,7 @@ import pytest
 import torch
 
 import homagg.torch as hgt
-from conftest import dpdk_testbed
+from helpers import dpdk_testbed
 from homagg.runs import allreduce as runmod
 from homagg.switch.daemon import Switch
 

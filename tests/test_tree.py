@@ -16,29 +16,13 @@ from homagg.protocol import EXACT_METHODS, OPS
 from homagg.runs.session import NOT_FRAME_OUTCOMES
 from homagg.sim import Cluster
 
+from helpers import require_gmac
 from test_sim import BLOCK, assert_bits_equal, check_result, make_grads
 
 pytestmark = pytest.mark.sanitize
 
 FAULTS = {"loss": 0.02, "duplicate": 0.02, "reorder": 0.05}
 
-
-
-def _require_gmac(available):
-    """AES-GMAC runs wherever the CPU has AES-NI and PCLMULQDQ (every CPU
-    this project's machines have): there its absence is a failure, not a
-    skip; only a CPU without them skips, naming why."""
-    flags = set()
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = set(next((ln.split(":", 1)[1].split() for ln in f
-                              if ln.startswith("flags")), []))
-    except OSError:
-        pass
-    if {"aes", "pclmulqdq"} <= flags:
-        assert available, "the CPU has AES-NI and PCLMULQDQ but aes-gmac is not available"
-    elif not available:
-        pytest.skip("this CPU has no AES-NI/PCLMULQDQ: aes-gmac cannot run here")
 
 def leaf_sizes(workers, leaves):
     """Workers per leaf: leaf l serves floor(l W / L) .. floor((l + 1) W / L) - 1."""
@@ -107,7 +91,7 @@ def test_tree_with_auth_is_exact_under_loss(mac):
     from homagg import auth
 
     if mac == "aes-gmac":
-        _require_gmac(auth.default_mac_name() == "aes-gmac")
+        require_gmac(auth.default_mac_name() == "aes-gmac")
     W = 6
     grads = make_grads(W, 20000, density=0.1, seed=53)
     with Cluster(workers=W, leaves=3, seed=10, slots=4, loss=0.05, duplicate=0.05,
@@ -294,7 +278,6 @@ def test_bad_tree_configurations():
             cl.add_job(workers=1)
 
 
-
 # ---- the DPDK testbed: two leaf daemons and a root daemon -----------------
 
 @pytest.mark.root
@@ -309,7 +292,7 @@ def test_testbed_tree_of_dpdk_daemons(tmp_path):
     import os
     import secrets
 
-    from conftest import require
+    from helpers import require
     from homagg.runs import allreduce as runmod
     from homagg.switch.daemon import find_switch
     from homagg.deploy.local.testbed import Testbed
@@ -542,7 +525,7 @@ def test_testbed_tree_with_auth_exact_under_loss_and_bad_mac_at_the_root(tmp_pat
     import tempfile
     import threading
 
-    from conftest import require
+    from helpers import require
     from homagg import auth
     from homagg.deploy.local.placement import TestbedPlacement
     from homagg.deploy.local.testbed import Testbed

@@ -30,18 +30,21 @@
  *   identity  byte every accumulator byte starts from
  *   exp_max   the header's exp field must lie in 0..exp_max (0: must be 0)
  */
+/* clang-format off */
 #define HG_FOREACH_OP(X)                                                       \
 	X(SUM32, sum32, 1, 4, 4, 0x00, 0, "int32 wrapping add")                  \
 	X(OR, or, 2, 1, 1, 0x00, 0, "bitwise OR")                                \
 	X(MAX8, max8, 3, 1, 1, 0x80, 0, "signed int8 max")                       \
 	X(NC8, nc8, 4, 1, 4, 0x00, 31,                                           \
 	  "NC8 code expanded to +-2^(exp - m), added into int32 lanes")
+/* clang-format on */
 
 /*
  * HG_FOREACH_PHASE(X): X(NAME, "name", OP, doc) - a run of lanes every
  * worker sends, aggregated with op HG_OP_<OP>.  The index (HG_PH_NAME,
  * from 0) is also the index of hg_client_stats.bytes_sent / _received.
  */
+/* clang-format off */
 #define HG_FOREACH_PHASE(X)                                                    \
 	X(EXPONENTS, "exponents", MAX8, "block exponent codes, one int8 per block") \
 	X(COUNTS, "counts", SUM32, "non-zero elements per block")                 \
@@ -52,6 +55,7 @@
 	X(FALLBACK, "fallback", SUM32, "values of the candidates peeling left")   \
 	X(UNION, "union", SUM32,                                                 \
 	  "values at every global candidate, 0 where the worker has none")
+/* clang-format on */
 
 /* The phase bit of a step mask. */
 #define HG_PHB(NAME) (1u << HG_PH_##NAME)
@@ -62,6 +66,7 @@
  * the previous one is complete, because its sizes and contents come from
  * the previous results.
  */
+/* clang-format off */
 #define HG_FOREACH_METHOD(X)                                                   \
 	X(DENSE, "dense", 1, HG_MF_EXACT | HG_MF_CANDIDATE | HG_MF_GROUPS,       \
 	  "fixed-point values of every block (SwitchML-like)",                   \
@@ -83,6 +88,7 @@
 	X(UNION, "union", 6, HG_MF_EXACT | HG_MF_CANDIDATE | HG_MF_GROUPS,       \
 	  "lhc's index, then every worker's value at every candidate, scattered",\
 	  HG_PHB(EXPONENTS) | HG_PHB(COUNTS), HG_PHB(INDEX), HG_PHB(UNION))
+/* clang-format on */
 
 #ifdef __cplusplus
 extern "C" {

@@ -77,7 +77,6 @@ import json
 import os
 import platform
 import secrets
-import select
 import subprocess
 import sys
 import time
@@ -151,11 +150,6 @@ def _progress(msg):
 # Gloo
 
 
-def _readline(proc, timeout):
-    r, _, _ = select.select([proc.popen.stdout], [], [], timeout)
-    return proc.popen.stdout.readline() if r else ""
-
-
 class GlooGroup:
     """W gloo_worker processes, one per worker namespace of the testbed."""
 
@@ -177,7 +171,7 @@ class GlooGroup:
                                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                             text=True, env=env))
             for h, p in zip(hosts, self.procs):
-                line = _readline(p, timeout + 60)
+                line = p.readline(timeout + 60)
                 if not line.startswith("{"):
                     raise RuntimeError(f"gloo rank on {h.name} did not start: {line!r} "
                                        f"{self._stderr(p)}")
@@ -203,7 +197,7 @@ class GlooGroup:
         answers = []
         budget = self.timeout * (job["repeat"] + job["warmup"]) + 60
         for h, p in zip(hosts, self.procs):
-            out = _readline(p, budget)
+            out = p.readline(budget)
             if not out:
                 raise RuntimeError(f"gloo rank on {h.name}: no answer {self._stderr(p)}")
             a = json.loads(out)

@@ -318,4 +318,3 @@ def allreduce(grads, block, seed=0):
     miss = layout.cand[~done]
     fallback = sum(quantize_at(g, miss, layout) for g in grads) if miss.size else None
     return decode(gcells, layout, fallback)
-

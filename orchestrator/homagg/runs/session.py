@@ -31,7 +31,6 @@ import contextlib
 import json
 import os
 import secrets
-import select
 import signal
 import subprocess
 import sys
@@ -215,8 +214,7 @@ class Session:
         if p is None or (reply and i in self._lost):
             self._lost.discard(i)
             return {"ok": False, "error": f"worker {i}: process killed", "kind": "killed"}
-        r, _, _ = select.select([p.popen.stdout], [], [], timeout)
-        line = p.popen.stdout.readline() if r else ""
+        line = p.readline(timeout)
         self._pending[i] = False
         if not line:
             rc = p.poll()

@@ -25,8 +25,6 @@ from homagg.ops import logfmt
 from homagg.runs.job import UDP_PORT, RunError, vdev_for_mtu
 
 
-
-
 def find_switch() -> str:
     """homagg-switch: $HOMAGG_SWITCH, else build/release/ of the source tree
     this package lives in, else PATH."""

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import select
 import shutil
 import subprocess
 import sys
@@ -32,11 +31,6 @@ def child_env() -> dict:
     pkg_root = str(pathlib.Path(homagg.__file__).resolve().parents[1])
     env["PYTHONPATH"] = pkg_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return env
-
-
-def _readline(p, timeout: float) -> str:
-    r, _, _ = select.select([p.popen.stdout], [], [], timeout)
-    return p.popen.stdout.readline() if r else ""
 
 
 def _stderr(p) -> str:
@@ -142,7 +136,7 @@ class TestbedPlacement(Placement):
     def wait_ready(self, timeout):
         failures = []
         for name, p in zip(self.workers, self.procs):
-            line = _readline(p, timeout)
+            line = p.readline(timeout)
             if line.strip() != "ready":
                 failures.append(f"host '{name}': {line!r} {_stderr(p)}")
         return failures

@@ -41,6 +41,7 @@ import ipaddress
 import json
 import os
 import re
+import select
 import shutil
 import signal
 import subprocess
@@ -233,6 +234,12 @@ class Process:
     @property
     def stderr(self):
         return self.popen.stderr
+
+    def readline(self, timeout: float) -> str:
+        """The next line of its stdout (started with stdout=PIPE, text=True),
+        or "" when none came within ``timeout`` seconds or at its end."""
+        r, _, _ = select.select([self.popen.stdout], [], [], timeout)
+        return self.popen.stdout.readline() if r else ""
 
     def poll(self):
         rc = self.popen.poll()
