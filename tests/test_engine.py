@@ -121,10 +121,47 @@ def test_status_bitmap():
     st = out[0]
     assert st.flags & FLAG_STATUS and not st.flags & FLAG_RESULT
     assert st.worker == 8 and st.dst == waddr(8) and st.seq == 1 and st.slot == 1
-    assert len(st.payload) == 3
+    assert len(st.payload) == 6  # the worker bitmap, then the active bitmap
     bits = [(st.payload[i // 8] >> (i % 8)) & 1 for i in range(W)]
     assert [i for i in range(W) if bits[i]] == present
     assert rig.eng.counters()["status_sent"] == 1
+    rig.no_leak()
+
+
+def test_status_active_bitmap():
+    """The STATUS payload's second bitmap (docs/PROTOCOL.md Part 3, "Who is
+    missing, and why"): a missing worker is active when the engine accepted
+    a frame of it (any chunk, a duplicate included) after the slot's chunk
+    opened; one whose latest frame came before, or that was never heard
+    from, is not; a new incarnation forgets what the worker sent."""
+    W = 5
+    rig = Rig(workers=W, slots=2)
+    pay = be32(np.arange(256))
+
+    def status(w, seq=1):
+        (st,) = rig.send(frame(w, seq=seq, slots=2, payload=pay, flags=FLAG_RETRANS))
+        assert st.flags & FLAG_STATUS and len(st.payload) == 2
+        return st.payload[0], st.payload[1]
+
+    rig.send(frame(3, seq=0, slots=2, payload=pay))      # before seq 1 opens
+    rig.send(*[frame(w, seq=1, slots=2, payload=pay) for w in (0, 1)])
+    assert status(0) == (0b00011, 0)                     # 2, 3, 4 not active
+    rig.send(frame(2, seq=2, slots=2, payload=pay))      # 2 sends a later chunk
+    assert status(1) == (0b00011, 0b00100)
+    rig.send(frame(3, seq=0, slots=2, payload=pay, flags=FLAG_RETRANS))  # a duplicate
+    assert status(0) == (0b00011, 0b01100)
+    # worker 2's next life: what its old one sent does not count
+    rig.send(frame(2, seq=0, slots=2, payload=pay, incarnation=7))
+    assert status(1) == (0b00011, 0b01100)               # its new frame came after
+    rig.send(frame(4, seq=1, slots=2, payload=pay))
+    assert status(0) == (0b10011, 0b01100)
+    # the STATUS frames changed no sum: each worker counted once in seq 1
+    res = rig.results(rig.send(frame(2, seq=1, slots=2, payload=pay, incarnation=7),
+                               frame(3, seq=1, slots=2, payload=pay)))
+    assert len(res) == W and all(from_be32(r.payload).tolist() == (W * np.arange(256)).tolist()
+                                 for r in res)
+    c = rig.eng.counters()
+    assert c["summed"] == 8 and c["completed"] == 1, c
     rig.no_leak()
 
 
@@ -146,14 +183,14 @@ def test_status_to_the_group_once_per_bitmap():
     rig.send(frame(5, seq=0, slots=2, payload=pay))  # its address known, 3 and 4 never heard from
     rig.send(*[frame(w, seq=1, slots=2, payload=pay) for w in (0, 1, 2)])
     (st,) = retrans(0)
-    assert st.worker == WORKER_ALL and st.dst.ipv4 == GROUP_INT and st.payload == bytes([0b111])
+    assert st.worker == WORKER_ALL and st.dst.ipv4 == GROUP_INT and st.payload == bytes([0b111, 0])
     for w in (1, 2, 0):
         out = retrans(w)
         assert [(o.worker, o.dst) for o in out] == [(w, waddr(w)), (5, waddr(5))]
-        assert all(o.payload == bytes([0b111]) for o in out)
+        assert all(o.payload == bytes([0b111, 0]) for o in out)
     rig.send(frame(4, seq=1, slots=2, payload=pay))
     (st,) = retrans(2)
-    assert st.worker == WORKER_ALL and st.payload == bytes([0b10111])
+    assert st.worker == WORKER_ALL and st.payload == bytes([0b10111, 0])
     assert [o.worker for o in retrans(4)] == [4, 5]
     c = rig.eng.counters()
     assert (c["status_sent"], c["status_repeats"]) == (10, 8)

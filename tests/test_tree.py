@@ -537,7 +537,7 @@ def test_leaf_engine_timers_and_worker_retransmissions():
     port.set_time(sent[-1] + 300_000)
     out = _leaf_send(port, eng, _worker_frame(port, 0, 0, "sum32", pay, flags=FLAG_RETRANS))
     assert len(out) == 1 and out[0].flags & FLAG_STATUS and out[0].worker == 0
-    assert out[0].payload == bytes([0b11])
+    assert out[0].payload == bytes([0b11, 0])  # worker bitmap, active bitmap
     # 0.6 ms after it: STATUS and one upward copy, the timer doubling kept
     port.set_time(sent[-1] + 600_000)
     out = _leaf_send(port, eng, _worker_frame(port, 1, 0, "sum32", pay, flags=FLAG_RETRANS))

@@ -517,6 +517,7 @@ static void apply(struct hg_engine *e, struct hg_stage *st,
 			}
 			/* The worker's new life: nothing of the old one is summed. */
 			incarnation_reset(e, j, w);
+			j->peers[w].last = 0;
 		}
 		j->peers[w].incarnation = st->incarnation;
 	}
@@ -530,6 +531,7 @@ static void apply(struct hg_engine *e, struct hg_stage *st,
 		s->exp = st->exp;
 		s->count = 0;
 		s->status_count = NO_STATUS;
+		s->opened = j->accepted;
 		s->psum = 0;
 		s->state = SET_OPEN;
 	} else if (s->seq != st->seq) {
@@ -546,7 +548,9 @@ static void apply(struct hg_engine *e, struct hg_stage *st,
 		goto drop;
 	}
 
-	/* Valid: learn where this worker is (frame checked by classify()). */
+	/* Valid: learn where this worker is (frame checked by classify()),
+	 * and that it is sending (the active bitmap of hg_eng_send_status()). */
+	j->peers[w].last = ++j->accepted;
 	memcpy(j->peers[w].addr.mac, pkt->data + 6, 6);
 	j->peers[w].addr.ipv4 = hg_ld_be32(pkt->data + HG_OFF_IP + 12);
 	j->peers[w].addr.port = hg_rd16(pkt->data + st->udp_off);

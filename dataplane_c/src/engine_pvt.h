@@ -61,6 +61,7 @@ struct hg_set {
 	uint16_t lanes;
 	uint16_t count;
 	uint16_t status_count; /* count at its last STATUS to the group, or NO_STATUS */
+	uint64_t opened;   /* hg_job.accepted when its chunk's first frame came */
 	uint8_t op;
 	int8_t exp;
 	uint8_t state;     /* enum set_state */
@@ -73,6 +74,9 @@ struct hg_set {
 struct hg_peer {
 	struct hg_wire_addr addr;      /* learned from its latest valid frame */
 	uint32_t incarnation;          /* greatest accepted, 0 = none yet */
+	uint64_t last;                 /* hg_job.accepted at its latest frame
+					* accepted into a set in this incarnation
+					* (0: none; STATUS's active bitmap) */
 	struct hg_mac_track mac;       /* auth: its MAC counter */
 	uint64_t cnt[HG_WCNT__COUNT];  /* hg_engine_worker_counters() */
 };
@@ -112,6 +116,7 @@ struct hg_job {
 	struct hg_mac_track up_track;  /* auth leaf: the root's MAC counter */
 	size_t mac_len;                /* auth: HG_MAC_LEN, else 0 */
 	uint64_t cnt[HG_CNT__COUNT];
+	uint64_t accepted;             /* frames accepted into a set so far */
 	struct hg_up_timer *up;        /* tree leaf: 2 * S upward timers, else NULL */
 	uint32_t up_incarnation;       /* tree leaf: the root's, 0 = none seen yet */
 };

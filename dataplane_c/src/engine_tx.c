@@ -153,18 +153,26 @@ void hg_eng_send_result(struct hg_engine *e, struct hg_job *j,
 }
 
 /* STATUS to worker w (HG_WORKER_ALL: the job's group): the set's worker
- * bitmap, W bits, bit w%8 of byte w/8.  False when no buffer was free. */
+ * bitmap, W bits, bit w%8 of byte w/8, then its active bitmap: bit w set
+ * when worker w is missing from the set and a frame of it (any chunk) was
+ * accepted since the set's first one (it is sending: its frame or its
+ * result was lost; docs/PROTOCOL.md Part 3, "Who is missing, and why").
+ * False when no buffer was free. */
 bool hg_eng_send_status(struct hg_engine *e, struct hg_job *j,
 			const struct hg_set *s, uint16_t w,
 			struct hg_pkt **reuse)
 {
-	uint8_t bits[HG_MAX_WORKERS / 8];
-	size_t plen = (j->cfg.workers + 7) / 8;
+	uint8_t bits[2 * (HG_MAX_WORKERS / 8)];
+	size_t nb = (j->cfg.workers + 7) / 8, plen = 2 * nb;
 	struct hg_pkt *p;
 	uint64_t psum = 0;
 
-	for (size_t i = 0; i < plen; i++)
+	for (size_t i = 0; i < nb; i++)
 		bits[i] = (uint8_t)(s->bitmap[i / 8] >> (8 * (i % 8)));
+	memset(bits + nb, 0, nb);
+	for (uint32_t i = 0; i < j->cfg.workers; i++)
+		if (!(s->bitmap[i / 64] >> (i % 64) & 1) && j->peers[i].last > s->opened)
+			bits[nb + i / 8] |= (uint8_t)(1u << (i % 8));
 	p = hg_eng_out_pkt(e, j, reuse, HG_OFF_PAYLOAD + plen + j->mac_len);
 	if (!p)
 		return false;

@@ -119,7 +119,7 @@ struct hg_wire_view {
  * reserved bytes, op, the MAC trailer's presence (HG_FLAG_AUTH: 16 bytes
  * after the payload, not verified here), and the payload length: lanes *
  * in-lane bytes for data, lanes * accumulator-lane bytes for a RESULT,
- * 1..HG_MAX_WORKERS/8 bytes for a STATUS.  With HG_FLAG_AUTH the MAC is at
+ * 1..2*HG_MAX_WORKERS/8 bytes for a STATUS (its worker and active bitmaps).  With HG_FLAG_AUTH the MAC is at
  * frame + payload_off + payload_len.  It reads nothing outside frame[0..len).
  */
 int hg_wire_parse(const uint8_t *frame, size_t len, uint16_t udp_port,
