@@ -527,7 +527,8 @@ def test_dead_aggregator_raises_in_backward_within_timeout_naming_it(caplog):
         local(x).sum().backward()
         for a, b in zip(model.module.parameters(), local.parameters()):
             assert torch.equal(a.grad, b.grad)
-        assert state.counters == {"homagg_failures": 1, "fallback_buckets": 1, "retries": 0}
+        assert state.counters == {"homagg_failures": 1, "fallback_buckets": 1, "retries": 0,
+                                  "baseline_buckets": 0}
         assert [e["path"] for e in state.take_log()] == ["fallback"]
         assert dead in caplog.text and "process group's allreduce" in caplog.text
         time.sleep(0.02)  # past the back-off: the next bucket tries HomAgg again
@@ -594,3 +595,59 @@ def test_threads_per_rank_leaves_a_core_per_rank_to_the_hook():
     assert hgt.threads_per_rank(1) == max(1, len(os.sched_getaffinity(0)) - 1)
     with pytest.raises(ValueError, match="local_ranks"):
         hgt.threads_per_rank(0)
+
+
+def test_replay_applies_the_group_result_of_a_baseline_bucket(tmp_path):
+    """No network: 2 steps of a Linear(4, 2), step 0 through HomAgg (the
+    oracle), step 1 through the process group (path baseline: the float32
+    sum / W recorded by both ranks).  The replay is bit-identical and
+    counts the baseline bucket; a recorded group result that is not the
+    average of the recorded gradients, or that differs between the ranks,
+    is an error naming the bucket."""
+    import json
+
+    user = tmp_path / "lin.py"
+    user.write_text("import torch\n"
+                    "def factory(rank, world_size, seed):\n"
+                    "    return torch.nn.Linear(4, 2), iter(()), torch.nn.MSELoss()\n")
+    W, lr = 2, 0.1
+    net = torch.nn.Linear(4, 2)
+    np.savez(tmp_path / "init-0.npz", **{n: p.detach().numpy() for n, p in
+                                         net.named_parameters()})
+    opt = torch.optim.SGD(net.parameters(), lr=lr)
+    rng = np.random.default_rng(5)
+    grads, layout, digests = [{}, {}], [], []
+    for step, path in enumerate(("homagg", "baseline")):
+        xs = [rng.standard_normal(10).astype(np.float32) for _ in range(W)]
+        if path == "homagg":
+            y = oracle_allreduce(xs, BLOCK) / np.float32(W)
+        else:
+            y = (xs[0] + xs[1]) / np.float32(W)
+        for r in range(W):
+            grads[r][f"s{step}_b0"] = xs[r]
+            if path != "homagg":
+                grads[r][f"s{step}_b0_y"] = y
+        layout.append({"step": step, "bucket": 0, "params": ["weight", "bias"], "path": path})
+        net.weight.grad = torch.from_numpy(y[:8].copy()).reshape(2, 4)
+        net.bias.grad = torch.from_numpy(y[8:].copy())
+        opt.step()
+        digests.append({n: trainmod._digest(p) for n, p in net.named_parameters()})
+    np.savez(tmp_path / "params-auto-0.npz", **{n: p.detach().numpy() for n, p in
+                                                net.named_parameters()})
+    with open(tmp_path / "digests-0.json", "w") as f:
+        json.dump(digests, f)
+    for r in range(W):
+        with open(tmp_path / f"layout-{r}.json", "w") as f:
+            json.dump(layout, f)
+        np.savez(tmp_path / f"grads-{r}.npz", **grads[r])
+    model = f"{user}:factory"
+    rp = trainmod.replay(str(tmp_path), model, W, 1, lr, BLOCK)
+    assert rp["bit_identical"] is True and rp["baseline_buckets"] == 1, rp
+    bad = dict(grads[1], s1_b0_y=grads[1]["s1_b0_y"] + np.float32(1e-3))
+    np.savez(tmp_path / "grads-1.npz", **bad)
+    with pytest.raises(trainmod.TrainError, match="different results of s1_b0"):
+        trainmod.replay(str(tmp_path), model, W, 1, lr, BLOCK)
+    for r in range(W):
+        np.savez(tmp_path / f"grads-{r}.npz", **dict(grads[r], s1_b0_y=bad["s1_b0_y"]))
+    with pytest.raises(trainmod.TrainError, match="s1_b0 is not the average"):
+        trainmod.replay(str(tmp_path), model, W, 1, lr, BLOCK)

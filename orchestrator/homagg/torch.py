@@ -75,6 +75,22 @@ each bucket's log entry says which path reduced it ("path": "homagg" or
 With ``fallback=False`` (or without torch.distributed) a failure is raised
 by the backward pass: PeerTimeout naming the aggregator within
 HOMAGG_TIMEOUT seconds.
+
+Never slower than the baseline (``baseline=True``, the default, when
+torch.distributed is initialised and the job registers a link rate, its
+cost model: homagg.cost): before each bucket every rank predicts, from
+inputs that are the same on every rank, the time of the process group's
+own ring allreduce and an upper bound of HomAgg's method
+(homagg.cost.choose_path: the bucket's element count, the world size, the
+job's link rate, round trip and calibration, and the largest non-zero
+count of any rank).  When the group's is strictly smaller the bucket goes
+through the group's allreduce (path "baseline", ``counters
+["baseline_buckets"]``).  The non-zero count is agreed by an allreduce MAX
+of one int64 over the hook's group, only for buckets whose choice depends
+on it (homagg.cost.needs_density: dense's bound alone loses); it travels
+with the fallback's back-off flag when both are needed.  Exact methods
+only (auto, dense, blocks, lhc, union); ``nc`` always runs HomAgg.  The
+rule is docs/TRAINING.md's "Never slower than the baseline".
 """
 
 import concurrent.futures
@@ -88,6 +104,7 @@ import time
 import numpy as np
 import torch
 
+from homagg import cost as _cost
 from homagg import protocol
 from homagg.errors import InvalidArgument
 from homagg.switch.job_file import (JOB_FIELDS, UDP_PORT, ConfigError, job_config,  # noqa: F401
@@ -155,11 +172,19 @@ class HookState:
     takes a ``path`` keyword also gets "homagg" or "fallback".
 
     ``fallback`` (default True), ``backoff`` and ``backoff_max`` (seconds):
-    see "Surviving the aggregator" in the module doc."""
+    see "Surviving the aggregator" in the module doc.
+
+    ``baseline`` (default True) and ``cost`` (a homagg.cost.Cost or its
+    dict; default: the job's, the worker's ``cost``): see "Never slower
+    than the baseline" in the module doc.  A log entry's "path" is then
+    "homagg", "baseline" or "fallback", and "predicted_homagg_seconds" /
+    "predicted_baseline_seconds" carry the two predictions (None when the
+    rule did not apply).  ``cost`` may be replaced between buckets (the
+    same on every rank)."""
 
     def __init__(self, worker=None, *, method="auto", sparsify=None, process_group=None,
                  block=None, nc_levels=0, seed=0, recorder=None, env=None, fallback=True,
-                 backoff=1.0, backoff_max=60.0):
+                 backoff=1.0, backoff_max=60.0, baseline=True, cost=None):
         protocol.method(method)  # InvalidArgument naming the choices
         if sparsify is not None and not hasattr(sparsify, "mask"):
             raise InvalidArgument("sparsify must be homagg.torch.TopK(...) or Threshold(...)")
@@ -185,14 +210,18 @@ class HookState:
         self.worker = worker
         self.world_size = worker.workers
         self.backoff, self.backoff_max = float(backoff), float(backoff_max)
-        self.counters = {"homagg_failures": 0, "fallback_buckets": 0, "retries": 0}
+        self.counters = {"homagg_failures": 0, "fallback_buckets": 0, "retries": 0,
+                         "baseline_buckets": 0}
         self._failures = 0  # consecutive agreed failures
         self._retry_at = None  # monotonic time of the next HomAgg try; None: healthy
+        self.cost = _cost.as_cost(cost if cost is not None else
+                                  getattr(worker, "cost", None))
         self._group = None
-        self.fallback = False
-        if fallback:
+        self.fallback = self.baseline = False
+        if fallback or baseline:
             self._group = _fallback_group(process_group)
-            self.fallback = self._group is not None
+            self.fallback = bool(fallback) and self._group is not None
+            self.baseline = bool(baseline) and self._group is not None
         # one thread runs the buckets in order: HomAgg, the agreement, the fallback
         self._executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix=f"homagg-hook{worker.worker}")
@@ -293,7 +322,9 @@ class HookState:
                         "bucket": index, "numel": int(x.size),
                         "nnz": int(np.count_nonzero(x)), "method": info.get("method"),
                         "bytes_sent": info.get("bytes_sent"), "path": path,
-                        "cpu_seconds": cpu, "seconds": seconds, "dtype": str(dtype)})
+                        "cpu_seconds": cpu, "seconds": seconds, "dtype": str(dtype),
+                        "predicted_homagg_seconds": info.get("predicted_homagg_seconds"),
+                        "predicted_baseline_seconds": info.get("predicted_baseline_seconds")})
                 out = torch.from_numpy(y).to(dtype).reshape(buffer.shape)
                 fut.set_result(out)
             except BaseException as exc:
@@ -329,14 +360,38 @@ class HookState:
 
     # -- the path of one bucket (on the hook's thread, buckets in order) -----
 
+    def _choice(self, n):
+        """(rule applies, the count must be agreed) for a bucket of n elements."""
+        if not (self.baseline and self.cost.timed and self.method in _cost.BASELINE_METHODS):
+            return False, False
+        block = self.block or _cost_block()
+        return True, _cost.needs_density(self.cost, self.world_size, n, self.method, block)
+
     def _reduce_sum(self, index, x, seed, info):
         """The sum of x over the ranks and the path that made it."""
+        rule, need_nnz = self._choice(x.size)
+        backing = self.fallback and self._retry_at is not None
+        nnz_max = None
+        if need_nnz or backing:
+            # one allreduce MAX: the back-off flag and this rank's non-zero count
+            waiting, nnz_max = self._agree_max(
+                int(backing and time.monotonic() < self._retry_at),
+                int(np.count_nonzero(x)) if need_nnz else 0)
+            if not need_nnz:
+                nnz_max = None
+            if backing and waiting:
+                return self._group_sum(x, info, "fallback_buckets"), "fallback"
+        if rule:
+            c = _cost.choose_path(self.cost, self.world_size, x.size, nnz_max, self.method,
+                                  self.block or _cost_block())
+            if c["homagg_ps"] is not None:
+                info["predicted_homagg_seconds"] = c["homagg_ps"] * 1e-12
+                info["predicted_baseline_seconds"] = c["baseline_ps"] * 1e-12
+            if c["path"] == "baseline":
+                return self._group_sum(x, info, "baseline_buckets"), "baseline"
         if not self.fallback:
             return self._homagg(x, seed, info), "homagg"
-        if self._retry_at is not None:
-            # backing off: try HomAgg again only when every rank's back-off elapsed
-            if self._agree(time.monotonic() < self._retry_at):
-                return self._group_sum(x, info), "fallback"
+        if backing:
             self.counters["retries"] += 1
         error = None
         try:
@@ -364,8 +419,9 @@ class HookState:
                 worker.close()
             except Exception as exc:  # noqa: BLE001 - it failed already
                 _log.debug("closing the failed HomAgg worker: %s", exc)
-        info.clear()
-        return self._group_sum(x, info), "fallback"
+        for k in ("method", "bytes_sent"):
+            info.pop(k, None)
+        return self._group_sum(x, info, "fallback_buckets"), "fallback"
 
     def _homagg(self, x, seed, info):
         return self.worker.allreduce(x, self.method, block=self.block, nc_levels=self.nc_levels,
@@ -379,10 +435,19 @@ class HookState:
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self._group)
         return bool(t.item())
 
-    def _group_sum(self, x, info):
+    def _agree_max(self, *values):
+        """Every rank's values (non-negative integers), each reduced with
+        MAX over the hook's group in one allreduce."""
         import torch.distributed as dist
 
-        self.counters["fallback_buckets"] += 1
+        t = torch.tensor(values, dtype=torch.int64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self._group)
+        return [int(v) for v in t.tolist()]
+
+    def _group_sum(self, x, info, counter):
+        import torch.distributed as dist
+
+        self.counters[counter] += 1
         t = torch.from_numpy(np.array(x, dtype=np.float32, copy=True))
         dist.all_reduce(t, op=dist.ReduceOp.SUM, group=self._group)
         info["method"] = dist.get_backend(self._group)
@@ -408,6 +473,12 @@ def threads_per_rank(local_ranks=1, cores=None):
     if local_ranks < 1:
         raise InvalidArgument(f"local_ranks {local_ranks} must be >= 1")
     return max(1, int(cores) // int(local_ranks) - 1)
+
+
+def _cost_block():
+    from homagg._native import lib
+
+    return int(lib.HG_DEFAULT_BLOCK)
 
 
 def _takes_keyword(fn, name):

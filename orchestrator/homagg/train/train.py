@@ -26,7 +26,9 @@ ranks) and its wall time, and the speedup: Gloo's iteration time / HomAgg's.
 HomAgg's phase also reports every bucket's size, gradient density, the
 method that ran (auto's choice), its payload bytes, seconds and the hook
 thread's CPU seconds (codec and packet work), and the path that reduced
-it (homagg, or fallback: the process group, see homagg.torch).  Per
+it (homagg; baseline: the process group's allreduce, chosen by the cost
+model as faster, with both predictions; fallback: the process group after
+a HomAgg failure; see homagg.torch).  Per
 iteration: exposed_comm_seconds (the backward pass minus the same backward
 alone, no_sync: what DDP waited for communication; both phases),
 exposed_after_last_bucket_seconds (from the hand-over of the last bucket
@@ -49,6 +51,11 @@ the ranks recorded, divided by the world size, with the same optimiser:
 its parameters must equal the ranks' bit for bit (replay_bit_identical);
 otherwise replay.first_mismatch names the first step and parameter whose
 values differ from rank 0's (hashes recorded after every step).
+A bucket the process group reduced (path baseline or fallback) has no
+fixed-point reference: the replay applies the group's result as the ranks
+recorded it, after checking that every rank recorded the same bits and
+that they are within float32 rounding of the average of the recorded
+gradients (replay.baseline_buckets, replay.fallback_buckets).
 With nc (lossy) both are reported, and the loss curve's largest relative
 distance from the Gloo run's (loss_band_vs_gloo).
 
@@ -186,9 +193,13 @@ def _phase(spec, dist, torch, method, record_dir, snapshot):
     record = {"step": 0, "buckets": [], "digests": []}
     if method != "gloo":
         def recorder(index, x, y, params, path="homagg"):
+            # the process group's result too where it reduced the bucket
+            # (baseline or fallback): the replay applies it, there is no
+            # fixed-point reference of Gloo's float sum
             record["buckets"].append({"step": record["step"], "bucket": index,
                                       "params": [names[id(p)] for p in params], "x": x,
-                                      "path": path})
+                                      "path": path,
+                                      "y": y.copy() if path != "homagg" else None})
         state = hgt.HookState(method=method, sparsify=_sparsifier(spec.get("sparsify")),
                               recorder=recorder if record_dir else None)
         ddp.register_comm_hook(state, hgt.allreduce_hook)
@@ -258,6 +269,8 @@ def _phase(spec, dist, torch, method, record_dir, snapshot):
         np.savez(os.path.join(record_dir, f"params-{method}-{rank}.npz"), **final)
         if method != "gloo":
             arrays = {f"s{b['step']}_b{b['bucket']}": b["x"] for b in record["buckets"]}
+            arrays.update({f"s{b['step']}_b{b['bucket']}_y": b["y"]
+                           for b in record["buckets"] if b["y"] is not None})
             np.savez(os.path.join(record_dir, f"grads-{rank}.npz"), **arrays)
             layout = [{k: b[k] for k in ("step", "bucket", "params", "path")}
                       for b in record["buckets"]]
@@ -282,13 +295,21 @@ def _bucket_summary(log):
         b["cpu_seconds"].append(e.get("cpu_seconds") or 0.0)
         path = e.get("path", "homagg")
         b["paths"][path] = b["paths"].get(path, 0) + 1
+        for k in ("predicted_homagg_seconds", "predicted_baseline_seconds"):
+            if e.get(k) is not None:
+                b.setdefault(k, []).append(e[k])
     out = []
     for b in sorted(by.values(), key=lambda b: b["bucket"]):
         out.append({"bucket": b["bucket"], "numel": b["numel"],
                     "density": float(np.mean(b["density"])), "methods": b["methods"],
                     "bytes_sent": float(np.mean([v or 0 for v in b["bytes_sent"]])),
                     "seconds": float(np.median(b["seconds"])),
-                    "cpu_seconds": float(np.median(b["cpu_seconds"])), "paths": b["paths"]})
+                    "cpu_seconds": float(np.median(b["cpu_seconds"])), "paths": b["paths"],
+                    "predicted_homagg_seconds": float(np.median(b["predicted_homagg_seconds"]))
+                    if b.get("predicted_homagg_seconds") else None,
+                    "predicted_baseline_seconds":
+                    float(np.median(b["predicted_baseline_seconds"]))
+                    if b.get("predicted_baseline_seconds") else None})
     return out
 
 
@@ -388,8 +409,11 @@ def replay(workdir: str, model: str, world: int, seed: int, lr: float, block: in
         opt.zero_grad()
         for e in (e for e in layouts[0] if e["step"] == step):
             key = f"s{step}_b{e['bucket']}"
-            y = ref.allreduce([g[key] for g in grads], block)
-            y = y / W
+            if e.get("path", "homagg") == "homagg":
+                y = ref.allreduce([g[key] for g in grads], block)
+                y = y / W
+            else:
+                y = _group_result(grads, key, W)
             off = 0
             for name in e["params"]:
                 p = params[name]
@@ -412,19 +436,34 @@ def replay(workdir: str, model: str, world: int, seed: int, lr: float, block: in
         b = final[name]
         same &= bool(np.array_equal(a.view(np.uint32), b.view(np.uint32)))
         diff = max(diff, float(np.max(np.abs(a.astype(np.float64) - b))))
-    fallback = sum(1 for e in layouts[0] if e.get("path") == "fallback")
-    if fallback:
-        # buckets the process group reduced (homagg.torch's fallback): Gloo's
-        # float sum has no reference here, so the replay cannot be exact
-        return {"bit_identical": None, "max_abs_diff": diff, "steps": len(steps),
-                "buckets": len(layouts[0]), "first_mismatch": None,
-                "fallback_buckets": fallback}
+    paths = [e.get("path", "homagg") for e in layouts[0]]
     if not same and first_mismatch is None:
         first_mismatch = {"step": steps[-1] if steps else None,
                           "parameter": next(n for n, p in params.items()
                                             if not np.array_equal(p.detach().numpy(), final[n]))}
     return {"bit_identical": same, "max_abs_diff": diff, "steps": len(steps),
-            "buckets": len(layouts[0]), "first_mismatch": first_mismatch}
+            "buckets": len(layouts[0]), "first_mismatch": first_mismatch,
+            "baseline_buckets": paths.count("baseline"),
+            "fallback_buckets": paths.count("fallback")}
+
+
+def _group_result(grads, key, world):
+    """The average the process group computed for bucket ``key`` (path
+    baseline or fallback), as the ranks recorded it: the same bits on every
+    rank, and within float32 rounding of the exact average of the recorded
+    inputs; else TrainError."""
+    ys = [g[key + "_y"] for g in grads]
+    if any(not np.array_equal(y.view(np.uint32), ys[0].view(np.uint32)) for y in ys[1:]):
+        raise TrainError(f"replay: the ranks recorded different results of {key} "
+                         "(reduced by the process group)")
+    xs = np.stack([g[key] for g in grads]).astype(np.float64)
+    exact = xs.sum(axis=0) / world
+    # a float32 sum of W terms, then a division: at most (W + 1) roundings
+    bound = (world + 1) * np.finfo(np.float32).eps * (np.abs(xs).sum(axis=0) / world) + 1e-45
+    if np.any(np.abs(ys[0].astype(np.float64) - exact) > bound):
+        raise TrainError(f"replay: the process group's result of {key} is not the average "
+                         "of the recorded gradients")
+    return ys[0]
 
 
 def _max_diff(workdir: str, a: str, b: str) -> float:
@@ -529,6 +568,7 @@ def summarize(method: str, rank_reports: list[dict], workdir: str, args_like: di
                 lib.HG_DEFAULT_BLOCK)
     rep["replay_bit_identical"] = rp["bit_identical"] if method in EXACT_METHODS else None
     rep["fallback_buckets"] = rp.get("fallback_buckets", 0)
+    rep["baseline_buckets"] = rp.get("baseline_buckets", 0)
     rep["replay"] = rp
     if gloo:
         a, b = np.array(mine["losses"]), np.array(gloo["losses"])
@@ -828,18 +868,25 @@ def print_report(rep: dict, as_json: bool = False) -> int:
           + f"; torch threads per rank {rep.get('torch_threads')}")
     for b in rep.get("buckets", []):
         methods = ", ".join(f"{m} x{n}" for m, n in b["methods"].items())
+        paths = ", ".join(f"{p} x{n}" for p, n in b.get("paths", {}).items())
+        pred = ""
+        if b.get("predicted_homagg_seconds") is not None:
+            pred = (f"; predicted homagg {ms(b['predicted_homagg_seconds'])}, "
+                    f"baseline {ms(b['predicted_baseline_seconds'])}")
         print(f"  bucket {b['bucket']}: {b['numel']} elements, density {b['density']:.4f}, "
-              f"method {methods}, {b['bytes_sent']:.0f} payload bytes, "
-              f"{ms(b['seconds'])} (hook CPU {ms(b.get('cpu_seconds'))})")
+              f"path {paths}, method {methods}, {b['bytes_sent']:.0f} payload bytes, "
+              f"{ms(b['seconds'])} (hook CPU {ms(b.get('cpu_seconds'))}){pred}")
     print("  loss: " + " ".join(f"{v:.4f}" for v in rep["losses"]))
     print(f"  parameters bit-identical across ranks: {rep['params_identical_across_ranks']}")
     replay = rep["replay_bit_identical"]
     print("  bit-identical to the single-process reference replay: "
           + (str(replay) if replay is not None else "n/a (the gloo baseline alone)"
-             if rep["method"] == "gloo" else
-             f"n/a ({rep['fallback_buckets']} buckets went through the process group, "
-             "homagg.torch's fallback)" if rep.get("fallback_buckets") else
-             f"n/a ({rep['method']} is lossy)"))
+             if rep["method"] == "gloo" else f"n/a ({rep['method']} is lossy)")
+          + (f" ({rep['baseline_buckets']} buckets through the process group by the cost "
+             "model's choice, the group's result replayed)" if rep.get("baseline_buckets") else "")
+          + (f" ({rep['fallback_buckets']} buckets through the process group by "
+             "homagg.torch's fallback, the group's result replayed)"
+             if rep.get("fallback_buckets") else ""))
     miss = (rep.get("replay") or {}).get("first_mismatch")
     if rep["replay_bit_identical"] is False and miss:
         print(f"  the replay first differs at step {miss['step']}, parameter {miss['parameter']}")
