@@ -63,6 +63,10 @@ distance from the Gloo run's (loss_band_vs_gloo).
 ``path/to/file.py:factory`` with factory(rank, world_size, seed) ->
 (model, batches, loss_fn): batches an iterable of (inputs, targets).
 
+--link-mbit 100,1000,10000 instead of --testbed builds one testbed per
+link rate and trains every --model (comma-separated) on each: the speedup
+per rate and model and a plot of it (homagg.train.sweep).
+
 -i testbed.toml runs the ranks on the inventory's worker hosts instead,
 against the daemon ``homagg up -i`` started (see homagg.deploy.remote.hosts).
 
@@ -768,8 +772,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     where.add_argument("--testbed", metavar="NAME", help="a testbed made with `homagg testbed up`")
     where.add_argument("-i", "--inventory", metavar="TOML",
                        help="real hosts: testbed.toml (docs/INVENTORY.md), after `homagg up -i`")
+    where.add_argument("--link-mbit", metavar="RATES", default=None,
+                       help="a link-rate sweep, e.g. 100,1000,10000: one local testbed per rate "
+                       "(--workers, --testbed-name; root), every --model on each, the speedup "
+                       "per rate and model and, with --out, train_linkrate.png "
+                       "(homagg.train.sweep)")
     p.add_argument("--model", default="ncf", metavar="NAME|FILE.py:FACTORY",
-                   help=f"{', '.join(BUILTIN_MODELS)} or path/to/file.py:factory (default ncf)")
+                   help=f"{', '.join(BUILTIN_MODELS)} or path/to/file.py:factory (default ncf); "
+                   "with --link-mbit a comma-separated list")
+    p.add_argument("--workers", type=int, default=4,
+                   help="with --link-mbit: worker namespaces (ranks) of each testbed (default 4)")
+    p.add_argument("--testbed-name", default="trainsweep",
+                   help="with --link-mbit: the name of the testbeds it builds and removes "
+                   "(default trainsweep)")
     p.add_argument("--method", default="auto", choices=METHODS,
                    help="HomAgg method of the hook, or gloo: plain Gloo DDP only (default auto)")
     p.add_argument("--steps", type=int, default=10, help="timed steps (default 10)")
@@ -817,6 +832,28 @@ def main(args: argparse.Namespace) -> int:
               baseline=not args.no_baseline, sparsify=args.sparsify, timeout=args.timeout,
               out_dir=args.out, slots=args.slots, payload=args.payload_bytes)
     try:
+        if args.link_mbit is not None:
+            from homagg.train import sweep
+
+            if args.ranks is not None or args.inventory or args.auth:
+                raise TrainError("--link-mbit builds its own testbeds: --workers sets their "
+                                 "ranks; --ranks and --auth are for --testbed")
+            rep = sweep.run_sweep(sweep.parse_models(args.model),
+                                  sweep.parse_rates(args.link_mbit), workers=args.workers,
+                                  testbed_name=args.testbed_name, state_dir=args.state_dir,
+                                  out_dir=args.out,
+                                  **{k: v for k, v in kw.items() if k not in ("model", "ranks",
+                                                                            "out_dir")},
+                                  switch=args.switch, cost_model=args.cost_model)
+            if args.json:
+                print(json.dumps(rep))
+            else:
+                print(sweep.render(rep))
+                for path in rep.get("plots", []):
+                    print(f"plot: {path}")
+            ok = all(r["params_identical_across_ranks"] and r["replay_bit_identical"] is not False
+                     for r in rep["results"])
+            return 0 if ok else 3
         if args.inventory:
             if args.auth:
                 print("homagg train: --auth runs on a local testbed (--testbed); on "
