@@ -57,7 +57,8 @@ def testbed(tmp_path_factory):
                                                   ("lstm", 2, "auto"), ("lstm", 4, "lhc")])
 def test_ddp_hook_lossless(testbed, model, ranks, method):
     rep = trainmod.run_train(testbed.name, model=model, method=method, steps=4, warmup=1,
-                             ranks=ranks, baseline=False, state_dir=testbed.state_dir)
+                             ranks=ranks, baseline=False, state_dir=testbed.state_dir,
+                             homagg_only=True)
     assert rep["ranks"] == ranks
     assert len(rep["losses"]) == 5  # K = 5 steps (one untimed)
     assert rep["params_identical_across_ranks"] is True
@@ -138,8 +139,14 @@ def test_train_cli_gloo_baseline_user_model_and_plots(testbed, tmp_path):
               "exposed_after_last_bucket_seconds", "hook_cpu_seconds"):
         assert rep[k] is not None, k
     assert rep["torch_threads"] == hgt.threads_per_rank(2)
+    # the cost model's choice (1 Gbit/s links, 2 ranks): the 9-element
+    # bucket goes through the process group (ring: 36 bytes and one half
+    # round trip; dense: two round trips), and the replay applies its result
+    assert rep["cost"]["link_mbit"] == 1000
     for b in rep["buckets"]:
-        assert b["paths"] == {"homagg": 3} and b["cpu_seconds"] >= 0.0, b
+        assert b["paths"] == {"baseline": 3} and b["methods"] == {"gloo": 3}, b
+        assert b["predicted_baseline_seconds"] < b["predicted_homagg_seconds"], b
+    assert rep["baseline_buckets"] == 3 and rep["replay"]["baseline_buckets"] == 3
     assert rep["replay"]["first_mismatch"] is None
     assert rep["speedup_vs_gloo"] == pytest.approx(
         rep["gloo_iteration_seconds"] / rep["iteration_seconds"])
@@ -148,6 +155,76 @@ def test_train_cli_gloo_baseline_user_model_and_plots(testbed, tmp_path):
     for name in ("loss_vs_step.png", "loss_vs_time.png", "train.json"):
         assert (out / name).stat().st_size > 0
     assert testbed.state()["processes"] == []
+
+
+@pytest.mark.root
+@pytest.mark.netns
+@pytest.mark.dpdk
+def test_train_link_rate_sweep_builds_a_testbed_per_rate_and_plots(tmp_path):
+    """`homagg train --link-mbit 100,1000` (the short version of make
+    bench's sweep): one 2-worker testbed per rate, each built at that rate
+    and registering it as the job's cost model, the run exact at each, the
+    speedup the ratio of the two phases' iteration times, each bucket's
+    path the cost model's choice, the testbeds removed, the table and the
+    plot written."""
+    import json
+    import subprocess
+    import sys
+
+    from homagg.deploy.local.testbed import Testbed
+
+    require(os.geteuid() == 0, "needs root")
+    user = tmp_path / "emb.py"
+    user.write_text(
+        "import torch\n"
+        "def factory(rank, world_size, seed):\n"
+        "    torch.manual_seed(seed)\n"
+        "    net = torch.nn.EmbeddingBag(20000, 8, mode='sum')\n"
+        "    g = torch.Generator().manual_seed(seed * 100 + rank)\n"
+        "    def batches():\n"
+        "        while True:\n"
+        "            yield (torch.randint(0, 20000, (16, 4), generator=g),\n"
+        "                   torch.rand(16, 8, generator=g))\n"
+        "    return net, batches(), torch.nn.MSELoss()\n")
+    sd, name, out = str(tmp_path / "testbeds"), "s" + secrets.token_hex(5), tmp_path / "out"
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=os.path.join(repo, "orchestrator"))
+    r = subprocess.run([sys.executable, "-m", "homagg.train.train", "--link-mbit", "100,1000",
+                        "--workers", "2", "--testbed-name", name, "--state-dir", sd,
+                        "--model", f"{user}:factory", "--steps", "2", "--warmup", "1",
+                        "--out", str(out), "--json"],
+                       capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rep = json.loads(r.stdout)
+    assert [(row["link_mbit"], row["ranks"]) for row in rep["results"]] == [(100, 2), (1000, 2)]
+    for row in rep["results"]:
+        assert row["testbed_link_mbit"] == row["link_mbit"] == row["cost"]["link_mbit"]
+        assert row["params_identical_across_ranks"] and row["replay_bit_identical"], row
+        assert row["speedup_vs_gloo"] == pytest.approx(
+            row["gloo_iteration_seconds"] / row["iteration_seconds"])
+        for b in row["buckets"]:
+            # the 160000-element embedding bucket at < 1 % density: HomAgg at both rates
+            assert b["numel"] == 160_000 and b["paths"] == {"homagg": 3}, b
+            assert b["predicted_homagg_seconds"] < b["predicted_baseline_seconds"], b
+    with pytest.raises(Exception, match=name):
+        Testbed.open(name, sd)  # taken down
+    png = out / "train_linkrate.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    table = (out / "train_sweep.md").read_text()
+    assert "| 100 Mbit/s |" in table and "| 1000 Mbit/s |" in table
+    assert json.loads((out / "train_sweep.json").read_text())["results"] == rep["results"]
+
+
+def test_train_link_rate_sweep_arguments_name_the_flag(capsys):
+    for argv, words in ((["--link-mbit", "100,fast"], "--link-mbit '100,fast'"),
+                        (["--link-mbit", "0.5"], "each at least 1"),
+                        (["--link-mbit", "100", "--no-baseline"], "--no-baseline"),
+                        (["--link-mbit", "100", "--method", "gloo"], "--method gloo"),
+                        (["--link-mbit", "100", "--ranks", "2"], "--workers")):
+        assert trainmod._standalone(argv) == 1
+        err = capsys.readouterr().err
+        assert err.startswith("homagg train: ") and words in err, err
+        assert len(err.strip().splitlines()) == 1, err
 
 
 TINY_MODELS = """\
@@ -214,7 +291,7 @@ def test_testbed_up_job_file_trains_vgg_and_bert_over_two_aggregators(tmp_path):
             before = completed()
             rep = trainmod.run_train(name, model=f"{models}:{model}", method="auto", steps=2,
                                      warmup=0, baseline=False, lr=lr, bucket_mb=0.05,
-                                     state_dir=sd)
+                                     state_dir=sd, homagg_only=True)
             assert rep["job_file"] == path and rep["aggregators"] == ["10.77.0.1", "10.77.0.2"]
             assert rep["params_identical_across_ranks"] is True, model
             assert rep["replay_bit_identical"] is True, rep["replay"]

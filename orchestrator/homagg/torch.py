@@ -168,7 +168,9 @@ class HookState:
     "cpu_seconds" is the hook thread's CPU time for the bucket: HomAgg's
     codec and packet work (the client sleeps in ppoll while it waits), or
     the fallback's.  ``last_call`` is the perf_counter time of the latest
-    bucket handed over.  A recorder that
+    bucket handed over; a log entry's "handed_over" and "done" are the
+    perf_counter times (CLOCK_MONOTONIC: comparable between the ranks of
+    one host) of the bucket's hand-over and of its result.  A recorder that
     takes a ``path`` keyword also gets "homagg" or "fallback".
 
     ``fallback`` (default True), ``backoff`` and ``backoff_max`` (seconds):
@@ -323,6 +325,7 @@ class HookState:
                         "nnz": int(np.count_nonzero(x)), "method": info.get("method"),
                         "bytes_sent": info.get("bytes_sent"), "path": path,
                         "cpu_seconds": cpu, "seconds": seconds, "dtype": str(dtype),
+                        "handed_over": t0, "done": t0 + seconds,
                         "predicted_homagg_seconds": info.get("predicted_homagg_seconds"),
                         "predicted_baseline_seconds": info.get("predicted_baseline_seconds")})
                 out = torch.from_numpy(y).to(dtype).reshape(buffer.shape)

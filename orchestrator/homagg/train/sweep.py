@@ -118,7 +118,9 @@ def _row(rate, model, rep) -> dict:
             "buckets": [{k: b.get(k) for k in ("bucket", "numel", "density", "methods",
                                                 "paths", "seconds", "cpu_seconds",
                                                 "predicted_homagg_seconds",
-                                                "predicted_baseline_seconds")}
+                                                "predicted_baseline_seconds",
+                                                "arrival_spread_seconds",
+                                                "seconds_after_last_arrival")}
                         for b in rep.get("buckets", [])],
             "params_identical_across_ranks": rep.get("params_identical_across_ranks"),
             "replay_bit_identical": rep.get("replay_bit_identical")}

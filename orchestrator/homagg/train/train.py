@@ -205,11 +205,12 @@ def _phase(spec, dist, torch, method, record_dir, snapshot):
                                       "path": path,
                                       "y": y.copy() if path != "homagg" else None})
         state = hgt.HookState(method=method, sparsify=_sparsifier(spec.get("sparsify")),
-                              recorder=recorder if record_dir else None)
+                              recorder=recorder if record_dir else None,
+                              baseline=not spec.get("homagg_only", False))
         ddp.register_comm_hook(state, hgt.allreduce_hook)
     steps, warmup = spec["steps"], spec["warmup"]
     losses, step_s, bwd_s, buckets = [], [], [], []
-    exposed_s, hook_cpu_s = [], []
+    exposed_s, hook_cpu_s, timeline = [], [], []
     tx0 = tx1 = 0
     try:
         for step in range(warmup + steps):
@@ -237,6 +238,8 @@ def _phase(spec, dist, torch, method, record_dir, snapshot):
                 log = state.take_log()
                 if step >= warmup:
                     buckets.extend(log)
+                    timeline.extend([step, e["bucket"], e["handed_over"], e["done"]]
+                                    for e in log)
                     # what DDP waited for after the last bucket was handed over
                     last = state.last_call
                     exposed_s.append(t2 - last if last is not None and last >= t1 else None)
@@ -268,7 +271,8 @@ def _phase(spec, dist, torch, method, record_dir, snapshot):
            "exposed_after_last_bucket_seconds": exposed_s, "hook_cpu_seconds": hook_cpu_s,
            "torch_threads": torch.get_num_threads(),
            "tx_bytes_per_step": (tx1 - tx0) / max(1, steps),
-           "buckets": _bucket_summary(buckets), "initial_digest": initial.hexdigest()}
+           "buckets": _bucket_summary(buckets), "initial_digest": initial.hexdigest(),
+           "bucket_timeline": timeline}
     if record_dir:
         np.savez(os.path.join(record_dir, f"params-{method}-{rank}.npz"), **final)
         if method != "gloo":
@@ -315,6 +319,28 @@ def _bucket_summary(log):
                     float(np.median(b["predicted_baseline_seconds"]))
                     if b.get("predicted_baseline_seconds") else None})
     return out
+
+
+def _arrivals(phases: list[dict]) -> dict:
+    """Per bucket index, from the ranks' bucket_timeline (hand-over and
+    result times on one host's clock), the medians over the timed steps of
+    arrival_spread_seconds (the last rank's hand-over minus the first's:
+    time the first rank's allreduce cannot progress, waiting for the
+    others) and seconds_after_last_arrival (the slowest rank's result minus
+    the last hand-over: the allreduce itself)."""
+    tls = [{(s, b): (h, d) for s, b, h, d in ph.get("bucket_timeline", [])} for ph in phases]
+    if not tls:
+        return {}
+    per = {}
+    for key in sorted(set.intersection(*[set(t) for t in tls])):
+        hs = [t[key][0] for t in tls]
+        ds = [t[key][1] for t in tls]
+        e = per.setdefault(key[1], ([], []))
+        e[0].append(max(hs) - min(hs))
+        e[1].append(max(ds) - max(hs))
+    return {b: {"arrival_spread_seconds": float(np.median(sp)),
+                "seconds_after_last_arrival": float(np.median(af))}
+            for b, (sp, af) in per.items()}
 
 
 def _sparsifier(text):
@@ -563,6 +589,11 @@ def summarize(method: str, rank_reports: list[dict], workdir: str, args_like: di
                                      "bytes_per_rank", "losses", "step_seconds",
                                      "losses_per_rank")})
     rep["buckets"] = by_method[method][0]["buckets"]
+    if args_like.get("one_host"):
+        # the ranks share this host's CLOCK_MONOTONIC: when each handed a bucket over
+        arrivals = _arrivals(by_method[method])
+        for b in rep["buckets"]:
+            b.update(arrivals.get(b["bucket"], {}))
     rep["speedup_vs_gloo"] = (gloo["iteration_seconds"] / mine["iteration_seconds"]
                               if gloo and mine["iteration_seconds"] else None)
     rep["params_identical_across_ranks"] = params_identical(workdir, method, W)
@@ -615,12 +646,14 @@ def plot(rep: dict, out_dir: str) -> list[str]:
 
 
 def rank_spec(*, rank, world, init, model, seed, lr, steps, warmup, bucket_mb, phases, workdir,
-              ifname, sparsify, start_timeout, local_ranks=1) -> dict:
-    """One rank's job; ``local_ranks``: the ranks sharing its host's cores."""
+              ifname, sparsify, start_timeout, local_ranks=1, homagg_only=False) -> dict:
+    """One rank's job; ``local_ranks``: the ranks sharing its host's cores;
+    ``homagg_only``: no bucket through the process group by the cost
+    model's choice (homagg.torch's ``baseline=False``)."""
     return dict(rank=rank, world=world, init=init, model=model, seed=seed, lr=lr, steps=steps,
                 warmup=warmup, bucket_mb=bucket_mb, phases=phases, workdir=workdir,
                 ifname=ifname, sparsify=sparsify, start_timeout=start_timeout,
-                local_ranks=local_ranks)
+                local_ranks=local_ranks, homagg_only=homagg_only)
 
 
 def _phases(method: str, baseline: bool) -> list[str]:
@@ -644,12 +677,14 @@ def run_train(testbed: str, model: str = "ncf", method: str = "auto", steps: int
               sparsify: str | None = None, timeout: float = 10.0, state_dir: str | None = None,
               switch: str | None = None, slots: int | None = None, payload: int = 1024,
               group: str = "239.77.0.2", out_dir: str | None = None,
-              auth: bool = False, cost_model: bool = True) -> dict:
+              auth: bool = False, cost_model: bool = True, homagg_only: bool = False) -> dict:
     """Train on testbed ``testbed``; returns the report (module doc).  Every
     process started is stopped before it returns.  ``cost_model``: a job
     registered here carries the testbed's link rate and this host's
     calibration (homagg.cost; False: none, choices by bytes); the testbed's
-    own job keeps what `homagg testbed up` registered."""
+    own job keeps what `homagg testbed up` registered.  ``homagg_only``:
+    every bucket through HomAgg (no choice of the process group's
+    allreduce by the cost model, homagg.torch)."""
     from homagg.deploy.local import testbed_job as testbed_job_mod
     from homagg.deploy.local.testbed import Testbed
     from homagg.runs import allreduce as runmod
@@ -717,7 +752,8 @@ def run_train(testbed: str, model: str = "ncf", method: str = "auto", steps: int
                              seed=seed, lr=lr, steps=steps, warmup=warmup, bucket_mb=bucket_mb,
                              phases=phases, workdir=workdir, ifname=h.ifname,
                              sparsify=sparsify, start_timeout=120.0,
-                             local_ranks=W)  # the namespaces share this host's cores
+                             local_ranks=W,  # the namespaces share this host's cores
+                             homagg_only=homagg_only)
             renv = dict(env, HOMAGG_BIND=h.ip)
             procs.append(tb.run_in(h.name, [sys.executable, "-m", "homagg.train.train", "--child",
                                             json.dumps(spec)],
@@ -733,7 +769,7 @@ def run_train(testbed: str, model: str = "ncf", method: str = "auto", steps: int
                  + (" and replaying the reference" if method in EXACT_METHODS else ""))
         rep = summarize(method, reports, workdir, dict(model=model, steps=steps, warmup=warmup,
                                                        lr=lr, seed=seed, bucket_mb=bucket_mb,
-                                                       sparsify=sparsify))
+                                                       sparsify=sparsify, one_host=True))
         rep.update({"testbed": testbed, "link_mbit": tb.state().get("link_mbit"),
                     "pmd": sws[0].pmd if sws else None, "aggregators": [s.ip for s in sws],
                     "job_file": env.get("HOMAGG_JOB_FILE") if job else None,
@@ -741,7 +777,8 @@ def run_train(testbed: str, model: str = "ncf", method: str = "auto", steps: int
                     "mac": (job.get("mac") or None) if job else None,
                     "slots": job["slots"] if job else slots,
                     "payload_bytes": job["payload"] if job else payload,
-                    "cost": (job.get("cost") or None) if job else None})
+                    "cost": (job.get("cost") or None) if job else None,
+                    "homagg_only": homagg_only})
         if out_dir:
             os.makedirs(out_dir, exist_ok=True)
             rep["plots"] = plot(rep, out_dir)
@@ -818,6 +855,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a job registered for this run chooses by bytes even with a known link "
                    "rate (docs/PROTOCOL.md \"The cost model\"; a testbed's own job keeps its "
                    "`homagg testbed up` setting)")
+    p.add_argument("--homagg-only", action="store_true",
+                   help="every bucket through HomAgg: the cost model never sends one through "
+                   "the process group's allreduce (docs/TRAINING.md \"Never slower than the "
+                   "baseline\"; local testbed)")
     p.add_argument("--auth", action="store_true",
                    help="authenticate every frame (a new job secret, given to the ranks in "
                    "a 0600 file named by the job file; local testbed)")
@@ -844,7 +885,8 @@ def main(args: argparse.Namespace) -> int:
                                   out_dir=args.out,
                                   **{k: v for k, v in kw.items() if k not in ("model", "ranks",
                                                                             "out_dir")},
-                                  switch=args.switch, cost_model=args.cost_model)
+                                  switch=args.switch, cost_model=args.cost_model,
+                                  homagg_only=args.homagg_only)
             if args.json:
                 print(json.dumps(rep))
             else:
@@ -866,7 +908,8 @@ def main(args: argparse.Namespace) -> int:
             print(f"results and logs: {rep['run_dir']}", file=sys.stderr)
         else:
             rep = run_train(args.testbed, state_dir=args.state_dir, switch=args.switch,
-                            auth=args.auth, cost_model=args.cost_model, **kw)
+                            auth=args.auth, cost_model=args.cost_model,
+                            homagg_only=args.homagg_only, **kw)
     except (HomAggError, TestbedError) as e:
         print(f"homagg train: {e}", file=sys.stderr)
         return 1
@@ -910,6 +953,9 @@ def print_report(rep: dict, as_json: bool = False) -> int:
         if b.get("predicted_homagg_seconds") is not None:
             pred = (f"; predicted homagg {ms(b['predicted_homagg_seconds'])}, "
                     f"baseline {ms(b['predicted_baseline_seconds'])}")
+        if b.get("arrival_spread_seconds") is not None:
+            pred += (f"; ranks handed it over {ms(b['arrival_spread_seconds'])} apart, "
+                     f"{ms(b['seconds_after_last_arrival'])} after the last")
         print(f"  bucket {b['bucket']}: {b['numel']} elements, density {b['density']:.4f}, "
               f"path {paths}, method {methods}, {b['bytes_sent']:.0f} payload bytes, "
               f"{ms(b['seconds'])} (hook CPU {ms(b.get('cpu_seconds'))}){pred}")
