@@ -170,8 +170,11 @@ class HookState:
     the fallback's.  ``last_call`` is the perf_counter time of the latest
     bucket handed over; a log entry's "handed_over" and "done" are the
     perf_counter times (CLOCK_MONOTONIC: comparable between the ranks of
-    one host) of the bucket's hand-over and of its result.  A recorder that
-    takes a ``path`` keyword also gets "homagg" or "fallback".
+    one host) of the bucket's hand-over and of its result;
+    "agree_seconds" the part of "seconds" spent in the ranks' agreements
+    over the process group (the fallback's status, the count of the
+    choice of path).  A recorder that takes a ``path`` keyword also gets
+    "homagg", "baseline" or "fallback".
 
     ``fallback`` (default True), ``backoff`` and ``backoff_max`` (seconds):
     see "Surviving the aggregator" in the module doc.
@@ -326,6 +329,7 @@ class HookState:
                         "bytes_sent": info.get("bytes_sent"), "path": path,
                         "cpu_seconds": cpu, "seconds": seconds, "dtype": str(dtype),
                         "handed_over": t0, "done": t0 + seconds,
+                        "agree_seconds": info.get("agree_seconds", 0.0),
                         "predicted_homagg_seconds": info.get("predicted_homagg_seconds"),
                         "predicted_baseline_seconds": info.get("predicted_baseline_seconds")})
                 out = torch.from_numpy(y).to(dtype).reshape(buffer.shape)
@@ -377,9 +381,11 @@ class HookState:
         nnz_max = None
         if need_nnz or backing:
             # one allreduce MAX: the back-off flag and this rank's non-zero count
+            a0 = time.perf_counter()
             waiting, nnz_max = self._agree_max(
                 int(backing and time.monotonic() < self._retry_at),
                 int(np.count_nonzero(x)) if need_nnz else 0)
+            info["agree_seconds"] = time.perf_counter() - a0
             if not need_nnz:
                 nnz_max = None
             if backing and waiting:
@@ -403,7 +409,10 @@ class HookState:
             y = self._homagg(x, seed, info)
         except Exception as exc:  # noqa: BLE001 - every rank must reach the agreement
             error = exc
-        if not self._agree(error is not None):
+        a0 = time.perf_counter()
+        failed = self._agree(error is not None)
+        info["agree_seconds"] = info.get("agree_seconds", 0.0) + time.perf_counter() - a0
+        if not failed:
             self._failures, self._retry_at = 0, None
             return y, "homagg"
         self._failures += 1

@@ -120,7 +120,8 @@ def _row(rate, model, rep) -> dict:
                                                 "predicted_homagg_seconds",
                                                 "predicted_baseline_seconds",
                                                 "arrival_spread_seconds",
-                                                "seconds_after_last_arrival")}
+                                                "seconds_after_last_arrival",
+                                                "agree_seconds")}
                         for b in rep.get("buckets", [])],
             "params_identical_across_ranks": rep.get("params_identical_across_ranks"),
             "replay_bit_identical": rep.get("replay_bit_identical")}

@@ -301,6 +301,7 @@ def _bucket_summary(log):
         b["bytes_sent"].append(e["bytes_sent"])
         b["seconds"].append(e["seconds"])
         b["cpu_seconds"].append(e.get("cpu_seconds") or 0.0)
+        b.setdefault("agree_seconds", []).append(e.get("agree_seconds") or 0.0)
         path = e.get("path", "homagg")
         b["paths"][path] = b["paths"].get(path, 0) + 1
         for k in ("predicted_homagg_seconds", "predicted_baseline_seconds"):
@@ -313,6 +314,7 @@ def _bucket_summary(log):
                     "bytes_sent": float(np.mean([v or 0 for v in b["bytes_sent"]])),
                     "seconds": float(np.median(b["seconds"])),
                     "cpu_seconds": float(np.median(b["cpu_seconds"])), "paths": b["paths"],
+                    "agree_seconds": float(np.median(b["agree_seconds"])),
                     "predicted_homagg_seconds": float(np.median(b["predicted_homagg_seconds"]))
                     if b.get("predicted_homagg_seconds") else None,
                     "predicted_baseline_seconds":
@@ -956,6 +958,8 @@ def print_report(rep: dict, as_json: bool = False) -> int:
         if b.get("arrival_spread_seconds") is not None:
             pred += (f"; ranks handed it over {ms(b['arrival_spread_seconds'])} apart, "
                      f"{ms(b['seconds_after_last_arrival'])} after the last")
+        if b.get("agree_seconds"):
+            pred += f"; agreeing over the process group {ms(b['agree_seconds'])}"
         print(f"  bucket {b['bucket']}: {b['numel']} elements, density {b['density']:.4f}, "
               f"path {paths}, method {methods}, {b['bytes_sent']:.0f} payload bytes, "
               f"{ms(b['seconds'])} (hook CPU {ms(b.get('cpu_seconds'))}){pred}")
