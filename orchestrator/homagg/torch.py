@@ -325,7 +325,8 @@ class HookState:
                 with self._log_lock:
                     self.log.append({
                         "bucket": index, "numel": int(x.size),
-                        "nnz": int(np.count_nonzero(x)), "method": info.get("method"),
+                        "nnz": info["nnz"] if "nnz" in info else int(np.count_nonzero(x)),
+                        "method": info.get("method"),
                         "bytes_sent": info.get("bytes_sent"), "path": path,
                         "cpu_seconds": cpu, "seconds": seconds, "dtype": str(dtype),
                         "handed_over": t0, "done": t0 + seconds,
@@ -382,9 +383,10 @@ class HookState:
         if need_nnz or backing:
             # one allreduce MAX: the back-off flag and this rank's non-zero count
             a0 = time.perf_counter()
+            if need_nnz:
+                info["nnz"] = int(np.count_nonzero(x))  # the log's too: one pass
             waiting, nnz_max = self._agree_max(
-                int(backing and time.monotonic() < self._retry_at),
-                int(np.count_nonzero(x)) if need_nnz else 0)
+                int(backing and time.monotonic() < self._retry_at), info.get("nnz", 0))
             info["agree_seconds"] = time.perf_counter() - a0
             if not need_nnz:
                 nnz_max = None
