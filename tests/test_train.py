@@ -730,3 +730,73 @@ def test_replay_applies_the_group_result_of_a_baseline_bucket(tmp_path):
         np.savez(tmp_path / f"grads-{r}.npz", **dict(grads[r], s1_b0_y=bad["s1_b0_y"]))
     with pytest.raises(trainmod.TrainError, match="s1_b0 is not the average"):
         trainmod.replay(str(tmp_path), model, W, 1, lr, BLOCK)
+
+
+class _NoHomAgg:
+    """A HookState worker whose job registers 10 Gbit/s links and that
+    fails if HomAgg is ever asked: every bucket must take the baseline."""
+
+    job = 1
+
+    def __init__(self, rank, world):
+        from homagg import cost
+
+        self.worker, self.workers = rank, world
+        self.cost = cost.job_cost(10_000, coeffs=cost.DEFAULT_COEFFICIENTS)
+
+    def allreduce(self, *args, **kwargs):
+        raise AssertionError("HomAgg was asked for a bucket the cost model sends to the group")
+
+    def close(self):
+        pass
+
+
+def _baseline_rank(rank, world, store, out):
+    import datetime
+
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=60))
+    try:
+        torch.manual_seed(0)
+        a = torch.nn.Sequential(torch.nn.Linear(512, 256), torch.nn.ReLU(),
+                                torch.nn.Linear(256, 4000))
+        b = torch.nn.Sequential(torch.nn.Linear(512, 256), torch.nn.ReLU(),
+                                torch.nn.Linear(256, 4000))
+        b.load_state_dict(a.state_dict())
+        hooked, plain = DDP(a, bucket_cap_mb=1), DDP(b, bucket_cap_mb=1)
+        state = hgt.HookState(_NoHomAgg(rank, world), fallback=False)
+        hooked.register_comm_hook(state, hgt.allreduce_hook)
+        same = []
+        for step in range(3):
+            g = torch.Generator().manual_seed(10 * rank + step)
+            x = torch.randn(16, 512, generator=g)
+            hooked(x).square().mean().backward()
+            plain(x).square().mean().backward()
+            for pa, pb in zip(a.parameters(), b.parameters()):
+                same.append(torch.equal(pa.grad, pb.grad))
+                pa.grad = pb.grad = None
+        torch.save({"same": same, "paths": [e["path"] for e in state.take_log()],
+                    "counters": state.counters}, f"{out}-{rank}.pt")
+        state.close()
+    finally:
+        dist.destroy_process_group()
+
+
+def test_baseline_buckets_give_plain_ddp_gradients(tmp_path):
+    """Two Gloo ranks in processes, a job at 10 Gbit/s: the cost model sends
+    every dense bucket through the hook's group (HomAgg is never asked),
+    started asynchronously as DDP's own allreduce is, and the averaged
+    gradients equal plain DDP's bit for bit at every step (W = 2: dividing
+    before or after the sum is exact)."""
+    import torch.multiprocessing as mp
+
+    out = str(tmp_path / "rank")
+    mp.spawn(_baseline_rank, args=(2, str(tmp_path / "store"), out), nprocs=2, join=True)
+    for r in range(2):
+        res = torch.load(f"{out}-{r}.pt")
+        assert res["same"] and all(res["same"]), res["same"]
+        assert res["paths"] and set(res["paths"]) == {"baseline"}, res["paths"]
+        assert res["counters"]["baseline_buckets"] == len(res["paths"])

@@ -307,11 +307,8 @@ class HookState:
         self._calls += 1
         world = np.float32(self.world_size)
 
-        def run():
+        def finish(y, path, cpu):
             try:
-                c0 = time.thread_time()
-                y, path = self._reduce_sum(index, x, seed, info)
-                cpu = time.thread_time() - c0
                 np.divide(y, world, out=y)
                 if self.recorder is not None:
                     if self._recorder_path:
@@ -336,17 +333,46 @@ class HookState:
                 out = torch.from_numpy(y).to(dtype).reshape(buffer.shape)
                 fut.set_result(out)
             except BaseException as exc:
-                if self.metrics is not None:
-                    self.metrics.failed()
-                if in_backward:  # check() below raises it, its type intact
-                    fut.set_result(buffer)
-                else:
-                    fut.set_exception(exc)
-                return exc
+                return fail(exc)
             return None
+
+        def fail(exc):
+            if self.metrics is not None:
+                self.metrics.failed()
+            if in_backward:  # check() below raises it, its type intact
+                fut.set_result(buffer)
+            else:
+                fut.set_exception(exc)
+            return exc
+
+        def run():
+            try:
+                c0 = time.thread_time()
+                y, path = self._reduce_sum(index, x, seed, info)
+                cpu = time.thread_time() - c0
+            except BaseException as exc:
+                return fail(exc)
+            if not isinstance(y, torch._C.Future):  # (what Work.get_future() gives)
+                return finish(y, path, cpu)
+            # the group's allreduce runs in Gloo's threads, as DDP's own:
+            # this thread goes on with the next bucket
+            pending = concurrent.futures.Future()
+
+            def done(f):
+                try:
+                    yy = f.value().numpy()
+                except BaseException as exc:
+                    pending.set_result(fail(exc))
+                    return
+                pending.set_result(finish(yy, path, cpu))
+
+            y.then(done)
+            return pending
 
         def check(cf):
             exc = cf.result()  # waits for this bucket
+            if isinstance(exc, concurrent.futures.Future):
+                exc = exc.result()  # the group's allreduce and its finish
             if exc is not None:
                 raise exc
 
@@ -399,7 +425,7 @@ class HookState:
                 info["predicted_homagg_seconds"] = c["homagg_ps"] * 1e-12
                 info["predicted_baseline_seconds"] = c["baseline_ps"] * 1e-12
             if c["path"] == "baseline":
-                return self._group_sum(x, info, "baseline_buckets"), "baseline"
+                return self._group_sum_async(x, info), "baseline"
         if not self.fallback:
             return self._homagg(x, seed, info), "homagg"
         if backing:
@@ -457,6 +483,21 @@ class HookState:
         t = torch.tensor(values, dtype=torch.int64)
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self._group)
         return [int(v) for v in t.tolist()]
+
+    def _group_sum_async(self, x, info):
+        """The group's allreduce of x, started: a torch Future of the
+        float32 sum (a tensor sharing memory with the array it summed).  In place on x (the bucket's own
+        memory when it is float32) unless the recorder keeps x."""
+        import torch.distributed as dist
+
+        self.counters["baseline_buckets"] += 1
+        if "nnz" not in info:
+            info["nnz"] = int(np.count_nonzero(x))  # the log's, before the sum replaces x
+        t = torch.from_numpy(x.copy() if self.recorder is not None else x)
+        work = dist.all_reduce(t, op=dist.ReduceOp.SUM, group=self._group, async_op=True)
+        info["method"] = dist.get_backend(self._group)
+        info["bytes_sent"] = None
+        return work.get_future().then(lambda f: t)
 
     def _group_sum(self, x, info, counter):
         import torch.distributed as dist
