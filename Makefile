@@ -199,6 +199,11 @@ BENCH_JUMBO := --workers 4 --densities 0.05 --workloads shared,random,zipf,dense
 	--methods gloo,dense,auto,union --payload-bytes 1024,8192 --link-mbit 1000 \
 	--elements 16777216 --repeat 3 --warmup 1 --testbed-name benchjumbo \
 	--out docs/results/allreduce_jumbo
+# The advisor against measurement: 32 configurations (100 and 1000 Mbit/s,
+# shared and zipf, densities 0.01 and 0.1, Gloo, dense, lhc, auto; W = 4,
+# 2^20 float32), with a calibration of this host made in the same run.
+BENCH_ADVISE_DIR := docs/results/advise
+
 bench: build ## the standard benchmark suite into docs/results/ (the testbed part needs root)
 	mkdir -p docs/results
 	$(VENV)/bin/homagg bench codec --json > docs/results/codec.json
@@ -216,7 +221,10 @@ bench: build ## the standard benchmark suite into docs/results/ (the testbed par
 	  $(VENV)/bin/homagg bench soak --minutes 5 --json > docs/results/soak.json; \
 	  $(VENV)/bin/homagg bench shards --out docs/results/shards; \
 	  $(VENV)/bin/homagg bench lcores --out docs/results/lcores; \
-	else echo "make bench: skipping homagg bench allreduce and soak: they build network namespaces," \
+	  $(VENV)/bin/homagg calibrate --out $(BENCH_ADVISE_DIR)/calibration.json && \
+	  HOMAGG_CALIBRATION=$(BENCH_ADVISE_DIR)/calibration.json \
+	  $(VENV)/bin/homagg bench advise --out $(BENCH_ADVISE_DIR); \
+	else echo "make bench: skipping homagg bench allreduce, soak and advise: they build network namespaces," \
 	  "tc-shaped veth links and a DPDK daemon, which needs root (run make bench as root)"; fi
 
 demo: build ## the main job: exact allreduce on a 4-worker testbed (in-process cluster without root)

@@ -13,6 +13,7 @@ BENCHMARKS = {
     "shards": "homagg.bench.shards",
     "lcores": "homagg.bench.lcores",
     "soak": "homagg.bench.soak",
+    "advise": "homagg.bench.advise",
 }
 
 

@@ -148,24 +148,10 @@ def ring(c: _cost.Cost, workers: int, elements: int) -> dict:
             "binds": max(terms, key=terms.get) if t else "nothing"}
 
 
-def advise(workers, elements, density, link_mbit, workload="shared", *, rtt_ns=None,
-           payload_bytes=1024, block=None, seed=1, sample_elements=DEFAULT_SAMPLE,
-           calibration=None, coeffs=None) -> dict:
-    """The prediction as a dict (the JSON of ``homagg advise --json``)."""
-    import numpy as np
-
-    from homagg import codec, protocol
-    from homagg.bench import workloads
-
-    workload = workloads.ALIASES.get(workload, workload)
-    if workload not in ("shared", "zipf", "random"):
-        raise InvalidArgument(f"workload {workload!r}: one of shared, zipf, random")
-    if not 1 <= workers <= 256:
-        raise InvalidArgument(f"workers {workers}: 1..256")
-    if elements < 1:
-        raise InvalidArgument(f"elements {elements}: at least 1")
-    if not 0 <= density <= 1:
-        raise InvalidArgument(f"density {density}: in [0, 1]")
+def job_model(link_mbit, rtt_ns=None, payload_bytes=1024, calibration=None, coeffs=None):
+    """(the job's cost model as homagg.cost.Cost, where its coefficients
+    came from): this host's calibration file, the one given, or the
+    built-in defaults."""
     if not link_mbit or float(link_mbit) < 1:
         raise InvalidArgument(f"link rate {link_mbit} Mbit/s: at least 1 Mbit/s")
     source = "given"
@@ -178,12 +164,22 @@ def advise(workers, elements, density, link_mbit, workload="shared", *, rtt_ns=N
             source = "calibration given"
         coeffs = _cost.coefficients(calibration)
     job = _cost.job_cost(link_mbit, rtt_ns, coeffs=coeffs)
-    c = _cost.Cost(**{**job.fields(), "payload_bytes": int(payload_bytes)})
-    block = int(block or codec.DEFAULT_BLOCK)
-    n = _sample_size(int(elements), workers, block, int(sample_elements))
-    scale = elements / n
-    grads = workloads.generate_all(workload, workers, n, density, seed)
+    return _cost.Cost(**{**job.fields(), "payload_bytes": int(payload_bytes)}), source
 
+
+def predict(grads, elements, c: _cost.Cost, *, block, seed=1) -> dict:
+    """Ring all-reduce and every method on the workers' float32 gradients
+    ``grads`` (one array each, the same length n), standing for an
+    allreduce of ``elements`` elements (n or fewer: bytes and element
+    counts are scaled by elements / n).  A dict with "ring", "methods",
+    "best", "index_plan", "simulated_elements" and "scale"."""
+    import numpy as np
+
+    from homagg import codec, protocol
+
+    workers = len(grads)
+    n = int(grads[0].size)
+    scale = elements / n
     p = codec.Params(block_elements=block, workers=workers)
     gcodes = np.max([codec.encode_exponents(p, g) for g in grads], axis=0).astype(np.int8)
     gcounts = np.sum([codec.encode_counts(p, g).astype(np.int64) for g in grads], axis=0)
@@ -191,19 +187,11 @@ def advise(workers, elements, density, link_mbit, workload="shared", *, rtt_ns=N
     index_cpu = sum(cpu for *_, cpu in plan) * scale
 
     rg = ring(c, workers, elements)
-    out = {
-        "workers": workers, "elements": int(elements), "density": float(density),
-        "workload": workload, "link_mbit": c.link_mbit, "rtt_ns": c.rtt_ns,
-        "payload_bytes": c.payload_bytes, "block_elements": block, "seed": seed,
-        "coefficients": {k: getattr(c, k) for k in _cost.COEFFICIENTS},
-        "coefficients_from": source,
-        "simulated_elements": n, "scale": scale,
-        "index_plan": {"bitmap_blocks": sum(k == "bitmap" for _, k, *_ in plan),
-                       "bloom_blocks": sum(k == "bloom" for _, k, *_ in plan),
-                       "index_bytes": sum(b for _, _, b, _ in plan)},
-        "assumptions": list(ASSUMPTIONS),
-        "ring": rg, "methods": {},
-    }
+    out = {"simulated_elements": n, "scale": scale,
+           "index_plan": {"bitmap_blocks": sum(k == "bitmap" for _, k, *_ in plan),
+                          "bloom_blocks": sum(k == "bloom" for _, k, *_ in plan),
+                          "index_bytes": sum(b for _, _, b, _ in plan)},
+           "ring": rg, "methods": {}}
     for m in METHODS:
         st = codec.simulate_allreduce(grads, m, seed=seed, block_elements=block,
                                       cost=c.fields()).stats
@@ -228,6 +216,39 @@ def advise(workers, elements, density, link_mbit, workload="shared", *, rtt_ns=N
             r["bitmap_blocks"], r["bloom_blocks"] = st["bitmap_blocks"], st["bloom_blocks"]
         out["methods"][m] = r
     out["best"] = min(out["methods"], key=lambda k: out["methods"][k]["time_s"])
+    return out
+
+
+def advise(workers, elements, density, link_mbit, workload="shared", *, rtt_ns=None,
+           payload_bytes=1024, block=None, seed=1, sample_elements=DEFAULT_SAMPLE,
+           calibration=None, coeffs=None) -> dict:
+    """The prediction as a dict (the JSON of ``homagg advise --json``)."""
+    from homagg import codec
+    from homagg.bench import workloads
+
+    workload = workloads.ALIASES.get(workload, workload)
+    if workload not in ("shared", "zipf", "random"):
+        raise InvalidArgument(f"workload {workload!r}: one of shared, zipf, random")
+    if not 1 <= workers <= 256:
+        raise InvalidArgument(f"workers {workers}: 1..256")
+    if elements < 1:
+        raise InvalidArgument(f"elements {elements}: at least 1")
+    if not 0 <= density <= 1:
+        raise InvalidArgument(f"density {density}: in [0, 1]")
+    c, source = job_model(link_mbit, rtt_ns, payload_bytes, calibration, coeffs)
+    block = int(block or codec.DEFAULT_BLOCK)
+    n = _sample_size(int(elements), workers, block, int(sample_elements))
+    grads = workloads.generate_all(workload, workers, n, density, seed)
+    pred = predict(grads, int(elements), c, block=block, seed=seed)
+    out = {
+        "workers": workers, "elements": int(elements), "density": float(density),
+        "workload": workload, "link_mbit": c.link_mbit, "rtt_ns": c.rtt_ns,
+        "payload_bytes": c.payload_bytes, "block_elements": block, "seed": seed,
+        "coefficients": {k: getattr(c, k) for k in _cost.COEFFICIENTS},
+        "coefficients_from": source,
+        "assumptions": list(ASSUMPTIONS),
+    }
+    out.update(pred)
     return out
 
 

@@ -1,0 +1,267 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * engine_pvt.h - what the engine's files share (homagg/engine.h is the
+ * interface): the job, set and stage structures, the inline helpers of the
+ * job table and the transmit queue, and the functions one file calls in
+ * another.  The files, by concern:
+ *
+ *   engine.c          classification, combine and apply: the packet path
+ *                     (hg_engine_process(), hg_engine_poll())
+ *   engine_jobs.c     create/destroy, the job table, keys, counters
+ *   engine_tx.c       the transmit queue, results, STATUS, retransmissions
+ *   engine_tree.c     the tree leaf: partial sums up, the root's replies,
+ *                     upward timers (hg_engine_timers())
+ */
+#ifndef HG_ENGINE_PVT_H
+#define HG_ENGINE_PVT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "auth_pvt.h"
+#include "homagg/auth.h"
+#include "homagg/counters.h"
+#include "homagg/engine.h"
+#include "homagg/kernels.h"
+#include "homagg/port.h"
+#include "homagg/wire.h"
+#include "wire_pvt.h"
+
+#define TX_MAX 512
+#define FREE_MAX 256
+#define ACC_ALIGN 64
+/* classify_fast(): the eight-byte words of a frame it compares (offsets
+ * in FAST_OFF). */
+#define FAST_WORDS 8
+
+/* Tree leaf defaults (docs/PROTOCOL.md "Tree"); the timeout doubles per
+ * try up to 2^UP_MAX_BACKOFF times. */
+#define HG_UP_DEFAULT_RTO_NS 1000000ull
+#define HG_UP_DEFAULT_GIVE_UP_NS 10000000000ull
+#define UP_MAX_BACKOFF 6
+
+/* The lanes of a frame to sum (all 0: nothing to sum): one word, so a
+ * stage takes them in one copy. */
+struct hg_lanes {
+	uint16_t in_bytes;             /* lanes * in_lane: the payload summed */
+	uint8_t in_lane;               /* bytes of one lane of op */
+	uint8_t acc_lane;
+	uint8_t in_shift;              /* log2(in_lane) */
+};
+
+/* SET_UP: a tree leaf's set, complete here and sent up, waiting for the
+ * root's result (docs/PROTOCOL.md "Tree"). */
+enum set_state { SET_EMPTY = 0, SET_OPEN = 1, SET_DONE = 2, SET_UP = 3 };
+
+/* One shadow set of one slot. */
+struct hg_set {
+	uint64_t bitmap[HG_MAX_WORKERS / 64]; /* bit w: worker w counted */
+	uint64_t psum;     /* checksum partial sum of the result payload (DONE) */
+	uint32_t seq;
+	uint16_t lanes;
+	uint16_t count;
+	uint16_t status_count; /* count at its last STATUS to the group, or NO_STATUS */
+	uint8_t op;
+	int8_t exp;
+	uint8_t state;     /* enum set_state */
+};
+
+/* hg_set.status_count of a set whose bitmap the group has not had. */
+#define NO_STATUS UINT16_MAX
+
+/* What the engine knows of one worker of a job. */
+struct hg_peer {
+	struct hg_wire_addr addr;      /* learned from its latest valid frame */
+	uint32_t incarnation;          /* greatest accepted, 0 = none yet */
+	struct hg_mac_track mac;       /* auth: its MAC counter */
+	uint64_t cnt[HG_WCNT__COUNT];  /* hg_engine_worker_counters() */
+};
+
+struct hg_job {
+	struct hg_job_config cfg;
+	bool in_use;
+	uint32_t acc_stride;           /* bytes between accumulators */
+	int slot_shift;                /* log2(S) when S is a power of 2, else -1 */
+	uint64_t slot_recip;           /* else 2^64 / S rounded up (slot_quot()) */
+	/*
+	 * classify_fast(): frame words (FAST_WORDS) every contribution of
+	 * this job has, masked by fast_fixed[] (see there), and the shape of
+	 * the latest one it took (masked by fast_shape[]: op, lanes, exp and
+	 * the two lengths they imply, checked once per shape); shape_len,
+	 * shape_op: that shape's frame length and op facts (shape_len 0: no
+	 * shape yet).  fast: the job takes that path (not an auth job).
+	 */
+	uint64_t fast_want[FAST_WORDS];
+	uint32_t shape_len;
+	struct hg_lanes shape;
+	bool fast;
+	/* The L2-L4 headers of a result to the job's group, built for a UDP
+	 * payload of mc_plen bytes (0: not yet). */
+	uint16_t mc_plen;
+	uint8_t mc_l2l4[HG_OFF_HDR];
+	struct hg_set *sets;           /* 2 * S, set of slot s shadow h: 2s+h */
+	uint8_t *acc;                  /* 2 * S * acc_stride, 64-byte aligned */
+	struct hg_peer *peers;         /* W entries */
+	struct hg_mac_key *keys;       /* auth: W worker keys + the aggregator's */
+	struct hg_mac_key *old_keys;   /* the previous epoch's, within its grace */
+	uint64_t old_until_ns;         /* end of old_keys' grace period */
+	uint8_t epoch;                 /* current key epoch */
+	uint64_t mac_ctr;              /* auth: replies MACed in this epoch */
+	struct hg_mac_key *up_keys;    /* auth leaf: own key at the root, root's */
+	uint64_t up_ctr;               /* auth leaf: requests MACed */
+	struct hg_mac_track up_track;  /* auth leaf: the root's MAC counter */
+	size_t mac_len;                /* auth: HG_MAC_LEN, else 0 */
+	uint64_t cnt[HG_CNT__COUNT];
+	struct hg_up_timer *up;        /* tree leaf: 2 * S upward timers, else NULL */
+	uint32_t up_incarnation;       /* tree leaf: the root's, 0 = none seen yet */
+};
+
+/* Tree leaf: the upward timer of one set (SET_UP). */
+struct hg_up_timer {
+	uint64_t first_ns;             /* first sent up */
+	uint64_t sent_ns;              /* last sent up */
+	uint64_t due_ns;               /* resend then; UINT64_MAX: abandoned */
+	uint32_t tries;
+};
+
+/* What the first pass learned of one frame of a burst. */
+struct hg_stage {
+	struct hg_pkt *pkt;
+	struct hg_job *job;            /* NULL: dropped in the first pass */
+	struct hg_set *set;
+	uint8_t *acc;
+	const uint8_t *in;             /* payload */
+	uint32_t seq;
+	uint32_t incarnation;
+	uint16_t udp_off;              /* of the UDP header: the source port */
+	uint16_t worker;
+	uint16_t flags;
+	uint16_t lanes;
+	uint8_t op;
+	int8_t exp;
+	struct hg_lanes ln;
+	bool up;                       /* a root's RESULT or STATUS (tree leaf) */
+};
+
+struct hg_engine {
+	struct hg_port *port;
+	struct hg_wire_addr self;      /* source of everything sent */
+	bool can_replicate;
+	uint32_t flags;
+	uint32_t wire_flags;
+	uint16_t burst;
+	hg_kernel_fn kern[HG_OP__COUNT + 1];
+
+	uint32_t max_jobs;
+	uint32_t njobs;
+	struct hg_job *last;           /* job of the previous frame (NULL: none) */
+	struct hg_job *jobs;           /* max_jobs entries */
+	uint32_t *table;               /* open addressing: job index + 1, 0 empty */
+	uint32_t table_mask;
+
+	uint64_t cnt[HG_CNT__COUNT];
+
+	uint32_t ntx, nfree;
+	struct hg_pkt *tx[TX_MAX];
+	struct hg_pkt *fr[FREE_MAX];
+	struct hg_pkt *rx[HG_ENGINE_MAX_BURST];
+	struct hg_stage stage[HG_ENGINE_MAX_BURST];
+	bool one_at_a_time;            /* hg_engine_set_staging(e, false) */
+	uint64_t up_next;              /* earliest upward timer, UINT64_MAX: none */
+};
+
+/* ---- across the engine's files ------------------------------------------ */
+
+void hg_eng_keys_free(struct hg_mac_key *k, size_t n);
+void hg_eng_flush_tx(struct hg_engine *e);
+struct hg_pkt *hg_eng_out_pkt(struct hg_engine *e, struct hg_job *j,
+			      struct hg_pkt **reuse, size_t need);
+void hg_eng_send_result(struct hg_engine *e, struct hg_job *j,
+			const struct hg_set *s, const uint8_t *acc, uint16_t w,
+			struct hg_pkt **reuse);
+bool hg_eng_send_status(struct hg_engine *e, struct hg_job *j,
+			const struct hg_set *s, uint16_t w,
+			struct hg_pkt **reuse);
+void hg_eng_answer_retrans(struct hg_engine *e, struct hg_job *j,
+			   struct hg_set *s, uint16_t w, struct hg_pkt **reuse);
+void hg_eng_up_forward(struct hg_engine *e, struct hg_job *j, struct hg_set *s,
+		       const uint8_t *acc, struct hg_pkt **reuse);
+void hg_eng_up_worker_retrans(struct hg_engine *e, struct hg_job *j,
+			      struct hg_set *s, const uint8_t *acc, uint16_t w,
+			      struct hg_pkt **reuse);
+bool hg_eng_up_classify(struct hg_engine *e, struct hg_pkt *pkt,
+			const struct hg_wire_view *v, uint16_t flags,
+			struct hg_stage *st);
+void hg_eng_up_apply(struct hg_engine *e, struct hg_stage *st);
+void hg_eng_fast_template(const struct hg_engine *e, struct hg_job *j);
+
+/* ---- job table (engine_jobs.c) ---------------------------------------- */
+
+static inline uint32_t job_hash(const struct hg_engine *e, uint32_t id)
+{
+	return (id * 0x9e3779b1u) & e->table_mask;
+}
+
+static inline struct hg_job *job_find(const struct hg_engine *e, uint32_t id)
+{
+	uint32_t h;
+
+	if (e->last && e->last->cfg.job == id)
+		return e->last;
+	h = job_hash(e, id);
+
+	for (;;) {
+		uint32_t x = e->table[h];
+
+		if (!x)
+			return NULL;
+		if (e->jobs[x - 1].cfg.job == id)
+			return &e->jobs[x - 1];
+		h = (h + 1) & e->table_mask;
+	}
+}
+
+/* seq / S: a shift or a multiply by the rounded-up reciprocal, exact for
+ * every 32-bit seq (Lemire, Kaser and Kurz, "Faster remainder by direct
+ * computation", 2019). */
+static inline uint32_t slot_quot(const struct hg_job *j, uint32_t seq)
+{
+	if (j->slot_shift >= 0)
+		return seq >> j->slot_shift;
+	return (uint32_t)(((unsigned __int128)j->slot_recip * seq) >> 64);
+}
+
+/* ---- transmit queue (engine_tx.c) --------------------------------------- */
+
+static inline void queue_tx(struct hg_engine *e, struct hg_pkt *p)
+{
+	if (e->ntx == TX_MAX)
+		hg_eng_flush_tx(e);
+	e->tx[e->ntx++] = p;
+}
+
+static inline void queue_free(struct hg_engine *e, struct hg_pkt *p)
+{
+	if (e->nfree == FREE_MAX) {
+		hg_port_free(e->port, e->fr, FREE_MAX);
+		e->nfree = 0;
+	}
+	e->fr[e->nfree++] = p;
+}
+
+static inline void count(struct hg_engine *e, struct hg_job *j, int c)
+{
+	e->cnt[c]++;
+	if (j)
+		j->cnt[c]++;
+}
+
+/* Flags of a reply about set s: its shadow bit plus kind. */
+static inline uint16_t set_flags(const struct hg_job *j, const struct hg_set *s,
+				 uint16_t kind)
+{
+	return (uint16_t)(kind | (((s - j->sets) & 1) ? HG_FLAG_SHADOW : 0));
+}
+
+
+#endif /* HG_ENGINE_PVT_H */

@@ -1,0 +1,336 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The tree leaf (docs/PROTOCOL.md "Tree"; engine_pvt.h): partial sums sent
+ * up to the root, the root's results and STATUS taken back, and the upward
+ * timers (hg_engine_timers()).
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine_pvt.h"
+
+/* ---- tree leaf (docs/PROTOCOL.md "Tree") -------------------------------- */
+
+/* The op a leaf's partial sum goes up with: an NC8 accumulator is already
+ * int32 lanes, so it goes up as SUM32; OR, MAX8 and SUM32 keep theirs. */
+static inline uint8_t up_op(uint8_t op)
+{
+	return op == HG_OP_NC8 ? HG_OP_SUM32 : op;
+}
+
+/* Why a partial sum goes up: first, on its timer (the timeout doubles),
+ * or asked by a root STATUS or a worker's retransmission (it does not). */
+enum up_why { UP_FIRST, UP_TIMER, UP_ASKED };
+
+/*
+ * Send set s's partial sum (its accumulator) up to the root, as worker
+ * up_worker of the root's job (a resend with HG_FLAG_RETRANS), and arm the
+ * set's timer with the timeout doubled per timer expiry.  reuse: a buffer
+ * to take if large enough (NULL: allocate one).  Without a buffer the
+ * frame is not sent (no_buffer) but the timer still runs.
+ */
+static void up_send(struct hg_engine *e, struct hg_job *j, struct hg_set *s,
+		    const uint8_t *acc, enum up_why why, struct hg_pkt **reuse)
+{
+	bool retrans = why != UP_FIRST;
+	size_t i = (size_t)(s - j->sets);
+	struct hg_up_timer *t = &j->up[i];
+	uint8_t op = up_op(s->op);
+	size_t plen = (size_t)s->lanes * hg_op_in_lane(op);
+	struct hg_hdr h = {
+		.version = HG_PROTOCOL_VERSION,
+		.op = op,
+		.flags = set_flags(j, s, retrans ? HG_FLAG_RETRANS : 0),
+		.job = j->cfg.job,
+		.token = j->cfg.token,
+		.worker = j->cfg.up_worker,
+		.slot = (uint16_t)(i / 2),
+		.seq = s->seq,
+		.lanes = s->lanes,
+		.exp = op == s->op ? s->exp : 0,
+		.shard = j->cfg.up_shard,
+		.incarnation = j->cfg.incarnation,
+		.nonce = j->mac_len ? (uint32_t)++j->up_ctr : 0,
+	};
+	struct hg_pkt *none = NULL;
+	uint64_t now = hg_port_now(e->port);
+	struct hg_pkt *p;
+	uint8_t *f;
+
+	if (j->mac_len)
+		h.flags |= HG_FLAG_AUTH;
+	if (why == UP_FIRST) {
+		t->first_ns = now;
+		t->tries = 0;
+	} else if (why == UP_TIMER) {
+		t->tries++;
+	}
+	t->sent_ns = now;
+	t->due_ns = now + (j->cfg.up_rto_ns << (t->tries < UP_MAX_BACKOFF ?
+						t->tries : UP_MAX_BACKOFF));
+	if (t->due_ns < e->up_next)
+		e->up_next = t->due_ns;
+	count(e, j, retrans ? HG_CNT_UP_RETRANSMISSIONS : HG_CNT_UP_SENT);
+	p = hg_eng_out_pkt(e, j, reuse ? reuse : &none,
+		    HG_OFF_PAYLOAD + plen + j->mac_len);
+	if (!p)
+		return;
+	f = p->data;
+	hg_wire_put_l2l4(f, &e->self, j->cfg.up_mac, j->cfg.up_ipv4,
+			 j->cfg.up_port, HG_HDR_LEN + plen + j->mac_len);
+	hg_wire_put_hdr(f + HG_OFF_HDR, &h);
+	memcpy(f + HG_OFF_PAYLOAD, acc, plen);
+	if (j->mac_len)
+		hg_mac_key_sign(&j->up_keys[0], HG_AUTH_DIR_REQUEST, j->up_ctr,
+				f + HG_OFF_HDR, HG_HDR_LEN + plen,
+				f + HG_OFF_PAYLOAD + plen);
+	if (e->wire_flags & HG_WIRE_F_UDP_CSUM)
+		hg_wire_put_udp_csum(f, hg_csum_add(0, f + HG_OFF_HDR,
+						    HG_HDR_LEN + plen + j->mac_len));
+	p->len = (uint16_t)(HG_OFF_PAYLOAD + plen + j->mac_len);
+	queue_tx(e, p);
+}
+
+/* Set s reached its W_l contributions at a leaf: it goes up. */
+void hg_eng_up_forward(struct hg_engine *e, struct hg_job *j, struct hg_set *s,
+		       const uint8_t *acc, struct hg_pkt **reuse)
+{
+	s->state = SET_UP;
+	up_send(e, j, s, acc, UP_FIRST, reuse);
+}
+
+/*
+ * Resend set s at once (a root STATUS without this leaf, or a worker's
+ * retransmission at least holdoff_ns after the last send), unless the
+ * set was abandoned or its give-up time has passed (then it is abandoned
+ * here: counted once).
+ */
+static void up_asked(struct hg_engine *e, struct hg_job *j, struct hg_set *s,
+		     const uint8_t *acc, uint64_t holdoff_ns, struct hg_pkt **reuse)
+{
+	struct hg_up_timer *t = &j->up[s - j->sets];
+	uint64_t now = hg_port_now(e->port);
+
+	if (t->due_ns == UINT64_MAX || now - t->sent_ns < holdoff_ns)
+		return;
+	if (now - t->first_ns >= j->cfg.up_give_up_ns) {
+		t->due_ns = UINT64_MAX;
+		count(e, j, HG_CNT_UP_ABANDONED);
+		return;
+	}
+	up_send(e, j, s, acc, UP_ASKED, reuse);
+}
+
+/*
+ * A worker's retransmission of a set already sent up: it is counted (a
+ * STATUS with every bit set tells it so) and never summed again; the
+ * partial sum goes up again at once unless it went less than half an
+ * upward timeout ago (the workers' timers then hurry the leaf's).
+ */
+void hg_eng_up_worker_retrans(struct hg_engine *e, struct hg_job *j,
+			      struct hg_set *s, const uint8_t *acc, uint16_t w,
+			      struct hg_pkt **reuse)
+{
+	hg_eng_send_status(e, j, s, w, reuse);
+	up_asked(e, j, s, acc, j->cfg.up_rto_ns / 2, NULL);
+}
+
+/*
+ * First pass over a RESULT or STATUS frame: taken (true) when its job is a
+ * tree leaf's, then either staged (st->up) or counted and freed; false for
+ * any other job (the caller drops it as bad_flags).  The frame must come
+ * from the parent's address and port and match the job as the root knows
+ * it (token, worker up_worker or all, shard, slot and shadow, lanes).
+ * st->worker carries whether a STATUS has this leaf's bit.
+ */
+/* A root reply to auth leaf j: epoch 0, the root's aggregator key. */
+static bool up_verify(struct hg_job *j, const struct hg_pkt *pkt,
+		      const struct hg_wire_view *v, uint16_t flags)
+{
+	const uint8_t *h = pkt->data + v->payload_off - HG_HDR_LEN;
+	uint64_t ctr;
+
+	if (!(flags & HG_FLAG_AUTH) || (flags >> HG_FLAG_EPOCH_SHIFT))
+		return false;
+	ctr = hg_mac_track_counter(&j->up_track, h);
+	if (!hg_mac_key_check(&j->up_keys[1], HG_AUTH_DIR_REPLY, ctr, h,
+			      HG_HDR_LEN + v->payload_len,
+			      pkt->data + v->payload_off + v->payload_len))
+		return false;
+	hg_mac_track_update(&j->up_track, h, ctr);
+	return true;
+}
+
+bool hg_eng_up_classify(struct hg_engine *e, struct hg_pkt *pkt,
+			const struct hg_wire_view *v, uint16_t flags,
+			struct hg_stage *st)
+{
+	struct hg_job *j = job_find(e, v->hdr.job);
+	uint32_t S, q, expect_shadow, uw;
+	int rc;
+
+	if (!j || !j->up)
+		return false;
+	e->last = j;
+	j->cnt[HG_CNT_RECEIVED]++;
+	uw = j->cfg.up_worker;
+	if (v->hdr.token != j->cfg.token) {
+		rc = HG_CNT_BAD_TOKEN;
+		goto drop;
+	}
+	if (v->src.ipv4 != j->cfg.up_ipv4 || v->src.port != j->cfg.up_port) {
+		rc = HG_CNT_BAD_FLAGS; /* a reply, but not from the root */
+		goto drop;
+	}
+	if (v->hdr.worker != uw && v->hdr.worker != HG_WORKER_ALL) {
+		rc = HG_CNT_BAD_WORKER;
+		goto drop;
+	}
+	if (j->mac_len ? !up_verify(j, pkt, v, flags) : (flags & HG_FLAG_AUTH)) {
+		rc = HG_CNT_BAD_MAC;
+		goto drop;
+	}
+	if (v->hdr.shard != j->cfg.up_shard) {
+		rc = HG_CNT_BAD_SHARD;
+		goto drop;
+	}
+	S = j->cfg.slots;
+	q = slot_quot(j, v->hdr.seq);
+	expect_shadow = (q & 1) ? HG_FLAG_SHADOW : 0;
+	if (v->hdr.slot >= S || v->hdr.slot != v->hdr.seq - q * S ||
+	    (flags & HG_FLAG_SHADOW) != expect_shadow) {
+		rc = HG_CNT_BAD_SLOT;
+		goto drop;
+	}
+	if (!(flags & HG_FLAG_STATUS) &&
+	    (size_t)v->hdr.lanes * hg_op_acc_lane(v->hdr.op) > j->cfg.payload_bytes) {
+		rc = HG_CNT_BAD_LANES;
+		goto drop;
+	}
+	if (v->hdr.exp != 0) {
+		rc = HG_CNT_BAD_EXP;
+		goto drop;
+	}
+	st->pkt = pkt;
+	st->job = j;
+	st->set = &j->sets[2 * (size_t)v->hdr.slot + (expect_shadow ? 1 : 0)];
+	st->acc = j->acc + (size_t)(st->set - j->sets) * j->acc_stride;
+	st->in = pkt->data + v->payload_off;
+	st->seq = v->hdr.seq;
+	st->flags = flags;
+	st->lanes = v->hdr.lanes;
+	st->op = v->hdr.op;
+	st->exp = 0;
+	st->incarnation = v->hdr.incarnation;
+	st->worker = (flags & HG_FLAG_STATUS) && uw / 8 < v->payload_len &&
+		     (st->in[uw / 8] >> (uw % 8) & 1);
+	memset(&st->ln, 0, sizeof(st->ln)); /* nothing to prefetch for apply() in engine.c */
+	st->up = true;
+	return true;
+
+drop:
+	count(e, j, rc);
+	queue_free(e, pkt);
+	return true;
+}
+
+/*
+ * Second pass over a root's reply: a RESULT of a forwarded set becomes the
+ * set's result and goes to the leaf's workers; a STATUS without this
+ * leaf's bit sends the partial sum up again at once.  Anything not about a
+ * forwarded set (late copies, a set started over) is up_stale.  A root
+ * reply with another incarnation than the root's earlier ones: the root
+ * lost its state, so the leaf takes a new incarnation for its job and its
+ * workers end their allreduce as after a restart of the leaf.
+ */
+void hg_eng_up_apply(struct hg_engine *e, struct hg_stage *st)
+{
+	struct hg_job *j = st->job;
+	struct hg_set *s = st->set;
+	struct hg_pkt *pkt = st->pkt;
+	size_t bytes;
+
+	if (st->incarnation != j->up_incarnation) {
+		if (j->up_incarnation) {
+			j->cfg.incarnation = j->cfg.incarnation + 1 ?
+					     j->cfg.incarnation + 1 : 1;
+			count(e, j, HG_CNT_UP_ROOT_RESTARTS);
+		}
+		j->up_incarnation = st->incarnation;
+	}
+
+	if (s->state != SET_UP || s->seq != st->seq ||
+	    s->lanes != st->lanes || up_op(s->op) != st->op) {
+		count(e, j, HG_CNT_UP_STALE);
+		queue_free(e, pkt);
+		return;
+	}
+	if (st->flags & HG_FLAG_STATUS) {
+		count(e, j, HG_CNT_UP_STATUS);
+		if (!st->worker)
+			up_asked(e, j, s, st->acc, 0, &pkt);
+		if (pkt)
+			queue_free(e, pkt);
+		return;
+	}
+	bytes = (size_t)s->lanes * hg_op_acc_lane(s->op);
+	memcpy(st->acc, st->in, bytes);
+	s->state = SET_DONE;
+	s->psum = (e->wire_flags & HG_WIRE_F_UDP_CSUM) ?
+		  hg_csum_add(0, st->acc, bytes) : 0;
+	count(e, j, HG_CNT_UP_RESULTS);
+	hg_eng_send_result(e, j, s, st->acc, HG_WORKER_ALL, &pkt);
+	if (pkt)
+		queue_free(e, pkt);
+}
+
+int hg_engine_timers(struct hg_engine *e)
+{
+	uint64_t now, next = UINT64_MAX;
+	int resent = 0;
+
+	if (!e)
+		return -EINVAL;
+	if (e->up_next == UINT64_MAX)
+		return 0;
+	now = hg_port_now(e->port);
+	if (now < e->up_next)
+		return 0;
+	e->up_next = UINT64_MAX; /* up_send() lowers it again */
+	for (uint32_t k = 0; k < e->max_jobs; k++) {
+		struct hg_job *j = &e->jobs[k];
+
+		if (!j->in_use || !j->up)
+			continue;
+		for (size_t i = 0; i < 2 * (size_t)j->cfg.slots; i++) {
+			struct hg_up_timer *t = &j->up[i];
+
+			if (j->sets[i].state != SET_UP || t->due_ns == UINT64_MAX)
+				continue;
+			if (t->due_ns > now) {
+				if (t->due_ns < next)
+					next = t->due_ns;
+				continue;
+			}
+			if (now - t->first_ns >= j->cfg.up_give_up_ns) {
+				t->due_ns = UINT64_MAX;
+				count(e, j, HG_CNT_UP_ABANDONED);
+				continue;
+			}
+			up_send(e, j, &j->sets[i], j->acc + i * j->acc_stride,
+				UP_TIMER, NULL);
+			resent++;
+		}
+	}
+	if (next < e->up_next)
+		e->up_next = next;
+	if (e->ntx)
+		hg_eng_flush_tx(e);
+	return resent;
+}
+
+uint64_t hg_engine_next_deadline(const struct hg_engine *e)
+{
+	return e ? e->up_next : UINT64_MAX;
+}
