@@ -85,7 +85,9 @@ own ring allreduce and an upper bound of HomAgg's method
 job's link rate, round trip and calibration, and the largest non-zero
 count of any rank).  When the group's is strictly smaller the bucket goes
 through the group's allreduce (path "baseline", ``counters
-["baseline_buckets"]``).  The non-zero count is agreed by an allreduce MAX
+["baseline_buckets"]``), started asynchronously and in place as DDP's own
+(on a second Gloo group of the same ranks, so the agreements of the next
+buckets do not wait behind it).  The non-zero count is agreed by an allreduce MAX
 of one int64 over the hook's group, only for buckets whose choice depends
 on it (homagg.cost.needs_density: dense's bound alone loses); it travels
 with the fallback's back-off flag when both are needed.  Exact methods
@@ -223,10 +225,15 @@ class HookState:
                                   getattr(worker, "cost", None))
         self._group = None
         self.fallback = self.baseline = False
+        self._baseline_group = None
         if fallback or baseline:
             self._group = _fallback_group(process_group)
             self.fallback = bool(fallback) and self._group is not None
             self.baseline = bool(baseline) and self._group is not None
+        if self.baseline:
+            # the buckets sent to the group run on a group of their own, so
+            # the next bucket's agreement does not queue behind their data
+            self._baseline_group = _fallback_group(process_group)
         # one thread runs the buckets in order: HomAgg, the agreement, the fallback
         self._executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix=f"homagg-hook{worker.worker}")
@@ -494,8 +501,9 @@ class HookState:
         if "nnz" not in info:
             info["nnz"] = int(np.count_nonzero(x))  # the log's, before the sum replaces x
         t = torch.from_numpy(x.copy() if self.recorder is not None else x)
-        work = dist.all_reduce(t, op=dist.ReduceOp.SUM, group=self._group, async_op=True)
-        info["method"] = dist.get_backend(self._group)
+        work = dist.all_reduce(t, op=dist.ReduceOp.SUM, group=self._baseline_group,
+                               async_op=True)
+        info["method"] = dist.get_backend(self._baseline_group)
         info["bytes_sent"] = None
         return work.get_future().then(lambda f: t)
 
