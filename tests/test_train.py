@@ -607,7 +607,7 @@ def test_dead_aggregator_raises_in_backward_within_timeout_naming_it(caplog):
         for a, b in zip(model.module.parameters(), local.parameters()):
             assert torch.equal(a.grad, b.grad)
         assert state.counters == {"homagg_failures": 1, "fallback_buckets": 1, "retries": 0,
-                                  "baseline_buckets": 0}
+                                  "baseline_buckets": 0, "density_agreements": 0}
         assert [e["path"] for e in state.take_log()] == ["fallback"]
         assert dead in caplog.text and "process group's allreduce" in caplog.text
         time.sleep(0.02)  # past the back-off: the next bucket tries HomAgg again
@@ -778,7 +778,9 @@ def _baseline_rank(rank, world, store, out):
             for pa, pb in zip(a.parameters(), b.parameters()):
                 same.append(torch.equal(pa.grad, pb.grad))
                 pa.grad = pb.grad = None
-        torch.save({"same": same, "paths": [e["path"] for e in state.take_log()],
+        log = state.take_log()
+        torch.save({"same": same, "paths": [e["path"] for e in log],
+                    "sizes": sorted({(e["bucket"], e["numel"]) for e in log}),
                     "counters": state.counters}, f"{out}-{rank}.pt")
         state.close()
     finally:
@@ -788,7 +790,8 @@ def _baseline_rank(rank, world, store, out):
 def test_baseline_buckets_give_plain_ddp_gradients(tmp_path):
     """Two Gloo ranks in processes, a job at 10 Gbit/s: the cost model sends
     every dense bucket through the hook's group (HomAgg is never asked),
-    started asynchronously as DDP's own allreduce is, and the averaged
+    started asynchronously as DDP's own allreduce is; the ranks' non-zero
+    count is agreed on a bucket's first call only; and the averaged
     gradients equal plain DDP's bit for bit at every step (W = 2: dividing
     before or after the sum is exact)."""
     import torch.multiprocessing as mp
@@ -800,3 +803,5 @@ def test_baseline_buckets_give_plain_ddp_gradients(tmp_path):
         assert res["same"] and all(res["same"]), res["same"]
         assert res["paths"] and set(res["paths"]) == {"baseline"}, res["paths"]
         assert res["counters"]["baseline_buckets"] == len(res["paths"])
+        # the count agreed once per bucket (index and size) in 3 < density_every calls
+        assert res["counters"]["density_agreements"] == len(res["sizes"]) < len(res["paths"])

@@ -89,8 +89,11 @@ through the group's allreduce (path "baseline", ``counters
 (on a second Gloo group of the same ranks, so the agreements of the next
 buckets do not wait behind it).  The non-zero count is agreed by an allreduce MAX
 of one int64 over the hook's group, only for buckets whose choice depends
-on it (homagg.cost.needs_density: dense's bound alone loses); it travels
-with the fallback's back-off flag when both are needed.  Exact methods
+on it (homagg.cost.needs_density: dense's bound alone loses), on a
+bucket's first call and every ``density_every``-th after (between those
+the last agreed count decides: the same on every rank, and the sums are
+exact whichever path); it travels with the fallback's back-off flag when
+both are needed.  Exact methods
 only (auto, dense, blocks, lhc, union); ``nc`` always runs HomAgg.  The
 rule is docs/TRAINING.md's "Never slower than the baseline".
 """
@@ -182,8 +185,9 @@ class HookState:
     see "Surviving the aggregator" in the module doc.
 
     ``baseline`` (default True) and ``cost`` (a homagg.cost.Cost or its
-    dict; default: the job's, the worker's ``cost``): see "Never slower
-    than the baseline" in the module doc.  A log entry's "path" is then
+    dict; default: the job's, the worker's ``cost``) and ``density_every``
+    (default 16: calls of a bucket between agreements of its count): see
+    "Never slower than the baseline" in the module doc.  A log entry's "path" is then
     "homagg", "baseline" or "fallback", and "predicted_homagg_seconds" /
     "predicted_baseline_seconds" carry the two predictions (None when the
     rule did not apply).  ``cost`` may be replaced between buckets (the
@@ -191,7 +195,7 @@ class HookState:
 
     def __init__(self, worker=None, *, method="auto", sparsify=None, process_group=None,
                  block=None, nc_levels=0, seed=0, recorder=None, env=None, fallback=True,
-                 backoff=1.0, backoff_max=60.0, baseline=True, cost=None):
+                 backoff=1.0, backoff_max=60.0, baseline=True, cost=None, density_every=16):
         protocol.method(method)  # InvalidArgument naming the choices
         if sparsify is not None and not hasattr(sparsify, "mask"):
             raise InvalidArgument("sparsify must be homagg.torch.TopK(...) or Threshold(...)")
@@ -218,13 +222,17 @@ class HookState:
         self.world_size = worker.workers
         self.backoff, self.backoff_max = float(backoff), float(backoff_max)
         self.counters = {"homagg_failures": 0, "fallback_buckets": 0, "retries": 0,
-                         "baseline_buckets": 0}
+                         "baseline_buckets": 0, "density_agreements": 0}
         self._failures = 0  # consecutive agreed failures
         self._retry_at = None  # monotonic time of the next HomAgg try; None: healthy
         self.cost = _cost.as_cost(cost if cost is not None else
                                   getattr(worker, "cost", None))
         self._group = None
         self.fallback = self.baseline = False
+        if int(density_every) < 1:
+            raise InvalidArgument(f"density_every {density_every}: at least 1 (calls)")
+        self.density_every = int(density_every)
+        self._nnz_cache = {}  # (bucket index, size) -> (agreed count, calls since)
         self._baseline_group = None
         if fallback or baseline:
             self._group = _fallback_group(process_group)
@@ -413,16 +421,27 @@ class HookState:
         rule, need_nnz = self._choice(x.size)
         backing = self.fallback and self._retry_at is not None
         nnz_max = None
-        if need_nnz or backing:
+        # the count of a bucket (index and size) is agreed on its first call
+        # and every density_every-th after; between those the last agreed one
+        # (the same on every rank: every rank makes the same calls)
+        key = (index, int(x.size))
+        cached = self._nnz_cache.get(key) if need_nnz else None
+        agree_nnz = need_nnz and (cached is None or cached[1] + 1 >= self.density_every)
+        if need_nnz and not agree_nnz:
+            nnz_max = cached[0]
+            self._nnz_cache[key] = (nnz_max, cached[1] + 1)
+        if agree_nnz or backing:
             # one allreduce MAX: the back-off flag and this rank's non-zero count
             a0 = time.perf_counter()
-            if need_nnz:
+            if agree_nnz:
                 info["nnz"] = int(np.count_nonzero(x))  # the log's too: one pass
-            waiting, nnz_max = self._agree_max(
+            waiting, agreed = self._agree_max(
                 int(backing and time.monotonic() < self._retry_at), info.get("nnz", 0))
             info["agree_seconds"] = time.perf_counter() - a0
-            if not need_nnz:
-                nnz_max = None
+            if agree_nnz:
+                nnz_max = agreed
+                self._nnz_cache[key] = (nnz_max, 0)
+                self.counters["density_agreements"] += 1
             if backing and waiting:
                 return self._group_sum(x, info, "fallback_buckets"), "fallback"
         if rule:
