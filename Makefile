@@ -14,6 +14,8 @@
 # In the environment (not a make variable): HOMAGG_CODEC_ISA=portable|avx2|avx512
 # forces the codec's ISA path of everything make runs (tests, make bench; by
 # default the best the CPU has; `homagg bench codec` times every path anyway).
+# HOMAGG_MAC_ISA=portable|pclmul|avx2|avx512 likewise forces AES-GMAC's path
+# (docs/SECURITY.md "How AES-GMAC is computed"; the same tags on each).
 #
 # `make help` lists the targets.
 
@@ -121,7 +123,7 @@ tools: $(TOOLS) ## build the measurement tools (build/<variant>/tools/)
 
 $(BUILD)/tools/%: dataplane_c/tools/%.c $(HEADERS) $(LIB)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_COMMON) -Idataplane_c/src $< $(LIB) -lm -o $@
+	$(CC) $(CFLAGS_COMMON) -Idataplane_c/src $< $(LIB) -lsodium -lcrypto -lm -o $@
 
 # libFuzzer targets: dataplane_c/fuzz/fuzz_*.c, each built with clang
 # against the library sources (plus FUZZ_EXTRA_<name>) and run for

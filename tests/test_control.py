@@ -131,7 +131,17 @@ def test_add_job_with_a_parent(shared):
     (dict(JOB, parent=dict(PARENT, group="10.0.0.9")), InvalidArgument,
      "is not a multicast address"),
     (dict(JOB, parent=dict(PARENT, colour=1)), InvalidArgument, "field 'colour': unknown"),
-    (dict(JOB, parent=PARENT, auth="00" * 32), InvalidArgument, "does not authenticate"),
+    # an authenticated leaf: its key at the root and the root's aggregator key, both required
+    (dict(JOB, parent=PARENT, auth="00" * 32), InvalidArgument,
+     "field 'parent.key': missing: an authenticated leaf needs its own key at the root"),
+    (dict(JOB, parent=dict(PARENT, key="11" * 32), auth="00" * 32), InvalidArgument,
+     "field 'parent.reply_key': missing"),
+    (dict(JOB, parent=dict(PARENT, key="11" * 31, reply_key="22" * 32), auth="00" * 32),
+     InvalidArgument, "field 'parent.key': must be a key as a string of 64 hexadecimal digits"),
+    (dict(JOB, parent=dict(PARENT, key="11" * 32, reply_key="zz" * 32), auth="00" * 32),
+     InvalidArgument, "field 'parent.reply_key': must be a key as a string of 64 hexadecimal"),
+    (dict(JOB, parent=dict(PARENT, key="11" * 32, reply_key="22" * 32)), InvalidArgument,
+     "field 'parent.key': only with 'auth'"),
 ])
 def test_add_job_rejects_bad_fields(shared, fields, exc, message):
     daemon = shared

@@ -54,6 +54,47 @@ def test_inventory_valid(tmp_path):
     assert i.settings.connect_timeout == 10.0
 
 
+def test_inventory_auth_secret_is_a_path_never_the_secret(tmp_path):
+    """``auth_secret`` names the job secret's file here (relative to the
+    inventory); the generated Ansible inventory carries that path and each
+    worker's host path, never the secret; the file is created mode 0600
+    when missing, and a group-readable one or a directory is refused."""
+    import io
+    import tarfile
+
+    from homagg import auth
+    from homagg.deploy.remote import ansible_inventory
+    from homagg.errors import SecretFileError
+
+    key = tmp_path / "k"
+    key.write_text("x")
+    path = tmp_path / "t.toml"
+    path.write_text(to_toml({"install_dir": "/opt/hg/{name}", "pip_index": True,
+                             "auth_secret": "sec/job.secret"}, _valid_hosts(str(key))))
+    i = inv.load(str(path))
+    local = str(tmp_path / "sec" / "job.secret")
+    assert i.settings.auth_secret == local
+    assert i.host("w1").secret_file == "/opt/hg/w1/secret/job.secret"
+    sdist = tmp_path / "homagg-0.tar.gz"
+    with tarfile.open(sdist, "w:gz") as t:
+        info = tarfile.TarInfo("homagg-0/setup.py")
+        t.addfile(info, io.BytesIO(b""))
+    data = ansible_inventory.generate(i, artifact=str(sdist), outdir=str(tmp_path / "out"))
+    assert os.stat(local).st_mode & 0o777 == 0o600
+    secret = auth.load_secret(local)
+    assert data["all"]["vars"]["homagg_auth_secret"] == local
+    hosts = data["all"]["children"]
+    assert hosts["worker"]["hosts"]["w1"]["homagg_secret_file"] == "/opt/hg/w1/secret/job.secret"
+    assert hosts["aggregator"]["hosts"]["agg"]["homagg_secret_file"] == ""
+    assert secret.hex() not in repr(data) and secret.hex() not in path.read_text()
+    os.chmod(local, 0o640)
+    with pytest.raises(SecretFileError, match=r"chmod 600"):
+        ansible_inventory.generate(i, artifact=str(sdist), outdir=str(tmp_path / "out"))
+    path.write_text(to_toml({"auth_secret": "sec"}, _valid_hosts(str(key))))
+    with pytest.raises(inv.InventoryError, match=r"field 'auth_secret' .* is a directory"):
+        inv.load(str(path))
+
+
 def test_inventory_collects_every_error(tmp_path):
     key = tmp_path / "k"
     key.write_text("x")
@@ -422,3 +463,63 @@ def test_ansible_playbook_twice(rack, sdist, wheelhouse, hugepages, tmp_path):
     # provision over the Ansible-built hosts agrees on the config it would write
     t = table(cli("provision", "-i", path, "--dry-run").stdout)
     assert all(t[(n, "config")] == "ok" for n in names)
+
+
+@pytest.mark.timeout(600)
+def test_ansible_places_the_job_secret(rack, tmp_path):
+    """The playbook's job secret tasks (ansible/roles/homagg/tasks/secret.yml)
+    on the sshd rack: the inventory's auth_secret copied to every worker host
+    with mode 0600 in a folder of mode 0700, none on the aggregator, the
+    secret in neither the generated inventory nor Ansible's output; a second
+    run changes nothing."""
+    import io
+    import tarfile
+
+    import yaml
+
+    from homagg import auth
+
+    hosts = [host_table(h, rack.key, os.path.join(str(tmp_path), "{name}", "opt"))
+             for h in rack.hosts()]
+    path = tmp_path / "testbed.toml"
+    path.write_text(to_toml({"auth_secret": "job.secret", "pip_index": True,
+                             "connect_timeout": 15}, hosts))
+    sdist = tmp_path / "homagg-0.tar.gz"
+    with tarfile.open(sdist, "w:gz") as t:
+        t.addfile(tarfile.TarInfo("homagg-0/setup.py"), io.BytesIO(b""))
+    gen = cli("ansible-inventory", "-i", str(path), "--artifact", str(sdist), timeout=120)
+    assert gen.returncode == 0, gen.stderr
+    secret = auth.load_secret(tmp_path / "job.secret")  # created by ansible-inventory
+    assert secret.hex() not in gen.stdout
+    (tmp_path / "hosts.yml").write_text(gen.stdout)
+    play = tmp_path / "secret.yml"
+    play.write_text(yaml.safe_dump([{
+        "hosts": "all", "gather_facts": False,
+        "tasks": [{"ansible.builtin.import_tasks":
+                   os.path.join(REPO, "ansible", "roles", "homagg", "tasks", "secret.yml")}]}]))
+    env = dict(os.environ, ANSIBLE_HOST_KEY_CHECKING="False", ANSIBLE_HOME=str(tmp_path / "ah"),
+               ANSIBLE_SSH_ARGS="-o UserKnownHostsFile=/dev/null -o ControlMaster=no",
+               ANSIBLE_CONFIG=os.path.join(REPO, "ansible", "ansible.cfg"),
+               ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0", ANSIBLE_LOG_PATH=str(tmp_path / "a.log"))
+    argv = [os.path.join(VENV_BIN, "ansible-playbook"), "-v", "-i", str(tmp_path / "hosts.yml"),
+            str(play)]
+    names = [h.name for h in rack.hosts()]
+    runs = [subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300)
+            for _ in range(2)]
+    for k, r in enumerate(runs):
+        assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+        rc = recap(r.stdout)
+        assert set(rc) == set(names) and all(v["failed"] == 0 for v in rc.values()), rc
+        if k == 1:
+            assert all(v["changed"] == 0 for v in rc.values()), changed_tasks(r.stdout)
+        assert secret.hex() not in r.stdout + r.stderr
+    assert secret.hex() not in (tmp_path / "a.log").read_text()
+    for h in rack.hosts():
+        f = os.path.join(str(tmp_path), h.name, "opt", "secret", "job.secret")
+        if h.role == "aggregator":
+            assert not os.path.exists(f)
+            continue
+        st = os.stat(f)
+        assert st.st_mode & 0o777 == 0o600 and st.st_uid == 0, oct(st.st_mode)
+        assert os.stat(os.path.dirname(f)).st_mode & 0o777 == 0o700
+        assert auth.load_secret(f) == secret

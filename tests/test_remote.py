@@ -42,15 +42,16 @@ def rack(tmp_path_factory):
         yield r
 
 
-def make_testbed(rack, tmp, **host_overrides):
-    """testbed.toml for the rack, each host 'provisioned' with this checkout."""
+def make_testbed(rack, tmp, settings=None, **host_overrides):
+    """testbed.toml for the rack, each host 'provisioned' with this checkout
+    (``settings``: more [settings] fields)."""
     hosts = []
     for h in rack.hosts():
         d = host_table(h, rack.key, os.path.join(str(tmp), "{name}", "opt"),
                        **host_overrides.get(h.name, {}))
         hosts.append({k: v for k, v in d.items() if v is not None})
     settings = {"config_file": os.path.join(str(tmp), "{name}", "etc", "host.toml"),
-                "connect_timeout": 15, "command_timeout": 120}
+                "connect_timeout": 15, "command_timeout": 120, **(settings or {})}
     path = os.path.join(str(tmp), "testbed.toml")
     with open(path, "w") as f:
         f.write(to_toml(settings, hosts))
@@ -195,7 +196,7 @@ def test_options_a_placement_cannot_do_are_refused_before_anything_starts(rack, 
     assert f"not on inventory {path}" in r.stderr
     assert "drop_rate: " in r.stderr and "switch_lcores: " in r.stderr
     assert "homagg up -i" in r.stderr
-    for opt, name in (("--auth", "auth"), ("--leaves", "leaves"), ("--pmd", "pmd")):
+    for opt, name in (("--leaves", "leaves"), ("--pmd", "pmd")):
         extra = {"--leaves": ["1"], "--pmd": ["af_xdp"]}.get(opt, [])
         r = cli("run", "allreduce", "-i", path, "--method", "lhc", "--elements", "100",
                 "--density", "0.1", opt, *extra, "--runs-dir", str(tmp_path / "runs"))
@@ -405,3 +406,232 @@ def test_up_starts_the_exporter_and_down_stops_it(rack, tmp_path):
         down = cli("down", "-i", path)
     assert down.returncode == 0, down.stdout + down.stderr
     assert gone(pid)
+
+
+class _ProcScan:
+    """Every process's command line and environment, read from /proc every
+    20 ms in a thread while a command runs (what `ps e` would list), and
+    the content of any file matching ``grab`` (a glob) seen meanwhile."""
+
+    def __init__(self, grab):
+        import threading
+
+        self.grab, self.seen, self.grabbed = grab, set(), set()
+        self.stop_ = threading.Event()
+        self.t = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        import glob
+
+        while not self.stop_.is_set():
+            for pid in os.listdir("/proc"):
+                if pid.isdigit():
+                    for part in ("cmdline", "environ"):
+                        try:
+                            with open(f"/proc/{pid}/{part}", "rb") as f:
+                                self.seen.add(f.read())
+                        except OSError:
+                            pass
+            for path in glob.glob(self.grab):
+                try:
+                    with open(path) as f:
+                        self.grabbed.add(f.read().strip())
+                except OSError:
+                    pass
+            self.stop_.wait(0.02)
+
+    def __enter__(self):
+        self.t.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop_.set()
+        self.t.join(10)
+
+    def holds(self, text: str) -> bool:
+        needles = (text.lower().encode(), text.upper().encode())
+        return any(n in blob for blob in self.seen for n in needles)
+
+
+def _files_holding(top: str, text: str) -> list[str]:
+    """Every file under ``top`` whose bytes hold ``text`` (hex, either case)."""
+    needles = (text.lower().encode(), text.upper().encode())
+    out = []
+    for d, _, names in os.walk(top):
+        for n in names:
+            p = os.path.join(d, n)
+            try:
+                with open(p, "rb") as f:
+                    data = f.read()
+            except OSError:
+                continue
+            if any(x in data for x in needles) and not n.endswith(".secret"):
+                out.append(p)
+    return out
+
+
+_UP_JOB_WORKER = r"""
+import sys
+import numpy as np
+from homagg.runs import job as localrun
+from homagg.switch import job_file
+from homagg.worker import Worker
+c = job_file.job_config()
+rank, n = int(sys.argv[1]), int(sys.argv[2])
+with Worker(job=c["job"], token=c["token"], worker=rank, workers=c["workers"],
+            aggregators=c["aggregators"], group=c["group"], bind=(c["bind"], 0),
+            timeout=c["timeout"], slots=c["slots"], payload=c["payload"],
+            auth_file=c["auth_file"], mac=c["mac"]) as w:
+    y = w.allreduce(localrun.gradient(n, 0.05, "random", 5, rank), method="lhc")
+np.save(sys.argv[3], y)
+"""
+
+
+@pytest.mark.timeout(900)
+def test_auth_on_inventory_hosts_provision_up_run(rack, tmp_path):
+    """Authentication on inventory hosts: `homagg provision`'s step secret
+    copies the inventory's auth_secret (created here, mode 0600) to every
+    worker host (mode 0600, root's; none on the aggregator) and repairs a
+    copy whose mode was widened; `homagg up -i --auth` registers that
+    secret and names each host's copy in its job file, and two workers of
+    that job (from the job file) get the exact sum; `homagg run allreduce
+    -i --auth` places a new secret per run in the run's folder (gone after
+    the run) and is bit-exact.  No secret shows in any process's command
+    line or environment while they run, nor in any log or file written."""
+    from homagg import auth
+    from homagg.deploy.remote import secret as hsecret
+
+    path, i = make_testbed(rack, tmp_path, settings={"auth_secret": "secrets/job.secret"})
+    local = i.settings.auth_secret
+    assert local == str(tmp_path / "secrets" / "job.secret") and not os.path.exists(local)
+    workers = [h for h in i.hosts if h.role == "worker"]
+
+    # provision's step secret, on every host over SSH (the other steps: test_provision.py)
+    runs = [prov.HostRun(h, i, None, None, False) for h in i.hosts]
+    secret = hsecret.local_secret(i)  # created: mode 0600
+    assert os.stat(local).st_mode & 0o777 == 0o600 and auth.load_secret(local) == secret
+    try:
+        for r in runs:
+            r.connect()
+            r.preflight()
+            r.secret = secret
+        status = {r.h.name: r.run_step("secret")[0] for r in runs}
+        assert status == {"agg": "ok", "w0": "changed", "w1": "changed"}, status
+        assert {r.h.name: r.run_step("secret")[0] for r in runs} == dict.fromkeys(status, "ok")
+        for h in workers:
+            st = os.stat(h.secret_file)
+            assert st.st_mode & 0o777 == 0o600 and st.st_uid == 0, oct(st.st_mode)
+            assert os.stat(os.path.dirname(h.secret_file)).st_mode & 0o777 == 0o700
+            assert auth.load_secret(h.secret_file) == secret
+        assert not os.path.exists(i.host("agg").secret_file)
+        os.chmod(i.host("w1").secret_file, 0o644)
+        w1 = next(r for r in runs if r.h.name == "w1")
+        st, detail = w1.run_step("secret")
+        assert st == "changed" and "mode 644" in detail, detail
+        assert os.stat(i.host("w1").secret_file).st_mode & 0o777 == 0o600
+    finally:
+        for r in runs:
+            r.close()
+
+    runs_dir = tmp_path / "runs"
+    grab = os.path.join(str(tmp_path), "w0", "opt", "run", "*", "job.secret")
+    with _ProcScan(grab) as scan:
+        up = cli("up", "-i", path, "--no-udp-csum", "--auth")
+        assert up.returncode == 0, up.stdout + up.stderr
+        assert "authenticated" in up.stdout, up.stdout
+        try:
+            files = {h.name: json.load(open(os.path.join(h.install_dir, "run", "job.json")))
+                     for h in i.hosts}
+            for h in workers:
+                assert files[h.name]["auth_file"] == h.secret_file
+                assert files[h.name]["mac"] in ("aes-gmac", "blake2b")
+            assert files["agg"]["auth_file"] == "" and files["agg"]["mac"] == files["w0"]["mac"]
+            # two workers of up's job, configured from their job files
+            n = 20000
+            procs = [rack.tb.run_in(h.name, [sys.executable, "-c", _UP_JOB_WORKER, str(k), str(n),
+                                             str(tmp_path / f"up-{k}.npy")],
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    env=dict(os.environ, HOMAGG_JOB_FILE=os.path.join(
+                                        h.install_dir, "run", "job.json")))
+                     for k, h in enumerate(workers)]
+            for p in procs:
+                assert p.wait(120) == 0, p.popen.stderr.read()
+            grads = [localrun.gradient(n, 0.05, "random", 5, w) for w in range(2)]
+            ref = localrun.reference(grads, localrun.DEFAULT_BLOCK).view(np.uint32)
+            for k in range(2):
+                assert np.array_equal(np.load(tmp_path / f"up-{k}.npy").view(np.uint32), ref)
+
+            r = cli("run", "allreduce", "-i", path, "--auth", "--method", "lhc", "--elements",
+                    "30000", "--density", "0.05", "--seed", "3", "--runs-dir", str(runs_dir),
+                    "--json")
+            assert r.returncode == 0, r.stdout + r.stderr
+            rep = json.loads(r.stdout)
+            assert rep["auth"] is True and rep["exact"] is True, rep
+            grads = [localrun.gradient(30000, 0.05, "random", 3, w) for w in range(2)]
+            ref = localrun.reference(grads, localrun.DEFAULT_BLOCK).view(np.uint32)
+            for w in range(2):
+                got = np.load(os.path.join(rep["run_dir"], f"result-{w}.npy")).view(np.uint32)
+                assert np.array_equal(got, ref)
+            assert rep["counters"]["bad_mac"] == 0
+            for h in workers:  # the run's folder, its secret with it, is gone
+                assert os.listdir(os.path.join(h.install_dir, "run")) == ["job.json"]
+        finally:
+            down = cli("down", "-i", path)
+    assert down.returncode == 0, down.stdout + down.stderr
+    run_secrets = scan.grabbed
+    assert len(run_secrets) == 1, "the run's secret file was never seen on w0"
+    run_secret = run_secrets.pop()
+    assert len(run_secret) == 64 and run_secret != secret.hex()
+    for text in (secret.hex(), run_secret):
+        assert not scan.holds(text), "a secret in a process's command line or environment"
+        for out in (up, r, down):
+            assert text not in out.stdout + out.stderr
+        # every log and file written here and on the hosts (the rack shares this
+        # machine's files), the secret files themselves aside
+        assert _files_holding(str(tmp_path), text) == []
+    # the provisioned secret stays where provision put it; up's run state is gone
+    for h in workers:
+        assert auth.load_secret(h.secret_file) == secret
+        assert not os.path.exists(os.path.join(h.install_dir, "run"))
+
+
+@pytest.mark.timeout(600)
+def test_up_auth_without_a_provisioned_secret(rack, tmp_path):
+    """`homagg up -i --auth` with no auth_secret in the inventory: a new
+    secret on every worker host as INSTALL_DIR/run/job.secret (mode 0600,
+    the same on each, none on the aggregator), named by that host's job
+    file, and gone after `homagg down`; with auth_secret but no copy on the
+    hosts, up names `homagg provision` as the fix before registering."""
+    from homagg import auth
+
+    path, i = make_testbed(rack, tmp_path)
+    workers = [h for h in i.hosts if h.role == "worker"]
+    up = cli("up", "-i", path, "--no-udp-csum", "--auth", "--mac", "blake2b")
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        seen = set()
+        for h in workers:
+            f = os.path.join(h.install_dir, "run", "job.secret")
+            assert os.stat(f).st_mode & 0o777 == 0o600
+            seen.add(auth.load_secret(f))
+            fields = json.load(open(os.path.join(h.install_dir, "run", "job.json")))
+            assert fields["auth_file"] == f and fields["mac"] == "blake2b"
+        assert len(seen) == 1 and seen.pop().hex() not in up.stdout + up.stderr
+        assert not os.path.exists(os.path.join(i.host("agg").install_dir, "run", "job.secret"))
+    finally:
+        down = cli("down", "-i", path)
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert not any(os.path.exists(os.path.join(h.install_dir, "run")) for h in workers)
+
+    (tmp_path / "p").mkdir()
+    path, i = make_testbed(rack, tmp_path / "p", settings={"auth_secret": "job.secret"})
+    auth.create_secret_file(tmp_path / "p" / "job.secret")
+    up = cli("up", "-i", path, "--no-udp-csum", "--auth")
+    try:
+        assert up.returncode == 1, up.stdout + up.stderr
+        assert "the job secret of 'auth_secret' is not in place" in up.stderr
+        assert "secret/job.secret is missing" in up.stderr and "homagg provision" in up.stderr
+        assert "homagg-switch up" not in up.stdout  # refused before anything started
+    finally:
+        down = cli("down", "-i", path)
+    assert down.returncode == 0, down.stdout + down.stderr

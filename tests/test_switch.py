@@ -292,15 +292,25 @@ def test_switch_benchmark_sums_every_frame():
         assert r["engine_vs_pull"] == pytest.approx(r["engine_mpps"] / r["pull_mpps"],
                                                     rel=0.01)
     # authenticated: every frame verified (none dropped as bad_mac), with
-    # each MAC algorithm, at 1 KB (libsodium's AES-GCM) and 8 KB (libcrypto's)
+    # each MAC algorithm, at 1 KB and 8 KB (on the portable path, libsodium's
+    # AES-GCM and libcrypto's), AES-GMAC on each path the CPU has
     from homagg import auth
+    from homagg.bench.switch import _mac_isas
 
-    macs = ["blake2b"] + (["aes-gmac"] if auth.default_mac_name() == "aes-gmac" else [])
-    for mac in macs:
+    runs = [("blake2b", None)]
+    if auth.default_mac_name() == "aes-gmac":
+        runs += [("aes-gmac", isa) for isa in _mac_isas(["all"])]
+    for mac, isa in runs:
         for payload in (1024, 8192):
-            r = run_one(binary, 3, payload, 64, 0.2, "0", auth=True, mac=mac)
+            r = run_one(binary, 3, payload, 64, 0.2, "0", auth=True, mac=mac, mac_isa=isa)
             assert r["auth"] is True and r["mac"] == mac
+            assert r["mac_isa"] == (isa or "none")
             assert r["drops"] == 0 and r["received"] > 0 and r["summed"] == r["received"]
+    # a bad HOMAGG_MAC_ISA: the benchmark refuses it in one line, by name
+    with pytest.raises(RuntimeError, match="HOMAGG_MAC_ISA=sse: names no MAC path"):
+        run_one(binary, 3, 1024, 64, 0.2, "0", auth=True, mac="aes-gmac", mac_isa="sse")
+    with pytest.raises(SystemExit, match="--mac-isa sse: use portable"):
+        _mac_isas(["sse"])
 
 
 def test_two_engine_lcores_serve_two_jobs_at_once(link, tmp_path):

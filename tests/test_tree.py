@@ -520,3 +520,115 @@ def _parse(f):
     from homagg.engine import parse_frame
 
     return parse_frame(f)
+
+
+@pytest.mark.root
+@pytest.mark.netns
+@pytest.mark.dpdk
+@pytest.mark.timeout(400)
+def test_testbed_tree_with_auth_exact_under_loss_and_bad_mac_at_the_root(tmp_path):
+    """A DPDK testbed tree with authentication (`homagg run allreduce
+    --leaves 2 --auth`): each leaf its own secret, the root the job's, of
+    which each leaf gets its key at the root and the root's aggregator key
+    (add_job's parent.key / parent.reply_key); every daemon's port drops 3 %
+    of what it receives (seeded), so both hops lose frames and repair them:
+    bit-exact against the numpy reference, nothing summed twice, no bad_mac
+    anywhere.  Then, on a root daemon holding an authenticated job, a frame
+    MACed with a key of another secret is counted as bad_mac and summed
+    nowhere, and one MACed with the leaf's key is summed."""
+    import os
+    import secrets
+    import socket
+    import tempfile
+    import threading
+
+    from conftest import require
+    from homagg import auth
+    from homagg.deploy.local.placement import TestbedPlacement
+    from homagg.deploy.local.testbed import Testbed
+    from homagg.engine import Addr, build_frame
+    from homagg.runs import allreduce as runmod
+    from homagg.runs import job as localrun
+    from homagg.switch.daemon import Switch, find_switch
+    from switch_helpers import wait_for
+
+    require(os.geteuid() == 0, "needs root")
+    try:
+        find_switch()
+    except runmod.RunError as e:
+        require(False, str(e))
+    sd = str(tmp_path / "testbeds")
+    name = "ta" + secrets.token_hex(5)
+    tb = Testbed.up(name, workers=3, link_mbit=1000, leaves=2, state_dir=sd)
+    try:
+        n, density, seed = 40_000, 0.05, 13
+        pl = TestbedPlacement(name, sd, runs_dir=str(tmp_path / "runs"), label="lhc")
+        rep = runmod.run_allreduce(pl, "lhc", elements=n, density=density, workload="random",
+                                   seed=seed, auth=True, drop_rate=0.03, timeout=30, rto=0.02)
+        assert rep["auth"] is True and rep["leaves"] == 2
+        assert rep["exact"] is True, rep["exact_per_worker"]
+        # the run's check, and here once more against the numpy reference
+        grads = [localrun.gradient(n, density, "random", seed, w) for w in range(3)]
+        ref = localrun.reference(grads, localrun.DEFAULT_BLOCK).view(np.uint32)
+        for w in range(3):
+            got = np.load(os.path.join(rep["run_dir"], f"result-{w}.npy")).view(np.uint32)
+            assert np.array_equal(got, ref), w
+        leaves = [a["counters"] for a in rep["aggregators"][:2]]
+        root = rep["aggregators"][2]["counters"]
+        for c, w in zip(leaves, (1, 2)):
+            assert c["completed"] > 0 and c["bad_mac"] == 0, c
+            assert c["summed"] == w * c["completed"], c
+            assert c["up_results"] == c["completed"] == root["completed"], c
+        assert root["bad_mac"] == 0 and root["summed"] == 2 * root["completed"], root
+        assert sum(a["port_counters"].get("drop_injected", 0)
+                   for a in rep["aggregators"]) > 0, [a["port_counters"]
+                                                        for a in rep["aggregators"]]
+        assert all(ws["bad_mac"] == 0 for ws in rep["worker_stats"])
+
+        # a root holding an authenticated tree job: one forged, one genuine leaf frame
+        work = tempfile.mkdtemp(prefix="hgta-")
+        sw = Switch(tb, work, host="agg2")
+        try:
+            job, token, root_secret = 77, 0x7A7A, auth.new_secret()
+            with sw.client() as c:
+                c.add_job(job=job, token=token, workers=2, slots=4, auth=root_secret)
+                before = c.stats()["stats"]
+            nowhere = Addr.of(bytes(6), 0, 0)
+            lanes = np.arange(8, dtype=">i4").tobytes()
+
+            def frame(key, seq):
+                return build_frame(nowhere, nowhere, op="sum32", job=job, token=token,
+                                   worker=0, seq=seq, slot=seq, payload=lanes, key=key,
+                                   incarnation=9)[42:]  # the UDP payload
+
+            forged = frame(auth.derive_key(auth.new_secret(), job, 0), 0)
+            genuine = frame(auth.derive_key(root_secret, job, 0), 1)
+            err = []
+
+            def send():
+                from pyroute2.netns import setns
+                try:
+                    setns(tb.host("w0").netns, flags=0)  # this thread only
+                    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                        for f in (forged, genuine):
+                            s.sendto(f, (tb.host("agg2").ip, localrun.UDP_PORT))
+                except Exception as exc:  # noqa: BLE001 - reported below
+                    err.append(exc)
+
+            t = threading.Thread(target=send, daemon=True)
+            t.start()
+            t.join(30)
+            assert not t.is_alive() and not err, err
+
+            def stats():
+                with sw.client() as c:
+                    return c.stats()["stats"]
+
+            after = wait_for(lambda: (lambda s: s["summed"] > before["summed"] and s)(stats()),
+                             20, "the root to sum the genuine leaf frame")
+            assert after["bad_mac"] - before["bad_mac"] == 1
+            assert after["summed"] - before["summed"] == 1
+        finally:
+            sw.stop()
+    finally:
+        Testbed.down(name, state_dir=sd)

@@ -239,6 +239,37 @@ static int check_keys(const json_t *o, const char *const *allowed,
 }
 
 /*
+ * 32 bytes given as 64 hex digits (a job secret, a key) from string f into
+ * out.  jansson's copy of the string is wiped at once (its memory is also
+ * zeroed when freed: zeroing_free); on a bad string out is wiped.  0 or
+ * -EINVAL (the caller names the field).
+ */
+static int get_hex32(const json_t *f, uint8_t out[32])
+{
+	const char *h = json_is_string(f) ? json_string_value(f) : "";
+	size_t len = strlen(h);
+	int rc = 0;
+
+	if (len != 64)
+		rc = -EINVAL;
+	for (int i = 0; !rc && i < 32; i++) {
+		unsigned int b;
+
+		if (!isxdigit((unsigned char)h[2 * i]) ||
+		    !isxdigit((unsigned char)h[2 * i + 1]) ||
+		    sscanf(h + 2 * i, "%2x", &b) != 1)
+			rc = -EINVAL;
+		else
+			out[i] = (uint8_t)b;
+	}
+	if (rc)
+		hg_auth_wipe(out, 32);
+	if (len)
+		hg_auth_wipe((char *)h, len);
+	return rc;
+}
+
+/*
  * The optional "auth" field: the job secret as 64 hex digits.  Its value
  * never appears in a reply (nor anywhere else: the daemon logs no request).
  * The port's payload limit already leaves room for the MAC.
@@ -246,35 +277,23 @@ static int check_keys(const json_t *o, const char *const *allowed,
 static int get_secret(const json_t *o, struct hg_ctl_job *j, json_t **reply)
 {
 	const json_t *f = json_object_get(o, "auth");
-	const char *h;
 
 	if (!f || json_is_null(f))
 		return 0;
-	h = json_is_string(f) ? json_string_value(f) : "";
-	if (strlen(h) != 2 * HG_AUTH_SECRET_LEN)
-		goto bad;
-	for (int i = 0; i < HG_AUTH_SECRET_LEN; i++) {
-		unsigned int b;
-
-		if (!isxdigit((unsigned char)h[2 * i]) ||
-		    !isxdigit((unsigned char)h[2 * i + 1]) ||
-		    sscanf(h + 2 * i, "%2x", &b) != 1)
-			goto bad;
-		j->secret[i] = (uint8_t)b;
-	}
+	if (get_hex32(f, j->secret))
+		return reply_error(reply, -EINVAL,
+				   "field 'auth': must be the job secret as a string of "
+				   "%d hexadecimal digits", 2 * HG_AUTH_SECRET_LEN);
 	j->auth = 1;
-	/* jansson's copy of the hex string, wiped at once (its memory is also
-	 * zeroed when freed: zeroing_free) */
-	hg_auth_wipe((char *)h, strlen(h));
 	return 0;
+}
 
-bad:
+/* What a request may leave of a secret or key in the job record. */
+static void ctl_job_wipe(struct hg_ctl_job *j)
+{
 	hg_auth_wipe(j->secret, sizeof(j->secret));
-	if (json_is_string(f))
-		hg_auth_wipe((char *)h, strlen(h));
-	return reply_error(reply, -EINVAL,
-			   "field 'auth': must be the job secret as a string of "
-			   "%d hexadecimal digits", 2 * HG_AUTH_SECRET_LEN);
+	hg_auth_wipe(j->up_key, sizeof(j->up_key));
+	hg_auth_wipe(j->up_reply_key, sizeof(j->up_reply_key));
 }
 
 /* The optional "mac" field of an auth job: its algorithm. */
@@ -341,13 +360,18 @@ static int get_ipv4(const json_t *o, const char *key, bool required,
  * The optional "parent" object: this aggregator is a tree leaf below the
  * root it names (docs/PROTOCOL.md "Tree").  ip, mac and worker (the leaf's
  * id at the root) are required; port, shard, group (the root's result
- * group, joined) and rto_us are optional.
+ * group, joined) and rto_us are optional.  A leaf of an authenticated job
+ * ("auth", the leaf job's own secret) also needs "key" (its key as worker
+ * `worker` of the root's job) and "reply_key" (the root's aggregator key),
+ * 64 hex digits each, derived from the root job's secret by whoever
+ * registers the tree: the leaf never holds the root's secret.
  */
 static int get_parent(struct hg_control *c, const json_t *o,
 		      struct hg_ctl_job *j, json_t **reply)
 {
 	static const char *const keys[] = { "ip", "mac", "worker", "port",
-		"shard", "group", "rto_us", NULL };
+		"shard", "group", "rto_us", "key", "reply_key", NULL };
+	static const char *const auth_keys[] = { "key", "reply_key" };
 	const json_t *p = json_object_get(o, "parent"), *m;
 	unsigned int b[6];
 	json_int_t v;
@@ -384,9 +408,27 @@ static int get_parent(struct hg_control *c, const json_t *o,
 	if ((rc = get_uint(p, "rto_us", false, 1, 10000000, 0, &v, reply)))
 		return rc;
 	j->up_rto_ns = (uint64_t)v * 1000;
-	if (j->auth)
-		return reply_error(reply, -EINVAL, "field 'parent': a tree job "
-				   "does not authenticate (drop 'auth')");
+	for (int k = 0; k < 2; k++) {
+		const json_t *f = json_object_get(p, auth_keys[k]);
+		uint8_t *out = k ? j->up_reply_key : j->up_key;
+
+		if (!j->auth && f && !json_is_null(f))
+			return reply_error(reply, -EINVAL, "field 'parent.%s': only "
+					   "with 'auth' (the leaf job's secret)",
+					   auth_keys[k]);
+		if (!j->auth)
+			continue;
+		if (!f || json_is_null(f))
+			return reply_error(reply, -EINVAL, "field 'parent.%s': "
+					   "missing: an authenticated leaf needs %s "
+					   "from the root job's secret (64 hex digits)",
+					   auth_keys[k], k ? "the root's aggregator key" :
+					   "its own key at the root");
+		if (get_hex32(f, out))
+			return reply_error(reply, -EINVAL, "field 'parent.%s': must "
+					   "be a key as a string of %d hexadecimal "
+					   "digits", auth_keys[k], 2 * HG_AUTH_KEY_LEN);
+	}
 	j->up = 1;
 	return 0;
 }
@@ -557,13 +599,13 @@ static int do_add_job(struct hg_control *c, const json_t *o, json_t **reply)
 	if (!rc)
 		rc = get_parent(c, o, &j, reply);
 	if (rc) {
-		hg_auth_wipe(j.secret, sizeof(j.secret));
+		ctl_job_wipe(&j);
 		return rc;
 	}
 	rc = held_reserve(c);
 	if (!rc)
 		rc = c->ops->add_job(c->ctx, &j, err, sizeof(err));
-	hg_auth_wipe(j.secret, sizeof(j.secret));
+	ctl_job_wipe(&j);
 	if (rc < 0)
 		return reply_error(reply, rc, "add_job %u: %s", j.job,
 				   err[0] ? err : hg_strerror(rc));

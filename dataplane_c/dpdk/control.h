@@ -77,6 +77,10 @@ struct hg_ctl_job {
 	uint8_t up_shard;
 	uint32_t up_group;  /* host order, 0 = none */
 	uint64_t up_rto_ns;
+	/* an auth leaf: its key at the root, the root's aggregator key
+	 * (homagg/engine.h up_key, up_reply_key; wiped like secret) */
+	uint8_t up_key[HG_AUTH_KEY_LEN];
+	uint8_t up_reply_key[HG_AUTH_KEY_LEN];
 };
 
 struct hg_ctl_limits {

@@ -41,6 +41,8 @@ static int ctl_add_job(void *ctx, const struct hg_ctl_job *j, char *err,
 
 	memcpy(jc.secret, j->secret, sizeof(jc.secret));
 	memcpy(jc.up_mac, j->up_mac, sizeof(jc.up_mac));
+	memcpy(jc.up_key, j->up_key, sizeof(jc.up_key));
+	memcpy(jc.up_reply_key, j->up_reply_key, sizeof(jc.up_reply_key));
 
 	/* On every shard (each serves its slots of the job); all or none. */
 	for (k = 0; k < d->nshards && !rc; k++)
@@ -49,6 +51,8 @@ static int ctl_add_job(void *ctx, const struct hg_ctl_job *j, char *err,
 		while (--k > 0)
 			hg_switch_shard_call(&d->shards[k - 1], MB_REMOVE, NULL, j->job, 0);
 	hg_auth_wipe(jc.secret, sizeof(jc.secret));
+	hg_auth_wipe(jc.up_key, sizeof(jc.up_key));
+	hg_auth_wipe(jc.up_reply_key, sizeof(jc.up_reply_key));
 	if (rc == -EEXIST)
 		snprintf(err, errlen, "job %u already exists", j->job);
 	else if (rc == -ETIMEDOUT || rc == -EBUSY)

@@ -26,6 +26,7 @@
 #include <rte_malloc.h>
 #include <rte_mbuf.h>
 
+#include "homagg/auth.h"
 #include "homagg/codec.h"
 #include "homagg/errors.h"
 #include "homagg/wire.h"
@@ -273,6 +274,14 @@ int main(int argc, char **argv)
 	argv[0] = "homagg-switch";
 	if (hg_switch_parse_opts(argc, argv, &d->o) < 0)
 		goto out_eal;
+	if (hg_mac_isa() < 0) {
+		HG_LOG(ERR, "HOMAGG_MAC_ISA=%s: %s", getenv("HOMAGG_MAC_ISA"),
+		       hg_mac_isa() == -EINVAL ?
+		       "names no MAC path: set it to portable, pclmul, avx2 "
+		       "or avx512, or unset it" :
+		       "this CPU lacks that path: force a lower one or unset it");
+		goto out_eal;
+	}
 
 	if (port_setup(d) < 0)
 		goto out;
@@ -315,11 +324,11 @@ int main(int argc, char **argv)
 		d->port.ops->get_info(d->port.ctx, &pi);
 		HG_LOG(NOTICE, "ready port=%u mac=%02x:%02x:%02x:%02x:%02x:%02x "
 		       "ip=%s udp=%u control=%s drop_rate=%g engines=%u mtu=%u "
-		       "max_payload=%u mbuf_data_room=%u rx_ring=%u",
+		       "max_payload=%u mbuf_data_room=%u rx_ring=%u mac_isa=%s",
 		       d->o.port_id, pi.mac[0], pi.mac[1], pi.mac[2], pi.mac[3],
 		       pi.mac[4], pi.mac[5], ip, d->o.udp_port, d->o.control,
 		       d->o.drop_rate, d->nshards, d->mtu, lim.max_payload,
-		       d->data_room, lim.rx_ring);
+		       d->data_room, lim.rx_ring, hg_mac_isa_name(hg_mac_isa()));
 	}
 	run(d);
 	hg_switch_stop_engines(d);

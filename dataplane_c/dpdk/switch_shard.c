@@ -105,6 +105,8 @@ static void shard_serve(struct shard *sh)
 		return;
 	mb->rc = shard_op(sh, mb->op, &mb->jc, mb->job, mb->grace_ns);
 	hg_auth_wipe(mb->jc.secret, sizeof(mb->jc.secret));
+	hg_auth_wipe(mb->jc.up_key, sizeof(mb->jc.up_key));
+	hg_auth_wipe(mb->jc.up_reply_key, sizeof(mb->jc.up_reply_key));
 	hg_switch_shard_publish(sh);
 	__atomic_store_n(&mb->state, MB_DONE, __ATOMIC_RELEASE);
 }

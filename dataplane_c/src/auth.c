@@ -1,9 +1,13 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * Keys and MACs of authenticated jobs (homagg/auth.h), on libsodium.
+ * Keys and MACs of authenticated jobs (homagg/auth.h): the KDF and BLAKE2b
+ * on libsodium, AES-GMAC on the path of hg_mac_isa() (auth_gmac.c).
  *
  * Cost: one MAC pass over header + payload per frame checked or sent.
- * AES-GMAC is computed by libsodium (crypto_aead_aes256gcm: AES-NI and a
+ * On the project's own paths (pclmul, avx2, avx512) auth_gmac_pvt.h and
+ * docs/BENCHMARKS.md "AES-GMAC per path" have the cost.  On the portable
+ * path AES-GMAC is
+ * computed by libsodium (crypto_aead_aes256gcm: AES-NI and a
  * 4-block PCLMULQDQ GHASH, ~30 ns of fixed cost) for frames shorter than
  * HG_GMAC_EVP_MIN bytes and by OpenSSL's libcrypto (EVP AES-256-GCM, whose
  * GHASH of the additional data runs on VPCLMULQDQ where the CPU has it,
@@ -15,7 +19,7 @@
  *   1056       827        760        6301
  *   4128       2009       390        21059
  *   8224       3346       676        36880
- * docs/SWITCH.md "Authentication" has the engine's rates.
+ * docs/SWITCH.md "Authentication" has the engine's rates on this path.
  */
 
 /* Frames of at least this many bytes (header + payload) go to libcrypto. */
@@ -93,6 +97,23 @@ void hg_auth_nonce(const uint8_t *hdr, uint32_t dir, uint64_t counter,
 	memcpy(n + 8, hdr + 24, 4);     /* incarnation as sent */
 }
 
+/*
+ * GCM's pre-counter block J0 = hg_auth_nonce() || 0x00000001, made in a
+ * register from the header (the nonce's bytes stored one by one and read
+ * back as a vector would stall the store buffer on every frame).
+ */
+static inline __m128i gmac_j0(const uint8_t *hdr, uint32_t dir,
+			      uint64_t counter)
+{
+	uint32_t inc;
+	uint64_t lo;
+
+	memcpy(&inc, hdr + 24, 4);      /* incarnation as sent */
+	lo = hdr[23] | (uint64_t)(uint8_t)dir << 8 |
+	     __builtin_bswap64(counter << 16) << 16;   /* 48 bits, big-endian */
+	return _mm_set_epi64x((long long)(inc | 1ull << 56), (long long)lo);
+}
+
 int hg_mac_key_init(struct hg_mac_key *k, uint32_t alg, const uint8_t *key)
 {
 	if (!k || !key)
@@ -103,6 +124,17 @@ int hg_mac_key_init(struct hg_mac_key *k, uint32_t alg, const uint8_t *key)
 	k->alg = alg;
 	if (alg != HG_MAC_AES_GMAC) {
 		memcpy(k->key, key, HG_AUTH_KEY_LEN);
+		return 0;
+	}
+	k->isa = hg_mac_isa();
+	if (k->isa < 0) {               /* HOMAGG_MAC_ISA refused */
+		int rc = k->isa;
+
+		hg_mac_key_release(k);
+		return rc;
+	}
+	if (k->isa != HG_MAC_ISA_PORTABLE) {
+		hg_gmac_init(&k->gmac, key);
 		return 0;
 	}
 	crypto_aead_aes256gcm_beforenm(&k->aes, key);
@@ -136,13 +168,46 @@ int hg_mac_key_derive(struct hg_mac_key *k, uint32_t alg,
 	return rc;
 }
 
+/* mac = the AES-GCM tag under k's key of nonce, an empty plaintext and
+ * data[0..len) as additional data, on k's path. */
+static void gmac_tag(const struct hg_mac_key *k, const uint8_t *nonce,
+		     const uint8_t *data, size_t len, uint8_t *mac)
+{
+	uint8_t none[1] = { 0 };
+	unsigned long long maclen;
+
+	if (k->isa != HG_MAC_ISA_PORTABLE) {
+		uint8_t j0[16] = { 0 };
+
+		memcpy(j0, nonce, HG_AUTH_NONCE_LEN);
+		j0[15] = 1;
+		hg_gmac_tag(&k->gmac, k->isa,
+			    _mm_loadu_si128((const __m128i *)j0), data, len, mac);
+		return;
+	}
+	if (len >= HG_GMAC_EVP_MIN && k->evp) {
+		int n;
+
+		/* cannot fail on a context made by hg_mac_key_init with a
+		 * 12-byte nonce; a failure leaves a tag that verifies nothing */
+		if (EVP_EncryptInit_ex(k->evp, NULL, NULL, NULL, nonce) != 1 ||
+		    EVP_EncryptUpdate(k->evp, NULL, &n, data, (int)len) != 1 ||
+		    EVP_EncryptFinal_ex(k->evp, none, &n) != 1 ||
+		    EVP_CIPHER_CTX_ctrl(k->evp, EVP_CTRL_AEAD_GET_TAG,
+					HG_MAC_LEN, mac) != 1)
+			randombytes_buf(mac, HG_MAC_LEN);
+		return;
+	}
+	crypto_aead_aes256gcm_encrypt_detached_afternm(
+		none, mac, &maclen, none, 0, data, len, NULL, nonce, &k->aes);
+}
+
 void hg_mac_key_sign(const struct hg_mac_key *k, uint32_t dir,
 		     uint64_t counter, const uint8_t *data, size_t len,
 		     uint8_t *mac)
 {
 	if (k->alg == HG_MAC_AES_GMAC) {
-		uint8_t nonce[HG_AUTH_NONCE_LEN], none[1];
-		unsigned long long maclen;
+		uint8_t nonce[HG_AUTH_NONCE_LEN];
 
 		/* A counter past 48 bits would repeat a nonce: such a frame
 		 * gets a MAC that verifies nothing (PROTOCOL.md "Nonce"). */
@@ -151,24 +216,13 @@ void hg_mac_key_sign(const struct hg_mac_key *k, uint32_t dir,
 			return;
 		}
 		/* GMAC: nothing encrypted, everything authenticated */
-		hg_auth_nonce(data, dir, counter, nonce);
-		if (len >= HG_GMAC_EVP_MIN && k->evp) {
-			int n;
-
-			/* cannot fail on a context made by hg_mac_key_init with
-			 * a 12-byte nonce; a failure leaves a tag that verifies
-			 * nothing */
-			if (EVP_EncryptInit_ex(k->evp, NULL, NULL, NULL, nonce) != 1 ||
-			    EVP_EncryptUpdate(k->evp, NULL, &n, data, (int)len) != 1 ||
-			    EVP_EncryptFinal_ex(k->evp, none, &n) != 1 ||
-			    EVP_CIPHER_CTX_ctrl(k->evp, EVP_CTRL_AEAD_GET_TAG,
-						HG_MAC_LEN, mac) != 1)
-				randombytes_buf(mac, HG_MAC_LEN);
+		if (k->isa != HG_MAC_ISA_PORTABLE) {
+			hg_gmac_tag(&k->gmac, k->isa, gmac_j0(data, dir, counter),
+				    data, len, mac);
 			return;
 		}
-		crypto_aead_aes256gcm_encrypt_detached_afternm(
-			none, mac, &maclen, none, 0, data, len, NULL, nonce,
-			&k->aes);
+		hg_auth_nonce(data, dir, counter, nonce);
+		gmac_tag(k, nonce, data, len, mac);
 	} else {
 		crypto_generichash(mac, HG_MAC_LEN, data, len, k->key,
 				   HG_AUTH_KEY_LEN);
@@ -194,6 +248,8 @@ int hg_auth_mac(uint32_t alg, const uint8_t *key, uint32_t dir,
 
 	if (!key || !mac || !data || len < HG_HDR_LEN)
 		return -EINVAL;
+	if (sodium_init() < 0)          /* sodium_malloc needs it first */
+		return -ENOTSUP;
 	k = sodium_malloc(sizeof(*k));  /* aligned; wiped when freed */
 	if (!k)
 		return -ENOMEM;
@@ -201,6 +257,28 @@ int hg_auth_mac(uint32_t alg, const uint8_t *key, uint32_t dir,
 	rc = hg_mac_key_init(k, alg, key);
 	if (!rc)
 		hg_mac_key_sign(k, dir, counter, data, len, mac);
+	hg_mac_key_release(k);
+	sodium_free(k);
+	return rc;
+}
+
+int hg_auth_gmac(const uint8_t *key, const uint8_t *nonce,
+		 const uint8_t *data, size_t len, uint8_t *tag)
+{
+	struct hg_mac_key *k;
+	int rc;
+
+	if (!key || !nonce || !tag || (!data && len))
+		return -EINVAL;
+	if (sodium_init() < 0)
+		return -ENOTSUP;
+	k = sodium_malloc(sizeof(*k));  /* aligned; wiped when freed */
+	if (!k)
+		return -ENOMEM;
+	memset(k, 0, sizeof(*k));
+	rc = hg_mac_key_init(k, HG_MAC_AES_GMAC, key);
+	if (!rc)
+		gmac_tag(k, nonce, len ? data : (const uint8_t *)"", len, tag);
 	hg_mac_key_release(k);
 	sodium_free(k);
 	return rc;

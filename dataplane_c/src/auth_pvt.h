@@ -1,9 +1,11 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * Keys ready for the packet path: the AES-GMAC key schedule is expanded
- * once per key, not per frame, for both implementations the MAC uses
- * (libsodium below HG_GMAC_EVP_MIN bytes, OpenSSL's libcrypto from there
- * on: auth.c says why).  A key is released with hg_mac_key_release().
+ * Keys ready for the packet path: the AES-GMAC key schedule (and, on the
+ * project's own paths, the powers of H) is made once per key, not per
+ * frame, for the path of hg_mac_isa() at that moment: the project's own
+ * (auth_gmac_pvt.h), or libsodium below HG_GMAC_EVP_MIN bytes and OpenSSL's
+ * libcrypto from there on (auth.c says why).  A key is released (and
+ * wiped) with hg_mac_key_release().
  */
 #ifndef HOMAGG_AUTH_PVT_H
 #define HOMAGG_AUTH_PVT_H
@@ -14,15 +16,18 @@
 
 #include <sodium.h>
 
+#include "auth_gmac_pvt.h"
 #include "homagg/auth.h"
 
 struct evp_cipher_ctx_st;
 
 struct hg_mac_key {
-	crypto_aead_aes256gcm_state aes; /* HG_MAC_AES_GMAC */
-	struct evp_cipher_ctx_st *evp;   /* HG_MAC_AES_GMAC, long frames */
+	struct hg_gmac_key gmac;         /* HG_MAC_AES_GMAC, own paths */
+	crypto_aead_aes256gcm_state aes; /* HG_MAC_AES_GMAC, portable */
+	struct evp_cipher_ctx_st *evp;   /* HG_MAC_AES_GMAC, portable, long */
 	uint8_t key[HG_AUTH_KEY_LEN];    /* HG_MAC_BLAKE2B */
 	uint32_t alg;
+	int isa;                         /* AES-GMAC: HG_MAC_ISA_* */
 };
 
 /* k (zeroed or released) = key for alg.  0, -EINVAL, -ENOTSUP (alg

@@ -55,9 +55,10 @@ struct hg_pkt *hg_eng_out_pkt(struct hg_engine *e, struct hg_job *j,
  * Write a reply frame (result or status) into p: to worker w's learned
  * address, or to the job's group when w is HG_WORKER_ALL.  psum is the
  * checksum partial sum of the payload (ignored without checksums).  An
- * auth job's reply carries HG_FLAG_AUTH and the aggregator's MAC; its
- * checksum is then summed over the whole datagram (the MAC may start at an
- * odd offset, and the MAC costs far more than that pass).
+ * auth job's reply carries HG_FLAG_AUTH and the aggregator's MAC; the
+ * checksum adds the MAC's 16 bytes to psum, or, where the MAC starts at an
+ * odd offset (a STATUS bitmap of odd length), is summed again over payload
+ * and MAC.
  */
 static void put_reply(struct hg_engine *e, struct hg_job *j, struct hg_pkt *p,
 		      const struct hg_set *s, uint16_t flags, uint16_t w,
@@ -108,8 +109,14 @@ static void put_reply(struct hg_engine *e, struct hg_job *j, struct hg_pkt *p,
 		hg_mac_key_sign(&j->keys[j->cfg.workers], HG_AUTH_DIR_REPLY,
 				j->mac_ctr, f + HG_OFF_HDR, HG_HDR_LEN + plen,
 				f + HG_OFF_PAYLOAD + plen);
-		psum = hg_csum_add(0, f + HG_OFF_PAYLOAD,
-				   plen + j->mac_len);
+		if (!(e->wire_flags & HG_WIRE_F_UDP_CSUM))
+			;
+		else if (plen % 2 == 0)   /* 16-bit aligned: sums add up */
+			psum = hg_csum_add(psum, f + HG_OFF_PAYLOAD + plen,
+					   j->mac_len);
+		else
+			psum = hg_csum_add(0, f + HG_OFF_PAYLOAD,
+					   plen + j->mac_len);
 	}
 	if (e->wire_flags & HG_WIRE_F_UDP_CSUM)
 		hg_wire_put_udp_csum(f, hg_csum_add(psum, f + HG_OFF_HDR,

@@ -30,6 +30,10 @@ MAC_AES_GMAC = _b.MAC_AES_GMAC
 MAC_NAMES = {MAC_BLAKE2B: "blake2b", MAC_AES_GMAC: "aes-gmac"}
 DIR_REQUEST = _b.DIR_REQUEST
 DIR_REPLY = _b.DIR_REPLY
+# AES-GMAC's ISA paths (HOMAGG_MAC_ISA; the same tag bytes on each).
+MAC_ISAS = _b.MAC_ISAS
+mac_isa = _b.mac_isa
+mac_isa_available = _b.mac_isa_available
 
 
 def new_secret():

@@ -467,6 +467,16 @@ int main(int argc, char **argv)
 			goto fail;
 		if (!b->mac)
 			b->mac = hg_auth_default_mac();
+		if (b->mac == HG_MAC_AES_GMAC && hg_mac_isa() < 0) {
+			fprintf(stderr, "HOMAGG_MAC_ISA=%s: %s\n",
+				getenv("HOMAGG_MAC_ISA"),
+				hg_mac_isa() == -EINVAL ?
+				"names no MAC path: set it to portable, "
+				"pclmul, avx2 or avx512, or unset it" :
+				"this CPU lacks that path: force a lower one "
+				"or unset it");
+			goto fail;
+		}
 		if (!hg_auth_mac_available(b->mac)) {
 			fprintf(stderr, "--mac aes-gmac: this CPU lacks AES-NI or "
 				"PCLMULQDQ; use --mac blake2b\n");
@@ -548,7 +558,8 @@ int main(int argc, char **argv)
 		       ",\"generator_no_mbuf\":%" PRIu64 ",\"preempted_polls\":%" PRIu64
 		       ",\"pull_mpps\":%.3f,\"pull_payload_gbps\":%.2f"
 		       ",\"engine_vs_pull\":%.3f,\"pulled\":%" PRIu64
-		       ",\"auth\":%s,\"mac\":\"%s\",\"fanout_checked\":true}\n",
+		       ",\"auth\":%s,\"mac\":\"%s\",\"mac_isa\":\"%s\""
+		       ",\"fanout_checked\":true}\n",
 		       b->workers, mpps, engine_mpps,
 		       mpps * 1e6 * b->flen * 8 / 1e9,
 		       mpps * 1e6 * b->payload * 8 / 1e9,
@@ -563,7 +574,9 @@ int main(int argc, char **argv)
 		       pull_mpps > 0 ? engine_mpps / pull_mpps : 0.0, b->pulled,
 		       b->auth ? "true" : "false",
 		       !b->auth ? "none" : b->mac == HG_MAC_AES_GMAC ? "aes-gmac"
-		       : "blake2b");
+		       : "blake2b",
+		       b->auth && b->mac == HG_MAC_AES_GMAC ?
+		       hg_mac_isa_name(hg_mac_isa()) : "none");
 	else
 		printf("W=%u payload=%u: %.3f Mpps end to end (%.2f Gbit/s of "
 		       "%u-byte frames, %.2f Gbit/s of payload, %s), engine lcore "

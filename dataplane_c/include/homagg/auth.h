@@ -11,8 +11,10 @@
  * counter set) and the payload, with the job's algorithm: keyed BLAKE2b
  * (crypto_generichash) or AES-GMAC (crypto_aead_aes256gcm, empty
  * plaintext, header + payload as additional data) under the nonce of
- * hg_auth_nonce().  The crypto is libsodium's; nothing here is
- * hand-written cryptography.
+ * hg_auth_nonce().  The KDF and BLAKE2b are libsodium's; AES-GMAC is the
+ * project's own on AES-NI and (V)PCLMULQDQ (auth_gmac*.c, one path per ISA,
+ * hg_mac_isa()), or libsodium's and OpenSSL's on the "portable" path: the
+ * same tag bytes on every path.
  */
 #ifndef HOMAGG_AUTH_H
 #define HOMAGG_AUTH_H
@@ -40,6 +42,29 @@ extern "C" {
 /* Nonce directions: towards an aggregator, or an aggregator's reply. */
 #define HG_AUTH_DIR_REQUEST 0
 #define HG_AUTH_DIR_REPLY 1
+
+/* The AES-GMAC paths (HOMAGG_MAC_ISA=portable|pclmul|avx2|avx512):
+ * libsodium and OpenSSL; the project's own on xmm PCLMULQDQ, on ymm
+ * VPCLMULQDQ (AVX2), on zmm VPCLMULQDQ (AVX-512 F and BW). */
+#define HG_MAC_ISA_PORTABLE 0
+#define HG_MAC_ISA_PCLMUL 1
+#define HG_MAC_ISA_AVX2 2
+#define HG_MAC_ISA_AVX512 3
+
+/*
+ * The AES-GMAC path of this process: HOMAGG_MAC_ISA read at the first
+ * call (unset or empty: the best this CPU has), kept until
+ * hg_mac_isa_reload().  A key takes the path of the moment it is made.
+ * Returns HG_MAC_ISA_*, -EINVAL (the variable names no path) or -ENOTSUP
+ * (the CPU lacks that path's instructions).
+ */
+int hg_mac_isa(void);
+/* Read HOMAGG_MAC_ISA again (tests); returns as hg_mac_isa(). */
+int hg_mac_isa_reload(void);
+/* Does this CPU have the instructions of AES-GMAC path isa? */
+bool hg_mac_isa_available(int isa);
+/* "portable", "pclmul", "avx2", "avx512"; "?" for anything else. */
+const char *hg_mac_isa_name(int isa);
 
 /* Can this host compute MAC algorithm alg (AES-GMAC: AES-NI and PCLMUL)? */
 bool hg_auth_mac_available(uint32_t alg);
@@ -70,11 +95,23 @@ void hg_auth_nonce(const uint8_t *hdr, uint32_t dir, uint64_t counter,
  * mac (HG_MAC_LEN bytes) = the MAC of algorithm alg under key of
  * data[0..len), which starts with the HomAgg header (len >= HG_HDR_LEN
  * for AES-GMAC; dir and counter make its nonce, BLAKE2b ignores them).
- * 0, -EINVAL (NULL, short data), -ENOTSUP (alg unknown or unavailable).
+ * 0, -EINVAL (NULL, short data, or AES-GMAC with HOMAGG_MAC_ISA naming no
+ * path), -ENOTSUP (alg unknown or unavailable, or AES-GMAC on a path the
+ * CPU lacks), -ENOMEM.
  */
 int hg_auth_mac(uint32_t alg, const uint8_t *key, uint32_t dir,
 		uint64_t counter, const uint8_t *data, size_t len,
 		uint8_t *mac);
+
+/*
+ * tag (HG_MAC_LEN bytes) = the AES-256-GCM tag under key of the 12-byte
+ * nonce, an empty plaintext and data[0..len) as additional data, on the
+ * path of hg_mac_isa(): the primitive under hg_auth_mac's AES-GMAC, for
+ * known-answer tests.  0, -EINVAL (NULL; HOMAGG_MAC_ISA names no path),
+ * -ENOTSUP (no AES-GMAC on this CPU or on the forced path), -ENOMEM.
+ */
+int hg_auth_gmac(const uint8_t *key, const uint8_t *nonce,
+		 const uint8_t *data, size_t len, uint8_t *tag);
 
 /* Does mac verify as hg_auth_mac's?  Constant-time compare. */
 bool hg_auth_verify(uint32_t alg, const uint8_t *key, uint32_t dir,

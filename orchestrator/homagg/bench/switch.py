@@ -23,7 +23,10 @@ run without authentication and then with each MAC algorithm of ``--mac``
 (default: AES-GMAC where the CPU has AES-NI, and keyed BLAKE2b; the
 generator MACs each frame, the engine verifies it and MACs its results),
 and reports each one's engine lcore capacity as a ratio of the
-unauthenticated one.  Needs root (EAL).
+unauthenticated one.  ``--mac-isa`` adds an aes-gmac row per AES-GMAC path
+(HOMAGG_MAC_ISA forced for that run: ``portable`` is libsodium and OpenSSL,
+``pclmul``, ``avx2`` and ``avx512`` the project's own; ``all``: every path
+this CPU has); each row's ``mac_isa`` names its path.  Needs root (EAL).
 """
 import json
 import os
@@ -55,12 +58,19 @@ def add_arguments(parser):
     parser.add_argument("--mac", nargs="+", choices=("aes-gmac", "blake2b"), default=None,
                         help="with --auth: the MAC algorithms to measure (default: aes-gmac "
                         "where the CPU has it, and blake2b)")
+    parser.add_argument("--mac-isa", nargs="+", default=None, metavar="PATH",
+                        help="with --auth: one aes-gmac row per AES-GMAC path, HOMAGG_MAC_ISA "
+                        "forced (portable, pclmul, avx2, avx512, or all: every path this CPU "
+                        "has; default: the process's own)")
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
 
 
-def run_one(binary, workers, payload, slots, seconds, lcores, auth=False, mac=None):
+def run_one(binary, workers, payload, slots, seconds, lcores, auth=False, mac=None,
+            mac_isa=None):
     with tempfile.TemporaryDirectory(prefix="homagg-bench-") as rundir:
         env = dict(os.environ, RUNTIME_DIRECTORY=rundir, XDG_RUNTIME_DIR=rundir)
+        if mac_isa:
+            env["HOMAGG_MAC_ISA"] = mac_isa
         cmd = [str(binary), *eal_args(lcores, memory_mb=512), "--", "--workers", str(workers), "--payload", str(payload),
                "--slots", str(slots), "--seconds", str(seconds), "--json"]
         if auth:
@@ -75,6 +85,25 @@ def run_one(binary, workers, payload, slots, seconds, lcores, auth=False, mac=No
     return json.loads(lines[-1])
 
 
+def _mac_isas(names):
+    """The AES-GMAC paths of --mac-isa ([None]: the process's own); a
+    one-line error for a name that is no path or one this CPU lacks."""
+    if not names:
+        return [None]
+    from homagg.bindings import auth as b
+
+    have = [isa for isa in b.MAC_ISAS if b.mac_isa_available(isa)]
+    if names == ["all"]:
+        return have
+    for isa in names:
+        if isa not in b.MAC_ISAS:
+            raise SystemExit(f"--mac-isa {isa}: use portable, pclmul, avx2, avx512 or all")
+        if isa not in have:
+            raise SystemExit(f"--mac-isa {isa}: this CPU lacks that path; it has "
+                             f"{', '.join(have)}")
+    return names
+
+
 def main(args):
     binary = pathlib.Path(args.binary) if args.binary else \
         ROOT / "build" / "release" / "homagg-switch-bench"
@@ -86,16 +115,18 @@ def main(args):
         from homagg import auth
 
         macs = (["aes-gmac"] if auth.default_mac_name() == "aes-gmac" else []) + ["blake2b"]
+    mac_isas = _mac_isas(args.mac_isa)
     rc = 0
     for payload in args.payload:
         for w in args.workers:
             runs = [run_one(binary, w, payload, args.slots, args.seconds, args.lcores)]
             base = runs[0]["engine_mpps"]
             for mac in (macs if args.auth else []):  # the same run, with per-worker MACs
-                r = run_one(binary, w, payload, args.slots, args.seconds, args.lcores,
-                            auth=True, mac=mac)
-                r["engine_mpps_vs_unauthenticated"] = r["engine_mpps"] / base if base else None
-                runs.append(r)
+                for isa in (mac_isas if mac == "aes-gmac" else [None]):
+                    r = run_one(binary, w, payload, args.slots, args.seconds, args.lcores,
+                                auth=True, mac=mac, mac_isa=isa)
+                    r["engine_mpps_vs_unauthenticated"] = r["engine_mpps"] / base if base else None
+                    runs.append(r)
             for r in runs:
                 if r["drops"]:
                     rc = 2
@@ -104,7 +135,8 @@ def main(args):
                     continue
                 ratio = r.get("engine_mpps_vs_unauthenticated")
                 print(f"W={r['workers']:4d} payload={r['payload']} B"
-                      f"{' auth ' + r.get('mac', '') if r.get('auth') else ''}: "
+                      f"{' auth ' + r.get('mac', '') if r.get('auth') else ''}"
+                      f"{' ' + r['mac_isa'] if r.get('mac_isa', 'none') != 'none' else ''}: "
                       f"{r['mpps']:7.3f} Mpps "
                       f"({r['payload_gbps']:6.2f} Gbit/s of payload) end to end, engine lcore "
                       f"capacity {r['engine_mpps']:7.3f} Mpps"

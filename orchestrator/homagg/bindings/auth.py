@@ -1,4 +1,5 @@
-"""Bindings of homagg/auth.h: job keys and frame MACs (libsodium).
+"""Bindings of homagg/auth.h: job keys and frame MACs (libsodium, and the
+project's own AES-GMAC paths).
 
 One function per C function; lengths are checked before the call, a
 negative return code becomes an exception of ``homagg.errors``.  The typed
@@ -23,6 +24,52 @@ def fixed_bytes(v, size, what):
     if len(v) != size:
         raise InvalidArgument(f"{what} has {size} bytes, got {len(v)}")
     return v
+
+
+# ---- AES-GMAC ISA path ----------------------------------------------------------
+
+MAC_ISAS = ("portable", "pclmul", "avx2", "avx512")
+_MAC_ISA_NEEDS = {"pclmul": "AES-NI, PCLMULQDQ and SSSE3",
+                  "avx2": "AES-NI, AVX2 and VPCLMULQDQ",
+                  "avx512": "AES-NI, VPCLMULQDQ and AVX-512 F and BW"}
+
+
+def _mac_isa_value(rc):
+    """The path name of hg_mac_isa's result, or InvalidArgument naming
+    HOMAGG_MAC_ISA and the fix."""
+    import errno
+    import os
+
+    if rc >= 0:
+        return MAC_ISAS[rc]
+    value = os.environ.get("HOMAGG_MAC_ISA", "")
+    if rc == -errno.EINVAL:
+        raise InvalidArgument(
+            f"HOMAGG_MAC_ISA={value!r} names no MAC path: set it to one of "
+            f"{', '.join(MAC_ISAS)}, or unset it for the best this CPU has", rc)
+    raise InvalidArgument(
+        f"HOMAGG_MAC_ISA={value!r}: this CPU lacks that path "
+        f"({_MAC_ISA_NEEDS.get(value, '?')}): force a lower one or unset it", rc)
+
+
+def mac_isa_available(isa):
+    """hg_mac_isa_available: does this CPU have path isa (a MAC_ISAS name)?"""
+    if isa not in MAC_ISAS:
+        raise InvalidArgument(f"MAC path {isa!r}: one of {', '.join(MAC_ISAS)}")
+    return bool(lib.hg_mac_isa_available(MAC_ISAS.index(isa)))
+
+
+def mac_isa():
+    """hg_mac_isa: the AES-GMAC path ("portable", "pclmul", "avx2",
+    "avx512"), read from HOMAGG_MAC_ISA at the first call of the process;
+    InvalidArgument when that names no path or one the CPU lacks."""
+    return _mac_isa_value(int(lib.hg_mac_isa()))
+
+
+def mac_isa_reload():
+    """hg_mac_isa_reload: read HOMAGG_MAC_ISA again (tests, after changing
+    it); keys made from then on take the path.  As mac_isa()."""
+    return _mac_isa_value(int(lib.hg_mac_isa_reload()))
 
 
 def mac_available(alg):
@@ -58,10 +105,25 @@ def nonce(hdr, direction, counter):
 def mac(alg, key, direction, counter, data):
     """hg_auth_mac: the MAC_LEN-byte MAC of data (header + payload)."""
     key = fixed_bytes(key, KEY_LEN, "a key")
+    if int(alg) == MAC_AES_GMAC:
+        mac_isa()  # a bad HOMAGG_MAC_ISA refuses here, by name
     data = bytes(data)
     out = ffi.new("uint8_t[]", MAC_LEN)
     check(lib.hg_auth_mac(int(alg), key, int(direction), int(counter), data,
                           len(data), out), "mac")
+    return bytes(out)
+
+
+def gmac(key, nonce, data):
+    """hg_auth_gmac: the AES-256-GCM tag of an empty plaintext with data as
+    additional data under key and a 12-byte nonce, on the MAC path of
+    mac_isa() (known-answer tests)."""
+    key = fixed_bytes(key, KEY_LEN, "a key")
+    nonce = fixed_bytes(nonce, NONCE_LEN, "a nonce")
+    mac_isa()  # a bad HOMAGG_MAC_ISA refuses here, by name
+    data = bytes(data)
+    out = ffi.new("uint8_t[]", MAC_LEN)
+    check(lib.hg_auth_gmac(key, nonce, data, len(data), out), "gmac")
     return bytes(out)
 
 

@@ -4,6 +4,7 @@ names of homagg.protocol).  The typed API is ``homagg.worker.Worker``."""
 import errno
 
 from homagg._native import ffi, lib
+from homagg.bindings.auth import mac_isa
 from homagg.bindings._args import _f32, _fill, _struct_dict, _wbuf, _buf, _length
 from homagg.errors import InvalidArgument, check, error_for
 from homagg.protocol import PHASES
@@ -29,6 +30,7 @@ def client_create(port, aggregators, secret, keep, context, **config):
     cfg.naggs = len(aggregators)
     cfg.aggs = aggs
     if secret is not None:
+        mac_isa()  # a bad HOMAGG_MAC_ISA refuses here, by name
         cfg.auth = 1
         cfg.secret = list(secret)
     ffi.errno = 0

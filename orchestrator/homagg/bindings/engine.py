@@ -6,6 +6,7 @@ come back as dicts keyed by the names of homagg/counters.h.  The typed API
 is ``homagg.engine.Engine``.
 """
 from homagg._native import ffi, lib
+from homagg.bindings.auth import mac_isa
 from homagg.bindings._args import _fill
 from homagg.bindings.wire import counters_read, worker_counter_names
 from homagg.errors import InvalidArgument, check
@@ -53,6 +54,8 @@ def engine_add_job(e, secret=None, up_keys=None, **job):
     leaf's ``up_keys`` are (its key at the root, the root's aggregator
     key).  The configuration's copies are wiped after the call."""
     j = _fill(ffi.new("struct hg_job_config *"), job)
+    if secret is not None or up_keys is not None:
+        mac_isa()  # a bad HOMAGG_MAC_ISA refuses here, by name
     if secret is not None:
         j.auth = 1
         j.secret = list(_secret(secret))

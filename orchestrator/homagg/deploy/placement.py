@@ -61,7 +61,8 @@ class Placement(abc.ABC):
     every process the placement started and releases what it holds.
     ``refusals(options)`` names each run option this placement cannot do
     and why (the run raises one RunError listing them before anything
-    starts)."""
+    starts).  ``auth`` is one a placement does when ``place_secret`` puts
+    the job secret on its worker hosts (both placements do)."""
 
     kind: str = ""           # "testbed" / "inventory"
     where: str = ""          # "testbed NAME" / "inventory PATH": for messages
@@ -96,9 +97,13 @@ class Placement(abc.ABC):
         """The daemons of the first ``count`` aggregator hosts, ready."""
 
     @abc.abstractmethod
-    def private_path(self, name: str) -> str:
-        """A path for file ``name`` that this process writes and every worker
-        reads, readable by its owner only (the job secret of ``auth``)."""
+    def place_secret(self, secret: bytes, name: str = "job.secret") -> str:
+        """Put job secret ``secret`` (32 bytes) in file ``name`` where every
+        worker of the placement reads it: mode 0600, owned by the user the
+        workers run as, written without the secret ever being on a command
+        line, in an environment or in a log line; gone when the placement
+        closes.  Returns the path the workers are given (the job file's and
+        the worker spec's ``auth_file``; the same on every worker host)."""
 
     @abc.abstractmethod
     def worker_ip(self, i: int) -> str:

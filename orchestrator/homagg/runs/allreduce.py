@@ -10,8 +10,10 @@ the same options and the same report on both.  On inventory hosts the
 daemons are the ones `homagg up -i` started (docs/INVENTORY.md), so what
 needs a daemon of the run's own (--drop-rate, --switch-lcores, --pmd,
 --switch) is refused there with the reason, as on a testbed whose daemons
-`homagg testbed up` started; --auth and --leaves run on a testbed only, and
-are refused with -i.  On a testbed:
+`homagg testbed up` started; --leaves runs on a testbed only, and is
+refused with -i; --auth runs on both (the placement puts a new job secret
+on the worker hosts: homagg.deploy.placement.Placement.place_secret).  On a
+testbed:
 
 uses the homagg-switch daemons `homagg testbed up` started (a testbed made
 with --no-daemon: starts homagg-switch in the aggregator's namespace itself,
@@ -237,7 +239,10 @@ def run_allreduce(testbed: "str | Placement", method: str, elements: int, densit
     ``seconds`` is defined in AllreduceReport.
     ``auth``: the job authenticates every frame; its new secret goes to the
     daemons over their control sockets and to the workers in a file only its
-    owner reads.
+    owner reads (Placement.place_secret).  In a tree every level has its
+    own: each leaf a new secret of its own (its workers' file), the root
+    the job's, of which a leaf gets only its key at the root and the root's
+    aggregator key (docs/PROTOCOL.md "Tree").
     ``leaves`` L (default: the testbed's, from ``homagg testbed up
     --leaves``): a two-level tree, the first L aggregator hosts leaves
     (leaf l serves workers floor(l W / L) .. floor((l + 1) W / L) - 1 and
@@ -287,8 +292,6 @@ def run_allreduce(testbed: "str | Placement", method: str, elements: int, densit
             raise RunError(f"leaves must be 1..{min(W, len(hosts) - 1)}: a tree of L leaves needs "
                            f"L + 1 aggregator hosts and at least L workers (the testbed has "
                            f"{len(hosts)} and {W}; `homagg testbed up --leaves L`)")
-        if auth:
-            raise RunError("a tree does not authenticate: drop --auth or --leaves")
     count = leaves + 1 if leaves else (aggregators or len(hosts))
     if gradient_files is not None and len(gradient_files) != W:
         raise RunError(f"gradient_files: {len(gradient_files)} files for {W} workers")
@@ -307,40 +310,58 @@ def run_allreduce(testbed: "str | Placement", method: str, elements: int, densit
         sws = pl.open_daemons(count, frames=W * slots, pmd=pmd, switch=switch,
                               drop_rate=drop_rate, idle_us=idle_us, idle_polls=idle_polls,
                               lcores=switch_lcores)
-        auth_file = pl.private_path("job.secret") if auth else None
-        secret = hg_auth.create_secret_file(auth_file) if auth else None
+        mac = hg_auth.default_mac_name() if auth else None
+        # one secret per level: the flat job's (or the root's), and each leaf's
+        # own, placed for that leaf's workers (docs/PROTOCOL.md "Tree")
+        secret = hg_auth.new_secret() if auth else None
+        leaf_secrets = [hg_auth.new_secret() for _ in range(leaves)] if auth else []
+        auth_files = ([] if not auth else
+                      [pl.place_secret(x, f"leaf-{k}.secret")
+                       for k, x in enumerate(leaf_secrets)] if leaves else
+                      [pl.place_secret(secret)])
         agg_addrs = [(s.ip, UDP_PORT) for s in sws]
         if not leaves:  # aggregator k of the job: its shard k
             job_file.register([s.control for s in sws], agg_addrs, workers=W, slots=slots,
                               payload=payload, group=group, timeout=timeout, job=job,
-                              token=token, auth=secret, cost=job_cost)
+                              token=token, auth=secret, mac=mac, cost=job_cost)
         registered = sws
         for k, s in enumerate(sws if leaves else ()):
+            sec = {}
             if k == leaves:  # the root: the L leaves are its workers
+                if auth:
+                    sec = {"auth": secret.hex(), "mac": mac}
                 s.control({"cmd": "add_job", "job": job, "token": token, "workers": leaves,
-                           "slots": slots, "payload": payload})
+                           "slots": slots, "payload": payload, **sec})
             else:
                 root = hosts[leaves]
+                parent = {"ip": root.ip, "mac": root.mac, "worker": k,
+                          # the workers' timeout: the root is as far
+                          "rto_us": max(1, int(rto * 1e6))}
+                if auth:  # its own secret, and two keys of the root's (never the root's secret)
+                    sec = {"auth": leaf_secrets[k].hex(), "mac": mac}
+                    parent.update(key=hg_auth.derive_key(secret, job, k).hex(),
+                                  reply_key=hg_auth.derive_key(secret, job,
+                                                               hg_auth.AGGREGATOR).hex())
                 s.control({"cmd": "add_job", "job": job, "token": token,
                            "workers": tree_leaf(k * W // leaves, W, leaves)[2],
                            "slots": slots, "payload": payload, "group": _leaf_group(group, k),
-                           "parent": {"ip": root.ip, "mac": root.mac, "worker": k,
-                                      # the workers' timeout: the root is as far
-                                      "rto_us": max(1, int(rto * 1e6))}})
-        del secret
+                           "parent": parent, **sec})
+        del secret, leaf_secrets
         before = [s.control({"cmd": "stats"}) for s in sws]
         specs = []
         for i, name in enumerate(pl.workers):
-            place = dict(group=group, aggregators=agg_addrs)
+            place = dict(group=group, aggregators=agg_addrs,
+                         auth_file=auth_files[0] if auth_files else None)
             if leaves:  # its leaf is its one aggregator
                 leaf, index, size = tree_leaf(i, W, leaves)
                 place = dict(group=_leaf_group(group, leaf), aggregators=[agg_addrs[leaf]],
-                             leaf_ids=(index, size))
+                             leaf_ids=(index, size),
+                             auth_file=auth_files[leaf] if auth else None)
             spec = worker_spec(job=job, token=token, worker=i, workers=W, agg_ip=sws[0].ip,
                                ip=pl.worker_ip(i), timeout=timeout, slots=slots,
                                payload=payload, rto=rto, method=method, block=block,
                                elements=elements, density=density, workload=workload, seed=seed,
-                               out=None, auth_file=auth_file, pipeline_groups=pipeline_groups,
+                               out=None, mac=mac, pipeline_groups=pipeline_groups,
                                gradient_file=gradient_files[i] if gradient_files else None,
                                cost=job_cost.fields() if job_cost.timed else None, **place)
             spec.update(repeat=repeat, warmup=warmup)

@@ -134,6 +134,7 @@ def open_worker(spec: dict):
                   group=spec["group"], bind=(spec["ip"], 0), timeout=spec["timeout"],
                   slots=spec["slots"], payload=spec["payload"], rto=spec["rto"],
                   mtu=spec.get("mtu"), auth_file=spec.get("auth_file"),
+                  mac=spec.get("mac") if spec.get("auth_file") else None,
                   leaf_ids=spec.get("leaf_ids"),
                   pipeline_groups=spec.get("pipeline_groups", PIPELINE_GROUPS),
                   cost=spec.get("cost"))
@@ -234,12 +235,13 @@ def check_arguments(method: str, elements: int, density: float) -> None:
 
 def worker_spec(*, job, token, worker, workers, agg_ip, group, ip, timeout, slots, payload, rto,
                 method, block, elements, density, workload, seed, out, mtu=None,
-                aggregators=None, auth_file=None, leaf_ids=None,
+                aggregators=None, auth_file=None, mac=None, leaf_ids=None,
                 pipeline_groups=PIPELINE_GROUPS, gradient_file=None, cost=None) -> dict:
     """The JSON spec of one worker process (``python -m homagg.runs.job --child SPEC``);
     ``mtu`` None: the worker asks the kernel for its path's MTU; ``aggregators``:
     the job's K aggregator addresses in shard order (default: agg_ip alone);
-    ``auth_file``: the path of the job secret's file (never the secret);
+    ``auth_file``: the path of the job secret's file (never the secret),
+    ``mac`` the job's MAC algorithm (None: the worker host's default);
     ``leaf_ids``: (i, n) below a tree leaf; ``pipeline_groups``: the job's
     block groups (homagg.worker.Worker); ``gradient_file``: this worker's
     gradient from save_gradients() (default: the worker generates it from
@@ -250,7 +252,7 @@ def worker_spec(*, job, token, worker, workers, agg_ip, group, ip, timeout, slot
                 payload=payload, rto=rto, method=method, block=block, elements=elements,
                 density=density, workload=workload, seed=seed, out=out, mtu=mtu,
                 aggregators=[list(a) for a in (aggregators or [(agg_ip, UDP_PORT)])],
-                auth_file=auth_file, leaf_ids=list(leaf_ids) if leaf_ids else None,
+                auth_file=auth_file, mac=mac, leaf_ids=list(leaf_ids) if leaf_ids else None,
                 pipeline_groups=pipeline_groups, gradient_file=gradient_file,
                 cost=dict(cost or {}))
 

@@ -192,7 +192,10 @@ class ControlClient:
 
 def _main(argv=None):
     """``python -m homagg.switch.control [--wait S] [--pid PID] SOCKET REQUEST``:
-    send one request (a JSON object) and print the reply line.  ``--wait``
+    send one request (a JSON object) and print the reply line.  REQUEST
+    ``-`` reads the request from the first line of stdin: a request with a
+    secret (``auth``, ``parent.key``) goes that way, never on a command
+    line.  ``--wait``
     retries the connection for S seconds (the daemon is starting), giving up
     early when process PID has exited.  Exit status: 0 ok, 1 the daemon
     refused the request, 2 no daemon answered.  homagg.deploy.remote.hosts runs this on
@@ -208,6 +211,8 @@ def _main(argv=None):
     ap.add_argument("socket")
     ap.add_argument("request")
     a = ap.parse_args(argv)
+    if a.request == "-":
+        a.request = sys.stdin.readline().strip()
     deadline = time.monotonic() + a.wait
     while True:
         try:

@@ -243,19 +243,27 @@ def unregister(controls, job, warn=None):
         raise first
 
 
-def renew(controls, fields):
+def renew(controls, fields, secret=None):
     """Register the job of job-file ``fields`` afresh (removed, then added
-    with the same id, token and settings) for a new run of its workers."""
+    with the same id, token and settings) for a new run of its workers.
+    An authenticated job's secret is ``secret``, else read from the file
+    ``auth_file`` names here; a job file with a ``mac`` but no
+    ``auth_file`` (an aggregator host's: the secret is on the workers'
+    hosts only) needs ``secret`` (ConfigError otherwise: the job is never
+    renewed without its authentication)."""
     job = fields["job"]
-    secret = None
-    if fields.get("auth_file"):
+    if secret is None and fields.get("auth_file"):
         from homagg import auth as hg_auth
 
         secret = hg_auth.load_secret(fields["auth_file"])
+    if secret is None and fields.get("mac"):
+        raise ConfigError(f"job {job} authenticates ({fields['mac']}): renewing it needs its "
+                          "secret (the file a worker's job file names as auth_file)")
     unregister(controls, job, warn=lambda k, e: None)  # gone already is fine
     return register(controls, [_address(a) for a in fields["aggregator"].split(",")],
                     workers=fields["workers"], slots=fields["slots"],
                     payload=fields["payload"], group=fields.get("group") or None,
                     timeout=fields["timeout"], job=job, token=fields["token"],
                     auth=secret, mac=fields.get("mac") or None,
-                    auth_file=fields.get("auth_file") or "", cost=fields.get("cost"))
+                    auth_file=fields.get("auth_file") or "",
+                    cost=fields.get("cost"))

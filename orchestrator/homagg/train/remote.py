@@ -70,7 +70,7 @@ def run_train(inventory_path: str, model: str = "ncf", method: str = "auto", ste
     phases = trainmod._phases(method, baseline)
     folder = remote._run_folder(runs_dir, f"train-{method}")
     run_id = os.path.basename(folder)
-    started, job, up_job = [], None, None
+    started, job, up_job, up_secret = [], None, None, None
     try:
         env = {"OMP_NUM_THREADS": "1"}
         if method != "gloo":
@@ -83,7 +83,9 @@ def run_train(inventory_path: str, model: str = "ncf", method: str = "auto", ste
             up_job = aggs[0].job_file_fields()  # `homagg up`'s job, if any
             if up_job and up_job["workers"] == W:
                 # with a rank per worker host: that job afresh, and its job files
-                job = job_file.renew(controls, up_job)
+                # `up -i --auth`: its secret, from a worker host's copy
+                up_secret = remote.up_job_secret(workers, up_job)
+                job = job_file.renew(controls, up_job, secret=up_secret)
             else:
                 up_job = None
                 job = job_file.register(controls, [(a.h.address, UDP_PORT) for a in aggs],
@@ -159,7 +161,7 @@ def run_train(inventory_path: str, model: str = "ncf", method: str = "auto", ste
             f"host '{host.h.name}': cleanup failed: {e}", file=out))
         if up_job is not None:
             try:  # fresh for the next run of ranks
-                job_file.renew([a.control for a in aggs], up_job)
+                job_file.renew([a.control for a in aggs], up_job, secret=up_secret)
             except Exception as e:  # noqa: BLE001 - reported, the run's result stands
                 print(f"`homagg up`'s job {up_job['job']} not renewed: {e}", file=out)
         elif job is not None:

@@ -901,8 +901,9 @@ def main(args: argparse.Namespace) -> int:
         if args.inventory:
             if args.auth:
                 print("homagg train: --auth runs on a local testbed (--testbed); on "
-                      "--inventory hosts the job secret file is not provisioned yet",
-                      file=sys.stderr)
+                      "--inventory hosts start the job authenticated with `homagg up -i "
+                      "--auth` and drop --auth here (one rank per worker host runs on "
+                      "up's job)", file=sys.stderr)
                 return 2
             from homagg.train import remote as remote_train
 

@@ -18,6 +18,7 @@ import tempfile
 import numpy as np
 
 import homagg
+from homagg import auth as hg_auth
 from homagg.deploy.local import testbed_job
 from homagg.deploy.local.testbed import Testbed
 from homagg.deploy.placement import AggregatorHost, Placement, run_folder
@@ -117,6 +118,13 @@ class TestbedPlacement(Placement):
 
     def private_path(self, name: str) -> str:
         return os.path.join(self.workdir, name)
+
+    def place_secret(self, secret, name="job.secret"):
+        """The testbed's hosts share this machine's files: one file in the
+        run's private folder (removed when the placement closes)."""
+        path = self.private_path(name)
+        hg_auth.create_secret_file(path, secret)
+        return path
 
     def worker_ip(self, i):
         return self.tb.host(self.workers[i]).ip

@@ -8,7 +8,11 @@ becomes a host variable (``homagg_*``), the host config file's content
 included, so the playbook does exactly what ``homagg provision`` does.  When
 the inventory names no project (sdist/wheel), an sdist of this checkout is
 built; unless ``pip_index = true``, a wheelhouse of the dependencies is
-downloaded (both into --outdir).
+downloaded (both into --outdir).  An inventory's ``auth_secret`` (the job
+secret's file here, created mode 0600 when missing) becomes
+``homagg_auth_secret``, its *path*: the playbook copies the file to every
+worker host's ``homagg_secret_file`` (mode 0600, ``no_log``), so the
+generated inventory never holds the secret.
 """
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ import tempfile
 
 from homagg.deploy.remote import inventory as inv
 from homagg.deploy.remote import provision as prov
+from homagg.deploy.remote import secret as hsecret
 from homagg.errors import HomAggError
 
 
@@ -31,6 +36,8 @@ def generate(inventory: inv.Inventory, artifact: str | None = None,
         wheelhouse = ""
     else:
         wheelhouse = wheelhouse or s.wheelhouse or prov.build_wheelhouse(os.path.join(outdir, "wheels"))
+    if s.auth_secret:
+        hsecret.local_secret(inventory)  # created when missing; refused unless mode 0600
     srcdir_name = "" if artifact.endswith(".whl") else prov._sdist_topdir(artifact)
     groups: dict = {"aggregator": {"hosts": {}}, "worker": {"hosts": {}}}
     for h in inventory.hosts:
@@ -61,11 +68,13 @@ def generate(inventory: inv.Inventory, artifact: str | None = None,
             "homagg_config_file": h.config_file,
             "homagg_srcdir": srcdir,
             "homagg_host_config": prov.host_config(h, inventory, srcdir),
+            "homagg_secret_file": h.secret_file if s.auth_secret and h.role == "worker" else "",
         }
     return {"all": {
         "vars": {
             "homagg_project": os.path.abspath(artifact),
             "homagg_wheelhouse": os.path.abspath(wheelhouse) if wheelhouse else "",
+            "homagg_auth_secret": s.auth_secret,
             "homagg_python": s.python,
             "homagg_pip_args": list(s.pip_args),
             "homagg_apt_common": list(s.apt_packages["common"]),

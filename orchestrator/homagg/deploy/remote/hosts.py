@@ -20,6 +20,11 @@ failing host and the fix.
 writes its job file (homagg.switch.job_file) on every host as
 INSTALL_DIR/run/job.json: a torchrun user points HOMAGG_JOB_FILE at it on
 the worker hosts.  ``down`` removes that job before it stops the daemons.
+With ``--auth`` the job authenticates every frame: its secret goes to the
+daemons in the control request (on the remote command's stdin) and to the
+workers as a file of mode 0600 that the job file names
+(homagg.deploy.remote.secret: the inventory's provisioned ``auth_secret``,
+else a new INSTALL_DIR/run/job.secret).
 
 Run state lives on each host in INSTALL_DIR/run/: ``switch.pid``,
 ``switch.log``, ``control.sock`` (aggregator), ``job.json`` and one PID file per worker
@@ -53,8 +58,10 @@ import shlex
 import sys
 import tomllib
 
+from homagg import auth as hg_auth
 from homagg.deploy.placement import run_folder
 from homagg.deploy.remote import inventory as inv
+from homagg.deploy.remote import secret as hsecret
 from homagg.deploy.remote import ssh
 from homagg.errors import HomAggError, RemoteError  # noqa: F401 - RemoteError importable from here
 from homagg.ops import logfmt
@@ -241,8 +248,10 @@ class Host(ssh.Session):
     def control(self, request: dict, wait: float = 0.0, pid: int = 0) -> dict:
         """One request to the daemon's control socket (python -m homagg.switch.control on this host)."""
         cmd = (f"{shlex.quote(self.python)} -m homagg.switch.control --wait {wait:g} --pid {pid} "
-               f"{shlex.quote(control_socket(self.h))} {shlex.quote(json.dumps(request))}")
-        r = self.run(cmd, check=False, timeout=wait + 30)
+               f"{shlex.quote(control_socket(self.h))} -")
+        # the request on stdin: one with a secret never shows in a process listing or a log
+        r = self.run(cmd, check=False, timeout=wait + 30,
+                     stdin=json.dumps(request) + "\n")
         if r.exited != 0:
             raise RemoteError(f"host '{self.h.name}': control request {request.get('cmd')} failed: "
                               f"{(r.stderr or r.stdout).strip()[-600:]}")
@@ -352,7 +361,8 @@ def up(inventory: inv.Inventory, switch: str | None = None, no_udp_csum: bool = 
     """Start homagg-switch on every aggregator (in parallel) and wait until
     each control socket answers, then register one job for every worker
     host spread over them and write its job file on every host
-    (job_file_path; ``job_options``: slots, payload, timeout, group);
+    (job_file_path; ``job_options``: slots, payload, timeout, group, and
+    ``auth`` / ``mac``: an authenticated job, _up_secret);
     returns the first daemon's {"host", "pid", "control", "log", "argv"}
     with "aggregators": the list of all of them and "job": the job file's
     fields.  One failing host does not hide the others: RemoteError names
@@ -361,6 +371,10 @@ def up(inventory: inv.Inventory, switch: str | None = None, no_udp_csum: bool = 
     hosts = open_hosts(inventory, out, switch)
     try:
         aggs = _aggregators(hosts)
+        if job_options.get("auth") and inventory.settings.auth_secret:
+            # the provisioned secret is checked (read only) before anything starts
+            job_options["placed"] = _up_secret([r for r in hosts if r.h.role == "worker"],
+                                               inventory, inventory.settings.parallel)
 
         def one(agg):
             try:
@@ -393,25 +407,94 @@ def inventory_cost(inventory):
     return cost.job_cost(inventory.settings.link_mbit or 0)
 
 
+def up_secret_file(h: inv.HostSpec) -> str:
+    """The secret `up -i --auth` makes when the inventory names no
+    ``auth_secret``: in the run directory (``down`` removes it)."""
+    return f"{rundir(h)}/job.secret"
+
+
+def _up_secret(workers: list[Host], inventory: inv.Inventory, parallel: int):
+    """The secret of `up --auth` and each worker host's path of its file: the
+    inventory's ``auth_secret`` as provisioned (checked on every host), else
+    a new one put into every worker's run directory."""
+    if inventory.settings.auth_secret:
+        secret = hsecret.local_secret(inventory, create=False)
+        states = ssh.parallel(lambda r: hsecret.host_state(r, r.h.secret_file, secret),
+                              workers, parallel)
+        bad = {n: s for n, s in states.items() if s != "ok"}
+        if bad:
+            raise RemoteError("the job secret of 'auth_secret' is not in place: " + "; ".join(
+                f"host '{n}': {s}" for n, s in bad.items()) +
+                f": run `homagg provision -i {inventory.path}` (step secret)")
+        return secret, {r.h.name: r.h.secret_file for r in workers}
+    secret = hg_auth.new_secret()
+    ssh.parallel(lambda r: hsecret.put(r, up_secret_file(r.h), secret), workers, parallel)
+    return secret, {r.h.name: up_secret_file(r.h) for r in workers}
+
+
 def _up_job(hosts: list[Host], inventory: inv.Inventory, out, slots: int | None = None,
-            payload: int = 1024, timeout: float = 10.0, group: str = UP_JOB_GROUP) -> dict:
+            payload: int = 1024, timeout: float = 10.0, group: str = UP_JOB_GROUP,
+            auth: bool = False, mac: str | None = None, placed=None) -> dict:
     """The job of `up`: every worker host, spread over every aggregator, and
-    its job file on every host (a worker's names its own bind address)."""
+    its job file on every host (a worker's names its own bind address and,
+    with ``auth``, its own copy of the job secret: _up_secret, or
+    ``placed``, what it returned already)."""
     aggs = _aggregators(hosts)
     workers = [r for r in hosts if r.h.role == "worker"]
     localrun.check_payload(payload, min(h.mtu for h in inventory.hosts),
                            f"inventory {inventory.path}")
+    secret, files = (None, {}) if not auth else placed or _up_secret(
+        workers, inventory, inventory.settings.parallel)
+    placed = None
     fields = job_file.register([a.control for a in aggs],
                                [(a.h.address, localrun.UDP_PORT) for a in aggs],
                                workers=len(workers), slots=slots, payload=payload, group=group,
-                               timeout=timeout, cost=inventory_cost(inventory))
-    ssh.parallel(lambda r: r.put_job_file(job_file_path(r.h), dict(
-        fields, **({"bind": r.h.address} if r.h.role == "worker" else {}))),
-        hosts, inventory.settings.parallel)
-    print(f"job {fields['job']} for {len(workers)} workers on {fields['aggregator']}; job file "
+                               timeout=timeout, cost=inventory_cost(inventory), auth=secret,
+                               mac=mac)
+    del secret
+
+    def own(r):
+        f = dict(fields)
+        if r.h.role == "worker":
+            f["bind"] = r.h.address
+        if auth:  # an aggregator's job file names no secret file: it has none
+            f["auth_file"] = files.get(r.h.name, "")
+        return f
+
+    ssh.parallel(lambda r: r.put_job_file(job_file_path(r.h), own(r)),
+                 hosts, inventory.settings.parallel)
+    print(f"job {fields['job']} for {len(workers)} workers on {fields['aggregator']}"
+          + (f", authenticated ({fields['mac']}; the secret on every worker host: "
+             f"{files[workers[0].h.name] if workers else '-'}, mode 0600)" if auth else "")
+          + "; job file "
           f"on every host: {job_file_path(workers[0].h) if workers else '-'} "
           "(HOMAGG_JOB_FILE for torchrun)", file=out)
     return fields
+
+
+def up_job_secret(workers: list[Host], fields: dict | None) -> bytes | None:
+    """The secret of `up`'s job (job-file ``fields``, an aggregator's: they
+    name no secret file) from the first worker host's copy, read over SSH
+    (its content is never logged); None when the job does not authenticate."""
+    if not fields or not fields.get("mac") or not workers:
+        return None
+    w = workers[0]
+    own = w.job_file_fields() or {}
+    path = own.get("auth_file")
+    if not path:
+        raise RemoteError(f"host '{w.h.name}': the job file {job_file_path(w.h)} of "
+                          f"authenticated job {fields['job']} names no auth_file: "
+                          f"`homagg down -i {w.inv.path}` and `homagg up -i --auth` again")
+    r = w.run(f"cat {shlex.quote(path)}", check=False)
+    try:
+        secret = bytes.fromhex(r.stdout.strip()) if r.exited == 0 else b""
+    except ValueError:
+        secret = b""
+    if len(secret) != hg_auth.SECRET_LEN:
+        raise RemoteError(f"host '{w.h.name}': the job secret file {path} is missing or "
+                          f"malformed: `homagg down -i {w.inv.path}` and `homagg up -i --auth` "
+                          "again")
+    return secret
 
 
 def down(inventory: inv.Inventory, out=None) -> dict[str, list[str]]:
@@ -519,6 +602,13 @@ def add_up_arguments(p) -> None:
                    help="the daemon neither checks nor fills UDP checksums (workers on veth)")
     p.add_argument("--ready-timeout", type=float, default=30.0, metavar="S",
                    help="seconds to wait for the control socket (default: %(default)s)")
+    p.add_argument("--auth", action="store_true",
+                   help="the job authenticates every frame: its secret is the inventory's "
+                   "auth_secret as `homagg provision` placed it, else a new one put on every "
+                   "worker host (mode 0600) and named in the job file (docs/SECURITY.md)")
+    p.add_argument("--mac", choices=("auto", "aes-gmac", "blake2b"), default="auto",
+                   help="with --auth: the MAC algorithm (default: this host's, aes-gmac "
+                   "where the CPU has AES-NI and PCLMULQDQ); every host must compute it")
     job_file.add_job_arguments(p)
 
 
@@ -537,7 +627,8 @@ def up_main(args) -> int:
     return _exit_status("up", lambda: up(
         inv.load(args.inventory), switch=args.switch, no_udp_csum=args.no_udp_csum,
         ready_timeout=args.ready_timeout, slots=args.slots, payload=args.payload_bytes,
-        timeout=args.timeout))
+        timeout=args.timeout, auth=args.auth,
+        mac=None if args.mac == "auto" else args.mac))
 
 
 def down_main(args) -> int:

@@ -34,7 +34,7 @@ _VDEV_RE = re.compile(r"^net_[a-z_]+[0-9]*(,[A-Za-z0-9_]+=[^,\s]+)*$")
 SETTINGS_FIELDS = {
     "project", "install_dir", "config_file", "hugepages_mount", "python",
     "connect_timeout", "command_timeout", "parallel", "pip_args", "apt_packages",
-    "pip_index", "wheelhouse", "link_mbit",
+    "pip_index", "wheelhouse", "link_mbit", "auth_secret",
 }
 HOST_FIELDS = {
     "name", "ssh_host", "ssh_port", "ssh_user", "ssh_key", "role",
@@ -102,6 +102,13 @@ class HostSpec:
     def venv(self) -> str:
         return os.path.join(self.install_dir, "venv")
 
+    @property
+    def secret_file(self) -> str:
+        """Where ``homagg provision`` (or the Ansible playbook) puts the job
+        secret of the inventory's ``auth_secret`` on a worker host (mode
+        0600, root's: the user HomAgg's processes run as)."""
+        return os.path.join(self.install_dir, "secret", "job.secret")
+
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
@@ -118,6 +125,9 @@ class Settings:
     pip_index: bool = False  # hosts reach a package index themselves
     wheelhouse: str = ""  # local directory of wheels ("" = download one)  # role -> tuple of Debian packages
     link_mbit: float = 0.0  # the workers' link rate for the jobs' cost model (0: none)
+    # the job secret's file on this machine ("": none), copied to every worker
+    # host by `homagg provision` / the playbook; `homagg up -i --auth` uses it
+    auth_secret: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -283,7 +293,13 @@ def _settings(raw: dict, base: str, c: _Collector) -> Settings:
         c.add(where, "link_mbit", link_mbit, "must be the workers' link rate in Mbit/s (>= 1), "
               "e.g. 10000, or 0 / left out: jobs choose by bytes")
         link_mbit = 0
+    auth_secret = local_path("auth_secret", "the path of the job secret's file on this machine "
+                             "(64 hex digits, mode 0600; `homagg provision` creates it if missing)")
+    if auth_secret and os.path.isdir(auth_secret):
+        c.add(where, "auth_secret", auth_secret, "is a directory: name the secret's file, e.g. "
+              "'secrets/job.secret' (created by `homagg provision` if missing)")
     return Settings(pip_index=pip_index, wheelhouse=wheelhouse, link_mbit=float(link_mbit),
+                    auth_secret=auth_secret,
                     project=project, install_dir=install_dir, config_file=config_file,
                     hugepages_mount=hp_mount, python=python, connect_timeout=connect_timeout,
                     command_timeout=command_timeout, parallel=parallel,

@@ -20,6 +20,7 @@ from homagg.cost import Cost
 from homagg.deploy.placement import AggregatorHost, Daemon, Placement, run_folder
 from homagg.deploy.remote import hosts as rh
 from homagg.deploy.remote import inventory as inv
+from homagg.deploy.remote import secret as hsecret
 from homagg.deploy.remote import ssh
 from homagg.errors import RemoteError
 
@@ -31,7 +32,7 @@ _UP_DAEMON = ("the daemons on inventory hosts are the ones `homagg up -i` starte
 
 
 # a run option's value that needs nothing of a daemon of one's own
-_DEFAULTS = {"auth": False, "leaves": 0, "drop_rate": 0.0, "switch_lcores": 1, "pmd": "auto",
+_DEFAULTS = {"leaves": 0, "drop_rate": 0.0, "switch_lcores": 1, "pmd": "auto",
              "switch": None, "idle_us": None, "idle_polls": None, "fail_aggregators": (),
              "gradient_files": None}
 
@@ -89,6 +90,7 @@ class InventoryPlacement(Placement):
         self.paths: list[dict] = []
         self.started: list[tuple[rh.Host, str]] = []
         self.daemons: list[UpDaemon] = []
+        self.secrets: list[tuple[rh.Host, str]] = []  # (host, path) of place_secret
         self._stage = 0
 
     # -- lifecycle -----------------------------------------------------------
@@ -109,18 +111,40 @@ class InventoryPlacement(Placement):
                 except Exception as e:  # noqa: BLE001 - report, keep cleaning the others
                     log.warning("host '%s': %s", d.host, e)
         finally:
+            for r, path in self.secrets:  # normally gone with the run's folder already
+                try:
+                    r.run(f"rm -f {shlex.quote(path)}", check=False)
+                except Exception as e:  # noqa: BLE001 - report, keep cleaning the others
+                    log.warning("host '%s': the job secret %s not removed: %s", r.h.name, path, e)
+            self.secrets = []
             for r in self.hosts:
                 r.close()
 
-    def private_path(self, name):
-        """Not reached: ``refusals`` refuses ``auth`` on inventory hosts
-        before a run starts (no job secret is placed on them)."""
-        raise RemoteError(f"{self.where}: auth: the job secret file is not provisioned "
-                          "to inventory hosts yet")
+    def place_secret(self, secret, name="job.secret"):
+        """The secret into RUNDIR/<run id>/``name`` on every worker host, by
+        SFTP into a private temporary file installed with mode 0600 as the
+        user the workers run as (homagg.deploy.remote.secret.put); removed with the
+        run's folder when the run ends (and at ``close`` whatever
+        happened).  A worker's spec gets its own host's path of the file
+        (``start_workers``); returns worker 0's."""
+        paths = {r.h.name: f"{rh.rundir(r.h)}/{self.run_id}/{name}" for r in self.W}
+
+        def put(r):
+            try:
+                hsecret.put(r, paths[r.h.name], secret)
+                self.secrets.append((r, paths[r.h.name]))
+            except Exception as e:  # noqa: BLE001 - collected per host below
+                return e
+
+        res = ssh.parallel(put, self.W, len(self.W))
+        bad = {n: e for n, e in res.items() if e is not None}
+        if bad:
+            raise RemoteError("the job secret was not placed on " + "; ".join(
+                f"host '{n}': {type(e).__name__}: {e}" for n, e in bad.items()))
+        return paths[self.W[0].h.name]
 
     def refusals(self, options):
         why = {
-            "auth": "the job secret file is not provisioned to inventory hosts yet",
             "leaves": "inventory hosts have no tree yet",
             "drop_rate": f"{_UP_DAEMON}; a drop rate needs a daemon of its own "
                          "(a local testbed made with `homagg testbed up --no-daemon`)",
@@ -168,6 +192,8 @@ class InventoryPlacement(Placement):
                  "out": f"{d}/result-{i}.npy", "report": f"{d}/report-{i}.json"}
             spec = dict(spec, out=p["out"], mtu=r.h.mtu, ready_file=p["ready"], go_file=p["go"],
                         report=p["report"], start_timeout=self.start_timeout)
+            if spec.get("auth_file"):  # this host's copy (install dirs may differ)
+                spec["auth_file"] = f"{d}/{os.path.basename(spec['auth_file'])}"
             pids.append(r.start(p["pid"], p["log"],
                                 [r.python, "-m", "homagg.runs.job", "--child", json.dumps(spec)], d))
             self.started.append((r, p["pid"]))

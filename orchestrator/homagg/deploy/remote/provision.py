@@ -23,6 +23,9 @@ reporting "changed" or "ok" (so a second run changes nothing and says so):
               vdev's iface=); a PCI NIC gets it from the daemon's --mtu
   address     the data-plane address on a worker's kernel interface
   config      the host's config file (config_file, TOML)
+  secret      a worker: the inventory's auth_secret (a job secret file here,
+              created when missing) as INSTALL_DIR/secret/job.secret, mode
+              0600, by SFTP (homagg.deploy.remote.secret); nothing without one
 
 A host whose step fails skips its remaining steps; the other hosts go on.
 The run ends with a per-host table and, if any host failed, one
@@ -42,6 +45,7 @@ import zipfile
 
 import homagg
 from homagg.deploy.remote import inventory as inv
+from homagg.deploy.remote import secret as hsecret
 from homagg.deploy.remote.progress import StepView
 from homagg.deploy.remote.ssh import (CHANGED, FAILED, OK, SKIPPED, WOULD, PreflightError,  # noqa: F401
                                       ProvisionError, Session, StepFailed, StepResult, format_table,
@@ -50,7 +54,7 @@ from homagg.deploy.remote.ssh import tail as _tail
 from homagg.errors import HomAggError
 
 STEPS = ("os", "packages", "venv", "upload", "wheels", "build", "install", "hugepages", "hugetlbfs",
-         "nic_bind", "mtu", "address", "config")
+         "nic_bind", "mtu", "address", "config", "secret")
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(homagg.__file__))))
 
 
@@ -177,6 +181,7 @@ class HostRun(Session):
         self.artifact = artifact
         self.digest = digest
         self.dry_run = dry_run
+        self.secret = None  # the inventory's auth_secret, read by provision()
 
     # -- steps -------------------------------------------------------------------
     # Each checks first and returns (OK, detail) when nothing is to change,
@@ -439,6 +444,21 @@ class HostRun(Session):
             return OK, f"{path} up to date"
         return Change(f"would write {path}", lambda: self.put_text(text, path), f"wrote {path}")
 
+    def step_secret(self):
+        h = self.h
+        if not self.inv.settings.auth_secret:
+            return OK, "no auth_secret in the inventory"
+        if h.role != "worker":
+            return OK, "an aggregator gets the secret over its control socket"
+        if self.secret is None:  # a dry run and no file yet
+            return WOULD, f"would create {self.inv.settings.auth_secret} and copy it to {h.secret_file}"
+        state = hsecret.host_state(self, h.secret_file, self.secret)
+        if state == "ok":
+            return OK, f"{h.secret_file} (mode 0600) holds the job secret"
+        return Change(f"would copy the job secret to {h.secret_file} ({state})",
+                      lambda: hsecret.put(self, h.secret_file, self.secret),
+                      f"copied the job secret to {h.secret_file} (mode 0600; {state} before)")
+
     def provision(self, view=None) -> list[StepResult]:
         """Every step in order (a failed step skips the rest); ``view`` (a
         homagg.deploy.remote.progress.StepView) hears each step's start and end."""
@@ -490,6 +510,11 @@ def provision(inventory: inv.Inventory, hosts: list[str] | None = None, dry_run:
     else:
         wheelhouse = None
     runs = [HostRun(h, inventory, artifact, digest, dry_run, wheelhouse) for h in selected]
+    if inventory.settings.auth_secret and not (
+            dry_run and not os.path.exists(inventory.settings.auth_secret)):
+        secret = hsecret.local_secret(inventory)  # created when missing; refused if not 0600
+        for r in runs:
+            r.secret = secret
     try:
         preflight_all(runs, inventory.settings.parallel, out, "nothing was changed")
         title = "homagg provision" + (" (dry run)" if dry_run else "")

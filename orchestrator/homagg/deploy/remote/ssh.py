@@ -96,23 +96,45 @@ class Session:
         if self.conn is not None:
             self.conn.close()
 
-    def run(self, cmd: str, check: bool = True, timeout: float | None = None):
+    def run(self, cmd: str, check: bool = True, timeout: float | None = None,
+            stdin: str | None = None):
         """Run ``cmd`` with sh as root (sudo -n when the login user is not
-        root); StepFailed with the stderr tail when it fails and ``check``."""
+        root); StepFailed with the stderr tail when it fails and ``check``.
+        ``stdin``: text the command reads on its standard input (how a
+        secret reaches a remote command: never in ``cmd``, which is logged)."""
         full = f"{self.sudo}sh -c {shlex.quote(cmd)}"
         log.debug("%s: %s", self.h.name, cmd if len(cmd) < 200 else cmd[:197] + "...")
-        r = self.conn.run(full, hide=True, warn=True, in_stream=False,
-                          timeout=timeout or self.s.command_timeout)
+        if stdin is None:
+            r = self.conn.run(full, hide=True, warn=True, in_stream=False,
+                              timeout=timeout or self.s.command_timeout)
+        else:
+            from invoke.exceptions import ThreadException
+
+            try:
+                r = self.conn.run(full, hide=True, warn=True, in_stream=io.StringIO(stdin),
+                                  timeout=timeout or self.s.command_timeout)
+            except (ThreadException, OSError) as e:
+                # the command ended before it read its input (never quoted here)
+                short = cmd if len(cmd) < 120 else cmd[:117] + "..."
+                raise StepFailed(f"`{short}` on {self.h.name} did not read its input: "
+                                 f"{type(e).__name__}") from None
         if check and r.exited != 0:
             raise StepFailed(f"`{cmd if len(cmd) < 120 else cmd[:117] + '...'}` exited {r.exited}",
                              tail(r.stderr or r.stdout))
         return r
 
     def put_text(self, text: str, remote: str, mode: str = "0644"):
+        """``text`` into file ``remote`` with ``mode``, owned by the user
+        commands run as (root): by SFTP into a new private temporary file
+        (mktemp's 0600), then installed; the text is never on a command
+        line, so a secret may go this way."""
         tmp = self.run("mktemp").stdout.strip()
-        self.conn.put(io.BytesIO(text.encode()), tmp)
-        self.run(f"mkdir -p {shlex.quote(os.path.dirname(remote))} && "
-                 f"install -m {mode} {shlex.quote(tmp)} {shlex.quote(remote)} && rm -f {shlex.quote(tmp)}")
+        try:
+            self.conn.put(io.BytesIO(text.encode()), tmp)
+            self.run(f"mkdir -p {shlex.quote(os.path.dirname(remote))} && "
+                     f"(umask 077 && install -m {mode} {shlex.quote(tmp)} {shlex.quote(remote)})")
+        finally:
+            self.run(f"rm -f {shlex.quote(tmp)}", check=False)
 
     # -- preflight: login, privilege, OS --------------------------------------
 

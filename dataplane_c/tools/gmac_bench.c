@@ -1,0 +1,96 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * gmac_bench.c - nanoseconds per AES-GMAC tag on the process's MAC path
+ * (HOMAGG_MAC_ISA, homagg/auth.h "hg_mac_isa"), for frames of the given
+ * lengths (header + payload bytes).
+ *
+ * Each length is timed in batches of 50 tags of one hot frame (the
+ * counter, and so the nonce, changes every tag); the best batch is
+ * printed, which on a shared machine is the one no other process
+ * interrupted.  It compares paths run one after the other on the same
+ * machine; it is not the engine's rate (`homagg bench switch --auth
+ * --mac-isa all` is).
+ *
+ * Usage: HOMAGG_MAC_ISA=avx2 gmac_bench [batches] [len ...]
+ *        (default 4000 batches of 32, 1056, 4128 and 8224 bytes)
+ *
+ * Built by `make tools` (build/release/tools/gmac_bench).
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "auth_pvt.h"
+#include "homagg/auth.h"
+#include "homagg/wire.h"
+
+#define BATCH 50
+
+static double now_ns(void)
+{
+	struct timespec t;
+
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (double)t.tv_sec * 1e9 + (double)t.tv_nsec;
+}
+
+int main(int argc, char **argv)
+{
+	static const size_t def_lens[] = { 32, 1056, 4128, 8224 };
+	static uint8_t frame[9216];
+	uint8_t key[HG_AUTH_KEY_LEN], mac[HG_MAC_LEN];
+	long batches = argc > 1 ? atol(argv[1]) : 4000;
+	int nlens = argc > 2 ? argc - 2 : 4;
+	struct hg_mac_key *k;
+	unsigned sink = 0;
+	int isa = hg_mac_isa();
+
+	if (isa < 0) {
+		fprintf(stderr, "HOMAGG_MAC_ISA=%s: %s\n", getenv("HOMAGG_MAC_ISA"),
+			isa == -EINVAL ? "names no MAC path: set it to portable, "
+			"pclmul, avx2 or avx512, or unset it" :
+			"this CPU lacks that path: force a lower one or unset it");
+		return 1;
+	}
+	if (batches < 1) {
+		fprintf(stderr, "batches: a positive count, not %s\n", argv[1]);
+		return 1;
+	}
+	for (size_t i = 0; i < sizeof(frame); i++)
+		frame[i] = (uint8_t)(i * 131 + 7);
+	for (size_t i = 0; i < sizeof(key); i++)
+		key[i] = (uint8_t)(i * 29 + 1);
+	if (posix_memalign((void **)&k, 64, sizeof(*k)) ||
+	    hg_mac_key_init(k, HG_MAC_AES_GMAC, key)) {
+		fprintf(stderr, "no AES-GMAC key on this host (AES-NI and PCLMULQDQ needed)\n");
+		return 1;
+	}
+	for (int l = 0; l < nlens; l++) {
+		size_t len = argc > 2 ? strtoul(argv[2 + l], NULL, 10) : def_lens[l];
+		double best = 1e300;
+		uint64_t ctr = 1;
+
+		if (len < 32 || len > sizeof(frame)) {
+			fprintf(stderr, "len: 32..%zu bytes, not %zu\n", sizeof(frame), len);
+			return 1;
+		}
+		for (long b = 0; b < batches; b++) {
+			double t0 = now_ns(), t;
+
+			for (int i = 0; i < BATCH; i++) {
+				hg_mac_key_sign(k, HG_AUTH_DIR_REQUEST, ctr++, frame,
+						len, mac);
+				sink += mac[0];
+			}
+			t = (now_ns() - t0) / BATCH;
+			if (t < best)
+				best = t;
+		}
+		printf("%s %zu bytes: %.1f ns per tag\n", hg_mac_isa_name(isa), len, best);
+	}
+	hg_mac_key_release(k);
+	free(k);
+	return sink == 0xFFFFFFFFu;  /* keeps the tags computed */
+}
