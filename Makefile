@@ -208,6 +208,11 @@ BENCH_ALLREDUCE := --workers 4 --densities 0.05 --workloads shared,random,zipf,d
 BENCH_SWEEP := --workers 4 --densities 0.05 --workloads shared --methods gloo,lhc,auto \
 	--link-mbit 100,1000,2500,10000 --elements 16777216 --repeat 3 --warmup 1 \
 	--testbed-name benchsweep --out docs/results/allreduce_sweep
+# Training at three link rates: every built-in model, Gloo DDP then the hook
+# (auto, the cost model's choice of path), 4 ranks, one testbed per rate
+# (homagg.train.sweep; about 15 minutes).
+BENCH_TRAIN_SWEEP := --link-mbit 100,1000,10000 --workers 4 --model ncf,lstm,bert,vgg \
+	--method auto --steps 5 --warmup 1 --testbed-name trainsweep --out docs/results/train_sweep
 # The same size with 1 KB payloads on MTU 1500 links next to 8 KB payloads on
 # jumbo (MTU 9000) links, Gloo on each (about 4 minutes).
 BENCH_JUMBO := --workers 4 --densities 0.05 --workloads shared,random,zipf,dense \
@@ -232,6 +237,7 @@ bench: build ## the standard benchmark suite into docs/results/ (the testbed par
 	@if [ "$$(id -u)" = 0 ]; then set -x; $(VENV)/bin/homagg bench allreduce $(BENCH_ALLREDUCE) && \
 	  $(VENV)/bin/homagg bench allreduce $(BENCH_SWEEP) && \
 	  $(VENV)/bin/homagg bench allreduce $(BENCH_JUMBO); \
+	  $(VENV)/bin/homagg train $(BENCH_TRAIN_SWEEP); \
 	  $(VENV)/bin/homagg bench soak --minutes 5 --json > docs/results/soak.json; \
 	  $(VENV)/bin/homagg bench shards --out docs/results/shards; \
 	  $(VENV)/bin/homagg bench lcores --out docs/results/lcores; \

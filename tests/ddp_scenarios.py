@@ -24,6 +24,11 @@ Scenarios:
   inject     4 steps, 0.15 s apart (the back-off is 0.1 s); rank 1's
              HomAgg call #2 raises after the sum arrived (the other ranks'
              succeed)
+  baseline   the cost model's choice of path (HookState(cost=...)): a dense
+             Linear(512, 256) at 10 Gbit/s for 3 steps, then an
+             EmbeddingBag(100000, 8) (32 rows per rank and step) at
+             100 Mbit/s for 3 steps, one bucket each; saves the hook's log
+             and the initial parameters too
   backend    no DDP: init_process_group("cpu:homagg"), dist.all_reduce
              SUM and AVG of float32 / float16 / bfloat16 tensors, then
              delegated collectives (int64 and MAX allreduce, broadcast,
@@ -102,9 +107,58 @@ def backend(outdir):
     dist.destroy_process_group()
 
 
+def baseline(outdir):
+    """The ``baseline`` scenario (module doc)."""
+    from homagg.cost import job_cost
+
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
+    rank = dist.get_rank()
+    records = []
+
+    def recorder(index, x, y, params, path):
+        records.append({"bucket": index, "x": torch.from_numpy(x.copy()),
+                        "y": torch.from_numpy(y.copy()), "path": path})
+
+    coeffs = {"pkt_ps": 2_000_000, "agg_pkt_ps": 150_000, "value_ps": 1_000,
+              "lane_ps": 7_000, "bitmap_ps": 400, "probe_ps": 2_100}
+    fast, slow = job_cost(10000, coeffs=coeffs), job_cost(100, coeffs=coeffs)
+    state = hgt.HookState(recorder=recorder, cost=fast)
+    torch.manual_seed(5)
+    dense = torch.nn.Linear(512, 256, bias=False)
+    sparse = torch.nn.EmbeddingBag(100_000, 8, mode="sum")
+    init = [p.detach().clone() for p in (dense.weight, sparse.weight)]
+    log = []
+    try:
+        for k, (net, cost) in enumerate(((dense, fast), (sparse, slow))):
+            state.cost = cost  # the same on every rank
+            ddp = DDP(net)
+            ddp.register_comm_hook(state, hgt.allreduce_hook)
+            opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+            for step in range(3):
+                g = torch.Generator().manual_seed(1000 * rank + 10 * k + step)
+                opt.zero_grad()
+                if k == 0:
+                    x, t = torch.randn(8, 512, generator=g), torch.randn(8, 256, generator=g)
+                else:
+                    x = torch.randint(0, 100_000, (8, 4), generator=g)
+                    t = torch.randn(8, 8, generator=g)
+                torch.nn.functional.mse_loss(ddp(x), t).backward()
+                opt.step()
+                log.extend(state.take_log())
+        params = [[dense.weight.detach().clone()], [sparse.weight.detach().clone()]]
+        torch.save({"params": params, "records": records, "counters": state.counters,
+                    "log": log, "init": init},
+                   os.path.join(outdir, f"rank-{rank}.pt"))
+    finally:
+        state.close()
+        dist.destroy_process_group()
+
+
 def main(scenario, outdir):
     if scenario == "backend":
         return backend(outdir)
+    if scenario == "baseline":
+        return baseline(outdir)
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
     rank = dist.get_rank()
     records = []

@@ -280,3 +280,63 @@ def test_inventory_link_rate_registers_a_model(tmp_path, monkeypatch):
     data["settings"]["link_mbit"] = "fast"
     with pytest.raises(inv.InventoryError, match="link_mbit"):
         inv.parse(data, str(tmp_path / "t.toml"))
+
+
+# ---- the hook's choice of path: HomAgg or the process group's allreduce ----
+
+COEFFS = {"pkt_ps": 2_000_000, "agg_pkt_ps": 150_000, "value_ps": 1_000,
+          "lane_ps": 7_000, "bitmap_ps": 400, "probe_ps": 2_100}
+
+
+def _paper_times(link_mbit, W, n, nnz_max, block=4096, rtt_ns=100_000):
+    """docs/TRAINING.md's formulas, written out: (ring, dense, union) in ps."""
+    byte_ps = 8_000_000 // link_mbit
+    xb = byte_ps + (COEFFS["pkt_ps"] + W * COEFFS["agg_pkt_ps"] + 98 * byte_ps) // 1024
+    rt = rtt_ns * 1000
+    nb = -(-n // block)
+    ring = -(-(2 * (W - 1) * 4 * n) // W) * byte_ps + (W - 1) * rt
+    dense = (nb + 4 * n) * xb + n * COEFFS["value_ps"] + 2 * rt
+    lanes = min(n, W * nnz_max)
+    union = ((5 * nb + -(-n // 8)) * xb + n * COEFFS["bitmap_ps"]
+             + lanes * (4 * xb + COEFFS["lane_ps"]) + 4 * rt)
+    return ring, dense, union
+
+
+@pytest.mark.parametrize("link, W, n, nnz, method, path", [
+    # the LSTM's dense 1.29 M bucket, 4 ranks: HomAgg's 4n bytes against ring's 6n
+    (100, 4, 1_290_000, 1_290_000, "auto", "homagg"),
+    (10_000, 4, 1_290_000, 1_290_000, "auto", "baseline"),
+    # 2 ranks: ring sends 4n as dense does, without its framing and CPU
+    (100, 2, 1_290_000, 1_290_000, "dense", "baseline"),
+    # NCF's 3.85 M bucket at 0.68 %: union at every rate
+    (100, 4, 3_846_305, 26_155, "auto", "homagg"),
+    (10_000, 4, 3_846_305, 26_155, "auto", "homagg"),
+    (10_000, 4, 3_846_305, 26_155, "union", "homagg"),
+    # dense's bound alone for dense and blocks, whatever the density
+    (10_000, 4, 3_846_305, 26_155, "dense", "baseline"),
+    (10_000, 4, 3_846_305, 26_155, "blocks", "baseline"),
+    # a tiny bucket: ring's one half round trip per step beats two round trips
+    (1000, 2, 10, 10, "auto", "baseline"),
+])
+def test_choice_of_path_is_the_documented_rule(link, W, n, nnz, method, path):
+    c = cost.job_cost(link, coeffs=COEFFS)
+    got = cost.choose_path(c, W, n, nnz, method)
+    ring, dense, union = _paper_times(link, W, n, nnz)
+    want_h = {"dense": dense, "blocks": dense, "union": union, "lhc": union,
+              "auto": min(dense, union)}[method]
+    assert got == {"path": path, "homagg_ps": want_h, "baseline_ps": ring}
+    assert (ring < want_h) == (path == "baseline")
+    # the count is agreed only where it can change the choice
+    assert cost.needs_density(c, W, n, method) == (
+        method in ("union", "lhc") or (method == "auto" and ring < dense))
+
+
+def test_choice_of_path_without_a_model_or_exactness_is_homagg():
+    none = {"path": "homagg", "homagg_ps": None, "baseline_ps": None}
+    assert cost.choose_path(cost.Cost(), 4, 10_000_000, 10_000_000) == none
+    assert not cost.needs_density(cost.Cost(), 4, 10_000_000)
+    fast = cost.job_cost(100_000, coeffs=COEFFS)
+    assert cost.choose_path(fast, 4, 10_000_000, 10_000_000, "nc") == none
+    assert cost.choose_path(fast, 1, 10_000_000, 10_000_000) == none
+    with pytest.raises(InvalidArgument, match="method 'nc'"):
+        cost.homagg_ps(fast, 4, 100, 100, "nc")

@@ -57,7 +57,8 @@ def testbed(tmp_path_factory):
                                                   ("lstm", 2, "auto"), ("lstm", 4, "lhc")])
 def test_ddp_hook_lossless(testbed, model, ranks, method):
     rep = trainmod.run_train(testbed.name, model=model, method=method, steps=4, warmup=1,
-                             ranks=ranks, baseline=False, state_dir=testbed.state_dir)
+                             ranks=ranks, baseline=False, state_dir=testbed.state_dir,
+                             homagg_only=True)
     assert rep["ranks"] == ranks
     assert len(rep["losses"]) == 5  # K = 5 steps (one untimed)
     assert rep["params_identical_across_ranks"] is True
@@ -138,8 +139,15 @@ def test_train_cli_gloo_baseline_user_model_and_plots(testbed, tmp_path):
               "exposed_after_last_bucket_seconds", "hook_cpu_seconds"):
         assert rep[k] is not None, k
     assert rep["torch_threads"] == hgt.threads_per_rank(2)
+    # the cost model's choice (1 Gbit/s links, 2 ranks): the 9-element
+    # bucket goes through the process group (ring: 36 bytes and one half
+    # round trip; dense: two round trips), and the replay applies its result
+    assert rep["cost"]["link_mbit"] == 1000
     for b in rep["buckets"]:
-        assert b["paths"] == {"homagg": 3} and b["cpu_seconds"] >= 0.0, b
+        assert b["paths"] == {"baseline": 3} and b["methods"] == {"gloo": 3}, b
+        assert b["predicted_baseline_seconds"] < b["predicted_homagg_seconds"], b
+    # the replay counts every step: 1 warmup + 3 timed
+    assert rep["baseline_buckets"] == 4 and rep["replay"]["baseline_buckets"] == 4
     assert rep["replay"]["first_mismatch"] is None
     assert rep["speedup_vs_gloo"] == pytest.approx(
         rep["gloo_iteration_seconds"] / rep["iteration_seconds"])
@@ -148,6 +156,77 @@ def test_train_cli_gloo_baseline_user_model_and_plots(testbed, tmp_path):
     for name in ("loss_vs_step.png", "loss_vs_time.png", "train.json"):
         assert (out / name).stat().st_size > 0
     assert testbed.state()["processes"] == []
+
+
+@pytest.mark.root
+@pytest.mark.netns
+@pytest.mark.dpdk
+def test_train_link_rate_sweep_builds_a_testbed_per_rate_and_plots(tmp_path):
+    """`homagg train --link-mbit 100,1000` (the short version of make
+    bench's sweep): one 2-worker testbed per rate, each built at that rate
+    and registering it as the job's cost model, the run exact at each, the
+    speedup the ratio of the two phases' iteration times, each bucket's
+    path the cost model's choice, the testbeds removed, the table and the
+    plot written."""
+    import json
+    import subprocess
+    import sys
+
+    from homagg.deploy.local.testbed import Testbed
+
+    require(os.geteuid() == 0, "needs root")
+    user = tmp_path / "emb.py"
+    user.write_text(
+        "import torch\n"
+        "def factory(rank, world_size, seed):\n"
+        "    torch.manual_seed(seed)\n"
+        "    net = torch.nn.EmbeddingBag(20000, 8, mode='sum')\n"
+        "    g = torch.Generator().manual_seed(seed * 100 + rank)\n"
+        "    def batches():\n"
+        "        while True:\n"
+        "            yield (torch.randint(0, 20000, (16, 4), generator=g),\n"
+        "                   torch.rand(16, 8, generator=g))\n"
+        "    return net, batches(), torch.nn.MSELoss()\n")
+    sd, name, out = str(tmp_path / "testbeds"), "s" + secrets.token_hex(5), tmp_path / "out"
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=os.path.join(repo, "orchestrator"))
+    r = subprocess.run([sys.executable, "-m", "homagg.train.train", "--link-mbit", "100,1000",
+                        "--workers", "2", "--testbed-name", name, "--state-dir", sd,
+                        "--model", f"{user}:factory", "--steps", "2", "--warmup", "1",
+                        "--out", str(out), "--json"],
+                       capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rep = json.loads(r.stdout)
+    assert [(row["link_mbit"], row["ranks"]) for row in rep["results"]] == [(100, 2), (1000, 2)]
+    for row in rep["results"]:
+        assert row["testbed_link_mbit"] == row["link_mbit"] == row["cost"]["link_mbit"]
+        assert row["params_identical_across_ranks"] and row["replay_bit_identical"], row
+        assert row["speedup_vs_gloo"] == pytest.approx(
+            row["gloo_iteration_seconds"] / row["iteration_seconds"])
+        for b in row["buckets"]:
+            # the 160000-element embedding bucket at < 1 % density: HomAgg at both
+            # rates, in both timed steps
+            assert b["numel"] == 160_000 and b["paths"] == {"homagg": 2}, b
+            assert b["predicted_homagg_seconds"] < b["predicted_baseline_seconds"], b
+    with pytest.raises(Exception, match=name):
+        Testbed.open(name, sd)  # taken down
+    png = out / "train_linkrate.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    table = (out / "train_sweep.md").read_text()
+    assert "| 100 Mbit/s |" in table and "| 1000 Mbit/s |" in table
+    assert json.loads((out / "train_sweep.json").read_text())["results"] == rep["results"]
+
+
+def test_train_link_rate_sweep_arguments_name_the_flag(capsys):
+    for argv, words in ((["--link-mbit", "100,fast"], "--link-mbit '100,fast'"),
+                        (["--link-mbit", "0.5"], "each at least 1"),
+                        (["--link-mbit", "100", "--no-baseline"], "--no-baseline"),
+                        (["--link-mbit", "100", "--method", "gloo"], "--method gloo"),
+                        (["--link-mbit", "100", "--ranks", "2"], "--workers")):
+        assert trainmod._standalone(argv) == 1
+        err = capsys.readouterr().err
+        assert err.startswith("homagg train: ") and words in err, err
+        assert len(err.strip().splitlines()) == 1, err
 
 
 TINY_MODELS = """\
@@ -214,7 +293,7 @@ def test_testbed_up_job_file_trains_vgg_and_bert_over_two_aggregators(tmp_path):
             before = completed()
             rep = trainmod.run_train(name, model=f"{models}:{model}", method="auto", steps=2,
                                      warmup=0, baseline=False, lr=lr, bucket_mb=0.05,
-                                     state_dir=sd)
+                                     state_dir=sd, homagg_only=True)
             assert rep["job_file"] == path and rep["aggregators"] == ["10.77.0.1", "10.77.0.2"]
             assert rep["params_identical_across_ranks"] is True, model
             assert rep["replay_bit_identical"] is True, rep["replay"]
@@ -527,7 +606,8 @@ def test_dead_aggregator_raises_in_backward_within_timeout_naming_it(caplog):
         local(x).sum().backward()
         for a, b in zip(model.module.parameters(), local.parameters()):
             assert torch.equal(a.grad, b.grad)
-        assert state.counters == {"homagg_failures": 1, "fallback_buckets": 1, "retries": 0}
+        assert state.counters == {"homagg_failures": 1, "fallback_buckets": 1, "retries": 0,
+                                  "baseline_buckets": 0, "density_agreements": 0}
         assert [e["path"] for e in state.take_log()] == ["fallback"]
         assert dead in caplog.text and "process group's allreduce" in caplog.text
         time.sleep(0.02)  # past the back-off: the next bucket tries HomAgg again
@@ -610,3 +690,134 @@ def test_the_standing_job_is_used_only_when_it_fits():
                    dict(payload=512), dict(timeout=5.0)):
         assert not trainmod._fits(job, **dict(fits, **change)), change
     assert trainmod._fits(dict(job, auth_file="/x/job.secret"), **dict(fits, auth=True))
+
+
+def test_replay_applies_the_group_result_of_a_baseline_bucket(tmp_path):
+    """No network: 2 steps of a Linear(4, 2), step 0 through HomAgg (the
+    oracle), step 1 through the process group (path baseline: the float32
+    sum / W recorded by both ranks).  The replay is bit-identical and
+    counts the baseline bucket; a recorded group result that is not the
+    average of the recorded gradients, or that differs between the ranks,
+    is an error naming the bucket."""
+    import json
+
+    user = tmp_path / "lin.py"
+    user.write_text("import torch\n"
+                    "def factory(rank, world_size, seed):\n"
+                    "    return torch.nn.Linear(4, 2), iter(()), torch.nn.MSELoss()\n")
+    W, lr = 2, 0.1
+    net = torch.nn.Linear(4, 2)
+    np.savez(tmp_path / "init-0.npz", **{n: p.detach().numpy() for n, p in
+                                         net.named_parameters()})
+    opt = torch.optim.SGD(net.parameters(), lr=lr)
+    rng = np.random.default_rng(5)
+    grads, layout, digests = [{}, {}], [], []
+    for step, path in enumerate(("homagg", "baseline")):
+        xs = [rng.standard_normal(10).astype(np.float32) for _ in range(W)]
+        if path == "homagg":
+            y = oracle_allreduce(xs, BLOCK) / np.float32(W)
+        else:
+            y = (xs[0] + xs[1]) / np.float32(W)
+        for r in range(W):
+            grads[r][f"s{step}_b0"] = xs[r]
+            if path != "homagg":
+                grads[r][f"s{step}_b0_y"] = y
+        layout.append({"step": step, "bucket": 0, "params": ["weight", "bias"], "path": path})
+        net.weight.grad = torch.from_numpy(y[:8].copy()).reshape(2, 4)
+        net.bias.grad = torch.from_numpy(y[8:].copy())
+        opt.step()
+        digests.append({n: trainmod._digest(p) for n, p in net.named_parameters()})
+    np.savez(tmp_path / "params-auto-0.npz", **{n: p.detach().numpy() for n, p in
+                                                net.named_parameters()})
+    with open(tmp_path / "digests-0.json", "w") as f:
+        json.dump(digests, f)
+    for r in range(W):
+        with open(tmp_path / f"layout-{r}.json", "w") as f:
+            json.dump(layout, f)
+        np.savez(tmp_path / f"grads-{r}.npz", **grads[r])
+    model = f"{user}:factory"
+    rp = trainmod.replay(str(tmp_path), model, W, 1, lr, BLOCK)
+    assert rp["bit_identical"] is True and rp["baseline_buckets"] == 1, rp
+    bad = dict(grads[1], s1_b0_y=grads[1]["s1_b0_y"] + np.float32(1e-3))
+    np.savez(tmp_path / "grads-1.npz", **bad)
+    with pytest.raises(trainmod.TrainError, match="different results of s1_b0"):
+        trainmod.replay(str(tmp_path), model, W, 1, lr, BLOCK)
+    for r in range(W):
+        np.savez(tmp_path / f"grads-{r}.npz", **dict(grads[r], s1_b0_y=bad["s1_b0_y"]))
+    with pytest.raises(trainmod.TrainError, match="s1_b0 is not the average"):
+        trainmod.replay(str(tmp_path), model, W, 1, lr, BLOCK)
+
+
+class _NoHomAgg:
+    """A HookState worker whose job registers 10 Gbit/s links and that
+    fails if HomAgg is ever asked: every bucket must take the baseline."""
+
+    job = 1
+
+    def __init__(self, rank, world):
+        from homagg import cost
+
+        self.worker, self.workers = rank, world
+        self.cost = cost.job_cost(10_000, coeffs=cost.DEFAULT_COEFFICIENTS)
+
+    def allreduce(self, *args, **kwargs):
+        raise AssertionError("HomAgg was asked for a bucket the cost model sends to the group")
+
+    def close(self):
+        pass
+
+
+def _baseline_rank(rank, world, store, out):
+    import datetime
+
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=60))
+    try:
+        torch.manual_seed(0)
+        a = torch.nn.Sequential(torch.nn.Linear(512, 256), torch.nn.ReLU(),
+                                torch.nn.Linear(256, 4000))
+        b = torch.nn.Sequential(torch.nn.Linear(512, 256), torch.nn.ReLU(),
+                                torch.nn.Linear(256, 4000))
+        b.load_state_dict(a.state_dict())
+        hooked, plain = DDP(a, bucket_cap_mb=1), DDP(b, bucket_cap_mb=1)
+        state = hgt.HookState(_NoHomAgg(rank, world), fallback=False)
+        hooked.register_comm_hook(state, hgt.allreduce_hook)
+        same = []
+        for step in range(3):
+            g = torch.Generator().manual_seed(10 * rank + step)
+            x = torch.randn(16, 512, generator=g)
+            hooked(x).square().mean().backward()
+            plain(x).square().mean().backward()
+            for pa, pb in zip(a.parameters(), b.parameters()):
+                same.append(torch.equal(pa.grad, pb.grad))
+                pa.grad = pb.grad = None
+        log = state.take_log()
+        torch.save({"same": same, "paths": [e["path"] for e in log],
+                    "sizes": sorted({(e["bucket"], e["numel"]) for e in log}),
+                    "counters": state.counters}, f"{out}-{rank}.pt")
+        state.close()
+    finally:
+        dist.destroy_process_group()
+
+
+def test_baseline_buckets_give_plain_ddp_gradients(tmp_path):
+    """Two Gloo ranks in processes, a job at 10 Gbit/s: the cost model sends
+    every dense bucket through the hook's group (HomAgg is never asked),
+    started asynchronously as DDP's own allreduce is; the ranks' non-zero
+    count is agreed on a bucket's first call only; and the averaged
+    gradients equal plain DDP's bit for bit at every step (W = 2: dividing
+    before or after the sum is exact)."""
+    import torch.multiprocessing as mp
+
+    out = str(tmp_path / "rank")
+    mp.spawn(_baseline_rank, args=(2, str(tmp_path / "store"), out), nprocs=2, join=True)
+    for r in range(2):
+        res = torch.load(f"{out}-{r}.pt")
+        assert res["same"] and all(res["same"]), res["same"]
+        assert res["paths"] and set(res["paths"]) == {"baseline"}, res["paths"]
+        assert res["counters"]["baseline_buckets"] == len(res["paths"])
+        # the count agreed once per bucket (index and size) in 3 < density_every calls
+        assert res["counters"]["density_agreements"] == len(res["sizes"]) < len(res["paths"])

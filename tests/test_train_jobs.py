@@ -8,6 +8,8 @@ namespace, one rank per worker namespace, tests/ddp_scenarios.py):
   started again before step 5, and one rank whose HomAgg call fails while
   the others' succeed;
 - the ``homagg`` torch.distributed backend on 2 and 4 processes.
+- the cost model's choice of path: a dense bucket at 10 Gbit/s through the
+  process group, a sparse one at 100 Mbit/s through HomAgg, replayed.
 
 Checked in every case: every rank's final parameters are bit-identical; the
 ranks made the same hook calls and took the same path for each; every
@@ -147,6 +149,11 @@ def _check(outdir, W):
             want = oracle_allreduce([c[k]["x"].numpy() for c in calls], BLOCK) / np.float32(W)
             assert np.array_equal(calls[0][k]["y"].numpy().view(np.uint32),
                                   want.view(np.uint32)), k
+        else:  # the process group's float32 sum / W: within its rounding of the exact one
+            xs = np.stack([c[k]["x"].numpy() for c in calls]).astype(np.float64)
+            bound = (W + 1) * np.finfo(np.float32).eps * np.abs(xs).sum(axis=0) / W
+            err = np.abs(calls[0][k]["y"].numpy().astype(np.float64) - xs.sum(axis=0) / W)
+            assert np.all(err <= bound), k
     return res
 
 
@@ -167,6 +174,46 @@ def test_training_job_features_exact(testbed, jobs, tmp_path, scenario, W):
         # the ranks that ran out of inputs contributed zero gradients
         last = [rr["records"][-1]["x"] for rr in res]
         assert not last[0].any() and last[W - 1].any()
+
+
+def test_cost_model_sends_a_dense_bucket_at_10g_through_gloo_and_a_sparse_one_at_100m_through_homagg(
+        testbed, jobs, tmp_path):
+    """HookState(cost=...) on 2 ranks: a dense 131072-element bucket with
+    10 Gbit/s registered goes through the process group (ring's predicted
+    time below HomAgg's bound), an 800000-element embedding bucket at
+    0.03 % density with 100 Mbit/s through HomAgg; every rank takes the same
+    path for every bucket; the parameters are identical across ranks and
+    bit-identical to a replay from the same initial parameters applying, in
+    order, the oracle's sum / W (HomAgg buckets) or the group's recorded
+    result (checked against the exact sum in _check) with the same SGD."""
+    W = 2
+    jobs(W, tmp_path / "job.json")
+    _finish(_start(testbed, "baseline", W, tmp_path, tmp_path / "job.json"))
+    res = _check(tmp_path, W)
+    calls = res[0]["records"]
+    assert [c["path"] for c in calls] == ["baseline"] * 3 + ["homagg"] * 3
+    assert [c["x"].numel() for c in calls] == [512 * 256] * 3 + [100_000 * 8] * 3
+    for rr in res:
+        assert rr["counters"]["baseline_buckets"] == 3
+        for e in rr["log"]:
+            assert e["predicted_homagg_seconds"] is not None
+            faster = e["predicted_baseline_seconds"] < e["predicted_homagg_seconds"]
+            assert faster == (e["path"] == "baseline"), e
+    # the replay: one process, the same initial parameters and SGD
+    for k in range(2):
+        w = res[0]["init"][k].clone()
+        for i in range(3 * k, 3 * k + 3):
+            if calls[i]["path"] == "homagg":
+                y = oracle_allreduce([rr["records"][i]["x"].numpy() for rr in res],
+                                     BLOCK) / np.float32(W)
+            else:
+                y = calls[i]["y"].numpy()
+            p = torch.nn.Parameter(w)
+            opt = torch.optim.SGD([p], lr=0.1)
+            p.grad = torch.from_numpy(y.copy()).reshape(w.shape)
+            opt.step()
+            w = p.detach().clone()
+        assert torch.equal(_bits(w), _bits(res[0]["params"][k][0])), k
 
 
 def test_torchrun_with_the_job_file_only(testbed, jobs, tmp_path):

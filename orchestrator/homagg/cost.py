@@ -186,3 +186,94 @@ def job_cost(link_mbit, rtt_ns=None, calibration=None, coeffs=None) -> Cost:
         coeffs = coefficients(calibration if calibration is not None else load_calibration())
     return Cost(link_mbit=int(link_mbit), rtt_ns=int(DEFAULT_RTT_NS if rtt_ns is None
                                                      else rtt_ns), **coeffs)
+
+
+# --------------------------------------------------------------------------
+# HomAgg or the process group's allreduce (docs/TRAINING.md "Never slower
+# than the baseline"; docs/PROTOCOL.md Part 1 "The cost model")
+
+# methods whose bucket may go through the process group instead: the exact
+# ones (a lossy method's result differs from the group's by design)
+BASELINE_METHODS = ("auto", "dense", "blocks", "lhc", "union")
+FRAMING_BYTES = 98  # per packet: Ethernet preamble, gap and FCS, IPv4, UDP, header
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def ring_ps(c: Cost, workers: int, n: int) -> int:
+    """Ring all-reduce of ``n`` float32 elements over ``workers`` ranks
+    (picoseconds): ``ceil(2 (W-1) 4n / W)`` bytes per rank at the link rate
+    in ``2 (W-1)`` steps of half a round trip; its framing and the CPU of
+    its additions are not charged (this favours the baseline)."""
+    if workers < 2 or n < 1:
+        return 0
+    byte_ps = 8 * 10**6 // c.link_mbit
+    return _ceil(2 * (workers - 1) * 4 * n, workers) * byte_ps + (workers - 1) * 1000 * c.rtt_ns
+
+
+def homagg_ps(c: Cost, workers: int, n: int, nnz_max: int | None, method: str = "auto",
+              block: int = 4096) -> int:
+    """An upper bound of the predicted time (picoseconds) of ``method`` on a
+    bucket of ``n`` float32 elements whose ranks hold at most ``nnz_max``
+    non-zeros each (None: unknown, only dense's and blocks' bound; union
+    and lhc are then not bounded and the result is dense's).  Every term
+    is the cost model's (docs/PROTOCOL.md Part 1), integers only:
+
+    - dense (and blocks, which sends at most dense's values): the exponents
+      (one byte per block) and ``4n`` value bytes at ``xb`` each, ``n *
+      value_ps``, two round trips;
+    - union (and lhc, which sends at least union's bytes): the exponents,
+      the counts (4 bytes per block), a bitmap index of every element
+      (``ceil(n/8)`` bytes, ``n * bitmap_ps``; a Bloom filter is taken only
+      where the model predicts it faster) and ``N = min(n, W * nnz_max)``
+      candidate lanes (no position shared by two ranks: the most there can
+      be) at ``4 xb + lane_ps`` each, four round trips;
+    - auto: the smaller of the two (auto's rule picks the fastest by the
+      same model, plus at most the counts' step).
+    """
+    if method not in BASELINE_METHODS:
+        raise InvalidArgument(f"method {method!r}: the choice of path covers "
+                              f"{', '.join(BASELINE_METHODS)}")
+    byte_ps = 8 * 10**6 // c.link_mbit
+    P = c.payload_bytes or 1024
+    xb = byte_ps + (c.pkt_ps + workers * c.agg_pkt_ps + FRAMING_BYTES * byte_ps) // P
+    rt = 1000 * c.rtt_ns
+    nb = _ceil(n, block)
+    dense = (nb + 4 * n) * xb + n * c.value_ps + 2 * rt
+    if method in ("dense", "blocks") or nnz_max is None:
+        return dense
+    lanes = min(n, workers * int(nnz_max))
+    union = ((nb + 4 * nb + _ceil(n, 8)) * xb + n * c.bitmap_ps
+             + lanes * (4 * xb + c.lane_ps) + 4 * rt)
+    if method in ("union", "lhc"):
+        return union
+    return min(dense, union)
+
+
+def choose_path(c: Cost, workers: int, n: int, nnz_max: int | None, method: str = "auto",
+                block: int = 4096) -> dict:
+    """The path of one bucket: {"path": "homagg" or "baseline",
+    "homagg_ps", "baseline_ps"}.  "baseline" (the process group's own
+    allreduce) only when its predicted time is strictly below HomAgg's
+    bound; a job without a link rate, a lossy method or one rank: "homagg".
+    Every input is the same on every rank, so every rank chooses alike."""
+    if not c.timed or method not in BASELINE_METHODS or workers < 2 or n < 1:
+        return {"path": "homagg", "homagg_ps": None, "baseline_ps": None}
+    h = homagg_ps(c, workers, n, nnz_max, method, block)
+    g = ring_ps(c, workers, n)
+    return {"path": "baseline" if g < h else "homagg", "homagg_ps": h, "baseline_ps": g}
+
+
+def needs_density(c: Cost, workers: int, n: int, method: str = "auto",
+                  block: int = 4096) -> bool:
+    """Whether the choice of ``choose_path`` depends on the ranks' non-zero
+    counts: only when dense's bound alone loses to the baseline and the
+    method may run union.  Otherwise the hook decides without agreeing on
+    a count (no extra collective)."""
+    if not c.timed or method not in ("auto", "union", "lhc") or workers < 2 or n < 1:
+        return False
+    if method == "auto":
+        return choose_path(c, workers, n, None, method, block)["path"] == "baseline"
+    return True

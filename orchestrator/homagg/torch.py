@@ -75,6 +75,27 @@ each bucket's log entry says which path reduced it ("path": "homagg" or
 With ``fallback=False`` (or without torch.distributed) a failure is raised
 by the backward pass: PeerTimeout naming the aggregator within
 HOMAGG_TIMEOUT seconds.
+
+Never slower than the baseline (``baseline=True``, the default, when
+torch.distributed is initialised and the job registers a link rate, its
+cost model: homagg.cost): before each bucket every rank predicts, from
+inputs that are the same on every rank, the time of the process group's
+own ring allreduce and an upper bound of HomAgg's method
+(homagg.cost.choose_path: the bucket's element count, the world size, the
+job's link rate, round trip and calibration, and the largest non-zero
+count of any rank).  When the group's is strictly smaller the bucket goes
+through the group's allreduce (path "baseline", ``counters
+["baseline_buckets"]``), started asynchronously and in place as DDP's own
+(on a second Gloo group of the same ranks, so the agreements of the next
+buckets do not wait behind it).  The non-zero count is agreed by an allreduce MAX
+of one int64 over the hook's group, only for buckets whose choice depends
+on it (homagg.cost.needs_density: dense's bound alone loses), on a
+bucket's first call and every ``density_every``-th after (between those
+the last agreed count decides: the same on every rank, and the sums are
+exact whichever path); it travels with the fallback's back-off flag when
+both are needed.  Exact methods
+only (auto, dense, blocks, lhc, union); ``nc`` always runs HomAgg.  The
+rule is docs/TRAINING.md's "Never slower than the baseline".
 """
 
 import concurrent.futures
@@ -88,6 +109,7 @@ import time
 import numpy as np
 import torch
 
+from homagg import cost as _cost
 from homagg import protocol
 from homagg.errors import InvalidArgument
 from homagg.switch.job_file import (JOB_FIELDS, UDP_PORT, ConfigError, job_config,  # noqa: F401
@@ -151,15 +173,29 @@ class HookState:
     "cpu_seconds" is the hook thread's CPU time for the bucket: HomAgg's
     codec and packet work (the client sleeps in ppoll while it waits), or
     the fallback's.  ``last_call`` is the perf_counter time of the latest
-    bucket handed over.  A recorder that
-    takes a ``path`` keyword also gets "homagg" or "fallback".
+    bucket handed over; a log entry's "handed_over" and "done" are the
+    perf_counter times (CLOCK_MONOTONIC: comparable between the ranks of
+    one host) of the bucket's hand-over and of its result;
+    "agree_seconds" the part of "seconds" spent in the ranks' agreements
+    over the process group (the fallback's status, the count of the
+    choice of path).  A recorder that takes a ``path`` keyword also gets
+    "homagg", "baseline" or "fallback".
 
     ``fallback`` (default True), ``backoff`` and ``backoff_max`` (seconds):
-    see "Surviving the aggregator" in the module doc."""
+    see "Surviving the aggregator" in the module doc.
+
+    ``baseline`` (default True) and ``cost`` (a homagg.cost.Cost or its
+    dict; default: the job's, the worker's ``cost``) and ``density_every``
+    (default 16: calls of a bucket between agreements of its count): see
+    "Never slower than the baseline" in the module doc.  A log entry's "path" is then
+    "homagg", "baseline" or "fallback", and "predicted_homagg_seconds" /
+    "predicted_baseline_seconds" carry the two predictions (None when the
+    rule did not apply).  ``cost`` may be replaced between buckets (the
+    same on every rank)."""
 
     def __init__(self, worker=None, *, method="auto", sparsify=None, process_group=None,
                  block=None, nc_levels=0, seed=0, recorder=None, env=None, fallback=True,
-                 backoff=1.0, backoff_max=60.0):
+                 backoff=1.0, backoff_max=60.0, baseline=True, cost=None, density_every=16):
         protocol.method(method)  # InvalidArgument naming the choices
         if sparsify is not None and not hasattr(sparsify, "mask"):
             raise InvalidArgument("sparsify must be homagg.torch.TopK(...) or Threshold(...)")
@@ -185,14 +221,27 @@ class HookState:
         self.worker = worker
         self.world_size = worker.workers
         self.backoff, self.backoff_max = float(backoff), float(backoff_max)
-        self.counters = {"homagg_failures": 0, "fallback_buckets": 0, "retries": 0}
+        self.counters = {"homagg_failures": 0, "fallback_buckets": 0, "retries": 0,
+                         "baseline_buckets": 0, "density_agreements": 0}
         self._failures = 0  # consecutive agreed failures
         self._retry_at = None  # monotonic time of the next HomAgg try; None: healthy
+        self.cost = _cost.as_cost(cost if cost is not None else
+                                  getattr(worker, "cost", None))
         self._group = None
-        self.fallback = False
-        if fallback:
+        self.fallback = self.baseline = False
+        if int(density_every) < 1:
+            raise InvalidArgument(f"density_every {density_every}: at least 1 (calls)")
+        self.density_every = int(density_every)
+        self._nnz_cache = {}  # (bucket index, size) -> (agreed count, calls since)
+        self._baseline_group = None
+        if fallback or baseline:
             self._group = _fallback_group(process_group)
-            self.fallback = self._group is not None
+            self.fallback = bool(fallback) and self._group is not None
+            self.baseline = bool(baseline) and self._group is not None
+        if self.baseline:
+            # the buckets sent to the group run on a group of their own, so
+            # the next bucket's agreement does not queue behind their data
+            self._baseline_group = _fallback_group(process_group)
         # one thread runs the buckets in order: HomAgg, the agreement, the fallback
         self._executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix=f"homagg-hook{worker.worker}")
@@ -273,11 +322,8 @@ class HookState:
         self._calls += 1
         world = np.float32(self.world_size)
 
-        def run():
+        def finish(y, path, cpu):
             try:
-                c0 = time.thread_time()
-                y, path = self._reduce_sum(index, x, seed, info)
-                cpu = time.thread_time() - c0
                 np.divide(y, world, out=y)
                 if self.recorder is not None:
                     if self._recorder_path:
@@ -291,23 +337,57 @@ class HookState:
                 with self._log_lock:
                     self.log.append({
                         "bucket": index, "numel": int(x.size),
-                        "nnz": int(np.count_nonzero(x)), "method": info.get("method"),
+                        "nnz": info["nnz"] if "nnz" in info else int(np.count_nonzero(x)),
+                        "method": info.get("method"),
                         "bytes_sent": info.get("bytes_sent"), "path": path,
-                        "cpu_seconds": cpu, "seconds": seconds, "dtype": str(dtype)})
+                        "cpu_seconds": cpu, "seconds": seconds, "dtype": str(dtype),
+                        "handed_over": t0, "done": t0 + seconds,
+                        "agree_seconds": info.get("agree_seconds", 0.0),
+                        "predicted_homagg_seconds": info.get("predicted_homagg_seconds"),
+                        "predicted_baseline_seconds": info.get("predicted_baseline_seconds")})
                 out = torch.from_numpy(y).to(dtype).reshape(buffer.shape)
                 fut.set_result(out)
             except BaseException as exc:
-                if self.metrics is not None:
-                    self.metrics.failed()
-                if in_backward:  # check() below raises it, its type intact
-                    fut.set_result(buffer)
-                else:
-                    fut.set_exception(exc)
-                return exc
+                return fail(exc)
             return None
+
+        def fail(exc):
+            if self.metrics is not None:
+                self.metrics.failed()
+            if in_backward:  # check() below raises it, its type intact
+                fut.set_result(buffer)
+            else:
+                fut.set_exception(exc)
+            return exc
+
+        def run():
+            try:
+                c0 = time.thread_time()
+                y, path = self._reduce_sum(index, x, seed, info)
+                cpu = time.thread_time() - c0
+            except BaseException as exc:
+                return fail(exc)
+            if not isinstance(y, torch._C.Future):  # (what Work.get_future() gives)
+                return finish(y, path, cpu)
+            # the group's allreduce runs in Gloo's threads, as DDP's own:
+            # this thread goes on with the next bucket
+            pending = concurrent.futures.Future()
+
+            def done(f):
+                try:
+                    yy = f.value().numpy()
+                except BaseException as exc:
+                    pending.set_result(fail(exc))
+                    return
+                pending.set_result(finish(yy, path, cpu))
+
+            y.then(done)
+            return pending
 
         def check(cf):
             exc = cf.result()  # waits for this bucket
+            if isinstance(exc, concurrent.futures.Future):
+                exc = exc.result()  # the group's allreduce and its finish
             if exc is not None:
                 raise exc
 
@@ -329,14 +409,52 @@ class HookState:
 
     # -- the path of one bucket (on the hook's thread, buckets in order) -----
 
+    def _choice(self, n):
+        """(rule applies, the count must be agreed) for a bucket of n elements."""
+        if not (self.baseline and self.cost.timed and self.method in _cost.BASELINE_METHODS):
+            return False, False
+        block = self.block or _cost_block()
+        return True, _cost.needs_density(self.cost, self.world_size, n, self.method, block)
+
     def _reduce_sum(self, index, x, seed, info):
         """The sum of x over the ranks and the path that made it."""
+        rule, need_nnz = self._choice(x.size)
+        backing = self.fallback and self._retry_at is not None
+        nnz_max = None
+        # the count of a bucket (index and size) is agreed on its first call
+        # and every density_every-th after; between those the last agreed one
+        # (the same on every rank: every rank makes the same calls)
+        key = (index, int(x.size))
+        cached = self._nnz_cache.get(key) if need_nnz else None
+        agree_nnz = need_nnz and (cached is None or cached[1] + 1 >= self.density_every)
+        if need_nnz and not agree_nnz:
+            nnz_max = cached[0]
+            self._nnz_cache[key] = (nnz_max, cached[1] + 1)
+        if agree_nnz or backing:
+            # one allreduce MAX: the back-off flag and this rank's non-zero count
+            a0 = time.perf_counter()
+            if agree_nnz:
+                info["nnz"] = int(np.count_nonzero(x))  # the log's too: one pass
+            waiting, agreed = self._agree_max(
+                int(backing and time.monotonic() < self._retry_at), info.get("nnz", 0))
+            info["agree_seconds"] = time.perf_counter() - a0
+            if agree_nnz:
+                nnz_max = agreed
+                self._nnz_cache[key] = (nnz_max, 0)
+                self.counters["density_agreements"] += 1
+            if backing and waiting:
+                return self._group_sum(x, info, "fallback_buckets"), "fallback"
+        if rule:
+            c = _cost.choose_path(self.cost, self.world_size, x.size, nnz_max, self.method,
+                                  self.block or _cost_block())
+            if c["homagg_ps"] is not None:
+                info["predicted_homagg_seconds"] = c["homagg_ps"] * 1e-12
+                info["predicted_baseline_seconds"] = c["baseline_ps"] * 1e-12
+            if c["path"] == "baseline":
+                return self._group_sum_async(x, info), "baseline"
         if not self.fallback:
             return self._homagg(x, seed, info), "homagg"
-        if self._retry_at is not None:
-            # backing off: try HomAgg again only when every rank's back-off elapsed
-            if self._agree(time.monotonic() < self._retry_at):
-                return self._group_sum(x, info), "fallback"
+        if backing:
             self.counters["retries"] += 1
         error = None
         try:
@@ -345,7 +463,10 @@ class HookState:
             y = self._homagg(x, seed, info)
         except Exception as exc:  # noqa: BLE001 - every rank must reach the agreement
             error = exc
-        if not self._agree(error is not None):
+        a0 = time.perf_counter()
+        failed = self._agree(error is not None)
+        info["agree_seconds"] = info.get("agree_seconds", 0.0) + time.perf_counter() - a0
+        if not failed:
             self._failures, self._retry_at = 0, None
             return y, "homagg"
         self._failures += 1
@@ -364,8 +485,9 @@ class HookState:
                 worker.close()
             except Exception as exc:  # noqa: BLE001 - it failed already
                 _log.debug("closing the failed HomAgg worker: %s", exc)
-        info.clear()
-        return self._group_sum(x, info), "fallback"
+        for k in ("method", "bytes_sent"):
+            info.pop(k, None)
+        return self._group_sum(x, info, "fallback_buckets"), "fallback"
 
     def _homagg(self, x, seed, info):
         return self.worker.allreduce(x, self.method, block=self.block, nc_levels=self.nc_levels,
@@ -379,10 +501,35 @@ class HookState:
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self._group)
         return bool(t.item())
 
-    def _group_sum(self, x, info):
+    def _agree_max(self, *values):
+        """Every rank's values (non-negative integers), each reduced with
+        MAX over the hook's group in one allreduce."""
         import torch.distributed as dist
 
-        self.counters["fallback_buckets"] += 1
+        t = torch.tensor(values, dtype=torch.int64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self._group)
+        return [int(v) for v in t.tolist()]
+
+    def _group_sum_async(self, x, info):
+        """The group's allreduce of x, started: a torch Future of the
+        float32 sum (a tensor sharing memory with the array it summed).  In place on x (the bucket's own
+        memory when it is float32) unless the recorder keeps x."""
+        import torch.distributed as dist
+
+        self.counters["baseline_buckets"] += 1
+        if "nnz" not in info:
+            info["nnz"] = int(np.count_nonzero(x))  # the log's, before the sum replaces x
+        t = torch.from_numpy(x.copy() if self.recorder is not None else x)
+        work = dist.all_reduce(t, op=dist.ReduceOp.SUM, group=self._baseline_group,
+                               async_op=True)
+        info["method"] = dist.get_backend(self._baseline_group)
+        info["bytes_sent"] = None
+        return work.get_future().then(lambda f: t)
+
+    def _group_sum(self, x, info, counter):
+        import torch.distributed as dist
+
+        self.counters[counter] += 1
         t = torch.from_numpy(np.array(x, dtype=np.float32, copy=True))
         dist.all_reduce(t, op=dist.ReduceOp.SUM, group=self._group)
         info["method"] = dist.get_backend(self._group)
@@ -408,6 +555,12 @@ def threads_per_rank(local_ranks=1, cores=None):
     if local_ranks < 1:
         raise InvalidArgument(f"local_ranks {local_ranks} must be >= 1")
     return max(1, int(cores) // int(local_ranks) - 1)
+
+
+def _cost_block():
+    from homagg._native import lib
+
+    return int(lib.HG_DEFAULT_BLOCK)
 
 
 def _takes_keyword(fn, name):

@@ -197,6 +197,7 @@ class Worker:
         self.group = group
         self.timeout = timeout
         self.payload = int(payload)
+        self.cost = as_cost(cost)  # the job's cost model (homagg.torch's choice of path)
         # the smallest MTU of the paths to the aggregators
         narrow = min(aggregators, key=lambda a: path_mtu(a[0], str(bind[0])))
         self.mtu = int(mtu) if mtu else min(9000, max(576, path_mtu(narrow[0], str(bind[0]))))

@@ -26,7 +26,9 @@ ranks) and its wall time, and the speedup: Gloo's iteration time / HomAgg's.
 HomAgg's phase also reports every bucket's size, gradient density, the
 method that ran (auto's choice), its payload bytes, seconds and the hook
 thread's CPU seconds (codec and packet work), and the path that reduced
-it (homagg, or fallback: the process group, see homagg.torch).  Per
+it (homagg; baseline: the process group's allreduce, chosen by the cost
+model as faster, with both predictions; fallback: the process group after
+a HomAgg failure; see homagg.torch).  Per
 iteration: exposed_comm_seconds (the backward pass minus the same backward
 alone, no_sync: what DDP waited for communication; both phases),
 exposed_after_last_bucket_seconds (from the hand-over of the last bucket
@@ -49,6 +51,11 @@ the ranks recorded, divided by the world size, with the same optimiser:
 its parameters must equal the ranks' bit for bit (replay_bit_identical);
 otherwise replay.first_mismatch names the first step and parameter whose
 values differ from rank 0's (hashes recorded after every step).
+A bucket the process group reduced (path baseline or fallback) has no
+fixed-point reference: the replay applies the group's result as the ranks
+recorded it, after checking that every rank recorded the same bits and
+that they are within float32 rounding of the average of the recorded
+gradients (replay.baseline_buckets, replay.fallback_buckets).
 With nc (lossy) both are reported, and the loss curve's largest relative
 distance from the Gloo run's (loss_band_vs_gloo).
 
@@ -66,6 +73,10 @@ come back into RUNS_DIR/<timestamp>-train-<method>/.  --aggregators K and
 do (--switch on inventory hosts; --auth with --leaves on both) is refused
 before anything starts, with the reason.  A user's model
 file must exist at the same path on every worker host.
+
+--link-mbit 100,1000,10000 instead of --testbed builds one testbed per
+link rate and trains every --model (comma-separated) on each: the speedup
+per rate and model and a plot of it (homagg.train.sweep).
 
 --out DIR writes train.json, loss_vs_step.png and loss_vs_time.png.
 """
@@ -193,15 +204,20 @@ def _phase(spec, dist, torch, method, record_dir, snapshot):
     record = {"step": 0, "buckets": [], "digests": []}
     if method != "gloo":
         def recorder(index, x, y, params, path="homagg"):
+            # the process group's result too where it reduced the bucket
+            # (baseline or fallback): the replay applies it, there is no
+            # fixed-point reference of Gloo's float sum
             record["buckets"].append({"step": record["step"], "bucket": index,
                                       "params": [names[id(p)] for p in params], "x": x,
-                                      "path": path})
+                                      "path": path,
+                                      "y": y.copy() if path != "homagg" else None})
         state = hgt.HookState(method=method, sparsify=_sparsifier(spec.get("sparsify")),
-                              recorder=recorder if record_dir else None)
+                              recorder=recorder if record_dir else None,
+                              baseline=not spec.get("homagg_only", False))
         ddp.register_comm_hook(state, hgt.allreduce_hook)
     steps, warmup = spec["steps"], spec["warmup"]
     losses, step_s, bwd_s, buckets = [], [], [], []
-    exposed_s, hook_cpu_s = [], []
+    exposed_s, hook_cpu_s, timeline = [], [], []
     tx0 = tx1 = 0
     try:
         for step in range(warmup + steps):
@@ -229,6 +245,8 @@ def _phase(spec, dist, torch, method, record_dir, snapshot):
                 log = state.take_log()
                 if step >= warmup:
                     buckets.extend(log)
+                    timeline.extend([step, e["bucket"], e["handed_over"], e["done"]]
+                                    for e in log)
                     # what DDP waited for after the last bucket was handed over
                     last = state.last_call
                     exposed_s.append(t2 - last if last is not None and last >= t1 else None)
@@ -260,11 +278,14 @@ def _phase(spec, dist, torch, method, record_dir, snapshot):
            "exposed_after_last_bucket_seconds": exposed_s, "hook_cpu_seconds": hook_cpu_s,
            "torch_threads": torch.get_num_threads(),
            "tx_bytes_per_step": (tx1 - tx0) / max(1, steps),
-           "buckets": _bucket_summary(buckets), "initial_digest": initial.hexdigest()}
+           "buckets": _bucket_summary(buckets), "initial_digest": initial.hexdigest(),
+           "bucket_timeline": timeline}
     if record_dir:
         np.savez(os.path.join(record_dir, f"params-{method}-{rank}.npz"), **final)
         if method != "gloo":
             arrays = {f"s{b['step']}_b{b['bucket']}": b["x"] for b in record["buckets"]}
+            arrays.update({f"s{b['step']}_b{b['bucket']}_y": b["y"]
+                           for b in record["buckets"] if b["y"] is not None})
             np.savez(os.path.join(record_dir, f"grads-{rank}.npz"), **arrays)
             layout = [{k: b[k] for k in ("step", "bucket", "params", "path")}
                       for b in record["buckets"]]
@@ -287,16 +308,48 @@ def _bucket_summary(log):
         b["bytes_sent"].append(e["bytes_sent"])
         b["seconds"].append(e["seconds"])
         b["cpu_seconds"].append(e.get("cpu_seconds") or 0.0)
+        b.setdefault("agree_seconds", []).append(e.get("agree_seconds") or 0.0)
         path = e.get("path", "homagg")
         b["paths"][path] = b["paths"].get(path, 0) + 1
+        for k in ("predicted_homagg_seconds", "predicted_baseline_seconds"):
+            if e.get(k) is not None:
+                b.setdefault(k, []).append(e[k])
     out = []
     for b in sorted(by.values(), key=lambda b: b["bucket"]):
         out.append({"bucket": b["bucket"], "numel": b["numel"],
                     "density": float(np.mean(b["density"])), "methods": b["methods"],
                     "bytes_sent": float(np.mean([v or 0 for v in b["bytes_sent"]])),
                     "seconds": float(np.median(b["seconds"])),
-                    "cpu_seconds": float(np.median(b["cpu_seconds"])), "paths": b["paths"]})
+                    "cpu_seconds": float(np.median(b["cpu_seconds"])), "paths": b["paths"],
+                    "agree_seconds": float(np.median(b["agree_seconds"])),
+                    "predicted_homagg_seconds": float(np.median(b["predicted_homagg_seconds"]))
+                    if b.get("predicted_homagg_seconds") else None,
+                    "predicted_baseline_seconds":
+                    float(np.median(b["predicted_baseline_seconds"]))
+                    if b.get("predicted_baseline_seconds") else None})
     return out
+
+
+def _arrivals(phases: list[dict]) -> dict:
+    """Per bucket index, from the ranks' bucket_timeline (hand-over and
+    result times on one host's clock), the medians over the timed steps of
+    arrival_spread_seconds (the last rank's hand-over minus the first's:
+    time the first rank's allreduce cannot progress, waiting for the
+    others) and seconds_after_last_arrival (the slowest rank's result minus
+    the last hand-over: the allreduce itself)."""
+    tls = [{(s, b): (h, d) for s, b, h, d in ph.get("bucket_timeline", [])} for ph in phases]
+    if not tls:
+        return {}
+    per = {}
+    for key in sorted(set.intersection(*[set(t) for t in tls])):
+        hs = [t[key][0] for t in tls]
+        ds = [t[key][1] for t in tls]
+        e = per.setdefault(key[1], ([], []))
+        e[0].append(max(hs) - min(hs))
+        e[1].append(max(ds) - max(hs))
+    return {b: {"arrival_spread_seconds": float(np.median(sp)),
+                "seconds_after_last_arrival": float(np.median(af))}
+            for b, (sp, af) in per.items()}
 
 
 def _sparsifier(text):
@@ -395,8 +448,11 @@ def replay(workdir: str, model: str, world: int, seed: int, lr: float, block: in
         opt.zero_grad()
         for e in (e for e in layouts[0] if e["step"] == step):
             key = f"s{step}_b{e['bucket']}"
-            y = ref.allreduce([g[key] for g in grads], block)
-            y = y / W
+            if e.get("path", "homagg") == "homagg":
+                y = ref.allreduce([g[key] for g in grads], block)
+                y = y / W
+            else:
+                y = _group_result(grads, key, W)
             off = 0
             for name in e["params"]:
                 p = params[name]
@@ -419,19 +475,34 @@ def replay(workdir: str, model: str, world: int, seed: int, lr: float, block: in
         b = final[name]
         same &= bool(np.array_equal(a.view(np.uint32), b.view(np.uint32)))
         diff = max(diff, float(np.max(np.abs(a.astype(np.float64) - b))))
-    fallback = sum(1 for e in layouts[0] if e.get("path") == "fallback")
-    if fallback:
-        # buckets the process group reduced (homagg.torch's fallback): Gloo's
-        # float sum has no reference here, so the replay cannot be exact
-        return {"bit_identical": None, "max_abs_diff": diff, "steps": len(steps),
-                "buckets": len(layouts[0]), "first_mismatch": None,
-                "fallback_buckets": fallback}
+    paths = [e.get("path", "homagg") for e in layouts[0]]
     if not same and first_mismatch is None:
         first_mismatch = {"step": steps[-1] if steps else None,
                           "parameter": next(n for n, p in params.items()
                                             if not np.array_equal(p.detach().numpy(), final[n]))}
     return {"bit_identical": same, "max_abs_diff": diff, "steps": len(steps),
-            "buckets": len(layouts[0]), "first_mismatch": first_mismatch}
+            "buckets": len(layouts[0]), "first_mismatch": first_mismatch,
+            "baseline_buckets": paths.count("baseline"),
+            "fallback_buckets": paths.count("fallback")}
+
+
+def _group_result(grads, key, world):
+    """The average the process group computed for bucket ``key`` (path
+    baseline or fallback), as the ranks recorded it: the same bits on every
+    rank, and within float32 rounding of the exact average of the recorded
+    inputs; else TrainError."""
+    ys = [g[key + "_y"] for g in grads]
+    if any(not np.array_equal(y.view(np.uint32), ys[0].view(np.uint32)) for y in ys[1:]):
+        raise TrainError(f"replay: the ranks recorded different results of {key} "
+                         "(reduced by the process group)")
+    xs = np.stack([g[key] for g in grads]).astype(np.float64)
+    exact = xs.sum(axis=0) / world
+    # a float32 sum of W terms, then a division: at most (W + 1) roundings
+    bound = (world + 1) * np.finfo(np.float32).eps * (np.abs(xs).sum(axis=0) / world) + 1e-45
+    if np.any(np.abs(ys[0].astype(np.float64) - exact) > bound):
+        raise TrainError(f"replay: the process group's result of {key} is not the average "
+                         "of the recorded gradients")
+    return ys[0]
 
 
 def _max_diff(workdir: str, a: str, b: str) -> float:
@@ -527,6 +598,11 @@ def summarize(method: str, rank_reports: list[dict], workdir: str, args_like: di
                                      "bytes_per_rank", "losses", "step_seconds",
                                      "losses_per_rank")})
     rep["buckets"] = by_method[method][0]["buckets"]
+    if args_like.get("one_host"):
+        # the ranks share this host's CLOCK_MONOTONIC: when each handed a bucket over
+        arrivals = _arrivals(by_method[method])
+        for b in rep["buckets"]:
+            b.update(arrivals.get(b["bucket"], {}))
     rep["speedup_vs_gloo"] = (gloo["iteration_seconds"] / mine["iteration_seconds"]
                               if gloo and mine["iteration_seconds"] else None)
     rep["params_identical_across_ranks"] = params_identical(workdir, method, W)
@@ -536,6 +612,7 @@ def summarize(method: str, rank_reports: list[dict], workdir: str, args_like: di
                 lib.HG_DEFAULT_BLOCK)
     rep["replay_bit_identical"] = rp["bit_identical"] if method in EXACT_METHODS else None
     rep["fallback_buckets"] = rp.get("fallback_buckets", 0)
+    rep["baseline_buckets"] = rp.get("baseline_buckets", 0)
     rep["replay"] = rp
     if gloo:
         a, b = np.array(mine["losses"]), np.array(gloo["losses"])
@@ -578,12 +655,14 @@ def plot(rep: dict, out_dir: str) -> list[str]:
 
 
 def rank_spec(*, rank, world, init, model, seed, lr, steps, warmup, bucket_mb, phases, workdir,
-              ifname, sparsify, start_timeout, local_ranks=1) -> dict:
-    """One rank's job; ``local_ranks``: the ranks sharing its host's cores."""
+              ifname, sparsify, start_timeout, local_ranks=1, homagg_only=False) -> dict:
+    """One rank's job; ``local_ranks``: the ranks sharing its host's cores;
+    ``homagg_only``: no bucket through the process group by the cost
+    model's choice (homagg.torch's ``baseline=False``)."""
     return dict(rank=rank, world=world, init=init, model=model, seed=seed, lr=lr, steps=steps,
                 warmup=warmup, bucket_mb=bucket_mb, phases=phases, workdir=workdir,
                 ifname=ifname, sparsify=sparsify, start_timeout=start_timeout,
-                local_ranks=local_ranks)
+                local_ranks=local_ranks, homagg_only=homagg_only)
 
 
 def _phases(method: str, baseline: bool) -> list[str]:
@@ -675,6 +754,8 @@ class TrainReport(ReportView):
     hook_cpu_seconds: float | None = None
     losses_per_rank: list | None = None
     fallback_buckets: int = 0
+    baseline_buckets: int = 0
+    homagg_only: bool = False
     replay: dict | None = None
     gloo_iteration_seconds: float | None = None
     gloo_exposed_comm_seconds: float | None = None
@@ -735,7 +816,7 @@ def run_train(testbed: "str | Placement", model: str = "ncf", method: str = "aut
               slots: int | None = None, payload: int = 1024, group: str = "239.77.0.2",
               out_dir: str | None = None, auth: bool = False, cost_model: bool = True,
               aggregators: int | None = None, leaves: int | None = None,
-              start_timeout: float = 120.0) -> TrainReport:
+              start_timeout: float = 120.0, homagg_only: bool = False) -> TrainReport:
     """Train on a placement: ``testbed`` is a local testbed's name (with
     ``state_dir``) or a homagg.deploy.placement.Placement (e.g.
     homagg.deploy.remote.placement.InventoryPlacement for inventory hosts).
@@ -756,7 +837,9 @@ def run_train(testbed: "str | Placement", model: str = "ncf", method: str = "aut
     and this host's calibration (homagg.cost; False: none, choices by
     bytes); a standing job keeps what it was registered with.  ``auth``:
     the job authenticates every frame (a new secret in a file only its
-    owner reads, Placement.private_path)."""
+    owner reads, Placement.place_secret).  ``homagg_only``: every bucket
+    through HomAgg (no choice of the process group's allreduce by the cost
+    model, homagg.torch)."""
     from homagg.runs.allreduce import aggregator_count
     from homagg.runs.job import UDP_PORT, check_payload
 
@@ -844,7 +927,8 @@ def run_train(testbed: "str | Placement", model: str = "ncf", method: str = "aut
                                    steps=steps, warmup=warmup, bucket_mb=bucket_mb,
                                    phases=phases, workdir=pl.worker_dir(r), ifname=iface,
                                    sparsify=sparsify, start_timeout=start_timeout,
-                                   local_ranks=pl.ranks_per_host()))
+                                   local_ranks=pl.ranks_per_host(),
+                                   homagg_only=homagg_only))
             env = {"OMP_NUM_THREADS": "1", "HOMAGG_BIND": pl.worker_ip(r)}
             if iface:
                 env["GLOO_SOCKET_IFNAME"] = iface
@@ -865,7 +949,9 @@ def run_train(testbed: "str | Placement", model: str = "ncf", method: str = "aut
                  + (" and replaying the reference" if method in EXACT_METHODS else ""))
         summary = summarize(method, reports, folder, dict(
             model=model, steps=steps, warmup=warmup, lr=lr, seed=seed, bucket_mb=bucket_mb,
-            sparsify=sparsify))
+            sparsify=sparsify,
+            # the ranks of a local testbed share this host's clock: arrival times
+            one_host=pl.kind == "testbed"))
         rep = TrainReport(
             **summary, placement=pl.kind, testbed=pl.testbed, inventory=pl.inventory,
             link_mbit=pl.link_mbit, pmd=sws[0].pmd if sws else None,
@@ -877,7 +963,8 @@ def run_train(testbed: "str | Placement", model: str = "ncf", method: str = "aut
             slots=job["slots"] if job else slots,
             payload_bytes=job["payload"] if job else payload,
             cost=(job.get("cost") or None) if job else None,
-            worker_hosts=list(pl.workers), rank_pids=pids, run_dir=pl.run_dir)
+            worker_hosts=list(pl.workers), rank_pids=pids, run_dir=pl.run_dir,
+            homagg_only=homagg_only)
         if out_dir:
             os.makedirs(out_dir, exist_ok=True)
             rep.plots = plot(rep, out_dir)
@@ -910,8 +997,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     where.add_argument("--testbed", metavar="NAME", help="a testbed made with `homagg testbed up`")
     where.add_argument("-i", "--inventory", metavar="TOML",
                        help="real hosts: testbed.toml (docs/INVENTORY.md), after `homagg up -i`")
+    where.add_argument("--link-mbit", metavar="RATES", default=None,
+                       help="a link-rate sweep, e.g. 100,1000,10000: one local testbed per rate "
+                       "(--workers, --testbed-name; root), every --model on each, the speedup "
+                       "per rate and model and, with --out, train_linkrate.png "
+                       "(homagg.train.sweep)")
     p.add_argument("--model", default="ncf", metavar="NAME|FILE.py:FACTORY",
-                   help=f"{', '.join(BUILTIN_MODELS)} or path/to/file.py:factory (default ncf)")
+                   help=f"{', '.join(BUILTIN_MODELS)} or path/to/file.py:factory (default ncf); "
+                   "with --link-mbit a comma-separated list")
+    p.add_argument("--workers", type=int, default=4,
+                   help="with --link-mbit: worker namespaces (ranks) of each testbed (default 4)")
+    p.add_argument("--testbed-name", default="trainsweep",
+                   help="with --link-mbit: the name of the testbeds it builds and removes "
+                   "(default trainsweep)")
     p.add_argument("--method", default="auto", choices=METHODS,
                    help="HomAgg method of the hook, or gloo: plain Gloo DDP only (default auto)")
     p.add_argument("--steps", type=int, default=10, help="timed steps (default 10)")
@@ -946,6 +1044,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a job registered for this run chooses by bytes even with a known link "
                    "rate (docs/PROTOCOL.md \"The cost model\"; a testbed's own job keeps its "
                    "`homagg testbed up` setting)")
+    p.add_argument("--homagg-only", action="store_true",
+                   help="every bucket through HomAgg: the cost model never sends one through "
+                   "the process group's allreduce (docs/TRAINING.md \"Never slower than the "
+                   "baseline\")")
     p.add_argument("--auth", action="store_true",
                    help="authenticate every frame (a new job secret, given to the ranks in "
                    "a 0600 file named by the job file; refused where the placement cannot "
@@ -962,6 +1064,30 @@ def main(args: argparse.Namespace) -> int:
     from homagg.deploy.local.testbed import TestbedError
 
     try:
+        if args.link_mbit is not None:
+            from homagg.train import sweep
+
+            if args.ranks is not None or args.inventory or args.auth or args.testbed:
+                raise TrainError("--link-mbit builds its own testbeds: --workers sets their "
+                                 "ranks; --testbed, -i, --ranks and --auth are for one run")
+            kw = dict(method=args.method, steps=args.steps, warmup=args.warmup, lr=args.lr,
+                      seed=args.seed, bucket_mb=args.bucket_mb, baseline=not args.no_baseline,
+                      sparsify=args.sparsify, timeout=args.timeout, slots=args.slots,
+                      payload=args.payload_bytes)
+            rep = sweep.run_sweep(sweep.parse_models(args.model),
+                                  sweep.parse_rates(args.link_mbit), workers=args.workers,
+                                  testbed_name=args.testbed_name, state_dir=args.state_dir,
+                                  out_dir=args.out, switch=args.switch,
+                                  cost_model=args.cost_model, homagg_only=args.homagg_only, **kw)
+            if args.json:
+                print(json.dumps(rep))
+            else:
+                print(sweep.render(rep))
+                for path in rep.get("plots", []):
+                    print(f"plot: {path}")
+            ok = all(r["params_identical_across_ranks"] and r["replay_bit_identical"] is not False
+                     for r in rep["results"])
+            return 0 if ok else 3
         pl = placement(testbed=args.testbed, inventory=args.inventory, state_dir=args.state_dir,
                        runs_dir=args.runs_dir, label=f"train-{args.method}")
         rep = run_train(pl, model=args.model, method=args.method, steps=args.steps,
@@ -970,7 +1096,8 @@ def main(args: argparse.Namespace) -> int:
                         sparsify=args.sparsify, timeout=args.timeout, switch=args.switch,
                         slots=args.slots, payload=args.payload_bytes, out_dir=args.out,
                         auth=args.auth, cost_model=args.cost_model,
-                        aggregators=args.aggregators, leaves=args.leaves)
+                        aggregators=args.aggregators, leaves=args.leaves,
+                        homagg_only=args.homagg_only)
     except (HomAggError, TestbedError) as e:
         print(f"homagg train: {e}", file=sys.stderr)
         return 1
@@ -1011,18 +1138,30 @@ def print_report(rep: dict, as_json: bool = False) -> int:
           + f"; torch threads per rank {rep.get('torch_threads')}")
     for b in rep.get("buckets", []):
         methods = ", ".join(f"{m} x{n}" for m, n in b["methods"].items())
+        paths = ", ".join(f"{p} x{n}" for p, n in b.get("paths", {}).items())
+        pred = ""
+        if b.get("predicted_homagg_seconds") is not None:
+            pred = (f"; predicted homagg {ms(b['predicted_homagg_seconds'])}, "
+                    f"baseline {ms(b['predicted_baseline_seconds'])}")
+        if b.get("arrival_spread_seconds") is not None:
+            pred += (f"; ranks handed it over {ms(b['arrival_spread_seconds'])} apart, "
+                     f"{ms(b['seconds_after_last_arrival'])} after the last")
+        if b.get("agree_seconds"):
+            pred += f"; agreeing over the process group {ms(b['agree_seconds'])}"
         print(f"  bucket {b['bucket']}: {b['numel']} elements, density {b['density']:.4f}, "
-              f"method {methods}, {b['bytes_sent']:.0f} payload bytes, "
-              f"{ms(b['seconds'])} (hook CPU {ms(b.get('cpu_seconds'))})")
+              f"path {paths}, method {methods}, {b['bytes_sent']:.0f} payload bytes, "
+              f"{ms(b['seconds'])} (hook CPU {ms(b.get('cpu_seconds'))}){pred}")
     print("  loss: " + " ".join(f"{v:.4f}" for v in rep["losses"]))
     print(f"  parameters bit-identical across ranks: {rep['params_identical_across_ranks']}")
     replay = rep["replay_bit_identical"]
     print("  bit-identical to the single-process reference replay: "
           + (str(replay) if replay is not None else "n/a (the gloo baseline alone)"
-             if rep["method"] == "gloo" else
-             f"n/a ({rep['fallback_buckets']} buckets went through the process group, "
-             "homagg.torch's fallback)" if rep.get("fallback_buckets") else
-             f"n/a ({rep['method']} is lossy)"))
+             if rep["method"] == "gloo" else f"n/a ({rep['method']} is lossy)")
+          + (f" ({rep['baseline_buckets']} buckets through the process group by the cost "
+             "model's choice, the group's result replayed)" if rep.get("baseline_buckets") else "")
+          + (f" ({rep['fallback_buckets']} buckets through the process group by "
+             "homagg.torch's fallback, the group's result replayed)"
+             if rep.get("fallback_buckets") else ""))
     miss = (rep.get("replay") or {}).get("first_mismatch")
     if rep["replay_bit_identical"] is False and miss:
         print(f"  the replay first differs at step {miss['step']}, parameter {miss['parameter']}")
