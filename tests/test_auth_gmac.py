@@ -197,9 +197,9 @@ def test_a_bad_path_name_is_refused_in_one_line(monkeypatch, value, words):
 @pytest.mark.parametrize("lanes", [7, 8])
 def test_authenticated_replies_carry_a_checksum_over_the_mac(workers, lanes):
     # a reply's UDP checksum covers its MAC: added to the payload's sum
-    # where the MAC starts 16-bit aligned (results; STATUS bitmaps of even
-    # length), summed again where not (odd bitmaps); parse_frame checks the
-    # checksum, cryptography the MAC
+    # where the MAC starts 16-bit aligned (results, and STATUS: its two
+    # bitmaps, present and active, are of even length together), summed
+    # again where not; parse_frame checks the checksum, cryptography the MAC
     import numpy as np
 
     from engine_rig import EngineRig
@@ -224,5 +224,5 @@ def test_authenticated_replies_carry_a_checksum_over_the_mac(workers, lanes):
         assert v.mac == ref_mac(key, data, auth.MAC_AES_GMAC, 1)
         kinds.append((bool(v.flags & FLAG_STATUS), len(v.payload)))
     want = sum(np.frombuffer(p, ">i4").astype(np.int64) for p in payloads)
-    assert kinds == [(True, (workers + 7) // 8), (False, 4 * lanes)]
+    assert kinds == [(True, 2 * ((workers + 7) // 8)), (False, 4 * lanes)]
     assert parse_frame(raw[-1]).payload == be32(want)
