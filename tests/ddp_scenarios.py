@@ -36,6 +36,7 @@ Scenarios:
              with every input and output
 """
 import datetime
+import faulthandler
 import os
 import sys
 import time
@@ -240,4 +241,8 @@ def main(scenario, outdir):
 
 
 if __name__ == "__main__":
+    # a rank that hangs prints every thread's stack to stderr and exits
+    # before the test's budget runs out, so the failure says where it was
+    faulthandler.dump_traceback_later(float(os.environ.get("HOMAGG_TEST_RANK_BUDGET", "170")),
+                                      exit=True)
     main(sys.argv[1], sys.argv[2])

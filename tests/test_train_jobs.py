@@ -117,8 +117,14 @@ def _finish(procs, timeout=180.0):
     try:
         outs = []
         for p in procs:
-            out, err = p.popen.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            try:
+                out, err = p.popen.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.stop()
+                out, err = p.popen.communicate(timeout=10)
+                err = f"(still running after {timeout:.0f} s, stopped)\n{err}"
             outs.append((p.popen.returncode, err))
+        # every rank's stderr where one failed (a hung rank's stacks among them)
         bad = [(r, rc, err[-3000:]) for r, (rc, err) in enumerate(outs) if rc != 0]
         assert not bad, bad
     finally:
