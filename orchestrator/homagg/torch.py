@@ -111,7 +111,7 @@ import torch
 
 from homagg import cost as _cost
 from homagg import protocol
-from homagg.errors import InvalidArgument
+from homagg.errors import InvalidArgument, PeerTimeout
 from homagg.switch.job_file import (JOB_FIELDS, UDP_PORT, ConfigError, job_config,  # noqa: F401
                                     write_job_file)
 from homagg.worker import Worker
@@ -211,6 +211,8 @@ class HookState:
         self.residuals = {}  # parameter -> float32 residual (error feedback)
         self.log = []
         self._log_lock = threading.Lock()
+        self._pending = 0  # buckets handed over and not yet logged
+        self._pending_cv = threading.Condition()
         self._calls = 0
         self.last_call = None
         self._recorder_path = recorder is not None and _takes_keyword(recorder, "path")
@@ -242,6 +244,8 @@ class HookState:
             # the buckets sent to the group run on a group of their own, so
             # the next bucket's agreement does not queue behind their data
             self._baseline_group = _fallback_group(process_group)
+            import torch.distributed as dist
+            self._baseline_backend = dist.get_backend(self._baseline_group)
         # one thread runs the buckets in order: HomAgg, the agreement, the fallback
         self._executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix=f"homagg-hook{worker.worker}")
@@ -275,6 +279,11 @@ class HookState:
                       cost=conf["cost"], leaf_ids=conf["leaf_ids"])
 
     def take_log(self):
+        """The log entries of the buckets reduced since the last call; waits
+        (bounded) for the buckets already handed over to be logged (an
+        entry is written after its result reached DDP)."""
+        with self._pending_cv:
+            self._pending_cv.wait_for(lambda: self._pending == 0, self._settle_timeout())
         with self._log_lock:
             out, self.log = self.log, []
         return out
@@ -311,33 +320,58 @@ class HookState:
         params = list(params)
         dtype = buffer.dtype
         x = buffer.detach().to(torch.float32).reshape(-1).numpy()
+        # x is the bucket's own memory (float32, no sparsifier): DDP refills
+        # it next step, and the group's path sums it in place
+        own = dtype == torch.float32 and self.sparsify is None
         if self.sparsify is not None:
             x = self._sparsified(x, params, list(grads))
-        elif dtype == torch.float32 and self.recorder is not None:
-            x = x.copy()  # the recorder keeps it; DDP refills the bucket next step
         info = {}
         t0 = time.perf_counter()
         self.last_call = t0  # the time DDP handed over the latest bucket
         seed = self.seed + self._calls
         self._calls += 1
         world = np.float32(self.world_size)
+        settled = threading.Event()  # the Future has its result (or the error is known)
+        failure = []
+        with self._pending_cv:
+            self._pending += 1
 
-        def finish(y, path, cpu):
+        def retire():
+            with self._pending_cv:
+                self._pending -= 1
+                self._pending_cv.notify_all()
+
+        def finish(y, path, cpu, xin):
             try:
                 np.divide(y, world, out=y)
-                if self.recorder is not None:
-                    if self._recorder_path:
-                        self.recorder(index, x, y, params, path=path)
-                    else:
-                        self.recorder(index, x, y, params)
                 seconds = time.perf_counter() - t0
+                if self.recorder is not None and path != "homagg":
+                    # y is the summed bucket (DDP's memory): recorded before
+                    # DDP may reuse it
+                    self._record(index, xin, y, params, path)
+                out = torch.from_numpy(y).to(dtype).reshape(buffer.shape)
+                fut.set_result(out)
+                settled.set()
+            except BaseException as exc:
+                fail(exc)
+                return
+            # after the hand-over, off DDP's path: the recorder (y is this
+            # call's own array), the metrics, the log and its non-zero count
+            try:
+                if self.recorder is not None and path == "homagg":
+                    self._record(index, xin, y, params, path)
                 if self.metrics is not None and path == "homagg":
                     # between calls (this thread makes them): the client is idle
                     self.metrics.observe(seconds, info.get("method"), self.worker.counters())
+                if "nnz" in info:
+                    nnz = info["nnz"]
+                elif info.get("in_place") and xin is x:
+                    nnz = None  # x holds the sum now; not counted (a pass over the bucket)
+                else:
+                    nnz = int(np.count_nonzero(xin))
                 with self._log_lock:
                     self.log.append({
-                        "bucket": index, "numel": int(x.size),
-                        "nnz": info["nnz"] if "nnz" in info else int(np.count_nonzero(x)),
+                        "bucket": index, "numel": int(x.size), "nnz": nnz,
                         "method": info.get("method"),
                         "bytes_sent": info.get("bytes_sent"), "path": path,
                         "cpu_seconds": cpu, "seconds": seconds, "dtype": str(dtype),
@@ -345,51 +379,59 @@ class HookState:
                         "agree_seconds": info.get("agree_seconds", 0.0),
                         "predicted_homagg_seconds": info.get("predicted_homagg_seconds"),
                         "predicted_baseline_seconds": info.get("predicted_baseline_seconds")})
-                out = torch.from_numpy(y).to(dtype).reshape(buffer.shape)
-                fut.set_result(out)
-            except BaseException as exc:
-                return fail(exc)
-            return None
+            except BaseException:  # noqa: BLE001 - the result is DDP's already
+                _log.exception("homagg.torch: bucket %d: after its result", index)
+            finally:
+                retire()
 
         def fail(exc):
-            if self.metrics is not None:
-                self.metrics.failed()
-            if in_backward:  # check() below raises it, its type intact
-                fut.set_result(buffer)
-            else:
-                fut.set_exception(exc)
-            return exc
+            try:
+                if self.metrics is not None:
+                    self.metrics.failed()
+            finally:
+                failure.append(exc)
+                if in_backward:  # check() below raises it, its type intact
+                    fut.set_result(buffer)
+                else:
+                    fut.set_exception(exc)
+                settled.set()
+                retire()
 
         def run():
             try:
                 c0 = time.thread_time()
-                y, path = self._reduce_sum(index, x, seed, info)
+                # the recorder keeps the input: a copy of the bucket's memory,
+                # made here rather than on DDP's thread
+                xin = x.copy() if own and self.recorder is not None else x
+                y, path = self._reduce_sum(index, x, seed, info,
+                                           in_place=xin is not x or self.recorder is None)
                 cpu = time.thread_time() - c0
             except BaseException as exc:
-                return fail(exc)
+                fail(exc)
+                return
             if not isinstance(y, torch._C.Future):  # (what Work.get_future() gives)
-                return finish(y, path, cpu)
+                finish(y, path, cpu, xin)
+                return
             # the group's allreduce runs in Gloo's threads, as DDP's own:
             # this thread goes on with the next bucket
-            pending = concurrent.futures.Future()
 
             def done(f):
                 try:
                     yy = f.value().numpy()
                 except BaseException as exc:
-                    pending.set_result(fail(exc))
+                    fail(exc)
                     return
-                pending.set_result(finish(yy, path, cpu))
+                finish(yy, path, cpu, xin)
 
             y.then(done)
-            return pending
 
-        def check(cf):
-            exc = cf.result()  # waits for this bucket
-            if isinstance(exc, concurrent.futures.Future):
-                exc = exc.result()  # the group's allreduce and its finish
-            if exc is not None:
-                raise exc
+        def check():
+            # waits for this bucket's result only (its log entry follows)
+            if not settled.wait(self._settle_timeout()):
+                raise PeerTimeout(f"homagg.torch: bucket {index} has no result after "
+                                  f"{self._settle_timeout():.0f} s")
+            if failure:
+                raise failure[0]
 
         # DDP's reducer reads the Future from C++: an exception set on it
         # reaches the user as "Unable to cast ... to Tensor", and one raised
@@ -399,13 +441,23 @@ class HookState:
         # worker's exception itself: loss.backward() raises PeerTimeout,
         # InvalidArgument, ... as the worker did.
         try:
-            torch.autograd.Variable._execution_engine.queue_callback(
-                lambda: check(cf))
+            torch.autograd.Variable._execution_engine.queue_callback(check)
             in_backward = True
         except RuntimeError:  # called outside a backward pass: the Future carries it
             in_backward = False
-        cf = self._executor.submit(run)
+        self._executor.submit(run)
         return fut
+
+    def _record(self, index, xin, y, params, path):
+        if self._recorder_path:
+            self.recorder(index, xin, y, params, path=path)
+        else:
+            self.recorder(index, xin, y, params)
+
+    def _settle_timeout(self):
+        """Seconds a backward pass waits for one bucket before it fails:
+        generous (the worker's own timeout fails the bucket first)."""
+        return 60.0 + 4.0 * float(getattr(self.worker, "timeout", None) or 10.0)
 
     # -- the path of one bucket (on the hook's thread, buckets in order) -----
 
@@ -416,8 +468,9 @@ class HookState:
         block = self.block or _cost_block()
         return True, _cost.needs_density(self.cost, self.world_size, n, self.method, block)
 
-    def _reduce_sum(self, index, x, seed, info):
-        """The sum of x over the ranks and the path that made it."""
+    def _reduce_sum(self, index, x, seed, info, in_place=True):
+        """The sum of x over the ranks and the path that made it (the
+        group's path sums x itself when ``in_place``)."""
         rule, need_nnz = self._choice(x.size)
         backing = self.fallback and self._retry_at is not None
         nnz_max = None
@@ -451,7 +504,7 @@ class HookState:
                 info["predicted_homagg_seconds"] = c["homagg_ps"] * 1e-12
                 info["predicted_baseline_seconds"] = c["baseline_ps"] * 1e-12
             if c["path"] == "baseline":
-                return self._group_sum_async(x, info), "baseline"
+                return self._group_sum_async(x, info, in_place), "baseline"
         if not self.fallback:
             return self._homagg(x, seed, info), "homagg"
         if backing:
@@ -510,19 +563,21 @@ class HookState:
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self._group)
         return [int(v) for v in t.tolist()]
 
-    def _group_sum_async(self, x, info):
+    def _group_sum_async(self, x, info, in_place=True):
         """The group's allreduce of x, started: a torch Future of the
-        float32 sum (a tensor sharing memory with the array it summed).  In place on x (the bucket's own
-        memory when it is float32) unless the recorder keeps x."""
+        float32 sum (a tensor sharing memory with the array it summed).  In
+        place on x (the bucket's own memory when it is float32) unless
+        ``in_place`` is false (the recorder keeps x).  No pass over x
+        before the allreduce starts: the log's non-zero count is the agreed
+        one, or counted from the recorder's copy after the result."""
         import torch.distributed as dist
 
         self.counters["baseline_buckets"] += 1
-        if "nnz" not in info:
-            info["nnz"] = int(np.count_nonzero(x))  # the log's, before the sum replaces x
-        t = torch.from_numpy(x.copy() if self.recorder is not None else x)
+        info["in_place"] = bool(in_place)
+        t = torch.from_numpy(x if in_place else x.copy())
         work = dist.all_reduce(t, op=dist.ReduceOp.SUM, group=self._baseline_group,
                                async_op=True)
-        info["method"] = dist.get_backend(self._baseline_group)
+        info["method"] = self._baseline_backend
         info["bytes_sent"] = None
         return work.get_future().then(lambda f: t)
 
