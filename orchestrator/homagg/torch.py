@@ -166,7 +166,13 @@ class HookState:
     environment, see the module doc, with rank = worker id and world size
     = workers of ``process_group``).  ``log`` collects one dict per bucket
     reduced (index, numel, nnz, method run, bytes sent, seconds); read it
-    with ``take_log()``.  ``recorder(bucket, x, y, params)``, when given,
+    with ``take_log()``.  An entry is written after the bucket's result
+    reached DDP (``take_log()`` waits for the buckets handed over), so
+    neither it nor its non-zero count delays the result: "nnz" is the
+    agreed count where one was agreed, else counted from the bucket's input
+    after the hand-over, and None for a bucket the group summed in place
+    (counting it first would cost a pass over the bucket before its
+    allreduce could start).  ``recorder(bucket, x, y, params)``, when given,
     is called on the background thread with each bucket's float32 input as
     summed (after sparsification), its averaged result and the bucket's
     parameters (their gradients lie in x in this order).  A log entry's
@@ -235,7 +241,7 @@ class HookState:
             raise InvalidArgument(f"density_every {density_every}: at least 1 (calls)")
         self.density_every = int(density_every)
         self._nnz_cache = {}  # (bucket index, size) -> (agreed count, calls since)
-        self._baseline_group = None
+        self._baseline_group = self._direct_group = None
         if fallback or baseline:
             self._group = _fallback_group(process_group)
             self.fallback = bool(fallback) and self._group is not None
@@ -244,6 +250,10 @@ class HookState:
             # the buckets sent to the group run on a group of their own, so
             # the next bucket's agreement does not queue behind their data
             self._baseline_group = _fallback_group(process_group)
+            # and those DDP's thread starts itself (HookState._direct): a
+            # group of their own, so that its order of collectives is DDP's
+            # order of buckets whatever the hook's thread does meanwhile
+            self._direct_group = _fallback_group(process_group)
             import torch.distributed as dist
             self._baseline_backend = dist.get_backend(self._baseline_group)
         # one thread runs the buckets in order: HomAgg, the agreement, the fallback
@@ -397,18 +407,7 @@ class HookState:
                 settled.set()
                 retire()
 
-        def run():
-            try:
-                c0 = time.thread_time()
-                # the recorder keeps the input: a copy of the bucket's memory,
-                # made here rather than on DDP's thread
-                xin = x.copy() if own and self.recorder is not None else x
-                y, path = self._reduce_sum(index, x, seed, info,
-                                           in_place=xin is not x or self.recorder is None)
-                cpu = time.thread_time() - c0
-            except BaseException as exc:
-                fail(exc)
-                return
+        def deliver(y, path, cpu, xin):
             if not isinstance(y, torch._C.Future):  # (what Work.get_future() gives)
                 finish(y, path, cpu, xin)
                 return
@@ -424,6 +423,32 @@ class HookState:
                 finish(yy, path, cpu, xin)
 
             y.then(done)
+
+        def run():
+            try:
+                c0 = time.thread_time()
+                # the recorder keeps the input: a copy of the bucket's memory,
+                # made here rather than on DDP's thread
+                xin = x.copy() if own and self.recorder is not None else x
+                y, path = self._reduce_sum(index, x, seed, info,
+                                           in_place=xin is not x or self.recorder is None)
+                cpu = time.thread_time() - c0
+            except BaseException as exc:
+                fail(exc)
+                return
+            deliver(y, path, cpu, xin)
+
+        def direct():
+            try:
+                c0 = time.thread_time()
+                xin = x.copy() if own and self.recorder is not None else x
+                y = self._group_sum_async(x, info, xin is not x or self.recorder is None,
+                                          group=self._direct_group)
+                cpu = time.thread_time() - c0
+            except BaseException as exc:
+                fail(exc)
+                return
+            deliver(y, "baseline", cpu, xin)
 
         def check():
             # waits for this bucket's result only (its log entry follows)
@@ -445,7 +470,10 @@ class HookState:
             in_backward = True
         except RuntimeError:  # called outside a backward pass: the Future carries it
             in_backward = False
-        self._executor.submit(run)
+        if self._direct_group is not None and self._direct(index, x.size, info):
+            direct()
+        else:
+            self._executor.submit(run)
         return fut
 
     def _record(self, index, xin, y, params, path):
@@ -467,6 +495,35 @@ class HookState:
             return False, False
         block = self.block or _cost_block()
         return True, _cost.needs_density(self.cost, self.world_size, n, self.method, block)
+
+    def _direct(self, index, n, info):
+        """True when the cost model sends this bucket to the group with no
+        agreement due: DDP's thread then starts the group's allreduce
+        itself, as DDP's own hook does, instead of handing the bucket to the
+        hook's thread first.  Every rank decides the same: the rule's inputs
+        are the bucket's size, the job's cost model and the count last
+        agreed for this bucket (touched only by this bucket's calls, one
+        after the other)."""
+        rule, need_nnz = self._choice(n)
+        if not rule:
+            return False
+        key = (index, int(n))
+        nnz_max = None
+        if need_nnz:
+            cached = self._nnz_cache.get(key)
+            if cached is None or cached[1] + 1 >= self.density_every:
+                return False  # the count is agreed first, on the hook's thread
+            nnz_max = cached[0]
+        c = _cost.choose_path(self.cost, self.world_size, n, nnz_max, self.method,
+                              self.block or _cost_block())
+        if c["path"] != "baseline":
+            return False
+        if need_nnz:
+            self._nnz_cache[key] = (nnz_max, cached[1] + 1)
+        if c["homagg_ps"] is not None:
+            info["predicted_homagg_seconds"] = c["homagg_ps"] * 1e-12
+            info["predicted_baseline_seconds"] = c["baseline_ps"] * 1e-12
+        return True
 
     def _reduce_sum(self, index, x, seed, info, in_place=True):
         """The sum of x over the ranks and the path that made it (the
@@ -563,7 +620,7 @@ class HookState:
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self._group)
         return [int(v) for v in t.tolist()]
 
-    def _group_sum_async(self, x, info, in_place=True):
+    def _group_sum_async(self, x, info, in_place=True, group=None):
         """The group's allreduce of x, started: a torch Future of the
         float32 sum (a tensor sharing memory with the array it summed).  In
         place on x (the bucket's own memory when it is float32) unless
@@ -572,11 +629,12 @@ class HookState:
         one, or counted from the recorder's copy after the result."""
         import torch.distributed as dist
 
-        self.counters["baseline_buckets"] += 1
+        with self._log_lock:  # DDP's thread and the hook's both count here
+            self.counters["baseline_buckets"] += 1
         info["in_place"] = bool(in_place)
         t = torch.from_numpy(x if in_place else x.copy())
-        work = dist.all_reduce(t, op=dist.ReduceOp.SUM, group=self._baseline_group,
-                               async_op=True)
+        work = dist.all_reduce(t, op=dist.ReduceOp.SUM, async_op=True,
+                               group=self._baseline_group if group is None else group)
         info["method"] = self._baseline_backend
         info["bytes_sent"] = None
         return work.get_future().then(lambda f: t)

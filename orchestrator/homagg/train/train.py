@@ -303,7 +303,8 @@ def _bucket_summary(log):
         b = by.setdefault(e["bucket"], {"bucket": e["bucket"], "numel": e["numel"],
                                         "density": [], "methods": {}, "bytes_sent": [],
                                         "seconds": [], "cpu_seconds": [], "paths": {}})
-        b["density"].append(e["nnz"] / max(1, e["numel"]))
+        if e["nnz"] is not None:  # None: summed in place by the group, not counted
+            b["density"].append(e["nnz"] / max(1, e["numel"]))
         b["methods"][e["method"]] = b["methods"].get(e["method"], 0) + 1
         b["bytes_sent"].append(e["bytes_sent"])
         b["seconds"].append(e["seconds"])
@@ -317,7 +318,8 @@ def _bucket_summary(log):
     out = []
     for b in sorted(by.values(), key=lambda b: b["bucket"]):
         out.append({"bucket": b["bucket"], "numel": b["numel"],
-                    "density": float(np.mean(b["density"])), "methods": b["methods"],
+                    "density": float(np.mean(b["density"])) if b["density"] else None,
+                    "methods": b["methods"],
                     "bytes_sent": float(np.mean([v or 0 for v in b["bytes_sent"]])),
                     "seconds": float(np.median(b["seconds"])),
                     "cpu_seconds": float(np.median(b["cpu_seconds"])), "paths": b["paths"],
@@ -1148,7 +1150,8 @@ def print_report(rep: dict, as_json: bool = False) -> int:
                      f"{ms(b['seconds_after_last_arrival'])} after the last")
         if b.get("agree_seconds"):
             pred += f"; agreeing over the process group {ms(b['agree_seconds'])}"
-        print(f"  bucket {b['bucket']}: {b['numel']} elements, density {b['density']:.4f}, "
+        density = "n/a" if b["density"] is None else f"{b['density']:.4f}"
+        print(f"  bucket {b['bucket']}: {b['numel']} elements, density {density}, "
               f"path {paths}, method {methods}, {b['bytes_sent']:.0f} payload bytes, "
               f"{ms(b['seconds'])} (hook CPU {ms(b.get('cpu_seconds'))}){pred}")
     print("  loss: " + " ".join(f"{v:.4f}" for v in rep["losses"]))
