@@ -85,9 +85,14 @@ own ring allreduce and an upper bound of HomAgg's method
 job's link rate, round trip and calibration, and the largest non-zero
 count of any rank).  When the group's is strictly smaller the bucket goes
 through the group's allreduce (path "baseline", ``counters
-["baseline_buckets"]``), started asynchronously and in place as DDP's own
-(on a second Gloo group of the same ranks, so the agreements of the next
-buckets do not wait behind it).  The non-zero count is agreed by an allreduce MAX
+["baseline_buckets"]``), started asynchronously and in place as DDP's own.
+When no agreement of the count is due at this call, DDP's thread starts it
+in the hook call itself, as DDP's own hook does (no hand-over to the hook's
+thread; on a Gloo group of its own, so its order of collectives is DDP's
+order of buckets); otherwise the hook's thread starts it after the
+agreement, on a second Gloo group of the same ranks (so the agreements of
+the next buckets do not wait behind it).  Neither path passes over the
+bucket before its allreduce starts.  The non-zero count is agreed by an allreduce MAX
 of one int64 over the hook's group, only for buckets whose choice depends
 on it (homagg.cost.needs_density: dense's bound alone loses), on a
 bucket's first call and every ``density_every``-th after (between those
@@ -173,9 +178,10 @@ class HookState:
     after the hand-over, and None for a bucket the group summed in place
     (counting it first would cost a pass over the bucket before its
     allreduce could start).  ``recorder(bucket, x, y, params)``, when given,
-    is called on the background thread with each bucket's float32 input as
-    summed (after sparsification), its averaged result and the bucket's
-    parameters (their gradients lie in x in this order).  A log entry's
+    is called (on the hook's thread or, for a bucket the group summed, one
+    of Gloo's, in the order DDP handed the buckets over) with each bucket's
+    float32 input as summed (after sparsification), its averaged result and
+    the bucket's parameters (their gradients lie in x in this order).  A log entry's
     "cpu_seconds" is the hook thread's CPU time for the bucket: HomAgg's
     codec and packet work (the client sleeps in ppoll while it waits), or
     the fallback's.  ``last_call`` is the perf_counter time of the latest
@@ -219,6 +225,8 @@ class HookState:
         self._log_lock = threading.Lock()
         self._pending = 0  # buckets handed over and not yet logged
         self._pending_cv = threading.Condition()
+        self._rec_cv = threading.Condition()  # the recorder's order (_record)
+        self._rec_next, self._rec_done = 0, set()
         self._calls = 0
         self.last_call = None
         self._recorder_path = recorder is not None and _takes_keyword(recorder, "path")
@@ -338,7 +346,8 @@ class HookState:
         info = {}
         t0 = time.perf_counter()
         self.last_call = t0  # the time DDP handed over the latest bucket
-        seed = self.seed + self._calls
+        seq = self._calls  # the recorder sees the buckets in this order
+        seed = self.seed + seq
         self._calls += 1
         world = np.float32(self.world_size)
         settled = threading.Event()  # the Future has its result (or the error is known)
@@ -358,7 +367,7 @@ class HookState:
                 if self.recorder is not None and path != "homagg":
                     # y is the summed bucket (DDP's memory): recorded before
                     # DDP may reuse it
-                    self._record(index, xin, y, params, path)
+                    self._record(seq, index, xin, y, params, path)
                 out = torch.from_numpy(y).to(dtype).reshape(buffer.shape)
                 fut.set_result(out)
                 settled.set()
@@ -369,7 +378,7 @@ class HookState:
             # call's own array), the metrics, the log and its non-zero count
             try:
                 if self.recorder is not None and path == "homagg":
-                    self._record(index, xin, y, params, path)
+                    self._record(seq, index, xin, y, params, path)
                 if self.metrics is not None and path == "homagg":
                     # between calls (this thread makes them): the client is idle
                     self.metrics.observe(seconds, info.get("method"), self.worker.counters())
@@ -399,6 +408,8 @@ class HookState:
                 if self.metrics is not None:
                     self.metrics.failed()
             finally:
+                if self.recorder is not None:
+                    self._record_skip(seq)
                 failure.append(exc)
                 if in_backward:  # check() below raises it, its type intact
                     fut.set_result(buffer)
@@ -476,11 +487,31 @@ class HookState:
             self._executor.submit(run)
         return fut
 
-    def _record(self, index, xin, y, params, path):
-        if self._recorder_path:
-            self.recorder(index, xin, y, params, path=path)
-        else:
-            self.recorder(index, xin, y, params)
+    def _record(self, seq, index, xin, y, params, path):
+        """The recorder's call of hand-over number ``seq``, after those of
+        the buckets handed over before it: buckets complete out of order
+        (the group's allreduces run in Gloo's threads), the recorder sees
+        them in DDP's order on every rank."""
+        with self._rec_cv:
+            if not self._rec_cv.wait_for(lambda: self._rec_next >= seq,
+                                         self._settle_timeout()):
+                _log.warning("homagg.torch: bucket %d recorded out of order", index)
+        try:
+            if self._recorder_path:
+                self.recorder(index, xin, y, params, path=path)
+            else:
+                self.recorder(index, xin, y, params)
+        finally:
+            self._record_skip(seq)
+
+    def _record_skip(self, seq):
+        """Hand-over ``seq`` is recorded (or will never be): the next may go."""
+        with self._rec_cv:
+            self._rec_done.add(seq)
+            while self._rec_next in self._rec_done:
+                self._rec_done.discard(self._rec_next)
+                self._rec_next += 1
+            self._rec_cv.notify_all()
 
     def _settle_timeout(self):
         """Seconds a backward pass waits for one bucket before it fails:
