@@ -782,22 +782,55 @@ def _baseline_rank(rank, world, store, out):
         b = torch.nn.Sequential(torch.nn.Linear(512, 256), torch.nn.ReLU(),
                                 torch.nn.Linear(256, 4000))
         b.load_state_dict(a.state_dict())
+        local = torch.nn.Sequential(torch.nn.Linear(512, 256), torch.nn.ReLU(),
+                                    torch.nn.Linear(256, 4000))
+        local.load_state_dict(a.state_dict())  # this rank's own gradient, no DDP
         hooked, plain = DDP(a, bucket_cap_mb=1), DDP(b, bucket_cap_mb=1)
-        state = hgt.HookState(_NoHomAgg(rank, world), fallback=False)
-        hooked.register_comm_hook(state, hgt.allreduce_hook)
-        same = []
+        position = {id(p): i for i, p in enumerate(a.parameters())}
+        records, started = [], []
+
+        def recorder(index, xin, y, params, path):
+            records.append((index, xin.copy(), [position[id(p)] for p in params]))
+
+        state = hgt.HookState(_NoHomAgg(rank, world), fallback=False, recorder=recorder)
+        real = state._group_sum_async
+
+        def group_sum_async(*args, **kwargs):
+            started.append(threading.current_thread().name)
+            return real(*args, **kwargs)
+
+        state._group_sum_async = group_sum_async
+        handed_over = []
+
+        def hook(st, bucket):
+            handed_over.append(bucket.index())
+            return hgt.allreduce_hook(st, bucket)
+
+        hooked.register_comm_hook(state, hook)
+        same, inputs_local = [], []
         for step in range(3):
             g = torch.Generator().manual_seed(10 * rank + step)
             x = torch.randn(16, 512, generator=g)
+            handed = len(records)
             hooked(x).square().mean().backward()
             plain(x).square().mean().backward()
+            local(x).square().mean().backward()
+            lp = list(local.parameters())
+            for index, xin, order in records[handed:]:  # the input, not the sum
+                want = torch.cat([lp[i].grad.reshape(-1) for i in order]).numpy()
+                inputs_local.append(np.array_equal(xin.view(np.uint32), want.view(np.uint32)))
             for pa, pb in zip(a.parameters(), b.parameters()):
                 same.append(torch.equal(pa.grad, pb.grad))
                 pa.grad = pb.grad = None
+            for p in lp:
+                p.grad = None
         log = state.take_log()
         torch.save({"same": same, "paths": [e["path"] for e in log],
                     "sizes": sorted({(e["bucket"], e["numel"]) for e in log}),
-                    "counters": state.counters}, f"{out}-{rank}.pt")
+                    "counters": state.counters, "started": started,
+                    "recorded": [r[0] for r in records], "handed_over": handed_over,
+                    "inputs_local": inputs_local, "nnz": [e["nnz"] for e in log]},
+                   f"{out}-{rank}.pt")
         state.close()
     finally:
         dist.destroy_process_group()
@@ -821,3 +854,15 @@ def test_baseline_buckets_give_plain_ddp_gradients(tmp_path):
         assert res["counters"]["baseline_buckets"] == len(res["paths"])
         # the count agreed once per bucket (index and size) in 3 < density_every calls
         assert res["counters"]["density_agreements"] == len(res["sizes"]) < len(res["paths"])
+        # a bucket's first call agrees its count on the hook's thread, which
+        # starts its allreduce; the later calls start it from DDP's thread
+        nb = len(res["sizes"])
+        assert [n.startswith("homagg-hook") for n in res["started"]] == \
+            [True] * nb + [False] * (len(res["paths"]) - nb), res["started"]
+        # the recorder: every bucket in DDP's order of hand-over, its input
+        # this rank's own gradient bit for bit (not the sum the group wrote
+        # in place)
+        assert res["recorded"] == res["handed_over"] and len(res["recorded"]) == len(res["paths"]), \
+            (res["recorded"], res["handed_over"])
+        assert res["inputs_local"] and all(res["inputs_local"]), res["inputs_local"]
+        assert all(v is not None for v in res["nnz"])  # counted from the recorder's copy
