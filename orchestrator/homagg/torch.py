@@ -463,9 +463,10 @@ class HookState:
 
         def check():
             # waits for this bucket's result only (its log entry follows)
-            if not settled.wait(self._settle_timeout()):
+            limit = self._settle_timeout()
+            if not settled.wait(limit):
                 raise PeerTimeout(f"homagg.torch: bucket {index} has no result after "
-                                  f"{self._settle_timeout():.0f} s")
+                                  f"{limit:.0f} s (HOMAGG_TIMEOUT per bucket in flight)")
             if failure:
                 raise failure[0]
 
@@ -515,8 +516,11 @@ class HookState:
 
     def _settle_timeout(self):
         """Seconds a backward pass waits for one bucket before it fails:
-        generous (the worker's own timeout fails the bucket first)."""
-        return 60.0 + 4.0 * float(getattr(self.worker, "timeout", None) or 10.0)
+        generous, the worker's own timeout fails a bucket first, and each
+        bucket still in flight ahead of it may take one such timeout (a
+        retry after a back-off)."""
+        timeout = float(getattr(self.worker, "timeout", None) or 10.0)
+        return 60.0 + 2.0 * timeout * max(1, self._pending)
 
     # -- the path of one bucket (on the hook's thread, buckets in order) -----
 
