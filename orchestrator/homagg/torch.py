@@ -442,7 +442,7 @@ class HookState:
                 # made here rather than on DDP's thread
                 xin = x.copy() if own and self.recorder is not None else x
                 y, path = self._reduce_sum(index, x, seed, info,
-                                           in_place=xin is not x or self.recorder is None)
+                                           in_place=self.recorder is None)
                 cpu = time.thread_time() - c0
             except BaseException as exc:
                 fail(exc)
@@ -453,7 +453,7 @@ class HookState:
             try:
                 c0 = time.thread_time()
                 xin = x.copy() if own and self.recorder is not None else x
-                y = self._group_sum_async(x, info, xin is not x or self.recorder is None,
+                y = self._group_sum_async(x, info, self.recorder is None,
                                           group=self._direct_group)
                 cpu = time.thread_time() - c0
             except BaseException as exc:
