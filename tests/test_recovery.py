@@ -81,8 +81,9 @@ RTO_MAX = 50e-3  # homagg.sim.Cluster's default rto_max
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "open: a peer's repair still raises the stall floor under sustained loss "
-    "(seed 3: floor 102 ms at W = 16, 21 ms at W = 64, against at most 5 ms); "
+    "open: under sustained loss a peer's repair still raises the stall floor "
+    "(seed 3: 102 ms at W = 16, 21 ms at W = 64, against at most 5 ms) and "
+    "stalls inflate the round-trip estimate; "
     "docs/PROTOCOL.md Part 3, \"Also measured and not kept\""))
 @pytest.mark.parametrize("W,K,n", [(16, 1, 1 << 20), (64, 4, 1 << 18)])
 def test_loss_at_scale_within_the_spec_time_bound(W, K, n):
@@ -96,7 +97,11 @@ def test_loss_at_scale_within_the_spec_time_bound(W, K, n):
     within R = 4 T + F: its gap shows within one turn T (DUPTHRESH results
     of chunks sent after it; its timer otherwise), its worker's turn comes
     within TURNS_MAX = 2 turns, and the STATUS and the resend's result come
-    back within one more.  T is a worker's SRTT + 4 RTTVAR; F is the floor
+    back within one more.  T is a worker's SRTT + 4 RTTVAR in the loss-free
+    run: the window's queue, and so the path's round trip, is the same
+    with and without loss (same S, same links); the lossy run's own
+    estimate also took samples of chunks that waited through stalls
+    (15-16 ms at the end of these runs against 23 and 92 us).  F is the floor
     stall timeouts taught, which no worker here should learn (nobody starts
     late, nobody stops): at most a tenth of the cluster's rto_max.  The
     window goes on past an overdue chunk, so repairs on different slots
@@ -111,7 +116,9 @@ def test_loss_at_scale_within_the_spec_time_bound(W, K, n):
     """
     grads = _grads(W, n, seed=5)
     with Cluster(workers=W, aggregators=K, seed=3) as cl:
-        t0 = cl.allreduce(grads, method="dense", block_elements=BLOCK).stats["virtual_time"]
+        clean = cl.allreduce(grads, method="dense", block_elements=BLOCK).stats
+    t0 = clean["virtual_time"]
+    T = max(w["srtt_ns"] + 4 * w["rttvar_ns"] for w in clean["workers"]) / 1e9
     with Cluster(workers=W, aggregators=K, loss=LOSS, seed=3) as cl:
         res = cl.allreduce(grads, method="dense", block_elements=BLOCK)
         S = cl.job.slots
@@ -120,7 +127,6 @@ def test_loss_at_scale_within_the_spec_time_bound(W, K, n):
     lost = res.stats["fabric"]["dropped_loss"]
     assert lost > 500
     assert sum(w["retransmissions"] for w in per) <= 2 * lost
-    T = max(w["srtt_ns"] + 4 * w["rttvar_ns"] for w in per) / 1e9
     F = max(w["rto_floor_ns"] for w in per) / 1e9
     chain = per[0]["chunks"] / (K * S) * (1 - (1 - LOSS) ** (2 * W))
     bound = t0 + 2 * chain * (4 * T + F)
