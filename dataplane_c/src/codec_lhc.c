@@ -403,8 +403,9 @@ static bool cand_vbmi2(void)
 /* Slack past the last candidate: whole vectors of 32 positions are stored. */
 #define CAND_SLACK 32
 
-/* Candidates of one block appended at l->cand_pos + total (the AVX-512
- * VBMI2 list of a bitmap when vbmi2, the AVX2 Bloom probing when avx2). */
+/* Candidates of one block appended at l->cand_pos + total (a bitmap's
+ * list by AVX-512 VBMI2 when vbmi2, else by AVX2 when avx2; the AVX2 Bloom
+ * probing when avx2). */
 static int collect_candidates(struct hg_lhc *l, size_t b, const uint8_t *idx,
 			      size_t total, bool vbmi2, bool avx2,
 			      uint32_t *count)
@@ -426,6 +427,9 @@ static int collect_candidates(struct hg_lhc *l, size_t b, const uint8_t *idx,
 		 * block's tail), the rest below */
 		if (vbmi2) {
 			c = hg_lhc_bitmap_positions_vbmi2(idx, len / 64, out);
+			w0 = len / 64 * 8;
+		} else if (avx2) {
+			c = hg_lhc_bitmap_positions_avx2(idx, len / 64, out);
 			w0 = len / 64 * 8;
 		}
 		for (uint32_t w = w0; w < nbytes; w += 8) {
