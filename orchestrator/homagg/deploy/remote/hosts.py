@@ -365,9 +365,12 @@ def up(inventory: inv.Inventory, switch: str | None = None, no_udp_csum: bool = 
     returns the first daemon's {"host", "pid", "control", "log", "argv"}
     with "aggregators": the list of all of them and "job": the job file's
     fields.  One failing host does not hide the others: RemoteError names
-    each."""
+    each.  When it fails, what this call started is stopped again (the
+    daemons that did start, the job files and a generated secret), so the
+    next `up` does not find a daemon nobody registered a job on."""
     out = out or sys.stdout
     hosts = open_hosts(inventory, out, switch)
+    started = []
     try:
         aggs = _aggregators(hosts)
         if job_options.get("auth") and inventory.settings.auth_secret:
@@ -383,27 +386,121 @@ def up(inventory: inv.Inventory, switch: str | None = None, no_udp_csum: bool = 
                 return e
 
         res = ssh.parallel(one, aggs, inventory.settings.parallel)
+        started = [a for a in aggs if not isinstance(res[a.h.name], Exception)]
         bad = {n: v for n, v in res.items() if isinstance(v, Exception)}
         if bad:
             raise RemoteError("homagg-switch did not start on every aggregator: " +
                               "; ".join(str(e) for e in bad.values()))
         infos = [res[a.h.name] for a in aggs]
+        # every daemon is this call's: the workers' run directories hold only what it writes
+        started += [r for r in hosts if r.h.role == "worker"]
         job = _up_job(hosts, inventory, out, **job_options)
+        started = []
         return {**infos[0], "aggregators": infos, "job": job}
+    except BaseException:
+        if started:
+            _undo_up(started, inventory, out)
+        raise
     finally:
         for r in hosts:
             r.close()
 
 
-def inventory_cost(inventory):
-    """The cost model a job on the inventory's hosts registers: the
-    inventory's ``link_mbit`` with the calibration of the host creating the
-    job (homagg.cost.job_cost); none without a link rate.  The hosts' own
-    calibrations are not fetched: run `homagg calibrate` here on a host of
-    the workers' kind."""
+def _undo_up(hosts: list[Host], inventory: inv.Inventory, out) -> None:
+    """Stop what a failed `up` started on these hosts (the aggregators whose
+    daemon it started; the worker hosts once every daemon was its own) and
+    remove their run directories, and say so; a host that fails is named,
+    not raised over the error that made `up` fail."""
+    def one(r):
+        try:
+            return r.stop_all()
+        except Exception as e:  # noqa: BLE001 - reported below
+            return e
+
+    for name, v in ssh.parallel(one, hosts, inventory.settings.parallel).items():
+        if isinstance(v, Exception):
+            print(f"{name}: not cleaned up after the failed up ({type(v).__name__}: {v}): "
+                  f"run `homagg down -i {inventory.path}`", file=out)
+        elif v:
+            print(f"{name}: stopped after the failed up: " + "; ".join(v), file=out)
+
+
+def calibration_file(h: inv.HostSpec) -> str:
+    """Where `homagg calibrate -i` keeps a worker host's calibration."""
+    return f"{h.install_dir}/calibration.json"
+
+
+def calibrate(inventory: inv.Inventory, out=None, elements: int = 1 << 20,
+              repeat: int = 5) -> dict:
+    """`homagg calibrate -i`: `homagg calibrate` on every worker host, one
+    host after the other (hosts that share a machine would slow each other
+    down), into calibration_file on that host; returns {host: calibration}.
+    A host that fails is named in the RemoteError after the others ran."""
     from homagg import cost
 
-    return cost.job_cost(inventory.settings.link_mbit or 0)
+    out = out or sys.stdout
+    hosts = open_hosts(inventory, out, consequence="nothing was measured")
+    failures, cals = [], {}
+    try:
+        for r in (r for r in hosts if r.h.role == "worker"):
+            path = calibration_file(r.h)
+            res = r.run(f"{shlex.quote(r.python)} -m homagg.cli calibrate --json --out "
+                        f"{shlex.quote(path)} --elements {int(elements)} --repeat {int(repeat)}",
+                        check=False, timeout=max(120.0, inventory.settings.command_timeout))
+            try:
+                if res.exited != 0:
+                    raise ValueError(ssh.tail(res.stderr) or f"exit status {res.exited}")
+                cal = cost.check_calibration(json.loads(res.stdout), f"host '{r.h.name}'")
+            except ValueError as e:
+                failures.append((r.h.name, "calibrate", str(e).strip(), ""))
+                continue
+            cals[r.h.name] = cal
+            c = cost.coefficients(cal, cal["isa"])
+            print(f"{r.h.name}: {cal['cpu']}, jobs use {cal['isa']}: " +
+                  "  ".join(f"{k} {v}" for k, v in c.items()) + f" ({path})", file=out)
+    finally:
+        for r in hosts:
+            r.close()
+    if failures:
+        raise RemoteError(ssh.failure_message("calibrate failed", failures))
+    return cals
+
+
+def host_calibrations(hosts: list[Host]) -> dict:
+    """{worker host: its calibration} of the worker hosts that have one
+    (calibration_file; a malformed one is an error naming the host)."""
+    from homagg import cost
+
+    cals = {}
+    for r in (r for r in hosts if r.h.role == "worker"):
+        res = r.run(f"cat {shlex.quote(calibration_file(r.h))}", check=False)
+        if res.exited != 0:
+            continue
+        try:
+            cals[r.h.name] = cost.check_calibration(
+                json.loads(res.stdout), f"{calibration_file(r.h)} on host '{r.h.name}'")
+        except ValueError as e:
+            raise RemoteError(f"{e}: run `homagg calibrate -i {r.inv.path}` again") from None
+    return cals
+
+
+def inventory_cost(inventory, hosts: list[Host] | None = None):
+    """The cost model a job on the inventory's hosts registers: the
+    inventory's ``link_mbit`` (none without it) with, coefficient by
+    coefficient, the slowest of the worker hosts' calibrations when every
+    worker host has one (`homagg calibrate -i`; ``hosts``: open sessions to
+    read them), else the calibration of the host creating the job
+    (homagg.cost.job_cost; docs/PROTOCOL.md "The cost model")."""
+    from homagg import cost
+
+    if not inventory.settings.link_mbit:
+        return cost.Cost()
+    workers = [r for r in hosts or [] if r.h.role == "worker"]
+    cals = host_calibrations(workers) if workers else {}
+    if workers and len(cals) == len(workers):
+        return cost.job_cost(inventory.settings.link_mbit, coeffs=cost.slowest(
+            *(cost.coefficients(c, c["isa"]) for c in cals.values())))
+    return cost.job_cost(inventory.settings.link_mbit)
 
 
 def up_secret_file(h: inv.HostSpec) -> str:
@@ -448,7 +545,7 @@ def _up_job(hosts: list[Host], inventory: inv.Inventory, out, slots: int | None 
     fields = job_file.register([a.control for a in aggs],
                                [(a.h.address, localrun.UDP_PORT) for a in aggs],
                                workers=len(workers), slots=slots, payload=payload, group=group,
-                               timeout=timeout, cost=inventory_cost(inventory), auth=secret,
+                               timeout=timeout, cost=inventory_cost(inventory, hosts), auth=secret,
                                mac=mac)
     del secret
 
