@@ -226,3 +226,132 @@ def test_authenticated_replies_carry_a_checksum_over_the_mac(workers, lanes):
     want = sum(np.frombuffer(p, ">i4").astype(np.int64) for p in payloads)
     assert kinds == [(True, 2 * ((workers + 7) // 8)), (False, 4 * lanes)]
     assert parse_frame(raw[-1]).payload == be32(want)
+
+
+# ---- the engine checks a burst's MACs together ------------------------------------------------
+# The engine checks the MACs of a burst's authenticated frames together
+# (engine.c verify_burst, auth.c hg_mac_key_check_burst: the E_K(J0) of up
+# to 32 frames pipelined), and must decide exactly as one frame at a time:
+# the same counters (a bad MAC counted before any check after it), the same
+# replies byte for byte, the sums exact against numpy.
+
+def _auth_stream(rng, W=5, chunks=12, lanes=256):
+    """Good frames of W workers (1 KB payloads: more than one 64-block
+    reduction each), shuffled, with forged, flipped, retransmitted,
+    bad-slot-good-MAC and bad-slot-forged frames among them; returns the
+    frames, the expected {seq: sum} and the hostile frames' counts."""
+    import numpy as np
+
+    from test_auth import AGG, JOB, SECRET, be32, build_frame, ref_key, waddr
+
+    def f(w, seq, x, key_of=None, slot=None, flip=False):
+        b = bytearray(build_frame(waddr(w), AGG, op="sum32", job=JOB, token=77, worker=w,
+                                  seq=seq, slot=seq % 4 if slot is None else slot,
+                                  flags=4 if (seq // 4) % 2 else 0, payload=be32(x),
+                                  incarnation=1, key=ref_key(SECRET, w if key_of is None
+                                                             else key_of),
+                                  counter=next(ctr), udp_csum=not flip))
+        if flip:
+            b[42 + 32 + int(rng.integers(0, 4 * lanes))] ^= 1 << int(rng.integers(0, 8))
+        return bytes(b)
+
+    import itertools
+    ctr = itertools.count(1)
+    frames, sums = [], {}
+    n = {"bad_mac": 0, "bad_slot": 0}
+    for seq in range(chunks):
+        xs = [rng.integers(-2**20, 2**20, lanes) for _ in range(W)]
+        sums[seq] = np.sum(xs, axis=0)
+        for w in rng.permutation(W):
+            w = int(w)
+            good = f(w, seq, xs[w])
+            frames.append(good)
+            r = rng.random()
+            if r < 0.15:                        # another worker's key
+                frames.append(f(w, seq, xs[w] + 1, key_of=(w + 1) % W))
+                n["bad_mac"] += 1
+            elif r < 0.3:                       # a flipped payload bit
+                frames.append(f(w, seq, xs[w], flip=True))
+                n["bad_mac"] += 1
+            elif r < 0.45:                      # a good MAC, a bad slot
+                frames.append(f(w, seq, xs[w], slot=(seq + 1) % 4))
+                n["bad_slot"] += 1
+            elif r < 0.6:                       # a bad slot and a bad MAC
+                frames.append(f(w, seq, xs[w], slot=(seq + 1) % 4, key_of=(w + 2) % W))
+                n["bad_mac"] += 1
+            elif r < 0.7:                       # a retransmission
+                frames.append(good)
+    return frames, sums, n
+
+
+def _run_auth(frames, staged, burst, W=5):
+    from engine_rig import EngineRig
+    from test_auth import SECRET
+
+    rig = EngineRig(workers=W, slots=4, auth=SECRET, mac="aes-gmac", payload_bytes=1024)
+    eng = Engine(rig.port, burst=burst, staged=staged)
+    rig.eng.close()
+    rig.eng = eng
+    eng.add_job(job=1, token=77, workers=W, slots=4, auth=SECRET, mac="aes-gmac",
+                payload_bytes=1024, incarnation=7)  # replies compared byte for byte
+    out = []
+    for i in range(0, len(frames), burst):
+        for fr in frames[i:i + burst]:
+            rig.port.inject(fr)
+        eng.poll_all()
+        out += rig.port.pop_all()
+    counters, job = eng.counters(), eng.job_counters(1)
+    eng.close()
+    return out, counters, job
+
+
+@pytest.mark.parametrize("burst", [1, 7, 33, 256])
+def test_engine_burst_checks_equal_one_at_a_time(mac_path, burst):
+    import numpy as np
+
+    from test_auth import be32, parse_frame
+
+    rng = np.random.default_rng(burst)
+    frames, sums, n = _auth_stream(rng)
+    staged = _run_auth(frames, True, burst)
+    single = _run_auth(frames, False, burst)
+    assert staged[1] == single[1] and staged[2] == single[2]
+    assert staged[0] == single[0]               # every reply, byte for byte, in order
+    c = staged[1]
+    assert c["bad_mac"] == n["bad_mac"] and c["bad_slot"] == n["bad_slot"], (c, n)
+    assert n["bad_mac"] and n["bad_slot"]
+    assert c["completed"] == len(sums)
+    got = {}
+    for raw in staged[0]:
+        v = parse_frame(raw)
+        got.setdefault(v.seq, set()).add(v.payload)
+    assert got == {s: {be32(x)} for s, x in sums.items()}
+
+
+def test_engine_burst_extends_each_counter_after_the_frames_before_it(mac_path):
+    # worker 0's counter jumps past 2^32 within one burst: the second
+    # frame's 32 bits extend to the right counter only from the first
+    # frame's (verify_burst checks it again alone); both are summed
+    import numpy as np
+
+    from engine_rig import EngineRig
+    from test_auth import AGG, JOB, SECRET, be32, build_frame, ref_key, waddr
+
+    def f(w, seq, x, counter):
+        return build_frame(waddr(w), AGG, op="sum32", job=JOB, token=77, worker=w, seq=seq,
+                           slot=seq, payload=be32(x), incarnation=1,
+                           key=ref_key(SECRET, w), counter=counter)
+
+    rig = EngineRig(workers=2, slots=4, auth=SECRET, mac="aes-gmac")
+    x = [np.arange(8) + 3, np.arange(8) * 5]
+    res = rig.send(f(0, 0, x[0], 100), f(0, 1, x[0], 0xC000_0000),
+                   f(0, 2, x[0], 0x1_0000_0010), f(1, 0, x[1], 7), f(1, 1, x[1], 8),
+                   f(1, 2, x[1], 9))
+    c = rig.eng.counters()
+    assert c["bad_mac"] == 0 and c["summed"] == 6, c
+    # unicast: each result to both workers
+    assert sorted((r.seq, r.payload) for r in res) == [(s, be32(x[0] + x[1]))
+                                                        for s in range(3) for _ in range(2)]
+    # the same 32 bits again, from the old side of the wrap: bad MAC
+    rig.send(f(0, 3, x[0], 0x10))
+    assert rig.eng.counters()["bad_mac"] == 1

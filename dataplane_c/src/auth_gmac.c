@@ -243,15 +243,56 @@ GMAC_PCLMUL static inline __m128i partial_block(const uint8_t *data,
 GMAC_PCLMUL void hg_gmac_tag(const struct hg_gmac_key *g, int isa, __m128i j0,
 			     const uint8_t *data, size_t len, uint8_t *tag)
 {
+	/* E_K(J0) first: its rounds run beside the GHASH */
+	hg_gmac_tag_masked(g, isa, aes256_block(g, j0), data, len, tag);
+}
+
+/*
+ * E_K(J0) of n frames, each under its own key: eight blocks' rounds
+ * interleaved, so the AES unit pipelines them (one block's 14 rounds are a
+ * dependent chain of about 14 x 4 cycles; eight independent ones issue a
+ * round every cycle or two).
+ */
+#define MASK_LANES 8
+GMAC_PCLMUL void hg_gmac_masks(const struct hg_gmac_key *const *g,
+			       const __m128i *j0, __m128i *mask, size_t n)
+{
+	size_t i = 0;
+
+	for (; i + MASK_LANES <= n; i += MASK_LANES) {
+		__m128i x[MASK_LANES];
+
+#pragma GCC unroll 8
+		for (int l = 0; l < MASK_LANES; l++)
+			x[l] = _mm_xor_si128(j0[i + l], _mm_loadu_si128(
+				(const __m128i *)g[i + l]->rk[0]));
+#pragma GCC unroll 13
+		for (int r = 1; r < HG_GMAC_ROUNDS; r++)
+#pragma GCC unroll 8
+			for (int l = 0; l < MASK_LANES; l++)
+				x[l] = _mm_aesenc_si128(x[l], _mm_loadu_si128(
+					(const __m128i *)g[i + l]->rk[r]));
+#pragma GCC unroll 8
+		for (int l = 0; l < MASK_LANES; l++)
+			mask[i + l] = _mm_aesenclast_si128(x[l], _mm_loadu_si128(
+				(const __m128i *)g[i + l]->rk[HG_GMAC_ROUNDS]));
+	}
+	for (; i < n; i++)
+		mask[i] = aes256_block(g[i], j0[i]);
+}
+
+GMAC_PCLMUL void hg_gmac_tag_masked(const struct hg_gmac_key *g, int isa,
+				    __m128i mask, const uint8_t *data,
+				    size_t len, uint8_t *tag)
+{
 	gmac_mul_fn *mul = isa == HG_MAC_ISA_AVX512 ? hg_gmac_mul_avx512 :
 			   isa == HG_MAC_ISA_AVX2 ? hg_gmac_mul_avx2 :
 			   hg_gmac_mul_pclmul;
 	const uint8_t (*hend)[16] = g->hpow + HG_GMAC_CHUNK;
 	size_t full = len / 16, part = len % 16, t = part ? 2 : 1, pos = 0, k;
 	struct hg_gmac_sum s;
-	__m128i y = _mm_setzero_si128(), mask;
+	__m128i y = _mm_setzero_si128();
 
-	mask = aes256_block(g, j0);     /* E_K(J0), beside the GHASH */
 	while (full - pos + t > HG_GMAC_CHUNK) {
 		k = full - pos < HG_GMAC_CHUNK ? full - pos : HG_GMAC_CHUNK;
 		s.lo = s.mid = s.hi = _mm_setzero_si128();

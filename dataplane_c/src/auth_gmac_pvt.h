@@ -110,4 +110,14 @@ void hg_gmac_init(struct hg_gmac_key *g, const uint8_t *key);
 void hg_gmac_tag(const struct hg_gmac_key *g, int isa, __m128i j0,
 		 const uint8_t *data, size_t len, uint8_t *tag);
 
+/* The same tag with E_K(J0) given (mask), e.g. from hg_gmac_masks(). */
+void hg_gmac_tag_masked(const struct hg_gmac_key *g, int isa, __m128i mask,
+			const uint8_t *data, size_t len, uint8_t *tag);
+/* mask[i] = E_K(j0[i]) under key g[i], i < n: the blocks of a burst
+ * pipelined through AES-NI together. */
+void hg_gmac_masks(const struct hg_gmac_key *const *g, const __m128i *j0,
+		   __m128i *mask, size_t n)
+	__attribute__((access(read_only, 1, 4), access(read_only, 2, 4),
+		       access(write_only, 3, 4)));
+
 #endif /* HOMAGG_AUTH_GMAC_PVT_H */
