@@ -4,7 +4,7 @@ Each path is forced in turn and its tags compared, bit for bit, with NIST's
 known answers (typed in below) and with the ``cryptography`` package's
 AESGCM (OpenSSL, independent of the project's C) on frames of every length
 class 0..9000: below, at and across 16-byte blocks, the 64-byte zmm loads
-and the 64-block reductions.  A path is skipped only where /proc/cpuinfo
+and the 72-block reductions.  A path is skipped only where /proc/cpuinfo
 lacks its instructions; where the CPU has them, its absence fails.
 """
 import os
@@ -96,12 +96,13 @@ def test_nist_known_answers(mac_path, key, iv, aad, tag):
 
 def _lengths():
     """Every length 0..300 (all block, zmm-load and tail shapes of the first
-    chunk), every length around each multiple of 256 and of 1024 (64-block
-    reductions) up to 9000, and 300 more drawn at random up to 9000."""
+    chunk), every length around each multiple of 256 and of 1152 (72-block
+    reductions: the data's last block and the length block on either side
+    of one) up to 9000, and 300 more drawn at random up to 9000."""
     rng = random.Random(22)
     out = set(range(301))
-    for m in range(256, 9001, 256):
-        out.update(range(m - 17, min(m + 18, 9001)))
+    for m in [*range(256, 9001, 256), *range(1152, 9001, 1152)]:
+        out.update(range(m - 33, min(m + 18, 9001)))
     out.update(rng.randrange(9001) for _ in range(300))
     out.add(9000)
     return sorted(out)
@@ -236,8 +237,8 @@ def test_authenticated_replies_carry_a_checksum_over_the_mac(workers, lanes):
 # replies byte for byte, the sums exact against numpy.
 
 def _auth_stream(rng, W=5, chunks=12, lanes=256):
-    """Good frames of W workers (1 KB payloads: more than one 64-block
-    reduction each), shuffled, with forged, flipped, retransmitted,
+    """Good frames of W workers (1 KB payloads: 66 blocks and the length
+    block, one reduction each), shuffled, with forged, flipped, retransmitted,
     bad-slot-good-MAC and bad-slot-forged frames among them; returns the
     frames, the expected {seq: sum} and the hostile frames' counts."""
     import numpy as np
