@@ -239,7 +239,8 @@ def test_authenticated_replies_carry_a_checksum_over_the_mac(workers, lanes):
 def _auth_stream(rng, W=5, chunks=12, lanes=256):
     """Good frames of W workers (1 KB payloads: 66 blocks and the length
     block, one reduction each), shuffled, with forged, flipped, retransmitted,
-    bad-slot-good-MAC and bad-slot-forged frames among them; returns the
+    bad-slot-good-MAC, bad-slot-forged and header-damaged frames among
+    them; returns the
     frames, the expected {seq: sum} and the hostile frames' counts."""
     import numpy as np
 
@@ -282,6 +283,13 @@ def _auth_stream(rng, W=5, chunks=12, lanes=256):
                 n["bad_mac"] += 1
             elif r < 0.7:                       # a retransmission
                 frames.append(good)
+            elif r < 0.85:                      # a header byte changed
+                # (not the incarnation, bytes 66-69: a greater one would
+                # make the worker's later frames old)
+                b = bytearray(good)
+                i = int(rng.choice([i for i in range(74) if not 66 <= i < 70]))
+                b[i] ^= int(rng.integers(1, 256))
+                frames.append(bytes(b))
     return frames, sums, n
 
 
@@ -319,7 +327,8 @@ def test_engine_burst_checks_equal_one_at_a_time(mac_path, burst):
     assert staged[1] == single[1] and staged[2] == single[2]
     assert staged[0] == single[0]               # every reply, byte for byte, in order
     c = staged[1]
-    assert c["bad_mac"] == n["bad_mac"] and c["bad_slot"] == n["bad_slot"], (c, n)
+    # a changed header byte is dropped under some counter: at least these
+    assert c["bad_mac"] >= n["bad_mac"] and c["bad_slot"] >= n["bad_slot"], (c, n)
     assert n["bad_mac"] and n["bad_slot"]
     assert c["completed"] == len(sums)
     got = {}

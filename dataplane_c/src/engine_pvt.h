@@ -93,9 +93,15 @@ struct hg_job {
 	 * the latest one it took (masked by fast_shape[]: op, lanes, exp and
 	 * the two lengths they imply, checked once per shape); shape_len,
 	 * shape_op: that shape's frame length and op facts (shape_len 0: no
-	 * shape yet).  fast: the job takes that path (not an auth job).
+	 * shape yet).  fast_fix, fast_mask: fast_fixed[] and fast_fixed[] |
+	 * fast_shape[] as this job uses them (an auth job's frames carry
+	 * HG_FLAG_AUTH and the job's key epoch in the flags and a MAC
+	 * counter where the others have reserved zeros).  fast: the job
+	 * takes that path.
 	 */
 	uint64_t fast_want[FAST_WORDS];
+	uint64_t fast_fix[FAST_WORDS];
+	uint64_t fast_mask[FAST_WORDS];
 	uint32_t shape_len;
 	struct hg_lanes shape;
 	bool fast;
