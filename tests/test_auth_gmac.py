@@ -25,7 +25,8 @@ PATH_FLAGS = {
     "portable": {"aes", "pclmulqdq"},
     "pclmul": {"aes", "pclmulqdq", "ssse3"},
     "avx2": {"aes", "pclmulqdq", "ssse3", "avx2", "vpclmulqdq"},
-    "avx512": {"aes", "pclmulqdq", "ssse3", "avx2", "vpclmulqdq", "avx512f", "avx512bw"},
+    "avx512": {"aes", "pclmulqdq", "ssse3", "avx2", "vpclmulqdq", "avx512f", "avx512bw",
+               "avx512vl", "gfni"},
 }
 
 

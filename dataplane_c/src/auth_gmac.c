@@ -43,7 +43,9 @@ static bool mac_isa_cpu(int isa)
 	case HG_MAC_ISA_AVX512:
 		return mac_isa_cpu(HG_MAC_ISA_AVX2) &&
 		       __builtin_cpu_supports("avx512f") &&
-		       __builtin_cpu_supports("avx512bw");
+		       __builtin_cpu_supports("avx512bw") &&
+		       __builtin_cpu_supports("avx512vl") &&
+		       __builtin_cpu_supports("gfni");
 	default:
 		return false;
 	}
@@ -171,6 +173,16 @@ GMAC_PCLMUL void hg_gmac_init(struct hg_gmac_key *g, const uint8_t *key)
 		_mm_storeu_si128((__m128i *)g->hpow[i], p);
 		p = gf_mul(p, h);
 	}
+	/* natural order: bit i of the 128 is the coefficient of x^i, the
+	 * reflected one's bits in reverse (byte k = byte 15 - k reversed) */
+	for (int i = 0; i < HG_GMAC_CHUNK; i++)
+		for (int k = 0; k < 16; k++) {
+			uint8_t b = g->hpow[i][15 - k], r = 0;
+
+			for (int bit = 0; bit < 8; bit++)
+				r |= (uint8_t)(((b >> bit) & 1) << (7 - bit));
+			g->hnat[i][k] = r;
+		}
 	/* the stack copies of the schedule and of H */
 	hg_auth_wipe(rk, sizeof(rk));
 	h = p = _mm_setzero_si128();
@@ -285,8 +297,11 @@ GMAC_PCLMUL void hg_gmac_tag_masked(const struct hg_gmac_key *g, int isa,
 				    __m128i mask, const uint8_t *data,
 				    size_t len, uint8_t *tag)
 {
-	gmac_mul_fn *mul = isa == HG_MAC_ISA_AVX512 ? hg_gmac_mul_avx512 :
-			   isa == HG_MAC_ISA_AVX2 ? hg_gmac_mul_avx2 :
+	if (isa == HG_MAC_ISA_AVX512) {
+		hg_gmac_tag_avx512(g, mask, data, len, tag);
+		return;
+	}
+	gmac_mul_fn *mul = isa == HG_MAC_ISA_AVX2 ? hg_gmac_mul_avx2 :
 			   hg_gmac_mul_pclmul;
 	const uint8_t (*hend)[16] = g->hpow + HG_GMAC_CHUNK;
 	size_t full = len / 16, part = len % 16, t = part ? 2 : 1, pos = 0, k;

@@ -14,14 +14,19 @@
  *
  *   pclmul   xmm PCLMULQDQ, one block per multiply     (auth_gmac.c)
  *   avx2     ymm VPCLMULQDQ, two blocks                (auth_gmac_avx2.c)
- *   avx512   zmm VPCLMULQDQ, four blocks, masked tail  (auth_gmac_avx512.c)
+ *   avx512   zmm VPCLMULQDQ and GFNI, four blocks, masked tail, in the
+ *            natural bit order (auth_gmac_avx512.c: no byte shuffle)
  *
  * Cost (build/release/tools/gmac_bench, best batch of 50 tags, the shared
  * 2-vCPU Intel Xeon VM under load, 2026-12-02), ns per tag of 32 / 1056 /
  * 8224 bytes: pclmul 12 / 89 / 609, avx2 13 / 55 / 334, avx512 17 / 46 /
- * 253; libsodium and OpenSSL (the portable path) 38 / 196 / 704.
+ * 253 (with 64 blocks per reduction and a byte shuffle per 64 bytes; with
+ * 72 and GFNI, three alternating runs of `gmac_bench 2000 1056 8224`
+ * against that build, under load: 39.3 vs 46.2 ns at 1056 bytes, 225 vs
+ * 252 ns at 8224); libsodium and OpenSSL (the portable path) 38 / 196 /
+ * 704.
  *
- * Field elements are kept byte-reflected (the block's bytes reversed), so
+ * On pclmul and avx2, field elements are kept byte-reflected (the block's bytes reversed), so
  * that a carry-less product of two of them is the reflected product shifted
  * right by one bit: ghash_reduce() shifts the 256-bit sum of products left
  * by one and reduces it modulo x^128 + x^7 + x^2 + x + 1 (both linear, so a
@@ -42,6 +47,7 @@
 struct hg_gmac_key {
 	uint8_t rk[HG_GMAC_ROUNDS + 1][16];   /* AES-256 round keys */
 	uint8_t hpow[HG_GMAC_CHUNK][16];      /* H^72 .. H^1, reflected */
+	uint8_t hnat[HG_GMAC_CHUNK][16];      /* the same, natural (avx512) */
 };
 
 /* An unreduced sum of products: the 64-bit halves' a0*b0, a1*b0 + a0*b1
@@ -100,9 +106,6 @@ void hg_gmac_mul_pclmul(__m128i y, const uint8_t *blocks,
 			struct hg_gmac_sum *s);
 void hg_gmac_mul_avx2(__m128i y, const uint8_t *blocks,
 		      const uint8_t (*hp)[16], size_t n, struct hg_gmac_sum *s);
-void hg_gmac_mul_avx512(__m128i y, const uint8_t *blocks,
-			const uint8_t (*hp)[16], size_t n,
-			struct hg_gmac_sum *s);
 
 /* g = the state of AES-256 key (32 bytes).  Needs AES-NI and PCLMULQDQ. */
 void hg_gmac_init(struct hg_gmac_key *g, const uint8_t *key);
@@ -113,6 +116,10 @@ void hg_gmac_init(struct hg_gmac_key *g, const uint8_t *key);
 void hg_gmac_tag(const struct hg_gmac_key *g, int isa, __m128i j0,
 		 const uint8_t *data, size_t len, uint8_t *tag);
 
+/* The avx512 path's tag (auth_gmac_avx512.c), E_K(J0) given: GHASH in
+ * the natural bit order, no byte shuffles. */
+void hg_gmac_tag_avx512(const struct hg_gmac_key *g, __m128i mask,
+			const uint8_t *data, size_t len, uint8_t *tag);
 /* The same tag with E_K(J0) given (mask), e.g. from hg_gmac_masks(). */
 void hg_gmac_tag_masked(const struct hg_gmac_key *g, int isa, __m128i mask,
 			const uint8_t *data, size_t len, uint8_t *tag);
