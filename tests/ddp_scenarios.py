@@ -67,8 +67,12 @@ def backend(outdir):
 
     import homagg.torch_backend  # noqa: F401  (registers "homagg")
 
+    def step(what):  # where a rank is, in its stderr (the test keeps it)
+        print(f"{time.monotonic():.3f} {what}", file=sys.stderr, flush=True)
+
     dist.init_process_group("cpu:homagg", timeout=datetime.timedelta(seconds=120))
     rank, world = dist.get_rank(), dist.get_world_size()
+    step(f"rank {rank} of {world}: process group made")
     assert dist.get_backend() == "cpu:homagg", dist.get_backend()
     rng = np.random.default_rng(50 + rank)
     out = {"reduced": [], "delegated": {}}
@@ -84,28 +88,72 @@ def backend(outdir):
                 dist.all_reduce(t, op=op)
             out["reduced"].append({"dtype": str(dtype), "avg": op == dist.ReduceOp.AVG,
                                    "x": before, "y": t})
+    step("homagg allreduces done")
     d = out["delegated"]
     n = torch.tensor([rank + 1, 10 * (rank + 1)], dtype=torch.int64)
     dist.all_reduce(n)
     d["int64_sum"] = n
+    step("int64 allreduce")
     m = torch.tensor([float(rank), -float(rank)])
     dist.all_reduce(m, op=dist.ReduceOp.MAX)
     d["max"] = m
+    step("max allreduce")
     b = torch.full((4,), float(rank))
     dist.broadcast(b, src=world - 1)
     d["broadcast"] = b
+    step("broadcast")
     gathered = [torch.zeros(2) for _ in range(world)]
     dist.all_gather(gathered, torch.tensor([float(rank), 2.0 * rank]))
     d["all_gather"] = gathered
+    step("all_gather")
     objs = [None] * world
     dist.all_gather_object(objs, {"rank": rank})
     d["all_gather_object"] = objs
+    step("all_gather_object")
+    # the other delegated collectives, each once
+    red = torch.tensor([float(rank + 1)])
+    dist.reduce(red, dst=0)
+    d["reduce"] = red
+    gl = [torch.zeros(1) for _ in range(world)] if rank == 0 else None
+    dist.gather(torch.tensor([float(rank)]), gl, dst=0)
+    d["gather"] = gl
+    sc = torch.zeros(1)
+    dist.scatter(sc, [torch.tensor([3.0 * q]) for q in range(world)] if rank == 0 else None,
+                 src=0)
+    d["scatter"] = sc
+    a2a = torch.zeros(world)
+    dist.all_to_all_single(a2a, torch.tensor([10.0 * rank + q for q in range(world)]))
+    d["all_to_all_single"] = a2a
+    flat = torch.zeros(2 * world)
+    dist.all_gather_into_tensor(flat, torch.tensor([float(rank), 2.0 * rank]))
+    d["all_gather_into_tensor"] = flat
+    rs = torch.zeros(1)
+    dist.reduce_scatter_tensor(rs, torch.arange(world, dtype=torch.float32) + rank)
+    d["reduce_scatter_tensor"] = rs
+    got = torch.zeros(1)
+    ops = [dist.isend(torch.tensor([100.0 + rank]), (rank + 1) % world),
+           dist.irecv(got, (rank - 1) % world)]
+    for w in ops:
+        w.wait()
+    d["send_recv"] = got
+    step("other delegated collectives")
+    # many small collectives back to back: with the GIL held on the way to
+    # Gloo this deadlocked now and then (the module doc of homagg.torch_backend)
+    many = torch.zeros(2)
+    for i in range(300):
+        many.fill_(float(rank))
+        dist.broadcast(many, src=i % world)
+        assert many.tolist() == [float(i % world)] * 2, (i, many)
+    d["many"] = 300
+    step("300 broadcasts")
     dist.barrier()
+    step("barrier")
     pg = dist.distributed_c10d._get_default_group()
     out["counters"] = dict(pg.counters)
     torch.save(out, os.path.join(outdir, f"rank-{rank}.pt"))
     pg.close()
     dist.destroy_process_group()
+    step("process group destroyed")
 
 
 def baseline(outdir):

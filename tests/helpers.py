@@ -228,3 +228,19 @@ def run(grads, method, block, **kw):
 
     with np.errstate(over="ignore"):
         return codec.simulate_allreduce(grads, method=method, block_elements=block, **kw)
+
+
+def run_testbed_bench(tmp_path, capsys, name, *argv):
+    """`homagg bench NAME ARGV --json --out DIR`: exit 0, the printed report
+    is the one written to DIR (NAME.json, .csv, .md); returns it."""
+    import json
+
+    from homagg import cli
+
+    out = tmp_path / name
+    rc = cli.main(["bench", name, *argv, "--json", "--out", str(out)])
+    assert rc == 0
+    report = json.loads(capsys.readouterr().out)
+    assert json.loads((out / f"{name}.json").read_text())["results"] == report["results"]
+    assert (out / f"{name}.md").exists() and (out / f"{name}.csv").exists()
+    return report

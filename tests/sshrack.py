@@ -16,6 +16,7 @@ import secrets
 import signal
 import socket
 import subprocess
+import time
 
 from homagg.deploy.local.testbed import Testbed
 
@@ -139,12 +140,50 @@ MaxStartups 50
                     os.kill(pid, signal.SIGTERM)
             p.stop()
         if self.tb is not None:
+            # what the tests started over SSH and left running (a test cut
+            # short by its time limit before `homagg down`): every process
+            # inside one of the rack's hosts' namespaces, by PID
+            _stop_inside([h.netns for h in self.tb.hosts()])
             Testbed.down(self.name, state_dir=self.tb.state_dir)
         from pyroute2 import IPRoute
 
         with IPRoute() as ipr, contextlib.suppress(Exception):
             for idx in ipr.link_lookup(ifname=self.ctl_if):
                 ipr.link("del", index=idx)
+
+
+def _stop_inside(netns_names, timeout=5.0):
+    """SIGTERM, then SIGKILL after ``timeout``, every process whose network
+    namespace is one of these (found by the namespace's inode in /proc)."""
+    inodes = set()
+    for name in netns_names:
+        with contextlib.suppress(OSError):
+            inodes.add(os.stat(f"/run/netns/{name}").st_ino)
+    pids = []
+    for d in os.listdir("/proc"):
+        if d.isdigit() and int(d) != os.getpid():
+            with contextlib.suppress(OSError):
+                if os.stat(f"/proc/{d}/ns/net").st_ino in inodes:
+                    pids.append(int(d))
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + timeout
+        while pids and time.monotonic() < deadline:
+            pids = [p for p in pids if os.path.exists(f"/proc/{p}")
+                    and _state(p) not in ("Z", "X")]
+            time.sleep(0.05)
+        if not pids:
+            return
+
+
+def _state(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "X"
 
 
 def _children(pid):

@@ -149,7 +149,9 @@ def test_engine_on_each_path_and_a_key_keeps_its_path(mac_path, monkeypatch):
     import numpy as np
 
     from engine_rig import EngineRig
-    from test_auth import SECRET, be32, parse_frame, ref_key, ref_mac, wframe
+    from auth_rig import SECRET, ref_key, ref_mac, wframe
+    from helpers import be32
+    from homagg.engine import parse_frame
 
     rig = EngineRig(workers=2, slots=4, auth=SECRET, mac="aes-gmac", replicate=True,
                     payload_bytes=1200,
@@ -206,7 +208,9 @@ def test_authenticated_replies_carry_a_checksum_over_the_mac(workers, lanes):
 
     from engine_rig import EngineRig
     from homagg.engine import FLAG_RETRANS, FLAG_STATUS
-    from test_auth import SECRET, be32, parse_frame, ref_key, ref_mac, wframe
+    from auth_rig import SECRET, ref_key, ref_mac, wframe
+    from helpers import be32
+    from homagg.engine import parse_frame
 
     rig = EngineRig(workers=workers, slots=4, auth=SECRET, payload_bytes=4 * lanes,
                     replicate=True, group="239.1.2.3")

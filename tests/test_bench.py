@@ -15,7 +15,7 @@ import numpy as np
 
 import pytest
 
-from helpers import require
+from helpers import require, run_testbed_bench
 
 from homagg import cli, codec
 from homagg.bench import scale, workloads
@@ -385,18 +385,6 @@ def test_homagg_row_payload_and_cpu_per_mb(monkeypatch):
     assert row["cpu_ms_per_mb"] == pytest.approx(1e3 * 0.4 / 4.0)
     assert row["worker_cpu_seconds"] == pytest.approx([0.1, 0.1])
     assert row["daemon_cpu_seconds"] == pytest.approx(0.2)
-
-
-def run_testbed_bench(tmp_path, capsys, name, *argv):
-    """`homagg bench NAME ARGV --json --out DIR`: exit 0, the printed report
-    is the one written to DIR (NAME.json, .csv, .md); returns it."""
-    out = tmp_path / name
-    rc = cli.main(["bench", name, *argv, "--json", "--out", str(out)])
-    assert rc == 0
-    report = json.loads(capsys.readouterr().out)
-    assert json.loads((out / f"{name}.json").read_text())["results"] == report["results"]
-    assert (out / f"{name}.md").exists() and (out / f"{name}.csv").exists()
-    return report
 
 
 @pytest.mark.root

@@ -78,3 +78,23 @@ def test_no_test_imports_conftest():
             if "conftest" in names:
                 offenders.append(f"{f}:{node.lineno}")
     assert offenders == [], f"import helpers instead of conftest: {offenders}"
+
+
+def test_no_test_file_imports_another():
+    """What several test files share lives in helpers.py, reference.py or a
+    *_rig.py module: a test file imported by another is collected twice in
+    spirit (its module-level state and marks leak) and hides a dependency."""
+    import ast
+
+    tests = os.path.dirname(os.path.abspath(__file__))
+    offenders = []
+    for f in sorted(os.listdir(tests)):
+        if not f.endswith(".py"):
+            continue
+        path = os.path.join(tests, f)
+        for node in ast.walk(ast.parse(open(path).read(), path)):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module] if isinstance(node, ast.ImportFrom) else [])
+            offenders += [f"{f}:{node.lineno} {n}" for n in names
+                          if n and n.split(".")[0].startswith("test_")]
+    assert offenders == [], f"move what is shared to a helper module: {offenders}"

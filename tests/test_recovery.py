@@ -14,10 +14,7 @@ import pytest
 
 from homagg.sim import Cluster
 
-try:
-    from reference import allreduce as oracle_allreduce
-except ImportError:  # pragma: no cover
-    from test_sim import _oracle_allreduce as oracle_allreduce
+from reference import allreduce as oracle_allreduce
 
 pytestmark = pytest.mark.sanitize
 

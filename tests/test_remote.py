@@ -138,6 +138,29 @@ def test_up_run_down(rack, tmp_path):
 
 
 @pytest.mark.timeout(600)
+def test_failed_up_stops_the_daemons_it_started(rack, tmp_path):
+    """`up` whose job cannot be made after homagg-switch started (a payload
+    the links' MTU cannot carry) stops that daemon and removes its run
+    directory: the next `up` starts cleanly instead of finding a daemon
+    with no job."""
+    path, i = make_testbed(rack, tmp_path)
+    rundir = os.path.join(i.host("agg").install_dir, "run")
+    bad = cli("up", "-i", path, "--no-udp-csum", "--payload-bytes", "8192")
+    assert bad.returncode == 1 and "does not fit the MTU" in bad.stderr, bad.stdout + bad.stderr
+    started = re.search(r"homagg-switch up on agg \(pid (\d+)", bad.stdout)
+    assert started, bad.stdout  # it had started, so the job step failed after it
+    assert "agg: stopped after the failed up" in bad.stdout, bad.stdout
+    assert gone(int(started.group(1)))
+    assert not os.path.exists(rundir)
+    up = cli("up", "-i", path, "--no-udp-csum")
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+    finally:
+        down = cli("down", "-i", path)
+    assert down.returncode == 0, down.stdout + down.stderr
+
+
+@pytest.mark.timeout(600)
 def test_one_run_path_local_and_remote_reports_alike(rack, tmp_path):
     """The same job on the rack's namespaces as a local testbed and on its
     hosts over SSH: one report type (the same keys), the same exact result,

@@ -21,7 +21,7 @@ from homagg.sim import Cluster
 
 from reference import allreduce as oracle_allreduce
 from udp_rig import BLOCK as UDP_BLOCK
-from test_sim import BLOCK, assert_bits_equal, check_result, make_grads
+from sim_rig import BLOCK, assert_bits_equal, check_result, make_grads
 
 pytestmark = pytest.mark.sanitize
 
@@ -300,7 +300,7 @@ def test_bench_shards_outputs(tmp_path, capsys):
     import os
 
     from helpers import require
-    from test_bench import run_testbed_bench
+    from helpers import run_testbed_bench
 
     require(os.geteuid() == 0, "needs root")
     report = run_testbed_bench(tmp_path, capsys, "shards", "--workers", "2", "--elements",

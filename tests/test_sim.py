@@ -1,8 +1,7 @@
 """The simulated cluster: the real engine and worker clients over the NIC model.
 
 Exact methods are compared bit for bit with the numpy oracle of the
-fixed-point contract (tests/reference.py when present, else the same
-formulas written here from DESIGN.md "fixed point"), under loss,
+fixed-point contract (tests/reference.py), under loss,
 duplication, reordering and all of them at once; nc is compared with the
 same allreduce done codec-level (the C codec and the aggregation kernels
 called directly, no network), which uses the same seeded streams.  Also: two jobs on one engine, hostile frames at the aggregator,
@@ -17,65 +16,11 @@ import pytest
 from homagg._native import ffi, lib
 from homagg.errors import InvalidArgument, PeerRestarted, PeerTimeout
 from homagg.sim import Cluster
+from sim_rig import BLOCK, assert_bits_equal, check_result, make_grads
 
 pytestmark = pytest.mark.sanitize
 
-BLOCK = 256
 EXACT = ("dense", "blocks", "lhc", "union", "auto")
-
-
-def make_grads(workers, n, density=0.1, seed=0, zero_blocks=True):
-    """Sparse gradients with varied magnitudes and some all-zero blocks."""
-    rng = np.random.default_rng(seed)
-    grads = []
-    for w in range(workers):
-        x = np.zeros(n, dtype=np.float32)
-        nz = rng.random(n) < density
-        x[nz] = (rng.standard_normal(nz.sum()) * 10.0 ** rng.integers(-6, 3, nz.sum())).astype(np.float32)
-        if zero_blocks and n >= 4 * BLOCK:
-            x[BLOCK:2 * BLOCK] = 0  # a block zero on every worker
-        grads.append(x)
-    return grads
-
-
-def _oracle_allreduce(grads, block):
-    """DESIGN.md fixed point: E_b = max frexp exponent, s_b = 30 -
-    ceil(log2 W) - E_b, q = round_half_even(x 2^s_b), y = f32(sum q 2^-s_b)."""
-    W = len(grads)
-    X = np.stack([np.asarray(g, np.float32) for g in grads]).astype(np.float64)
-    n = X.shape[1]
-    nb = (n + block - 1) // block
-    pad = np.zeros((W, nb * block))
-    pad[:, :n] = X
-    m = np.abs(pad).reshape(W, nb, block).max(axis=2).max(axis=0)
-    _, e = np.frexp(m)
-    e = np.clip(e, -126, 128)
-    s = 30 - int(W - 1).bit_length() - e
-    s[m == 0] = 0
-    sc = np.repeat(s, block)[:n]
-    q = np.rint(X * np.exp2(sc)).astype(np.int64)
-    return (q.sum(axis=0).astype(np.float64) * np.exp2(-sc)).astype(np.float32)
-
-
-try:  # the shared, independent oracle
-    from reference import allreduce as oracle_allreduce
-except ImportError:  # pragma: no cover - until tests/reference.py exists
-    oracle_allreduce = _oracle_allreduce
-
-
-def assert_bits_equal(got, want):
-    got = np.asarray(got, dtype=np.float32)
-    want = np.asarray(want, dtype=np.float32)
-    assert got.shape == want.shape
-    diff = np.flatnonzero(got.view(np.uint32) != want.view(np.uint32))
-    assert diff.size == 0, f"{diff.size} elements differ, first at {diff[:5]}: {got[diff[:5]]} vs {want[diff[:5]]}"
-
-
-def check_result(res, grads):
-    want = oracle_allreduce(grads, BLOCK)
-    assert_bits_equal(res.sum, want)
-    for out in res.outputs:
-        assert_bits_equal(out, res.sum)
 
 
 FAULTS = {

@@ -17,7 +17,7 @@ from homagg.runs.session import NOT_FRAME_OUTCOMES
 from homagg.sim import Cluster
 
 from helpers import require_gmac
-from test_sim import BLOCK, assert_bits_equal, check_result, make_grads
+from sim_rig import BLOCK, assert_bits_equal, check_result, make_grads
 
 pytestmark = pytest.mark.sanitize
 

@@ -16,7 +16,9 @@
  * each STALL_MEMORY_NS without another one).  Before the first result of a step
  * the timers wait at least start_wait, which learns how late the slowest
  * peer starts a step.
- */#include "client_pvt.h"
+ */
+
+#include "client_pvt.h"
 
 static void smooth_add(struct smooth *m, uint64_t r)
 {

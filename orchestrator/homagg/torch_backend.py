@@ -28,6 +28,15 @@ ConfigError naming the variable to set).  Errors of a HomAgg allreduce
 Each process group of this backend has its own HomAgg worker: give a group
 other than the default one its own job (HOMAGG_* variables of the process)
 only if it spans every worker of that job.
+
+Why every delegated collective is a Python method here: torch calls a
+collective that a Python subclass of ProcessGroup does not override with
+the GIL held (its trampoline takes the GIL to look for an override, and
+keeps it for the base class's call).  Gloo's enqueue then waits for the
+queue's lock, which a Gloo thread may hold while it frees a finished
+work's tensors, and freeing a tensor that Python knows needs the GIL: both
+wait for ever.  The methods below call Gloo's Python bindings, which
+release the GIL first.
 """
 import os
 
@@ -141,10 +150,47 @@ class HomAggProcessGroup(dist.ProcessGroup):
             o.reduceOp = opts.reduceOp
         return self.allreduce(list(tensors), o)
 
+    def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
+        """One Gloo ``_allgather_base`` per pair (Gloo has no binding for
+        the coalesced form), done when all are."""
+        return self._each("_allgather_base", outputs, inputs, opts or dist.AllgatherOptions())
+
+    def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
+        """One Gloo ``_reduce_scatter_base`` per pair, done when all are."""
+        return self._each("_reduce_scatter_base", outputs, inputs,
+                          opts or dist.ReduceScatterOptions())
+
+    def _each(self, name, outputs, inputs, opts):
+        call = getattr(self._gloo, name)
+        works = [call(o, i, opts) for o, i in zip(outputs, inputs)]
+        fut = torch.futures.collect_all([w.get_future() for w in works])
+        return _work(fut.then(lambda _: list(outputs)))
+
     def close(self):
         if self._worker is not None:
             self._worker.close()
             self._worker = None
+
+
+# Collectives HomAgg does not carry: Gloo's, through its bindings (they
+# release the GIL; see the module doc).
+DELEGATED = ("allgather", "allgather_coalesced", "_allgather_base", "alltoall",
+             "alltoall_base", "barrier", "monitored_barrier", "broadcast", "gather",
+             "scatter", "reduce", "reduce_scatter", "_reduce_scatter_base", "send", "recv",
+             "recv_anysource")
+
+
+def _delegate(name):
+    def collective(self, *args, **kwargs):
+        return getattr(self._gloo, name)(*args, **kwargs)
+
+    collective.__name__ = collective.__qualname__ = name
+    collective.__doc__ = f"Gloo's ``{name}``, called with the GIL released."
+    return collective
+
+
+for _name in DELEGATED:
+    setattr(HomAggProcessGroup, _name, _delegate(_name))
 
 
 def _create(store, rank, world_size, timeout):

@@ -50,6 +50,7 @@ extern "C" {
  * the name table behind hg_client_stat_name(); Python reads the fields
  * through it (homagg.bindings.client.client_stats_dict).
  */
+/* clang-format off */
 #define HG_FOREACH_CLIENT_STAT(X, P)                                           \
 	X(uint64_t, packets_sent, "every chunk transmission, retransmissions included") \
 	X(uint64_t, retransmissions, "transmissions after the first of a chunk") \
@@ -84,6 +85,7 @@ extern "C" {
 	X(uint64_t, rto_floor_ns, "the floor of the timeout spurious timeouts taught (0: none; of that same aggregator)") \
 	X(uint64_t, bad_mac, "replies dropped: MAC missing, wrong, or present on a job without auth") \
 	X(uint32_t, groups, "block groups of the last allreduce (1: not pipelined)")
+/* clang-format on */
 
 /* cdef-begin */
 /* Defaults used when a config field is 0. */

@@ -13,6 +13,7 @@
 #ifndef HOMAGG_COUNTERS_H
 #define HOMAGG_COUNTERS_H
 
+/* clang-format off */
 #define HG_FOREACH_COUNTER(X)                                                  \
 	X(RECEIVED, "received", "frames handed to the engine")                   \
 	X(SUMMED, "summed", "payloads combined into a slot")                     \
@@ -50,6 +51,7 @@
 	X(UP_STALE, "up_stale", "tree leaf: root replies for no forwarded set or not matching it") \
 	X(UP_ABANDONED, "up_abandoned", "tree leaf: forwarded sets no longer resent (give-up time passed)") \
 	X(UP_ROOT_RESTARTS, "up_root_restarts", "tree leaf: the root's incarnation changed (the leaf took a new one)")
+/* clang-format on */
 
 enum hg_counter {
 #define HG_CNT_ENUM_(name, str, doc) HG_CNT_##name,
@@ -64,11 +66,13 @@ enum hg_counter {
  * (their job, token, worker id and slot are valid).  Names through
  * hg_worker_counter_name() (homagg/wire.h).
  */
+/* clang-format off */
 #define HG_FOREACH_WORKER_COUNTER(X)                                           \
 	X(SUMMED, "summed", "payloads of the worker combined into a slot")        \
 	X(DUPLICATES, "duplicates", "frames of a chunk the worker already counted") \
 	X(RETRANS, "retransmissions", "frames flagged RETRANS (the worker resent)") \
 	X(DROPPED, "dropped", "frames dropped by the set logic (stale, old_incarnation, bad_op, bad_lanes, bad_exp)")
+/* clang-format on */
 
 enum hg_worker_counter {
 #define HG_WCNT_ENUM_(name, str, doc) HG_WCNT_##name,

@@ -57,6 +57,7 @@ extern "C" {
  * gives the names, Python reads them as dicts.  OUT_* count on the link
  * from the port to the switch, IN_* on the link from the switch to the port.
  */
+/* clang-format off */
 #define HG_NIC_PORT_COUNTERS(X)                                                \
 	X(TX, "tx")                           /* frames taken by tx_burst */    \
 	X(TX_BYTES, "tx_bytes")                                                 \
@@ -82,7 +83,9 @@ extern "C" {
 	X(IN_NOBUF, "in_nobuf")       /* duplicate or replica lost: no buffer */\
 	X(ALLOC_SHORT, "alloc_short") /* alloc_bulk returned fewer than asked */\
 	X(BAD_FREE, "bad_free")       /* free_bulk of a buffer not held */
+/* clang-format on */
 
+/* clang-format off */
 #define HG_NIC_FABRIC_COUNTERS(X)                                              \
 	X(SENT, "sent")                 /* frames taken by any tx_burst */      \
 	X(DELIVERED, "delivered")       /* frames put into any rx ring */       \
@@ -99,6 +102,7 @@ extern "C" {
 	X(ALLOC_SHORT, "alloc_short")                                           \
 	X(BAD_FREE, "bad_free")                                                 \
 	X(EVENTS, "events")             /* events processed by the clock */
+/* clang-format on */
 
 #define HG_NIC_ENUM_(name, str) HG_NIC_PC_##name,
 enum hg_nic_port_counter { HG_NIC_PORT_COUNTERS(HG_NIC_ENUM_) HG_NIC_PC__COUNT };

@@ -365,9 +365,12 @@ def up(inventory: inv.Inventory, switch: str | None = None, no_udp_csum: bool = 
     returns the first daemon's {"host", "pid", "control", "log", "argv"}
     with "aggregators": the list of all of them and "job": the job file's
     fields.  One failing host does not hide the others: RemoteError names
-    each."""
+    each.  When it fails, what this call started is stopped again (the
+    daemons that did start, the job files and a generated secret), so the
+    next `up` does not find a daemon nobody registered a job on."""
     out = out or sys.stdout
     hosts = open_hosts(inventory, out, switch)
+    started = []
     try:
         aggs = _aggregators(hosts)
         if job_options.get("auth") and inventory.settings.auth_secret:
@@ -383,16 +386,43 @@ def up(inventory: inv.Inventory, switch: str | None = None, no_udp_csum: bool = 
                 return e
 
         res = ssh.parallel(one, aggs, inventory.settings.parallel)
+        started = [a for a in aggs if not isinstance(res[a.h.name], Exception)]
         bad = {n: v for n, v in res.items() if isinstance(v, Exception)}
         if bad:
             raise RemoteError("homagg-switch did not start on every aggregator: " +
                               "; ".join(str(e) for e in bad.values()))
         infos = [res[a.h.name] for a in aggs]
+        # every daemon is this call's: the workers' run directories hold only what it writes
+        started += [r for r in hosts if r.h.role == "worker"]
         job = _up_job(hosts, inventory, out, **job_options)
+        started = []
         return {**infos[0], "aggregators": infos, "job": job}
+    except BaseException:
+        if started:
+            _undo_up(started, inventory, out)
+        raise
     finally:
         for r in hosts:
             r.close()
+
+
+def _undo_up(hosts: list[Host], inventory: inv.Inventory, out) -> None:
+    """Stop what a failed `up` started on these hosts (the aggregators whose
+    daemon it started; the worker hosts once every daemon was its own) and
+    remove their run directories, and say so; a host that fails is named,
+    not raised over the error that made `up` fail."""
+    def one(r):
+        try:
+            return r.stop_all()
+        except Exception as e:  # noqa: BLE001 - reported below
+            return e
+
+    for name, v in ssh.parallel(one, hosts, inventory.settings.parallel).items():
+        if isinstance(v, Exception):
+            print(f"{name}: not cleaned up after the failed up ({type(v).__name__}: {v}): "
+                  f"run `homagg down -i {inventory.path}`", file=out)
+        elif v:
+            print(f"{name}: stopped after the failed up: " + "; ".join(v), file=out)
 
 
 def inventory_cost(inventory):
