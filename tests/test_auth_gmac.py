@@ -249,7 +249,9 @@ def _auth_stream(rng, W=5, chunks=12, lanes=256):
     frames, the expected {seq: sum} and the hostile frames' counts."""
     import numpy as np
 
-    from test_auth import AGG, JOB, SECRET, be32, build_frame, ref_key, waddr
+    from auth_rig import AGG, JOB, SECRET, ref_key, waddr
+    from homagg.engine import build_frame
+    from helpers import be32
 
     def f(w, seq, x, key_of=None, slot=None, flip=False):
         b = bytearray(build_frame(waddr(w), AGG, op="sum32", job=JOB, token=77, worker=w,
@@ -300,7 +302,7 @@ def _auth_stream(rng, W=5, chunks=12, lanes=256):
 
 def _run_auth(frames, staged, burst, W=5):
     from engine_rig import EngineRig
-    from test_auth import SECRET
+    from auth_rig import SECRET
 
     rig = EngineRig(workers=W, slots=4, auth=SECRET, mac="aes-gmac", payload_bytes=1024)
     eng = Engine(rig.port, burst=burst, staged=staged)
@@ -323,7 +325,8 @@ def _run_auth(frames, staged, burst, W=5):
 def test_engine_burst_checks_equal_one_at_a_time(mac_path, burst):
     import numpy as np
 
-    from test_auth import be32, parse_frame
+    from helpers import be32
+    from homagg.engine import parse_frame
 
     rng = np.random.default_rng(burst)
     frames, sums, n = _auth_stream(rng)
@@ -350,7 +353,9 @@ def test_engine_burst_extends_each_counter_after_the_frames_before_it(mac_path):
     import numpy as np
 
     from engine_rig import EngineRig
-    from test_auth import AGG, JOB, SECRET, be32, build_frame, ref_key, waddr
+    from auth_rig import AGG, JOB, SECRET, ref_key, waddr
+    from homagg.engine import build_frame
+    from helpers import be32
 
     def f(w, seq, x, counter):
         return build_frame(waddr(w), AGG, op="sum32", job=JOB, token=77, worker=w, seq=seq,

@@ -684,7 +684,7 @@ def test_register_tree_with_auth_gives_each_level_its_own_secret():
     secret file and the MAC, and hold no secret."""
     from homagg import auth as hg_auth
     from homagg.switch import job_file
-    from test_auth import ref_key
+    from auth_rig import ref_key
 
     seen = [[] for _ in range(3)]
 
