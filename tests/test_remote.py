@@ -161,6 +161,55 @@ def test_failed_up_stops_the_daemons_it_started(rack, tmp_path):
 
 
 @pytest.mark.timeout(600)
+def test_calibrate_on_inventory_hosts_and_the_job_takes_the_slowest(rack, tmp_path):
+    """`homagg calibrate -i` measures on every worker host into its
+    INSTALL_DIR/calibration.json; the job `up -i` registers takes, field by
+    field, the largest of the worker hosts' coefficients (computed here from
+    the files), and this machine's calibration once a worker host has none."""
+    from homagg import cost
+
+    path, i = make_testbed(rack, tmp_path, settings={"link_mbit": 1000})
+    r = cli("calibrate", "-i", path, "--elements", "65536", "--repeat", "1", "--json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    rep = json.loads(r.stdout)
+    assert sorted(rep) == ["w0", "w1"]
+    files = {h: os.path.join(i.host(h).install_dir, "calibration.json") for h in ("w0", "w1")}
+    for h, f in files.items():
+        assert rep[h]["file"] == f and json.load(open(f))["paths"] == rep[h]["paths"]
+    # known coefficients on each host, so that the slowest is checkable field by field
+    names = cost.COEFFICIENTS
+    mine = {"w0": {k: 1000 + 10 * n for n, k in enumerate(names)},
+            "w1": {k: 1000 + 10 * (len(names) - n) for n, k in enumerate(names)}}
+    for h, f in files.items():
+        cal = json.load(open(f))
+        cal["paths"] = {cal["isa"]: mine[h]}
+        json.dump(cal, open(f, "w"))
+    local = tmp_path / "local-calibration.json"
+    json.dump({**cal, "paths": {cal["isa"]: {k: 7 for k in names}}}, open(local, "w"))
+    env = {**os.environ, "HOMAGG_CALIBRATION": str(local)}
+    env.pop("HOMAGG_CODEC_ISA", None)
+
+    def job_cost_after_up():
+        up = subprocess.run([os.path.join(VENV, "bin", "homagg"), "up", "-i", path,
+                             "--no-udp-csum"], capture_output=True, text=True, timeout=300,
+                            env=env)
+        try:
+            assert up.returncode == 0, up.stdout + up.stderr
+            job = json.load(open(os.path.join(i.host("w0").install_dir, "run", "job.json")))
+            return job["cost"]
+        finally:
+            down = cli("down", "-i", path)
+            assert down.returncode == 0, down.stdout + down.stderr
+
+    got = job_cost_after_up()
+    assert got["link_mbit"] == 1000
+    assert {k: got[k] for k in names} == {k: max(mine["w0"][k], mine["w1"][k]) for k in names}
+    os.remove(files["w1"])  # one worker host not calibrated: this machine's numbers
+    got = job_cost_after_up()
+    assert {k: got[k] for k in names} == {k: 7 for k in names}
+
+
+@pytest.mark.timeout(600)
 def test_one_run_path_local_and_remote_reports_alike(rack, tmp_path):
     """The same job on the rack's namespaces as a local testbed and on its
     hosts over SSH: one report type (the same keys), the same exact result,

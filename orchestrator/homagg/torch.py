@@ -112,8 +112,8 @@ import torch
 from homagg import cost as _cost
 from homagg import protocol
 from homagg.errors import InvalidArgument
-from homagg.switch.job_file import (JOB_FIELDS, UDP_PORT, ConfigError, job_config,  # noqa: F401
-                                    write_job_file)
+from homagg.switch.job_file import JOB_FIELDS, UDP_PORT, write_job_file  # noqa: F401
+from homagg.switch.job_file import ConfigError, job_config
 from homagg.worker import Worker
 
 # --------------------------------------------------------------------------

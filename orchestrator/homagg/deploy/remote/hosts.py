@@ -425,15 +425,82 @@ def _undo_up(hosts: list[Host], inventory: inv.Inventory, out) -> None:
             print(f"{name}: stopped after the failed up: " + "; ".join(v), file=out)
 
 
-def inventory_cost(inventory):
-    """The cost model a job on the inventory's hosts registers: the
-    inventory's ``link_mbit`` with the calibration of the host creating the
-    job (homagg.cost.job_cost); none without a link rate.  The hosts' own
-    calibrations are not fetched: run `homagg calibrate` here on a host of
-    the workers' kind."""
+def calibration_file(h: inv.HostSpec) -> str:
+    """Where `homagg calibrate -i` keeps a worker host's calibration."""
+    return f"{h.install_dir}/calibration.json"
+
+
+def calibrate(inventory: inv.Inventory, out=None, elements: int = 1 << 20,
+              repeat: int = 5) -> dict:
+    """`homagg calibrate -i`: `homagg calibrate` on every worker host, one
+    host after the other (hosts that share a machine would slow each other
+    down), into calibration_file on that host; returns {host: calibration}.
+    A host that fails is named in the RemoteError after the others ran."""
     from homagg import cost
 
-    return cost.job_cost(inventory.settings.link_mbit or 0)
+    out = out or sys.stdout
+    hosts = open_hosts(inventory, out, consequence="nothing was measured")
+    failures, cals = [], {}
+    try:
+        for r in (r for r in hosts if r.h.role == "worker"):
+            path = calibration_file(r.h)
+            res = r.run(f"{shlex.quote(r.python)} -m homagg.cli calibrate --json --out "
+                        f"{shlex.quote(path)} --elements {int(elements)} --repeat {int(repeat)}",
+                        check=False, timeout=max(120.0, inventory.settings.command_timeout))
+            try:
+                if res.exited != 0:
+                    raise ValueError(ssh.tail(res.stderr) or f"exit status {res.exited}")
+                cal = cost.check_calibration(json.loads(res.stdout), f"host '{r.h.name}'")
+            except ValueError as e:
+                failures.append((r.h.name, "calibrate", str(e).strip(), ""))
+                continue
+            cals[r.h.name] = cal
+            c = cost.coefficients(cal, cal["isa"])
+            print(f"{r.h.name}: {cal['cpu']}, jobs use {cal['isa']}: " +
+                  "  ".join(f"{k} {v}" for k, v in c.items()) + f" ({path})", file=out)
+    finally:
+        for r in hosts:
+            r.close()
+    if failures:
+        raise RemoteError(ssh.failure_message("calibrate failed", failures))
+    return cals
+
+
+def host_calibrations(hosts: list[Host]) -> dict:
+    """{worker host: its calibration} of the worker hosts that have one
+    (calibration_file; a malformed one is an error naming the host)."""
+    from homagg import cost
+
+    cals = {}
+    for r in (r for r in hosts if r.h.role == "worker"):
+        res = r.run(f"cat {shlex.quote(calibration_file(r.h))}", check=False)
+        if res.exited != 0:
+            continue
+        try:
+            cals[r.h.name] = cost.check_calibration(
+                json.loads(res.stdout), f"{calibration_file(r.h)} on host '{r.h.name}'")
+        except ValueError as e:
+            raise RemoteError(f"{e}: run `homagg calibrate -i {r.inv.path}` again") from None
+    return cals
+
+
+def inventory_cost(inventory, hosts: list[Host] | None = None):
+    """The cost model a job on the inventory's hosts registers: the
+    inventory's ``link_mbit`` (none without it) with, coefficient by
+    coefficient, the slowest of the worker hosts' calibrations when every
+    worker host has one (`homagg calibrate -i`; ``hosts``: open sessions to
+    read them), else the calibration of the host creating the job
+    (homagg.cost.job_cost; docs/PROTOCOL.md "The cost model")."""
+    from homagg import cost
+
+    if not inventory.settings.link_mbit:
+        return cost.Cost()
+    workers = [r for r in hosts or [] if r.h.role == "worker"]
+    cals = host_calibrations(workers) if workers else {}
+    if workers and len(cals) == len(workers):
+        return cost.job_cost(inventory.settings.link_mbit, coeffs=cost.slowest(
+            *(cost.coefficients(c, c["isa"]) for c in cals.values())))
+    return cost.job_cost(inventory.settings.link_mbit)
 
 
 def up_secret_file(h: inv.HostSpec) -> str:
@@ -478,7 +545,7 @@ def _up_job(hosts: list[Host], inventory: inv.Inventory, out, slots: int | None 
     fields = job_file.register([a.control for a in aggs],
                                [(a.h.address, localrun.UDP_PORT) for a in aggs],
                                workers=len(workers), slots=slots, payload=payload, group=group,
-                               timeout=timeout, cost=inventory_cost(inventory), auth=secret,
+                               timeout=timeout, cost=inventory_cost(inventory, hosts), auth=secret,
                                mac=mac)
     del secret
 

@@ -168,9 +168,9 @@ class InventoryPlacement(Placement):
         return out
 
     def job_cost(self, cost_model=True):
-        """The inventory's ``link_mbit`` (homagg.deploy.remote.hosts.inventory_cost,
-        as the job of `homagg up -i`)."""
-        return rh.inventory_cost(self.inv) if cost_model else Cost()
+        """The inventory's ``link_mbit`` and the worker hosts' calibrations
+        (homagg.deploy.remote.hosts.inventory_cost, as the job of `homagg up -i`)."""
+        return rh.inventory_cost(self.inv, self.hosts) if cost_model else Cost()
 
     # -- daemons -------------------------------------------------------------
 

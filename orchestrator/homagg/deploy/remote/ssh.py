@@ -126,15 +126,21 @@ class Session:
     def put_text(self, text: str, remote: str, mode: str = "0644"):
         """``text`` into file ``remote`` with ``mode``, owned by the user
         commands run as (root): by SFTP into a new private temporary file
-        (mktemp's 0600), then installed; the text is never on a command
-        line, so a secret may go this way."""
-        tmp = self.run("mktemp").stdout.strip()
+        of the login user (mktemp's 0600: SFTP writes as that user, also
+        when commands run with sudo), then installed as root; the text is
+        never on a command line, so a secret may go this way."""
+        r = self.conn.run("mktemp", hide=True, warn=True, in_stream=False,
+                          timeout=self.s.command_timeout)
+        if r.exited != 0 or not r.stdout.strip():
+            raise StepFailed(f"`mktemp` failed on {self.where}", tail(r.stderr))
+        tmp = r.stdout.strip()
         try:
             self.conn.put(io.BytesIO(text.encode()), tmp)
             self.run(f"mkdir -p {shlex.quote(os.path.dirname(remote))} && "
                      f"(umask 077 && install -m {mode} {shlex.quote(tmp)} {shlex.quote(remote)})")
         finally:
-            self.run(f"rm -f {shlex.quote(tmp)}", check=False)
+            self.conn.run(f"rm -f {shlex.quote(tmp)}", hide=True, warn=True, in_stream=False,
+                          timeout=self.s.command_timeout)
 
     # -- preflight: login, privilege, OS --------------------------------------
 
