@@ -181,3 +181,28 @@ def test_variable_is_read_at_start(isa):
                        env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == isa
+
+
+@pytest.mark.parametrize("tail", (8, 24, 40, 56, 64 + 24))
+def test_scan_and_bitmap_candidates_at_vector_tails(tail):
+    """The AVX2 scan does two 8-element vectors a step and one alone at the
+    end of a block of 8 k elements with k odd; the AVX2 bitmap candidate
+    list does whole 64-bit words and leaves a short last block's rest to
+    the scalar loop.  Dense gradients (bitmap blocks), a last block of
+    every such shape: each path's bits are the portable path's, the
+    candidates the numpy index's, the sums the oracle's."""
+    rng = np.random.default_rng(300 + tail)
+    block = 128
+    n = 2 * block + tail
+    grads = make_grads(rng, 3, n, 0.4)
+    want, gcodes, gcounts, gindex, info = _compare(grads, block)
+    assert info["bitmap_blocks"] == 3 and info["bloom_blocks"] == 0
+    plan = npc.index_plan(n, block, gcodes, gcounts.astype(np.int64))
+    cand = npc.candidates(gindex, plan, 0)
+    assert np.frombuffer(want["candidates"], dtype=np.int64).tolist() == cand.tolist()
+    nz = np.flatnonzero(np.any(np.stack(grads) != 0, axis=0))
+    assert cand.tolist() == nz.tolist()
+    with np.errstate(over="ignore"):
+        expect = ref.allreduce(grads, block)
+    assert want["union_sum"] == expect.tobytes()
+    assert want["lhc_sum"] == expect.tobytes()

@@ -74,3 +74,61 @@ def test_loss_at_scale_is_exact_within_two_retransmissions_per_drop(W, K, n):
     retrans = sum(w["retransmissions"] for w in res.stats["workers"])
     assert lost > 500
     assert retrans <= 2 * lost, (retrans, lost)
+
+
+LOSS = 0.01
+RTO_MAX = 50e-3  # homagg.sim.Cluster's default rto_max
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "open: under sustained loss a peer's repair still raises the stall floor "
+    "(seed 3: 102 ms at W = 16, 21 ms at W = 64, against at most 5 ms) and "
+    "stalls inflate the round-trip estimate; "
+    "docs/PROTOCOL.md Part 3, \"Also measured and not kept\""))
+@pytest.mark.parametrize("W,K,n", [(16, 1, 1 << 20), (64, 4, 1 << 18)])
+def test_loss_at_scale_within_the_spec_time_bound(W, K, n):
+    """1 % per-hop loss at W = 16 and 64: exact, at most two
+    retransmissions per drop, and a virtual time within the bound the spec
+    gives once a peer's repair no longer raises the floor.
+
+    The bound (docs/PROTOCOL.md Part 3, "Fast retransmission", "Window",
+    "Who is missing, and why").  A lost frame -- a contribution on its
+    worker's link up, or a result on a worker's link down -- is repaired
+    within R = 4 T + F: its gap shows within one turn T (DUPTHRESH results
+    of chunks sent after it; its timer otherwise), its worker's turn comes
+    within TURNS_MAX = 2 turns, and the STATUS and the resend's result come
+    back within one more.  T is a worker's SRTT + 4 RTTVAR in the loss-free
+    run: the window's queue, and so the path's round trip, is the same
+    with and without loss (same S, same links); the lossy run's own
+    estimate also took samples of chunks that waited through stalls
+    (15-16 ms at the end of these runs against 23 and 92 us).  F is the floor
+    stall timeouts taught, which no worker here should learn (nobody starts
+    late, nobody stops): at most a tenth of the cluster's rto_max.  The
+    window goes on past an overdue chunk, so repairs on different slots
+    overlap; only the chunks that share one slot at one aggregator wait for
+    one another (chunk c + K S is sent when c is complete).  A slot carries
+    C = N / (K S) of a worker's N chunks, and a chunk needs a repair when
+    any of its 2 W hops (W contributions up, W results down) loses its
+    frame: with probability q = 1 - (1 - p)^(2 W).  So the allreduce takes
+    at most the loss-free time plus a slot's chain of C q repairs of R
+    each; twice that, for a chain longer than its mean (the seed is fixed,
+    so the check is deterministic).
+    """
+    grads = _grads(W, n, seed=5)
+    with Cluster(workers=W, aggregators=K, seed=3) as cl:
+        clean = cl.allreduce(grads, method="dense", block_elements=BLOCK).stats
+    t0 = clean["virtual_time"]
+    T = max(w["srtt_ns"] + 4 * w["rttvar_ns"] for w in clean["workers"]) / 1e9
+    with Cluster(workers=W, aggregators=K, loss=LOSS, seed=3) as cl:
+        res = cl.allreduce(grads, method="dense", block_elements=BLOCK)
+        S = cl.job.slots
+    _check_exact(res, grads)
+    per = res.stats["workers"]
+    lost = res.stats["fabric"]["dropped_loss"]
+    assert lost > 500
+    assert sum(w["retransmissions"] for w in per) <= 2 * lost
+    F = max(w["rto_floor_ns"] for w in per) / 1e9
+    chain = per[0]["chunks"] / (K * S) * (1 - (1 - LOSS) ** (2 * W))
+    bound = t0 + 2 * chain * (4 * T + F)
+    assert F <= 0.1 * RTO_MAX, (F, T)
+    assert res.stats["virtual_time"] <= bound, (res.stats["virtual_time"], bound, t0, T, F)

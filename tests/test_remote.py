@@ -525,6 +525,22 @@ def test_two_aggregators_up_run_down(rack2, tmp_path):
         leaf, root = (a["counters"] for a in rept["aggregators"])
         assert leaf["completed"] > 0 and leaf["up_sent"] == leaf["completed"]
         assert root["summed"] == root["completed"] == leaf["completed"], (leaf, root)
+        # the same tree authenticated (job_file.register_tree): the leaf's
+        # own secret in the run's folder on the worker hosts, the root's
+        # keys derived; exact, no bad_mac at either level, the secrets gone
+        ra = cli("run", "allreduce", "-i", path, "--method", "lhc", "--elements", "30000",
+                 "--density", "0.05", "--seed", "7", "--leaves", "1", "--auth",
+                 "--runs-dir", str(tmp_path / "runs"), "--json")
+        assert ra.returncode == 0, ra.stdout + ra.stderr
+        repa = json.loads(ra.stdout)
+        assert repa["auth"] is True and repa["leaves"] == 1
+        assert repa["exact"] is True and repa["result_sha256"] == rep["result_sha256"]
+        leaf, root = (a["counters"] for a in repa["aggregators"])
+        assert leaf["completed"] > 0 and leaf["bad_mac"] == 0 and root["bad_mac"] == 0
+        assert root["summed"] == root["completed"] == leaf["completed"], (leaf, root)
+        for w in ("w0", "w1"):
+            run = os.path.join(i.host(w).install_dir, "run")
+            assert not [n for _, _, ns in os.walk(run) for n in ns if n.endswith(".secret")]
         # up's job: its file on every worker host names both aggregators and
         # the host's own address; two ranks configured from it alone are exact
         for w, f in zip(("w0", "w1"), files):

@@ -96,6 +96,27 @@ def test_training_with_auth(testbed):
 @pytest.mark.root
 @pytest.mark.netns
 @pytest.mark.dpdk
+def test_training_in_a_tree_with_auth(tmp_path_factory):
+    """`homagg train --auth --leaves 2` (job_file.register_tree, the same
+    registration as `homagg run allreduce`): each leaf's secret in its own
+    file, every rank's job file naming its leaf's, the ranks' parameters
+    identical and bit-identical to the numpy replay of the steps."""
+    from homagg import auth
+
+    with dpdk_testbed(tmp_path_factory, "ttree", workers=3, link_mbit=1000, leaves=2) as tb:
+        rep = trainmod.run_train(tb.name, model="ncf", method="lhc", steps=2, warmup=1,
+                                 baseline=False, state_dir=tb.state_dir, auth=True)
+        assert rep["leaves"] == 2 and rep["ranks"] == 3
+        assert rep["auth"] is True and rep["mac"] == auth.default_mac_name()
+        assert rep["job_file"] is not None
+        assert rep["params_identical_across_ranks"] is True
+        assert rep["replay_bit_identical"] is True, rep["replay"]
+        assert tb.state()["processes"] == []
+
+
+@pytest.mark.root
+@pytest.mark.netns
+@pytest.mark.dpdk
 def test_train_cli_gloo_baseline_user_model_and_plots(testbed, tmp_path):
     """--model FILE.py:factory, the Gloo baseline phase in the same run, the
     JSON keys, and the two PNG plots.  The factory does not seed its layer

@@ -674,3 +674,47 @@ def test_testbed_tree_with_auth_exact_under_loss_and_bad_mac_at_the_root(tmp_pat
             sw.stop()
     finally:
         Testbed.down(name, state_dir=sd)
+
+
+def test_register_tree_with_auth_gives_each_level_its_own_secret():
+    """register_tree(auth=...): the root gets the job's secret, each leaf a
+    secret of its own and, for its link up, its key at the root and the
+    root's reply key (both checked against an independent KDF: hashlib's
+    BLAKE2b), never the root's secret; each worker's fields name its leaf's
+    secret file and the MAC, and hold no secret."""
+    from homagg import auth as hg_auth
+    from homagg.switch import job_file
+    from auth_rig import ref_key
+
+    seen = [[] for _ in range(3)]
+
+    def control(k):
+        return lambda req: seen[k].append(req) or {}
+
+    aggs = [("10.0.0.1", 48879, "02:00:00:00:00:01"), ("10.0.0.2", 48879, "02:00:00:00:00:02"),
+            ("10.0.0.3", 48879, "02:00:00:00:00:03")]
+    root, leaf = bytes(range(32)), [bytes([7] * 32), bytes([9] * 32)]
+    paths = [f"/run/w{w}/leaf-{job_file.tree_leaf(w, 5, 2)[0]}.secret" for w in range(5)]
+    files = job_file.register_tree([control(k) for k in range(3)], aggs, leaves=2, workers=5,
+                                   group="239.1.0.1", job=77, token=99, auth=root,
+                                   leaf_auth=leaf, auth_files=paths, mac="blake2b")
+    r0, r1, rr = (s[0] for s in seen)
+    assert rr["auth"] == root.hex() and rr["mac"] == "blake2b" and rr["workers"] == 2
+    for k, r in enumerate((r0, r1)):
+        assert r["auth"] == leaf[k].hex() and r["mac"] == "blake2b"
+        assert r["parent"]["key"] == ref_key(root, k, job=77).hex()
+        assert r["parent"]["reply_key"] == ref_key(root, hg_auth.AGGREGATOR, job=77).hex()
+        assert root.hex() not in str(r)
+    assert [f["auth_file"] for f in files] == [
+        "/run/w0/leaf-0.secret", "/run/w1/leaf-0.secret", "/run/w2/leaf-1.secret",
+        "/run/w3/leaf-1.secret", "/run/w4/leaf-1.secret"]
+    assert all(f["mac"] == "blake2b" for f in files)
+    text = str(files)
+    assert all(x.hex() not in text for x in (root, *leaf))
+    with pytest.raises(ValueError, match="leaf_auth: one secret per leaf"):
+        job_file.register_tree([control(k) for k in range(3)], aggs, leaves=2, workers=5,
+                               group="239.1.0.1", auth=root, leaf_auth=leaf[:1],
+                               auth_files=paths)
+    with pytest.raises(ValueError, match="auth_files: one path per worker"):
+        job_file.register_tree([control(k) for k in range(3)], aggs, leaves=2, workers=5,
+                               group="239.1.0.1", auth=root, leaf_auth=leaf)

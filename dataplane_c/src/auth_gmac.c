@@ -43,7 +43,9 @@ static bool mac_isa_cpu(int isa)
 	case HG_MAC_ISA_AVX512:
 		return mac_isa_cpu(HG_MAC_ISA_AVX2) &&
 		       __builtin_cpu_supports("avx512f") &&
-		       __builtin_cpu_supports("avx512bw");
+		       __builtin_cpu_supports("avx512bw") &&
+		       __builtin_cpu_supports("avx512vl") &&
+		       __builtin_cpu_supports("gfni");
 	default:
 		return false;
 	}
@@ -167,10 +169,20 @@ GMAC_PCLMUL void hg_gmac_init(struct hg_gmac_key *g, const uint8_t *key)
 	memcpy(g->rk, rk, sizeof(g->rk));
 	h = gmac_bswap(aes256_block(g, _mm_setzero_si128()));
 	p = h;
-	for (int i = HG_GMAC_CHUNK - 1; i >= 0; i--) {  /* hpow[i] = H^(64-i) */
+	for (int i = HG_GMAC_CHUNK - 1; i >= 0; i--) {  /* hpow[i] = H^(72-i) */
 		_mm_storeu_si128((__m128i *)g->hpow[i], p);
 		p = gf_mul(p, h);
 	}
+	/* natural order: bit i of the 128 is the coefficient of x^i, the
+	 * reflected one's bits in reverse (byte k = byte 15 - k reversed) */
+	for (int i = 0; i < HG_GMAC_CHUNK; i++)
+		for (int k = 0; k < 16; k++) {
+			uint8_t b = g->hpow[i][15 - k], r = 0;
+
+			for (int bit = 0; bit < 8; bit++)
+				r |= (uint8_t)(((b >> bit) & 1) << (7 - bit));
+			g->hnat[i][k] = r;
+		}
 	/* the stack copies of the schedule and of H */
 	hg_auth_wipe(rk, sizeof(rk));
 	h = p = _mm_setzero_si128();
@@ -243,15 +255,59 @@ GMAC_PCLMUL static inline __m128i partial_block(const uint8_t *data,
 GMAC_PCLMUL void hg_gmac_tag(const struct hg_gmac_key *g, int isa, __m128i j0,
 			     const uint8_t *data, size_t len, uint8_t *tag)
 {
-	gmac_mul_fn *mul = isa == HG_MAC_ISA_AVX512 ? hg_gmac_mul_avx512 :
-			   isa == HG_MAC_ISA_AVX2 ? hg_gmac_mul_avx2 :
+	/* E_K(J0) first: its rounds run beside the GHASH */
+	hg_gmac_tag_masked(g, isa, aes256_block(g, j0), data, len, tag);
+}
+
+/*
+ * E_K(J0) of n frames, each under its own key: eight blocks' rounds
+ * interleaved, so the AES unit pipelines them (one block's 14 rounds are a
+ * dependent chain of about 14 x 4 cycles; eight independent ones issue a
+ * round every cycle or two).
+ */
+#define MASK_LANES 8
+GMAC_PCLMUL void hg_gmac_masks(const struct hg_gmac_key *const *g,
+			       const __m128i *j0, __m128i *mask, size_t n)
+{
+	size_t i = 0;
+
+	for (; i + MASK_LANES <= n; i += MASK_LANES) {
+		__m128i x[MASK_LANES];
+
+#pragma GCC unroll 8
+		for (int l = 0; l < MASK_LANES; l++)
+			x[l] = _mm_xor_si128(j0[i + l], _mm_loadu_si128(
+				(const __m128i *)g[i + l]->rk[0]));
+#pragma GCC unroll 13
+		for (int r = 1; r < HG_GMAC_ROUNDS; r++)
+#pragma GCC unroll 8
+			for (int l = 0; l < MASK_LANES; l++)
+				x[l] = _mm_aesenc_si128(x[l], _mm_loadu_si128(
+					(const __m128i *)g[i + l]->rk[r]));
+#pragma GCC unroll 8
+		for (int l = 0; l < MASK_LANES; l++)
+			mask[i + l] = _mm_aesenclast_si128(x[l], _mm_loadu_si128(
+				(const __m128i *)g[i + l]->rk[HG_GMAC_ROUNDS]));
+	}
+	for (; i < n; i++)
+		mask[i] = aes256_block(g[i], j0[i]);
+}
+
+GMAC_PCLMUL void hg_gmac_tag_masked(const struct hg_gmac_key *g, int isa,
+				    __m128i mask, const uint8_t *data,
+				    size_t len, uint8_t *tag)
+{
+	if (isa == HG_MAC_ISA_AVX512) {
+		hg_gmac_tag_avx512(g, mask, data, len, tag);
+		return;
+	}
+	gmac_mul_fn *mul = isa == HG_MAC_ISA_AVX2 ? hg_gmac_mul_avx2 :
 			   hg_gmac_mul_pclmul;
 	const uint8_t (*hend)[16] = g->hpow + HG_GMAC_CHUNK;
 	size_t full = len / 16, part = len % 16, t = part ? 2 : 1, pos = 0, k;
 	struct hg_gmac_sum s;
-	__m128i y = _mm_setzero_si128(), mask;
+	__m128i y = _mm_setzero_si128();
 
-	mask = aes256_block(g, j0);     /* E_K(J0), beside the GHASH */
 	while (full - pos + t > HG_GMAC_CHUNK) {
 		k = full - pos < HG_GMAC_CHUNK ? full - pos : HG_GMAC_CHUNK;
 		s.lo = s.mid = s.hi = _mm_setzero_si128();

@@ -2,23 +2,31 @@
 /*
  * AES-GMAC of the project's own (auth_gmac*.c): AES-256 with AES-NI for the
  * hash key H = E_K(0) and the tag mask E_K(J0), GHASH over the additional
- * data with carry-less multiplies against precomputed powers H^64..H^1: up
- * to 64 blocks are multiplied each by its power and summed unreduced, then
+ * data with carry-less multiplies against precomputed powers H^72..H^1: up
+ * to 72 blocks are multiplied each by its power and summed unreduced, then
  * reduced once, so the one dependent chain (the running hash into the next
- * 64 blocks) costs one reduction per KB.  The multiply-and-sum loop has
+ * 72 blocks) costs one reduction per 1152 bytes.  72, not 64: a frame of a
+ * 1 KB payload (1056 bytes of header and payload, 66 blocks, and the length
+ * block) then takes one reduction, not two (the second one's ~30 dependent
+ * instructions sat at the end of every tag).  The multiply-and-sum loop has
  * three forms, all giving the same bits (HOMAGG_MAC_ISA, auth_gmac.c
  * "hg_mac_isa"):
  *
  *   pclmul   xmm PCLMULQDQ, one block per multiply     (auth_gmac.c)
  *   avx2     ymm VPCLMULQDQ, two blocks                (auth_gmac_avx2.c)
- *   avx512   zmm VPCLMULQDQ, four blocks, masked tail  (auth_gmac_avx512.c)
+ *   avx512   zmm VPCLMULQDQ and GFNI, four blocks, masked tail, in the
+ *            natural bit order (auth_gmac_avx512.c: no byte shuffle)
  *
  * Cost (build/release/tools/gmac_bench, best batch of 50 tags, the shared
  * 2-vCPU Intel Xeon VM under load, 2026-12-02), ns per tag of 32 / 1056 /
  * 8224 bytes: pclmul 12 / 89 / 609, avx2 13 / 55 / 334, avx512 17 / 46 /
- * 253; libsodium and OpenSSL (the portable path) 38 / 196 / 704.
+ * 253 (with 64 blocks per reduction and a byte shuffle per 64 bytes; with
+ * 72 and GFNI, three alternating runs of `gmac_bench 2000 1056 8224`
+ * against that build, under load: 39.3 vs 46.2 ns at 1056 bytes, 225 vs
+ * 252 ns at 8224); libsodium and OpenSSL (the portable path) 38 / 196 /
+ * 704.
  *
- * Field elements are kept byte-reflected (the block's bytes reversed), so
+ * On pclmul and avx2, field elements are kept byte-reflected (the block's bytes reversed), so
  * that a carry-less product of two of them is the reflected product shifted
  * right by one bit: ghash_reduce() shifts the 256-bit sum of products left
  * by one and reduces it modulo x^128 + x^7 + x^2 + x + 1 (both linear, so a
@@ -32,13 +40,14 @@
 
 #include <immintrin.h>
 
-#define HG_GMAC_CHUNK 64        /* blocks per reduction */
+#define HG_GMAC_CHUNK 72        /* blocks per reduction */
 #define HG_GMAC_ROUNDS 14       /* AES-256 */
 
 /* One key's precomputed state; wiped by whoever frees it. */
 struct hg_gmac_key {
 	uint8_t rk[HG_GMAC_ROUNDS + 1][16];   /* AES-256 round keys */
-	uint8_t hpow[HG_GMAC_CHUNK][16];      /* H^64 .. H^1, reflected */
+	uint8_t hpow[HG_GMAC_CHUNK][16];      /* H^72 .. H^1, reflected */
+	uint8_t hnat[HG_GMAC_CHUNK][16];      /* the same, natural (avx512) */
 };
 
 /* An unreduced sum of products: the 64-bit halves' a0*b0, a1*b0 + a0*b1
@@ -97,9 +106,6 @@ void hg_gmac_mul_pclmul(__m128i y, const uint8_t *blocks,
 			struct hg_gmac_sum *s);
 void hg_gmac_mul_avx2(__m128i y, const uint8_t *blocks,
 		      const uint8_t (*hp)[16], size_t n, struct hg_gmac_sum *s);
-void hg_gmac_mul_avx512(__m128i y, const uint8_t *blocks,
-			const uint8_t (*hp)[16], size_t n,
-			struct hg_gmac_sum *s);
 
 /* g = the state of AES-256 key (32 bytes).  Needs AES-NI and PCLMULQDQ. */
 void hg_gmac_init(struct hg_gmac_key *g, const uint8_t *key);
@@ -109,5 +115,19 @@ void hg_gmac_init(struct hg_gmac_key *g, const uint8_t *key);
  * _AVX512). */
 void hg_gmac_tag(const struct hg_gmac_key *g, int isa, __m128i j0,
 		 const uint8_t *data, size_t len, uint8_t *tag);
+
+/* The avx512 path's tag (auth_gmac_avx512.c), E_K(J0) given: GHASH in
+ * the natural bit order, no byte shuffles. */
+void hg_gmac_tag_avx512(const struct hg_gmac_key *g, __m128i mask,
+			const uint8_t *data, size_t len, uint8_t *tag);
+/* The same tag with E_K(J0) given (mask), e.g. from hg_gmac_masks(). */
+void hg_gmac_tag_masked(const struct hg_gmac_key *g, int isa, __m128i mask,
+			const uint8_t *data, size_t len, uint8_t *tag);
+/* mask[i] = E_K(j0[i]) under key g[i], i < n: the blocks of a burst
+ * pipelined through AES-NI together. */
+void hg_gmac_masks(const struct hg_gmac_key *const *g, const __m128i *j0,
+		   __m128i *mask, size_t n)
+	__attribute__((access(read_only, 1, 4), access(read_only, 2, 4),
+		       access(write_only, 3, 4)));
 
 #endif /* HOMAGG_AUTH_GMAC_PVT_H */

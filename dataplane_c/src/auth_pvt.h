@@ -45,6 +45,24 @@ bool hg_mac_key_check(const struct hg_mac_key *k, uint32_t dir,
 		      uint64_t counter, const uint8_t *data, size_t len,
 		      const uint8_t *mac);
 
+/* One frame to check: hg_mac_key_check(k, dir, counter, data, len, mac). */
+struct hg_mac_req {
+	const struct hg_mac_key *k;
+	uint64_t counter;
+	const uint8_t *data;
+	size_t len;
+	const uint8_t *mac;
+	bool ok;                /* out */
+};
+
+/*
+ * r[i].ok = hg_mac_key_check(r[i].k, dir, r[i].counter, ...) for i < n,
+ * the same answers, computed together: on the project's own AES-GMAC paths
+ * the E_K(J0) of up to 32 frames are pipelined through AES-NI and each
+ * GHASH runs with the next frame's lines prefetched.
+ */
+void hg_mac_key_check_burst(uint32_t dir, struct hg_mac_req *r, uint32_t n);
+
 /* Receiver state of one sender's MAC counter (PROTOCOL.md "Nonce"). */
 struct hg_mac_track {
 	uint64_t last;          /* greatest verified counter */

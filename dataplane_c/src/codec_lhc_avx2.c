@@ -2,8 +2,8 @@
 /*
  * codec_lhc_avx2.c - the AVX2 paths of the lhc method (codec_lhc.c chooses
  * them at run time, hg_codec_isa()): the bitmap index encoder, the sketch
- * cells of a batch of candidates (the sketch encode and the peel) and the
- * Bloom filter probing of set_index.  Each gives the same bits as its
+ * cells of a batch of candidates (the sketch encode and the peel), and
+ * set_index's candidate list of a bitmap block and Bloom filter probing.  Each gives the same bits as its
  * portable counterpart in codec_lhc.c.
  */
 #include <string.h>
@@ -34,6 +34,41 @@ size_t hg_lhc_bitmap_avx2(const float *x, size_t len, uint8_t *out)
 		memcpy(out + i / 8, &w, 4); /* bytes LSB first: little endian */
 	}
 	return i;
+}
+
+/*
+ * Positions of the set bits of the first nwords 64-bit words of a bitmap,
+ * ascending, at out; returns their count.  Each byte of the bitmap is an
+ * 8-lane mask: its compressed lane indices plus the byte's first position
+ * are the byte's positions, all 8 stored (out needs 8 entries of slack),
+ * the output advancing by the count.  No branch on the bits.  Same list
+ * as the scalar loop of codec_lhc.c and the AVX-512 VBMI2 one.
+ */
+__attribute__((target("avx2,bmi,bmi2,popcnt")))
+uint32_t hg_lhc_bitmap_positions_avx2(const uint8_t *idx, uint32_t nwords,
+				      uint16_t *out)
+{
+	const __m128i step = _mm_set1_epi16(8);
+	__m128i base = _mm_setzero_si128();
+	uint32_t c = 0;
+
+	for (uint32_t w = 0; w < nwords; w++) {
+		uint64_t v;
+
+		memcpy(&v, idx + 8 * (size_t)w, 8); /* LSB first: little endian */
+		for (int k = 0; k < 8; k++) {
+			uint32_t m = (uint32_t)(v >> (8 * k)) & 0xFFu;
+			__m128i i8 = _mm_cvtsi64_si128(
+				(long long)avx2_compress_idx(m));
+
+			_mm_storeu_si128((__m128i *)(out + c),
+					 _mm_add_epi16(_mm_cvtepu8_epi16(i8),
+						       base));
+			c += (uint32_t)__builtin_popcount(m);
+			base = _mm_add_epi16(base, step);
+		}
+	}
+	return c;
 }
 
 /* Same bits as cells_portable, 4 elements per step (64-bit lanes, the

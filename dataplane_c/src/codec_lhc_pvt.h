@@ -86,6 +86,10 @@ uint32_t hg_lhc_bloom_candidates_avx2(uint64_t key, uint64_t g0,
 				      uint32_t k, uint32_t bits,
 				      const uint8_t *filt, uint32_t len8,
 				      uint16_t *out);
+/* Positions of the set bits of nwords 64-bit words of a bitmap (AVX2,
+ * BMI2; 8 entries of slack); see codec_lhc_avx2.c. */
+uint32_t hg_lhc_bitmap_positions_avx2(const uint8_t *idx, uint32_t nwords,
+				      uint16_t *out);
 /* Positions of the set bits of nwords 64-bit words of a bitmap (AVX-512
  * VBMI2, BW); see codec_lhc_avx512.c. */
 uint32_t hg_lhc_bitmap_positions_vbmi2(const uint8_t *idx, uint32_t nwords,

@@ -244,6 +244,7 @@ int hg_engine_add_job(struct hg_engine *e, const struct hg_job_config *jc)
 			return rc;
 		}
 		j->mac_len = HG_MAC_LEN;
+		hg_eng_fast_template(e, j);     /* with the flag and the epoch */
 	}
 	j->in_use = true;
 	e->njobs++;
@@ -313,6 +314,7 @@ int hg_engine_rotate_key(struct hg_engine *e, uint32_t id,
 	j->keys = k;
 	j->epoch++;
 	j->mac_ctr = 0;
+	hg_eng_fast_template(e, j);     /* the fast path takes the new epoch */
 	return j->epoch;
 }
 

@@ -93,9 +93,15 @@ struct hg_job {
 	 * the latest one it took (masked by fast_shape[]: op, lanes, exp and
 	 * the two lengths they imply, checked once per shape); shape_len,
 	 * shape_op: that shape's frame length and op facts (shape_len 0: no
-	 * shape yet).  fast: the job takes that path (not an auth job).
+	 * shape yet).  fast_fix, fast_mask: fast_fixed[] and fast_fixed[] |
+	 * fast_shape[] as this job uses them (an auth job's frames carry
+	 * HG_FLAG_AUTH and the job's key epoch in the flags and a MAC
+	 * counter where the others have reserved zeros).  fast: the job
+	 * takes that path.
 	 */
 	uint64_t fast_want[FAST_WORDS];
+	uint64_t fast_fix[FAST_WORDS];
+	uint64_t fast_mask[FAST_WORDS];
 	uint32_t shape_len;
 	struct hg_lanes shape;
 	bool fast;
@@ -109,6 +115,7 @@ struct hg_job {
 	struct hg_mac_key *keys;       /* auth: W worker keys + the aggregator's */
 	struct hg_mac_key *old_keys;   /* the previous epoch's, within its grace */
 	uint64_t old_until_ns;         /* end of old_keys' grace period */
+	bool old_expired;              /* in e->expired, freed after the burst */
 	uint8_t epoch;                 /* current key epoch */
 	uint64_t mac_ctr;              /* auth: replies MACed in this epoch */
 	struct hg_mac_key *up_keys;    /* auth leaf: own key at the root, root's */
@@ -146,6 +153,13 @@ struct hg_stage {
 	int8_t exp;
 	struct hg_lanes ln;
 	bool up;                       /* a root's RESULT or STATUS (tree leaf) */
+	/* Auth job: the frame's MAC is checked with the burst's others
+	 * (verify_burst) under mac_key (NULL: no check pending) over
+	 * mac_bytes (header + payload); mac_rc: the first check after the
+	 * MAC that failed (0: none), counted only if the MAC verifies. */
+	const struct hg_mac_key *mac_key;
+	uint16_t mac_bytes;
+	uint16_t mac_rc;
 };
 
 struct hg_engine {
@@ -171,6 +185,11 @@ struct hg_engine {
 	struct hg_pkt *fr[FREE_MAX];
 	struct hg_pkt *rx[HG_ENGINE_MAX_BURST];
 	struct hg_stage stage[HG_ENGINE_MAX_BURST];
+	struct hg_mac_req mreq[HG_ENGINE_MAX_BURST]; /* verify_burst's */
+	/* jobs whose previous key epoch's grace ended during this burst:
+	 * their old keys are freed once the burst's MACs are checked */
+	struct hg_job *expired[HG_ENGINE_MAX_BURST];
+	uint32_t nexpired;
 	bool one_at_a_time;            /* hg_engine_set_staging(e, false) */
 	uint64_t up_next;              /* earliest upward timer, UINT64_MAX: none */
 };

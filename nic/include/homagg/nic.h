@@ -120,7 +120,8 @@ struct hg_nic_port;
 #define HG_NIC_IN 1  /* switch -> port (what the port receives) */
 
 /* Limits. */
-#define HG_NIC_MAX_HOLD 64   /* frames held back at once per stage; reorder_max bound */
+/* frames held back at once per stage; reorder_max bound */
+#define HG_NIC_MAX_HOLD 64
 #define HG_NIC_MAX_GROUPS 16 /* multicast groups per port */
 #define HG_NIC_MAX_PORTS 1024
 

@@ -316,32 +316,20 @@ def run_allreduce(testbed: "str | Placement", method: str, elements: int, densit
                        for k, x in enumerate(leaf_secrets)] if leaves else
                       [pl.place_secret(secret)])
         agg_addrs = [(s.ip, UDP_PORT) for s in sws]
-        if not leaves:  # aggregator k of the job: its shard k
+        if leaves:  # each worker's fields: its leaf, group, index there, secret
+            tree = job_file.register_tree(
+                [s.control for s in sws],
+                [(h.ip, UDP_PORT, h.mac) for h in hosts[:leaves + 1]], leaves=leaves,
+                workers=W, slots=slots, payload=payload, group=group, timeout=timeout,
+                rto=rto, job=job, token=token, cost=job_cost, auth=secret,
+                leaf_auth=leaf_secrets,
+                auth_files=[auth_files[tree_leaf(i, W, leaves)[0]] for i in range(W)]
+                if auth else None, mac=mac)
+        else:  # aggregator k of the job: its shard k
             job_file.register([s.control for s in sws], agg_addrs, workers=W, slots=slots,
                               payload=payload, group=group, timeout=timeout, job=job,
                               token=token, auth=secret, mac=mac, cost=job_cost)
         registered = sws
-        for k, s in enumerate(sws if leaves else ()):
-            sec = {}
-            if k == leaves:  # the root: the L leaves are its workers
-                if auth:
-                    sec = {"auth": secret.hex(), "mac": mac}
-                s.control({"cmd": "add_job", "job": job, "token": token, "workers": leaves,
-                           "slots": slots, "payload": payload, **sec})
-            else:
-                root = hosts[leaves]
-                parent = {"ip": root.ip, "mac": root.mac, "worker": k,
-                          # the workers' timeout: the root is as far
-                          "rto_us": max(1, int(rto * 1e6))}
-                if auth:  # its own secret, and two keys of the root's (never the root's secret)
-                    sec = {"auth": leaf_secrets[k].hex(), "mac": mac}
-                    parent.update(key=hg_auth.derive_key(secret, job, k).hex(),
-                                  reply_key=hg_auth.derive_key(secret, job,
-                                                               hg_auth.AGGREGATOR).hex())
-                s.control({"cmd": "add_job", "job": job, "token": token,
-                           "workers": tree_leaf(k * W // leaves, W, leaves)[2],
-                           "slots": slots, "payload": payload, "group": job_file.leaf_group(group, k),
-                           "parent": parent, **sec})
         del secret, leaf_secrets
         before = [s.control({"cmd": "stats"}) for s in sws]
         specs = []
@@ -349,10 +337,10 @@ def run_allreduce(testbed: "str | Placement", method: str, elements: int, densit
             place = dict(group=group, aggregators=agg_addrs,
                          auth_file=auth_files[0] if auth_files else None)
             if leaves:  # its leaf is its one aggregator
-                leaf, index, size = tree_leaf(i, W, leaves)
-                place = dict(group=job_file.leaf_group(group, leaf), aggregators=[agg_addrs[leaf]],
-                             leaf_ids=(index, size),
-                             auth_file=auth_files[leaf] if auth else None)
+                f = tree[i]
+                place = dict(group=f["group"],
+                             aggregators=[agg_addrs[tree_leaf(i, W, leaves)[0]]],
+                             leaf_ids=tuple(f["leaf_ids"]), auth_file=f["auth_file"] or None)
             spec = worker_spec(job=job, token=token, worker=i, workers=W, agg_ip=sws[0].ip,
                                ip=pl.worker_ip(i), timeout=timeout, slots=slots,
                                payload=payload, rto=rto, method=method, block=block,

@@ -21,7 +21,8 @@ homagg.torch); every field may be overridden by its variable
 A job summed by a two-level tree (docs/PROTOCOL.md "Tree") has one job
 file per worker: ``aggregator`` is the worker's leaf, ``group`` the leaf's
 group and ``leaf_ids`` [i, n] its index at the leaf and the leaf's worker
-count (``register_tree``).
+count (``register_tree``).  With auth each leaf has a secret of its own,
+and a worker's ``auth_file`` is its leaf's.
 
 An authenticated job adds ``"auth_file"`` (the path of the job secret's
 file on the worker's host, mode 0600: homagg.auth.load_secret) and
@@ -262,7 +263,8 @@ def leaf_group(group: str, leaf: int) -> str:
 
 
 def register_tree(controls, aggregators, *, leaves, workers, slots=None, payload=1024,
-                  group, timeout=10.0, rto=0.005, job=None, token=None, cost=None):
+                  group, timeout=10.0, rto=0.005, job=None, token=None, cost=None,
+                  auth=None, leaf_auth=None, auth_files=None, mac=None):
     """A two-level tree (docs/PROTOCOL.md "Tree"): ``controls`` and
     ``aggregators`` ((ip, port, mac) of each) are the ``leaves`` leaves, then
     the root.  Leaf l gets the job with its workers (``tree_leaf``), the
@@ -270,11 +272,29 @@ def register_tree(controls, aggregators, *, leaves, workers, slots=None, payload
     retransmission timeout ``rto`` seconds, the workers'); the root gets the
     leaves as its workers.  Returns each worker's job-file fields (its leaf
     the one aggregator, ``leaf_ids``).  On a failure the aggregators that had
-    the job drop it again and the error is re-raised."""
+    the job drop it again and the error is re-raised.
+
+    Authenticated (``auth``: the root's secret): every level has its own
+    secret, so a leaf never holds the root's.  Leaf l gets ``leaf_auth[l]``
+    (the secret of its workers' frames) and, for its link to the root, only
+    its own key at the root and the root's reply key (derived from ``auth``
+    for member l and homagg.auth.AGGREGATOR); the root gets ``auth`` with
+    the leaves as its members.  ``auth_files[w]``: the path worker w reads
+    its leaf's secret from (its job file's ``auth_file``); ``mac`` the
+    algorithm of every level (None: this host's default).  No secret goes
+    into the returned fields."""
     from homagg.protocol import resolve_slots
 
     if len(controls) != leaves + 1 or len(aggregators) != leaves + 1:
         raise ValueError("register_tree: L leaves and the root, one control and address each")
+    if auth is not None:
+        from homagg import auth as hg_auth
+
+        if leaf_auth is None or len(leaf_auth) != leaves:
+            raise ValueError("register_tree: with auth, leaf_auth: one secret per leaf")
+        if auth_files is None or len(auth_files) != workers:
+            raise ValueError("register_tree: with auth, auth_files: one path per worker")
+        mac = hg_auth.mac_name(hg_auth.mac_code(mac))
     slots = resolve_slots(slots, workers)
     job = 1 + secrets.randbelow(1 << 15) if job is None else int(job)
     token = secrets.randbits(31) if token is None else int(token)
@@ -286,11 +306,18 @@ def register_tree(controls, aggregators, *, leaves, workers, slots=None, payload
                    "payload": payload}
             if k == leaves:  # the root: the L leaves are its workers
                 req["workers"] = leaves
+                if auth is not None:
+                    req.update(auth=bytes(auth).hex(), mac=mac)
             else:
+                parent = {"ip": root_ip, "mac": root_mac, "worker": k,
+                          "rto_us": max(1, int(rto * 1e6))}
                 req.update(workers=tree_leaf(k * workers // leaves, workers, leaves)[2],
-                           group=leaf_group(group, k),
-                           parent={"ip": root_ip, "mac": root_mac, "worker": k,
-                                   "rto_us": max(1, int(rto * 1e6))})
+                           group=leaf_group(group, k), parent=parent)
+                if auth is not None:  # its own secret, two keys of the root's
+                    req.update(auth=bytes(leaf_auth[k]).hex(), mac=mac)
+                    parent.update(
+                        key=hg_auth.derive_key(auth, job, k).hex(),
+                        reply_key=hg_auth.derive_key(auth, job, hg_auth.AGGREGATOR).hex())
             control(req)
             added.append(control)
     except BaseException:
@@ -302,7 +329,9 @@ def register_tree(controls, aggregators, *, leaves, workers, slots=None, payload
         ip, port, _ = aggregators[leaf]
         out.append({"aggregator": addresses_text([(ip, port)]), "job": job, "token": token,
                     "workers": workers, "group": leaf_group(group, leaf), "timeout": timeout,
-                    "slots": slots, "payload": payload, "auth_file": "", "mac": "",
+                    "slots": slots, "payload": payload,
+                    "auth_file": auth_files[w] if auth is not None else "",
+                    "mac": mac if auth is not None else "",
                     "cost": _cost_field(_cost_dict(cost)), "leaf_ids": [index, size]})
     return out
 

@@ -70,8 +70,9 @@ returns one TrainReport, the same fields on both placements:
 (homagg.deploy.remote.placement); the ranks' reports, parameters and logs
 come back into RUNS_DIR/<timestamp>-train-<method>/.  --aggregators K and
 --leaves L (a two-level tree) work on both; an option a placement cannot
-do (--switch on inventory hosts; --auth with --leaves on both) is refused
-before anything starts, with the reason.  A user's model
+do (--switch on inventory hosts) is refused before anything starts, with
+the reason.  --auth with --leaves gives every leaf a secret of its own
+(its workers' job files name it) and the root the job's.  A user's model
 file must exist at the same path on every worker host.
 
 --link-mbit 100,1000,10000 instead of --testbed builds one testbed per
@@ -870,10 +871,6 @@ def run_train(testbed: "str | Placement", model: str = "ncf", method: str = "aut
         leaves, count = 0, 0
     else:
         leaves, count = aggregator_count(pl, aggregators, leaves, auth)
-        if leaves and auth:
-            raise TrainError("--auth with a tree (--leaves) is not in `homagg train` yet (the "
-                             "ranks' job files name one secret; `homagg run allreduce` has "
-                             "it): drop one of them")
     refused = pl.refusals(dict(auth=auth, leaves=leaves, switch=switch, aggregators=count))
     if refused:
         raise TrainError(f"not on {pl.where}: " + "; ".join(refused))
@@ -898,10 +895,20 @@ def run_train(testbed: "str | Placement", model: str = "ncf", method: str = "aut
                 files = standing[1]
             else:
                 if leaves:
+                    # the root's secret stays here; each leaf's goes to every
+                    # worker's folder, and a rank's job file names its leaf's
+                    root = hg_auth.new_secret() if auth else None
+                    leaf_secrets = [hg_auth.new_secret() for _ in range(leaves)] if auth else None
+                    for k, x in enumerate(leaf_secrets or ()):
+                        pl.place_secret(x, f"leaf-{k}.secret")
                     per_rank = job_file.register_tree(
                         controls, [(a.ip, UDP_PORT, a.mac) for a in pl.aggregators[:count]],
                         leaves=leaves, workers=W, slots=slots, payload=payload, group=group,
-                        timeout=timeout, cost=job_cost)
+                        timeout=timeout, cost=job_cost, auth=root, leaf_auth=leaf_secrets,
+                        auth_files=[f"{pl.worker_dir(r)}/leaf-"
+                                    f"{job_file.tree_leaf(r, W, leaves)[0]}.secret"
+                                    for r in range(W)] if auth else None)
+                    del root, leaf_secrets
                 else:
                     # a new secret in every worker's folder (Placement.place_secret)
                     secret = hg_auth.new_secret() if auth else None
