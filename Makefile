@@ -10,9 +10,9 @@
 #   FUZZ_SECONDS=20               time budget of each libFuzzer target (make fuzz)
 #   NO_APT=1                      never call apt-get (fail if packages are missing)
 #   N=3                           runs of the suite for make test-repeat
-#   FORMAT=1                      make lint also checks the format (ruff format
-#                                 --check, clang-format --dry-run -Werror); off
-#                                 until the tree has been formatted once
+#   FORMAT=0                      make lint skips the format check (on by
+#                                 default: ruff format --check, clang-format
+#                                 --dry-run -Werror)
 #
 # In the environment (not a make variable): HOMAGG_CODEC_ISA=portable|avx2|avx512
 # forces the codec's ISA path of everything make runs (tests, make bench; by
@@ -27,7 +27,7 @@ DEBUG       ?=
 SANITIZE    ?=
 PYTEST_ARGS ?=
 FUZZ_SECONDS ?= 20
-FORMAT      ?=
+FORMAT      ?= 1
 
 VENV   := .venv
 VPY    := $(VENV)/bin/python
@@ -156,7 +156,7 @@ ext: lib venv ## build the cffi extension in place, against the current variant
 PY_FORMAT_DIRS := orchestrator tests
 C_FORMAT_SRCS = $(shell find dataplane_c nic sim -name '*.[ch]' | sort)
 
-lint: venv ## ruff over the Python package and the tests (pyproject.toml; seconds); FORMAT=1 also checks the format
+lint: venv deps ## ruff over the Python package and the tests, and the format of the Python and the C (seconds; FORMAT=0 skips the format)
 	$(VENV)/bin/ruff check $(PY_FORMAT_DIRS)
 ifeq ($(FORMAT),1)
 	$(VENV)/bin/ruff format --check $(PY_FORMAT_DIRS)
