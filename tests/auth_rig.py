@@ -2,6 +2,7 @@
 computed independently of libsodium and of the C MAC (hashlib's BLAKE2b
 and the ``cryptography`` package's AES-GCM), and worker frames signed with
 them, shared by the authentication tests."""
+
 import hashlib
 import itertools
 
@@ -25,15 +26,18 @@ def ref_key(secret, key_id, job=JOB):
     """crypto_kdf_derive_from_key: BLAKE2b-256 keyed with the secret, salt =
     the 64-bit subkey id (job * 2^32 + member) little-endian in 16 bytes,
     personal = context padded to 16."""
-    return hashlib.blake2b(b"", digest_size=32, key=secret,
-                           salt=((job << 32) | key_id).to_bytes(8, "little") + bytes(8),
-                           person=b"homaggv3" + bytes(8)).digest()
+    return hashlib.blake2b(
+        b"",
+        digest_size=32,
+        key=secret,
+        salt=((job << 32) | key_id).to_bytes(8, "little") + bytes(8),
+        person=b"homaggv3" + bytes(8),
+    ).digest()
 
 
 def ref_nonce(hdr, direction, counter):
     """docs/PROTOCOL.md "Nonce": shard, direction, counter (48 bits BE), incarnation."""
-    return (bytes([hdr[23], direction]) + (counter & (2**48 - 1)).to_bytes(6, "big")
-            + hdr[24:28])
+    return bytes([hdr[23], direction]) + (counter & (2**48 - 1)).to_bytes(6, "big") + hdr[24:28]
 
 
 def ref_mac(key, data, alg=None, direction=0, counter=None):
@@ -54,12 +58,35 @@ def waddr(w):
     return Addr.of(bytes([2, 0, 0, 1, 0, w]), (10 << 24) | (1 << 16) | w, 40000 + w)
 
 
-def wframe(w, key_of=None, seq=0, payload=None, incarnation=1, flags=0, src=None, key=True,
-           udp_csum=True, counter=None, secret=SECRET):
+def wframe(
+    w,
+    key_of=None,
+    seq=0,
+    payload=None,
+    incarnation=1,
+    flags=0,
+    src=None,
+    key=True,
+    udp_csum=True,
+    counter=None,
+    secret=SECRET,
+):
     """Worker w's frame of chunk seq, MAC'd with worker key_of's key (default w's)."""
     payload = be32(np.arange(8) * (w + 1)) if payload is None else payload
     k = ref_key(secret, w if key_of is None else key_of) if key else None
-    return build_frame(src or waddr(w), AGG, op="sum32", job=JOB, token=77, worker=w,
-                       seq=seq, slot=seq % 4, flags=flags, payload=payload,
-                       incarnation=incarnation, key=k, udp_csum=udp_csum,
-                       counter=next(COUNTER) if counter is None else counter)
+    return build_frame(
+        src or waddr(w),
+        AGG,
+        op="sum32",
+        job=JOB,
+        token=77,
+        worker=w,
+        seq=seq,
+        slot=seq % 4,
+        flags=flags,
+        payload=payload,
+        incarnation=incarnation,
+        key=k,
+        udp_csum=udp_csum,
+        counter=next(COUNTER) if counter is None else counter,
+    )

@@ -7,6 +7,7 @@ hide a gap.  tests/ is on sys.path, so the numpy oracle is `import reference`.
 Fixtures live here; functions tests call (require, wait_for, be32, ...) live
 in helpers.py: no test imports conftest.
 """
+
 import os
 import shutil
 
@@ -23,8 +24,10 @@ def _declared_needs(request):
     if node.get_closest_marker("dpdk"):
         require(have_dpdk(), "needs libdpdk-dev (make deps installs it)")
     if node.get_closest_marker("ssh"):
-        require(shutil.which("sshd") or os.path.exists("/usr/sbin/sshd"),
-                "needs openssh-server (make deps installs it)")
+        require(
+            shutil.which("sshd") or os.path.exists("/usr/sbin/sshd"),
+            "needs openssh-server (make deps installs it)",
+        )
 
 
 @pytest.fixture
@@ -54,6 +57,7 @@ def daemons(link, tmp_path):
         d = start_daemon(link, tmp_path / f"sw{len(started)}", *args, pmd=pmd)
         started.append(d)
         return d
+
     try:
         yield start
     finally:

@@ -2,6 +2,7 @@
 "auto's rule") written again from the page, in Python integers: the
 oracle the C choices are checked against.  Independent of the C code and
 of homagg.cost (it reads a plain dict of the struct hg_cost fields)."""
+
 import math
 
 # (bits per element, probes, fp scaled by 2^20): the table of "lhc: index"
@@ -53,8 +54,14 @@ def option_times(length, count, workers, cost):
     blooms = []
     for bpe, k, fp in BLOOM:
         bits = max(64, -(-bpe * c // 64) * 64)
-        blooms.append((bits // 8, bits // 8 * xb + k * (length + cw) * cost["probe_ps"]
-                       + (fp * (length - c) >> 20) * lane))
+        blooms.append(
+            (
+                bits // 8,
+                bits // 8 * xb
+                + k * (length + cw) * cost["probe_ps"]
+                + (fp * (length - c) >> 20) * lane,
+            )
+        )
     return bitmap, blooms
 
 

@@ -35,6 +35,7 @@ Scenarios:
              all_gather, all_gather_object, barrier); saves OUTDIR/rank-R.pt
              with every input and output
 """
+
 import datetime
 import faulthandler
 import os
@@ -53,8 +54,9 @@ from helpers import wait_for  # tests/ is sys.path[0]: this file runs as a scrip
 
 def model(seed, d_in=12, d_out=3):
     torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(d_in, 16), torch.nn.ReLU(),
-                               torch.nn.Linear(16, d_out))
+    return torch.nn.Sequential(
+        torch.nn.Linear(d_in, 16), torch.nn.ReLU(), torch.nn.Linear(16, d_out)
+    )
 
 
 def batch(rank, step, d_in=12, d_out=3):
@@ -86,8 +88,9 @@ def backend(outdir):
                 dist.all_reduce(t, op=op, async_op=True).wait()
             else:
                 dist.all_reduce(t, op=op)
-            out["reduced"].append({"dtype": str(dtype), "avg": op == dist.ReduceOp.AVG,
-                                   "x": before, "y": t})
+            out["reduced"].append(
+                {"dtype": str(dtype), "avg": op == dist.ReduceOp.AVG, "x": before, "y": t}
+            )
     step("homagg allreduces done")
     d = out["delegated"]
     n = torch.tensor([rank + 1, 10 * (rank + 1)], dtype=torch.int64)
@@ -118,8 +121,7 @@ def backend(outdir):
     dist.gather(torch.tensor([float(rank)]), gl, dst=0)
     d["gather"] = gl
     sc = torch.zeros(1)
-    dist.scatter(sc, [torch.tensor([3.0 * q]) for q in range(world)] if rank == 0 else None,
-                 src=0)
+    dist.scatter(sc, [torch.tensor([3.0 * q]) for q in range(world)] if rank == 0 else None, src=0)
     d["scatter"] = sc
     a2a = torch.zeros(world)
     dist.all_to_all_single(a2a, torch.tensor([10.0 * rank + q for q in range(world)]))
@@ -131,8 +133,10 @@ def backend(outdir):
     dist.reduce_scatter_tensor(rs, torch.arange(world, dtype=torch.float32) + rank)
     d["reduce_scatter_tensor"] = rs
     got = torch.zeros(1)
-    ops = [dist.isend(torch.tensor([100.0 + rank]), (rank + 1) % world),
-           dist.irecv(got, (rank - 1) % world)]
+    ops = [
+        dist.isend(torch.tensor([100.0 + rank]), (rank + 1) % world),
+        dist.irecv(got, (rank - 1) % world),
+    ]
     for w in ops:
         w.wait()
     d["send_recv"] = got
@@ -165,11 +169,23 @@ def baseline(outdir):
     records = []
 
     def recorder(index, x, y, params, path):
-        records.append({"bucket": index, "x": torch.from_numpy(x.copy()),
-                        "y": torch.from_numpy(y.copy()), "path": path})
+        records.append(
+            {
+                "bucket": index,
+                "x": torch.from_numpy(x.copy()),
+                "y": torch.from_numpy(y.copy()),
+                "path": path,
+            }
+        )
 
-    coeffs = {"pkt_ps": 2_000_000, "agg_pkt_ps": 150_000, "value_ps": 1_000,
-              "lane_ps": 7_000, "bitmap_ps": 400, "probe_ps": 2_100}
+    coeffs = {
+        "pkt_ps": 2_000_000,
+        "agg_pkt_ps": 150_000,
+        "value_ps": 1_000,
+        "lane_ps": 7_000,
+        "bitmap_ps": 400,
+        "probe_ps": 2_100,
+    }
     fast, slow = job_cost(10000, coeffs=coeffs), job_cost(100, coeffs=coeffs)
     state = hgt.HookState(recorder=recorder, cost=fast)
     torch.manual_seed(5)
@@ -195,9 +211,16 @@ def baseline(outdir):
                 opt.step()
                 log.extend(state.take_log())
         params = [[dense.weight.detach().clone()], [sparse.weight.detach().clone()]]
-        torch.save({"params": params, "records": records, "counters": state.counters,
-                    "log": log, "init": init},
-                   os.path.join(outdir, f"rank-{rank}.pt"))
+        torch.save(
+            {
+                "params": params,
+                "records": records,
+                "counters": state.counters,
+                "log": log,
+                "init": init,
+            },
+            os.path.join(outdir, f"rank-{rank}.pt"),
+        )
     finally:
         state.close()
         dist.destroy_process_group()
@@ -213,8 +236,14 @@ def main(scenario, outdir):
     records = []
 
     def recorder(index, x, y, params, path):
-        records.append({"bucket": index, "x": torch.from_numpy(x.copy()),
-                        "y": torch.from_numpy(y.copy()), "path": path})
+        records.append(
+            {
+                "bucket": index,
+                "x": torch.from_numpy(x.copy()),
+                "y": torch.from_numpy(y.copy()),
+                "path": path,
+            }
+        )
 
     kw = {"backoff": 0.1, "backoff_max": 0.1} if scenario in ("fallback", "inject") else {}
     state = hgt.HookState(recorder=recorder, **kw)
@@ -280,9 +309,15 @@ def main(scenario, outdir):
                 if scenario == "inject" or (scenario == "fallback" and step >= 5):
                     time.sleep(0.15)  # past the back-off: the next bucket tries HomAgg
         params = [[p.detach().clone() for p in n.module.parameters()] for n in nets]
-        torch.save({"params": params, "records": records, "counters": state.counters,
-                    "fallback": state.fallback},
-                   os.path.join(outdir, f"rank-{rank}.pt"))
+        torch.save(
+            {
+                "params": params,
+                "records": records,
+                "counters": state.counters,
+                "fallback": state.fallback,
+            },
+            os.path.join(outdir, f"rank-{rank}.pt"),
+        )
     finally:
         state.close()
         dist.destroy_process_group()
@@ -291,6 +326,7 @@ def main(scenario, outdir):
 if __name__ == "__main__":
     # a rank that hangs prints every thread's stack to stderr and exits
     # before the test's budget runs out, so the failure says where it was
-    faulthandler.dump_traceback_later(float(os.environ.get("HOMAGG_TEST_RANK_BUDGET", "170")),
-                                      exit=True)
+    faulthandler.dump_traceback_later(
+        float(os.environ.get("HOMAGG_TEST_RANK_BUDGET", "170")), exit=True
+    )
     main(sys.argv[1], sys.argv[2])

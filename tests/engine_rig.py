@@ -1,8 +1,17 @@
 """One aggregation engine on an in-memory port, with job 1 (token 77) added:
 frames in, frames out, for the engine tests (test_engine, test_auth,
 test_ops_engine); and worker w's frames to it."""
-from homagg.engine import (FLAG_RESULT, FLAG_SHADOW, UDP_PORT, Addr, Engine, MemPort,
-                           build_frame, parse_frame)
+
+from homagg.engine import (
+    FLAG_RESULT,
+    FLAG_SHADOW,
+    UDP_PORT,
+    Addr,
+    Engine,
+    MemPort,
+    build_frame,
+    parse_frame,
+)
 
 AGG = Addr.of("02:00:00:00:00:01", "10.0.0.254", UDP_PORT)
 
@@ -12,16 +21,26 @@ def waddr(w):
     return Addr.of(bytes([2, 0, 0, 1, w >> 8, w & 0xFF]), (10 << 24) | (1 << 16) | w, 40000 + w)
 
 
-def frame(w, *, op="sum32", job=1, token=77, seq=0, slots=4, payload=b"", flags=0,
-          slot=None, **kw):
+def frame(w, *, op="sum32", job=1, token=77, seq=0, slots=4, payload=b"", flags=0, slot=None, **kw):
     """Worker w's frame of chunk seq to AGG (slot seq % slots, the shadow
     flag of its half unless slot is given)."""
     if slot is None:
         slot = seq % slots
     if (seq // slots) % 2:
         flags |= FLAG_SHADOW
-    return build_frame(waddr(w), AGG, op=op, job=job, token=token, worker=w,
-                       seq=seq, slot=slot, flags=flags, payload=payload, **kw)
+    return build_frame(
+        waddr(w),
+        AGG,
+        op=op,
+        job=job,
+        token=token,
+        worker=w,
+        seq=seq,
+        slot=slot,
+        flags=flags,
+        payload=payload,
+        **kw,
+    )
 
 
 class EngineRig:

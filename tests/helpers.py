@@ -10,6 +10,7 @@ line from a testbed process within a timeout: its Process.readline(timeout).
 tests/ is on sys.path (pytest puts it there: it is no package), so these
 import by name.
 """
+
 import contextlib
 import os
 import secrets
@@ -26,6 +27,7 @@ CODEC_ISAS = ("portable", "avx2", "avx512")
 
 
 # ---- capabilities --------------------------------------------------------
+
 
 def require(condition, reason):
     """Skip locally, fail in CI, when a capability a test needs is missing."""
@@ -49,8 +51,9 @@ def require_gmac(available):
     flags = set()
     try:
         with open("/proc/cpuinfo") as f:
-            flags = set(next((ln.split(":", 1)[1].split() for ln in f
-                              if ln.startswith("flags")), []))
+            flags = set(
+                next((ln.split(":", 1)[1].split() for ln in f if ln.startswith("flags")), [])
+            )
     except OSError:
         pass
     if {"aes", "pclmulqdq"} <= flags:
@@ -96,6 +99,7 @@ def codec_isa(isa):
 
 
 # ---- processes and waiting -----------------------------------------------
+
 
 def wait_for(pred, timeout, what, interval=0.02):
     """Poll pred() until it returns something true and return that; fail
@@ -144,6 +148,7 @@ def dpdk_testbed(tmp_path_factory, folder, **spec):
 
 # ---- 32-bit big-endian lanes (the sum32 payload) -------------------------
 
+
 def be32(a):
     """Integers as big-endian 32-bit lanes, wrapped modulo 2^32: bytes."""
     return np.asarray(a, dtype=np.int64).astype(np.uint32).astype(">u4").tobytes()
@@ -166,6 +171,7 @@ def wrap32(a):
 
 # ---- the codec: gradients and bit-exact comparison -------------------------
 
+
 def _magnitudes(rng, size, kind):
     """Positive magnitudes of one kind (float64, converted by the caller)."""
     if kind == "normal":
@@ -187,13 +193,14 @@ def _magnitudes(rng, size, kind):
 
 def make_grads(rng, workers, n, density=0.05, positions="independent", magnitude="normal"):
     """W float32 gradients with the given density and layout of non-zeros."""
+
     def mask():
         if positions == "clustered":  # non-zeros in runs of ~100 elements
             m = np.zeros(n, dtype=bool)
             runs = int(np.ceil(n * density / 100)) if density > 0 else 0
             for _ in range(runs):
                 start = rng.integers(0, max(n, 1))
-                m[start:start + 100] = True
+                m[start : start + 100] = True
             return m
         return rng.random(n) < density
 
@@ -219,7 +226,8 @@ def assert_bits_equal(got, want, what=""):
         i = int(np.flatnonzero(gb != wb)[0])
         raise AssertionError(
             f"{what}: element {i}: got {got[i]!r} ({gb[i]:#010x}), oracle {want[i]!r} "
-            f"({wb[i]:#010x}); {int(np.count_nonzero(gb != wb))} elements differ")
+            f"({wb[i]:#010x}); {int(np.count_nonzero(gb != wb))} elements differ"
+        )
 
 
 def run(grads, method, block, **kw):

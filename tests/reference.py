@@ -24,6 +24,7 @@ It also implements the protocol's random streams (splitmix64 in numpy
 uint64 arithmetic): stochastic rounding and NC8 / natural dithering, bit
 for bit.
 """
+
 import numpy as np
 
 EXP_ZERO = -128
@@ -53,7 +54,7 @@ def _block_max_abs(x, block):
     if full:
         out[:full] = a[: full * block].reshape(full, block).max(axis=1)
     if full < nb:
-        out[full] = a[full * block:].max()
+        out[full] = a[full * block :].max()
     return out
 
 
@@ -220,8 +221,7 @@ def nc_values(x, gcodes, workers, block, seed, worker, nc_levels=0):
     low = v < 2.0**kmin
     up_low = r < v / 2.0**kmin
     up = r < np.ldexp(v, -np.where(low, 0, k)) - 1
-    mag = np.where(low, np.where(up_low, 2.0**kmin, 0.0),
-                   np.ldexp(1.0, np.where(low, 0, k + up)))
+    mag = np.where(low, np.where(up_low, 2.0**kmin, 0.0), np.ldexp(1.0, np.where(low, 0, k + up)))
     mag[v == 0] = 0
     return (np.where(x < 0, -mag, mag)).astype(np.int64)
 
@@ -237,6 +237,7 @@ def allreduce_nc(grads, block, seed, nc_levels=0):
 
 
 # ---- union (docs/PROTOCOL.md "union: candidate values") -----------------------
+
 
 def union_candidates(grads):
     """The candidates of an all-bitmap index: positions non-zero on some

@@ -8,6 +8,7 @@ reaches every host, generates a host key and a client key, and starts
 ``down()`` stops each sshd by its PID and removes the testbed (the control
 veth goes with the switch namespace).
 """
+
 import contextlib
 import os
 import random
@@ -32,8 +33,11 @@ def _port_open(ip, port):
 
 
 def keygen(path):
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "homagg-test", "-f", path],
-                   check=True, capture_output=True)
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "homagg-test", "-f", path],
+        check=True,
+        capture_output=True,
+    )
     return path
 
 
@@ -81,12 +85,18 @@ class Rack:
         from pyroute2 import IPRoute
 
         os.makedirs("/run/sshd", exist_ok=True)
-        self.tb = Testbed.up(self.name, workers=self.workers, subnet=self.subnet,
-                             state_dir=os.path.join(self.tmp, "testbeds"),
-                             aggregators=self.aggregators)
+        self.tb = Testbed.up(
+            self.name,
+            workers=self.workers,
+            subnet=self.subnet,
+            state_dir=os.path.join(self.tmp, "testbeds"),
+            aggregators=self.aggregators,
+        )
         sw = self.tb.state()["switch_netns"]
         with IPRoute() as ipr:
-            ipr.link("add", ifname=self.ctl_if, kind="veth", peer={"ifname": "ctl", "net_ns_fd": sw})
+            ipr.link(
+                "add", ifname=self.ctl_if, kind="veth", peer={"ifname": "ctl", "net_ns_fd": sw}
+            )
             idx = ipr.link_lookup(ifname=self.ctl_if)[0]
             ipr.addr("add", index=idx, address=self.ctl_ip, prefixlen=24)
             ipr.link("set", index=idx, state="up")
@@ -117,15 +127,23 @@ MaxStartups 50
 """)
             log = open(os.path.join(self.tmp, f"sshd_{h.name}.log"), "w")
             self.sshd[h.name] = self.tb.run_in(
-                h.name, ["/usr/sbin/sshd", "-D", "-e", "-f", cfg, "-p", str(SSH_PORT)],
-                stdout=log, stderr=log)
+                h.name,
+                ["/usr/sbin/sshd", "-D", "-e", "-f", cfg, "-p", str(SSH_PORT)],
+                stdout=log,
+                stderr=log,
+            )
             log.close()
         for h in self.tb.hosts():
-            wait_for(lambda: _port_open(h.ip, SSH_PORT) or self.sshd[h.name].poll() is not None,
-                     15, f"sshd on {h.name}")
+            wait_for(
+                lambda: _port_open(h.ip, SSH_PORT) or self.sshd[h.name].poll() is not None,
+                15,
+                f"sshd on {h.name}",
+            )
             if self.sshd[h.name].poll() is not None:
-                raise RuntimeError(f"sshd on {h.name} exited: "
-                                   + open(os.path.join(self.tmp, f"sshd_{h.name}.log")).read())
+                raise RuntimeError(
+                    f"sshd on {h.name} exited: "
+                    + open(os.path.join(self.tmp, f"sshd_{h.name}.log")).read()
+                )
         return self
 
     def hosts(self):
@@ -171,8 +189,7 @@ def _stop_inside(netns_names, timeout=5.0):
                 os.kill(pid, sig)
         deadline = time.monotonic() + timeout
         while pids and time.monotonic() < deadline:
-            pids = [p for p in pids if os.path.exists(f"/proc/{p}")
-                    and _state(p) not in ("Z", "X")]
+            pids = [p for p in pids if os.path.exists(f"/proc/{p}") and _state(p) not in ("Z", "X")]
             time.sleep(0.05)
         if not pids:
             return
@@ -205,9 +222,17 @@ def _children(pid):
 def host_table(h, key, install_dir, port=SSH_PORT, **extra):
     """One [[hosts]] entry for testbed host ``h`` (aggregator: af_packet vdev
     on eth0; workers: kernel iface eth0)."""
-    d = {"name": h.name, "ssh_host": h.ip, "ssh_port": port, "ssh_user": "root", "ssh_key": key,
-         "role": h.role, "dataplane_ip": f"{h.ip}/{h.prefixlen}", "cores": [0],
-         "install_dir": install_dir}
+    d = {
+        "name": h.name,
+        "ssh_host": h.ip,
+        "ssh_port": port,
+        "ssh_user": "root",
+        "ssh_key": key,
+        "role": h.role,
+        "dataplane_ip": f"{h.ip}/{h.prefixlen}",
+        "cores": [0],
+        "install_dir": install_dir,
+    }
     if h.role == "aggregator":
         d["vdev"] = f"net_af_packet0,iface={h.ifname}"
     else:

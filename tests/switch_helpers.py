@@ -3,6 +3,7 @@ directory per daemon, bounded waits, stop by the PID that was started), and
 the veth rig of test_switch.py, test_switch_hostile.py and test_ops.py (two
 namespaces the test creates, the daemon in one, worker threads in the
 other; the fixtures `link` and `daemons` in conftest.py build it)."""
+
 import os
 import pathlib
 import signal
@@ -28,8 +29,9 @@ SWITCH = pathlib.Path(os.environ.get("HOMAGG_SWITCH", ROOT / "build" / "release"
 class Daemon:
     """One homagg-switch process, started in `workdir`."""
 
-    def __init__(self, workdir, eal_args, app_args=(), netns=None,
-                 telemetry=False, lcores="0", umask=-1):
+    def __init__(
+        self, workdir, eal_args, app_args=(), netns=None, telemetry=False, lcores="0", umask=-1
+    ):
         self.workdir = pathlib.Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.control = self.workdir / "control.sock"
@@ -38,17 +40,25 @@ class Daemon:
         self.runtime.mkdir(exist_ok=True)
         self.prefix = "hg" + uuid.uuid4().hex[:10]
         # "0" or "0-2": EAL lcore ids; "0@0,1@1,2@1": lcores mapped to CPUs
-        cmd = [str(SWITCH), *switch_eal_args(lcores, file_prefix=self.prefix, telemetry=telemetry),
-               *eal_args, "--", "--control", str(self.control), *app_args]
+        cmd = [
+            str(SWITCH),
+            *switch_eal_args(lcores, file_prefix=self.prefix, telemetry=telemetry),
+            *eal_args,
+            "--",
+            "--control",
+            str(self.control),
+            *app_args,
+        ]
         if netns:
             cmd = ["ip", "netns", "exec", netns, *cmd]
         self.cmd = cmd
-        env = dict(os.environ, RUNTIME_DIRECTORY=str(self.runtime),
-                   XDG_RUNTIME_DIR=str(self.runtime))
+        env = dict(
+            os.environ, RUNTIME_DIRECTORY=str(self.runtime), XDG_RUNTIME_DIR=str(self.runtime)
+        )
         self._logf = open(self.log, "wb")
-        self.proc = subprocess.Popen(cmd, stdout=self._logf,
-                                     stderr=subprocess.STDOUT, env=env,
-                                     cwd=self.workdir, umask=umask)
+        self.proc = subprocess.Popen(
+            cmd, stdout=self._logf, stderr=subprocess.STDOUT, env=env, cwd=self.workdir, umask=umask
+        )
 
     def output(self):
         return self.log.read_text(errors="replace")
@@ -60,7 +70,8 @@ class Daemon:
         def ready():
             if not self.alive():
                 raise AssertionError(
-                    f"homagg-switch exited with {self.proc.returncode}:\n{self.output()}")
+                    f"homagg-switch exited with {self.proc.returncode}:\n{self.output()}"
+                )
             if not self.control.exists():
                 return False
             try:
@@ -69,6 +80,7 @@ class Daemon:
                 return True
             except HomAggError:
                 return False
+
         wait_for(ready, timeout, "homagg-switch to answer on its control socket")
         return self
 
@@ -104,8 +116,7 @@ GROUP = "239.7.7.7"
 
 
 def _ip(*args, check=True):
-    return subprocess.run(["ip", *args], check=check, capture_output=True,
-                          text=True, timeout=30)
+    return subprocess.run(["ip", *args], check=check, capture_output=True, text=True, timeout=30)
 
 
 class Link:
@@ -122,21 +133,43 @@ class Link:
         self.worker_ip = f"10.251.{octet}.2"
         _ip("netns", "add", self.ns_switch)
         _ip("netns", "add", self.ns_workers)
-        _ip("link", "add", self.dev_switch, "netns", self.ns_switch, "type", "veth",
-            "peer", "name", self.dev_workers, "netns", self.ns_workers)
-        for ns, dev in ((self.ns_switch, self.dev_switch),
-                        (self.ns_workers, self.dev_workers)):
+        _ip(
+            "link",
+            "add",
+            self.dev_switch,
+            "netns",
+            self.ns_switch,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            self.dev_workers,
+            "netns",
+            self.ns_workers,
+        )
+        for ns, dev in ((self.ns_switch, self.dev_switch), (self.ns_workers, self.dev_workers)):
             _ip("-n", ns, "link", "set", "lo", "up")
             _ip("-n", ns, "link", "set", dev, "up")
-        _ip("-n", self.ns_workers, "addr", "add", f"{self.worker_ip}/24",
-            "dev", self.dev_workers)
+        _ip("-n", self.ns_workers, "addr", "add", f"{self.worker_ip}/24", "dev", self.dev_workers)
         # the worker kernel leaves UDP checksums to the (veth) offload: send
         # them complete, as a NIC would put them on the wire (without
         # ethtool the daemon is told not to verify them instead)
         try:
-            r = subprocess.run(["ip", "netns", "exec", self.ns_workers, "ethtool",
-                                "-K", self.dev_workers, "tx", "off"],
-                               capture_output=True, timeout=30)
+            r = subprocess.run(
+                [
+                    "ip",
+                    "netns",
+                    "exec",
+                    self.ns_workers,
+                    "ethtool",
+                    "-K",
+                    self.dev_workers,
+                    "tx",
+                    "off",
+                ],
+                capture_output=True,
+                timeout=30,
+            )
             self.csum_complete = r.returncode == 0
         except FileNotFoundError:
             self.csum_complete = False
@@ -149,13 +182,27 @@ class Link:
 def start_daemon(link, workdir, *args, pmd="af_packet"):
     if not link.csum_complete:
         args = ("--no-udp-csum", *args)
-    d = Daemon(workdir, ["--vdev", f"net_{pmd}0,iface={link.dev_switch}"],
-               ["--port-ip", link.switch_ip, *args], netns=link.ns_switch)
+    d = Daemon(
+        workdir,
+        ["--vdev", f"net_{pmd}0,iface={link.dev_switch}"],
+        ["--port-ip", link.switch_ip, *args],
+        netns=link.ns_switch,
+    )
     return d.wait_ready()
 
 
-def run_workers(link, job, token, grads, method="dense", timeout=10.0,
-                slots=32, before_start=None, group=GROUP, **worker_kw):
+def run_workers(
+    link,
+    job,
+    token,
+    grads,
+    method="dense",
+    timeout=10.0,
+    slots=32,
+    before_start=None,
+    group=GROUP,
+    **worker_kw,
+):
     """Every worker in its own thread inside the workers' namespace; returns
     (results, errors, stats) per worker.  worker_kw go to every Worker
     (auth_file, incarnation)."""
@@ -166,11 +213,20 @@ def run_workers(link, job, token, grads, method="dense", timeout=10.0,
     made = threading.Barrier(W + 1, timeout=30)
 
     def work(w):
-        setns(link.ns_workers, flags=0)     # this thread only
+        setns(link.ns_workers, flags=0)  # this thread only
         try:
-            wk = Worker(job=job, token=token, worker=w, workers=W,
-                        aggregator=(link.switch_ip, 48879), group=group,
-                        bind=(link.worker_ip, 0), timeout=timeout, slots=slots, **worker_kw)
+            wk = Worker(
+                job=job,
+                token=token,
+                worker=w,
+                workers=W,
+                aggregator=(link.switch_ip, 48879),
+                group=group,
+                bind=(link.worker_ip, 0),
+                timeout=timeout,
+                slots=slots,
+                **worker_kw,
+            )
         except Exception as exc:  # noqa: BLE001 - reported by the caller
             errors[w] = exc
             made.wait()

@@ -4,6 +4,7 @@ well formed and consistent with the model written again here from
 docs/PROTOCOL.md "The cost model" (and with itself: auto against the other
 methods, faster links, the speedups); it never compares a prediction
 with a measured time."""
+
 import json
 import math
 
@@ -13,8 +14,14 @@ from homagg import cli
 from homagg.ops import advise as adv
 
 # a host's coefficients, as `homagg calibrate` writes them (ps)
-COEFFS = {"pkt_ps": 2_000_000, "agg_pkt_ps": 150_000, "value_ps": 1_000,
-          "lane_ps": 7_000, "bitmap_ps": 400, "probe_ps": 2_100}
+COEFFS = {
+    "pkt_ps": 2_000_000,
+    "agg_pkt_ps": 150_000,
+    "value_ps": 1_000,
+    "lane_ps": 7_000,
+    "bitmap_ps": 400,
+    "probe_ps": 2_100,
+}
 METHODS = ("dense", "blocks", "lhc", "union", "auto")
 TERMS = {"link", "worker_cpu", "aggregator_cpu", "round_trips"}
 BLOCK = 4096
@@ -24,8 +31,9 @@ BLOCK = 4096
 def calibration(tmp_path, monkeypatch):
     """A calibration file of known coefficients, read as cost.py reads it."""
     path = tmp_path / "calibration.json"
-    path.write_text(json.dumps({"version": 1, "isa": "avx2", "cpu": "test",
-                                "paths": {"avx2": COEFFS}}))
+    path.write_text(
+        json.dumps({"version": 1, "isa": "avx2", "cpu": "test", "paths": {"avx2": COEFFS}})
+    )
     monkeypatch.setenv("HOMAGG_CALIBRATION", str(path))
     monkeypatch.delenv("HOMAGG_CODEC_ISA", raising=False)
     return path
@@ -47,8 +55,19 @@ def _byte_ps(W, link_mbit, payload=1024, c=COEFFS):
 
 def test_json_has_ring_and_every_method_well_formed(capsys, calibration):
     W, N, L = 4, 5 * BLOCK + 100, 1000
-    a = _advise(capsys, "--workers", W, "--elements", N, "--density", 0.05, "--link-mbit", L,
-                "--workload", "zipf")
+    a = _advise(
+        capsys,
+        "--workers",
+        W,
+        "--elements",
+        N,
+        "--density",
+        0.05,
+        "--link-mbit",
+        L,
+        "--workload",
+        "zipf",
+    )
     assert a["coefficients"] == COEFFS and a["coefficients_from"] == str(calibration)
     assert a["simulated_elements"] == N and a["scale"] == 1
     assert set(a["methods"]) == set(METHODS)
@@ -69,14 +88,26 @@ def test_json_has_ring_and_every_method_well_formed(capsys, calibration):
 
 def test_ring_and_dense_against_the_model_written_again(capsys):
     W, N, L, rtt_us = 3, 3 * BLOCK + 17, 250, 40
-    a = _advise(capsys, "--workers", W, "--elements", N, "--density", 0.2, "--link-mbit", L,
-                "--rtt-us", rtt_us)
+    a = _advise(
+        capsys,
+        "--workers",
+        W,
+        "--elements",
+        N,
+        "--density",
+        0.2,
+        "--link-mbit",
+        L,
+        "--rtt-us",
+        rtt_us,
+    )
     ring = a["ring"]
     ring_bytes = 2 * (W - 1) / W * 4 * N
     assert ring["bytes_per_worker"] == round(ring_bytes)
     assert ring["steps"] == 2 * (W - 1)
-    assert ring["time_s"] == pytest.approx(ring_bytes * 8 / (L * 1e6)
-                                           + 2 * (W - 1) * rtt_us * 1e-6 / 2, rel=1e-12)
+    assert ring["time_s"] == pytest.approx(
+        ring_bytes * 8 / (L * 1e6) + 2 * (W - 1) * rtt_us * 1e-6 / 2, rel=1e-12
+    )
     nb = -(-N // BLOCK)
     dense = a["methods"]["dense"]
     assert dense["bytes"] == {"exponents": nb, "values": 4 * N}
@@ -85,12 +116,25 @@ def test_ring_and_dense_against_the_model_written_again(capsys):
     assert dense["time_s"] == pytest.approx(want, rel=1e-12)
 
 
-@pytest.mark.parametrize("workload,density,W", [("shared", 0.02, 4), ("random", 0.01, 4),
-                                                ("zipf", 0.1, 3), ("random", 0.3, 8)])
+@pytest.mark.parametrize(
+    "workload,density,W",
+    [("shared", 0.02, 4), ("random", 0.01, 4), ("zipf", 0.1, 3), ("random", 0.3, 8)],
+)
 def test_auto_within_one_round_trip_of_the_best_exact_method(capsys, workload, density, W):
     L = 1000
-    a = _advise(capsys, "--workers", W, "--elements", 8 * BLOCK, "--density", density,
-                "--link-mbit", L, "--workload", workload)
+    a = _advise(
+        capsys,
+        "--workers",
+        W,
+        "--elements",
+        8 * BLOCK,
+        "--density",
+        density,
+        "--link-mbit",
+        L,
+        "--workload",
+        workload,
+    )
     m = a["methods"]
     rt = a["rtt_ns"] * 1e-9
     auto = m["auto"]
@@ -105,20 +149,35 @@ def test_auto_within_one_round_trip_of_the_best_exact_method(capsys, workload, d
     if auto["choice"] == "union":
         assert auto["time_s"] <= m["union"]["time_s"] + rt + 1e-6 * best
     for k, r in m.items():
-        assert sum(r["phase_s"].values()) + r["steps"] * rt == \
-            pytest.approx(r["time_s"], rel=1e-9), k
+        assert sum(r["phase_s"].values()) + r["steps"] * rt == pytest.approx(
+            r["time_s"], rel=1e-9
+        ), k
     # the index plan of the advisor is the codec's
     for k in ("lhc", "union"):
-        assert (m[k]["bitmap_blocks"], m[k]["bloom_blocks"]) == \
-            (a["index_plan"]["bitmap_blocks"], a["index_plan"]["bloom_blocks"]), k
+        assert (m[k]["bitmap_blocks"], m[k]["bloom_blocks"]) == (
+            a["index_plan"]["bitmap_blocks"],
+            a["index_plan"]["bloom_blocks"],
+        ), k
 
 
-@pytest.mark.parametrize("workload,density", [("shared", 0.01), ("zipf", 0.05),
-                                              ("random", 0.002)])
+@pytest.mark.parametrize("workload,density", [("shared", 0.01), ("zipf", 0.05), ("random", 0.002)])
 def test_link_binds_at_100_mbit_and_faster_links_are_never_slower(capsys, workload, density):
-    runs = {L: _advise(capsys, "--workers", 4, "--elements", 64 * BLOCK, "--density", density,
-                       "--link-mbit", L, "--workload", workload)
-            for L in (100, 1000, 10000, 100000)}
+    runs = {
+        L: _advise(
+            capsys,
+            "--workers",
+            4,
+            "--elements",
+            64 * BLOCK,
+            "--density",
+            density,
+            "--link-mbit",
+            L,
+            "--workload",
+            workload,
+        )
+        for L in (100, 1000, 10000, 100000)
+    }
     slow = runs[100]
     assert slow["ring"]["binds"] == "link"
     for m, r in slow["methods"].items():
@@ -127,22 +186,46 @@ def test_link_binds_at_100_mbit_and_faster_links_are_never_slower(capsys, worklo
     for lo, hi in zip(links, links[1:]):
         assert runs[hi]["ring"]["time_s"] < runs[lo]["ring"]["time_s"]
         for m in METHODS:
-            assert runs[hi]["methods"][m]["time_s"] <= runs[lo]["methods"][m]["time_s"], \
-                (m, lo, hi)
+            assert runs[hi]["methods"][m]["time_s"] <= runs[lo]["methods"][m]["time_s"], (m, lo, hi)
 
 
 def test_large_tensor_is_simulated_scaled_down_and_says_so(capsys):
     N = 64 * BLOCK
-    a = _advise(capsys, "--workers", 2, "--elements", N, "--density", 0.05,
-                "--link-mbit", 1000, "--sample-elements", 8 * BLOCK)
+    a = _advise(
+        capsys,
+        "--workers",
+        2,
+        "--elements",
+        N,
+        "--density",
+        0.05,
+        "--link-mbit",
+        1000,
+        "--sample-elements",
+        8 * BLOCK,
+    )
     assert a["simulated_elements"] == 8 * BLOCK and a["scale"] == 8
     assert a["methods"]["dense"]["bytes"] == {"exponents": N // BLOCK, "values": 4 * N}
     assert a["ring"]["bytes_per_worker"] == 4 * N
 
 
 def test_text_output(capsys):
-    assert cli.main(["advise", "--workers", "2", "--elements", "10000", "--density", "0.1",
-                     "--link-mbit", "1000"]) == 0
+    assert (
+        cli.main(
+            [
+                "advise",
+                "--workers",
+                "2",
+                "--elements",
+                "10000",
+                "--density",
+                "0.1",
+                "--link-mbit",
+                "1000",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     for word in ("ring", *METHODS, "binds", "speedup", "assumes"):
         assert word in out
@@ -150,24 +233,61 @@ def test_text_output(capsys):
 
 def test_defaults_without_a_calibration_file(capsys, tmp_path, monkeypatch):
     monkeypatch.setenv("HOMAGG_CALIBRATION", str(tmp_path / "none.json"))
-    a = _advise(capsys, "--workers", 2, "--elements", 5000, "--density", 0.1,
-                "--link-mbit", 1000)
+    a = _advise(capsys, "--workers", 2, "--elements", 5000, "--density", 0.1, "--link-mbit", 1000)
     from homagg import cost
+
     assert a["coefficients"] == cost.DEFAULT_COEFFICIENTS
     assert "default" in a["coefficients_from"]
 
 
-@pytest.mark.parametrize("argv,word", [
-    (["--workers", "0", "--elements", "10", "--density", "0.1", "--link-mbit", "1"], "--workers"),
-    (["--workers", "2", "--elements", "10", "--density", "1.5", "--link-mbit", "1"], "--density"),
-    (["--workers", "2", "--elements", "10", "--density", "0.1", "--link-mbit", "0"],
-     "--link-mbit"),
-    (["--workers", "2", "--elements", "10", "--density", "0.1"], "--link-mbit"),
-    (["--workers", "2", "--elements", "10", "--density", "0.1", "--link-mbit", "10",
-      "--workload", "dense"], "--workload"),
-    (["--workers", "2", "--elements", "10", "--density", "0.1", "--link-mbit", "10",
-      "--block", "100000"], "--block"),
-])
+@pytest.mark.parametrize(
+    "argv,word",
+    [
+        (
+            ["--workers", "0", "--elements", "10", "--density", "0.1", "--link-mbit", "1"],
+            "--workers",
+        ),
+        (
+            ["--workers", "2", "--elements", "10", "--density", "1.5", "--link-mbit", "1"],
+            "--density",
+        ),
+        (
+            ["--workers", "2", "--elements", "10", "--density", "0.1", "--link-mbit", "0"],
+            "--link-mbit",
+        ),
+        (["--workers", "2", "--elements", "10", "--density", "0.1"], "--link-mbit"),
+        (
+            [
+                "--workers",
+                "2",
+                "--elements",
+                "10",
+                "--density",
+                "0.1",
+                "--link-mbit",
+                "10",
+                "--workload",
+                "dense",
+            ],
+            "--workload",
+        ),
+        (
+            [
+                "--workers",
+                "2",
+                "--elements",
+                "10",
+                "--density",
+                "0.1",
+                "--link-mbit",
+                "10",
+                "--block",
+                "100000",
+            ],
+            "--block",
+        ),
+    ],
+)
 def test_bad_input_is_one_line_exit_2(capsys, argv, word):
     with pytest.raises(SystemExit) as e:
         cli.main(["advise", *argv])
@@ -179,8 +299,9 @@ def test_bad_input_is_one_line_exit_2(capsys, argv, word):
 
 def test_bad_calibration_file_is_one_line_exit_2(capsys, calibration):
     calibration.write_text('{"version": 1, "isa": "avx2", "paths": {"avx2": {"pkt_ps": -1}}}')
-    code = cli.main(["advise", "--workers", "2", "--elements", "10", "--density", "0.1",
-                     "--link-mbit", "10"])
+    code = cli.main(
+        ["advise", "--workers", "2", "--elements", "10", "--density", "0.1", "--link-mbit", "10"]
+    )
     out, err = capsys.readouterr()
     assert code == 2 and out == ""
     assert len(err.strip().splitlines()) == 1 and "calibration" in err
@@ -197,12 +318,25 @@ def test_index_plan_is_the_codecs_with_bloom_blocks_on_a_slow_link(capsys):
     """On a slow link with few non-zeros the model takes Bloom filters: the
     advisor's plan (whose index CPU it charges) is the codec's, block kinds
     and index bytes."""
-    a = _advise(capsys, "--workers", 2, "--elements", 16 * BLOCK, "--density", 0.0005,
-                "--link-mbit", 10, "--workload", "random")
+    a = _advise(
+        capsys,
+        "--workers",
+        2,
+        "--elements",
+        16 * BLOCK,
+        "--density",
+        0.0005,
+        "--link-mbit",
+        10,
+        "--workload",
+        "random",
+    )
     plan = a["index_plan"]
     assert plan["bloom_blocks"] > 0
     for k in ("lhc", "union"):
         r = a["methods"][k]
-        assert (r["bitmap_blocks"], r["bloom_blocks"]) == \
-            (plan["bitmap_blocks"], plan["bloom_blocks"]), k
+        assert (r["bitmap_blocks"], r["bloom_blocks"]) == (
+            plan["bitmap_blocks"],
+            plan["bloom_blocks"],
+        ), k
         assert r["bytes"]["index"] == plan["index_bytes"], k

@@ -9,6 +9,7 @@ for consistency: each bucket's prediction is homagg.ops.advise.predict's
 on the same gradients, the iteration's sums are the buckets', the best
 method is the least and its speedup is ring's time over its own.  No
 prediction is compared with a measured time."""
+
 import json
 import textwrap
 
@@ -17,15 +18,22 @@ import pytest
 
 from homagg import cli
 
-torch = pytest.importorskip("torch", reason="advise --model needs torch==2.13.0 "
-                            "(make build installs it)")
+torch = pytest.importorskip(
+    "torch", reason="advise --model needs torch==2.13.0 (make build installs it)"
+)
 
 # a host's coefficients, as `homagg calibrate` writes them (ps)
-COEFFS = {"pkt_ps": 2_000_000, "agg_pkt_ps": 150_000, "value_ps": 1_000,
-          "lane_ps": 7_000, "bitmap_ps": 400, "probe_ps": 2_100}
+COEFFS = {
+    "pkt_ps": 2_000_000,
+    "agg_pkt_ps": 150_000,
+    "value_ps": 1_000,
+    "lane_ps": 7_000,
+    "bitmap_ps": 400,
+    "probe_ps": 2_100,
+}
 METHODS = ("dense", "blocks", "lhc", "union", "auto")
 
-TINY = textwrap.dedent('''
+TINY = textwrap.dedent("""
     import numpy as np
     import torch
     from torch import nn
@@ -64,14 +72,15 @@ TINY = textwrap.dedent('''
 
     def model_only(rank, world_size, seed):
         return Tiny()
-''')
+""")
 
 
 @pytest.fixture(autouse=True)
 def calibration(tmp_path, monkeypatch):
     path = tmp_path / "calibration.json"
-    path.write_text(json.dumps({"version": 1, "isa": "avx2", "cpu": "test",
-                                "paths": {"avx2": COEFFS}}))
+    path.write_text(
+        json.dumps({"version": 1, "isa": "avx2", "cpu": "test", "paths": {"avx2": COEFFS}})
+    )
     monkeypatch.setenv("HOMAGG_CALIBRATION", str(path))
     monkeypatch.delenv("HOMAGG_CODEC_ISA", raising=False)
     return path
@@ -99,8 +108,11 @@ def _torch_buckets(model, cap_mb=None):
     import torch.distributed as dist
 
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad][::-1]
-    limits = ([dist._DEFAULT_FIRST_BUCKET_BYTES, 25 * 1024 * 1024] if cap_mb is None
-              else [int(cap_mb * 1024 * 1024)] * 2)
+    limits = (
+        [dist._DEFAULT_FIRST_BUCKET_BYTES, 25 * 1024 * 1024]
+        if cap_mb is None
+        else [int(cap_mb * 1024 * 1024)] * 2
+    )
     indices, _ = dist._compute_bucket_assignment_by_size([p for _, p in named], limits)
     return [[named[i][0] for i in b] for b in indices]
 
@@ -112,8 +124,7 @@ def _reducer_buckets(factory, cap_mb, store_path):
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    dist.init_process_group("gloo", store=dist.FileStore(str(store_path), 1), rank=0,
-                            world_size=1)
+    dist.init_process_group("gloo", store=dist.FileStore(str(store_path), 1), rank=0, world_size=1)
     try:
         model, batches, loss_fn = factory(0, 1, 1)
         ddp = DDP(model, bucket_cap_mb=cap_mb)
@@ -124,8 +135,9 @@ def _reducer_buckets(factory, cap_mb, store_path):
         info = ddp._get_ddp_logging_data()
         assert info["has_rebuilt_buckets"] == 1
         sizes = [int(v) for v in info["rebuilt_bucket_sizes"].split(",")]
-        params = [[int(i) for i in b.split()]
-                  for b in info["rebuilt_per_bucket_param_indices"].split(",")]
+        params = [
+            [int(i) for i in b.split()] for b in info["rebuilt_per_bucket_param_indices"].split(",")
+        ]
         return sizes, params
     finally:
         dist.destroy_process_group()
@@ -139,8 +151,9 @@ def _plain_gradients(factory, W, seed):
         x, y = next(iter(batches))
         model.zero_grad()
         loss_fn(model(x), y).backward()
-        out.append({n: p.grad.detach().numpy().reshape(-1).copy()
-                    for n, p in model.named_parameters()})
+        out.append(
+            {n: p.grad.detach().numpy().reshape(-1).copy() for n, p in model.named_parameters()}
+        )
     return out
 
 
@@ -150,8 +163,19 @@ def test_tiny_model_buckets_densities_and_a_consistent_prediction(capsys, tiny, 
     from homagg.train.train import load_factory
 
     W, cap, seed = 3, 0.25, 1
-    a = _advise(capsys, "--model", f"{tiny}:build", "--workers", W, "--link-mbit", 100,
-                "--bucket-mb", cap, "--seed", seed)
+    a = _advise(
+        capsys,
+        "--model",
+        f"{tiny}:build",
+        "--workers",
+        W,
+        "--link-mbit",
+        100,
+        "--bucket-mb",
+        cap,
+        "--seed",
+        seed,
+    )
     factory = load_factory(f"{tiny}:build")[0]
     model = factory(0, W, seed)[0]
     sizes = {n: p.numel() for n, p in model.named_parameters()}
@@ -167,8 +191,9 @@ def test_tiny_model_buckets_densities_and_a_consistent_prediction(capsys, tiny, 
     rb_bytes, rb_params = _reducer_buckets(factory, cap, tmp_path / "store")
     names = [n for n, _ in model.named_parameters()]
     assert [b["bytes"] for b in a["buckets"]] == rb_bytes
-    assert [sorted(b["params"]) for b in a["buckets"]] == \
-        [sorted(names[i] for i in b) for b in rb_params]
+    assert [sorted(b["params"]) for b in a["buckets"]] == [
+        sorted(names[i] for i in b) for b in rb_params
+    ]
     assert a["bucket_cap_mb"] == cap and not a["bucket_cap_default"]
     assert a["first_bucket_bytes"] in (None, int(cap * 1024 * 1024))
 
@@ -188,8 +213,9 @@ def test_tiny_model_buckets_densities_and_a_consistent_prediction(capsys, tiny, 
         assert b["ring"]["time_s"] == pytest.approx(again["ring"]["time_s"], rel=1e-12)
         assert b["ring"]["bytes_per_worker"] == again["ring"]["bytes_per_worker"]
         for m in METHODS:
-            assert b["methods"][m]["time_s"] == pytest.approx(again["methods"][m]["time_s"],
-                                                              rel=1e-12), m
+            assert b["methods"][m]["time_s"] == pytest.approx(
+                again["methods"][m]["time_s"], rel=1e-12
+            ), m
             assert b["methods"][m]["bytes"] == again["methods"][m]["bytes"], m
         assert b["best"] == min(METHODS, key=lambda m: b["methods"][m]["time_s"])
     # the embedding is sparse, the output layer is not
@@ -202,8 +228,9 @@ def test_tiny_model_buckets_densities_and_a_consistent_prediction(capsys, tiny, 
     assert it["ring"]["time_s"] == pytest.approx(ring, rel=1e-12)
     for m in METHODS:
         r = it["methods"][m]
-        assert r["time_s"] == pytest.approx(sum(b["methods"][m]["time_s"]
-                                                for b in a["buckets"]), rel=1e-12)
+        assert r["time_s"] == pytest.approx(
+            sum(b["methods"][m]["time_s"] for b in a["buckets"]), rel=1e-12
+        )
         assert r["speedup"] == pytest.approx(ring / r["time_s"], rel=1e-12)
         assert r["binds"] == max(r["terms"], key=r["terms"].get)
     assert it["best"] == min(METHODS, key=lambda m: it["methods"][m]["time_s"])
@@ -216,8 +243,7 @@ def test_tiny_model_buckets_densities_and_a_consistent_prediction(capsys, tiny, 
 
 
 def test_text_output_names_buckets_and_the_iteration(capsys, tiny):
-    code = cli.main(["advise", "--model", f"{tiny}:build", "--workers", "2",
-                     "--bucket-mb", "0.25"])
+    code = cli.main(["advise", "--model", f"{tiny}:build", "--workers", "2", "--bucket-mb", "0.25"])
     out, err = capsys.readouterr()
     assert code == 0, err
     assert "3 DDP buckets" in out and "per iteration" in out and "best:" in out
@@ -257,13 +283,16 @@ def test_ncf_buckets_are_ddps(capsys):
     assert a["iteration"]["best"] in METHODS
 
 
-@pytest.mark.parametrize("model,word", [
-    ("{dir}/missing.py:build", "no file"),
-    ("{dir}/tiny.py:nothere", "no callable 'nothere'"),
-    ("{dir}/tiny.py:broken", "the factory raised for rank 0 (RuntimeError: no data here)"),
-    ("{dir}/tiny.py:model_only", "must return (torch.nn.Module, batches, loss_fn)"),
-    ("resnet", "not one of"),
-])
+@pytest.mark.parametrize(
+    "model,word",
+    [
+        ("{dir}/missing.py:build", "no file"),
+        ("{dir}/tiny.py:nothere", "no callable 'nothere'"),
+        ("{dir}/tiny.py:broken", "the factory raised for rank 0 (RuntimeError: no data here)"),
+        ("{dir}/tiny.py:model_only", "must return (torch.nn.Module, batches, loss_fn)"),
+        ("resnet", "not one of"),
+    ],
+)
 def test_bad_model_is_one_line_exit_2(capsys, tiny, model, word):
     spec = model.format(dir=tiny.parent)
     code = cli.main(["advise", "--model", spec])
@@ -283,13 +312,29 @@ def test_file_that_fails_to_import_is_one_line(capsys, tmp_path):
     assert "failed to import" in err and "no_such_module_here" in err
 
 
-@pytest.mark.parametrize("argv,word", [
-    (["--model", "ncf", "--density", "0.1"], "--density"),
-    (["--model", "ncf", "--elements", "100", "--workload", "zipf"], "--elements, --workload"),
-    (["--workers", "2", "--elements", "10", "--density", "0.1", "--link-mbit", "10",
-      "--bucket-mb", "4"], "--bucket-mb"),
-    (["--workers", "2", "--link-mbit", "10"], "--elements, --density"),
-])
+@pytest.mark.parametrize(
+    "argv,word",
+    [
+        (["--model", "ncf", "--density", "0.1"], "--density"),
+        (["--model", "ncf", "--elements", "100", "--workload", "zipf"], "--elements, --workload"),
+        (
+            [
+                "--workers",
+                "2",
+                "--elements",
+                "10",
+                "--density",
+                "0.1",
+                "--link-mbit",
+                "10",
+                "--bucket-mb",
+                "4",
+            ],
+            "--bucket-mb",
+        ),
+        (["--workers", "2", "--link-mbit", "10"], "--elements, --density"),
+    ],
+)
 def test_options_that_do_not_go_with_model_or_without(capsys, argv, word):
     with pytest.raises(SystemExit) as e:
         cli.main(["advise", *argv])

@@ -6,6 +6,7 @@ engine against hostile frames with and without valid MACs; the simulated
 cluster (NIC model) and workers over loopback UDP end to end, bit-exact
 against the numpy oracle.
 """
+
 import os
 import socket
 import threading
@@ -16,8 +17,16 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from homagg import auth
 from homagg.bindings import auth as _ab
-from homagg.engine import (FLAG_AUTH, FLAG_RESULT, FLAG_RETRANS, Addr, Engine, MemPort,
-                           build_frame, parse_frame)
+from homagg.engine import (
+    FLAG_AUTH,
+    FLAG_RESULT,
+    FLAG_RETRANS,
+    Addr,
+    Engine,
+    MemPort,
+    build_frame,
+    parse_frame,
+)
 from homagg.errors import HomAggError, InvalidArgument
 from homagg.sim import Cluster
 from homagg.worker import Worker
@@ -31,6 +40,7 @@ pytestmark = pytest.mark.sanitize
 
 # ---- keys, MACs, secret files ---------------------------------------------------------------
 
+
 @pytest.mark.parametrize("key_id", [0, 1, 7, 255, auth.AGGREGATOR])
 def test_keys_match_an_independent_kdf(key_id):
     for job in (0, 1, 0xFFFFFFFF):
@@ -39,8 +49,7 @@ def test_keys_match_an_independent_kdf(key_id):
     assert auth.derive_key(SECRET, 1, key_id) != auth.derive_key(SECRET, 2, key_id)
 
 
-ALGS = [auth.MAC_BLAKE2B] + ([auth.MAC_AES_GMAC]
-                            if _ab.mac_available(auth.MAC_AES_GMAC) else [])
+ALGS = [auth.MAC_BLAKE2B] + ([auth.MAC_AES_GMAC] if _ab.mac_available(auth.MAC_AES_GMAC) else [])
 
 
 def test_aes_gmac_is_available_on_ci_hosts():
@@ -77,15 +86,17 @@ def test_aes_gmac_known_answer():
     GCM specification (McGrew and Viega, test case 13: zero key, zero
     nonce, nothing to authenticate) through the Python oracle, then a fixed
     frame through both implementations."""
-    assert AESGCM(bytes(32)).encrypt(bytes(12), b"", b"").hex() == \
-        "530f8afbc74536b9a963b4f1c4cb738b"
+    assert (
+        AESGCM(bytes(32)).encrypt(bytes(12), b"", b"").hex() == "530f8afbc74536b9a963b4f1c4cb738b"
+    )
     require_gmac(auth.MAC_AES_GMAC in ALGS)
     hdr = bytes(range(32))
     key = bytes(range(100, 132))
     # shard hdr[23] = 23, direction 1, counter 7, incarnation hdr[24:28]
     assert ref_nonce(hdr, 1, 7) == bytes([23, 1, 0, 0, 0, 0, 0, 7, 24, 25, 26, 27])
-    assert auth.mac(key, hdr, auth.MAC_AES_GMAC, 1, 7) == \
-        AESGCM(key).encrypt(bytes([23, 1, 0, 0, 0, 0, 0, 7, 24, 25, 26, 27]), b"", hdr)
+    assert auth.mac(key, hdr, auth.MAC_AES_GMAC, 1, 7) == AESGCM(key).encrypt(
+        bytes([23, 1, 0, 0, 0, 0, 0, 7, 24, 25, 26, 27]), b"", hdr
+    )
 
 
 def test_an_exhausted_counter_never_reuses_a_nonce():
@@ -101,10 +112,10 @@ def test_an_exhausted_counter_never_reuses_a_nonce():
 def test_counter_extension():
     ext = _ab.counter_extend
     assert ext(0, 5) == 5
-    assert ext(2**32 + 10, 0xFFFFFFF0) == 0xFFFFFFF0          # a late frame
-    assert ext(0xFFFFFFF0, 5) == 2**32 + 5                    # the 32 bits wrapped
+    assert ext(2**32 + 10, 0xFFFFFFF0) == 0xFFFFFFF0  # a late frame
+    assert ext(0xFFFFFFF0, 5) == 2**32 + 5  # the 32 bits wrapped
     assert ext(5 * 2**32 + 7, 9) == 5 * 2**32 + 9
-    assert ext(0, 0xFFFFFFFF) == 0xFFFFFFFF                    # nothing below 0
+    assert ext(0, 0xFFFFFFFF) == 0xFFFFFFFF  # nothing below 0
 
 
 def test_key_ids_and_lengths_are_checked():
@@ -122,7 +133,7 @@ def test_frames_carry_the_flag_and_the_mac_over_header_and_payload():
     f = wframe(2)
     v = parse_frame(f)
     assert v.flags & FLAG_AUTH and len(v.mac) == 16
-    hdr_and_payload = f[42:42 + 32 + len(v.payload)]
+    hdr_and_payload = f[42 : 42 + 32 + len(v.payload)]
     assert v.mac == ref_mac(ref_key(SECRET, 2), hdr_and_payload)
     assert f[-16:] == v.mac
 
@@ -163,16 +174,35 @@ def test_secret_file_owner_only(tmp_path):
 
 # ---- the engine ------------------------------------------------------------------------------
 
+
 class Rig(EngineRig):
     def __init__(self, workers=3, replicate=False):
-        super().__init__(replicate=replicate, workers=workers, slots=4, auth=SECRET,
-                         group="239.1.2.3" if replicate else 0)
+        super().__init__(
+            replicate=replicate,
+            workers=workers,
+            slots=4,
+            auth=SECRET,
+            group="239.1.2.3" if replicate else 0,
+        )
 
     def drops(self):
         c = self.eng.counters()
-        return {k: v for k, v in c.items() if v and k not in (
-            "received", "summed", "completed", "results_sent", "duplicates", "replays",
-            "status_sent", "status_repeats")}
+        return {
+            k: v
+            for k, v in c.items()
+            if v
+            and k
+            not in (
+                "received",
+                "summed",
+                "completed",
+                "results_sent",
+                "duplicates",
+                "replays",
+                "status_sent",
+                "status_repeats",
+            )
+        }
 
 
 def test_engine_sums_authenticated_frames_and_macs_its_results():
@@ -191,7 +221,7 @@ def test_engine_sums_authenticated_frames_and_macs_its_results():
     raw = rig2.port.pop_all()
     assert len(raw) == 1
     v = parse_frame(raw[0])
-    assert v.mac == ref_mac(agg_key, raw[0][42:42 + 32 + len(v.payload)], direction=1)
+    assert v.mac == ref_mac(agg_key, raw[0][42 : 42 + 32 + len(v.payload)], direction=1)
     assert rig.drops() == {} and rig2.drops() == {}
 
 
@@ -220,8 +250,9 @@ def test_engine_drops_forged_flipped_unflagged_and_old_frames_before_any_state()
     res = rig.send(wframe(1, payload=be32(x[1])), wframe(2, payload=be32(x[2])))
     assert len(res) == 3
     assert {r.worker: r.dst for r in res} == {w: waddr(w) for w in range(3)}
-    assert all(np.frombuffer(r.payload, ">i4").tolist() == (x[0] + x[1] + x[2]).tolist()
-               for r in res)
+    assert all(
+        np.frombuffer(r.payload, ">i4").tolist() == (x[0] + x[1] + x[2]).tolist() for r in res
+    )
     # a replayed frame of the finished chunk is a duplicate: answered with the
     # result to the worker's learned address, never summed again
     out = rig.send(wframe(1, payload=be32(x[1])))
@@ -237,10 +268,23 @@ SECRET2 = bytes(range(50, 82))
 
 def eframe(w, seq, payload, epoch=0, secret=SECRET, alg=None, **kw):
     """Worker w's chunk seq in key epoch ``epoch``, MACed with ``secret``'s key."""
-    return build_frame(waddr(w), AGG, op="sum32", job=JOB, token=77, worker=w, seq=seq,
-                       slot=seq % 4, flags=epoch << 8 | (4 if (seq // 4) % 2 else 0),
-                       payload=payload, incarnation=1, key=ref_key(secret, w), alg=alg,
-                       counter=next(COUNTER), **kw)
+    return build_frame(
+        waddr(w),
+        AGG,
+        op="sum32",
+        job=JOB,
+        token=77,
+        worker=w,
+        seq=seq,
+        slot=seq % 4,
+        flags=epoch << 8 | (4 if (seq // 4) % 2 else 0),
+        payload=payload,
+        incarnation=1,
+        key=ref_key(secret, w),
+        alg=alg,
+        counter=next(COUNTER),
+        **kw,
+    )
 
 
 @pytest.mark.parametrize("alg", ALGS)
@@ -260,8 +304,10 @@ def test_engine_key_rotation_with_a_grace_period(alg):
     assert all(r.flags >> 8 == 0 for r in res)
     assert rig.eng.rotate_key(JOB, SECRET2, grace=0.5) == 1
     # within the grace period: one worker still in epoch 0, one in epoch 1
-    res = rig.send(eframe(0, 1, be32(xs[0]), alg=alg),
-                   eframe(1, 1, be32(xs[1]), epoch=1, secret=SECRET2, alg=alg))
+    res = rig.send(
+        eframe(0, 1, be32(xs[0]), alg=alg),
+        eframe(1, 1, be32(xs[1]), epoch=1, secret=SECRET2, alg=alg),
+    )
     assert [r.payload for r in res] == [want, want]
     assert all(r.flags >> 8 == 1 for r in res)
     rig.port.inject(eframe(0, 2, be32(xs[0]), epoch=1, secret=SECRET2, alg=alg))
@@ -272,27 +318,31 @@ def test_engine_key_rotation_with_a_grace_period(alg):
     for raw in raw_replies:
         v = parse_frame(raw)
         assert v.payload == want and v.flags >> 8 == 1
-        data = raw[42:42 + 32 + len(v.payload)]
+        data = raw[42 : 42 + 32 + len(v.payload)]
         assert v.mac == ref_mac(ref_key(SECRET2, auth.AGGREGATOR), data, alg, 1)
         assert v.mac != ref_mac(ref_key(SECRET, auth.AGGREGATOR), data, alg, 1)
     assert rig.eng.counters()["bad_mac"] == 0
     # after the grace period: epoch 0 is bad_mac; a never-registered epoch too,
     # and a frame of the new epoch MACed with the old secret
     rig.port.set_time(1_600_000_000)
-    for bad in (eframe(0, 3, be32([9] * 8), alg=alg),
-                eframe(0, 3, be32([9] * 8), epoch=2, secret=SECRET2, alg=alg),
-                eframe(0, 3, be32([9] * 8), epoch=1, secret=SECRET, alg=alg)):
+    for bad in (
+        eframe(0, 3, be32([9] * 8), alg=alg),
+        eframe(0, 3, be32([9] * 8), epoch=2, secret=SECRET2, alg=alg),
+        eframe(0, 3, be32([9] * 8), epoch=1, secret=SECRET, alg=alg),
+    ):
         assert rig.send(bad) == []
     assert rig.eng.counters()["bad_mac"] == 3
-    res = rig.send(eframe(0, 3, be32(xs[0]), epoch=1, secret=SECRET2, alg=alg),
-                   eframe(1, 3, be32(xs[1]), epoch=1, secret=SECRET2, alg=alg))
+    res = rig.send(
+        eframe(0, 3, be32(xs[0]), epoch=1, secret=SECRET2, alg=alg),
+        eframe(1, 3, be32(xs[1]), epoch=1, secret=SECRET2, alg=alg),
+    )
     assert [r.payload for r in res] == [want, want]
     assert rig.eng.counters()["summed"] == 8
     with pytest.raises(HomAggError):
-        rig.eng.rotate_key(JOB + 1, SECRET2)   # no such job
+        rig.eng.rotate_key(JOB + 1, SECRET2)  # no such job
     plain = EngineRig(workers=1, slots=4)
     with pytest.raises(HomAggError):
-        plain.eng.rotate_key(1, SECRET2)       # a job without auth
+        plain.eng.rotate_key(1, SECRET2)  # a job without auth
     rig.port.pop_all()
     rig.no_leak()
 
@@ -302,9 +352,12 @@ def test_job_without_auth_refuses_macs_and_auth_job_refuses_plain_frames():
     eng = Engine(port)
     eng.add_job(job=1, token=77, workers=1, slots=4)
     eng.add_job(job=2, token=77, workers=1, slots=4, auth=SECRET)
-    port.inject(wframe(0))                                     # job 1 with a MAC
-    port.inject(build_frame(waddr(0), AGG, op="sum32", job=2, token=77, worker=0, seq=0,
-                            slot=0, payload=be32([1])))      # job 2 without
+    port.inject(wframe(0))  # job 1 with a MAC
+    port.inject(
+        build_frame(
+            waddr(0), AGG, op="sum32", job=2, token=77, worker=0, seq=0, slot=0, payload=be32([1])
+        )
+    )  # job 2 without
     eng.poll_all()
     assert port.pop_all() == []
     assert eng.job_counters(1)["bad_mac"] == 1 and eng.job_counters(2)["bad_mac"] == 1
@@ -314,6 +367,7 @@ def test_job_without_auth_refuses_macs_and_auth_job_refuses_plain_frames():
 
 
 # ---- the simulated cluster -------------------------------------------------------------------
+
 
 def grads_of(W, n, seed):
     rng = np.random.default_rng(seed)
@@ -357,8 +411,16 @@ def test_cluster_with_auth_drops_each_hostile_frame_under_its_reason(mac):
         bogus = np.full(256, 0x01010101, ">i4").tobytes()
 
         def f(worker, key_of, s, **kw):
-            return cl.build_frame(job, payload=bogus, worker=worker, seq=s, slot=s % 8,
-                                  flags=lib_shadow(s), key=job.key(key_of), **kw)
+            return cl.build_frame(
+                job,
+                payload=bogus,
+                worker=worker,
+                seq=s,
+                slot=s % 8,
+                flags=lib_shadow(s),
+                key=job.key(key_of),
+                **kw,
+            )
 
         flipped = bytearray(f(1, 1, seq))
         flipped[42 + 32 + 100] ^= 0x04
@@ -367,17 +429,43 @@ def test_cluster_with_auth_drops_each_hostile_frame_under_its_reason(mac):
             "flipped_bit": (bytes(flipped), "bad_mac"),
             # the last chunk of the finished allreduce, as worker 2 sent it
             # (its payload aside), flagged as a retransmission
-            "replay": (cl.build_frame(job, payload=bogus, worker=2, seq=done, slot=done % 8,
-                                      flags=lib_shadow(done) | FLAG_RETRANS, key=job.key(2)),
-                       "replays"),
+            "replay": (
+                cl.build_frame(
+                    job,
+                    payload=bogus,
+                    worker=2,
+                    seq=done,
+                    slot=done % 8,
+                    flags=lib_shadow(done) | FLAG_RETRANS,
+                    key=job.key(2),
+                ),
+                "replays",
+            ),
             "old_incarnation": (f(0, 0, seq, incarnation=999), "old_incarnation"),
-            "wrong_epoch": (cl.build_frame(job, payload=bogus, worker=1, seq=seq,
-                                           slot=seq % 8, flags=lib_shadow(seq) | 1 << 8,
-                                           key=job.key(1)), "bad_mac"),
-            "wrong_key": (cl.build_frame(job, payload=bogus, worker=1, seq=seq,
-                                         slot=seq % 8, flags=lib_shadow(seq),
-                                         key=auth.derive_key(bytes(32), job.wire_id, 1)),
-                          "bad_mac"),
+            "wrong_epoch": (
+                cl.build_frame(
+                    job,
+                    payload=bogus,
+                    worker=1,
+                    seq=seq,
+                    slot=seq % 8,
+                    flags=lib_shadow(seq) | 1 << 8,
+                    key=job.key(1),
+                ),
+                "bad_mac",
+            ),
+            "wrong_key": (
+                cl.build_frame(
+                    job,
+                    payload=bogus,
+                    worker=1,
+                    seq=seq,
+                    slot=seq % 8,
+                    flags=lib_shadow(seq),
+                    key=auth.derive_key(bytes(32), job.wire_id, 1),
+                ),
+                "bad_mac",
+            ),
             "truncated": (f(1, 1, seq)[:-4], "truncated"),
         }
         before = cl.engine_counters()
@@ -412,6 +500,7 @@ def test_cluster_without_auth_unchanged():
 
 # ---- workers over loopback UDP: forged results are dropped by the worker ---------------------
 
+
 def test_worker_drops_results_without_the_aggregators_mac(tmp_path):
     from udp_rig import LoopbackAggregator
 
@@ -422,8 +511,17 @@ def test_worker_drops_results_without_the_aggregators_mac(tmp_path):
     x = grads_of(1, 30000, seed=8)[0]
     stop = threading.Event()
     try:
-        with Worker(job=9, token=5, worker=0, workers=1, aggregator=agg.address,
-                    bind=("127.0.0.1", 0), slots=4, timeout=10.0, auth_file=secret_file) as w:
+        with Worker(
+            job=9,
+            token=5,
+            worker=0,
+            workers=1,
+            aggregator=agg.address,
+            bind=("127.0.0.1", 0),
+            slots=4,
+            timeout=10.0,
+            auth_file=secret_file,
+        ) as w:
             me = w.local_address
             worker_key = auth.derive_key(secret, 9, 0)
 
@@ -435,12 +533,20 @@ def test_worker_drops_results_without_the_aggregators_mac(tmp_path):
                 try:
                     while not stop.is_set():
                         for seq in range(64):
-                            fr = build_frame(Addr.of("02:00:00:00:00:09", agg.address[0],
-                                                     agg.address[1]),
-                                             Addr.of("02:00:00:00:00:08", me[0], me[1]),
-                                             op="max8", job=9, token=5, worker=0, seq=seq,
-                                             slot=seq % 4, lanes=30, payload=bytes(30),
-                                             flags=FLAG_RESULT, key=worker_key)
+                            fr = build_frame(
+                                Addr.of("02:00:00:00:00:09", agg.address[0], agg.address[1]),
+                                Addr.of("02:00:00:00:00:08", me[0], me[1]),
+                                op="max8",
+                                job=9,
+                                token=5,
+                                worker=0,
+                                seq=seq,
+                                slot=seq % 4,
+                                lanes=30,
+                                payload=bytes(30),
+                                flags=FLAG_RESULT,
+                                key=worker_key,
+                            )
                             s.sendto(fr[42:], me)
                 finally:
                     s.close()
@@ -474,15 +580,33 @@ def test_worker_started_after_a_rotation_uses_the_epoch_it_is_given(tmp_path):
     assert agg.engine.rotate_key(9, SECRET2, grace=0.0) == 1
     x = grads_of(1, 5000, seed=9)[0]
     try:
-        with Worker(job=9, token=5, worker=0, workers=1, aggregator=agg.address,
-                    bind=("127.0.0.1", 0), slots=4, timeout=10.0, auth_file=second,
-                    key_epoch=1) as w:
+        with Worker(
+            job=9,
+            token=5,
+            worker=0,
+            workers=1,
+            aggregator=agg.address,
+            bind=("127.0.0.1", 0),
+            slots=4,
+            timeout=10.0,
+            auth_file=second,
+            key_epoch=1,
+        ) as w:
             y = w.allreduce(x, method="dense", block=1024)
             assert y.tobytes() == oracle_allreduce([x], 1024).tobytes()
             assert w.stats()["bad_mac"] == 0
         before = agg.engine.counters()["bad_mac"]
-        with Worker(job=9, token=5, worker=0, workers=1, aggregator=agg.address,
-                    bind=("127.0.0.1", 0), slots=4, timeout=0.5, auth_file=second) as w:
+        with Worker(
+            job=9,
+            token=5,
+            worker=0,
+            workers=1,
+            aggregator=agg.address,
+            bind=("127.0.0.1", 0),
+            slots=4,
+            timeout=0.5,
+            auth_file=second,
+        ) as w:
             with pytest.raises(PeerTimeout):
                 w.allreduce(x, method="dense", block=1024)
         assert agg.engine.counters()["bad_mac"] > before
@@ -502,8 +626,9 @@ def test_cluster_key_rotation_fails_no_allreduce(mac):
     with Cluster(workers=4, seed=13, slots=8, auth=True, mac=mac, loss=0.02) as cl:
         job = cl.job
         old_key = job.key(1)
-        assert cl.allreduce(grads, method="lhc", block_elements=1024).sum.tobytes() == \
-            want.tobytes()
+        assert (
+            cl.allreduce(grads, method="lhc", block_elements=1024).sum.tobytes() == want.tobytes()
+        )
         assert cl.rotate_key(SECRET2, grace=0.001) == 1
         for _ in range(3):
             res = cl.allreduce(grads, method="dense", block_elements=1024)
@@ -516,13 +641,31 @@ def test_cluster_key_rotation_fails_no_allreduce(mac):
         bogus = np.full(256, 0x01010101, ">i4").tobytes()
         before = cl.engine_counters()
         # the old epoch's key, after the grace period
-        cl.inject(cl.build_frame(job, payload=bogus, worker=1, seq=seq, slot=seq % 8,
-                                 flags=lib_shadow(seq), key=old_key))
+        cl.inject(
+            cl.build_frame(
+                job,
+                payload=bogus,
+                worker=1,
+                seq=seq,
+                slot=seq % 8,
+                flags=lib_shadow(seq),
+                key=old_key,
+            )
+        )
         # an earlier frame of the new epoch: its MAC verifies (a duplicate
         # or stale, never bad_mac)
-        cl.inject(cl.build_frame(job, payload=bogus, worker=1, seq=seq - 8, slot=seq % 8,
-                                 flags=lib_shadow(seq - 8) | 1 << 8, key=job.key(1),
-                                 counter=2**31))
+        cl.inject(
+            cl.build_frame(
+                job,
+                payload=bogus,
+                worker=1,
+                seq=seq - 8,
+                slot=seq % 8,
+                flags=lib_shadow(seq - 8) | 1 << 8,
+                key=job.key(1),
+                counter=2**31,
+            )
+        )
         res = cl.allreduce(grads, method="dense", block_elements=1024)
         assert res.sum.tobytes() == want.tobytes()
         delta = {k: v - before[k] for k, v in cl.engine_counters().items()}

@@ -7,6 +7,7 @@ class 0..9000: below, at and across 16-byte blocks, the 64-byte zmm loads
 and the 72-block reductions.  A path is skipped only where /proc/cpuinfo
 lacks its instructions; where the CPU has them, its absence fails.
 """
+
 import os
 import random
 
@@ -25,16 +26,26 @@ PATH_FLAGS = {
     "portable": {"aes", "pclmulqdq"},
     "pclmul": {"aes", "pclmulqdq", "ssse3"},
     "avx2": {"aes", "pclmulqdq", "ssse3", "avx2", "vpclmulqdq"},
-    "avx512": {"aes", "pclmulqdq", "ssse3", "avx2", "vpclmulqdq", "avx512f", "avx512bw",
-               "avx512vl", "gfni"},
+    "avx512": {
+        "aes",
+        "pclmulqdq",
+        "ssse3",
+        "avx2",
+        "vpclmulqdq",
+        "avx512f",
+        "avx512bw",
+        "avx512vl",
+        "gfni",
+    },
 }
 
 
 def _cpu_flags():
     try:
         with open("/proc/cpuinfo") as f:
-            return set(next((ln.split(":", 1)[1].split() for ln in f
-                             if ln.startswith("flags")), []))
+            return set(
+                next((ln.split(":", 1)[1].split() for ln in f if ln.startswith("flags")), [])
+            )
     except OSError:
         return set()
 
@@ -48,9 +59,10 @@ def mac_path(request, monkeypatch):
     path restored after it)."""
     isa = request.param
     has = PATH_FLAGS[isa] <= CPU
-    assert _ab.mac_isa_available(isa) == has, \
-        f"/proc/cpuinfo {'has' if has else 'lacks'} {sorted(PATH_FLAGS[isa])} " \
+    assert _ab.mac_isa_available(isa) == has, (
+        f"/proc/cpuinfo {'has' if has else 'lacks'} {sorted(PATH_FLAGS[isa])} "
         f"but hg_mac_isa_available({isa}) says otherwise"
+    )
     if not has:
         pytest.skip(f"this CPU lacks {sorted(PATH_FLAGS[isa] - CPU)}: no {isa} path here")
     monkeypatch.setenv("HOMAGG_MAC_ISA", isa)
@@ -74,17 +86,30 @@ def test_paths_match_the_cpu():
 # gcmEncryptExtIV256.rsp, [PTlen = 0], AADlen 0, 128, 128 and 160.
 NIST = [
     ("00" * 32, "00" * 12, "", "530f8afbc74536b9a963b4f1c4cb738b"),
-    ("b52c505a37d78eda5dd34f20c22540ea1b58963cf8e5bf8ffa85f9f2492505b4",
-     "516c33929df5a3284ff463d7", "", "bdc1ac884d332457a1d2664f168c76f0"),
-    ("78dc4e0aaf52d935c3c01eea57428f00ca1fd475f5da86a49c8dd73d68c8e223",
-     "d79cf22d504cc793c3fb6c8a", "b96baa8c1c75a671bfb2d08d06be5f36",
-     "3e5d486aa2e30b22e040b85723a06e76"),
-    ("4457ff33683cca6ca493878bdc00373893a9763412eef8cddb54f91318e0da88",
-     "699d1f29d7b8c55300bb1fd2", "6749daeea367d0e9809e2dc2f309e6e3",
-     "d60c74d2517fde4a74e0cd4709ed43a9"),
-    ("886cff5f3e6b8d0e1ad0a38fcdb26de97e8acbe79f6bed66959a598fa5047d65",
-     "3a8efa1cd74bbab5448f9945", "519fee519d25c7a304d6c6aa1897ee1eb8c59655",
-     "f6d47505ec96c98a42dc3ae719877b87"),
+    (
+        "b52c505a37d78eda5dd34f20c22540ea1b58963cf8e5bf8ffa85f9f2492505b4",
+        "516c33929df5a3284ff463d7",
+        "",
+        "bdc1ac884d332457a1d2664f168c76f0",
+    ),
+    (
+        "78dc4e0aaf52d935c3c01eea57428f00ca1fd475f5da86a49c8dd73d68c8e223",
+        "d79cf22d504cc793c3fb6c8a",
+        "b96baa8c1c75a671bfb2d08d06be5f36",
+        "3e5d486aa2e30b22e040b85723a06e76",
+    ),
+    (
+        "4457ff33683cca6ca493878bdc00373893a9763412eef8cddb54f91318e0da88",
+        "699d1f29d7b8c55300bb1fd2",
+        "6749daeea367d0e9809e2dc2f309e6e3",
+        "d60c74d2517fde4a74e0cd4709ed43a9",
+    ),
+    (
+        "886cff5f3e6b8d0e1ad0a38fcdb26de97e8acbe79f6bed66959a598fa5047d65",
+        "3a8efa1cd74bbab5448f9945",
+        "519fee519d25c7a304d6c6aa1897ee1eb8c59655",
+        "f6d47505ec96c98a42dc3ae719877b87",
+    ),
 ]
 
 
@@ -117,8 +142,9 @@ def test_random_frames_match_cryptography(mac_path):
     data = rng.randbytes(9000)
     for n in LENGTHS:
         key, iv = rng.randbytes(32), rng.randbytes(12)
-        assert _ab.gmac(key, iv, data[:n]) == AESGCM(key).encrypt(iv, b"", data[:n]), \
+        assert _ab.gmac(key, iv, data[:n]) == AESGCM(key).encrypt(iv, b"", data[:n]), (
             f"{mac_path}: {n} bytes"
+        )
 
 
 def test_frame_macs_match_cryptography(mac_path):
@@ -129,16 +155,14 @@ def test_frame_macs_match_cryptography(mac_path):
         key, data = rng.randbytes(32), rng.randbytes(n)
         for direction in (auth.DIR_REQUEST, auth.DIR_REPLY):
             for counter in (1, 0xFFFFFFFF + 5, 2**48 - 1):
-                nonce = (bytes([data[23], direction]) + counter.to_bytes(6, "big")
-                         + data[24:28])
+                nonce = bytes([data[23], direction]) + counter.to_bytes(6, "big") + data[24:28]
                 want = AESGCM(key).encrypt(nonce, b"", data)
                 got = _ab.mac(auth.MAC_AES_GMAC, key, direction, counter, data)
                 assert got == want, f"{mac_path}: {n} bytes, counter {counter}"
                 assert _ab.verify(auth.MAC_AES_GMAC, key, direction, counter, data, want)
                 bad = bytearray(data)
                 bad[rng.randrange(n)] ^= 1 << rng.randrange(8)
-                assert not _ab.verify(auth.MAC_AES_GMAC, key, direction, counter,
-                                      bytes(bad), want)
+                assert not _ab.verify(auth.MAC_AES_GMAC, key, direction, counter, bytes(bad), want)
 
 
 def test_engine_on_each_path_and_a_key_keeps_its_path(mac_path, monkeypatch):
@@ -153,9 +177,15 @@ def test_engine_on_each_path_and_a_key_keeps_its_path(mac_path, monkeypatch):
     from helpers import be32
     from homagg.engine import parse_frame
 
-    rig = EngineRig(workers=2, slots=4, auth=SECRET, mac="aes-gmac", replicate=True,
-                    payload_bytes=1200,
-                    group="239.1.2.3")
+    rig = EngineRig(
+        workers=2,
+        slots=4,
+        auth=SECRET,
+        mac="aes-gmac",
+        replicate=True,
+        payload_bytes=1200,
+        group="239.1.2.3",
+    )
     other = "portable" if mac_path != "portable" else "pclmul"
     if _ab.mac_isa_available(other):
         monkeypatch.setenv("HOMAGG_MAC_ISA", other)
@@ -168,16 +198,19 @@ def test_engine_on_each_path_and_a_key_keeps_its_path(mac_path, monkeypatch):
     assert len(raw) == 1
     v = parse_frame(raw[0])
     assert v.payload == be32(xs[0] + xs[1])
-    data = raw[0][42:42 + 32 + len(v.payload)]
+    data = raw[0][42 : 42 + 32 + len(v.payload)]
     assert v.mac == ref_mac(ref_key(SECRET, auth.AGGREGATOR), data, auth.MAC_AES_GMAC, 1)
     c = rig.eng.counters()
     assert c["bad_mac"] == 0 and c["summed"] == 2
 
 
-@pytest.mark.parametrize("value,words", [
-    ("sse", "names no MAC path"),
-    ("AVX512", "names no MAC path"),
-])
+@pytest.mark.parametrize(
+    "value,words",
+    [
+        ("sse", "names no MAC path"),
+        ("AVX512", "names no MAC path"),
+    ],
+)
 def test_a_bad_path_name_is_refused_in_one_line(monkeypatch, value, words):
     monkeypatch.setenv("HOMAGG_MAC_ISA", value)
     try:
@@ -190,8 +223,9 @@ def test_a_bad_path_name_is_refused_in_one_line(monkeypatch, value, words):
         with pytest.raises(InvalidArgument, match="HOMAGG_MAC_ISA"):
             _ab.mac(auth.MAC_AES_GMAC, bytes(32), 0, 1, bytes(32))
         with pytest.raises(InvalidArgument, match="HOMAGG_MAC_ISA"):
-            Engine(MemPort()).add_job(job=1, token=1, workers=2, slots=4, auth=bytes(32),
-                                      mac="aes-gmac")
+            Engine(MemPort()).add_job(
+                job=1, token=1, workers=2, slots=4, auth=bytes(32), mac="aes-gmac"
+            )
     finally:
         monkeypatch.undo()
         _ab.mac_isa_reload()
@@ -212,8 +246,14 @@ def test_authenticated_replies_carry_a_checksum_over_the_mac(workers, lanes):
     from helpers import be32
     from homagg.engine import parse_frame
 
-    rig = EngineRig(workers=workers, slots=4, auth=SECRET, payload_bytes=4 * lanes,
-                    replicate=True, group="239.1.2.3")
+    rig = EngineRig(
+        workers=workers,
+        slots=4,
+        auth=SECRET,
+        payload_bytes=4 * lanes,
+        replicate=True,
+        group="239.1.2.3",
+    )
     key = ref_key(SECRET, auth.AGGREGATOR)
     payloads = [be32(np.arange(lanes) * (w + 3) - w) for w in range(workers)]
     rig.port.inject(wframe(0, payload=payloads[0]))
@@ -226,7 +266,7 @@ def test_authenticated_replies_carry_a_checksum_over_the_mac(workers, lanes):
     for f in raw:
         v = parse_frame(f)
         assert not isinstance(v, str), v  # e.g. "bad_csum"
-        data = f[42:42 + 32 + len(v.payload)]
+        data = f[42 : 42 + 32 + len(v.payload)]
         assert v.mac == ref_mac(key, data, auth.MAC_AES_GMAC, 1)
         kinds.append((bool(v.flags & FLAG_STATUS), len(v.payload)))
     want = sum(np.frombuffer(p, ">i4").astype(np.int64) for p in payloads)
@@ -241,6 +281,7 @@ def test_authenticated_replies_carry_a_checksum_over_the_mac(workers, lanes):
 # the same counters (a bad MAC counted before any check after it), the same
 # replies byte for byte, the sums exact against numpy.
 
+
 def _auth_stream(rng, W=5, chunks=12, lanes=256):
     """Good frames of W workers (1 KB payloads: 66 blocks and the length
     block, one reduction each), shuffled, with forged, flipped, retransmitted,
@@ -254,43 +295,56 @@ def _auth_stream(rng, W=5, chunks=12, lanes=256):
     from helpers import be32
 
     def f(w, seq, x, key_of=None, slot=None, flip=False):
-        b = bytearray(build_frame(waddr(w), AGG, op="sum32", job=JOB, token=77, worker=w,
-                                  seq=seq, slot=seq % 4 if slot is None else slot,
-                                  flags=4 if (seq // 4) % 2 else 0, payload=be32(x),
-                                  incarnation=1, key=ref_key(SECRET, w if key_of is None
-                                                             else key_of),
-                                  counter=next(ctr), udp_csum=not flip))
+        b = bytearray(
+            build_frame(
+                waddr(w),
+                AGG,
+                op="sum32",
+                job=JOB,
+                token=77,
+                worker=w,
+                seq=seq,
+                slot=seq % 4 if slot is None else slot,
+                flags=4 if (seq // 4) % 2 else 0,
+                payload=be32(x),
+                incarnation=1,
+                key=ref_key(SECRET, w if key_of is None else key_of),
+                counter=next(ctr),
+                udp_csum=not flip,
+            )
+        )
         if flip:
             b[42 + 32 + int(rng.integers(0, 4 * lanes))] ^= 1 << int(rng.integers(0, 8))
         return bytes(b)
 
     import itertools
+
     ctr = itertools.count(1)
     frames, sums = [], {}
     n = {"bad_mac": 0, "bad_slot": 0}
     for seq in range(chunks):
-        xs = [rng.integers(-2**20, 2**20, lanes) for _ in range(W)]
+        xs = [rng.integers(-(2**20), 2**20, lanes) for _ in range(W)]
         sums[seq] = np.sum(xs, axis=0)
         for w in rng.permutation(W):
             w = int(w)
             good = f(w, seq, xs[w])
             frames.append(good)
             r = rng.random()
-            if r < 0.15:                        # another worker's key
+            if r < 0.15:  # another worker's key
                 frames.append(f(w, seq, xs[w] + 1, key_of=(w + 1) % W))
                 n["bad_mac"] += 1
-            elif r < 0.3:                       # a flipped payload bit
+            elif r < 0.3:  # a flipped payload bit
                 frames.append(f(w, seq, xs[w], flip=True))
                 n["bad_mac"] += 1
-            elif r < 0.45:                      # a good MAC, a bad slot
+            elif r < 0.45:  # a good MAC, a bad slot
                 frames.append(f(w, seq, xs[w], slot=(seq + 1) % 4))
                 n["bad_slot"] += 1
-            elif r < 0.6:                       # a bad slot and a bad MAC
+            elif r < 0.6:  # a bad slot and a bad MAC
                 frames.append(f(w, seq, xs[w], slot=(seq + 1) % 4, key_of=(w + 2) % W))
                 n["bad_mac"] += 1
-            elif r < 0.7:                       # a retransmission
+            elif r < 0.7:  # a retransmission
                 frames.append(good)
-            elif r < 0.85:                      # a header byte changed
+            elif r < 0.85:  # a header byte changed
                 # (not the incarnation, bytes 66-69: a greater one would
                 # make the worker's later frames old)
                 b = bytearray(good)
@@ -308,11 +362,19 @@ def _run_auth(frames, staged, burst, W=5):
     eng = Engine(rig.port, burst=burst, staged=staged)
     rig.eng.close()
     rig.eng = eng
-    eng.add_job(job=1, token=77, workers=W, slots=4, auth=SECRET, mac="aes-gmac",
-                payload_bytes=1024, incarnation=7)  # replies compared byte for byte
+    eng.add_job(
+        job=1,
+        token=77,
+        workers=W,
+        slots=4,
+        auth=SECRET,
+        mac="aes-gmac",
+        payload_bytes=1024,
+        incarnation=7,
+    )  # replies compared byte for byte
     out = []
     for i in range(0, len(frames), burst):
-        for fr in frames[i:i + burst]:
+        for fr in frames[i : i + burst]:
             rig.port.inject(fr)
         eng.poll_all()
         out += rig.port.pop_all()
@@ -333,7 +395,7 @@ def test_engine_burst_checks_equal_one_at_a_time(mac_path, burst):
     staged = _run_auth(frames, True, burst)
     single = _run_auth(frames, False, burst)
     assert staged[1] == single[1] and staged[2] == single[2]
-    assert staged[0] == single[0]               # every reply, byte for byte, in order
+    assert staged[0] == single[0]  # every reply, byte for byte, in order
     c = staged[1]
     # a changed header byte is dropped under some counter: at least these
     assert c["bad_mac"] >= n["bad_mac"] and c["bad_slot"] >= n["bad_slot"], (c, n)
@@ -358,20 +420,37 @@ def test_engine_burst_extends_each_counter_after_the_frames_before_it(mac_path):
     from helpers import be32
 
     def f(w, seq, x, counter):
-        return build_frame(waddr(w), AGG, op="sum32", job=JOB, token=77, worker=w, seq=seq,
-                           slot=seq, payload=be32(x), incarnation=1,
-                           key=ref_key(SECRET, w), counter=counter)
+        return build_frame(
+            waddr(w),
+            AGG,
+            op="sum32",
+            job=JOB,
+            token=77,
+            worker=w,
+            seq=seq,
+            slot=seq,
+            payload=be32(x),
+            incarnation=1,
+            key=ref_key(SECRET, w),
+            counter=counter,
+        )
 
     rig = EngineRig(workers=2, slots=4, auth=SECRET, mac="aes-gmac")
     x = [np.arange(8) + 3, np.arange(8) * 5]
-    res = rig.send(f(0, 0, x[0], 100), f(0, 1, x[0], 0xC000_0000),
-                   f(0, 2, x[0], 0x1_0000_0010), f(1, 0, x[1], 7), f(1, 1, x[1], 8),
-                   f(1, 2, x[1], 9))
+    res = rig.send(
+        f(0, 0, x[0], 100),
+        f(0, 1, x[0], 0xC000_0000),
+        f(0, 2, x[0], 0x1_0000_0010),
+        f(1, 0, x[1], 7),
+        f(1, 1, x[1], 8),
+        f(1, 2, x[1], 9),
+    )
     c = rig.eng.counters()
     assert c["bad_mac"] == 0 and c["summed"] == 6, c
     # unicast: each result to both workers
-    assert sorted((r.seq, r.payload) for r in res) == [(s, be32(x[0] + x[1]))
-                                                        for s in range(3) for _ in range(2)]
+    assert sorted((r.seq, r.payload) for r in res) == [
+        (s, be32(x[0] + x[1])) for s in range(3) for _ in range(2)
+    ]
     # the same 32 bits again, from the old side of the wrap: bad MAC
     rig.send(f(0, 3, x[0], 0x10))
     assert rig.eng.counters()["bad_mac"] == 1

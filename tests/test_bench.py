@@ -6,6 +6,7 @@ homagg.codec.simulate_allreduce on the same gradients, and every exact
 method must be exact.  allreduce needs root and network namespaces (a
 2-worker testbed) and torch for the Gloo baseline.  No timing thresholds.
 """
+
 import csv
 import importlib.util
 import json
@@ -42,6 +43,7 @@ def _check_outputs(out_dir, name, pngs=None):
 
 # ---- workloads ------------------------------------------------------------
 
+
 @pytest.mark.parametrize("name", workloads.WORKLOADS)
 def test_workloads_seeded_and_dense_as_asked(name):
     a = workloads.generate_all(name, 3, 4096, 0.05, seed=5)
@@ -68,17 +70,37 @@ def test_workloads_seeded_and_dense_as_asked(name):
 
 # ---- scale ----------------------------------------------------------------
 
+
 def test_scale_outputs_and_accounting(tmp_path, capsys):
     out = tmp_path / "scale"
-    rc = cli.main(["bench", "scale", "--workers", "2,5", "--elements", "8192",
-                   "--block", "1024", "--density", "0.05", "--workload", "zipf",
-                   "--seed", "3", "--json", "--out", str(out)])
+    rc = cli.main(
+        [
+            "bench",
+            "scale",
+            "--workers",
+            "2,5",
+            "--elements",
+            "8192",
+            "--block",
+            "1024",
+            "--density",
+            "0.05",
+            "--workload",
+            "zipf",
+            "--seed",
+            "3",
+            "--json",
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0
     printed = json.loads(capsys.readouterr().out)
     report, csv_rows = _check_outputs(out, "scale")
     assert printed["results"] == report["results"]
-    assert {(r["workers"], r["method"]) for r in report["results"]} == \
-        {(w, m) for w in (2, 5) for m in scale.METHODS}
+    assert {(r["workers"], r["method"]) for r in report["results"]} == {
+        (w, m) for w in (2, 5) for m in scale.METHODS
+    }
 
     for W in (2, 5):
         grads = workloads.generate_all("zipf", W, 8192, 0.05, 3)
@@ -109,16 +131,38 @@ def test_scale_tree_rows(tmp_path, capsys):
     flat row, every leaf's and the root's link load reported, the root's
     link carrying one partial sum per leaf and set."""
     out = tmp_path / "scale"
-    rc = cli.main(["bench", "scale", "--workers", "8", "--elements", "30000",
-                   "--density", "0.05", "--methods", "dense,lhc", "--aggregators", "1",
-                   "--leaves", "W/4,3", "--json", "--out", str(out)])
+    rc = cli.main(
+        [
+            "bench",
+            "scale",
+            "--workers",
+            "8",
+            "--elements",
+            "30000",
+            "--density",
+            "0.05",
+            "--methods",
+            "dense,lhc",
+            "--aggregators",
+            "1",
+            "--leaves",
+            "W/4,3",
+            "--json",
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0
     report = json.loads(capsys.readouterr().out)
     assert (out / "scale.png").exists()
     flat = {r["method"]: r for r in report["results"] if not r["leaves"]}
     trees = [r for r in report["results"] if r["leaves"]]
-    assert sorted((r["leaves"], r["method"]) for r in trees) == \
-        [(2, "dense"), (2, "lhc"), (3, "dense"), (3, "lhc")]
+    assert sorted((r["leaves"], r["method"]) for r in trees) == [
+        (2, "dense"),
+        (2, "lhc"),
+        (3, "dense"),
+        (3, "lhc"),
+    ]
     for r in trees:
         assert r["exact"] is True and r["retransmissions"] == 0
         assert r["aggregators"] == r["leaves"] + 1
@@ -135,9 +179,27 @@ def test_scale_counts_drops_and_retransmissions_per_drop(tmp_path, capsys, caplo
     progress line; a lossless row has 0 drops and no ratio."""
     out = tmp_path / "scale"
     with caplog.at_level("INFO", logger="homagg.bench"):
-        rc = cli.main(["bench", "scale", "--workers", "4", "--elements", "20000",
-                       "--density", "0.05", "--methods", "dense,lhc", "--drop-rate", "0.02",
-                       "--seed", "2", "--json", "--out", str(out)])
+        rc = cli.main(
+            [
+                "bench",
+                "scale",
+                "--workers",
+                "4",
+                "--elements",
+                "20000",
+                "--density",
+                "0.05",
+                "--methods",
+                "dense,lhc",
+                "--drop-rate",
+                "0.02",
+                "--seed",
+                "2",
+                "--json",
+                "--out",
+                str(out),
+            ]
+        )
     assert rc == 0
     report = json.loads(capsys.readouterr().out)
     for r in report["results"]:
@@ -147,8 +209,10 @@ def test_scale_counts_drops_and_retransmissions_per_drop(tmp_path, capsys, caplo
         assert 0 < r["drops_injected"] < sent
         assert r["retransmissions"] > 0
         assert r["retransmissions_per_drop"] == r["retransmissions"] / r["drops_injected"]
-        assert (f"drops {r['drops_injected']}, retx {r['retransmissions']} "
-                f"({r['retransmissions_per_drop']:.2f} per drop)") in caplog.text
+        assert (
+            f"drops {r['drops_injected']}, retx {r['retransmissions']} "
+            f"({r['retransmissions_per_drop']:.2f} per drop)"
+        ) in caplog.text
     md = (out / "scale.md").read_text()
     header = next(line for line in md.splitlines() if line.startswith("| workers"))
     assert "| drops_injected | retransmissions | retransmissions_per_drop |" in header
@@ -171,8 +235,10 @@ def test_scale_flags_an_inexact_result(monkeypatch):
 
 # ---- allreduce on the testbed ---------------------------------------------
 
+
 def _homagg_available():
     from homagg.bench import allreduce
+
     return allreduce.homagg_run_available()[0]
 
 
@@ -181,25 +247,53 @@ def _homagg_available():
 @pytest.mark.slow
 def test_allreduce_on_a_two_worker_testbed(tmp_path, capsys):
     require(os.geteuid() == 0, "needs root (network namespaces)")
-    require(importlib.util.find_spec("torch") is not None,
-            "the Gloo baseline needs torch==2.13.0 (make build installs it)")
+    require(
+        importlib.util.find_spec("torch") is not None,
+        "the Gloo baseline needs torch==2.13.0 (make build installs it)",
+    )
     name = f"tb{os.getpid() % 100000}"
     out = tmp_path / "ar"
     methods = ["gloo", "dense", "lhc", "nc"]
-    rc = cli.main(["bench", "allreduce", "--methods", ",".join(methods),
-                   "--workloads", "shared,dense", "--workers", "2", "--elements", "16384",
-                   "--densities", "0.05", "--repeat", "2", "--warmup", "1",
-                   "--link-mbit", "1000", "--testbed-name", name,
-                   "--state-dir", str(tmp_path / "state"), "--json", "--out", str(out)])
+    rc = cli.main(
+        [
+            "bench",
+            "allreduce",
+            "--methods",
+            ",".join(methods),
+            "--workloads",
+            "shared,dense",
+            "--workers",
+            "2",
+            "--elements",
+            "16384",
+            "--densities",
+            "0.05",
+            "--repeat",
+            "2",
+            "--warmup",
+            "1",
+            "--link-mbit",
+            "1000",
+            "--testbed-name",
+            name,
+            "--state-dir",
+            str(tmp_path / "state"),
+            "--json",
+            "--out",
+            str(out),
+        ]
+    )
     printed = json.loads(capsys.readouterr().out)
-    report, _rows = _check_outputs(out, "allreduce", ["allreduce_time.png", "allreduce_speedup.png",
-                                                      "allreduce_workers.png"])
+    report, _rows = _check_outputs(
+        out, "allreduce", ["allreduce_time.png", "allreduce_speedup.png", "allreduce_workers.png"]
+    )
     assert printed["results"] == report["results"]
     assert report["link_mbit"] == [1000.0]
     assert rc == 0
     rows = report["results"]
-    assert {(r["method"], r["workload"], r["density"]) for r in rows} == \
-        {(m, w, d) for m in methods for w, d in (("shared", 0.05), ("dense", 1.0))}
+    assert {(r["method"], r["workload"], r["density"]) for r in rows} == {
+        (m, w, d) for m in methods for w, d in (("shared", 0.05), ("dense", 1.0))
+    }
     homagg = _homagg_available()
     for r in rows:
         assert r["workers"] == 2 and r["elements"] == 16384
@@ -223,8 +317,15 @@ def test_allreduce_on_a_two_worker_testbed(tmp_path, capsys):
             else:
                 assert r["exact"] is True
             assert r["speedup_vs_gloo"] == pytest.approx(
-                next(g for g in rows if g["method"] == "gloo" and g["workload"] == r["workload"]
-                     and g["density"] == r["density"])["seconds_median"] / r["seconds_median"])
+                next(
+                    g
+                    for g in rows
+                    if g["method"] == "gloo"
+                    and g["workload"] == r["workload"]
+                    and g["density"] == r["density"]
+                )["seconds_median"]
+                / r["seconds_median"]
+            )
         else:  # never numbers without a run
             assert r["status"].startswith("unavailable: ")
             assert "seconds_median" not in r and r["speedup_vs_gloo"] is None
@@ -232,6 +333,7 @@ def test_allreduce_on_a_two_worker_testbed(tmp_path, capsys):
     assert all(isinstance(r["cpu_bound"], bool) for r in gloo)
     # The testbed is gone.
     from homagg.deploy.local.testbed import Testbed
+
     assert name not in Testbed.list(str(tmp_path / "state"))
 
 
@@ -244,8 +346,10 @@ def test_allreduce_needs_root(monkeypatch, capsys):
 
 # ---- allreduce harness logic (no testbed) ----------------------------------
 
+
 def _args(**kw):
     import argparse
+
     ns = dict(warmup=1, repeat=3, link_mbit=1000.0, seed=1, timeout=5.0, state_dir=None)
     ns.update(kw)
     return argparse.Namespace(**ns)
@@ -260,6 +364,7 @@ def test_homagg_rows_never_carry_numbers_without_a_run(monkeypatch):
 
     def boom(*a, **k):
         raise RuntimeError("switch did not start")
+
     monkeypatch.setattr(allreduce, "homagg_run_available", lambda: (True, None))
     monkeypatch.setattr(allreduce, "homagg_via_run_allreduce", boom)
     row = allreduce.homagg_row("x", "lhc", 2, 1024, "shared", 0.1, 1000.0, _args())
@@ -269,15 +374,30 @@ def test_homagg_rows_never_carry_numbers_without_a_run(monkeypatch):
 
 def _run_report(**kw):
     """What homagg.runs.allreduce.run_allreduce returns for repeat timed calls."""
-    r = {"seconds_each": [0.3, 0.1, 0.2], "bytes_per_worker": [200, 200], "exact": True,
-         "workers_agree": True, "worker_cpu_seconds": [0.135, 0.135],
-         "daemon_cpu_seconds": None,
-         "worker_stats_timed": [{"timeouts": 1, "spurious_timeouts": 1,
-                                 "fast_retransmissions": 2, "retransmissions": 3},
-                                {"timeouts": 0, "spurious_timeouts": 0,
-                                 "fast_retransmissions": 3, "retransmissions": 3}],
-         "worker_stats": [{"auto_dense_groups": 2, "auto_blocks_groups": 1,
-                           "auto_union_groups": 5}] * 2}
+    r = {
+        "seconds_each": [0.3, 0.1, 0.2],
+        "bytes_per_worker": [200, 200],
+        "exact": True,
+        "workers_agree": True,
+        "worker_cpu_seconds": [0.135, 0.135],
+        "daemon_cpu_seconds": None,
+        "worker_stats_timed": [
+            {
+                "timeouts": 1,
+                "spurious_timeouts": 1,
+                "fast_retransmissions": 2,
+                "retransmissions": 3,
+            },
+            {
+                "timeouts": 0,
+                "spurious_timeouts": 0,
+                "fast_retransmissions": 3,
+                "retransmissions": 3,
+            },
+        ],
+        "worker_stats": [{"auto_dense_groups": 2, "auto_blocks_groups": 1, "auto_union_groups": 5}]
+        * 2,
+    }
     r.update(kw)
     return r
 
@@ -289,8 +409,9 @@ def test_homagg_row_statistics_and_exactness(monkeypatch):
     from homagg.bench import allreduce
 
     monkeypatch.setattr(allreduce, "homagg_run_available", lambda: (True, None))
-    monkeypatch.setattr(allreduce, "homagg_via_run_allreduce",
-                        lambda *a, **k: _run_report(exact=False))
+    monkeypatch.setattr(
+        allreduce, "homagg_via_run_allreduce", lambda *a, **k: _run_report(exact=False)
+    )
     row = allreduce.homagg_row("x", "dense", 2, 1000, "shared", 0.1, 1000.0, _args())
     assert row["status"] == "ok" and row["runs"] == 3
     assert (row["seconds_min"], row["seconds_median"], row["seconds_max"]) == (0.1, 0.2, 0.3)
@@ -302,16 +423,18 @@ def test_homagg_row_statistics_and_exactness(monkeypatch):
     assert row["exact"] is False
     # 3 calls x 0.135 CPU-seconds of 2 workers over 0.6 s on min(cores, 2) cores
     assert row["cpu_fraction_machine"] == pytest.approx(0.81 / (0.6 * min(os.cpu_count(), 2)))
-    assert row["cpu_bound"] is (row["cpu_fraction_machine"] > 0.8
-                                or row["cpu_fraction_rank_max"] > 0.9)
+    assert row["cpu_bound"] is (
+        row["cpu_fraction_machine"] > 0.8 or row["cpu_fraction_rank_max"] > 0.9
+    )
     assert row["worker_cpu_seconds"] == pytest.approx([0.135, 0.135])
     assert row["timeouts_per_allreduce"] == pytest.approx(1 / 3)
     assert row["spurious_timeouts_per_allreduce"] == pytest.approx(1 / 3)
     assert row["fast_retransmissions_per_allreduce"] == pytest.approx(5 / 3)
     assert row["retransmissions_per_allreduce"] == pytest.approx(2)
     monkeypatch.setattr(allreduce, "homagg_via_run_allreduce", lambda *a, **k: _run_report())
-    assert allreduce.homagg_row("x", "dense", 2, 1000, "shared", 0.1, 1000.0,
-                                _args())["exact"] is True
+    assert (
+        allreduce.homagg_row("x", "dense", 2, 1000, "shared", 0.1, 1000.0, _args())["exact"] is True
+    )
 
 
 def test_homagg_row_counts_the_daemons_cpu(monkeypatch):
@@ -320,27 +443,34 @@ def test_homagg_row_counts_the_daemons_cpu(monkeypatch):
     from homagg.bench import allreduce
 
     def run(daemon):
-        return _run_report(seconds_each=[0.5], worker_cpu_seconds=[0.15, 0.15],
-                           daemon_cpu_seconds=daemon)
+        return _run_report(
+            seconds_each=[0.5], worker_cpu_seconds=[0.15, 0.15], daemon_cpu_seconds=daemon
+        )
 
     monkeypatch.setattr(allreduce, "homagg_run_available", lambda: (True, None))
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
     monkeypatch.setattr(allreduce, "homagg_via_run_allreduce", lambda *a, **k: run(None))
-    alone = allreduce.homagg_row("x", "lhc", 2, 1000, "shared", 0.1, 1000.0,
-                                 _args(warmup=1, repeat=1))
+    alone = allreduce.homagg_row(
+        "x", "lhc", 2, 1000, "shared", 0.1, 1000.0, _args(warmup=1, repeat=1)
+    )
     assert alone["cpu_fraction_machine"] == pytest.approx(0.3 / (0.5 * 2))
     assert alone["cpu_fraction_daemon"] is None and alone["cpu_bound"] is False
     monkeypatch.setattr(allreduce, "homagg_via_run_allreduce", lambda *a, **k: run(0.4))
-    with_daemon = allreduce.homagg_row("x", "lhc", 2, 1000, "shared", 0.1, 1000.0,
-                                       _args(warmup=1, repeat=1))
+    with_daemon = allreduce.homagg_row(
+        "x", "lhc", 2, 1000, "shared", 0.1, 1000.0, _args(warmup=1, repeat=1)
+    )
     assert with_daemon["cpu_fraction_machine"] == pytest.approx(0.7 / (0.5 * 2))
     assert with_daemon["cpu_fraction_daemon"] == pytest.approx(0.8)
     assert with_daemon["cpu_fraction_rank_max"] == pytest.approx(0.8)
     assert with_daemon["daemon_cpu_seconds"] == pytest.approx(0.4)
-    assert with_daemon["cpu_bound"] is False          # 0.7 of 2 cores, 0.8 of one
+    assert with_daemon["cpu_bound"] is False  # 0.7 of 2 cores, 0.8 of one
     monkeypatch.setattr(allreduce, "homagg_via_run_allreduce", lambda *a, **k: run(0.6))
-    assert allreduce.homagg_row("x", "lhc", 2, 1000, "shared", 0.1, 1000.0,
-                                _args(warmup=1, repeat=1))["cpu_bound"] is True
+    assert (
+        allreduce.homagg_row("x", "lhc", 2, 1000, "shared", 0.1, 1000.0, _args(warmup=1, repeat=1))[
+            "cpu_bound"
+        ]
+        is True
+    )
 
 
 def test_link_rate_sweep_plot(tmp_path):
@@ -351,16 +481,29 @@ def test_link_rate_sweep_plot(tmp_path):
     rows = []
     for rate, g, m in ((100.0, 8.0, 0.5), (1000.0, 1.0, 0.4), (10000.0, 0.2, 0.3)):
         for meth, t in (("gloo", g), ("lhc", m)):
-            rows.append({"method": meth, "workers": 4, "link_mbit": rate, "workload": "shared",
-                         "density": 0.05, "status": "ok", "seconds_median": t,
-                         "speedup_vs_gloo": g / t})
+            rows.append(
+                {
+                    "method": meth,
+                    "workers": 4,
+                    "link_mbit": rate,
+                    "workload": "shared",
+                    "density": 0.05,
+                    "status": "ok",
+                    "seconds_median": t,
+                    "speedup_vs_gloo": g / t,
+                }
+            )
     report = {"link_mbit": [100.0, 1000.0, 10000.0], "elements": 1024, "results": rows}
     assert allreduce.reference_rate(report) == 1000.0
     assert allreduce.reference_rate({"link_mbit": [100.0, 2500.0]}) == 100.0
     paths = allreduce.plot(report, str(tmp_path))
     names = sorted(os.path.basename(p) for p in paths)
-    assert names == ["allreduce_linkrate.png", "allreduce_speedup.png", "allreduce_time.png",
-                     "allreduce_workers.png"]
+    assert names == [
+        "allreduce_linkrate.png",
+        "allreduce_speedup.png",
+        "allreduce_time.png",
+        "allreduce_workers.png",
+    ]
     for p in paths:
         assert os.path.getsize(p) > 1000
 
@@ -374,13 +517,16 @@ def test_homagg_row_payload_and_cpu_per_mb(monkeypatch):
 
     def fake(*a, payload=1024, **k):
         seen.append(payload)
-        return _run_report(seconds_each=[0.5, 0.5, 0.5], bytes_per_worker=[2_000_000, 2_000_000],
-                           worker_cpu_seconds=[0.1, 0.1], daemon_cpu_seconds=0.2)
+        return _run_report(
+            seconds_each=[0.5, 0.5, 0.5],
+            bytes_per_worker=[2_000_000, 2_000_000],
+            worker_cpu_seconds=[0.1, 0.1],
+            daemon_cpu_seconds=0.2,
+        )
 
     monkeypatch.setattr(allreduce, "homagg_run_available", lambda: (True, None))
     monkeypatch.setattr(allreduce, "homagg_via_run_allreduce", fake)
-    row = allreduce.homagg_row("x", "dense", 2, 1000, "shared", 0.1, 1000.0, _args(),
-                               payload=8192)
+    row = allreduce.homagg_row("x", "dense", 2, 1000, "shared", 0.1, 1000.0, _args(), payload=8192)
     assert seen == [8192] and row["payload_bytes"] == 8192
     assert row["cpu_ms_per_mb"] == pytest.approx(1e3 * 0.4 / 4.0)
     assert row["worker_cpu_seconds"] == pytest.approx([0.1, 0.1])
@@ -397,8 +543,19 @@ def test_bench_lcores_outputs(tmp_path, capsys):
     (each sums half the contributions: consecutive slots alternate);
     timing is reported, not judged."""
     require(os.geteuid() == 0, "needs root (network namespaces)")
-    report = run_testbed_bench(tmp_path, capsys, "lcores", "--workers", "2", "--elements",
-                               "60000", "--repeat", "1", "--calls", "1")
+    report = run_testbed_bench(
+        tmp_path,
+        capsys,
+        "lcores",
+        "--workers",
+        "2",
+        "--elements",
+        "60000",
+        "--repeat",
+        "1",
+        "--calls",
+        "1",
+    )
     one, two = report["results"]
     assert (one["lcores"], two["lcores"]) == (1, 2)
     assert one["exact"] is True and two["exact"] is True
@@ -424,18 +581,26 @@ def test_pipeline_groups_rows_and_speedup_vs_unpipelined(monkeypatch):
 
     monkeypatch.setattr(allreduce, "homagg_run_available", lambda: (True, None))
     monkeypatch.setattr(allreduce, "homagg_via_run_allreduce", fake)
-    row = allreduce.homagg_row("x", "dense", 2, 1000, "shared", 0.1, 1000.0, _args(),
-                               pipeline_groups=0)
+    row = allreduce.homagg_row(
+        "x", "dense", 2, 1000, "shared", 0.1, 1000.0, _args(), pipeline_groups=0
+    )
     assert seen == [("dense", 0)] and row["pipeline_groups"] == 0
-    auto = allreduce.homagg_row("x", "auto", 2, 1000, "shared", 0.1, 1000.0, _args(),
-                                pipeline_groups=0)
+    auto = allreduce.homagg_row(
+        "x", "auto", 2, 1000, "shared", 0.1, 1000.0, _args(), pipeline_groups=0
+    )
     assert seen[-1] == ("auto", 0) and auto["pipeline_groups"] == 0
     # auto's choices per group, from the last call's worker stats
     assert auto["auto_groups"] == {"dense": 2, "blocks": 1, "union": 5}
     assert row["auto_groups"] is None
-    rows = {f"dense/groups{g}": {"method": "dense", **allreduce.homagg_row(
-        "x", "dense", 2, 1000, "shared", 0.1, 1000.0, _args(), pipeline_groups=g)}
-        for g in (0, 1)}
+    rows = {
+        f"dense/groups{g}": {
+            "method": "dense",
+            **allreduce.homagg_row(
+                "x", "dense", 2, 1000, "shared", 0.1, 1000.0, _args(), pipeline_groups=g
+            ),
+        }
+        for g in (0, 1)
+    }
     allreduce._pipeline_ratios(rows, "dense", 1024, [0, 1], False)
     assert rows["dense/groups0"]["speedup_vs_unpipelined"] == pytest.approx(1.5)
     assert rows["dense/groups1"]["speedup_vs_unpipelined"] == pytest.approx(1.0)
@@ -467,21 +632,45 @@ def test_jumbo_payloads_get_a_testbed_of_their_own():
     assert allreduce.mtu_groups([1024]) == [(1500, [1024])]
     assert allreduce.mtu_groups([8192]) == [(9000, [8192])]
     edge = max_payload(1500)
-    assert allreduce.mtu_groups([8192, 1024, edge + 4, edge]) == \
-        [(1500, [1024, edge]), (9000, [8192, edge + 4])]
+    assert allreduce.mtu_groups([8192, 1024, edge + 4, edge]) == [
+        (1500, [1024, edge]),
+        (9000, [8192, edge + 4]),
+    ]
     report = {"payload_bytes": [1024, 8192]}
-    assert allreduce.series({"method": "auto", "payload_bytes": 8192, "mtu": 9000},
-                            report) == "auto 8192 B MTU 9000"
-    assert allreduce.series({"method": "gloo", "payload_bytes": None, "mtu": 9000},
-                            report) == "gloo MTU 9000"
-    assert allreduce.series({"method": "auto", "payload_bytes": 1024, "mtu": 1500},
-                            {"payload_bytes": [1024]}) == "auto"
-    line = allreduce._line({"workers": 4, "link_mbit": 1000.0, "method": "auto",
-                            "workload": "shared", "density": 0.05, "payload_bytes": 8192,
-                            "mtu": 9000, "status": "ok", "seconds_median": 0.1,
-                            "seconds_min": 0.1, "seconds_max": 0.1, "bytes_per_worker": 1e6,
-                            "link_utilisation": 0.08, "exact": True, "cpu_bound": False,
-                            "machine_busy": 0.5})
+    assert (
+        allreduce.series({"method": "auto", "payload_bytes": 8192, "mtu": 9000}, report)
+        == "auto 8192 B MTU 9000"
+    )
+    assert (
+        allreduce.series({"method": "gloo", "payload_bytes": None, "mtu": 9000}, report)
+        == "gloo MTU 9000"
+    )
+    assert (
+        allreduce.series(
+            {"method": "auto", "payload_bytes": 1024, "mtu": 1500}, {"payload_bytes": [1024]}
+        )
+        == "auto"
+    )
+    line = allreduce._line(
+        {
+            "workers": 4,
+            "link_mbit": 1000.0,
+            "method": "auto",
+            "workload": "shared",
+            "density": 0.05,
+            "payload_bytes": 8192,
+            "mtu": 9000,
+            "status": "ok",
+            "seconds_median": 0.1,
+            "seconds_min": 0.1,
+            "seconds_max": 0.1,
+            "bytes_per_worker": 1e6,
+            "link_utilisation": 0.08,
+            "exact": True,
+            "cpu_bound": False,
+            "machine_busy": 0.5,
+        }
+    )
     assert "8192 B MTU 9000" in line and "machine 50% busy" in line
 
 
@@ -507,8 +696,9 @@ def test_a_busy_machine_makes_a_row_cpu_bound(monkeypatch):
     from homagg.bench import allreduce
 
     def run(busy):
-        r = _run_report(seconds_each=[1.0, 1.0, 1.0], worker_cpu_seconds=[0.1, 0.1],
-                        daemon_cpu_seconds=0.1)
+        r = _run_report(
+            seconds_each=[1.0, 1.0, 1.0], worker_cpu_seconds=[0.1, 0.1], daemon_cpu_seconds=0.1
+        )
         r["machine_cpu"] = {"busy": busy, "softirq": 0.2, "cores": 2}
         return r
 
@@ -527,9 +717,31 @@ def test_scale_recovery_rows_for_drop_rates_and_stragglers(tmp_path, capsys):
     workers no timeout (seeded NIC model), and scale_recovery.png plots
     them."""
     out = tmp_path / "scale"
-    rc = cli.main(["bench", "scale", "--workers", "4", "--elements", "20000", "--density",
-                   "0.05", "--methods", "dense", "--leaves", "2", "--drop-rate", "0,0.02",
-                   "--straggler-ms", "0,5", "--seed", "2", "--json", "--out", str(out)])
+    rc = cli.main(
+        [
+            "bench",
+            "scale",
+            "--workers",
+            "4",
+            "--elements",
+            "20000",
+            "--density",
+            "0.05",
+            "--methods",
+            "dense",
+            "--leaves",
+            "2",
+            "--drop-rate",
+            "0,0.02",
+            "--straggler-ms",
+            "0,5",
+            "--seed",
+            "2",
+            "--json",
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0
     report = json.loads(capsys.readouterr().out)
     rows = report["results"]

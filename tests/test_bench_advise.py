@@ -6,6 +6,7 @@ method), each with the prediction ``homagg advise`` makes for it (computed
 again here), the measured time from the run path, and the error between
 them as defined.  The error itself is never asserted: a report, not a
 threshold."""
+
 import csv
 import importlib.util
 import json
@@ -25,17 +26,45 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 @pytest.mark.slow
 def test_bench_advise_rows_for_every_configuration(tmp_path, capsys, monkeypatch):
     require(os.geteuid() == 0, "needs root (network namespaces)")
-    require(importlib.util.find_spec("torch") is not None,
-            "the Gloo baseline needs torch==2.13.0 (make build installs it)")
+    require(
+        importlib.util.find_spec("torch") is not None,
+        "the Gloo baseline needs torch==2.13.0 (make build installs it)",
+    )
     monkeypatch.setenv("HOMAGG_CALIBRATION", str(tmp_path / "none.json"))  # built-in defaults
     name = f"ad{os.getpid() % 100000}"
     out = tmp_path / "adv"
     W, n, seed = 2, 16384, 3
-    rc = cli.main(["bench", "advise", "--methods", "gloo,lhc", "--workloads", "shared",
-                   "--densities", "0.05,0.2", "--link-mbit", "100,1000", "--workers", str(W),
-                   "--elements", str(n), "--repeat", "1", "--warmup", "0", "--seed", str(seed),
-                   "--testbed-name", name, "--state-dir", str(tmp_path / "state"),
-                   "--json", "--out", str(out)])
+    rc = cli.main(
+        [
+            "bench",
+            "advise",
+            "--methods",
+            "gloo,lhc",
+            "--workloads",
+            "shared",
+            "--densities",
+            "0.05,0.2",
+            "--link-mbit",
+            "100,1000",
+            "--workers",
+            str(W),
+            "--elements",
+            str(n),
+            "--repeat",
+            "1",
+            "--warmup",
+            "0",
+            "--seed",
+            str(seed),
+            "--testbed-name",
+            name,
+            "--state-dir",
+            str(tmp_path / "state"),
+            "--json",
+            "--out",
+            str(out),
+        ]
+    )
     printed = json.loads(capsys.readouterr().out)
     assert rc == 0
     with open(out / "advise.json") as f:
@@ -47,26 +76,32 @@ def test_bench_advise_rows_for_every_configuration(tmp_path, capsys, monkeypatch
         assert f.read(8) == PNG_MAGIC
     assert (out / "advise.md").read_text().count("\n|") >= len(report["results"]) + 1
 
-    configs = {(L, "shared", d, m) for L in (100.0, 1000.0) for d in (0.05, 0.2)
-               for m in ("gloo", "lhc")}
+    configs = {
+        (L, "shared", d, m) for L in (100.0, 1000.0) for d in (0.05, 0.2) for m in ("gloo", "lhc")
+    }
     rows = report["results"]
     assert len(configs) >= 8 and report["configurations"] == len(rows) == len(configs)
     assert {(r["link_mbit"], r["workload"], r["density"], r["method"]) for r in rows} == configs
 
     from homagg.ops import advise as adv
 
-    for (L, wl, d) in {(r["link_mbit"], r["workload"], r["density"]) for r in rows}:
+    for L, wl, d in {(r["link_mbit"], r["workload"], r["density"]) for r in rows}:
         a = adv.advise(W, n, d, L, wl, seed=seed)
-        gloo, lhc = (next(r for r in rows if (r["link_mbit"], r["workload"], r["density"],
-                                              r["method"]) == (L, wl, d, m))
-                     for m in ("gloo", "lhc"))
+        gloo, lhc = (
+            next(
+                r
+                for r in rows
+                if (r["link_mbit"], r["workload"], r["density"], r["method"]) == (L, wl, d, m)
+            )
+            for m in ("gloo", "lhc")
+        )
         assert gloo["predicted_s"] == pytest.approx(a["ring"]["time_s"], rel=1e-12)
         assert lhc["predicted_s"] == pytest.approx(a["methods"]["lhc"]["time_s"], rel=1e-12)
         assert lhc["predicted_binds"] == a["methods"]["lhc"]["binds"]
-        assert lhc["predicted_payload_bytes_per_worker"] == \
-            a["methods"]["lhc"]["bytes_per_worker"]
+        assert lhc["predicted_payload_bytes_per_worker"] == a["methods"]["lhc"]["bytes_per_worker"]
         assert lhc["predicted_speedup_vs_gloo"] == pytest.approx(
-            a["ring"]["time_s"] / a["methods"]["lhc"]["time_s"], rel=1e-12)
+            a["ring"]["time_s"] / a["methods"]["lhc"]["time_s"], rel=1e-12
+        )
         assert "default" in lhc["coefficients_from"]
         for r in (gloo, lhc):
             assert r["status"] == "ok", r["status"]
@@ -74,18 +109,21 @@ def test_bench_advise_rows_for_every_configuration(tmp_path, capsys, monkeypatch
             assert r["error"] == pytest.approx(r["predicted_s"] / r["measured_s"] - 1, rel=1e-12)
             assert r["within_target"] == (abs(r["error"]) <= 0.25)
             assert r["bytes_ratio"] == pytest.approx(
-                r["measured_bytes_per_worker"] / r["predicted_payload_bytes_per_worker"],
-                rel=1e-12)
+                r["measured_bytes_per_worker"] / r["predicted_payload_bytes_per_worker"], rel=1e-12
+            )
             assert isinstance(r["cpu_bound"], bool)
         assert lhc["exact"] is True
         assert lhc["measured_speedup_vs_gloo"] == pytest.approx(
-            gloo["measured_s"] / lhc["measured_s"], rel=1e-12)
+            gloo["measured_s"] / lhc["measured_s"], rel=1e-12
+        )
     assert report["measured"] == len(rows)
     assert report["within_target"] == sum(r["within_target"] for r in rows)
     assert report["cpu_bound"] == sum(r["cpu_bound"] for r in rows)
-    assert report["within_target_not_cpu_bound"] == \
-        sum(r["within_target"] for r in rows if not r["cpu_bound"])
+    assert report["within_target_not_cpu_bound"] == sum(
+        r["within_target"] for r in rows if not r["cpu_bound"]
+    )
     from homagg.deploy.local.testbed import Testbed
+
     assert name not in Testbed.list(str(tmp_path / "state"))
 
 

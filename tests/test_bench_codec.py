@@ -1,5 +1,6 @@
 """The codec benchmark at a small size: its figures are consistent, and its
 numpy baseline does the same work as the C codec (same sketch, same result)."""
+
 import argparse
 import os
 import subprocess
@@ -20,9 +21,20 @@ def test_bench_small_run():
     bench.add_arguments(p)
     args = p.parse_args(["--elements", str(2**16), "--repeat", "1", "--json"])
     out = bench.run(args)
-    for k in ("encode_gbps", "decode_gbps", "memcpy_gbps", "numpy_speedup", "wire_bytes",
-              "wire_bound_bytes", "auto_bytes", "smallest_exact_bytes", "union_encode_gbps",
-              "union_decode_gbps", "union_decode_vs_memcpy", "union_wire_bytes"):
+    for k in (
+        "encode_gbps",
+        "decode_gbps",
+        "memcpy_gbps",
+        "numpy_speedup",
+        "wire_bytes",
+        "wire_bound_bytes",
+        "auto_bytes",
+        "smallest_exact_bytes",
+        "union_encode_gbps",
+        "union_decode_gbps",
+        "union_decode_vs_memcpy",
+        "union_wire_bytes",
+    ):
         assert out[k] > 0, k
     assert out["numpy_sketch_identical"] and out["numpy_decode_bit_identical"]
     assert out["numpy_union_values_identical"] and out["numpy_union_decode_bit_identical"]
@@ -30,18 +42,26 @@ def test_bench_small_run():
     assert out["wire_bytes"] == sum(out["wire_bytes_by_phase"].values())
     assert out["method_bytes"]["dense"] >= 4 * 2**16
     assert out["method_bytes"]["union"] == out["union_wire_bytes"] < out["wire_bytes"]
-    assert set(bench.targets(out)) == {"encode_vs_memcpy", "decode_vs_memcpy", "numpy_speedup",
-                                       "wire_vs_bound", "auto_vs_smallest",
-                                       "union_encode_vs_memcpy", "union_decode_vs_memcpy",
-                                       "union_wire_vs_lhc"}
+    assert set(bench.targets(out)) == {
+        "encode_vs_memcpy",
+        "decode_vs_memcpy",
+        "numpy_speedup",
+        "wire_vs_bound",
+        "auto_vs_smallest",
+        "union_encode_vs_memcpy",
+        "union_decode_vs_memcpy",
+        "union_wire_vs_lhc",
+    }
 
 
 @pytest.mark.parametrize("workers,density", [(1, 0.01), (4, 0.05), (3, 0.5)])
 def test_numpy_lhc_matches_c(workers, density):
     rng = np.random.default_rng(workers)
     n = 4096 * 8
-    grads = [np.where(rng.random(n) < density, rng.standard_normal(n), 0).astype(np.float32)
-             for _ in range(workers)]
+    grads = [
+        np.where(rng.random(n) < density, rng.standard_normal(n), 0).astype(np.float32)
+        for _ in range(workers)
+    ]
     y = npc.allreduce(grads, 4096)
     r = codec.simulate_allreduce(grads, method="lhc")
     assert np.array_equal(y.view(np.uint32), r.sum.view(np.uint32))
@@ -55,12 +75,15 @@ def _args(*argv):
     return p.parse_args(list(argv) + ["--repeat", "1", "--json"])
 
 
-@pytest.mark.parametrize("elements,block,density", [
-    (192 * 331, "192", 0.0068),   # an odd number of blocks, not a multiple of 4096
-    (4096 * 13, None, 0.0068),    # the NCF bucket's density: Bloom blocks
-    (1024 * 37, "1024", 0.001),   # some blocks zero on every worker
-    (64 * 257, "64", 1.0),
-])
+@pytest.mark.parametrize(
+    "elements,block,density",
+    [
+        (192 * 331, "192", 0.0068),  # an odd number of blocks, not a multiple of 4096
+        (4096 * 13, None, 0.0068),  # the NCF bucket's density: Bloom blocks
+        (1024 * 37, "1024", 0.001),  # some blocks zero on every worker
+        (64 * 257, "64", 1.0),
+    ],
+)
 def test_bench_odd_sizes_low_density_with_numpy(elements, block, density):
     """Any multiple of the block, low densities (Bloom blocks, blocks zero
     everywhere), the numpy baseline on, one row per ISA path."""
@@ -84,16 +107,19 @@ def test_bench_one_path():
     assert out["isa"] == "portable"
 
 
-@pytest.mark.parametrize("argv,msg", [
-    (["--elements", "0"], "--elements 0: use a positive multiple of the block"),
-    (["--elements", "3846305"], r"--elements 3846305: .* \(4096 elements\), e.g. 3846144"),
-    (["--elements", "100", "--block", "64"], r"--elements 100: .*e.g. 128"),
-    (["--density", "0"], r"--density 0.0: use a fraction in \(0, 1\]"),
-    (["--density", "1.5"], r"--density 1.5: use a fraction in \(0, 1\]"),
-    (["--workers", "0"], "--workers 0: use 1..256"),
-    (["--block", "100"], "--block 100: use a multiple of 64"),
-    (["--isa", "sse9"], "--isa sse9: use a comma-separated list of portable, avx2, avx512"),
-])
+@pytest.mark.parametrize(
+    "argv,msg",
+    [
+        (["--elements", "0"], "--elements 0: use a positive multiple of the block"),
+        (["--elements", "3846305"], r"--elements 3846305: .* \(4096 elements\), e.g. 3846144"),
+        (["--elements", "100", "--block", "64"], r"--elements 100: .*e.g. 128"),
+        (["--density", "0"], r"--density 0.0: use a fraction in \(0, 1\]"),
+        (["--density", "1.5"], r"--density 1.5: use a fraction in \(0, 1\]"),
+        (["--workers", "0"], "--workers 0: use 1..256"),
+        (["--block", "100"], "--block 100: use a multiple of 64"),
+        (["--isa", "sse9"], "--isa sse9: use a comma-separated list of portable, avx2, avx512"),
+    ],
+)
 def test_bench_refuses_bad_arguments(argv, msg):
     with pytest.raises(SystemExit, match=msg) as e:
         bench.run(_args("--elements", "4096", *argv))
@@ -103,9 +129,21 @@ def test_bench_refuses_bad_arguments(argv, msg):
 def test_bench_refuses_a_bad_isa_variable():
     """HOMAGG_CODEC_ISA naming no path: one line, no traceback."""
     env = dict(os.environ, HOMAGG_CODEC_ISA="avx3")
-    r = subprocess.run([sys.executable, "-c", "import sys; from homagg.cli import main; "
-                        "sys.exit(main(sys.argv[1:]))", "bench", "codec", "--elements", "4096"],
-                       env=env, capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from homagg.cli import main; sys.exit(main(sys.argv[1:]))",
+            "bench",
+            "codec",
+            "--elements",
+            "4096",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode != 0
     last = r.stderr.strip().splitlines()[-1]
     assert last.startswith("HOMAGG_CODEC_ISA='avx3' names no codec path")

@@ -1,4 +1,5 @@
 """The engine benchmark runs and its frames are all valid and complete."""
+
 import json
 
 import pytest
@@ -8,8 +9,9 @@ from homagg.bench import engine as bench_engine
 
 @pytest.mark.parametrize("multicast,udp_csum", [(True, False), (False, True)])
 def test_bench_engine_runs_clean(multicast, udp_csum):
-    r = bench_engine.run(4, payload_bytes=256, slots=4, seconds=0.05, multicast=multicast,
-                         udp_csum=udp_csum)
+    r = bench_engine.run(
+        4, payload_bytes=256, slots=4, seconds=0.05, multicast=multicast, udp_csum=udp_csum
+    )
     assert r["dropped"] == 0
     assert r["packets"] > 0 and r["packets"] % 16 == 0
     # Every chunk completed: W frames each, one result (multicast) or W.

@@ -8,6 +8,7 @@ homagg.runs.session.Session, and each case asserting its documented outcome:
 
 Processes are started and killed by their PIDs; every allreduce that
 completes is checked bit for bit against the fixed-point reference."""
+
 import signal
 import time
 
@@ -17,11 +18,16 @@ from helpers import dpdk_testbed
 from homagg.runs import allreduce as runmod
 from homagg.runs.session import Session
 
-pytestmark = [pytest.mark.root, pytest.mark.netns, pytest.mark.dpdk, pytest.mark.slow,
-              pytest.mark.timeout(300)]
+pytestmark = [
+    pytest.mark.root,
+    pytest.mark.netns,
+    pytest.mark.dpdk,
+    pytest.mark.slow,
+    pytest.mark.timeout(300),
+]
 
-TIMEOUT = 3.0           # the workers' give-up time (seconds)
-BIG = 2_000_000         # elements of an allreduce long enough to interrupt
+TIMEOUT = 3.0  # the workers' give-up time (seconds)
+BIG = 2_000_000  # elements of an allreduce long enough to interrupt
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +71,7 @@ def test_daemon_killed_mid_allreduce_and_restarted(session):
     s = session
     a = _mid_allreduce(s)
     s.kill_switch(signal.SIGKILL)
-    s.start_switch()                  # a new daemon, the job added again
+    s.start_switch()  # a new daemon, the job added again
     old, new = s.incarnations[-2], s.incarnations[-1]
     assert old != new
     r = s.finish_allreduce(a)
@@ -76,8 +82,9 @@ def test_daemon_killed_mid_allreduce_and_restarted(session):
     agg = f"{s.tb.aggregator.ip}:{runmod.UDP_PORT}"
     for w in r["workers"]:
         if w["kind"] == "PeerRestarted":
-            assert (f"aggregator {agg} restarted during the allreduce "
-                    f"(incarnation {old}, now {new})") in w["error"], w["error"]
+            assert (
+                f"aggregator {agg} restarted during the allreduce (incarnation {old}, now {new})"
+            ) in w["error"], w["error"]
         else:
             assert f"aggregator {agg}: timed out after {TIMEOUT:g} s" in w["error"], w["error"]
     s.recover()
@@ -95,7 +102,7 @@ def test_worker_killed_mid_allreduce_and_restarted(session):
     old_pid = s.worker_pid(victim)
     a = _mid_allreduce(s)
     s.kill_worker(victim)
-    s.start_worker(victim)            # back at once, a new process
+    s.start_worker(victim)  # back at once, a new process
     assert s.worker_pid(victim) != old_pid
     r = s.finish_allreduce(a)
     assert not r["ok"]

@@ -9,6 +9,7 @@ the dead aggregator (docs/PROTOCOL.md Part 3, "Timeouts and naming the
 missing peers"), within its give-up time.  The DPDK testbed's version
 with real processes is tests/test_chaos.py.
 """
+
 import re
 
 import numpy as np
@@ -38,8 +39,15 @@ def _missing(text):
 @pytest.mark.parametrize("loss", [0.0, 0.02])
 @pytest.mark.parametrize("victim,after", [(0, 0), (2, 5), (3, 60), (1, 120)])
 def test_dead_worker_is_named_by_every_other_worker(aggregators, loss, victim, after):
-    with Cluster(workers=W, aggregators=aggregators, seed=3 + victim, loss=loss,
-                 timeout=TIMEOUT, slots=8, link_gbps=1.0) as cl:
+    with Cluster(
+        workers=W,
+        aggregators=aggregators,
+        seed=3 + victim,
+        loss=loss,
+        timeout=TIMEOUT,
+        slots=8,
+        link_gbps=1.0,
+    ) as cl:
         cl.kill_worker(victim, after_packets=after)
         with pytest.raises(PeerTimeout) as ei:
             cl.allreduce(_grads(victim), method="dense")
@@ -55,8 +63,9 @@ def test_dead_worker_is_named_by_every_other_worker(aggregators, loss, victim, a
 @pytest.mark.parametrize("loss", [0.0, 0.02])
 @pytest.mark.parametrize("dead,after", [(0, 0.0), (1, 50e-6), (2, 0.6e-3)])
 def test_dead_aggregator_is_named_by_every_worker(loss, dead, after):
-    with Cluster(workers=W, aggregators=3, seed=5, loss=loss, timeout=TIMEOUT, slots=8,
-                 link_gbps=1.0) as cl:
+    with Cluster(
+        workers=W, aggregators=3, seed=5, loss=loss, timeout=TIMEOUT, slots=8, link_gbps=1.0
+    ) as cl:
         cl.kill_aggregator(dead, after=after)
         with pytest.raises(PeerTimeout) as ei:
             cl.allreduce(_grads(7), method="dense")

@@ -9,6 +9,7 @@ options comes from the parser itself, so a new numeric option is tested the
 day it is added (and fails here until homagg.cli.args.OPTIONS gives it a
 checker).
 """
+
 import math
 import subprocess
 import sys
@@ -89,8 +90,10 @@ def test_checker_accepts_its_example_and_bounds(command, opt, dest):
             with pytest.raises(Exception):
                 check(str(v))
     else:
-        interval = desc.split("number in ", 1)[1].split(" ", 1)[0] + \
-            desc.split("number in ", 1)[1].split(" ", 2)[1]
+        interval = (
+            desc.split("number in ", 1)[1].split(" ", 1)[0]
+            + desc.split("number in ", 1)[1].split(" ", 2)[1]
+        )
         lo, hi = (float(x) for x in interval[1:-1].split(","))
         for v, included in ((lo, interval[0] == "["), (hi, interval[-1] == "]")):
             if included:
@@ -104,10 +107,12 @@ def test_checker_accepts_its_example_and_bounds(command, opt, dest):
 
 
 def test_choices_and_unknown_options_are_one_line(capsys):
-    for argv, word in ((["demo", "--mode", "bogus"], "--mode"),
-                       (["train", "--testbed", "t", "--bogus"], "--bogus"),
-                       (["run", "allreduce", "--method", "bogus"], "--method"),
-                       (["testbed", "frob"], "frob")):
+    for argv, word in (
+        (["demo", "--mode", "bogus"], "--mode"),
+        (["train", "--testbed", "t", "--bogus"], "--bogus"),
+        (["run", "allreduce", "--method", "bogus"], "--method"),
+        (["testbed", "frob"], "frob"),
+    ):
         code, out, err = _run(argv, capsys)
         assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, err
         assert word in err
@@ -116,23 +121,42 @@ def test_choices_and_unknown_options_are_one_line(capsys):
 def test_workload_independent_is_random(capsys):
     """The one workload has one name, random; independent is accepted."""
     p = cli.build_parser(["run", "allreduce"])
-    a = p.parse_args(["run", "allreduce", "--testbed", "t", "--method", "lhc", "--elements", "8",
-                      "--density", "0.5", "--workload", "independent"])
+    a = p.parse_args(
+        [
+            "run",
+            "allreduce",
+            "--testbed",
+            "t",
+            "--method",
+            "lhc",
+            "--elements",
+            "8",
+            "--density",
+            "0.5",
+            "--workload",
+            "independent",
+        ]
+    )
     assert a.workload == "random"
     from homagg.bench import workloads
-    np.testing.assert_array_equal(workloads.generate("independent", 2, 4096, 0.1, 3, 1),
-                                  workloads.generate("random", 2, 4096, 0.1, 3, 1))
+
+    np.testing.assert_array_equal(
+        workloads.generate("independent", 2, 4096, 0.1, 3, 1),
+        workloads.generate("random", 2, 4096, 0.1, 3, 1),
+    )
 
 
 def test_argument_errors_do_not_load_torch():
     """`homagg train --steps 0` answers before torch loads (and the other
     commands' modules are not imported at all)."""
-    code = ("import sys\nfrom homagg import cli\n"
-            "try:\n    cli.main(['train', '--steps', '0'])\nexcept SystemExit as e:\n"
-            "    assert e.code == 2\n"
-            "heavy = [m for m in ('torch', 'homagg.runs.demo', 'homagg.deploy.remote.hosts')\n"
-            "         if m in sys.modules]\n"
-            "print(heavy)\n")
+    code = (
+        "import sys\nfrom homagg import cli\n"
+        "try:\n    cli.main(['train', '--steps', '0'])\nexcept SystemExit as e:\n"
+        "    assert e.code == 2\n"
+        "heavy = [m for m in ('torch', 'homagg.runs.demo', 'homagg.deploy.remote.hosts')\n"
+        "         if m in sys.modules]\n"
+        "print(heavy)\n"
+    )
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip() == "[]"
@@ -145,14 +169,20 @@ def test_argument_errors_do_not_load_torch():
 G32 = [np.ones(64, np.float32), np.ones(64, np.float32)]
 
 
-@pytest.mark.parametrize("bad", [
-    [g.astype(np.float64) for g in G32],
-    [g.astype(np.float16) for g in G32],
-    [g.astype(np.int32) for g in G32],
-    [list(g) for g in G32],
-], ids=["float64", "float16", "int32", "list"])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        [g.astype(np.float64) for g in G32],
+        [g.astype(np.float16) for g in G32],
+        [g.astype(np.int32) for g in G32],
+        [list(g) for g in G32],
+    ],
+    ids=["float64", "float16", "int32", "list"],
+)
 def test_entry_points_refuse_non_float32(bad):
-    with pytest.raises(InvalidArgument, match=r"worker 0: grads\[0\]: expected .*(float32|numpy array)"):
+    with pytest.raises(
+        InvalidArgument, match=r"worker 0: grads\[0\]: expected .*(float32|numpy array)"
+    ):
         codec.simulate_allreduce(bad, method="dense")
     with sim.Cluster(workers=2, slots=8) as c:
         with pytest.raises(InvalidArgument, match=r"worker 0: grads\[0\]: expected .*float32"):
@@ -162,13 +192,20 @@ def test_entry_points_refuse_non_float32(bad):
     np.testing.assert_array_equal(r.sum, np.full(64, 2, np.float32))
 
 
-@pytest.mark.parametrize("name,value", [
-    (n, v) for n in ("workers", "slots", "payload")
-    for v in (0, -1, 10**12, 2.5, "4", True, math.nan)
-] + [
-    (n, v) for n in ("link_gbps", "timeout", "rto", "max_time")
-    for v in (-1.0, math.nan, math.inf, 1e30, "1")
-] + [("timeout", 0.0), ("payload", 1023)])
+@pytest.mark.parametrize(
+    "name,value",
+    [
+        (n, v)
+        for n in ("workers", "slots", "payload")
+        for v in (0, -1, 10**12, 2.5, "4", True, math.nan)
+    ]
+    + [
+        (n, v)
+        for n in ("link_gbps", "timeout", "rto", "max_time")
+        for v in (-1.0, math.nan, math.inf, 1e30, "1")
+    ]
+    + [("timeout", 0.0), ("payload", 1023)],
+)
 def test_cluster_refuses_bad_numbers_naming_them(name, value):
     with pytest.raises(InvalidArgument) as e:
         sim.Cluster(**{"workers": 2, name: value})

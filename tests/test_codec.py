@@ -5,6 +5,7 @@ tests/reference.py, on every worker, for every length, density, worker count
 and magnitude; nc must be unbiased with a bounded second moment; bad input
 must raise a clear exception of homagg.errors and never crash.
 """
+
 import errno
 
 import numpy as np
@@ -34,8 +35,23 @@ def oracle(grads, block):
 
 B = 64  # smallest block: many boundaries for few elements
 
-LENGTHS = sorted({0, 1, 2, B - 1, B, B + 1, 2 * B - 1, 2 * B + 1,
-                  LANES - 1, LANES, LANES + 1, 3 * LANES + 7, 1000})
+LENGTHS = sorted(
+    {
+        0,
+        1,
+        2,
+        B - 1,
+        B,
+        B + 1,
+        2 * B - 1,
+        2 * B + 1,
+        LANES - 1,
+        LANES,
+        LANES + 1,
+        3 * LANES + 7,
+        1000,
+    }
+)
 
 
 @pytest.mark.parametrize("method", EXACT)
@@ -71,8 +87,9 @@ def test_densities_positions(method, density, positions):
 
 
 @pytest.mark.parametrize("method", EXACT)
-@pytest.mark.parametrize("workers,n", [(1, 3000), (2, 3000), (3, 3000), (8, 2000),
-                                       (64, 700), (256, 300)])
+@pytest.mark.parametrize(
+    "workers,n", [(1, 3000), (2, 3000), (3, 3000), (8, 2000), (64, 700), (256, 300)]
+)
 def test_worker_counts(method, workers, n):
     rng = np.random.default_rng(workers)
     grads = make_grads(rng, workers, n, 0.05)
@@ -120,6 +137,7 @@ def test_rounding_ties_to_even():
 
 # ---- exactness: generated cases ------------------------------------------------
 
+
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     method=st.sampled_from(EXACT),
@@ -134,13 +152,18 @@ def test_rounding_ties_to_even():
 def test_exact_matches_oracle(method, workers, n, block, density, positions, magnitude, seed):
     rng = np.random.default_rng(seed)
     grads = make_grads(rng, workers, n, density, positions, magnitude)
-    r = run(grads, method, block, )
+    r = run(
+        grads,
+        method,
+        block,
+    )
     assert_bits_equal(r.sum, oracle(grads, block), f"{method}")
     if method == "auto":
         assert r.stats["auto_choice"] in ("dense", "blocks", "union")
 
 
 # ---- lhc: stalls and the fallback ------------------------------------------------
+
 
 def test_forced_stall_is_still_exact():
     rng = np.random.default_rng(7)
@@ -197,6 +220,7 @@ def test_dense_and_blocks_bytes():
 
 # ---- homomorphism ------------------------------------------------------------
 
+
 def _grid_grads(rng, workers, n, block, density):
     """Gradients on the fixed-point grid of known block exponents, so the sum
     of the workers' floats is exact and quantises to the sum of their q."""
@@ -207,13 +231,15 @@ def _grid_grads(rng, workers, n, block, density):
     s_el = np.repeat(s, block)[:n]
     grads = []
     for w in range(workers):
-        q = rng.integers(-2**20, 2**20, n) * (rng.random(n) < density)
+        q = rng.integers(-(2**20), 2**20, n) * (rng.random(n) < density)
         # Worker 0 fixes the block exponent at E (2^(E-1)); the others leave
         # that element alone, so every sum stays within 24 bits.
         q[::block] = 2 ** (29 - L) if w == 0 else 0
         grads.append(np.ldexp(q.astype(np.float64), -s_el).astype(np.float32))
     total = np.sum([g.astype(np.float64) for g in grads], axis=0).astype(np.float32)
-    assert np.array_equal(total.astype(np.float64), np.sum([g.astype(np.float64) for g in grads], axis=0))
+    assert np.array_equal(
+        total.astype(np.float64), np.sum([g.astype(np.float64) for g in grads], axis=0)
+    )
     return grads, total, (E - 1).astype(np.int8)
 
 
@@ -223,14 +249,18 @@ def test_homomorphic_values_and_sketch(workers):
     n, block = 5000, 256
     grads, total, want_codes = _grid_grads(rng, workers, n, block, 0.1)
     params = codec.Params(block_elements=block, workers=workers)
-    gcodes = codec.aggregate("max8", None, [codec.encode_exponents(params, g, w)
-                                            for w, g in enumerate(grads)])
+    gcodes = codec.aggregate(
+        "max8", None, [codec.encode_exponents(params, g, w) for w, g in enumerate(grads)]
+    )
     assert np.array_equal(gcodes, want_codes)
 
     # Quantised values: the sum of the encodings is the encoding of the sum.
     for kind in ("dense", "blocks"):
-        summed = codec.aggregate("sum32", None, [codec.encode_values(params, g, gcodes, kind, w)
-                                                 for w, g in enumerate(grads)])
+        summed = codec.aggregate(
+            "sum32",
+            None,
+            [codec.encode_values(params, g, gcodes, kind, w) for w, g in enumerate(grads)],
+        )
         assert np.array_equal(summed, codec.encode_values(params, total, gcodes, kind))
 
     # Count sketch: the same, cell by cell, on the plan every worker shares.
@@ -244,21 +274,29 @@ def test_homomorphic_values_and_sketch(workers):
     assert np.array_equal(summed, plan.encode_sketch(total))
     # Wrapping int32 arithmetic: the sum of the cells as int64 agrees mod 2^32.
     wide = np.sum([c.astype(np.int64) for c in cells], axis=0)
-    assert np.array_equal(((wide + 2**31) % 2**32 - 2**31).astype(np.int64), summed.astype(np.int64))
+    assert np.array_equal(
+        ((wide + 2**31) % 2**32 - 2**31).astype(np.int64), summed.astype(np.int64)
+    )
     plan.peel(summed)
-    y = plan.decode(codec.aggregate("sum32", np.zeros(plan.info["fallback_lanes"], dtype=">i4"),
-                                    [plan.encode_fallback(g) for g in grads]))
+    y = plan.decode(
+        codec.aggregate(
+            "sum32",
+            np.zeros(plan.info["fallback_lanes"], dtype=">i4"),
+            [plan.encode_fallback(g) for g in grads],
+        )
+    )
     assert_bits_equal(y, oracle(grads, block), "lhc by phases")
 
 
 def test_sum32_wraps_like_twos_complement():
-    a = np.array([2**31 - 1, -2**31, 5, -1], dtype=">i4")
+    a = np.array([2**31 - 1, -(2**31), 5, -1], dtype=">i4")
     acc = a.copy()
     k.aggregate(k.OP_SUM32, acc, np.array([1, -1, -7, 1], dtype=">i4"))
-    assert acc.tolist() == [-2**31, 2**31 - 1, -2, 0]
+    assert acc.tolist() == [-(2**31), 2**31 - 1, -2, 0]
 
 
 # ---- kernels through the bindings ----------------------------------------------
+
 
 def _nc8_expand(codes, top):
     sign = np.where(codes & 0x80, -1, 1).astype(np.int64)
@@ -271,9 +309,9 @@ def _nc8_expand(codes, top):
 def test_kernels_match_numpy(lanes):
     rng = np.random.default_rng(lanes)
     isas = [i for i in (k.ISA_PORTABLE, k.ISA_AVX2, k.ISA_AVX512, k.ISA_BEST) if k.isa_supported(i)]
-    acc32 = rng.integers(-2**31, 2**31, lanes).astype(">i4")
-    in32 = rng.integers(-2**31, 2**31, lanes).astype(">i4")
-    want = ((acc32.astype(np.int64) + in32.astype(np.int64) + 2**31) % 2**32 - 2**31)
+    acc32 = rng.integers(-(2**31), 2**31, lanes).astype(">i4")
+    in32 = rng.integers(-(2**31), 2**31, lanes).astype(">i4")
+    want = (acc32.astype(np.int64) + in32.astype(np.int64) + 2**31) % 2**32 - 2**31
     a8 = rng.integers(-128, 128, lanes).astype(np.int8)
     i8 = rng.integers(-128, 128, lanes).astype(np.int8)
     au = rng.integers(0, 256, lanes).astype(np.uint8)
@@ -300,6 +338,7 @@ def test_kernels_match_numpy(lanes):
 
 # ---- nc: unbiased, bounded second moment ---------------------------------------
 
+
 def _cnat_variance(x):
     """Variance of unbiased rounding of |x| to its two bracketing powers of two."""
     a = np.abs(x.astype(np.float64))
@@ -324,9 +363,14 @@ NC_SEEDS = 400
 
 
 def _nc_samples(grads, **kw):
-    return np.stack([codec.simulate_allreduce(grads, method="nc", seed=s, block_elements=256,
-                                              **kw).sum.astype(np.float64)
-                     for s in range(NC_SEEDS)])
+    return np.stack(
+        [
+            codec.simulate_allreduce(
+                grads, method="nc", seed=s, block_elements=256, **kw
+            ).sum.astype(np.float64)
+            for s in range(NC_SEEDS)
+        ]
+    )
 
 
 @pytest.mark.parametrize("workers", [1, 3])
@@ -358,11 +402,11 @@ def test_nc_second_moment():
     x = _nc_vector(rng, 256)
     ys = _nc_samples([x])
     x2 = x.astype(np.float64) ** 2
-    m2 = (ys ** 2).mean(axis=0)
-    se2 = (ys ** 2).std(axis=0, ddof=1) / np.sqrt(NC_SEEDS)
+    m2 = (ys**2).mean(axis=0)
+    se2 = (ys**2).std(axis=0, ddof=1) / np.sqrt(NC_SEEDS)
     assert np.all(m2 <= 9 / 8 * x2 * (1 + 1e-12) + 5 * se2)
-    tot_se = (ys ** 2).sum(axis=1).std(ddof=1) / np.sqrt(NC_SEEDS)
-    assert (ys ** 2).sum(axis=1).mean() <= 9 / 8 * x2.sum() + 5 * tot_se
+    tot_se = (ys**2).sum(axis=1).std(ddof=1) / np.sqrt(NC_SEEDS)
+    assert (ys**2).sum(axis=1).mean() <= 9 / 8 * x2.sum() + 5 * tot_se
     # Every sample is a sum of signed powers of two (or 0), one per element.
     a = np.abs(ys[ys != 0])
     assert np.array_equal(np.exp2(np.round(np.log2(a))), a)
@@ -396,9 +440,18 @@ def test_nc_is_deterministic_per_seed():
 
 # ---- auto ----------------------------------------------------------------------
 
-@pytest.mark.parametrize("density,positions", [(0.0, "independent"), (1e-3, "independent"),
-                                               (0.02, "shared"), (0.05, "clustered"),
-                                               (0.3, "independent"), (1.0, "shared")])
+
+@pytest.mark.parametrize(
+    "density,positions",
+    [
+        (0.0, "independent"),
+        (1e-3, "independent"),
+        (0.02, "shared"),
+        (0.05, "clustered"),
+        (0.3, "independent"),
+        (1.0, "shared"),
+    ],
+)
 def test_auto_bytes(density, positions):
     """auto runs the method it names, whose bytes it then matches exactly,
     plus the counts phase (dense, blocks) and the index phase when the meta
@@ -421,21 +474,28 @@ def test_auto_bytes(density, positions):
 
 # ---- stochastic rounding ---------------------------------------------------------
 
+
 def test_stochastic_rounding_is_unbiased_and_grid_exact():
     """With stochastic rounding every worker still decodes the same bits; on
     values already on the grid nothing is rounded (result equals the oracle)."""
     rng = np.random.default_rng(2)
     grads, _, _ = _grid_grads(rng, 3, 2000, 256, 0.2)
     for method in ("dense", "blocks", "lhc", "union"):
-        r = run(grads, method, 256, stochastic=True, )
+        r = run(
+            grads,
+            method,
+            256,
+            stochastic=True,
+        )
         assert_bits_equal(r.sum, oracle(grads, 256), f"stochastic {method} on grid")
     # Off the grid: x = 0.3125 units of 2^-28 (E = 1, W = 2: s = 28) rounds
     # up with probability p = 0.3125 on each worker; the mean over 200 seeds
     # x 63 elements must be within 5 standard errors of the exact sum 2x.
     x = np.full(64, np.float32(1.25 * 2.0**-30), dtype=np.float32)
     x[0] = 1.5
-    ys = np.stack([run([x, x], "dense", 64, stochastic=True, seed=s).sum[1:]
-                   for s in range(200)]).astype(np.float64)
+    ys = np.stack(
+        [run([x, x], "dense", 64, stochastic=True, seed=s).sum[1:] for s in range(200)]
+    ).astype(np.float64)
     assert set(np.unique(ys)) <= {0.0, 2.0**-28, 2.0**-27} and len(np.unique(ys)) >= 2
     p = 0.3125
     se = np.sqrt(2 * p * (1 - p)) * 2.0**-28 / np.sqrt(ys.size)
@@ -443,6 +503,7 @@ def test_stochastic_rounding_is_unbiased_and_grid_exact():
 
 
 # ---- bad input ---------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
 @pytest.mark.parametrize("method", ["dense", "blocks", "lhc", "union", "nc", "auto"])
@@ -550,6 +611,7 @@ def test_public_constants():
 
 # ---- random streams, bit for bit (docs/PROTOCOL.md specifies them) ----------
 
+
 @settings(max_examples=40, deadline=None)
 @given(
     method=st.sampled_from(("dense", "blocks", "lhc", "union", "auto")),
@@ -579,7 +641,8 @@ def test_stochastic_matches_oracle(method, workers, n, density, magnitude, seed)
 def test_nc_matches_oracle(workers, n, density, magnitude, nc_levels, seed):
     rng = np.random.default_rng(seed % 2**32)
     grads = make_grads(rng, workers, n, density, "independent", magnitude)
-    r = codec.simulate_allreduce(grads, method="nc", seed=seed, block_elements=64,
-                                 nc_levels=nc_levels)
+    r = codec.simulate_allreduce(
+        grads, method="nc", seed=seed, block_elements=64, nc_levels=nc_levels
+    )
     want = ref.allreduce_nc(grads, 64, seed, nc_levels) if n else np.zeros(0, np.float32)
     assert_bits_equal(r.sum, want, f"nc levels={nc_levels}")

@@ -5,6 +5,7 @@ docs/PROTOCOL.md ("Codec"): exponent codes, the fixed-point round trip,
 stochastic rounding streams, and the lhc pipeline against the dense sum,
 with worker contributions summed in numpy (int32 wrapping, OR).
 """
+
 import errno
 import os
 import subprocess
@@ -23,6 +24,7 @@ pytestmark = pytest.mark.sanitize
 # ---- numpy reference of the protocol formulas -----------------------------
 # (the random streams, stream_key and hash_u32, are reference.py's)
 
+
 def log2w(w):
     return (w - 1).bit_length()
 
@@ -30,7 +32,7 @@ def log2w(w):
 def ref_codes(x, block):
     codes = []
     for b in range(0, len(x), block):
-        m = float(np.max(np.abs(x[b:b + block].astype(np.float64))))
+        m = float(np.max(np.abs(x[b : b + block].astype(np.float64))))
         if m == 0.0:
             codes.append(-128)
         else:
@@ -62,6 +64,7 @@ def ref_decode(sum_q, gcodes, block, w):
 
 # ---- thin call helpers ----------------------------------------------------
 
+
 def params(block=256, workers=1, worker=0, flags=0, seed=0, nc_levels=0, cpc=0.0):
     p = ffi.new("struct hg_params *")
     p.block, p.workers, p.worker, p.flags = block, workers, worker, flags
@@ -76,31 +79,46 @@ def buf(a):
 def exp_encode(p, x):
     codes = np.zeros(lib.hg_nblocks(p, len(x)), np.int8)
     bad = ffi.new("size_t *")
-    rc = lib.hg_exp_encode(p, ffi.cast("float *", buf(x)), len(x),
-                           ffi.cast("int8_t *", buf(codes)), bad)
+    rc = lib.hg_exp_encode(
+        p, ffi.cast("float *", buf(x)), len(x), ffi.cast("int8_t *", buf(codes)), bad
+    )
     return rc, codes, bad[0]
 
 
 def nnz_counts(p, x):
     c = np.zeros(lib.hg_nblocks(p, len(x)), ">i4")
-    assert lib.hg_nnz_counts(p, ffi.cast("float *", buf(x)), len(x),
-                             ffi.cast("uint8_t *", buf(c))) == 0
+    assert (
+        lib.hg_nnz_counts(p, ffi.cast("float *", buf(x)), len(x), ffi.cast("uint8_t *", buf(c)))
+        == 0
+    )
     return c
 
 
 def quantize(p, x, gcodes, qflags=0):
-    out = np.zeros(lib.hg_quantized_lanes(p, len(x), ffi.cast("int8_t *", buf(gcodes)), qflags), ">i4")
-    rc = lib.hg_quantize(p, ffi.cast("float *", buf(x)), len(x),
-                         ffi.cast("int8_t *", buf(gcodes)), qflags,
-                         ffi.cast("uint8_t *", buf(out)))
+    out = np.zeros(
+        lib.hg_quantized_lanes(p, len(x), ffi.cast("int8_t *", buf(gcodes)), qflags), ">i4"
+    )
+    rc = lib.hg_quantize(
+        p,
+        ffi.cast("float *", buf(x)),
+        len(x),
+        ffi.cast("int8_t *", buf(gcodes)),
+        qflags,
+        ffi.cast("uint8_t *", buf(out)),
+    )
     return rc, out
 
 
 def dequantize(p, lanes, n, gcodes, qflags=0):
     y = np.full(n, np.nan, np.float32)
-    rc = lib.hg_dequantize(p, ffi.cast("uint8_t *", buf(lanes)), n,
-                           ffi.cast("int8_t *", buf(gcodes)), qflags,
-                           ffi.cast("float *", buf(y)))
+    rc = lib.hg_dequantize(
+        p,
+        ffi.cast("uint8_t *", buf(lanes)),
+        n,
+        ffi.cast("int8_t *", buf(gcodes)),
+        qflags,
+        ffi.cast("float *", buf(y)),
+    )
     assert rc == 0
     return y
 
@@ -130,19 +148,28 @@ def lhc_allreduce(xs, block, flags=0, seed=0, cpc=0.0):
     """Runs the lhc phases for every worker; returns y per worker and info."""
     W = len(xs)
     n = len(xs[0])
-    ps = [params(block=block, workers=W, worker=w, flags=flags, seed=seed, cpc=cpc)
-          for w in range(W)]
+    ps = [
+        params(block=block, workers=W, worker=w, flags=flags, seed=seed, cpc=cpc) for w in range(W)
+    ]
     gcodes, gcounts = global_meta(xs, block)
-    ls = [ffi.gc(lib.hg_lhc_create(p, n, ffi.cast("int8_t *", buf(gcodes)),
-                                   ffi.cast("uint8_t *", buf(gcounts))),
-                 lib.hg_lhc_destroy) for p in ps]
+    ls = [
+        ffi.gc(
+            lib.hg_lhc_create(
+                p, n, ffi.cast("int8_t *", buf(gcodes)), ffi.cast("uint8_t *", buf(gcounts))
+            ),
+            lib.hg_lhc_destroy,
+        )
+        for p in ps
+    ]
     info = ffi.new("struct hg_lhc_info *")
     assert lib.hg_lhc_get_info(ls[0], info) == 0
     gindex = np.zeros(info.index_bytes, np.uint8)
     for l, x in zip(ls, xs):
         idx = np.zeros(info.index_bytes, np.uint8)
-        assert lib.hg_lhc_index_encode(l, ffi.cast("float *", buf(x)),
-                                       ffi.cast("uint8_t *", buf(idx))) == 0
+        assert (
+            lib.hg_lhc_index_encode(l, ffi.cast("float *", buf(x)), ffi.cast("uint8_t *", buf(idx)))
+            == 0
+        )
         gindex |= idx
     for l in ls:
         assert lib.hg_lhc_set_index(l, ffi.cast("uint8_t *", buf(gindex))) == 0
@@ -151,8 +178,12 @@ def lhc_allreduce(xs, block, flags=0, seed=0, cpc=0.0):
     sketches = []
     for l, x in zip(ls, xs):
         cells = np.zeros(info.sketch_lanes, ">i4")
-        assert lib.hg_lhc_sketch_encode(l, ffi.cast("float *", buf(x)),
-                                        ffi.cast("uint8_t *", buf(cells))) == 0
+        assert (
+            lib.hg_lhc_sketch_encode(
+                l, ffi.cast("float *", buf(x)), ffi.cast("uint8_t *", buf(cells))
+            )
+            == 0
+        )
         sketches.append(cells.astype(np.int32))
         gcells += cells.astype(np.int32)  # int32 wrapping
     gcells_be = gcells.astype(">i4")
@@ -162,15 +193,21 @@ def lhc_allreduce(xs, block, flags=0, seed=0, cpc=0.0):
     gfb = np.zeros(info.fallback_lanes, np.int32)
     for l, x in zip(ls, xs):
         fb = np.zeros(info.fallback_lanes, ">i4")
-        assert lib.hg_lhc_fallback_encode(l, ffi.cast("float *", buf(x)),
-                                          ffi.cast("uint8_t *", buf(fb))) == 0
+        assert (
+            lib.hg_lhc_fallback_encode(
+                l, ffi.cast("float *", buf(x)), ffi.cast("uint8_t *", buf(fb))
+            )
+            == 0
+        )
         gfb += fb.astype(np.int32)
     gfb_be = gfb.astype(">i4")
     ys = []
     for l in ls:
         y = np.full(n, np.nan, np.float32)
-        assert lib.hg_lhc_decode(l, ffi.cast("uint8_t *", buf(gfb_be)),
-                                 ffi.cast("float *", buf(y))) == 0
+        assert (
+            lib.hg_lhc_decode(l, ffi.cast("uint8_t *", buf(gfb_be)), ffi.cast("float *", buf(y)))
+            == 0
+        )
         ys.append(y)
     infos = []
     for l in ls:
@@ -185,13 +222,15 @@ def dense_reference(xs, block, flags=0, seed=0):
     W = len(xs)
     total = np.zeros(len(xs[0]), np.int32)
     for w, x in enumerate(xs):
-        q = ref_quantize(x, gcodes, block, W, worker=w, seed=seed,
-                         stochastic=bool(flags & lib.HG_F_STOCHASTIC))
+        q = ref_quantize(
+            x, gcodes, block, W, worker=w, seed=seed, stochastic=bool(flags & lib.HG_F_STOCHASTIC)
+        )
         total += q
     return ref_decode(total, gcodes, block, W)
 
 
 # ---- parameters, exponents, counts ---------------------------------------
+
 
 def test_params_check_and_basics():
     assert lib.hg_params_check(params()) == 0
@@ -234,14 +273,16 @@ def test_exponent_codes_special_blocks():
 
 def test_exponent_codes_random_and_portable_path_identical():
     rng = np.random.default_rng(1)
-    x = (rng.standard_normal(64 * 100 + 17) * np.exp2(rng.integers(-140, 120, 64 * 100 + 17))).astype(np.float32)
+    x = (
+        rng.standard_normal(64 * 100 + 17) * np.exp2(rng.integers(-140, 120, 64 * 100 + 17))
+    ).astype(np.float32)
     x[rng.random(len(x)) < 0.3] = 0
     x[640:704] = 0
     rc, codes, _ = exp_encode(params(block=64), x)
     assert rc == 0
     np.testing.assert_array_equal(codes, ref_codes(x, 64))
     counts = nnz_counts(params(block=64), x)
-    ref = [np.count_nonzero(x[b:b + 64]) for b in range(0, len(x), 64)]
+    ref = [np.count_nonzero(x[b : b + 64]) for b in range(0, len(x), 64)]
     assert counts.tolist() == ref
 
 
@@ -256,9 +297,14 @@ def test_nonfinite_reports_first_index(bad, where):
     codes = np.zeros(lib.hg_nblocks(params(block=128), len(x)), np.int8)
     counts = np.zeros(len(codes), ">i4")
     bad_i = ffi.new("size_t *")
-    rc = lib.hg_exp_nnz_encode(params(block=128), ffi.cast("float *", buf(x)), len(x),
-                               ffi.cast("int8_t *", buf(codes)),
-                               ffi.cast("uint8_t *", buf(counts)), bad_i)
+    rc = lib.hg_exp_nnz_encode(
+        params(block=128),
+        ffi.cast("float *", buf(x)),
+        len(x),
+        ffi.cast("int8_t *", buf(codes)),
+        ffi.cast("uint8_t *", buf(counts)),
+        bad_i,
+    )
     assert rc == -errno.EDOM and bad_i[0] == where
 
 
@@ -268,9 +314,17 @@ def test_fused_exp_nnz_matches_separate_calls():
     p = params(block=512)
     codes = np.zeros(lib.hg_nblocks(p, len(x)), np.int8)
     counts = np.zeros(len(codes), ">i4")
-    assert lib.hg_exp_nnz_encode(p, ffi.cast("float *", buf(x)), len(x),
-                                 ffi.cast("int8_t *", buf(codes)),
-                                 ffi.cast("uint8_t *", buf(counts)), ffi.NULL) == 0
+    assert (
+        lib.hg_exp_nnz_encode(
+            p,
+            ffi.cast("float *", buf(x)),
+            len(x),
+            ffi.cast("int8_t *", buf(codes)),
+            ffi.cast("uint8_t *", buf(counts)),
+            ffi.NULL,
+        )
+        == 0
+    )
     np.testing.assert_array_equal(codes, exp_encode(p, x)[1])
     np.testing.assert_array_equal(counts, nnz_counts(p, x))
 
@@ -278,15 +332,42 @@ def test_fused_exp_nnz_matches_separate_calls():
 def test_bad_arguments():
     x = np.ones(128, np.float32)
     codes = np.zeros(2, np.int8)
-    assert lib.hg_exp_encode(params(block=96), ffi.cast("float *", buf(x)), 128,
-                             ffi.cast("int8_t *", buf(codes)), ffi.NULL) == -errno.EINVAL
-    assert lib.hg_exp_encode(params(workers=300), ffi.cast("float *", buf(x)), 128,
-                             ffi.cast("int8_t *", buf(codes)), ffi.NULL) == -errno.ERANGE
-    assert lib.hg_exp_encode(params(block=64), ffi.NULL, 128,
-                             ffi.cast("int8_t *", buf(codes)), ffi.NULL) == -errno.EINVAL
+    assert (
+        lib.hg_exp_encode(
+            params(block=96),
+            ffi.cast("float *", buf(x)),
+            128,
+            ffi.cast("int8_t *", buf(codes)),
+            ffi.NULL,
+        )
+        == -errno.EINVAL
+    )
+    assert (
+        lib.hg_exp_encode(
+            params(workers=300),
+            ffi.cast("float *", buf(x)),
+            128,
+            ffi.cast("int8_t *", buf(codes)),
+            ffi.NULL,
+        )
+        == -errno.ERANGE
+    )
+    assert (
+        lib.hg_exp_encode(
+            params(block=64), ffi.NULL, 128, ffi.cast("int8_t *", buf(codes)), ffi.NULL
+        )
+        == -errno.EINVAL
+    )
     assert lib.hg_lhc_create(ffi.NULL, 128, ffi.NULL, ffi.NULL) == ffi.NULL
-    assert lib.hg_lhc_create(params(block=100), 128, ffi.cast("int8_t *", buf(codes)),
-                             ffi.cast("uint8_t *", buf(np.zeros(2, ">i4")))) == ffi.NULL
+    assert (
+        lib.hg_lhc_create(
+            params(block=100),
+            128,
+            ffi.cast("int8_t *", buf(codes)),
+            ffi.cast("uint8_t *", buf(np.zeros(2, ">i4"))),
+        )
+        == ffi.NULL
+    )
     # a value outside the global code's range is refused
     rc, _ = quantize(params(block=64), x, np.array([-1, -1], np.int8))
     assert rc == -errno.ERANGE
@@ -294,14 +375,17 @@ def test_bad_arguments():
 
 # ---- quantisation round trip ---------------------------------------------
 
+
 @pytest.mark.parametrize("W", [1, 3, 4, 256])
 @pytest.mark.parametrize("qflags", [0, 1])
 def test_quantize_dequantize_matches_float64_formula(W, qflags):
     rng = np.random.default_rng(W)
     block = 128
     n = block * 40 + 33
-    x = (rng.standard_normal(n) * np.exp2(np.repeat(rng.integers(-150, 127, 41), block)[:n])).astype(np.float32)
-    x[block * 3:block * 5] = 0  # zero blocks
+    x = (
+        rng.standard_normal(n) * np.exp2(np.repeat(rng.integers(-150, 127, 41), block)[:n])
+    ).astype(np.float32)
+    x[block * 3 : block * 5] = 0  # zero blocks
     x[rng.random(n) < 0.2] = 0
     x[7] = np.float32(0.5)  # ties: 0.5 * 2^s exact halves appear below
     p = params(block=block, workers=W)
@@ -385,9 +469,13 @@ def test_portable_and_avx2_paths_identical(tmp_path):
         "sys.stdout.write(str(hash(codes.tobytes() + counts.tobytes() + q.tobytes() + y.tobytes() + idx.tobytes() + cells.tobytes())))\n"
     )
     env = dict(os.environ, PYTHONHASHSEED="0")
-    a = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
+    a = subprocess.run(
+        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120
+    )
     env["HOMAGG_CODEC_ISA"] = "portable"
-    b = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
+    b = subprocess.run(
+        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120
+    )
     assert a.returncode == 0, a.stderr
     assert b.returncode == 0, b.stderr
     assert a.stdout == b.stdout and a.stdout
@@ -395,14 +483,17 @@ def test_portable_and_avx2_paths_identical(tmp_path):
 
 # ---- lhc -----------------------------------------------------------------
 
-@pytest.mark.parametrize("W,density,block", [(1, 0.3, 256), (3, 0.05, 1024), (4, 0.01, 4096), (2, 1.0, 64)])
+
+@pytest.mark.parametrize(
+    "W,density,block", [(1, 0.3, 256), (3, 0.05, 1024), (4, 0.01, 4096), (2, 1.0, 64)]
+)
 def test_lhc_pipeline_equals_dense(W, density, block):
     rng = np.random.default_rng(W * 100 + block)
     n = block * 9 + 37
     xs = gradients(rng, W, n, density)
-    xs[0][block:2 * block] = 0  # a block zero on worker 0 only
+    xs[0][block : 2 * block] = 0  # a block zero on worker 0 only
     for x in xs:
-        x[2 * block:3 * block] = 0  # a block zero everywhere
+        x[2 * block : 3 * block] = 0  # a block zero everywhere
     ys, infos, _, _, _ = lhc_allreduce(xs, block)
     expect = dense_reference(xs, block)
     for y in ys:
@@ -479,8 +570,12 @@ def test_sketch_is_homomorphic():
     l = ls[0]
     cells = np.zeros(len(summed), ">i4")
     # re-encode with the sum: quantised with the same s (exact integers)
-    assert lib.hg_lhc_sketch_encode(l, ffi.cast("float *", buf(total)),
-                                    ffi.cast("uint8_t *", buf(cells))) == 0
+    assert (
+        lib.hg_lhc_sketch_encode(
+            l, ffi.cast("float *", buf(total)), ffi.cast("uint8_t *", buf(cells))
+        )
+        == 0
+    )
     np.testing.assert_array_equal(cells.astype(np.int32), summed)
 
 
@@ -489,8 +584,12 @@ def test_lhc_wrong_order_is_einval():
     p = params(block=256)
     codes = np.array([0], np.int8)
     counts = np.array([256], ">i4")
-    l = ffi.gc(lib.hg_lhc_create(p, 256, ffi.cast("int8_t *", buf(codes)),
-                                 ffi.cast("uint8_t *", buf(counts))), lib.hg_lhc_destroy)
+    l = ffi.gc(
+        lib.hg_lhc_create(
+            p, 256, ffi.cast("int8_t *", buf(codes)), ffi.cast("uint8_t *", buf(counts))
+        ),
+        lib.hg_lhc_destroy,
+    )
     out = np.zeros(4096, ">i4")
     xp = ffi.cast("float *", buf(x))
     op = ffi.cast("uint8_t *", buf(out))
@@ -515,6 +614,7 @@ def test_peel_detects_inconsistent_sums():
 
 # ---- auto ------------------------------------------------------------------
 
+
 def test_auto_choice():
     block = 1024
     p = params(block=block, workers=4)
@@ -522,8 +622,9 @@ def test_auto_choice():
     n = nb * block
 
     def choose(codes, counts):
-        return lib.hg_auto_choose(p, n, ffi.cast("int8_t *", buf(codes)),
-                                  ffi.cast("uint8_t *", buf(counts.astype(">i4"))))
+        return lib.hg_auto_choose(
+            p, n, ffi.cast("int8_t *", buf(codes)), ffi.cast("uint8_t *", buf(counts.astype(">i4")))
+        )
 
     full = np.zeros(nb, np.int8)
     assert choose(full, np.full(nb, 4 * block)) == lib.HG_M_DENSE
@@ -541,9 +642,12 @@ def test_auto_choice():
 
 # ---- nc --------------------------------------------------------------------
 
+
 def nc_expand(codes, top):
     m = (codes & 0x7F).astype(np.int64)
-    mag = np.where((m >= 1) & (m <= top), np.ldexp(1.0, (top - np.clip(m, 1, top)).astype(np.int64)), 0.0)
+    mag = np.where(
+        (m >= 1) & (m <= top), np.ldexp(1.0, (top - np.clip(m, 1, top)).astype(np.int64)), 0.0
+    )
     return np.where(codes & 0x80, -mag, mag)
 
 
@@ -560,9 +664,16 @@ def test_nc_unbiased_and_powers_of_two(levels):
     top = lib.hg_nc_top(params(workers=W))
     nc = np.zeros(len(x), np.uint8)
     p = params(block=block, workers=W, worker=2, seed=5, nc_levels=levels)
-    assert lib.hg_nc_encode(p, ffi.cast("float *", buf(x)), len(x),
-                            ffi.cast("int8_t *", buf(codes)),
-                            ffi.cast("uint8_t *", buf(nc))) == 0
+    assert (
+        lib.hg_nc_encode(
+            p,
+            ffi.cast("float *", buf(x)),
+            len(x),
+            ffi.cast("int8_t *", buf(codes)),
+            ffi.cast("uint8_t *", buf(nc)),
+        )
+        == 0
+    )
     units = nc_expand(nc, top)
     s = shifts(codes, W)[0]
     v = np.ldexp(base.astype(np.float64), s)
@@ -579,12 +690,22 @@ def test_nc_unbiased_and_powers_of_two(levels):
         assert m.max() <= levels
     # the same seed gives the same codes, another worker other codes
     nc2 = np.zeros_like(nc)
-    lib.hg_nc_encode(p, ffi.cast("float *", buf(x)), len(x),
-                     ffi.cast("int8_t *", buf(codes)), ffi.cast("uint8_t *", buf(nc2)))
+    lib.hg_nc_encode(
+        p,
+        ffi.cast("float *", buf(x)),
+        len(x),
+        ffi.cast("int8_t *", buf(codes)),
+        ffi.cast("uint8_t *", buf(nc2)),
+    )
     np.testing.assert_array_equal(nc, nc2)
     p.worker = 3
-    lib.hg_nc_encode(p, ffi.cast("float *", buf(x)), len(x),
-                     ffi.cast("int8_t *", buf(codes)), ffi.cast("uint8_t *", buf(nc2)))
+    lib.hg_nc_encode(
+        p,
+        ffi.cast("float *", buf(x)),
+        len(x),
+        ffi.cast("int8_t *", buf(codes)),
+        ffi.cast("uint8_t *", buf(nc2)),
+    )
     assert np.any(nc != nc2)
 
 
@@ -596,8 +717,16 @@ def test_nc_stream_matches_formula():
     top = 31 - log2w(W)
     p = params(block=block, workers=W, worker=1, seed=42)
     nc = np.zeros(len(x), np.uint8)
-    assert lib.hg_nc_encode(p, ffi.cast("float *", buf(x)), len(x),
-                            ffi.cast("int8_t *", buf(codes)), ffi.cast("uint8_t *", buf(nc))) == 0
+    assert (
+        lib.hg_nc_encode(
+            p,
+            ffi.cast("float *", buf(x)),
+            len(x),
+            ffi.cast("int8_t *", buf(codes)),
+            ffi.cast("uint8_t *", buf(nc)),
+        )
+        == 0
+    )
     s = np.repeat(shifts(codes, W), block)
     v = np.abs(np.ldexp(x.astype(np.float64), s))
     u = hash_u32(stream_key(42, DOM_NC, 1), np.arange(len(x))) * 2.0**-32

@@ -11,6 +11,7 @@ included), the peel and both decodes.  The candidates are also checked
 against the numpy implementation of the protocol's index (Bloom probes
 included), and the results against the numpy oracle.
 """
+
 import errno
 import os
 import subprocess
@@ -44,8 +45,13 @@ def pipeline(grads, block, stochastic=False, seed=0, cpc=0.0):
     """Every codec output of one lhc and one union allreduce, as bytes, in
     this process's current ISA path (C kernels for the sums)."""
     W, n = len(grads), grads[0].size
-    params = codec.Params(block_elements=block, workers=W, seed=seed, stochastic=stochastic,
-                          sketch_cells_per_candidate=cpc)
+    params = codec.Params(
+        block_elements=block,
+        workers=W,
+        seed=seed,
+        stochastic=stochastic,
+        sketch_cells_per_candidate=cpc,
+    )
     cps = [params.c(w) for w in range(W)]
     out = {}
     scans, codes, counts = [], [], []
@@ -123,8 +129,9 @@ def _compare(grads, block, **kw):
     stochastic=st.booleans(),
     seed=st.integers(0, 2**32 - 1),
 )
-def test_every_path_gives_the_portable_bits(workers, block, full, tail, density, positions,
-                                           stochastic, seed):
+def test_every_path_gives_the_portable_bits(
+    workers, block, full, tail, density, positions, stochastic, seed
+):
     assume(tail < block and full * block + tail > 0)
     n = full * block + tail
     rng = np.random.default_rng(seed)
@@ -158,12 +165,15 @@ def test_bloom_blocks_and_stalls_on_every_path(tail):
 
 def test_bad_isa_is_refused_by_name():
     with codec_isa_env("sse9"):
-        with pytest.raises(InvalidArgument, match="HOMAGG_CODEC_ISA='sse9'.*portable, avx2, avx512"):
+        with pytest.raises(
+            InvalidArgument, match="HOMAGG_CODEC_ISA='sse9'.*portable, avx2, avx512"
+        ):
             b.codec_isa_reload()
         # every codec entry point refuses while it is set
         with pytest.raises(InvalidArgument, match="HOMAGG_CODEC_ISA"):
             b.params_new(block=64)
         from homagg._native import ffi, lib
+
         p = ffi.new("struct hg_params *", dict(block=64, workers=1, worker=0))
         assert lib.hg_params_check(p) == -errno.EINVAL
         assert lib.hg_codec_isa() == -errno.EINVAL
@@ -176,9 +186,13 @@ def test_variable_is_read_at_start(isa):
     with codec_isa(isa):  # skips where this CPU lacks the path
         pass
     env = dict(os.environ, HOMAGG_CODEC_ISA=isa)
-    r = subprocess.run([sys.executable, "-c",
-                        "from homagg.bindings import codec as b; print(b.codec_isa())"],
-                       env=env, capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-c", "from homagg.bindings import codec as b; print(b.codec_isa())"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == isa
 

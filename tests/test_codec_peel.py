@@ -9,6 +9,7 @@ stall, and -EPROTO, also with sums that are inconsistent with the index
 (where a different peeling order could give different values).  The
 AVX-512, AVX2 and portable builds of the same calls must agree too.
 """
+
 import errno
 import math
 import os
@@ -104,16 +105,30 @@ class Plan:
     def __init__(self, x, block, cpc=0.0, seed=5, flags=0):
         self.x, self.block, self.cpc, self.seed = x, block, cpc, seed
         n = len(x)
-        self.p = ffi.new("struct hg_params *", dict(block=block, workers=1, worker=0, seed=seed,
-                                                   flags=flags, sketch_cells_per_candidate=cpc))
+        self.p = ffi.new(
+            "struct hg_params *",
+            dict(
+                block=block,
+                workers=1,
+                worker=0,
+                seed=seed,
+                flags=flags,
+                sketch_cells_per_candidate=cpc,
+            ),
+        )
         nb = (n + block - 1) // block
         self.codes = np.zeros(nb, np.int8)
         counts = np.full(nb, block, ">i4")  # declared full: bitmaps everywhere
         xp = ffi.cast("float *", buf(x))
-        assert lib.hg_exp_encode(self.p, xp, n, ffi.cast("int8_t *", buf(self.codes)),
-                                 ffi.NULL) == 0
-        self.l = ffi.gc(lib.hg_lhc_create(self.p, n, ffi.cast("int8_t *", buf(self.codes)),
-                                          ffi.cast("uint8_t *", buf(counts))), lib.hg_lhc_destroy)
+        assert (
+            lib.hg_exp_encode(self.p, xp, n, ffi.cast("int8_t *", buf(self.codes)), ffi.NULL) == 0
+        )
+        self.l = ffi.gc(
+            lib.hg_lhc_create(
+                self.p, n, ffi.cast("int8_t *", buf(self.codes)), ffi.cast("uint8_t *", buf(counts))
+            ),
+            lib.hg_lhc_destroy,
+        )
         self.info = ffi.new("struct hg_lhc_info *")
         lib.hg_lhc_get_info(self.l, self.info)
         idx = np.zeros(self.info.index_bytes, np.uint8)
@@ -126,7 +141,7 @@ class Plan:
         self.blocks = []
         off = 0
         for b in range(nb):
-            xb = x[b * block:(b + 1) * block]
+            xb = x[b * block : (b + 1) * block]
             cand = [int(i) for i in np.flatnonzero(xb)]
             t = sketch_t(len(cand), cpc) if self.codes[b] != -128 else 0
             self.blocks.append((b * block, cand, t, off))
@@ -135,9 +150,9 @@ class Plan:
 
     def quantised(self, b):
         g0, cand, t, _ = self.blocks[b]
-        xb = self.x[g0:g0 + self.block].astype(np.float64)
+        xb = self.x[g0 : g0 + self.block].astype(np.float64)
         s = lib.hg_scale_shift(self.p, int(self.codes[b]))
-        return np.round(xb * 2.0 ** s).astype(np.int64), s
+        return np.round(xb * 2.0**s).astype(np.int64), s
 
     def peel(self, gcells):
         rc = lib.hg_lhc_peel(self.l, ffi.cast("uint8_t *", buf(gcells)))
@@ -146,8 +161,10 @@ class Plan:
         lib.hg_lhc_get_info(self.l, self.info)
         fb = np.zeros(self.info.fallback_lanes, ">i4")
         y = np.empty(len(self.x), np.float32)
-        assert lib.hg_lhc_decode(self.l, ffi.cast("uint8_t *", buf(fb)),
-                                 ffi.cast("float *", buf(y))) == 0
+        assert (
+            lib.hg_lhc_decode(self.l, ffi.cast("uint8_t *", buf(fb)), ffi.cast("float *", buf(y)))
+            == 0
+        )
         return y
 
 
@@ -160,7 +177,7 @@ def ref_result(plan, gcells):
     for b, (g0, cand, t, off) in enumerate(plan.blocks):
         if not cand:
             continue
-        cells = [int(c) & 0xFFFFFFFF for c in gcells[off:off + 3 * t]]
+        cells = [int(c) & 0xFFFFFFFF for c in gcells[off : off + 3 * t]]
         val = ref_peel(cells, cand, key, g0, t)
         if isinstance(val, int):
             return val, None
@@ -170,7 +187,7 @@ def ref_result(plan, gcells):
         lanes += sum(unresolved)
         for pos, v in zip(cand, val):
             sv = 0 if v is None else (v - (1 << 32) if v >= 1 << 31 else v)
-            y[g0 + pos] = np.float32(np.float64(sv) * 2.0 ** -s)
+            y[g0 + pos] = np.float32(np.float64(sv) * 2.0**-s)
     return y, (stalled, lanes)
 
 
@@ -180,9 +197,16 @@ def make_x(rng, n, density):
     return x
 
 
-@pytest.mark.parametrize("block,density,cpc", [
-    (256, 0.3, 0.0), (1024, 0.05, 0.0), (1024, 0.2, 1.1), (64, 0.9, 1.2), (4096, 0.02, 0.0),
-])
+@pytest.mark.parametrize(
+    "block,density,cpc",
+    [
+        (256, 0.3, 0.0),
+        (1024, 0.05, 0.0),
+        (1024, 0.2, 1.1),
+        (64, 0.9, 1.2),
+        (4096, 0.02, 0.0),
+    ],
+)
 def test_sketch_cells_equal_reference(block, density, cpc):
     rng = np.random.default_rng(block + int(density * 100))
     x = make_x(rng, block * 3 - 17, density)  # a short last block: vector tail
@@ -193,13 +217,19 @@ def test_sketch_cells_equal_reference(block, density, cpc):
             continue
         q, _ = plan.quantised(b)
         want = ref_sketch(q, cand, key, g0, t)
-        got = plan.cells[off:off + 3 * t].astype(np.int64) & 0xFFFFFFFF
+        got = plan.cells[off : off + 3 * t].astype(np.int64) & 0xFFFFFFFF
         assert list(got) == want, f"block {b}"
 
 
-@pytest.mark.parametrize("block,density,cpc", [
-    (256, 0.3, 0.0), (1024, 0.1, 1.15), (512, 0.2, 0.9), (64, 1.0, 1.3),
-])
+@pytest.mark.parametrize(
+    "block,density,cpc",
+    [
+        (256, 0.3, 0.0),
+        (1024, 0.1, 1.15),
+        (512, 0.2, 0.9),
+        (64, 1.0, 1.3),
+    ],
+)
 def test_peel_equals_reference_consistent_and_stalling(block, density, cpc):
     rng = np.random.default_rng(100 + block)
     x = make_x(rng, block * 6, density)
@@ -255,10 +285,9 @@ def test_peel_outcome_is_order_free():
         for g0, cand, t, off in plan.blocks:
             if not cand:
                 continue
-            cells = [int(c) & 0xFFFFFFFF for c in gcells[off:off + 3 * t]]
+            cells = [int(c) & 0xFFFFFFFF for c in gcells[off : off + 3 * t]]
             want = ref_peel(cells, cand, key, g0, t)
-            seen.add("eproto" if isinstance(want, int) else
-                     "stall" if None in want else "peeled")
+            seen.add("eproto" if isinstance(want, int) else "stall" if None in want else "peeled")
             for order in ("lifo", "reverse"):
                 assert ref_peel(cells, cand, key, g0, t, order) == want, (trial, order)
     assert seen == {"eproto", "stall", "peeled"}
@@ -296,8 +325,13 @@ def test_vector_and_portable_paths_identical(tmp_path):
         env.pop("HOMAGG_CODEC_ISA", None)
         if isa:
             env["HOMAGG_CODEC_ISA"] = isa
-        r = subprocess.run([sys.executable, str(script), here], env=env, capture_output=True,
-                           text=True, timeout=300)
+        r = subprocess.run(
+            [sys.executable, str(script), here],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert r.returncode == 0, r.stderr
         outs.append(r.stdout)
     assert outs[0] and outs[0] == outs[1] == outs[2]

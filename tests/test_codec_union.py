@@ -12,6 +12,7 @@
   blocks, lhc, union, each run on its own) on a grid of workloads and W,
   at most 1.01x when the meta phase settles the choice.
 """
+
 import errno
 
 import numpy as np
@@ -47,8 +48,12 @@ def _global(cps, grads, n):
 
 # ---- one pass == the previous implementation ------------------------------------
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow,
-                                                                HealthCheck.function_scoped_fixture])
+
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 @given(
     workers=st.sampled_from([1, 2, 3, 8, 64]),
     n=st.integers(0, 9000),
@@ -59,12 +64,12 @@ def _global(cps, grads, n):
     stochastic=st.booleans(),
     seed=st.integers(0, 2**32 - 1),
 )
-def test_one_pass_equals_previous_path(isa, workers, n, block, density, positions, magnitude,
-                                       stochastic, seed):
+def test_one_pass_equals_previous_path(
+    isa, workers, n, block, density, positions, magnitude, stochastic, seed
+):
     rng = np.random.default_rng(seed)
     grads = make_grads(rng, workers, n, density, positions, magnitude)
-    params = codec.Params(block_elements=block, workers=workers, seed=seed,
-                          stochastic=stochastic)
+    params = codec.Params(block_elements=block, workers=workers, seed=seed, stochastic=stochastic)
     cps = [params.c(w) for w in range(workers)]
     gcodes, gcounts = _global(cps, grads, n)
     plans = [b.lhc_create(cps[w], n, gcodes, gcounts) for w in range(workers)]
@@ -77,8 +82,9 @@ def test_one_pass_equals_previous_path(isa, workers, n, block, density, position
         new = b.lhc_index_encode_scan(plans[w], scan)
         assert np.array_equal(new, b.lhc_index_encode(plans[w], grads[w])), "index"
         scans.append(scan)
-    gindex = codec.aggregate("or", None, [b.lhc_index_encode_scan(plans[w], scans[w])
-                                          for w in range(workers)])
+    gindex = codec.aggregate(
+        "or", None, [b.lhc_index_encode_scan(plans[w], scans[w]) for w in range(workers)]
+    )
     if gindex is None:
         gindex = np.zeros(0, np.uint8)
     for pl in plans:
@@ -90,11 +96,14 @@ def test_one_pass_equals_previous_path(isa, workers, n, block, density, position
         assert np.array_equal(new, old), "sketch"
 
 
-@pytest.mark.parametrize("workers,n,block,density,positions", [
-    (4, 4096 * 6 + 100, 4096, 0.05, "independent"),
-    (3, 20000, 512, 0.001, "independent"),  # Bloom blocks
-    (8, 9000, 64, 0.3, "clustered"),
-])
+@pytest.mark.parametrize(
+    "workers,n,block,density,positions",
+    [
+        (4, 4096 * 6 + 100, 4096, 0.05, "independent"),
+        (3, 20000, 512, 0.001, "independent"),  # Bloom blocks
+        (8, 9000, 64, 0.3, "clustered"),
+    ],
+)
 def test_decode_paths_identical(workers, n, block, density, positions):
     """lhc and union decode on the vector path (one write per element by
     64-bit index words) and on the portable path (the previous
@@ -105,8 +114,7 @@ def test_decode_paths_identical(workers, n, block, density, positions):
     want = ref.allreduce(grads, block)
     for isa in ISAS:
         with codec_isa(isa):
-            for m, kw in (("lhc", {}), ("lhc", {"sketch_cells_per_candidate": 1.0}),
-                          ("union", {})):
+            for m, kw in (("lhc", {}), ("lhc", {"sketch_cells_per_candidate": 1.0}), ("union", {})):
                 r = run(grads, m, block, **kw)
                 assert_bits_equal(r.sum, want, f"{m} {kw} {isa}")
     stalled = run(grads, "lhc", block, sketch_cells_per_candidate=1.0).stats
@@ -115,15 +123,19 @@ def test_decode_paths_identical(workers, n, block, density, positions):
 
 # ---- union against the oracle --------------------------------------------------
 
-@pytest.mark.parametrize("workers,n,block,density,positions", [
-    (1, 1000, 64, 0.3, "independent"),
-    (3, 4096 * 3 + 45, 4096, 0.05, "independent"),
-    (4, 20000, 1024, 0.05, "shared"),
-    (5, 20000, 512, 0.02, "clustered"),
-    (64, 3000, 128, 0.05, "independent"),
-    (256, 1000, 64, 0.5, "shared"),
-    (2, 777, 64, 1.0, "independent"),
-])
+
+@pytest.mark.parametrize(
+    "workers,n,block,density,positions",
+    [
+        (1, 1000, 64, 0.3, "independent"),
+        (3, 4096 * 3 + 45, 4096, 0.05, "independent"),
+        (4, 20000, 1024, 0.05, "shared"),
+        (5, 20000, 512, 0.02, "clustered"),
+        (64, 3000, 128, 0.05, "independent"),
+        (256, 1000, 64, 0.5, "shared"),
+        (2, 777, 64, 1.0, "independent"),
+    ],
+)
 def test_union_lanes_and_result_match_oracle(isa, workers, n, block, density, positions):
     rng = np.random.default_rng(workers * 1000 + n)
     grads = make_grads(rng, workers, n, density, positions)
@@ -133,8 +145,9 @@ def test_union_lanes_and_result_match_oracle(isa, workers, n, block, density, po
     plans = [b.lhc_create(cps[w], n, gcodes, gcounts) for w in range(workers)]
     assert plans[0].info()["bloom_blocks"] == 0  # the oracle's candidates are a bitmap's
     scans = [b.scan_encode(cps[w], grads[w])[0] for w in range(workers)]
-    gindex = codec.aggregate("or", None, [b.lhc_index_encode_scan(plans[w], scans[w])
-                                          for w in range(workers)])
+    gindex = codec.aggregate(
+        "or", None, [b.lhc_index_encode_scan(plans[w], scans[w]) for w in range(workers)]
+    )
     for pl in plans:
         b.lhc_set_index(pl, gindex)
     cand = ref.union_candidates(grads)
@@ -186,6 +199,7 @@ def test_union_bytes_formula():
 
 # ---- bad and hostile input ---------------------------------------------------------
 
+
 def _planned(n=4096, block=1024, workers=2):
     rng = np.random.default_rng(1)
     grads = make_grads(rng, workers, n, 0.1)
@@ -211,12 +225,15 @@ def test_union_hostile_index_and_values_never_crash(isa):
     grads, cps, plans, scans = _planned()
     rng = np.random.default_rng(2)
     nbytes = plans[0].info()["index_bytes"]
-    for gindex in (np.full(nbytes, 0xFF, np.uint8), rng.integers(0, 256, nbytes, dtype=np.uint8),
-                   np.zeros(nbytes, np.uint8)):
+    for gindex in (
+        np.full(nbytes, 0xFF, np.uint8),
+        rng.integers(0, 256, nbytes, dtype=np.uint8),
+        np.zeros(nbytes, np.uint8),
+    ):
         b.lhc_set_index(plans[0], gindex)
         lanes = b.union_lanes(plans[0])
         assert lanes == int(np.unpackbits(gindex).sum())
-        vals = rng.integers(-2**31, 2**31, lanes, dtype=np.int64).astype(">i4")
+        vals = rng.integers(-(2**31), 2**31, lanes, dtype=np.int64).astype(">i4")
         y = b.union_decode(plans[0], vals)
         assert y.shape == (4096,)
         assert np.count_nonzero(y.view(np.uint32)) <= lanes
@@ -246,8 +263,12 @@ def test_union_bad_arguments():
 def test_union_out_of_range_value_is_erange():
     """A worker's value above the global exponent (inconsistent codes)."""
     grads, cps, plans, scans = _planned()
-    b.lhc_set_index(plans[0], codec.aggregate("or", None, [
-        b.lhc_index_encode_scan(plans[w], scans[w]) for w in range(2)]))
+    b.lhc_set_index(
+        plans[0],
+        codec.aggregate(
+            "or", None, [b.lhc_index_encode_scan(plans[w], scans[w]) for w in range(2)]
+        ),
+    )
     x = grads[0].copy()
     x[np.flatnonzero(x)[0]] = 1e30
     big = b.scan_encode(cps[0], x)[0]
@@ -258,30 +279,38 @@ def test_union_out_of_range_value_is_erange():
 
 # ---- auto: exact byte counts ------------------------------------------------------
 
+
 def _workload(rng, kind, workers, n, block):
     if kind == "one-dense-block":  # one dense block among zero blocks
         grads = [np.zeros(n, np.float32) for _ in range(workers)]
         for g in grads:
-            g[block:2 * block] = rng.standard_normal(block).astype(np.float32)
+            g[block : 2 * block] = rng.standard_normal(block).astype(np.float32)
         return grads
     density, positions = {
-        "zero": (0.0, "independent"), "sparse": (1e-3, "independent"),
-        "independent": (0.05, "independent"), "shared": (0.05, "shared"),
-        "clustered": (0.05, "clustered"), "half": (0.5, "independent"),
+        "zero": (0.0, "independent"),
+        "sparse": (1e-3, "independent"),
+        "independent": (0.05, "independent"),
+        "shared": (0.05, "shared"),
+        "clustered": (0.05, "clustered"),
+        "half": (0.5, "independent"),
         "dense": (1.0, "shared"),
     }[kind]
     return make_grads(rng, workers, n, density, positions)
 
 
 @pytest.mark.parametrize("workers", [2, 4, 16, 64, 128, 256])
-@pytest.mark.parametrize("kind", ["zero", "sparse", "independent", "shared", "clustered",
-                                  "half", "dense", "one-dense-block"])
+@pytest.mark.parametrize(
+    "kind",
+    ["zero", "sparse", "independent", "shared", "clustered", "half", "dense", "one-dense-block"],
+)
 def test_auto_within_5_percent_of_the_smallest_exact_method(workers, kind):
     block, n = 1024, 16 * 1024
     rng = np.random.default_rng(workers + len(kind))
     grads = _workload(rng, kind, workers, n, block)
-    by = {m: run(grads, m, block).stats["bytes_per_worker"]
-          for m in ("dense", "blocks", "lhc", "union")}
+    by = {
+        m: run(grads, m, block).stats["bytes_per_worker"]
+        for m in ("dense", "blocks", "lhc", "union")
+    }
     a = run(grads, "auto", block)
     assert_bits_equal(a.sum, ref.allreduce(grads, block), f"auto {kind} W={workers}")
     smallest = min(by.values())

@@ -1,6 +1,7 @@
 """homagg-switch's control socket: every request type, malformed requests,
 and clean shutdown.  The daemon runs on a net_ring vdev (no traffic) with
 --no-huge; every test checks the daemon survives what it was sent."""
+
 import errno
 import json
 import signal
@@ -47,8 +48,7 @@ def shared(tmp_path_factory):
         d.stop()
 
 
-JOB = dict(job=7, token=0xC0FFEE, workers=4, slots=32, payload=1024,
-           group="239.1.1.1")
+JOB = dict(job=7, token=0xC0FFEE, workers=4, slots=32, payload=1024, group="239.1.1.1")
 # IPv4 + UDP + HomAgg header + payload + the optional 16-byte MAC <= MTU
 PAYLOAD_AT_1500 = (1500 - 20 - 8 - lib.HG_HDR_LEN - 16) // 4 * 4
 PARENT = dict(ip="10.0.0.9", mac="02:00:00:00:00:09", worker=1)
@@ -62,8 +62,7 @@ def test_stats_names_every_counter(daemon):
     assert all(isinstance(v, int) and v >= 0 for v in counters.values())
     for name in ("received", "summed", "results_sent", "unknown_job", "bad_token"):
         assert name in counters
-    assert set(st["port"]) >= {"ipackets", "rx", "tx", "drop_injected", "arp_replies",
-                               "arp_other"}
+    assert set(st["port"]) >= {"ipackets", "rx", "tx", "drop_injected", "arp_replies", "arp_other"}
     assert accounting(st)["consistent"]
 
 
@@ -92,58 +91,84 @@ def test_add_and_remove_job(daemon):
 def test_add_job_with_a_parent(shared):
     """A tree leaf's job: its parent with every optional field."""
     with shared.client() as c:
-        c.add_job(**JOB, parent=dict(PARENT, port=48879, shard=0, group="239.2.0.1",
-                                     rto_us=2000))
+        c.add_job(**JOB, parent=dict(PARENT, port=48879, shard=0, group="239.2.0.1", rto_us=2000))
         with pytest.raises(Exception, match="already exists"):
             c.add_job(**JOB)
         c.remove_job(JOB["job"])
     assert shared.alive()
 
 
-@pytest.mark.parametrize("fields, exc, message", [
-    (dict(JOB, workers=0), OutOfRange, "field 'workers': must be 1..256"),
-    (dict(JOB, workers=100000), OutOfRange, "field 'workers': must be 1.."),
-    (dict(JOB, slots=0), OutOfRange, "field 'slots': must be 1.."),
-    (dict(JOB, job=-1), OutOfRange, "field 'job': must be 0..4294967295"),
-    (dict(JOB, token=2**32), OutOfRange, "field 'token': must be 0..4294967295"),
-    (dict(JOB, workers="4"), InvalidArgument, "field 'workers': must be an integer"),
-    (dict(JOB, slots=1.5), InvalidArgument, "field 'slots': must be an integer"),
-    (dict(JOB, payload=1022), InvalidArgument, "field 'payload': must be a multiple of 4"),
-    (dict(JOB, payload=10**6), OutOfRange, "field 'payload': must be 4.."),
-    # a packet is one datagram of the port's MTU (1500 on net_ring), MAC included
-    (dict(JOB, payload=PAYLOAD_AT_1500 + 4), OutOfRange,
-     f"field 'payload': {PAYLOAD_AT_1500 + 4} bytes do not fit this aggregator's frames: "
-     f"at most {PAYLOAD_AT_1500} bytes at MTU 1500"),
-    (dict(JOB, payload=8192), OutOfRange, "--mtu 9000"),
-    (dict(JOB, group="10.0.0.1"), InvalidArgument, "is not a multicast address"),
-    (dict(JOB, group="239.1.1"), InvalidArgument, "field 'group': must be an IPv4"),
-    (dict(JOB, group=5), InvalidArgument, "field 'group': must be an IPv4"),
-    (dict(JOB, colour="red"), InvalidArgument, "field 'colour': unknown"),
-    (dict(JOB, shard=64), OutOfRange, "field 'shard': must be 0..63"),
-    (dict(JOB, incarnation=0), OutOfRange, "field 'incarnation': must be 1..4294967295"),
-    (dict(JOB, incarnation=-1), OutOfRange, "field 'incarnation': must be 1.."),
-    ({k: v for k, v in JOB.items() if k != "token"}, InvalidArgument, "field 'token': missing"),
-    # a tree leaf's parent (docs/PROTOCOL.md "Tree")
-    (dict(JOB, parent=5), InvalidArgument, "field 'parent': must be an object"),
-    (dict(JOB, parent=dict(PARENT, ip=None)), InvalidArgument, "field 'ip': missing"),
-    (dict(JOB, parent=dict(PARENT, mac="02:00:00:00:00")), InvalidArgument,
-     "field 'parent.mac': must be a MAC address"),
-    (dict(JOB, parent=dict(PARENT, worker=256)), OutOfRange, "field 'worker': must be 0..255"),
-    (dict(JOB, parent=dict(PARENT, group="10.0.0.9")), InvalidArgument,
-     "is not a multicast address"),
-    (dict(JOB, parent=dict(PARENT, colour=1)), InvalidArgument, "field 'colour': unknown"),
-    # an authenticated leaf: its key at the root and the root's aggregator key, both required
-    (dict(JOB, parent=PARENT, auth="00" * 32), InvalidArgument,
-     "field 'parent.key': missing: an authenticated leaf needs its own key at the root"),
-    (dict(JOB, parent=dict(PARENT, key="11" * 32), auth="00" * 32), InvalidArgument,
-     "field 'parent.reply_key': missing"),
-    (dict(JOB, parent=dict(PARENT, key="11" * 31, reply_key="22" * 32), auth="00" * 32),
-     InvalidArgument, "field 'parent.key': must be a key as a string of 64 hexadecimal digits"),
-    (dict(JOB, parent=dict(PARENT, key="11" * 32, reply_key="zz" * 32), auth="00" * 32),
-     InvalidArgument, "field 'parent.reply_key': must be a key as a string of 64 hexadecimal"),
-    (dict(JOB, parent=dict(PARENT, key="11" * 32, reply_key="22" * 32)), InvalidArgument,
-     "field 'parent.key': only with 'auth'"),
-])
+@pytest.mark.parametrize(
+    "fields, exc, message",
+    [
+        (dict(JOB, workers=0), OutOfRange, "field 'workers': must be 1..256"),
+        (dict(JOB, workers=100000), OutOfRange, "field 'workers': must be 1.."),
+        (dict(JOB, slots=0), OutOfRange, "field 'slots': must be 1.."),
+        (dict(JOB, job=-1), OutOfRange, "field 'job': must be 0..4294967295"),
+        (dict(JOB, token=2**32), OutOfRange, "field 'token': must be 0..4294967295"),
+        (dict(JOB, workers="4"), InvalidArgument, "field 'workers': must be an integer"),
+        (dict(JOB, slots=1.5), InvalidArgument, "field 'slots': must be an integer"),
+        (dict(JOB, payload=1022), InvalidArgument, "field 'payload': must be a multiple of 4"),
+        (dict(JOB, payload=10**6), OutOfRange, "field 'payload': must be 4.."),
+        # a packet is one datagram of the port's MTU (1500 on net_ring), MAC included
+        (
+            dict(JOB, payload=PAYLOAD_AT_1500 + 4),
+            OutOfRange,
+            f"field 'payload': {PAYLOAD_AT_1500 + 4} bytes do not fit this aggregator's frames: "
+            f"at most {PAYLOAD_AT_1500} bytes at MTU 1500",
+        ),
+        (dict(JOB, payload=8192), OutOfRange, "--mtu 9000"),
+        (dict(JOB, group="10.0.0.1"), InvalidArgument, "is not a multicast address"),
+        (dict(JOB, group="239.1.1"), InvalidArgument, "field 'group': must be an IPv4"),
+        (dict(JOB, group=5), InvalidArgument, "field 'group': must be an IPv4"),
+        (dict(JOB, colour="red"), InvalidArgument, "field 'colour': unknown"),
+        (dict(JOB, shard=64), OutOfRange, "field 'shard': must be 0..63"),
+        (dict(JOB, incarnation=0), OutOfRange, "field 'incarnation': must be 1..4294967295"),
+        (dict(JOB, incarnation=-1), OutOfRange, "field 'incarnation': must be 1.."),
+        ({k: v for k, v in JOB.items() if k != "token"}, InvalidArgument, "field 'token': missing"),
+        # a tree leaf's parent (docs/PROTOCOL.md "Tree")
+        (dict(JOB, parent=5), InvalidArgument, "field 'parent': must be an object"),
+        (dict(JOB, parent=dict(PARENT, ip=None)), InvalidArgument, "field 'ip': missing"),
+        (
+            dict(JOB, parent=dict(PARENT, mac="02:00:00:00:00")),
+            InvalidArgument,
+            "field 'parent.mac': must be a MAC address",
+        ),
+        (dict(JOB, parent=dict(PARENT, worker=256)), OutOfRange, "field 'worker': must be 0..255"),
+        (
+            dict(JOB, parent=dict(PARENT, group="10.0.0.9")),
+            InvalidArgument,
+            "is not a multicast address",
+        ),
+        (dict(JOB, parent=dict(PARENT, colour=1)), InvalidArgument, "field 'colour': unknown"),
+        # an authenticated leaf: its key at the root and the root's aggregator key, both required
+        (
+            dict(JOB, parent=PARENT, auth="00" * 32),
+            InvalidArgument,
+            "field 'parent.key': missing: an authenticated leaf needs its own key at the root",
+        ),
+        (
+            dict(JOB, parent=dict(PARENT, key="11" * 32), auth="00" * 32),
+            InvalidArgument,
+            "field 'parent.reply_key': missing",
+        ),
+        (
+            dict(JOB, parent=dict(PARENT, key="11" * 31, reply_key="22" * 32), auth="00" * 32),
+            InvalidArgument,
+            "field 'parent.key': must be a key as a string of 64 hexadecimal digits",
+        ),
+        (
+            dict(JOB, parent=dict(PARENT, key="11" * 32, reply_key="zz" * 32), auth="00" * 32),
+            InvalidArgument,
+            "field 'parent.reply_key': must be a key as a string of 64 hexadecimal",
+        ),
+        (
+            dict(JOB, parent=dict(PARENT, key="11" * 32, reply_key="22" * 32)),
+            InvalidArgument,
+            "field 'parent.key': only with 'auth'",
+        ),
+    ],
+)
 def test_add_job_rejects_bad_fields(shared, fields, exc, message):
     daemon = shared
     with daemon.client() as c:
@@ -195,8 +220,11 @@ def test_rx_ring_bounds_the_window(tmp_path):
     if not SWITCH.exists():
         pytest.fail(f"{SWITCH} is not built (make switch)")
     for ring in (None, 64, 2048):
-        d = Daemon(tmp_path / f"r{ring}", ["--vdev", "net_ring0"],
-                   ["--rx-ring", str(ring), "--mbufs", "1023"] if ring else [])
+        d = Daemon(
+            tmp_path / f"r{ring}",
+            ["--vdev", "net_ring0"],
+            ["--rx-ring", str(ring), "--mbufs", "1023"] if ring else [],
+        )
         try:
             d.wait_ready()
             n = ring or 1024
@@ -206,10 +234,12 @@ def test_rx_ring_bounds_the_window(tmp_path):
                 assert c.add_job(**dict(JOB, workers=4, slots=n // 4))["job"] == 7
                 with pytest.raises(OutOfRange) as ei:
                     c.add_job(**dict(JOB, job=8, workers=8, slots=n // 4))
-                assert (f"field 'slots': 8 workers x {n // 4} slots = {2 * n} frames of "
-                        f"1024-byte payloads in flight exceed this aggregator's receive "
-                        f"ring of {n} frames (rx descriptors): use at most {n // 8} slots, "
-                        "or a daemon with a larger ring") in str(ei.value)
+                assert (
+                    f"field 'slots': 8 workers x {n // 4} slots = {2 * n} frames of "
+                    f"1024-byte payloads in flight exceed this aggregator's receive "
+                    f"ring of {n} frames (rx descriptors): use at most {n // 8} slots, "
+                    "or a daemon with a larger ring"
+                ) in str(ei.value)
                 fix = f"at most {n // 256} slots" if n >= 256 else f"at most {n} workers"
                 with pytest.raises(OutOfRange, match=fix):
                     c.add_job(**dict(JOB, job=9, workers=256, slots=n // 4))
@@ -223,8 +253,9 @@ def test_rx_ring_bounds_the_jobs_together(tmp_path):
     those jobs and the fix; remove_job gives a job's frames back."""
     if not SWITCH.exists():
         pytest.fail(f"{SWITCH} is not built (make switch)")
-    d = Daemon(tmp_path / "total", ["--vdev", "net_ring0"],
-               ["--rx-ring", "1024", "--mbufs", "1023"])
+    d = Daemon(
+        tmp_path / "total", ["--vdev", "net_ring0"], ["--rx-ring", "1024", "--mbufs", "1023"]
+    )
     try:
         d.wait_ready()
         with d.client() as c:
@@ -237,7 +268,8 @@ def test_rx_ring_bounds_the_jobs_together(tmp_path):
                 "held by the jobs already on this aggregator (job 7: 512, job 8: 384), make "
                 "1152 frames, more than its receive ring of 1024 frames (rx descriptors): "
                 "use at most 32 slots, remove one of those jobs first, or a daemon with a "
-                "larger ring (af_packet: framecnt=N in its --vdev; other PMDs: --rx-ring N)")
+                "larger ring (af_packet: framecnt=N in its --vdev; other PMDs: --rx-ring N)"
+            )
             # the refused job holds nothing: exactly the 128 frames left fit
             assert c.add_job(**dict(JOB, job=10, workers=4, slots=32))["job"] == 10
             with pytest.raises(OutOfRange) as ei:
@@ -254,8 +286,11 @@ def test_rx_ring_bounds_the_jobs_together(tmp_path):
             # a failed remove_job gives nothing back
             with pytest.raises(ControlError):
                 c.remove_job(8)
-            with pytest.raises(OutOfRange, match="with the 768 held by the jobs already on "
-                               r"this aggregator \(job 7: 512, job 9: 256\)"):
+            with pytest.raises(
+                OutOfRange,
+                match="with the 768 held by the jobs already on "
+                r"this aggregator \(job 7: 512, job 9: 256\)",
+            ):
                 c.add_job(**dict(JOB, job=11, workers=4, slots=128))
             # more than 8 jobs: the first 8 are named, then how many more
             c.remove_job(7)
@@ -264,39 +299,43 @@ def test_rx_ring_bounds_the_jobs_together(tmp_path):
                 c.add_job(**dict(JOB, job=job, workers=4, slots=25))
             with pytest.raises(OutOfRange) as ei:
                 c.add_job(**dict(JOB, job=30, workers=4, slots=8))
-            assert ("(job 20: 100, job 21: 100, job 22: 100, job 23: 100, job 24: 100, "
-                    "job 25: 100, job 26: 100, job 27: 100 and 2 more), make 1032 frames"
-                    ) in str(ei.value)
+            assert (
+                "(job 20: 100, job 21: 100, job 22: 100, job 23: 100, job 24: 100, "
+                "job 25: 100, job 26: 100, job 27: 100 and 2 more), make 1032 frames"
+            ) in str(ei.value)
             assert "use at most 6 slots" in str(ei.value)
         assert d.alive()
     finally:
         d.stop()
 
 
-@pytest.mark.parametrize("line, message", [
-    # jansson's messages, after the byte offset it stopped at
-    (b"{", "bad JSON at byte 1: string or '}' expected near end of file"),
-    (b"not json", "bad JSON at byte 3: '[' or '{' expected near 'not'"),
-    (b"[1, 2]", "bad JSON at byte 0: expected an object"),
-    (b'{"cmd": "stats"} trailing', "end of file expected near 'trailing'"),
-    (b'{"cmd": "stats", "cmd": "stats"}', "duplicate object key near '\"cmd\"'"),
-    (b'{"cmd": {"nested": 1}}', "field 'cmd': must be a string"),
-    (b'{"cmd": "st\\ud800ats"}', "invalid Unicode '\\uD800'"),
-    (b'{"cmd": "a\x01b"}', "control character 0x1"),
-    (b'{"cmd": "stats", "x": "\\u0000"}', "\\u0000 is not allowed"),
-    (b'{"job": 1}', "field 'cmd': missing"),
-    (b'{"cmd": 3}', "field 'cmd': must be a string"),
-    (b'{"cmd": "reboot"}', "field 'cmd': unknown command 'reboot'"),
-    (b'{"cmd": "remove_job"}', "field 'job': missing"),
-    (b'{"cmd": "remove_job", "job": "7"}', "field 'job': must be an integer"),
-    (b'{"cmd": "remove_job", "job": 7.0}', "field 'job': must be an integer"),
-    (b'{"cmd": "remove_job", "job": [7]}', "field 'job': must be an integer"),
-    (b'{"cmd": "add_job", "job": 01}', "invalid token near '0'"),
-    (b'{"cmd": "add_job", "job": 123456789012345678901234}', "too big integer"),
-    (b'{"cmd": "stats", "verbose": true}', "field 'verbose': unknown"),
-    (b"\xff\xfe{}", "bad JSON at byte 0: unable to decode byte 0xff"),
-    (b'{"cmd": "st\xc3"}', "unable to decode byte 0xc3"),
-])
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        # jansson's messages, after the byte offset it stopped at
+        (b"{", "bad JSON at byte 1: string or '}' expected near end of file"),
+        (b"not json", "bad JSON at byte 3: '[' or '{' expected near 'not'"),
+        (b"[1, 2]", "bad JSON at byte 0: expected an object"),
+        (b'{"cmd": "stats"} trailing', "end of file expected near 'trailing'"),
+        (b'{"cmd": "stats", "cmd": "stats"}', "duplicate object key near '\"cmd\"'"),
+        (b'{"cmd": {"nested": 1}}', "field 'cmd': must be a string"),
+        (b'{"cmd": "st\\ud800ats"}', "invalid Unicode '\\uD800'"),
+        (b'{"cmd": "a\x01b"}', "control character 0x1"),
+        (b'{"cmd": "stats", "x": "\\u0000"}', "\\u0000 is not allowed"),
+        (b'{"job": 1}', "field 'cmd': missing"),
+        (b'{"cmd": 3}', "field 'cmd': must be a string"),
+        (b'{"cmd": "reboot"}', "field 'cmd': unknown command 'reboot'"),
+        (b'{"cmd": "remove_job"}', "field 'job': missing"),
+        (b'{"cmd": "remove_job", "job": "7"}', "field 'job': must be an integer"),
+        (b'{"cmd": "remove_job", "job": 7.0}', "field 'job': must be an integer"),
+        (b'{"cmd": "remove_job", "job": [7]}', "field 'job': must be an integer"),
+        (b'{"cmd": "add_job", "job": 01}', "invalid token near '0'"),
+        (b'{"cmd": "add_job", "job": 123456789012345678901234}', "too big integer"),
+        (b'{"cmd": "stats", "verbose": true}', "field 'verbose': unknown"),
+        (b"\xff\xfe{}", "bad JSON at byte 0: unable to decode byte 0xff"),
+        (b'{"cmd": "st\xc3"}', "unable to decode byte 0xc3"),
+    ],
+)
 def test_malformed_requests_are_answered(shared, line, message):
     daemon = shared
     with daemon.client() as c:
@@ -309,14 +348,17 @@ def test_malformed_requests_are_answered(shared, line, message):
     assert daemon.alive()
 
 
-@pytest.mark.parametrize("name, echoed", [
-    # 1 + 31 two-byte characters = 63 bytes: the 32nd would end at byte 65
-    ("a" + "\u00e9" * 40, "a" + "\u00e9" * 31),
-    # 16 four-byte characters are exactly 64 bytes
-    ("\U0001d11e" * 20, "\U0001d11e" * 16),
-    ("ab" + "\U0001d11e" * 20, "ab" + "\U0001d11e" * 15),
-    ("\u20ac" * 30, "\u20ac" * 21),
-])
+@pytest.mark.parametrize(
+    "name, echoed",
+    [
+        # 1 + 31 two-byte characters = 63 bytes: the 32nd would end at byte 65
+        ("a" + "\u00e9" * 40, "a" + "\u00e9" * 31),
+        # 16 four-byte characters are exactly 64 bytes
+        ("\U0001d11e" * 20, "\U0001d11e" * 16),
+        ("ab" + "\U0001d11e" * 20, "ab" + "\U0001d11e" * 15),
+        ("\u20ac" * 30, "\u20ac" * 21),
+    ],
+)
 def test_long_names_are_echoed_whole_characters(shared, name, echoed):
     """A client's string quoted in an error is cut at 64 bytes on a UTF-8
     character boundary: the reply stays JSON, the client raises the
@@ -330,18 +372,20 @@ def test_long_names_are_echoed_whole_characters(shared, name, echoed):
         assert f"field '{echoed}': unknown" in str(ei.value)
 
 
-@settings(deadline=None, max_examples=60,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    deadline=None, max_examples=60, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(name=st.text(min_size=1, max_size=120))
 def test_any_unicode_request_gets_a_json_reply(shared, name):
     """Whatever the strings of a request, the reply is JSON: the client
     raises the daemon's own error for it, never ProtocolError."""
     with shared.client() as c:
-        for fields in ({"cmd": name}, {"cmd": "stats", name: name},
-                       {"cmd": "add_job", "job": 1, "token": 1, "workers": 1,
-                        "slots": 1, "group": name}):
-            if fields["cmd"] in ("stats", "remove_job", "add_job", "shutdown") \
-                    and len(fields) == 1:
+        for fields in (
+            {"cmd": name},
+            {"cmd": "stats", name: name},
+            {"cmd": "add_job", "job": 1, "token": 1, "workers": 1, "slots": 1, "group": name},
+        ):
+            if fields["cmd"] in ("stats", "remove_job", "add_job", "shutdown") and len(fields) == 1:
                 continue
             with pytest.raises((InvalidArgument, OutOfRange)):
                 c.request(**fields)
@@ -383,7 +427,7 @@ def test_abrupt_disconnects_and_concurrent_clients(daemon):
     for _ in range(20):
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         s.connect(str(daemon.control))
-        s.sendall(b'{"cmd":"sta')      # half a request, then gone
+        s.sendall(b'{"cmd":"sta')  # half a request, then gone
         s.close()
     clients = [daemon.client() for _ in range(8)]
     try:
@@ -408,7 +452,7 @@ def test_shutdown_command_exits_zero(daemon):
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_signal_exits_zero_and_removes_socket(daemon, sig):
     with daemon.client() as c:
-        c.add_job(**JOB)             # a job still configured at exit
+        c.add_job(**JOB)  # a job still configured at exit
     daemon.signal(sig)
     assert daemon.wait_exit(timeout=20) == 0
     assert not daemon.control.exists()
@@ -416,15 +460,18 @@ def test_signal_exits_zero_and_removes_socket(daemon, sig):
         ControlClient(daemon.control, timeout=1).connect()
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--drop-rate", "2"], "--drop-rate"),
-    (["--port-ip", "10.0.0.300"], "--port-ip"),
-    (["--lcores", "2"], "--lcores 2 needs 3 EAL lcores"),
-    (["--queues", "2"], "--queues: only 1 is supported"),
-    (["--port", "5"], "ethdev port 5 does not exist"),
-    (["--rx-ring", "63"], "bad value for --rx-ring: 63"),
-    (["--bogus"], "usage"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--drop-rate", "2"], "--drop-rate"),
+        (["--port-ip", "10.0.0.300"], "--port-ip"),
+        (["--lcores", "2"], "--lcores 2 needs 3 EAL lcores"),
+        (["--queues", "2"], "--queues: only 1 is supported"),
+        (["--port", "5"], "ethdev port 5 does not exist"),
+        (["--rx-ring", "63"], "bad value for --rx-ring: 63"),
+        (["--bogus"], "usage"),
+    ],
+)
 def test_bad_command_line_fails(tmp_path, args, message):
     if not SWITCH.exists():
         pytest.fail(f"{SWITCH} is not built (make switch)")
@@ -483,12 +530,14 @@ def test_telemetry_stats(tmp_path):
         d.wait_ready()
         sock_path = wait_for(
             lambda: next(iter(d.runtime.rglob("dpdk_telemetry.v2")), None),
-            10, "the telemetry socket")
+            10,
+            "the telemetry socket",
+        )
         s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         s.settimeout(5)
         s.connect(str(sock_path))
         try:
-            json.loads(s.recv(16384))          # greeting
+            json.loads(s.recv(16384))  # greeting
             s.send(b"/homagg/stats")
             reply = json.loads(s.recv(65536))
         finally:
@@ -515,19 +564,25 @@ def test_stats_interval_prints_counters(tmp_path):
 
 # Arbitrary input never stops the daemon and always gets one JSON reply.
 
-_scalars = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70),
-                     st.floats(allow_nan=False), st.text(max_size=40))
+_scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**70), 2**70),
+    st.floats(allow_nan=False),
+    st.text(max_size=40),
+)
 _requests = st.dictionaries(
-    st.sampled_from(["cmd", "job", "token", "workers", "slots", "payload",
-                     "group", "x"]) | st.text(max_size=8),
-    _scalars | st.lists(st.integers(), max_size=2), max_size=8,
+    st.sampled_from(["cmd", "job", "token", "workers", "slots", "payload", "group", "x"])
+    | st.text(max_size=8),
+    _scalars | st.lists(st.integers(), max_size=2),
+    max_size=8,
 ).map(lambda d: d if d.get("cmd") != "shutdown" else {**d, "cmd": "stats"})
-_garbage = st.binary(max_size=300).map(lambda b: b.replace(b"\n", b" ").strip()
-                                       or b"x")
+_garbage = st.binary(max_size=300).map(lambda b: b.replace(b"\n", b" ").strip() or b"x")
 
 
-@settings(deadline=None, max_examples=100,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    deadline=None, max_examples=100, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(line=st.one_of(_garbage, _requests.map(lambda d: json.dumps(d).encode())))
 def test_any_line_gets_one_reply(shared, line):
     with shared.client() as c:
@@ -549,8 +604,7 @@ def test_two_engine_lcores(tmp_path):
     managed through their mailboxes; stats add up; clean exit."""
     if not SWITCH.exists():
         pytest.fail(f"{SWITCH} is not built (make switch)")
-    d = Daemon(tmp_path / "two", ["--vdev", "net_ring0"], ["--lcores", "2"],
-               lcores="0@0,1@1,2@1")
+    d = Daemon(tmp_path / "two", ["--vdev", "net_ring0"], ["--lcores", "2"], lcores="0@0,1@1,2@1")
     try:
         d.wait_ready()
         assert "engines=2" in d.output()

@@ -4,6 +4,7 @@ written again in Python (tests/cost_model.py), decisions that come from the
 job's registration and not from a worker's own calibration, the bytes rules
 kept exactly for a job without a link rate, results bit-exact against the
 numpy reference, and `homagg calibrate`'s file."""
+
 import json
 import os
 import random
@@ -20,8 +21,14 @@ from homagg.errors import InvalidArgument, OutOfRange
 from homagg.sim import Cluster
 
 # a host's coefficients, as `homagg calibrate` writes them (ps)
-COEFFS = {"pkt_ps": 2_000_000, "agg_pkt_ps": 150_000, "value_ps": 1_000,
-          "lane_ps": 7_000, "bitmap_ps": 400, "probe_ps": 2_100}
+COEFFS = {
+    "pkt_ps": 2_000_000,
+    "agg_pkt_ps": 150_000,
+    "value_ps": 1_000,
+    "lane_ps": 7_000,
+    "bitmap_ps": 400,
+    "probe_ps": 2_100,
+}
 
 
 def _cost(link_mbit, **over):
@@ -49,11 +56,17 @@ def _shared(n, workers, density, seed):
 
 
 def _random_cost(rng):
-    return dict(link_mbit=rng.choice([1, 10, 100, 1000, 10000, 400000]),
-                rtt_ns=rng.randrange(0, 10**6), payload_bytes=rng.choice([0, 4, 1024, 8192]),
-                pkt_ps=rng.randrange(0, 10**7), agg_pkt_ps=rng.randrange(0, 10**6),
-                value_ps=rng.randrange(0, 5000), lane_ps=rng.randrange(0, 10000),
-                bitmap_ps=rng.randrange(0, 2000), probe_ps=rng.choice([0, rng.randrange(0, 5000)]))
+    return dict(
+        link_mbit=rng.choice([1, 10, 100, 1000, 10000, 400000]),
+        rtt_ns=rng.randrange(0, 10**6),
+        payload_bytes=rng.choice([0, 4, 1024, 8192]),
+        pkt_ps=rng.randrange(0, 10**7),
+        agg_pkt_ps=rng.randrange(0, 10**6),
+        value_ps=rng.randrange(0, 5000),
+        lane_ps=rng.randrange(0, 10000),
+        bitmap_ps=rng.randrange(0, 2000),
+        probe_ps=rng.choice([0, rng.randrange(0, 5000)]),
+    )
 
 
 def test_index_kind_of_every_block_is_the_models():
@@ -66,14 +79,21 @@ def test_index_kind_of_every_block_is_the_models():
     for _ in range(1500):
         block = rng.choice([64, 128, 4096, 65536])
         workers = rng.choice([1, 2, 4, 7, 256])
-        count = rng.choice([0, 1, 2, rng.randrange(0, block * workers + 1),
-                            rng.randrange(0, block // 8 + 2)])
+        count = rng.choice(
+            [0, 1, 2, rng.randrange(0, block * workers + 1), rng.randrange(0, block // 8 + 2)]
+        )
         c = _random_cost(rng)
-        info = codec.plan_lhc(codec.Params(block_elements=block, workers=workers, cost=c),
-                              block, np.array([3], np.int8), np.array([count], ">i4")).info
+        info = codec.plan_lhc(
+            codec.Params(block_elements=block, workers=workers, cost=c),
+            block,
+            np.array([3], np.int8),
+            np.array([count], ">i4"),
+        ).info
         kind, nbytes, ix = M.plan_block(block, count, workers, c)
-        assert ("bloom" if info["bloom_blocks"] else "bitmap", info["index_bytes"]) == \
-            (kind, nbytes), (block, workers, count, c)
+        assert ("bloom" if info["bloom_blocks"] else "bitmap", info["index_bytes"]) == (
+            kind,
+            nbytes,
+        ), (block, workers, count, c)
         if kind == "bloom":  # the fastest option, and faster than the bitmap
             blooms += 1
             bitmap, options = M.option_times(block, count, workers, c)
@@ -95,16 +115,17 @@ def test_bloom_where_the_link_is_slow_bitmap_where_probing_costs_more():
     kinds = {}
     for link in (0, 1, 1000):
         c = _cost(link) if link else {}
-        info = codec.plan_lhc(codec.Params(block_elements=block, workers=W, cost=c), n, codes,
-                              counts.astype(">i4")).info
+        info = codec.plan_lhc(
+            codec.Params(block_elements=block, workers=W, cost=c), n, codes, counts.astype(">i4")
+        ).info
         want = [M.plan_block(block, int(k), W, c)[0] for k in counts]
-        assert ["bloom"] * info["bloom_blocks"] + ["bitmap"] * info["bitmap_blocks"] == \
-            sorted(want, reverse=True)
+        assert ["bloom"] * info["bloom_blocks"] + ["bitmap"] * info["bitmap_blocks"] == sorted(
+            want, reverse=True
+        )
         kinds[link] = want
         with Cluster(workers=W, cost=c, pipeline_groups=1) as cl:
             res = cl.job.allreduce(grads, method="union", block_elements=block)
-        np.testing.assert_array_equal(res.sum.view(np.uint32),
-                                      oracle(grads, block).view(np.uint32))
+        np.testing.assert_array_equal(res.sum.view(np.uint32), oracle(grads, block).view(np.uint32))
     assert kinds == {0: ["bloom", "bloom"], 1: ["bloom", "bloom"], 1000: ["bitmap", "bitmap"]}
 
 
@@ -127,8 +148,7 @@ def test_auto_at_100_mbit_and_10_gbit_decides_as_the_model():
         with Cluster(workers=W, cost=c, pipeline_groups=1) as cl:
             res = cl.job.allreduce(grads, method="auto", block_elements=block)
         assert res.stats["method"] == want, link
-        np.testing.assert_array_equal(res.sum.view(np.uint32),
-                                      oracle(grads, block).view(np.uint32))
+        np.testing.assert_array_equal(res.sum.view(np.uint32), oracle(grads, block).view(np.uint32))
         chosen[link] = want
     assert chosen == {0: "union", 100: "union", 10_000: "dense"}
 
@@ -143,8 +163,10 @@ def test_without_a_link_rate_every_choice_is_the_bytes_rule():
         block = int(rng.choice([64, 256, 4096]))
         n = int(rng.integers(1, 20)) * block - int(rng.integers(0, block // 2))
         dens = float(rng.choice([0.0005, 0.01, 0.1, 0.6]))
-        grads = [np.where(rng.random(n) < dens, rng.standard_normal(n), 0).astype(np.float32)
-                 for _ in range(W)]
+        grads = [
+            np.where(rng.random(n) < dens, rng.standard_normal(n), 0).astype(np.float32)
+            for _ in range(W)
+        ]
         codes, counts = _meta(grads, block, W)
         gc = counts.astype(">i4")
         outs = []
@@ -152,13 +174,17 @@ def test_without_a_link_rate_every_choice_is_the_bytes_rule():
             p = codec.Params(block_elements=block, workers=W, cost=c)
             plan = codec.plan_lhc(p, n, codes, gc)
             plan.set_index(np.bitwise_or.reduce([plan.encode_index(g) for g in grads]))
-            outs.append((plan.info, codec.choose_auto(p, n, codes, gc),
-                         codec.choose_auto_indexed(plan)))
+            outs.append(
+                (plan.info, codec.choose_auto(p, n, codes, gc), codec.choose_auto_indexed(plan))
+            )
         assert outs[0] == outs[1]
         info, first, final = outs[0]
         lens = M.block_lens(n, block)
-        plans = [M.plan_block(ln, int(k), W, {}) for ln, k, cd in zip(lens, counts, codes)
-                 if cd != M.EXP_ZERO]
+        plans = [
+            M.plan_block(ln, int(k), W, {})
+            for ln, k, cd in zip(lens, counts, codes)
+            if cd != M.EXP_ZERO
+        ]
         assert info["index_bytes"] == sum(b for _, b, _ in plans)
         assert info["bloom_blocks"] == sum(k == "bloom" for k, _, _ in plans)
         assert first == M.auto_meta(n, block, W, list(codes), [int(k) for k in counts], {})
@@ -166,8 +192,13 @@ def test_without_a_link_rate_every_choice_is_the_bytes_rule():
 
 
 def _calibration(coeffs):
-    return {"version": cost.CALIBRATION_VERSION, "host": "h", "cpu": "c", "isa": "portable",
-            "paths": {"portable": dict(coeffs)}}
+    return {
+        "version": cost.CALIBRATION_VERSION,
+        "host": "h",
+        "cpu": "c",
+        "isa": "portable",
+        "paths": {"portable": dict(coeffs)},
+    }
 
 
 def test_workers_with_other_calibrations_decide_as_the_job(tmp_path):
@@ -180,8 +211,11 @@ def test_workers_with_other_calibrations_decide_as_the_job(tmp_path):
     grads = _shared(n, W, 0.8, 5)
     codes, counts = _meta(grads, block, W)
     cands = int(np.count_nonzero(np.any([g != 0 for g in grads], axis=0)))
-    cal = {"A": COEFFS, "B": dict(COEFFS, lane_ps=0, pkt_ps=0),
-           "C": dict(COEFFS, lane_ps=200_000, value_ps=0)}
+    cal = {
+        "A": COEFFS,
+        "B": dict(COEFFS, lane_ps=0, pkt_ps=0),
+        "C": dict(COEFFS, lane_ps=200_000, value_ps=0),
+    }
     files = {}
     for name, co in cal.items():
         files[name] = str(tmp_path / f"{name}.json")
@@ -194,10 +228,18 @@ def test_workers_with_other_calibrations_decide_as_the_job(tmp_path):
 
     assert decide(cal["B"]) != decide(cal["C"])  # local numbers would split the job
     registered = cost.job_cost(1000, calibration=cost.load_calibration(files["A"]))
-    jf = job_file.write_job_file(str(tmp_path / "job.json"), aggregator="10.0.0.1:48879",
-                                 job=1, token=2, workers=W, cost=registered.fields())
-    seen = [job_file.job_config({"HOMAGG_JOB_FILE": jf, cost.CALIBRATION_ENV: files[h]})["cost"]
-            for h in ("B", "C")]
+    jf = job_file.write_job_file(
+        str(tmp_path / "job.json"),
+        aggregator="10.0.0.1:48879",
+        job=1,
+        token=2,
+        workers=W,
+        cost=registered.fields(),
+    )
+    seen = [
+        job_file.job_config({"HOMAGG_JOB_FILE": jf, cost.CALIBRATION_ENV: files[h]})["cost"]
+        for h in ("B", "C")
+    ]
     assert seen[0] == seen[1] == registered.fields()
     with Cluster(workers=W, cost=seen[0], pipeline_groups=1) as cl:
         res = cl.job.allreduce(grads, method="auto", block_elements=block)
@@ -212,8 +254,10 @@ def test_calibrate_writes_a_calibration_jobs_read(tmp_path, monkeypatch, capsys)
     from homagg import cli, kernels
 
     out = tmp_path / "cal.json"
-    assert cli.main(["calibrate", "--json", "--out", str(out), "--elements", "65536",
-                     "--repeat", "1"]) == 0
+    assert (
+        cli.main(["calibrate", "--json", "--out", str(out), "--elements", "65536", "--repeat", "1"])
+        == 0
+    )
     printed = json.loads(capsys.readouterr().out)
     cal = cost.check_calibration(json.loads(out.read_text()))
     assert printed["file"] == str(out)
@@ -235,14 +279,14 @@ def test_bad_costs_name_the_field(tmp_path):
     with pytest.raises(InvalidArgument, match="unknown fields"):
         cost.Cost.from_dict({"link_mbit": 1, "speed": 3})
     with pytest.raises(OutOfRange):  # hg_params_check's own bound
-        codec.encode_exponents(codec._b.params_new(workers=1, cost={"probe_ps": 2_000_000}),
-                               np.zeros(64, np.float32))
+        codec.encode_exponents(
+            codec._b.params_new(workers=1, cost={"probe_ps": 2_000_000}), np.zeros(64, np.float32)
+        )
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps(_calibration(dict(COEFFS, lane_ps=-1))))
     with pytest.raises(InvalidArgument, match="paths.portable.lane_ps"):
         cost.load_calibration(str(bad))
-    jf = job_file.write_job_file(str(tmp_path / "j.json"), aggregator="10.0.0.1", job=1,
-                                 token=2)
+    jf = job_file.write_job_file(str(tmp_path / "j.json"), aggregator="10.0.0.1", job=1, token=2)
     with pytest.raises(job_file.ConfigError, match="HOMAGG_COST"):
         job_file.job_config({"HOMAGG_JOB_FILE": jf, "HOMAGG_COST": '{"link_mbit": -1}'})
     assert job_file.job_config({"HOMAGG_JOB_FILE": jf})["cost"] == {}
@@ -284,8 +328,14 @@ def test_inventory_link_rate_registers_a_model(tmp_path, monkeypatch):
 
 # ---- the hook's choice of path: HomAgg or the process group's allreduce ----
 
-COEFFS = {"pkt_ps": 2_000_000, "agg_pkt_ps": 150_000, "value_ps": 1_000,
-          "lane_ps": 7_000, "bitmap_ps": 400, "probe_ps": 2_100}
+COEFFS = {
+    "pkt_ps": 2_000_000,
+    "agg_pkt_ps": 150_000,
+    "value_ps": 1_000,
+    "lane_ps": 7_000,
+    "bitmap_ps": 400,
+    "probe_ps": 2_100,
+}
 
 
 def _paper_times(link_mbit, W, n, nnz_max, block=4096, rtt_ns=100_000):
@@ -297,38 +347,51 @@ def _paper_times(link_mbit, W, n, nnz_max, block=4096, rtt_ns=100_000):
     ring = -(-(2 * (W - 1) * 4 * n) // W) * byte_ps + (W - 1) * rt
     dense = (nb + 4 * n) * xb + n * COEFFS["value_ps"] + 2 * rt
     lanes = min(n, W * nnz_max)
-    union = ((5 * nb + -(-n // 8)) * xb + n * COEFFS["bitmap_ps"]
-             + lanes * (4 * xb + COEFFS["lane_ps"]) + 4 * rt)
+    union = (
+        (5 * nb + -(-n // 8)) * xb
+        + n * COEFFS["bitmap_ps"]
+        + lanes * (4 * xb + COEFFS["lane_ps"])
+        + 4 * rt
+    )
     return ring, dense, union
 
 
-@pytest.mark.parametrize("link, W, n, nnz, method, path", [
-    # the LSTM's dense 1.29 M bucket, 4 ranks: HomAgg's 4n bytes against ring's 6n
-    (100, 4, 1_290_000, 1_290_000, "auto", "homagg"),
-    (10_000, 4, 1_290_000, 1_290_000, "auto", "baseline"),
-    # 2 ranks: ring sends 4n as dense does, without its framing and CPU
-    (100, 2, 1_290_000, 1_290_000, "dense", "baseline"),
-    # NCF's 3.85 M bucket at 0.68 %: union at every rate
-    (100, 4, 3_846_305, 26_155, "auto", "homagg"),
-    (10_000, 4, 3_846_305, 26_155, "auto", "homagg"),
-    (10_000, 4, 3_846_305, 26_155, "union", "homagg"),
-    # dense's bound alone for dense and blocks, whatever the density
-    (10_000, 4, 3_846_305, 26_155, "dense", "baseline"),
-    (10_000, 4, 3_846_305, 26_155, "blocks", "baseline"),
-    # a tiny bucket: ring's one half round trip per step beats two round trips
-    (1000, 2, 10, 10, "auto", "baseline"),
-])
+@pytest.mark.parametrize(
+    "link, W, n, nnz, method, path",
+    [
+        # the LSTM's dense 1.29 M bucket, 4 ranks: HomAgg's 4n bytes against ring's 6n
+        (100, 4, 1_290_000, 1_290_000, "auto", "homagg"),
+        (10_000, 4, 1_290_000, 1_290_000, "auto", "baseline"),
+        # 2 ranks: ring sends 4n as dense does, without its framing and CPU
+        (100, 2, 1_290_000, 1_290_000, "dense", "baseline"),
+        # NCF's 3.85 M bucket at 0.68 %: union at every rate
+        (100, 4, 3_846_305, 26_155, "auto", "homagg"),
+        (10_000, 4, 3_846_305, 26_155, "auto", "homagg"),
+        (10_000, 4, 3_846_305, 26_155, "union", "homagg"),
+        # dense's bound alone for dense and blocks, whatever the density
+        (10_000, 4, 3_846_305, 26_155, "dense", "baseline"),
+        (10_000, 4, 3_846_305, 26_155, "blocks", "baseline"),
+        # a tiny bucket: ring's one half round trip per step beats two round trips
+        (1000, 2, 10, 10, "auto", "baseline"),
+    ],
+)
 def test_choice_of_path_is_the_documented_rule(link, W, n, nnz, method, path):
     c = cost.job_cost(link, coeffs=COEFFS)
     got = cost.choose_path(c, W, n, nnz, method)
     ring, dense, union = _paper_times(link, W, n, nnz)
-    want_h = {"dense": dense, "blocks": dense, "union": union, "lhc": union,
-              "auto": min(dense, union)}[method]
+    want_h = {
+        "dense": dense,
+        "blocks": dense,
+        "union": union,
+        "lhc": union,
+        "auto": min(dense, union),
+    }[method]
     assert got == {"path": path, "homagg_ps": want_h, "baseline_ps": ring}
     assert (ring < want_h) == (path == "baseline")
     # the count is agreed only where it can change the choice
     assert cost.needs_density(c, W, n, method) == (
-        method in ("union", "lhc") or (method == "auto" and ring < dense))
+        method in ("union", "lhc") or (method == "auto" and ring < dense)
+    )
 
 
 def test_choice_of_path_without_a_model_or_exactness_is_homagg():

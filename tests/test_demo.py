@@ -3,6 +3,7 @@
 The table must list every requested method and say "yes" for the exact ones
 (the demo exits non-zero when an exact method disagrees with the reference).
 """
+
 import os
 import subprocess
 import sys
@@ -14,14 +15,23 @@ pytestmark = pytest.mark.slow
 
 def _demo(*args, timeout=600):
     env = dict(os.environ)
-    return subprocess.run([sys.executable, "-m", "homagg.cli", "demo", *args],
-                          capture_output=True, text=True, timeout=timeout, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "homagg.cli", "demo", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
 
 
 def _rows(out):
-    return [line.split() for line in out.splitlines()
-            if line.split() and line.split()[0] in ("dense", "lhc", "union", "blocks", "nc")
-            or line.startswith("auto->")]
+    return [
+        line.split()
+        for line in out.splitlines()
+        if line.split()
+        and line.split()[0] in ("dense", "lhc", "union", "blocks", "nc")
+        or line.startswith("auto->")
+    ]
 
 
 def test_demo_sim_mode_is_exact():

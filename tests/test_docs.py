@@ -23,6 +23,7 @@ stops working fails this test.
 
 Other fences (toml, json, unlabelled output) are shown, not run.
 """
+
 import math
 import os
 import pathlib
@@ -73,7 +74,7 @@ def blocks(path):
             a = ANNOTATION.match(lines[k].strip())
             if a:
                 note = (a.group(1), a.group(2).strip("() "))
-        out.append(Block(path, start + 1, lang, "\n".join(lines[start + 1:j]) + "\n", note))
+        out.append(Block(path, start + 1, lang, "\n".join(lines[start + 1 : j]) + "\n", note))
         i = j + 1
     return out
 
@@ -93,9 +94,11 @@ def prepare_sh(text, tag):
     text = re.sub(r"(?m)(^|[;&|]\s*|\s)sudo\s+", r"\1", text)
     text = re.sub(r"--elements (\d+)", lambda m: f"--elements {_scaled(m.group(1), 4096)}", text)
     text = re.sub(r"--steps (\d+)", lambda m: f"--steps {_scaled(m.group(1), 1)}", text)
-    text = re.sub(r"(?m)^(homagg demo(?!.*--elements)[^#\n]*?)(\s*#.*)?$",
-                  lambda m: f"{m.group(1)} --elements {_scaled(2**22, 4096)}{m.group(2) or ''}",
-                  text)
+    text = re.sub(
+        r"(?m)^(homagg demo(?!.*--elements)[^#\n]*?)(\s*#.*)?$",
+        lambda m: f"{m.group(1)} --elements {_scaled(2**22, 4096)}{m.group(2) or ''}",
+        text,
+    )
     names = {}
     for name in re.findall(r"testbed up [^\n#]*--name (\w+)", text):
         names.setdefault(name, f"d{tag}{name}"[:16])
@@ -110,8 +113,15 @@ def _write_files(cwd):
 
 
 def _run(argv, cwd, timeout, env=None):
-    p = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    p = subprocess.Popen(
+        argv,
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         out, _ = p.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -121,8 +131,7 @@ def _run(argv, cwd, timeout, env=None):
     return p.returncode, out
 
 
-@pytest.mark.parametrize("block", [b for b in RUNNABLE if b.lang == "python"],
-                         ids=lambda b: b.id)
+@pytest.mark.parametrize("block", [b for b in RUNNABLE if b.lang == "python"], ids=lambda b: b.id)
 def test_python_block_runs(block, tmp_path):
     _write_files(tmp_path)
     (tmp_path / "block.py").write_text(block.text)
@@ -144,8 +153,11 @@ def test_sh_block_runs(block, tmp_path):
         rc, out = _run(["bash", "-e", "-o", "pipefail", "-c", script], tmp_path, 900, env)
     finally:
         for new in names.values():
-            subprocess.run([f"{VENV_BIN}/homagg", "-q", "testbed", "down", "--name", new],
-                           capture_output=True, timeout=120)
+            subprocess.run(
+                [f"{VENV_BIN}/homagg", "-q", "testbed", "down", "--name", new],
+                capture_output=True,
+                timeout=120,
+            )
     assert rc == 0, f"{block.id}, as run:\n{script}\n{out[-6000:]}"
 
 
@@ -154,13 +166,16 @@ def test_docs_skips_are_annotated_and_counted():
     for b in skipped:
         assert b.arg, f"{b.id}: a docs-test skip needs a reason in parentheses"
         assert b.lang in ("sh", "python"), f"{b.id}: only sh and python blocks run anyway"
-    notes = sum(len([ln for ln in p.read_text().splitlines()
-                     if ANNOTATION.match(ln.strip())]) for p in DOCS)
+    notes = sum(
+        len([ln for ln in p.read_text().splitlines() if ANNOTATION.match(ln.strip())]) for p in DOCS
+    )
     assert notes == len(skipped) + len(FILES), "an annotation not right above a block"
     ran = [b for b in RUNNABLE]
-    print(f"\ndocs: {len(ran)} blocks run ({sum(b.lang == 'sh' for b in ran)} sh, "
-          f"{sum(b.lang == 'python' for b in ran)} python), {len(FILES)} file(s), "
-          f"{len(skipped)} skipped:")
+    print(
+        f"\ndocs: {len(ran)} blocks run ({sum(b.lang == 'sh' for b in ran)} sh, "
+        f"{sum(b.lang == 'python' for b in ran)} python), {len(FILES)} file(s), "
+        f"{len(skipped)} skipped:"
+    )
     for b in skipped:
         print(f"  {b.id} ({b.lang}): {b.arg}")
     # the torchrun recipe is one of the blocks that run
@@ -169,10 +184,12 @@ def test_docs_skips_are_annotated_and_counted():
 
 
 def test_prepare_scales_and_renames():
-    text = ("sudo homagg testbed up --workers 2 --name tb\n"
-            "sudo ip netns exec hg-tb-w0 env F=/run/homagg/testbeds/tb.d/job.json x\n"
-            "homagg demo --mode sim   # a comment\n"
-            "homagg run allreduce --testbed tb --elements 4194304 --steps 10\n")
+    text = (
+        "sudo homagg testbed up --workers 2 --name tb\n"
+        "sudo ip netns exec hg-tb-w0 env F=/run/homagg/testbeds/tb.d/job.json x\n"
+        "homagg demo --mode sim   # a comment\n"
+        "homagg run allreduce --testbed tb --elements 4194304 --steps 10\n"
+    )
     script, names = prepare_sh(text, "7")
     assert names == {"tb": "d7tb"}
     want_elements = max(4096, int(4194304 * SCALE))

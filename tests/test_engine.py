@@ -3,15 +3,28 @@
 numpy is the oracle of every sum; hostile frames must be dropped under their
 counter and change nothing in sums running at the same time.
 """
+
 import errno
 
 import numpy as np
 import pytest
 
 from homagg import kernels
-from homagg.engine import (FLAG_AUTH, FLAG_RESULT, FLAG_RETRANS, FLAG_SHADOW, FLAG_STATUS,
-                           UDP_PORT, WORKER_ALL, Addr, Engine, MemPort,
-                           build_frame, counter_names, parse_frame)
+from homagg.engine import (
+    FLAG_AUTH,
+    FLAG_RESULT,
+    FLAG_RETRANS,
+    FLAG_SHADOW,
+    FLAG_STATUS,
+    UDP_PORT,
+    WORKER_ALL,
+    Addr,
+    Engine,
+    MemPort,
+    build_frame,
+    counter_names,
+    parse_frame,
+)
 from homagg.errors import HomAggError, OutOfRange
 from homagg.bindings.wire import PROTOCOL_VERSION
 
@@ -25,16 +38,31 @@ GROUP_INT = (239 << 24) | (1 << 16) | (2 << 8) | 3
 
 
 class Rig(EngineRig):
-    def __init__(self, workers=4, slots=4, payload_bytes=1024, replicate=False, group=0,
-                 isa="best", **port_kw):
-        super().__init__(replicate=replicate, isa=isa, port_kw=port_kw, workers=workers,
-                         slots=slots, payload_bytes=payload_bytes, group=group)
+    def __init__(
+        self,
+        workers=4,
+        slots=4,
+        payload_bytes=1024,
+        replicate=False,
+        group=0,
+        isa="best",
+        **port_kw,
+    ):
+        super().__init__(
+            replicate=replicate,
+            isa=isa,
+            port_kw=port_kw,
+            workers=workers,
+            slots=slots,
+            payload_bytes=payload_bytes,
+            group=group,
+        )
         self.W, self.S = workers, slots
 
 
 def contrib(op, rng, lanes):
     if op == "sum32":
-        return rng.integers(-2**31, 2**31, lanes, dtype=np.int64)
+        return rng.integers(-(2**31), 2**31, lanes, dtype=np.int64)
     if op == "nc8":
         return rng.integers(0, 256, lanes).astype(np.uint8)
     if op == "or":
@@ -59,7 +87,9 @@ def expected(op, xs, top):
     return acc.tobytes()
 
 
-@pytest.mark.parametrize("isa", [i for i in ("portable", "avx2", "avx512") if kernels.isa_supported(i)])
+@pytest.mark.parametrize(
+    "isa", [i for i in ("portable", "avx2", "avx512") if kernels.isa_supported(i)]
+)
 @pytest.mark.parametrize("op", ["sum32", "or", "max8", "nc8"])
 @pytest.mark.parametrize("W", [1, 3, 8])
 def test_sum_exact_all_ops(op, W, isa):
@@ -70,8 +100,9 @@ def test_sum_exact_all_ops(op, W, isa):
     for seq in range(6):
         xs = [contrib(op, rng, lanes) for _ in range(W)]
         order = rng.permutation(W)
-        out = rig.send(*[frame(int(w), op=op, seq=seq, payload=to_payload(op, xs[w]), exp=top)
-                         for w in order])
+        out = rig.send(
+            *[frame(int(w), op=op, seq=seq, payload=to_payload(op, xs[w]), exp=top) for w in order]
+        )
         res = rig.results(out)
         assert len(res) == W  # unicast, one per worker
         assert sorted(r.worker for r in res) == list(range(W))
@@ -97,7 +128,9 @@ def test_duplicates_not_double_counted_and_replay():
     assert c["duplicates"] == 3 and c["summed"] == 2
     out = rig.send(f[2])
     res = rig.results(out)
-    assert len(res) == 3 and all(from_be32(r.payload).tolist() == (xs[0] + xs[1] + xs[2]).tolist() for r in res)
+    assert len(res) == 3 and all(
+        from_be32(r.payload).tolist() == (xs[0] + xs[1] + xs[2]).tolist() for r in res
+    )
     # A duplicate after completion: the result again, to that worker only.
     out = rig.send(frame(1, payload=be32(xs[1]), flags=FLAG_RETRANS))
     assert len(out) == 1 and out[0].flags & FLAG_RESULT and out[0].worker == 1
@@ -143,23 +176,28 @@ def test_status_active_bitmap():
         assert st.flags & FLAG_STATUS and len(st.payload) == 2
         return st.payload[0], st.payload[1]
 
-    rig.send(frame(3, seq=0, slots=2, payload=pay))      # before seq 1 opens
+    rig.send(frame(3, seq=0, slots=2, payload=pay))  # before seq 1 opens
     rig.send(*[frame(w, seq=1, slots=2, payload=pay) for w in (0, 1)])
-    assert status(0) == (0b00011, 0)                     # 2, 3, 4 not active
-    rig.send(frame(2, seq=2, slots=2, payload=pay))      # 2 sends a later chunk
+    assert status(0) == (0b00011, 0)  # 2, 3, 4 not active
+    rig.send(frame(2, seq=2, slots=2, payload=pay))  # 2 sends a later chunk
     assert status(1) == (0b00011, 0b00100)
     rig.send(frame(3, seq=0, slots=2, payload=pay, flags=FLAG_RETRANS))  # a duplicate
     assert status(0) == (0b00011, 0b01100)
     # worker 2's next life: what its old one sent does not count
     rig.send(frame(2, seq=0, slots=2, payload=pay, incarnation=7))
-    assert status(1) == (0b00011, 0b01100)               # its new frame came after
+    assert status(1) == (0b00011, 0b01100)  # its new frame came after
     rig.send(frame(4, seq=1, slots=2, payload=pay))
     assert status(0) == (0b10011, 0b01100)
     # the STATUS frames changed no sum: each worker counted once in seq 1
-    res = rig.results(rig.send(frame(2, seq=1, slots=2, payload=pay, incarnation=7),
-                               frame(3, seq=1, slots=2, payload=pay)))
-    assert len(res) == W and all(from_be32(r.payload).tolist() == (W * np.arange(256)).tolist()
-                                 for r in res)
+    res = rig.results(
+        rig.send(
+            frame(2, seq=1, slots=2, payload=pay, incarnation=7),
+            frame(3, seq=1, slots=2, payload=pay),
+        )
+    )
+    assert len(res) == W and all(
+        from_be32(r.payload).tolist() == (W * np.arange(256)).tolist() for r in res
+    )
     c = rig.eng.counters()
     assert c["summed"] == 8 and c["completed"] == 1, c
     rig.no_leak()
@@ -207,7 +245,7 @@ def test_shadow_sets_and_slot_reuse():
     rng = np.random.default_rng(5)
     W, S, N = 4, 3, 40
     rig = Rig(workers=W, slots=S)
-    data = {seq: [rng.integers(-2**31, 2**31, 64) for _ in range(W)] for seq in range(N)}
+    data = {seq: [rng.integers(-(2**31), 2**31, 64) for _ in range(W)] for seq in range(N)}
     got = {}
     seq_next = 0
     # Keep S chunks in flight; feed each chunk's packets interleaved with the next.
@@ -236,13 +274,15 @@ def test_two_jobs_interleaved_and_foreign_token():
     rig.eng.add_job(job=2, token=99, workers=3, slots=2, payload_bytes=512)
     a = [rng.integers(-9, 9, 128) for _ in range(2)]
     b = [rng.integers(-9, 9, 100) for _ in range(3)]
-    frames = [frame(0, job=1, slots=2, payload=be32(a[0])),
-              frame(0, job=2, token=99, slots=2, payload=be32(b[0])),
-              # Job 2's packet carrying job 1's token: dropped, nothing changes.
-              frame(1, job=2, token=77, slots=2, payload=be32(np.ones(100))),
-              frame(1, job=2, token=99, slots=2, payload=be32(b[1])),
-              frame(1, job=1, slots=2, payload=be32(a[1])),
-              frame(2, job=2, token=99, slots=2, payload=be32(b[2]))]
+    frames = [
+        frame(0, job=1, slots=2, payload=be32(a[0])),
+        frame(0, job=2, token=99, slots=2, payload=be32(b[0])),
+        # Job 2's packet carrying job 1's token: dropped, nothing changes.
+        frame(1, job=2, token=77, slots=2, payload=be32(np.ones(100))),
+        frame(1, job=2, token=99, slots=2, payload=be32(b[1])),
+        frame(1, job=1, slots=2, payload=be32(a[1])),
+        frame(2, job=2, token=99, slots=2, payload=be32(b[2])),
+    ]
     res = rig.results(rig.send(*frames))
     r1 = [r for r in res if r.job == 1]
     r2 = [r for r in res if r.job == 2]
@@ -269,13 +309,26 @@ def hostile_frames():
     good = frame(1, **ok)
     cases = [
         ("truncated_eth", good[:10], "truncated"),
-        ("truncated_hdr", good[:42 + 10], "truncated"),
+        ("truncated_hdr", good[: 42 + 10], "truncated"),
         ("truncated_ip", good[:30], "truncated"),
         ("arp", _corrupt(good, 13, 0x06), "not_ip"),
         ("ipv6_version", _corrupt(good, 14, 0x65), "not_ip"),
         ("not_udp", frame_with_ip_proto(good, 6), "not_udp"),
-        ("wrong_port", build_frame(waddr(1), Addr(AGG.mac, AGG.ipv4, 9999), op="sum32", job=1,
-                                   token=77, worker=1, seq=0, slot=0, **ok), "wrong_port"),
+        (
+            "wrong_port",
+            build_frame(
+                waddr(1),
+                Addr(AGG.mac, AGG.ipv4, 9999),
+                op="sum32",
+                job=1,
+                token=77,
+                worker=1,
+                seq=0,
+                slot=0,
+                **ok,
+            ),
+            "wrong_port",
+        ),
         ("bad_ip_csum", _corrupt(good, 24, good[24] ^ 0xFF), "bad_csum"),
         ("bad_udp_csum", _corrupt(good, 80, good[80] ^ 0x01), "bad_csum"),
         ("bad_version", frame(1, version=PROTOCOL_VERSION + 1, **ok), "bad_version"),
@@ -285,12 +338,31 @@ def hostile_frames():
         ("unknown_job", frame(1, job=12345, **ok), "unknown_job"),
         ("bad_token", frame(1, token=78, **ok), "bad_token"),
         ("bad_worker", frame(4, **ok), "bad_worker"),
-        ("worker_ffff", build_frame(waddr(1), AGG, op="sum32", job=1, token=77, worker=0xFFFF,
-                                    seq=0, slot=0, **ok), "bad_worker"),
+        (
+            "worker_ffff",
+            build_frame(
+                waddr(1), AGG, op="sum32", job=1, token=77, worker=0xFFFF, seq=0, slot=0, **ok
+            ),
+            "bad_worker",
+        ),
         ("slot_ge_S", frame(1, slot=4, **ok), "bad_slot"),
         ("slot_ne_seq", frame(1, seq=1, slot=2, **ok), "bad_slot"),
-        ("shadow_wrong", build_frame(waddr(1), AGG, op="sum32", job=1, token=77, worker=1,
-                                     seq=0, slot=0, flags=FLAG_SHADOW, **ok), "bad_slot"),
+        (
+            "shadow_wrong",
+            build_frame(
+                waddr(1),
+                AGG,
+                op="sum32",
+                job=1,
+                token=77,
+                worker=1,
+                seq=0,
+                slot=0,
+                flags=FLAG_SHADOW,
+                **ok,
+            ),
+            "bad_slot",
+        ),
         ("lanes_vs_len", frame(1, lanes=9, **ok), "bad_lanes"),
         ("lanes_zero_len", frame(1, lanes=0, **ok), "bad_lanes"),
         ("lanes_gt_job", frame(1, payload=be32(np.arange(300))), "bad_lanes"),
@@ -298,35 +370,68 @@ def hostile_frames():
         ("unknown_op", frame(1, op=9, lanes=32, payload=bytes(32)), "bad_op"),
         ("op_zero", frame(1, op=0, lanes=32, payload=bytes(32)), "bad_op"),
         ("result_from_worker", frame(1, flags=FLAG_RESULT, **ok), "bad_flags"),
-        ("status_from_worker", frame(1, flags=FLAG_STATUS, payload=b"\x01", lanes=8),
-         "bad_flags"),
+        ("status_from_worker", frame(1, flags=FLAG_STATUS, payload=b"\x01", lanes=8), "bad_flags"),
         ("unknown_flag", frame(1, flags=0x40, **ok), "bad_flags"),
         ("epoch_without_auth", frame(1, flags=0x100, **ok), "bad_flags"),
         ("nonce_without_auth", frame(1, nonce=1, **ok), "bad_flags"),
         ("nonce_high_without_auth", frame(1, nonce=1 << 31, **ok), "bad_flags"),
         ("incarnation_zero", frame(1, incarnation=0, **ok), "bad_flags"),
-        ("auth_no_room", with_auth_flag(frame(1, lanes=2, payload=bytes(8), udp_csum=False)),
-         "truncated"),
+        (
+            "auth_no_room",
+            with_auth_flag(frame(1, lanes=2, payload=bytes(8), udp_csum=False)),
+            "truncated",
+        ),
         ("auth_on_plain_job", frame(1, flags=FLAG_AUTH, **ok), "bad_mac"),
         ("bad_shard", frame(1, shard=1, **ok), "bad_shard"),
         ("old_incarnation", frame(0, incarnation=0xFFFFFFFF, **ok), "old_incarnation"),
         ("exp_nonzero_sum", frame(1, exp=3, **ok), "bad_exp"),
         ("exp_nc8_range", frame(1, op="nc8", exp=-1, payload=bytes(8)), "bad_exp"),
-        ("all_ones", build_frame(waddr(1), AGG, op=0xFF, job=0xFFFFFFFF, token=0xFFFFFFFF,
-                                 worker=0xFFFF, seq=0xFFFFFFFF, slot=0xFFFF, lanes=0xFFFF,
-                                 exp=-1, flags=0xFFFF, version=0xFF, nonce=0xFF,
-                                 payload=bytes(16)), "bad_version"),
-        ("all_ones_v2", build_frame(waddr(1), AGG, op=0xFF, job=0xFFFFFFFF, token=0xFFFFFFFF,
-                                    worker=0xFFFF, seq=0xFFFFFFFF, slot=0xFFFF, lanes=0xFFFF,
-                                    exp=-1, flags=0xFFFF, nonce=0xFF, payload=bytes(16)),
-         "bad_flags"),
+        (
+            "all_ones",
+            build_frame(
+                waddr(1),
+                AGG,
+                op=0xFF,
+                job=0xFFFFFFFF,
+                token=0xFFFFFFFF,
+                worker=0xFFFF,
+                seq=0xFFFFFFFF,
+                slot=0xFFFF,
+                lanes=0xFFFF,
+                exp=-1,
+                flags=0xFFFF,
+                version=0xFF,
+                nonce=0xFF,
+                payload=bytes(16),
+            ),
+            "bad_version",
+        ),
+        (
+            "all_ones_v2",
+            build_frame(
+                waddr(1),
+                AGG,
+                op=0xFF,
+                job=0xFFFFFFFF,
+                token=0xFFFFFFFF,
+                worker=0xFFFF,
+                seq=0xFFFFFFFF,
+                slot=0xFFFF,
+                lanes=0xFFFF,
+                exp=-1,
+                flags=0xFFFF,
+                nonce=0xFF,
+                payload=bytes(16),
+            ),
+            "bad_flags",
+        ),
     ]
     return cases
 
 
 def _fix_ip_csum(b):
     b[24] = b[25] = 0
-    s = sum(int.from_bytes(b[14 + i:16 + i], "big") for i in range(0, 20, 2))
+    s = sum(int.from_bytes(b[14 + i : 16 + i], "big") for i in range(0, 20, 2))
     while s >> 16:
         s = (s & 0xFFFF) + (s >> 16)
     b[24:26] = (~s & 0xFFFF).to_bytes(2, "big")
@@ -335,7 +440,7 @@ def _fix_ip_csum(b):
 def v1_frame(f):
     """The same chunk laid out as protocol version 1 wrote it: a 24-byte
     header (no incarnation, no reserved word), version 1, no UDP checksum."""
-    b = bytearray(f[:42 + 24] + f[42 + 32:])
+    b = bytearray(f[: 42 + 24] + f[42 + 32 :])
     b[42] = 1
     b[42 + 23] = 0
     b[16:18] = (len(b) - 14).to_bytes(2, "big")
@@ -379,17 +484,24 @@ def test_hostile_frame_dropped(name, bad, reason):
 def test_op_lanes_exp_mismatch_with_slot():
     rig = Rig(workers=3)
     rig.send(frame(0, op="nc8", exp=25, payload=bytes(range(64))))
-    out = rig.send(frame(1, op="or", payload=bytes(64)),          # op differs
-                   frame(1, op="nc8", exp=25, payload=bytes(32)),  # lanes differ
-                   frame(1, op="nc8", exp=24, payload=bytes(64)))  # exp differs
+    out = rig.send(
+        frame(1, op="or", payload=bytes(64)),  # op differs
+        frame(1, op="nc8", exp=25, payload=bytes(32)),  # lanes differ
+        frame(1, op="nc8", exp=24, payload=bytes(64)),
+    )  # exp differs
     assert out == []
     c = rig.eng.counters()
     assert (c["bad_op"], c["bad_lanes"], c["bad_exp"], c["summed"]) == (1, 1, 1, 1)
-    res = rig.results(rig.send(frame(1, op="nc8", exp=25, payload=bytes(64)),
-                               frame(2, op="nc8", exp=25, payload=bytes(64))))
+    res = rig.results(
+        rig.send(
+            frame(1, op="nc8", exp=25, payload=bytes(64)),
+            frame(2, op="nc8", exp=25, payload=bytes(64)),
+        )
+    )
     assert len(res) == 3 and len(res[0].payload) == 256
-    assert res[0].payload == expected("nc8", [np.arange(64, dtype=np.uint8), np.zeros(64, np.uint8),
-                                              np.zeros(64, np.uint8)], 25)
+    assert res[0].payload == expected(
+        "nc8", [np.arange(64, dtype=np.uint8), np.zeros(64, np.uint8), np.zeros(64, np.uint8)], 25
+    )
 
 
 def test_multicast_vs_unicast():
@@ -432,8 +544,9 @@ def test_worker_address_learned():
     rig = Rig(workers=2)
     moved = Addr.of("02:aa:bb:cc:dd:ee", "192.168.7.7", 5555)
     f0 = frame(0, payload=be32([1]))
-    f1 = build_frame(moved, AGG, op="sum32", job=1, token=77, worker=1, seq=0, slot=0,
-                     payload=be32([2]))
+    f1 = build_frame(
+        moved, AGG, op="sum32", job=1, token=77, worker=1, seq=0, slot=0, payload=be32([2])
+    )
     res = rig.results(rig.send(f0, f1))
     assert {r.worker: r.dst for r in res} == {0: waddr(0), 1: moved}
 
@@ -443,8 +556,9 @@ def test_seq_wraps():
     S = 4
     for seq in [2**32 - 8, 2**32 - 4, 0, 4]:
         # Chunks seq and seq + 4k share a slot; the shadow set follows seq // S.
-        res = rig.results(rig.send(*[frame(w, seq=seq, slots=S, payload=be32([seq & 0xFF, w]))
-                                     for w in range(2)]))
+        res = rig.results(
+            rig.send(*[frame(w, seq=seq, slots=S, payload=be32([seq & 0xFF, w])) for w in range(2)])
+        )
         assert len(res) == 2, seq
     assert rig.eng.counters()["stale"] == 0
 
@@ -456,8 +570,14 @@ def test_job_management_errors():
     with pytest.raises(HomAggError) as ei:
         eng.add_job(1, 1, 2, 4)
     assert ei.value.code == -errno.EEXIST
-    for kw in [dict(workers=0), dict(workers=257), dict(slots=0), dict(slots=70000),
-               dict(payload_bytes=8193), dict(payload_bytes=0)]:
+    for kw in [
+        dict(workers=0),
+        dict(workers=257),
+        dict(slots=0),
+        dict(slots=70000),
+        dict(payload_bytes=8193),
+        dict(payload_bytes=0),
+    ]:
         args = dict(job=5, token=1, workers=2, slots=4, payload_bytes=1024)
         args.update(kw)
         with pytest.raises(OutOfRange):
@@ -483,11 +603,32 @@ def test_job_management_errors():
 def test_counter_names():
     names = counter_names()
     assert names[0] == "received"
-    for n in ["summed", "duplicates", "replays", "results_sent", "status_sent", "stale",
-              "not_ip", "not_udp", "wrong_port", "truncated", "bad_version", "unknown_job",
-              "bad_token", "bad_worker", "bad_slot", "bad_lanes", "bad_op", "bad_flags",
-              "bad_exp", "tx_full", "bad_mac", "bad_shard", "old_incarnation",
-              "incarnation_resets"]:
+    for n in [
+        "summed",
+        "duplicates",
+        "replays",
+        "results_sent",
+        "status_sent",
+        "stale",
+        "not_ip",
+        "not_udp",
+        "wrong_port",
+        "truncated",
+        "bad_version",
+        "unknown_job",
+        "bad_token",
+        "bad_worker",
+        "bad_slot",
+        "bad_lanes",
+        "bad_op",
+        "bad_flags",
+        "bad_exp",
+        "tx_full",
+        "bad_mac",
+        "bad_shard",
+        "old_incarnation",
+        "incarnation_resets",
+    ]:
         assert n in names
     assert len(set(names)) == len(names)
 
@@ -496,7 +637,7 @@ def test_256_workers():
     rng = np.random.default_rng(3)
     W = 256
     rig = Rig(workers=W, slots=1, replicate=True, group=GROUP)
-    xs = rng.integers(-2**31, 2**31, (W, 256))
+    xs = rng.integers(-(2**31), 2**31, (W, 256))
     res = rig.results(rig.send(*[frame(w, slots=1, payload=be32(xs[w])) for w in range(W)]))
     assert len(res) == 1 and res[0].payload == be32(wrap32(xs.sum(axis=0)))
     out = rig.send(frame(255, slots=1, payload=be32(xs[255]), flags=FLAG_RETRANS))
@@ -509,7 +650,7 @@ def _udp_csum_ref(f):
     data = ip[12:20] + b"\x00\x11" + udp[4:6] + udp[:6] + b"\x00\x00" + udp[8:ulen]
     if len(data) % 2:
         data += b"\x00"
-    s = sum(int.from_bytes(data[i:i + 2], "big") for i in range(0, len(data), 2))
+    s = sum(int.from_bytes(data[i : i + 2], "big") for i in range(0, len(data), 2))
     while s >> 16:
         s = (s & 0xFFFF) + (s >> 16)
     c = ~s & 0xFFFF
@@ -532,7 +673,7 @@ def test_udp_checksum_matches_reference(nbytes):
 def test_result_checksums_large_payload():
     rng = np.random.default_rng(11)
     rig = Rig(workers=2, payload_bytes=8192)
-    xs = [rng.integers(-2**31, 2**31, 2048) for _ in range(2)]
+    xs = [rng.integers(-(2**31), 2**31, 2048) for _ in range(2)]
     out = rig.send(*[frame(w, payload=be32(xs[w])) for w in range(2)])
     res = rig.results(out)
     assert len(res) == 2 and res[0].payload == be32(wrap32(xs[0] + xs[1]))
@@ -555,8 +696,9 @@ def test_replies_carry_the_jobs_shard_and_incarnation():
     eng.poll_all()
     res = [parse_frame(f) for f in port.pop_all()]
     assert len(res) == 2
-    assert all(r.shard == 3 and r.incarnation == 777 and from_be32(r.payload).tolist() == [3]
-               for r in res)
+    assert all(
+        r.shard == 3 and r.incarnation == 777 and from_be32(r.payload).tolist() == [3] for r in res
+    )
     assert eng.counters()["bad_shard"] == 1
     # Without an incarnation the job gets one from the clock, never 0.
     assert eng.add_job(job=2, token=1, workers=1, slots=1) != 0
@@ -570,16 +712,28 @@ def test_new_incarnation_resets_slots_holding_the_old_life():
     # worker 0's life-1 contribution, chunk 3 does not.
     done = rig.results(rig.send(*[frame(w, seq=2, payload=be32(x[w])) for w in range(3)]))
     assert len(done) == 3
-    assert rig.send(frame(0, seq=0, payload=be32(x[0])), frame(1, seq=0, payload=be32(x[1])),
-                    frame(0, seq=1, payload=be32(x[0])), frame(1, seq=3, payload=be32(x[1]))) == []
+    assert (
+        rig.send(
+            frame(0, seq=0, payload=be32(x[0])),
+            frame(1, seq=0, payload=be32(x[1])),
+            frame(0, seq=1, payload=be32(x[0])),
+            frame(1, seq=3, payload=be32(x[1])),
+        )
+        == []
+    )
     # Worker 0 restarts (incarnation 2): chunks 0 and 1 start over, and the
     # complete chunk 2 is emptied too.
     assert rig.send(frame(0, seq=0, incarnation=2, payload=be32(x0_new))) == []
     c = rig.eng.counters()
     assert c["incarnation_resets"] == 3
     # Its past life is never summed again ...
-    assert rig.send(frame(0, seq=1, payload=be32(x[0])),
-                    frame(0, seq=0, flags=FLAG_RETRANS, payload=be32(x[0]))) == []
+    assert (
+        rig.send(
+            frame(0, seq=1, payload=be32(x[0])),
+            frame(0, seq=0, flags=FLAG_RETRANS, payload=be32(x[0])),
+        )
+        == []
+    )
     assert rig.eng.counters()["old_incarnation"] == 2
     # ... worker 1's cleared contribution comes back by retransmission and
     # the sum holds the new life only.
@@ -590,8 +744,11 @@ def test_new_incarnation_resets_slots_holding_the_old_life():
     assert len(res) == 3
     assert all(from_be32(r.payload).tolist() == (x0_new + x[1] + x[2]).tolist() for r in res)
     # Chunk 3 (no contribution of worker 0) kept worker 1's.
-    res = rig.results(rig.send(frame(0, seq=3, incarnation=2, payload=be32(x[0])),
-                               frame(2, seq=3, payload=be32(x[2]))))
+    res = rig.results(
+        rig.send(
+            frame(0, seq=3, incarnation=2, payload=be32(x[0])), frame(2, seq=3, payload=be32(x[2]))
+        )
+    )
     assert len(res) == 3
     assert all(from_be32(r.payload).tolist() == (x[0] + x[1] + x[2]).tolist() for r in res)
     rig.no_leak()
@@ -608,8 +765,12 @@ def test_new_incarnation_empties_complete_sets_too():
     assert rig.send(frame(0, seq=2, incarnation=2, payload=be32(y0))) == []
     c = rig.eng.counters()
     assert c["incarnation_resets"] == 1 and c["replays"] == 0 and c["duplicates"] == 0
-    res = rig.results(rig.send(frame(1, seq=2, incarnation=2, payload=be32(x[1])),
-                               frame(2, seq=2, incarnation=2, payload=be32(x[2]))))
+    res = rig.results(
+        rig.send(
+            frame(1, seq=2, incarnation=2, payload=be32(x[1])),
+            frame(2, seq=2, incarnation=2, payload=be32(x[2])),
+        )
+    )
     assert len(res) == 3
     assert all(from_be32(r.payload).tolist() == (y0 + x[1] + x[2]).tolist() for r in res)
     # Workers 1 and 2's new lives found nothing of their old ones left.
@@ -645,8 +806,13 @@ def test_old_incarnation_never_summed():
     rig = Rig(workers=2, slots=4)
     a, b, stale = np.arange(8), np.arange(8) * 3, np.full(8, 1000)
     rig.send(frame(0, incarnation=5, payload=be32(a)))
-    assert rig.send(frame(0, incarnation=4, payload=be32(stale)),
-                    frame(0, incarnation=4, seq=1, payload=be32(stale))) == []
+    assert (
+        rig.send(
+            frame(0, incarnation=4, payload=be32(stale)),
+            frame(0, incarnation=4, seq=1, payload=be32(stale)),
+        )
+        == []
+    )
     res = rig.results(rig.send(frame(1, payload=be32(b))))
     assert len(res) == 2 and all(from_be32(r.payload).tolist() == (a + b).tolist() for r in res)
     c = rig.eng.counters()
@@ -679,19 +845,36 @@ def _mixed_stream(rng, W=4, S=4, lanes=64, chunks=40):
             if r < 0.15:
                 frames.append(f)  # duplicate (a replay once complete)
             elif r < 0.25:
-                frames.append(frame(int(w), op=op, seq=seq, slots=S, payload=p, exp=exp,
-                                    flags=FLAG_RETRANS))
+                frames.append(
+                    frame(int(w), op=op, seq=seq, slots=S, payload=p, exp=exp, flags=FLAG_RETRANS)
+                )
             elif r < 0.30 and seq >= 2 * S:
-                frames.append(frame(int(w), op=op, seq=seq - 2 * S, slots=S, payload=p,
-                                    exp=exp))  # stale
+                frames.append(
+                    frame(int(w), op=op, seq=seq - 2 * S, slots=S, payload=p, exp=exp)
+                )  # stale
             elif r < 0.35:
                 other = ops[(seq + 1) % 4]
-                frames.append(frame(int(w), op=other, seq=seq, slots=S,
-                                    payload=to_payload(other, contrib(other, rng, n)),
-                                    exp=29 if other == "nc8" else 0))  # op mismatch
+                frames.append(
+                    frame(
+                        int(w),
+                        op=other,
+                        seq=seq,
+                        slots=S,
+                        payload=to_payload(other, contrib(other, rng, n)),
+                        exp=29 if other == "nc8" else 0,
+                    )
+                )  # op mismatch
             elif r < 0.40:
-                frames.append(frame(int(w), op=op, seq=seq, slots=S, exp=exp,
-                                    payload=to_payload(op, contrib(op, rng, n // 2))))
+                frames.append(
+                    frame(
+                        int(w),
+                        op=op,
+                        seq=seq,
+                        slots=S,
+                        exp=exp,
+                        payload=to_payload(op, contrib(op, rng, n // 2)),
+                    )
+                )
     hostile = [b for _name, b, _reason in hostile_frames()]
     for b in hostile:
         frames.insert(int(rng.integers(0, len(frames) + 1)), b)
@@ -703,16 +886,24 @@ def _mixed_stream(rng, W=4, S=4, lanes=64, chunks=40):
 
 
 def _run_mixed(frames, staged, burst, replicate):
-    rig = Rig(workers=4, slots=4, payload_bytes=1024, replicate=replicate,
-              group=GROUP if replicate else 0)
+    rig = Rig(
+        workers=4, slots=4, payload_bytes=1024, replicate=replicate, group=GROUP if replicate else 0
+    )
     eng = Engine(rig.port, burst=burst, staged=staged)
     rig.eng.close()
     rig.eng = eng
-    eng.add_job(job=1, token=77, workers=4, slots=4, payload_bytes=1024,
-                group=GROUP if replicate else 0, incarnation=7)  # replies compared byte for byte
+    eng.add_job(
+        job=1,
+        token=77,
+        workers=4,
+        slots=4,
+        payload_bytes=1024,
+        group=GROUP if replicate else 0,
+        incarnation=7,
+    )  # replies compared byte for byte
     out = []
     for i in range(0, len(frames), burst):
-        for f in frames[i:i + burst]:
+        for f in frames[i : i + burst]:
             rig.port.inject(f)
         eng.poll_all()  # bursts of `burst`: the injected frames in one call
         out += rig.port.pop_all()
@@ -728,13 +919,23 @@ def test_staged_burst_equals_one_at_a_time(burst, replicate):
     frames = _mixed_stream(rng)
     staged = _run_mixed(frames, True, burst, replicate)
     single = _run_mixed(frames, False, burst, replicate)
-    assert staged[1] == single[1]          # every engine counter
-    assert staged[2] == single[2]          # every job counter
-    assert staged[0] == single[0]          # every frame sent, byte for byte, in order
+    assert staged[1] == single[1]  # every engine counter
+    assert staged[2] == single[2]  # every job counter
+    assert staged[0] == single[0]  # every frame sent, byte for byte, in order
     c = staged[1]
     # the mix exercised what it is meant to
-    for k in ("completed", "duplicates", "replays", "status_sent", "stale", "bad_op",
-              "bad_lanes", "bad_token", "unknown_job", "bad_slot"):
+    for k in (
+        "completed",
+        "duplicates",
+        "replays",
+        "status_sent",
+        "stale",
+        "bad_op",
+        "bad_lanes",
+        "bad_token",
+        "unknown_job",
+        "bad_slot",
+    ):
         assert c[k] > 0, (k, {n: v for n, v in c.items() if v})
 
 
@@ -764,23 +965,29 @@ def _mutated_stream(rng, S, first_seq, W=4, chunks=24):
         n = 16 if op == "sum32" else 64
         for w in rng.permutation(W):
             p = to_payload(op, contrib(op, rng, n))
-            f = frame(int(w), op=op, seq=seq, slots=S, payload=p,
-                      exp=29 if op == "nc8" else 0, udp_csum=bool(rng.random() < 0.5))
+            f = frame(
+                int(w),
+                op=op,
+                seq=seq,
+                slots=S,
+                payload=p,
+                exp=29 if op == "nc8" else 0,
+                udp_csum=bool(rng.random() < 0.5),
+            )
             r = rng.random()
             if r < 0.1:
                 f = with_ip_options(f)
             elif r < 0.15:
-                f = f + bytes(int(rng.integers(1, 9)))        # Ethernet padding
+                f = f + bytes(int(rng.integers(1, 9)))  # Ethernet padding
             frames.append(f)
-            if rng.random() < 0.5:                            # a damaged copy
+            if rng.random() < 0.5:  # a damaged copy
                 b = bytearray(f)
                 if rng.random() < 0.1:
-                    b = b[:int(rng.integers(0, len(b)))]
+                    b = b[: int(rng.integers(0, len(b)))]
                 else:
                     # not the incarnation (bytes 66-69): a greater one would
                     # make every later frame of that worker old
-                    i = int(rng.choice([i for i in range(min(len(b), 80))
-                                        if not 66 <= i < 70]))
+                    i = int(rng.choice([i for i in range(min(len(b), 80)) if not 66 <= i < 70]))
                     b[i] ^= int(rng.integers(1, 256))
                 frames.insert(int(rng.integers(0, len(frames) + 1)), bytes(b))
     return frames
@@ -791,11 +998,10 @@ def _run_frames(frames, staged, S, burst=32):
     eng = Engine(rig.port, burst=burst, staged=staged)
     rig.eng.close()
     rig.eng = eng
-    eng.add_job(job=1, token=77, workers=4, slots=S, payload_bytes=1024, group=GROUP,
-                incarnation=7)
+    eng.add_job(job=1, token=77, workers=4, slots=S, payload_bytes=1024, group=GROUP, incarnation=7)
     out = []
     for i in range(0, len(frames), burst):
-        for f in frames[i:i + burst]:
+        for f in frames[i : i + burst]:
             rig.port.inject(f)
         eng.poll_all()
         out += rig.port.pop_all()

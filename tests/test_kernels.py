@@ -1,4 +1,5 @@
 """The aggregation kernels against numpy, for every op and every ISA."""
+
 import errno
 
 import numpy as np
@@ -34,15 +35,17 @@ def isa(request):
 @pytest.mark.parametrize("lanes", LANES)
 def test_sum32(isa, lanes):
     rng = np.random.default_rng(lanes)
-    a = rng.integers(-2**31, 2**31, lanes, dtype=np.int64)
-    b = rng.integers(-2**31, 2**31, lanes, dtype=np.int64)
+    a = rng.integers(-(2**31), 2**31, lanes, dtype=np.int64)
+    b = rng.integers(-(2**31), 2**31, lanes, dtype=np.int64)
     # Force wrap-around in both directions.
     if lanes >= 2:
         a[0], b[0] = 2**31 - 1, 5
-        a[1], b[1] = -2**31, -1
+        a[1], b[1] = -(2**31), -1
     acc = be32(a)
     kernels.aggregate("sum32", acc, be32(b), isa=isa)
-    np.testing.assert_array_equal(wrap32(from_be32(acc).astype(np.uint32).view(np.int32)), wrap32(a + b))
+    np.testing.assert_array_equal(
+        wrap32(from_be32(acc).astype(np.uint32).view(np.int32)), wrap32(a + b)
+    )
 
 
 @pytest.mark.parametrize("lanes", LANES)
@@ -72,11 +75,21 @@ def test_max8(isa, lanes):
 @pytest.mark.parametrize("top", [0, 1, 23, 30, 31, 40, -3])
 def test_nc8(isa, lanes, top):
     rng = np.random.default_rng(300 + lanes + 7 * top)
-    a = rng.integers(-2**31, 2**31, lanes, dtype=np.int64)
+    a = rng.integers(-(2**31), 2**31, lanes, dtype=np.int64)
     codes = rng.integers(0, 256, lanes).astype(np.uint8)
     # Include m = 0, m = 1, m = top, m = top + 1, m = 127 with both signs.
-    special = [0x00, 0x80, 0x01, 0x81, top & 0x7F, 0x80 | (top & 0x7F),
-               (top + 1) & 0x7F, 0x80 | ((top + 1) & 0x7F), 0x7F, 0xFF]
+    special = [
+        0x00,
+        0x80,
+        0x01,
+        0x81,
+        top & 0x7F,
+        0x80 | (top & 0x7F),
+        (top + 1) & 0x7F,
+        0x80 | ((top + 1) & 0x7F),
+        0x7F,
+        0xFF,
+    ]
     n = min(lanes, len(special))
     codes[:n] = special[:n]
     acc = be32(a)

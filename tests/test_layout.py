@@ -1,6 +1,7 @@
 """The package's layout: every folder of modules is a regular package, so a
 wheel (not only an editable install) carries it, and the console script's
 target imports."""
+
 import importlib
 import os
 
@@ -24,6 +25,7 @@ def test_every_module_folder_is_a_package_and_imports():
 
 def test_console_script_target():
     from homagg.cli import main
+
     assert callable(main)
 
 
@@ -35,8 +37,9 @@ def test_every_exception_class_is_in_errors():
 
     from homagg import errors
 
-    tree = {n for n, v in vars(errors).items() if isinstance(v, type)
-            and issubclass(v, BaseException)}
+    tree = {
+        n for n, v in vars(errors).items() if isinstance(v, type) and issubclass(v, BaseException)
+    }
     elsewhere = []
     for here, dirs, files in os.walk(ROOT):
         dirs[:] = [d for d in dirs if d != "__pycache__"]
@@ -47,10 +50,22 @@ def test_every_exception_class_is_in_errors():
             for node in ast.walk(ast.parse(open(path).read(), path)):
                 if not isinstance(node, ast.ClassDef):
                     continue
-                bases = {b.id if isinstance(b, ast.Name) else getattr(b, "attr", "")
-                         for b in node.bases}
-                if bases & (tree | {"Exception", "BaseException", "ValueError", "RuntimeError",
-                                    "OSError", "TimeoutError", "KeyError", "TypeError"}):
+                bases = {
+                    b.id if isinstance(b, ast.Name) else getattr(b, "attr", "") for b in node.bases
+                }
+                if bases & (
+                    tree
+                    | {
+                        "Exception",
+                        "BaseException",
+                        "ValueError",
+                        "RuntimeError",
+                        "OSError",
+                        "TimeoutError",
+                        "KeyError",
+                        "TypeError",
+                    }
+                ):
                     elsewhere.append(f"{os.path.relpath(path, ROOT)}: {node.name}")
     assert elsewhere == []
     from homagg.switch import job_file
@@ -73,8 +88,13 @@ def test_no_test_imports_conftest():
             continue
         path = os.path.join(tests, f)
         for node in ast.walk(ast.parse(open(path).read(), path)):
-            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
-                     else [node.module] if isinstance(node, ast.ImportFrom) else [])
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
             if "conftest" in names:
                 offenders.append(f"{f}:{node.lineno}")
     assert offenders == [], f"import helpers instead of conftest: {offenders}"
@@ -93,8 +113,14 @@ def test_no_test_file_imports_another():
             continue
         path = os.path.join(tests, f)
         for node in ast.walk(ast.parse(open(path).read(), path)):
-            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
-                     else [node.module] if isinstance(node, ast.ImportFrom) else [])
-            offenders += [f"{f}:{node.lineno} {n}" for n in names
-                          if n and n.split(".")[0].startswith("test_")]
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
+            offenders += [
+                f"{f}:{node.lineno} {n}" for n in names if n and n.split(".")[0].startswith("test_")
+            ]
     assert offenders == [], f"move what is shared to a helper module: {offenders}"

@@ -5,6 +5,7 @@ Frames are built here with struct.pack (Ethernet / IPv4 / UDP) and carry a
 and reordering are measured frame by frame.  Every test runs in virtual
 time: no wall-clock thresholds.
 """
+
 import errno
 import math
 import struct
@@ -26,7 +27,9 @@ def mac(i):
 
 
 def group_mac(group_ip):
-    return bytes([0x01, 0x00, 0x5E, (group_ip >> 16) & 0x7F, (group_ip >> 8) & 0xFF, group_ip & 0xFF])
+    return bytes(
+        [0x01, 0x00, 0x5E, (group_ip >> 16) & 0x7F, (group_ip >> 8) & 0xFF, group_ip & 0xFF]
+    )
 
 
 def ip(s):
@@ -38,8 +41,9 @@ def frame(dst, src, seq, length=128, src_ip=0x0A000001, dst_ip=0x0A000002):
     """A minimal Ethernet/IPv4/UDP frame of `length` bytes carrying seq."""
     payload = struct.pack("!I", seq) + bytes(length - ETH_IP_UDP - 4)
     udp = struct.pack("!HHHH", 48879, 48879, 8 + len(payload), 0)
-    iph = struct.pack("!BBHHHBBHII", 0x45, 0, 20 + len(udp) + len(payload), 0, 0, 64, 17, 0,
-                      src_ip, dst_ip)
+    iph = struct.pack(
+        "!BBHHHBBHII", 0x45, 0, 20 + len(udp) + len(payload), 0, 0, 64, 17, 0, src_ip, dst_ip
+    )
     return dst + src + b"\x08\x00" + iph + udp + payload
 
 
@@ -47,8 +51,9 @@ def packed(dst, src, seqs, length=128):
     """Frames for every seq, packed back to back, and their lengths (numpy)."""
     base = np.frombuffer(frame(dst, src, 0, length), dtype=np.uint8)
     data = np.tile(base, len(seqs)).reshape(len(seqs), length)
-    data[:, SEQ_OFF:SEQ_OFF + 4] = (
-        np.asarray(seqs, dtype=">u4").view(np.uint8).reshape(len(seqs), 4))
+    data[:, SEQ_OFF : SEQ_OFF + 4] = (
+        np.asarray(seqs, dtype=">u4").view(np.uint8).reshape(len(seqs), 4)
+    )
     return data.tobytes(), np.full(len(seqs), length, dtype=np.uint16)
 
 
@@ -58,10 +63,24 @@ def seq_of(fr):
 
 def pair(seed=1, pool_size=0, rx_ring=0, tx_ring=0, rate_bps=0, prop_delay_ns=0, **fab):
     fab_ = Fabric(seed=seed, pool_size=pool_size, **fab)
-    a = fab_.add_port(mac(1), "10.0.0.1", 48879, rx_ring=rx_ring, tx_ring=tx_ring,
-                      rate_bps=rate_bps, prop_delay_ns=prop_delay_ns)
-    b = fab_.add_port(mac(2), "10.0.0.2", 48879, rx_ring=rx_ring, tx_ring=tx_ring,
-                      rate_bps=rate_bps, prop_delay_ns=prop_delay_ns)
+    a = fab_.add_port(
+        mac(1),
+        "10.0.0.1",
+        48879,
+        rx_ring=rx_ring,
+        tx_ring=tx_ring,
+        rate_bps=rate_bps,
+        prop_delay_ns=prop_delay_ns,
+    )
+    b = fab_.add_port(
+        mac(2),
+        "10.0.0.2",
+        48879,
+        rx_ring=rx_ring,
+        tx_ring=tx_ring,
+        rate_bps=rate_bps,
+        prop_delay_ns=prop_delay_ns,
+    )
     return fab_, a, b
 
 
@@ -70,7 +89,7 @@ def pump(fab, src, dst, seqs, length=128, chunk=512, drain=True):
     time until each chunk is through, draining dst; returns received frames."""
     got = []
     for i in range(0, len(seqs), chunk):
-        data, lens = packed(dst.mac, src.mac, seqs[i:i + chunk], length)
+        data, lens = packed(dst.mac, src.mac, seqs[i : i + chunk], length)
         sent = src.send_packed(data, lens)
         assert sent == len(lens)
         fab.run_until_idle()
@@ -149,8 +168,9 @@ def test_bad_configs_rejected():
 
 def faulty_run(seed, n=3000):
     fab, a, b = pair(seed=seed, rate_bps=10**10, prop_delay_ns=500)
-    flt = Faults(loss=0.05, dup=0.05, corrupt=0.02, reorder=0.1, reorder_max=4,
-                 delay_ns=100, jitter_ns=2000)
+    flt = Faults(
+        loss=0.05, dup=0.05, corrupt=0.02, reorder=0.1, reorder_max=4, delay_ns=100, jitter_ns=2000
+    )
     a.set_faults("out", flt)
     b.set_faults("in", flt)
     a.set_faults("in", loss=0.1)
@@ -247,7 +267,7 @@ def test_reordering_bounded_and_lossless(bound):
     worst = 0
     for s in range(n):
         lo = max(0, pos[s] - 4 * bound - 8)
-        before = seqs[lo:pos[s]]
+        before = seqs[lo : pos[s]]
         worst = max(worst, int((before > s).sum()))
     assert worst <= bound
     assert worst >= 1
@@ -410,8 +430,7 @@ def test_multicast_via_hg_port_join_group_and_broadcast():
     ports = [fab.add_port(mac(i + 1)) for i in range(4)]
     g = ip("224.0.0.251")
     assert lib.hg_nic_port_join_group(ports[3]._p, g) == 0
-    ports[0].send([frame(group_mac(g), ports[0].mac, 1),
-                   frame(b"\xff" * 6, ports[0].mac, 2)])
+    ports[0].send([frame(group_mac(g), ports[0].mac, 1), frame(b"\xff" * 6, ports[0].mac, 2)])
     fab.run_until_idle()
     assert [[seq_of(f) for f in p.recv()] for p in ports] == [[], [2], [2], [1, 2]]
 
@@ -434,8 +453,14 @@ def test_pacing_line_rate():
     N * (1066+20)*8/10 ns plus one more serialisation on the receiving link
     and two propagation delays; the measured rate is within 1% of 10 Gbit/s."""
     n, length, rate, prop = 10_000, 1066, 10**10, 500
-    fab, a, b = pair(rate_bps=rate, prop_delay_ns=prop, tx_ring=n, rx_ring=n,
-                     trace_records=2 * n, pool_size=2 * n)
+    fab, a, b = pair(
+        rate_bps=rate,
+        prop_delay_ns=prop,
+        tx_ring=n,
+        rx_ring=n,
+        trace_records=2 * n,
+        pool_size=2 * n,
+    )
     data, lens = packed(b.mac, a.mac, list(range(n)), length)
     assert a.send_packed(data, lens) == n
     fab.run_until_idle()

@@ -1,5 +1,6 @@
 """Inventory fields of the metrics endpoint (metrics_port, metrics_bind):
 checked with a fix per field, carried to the Ansible inventory."""
+
 import pytest
 
 from homagg.deploy.remote import ansible_inventory
@@ -10,11 +11,25 @@ from sshrack import to_toml
 
 def _hosts(key, **agg):
     return [
-        {"name": "agg", "ssh_host": "10.0.0.1", "ssh_key": key, "role": "aggregator",
-         "vdev": "net_af_packet0,iface=eth1", "dataplane_ip": "10.10.0.1/24", "cores": [1],
-         **agg},
-        {"name": "w1", "ssh_host": "10.0.0.11", "ssh_key": key, "role": "worker",
-         "iface": "eth1", "dataplane_ip": "10.10.0.11/24", "cores": [1]},
+        {
+            "name": "agg",
+            "ssh_host": "10.0.0.1",
+            "ssh_key": key,
+            "role": "aggregator",
+            "vdev": "net_af_packet0,iface=eth1",
+            "dataplane_ip": "10.10.0.1/24",
+            "cores": [1],
+            **agg,
+        },
+        {
+            "name": "w1",
+            "ssh_host": "10.0.0.11",
+            "ssh_key": key,
+            "role": "worker",
+            "iface": "eth1",
+            "dataplane_ip": "10.10.0.11/24",
+            "cores": [1],
+        },
     ]
 
 
@@ -38,12 +53,15 @@ def test_metrics_fields_default_set_and_to_ansible(tmp_path):
     assert (agg["homagg_metrics_port"], agg["homagg_metrics_bind"]) == (9477, "0.0.0.0")
 
 
-@pytest.mark.parametrize("field, value, where, fix", [
-    ("metrics_port", 70000, "agg", "must be the TCP port"),
-    ("metrics_port", "x", "agg", "must be the TCP port"),
-    ("metrics_bind", "localhost", "agg", "must be the IPv4 address"),
-    ("metrics_port", 9477, "w1", "only an aggregator runs homagg exporter"),
-])
+@pytest.mark.parametrize(
+    "field, value, where, fix",
+    [
+        ("metrics_port", 70000, "agg", "must be the TCP port"),
+        ("metrics_port", "x", "agg", "must be the TCP port"),
+        ("metrics_bind", "localhost", "agg", "must be the IPv4 address"),
+        ("metrics_port", 9477, "w1", "only an aggregator runs homagg exporter"),
+    ],
+)
 def test_metrics_fields_refused_with_the_fix(tmp_path, field, value, where, fix):
     key = tmp_path / "k"
     key.write_text("x")
@@ -52,5 +70,6 @@ def test_metrics_fields_refused_with_the_fix(tmp_path, field, value, where, fix)
     with pytest.raises(inv.InventoryError) as e:
         _load(tmp_path, hosts)
     assert e.value.problems == [
-        f"host '{where}': field '{field}' = {value!r}: " + e.value.problems[0].split(": ", 2)[2]]
+        f"host '{where}': field '{field}' = {value!r}: " + e.value.problems[0].split(": ", 2)[2]
+    ]
     assert fix in e.value.problems[0]

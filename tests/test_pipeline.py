@@ -11,6 +11,7 @@ of the unpipelined one (pipeline_groups=1) and of the numpy oracle
 must be the spec's, computed here from its formulas; the engine must sum
 every contribution exactly once.
 """
+
 import numpy as np
 import pytest
 
@@ -35,9 +36,9 @@ def grads_for(workers, n, seed, zero_groups=False):
     for _ in range(workers):
         x = np.zeros(n, np.float32)
         nz = rng.random(n) < 0.3
-        x[nz] = (rng.standard_normal(nz.sum()) * 10.0 ** rng.integers(-5, 3, nz.sum()))
+        x[nz] = rng.standard_normal(nz.sum()) * 10.0 ** rng.integers(-5, 3, nz.sum())
         if zero_groups:
-            x[:3 * 1024] = 0
+            x[: 3 * 1024] = 0
         out.append(x)
     return out
 
@@ -86,8 +87,11 @@ def spec_chunks(method, grads, option, slots, aggregators=1):
     total = 0
     for g in range(G):
         b0, b1 = g * gb, min(nb, (g + 1) * gb)
-        lanes = sum(min(n, (b + 1) * BLOCK) - b * BLOCK for b in range(b0, b1)
-                    if method != "blocks" or nonzero[b])
+        lanes = sum(
+            min(n, (b + 1) * BLOCK) - b * BLOCK
+            for b in range(b0, b1)
+            if method != "blocks" or nonzero[b]
+        )
         total += -(-(b1 - b0) // PAYLOAD) + -(-lanes // (PAYLOAD // 4))
     return G, total
 
@@ -95,8 +99,15 @@ def spec_chunks(method, grads, option, slots, aggregators=1):
 def run(grads, method, option, slots, seed, faults=FAULTS, aggregators=1):
     """One allreduce on a fresh cluster; the Result, with "engines": the
     counters of its K engines summed."""
-    with Cluster(workers=len(grads), seed=seed, slots=slots, payload=PAYLOAD,
-                 pipeline_groups=option, aggregators=aggregators, **faults) as cl:
+    with Cluster(
+        workers=len(grads),
+        seed=seed,
+        slots=slots,
+        payload=PAYLOAD,
+        pipeline_groups=option,
+        aggregators=aggregators,
+        **faults,
+    ) as cl:
         res = cl.allreduce(grads, method=method, **options(method, seed + 1))
         engines = [cl.aggregator_counters(k)["engine"] for k in range(aggregators)]
     res.stats["engines"] = {key: sum(e[key] for e in engines) for key in engines[0]}
@@ -116,20 +127,21 @@ def test_pipelined_methods_are_the_block_wise_ones():
 
 
 CASES = [  # workers, n, slots, pipeline_groups, aggregators
-    (2, 100, 8, 0, 1),            # tiny: one block, one group
+    (2, 100, 8, 0, 1),  # tiny: one block, one group
     (3, 2 * BLOCK + 7, 4, 3, 1),  # three groups, the last one 7 elements
-    (4, 40_000, 4, 0, 1),         # automatic: 16 blocks per group, not a multiple
+    (4, 40_000, 4, 0, 1),  # automatic: 16 blocks per group, not a multiple
     (4, 40_000, 16, 7, 1),
-    (5, 33_333, 8, 1000, 1),      # one block per group
+    (5, 33_333, 8, 1000, 1),  # one block per group
     (8, 20_480, 2, 0, 1),
-    (4, 40_000, 4, 0, 3),         # K = 3: 48 blocks per group, chunks spread over three
+    (4, 40_000, 4, 0, 3),  # K = 3: 48 blocks per group, chunks spread over three
 ]
 
 
 @pytest.mark.parametrize("method", PIPELINED)
 @pytest.mark.parametrize("workers,n,slots,option,aggregators", CASES)
-def test_pipelined_equals_unpipelined_and_oracle_under_faults(method, workers, n, slots, option,
-                                                              aggregators):
+def test_pipelined_equals_unpipelined_and_oracle_under_faults(
+    method, workers, n, slots, option, aggregators
+):
     seed = 1000 * workers + n % 997 + option + aggregators
     grads = grads_for(workers, n, seed, zero_groups=n > 4 * 1024)
     want = oracle(method, grads, seed + 1)
@@ -147,8 +159,10 @@ def test_pipelined_equals_unpipelined_and_oracle_under_faults(method, workers, n
         G = spec_groups(n, option, slots, aggregators, method)[0]
         chunks = piped.stats["workers"][0]["chunks"]
         if method == "lhc":
-            assert piped.stats["workers"][0]["stalled_blocks"] == \
-                plain.stats["workers"][0]["stalled_blocks"]
+            assert (
+                piped.stats["workers"][0]["stalled_blocks"]
+                == plain.stats["workers"][0]["stalled_blocks"]
+            )
     for w in piped.stats["workers"]:
         assert w["groups"] == G
         assert w["chunks"] == chunks
@@ -190,14 +204,14 @@ def test_successive_allreduces_mix_pipelined_and_other_methods():
         seq = 0
         for method in ("dense", "lhc", "nc", "auto", "blocks", "union", "dense"):
             res = cl.allreduce(grads, method=method, **options(method, 77))
-            assert_bits(res.sum, oracle(method if method in ("dense", "nc") else "blocks",
-                                        grads, 77))
+            assert_bits(
+                res.sum, oracle(method if method in ("dense", "nc") else "blocks", grads, 77)
+            )
             st = res.stats["workers"]
             assert len({w["next_seq"] for w in st}) == 1
             assert st[0]["next_seq"] > seq
             seq = st[0]["next_seq"]
-            want_groups = (spec_groups(25_000, 0, 8, method=method)[0]
-                           if method in PIPELINED else 1)
+            want_groups = spec_groups(25_000, 0, 8, method=method)[0] if method in PIPELINED else 1
             assert {w["groups"] for w in st} == {want_groups}
 
 
@@ -228,14 +242,16 @@ def test_pipelined_through_a_tree_of_aggregators():
     """Leaves forward one partial sum per slot to the root: the clients'
     pipelined numbering is all they see, and the result stays exact."""
     grads = grads_for(6, 30_000, 21, zero_groups=True)
-    with Cluster(workers=6, leaves=2, seed=4, slots=4, pipeline_groups=0,
-                 loss=0.01, reorder=0.05) as cl:
+    with Cluster(
+        workers=6, leaves=2, seed=4, slots=4, pipeline_groups=0, loss=0.01, reorder=0.05
+    ) as cl:
         res = cl.allreduce(grads, method="blocks", block_elements=BLOCK)
     assert_bits(res.sum, reference.allreduce(grads, BLOCK))
     assert {w["groups"] for w in res.stats["workers"]} == {spec_groups(30_000, 0, 4)[0]}
 
 
 # ---- auto, choosing per group ------------------------------------------------
+
 
 def _nonzero(x):
     return np.asarray(x) != 0
@@ -298,9 +314,13 @@ def expected_auto(grads, gb):
     for g0 in range(0, nb, gb):
         lo, hi = g0 * BLOCK, min(n, (g0 + gb) * BLOCK)
         cand = int(anyw[lo:hi].sum())
-        nzb = sum(hi_b - lo_b for lo_b, hi_b in
-                  ((b * BLOCK, min(n, (b + 1) * BLOCK)) for b in range(g0, min(nb, g0 + gb)))
-                  if anyw[lo_b:hi_b].any())
+        nzb = sum(
+            hi_b - lo_b
+            for lo_b, hi_b in (
+                (b * BLOCK, min(n, (b + 1) * BLOCK)) for b in range(g0, min(nb, g0 + gb))
+            )
+            if anyw[lo_b:hi_b].any()
+        )
         dense, blocks = hi - lo, nzb
         if cand == 0:
             choices.append("blocks")
@@ -327,8 +347,15 @@ def check_auto(res, grads, want_groups, gb, contributors=None):
     for out in res.outputs:
         assert_bits(out, res.sum)
     per = res.stats["workers"]
-    keys = ("groups", "chunks", "next_seq", "method_chosen", "auto_dense_groups",
-            "auto_blocks_groups", "auto_union_groups")
+    keys = (
+        "groups",
+        "chunks",
+        "next_seq",
+        "method_chosen",
+        "auto_dense_groups",
+        "auto_blocks_groups",
+        "auto_union_groups",
+    )
     for w in per:  # every worker numbered the same units with the same choices
         assert {k: w[k] for k in keys} == {k: per[0][k] for k in keys}
         assert w["bytes_received"] == per[0]["bytes_received"]
@@ -339,7 +366,8 @@ def check_auto(res, grads, want_groups, gb, contributors=None):
     got = {m: w[f"auto_{m}_groups"] for m in ("dense", "blocks", "union")}
     assert got == {m: choices.count(m) for m in got}
     assert protocol.method_name(w["method_chosen"]) == max(
-        ("dense", "blocks", "union"), key=lambda m: (got[m], -("dense", "blocks", "union").index(m)))
+        ("dense", "blocks", "union"), key=lambda m: (got[m], -("dense", "blocks", "union").index(m))
+    )
     assert w["bytes_received"]["values"] == values
     if "union" not in choices:
         assert w["bytes_received"]["union"] == 0
@@ -349,21 +377,22 @@ def check_auto(res, grads, want_groups, gb, contributors=None):
 
 
 AUTO_CASES = [  # workers, n, slots, pipeline_groups, aggregators, workload
-    (2, 100, 8, 0, 1, "random"),             # one block, one group
-    (3, 2 * BLOCK + 7, 4, 3, 1, "dense"),    # three groups, the last one 7 elements
+    (2, 100, 8, 0, 1, "random"),  # one block, one group
+    (3, 2 * BLOCK + 7, 4, 3, 1, "dense"),  # three groups, the last one 7 elements
     (4, 40_000, 4, 0, 1, "random"),
     (5, 33_333, 8, 7, 1, "shared"),
     (8, 20_480, 2, 0, 1, "dense"),
-    (4, 40_000, 4, 0, 3, "mixed"),           # K = 3
-    (6, 61_447, 8, 6, 1, "mixed"),           # odd size
-    (7, 50_001, 4, 1000, 1, "mixed"),        # one block per group
+    (4, 40_000, 4, 0, 3, "mixed"),  # K = 3
+    (6, 61_447, 8, 6, 1, "mixed"),  # odd size
+    (7, 50_001, 4, 1000, 1, "mixed"),  # one block per group
     (4, 30_000, 4, 0, 1, "zeros"),
 ]
 
 
 @pytest.mark.parametrize("workers,n,slots,option,aggregators,kind", AUTO_CASES)
-def test_auto_chooses_per_group_and_equals_unpipelined_and_oracle(workers, n, slots, option,
-                                                                  aggregators, kind):
+def test_auto_chooses_per_group_and_equals_unpipelined_and_oracle(
+    workers, n, slots, option, aggregators, kind
+):
     seed = 7 * workers + n % 991 + option + aggregators
     G, gb = spec_groups(n, option, slots, aggregators)
     grads = auto_grads(workers, n, kind, seed, gb)
@@ -385,8 +414,16 @@ def test_auto_per_group_through_a_tree_of_aggregators():
     chunk once with all its contributors, and the choices stay per group."""
     G, gb = spec_groups(40_000, 5, 4)
     grads = auto_grads(6, 40_000, "mixed", 31, gb)
-    with Cluster(workers=6, leaves=2, seed=4, slots=4, payload=PAYLOAD, pipeline_groups=5,
-                 loss=0.01, reorder=0.05) as cl:
+    with Cluster(
+        workers=6,
+        leaves=2,
+        seed=4,
+        slots=4,
+        payload=PAYLOAD,
+        pipeline_groups=5,
+        loss=0.01,
+        reorder=0.05,
+    ) as cl:
         res = cl.allreduce(grads, method="auto", block_elements=BLOCK)
         *leaves, root = [cl.aggregator_counters(k)["engine"] for k in range(cl.aggregators)]
     res.stats["engines"] = root

@@ -2,6 +2,7 @@
 without root: the real C engine runs on a UdpPort on loopback (a thread
 polling it), the real C clients run in worker threads, and the results are
 checked bit for bit against the numpy fixed-point oracle."""
+
 import socket
 import time
 
@@ -54,8 +55,8 @@ def test_small_payload_many_chunks(agg):
 def test_oversized_datagram_is_counted_not_delivered(agg):
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
-        s.sendto(b"\x01" * 9000, agg.address)       # larger than a packet
-        s.sendto(b"\x01" * 10, agg.address)         # not a HomAgg frame
+        s.sendto(b"\x01" * 9000, agg.address)  # larger than a packet
+        s.sendto(b"\x01" * 10, agg.address)  # not a HomAgg frame
     finally:
         s.close()
     deadline = time.monotonic() + 10
@@ -73,8 +74,9 @@ def test_missing_aggregator_times_out_naming_it():
     silent.bind(("127.0.0.1", 0))
     try:
         addr = silent.getsockname()
-        with Worker(job=1, token=2, worker=0, workers=2, aggregator=addr,
-                    bind=("127.0.0.1", 0), timeout=0.5) as wk:
+        with Worker(
+            job=1, token=2, worker=0, workers=2, aggregator=addr, bind=("127.0.0.1", 0), timeout=0.5
+        ) as wk:
             t0 = time.monotonic()
             with pytest.raises(PeerTimeout) as ei:
                 wk.allreduce(np.ones(100, np.float32))
@@ -89,12 +91,12 @@ def test_wait_wakes_on_a_datagram_and_keeps_its_deadline():
     port = UdpPort(("127.0.0.1", 0))
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
-        assert port.wait(0) is False          # nothing there: returns at once
-        assert port.wait(0.0002) is False     # a sub-millisecond deadline
+        assert port.wait(0) is False  # nothing there: returns at once
+        assert port.wait(0.0002) is False  # a sub-millisecond deadline
         st = port.stats()
         assert st["waits"] == 2 and st["wait_timeouts"] == 2
         s.sendto(b"x" * 40, port.local_address)
-        assert port.wait(30.0) is True        # woken by the datagram
+        assert port.wait(30.0) is True  # woken by the datagram
         st = port.stats()
         assert st["waits"] == 3 and st["wait_timeouts"] == 2
     finally:
@@ -126,15 +128,18 @@ def test_client_create_failure_carries_the_reason():
     m = port_mem_create(mtu=1500)
     common = dict(workers=2, worker=0, slots=8)
     with pytest.raises(InvalidArgument) as e:
-        client_create(port_mem_port(m), [(0x0A000001, 0)], None, m, "worker 0",
-                      payload_bytes=8192, **common)
+        client_create(
+            port_mem_port(m), [(0x0A000001, 0)], None, m, "worker 0", payload_bytes=8192, **common
+        )
     assert e.value.code == -errno.EMSGSIZE
     assert "worker 0" in str(e.value) and "MTU" in str(e.value), str(e.value)
     with pytest.raises(InvalidArgument) as e:
-        client_create(port_mem_port(m), [(0x0A000001, 0)], None, m, "worker 0",
-                      payload_bytes=1022, **common)
+        client_create(
+            port_mem_port(m), [(0x0A000001, 0)], None, m, "worker 0", payload_bytes=1022, **common
+        )
     assert e.value.code == -errno.EINVAL and "invalid argument" in str(e.value)
     # the same port takes a client whose frames fit
-    c = client_create(port_mem_port(m), [(0x0A000001, 0)], None, m, "worker 0",
-                      payload_bytes=1024, **common)
+    c = client_create(
+        port_mem_port(m), [(0x0A000001, 0)], None, m, "worker 0", payload_bytes=1024, **common
+    )
     assert c is not None

@@ -2,6 +2,7 @@
 larger than the path's MTU fails with an error naming the MTU and the
 payload.  Runs in a network namespace of its own (unshare --net) whose
 loopback has MTU 1500, with the engine on a UdpPort there."""
+
 import json
 import os
 import shutil
@@ -48,11 +49,18 @@ t.start()
 def child(lo_setup, slots, body):
     """A child script: RIG on a loopback set up by the lo_setup commands,
     a job of ``slots`` slots, then body."""
-    return (f"LO_SETUP = {lo_setup!r}\nSLOTS = {slots}\n" + RIG + textwrap.dedent(body)
-            + "\nstop.set()\nt.join(5)\n")
+    return (
+        f"LO_SETUP = {lo_setup!r}\nSLOTS = {slots}\n"
+        + RIG
+        + textwrap.dedent(body)
+        + "\nstop.set()\nt.join(5)\n"
+    )
 
 
-CHILD = child(["ip link set lo mtu 1500 up"], 8, """
+CHILD = child(
+    ["ip link set lo mtu 1500 up"],
+    8,
+    """
     # told MTU 9000, so the worker's own check passes; the kernel must refuse
     with Worker(job=1, token=1, worker=0, workers=1, aggregator=port.local_address,
                 bind=("127.0.0.1", 0), timeout=0.5, slots=8, payload=8192, mtu=9000) as w:
@@ -64,13 +72,18 @@ CHILD = child(["ip link set lo mtu 1500 up"], 8, """
             print(" ".join(str(e).split()))
         else:
             print("no error")
-""")
+""",
+)
 
 
 def test_payload_over_the_path_mtu_fails_naming_mtu_and_payload():
     require(shutil.which("unshare") is not None, "needs unshare (util-linux)")
-    p = subprocess.run(["unshare", "--net", sys.executable, "-c", CHILD],
-                       capture_output=True, text=True, timeout=50)
+    p = subprocess.run(
+        ["unshare", "--net", sys.executable, "-c", CHILD],
+        capture_output=True,
+        text=True,
+        timeout=50,
+    )
     assert p.returncode == 0, p.stderr
     first, message = p.stdout.splitlines()[:2]
     counts = dict(kv.split("=") for kv in first.split())
@@ -83,8 +96,13 @@ def test_payload_over_the_path_mtu_fails_naming_mtu_and_payload():
 
 # jumbo loopback shaped to 1 Gbit/s: a window of frames waits in the qdisc,
 # charged to the sending socket until the link takes it
-WINDOW_CHILD = child(["ip link set lo mtu 9000 up",
-                      "tc qdisc add dev lo root tbf rate 1gbit burst 64kb latency 100ms"], 64, """
+WINDOW_CHILD = child(
+    [
+        "ip link set lo mtu 9000 up",
+        "tc qdisc add dev lo root tbf rate 1gbit burst 64kb latency 100ms",
+    ],
+    64,
+    """
     sys.path.insert(0, sys.argv[1])
     from reference import allreduce as oracle_allreduce
 
@@ -97,7 +115,8 @@ WINDOW_CHILD = child(["ip link set lo mtu 9000 up",
                       "packets_sent": st["packets_sent"], "window_full_ns": st["window_full_ns"],
                       "exact": bool(np.array_equal(y.view(np.uint32),
                                                    oracle_allreduce([x], 4096).view(np.uint32)))}))
-""")
+""",
+)
 
 
 def test_a_window_of_jumbo_frames_fits_the_send_buffer():
@@ -105,11 +124,17 @@ def test_a_window_of_jumbo_frames_fits_the_send_buffer():
     takes every frame of the window (its send buffer holds them; with the
     kernel's default one third came back EAGAIN and went out late, out of
     order), so nothing is refused or resent, and the sum is exact."""
-    require(shutil.which("unshare") is not None and shutil.which("tc") is not None,
-            "needs unshare (util-linux) and tc (iproute2)")
+    require(
+        shutil.which("unshare") is not None and shutil.which("tc") is not None,
+        "needs unshare (util-linux) and tc (iproute2)",
+    )
     here = os.path.dirname(os.path.abspath(__file__))
-    p = subprocess.run(["unshare", "--net", sys.executable, "-c", WINDOW_CHILD, here],
-                       capture_output=True, text=True, timeout=50)
+    p = subprocess.run(
+        ["unshare", "--net", sys.executable, "-c", WINDOW_CHILD, here],
+        capture_output=True,
+        text=True,
+        timeout=50,
+    )
     assert p.returncode == 0, p.stderr
     st = json.loads(p.stdout.splitlines()[-1])
     assert st["exact"] is True, st

@@ -1,5 +1,6 @@
 """The live per-host, per-step view of long operations (homagg.deploy.remote.progress) and
 the logging setup of the homagg command (homagg.log)."""
+
 import io
 import logging
 import threading
@@ -31,11 +32,13 @@ def test_live_table_follows_the_steps_of_every_host():
     with v:
         threads = []
         for h in ("h1", "h2"):
+
             def work(h=h):
                 for step in ("os", "packages"):
                     v.start(h, step)
                     v.done(h, StepResult(step, OK, f"{h} {step} done"))
                 v.start(h, "venv")
+
             threads.append(threading.Thread(target=work))
         for t in threads:
             t.start()

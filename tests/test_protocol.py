@@ -1,5 +1,6 @@
 """The protocol tables (homagg/protocol.h) as Python sees them, and that the
 C client and the Python simulation walk the same phases of every method."""
+
 import errno
 import pathlib
 import re
@@ -20,9 +21,14 @@ DOC = pathlib.Path(__file__).resolve().parents[1] / "docs" / "PROTOCOL.md"
 def test_wire_numbers_unchanged():
     """Op and method codes are wire numbers (docs/PROTOCOL.md)."""
     assert {n: o.code for n, o in protocol.OPS.items()} == {
-        "sum32": 1, "or": 2, "max8": 3, "nc8": 4}
+        "sum32": 1,
+        "or": 2,
+        "max8": 3,
+        "nc8": 4,
+    }
     assert [protocol.METHOD[m].code for m in protocol.METHODS] == list(
-        range(1, len(protocol.METHODS) + 1))
+        range(1, len(protocol.METHODS) + 1)
+    )
     assert protocol.METHODS[:5] == ("dense", "blocks", "lhc", "nc", "auto")
     assert lib.HG_OP_NC8 == 4 and lib.HG_M_AUTO == 5
 
@@ -67,11 +73,23 @@ def test_client_stats_table_names_every_field():
 
 
 def test_phases_and_methods():
-    assert protocol.PHASES == ("exponents", "counts", "values", "codes", "index", "sketch",
-                               "fallback", "union")
+    assert protocol.PHASES == (
+        "exponents",
+        "counts",
+        "values",
+        "codes",
+        "index",
+        "sketch",
+        "fallback",
+        "union",
+    )
     assert protocol.METHOD["union"].steps == (("exponents", "counts"), ("index",), ("union",))
-    assert protocol.METHOD["lhc"].steps == (("exponents", "counts"), ("index",), ("sketch",),
-                                            ("fallback",))
+    assert protocol.METHOD["lhc"].steps == (
+        ("exponents", "counts"),
+        ("index",),
+        ("sketch",),
+        ("fallback",),
+    )
     assert protocol.METHOD["nc"].phases == ("exponents", "codes")
     assert protocol.PHASE["codes"].op == "nc8" and protocol.PHASE["index"].op == "or"
     assert "auto" in protocol.EXACT_METHODS and "nc" not in protocol.EXACT_METHODS
@@ -87,9 +105,17 @@ def test_phases_and_methods():
                 assert set(protocol.METHOD[c].steps[0]) <= own
     assert protocol.run_steps("auto", "dense") == (("exponents",), ("counts",), ("values",))
     assert protocol.run_steps("auto", "dense", via="union") == (
-        ("exponents",), ("counts",), ("index",), ("values",))
+        ("exponents",),
+        ("counts",),
+        ("index",),
+        ("values",),
+    )
     assert protocol.run_steps("auto", "union", via="union") == (
-        ("exponents",), ("counts",), ("index",), ("union",))
+        ("exponents",),
+        ("counts",),
+        ("index",),
+        ("union",),
+    )
     with pytest.raises(InvalidArgument) as ei:
         protocol.method("zip")
     assert ei.value.code == -errno.EINVAL and "dense" in str(ei.value)

@@ -7,6 +7,7 @@ Hardware steps are honest here: the aggregator uses an af_packet vdev (nothing
 to bind), and hugepages are reserved for real (8 x 2 MiB) when
 /proc/sys/vm/nr_hugepages is writable, the previous value restored after.
 """
+
 import os
 import re
 import subprocess
@@ -32,11 +33,26 @@ HP_COUNT = 8
 
 def _valid_hosts(key):
     return [
-        {"name": "agg", "ssh_host": "10.0.0.1", "ssh_key": key, "role": "aggregator",
-         "pci": "0000:3b:00.0", "driver": "vfio-pci", "dataplane_ip": "10.10.0.1/24",
-         "cores": "2-3", "hugepages": {"count": 1024, "size": "2M"}},
-        {"name": "w1", "ssh_host": "10.0.0.11", "ssh_key": key, "role": "worker",
-         "iface": "eth1", "dataplane_ip": "10.10.0.11/24", "cores": [1]},
+        {
+            "name": "agg",
+            "ssh_host": "10.0.0.1",
+            "ssh_key": key,
+            "role": "aggregator",
+            "pci": "0000:3b:00.0",
+            "driver": "vfio-pci",
+            "dataplane_ip": "10.10.0.1/24",
+            "cores": "2-3",
+            "hugepages": {"count": 1024, "size": "2M"},
+        },
+        {
+            "name": "w1",
+            "ssh_host": "10.0.0.11",
+            "ssh_key": key,
+            "role": "worker",
+            "iface": "eth1",
+            "dataplane_ip": "10.10.0.11/24",
+            "cores": [1],
+        },
     ]
 
 
@@ -69,8 +85,12 @@ def test_inventory_auth_secret_is_a_path_never_the_secret(tmp_path):
     key = tmp_path / "k"
     key.write_text("x")
     path = tmp_path / "t.toml"
-    path.write_text(to_toml({"install_dir": "/opt/hg/{name}", "pip_index": True,
-                             "auth_secret": "sec/job.secret"}, _valid_hosts(str(key))))
+    path.write_text(
+        to_toml(
+            {"install_dir": "/opt/hg/{name}", "pip_index": True, "auth_secret": "sec/job.secret"},
+            _valid_hosts(str(key)),
+        )
+    )
     i = inv.load(str(path))
     local = str(tmp_path / "sec" / "job.secret")
     assert i.settings.auth_secret == local
@@ -105,8 +125,18 @@ def test_inventory_collects_every_error(tmp_path):
     hosts[1]["vdev"] = "net_af_packet0,iface=eth1"  # and iface: two kinds
     hosts[1]["ssh_key"] = str(tmp_path / "nokey")
     hosts[1]["dataplane_ip"] = "10.10.0.300/24"
-    hosts.append({"name": "w2", "ssh_host": "10.0.0.12", "ssh_key": str(key), "role": "worker",
-                  "iface": "eth1", "dataplane_ip": "10.10.0.1/24", "cores": "x", "colour": "red"})
+    hosts.append(
+        {
+            "name": "w2",
+            "ssh_host": "10.0.0.12",
+            "ssh_key": str(key),
+            "role": "worker",
+            "iface": "eth1",
+            "dataplane_ip": "10.10.0.1/24",
+            "cores": "x",
+            "colour": "red",
+        }
+    )
     path = tmp_path / "t.toml"
     path.write_text(to_toml({"install_dir": "relative", "connect_timeout": 0}, hosts))
     with pytest.raises(inv.InventoryError) as ei:
@@ -168,8 +198,13 @@ def test_inventory_mtu(tmp_path):
     with pytest.raises(inv.InventoryError) as ei:
         inv.load(str(path))
     probs = ei.value.problems
-    assert any(p.startswith("host 'agg': field 'mtu' = 9001: must be the MTU of the host's "
-                            "data-plane link, an integer 576..9000") for p in probs), probs
+    assert any(
+        p.startswith(
+            "host 'agg': field 'mtu' = 9001: must be the MTU of the host's "
+            "data-plane link, an integer 576..9000"
+        )
+        for p in probs
+    ), probs
     assert any(p.startswith("host 'w1': field 'mtu' = 'jumbo'") for p in probs), probs
     hosts[0]["mtu"], hosts[1]["mtu"] = 9000, 1500
     path.write_text(to_toml({}, hosts))
@@ -177,7 +212,8 @@ def test_inventory_mtu(tmp_path):
         inv.load(str(path))
     assert ei.value.problems == [
         "field 'mtu': hosts of one data-plane subnet have different MTUs (1500: 'w1'; "
-        "9000: 'agg'): give every host the same mtu (the link's)"]
+        "9000: 'agg'): give every host the same mtu (the link's)"
+    ]
 
 
 def test_inventory_missing_and_syntax(tmp_path):
@@ -256,9 +292,13 @@ def make_inventory(rack, tmp, sdist, hugepages, wheelhouse=None, **host_override
         extra = {"hugepages": {"count": hugepages, "size": "2M"}} if h.role == "aggregator" else {}
         extra.update(host_overrides.get(h.name, {}))
         hosts.append(host_table(h, rack.key, os.path.join(str(tmp), "{name}", "opt"), **extra))
-    settings = {"project": sdist, "config_file": os.path.join(str(tmp), "{name}", "etc", "host.toml"),
-                "hugepages_mount": os.path.join(str(tmp), "{name}", "hugepages"),
-                "connect_timeout": 15, "command_timeout": 900}
+    settings = {
+        "project": sdist,
+        "config_file": os.path.join(str(tmp), "{name}", "etc", "host.toml"),
+        "hugepages_mount": os.path.join(str(tmp), "{name}", "hugepages"),
+        "connect_timeout": 15,
+        "command_timeout": 900,
+    }
     if wheelhouse:
         settings["wheelhouse"] = wheelhouse
     path = os.path.join(str(tmp), "testbed.toml")
@@ -268,8 +308,9 @@ def make_inventory(rack, tmp, sdist, hugepages, wheelhouse=None, **host_override
 
 
 def cli(*args, timeout=900):
-    return subprocess.run([os.path.join(VENV_BIN, "homagg"), *args], capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [os.path.join(VENV_BIN, "homagg"), *args], capture_output=True, text=True, timeout=timeout
+    )
 
 
 def table(stdout):
@@ -313,15 +354,23 @@ def test_provision_twice_then_partial_failure(rack, sdist, wheelhouse, hugepages
     # what the hosts got is real: the package imports and its C extension works
     for n in names:
         py = os.path.join(tmp_path, n, "opt", "venv", "bin", "python")
-        r = subprocess.run([py, "-c", "import homagg, homagg._hg as m; print(homagg.__file__)"],
-                           capture_output=True, text=True, timeout=60)
+        r = subprocess.run(
+            [py, "-c", "import homagg, homagg._hg as m; print(homagg.__file__)"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert r.returncode == 0 and str(tmp_path) in r.stdout, r.stderr
         conf = inv.tomllib.loads(open(os.path.join(tmp_path, n, "etc", "host.toml")).read())
         assert conf["host"]["name"] == n and len(conf["peers"]) == len(names)
     switch_srcs = os.path.isdir(os.path.join(REPO, "dataplane_c", "dpdk"))
     src = [d for d in os.listdir(os.path.join(tmp_path, "agg", "opt", "src"))][0]
-    assert os.path.exists(os.path.join(tmp_path, "agg", "opt", "src", src, "build", "release",
-                                       "homagg-switch")) == switch_srcs
+    assert (
+        os.path.exists(
+            os.path.join(tmp_path, "agg", "opt", "src", src, "build", "release", "homagg-switch")
+        )
+        == switch_srcs
+    )
 
     second = cli("provision", "-i", path)
     assert second.returncode == 0, second.stdout + second.stderr
@@ -346,13 +395,15 @@ def test_provision_twice_then_partial_failure(rack, sdist, wheelhouse, hugepages
     # the inventory's mtu goes onto every data-plane kernel interface (the
     # agg's vdev iface= too), and back (a smaller one: these links carry SSH)
     def link_mtu(h):
-        p = rack.tb.run_in(h.name, ["cat", f"/sys/class/net/{h.ifname}/mtu"],
-                           stdout=subprocess.PIPE, text=True)
+        p = rack.tb.run_in(
+            h.name, ["cat", f"/sys/class/net/{h.ifname}/mtu"], stdout=subprocess.PIPE, text=True
+        )
         return int(p.communicate(timeout=10)[0])
 
     for mtu in (1400, 1500):
-        inventory = make_inventory(rack, tmp_path, sdist, hugepages, wheelhouse,
-                                   **{n: {"mtu": mtu} for n in names})
+        inventory = make_inventory(
+            rack, tmp_path, sdist, hugepages, wheelhouse, **{n: {"mtu": mtu} for n in names}
+        )
         r = cli("provision", "-i", inventory)
         assert r.returncode == 0, r.stdout + r.stderr
         t = table(r.stdout)
@@ -367,8 +418,9 @@ def test_provision_twice_then_partial_failure(rack, sdist, wheelhouse, hugepages
 @pytest.mark.timeout(300)
 def test_preflight_names_every_bad_host(rack, sdist, tmp_path):
     hosts = rack.hosts()
-    path = make_inventory(rack, tmp_path, sdist, 0, w0={"ssh_key": rack.wrong_key},
-                          w1={"ssh_host": rack.unused_ip})
+    path = make_inventory(
+        rack, tmp_path, sdist, 0, w0={"ssh_key": rack.wrong_key}, w1={"ssh_host": rack.unused_ip}
+    )
     with pytest.raises(prov.PreflightError) as ei:
         prov.provision(inv.load(path), out=open(os.devnull, "w"))
     e = ei.value
@@ -387,9 +439,22 @@ def test_preflight_names_every_bad_host(rack, sdist, tmp_path):
 
 def test_cli_reports_inventory_errors(tmp_path):
     path = tmp_path / "t.toml"
-    path.write_text(to_toml({}, [{"name": "w2", "ssh_host": "h", "ssh_key": "/nonexistent",
-                                  "role": "wroker", "iface": "eth1", "dataplane_ip": "10.0.0.2/24",
-                                  "cores": [0]}]))
+    path.write_text(
+        to_toml(
+            {},
+            [
+                {
+                    "name": "w2",
+                    "ssh_host": "h",
+                    "ssh_key": "/nonexistent",
+                    "role": "wroker",
+                    "iface": "eth1",
+                    "dataplane_ip": "10.0.0.2/24",
+                    "cores": [0],
+                }
+            ],
+        )
+    )
     r = cli("provision", "-i", str(path), "--dry-run", timeout=60)
     assert r.returncode == 1
     assert "host 'w2': field 'role' = 'wroker': must be 'aggregator' or 'worker'" in r.stderr
@@ -429,15 +494,26 @@ def test_ansible_playbook_twice(rack, sdist, wheelhouse, hugepages, tmp_path):
     hosts_yml = tmp_path / "hosts.yml"
     hosts_yml.write_text(gen.stdout)
     import yaml
+
     data = yaml.safe_load(gen.stdout)
     assert set(data["all"]["children"]["aggregator"]["hosts"]) == {"agg"}
     assert set(data["all"]["children"]["worker"]["hosts"]) == {"w0", "w1"}
-    env = dict(os.environ, ANSIBLE_HOST_KEY_CHECKING="False", ANSIBLE_HOME=str(tmp_path / "ah"),
-               # no persistent master connections: nothing may outlive the test
-               ANSIBLE_SSH_ARGS="-o UserKnownHostsFile=/dev/null -o ControlMaster=no", ANSIBLE_CONFIG=os.path.join(REPO, "ansible", "ansible.cfg"),
-               ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0")
-    play = [os.path.join(VENV_BIN, "ansible-playbook"), "-i", str(hosts_yml),
-            os.path.join(REPO, "ansible", "site.yml")]
+    env = dict(
+        os.environ,
+        ANSIBLE_HOST_KEY_CHECKING="False",
+        ANSIBLE_HOME=str(tmp_path / "ah"),
+        # no persistent master connections: nothing may outlive the test
+        ANSIBLE_SSH_ARGS="-o UserKnownHostsFile=/dev/null -o ControlMaster=no",
+        ANSIBLE_CONFIG=os.path.join(REPO, "ansible", "ansible.cfg"),
+        ANSIBLE_NOCOLOR="1",
+        ANSIBLE_FORCE_COLOR="0",
+    )
+    play = [
+        os.path.join(VENV_BIN, "ansible-playbook"),
+        "-i",
+        str(hosts_yml),
+        os.path.join(REPO, "ansible", "site.yml"),
+    ]
     names = [h.name for h in rack.hosts()]
     first = subprocess.run(play, capture_output=True, text=True, env=env, timeout=800)
     assert first.returncode == 0, first.stdout[-6000:] + first.stderr[-3000:]
@@ -446,12 +522,17 @@ def test_ansible_playbook_twice(rack, sdist, wheelhouse, hugepages, tmp_path):
     for n in names:
         assert r1[n]["failed"] == 0 and r1[n]["unreachable"] == 0 and r1[n]["changed"] >= 5, r1
         py = os.path.join(tmp_path, n, "opt", "venv", "bin", "python")
-        r = subprocess.run([py, "-c", "import homagg._hg"], capture_output=True, text=True, timeout=60)
+        r = subprocess.run(
+            [py, "-c", "import homagg._hg"], capture_output=True, text=True, timeout=60
+        )
         assert r.returncode == 0, r.stderr
         conf = inv.tomllib.loads(open(os.path.join(tmp_path, n, "etc", "host.toml")).read())
         assert conf["host"]["role"] == ("aggregator" if n == "agg" else "worker")
-    assert os.path.exists(os.path.join(tmp_path, "agg", "opt", "src", "homagg-0.1.0", "build",
-                                       "release", "homagg-switch"))
+    assert os.path.exists(
+        os.path.join(
+            tmp_path, "agg", "opt", "src", "homagg-0.1.0", "build", "release", "homagg-switch"
+        )
+    )
     assert "vdev, nothing to bind" in first.stdout
     second = subprocess.run(play, capture_output=True, text=True, env=env, timeout=800)
     assert second.returncode == 0, second.stdout[-6000:] + second.stderr[-3000:]
@@ -459,7 +540,10 @@ def test_ansible_playbook_twice(rack, sdist, wheelhouse, hugepages, tmp_path):
     assert set(r2) == set(names)
     for n in names:
         assert r2[n]["changed"] == 0 and r2[n]["failed"] == 0 and r2[n]["ok"] > 5, (
-            n, r2, changed_tasks(second.stdout))
+            n,
+            r2,
+            changed_tasks(second.stdout),
+        )
     # provision over the Ansible-built hosts agrees on the config it would write
     t = table(cli("provision", "-i", path, "--dry-run").stdout)
     assert all(t[(n, "config")] == "ok" for n in names)
@@ -479,11 +563,13 @@ def test_ansible_places_the_job_secret(rack, tmp_path):
 
     from homagg import auth
 
-    hosts = [host_table(h, rack.key, os.path.join(str(tmp_path), "{name}", "opt"))
-             for h in rack.hosts()]
+    hosts = [
+        host_table(h, rack.key, os.path.join(str(tmp_path), "{name}", "opt")) for h in rack.hosts()
+    ]
     path = tmp_path / "testbed.toml"
-    path.write_text(to_toml({"auth_secret": "job.secret", "pip_index": True,
-                             "connect_timeout": 15}, hosts))
+    path.write_text(
+        to_toml({"auth_secret": "job.secret", "pip_index": True, "connect_timeout": 15}, hosts)
+    )
     sdist = tmp_path / "homagg-0.tar.gz"
     with tarfile.open(sdist, "w:gz") as t:
         t.addfile(tarfile.TarInfo("homagg-0/setup.py"), io.BytesIO(b""))
@@ -493,19 +579,44 @@ def test_ansible_places_the_job_secret(rack, tmp_path):
     assert secret.hex() not in gen.stdout
     (tmp_path / "hosts.yml").write_text(gen.stdout)
     play = tmp_path / "secret.yml"
-    play.write_text(yaml.safe_dump([{
-        "hosts": "all", "gather_facts": False,
-        "tasks": [{"ansible.builtin.import_tasks":
-                   os.path.join(REPO, "ansible", "roles", "homagg", "tasks", "secret.yml")}]}]))
-    env = dict(os.environ, ANSIBLE_HOST_KEY_CHECKING="False", ANSIBLE_HOME=str(tmp_path / "ah"),
-               ANSIBLE_SSH_ARGS="-o UserKnownHostsFile=/dev/null -o ControlMaster=no",
-               ANSIBLE_CONFIG=os.path.join(REPO, "ansible", "ansible.cfg"),
-               ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0", ANSIBLE_LOG_PATH=str(tmp_path / "a.log"))
-    argv = [os.path.join(VENV_BIN, "ansible-playbook"), "-v", "-i", str(tmp_path / "hosts.yml"),
-            str(play)]
+    play.write_text(
+        yaml.safe_dump(
+            [
+                {
+                    "hosts": "all",
+                    "gather_facts": False,
+                    "tasks": [
+                        {
+                            "ansible.builtin.import_tasks": os.path.join(
+                                REPO, "ansible", "roles", "homagg", "tasks", "secret.yml"
+                            )
+                        }
+                    ],
+                }
+            ]
+        )
+    )
+    env = dict(
+        os.environ,
+        ANSIBLE_HOST_KEY_CHECKING="False",
+        ANSIBLE_HOME=str(tmp_path / "ah"),
+        ANSIBLE_SSH_ARGS="-o UserKnownHostsFile=/dev/null -o ControlMaster=no",
+        ANSIBLE_CONFIG=os.path.join(REPO, "ansible", "ansible.cfg"),
+        ANSIBLE_NOCOLOR="1",
+        ANSIBLE_FORCE_COLOR="0",
+        ANSIBLE_LOG_PATH=str(tmp_path / "a.log"),
+    )
+    argv = [
+        os.path.join(VENV_BIN, "ansible-playbook"),
+        "-v",
+        "-i",
+        str(tmp_path / "hosts.yml"),
+        str(play),
+    ]
     names = [h.name for h in rack.hosts()]
-    runs = [subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300)
-            for _ in range(2)]
+    runs = [
+        subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300) for _ in range(2)
+    ]
     for k, r in enumerate(runs):
         assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
         rc = recap(r.stdout)

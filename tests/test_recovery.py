@@ -7,6 +7,7 @@ has not started the step (no result of the step yet: start probes, which
 are not timeouts and back off only their own chunk).  Results are
 compared bit for bit with the numpy fixed-point reference.
 """
+
 import math
 
 import numpy as np
@@ -80,11 +81,15 @@ LOSS = 0.01
 RTO_MAX = 50e-3  # homagg.sim.Cluster's default rto_max
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "open: under sustained loss a peer's repair still raises the stall floor "
-    "(seed 3: 102 ms at W = 16, 21 ms at W = 64, against at most 5 ms) and "
-    "stalls inflate the round-trip estimate; "
-    "docs/PROTOCOL.md Part 3, \"Also measured and not kept\""))
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "open: under sustained loss a peer's repair still raises the stall floor "
+        "(seed 3: 102 ms at W = 16, 21 ms at W = 64, against at most 5 ms) and "
+        "stalls inflate the round-trip estimate; "
+        'docs/PROTOCOL.md Part 3, "Also measured and not kept"'
+    ),
+)
 @pytest.mark.parametrize("W,K,n", [(16, 1, 1 << 20), (64, 4, 1 << 18)])
 def test_loss_at_scale_within_the_spec_time_bound(W, K, n):
     """1 % per-hop loss at W = 16 and 64: exact, at most two

@@ -2,6 +2,7 @@
 formulation) against the test oracle (tests/reference.py, float64
 frexp/ldexp formulation): both must give the same float32 bits on any
 finite input, so each formulation checks the other."""
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -37,7 +38,7 @@ def _gradients(draw):
             exp = draw(st.integers(-149, 100))
             g = (rng.standard_normal(n) * 2.0**exp).astype(np.float32)
         elif kind == "ties":  # small integers and halves: rounding ties
-            g = (rng.integers(-8, 9, n) / 2.0**rng.integers(0, 30, n)).astype(np.float32)
+            g = (rng.integers(-8, 9, n) / 2.0 ** rng.integers(0, 30, n)).astype(np.float32)
         else:
             g = np.where(rng.random(n) < 0.05, rng.standard_normal(n), 0).astype(np.float32)
         g[rng.random(n) < 0.1] = -0.0
@@ -51,9 +52,11 @@ def test_runtime_reference_agrees_with_oracle(case):
     _same_bits(*case)
 
 
-@given(st.lists(st.floats(width=32, allow_nan=False, allow_infinity=False),
-                min_size=1, max_size=64),
-       st.integers(1, 5), st.sampled_from([1, 4, 16]))
+@given(
+    st.lists(st.floats(width=32, allow_nan=False, allow_infinity=False), min_size=1, max_size=64),
+    st.integers(1, 5),
+    st.sampled_from([1, 4, 16]),
+)
 @settings(max_examples=200, deadline=None)
 def test_runtime_reference_agrees_on_drawn_floats(values, workers, block):
     base = np.array(values, dtype=np.float32)
@@ -64,8 +67,10 @@ def test_passes_over_whole_blocks_give_the_same_bits(monkeypatch):
     """allreduce() runs COLUMNS elements (whole blocks) at a time: over many
     passes and a last partial block it gives the oracle's bits."""
     rng = np.random.default_rng(11)
-    grads = [(rng.standard_normal(5_000) * 2.0**rng.integers(-30, 30, 5_000)).astype(np.float32)
-             for _ in range(4)]
+    grads = [
+        (rng.standard_normal(5_000) * 2.0 ** rng.integers(-30, 30, 5_000)).astype(np.float32)
+        for _ in range(4)
+    ]
     monkeypatch.setattr(runtime, "COLUMNS", 100)
     for block in (1, 7, 64, 256):
         _same_bits(grads, block)

@@ -8,6 +8,7 @@ this checkout, so the aggregator runs build/release/homagg-switch on a DPDK
 virtual PMD (net_af_packet on its namespace's eth0) and the workers run this
 checkout's homagg.  Everything else goes over SSH as on a real rack.
 """
+
 import dataclasses
 import hashlib
 import json
@@ -30,8 +31,13 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VENV = os.path.dirname(os.path.dirname(sys.executable))
 SWITCH = os.path.join(REPO, "build", "release", "homagg-switch")
 
-pytestmark = [pytest.mark.root, pytest.mark.netns, pytest.mark.ssh, pytest.mark.dpdk,
-              pytest.mark.slow]
+pytestmark = [
+    pytest.mark.root,
+    pytest.mark.netns,
+    pytest.mark.ssh,
+    pytest.mark.dpdk,
+    pytest.mark.slow,
+]
 
 
 @pytest.fixture(scope="module")
@@ -47,11 +53,16 @@ def make_testbed(rack, tmp, settings=None, **host_overrides):
     (``settings``: more [settings] fields)."""
     hosts = []
     for h in rack.hosts():
-        d = host_table(h, rack.key, os.path.join(str(tmp), "{name}", "opt"),
-                       **host_overrides.get(h.name, {}))
+        d = host_table(
+            h, rack.key, os.path.join(str(tmp), "{name}", "opt"), **host_overrides.get(h.name, {})
+        )
         hosts.append({k: v for k, v in d.items() if v is not None})
-    settings = {"config_file": os.path.join(str(tmp), "{name}", "etc", "host.toml"),
-                "connect_timeout": 15, "command_timeout": 120, **(settings or {})}
+    settings = {
+        "config_file": os.path.join(str(tmp), "{name}", "etc", "host.toml"),
+        "connect_timeout": 15,
+        "command_timeout": 120,
+        **(settings or {}),
+    }
     path = os.path.join(str(tmp), "testbed.toml")
     with open(path, "w") as f:
         f.write(to_toml(settings, hosts))
@@ -67,8 +78,12 @@ def make_testbed(rack, tmp, settings=None, **host_overrides):
 
 
 def cli(*args, timeout=300):
-    return subprocess.run([os.path.join(VENV, "bin", "homagg"), *args], capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [os.path.join(VENV, "bin", "homagg"), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 @pytest.mark.timeout(600)
@@ -89,12 +104,28 @@ def test_up_run_down(rack, tmp_path):
     assert os.path.exists(os.path.join(rundir, "control.sock"))
 
     again = cli("up", "-i", path)
-    assert again.returncode == 1 and "already runs" in again.stderr and "homagg down" in again.stderr
+    assert (
+        again.returncode == 1 and "already runs" in again.stderr and "homagg down" in again.stderr
+    )
     try:
         for method in ("lhc", "dense"):
-            r = cli("run", "allreduce", "-i", path, "--method", method, "--elements", "30000",
-                    "--density", "0.05", "--seed", "7", "--runs-dir", str(tmp_path / "runs"),
-                    "--json")
+            r = cli(
+                "run",
+                "allreduce",
+                "-i",
+                path,
+                "--method",
+                method,
+                "--elements",
+                "30000",
+                "--density",
+                "0.05",
+                "--seed",
+                "7",
+                "--runs-dir",
+                str(tmp_path / "runs"),
+                "--json",
+            )
             assert r.returncode == 0, r.stdout + r.stderr
             rep = json.loads(r.stdout)
             assert rep["exact"] is True and rep["exact_per_worker"] == [True, True], rep
@@ -104,8 +135,16 @@ def test_up_run_down(rack, tmp_path):
             folder = rep["run_dir"]
             assert folder.startswith(str(tmp_path / "runs")) and folder.endswith("-" + method)
             names = set(os.listdir(folder))
-            assert {"result-0.npy", "result-1.npy", "report-0.json", "report-1.json",
-                    "worker-w0.log", "worker-w1.log", "switch.log", "report.json"} <= names, names
+            assert {
+                "result-0.npy",
+                "result-1.npy",
+                "report-0.json",
+                "report-1.json",
+                "worker-w0.log",
+                "worker-w1.log",
+                "switch.log",
+                "report.json",
+            } <= names, names
             assert json.load(open(os.path.join(folder, "report.json")))["exact"] is True
             # the fetched results, checked here against the reference independently
             grads = [localrun.gradient(30000, 0.05, "random", 7, w) for w in range(2)]
@@ -119,10 +158,25 @@ def test_up_run_down(rack, tmp_path):
             for h in ("w0", "w1"):
                 left = os.listdir(os.path.join(i.host(h).install_dir, "run"))
                 assert left == ["job.json"], left  # up's job file stays until down
-            text = cli("run", "allreduce", "-i", path, "--method", method, "--elements", "5000",
-                       "--density", "0.1", "--runs-dir", str(tmp_path / "runs"))
+            text = cli(
+                "run",
+                "allreduce",
+                "-i",
+                path,
+                "--method",
+                method,
+                "--elements",
+                "5000",
+                "--density",
+                "0.1",
+                "--runs-dir",
+                str(tmp_path / "runs"),
+            )
             assert text.returncode == 0, text.stdout + text.stderr
-            assert "bit-exact on every worker: True" in text.stdout and "results and logs:" in text.stdout
+            assert (
+                "bit-exact on every worker: True" in text.stdout
+                and "results and logs:" in text.stdout
+            )
     finally:
         down = cli("down", "-i", path)
     assert down.returncode == 0, down.stdout + down.stderr
@@ -132,8 +186,20 @@ def test_up_run_down(rack, tmp_path):
     # nothing left to stop
     down2 = cli("down", "-i", path)
     assert down2.returncode == 0 and "agg: nothing running" in down2.stdout
-    run = cli("run", "allreduce", "-i", path, "--method", "lhc", "--elements", "100",
-              "--density", "0.1", "--runs-dir", str(tmp_path / "runs"))
+    run = cli(
+        "run",
+        "allreduce",
+        "-i",
+        path,
+        "--method",
+        "lhc",
+        "--elements",
+        "100",
+        "--density",
+        "0.1",
+        "--runs-dir",
+        str(tmp_path / "runs"),
+    )
     assert run.returncode == 1 and "homagg-switch is not running" in run.stderr
 
 
@@ -178,8 +244,10 @@ def test_calibrate_on_inventory_hosts_and_the_job_takes_the_slowest(rack, tmp_pa
         assert rep[h]["file"] == f and json.load(open(f))["paths"] == rep[h]["paths"]
     # known coefficients on each host, so that the slowest is checkable field by field
     names = cost.COEFFICIENTS
-    mine = {"w0": {k: 1000 + 10 * n for n, k in enumerate(names)},
-            "w1": {k: 1000 + 10 * (len(names) - n) for n, k in enumerate(names)}}
+    mine = {
+        "w0": {k: 1000 + 10 * n for n, k in enumerate(names)},
+        "w1": {k: 1000 + 10 * (len(names) - n) for n, k in enumerate(names)},
+    }
     for h, f in files.items():
         cal = json.load(open(f))
         cal["paths"] = {cal["isa"]: mine[h]}
@@ -190,9 +258,13 @@ def test_calibrate_on_inventory_hosts_and_the_job_takes_the_slowest(rack, tmp_pa
     env.pop("HOMAGG_CODEC_ISA", None)
 
     def job_cost_after_up():
-        up = subprocess.run([os.path.join(VENV, "bin", "homagg"), "up", "-i", path,
-                             "--no-udp-csum"], capture_output=True, text=True, timeout=300,
-                            env=env)
+        up = subprocess.run(
+            [os.path.join(VENV, "bin", "homagg"), "up", "-i", path, "--no-udp-csum"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=env,
+        )
         try:
             assert up.returncode == 0, up.stdout + up.stderr
             job = json.load(open(os.path.join(i.host("w0").install_dir, "run", "job.json")))
@@ -219,22 +291,44 @@ def test_one_run_path_local_and_remote_reports_alike(rack, tmp_path):
 
     args = dict(elements=30000, density=0.05, seed=11, repeat=3, warmup=1)
     # local first: `up` below takes the aggregator's eth0
-    loc = runmod.run_allreduce(rack.tb.name, "lhc", state_dir=rack.tb.state_dir,
-                               pmd="af_packet", **args)
+    loc = runmod.run_allreduce(
+        rack.tb.name, "lhc", state_dir=rack.tb.state_dir, pmd="af_packet", **args
+    )
     path, i = make_testbed(rack, tmp_path)
     up = cli("up", "-i", path, "--no-udp-csum")
     assert up.returncode == 0, up.stdout + up.stderr
     try:
-        r = cli("run", "allreduce", "-i", path, "--method", "lhc", "--elements", "30000",
-                "--density", "0.05", "--seed", "11", "--repeat", "3", "--warmup", "1",
-                "--runs-dir", str(tmp_path / "runs"), "--json")
+        r = cli(
+            "run",
+            "allreduce",
+            "-i",
+            path,
+            "--method",
+            "lhc",
+            "--elements",
+            "30000",
+            "--density",
+            "0.05",
+            "--seed",
+            "11",
+            "--repeat",
+            "3",
+            "--warmup",
+            "1",
+            "--runs-dir",
+            str(tmp_path / "runs"),
+            "--json",
+        )
         assert r.returncode == 0, r.stdout + r.stderr
         rem = json.loads(r.stdout)
     finally:
         down = cli("down", "-i", path)
     assert down.returncode == 0, down.stdout + down.stderr
-    assert set(rem) == set(loc.as_dict()) == {f.name for f in
-                                                dataclasses.fields(runmod.AllreduceReport)}
+    assert (
+        set(rem)
+        == set(loc.as_dict())
+        == {f.name for f in dataclasses.fields(runmod.AllreduceReport)}
+    )
     assert [a.keys() for a in rem["aggregators"]] == [a.keys() for a in loc["aggregators"]]
     assert (loc["placement"], rem["placement"]) == ("testbed", "inventory")
     assert rem["inventory"] == path and loc["testbed"] == rack.tb.name
@@ -261,22 +355,64 @@ def test_options_a_placement_cannot_do_are_refused_before_anything_starts(rack, 
     needs a daemon of the run's own is refused, each named with why, before
     any host is contacted; a local testbed refuses what it cannot do too."""
     path, i = make_testbed(rack, tmp_path)
-    r = cli("run", "allreduce", "-i", path, "--method", "lhc", "--elements", "100",
-            "--density", "0.1", "--drop-rate", "0.1", "--switch-lcores", "2",
-            "--runs-dir", str(tmp_path / "runs"))
+    r = cli(
+        "run",
+        "allreduce",
+        "-i",
+        path,
+        "--method",
+        "lhc",
+        "--elements",
+        "100",
+        "--density",
+        "0.1",
+        "--drop-rate",
+        "0.1",
+        "--switch-lcores",
+        "2",
+        "--runs-dir",
+        str(tmp_path / "runs"),
+    )
     assert r.returncode == 1, r.stdout + r.stderr
     assert f"not on inventory {path}" in r.stderr
     assert "drop_rate: " in r.stderr and "switch_lcores: " in r.stderr
     assert "homagg up -i" in r.stderr
-    for opt, why in (("--pmd", "pmd: "),
-                     ("--leaves", f"--leaves 1: inventory {path} has one aggregator host")):
+    for opt, why in (
+        ("--pmd", "pmd: "),
+        ("--leaves", f"--leaves 1: inventory {path} has one aggregator host"),
+    ):
         extra = {"--leaves": ["1"], "--pmd": ["af_xdp"]}.get(opt, [])
-        r = cli("run", "allreduce", "-i", path, "--method", "lhc", "--elements", "100",
-                "--density", "0.1", opt, *extra, "--runs-dir", str(tmp_path / "runs"))
+        r = cli(
+            "run",
+            "allreduce",
+            "-i",
+            path,
+            "--method",
+            "lhc",
+            "--elements",
+            "100",
+            "--density",
+            "0.1",
+            opt,
+            *extra,
+            "--runs-dir",
+            str(tmp_path / "runs"),
+        )
         assert r.returncode == 1 and why in r.stderr, (opt, r.stderr)
     # training refuses the same, in the same place
-    r = cli("train", "-i", path, "--model", "ncf", "--method", "lhc", "--switch", SWITCH,
-            "--runs-dir", str(tmp_path / "runs"))
+    r = cli(
+        "train",
+        "-i",
+        path,
+        "--model",
+        "ncf",
+        "--method",
+        "lhc",
+        "--switch",
+        SWITCH,
+        "--runs-dir",
+        str(tmp_path / "runs"),
+    )
     assert r.returncode == 1, r.stdout + r.stderr
     assert f"not on inventory {path}: switch: " in r.stderr, r.stderr
     assert not os.path.exists(tmp_path / "runs")  # refused before the preflight
@@ -285,14 +421,16 @@ def test_options_a_placement_cannot_do_are_refused_before_anything_starts(rack, 
     from homagg.errors import RunError
 
     with pytest.raises(RunError, match=r"fail_aggregators: no aggregator host \['agg7'\]"):
-        runmod.run_allreduce(rack.tb.name, "lhc", 100, 0.1, state_dir=rack.tb.state_dir,
-                             fail_aggregators=("agg7",))
+        runmod.run_allreduce(
+            rack.tb.name, "lhc", 100, 0.1, state_dir=rack.tb.state_dir, fail_aggregators=("agg7",)
+        )
 
 
 @pytest.mark.timeout(300)
 def test_unreachable_host_named_before_anything_starts(rack, tmp_path):
-    path, i = make_testbed(rack, tmp_path, w1={"ssh_host": rack.unused_ip},
-                           w0={"ssh_key": rack.wrong_key})
+    path, i = make_testbed(
+        rack, tmp_path, w1={"ssh_host": rack.unused_ip}, w0={"ssh_key": rack.wrong_key}
+    )
     up = cli("up", "-i", path, "--no-udp-csum")
     assert up.returncode == 1
     assert "host 'w1': step 'preflight'" in up.stderr and rack.unused_ip in up.stderr
@@ -300,16 +438,31 @@ def test_unreachable_host_named_before_anything_starts(rack, tmp_path):
     assert "host 'w0': step 'preflight'" in up.stderr and "authorized_keys" in up.stderr
     assert "nothing was started" in up.stderr and "host 'agg'" not in up.stderr
     assert not os.path.exists(os.path.join(i.host("agg").install_dir, "run"))
-    run = cli("run", "allreduce", "-i", path, "--method", "lhc", "--elements", "100",
-              "--density", "0.1", "--runs-dir", str(tmp_path / "runs"))
+    run = cli(
+        "run",
+        "allreduce",
+        "-i",
+        path,
+        "--method",
+        "lhc",
+        "--elements",
+        "100",
+        "--density",
+        "0.1",
+        "--runs-dir",
+        str(tmp_path / "runs"),
+    )
     assert run.returncode == 1 and "host 'w1': step 'preflight'" in run.stderr
     assert not os.path.exists(tmp_path / "runs")
 
 
 @pytest.mark.timeout(300)
 def test_missing_pci_device_and_unprovisioned_host(rack, tmp_path):
-    path, i = make_testbed(rack, tmp_path, agg={"pci": "0000:ff:1f.7", "vdev": None,
-                                                "hugepages": {"count": 0, "size": "2M"}})
+    path, i = make_testbed(
+        rack,
+        tmp_path,
+        agg={"pci": "0000:ff:1f.7", "vdev": None, "hugepages": {"count": 0, "size": "2M"}},
+    )
     os.unlink(i.host("w0").config_file)
     up = cli("up", "-i", path)
     assert up.returncode == 1
@@ -368,15 +521,37 @@ def test_train_on_inventory_hosts_and_testbed_reports_alike(rack, tmp_path):
 
     model = tiny_model(tmp_path)
     # local first: `up` below takes the aggregator's eth0
-    loc = trainmod.run_train(rack.tb.name, model=model, method="lhc", steps=2, warmup=1,
-                             baseline=False, state_dir=rack.tb.state_dir)
+    loc = trainmod.run_train(
+        rack.tb.name,
+        model=model,
+        method="lhc",
+        steps=2,
+        warmup=1,
+        baseline=False,
+        state_dir=rack.tb.state_dir,
+    )
     check_train(loc)
     path, i = make_testbed(rack, tmp_path)
     up = cli("up", "-i", path, "--no-udp-csum")
     assert up.returncode == 0, up.stdout + up.stderr
     try:
-        r = cli("train", "-i", path, "--model", model, "--method", "lhc", "--steps", "2",
-                "--warmup", "1", "--no-baseline", "--runs-dir", str(tmp_path / "runs"), "--json")
+        r = cli(
+            "train",
+            "-i",
+            path,
+            "--model",
+            model,
+            "--method",
+            "lhc",
+            "--steps",
+            "2",
+            "--warmup",
+            "1",
+            "--no-baseline",
+            "--runs-dir",
+            str(tmp_path / "runs"),
+            "--json",
+        )
         assert r.returncode == 0, r.stdout + r.stderr
         rep = json.loads(r.stdout)
         check_train(rep)
@@ -386,8 +561,14 @@ def test_train_on_inventory_hosts_and_testbed_reports_alike(rack, tmp_path):
         assert rep["job_file"] == up_file and rep["job"] == json.load(open(up_file))["job"]
         assert rep["replay"]["steps"] == 3 and rep["buckets"][0]["methods"] == {"lhc": 2}
         names = set(os.listdir(rep["run_dir"]))
-        assert {"report-0.json", "report-1.json", "grads-0.npz", "params-lhc-1.npz",
-                "worker-w0.log", "train.json"} <= names, names
+        assert {
+            "report-0.json",
+            "report-1.json",
+            "grads-0.npz",
+            "params-lhc-1.npz",
+            "worker-w0.log",
+            "train.json",
+        } <= names, names
         assert all(gone(p) for p in rep["rank_pids"])
         for h in ("w0", "w1"):
             assert os.listdir(os.path.join(i.host(h).install_dir, "run")) == ["job.json"]
@@ -414,9 +595,24 @@ def test_train_with_auth_on_inventory_hosts(rack, tmp_path):
     up = cli("up", "-i", path, "--no-udp-csum")
     assert up.returncode == 0, up.stdout + up.stderr
     try:
-        r = cli("train", "-i", path, "--model", model, "--method", "lhc", "--steps", "2",
-                "--warmup", "1", "--no-baseline", "--auth", "--runs-dir", str(tmp_path / "runs"),
-                "--json")
+        r = cli(
+            "train",
+            "-i",
+            path,
+            "--model",
+            model,
+            "--method",
+            "lhc",
+            "--steps",
+            "2",
+            "--warmup",
+            "1",
+            "--no-baseline",
+            "--auth",
+            "--runs-dir",
+            str(tmp_path / "runs"),
+            "--json",
+        )
         assert r.returncode == 0, r.stdout + r.stderr
         rep = json.loads(r.stdout)
     finally:
@@ -426,8 +622,9 @@ def test_train_with_auth_on_inventory_hosts(rack, tmp_path):
     assert rep["auth"] is True and rep["mac"]
     assert rep["job_file"].endswith("/job-0.json")
     for h in ("w0", "w1"):  # the run's folder, with the secret, is gone
-        assert not os.path.exists(os.path.join(i.host(h).install_dir, "run",
-                                               os.path.basename(rep["run_dir"])))
+        assert not os.path.exists(
+            os.path.join(i.host(h).install_dir, "run", os.path.basename(rep["run_dir"]))
+        )
 
 
 @pytest.fixture(scope="module")
@@ -450,8 +647,16 @@ def test_train_on_two_aggregators_and_a_tree(rack2, tmp_path):
 
     model = tiny_model(tmp_path)
     # local first: `up` below takes the aggregators' eth0
-    loc = trainmod.run_train(rack2.tb.name, model=model, method="lhc", steps=2, warmup=1,
-                             baseline=False, state_dir=rack2.tb.state_dir, leaves=1)
+    loc = trainmod.run_train(
+        rack2.tb.name,
+        model=model,
+        method="lhc",
+        steps=2,
+        warmup=1,
+        baseline=False,
+        state_dir=rack2.tb.state_dir,
+        leaves=1,
+    )
     check_train(loc)
     assert loc["leaves"] == 1 and loc["aggregator_hosts"] == ["agg", "agg1"]
     path, i = make_testbed(rack2, tmp_path)
@@ -460,9 +665,24 @@ def test_train_on_two_aggregators_and_a_tree(rack2, tmp_path):
     reps = {}
     try:
         for name, extra in (("two", []), ("tree", ["--leaves", "1"])):
-            r = cli("train", "-i", path, "--model", model, "--method", "lhc", "--steps", "2",
-                    "--warmup", "1", "--no-baseline", *extra,
-                    "--runs-dir", str(tmp_path / "runs"), "--json")
+            r = cli(
+                "train",
+                "-i",
+                path,
+                "--model",
+                model,
+                "--method",
+                "lhc",
+                "--steps",
+                "2",
+                "--warmup",
+                "1",
+                "--no-baseline",
+                *extra,
+                "--runs-dir",
+                str(tmp_path / "runs"),
+                "--json",
+            )
             assert r.returncode == 0, (name, r.stdout + r.stderr)
             reps[name] = json.loads(r.stdout)
     finally:
@@ -495,8 +715,23 @@ def test_two_aggregators_up_run_down(rack2, tmp_path):
         assert os.stat(f"/proc/{pids[h.name]}/ns/net").st_ino == os.stat(f"/run/netns/{ns}").st_ino
     files = [os.path.join(i.host(w).install_dir, "run", "job.json") for w in ("w0", "w1")]
     try:
-        r = cli("run", "allreduce", "-i", path, "--method", "lhc", "--elements", "30000",
-                "--density", "0.05", "--seed", "7", "--runs-dir", str(tmp_path / "runs"), "--json")
+        r = cli(
+            "run",
+            "allreduce",
+            "-i",
+            path,
+            "--method",
+            "lhc",
+            "--elements",
+            "30000",
+            "--density",
+            "0.05",
+            "--seed",
+            "7",
+            "--runs-dir",
+            str(tmp_path / "runs"),
+            "--json",
+        )
         assert r.returncode == 0, r.stdout + r.stderr
         rep = json.loads(r.stdout)
         assert rep["exact"] is True and rep["exact_per_worker"] == [True, True], rep
@@ -505,32 +740,83 @@ def test_two_aggregators_up_run_down(rack2, tmp_path):
             assert a["counters"]["completed"] > 0, a
         assert os.path.exists(os.path.join(rep["run_dir"], "switch-agg1.log"))
         # --aggregators 1: the job on the first aggregator only, as on a testbed
-        r1 = cli("run", "allreduce", "-i", path, "--method", "lhc", "--elements", "30000",
-                 "--density", "0.05", "--seed", "7", "--aggregators", "1",
-                 "--runs-dir", str(tmp_path / "runs"), "--json")
+        r1 = cli(
+            "run",
+            "allreduce",
+            "-i",
+            path,
+            "--method",
+            "lhc",
+            "--elements",
+            "30000",
+            "--density",
+            "0.05",
+            "--seed",
+            "7",
+            "--aggregators",
+            "1",
+            "--runs-dir",
+            str(tmp_path / "runs"),
+            "--json",
+        )
         assert r1.returncode == 0, r1.stdout + r1.stderr
         rep1 = json.loads(r1.stdout)
         assert [a["host"] for a in rep1["aggregators"]] == ["agg"]
         assert rep1["exact"] is True and rep1["result_sha256"] == rep["result_sha256"]
         assert rep1["aggregators"][0]["counters"]["completed"] > 0
         # --leaves 1: agg a leaf below agg1, the root (its MAC read over SSH)
-        rt = cli("run", "allreduce", "-i", path, "--method", "lhc", "--elements", "30000",
-                 "--density", "0.05", "--seed", "7", "--leaves", "1",
-                 "--runs-dir", str(tmp_path / "runs"), "--json")
+        rt = cli(
+            "run",
+            "allreduce",
+            "-i",
+            path,
+            "--method",
+            "lhc",
+            "--elements",
+            "30000",
+            "--density",
+            "0.05",
+            "--seed",
+            "7",
+            "--leaves",
+            "1",
+            "--runs-dir",
+            str(tmp_path / "runs"),
+            "--json",
+        )
         assert rt.returncode == 0, rt.stdout + rt.stderr
         rept = json.loads(rt.stdout)
         assert rept["exact"] is True and rept["result_sha256"] == rep["result_sha256"]
-        assert [(a["host"], a["role"]) for a in rept["aggregators"]] == [("agg", "leaf"),
-                                                                        ("agg1", "root")]
+        assert [(a["host"], a["role"]) for a in rept["aggregators"]] == [
+            ("agg", "leaf"),
+            ("agg1", "root"),
+        ]
         leaf, root = (a["counters"] for a in rept["aggregators"])
         assert leaf["completed"] > 0 and leaf["up_sent"] == leaf["completed"]
         assert root["summed"] == root["completed"] == leaf["completed"], (leaf, root)
         # the same tree authenticated (job_file.register_tree): the leaf's
         # own secret in the run's folder on the worker hosts, the root's
         # keys derived; exact, no bad_mac at either level, the secrets gone
-        ra = cli("run", "allreduce", "-i", path, "--method", "lhc", "--elements", "30000",
-                 "--density", "0.05", "--seed", "7", "--leaves", "1", "--auth",
-                 "--runs-dir", str(tmp_path / "runs"), "--json")
+        ra = cli(
+            "run",
+            "allreduce",
+            "-i",
+            path,
+            "--method",
+            "lhc",
+            "--elements",
+            "30000",
+            "--density",
+            "0.05",
+            "--seed",
+            "7",
+            "--leaves",
+            "1",
+            "--auth",
+            "--runs-dir",
+            str(tmp_path / "runs"),
+            "--json",
+        )
         assert ra.returncode == 0, ra.stdout + ra.stderr
         repa = json.loads(ra.stdout)
         assert repa["auth"] is True and repa["leaves"] == 1
@@ -546,8 +832,9 @@ def test_two_aggregators_up_run_down(rack2, tmp_path):
         for w, f in zip(("w0", "w1"), files):
             job = json.load(open(f))
             assert os.stat(f).st_mode & 0o077 == 0
-            assert job["aggregator"] == ",".join(f"{h.address}:{localrun.UDP_PORT}"
-                                                 for h in i.aggregators)
+            assert job["aggregator"] == ",".join(
+                f"{h.address}:{localrun.UDP_PORT}" for h in i.aggregators
+            )
             assert job["workers"] == 2 and job["bind"] == i.host(w).address
         _allreduce_from_job_files(rack2, files, tmp_path)
     finally:
@@ -584,9 +871,15 @@ def _allreduce_from_job_files(rack, files, tmp):
     procs, outs = [], []
     for rank, f in enumerate(files):
         outs.append(str(tmp / f"rank-{rank}.npy"))
-        procs.append(rack.tb.run_in(f"w{rank}", [sys.executable, "-c", RANK, f, str(rank),
-                                                 outs[-1]], stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, text=True))
+        procs.append(
+            rack.tb.run_in(
+                f"w{rank}",
+                [sys.executable, "-c", RANK, f, str(rank), outs[-1]],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
     for p in procs:
         out, err = p.communicate(timeout=60)
         assert p.returncode == 0, err[-2000:]
@@ -619,9 +912,11 @@ def test_up_starts_the_exporter_and_down_stops_it(rack, tmp_path):
         pid = int(open(os.path.join(rundir, "exporter.pid")).read().split()[0])
         job = json.load(open(os.path.join(rundir, "job.json")))["job"]
         with urllib.request.urlopen(url, timeout=30) as r:
-            samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
-                       for fam in text_string_to_metric_families(r.read().decode())
-                       for s in fam.samples}
+            samples = {
+                (s.name, tuple(sorted(s.labels.items()))): s.value
+                for fam in text_string_to_metric_families(r.read().decode())
+                for s in fam.samples
+            }
         assert samples[("homagg_up", (("daemon", "agg"),))] == 1
         assert samples[("homagg_job_workers", (("daemon", "agg"), ("job", str(job))))] == 2
         # homagg top over the inventory: the same daemon, read over SSH
@@ -767,20 +1062,35 @@ def test_auth_on_inventory_hosts_provision_up_run(rack, tmp_path):
         assert up.returncode == 0, up.stdout + up.stderr
         assert "authenticated" in up.stdout, up.stdout
         try:
-            files = {h.name: json.load(open(os.path.join(h.install_dir, "run", "job.json")))
-                     for h in i.hosts}
+            files = {
+                h.name: json.load(open(os.path.join(h.install_dir, "run", "job.json")))
+                for h in i.hosts
+            }
             for h in workers:
                 assert files[h.name]["auth_file"] == h.secret_file
                 assert files[h.name]["mac"] in ("aes-gmac", "blake2b")
             assert files["agg"]["auth_file"] == "" and files["agg"]["mac"] == files["w0"]["mac"]
             # two workers of up's job, configured from their job files
             n = 20000
-            procs = [rack.tb.run_in(h.name, [sys.executable, "-c", _UP_JOB_WORKER, str(k), str(n),
-                                             str(tmp_path / f"up-{k}.npy")],
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    env=dict(os.environ, HOMAGG_JOB_FILE=os.path.join(
-                                        h.install_dir, "run", "job.json")))
-                     for k, h in enumerate(workers)]
+            procs = [
+                rack.tb.run_in(
+                    h.name,
+                    [
+                        sys.executable,
+                        "-c",
+                        _UP_JOB_WORKER,
+                        str(k),
+                        str(n),
+                        str(tmp_path / f"up-{k}.npy"),
+                    ],
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    env=dict(
+                        os.environ, HOMAGG_JOB_FILE=os.path.join(h.install_dir, "run", "job.json")
+                    ),
+                )
+                for k, h in enumerate(workers)
+            ]
             for p in procs:
                 assert p.wait(120) == 0, p.popen.stderr.read()
             grads = [localrun.gradient(n, 0.05, "random", 5, w) for w in range(2)]
@@ -788,9 +1098,24 @@ def test_auth_on_inventory_hosts_provision_up_run(rack, tmp_path):
             for k in range(2):
                 assert np.array_equal(np.load(tmp_path / f"up-{k}.npy").view(np.uint32), ref)
 
-            r = cli("run", "allreduce", "-i", path, "--auth", "--method", "lhc", "--elements",
-                    "30000", "--density", "0.05", "--seed", "3", "--runs-dir", str(runs_dir),
-                    "--json")
+            r = cli(
+                "run",
+                "allreduce",
+                "-i",
+                path,
+                "--auth",
+                "--method",
+                "lhc",
+                "--elements",
+                "30000",
+                "--density",
+                "0.05",
+                "--seed",
+                "3",
+                "--runs-dir",
+                str(runs_dir),
+                "--json",
+            )
             assert r.returncode == 0, r.stdout + r.stderr
             rep = json.loads(r.stdout)
             assert rep["auth"] is True and rep["exact"] is True, rep

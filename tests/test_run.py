@@ -1,6 +1,7 @@
 """`homagg run allreduce`: homagg-switch (DPDK, virtual PMD) in a testbed's
 aggregator namespace, 4 worker processes in their namespaces, every method,
 results checked bit for bit against the numpy fixed-point reference."""
+
 import json
 import os
 import signal
@@ -45,8 +46,15 @@ def _no_processes_left(tb):
 
 @pytest.mark.parametrize("method", job.METHODS)
 def test_allreduce_every_method(testbed, method):
-    rep = runmod.run_allreduce(testbed.name, method, elements=20_000, density=0.05,
-                               workload="random", seed=7, state_dir=testbed.state_dir)
+    rep = runmod.run_allreduce(
+        testbed.name,
+        method,
+        elements=20_000,
+        density=0.05,
+        workload="random",
+        seed=7,
+        state_dir=testbed.state_dir,
+    )
     assert rep["workers"] == 4
     assert rep["workers_agree"], "workers decoded different results"
     if method == "nc":
@@ -65,8 +73,15 @@ def test_allreduce_every_method(testbed, method):
 
 @pytest.mark.parametrize("workload", ["shared", "zipf"])
 def test_allreduce_workloads_lhc(testbed, workload):
-    rep = runmod.run_allreduce(testbed.name, "lhc", elements=30_000, density=0.02,
-                               workload=workload, seed=3, state_dir=testbed.state_dir)
+    rep = runmod.run_allreduce(
+        testbed.name,
+        "lhc",
+        elements=30_000,
+        density=0.02,
+        workload=workload,
+        seed=3,
+        state_dir=testbed.state_dir,
+    )
     assert rep["exact"] is True and rep["workers_agree"]
     _no_processes_left(testbed)
 
@@ -77,10 +92,19 @@ def test_dense_workload_same_gradients_as_bench_and_cpu_time(testbed):
     from homagg.bench import workloads
 
     for w in range(4):
-        assert np.array_equal(job.gradient(5_000, 0.1, "zipf", 9, w, 4),
-                              workloads.generate("zipf", 4, 5_000, 0.1, 9, w))
-    rep = runmod.run_allreduce(testbed.name, "auto", elements=20_000, density=0.05,
-                               workload="dense", seed=2, state_dir=testbed.state_dir)
+        assert np.array_equal(
+            job.gradient(5_000, 0.1, "zipf", 9, w, 4),
+            workloads.generate("zipf", 4, 5_000, 0.1, 9, w),
+        )
+    rep = runmod.run_allreduce(
+        testbed.name,
+        "auto",
+        elements=20_000,
+        density=0.05,
+        workload="dense",
+        seed=2,
+        state_dir=testbed.state_dir,
+    )
     assert rep["exact"] is True and rep["generator"] == "homagg.bench.workloads"
     # the job registered the testbed's link rate with this host's calibration
     assert rep["cost"] == cost.job_cost(1000).fields() and rep["cost"]["link_mbit"] == 1000
@@ -94,10 +118,29 @@ def test_cli_json(testbed):
     from homagg.cli import COMMANDS
 
     assert COMMANDS["run"] == "homagg.runs.allreduce"
-    r = subprocess.run([sys.executable, "-m", "homagg.runs.allreduce", "allreduce", "--testbed", testbed.name,
-                        "--state-dir", testbed.state_dir, "--method", "dense", "--elements", "5000",
-                        "--density", "0.1", "--json"],
-                       capture_output=True, text=True, env=env, timeout=200)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "homagg.runs.allreduce",
+            "allreduce",
+            "--testbed",
+            testbed.name,
+            "--state-dir",
+            testbed.state_dir,
+            "--method",
+            "dense",
+            "--elements",
+            "5000",
+            "--density",
+            "0.1",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=200,
+    )
     assert r.returncode == 0, r.stderr
     rep = json.loads(r.stdout)
     for k in ("method", "seconds", "exact", "bytes_per_worker", "counters"):
@@ -111,23 +154,51 @@ def test_cli_runs_dir_keeps_what_the_inventory_run_keeps(testbed, tmp_path):
     (results, the workers' reports, the daemon's log, report.json), and the
     kept results are the reference, bit for bit; the report's run_dir names it."""
     env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "orchestrator"))
-    r = subprocess.run([sys.executable, "-m", "homagg.runs.allreduce", "allreduce", "--testbed",
-                        testbed.name, "--state-dir", testbed.state_dir, "--method", "lhc",
-                        "--elements", "6000", "--density", "0.1", "--seed", "5", "--repeat", "2",
-                        "--runs-dir", str(tmp_path / "runs"), "--json"],
-                       capture_output=True, text=True, env=env, timeout=200)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "homagg.runs.allreduce",
+            "allreduce",
+            "--testbed",
+            testbed.name,
+            "--state-dir",
+            testbed.state_dir,
+            "--method",
+            "lhc",
+            "--elements",
+            "6000",
+            "--density",
+            "0.1",
+            "--seed",
+            "5",
+            "--repeat",
+            "2",
+            "--runs-dir",
+            str(tmp_path / "runs"),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=200,
+    )
     assert r.returncode == 0, r.stderr
     rep = json.loads(r.stdout)
     folder = rep["run_dir"]
     assert folder.startswith(str(tmp_path / "runs")) and folder.endswith("-lhc")
     W = rep["workers"]
     names = set(os.listdir(folder))
-    assert {"report.json", "switch.log"} | {f"result-{w}.npy" for w in range(W)} \
-        | {f"report-{w}.json" for w in range(W)} <= names, names
-    assert json.load(open(os.path.join(folder, "report.json")))["seconds_each"] == rep["seconds_each"]
+    assert {"report.json", "switch.log"} | {f"result-{w}.npy" for w in range(W)} | {
+        f"report-{w}.json" for w in range(W)
+    } <= names, names
+    assert (
+        json.load(open(os.path.join(folder, "report.json")))["seconds_each"] == rep["seconds_each"]
+    )
     assert len(rep["seconds_each"]) == 2
-    ref = job.reference([job.gradient(6000, 0.1, "random", 5, w, W) for w in range(W)],
-                        job.DEFAULT_BLOCK).view(np.uint32)
+    ref = job.reference(
+        [job.gradient(6000, 0.1, "random", 5, w, W) for w in range(W)], job.DEFAULT_BLOCK
+    ).view(np.uint32)
     for w in range(W):
         assert np.array_equal(np.load(os.path.join(folder, f"result-{w}.npy")).view(np.uint32), ref)
     _no_processes_left(testbed)
@@ -138,10 +209,30 @@ def test_cli_auth_is_exact_and_counts_no_bad_mac(testbed):
     control socket, the workers from an owner-only file; exact, nothing
     dropped for its MAC, every frame authenticated."""
     env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "orchestrator"))
-    r = subprocess.run([sys.executable, "-m", "homagg.runs.allreduce", "allreduce", "--testbed", testbed.name,
-                        "--state-dir", testbed.state_dir, "--method", "lhc", "--elements", "20000",
-                        "--density", "0.05", "--auth", "--json"],
-                       capture_output=True, text=True, env=env, timeout=200)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "homagg.runs.allreduce",
+            "allreduce",
+            "--testbed",
+            testbed.name,
+            "--state-dir",
+            testbed.state_dir,
+            "--method",
+            "lhc",
+            "--elements",
+            "20000",
+            "--density",
+            "0.05",
+            "--auth",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=200,
+    )
     assert r.returncode == 0, r.stderr
     rep = json.loads(r.stdout)
     assert rep["auth"] is True and rep["exact"] is True
@@ -177,14 +268,30 @@ def test_methods_share_gradients_and_the_expected_result(testbed, tmp_path):
     files = job.save_gradients(str(tmp_path), grads)
     expect = job.expected(n, 0.05, "zipf", 3, job.DEFAULT_BLOCK, W, grads)
     for method in ("lhc", "dense"):
-        rep = runmod.run_allreduce(testbed.name, method, elements=n, density=0.05,
-                                   workload="zipf", seed=3, state_dir=testbed.state_dir,
-                                   gradient_files=files, expect=expect)
+        rep = runmod.run_allreduce(
+            testbed.name,
+            method,
+            elements=n,
+            density=0.05,
+            workload="zipf",
+            seed=3,
+            state_dir=testbed.state_dir,
+            gradient_files=files,
+            expect=expect,
+        )
         assert rep["exact"] is True and rep["workers_agree"], rep["exact_per_worker"]
         assert rep["counters"]["summed"] > 0
     with pytest.raises(runmod.RunError, match="gradient_files: 1 files for 4 workers"):
-        runmod.run_allreduce(testbed.name, "lhc", elements=n, density=0.05, workload="zipf",
-                             seed=3, state_dir=testbed.state_dir, gradient_files=files[:1])
+        runmod.run_allreduce(
+            testbed.name,
+            "lhc",
+            elements=n,
+            density=0.05,
+            workload="zipf",
+            seed=3,
+            state_dir=testbed.state_dir,
+            gradient_files=files[:1],
+        )
     _no_processes_left(testbed)
 
 
@@ -213,13 +320,32 @@ def _worker_sum(rep, key):
 def test_loss_free_run_has_no_timeouts(testbed):
     """Nothing is lost, so no timer may expire: the step-start wait covers
     the peers' computing, rto_min the scheduler's stalls."""
-    rep = runmod.run_allreduce(testbed.name, "lhc", elements=1_000_000, density=0.05,
-                               workload="shared", seed=4, state_dir=testbed.state_dir)
+    rep = runmod.run_allreduce(
+        testbed.name,
+        "lhc",
+        elements=1_000_000,
+        density=0.05,
+        workload="shared",
+        seed=4,
+        state_dir=testbed.state_dir,
+    )
     assert rep["exact"] is True, rep["exact_per_worker"]
     assert rep["port_counters"].get("drop_injected", 0) == 0
-    stats = [{k: s[k] for k in ("timeouts", "spurious_timeouts", "fast_retransmissions",
-                                "retransmissions", "srtt_ns", "rto_ns", "start_wait_ns")}
-             for s in rep["worker_stats"]]
+    stats = [
+        {
+            k: s[k]
+            for k in (
+                "timeouts",
+                "spurious_timeouts",
+                "fast_retransmissions",
+                "retransmissions",
+                "srtt_ns",
+                "rto_ns",
+                "start_wait_ns",
+            )
+        }
+        for s in rep["worker_stats"]
+    ]
     assert _worker_sum(rep, "timeouts") == 0, stats
     assert _worker_sum(rep, "retransmissions") == 0, stats
     _no_processes_left(testbed)
@@ -237,9 +363,16 @@ def test_allreduce_exact_under_injected_loss(testbed, method):
     costs fewer than 2 retransmissions per drop (the workers take turns on
     a gap; the first one's STATUS, sent to the group, names the missing
     worker), nearly all of them fast (no timer)."""
-    rep = runmod.run_allreduce(testbed.name, method, elements=LOSS_ELEMENTS[method],
-                               density=0.05, workload="random", seed=11,
-                               state_dir=testbed.state_dir, drop_rate=0.01)
+    rep = runmod.run_allreduce(
+        testbed.name,
+        method,
+        elements=LOSS_ELEMENTS[method],
+        density=0.05,
+        workload="random",
+        seed=11,
+        state_dir=testbed.state_dir,
+        drop_rate=0.01,
+    )
     assert rep["exact"] is True, rep["exact_per_worker"]
     drops = rep["port_counters"].get("drop_injected", 0)
     assert drops > 0, rep["port_counters"]
@@ -263,13 +396,27 @@ def test_pipelined_block_groups_on_the_dpdk_testbed(testbed):
     every contribution summed once."""
     n = 300_000  # 74 blocks of 4096: 5 automatic groups of 16 (four windows)
     for method, groups, want in (("dense", 0, 5), ("nc", 7, 7), ("lhc", 0, 5), ("auto", 0, 5)):
-        plain = runmod.run_allreduce(testbed.name, method, elements=n, density=0.05,
-                                     workload="random", seed=5, state_dir=testbed.state_dir,
-                                     pipeline_groups=1)
-        piped = runmod.run_allreduce(testbed.name, method, elements=n, density=0.05,
-                                     workload="random", seed=5, state_dir=testbed.state_dir,
-                                     pipeline_groups=groups,
-                                     drop_rate=0.01 if method in ("dense", "auto") else 0.0)
+        plain = runmod.run_allreduce(
+            testbed.name,
+            method,
+            elements=n,
+            density=0.05,
+            workload="random",
+            seed=5,
+            state_dir=testbed.state_dir,
+            pipeline_groups=1,
+        )
+        piped = runmod.run_allreduce(
+            testbed.name,
+            method,
+            elements=n,
+            density=0.05,
+            workload="random",
+            seed=5,
+            state_dir=testbed.state_dir,
+            pipeline_groups=groups,
+            drop_rate=0.01 if method in ("dense", "auto") else 0.0,
+        )
         assert piped["pipeline_groups"] == groups
         assert [s["groups"] for s in plain["worker_stats"]] == [1] * 4
         assert [s["groups"] for s in piped["worker_stats"]] == [want] * 4
@@ -283,8 +430,10 @@ def test_pipelined_block_groups_on_the_dpdk_testbed(testbed):
             assert piped["port_counters"].get("drop_injected", 0) > 0
         if method == "auto":  # one choice per group, the same on every worker
             for rep, g in ((plain, 1), (piped, want)):
-                chose = [tuple(s[f"auto_{m}_groups"] for m in ("dense", "blocks", "union"))
-                         for s in rep["worker_stats"]]
+                chose = [
+                    tuple(s[f"auto_{m}_groups"] for m in ("dense", "blocks", "union"))
+                    for s in rep["worker_stats"]
+                ]
                 assert len(set(chose)) == 1 and sum(chose[0]) == g, chose
     _no_processes_left(testbed)
 
@@ -304,9 +453,16 @@ def test_jumbo_payloads_on_the_dpdk_testbed(jumbo_testbed):
     tb = jumbo_testbed
     n = 200_000
     for method, payload in (("dense", 8192), ("lhc", 8192), ("dense", 6004)):
-        rep = runmod.run_allreduce(tb.name, method, elements=n, density=0.05,
-                                   workload="random", seed=5, payload=payload,
-                                   state_dir=tb.state_dir)
+        rep = runmod.run_allreduce(
+            tb.name,
+            method,
+            elements=n,
+            density=0.05,
+            workload="random",
+            seed=5,
+            payload=payload,
+            state_dir=tb.state_dir,
+        )
         assert rep["exact"] is True and rep["workers_agree"], (method, payload)
         assert rep["pmd"] == "af_packet" and rep["mtu"] == 9000
         assert rep["payload_bytes"] == payload
@@ -323,8 +479,9 @@ def test_jumbo_payloads_on_the_dpdk_testbed(jumbo_testbed):
             assert c["completed"] == 1 + -(-4 * n // payload)
             assert all(s["tx"] <= c["completed"] + 64 for s in st), st
     with pytest.raises(runmod.RunError, match="--payload-bytes 8196 does not fit|multiple of 4"):
-        runmod.run_allreduce(tb.name, "dense", elements=1000, density=1.0, payload=8196,
-                             state_dir=tb.state_dir)
+        runmod.run_allreduce(
+            tb.name, "dense", elements=1000, density=1.0, payload=8196, state_dir=tb.state_dir
+        )
     _no_processes_left(tb)
 
 
@@ -348,15 +505,21 @@ def test_receive_ring_must_hold_the_window(jumbo_testbed, tmp_path):
         assert sw.control({"cmd": "stats"})["rx_ring"] == 512
         # an overflowing ring counts what it missed: 2000 datagrams while the
         # daemon is stopped, 512 fit (the first one, before, resolves ARP)
-        send = [sys.executable, "-c", "import socket, sys\n"
-                "s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
-                "for _ in range(int(sys.argv[3])):\n"
-                "    s.sendto(bytes(64), (sys.argv[1], int(sys.argv[2])))",
-                sw.ip, str(runmod.UDP_PORT)]
+        send = [
+            sys.executable,
+            "-c",
+            "import socket, sys\n"
+            "s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+            "for _ in range(int(sys.argv[3])):\n"
+            "    s.sendto(bytes(64), (sys.argv[1], int(sys.argv[2])))",
+            sw.ip,
+            str(runmod.UDP_PORT),
+        ]
         w0 = tb.workers[0].name
         tb.exec(w0, send + ["1"], check=True)
-        wait_for(lambda: sw.control({"cmd": "stats"})["port"]["ipackets"] >= 1, 10,
-                 "the first datagram")
+        wait_for(
+            lambda: sw.control({"cmd": "stats"})["port"]["ipackets"] >= 1, 10, "the first datagram"
+        )
         os.kill(sw.pid, signal.SIGSTOP)
         try:
             tb.exec(w0, send + ["2000"], check=True)
@@ -366,8 +529,16 @@ def test_receive_ring_must_hold_the_window(jumbo_testbed, tmp_path):
         assert port["rx_missed"] >= 2000 - 512 - 100, port
     finally:
         sw.stop()
-    rep = runmod.run_allreduce(tb.name, "dense", elements=400_000, density=1.0, seed=3,
-                               payload=8192, slots=256, state_dir=tb.state_dir)
+    rep = runmod.run_allreduce(
+        tb.name,
+        "dense",
+        elements=400_000,
+        density=1.0,
+        seed=3,
+        payload=8192,
+        slots=256,
+        state_dir=tb.state_dir,
+    )
     assert rep["exact"] is True and rep["workers_agree"]
     assert [a["rx_ring"] for a in rep["aggregators"]] == [1024]
     assert rep["port_counters"]["rx_missed"] == 0, rep["port_counters"]
@@ -376,8 +547,14 @@ def test_receive_ring_must_hold_the_window(jumbo_testbed, tmp_path):
 
 def test_payload_larger_than_the_mtu_is_refused(testbed):
     with pytest.raises(runmod.RunError) as ei:
-        runmod.run_allreduce(testbed.name, "dense", elements=1000, density=1.0, payload=8192,
-                             state_dir=testbed.state_dir)
+        runmod.run_allreduce(
+            testbed.name,
+            "dense",
+            elements=1000,
+            density=1.0,
+            payload=8192,
+            state_dir=testbed.state_dir,
+        )
     assert "--payload-bytes 8192 does not fit the MTU 1500 of testbed" in str(ei.value)
     assert "at most" in str(ei.value) and "--mtu 9000" in str(ei.value)
     _no_processes_left(testbed)
@@ -388,8 +565,9 @@ def test_a_tree_on_a_one_aggregator_testbed_is_refused_naming_the_fix(testbed):
     anything starts, naming the testbed and the command that makes a tree."""
     assert len(testbed.aggregators) == 1
     with pytest.raises(runmod.RunError) as ei:
-        runmod.run_allreduce(testbed.name, "dense", elements=1000, density=1.0, leaves=2,
-                             state_dir=testbed.state_dir)
+        runmod.run_allreduce(
+            testbed.name, "dense", elements=1000, density=1.0, leaves=2, state_dir=testbed.state_dir
+        )
     assert f"--leaves 2: testbed {testbed.name} has one aggregator host" in str(ei.value)
     assert "`homagg testbed up --leaves 2`" in str(ei.value)
     _no_processes_left(testbed)

@@ -8,6 +8,7 @@ evenly (each aggregator gets 1/K of the bytes, within 10%); an aggregator
 that dies mid-job is named in every worker's error within the timeout, and
 re-running with the K - 1 others is exact.
 """
+
 import socket
 import time
 
@@ -33,8 +34,7 @@ FAULTS = {"loss": 0.02, "duplicate": 0.02, "reorder": 0.05}
 @pytest.mark.parametrize("method", EXACT)
 def test_exact_over_k_aggregators_under_faults(method, aggregators):
     grads = make_grads(4, 20000, density=0.05, seed=70 + aggregators)
-    with Cluster(workers=4, aggregators=aggregators, seed=aggregators, slots=8,
-                 **FAULTS) as cl:
+    with Cluster(workers=4, aggregators=aggregators, seed=aggregators, slots=8, **FAULTS) as cl:
         res = cl.allreduce(grads, method=method, block_elements=BLOCK)
         check_result(res, grads)
         fab = cl.fabric_counters()
@@ -53,8 +53,9 @@ def test_64_workers_over_4_aggregators_under_loss_without_status_storm():
     turns ran past give_up_ns and the allreduce timed out."""
     W, K = 64, 4
     grads = make_grads(W, 2**16, density=1.0, seed=12, zero_blocks=False)
-    with Cluster(workers=W, aggregators=K, loss=0.01, seed=5, slots=8, link_gbps=100,
-                 agg_link_gbps=100) as cl:
+    with Cluster(
+        workers=W, aggregators=K, loss=0.01, seed=5, slots=8, link_gbps=100, agg_link_gbps=100
+    ) as cl:
         res = cl.allreduce(grads, method="dense", block_elements=BLOCK)
         check_result(res, grads)
         drops = cl.fabric_counters()["dropped_loss"]
@@ -84,15 +85,15 @@ def test_successive_allreduces_k3_start_at_every_aggregator():
         for i, n in enumerate((700, 1300, 257, 4100, 999)):
             grads = make_grads(3, n, density=0.2, seed=80 + i, zero_blocks=False)
             bases.add(cl.job.worker_stats(0)["next_seq"] % 3)
-            check_result(cl.allreduce(grads, method=EXACT[i % len(EXACT)],
-                                      block_elements=BLOCK), grads)
+            check_result(
+                cl.allreduce(grads, method=EXACT[i % len(EXACT)], block_elements=BLOCK), grads
+            )
         assert bases == {0, 1, 2}
         st = cl.job.worker_stats(0)
         assert st["aggregators"] == 3
         per = [cl.job.worker_aggregator_stats(0, k) for k in range(3)]
         assert sum(a["chunks"] for a in per) == st["chunks"]
-        assert [a["next_seq"] for a in per] == [
-            len(range(k, st["next_seq"], 3)) for k in range(3)]
+        assert [a["next_seq"] for a in per] == [len(range(k, st["next_seq"], 3)) for k in range(3)]
 
 
 @pytest.mark.parametrize("aggregators", (2, 3, 4))
@@ -103,8 +104,10 @@ def test_chunks_spread_evenly(method, aggregators):
     grads = workloads.generate_all("zipf", W, n, 0.01, 1)
     with Cluster(workers=W, aggregators=aggregators, seed=1, slots=16) as cl:
         res = cl.allreduce(grads, method=method)
-        worker_bytes = [[cl.job.worker_aggregator_stats(w, k)["bytes_sent"]
-                         for k in range(aggregators)] for w in range(W)]
+        worker_bytes = [
+            [cl.job.worker_aggregator_stats(w, k)["bytes_sent"] for k in range(aggregators)]
+            for w in range(W)
+        ]
         link_rx = [cl.aggregator_counters(k)["link"]["rx_bytes"] for k in range(aggregators)]
     for w, per in enumerate(worker_bytes):
         total = sum(per)
@@ -119,8 +122,7 @@ def test_chunks_spread_evenly(method, aggregators):
 def test_dead_aggregator_is_named_and_k_minus_1_recovers():
     grads = make_grads(4, 40000, density=0.3, seed=90, zero_blocks=False)
     timeout = 0.05
-    with Cluster(workers=4, aggregators=3, seed=4, timeout=timeout, slots=8,
-                 link_gbps=1.0) as cl:
+    with Cluster(workers=4, aggregators=3, seed=4, timeout=timeout, slots=8, link_gbps=1.0) as cl:
         cl.kill_aggregator(1, after=50e-6)
         with pytest.raises(PeerTimeout) as ei:
             cl.allreduce(grads, method="dense", block_elements=BLOCK)
@@ -132,8 +134,7 @@ def test_dead_aggregator_is_named_and_k_minus_1_recovers():
         # the others answered: aggregator 1 is the only one named
         assert "shard 0" not in str(exc) and "shard 2" not in str(exc)
     # Recovery: re-run the step with the K - 1 live aggregators.
-    with Cluster(workers=4, aggregators=2, seed=4, timeout=timeout, slots=8,
-                 link_gbps=1.0) as cl:
+    with Cluster(workers=4, aggregators=2, seed=4, timeout=timeout, slots=8, link_gbps=1.0) as cl:
         check_result(cl.allreduce(grads, method="dense", block_elements=BLOCK), grads)
 
 
@@ -168,13 +169,13 @@ def test_same_result_whatever_k():
 
 # ---- homagg.worker.Worker over kernel UDP, K engines on loopback ----------
 
+
 def _udp_allreduce(addresses, job, grads, method, timeout=10.0):
     """udp_rig's threads, one Worker each, block UDP_BLOCK."""
     from udp_rig import run
 
     stats = []
-    out, err = run(None, job, 5, grads, method, timeout=timeout, aggregators=addresses,
-                   stats=stats)
+    out, err = run(None, job, 5, grads, method, timeout=timeout, aggregators=addresses, stats=stats)
     return out, err, stats
 
 
@@ -211,8 +212,9 @@ def test_worker_names_the_silent_udp_aggregator():
         live.engine.add_job(job=32, token=5, workers=1, slots=8)
         addr = silent.getsockname()
         t0 = time.monotonic()
-        _out, err, _st = _udp_allreduce([live.address, addr], 32,
-                                        [np.ones(5000, np.float32)], "dense", timeout=0.5)
+        _out, err, _st = _udp_allreduce(
+            [live.address, addr], 32, [np.ones(5000, np.float32)], "dense", timeout=0.5
+        )
         assert time.monotonic() - t0 < 5.0
         assert isinstance(err[0], PeerTimeout)
         assert f"no answer from aggregator 127.0.0.1:{addr[1]} (shard 1 of 2)" in str(err[0])
@@ -223,12 +225,12 @@ def test_worker_names_the_silent_udp_aggregator():
 
 # ---- the DPDK testbed: two homagg-switch daemons, one job -----------------
 
+
 @pytest.fixture(scope="module")
 def testbed_k2(tmp_path_factory):
     from helpers import dpdk_testbed
 
-    with dpdk_testbed(tmp_path_factory, "k2scale", workers=3, link_mbit=1000,
-                      aggregators=2) as tb:
+    with dpdk_testbed(tmp_path_factory, "k2scale", workers=3, link_mbit=1000, aggregators=2) as tb:
         yield tb
 
 
@@ -241,8 +243,15 @@ def test_testbed_two_dpdk_aggregators_exact(testbed_k2, method):
     from homagg.runs import allreduce as runmod
 
     assert [h.name for h in testbed_k2.aggregators] == ["agg", "agg1"]
-    rep = runmod.run_allreduce(testbed_k2.name, method, elements=40_000, density=0.05,
-                               workload="random", seed=11, state_dir=testbed_k2.state_dir)
+    rep = runmod.run_allreduce(
+        testbed_k2.name,
+        method,
+        elements=40_000,
+        density=0.05,
+        workload="random",
+        seed=11,
+        state_dir=testbed_k2.state_dir,
+    )
     assert rep["exact"] is True, rep["exact_per_worker"]
     assert rep["workers_agree"]
     aggs = rep["aggregators"]
@@ -272,22 +281,43 @@ def test_testbed_dead_aggregator_is_named(testbed_k2):
 
     dead = testbed_k2.host("agg1")
     with pytest.raises(runmod.RunError) as ei:
-        runmod.run_allreduce(testbed_k2.name, "dense", elements=20_000, density=1.0,
-                             workload="dense", seed=12, timeout=1.0,
-                             state_dir=testbed_k2.state_dir, fail_aggregators=("agg1",))
+        runmod.run_allreduce(
+            testbed_k2.name,
+            "dense",
+            elements=20_000,
+            density=1.0,
+            workload="dense",
+            seed=12,
+            timeout=1.0,
+            state_dir=testbed_k2.state_dir,
+            fail_aggregators=("agg1",),
+        )
     text = str(ei.value)
     assert "failed on 3 of 3 workers" in text, text
     assert text.count(f"no answer from aggregator {dead.ip}:48879 (shard 1 of 2)") == 3, text
     assert "shard 0 of 2" not in text
     assert testbed_k2.state()["processes"] == []
     # Recovery: re-run with the K - 1 = 1 live aggregator.
-    rep = runmod.run_allreduce(testbed_k2.name, "dense", elements=20_000, density=1.0,
-                               workload="dense", seed=12, state_dir=testbed_k2.state_dir,
-                               aggregators=1)
+    rep = runmod.run_allreduce(
+        testbed_k2.name,
+        "dense",
+        elements=20_000,
+        density=1.0,
+        workload="dense",
+        seed=12,
+        state_dir=testbed_k2.state_dir,
+        aggregators=1,
+    )
     assert rep["exact"] is True and [a["host"] for a in rep["aggregators"]] == ["agg"]
     with pytest.raises(runmod.RunError, match="aggregators must be 1..2"):
-        runmod.run_allreduce(testbed_k2.name, "dense", elements=100, density=1.0,
-                             state_dir=testbed_k2.state_dir, aggregators=3)
+        runmod.run_allreduce(
+            testbed_k2.name,
+            "dense",
+            elements=100,
+            density=1.0,
+            state_dir=testbed_k2.state_dir,
+            aggregators=3,
+        )
 
 
 @pytest.mark.root
@@ -303,8 +333,19 @@ def test_bench_shards_outputs(tmp_path, capsys):
     from helpers import run_testbed_bench
 
     require(os.geteuid() == 0, "needs root")
-    report = run_testbed_bench(tmp_path, capsys, "shards", "--workers", "2", "--elements",
-                               "30000", "--repeat", "1", "--link-mbit", "1000")
+    report = run_testbed_bench(
+        tmp_path,
+        capsys,
+        "shards",
+        "--workers",
+        "2",
+        "--elements",
+        "30000",
+        "--repeat",
+        "1",
+        "--link-mbit",
+        "1000",
+    )
     assert [r["aggregators"] for r in report["results"]] == [1, 2]
     assert all(r["exact"] is True for r in report["results"])
     k2 = report["results"][1]
@@ -329,8 +370,10 @@ def test_restarted_aggregator_is_named_and_the_retry_is_exact():
         assert len(ei.value.failures) == 4
         for f in ei.value.failures:
             assert f.code == -errno.ECONNRESET
-            assert ("aggregator 10.0.1.1:48879 (shard 1 of 3) restarted during the "
-                    "allreduce (incarnation 1000, now 1001)") in str(f), str(f)
+            assert (
+                "aggregator 10.0.1.1:48879 (shard 1 of 3) restarted during the "
+                "allreduce (incarnation 1000, now 1001)"
+            ) in str(f), str(f)
         # every worker stopped in the same step: their chunk counters agree
         assert len({cl.job.worker_stats(w)["next_seq"] for w in range(4)}) == 1
         check_result(cl.allreduce(grads, method="dense", block_elements=BLOCK), grads)

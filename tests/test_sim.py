@@ -7,6 +7,7 @@ same allreduce done codec-level (the C codec and the aggregation kernels
 called directly, no network), which uses the same seeded streams.  Also: two jobs on one engine, hostile frames at the aggregator,
 and a worker that dies mid-allreduce.
 """
+
 import errno
 import zlib
 
@@ -77,8 +78,9 @@ def test_unicast_and_multicast_results(multicast):
 def test_lhc_fallback_is_exact():
     grads = make_grads(4, 8000, density=0.3, seed=11)
     with Cluster(workers=4, loss=0.01, seed=5) as cl:
-        res = cl.allreduce(grads, method="lhc", block_elements=BLOCK,
-                           sketch_cells_per_candidate=0.6)
+        res = cl.allreduce(
+            grads, method="lhc", block_elements=BLOCK, sketch_cells_per_candidate=0.6
+        )
         check_result(res, grads)
         w0 = res.stats["workers"][0]
         assert w0["stalled_blocks"] > 0
@@ -90,29 +92,59 @@ def _nc_codec_level(grads, block, seed):
     W, n = len(grads), grads[0].size
     ps = []
     for w in range(W):
-        p = ffi.new("struct hg_params *", {"block": block, "workers": W, "worker": w,
-                                           "seed": seed})
+        p = ffi.new("struct hg_params *", {"block": block, "workers": W, "worker": w, "seed": seed})
         ps.append(p)
     nb = lib.hg_nblocks(ps[0], n)
     gcodes = np.full(nb, -128, np.int8)
     for w, g in enumerate(grads):
         codes = np.empty(nb, np.int8)
-        assert lib.hg_exp_encode(ps[w], ffi.from_buffer("float[]", g), n,
-                                 ffi.from_buffer("int8_t[]", codes), ffi.NULL) == 0
+        assert (
+            lib.hg_exp_encode(
+                ps[w],
+                ffi.from_buffer("float[]", g),
+                n,
+                ffi.from_buffer("int8_t[]", codes),
+                ffi.NULL,
+            )
+            == 0
+        )
         gcodes = np.maximum(gcodes, codes)
     top = lib.hg_nc_top(ps[0])
     acc = np.zeros(4 * n, np.uint8)
     for w, g in enumerate(grads):
         codes = np.empty(n, np.uint8)
-        assert lib.hg_nc_encode(ps[w], ffi.from_buffer("float[]", g), n,
-                                ffi.from_buffer("int8_t[]", gcodes),
-                                ffi.from_buffer("uint8_t[]", codes)) == 0
-        assert lib.hg_aggregate(lib.HG_OP_NC8, ffi.from_buffer("uint8_t[]", acc),
-                                ffi.from_buffer("uint8_t[]", codes), n, top) == 0
+        assert (
+            lib.hg_nc_encode(
+                ps[w],
+                ffi.from_buffer("float[]", g),
+                n,
+                ffi.from_buffer("int8_t[]", gcodes),
+                ffi.from_buffer("uint8_t[]", codes),
+            )
+            == 0
+        )
+        assert (
+            lib.hg_aggregate(
+                lib.HG_OP_NC8,
+                ffi.from_buffer("uint8_t[]", acc),
+                ffi.from_buffer("uint8_t[]", codes),
+                n,
+                top,
+            )
+            == 0
+        )
     y = np.empty(n, np.float32)
-    assert lib.hg_dequantize(ps[0], ffi.from_buffer("uint8_t[]", acc), n,
-                             ffi.from_buffer("int8_t[]", gcodes), 0,
-                             ffi.from_buffer("float[]", y)) == 0
+    assert (
+        lib.hg_dequantize(
+            ps[0],
+            ffi.from_buffer("uint8_t[]", acc),
+            n,
+            ffi.from_buffer("int8_t[]", gcodes),
+            0,
+            ffi.from_buffer("float[]", y),
+        )
+        == 0
+    )
     return y
 
 
@@ -166,10 +198,17 @@ def test_two_jobs_interleaved_and_foreign_token_dropped():
         gb = make_grads(5, 5000, seed=31)
         before = cl.engine_counters()
         # A frame for job B carrying job A's token: must change nothing.
-        cl.inject(cl.build_frame(job_b, token=job_a.token, seq=0, slot=0,
-                                 worker=0, payload=b"\x00\x00\x7f\xff" * 4))
-        ra, rb = cl.allreduce_many([(job_a, ga, "lhc", {"block_elements": BLOCK}),
-                                    (job_b, gb, "dense", {"block_elements": BLOCK})])
+        cl.inject(
+            cl.build_frame(
+                job_b, token=job_a.token, seq=0, slot=0, worker=0, payload=b"\x00\x00\x7f\xff" * 4
+            )
+        )
+        ra, rb = cl.allreduce_many(
+            [
+                (job_a, ga, "lhc", {"block_elements": BLOCK}),
+                (job_b, gb, "dense", {"block_elements": BLOCK}),
+            ]
+        )
         check_result(ra, ga)
         check_result(rb, gb)
         after = cl.engine_counters()
@@ -187,9 +226,9 @@ def _hostile_frames(cl, job):
     payload = b"\x01\x02\x03\x04" * 4
     f = {}
     full = cl.build_frame(job, payload=payload, **good)
-    f["truncated"] = full[:42 + 10]
+    f["truncated"] = full[: 42 + 10]
     f["bad_version"] = cl.build_frame(job, payload=payload, version=7, **good)
-    f["unknown_job"] = cl.build_frame(job, payload=payload, job=0xdead, **good)
+    f["unknown_job"] = cl.build_frame(job, payload=payload, job=0xDEAD, **good)
     f["bad_token"] = cl.build_frame(job, payload=payload, token=job.token ^ 0x5555, **good)
     f["bad_worker"] = cl.build_frame(job, payload=payload, **{**good, "worker": W})
     f["bad_slot"] = cl.build_frame(job, payload=payload, **{**good, "slot": S})
@@ -200,7 +239,7 @@ def _hostile_frames(cl, job):
     f["bad_mac"] = cl.build_frame(job, payload=payload, flags=lib.HG_FLAG_AUTH, **good)
     f["incarnation_zero"] = cl.build_frame(job, payload=payload, incarnation=0, **good)
     ones = bytearray(full)
-    ones[42:42 + 32] = b"\xff" * 32
+    ones[42 : 42 + 32] = b"\xff" * 32
     f["all_ones"] = bytes(ones)
     return f
 
@@ -216,12 +255,35 @@ def test_hostile_frames_are_dropped_and_counted():
         check_result(res, grads)
         after = cl.engine_counters()
         delta = {k: after[k] - before[k] for k in after}
-        for reason in ("truncated", "bad_version", "unknown_job", "bad_token", "bad_worker",
-                       "bad_slot", "bad_lanes", "bad_op", "bad_flags", "bad_shard", "bad_mac"):
+        for reason in (
+            "truncated",
+            "bad_version",
+            "unknown_job",
+            "bad_token",
+            "bad_worker",
+            "bad_slot",
+            "bad_lanes",
+            "bad_op",
+            "bad_flags",
+            "bad_shard",
+            "bad_mac",
+        ):
             assert delta[reason] >= 1, (reason, delta)
-        drops = sum(v for k, v in delta.items()
-                    if k not in ("received", "summed", "completed", "results_sent", "replays",
-                                 "status_sent", "status_repeats", "duplicates"))
+        drops = sum(
+            v
+            for k, v in delta.items()
+            if k
+            not in (
+                "received",
+                "summed",
+                "completed",
+                "results_sent",
+                "replays",
+                "status_sent",
+                "status_repeats",
+                "duplicates",
+            )
+        )
         assert drops == len(frames)
         # Nothing hostile was summed: exactly one contribution per worker and chunk.
         chunks = res.stats["workers"][0]["chunks"]
@@ -255,8 +317,9 @@ def test_stalled_window_is_retransmitted_whole():
     Timeouts as on kernel UDP (rto_min 20 ms, rto_max 100 ms)."""
     grads = make_grads(4, 400_000, seed=51)
     slots = 64
-    with Cluster(workers=4, seed=3, timeout=0.6, slots=slots, rto=5e-3, rto_min=20e-3,
-                 rto_max=100e-3) as cl:
+    with Cluster(
+        workers=4, seed=3, timeout=0.6, slots=slots, rto=5e-3, rto_min=20e-3, rto_max=100e-3
+    ) as cl:
         cl.kill_worker(2, after_packets=300)
         with pytest.raises(PeerTimeout) as ei:
             cl.allreduce(grads, method="dense", block_elements=BLOCK)
@@ -315,8 +378,7 @@ def test_bottleneck_without_faults_sends_almost_nothing_twice(agg_link_gbps):
     W, n = 4, 1 << 20
     rng = np.random.default_rng(5)
     grads = [rng.standard_normal(n).astype(np.float32) for _ in range(W)]
-    with Cluster(workers=W, link_gbps=1.0, agg_link_gbps=agg_link_gbps, slots=64,
-                 seed=1) as cl:
+    with Cluster(workers=W, link_gbps=1.0, agg_link_gbps=agg_link_gbps, slots=64, seed=1) as cl:
         res = cl.allreduce(grads, method="dense", block_elements=BLOCK)
     check_result(res, grads)
     per = res.stats["workers"]
@@ -340,8 +402,7 @@ def test_bottleneck_with_loss_is_exact_and_retransmits_per_loss():
     W, n = 4, 1 << 18
     rng = np.random.default_rng(6)
     grads = [rng.standard_normal(n).astype(np.float32) for _ in range(W)]
-    with Cluster(workers=W, link_gbps=1.0, agg_link_gbps=1.0, slots=64, loss=0.01,
-                 seed=2) as cl:
+    with Cluster(workers=W, link_gbps=1.0, agg_link_gbps=1.0, slots=64, loss=0.01, seed=2) as cl:
         res = cl.allreduce(grads, method="dense", block_elements=BLOCK)
     check_result(res, grads)
     per = res.stats["workers"]
@@ -383,8 +444,9 @@ def _lossy_and_clean(W, n, seed, **kw):
     grads = [rng.standard_normal(n).astype(np.float32) for _ in range(W)]
     runs = []
     for loss in (0.0, 0.01):
-        with Cluster(workers=W, link_gbps=1.0, agg_link_gbps=1.0, slots=64, loss=loss,
-                     seed=seed, **kw) as cl:
+        with Cluster(
+            workers=W, link_gbps=1.0, agg_link_gbps=1.0, slots=64, loss=loss, seed=seed, **kw
+        ) as cl:
             res = cl.allreduce(grads, method="dense", block_elements=BLOCK)
         check_result(res, grads)
         runs.append(res.stats)
@@ -506,9 +568,17 @@ def test_old_incarnation_frames_are_never_summed():
         before = cl.engine_counters()
         for w in range(3):
             for k in range(4):
-                cl.inject(cl.build_frame(cl.job, payload=bogus, worker=w, seq=seq + k,
-                                         slot=(seq + k) % 8, incarnation=old,
-                                         flags=lib.HG_FLAG_SHADOW if (seq + k) // 8 % 2 else 0))
+                cl.inject(
+                    cl.build_frame(
+                        cl.job,
+                        payload=bogus,
+                        worker=w,
+                        seq=seq + k,
+                        slot=(seq + k) % 8,
+                        incarnation=old,
+                        flags=lib.HG_FLAG_SHADOW if (seq + k) // 8 % 2 else 0,
+                    )
+                )
         res = cl.allreduce(grads, method="dense", block_elements=BLOCK)
         check_result(res, grads)
         delta = {k: v - before[k] for k, v in cl.engine_counters().items()}
@@ -526,8 +596,10 @@ def test_aggregator_restart_mid_allreduce_names_both_incarnations():
         assert len(ei.value.failures) == 3
         for f in ei.value.failures:
             assert f.code == -errno.ECONNRESET
-            assert ("aggregator 10.0.0.1:48879 restarted during the allreduce "
-                    "(incarnation 1000, now 2000)") in str(f)
+            assert (
+                "aggregator 10.0.0.1:48879 restarted during the allreduce "
+                "(incarnation 1000, now 2000)"
+            ) in str(f)
 
 
 def test_aggregator_restart_between_allreduces_is_transparent():
@@ -577,8 +649,9 @@ def test_payload_sizes_through_jumbo_nic_ports(payload, method):
 def test_jumbo_payload_exact_under_faults():
     W, n = 4, 1 << 15
     grads = make_grads(W, n, density=0.2, seed=9)
-    with Cluster(workers=W, payload=8192, mtu=9000, loss=0.02, duplicate=0.02,
-                 reorder=0.05, seed=11) as cl:
+    with Cluster(
+        workers=W, payload=8192, mtu=9000, loss=0.02, duplicate=0.02, reorder=0.05, seed=11
+    ) as cl:
         res = cl.allreduce(grads, method="lhc", block_elements=BLOCK)
     check_result(res, grads)
     assert sum(w["retransmissions"] for w in res.stats["workers"]) > 0
@@ -657,9 +730,11 @@ def test_jobs_together_must_fit_the_aggregator_ring():
     assert simb.AGG_RX_RING == 4096
     with pytest.raises(OutOfRange) as ei:
         Cluster(workers=8, slots=1024)
-    assert str(ei.value) == ("field 'slots': 8 workers x 1024 slots = 8192 frames in flight "
-                             "towards aggregator 0 exceed its receive ring of 4096 frames: use "
-                             "at most 512 slots, or a cluster of its own for this job")
+    assert str(ei.value) == (
+        "field 'slots': 8 workers x 1024 slots = 8192 frames in flight "
+        "towards aggregator 0 exceed its receive ring of 4096 frames: use "
+        "at most 512 slots, or a cluster of its own for this job"
+    )
     with Cluster(workers=4, slots=512, aggregators=2) as cl:
         cl.add_job(workers=2, slots=512)
         with pytest.raises(OutOfRange) as ei:
@@ -668,7 +743,8 @@ def test_jobs_together_must_fit_the_aggregator_ring():
             "field 'slots': 4 workers x 300 slots = 1200 frames in flight towards aggregator "
             "0, with the 3072 held by the jobs already on it (job 0: 2048, job 1: 1024), make "
             "4272 frames, more than its receive ring of 4096 frames: use at most 256 slots, "
-            "or a cluster of its own for this job")
+            "or a cluster of its own for this job"
+        )
         with pytest.raises(OutOfRange):
             simb.sim_add_job(cl._sim, 4, slots=300)
         # exactly the 1024 frames left fit; then nothing does
@@ -681,8 +757,11 @@ def test_jobs_together_must_fit_the_aggregator_ring():
         check_result(job.allreduce(grads, "dense", block_elements=BLOCK), grads)
     # a tree: a leaf holds its part of the workers, the root one per leaf
     with Cluster(workers=8, leaves=2, slots=1024) as cl:
-        with pytest.raises(OutOfRange, match="2 workers x 1 slots = 1 frames in flight towards "
-                           r"aggregator 0, with the 4096 held .*\(job 0: 4096\)"):
+        with pytest.raises(
+            OutOfRange,
+            match="2 workers x 1 slots = 1 frames in flight towards "
+            r"aggregator 0, with the 4096 held .*\(job 0: 4096\)",
+        ):
             cl.add_job(workers=2, slots=1)
     with Cluster(workers=16, leaves=8, slots=256) as cl:
         cl.add_job(workers=8, slots=256)
@@ -724,18 +803,23 @@ def test_worker_and_job_file_default_slots():
     from homagg.switch import job_file
     from homagg.worker import Worker
 
-    with Worker(1, 2, 0, 256, aggregator=("127.0.0.1", 9), bind=("127.0.0.1", 0),
-                mtu=1500) as w:
+    with Worker(1, 2, 0, 256, aggregator=("127.0.0.1", 9), bind=("127.0.0.1", 0), mtu=1500) as w:
         assert w.slots == protocol.default_slots(256) == 16
-    with Worker(1, 2, 0, 4, aggregator=("127.0.0.1", 9), bind=("127.0.0.1", 0),
-                mtu=1500, slots=8) as w:
+    with Worker(
+        1, 2, 0, 4, aggregator=("127.0.0.1", 9), bind=("127.0.0.1", 0), mtu=1500, slots=8
+    ) as w:
         assert w.slots == 8
     asked = []
-    fields = job_file.register([asked.append, asked.append], [("10.0.0.1", 1), ("10.0.0.2", 1)],
-                               workers=200)
+    fields = job_file.register(
+        [asked.append, asked.append], [("10.0.0.1", 1), ("10.0.0.2", 1)], workers=200
+    )
     assert [r["slots"] for r in asked] == [20, 20] and fields["slots"] == 20
     asked.clear()
     job_file.register([asked.append], [("10.0.0.1", 1)], workers=200, slots=4)
     assert asked[0]["slots"] == 4
-    assert job_file.job_config({"HOMAGG_AGGREGATOR": "10.0.0.1", "HOMAGG_JOB": "1",
-                                "HOMAGG_TOKEN": "2"})["slots"] == 0  # Worker's default
+    assert (
+        job_file.job_config(
+            {"HOMAGG_AGGREGATOR": "10.0.0.1", "HOMAGG_JOB": "1", "HOMAGG_TOKEN": "2"}
+        )["slots"]
+        == 0
+    )  # Worker's default

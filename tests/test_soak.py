@@ -1,6 +1,7 @@
 """`homagg bench soak`: back-to-back allreduces on the testbed with 1 % loss
 and daemon restarts, about one minute; and the counter accounting it
 checks every daemon life with."""
+
 import json
 import os
 import subprocess
@@ -16,11 +17,30 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def _stats(**port):
     """A consistent stats reply: 100 frames at the ethdev, 2 injected drops,
     1 ARP request, 97 to the engine: 90 summed, 5 duplicates, 2 stale."""
-    p = dict(ipackets=100, drop_injected=2, drop_segmented=0, arp_replies=1, arp_other=0,
-             rx=97, tx=40, tx_refused=0, alloc_fail=0, dispatch_full=0)
+    p = dict(
+        ipackets=100,
+        drop_injected=2,
+        drop_segmented=0,
+        arp_replies=1,
+        arp_other=0,
+        rx=97,
+        tx=40,
+        tx_refused=0,
+        alloc_fail=0,
+        dispatch_full=0,
+    )
     p.update(port)
-    eng = dict(received=97, summed=90, duplicates=5, stale=2, completed=30, replays=1,
-               results_sent=31, status_sent=3, not_ip=0)
+    eng = dict(
+        received=97,
+        summed=90,
+        duplicates=5,
+        stale=2,
+        completed=30,
+        replays=1,
+        results_sent=31,
+        status_sent=3,
+        not_ip=0,
+    )
     return {"ok": True, "stats": eng, "port": p, "engines": 1}
 
 
@@ -52,10 +72,27 @@ def test_accounting_consistent_and_each_way_it_breaks():
 @pytest.mark.timeout(400)
 def test_soak_one_minute(tmp_path):
     proc = subprocess.run(
-        [os.path.join(os.path.dirname(sys.executable), "homagg"), "bench", "soak", "--minutes", "1", "--restart-every",
-         "20", "--progress", "15", "--drop-rate", "0.01", "--state-dir", str(tmp_path / "tb"),
-         "--json"],
-        cwd=REPO, capture_output=True, text=True, timeout=380)
+        [
+            os.path.join(os.path.dirname(sys.executable), "homagg"),
+            "bench",
+            "soak",
+            "--minutes",
+            "1",
+            "--restart-every",
+            "20",
+            "--progress",
+            "15",
+            "--drop-rate",
+            "0.01",
+            "--state-dir",
+            str(tmp_path / "tb"),
+            "--json",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=380,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rep = json.loads(proc.stdout.strip().splitlines()[-1])
     # progress lines on stderr while it ran

@@ -8,6 +8,7 @@ Results are checked bit for bit against the numpy fixed-point oracle
 the kernel has no netem; a killed daemon makes every worker fail within its
 timeout naming the aggregator; a restarted daemon serves a new job.
 """
+
 import signal
 import time
 
@@ -23,8 +24,9 @@ from switch_helpers import BLOCK, GROUP, Daemon, gradients, join_all, run_worker
 pytestmark = [pytest.mark.dpdk, pytest.mark.root, pytest.mark.netns]
 
 
-@pytest.mark.parametrize("method, pmd", [("dense", "af_packet"), ("lhc", "af_packet"),
-                                         ("dense", "af_xdp")])
+@pytest.mark.parametrize(
+    "method, pmd", [("dense", "af_packet"), ("lhc", "af_packet"), ("dense", "af_xdp")]
+)
 def test_exact_allreduce_through_the_daemon(link, daemons, method, pmd):
     d = daemons(pmd=pmd)
     W, n = 3, 30000
@@ -39,7 +41,7 @@ def test_exact_allreduce_through_the_daemon(link, daemons, method, pmd):
         assert y.tobytes() == expected.tobytes()
     with d.client() as c:
         st = c.stats()
-    assert st["port"]["arp_replies"] >= 1           # the workers resolved us
+    assert st["port"]["arp_replies"] >= 1  # the workers resolved us
     assert st["stats"]["summed"] > 0 and st["stats"]["results_sent"] > 0
     assert st["stats"]["bad_csum"] == 0
     assert st["port"]["drop_injected"] == 0
@@ -61,7 +63,7 @@ def test_idle_backoff_daemon_is_exact_and_exits_on_sigterm(link, daemons):
         expected = oracle_allreduce(grads, BLOCK)
         for y in results:
             assert y.tobytes() == expected.tobytes()
-        time.sleep(0.2)   # idle: the daemon backs off to sleeping
+        time.sleep(0.2)  # idle: the daemon backs off to sleeping
     with d.client() as c:
         assert c.stats()["stats"]["results_sent"] > 0
     d.signal(signal.SIGTERM)
@@ -75,8 +77,7 @@ def test_injected_loss_is_repaired_by_retransmission(link, daemons):
     with d.client() as c:
         c.add_job(job=12, token=5, workers=W, slots=32, group=GROUP)
     grads = gradients(W, n, seed=2, density=1.0)
-    threads, results, errors, stats = run_workers(link, 12, 5, grads, "dense",
-                                                  timeout=20)
+    threads, results, errors, stats = run_workers(link, 12, 5, grads, "dense", timeout=20)
     join_all(threads, 120)
     assert errors == [None] * W, errors
     expected = oracle_allreduce(grads, BLOCK)
@@ -103,13 +104,14 @@ def test_killed_daemon_fails_workers_then_restart_serves(link, daemons):
         def busy():
             with d.client() as c:
                 return c.stats()["stats"]["summed"] > 1000
+
         wait_for(busy, 60, "the allreduce to be under way")
-        d.proc.send_signal(signal.SIGKILL)      # our own PID
+        d.proc.send_signal(signal.SIGKILL)  # our own PID
         killed["t"] = time.monotonic()
 
     threads, results, errors, stats = run_workers(
-        link, 13, 9, grads, "dense", timeout=timeout, slots=16,
-        before_start=kill_when_busy)
+        link, 13, 9, grads, "dense", timeout=timeout, slots=16, before_start=kill_when_busy
+    )
     join_all(threads, 120)
     d.wait_exit(10)
     took = time.monotonic() - killed["t"]
@@ -150,8 +152,7 @@ def test_switch_benchmark_sums_every_frame():
         assert abs(r["summed"] - W * r["completed"]) <= 2 * W
         assert r["mpps"] > 0 and r["engine_mpps"] > 0
         assert r["pulled"] > 0 and r["pull_mpps"] > 0
-        assert r["engine_vs_pull"] == pytest.approx(r["engine_mpps"] / r["pull_mpps"],
-                                                    rel=0.01)
+        assert r["engine_vs_pull"] == pytest.approx(r["engine_mpps"] / r["pull_mpps"], rel=0.01)
     # authenticated: every frame verified (none dropped as bad_mac), with
     # each MAC algorithm, at 1 KB and 8 KB (on the portable path, libsodium's
     # AES-GCM and libcrypto's), AES-GMAC on each path the CPU has
@@ -179,10 +180,19 @@ def test_two_engine_lcores_serve_two_jobs_at_once(link, tmp_path):
     the same time, both exact, each spread over both lcores by slot
     ((job + slot) % 2): each lcore sums about half of the contributions;
     remove_job removes a job from both."""
-    d = Daemon(tmp_path / "two", ["--vdev", f"net_af_packet0,iface={link.dev_switch}"],
-               ["--port-ip", link.switch_ip, "--lcores", "2",
-                *([] if link.csum_complete else ["--no-udp-csum"])],
-               netns=link.ns_switch, lcores="0@0,1@1,2@1")
+    d = Daemon(
+        tmp_path / "two",
+        ["--vdev", f"net_af_packet0,iface={link.dev_switch}"],
+        [
+            "--port-ip",
+            link.switch_ip,
+            "--lcores",
+            "2",
+            *([] if link.csum_complete else ["--no-udp-csum"]),
+        ],
+        netns=link.ns_switch,
+        lcores="0@0,1@1,2@1",
+    )
     try:
         d.wait_ready()
         with d.client() as c:
@@ -191,8 +201,14 @@ def test_two_engine_lcores_serve_two_jobs_at_once(link, tmp_path):
         runs = []
         for job, token, seed in ((20, 1, 5), (21, 2, 6)):
             grads = gradients(2, 20000, seed=seed)
-            runs.append((grads, run_workers(link, job, token, grads, "dense",
-                                            group=GROUP if job == 20 else "239.7.7.8")))
+            runs.append(
+                (
+                    grads,
+                    run_workers(
+                        link, job, token, grads, "dense", group=GROUP if job == 20 else "239.7.7.8"
+                    ),
+                )
+            )
         for grads, (threads, results, errors, stats) in runs:
             join_all(threads, 60)
             assert errors == [None, None], errors

@@ -4,6 +4,7 @@ Every testbed here has a unique name and its own state directory, and a
 fixture removes it whatever happens.  Traffic only flows inside the
 namespaces these tests create.
 """
+
 import json
 import os
 import secrets
@@ -29,26 +30,38 @@ def unique_name():
 
 
 def netns_with_prefix(name):
-    out = subprocess.run(["ip", "-j", "netns", "list"], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        ["ip", "-j", "netns", "list"], capture_output=True, text=True, check=True
+    ).stdout
     names = [n["name"] for n in json.loads(out or "[]")]
     return sorted(n for n in names if n.startswith(f"hg-{name}-"))
 
 
 def ip_json(ns, *args):
-    out = subprocess.run(["ip", "-n", ns, "-j", *args], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        ["ip", "-n", ns, "-j", *args], capture_output=True, text=True, check=True
+    ).stdout
     return json.loads(out or "[]")
 
 
 def tc_qdiscs(ns, dev):
-    out = subprocess.run(["tc", "-n", ns, "-j", "-s", "qdisc", "show", "dev", dev],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        ["tc", "-n", ns, "-j", "-s", "qdisc", "show", "dev", dev],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     return json.loads(out or "[]")
 
 
 def host_links():
     """Interface names of the namespace the tests run in."""
-    return sorted(link["ifname"] for link in json.loads(
-        subprocess.run(["ip", "-j", "link"], capture_output=True, text=True, check=True).stdout))
+    return sorted(
+        link["ifname"]
+        for link in json.loads(
+            subprocess.run(["ip", "-j", "link"], capture_output=True, text=True, check=True).stdout
+        )
+    )
 
 
 def pid_alive(pid):
@@ -98,7 +111,8 @@ def test_up_creates_namespaces_links_addresses_and_qdiscs(make_testbed):
     tb = make_testbed(workers=3, link_mbit=50, subnet="10.78.0.0/24")
     n = tb.name
     assert netns_with_prefix(n) == sorted(
-        [f"hg-{n}-sw", f"hg-{n}-agg", f"hg-{n}-w0", f"hg-{n}-w1", f"hg-{n}-w2"])
+        [f"hg-{n}-sw", f"hg-{n}-agg", f"hg-{n}-w0", f"hg-{n}-w1", f"hg-{n}-w2"]
+    )
     # nothing appeared in the namespace the program runs in
     assert host_links() == before
 
@@ -111,7 +125,9 @@ def test_up_creates_namespaces_links_addresses_and_qdiscs(make_testbed):
         assert "UP" in links["lo"]["flags"] and "UP" in links["eth0"]["flags"]
         assert links["eth0"]["address"] == h.mac
         addrs = ip_json(h.netns, "addr", "show", "dev", "eth0")[0]["addr_info"]
-        assert {(a["local"], a["prefixlen"]) for a in addrs if a["family"] == "inet"} == {(h.ip, 24)}
+        assert {(a["local"], a["prefixlen"]) for a in addrs if a["family"] == "inet"} == {
+            (h.ip, 24)
+        }
         routes = [r["dst"] for r in ip_json(h.netns, "route")]
         assert "224.0.0.0/4" in routes
 
@@ -155,9 +171,13 @@ def test_bridge_forwards_without_netfilter(make_testbed):
     before = {k: open(f"/proc/sys/net/bridge/{k}").read() for k in keys}
     tb = make_testbed(workers=1)
     sw = f"hg-{tb.name}-sw"
-    got = subprocess.run(["ip", "netns", "exec", sw, "cat", *(f"/proc/sys/net/bridge/{k}"
-                                                              for k in keys)],
-                         capture_output=True, text=True, check=True, timeout=30).stdout.split()
+    got = subprocess.run(
+        ["ip", "netns", "exec", sw, "cat", *(f"/proc/sys/net/bridge/{k}" for k in keys)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=30,
+    ).stdout.split()
     assert got == ["0", "0", "0"]
     assert tb.state()["bridge_netfilter"] == "off"
     assert {k: open(f"/proc/sys/net/bridge/{k}").read() for k in keys} == before
@@ -212,16 +232,24 @@ def test_udp_multicast_from_aggregator_reaches_every_worker(shaped):
     receivers = []
     try:
         for w in shaped.workers:
-            p = shaped.run_in(w.name, [sys.executable, "-c", RECEIVER, group, port, w.ip],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            p = shaped.run_in(
+                w.name,
+                [sys.executable, "-c", RECEIVER, group, port, w.ip],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
             receivers.append(p)
         for p in receivers:  # each has joined the group before anything is sent
             line = p.readline(30)  # "" after 30 s without a line
             assert line.strip() == "ready", p.stderr.read() if p.poll() is not None else line
         # one sender in the aggregator; a few copies in case the first one
         # races the bridge learning (every worker needs one)
-        r = shaped.exec("agg", [sys.executable, "-c", SENDER, group, port, shaped.aggregator.ip, msg, 5],
-                        timeout=20)
+        r = shaped.exec(
+            "agg",
+            [sys.executable, "-c", SENDER, group, port, shaped.aggregator.ip, msg, 5],
+            timeout=20,
+        )
         assert r.returncode == 0, r.stderr
         for w, p in zip(shaped.workers, receivers):
             out, err = p.communicate(timeout=25)
@@ -267,8 +295,13 @@ def test_rate_limit_is_in_effect(shaped):
     up0 = shaped.qdisc_stats("w0", "host")
     down0 = shaped.qdisc_stats("w1", "switch")
     assert up0["rate_bytes_per_s"] == down0["rate_bytes_per_s"] == 20_000_000 // 8
-    sink = shaped.run_in("w1", [sys.executable, "-c", TCP_SINK, dst.ip, 47002],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    sink = shaped.run_in(
+        "w1",
+        [sys.executable, "-c", TCP_SINK, dst.ip, 47002],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert sink.readline(30).strip() == "ready"
         r = shaped.exec("w0", [sys.executable, "-c", TCP_SOURCE, dst.ip, 47002, nbytes], timeout=30)
@@ -292,10 +325,17 @@ def test_run_in_records_pid_and_down_stops_it(state_dir, make_testbed):
     tb = make_testbed(workers=2)
     p1 = tb.run_in("w0", ["sleep", "600"])
     # a process that ignores SIGTERM: down must fall back to SIGKILL
-    p2 = tb.run_in("w1", [sys.executable, "-c",
-                          "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-                          "print('ready', flush=True); time.sleep(600)"],
-                   stdout=subprocess.PIPE, text=True)
+    p2 = tb.run_in(
+        "w1",
+        [
+            sys.executable,
+            "-c",
+            "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+            "print('ready', flush=True); time.sleep(600)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert p2.readline(30).strip() == "ready"
     recorded = {r["pid"]: r for r in tb.state()["processes"]}
     assert set(recorded) == {p1.pid, p2.pid}
@@ -395,7 +435,8 @@ def test_down_removes_a_half_built_testbed(state_dir, monkeypatch):
         assert st["complete"] is False
         # w1's namespace was created (and recorded) before its step failed
         assert netns_with_prefix(name) == sorted(
-            [f"hg-{name}-sw", f"hg-{name}-agg", f"hg-{name}-w0", f"hg-{name}-w1"])
+            [f"hg-{name}-sw", f"hg-{name}-agg", f"hg-{name}-w0", f"hg-{name}-w1"]
+        )
         assert [h["name"] for h in st["hosts"]] == ["agg", "w0"]
     finally:
         monkeypatch.setattr(Testbed, "down", real_down)
@@ -434,8 +475,12 @@ def test_existing_namespace_without_state_is_an_error(state_dir):
 
 
 def test_bad_arguments(state_dir):
-    for kw, match in (({"workers": 0}, "workers"), ({"workers": 2, "link_mbit": -1}, "link_mbit"),
-                      ({"workers": 300}, "too small"), ({"workers": 2, "subnet": "10.1.2.3/24"}, "subnet")):
+    for kw, match in (
+        ({"workers": 0}, "workers"),
+        ({"workers": 2, "link_mbit": -1}, "link_mbit"),
+        ({"workers": 300}, "too small"),
+        ({"workers": 2, "subnet": "10.1.2.3/24"}, "subnet"),
+    ):
         with pytest.raises(TestbedError, match=match):
             Testbed.up(unique_name(), state_dir=state_dir, **kw)
     with pytest.raises(TestbedError, match="bad testbed name"):
@@ -457,10 +502,18 @@ def test_not_root_is_a_clear_error(state_dir, monkeypatch):
 
 def cli(*args, user=None, state_dir=None):
     env = dict(os.environ, PYTHONPATH=ORCH)
-    pre = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"] if user == "nobody" else []
+    pre = (
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"] if user == "nobody" else []
+    )
     sd = ["--state-dir", state_dir] if state_dir else []
-    return subprocess.run([*pre, sys.executable, "-m", "homagg.cli.testbed", *sd, *args],
-                          capture_output=True, text=True, env=env, timeout=60, cwd="/")
+    return subprocess.run(
+        [*pre, sys.executable, "-m", "homagg.cli.testbed", *sd, *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        cwd="/",
+    )
 
 
 def test_cli_as_nobody_says_root_is_needed(state_dir):

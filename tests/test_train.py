@@ -14,6 +14,7 @@
 - A dead aggregator makes DDP's backward pass raise within the timeout,
   naming it; a missing one is a configuration error naming the variable.
 """
+
 import datetime
 import os
 import secrets
@@ -53,12 +54,22 @@ def testbed(tmp_path_factory):
 @pytest.mark.root
 @pytest.mark.netns
 @pytest.mark.dpdk
-@pytest.mark.parametrize("model, ranks, method", [("ncf", 2, "lhc"), ("ncf", 4, "auto"),
-                                                  ("lstm", 2, "auto"), ("lstm", 4, "lhc")])
+@pytest.mark.parametrize(
+    "model, ranks, method",
+    [("ncf", 2, "lhc"), ("ncf", 4, "auto"), ("lstm", 2, "auto"), ("lstm", 4, "lhc")],
+)
 def test_ddp_hook_lossless(testbed, model, ranks, method):
-    rep = trainmod.run_train(testbed.name, model=model, method=method, steps=4, warmup=1,
-                             ranks=ranks, baseline=False, state_dir=testbed.state_dir,
-                             homagg_only=True)
+    rep = trainmod.run_train(
+        testbed.name,
+        model=model,
+        method=method,
+        steps=4,
+        warmup=1,
+        ranks=ranks,
+        baseline=False,
+        state_dir=testbed.state_dir,
+        homagg_only=True,
+    )
     assert rep["ranks"] == ranks
     assert len(rep["losses"]) == 5  # K = 5 steps (one untimed)
     assert rep["params_identical_across_ranks"] is True
@@ -85,8 +96,17 @@ def test_training_with_auth(testbed):
     authenticated, and the run is as exact as without."""
     from homagg import auth
 
-    rep = trainmod.run_train(testbed.name, model="ncf", method="lhc", steps=2, warmup=1,
-                             ranks=2, baseline=False, state_dir=testbed.state_dir, auth=True)
+    rep = trainmod.run_train(
+        testbed.name,
+        model="ncf",
+        method="lhc",
+        steps=2,
+        warmup=1,
+        ranks=2,
+        baseline=False,
+        state_dir=testbed.state_dir,
+        auth=True,
+    )
     assert rep["auth"] is True and rep["mac"] == auth.default_mac_name()
     assert rep["params_identical_across_ranks"] is True
     assert rep["replay_bit_identical"] is True, rep["replay"]
@@ -104,8 +124,16 @@ def test_training_in_a_tree_with_auth(tmp_path_factory):
     from homagg import auth
 
     with dpdk_testbed(tmp_path_factory, "ttree", workers=3, link_mbit=1000, leaves=2) as tb:
-        rep = trainmod.run_train(tb.name, model="ncf", method="lhc", steps=2, warmup=1,
-                                 baseline=False, state_dir=tb.state_dir, auth=True)
+        rep = trainmod.run_train(
+            tb.name,
+            model="ncf",
+            method="lhc",
+            steps=2,
+            warmup=1,
+            baseline=False,
+            state_dir=tb.state_dir,
+            auth=True,
+        )
         assert rep["leaves"] == 2 and rep["ranks"] == 3
         assert rep["auth"] is True and rep["mac"] == auth.default_mac_name()
         assert rep["job_file"] is not None
@@ -138,26 +166,62 @@ def test_train_cli_gloo_baseline_user_model_and_plots(testbed, tmp_path):
         "        while True:\n"
         "            x = torch.randn(32, 8, generator=g)\n"
         "            yield x, (x @ w).unsqueeze(1)\n"
-        "    return model, batches(), torch.nn.MSELoss()\n")
+        "    return model, batches(), torch.nn.MSELoss()\n"
+    )
     out = tmp_path / "out"
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ, PYTHONPATH=os.path.join(repo, "orchestrator"))
-    r = subprocess.run([sys.executable, "-m", "homagg.train.train", "--testbed", testbed.name,
-                        "--state-dir", testbed.state_dir, "--model", f"{user}:factory",
-                        "--method", "dense", "--steps", "3", "--ranks", "2", "--lr", "0.2",
-                        "--out", str(out), "--json"],
-                       capture_output=True, text=True, env=env, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "homagg.train.train",
+            "--testbed",
+            testbed.name,
+            "--state-dir",
+            testbed.state_dir,
+            "--model",
+            f"{user}:factory",
+            "--method",
+            "dense",
+            "--steps",
+            "3",
+            "--ranks",
+            "2",
+            "--lr",
+            "0.2",
+            "--out",
+            str(out),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     rep = json.loads(r.stdout)
-    for k in ("iteration_seconds", "gloo_iteration_seconds", "speedup_vs_gloo",
-              "bytes_per_rank", "losses", "params_identical_across_ranks",
-              "replay_bit_identical", "backward_comm_seconds", "buckets"):
+    for k in (
+        "iteration_seconds",
+        "gloo_iteration_seconds",
+        "speedup_vs_gloo",
+        "bytes_per_rank",
+        "losses",
+        "params_identical_across_ranks",
+        "replay_bit_identical",
+        "backward_comm_seconds",
+        "buckets",
+    ):
         assert k in rep, k
     assert rep["params_identical_across_ranks"] and rep["replay_bit_identical"], rep["replay"]
     assert rep["initial_params_same_in_phases"] is True
     # the per-iteration report: exposed communication, the hook's CPU, threads
-    for k in ("exposed_comm_seconds", "gloo_exposed_comm_seconds",
-              "exposed_after_last_bucket_seconds", "hook_cpu_seconds"):
+    for k in (
+        "exposed_comm_seconds",
+        "gloo_exposed_comm_seconds",
+        "exposed_after_last_bucket_seconds",
+        "hook_cpu_seconds",
+    ):
         assert rep[k] is not None, k
     assert rep["torch_threads"] == hgt.threads_per_rank(2)
     # the cost model's choice (1 Gbit/s links, 2 ranks): the 9-element
@@ -171,7 +235,8 @@ def test_train_cli_gloo_baseline_user_model_and_plots(testbed, tmp_path):
     assert rep["baseline_buckets"] == 4 and rep["replay"]["baseline_buckets"] == 4
     assert rep["replay"]["first_mismatch"] is None
     assert rep["speedup_vs_gloo"] == pytest.approx(
-        rep["gloo_iteration_seconds"] / rep["iteration_seconds"])
+        rep["gloo_iteration_seconds"] / rep["iteration_seconds"]
+    )
     assert len(rep["gloo_losses"]) == len(rep["losses"]) == 4
     assert rep["losses"][-1] < rep["losses"][0]
     for name in ("loss_vs_step.png", "loss_vs_time.png", "train.json"):
@@ -207,15 +272,39 @@ def test_train_link_rate_sweep_builds_a_testbed_per_rate_and_plots(tmp_path):
         "        while True:\n"
         "            yield (torch.randint(0, 20000, (16, 4), generator=g),\n"
         "                   torch.rand(16, 8, generator=g))\n"
-        "    return net, batches(), torch.nn.MSELoss()\n")
+        "    return net, batches(), torch.nn.MSELoss()\n"
+    )
     sd, name, out = str(tmp_path / "testbeds"), "s" + secrets.token_hex(5), tmp_path / "out"
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ, PYTHONPATH=os.path.join(repo, "orchestrator"))
-    r = subprocess.run([sys.executable, "-m", "homagg.train.train", "--link-mbit", "100,1000",
-                        "--workers", "2", "--testbed-name", name, "--state-dir", sd,
-                        "--model", f"{user}:factory", "--steps", "2", "--warmup", "1",
-                        "--out", str(out), "--json"],
-                       capture_output=True, text=True, env=env, timeout=600)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "homagg.train.train",
+            "--link-mbit",
+            "100,1000",
+            "--workers",
+            "2",
+            "--testbed-name",
+            name,
+            "--state-dir",
+            sd,
+            "--model",
+            f"{user}:factory",
+            "--steps",
+            "2",
+            "--warmup",
+            "1",
+            "--out",
+            str(out),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     rep = json.loads(r.stdout)
     assert [(row["link_mbit"], row["ranks"]) for row in rep["results"]] == [(100, 2), (1000, 2)]
@@ -223,7 +312,8 @@ def test_train_link_rate_sweep_builds_a_testbed_per_rate_and_plots(tmp_path):
         assert row["testbed_link_mbit"] == row["link_mbit"] == row["cost"]["link_mbit"]
         assert row["params_identical_across_ranks"] and row["replay_bit_identical"], row
         assert row["speedup_vs_gloo"] == pytest.approx(
-            row["gloo_iteration_seconds"] / row["iteration_seconds"])
+            row["gloo_iteration_seconds"] / row["iteration_seconds"]
+        )
         for b in row["buckets"]:
             # the 160000-element embedding bucket at < 1 % density: HomAgg at both
             # rates, in both timed steps
@@ -239,11 +329,13 @@ def test_train_link_rate_sweep_builds_a_testbed_per_rate_and_plots(tmp_path):
 
 
 def test_train_link_rate_sweep_arguments_name_the_flag(capsys):
-    for argv, words in ((["--link-mbit", "100,fast"], "--link-mbit '100,fast'"),
-                        (["--link-mbit", "0.5"], "each at least 1"),
-                        (["--link-mbit", "100", "--no-baseline"], "--no-baseline"),
-                        (["--link-mbit", "100", "--method", "gloo"], "--method gloo"),
-                        (["--link-mbit", "100", "--ranks", "2"], "--workers")):
+    for argv, words in (
+        (["--link-mbit", "100,fast"], "--link-mbit '100,fast'"),
+        (["--link-mbit", "0.5"], "each at least 1"),
+        (["--link-mbit", "100", "--no-baseline"], "--no-baseline"),
+        (["--link-mbit", "100", "--method", "gloo"], "--method gloo"),
+        (["--link-mbit", "100", "--ranks", "2"], "--workers"),
+    ):
         assert trainmod._standalone(argv) == 1
         err = capsys.readouterr().err
         assert err.startswith("homagg train: ") and words in err, err
@@ -286,8 +378,13 @@ def test_testbed_up_job_file_trains_vgg_and_bert_over_two_aggregators(tmp_path):
     env = dict(os.environ, PYTHONPATH=os.path.join(repo, "orchestrator"))
 
     def cli(*args):
-        return subprocess.run([sys.executable, "-m", "homagg.cli.testbed", "--state-dir", sd,
-                               *args], capture_output=True, text=True, env=env, timeout=120)
+        return subprocess.run(
+            [sys.executable, "-m", "homagg.cli.testbed", "--state-dir", sd, *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )
 
     models = tmp_path / "tiny.py"
     models.write_text(TINY_MODELS)
@@ -302,7 +399,9 @@ def test_testbed_up_job_file_trains_vgg_and_bert_over_two_aggregators(tmp_path):
         assert fields["aggregator"] == "10.77.0.1:48879,10.77.0.2:48879"
         assert fields["workers"] == 2 and fields["job"] == tb.state()["job"]["job"]
         assert hgt.job_config({"HOMAGG_JOB_FILE": path})["aggregators"] == [
-            ("10.77.0.1", 48879), ("10.77.0.2", 48879)]
+            ("10.77.0.1", 48879),
+            ("10.77.0.2", 48879),
+        ]
         daemons = tb.state()["daemons"]
         assert sorted(daemons) == ["agg", "agg1"]
         assert {d["pid"] for d in daemons.values()} <= {p["pid"] for p in tb.state()["processes"]}
@@ -312,9 +411,18 @@ def test_testbed_up_job_file_trains_vgg_and_bert_over_two_aggregators(tmp_path):
 
         for model, lr in (("vgg", 0.2), ("bert", 0.1)):
             before = completed()
-            rep = trainmod.run_train(name, model=f"{models}:{model}", method="auto", steps=2,
-                                     warmup=0, baseline=False, lr=lr, bucket_mb=0.05,
-                                     state_dir=sd, homagg_only=True)
+            rep = trainmod.run_train(
+                name,
+                model=f"{models}:{model}",
+                method="auto",
+                steps=2,
+                warmup=0,
+                baseline=False,
+                lr=lr,
+                bucket_mb=0.05,
+                state_dir=sd,
+                homagg_only=True,
+            )
             assert rep["job_file"] == path and rep["aggregators"] == ["10.77.0.1", "10.77.0.2"]
             assert rep["params_identical_across_ranks"] is True, model
             assert rep["replay_bit_identical"] is True, rep["replay"]
@@ -326,7 +434,8 @@ def test_testbed_up_job_file_trains_vgg_and_bert_over_two_aggregators(tmp_path):
                 # the sparse ones (ReLU zeros half of the first layers' gradient)
                 by_density = sorted(rep["buckets"], key=lambda b: b["density"])
                 assert by_density[-1]["density"] > 0.99 and by_density[-1]["methods"] == {
-                    "dense": 1}, by_density
+                    "dense": 1
+                }, by_density
                 assert by_density[0]["density"] < 0.7 and "dense" not in by_density[0]["methods"]
         r = cli("job", "--name", name)  # afresh for a next run: same id, same file
         assert r.returncode == 0 and f"job {fields['job']} registered afresh" in r.stdout, r.stderr
@@ -371,7 +480,7 @@ class FakeBucket:
     def gradients(self):
         out, off = [], 0
         for p in self._params:
-            out.append(self._buffer[off:off + p.numel()].view(p.shape))
+            out.append(self._buffer[off : off + p.numel()].view(p.shape))
             off += p.numel()
         return out
 
@@ -403,9 +512,15 @@ def _run_ranks(testbed, sw, fn, W=2, timeout=5.0, method="auto", sparsify=None):
         h = testbed.workers[r]
         setns(h.netns, flags=0)  # this thread only
         try:
-            with Worker(job=jobid, token=token, worker=r, workers=W,
-                        aggregator=(testbed.aggregator.ip, runmod.UDP_PORT),
-                        bind=(h.ip, 0), timeout=timeout) as wk:
+            with Worker(
+                job=jobid,
+                token=token,
+                worker=r,
+                workers=W,
+                aggregator=(testbed.aggregator.ip, runmod.UDP_PORT),
+                bind=(h.ip, 0),
+                timeout=timeout,
+            ) as wk:
                 state = hgt.HookState(wk, method=method, sparsify=sparsify)
                 results[r] = fn(r, state)
         except Exception as exc:  # noqa: BLE001 - reported below
@@ -436,9 +551,15 @@ def test_hook_dtypes_and_bucket_shapes_bit_exact(testbed, job):
     element, an all-zero bucket and uneven sizes, in one sequence of calls:
     every rank gets oracle_sum / W cast to the bucket's dtype, bit for bit."""
     W = 2
-    shapes = [(1, torch.float32), (4097, torch.float32), (0, torch.float32),
-              (70_001, torch.float16), (9_000, torch.bfloat16), (3, torch.float32),
-              (10_000, torch.float32)]
+    shapes = [
+        (1, torch.float32),
+        (4097, torch.float32),
+        (0, torch.float32),
+        (70_001, torch.float16),
+        (9_000, torch.bfloat16),
+        (3, torch.float32),
+        (10_000, torch.float32),
+    ]
 
     def data(r):
         rng = np.random.default_rng(100 + r)
@@ -514,8 +635,9 @@ def test_nc_and_sparsifier_converge_within_band_of_exact(testbed, job):
     start = exact[0][0]
     assert exact[0][-1] < 1e-4 * start
     nc = _run_ranks(testbed, job, lambda r, s: _toy_train(s, r, shards), method="nc")
-    topk = _run_ranks(testbed, job, lambda r, s: _toy_train(s, r, shards), method="auto",
-                      sparsify=hgt.TopK(0.25))
+    topk = _run_ranks(
+        testbed, job, lambda r, s: _toy_train(s, r, shards), method="auto", sparsify=hgt.TopK(0.25)
+    )
     for run, band in ((nc, 0.10), (topk, 0.30)):
         assert np.array_equal(run[0], run[1]), "ranks disagree"
         assert np.max(np.abs(run[0] - exact[0])) <= band * start
@@ -551,17 +673,25 @@ def test_missing_aggregator_is_a_configuration_error_naming_it(tmp_path):
     with pytest.raises(hgt.ConfigError, match="HOMAGG_JOB_FILE"):
         hgt.job_config({"HOMAGG_JOB_FILE": str(tmp_path / "none.json")})
     with pytest.raises(hgt.ConfigError, match="HOMAGG_TIMEOUT"):
-        hgt.job_config({"HOMAGG_AGGREGATOR": "10.0.0.1", "HOMAGG_JOB": "1",
-                        "HOMAGG_TOKEN": "2", "HOMAGG_TIMEOUT": "soon"})
-    path = hgt.write_job_file(str(tmp_path / "job.json"), aggregator=("10.1.2.3", 4000),
-                              job=5, token=6, timeout=2.5)
+        hgt.job_config(
+            {
+                "HOMAGG_AGGREGATOR": "10.0.0.1",
+                "HOMAGG_JOB": "1",
+                "HOMAGG_TOKEN": "2",
+                "HOMAGG_TIMEOUT": "soon",
+            }
+        )
+    path = hgt.write_job_file(
+        str(tmp_path / "job.json"), aggregator=("10.1.2.3", 4000), job=5, token=6, timeout=2.5
+    )
     conf = hgt.job_config({"HOMAGG_JOB_FILE": path, "HOMAGG_TOKEN": "7"})
     assert conf["aggregator"] == ("10.1.2.3", 4000) and conf["job"] == 5
     assert conf["token"] == 7 and conf["timeout"] == 2.5  # the variable wins
     assert os.stat(path).st_mode & 0o777 == 0o600  # it holds the token
     # a job over two aggregators, in shard order; a malformed one is named
-    path = hgt.write_job_file(path, aggregator=[("10.1.2.3", 4000), ("10.1.2.4", 4000)],
-                              job=5, token=6, workers=2)
+    path = hgt.write_job_file(
+        path, aggregator=[("10.1.2.3", 4000), ("10.1.2.4", 4000)], job=5, token=6, workers=2
+    )
     conf = hgt.job_config({"HOMAGG_JOB_FILE": path})
     assert conf["aggregators"] == [("10.1.2.3", 4000), ("10.1.2.4", 4000)]
     assert conf["workers"] == 2
@@ -588,12 +718,22 @@ def test_dead_aggregator_raises_in_backward_within_timeout_naming_it(caplog):
     from homagg.errors import PeerTimeout
 
     dead = f"127.0.0.1:{_free_port()}"
-    env = {"HOMAGG_AGGREGATOR": dead, "HOMAGG_JOB": "3", "HOMAGG_TOKEN": "4",
-           "HOMAGG_TIMEOUT": "1.0", "HOMAGG_BIND": "127.0.0.1"}
+    env = {
+        "HOMAGG_AGGREGATOR": dead,
+        "HOMAGG_JOB": "3",
+        "HOMAGG_TOKEN": "4",
+        "HOMAGG_TIMEOUT": "1.0",
+        "HOMAGG_BIND": "127.0.0.1",
+    }
     store = tempfile.NamedTemporaryFile(delete=False)
     store.close()
-    dist.init_process_group("gloo", init_method=f"file://{store.name}", rank=0, world_size=1,
-                            timeout=datetime.timedelta(seconds=30))
+    dist.init_process_group(
+        "gloo",
+        init_method=f"file://{store.name}",
+        rank=0,
+        world_size=1,
+        timeout=datetime.timedelta(seconds=30),
+    )
     try:
         with pytest.raises(hgt.ConfigError, match="2 workers.*world size is 1"):
             hgt.HookState(env=dict(env, HOMAGG_WORKERS="2"))
@@ -627,8 +767,13 @@ def test_dead_aggregator_raises_in_backward_within_timeout_naming_it(caplog):
         local(x).sum().backward()
         for a, b in zip(model.module.parameters(), local.parameters()):
             assert torch.equal(a.grad, b.grad)
-        assert state.counters == {"homagg_failures": 1, "fallback_buckets": 1, "retries": 0,
-                                  "baseline_buckets": 0, "density_agreements": 0}
+        assert state.counters == {
+            "homagg_failures": 1,
+            "fallback_buckets": 1,
+            "retries": 0,
+            "baseline_buckets": 0,
+            "density_agreements": 0,
+        }
         assert [e["path"] for e in state.take_log()] == ["fallback"]
         assert dead in caplog.text and "process group's allreduce" in caplog.text
         time.sleep(0.02)  # past the back-off: the next bucket tries HomAgg again
@@ -649,13 +794,14 @@ def test_replay_names_the_first_step_and_parameter_that_differ(tmp_path):
     import json
 
     user = tmp_path / "lin.py"
-    user.write_text("import torch\n"
-                    "def factory(rank, world_size, seed):\n"
-                    "    return torch.nn.Linear(4, 2), iter(()), torch.nn.MSELoss()\n")
+    user.write_text(
+        "import torch\n"
+        "def factory(rank, world_size, seed):\n"
+        "    return torch.nn.Linear(4, 2), iter(()), torch.nn.MSELoss()\n"
+    )
     W, lr, steps = 2, 0.1, 3
     net = torch.nn.Linear(4, 2)
-    np.savez(tmp_path / "init-0.npz", **{n: p.detach().numpy() for n, p in
-                                         net.named_parameters()})
+    np.savez(tmp_path / "init-0.npz", **{n: p.detach().numpy() for n, p in net.named_parameters()})
     opt = torch.optim.SGD(net.parameters(), lr=lr)
     rng = np.random.default_rng(4)
     grads, layout, digests = [{}, {}], [], []
@@ -669,8 +815,10 @@ def test_replay_names_the_first_step_and_parameter_that_differ(tmp_path):
         net.bias.grad = torch.from_numpy(y[8:].copy())
         opt.step()
         digests.append({n: trainmod._digest(p) for n, p in net.named_parameters()})
-    np.savez(tmp_path / "params-dense-0.npz", **{n: p.detach().numpy() for n, p in
-                                                 net.named_parameters()})
+    np.savez(
+        tmp_path / "params-dense-0.npz",
+        **{n: p.detach().numpy() for n, p in net.named_parameters()},
+    )
     with open(tmp_path / "digests-0.json", "w") as f:
         json.dump(digests, f)
     for r in range(W):
@@ -702,13 +850,26 @@ def test_the_standing_job_is_used_only_when_it_fits():
     when it is the one asked for: an explicit --slots, --payload-bytes or
     --timeout, a tree, other aggregators or --auth on an unauthenticated
     job give the run a job of its own (none is silently ignored)."""
-    job = {"workers": 2, "aggregator": "10.0.0.1:48879,10.0.0.2:48879", "slots": 64,
-           "payload": 1024, "timeout": 10.0, "auth_file": ""}
+    job = {
+        "workers": 2,
+        "aggregator": "10.0.0.1:48879,10.0.0.2:48879",
+        "slots": 64,
+        "payload": 1024,
+        "timeout": 10.0,
+        "auth_file": "",
+    }
     fits = dict(W=2, count=2, leaves=0, auth=False, slots=None, payload=1024, timeout=10.0)
     assert trainmod._fits(job, **fits)
     assert trainmod._fits(job, **dict(fits, slots=64))
-    for change in (dict(W=3), dict(count=1), dict(leaves=1), dict(auth=True), dict(slots=32),
-                   dict(payload=512), dict(timeout=5.0)):
+    for change in (
+        dict(W=3),
+        dict(count=1),
+        dict(leaves=1),
+        dict(auth=True),
+        dict(slots=32),
+        dict(payload=512),
+        dict(timeout=5.0),
+    ):
         assert not trainmod._fits(job, **dict(fits, **change)), change
     assert trainmod._fits(dict(job, auth_file="/x/job.secret"), **dict(fits, auth=True))
 
@@ -723,13 +884,14 @@ def test_replay_applies_the_group_result_of_a_baseline_bucket(tmp_path):
     import json
 
     user = tmp_path / "lin.py"
-    user.write_text("import torch\n"
-                    "def factory(rank, world_size, seed):\n"
-                    "    return torch.nn.Linear(4, 2), iter(()), torch.nn.MSELoss()\n")
+    user.write_text(
+        "import torch\n"
+        "def factory(rank, world_size, seed):\n"
+        "    return torch.nn.Linear(4, 2), iter(()), torch.nn.MSELoss()\n"
+    )
     W, lr = 2, 0.1
     net = torch.nn.Linear(4, 2)
-    np.savez(tmp_path / "init-0.npz", **{n: p.detach().numpy() for n, p in
-                                         net.named_parameters()})
+    np.savez(tmp_path / "init-0.npz", **{n: p.detach().numpy() for n, p in net.named_parameters()})
     opt = torch.optim.SGD(net.parameters(), lr=lr)
     rng = np.random.default_rng(5)
     grads, layout, digests = [{}, {}], [], []
@@ -748,8 +910,9 @@ def test_replay_applies_the_group_result_of_a_baseline_bucket(tmp_path):
         net.bias.grad = torch.from_numpy(y[8:].copy())
         opt.step()
         digests.append({n: trainmod._digest(p) for n, p in net.named_parameters()})
-    np.savez(tmp_path / "params-auto-0.npz", **{n: p.detach().numpy() for n, p in
-                                                net.named_parameters()})
+    np.savez(
+        tmp_path / "params-auto-0.npz", **{n: p.detach().numpy() for n, p in net.named_parameters()}
+    )
     with open(tmp_path / "digests-0.json", "w") as f:
         json.dump(digests, f)
     for r in range(W):
@@ -794,17 +957,25 @@ def _baseline_rank(rank, world, store, out):
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=60))
+    dist.init_process_group(
+        "gloo",
+        init_method=f"file://{store}",
+        rank=rank,
+        world_size=world,
+        timeout=datetime.timedelta(seconds=60),
+    )
     try:
         torch.manual_seed(0)
-        a = torch.nn.Sequential(torch.nn.Linear(512, 256), torch.nn.ReLU(),
-                                torch.nn.Linear(256, 4000))
-        b = torch.nn.Sequential(torch.nn.Linear(512, 256), torch.nn.ReLU(),
-                                torch.nn.Linear(256, 4000))
+        a = torch.nn.Sequential(
+            torch.nn.Linear(512, 256), torch.nn.ReLU(), torch.nn.Linear(256, 4000)
+        )
+        b = torch.nn.Sequential(
+            torch.nn.Linear(512, 256), torch.nn.ReLU(), torch.nn.Linear(256, 4000)
+        )
         b.load_state_dict(a.state_dict())
-        local = torch.nn.Sequential(torch.nn.Linear(512, 256), torch.nn.ReLU(),
-                                    torch.nn.Linear(256, 4000))
+        local = torch.nn.Sequential(
+            torch.nn.Linear(512, 256), torch.nn.ReLU(), torch.nn.Linear(256, 4000)
+        )
         local.load_state_dict(a.state_dict())  # this rank's own gradient, no DDP
         hooked, plain = DDP(a, bucket_cap_mb=1), DDP(b, bucket_cap_mb=1)
         position = {id(p): i for i, p in enumerate(a.parameters())}
@@ -846,12 +1017,20 @@ def _baseline_rank(rank, world, store, out):
             for p in lp:
                 p.grad = None
         log = state.take_log()
-        torch.save({"same": same, "paths": [e["path"] for e in log],
-                    "sizes": sorted({(e["bucket"], e["numel"]) for e in log}),
-                    "counters": state.counters, "started": started,
-                    "recorded": [r[0] for r in records], "handed_over": handed_over,
-                    "inputs_local": inputs_local, "nnz": [e["nnz"] for e in log]},
-                   f"{out}-{rank}.pt")
+        torch.save(
+            {
+                "same": same,
+                "paths": [e["path"] for e in log],
+                "sizes": sorted({(e["bucket"], e["numel"]) for e in log}),
+                "counters": state.counters,
+                "started": started,
+                "recorded": [r[0] for r in records],
+                "handed_over": handed_over,
+                "inputs_local": inputs_local,
+                "nnz": [e["nnz"] for e in log],
+            },
+            f"{out}-{rank}.pt",
+        )
         state.close()
     finally:
         dist.destroy_process_group()
@@ -878,12 +1057,14 @@ def test_baseline_buckets_give_plain_ddp_gradients(tmp_path):
         # a bucket's first call agrees its count on the hook's thread, which
         # starts its allreduce; the later calls start it from DDP's thread
         nb = len(res["sizes"])
-        assert [n.startswith("homagg-hook") for n in res["started"]] == \
-            [True] * nb + [False] * (len(res["paths"]) - nb), res["started"]
+        assert [n.startswith("homagg-hook") for n in res["started"]] == [True] * nb + [False] * (
+            len(res["paths"]) - nb
+        ), res["started"]
         # the recorder: every bucket in DDP's order of hand-over, its input
         # this rank's own gradient bit for bit (not the sum the group wrote
         # in place)
-        assert res["recorded"] == res["handed_over"] and len(res["recorded"]) == len(res["paths"]), \
-            (res["recorded"], res["handed_over"])
+        assert res["recorded"] == res["handed_over"] and len(res["recorded"]) == len(
+            res["paths"]
+        ), (res["recorded"], res["handed_over"])
         assert res["inputs_local"] and all(res["inputs_local"]), res["inputs_local"]
         assert all(v is not None for v in res["nnz"])  # counted from the recorder's copy

@@ -17,6 +17,7 @@ bucket that went through HomAgg equals the numpy fixed-point oracle
 (tests/reference.py) of the ranks' recorded inputs / W, bit for bit, and
 every bucket is bit-identical across ranks.
 """
+
 import os
 from pathlib import Path
 import secrets
@@ -71,8 +72,14 @@ def _job_file(sw, W, path, timeout=10.0):
     progress before a HomAgg call fails (generous: the host is shared and
     busy, ranks may reach a bucket seconds apart)."""
     jobid, token = _register(sw, W)
-    hgt.write_job_file(str(path), aggregator=(sw.ip, runmod.UDP_PORT), job=jobid, token=token,
-                       workers=W, timeout=timeout)
+    hgt.write_job_file(
+        str(path),
+        aggregator=(sw.ip, runmod.UDP_PORT),
+        job=jobid,
+        token=token,
+        workers=W,
+        timeout=timeout,
+    )
     return jobid, token
 
 
@@ -92,9 +99,11 @@ def jobs(switch):
 
 
 def _env(extra):
-    env = dict(os.environ, OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join([os.path.join(os.path.dirname(HERE), "orchestrator"),
-                                           HERE]))
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=os.pathsep.join([os.path.join(os.path.dirname(HERE), "orchestrator"), HERE]),
+    )
     env.update(extra)
     return env
 
@@ -104,12 +113,28 @@ def _start(testbed, scenario, W, outdir, job_path):
     procs = []
     for r in range(W):
         h = testbed.workers[r]
-        env = _env({"RANK": str(r), "WORLD_SIZE": str(W), "MASTER_ADDR": testbed.workers[0].ip,
-                    "MASTER_PORT": str(port), "HOMAGG_JOB_FILE": str(job_path),
-                    "HOMAGG_BIND": h.ip, "GLOO_SOCKET_IFNAME": h.ifname})
-        procs.append(testbed.run_in(h.name, [sys.executable, SCENARIOS, scenario, str(outdir)],
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                    env=env, cwd=str(outdir)))
+        env = _env(
+            {
+                "RANK": str(r),
+                "WORLD_SIZE": str(W),
+                "MASTER_ADDR": testbed.workers[0].ip,
+                "MASTER_PORT": str(port),
+                "HOMAGG_JOB_FILE": str(job_path),
+                "HOMAGG_BIND": h.ip,
+                "GLOO_SOCKET_IFNAME": h.ifname,
+            }
+        )
+        procs.append(
+            testbed.run_in(
+                h.name,
+                [sys.executable, SCENARIOS, scenario, str(outdir)],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=env,
+                cwd=str(outdir),
+            )
+        )
     return procs
 
 
@@ -145,8 +170,7 @@ def _bits(t):
 
 def _check(outdir, W):
     """The checks of the module doc; returns the ranks' results."""
-    res = [torch.load(os.path.join(outdir, f"rank-{r}.pt"), weights_only=False)
-           for r in range(W)]
+    res = [torch.load(os.path.join(outdir, f"rank-{r}.pt"), weights_only=False) for r in range(W)]
     for r in range(1, W):
         for pa, pb in zip(res[0]["params"], res[r]["params"]):
             for a, b in zip(pa, pb):
@@ -160,8 +184,7 @@ def _check(outdir, W):
             assert torch.equal(_bits(c[k]["y"]), _bits(calls[0][k]["y"])), k
         if paths == {"homagg"}:
             want = oracle_allreduce([c[k]["x"].numpy() for c in calls], BLOCK) / np.float32(W)
-            assert np.array_equal(calls[0][k]["y"].numpy().view(np.uint32),
-                                  want.view(np.uint32)), k
+            assert np.array_equal(calls[0][k]["y"].numpy().view(np.uint32), want.view(np.uint32)), k
         else:  # the process group's float32 sum / W: within its rounding of the exact one
             xs = np.stack([c[k]["x"].numpy() for c in calls]).astype(np.float64)
             bound = (W + 1) * np.finfo(np.float32).eps * np.abs(xs).sum(axis=0) / W
@@ -190,7 +213,8 @@ def test_training_job_features_exact(testbed, jobs, tmp_path, scenario, W):
 
 
 def test_cost_model_sends_a_dense_bucket_at_10g_through_gloo_and_a_sparse_one_at_100m_through_homagg(
-        testbed, jobs, tmp_path):
+    testbed, jobs, tmp_path
+):
     """HookState(cost=...) on 2 ranks: a dense 131072-element bucket with
     10 Gbit/s registered goes through the process group (ring's predicted
     time below HomAgg's bound), an 800000-element embedding bucket at
@@ -217,8 +241,9 @@ def test_cost_model_sends_a_dense_bucket_at_10g_through_gloo_and_a_sparse_one_at
         w = res[0]["init"][k].clone()
         for i in range(3 * k, 3 * k + 3):
             if calls[i]["path"] == "homagg":
-                y = oracle_allreduce([rr["records"][i]["x"].numpy() for rr in res],
-                                     BLOCK) / np.float32(W)
+                y = oracle_allreduce(
+                    [rr["records"][i]["x"].numpy() for rr in res], BLOCK
+                ) / np.float32(W)
             else:
                 y = calls[i]["y"].numpy()
             p = torch.nn.Parameter(w)
@@ -238,12 +263,28 @@ def test_torchrun_with_the_job_file_only(testbed, jobs, tmp_path):
     env = _env({"HOMAGG_JOB_FILE": str(tmp_path / "job.json"), "GLOO_SOCKET_IFNAME": h.ifname})
     for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "HOMAGG_BIND"):
         env.pop(k, None)
-    p = testbed.run_in(h.name, [sys.executable, "-m", "torch.distributed.run",
-                                "--nproc-per-node", str(W), "--master-addr", h.ip,
-                                "--master-port", str(29000 + secrets.randbelow(3000)),
-                                SCENARIOS, "plain", str(tmp_path)],
-                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                       cwd=str(tmp_path))
+    p = testbed.run_in(
+        h.name,
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            str(W),
+            "--master-addr",
+            h.ip,
+            "--master-port",
+            str(29000 + secrets.randbelow(3000)),
+            SCENARIOS,
+            "plain",
+            str(tmp_path),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=str(tmp_path),
+    )
     _finish([p])
     res = _check(tmp_path, W)
     assert {c["path"] for c in res[0]["records"]} == {"homagg"}
@@ -337,9 +378,19 @@ def test_backend_delegates_every_collective_without_the_gil():
 
     from homagg import torch_backend as tb
 
-    routed = ("allgather", "allgather_into_tensor_coalesced", "allreduce", "allreduce_coalesced",
-              "alltoall_base", "barrier", "broadcast", "reduce_scatter",
-              "reduce_scatter_tensor_coalesced", "send", "recv")
+    routed = (
+        "allgather",
+        "allgather_into_tensor_coalesced",
+        "allreduce",
+        "allreduce_coalesced",
+        "alltoall_base",
+        "barrier",
+        "broadcast",
+        "reduce_scatter",
+        "reduce_scatter_tensor_coalesced",
+        "send",
+        "recv",
+    )
     own = vars(tb.HomAggProcessGroup)
     assert [n for n in routed if n not in own] == []
     for name in tb.DELEGATED:
@@ -357,8 +408,7 @@ def test_backend_all_reduce_exact_and_delegates(testbed, jobs, tmp_path, W):
     do not hang."""
     jobs(W, tmp_path / "job.json")
     _finish(_start(testbed, "backend", W, tmp_path, tmp_path / "job.json"), logdir=tmp_path)
-    res = [torch.load(os.path.join(tmp_path, f"rank-{r}.pt"), weights_only=False)
-           for r in range(W)]
+    res = [torch.load(os.path.join(tmp_path, f"rank-{r}.pt"), weights_only=False) for r in range(W)]
     for k, case in enumerate(res[0]["reduced"]):
         xs = [rr["reduced"][k]["x"].to(torch.float32).numpy() for rr in res]
         want = oracle_allreduce(xs, BLOCK)

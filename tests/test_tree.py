@@ -8,6 +8,7 @@ duplication and reordering on every link, the root's included; nothing
 is summed twice at either level; a dead leaf or a dead root is reported
 within the timeout; the codec keeps the job's worker ids.
 """
+
 import numpy as np
 import pytest
 
@@ -39,8 +40,7 @@ def assert_summed_once(cl, workers):
     *leaves, root = engines(cl)
     for eng in leaves + [root]:
         # every received frame has exactly one outcome, root replies too
-        assert eng["received"] == sum(v for k, v in eng.items()
-                                      if k not in NOT_FRAME_OUTCOMES), eng
+        assert eng["received"] == sum(v for k, v in eng.items() if k not in NOT_FRAME_OUTCOMES), eng
     for l, (eng, w) in enumerate(zip(leaves, leaf_sizes(workers, len(leaves)))):
         assert eng["summed"] == w * eng["completed"], (l, eng)
         # every set it sent up came back with the root's result
@@ -71,8 +71,9 @@ def test_heavy_loss_between_leaves_and_root(method):
     replay; exact, nothing summed twice."""
     W = 6
     grads = make_grads(W, 30000, density=0.1, seed=51)
-    with Cluster(workers=W, leaves=3, seed=9, slots=4, loss=0.1, duplicate=0.05,
-                 reorder=0.05) as cl:
+    with Cluster(
+        workers=W, leaves=3, seed=9, slots=4, loss=0.1, duplicate=0.05, reorder=0.05
+    ) as cl:
         check_result(cl.allreduce(grads, method=method, block_elements=BLOCK), grads)
         assert_summed_once(cl, W)
         *leaves, root = engines(cl)
@@ -94,8 +95,17 @@ def test_tree_with_auth_is_exact_under_loss(mac):
         require_gmac(auth.default_mac_name() == "aes-gmac")
     W = 6
     grads = make_grads(W, 20000, density=0.1, seed=53)
-    with Cluster(workers=W, leaves=3, seed=10, slots=4, loss=0.05, duplicate=0.05,
-                 reorder=0.05, auth=True, mac=mac) as cl:
+    with Cluster(
+        workers=W,
+        leaves=3,
+        seed=10,
+        slots=4,
+        loss=0.05,
+        duplicate=0.05,
+        reorder=0.05,
+        auth=True,
+        mac=mac,
+    ) as cl:
         check_result(cl.allreduce(grads, method="lhc", block_elements=BLOCK), grads)
         assert_summed_once(cl, W)
         *leaves, root = engines(cl)
@@ -150,8 +160,11 @@ def test_codec_keeps_the_jobs_worker_ids():
     outs = []
     for leaves in (0, 3):
         with Cluster(workers=W, leaves=leaves, seed=3) as cl:
-            outs.append(cl.allreduce(grads, method="dense", block_elements=BLOCK,
-                                     stochastic=True, seed=77).sum)
+            outs.append(
+                cl.allreduce(
+                    grads, method="dense", block_elements=BLOCK, stochastic=True, seed=77
+                ).sum
+            )
     assert_bits_equal(outs[1], outs[0])
 
 
@@ -211,8 +224,10 @@ def test_root_restart_ends_the_allreduce_and_the_retry_is_exact():
         for f in ei.value.failures:
             assert f.code == -errno.ECONNRESET
             leaf = "10.0.0.1" if f.worker < 2 else "10.0.1.1"
-            assert (f"aggregator {leaf}:48879 restarted during the allreduce "
-                    "(incarnation 1000, now 1001)") in str(f), str(f)
+            assert (
+                f"aggregator {leaf}:48879 restarted during the allreduce "
+                "(incarnation 1000, now 1001)"
+            ) in str(f), str(f)
         *leaves, _root = engines(cl)
         assert [e["up_root_restarts"] for e in leaves] == [1, 1]
         res = cl.allreduce(grads, method="dense", block_elements=BLOCK)
@@ -225,8 +240,9 @@ def test_leaves_stop_resending_after_the_give_up_time():
     workers still wait."""
     W = 4
     grads = make_grads(W, 3000, density=1.0, seed=58, zero_blocks=False)
-    with Cluster(workers=W, leaves=2, seed=4, timeout=0.06, slots=8, up_rto=1e-3,
-                 up_give_up=0.01) as cl:
+    with Cluster(
+        workers=W, leaves=2, seed=4, timeout=0.06, slots=8, up_rto=1e-3, up_give_up=0.01
+    ) as cl:
         cl.kill_aggregator(2)
         with pytest.raises(PeerTimeout):
             cl.allreduce(grads, method="dense", block_elements=BLOCK)
@@ -247,8 +263,14 @@ def test_replies_to_a_leaf_only_from_its_root():
     grads = make_grads(W, 5000, density=0.5, seed=57)
     with Cluster(workers=W, leaves=2, seed=5, slots=8) as cl:
         for flags in (lib_flag("RESULT"), lib_flag("STATUS")):
-            cl.inject(cl.build_frame(flags=flags, payload=b"\0" * 1024 if flags == lib_flag("RESULT")
-                                     else b"\xff", lanes=256, worker=0xFFFF))
+            cl.inject(
+                cl.build_frame(
+                    flags=flags,
+                    payload=b"\0" * 1024 if flags == lib_flag("RESULT") else b"\xff",
+                    lanes=256,
+                    worker=0xFFFF,
+                )
+            )
         check_result(cl.allreduce(grads, method="dense", block_elements=BLOCK), grads)
         leaf0 = cl.aggregator_counters(0)["engine"]
         assert leaf0["bad_flags"] == 2
@@ -280,6 +302,7 @@ def test_bad_tree_configurations():
 
 # ---- the DPDK testbed: two leaf daemons and a root daemon -----------------
 
+
 @pytest.mark.root
 @pytest.mark.netns
 @pytest.mark.dpdk
@@ -308,8 +331,15 @@ def test_testbed_tree_of_dpdk_daemons(tmp_path):
     try:
         assert [h.name for h in tb.aggregators] == ["agg", "agg1", "agg2"]
         for method in ("dense", "lhc"):
-            rep = runmod.run_allreduce(name, method, elements=40_000, density=0.05,
-                                       workload="random", seed=11, state_dir=sd)
+            rep = runmod.run_allreduce(
+                name,
+                method,
+                elements=40_000,
+                density=0.05,
+                workload="random",
+                seed=11,
+                state_dir=sd,
+            )
             assert rep["exact"] is True, rep["exact_per_worker"]
             assert rep["leaves"] == 2
             roles = {a["host"]: a["role"] for a in rep["aggregators"]}
@@ -323,8 +353,9 @@ def test_testbed_tree_of_dpdk_daemons(tmp_path):
             assert root["summed"] == 2 * root["completed"], root
             assert tb.state()["processes"] == []
         with pytest.raises(runmod.RunError, match="exclude each other"):
-            runmod.run_allreduce(name, "dense", elements=100, density=1.0, state_dir=sd,
-                                 aggregators=2)
+            runmod.run_allreduce(
+                name, "dense", elements=100, density=1.0, state_dir=sd, aggregators=2
+            )
     finally:
         Testbed.down(name, state_dir=sd)
 
@@ -345,50 +376,89 @@ def test_register_tree_requests_and_job_files(tmp_path):
             if fail and req["cmd"] == "add_job":
                 raise ConfigError("refused")
             return {}
+
         return c
 
-    aggs = [("10.0.0.1", 48879, "02:00:00:00:00:01"), ("10.0.0.2", 48879, "02:00:00:00:00:02"),
-            ("10.0.0.3", 48879, "02:00:00:00:00:03")]
-    files = job_file.register_tree([control(k) for k in range(3)], aggs, leaves=2, workers=5,
-                                   slots=8, payload=512, group="239.1.0.1", timeout=3.0,
-                                   rto=0.002, job=77, token=99)
+    aggs = [
+        ("10.0.0.1", 48879, "02:00:00:00:00:01"),
+        ("10.0.0.2", 48879, "02:00:00:00:00:02"),
+        ("10.0.0.3", 48879, "02:00:00:00:00:03"),
+    ]
+    files = job_file.register_tree(
+        [control(k) for k in range(3)],
+        aggs,
+        leaves=2,
+        workers=5,
+        slots=8,
+        payload=512,
+        group="239.1.0.1",
+        timeout=3.0,
+        rto=0.002,
+        job=77,
+        token=99,
+    )
     # leaf 0 serves workers 0, 1 (floor(5/2) = 2), leaf 1 workers 2, 3, 4
     leaf0, leaf1, root = (s[0] for s in seen)
-    assert leaf0 == {"cmd": "add_job", "job": 77, "token": 99, "slots": 8, "payload": 512,
-                     "workers": 2, "group": "239.1.0.1",
-                     "parent": {"ip": "10.0.0.3", "mac": "02:00:00:00:00:03", "worker": 0,
-                                "rto_us": 2000}}
+    assert leaf0 == {
+        "cmd": "add_job",
+        "job": 77,
+        "token": 99,
+        "slots": 8,
+        "payload": 512,
+        "workers": 2,
+        "group": "239.1.0.1",
+        "parent": {"ip": "10.0.0.3", "mac": "02:00:00:00:00:03", "worker": 0, "rto_us": 2000},
+    }
     assert leaf1["workers"] == 3 and leaf1["group"] == "239.1.1.1"
     assert leaf1["parent"]["worker"] == 1
-    assert root == {"cmd": "add_job", "job": 77, "token": 99, "slots": 8, "payload": 512,
-                    "workers": 2}
-    expect = [("10.0.0.1:48879", "239.1.0.1", [0, 2]), ("10.0.0.1:48879", "239.1.0.1", [1, 2]),
-              ("10.0.0.2:48879", "239.1.1.1", [0, 3]), ("10.0.0.2:48879", "239.1.1.1", [1, 3]),
-              ("10.0.0.2:48879", "239.1.1.1", [2, 3])]
+    assert root == {
+        "cmd": "add_job",
+        "job": 77,
+        "token": 99,
+        "slots": 8,
+        "payload": 512,
+        "workers": 2,
+    }
+    expect = [
+        ("10.0.0.1:48879", "239.1.0.1", [0, 2]),
+        ("10.0.0.1:48879", "239.1.0.1", [1, 2]),
+        ("10.0.0.2:48879", "239.1.1.1", [0, 3]),
+        ("10.0.0.2:48879", "239.1.1.1", [1, 3]),
+        ("10.0.0.2:48879", "239.1.1.1", [2, 3]),
+    ]
     assert [(f["aggregator"], f["group"], f["leaf_ids"]) for f in files] == expect
     for w, f in enumerate(files):
         path = job_file.write_job_file(str(tmp_path / f"job-{w}.json"), **f)
         conf = job_file.job_config({"HOMAGG_JOB_FILE": path})
         assert conf["leaf_ids"] == tuple(expect[w][2])
         assert conf["aggregators"] == [(expect[w][0].split(":")[0], 48879)]
-    flat = job_file.write_job_file(str(tmp_path / "flat.json"), aggregator="10.0.0.1", job=1,
-                                   token=2)
+    flat = job_file.write_job_file(
+        str(tmp_path / "flat.json"), aggregator="10.0.0.1", job=1, token=2
+    )
     assert job_file.job_config({"HOMAGG_JOB_FILE": flat})["leaf_ids"] is None
-    assert job_file.job_config({"HOMAGG_JOB_FILE": flat,
-                                "HOMAGG_LEAF_IDS": "1,4"})["leaf_ids"] == (1, 4)
+    assert job_file.job_config({"HOMAGG_JOB_FILE": flat, "HOMAGG_LEAF_IDS": "1,4"})["leaf_ids"] == (
+        1,
+        4,
+    )
     with pytest.raises(ConfigError, match="HOMAGG_LEAF_IDS"):
         job_file.job_config({"HOMAGG_JOB_FILE": flat, "HOMAGG_LEAF_IDS": "4,4"})
     # the root refuses: both leaves drop the job again
     seen = [[] for _ in range(3)]
     with pytest.raises(ConfigError, match="refused"):
-        job_file.register_tree([control(0), control(1), control(2, fail=True)], aggs,
-                               leaves=2, workers=5, group="239.1.0.1", job=78)
-    assert [r["cmd"] for r in seen[0]] == ["add_job", "remove_job"] == \
-        [r["cmd"] for r in seen[1]]
+        job_file.register_tree(
+            [control(0), control(1), control(2, fail=True)],
+            aggs,
+            leaves=2,
+            workers=5,
+            group="239.1.0.1",
+            job=78,
+        )
+    assert [r["cmd"] for r in seen[0]] == ["add_job", "remove_job"] == [r["cmd"] for r in seen[1]]
     assert seen[0][1]["job"] == 78
 
 
 # ---- one leaf engine on the in-memory port: the root's side by hand -------
+
 
 def _leaf_rig(workers=2, slots=4, rto=1e-3, give_up=1.0, replicate=False):
     from homagg.engine import Addr, Engine, MemPort
@@ -397,10 +467,15 @@ def _leaf_rig(workers=2, slots=4, rto=1e-3, give_up=1.0, replicate=False):
     port = MemPort(can_replicate=replicate)
     port.set_time(1_000_000)
     eng = Engine(port)
-    eng.add_job(job=5, token=55, workers=workers, slots=slots, incarnation=7,
-                group="239.1.0.9" if replicate else 0,
-                parent={"addr": root, "worker": 3, "shard": 2, "rto": rto,
-                        "give_up": give_up})
+    eng.add_job(
+        job=5,
+        token=55,
+        workers=workers,
+        slots=slots,
+        incarnation=7,
+        group="239.1.0.9" if replicate else 0,
+        parent={"addr": root, "worker": 3, "shard": 2, "rto": rto, "give_up": give_up},
+    )
     return port, eng, root
 
 
@@ -419,9 +494,20 @@ def _worker_frame(port, w, seq, op, payload, flags=0, exp=0, slots=4):
     src = Addr.of(bytes([2, 0, 0, 1, 0, w]), (10 << 24) | (1 << 16) | (w + 1), 40000 + w)
     if (seq // slots) % 2:
         flags |= FLAG_SHADOW
-    return build_frame(src, port.addr, op=op, job=5, token=55, worker=w, seq=seq,
-                       slot=seq % slots, flags=flags, payload=payload, exp=exp,
-                       incarnation=1)
+    return build_frame(
+        src,
+        port.addr,
+        op=op,
+        job=5,
+        token=55,
+        worker=w,
+        seq=seq,
+        slot=seq % slots,
+        flags=flags,
+        payload=payload,
+        exp=exp,
+        incarnation=1,
+    )
 
 
 def _root_frame(port, root, seq, payload, flags, slots=4, **kw):
@@ -429,8 +515,17 @@ def _root_frame(port, root, seq, payload, flags, slots=4, **kw):
 
     if (seq // slots) % 2:
         flags |= FLAG_SHADOW
-    fields = dict(op="sum32", job=5, token=55, worker=3, seq=seq, slot=seq % slots,
-                  shard=2, incarnation=11, lanes=len(payload) // 4)
+    fields = dict(
+        op="sum32",
+        job=5,
+        token=55,
+        worker=3,
+        seq=seq,
+        slot=seq % slots,
+        shard=2,
+        incarnation=11,
+        lanes=len(payload) // 4,
+    )
     fields.update(kw)
     return build_frame(root, port.addr, flags=flags, payload=payload, **fields)
 
@@ -448,15 +543,25 @@ def test_leaf_engine_forwards_nc8_as_sum32_and_relays_the_root_result():
     rng = np.random.default_rng(3)
     codes = [rng.integers(0, 256, 64).astype(np.uint8) for _ in range(2)]
     top = 9
-    out = _leaf_send(port, eng, *(_worker_frame(port, w, 6, "nc8", codes[w].tobytes(), exp=top)
-                                  for w in range(2)))
+    out = _leaf_send(
+        port,
+        eng,
+        *(_worker_frame(port, w, 6, "nc8", codes[w].tobytes(), exp=top) for w in range(2)),
+    )
     assert len(out) == 1
     up = out[0]
     acc = kernels.identity("nc8", 64)
     for c in codes:
         kernels.aggregate("nc8", acc, c, top=top, isa="portable")
-    assert (up.op, up.worker, up.shard, up.exp, up.seq, up.slot, up.lanes) == \
-        (OPS["sum32"].code, 3, 2, 0, 6, 2, 64)
+    assert (up.op, up.worker, up.shard, up.exp, up.seq, up.slot, up.lanes) == (
+        OPS["sum32"].code,
+        3,
+        2,
+        0,
+        6,
+        2,
+        64,
+    )
     assert up.dst.ipv4 == root.ipv4 and up.dst.mac == root.mac and up.dst.port == root.port
     assert up.incarnation == 7 and not up.flags & FLAG_RETRANS
     assert up.payload == acc.tobytes()
@@ -471,8 +576,9 @@ def test_leaf_engine_forwards_nc8_as_sum32_and_relays_the_root_result():
     ]
     for fields, reason in bad:
         before = eng.counters()[reason]
-        assert _leaf_send(port, eng, _root_frame(port, root, 6, result, FLAG_RESULT,
-                                                 **fields)) == []
+        assert (
+            _leaf_send(port, eng, _root_frame(port, root, 6, result, FLAG_RESULT, **fields)) == []
+        )
         assert eng.counters()[reason] == before + 1, reason
     # not from the root: a worker's address
     from homagg.engine import Addr
@@ -484,11 +590,14 @@ def test_leaf_engine_forwards_nc8_as_sum32_and_relays_the_root_result():
     assert _leaf_send(port, eng, _root_frame(port, root, 2, result, FLAG_RESULT)) == []
     assert eng.counters()["up_stale"] == 1
     # a STATUS that has this leaf (bit 3): counted, nothing resent
-    assert _leaf_send(port, eng, _root_frame(port, root, 6, bytes([0b1000]), FLAG_STATUS,
-                                             lanes=64)) == []
+    assert (
+        _leaf_send(port, eng, _root_frame(port, root, 6, bytes([0b1000]), FLAG_STATUS, lanes=64))
+        == []
+    )
     # one without it: the partial sum goes up again at once
-    again = _leaf_send(port, eng, _root_frame(port, root, 6, bytes([0b0001]), FLAG_STATUS,
-                                              lanes=64))
+    again = _leaf_send(
+        port, eng, _root_frame(port, root, 6, bytes([0b0001]), FLAG_STATUS, lanes=64)
+    )
     assert len(again) == 1 and again[0].flags & FLAG_RETRANS and again[0].payload == up.payload
     assert eng.counters()["up_status"] == 2
 
@@ -505,8 +614,9 @@ def test_leaf_engine_forwards_nc8_as_sum32_and_relays_the_root_result():
     # of the done set is a replay of the root's result
     assert _leaf_send(port, eng, _root_frame(port, root, 6, result, FLAG_RESULT)) == []
     assert eng.counters()["up_stale"] == 2
-    replay = _leaf_send(port, eng, _worker_frame(port, 1, 6, "nc8", codes[1].tobytes(),
-                                                 flags=FLAG_RETRANS, exp=top))
+    replay = _leaf_send(
+        port, eng, _worker_frame(port, 1, 6, "nc8", codes[1].tobytes(), flags=FLAG_RETRANS, exp=top)
+    )
     assert len(replay) == 1 and replay[0].worker == 1 and replay[0].payload == result
 
 
@@ -605,8 +715,18 @@ def test_testbed_tree_with_auth_exact_under_loss_and_bad_mac_at_the_root(tmp_pat
     try:
         n, density, seed = 40_000, 0.05, 13
         pl = TestbedPlacement(name, sd, runs_dir=str(tmp_path / "runs"), label="lhc")
-        rep = runmod.run_allreduce(pl, "lhc", elements=n, density=density, workload="random",
-                                   seed=seed, auth=True, drop_rate=0.03, timeout=30, rto=0.02)
+        rep = runmod.run_allreduce(
+            pl,
+            "lhc",
+            elements=n,
+            density=density,
+            workload="random",
+            seed=seed,
+            auth=True,
+            drop_rate=0.03,
+            timeout=30,
+            rto=0.02,
+        )
         assert rep["auth"] is True and rep["leaves"] == 2
         assert rep["exact"] is True, rep["exact_per_worker"]
         # the run's check, and here once more against the numpy reference
@@ -622,9 +742,9 @@ def test_testbed_tree_with_auth_exact_under_loss_and_bad_mac_at_the_root(tmp_pat
             assert c["summed"] == w * c["completed"], c
             assert c["up_results"] == c["completed"] == root["completed"], c
         assert root["bad_mac"] == 0 and root["summed"] == 2 * root["completed"], root
-        assert sum(a["port_counters"].get("drop_injected", 0)
-                   for a in rep["aggregators"]) > 0, [a["port_counters"]
-                                                        for a in rep["aggregators"]]
+        assert sum(a["port_counters"].get("drop_injected", 0) for a in rep["aggregators"]) > 0, [
+            a["port_counters"] for a in rep["aggregators"]
+        ]
         assert all(ws["bad_mac"] == 0 for ws in rep["worker_stats"])
 
         # a root holding an authenticated tree job: one forged, one genuine leaf frame
@@ -639,9 +759,19 @@ def test_testbed_tree_with_auth_exact_under_loss_and_bad_mac_at_the_root(tmp_pat
             lanes = np.arange(8, dtype=">i4").tobytes()
 
             def frame(key, seq):
-                return build_frame(nowhere, nowhere, op="sum32", job=job, token=token,
-                                   worker=0, seq=seq, slot=seq, payload=lanes, key=key,
-                                   incarnation=9)[42:]  # the UDP payload
+                return build_frame(
+                    nowhere,
+                    nowhere,
+                    op="sum32",
+                    job=job,
+                    token=token,
+                    worker=0,
+                    seq=seq,
+                    slot=seq,
+                    payload=lanes,
+                    key=key,
+                    incarnation=9,
+                )[42:]  # the UDP payload
 
             forged = frame(auth.derive_key(auth.new_secret(), job, 0), 0)
             genuine = frame(auth.derive_key(root_secret, job, 0), 1)
@@ -649,6 +779,7 @@ def test_testbed_tree_with_auth_exact_under_loss_and_bad_mac_at_the_root(tmp_pat
 
             def send():
                 from pyroute2.netns import setns
+
                 try:
                     setns(tb.host("w0").netns, flags=0)  # this thread only
                     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
@@ -666,8 +797,11 @@ def test_testbed_tree_with_auth_exact_under_loss_and_bad_mac_at_the_root(tmp_pat
                 with sw.client() as c:
                     return c.stats()["stats"]
 
-            after = wait_for(lambda: (lambda s: s["summed"] > before["summed"] and s)(stats()),
-                             20, "the root to sum the genuine leaf frame")
+            after = wait_for(
+                lambda: (lambda s: s["summed"] > before["summed"] and s)(stats()),
+                20,
+                "the root to sum the genuine leaf frame",
+            )
             assert after["bad_mac"] - before["bad_mac"] == 1
             assert after["summed"] - before["summed"] == 1
         finally:
@@ -691,13 +825,26 @@ def test_register_tree_with_auth_gives_each_level_its_own_secret():
     def control(k):
         return lambda req: seen[k].append(req) or {}
 
-    aggs = [("10.0.0.1", 48879, "02:00:00:00:00:01"), ("10.0.0.2", 48879, "02:00:00:00:00:02"),
-            ("10.0.0.3", 48879, "02:00:00:00:00:03")]
+    aggs = [
+        ("10.0.0.1", 48879, "02:00:00:00:00:01"),
+        ("10.0.0.2", 48879, "02:00:00:00:00:02"),
+        ("10.0.0.3", 48879, "02:00:00:00:00:03"),
+    ]
     root, leaf = bytes(range(32)), [bytes([7] * 32), bytes([9] * 32)]
     paths = [f"/run/w{w}/leaf-{job_file.tree_leaf(w, 5, 2)[0]}.secret" for w in range(5)]
-    files = job_file.register_tree([control(k) for k in range(3)], aggs, leaves=2, workers=5,
-                                   group="239.1.0.1", job=77, token=99, auth=root,
-                                   leaf_auth=leaf, auth_files=paths, mac="blake2b")
+    files = job_file.register_tree(
+        [control(k) for k in range(3)],
+        aggs,
+        leaves=2,
+        workers=5,
+        group="239.1.0.1",
+        job=77,
+        token=99,
+        auth=root,
+        leaf_auth=leaf,
+        auth_files=paths,
+        mac="blake2b",
+    )
     r0, r1, rr = (s[0] for s in seen)
     assert rr["auth"] == root.hex() and rr["mac"] == "blake2b" and rr["workers"] == 2
     for k, r in enumerate((r0, r1)):
@@ -706,15 +853,33 @@ def test_register_tree_with_auth_gives_each_level_its_own_secret():
         assert r["parent"]["reply_key"] == ref_key(root, hg_auth.AGGREGATOR, job=77).hex()
         assert root.hex() not in str(r)
     assert [f["auth_file"] for f in files] == [
-        "/run/w0/leaf-0.secret", "/run/w1/leaf-0.secret", "/run/w2/leaf-1.secret",
-        "/run/w3/leaf-1.secret", "/run/w4/leaf-1.secret"]
+        "/run/w0/leaf-0.secret",
+        "/run/w1/leaf-0.secret",
+        "/run/w2/leaf-1.secret",
+        "/run/w3/leaf-1.secret",
+        "/run/w4/leaf-1.secret",
+    ]
     assert all(f["mac"] == "blake2b" for f in files)
     text = str(files)
     assert all(x.hex() not in text for x in (root, *leaf))
     with pytest.raises(ValueError, match="leaf_auth: one secret per leaf"):
-        job_file.register_tree([control(k) for k in range(3)], aggs, leaves=2, workers=5,
-                               group="239.1.0.1", auth=root, leaf_auth=leaf[:1],
-                               auth_files=paths)
+        job_file.register_tree(
+            [control(k) for k in range(3)],
+            aggs,
+            leaves=2,
+            workers=5,
+            group="239.1.0.1",
+            auth=root,
+            leaf_auth=leaf[:1],
+            auth_files=paths,
+        )
     with pytest.raises(ValueError, match="auth_files: one path per worker"):
-        job_file.register_tree([control(k) for k in range(3)], aggs, leaves=2, workers=5,
-                               group="239.1.0.1", auth=root, leaf_auth=leaf)
+        job_file.register_tree(
+            [control(k) for k in range(3)],
+            aggs,
+            leaves=2,
+            workers=5,
+            group="239.1.0.1",
+            auth=root,
+            leaf_auth=leaf,
+        )

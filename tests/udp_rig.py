@@ -1,6 +1,7 @@
 """An aggregation engine on a kernel UDP port on loopback (a thread polls
 it) and worker threads running the C client against it: the rig of
 test_port_udp.py, also used by test_auth.py and test_scale.py.  No root."""
+
 import threading
 
 import numpy as np
@@ -36,8 +37,18 @@ class LoopbackAggregator:
         self.port.close()
 
 
-def run(agg, job, token, grads, method, slots=8, timeout=10.0, payload=1024,
-        aggregators=None, stats=None):
+def run(
+    agg,
+    job,
+    token,
+    grads,
+    method,
+    slots=8,
+    timeout=10.0,
+    payload=1024,
+    aggregators=None,
+    stats=None,
+):
     """Every worker in its own thread; aggregators (a list of addresses)
     instead of agg's one; stats (a list) receives each worker's stats."""
     W = len(grads)
@@ -47,9 +58,17 @@ def run(agg, job, token, grads, method, slots=8, timeout=10.0, payload=1024,
 
     def work(w):
         try:
-            with Worker(job=job, token=token, worker=w, workers=W,
-                        aggregators=aggregators or [agg.address], bind=("127.0.0.1", 0),
-                        timeout=timeout, slots=slots, payload=payload) as wk:
+            with Worker(
+                job=job,
+                token=token,
+                worker=w,
+                workers=W,
+                aggregators=aggregators or [agg.address],
+                bind=("127.0.0.1", 0),
+                timeout=timeout,
+                slots=slots,
+                payload=payload,
+            ) as wk:
                 out[w] = wk.allreduce(grads[w], method=method, block=BLOCK)
                 assert wk.local_address[0] == "127.0.0.1"
                 st = wk.stats()

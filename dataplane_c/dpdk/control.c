@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* control.c - JSON-lines control socket of homagg-switch (see control.h). */
-#define _GNU_SOURCE   /* accept4 */
+#define _GNU_SOURCE /* accept4 */
 #include <arpa/inet.h>
 #include <ctype.h>
 #include <errno.h>
@@ -25,11 +25,11 @@
 #define CTL_MAX_CONN 64
 #define CTL_IN_CAP 4096
 #define CTL_OUT_CAP 65536
-#define CTL_REPLY_CAP 32768   /* job_stats of 256 workers: ~15 KB */
+#define CTL_REPLY_CAP 32768 /* job_stats of 256 workers: ~15 KB */
 
 struct ctl_conn {
-	int fd;               /* -1 = free */
-	bool discard;         /* skipping the rest of an overlong line */
+	int fd;       /* -1 = free */
+	bool discard; /* skipping the rest of an overlong line */
 	size_t in_len;
 	size_t out_len;
 	char in[CTL_IN_CAP];
@@ -48,9 +48,9 @@ struct hg_control {
 	const struct hg_ctl_ops *ops;
 	void *ctx;
 	struct hg_ctl_limits lim;
-	struct ctl_held *held;  /* the jobs added and not yet removed */
+	struct ctl_held *held; /* the jobs added and not yet removed */
 	size_t nheld, capheld;
-	uint64_t held_frames;   /* the sum of their frames */
+	uint64_t held_frames; /* the sum of their frames */
 	struct ctl_conn conn[CTL_MAX_CONN];
 	char reply[CTL_REPLY_CAP];
 };
@@ -63,9 +63,8 @@ static void zeroing_free(void *p)
 	free(p);
 }
 
-struct hg_control *hg_control_create(const char *path,
-				     const struct hg_ctl_ops *ops, void *ctx,
-				     const struct hg_ctl_limits *lim)
+struct hg_control *hg_control_create(const char *path, const struct hg_ctl_ops *ops,
+				     void *ctx, const struct hg_ctl_limits *lim)
 {
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
 	struct hg_control *c;
@@ -129,7 +128,7 @@ void hg_control_destroy(struct hg_control *c)
 /* Every byte of a reply comes from jansson's serialiser, so a reply is valid
  * JSON (and valid UTF-8: jansson refuses other strings) for every input. */
 
-#define CTL_ECHO_MAX 64   /* bytes of a client's string quoted in an error */
+#define CTL_ECHO_MAX 64 /* bytes of a client's string quoted in an error */
 
 /*
  * The length of the longest prefix of s of at most max bytes that does not
@@ -196,16 +195,15 @@ static json_t *reply_ok(const char *key, json_int_t value)
  * An integer field in [lo, hi] (absent: dflt, unless required).  Returns 0,
  * or -EINVAL / -ERANGE with the error reply in *reply.
  */
-static int get_uint(const json_t *o, const char *key, bool required,
-		    json_int_t lo, json_int_t hi, json_int_t dflt,
-		    json_int_t *v, json_t **reply)
+static int get_uint(const json_t *o, const char *key, bool required, json_int_t lo,
+		    json_int_t hi, json_int_t dflt, json_int_t *v, json_t **reply)
 {
 	const json_t *f = json_object_get(o, key);
 
 	if (!f) {
 		if (required)
-			return reply_error(reply, -EINVAL, "field '%s': missing",
-					   key);
+			return reply_error(reply, -EINVAL,
+					   "field '%s': missing", key);
 		*v = dflt;
 		return 0;
 	}
@@ -220,14 +218,13 @@ static int get_uint(const json_t *o, const char *key, bool required,
 }
 
 /* Strict: every key of o must be in the NULL-terminated list allowed. */
-static int check_keys(const json_t *o, const char *const *allowed,
-		      json_t **reply)
+static int check_keys(const json_t *o, const char *const *allowed, json_t **reply)
 {
 	const char *key;
 	json_t *v;
 	int k;
 
-	json_object_foreach((json_t *)o, key, v) {
+	json_object_foreach ((json_t *)o, key, v) {
 		for (k = 0; allowed[k]; k++)
 			if (strcmp(key, allowed[k]) == 0)
 				break;
@@ -283,7 +280,8 @@ static int get_secret(const json_t *o, struct hg_ctl_job *j, json_t **reply)
 	if (get_hex32(f, j->secret))
 		return reply_error(reply, -EINVAL,
 				   "field 'auth': must be the job secret as a string of "
-				   "%d hexadecimal digits", 2 * HG_AUTH_SECRET_LEN);
+				   "%d hexadecimal digits",
+				   2 * HG_AUTH_SECRET_LEN);
 	j->auth = 1;
 	return 0;
 }
@@ -343,11 +341,13 @@ static int get_ipv4(const json_t *o, const char *key, bool required,
 
 	*out = 0;
 	if (!g || json_is_null(g))
-		return required ? reply_error(reply, -EINVAL, "field '%s': missing",
-					      key) : 0;
+		return required ? reply_error(reply, -EINVAL,
+					      "field '%s': missing", key) :
+				  0;
 	if (!json_is_string(g) || inet_pton(AF_INET, json_string_value(g), &a) != 1)
 		return reply_error(reply, -EINVAL,
-				   "field '%s': must be an IPv4 address string", key);
+				   "field '%s': must be an IPv4 address string",
+				   key);
 	*out = ntohl(a.s_addr);
 	if (multicast && (*out >> 28) != 0xE)
 		return reply_error(reply, -EINVAL,
@@ -369,8 +369,10 @@ static int get_ipv4(const json_t *o, const char *key, bool required,
 static int get_parent(struct hg_control *c, const json_t *o,
 		      struct hg_ctl_job *j, json_t **reply)
 {
-	static const char *const keys[] = { "ip", "mac", "worker", "port",
-		"shard", "group", "rto_us", "key", "reply_key", NULL };
+	static const char *const keys[] = { "ip",     "mac",   "worker",
+					    "port",   "shard", "group",
+					    "rto_us", "key",   "reply_key",
+					    NULL };
 	static const char *const auth_keys[] = { "key", "reply_key" };
 	const json_t *p = json_object_get(o, "parent"), *m;
 	unsigned int b[6];
@@ -381,7 +383,8 @@ static int get_parent(struct hg_control *c, const json_t *o,
 	if (!p || json_is_null(p))
 		return 0;
 	if (!json_is_object(p))
-		return reply_error(reply, -EINVAL, "field 'parent': must be an "
+		return reply_error(reply, -EINVAL,
+				   "field 'parent': must be an "
 				   "object {\"ip\":..,\"mac\":..,\"worker\":..}");
 	if ((rc = check_keys(p, keys, reply)) ||
 	    (rc = get_ipv4(p, "ip", true, false, &j->up_ipv4, reply)) ||
@@ -389,9 +392,10 @@ static int get_parent(struct hg_control *c, const json_t *o,
 		return rc;
 	m = json_object_get(p, "mac");
 	if (!m || !json_is_string(m) ||
-	    sscanf(json_string_value(m), "%2x:%2x:%2x:%2x:%2x:%2x%c", &b[0], &b[1],
-		   &b[2], &b[3], &b[4], &b[5], &tail) != 6)
-		return reply_error(reply, -EINVAL, "field 'parent.mac': must be "
+	    sscanf(json_string_value(m), "%2x:%2x:%2x:%2x:%2x:%2x%c", &b[0],
+		   &b[1], &b[2], &b[3], &b[4], &b[5], &tail) != 6)
+		return reply_error(reply, -EINVAL,
+				   "field 'parent.mac': must be "
 				   "a MAC address string like \"02:00:00:00:00:01\"");
 	for (int i = 0; i < 6; i++)
 		j->up_mac[i] = (uint8_t)b[i];
@@ -413,21 +417,26 @@ static int get_parent(struct hg_control *c, const json_t *o,
 		uint8_t *out = k ? j->up_reply_key : j->up_key;
 
 		if (!j->auth && f && !json_is_null(f))
-			return reply_error(reply, -EINVAL, "field 'parent.%s': only "
+			return reply_error(reply, -EINVAL,
+					   "field 'parent.%s': only "
 					   "with 'auth' (the leaf job's secret)",
 					   auth_keys[k]);
 		if (!j->auth)
 			continue;
 		if (!f || json_is_null(f))
-			return reply_error(reply, -EINVAL, "field 'parent.%s': "
+			return reply_error(reply, -EINVAL,
+					   "field 'parent.%s': "
 					   "missing: an authenticated leaf needs %s "
 					   "from the root job's secret (64 hex digits)",
-					   auth_keys[k], k ? "the root's aggregator key" :
-					   "its own key at the root");
+					   auth_keys[k],
+					   k ? "the root's aggregator key" :
+					       "its own key at the root");
 		if (get_hex32(f, out))
-			return reply_error(reply, -EINVAL, "field 'parent.%s': must "
+			return reply_error(reply, -EINVAL,
+					   "field 'parent.%s': must "
 					   "be a key as a string of %d hexadecimal "
-					   "digits", auth_keys[k], 2 * HG_AUTH_KEY_LEN);
+					   "digits",
+					   auth_keys[k], 2 * HG_AUTH_KEY_LEN);
 	}
 	j->up = 1;
 	return 0;
@@ -440,7 +449,7 @@ static int get_parent(struct hg_control *c, const json_t *o,
  * (measured: 4 x 256 frames of 8 KB into af_packet's 512 gave thousands of
  * retransmissions per allreduce), so such a job is refused, with the fix.
  */
-#define CTL_HELD_NAMED 8   /* jobs named in a refusal, then how many more */
+#define CTL_HELD_NAMED 8 /* jobs named in a refusal, then how many more */
 
 /* "job 7: 512, job 8: 384" (the first CTL_HELD_NAMED jobs holding the ring)
  * into buf. */
@@ -450,8 +459,9 @@ static void held_list(const struct hg_control *c, char *buf, size_t len)
 
 	buf[0] = '\0';
 	for (i = 0; i < c->nheld && i < CTL_HELD_NAMED && n < len; i++)
-		n += (size_t)snprintf(buf + n, len - n, "%sjob %u: %u", i ? ", " : "",
-				      c->held[i].job, c->held[i].frames);
+		n += (size_t)snprintf(buf + n, len - n, "%sjob %u: %u",
+				      i ? ", " : "", c->held[i].job,
+				      c->held[i].frames);
 	if (c->nheld > CTL_HELD_NAMED && n < len)
 		snprintf(buf + n, len - n, " and %zu more",
 			 c->nheld - CTL_HELD_NAMED);
@@ -467,7 +477,8 @@ static int check_in_flight_total(struct hg_control *c,
 	uint64_t frames = (uint64_t)j->workers * j->slots;
 	uint64_t total = c->held_frames + frames;
 	uint64_t fit = c->held_frames < c->lim.rx_ring ?
-		       (c->lim.rx_ring - c->held_frames) / j->workers : 0;
+			       (c->lim.rx_ring - c->held_frames) / j->workers :
+			       0;
 	char jobs[256], fix[64] = "";
 	size_t i;
 
@@ -475,7 +486,7 @@ static int check_in_flight_total(struct hg_control *c,
 		return 0;
 	for (i = 0; i < c->nheld; i++)
 		if (c->held[i].job == j->job)
-			return 0;   /* the engine answers "already exists" */
+			return 0; /* the engine answers "already exists" */
 	held_list(c, jobs, sizeof(jobs));
 	if (fit)
 		snprintf(fix, sizeof(fix), "use at most %llu slots, ",
@@ -548,9 +559,11 @@ static void held_release(struct hg_control *c, uint32_t job)
 
 static int do_add_job(struct hg_control *c, const json_t *o, json_t **reply)
 {
-	static const char *const keys[] = { "cmd", "job", "token", "workers",
-		"slots", "payload", "group", "shard", "incarnation", "auth", "parent",
-		"mac", NULL };
+	static const char *const keys[] = { "cmd",     "job",    "token",
+					    "workers", "slots",  "payload",
+					    "group",   "shard",  "incarnation",
+					    "auth",    "parent", "mac",
+					    NULL };
 	struct hg_ctl_job j = { 0 };
 	char err[256] = "";
 	json_int_t v;
@@ -562,15 +575,13 @@ static int do_add_job(struct hg_control *c, const json_t *o, json_t **reply)
 	if ((rc = get_uint(o, "token", true, 0, UINT32_MAX, 0, &v, reply)))
 		return rc;
 	j.token = (uint32_t)v;
-	if ((rc = get_uint(o, "workers", true, 1, c->lim.max_workers, 0, &v,
-			   reply)))
+	if ((rc = get_uint(o, "workers", true, 1, c->lim.max_workers, 0, &v, reply)))
 		return rc;
 	j.workers = (uint32_t)v;
 	if ((rc = get_uint(o, "slots", true, 1, c->lim.max_slots, 0, &v, reply)))
 		return rc;
 	j.slots = (uint32_t)v;
-	if ((rc = get_uint(o, "payload", false, 4, HG_MAX_PAYLOAD, 1024,
-			   &v, reply)))
+	if ((rc = get_uint(o, "payload", false, 4, HG_MAX_PAYLOAD, 1024, &v, reply)))
 		return rc;
 	if (v % 4)
 		return reply_error(reply, -EINVAL,
@@ -580,8 +591,9 @@ static int do_add_job(struct hg_control *c, const json_t *o, json_t **reply)
 				   "field 'payload': %lld bytes do not fit this "
 				   "aggregator's frames: at most %u bytes at MTU %u "
 				   "(payloads up to %d need a link and daemon with "
-				   "MTU 9000: --mtu 9000)", (long long)v,
-				   c->lim.max_payload, c->lim.mtu, HG_MAX_PAYLOAD);
+				   "MTU 9000: --mtu 9000)",
+				   (long long)v, c->lim.max_payload, c->lim.mtu,
+				   HG_MAX_PAYLOAD);
 	j.payload = (uint32_t)v;
 	if ((rc = check_in_flight(c, &j, reply)))
 		return rc;
@@ -613,7 +625,8 @@ static int do_add_job(struct hg_control *c, const json_t *o, json_t **reply)
 	c->held_frames += j.workers * j.slots;
 	*reply = reply_ok("job", j.job);
 	if (*reply)
-		json_object_set_new(*reply, "incarnation", json_integer(j.incarnation));
+		json_object_set_new(*reply, "incarnation",
+				    json_integer(j.incarnation));
 	return 0;
 }
 
@@ -645,15 +658,15 @@ static int do_rotate_key(struct hg_control *c, const json_t *o, json_t **reply)
 	if ((rc = keys_and_job(o, keys, &v, reply)))
 		return rc;
 	j.job = (uint32_t)v;
-	if ((rc = get_uint(o, "grace_ms", false, 0, 86400000, 10000, &grace,
-			   reply)))
+	if ((rc = get_uint(o, "grace_ms", false, 0, 86400000, 10000, &grace, reply)))
 		return rc;
 	if ((rc = get_secret(o, &j, reply)))
 		return rc;
 	if (!j.auth)
 		return reply_error(reply, -EINVAL,
 				   "field 'auth': missing (the new epoch's secret "
-				   "as %d hexadecimal digits)", 2 * HG_AUTH_SECRET_LEN);
+				   "as %d hexadecimal digits)",
+				   2 * HG_AUTH_SECRET_LEN);
 	rc = c->ops->rotate_key(c->ctx, j.job, j.secret,
 				(uint64_t)grace * 1000000, err, sizeof(err));
 	hg_auth_wipe(j.secret, sizeof(j.secret));
@@ -704,7 +717,8 @@ static int stats_jobs(struct hg_control *c, json_t **reply)
 			break;
 	if (!a || i < c->nheld || json_object_set_new(*reply, "jobs", a) < 0) {
 		json_decref(a);
-		return reply_error(reply, -ENOMEM, "stats: %s", hg_strerror(-ENOMEM));
+		return reply_error(reply, -ENOMEM, "stats: %s",
+				   hg_strerror(-ENOMEM));
 	}
 	return 0;
 }
@@ -799,10 +813,8 @@ out:
  * Returns rc, or -ENOMEM / -ENOSPC with a fixed error reply in out. */
 static int reply_dump(json_t *reply, int rc, char *out, size_t outlen)
 {
-	static const char nomem[] =
-		"{\"ok\":false,\"error\":\"out of memory\",\"code\":-12}";
-	static const char toolong[] =
-		"{\"ok\":false,\"error\":\"reply too long\",\"code\":-28}";
+	static const char nomem[] = "{\"ok\":false,\"error\":\"out of memory\",\"code\":-12}";
+	static const char toolong[] = "{\"ok\":false,\"error\":\"reply too long\",\"code\":-28}";
 	size_t n;
 
 	if (!reply) {
@@ -891,8 +903,8 @@ static int conn_process(struct hg_control *c, struct ctl_conn *k)
 			if (len && k->in[start + len - 1] == '\r')
 				len--;
 			if (len) {
-				hg_control_handle(c, k->in + start, len, c->reply,
-						  sizeof(c->reply));
+				hg_control_handle(c, k->in + start, len,
+						  c->reply, sizeof(c->reply));
 				if (!conn_queue(k, c->reply))
 					return -1;
 				handled++;
@@ -965,8 +977,8 @@ int hg_control_poll(struct hg_control *c)
 		int fd = accept4(c->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
 
 		if (fd < 0) {
-			if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ||
-			    errno == ECONNABORTED)
+			if (errno == EAGAIN || errno == EWOULDBLOCK ||
+			    errno == EINTR || errno == ECONNABORTED)
 				break;
 			return -errno;
 		}
@@ -974,8 +986,7 @@ int hg_control_poll(struct hg_control *c)
 			if (c->conn[i].fd < 0)
 				break;
 		if (i == CTL_MAX_CONN) {
-			static const char busy[] =
-				"{\"ok\":false,\"error\":\"too many control connections\"}\n";
+			static const char busy[] = "{\"ok\":false,\"error\":\"too many control connections\"}\n";
 			ssize_t n = send(fd, busy, sizeof(busy) - 1, MSG_NOSIGNAL);
 
 			(void)n;

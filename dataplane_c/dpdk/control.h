@@ -61,21 +61,21 @@ struct hg_ctl_job {
 	uint32_t token;
 	uint32_t workers;
 	uint32_t slots;
-	uint32_t payload;   /* bytes per packet */
-	uint32_t group;     /* IPv4 host order; 0 = no multicast group */
-	uint8_t shard;      /* this aggregator's index among the job's */
+	uint32_t payload;     /* bytes per packet */
+	uint32_t group;       /* IPv4 host order; 0 = no multicast group */
+	uint8_t shard;        /* this aggregator's index among the job's */
 	uint32_t incarnation; /* the job's incarnation, never 0 here */
-	uint8_t auth;       /* 1: authenticated job, secret below */
+	uint8_t auth;         /* 1: authenticated job, secret below */
 	uint8_t secret[HG_AUTH_SECRET_LEN];
-	uint32_t mac;       /* HG_MAC_*, 0 = the host's default */
+	uint32_t mac; /* HG_MAC_*, 0 = the host's default */
 	/* parent: a tree leaf's root (homagg/engine.h up_* fields) */
 	uint8_t up;
 	uint8_t up_mac[6];
-	uint32_t up_ipv4;   /* host order */
+	uint32_t up_ipv4; /* host order */
 	uint16_t up_port;
 	uint16_t up_worker;
 	uint8_t up_shard;
-	uint32_t up_group;  /* host order, 0 = none */
+	uint32_t up_group; /* host order, 0 = none */
 	uint64_t up_rto_ns;
 	/* an auth leaf: its key at the root, the root's aggregator key
 	 * (homagg/engine.h up_key, up_reply_key; wiped like secret) */
@@ -86,9 +86,9 @@ struct hg_ctl_job {
 struct hg_ctl_limits {
 	uint32_t max_workers;
 	uint32_t max_slots;
-	uint32_t max_payload;  /* bytes: the largest payload the port's frames hold */
-	uint32_t mtu;          /* of the port's link, named when a payload is refused */
-	uint32_t rx_ring;      /* frames the receive ring holds: the sum of the W x S of
+	uint32_t max_payload; /* bytes: the largest payload the port's frames hold */
+	uint32_t mtu; /* of the port's link, named when a payload is refused */
+	uint32_t rx_ring; /* frames the receive ring holds: the sum of the W x S of
 				* the jobs registered at most (0: no limit) */
 	const char *rx_ring_source; /* what sets rx_ring, named when a job is refused */
 };
@@ -113,9 +113,8 @@ struct hg_ctl_ops {
 /* Bind and listen on path (an old socket file is replaced).  The socket
  * file is created owner-only (0600) whatever the umask.  NULL with errno
  * set on failure. */
-struct hg_control *hg_control_create(const char *path,
-				     const struct hg_ctl_ops *ops, void *ctx,
-				     const struct hg_ctl_limits *lim);
+struct hg_control *hg_control_create(const char *path, const struct hg_ctl_ops *ops,
+				     void *ctx, const struct hg_ctl_limits *lim);
 /* Close every connection and unlink the socket file.  Accepts NULL. */
 void hg_control_destroy(struct hg_control *c);
 

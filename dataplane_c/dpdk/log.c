@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* log.c - registers homagg-switch's rte_log type; the JSON-lines log
  * stream of --log-format json (see log.h). */
-#define _GNU_SOURCE   /* fopencookie, pipe2 */
+#define _GNU_SOURCE /* fopencookie, pipe2 */
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -28,8 +28,9 @@ struct json_log {
 
 static const char *level_name(uint32_t level)
 {
-	static const char *const names[] = { "", "emerg", "alert", "crit", "error",
-		"warning", "notice", "info", "debug" };
+	static const char *const names[] = { "",       "emerg", "alert",
+					     "crit",   "error", "warning",
+					     "notice", "info",  "debug" };
 
 	return level < sizeof(names) / sizeof(names[0]) ? names[level] : "debug";
 }
@@ -74,7 +75,8 @@ static void emit_rte(char *msg)
 	if (strncmp(msg, prefix, sizeof(prefix) - 1) == 0)
 		msg += sizeof(prefix) - 1;
 	emit(level_name(rte_log_cur_msg_loglevel()),
-	     rte_log_cur_msg_logtype() == hg_switch_logtype ? "homagg.switch" : "dpdk",
+	     rte_log_cur_msg_logtype() == hg_switch_logtype ? "homagg.switch" :
+							      "dpdk",
 	     msg);
 }
 
@@ -113,7 +115,7 @@ static void *stderr_pump(void *arg)
 	return NULL;
 }
 
-static pthread_t g_pump;   /* the stderr pump of this process */
+static pthread_t g_pump; /* the stderr pump of this process */
 
 /* At exit: close the pipe's only write end, so the pump reads what is left,
  * writes it and ends. */
@@ -125,7 +127,7 @@ static void stderr_pump_stop(void)
 
 int hg_switch_log_json(void)
 {
-	static struct json_log cookie;   /* one log stream per process */
+	static struct json_log cookie; /* one log stream per process */
 	cookie_io_functions_t io = { .write = json_log_write };
 	FILE *f = fopencookie(&cookie, "w", io), *in;
 	int p[2];

@@ -19,8 +19,8 @@
 extern int hg_switch_logtype;
 
 /* HG_LOG(ERR, "port %u: %s", ...): one line, prefixed "homagg-switch: ". */
-#define HG_LOG(level, fmt, ...)						\
-	rte_log(RTE_LOG_ ## level, hg_switch_logtype,			\
+#define HG_LOG(level, fmt, ...)                                                \
+	rte_log(RTE_LOG_##level, hg_switch_logtype,                            \
 		"homagg-switch: " fmt "\n", ##__VA_ARGS__)
 
 /*

@@ -49,15 +49,16 @@ static int ctl_add_job(void *ctx, const struct hg_ctl_job *j, char *err,
 		rc = hg_switch_shard_call(&d->shards[k], MB_ADD, &jc, j->job, 0);
 	if (rc && rc != -EEXIST)
 		while (--k > 0)
-			hg_switch_shard_call(&d->shards[k - 1], MB_REMOVE, NULL, j->job, 0);
+			hg_switch_shard_call(&d->shards[k - 1], MB_REMOVE, NULL,
+					     j->job, 0);
 	hg_auth_wipe(jc.secret, sizeof(jc.secret));
 	hg_auth_wipe(jc.up_key, sizeof(jc.up_key));
 	hg_auth_wipe(jc.up_reply_key, sizeof(jc.up_reply_key));
 	if (rc == -EEXIST)
 		snprintf(err, errlen, "job %u already exists", j->job);
 	else if (rc == -ETIMEDOUT || rc == -EBUSY)
-		snprintf(err, errlen, "the engine lcore of job %u did not answer",
-			 j->job);
+		snprintf(err, errlen,
+			 "the engine lcore of job %u did not answer", j->job);
 	return rc;
 }
 
@@ -68,7 +69,9 @@ static int ctl_remove_job(void *ctx, uint32_t job)
 	int rc = 0, r;
 
 	for (k = 0; k < d->nshards; k++)
-		if ((r = hg_switch_shard_call(&d->shards[k], MB_REMOVE, NULL, job, 0)) && !rc)
+		if ((r = hg_switch_shard_call(&d->shards[k], MB_REMOVE, NULL,
+					      job, 0)) &&
+		    !rc)
 			rc = r;
 	return rc;
 }
@@ -89,14 +92,17 @@ static int ctl_rotate_key(void *ctx, uint32_t job, const uint8_t *secret,
 					  grace_ns);
 	hg_auth_wipe(jc.secret, sizeof(jc.secret));
 	if (rc == -EPERM)
-		snprintf(err, errlen, "job %u does not authenticate, or is a "
-			 "tree leaf (its keys are not rotated)", job);
+		snprintf(err, errlen,
+			 "job %u does not authenticate, or is a "
+			 "tree leaf (its keys are not rotated)",
+			 job);
 	else if (rc == -ENOENT)
 		snprintf(err, errlen, "no job %u", job);
 	else if (rc < 0 && k > 1)
-		snprintf(err, errlen, "engine lcore %u failed (%s) after %u took "
-			 "the new epoch: remove and re-add the job", k - 1,
-			 hg_strerror(rc), k - 1);
+		snprintf(err, errlen,
+			 "engine lcore %u failed (%s) after %u took "
+			 "the new epoch: remove and re-add the job",
+			 k - 1, hg_strerror(rc), k - 1);
 	return rc;
 }
 
@@ -125,17 +131,17 @@ static int ctl_stats(void *ctx, json_t *reply)
 	if (rte_eth_stats_get(d->o.port_id, &es) != 0)
 		es.ipackets = 0;
 	port = json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}",
-			 "ipackets", (json_int_t)es.ipackets,
-			 "rx", (json_int_t)ps.rx, "tx", (json_int_t)ps.tx,
+			 "ipackets", (json_int_t)es.ipackets, "rx",
+			 (json_int_t)ps.rx, "tx", (json_int_t)ps.tx,
 			 "tx_refused", (json_int_t)ps.tx_refused,
 			 "drop_injected", (json_int_t)ps.drop_injected,
 			 "rx_linearized", (json_int_t)ps.rx_linearized,
 			 "drop_segmented", (json_int_t)ps.drop_segmented,
-			 "arp_replies", (json_int_t)ps.arp_replies,
-			 "arp_other", (json_int_t)ps.arp_other,
-			 "alloc_fail", (json_int_t)ps.alloc_fail,
-			 "dispatch_full", (json_int_t)d->dispatch_full,
-			 "rx_missed", (json_int_t)hg_switch_rx_missed(d));
+			 "arp_replies", (json_int_t)ps.arp_replies, "arp_other",
+			 (json_int_t)ps.arp_other, "alloc_fail",
+			 (json_int_t)ps.alloc_fail, "dispatch_full",
+			 (json_int_t)d->dispatch_full, "rx_missed",
+			 (json_int_t)hg_switch_rx_missed(d));
 	if (!eng || i < HG_CNT__COUNT || !port) {
 		json_decref(eng);
 		json_decref(port);
@@ -151,9 +157,9 @@ static int ctl_stats(void *ctx, json_t *reply)
 	summed = json_array();
 	for (i = 0; summed && i < d->nshards; i++) {
 		uint64_t v = d->nshards == 1 && !d->shards[0].launched ?
-			     c[HG_CNT_SUMMED] :
-			     __atomic_load_n(&d->shards[i].snap[HG_CNT_SUMMED],
-					     __ATOMIC_RELAXED);
+				     c[HG_CNT_SUMMED] :
+				     __atomic_load_n(&d->shards[i].snap[HG_CNT_SUMMED],
+						     __ATOMIC_RELAXED);
 
 		rc |= json_array_append_new(summed, json_integer((json_int_t)v));
 	}
@@ -178,10 +184,14 @@ static int engine_times(struct daemon *d, json_t *reply)
 		uint64_t b = __atomic_load_n(&sh->busy_tsc, __ATOMIC_RELAXED);
 		uint64_t t = start && now > start ? now - start : 0;
 
-		rc |= json_array_append_new(up, json_integer(
-			(json_int_t)((double)t * 1e9 / (double)hz)));
-		rc |= json_array_append_new(busy, json_integer(
-			(json_int_t)((double)b * 1e9 / (double)hz)));
+		rc |= json_array_append_new(up,
+					    json_integer(
+						    (json_int_t)((double)t * 1e9 /
+								 (double)hz)));
+		rc |= json_array_append_new(busy,
+					    json_integer(
+						    (json_int_t)((double)b * 1e9 /
+								 (double)hz)));
 	}
 	rc |= json_object_set_new(reply, "engine_ns", up);
 	rc |= json_object_set_new(reply, "engine_busy_ns", busy);
@@ -223,8 +233,11 @@ static int ctl_job_stats(void *ctx, uint32_t job, json_t *reply)
 		json_t *a = json_array();
 
 		for (w = 0; a && w < jc.workers; w++)
-			bad |= json_array_append_new(a, json_integer((json_int_t)
-				v[HG_CNT__COUNT + 1 + (size_t)w * HG_WCNT__COUNT + i]));
+			bad |= json_array_append_new(
+				a,
+				json_integer((
+					json_int_t)v[HG_CNT__COUNT + 1 +
+						     (size_t)w * HG_WCNT__COUNT + i]));
 		bad |= json_object_set_new(wk, hg_worker_counter_name(i), a);
 	}
 	/* each set takes its value's reference, also when it fails */

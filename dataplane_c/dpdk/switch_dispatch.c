@@ -39,7 +39,7 @@ bool hg_switch_dispatch(struct daemon *d)
 	uint16_t n, i, k, sent;
 	bool moved;
 
-	n = hg_port_rx(&d->port, pk, 32);   /* drops injected, ARP answered */
+	n = hg_port_rx(&d->port, pk, 32); /* drops injected, ARP answered */
 	moved = n > 0;
 	for (i = 0; i < n; i++) {
 		k = (uint16_t)shard_of_frame(d, pk[i]);
@@ -49,7 +49,8 @@ bool hg_switch_dispatch(struct daemon *d)
 		if (!cnt[k])
 			continue;
 		sent = (uint16_t)rte_ring_sp_enqueue_burst(d->shards[k].rx_ring,
-							   (void **)by[k], cnt[k], NULL);
+							   (void **)by[k],
+							   cnt[k], NULL);
 		if (sent < cnt[k]) {
 			d->dispatch_full += cnt[k] - sent;
 			rte_pktmbuf_free_bulk(by[k] + sent, cnt[k] - sent);

@@ -87,14 +87,16 @@ static int port_setup(struct daemon *d)
 {
 	struct rte_eth_conf conf;
 	struct rte_eth_dev_info info;
-	uint16_t nrx = (uint16_t)d->o.rx_ring, ntx = TX_DESC, pid = d->o.port_id, kmtu, overhead;
+	uint16_t nrx = (uint16_t)d->o.rx_ring, ntx = TX_DESC,
+		 pid = d->o.port_id, kmtu, overhead;
 	unsigned int mbufs;
 	int socket, rc;
 
 	if (!rte_eth_dev_is_valid_port(pid)) {
-		HG_LOG(ERR, "ethdev port %u does not exist (%u available): "
-			"pass a --vdev or a device in the EAL arguments",
-			pid, rte_eth_dev_count_avail());
+		HG_LOG(ERR,
+		       "ethdev port %u does not exist (%u available): "
+		       "pass a --vdev or a device in the EAL arguments",
+		       pid, rte_eth_dev_count_avail());
 		return -ENODEV;
 	}
 	socket = rte_eth_dev_socket_id(pid);
@@ -114,8 +116,10 @@ static int port_setup(struct daemon *d)
 		d->mtu = RTE_ETHER_MTU;
 	d->mtu = RTE_MAX(RTE_MIN(d->mtu, (uint16_t)9000), (uint16_t)576);
 	if (kmtu && kmtu < d->mtu)
-		HG_LOG(WARNING, "--mtu %u: the port's interface has MTU %u: longer "
-		       "frames will not arrive", d->mtu, kmtu);
+		HG_LOG(WARNING,
+		       "--mtu %u: the port's interface has MTU %u: longer "
+		       "frames will not arrive",
+		       d->mtu, kmtu);
 	/*
 	 * One whole frame of the MTU per mbuf, so a PMD need not scatter it:
 	 * the MTU plus room for the Ethernet header, CRC, a VLAN tag and the
@@ -124,7 +128,8 @@ static int port_setup(struct daemon *d)
 	 * Frames a PMD scatters anyway are linearised by the backend.
 	 */
 	d->data_room = (uint16_t)RTE_MAX((unsigned int)RTE_MBUF_DEFAULT_DATAROOM,
-					 RTE_ALIGN_CEIL((unsigned int)d->mtu + 128, 1024u));
+					 RTE_ALIGN_CEIL((unsigned int)d->mtu + 128,
+							1024u));
 	/* the pool fills both rings and still has mbufs for the frames in
 	 * the engine and in a burst: it grows with --rx-ring */
 	mbufs = RTE_MAX(d->o.mbufs, d->o.rx_ring + TX_DESC + 1024u);
@@ -137,9 +142,10 @@ static int port_setup(struct daemon *d)
 	/* a PMD that manages the MTU (a NIC sizing its rx buffers) is given
 	 * it; one that accepts shorter frames only (af_packet reports 1518:
 	 * the kernel interface decides) keeps its own */
-	overhead = (info.max_mtu != UINT16_MAX && info.max_rx_pktlen > info.max_mtu) ?
-		   (uint16_t)(info.max_rx_pktlen - info.max_mtu) :
-		   RTE_ETHER_HDR_LEN + RTE_ETHER_CRC_LEN;
+	overhead = (info.max_mtu != UINT16_MAX &&
+		    info.max_rx_pktlen > info.max_mtu) ?
+			   (uint16_t)(info.max_rx_pktlen - info.max_mtu) :
+			   RTE_ETHER_HDR_LEN + RTE_ETHER_CRC_LEN;
 	if (d->mtu <= info.max_mtu && d->mtu + overhead <= info.max_rx_pktlen)
 		conf.rxmode.mtu = d->mtu;
 	if (info.tx_offload_capa & RTE_ETH_TX_OFFLOAD_MULTI_SEGS)
@@ -177,8 +183,9 @@ static void log_counters(struct daemon *d)
 
 	hg_switch_counters_sum(d, c);
 	hg_dpdk_port_get_stats(d->dport, &ps);
-	n = (size_t)snprintf(line, sizeof(line), "port rx=%" PRIu64 " tx=%"
-			     PRIu64 " drop_injected=%" PRIu64 " arp=%" PRIu64,
+	n = (size_t)snprintf(line, sizeof(line),
+			     "port rx=%" PRIu64 " tx=%" PRIu64
+			     " drop_injected=%" PRIu64 " arp=%" PRIu64,
 			     ps.rx, ps.tx, ps.drop_injected, ps.arp_replies);
 	for (i = 0; i < HG_CNT__COUNT && n < sizeof(line); i++)
 		if (c[i])
@@ -212,7 +219,7 @@ static int run(struct daemon *d)
 		if (hg_control_poll(d->ctl) < 0)
 			HG_LOG(ERR, "control socket: %s", strerror(errno));
 		if (one)
-			hg_switch_shard_publish(one);   /* for the telemetry thread */
+			hg_switch_shard_publish(one); /* for the telemetry thread */
 		if (stats_period && now >= next_stats) {
 			next_stats = now + stats_period;
 			log_counters(d);
@@ -249,7 +256,7 @@ static void teardown(struct daemon *d)
 
 int main(int argc, char **argv)
 {
-	static struct daemon dm;   /* one per process */
+	static struct daemon dm; /* one per process */
 	struct daemon *d = &dm;
 	struct hg_ctl_limits lim;
 	struct sigaction sa;
@@ -263,7 +270,8 @@ int main(int argc, char **argv)
 	sigaction(SIGTERM, &sa, NULL);
 
 	if (hg_switch_log_json_wanted(argc, argv) && hg_switch_log_json() < 0)
-		fprintf(stderr, "homagg-switch: --log-format json: %s\n", strerror(errno));
+		fprintf(stderr, "homagg-switch: --log-format json: %s\n",
+			strerror(errno));
 	eal_args = rte_eal_init(argc, argv);
 	if (eal_args < 0) {
 		HG_LOG(ERR, "EAL init failed: %s", rte_strerror(rte_errno));
@@ -277,19 +285,25 @@ int main(int argc, char **argv)
 	if (hg_mac_isa() < 0) {
 		HG_LOG(ERR, "HOMAGG_MAC_ISA=%s: %s", getenv("HOMAGG_MAC_ISA"),
 		       hg_mac_isa() == -EINVAL ?
-		       "names no MAC path: set it to portable, pclmul, avx2 "
-		       "or avx512, or unset it" :
-		       "this CPU lacks that path: force a lower one or unset it");
+			       "names no MAC path: set it to portable, pclmul, avx2 "
+			       "or avx512, or unset it" :
+			       "this CPU lacks that path: force a lower one or unset it");
 		goto out_eal;
 	}
 
 	if (port_setup(d) < 0)
 		goto out;
-	d->dport = hg_dpdk_port_create(&(struct hg_dpdk_port_conf){
-		.port_id = d->o.port_id, .rx_queue = 0, .tx_queue = 0,
-		.pool = d->pool, .ipv4 = d->o.ipv4, .udp_port = d->o.udp_port,
-		.can_replicate = d->o.replicate, .drop_rate = d->o.drop_rate,
-		.seed = d->o.seed, .mtu = d->mtu });
+	d->dport = hg_dpdk_port_create(
+		&(struct hg_dpdk_port_conf){ .port_id = d->o.port_id,
+					     .rx_queue = 0,
+					     .tx_queue = 0,
+					     .pool = d->pool,
+					     .ipv4 = d->o.ipv4,
+					     .udp_port = d->o.udp_port,
+					     .can_replicate = d->o.replicate,
+					     .drop_rate = d->o.drop_rate,
+					     .seed = d->o.seed,
+					     .mtu = d->mtu });
 	if (!d->dport) {
 		HG_LOG(ERR, "port backend: %s", strerror(errno));
 		goto out;
@@ -307,11 +321,11 @@ int main(int argc, char **argv)
 	lim.rx_ring = d->nshards > 1 ? RTE_MIN(d->rx_ring, 4095u) : d->rx_ring;
 	d->rx_ring_limit = lim.rx_ring;
 	lim.rx_ring_source = d->nshards > 1 && d->rx_ring > 4095u ?
-			     "engine lcore rings" : d->rx_ring_source;
+				     "engine lcore rings" :
+				     d->rx_ring_source;
 	d->ctl = hg_control_create(d->o.control, &hg_switch_ctl_ops, d, &lim);
 	if (!d->ctl) {
-		HG_LOG(ERR, "control socket %s: %s", d->o.control,
-			strerror(errno));
+		HG_LOG(ERR, "control socket %s: %s", d->o.control, strerror(errno));
 		goto out;
 	}
 	hg_switch_telemetry_start(d);
@@ -322,7 +336,8 @@ int main(int argc, char **argv)
 		struct hg_port_info pi;
 
 		d->port.ops->get_info(d->port.ctx, &pi);
-		HG_LOG(NOTICE, "ready port=%u mac=%02x:%02x:%02x:%02x:%02x:%02x "
+		HG_LOG(NOTICE,
+		       "ready port=%u mac=%02x:%02x:%02x:%02x:%02x:%02x "
 		       "ip=%s udp=%u control=%s drop_rate=%g engines=%u mtu=%u "
 		       "max_payload=%u mbuf_data_room=%u rx_ring=%u mac_isa=%s",
 		       d->o.port_id, pi.mac[0], pi.mac[1], pi.mac[2], pi.mac[3],

@@ -57,9 +57,27 @@ static int parse_ulong(const char *s, unsigned long lo, unsigned long hi,
 
 int hg_switch_parse_opts(int argc, char **argv, struct opts *o)
 {
-	enum { O_IP = 256, O_UDP, O_PORT, O_CTL, O_LCORES, O_QUEUES, O_DROP,
-	       O_SEED, O_STATS, O_IDLE, O_IDLE_POLLS, O_MBUFS, O_JOBS, O_NOREP, O_NOCSUM,
-	       O_MTU, O_RX_RING, O_LOG_FORMAT, O_HELP };
+	enum {
+		O_IP = 256,
+		O_UDP,
+		O_PORT,
+		O_CTL,
+		O_LCORES,
+		O_QUEUES,
+		O_DROP,
+		O_SEED,
+		O_STATS,
+		O_IDLE,
+		O_IDLE_POLLS,
+		O_MBUFS,
+		O_JOBS,
+		O_NOREP,
+		O_NOCSUM,
+		O_MTU,
+		O_RX_RING,
+		O_LOG_FORMAT,
+		O_HELP
+	};
 	static const struct option lo[] = {
 		{ "port-ip", required_argument, NULL, O_IP },
 		{ "udp-port", required_argument, NULL, O_UDP },
@@ -77,7 +95,7 @@ int hg_switch_parse_opts(int argc, char **argv, struct opts *o)
 		{ "no-replicate", no_argument, NULL, O_NOREP },
 		{ "no-udp-csum", no_argument, NULL, O_NOCSUM },
 		{ "mtu", required_argument, NULL, O_MTU },
-		{ "rx-ring", required_argument, NULL, O_RX_RING },  /* in enum order */
+		{ "rx-ring", required_argument, NULL, O_RX_RING }, /* in enum order */
 		{ "log-format", required_argument, NULL, O_LOG_FORMAT },
 		{ "help", no_argument, NULL, O_HELP },
 		{ NULL, 0, NULL, 0 },
@@ -88,18 +106,30 @@ int hg_switch_parse_opts(int argc, char **argv, struct opts *o)
 	int c;
 
 	*o = (struct opts){
-		.ipv4 = 0x0A000001, .udp_port = HG_UDP_PORT, .port_id = 0,
-		.control = "/run/homagg-switch.sock", .lcores = 1, .queues = 1,
-		.drop_rate = 0.0, .seed = 1, .stats_interval = 0, .idle_us = 20,
+		.ipv4 = 0x0A000001,
+		.udp_port = HG_UDP_PORT,
+		.port_id = 0,
+		.control = "/run/homagg-switch.sock",
+		.lcores = 1,
+		.queues = 1,
+		.drop_rate = 0.0,
+		.seed = 1,
+		.stats_interval = 0,
+		.idle_us = 20,
 		.idle_polls = 256,
-		.mbufs = 8191, .rx_ring = 1024, .max_jobs = 64, .replicate = true, .udp_csum = true,
+		.mbufs = 8191,
+		.rx_ring = 1024,
+		.max_jobs = 64,
+		.replicate = true,
+		.udp_csum = true,
 	};
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
 		switch (c) {
 		case O_IP:
 			if (inet_pton(AF_INET, optarg, &a) != 1) {
-				HG_LOG(ERR, "--port-ip: not an IPv4 address: %s", optarg);
+				HG_LOG(ERR, "--port-ip: not an IPv4 address: %s",
+				       optarg);
 				return -EINVAL;
 			}
 			o->ipv4 = ntohl(a.s_addr);
@@ -129,8 +159,8 @@ int hg_switch_parse_opts(int argc, char **argv, struct opts *o)
 		case O_DROP:
 			errno = 0;
 			o->drop_rate = strtod(optarg, &end);
-			if (errno || end == optarg || *end || !(o->drop_rate >= 0.0) ||
-			    o->drop_rate > 1.0)
+			if (errno || end == optarg || *end ||
+			    !(o->drop_rate >= 0.0) || o->drop_rate > 1.0)
 				goto bad;
 			break;
 		case O_SEED:
@@ -141,7 +171,8 @@ int hg_switch_parse_opts(int argc, char **argv, struct opts *o)
 		case O_STATS:
 			errno = 0;
 			o->stats_interval = strtod(optarg, &end);
-			if (errno || end == optarg || *end || !(o->stats_interval >= 0.0))
+			if (errno || end == optarg || *end ||
+			    !(o->stats_interval >= 0.0))
 				goto bad;
 			break;
 		case O_IDLE:
@@ -183,7 +214,8 @@ int hg_switch_parse_opts(int argc, char **argv, struct opts *o)
 		case O_LOG_FORMAT:
 			/* applied before the EAL starts: hg_switch_log_format() */
 			if (strcmp(optarg, "text") && strcmp(optarg, "json")) {
-				HG_LOG(ERR, "--log-format: must be text or json, not %s",
+				HG_LOG(ERR,
+				       "--log-format: must be text or json, not %s",
 				       optarg);
 				return -EINVAL;
 			}

@@ -37,7 +37,7 @@
 #include <rte_mempool.h>
 #include <rte_ring.h>
 
-#include "homagg/codec.h"     /* HG_MAX_WORKERS */
+#include "homagg/codec.h" /* HG_MAX_WORKERS */
 #include "homagg/counters.h"
 #include "homagg/engine.h"
 #include "homagg/port.h"
@@ -53,15 +53,15 @@ struct opts {
 	unsigned int queues;
 	double drop_rate;
 	uint64_t seed;
-	double stats_interval;    /* seconds, 0 = off */
-	unsigned int idle_us;     /* sleep when idle, 0 = spin */
-	unsigned int idle_polls;  /* empty polls before the first sleep */
+	double stats_interval;   /* seconds, 0 = off */
+	unsigned int idle_us;    /* sleep when idle, 0 = spin */
+	unsigned int idle_polls; /* empty polls before the first sleep */
 	unsigned int mbufs;
-	unsigned int rx_ring;     /* rx descriptors asked of a descriptor-ring PMD */
+	unsigned int rx_ring; /* rx descriptors asked of a descriptor-ring PMD */
 	unsigned int max_jobs;
-	unsigned int mtu;         /* 0 = the port's (kernel interface or PMD) */
+	unsigned int mtu; /* 0 = the port's (kernel interface or PMD) */
 	bool replicate;
-	bool udp_csum;            /* verify received / fill sent UDP checksums */
+	bool udp_csum; /* verify received / fill sent UDP checksums */
 };
 
 /* A request to an engine lcore (job changes must run on the lcore that
@@ -70,11 +70,11 @@ enum { MB_IDLE, MB_REQ, MB_DONE };
 enum { MB_ADD, MB_REMOVE, MB_JOB_STATS, MB_ROTATE };
 
 struct mailbox {
-	int state;                 /* MB_*, acquire/release atomics */
+	int state; /* MB_*, acquire/release atomics */
 	int op;
-	struct hg_job_config jc;   /* MB_ROTATE: jc.secret is the new epoch's */
+	struct hg_job_config jc; /* MB_ROTATE: jc.secret is the new epoch's */
 	uint32_t job;
-	uint64_t grace_ns;         /* MB_ROTATE */
+	uint64_t grace_ns; /* MB_ROTATE */
 	int rc;
 };
 
@@ -84,7 +84,7 @@ struct mailbox {
  * shard; every shard holds every job). */
 struct shard {
 	struct daemon *d;
-	struct hg_dpdk_port *dport;    /* ring-mode port (N > 1) */
+	struct hg_dpdk_port *dport; /* ring-mode port (N > 1) */
 	struct hg_port port;
 	struct hg_engine *eng;
 	struct rte_ring *rx_ring;
@@ -92,9 +92,9 @@ struct shard {
 	unsigned int lcore;
 	bool launched;
 	struct mailbox mb;
-	uint64_t snap[HG_CNT__COUNT];  /* published counters (relaxed atomics) */
-	uint64_t start_tsc;            /* when its loop started */
-	uint64_t busy_tsc;             /* in polls that received frames (relaxed
+	uint64_t snap[HG_CNT__COUNT]; /* published counters (relaxed atomics) */
+	uint64_t start_tsc;           /* when its loop started */
+	uint64_t busy_tsc;            /* in polls that received frames (relaxed
 					* atomic: one writer, the shard's lcore) */
 	/* MB_JOB_STATS: the engine's share of one job (hg_switch_job_stats'
 	 * layout), written by the shard's lcore.  Its own memory, not the
@@ -106,23 +106,23 @@ struct shard {
 struct daemon {
 	struct opts o;
 	struct rte_mempool *pool;
-	struct hg_dpdk_port *dport;    /* the ethdev port */
+	struct hg_dpdk_port *dport; /* the ethdev port */
 	struct hg_port port;
 	struct shard *shards;
 	unsigned int nshards;
 	struct hg_control *ctl;
 	bool port_started;
-	uint16_t mtu;                  /* of the link (--mtu, kernel interface, PMD) */
-	uint16_t data_room;            /* of every mbuf: a whole frame of the MTU */
-	unsigned int rx_ring;          /* frames the port's receive ring holds */
-	const char *rx_ring_source;    /* what sets it: "af_packet framecnt", ... */
-	unsigned int rx_ring_limit;    /* W x S at most: rx_ring, or a shard ring's */
-	int pkt_fds[8];                /* af_packet: the PMD's packet sockets */
+	uint16_t mtu;         /* of the link (--mtu, kernel interface, PMD) */
+	uint16_t data_room;   /* of every mbuf: a whole frame of the MTU */
+	unsigned int rx_ring; /* frames the port's receive ring holds */
+	const char *rx_ring_source; /* what sets it: "af_packet framecnt", ... */
+	unsigned int rx_ring_limit; /* W x S at most: rx_ring, or a shard ring's */
+	int pkt_fds[8];             /* af_packet: the PMD's packet sockets */
 	unsigned int npkt_fds;
-	uint64_t ring_drops;           /* af_packet: the kernel ring's drops, summed */
-	volatile bool stop_requested;  /* by the shutdown command */
-	volatile bool stop_engines;    /* engine lcores leave their loop */
-	uint64_t dispatch_full;        /* frames a full shard ring refused */
+	uint64_t ring_drops; /* af_packet: the kernel ring's drops, summed */
+	volatile bool stop_requested; /* by the shutdown command */
+	volatile bool stop_engines;   /* engine lcores leave their loop */
+	uint64_t dispatch_full;       /* frames a full shard ring refused */
 };
 
 /* switch_opts.c: parse the daemon's options (argv[0] is the program);
@@ -153,8 +153,8 @@ bool hg_switch_dispatch(struct daemon *d);
 
 /* switch_rxring.c: set d->rx_ring and its source from the PMD (nrx: the rx
  * descriptors it took); the frames the ring had no room for so far. */
-void hg_switch_rx_ring_probe(struct daemon *d, const struct rte_eth_dev_info *info,
-			     uint16_t nrx);
+void hg_switch_rx_ring_probe(struct daemon *d,
+			     const struct rte_eth_dev_info *info, uint16_t nrx);
 uint64_t hg_switch_rx_missed(struct daemon *d);
 
 /* switch_ctl.c: the control socket's callbacks (ctx is the daemon). */
@@ -180,6 +180,5 @@ static inline void idle_sleep(const struct daemon *d, unsigned int *idle, bool m
 		nanosleep(&ts, NULL);
 	}
 }
-
 
 #endif /* HOMAGG_DPDK_SWITCH_PVT_H */

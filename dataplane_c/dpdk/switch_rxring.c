@@ -29,19 +29,22 @@
 
 #include "switch_pvt.h"
 
-#define AF_PACKET_DEFAULT_FRAMES 512   /* DPDK net_af_packet's framecnt */
+#define AF_PACKET_DEFAULT_FRAMES 512 /* DPDK net_af_packet's framecnt */
 
 /* framecnt=N in an af_packet vdev's arguments; the PMD's default without. */
 static unsigned int af_packet_frames(const struct rte_eth_dev_info *info)
 {
-	const struct rte_devargs *da = info->device ? rte_dev_devargs(info->device) : NULL;
+	const struct rte_devargs *da = info->device ?
+					       rte_dev_devargs(info->device) :
+					       NULL;
 	const char *p = da && da->args ? da->args : "";
 	unsigned long v;
 
 	for (; (p = strstr(p, "framecnt=")) != NULL; p++)
 		if (p == da->args || p[-1] == ',') {
 			v = strtoul(p + strlen("framecnt="), NULL, 0);
-			return v ? (unsigned int)RTE_MIN(v, 1ul << 24) : AF_PACKET_DEFAULT_FRAMES;
+			return v ? (unsigned int)RTE_MIN(v, 1ul << 24) :
+				   AF_PACKET_DEFAULT_FRAMES;
 		}
 	return AF_PACKET_DEFAULT_FRAMES;
 }
@@ -64,14 +67,15 @@ static void find_packet_sockets(struct daemon *d, uint32_t if_index)
 		len = sizeof(sll);
 		memset(&sll, 0, sizeof(sll));
 		if (getsockname((int)fd, (struct sockaddr *)&sll, &len) == 0 &&
-		    sll.sll_family == AF_PACKET && (uint32_t)sll.sll_ifindex == if_index)
+		    sll.sll_family == AF_PACKET &&
+		    (uint32_t)sll.sll_ifindex == if_index)
 			d->pkt_fds[d->npkt_fds++] = (int)fd;
 	}
 	closedir(dir);
 }
 
-void hg_switch_rx_ring_probe(struct daemon *d, const struct rte_eth_dev_info *info,
-			     uint16_t nrx)
+void hg_switch_rx_ring_probe(struct daemon *d,
+			     const struct rte_eth_dev_info *info, uint16_t nrx)
 {
 	if (info->driver_name && strcmp(info->driver_name, "net_af_packet") == 0) {
 		d->rx_ring = af_packet_frames(info);
@@ -92,7 +96,8 @@ uint64_t hg_switch_rx_missed(struct daemon *d)
 
 	for (i = 0; i < d->npkt_fds; i++) {
 		len = sizeof(st);
-		if (getsockopt(d->pkt_fds[i], SOL_PACKET, PACKET_STATISTICS, &st, &len) == 0)
+		if (getsockopt(d->pkt_fds[i], SOL_PACKET, PACKET_STATISTICS,
+			       &st, &len) == 0)
 			d->ring_drops += st.tp_drops;
 	}
 	if (rte_eth_stats_get(d->o.port_id, &es) != 0)

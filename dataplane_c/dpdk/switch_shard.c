@@ -53,8 +53,9 @@ int hg_switch_shard_poll(struct shard *sh)
 	int n = hg_engine_poll(sh->eng);
 
 	if (n > 0)
-		__atomic_store_n(&sh->busy_tsc, sh->busy_tsc +
-				 (rte_get_tsc_cycles() - t0), __ATOMIC_RELAXED);
+		__atomic_store_n(&sh->busy_tsc,
+				 sh->busy_tsc + (rte_get_tsc_cycles() - t0),
+				 __ATOMIC_RELAXED);
 	return n;
 }
 
@@ -119,10 +120,10 @@ int hg_switch_shard_call(struct shard *sh, int op, const struct hg_job_config *j
 	uint64_t deadline;
 	int rc;
 
-	if (!sh->launched)   /* the engine is polled by this very lcore */
+	if (!sh->launched) /* the engine is polled by this very lcore */
 		return shard_op(sh, op, jc, job, grace_ns);
 	if (__atomic_load_n(&mb->state, __ATOMIC_ACQUIRE) != MB_IDLE)
-		return -EBUSY;   /* an earlier request timed out */
+		return -EBUSY; /* an earlier request timed out */
 	mb->op = op;
 	if (jc)
 		mb->jc = *jc;
@@ -152,7 +153,8 @@ int hg_switch_job_stats(struct daemon *d, uint32_t job, uint32_t workers,
 		return -ERANGE;
 	memset(out, 0, sizeof(*out) * n);
 	for (k = 0; k < d->nshards; k++) {
-		if ((rc = hg_switch_shard_call(&d->shards[k], MB_JOB_STATS, NULL, job, 0)))
+		if ((rc = hg_switch_shard_call(&d->shards[k], MB_JOB_STATS,
+					       NULL, job, 0)))
 			return rc;
 		for (i = 0; i < n; i++)
 			out[i] += d->shards[k].job_stats[i];
@@ -196,9 +198,10 @@ int hg_switch_shards_setup(struct daemon *d)
 
 	d->nshards = d->o.lcores;
 	if (d->nshards > 1 && rte_lcore_count() < d->nshards + 1) {
-		HG_LOG(ERR, "--lcores %u needs %u EAL lcores (e.g. -l 0-%u): "
-			"one dispatcher and one per engine", d->nshards,
-			d->nshards + 1, d->nshards);
+		HG_LOG(ERR,
+		       "--lcores %u needs %u EAL lcores (e.g. -l 0-%u): "
+		       "one dispatcher and one per engine",
+		       d->nshards, d->nshards + 1, d->nshards);
 		return -EINVAL;
 	}
 	d->shards = rte_zmalloc("hg_shards", sizeof(*d->shards) * d->nshards,
@@ -215,18 +218,24 @@ int hg_switch_shards_setup(struct daemon *d)
 			char name[RTE_RING_NAMESIZE];
 
 			snprintf(name, sizeof(name), "hg_rx%u", k);
-			sh->rx_ring = rte_ring_create(name, 4096, (int)rte_socket_id(),
+			sh->rx_ring = rte_ring_create(name, 4096,
+						      (int)rte_socket_id(),
 						      RING_F_SP_ENQ | RING_F_SC_DEQ);
 			snprintf(name, sizeof(name), "hg_tx%u", k);
-			sh->tx_ring = rte_ring_create(name, 4096, (int)rte_socket_id(),
+			sh->tx_ring = rte_ring_create(name, 4096,
+						      (int)rte_socket_id(),
 						      RING_F_SP_ENQ | RING_F_SC_DEQ);
 			if (!sh->rx_ring || !sh->tx_ring)
 				return -ENOMEM;
 			sh->dport = hg_dpdk_port_create(&(struct hg_dpdk_port_conf){
-				.port_id = d->o.port_id, .pool = d->pool,
-				.ipv4 = d->o.ipv4, .udp_port = d->o.udp_port,
-				.can_replicate = d->o.replicate, .mtu = d->mtu,
-				.rx_ring = sh->rx_ring, .tx_ring = sh->tx_ring });
+				.port_id = d->o.port_id,
+				.pool = d->pool,
+				.ipv4 = d->o.ipv4,
+				.udp_port = d->o.udp_port,
+				.can_replicate = d->o.replicate,
+				.mtu = d->mtu,
+				.rx_ring = sh->rx_ring,
+				.tx_ring = sh->tx_ring });
 			if (!sh->dport)
 				return -ENOMEM;
 			sh->port = hg_dpdk_port_ops(sh->dport);

@@ -14,8 +14,7 @@
  */
 static struct daemon *g_tel_daemon;
 
-static int tel_stats(const char *cmd, const char *params,
-		     struct rte_tel_data *t)
+static int tel_stats(const char *cmd, const char *params, struct rte_tel_data *t)
 {
 	struct daemon *d = g_tel_daemon;
 	uint64_t c[HG_CNT__COUNT] = { 0 };

@@ -29,8 +29,7 @@ struct stub {
 	unsigned int shutdowns;
 };
 
-static int stub_add(void *ctx, const struct hg_ctl_job *j, char *err,
-		    size_t errlen)
+static int stub_add(void *ctx, const struct hg_ctl_job *j, char *err, size_t errlen)
 {
 	struct stub *s = ctx;
 	int i, free_i = -1;
@@ -67,14 +66,19 @@ static int stub_stats(void *ctx, json_t *reply)
 {
 	struct stub *s = ctx;
 
-	return json_object_set_new(reply, "shutdowns",
-				   json_integer(s->shutdowns)) ? -ENOMEM : 0;
+	return json_object_set_new(reply, "shutdowns", json_integer(s->shutdowns)) ?
+		       -ENOMEM :
+		       0;
 }
 
 static int stub_rotate(void *ctx, uint32_t job, const uint8_t *secret,
 		       uint64_t grace_ns, char *err, size_t errlen)
 {
-	(void)ctx; (void)secret; (void)grace_ns; (void)err; (void)errlen;
+	(void)ctx;
+	(void)secret;
+	(void)grace_ns;
+	(void)err;
+	(void)errlen;
 	return job == 1 ? 1 : -ENOENT;
 }
 

@@ -56,7 +56,11 @@ static const struct {
 	uint16_t workers, slots, payload_bytes, shard;
 	uint8_t auth;
 } jobs[] = {
-	{ .job = 1, .token = 77, .workers = 3, .slots = 4, .payload_bytes = 1024,
+	{ .job = 1,
+	  .token = 77,
+	  .workers = 3,
+	  .slots = 4,
+	  .payload_bytes = 1024,
 	  .group_ipv4 = 0xef010203 },
 	{ .job = 2, .token = 99, .workers = 2, .slots = 1, .payload_bytes = 64, .shard = 1 },
 	{ .job = 3, .token = 55, .workers = 2, .slots = 2, .payload_bytes = 256, .auth = 1 },
@@ -101,9 +105,9 @@ static void side_create(struct side *sd, const uint8_t *data, size_t size,
 		jc.shard = jobs[k].shard;
 		jc.incarnation = 7;
 		jc.auth = jobs[k].auth;
-		jc.mac = HG_MAC_BLAKE2B;   /* make_corpus.py's MAC: any host has it */
+		jc.mac = HG_MAC_BLAKE2B; /* make_corpus.py's MAC: any host has it */
 		for (size_t i = 0; jc.auth && i < sizeof(jc.secret); i++)
-			jc.secret[i] = (uint8_t)(i + 1);   /* make_corpus.py's SECRET */
+			jc.secret[i] = (uint8_t)(i + 1); /* make_corpus.py's SECRET */
 		if (hg_engine_add_job(sd->e, &jc))
 			abort();
 	}
@@ -168,7 +172,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	}
 	poll_both(sd);
 	for (int k = 0; k < 2; k++) {
-		if (hg_engine_counters(sd[k].e, cnt[k], HG_CNT__COUNT) != HG_CNT__COUNT ||
+		if (hg_engine_counters(sd[k].e, cnt[k], HG_CNT__COUNT) !=
+			    HG_CNT__COUNT ||
 		    hg_port_mem_free_count(sd[k].m) != POOL)
 			abort();
 	}

@@ -28,7 +28,7 @@ struct hg_port_mem {
 	uint32_t nfree;
 	struct pq rxq, txq;
 	uint64_t now;
-	uint32_t tx_limit;     /* 0 = unlimited */
+	uint32_t tx_limit; /* 0 = unlimited */
 	uint32_t tx_taken;
 	uint32_t groups;
 };

@@ -19,21 +19,21 @@
 #define FRAME_CAP (HG_ETH_IP_UDP_LEN + HG_HDR_LEN + HG_MAX_PAYLOAD)
 
 struct hg_udp_port {
-	struct hg_port port;         /* handed out by hg_udp_port_port() */
-	int ufd;                     /* unicast socket */
-	int gfd;                     /* multicast socket, -1 until a join */
-	uint32_t ipv4;               /* bound address, host order */
+	struct hg_port port; /* handed out by hg_udp_port_port() */
+	int ufd;             /* unicast socket */
+	int gfd;             /* multicast socket, -1 until a join */
+	uint32_t ipv4;       /* bound address, host order */
 	uint16_t udp_port;
 	uint16_t group_port;
 	uint32_t rcvbuf;
 	uint32_t sndbuf;
-	uint16_t mtu;                /* reported by get_info */
+	uint16_t mtu; /* reported by get_info */
 	struct hg_udp_port_stats st;
 	uint32_t npkts;
 	uint32_t nfree;
-	struct hg_pkt **free;        /* stack of free packets */
+	struct hg_pkt **free; /* stack of free packets */
 	struct hg_pkt *pkts;
-	uint8_t *mem;                /* npkts * FRAME_CAP bytes */
+	uint8_t *mem; /* npkts * FRAME_CAP bytes */
 };
 
 /* ---- frame helpers -------------------------------------------------- */
@@ -83,14 +83,13 @@ static uint16_t rx_fd(struct hg_udp_port *p, int fd, uint32_t dst_ip,
 		return 0;
 	for (i = 0; i < n; i++) {
 		pk[i] = p->free[p->nfree - 1 - i];
-		mmsg_one(&mm[i], &iov[i], &from[i],
-			 pk[i]->data + HG_ETH_IP_UDP_LEN,
+		mmsg_one(&mm[i], &iov[i], &from[i], pk[i]->data + HG_ETH_IP_UDP_LEN,
 			 pk[i]->cap - HG_ETH_IP_UDP_LEN);
 	}
 	got = recvmmsg(fd, mm, n, MSG_DONTWAIT, NULL);
 	if (got <= 0)
 		return 0;
-	p->nfree -= (uint32_t)got;   /* pk[0..got) leave the free stack */
+	p->nfree -= (uint32_t)got; /* pk[0..got) leave the free stack */
 	for (i = 0; i < got; i++) {
 		uint16_t len = (uint16_t)mm[i].msg_len;
 
@@ -140,8 +139,8 @@ static bool frame_ok(const struct hg_pkt *pk)
 {
 	const uint8_t *ip = pk->data + HG_OFF_IP;
 
-	return pk->len >= HG_ETH_IP_UDP_LEN && hg_rd16(pk->data + 12) == 0x0800 &&
-	       ip[0] == 0x45 && ip[9] == 17;
+	return pk->len >= HG_ETH_IP_UDP_LEN &&
+	       hg_rd16(pk->data + 12) == 0x0800 && ip[0] == 0x45 && ip[9] == 17;
 }
 
 static uint16_t udp_tx(void *ctx, struct hg_pkt **pkts, uint16_t n)
@@ -150,7 +149,7 @@ static uint16_t udp_tx(void *ctx, struct hg_pkt **pkts, uint16_t n)
 	struct mmsghdr mm[UDP_BURST];
 	struct iovec iov[UDP_BURST];
 	struct sockaddr_in to[UDP_BURST];
-	uint16_t idx[UDP_BURST];   /* packet index of each message */
+	uint16_t idx[UDP_BURST]; /* packet index of each message */
 	uint16_t i, m = 0, taken;
 	int sent;
 
@@ -166,26 +165,26 @@ static uint16_t udp_tx(void *ctx, struct hg_pkt **pkts, uint16_t n)
 		to[m].sin_family = AF_INET;
 		to[m].sin_addr.s_addr = htonl(hg_ld_be32(ip + 16));
 		to[m].sin_port = htons(hg_rd16(udp + 2));
-		mmsg_one(&mm[m], &iov[m], &to[m],
-			 pkts[i]->data + HG_ETH_IP_UDP_LEN,
+		mmsg_one(&mm[m], &iov[m], &to[m], pkts[i]->data + HG_ETH_IP_UDP_LEN,
 			 pkts[i]->len - HG_ETH_IP_UDP_LEN);
 		idx[m++] = i;
 	}
 	sent = m ? sendmmsg(p->ufd, mm, m, MSG_DONTWAIT) : 0;
 	if (sent < 0) {
 		if (errno == EAGAIN || errno == EWOULDBLOCK || errno == ENOBUFS) {
-			sent = 0;          /* full: the caller keeps the rest */
+			sent = 0; /* full: the caller keeps the rest */
 		} else {
 			if (errno == EMSGSIZE) { /* larger than the path MTU */
 				p->st.tx_too_big++;
-				p->st.tx_too_big_bytes = HG_ETH_IP_UDP_LEN - HG_OFF_IP +
+				p->st.tx_too_big_bytes = HG_ETH_IP_UDP_LEN -
+							 HG_OFF_IP +
 							 iov[0].iov_len;
 			}
 			/* e.g. no route: this datagram cannot leave; take it
 			 * (dropped) so the client's timer handles it rather
 			 * than a tight resend loop */
 			p->st.tx_errors++;
-			p->st.tx--;        /* compensated below: not sent */
+			p->st.tx--; /* compensated below: not sent */
 			sent = 1;
 		}
 	}
@@ -221,7 +220,7 @@ static int udp_info(void *ctx, struct hg_port_info *info)
 	info->ipv4 = p->ipv4;
 	info->udp_port = p->udp_port;
 	info->mtu = p->mtu;
-	info->can_replicate = true;   /* the kernel delivers to every member */
+	info->can_replicate = true; /* the kernel delivers to every member */
 	return 0;
 }
 
@@ -278,7 +277,8 @@ static int udp_join(void *ctx, uint32_t group)
 		if (fd < 0)
 			return -errno;
 		if (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) < 0 ||
-		    setsockopt(fd, IPPROTO_IP, IP_MULTICAST_ALL, &zero, sizeof(zero)) < 0 ||
+		    setsockopt(fd, IPPROTO_IP, IP_MULTICAST_ALL, &zero,
+			       sizeof(zero)) < 0 ||
 		    bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
 			int e = errno;
 
@@ -292,7 +292,7 @@ static int udp_join(void *ctx, uint32_t group)
 	mr.imr_multiaddr.s_addr = htonl(group);
 	mr.imr_address.s_addr = htonl(p->ipv4);
 	if (setsockopt(p->gfd, IPPROTO_IP, IP_ADD_MEMBERSHIP, &mr, sizeof(mr)) < 0 &&
-	    errno != EADDRINUSE)   /* already a member */
+	    errno != EADDRINUSE) /* already a member */
 		return -errno;
 	return 0;
 }
@@ -400,7 +400,8 @@ struct hg_udp_port *hg_udp_port_create(const struct hg_udp_port_config *cfg)
 	/* Don't fragment: a datagram larger than the path MTU fails with
 	 * EMSGSIZE (counted, tx_too_big) instead of leaving as fragments the
 	 * aggregator drops. */
-	if (setsockopt(p->ufd, IPPROTO_IP, IP_MTU_DISCOVER, &pmtu_do, sizeof(pmtu_do)) < 0)
+	if (setsockopt(p->ufd, IPPROTO_IP, IP_MTU_DISCOVER, &pmtu_do,
+		       sizeof(pmtu_do)) < 0)
 		goto err_close;
 	p->ipv4 = ntohl(sa.sin_addr.s_addr);
 	p->udp_port = ntohs(sa.sin_port);
@@ -440,8 +441,7 @@ struct hg_port *hg_udp_port_port(struct hg_udp_port *p)
 	return p ? &p->port : NULL;
 }
 
-int hg_udp_port_local(const struct hg_udp_port *p, uint32_t *ipv4,
-		      uint16_t *udp_port)
+int hg_udp_port_local(const struct hg_udp_port *p, uint32_t *ipv4, uint16_t *udp_port)
 {
 	if (!p || !ipv4 || !udp_port)
 		return -EINVAL;
@@ -454,12 +454,14 @@ int hg_udp_port_wait(struct hg_udp_port *p, uint64_t timeout_ns)
 {
 	if (!p)
 		return -EINVAL;
-	return wait_fds(p, timeout_ns > UINT64_MAX - udp_now(p) ? UINT64_MAX
-				: udp_now(p) + timeout_ns, false);
+	return wait_fds(p,
+			timeout_ns > UINT64_MAX - udp_now(p) ?
+				UINT64_MAX :
+				udp_now(p) + timeout_ns,
+			false);
 }
 
-int hg_udp_port_get_stats(const struct hg_udp_port *p,
-			  struct hg_udp_port_stats *st)
+int hg_udp_port_get_stats(const struct hg_udp_port *p, struct hg_udp_port_stats *st)
 {
 	if (!p || !st)
 		return -EINVAL;

@@ -41,16 +41,19 @@
 _Static_assert(HG_AUTH_SECRET_LEN == crypto_kdf_KEYBYTES, "secret length");
 /* The config structs spell the length out (cffi parses them). */
 _Static_assert(sizeof(((struct hg_job_config *)0)->secret) == HG_AUTH_SECRET_LEN &&
-	       sizeof(((struct hg_client_config *)0)->secret) == HG_AUTH_SECRET_LEN,
+		       sizeof(((struct hg_client_config *)0)->secret) ==
+			       HG_AUTH_SECRET_LEN,
 	       "secret fields");
 _Static_assert(sizeof(KDF_CONTEXT) - 1 == crypto_kdf_CONTEXTBYTES, "KDF context");
 _Static_assert(HG_MAC_LEN >= crypto_generichash_BYTES_MIN &&
-	       HG_MAC_LEN <= crypto_generichash_BYTES_MAX, "MAC length");
+		       HG_MAC_LEN <= crypto_generichash_BYTES_MAX,
+	       "MAC length");
 _Static_assert(HG_MAC_LEN == crypto_aead_aes256gcm_ABYTES, "GCM tag length");
 _Static_assert(HG_AUTH_KEY_LEN == crypto_aead_aes256gcm_KEYBYTES, "GCM key");
 _Static_assert(HG_AUTH_NONCE_LEN == crypto_aead_aes256gcm_NPUBBYTES, "GCM nonce");
 _Static_assert(HG_AUTH_KEY_LEN >= crypto_generichash_KEYBYTES_MIN &&
-	       HG_AUTH_KEY_LEN <= crypto_generichash_KEYBYTES_MAX, "key length");
+		       HG_AUTH_KEY_LEN <= crypto_generichash_KEYBYTES_MAX,
+	       "key length");
 
 bool hg_auth_mac_available(uint32_t alg)
 {
@@ -67,8 +70,8 @@ uint32_t hg_auth_default_mac(void)
 {
 	if (sodium_init() < 0)
 		return 0;
-	return hg_auth_mac_available(HG_MAC_AES_GMAC) ? HG_MAC_AES_GMAC
-						      : HG_MAC_BLAKE2B;
+	return hg_auth_mac_available(HG_MAC_AES_GMAC) ? HG_MAC_AES_GMAC :
+							HG_MAC_BLAKE2B;
 }
 
 int hg_auth_derive_key(const uint8_t *secret, uint32_t job, uint32_t id,
@@ -87,14 +90,13 @@ int hg_auth_derive_key(const uint8_t *secret, uint32_t job, uint32_t id,
 	return 0;
 }
 
-void hg_auth_nonce(const uint8_t *hdr, uint32_t dir, uint64_t counter,
-		   uint8_t *n)
+void hg_auth_nonce(const uint8_t *hdr, uint32_t dir, uint64_t counter, uint8_t *n)
 {
-	n[0] = hdr[23];                 /* shard */
+	n[0] = hdr[23]; /* shard */
 	n[1] = (uint8_t)dir;
-	for (int i = 0; i < 6; i++)     /* counter, low 48 bits, big-endian */
+	for (int i = 0; i < 6; i++) /* counter, low 48 bits, big-endian */
 		n[2 + i] = (uint8_t)(counter >> (40 - 8 * i));
-	memcpy(n + 8, hdr + 24, 4);     /* incarnation as sent */
+	memcpy(n + 8, hdr + 24, 4); /* incarnation as sent */
 }
 
 /*
@@ -102,15 +104,14 @@ void hg_auth_nonce(const uint8_t *hdr, uint32_t dir, uint64_t counter,
  * register from the header (the nonce's bytes stored one by one and read
  * back as a vector would stall the store buffer on every frame).
  */
-static inline __m128i gmac_j0(const uint8_t *hdr, uint32_t dir,
-			      uint64_t counter)
+static inline __m128i gmac_j0(const uint8_t *hdr, uint32_t dir, uint64_t counter)
 {
 	uint32_t inc;
 	uint64_t lo;
 
-	memcpy(&inc, hdr + 24, 4);      /* incarnation as sent */
+	memcpy(&inc, hdr + 24, 4); /* incarnation as sent */
 	lo = hdr[23] | (uint64_t)(uint8_t)dir << 8 |
-	     __builtin_bswap64(counter << 16) << 16;   /* 48 bits, big-endian */
+	     __builtin_bswap64(counter << 16) << 16; /* 48 bits, big-endian */
 	return _mm_set_epi64x((long long)(inc | 1ull << 56), (long long)lo);
 }
 
@@ -127,7 +128,7 @@ int hg_mac_key_init(struct hg_mac_key *k, uint32_t alg, const uint8_t *key)
 		return 0;
 	}
 	k->isa = hg_mac_isa();
-	if (k->isa < 0) {               /* HOMAGG_MAC_ISA refused */
+	if (k->isa < 0) { /* HOMAGG_MAC_ISA refused */
 		int rc = k->isa;
 
 		hg_mac_key_release(k);
@@ -152,12 +153,12 @@ void hg_mac_key_release(struct hg_mac_key *k)
 	if (!k)
 		return;
 	if (k->evp)
-		EVP_CIPHER_CTX_free(k->evp);   /* wipes its key schedule */
+		EVP_CIPHER_CTX_free(k->evp); /* wipes its key schedule */
 	sodium_memzero(k, sizeof(*k));
 }
 
-int hg_mac_key_derive(struct hg_mac_key *k, uint32_t alg,
-		      const uint8_t *secret, uint32_t job, uint32_t id)
+int hg_mac_key_derive(struct hg_mac_key *k, uint32_t alg, const uint8_t *secret,
+		      uint32_t job, uint32_t id)
 {
 	uint8_t key[HG_AUTH_KEY_LEN];
 	int rc = hg_auth_derive_key(secret, job, id, key);
@@ -198,13 +199,13 @@ static void gmac_tag(const struct hg_mac_key *k, const uint8_t *nonce,
 			randombytes_buf(mac, HG_MAC_LEN);
 		return;
 	}
-	crypto_aead_aes256gcm_encrypt_detached_afternm(
-		none, mac, &maclen, none, 0, data, len, NULL, nonce, &k->aes);
+	crypto_aead_aes256gcm_encrypt_detached_afternm(none, mac, &maclen, none,
+						       0, data, len, NULL,
+						       nonce, &k->aes);
 }
 
-void hg_mac_key_sign(const struct hg_mac_key *k, uint32_t dir,
-		     uint64_t counter, const uint8_t *data, size_t len,
-		     uint8_t *mac)
+void hg_mac_key_sign(const struct hg_mac_key *k, uint32_t dir, uint64_t counter,
+		     const uint8_t *data, size_t len, uint8_t *mac)
 {
 	if (k->alg == HG_MAC_AES_GMAC) {
 		uint8_t nonce[HG_AUTH_NONCE_LEN];
@@ -217,8 +218,8 @@ void hg_mac_key_sign(const struct hg_mac_key *k, uint32_t dir,
 		}
 		/* GMAC: nothing encrypted, everything authenticated */
 		if (k->isa != HG_MAC_ISA_PORTABLE) {
-			hg_gmac_tag(&k->gmac, k->isa, gmac_j0(data, dir, counter),
-				    data, len, mac);
+			hg_gmac_tag(&k->gmac, k->isa,
+				    gmac_j0(data, dir, counter), data, len, mac);
 			return;
 		}
 		hg_auth_nonce(data, dir, counter, nonce);
@@ -229,9 +230,8 @@ void hg_mac_key_sign(const struct hg_mac_key *k, uint32_t dir,
 	}
 }
 
-bool hg_mac_key_check(const struct hg_mac_key *k, uint32_t dir,
-		      uint64_t counter, const uint8_t *data, size_t len,
-		      const uint8_t *mac)
+bool hg_mac_key_check(const struct hg_mac_key *k, uint32_t dir, uint64_t counter,
+		      const uint8_t *data, size_t len, const uint8_t *mac)
 {
 	uint8_t want[HG_MAC_LEN];
 
@@ -248,8 +248,7 @@ bool hg_mac_key_check(const struct hg_mac_key *k, uint32_t dir,
  * request's first lines and its key's powers of H prefetched (a frame from
  * the NIC, or a key of another worker, is not in this core's L1).
  */
-static void check_gmac_batch(uint32_t dir, struct hg_mac_req *const *q,
-			     uint32_t n)
+static void check_gmac_batch(uint32_t dir, struct hg_mac_req *const *q, uint32_t n)
 {
 	const struct hg_gmac_key *g[CHECK_BATCH];
 	__m128i j0[CHECK_BATCH], mask[CHECK_BATCH];
@@ -266,9 +265,11 @@ static void check_gmac_batch(uint32_t dir, struct hg_mac_req *const *q,
 		if (i + 1 < n) {
 			/* the powers the next tag reads: the last blocks + 2 */
 			const uint8_t *d = q[i + 1]->data;
-			const uint8_t *end = (const uint8_t *)(g[i + 1]->hpow + HG_GMAC_CHUNK);
+			const uint8_t *end = (const uint8_t *)(g[i + 1]->hpow +
+							       HG_GMAC_CHUNK);
 			size_t hb = q[i + 1]->len + 32 < sizeof(g[0]->hpow) ?
-				    q[i + 1]->len + 32 : sizeof(g[0]->hpow);
+					    q[i + 1]->len + 32 :
+					    sizeof(g[0]->hpow);
 
 			__builtin_prefetch(d, 0);
 			__builtin_prefetch(d + 64, 0);
@@ -289,10 +290,10 @@ void hg_mac_key_check_burst(uint32_t dir, struct hg_mac_req *r, uint32_t n)
 	for (uint32_t i = 0; i < n; i++) {
 		const struct hg_mac_key *k = r[i].k;
 
-		if (k->alg != HG_MAC_AES_GMAC || k->isa == HG_MAC_ISA_PORTABLE ||
-		    (r[i].counter >> 48)) {
-			r[i].ok = hg_mac_key_check(k, dir, r[i].counter, r[i].data,
-						   r[i].len, r[i].mac);
+		if (k->alg != HG_MAC_AES_GMAC ||
+		    k->isa == HG_MAC_ISA_PORTABLE || (r[i].counter >> 48)) {
+			r[i].ok = hg_mac_key_check(k, dir, r[i].counter,
+						   r[i].data, r[i].len, r[i].mac);
 			continue;
 		}
 		q[nq++] = &r[i];
@@ -306,17 +307,16 @@ void hg_mac_key_check_burst(uint32_t dir, struct hg_mac_req *r, uint32_t n)
 }
 
 int hg_auth_mac(uint32_t alg, const uint8_t *key, uint32_t dir,
-		uint64_t counter, const uint8_t *data, size_t len,
-		uint8_t *mac)
+		uint64_t counter, const uint8_t *data, size_t len, uint8_t *mac)
 {
 	struct hg_mac_key *k;
 	int rc;
 
 	if (!key || !mac || !data || len < HG_HDR_LEN)
 		return -EINVAL;
-	if (sodium_init() < 0)          /* sodium_malloc needs it first */
+	if (sodium_init() < 0) /* sodium_malloc needs it first */
 		return -ENOTSUP;
-	k = sodium_malloc(sizeof(*k));  /* aligned; wiped when freed */
+	k = sodium_malloc(sizeof(*k)); /* aligned; wiped when freed */
 	if (!k)
 		return -ENOMEM;
 	memset(k, 0, sizeof(*k));
@@ -328,8 +328,8 @@ int hg_auth_mac(uint32_t alg, const uint8_t *key, uint32_t dir,
 	return rc;
 }
 
-int hg_auth_gmac(const uint8_t *key, const uint8_t *nonce,
-		 const uint8_t *data, size_t len, uint8_t *tag)
+int hg_auth_gmac(const uint8_t *key, const uint8_t *nonce, const uint8_t *data,
+		 size_t len, uint8_t *tag)
 {
 	struct hg_mac_key *k;
 	int rc;
@@ -338,7 +338,7 @@ int hg_auth_gmac(const uint8_t *key, const uint8_t *nonce,
 		return -EINVAL;
 	if (sodium_init() < 0)
 		return -ENOTSUP;
-	k = sodium_malloc(sizeof(*k));  /* aligned; wiped when freed */
+	k = sodium_malloc(sizeof(*k)); /* aligned; wiped when freed */
 	if (!k)
 		return -ENOMEM;
 	memset(k, 0, sizeof(*k));
@@ -385,8 +385,7 @@ uint64_t hg_mac_track_counter(const struct hg_mac_track *t, const uint8_t *hdr)
 	return hg_auth_counter_extend(last, c32);
 }
 
-void hg_mac_track_update(struct hg_mac_track *t, const uint8_t *hdr,
-			 uint64_t ctr)
+void hg_mac_track_update(struct hg_mac_track *t, const uint8_t *hdr, uint64_t ctr)
 {
 	uint32_t inc = ((uint32_t)hdr[24] << 24) | ((uint32_t)hdr[25] << 16) |
 		       ((uint32_t)hdr[26] << 8) | hdr[27];

@@ -52,7 +52,7 @@ static bool mac_isa_cpu(int isa)
 }
 
 static const char *const mac_isa_names[] = { "portable", "pclmul", "avx2",
-					      "avx512" };
+					     "avx512" };
 #define MAC_ISA_COUNT ((int)(sizeof(mac_isa_names) / sizeof(mac_isa_names[0])))
 
 const char *hg_mac_isa_name(int isa)
@@ -112,16 +112,19 @@ GMAC_PCLMUL static inline __m128i aes_expand_step(__m128i prev, __m128i assist)
 }
 
 /* aeskeygenassist needs its round constant as an immediate. */
-#define AES_ROUND_PAIR(i, rcon)                                              \
-	do {                                                                  \
-		a = aes_expand_step(a, _mm_shuffle_epi32(                     \
-			_mm_aeskeygenassist_si128(b, rcon), 0xff));           \
-		rk[i] = a;                                                    \
-		if ((i) + 1 <= HG_GMAC_ROUNDS) {                              \
-			b = aes_expand_step(b, _mm_shuffle_epi32(             \
-				_mm_aeskeygenassist_si128(a, 0), 0xaa));      \
-			rk[(i) + 1] = b;                                      \
-		}                                                             \
+#define AES_ROUND_PAIR(i, rcon)                                                           \
+	do {                                                                              \
+		a = aes_expand_step(a,                                                    \
+				    _mm_shuffle_epi32(_mm_aeskeygenassist_si128(b, rcon), \
+						      0xff));                             \
+		rk[i] = a;                                                                \
+		if ((i) + 1 <= HG_GMAC_ROUNDS) {                                          \
+			b = aes_expand_step(                                              \
+				b,                                                        \
+				_mm_shuffle_epi32(_mm_aeskeygenassist_si128(a, 0),        \
+						  0xaa));                                 \
+			rk[(i) + 1] = b;                                                  \
+		}                                                                         \
 	} while (0)
 
 GMAC_PCLMUL static void aes256_expand(__m128i *rk, const uint8_t *key)
@@ -147,8 +150,9 @@ GMAC_PCLMUL static inline __m128i aes256_block(const struct hg_gmac_key *g,
 #pragma GCC unroll 13
 	for (int r = 1; r < HG_GMAC_ROUNDS; r++)
 		x = _mm_aesenc_si128(x, _mm_loadu_si128((const __m128i *)g->rk[r]));
-	return _mm_aesenclast_si128(
-		x, _mm_loadu_si128((const __m128i *)g->rk[HG_GMAC_ROUNDS]));
+	return _mm_aesenclast_si128(x,
+				    _mm_loadu_si128(
+					    (const __m128i *)g->rk[HG_GMAC_ROUNDS]));
 }
 
 /* ---- GHASH --------------------------------------------------------------- */
@@ -169,7 +173,7 @@ GMAC_PCLMUL void hg_gmac_init(struct hg_gmac_key *g, const uint8_t *key)
 	memcpy(g->rk, rk, sizeof(g->rk));
 	h = gmac_bswap(aes256_block(g, _mm_setzero_si128()));
 	p = h;
-	for (int i = HG_GMAC_CHUNK - 1; i >= 0; i--) {  /* hpow[i] = H^(72-i) */
+	for (int i = HG_GMAC_CHUNK - 1; i >= 0; i--) { /* hpow[i] = H^(72-i) */
 		_mm_storeu_si128((__m128i *)g->hpow[i], p);
 		p = gf_mul(p, h);
 	}
@@ -189,12 +193,12 @@ GMAC_PCLMUL void hg_gmac_init(struct hg_gmac_key *g, const uint8_t *key)
 	__asm__ volatile("" : : "x"(h), "x"(p) : "memory");
 }
 
-GMAC_PCLMUL static inline void mul_add(__m128i x, __m128i h,
-					struct hg_gmac_sum *s)
+GMAC_PCLMUL static inline void mul_add(__m128i x, __m128i h, struct hg_gmac_sum *s)
 {
 	s->lo = _mm_xor_si128(s->lo, _mm_clmulepi64_si128(x, h, 0x00));
-	s->mid = _mm_xor_si128(s->mid, _mm_xor_si128(_mm_clmulepi64_si128(x, h, 0x01),
-						     _mm_clmulepi64_si128(x, h, 0x10)));
+	s->mid = _mm_xor_si128(s->mid,
+			       _mm_xor_si128(_mm_clmulepi64_si128(x, h, 0x01),
+					     _mm_clmulepi64_si128(x, h, 0x10)));
 	s->hi = _mm_xor_si128(s->hi, _mm_clmulepi64_si128(x, h, 0x11));
 }
 
@@ -205,13 +209,13 @@ GMAC_PCLMUL void hg_gmac_mul_pclmul(__m128i y, const uint8_t *blocks,
 	mul_add(_mm_xor_si128(y, gmac_bswap(_mm_loadu_si128((const __m128i *)blocks))),
 		_mm_loadu_si128((const __m128i *)hp[0]), s);
 	for (size_t i = 1; i < n; i++)
-		mul_add(gmac_bswap(_mm_loadu_si128((const __m128i *)(blocks + 16 * i))),
+		mul_add(gmac_bswap(_mm_loadu_si128(
+				(const __m128i *)(blocks + 16 * i))),
 			_mm_loadu_si128((const __m128i *)hp[i]), s);
 }
 
 typedef void gmac_mul_fn(__m128i y, const uint8_t *blocks,
-			 const uint8_t (*hp)[16], size_t n,
-			 struct hg_gmac_sum *s);
+			 const uint8_t (*hp)[16], size_t n, struct hg_gmac_sum *s);
 
 /*
  * pshufb masks: tail_shuf[p] turns the last 16 bytes of the data, whose
@@ -219,29 +223,34 @@ typedef void gmac_mul_fn(__m128i y, const uint8_t *blocks,
  * reflected (byte j = data byte 15 - j of the block, or 0).
  */
 #define TAIL_BYTE(p, j) ((15 - (j)) < (p) ? 16 - (p) + 15 - (j) : 0x80)
-#define TAIL_ROW(p)                                                          \
-	{ TAIL_BYTE(p, 0), TAIL_BYTE(p, 1), TAIL_BYTE(p, 2), TAIL_BYTE(p, 3),  \
-	  TAIL_BYTE(p, 4), TAIL_BYTE(p, 5), TAIL_BYTE(p, 6), TAIL_BYTE(p, 7),  \
-	  TAIL_BYTE(p, 8), TAIL_BYTE(p, 9), TAIL_BYTE(p, 10), TAIL_BYTE(p, 11), \
-	  TAIL_BYTE(p, 12), TAIL_BYTE(p, 13), TAIL_BYTE(p, 14), TAIL_BYTE(p, 15) }
+#define TAIL_ROW(p)                                                            \
+	{                                                                      \
+		TAIL_BYTE(p, 0), TAIL_BYTE(p, 1), TAIL_BYTE(p, 2),             \
+			TAIL_BYTE(p, 3), TAIL_BYTE(p, 4), TAIL_BYTE(p, 5),     \
+			TAIL_BYTE(p, 6), TAIL_BYTE(p, 7), TAIL_BYTE(p, 8),     \
+			TAIL_BYTE(p, 9), TAIL_BYTE(p, 10), TAIL_BYTE(p, 11),   \
+			TAIL_BYTE(p, 12), TAIL_BYTE(p, 13), TAIL_BYTE(p, 14),  \
+			TAIL_BYTE(p, 15)                                       \
+	}
 static const uint8_t tail_shuf[16][16] __attribute__((aligned(16))) = {
-	TAIL_ROW(0), TAIL_ROW(1), TAIL_ROW(2), TAIL_ROW(3), TAIL_ROW(4),
-	TAIL_ROW(5), TAIL_ROW(6), TAIL_ROW(7), TAIL_ROW(8), TAIL_ROW(9),
-	TAIL_ROW(10), TAIL_ROW(11), TAIL_ROW(12), TAIL_ROW(13), TAIL_ROW(14),
-	TAIL_ROW(15),
+	TAIL_ROW(0),  TAIL_ROW(1),  TAIL_ROW(2),  TAIL_ROW(3),
+	TAIL_ROW(4),  TAIL_ROW(5),  TAIL_ROW(6),  TAIL_ROW(7),
+	TAIL_ROW(8),  TAIL_ROW(9),  TAIL_ROW(10), TAIL_ROW(11),
+	TAIL_ROW(12), TAIL_ROW(13), TAIL_ROW(14), TAIL_ROW(15),
 };
 
 /* The partial last block (p = len % 16 > 0 bytes), reflected, read
  * without touching a byte outside data[0..len). */
-GMAC_PCLMUL static inline __m128i partial_block(const uint8_t *data,
-						size_t len, size_t p)
+GMAC_PCLMUL static inline __m128i partial_block(const uint8_t *data, size_t len,
+						size_t p)
 {
 	uint8_t b[16] = { 0 };
 
-	if (len >= 16)  /* one load, shifted in a register */
-		return _mm_shuffle_epi8(
-			_mm_loadu_si128((const __m128i *)(data + len - 16)),
-			_mm_load_si128((const __m128i *)tail_shuf[p]));
+	if (len >= 16) /* one load, shifted in a register */
+		return _mm_shuffle_epi8(_mm_loadu_si128(
+						(const __m128i *)(data + len - 16)),
+					_mm_load_si128(
+						(const __m128i *)tail_shuf[p]));
 	memcpy(b, data, len);
 	return gmac_bswap(_mm_loadu_si128((const __m128i *)b));
 }
@@ -276,18 +285,23 @@ GMAC_PCLMUL void hg_gmac_masks(const struct hg_gmac_key *const *g,
 
 #pragma GCC unroll 8
 		for (int l = 0; l < MASK_LANES; l++)
-			x[l] = _mm_xor_si128(j0[i + l], _mm_loadu_si128(
-				(const __m128i *)g[i + l]->rk[0]));
+			x[l] = _mm_xor_si128(j0[i + l],
+					     _mm_loadu_si128(
+						     (const __m128i *)g[i + l]->rk[0]));
 #pragma GCC unroll 13
 		for (int r = 1; r < HG_GMAC_ROUNDS; r++)
 #pragma GCC unroll 8
 			for (int l = 0; l < MASK_LANES; l++)
-				x[l] = _mm_aesenc_si128(x[l], _mm_loadu_si128(
-					(const __m128i *)g[i + l]->rk[r]));
+				x[l] = _mm_aesenc_si128(
+					x[l],
+					_mm_loadu_si128(
+						(const __m128i *)g[i + l]->rk[r]));
 #pragma GCC unroll 8
 		for (int l = 0; l < MASK_LANES; l++)
-			mask[i + l] = _mm_aesenclast_si128(x[l], _mm_loadu_si128(
-				(const __m128i *)g[i + l]->rk[HG_GMAC_ROUNDS]));
+			mask[i + l] = _mm_aesenclast_si128(
+				x[l],
+				_mm_loadu_si128((const __m128i *)g[i + l]
+							->rk[HG_GMAC_ROUNDS]));
 	}
 	for (; i < n; i++)
 		mask[i] = aes256_block(g[i], j0[i]);
@@ -302,8 +316,8 @@ GMAC_PCLMUL void hg_gmac_tag_masked(const struct hg_gmac_key *g, int isa,
 		return;
 	}
 	gmac_mul_fn *mul = isa == HG_MAC_ISA_AVX2 ? hg_gmac_mul_avx2 :
-			   hg_gmac_mul_pclmul;
-	const uint8_t (*hend)[16] = g->hpow + HG_GMAC_CHUNK;
+						    hg_gmac_mul_pclmul;
+	const uint8_t(*hend)[16] = g->hpow + HG_GMAC_CHUNK;
 	size_t full = len / 16, part = len % 16, t = part ? 2 : 1, pos = 0, k;
 	struct hg_gmac_sum s;
 	__m128i y = _mm_setzero_si128();

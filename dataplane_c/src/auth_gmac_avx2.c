@@ -26,20 +26,23 @@ GMAC_AVX2 void hg_gmac_mul_avx2(__m128i y, const uint8_t *blocks,
 	size_t i = 0;
 
 	for (; i + 2 <= n; i += 2) {
-		x = _mm256_shuffle_epi8(_mm256_loadu_si256((const __m256i *)(blocks + 16 * i)), bs);
-		x = _mm256_xor_si256(x, yy);    /* y joins the first block */
+		x = _mm256_shuffle_epi8(_mm256_loadu_si256(
+						(const __m256i *)(blocks + 16 * i)),
+					bs);
+		x = _mm256_xor_si256(x, yy); /* y joins the first block */
 		yy = _mm256_setzero_si256();
 		h = _mm256_loadu_si256((const __m256i *)hp[i]);
 		lo = _mm256_xor_si256(lo, _mm256_clmulepi64_epi128(x, h, 0x00));
-		mid = _mm256_xor_si256(mid, _mm256_xor_si256(
-			_mm256_clmulepi64_epi128(x, h, 0x01),
-			_mm256_clmulepi64_epi128(x, h, 0x10)));
+		mid = _mm256_xor_si256(
+			mid,
+			_mm256_xor_si256(_mm256_clmulepi64_epi128(x, h, 0x01),
+					 _mm256_clmulepi64_epi128(x, h, 0x10)));
 		hi = _mm256_xor_si256(hi, _mm256_clmulepi64_epi128(x, h, 0x11));
 	}
 	s->lo = _mm_xor_si128(s->lo, fold2(lo));
 	s->mid = _mm_xor_si128(s->mid, fold2(mid));
 	s->hi = _mm_xor_si128(s->hi, fold2(hi));
-	if (i < n)   /* one block left; y is still unused when n == 1 */
+	if (i < n) /* one block left; y is still unused when n == 1 */
 		hg_gmac_mul_pclmul(_mm256_castsi256_si128(yy), blocks + 16 * i,
 				   hp + i, 1, s);
 }

@@ -8,7 +8,7 @@
  */
 #include "auth_gmac_pvt.h"
 
-#define GMAC_AVX512 \
+#define GMAC_AVX512                                                            \
 	__attribute__((target("avx512f,avx512bw,avx2,vpclmulqdq,aes,pclmul,ssse3")))
 
 GMAC_AVX512 static inline __m128i fold4(__m512i v)
@@ -31,8 +31,9 @@ GMAC_AVX512 static inline __m128i fold4(__m512i v)
  * GF2P8AFFINEQB (port 0), so port 5 does the multiplies alone (4 uops per
  * 64 bytes, not 5).  The same tag, bit for bit (tests/test_auth_gmac.py).
  */
-#define GMAC_NAT \
-	__attribute__((target("avx512f,avx512bw,avx512vl,gfni,avx2,vpclmulqdq,aes,pclmul,ssse3")))
+#define GMAC_NAT                                                               \
+	__attribute__((target(                                                 \
+		"avx512f,avx512bw,avx512vl,gfni,avx2,vpclmulqdq,aes,pclmul,ssse3")))
 
 /* GF2P8AFFINEQB's matrix that reverses the bits of each byte */
 #define BITREV8 0x8040201008040201ll
@@ -55,17 +56,17 @@ GMAC_NAT static inline __m128i nat_reduce(__m128i lo, __m128i mid, __m128i hi)
 
 	lo = _mm_xor_si128(lo, _mm_slli_si128(mid, 8));
 	hi = _mm_xor_si128(hi, _mm_srli_si128(mid, 8));
-	t = _mm_clmulepi64_si128(hi, p, 0x01);          /* up to 71 bits */
+	t = _mm_clmulepi64_si128(hi, p, 0x01); /* up to 71 bits */
 	lo = _mm_xor_si128(lo, _mm_slli_si128(t, 8));
 	hi = _mm_xor_si128(hi, _mm_srli_si128(t, 8));
 	return _mm_xor_si128(lo, _mm_clmulepi64_si128(hi, p, 0x00));
 }
 
-#define NAT_STEP(x, h)                                                       \
-	do {                                                                 \
+#define NAT_STEP(x, h)                                                           \
+	do {                                                                     \
 		lo = _mm512_xor_si512(lo, _mm512_clmulepi64_epi128(x, h, 0x00)); \
-		mid = XOR3(mid, _mm512_clmulepi64_epi128(x, h, 0x01),        \
-			   _mm512_clmulepi64_epi128(x, h, 0x10));            \
+		mid = XOR3(mid, _mm512_clmulepi64_epi128(x, h, 0x01),            \
+			   _mm512_clmulepi64_epi128(x, h, 0x10));                \
 		hi = _mm512_xor_si512(hi, _mm512_clmulepi64_epi128(x, h, 0x11)); \
 	} while (0)
 
@@ -79,16 +80,18 @@ GMAC_NAT static void mul_nat(__m128i y, const uint8_t *blocks,
 	__m512i yy = _mm512_zextsi128_si512(y);
 	size_t i = 0;
 
-	if (n >= 4) {   /* y joins the first block */
-		x = _mm512_gf2p8affine_epi64_epi8(
-			_mm512_loadu_si512((const void *)blocks), rv, 0);
+	if (n >= 4) { /* y joins the first block */
+		x = _mm512_gf2p8affine_epi64_epi8(_mm512_loadu_si512(
+							  (const void *)blocks),
+						  rv, 0);
 		x = _mm512_xor_si512(x, yy);
 		h = _mm512_loadu_si512((const void *)hp[0]);
 		NAT_STEP(x, h);
 		yy = _mm512_setzero_si512();
 		for (i = 4; i + 4 <= n; i += 4) {
 			x = _mm512_gf2p8affine_epi64_epi8(
-				_mm512_loadu_si512((const void *)(blocks + 16 * i)), rv, 0);
+				_mm512_loadu_si512((const void *)(blocks + 16 * i)),
+				rv, 0);
 			h = _mm512_loadu_si512((const void *)hp[i]);
 			NAT_STEP(x, h);
 		}
@@ -113,8 +116,9 @@ GMAC_NAT static inline void nat_mul_add(__m128i x, const uint8_t *h,
 	__m128i hh = _mm_loadu_si128((const __m128i *)h);
 
 	s->lo = _mm_xor_si128(s->lo, _mm_clmulepi64_si128(x, hh, 0x00));
-	s->mid = _mm_xor_si128(s->mid, _mm_xor_si128(_mm_clmulepi64_si128(x, hh, 0x01),
-						     _mm_clmulepi64_si128(x, hh, 0x10)));
+	s->mid = _mm_xor_si128(s->mid,
+			       _mm_xor_si128(_mm_clmulepi64_si128(x, hh, 0x01),
+					     _mm_clmulepi64_si128(x, hh, 0x10)));
 	s->hi = _mm_xor_si128(s->hi, _mm_clmulepi64_si128(x, hh, 0x11));
 }
 
@@ -123,7 +127,7 @@ GMAC_NAT static inline void nat_mul_add(__m128i x, const uint8_t *h,
 GMAC_NAT void hg_gmac_tag_avx512(const struct hg_gmac_key *g, __m128i mask,
 				 const uint8_t *data, size_t len, uint8_t *tag)
 {
-	const uint8_t (*hend)[16] = g->hnat + HG_GMAC_CHUNK;
+	const uint8_t(*hend)[16] = g->hnat + HG_GMAC_CHUNK;
 	size_t full = len / 16, part = len % 16, t = part ? 2 : 1, pos = 0, k;
 	struct hg_gmac_sum s;
 	__m128i y = _mm_setzero_si128();
@@ -141,7 +145,7 @@ GMAC_NAT void hg_gmac_tag_avx512(const struct hg_gmac_key *g, __m128i mask,
 		mul_nat(y, data + 16 * pos, hend - k - t, k, &s);
 		y = _mm_setzero_si128();
 	}
-	if (part) {     /* zero-padded: a masked load reads only its bytes */
+	if (part) { /* zero-padded: a masked load reads only its bytes */
 		__m128i b = _mm_maskz_loadu_epi8((__mmask16)((1u << part) - 1),
 						 data + 16 * full);
 
@@ -149,8 +153,9 @@ GMAC_NAT void hg_gmac_tag_avx512(const struct hg_gmac_key *g, __m128i mask,
 		y = _mm_setzero_si128();
 	}
 	/* the length block [8 len(A)]_64 || [0]_64: its bytes, bits reversed */
-	nat_mul_add(_mm_xor_si128(y, rev128(_mm_set_epi64x(
-			    0, (long long)__builtin_bswap64((uint64_t)len * 8)))),
+	nat_mul_add(_mm_xor_si128(y, rev128(_mm_set_epi64x(0, (long long)__builtin_bswap64(
+								      (uint64_t)len *
+								      8)))),
 		    hend[-1], &s);
 	y = nat_reduce(s.lo, s.mid, s.hi);
 	_mm_storeu_si128((__m128i *)tag, _mm_xor_si128(rev128(y), mask));

@@ -40,14 +40,14 @@
 
 #include <immintrin.h>
 
-#define HG_GMAC_CHUNK 72        /* blocks per reduction */
-#define HG_GMAC_ROUNDS 14       /* AES-256 */
+#define HG_GMAC_CHUNK 72  /* blocks per reduction */
+#define HG_GMAC_ROUNDS 14 /* AES-256 */
 
 /* One key's precomputed state; wiped by whoever frees it. */
 struct hg_gmac_key {
-	uint8_t rk[HG_GMAC_ROUNDS + 1][16];   /* AES-256 round keys */
-	uint8_t hpow[HG_GMAC_CHUNK][16];      /* H^72 .. H^1, reflected */
-	uint8_t hnat[HG_GMAC_CHUNK][16];      /* the same, natural (avx512) */
+	uint8_t rk[HG_GMAC_ROUNDS + 1][16]; /* AES-256 round keys */
+	uint8_t hpow[HG_GMAC_CHUNK][16];    /* H^72 .. H^1, reflected */
+	uint8_t hnat[HG_GMAC_CHUNK][16];    /* the same, natural (avx512) */
 };
 
 /* An unreduced sum of products: the 64-bit halves' a0*b0, a1*b0 + a0*b1
@@ -68,8 +68,7 @@ GMAC_PCLMUL static inline __m128i gmac_bswap(__m128i x)
  * The reflected GHASH product of an unreduced carry-less sum: lo, mid, hi
  * are the sums of a0*b0, a1*b0 + a0*b1 and a1*b1 (64-bit halves).
  */
-GMAC_PCLMUL static inline __m128i ghash_reduce(__m128i lo, __m128i mid,
-					       __m128i hi)
+GMAC_PCLMUL static inline __m128i ghash_reduce(__m128i lo, __m128i mid, __m128i hi)
 {
 	__m128i c, d, t;
 
@@ -102,10 +101,9 @@ GMAC_PCLMUL static inline __m128i ghash_reduce(__m128i lo, __m128i mid,
  * n raw 16-byte blocks b at blocks and n reflected powers hp (n >= 1).
  */
 void hg_gmac_mul_pclmul(__m128i y, const uint8_t *blocks,
-			const uint8_t (*hp)[16], size_t n,
-			struct hg_gmac_sum *s);
-void hg_gmac_mul_avx2(__m128i y, const uint8_t *blocks,
-		      const uint8_t (*hp)[16], size_t n, struct hg_gmac_sum *s);
+			const uint8_t (*hp)[16], size_t n, struct hg_gmac_sum *s);
+void hg_gmac_mul_avx2(__m128i y, const uint8_t *blocks, const uint8_t (*hp)[16],
+		      size_t n, struct hg_gmac_sum *s);
 
 /* g = the state of AES-256 key (32 bytes).  Needs AES-NI and PCLMULQDQ. */
 void hg_gmac_init(struct hg_gmac_key *g, const uint8_t *key);

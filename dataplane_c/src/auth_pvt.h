@@ -27,23 +27,21 @@ struct hg_mac_key {
 	struct evp_cipher_ctx_st *evp;   /* HG_MAC_AES_GMAC, portable, long */
 	uint8_t key[HG_AUTH_KEY_LEN];    /* HG_MAC_BLAKE2B */
 	uint32_t alg;
-	int isa;                         /* AES-GMAC: HG_MAC_ISA_* */
+	int isa; /* AES-GMAC: HG_MAC_ISA_* */
 };
 
 /* k (zeroed or released) = key for alg.  0, -EINVAL, -ENOTSUP (alg
  * unknown or unavailable), -ENOMEM. */
 int hg_mac_key_init(struct hg_mac_key *k, uint32_t alg, const uint8_t *key);
 /* k = member id's key of job under secret. */
-int hg_mac_key_derive(struct hg_mac_key *k, uint32_t alg,
-		      const uint8_t *secret, uint32_t job, uint32_t id);
+int hg_mac_key_derive(struct hg_mac_key *k, uint32_t alg, const uint8_t *secret,
+		      uint32_t job, uint32_t id);
 /* Free what k holds and wipe it (accepts a zeroed key). */
 void hg_mac_key_release(struct hg_mac_key *k);
-void hg_mac_key_sign(const struct hg_mac_key *k, uint32_t dir,
-		     uint64_t counter, const uint8_t *data, size_t len,
-		     uint8_t *mac);
-bool hg_mac_key_check(const struct hg_mac_key *k, uint32_t dir,
-		      uint64_t counter, const uint8_t *data, size_t len,
-		      const uint8_t *mac);
+void hg_mac_key_sign(const struct hg_mac_key *k, uint32_t dir, uint64_t counter,
+		     const uint8_t *data, size_t len, uint8_t *mac);
+bool hg_mac_key_check(const struct hg_mac_key *k, uint32_t dir, uint64_t counter,
+		      const uint8_t *data, size_t len, const uint8_t *mac);
 
 /* One frame to check: hg_mac_key_check(k, dir, counter, data, len, mac). */
 struct hg_mac_req {
@@ -52,7 +50,7 @@ struct hg_mac_req {
 	const uint8_t *data;
 	size_t len;
 	const uint8_t *mac;
-	bool ok;                /* out */
+	bool ok; /* out */
 };
 
 /*
@@ -65,8 +63,8 @@ void hg_mac_key_check_burst(uint32_t dir, struct hg_mac_req *r, uint32_t n);
 
 /* Receiver state of one sender's MAC counter (PROTOCOL.md "Nonce"). */
 struct hg_mac_track {
-	uint64_t last;          /* greatest verified counter */
-	uint32_t incarnation;   /* of that sender life, 0 = none yet */
+	uint64_t last;        /* greatest verified counter */
+	uint32_t incarnation; /* of that sender life, 0 = none yet */
 	uint8_t epoch;
 };
 
@@ -74,8 +72,7 @@ struct hg_mac_track {
  * by t (NULL: none). */
 uint64_t hg_mac_track_counter(const struct hg_mac_track *t, const uint8_t *hdr);
 /* A frame with header hdr verified with counter ctr: remember it. */
-void hg_mac_track_update(struct hg_mac_track *t, const uint8_t *hdr,
-			 uint64_t ctr);
+void hg_mac_track_update(struct hg_mac_track *t, const uint8_t *hdr, uint64_t ctr);
 
 struct hg_wire_addr;
 struct hg_hdr;

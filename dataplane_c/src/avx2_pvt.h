@@ -16,7 +16,9 @@
 
 #include <immintrin.h>
 
-#define AVX2_FN static inline __attribute__((target("avx2,bmi,bmi2,popcnt"), always_inline))
+#define AVX2_FN                                                                \
+	static inline                                                          \
+		__attribute__((target("avx2,bmi,bmi2,popcnt"), always_inline))
 
 /* 0xFF in byte j iff bit j of the 8-bit mask m. */
 AVX2_FN uint64_t avx2_mask_bytes(uint32_t m)
@@ -54,9 +56,9 @@ AVX2_FN __m256i avx2_lane_mask(uint32_t m)
 /* Byte-swap of each 32-bit lane (the wire's big-endian int32). */
 AVX2_FN __m256i avx2_bswap32(__m256i v)
 {
-	const __m256i s = _mm256_setr_epi8(
-		3, 2, 1, 0, 7, 6, 5, 4, 11, 10, 9, 8, 15, 14, 13, 12,
-		3, 2, 1, 0, 7, 6, 5, 4, 11, 10, 9, 8, 15, 14, 13, 12);
+	const __m256i s = _mm256_setr_epi8(3, 2, 1, 0, 7, 6, 5, 4, 11, 10, 9, 8,
+					   15, 14, 13, 12, 3, 2, 1, 0, 7, 6, 5,
+					   4, 11, 10, 9, 8, 15, 14, 13, 12);
 
 	return _mm256_shuffle_epi8(v, s);
 }
@@ -68,9 +70,8 @@ AVX2_FN __m256i avx2_mullo64(__m256i a, uint64_t b)
 	const __m256i bl = _mm256_set1_epi64x((long long)(b & 0xFFFFFFFFu));
 	const __m256i bh = _mm256_set1_epi64x((long long)(b >> 32));
 	__m256i lo = _mm256_mul_epu32(a, bl);
-	__m256i c = _mm256_add_epi64(
-		_mm256_mul_epu32(_mm256_srli_epi64(a, 32), bl),
-		_mm256_mul_epu32(a, bh));
+	__m256i c = _mm256_add_epi64(_mm256_mul_epu32(_mm256_srli_epi64(a, 32), bl),
+				     _mm256_mul_epu32(a, bh));
 
 	return _mm256_add_epi64(lo, _mm256_slli_epi64(c, 32));
 }
@@ -88,8 +89,9 @@ AVX2_FN __m256i avx2_mix64(__m256i z)
 /* The low 32 bits of the four 64-bit lanes of a, in order. */
 AVX2_FN __m128i avx2_lo32(__m256i a)
 {
-	return _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(
-		a, _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6)));
+	return _mm256_castsi256_si128(
+		_mm256_permutevar8x32_epi32(a, _mm256_setr_epi32(0, 2, 4, 6, 0,
+								 2, 4, 6)));
 }
 
 #endif /* HOMAGG_AVX2_PVT_H */

@@ -210,32 +210,40 @@ int hg_bench_engine(const struct hg_bench_engine_config *c,
 
 	/* Frames: chunk-major (all W frames of chunk 0, then chunk 1, ...). */
 	for (uint32_t w = 0; w < W; w++) {
-		struct hg_wire_addr src = { { 2, 0, 0, 1, (uint8_t)(w >> 8), (uint8_t)w },
-					    0x0a010000u + w, (uint16_t)(40000 + w) };
-		struct hg_wire_addr dst = { { 2, 0, 0, 0, 0, 1 }, 0x0a0000fe,
+		struct hg_wire_addr src = { { 2, 0, 0, 1, (uint8_t)(w >> 8),
+					      (uint8_t)w },
+					    0x0a010000u + w,
+					    (uint16_t)(40000 + w) };
+		struct hg_wire_addr dst = { { 2, 0, 0, 0, 0, 1 },
+					    0x0a0000fe,
 					    HG_UDP_PORT };
 		struct hg_hdr h = { .version = HG_PROTOCOL_VERSION,
-				    .op = HG_OP_SUM32, .job = 1, .token = 77,
+				    .op = HG_OP_SUM32,
+				    .job = 1,
+				    .token = 77,
 				    .worker = (uint16_t)w,
-				    .lanes = (uint16_t)lanes, .incarnation = 1 };
+				    .lanes = (uint16_t)lanes,
+				    .incarnation = 1 };
 
 		hg_wire_build(tmpl + (size_t)w * HG_OFF_PAYLOAD, HG_OFF_PAYLOAD,
 			      &src, &dst, &h, NULL, 0, 0);
 		/* The template's lengths are those of the full frame. */
-		hg_wire_put_l2l4(tmpl + (size_t)w * HG_OFF_PAYLOAD, &src, dst.mac,
-				 dst.ipv4, dst.port, HG_HDR_LEN + plen);
+		hg_wire_put_l2l4(tmpl + (size_t)w * HG_OFF_PAYLOAD, &src,
+				 dst.mac, dst.ipv4, dst.port, HG_HDR_LEN + plen);
 	}
 	for (uint32_t s = 0; s < S; s++) {
 		for (uint32_t w = 0; w < W; w++) {
 			size_t i = (size_t)s * W + w;
 			uint8_t *f = mem + i * cap;
 
-			memcpy(f, tmpl + (size_t)w * HG_OFF_PAYLOAD, HG_OFF_PAYLOAD);
+			memcpy(f, tmpl + (size_t)w * HG_OFF_PAYLOAD,
+			       HG_OFF_PAYLOAD);
 			hg_wr16(f + HG_OFF_HDR + 14, (uint16_t)s);
 			for (size_t b = 0; b < plen; b += 8) {
 				uint64_t x = rnd(&seed);
 
-				memcpy(f + HG_OFF_PAYLOAD + b, &x, plen - b < 8 ? plen - b : 8);
+				memcpy(f + HG_OFF_PAYLOAD + b, &x,
+				       plen - b < 8 ? plen - b : 8);
 			}
 			pk[i].data = f;
 			pk[i].len = (uint16_t)flen;
@@ -287,29 +295,39 @@ int hg_bench_engine(const struct hg_bench_engine_config *c,
 						/* once per chunk: a division per
 						 * frame is not the engine's cost */
 						uint16_t fl = ((seq / S) & 1) ?
-							      HG_FLAG_SHADOW : 0;
+								      HG_FLAG_SHADOW :
+								      0;
 
 						for (uint32_t w = 0; w < W; w++) {
 							size_t i = (size_t)s * W + w;
 							uint8_t *f = pk[i].data;
 
 							/* Turned into a reply: restore its header. */
-							if (f[HG_OFF_HDR + 3] & (HG_FLAG_RESULT | HG_FLAG_STATUS)) {
-								memcpy(f, tmpl + (size_t)w * HG_OFF_PAYLOAD,
+							if (f[HG_OFF_HDR + 3] &
+							    (HG_FLAG_RESULT |
+							     HG_FLAG_STATUS)) {
+								memcpy(f,
+								       tmpl + (size_t)w * HG_OFF_PAYLOAD,
 								       HG_OFF_PAYLOAD);
-								hg_wr16(f + HG_OFF_HDR + 14, (uint16_t)s);
+								hg_wr16(f + HG_OFF_HDR +
+										14,
+									(uint16_t)s);
 							}
-							stamp(f, seq, fl, c->udp_csum, plen);
+							stamp(f, seq, fl,
+							      c->udp_csum, plen);
 							pk[i].len = (uint16_t)flen;
 							order[n++] = &pk[i];
 							if (n == c->burst) {
-								hg_engine_process(e, order, (uint32_t)n);
+								hg_engine_process(
+									e, order,
+									(uint32_t)n);
 								n = 0;
 							}
 						}
 					}
 					if (n)
-						hg_engine_process(e, order, (uint32_t)n);
+						hg_engine_process(e, order,
+								  (uint32_t)n);
 					*packets += npk;
 				}
 				t1 = now_s();
@@ -328,7 +346,8 @@ int hg_bench_engine(const struct hg_bench_engine_config *c,
 				for (uint32_t s = 0; s < S; s++)
 					for (uint32_t w = 0; w < W; w++)
 						kern(accs + (size_t)s * cap,
-						     pk[(size_t)s * W + w].data + HG_OFF_PAYLOAD,
+						     pk[(size_t)s * W + w].data +
+							     HG_OFF_PAYLOAD,
 						     lanes, 0);
 				r->raw_packets += npk;
 			}

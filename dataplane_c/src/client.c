@@ -72,9 +72,9 @@ struct hg_client *hg_client_create(const struct hg_client_config *cfg)
 	if (cfg->naggs > HG_CLIENT_MAX_AGGREGATORS || (cfg->naggs && !cfg->aggs))
 		goto err;
 	if (cfg->agg_workers ? cfg->agg_workers > cfg->workers ||
-			       cfg->agg_worker >= cfg->agg_workers ||
-			       cfg->agg_worker > cfg->worker
-			     : cfg->agg_worker != 0)
+				       cfg->agg_worker >= cfg->agg_workers ||
+				       cfg->agg_worker > cfg->worker :
+			       cfg->agg_worker != 0)
 		goto err;
 
 	rc = -ENOMEM;
@@ -100,7 +100,8 @@ struct hg_client *hg_client_create(const struct hg_client_config *cfg)
 		c->cfg.rto_max_ns = c->cfg.rto_ns;
 	if (!c->cfg.rto_min_ns)
 		c->cfg.rto_min_ns = c->cfg.rto_ns < HG_CLIENT_DEFAULT_RTO_MIN_NS ?
-				    c->cfg.rto_ns : HG_CLIENT_DEFAULT_RTO_MIN_NS;
+					    c->cfg.rto_ns :
+					    HG_CLIENT_DEFAULT_RTO_MIN_NS;
 	rc = -EINVAL;
 	if (c->cfg.rto_min_ns > c->cfg.rto_max_ns)
 		goto err_free;
@@ -137,7 +138,7 @@ struct hg_client *hg_client_create(const struct hg_client_config *cfg)
 		goto err_free;
 	rc = -EMSGSIZE;
 	if (c->me.mtu && c->me.mtu < IP_LEN + UDP_LEN + HG_HDR_LEN +
-				     cfg->payload_bytes + c->mac_len)
+					     cfg->payload_bytes + c->mac_len)
 		goto err_free;
 	memcpy(c->src.mac, c->me.mac, 6);
 	c->src.ipv4 = c->me.ipv4;
@@ -187,8 +188,7 @@ err:
 	return NULL;
 }
 
-int hg_client_rotate_key(struct hg_client *c, const uint8_t *secret,
-			 uint32_t epoch)
+int hg_client_rotate_key(struct hg_client *c, const uint8_t *secret, uint32_t epoch)
 {
 	int rc;
 
@@ -283,13 +283,12 @@ const char *hg_client_error_text(const struct hg_client *c)
 static const struct {
 	const char *name;
 	bool per_phase;
-} client_stat_fields[] = {
-	HG_FOREACH_CLIENT_STAT(HG_CS_NAME_, HG_CS_PER_PHASE_NAME_)
-};
+} client_stat_fields[] = { HG_FOREACH_CLIENT_STAT(HG_CS_NAME_,
+						  HG_CS_PER_PHASE_NAME_) };
 #undef HG_CS_NAME_
 #undef HG_CS_PER_PHASE_NAME_
 
-#define CLIENT_STAT_COUNT \
+#define CLIENT_STAT_COUNT                                                      \
 	(unsigned)(sizeof(client_stat_fields) / sizeof(client_stat_fields[0]))
 
 unsigned hg_client_stat_count(void)

@@ -83,8 +83,9 @@ static int grow(void **p, uint32_t *cap, size_t elem, size_t need)
  */
 static int buf_grow(struct buf *b, size_t n)
 {
-	return n <= b->cap && b->p ? 0 :
-	       hg_cl_buf_need(b, n < 2 * b->cap ? 2 * b->cap : n);
+	return n <= b->cap && b->p ?
+		       0 :
+		       hg_cl_buf_need(b, n < 2 * b->cap ? 2 * b->cap : n);
 }
 
 /* The done bytes of chunks 0 .. n - 1 of the segment. */
@@ -162,7 +163,8 @@ static int unit_append(struct hg_client *c, uint32_t group, uint32_t step,
 	c->stats.chunks += u->nchunks;
 	for (uint32_t a = 0; a < c->naggs; a++) {
 		/* chunks c < x with c % K == a: x / K + (x % K > a) */
-		c->agg[a].st.chunks += c->next_chunk / c->naggs + (c->next_chunk % c->naggs > a) -
+		c->agg[a].st.chunks += c->next_chunk / c->naggs +
+				       (c->next_chunk % c->naggs > a) -
 				       (from / c->naggs + (from % c->naggs > a));
 	}
 	return 0;
@@ -204,7 +206,8 @@ static const uint8_t *gcounts(const struct hg_client *c)
  */
 static bool counts_compact(const struct hg_client *c)
 {
-	return (c->sent_phases & HG_PHB(EXPONENTS)) || (c->mi->flags & HG_MF_CHOOSES);
+	return (c->sent_phases & HG_PHB(EXPONENTS)) ||
+	       (c->mi->flags & HG_MF_CHOOSES);
 }
 
 static int counts_plan(struct hg_client *c, size_t *lanes, int *exp)
@@ -231,7 +234,8 @@ static void group_lhc_release(struct hg_client *c)
 }
 
 /* The scan of the current group's blocks (the whole scan when G = 1). */
-static const struct hg_scan *group_scan(const struct hg_client *c, struct hg_scan *v)
+static const struct hg_scan *group_scan(const struct hg_client *c,
+					struct hg_scan *v)
 {
 	if (c->groups == 1)
 		return c->scan;
@@ -257,7 +261,7 @@ struct phase_codec {
 	int (*plan)(struct hg_client *c, size_t *lanes, int *exp);
 	int (*encode)(struct hg_client *c, uint8_t *tx);
 	int (*decode)(struct hg_client *c, const uint8_t *rx);
-	const char *what;       /* the phase's work, for error texts */
+	const char *what; /* the phase's work, for error texts */
 };
 
 static int exponents_plan(struct hg_client *c, size_t *lanes, int *exp)
@@ -332,7 +336,8 @@ static uint32_t group_qflags(const struct hg_client *c)
 static int values_plan(struct hg_client *c, size_t *lanes, int *exp)
 {
 	(void)exp;
-	*lanes = hg_quantized_lanes(&c->p, c->gn, gcodes(c) + c->gb0, group_qflags(c));
+	*lanes = hg_quantized_lanes(&c->p, c->gn, gcodes(c) + c->gb0,
+				    group_qflags(c));
 	return 0;
 }
 
@@ -344,8 +349,8 @@ static int values_encode(struct hg_client *c, uint8_t *tx)
 
 static int values_decode(struct hg_client *c, const uint8_t *rx)
 {
-	return hg_dequantize(&c->p, rx, c->gn, gcodes(c) + c->gb0, group_qflags(c),
-			     c->y + c->ge0);
+	return hg_dequantize(&c->p, rx, c->gn, gcodes(c) + c->gb0,
+			     group_qflags(c), c->y + c->ge0);
 }
 
 static int codes_plan(struct hg_client *c, size_t *lanes, int *exp)
@@ -488,8 +493,8 @@ static void group_range(struct hg_client *c, uint32_t g)
 	c->lhc = ((struct hg_lhc **)c->glhc.p)[g];
 
 	c->gb0 = (size_t)g * c->group_blocks;
-	c->gnb = c->nblocks - c->gb0 < c->group_blocks ? c->nblocks - c->gb0
-						       : c->group_blocks;
+	c->gnb = c->nblocks - c->gb0 < c->group_blocks ? c->nblocks - c->gb0 :
+							 c->group_blocks;
 	c->ge0 = c->gb0 * bl;
 	c->gn = c->n - c->ge0 < c->gnb * bl ? c->n - c->ge0 : c->gnb * bl;
 }
@@ -521,7 +526,8 @@ static const struct hg_method_info *auto_chosen(struct hg_client *c, int rc)
 	uint32_t d, b, u;
 
 	if (!next || !(next->flags & HG_MF_CANDIDATE)) {
-		hg_cl_fail_text(c, rc < 0 ? rc : -EPROTO, "auto: cannot choose a method");
+		hg_cl_fail_text(c, rc < 0 ? rc : -EPROTO,
+				"auto: cannot choose a method");
 		return NULL;
 	}
 	if (prev->flags & HG_MF_CANDIDATE)
@@ -532,7 +538,9 @@ static const struct hg_method_info *auto_chosen(struct hg_client *c, int rc)
 	d = c->stats.auto_dense_groups;
 	b = c->stats.auto_blocks_groups;
 	u = c->stats.auto_union_groups;
-	c->stats.method_chosen = d >= b && d >= u ? HG_M_DENSE : b >= u ? HG_M_BLOCKS : HG_M_UNION;
+	c->stats.method_chosen = d >= b && d >= u ? HG_M_DENSE :
+				 b >= u           ? HG_M_BLOCKS :
+						    HG_M_UNION;
 	return next;
 }
 
@@ -603,15 +611,16 @@ static int unit_setup(struct hg_client *c, uint32_t g, uint32_t step)
 		if (!(mask & (1u << ph)))
 			continue;
 		if (!pc->plan)
-			return hg_cl_fail_text(c, -ENOTSUP, "a phase the client lacks");
+			return hg_cl_fail_text(c, -ENOTSUP,
+					       "a phase the client lacks");
 		rc = pc->plan(c, &lanes, &exp);
 		if (rc)
 			return hg_cl_fail_text(c, rc, pc->what);
 		op = hg_op_get(hg_phase_at(ph)->op);
 		if (buf_grow(&c->tx[ph], (before + lanes) * op->in_lane) ||
 		    buf_grow(&c->rx[ph], (before + lanes) * op->acc_lane) ||
-		    grow((void **)&c->st.s, &c->st.cap_streams, sizeof(*c->st.s),
-			 c->st.nstreams + 1))
+		    grow((void **)&c->st.s, &c->st.cap_streams,
+			 sizeof(*c->st.s), c->st.nstreams + 1))
 			return hg_cl_fail_text(c, -ENOMEM, "out of memory");
 		rc = pc->encode(c, c->tx[ph].p + before * op->in_lane);
 		if (rc)
@@ -683,7 +692,8 @@ static void groups_plan(struct hg_client *c)
 		/* HG_CLIENT_AUTO_GROUPS groups, each at least four windows of
 		 * dense value chunks (so a group's exponents come back while
 		 * the previous group's values are sent) */
-		uint64_t lanes = 4ull * c->naggs * c->cfg.slots * (c->cfg.payload_bytes / 4);
+		uint64_t lanes = 4ull * c->naggs * c->cfg.slots *
+				 (c->cfg.payload_bytes / 4);
 		size_t least = (size_t)((lanes + c->p.block - 1) / c->p.block);
 
 		gb = (nb + HG_CLIENT_AUTO_GROUPS - 1) / HG_CLIENT_AUTO_GROUPS;
@@ -885,8 +895,8 @@ int hg_client_start(struct hg_client *c, const struct hg_params *params,
 	}
 	if (rc) {
 		snprintf(c->err, sizeof(c->err), "%s",
-			 rc == -EDOM ? "the gradient holds NaN or Inf"
-				     : "bad parameters");
+			 rc == -EDOM ? "the gradient holds NaN or Inf" :
+				       "bad parameters");
 		return rc;
 	}
 	hg_cl_release_lhc(c);
@@ -930,8 +940,9 @@ int hg_client_start(struct hg_client *c, const struct hg_params *params,
 		/* every group's lanes at their place in one buffer per phase,
 		 * sized once (the tx of the exponents is encoded already); the
 		 * sizes of the others grow as they come */
-		uint32_t sized = HG_PHB(EXPONENTS) | HG_PHB(COUNTS) | HG_PHB(VALUES) |
-				 HG_PHB(CODES), mask = 0;
+		uint32_t sized = HG_PHB(EXPONENTS) | HG_PHB(COUNTS) |
+				 HG_PHB(VALUES) | HG_PHB(CODES),
+			 mask = 0;
 
 		for (uint32_t k = 0; k < mi->nsteps; k++)
 			mask |= mi->steps[k];
@@ -946,15 +957,19 @@ int hg_client_start(struct hg_client *c, const struct hg_params *params,
 			memset(c->gmethod.p, HG_M_AUTO, c->groups);
 		for (int ph = 0; ph < HG_PH__COUNT && !rc; ph++) {
 			const struct hg_op_info *op = hg_op_get(hg_phase_at(ph)->op);
-			size_t lanes = ph == HG_PH_EXPONENTS || ph == HG_PH_COUNTS ? nb : n;
+			size_t lanes = ph == HG_PH_EXPONENTS || ph == HG_PH_COUNTS ?
+					       nb :
+					       n;
 
 			if (!(mask & sized & (1u << ph)))
 				continue;
 			rc = hg_cl_buf_need(&c->tx[ph], lanes * op->in_lane);
 			if (!rc)
-				rc = hg_cl_buf_need(&c->rx[ph], lanes * op->acc_lane);
+				rc = hg_cl_buf_need(&c->rx[ph],
+						    lanes * op->acc_lane);
 		}
-		rc = rc ? hg_cl_fail_text(c, rc, "out of memory") : sched_advance(c);
+		rc = rc ? hg_cl_fail_text(c, rc, "out of memory") :
+			  sched_advance(c);
 	} else {
 		rc = unit_setup(c, 0, 0);
 	}

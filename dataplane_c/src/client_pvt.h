@@ -18,7 +18,7 @@
 #include "homagg/codec.h"
 #include "homagg/wire.h"
 
-#define BURST 64         /* a window's worth of frames per port call */
+#define BURST 64 /* a window's worth of frames per port call */
 /*
  * pipeline_groups 0 (automatic): at most this many block groups.  Measured
  * on the 4-worker testbed (2^22 floats, dense, 1 Gbit/s, median of 5):
@@ -70,14 +70,14 @@ struct stream {
 	enum hg_op op;
 	int8_t exp;
 	enum hg_phase phase;
-	size_t in_off;          /* its lanes in c->tx[phase] from this byte */
-	size_t out_off;         /* its results in c->rx[phase] from this byte */
+	size_t in_off;  /* its lanes in c->tx[phase] from this byte */
+	size_t out_off; /* its results in c->rx[phase] from this byte */
 	size_t lanes;
 	size_t in_lane, acc_lane;
-	size_t per_chunk;       /* lanes per chunk */
+	size_t per_chunk; /* lanes per chunk */
 	size_t chunks;
-	size_t first_chunk;     /* index of its first chunk in the segment */
-	uint32_t unit;          /* the unit it belongs to (seg.u) */
+	size_t first_chunk; /* index of its first chunk in the segment */
+	uint32_t unit;      /* the unit it belongs to (seg.u) */
 };
 
 /*
@@ -89,7 +89,7 @@ struct unit {
 	uint32_t group, step;
 	uint32_t first_stream, nstreams;
 	size_t first_chunk, nchunks;
-	size_t ndone;           /* chunks with their result */
+	size_t ndone; /* chunks with their result */
 	bool decoded;
 };
 
@@ -104,41 +104,41 @@ struct segment {
 	uint32_t nstreams, cap_streams;
 	struct unit *u;
 	uint32_t nunits, cap_units;
-	uint32_t lo_unit;       /* every unit below is complete and decoded */
-	uint64_t base;          /* chunk number c of its first chunk */
-	size_t nchunks;         /* chunks numbered so far */
-	size_t next_send;       /* every chunk below was sent */
+	uint32_t lo_unit; /* every unit below is complete and decoded */
+	uint64_t base;    /* chunk number c of its first chunk */
+	size_t nchunks;   /* chunks numbered so far */
+	size_t next_send; /* every chunk below was sent */
 	size_t ndone;
-	uint64_t completions;   /* units that completed (decoding looks when it moves) */
-	uint64_t seen;          /* completions the sequencer has looked at */
+	uint64_t completions; /* units that completed (decoding looks when it moves) */
+	uint64_t seen;        /* completions the sequencer has looked at */
 };
 
 /* A chunk in flight, at ring index a * S + seq % S. */
 struct flight {
-	uint64_t chunk;         /* its chunk number c */
-	uint32_t seq;           /* its sequence number at its aggregator */
-	uint32_t agg;           /* a = chunk % K */
-	uint32_t unit;          /* its unit in the segment (seg.u) */
+	uint64_t chunk; /* its chunk number c */
+	uint32_t seq;   /* its sequence number at its aggregator */
+	uint32_t agg;   /* a = chunk % K */
+	uint32_t unit;  /* its unit in the segment (seg.u) */
 	bool busy;
-	bool unsent;            /* the port refused it: send at the next poll */
+	bool unsent; /* the port refused it: send at the next poll */
 	bool have_status;
-	bool timed_out;         /* its timer expired; not yet judged spurious */
-	bool present;           /* a STATUS showed our contribution in the slot */
-	bool spurious;          /* a timeout of it was spurious: its result
+	bool timed_out; /* its timer expired; not yet judged spurious */
+	bool present;   /* a STATUS showed our contribution in the slot */
+	bool spurious;  /* a timeout of it was spurious: its result
 				 * teaches the floor (hg_cl_note_silence) */
-	uint16_t overtaken;     /* results of chunks sent after its latest transmission */
-	uint32_t tries;         /* transmissions so far */
-	uint64_t txn_first;     /* transmission order number of its first sending */
-	uint64_t txn_last;      /*   and of its latest, or the latest of all when a
+	uint16_t overtaken; /* results of chunks sent after its latest transmission */
+	uint32_t tries;     /* transmissions so far */
+	uint64_t txn_first; /* transmission order number of its first sending */
+	uint64_t txn_last;  /*   and of its latest, or the latest of all when a
 				 * STATUS showed it present (results of chunks
 				 * first sent after it overtake it) */
-	uint64_t fast_at;       /* a fast retransmission is due then (0: none) */
-	uint64_t first_tx;      /* when it was queued for its first transmission */
-	uint64_t last_tx;       /* its latest transmission */
-	uint64_t armed;         /* its timer runs from here (see hg_cl_chunk_deadline) */
-	uint64_t silence;       /* the longest stall of its aggregator it waited
+	uint64_t fast_at;   /* a fast retransmission is due then (0: none) */
+	uint64_t first_tx;  /* when it was queued for its first transmission */
+	uint64_t last_tx;   /* its latest transmission */
+	uint64_t armed; /* its timer runs from here (see hg_cl_chunk_deadline) */
+	uint64_t silence; /* the longest stall of its aggregator it waited
 				 * through (ns; hg_cl_note_silence) */
-	uint64_t rto;           /* its timeout: the client's at the first
+	uint64_t rto;     /* its timeout: the client's at the first
 				 * transmission, backed off at every expiry */
 	uint8_t bitmap[BITMAP_BYTES];
 };
@@ -160,27 +160,27 @@ struct smooth {
  */
 struct agg {
 	struct hg_wire_addr dst;
-	struct smooth rtt;      /* SRTT (avg) and RTTVAR (var) */
+	struct smooth rtt; /* SRTT (avg) and RTTVAR (var) */
 	uint64_t rto_est, rto;
-	uint64_t stall;         /* the floor of rto_est that spurious timeouts
+	uint64_t stall;   /* the floor of rto_est that spurious timeouts
 				 * taught (ns, 0: none; see hg_cl_spurious_timeout) */
-	uint64_t t_stall;       /* when stall was last raised or halved */
-	uint64_t late;          /* the silence of the latest result of a timed-out chunk */
-	uint64_t t_res;         /* when its latest new result arrived (0: none) */
-	uint64_t t_backoff;     /* when rto was last backed off */
-	uint64_t t_timeout;     /* when a timer last expired (0: never) */
-	size_t hi_done;         /* 1 + its highest chunk (of the step) with its
+	uint64_t t_stall; /* when stall was last raised or halved */
+	uint64_t late; /* the silence of the latest result of a timed-out chunk */
+	uint64_t t_res;     /* when its latest new result arrived (0: none) */
+	uint64_t t_backoff; /* when rto was last backed off */
+	uint64_t t_timeout; /* when a timer last expired (0: never) */
+	size_t hi_done;     /* 1 + its highest chunk (of the step) with its
 				 * result (0: none) */
-	size_t lo_open;         /* each of its chunks of the step below has its result */
-	uint64_t t_hi;          /* when the result of chunk hi_done - 1 arrived */
-	uint64_t t_first_tx;    /* when its first chunk of the step was sent (0: not yet) */
+	size_t lo_open; /* each of its chunks of the step below has its result */
+	uint64_t t_hi;  /* when the result of chunk hi_done - 1 arrived */
+	uint64_t t_first_tx; /* when its first chunk of the step was sent (0: not yet) */
 	uint64_t start_results; /* st.results_received at the allreduce's start */
 	uint64_t start_sent;    /* st.packets_sent then */
-	uint32_t incarnation;   /* of this allreduce's first reply (0: none yet) */
+	uint32_t incarnation; /* of this allreduce's first reply (0: none yet) */
 	struct hg_mac_track mac; /* auth: its MAC counter */
 	/* its latest STATUS of this allreduce (any chunk): who it lacked */
 	bool have_status;
-	uint32_t unanswered;    /* retransmissions to it since its latest reply */
+	uint32_t unanswered; /* retransmissions to it since its latest reply */
 	uint64_t status_chunk;
 	uint8_t status_bitmap[BITMAP_BYTES];
 	struct hg_client_agg_stats st;
@@ -195,16 +195,16 @@ struct buf {
 struct hg_client {
 	struct hg_client_config cfg;
 	struct hg_port_info me;
-	struct hg_wire_addr src;      /* this worker */
-	struct agg *agg;              /* K entries */
-	uint32_t naggs;               /* K */
+	struct hg_wire_addr src; /* this worker */
+	struct agg *agg;         /* K entries */
+	uint32_t naggs;          /* K */
 
 	/* the allreduce in progress */
 	enum stage stage;
-	int rc;                 /* result once ST_DONE / ST_FAILED */
+	int rc; /* result once ST_DONE / ST_FAILED */
 	struct hg_params p;
 	const struct hg_method_info *mi; /* the method (after auto's choice) */
-	uint32_t step;          /* index of the current step in mi->steps
+	uint32_t step; /* index of the current step in mi->steps
 				 * (unpipelined) */
 	/*
 	 * Block groups (docs/PROTOCOL.md "Pipelined block groups"): G groups
@@ -216,23 +216,23 @@ struct hg_client {
 	/* the block range the phase codecs work on: blocks gb0 .. gb0 + gnb - 1,
 	 * elements ge0 .. ge0 + gn - 1 */
 	size_t gb0, gnb, ge0, gn;
-	uint32_t sent_phases;   /* phases of the steps completed so far (mask) */
-	bool choose_again;      /* auto: choose again after the index step */
+	uint32_t sent_phases; /* phases of the steps completed so far (mask) */
+	bool choose_again;    /* auto: choose again after the index step */
 	const float *x;
 	float *y;
 	size_t n, nblocks;
-	struct hg_lhc *lhc;     /* the current group's (glhc[cur_group]) */
-	struct hg_scan *scan;   /* the one-pass encode of x (lhc, union, auto) */
-	struct buf lcounts;     /* this worker's counts, one lane per block */
-	struct buf gcounts;     /* the global counts, one lane per block */
+	struct hg_lhc *lhc;   /* the current group's (glhc[cur_group]) */
+	struct hg_scan *scan; /* the one-pass encode of x (lhc, union, auto) */
+	struct buf lcounts;   /* this worker's counts, one lane per block */
+	struct buf gcounts;   /* the global counts, one lane per block */
 	struct segment st;
 	uint64_t start_results; /* results_received at the start */
 	uint64_t start_sent;
 
-	uint64_t next_chunk;    /* chunk number c of the next chunk */
-	uint64_t txn;           /* transmissions so far: their order numbers */
-	bool tx_blocked;        /* the port refused frames in the latest poll */
-	uint64_t t_win_full;    /* since when a numbered chunk waits for its slot
+	uint64_t next_chunk; /* chunk number c of the next chunk */
+	uint64_t txn;        /* transmissions so far: their order numbers */
+	bool tx_blocked;     /* the port refused frames in the latest poll */
+	uint64_t t_win_full; /* since when a numbered chunk waits for its slot
 				 * (0: none waits; stats.window_full_ns) */
 	/*
 	 * Step-start wait, ns: the time from a step's first transmission to
@@ -242,16 +242,16 @@ struct hg_client {
 	 * chunks of an aggregator without a result in the step yet wait
 	 * max(RTO, start_wait).
 	 */
-	struct smooth start;    /* SSTART, SSTARTVAR */
+	struct smooth start; /* SSTART, SSTARTVAR */
 	uint64_t start_wait;
-	struct flight *fl;      /* K * S entries */
-	struct buf done;        /* one byte per chunk of the segment */
-	struct buf glast;       /* pipelined: per group, its latest unit (uint32) */
-	struct buf glhc;        /* per group, its lhc (struct hg_lhc *; lhc, union) */
-	struct buf gmethod;     /* pipelined auto: per group, its method so far (uint8) */
-	uint32_t cur_group;     /* the group the phase codecs work on (lhc: its glhc) */
-	struct buf tx[HG_PH__COUNT];  /* per phase: this worker's lanes */
-	struct buf rx[HG_PH__COUNT];  /* per phase: the aggregated lanes */
+	struct flight *fl; /* K * S entries */
+	struct buf done;   /* one byte per chunk of the segment */
+	struct buf glast;  /* pipelined: per group, its latest unit (uint32) */
+	struct buf glhc; /* per group, its lhc (struct hg_lhc *; lhc, union) */
+	struct buf gmethod; /* pipelined auto: per group, its method so far (uint8) */
+	uint32_t cur_group; /* the group the phase codecs work on (lhc: its glhc) */
+	struct buf tx[HG_PH__COUNT]; /* per phase: this worker's lanes */
+	struct buf rx[HG_PH__COUNT]; /* per phase: the aggregated lanes */
 
 	/* auth: this worker's key, then the aggregator's, of the current key
 	 * epoch; of the next (given, not yet used); of the previous (the
@@ -261,8 +261,8 @@ struct hg_client {
 	struct hg_mac_key prev_agg;
 	bool has_next, has_prev;
 	uint8_t epoch;
-	uint64_t mac_ctr;       /* frames MACed in this epoch */
-	size_t mac_len;         /* auth: HG_MAC_LEN, else 0 */
+	uint64_t mac_ctr; /* frames MACed in this epoch */
+	size_t mac_len;   /* auth: HG_MAC_LEN, else 0 */
 
 	struct hg_client_stats stats;
 	char err[256];
@@ -293,12 +293,13 @@ uint64_t hg_cl_next_deadline(const struct hg_client *c, uint64_t now);
 
 /* client_rto.c: the retransmission timeout */
 uint64_t hg_cl_rto_backoff(const struct hg_client *c, uint64_t rto);
-void hg_cl_rtt_sample(const struct hg_client *c, struct agg *ag, uint64_t r, uint64_t now);
+void hg_cl_rtt_sample(const struct hg_client *c, struct agg *ag, uint64_t r,
+		      uint64_t now);
 void hg_cl_start_sample(struct hg_client *c, uint64_t s);
-void hg_cl_spurious_timeout(struct hg_client *c, struct agg *ag, struct flight *fl,
-			    uint64_t silence, uint64_t now);
-void hg_cl_stall_floor(const struct hg_client *c, struct agg *ag, uint64_t silence,
-		       uint64_t now);
+void hg_cl_spurious_timeout(struct hg_client *c, struct agg *ag,
+			    struct flight *fl, uint64_t silence, uint64_t now);
+void hg_cl_stall_floor(const struct hg_client *c, struct agg *ag,
+		       uint64_t silence, uint64_t now);
 void hg_cl_note_silence(struct hg_client *c, struct agg *ag, uint64_t now);
 uint32_t hg_cl_chunk_rank(const struct hg_client *c, uint64_t chunk);
 uint64_t hg_cl_turn_offset(const struct hg_client *c, const struct agg *ag,

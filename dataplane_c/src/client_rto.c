@@ -51,7 +51,8 @@ static uint64_t rto_clamp(const struct hg_client *c, uint64_t srtt, uint64_t var
 	uint64_t var4 = 4 * var, rto;
 
 	rto = srtt + (var4 > HG_CLIENT_RTO_GRANULARITY_NS ?
-		      var4 : HG_CLIENT_RTO_GRANULARITY_NS);
+			      var4 :
+			      HG_CLIENT_RTO_GRANULARITY_NS);
 	if (rto < c->cfg.rto_min_ns)
 		rto = c->cfg.rto_min_ns;
 	if (rto > c->cfg.rto_max_ns)
@@ -66,7 +67,8 @@ static uint64_t rto_clamp(const struct hg_client *c, uint64_t srtt, uint64_t var
  */
 static void set_rto_est(const struct hg_client *c, struct agg *ag, uint64_t now)
 {
-	uint64_t rto = ag->rtt.have ? rto_clamp(c, ag->rtt.avg, ag->rtt.var) : c->cfg.rto_ns;
+	uint64_t rto = ag->rtt.have ? rto_clamp(c, ag->rtt.avg, ag->rtt.var) :
+				      c->cfg.rto_ns;
 
 	while (ag->stall && now - ag->t_stall >= STALL_MEMORY_NS) {
 		ag->stall /= 2;
@@ -82,7 +84,8 @@ static void set_rto_est(const struct hg_client *c, struct agg *ag, uint64_t now)
  * alpha = 1/8, beta = 1/4, K = 4, G = HG_CLIENT_RTO_GRANULARITY_NS.  The
  * new timeout replaces any backed-off one.
  */
-void hg_cl_rtt_sample(const struct hg_client *c, struct agg *ag, uint64_t r, uint64_t now)
+void hg_cl_rtt_sample(const struct hg_client *c, struct agg *ag, uint64_t r,
+		      uint64_t now)
 {
 	smooth_add(&ag->rtt, r);
 	set_rto_est(c, ag, now);
@@ -115,8 +118,8 @@ void hg_cl_start_sample(struct hg_client *c, uint64_t s)
  * re-seeds SRTT = R', RTTVAR = R' / 2, a timeout of 3 R').  The floor
  * halves every STALL_MEMORY_NS.
  */
-void hg_cl_stall_floor(const struct hg_client *c, struct agg *ag, uint64_t silence,
-		       uint64_t now)
+void hg_cl_stall_floor(const struct hg_client *c, struct agg *ag,
+		       uint64_t silence, uint64_t now)
 {
 	set_rto_est(c, ag, now);
 	if (2 * silence <= ag->stall)
@@ -138,8 +141,8 @@ void hg_cl_stall_floor(const struct hg_client *c, struct agg *ag, uint64_t silen
  * longest stall of the aggregator the chunk waited through so far
  * (hg_cl_note_silence); its result teaches the whole stall.
  */
-void hg_cl_spurious_timeout(struct hg_client *c, struct agg *ag, struct flight *fl,
-			    uint64_t silence, uint64_t now)
+void hg_cl_spurious_timeout(struct hg_client *c, struct agg *ag,
+			    struct flight *fl, uint64_t silence, uint64_t now)
 {
 	c->stats.spurious_timeouts++;
 	ag->st.spurious_timeouts++;
@@ -214,7 +217,8 @@ uint64_t hg_cl_turn_offset(const struct hg_client *c, const struct agg *ag,
 			   uint64_t chunk)
 {
 	uint32_t r = hg_cl_chunk_rank(c, chunk);
-	uint64_t d = (uint64_t)(r < TURNS_MAX ? r : TURNS_MAX) * hg_cl_turn_ns(c, ag);
+	uint64_t d = (uint64_t)(r < TURNS_MAX ? r : TURNS_MAX) *
+		     hg_cl_turn_ns(c, ag);
 
 	return d < c->cfg.rto_max_ns ? d : c->cfg.rto_max_ns;
 }

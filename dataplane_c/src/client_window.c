@@ -111,10 +111,11 @@ static size_t build_chunk(struct hg_client *c, struct hg_pkt *pkt, size_t k,
 			hg_cl_key_switch(c);
 		h.flags |= (uint16_t)(c->epoch << HG_FLAG_EPOCH_SHIFT);
 	}
-	len = hg_wire_build_keyed(pkt->data, pkt->cap, &c->src, &c->agg[a].dst,
-				  &h, c->tx[s->phase].p + s->in_off + first * s->in_lane,
+	len = hg_wire_build_keyed(pkt->data, pkt->cap, &c->src, &c->agg[a].dst, &h,
+				  c->tx[s->phase].p + s->in_off + first * s->in_lane,
 				  bytes, 0, c->mac_len ? &c->keys[0] : NULL,
-				  HG_AUTH_DIR_REQUEST, c->mac_len ? ++c->mac_ctr : 0);
+				  HG_AUTH_DIR_REQUEST,
+				  c->mac_len ? ++c->mac_ctr : 0);
 	/* Cannot fail: cap and payload were checked against payload_bytes. */
 	pkt->len = len > 0 ? (uint16_t)len : 0;
 	return bytes;
@@ -141,20 +142,21 @@ static void agg_name(const struct hg_client *c, uint32_t a, char *s, size_t len)
 	if (c->naggs == 1)
 		snprintf(s, len, "%s:%u", ip, d->port);
 	else
-		snprintf(s, len, "%s:%u (shard %u of %u)", ip, d->port, a, c->naggs);
+		snprintf(s, len, "%s:%u (shard %u of %u)", ip, d->port, a,
+			 c->naggs);
 }
 
 /* Aggregator ag answered with incarnation inc after another one during
  * this allreduce: it lost the job's state.  End the allreduce. */
-static void agg_restarted(struct hg_client *c, const struct agg *ag,
-			  uint32_t inc)
+static void agg_restarted(struct hg_client *c, const struct agg *ag, uint32_t inc)
 {
 	char name[64];
 
 	agg_name(c, (uint32_t)(ag - c->agg), name, sizeof(name));
 	snprintf(c->err, sizeof(c->err),
 		 "aggregator %s restarted during the allreduce (incarnation "
-		 "%u, now %u)", name, ag->incarnation, inc);
+		 "%u, now %u)",
+		 name, ag->incarnation, inc);
 	hg_cl_fail(c, -ECONNRESET);
 }
 
@@ -230,8 +232,7 @@ static void handle_frame(struct hg_client *c, const uint8_t *f, size_t len,
 		goto ignore;
 	a = reply_agg(c, &v);
 	/* A reply of this job must carry the aggregator's MAC (auth), or none. */
-	if (c->mac_len ? !reply_verify(c, a, f, &v)
-		       : (v.hdr.flags & HG_FLAG_AUTH)) {
+	if (c->mac_len ? !reply_verify(c, a, f, &v) : (v.hdr.flags & HG_FLAG_AUTH)) {
 		c->stats.bad_mac++;
 		return;
 	}
@@ -248,8 +249,10 @@ static void handle_frame(struct hg_client *c, const uint8_t *f, size_t len,
 	/* Chunk number of (a, seq): seq counts from the segment's base / K at
 	 * every aggregator, modulo 2^32.  Below the segment's base, k wraps to
 	 * a huge value: a late copy of an earlier segment. */
-	chunk = (st->base / c->naggs + (uint32_t)(seq - (uint32_t)(st->base / c->naggs))) *
-		c->naggs + (uint32_t)a;
+	chunk = (st->base / c->naggs +
+		 (uint32_t)(seq - (uint32_t)(st->base / c->naggs))) *
+			c->naggs +
+		(uint32_t)a;
 	k = (size_t)(chunk - st->base);
 	fl = &c->fl[(size_t)a * c->cfg.slots + seq % c->cfg.slots];
 	if (k < st->nchunks && v.hdr.incarnation != ag->incarnation) {
@@ -271,7 +274,8 @@ static void handle_frame(struct hg_client *c, const uint8_t *f, size_t len,
 			size_t nb = (c->cfg.agg_workers + 7) / 8;
 
 			memset(ag->status_bitmap, 0, sizeof(ag->status_bitmap));
-			memcpy(ag->status_bitmap, pl, v.payload_len < nb ? v.payload_len : nb);
+			memcpy(ag->status_bitmap, pl,
+			       v.payload_len < nb ? v.payload_len : nb);
 			ag->status_chunk = chunk;
 			ag->have_status = true;
 		}
@@ -279,22 +283,27 @@ static void handle_frame(struct hg_client *c, const uint8_t *f, size_t len,
 			size_t nb = (c->cfg.agg_workers + 7) / 8;
 
 			memset(fl->bitmap, 0, sizeof(fl->bitmap));
-			memcpy(fl->bitmap, pl, v.payload_len < nb ? v.payload_len : nb);
+			memcpy(fl->bitmap, pl,
+			       v.payload_len < nb ? v.payload_len : nb);
 			fl->have_status = true;
 			hg_cl_note_silence(c, ag, now);
-			if (fl->bitmap[c->cfg.agg_worker / 8] >> (c->cfg.agg_worker % 8) & 1) {
+			if (fl->bitmap[c->cfg.agg_worker / 8] >>
+				    (c->cfg.agg_worker % 8) &
+			    1) {
 				/* Our contribution is there: the slot waits for
 				 * a peer.  Nothing to resend; a timeout that made
 				 * us ask was spurious. */
 				if (fl->timed_out)
-					hg_cl_spurious_timeout(c, ag, fl, fl->silence, now);
+					hg_cl_spurious_timeout(c, ag, fl,
+							       fl->silence, now);
 				fl->present = true;
 				fl->fast_at = 0;
 				fl->armed = now;
 				/* the step's first answer waits for a peer that
 				 * has not started it: wait as long again before
 				 * asking again */
-				if (hg_cl_step_start(c, fl) && now - fl->first_tx > fl->rto)
+				if (hg_cl_step_start(c, fl) &&
+				    now - fl->first_tx > fl->rto)
 					fl->rto = now - fl->first_tx;
 				/* The slot completes when the peer has resent
 				 * (at once, on the same STATUS): results of
@@ -303,7 +312,8 @@ static void handle_frame(struct hg_client *c, const uint8_t *f, size_t len,
 				fl->txn_last = c->txn;
 				fl->overtaken = 0;
 			} else if (!fl->unsent &&
-				   (fl->fast_at || now - fl->last_tx >= hg_cl_turn_ns(c, ag))) {
+				   (fl->fast_at ||
+				    now - fl->last_tx >= hg_cl_turn_ns(c, ag))) {
 				/* Ours is missing, and this STATUS is not older
 				 * than our latest copy (results of chunks sent
 				 * after it came back, or it is a turn old):
@@ -464,13 +474,13 @@ static void tx_chunks(struct hg_client *c, const size_t *ks, uint16_t cnt,
 	got = hg_port_alloc(c->cfg.port, pk, cnt);
 	for (uint16_t i = 0; i < got; i++) {
 		if (pk[i]->cap < ETH_LEN + IP_LEN + UDP_LEN + HG_HDR_LEN +
-				 c->cfg.payload_bytes + c->mac_len) {
+					 c->cfg.payload_bytes + c->mac_len) {
 			hg_port_free(c->cfg.port, pk + i, got - i);
 			got = i;
 			break;
 		}
-		bytes[i] = build_chunk(c, pk[i], ks[i], flight_of(c, ks[i])->tries > 0,
-				       &ph[i]);
+		bytes[i] = build_chunk(c, pk[i], ks[i],
+				       flight_of(c, ks[i])->tries > 0, &ph[i]);
 	}
 	sent = got ? hg_port_tx(c->cfg.port, pk, got) : 0;
 	if (sent < got)
@@ -511,7 +521,8 @@ static bool chunk_sent(const struct hg_client *c, size_t k)
 {
 	const struct flight *fl = flight_of(c, k);
 
-	return c->done.p[k] != CH_PENDING || (fl->busy && fl->chunk == c->st.base + k);
+	return c->done.p[k] != CH_PENDING ||
+	       (fl->busy && fl->chunk == c->st.base + k);
 }
 
 /*
@@ -607,8 +618,8 @@ void hg_cl_tx_new(struct hg_client *c, uint64_t now)
  * and when none is missing that the slot waits for the root (PROTOCOL.md
  * "Tree").  Returns the new end of the text.
  */
-static char *bitmap_text(const struct hg_client *c, const uint8_t *bitmap, char *e,
-			 char *end)
+static char *bitmap_text(const struct hg_client *c, const uint8_t *bitmap,
+			 char *e, char *end)
 {
 	uint32_t missing = 0, base = c->cfg.worker - c->cfg.agg_worker;
 
@@ -652,7 +663,8 @@ static char *bitmap_text(const struct hg_client *c, const uint8_t *bitmap, char 
  */
 static void timeout_text(struct hg_client *c, const struct flight *fl)
 {
-	const struct stream *s = hg_cl_chunk_stream(c, (size_t)(fl->chunk - c->st.base));
+	const struct stream *s = hg_cl_chunk_stream(c, (size_t)(fl->chunk -
+								c->st.base));
 	const struct agg *ag = &c->agg[fl->agg];
 	char name[64], *e = c->err, *end = c->err + sizeof(c->err);
 	/* the limit it waited for; a late wake-up (a loaded host) is not news */
@@ -663,20 +675,22 @@ static void timeout_text(struct hg_client *c, const struct flight *fl)
 	    !ag->have_status) {
 		snprintf(c->err, sizeof(c->err),
 			 "no answer from aggregator %s: sent %llu chunks, "
-			 "received 0 results", name,
+			 "received 0 results",
+			 name,
 			 (unsigned long long)(ag->st.packets_sent - ag->start_sent));
 		return;
 	}
 	e += snprintf(e, (size_t)(end - e),
-		      "timed out after %.3g s waiting for chunk %llu (phase %s): ",
-		      secs, (unsigned long long)fl->chunk, hg_phase_name(s->phase));
+		      "timed out after %.3g s waiting for chunk %llu (phase %s): ", secs,
+		      (unsigned long long)fl->chunk, hg_phase_name(s->phase));
 	if (!ag->have_status || ag->unanswered >= STOPPED_UNANSWERED) {
 		/* it answered earlier, then none of our latest resends
 		 * (a live one answers each resend its slot has): it stopped */
 		snprintf(e, (size_t)(end - e),
 			 "no status from aggregator %s after %u transmissions "
 			 "(it stopped answering: none of the last %u resends to "
-			 "it was answered)", name, fl->tries, ag->unanswered);
+			 "it was answered)",
+			 name, fl->tries, ag->unanswered);
 		return;
 	}
 	if (fl->have_status) {
@@ -686,8 +700,8 @@ static void timeout_text(struct hg_client *c, const struct flight *fl)
 	}
 	e += snprintf(e, (size_t)(end - e),
 		      "no status of it from aggregator %s after %u transmissions; "
-		      "its latest (chunk %llu) reports ", name, fl->tries,
-		      (unsigned long long)ag->status_chunk);
+		      "its latest (chunk %llu) reports ",
+		      name, fl->tries, (unsigned long long)ag->status_chunk);
 	bitmap_text(c, ag->status_bitmap, e, end);
 }
 
@@ -698,16 +712,17 @@ static void timeout_text(struct hg_client *c, const struct flight *fl)
  * is not known present, so each gets a STATUS (the give-up names the
  * missing workers) or its result.  Returns the new count of ks.
  */
-static uint16_t tx_window(struct hg_client *c, uint32_t a, size_t *ks, uint16_t cnt,
-			  uint64_t now)
+static uint16_t tx_window(struct hg_client *c, uint32_t a, size_t *ks,
+			  uint16_t cnt, uint64_t now)
 {
 	struct agg *ag = &c->agg[a];
 
-	for (size_t i = (size_t)a * c->cfg.slots; i < (size_t)(a + 1) * c->cfg.slots; i++) {
+	for (size_t i = (size_t)a * c->cfg.slots;
+	     i < (size_t)(a + 1) * c->cfg.slots; i++) {
 		struct flight *fl = &c->fl[i];
 
-		if (!fl->busy || fl->unsent || fl->present || fl->last_tx == now ||
-		    now - fl->last_tx < ag->rto_est)
+		if (!fl->busy || fl->unsent || fl->present ||
+		    fl->last_tx == now || now - fl->last_tx < ag->rto_est)
 			continue;
 		c->stats.window_retransmissions++;
 		ag->st.window_retransmissions++;

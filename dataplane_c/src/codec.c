@@ -56,8 +56,7 @@ static int codec_isa_read(void)
 	if (!v || !*v) {
 		if (codec_isa_cpu(HG_ISA_AVX512))
 			return HG_ISA_AVX512;
-		return codec_isa_cpu(HG_ISA_AVX2) ? HG_ISA_AVX2 :
-						    HG_ISA_PORTABLE;
+		return codec_isa_cpu(HG_ISA_AVX2) ? HG_ISA_AVX2 : HG_ISA_PORTABLE;
 	}
 	if (strcmp(v, "portable") == 0)
 		isa = HG_ISA_PORTABLE;
@@ -107,8 +106,7 @@ int hg_params_check(const struct hg_params *p)
 		return isa;
 	if (!p)
 		return -EINVAL;
-	if (p->block < HG_MIN_BLOCK || p->block > HG_MAX_BLOCK ||
-	    p->block % 64 != 0)
+	if (p->block < HG_MIN_BLOCK || p->block > HG_MAX_BLOCK || p->block % 64 != 0)
 		return -EINVAL;
 	if (p->workers < 1 || p->workers > HG_MAX_WORKERS)
 		return -ERANGE;
@@ -170,8 +168,8 @@ static void scan_portable(const float *x, size_t len, uint32_t *absmax,
 }
 
 /* The same with the AVX2 path (when avx2) for the whole groups of 16. */
-static void scan_block(const float *x, size_t len, bool avx2,
-		       uint32_t *absmax, uint32_t *nnz)
+static void scan_block(const float *x, size_t len, bool avx2, uint32_t *absmax,
+		       uint32_t *nnz)
 {
 	uint32_t mx = 0, c = 0, tmx, tc;
 	size_t i = avx2 ? hg_absmax_nnz_avx2(x, len, &mx, &c) : 0;
@@ -180,7 +178,6 @@ static void scan_block(const float *x, size_t len, bool avx2,
 	*absmax = tmx > mx ? tmx : mx;
 	*nnz = c + tc;
 }
-
 
 static size_t first_nonfinite(const float *x, size_t len)
 {
@@ -306,8 +303,8 @@ static bool quant_block(const float *x, size_t len, int8_t code, int shift,
 	bool bad = false;
 	size_t i = avx2 ? hg_quant_avx2(x, len, code, shift, out, &bad) : 0;
 
-	return !bad && quant_block_portable(x + i, len - i, code, shift,
-					    out + 4 * i);
+	return !bad &&
+	       quant_block_portable(x + i, len - i, code, shift, out + 4 * i);
 }
 
 static bool quant_block_stochastic(const float *x, size_t len, int8_t code,
@@ -322,8 +319,7 @@ static bool quant_block_stochastic(const float *x, size_t len, int8_t code,
 		uint32_t u = (uint32_t)(hg_hash(key, g0 + i) >> 32);
 
 		bad |= hg_abs_bits(x[i]) >= lim;
-		hg_st_be32(out + 4 * i,
-			   (uint32_t)hg_sr((double)x[i] * scale, u));
+		hg_st_be32(out + 4 * i, (uint32_t)hg_sr((double)x[i] * scale, u));
 	}
 	return !bad;
 }
@@ -389,8 +385,8 @@ static void dequant_block_portable(const uint8_t *in, size_t len, int shift,
 		y[i] = (float)((double)(int32_t)hg_ld_be32(in + 4 * i) * scale);
 }
 
-int hg_dequantize(const struct hg_params *p, const uint8_t *sum_be32,
-		  size_t n, const int8_t *gcodes, uint32_t qflags, float *y)
+int hg_dequantize(const struct hg_params *p, const uint8_t *sum_be32, size_t n,
+		  const int8_t *gcodes, uint32_t qflags, float *y)
 {
 	int rc = quant_check(p, n, sum_be32 && gcodes && y, qflags);
 	size_t nb, off = 0;

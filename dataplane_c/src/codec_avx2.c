@@ -11,9 +11,8 @@
 
 #include "codec_pvt.h"
 
-__attribute__((target("avx2")))
-size_t hg_absmax_nnz_avx2(const float *x, size_t len, uint32_t *absmax,
-			  uint32_t *nnz)
+__attribute__((target("avx2"))) size_t
+hg_absmax_nnz_avx2(const float *x, size_t len, uint32_t *absmax, uint32_t *nnz)
 {
 	const __m256i m = _mm256_set1_epi32(0x7FFFFFFF);
 	const __m256i z = _mm256_setzero_si256();
@@ -22,10 +21,12 @@ size_t hg_absmax_nnz_avx2(const float *x, size_t len, uint32_t *absmax,
 	size_t i = 0;
 
 	for (; i + 16 <= len; i += 16) {
-		__m256i a = _mm256_and_si256(
-			_mm256_loadu_si256((const __m256i *)(x + i)), m);
-		__m256i b = _mm256_and_si256(
-			_mm256_loadu_si256((const __m256i *)(x + i + 8)), m);
+		__m256i a = _mm256_and_si256(_mm256_loadu_si256(
+						     (const __m256i *)(x + i)),
+					     m);
+		__m256i b = _mm256_and_si256(_mm256_loadu_si256(
+						     (const __m256i *)(x + i + 8)),
+					     m);
 
 		mx0 = _mm256_max_epu32(mx0, a);
 		mx1 = _mm256_max_epu32(mx1, b);
@@ -43,17 +44,18 @@ size_t hg_absmax_nnz_avx2(const float *x, size_t len, uint32_t *absmax,
 	return i;
 }
 
-__attribute__((target("avx2")))
-size_t hg_quant_avx2(const float *x, size_t len, int8_t code, int shift,
-		     uint8_t *out, bool *bad)
+__attribute__((target("avx2"))) size_t hg_quant_avx2(const float *x, size_t len,
+						     int8_t code, int shift,
+						     uint8_t *out, bool *bad)
 {
 	const uint32_t lim = hg_code_limit_bits(code);
 	const __m256i m = _mm256_set1_epi32(0x7FFFFFFF);
 	const __m256i limv = _mm256_set1_epi32((int32_t)(lim - 1));
 	const __m256d scale = _mm256_set1_pd(hg_pow2(shift));
-	const __m256i bswap = _mm256_setr_epi8(
-		3, 2, 1, 0, 7, 6, 5, 4, 11, 10, 9, 8, 15, 14, 13, 12,
-		3, 2, 1, 0, 7, 6, 5, 4, 11, 10, 9, 8, 15, 14, 13, 12);
+	const __m256i bswap = _mm256_setr_epi8(3, 2, 1, 0, 7, 6, 5, 4, 11, 10,
+					       9, 8, 15, 14, 13, 12, 3, 2, 1, 0,
+					       7, 6, 5, 4, 11, 10, 9, 8, 15, 14,
+					       13, 12);
 	__m256i over = _mm256_setzero_si256();
 	size_t i = 0;
 
@@ -64,37 +66,42 @@ size_t hg_quant_avx2(const float *x, size_t len, int8_t code, int shift,
 
 		over = _mm256_or_si256(over, _mm256_cmpgt_epi32(a, limv));
 		/* cvtpd_epi32 rounds to nearest even (default MXCSR) */
-		lo = _mm256_cvtpd_epi32(_mm256_mul_pd(
-			_mm256_cvtps_pd(_mm256_castps256_ps128(v)), scale));
-		hi = _mm256_cvtpd_epi32(_mm256_mul_pd(
-			_mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)), scale));
-		_mm256_storeu_si256(
-			(__m256i *)(out + 4 * i),
-			_mm256_shuffle_epi8(_mm256_set_m128i(hi, lo), bswap));
+		lo = _mm256_cvtpd_epi32(
+			_mm256_mul_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(v)),
+				      scale));
+		hi = _mm256_cvtpd_epi32(
+			_mm256_mul_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)),
+				      scale));
+		_mm256_storeu_si256((__m256i *)(out + 4 * i),
+				    _mm256_shuffle_epi8(_mm256_set_m128i(hi, lo),
+							bswap));
 	}
 	*bad = !_mm256_testz_si256(over, over);
 	return i;
 }
 
-__attribute__((target("avx2")))
-size_t hg_dequant_avx2(const uint8_t *in, size_t len, int shift, float *y)
+__attribute__((target("avx2"))) size_t
+hg_dequant_avx2(const uint8_t *in, size_t len, int shift, float *y)
 {
 	const __m256d scale = _mm256_set1_pd(hg_pow2(-shift));
-	const __m256i bswap = _mm256_setr_epi8(
-		3, 2, 1, 0, 7, 6, 5, 4, 11, 10, 9, 8, 15, 14, 13, 12,
-		3, 2, 1, 0, 7, 6, 5, 4, 11, 10, 9, 8, 15, 14, 13, 12);
+	const __m256i bswap = _mm256_setr_epi8(3, 2, 1, 0, 7, 6, 5, 4, 11, 10,
+					       9, 8, 15, 14, 13, 12, 3, 2, 1, 0,
+					       7, 6, 5, 4, 11, 10, 9, 8, 15, 14,
+					       13, 12);
 	size_t i = 0;
 
 	for (; i + 8 <= len; i += 8) {
-		__m256i v = _mm256_shuffle_epi8(
-			_mm256_loadu_si256((const __m256i *)(in + 4 * i)),
-			bswap);
+		__m256i v = _mm256_shuffle_epi8(_mm256_loadu_si256((
+							const __m256i *)(in + 4 * i)),
+						bswap);
 		/* both conversions are exact or round once, like the scalar */
-		__m128 lo = _mm256_cvtpd_ps(_mm256_mul_pd(
-			_mm256_cvtepi32_pd(_mm256_castsi256_si128(v)), scale));
-		__m128 hi = _mm256_cvtpd_ps(_mm256_mul_pd(
-			_mm256_cvtepi32_pd(_mm256_extracti128_si256(v, 1)),
-			scale));
+		__m128 lo = _mm256_cvtpd_ps(
+			_mm256_mul_pd(_mm256_cvtepi32_pd(_mm256_castsi256_si128(v)),
+				      scale));
+		__m128 hi = _mm256_cvtpd_ps(
+			_mm256_mul_pd(_mm256_cvtepi32_pd(
+					      _mm256_extracti128_si256(v, 1)),
+				      scale));
 
 		_mm256_storeu_ps(y + i, _mm256_set_m128(hi, lo));
 	}

@@ -34,7 +34,7 @@ static const struct {
 	uint32_t bpe, k, fp_q20;
 } bloom_opts[] = {
 	{ 8, 6, 22625 }, { 12, 8, 3295 }, { 16, 8, 602 },
-	{ 20, 8, 146 },	 { 24, 8, 44 },
+	{ 20, 8, 146 },  { 24, 8, 44 },
 };
 #define N_BLOOM_OPTS (sizeof(bloom_opts) / sizeof(bloom_opts[0]))
 
@@ -97,9 +97,9 @@ static uint32_t sketch_t(const struct hg_params *p, uint32_t nc)
  */
 struct cost_terms {
 	bool timed;
-	hg_u128 xb;        /* one byte of a phase: wire + per-packet CPU share */
-	hg_u128 rt;        /* one phase round trip */
-	hg_u128 lane;      /* one union lane: 4 xb + lane_ps */
+	hg_u128 xb;   /* one byte of a phase: wire + per-packet CPU share */
+	hg_u128 rt;   /* one phase round trip */
+	hg_u128 lane; /* one union lane: 4 xb + lane_ps */
 };
 
 static void cost_terms(const struct hg_params *p, struct cost_terms *ct)
@@ -113,9 +113,10 @@ static void cost_terms(const struct hg_params *p, struct cost_terms *ct)
 	ct->timed = true;
 	byte_ps = (hg_u128)8000000 / k->link_mbit;
 	payload = k->payload_bytes ? k->payload_bytes : 1024;
-	ct->xb = byte_ps + ((hg_u128)k->pkt_ps +
-			    (hg_u128)p->workers * k->agg_pkt_ps +
-			    HG_COST_FRAME_BYTES * byte_ps) / payload;
+	ct->xb = byte_ps +
+		 ((hg_u128)k->pkt_ps + (hg_u128)p->workers * k->agg_pkt_ps +
+		  HG_COST_FRAME_BYTES * byte_ps) /
+			 payload;
 	ct->rt = (hg_u128)1000 * k->rtt_ns;
 	ct->lane = 4 * ct->xb + k->lane_ps;
 }
@@ -126,9 +127,8 @@ static void cost_terms(const struct hg_params *p, struct cost_terms *ct)
  * Returns the block's index time (the cost model's ix_b; 0 for the bytes
  * rule).
  */
-static hg_u128 plan_index(const struct hg_params *p,
-			  const struct cost_terms *ct, uint32_t len,
-			  uint32_t count, struct lhc_block *bk)
+static hg_u128 plan_index(const struct hg_params *p, const struct cost_terms *ct,
+			  uint32_t len, uint32_t count, struct lhc_block *bk)
 {
 	uint64_t c = count < len ? count : len;
 	uint64_t best = 8 * (((uint64_t)len + 7) / 8);
@@ -164,7 +164,8 @@ static hg_u128 plan_index(const struct hg_params *p,
 			ix = ti;
 		} else {
 			uint64_t fp = (bloom_opts[i].fp_q20 * (len - c) *
-				       FP_COST_BITS) >> 20;
+				       FP_COST_BITS) >>
+				      20;
 
 			if (!(bits + fp < best))
 				continue;
@@ -298,7 +299,8 @@ static inline void bloom_probes(uint64_t key, uint64_t g, uint32_t k,
 		if (i && i % 3 == 0)
 			w = hg_mix64(w + HG_HASH_GOLDEN);
 		out[i] = (uint32_t)((((w >> (21 * (i % 3))) & 0x1FFFFFu) *
-				     (uint64_t)bits) >> 21);
+				     (uint64_t)bits) >>
+				    21);
 	}
 }
 
@@ -334,7 +336,8 @@ static inline bool bloom_test(uint64_t key, uint64_t g, uint32_t k,
 		}
 		hit &= bloom_bit(filt,
 				 (uint32_t)((((w >> (21 * (i % 3))) & 0x1FFFFFu) *
-					     (uint64_t)bits) >> 21));
+					     (uint64_t)bits) >>
+					    21));
 	}
 	return hit;
 }
@@ -376,8 +379,8 @@ int hg_lhc_index_encode(const struct hg_lhc *l, const float *x, uint8_t *index)
 }
 
 /* The Bloom bits of block b from its non-zero positions. */
-static void bloom_encode(const struct hg_lhc *l, size_t b,
-			 const uint16_t *pos, size_t nz, uint8_t *out)
+static void bloom_encode(const struct hg_lhc *l, size_t b, const uint16_t *pos,
+			 size_t nz, uint8_t *out)
 {
 	const struct lhc_block *bk = &l->blk[b];
 
@@ -385,8 +388,8 @@ static void bloom_encode(const struct hg_lhc *l, size_t b,
 	for (size_t j = 0; j < nz; j++) {
 		uint32_t pr[8];
 
-		bloom_probes(l->key_bloom, l->first + b * l->p.block + pos[j], bk->bloom_k,
-			     bk->bloom_bits, pr);
+		bloom_probes(l->key_bloom, l->first + b * l->p.block + pos[j],
+			     bk->bloom_k, bk->bloom_bits, pr);
 		for (uint32_t k = 0; k < bk->bloom_k; k++)
 			out[pr[k] >> 3] |= (uint8_t)(1u << (pr[k] & 7));
 	}
@@ -444,8 +447,7 @@ static bool cand_vbmi2(void)
  * list by AVX-512 VBMI2 when vbmi2, else by AVX2 when avx2; the AVX2 Bloom
  * probing when avx2). */
 static int collect_candidates(struct hg_lhc *l, size_t b, const uint8_t *idx,
-			      size_t total, bool vbmi2, bool avx2,
-			      uint32_t *count)
+			      size_t total, bool vbmi2, bool avx2, uint32_t *count)
 {
 	const struct lhc_block *bk = &l->blk[b];
 	uint32_t len = (uint32_t)hg_block_len(&l->p, l->n, b);
@@ -476,8 +478,9 @@ static int collect_candidates(struct hg_lhc *l, size_t b, const uint8_t *idx,
 			for (uint32_t k = 0; k < take; k++)
 				v |= (uint64_t)idx[w + k] << (8 * k);
 			if (8 * w + 64 > len) /* bits past the block's end */
-				v &= (len - 8 * w >= 64) ? ~0ull :
-					(1ull << (len - 8 * w)) - 1;
+				v &= (len - 8 * w >= 64) ?
+					     ~0ull :
+					     (1ull << (len - 8 * w)) - 1;
 			while (v) {
 				out[c++] = (uint16_t)(8 * w +
 						      (uint32_t)__builtin_ctzll(v));
@@ -489,13 +492,14 @@ static int collect_candidates(struct hg_lhc *l, size_t b, const uint8_t *idx,
 
 		if (avx2) {
 			i = len & ~7u;
-			c = hg_lhc_bloom_candidates_avx2(
-				l->key_bloom, l->first + b * l->p.block,
-				bk->bloom_k, bk->bloom_bits, idx, i, out);
+			c = hg_lhc_bloom_candidates_avx2(l->key_bloom,
+							 l->first + b * l->p.block,
+							 bk->bloom_k,
+							 bk->bloom_bits, idx, i,
+							 out);
 		}
 		for (; i < len; i++)
-			if (bloom_test(l->key_bloom,
-				       l->first + b * l->p.block + i,
+			if (bloom_test(l->key_bloom, l->first + b * l->p.block + i,
 				       bk->bloom_k, bk->bloom_bits, idx))
 				out[c++] = (uint16_t)i;
 	}
@@ -596,8 +600,7 @@ int hg_lhc_set_index(struct hg_lhc *l, const uint8_t *gindex)
 	l->unresolved = malloc((total ? total : 1) * sizeof(*l->unresolved));
 	if (!l->values || !l->unresolved)
 		return -ENOMEM;
-	rc = scratch_reserve(l, max_cells ? max_cells : 1,
-			     max_cand ? max_cand : 1);
+	rc = scratch_reserve(l, max_cells ? max_cells : 1, max_cand ? max_cand : 1);
 	if (rc)
 		return rc;
 	l->info.candidates = total;
@@ -685,20 +688,19 @@ static uint32_t compact_portable(const float *xb, uint32_t i0, uint32_t i1,
 }
 
 /* Quantised value of x (within range checked by the caller). */
-static inline int32_t quant1(const struct hg_params *p, uint64_t rkey,
-			     float x, double scale, uint64_t g)
+static inline int32_t quant1(const struct hg_params *p, uint64_t rkey, float x,
+			     double scale, uint64_t g)
 {
 	if (p->flags & HG_F_STOCHASTIC)
-		return hg_sr((double)x * scale,
-			     (uint32_t)(hg_hash(rkey, g) >> 32));
+		return hg_sr((double)x * scale, (uint32_t)(hg_hash(rkey, g) >> 32));
 	return hg_rne((double)x * scale);
 }
 
 /* Quantised values v[j] of the elements g0 + pos[j] (range already
  * checked). */
-static void quant_vals(const struct hg_params *p, uint64_t rkey,
-		       const float *v, uint64_t g0, const uint16_t *pos,
-		       uint32_t n, double scale, uint32_t *q)
+static void quant_vals(const struct hg_params *p, uint64_t rkey, const float *v,
+		       uint64_t g0, const uint16_t *pos, uint32_t n,
+		       double scale, uint32_t *q)
 {
 	if (!(p->flags & HG_F_STOCHASTIC)) {
 		for (uint32_t j = 0; j < n; j++)
@@ -756,8 +758,7 @@ static void sketch_add(const struct hg_lhc *l, size_t b, const uint16_t *pos,
  * candidate although this worker has a non-zero.
  */
 static bool sketch_block(const struct hg_lhc *l, size_t b, const float *xb,
-			 uint32_t len, uint8_t *cells, uint64_t rkey,
-			 int isa)
+			 uint32_t len, uint8_t *cells, uint64_t rkey, int isa)
 {
 	const struct lhc_block *bk = &l->blk[b];
 	const uint32_t lim = hg_code_limit_bits(l->gcodes[b]);
@@ -805,15 +806,13 @@ static void cells_to_be(uint8_t *cells, size_t nc)
 static int sketch_start(const struct hg_lhc *l, const uint8_t *cells_be32,
 			uint64_t *rkey)
 {
-	if (!l || l->state < LHC_INDEXED ||
-	    (l->info.sketch_lanes && !cells_be32))
+	if (!l || l->state < LHC_INDEXED || (l->info.sketch_lanes && !cells_be32))
 		return -EINVAL;
 	*rkey = hg_stream_key(l->p.seed, HG_DOM_ROUND, l->p.worker);
 	return 0;
 }
 
-int hg_lhc_sketch_encode(const struct hg_lhc *l, const float *x,
-			 uint8_t *cells_be32)
+int hg_lhc_sketch_encode(const struct hg_lhc *l, const float *x, uint8_t *cells_be32)
 {
 	uint64_t rkey;
 	int isa;
@@ -869,8 +868,7 @@ int hg_lhc_sketch_encode_scan(const struct hg_lhc *l, const struct hg_scan *s,
 		if (s->absmax[b] >= hg_code_limit_bits(l->gcodes[b]) ||
 		    bk->ncand == 0)
 			return -ERANGE;
-		sketch_add(l, b, s->pos + o, s->val + o, nz, cells, rkey,
-			   isa);
+		sketch_add(l, b, s->pos + o, s->val + o, nz, cells, rkey, isa);
 		cells_to_be(cells, nc);
 	}
 	return 0;
@@ -894,8 +892,7 @@ int hg_lhc_sketch_encode_scan(const struct hg_lhc *l, const struct hg_scan *s,
  * masked to nothing and its writes sent to a dummy slot, so the queue,
  * the values and the counts evolve exactly as with the skip.
  */
-static int peel_block(struct hg_lhc *l, size_t b, const uint8_t *gcells,
-		      int isa)
+static int peel_block(struct hg_lhc *l, size_t b, const uint8_t *gcells, int isa)
 {
 	const struct lhc_block *bk = &l->blk[b];
 	const uint32_t nc = 3 * bk->t, n = bk->ncand;
@@ -992,8 +989,7 @@ int hg_lhc_peel(struct hg_lhc *l, const uint8_t *gcells_be32)
 {
 	int isa;
 
-	if (!l || l->state < LHC_INDEXED ||
-	    (l->info.sketch_lanes && !gcells_be32))
+	if (!l || l->state < LHC_INDEXED || (l->info.sketch_lanes && !gcells_be32))
 		return -EINVAL;
 	isa = hg_codec_isa();
 	l->info.stalled_blocks = 0;
@@ -1017,8 +1013,7 @@ int hg_lhc_peel(struct hg_lhc *l, const uint8_t *gcells_be32)
 
 /* ---- fallback and decode ---------------------------------------------- */
 
-int hg_lhc_fallback_encode(const struct hg_lhc *l, const float *x,
-			   uint8_t *out_be32)
+int hg_lhc_fallback_encode(const struct hg_lhc *l, const float *x, uint8_t *out_be32)
 {
 	uint64_t rkey;
 	size_t u = 0;
@@ -1029,13 +1024,11 @@ int hg_lhc_fallback_encode(const struct hg_lhc *l, const float *x,
 	rkey = hg_stream_key(l->p.seed, HG_DOM_ROUND, l->p.worker);
 	for (size_t b = 0; b < l->nb && u < l->info.fallback_lanes; b++) {
 		const struct lhc_block *bk = &l->blk[b];
-		const double scale = hg_pow2(hg_scale_shift(&l->p,
-							    l->gcodes[b]));
+		const double scale = hg_pow2(hg_scale_shift(&l->p, l->gcodes[b]));
 		const uint32_t lim = hg_code_limit_bits(l->gcodes[b]);
 		const size_t end = bk->cand_off + bk->ncand;
 
-		for (; u < l->info.fallback_lanes && l->unresolved[u] < end;
-		     u++) {
+		for (; u < l->info.fallback_lanes && l->unresolved[u] < end; u++) {
 			size_t g = b * l->p.block + l->cand_pos[l->unresolved[u]];
 
 			if (hg_abs_bits(x[g]) >= lim)
@@ -1048,8 +1041,7 @@ int hg_lhc_fallback_encode(const struct hg_lhc *l, const float *x,
 	return 0;
 }
 
-int hg_lhc_decode(const struct hg_lhc *l, const uint8_t *gfallback_be32,
-		  float *y)
+int hg_lhc_decode(const struct hg_lhc *l, const uint8_t *gfallback_be32, float *y)
 {
 	size_t u = 0;
 	int isa;
@@ -1070,12 +1062,11 @@ int hg_lhc_decode(const struct hg_lhc *l, const uint8_t *gfallback_be32,
 		if (u == l->info.fallback_lanes || l->unresolved[u] >= end)
 			continue;
 		scale = hg_pow2(-hg_scale_shift(&l->p, l->gcodes[b]));
-		for (; u < l->info.fallback_lanes && l->unresolved[u] < end;
-		     u++)
-			yb[l->cand_pos[l->unresolved[u]]] = (float)(
-				(double)(int32_t)hg_ld_be32(gfallback_be32 +
-							    4 * u) *
-				scale);
+		for (; u < l->info.fallback_lanes && l->unresolved[u] < end; u++)
+			yb[l->cand_pos[l->unresolved[u]]] =
+				(float)((double)(int32_t)hg_ld_be32(
+						gfallback_be32 + 4 * u) *
+					scale);
 	}
 	return 0;
 }

@@ -11,8 +11,8 @@
 #include "avx2_pvt.h"
 #include "codec_lhc_pvt.h"
 
-__attribute__((target("avx2")))
-size_t hg_lhc_bitmap_avx2(const float *x, size_t len, uint8_t *out)
+__attribute__((target("avx2"))) size_t hg_lhc_bitmap_avx2(const float *x,
+							  size_t len, uint8_t *out)
 {
 	const __m256i m = _mm256_set1_epi32(0x7FFFFFFF);
 	const __m256i z = _mm256_setzero_si256();
@@ -23,8 +23,7 @@ size_t hg_lhc_bitmap_avx2(const float *x, size_t len, uint8_t *out)
 
 		for (int k = 0; k < 4; k++) {
 			__m256i a = _mm256_and_si256(
-				_mm256_loadu_si256(
-					(const __m256i *)(x + i + 8 * k)),
+				_mm256_loadu_si256((const __m256i *)(x + i + 8 * k)),
 				m);
 			uint32_t zm = (uint32_t)_mm256_movemask_ps(
 				_mm256_castsi256_ps(_mm256_cmpeq_epi32(a, z)));
@@ -44,9 +43,8 @@ size_t hg_lhc_bitmap_avx2(const float *x, size_t len, uint8_t *out)
  * the output advancing by the count.  No branch on the bits.  Same list
  * as the scalar loop of codec_lhc.c and the AVX-512 VBMI2 one.
  */
-__attribute__((target("avx2,bmi,bmi2,popcnt")))
-uint32_t hg_lhc_bitmap_positions_avx2(const uint8_t *idx, uint32_t nwords,
-				      uint16_t *out)
+__attribute__((target("avx2,bmi,bmi2,popcnt"))) uint32_t
+hg_lhc_bitmap_positions_avx2(const uint8_t *idx, uint32_t nwords, uint16_t *out)
 {
 	const __m128i step = _mm_set1_epi16(8);
 	__m128i base = _mm_setzero_si128();
@@ -62,8 +60,7 @@ uint32_t hg_lhc_bitmap_positions_avx2(const uint8_t *idx, uint32_t nwords,
 				(long long)avx2_compress_idx(m));
 
 			_mm_storeu_si128((__m128i *)(out + c),
-					 _mm_add_epi16(_mm_cvtepu8_epi16(i8),
-						       base));
+					 _mm_add_epi16(_mm_cvtepu8_epi16(i8), base));
 			c += (uint32_t)__builtin_popcount(m);
 			base = _mm_add_epi16(base, step);
 		}
@@ -73,10 +70,9 @@ uint32_t hg_lhc_bitmap_positions_avx2(const uint8_t *idx, uint32_t nwords,
 
 /* Same bits as cells_portable, 4 elements per step (64-bit lanes, the
  * 64-bit multiplies emulated); the caller does the last n % 4. */
-__attribute__((target("avx2,bmi,bmi2,popcnt")))
-uint32_t hg_lhc_cells_avx2(uint64_t key, uint64_t g0, uint32_t t,
-			   const uint16_t *pos, uint32_t n,
-			   const struct cell_batch *cb)
+__attribute__((target("avx2,bmi,bmi2,popcnt"))) uint32_t
+hg_lhc_cells_avx2(uint64_t key, uint64_t g0, uint32_t t, const uint16_t *pos,
+		  uint32_t n, const struct cell_batch *cb)
 {
 	const __m256i base = _mm256_set1_epi64x(
 		(long long)(key + HG_HASH_GOLDEN * (g0 + 1)));
@@ -94,8 +90,8 @@ uint32_t hg_lhc_cells_avx2(uint64_t key, uint64_t g0, uint32_t t,
 		memcpy(&p4, pos + j, 8);
 		/* key + (g0 + pos + 1) * GOLDEN = base + pos * GOLDEN */
 		p = _mm256_cvtepu16_epi64(_mm_cvtsi64_si128((long long)p4));
-		h = avx2_mix64(_mm256_add_epi64(
-			base, avx2_mullo64(p, HG_HASH_GOLDEN)));
+		h = avx2_mix64(
+			_mm256_add_epi64(base, avx2_mullo64(p, HG_HASH_GOLDEN)));
 		f0 = _mm256_and_si256(h, f21);
 		f1 = _mm256_and_si256(_mm256_srli_epi64(h, 21), f21);
 		f2 = _mm256_and_si256(_mm256_srli_epi64(h, 42), f21);
@@ -121,9 +117,8 @@ uint32_t hg_lhc_cells_avx2(uint64_t key, uint64_t g0, uint32_t t,
  * does; the 8 probe positions in 32-bit lanes, interleaved (lane 2j:
  * element j, lane 2j + 1: element 4 + j).
  */
-__attribute__((target("avx2")))
-static inline __m256i bloom_probe8(__m256i a, __m256i b, int r,
-				   __m256i bitsv)
+__attribute__((target("avx2"))) static inline __m256i
+bloom_probe8(__m256i a, __m256i b, int r, __m256i bitsv)
 {
 	const __m256i f21 = _mm256_set1_epi64x(0x1FFFFF);
 	const __m128i sh = _mm_cvtsi32_si128(21 * (r % 3));
@@ -138,8 +133,8 @@ static inline __m256i bloom_probe8(__m256i a, __m256i b, int r,
 /* The bit of the filter at the 8 probe positions p (32-bit lanes), in
  * bit 0 of each lane: a 32-bit gather of the filter's little-endian words
  * (word p / 32 holds bit p at p % 32, as byte p / 8 holds it at p % 8). */
-__attribute__((target("avx2")))
-static inline __m256i bloom_bit8(const int *words, __m256i p)
+__attribute__((target("avx2"))) static inline __m256i bloom_bit8(const int *words,
+								 __m256i p)
 {
 	__m256i w = _mm256_i32gather_epi32(words, _mm256_srli_epi32(p, 5), 4);
 
@@ -148,8 +143,7 @@ static inline __m256i bloom_bit8(const int *words, __m256i p)
 
 /* The 8-bit element mask (element j at bit j) of interleaved lanes whose
  * bit 0 is set (lane 2j: element j, lane 2j + 1: element 4 + j). */
-__attribute__((target("avx2,bmi2")))
-static inline uint32_t bloom_mask8(__m256i hit)
+__attribute__((target("avx2,bmi2"))) static inline uint32_t bloom_mask8(__m256i hit)
 {
 	uint32_t mm = (uint32_t)_mm256_movemask_ps(
 		_mm256_castsi256_ps(_mm256_slli_epi32(hit, 31)));
@@ -174,15 +168,12 @@ static inline uint32_t bloom_mask8(__m256i hit)
  * order, as the element-by-element loop.  Positions appended at out (8
  * entries of slack); returns their count.
  */
-__attribute__((target("avx2,bmi,bmi2,popcnt")))
-uint32_t hg_lhc_bloom_candidates_avx2(uint64_t key, uint64_t g0,
-				      uint32_t k, uint32_t bits,
-				      const uint8_t *filt, uint32_t len8,
-				      uint16_t *out)
+__attribute__((target("avx2,bmi,bmi2,popcnt"))) uint32_t
+hg_lhc_bloom_candidates_avx2(uint64_t key, uint64_t g0, uint32_t k, uint32_t bits,
+			     const uint8_t *filt, uint32_t len8, uint16_t *out)
 {
 	const __m256i gold = _mm256_set1_epi64x((long long)HG_HASH_GOLDEN);
-	const __m256i step = _mm256_set1_epi64x(
-		(long long)(8 * HG_HASH_GOLDEN));
+	const __m256i step = _mm256_set1_epi64x((long long)(8 * HG_HASH_GOLDEN));
 	const __m256i bitsv = _mm256_set1_epi64x(bits);
 	const __m256i one = _mm256_set1_epi32(1);
 	const uint64_t base = key + (g0 + 1) * HG_HASH_GOLDEN;
@@ -195,8 +186,8 @@ uint32_t hg_lhc_bloom_candidates_avx2(uint64_t key, uint64_t g0,
 		_mm256_setr_epi64x(0, (long long)HG_HASH_GOLDEN,
 				   (long long)(2 * HG_HASH_GOLDEN),
 				   (long long)(3 * HG_HASH_GOLDEN)));
-	__m256i gb = _mm256_add_epi64(
-		ga, _mm256_set1_epi64x((long long)(4 * HG_HASH_GOLDEN)));
+	__m256i gb = _mm256_add_epi64(ga, _mm256_set1_epi64x(
+						  (long long)(4 * HG_HASH_GOLDEN)));
 	uint32_t c = 0;
 
 	for (uint32_t i0 = 0; i0 < len8; i0 += BLOOM_CHUNK) {
@@ -211,15 +202,15 @@ uint32_t hg_lhc_bloom_candidates_avx2(uint64_t key, uint64_t g0,
 
 			for (uint32_t r = 0; r < k1; r++)
 				hit = _mm256_and_si256(
-					hit, bloom_bit8(words, bloom_probe8(
-								       wa, wb, (int)r,
-								       bitsv)));
+					hit, bloom_bit8(words,
+							bloom_probe8(wa, wb, (int)r,
+								     bitsv)));
 			m = bloom_mask8(hit);
-			_mm_storeu_si128(
-				(__m128i *)(surv + ns),
-				_mm_add_epi16(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(
-						      (long long)avx2_compress_idx(m))),
-					      _mm_set1_epi16((short)i)));
+			_mm_storeu_si128((__m128i *)(surv + ns),
+					 _mm_add_epi16(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(
+							       (long long)avx2_compress_idx(
+								       m))),
+						       _mm_set1_epi16((short)i)));
 			ns += (uint32_t)__builtin_popcount(m);
 			ga = _mm256_add_epi64(ga, step);
 			gb = _mm256_add_epi64(gb, step);
@@ -237,12 +228,12 @@ uint32_t hg_lhc_bloom_candidates_avx2(uint64_t key, uint64_t g0,
 			__m128i p8 = _mm_loadu_si128((const __m128i *)(surv + j));
 			__m256i pa = _mm256_cvtepu16_epi64(p8);
 			__m256i pb = _mm256_cvtepu16_epi64(_mm_srli_si128(p8, 8));
-			__m256i wa = avx2_mix64(_mm256_add_epi64(
-				_mm256_set1_epi64x((long long)base),
-				avx2_mullo64(pa, HG_HASH_GOLDEN)));
-			__m256i wb = avx2_mix64(_mm256_add_epi64(
-				_mm256_set1_epi64x((long long)base),
-				avx2_mullo64(pb, HG_HASH_GOLDEN)));
+			__m256i wa = avx2_mix64(
+				_mm256_add_epi64(_mm256_set1_epi64x((long long)base),
+						 avx2_mullo64(pa, HG_HASH_GOLDEN)));
+			__m256i wb = avx2_mix64(
+				_mm256_add_epi64(_mm256_set1_epi64x((long long)base),
+						 avx2_mullo64(pb, HG_HASH_GOLDEN)));
 			__m256i hit = one;
 			uint32_t m, left = ns - j;
 
@@ -252,9 +243,9 @@ uint32_t hg_lhc_bloom_candidates_avx2(uint64_t key, uint64_t g0,
 					wb = avx2_mix64(_mm256_add_epi64(wb, gold));
 				}
 				hit = _mm256_and_si256(
-					hit, bloom_bit8(words, bloom_probe8(
-								       wa, wb, (int)r,
-								       bitsv)));
+					hit, bloom_bit8(words,
+							bloom_probe8(wa, wb, (int)r,
+								     bitsv)));
 			}
 			m = bloom_mask8(hit);
 			if (left < 8)
@@ -263,12 +254,13 @@ uint32_t hg_lhc_bloom_candidates_avx2(uint64_t key, uint64_t g0,
 			_mm_storeu_si128(
 				(__m128i *)(out + c),
 				_mm_shuffle_epi8(
-					p8, _mm_add_epi16(
-						    _mm_mullo_epi16(
-							    _mm_cvtepu8_epi16(_mm_cvtsi64_si128(
-								    (long long)avx2_compress_idx(m))),
-							    _mm_set1_epi16(514)),
-						    _mm_set1_epi16(256))));
+					p8,
+					_mm_add_epi16(_mm_mullo_epi16(
+							      _mm_cvtepu8_epi16(_mm_cvtsi64_si128(
+								      (long long)avx2_compress_idx(
+									      m))),
+							      _mm_set1_epi16(514)),
+						      _mm_set1_epi16(256))));
 			c += (uint32_t)__builtin_popcount(m);
 		}
 	}

@@ -18,14 +18,13 @@
  * vector of 32 positions in a register and stores all 32 lanes (out needs
  * CAND_SLACK entries of slack, codec_lhc.c).  Same list as the scalar loop.
  */
-__attribute__((target("avx512f,avx512bw,avx512vbmi2")))
-uint32_t hg_lhc_bitmap_positions_vbmi2(const uint8_t *idx, uint32_t nwords,
-				       uint16_t *out)
+__attribute__((target("avx512f,avx512bw,avx512vbmi2"))) uint32_t
+hg_lhc_bitmap_positions_vbmi2(const uint8_t *idx, uint32_t nwords, uint16_t *out)
 {
 	const __m512i step = _mm512_set1_epi16(32);
-	__m512i p = _mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22,
-				     21, 20, 19, 18, 17, 16, 15, 14, 13, 12,
-				     11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+	__m512i p = _mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21,
+				     20, 19, 18, 17, 16, 15, 14, 13, 12, 11, 10,
+				     9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
 	uint32_t c = 0;
 
 	for (uint32_t w = 0; w < nwords; w++) {
@@ -47,24 +46,26 @@ uint32_t hg_lhc_bitmap_positions_vbmi2(const uint8_t *idx, uint32_t nwords,
 	return c;
 }
 
-__attribute__((target("avx512f,avx512dq")))
-static inline __m512i mix64_avx512(__m512i z)
+__attribute__((target("avx512f,avx512dq"))) static inline __m512i
+mix64_avx512(__m512i z)
 {
 	z = _mm512_xor_si512(z, _mm512_srli_epi64(z, 30));
-	z = _mm512_mullo_epi64(z, _mm512_set1_epi64((long long)0xBF58476D1CE4E5B9ull));
+	z = _mm512_mullo_epi64(z, _mm512_set1_epi64(
+					  (long long)0xBF58476D1CE4E5B9ull));
 	z = _mm512_xor_si512(z, _mm512_srli_epi64(z, 27));
-	z = _mm512_mullo_epi64(z, _mm512_set1_epi64((long long)0x94D049BB133111EBull));
+	z = _mm512_mullo_epi64(z, _mm512_set1_epi64(
+					  (long long)0x94D049BB133111EBull));
 	return _mm512_xor_si512(z, _mm512_srli_epi64(z, 31));
 }
 
 /* Same bits as cells_portable, 8 elements per step (64-bit lanes); the
  * caller does the last n % 8. */
-__attribute__((target("avx512f,avx512dq")))
-uint32_t hg_lhc_cells_avx512(uint64_t key, uint64_t g0, uint32_t t,
-			     const uint16_t *pos, uint32_t n,
-			     const struct cell_batch *cb)
+__attribute__((target("avx512f,avx512dq"))) uint32_t
+hg_lhc_cells_avx512(uint64_t key, uint64_t g0, uint32_t t, const uint16_t *pos,
+		    uint32_t n, const struct cell_batch *cb)
 {
-	const __m512i base = _mm512_set1_epi64((long long)(key + HG_HASH_GOLDEN * (g0 + 1)));
+	const __m512i base = _mm512_set1_epi64(
+		(long long)(key + HG_HASH_GOLDEN * (g0 + 1)));
 	const __m512i gold = _mm512_set1_epi64((long long)HG_HASH_GOLDEN);
 	const __m512i f21 = _mm512_set1_epi64(0x1FFFFF);
 	const __m512i tv = _mm512_set1_epi64(t);
@@ -76,8 +77,8 @@ uint32_t hg_lhc_cells_avx512(uint64_t key, uint64_t g0, uint32_t t,
 		/* key + (g0 + pos + 1) * GOLDEN = base + pos * GOLDEN */
 		__m512i p = _mm512_cvtepu16_epi64(
 			_mm_loadu_si128((const __m128i *)(pos + j)));
-		__m512i h = mix64_avx512(_mm512_add_epi64(
-			base, _mm512_mullo_epi64(p, gold)));
+		__m512i h = mix64_avx512(
+			_mm512_add_epi64(base, _mm512_mullo_epi64(p, gold)));
 		__m512i f0 = _mm512_and_si512(h, f21);
 		__m512i f1 = _mm512_and_si512(_mm512_srli_epi64(h, 21), f21);
 		__m512i f2 = _mm512_and_si512(_mm512_srli_epi64(h, 42), f21);
@@ -104,22 +105,23 @@ uint32_t hg_lhc_cells_avx512(uint64_t key, uint64_t g0, uint32_t t,
 
 /* Same as compact_portable; i1 - i0 a multiple of 16.  pos needs 16 lanes
  * of slack past the last non-zero (whole vectors are stored). */
-__attribute__((target("avx512f,avx512dq")))
-uint32_t hg_lhc_compact_avx512(const float *xb, uint32_t i0, uint32_t i1,
-			      uint16_t *pos, uint32_t *amax)
+__attribute__((target("avx512f,avx512dq"))) uint32_t
+hg_lhc_compact_avx512(const float *xb, uint32_t i0, uint32_t i1, uint16_t *pos,
+		      uint32_t *amax)
 {
 	const __m512i m = _mm512_set1_epi32(0x7FFFFFFF);
 	const __m512i step = _mm512_set1_epi32(16);
-	__m512i idx = _mm512_add_epi32(
-		_mm512_set1_epi32((int)i0),
-		_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,
-				  13, 14, 15));
+	__m512i idx = _mm512_add_epi32(_mm512_set1_epi32((int)i0),
+				       _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7,
+							 8, 9, 10, 11, 12, 13,
+							 14, 15));
 	__m512i mx = _mm512_setzero_si512();
 	uint32_t c = 0;
 
 	for (uint32_t i = i0; i < i1; i += 16) {
-		__m512i a = _mm512_and_si512(
-			_mm512_loadu_si512((const void *)(xb + i)), m);
+		__m512i a = _mm512_and_si512(_mm512_loadu_si512(
+						     (const void *)(xb + i)),
+					     m);
 		__mmask16 nz = _mm512_test_epi32_mask(a, a);
 
 		mx = _mm512_max_epu32(mx, a);

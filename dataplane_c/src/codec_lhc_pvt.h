@@ -21,8 +21,8 @@ struct lhc_block {
 	size_t index_off;  /* byte offset of the block's index */
 	size_t cand_off;   /* global rank of the block's first candidate */
 	size_t sketch_off; /* lane offset of the block's cells */
-	uint32_t ncand;	   /* global candidates */
-	uint32_t t;	   /* sub-table size: 3t cells */
+	uint32_t ncand;    /* global candidates */
+	uint32_t t;        /* sub-table size: 3t cells */
 	uint32_t bloom_bits;
 	uint8_t kind;
 	uint8_t bloom_k;
@@ -32,7 +32,7 @@ struct lhc_block {
 struct hg_lhc {
 	struct hg_params p;
 	size_t n, nb;
-	uint64_t first;     /* element index of its element 0 in the whole tensor
+	uint64_t first; /* element index of its element 0 in the whole tensor
 			     * (hg_lhc_create_at): the hashes' g is first + i */
 	int8_t *gcodes;
 	struct lhc_block *blk;
@@ -42,7 +42,7 @@ struct hg_lhc {
 	/* after set_index */
 	uint16_t *cand_pos; /* position in its block, per candidate */
 	size_t cand_cap;
-	uint8_t *gindex;    /* copy of the global index, 8 zero bytes of slack */
+	uint8_t *gindex; /* copy of the global index, 8 zero bytes of slack */
 	/* after peel */
 	int32_t *values;      /* peeled sum per candidate (0 if unresolved) */
 	uint32_t *unresolved; /* global ranks, ascending */
@@ -82,10 +82,9 @@ uint32_t hg_lhc_cells_avx2(uint64_t key, uint64_t g0, uint32_t t,
 			   const struct cell_batch *cb);
 /* The Bloom candidates among the first len8 elements (a multiple of 8) of
  * a block whose first element is g0 (AVX2, BMI2); see codec_lhc_avx2.c. */
-uint32_t hg_lhc_bloom_candidates_avx2(uint64_t key, uint64_t g0,
-				      uint32_t k, uint32_t bits,
-				      const uint8_t *filt, uint32_t len8,
-				      uint16_t *out);
+uint32_t hg_lhc_bloom_candidates_avx2(uint64_t key, uint64_t g0, uint32_t k,
+				      uint32_t bits, const uint8_t *filt,
+				      uint32_t len8, uint16_t *out);
 /* Positions of the set bits of nwords 64-bit words of a bitmap (AVX2,
  * BMI2; 8 entries of slack); see codec_lhc_avx2.c. */
 uint32_t hg_lhc_bitmap_positions_avx2(const uint8_t *idx, uint32_t nwords,
@@ -133,9 +132,8 @@ void hg_scatter_bitmap(const uint8_t *gbm, uint32_t len, const uint8_t *in,
 uint32_t hg_union_bitmap_avx2(const uint8_t *gbm, const uint8_t *lbm,
 			      uint32_t len, const float *v, double scale,
 			      uint32_t nc, uint8_t *out);
-void hg_scatter_bitmap_avx2(const uint8_t *gbm, uint32_t len,
-			    const uint8_t *in, uint32_t nin, bool be,
-			    double scale, float *y);
+void hg_scatter_bitmap_avx2(const uint8_t *gbm, uint32_t len, const uint8_t *in,
+			    uint32_t nin, bool be, double scale, float *y);
 
 /*
  * Decode block b of the plan into yb from one int32 sum per candidate
@@ -148,8 +146,7 @@ void hg_decode_block(const struct hg_lhc *l, size_t b, const uint8_t *in,
 		     bool be, int isa, float *yb);
 
 /* 0 when the scan s is of a tensor of the plan's length and blocking. */
-static inline int lhc_scan_matches(const struct hg_lhc *l,
-				   const struct hg_scan *s)
+static inline int lhc_scan_matches(const struct hg_lhc *l, const struct hg_scan *s)
 {
 	if (!s || s->n != l->n || s->block != l->p.block || !s->valid)
 		return -EINVAL;

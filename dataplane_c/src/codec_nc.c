@@ -22,8 +22,7 @@ int hg_nc_top(const struct hg_params *p)
 	return 31 - hg_log2_workers(p);
 }
 
-static inline uint8_t nc_code(float x, double scale, int top, int kmin,
-			      uint32_t u)
+static inline uint8_t nc_code(float x, double scale, int top, int kmin, uint32_t u)
 {
 	double v = fabs((double)x) * scale, r = (double)u * 0x1p-32;
 	uint8_t sign = x < 0.0f ? 0x80 : 0;
@@ -63,7 +62,8 @@ int hg_nc_encode_at(const struct hg_params *p, uint64_t first, const float *x,
 		return -EINVAL;
 	top = hg_nc_top(p);
 	levels = p->nc_levels == 0 || p->nc_levels > (uint32_t)top ?
-			 top : (int)p->nc_levels;
+			 top :
+			 (int)p->nc_levels;
 	kmin = top - levels;
 	key = hg_stream_key(p->seed, HG_DOM_NC, p->worker);
 	nb = hg_nblocks(p, n);
@@ -81,9 +81,10 @@ int hg_nc_encode_at(const struct hg_params *p, uint64_t first, const float *x,
 				codes[g0 + i] = 0;
 				continue;
 			}
-			codes[g0 + i] = nc_code(
-				xi, scale, top, kmin,
-				(uint32_t)(hg_hash(key, first + g0 + i) >> 32));
+			codes[g0 + i] = nc_code(xi, scale, top, kmin,
+						(uint32_t)(hg_hash(key,
+								   first + g0 + i) >>
+							   32));
 		}
 	}
 	return 0;

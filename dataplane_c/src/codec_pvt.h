@@ -73,8 +73,7 @@ static inline int32_t hg_sr(double v, uint32_t u)
 }
 
 /* Number of elements of block b. */
-static inline size_t hg_block_len(const struct hg_params *p, size_t n,
-				  size_t b)
+static inline size_t hg_block_len(const struct hg_params *p, size_t n, size_t b)
 {
 	size_t start = b * p->block;
 	size_t len = n - start;
@@ -95,15 +94,15 @@ static inline double hg_pow2(int s)
  * index, sketch and union phases read these instead of the tensor.
  */
 struct hg_scan {
-	size_t n;          /* elements of the scanned tensor */
-	uint32_t block;    /* its block length */
-	size_t nb;         /* blocks */
-	bool valid;        /* the last hg_scan_encode succeeded */
-	size_t *off;       /* nb + 1: block b's non-zeros are off[b]..off[b+1]-1 */
-	uint32_t *absmax;  /* nb: largest hg_abs_bits of the block */
-	uint16_t *pos;     /* position in its block, per non-zero */
-	float *val;        /* value, per non-zero */
-	uint8_t *bitmap;   /* ceil(n / 8) bytes: bit g set iff x[g] != 0 */
+	size_t n;       /* elements of the scanned tensor */
+	uint32_t block; /* its block length */
+	size_t nb;      /* blocks */
+	bool valid;     /* the last hg_scan_encode succeeded */
+	size_t *off;    /* nb + 1: block b's non-zeros are off[b]..off[b+1]-1 */
+	uint32_t *absmax; /* nb: largest hg_abs_bits of the block */
+	uint16_t *pos;    /* position in its block, per non-zero */
+	float *val;       /* value, per non-zero */
+	uint8_t *bitmap;  /* ceil(n / 8) bytes: bit g set iff x[g] != 0 */
 	size_t cap, nb_cap, bm_cap;
 };
 
@@ -139,8 +138,8 @@ uint32_t hg_scan_avx512(const float *xb, uint32_t len16, uint16_t *pos,
 			float *val, uint8_t *bm, uint32_t *amax);
 /* The same with AVX2 (and BMI2) for the first len8 elements (a multiple of
  * 8; 8 entries of slack), codec_scan_avx2.c. */
-uint32_t hg_scan_avx2(const float *xb, uint32_t len8, uint16_t *pos,
-		      float *val, uint8_t *bm, uint32_t *amax);
+uint32_t hg_scan_avx2(const float *xb, uint32_t len8, uint16_t *pos, float *val,
+		      uint8_t *bm, uint32_t *amax);
 
 /*
  * hg_quantize and hg_nc_encode of the elements x[0..n-1] that sit at

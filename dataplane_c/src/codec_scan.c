@@ -120,8 +120,7 @@ static int reserve_blocks(struct hg_scan *s, size_t nb, size_t bm_bytes)
  * into *amax.  i0 is a multiple of 8.
  */
 static uint32_t scan_tail(const float *xb, uint32_t i0, uint32_t len,
-			  uint16_t *pos, float *val, uint8_t *bm,
-			  uint32_t *amax)
+			  uint16_t *pos, float *val, uint8_t *bm, uint32_t *amax)
 {
 	uint32_t c = 0, mx = *amax;
 
@@ -140,9 +139,8 @@ static uint32_t scan_tail(const float *xb, uint32_t i0, uint32_t len,
 	return c;
 }
 
-int hg_scan_encode(struct hg_scan *s, const struct hg_params *p,
-		   const float *x, size_t n, int8_t *codes,
-		   uint8_t *counts_be32, size_t *bad_index)
+int hg_scan_encode(struct hg_scan *s, const struct hg_params *p, const float *x,
+		   size_t n, int8_t *codes, uint8_t *counts_be32, size_t *bad_index)
 {
 	int rc = hg_params_check(p);
 	size_t nb, total = 0;
@@ -179,8 +177,8 @@ int hg_scan_encode(struct hg_scan *s, const struct hg_params *p,
 					   s->val + total, bm, &amax);
 		} else if (isa == HG_ISA_AVX2) {
 			i0 = len & ~7u;
-			c = hg_scan_avx2(xb, i0, s->pos + total,
-					 s->val + total, bm, &amax);
+			c = hg_scan_avx2(xb, i0, s->pos + total, s->val + total,
+					 bm, &amax);
 		}
 		c += scan_tail(xb, i0, len, s->pos + total + c,
 			       s->val + total + c, bm, &amax);

@@ -16,8 +16,7 @@
  * (returned: the bitmap byte), positions and values compressed in
  * registers by the mask, all 8 lanes stored at pos / val, absolute-value
  * bits max-ed into *mx. */
-AVX2_FN uint32_t scan8(__m256 v, uint32_t i, uint16_t *pos, float *val,
-		       __m256i *mx)
+AVX2_FN uint32_t scan8(__m256 v, uint32_t i, uint16_t *pos, float *val, __m256i *mx)
 {
 	const __m256i m = _mm256_set1_epi32(0x7FFFFFFF);
 	__m256i a = _mm256_and_si256(_mm256_castps_si256(v), m);
@@ -27,11 +26,10 @@ AVX2_FN uint32_t scan8(__m256 v, uint32_t i, uint16_t *pos, float *val,
 	__m128i i8 = _mm_cvtsi64_si128((long long)avx2_compress_idx(nz));
 
 	*mx = _mm256_max_epu32(*mx, a);
-	_mm256_storeu_ps(val, _mm256_permutevar8x32_ps(
-				      v, _mm256_cvtepu8_epi32(i8)));
-	_mm_storeu_si128((__m128i *)pos,
-			 _mm_add_epi16(_mm_cvtepu8_epi16(i8),
-				       _mm_set1_epi16((short)i)));
+	_mm256_storeu_ps(val,
+			 _mm256_permutevar8x32_ps(v, _mm256_cvtepu8_epi32(i8)));
+	_mm_storeu_si128((__m128i *)pos, _mm_add_epi16(_mm_cvtepu8_epi16(i8),
+						       _mm_set1_epi16((short)i)));
 	return nz;
 }
 
@@ -52,9 +50,9 @@ AVX2_FN uint32_t scan8(__m256 v, uint32_t i, uint16_t *pos, float *val,
  * 1024 bytes ahead non-temporal, 6.2-8.9 with it 2048 bytes ahead into
  * all levels (the AVX-512 path 7.3-8.5 in the same runs).
  */
-__attribute__((target("avx2,bmi,bmi2,popcnt")))
-uint32_t hg_scan_avx2(const float *xb, uint32_t len8, uint16_t *pos,
-		      float *val, uint8_t *bm, uint32_t *amax)
+__attribute__((target("avx2,bmi,bmi2,popcnt"))) uint32_t
+hg_scan_avx2(const float *xb, uint32_t len8, uint16_t *pos, float *val,
+	     uint8_t *bm, uint32_t *amax)
 {
 	__m256i mx = _mm256_setzero_si256();
 	uint32_t c = 0, lanes[8], r = *amax, i = 0;
@@ -65,8 +63,8 @@ uint32_t hg_scan_avx2(const float *xb, uint32_t len8, uint16_t *pos,
 		uint32_t n0, n1;
 		uint16_t bits;
 
-		__builtin_prefetch((const char *)(xb + i) +
-					   SCAN_PREFETCH_AHEAD, 0, 3);
+		__builtin_prefetch((const char *)(xb + i) + SCAN_PREFETCH_AHEAD,
+				   0, 3);
 		n0 = scan8(v0, i, pos + c, val + c, &mx);
 		c += (uint32_t)__builtin_popcount(n0);
 		n1 = scan8(v1, i + 8, pos + c, val + c, &mx);

@@ -17,9 +17,9 @@
  * slow on some CPUs) and all 16 lanes stored, the output advancing by the
  * count.
  */
-__attribute__((target("avx512f,avx512bw,avx512dq")))
-uint32_t hg_scan_avx512(const float *xb, uint32_t len16, uint16_t *pos,
-			float *val, uint8_t *bm, uint32_t *amax)
+__attribute__((target("avx512f,avx512bw,avx512dq"))) uint32_t
+hg_scan_avx512(const float *xb, uint32_t len16, uint16_t *pos, float *val,
+	       uint8_t *bm, uint32_t *amax)
 {
 	const __m512i m = _mm512_set1_epi32(0x7FFFFFFF);
 	const __m512i step = _mm512_set1_epi32(16);

@@ -34,9 +34,8 @@ size_t hg_union_lanes(const struct hg_lhc *l)
  * non-zero index i advances only on a match.  Returns the number of
  * non-zeros consumed (nz when every one is a candidate).
  */
-static uint32_t merge_rne(const uint16_t *cand, uint32_t nc,
-			  const uint16_t *pos, const float *v, uint32_t nz,
-			  double scale, uint8_t *out)
+static uint32_t merge_rne(const uint16_t *cand, uint32_t nc, const uint16_t *pos,
+			  const float *v, uint32_t nz, double scale, uint8_t *out)
 {
 	uint32_t i = 0;
 
@@ -52,10 +51,9 @@ static uint32_t merge_rne(const uint16_t *cand, uint32_t nc,
 }
 
 /* The same with stochastic rounding (the element's own stream). */
-static uint32_t merge_sr(const uint16_t *cand, uint32_t nc,
-			 const uint16_t *pos, const float *v, uint32_t nz,
-			 double scale, uint64_t rkey, uint64_t g0,
-			 uint8_t *out)
+static uint32_t merge_sr(const uint16_t *cand, uint32_t nc, const uint16_t *pos,
+			 const float *v, uint32_t nz, double scale,
+			 uint64_t rkey, uint64_t g0, uint8_t *out)
 {
 	uint32_t i = 0;
 
@@ -110,14 +108,16 @@ int hg_union_encode(const struct hg_lhc *l, const struct hg_scan *s,
 				(uint32_t)hg_block_len(&l->p, l->n, b),
 				s->val + o, scale, out);
 		else if (isa == HG_ISA_AVX2 && bk->kind == LHC_BITMAP)
-			used = hg_union_bitmap_avx2(
-				l->gindex + bk->index_off,
-				s->bitmap + b * (l->p.block / 8),
-				(uint32_t)hg_block_len(&l->p, l->n, b),
-				s->val + o, scale, bk->ncand, out);
+			used = hg_union_bitmap_avx2(l->gindex + bk->index_off,
+						    s->bitmap + b * (l->p.block / 8),
+						    (uint32_t)hg_block_len(&l->p,
+									   l->n, b),
+						    s->val + o, scale,
+						    bk->ncand, out);
 		else if (sto)
 			used = merge_sr(cand, bk->ncand, s->pos + o, s->val + o,
-					nz, scale, rkey, l->first + b * l->p.block, out);
+					nz, scale, rkey,
+					l->first + b * l->p.block, out);
 		else
 			used = merge_rne(cand, bk->ncand, s->pos + o,
 					 s->val + o, nz, scale, out);
@@ -146,9 +146,8 @@ void hg_decode_block(const struct hg_lhc *l, size_t b, const uint8_t *in,
 		return;
 	}
 	if (isa == HG_ISA_AVX2 && bk->kind == LHC_BITMAP) {
-		hg_scatter_bitmap_avx2(l->gindex + bk->index_off,
-				       (uint32_t)len, in, bk->ncand, be, scale,
-				       yb);
+		hg_scatter_bitmap_avx2(l->gindex + bk->index_off, (uint32_t)len,
+				       in, bk->ncand, be, scale, yb);
 		return;
 	}
 	memset(yb, 0, len * sizeof(float));
@@ -161,8 +160,7 @@ void hg_decode_block(const struct hg_lhc *l, size_t b, const uint8_t *in,
 	}
 }
 
-int hg_union_decode(const struct hg_lhc *l, const uint8_t *gvals_be32,
-		    float *y)
+int hg_union_decode(const struct hg_lhc *l, const uint8_t *gvals_be32, float *y)
 {
 	int isa;
 

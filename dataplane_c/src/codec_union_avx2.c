@@ -25,8 +25,7 @@ static inline uint64_t bm_word(const uint8_t *bm, uint32_t len, uint32_t w)
 
 /* Quantised int32 of 8 floats: float64, times scale, rounded to nearest
  * even (the default MXCSR mode, like hg_rne). */
-__attribute__((target("avx2")))
-static inline __m256i quant8(__m256 x, __m256d sc)
+__attribute__((target("avx2"))) static inline __m256i quant8(__m256 x, __m256d sc)
 {
 	__m128i lo = _mm256_cvtpd_epi32(
 		_mm256_mul_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(x)), sc));
@@ -47,10 +46,9 @@ static inline __m256i quant8(__m256 x, __m256d sc)
  * slack).  Returns the non-zeros consumed, or UINT32_MAX if L is not a
  * subset of G.
  */
-__attribute__((target("avx2,bmi,bmi2,popcnt")))
-uint32_t hg_union_bitmap_avx2(const uint8_t *gbm, const uint8_t *lbm,
-			      uint32_t len, const float *v, double scale,
-			      uint32_t nc, uint8_t *out)
+__attribute__((target("avx2,bmi,bmi2,popcnt"))) uint32_t
+hg_union_bitmap_avx2(const uint8_t *gbm, const uint8_t *lbm, uint32_t len,
+		     const float *v, double scale, uint32_t nc, uint8_t *out)
 {
 	const __m256d sc = _mm256_set1_pd(scale);
 	const uint32_t words = (len + 63) / 64;
@@ -73,10 +71,10 @@ uint32_t hg_union_bitmap_avx2(const uint8_t *gbm, const uint8_t *lbm,
 			__m256i q = quant8(_mm256_loadu_ps(v + i), sc);
 			uint8_t *o = out + 4 * (size_t)(j + u);
 
-			q = _mm256_and_si256(
-				_mm256_permutevar8x32_epi32(
-					q, avx2_perm(avx2_expand_idx(em))),
-				avx2_lane_mask(em));
+			q = _mm256_and_si256(_mm256_permutevar8x32_epi32(
+						     q, avx2_perm(avx2_expand_idx(
+								em))),
+					     avx2_lane_mask(em));
 			q = avx2_bswap32(q);
 			if (j + u + 8 <= nc) {
 				/* lanes past the word's k are rewritten by
@@ -85,9 +83,10 @@ uint32_t hg_union_bitmap_avx2(const uint8_t *gbm, const uint8_t *lbm,
 			} else {
 				uint32_t take = nc - (j + u);
 
-				_mm256_maskstore_epi32(
-					(int *)o, avx2_lane_mask((1u << take) - 1),
-					q);
+				_mm256_maskstore_epi32((int *)o,
+						       avx2_lane_mask(
+							       (1u << take) - 1),
+						       q);
 			}
 			i += (uint32_t)__builtin_popcount(em);
 		}
@@ -106,10 +105,9 @@ uint32_t hg_union_bitmap_avx2(const uint8_t *gbm, const uint8_t *lbm,
  * bit are 4 stores of zeros.  The tail (a short last block) goes element
  * by element.
  */
-__attribute__((target("avx2,bmi,bmi2,popcnt")))
-void hg_scatter_bitmap_avx2(const uint8_t *gbm, uint32_t len,
-			    const uint8_t *in, uint32_t nin, bool be,
-			    double scale, float *y)
+__attribute__((target("avx2,bmi,bmi2,popcnt"))) void
+hg_scatter_bitmap_avx2(const uint8_t *gbm, uint32_t len, const uint8_t *in,
+		       uint32_t nin, bool be, double scale, float *y)
 {
 	const __m256d sc = _mm256_set1_pd(scale);
 	const __m256 zero = _mm256_setzero_ps();
@@ -138,21 +136,21 @@ void hg_scatter_bitmap_avx2(const uint8_t *gbm, uint32_t len,
 					avx2_lane_mask((1u << (nin - used)) - 1));
 			if (be)
 				v = avx2_bswap32(v);
-			lo = _mm256_cvtpd_ps(_mm256_mul_pd(
-				_mm256_cvtepi32_pd(_mm256_castsi256_si128(v)),
-				sc));
-			hi = _mm256_cvtpd_ps(_mm256_mul_pd(
-				_mm256_cvtepi32_pd(
-					_mm256_extracti128_si256(v, 1)),
-				sc));
+			lo = _mm256_cvtpd_ps(
+				_mm256_mul_pd(_mm256_cvtepi32_pd(
+						      _mm256_castsi256_si128(v)),
+					      sc));
+			hi = _mm256_cvtpd_ps(
+				_mm256_mul_pd(_mm256_cvtepi32_pd(
+						      _mm256_extracti128_si256(v, 1)),
+					      sc));
 			_mm256_storeu_ps(
 				y + i + 8 * q,
-				_mm256_and_ps(
-					_mm256_permutevar8x32_ps(
-						_mm256_set_m128(hi, lo),
-						avx2_perm(avx2_expand_idx(m))),
-					_mm256_castsi256_ps(
-						avx2_lane_mask(m))));
+				_mm256_and_ps(_mm256_permutevar8x32_ps(
+						      _mm256_set_m128(hi, lo),
+						      avx2_perm(avx2_expand_idx(m))),
+					      _mm256_castsi256_ps(
+						      avx2_lane_mask(m))));
 			in += 4 * c;
 			used += c;
 		}

@@ -39,10 +39,9 @@ static const uint8_t bswap32_idx[64] = {
  * readable floats past its last non-zero (the scan's slack).  Returns the
  * non-zeros consumed, or UINT32_MAX if L is not a subset of G.
  */
-__attribute__((target("avx512f,avx512dq,avx512bw,bmi2,popcnt")))
-uint32_t hg_union_bitmap_avx512(const uint8_t *gbm, const uint8_t *lbm,
-				uint32_t len, const float *v, double scale,
-				uint8_t *out)
+__attribute__((target("avx512f,avx512dq,avx512bw,bmi2,popcnt"))) uint32_t
+hg_union_bitmap_avx512(const uint8_t *gbm, const uint8_t *lbm, uint32_t len,
+		       const float *v, double scale, uint8_t *out)
 {
 	const __m512d sc = _mm512_set1_pd(scale);
 	const __m512i bswap = _mm512_loadu_si512((const void *)bswap32_idx);
@@ -66,11 +65,14 @@ uint32_t hg_union_bitmap_avx512(const uint8_t *gbm, const uint8_t *lbm,
 			__mmask16 em = (__mmask16)(m >> u);
 			uint32_t take = k - u < 16 ? k - u : 16;
 			__m512 x = _mm512_loadu_ps(v + i);
-			__m256i lo = _mm512_cvtpd_epi32(_mm512_mul_pd(
-				_mm512_cvtps_pd(_mm512_castps512_ps256(x)), sc));
+			__m256i lo = _mm512_cvtpd_epi32(
+				_mm512_mul_pd(_mm512_cvtps_pd(
+						      _mm512_castps512_ps256(x)),
+					      sc));
 			__m256i hi = _mm512_cvtpd_epi32(_mm512_mul_pd(
 				_mm512_cvtps_pd(_mm256_castpd_ps(
-					_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1))),
+					_mm512_extractf64x4_pd(_mm512_castps_pd(x),
+							       1))),
 				sc));
 			__m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(lo),
 						       hi, 1);
@@ -96,9 +98,9 @@ uint32_t hg_union_bitmap_avx512(const uint8_t *gbm, const uint8_t *lbm,
  * The tail (a short last block) goes element by element.  Used by union
  * and lhc decode (codec_lhc_pvt.h).
  */
-__attribute__((target("avx512f,avx512dq,avx512bw,popcnt")))
-void hg_scatter_bitmap(const uint8_t *gbm, uint32_t len, const uint8_t *in,
-		       bool be, double scale, float *y)
+__attribute__((target("avx512f,avx512dq,avx512bw,popcnt"))) void
+hg_scatter_bitmap(const uint8_t *gbm, uint32_t len, const uint8_t *in, bool be,
+		  double scale, float *y)
 {
 	const __m512d sc = _mm512_set1_pd(scale);
 	const __m512i bswap = _mm512_loadu_si512((const void *)bswap32_idx);
@@ -115,13 +117,18 @@ void hg_scatter_bitmap(const uint8_t *gbm, uint32_t len, const uint8_t *in,
 		v = _mm512_maskz_loadu_epi32((__mmask16)((1u << c) - 1), in);
 		if (be)
 			v = _mm512_shuffle_epi8(v, bswap);
-		lo = _mm512_cvtpd_ps(_mm512_mul_pd(
-			_mm512_cvtepi32_pd(_mm512_castsi512_si256(v)), sc));
-		hi = _mm512_cvtpd_ps(_mm512_mul_pd(
-			_mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(v, 1)), sc));
-		_mm512_storeu_ps(y + i, _mm512_maskz_expand_ps(
-						m, _mm512_insertf32x8(
-							   _mm512_castps256_ps512(lo), hi, 1)));
+		lo = _mm512_cvtpd_ps(
+			_mm512_mul_pd(_mm512_cvtepi32_pd(_mm512_castsi512_si256(v)),
+				      sc));
+		hi = _mm512_cvtpd_ps(
+			_mm512_mul_pd(_mm512_cvtepi32_pd(
+					      _mm512_extracti64x4_epi64(v, 1)),
+				      sc));
+		_mm512_storeu_ps(y + i,
+				 _mm512_maskz_expand_ps(
+					 m, _mm512_insertf32x8(_mm512_castps256_ps512(
+								       lo),
+							       hi, 1)));
 		in += 4 * c;
 	}
 	_mm256_zeroupper();

@@ -84,30 +84,55 @@ static inline uint64_t ld64(const uint8_t *p)
  */
 static const uint8_t FAST_OFF[FAST_WORDS] = { 12, 20, 34, 42, 50, 56, 64, 66 };
 static const uint8_t fast_fixed[FAST_WORDS * 8] = {
-	0xff, 0xff, 0xff, 0, 0, 0, 0, 0,            /* 12: type, version+IHL */
-	0x3f, 0xff, 0, 0xff, 0, 0, 0, 0,            /* 20: fragment, protocol */
-	0, 0, 0xff, 0xff, 0, 0, 0, 0,               /* 34: destination port */
-	0xff, 0, 0xff, (uint8_t)~(HG_FLAG_RETRANS | HG_FLAG_SHADOW |
-				  HG_FLAG_OVERFLOW),
-	0xff, 0xff, 0xff, 0xff,                     /* 42: version, flags, job */
-	0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0,         /* 50: token */
-	0, 0, 0, 0, 0, 0, 0, 0,                     /* 56: slot, seq, lanes */
-	0, 0xff, 0, 0, 0, 0, 0, 0,                  /* 64: shard */
-	0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff,         /* 66: reserved */
+	0xff, 0xff,
+	0xff, 0,
+	0,    0,
+	0,    0, /* 12: type, version+IHL */
+	0x3f, 0xff,
+	0,    0xff,
+	0,    0,
+	0,    0, /* 20: fragment, protocol */
+	0,    0,
+	0xff, 0xff,
+	0,    0,
+	0,    0, /* 34: destination port */
+	0xff, 0,
+	0xff, (uint8_t) ~(HG_FLAG_RETRANS | HG_FLAG_SHADOW | HG_FLAG_OVERFLOW),
+	0xff, 0xff,
+	0xff, 0xff, /* 42: version, flags, job */
+	0xff, 0xff,
+	0xff, 0xff,
+	0,    0,
+	0,    0, /* 50: token */
+	0,    0,
+	0,    0,
+	0,    0,
+	0,    0, /* 56: slot, seq, lanes */
+	0,    0xff,
+	0,    0,
+	0,    0,
+	0,    0, /* 64: shard */
+	0,    0,
+	0,    0,
+	0xff, 0xff,
+	0xff, 0xff, /* 66: reserved */
 };
 static const uint8_t fast_shape[FAST_WORDS * 8] = {
-	[4] = 0xff, [5] = 0xff,                     /* IP total length */
-	[2 * 8 + 4] = 0xff, [2 * 8 + 5] = 0xff,     /* UDP length */
-	[3 * 8 + 1] = 0xff,                         /* op */
-	[5 * 8 + 6] = 0xff, [5 * 8 + 7] = 0xff,     /* lanes */
-	[6 * 8] = 0xff,                             /* exp */
+	[4] = 0xff,         [5] = 0xff,         /* IP total length */
+	[2 * 8 + 4] = 0xff, [2 * 8 + 5] = 0xff, /* UDP length */
+	[3 * 8 + 1] = 0xff,                     /* op */
+	[5 * 8 + 6] = 0xff, [5 * 8 + 7] = 0xff, /* lanes */
+	[6 * 8] = 0xff,                         /* exp */
 };
 
 /* The fixed words of job j's contributions (see hg_job), no shape yet. */
 void hg_eng_fast_template(const struct hg_engine *e, struct hg_job *j)
 {
 	uint8_t want[FAST_WORDS * 8] = {
-		0x08, 0x00, 0x45, [8 + 3] = 17,
+		0x08,
+		0x00,
+		0x45,
+		[8 + 3] = 17,
 		[16 + 2] = (uint8_t)(e->self.port >> 8),
 		[16 + 3] = (uint8_t)e->self.port,
 		[24] = HG_PROTOCOL_VERSION,
@@ -119,7 +144,7 @@ void hg_eng_fast_template(const struct hg_engine *e, struct hg_job *j)
 	hg_st_be32(want + 24 + 4, j->cfg.job);
 	hg_st_be32(want + 32, j->cfg.token);
 	want[48 + 1] = j->cfg.shard;
-	if (j->mac_len) {       /* the flag, the current epoch; the counter */
+	if (j->mac_len) { /* the flag, the current epoch; the counter */
 		want[24 + 2] = j->epoch;
 		want[24 + 3] = HG_FLAG_AUTH;
 		memset(fix + 56 + 4, 0, 4);
@@ -132,7 +157,6 @@ void hg_eng_fast_template(const struct hg_engine *e, struct hg_job *j)
 	j->shape_len = 0;
 	j->fast = true;
 }
-
 
 static inline bool serial_newer(uint32_t a, uint32_t b)
 {
@@ -173,8 +197,8 @@ static void incarnation_reset(struct hg_engine *e, struct hg_job *j, uint32_t w)
  * become the job's shape.  Once per phase or short last chunk, not per
  * frame.
  */
-__attribute__((noinline, cold))
-static bool fast_new_shape(struct hg_job *j, const uint8_t *f)
+__attribute__((noinline, cold)) static bool fast_new_shape(struct hg_job *j,
+							   const uint8_t *f)
 {
 	const uint8_t *h = f + HG_OFF_HDR;
 	const struct hg_op_info *oi;
@@ -195,7 +219,7 @@ static bool fast_new_shape(struct hg_job *j, const uint8_t *f)
 	if (hg_rd16(f + HG_OFF_UDP + 4) != udp_len ||
 	    hg_rd16(f + HG_OFF_IP + 2) != udp_len + 20 ||
 	    lanes * oi->acc_lane > j->cfg.payload_bytes ||
-	    (uint8_t)h[22] > (uint8_t)oi->exp_max)   /* exp in 0..exp_max */
+	    (uint8_t)h[22] > (uint8_t)oi->exp_max) /* exp in 0..exp_max */
 		return false;
 	for (int i = 0; i < FAST_WORDS; i++) {
 		uint64_t m = ld64(fast_shape + 8 * i);
@@ -278,13 +302,13 @@ static inline bool classify_fast(struct hg_engine *e, struct hg_pkt *pkt,
 	st->seq = seq;
 	st->incarnation = inc;
 	st->worker = (uint16_t)w;
-	st->flags = hg_rd16(h + 2);       /* the high byte: 0 or the epoch */
+	st->flags = hg_rd16(h + 2); /* the high byte: 0 or the epoch */
 	st->lanes = hg_rd16(h + 20);
 	st->op = h[1];
 	st->exp = (int8_t)h[22];
 	st->ln = j->shape;
 	st->up = false;
-	if (j->mac_len) {       /* the current epoch's key (fast_want) */
+	if (j->mac_len) { /* the current epoch's key (fast_want) */
 		st->mac_key = &j->keys[w];
 		st->mac_bytes = (uint16_t)(HG_HDR_LEN + j->shape.in_bytes);
 		st->mac_rc = 0;
@@ -301,9 +325,8 @@ static inline bool classify_fast(struct hg_engine *e, struct hg_pkt *pkt,
  * wipes once the burst's MACs are checked (a frame before it in the burst
  * may still hold one).
  */
-static const struct hg_mac_key *worker_key(struct hg_engine *e,
-					   struct hg_job *j, uint32_t w,
-					   uint16_t flags)
+static const struct hg_mac_key *worker_key(struct hg_engine *e, struct hg_job *j,
+					   uint32_t w, uint16_t flags)
 {
 	uint8_t epoch = (uint8_t)(flags >> HG_FLAG_EPOCH_SHIFT);
 
@@ -357,9 +380,12 @@ static uint32_t verify_burst(struct hg_engine *e, uint32_t n)
 			const struct hg_mac_req *r = &e->mreq[nr++];
 			struct hg_mac_track *t = &st->job->peers[st->worker].mac;
 			uint64_t ctr = hg_mac_track_counter(t, r->data);
-			bool ok = ctr == r->counter ? r->ok :
-				  hg_mac_key_check(r->k, HG_AUTH_DIR_REQUEST, ctr,
-						   r->data, r->len, r->mac);
+			bool ok = ctr == r->counter ?
+					  r->ok :
+					  hg_mac_key_check(r->k,
+							   HG_AUTH_DIR_REQUEST,
+							   ctr, r->data, r->len,
+							   r->mac);
 
 			st->mac_key = NULL;
 			if (!ok || st->mac_rc) {
@@ -386,8 +412,7 @@ static uint32_t verify_burst(struct hg_engine *e, uint32_t n)
  * state that frames change (a set's seq, op, lanes, exp, bitmap) belongs to
  * the second pass, together with every check ordered after it.
  */
-static void classify(struct hg_engine *e, struct hg_pkt *pkt,
-		     struct hg_stage *st)
+static void classify(struct hg_engine *e, struct hg_pkt *pkt, struct hg_stage *st)
 {
 	struct hg_wire_view v;
 	struct hg_job *j = NULL;
@@ -502,7 +527,7 @@ static void classify(struct hg_engine *e, struct hg_pkt *pkt,
 	return;
 
 drop:
-	if (st->job) {          /* its MAC first (verify_burst) */
+	if (st->job) { /* its MAC first (verify_burst) */
 		st->mac_rc = (uint16_t)rc;
 		return;
 	}
@@ -556,10 +581,10 @@ static inline void combine(const struct hg_engine *e, const struct hg_set *s,
 		}
 		memset(acc, hg_op_identity_byte(s->op), (size_t)s->lanes * al);
 	}
-	if (in_bytes <= PIECE_BYTES) {          /* one piece */
+	if (in_bytes <= PIECE_BYTES) { /* one piece */
 		if (nx_bytes)
-			prefetch_range(nx->in, 0, nx_bytes < in_bytes ?
-						  nx_bytes : in_bytes);
+			prefetch_range(nx->in, 0,
+				       nx_bytes < in_bytes ? nx_bytes : in_bytes);
 		e->kern[s->op](acc, in, s->lanes, s->exp);
 		if (nx_bytes > in_bytes)
 			prefetch_range(nx->in, in_bytes, nx_bytes);
@@ -652,7 +677,8 @@ static void apply(struct hg_engine *e, struct hg_stage *st,
 			count(e, j, HG_CNT_REPLAYS);
 		} else if (s->state == SET_UP) {
 			if (st->flags & HG_FLAG_RETRANS)
-				hg_eng_up_worker_retrans(e, j, s, acc, (uint16_t)w, &pkt);
+				hg_eng_up_worker_retrans(e, j, s, acc,
+							 (uint16_t)w, &pkt);
 		} else if (st->flags & HG_FLAG_RETRANS) {
 			hg_eng_answer_retrans(e, j, s, (uint16_t)w, &pkt);
 		}
@@ -673,8 +699,9 @@ static void apply(struct hg_engine *e, struct hg_stage *st,
 		} else {
 			s->state = SET_DONE;
 			if (e->wire_flags & HG_WIRE_F_UDP_CSUM)
-				s->psum = hg_csum_add(0, acc, (size_t)s->lanes *
-						      st->ln.acc_lane);
+				s->psum = hg_csum_add(0, acc,
+						      (size_t)s->lanes *
+							      st->ln.acc_lane);
 			hg_eng_send_result(e, j, s, acc, HG_WORKER_ALL, &pkt);
 		}
 	}
@@ -743,7 +770,7 @@ int hg_engine_process(struct hg_engine *e, struct hg_pkt **pkts, uint32_t n)
 		}
 		if (auth)
 			valid = verify_burst(e, valid);
-		while (e->nexpired) {   /* no stage holds their keys now */
+		while (e->nexpired) { /* no stage holds their keys now */
 			struct hg_job *j = e->expired[--e->nexpired];
 
 			hg_eng_keys_free(j->old_keys, j->cfg.workers + 1);

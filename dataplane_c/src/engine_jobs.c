@@ -197,7 +197,8 @@ int hg_engine_add_job(struct hg_engine *e, const struct hg_job_config *jc)
 		j->cfg.mac = hg_auth_default_mac();
 	if (!j->cfg.incarnation)
 		j->cfg.incarnation = hg_wire_incarnation_now();
-	j->acc_stride = (jc->payload_bytes + ACC_ALIGN - 1) & ~(uint32_t)(ACC_ALIGN - 1);
+	j->acc_stride = (jc->payload_bytes + ACC_ALIGN - 1) &
+			~(uint32_t)(ACC_ALIGN - 1);
 	j->slot_shift = -1;
 	if (!(jc->slots & (jc->slots - 1)))
 		j->slot_shift = __builtin_ctz(jc->slots);
@@ -233,8 +234,10 @@ int hg_engine_add_job(struct hg_engine *e, const struct hg_job_config *jc)
 		j->keys = keys_derive(j, jc->secret, &rc);
 		if (!rc && jc->up) {
 			j->up_keys = keys_alloc(2);
-			rc = !j->up_keys ? -ENOMEM :
-			     hg_mac_key_init(&j->up_keys[0], j->cfg.mac, jc->up_key);
+			rc = !j->up_keys ?
+				     -ENOMEM :
+				     hg_mac_key_init(&j->up_keys[0], j->cfg.mac,
+						     jc->up_key);
 			if (!rc)
 				rc = hg_mac_key_init(&j->up_keys[1], j->cfg.mac,
 						     jc->up_reply_key);
@@ -244,7 +247,7 @@ int hg_engine_add_job(struct hg_engine *e, const struct hg_job_config *jc)
 			return rc;
 		}
 		j->mac_len = HG_MAC_LEN;
-		hg_eng_fast_template(e, j);     /* with the flag and the epoch */
+		hg_eng_fast_template(e, j); /* with the flag and the epoch */
 	}
 	j->in_use = true;
 	e->njobs++;
@@ -314,7 +317,7 @@ int hg_engine_rotate_key(struct hg_engine *e, uint32_t id,
 	j->keys = k;
 	j->epoch++;
 	j->mac_ctr = 0;
-	hg_eng_fast_template(e, j);     /* the fast path takes the new epoch */
+	hg_eng_fast_template(e, j); /* the fast path takes the new epoch */
 	return j->epoch;
 }
 

@@ -43,10 +43,10 @@
 /* The lanes of a frame to sum (all 0: nothing to sum): one word, so a
  * stage takes them in one copy. */
 struct hg_lanes {
-	uint16_t in_bytes;             /* lanes * in_lane: the payload summed */
-	uint8_t in_lane;               /* bytes of one lane of op */
+	uint16_t in_bytes; /* lanes * in_lane: the payload summed */
+	uint8_t in_lane;   /* bytes of one lane of op */
 	uint8_t acc_lane;
-	uint8_t in_shift;              /* log2(in_lane) */
+	uint8_t in_shift; /* log2(in_lane) */
 };
 
 /* SET_UP: a tree leaf's set, complete here and sent up, waiting for the
@@ -56,15 +56,15 @@ enum set_state { SET_EMPTY = 0, SET_OPEN = 1, SET_DONE = 2, SET_UP = 3 };
 /* One shadow set of one slot. */
 struct hg_set {
 	uint64_t bitmap[HG_MAX_WORKERS / 64]; /* bit w: worker w counted */
-	uint64_t psum;     /* checksum partial sum of the result payload (DONE) */
+	uint64_t psum; /* checksum partial sum of the result payload (DONE) */
 	uint32_t seq;
 	uint16_t lanes;
 	uint16_t count;
 	uint16_t status_count; /* count at its last STATUS to the group, or NO_STATUS */
-	uint64_t opened;   /* hg_job.accepted when its chunk's first frame came */
+	uint64_t opened; /* hg_job.accepted when its chunk's first frame came */
 	uint8_t op;
 	int8_t exp;
-	uint8_t state;     /* enum set_state */
+	uint8_t state; /* enum set_state */
 };
 
 /* hg_set.status_count of a set whose bitmap the group has not had. */
@@ -72,21 +72,21 @@ struct hg_set {
 
 /* What the engine knows of one worker of a job. */
 struct hg_peer {
-	struct hg_wire_addr addr;      /* learned from its latest valid frame */
-	uint32_t incarnation;          /* greatest accepted, 0 = none yet */
-	uint64_t last;                 /* hg_job.accepted at its latest frame
+	struct hg_wire_addr addr;     /* learned from its latest valid frame */
+	uint32_t incarnation;         /* greatest accepted, 0 = none yet */
+	uint64_t last;                /* hg_job.accepted at its latest frame
 					* accepted into a set in this incarnation
 					* (0: none; STATUS's active bitmap) */
-	struct hg_mac_track mac;       /* auth: its MAC counter */
-	uint64_t cnt[HG_WCNT__COUNT];  /* hg_engine_worker_counters() */
+	struct hg_mac_track mac;      /* auth: its MAC counter */
+	uint64_t cnt[HG_WCNT__COUNT]; /* hg_engine_worker_counters() */
 };
 
 struct hg_job {
 	struct hg_job_config cfg;
 	bool in_use;
-	uint32_t acc_stride;           /* bytes between accumulators */
-	int slot_shift;                /* log2(S) when S is a power of 2, else -1 */
-	uint64_t slot_recip;           /* else 2^64 / S rounded up (slot_quot()) */
+	uint32_t acc_stride; /* bytes between accumulators */
+	int slot_shift;      /* log2(S) when S is a power of 2, else -1 */
+	uint64_t slot_recip; /* else 2^64 / S rounded up (slot_quot()) */
 	/*
 	 * classify_fast(): frame words (FAST_WORDS) every contribution of
 	 * this job has, masked by fast_fixed[] (see there), and the shape of
@@ -109,50 +109,50 @@ struct hg_job {
 	 * payload of mc_plen bytes (0: not yet). */
 	uint16_t mc_plen;
 	uint8_t mc_l2l4[HG_OFF_HDR];
-	struct hg_set *sets;           /* 2 * S, set of slot s shadow h: 2s+h */
-	uint8_t *acc;                  /* 2 * S * acc_stride, 64-byte aligned */
-	struct hg_peer *peers;         /* W entries */
-	struct hg_mac_key *keys;       /* auth: W worker keys + the aggregator's */
-	struct hg_mac_key *old_keys;   /* the previous epoch's, within its grace */
-	uint64_t old_until_ns;         /* end of old_keys' grace period */
-	bool old_expired;              /* in e->expired, freed after the burst */
-	uint8_t epoch;                 /* current key epoch */
-	uint64_t mac_ctr;              /* auth: replies MACed in this epoch */
-	struct hg_mac_key *up_keys;    /* auth leaf: own key at the root, root's */
-	uint64_t up_ctr;               /* auth leaf: requests MACed */
-	struct hg_mac_track up_track;  /* auth leaf: the root's MAC counter */
-	size_t mac_len;                /* auth: HG_MAC_LEN, else 0 */
+	struct hg_set *sets;     /* 2 * S, set of slot s shadow h: 2s+h */
+	uint8_t *acc;            /* 2 * S * acc_stride, 64-byte aligned */
+	struct hg_peer *peers;   /* W entries */
+	struct hg_mac_key *keys; /* auth: W worker keys + the aggregator's */
+	struct hg_mac_key *old_keys; /* the previous epoch's, within its grace */
+	uint64_t old_until_ns;       /* end of old_keys' grace period */
+	bool old_expired;            /* in e->expired, freed after the burst */
+	uint8_t epoch;               /* current key epoch */
+	uint64_t mac_ctr;            /* auth: replies MACed in this epoch */
+	struct hg_mac_key *up_keys; /* auth leaf: own key at the root, root's */
+	uint64_t up_ctr;            /* auth leaf: requests MACed */
+	struct hg_mac_track up_track; /* auth leaf: the root's MAC counter */
+	size_t mac_len;               /* auth: HG_MAC_LEN, else 0 */
 	uint64_t cnt[HG_CNT__COUNT];
-	uint64_t accepted;             /* frames accepted into a set so far */
-	struct hg_up_timer *up;        /* tree leaf: 2 * S upward timers, else NULL */
-	uint32_t up_incarnation;       /* tree leaf: the root's, 0 = none seen yet */
+	uint64_t accepted;       /* frames accepted into a set so far */
+	struct hg_up_timer *up;  /* tree leaf: 2 * S upward timers, else NULL */
+	uint32_t up_incarnation; /* tree leaf: the root's, 0 = none seen yet */
 };
 
 /* Tree leaf: the upward timer of one set (SET_UP). */
 struct hg_up_timer {
-	uint64_t first_ns;             /* first sent up */
-	uint64_t sent_ns;              /* last sent up */
-	uint64_t due_ns;               /* resend then; UINT64_MAX: abandoned */
+	uint64_t first_ns; /* first sent up */
+	uint64_t sent_ns;  /* last sent up */
+	uint64_t due_ns;   /* resend then; UINT64_MAX: abandoned */
 	uint32_t tries;
 };
 
 /* What the first pass learned of one frame of a burst. */
 struct hg_stage {
 	struct hg_pkt *pkt;
-	struct hg_job *job;            /* NULL: dropped in the first pass */
+	struct hg_job *job; /* NULL: dropped in the first pass */
 	struct hg_set *set;
 	uint8_t *acc;
-	const uint8_t *in;             /* payload */
+	const uint8_t *in; /* payload */
 	uint32_t seq;
 	uint32_t incarnation;
-	uint16_t udp_off;              /* of the UDP header: the source port */
+	uint16_t udp_off; /* of the UDP header: the source port */
 	uint16_t worker;
 	uint16_t flags;
 	uint16_t lanes;
 	uint8_t op;
 	int8_t exp;
 	struct hg_lanes ln;
-	bool up;                       /* a root's RESULT or STATUS (tree leaf) */
+	bool up; /* a root's RESULT or STATUS (tree leaf) */
 	/* Auth job: the frame's MAC is checked with the burst's others
 	 * (verify_burst) under mac_key (NULL: no check pending) over
 	 * mac_bytes (header + payload); mac_rc: the first check after the
@@ -164,7 +164,7 @@ struct hg_stage {
 
 struct hg_engine {
 	struct hg_port *port;
-	struct hg_wire_addr self;      /* source of everything sent */
+	struct hg_wire_addr self; /* source of everything sent */
 	bool can_replicate;
 	uint32_t flags;
 	uint32_t wire_flags;
@@ -173,9 +173,9 @@ struct hg_engine {
 
 	uint32_t max_jobs;
 	uint32_t njobs;
-	struct hg_job *last;           /* job of the previous frame (NULL: none) */
-	struct hg_job *jobs;           /* max_jobs entries */
-	uint32_t *table;               /* open addressing: job index + 1, 0 empty */
+	struct hg_job *last; /* job of the previous frame (NULL: none) */
+	struct hg_job *jobs; /* max_jobs entries */
+	uint32_t *table;     /* open addressing: job index + 1, 0 empty */
 	uint32_t table_mask;
 
 	uint64_t cnt[HG_CNT__COUNT];
@@ -190,8 +190,8 @@ struct hg_engine {
 	 * their old keys are freed once the burst's MACs are checked */
 	struct hg_job *expired[HG_ENGINE_MAX_BURST];
 	uint32_t nexpired;
-	bool one_at_a_time;            /* hg_engine_set_staging(e, false) */
-	uint64_t up_next;              /* earliest upward timer, UINT64_MAX: none */
+	bool one_at_a_time; /* hg_engine_set_staging(e, false) */
+	uint64_t up_next;   /* earliest upward timer, UINT64_MAX: none */
 };
 
 /* ---- across the engine's files ------------------------------------------ */
@@ -204,8 +204,7 @@ void hg_eng_send_result(struct hg_engine *e, struct hg_job *j,
 			const struct hg_set *s, const uint8_t *acc, uint16_t w,
 			struct hg_pkt **reuse);
 bool hg_eng_send_status(struct hg_engine *e, struct hg_job *j,
-			const struct hg_set *s, uint16_t w,
-			struct hg_pkt **reuse);
+			const struct hg_set *s, uint16_t w, struct hg_pkt **reuse);
 void hg_eng_answer_retrans(struct hg_engine *e, struct hg_job *j,
 			   struct hg_set *s, uint16_t w, struct hg_pkt **reuse);
 void hg_eng_up_forward(struct hg_engine *e, struct hg_job *j, struct hg_set *s,
@@ -286,6 +285,5 @@ static inline uint16_t set_flags(const struct hg_job *j, const struct hg_set *s,
 {
 	return (uint16_t)(kind | (((s - j->sets) & 1) ? HG_FLAG_SHADOW : 0));
 }
-
 
 #endif /* HG_ENGINE_PVT_H */

@@ -67,13 +67,14 @@ static void up_send(struct hg_engine *e, struct hg_job *j, struct hg_set *s,
 		t->tries++;
 	}
 	t->sent_ns = now;
-	t->due_ns = now + (j->cfg.up_rto_ns << (t->tries < UP_MAX_BACKOFF ?
-						t->tries : UP_MAX_BACKOFF));
+	t->due_ns = now +
+		    (j->cfg.up_rto_ns
+		     << (t->tries < UP_MAX_BACKOFF ? t->tries : UP_MAX_BACKOFF));
 	if (t->due_ns < e->up_next)
 		e->up_next = t->due_ns;
 	count(e, j, retrans ? HG_CNT_UP_RETRANSMISSIONS : HG_CNT_UP_SENT);
 	p = hg_eng_out_pkt(e, j, reuse ? reuse : &none,
-		    HG_OFF_PAYLOAD + plen + j->mac_len);
+			   HG_OFF_PAYLOAD + plen + j->mac_len);
 	if (!p)
 		return;
 	f = p->data;
@@ -225,7 +226,8 @@ bool hg_eng_up_classify(struct hg_engine *e, struct hg_pkt *pkt,
 	st->incarnation = v->hdr.incarnation;
 	st->worker = (flags & HG_FLAG_STATUS) && uw / 8 < v->payload_len &&
 		     (st->in[uw / 8] >> (uw % 8) & 1);
-	memset(&st->ln, 0, sizeof(st->ln)); /* nothing to prefetch for apply() in engine.c */
+	memset(&st->ln, 0,
+	       sizeof(st->ln)); /* nothing to prefetch for apply() in engine.c */
 	st->up = true;
 	return true;
 
@@ -254,14 +256,15 @@ void hg_eng_up_apply(struct hg_engine *e, struct hg_stage *st)
 	if (st->incarnation != j->up_incarnation) {
 		if (j->up_incarnation) {
 			j->cfg.incarnation = j->cfg.incarnation + 1 ?
-					     j->cfg.incarnation + 1 : 1;
+						     j->cfg.incarnation + 1 :
+						     1;
 			count(e, j, HG_CNT_UP_ROOT_RESTARTS);
 		}
 		j->up_incarnation = st->incarnation;
 	}
 
-	if (s->state != SET_UP || s->seq != st->seq ||
-	    s->lanes != st->lanes || up_op(s->op) != st->op) {
+	if (s->state != SET_UP || s->seq != st->seq || s->lanes != st->lanes ||
+	    up_op(s->op) != st->op) {
 		count(e, j, HG_CNT_UP_STALE);
 		queue_free(e, pkt);
 		return;
@@ -278,7 +281,8 @@ void hg_eng_up_apply(struct hg_engine *e, struct hg_stage *st)
 	memcpy(st->acc, st->in, bytes);
 	s->state = SET_DONE;
 	s->psum = (e->wire_flags & HG_WIRE_F_UDP_CSUM) ?
-		  hg_csum_add(0, st->acc, bytes) : 0;
+			  hg_csum_add(0, st->acc, bytes) :
+			  0;
 	count(e, j, HG_CNT_UP_RESULTS);
 	hg_eng_send_result(e, j, s, st->acc, HG_WORKER_ALL, &pkt);
 	if (pkt)

@@ -67,8 +67,9 @@ static void put_reply(struct hg_engine *e, struct hg_job *j, struct hg_pkt *p,
 	struct hg_hdr h = {
 		.version = HG_PROTOCOL_VERSION,
 		.op = s->op,
-		.flags = (uint16_t)(flags | (j->mac_len ? HG_FLAG_AUTH |
-					     j->epoch << HG_FLAG_EPOCH_SHIFT : 0)),
+		.flags = (uint16_t)(flags |
+				    (j->mac_len ? HG_FLAG_AUTH | j->epoch << HG_FLAG_EPOCH_SHIFT :
+						  0)),
 		.job = j->cfg.job,
 		.token = j->cfg.token,
 		.worker = w,
@@ -111,7 +112,7 @@ static void put_reply(struct hg_engine *e, struct hg_job *j, struct hg_pkt *p,
 				f + HG_OFF_PAYLOAD + plen);
 		if (!(e->wire_flags & HG_WIRE_F_UDP_CSUM))
 			;
-		else if (plen % 2 == 0)   /* 16-bit aligned: sums add up */
+		else if (plen % 2 == 0) /* 16-bit aligned: sums add up */
 			psum = hg_csum_add(psum, f + HG_OFF_PAYLOAD + plen,
 					   j->mac_len);
 		else
@@ -159,8 +160,7 @@ void hg_eng_send_result(struct hg_engine *e, struct hg_job *j,
  * result was lost; docs/PROTOCOL.md Part 3, "Who is missing, and why").
  * False when no buffer was free. */
 bool hg_eng_send_status(struct hg_engine *e, struct hg_job *j,
-			const struct hg_set *s, uint16_t w,
-			struct hg_pkt **reuse)
+			const struct hg_set *s, uint16_t w, struct hg_pkt **reuse)
 {
 	uint8_t bits[2 * (HG_MAX_WORKERS / 8)];
 	size_t nb = (j->cfg.workers + 7) / 8, plen = 2 * nb;
@@ -171,15 +171,15 @@ bool hg_eng_send_status(struct hg_engine *e, struct hg_job *j,
 		bits[i] = (uint8_t)(s->bitmap[i / 8] >> (8 * (i % 8)));
 	memset(bits + nb, 0, nb);
 	for (uint32_t i = 0; i < j->cfg.workers; i++)
-		if (!(s->bitmap[i / 64] >> (i % 64) & 1) && j->peers[i].last > s->opened)
+		if (!(s->bitmap[i / 64] >> (i % 64) & 1) &&
+		    j->peers[i].last > s->opened)
 			bits[nb + i / 8] |= (uint8_t)(1u << (i % 8));
 	p = hg_eng_out_pkt(e, j, reuse, HG_OFF_PAYLOAD + plen + j->mac_len);
 	if (!p)
 		return false;
 	if (e->wire_flags & HG_WIRE_F_UDP_CSUM)
 		psum = hg_csum_add(0, bits, plen);
-	put_reply(e, j, p, s, set_flags(j, s, HG_FLAG_STATUS), w, bits, plen,
-		  psum);
+	put_reply(e, j, p, s, set_flags(j, s, HG_FLAG_STATUS), w, bits, plen, psum);
 	queue_tx(e, p);
 	count(e, j, HG_CNT_STATUS_SENT);
 	return true;
@@ -211,8 +211,7 @@ void hg_eng_answer_retrans(struct hg_engine *e, struct hg_job *j,
 	if (hg_eng_send_status(e, j, s, w, reuse))
 		count(e, j, HG_CNT_STATUS_REPEATS);
 	for (uint32_t i = 0; i < j->cfg.workers; i++) {
-		if (s->bitmap[i / 64] & (1ull << (i % 64)) ||
-		    !j->peers[i].addr.ipv4)
+		if (s->bitmap[i / 64] & (1ull << (i % 64)) || !j->peers[i].addr.ipv4)
 			continue; /* present, or never heard from */
 		if (hg_eng_send_status(e, j, s, (uint16_t)i, reuse))
 			count(e, j, HG_CNT_STATUS_REPEATS);

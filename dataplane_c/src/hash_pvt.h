@@ -27,8 +27,7 @@
 #define HG_DOM_SKETCH 0x534B455443480003ull /* count-sketch cells and signs */
 #define HG_DOM_BLOOM 0x424C4F4F4D000004ull  /* Bloom filter probes */
 
-static inline uint64_t hg_stream_key(uint64_t seed, uint64_t domain,
-				     uint32_t worker)
+static inline uint64_t hg_stream_key(uint64_t seed, uint64_t domain, uint32_t worker)
 {
 	return hg_mix64(hg_mix64(seed + domain) + (uint64_t)worker);
 }

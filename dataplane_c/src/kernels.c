@@ -42,8 +42,7 @@ static inline uint32_t nc8_expand(uint8_t code, int top)
 
 /* ---- portable ---------------------------------------------------------- */
 
-static void sum32_portable(uint8_t *acc, const uint8_t *in, size_t lanes,
-			   int top)
+static void sum32_portable(uint8_t *acc, const uint8_t *in, size_t lanes, int top)
 {
 	(void)top;
 	for (size_t i = 0; i < lanes; i++)
@@ -58,8 +57,7 @@ static void or_portable(uint8_t *acc, const uint8_t *in, size_t lanes, int top)
 		acc[i] |= in[i];
 }
 
-static void max8_portable(uint8_t *acc, const uint8_t *in, size_t lanes,
-			  int top)
+static void max8_portable(uint8_t *acc, const uint8_t *in, size_t lanes, int top)
 {
 	(void)top;
 	for (size_t i = 0; i < lanes; i++) {
@@ -83,15 +81,14 @@ static void nc8_portable(uint8_t *acc, const uint8_t *in, size_t lanes, int top)
 
 AVX2 static inline __m256i bswap32_256(__m256i v)
 {
-	const __m256i shuf = _mm256_setr_epi8(
-		3, 2, 1, 0, 7, 6, 5, 4, 11, 10, 9, 8, 15, 14, 13, 12,
-		3, 2, 1, 0, 7, 6, 5, 4, 11, 10, 9, 8, 15, 14, 13, 12);
+	const __m256i shuf = _mm256_setr_epi8(3, 2, 1, 0, 7, 6, 5, 4, 11, 10, 9,
+					      8, 15, 14, 13, 12, 3, 2, 1, 0, 7, 6,
+					      5, 4, 11, 10, 9, 8, 15, 14, 13, 12);
 
 	return _mm256_shuffle_epi8(v, shuf);
 }
 
-AVX2 static void sum32_avx2(uint8_t *acc, const uint8_t *in, size_t lanes,
-			    int top)
+AVX2 static void sum32_avx2(uint8_t *acc, const uint8_t *in, size_t lanes, int top)
 {
 	size_t i = 0;
 
@@ -118,8 +115,7 @@ AVX2 static void or_avx2(uint8_t *acc, const uint8_t *in, size_t lanes, int top)
 	or_portable(acc + i, in + i, lanes - i, top);
 }
 
-AVX2 static void max8_avx2(uint8_t *acc, const uint8_t *in, size_t lanes,
-			   int top)
+AVX2 static void max8_avx2(uint8_t *acc, const uint8_t *in, size_t lanes, int top)
 {
 	size_t i = 0;
 
@@ -148,8 +144,7 @@ AVX2 static inline __m256i nc8_expand_256(__m128i codes8, __m256i vtop)
 	return _mm256_sub_epi32(_mm256_xor_si256(v, sign), sign);
 }
 
-AVX2 static void nc8_avx2(uint8_t *acc, const uint8_t *in, size_t lanes,
-			  int top)
+AVX2 static void nc8_avx2(uint8_t *acc, const uint8_t *in, size_t lanes, int top)
 {
 	const __m256i vtop = _mm256_set1_epi32(top);
 	size_t i = 0;
@@ -170,11 +165,13 @@ AVX2 static void nc8_avx2(uint8_t *acc, const uint8_t *in, size_t lanes,
 
 AVX512 static inline __m512i bswap32_512(__m512i v)
 {
-	const __m512i shuf = _mm512_set_epi8(
-		60, 61, 62, 63, 56, 57, 58, 59, 52, 53, 54, 55, 48, 49, 50, 51,
-		44, 45, 46, 47, 40, 41, 42, 43, 36, 37, 38, 39, 32, 33, 34, 35,
-		28, 29, 30, 31, 24, 25, 26, 27, 20, 21, 22, 23, 16, 17, 18, 19,
-		12, 13, 14, 15, 8, 9, 10, 11, 4, 5, 6, 7, 0, 1, 2, 3);
+	const __m512i shuf = _mm512_set_epi8(60, 61, 62, 63, 56, 57, 58, 59, 52,
+					     53, 54, 55, 48, 49, 50, 51, 44, 45,
+					     46, 47, 40, 41, 42, 43, 36, 37, 38,
+					     39, 32, 33, 34, 35, 28, 29, 30, 31,
+					     24, 25, 26, 27, 20, 21, 22, 23, 16,
+					     17, 18, 19, 12, 13, 14, 15, 8, 9,
+					     10, 11, 4, 5, 6, 7, 0, 1, 2, 3);
 
 	/* vpshufb works within 128-bit lanes: indices taken mod 16. */
 	return _mm512_shuffle_epi8(v, shuf);
@@ -203,8 +200,7 @@ AVX512 static void sum32_avx512(uint8_t *acc, const uint8_t *in, size_t lanes,
 	}
 }
 
-AVX512 static void or_avx512(uint8_t *acc, const uint8_t *in, size_t lanes,
-			     int top)
+AVX512 static void or_avx512(uint8_t *acc, const uint8_t *in, size_t lanes, int top)
 {
 	size_t i = 0;
 
@@ -258,8 +254,7 @@ AVX512 static inline __m512i nc8_expand_512(__m128i codes16, __m512i vtop)
 	return _mm512_mask_sub_epi32(v, neg, _mm512_setzero_si512(), v);
 }
 
-AVX512 static void nc8_avx512(uint8_t *acc, const uint8_t *in, size_t lanes,
-			      int top)
+AVX512 static void nc8_avx512(uint8_t *acc, const uint8_t *in, size_t lanes, int top)
 {
 	const __m512i vtop = _mm512_set1_epi32(top);
 	size_t i = 0;
@@ -357,22 +352,19 @@ hg_kernel_fn hg_kernel(enum hg_op op, enum hg_isa isa)
 		return NULL;
 	switch (isa) {
 	case HG_ISA_PORTABLE: {
-		static const hg_kernel_fn k[HG_OP__COUNT + 1] = {
-			HG_FOREACH_OP(KERNEL_ROW_portable)
-		};
+		static const hg_kernel_fn k[HG_OP__COUNT + 1] = { HG_FOREACH_OP(
+			KERNEL_ROW_portable) };
 		return k[op];
 	}
 #ifdef HG_X86
 	case HG_ISA_AVX2: {
-		static const hg_kernel_fn k[HG_OP__COUNT + 1] = {
-			HG_FOREACH_OP(KERNEL_ROW_avx2)
-		};
+		static const hg_kernel_fn k[HG_OP__COUNT + 1] = { HG_FOREACH_OP(
+			KERNEL_ROW_avx2) };
 		return k[op];
 	}
 	case HG_ISA_AVX512: {
-		static const hg_kernel_fn k[HG_OP__COUNT + 1] = {
-			HG_FOREACH_OP(KERNEL_ROW_avx512)
-		};
+		static const hg_kernel_fn k[HG_OP__COUNT + 1] = { HG_FOREACH_OP(
+			KERNEL_ROW_avx512) };
 		return k[op];
 	}
 #endif

@@ -11,7 +11,7 @@
 #define ARRAY_LEN(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
 const struct hg_op_info hg_op_table[HG_OP__COUNT] = {
-#define OP_ROW_(NAME, id, code, in, acc, ident, exp_max, doc) \
+#define OP_ROW_(NAME, id, code, in, acc, ident, exp_max, doc)                  \
 	{ code, #id, in, acc, ident, exp_max, doc },
 	HG_FOREACH_OP(OP_ROW_)
 #undef OP_ROW_
@@ -26,25 +26,28 @@ static const struct hg_phase_info phase_table[] = {
 #define STEPS_LEN_(...) (sizeof((uint32_t[]){ __VA_ARGS__ }) / sizeof(uint32_t))
 
 static const struct hg_method_info method_table[] = {
-#define M_ROW_(NAME, name, code, flags, doc, ...) \
+#define M_ROW_(NAME, name, code, flags, doc, ...)                              \
 	{ code, name, flags, STEPS_LEN_(__VA_ARGS__), { __VA_ARGS__ }, doc },
 	HG_FOREACH_METHOD(M_ROW_)
 #undef M_ROW_
 };
 
 /* Wire codes run 1..count in table order, so a code indexes its row. */
-#define OP_ORDER_(NAME, id, code, ...) \
-	_Static_assert(HG_OP_##NAME == (int)__COUNTER__ - OP_BASE_, "op codes 1..n in order");
+#define OP_ORDER_(NAME, id, code, ...)                                         \
+	_Static_assert(HG_OP_##NAME == (int)__COUNTER__ - OP_BASE_,            \
+		       "op codes 1..n in order");
 enum { OP_BASE_ = __COUNTER__ };
 HG_FOREACH_OP(OP_ORDER_)
 #undef OP_ORDER_
-#define M_ORDER_(NAME, name, code, ...) \
-	_Static_assert(HG_M_##NAME == (int)__COUNTER__ - M_BASE_, "method codes 1..n in order");
+#define M_ORDER_(NAME, name, code, ...)                                        \
+	_Static_assert(HG_M_##NAME == (int)__COUNTER__ - M_BASE_,              \
+		       "method codes 1..n in order");
 enum { M_BASE_ = __COUNTER__ };
 HG_FOREACH_METHOD(M_ORDER_)
 #undef M_ORDER_
-#define M_STEPS_(NAME, name, code, flags, doc, ...) \
-	_Static_assert(STEPS_LEN_(__VA_ARGS__) <= HG_METHOD_MAX_STEPS, "too many steps");
+#define M_STEPS_(NAME, name, code, flags, doc, ...)                            \
+	_Static_assert(STEPS_LEN_(__VA_ARGS__) <= HG_METHOD_MAX_STEPS,         \
+		       "too many steps");
 HG_FOREACH_METHOD(M_STEPS_)
 #undef M_STEPS_
 _Static_assert(HG_PH__COUNT <= 32, "a step mask holds 32 phases");

@@ -30,9 +30,8 @@
  * caller's lengths are below 64 KiB.  Measured with `homagg bench engine
  * --udp-csum` (W = 8): about 3x the scalar loop's frame rate.
  */
-__attribute__((target("avx2")))
-static uint64_t csum_avx2(uint64_t sum, const uint8_t *p, size_t len,
-			  size_t *done)
+__attribute__((target("avx2"))) static uint64_t
+csum_avx2(uint64_t sum, const uint8_t *p, size_t len, size_t *done)
 {
 	const __m256i lo16 = _mm256_set1_epi32(0xffff);
 	__m256i acc = _mm256_setzero_si256();
@@ -116,7 +115,8 @@ uint32_t hg_wire_incarnation_now(void)
 	uint32_t inc;
 
 	clock_gettime(CLOCK_REALTIME, &ts);
-	inc = (uint32_t)((uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000);
+	inc = (uint32_t)((uint64_t)ts.tv_sec * 1000 +
+			 (uint64_t)ts.tv_nsec / 1000000);
 	return inc ? inc : 1;
 }
 
@@ -174,14 +174,14 @@ int hg_wire_build_keyed(uint8_t *f, size_t cap, const struct hg_wire_addr *src,
 
 int hg_wire_build_mac(uint8_t *f, size_t cap, const struct hg_wire_addr *src,
 		      const struct hg_wire_addr *dst, const struct hg_hdr *hdr,
-		      const uint8_t *payload, size_t payload_len, uint32_t flags,
-		      const struct hg_wire_mac *m)
+		      const uint8_t *payload, size_t payload_len,
+		      uint32_t flags, const struct hg_wire_mac *m)
 {
 	struct hg_mac_key *k = NULL;
 	int rc;
 
 	if (m) {
-		k = sodium_malloc(sizeof(*k));  /* aligned; wiped when freed */
+		k = sodium_malloc(sizeof(*k)); /* aligned; wiped when freed */
 		if (!k)
 			return -ENOMEM;
 		rc = hg_mac_key_init(k, m->alg, m->key);

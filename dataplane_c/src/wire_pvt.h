@@ -169,9 +169,9 @@ static inline void hg_wire_put_udp_csum(uint8_t *f, uint64_t data_sum)
 	uint64_t s = data_sum;
 	uint16_t c;
 
-	s = hg_csum_add(s, ip + 12, 8);   /* source and destination address */
-	s = hg_csum_add(s, ph, 4);        /* zero, protocol, UDP length */
-	s = hg_csum_add(s, udp, 8);       /* UDP header, checksum field 0 */
+	s = hg_csum_add(s, ip + 12, 8); /* source and destination address */
+	s = hg_csum_add(s, ph, 4);      /* zero, protocol, UDP length */
+	s = hg_csum_add(s, udp, 8);     /* UDP header, checksum field 0 */
 	c = (uint16_t)~hg_csum_fold(s);
 	if (c == 0)
 		c = 0xffff;
@@ -200,9 +200,8 @@ static inline bool hg_udp_csum_ok(const uint8_t *ip, const uint8_t *udp,
  * The body of hg_wire_parse() (arguments not NULL), inline so the engine's
  * per-frame path has no call and keeps the view in registers.
  */
-static inline int hg_wire_parse_inl(const uint8_t *f, size_t len,
-				    uint16_t udp_port, uint32_t flags,
-				    struct hg_wire_view *v)
+static inline int hg_wire_parse_inl(const uint8_t *f, size_t len, uint16_t udp_port,
+				    uint32_t flags, struct hg_wire_view *v)
 {
 	const uint8_t *ip, *udp, *h;
 	size_t ihl, ip_len, udp_len, pay_len, want;
@@ -223,7 +222,7 @@ static inline int hg_wire_parse_inl(const uint8_t *f, size_t len,
 	if (ip_len < ihl || 14 + ip_len > len)
 		return HG_CNT_TRUNCATED;
 	frag = hg_rd16(ip + 6);
-	if (frag & 0x3fff)              /* MF set or a fragment offset */
+	if (frag & 0x3fff) /* MF set or a fragment offset */
 		return HG_CNT_NOT_IP;
 	if (hg_csum_fold(hg_ip_hdr_sum(ip, ihl)) != 0xffff)
 		return HG_CNT_BAD_CSUM;
@@ -273,10 +272,9 @@ static inline int hg_wire_parse_inl(const uint8_t *f, size_t len,
 		if (pay_len < 1 || pay_len > 2 * (HG_MAX_WORKERS / 8))
 			return HG_CNT_BAD_LANES;
 	} else {
-		want = (size_t)v->hdr.lanes *
-		       ((v->hdr.flags & HG_FLAG_RESULT) ?
-				hg_op_acc_lane(v->hdr.op) :
-				hg_op_in_lane(v->hdr.op));
+		want = (size_t)v->hdr.lanes * ((v->hdr.flags & HG_FLAG_RESULT) ?
+						       hg_op_acc_lane(v->hdr.op) :
+						       hg_op_in_lane(v->hdr.op));
 		if (pay_len != want || pay_len > HG_MAX_PAYLOAD)
 			return HG_CNT_BAD_LANES;
 	}
@@ -292,4 +290,3 @@ static inline int hg_wire_parse_inl(const uint8_t *f, size_t len,
 }
 
 #endif /* HOMAGG_WIRE_PVT_H */
-

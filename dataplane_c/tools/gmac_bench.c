@@ -48,10 +48,12 @@ int main(int argc, char **argv)
 	int isa = hg_mac_isa();
 
 	if (isa < 0) {
-		fprintf(stderr, "HOMAGG_MAC_ISA=%s: %s\n", getenv("HOMAGG_MAC_ISA"),
-			isa == -EINVAL ? "names no MAC path: set it to portable, "
-			"pclmul, avx2 or avx512, or unset it" :
-			"this CPU lacks that path: force a lower one or unset it");
+		fprintf(stderr, "HOMAGG_MAC_ISA=%s: %s\n",
+			getenv("HOMAGG_MAC_ISA"),
+			isa == -EINVAL ?
+				"names no MAC path: set it to portable, "
+				"pclmul, avx2 or avx512, or unset it" :
+				"this CPU lacks that path: force a lower one or unset it");
 		return 1;
 	}
 	if (batches < 1) {
@@ -64,33 +66,37 @@ int main(int argc, char **argv)
 		key[i] = (uint8_t)(i * 29 + 1);
 	if (posix_memalign((void **)&k, 64, sizeof(*k)) ||
 	    hg_mac_key_init(k, HG_MAC_AES_GMAC, key)) {
-		fprintf(stderr, "no AES-GMAC key on this host (AES-NI and PCLMULQDQ needed)\n");
+		fprintf(stderr,
+			"no AES-GMAC key on this host (AES-NI and PCLMULQDQ needed)\n");
 		return 1;
 	}
 	for (int l = 0; l < nlens; l++) {
-		size_t len = argc > 2 ? strtoul(argv[2 + l], NULL, 10) : def_lens[l];
+		size_t len = argc > 2 ? strtoul(argv[2 + l], NULL, 10) :
+					def_lens[l];
 		double best = 1e300;
 		uint64_t ctr = 1;
 
 		if (len < 32 || len > sizeof(frame)) {
-			fprintf(stderr, "len: 32..%zu bytes, not %zu\n", sizeof(frame), len);
+			fprintf(stderr, "len: 32..%zu bytes, not %zu\n",
+				sizeof(frame), len);
 			return 1;
 		}
 		for (long b = 0; b < batches; b++) {
 			double t0 = now_ns(), t;
 
 			for (int i = 0; i < BATCH; i++) {
-				hg_mac_key_sign(k, HG_AUTH_DIR_REQUEST, ctr++, frame,
-						len, mac);
+				hg_mac_key_sign(k, HG_AUTH_DIR_REQUEST, ctr++,
+						frame, len, mac);
 				sink += mac[0];
 			}
 			t = (now_ns() - t0) / BATCH;
 			if (t < best)
 				best = t;
 		}
-		printf("%s %zu bytes: %.1f ns per tag\n", hg_mac_isa_name(isa), len, best);
+		printf("%s %zu bytes: %.1f ns per tag\n", hg_mac_isa_name(isa),
+		       len, best);
 	}
 	hg_mac_key_release(k);
 	free(k);
-	return sink == 0xFFFFFFFFu;  /* keeps the tags computed */
+	return sink == 0xFFFFFFFFu; /* keeps the tags computed */
 }

@@ -23,9 +23,9 @@
 #include "hash_pvt.h"
 
 struct sim {
-	uint32_t *c;	/* 3 cells per candidate */
-	uint32_t *cnt;	/* per cell: candidates left */
-	uint32_t *ids;	/* per cell: XOR of the ranks left */
+	uint32_t *c;   /* 3 cells per candidate */
+	uint32_t *cnt; /* per cell: candidates left */
+	uint32_t *ids; /* per cell: XOR of the ranks left */
 	uint32_t *stack;
 	uint8_t *done;
 };
@@ -42,8 +42,9 @@ static uint32_t peel_once(struct sim *s, uint64_t key, uint32_t n, uint32_t t)
 		uint64_t h = hg_hash(key, j);
 
 		for (uint32_t r = 0; r < 3; r++) {
-			uint32_t k = r * t + (uint32_t)((((h >> (21 * r)) &
-							  0x1FFFFFu) * t) >> 21);
+			uint32_t k = r * t +
+				     (uint32_t)((((h >> (21 * r)) & 0x1FFFFFu) * t) >>
+						21);
 
 			s->c[3 * j + r] = k;
 			s->cnt[k]++;
@@ -100,7 +101,8 @@ int main(int argc, char **argv)
 	uint32_t cap_n = 65536, cap_t = 200000;
 
 	if (argc < 4) {
-		fprintf(stderr, "usage: %s N T_lo T_hi [T_step] [trials]\n", argv[0]);
+		fprintf(stderr, "usage: %s N T_lo T_hi [T_step] [trials]\n",
+			argv[0]);
 		return 1;
 	}
 	s.c = malloc(3 * sizeof(uint32_t) * cap_n);
@@ -115,7 +117,8 @@ int main(int argc, char **argv)
 		uint32_t lo = (uint32_t)strtoul(argv[2], NULL, 0);
 		uint32_t hi = (uint32_t)strtoul(argv[3], NULL, 0);
 		uint32_t step = argc > 4 ? (uint32_t)strtoul(argv[4], NULL, 0) : 1;
-		uint32_t trials = argc > 5 ? (uint32_t)strtoul(argv[5], NULL, 0) : 1000;
+		uint32_t trials = argc > 5 ? (uint32_t)strtoul(argv[5], NULL, 0) :
+					     1000;
 
 		if (n > cap_n || hi > cap_t)
 			return 1;

@@ -29,8 +29,8 @@ static uint64_t rng(void)
 
 int main(int argc, char **argv)
 {
-	static const uint32_t ns[] = { 1,   2,	 3,    4,    6,	   8,	  12,
-				       16,  24,	 32,   48,   64,   128,	  256,
+	static const uint32_t ns[] = { 1,   2,    3,    4,     6,    8,   12,
+				       16,  24,   32,   48,    64,   128, 256,
 				       512, 1024, 4096, 16384, 65536 };
 	float cpc = argc > 1 ? strtof(argv[1], NULL) : 0.0f;
 	size_t total_blocks = argc > 2 ? strtoul(argv[2], NULL, 0) : 20000;
@@ -54,7 +54,8 @@ int main(int argc, char **argv)
 		if (n >= 4096)
 			rounds = rounds / 8 + 1;
 		for (size_t r = 0; r < rounds; r++) {
-			struct hg_params p = { .block = BLOCK, .workers = 1,
+			struct hg_params p = { .block = BLOCK,
+					       .workers = 1,
 					       .seed = rng(),
 					       .sketch_cells_per_candidate = cpc };
 			struct hg_lhc_info info;
@@ -66,7 +67,8 @@ int main(int argc, char **argv)
 				for (uint32_t i = 0; i < BLOCK; i++)
 					perm[i] = i;
 				for (uint32_t i = 0; i < n; i++) {
-					uint32_t j = i + (uint32_t)(rng() % (BLOCK - i));
+					uint32_t j = i + (uint32_t)(rng() %
+								    (BLOCK - i));
 					uint32_t tmp = perm[i];
 
 					perm[i] = perm[j];
@@ -98,8 +100,8 @@ int main(int argc, char **argv)
 			free(sk);
 			hg_lhc_destroy(l);
 		}
-		printf("%8u %8zu %10zu %10zu %12.5f\n", n, cells, blocks, stalled,
-		       (double)stalled / (double)blocks);
+		printf("%8u %8zu %10zu %10zu %12.5f\n", n, cells, blocks,
+		       stalled, (double)stalled / (double)blocks);
 		fflush(stdout);
 		free(x);
 		free(codes);

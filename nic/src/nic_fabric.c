@@ -144,8 +144,8 @@ void nic_trace(struct hg_nic_fabric *f, uint32_t b, uint16_t dst, uint8_t kind,
 		h = hg_mix64(h ^ r.t_ns);
 		h = hg_mix64(h ^ r.hash);
 		h = hg_mix64(h ^ ((uint64_t)r.src | (uint64_t)r.dst << 16 |
-			       (uint64_t)r.len << 32 | (uint64_t)r.kind << 48 |
-			       (uint64_t)r.dir << 56));
+				  (uint64_t)r.len << 32 | (uint64_t)r.kind << 48 |
+				  (uint64_t)r.dir << 56));
 		f->trace_hash = h;
 	}
 	if (f->trace)
@@ -162,15 +162,15 @@ uint64_t hg_nic_trace_count(const struct hg_nic_fabric *f)
 	return f->trace_count;
 }
 
-unsigned hg_nic_trace_copy(const struct hg_nic_fabric *f, struct hg_nic_trace_rec *out,
-			   unsigned n)
+unsigned hg_nic_trace_copy(const struct hg_nic_fabric *f,
+			   struct hg_nic_trace_rec *out, unsigned n)
 {
 	uint64_t have, first, i;
 
 	if (!f->trace)
 		return 0;
-	have = f->trace_count < f->cfg.trace_records ? f->trace_count
-						      : f->cfg.trace_records;
+	have = f->trace_count < f->cfg.trace_records ? f->trace_count :
+						       f->cfg.trace_records;
 	if (n > have)
 		n = (unsigned)have;
 	first = f->trace_count - n;
@@ -341,7 +341,8 @@ static void switch_flood(struct hg_nic_fabric *f, uint32_t b, uint16_t src,
 			if (c == NIC_NONE) {
 				f->ports[last]->ctr[HG_NIC_PC_IN_NOBUF]++;
 				f->ctr[HG_NIC_FC_NOBUF]++;
-				nic_trace(f, b, (uint16_t)last, HG_NIC_EV_NOBUF, HG_NIC_IN);
+				nic_trace(f, b, (uint16_t)last, HG_NIC_EV_NOBUF,
+					  HG_NIC_IN);
 			} else {
 				f->ctr[HG_NIC_FC_REPLICATED]++;
 				nic_buf(f, c)->dst = (uint16_t)last;
@@ -374,9 +375,10 @@ static void switch_frame(struct hg_nic_fabric *f, uint32_t b)
 		return;
 	}
 	if (d[0] & 1) {
-		if (d[0] == 0x01 && d[1] == 0x00 && d[2] == 0x5e && !(d[3] & 0x80) &&
-		    !f->cfg.no_multicast)
-			switch_flood(f, b, nb->src, true, (uint32_t)(key & 0x7fffff));
+		if (d[0] == 0x01 && d[1] == 0x00 && d[2] == 0x5e &&
+		    !(d[3] & 0x80) && !f->cfg.no_multicast)
+			switch_flood(f, b, nb->src, true,
+				     (uint32_t)(key & 0x7fffff));
 		else
 			drop_no_route(f, b);
 		return;
@@ -482,7 +484,8 @@ uint32_t hg_nic_pool_free(const struct hg_nic_fabric *f)
 /* ------------------------------------------------------------ counters */
 
 #define NIC_NAME_(name, str) str,
-static const char *const fabric_counter_names[] = { HG_NIC_FABRIC_COUNTERS(NIC_NAME_) };
+static const char *const fabric_counter_names[] = { HG_NIC_FABRIC_COUNTERS(
+	NIC_NAME_) };
 static const char *const port_counter_names[] = { HG_NIC_PORT_COUNTERS(NIC_NAME_) };
 #undef NIC_NAME_
 
@@ -492,22 +495,22 @@ static const char *const port_counter_names[] = { HG_NIC_PORT_COUNTERS(NIC_NAME_
  * the end) and hg_nic_<obj>_counters(o, out, n) (the first n, at most
  * count, into out; returns how many).
  */
-#define NIC_COUNTER_ACCESSORS(obj, names, count)                              \
-	unsigned hg_nic_##obj##_counter_count(void)                           \
-	{                                                                     \
-		return count;                                                 \
-	}                                                                     \
-	const char *hg_nic_##obj##_counter_name(unsigned i)                   \
-	{                                                                     \
-		return i < count ? names[i] : NULL;                           \
-	}                                                                     \
-	unsigned hg_nic_##obj##_counters(const struct hg_nic_##obj *o,        \
-					 uint64_t *out, unsigned n)           \
-	{                                                                     \
-		if (n > count)                                                \
-			n = count;                                            \
-		memcpy(out, o->ctr, n * sizeof(*out));                        \
-		return n;                                                     \
+#define NIC_COUNTER_ACCESSORS(obj, names, count)                               \
+	unsigned hg_nic_##obj##_counter_count(void)                            \
+	{                                                                      \
+		return count;                                                  \
+	}                                                                      \
+	const char *hg_nic_##obj##_counter_name(unsigned i)                    \
+	{                                                                      \
+		return i < count ? names[i] : NULL;                            \
+	}                                                                      \
+	unsigned hg_nic_##obj##_counters(const struct hg_nic_##obj *o,         \
+					 uint64_t *out, unsigned n)            \
+	{                                                                      \
+		if (n > count)                                                 \
+			n = count;                                             \
+		memcpy(out, o->ctr, n * sizeof(*out));                         \
+		return n;                                                      \
 	}
 
 NIC_COUNTER_ACCESSORS(fabric, fabric_counter_names, HG_NIC_FC__COUNT)

@@ -53,7 +53,8 @@ static bool rng_hit(uint64_t *s, double p)
 
 void nic_link_init(struct nic_link *l, uint64_t seed, uint16_t port, uint8_t dir)
 {
-	uint64_t s = seed ^ (0xd1b54a32d192ed03ULL * (2 * (uint64_t)port + dir + 1));
+	uint64_t s = seed ^
+		     (0xd1b54a32d192ed03ULL * (2 * (uint64_t)port + dir + 1));
 	unsigned i;
 
 	memset(l, 0, sizeof(*l));
@@ -98,8 +99,8 @@ static unsigned pc(uint8_t dir, unsigned out_ctr, unsigned in_ctr)
  * The remainder of the rate division is carried, so the long-run rate is
  * exact.
  */
-static void link_send(struct hg_nic_fabric *f, struct hg_nic_port *p, uint8_t dir,
-		      uint32_t b)
+static void link_send(struct hg_nic_fabric *f, struct hg_nic_port *p,
+		      uint8_t dir, uint32_t b)
 {
 	struct nic_link *l = &p->link[dir];
 	struct nic_buf *nb = nic_buf(f, b);
@@ -107,8 +108,9 @@ static void link_send(struct hg_nic_fabric *f, struct hg_nic_port *p, uint8_t di
 	uint64_t depart = start, arrive;
 
 	if (p->cfg.rate_bps) {
-		uint64_t bits_ns = ((uint64_t)nb->pkt.len + NIC_WIRE_OVERHEAD) * 8 *
-					   1000000000ULL + l->carry;
+		uint64_t bits_ns = ((uint64_t)nb->pkt.len + NIC_WIRE_OVERHEAD) *
+					   8 * 1000000000ULL +
+				   l->carry;
 
 		depart += bits_ns / p->cfg.rate_bps;
 		l->carry = bits_ns % p->cfg.rate_bps;
@@ -133,7 +135,8 @@ static uint32_t hold_remove(struct hg_nic_fabric *f, struct nic_link *l, unsigne
 {
 	uint32_t b = l->held[k].buf;
 
-	memmove(&l->held[k], &l->held[k + 1], (l->nheld - k - 1) * sizeof(l->held[0]));
+	memmove(&l->held[k], &l->held[k + 1],
+		(l->nheld - k - 1) * sizeof(l->held[0]));
 	l->nheld--;
 	f->nheld--;
 	return b;
@@ -147,8 +150,8 @@ static uint32_t hold_remove(struct hg_nic_fabric *f, struct nic_link *l, unsigne
  * k-th frame went past it, before anything else: it is overtaken by at
  * most k later frames.
  */
-static void link_emit(struct hg_nic_fabric *f, struct hg_nic_port *p, uint8_t dir,
-		      uint32_t b)
+static void link_emit(struct hg_nic_fabric *f, struct hg_nic_port *p,
+		      uint8_t dir, uint32_t b)
 {
 	struct nic_link *l = &p->link[dir];
 	bool released = false;
@@ -198,7 +201,8 @@ void nic_link_enter(struct hg_nic_fabric *f, struct hg_nic_port *p, uint8_t dir,
 	if (rng_hit(l->rng, fl->corrupt) && nb->pkt.len) {
 		uint64_t r = rng_next(l->rng);
 
-		nb->pkt.data[(r >> 8) % nb->pkt.len] ^= (uint8_t)(1 + (r & 0xff) % 255);
+		nb->pkt.data[(r >> 8) % nb->pkt.len] ^= (uint8_t)(1 + (r & 0xff) %
+									      255);
 		p->ctr[pc(dir, HG_NIC_PC_OUT_CORRUPTED, HG_NIC_PC_IN_CORRUPTED)]++;
 		f->ctr[HG_NIC_FC_CORRUPTED]++;
 		nic_trace(f, b, who, HG_NIC_EV_CORRUPT, dir);
@@ -210,7 +214,8 @@ void nic_link_enter(struct hg_nic_fabric *f, struct hg_nic_port *p, uint8_t dir,
 			f->ctr[HG_NIC_FC_NOBUF]++;
 			nic_trace(f, b, who, HG_NIC_EV_NOBUF, dir);
 		} else {
-			p->ctr[pc(dir, HG_NIC_PC_OUT_DUPLICATED, HG_NIC_PC_IN_DUPLICATED)]++;
+			p->ctr[pc(dir, HG_NIC_PC_OUT_DUPLICATED,
+				  HG_NIC_PC_IN_DUPLICATED)]++;
 			f->ctr[HG_NIC_FC_DUPLICATED]++;
 			nic_trace(f, b, who, HG_NIC_EV_DUP, dir);
 		}

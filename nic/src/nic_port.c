@@ -83,7 +83,8 @@ static uint16_t nic_tx_burst(void *ctx, struct hg_pkt **pkts, uint16_t n)
 
 			p->ctr[runt ? HG_NIC_PC_TX_RUNT : HG_NIC_PC_TX_OVERSIZE]++;
 			f->ctr[HG_NIC_FC_OVERSIZE]++;
-			nic_trace(f, nb->idx, NIC_NO_PORT, HG_NIC_EV_OVERSIZE, HG_NIC_OUT);
+			nic_trace(f, nb->idx, NIC_NO_PORT, HG_NIC_EV_OVERSIZE,
+				  HG_NIC_OUT);
 			nic_buf_free(f, nb->idx);
 			continue;
 		}
@@ -393,17 +394,20 @@ uint32_t hg_nic_port_recv_frames(struct hg_nic_port *p, uint8_t *buf, size_t cap
 
 /* ------------------------------------------- ops through the hg_port */
 
-uint16_t hg_nic_port_rx_burst(struct hg_nic_port *p, struct hg_pkt **pkts, uint16_t n)
+uint16_t hg_nic_port_rx_burst(struct hg_nic_port *p, struct hg_pkt **pkts,
+			      uint16_t n)
 {
 	return hg_port_rx(&p->port, pkts, n);
 }
 
-uint16_t hg_nic_port_tx_burst(struct hg_nic_port *p, struct hg_pkt **pkts, uint16_t n)
+uint16_t hg_nic_port_tx_burst(struct hg_nic_port *p, struct hg_pkt **pkts,
+			      uint16_t n)
 {
 	return hg_port_tx(&p->port, pkts, n);
 }
 
-uint16_t hg_nic_port_alloc_bulk(struct hg_nic_port *p, struct hg_pkt **pkts, uint16_t n)
+uint16_t hg_nic_port_alloc_bulk(struct hg_nic_port *p, struct hg_pkt **pkts,
+				uint16_t n)
 {
 	return hg_port_alloc(&p->port, pkts, n);
 }

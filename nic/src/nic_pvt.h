@@ -43,11 +43,11 @@ struct nic_held {
 /* One direction of one port's link: fault stage, serialiser, propagation. */
 struct nic_link {
 	struct hg_nic_faults faults;
-	bool active;     /* some fault is configured */
+	bool active; /* some fault is configured */
 	uint8_t dir;
 	uint64_t rng[4]; /* xoshiro256** */
 	uint64_t busy_until;
-	uint64_t carry;  /* remainder of the serialisation division */
+	uint64_t carry; /* remainder of the serialisation division */
 	uint64_t last_arrival;
 	uint32_t nheld;
 	struct nic_held held[HG_NIC_MAX_HOLD];
@@ -82,9 +82,9 @@ struct hg_nic_fabric {
 	struct hg_nic_port **ports;
 	uint16_t nports;
 	uint32_t *mac_table; /* open addressing: port id + 1, 0 = empty */
-	uint32_t mac_mask;   /* table size - 1 (a power of two >= 2 * max_ports) */
-	uint32_t nheld;          /* frames held back over all links */
-	uint64_t hold_deadline;  /* earliest deadline of a held frame */
+	uint32_t mac_mask; /* table size - 1 (a power of two >= 2 * max_ports) */
+	uint32_t nheld;    /* frames held back over all links */
+	uint64_t hold_deadline; /* earliest deadline of a held frame */
 	uint64_t ctr[HG_NIC_FC__COUNT];
 	uint64_t trace_hash;
 	uint64_t trace_count;

@@ -11,6 +11,7 @@ The extension links the static library built by the Makefile, found in
 $HOMAGG_LIBDIR (default build/release).  $HOMAGG_SANITIZE adds sanitizer
 flags to the extension itself.
 """
+
 import os
 import pathlib
 import re
@@ -20,8 +21,11 @@ import subprocess
 from cffi import FFI
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-INCLUDE_DIRS = [ROOT / "dataplane_c" / "include", ROOT / "nic" / "include",
-                ROOT / "sim" / "include"]
+INCLUDE_DIRS = [
+    ROOT / "dataplane_c" / "include",
+    ROOT / "nic" / "include",
+    ROOT / "sim" / "include",
+]
 # Order matters: a header's types must come before their users.
 HEADERS = [
     "homagg/errors.h",

@@ -4,6 +4,7 @@
 this module fails with an actionable message when the extension is missing
 or was built from other C sources.
 """
+
 from homagg.errors import HomAggError
 
 _ABI_VERSION = 2

@@ -15,6 +15,7 @@ The file holds the secret as 64 hexadecimal digits on one line.  The
 secret never goes on a command line or into a log line: pass the file's
 path, not its content.
 """
+
 import os
 import stat
 
@@ -75,11 +76,13 @@ def load_secret(path):
         if st.st_mode & 0o077:
             raise SecretFileError(
                 f"secret file {path} is accessible by its group or others "
-                f"(mode {stat.S_IMODE(st.st_mode):04o}): run `chmod 600 {path}`")
+                f"(mode {stat.S_IMODE(st.st_mode):04o}): run `chmod 600 {path}`"
+            )
         if st.st_uid != os.geteuid():
             raise SecretFileError(
                 f"secret file {path} belongs to uid {st.st_uid}, not to this "
-                f"user (uid {os.geteuid()}): it must be the reader's own file")
+                f"user (uid {os.geteuid()}): it must be the reader's own file"
+            )
         text = os.read(fd, 4 * SECRET_LEN + 16)
     finally:
         os.close(fd)
@@ -90,7 +93,8 @@ def load_secret(path):
     if len(secret) != SECRET_LEN:
         raise SecretFileError(
             f"secret file {path}: must hold {2 * SECRET_LEN} hexadecimal digits "
-            "(homagg.auth.create_secret_file writes one)")
+            "(homagg.auth.create_secret_file writes one)"
+        )
     return secret
 
 
@@ -114,8 +118,8 @@ def mac_code(name):
         if n == name:
             if not _b.mac_available(code):
                 raise InvalidArgument(
-                    f"mac {name}: this host's CPU lacks AES-NI or PCLMULQDQ; "
-                    "use mac blake2b")
+                    f"mac {name}: this host's CPU lacks AES-NI or PCLMULQDQ; use mac blake2b"
+                )
             return code
     raise InvalidArgument(f"mac {name!r}: one of {', '.join(MAC_NAMES.values())} or auto")
 

@@ -40,6 +40,7 @@ Example::
     >>> float(r.sum[0]), r.stats["bytes_per_worker"] < r.stats["dense_fp32_bytes"]
     (4.0, True)
 """
+
 import dataclasses
 import errno
 
@@ -78,11 +79,15 @@ class Params:
     def c(self, worker=0):
         """The ``struct hg_params *`` of one worker."""
         return _b.params_new(
-            block=self.block_elements, workers=self.workers, worker=worker,
-            flags=_b.F_STOCHASTIC if self.stochastic else 0, seed=self.seed,
+            block=self.block_elements,
+            workers=self.workers,
+            worker=worker,
+            flags=_b.F_STOCHASTIC if self.stochastic else 0,
+            seed=self.seed,
             nc_levels=self.nc_levels,
             sketch_cells_per_candidate=self.sketch_cells_per_candidate,
-            cost=_cost.as_cost(self.cost).fields())
+            cost=_cost.as_cost(self.cost).fields(),
+        )
 
     def nblocks(self, n):
         return (n + self.block_elements - 1) // self.block_elements
@@ -95,6 +100,7 @@ def _p(params, worker):
 
 
 # ---- phases ----------------------------------------------------------------
+
 
 def encode_exponents(params, x, worker=0):
     """Exponent phase: this worker's block exponent codes (int8, MAX8)."""
@@ -253,6 +259,7 @@ def aggregate(op, acc, inputs, top=0):
 
 # ---- the whole protocol in one process ---------------------------------------
 
+
 @dataclasses.dataclass
 class AllreduceResult:
     """``sum``: the decoded float32 result; ``stats``: what it cost."""
@@ -263,12 +270,14 @@ class AllreduceResult:
 
 def _check_grads(grads):
     if isinstance(grads, np.ndarray):
-        raise InvalidArgument("grads: expected a list of 1-D arrays (one per worker), "
-                              "got a single array")
+        raise InvalidArgument(
+            "grads: expected a list of 1-D arrays (one per worker), got a single array"
+        )
     grads = list(grads)
     if not 1 <= len(grads) <= MAX_WORKERS:
-        raise OutOfRange(f"grads: W = {len(grads)} workers is outside 1..{MAX_WORKERS}",
-                         -errno.ERANGE)
+        raise OutOfRange(
+            f"grads: W = {len(grads)} workers is outside 1..{MAX_WORKERS}", -errno.ERANGE
+        )
     for w, g in enumerate(grads):
         try:
             _b._f32(g, f"grads[{w}]")
@@ -278,7 +287,8 @@ def _check_grads(grads):
     for w, g in enumerate(grads):
         if g.size != n:
             raise InvalidArgument(
-                f"grads: worker {w} has {g.size} elements, worker 0 has {n}", -errno.EINVAL)
+                f"grads: worker {w} has {g.size} elements, worker 0 has {n}", -errno.EINVAL
+            )
     return grads, n
 
 
@@ -319,7 +329,7 @@ class _Run:
         self.top = 0
         self.plans = None
         self.scans = None
-        self.sent = set()      # phases of the completed steps
+        self.sent = set()  # phases of the completed steps
         self.results = None
         self.stats = {}
 
@@ -345,6 +355,7 @@ class _Run:
 # needs before encoding; encode(run, w) is worker w's payload; decode(run,
 # acc) takes the aggregated lanes (and sets run.results on the last step).
 
+
 def _plan_none(r):
     pass
 
@@ -369,8 +380,9 @@ def _plan_index(r):
 def _scan_all(r):
     """The one-pass encode of every worker (methods with a counts phase)."""
     if r.scans is None:
-        meta = [_with_worker(w, lambda w=w: _b.scan_encode(r.cps[w], r.grads[w]))
-                for w in range(r.W)]
+        meta = [
+            _with_worker(w, lambda w=w: _b.scan_encode(r.cps[w], r.grads[w])) for w in range(r.W)
+        ]
         r.scans = [m[0] for m in meta]
         r.lcodes = [m[1] for m in meta]
         r.lcounts = [m[2] for m in meta]
@@ -432,6 +444,7 @@ def _decode_union(r, acc):
         for w in range(r.W):
             yield _b.union_decode(r.plans[w], acc)
             r.plans[w] = None  # free each plan once decoded
+
     r.results = each()
 
 
@@ -442,8 +455,15 @@ def _decode_sketch(r, acc):
     for w in range(1, r.W):
         if r.plans[w].info() != info:
             raise HomAggError(f"lhc: worker {w}'s peeling differs from worker 0's")
-    for k in ("index_bytes", "bitmap_blocks", "bloom_blocks", "candidates", "sketch_lanes",
-              "stalled_blocks", "fallback_lanes"):
+    for k in (
+        "index_bytes",
+        "bitmap_blocks",
+        "bloom_blocks",
+        "candidates",
+        "sketch_lanes",
+        "stalled_blocks",
+        "fallback_lanes",
+    ):
         r.stats[k] = info[k]
     r.stats["fallback_blocks"] = info["stalled_blocks"]
 
@@ -453,25 +473,39 @@ def _decode_fallback(r, acc):
         for w in range(r.W):
             yield _b.lhc_decode(r.plans[w], acc)
             r.plans[w] = None  # free each plan once decoded
+
     r.results = each()
 
 
 _PHASES = {
     "exponents": (_plan_exponents, _encode_exponents, _decode_exponents),
     "counts": (_scan_all, _encode_counts, _decode_counts),
-    "values": (_plan_values,
-               lambda r, w: _b.quantize(r.cps[w], r.grads[w], r.gcodes, r.qflags),
-               _decode_values),
-    "codes": (_plan_codes, lambda r, w: _b.nc_encode(r.cps[w], r.grads[w], r.gcodes),
-              _decode_values),
-    "index": (_plan_index, lambda r, w: _b.lhc_index_encode_scan(r.plans[w], r.scans[w]),
-              _decode_index),
-    "sketch": (_plan_none, lambda r, w: _b.lhc_sketch_encode_scan(r.plans[w], r.scans[w]),
-               _decode_sketch),
-    "fallback": (_plan_none, lambda r, w: _b.lhc_fallback_encode(r.plans[w], r.grads[w]),
-                 _decode_fallback),
-    "union": (_plan_none, lambda r, w: _b.union_encode(r.plans[w], r.scans[w]),
-              _decode_union),
+    "values": (
+        _plan_values,
+        lambda r, w: _b.quantize(r.cps[w], r.grads[w], r.gcodes, r.qflags),
+        _decode_values,
+    ),
+    "codes": (
+        _plan_codes,
+        lambda r, w: _b.nc_encode(r.cps[w], r.grads[w], r.gcodes),
+        _decode_values,
+    ),
+    "index": (
+        _plan_index,
+        lambda r, w: _b.lhc_index_encode_scan(r.plans[w], r.scans[w]),
+        _decode_index,
+    ),
+    "sketch": (
+        _plan_none,
+        lambda r, w: _b.lhc_sketch_encode_scan(r.plans[w], r.scans[w]),
+        _decode_sketch,
+    ),
+    "fallback": (
+        _plan_none,
+        lambda r, w: _b.lhc_fallback_encode(r.plans[w], r.grads[w]),
+        _decode_fallback,
+    ),
+    "union": (_plan_none, lambda r, w: _b.union_encode(r.plans[w], r.scans[w]), _decode_union),
 }
 
 
@@ -539,12 +573,24 @@ def simulate_allreduce(grads, method="lhc", seed=0, **options):
     params = Params(workers=W, seed=seed, **options)
     nb = params.nblocks(n)
     r = _Run(params, grads, method)
-    r.stats.update({
-        "method": method, "block_elements": params.block_elements, "workers": W,
-        "elements": n, "blocks": nb, "dense_fp32_bytes": 4 * n,
-        "candidates": 0, "index_bytes": 0, "bitmap_blocks": 0, "bloom_blocks": 0,
-        "sketch_lanes": 0, "stalled_blocks": 0, "fallback_blocks": 0, "fallback_lanes": 0,
-    })
+    r.stats.update(
+        {
+            "method": method,
+            "block_elements": params.block_elements,
+            "workers": W,
+            "elements": n,
+            "blocks": nb,
+            "dense_fp32_bytes": 4 * n,
+            "candidates": 0,
+            "index_bytes": 0,
+            "bitmap_blocks": 0,
+            "bloom_blocks": 0,
+            "sketch_lanes": 0,
+            "stalled_blocks": 0,
+            "fallback_blocks": 0,
+            "fallback_lanes": 0,
+        }
+    )
     for step in r.method.steps:
         _run_step(r, step)
     if r.method.chooses:
@@ -570,7 +616,8 @@ def simulate_allreduce(grads, method="lhc", seed=0, **options):
             bad = int(np.flatnonzero(y.view(np.uint32) != y0.view(np.uint32))[0])
             raise HomAggError(
                 f"{chosen}: worker {w} decoded {y[bad]!r} at element {bad}, worker 0 "
-                f"{y0[bad]!r}: workers disagree")
+                f"{y0[bad]!r}: workers disagree"
+            )
 
     stats, ledger = r.stats, r.ledger
     stats["bytes_sent_by_worker"] = ledger.sent

@@ -19,6 +19,7 @@ calibrations of several hosts (the largest of each coefficient).
 A job without a link rate (``Cost()``, ``link_mbit`` 0) decides by bytes,
 exactly as before the model existed.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -44,8 +45,12 @@ DEFAULT_RTT_NS = 100_000
 # Xeon VM under load, 2026-12-01, its AVX2 path (HOMAGG_CODEC_ISA=avx2),
 # rounded up: a host without AVX-512 is the common case.
 DEFAULT_COEFFICIENTS = {
-    "pkt_ps": 2_000_000, "agg_pkt_ps": 150_000, "value_ps": 1_000,
-    "lane_ps": 7_000, "bitmap_ps": 400, "probe_ps": 2_100,
+    "pkt_ps": 2_000_000,
+    "agg_pkt_ps": 150_000,
+    "value_ps": 1_000,
+    "lane_ps": 7_000,
+    "bitmap_ps": 400,
+    "probe_ps": 2_100,
 }
 
 
@@ -70,11 +75,18 @@ class Cost:
             v = getattr(self, f.name)
             if isinstance(v, bool) or not isinstance(v, int):
                 raise InvalidArgument(f"cost.{f.name}: expected an integer, got {v!r}")
-            bound = (MAX_ELEM_PS if f.name in ELEM_FIELDS else
-                     MAX_PKT_PS if f.name in PKT_FIELDS else 2**32 - 1)
+            bound = (
+                MAX_ELEM_PS
+                if f.name in ELEM_FIELDS
+                else MAX_PKT_PS
+                if f.name in PKT_FIELDS
+                else 2**32 - 1
+            )
             if not 0 <= v <= bound:
-                raise InvalidArgument(f"cost.{f.name}: {v} is outside 0..{bound}"
-                                      + (" picoseconds" if f.name.endswith("_ps") else ""))
+                raise InvalidArgument(
+                    f"cost.{f.name}: {v} is outside 0..{bound}"
+                    + (" picoseconds" if f.name.endswith("_ps") else "")
+                )
 
     @property
     def timed(self) -> bool:
@@ -90,13 +102,16 @@ class Cost:
         if not d:
             return cls()
         if not isinstance(d, dict):
-            raise InvalidArgument(f"{context}: expected an object of "
-                                  f"{[f.name for f in dataclasses.fields(cls)]}, got {d!r}")
+            raise InvalidArgument(
+                f"{context}: expected an object of "
+                f"{[f.name for f in dataclasses.fields(cls)]}, got {d!r}"
+            )
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = set(d) - names
         if unknown:
-            raise InvalidArgument(f"{context}: unknown fields {sorted(unknown)} "
-                                  f"(known: {sorted(names)})")
+            raise InvalidArgument(
+                f"{context}: unknown fields {sorted(unknown)} (known: {sorted(names)})"
+            )
         return cls(**{k: int(v) for k, v in d.items()})
 
 
@@ -123,8 +138,10 @@ def calibration_path(env=None) -> str:
 def check_calibration(cal, where="calibration") -> dict:
     """The calibration if well formed, else InvalidArgument naming the field."""
     if not isinstance(cal, dict) or cal.get("version") != CALIBRATION_VERSION:
-        raise InvalidArgument(f"{where}: not a version {CALIBRATION_VERSION} calibration "
-                              "(run `homagg calibrate` again)")
+        raise InvalidArgument(
+            f"{where}: not a version {CALIBRATION_VERSION} calibration "
+            "(run `homagg calibrate` again)"
+        )
     paths = cal.get("paths")
     if not isinstance(paths, dict) or not paths:
         raise InvalidArgument(f"{where}: no 'paths' (coefficients per ISA path)")
@@ -133,11 +150,14 @@ def check_calibration(cal, where="calibration") -> dict:
             v = coeffs.get(name) if isinstance(coeffs, dict) else None
             bound = MAX_ELEM_PS if name in ELEM_FIELDS else MAX_PKT_PS
             if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= bound:
-                raise InvalidArgument(f"{where}: paths.{isa}.{name} = {v!r}: expected an "
-                                      f"integer number of picoseconds in 0..{bound}")
+                raise InvalidArgument(
+                    f"{where}: paths.{isa}.{name} = {v!r}: expected an "
+                    f"integer number of picoseconds in 0..{bound}"
+                )
     if cal.get("isa") not in paths:
-        raise InvalidArgument(f"{where}: 'isa' {cal.get('isa')!r} names none of the paths "
-                              f"{sorted(paths)}")
+        raise InvalidArgument(
+            f"{where}: 'isa' {cal.get('isa')!r} names none of the paths {sorted(paths)}"
+        )
     return cal
 
 
@@ -150,8 +170,9 @@ def load_calibration(path=None):
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as e:
-        raise InvalidArgument(f"calibration file {path}: cannot read it ({e}); "
-                              "run `homagg calibrate` again") from e
+        raise InvalidArgument(
+            f"calibration file {path}: cannot read it ({e}); run `homagg calibrate` again"
+        ) from e
     return check_calibration(cal, f"calibration file {path}")
 
 
@@ -163,8 +184,7 @@ def coefficients(cal=None, isa=None) -> dict:
         return dict(DEFAULT_COEFFICIENTS)
     isa = isa or os.environ.get("HOMAGG_CODEC_ISA") or cal["isa"]
     paths = cal["paths"]
-    return {k: int(v) for k, v in paths.get(isa, paths[cal["isa"]]).items()
-            if k in COEFFICIENTS}
+    return {k: int(v) for k, v in paths.get(isa, paths[cal["isa"]]).items() if k in COEFFICIENTS}
 
 
 def slowest(*coeffs: dict) -> dict:
@@ -184,8 +204,9 @@ def job_cost(link_mbit, rtt_ns=None, calibration=None, coeffs=None) -> Cost:
         raise InvalidArgument(f"link rate {link_mbit} Mbit/s: at least 1 Mbit/s")
     if coeffs is None:
         coeffs = coefficients(calibration if calibration is not None else load_calibration())
-    return Cost(link_mbit=int(link_mbit), rtt_ns=int(DEFAULT_RTT_NS if rtt_ns is None
-                                                     else rtt_ns), **coeffs)
+    return Cost(
+        link_mbit=int(link_mbit), rtt_ns=int(DEFAULT_RTT_NS if rtt_ns is None else rtt_ns), **coeffs
+    )
 
 
 # --------------------------------------------------------------------------
@@ -213,8 +234,9 @@ def ring_ps(c: Cost, workers: int, n: int) -> int:
     return _ceil(2 * (workers - 1) * 4 * n, workers) * byte_ps + (workers - 1) * 1000 * c.rtt_ns
 
 
-def homagg_ps(c: Cost, workers: int, n: int, nnz_max: int | None, method: str = "auto",
-              block: int = 4096) -> int:
+def homagg_ps(
+    c: Cost, workers: int, n: int, nnz_max: int | None, method: str = "auto", block: int = 4096
+) -> int:
     """An upper bound of the predicted time (picoseconds) of ``method`` on a
     bucket of ``n`` float32 elements whose ranks hold at most ``nnz_max``
     non-zeros each (None: unknown, only dense's and blocks' bound; union
@@ -234,8 +256,9 @@ def homagg_ps(c: Cost, workers: int, n: int, nnz_max: int | None, method: str = 
       same model, plus at most the counts' step).
     """
     if method not in BASELINE_METHODS:
-        raise InvalidArgument(f"method {method!r}: the choice of path covers "
-                              f"{', '.join(BASELINE_METHODS)}")
+        raise InvalidArgument(
+            f"method {method!r}: the choice of path covers {', '.join(BASELINE_METHODS)}"
+        )
     byte_ps = 8 * 10**6 // c.link_mbit
     P = c.payload_bytes or 1024
     xb = byte_ps + (c.pkt_ps + workers * c.agg_pkt_ps + FRAMING_BYTES * byte_ps) // P
@@ -245,15 +268,17 @@ def homagg_ps(c: Cost, workers: int, n: int, nnz_max: int | None, method: str = 
     if method in ("dense", "blocks") or nnz_max is None:
         return dense
     lanes = min(n, workers * int(nnz_max))
-    union = ((nb + 4 * nb + _ceil(n, 8)) * xb + n * c.bitmap_ps
-             + lanes * (4 * xb + c.lane_ps) + 4 * rt)
+    union = (
+        (nb + 4 * nb + _ceil(n, 8)) * xb + n * c.bitmap_ps + lanes * (4 * xb + c.lane_ps) + 4 * rt
+    )
     if method in ("union", "lhc"):
         return union
     return min(dense, union)
 
 
-def choose_path(c: Cost, workers: int, n: int, nnz_max: int | None, method: str = "auto",
-                block: int = 4096) -> dict:
+def choose_path(
+    c: Cost, workers: int, n: int, nnz_max: int | None, method: str = "auto", block: int = 4096
+) -> dict:
     """The path of one bucket: {"path": "homagg" or "baseline",
     "homagg_ps", "baseline_ps"}.  "baseline" (the process group's own
     allreduce) only when its predicted time is strictly below HomAgg's
@@ -266,8 +291,7 @@ def choose_path(c: Cost, workers: int, n: int, nnz_max: int | None, method: str 
     return {"path": "baseline" if g < h else "homagg", "homagg_ps": h, "baseline_ps": g}
 
 
-def needs_density(c: Cost, workers: int, n: int, method: str = "auto",
-                  block: int = 4096) -> bool:
+def needs_density(c: Cost, workers: int, n: int, method: str = "auto", block: int = 4096) -> bool:
     """Whether the choice of ``choose_path`` depends on the ranks' non-zero
     counts: only when dense's bound alone loses to the baseline and the
     method may run union.  Otherwise the hook decides without agreeing on

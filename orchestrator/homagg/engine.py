@@ -11,12 +11,14 @@ frames into and read transmitted frames back from.  ``build_frame`` and
     port.inject(build_frame(...)); eng.poll(); port.pop_all()
     eng.counters()  # {"received": 1, "summed": 1, ...}
 """
+
 from dataclasses import dataclass
 
 from homagg.bindings import engine as _e
 from homagg.bindings import port_mem as _m
 from homagg.bindings import wire as _w
 from homagg.bindings.kernels import op_in_lane_bytes
+
 # the wire's flags and names, also for users of homagg.engine
 from homagg.bindings.wire import FLAG_AUTH, FLAG_OVERFLOW, FLAG_RESULT  # noqa: F401
 from homagg.bindings.wire import FLAG_RETRANS, FLAG_SHADOW, FLAG_STATUS  # noqa: F401
@@ -63,9 +65,30 @@ class Frame:
     mac: bytes = None  # the MAC trailer (HG_FLAG_AUTH), else None
 
 
-def build_frame(src, dst, *, op, job, token, worker, seq, slot, lanes=None,
-                exp=0, flags=0, payload=b"", version=None, shard=0, incarnation=1,
-                nonce=0, udp_csum=True, key=None, alg=None, counter=1, direction=0):
+def build_frame(
+    src,
+    dst,
+    *,
+    op,
+    job,
+    token,
+    worker,
+    seq,
+    slot,
+    lanes=None,
+    exp=0,
+    flags=0,
+    payload=b"",
+    version=None,
+    shard=0,
+    incarnation=1,
+    nonce=0,
+    udp_csum=True,
+    key=None,
+    alg=None,
+    counter=1,
+    direction=0,
+):
     """Bytes of one frame.  ``lanes`` defaults to the count the payload
     length implies for ``op`` (a data packet); every field can be forced to
     any value so tests can build hostile frames.  With ``key`` (a 32-byte
@@ -78,12 +101,24 @@ def build_frame(src, dst, *, op, job, token, worker, seq, slot, lanes=None,
     if lanes is None:
         ib = op_in_lane_bytes(o) or 1
         lanes = len(payload) // ib
-    hdr = {"version": _w.PROTOCOL_VERSION if version is None else version,
-           "op": o, "flags": flags, "job": job, "token": token, "worker": worker,
-           "slot": slot, "seq": seq, "lanes": lanes, "exp": exp, "shard": shard,
-           "incarnation": incarnation, "nonce": nonce}
-    return _w.wire_build_mac(src._t(), dst._t(), hdr, payload, udp_csum, key, alg,
-                             counter, direction)
+    hdr = {
+        "version": _w.PROTOCOL_VERSION if version is None else version,
+        "op": o,
+        "flags": flags,
+        "job": job,
+        "token": token,
+        "worker": worker,
+        "slot": slot,
+        "seq": seq,
+        "lanes": lanes,
+        "exp": exp,
+        "shard": shard,
+        "incarnation": incarnation,
+        "nonce": nonce,
+    }
+    return _w.wire_build_mac(
+        src._t(), dst._t(), hdr, payload, udp_csum, key, alg, counter, direction
+    )
 
 
 def parse_frame(frame, udp_port=0, udp_csum=True):
@@ -94,22 +129,51 @@ def parse_frame(frame, udp_port=0, udp_csum=True):
         return v
     h = v["hdr"]
     off, end = v["payload_off"], v["payload_off"] + v["payload_len"]
-    return Frame(Addr(*v["src"]), Addr(*v["dst"]), h["version"], h["op"], h["flags"],
-                 h["job"], h["token"], h["worker"], h["slot"], h["seq"], h["lanes"],
-                 h["exp"], h["shard"], h["incarnation"], frame[off:end],
-                 frame[end:end + _w.MAC_LEN] if h["flags"] & FLAG_AUTH else None)
+    return Frame(
+        Addr(*v["src"]),
+        Addr(*v["dst"]),
+        h["version"],
+        h["op"],
+        h["flags"],
+        h["job"],
+        h["token"],
+        h["worker"],
+        h["slot"],
+        h["seq"],
+        h["lanes"],
+        h["exp"],
+        h["shard"],
+        h["incarnation"],
+        frame[off:end],
+        frame[end : end + _w.MAC_LEN] if h["flags"] & FLAG_AUTH else None,
+    )
 
 
 class MemPort:
     """The in-memory port: inject frames for rx, pop transmitted frames."""
 
-    def __init__(self, *, pool=4096, buf_size=9216, can_replicate=False,
-                 mac="02:00:00:00:00:01", ipv4="10.0.0.254", udp_port=UDP_PORT,
-                 mtu=9000, tx_limit=0):
+    def __init__(
+        self,
+        *,
+        pool=4096,
+        buf_size=9216,
+        can_replicate=False,
+        mac="02:00:00:00:00:01",
+        ipv4="10.0.0.254",
+        udp_port=UDP_PORT,
+        mtu=9000,
+        tx_limit=0,
+    ):
         self._p = _m.port_mem_create(
-            pool=pool, buf_size=buf_size, can_replicate=can_replicate,
-            mac=parse_mac(mac), ipv4=parse_ipv4(ipv4), udp_port=udp_port, mtu=mtu,
-            tx_limit=tx_limit)
+            pool=pool,
+            buf_size=buf_size,
+            can_replicate=can_replicate,
+            mac=parse_mac(mac),
+            ipv4=parse_ipv4(ipv4),
+            udp_port=udp_port,
+            mtu=mtu,
+            tx_limit=tx_limit,
+        )
         self.buf_size = buf_size
         self.addr = Addr(parse_mac(mac), parse_ipv4(ipv4), udp_port)
 
@@ -157,12 +221,27 @@ class Engine:
     """An aggregation engine on a port (MemPort, or any object whose ``port``
     attribute is a ``struct hg_port *``); the port must outlive it."""
 
-    def __init__(self, port, *, max_jobs=64, udp_port=UDP_PORT, burst=32,
-                 udp_csum=True, isa="best", staged=True):
+    def __init__(
+        self,
+        port,
+        *,
+        max_jobs=64,
+        udp_port=UDP_PORT,
+        burst=32,
+        udp_csum=True,
+        isa="best",
+        staged=True,
+    ):
         from homagg.kernels import _isa
 
-        e = _e.engine_create(port.port, max_jobs=max_jobs, udp_port=udp_port, burst=burst,
-                             flags=_e.F_UDP_CSUM if udp_csum else 0, isa=_isa(isa))
+        e = _e.engine_create(
+            port.port,
+            max_jobs=max_jobs,
+            udp_port=udp_port,
+            burst=burst,
+            flags=_e.F_UDP_CSUM if udp_csum else 0,
+            isa=_isa(isa),
+        )
         self._port = port  # keep the port alive as long as the engine
         self._e = e
         if not staged:
@@ -179,8 +258,20 @@ class Engine:
             _e.engine_destroy(self._e)
             self._e = None
 
-    def add_job(self, job, token, workers, slots, payload_bytes=1024, group=0,
-                shard=0, incarnation=0, auth=None, parent=None, mac=None):
+    def add_job(
+        self,
+        job,
+        token,
+        workers,
+        slots,
+        payload_bytes=1024,
+        group=0,
+        shard=0,
+        incarnation=0,
+        auth=None,
+        parent=None,
+        mac=None,
+    ):
         """Add a job; ``shard`` is this aggregator's index among the job's,
         ``incarnation`` the job's in replies (0: from the clock), ``auth``
         the job secret (32 bytes) of an authenticated job (None: off), ``mac``
@@ -197,20 +288,36 @@ class Engine:
         if parent is not None:
             p = parent if isinstance(parent, dict) else {"addr": parent}
             a = p["addr"]
-            up = dict(up=1, up_mac=list(a.mac), up_ipv4=a.ipv4, up_port=a.port,
-                      up_worker=int(p.get("worker", 0)), up_shard=int(p.get("shard", 0)),
-                      up_group=parse_ipv4(p.get("group") or 0, "parent group"),
-                      up_rto_ns=int(p.get("rto", 0) * 1e9),
-                      up_give_up_ns=int(p.get("give_up", 0) * 1e9))
+            up = dict(
+                up=1,
+                up_mac=list(a.mac),
+                up_ipv4=a.ipv4,
+                up_port=a.port,
+                up_worker=int(p.get("worker", 0)),
+                up_shard=int(p.get("shard", 0)),
+                up_group=parse_ipv4(p.get("group") or 0, "parent group"),
+                up_rto_ns=int(p.get("rto", 0) * 1e9),
+                up_give_up_ns=int(p.get("give_up", 0) * 1e9),
+            )
             up_keys = p.get("keys")
         from homagg import auth as _auth
+
         if auth is not None:
             up["mac"] = _auth.mac_code(mac)
-        _e.engine_add_job(self._e, secret=auth, up_keys=up_keys, job=job, token=token,
-                          workers=workers,
-                          slots=slots, payload_bytes=payload_bytes,
-                          group_ipv4=parse_ipv4(group, "group"), shard=shard,
-                          incarnation=incarnation, **up)
+        _e.engine_add_job(
+            self._e,
+            secret=auth,
+            up_keys=up_keys,
+            job=job,
+            token=token,
+            workers=workers,
+            slots=slots,
+            payload_bytes=payload_bytes,
+            group_ipv4=parse_ipv4(group, "group"),
+            shard=shard,
+            incarnation=incarnation,
+            **up,
+        )
         return self.job_config(job)["incarnation"]
 
     def rotate_key(self, job, secret, grace=10.0):

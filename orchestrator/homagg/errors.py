@@ -4,6 +4,7 @@ Every error raised by the bindings carries ``.code`` (the negative errno the C
 library returned, or 0 for errors found in Python) and the C library's
 message.  ``check(rc)`` turns a C return code into the right exception.
 """
+
 import errno as _errno
 
 

@@ -6,6 +6,7 @@ uint8 arrays of big-endian wire lanes.  Ops are named as in
 ``homagg.protocol.OPS`` ("sum32", ...) or given by wire code; ISAs by name.
 Used by tests, the codec's reference paths and benchmarks.
 """
+
 import numpy as np
 
 from homagg import protocol
@@ -13,8 +14,12 @@ from homagg.bindings import kernels as _k
 from homagg.errors import InvalidArgument
 
 OPS = {name: op.code for name, op in protocol.OPS.items()}
-ISAS = {"portable": _k.ISA_PORTABLE, "avx2": _k.ISA_AVX2, "avx512": _k.ISA_AVX512,
-        "best": _k.ISA_BEST}
+ISAS = {
+    "portable": _k.ISA_PORTABLE,
+    "avx2": _k.ISA_AVX2,
+    "avx512": _k.ISA_AVX512,
+    "best": _k.ISA_BEST,
+}
 
 
 def _op(op):

@@ -6,6 +6,7 @@ handler (a NullHandler), so a program embedding homagg decides what it sees.
 with ``python -m``) calls: progress lines and warnings on stderr, plain
 (``-q``: warnings only; ``-v``: debug, with level and logger names).
 """
+
 import logging
 import sys
 
@@ -23,6 +24,9 @@ def setup(verbosity: int = 0) -> logging.Logger:
         log.addHandler(h)
     for h in log.handlers:
         if getattr(h, "_homagg", False):
-            h.setFormatter(logging.Formatter(
-                "%(levelname)s %(name)s: %(message)s" if verbosity > 0 else "%(message)s"))
+            h.setFormatter(
+                logging.Formatter(
+                    "%(levelname)s %(name)s: %(message)s" if verbosity > 0 else "%(message)s"
+                )
+            )
     return log

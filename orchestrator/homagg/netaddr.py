@@ -6,6 +6,7 @@ and returns the address as an int in host byte order (what the C structs
 hold); ``format_ipv4`` turns such an int back into dotted form.  Bad input
 raises ``InvalidArgument`` naming the field (``what``).
 """
+
 import ipaddress
 import operator
 
@@ -26,8 +27,9 @@ def parse_mac(mac, what="MAC address") -> bytes:
         except ValueError:
             raw = b""
     if len(raw) != 6:
-        raise InvalidArgument(f"{what}: {mac!r} is not a MAC address "
-                              "(6 bytes, or six hex bytes separated by ':')")
+        raise InvalidArgument(
+            f"{what}: {mac!r} is not a MAC address (6 bytes, or six hex bytes separated by ':')"
+        )
     return raw
 
 
@@ -40,8 +42,9 @@ def parse_ipv4(addr, what="IPv4 address") -> int:
     try:
         return int(ipaddress.IPv4Address(str(addr)))
     except (ipaddress.AddressValueError, ValueError):
-        raise InvalidArgument(f"{what}: not an IPv4 address: {addr!r} "
-                              "(dotted quad such as 10.0.0.1)") from None
+        raise InvalidArgument(
+            f"{what}: not an IPv4 address: {addr!r} (dotted quad such as 10.0.0.1)"
+        ) from None
 
 
 def format_ipv4(ip: int) -> str:

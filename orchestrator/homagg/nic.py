@@ -17,6 +17,7 @@ Example::
     fab.advance(10_000)
     frames = b.recv()
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
@@ -125,24 +126,55 @@ class Port:
 class Fabric:
     """One L2 switch with a virtual clock, a buffer pool and ports."""
 
-    def __init__(self, seed: int = 0, pool_size: int = 0, buf_size: int = 0,
-                 max_ports: int = 0, trace_records: int = 0, trace_hash: bool = True,
-                 multicast: bool = True, broadcast: bool = True):
+    def __init__(
+        self,
+        seed: int = 0,
+        pool_size: int = 0,
+        buf_size: int = 0,
+        max_ports: int = 0,
+        trace_records: int = 0,
+        trace_hash: bool = True,
+        multicast: bool = True,
+        broadcast: bool = True,
+    ):
         self._f = _b.fabric_create(
-            seed=seed & (2**64 - 1), pool_size=pool_size, buf_size=buf_size,
-            max_ports=max_ports, trace_records=trace_records, trace_hash=trace_hash,
-            no_multicast=not multicast, no_broadcast=not broadcast)
+            seed=seed & (2**64 - 1),
+            pool_size=pool_size,
+            buf_size=buf_size,
+            max_ports=max_ports,
+            trace_records=trace_records,
+            trace_hash=trace_hash,
+            no_multicast=not multicast,
+            no_broadcast=not broadcast,
+        )
         self.seed = seed
         self.buf_size = buf_size or 2048
         self.ports: list[Port] = []
 
-    def add_port(self, mac, ipv4=0, udp_port: int = 0, mtu: int = 0, rx_ring: int = 0,
-                 tx_ring: int = 0, rate_bps: int = 0, prop_delay_ns: int = 0) -> Port:
+    def add_port(
+        self,
+        mac,
+        ipv4=0,
+        udp_port: int = 0,
+        mtu: int = 0,
+        rx_ring: int = 0,
+        tx_ring: int = 0,
+        rate_bps: int = 0,
+        prop_delay_ns: int = 0,
+    ) -> Port:
         raw = parse_mac(mac, "mac")
         ip = parse_ipv4(ipv4, "ipv4")
-        ptr = _b.port_create(self._f, mac=list(raw), ipv4=ip, udp_port=udp_port, mtu=mtu,
-                             rx_ring=rx_ring, tx_ring=tx_ring, rate_bps=rate_bps,
-                             prop_delay_ns=prop_delay_ns)
+        ptr = _b.port_create(
+            self._f,
+            mac=list(raw),
+            ipv4=ip,
+            udp_port=udp_port,
+            mtu=mtu,
+            rx_ring=rx_ring,
+            tx_ring=tx_ring,
+            rate_bps=rate_bps,
+            prop_delay_ns=prop_delay_ns,
+        )
         port = Port(self, ptr, raw, ip, udp_port, mtu or 1500)
         self.ports.append(port)
         return port
@@ -190,10 +222,18 @@ class Fabric:
     def trace(self, n: int | None = None) -> list[TraceRecord]:
         """The last n (default: all kept) trace records, oldest first."""
         n = n if n is not None else min(self.trace_count, 1 << 20)
-        return [TraceRecord(r["t_ns"], r["hash"], r["src"],
-                            None if r["dst"] == _b.NO_DST else r["dst"], r["len"],
-                            EVENT_KINDS.get(r["kind"], str(r["kind"])), _DIR_NAMES[r["dir"]])
-                for r in _b.trace_copy(self._f, n)]
+        return [
+            TraceRecord(
+                r["t_ns"],
+                r["hash"],
+                r["src"],
+                None if r["dst"] == _b.NO_DST else r["dst"],
+                r["len"],
+                EVENT_KINDS.get(r["kind"], str(r["kind"])),
+                _DIR_NAMES[r["dir"]],
+            )
+            for r in _b.trace_copy(self._f, n)
+        ]
 
     def counters(self) -> dict[str, int]:
         return _b.fabric_counters(self._f)

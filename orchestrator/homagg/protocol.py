@@ -26,6 +26,7 @@ Example::
     >>> protocol.PHASE["index"].op
     'or'
 """
+
 import dataclasses
 import errno
 
@@ -70,22 +71,35 @@ class Method:
         return tuple(ph for step in self.steps for ph in step)
 
 
-OPS = {r["name"]: Op(r["name"], r["code"], r["in_lane"], r["acc_lane"], r["identity"],
-                    r["exp_max"], r["doc"]) for r in _b.op_table()}
+OPS = {
+    r["name"]: Op(
+        r["name"], r["code"], r["in_lane"], r["acc_lane"], r["identity"], r["exp_max"], r["doc"]
+    )
+    for r in _b.op_table()
+}
 OP_BY_CODE = {o.code: o for o in OPS.values()}
 
-PHASE = {r["name"]: Phase(r["name"], r["index"], OP_BY_CODE[r["op"]].name, r["doc"])
-         for r in _b.phase_table()}
+PHASE = {
+    r["name"]: Phase(r["name"], r["index"], OP_BY_CODE[r["op"]].name, r["doc"])
+    for r in _b.phase_table()
+}
 PHASES = tuple(sorted(PHASE, key=lambda n: PHASE[n].index))
 
 
 def _method(r):
-    steps = tuple(tuple(ph for ph in PHASES if mask >> PHASE[ph].index & 1)
-                  for mask in r["steps"])
+    steps = tuple(tuple(ph for ph in PHASES if mask >> PHASE[ph].index & 1) for mask in r["steps"])
     f = r["flags"]
-    return Method(r["name"], r["code"], bool(f & _b.MF_EXACT), bool(f & _b.MF_SKIP_ZERO),
-                  bool(f & _b.MF_CANDIDATE), bool(f & _b.MF_CHOOSES), steps, r["doc"],
-                  bool(f & _b.MF_GROUPS))
+    return Method(
+        r["name"],
+        r["code"],
+        bool(f & _b.MF_EXACT),
+        bool(f & _b.MF_SKIP_ZERO),
+        bool(f & _b.MF_CANDIDATE),
+        bool(f & _b.MF_CHOOSES),
+        steps,
+        r["doc"],
+        bool(f & _b.MF_GROUPS),
+    )
 
 
 METHOD = {r["name"]: _method(r) for r in _b.method_table()}
@@ -129,8 +143,9 @@ def resolve_slots(slots, workers):
     if slots is None or int(slots) == 0:
         return default_slots(workers)
     if int(slots) < 0:
-        raise InvalidArgument(f"field 'slots': must be positive (or unset for the default), "
-                              f"got {slots}")
+        raise InvalidArgument(
+            f"field 'slots': must be positive (or unset for the default), got {slots}"
+        )
     return int(slots)
 
 
@@ -141,9 +156,11 @@ def check_pipeline_groups(value):
     except (TypeError, ValueError):
         v = -1
     if isinstance(value, bool) or v != value or not 0 <= v <= 2**32 - 1:
-        raise InvalidArgument(f"pipeline_groups must be an integer >= 0 (0 automatic, 1 not "
-                              f"pipelined, N block groups), got {value!r}",
-                              errno.EINVAL)
+        raise InvalidArgument(
+            f"pipeline_groups must be an integer >= 0 (0 automatic, 1 not "
+            f"pipelined, N block groups), got {value!r}",
+            errno.EINVAL,
+        )
     return v
 
 
@@ -152,8 +169,9 @@ def method(name):
     try:
         return METHOD[name]
     except (KeyError, TypeError):
-        raise InvalidArgument(f"unknown method {name!r} (one of {', '.join(METHODS)})",
-                              -errno.EINVAL) from None
+        raise InvalidArgument(
+            f"unknown method {name!r} (one of {', '.join(METHODS)})", -errno.EINVAL
+        ) from None
 
 
 def method_name(code, default="none"):
@@ -168,8 +186,9 @@ def op_code(op):
         try:
             return OPS[op.lower()].code
         except KeyError:
-            raise InvalidArgument(f"unknown aggregation op {op!r} (one of {', '.join(OPS)})",
-                                  -errno.EINVAL) from None
+            raise InvalidArgument(
+                f"unknown aggregation op {op!r} (one of {', '.join(OPS)})", -errno.EINVAL
+            ) from None
     return op
 
 

@@ -26,6 +26,7 @@ arithmetic, all workers at once as one (W, n) matrix:
 tests/test_reference.py checks that both agree bit for bit on random inputs,
 so a slip in either formulation shows up as a disagreement.
 """
+
 import numpy as np
 
 EXP_ZERO = -128
@@ -49,8 +50,10 @@ def _fields(x):
     bits = np.ascontiguousarray(x, dtype=np.float32).view(np.int32)
     field = (bits >> 23) & 0xFF
     if np.any(field == 0xFF):
-        raise ValueError("grads: a gradient holds inf or NaN; "
-                         "the fixed-point contract covers finite float32 values only")
+        raise ValueError(
+            "grads: a gradient holds inf or NaN; "
+            "the fixed-point contract covers finite float32 values only"
+        )
     mant = (bits & 0x7FFFFF) | np.where(field > 0, np.int32(1 << 23), np.int32(0))
     return (bits >> 31) & 1, mant, np.maximum(field, 1) - 150
 
@@ -70,7 +73,7 @@ def allreduce(grads, block):
     step = max(1, COLUMNS // block) * block
     out = np.empty(n, dtype=np.float32)
     for a in range(0, n, step):
-        out[a:a + step] = _allreduce_blocks(x[:, a:a + step], block)
+        out[a : a + step] = _allreduce_blocks(x[:, a : a + step], block)
     return out
 
 

@@ -27,6 +27,7 @@ Several jobs share the aggregators: ``cluster.add_job(workers=...)`` returns a
 interleaved in one event loop.  Errors come from ``homagg.errors``: a dead
 peer makes the others raise ``PeerTimeout`` naming it.
 """
+
 import errno
 import math
 import numbers
@@ -39,18 +40,22 @@ from homagg.bindings.kernels import OP_SUM32
 from homagg.bindings.wire import PROTOCOL_VERSION
 from homagg import auth, protocol
 from homagg import auth as _auth
-from homagg.protocol import (PIPELINE_GROUPS, check_pipeline_groups, default_slots,
-                             resolve_slots)
+from homagg.protocol import PIPELINE_GROUPS, check_pipeline_groups, default_slots, resolve_slots
 from homagg.cost import as_cost
-from homagg.errors import (InvalidArgument, OutOfRange, PeerTimeout,
-                           error_class, error_for)
+from homagg.errors import InvalidArgument, OutOfRange, PeerTimeout, error_class, error_for
 from homagg.errors import WorkerError
 
 # The codec options, named as in homagg.codec.Params ("block" is an alias).
 # frames an aggregator's receive ring holds: the W x S of its jobs together
 AGG_RX_RING = _b.AGG_RX_RING
-_CODEC_OPTIONS = ("block_elements", "block", "stochastic", "seed", "nc_levels",
-                  "sketch_cells_per_candidate")
+_CODEC_OPTIONS = (
+    "block_elements",
+    "block",
+    "stochastic",
+    "seed",
+    "nc_levels",
+    "sketch_cells_per_candidate",
+)
 
 
 class Result:
@@ -68,19 +73,34 @@ class Result:
         self.stats = stats
 
     def __repr__(self):
-        return (f"Result(n={self.sum.size}, method={self.stats['method']}, "
-                f"virtual_time={self.stats['virtual_time']:.6f}s)")
+        return (
+            f"Result(n={self.sum.size}, method={self.stats['method']}, "
+            f"virtual_time={self.stats['virtual_time']:.6f}s)"
+        )
 
 
-def _params(workers, block_elements=None, block=None, stochastic=False, seed=0,
-            nc_levels=0, sketch_cells_per_candidate=0.0, cost=None):
+def _params(
+    workers,
+    block_elements=None,
+    block=None,
+    stochastic=False,
+    seed=0,
+    nc_levels=0,
+    sketch_cells_per_candidate=0.0,
+    cost=None,
+):
     if block_elements is None:
         block_elements = DEFAULT_BLOCK if block is None else block
-    return _b.params(block=int(block_elements), workers=workers, worker=0,
-                     flags=F_STOCHASTIC if stochastic else 0, seed=int(seed) & (2**64 - 1),
-                     nc_levels=int(nc_levels),
-                     sketch_cells_per_candidate=float(sketch_cells_per_candidate),
-                     cost=as_cost(cost).fields())
+    return _b.params(
+        block=int(block_elements),
+        workers=workers,
+        worker=0,
+        flags=F_STOCHASTIC if stochastic else 0,
+        seed=int(seed) & (2**64 - 1),
+        nc_levels=int(nc_levels),
+        sketch_cells_per_candidate=float(sketch_cells_per_candidate),
+        cost=as_cost(cost).fields(),
+    )
 
 
 class Job:
@@ -150,13 +170,20 @@ def _check_config(**values):
             continue
         integer, lo, hi, lo_open, example = _CONFIG[name]
         kind = numbers.Integral if integer else numbers.Real
-        ok = isinstance(v, kind) and not isinstance(v, bool) and math.isfinite(v) and \
-            lo <= v <= hi and not (lo_open and v == lo) and not (name == "payload" and v % 4)
+        ok = (
+            isinstance(v, kind)
+            and not isinstance(v, bool)
+            and math.isfinite(v)
+            and lo <= v <= hi
+            and not (lo_open and v == lo)
+            and not (name == "payload" and v % 4)
+        )
         if not ok:
-            rng = f"{'an integer' if integer else 'a number'} {'>' if lo_open else '>='} {lo:g}" \
+            rng = (
+                f"{'an integer' if integer else 'a number'} {'>' if lo_open else '>='} {lo:g}"
                 f" and <= {hi:g}"
-            raise InvalidArgument(f"{name} must be {rng}, got {v!r}; e.g. {example}",
-                                  -errno.EINVAL)
+            )
+            raise InvalidArgument(f"{name} must be {rng}, got {v!r}; e.g. {example}", -errno.EINVAL)
 
 
 class Cluster:
@@ -201,24 +228,57 @@ class Cluster:
     block groups: every worker of the job decides with it.
     """
 
-    def __init__(self, workers=4, loss=0.0, duplicate=0.0, reorder=0.0, seed=0,
-                 slots=None, link_gbps=100.0, timeout=2.0, rto=200e-6, rto_max=50e-3,
-                 delay=1e-6, payload=1024, multicast=True, max_time=600.0,
-                 agg_link_gbps=None, rto_min=None, aggregators=1, mtu=None,
-                 auth=False, leaves=0, up_rto=None, up_give_up=None, mac=None,
-                 pipeline_groups=PIPELINE_GROUPS, worker_tx_ring=None, cost=None):
-        _check_config(workers=workers, slots=slots, payload=payload, link_gbps=link_gbps,
-                      agg_link_gbps=agg_link_gbps, timeout=timeout, rto=rto, delay=delay,
-                      max_time=max_time)
+    def __init__(
+        self,
+        workers=4,
+        loss=0.0,
+        duplicate=0.0,
+        reorder=0.0,
+        seed=0,
+        slots=None,
+        link_gbps=100.0,
+        timeout=2.0,
+        rto=200e-6,
+        rto_max=50e-3,
+        delay=1e-6,
+        payload=1024,
+        multicast=True,
+        max_time=600.0,
+        agg_link_gbps=None,
+        rto_min=None,
+        aggregators=1,
+        mtu=None,
+        auth=False,
+        leaves=0,
+        up_rto=None,
+        up_give_up=None,
+        mac=None,
+        pipeline_groups=PIPELINE_GROUPS,
+        worker_tx_ring=None,
+        cost=None,
+    ):
+        _check_config(
+            workers=workers,
+            slots=slots,
+            payload=payload,
+            link_gbps=link_gbps,
+            agg_link_gbps=agg_link_gbps,
+            timeout=timeout,
+            rto=rto,
+            delay=delay,
+            max_time=max_time,
+        )
         leaves = int(leaves or 0)
         self.cost = as_cost(cost)
         if leaves:
             if aggregators != 1:
-                raise InvalidArgument(f"a tree has one root: leaves={leaves} needs "
-                                      f"aggregators=1, got {aggregators}")
+                raise InvalidArgument(
+                    f"a tree has one root: leaves={leaves} needs aggregators=1, got {aggregators}"
+                )
             if workers < leaves:
-                raise InvalidArgument(f"leaves={leaves} needs at least as many workers, "
-                                      f"got workers={workers}")
+                raise InvalidArgument(
+                    f"leaves={leaves} needs at least as many workers, got workers={workers}"
+                )
         if mtu is not None:
             from homagg.worker import FRAME_OVERHEAD, max_payload
 
@@ -228,28 +288,39 @@ class Cluster:
                 raise InvalidArgument(
                     f"payload {payload} bytes does not fit MTU {mtu}: at most "
                     f"{max_payload(mtu)} bytes (a {payload}-byte payload needs MTU >= "
-                    f"{payload + FRAME_OVERHEAD}, e.g. mtu=9000)")
+                    f"{payload + FRAME_OVERHEAD}, e.g. mtu=9000)"
+                )
         if agg_link_gbps is None:
-            agg_link_gbps = (min(workers * link_gbps, max(400.0, link_gbps))
-                             if link_gbps > 0 else 0.0)
+            agg_link_gbps = (
+                min(workers * link_gbps, max(400.0, link_gbps)) if link_gbps > 0 else 0.0
+            )
         elif agg_link_gbps == 0:
             agg_link_gbps = 1e9  # the C side reads 0 as "same as link_gbps"
         self.agg_link_gbps = float(agg_link_gbps)
-        self._sim = _b.sim_create(loss=float(loss), duplicate=float(duplicate),
-                                  reorder=float(reorder), delay_ns=int(delay * 1e9),
-                                  link_gbps=float(link_gbps), seed=seed,
-                                  payload_bytes=payload,
-                                  unicast_results=not multicast,
-                                  agg_link_gbps=self.agg_link_gbps,
-                                  aggregators=int(aggregators),
-                                  pool_frames=self._pool_frames(
-                                      workers, resolve_slots(slots, workers),
-                                      leaves + 1 if leaves else aggregators,
-                                      payload, mtu),
-                                  mtu=int(mtu or 0), leaves=leaves,
-                                  up_rto_ns=int((up_rto or 0) * 1e9),
-                                  up_give_up_ns=int((up_give_up or 0) * 1e9),
-                                  worker_tx_ring=int(worker_tx_ring or 0))
+        self._sim = _b.sim_create(
+            loss=float(loss),
+            duplicate=float(duplicate),
+            reorder=float(reorder),
+            delay_ns=int(delay * 1e9),
+            link_gbps=float(link_gbps),
+            seed=seed,
+            payload_bytes=payload,
+            unicast_results=not multicast,
+            agg_link_gbps=self.agg_link_gbps,
+            aggregators=int(aggregators),
+            pool_frames=self._pool_frames(
+                workers,
+                resolve_slots(slots, workers),
+                leaves + 1 if leaves else aggregators,
+                payload,
+                mtu,
+            ),
+            mtu=int(mtu or 0),
+            leaves=leaves,
+            up_rto_ns=int((up_rto or 0) * 1e9),
+            up_give_up_ns=int((up_give_up or 0) * 1e9),
+            worker_tx_ring=int(worker_tx_ring or 0),
+        )
         self.leaves = leaves
         self.aggregators = leaves + 1 if leaves else int(aggregators)
         self._timeout = timeout
@@ -292,33 +363,51 @@ class Cluster:
         return self._sim
 
     # ---- jobs ------------------------------------------------------------
-    def add_job(self, workers, slots=None, timeout=None, auth=None, pipeline_groups=None,
-                mac=None, cost=None):
+    def add_job(
+        self,
+        workers,
+        slots=None,
+        timeout=None,
+        auth=None,
+        pipeline_groups=None,
+        mac=None,
+        cost=None,
+    ):
         """A new job on the aggregators; ``auth`` (default: the cluster's)
         gives it a job secret, drawn from the seed so runs repeat, and the
         MAC algorithm ``mac`` ('aes-gmac', 'blake2b'; None: this host's
         default); ``pipeline_groups`` (default: the cluster's) its block groups;
         ``cost`` (default: the cluster's) its cost model."""
         s = self._live()
-        pipeline_groups = check_pipeline_groups(self.pipeline_groups if pipeline_groups is None
-                                                else pipeline_groups)
+        pipeline_groups = check_pipeline_groups(
+            self.pipeline_groups if pipeline_groups is None else pipeline_groups
+        )
         slots = self._slots if slots is None else slots
         if slots is None or slots == 0:
             slots = self._default_slots(s, workers)
         timeout = self._timeout if timeout is None else timeout
         auth = self.auth if auth is None else auth
         mac = self.mac if mac is None else mac
-        secret = (np.random.default_rng([self._seed, len(self.jobs), 0xA07]).bytes(32)
-                  if auth else None)
+        secret = (
+            np.random.default_rng([self._seed, len(self.jobs), 0xA07]).bytes(32) if auth else None
+        )
         mac_alg = _auth.mac_code(mac) if auth else 0
         self._check_rings(s, workers, slots)
-        idx = _b.sim_add_job(s, workers, slots=slots, rto_ns=int(self._rto * 1e9),
-                             rto_max_ns=int(self._rto_max * 1e9),
-                             give_up_ns=int(timeout * 1e9),
-                             rto_min_ns=int(self._rto_min * 1e9), secret=secret,
-                             pipeline_groups=pipeline_groups, mac=mac_alg)
-        job = Job(self, idx, workers, slots, secret, mac_alg or None,
-                  self.cost if cost is None else cost)
+        idx = _b.sim_add_job(
+            s,
+            workers,
+            slots=slots,
+            rto_ns=int(self._rto * 1e9),
+            rto_max_ns=int(self._rto_max * 1e9),
+            give_up_ns=int(timeout * 1e9),
+            rto_min_ns=int(self._rto_min * 1e9),
+            secret=secret,
+            pipeline_groups=pipeline_groups,
+            mac=mac_alg,
+        )
+        job = Job(
+            self, idx, workers, slots, secret, mac_alg or None, self.cost if cost is None else cost
+        )
         self.jobs.append(job)
         return job
 
@@ -352,17 +441,24 @@ class Cluster:
             if held + frames <= ring:
                 continue
             fit = (ring - held) // per_slot
-            fix = (f"use at most {fit} slots" if fit else "no slot is left") + \
-                ", or a cluster of its own for this job"
-            head = (f"field 'slots': {workers} workers x {frames // per_slot} slots = "
-                    f"{frames} frames in flight towards aggregator {k}")
+            fix = (
+                f"use at most {fit} slots" if fit else "no slot is left"
+            ) + ", or a cluster of its own for this job"
+            head = (
+                f"field 'slots': {workers} workers x {frames // per_slot} slots = "
+                f"{frames} frames in flight towards aggregator {k}"
+            )
             if not held:
                 raise OutOfRange(f"{head} exceed its receive ring of {ring} frames: {fix}")
-            jobs = ", ".join(f"job {j.index}: {_b.sim_agg_frames(s, k, j.workers, j.slots or 0)[0]}"
-                             for j in self.jobs)
-            raise OutOfRange(f"{head}, with the {held} held by the jobs already on it ({jobs}), "
-                             f"make {held + frames} frames, more than its receive ring of "
-                             f"{ring} frames: {fix}")
+            jobs = ", ".join(
+                f"job {j.index}: {_b.sim_agg_frames(s, k, j.workers, j.slots or 0)[0]}"
+                for j in self.jobs
+            )
+            raise OutOfRange(
+                f"{head}, with the {held} held by the jobs already on it ({jobs}), "
+                f"make {held + frames} frames, more than its receive ring of "
+                f"{ring} frames: {fix}"
+            )
 
     @property
     def workers(self):
@@ -397,9 +493,11 @@ class Cluster:
             for w, g in enumerate(grads):  # as homagg.codec refuses them: no silent rounding
                 if not isinstance(g, np.ndarray) or g.dtype != np.float32:
                     got = g.dtype.str if isinstance(g, np.ndarray) else type(g).__name__
-                    raise InvalidArgument(f"worker {w}: grads[{w}]: expected a float32 numpy "
-                                          f"array, got {got} (convert with "
-                                          f".astype(np.float32))")
+                    raise InvalidArgument(
+                        f"worker {w}: grads[{w}]: expected a float32 numpy "
+                        f"array, got {got} (convert with "
+                        f".astype(np.float32))"
+                    )
             xs = [np.ascontiguousarray(g).reshape(-1) for g in grads]
             ys = [np.empty_like(x) for x in xs]
             p = _params(job.workers, cost=job.cost, **options)
@@ -423,8 +521,13 @@ class Cluster:
                 if status < 0:
                     failures.append((w, status, _b.sim_worker_error(s, job.index, w)))
                 elif status == 0:
-                    failures.append((w, -errno.ETIMEDOUT,
-                                     f"not finished after {self.max_time} s of virtual time"))
+                    failures.append(
+                        (
+                            w,
+                            -errno.ETIMEDOUT,
+                            f"not finished after {self.max_time} s of virtual time",
+                        )
+                    )
             stats = {
                 "workers": per,
                 "engine": engine,
@@ -489,8 +592,7 @@ class Cluster:
         """Send a raw Ethernet frame to the aggregator from an extra port."""
         _b.sim_inject(self._live(), frame)
 
-    def build_frame(self, for_job=None, payload=b"", key=None, alg=None, counter=1,
-                    **fields):
+    def build_frame(self, for_job=None, payload=b"", key=None, alg=None, counter=1, **fields):
         """A well-formed frame to the aggregator from the attacker port with
         any header fields (version, op, flags, job, token, worker, slot, seq,
         lanes, exp, shard, incarnation, nonce); job id and token default
@@ -499,9 +601,14 @@ class Cluster:
         ``key``: MAC the frame with it (Job.key), algorithm ``alg`` (None:
         the job's), MAC counter ``counter``."""
         job = for_job or self.job
-        hdr = {"version": PROTOCOL_VERSION, "op": OP_SUM32,
-               "job": job.wire_id, "token": job.token,
-               "lanes": len(payload) // 4, "incarnation": _b.INCARNATION}
+        hdr = {
+            "version": PROTOCOL_VERSION,
+            "op": OP_SUM32,
+            "job": job.wire_id,
+            "token": job.token,
+            "lanes": len(payload) // 4,
+            "incarnation": _b.INCARNATION,
+        }
         hdr.update(fields)
         if alg is None:
             alg = job.mac

@@ -139,7 +139,7 @@ class TopK:
         k = max(1, math.ceil(self.fraction * v.size))
         if k >= v.size:
             return np.ones(v.size, dtype=bool)
-        keep = np.argpartition(np.abs(v), v.size - k)[v.size - k:]
+        keep = np.argpartition(np.abs(v), v.size - k)[v.size - k :]
         m = np.zeros(v.size, dtype=bool)
         m[keep] = True
         return m
@@ -205,15 +205,33 @@ class HookState:
     rule did not apply).  ``cost`` may be replaced between buckets (the
     same on every rank)."""
 
-    def __init__(self, worker=None, *, method="auto", sparsify=None, process_group=None,
-                 block=None, nc_levels=0, seed=0, recorder=None, env=None, fallback=True,
-                 backoff=1.0, backoff_max=60.0, baseline=True, cost=None, density_every=16):
+    def __init__(
+        self,
+        worker=None,
+        *,
+        method="auto",
+        sparsify=None,
+        process_group=None,
+        block=None,
+        nc_levels=0,
+        seed=0,
+        recorder=None,
+        env=None,
+        fallback=True,
+        backoff=1.0,
+        backoff_max=60.0,
+        baseline=True,
+        cost=None,
+        density_every=16,
+    ):
         protocol.method(method)  # InvalidArgument naming the choices
         if sparsify is not None and not hasattr(sparsify, "mask"):
             raise InvalidArgument("sparsify must be homagg.torch.TopK(...) or Threshold(...)")
         if not 0 < backoff <= backoff_max:
-            raise InvalidArgument(f"backoff {backoff} and backoff_max {backoff_max}: "
-                                  "need 0 < backoff <= backoff_max (seconds)")
+            raise InvalidArgument(
+                f"backoff {backoff} and backoff_max {backoff_max}: "
+                "need 0 < backoff <= backoff_max (seconds)"
+            )
         self.method = method
         self.sparsify = sparsify
         self.block = block
@@ -237,12 +255,16 @@ class HookState:
         self.worker = worker
         self.world_size = worker.workers
         self.backoff, self.backoff_max = float(backoff), float(backoff_max)
-        self.counters = {"homagg_failures": 0, "fallback_buckets": 0, "retries": 0,
-                         "baseline_buckets": 0, "density_agreements": 0}
+        self.counters = {
+            "homagg_failures": 0,
+            "fallback_buckets": 0,
+            "retries": 0,
+            "baseline_buckets": 0,
+            "density_agreements": 0,
+        }
         self._failures = 0  # consecutive agreed failures
         self._retry_at = None  # monotonic time of the next HomAgg try; None: healthy
-        self.cost = _cost.as_cost(cost if cost is not None else
-                                  getattr(worker, "cost", None))
+        self.cost = _cost.as_cost(cost if cost is not None else getattr(worker, "cost", None))
         self._group = None
         self.fallback = self.baseline = False
         if int(density_every) < 1:
@@ -263,12 +285,15 @@ class HookState:
             # order of buckets whatever the hook's thread does meanwhile
             self._direct_group = _fallback_group(process_group)
             import torch.distributed as dist
+
             self._baseline_backend = dist.get_backend(self._baseline_group)
         # one thread runs the buckets in order: HomAgg, the agreement, the fallback
         self._executor = concurrent.futures.ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix=f"homagg-hook{worker.worker}")
+            max_workers=1, thread_name_prefix=f"homagg-hook{worker.worker}"
+        )
         # HOMAGG_METRICS_PORT: this rank's Prometheus endpoint (docs/OPERATIONS.md)
         from homagg.ops import worker_metrics
+
         self.metrics = worker_metrics.from_environment(worker.job, worker.worker, env)
 
     @staticmethod
@@ -282,19 +307,34 @@ class HookState:
         elif "rank" in conf and "world_size" in conf:
             rank, world = conf["rank"], conf["world_size"]
         else:
-            raise ConfigError("torch.distributed is not initialised: call "
-                              "init_process_group before HookState() (rank and world "
-                              "size of the HomAgg job come from it)")
+            raise ConfigError(
+                "torch.distributed is not initialised: call "
+                "init_process_group before HookState() (rank and world "
+                "size of the HomAgg job come from it)"
+            )
         if conf["workers"] and conf["workers"] != world:
-            raise ConfigError(f"the HomAgg job {conf['job']} has {conf['workers']} workers "
-                              f"(HOMAGG_WORKERS or the job file), the world size is {world}: "
-                              "start as many ranks as the job has workers")
-        return Worker(job=conf["job"], token=conf["token"], worker=rank, workers=world,
-                      aggregators=conf["aggregators"], group=conf["group"] or None,
-                      bind=(conf["bind"], 0), timeout=conf["timeout"], slots=conf["slots"],
-                      payload=conf["payload"], auth_file=conf["auth_file"] or None,
-                      mac=conf["mac"] or None, key_epoch=conf["key_epoch"],
-                      cost=conf["cost"], leaf_ids=conf["leaf_ids"])
+            raise ConfigError(
+                f"the HomAgg job {conf['job']} has {conf['workers']} workers "
+                f"(HOMAGG_WORKERS or the job file), the world size is {world}: "
+                "start as many ranks as the job has workers"
+            )
+        return Worker(
+            job=conf["job"],
+            token=conf["token"],
+            worker=rank,
+            workers=world,
+            aggregators=conf["aggregators"],
+            group=conf["group"] or None,
+            bind=(conf["bind"], 0),
+            timeout=conf["timeout"],
+            slots=conf["slots"],
+            payload=conf["payload"],
+            auth_file=conf["auth_file"] or None,
+            mac=conf["mac"] or None,
+            key_epoch=conf["key_epoch"],
+            cost=conf["cost"],
+            leaf_ids=conf["leaf_ids"],
+        )
 
     def take_log(self):
         """The log entries of the buckets reduced since the last call; waits
@@ -319,8 +359,9 @@ class HookState:
         """x + residual, masked; the new residual is what was not sent."""
         offsets = np.cumsum([0] + [g.numel() for g in grads])
         if offsets[-1] != x.size:
-            raise InvalidArgument(f"bucket layout: gradients hold {offsets[-1]} "
-                                  f"elements, the buffer {x.size}")
+            raise InvalidArgument(
+                f"bucket layout: gradients hold {offsets[-1]} elements, the buffer {x.size}"
+            )
         v = x.copy()
         for p, a, b in zip(params, offsets[:-1], offsets[1:]):
             r = self.residuals.get(p)
@@ -389,15 +430,24 @@ class HookState:
                 else:
                     nnz = int(np.count_nonzero(xin))
                 with self._log_lock:
-                    self.log.append({
-                        "bucket": index, "numel": int(x.size), "nnz": nnz,
-                        "method": info.get("method"),
-                        "bytes_sent": info.get("bytes_sent"), "path": path,
-                        "cpu_seconds": cpu, "seconds": seconds, "dtype": str(dtype),
-                        "handed_over": t0, "done": t0 + seconds,
-                        "agree_seconds": info.get("agree_seconds", 0.0),
-                        "predicted_homagg_seconds": info.get("predicted_homagg_seconds"),
-                        "predicted_baseline_seconds": info.get("predicted_baseline_seconds")})
+                    self.log.append(
+                        {
+                            "bucket": index,
+                            "numel": int(x.size),
+                            "nnz": nnz,
+                            "method": info.get("method"),
+                            "bytes_sent": info.get("bytes_sent"),
+                            "path": path,
+                            "cpu_seconds": cpu,
+                            "seconds": seconds,
+                            "dtype": str(dtype),
+                            "handed_over": t0,
+                            "done": t0 + seconds,
+                            "agree_seconds": info.get("agree_seconds", 0.0),
+                            "predicted_homagg_seconds": info.get("predicted_homagg_seconds"),
+                            "predicted_baseline_seconds": info.get("predicted_baseline_seconds"),
+                        }
+                    )
             except BaseException:  # noqa: BLE001 - the result is DDP's already
                 _log.exception("homagg.torch: bucket %d: after its result", index)
             finally:
@@ -441,8 +491,7 @@ class HookState:
                 # the recorder keeps the input: a copy of the bucket's memory,
                 # made here rather than on DDP's thread
                 xin = x.copy() if own and self.recorder is not None else x
-                y, path = self._reduce_sum(index, x, seed, info,
-                                           in_place=self.recorder is None)
+                y, path = self._reduce_sum(index, x, seed, info, in_place=self.recorder is None)
                 cpu = time.thread_time() - c0
             except BaseException as exc:
                 fail(exc)
@@ -453,8 +502,7 @@ class HookState:
             try:
                 c0 = time.thread_time()
                 xin = x.copy() if own and self.recorder is not None else x
-                y = self._group_sum_async(x, info, self.recorder is None,
-                                          group=self._direct_group)
+                y = self._group_sum_async(x, info, self.recorder is None, group=self._direct_group)
                 cpu = time.thread_time() - c0
             except BaseException as exc:
                 fail(exc)
@@ -465,8 +513,10 @@ class HookState:
             # waits for this bucket's result only (its log entry follows)
             limit = self._settle_timeout()
             if not settled.wait(limit):
-                raise PeerTimeout(f"homagg.torch: bucket {index} has no result after "
-                                  f"{limit:.0f} s (HOMAGG_TIMEOUT per bucket in flight)")
+                raise PeerTimeout(
+                    f"homagg.torch: bucket {index} has no result after "
+                    f"{limit:.0f} s (HOMAGG_TIMEOUT per bucket in flight)"
+                )
             if failure:
                 raise failure[0]
 
@@ -494,8 +544,7 @@ class HookState:
         (the group's allreduces run in Gloo's threads), the recorder sees
         them in DDP's order on every rank."""
         with self._rec_cv:
-            if not self._rec_cv.wait_for(lambda: self._rec_next >= seq,
-                                         self._settle_timeout()):
+            if not self._rec_cv.wait_for(lambda: self._rec_next >= seq, self._settle_timeout()):
                 _log.warning("homagg.torch: bucket %d recorded out of order", index)
         try:
             if self._recorder_path:
@@ -549,8 +598,9 @@ class HookState:
             if cached is None or cached[1] + 1 >= self.density_every:
                 return False  # the count is agreed first, on the hook's thread
             nnz_max = cached[0]
-        c = _cost.choose_path(self.cost, self.world_size, n, nnz_max, self.method,
-                              self.block or _cost_block())
+        c = _cost.choose_path(
+            self.cost, self.world_size, n, nnz_max, self.method, self.block or _cost_block()
+        )
         if c["path"] != "baseline":
             return False
         if need_nnz:
@@ -581,7 +631,8 @@ class HookState:
             if agree_nnz:
                 info["nnz"] = int(np.count_nonzero(x))  # the log's too: one pass
             waiting, agreed = self._agree_max(
-                int(backing and time.monotonic() < self._retry_at), info.get("nnz", 0))
+                int(backing and time.monotonic() < self._retry_at), info.get("nnz", 0)
+            )
             info["agree_seconds"] = time.perf_counter() - a0
             if agree_nnz:
                 nnz_max = agreed
@@ -590,8 +641,14 @@ class HookState:
             if backing and waiting:
                 return self._group_sum(x, info, "fallback_buckets"), "fallback"
         if rule:
-            c = _cost.choose_path(self.cost, self.world_size, x.size, nnz_max, self.method,
-                                  self.block or _cost_block())
+            c = _cost.choose_path(
+                self.cost,
+                self.world_size,
+                x.size,
+                nnz_max,
+                self.method,
+                self.block or _cost_block(),
+            )
             if c["homagg_ps"] is not None:
                 info["predicted_homagg_seconds"] = c["homagg_ps"] * 1e-12
                 info["predicted_baseline_seconds"] = c["baseline_ps"] * 1e-12
@@ -621,8 +678,13 @@ class HookState:
         wait = min(self.backoff_max, self.backoff * 2 ** (self._failures - 1))
         self._retry_at = time.monotonic() + wait
         why = f"{type(error).__name__}: {error}" if error else "another rank's HomAgg failed"
-        _log.warning("homagg.torch: bucket %d reduced with the process group's allreduce "
-                     "(%s); HomAgg tried again in %.3g s", index, why, wait)
+        _log.warning(
+            "homagg.torch: bucket %d reduced with the process group's allreduce "
+            "(%s); HomAgg tried again in %.3g s",
+            index,
+            why,
+            wait,
+        )
         if self._make_worker is not None and self.worker is not None:
             # a fresh worker (new incarnation) for the retry
             worker, self.worker = self.worker, None
@@ -635,8 +697,9 @@ class HookState:
         return self._group_sum(x, info, "fallback_buckets"), "fallback"
 
     def _homagg(self, x, seed, info):
-        return self.worker.allreduce(x, self.method, block=self.block, nc_levels=self.nc_levels,
-                                     seed=seed, info=info)
+        return self.worker.allreduce(
+            x, self.method, block=self.block, nc_levels=self.nc_levels, seed=seed, info=info
+        )
 
     def _agree(self, flag):
         """Every rank's flag, reduced with MAX over the hook's group."""
@@ -668,8 +731,12 @@ class HookState:
             self.counters["baseline_buckets"] += 1
         info["in_place"] = bool(in_place)
         t = torch.from_numpy(x if in_place else x.copy())
-        work = dist.all_reduce(t, op=dist.ReduceOp.SUM, async_op=True,
-                               group=self._baseline_group if group is None else group)
+        work = dist.all_reduce(
+            t,
+            op=dist.ReduceOp.SUM,
+            async_op=True,
+            group=self._baseline_group if group is None else group,
+        )
         info["method"] = self._baseline_backend
         info["bytes_sent"] = None
         return work.get_future().then(lambda f: t)
@@ -734,5 +801,4 @@ def _fallback_group(process_group):
 def allreduce_hook(state: HookState, bucket) -> torch.futures.Future[torch.Tensor]:
     """The DDP communication hook: the bucket's exact average through
     HomAgg (see the module doc)."""
-    return state.reduce(bucket.index(), bucket.buffer(), bucket.parameters(),
-                        bucket.gradients())
+    return state.reduce(bucket.index(), bucket.buffer(), bucket.parameters(), bucket.gradients())

@@ -38,6 +38,7 @@ work's tensors, and freeing a tensor that Python knows needs the GIL: both
 wait for ever.  The methods below call Gloo's Python bindings, which
 release the GIL first.
 """
+
 import os
 
 import numpy as np
@@ -64,8 +65,7 @@ class HomAggProcessGroup(dist.ProcessGroup):
         super().__init__(rank, world_size)
         self._gloo = dist.ProcessGroupGloo(store, rank, world_size, timeout)
         # what this class does not override goes to Gloo
-        self._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO,
-                               self._gloo)
+        self._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO, self._gloo)
         self._env = env
         self._worker = None
         self.method = (env if env is not None else os.environ).get("HOMAGG_METHOD", "auto")
@@ -84,14 +84,24 @@ class HomAggProcessGroup(dist.ProcessGroup):
             conf = job_config(self._env)
             rank, world = self.rank(), self.size()
             if conf["workers"] and conf["workers"] != world:
-                raise ConfigError(f"the HomAgg job {conf['job']} has {conf['workers']} workers "
-                                  f"(HOMAGG_WORKERS or the job file), the world size is "
-                                  f"{world}: start as many ranks as the job has workers")
-            self._worker = Worker(job=conf["job"], token=conf["token"], worker=rank,
-                                  workers=world, aggregators=conf["aggregators"],
-                                  group=conf["group"] or None, bind=(conf["bind"], 0),
-                                  timeout=conf["timeout"], slots=conf["slots"],
-                                  payload=conf["payload"], leaf_ids=conf["leaf_ids"])
+                raise ConfigError(
+                    f"the HomAgg job {conf['job']} has {conf['workers']} workers "
+                    f"(HOMAGG_WORKERS or the job file), the world size is "
+                    f"{world}: start as many ranks as the job has workers"
+                )
+            self._worker = Worker(
+                job=conf["job"],
+                token=conf["token"],
+                worker=rank,
+                workers=world,
+                aggregators=conf["aggregators"],
+                group=conf["group"] or None,
+                bind=(conf["bind"], 0),
+                timeout=conf["timeout"],
+                slots=conf["slots"],
+                payload=conf["payload"],
+                leaf_ids=conf["leaf_ids"],
+            )
         return self._worker
 
     @staticmethod
@@ -102,9 +112,9 @@ class HomAggProcessGroup(dist.ProcessGroup):
         return getattr(op, "op", op)
 
     def _ours(self, tensors, op):
-        return (op in (dist.ReduceOp.RedOpType.SUM, dist.ReduceOp.RedOpType.AVG)
-                and all(t.device.type == "cpu" and t.dtype in DTYPES and t.is_contiguous()
-                        for t in tensors))
+        return op in (dist.ReduceOp.RedOpType.SUM, dist.ReduceOp.RedOpType.AVG) and all(
+            t.device.type == "cpu" and t.dtype in DTYPES and t.is_contiguous() for t in tensors
+        )
 
     def allreduce(self, tensors, opts=None):
         if opts is None:
@@ -157,8 +167,9 @@ class HomAggProcessGroup(dist.ProcessGroup):
 
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
         """One Gloo ``_reduce_scatter_base`` per pair, done when all are."""
-        return self._each("_reduce_scatter_base", outputs, inputs,
-                          opts or dist.ReduceScatterOptions())
+        return self._each(
+            "_reduce_scatter_base", outputs, inputs, opts or dist.ReduceScatterOptions()
+        )
 
     def _each(self, name, outputs, inputs, opts):
         call = getattr(self._gloo, name)
@@ -174,10 +185,24 @@ class HomAggProcessGroup(dist.ProcessGroup):
 
 # Collectives HomAgg does not carry: Gloo's, through its bindings (they
 # release the GIL; see the module doc).
-DELEGATED = ("allgather", "allgather_coalesced", "_allgather_base", "alltoall",
-             "alltoall_base", "barrier", "monitored_barrier", "broadcast", "gather",
-             "scatter", "reduce", "reduce_scatter", "_reduce_scatter_base", "send", "recv",
-             "recv_anysource")
+DELEGATED = (
+    "allgather",
+    "allgather_coalesced",
+    "_allgather_base",
+    "alltoall",
+    "alltoall_base",
+    "barrier",
+    "monitored_barrier",
+    "broadcast",
+    "gather",
+    "scatter",
+    "reduce",
+    "reduce_scatter",
+    "_reduce_scatter_base",
+    "send",
+    "recv",
+    "recv_anysource",
+)
 
 
 def _delegate(name):

@@ -57,6 +57,7 @@ only its owner can read (homagg.auth), ``mac``: the job's MAC algorithm
 rotation, ``key_epoch``: the epoch of that secret; ``rotate_key`` gives a
 running worker the next one (docs/SECURITY.md "Rotating keys").
 """
+
 import concurrent.futures
 import ipaddress
 import socket
@@ -116,14 +117,19 @@ class UdpPort:
     ``struct hg_port *`` a Worker's client or an Engine runs on; ``mtu`` is
     what its get_info reports (0 = 1500)."""
 
-    def __init__(self, bind=("0.0.0.0", 0), group_port=0, packets=0, rcvbuf=0, mtu=0,
-                 sndbuf=0):
+    def __init__(self, bind=("0.0.0.0", 0), group_port=0, packets=0, rcvbuf=0, mtu=0, sndbuf=0):
         if mtu and not 576 <= int(mtu) <= 9000:
             raise InvalidArgument(f"mtu must be 576..9000, got {mtu}")
         self._p = _u.udp_port_create(
-            f"UDP socket on {bind[0]}:{bind[1]}", bind_ipv4=parse_ipv4(bind[0], "bind"),
-            bind_port=int(bind[1]), group_port=int(group_port), packets=int(packets),
-            rcvbuf=int(rcvbuf), sndbuf=int(sndbuf), mtu=int(mtu))
+            f"UDP socket on {bind[0]}:{bind[1]}",
+            bind_ipv4=parse_ipv4(bind[0], "bind"),
+            bind_port=int(bind[1]),
+            group_port=int(group_port),
+            packets=int(packets),
+            rcvbuf=int(rcvbuf),
+            sndbuf=int(sndbuf),
+            mtu=int(mtu),
+        )
 
     @property
     def port(self):
@@ -156,25 +162,48 @@ class Worker:
     bytes).  It must be the one registered with the job, the same on every
     worker: never this host's own calibration."""
 
-    def __init__(self, job, token, worker, workers,
-                 aggregator=("10.0.0.1", 48879), group=None,
-                 bind=("0.0.0.0", 0), timeout=5.0, slots=None, payload=1024,
-                 rto=0.001, packets=0, aggregators=None, mtu=None, incarnation=0,
-                 rto_min=RTO_MIN, start_wait=START_WAIT,
-                 auth_file=None, leaf_ids=None, pipeline_groups=PIPELINE_GROUPS,
-                 mac=None, key_epoch=0, cost=None):
+    def __init__(
+        self,
+        job,
+        token,
+        worker,
+        workers,
+        aggregator=("10.0.0.1", 48879),
+        group=None,
+        bind=("0.0.0.0", 0),
+        timeout=5.0,
+        slots=None,
+        payload=1024,
+        rto=0.001,
+        packets=0,
+        aggregators=None,
+        mtu=None,
+        incarnation=0,
+        rto_min=RTO_MIN,
+        start_wait=START_WAIT,
+        auth_file=None,
+        leaf_ids=None,
+        pipeline_groups=PIPELINE_GROUPS,
+        mac=None,
+        key_epoch=0,
+        cost=None,
+    ):
         if not 0 <= worker < workers:
             raise InvalidArgument(f"worker {worker} not in 0..{workers - 1}")
         agg_worker, agg_workers = leaf_ids or (0, 0)
-        if leaf_ids is not None and not (0 <= agg_worker < agg_workers <= workers and
-                                         agg_worker <= worker):
-            raise InvalidArgument(f"leaf_ids {tuple(leaf_ids)}: (i, n) with 0 <= i < n <= "
-                                  f"workers ({workers}) and i <= worker ({worker})")
+        if leaf_ids is not None and not (
+            0 <= agg_worker < agg_workers <= workers and agg_worker <= worker
+        ):
+            raise InvalidArgument(
+                f"leaf_ids {tuple(leaf_ids)}: (i, n) with 0 <= i < n <= "
+                f"workers ({workers}) and i <= worker ({worker})"
+            )
         if timeout <= 0:
             raise InvalidArgument("timeout must be positive")
         if not 4 <= int(payload) <= MAX_PAYLOAD or int(payload) % 4:
-            raise InvalidArgument(f"payload must be a multiple of 4 in 4..{MAX_PAYLOAD}, "
-                                  f"got {payload}")
+            raise InvalidArgument(
+                f"payload must be a multiple of 4 in 4..{MAX_PAYLOAD}, got {payload}"
+            )
         if not 0 <= int(incarnation) < 2**32:
             raise InvalidArgument(f"incarnation {incarnation} not in 0..2^32-1 (0: from the clock)")
         pipeline_groups = check_pipeline_groups(pipeline_groups)
@@ -184,8 +213,9 @@ class Worker:
             aggregators = [aggregator]
         aggregators = [(str(a[0]), int(a[1])) for a in aggregators]
         if not 1 <= len(aggregators) <= _c.MAX_AGGREGATORS:
-            raise InvalidArgument(f"aggregators: 1..{_c.MAX_AGGREGATORS} "
-                                  f"(host, port) pairs, got {len(aggregators)}")
+            raise InvalidArgument(
+                f"aggregators: 1..{_c.MAX_AGGREGATORS} (host, port) pairs, got {len(aggregators)}"
+            )
         if len(set(aggregators)) != len(aggregators):
             raise InvalidArgument(f"aggregators: the same address twice in {aggregators}")
         self.job, self.token = job, token
@@ -206,15 +236,17 @@ class Worker:
                 f"payload {payload} bytes does not fit the MTU {self.mtu} of the path to "
                 f"aggregator {narrow[0]}: at most {max_payload(self.mtu)} bytes; "
                 f"a {payload}-byte payload needs links with MTU >= {payload + FRAME_OVERHEAD} "
-                f"(jumbo frames, e.g. `homagg testbed up --mtu 9000`)")
+                f"(jumbo frames, e.g. `homagg testbed up --mtu 9000`)"
+            )
 
         # the send buffer holds a window of frames queued behind the link
         # (about twice their bytes each in kernel memory)
-        self._port = UdpPort(bind, packets=max(int(packets),
-                                               4 * slots * len(aggregators) + 256),
-                             mtu=self.mtu,
-                             sndbuf=max(4 << 20, 2 * slots * len(aggregators)
-                                        * (self.payload + FRAME_OVERHEAD)))
+        self._port = UdpPort(
+            bind,
+            packets=max(int(packets), 4 * slots * len(aggregators) + 256),
+            mtu=self.mtu,
+            sndbuf=max(4 << 20, 2 * slots * len(aggregators) * (self.payload + FRAME_OVERHEAD)),
+        )
 
         # the client holds the port: it frees packets into it
         self._client = _c.client_create(
@@ -223,14 +255,25 @@ class Worker:
             auth.load_secret(auth_file) if auth_file is not None else None,
             self._port,
             f"job {job}, worker {worker}/{workers}, slots {slots}, payload {payload}",
-            job=job, token=token, worker=worker, workers=workers, slots=slots,
-            payload_bytes=payload, group_ipv4=parse_ipv4(group, "group") if group else 0,
-            rto_ns=int(rto * 1e9), rto_min_ns=int(rto_min * 1e9),
-            start_wait_ns=int(start_wait * 1e9), give_up_ns=int(timeout * 1e9),
-            incarnation=int(incarnation), agg_worker=int(agg_worker),
-            agg_workers=int(agg_workers), pipeline_groups=pipeline_groups,
+            job=job,
+            token=token,
+            worker=worker,
+            workers=workers,
+            slots=slots,
+            payload_bytes=payload,
+            group_ipv4=parse_ipv4(group, "group") if group else 0,
+            rto_ns=int(rto * 1e9),
+            rto_min_ns=int(rto_min * 1e9),
+            start_wait_ns=int(start_wait * 1e9),
+            give_up_ns=int(timeout * 1e9),
+            incarnation=int(incarnation),
+            agg_worker=int(agg_worker),
+            agg_workers=int(agg_workers),
+            pipeline_groups=pipeline_groups,
             mac=auth.mac_code(mac) if auth_file is not None else 0,
-            epoch=int(key_epoch) & 255, cost=as_cost(cost).fields())
+            epoch=int(key_epoch) & 255,
+            cost=as_cost(cost).fields(),
+        )
         # one C call at a time; allreduce_async's calls run on one thread
         self._lock = threading.Lock()
         self._executor = None
@@ -246,8 +289,17 @@ class Worker:
     def local_address(self):
         return self._port.local_address
 
-    def allreduce(self, array, method="dense", out=None, block=None,
-                  stochastic=False, seed=0, nc_levels=0, info=None):
+    def allreduce(
+        self,
+        array,
+        method="dense",
+        out=None,
+        block=None,
+        stochastic=False,
+        seed=0,
+        nc_levels=0,
+        info=None,
+    ):
         """The sum over the job's workers of ``array`` (float32, 1-D).
 
         ``info`` (a dict, optional) receives what this call did:
@@ -257,12 +309,16 @@ class Worker:
         x = np.ascontiguousarray(array, dtype=np.float32).reshape(-1)
         if out is None:
             out = np.empty_like(x)
-        elif (out.dtype != np.float32 or out.size != x.size
-              or not out.flags.c_contiguous):
+        elif out.dtype != np.float32 or out.size != x.size or not out.flags.c_contiguous:
             raise InvalidArgument("out must be a contiguous float32 array of the input's size")
-        p = _c.client_params(int(block or DEFAULT_BLOCK), self.workers, self.worker,
-                             F_STOCHASTIC if stochastic else 0, int(seed) & (2**64 - 1),
-                             int(nc_levels))
+        p = _c.client_params(
+            int(block or DEFAULT_BLOCK),
+            self.workers,
+            self.worker,
+            F_STOCHASTIC if stochastic else 0,
+            int(seed) & (2**64 - 1),
+            int(nc_levels),
+        )
         with self._lock:
             if self._client is None:
                 raise InvalidArgument("worker is closed")
@@ -272,8 +328,14 @@ class Worker:
             where = f"aggregator{'s' if len(self.aggregators) > 1 else ''} {where}"
             too_big = self._port.stats()["tx_too_big"]
             try:
-                _c.client_allreduce(self._client, p, code, x, out,
-                                    f"worker {self.worker} of job {self.job}, {where}")
+                _c.client_allreduce(
+                    self._client,
+                    p,
+                    code,
+                    x,
+                    out,
+                    f"worker {self.worker} of job {self.job}, {where}",
+                )
             except PeerTimeout as e:
                 self._raise_if_too_big(too_big, e)
                 raise
@@ -298,7 +360,8 @@ class Worker:
             f"frames of {st['tx_too_big_bytes']} bytes (IPv4) as larger than the MTU {mtu} of "
             f"the path to aggregator {host} (don't-fragment is set; the worker was told MTU "
             f"{self.mtu}): use a payload of at most {max_payload(mtu)} bytes, or links with "
-            f"MTU >= {self.payload + FRAME_OVERHEAD}") from cause
+            f"MTU >= {self.payload + FRAME_OVERHEAD}"
+        ) from cause
 
     def allreduce_async(self, array, method="dense", **kwargs):
         """``allreduce`` on the worker's background thread: returns a
@@ -309,7 +372,8 @@ class Worker:
             raise InvalidArgument("worker is closed")
         if self._executor is None:
             self._executor = concurrent.futures.ThreadPoolExecutor(
-                max_workers=1, thread_name_prefix=f"homagg-w{self.worker}")
+                max_workers=1, thread_name_prefix=f"homagg-w{self.worker}"
+            )
         return self._executor.submit(self.allreduce, array, method, **kwargs)
 
     def _payload_bytes(self):

@@ -36,7 +36,7 @@
 #include "homagg/wire.h"
 
 #define AGG_IP 0x0a000001u
-#define AGG_IP_K 0x0a000100u   /* 10.0.1.k, aggregator k > 0 */
+#define AGG_IP_K 0x0a000100u /* 10.0.1.k, aggregator k > 0 */
 #define ATTACKER_IP 0x0a000002u
 #define GROUP_BASE 0xef010001u /* 239.1.0.1 + job (+ leaf << 8 in a tree) */
 #define ROOT_GROUP_BASE 0xef020001u /* 239.2.0.1 + job: a tree root's results */
@@ -48,40 +48,40 @@
 struct sim_worker {
 	struct hg_sim *sim;
 	struct hg_nic_port *nport;
-	struct hg_port *inner;     /* the NIC port's interface */
-	struct hg_port wrap;       /* what the client uses */
+	struct hg_port *inner; /* the NIC port's interface */
+	struct hg_port wrap;   /* what the client uses */
 	struct hg_client *client;
 	uint64_t tx_frames;
-	uint64_t kill_at;          /* UINT64_MAX: never */
-	uint64_t deadline;         /* poll again at this time (or on rx) */
+	uint64_t kill_at;  /* UINT64_MAX: never */
+	uint64_t deadline; /* poll again at this time (or on rx) */
 	bool dead;
-	bool active;               /* an allreduce is running on it */
-	uint64_t start_delay;      /* it starts every allreduce this late (ns) */
-	uint64_t start_at;         /* its allreduce starts then (pending) */
-	bool pending;              /* started by hg_sim_start, not yet by the client */
-	struct hg_params p;        /* the pending start's arguments */
+	bool active;          /* an allreduce is running on it */
+	uint64_t start_delay; /* it starts every allreduce this late (ns) */
+	uint64_t start_at;    /* its allreduce starts then (pending) */
+	bool pending;       /* started by hg_sim_start, not yet by the client */
+	struct hg_params p; /* the pending start's arguments */
 	int method;
 	const float *x;
 	size_t n;
 	float *y;
-	int status;                /* 1 done, 0 running/never, < 0 error */
+	int status; /* 1 done, 0 running/never, < 0 error */
 };
 
 struct sim_job {
 	uint32_t id, token, workers, slots;
-	uint8_t epoch;             /* auth: its key epoch (hg_sim_rotate_key) */
-	struct sim_worker *w;      /* workers entries */
+	uint8_t epoch;        /* auth: its key epoch (hg_sim_rotate_key) */
+	struct sim_worker *w; /* workers entries */
 };
 
 /* One aggregator: its port, its engine, when it dies or restarts. */
 struct sim_agg {
 	struct hg_nic_port *port;
 	struct hg_engine *engine;
-	uint64_t dead_at;          /* UINT64_MAX: never */
-	uint64_t restart_at;       /* its engine's "received" count; UINT64_MAX: none */
+	uint64_t dead_at;    /* UINT64_MAX: never */
+	uint64_t restart_at; /* its engine's "received" count; UINT64_MAX: none */
 	uint32_t restart_incarnation;
-	uint32_t incarnation;      /* of its jobs after a restart (0: none yet) */
-	uint32_t held_frames;      /* the frames in flight of the jobs on it */
+	uint32_t incarnation; /* of its jobs after a restart (0: none yet) */
+	uint32_t held_frames; /* the frames in flight of the jobs on it */
 };
 
 struct hg_sim {
@@ -89,7 +89,7 @@ struct hg_sim {
 	struct hg_nic_fabric *fab;
 	struct sim_agg agg[HG_SIM_MAX_AGGREGATORS];
 	uint32_t naggs;
-	uint32_t leaves;           /* tree: L leaves, agg[L] the root; 0: flat */
+	uint32_t leaves; /* tree: L leaves, agg[L] the root; 0: flat */
 	struct hg_nic_port *attacker;
 	struct sim_job jobs[HG_SIM_MAX_JOBS];
 	int njobs;
@@ -123,7 +123,8 @@ static uint16_t w_tx(void *ctx, struct hg_pkt **pk, uint16_t n)
 	if (w->tx_frames >= w->kill_at) {
 		w->dead = true;
 		if (n > sent)
-			w->inner->ops->free_bulk(w->inner->ctx, pk + sent, n - sent);
+			w->inner->ops->free_bulk(w->inner->ctx, pk + sent,
+						 n - sent);
 		return n;
 	}
 	return sent;
@@ -199,7 +200,8 @@ static struct hg_nic_port *add_port(struct hg_sim *s, const uint8_t mac[6],
 	fa.dup = s->cfg.duplicate;
 	fa.reorder = s->cfg.reorder;
 	fa.reorder_max = s->cfg.reorder > 0 ? REORDER_MAX : 0;
-	fa.reorder_timeout_ns = s->cfg.reorder_ns ? s->cfg.reorder_ns : DEFAULT_REORDER_NS;
+	fa.reorder_timeout_ns = s->cfg.reorder_ns ? s->cfg.reorder_ns :
+						    DEFAULT_REORDER_NS;
 	if (hg_nic_port_set_faults(p, HG_NIC_OUT, &fa) ||
 	    hg_nic_port_set_faults(p, HG_NIC_IN, &fa))
 		return NULL;
@@ -236,8 +238,8 @@ struct hg_sim *hg_sim_create(const struct hg_sim_config *cfg)
 			  cfg->mtu < 20 + 8 + HG_HDR_LEN + payload)) ||
 	    !(cfg->loss >= 0 && cfg->loss < 1) ||
 	    !(cfg->duplicate >= 0 && cfg->duplicate < 1) ||
-	    !(cfg->reorder >= 0 && cfg->reorder < 1) || !(cfg->link_gbps >= 0) ||
-	    !(cfg->agg_link_gbps >= 0) ||
+	    !(cfg->reorder >= 0 && cfg->reorder < 1) ||
+	    !(cfg->link_gbps >= 0) || !(cfg->agg_link_gbps >= 0) ||
 	    cfg->aggregators > HG_SIM_MAX_AGGREGATORS ||
 	    cfg->leaves >= HG_SIM_MAX_AGGREGATORS ||
 	    (cfg->leaves && cfg->aggregators > 1))
@@ -350,8 +352,14 @@ static uint32_t leaf_of(const struct hg_sim *s, uint32_t W, uint32_t w)
 static int leaf_auth(const uint8_t *root_secret, uint32_t job, uint32_t l,
 		     uint8_t *leaf_secret, struct hg_job_config *ej)
 {
-	uint8_t msg[8] = { 'l', 'e', 'a', 'f', (uint8_t)(l >> 24),
-			   (uint8_t)(l >> 16), (uint8_t)(l >> 8), (uint8_t)l };
+	uint8_t msg[8] = { 'l',
+			   'e',
+			   'a',
+			   'f',
+			   (uint8_t)(l >> 24),
+			   (uint8_t)(l >> 16),
+			   (uint8_t)(l >> 8),
+			   (uint8_t)l };
 	int rc;
 
 	if (crypto_generichash(leaf_secret, HG_AUTH_SECRET_LEN, msg, sizeof(msg),
@@ -391,7 +399,8 @@ static int add_tree_job(struct hg_sim *s, int j, struct hg_job_config *ej)
 		ej->workers = leaf_first(s, W, l + 1) - leaf_first(s, W, l);
 		ej->up_worker = (uint16_t)l;
 		ej->group_ipv4 = group ? group + (l << 8) : 0;
-		ej->incarnation = s->agg[l].incarnation ? s->agg[l].incarnation : inc;
+		ej->incarnation = s->agg[l].incarnation ? s->agg[l].incarnation :
+							  inc;
 		if (ej->auth &&
 		    (rc = leaf_auth(root_secret, ej->job, l, leaf_secret, ej)))
 			goto out;
@@ -489,7 +498,8 @@ int hg_sim_add_job(struct hg_sim *s, const struct hg_sim_job_config *jc)
 		if (s->leaves)
 			continue;
 		ej.shard = (uint8_t)k;
-		ej.incarnation = s->agg[k].incarnation ? s->agg[k].incarnation : inc;
+		ej.incarnation = s->agg[k].incarnation ? s->agg[k].incarnation :
+							 inc;
 		rc = hg_engine_add_job(s->agg[k].engine, &ej);
 		if (rc)
 			return rc;
@@ -536,8 +546,8 @@ int hg_sim_add_job(struct hg_sim *s, const struct hg_sim_job_config *jc)
 		mac[3] = (uint8_t)j;
 		mac[4] = (uint8_t)(w >> 8);
 		mac[5] = (uint8_t)w;
-		sw->nport = add_port(s, mac, worker_ip(j, w), s->cfg.link_gbps, true,
-				     s->cfg.worker_tx_ring);
+		sw->nport = add_port(s, mac, worker_ip(j, w), s->cfg.link_gbps,
+				     true, s->cfg.worker_tx_ring);
 		if (!sw->nport)
 			break;
 		sw->inner = hg_nic_port_get(sw->nport);
@@ -555,9 +565,10 @@ int hg_sim_add_job(struct hg_sim *s, const struct hg_sim_job_config *jc)
 			cc.agg_workers = leaf_first(s, job->workers, l + 1) -
 					 leaf_first(s, job->workers, l);
 			cc.group_ipv4 = ej.group_ipv4 ? GROUP_BASE + (uint32_t)j +
-							(l << 8) : 0;
-			if (cc.auth && leaf_auth(jc->secret, job->id, l,
-						 cc.secret, NULL))
+								(l << 8) :
+							0;
+			if (cc.auth &&
+			    leaf_auth(jc->secret, job->id, l, cc.secret, NULL))
 				break;
 		}
 		sw->client = hg_client_create(&cc);
@@ -620,9 +631,8 @@ int hg_sim_job_wire(const struct hg_sim *s, int job, uint32_t *job_id,
 	return 0;
 }
 
-int hg_sim_start(struct hg_sim *s, int job, int method,
-		 const struct hg_params *p, const float *const *x, size_t n,
-		 float *const *y)
+int hg_sim_start(struct hg_sim *s, int job, int method, const struct hg_params *p,
+		 const float *const *x, size_t n, float *const *y)
 {
 	struct sim_job *jb = get_job(s, job);
 	int rc;
@@ -699,8 +709,9 @@ static void restart_due(struct hg_sim *s, uint32_t k)
 	for (int j = 0; j < s->njobs; j++) {
 		if (hg_engine_job_config(ag->engine, s->jobs[j].id, &ec))
 			continue;
-		ec.incarnation = ag->restart_incarnation ? ag->restart_incarnation
-							 : ec.incarnation + 1;
+		ec.incarnation = ag->restart_incarnation ?
+					 ag->restart_incarnation :
+					 ec.incarnation + 1;
 		if (!ec.incarnation)
 			ec.incarnation = 1;
 		ag->incarnation = ec.incarnation;
@@ -715,13 +726,15 @@ static bool rx_pending(const struct hg_sim *s)
 	uint64_t now = hg_nic_now(s->fab);
 
 	for (uint32_t k = 0; k < s->naggs; k++)
-		if (now < s->agg[k].dead_at && hg_nic_port_rx_pending(s->agg[k].port))
+		if (now < s->agg[k].dead_at &&
+		    hg_nic_port_rx_pending(s->agg[k].port))
 			return true;
 	for (int j = 0; j < s->njobs; j++)
 		for (uint32_t w = 0; w < s->jobs[j].workers; w++) {
 			const struct sim_worker *sw = &s->jobs[j].w[w];
 
-			if (sw->active && !sw->pending && hg_nic_port_rx_pending(sw->nport))
+			if (sw->active && !sw->pending &&
+			    hg_nic_port_rx_pending(sw->nport))
 				return true;
 		}
 	return false;
@@ -750,7 +763,8 @@ static void drain_dead(struct hg_sim *s)
 
 			if (!sw->dead)
 				continue;
-			while ((nb = sw->inner->ops->rx_burst(sw->inner->ctx, pk, 32)))
+			while ((nb = sw->inner->ops->rx_burst(sw->inner->ctx,
+							      pk, 32)))
 				sw->inner->ops->free_bulk(sw->inner->ctx, pk, nb);
 		}
 }
@@ -800,8 +814,9 @@ int hg_sim_run(struct hg_sim *s, uint64_t max_ns)
 						continue;
 					}
 					sw->pending = false;
-					rc = hg_client_start(sw->client, &sw->p, sw->method,
-							     sw->x, sw->n, sw->y);
+					rc = hg_client_start(sw->client, &sw->p,
+							     sw->method, sw->x,
+							     sw->n, sw->y);
 					if (rc != 0) {
 						sw->active = false;
 						sw->status = rc;
@@ -846,7 +861,8 @@ int hg_sim_run(struct hg_sim *s, uint64_t max_ns)
 		if (has_nic && nic_t < t)
 			t = nic_t;
 		if (t <= now)
-			t = has_nic ? nic_t : now + 1000; /* a refused frame: retry later */
+			t = has_nic ? nic_t :
+				      now + 1000; /* a refused frame: retry later */
 		if (t > end) {
 			if (end > now)
 				hg_nic_advance_to(s->fab, end);
@@ -877,8 +893,7 @@ int hg_sim_worker_status(const struct hg_sim *s, int job, uint32_t worker)
 	return sw ? sw->status : -EINVAL;
 }
 
-const char *hg_sim_worker_error(const struct hg_sim *s, int job,
-				uint32_t worker)
+const char *hg_sim_worker_error(const struct hg_sim *s, int job, uint32_t worker)
 {
 	const struct sim_worker *sw = get_worker(s, job, worker);
 
@@ -921,7 +936,8 @@ int hg_sim_inject(struct hg_sim *s, const uint8_t *frame, size_t len)
 	if (!s || !frame || len == 0 || len > (size_t)s->mtu + 14)
 		return -EINVAL;
 	l = (uint16_t)len;
-	return hg_nic_port_send_frames(s->attacker, frame, &l, 1) == 1 ? 0 : -ENOSPC;
+	return hg_nic_port_send_frames(s->attacker, frame, &l, 1) == 1 ? 0 :
+									 -ENOSPC;
 }
 
 int hg_sim_build_frame(const struct hg_sim *s, const struct hg_hdr *h,
@@ -933,8 +949,8 @@ int hg_sim_build_frame(const struct hg_sim *s, const struct hg_hdr *h,
 
 	if (!s || !h)
 		return -EINVAL;
-	return hg_wire_build_mac(frame, cap, &src, &dst, h, payload, payload_len,
-				 0, m);
+	return hg_wire_build_mac(frame, cap, &src, &dst, h, payload,
+				 payload_len, 0, m);
 }
 
 int hg_sim_kill_aggregator(struct hg_sim *s, uint32_t k, uint64_t after_ns)
@@ -946,7 +962,8 @@ int hg_sim_kill_aggregator(struct hg_sim *s, uint32_t k, uint64_t after_ns)
 	if (k >= s->naggs)
 		return -ENOENT;
 	now = hg_nic_now(s->fab);
-	s->agg[k].dead_at = UINT64_MAX - now > after_ns ? now + after_ns : UINT64_MAX - 1;
+	s->agg[k].dead_at = UINT64_MAX - now > after_ns ? now + after_ns :
+							  UINT64_MAX - 1;
 	return 0;
 }
 

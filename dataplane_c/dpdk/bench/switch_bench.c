@@ -71,25 +71,25 @@ struct bench {
 	bool json;
 	bool auth;
 	uint8_t secret[HG_AUTH_SECRET_LEN];
-	struct hg_mac_key *keys;  /* auth: one per worker */
-	uint64_t *ctr;            /* auth: each worker's MAC counter */
-	uint32_t mac;             /* auth: HG_MAC_* */
+	struct hg_mac_key *keys; /* auth: one per worker */
+	uint64_t *ctr;           /* auth: each worker's MAC counter */
+	uint32_t mac;            /* auth: HG_MAC_* */
 	struct rte_mempool *pool;
 	struct rte_ring *to_engine, *from_engine;
 	uint16_t port_id;
 	struct hg_dpdk_port *dport;
 	struct hg_port port;
 	struct hg_engine *eng;
-	uint8_t *tmpl;           /* workers frames of flen bytes */
+	uint8_t *tmpl; /* workers frames of flen bytes */
 	uint16_t flen;
 	volatile bool stop;
-	volatile int mode;       /* enum lcore_mode, set by the main lcore */
-	uint16_t burst;          /* frames per poll, the engine's */
-	uint64_t polls, empty_polls;  /* written by the engine lcore only */
-	uint64_t busy_tsc;       /* cycles spent in polls that received frames */
-	uint64_t poll_cap;       /* longest credible poll, cycles */
-	uint64_t preempted;      /* polls longer than that */
-	uint64_t gen_full;       /* generator found the rx ring full */
+	volatile int mode; /* enum lcore_mode, set by the main lcore */
+	uint16_t burst;    /* frames per poll, the engine's */
+	uint64_t polls, empty_polls; /* written by the engine lcore only */
+	uint64_t busy_tsc;  /* cycles spent in polls that received frames */
+	uint64_t poll_cap;  /* longest credible poll, cycles */
+	uint64_t preempted; /* polls longer than that */
+	uint64_t gen_full;  /* generator found the rx ring full */
 	uint64_t results;
 	uint64_t alloc_fail;     /* generator found the pool empty */
 	uint64_t pull_tsc;       /* MODE_PULL: busy cycles, as busy_tsc */
@@ -105,8 +105,8 @@ struct bench {
  * the engine's cost, so such a poll counts poll_cap cycles.  The clock read
  * costs ~20 ns per poll of up to 32 frames.
  */
-static inline void add_busy(const struct bench *b, uint64_t t0,
-			    uint64_t *busy, uint64_t *preempted)
+static inline void add_busy(const struct bench *b, uint64_t t0, uint64_t *busy,
+			    uint64_t *preempted)
 {
 	uint64_t d = rte_rdtsc() - t0;
 
@@ -176,7 +176,8 @@ static int engine_loop(void *arg)
 static int build_templates(struct bench *b)
 {
 	struct hg_wire_addr src, dst = { .mac = { 0x02, 0, 0, 0, 0, 1 },
-					 .ipv4 = 0x0A000001, .port = HG_UDP_PORT };
+					 .ipv4 = 0x0A000001,
+					 .port = HG_UDP_PORT };
 	uint8_t *payload = malloc(b->payload);
 	unsigned int w, i;
 	int len = 0;
@@ -192,17 +193,22 @@ static int build_templates(struct bench *b)
 	}
 	for (w = 0; w < b->workers; w++) {
 		struct hg_hdr h = {
-			.version = HG_PROTOCOL_VERSION, .op = HG_OP_SUM32,
-			.job = 1, .token = 0xBEEF, .worker = (uint16_t)w,
-			.lanes = (uint16_t)(b->payload / 4), .incarnation = 1,
+			.version = HG_PROTOCOL_VERSION,
+			.op = HG_OP_SUM32,
+			.job = 1,
+			.token = 0xBEEF,
+			.worker = (uint16_t)w,
+			.lanes = (uint16_t)(b->payload / 4),
+			.incarnation = 1,
 		};
 		src = (struct hg_wire_addr){ .mac = { 0x02, 0, 0, 0, 1, (uint8_t)w },
-					     .ipv4 = 0x0A000100 + w, .port = 40000 };
+					     .ipv4 = 0x0A000100 + w,
+					     .port = 40000 };
 		for (i = 0; i < b->payload; i++)
 			payload[i] = (uint8_t)(i * 7 + w);
 		len = hg_wire_build_keyed(b->tmpl + (size_t)w * b->flen, b->flen,
-					  &src, &dst, &h, payload, b->payload, 0,
-					  b->auth ? &b->keys[w] : NULL,
+					  &src, &dst, &h, payload, b->payload,
+					  0, b->auth ? &b->keys[w] : NULL,
 					  HG_AUTH_DIR_REQUEST, 0);
 		if (len != b->flen) {
 			free(payload);
@@ -230,7 +236,7 @@ static uint64_t generate(struct bench *b, uint64_t until_tsc, bool share_lcore,
 			b->results += n;
 		}
 		if (share_lcore)
-			serve(b);   /* the engine's share of this lcore */
+			serve(b); /* the engine's share of this lcore */
 		if (rte_ring_free_count(b->to_engine) < GEN_BURST) {
 			b->gen_full++;
 			continue;
@@ -246,10 +252,10 @@ static uint64_t generate(struct bench *b, uint64_t until_tsc, bool share_lcore,
 
 			rte_memcpy(f, b->tmpl + (size_t)*worker * b->flen, b->flen);
 			hg_wr16(h + 2, (((s / b->slots) & 1) ? HG_FLAG_SHADOW : 0) |
-				     (b->auth ? HG_FLAG_AUTH : 0));
+					       (b->auth ? HG_FLAG_AUTH : 0));
 			hg_wr16(h + 14, (uint16_t)(s % b->slots));
 			hg_st_be32(h + 16, s);
-			if (b->auth) {  /* what a worker computes per frame */
+			if (b->auth) { /* what a worker computes per frame */
 				uint64_t ctr = ++b->ctr[*worker];
 
 				hg_st_be32(h + 28, (uint32_t)ctr);
@@ -265,8 +271,9 @@ static uint64_t generate(struct bench *b, uint64_t until_tsc, bool share_lcore,
 				++*seq;
 			}
 		}
-		n = rte_ring_enqueue_burst(b->to_engine, (void **)m, GEN_BURST, NULL);
-		if (n < GEN_BURST)   /* cannot happen with one producer; be safe */
+		n = rte_ring_enqueue_burst(b->to_engine, (void **)m, GEN_BURST,
+					   NULL);
+		if (n < GEN_BURST) /* cannot happen with one producer; be safe */
 			rte_pktmbuf_free_bulk(m + n, GEN_BURST - n);
 		sent += n;
 	}
@@ -298,10 +305,10 @@ static int check_fanout(struct bench *b)
 	if (n != 8 || rte_mbuf_refcnt_read(sm) != 9)
 		rc = -EPROTO;
 	for (i = 0; i < n; i++)
-		out[i]->data[0] = (uint8_t)(0xA0 + i);   /* per-clone header */
+		out[i]->data[0] = (uint8_t)(0xA0 + i); /* per-clone header */
 	if (hg_port_tx(&b->port, out, n) != n)
 		rc = -EPROTO;
-	hg_port_free(&b->port, &src, 1);   /* the clones keep the payload */
+	hg_port_free(&b->port, &src, 1); /* the clones keep the payload */
 	if (rte_ring_dequeue_bulk(b->from_engine, got, n, NULL) != n)
 		return -EPROTO;
 	for (i = 0; i < n; i++) {
@@ -368,7 +375,8 @@ static int parse(int argc, char **argv, struct bench *b)
 			} else if (!strcmp(optarg, "blake2b")) {
 				b->mac = HG_MAC_BLAKE2B;
 			} else {
-				fprintf(stderr, "--mac: aes-gmac or blake2b, not %s\n",
+				fprintf(stderr,
+					"--mac: aes-gmac or blake2b, not %s\n",
 					optarg);
 				return -EINVAL;
 			}
@@ -379,12 +387,12 @@ static int parse(int argc, char **argv, struct bench *b)
 		}
 	}
 	if (b->workers < 1 || b->workers > HG_MAX_WORKERS || b->slots < 1 ||
-	    b->slots > HG_ENGINE_MAX_SLOTS || b->payload < 4 || b->payload % 4 ||
-	    b->payload > HG_MAX_PAYLOAD || !(b->seconds > 0)) {
-		fprintf(stderr, "bad arguments: --workers 1..%d, --slots 1..%d, "
+	    b->slots > HG_ENGINE_MAX_SLOTS || b->payload < 4 ||
+	    b->payload % 4 || b->payload > HG_MAX_PAYLOAD || !(b->seconds > 0)) {
+		fprintf(stderr,
+			"bad arguments: --workers 1..%d, --slots 1..%d, "
 			"--payload a multiple of 4 in 4..%d, --seconds > 0\n",
-			HG_MAX_WORKERS, HG_ENGINE_MAX_SLOTS,
-			HG_MAX_PAYLOAD);
+			HG_MAX_WORKERS, HG_ENGINE_MAX_SLOTS, HG_MAX_PAYLOAD);
 		return -EINVAL;
 	}
 	return 0;
@@ -413,15 +421,17 @@ int main(int argc, char **argv)
 		goto fail;
 	/* one frame per mbuf, as in the daemon (a jumbo payload: 9216-byte
 	 * data rooms); fewer mbufs for big frames keep the pool in -m 256 */
-	b->pool = hg_dpdk_pool_create("bench_pool", b->payload > 1400 ? 8191 : 16383,
-				      (uint16_t)RTE_MAX((unsigned int)RTE_MBUF_DEFAULT_DATAROOM,
-							RTE_ALIGN_CEIL(HG_ETH_IP_UDP_LEN +
-								       HG_HDR_LEN + b->payload + 128,
-								       1024)),
-				      (int)rte_socket_id());
+	b->pool = hg_dpdk_pool_create(
+		"bench_pool", b->payload > 1400 ? 8191 : 16383,
+		(uint16_t)RTE_MAX((unsigned int)RTE_MBUF_DEFAULT_DATAROOM,
+				  RTE_ALIGN_CEIL(HG_ETH_IP_UDP_LEN + HG_HDR_LEN +
+							 b->payload + 128,
+						 1024)),
+		(int)rte_socket_id());
 	b->to_engine = rte_ring_create("bench_rx", RING_SIZE, (int)rte_socket_id(),
 				       RING_F_SP_ENQ | RING_F_SC_DEQ);
-	b->from_engine = rte_ring_create("bench_tx", RING_SIZE, (int)rte_socket_id(),
+	b->from_engine = rte_ring_create("bench_tx", RING_SIZE,
+					 (int)rte_socket_id(),
 					 RING_F_SP_ENQ | RING_F_SC_DEQ);
 	if (!b->pool || !b->to_engine || !b->from_engine) {
 		fprintf(stderr, "pool/rings: %s\n", rte_strerror(rte_errno));
@@ -430,7 +440,8 @@ int main(int argc, char **argv)
 	rc = rte_eth_from_rings("net_ring_bench", &b->to_engine, 1,
 				&b->from_engine, 1, rte_socket_id());
 	if (rc < 0) {
-		fprintf(stderr, "rte_eth_from_rings: %s\n", rte_strerror(rte_errno));
+		fprintf(stderr, "rte_eth_from_rings: %s\n",
+			rte_strerror(rte_errno));
 		goto fail;
 	}
 	b->port_id = (uint16_t)rc;
@@ -439,16 +450,20 @@ int main(int argc, char **argv)
 
 		memset(&conf, 0, sizeof(conf));
 		if (rte_eth_dev_configure(b->port_id, 1, 1, &conf) < 0 ||
-		    rte_eth_rx_queue_setup(b->port_id, 0, RING_SIZE, 0, NULL, b->pool) < 0 ||
+		    rte_eth_rx_queue_setup(b->port_id, 0, RING_SIZE, 0, NULL,
+					   b->pool) < 0 ||
 		    rte_eth_tx_queue_setup(b->port_id, 0, RING_SIZE, 0, NULL) < 0 ||
 		    rte_eth_dev_start(b->port_id) < 0) {
 			fprintf(stderr, "port setup failed\n");
 			goto fail;
 		}
 	}
-	b->dport = hg_dpdk_port_create(&(struct hg_dpdk_port_conf){
-		.port_id = b->port_id, .pool = b->pool, .ipv4 = 0x0A000001,
-		.udp_port = HG_UDP_PORT, .can_replicate = true });
+	b->dport = hg_dpdk_port_create(
+		&(struct hg_dpdk_port_conf){ .port_id = b->port_id,
+					     .pool = b->pool,
+					     .ipv4 = 0x0A000001,
+					     .udp_port = HG_UDP_PORT,
+					     .can_replicate = true });
 	if (!b->dport)
 		goto fail;
 	b->port = hg_dpdk_port_ops(b->dport);
@@ -458,10 +473,14 @@ int main(int argc, char **argv)
 	b->eng = hg_engine_create(&ec);
 	if (!b->eng)
 		goto fail;
-	jc = (struct hg_job_config){ .job = 1, .token = 0xBEEF,
-		.workers = b->workers, .slots = b->slots,
-		.payload_bytes = b->payload, .group_ipv4 = 0xEF010101,
-		.incarnation = 1, .auth = b->auth };
+	jc = (struct hg_job_config){ .job = 1,
+				     .token = 0xBEEF,
+				     .workers = b->workers,
+				     .slots = b->slots,
+				     .payload_bytes = b->payload,
+				     .group_ipv4 = 0xEF010101,
+				     .incarnation = 1,
+				     .auth = b->auth };
 	if (b->auth) {
 		if (sodium_init() < 0)
 			goto fail;
@@ -471,15 +490,15 @@ int main(int argc, char **argv)
 			fprintf(stderr, "HOMAGG_MAC_ISA=%s: %s\n",
 				getenv("HOMAGG_MAC_ISA"),
 				hg_mac_isa() == -EINVAL ?
-				"names no MAC path: set it to portable, "
-				"pclmul, avx2 or avx512, or unset it" :
-				"this CPU lacks that path: force a lower one "
-				"or unset it");
+					"names no MAC path: set it to portable, "
+					"pclmul, avx2 or avx512, or unset it" :
+					"this CPU lacks that path: force a lower one "
+					"or unset it");
 			goto fail;
 		}
 		if (!hg_auth_mac_available(b->mac)) {
 			fprintf(stderr, "--mac aes-gmac: this CPU lacks AES-NI or "
-				"PCLMULQDQ; use --mac blake2b\n");
+					"PCLMULQDQ; use --mac blake2b\n");
 			goto fail;
 		}
 		jc.mac = b->mac;
@@ -514,7 +533,7 @@ int main(int argc, char **argv)
 		goto fail;
 	}
 
-	b->poll_cap = rte_get_tsc_hz() / 20000;   /* 50 us */
+	b->poll_cap = rte_get_tsc_hz() / 20000; /* 50 us */
 	engine_lcore = rte_get_next_lcore(rte_lcore_id(), 1, 0);
 	share = engine_lcore >= RTE_MAX_LCORE;
 	if (!share && rte_eal_remote_launch(engine_loop, b, engine_lcore) != 0)
@@ -543,10 +562,14 @@ int main(int argc, char **argv)
 	/* the engine lcore's capacity: every frame it received (warm-up
 	 * included) over the cycles of the polls that received frames */
 	busy_frac = (double)b->busy_tsc / (double)(t1 - t_start);
-	engine_mpps = b->busy_tsc ? (double)c1[HG_CNT_RECEIVED] /
-		      ((double)b->busy_tsc / (double)hz) / 1e6 : 0.0;
-	pull_mpps = b->pull_tsc ? (double)b->pulled /
-		    ((double)b->pull_tsc / (double)hz) / 1e6 : 0.0;
+	engine_mpps = b->busy_tsc ?
+			      (double)c1[HG_CNT_RECEIVED] /
+				      ((double)b->busy_tsc / (double)hz) / 1e6 :
+			      0.0;
+	pull_mpps = b->pull_tsc ?
+			    (double)b->pulled /
+				    ((double)b->pull_tsc / (double)hz) / 1e6 :
+			    0.0;
 	if (b->json)
 		printf("{\"workers\":%u,\"mpps\":%.3f,\"engine_mpps\":%.3f,"
 		       "\"gbps\":%.2f,\"payload_gbps\":%.2f,"
@@ -555,7 +578,8 @@ int main(int argc, char **argv)
 		       "\"received\":%" PRIu64 ",\"summed\":%" PRIu64
 		       ",\"completed\":%" PRIu64 ",\"drops\":%" PRIu64
 		       ",\"engine_busy\":%.4f,\"generator_blocked\":%" PRIu64
-		       ",\"generator_no_mbuf\":%" PRIu64 ",\"preempted_polls\":%" PRIu64
+		       ",\"generator_no_mbuf\":%" PRIu64
+		       ",\"preempted_polls\":%" PRIu64
 		       ",\"pull_mpps\":%.3f,\"pull_payload_gbps\":%.2f"
 		       ",\"engine_vs_pull\":%.3f,\"pulled\":%" PRIu64
 		       ",\"auth\":%s,\"mac\":\"%s\",\"mac_isa\":\"%s\""
@@ -563,9 +587,9 @@ int main(int argc, char **argv)
 		       b->workers, mpps, engine_mpps,
 		       mpps * 1e6 * b->flen * 8 / 1e9,
 		       mpps * 1e6 * b->payload * 8 / 1e9,
-		       engine_mpps * 1e6 * b->payload * 8 / 1e9, b->payload, b->flen,
-		       b->slots, (double)(t1 - t0) / (double)hz, share ? 1u : 2u,
-		       hg_isa_name(hg_isa_best()),
+		       engine_mpps * 1e6 * b->payload * 8 / 1e9, b->payload,
+		       b->flen, b->slots, (double)(t1 - t0) / (double)hz,
+		       share ? 1u : 2u, hg_isa_name(hg_isa_best()),
 		       c1[HG_CNT_RECEIVED] - c0[HG_CNT_RECEIVED],
 		       c1[HG_CNT_SUMMED] - c0[HG_CNT_SUMMED],
 		       c1[HG_CNT_COMPLETED] - c0[HG_CNT_COMPLETED], drops,
@@ -573,21 +597,23 @@ int main(int argc, char **argv)
 		       pull_mpps, pull_mpps * 1e6 * b->payload * 8 / 1e9,
 		       pull_mpps > 0 ? engine_mpps / pull_mpps : 0.0, b->pulled,
 		       b->auth ? "true" : "false",
-		       !b->auth ? "none" : b->mac == HG_MAC_AES_GMAC ? "aes-gmac"
-		       : "blake2b",
+		       !b->auth                  ? "none" :
+		       b->mac == HG_MAC_AES_GMAC ? "aes-gmac" :
+						   "blake2b",
 		       b->auth && b->mac == HG_MAC_AES_GMAC ?
-		       hg_mac_isa_name(hg_mac_isa()) : "none");
+			       hg_mac_isa_name(hg_mac_isa()) :
+			       "none");
 	else
 		printf("W=%u payload=%u: %.3f Mpps end to end (%.2f Gbit/s of "
 		       "%u-byte frames, %.2f Gbit/s of payload, %s), engine lcore "
 		       "capacity %.3f Mpps (%.2f Gbit/s of payload) = %.2f of an "
 		       "lcore that only pulls the frames (%.3f Mpps), %" PRIu64
-		       " drops\n", b->workers, b->payload, mpps,
-		       mpps * 1e6 * b->flen * 8 / 1e9, b->flen,
-		       mpps * 1e6 * b->payload * 8 / 1e9,
+		       " drops\n",
+		       b->workers, b->payload, mpps, mpps * 1e6 * b->flen * 8 / 1e9,
+		       b->flen, mpps * 1e6 * b->payload * 8 / 1e9,
 		       share ? "generator and engine on one lcore" :
-		       "generator and engine on two lcores", engine_mpps,
-		       engine_mpps * 1e6 * b->payload * 8 / 1e9,
+			       "generator and engine on two lcores",
+		       engine_mpps, engine_mpps * 1e6 * b->payload * 8 / 1e9,
 		       pull_mpps > 0 ? engine_mpps / pull_mpps : 0.0, pull_mpps,
 		       drops);
 	ret = drops ? 2 : 0;

@@ -100,8 +100,7 @@ void hg_auth_nonce(const uint8_t *hdr, uint32_t dir, uint64_t counter,
  * CPU lacks), -ENOMEM.
  */
 int hg_auth_mac(uint32_t alg, const uint8_t *key, uint32_t dir,
-		uint64_t counter, const uint8_t *data, size_t len,
-		uint8_t *mac);
+		uint64_t counter, const uint8_t *data, size_t len, uint8_t *mac);
 
 /*
  * tag (HG_MAC_LEN bytes) = the AES-256-GCM tag under key of the 12-byte
@@ -110,8 +109,8 @@ int hg_auth_mac(uint32_t alg, const uint8_t *key, uint32_t dir,
  * known-answer tests.  0, -EINVAL (NULL; HOMAGG_MAC_ISA names no path),
  * -ENOTSUP (no AES-GMAC on this CPU or on the forced path), -ENOMEM.
  */
-int hg_auth_gmac(const uint8_t *key, const uint8_t *nonce,
-		 const uint8_t *data, size_t len, uint8_t *tag);
+int hg_auth_gmac(const uint8_t *key, const uint8_t *nonce, const uint8_t *data,
+		 size_t len, uint8_t *tag);
 
 /* Does mac verify as hg_auth_mac's?  Constant-time compare. */
 bool hg_auth_verify(uint32_t alg, const uint8_t *key, uint32_t dir,

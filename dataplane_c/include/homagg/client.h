@@ -101,55 +101,56 @@ extern "C" {
 
 /* One aggregator of a job spread over several (hg_client_config.aggs). */
 struct hg_client_agg {
-	uint8_t mac[6];            /* its MAC (next hop) */
-	uint32_t ipv4;             /* its IPv4 address (host order) */
-	uint16_t udp_port;         /* its UDP port (0 = HG_UDP_PORT) */
+	uint8_t mac[6];    /* its MAC (next hop) */
+	uint32_t ipv4;     /* its IPv4 address (host order) */
+	uint16_t udp_port; /* its UDP port (0 = HG_UDP_PORT) */
 };
 
 struct hg_client_config {
-	struct hg_port *port;      /* the worker's port (not owned) */
-	uint32_t job;              /* job id */
-	uint32_t token;            /* job token */
-	uint32_t worker;           /* this worker's id, 0..workers-1 */
-	uint32_t workers;          /* W */
-	uint32_t slots;            /* S: slots of the job at each aggregator = window there */
-	uint32_t payload_bytes;    /* largest payload, multiple of 4, <= HG_MAX_PAYLOAD */
-	uint8_t agg_mac[6];        /* aggregator's MAC (naggs == 0) */
-	uint32_t agg_ipv4;         /* aggregator's IPv4 address (host order) */
-	uint16_t agg_udp_port;     /* aggregator's UDP port (0 = HG_UDP_PORT) */
-	uint32_t naggs;            /* K aggregators listed in aggs; 0 = the one above */
+	struct hg_port *port; /* the worker's port (not owned) */
+	uint32_t job;         /* job id */
+	uint32_t token;       /* job token */
+	uint32_t worker;      /* this worker's id, 0..workers-1 */
+	uint32_t workers;     /* W */
+	uint32_t slots; /* S: slots of the job at each aggregator = window there */
+	uint32_t payload_bytes; /* largest payload, multiple of 4, <= HG_MAX_PAYLOAD */
+	uint8_t agg_mac[6];    /* aggregator's MAC (naggs == 0) */
+	uint32_t agg_ipv4;     /* aggregator's IPv4 address (host order) */
+	uint16_t agg_udp_port; /* aggregator's UDP port (0 = HG_UDP_PORT) */
+	uint32_t naggs; /* K aggregators listed in aggs; 0 = the one above */
 	const struct hg_client_agg *aggs; /* K entries in the job's order (index =
 				    * shard); copied by hg_client_create */
-	uint32_t group_ipv4;       /* result multicast group; 0 = unicast results */
-	uint64_t rto_ns;           /* initial retransmission timeout (no RTT sample yet) */
-	uint32_t backoff_num;      /* timeout *= backoff_num / backoff_den per retry */
-	uint32_t backoff_den;      /*   (0/0 = 2/1) */
-	uint64_t rto_max_ns;       /* upper clamp of the retransmission timeout */
-	uint64_t give_up_ns;       /* a chunk unanswered this long ends the allreduce */
-	uint64_t rto_min_ns;       /* lower clamp of the timeout computed from RTT samples
+	uint32_t group_ipv4; /* result multicast group; 0 = unicast results */
+	uint64_t rto_ns; /* initial retransmission timeout (no RTT sample yet) */
+	uint32_t backoff_num; /* timeout *= backoff_num / backoff_den per retry */
+	uint32_t backoff_den; /*   (0/0 = 2/1) */
+	uint64_t rto_max_ns;  /* upper clamp of the retransmission timeout */
+	uint64_t give_up_ns; /* a chunk unanswered this long ends the allreduce */
+	uint64_t rto_min_ns; /* lower clamp of the timeout computed from RTT samples
 				    * (0 = min(HG_CLIENT_DEFAULT_RTO_MIN_NS, rto_ns)) */
-	uint32_t incarnation;      /* this worker's life, carried by every frame;
+	uint32_t incarnation; /* this worker's life, carried by every frame;
 				    * 0 = hg_wire_incarnation_now() (a restarted
 				    * worker passes one greater than before) */
-	uint64_t start_wait_ns;    /* least wait for the first result of a step, which
+	uint64_t start_wait_ns; /* least wait for the first result of a step, which
 				    * includes the slowest peer's computing (0 = 4 rto_ns) */
-	uint32_t pipeline_groups;  /* block groups of every method but auto, the same on
+	uint32_t pipeline_groups; /* block groups of every method but auto, the same on
 				    * every worker (docs/PROTOCOL.md "Pipelined block
 				    * groups"): 0 = automatic (8 groups, each at least
 				    * four windows of dense values), 1 = no pipelining,
 				    * N = N groups */
-	uint8_t auth;              /* 1: the job authenticates every frame */
-	uint8_t secret[32];         /* auth: the job secret (HG_AUTH_SECRET_LEN) of key
+	uint8_t auth;             /* 1: the job authenticates every frame */
+	uint8_t secret[32]; /* auth: the job secret (HG_AUTH_SECRET_LEN) of key
 				    * epoch `epoch`; the client keeps only its key
 				    * and the aggregator's, and wipes this copy */
-	uint32_t mac;              /* auth: HG_MAC_* of the job, 0 = hg_auth_default_mac() */
-	uint8_t epoch;             /* auth: the key epoch of secret (0 at add_job) */
-	uint32_t agg_worker;       /* wire worker id at its aggregator (a tree leaf's
+	uint32_t mac; /* auth: HG_MAC_* of the job, 0 = hg_auth_default_mac() */
+	uint8_t epoch;        /* auth: the key epoch of secret (0 at add_job) */
+	uint32_t agg_worker;  /* wire worker id at its aggregator (a tree leaf's
 				    * index of it, docs/PROTOCOL.md "Tree"); worker
 				    * and workers above stay the codec's */
-	uint32_t agg_workers;      /* W at its aggregator; 0 = workers (and agg_worker
+	uint32_t agg_workers; /* W at its aggregator; 0 = workers (and agg_worker
 				    * = worker).  The leaf serves workers worker -
-				    * agg_worker .. + agg_workers - 1 (errors name them) */	struct hg_cost cost;       /* the job's cost model (docs/PROTOCOL.md "The cost
+				    * agg_worker .. + agg_workers - 1 (errors name them) */
+	struct hg_cost cost; /* the job's cost model (docs/PROTOCOL.md "The cost
 				    * model"), the same on every worker: used by every
 				    * allreduce whose hg_params.cost names no link rate;
 				    * its payload_bytes is always this config's */
@@ -174,20 +175,20 @@ bool hg_client_stat_per_phase(unsigned i);
 
 /* What a worker exchanged with one of its aggregators. */
 struct hg_client_agg_stats {
-	uint64_t packets_sent;     /* transmissions, retransmissions included */
+	uint64_t packets_sent; /* transmissions, retransmissions included */
 	uint64_t retransmissions;
-	uint64_t timeouts;         /* timer expiries of its chunks */
-	uint64_t spurious_timeouts;/* of which its chunk had not been lost */
-	uint64_t fast_retransmissions; /* resent on a gap or a STATUS */
+	uint64_t timeouts;          /* timer expiries of its chunks */
+	uint64_t spurious_timeouts; /* of which its chunk had not been lost */
+	uint64_t fast_retransmissions;   /* resent on a gap or a STATUS */
 	uint64_t window_retransmissions; /* resent with its stalled window */
-	uint64_t results_received; /* first copies of results */
+	uint64_t results_received;       /* first copies of results */
 	uint64_t status_received;
-	uint64_t bytes_sent;       /* HomAgg payload bytes sent to it */
-	uint64_t bytes_received;   /* result payload bytes placed from it */
-	uint64_t chunks;           /* distinct chunks assigned to it */
-	uint64_t next_seq;         /* its next sequence number (wraps at 2^32 on the wire) */
+	uint64_t bytes_sent;     /* HomAgg payload bytes sent to it */
+	uint64_t bytes_received; /* result payload bytes placed from it */
+	uint64_t chunks;         /* distinct chunks assigned to it */
+	uint64_t next_seq; /* its next sequence number (wraps at 2^32 on the wire) */
 	uint64_t srtt_ns, rttvar_ns, rto_ns, rtt_samples;
-	uint64_t rto_floor_ns;     /* the floor of rto_ns spurious timeouts taught (0: none) */
+	uint64_t rto_floor_ns; /* the floor of rto_ns spurious timeouts taught (0: none) */
 };
 
 struct hg_client;

@@ -67,15 +67,15 @@ extern "C" {
  * CPU coefficients are picoseconds.
  */
 struct hg_cost {
-	uint32_t link_mbit;     /* link rate, Mbit/s; 0 = the bytes rules */
+	uint32_t link_mbit; /* link rate, Mbit/s; 0 = the bytes rules */
 	uint32_t payload_bytes; /* payload per packet; 0 = 1024 (the client sets its own) */
-	uint32_t rtt_ns;        /* one phase round trip */
-	uint32_t pkt_ps;        /* worker CPU per packet sent and its result received */
-	uint32_t agg_pkt_ps;    /* aggregator CPU per frame received */
-	uint32_t value_ps;      /* per dense / blocks value lane (quantise + dequantise) */
-	uint32_t lane_ps;       /* per union lane (encode + scatter) */
-	uint32_t bitmap_ps;     /* per element of a bitmap-indexed block */
-	uint32_t probe_ps;      /* per element and probe of a Bloom-indexed block */
+	uint32_t rtt_ns; /* one phase round trip */
+	uint32_t pkt_ps; /* worker CPU per packet sent and its result received */
+	uint32_t agg_pkt_ps; /* aggregator CPU per frame received */
+	uint32_t value_ps; /* per dense / blocks value lane (quantise + dequantise) */
+	uint32_t lane_ps;   /* per union lane (encode + scatter) */
+	uint32_t bitmap_ps; /* per element of a bitmap-indexed block */
+	uint32_t probe_ps;  /* per element and probe of a Bloom-indexed block */
 };
 
 /*
@@ -84,12 +84,12 @@ struct hg_cost {
  * positive value overrides it (tests use it to force peeling stalls).
  */
 struct hg_params {
-	uint32_t block;      /* quantisation block length, HG_MIN_BLOCK..HG_MAX_BLOCK, multiple of 64 */
-	uint32_t workers;    /* W, 1..HG_MAX_WORKERS */
-	uint32_t worker;     /* this worker's id, 0..W-1 (stochastic streams) */
-	uint32_t flags;      /* HG_F_STOCHASTIC: unbiased stochastic rounding */
-	uint64_t seed;       /* seed of every random stream (rounding, NC) */
-	uint32_t nc_levels;  /* natural dithering levels s; 0 = plain C_nat */
+	uint32_t block; /* quantisation block length, HG_MIN_BLOCK..HG_MAX_BLOCK, multiple of 64 */
+	uint32_t workers;   /* W, 1..HG_MAX_WORKERS */
+	uint32_t worker;    /* this worker's id, 0..W-1 (stochastic streams) */
+	uint32_t flags;     /* HG_F_STOCHASTIC: unbiased stochastic rounding */
+	uint64_t seed;      /* seed of every random stream (rounding, NC) */
+	uint32_t nc_levels; /* natural dithering levels s; 0 = plain C_nat */
 	float sketch_cells_per_candidate; /* 0 = default sizing */
 	struct hg_cost cost; /* the job's cost model; all 0 = the bytes rules */
 };
@@ -152,8 +152,8 @@ int hg_quantize(const struct hg_params *p, const float *x, size_t n,
  * y = sum * 2^-s_b rounded once to float32, from the aggregated lanes laid
  * out as hg_quantize wrote them; skipped blocks decode to +0.
  */
-int hg_dequantize(const struct hg_params *p, const uint8_t *sum_be32,
-		  size_t n, const int8_t *gcodes, uint32_t qflags, float *y);
+int hg_dequantize(const struct hg_params *p, const uint8_t *sum_be32, size_t n,
+		  const int8_t *gcodes, uint32_t qflags, float *y);
 
 /* Per-block count of non-zero elements, one big-endian int32 lane per block. */
 int hg_nnz_counts(const struct hg_params *p, const float *x, size_t n,
@@ -185,9 +185,9 @@ void hg_scan_destroy(struct hg_scan *s);
  * *bad_index, which may be NULL); -EINVAL / -ERANGE (parameters); -ENOMEM.
  * A failed scan leaves s unusable until the next successful one.
  */
-int hg_scan_encode(struct hg_scan *s, const struct hg_params *p,
-		   const float *x, size_t n, int8_t *codes,
-		   uint8_t *counts_be32, size_t *bad_index);
+int hg_scan_encode(struct hg_scan *s, const struct hg_params *p, const float *x,
+		   size_t n, int8_t *codes, uint8_t *counts_be32,
+		   size_t *bad_index);
 
 /* Non-zero elements of the last successful scan. */
 size_t hg_scan_nonzeros(const struct hg_scan *s);
@@ -248,8 +248,7 @@ int hg_lhc_fallback_encode(const struct hg_lhc *l, const float *x,
 			   uint8_t *out_be32);
 
 /* Final result: every element of y (n floats), bit-exact. */
-int hg_lhc_decode(const struct hg_lhc *l, const uint8_t *gfallback_be32,
-		  float *y);
+int hg_lhc_decode(const struct hg_lhc *l, const uint8_t *gfallback_be32, float *y);
 
 /* ---- union: the candidates' values (docs/PROTOCOL.md "union") -------- */
 
@@ -276,8 +275,7 @@ int hg_union_encode(const struct hg_lhc *l, const struct hg_scan *s,
  * (n floats) written once, +0 at non-candidates.  Any summed values decode
  * (to some float32).  Returns 0 or -EINVAL.
  */
-int hg_union_decode(const struct hg_lhc *l, const uint8_t *gvals_be32,
-		    float *y);
+int hg_union_decode(const struct hg_lhc *l, const uint8_t *gvals_be32, float *y);
 
 /*
  * auto, decided on exact byte counts (docs/PROTOCOL.md "auto's rule").

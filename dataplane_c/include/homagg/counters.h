@@ -57,7 +57,7 @@ enum hg_counter {
 #define HG_CNT_ENUM_(name, str, doc) HG_CNT_##name,
 	HG_FOREACH_COUNTER(HG_CNT_ENUM_)
 #undef HG_CNT_ENUM_
-	HG_CNT__COUNT
+		HG_CNT__COUNT
 };
 
 /*
@@ -78,7 +78,7 @@ enum hg_worker_counter {
 #define HG_WCNT_ENUM_(name, str, doc) HG_WCNT_##name,
 	HG_FOREACH_WORKER_COUNTER(HG_WCNT_ENUM_)
 #undef HG_WCNT_ENUM_
-	HG_WCNT__COUNT
+		HG_WCNT__COUNT
 };
 
 #endif /* HOMAGG_COUNTERS_H */

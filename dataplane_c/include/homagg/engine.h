@@ -73,41 +73,41 @@ struct hg_port;
 struct hg_engine;
 
 struct hg_engine_config {
-	struct hg_port *port;  /* receives from and transmits to; not owned */
-	uint32_t max_jobs;     /* 1..HG_ENGINE_MAX_JOBS */
-	uint16_t udp_port;     /* UDP port accepted and sent from; 0 = HG_UDP_PORT */
-	uint16_t burst;        /* rx burst of hg_engine_poll, 1..HG_ENGINE_MAX_BURST */
-	uint32_t flags;        /* HG_ENGINE_F_* */
-	enum hg_isa isa;       /* kernels to use (tests force one) */
+	struct hg_port *port; /* receives from and transmits to; not owned */
+	uint32_t max_jobs;    /* 1..HG_ENGINE_MAX_JOBS */
+	uint16_t udp_port; /* UDP port accepted and sent from; 0 = HG_UDP_PORT */
+	uint16_t burst; /* rx burst of hg_engine_poll, 1..HG_ENGINE_MAX_BURST */
+	uint32_t flags; /* HG_ENGINE_F_* */
+	enum hg_isa isa; /* kernels to use (tests force one) */
 };
 
 struct hg_job_config {
-	uint32_t job;            /* job id */
-	uint32_t token;          /* job selector (its secret only without auth) */
-	uint32_t workers;        /* W, 1..HG_MAX_WORKERS */
-	uint32_t slots;          /* S, 1..HG_ENGINE_MAX_SLOTS */
-	uint32_t payload_bytes;  /* largest result payload, 4..HG_MAX_PAYLOAD */
-	uint32_t group_ipv4;     /* multicast group (host order), 0 = none */
-	uint8_t shard;           /* this aggregator's index k among the job's K */
-	uint32_t incarnation;    /* the job's incarnation in replies;
+	uint32_t job;     /* job id */
+	uint32_t token;   /* job selector (its secret only without auth) */
+	uint32_t workers; /* W, 1..HG_MAX_WORKERS */
+	uint32_t slots;   /* S, 1..HG_ENGINE_MAX_SLOTS */
+	uint32_t payload_bytes; /* largest result payload, 4..HG_MAX_PAYLOAD */
+	uint32_t group_ipv4;    /* multicast group (host order), 0 = none */
+	uint8_t shard;        /* this aggregator's index k among the job's K */
+	uint32_t incarnation; /* the job's incarnation in replies;
 				  * 0 = hg_wire_incarnation_now() */
-	uint8_t auth;            /* 1: every frame carries a MAC (homagg/auth.h) */
-	uint8_t secret[32];      /* auth: the job secret (HG_AUTH_SECRET_LEN) of key
+	uint8_t auth;         /* 1: every frame carries a MAC (homagg/auth.h) */
+	uint8_t secret[32]; /* auth: the job secret (HG_AUTH_SECRET_LEN) of key
 				  * epoch 0; the engine keeps only the keys derived
 				  * from it and wipes this copy */
-	uint32_t mac;            /* auth: HG_MAC_*, 0 = hg_auth_default_mac() */
+	uint32_t mac;       /* auth: HG_MAC_*, 0 = hg_auth_default_mac() */
 	/* Tree (docs/PROTOCOL.md "Tree"): with up = 1 this aggregator is a
 	 * leaf; a slot complete here goes up to the root as one request of
 	 * worker up_worker and its workers get the root's result. */
-	uint8_t up;              /* 1: a leaf with the parent below */
-	uint8_t up_shard;        /* the root's shard index for the job */
-	uint16_t up_worker;      /* this leaf's worker id at the root */
-	uint8_t up_mac[6];       /* the root's MAC (next hop) */
-	uint32_t up_ipv4;        /* the root's IPv4 address (host order) */
-	uint16_t up_port;        /* the root's UDP port (0 = HG_UDP_PORT) */
-	uint32_t up_group;       /* the root's result group, joined (0 = none) */
-	uint64_t up_rto_ns;      /* upward retransmission timeout (0 = 1 ms) */
-	uint64_t up_give_up_ns;  /* stop resending a set after this (0 = 10 s) */
+	uint8_t up;             /* 1: a leaf with the parent below */
+	uint8_t up_shard;       /* the root's shard index for the job */
+	uint16_t up_worker;     /* this leaf's worker id at the root */
+	uint8_t up_mac[6];      /* the root's MAC (next hop) */
+	uint32_t up_ipv4;       /* the root's IPv4 address (host order) */
+	uint16_t up_port;       /* the root's UDP port (0 = HG_UDP_PORT) */
+	uint32_t up_group;      /* the root's result group, joined (0 = none) */
+	uint64_t up_rto_ns;     /* upward retransmission timeout (0 = 1 ms) */
+	uint64_t up_give_up_ns; /* stop resending a set after this (0 = 10 s) */
 	/* A leaf of an auth job: its key as worker up_worker of the root's
 	 * job, and the root's aggregator key (HG_AUTH_KEY_LEN bytes each,
 	 * from the root job's secret; wiped like secret). */

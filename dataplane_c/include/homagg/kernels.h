@@ -54,8 +54,8 @@ int hg_op_identity(enum hg_op op, uint8_t *acc, size_t lanes);
  * acc = acc (op) in over lanes lanes; top is the NC8 shift (ignored by the
  * other ops).  Returns 0, -EINVAL (bad op, NULL), -ENOTSUP (ISA missing).
  */
-int hg_aggregate(enum hg_op op, uint8_t *acc, const uint8_t *in,
-		 size_t lanes, int top);
+int hg_aggregate(enum hg_op op, uint8_t *acc, const uint8_t *in, size_t lanes,
+		 int top);
 int hg_aggregate_isa(enum hg_isa isa, enum hg_op op, uint8_t *acc,
 		     const uint8_t *in, size_t lanes, int top);
 /* cdef-end */

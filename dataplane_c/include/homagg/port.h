@@ -28,19 +28,19 @@ extern "C" {
 
 /* cdef-begin */
 struct hg_pkt {
-	uint8_t *data;   /* Ethernet frame */
-	uint16_t len;    /* frame length in bytes */
-	uint16_t cap;    /* bytes available at data */
-	uint32_t meta;   /* backend use (e.g. arrival port) */
-	void *priv;      /* backend handle (rte_mbuf *, NIC model buffer) */
+	uint8_t *data; /* Ethernet frame */
+	uint16_t len;  /* frame length in bytes */
+	uint16_t cap;  /* bytes available at data */
+	uint32_t meta; /* backend use (e.g. arrival port) */
+	void *priv;    /* backend handle (rte_mbuf *, NIC model buffer) */
 };
 
 struct hg_port_info {
 	uint8_t mac[6];
-	uint32_t ipv4;        /* host byte order */
-	uint16_t udp_port;    /* host byte order */
-	uint16_t mtu;         /* largest IP packet */
-	bool can_replicate;   /* a frame to a multicast group reaches every member */
+	uint32_t ipv4;     /* host byte order */
+	uint16_t udp_port; /* host byte order */
+	uint16_t mtu;      /* largest IP packet */
+	bool can_replicate; /* a frame to a multicast group reaches every member */
 };
 /* cdef-end */
 

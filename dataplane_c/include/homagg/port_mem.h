@@ -25,14 +25,14 @@ extern "C" {
 struct hg_port_mem;
 
 struct hg_port_mem_config {
-	uint32_t pool;          /* packet buffers, 1..1048576 */
-	uint16_t buf_size;      /* bytes per buffer, 64..65535 */
-	bool can_replicate;     /* hg_port_info.can_replicate */
+	uint32_t pool;      /* packet buffers, 1..1048576 */
+	uint16_t buf_size;  /* bytes per buffer, 64..65535 */
+	bool can_replicate; /* hg_port_info.can_replicate */
 	uint8_t mac[6];
-	uint32_t ipv4;          /* host order */
-	uint16_t udp_port;      /* host order */
+	uint32_t ipv4;     /* host order */
+	uint16_t udp_port; /* host order */
 	uint16_t mtu;
-	uint32_t tx_limit;      /* frames tx_burst accepts in all; 0 = unlimited */
+	uint32_t tx_limit; /* frames tx_burst accepts in all; 0 = unlimited */
 };
 
 /* Defaults: pool 4096 buffers of 9216 bytes, 02:00:00:00:00:01,

@@ -31,27 +31,27 @@ extern "C" {
 
 /* cdef-begin */
 struct hg_udp_port_config {
-	uint32_t bind_ipv4;   /* host order; 0 = any address */
-	uint16_t bind_port;   /* 0 = an ephemeral port */
-	uint16_t group_port;  /* UDP port of multicast results (0 = HG_UDP_PORT) */
-	uint32_t packets;     /* packet pool size (0 = 1024) */
-	uint32_t rcvbuf;      /* socket receive buffer bytes (0 = 4 MiB) */
-	uint32_t sndbuf;      /* socket send buffer bytes (0 = 4 MiB): a window
+	uint32_t bind_ipv4; /* host order; 0 = any address */
+	uint16_t bind_port; /* 0 = an ephemeral port */
+	uint16_t group_port; /* UDP port of multicast results (0 = HG_UDP_PORT) */
+	uint32_t packets;    /* packet pool size (0 = 1024) */
+	uint32_t rcvbuf;     /* socket receive buffer bytes (0 = 4 MiB) */
+	uint32_t sndbuf;     /* socket send buffer bytes (0 = 4 MiB): a window
 			       * of frames waits there behind a shaped link */
-	uint16_t mtu;         /* MTU of the path to the aggregator, reported by
+	uint16_t mtu;        /* MTU of the path to the aggregator, reported by
 			       * get_info (0 = 1500; at most 9000) */
 };
 
 struct hg_udp_port_stats {
-	uint64_t rx;          /* datagrams received */
-	uint64_t tx;          /* datagrams sent */
-	uint64_t rx_truncated;/* datagrams larger than a packet (dropped) */
-	uint64_t tx_bad;      /* frames that were not IPv4/UDP (dropped) */
-	uint64_t tx_errors;   /* sendmmsg errors other than a full buffer */
-	uint64_t tx_too_big;  /* datagrams the kernel refused as larger than the
+	uint64_t rx;           /* datagrams received */
+	uint64_t tx;           /* datagrams sent */
+	uint64_t rx_truncated; /* datagrams larger than a packet (dropped) */
+	uint64_t tx_bad;       /* frames that were not IPv4/UDP (dropped) */
+	uint64_t tx_errors;    /* sendmmsg errors other than a full buffer */
+	uint64_t tx_too_big; /* datagrams the kernel refused as larger than the
 			       * path MTU (EMSGSIZE: the socket never fragments) */
 	uint64_t tx_too_big_bytes; /* the IPv4 length of the latest of them */
-	uint64_t waits;       /* blocking waits (ppoll) */
+	uint64_t waits;            /* blocking waits (ppoll) */
 	uint64_t wait_timeouts; /* waits that ended at their deadline, no frame */
 };
 

@@ -117,7 +117,8 @@ extern "C" {
 #define HG_METHOD_MAX_STEPS 8
 
 enum hg_op {
-#define HG_OP_ENUM_(NAME, id, code, in, acc, ident, exp_max, doc) HG_OP_##NAME = code,
+#define HG_OP_ENUM_(NAME, id, code, in, acc, ident, exp_max, doc)              \
+	HG_OP_##NAME = code,
 	HG_FOREACH_OP(HG_OP_ENUM_)
 #undef HG_OP_ENUM_
 };
@@ -126,7 +127,7 @@ enum hg_phase {
 #define HG_PH_ENUM_(NAME, name, op, doc) HG_PH_##NAME,
 	HG_FOREACH_PHASE(HG_PH_ENUM_)
 #undef HG_PH_ENUM_
-	HG_PH__COUNT
+		HG_PH__COUNT
 };
 
 enum hg_method {
@@ -138,26 +139,26 @@ enum hg_method {
 struct hg_op_info {
 	int code;
 	const char *name;
-	uint8_t in_lane;        /* bytes */
-	uint8_t acc_lane;       /* bytes */
-	uint8_t identity;       /* accumulator byte before any contribution */
-	int8_t exp_max;         /* header exp in 0..exp_max */
+	uint8_t in_lane;  /* bytes */
+	uint8_t acc_lane; /* bytes */
+	uint8_t identity; /* accumulator byte before any contribution */
+	int8_t exp_max;   /* header exp in 0..exp_max */
 	const char *doc;
 };
 
 struct hg_phase_info {
-	int index;              /* enum hg_phase */
+	int index; /* enum hg_phase */
 	const char *name;
-	int op;                 /* enum hg_op */
+	int op; /* enum hg_op */
 	const char *doc;
 };
 
 struct hg_method_info {
-	int code;               /* enum hg_method */
+	int code; /* enum hg_method */
 	const char *name;
-	uint32_t flags;         /* HG_MF_* */
+	uint32_t flags; /* HG_MF_* */
 	uint32_t nsteps;
-	uint32_t steps[HG_METHOD_MAX_STEPS];      /* phase masks (1 << enum hg_phase), nsteps used */
+	uint32_t steps[HG_METHOD_MAX_STEPS]; /* phase masks (1 << enum hg_phase), nsteps used */
 	const char *doc;
 };
 

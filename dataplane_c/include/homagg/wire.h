@@ -92,10 +92,10 @@ struct hg_wire_addr {
 
 /* How hg_wire_build_mac() authenticates a frame (homagg/auth.h). */
 struct hg_wire_mac {
-	uint32_t alg;              /* HG_MAC_* */
-	uint32_t dir;              /* HG_AUTH_DIR_* */
-	uint64_t counter;          /* the sender's MAC counter of this frame */
-	uint8_t key[32];           /* HG_AUTH_KEY_LEN */
+	uint32_t alg;     /* HG_MAC_* */
+	uint32_t dir;     /* HG_AUTH_DIR_* */
+	uint64_t counter; /* the sender's MAC counter of this frame */
+	uint8_t key[32];  /* HG_AUTH_KEY_LEN */
 };
 
 /* A validated frame: its addresses, its header in host byte order and
@@ -142,11 +142,10 @@ int hg_wire_parse(const uint8_t *frame, size_t len, uint16_t udp_port,
 int hg_wire_build(uint8_t *frame, size_t cap, const struct hg_wire_addr *src,
 		  const struct hg_wire_addr *dst, const struct hg_hdr *hdr,
 		  const uint8_t *payload, size_t payload_len, uint32_t flags);
-int hg_wire_build_mac(uint8_t *frame, size_t cap,
-		      const struct hg_wire_addr *src,
+int hg_wire_build_mac(uint8_t *frame, size_t cap, const struct hg_wire_addr *src,
 		      const struct hg_wire_addr *dst, const struct hg_hdr *hdr,
-		      const uint8_t *payload, size_t payload_len, uint32_t flags,
-		      const struct hg_wire_mac *m);
+		      const uint8_t *payload, size_t payload_len,
+		      uint32_t flags, const struct hg_wire_mac *m);
 
 /*
  * A fresh incarnation (docs/PROTOCOL.md "Incarnations"): the low 32 bits of

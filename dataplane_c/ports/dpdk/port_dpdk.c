@@ -30,10 +30,10 @@ struct hg_dpdk_port {
 	struct hg_dpdk_port_stats st;
 	struct rte_ether_addr mac;
 	uint16_t mtu;
-	uint64_t drop_threshold;   /* drop when rng() < threshold */
-	uint64_t rng;              /* xorshift64* state */
+	uint64_t drop_threshold; /* drop when rng() < threshold */
+	uint64_t rng;            /* xorshift64* state */
 	uint64_t tsc_base;
-	uint64_t ns_mult;          /* ns = (tsc * ns_mult) >> 32 */
+	uint64_t ns_mult; /* ns = (tsc * ns_mult) >> 32 */
 };
 
 static inline struct hg_pkt *mbuf_pkt(struct rte_mbuf *m)
@@ -139,7 +139,8 @@ static uint16_t dpdk_rx(void *ctx, struct hg_pkt **pkts, uint16_t n)
 	}
 	for (i = 0; i < got; i++) {
 		rte_prefetch0(rte_pktmbuf_mtod(m[i], void *));
-		rte_prefetch0(rte_pktmbuf_mtod_offset(m[i], char *, RTE_CACHE_LINE_SIZE));
+		rte_prefetch0(rte_pktmbuf_mtod_offset(m[i], char *,
+						      RTE_CACHE_LINE_SIZE));
 	}
 	for (i = 0; i < got; i++) {
 		if (p->drop_threshold && rng_next(p) < p->drop_threshold) {
@@ -198,10 +199,11 @@ static uint16_t dpdk_tx(void *ctx, struct hg_pkt **pkts, uint16_t n)
 			m[i] = pkt_sync(pkts[total + i]);
 		if (p->conf.tx_ring)
 			sent = (uint16_t)rte_ring_sp_enqueue_burst(p->conf.tx_ring,
-								   (void **)m, k, NULL);
+								   (void **)m,
+								   k, NULL);
 		else
-			sent = rte_eth_tx_burst(p->conf.port_id, p->conf.tx_queue,
-						m, k);
+			sent = rte_eth_tx_burst(p->conf.port_id,
+						p->conf.tx_queue, m, k);
 		total += sent;
 		if (sent < k)
 			break;
@@ -250,7 +252,7 @@ static void dpdk_free(void *ctx, struct hg_pkt **pkts, uint16_t n)
 		k = n < HG_DPDK_BURST_MAX ? n : HG_DPDK_BURST_MAX;
 		for (i = 0; i < k; i++)
 			m[i] = pkts[i]->priv;
-		rte_pktmbuf_free_bulk(m, k);   /* one mempool put per pool run */
+		rte_pktmbuf_free_bulk(m, k); /* one mempool put per pool run */
 		pkts += k;
 		n -= k;
 	}
@@ -322,11 +324,13 @@ struct hg_dpdk_port *hg_dpdk_port_create(const struct hg_dpdk_port_conf *c)
 	if (c->drop_rate >= 1.0)
 		p->drop_threshold = UINT64_MAX;
 	else
-		p->drop_threshold = (uint64_t)(c->drop_rate * 18446744073709551616.0);
+		p->drop_threshold = (uint64_t)(c->drop_rate *
+					       18446744073709551616.0);
 	p->rng = c->seed ? c->seed : 0x9E3779B97F4A7C15ULL;
 	hz = rte_get_tsc_hz();
 	p->tsc_base = rte_get_tsc_cycles();
-	p->ns_mult = (uint64_t)(((unsigned __int128)1000000000ULL << 32) / (hz ? hz : 1));
+	p->ns_mult = (uint64_t)(((unsigned __int128)1000000000ULL << 32) /
+				(hz ? hz : 1));
 	return p;
 }
 
@@ -364,7 +368,7 @@ uint16_t hg_dpdk_port_fanout(struct hg_dpdk_port *p, struct hg_pkt *src,
 
 		if (!h)
 			break;
-		body = rte_pktmbuf_clone(sm, p->conf.pool);  /* indirect, refcnt+1 */
+		body = rte_pktmbuf_clone(sm, p->conf.pool); /* indirect, refcnt+1 */
 		if (!body) {
 			rte_pktmbuf_free(h);
 			break;

@@ -26,16 +26,16 @@ struct rte_mempool;
 struct rte_ring;
 
 struct hg_dpdk_port_conf {
-	uint16_t port_id;       /* ethdev, configured and started by the caller */
+	uint16_t port_id; /* ethdev, configured and started by the caller */
 	uint16_t rx_queue;
 	uint16_t tx_queue;
-	struct rte_mempool *pool;  /* from hg_dpdk_pool_create() */
-	uint32_t ipv4;          /* host byte order */
-	uint16_t udp_port;      /* host byte order */
-	bool can_replicate;     /* the link replicates multicast frames */
-	double drop_rate;       /* fraction of received frames dropped, 0..1 */
-	uint64_t seed;          /* of the drop generator */
-	uint16_t mtu;           /* reported by get_info; 0 = the ethdev's */
+	struct rte_mempool *pool; /* from hg_dpdk_pool_create() */
+	uint32_t ipv4;            /* host byte order */
+	uint16_t udp_port;        /* host byte order */
+	bool can_replicate;       /* the link replicates multicast frames */
+	double drop_rate; /* fraction of received frames dropped, 0..1 */
+	uint64_t seed;    /* of the drop generator */
+	uint16_t mtu;     /* reported by get_info; 0 = the ethdev's */
 	/* Ring mode (both set): receive mbufs from rx_ring and send to
 	 * tx_ring instead of the ethdev queues, for an engine lcore fed by a
 	 * dispatcher lcore that owns the ethdev (port_id still names it:
@@ -51,10 +51,10 @@ struct hg_dpdk_port_stats {
 	uint64_t tx_refused;    /* frames the NIC refused (caller still owns) */
 	uint64_t drop_injected; /* frames dropped by drop_rate */
 	uint64_t rx_linearized; /* multi-segment frames copied into their first mbuf */
-	uint64_t drop_segmented;/* multi-segment frames too long for one mbuf, dropped */
-	uint64_t arp_replies;   /* ARP requests for our address (answered) */
-	uint64_t arp_other;     /* other ARP frames, consumed (never the engine's) */
-	uint64_t alloc_fail;    /* alloc_bulk calls the pool could not serve */
+	uint64_t drop_segmented; /* multi-segment frames too long for one mbuf, dropped */
+	uint64_t arp_replies; /* ARP requests for our address (answered) */
+	uint64_t arp_other; /* other ARP frames, consumed (never the engine's) */
+	uint64_t alloc_fail; /* alloc_bulk calls the pool could not serve */
 };
 
 /* Create the packet pool: n mbufs with room for a frame of data_room bytes

@@ -105,10 +105,14 @@ extern "C" {
 /* clang-format on */
 
 #define HG_NIC_ENUM_(name, str) HG_NIC_PC_##name,
-enum hg_nic_port_counter { HG_NIC_PORT_COUNTERS(HG_NIC_ENUM_) HG_NIC_PC__COUNT };
+enum hg_nic_port_counter {
+	HG_NIC_PORT_COUNTERS(HG_NIC_ENUM_) HG_NIC_PC__COUNT
+};
 #undef HG_NIC_ENUM_
 #define HG_NIC_ENUM_(name, str) HG_NIC_FC_##name,
-enum hg_nic_fabric_counter { HG_NIC_FABRIC_COUNTERS(HG_NIC_ENUM_) HG_NIC_FC__COUNT };
+enum hg_nic_fabric_counter {
+	HG_NIC_FABRIC_COUNTERS(HG_NIC_ENUM_) HG_NIC_FC__COUNT
+};
 #undef HG_NIC_ENUM_
 
 /* cdef-begin */
@@ -144,41 +148,41 @@ struct hg_nic_fabric_config {
 	uint16_t max_ports;     /* 0 = 64; at most HG_NIC_MAX_PORTS */
 	uint32_t trace_records; /* records kept in the trace ring (0 = none) */
 	bool trace_hash;        /* keep the running 64-bit trace hash */
-	bool no_multicast;      /* do not replicate multicast (dropped, no_route) */
-	bool no_broadcast;      /* do not flood ff:ff:ff:ff:ff:ff (no_route) */
+	bool no_multicast; /* do not replicate multicast (dropped, no_route) */
+	bool no_broadcast; /* do not flood ff:ff:ff:ff:ff:ff (no_route) */
 };
 
 struct hg_nic_port_config {
-	uint8_t mac[6];         /* unicast, unique on the fabric */
-	uint32_t ipv4;          /* host byte order (reported by get_info) */
-	uint16_t udp_port;      /* host byte order (reported by get_info) */
-	uint16_t mtu;           /* largest IP packet (0 = 1500) */
-	uint32_t rx_ring;       /* rx descriptors (0 = 1024) */
-	uint32_t tx_ring;       /* tx descriptors (0 = 1024) */
-	uint64_t rate_bps;      /* line rate of the port's link (0 = unlimited) */
+	uint8_t mac[6];    /* unicast, unique on the fabric */
+	uint32_t ipv4;     /* host byte order (reported by get_info) */
+	uint16_t udp_port; /* host byte order (reported by get_info) */
+	uint16_t mtu;      /* largest IP packet (0 = 1500) */
+	uint32_t rx_ring;  /* rx descriptors (0 = 1024) */
+	uint32_t tx_ring;  /* tx descriptors (0 = 1024) */
+	uint64_t rate_bps; /* line rate of the port's link (0 = unlimited) */
 	uint64_t prop_delay_ns; /* propagation delay, each direction of the link */
 };
 
 /* Faults of one direction of one port's link; all zero = a perfect link. */
 struct hg_nic_faults {
-	double loss;                 /* probability a frame is lost */
-	double dup;                  /* probability a frame is duplicated */
-	double corrupt;              /* probability one byte is flipped */
-	double reorder;              /* probability a frame is held back ... */
-	uint32_t reorder_max;        /* ... until 1..reorder_max later frames passed it */
+	double loss;          /* probability a frame is lost */
+	double dup;           /* probability a frame is duplicated */
+	double corrupt;       /* probability one byte is flipped */
+	double reorder;       /* probability a frame is held back ... */
+	uint32_t reorder_max; /* ... until 1..reorder_max later frames passed it */
 	uint64_t reorder_timeout_ns; /* ... or this long (0 = 100000) */
 	uint64_t delay_ns;           /* extra fixed delay */
 	uint64_t jitter_ns;          /* extra uniform delay in [0, jitter_ns] */
 };
 
 struct hg_nic_trace_rec {
-	uint64_t t_ns;  /* virtual time of the event */
-	uint64_t hash;  /* hash of the frame bytes */
-	uint16_t src;   /* sending port id */
-	uint16_t dst;   /* receiving port id (0xffff: none yet) */
-	uint16_t len;   /* frame length */
-	uint8_t kind;   /* HG_NIC_EV_* */
-	uint8_t dir;    /* HG_NIC_OUT / HG_NIC_IN for fault events */
+	uint64_t t_ns; /* virtual time of the event */
+	uint64_t hash; /* hash of the frame bytes */
+	uint16_t src;  /* sending port id */
+	uint16_t dst;  /* receiving port id (0xffff: none yet) */
+	uint16_t len;  /* frame length */
+	uint8_t kind;  /* HG_NIC_EV_* */
+	uint8_t dir;   /* HG_NIC_OUT / HG_NIC_IN for fault events */
 };
 
 /*
@@ -244,17 +248,19 @@ uint32_t hg_nic_port_rx_pending(const struct hg_nic_port *p);
 /* Counters: the number of them, their names, a snapshot (returns count). */
 unsigned hg_nic_port_counter_count(void);
 const char *hg_nic_port_counter_name(unsigned i);
-unsigned hg_nic_port_counters(const struct hg_nic_port *p, uint64_t *out, unsigned n);
+unsigned hg_nic_port_counters(const struct hg_nic_port *p, uint64_t *out,
+			      unsigned n);
 unsigned hg_nic_fabric_counter_count(void);
 const char *hg_nic_fabric_counter_name(unsigned i);
-unsigned hg_nic_fabric_counters(const struct hg_nic_fabric *f, uint64_t *out, unsigned n);
+unsigned hg_nic_fabric_counters(const struct hg_nic_fabric *f, uint64_t *out,
+				unsigned n);
 
 /* Running hash of every trace event (0 unless trace_hash), events so far. */
 uint64_t hg_nic_trace_hash(const struct hg_nic_fabric *f);
 uint64_t hg_nic_trace_count(const struct hg_nic_fabric *f);
 /* Copy the last (at most n) records of the trace ring, oldest first. */
-unsigned hg_nic_trace_copy(const struct hg_nic_fabric *f, struct hg_nic_trace_rec *out,
-			   unsigned n);
+unsigned hg_nic_trace_copy(const struct hg_nic_fabric *f,
+			   struct hg_nic_trace_rec *out, unsigned n);
 
 /*
  * Bulk helpers for tests, benchmarks and Python (not for the packet path):
@@ -275,9 +281,12 @@ uint32_t hg_nic_port_recv_frames(struct hg_nic_port *p, uint8_t *buf, size_t cap
  * engine calls them (hg_port_rx() etc. of homagg/port.h); struct hg_port is
  * opaque to Python, so tests and the Python layer use these.
  */
-uint16_t hg_nic_port_rx_burst(struct hg_nic_port *p, struct hg_pkt **pkts, uint16_t n);
-uint16_t hg_nic_port_tx_burst(struct hg_nic_port *p, struct hg_pkt **pkts, uint16_t n);
-uint16_t hg_nic_port_alloc_bulk(struct hg_nic_port *p, struct hg_pkt **pkts, uint16_t n);
+uint16_t hg_nic_port_rx_burst(struct hg_nic_port *p, struct hg_pkt **pkts,
+			      uint16_t n);
+uint16_t hg_nic_port_tx_burst(struct hg_nic_port *p, struct hg_pkt **pkts,
+			      uint16_t n);
+uint16_t hg_nic_port_alloc_bulk(struct hg_nic_port *p, struct hg_pkt **pkts,
+				uint16_t n);
 void hg_nic_port_free_bulk(struct hg_nic_port *p, struct hg_pkt **pkts, uint16_t n);
 int hg_nic_port_get_info(struct hg_nic_port *p, struct hg_port_info *info);
 uint64_t hg_nic_port_now(struct hg_nic_port *p);

@@ -3,6 +3,7 @@
 Each benchmark is a module of this package listed in BENCHMARKS, providing
 ``add_arguments(parser)`` and ``main(args) -> int``.
 """
+
 BENCHMARKS = {
     "codec": "homagg.bench.codec",
     "engine": "homagg.bench.engine",

@@ -31,6 +31,7 @@ give 2 x 2 x 2 x 4 = 32.  Outputs: a table on stderr, --json the report,
 --out DIR advise.json/.csv/.md and advise_predicted_vs_measured.png
 (predicted against measured time, log-log, the 25 % band).
 """
+
 import json
 import sys
 import time
@@ -44,34 +45,61 @@ METHODS = ("gloo", "dense", "blocks", "lhc", "union", "auto")
 def _list(conv):
     def parse(text):
         return [conv(v) for v in text.split(",") if v.strip()]
+
     return parse
 
 
 def add_arguments(parser):
-    parser.add_argument("--methods", type=_list(str), default=["gloo", "dense", "lhc", "auto"],
-                        help="comma-separated, of " + ",".join(METHODS)
-                        + " (default gloo,dense,lhc,auto)")
-    parser.add_argument("--workloads", type=_list(str), default=["shared", "zipf"],
-                        help="comma-separated, of shared,zipf,random (default shared,zipf)")
-    parser.add_argument("--densities", type=_list(float), default=[0.01, 0.1],
-                        help="comma-separated non-zero fractions (default 0.01,0.1)")
-    parser.add_argument("--link-mbit", type=_list(float), default=[100.0, 1000.0],
-                        help="comma-separated link rates, one testbed each (default 100,1000)")
+    parser.add_argument(
+        "--methods",
+        type=_list(str),
+        default=["gloo", "dense", "lhc", "auto"],
+        help="comma-separated, of " + ",".join(METHODS) + " (default gloo,dense,lhc,auto)",
+    )
+    parser.add_argument(
+        "--workloads",
+        type=_list(str),
+        default=["shared", "zipf"],
+        help="comma-separated, of shared,zipf,random (default shared,zipf)",
+    )
+    parser.add_argument(
+        "--densities",
+        type=_list(float),
+        default=[0.01, 0.1],
+        help="comma-separated non-zero fractions (default 0.01,0.1)",
+    )
+    parser.add_argument(
+        "--link-mbit",
+        type=_list(float),
+        default=[100.0, 1000.0],
+        help="comma-separated link rates, one testbed each (default 100,1000)",
+    )
     parser.add_argument("--workers", type=int, default=4, help="workers W (default 4)")
-    parser.add_argument("--elements", type=int, default=2**20,
-                        help="float32 elements per worker (default 2^20)")
+    parser.add_argument(
+        "--elements", type=int, default=2**20, help="float32 elements per worker (default 2^20)"
+    )
     parser.add_argument("--repeat", type=int, default=3, help="timed runs (default 3)")
     parser.add_argument("--warmup", type=int, default=1, help="untimed runs first (default 1)")
     parser.add_argument("--seed", type=int, default=1, help="gradient seed")
-    parser.add_argument("--timeout", type=float, default=30.0,
-                        help="give-up time of one allreduce, seconds (default 30)")
-    parser.add_argument("--testbed-name", default="benchadv",
-                        help="name of the testbed this benchmark builds and removes "
-                        "(default benchadv)")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=30.0,
+        help="give-up time of one allreduce, seconds (default 30)",
+    )
+    parser.add_argument(
+        "--testbed-name",
+        default="benchadv",
+        help="name of the testbed this benchmark builds and removes (default benchadv)",
+    )
     parser.add_argument("--state-dir", default=None, help="testbed state directory")
     parser.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
-    parser.add_argument("--out", metavar="DIR", default=None,
-                        help="write advise.json/.csv/.md and the plot into DIR")
+    parser.add_argument(
+        "--out",
+        metavar="DIR",
+        default=None,
+        help="write advise.json/.csv/.md and the plot into DIR",
+    )
 
 
 def _progress(msg):
@@ -82,12 +110,14 @@ def check(args):
     """Refuse bad lists before anything starts (one line naming the option)."""
     bad = [m for m in args.methods if m not in METHODS]
     if bad or not args.methods:
-        raise SystemExit(f"homagg bench advise: --methods {','.join(bad)}: each one of "
-                         f"{','.join(METHODS)}")
+        raise SystemExit(
+            f"homagg bench advise: --methods {','.join(bad)}: each one of {','.join(METHODS)}"
+        )
     bad = [w for w in args.workloads if w not in ("shared", "zipf", "random")]
     if bad or not args.workloads:
-        raise SystemExit(f"homagg bench advise: --workloads {','.join(bad)}: each one of "
-                         "shared,zipf,random")
+        raise SystemExit(
+            f"homagg bench advise: --workloads {','.join(bad)}: each one of shared,zipf,random"
+        )
     bad = [d for d in args.densities if not 0 < d <= 1]
     if bad or not args.densities:
         raise SystemExit(f"homagg bench advise: --densities {bad}: each in (0, 1]")
@@ -141,8 +171,9 @@ def run(args):
                 try:
                     for wl in args.workloads:
                         for d in args.densities:
-                            results += _case(args, case, tb, name, link, wl, d, gloo, no_daemon,
-                                             ar, adv)
+                            results += _case(
+                                args, case, tb, name, link, wl, d, gloo, no_daemon, ar, adv
+                            )
                 finally:
                     if gloo is not None and not isinstance(gloo, str):
                         gloo.close()
@@ -152,15 +183,26 @@ def run(args):
     finally:
         case.close()
     ok = [r for r in results if r.get("error") is not None]
-    return rep.header(benchmark="advise", link_mbit=args.link_mbit, workers=W, elements=n,
-                      repeat=args.repeat, warmup=args.warmup, seed=args.seed, target=TARGET,
-                      _extra_versions=("torch", "pyroute2"), torch_runtime=torch_version,
-                      configurations=len(results), measured=len(ok),
-                      within_target=sum(bool(r["within_target"]) for r in ok),
-                      cpu_bound=sum(bool(r["cpu_bound"]) for r in ok),
-                      within_target_not_cpu_bound=sum(bool(r["within_target"]) for r in ok
-                                                      if r["cpu_bound"] is False),
-                      results=results)
+    return rep.header(
+        benchmark="advise",
+        link_mbit=args.link_mbit,
+        workers=W,
+        elements=n,
+        repeat=args.repeat,
+        warmup=args.warmup,
+        seed=args.seed,
+        target=TARGET,
+        _extra_versions=("torch", "pyroute2"),
+        torch_runtime=torch_version,
+        configurations=len(results),
+        measured=len(ok),
+        within_target=sum(bool(r["within_target"]) for r in ok),
+        cpu_bound=sum(bool(r["cpu_bound"]) for r in ok),
+        within_target_not_cpu_bound=sum(
+            bool(r["within_target"]) for r in ok if r["cpu_bound"] is False
+        ),
+        results=results,
+    )
 
 
 def _case(args, case, tb, name, link, wl, d, gloo, no_daemon, ar, adv):
@@ -172,8 +214,14 @@ def _case(args, case, tb, name, link, wl, d, gloo, no_daemon, ar, adv):
     a = adv.advise(W, n, d, link, wl, seed=args.seed)
     rows = []
     for m in args.methods:
-        base = {"workers": W, "elements": n, "link_mbit": link, "workload": wl, "density": d,
-                "method": m}
+        base = {
+            "workers": W,
+            "elements": n,
+            "link_mbit": link,
+            "workload": wl,
+            "density": d,
+            "method": m,
+        }
         if m == "gloo":
             if isinstance(gloo, str):
                 row = {"status": gloo}
@@ -183,23 +231,39 @@ def _case(args, case, tb, name, link, wl, d, gloo, no_daemon, ar, adv):
                 except Exception as exc:
                     row = {"status": f"failed: {type(exc).__name__}: {exc}"[:500]}
         else:
-            row = ({"status": no_daemon} if no_daemon else
-                   ar.homagg_row(name, m, W, n, wl, d, link, args, shared=shared))
+            row = (
+                {"status": no_daemon}
+                if no_daemon
+                else ar.homagg_row(name, m, W, n, wl, d, link, args, shared=shared)
+            )
         p_s, binds, p_bytes = predicted(a, m)
         meas = row.get("seconds_median") if row.get("status") == "ok" else None
         err, within = compare(p_s, meas)
-        out = {**base, "predicted_s": p_s, "measured_s": meas, "error": err,
-               "within_target": within, "predicted_binds": binds,
-               "predicted_payload_bytes_per_worker": p_bytes,
-               "measured_bytes_per_worker": row.get("bytes_per_worker"),
-               "bytes_ratio": (row["bytes_per_worker"] / p_bytes
-                               if row.get("bytes_per_worker") and p_bytes else None),
-               "predicted_speedup_vs_gloo": (a["ring"]["time_s"] / p_s if m != "gloo" else 1.0),
-               "auto_choice_predicted": a["methods"]["auto"]["choice"] if m == "auto" else None,
-               "seconds_min": row.get("seconds_min"), "seconds_max": row.get("seconds_max"),
-               "exact": row.get("exact"), "cpu_bound": row.get("cpu_bound"),
-               "machine_busy": row.get("machine_busy"), "status": row.get("status"),
-               "coefficients_from": a["coefficients_from"], "rtt_ns": a["rtt_ns"]}
+        out = {
+            **base,
+            "predicted_s": p_s,
+            "measured_s": meas,
+            "error": err,
+            "within_target": within,
+            "predicted_binds": binds,
+            "predicted_payload_bytes_per_worker": p_bytes,
+            "measured_bytes_per_worker": row.get("bytes_per_worker"),
+            "bytes_ratio": (
+                row["bytes_per_worker"] / p_bytes
+                if row.get("bytes_per_worker") and p_bytes
+                else None
+            ),
+            "predicted_speedup_vs_gloo": (a["ring"]["time_s"] / p_s if m != "gloo" else 1.0),
+            "auto_choice_predicted": a["methods"]["auto"]["choice"] if m == "auto" else None,
+            "seconds_min": row.get("seconds_min"),
+            "seconds_max": row.get("seconds_max"),
+            "exact": row.get("exact"),
+            "cpu_bound": row.get("cpu_bound"),
+            "machine_busy": row.get("machine_busy"),
+            "status": row.get("status"),
+            "coefficients_from": a["coefficients_from"],
+            "rtt_ns": a["rtt_ns"],
+        }
         rows.append(out)
         _progress(line(out))
     g = next((r["measured_s"] for r in rows if r["method"] == "gloo"), None)
@@ -213,44 +277,69 @@ def _ms(v):
 
 
 def line(r):
-    head = (f"{r['link_mbit']:g} Mbit/s {r['workload']:6s} d={r['density']:<5g} "
-            f"{r['method']:6s}")
+    head = f"{r['link_mbit']:g} Mbit/s {r['workload']:6s} d={r['density']:<5g} {r['method']:6s}"
     if r["measured_s"] is None:
         return f"{head} predicted {_ms(r['predicted_s'])} ms, {r['status']}"
-    return (f"{head} predicted {_ms(r['predicted_s'])} ms, measured {_ms(r['measured_s'])} ms, "
-            f"error {r['error']:+.0%}{'' if r['within_target'] else ' (outside 25 %)'}, "
-            f"binds {r['predicted_binds']}")
+    return (
+        f"{head} predicted {_ms(r['predicted_s'])} ms, measured {_ms(r['measured_s'])} ms, "
+        f"error {r['error']:+.0%}{'' if r['within_target'] else ' (outside 25 %)'}, "
+        f"binds {r['predicted_binds']}"
+    )
 
 
 def table(report):
     """The report as text: one line per configuration and the summary."""
-    lines = [f"{'link':>6s} {'workload':8s} {'density':>7s} {'method':6s} {'pred ms':>9s} "
-             f"{'meas ms':>9s} {'error':>7s} {'pred x':>7s} {'meas x':>7s} {'bytes':>6s}  binds"]
+    lines = [
+        f"{'link':>6s} {'workload':8s} {'density':>7s} {'method':6s} {'pred ms':>9s} "
+        f"{'meas ms':>9s} {'error':>7s} {'pred x':>7s} {'meas x':>7s} {'bytes':>6s}  binds"
+    ]
     for r in report["results"]:
         err = "-" if r["error"] is None else f"{r['error']:+.0%}"
         px = f"{r['predicted_speedup_vs_gloo']:.2f}" if r["predicted_speedup_vs_gloo"] else "-"
         mx = f"{r['measured_speedup_vs_gloo']:.2f}" if r["measured_speedup_vs_gloo"] else "-"
         br = f"{r['bytes_ratio']:.3f}" if r["bytes_ratio"] else "-"
-        lines.append(f"{r['link_mbit']:6g} {r['workload']:8s} {r['density']:7g} "
-                     f"{r['method']:6s} {_ms(r['predicted_s']):>9s} {_ms(r['measured_s']):>9s} "
-                     f"{err:>7s} {px:>7s} {mx:>7s} {br:>6s}  {r['predicted_binds']}"
-                     + ("  cpu-bound" if r.get("cpu_bound") else "")
-                     + ("" if r["status"] == "ok" else f"  [{r['status']}]"))
-    lines.append(f"{report['within_target']} of {report['measured']} measured configurations "
-                 f"within {TARGET:.0%} ({report['configurations']} configurations); "
-                 f"{report['cpu_bound']} cpu-bound (the run measured the machine's CPU, not "
-                 f"the links), {report['within_target_not_cpu_bound']} within {TARGET:.0%} of "
-                 "those that were not")
-    lines.append("pred x / meas x: speedup against Gloo; bytes: the bytes the interface sent "
-                 "over the payload bytes the model expects")
+        lines.append(
+            f"{r['link_mbit']:6g} {r['workload']:8s} {r['density']:7g} "
+            f"{r['method']:6s} {_ms(r['predicted_s']):>9s} {_ms(r['measured_s']):>9s} "
+            f"{err:>7s} {px:>7s} {mx:>7s} {br:>6s}  {r['predicted_binds']}"
+            + ("  cpu-bound" if r.get("cpu_bound") else "")
+            + ("" if r["status"] == "ok" else f"  [{r['status']}]")
+        )
+    lines.append(
+        f"{report['within_target']} of {report['measured']} measured configurations "
+        f"within {TARGET:.0%} ({report['configurations']} configurations); "
+        f"{report['cpu_bound']} cpu-bound (the run measured the machine's CPU, not "
+        f"the links), {report['within_target_not_cpu_bound']} within {TARGET:.0%} of "
+        "those that were not"
+    )
+    lines.append(
+        "pred x / meas x: speedup against Gloo; bytes: the bytes the interface sent "
+        "over the payload bytes the model expects"
+    )
     return "\n".join(lines)
 
 
-MD_COLUMNS = ("link_mbit", "workload", "density", "method", "status", "predicted_s",
-              "measured_s", "error", "within_target", "predicted_speedup_vs_gloo",
-              "measured_speedup_vs_gloo", "predicted_binds", "predicted_payload_bytes_per_worker",
-              "measured_bytes_per_worker", "bytes_ratio", "auto_choice_predicted", "cpu_bound", "machine_busy",
-              "exact")
+MD_COLUMNS = (
+    "link_mbit",
+    "workload",
+    "density",
+    "method",
+    "status",
+    "predicted_s",
+    "measured_s",
+    "error",
+    "within_target",
+    "predicted_speedup_vs_gloo",
+    "measured_speedup_vs_gloo",
+    "predicted_binds",
+    "predicted_payload_bytes_per_worker",
+    "measured_bytes_per_worker",
+    "bytes_ratio",
+    "auto_choice_predicted",
+    "cpu_bound",
+    "machine_busy",
+    "exact",
+)
 
 
 def plot(report, out_dir):
@@ -268,15 +357,25 @@ def plot(report, out_dir):
         for m in METHODS:
             rs = [r for r in rows if r["link_mbit"] == rate and r["method"] == m]
             if rs:
-                ax.scatter([r["measured_s"] for r in rs], [r["predicted_s"] for r in rs],
-                           marker=markers[m], color=f"C{i}", label=f"{m}, {rate:g} Mbit/s")
+                ax.scatter(
+                    [r["measured_s"] for r in rs],
+                    [r["predicted_s"] for r in rs],
+                    marker=markers[m],
+                    color=f"C{i}",
+                    label=f"{m}, {rate:g} Mbit/s",
+                )
     if rows:
         lo = min(min(r["measured_s"], r["predicted_s"]) for r in rows) / 1.5
         hi = max(max(r["measured_s"], r["predicted_s"]) for r in rows) * 1.5
         ax.plot([lo, hi], [lo, hi], color="grey", linewidth=0.8)
-        ax.fill_between([lo, hi], [lo * (1 - TARGET), hi * (1 - TARGET)],
-                        [lo * (1 + TARGET), hi * (1 + TARGET)], color="grey", alpha=0.15,
-                        label=f"within {TARGET:.0%}")
+        ax.fill_between(
+            [lo, hi],
+            [lo * (1 - TARGET), hi * (1 - TARGET)],
+            [lo * (1 + TARGET), hi * (1 + TARGET)],
+            color="grey",
+            alpha=0.15,
+            label=f"within {TARGET:.0%}",
+        )
         ax.set_xlim(lo, hi)
         ax.set_ylim(lo, hi)
     ax.set_xscale("log")
@@ -305,8 +404,13 @@ def main(args):
     report["seconds_total"] = time.perf_counter() - t0
     print(table(report), file=sys.stderr)
     if args.out:
-        paths = rep.write_outputs(args.out, "advise", report, MD_COLUMNS,
-                                  "The advisor's predictions against measured allreduces")
+        paths = rep.write_outputs(
+            args.out,
+            "advise",
+            report,
+            MD_COLUMNS,
+            "The advisor's predictions against measured allreduces",
+        )
         paths = list(paths.values()) + [plot(report, args.out)]
         _progress("wrote " + ", ".join(paths))
     if args.json:

@@ -73,6 +73,7 @@ allreduce_workers.png (speedup vs W), at 1000 Mbit/s (else the first rate);
 with several rates allreduce_linkrate.png (speedup vs link rate).  --json
 prints the report.
 """
+
 import json
 import os
 import platform
@@ -98,48 +99,93 @@ LINK_BOUND = 0.5  # link_bound: the median run kept the link at least half busy
 def _list(conv):
     def parse(text):
         return [conv(v) for v in text.split(",") if v.strip()]
+
     return parse
 
 
 def add_arguments(parser):
-    parser.add_argument("--methods", type=_list(str), default=list(METHODS),
-                        help=f"comma-separated (default {','.join(METHODS)})")
-    parser.add_argument("--workloads", type=_list(str), default=list(workloads.WORKLOADS),
-                        help=f"comma-separated (default {','.join(workloads.WORKLOADS)})")
-    parser.add_argument("--workers", type=_list(int), default=[4],
-                        help="comma-separated worker counts, one testbed each (default 4)")
-    parser.add_argument("--elements", type=int, default=2**20,
-                        help="float32 elements per worker (default 2^20)")
-    parser.add_argument("--densities", type=_list(float), default=[0.001, 0.01, 0.1],
-                        help="comma-separated non-zero fractions (default 0.001,0.01,0.1; "
-                        "the dense workload runs once at 1)")
-    parser.add_argument("--link-mbit", type=_list(float), default=[1000.0],
-                        help="comma-separated rates of every worker link, both directions, "
-                        "one testbed each: a link-rate sweep, e.g. 100,1000,2500,10000 "
-                        "(default 1000)")
-    parser.add_argument("--payload-bytes", type=_list(int), default=[1024], metavar="B[,B...]",
-                        help="HomAgg job payload bytes per packet, a multiple of 4 up to 8192 "
-                        "(default 1024; several: rows for each; payloads above what MTU 1500 "
-                        "holds run on a second testbed with MTU 9000 links, Gloo too)")
-    parser.add_argument("--pipeline-groups", type=_list(int), default=[PIPELINE_GROUPS],
-                        metavar="N[,N...]",
-                        help="block groups of the pipelined methods (all; auto chooses per group): 0 "
-                        "automatic, 1 not pipelined, N groups; several: rows for each, with "
-                        f"speedup_vs_unpipelined next to 1 (default {PIPELINE_GROUPS})")
+    parser.add_argument(
+        "--methods",
+        type=_list(str),
+        default=list(METHODS),
+        help=f"comma-separated (default {','.join(METHODS)})",
+    )
+    parser.add_argument(
+        "--workloads",
+        type=_list(str),
+        default=list(workloads.WORKLOADS),
+        help=f"comma-separated (default {','.join(workloads.WORKLOADS)})",
+    )
+    parser.add_argument(
+        "--workers",
+        type=_list(int),
+        default=[4],
+        help="comma-separated worker counts, one testbed each (default 4)",
+    )
+    parser.add_argument(
+        "--elements", type=int, default=2**20, help="float32 elements per worker (default 2^20)"
+    )
+    parser.add_argument(
+        "--densities",
+        type=_list(float),
+        default=[0.001, 0.01, 0.1],
+        help="comma-separated non-zero fractions (default 0.001,0.01,0.1; "
+        "the dense workload runs once at 1)",
+    )
+    parser.add_argument(
+        "--link-mbit",
+        type=_list(float),
+        default=[1000.0],
+        help="comma-separated rates of every worker link, both directions, "
+        "one testbed each: a link-rate sweep, e.g. 100,1000,2500,10000 "
+        "(default 1000)",
+    )
+    parser.add_argument(
+        "--payload-bytes",
+        type=_list(int),
+        default=[1024],
+        metavar="B[,B...]",
+        help="HomAgg job payload bytes per packet, a multiple of 4 up to 8192 "
+        "(default 1024; several: rows for each; payloads above what MTU 1500 "
+        "holds run on a second testbed with MTU 9000 links, Gloo too)",
+    )
+    parser.add_argument(
+        "--pipeline-groups",
+        type=_list(int),
+        default=[PIPELINE_GROUPS],
+        metavar="N[,N...]",
+        help="block groups of the pipelined methods (all; auto chooses per group): 0 "
+        "automatic, 1 not pipelined, N groups; several: rows for each, with "
+        f"speedup_vs_unpipelined next to 1 (default {PIPELINE_GROUPS})",
+    )
     parser.add_argument("--repeat", type=int, default=5, help="timed runs (default 5)")
     parser.add_argument("--warmup", type=int, default=1, help="untimed runs first (default 1)")
     parser.add_argument("--seed", type=int, default=1, help="gradient seed")
-    parser.add_argument("--timeout", type=float, default=30.0,
-                        help="give-up time of one allreduce, seconds (default 30)")
-    parser.add_argument("--testbed-name", default="bench",
-                        help="name of the testbed this benchmark builds and removes (default bench)")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=30.0,
+        help="give-up time of one allreduce, seconds (default 30)",
+    )
+    parser.add_argument(
+        "--testbed-name",
+        default="bench",
+        help="name of the testbed this benchmark builds and removes (default bench)",
+    )
     parser.add_argument("--state-dir", default=None, help="testbed state directory")
-    parser.add_argument("--auth", action="store_true",
-                        help="also run every HomAgg method with per-worker authentication "
-                             "(rows METHOD+auth, with time_vs_unauthenticated)")
+    parser.add_argument(
+        "--auth",
+        action="store_true",
+        help="also run every HomAgg method with per-worker authentication "
+        "(rows METHOD+auth, with time_vs_unauthenticated)",
+    )
     parser.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
-    parser.add_argument("--out", metavar="DIR", default=None,
-                        help="write allreduce.json/.csv/.md and the plots into DIR")
+    parser.add_argument(
+        "--out",
+        metavar="DIR",
+        default=None,
+        help="write allreduce.json/.csv/.md and the plots into DIR",
+    )
 
 
 def _progress(msg):
@@ -162,19 +208,41 @@ class GlooGroup:
         init = f"tcp://{hosts[0].ip}:{port}"
         env = dict(os.environ, GLOO_SOCKET_IFNAME=hosts[0].ifname, OMP_NUM_THREADS="1")
         pkg_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        env["PYTHONPATH"] = pkg_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        env["PYTHONPATH"] = pkg_root + (
+            os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else ""
+        )
         try:
             for r, h in enumerate(hosts):
-                argv = [sys.executable, "-m", "homagg.bench.gloo_worker", "--rank", str(r),
-                        "--world", str(len(hosts)), "--init", init, "--timeout", str(timeout)]
-                self.procs.append(tb.run_in(h.name, argv, stdin=subprocess.PIPE,
-                                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                            text=True, env=env))
+                argv = [
+                    sys.executable,
+                    "-m",
+                    "homagg.bench.gloo_worker",
+                    "--rank",
+                    str(r),
+                    "--world",
+                    str(len(hosts)),
+                    "--init",
+                    init,
+                    "--timeout",
+                    str(timeout),
+                ]
+                self.procs.append(
+                    tb.run_in(
+                        h.name,
+                        argv,
+                        stdin=subprocess.PIPE,
+                        stdout=subprocess.PIPE,
+                        stderr=subprocess.PIPE,
+                        text=True,
+                        env=env,
+                    )
+                )
             for h, p in zip(hosts, self.procs):
                 line = p.readline(timeout + 60)
                 if not line.startswith("{"):
-                    raise RuntimeError(f"gloo rank on {h.name} did not start: {line!r} "
-                                       f"{self._stderr(p)}")
+                    raise RuntimeError(
+                        f"gloo rank on {h.name} did not start: {line!r} {self._stderr(p)}"
+                    )
                 self.torch_version = json.loads(line).get("torch")
         except BaseException:
             self.close()
@@ -223,26 +291,39 @@ class GlooGroup:
 
 
 def gloo_row(group, W, n, workload, density, link_mbit, args, gradient_files=None):
-    job = {"workload": workload, "elements": n, "density": density, "seed": args.seed,
-           "repeat": args.repeat, "warmup": args.warmup, "gradient_files": gradient_files}
+    job = {
+        "workload": workload,
+        "elements": n,
+        "density": density,
+        "seed": args.seed,
+        "repeat": args.repeat,
+        "warmup": args.warmup,
+        "gradient_files": gradient_files,
+    }
     answers, tx = group.run(job)
     per_call = np.max([a["seconds"] for a in answers], axis=0)  # slowest rank per call
     wall = float(np.sum(per_call))
     row = _timing(per_call, n, link_mbit, float(np.mean(tx)))
     row.update(_cpu_fields([a["cpu_seconds"] for a in answers], wall, W))
     _machine_bound(row, answers[0].get("machine_cpu"))
-    row.update({"worker_cpu_seconds": [a["cpu_seconds"] / args.repeat for a in answers],
-                "daemon_cpu_seconds": None,
-                "machine_busy": _busy(answers[0].get("machine_cpu"))})
+    row.update(
+        {
+            "worker_cpu_seconds": [a["cpu_seconds"] / args.repeat for a in answers],
+            "daemon_cpu_seconds": None,
+            "machine_busy": _busy(answers[0].get("machine_cpu")),
+        }
+    )
     # TCP repairs Gloo's losses itself: no client counters
     row.update({f"{k}_per_allreduce": None for k in WORKER_COUNTERS})
-    row.update({
-        "exact": all(a["within_tolerance"] for a in answers),
-        "exact_kind": "float64 sum within float32 bound",
-        "max_abs_error": max(a["max_abs_error"] for a in answers),
-        "generator": "homagg.bench.workloads",
-        "status": "ok",
-    })
+    row.update(
+        {
+            "exact": all(a["within_tolerance"] for a in answers),
+            "exact_kind": "float64 sum within float32 bound",
+            "max_abs_error": max(a["max_abs_error"] for a in answers),
+            "generator": "homagg.bench.workloads",
+            "status": "ok",
+        }
+    )
     return row
 
 
@@ -257,14 +338,21 @@ def _cpu_fields(cpu, wall, W, daemon=None):
     (over min(cores, W + 1) cores) and, as one more process, toward the
     busiest process."""
     if not cpu or not wall or wall <= 0:
-        return {"cpu_fraction_machine": None, "cpu_fraction_rank_max": None,
-                "cpu_fraction_daemon": None, "cpu_bound": None}
+        return {
+            "cpu_fraction_machine": None,
+            "cpu_fraction_rank_max": None,
+            "cpu_fraction_daemon": None,
+            "cpu_bound": None,
+        }
     procs = list(cpu) + ([daemon] if daemon is not None else [])
     machine_busy = sum(procs) / (wall * min(os.cpu_count() or 1, len(procs)))
     rank_busy = max(c / wall for c in procs)
-    return {"cpu_fraction_machine": machine_busy, "cpu_fraction_rank_max": rank_busy,
-            "cpu_fraction_daemon": daemon / wall if daemon is not None else None,
-            "cpu_bound": _cpu_bound(machine_busy, rank_busy)}
+    return {
+        "cpu_fraction_machine": machine_busy,
+        "cpu_fraction_rank_max": rank_busy,
+        "cpu_fraction_daemon": daemon / wall if daemon is not None else None,
+        "cpu_bound": _cpu_bound(machine_busy, rank_busy),
+    }
 
 
 def _timing(seconds, n, link_mbit, bytes_per_worker):
@@ -279,11 +367,13 @@ def _timing(seconds, n, link_mbit, bytes_per_worker):
         "runs": int(s.size),
         "algbw_gbps": 8 * 4 * n / med / 1e9 if med > 0 else None,
         "bytes_per_worker": bytes_per_worker,
-        "link_utilisation": (8 * bytes_per_worker / med / (link_mbit * 1e6)
-                             if med > 0 and link_mbit else None),
+        "link_utilisation": (
+            8 * bytes_per_worker / med / (link_mbit * 1e6) if med > 0 and link_mbit else None
+        ),
     }
-    out["link_bound"] = (out["link_utilisation"] >= LINK_BOUND
-                         if out["link_utilisation"] is not None else None)
+    out["link_bound"] = (
+        out["link_utilisation"] >= LINK_BOUND if out["link_utilisation"] is not None else None
+    )
     return out
 
 
@@ -302,8 +392,18 @@ def homagg_run_available():
     return True, None
 
 
-def homagg_via_run_allreduce(testbed_name, method, n, workload, density, args, payload=1024,
-                             auth=False, pipeline_groups=PIPELINE_GROUPS, shared=None):
+def homagg_via_run_allreduce(
+    testbed_name,
+    method,
+    n,
+    workload,
+    density,
+    args,
+    payload=1024,
+    auth=False,
+    pipeline_groups=PIPELINE_GROUPS,
+    shared=None,
+):
     """One HomAgg allreduce on the testbed, by homagg.runs.allreduce.run_allreduce (the
     function behind `homagg run allreduce --testbed NAME`); returns its report.
     ``shared``: run_allreduce's gradient_files / expect, what every method
@@ -314,15 +414,39 @@ def homagg_via_run_allreduce(testbed_name, method, n, workload, density, args, p
     if workload in job.WORKLOADS:
         run_workload, run_density = workload, density  # the same generator as the Gloo ranks
     else:
-        run_workload, run_density = (("shared", 1.0) if workload == "dense" else (workload, density))
-    return hrun.run_allreduce(testbed_name, method, n, run_density, workload=run_workload,
-                              seed=args.seed, timeout=args.timeout, state_dir=args.state_dir,
-                              repeat=args.repeat, warmup=args.warmup, payload=payload,
-                              auth=auth, pipeline_groups=pipeline_groups, **(shared or {}))
+        run_workload, run_density = ("shared", 1.0) if workload == "dense" else (workload, density)
+    return hrun.run_allreduce(
+        testbed_name,
+        method,
+        n,
+        run_density,
+        workload=run_workload,
+        seed=args.seed,
+        timeout=args.timeout,
+        state_dir=args.state_dir,
+        repeat=args.repeat,
+        warmup=args.warmup,
+        payload=payload,
+        auth=auth,
+        pipeline_groups=pipeline_groups,
+        **(shared or {}),
+    )
 
 
-def homagg_row(testbed_name, method, W, n, workload, density, link_mbit, args, payload=1024,
-               auth=False, pipeline_groups=PIPELINE_GROUPS, shared=None):
+def homagg_row(
+    testbed_name,
+    method,
+    W,
+    n,
+    workload,
+    density,
+    link_mbit,
+    args,
+    payload=1024,
+    auth=False,
+    pipeline_groups=PIPELINE_GROUPS,
+    shared=None,
+):
     """One row: --warmup untimed and --repeat timed allreduces by the same
     worker processes and daemon (homagg run's repeat/warmup), checked bit
     for bit once (every call sums the same gradients)."""
@@ -330,9 +454,18 @@ def homagg_row(testbed_name, method, W, n, workload, density, link_mbit, args, p
     if not ok:
         return {"status": f"unavailable: {why}"}
     try:
-        r = homagg_via_run_allreduce(testbed_name, method, n, workload, density, args,
-                                     payload=payload, auth=auth,
-                                     pipeline_groups=pipeline_groups, shared=shared)
+        r = homagg_via_run_allreduce(
+            testbed_name,
+            method,
+            n,
+            workload,
+            density,
+            args,
+            payload=payload,
+            auth=auth,
+            pipeline_groups=pipeline_groups,
+            shared=shared,
+        )
     except Exception as exc:  # a failed method is a result, not a crash of the whole run
         return {"status": f"failed: {type(exc).__name__}: {exc}"[:500]}
     seconds = r["seconds_each"]
@@ -340,29 +473,45 @@ def homagg_row(testbed_name, method, W, n, workload, density, link_mbit, args, p
     calls = len(seconds)
     cpu = r.get("worker_cpu_seconds")  # per worker, per call
     daemon = r.get("daemon_cpu_seconds")  # per call
-    row.update(_cpu_fields([c * calls for c in cpu] if cpu else None, float(np.sum(seconds)), W,
-                           daemon=daemon * calls if daemon is not None else None))
+    row.update(
+        _cpu_fields(
+            [c * calls for c in cpu] if cpu else None,
+            float(np.sum(seconds)),
+            W,
+            daemon=daemon * calls if daemon is not None else None,
+        )
+    )
     _machine_bound(row, r.get("machine_cpu"))
     row.update(_worker_counters(r["worker_stats_timed"], calls))
-    row.update({
-        # per worker: CPU seconds of one allreduce (mean over the timed calls)
-        "worker_cpu_seconds": [float(c) for c in cpu] if cpu else None,
-        "daemon_cpu_seconds": daemon,
-        "exact": (None if method not in EXACT_METHODS else r["exact"] is True and r["workers_agree"]),
-        "exact_kind": ("bit-exact vs fixed-point reference" if method in EXACT_METHODS
-                       else "lossy by design"),
-        "workers_agree": r["workers_agree"],
-        "generator": r.get("generator", "homagg.runs.job.gradient"),
-        "payload_bytes": payload,
-        "pipeline_groups": pipeline_groups if method in PIPELINED_METHODS else None,
-        # auto: the block groups that chose each method (the last call; one
-        # group without pipelining)
-        "auto_groups": ({m: r["worker_stats"][0].get(f"auto_{m}_groups") for m in AUTO_CANDIDATES}
-                        if method == "auto" else None),
-        "cpu_ms_per_mb": _cpu_ms_per_mb(r),
-        "machine_busy": _busy(r.get("machine_cpu")),
-        "status": "ok",
-    })
+    row.update(
+        {
+            # per worker: CPU seconds of one allreduce (mean over the timed calls)
+            "worker_cpu_seconds": [float(c) for c in cpu] if cpu else None,
+            "daemon_cpu_seconds": daemon,
+            "exact": (
+                None if method not in EXACT_METHODS else r["exact"] is True and r["workers_agree"]
+            ),
+            "exact_kind": (
+                "bit-exact vs fixed-point reference"
+                if method in EXACT_METHODS
+                else "lossy by design"
+            ),
+            "workers_agree": r["workers_agree"],
+            "generator": r.get("generator", "homagg.runs.job.gradient"),
+            "payload_bytes": payload,
+            "pipeline_groups": pipeline_groups if method in PIPELINED_METHODS else None,
+            # auto: the block groups that chose each method (the last call; one
+            # group without pipelining)
+            "auto_groups": (
+                {m: r["worker_stats"][0].get(f"auto_{m}_groups") for m in AUTO_CANDIDATES}
+                if method == "auto"
+                else None
+            ),
+            "cpu_ms_per_mb": _cpu_ms_per_mb(r),
+            "machine_busy": _busy(r.get("machine_cpu")),
+            "status": "ok",
+        }
+    )
     return row
 
 
@@ -393,8 +542,7 @@ WORKER_COUNTERS = ("timeouts", "spurious_timeouts", "fast_retransmissions", "ret
 def _worker_counters(stats, calls):
     """Per allreduce, summed over the workers: the client's timer expiries,
     the spurious ones, fast retransmissions and all retransmissions."""
-    return {f"{k}_per_allreduce": sum(s.get(k, 0) for s in stats) / calls
-            for k in WORKER_COUNTERS}
+    return {f"{k}_per_allreduce": sum(s.get(k, 0) for s in stats) / calls for k in WORKER_COUNTERS}
 
 
 # --------------------------------------------------------------------------
@@ -443,8 +591,11 @@ class Case:
             grads = [job.gradient(a.elements, density, workload, a.seed, w, W) for w in range(W)]
             self.dir = tempfile.mkdtemp(prefix="homagg-bench-grads-")
             self.files = job.save_gradients(self.dir, grads)
-            self.expect = (job.expected(a.elements, density, workload, a.seed,
-                                        job.DEFAULT_BLOCK, W, grads) if exact_check else None)
+            self.expect = (
+                job.expected(a.elements, density, workload, a.seed, job.DEFAULT_BLOCK, W, grads)
+                if exact_check
+                else None
+            )
             self.key = key
         return self.files, self.expect
 
@@ -472,7 +623,7 @@ def mtu_groups(payloads):
 
 def _cases(args):
     for wl in args.workloads:
-        for d in ([1.0] if wl == "dense" else args.densities):
+        for d in [1.0] if wl == "dense" else args.densities:
             yield wl, d
 
 
@@ -505,8 +656,9 @@ def _run(args, case):
     results = []
     torch_version = None
     homagg_methods = [m for m in args.methods if m != "gloo"]
-    for W, link_mbit, (mtu, on_it) in ((W, r, g) for W in args.workers for r in args.link_mbit
-                                       for g in groups):
+    for W, link_mbit, (mtu, on_it) in (
+        (W, r, g) for W in args.workers for r in args.link_mbit for g in groups
+    ):
         name = args.testbed_name
         _progress(f"testbed {name}: {W} workers, links {link_mbit:g} Mbit/s, MTU {mtu}")
         tb = Testbed.up(name, W, link_mbit=link_mbit, state_dir=args.state_dir, mtu=mtu)
@@ -522,8 +674,14 @@ def _run(args, case):
                     _progress(f"gloo {gloo}")
             try:
                 for wl, d in _cases(args):
-                    base = {"workers": W, "link_mbit": link_mbit, "elements": args.elements,
-                            "workload": wl, "density": d, "mtu": mtu}
+                    base = {
+                        "workers": W,
+                        "link_mbit": link_mbit,
+                        "elements": args.elements,
+                        "workload": wl,
+                        "density": d,
+                        "mtu": mtu,
+                    }
                     files, expect = case.prepare(W, wl, d, exact_check=bool(homagg_methods))
                     shared = {"gradient_files": files, "expect": expect}
                     rows = {}
@@ -533,36 +691,77 @@ def _run(args, case):
                                 row = {"status": gloo}
                             else:
                                 try:
-                                    row = gloo_row(gloo, W, args.elements, wl, d, link_mbit,
-                                                   args, gradient_files=files)
+                                    row = gloo_row(
+                                        gloo,
+                                        W,
+                                        args.elements,
+                                        wl,
+                                        d,
+                                        link_mbit,
+                                        args,
+                                        gradient_files=files,
+                                    )
                                 except Exception as exc:
                                     row = {"status": f"failed: {type(exc).__name__}: {exc}"[:500]}
                             rows[m] = {"method": m, **base, **row}
                             _progress(_line(rows[m]))
                             continue
-                        for p, pg in ((p, pg) for p in on_it
-                                      for pg in (pgs if m in PIPELINED_METHODS else pgs[:1])):
-                            row = ({"status": no_daemon} if no_daemon else
-                                   homagg_row(name, m, W, args.elements, wl, d, link_mbit, args,
-                                              payload=p, pipeline_groups=pg, shared=shared))
-                            key = ((m if len(on_it) == 1 else f"{m}@{p}")
-                                   + (f"/groups{pg}" if len(pgs) > 1 and m in PIPELINED_METHODS
-                                      else ""))
+                        for p, pg in (
+                            (p, pg)
+                            for p in on_it
+                            for pg in (pgs if m in PIPELINED_METHODS else pgs[:1])
+                        ):
+                            row = (
+                                {"status": no_daemon}
+                                if no_daemon
+                                else homagg_row(
+                                    name,
+                                    m,
+                                    W,
+                                    args.elements,
+                                    wl,
+                                    d,
+                                    link_mbit,
+                                    args,
+                                    payload=p,
+                                    pipeline_groups=pg,
+                                    shared=shared,
+                                )
+                            )
+                            key = (m if len(on_it) == 1 else f"{m}@{p}") + (
+                                f"/groups{pg}" if len(pgs) > 1 and m in PIPELINED_METHODS else ""
+                            )
                             rows[key] = {"method": m, **base, **row}
                             _progress(_line(rows[key]))
                             if pg == pgs[-1] and len(pgs) > 1 and m in PIPELINED_METHODS:
                                 _pipeline_ratios(rows, m, p, pgs, len(on_it) > 1)
                             if args.auth:
                                 # the same allreduce with per-worker MACs, right after
-                                row = homagg_row(name, m, W, args.elements, wl, d, link_mbit,
-                                                 args, payload=p, auth=True, pipeline_groups=pg,
-                                                 shared=shared)
+                                row = homagg_row(
+                                    name,
+                                    m,
+                                    W,
+                                    args.elements,
+                                    wl,
+                                    d,
+                                    link_mbit,
+                                    args,
+                                    payload=p,
+                                    auth=True,
+                                    pipeline_groups=pg,
+                                    shared=shared,
+                                )
                                 plain = rows[key].get("seconds_median")
                                 authed = row.get("seconds_median")
-                                row["time_vs_unauthenticated"] = (authed / plain
-                                                                  if plain and authed else None)
-                                rows[key + "+auth"] = {"method": m + "+auth", "auth": True,
-                                                       **base, **row}
+                                row["time_vs_unauthenticated"] = (
+                                    authed / plain if plain and authed else None
+                                )
+                                rows[key + "+auth"] = {
+                                    "method": m + "+auth",
+                                    "auth": True,
+                                    **base,
+                                    **row,
+                                }
                                 _progress(_line(rows[key + "+auth"]))
                     g = rows.get("gloo", {}).get("seconds_median")
                     for r in rows.values():
@@ -575,16 +774,26 @@ def _run(args, case):
         finally:
             Testbed.down(name, state_dir=args.state_dir)  # stops its daemons too
             _progress(f"testbed {name} removed")
-    return rep.header(benchmark="allreduce", link_mbit=args.link_mbit, elements=args.elements,
-                      payload_bytes=payloads, mtu=[m for m, _ in groups],
-                      repeat=args.repeat, warmup=args.warmup, seed=args.seed,
-                      _extra_versions=("torch", "pyroute2"),
-                      torch_runtime=torch_version, kernel=platform.release(), results=results)
+    return rep.header(
+        benchmark="allreduce",
+        link_mbit=args.link_mbit,
+        elements=args.elements,
+        payload_bytes=payloads,
+        mtu=[m for m, _ in groups],
+        repeat=args.repeat,
+        warmup=args.warmup,
+        seed=args.seed,
+        _extra_versions=("torch", "pyroute2"),
+        torch_runtime=torch_version,
+        kernel=platform.release(),
+        results=results,
+    )
 
 
 def _pipeline_ratios(rows, m, p, pgs, by_payload):
     """speedup_vs_unpipelined of the rows of method m at payload p: the
     median of its pipeline_groups=1 row / each row's (both of this run)."""
+
     def key(pg):
         return (f"{m}@{p}" if by_payload else m) + f"/groups{pg}"
 
@@ -595,8 +804,10 @@ def _pipeline_ratios(rows, m, p, pgs, by_payload):
 
 
 def _line(r):
-    head = (f"W={r['workers']} {r['link_mbit']:g} Mbit/s {r['method']:6s} {r['workload']:6s} "
-            f"d={r['density']:<6g}")
+    head = (
+        f"W={r['workers']} {r['link_mbit']:g} Mbit/s {r['method']:6s} {r['workload']:6s} "
+        f"d={r['density']:<6g}"
+    )
     if r.get("payload_bytes"):
         head += f" {r['payload_bytes']} B"
     if r.get("mtu") == JUMBO_MTU:
@@ -605,28 +816,52 @@ def _line(r):
         head += f" groups {r['pipeline_groups']}"
     if r.get("status") != "ok":
         return f"{head} {r.get('status')}"
-    line = (f"{head} median {r['seconds_median'] * 1e3:9.2f} ms "
-            f"[{r['seconds_min'] * 1e3:.2f}..{r['seconds_max'] * 1e3:.2f}], "
-            f"{r['bytes_per_worker'] / 1e6:.3f} MB/worker, "
-            f"link {r['link_utilisation'] or 0:.0%}, exact {r['exact']}, "
-            f"cpu_bound {r['cpu_bound']}"
-            + (f", machine {r['machine_busy']:.0%} busy" if r.get("machine_busy") is not None
-               else "")
-            + (f", {r['cpu_ms_per_mb']:.2f} CPU ms/MB" if r.get("cpu_ms_per_mb") is not None
-               else ""))
+    line = (
+        f"{head} median {r['seconds_median'] * 1e3:9.2f} ms "
+        f"[{r['seconds_min'] * 1e3:.2f}..{r['seconds_max'] * 1e3:.2f}], "
+        f"{r['bytes_per_worker'] / 1e6:.3f} MB/worker, "
+        f"link {r['link_utilisation'] or 0:.0%}, exact {r['exact']}, "
+        f"cpu_bound {r['cpu_bound']}"
+        + (f", machine {r['machine_busy']:.0%} busy" if r.get("machine_busy") is not None else "")
+        + (f", {r['cpu_ms_per_mb']:.2f} CPU ms/MB" if r.get("cpu_ms_per_mb") is not None else "")
+    )
     if r.get("timeouts_per_allreduce") is not None:
-        line += (f", timeouts {r['timeouts_per_allreduce']:g} "
-                 f"retrans {r['retransmissions_per_allreduce']:g} per allreduce")
+        line += (
+            f", timeouts {r['timeouts_per_allreduce']:g} "
+            f"retrans {r['retransmissions_per_allreduce']:g} per allreduce"
+        )
     return line
 
 
-MD_COLUMNS = ("workers", "link_mbit", "workload", "density", "method", "payload_bytes", "mtu",
-              "status",
-              "seconds_median", "seconds_min", "seconds_max", "speedup_vs_gloo", "algbw_gbps",
-              "bytes_per_worker", "link_utilisation", "worker_cpu_seconds", "daemon_cpu_seconds",
-              "timeouts_per_allreduce", "retransmissions_per_allreduce", "exact", "cpu_bound",
-              "cpu_ms_per_mb", "link_bound", "time_vs_unauthenticated", "pipeline_groups",
-              "speedup_vs_unpipelined", "machine_busy")
+MD_COLUMNS = (
+    "workers",
+    "link_mbit",
+    "workload",
+    "density",
+    "method",
+    "payload_bytes",
+    "mtu",
+    "status",
+    "seconds_median",
+    "seconds_min",
+    "seconds_max",
+    "speedup_vs_gloo",
+    "algbw_gbps",
+    "bytes_per_worker",
+    "link_utilisation",
+    "worker_cpu_seconds",
+    "daemon_cpu_seconds",
+    "timeouts_per_allreduce",
+    "retransmissions_per_allreduce",
+    "exact",
+    "cpu_bound",
+    "cpu_ms_per_mb",
+    "link_bound",
+    "time_vs_unauthenticated",
+    "pipeline_groups",
+    "speedup_vs_unpipelined",
+    "machine_busy",
+)
 
 
 def reference_rate(report):
@@ -655,15 +890,26 @@ def plot(report, out_dir):
     wls = list(dict.fromkeys(r["workload"] for r in report["results"]))
     methods = list(dict.fromkeys(series(r, report) for r in report["results"]))
     wmax = max((r["workers"] for r in report["results"]), default=0)
-    for key, fname, ylabel in (("seconds_median", "allreduce_time.png", "allreduce time (s)"),
-                               ("speedup_vs_gloo", "allreduce_speedup.png", "speedup vs Gloo")):
-        fig, axes = plt.subplots(1, max(1, len(wls)), figsize=(4.5 * max(1, len(wls)), 4),
-                                 squeeze=False)
+    for key, fname, ylabel in (
+        ("seconds_median", "allreduce_time.png", "allreduce time (s)"),
+        ("speedup_vs_gloo", "allreduce_speedup.png", "speedup vs Gloo"),
+    ):
+        fig, axes = plt.subplots(
+            1, max(1, len(wls)), figsize=(4.5 * max(1, len(wls)), 4), squeeze=False
+        )
         for ax, wl in zip(axes[0], wls):
             for m in methods:
-                rs = sorted((r for r in rows if r["workload"] == wl and series(r, report) == m
-                             and r["workers"] == wmax and r.get(key) is not None),
-                            key=lambda r: r["density"])
+                rs = sorted(
+                    (
+                        r
+                        for r in rows
+                        if r["workload"] == wl
+                        and series(r, report) == m
+                        and r["workers"] == wmax
+                        and r.get(key) is not None
+                    ),
+                    key=lambda r: r["density"],
+                )
                 if rs:
                     ax.plot([r["density"] for r in rs], [r[key] for r in rs], marker="o", label=m)
             ax.set_xscale("log")
@@ -680,17 +926,31 @@ def plot(report, out_dir):
         fig.savefig(p, dpi=100)
         plt.close(fig)
         paths.append(p)
-    fig, axes = plt.subplots(1, max(1, len(wls)), figsize=(4.5 * max(1, len(wls)), 4), squeeze=False)
+    fig, axes = plt.subplots(
+        1, max(1, len(wls)), figsize=(4.5 * max(1, len(wls)), 4), squeeze=False
+    )
     for ax, wl in zip(axes[0], wls):
         ds = sorted({r["density"] for r in rows if r["workload"] == wl})
         d = ds[len(ds) // 2] if ds else None
         for m in methods:
-            rs = sorted((r for r in rows if r["workload"] == wl and series(r, report) == m
-                         and r["density"] == d and r.get("speedup_vs_gloo") is not None),
-                        key=lambda r: r["workers"])
+            rs = sorted(
+                (
+                    r
+                    for r in rows
+                    if r["workload"] == wl
+                    and series(r, report) == m
+                    and r["density"] == d
+                    and r.get("speedup_vs_gloo") is not None
+                ),
+                key=lambda r: r["workers"],
+            )
             if rs:
-                ax.plot([r["workers"] for r in rs], [r["speedup_vs_gloo"] for r in rs],
-                        marker="o", label=m)
+                ax.plot(
+                    [r["workers"] for r in rs],
+                    [r["speedup_vs_gloo"] for r in rs],
+                    marker="o",
+                    label=m,
+                )
         ax.set_xscale("log", base=2)
         ax.set_title(f"{wl}, density {d}")
         ax.set_xlabel("workers W")
@@ -712,23 +972,41 @@ def plot_link_rates(report, out_dir):
     panel per workload (its middle density, the most workers): where the
     links stop hiding the CPU, the speedup falls."""
     plt = rep.pyplot()
-    rows = [r for r in report["results"] if r.get("status") == "ok"
-            and r.get("speedup_vs_gloo") is not None and r["method"] != "gloo"]
+    rows = [
+        r
+        for r in report["results"]
+        if r.get("status") == "ok"
+        and r.get("speedup_vs_gloo") is not None
+        and r["method"] != "gloo"
+    ]
     wls = list(dict.fromkeys(r["workload"] for r in report["results"]))
     methods = list(dict.fromkeys(series(r, report) for r in rows))
     wmax = max((r["workers"] for r in report["results"]), default=0)
-    fig, axes = plt.subplots(1, max(1, len(wls)), figsize=(4.5 * max(1, len(wls)), 4),
-                             squeeze=False)
+    fig, axes = plt.subplots(
+        1, max(1, len(wls)), figsize=(4.5 * max(1, len(wls)), 4), squeeze=False
+    )
     for ax, wl in zip(axes[0], wls):
         ds = sorted({r["density"] for r in rows if r["workload"] == wl})
         d = ds[len(ds) // 2] if ds else None
         for m in methods:
-            rs = sorted((r for r in rows if r["workload"] == wl and series(r, report) == m
-                         and r["density"] == d and r["workers"] == wmax),
-                        key=lambda r: r["link_mbit"])
+            rs = sorted(
+                (
+                    r
+                    for r in rows
+                    if r["workload"] == wl
+                    and series(r, report) == m
+                    and r["density"] == d
+                    and r["workers"] == wmax
+                ),
+                key=lambda r: r["link_mbit"],
+            )
             if rs:
-                ax.plot([r["link_mbit"] / 1000 for r in rs], [r["speedup_vs_gloo"] for r in rs],
-                        marker="o", label=m)
+                ax.plot(
+                    [r["link_mbit"] / 1000 for r in rs],
+                    [r["speedup_vs_gloo"] for r in rs],
+                    marker="o",
+                    label=m,
+                )
         ax.axhline(1.0, color="grey", linewidth=0.8)
         ax.set_xscale("log")
         ax.set_title(f"{wl}, density {d}, W={wmax}")
@@ -755,8 +1033,13 @@ def main(args):
         return 2
     report["seconds_total"] = time.perf_counter() - t0
     if args.out:
-        paths = rep.write_outputs(args.out, "allreduce", report, MD_COLUMNS,
-                                  "Allreduce on the local testbed: HomAgg vs Gloo")
+        paths = rep.write_outputs(
+            args.out,
+            "allreduce",
+            report,
+            MD_COLUMNS,
+            "Allreduce on the local testbed: HomAgg vs Gloo",
+        )
         paths = list(paths.values()) + plot(report, args.out)
         _progress("wrote " + ", ".join(paths))
     if args.json:
@@ -764,6 +1047,8 @@ def main(args):
         sys.stdout.write("\n")
     bad = [r for r in report["results"] if r.get("exact") is False]
     if bad:
-        _progress(f"NOT EXACT: {[(r['workers'], r['method'], r['workload'], r['density']) for r in bad]}")
+        _progress(
+            f"NOT EXACT: {[(r['workers'], r['method'], r['workload'], r['density']) for r in bad]}"
+        )
         return 1
     return 0

@@ -19,6 +19,7 @@ element and probe; agg_pkt_ps, the engine's per-frame cost
 received on loopback by this process (kernel and Python call, so an upper
 bound of the C worker's cost).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -118,8 +119,11 @@ def measure_path(elements=1 << 20, repeat=3, block=4096) -> dict:
     value_ps = (t_q + t_d) * 1000 // n
 
     # bitmap blocks: a model that makes the bitmap certain (probes dear)
-    bitmap_only = codec.Params(block_elements=block, workers=1, cost=_cost.Cost(
-        link_mbit=1_000_000, probe_ps=_cost.MAX_ELEM_PS))
+    bitmap_only = codec.Params(
+        block_elements=block,
+        workers=1,
+        cost=_cost.Cost(link_mbit=1_000_000, probe_ps=_cost.MAX_ELEM_PS),
+    )
     nearly_empty = _sparse(n, block, 1, rng)
     t_empty, info = _union_time(bitmap_only, nearly_empty, repeat)
     t_empty -= _plan_time(bitmap_only, nearly_empty, repeat)
@@ -141,10 +145,12 @@ def measure_path(elements=1 << 20, repeat=3, block=4096) -> dict:
         c = max(1, block * 68 // 10000)
         k = next((k for bpe, k in _BLOOM if max(64, -(-bpe * c // 64) * 64) == bits), 8)
         probe_ps = max(0, t_bloom * 1000 - n * bitmap_ps) // (n * k)
-    return {"value_ps": int(min(value_ps, _cost.MAX_ELEM_PS)),
-            "lane_ps": int(min(lane_ps, _cost.MAX_ELEM_PS)),
-            "bitmap_ps": int(min(bitmap_ps, _cost.MAX_ELEM_PS)),
-            "probe_ps": int(min(probe_ps, _cost.MAX_ELEM_PS))}
+    return {
+        "value_ps": int(min(value_ps, _cost.MAX_ELEM_PS)),
+        "lane_ps": int(min(lane_ps, _cost.MAX_ELEM_PS)),
+        "bitmap_ps": int(min(bitmap_ps, _cost.MAX_ELEM_PS)),
+        "probe_ps": int(min(probe_ps, _cost.MAX_ELEM_PS)),
+    }
 
 
 def measure_packets(count=4000, payload=1024) -> dict:
@@ -176,8 +182,10 @@ def measure_packets(count=4000, payload=1024) -> dict:
     finally:
         rx.close()
         tx.close()
-    return {"pkt_ps": int(min(best * 1000, _cost.MAX_PKT_PS)),
-            "agg_pkt_ps": int(min(agg_pkt_ps, _cost.MAX_PKT_PS))}
+    return {
+        "pkt_ps": int(min(best * 1000, _cost.MAX_PKT_PS)),
+        "agg_pkt_ps": int(min(agg_pkt_ps, _cost.MAX_PKT_PS)),
+    }
 
 
 def _cpu_model():
@@ -203,11 +211,16 @@ def calibrate(elements=1 << 20, repeat=5) -> dict:
             paths[isa] = {**pkts, **measure_path(elements, repeat)}
     forced = os.environ.get("HOMAGG_CODEC_ISA")
     isa = forced if forced in paths else list(paths)[-1]
-    return {"version": _cost.CALIBRATION_VERSION, "host": socket.gethostname(),
-            "cpu": _cpu_model(), "isa": isa,
-            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "elements": int(elements), "seconds": round(time.monotonic() - t0, 3),
-            "paths": paths}
+    return {
+        "version": _cost.CALIBRATION_VERSION,
+        "host": socket.gethostname(),
+        "cpu": _cpu_model(),
+        "isa": isa,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "elements": int(elements),
+        "seconds": round(time.monotonic() - t0, 3),
+        "paths": paths,
+    }
 
 
 def write(cal, path) -> str:

@@ -30,6 +30,7 @@ Targets (reported, not asserted; on every path): encode >= 0.5x memcpy, lhc deco
 0.25x memcpy, union decode >= 0.5x memcpy, >= 20x numpy, lhc wire <= 1.10x
 bound, union wire <= 0.85x lhc's, auto <= 1.05x the smallest exact method.
 """
+
 import json
 import time
 
@@ -40,16 +41,25 @@ from homagg.bench import report as rep
 
 def add_gradient_arguments(parser, repeat):
     """The gradients and timed runs (shared with homagg.bench.codec_steps)."""
-    parser.add_argument("--elements", type=int, default=2**26,
-                        help="elements per worker, a multiple of the block (default 2^26)")
-    parser.add_argument("--density", type=float, default=0.05,
-                        help="fraction of non-zero elements per worker, in (0, 1] "
-                             "(default 0.05)")
+    parser.add_argument(
+        "--elements",
+        type=int,
+        default=2**26,
+        help="elements per worker, a multiple of the block (default 2^26)",
+    )
+    parser.add_argument(
+        "--density",
+        type=float,
+        default=0.05,
+        help="fraction of non-zero elements per worker, in (0, 1] (default 0.05)",
+    )
     parser.add_argument("--workers", type=int, default=4, help="workers W (default 4)")
-    parser.add_argument("--block", type=int, default=None,
-                        help="block elements (default HG_DEFAULT_BLOCK)")
-    parser.add_argument("--repeat", type=int, default=repeat,
-                        help=f"timed runs, best kept (default {repeat})")
+    parser.add_argument(
+        "--block", type=int, default=None, help="block elements (default HG_DEFAULT_BLOCK)"
+    )
+    parser.add_argument(
+        "--repeat", type=int, default=repeat, help=f"timed runs, best kept (default {repeat})"
+    )
     parser.add_argument("--seed", type=int, default=1, help="seed of the gradients")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
@@ -60,13 +70,15 @@ def check_gradient_arguments(args):
 
     block = args.block or codec.DEFAULT_BLOCK
     if not (codec.MIN_BLOCK <= block <= codec.MAX_BLOCK and block % 64 == 0):
-        raise SystemExit(f"--block {block}: use a multiple of 64 in "
-                         f"{codec.MIN_BLOCK}..{codec.MAX_BLOCK}")
+        raise SystemExit(
+            f"--block {block}: use a multiple of 64 in {codec.MIN_BLOCK}..{codec.MAX_BLOCK}"
+        )
     n = args.elements
     if n <= 0 or n % block:
         fix = f"e.g. {max(1, round(n / block)) * block}" if n > 0 else f"e.g. {block}"
-        raise SystemExit(f"--elements {n}: use a positive multiple of the block "
-                         f"({block} elements), {fix}")
+        raise SystemExit(
+            f"--elements {n}: use a positive multiple of the block ({block} elements), {fix}"
+        )
     if not 0.0 < args.density <= 1.0:
         raise SystemExit(f"--density {args.density}: use a fraction in (0, 1], e.g. 0.05")
     if not 1 <= args.workers <= codec.MAX_WORKERS:
@@ -89,8 +101,10 @@ def parse_isas(text):
         if i not in b.CODEC_ISAS:
             raise SystemExit(f"--isa {i}: use a comma-separated list of {', '.join(b.CODEC_ISAS)}")
         if not _isa_available(i):
-            raise SystemExit(f"--isa {i}: this CPU lacks that path; use one of "
-                             f"{', '.join(x for x in b.CODEC_ISAS if _isa_available(x))}")
+            raise SystemExit(
+                f"--isa {i}: this CPU lacks that path; use one of "
+                f"{', '.join(x for x in b.CODEC_ISAS if _isa_available(x))}"
+            )
     return isas
 
 
@@ -144,11 +158,15 @@ class forced_isa:
 def add_arguments(parser):
     add_gradient_arguments(parser, repeat=3)
     parser.add_argument("--no-numpy", action="store_true", help="skip the numpy baseline")
-    parser.add_argument("--isa", default=None, metavar="PATHS",
-                        help="codec ISA paths to time, comma-separated, of portable, avx2, "
-                             "avx512 (default: every path this CPU has); the same as running "
-                             "with HOMAGG_CODEC_ISA=<path>, which forces the path of any "
-                             "homagg command")
+    parser.add_argument(
+        "--isa",
+        default=None,
+        metavar="PATHS",
+        help="codec ISA paths to time, comma-separated, of portable, avx2, "
+        "avx512 (default: every path this CPU has); the same as running "
+        "with HOMAGG_CODEC_ISA=<path>, which forces the path of any "
+        "homagg command",
+    )
 
 
 def _progress(msg):
@@ -196,16 +214,32 @@ def lhc_state(grads, block):
     gindex = codec.aggregate("or", None, [b.lhc_index_encode(plans[w], grads[w]) for w in range(W)])
     for pl in plans:
         b.lhc_set_index(pl, gindex)
-    gcells = codec.aggregate("sum32", None, [b.lhc_sketch_encode(plans[w], grads[w])
-                                             for w in range(W)])
+    gcells = codec.aggregate(
+        "sum32", None, [b.lhc_sketch_encode(plans[w], grads[w]) for w in range(W)]
+    )
     for pl in plans:
         b.lhc_peel(pl, gcells)
-    gfall = codec.aggregate("sum32", np.zeros(plans[0].info()["fallback_lanes"], dtype=">i4"),
-                            [b.lhc_fallback_encode(plans[w], grads[w]) for w in range(W)])
-    gvals = codec.aggregate("sum32", None, [b.union_encode(plans[w], b.scan_encode(cps[w], grads[w])[0])
-                                            for w in range(W)])
-    return SimpleNamespace(params=params, cps=cps, plans=plans, gcodes=gcodes, gcounts=gcounts,
-                           gindex=gindex, gcells=gcells, gfall=gfall, gvals=gvals)
+    gfall = codec.aggregate(
+        "sum32",
+        np.zeros(plans[0].info()["fallback_lanes"], dtype=">i4"),
+        [b.lhc_fallback_encode(plans[w], grads[w]) for w in range(W)],
+    )
+    gvals = codec.aggregate(
+        "sum32",
+        None,
+        [b.union_encode(plans[w], b.scan_encode(cps[w], grads[w])[0]) for w in range(W)],
+    )
+    return SimpleNamespace(
+        params=params,
+        cps=cps,
+        plans=plans,
+        gcodes=gcodes,
+        gcounts=gcounts,
+        gindex=gindex,
+        gcells=gcells,
+        gfall=gfall,
+        gvals=gvals,
+    )
 
 
 def _time_path(isa, args, x, cps, plan, gindex, gcells, gfall, gvals, nb):
@@ -267,8 +301,9 @@ def _time_path(isa, args, x, cps, plan, gindex, gcells, gfall, gvals, nb):
         b.union_decode_into(plan, gvals, yu)
 
     t_udec = _best(union_decode_all, args.repeat)
-    dec_breakdown["union_scatter"] = _best(lambda: b.union_decode_into(plan, gvals, yu),
-                                           args.repeat)
+    dec_breakdown["union_scatter"] = _best(
+        lambda: b.union_decode_into(plan, gvals, yu), args.repeat
+    )
 
     _progress(f"{isa}: timing memcpy (numpy copyto, same buffer)")
     dst = np.empty_like(x)
@@ -276,17 +311,28 @@ def _time_path(isa, args, x, cps, plan, gindex, gcells, gfall, gvals, nb):
     t_mem = _best(lambda: np.copyto(dst, x), args.repeat)
     row = {
         "isa": isa,
-        "encode_seconds": t_enc, "decode_seconds": t_dec, "memcpy_seconds": t_mem,
-        "encode_gbps": gb / t_enc, "decode_gbps": gb / t_dec, "memcpy_gbps": gb / t_mem,
-        "encode_vs_memcpy": t_mem / t_enc, "decode_vs_memcpy": t_mem / t_dec,
-        "encode_breakdown_seconds": enc_breakdown, "decode_breakdown_seconds": dec_breakdown,
-        "candidates": info["candidates"], "stalled_blocks": info["stalled_blocks"],
+        "encode_seconds": t_enc,
+        "decode_seconds": t_dec,
+        "memcpy_seconds": t_mem,
+        "encode_gbps": gb / t_enc,
+        "decode_gbps": gb / t_dec,
+        "memcpy_gbps": gb / t_mem,
+        "encode_vs_memcpy": t_mem / t_enc,
+        "decode_vs_memcpy": t_mem / t_dec,
+        "encode_breakdown_seconds": enc_breakdown,
+        "decode_breakdown_seconds": dec_breakdown,
+        "candidates": info["candidates"],
+        "stalled_blocks": info["stalled_blocks"],
         "fallback_lanes": info["fallback_lanes"],
-        "union_encode_seconds": t_uenc, "union_decode_seconds": t_udec,
-        "union_encode_gbps": gb / t_uenc, "union_decode_gbps": gb / t_udec,
-        "union_encode_vs_memcpy": t_mem / t_uenc, "union_decode_vs_memcpy": t_mem / t_udec,
-        "union_decode_matches_lhc_decode": bool(np.array_equal(yu.view(np.uint32),
-                                                               y.view(np.uint32))),
+        "union_encode_seconds": t_uenc,
+        "union_decode_seconds": t_udec,
+        "union_encode_gbps": gb / t_uenc,
+        "union_decode_gbps": gb / t_udec,
+        "union_encode_vs_memcpy": t_mem / t_uenc,
+        "union_decode_vs_memcpy": t_mem / t_udec,
+        "union_decode_matches_lhc_decode": bool(
+            np.array_equal(yu.view(np.uint32), y.view(np.uint32))
+        ),
     }
     outputs = (codes, counts, index, cells, uvals, y, yu)
     return row, outputs
@@ -306,15 +352,23 @@ def run(args):
         raise SystemExit(str(e)) from None
     isas = parse_isas(getattr(args, "isa", None))
     n, W = args.elements, args.workers
-    _progress(f"{W} gradients of {n} float32 ({4 * n / 2**20:.0f} MiB each), density {args.density}")
+    _progress(
+        f"{W} gradients of {n} float32 ({4 * n / 2**20:.0f} MiB each), density {args.density}"
+    )
     grads = make_gradients(n, W, args.density, args.seed)
 
     # The global state every worker gets from the aggregator (C kernels).
     _progress("meta phase and index of every worker")
     st = lhc_state(grads, block)
     cps, plans, nb = st.cps, st.plans, st.params.nblocks(n)
-    gcodes, gcounts, gindex, gcells, gfall, gvals = (st.gcodes, st.gcounts, st.gindex, st.gcells,
-                                                     st.gfall, st.gvals)
+    gcodes, gcounts, gindex, gcells, gfall, gvals = (
+        st.gcodes,
+        st.gcounts,
+        st.gindex,
+        st.gcells,
+        st.gfall,
+        st.gvals,
+    )
     del st
     x = grads[0]
     plan = plans[0]
@@ -329,23 +383,30 @@ def run(args):
         if first is None:
             first = outs
         else:
-            identical &= all(np.array_equal(a.view(np.uint8), c.view(np.uint8))
-                             for a, c in zip(first, outs))
+            identical &= all(
+                np.array_equal(a.view(np.uint8), c.view(np.uint8)) for a, c in zip(first, outs)
+            )
     default = b.codec_isa()
     top = next((r for r in rows if r["isa"] == default), rows[-1])
     y, yu = (first[5], first[6])
     uvals = first[4]
     out = {
-        "elements": n, "workers": W, "density": args.density, "block_elements": block,
-        "default_isa": default, "paths": rows, "paths_bit_identical": identical,
+        "elements": n,
+        "workers": W,
+        "density": args.density,
+        "block_elements": block,
+        "default_isa": default,
+        "paths": rows,
+        "paths_bit_identical": identical,
     }
     out.update(top)
 
     if not args.no_numpy:
         _progress("numpy baseline: encode")
-        t_np_enc = _best(lambda: npc.encode(x, block, W, gcodes=gcodes, gindex=gindex,
-                                            gcounts=gcounts),
-                         max(1, args.repeat - 2))
+        t_np_enc = _best(
+            lambda: npc.encode(x, block, W, gcodes=gcodes, gindex=gindex, gcounts=gcounts),
+            max(1, args.repeat - 2),
+        )
         layout = npc.Layout(gindex, n, block, gcodes, W, 0, gcounts)
         # numpy's own summed sketch (equal to the C one when both follow
         # the protocol; "numpy_sketch_identical" says whether they do).
@@ -361,15 +422,19 @@ def run(args):
         t0 = time.perf_counter()
         y_np = npc.decode(np_cells, layout, fb)
         t_np_dec = time.perf_counter() - t0
-        out.update({
-            "numpy_encode_seconds": t_np_enc, "numpy_decode_seconds": t_np_dec,
-            "numpy_encode_speedup": t_np_enc / out["encode_seconds"],
-            "numpy_decode_speedup": t_np_dec / out["decode_seconds"],
-            "numpy_speedup": (t_np_enc + t_np_dec) / (out["encode_seconds"]
-                                                      + out["decode_seconds"]),
-            "numpy_decode_bit_identical": bool(np.array_equal(y_np.view(np.uint32),
-                                                              y.view(np.uint32))),
-        })
+        out.update(
+            {
+                "numpy_encode_seconds": t_np_enc,
+                "numpy_decode_seconds": t_np_dec,
+                "numpy_encode_speedup": t_np_enc / out["encode_seconds"],
+                "numpy_decode_speedup": t_np_dec / out["decode_seconds"],
+                "numpy_speedup": (t_np_enc + t_np_dec)
+                / (out["encode_seconds"] + out["decode_seconds"]),
+                "numpy_decode_bit_identical": bool(
+                    np.array_equal(y_np.view(np.uint32), y.view(np.uint32))
+                ),
+            }
+        )
         _progress("numpy baseline: union encode and decode")
         t0 = time.perf_counter()
         np_vals = npc.union_encode(x, layout)
@@ -378,13 +443,18 @@ def run(args):
         t0 = time.perf_counter()
         y_np_u = npc.union_decode(np_gvals, layout)
         t_np_udec = time.perf_counter() - t0
-        out.update({
-            "numpy_union_encode_seconds": t_np_uenc, "numpy_union_decode_seconds": t_np_udec,
-            "numpy_union_values_identical": bool(np.array_equal(
-                np_vals, uvals.astype(np.int64))),
-            "numpy_union_decode_bit_identical": bool(np.array_equal(y_np_u.view(np.uint32),
-                                                                    yu.view(np.uint32))),
-        })
+        out.update(
+            {
+                "numpy_union_encode_seconds": t_np_uenc,
+                "numpy_union_decode_seconds": t_np_udec,
+                "numpy_union_values_identical": bool(
+                    np.array_equal(np_vals, uvals.astype(np.int64))
+                ),
+                "numpy_union_decode_bit_identical": bool(
+                    np.array_equal(y_np_u.view(np.uint32), yu.view(np.uint32))
+                ),
+            }
+        )
 
     # Wire bytes of every method on the same gradients.
     union = np.zeros(n, dtype=bool)
@@ -402,23 +472,26 @@ def run(args):
         del r
     bound = by["lhc"]["index_bytes"] + 1.23 * 4 * global_nnz
     smallest = min(by[m]["bytes_per_worker"] for m in ("dense", "blocks", "lhc", "union"))
-    out.update({
-        "wire_bytes": by["lhc"]["bytes_per_worker"],
-        "wire_bytes_by_phase": by["lhc"]["bytes_sent"],
-        "wire_bound_bytes": bound,
-        "wire_vs_bound": by["lhc"]["bytes_per_worker"] / bound,
-        "global_nonzeros": global_nnz,
-        "dense_fp32_bytes": 4 * n,
-        "method_bytes": {m: by[m]["bytes_per_worker"] for m in by},
-        "auto_choice": by["auto"]["auto_choice"],
-        "auto_bytes": by["auto"]["bytes_per_worker"],
-        "smallest_exact_bytes": smallest,
-        "auto_vs_smallest": by["auto"]["bytes_per_worker"] / smallest,
-        "lhc_decode_matches_bench_decode": bool(np.array_equal(lhc_sum.view(np.uint32),
-                                                               y.view(np.uint32))),
-        "union_wire_bytes": by["union"]["bytes_per_worker"],
-        "union_wire_vs_lhc": by["union"]["bytes_per_worker"] / by["lhc"]["bytes_per_worker"],
-    })
+    out.update(
+        {
+            "wire_bytes": by["lhc"]["bytes_per_worker"],
+            "wire_bytes_by_phase": by["lhc"]["bytes_sent"],
+            "wire_bound_bytes": bound,
+            "wire_vs_bound": by["lhc"]["bytes_per_worker"] / bound,
+            "global_nonzeros": global_nnz,
+            "dense_fp32_bytes": 4 * n,
+            "method_bytes": {m: by[m]["bytes_per_worker"] for m in by},
+            "auto_choice": by["auto"]["auto_choice"],
+            "auto_bytes": by["auto"]["bytes_per_worker"],
+            "smallest_exact_bytes": smallest,
+            "auto_vs_smallest": by["auto"]["bytes_per_worker"] / smallest,
+            "lhc_decode_matches_bench_decode": bool(
+                np.array_equal(lhc_sum.view(np.uint32), y.view(np.uint32))
+            ),
+            "union_wire_bytes": by["union"]["bytes_per_worker"],
+            "union_wire_vs_lhc": by["union"]["bytes_per_worker"] / by["lhc"]["bytes_per_worker"],
+        }
+    )
     return out
 
 
@@ -438,8 +511,11 @@ def targets(out):
     res = {}
     for key, op, v in TARGETS:
         if key in out:
-            res[key] = {"value": out[key], "target": f"{op} {v}",
-                        "met": out[key] >= v if op == ">=" else out[key] <= v}
+            res[key] = {
+                "value": out[key],
+                "target": f"{op} {v}",
+                "met": out[key] >= v if op == ">=" else out[key] <= v,
+            }
     return res
 
 
@@ -449,23 +525,35 @@ def main(args):
     if args.json:
         print(json.dumps(out, indent=2, sort_keys=True))
         return 0
-    print(f"lhc codec, {out['elements']} elements, W={out['workers']}, density {out['density']}, "
-          f"block {out['block_elements']}, ISA paths {', '.join(r['isa'] for r in out['paths'])} "
-          f"(default {out['default_isa']}; same bits on every path: "
-          f"{'yes' if out['paths_bit_identical'] else 'NO'})")
+    print(
+        f"lhc codec, {out['elements']} elements, W={out['workers']}, density {out['density']}, "
+        f"block {out['block_elements']}, ISA paths {', '.join(r['isa'] for r in out['paths'])} "
+        f"(default {out['default_isa']}; same bits on every path: "
+        f"{'yes' if out['paths_bit_identical'] else 'NO'})"
+    )
     for r in out["paths"]:
-        print(f"  {r['isa']:8s} encode {r['encode_gbps']:6.2f} GB/s ({r['encode_vs_memcpy']:.2f}x "
-              f"memcpy), decode {r['decode_gbps']:6.2f} GB/s ({r['decode_vs_memcpy']:.2f}x); union "
-              f"encode {r['union_encode_vs_memcpy']:.2f}x, decode "
-              f"{r['union_decode_vs_memcpy']:.2f}x; memcpy {r['memcpy_gbps']:.2f} GB/s")
-    print(f"  union   wire {out['union_wire_bytes']} B/worker ({out['union_wire_vs_lhc']:.3f}x lhc)")
+        print(
+            f"  {r['isa']:8s} encode {r['encode_gbps']:6.2f} GB/s ({r['encode_vs_memcpy']:.2f}x "
+            f"memcpy), decode {r['decode_gbps']:6.2f} GB/s ({r['decode_vs_memcpy']:.2f}x); union "
+            f"encode {r['union_encode_vs_memcpy']:.2f}x, decode "
+            f"{r['union_decode_vs_memcpy']:.2f}x; memcpy {r['memcpy_gbps']:.2f} GB/s"
+        )
+    print(
+        f"  union   wire {out['union_wire_bytes']} B/worker ({out['union_wire_vs_lhc']:.3f}x lhc)"
+    )
     if "numpy_speedup" in out:
-        print(f"  numpy   encode {out['numpy_encode_seconds']:.2f} s, decode "
-              f"{out['numpy_decode_seconds']:.2f} s: C is {out['numpy_speedup']:.1f}x faster")
-    print(f"  wire    {out['wire_bytes']} B/worker, bound {out['wire_bound_bytes']:.0f} B "
-          f"({out['wire_vs_bound']:.3f}x); dense fp32 {out['dense_fp32_bytes']} B")
-    print(f"  auto    chose {out['auto_choice']}: {out['auto_bytes']} B vs smallest exact "
-          f"{out['smallest_exact_bytes']} B ({out['auto_vs_smallest']:.3f}x)")
+        print(
+            f"  numpy   encode {out['numpy_encode_seconds']:.2f} s, decode "
+            f"{out['numpy_decode_seconds']:.2f} s: C is {out['numpy_speedup']:.1f}x faster"
+        )
+    print(
+        f"  wire    {out['wire_bytes']} B/worker, bound {out['wire_bound_bytes']:.0f} B "
+        f"({out['wire_vs_bound']:.3f}x); dense fp32 {out['dense_fp32_bytes']} B"
+    )
+    print(
+        f"  auto    chose {out['auto_choice']}: {out['auto_bytes']} B vs smallest exact "
+        f"{out['smallest_exact_bytes']} B ({out['auto_vs_smallest']:.3f}x)"
+    )
     for k, t in out["targets"].items():
         print(f"  target  {k} {t['target']}: {t['value']:.3f} {'met' if t['met'] else 'NOT met'}")
     return 0

@@ -14,6 +14,7 @@ of the same float32 buffer.  Gradients as in ``homagg bench codec``
 
     python -m homagg.bench.codec_steps [--elements 67108864] [--repeat 5]
 """
+
 import argparse
 import json
 import sys
@@ -53,8 +54,14 @@ def run(args):
     block = check_gradient_arguments(args)
     grads = make_gradients(n, W, args.density, args.seed)
     st = lhc_state(grads, block)
-    cps, plans, gindex, gcells, gfall, gvals = (st.cps, st.plans, st.gindex, st.gcells,
-                                                st.gfall, st.gvals)
+    cps, plans, gindex, gcells, gfall, gvals = (
+        st.cps,
+        st.plans,
+        st.gindex,
+        st.gcells,
+        st.gfall,
+        st.gvals,
+    )
     params = st.params
     del st
     x, plan = grads[0], plans[0]
@@ -107,11 +114,19 @@ def run(args):
     dec = total(ms, parts["decode"])
     info = plan.info()
     return {
-        "elements": n, "workers": W, "density": args.density, "block_elements": block,
-        "candidates": info["candidates"], "stalled_blocks": info["stalled_blocks"],
-        "fallback_lanes": info["fallback_lanes"], "ms": ms, "cpu_ms": cpu_ms,
-        "encode_ms": enc, "decode_ms": dec,
-        "encode_x_memcpy": mem / enc, "decode_x_memcpy": mem / dec,
+        "elements": n,
+        "workers": W,
+        "density": args.density,
+        "block_elements": block,
+        "candidates": info["candidates"],
+        "stalled_blocks": info["stalled_blocks"],
+        "fallback_lanes": info["fallback_lanes"],
+        "ms": ms,
+        "cpu_ms": cpu_ms,
+        "encode_ms": enc,
+        "decode_ms": dec,
+        "encode_x_memcpy": mem / enc,
+        "decode_x_memcpy": mem / dec,
         "totals_ms": {k: total(ms, v) for k, v in parts.items()},
         "totals_cpu_ms": {k: total(cpu_ms, v) for k, v in parts.items()},
         "cpu_x_memcpy": {k: cmem / total(cpu_ms, v) for k, v in parts.items()},
@@ -124,25 +139,32 @@ def main(args):
         print(json.dumps(out))
         return 0
     ms, cpu = out["ms"], out["cpu_ms"]
-    print(f"{out['elements']} float32, block {out['block_elements']}, W={out['workers']}, "
-          f"density {out['density']}: {out['candidates']} candidates, "
-          f"{out['stalled_blocks']} stalled blocks, {out['fallback_lanes']} fallback lanes")
+    print(
+        f"{out['elements']} float32, block {out['block_elements']}, W={out['workers']}, "
+        f"density {out['density']}: {out['candidates']} candidates, "
+        f"{out['stalled_blocks']} stalled blocks, {out['fallback_lanes']} fallback lanes"
+    )
     print("wall ms (best), CPU ms of the thread (best)")
-    print(f"memcpy            {min(ms['memcpy'], ms['memcpy_after']):8.1f} "
-          f"{min(cpu['memcpy'], cpu['memcpy_after']):8.1f}   "
-          f"(wall before {ms['memcpy']:.1f}, after {ms['memcpy_after']:.1f})")
+    print(
+        f"memcpy            {min(ms['memcpy'], ms['memcpy_after']):8.1f} "
+        f"{min(cpu['memcpy'], cpu['memcpy_after']):8.1f}   "
+        f"(wall before {ms['memcpy']:.1f}, after {ms['memcpy_after']:.1f})"
+    )
     for k in ms:
         if not k.startswith("memcpy"):
             print(f"  {k:25s} {ms[k]:8.1f} {cpu[k]:8.1f}")
     for k, t in out["totals_ms"].items():
-        print(f"{k:27s} {t:8.1f} {out['totals_cpu_ms'][k]:8.1f}   "
-              f"{out['cpu_x_memcpy'][k]:.2f}x memcpy (CPU)")
+        print(
+            f"{k:27s} {t:8.1f} {out['totals_cpu_ms'][k]:8.1f}   "
+            f"{out['cpu_x_memcpy'][k]:.2f}x memcpy (CPU)"
+        )
     return 0
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     log.setup()
     add_arguments(ap)
     sys.exit(main(ap.parse_args()))

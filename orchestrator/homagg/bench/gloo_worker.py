@@ -21,6 +21,7 @@ spent in them, and whether the result equals the float64 sum within the
 float32 summation bound W * 2^-23 * sum_w |x_w| (+ the final rounding).
 A line ``"quit"`` ends the process.
 """
+
 import argparse
 import datetime
 import json
@@ -35,10 +36,10 @@ def _check(y, grads, step=1 << 18):
     elements at a time, so the float64 temporaries stay small)."""
     ok, worst = True, 0.0
     for a in range(0, y.size, step):
-        xs = np.stack([g[a:a + step].astype(np.float64) for g in grads])
+        xs = np.stack([g[a : a + step].astype(np.float64) for g in grads])
         exact_sum = xs.sum(axis=0)
         bound = (len(grads) + 1) * 2.0**-23 * np.abs(xs).sum(axis=0)
-        err = np.abs(y[a:a + step].astype(np.float64) - exact_sum)
+        err = np.abs(y[a : a + step].astype(np.float64) - exact_sum)
         ok = ok and bool(np.all(err <= bound))
         worst = max(worst, float(err.max()))
     return ok, worst
@@ -51,8 +52,12 @@ def run_job(dist, torch, job, rank, world):
     if job.get("gradient_files"):  # written by the benchmark, one per rank
         grads = [np.load(f) for f in job["gradient_files"]]
     else:
-        grads = [workloads.generate(job["workload"], world, job["elements"], job["density"],
-                                    job["seed"], w) for w in range(world)]
+        grads = [
+            workloads.generate(
+                job["workload"], world, job["elements"], job["density"], job["seed"], w
+            )
+            for w in range(world)
+        ]
     x = torch.from_numpy(grads[rank])
     for _ in range(job["warmup"]):
         buf = x.clone()
@@ -76,9 +81,14 @@ def run_job(dist, torch, job, rank, world):
         cpu += c1 - c0
         result = buf
     ok, err = _check(result.numpy(), grads) if result is not None else (None, None)
-    return {"rank": rank, "seconds": seconds, "cpu_seconds": cpu,
-            "machine_cpu": machine_busy([0] * len(machine), machine) if machine else None,
-            "within_tolerance": ok, "max_abs_error": err}
+    return {
+        "rank": rank,
+        "seconds": seconds,
+        "cpu_seconds": cpu,
+        "machine_cpu": machine_busy([0] * len(machine), machine) if machine else None,
+        "within_tolerance": ok,
+        "max_abs_error": err,
+    }
 
 
 def main(argv=None):
@@ -94,9 +104,13 @@ def main(argv=None):
     import torch.distributed as dist
 
     torch.set_num_threads(args.threads)
-    dist.init_process_group("gloo", init_method=args.init, rank=args.rank,
-                            world_size=args.world,
-                            timeout=datetime.timedelta(seconds=args.timeout))
+    dist.init_process_group(
+        "gloo",
+        init_method=args.init,
+        rank=args.rank,
+        world_size=args.world,
+        timeout=datetime.timedelta(seconds=args.timeout),
+    )
     print(json.dumps({"ready": args.rank, "torch": torch.__version__}), flush=True)
     try:
         for line in sys.stdin:

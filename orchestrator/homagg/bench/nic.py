@@ -13,6 +13,7 @@ includes building frames in the senders' buffers (memcpy) and copying them
 out of the receivers' rx rings.  The baseline in the same run is a memcpy of
 the same bytes (what any software path costs at least).
 """
+
 import time
 
 import numpy as np
@@ -44,8 +45,7 @@ class _Sink:
     def drain(self):
         total = 0
         while True:
-            got = _nb.port_recv_frames_into(self.port._p, self.buf, self.cap, self.lens,
-                                            self.n)
+            got = _nb.port_recv_frames_into(self.port._p, self.buf, self.cap, self.lens, self.n)
             total += got
             if got < self.n:
                 return total
@@ -54,8 +54,9 @@ class _Sink:
 def _pump(fab, senders, sinks, per_sender, length, chunk):
     """Every sender sends per_sender frames in chunks; the clock runs until
     the fabric is idle after each round.  Returns (frames delivered, seconds)."""
-    data = {s: (_frame(d, s.mac, length) * chunk, np.full(chunk, length, np.uint16))
-            for s, d in senders}
+    data = {
+        s: (_frame(d, s.mac, length) * chunk, np.full(chunk, length, np.uint16)) for s, d in senders
+    }
     delivered = 0
     t0 = time.perf_counter()
     sent = 0
@@ -90,8 +91,10 @@ def _unicast(args, faults):
 def _incast(args):
     w = args.workers
     fab = Fabric(seed=args.seed, pool_size=32768, trace_hash=False)
-    workers = [fab.add_port(f"02:00:00:00:01:{i:02x}", rate_bps=100 * 10**9, rx_ring=4096)
-               for i in range(w)]
+    workers = [
+        fab.add_port(f"02:00:00:00:01:{i:02x}", rate_bps=100 * 10**9, rx_ring=4096)
+        for i in range(w)
+    ]
     agg = fab.add_port("02:00:00:00:00:aa", rate_bps=100 * 10**9, rx_ring=8192)
     group = (239 << 24) | 1
     for p in workers:
@@ -117,13 +120,19 @@ def _baseline(n, length):
 
 def main(args):
     print(f"NIC model, {args.length}-byte frames, one core")
-    for name, fn in (("unicast", lambda: _unicast(args, False)),
-                     ("faults", lambda: _unicast(args, True)),
-                     (f"incast W={args.workers} + multicast", lambda: _incast(args))):
+    for name, fn in (
+        ("unicast", lambda: _unicast(args, False)),
+        ("faults", lambda: _unicast(args, True)),
+        (f"incast W={args.workers} + multicast", lambda: _incast(args)),
+    ):
         delivered, secs = fn()
-        print(f"  {name:28s} {delivered:9d} frames delivered in {secs:6.3f} s = "
-              f"{delivered / secs / 1e6:6.2f} M frames/s")
+        print(
+            f"  {name:28s} {delivered:9d} frames delivered in {secs:6.3f} s = "
+            f"{delivered / secs / 1e6:6.2f} M frames/s"
+        )
     base = _baseline(args.frames, args.length)
-    print(f"  {'baseline: 2 x memcpy':28s} {args.frames:9d} frames in {base:6.3f} s = "
-          f"{args.frames / base / 1e6:6.2f} M frames/s")
+    print(
+        f"  {'baseline: 2 x memcpy':28s} {args.frames:9d} frames in {base:6.3f} s = "
+        f"{args.frames / base / 1e6:6.2f} M frames/s"
+    )
     return 0

@@ -11,6 +11,7 @@ vectorised over all blocks one round at a time.  Peeling keeps a sum of
 candidate ids per cell instead of an XOR (same information for a cell with
 one candidate left).
 """
+
 import numpy as np
 
 GOLDEN = 0x9E3779B97F4A7C15
@@ -92,6 +93,7 @@ def log2_ceil(w):
 
 # ---- encode (one worker) -----------------------------------------------------
 
+
 def exponent_codes(x, block):
     m = np.abs(x).reshape(-1, block).max(axis=1).astype(np.float64)
     _, e = np.frexp(m)
@@ -122,8 +124,11 @@ def index_plan(n, block, gcodes, gcounts=None):
         length = min(block, n - b * block)
         if gcodes[b] == -128:
             continue
-        kind, bits, k = ("bitmap", 8 * ((length + 7) // 8), 0) if gcounts is None else \
-            plan_index(length, gcounts[b])
+        kind, bits, k = (
+            ("bitmap", 8 * ((length + 7) // 8), 0)
+            if gcounts is None
+            else plan_index(length, gcounts[b])
+        )
         plan.append((b * block, length, kind, bits, k, off))
         off += bits // 8
     return plan
@@ -134,9 +139,9 @@ def index_encode(x, plan, seed=0):
     key = stream_key(seed, DOM_BLOOM, 0)
     parts = []
     for start, length, kind, bits, k, _ in plan:
-        nz = np.flatnonzero(x[start:start + length])
+        nz = np.flatnonzero(x[start : start + length])
         if kind == "bitmap":
-            parts.append(np.packbits(x[start:start + length] != 0, bitorder="little"))
+            parts.append(np.packbits(x[start : start + length] != 0, bitorder="little"))
             continue
         bset = np.zeros(bits, dtype=bool)
         for p in bloom_probes(key, (start + nz).astype(np.uint64), k, bits):
@@ -152,7 +157,7 @@ def candidates(gindex, plan, seed=0):
     key = stream_key(seed, DOM_BLOOM, 0)
     out = []
     for start, length, kind, bits, k, off in plan:
-        have = np.unpackbits(gindex[off:off + bits // 8], bitorder="little")
+        have = np.unpackbits(gindex[off : off + bits // 8], bitorder="little")
         if kind == "bitmap":
             out.append(start + np.flatnonzero(have[:length]))
             continue
@@ -205,8 +210,9 @@ def sketch_encode(x, layout):
     cells, sign = layout.cells_of(g)
     acc = np.zeros(layout.lanes, dtype=np.int64)
     for r in range(3):
-        acc += np.bincount(cells[:, r], weights=(sign * q).astype(np.float64),
-                           minlength=layout.lanes).astype(np.int64)
+        acc += np.bincount(
+            cells[:, r], weights=(sign * q).astype(np.float64), minlength=layout.lanes
+        ).astype(np.int64)
     return ((acc + 2**31) % 2**32 - 2**31).astype(np.int32)
 
 
@@ -218,14 +224,23 @@ def encode(x, block, workers, gcodes=None, gindex=None, seed=0, gcounts=None):
     codes = exponent_codes(x, block)
     counts = nnz_counts(x, block)
     gc = codes if gcodes is None else gcodes
-    index = index_encode(x, index_plan(x.size, block, gc, counts if gcounts is None else gcounts),
-                         seed)
-    layout = Layout(index if gindex is None else gindex, x.size, block, gc, workers, seed,
-                    counts if gcounts is None else gcounts)
+    index = index_encode(
+        x, index_plan(x.size, block, gc, counts if gcounts is None else gcounts), seed
+    )
+    layout = Layout(
+        index if gindex is None else gindex,
+        x.size,
+        block,
+        gc,
+        workers,
+        seed,
+        counts if gcounts is None else gcounts,
+    )
     return codes, counts, index, sketch_encode(x, layout), layout
 
 
 # ---- decode (every worker) ------------------------------------------------------
+
 
 def peel(gcells, layout):
     """Peels the summed sketch; returns (values int64, resolved bool)."""
@@ -237,8 +252,9 @@ def peel(gcells, layout):
     ids = np.zeros(layout.lanes, dtype=np.int64)  # sum of candidate numbers
     for r in range(3):
         cnt += np.bincount(cells[:, r], minlength=layout.lanes)
-        ids += np.bincount(cells[:, r], weights=np.arange(k, dtype=np.float64),
-                           minlength=layout.lanes).astype(np.int64)
+        ids += np.bincount(
+            cells[:, r], weights=np.arange(k, dtype=np.float64), minlength=layout.lanes
+        ).astype(np.int64)
     values = np.zeros(k, dtype=np.int64)
     done = np.zeros(k, dtype=bool)
     while True:
@@ -275,6 +291,7 @@ def decode(gcells, layout, fallback=None):
 
 
 # ---- union (docs/PROTOCOL.md "union") -------------------------------------------
+
 
 def union_encode(x, layout):
     """This worker's union lanes: its quantised value at every candidate

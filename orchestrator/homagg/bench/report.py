@@ -5,6 +5,7 @@ benchmark's parameters and ``results`` (a list of flat dicts, one row
 each).  ``write_outputs`` writes <name>.json, <name>.csv and <name>.md into
 an output directory; the plots are the benchmark's own.
 """
+
 import csv
 import json
 import logging
@@ -49,6 +50,7 @@ def versions(extra=()):
     for name in ("homagg", "numpy", "matplotlib", *extra):
         try:
             from importlib.metadata import version
+
             out[name] = version(name)
         except Exception:  # not installed: say so instead of guessing
             out[name] = None
@@ -56,15 +58,19 @@ def versions(extra=()):
 
 
 def command():
-    return " ".join(shlex.quote(a) for a in ["homagg", *sys.argv[1:]]) \
-        if os.path.basename(sys.argv[0]) == "homagg" else " ".join(map(shlex.quote, sys.argv))
+    return (
+        " ".join(shlex.quote(a) for a in ["homagg", *sys.argv[1:]])
+        if os.path.basename(sys.argv[0]) == "homagg"
+        else " ".join(map(shlex.quote, sys.argv))
+    )
 
 
 def add_allreduce_arguments(parser):
     """The allreduce of a testbed benchmark: method, elements, workload, density."""
     parser.add_argument("--method", default="dense", help="allreduce method (default dense)")
-    parser.add_argument("--elements", type=int, default=2**20,
-                        help="float32 elements per worker (default 2^20)")
+    parser.add_argument(
+        "--elements", type=int, default=2**20, help="float32 elements per worker (default 2^20)"
+    )
     parser.add_argument("--workload", default="dense", help="see homagg.bench.workloads")
     parser.add_argument("--density", type=float, default=1.0)
 
@@ -136,8 +142,10 @@ def write_outputs(out_dir, name, report, md_columns, title):
         f.write(f"# {title}\n\n")
         f.write(f"Command: `{report['command']}`\n\n")
         m = report["machine"]
-        f.write(f"Machine: {m.get('cpu', m.get('machine'))}, {m.get('cpus')} CPUs, "
-                f"{m.get('system')}; {report['date']}\n\n")
+        f.write(
+            f"Machine: {m.get('cpu', m.get('machine'))}, {m.get('cpus')} CPUs, "
+            f"{m.get('system')}; {report['date']}\n\n"
+        )
         f.write(markdown_table(report["results"], md_columns))
     return paths
 
@@ -159,6 +167,8 @@ def finish(name, args, report, md_columns, title):
 def pyplot():
     """matplotlib.pyplot on the Agg backend (no display needed)."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     return plt

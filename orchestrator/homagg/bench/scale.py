@@ -49,6 +49,7 @@ and the punctual workers' timeouts against W), scale.png (bytes
 per worker and time vs W at K = 1; time vs W per K with the ring's model;
 log2 x-axis).  --json prints the report.
 """
+
 import json
 import sys
 import time
@@ -68,6 +69,8 @@ def frame_overhead():
     from homagg._native import lib
 
     return 42 + lib.HG_HDR_LEN
+
+
 LINK_DELAY = 1e-6  # one-way delay of every simulated link (s)
 
 
@@ -84,7 +87,7 @@ def _name_list(text):
 
 
 def _k_list(text):
-    """"1,2,W/8" -> [1, 2, "W/8"]: numbers, or one aggregator per N workers."""
+    """ "1,2,W/8" -> [1, 2, "W/8"]: numbers, or one aggregator per N workers."""
     out = []
     for v in _name_list(text):
         if v.upper().startswith("W/"):
@@ -104,45 +107,86 @@ def aggregators_for(token, workers):
 
 
 def add_arguments(parser):
-    parser.add_argument("--workers", type=_int_list, default=_int_list(DEFAULT_WORKERS),
-                        help=f"comma-separated worker counts (default {DEFAULT_WORKERS})")
-    parser.add_argument("--elements", type=int, default=2**18,
-                        help="float32 elements per worker (default 2^18)")
-    parser.add_argument("--density", type=float, default=0.01,
-                        help="non-zero fraction per worker (default 0.01)")
-    parser.add_argument("--workload", default="zipf", choices=workloads.WORKLOADS,
-                        help="gradient pattern, see homagg.bench.workloads (default zipf)")
-    parser.add_argument("--methods", type=_name_list, default=list(METHODS),
-                        help=f"comma-separated methods (default {','.join(METHODS)})")
-    parser.add_argument("--aggregators", type=_k_list, default=[1],
-                        help="comma-separated aggregator counts K per W: numbers or W/N "
-                        "(one per N workers), e.g. 1,2,4,8,W/8 (default 1)")
-    parser.add_argument("--leaves", type=_k_list, default=[],
-                        help="comma-separated leaf counts L of tree rows per W: numbers or "
-                        "W/N, e.g. W/16 (default: no tree rows)")
-    parser.add_argument("--drop-rate", type=_float_list, default=[0.0],
-                        help="comma-separated fractions of frames every link drops, 0..1, "
-                        "one row each (default 0)")
-    parser.add_argument("--straggler-ms", type=_float_list, default=[0.0],
-                        help="comma-separated start delays (ms of virtual time) of the last "
-                        "worker, one row each: a straggler still computing (default 0)")
-    parser.add_argument("--link-gbps", type=_float_list, default=[100.0],
-                        help="comma-separated line rates of every simulated link, one row "
-                        "each (default 100)")
-    parser.add_argument("--agg-link-gbps", default=None,
-                        help="line rate of each aggregator's link: a number, or 'auto' for "
-                        "homagg.sim.Cluster's default min(W x link, max(400, link)) "
-                        "(default: the workers' --link-gbps)")
-    parser.add_argument("--block", type=int, default=None,
-                        help="block elements (default HG_DEFAULT_BLOCK)")
-    parser.add_argument("--slots", type=int, default=None,
-                        help="aggregator slots per job = each worker's window (default: "
-                        "auto_slots(W), so W x S fits in half the aggregator's rx ring; "
-                        "a W x S beyond the ring of 4096 frames is refused)")
+    parser.add_argument(
+        "--workers",
+        type=_int_list,
+        default=_int_list(DEFAULT_WORKERS),
+        help=f"comma-separated worker counts (default {DEFAULT_WORKERS})",
+    )
+    parser.add_argument(
+        "--elements", type=int, default=2**18, help="float32 elements per worker (default 2^18)"
+    )
+    parser.add_argument(
+        "--density", type=float, default=0.01, help="non-zero fraction per worker (default 0.01)"
+    )
+    parser.add_argument(
+        "--workload",
+        default="zipf",
+        choices=workloads.WORKLOADS,
+        help="gradient pattern, see homagg.bench.workloads (default zipf)",
+    )
+    parser.add_argument(
+        "--methods",
+        type=_name_list,
+        default=list(METHODS),
+        help=f"comma-separated methods (default {','.join(METHODS)})",
+    )
+    parser.add_argument(
+        "--aggregators",
+        type=_k_list,
+        default=[1],
+        help="comma-separated aggregator counts K per W: numbers or W/N "
+        "(one per N workers), e.g. 1,2,4,8,W/8 (default 1)",
+    )
+    parser.add_argument(
+        "--leaves",
+        type=_k_list,
+        default=[],
+        help="comma-separated leaf counts L of tree rows per W: numbers or "
+        "W/N, e.g. W/16 (default: no tree rows)",
+    )
+    parser.add_argument(
+        "--drop-rate",
+        type=_float_list,
+        default=[0.0],
+        help="comma-separated fractions of frames every link drops, 0..1, one row each (default 0)",
+    )
+    parser.add_argument(
+        "--straggler-ms",
+        type=_float_list,
+        default=[0.0],
+        help="comma-separated start delays (ms of virtual time) of the last "
+        "worker, one row each: a straggler still computing (default 0)",
+    )
+    parser.add_argument(
+        "--link-gbps",
+        type=_float_list,
+        default=[100.0],
+        help="comma-separated line rates of every simulated link, one row each (default 100)",
+    )
+    parser.add_argument(
+        "--agg-link-gbps",
+        default=None,
+        help="line rate of each aggregator's link: a number, or 'auto' for "
+        "homagg.sim.Cluster's default min(W x link, max(400, link)) "
+        "(default: the workers' --link-gbps)",
+    )
+    parser.add_argument(
+        "--block", type=int, default=None, help="block elements (default HG_DEFAULT_BLOCK)"
+    )
+    parser.add_argument(
+        "--slots",
+        type=int,
+        default=None,
+        help="aggregator slots per job = each worker's window (default: "
+        "auto_slots(W), so W x S fits in half the aggregator's rx ring; "
+        "a W x S beyond the ring of 4096 frames is refused)",
+    )
     parser.add_argument("--seed", type=int, default=1, help="seed of the gradients")
     parser.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
-    parser.add_argument("--out", metavar="DIR", default=None,
-                        help="write scale.json/.csv/.md/.png into DIR")
+    parser.add_argument(
+        "--out", metavar="DIR", default=None, help="write scale.json/.csv/.md/.png into DIR"
+    )
 
 
 def auto_slots(workers):
@@ -168,16 +212,30 @@ def ring_model_seconds(workers, elements, link_gbps, delay=LINK_DELAY):
     of its 2(W-1) steps.  A lower bound: no CPU, no protocol overhead."""
     if link_gbps <= 0:
         return None
-    return ring_bytes_per_worker(workers, elements) * 8 / (link_gbps * 1e9) \
-        + 2 * (workers - 1) * delay
+    return (
+        ring_bytes_per_worker(workers, elements) * 8 / (link_gbps * 1e9) + 2 * (workers - 1) * delay
+    )
 
 
 def _payload(stats_dict):
     return int(sum(stats_dict.values()))
 
 
-def run_one(grads, method, link_gbps, block, slots, seed, want=None, f64=None, aggregators=1,
-            leaves=0, drop_rate=0.0, straggler_ms=0.0, agg_link_gbps=None):
+def run_one(
+    grads,
+    method,
+    link_gbps,
+    block,
+    slots,
+    seed,
+    want=None,
+    f64=None,
+    aggregators=1,
+    leaves=0,
+    drop_rate=0.0,
+    straggler_ms=0.0,
+    agg_link_gbps=None,
+):
     """One allreduce of grads on a fresh simulated cluster of ``aggregators``
     aggregators (leaves > 0: a tree of ``leaves`` leaves and a root, the
     root last) whose links drop ``drop_rate`` of their frames, the last
@@ -192,11 +250,24 @@ def run_one(grads, method, link_gbps, block, slots, seed, want=None, f64=None, a
     n = grads[0].size
     # Each aggregator NIC at the same rate as each worker's: an aggregator's
     # port is shared by all W workers, as with a DPDK aggregator server.
-    agg_rate = (link_gbps if agg_link_gbps is None else
-                None if agg_link_gbps == "auto" else float(agg_link_gbps))
-    with Cluster(workers=W, link_gbps=link_gbps, agg_link_gbps=agg_rate, slots=slots,
-                 seed=seed, delay=LINK_DELAY, aggregators=1 if leaves else aggregators,
-                 leaves=leaves, loss=drop_rate) as cl:
+    agg_rate = (
+        link_gbps
+        if agg_link_gbps is None
+        else None
+        if agg_link_gbps == "auto"
+        else float(agg_link_gbps)
+    )
+    with Cluster(
+        workers=W,
+        link_gbps=link_gbps,
+        agg_link_gbps=agg_rate,
+        slots=slots,
+        seed=seed,
+        delay=LINK_DELAY,
+        aggregators=1 if leaves else aggregators,
+        leaves=leaves,
+        loss=drop_rate,
+    ) as cl:
         aggregators = cl.aggregators
         if straggler_ms:
             cl.delay_start(W - 1, straggler_ms / 1e3)
@@ -218,8 +289,10 @@ def run_one(grads, method, link_gbps, block, slots, seed, want=None, f64=None, a
     recv = [_payload(w["bytes_received"]) for w in per]
     pkts = [w["packets_sent"] for w in per]
     vt = stats["virtual_time"]
-    eng = {k: sum(a["engine"][k] for a in aggs)
-           for k in ("received", "results_sent", "status_sent", "status_repeats")}
+    eng = {
+        k: sum(a["engine"][k] for a in aggs)
+        for k in ("received", "results_sent", "status_sent", "status_repeats")
+    }
     link_rx = [a["link"]["rx_bytes"] for a in aggs]
     link_tx = [a["link"]["tx_bytes"] for a in aggs]
     ring = ring_bytes_per_worker(W, n)
@@ -249,8 +322,11 @@ def run_one(grads, method, link_gbps, block, slots, seed, want=None, f64=None, a
         "agg_link_tx_bytes": link_tx,
         "agg_link_rx_max_share": max(link_rx) / sum(link_rx) if sum(link_rx) else None,
         "agg_link_rx_max_gbps": 8.0 * max(link_rx) / vt / 1e9 if vt > 0 else None,
-        "link_utilisation": (8.0 * (sum(sent) + frame_overhead() * sum(pkts)) / vt / 1e9 / link_gbps
-                             / aggregators if vt > 0 and link_gbps > 0 else None),
+        "link_utilisation": (
+            8.0 * (sum(sent) + frame_overhead() * sum(pkts)) / vt / 1e9 / link_gbps / aggregators
+            if vt > 0 and link_gbps > 0
+            else None
+        ),
         "bytes_sent_per_worker": float(np.mean(sent)),
         "bytes_received_per_worker": float(np.mean(recv)),
         "bytes_sent_per_worker_max": int(max(sent)),
@@ -301,8 +377,10 @@ def run(args):
     rows = []
     density = workloads.effective_density(args.workload, args.density)
     for W in args.workers:
-        rep.progress("scale", f"W={W}: {args.workload} gradients of {args.elements} float32, "
-                     f"density {density}")
+        rep.progress(
+            "scale",
+            f"W={W}: {args.workload} gradients of {args.elements} float32, density {density}",
+        )
         grads = workloads.generate_all(args.workload, W, args.elements, density, args.seed)
         want = reference.allreduce(grads, block) if set(args.methods) & set(EXACT_METHODS) else None
         f64 = np.sum([g.astype(np.float64) for g in grads], axis=0)
@@ -318,12 +396,28 @@ def run(args):
                     clean = None
                     for drop in args.drop_rate:
                         for lag in args.straggler_ms:
-                            row, _res = run_one(grads, m, gbps, block, slots, args.seed, want=want,
-                                                f64=f64, drop_rate=drop, straggler_ms=lag,
-                                                agg_link_gbps=args.agg_link_gbps, **shape)
-                            row = {"workers": W, "elements": args.elements,
-                                   "workload": args.workload, "density": density,
-                                   "union_density": union / args.elements, **row}
+                            row, _res = run_one(
+                                grads,
+                                m,
+                                gbps,
+                                block,
+                                slots,
+                                args.seed,
+                                want=want,
+                                f64=f64,
+                                drop_rate=drop,
+                                straggler_ms=lag,
+                                agg_link_gbps=args.agg_link_gbps,
+                                **shape,
+                            )
+                            row = {
+                                "workers": W,
+                                "elements": args.elements,
+                                "workload": args.workload,
+                                "density": density,
+                                "union_density": union / args.elements,
+                                **row,
+                            }
                             if drop == 0 and lag == 0:
                                 clean = row
                             if clean is not None and clean["virtual_seconds"] > 0:
@@ -331,14 +425,22 @@ def run(args):
                             rows.append(row)
                             _progress(row)
         del grads
-    return rep.header(benchmark="scale", link_gbps=args.link_gbps[0] if len(args.link_gbps) == 1
-                      else args.link_gbps, elements=args.elements,
-                      density=density, workload=args.workload, block_elements=block,
-                      slots=args.slots or "auto", seed=args.seed,
-                      drop_rate=args.drop_rate[0] if len(args.drop_rate) == 1 else args.drop_rate,
-                      straggler_ms=args.straggler_ms, agg_link_gbps=args.agg_link_gbps,
-                      aggregators=[str(t) for t in args.aggregators],
-                      leaves=[str(t) for t in args.leaves], results=rows)
+    return rep.header(
+        benchmark="scale",
+        link_gbps=args.link_gbps[0] if len(args.link_gbps) == 1 else args.link_gbps,
+        elements=args.elements,
+        density=density,
+        workload=args.workload,
+        block_elements=block,
+        slots=args.slots or "auto",
+        seed=args.seed,
+        drop_rate=args.drop_rate[0] if len(args.drop_rate) == 1 else args.drop_rate,
+        straggler_ms=args.straggler_ms,
+        agg_link_gbps=args.agg_link_gbps,
+        aggregators=[str(t) for t in args.aggregators],
+        leaves=[str(t) for t in args.leaves],
+        results=rows,
+    )
 
 
 def tree_leaves(tokens, workers):
@@ -353,32 +455,64 @@ def tree_leaves(tokens, workers):
 
 def _progress(row):
     m, W = row["method"], row["workers"]
-    where = (f"tree L={row['leaves']}" if row["leaves"] else f"K={row['aggregators']}")
-    rep.progress("scale", f"W={W} {where} {m:6s} virtual {row['virtual_seconds'] * 1e3:8.3f} ms "
-                         f"(ring model {row['ring_model_seconds'] * 1e3:.3f} ms), "
-                         f"{row['bytes_sent_per_worker'] / 1e6:.3f} MB/worker "
-                         f"({row['ratio_vs_ring']:.3f} x ring), agg "
-                         f"{row['agg_payload_gbps']:.1f} Gbit/s, wall {row['wall_seconds']:.2f} s, "
-                         f"drops {row['drops_injected']}, retx {row['retransmissions']}"
-                         + (f" ({row['retransmissions_per_drop']:.2f} per drop)"
-                            if row["retransmissions_per_drop"] is not None else "")
-                         + (f", timeouts {row['timeouts']}, probes {row['start_probes']}"
-                            + (f", straggler {row['straggler_ms']:g} ms" if row["straggler_ms"]
-                               else "")
-                            + (f", {row['vs_clean']:.2f} x loss-free" if row["vs_clean"]
-                               else ""))
-                         + f", status {row['agg_status_sent']} "
-                         f"({row['agg_status_repeats']} repeats unicast), exact {row['exact']}"
-                         + (f", error: {row['error']}" if row["error"] else ""))
+    where = f"tree L={row['leaves']}" if row["leaves"] else f"K={row['aggregators']}"
+    rep.progress(
+        "scale",
+        f"W={W} {where} {m:6s} virtual {row['virtual_seconds'] * 1e3:8.3f} ms "
+        f"(ring model {row['ring_model_seconds'] * 1e3:.3f} ms), "
+        f"{row['bytes_sent_per_worker'] / 1e6:.3f} MB/worker "
+        f"({row['ratio_vs_ring']:.3f} x ring), agg "
+        f"{row['agg_payload_gbps']:.1f} Gbit/s, wall {row['wall_seconds']:.2f} s, "
+        f"drops {row['drops_injected']}, retx {row['retransmissions']}"
+        + (
+            f" ({row['retransmissions_per_drop']:.2f} per drop)"
+            if row["retransmissions_per_drop"] is not None
+            else ""
+        )
+        + (
+            f", timeouts {row['timeouts']}, probes {row['start_probes']}"
+            + (f", straggler {row['straggler_ms']:g} ms" if row["straggler_ms"] else "")
+            + (f", {row['vs_clean']:.2f} x loss-free" if row["vs_clean"] else "")
+        )
+        + f", status {row['agg_status_sent']} "
+        f"({row['agg_status_repeats']} repeats unicast), exact {row['exact']}"
+        + (f", error: {row['error']}" if row["error"] else ""),
+    )
 
 
-MD_COLUMNS = ("workers", "aggregators", "leaves", "method", "method_chosen", "slots", "virtual_seconds",
-              "ring_model_seconds", "agg_link_rx_max_share", "agg_link_rx_max_gbps",
-              "bytes_sent_per_worker", "ring_bytes_per_worker", "ratio_vs_ring",
-              "agg_packets_per_s", "agg_payload_gbps", "wall_seconds", "drops_injected",
-              "retransmissions", "retransmissions_per_drop", "timeouts", "timeouts_punctual",
-              "start_probes", "rto_floor_max_ms", "drop_rate", "straggler_ms", "link_gbps",
-              "vs_clean", "agg_status_sent", "agg_status_repeats", "exact", "rel_l2_error")
+MD_COLUMNS = (
+    "workers",
+    "aggregators",
+    "leaves",
+    "method",
+    "method_chosen",
+    "slots",
+    "virtual_seconds",
+    "ring_model_seconds",
+    "agg_link_rx_max_share",
+    "agg_link_rx_max_gbps",
+    "bytes_sent_per_worker",
+    "ring_bytes_per_worker",
+    "ratio_vs_ring",
+    "agg_packets_per_s",
+    "agg_payload_gbps",
+    "wall_seconds",
+    "drops_injected",
+    "retransmissions",
+    "retransmissions_per_drop",
+    "timeouts",
+    "timeouts_punctual",
+    "start_probes",
+    "rto_floor_max_ms",
+    "drop_rate",
+    "straggler_ms",
+    "link_gbps",
+    "vs_clean",
+    "agg_status_sent",
+    "agg_status_repeats",
+    "exact",
+    "rel_l2_error",
+)
 
 
 def _base_rows(results):
@@ -387,8 +521,13 @@ def _base_rows(results):
     if not results:
         return results
     first = results[0]
-    return [r for r in results if r.get("link_gbps") == first.get("link_gbps")
-            and r.get("drop_rate") == first.get("drop_rate") and not r.get("straggler_ms")]
+    return [
+        r
+        for r in results
+        if r.get("link_gbps") == first.get("link_gbps")
+        and r.get("drop_rate") == first.get("drop_rate")
+        and not r.get("straggler_ms")
+    ]
 
 
 def plot_recovery(report, path):
@@ -402,28 +541,51 @@ def plot_recovery(report, path):
         return None
     m0 = rows[0]["method"]
     fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(17, 4.5))
-    keys = sorted({(r["link_gbps"], r["drop_rate"], r["straggler_ms"], bool(r["leaves"]))
-                   for r in rows if r["method"] == m0})
-    has = {ax1: any(r["vs_clean"] for r in rows), ax2: any(r["drop_rate"] for r in rows),
-           ax3: True}
+    keys = sorted(
+        {
+            (r["link_gbps"], r["drop_rate"], r["straggler_ms"], bool(r["leaves"]))
+            for r in rows
+            if r["method"] == m0
+        }
+    )
+    has = {ax1: any(r["vs_clean"] for r in rows), ax2: any(r["drop_rate"] for r in rows), ax3: True}
     for gbps, drop, lag, tree in keys:
-        rs = sorted((r for r in rows if r["method"] == m0 and r["link_gbps"] == gbps and
-                     r["drop_rate"] == drop and r["straggler_ms"] == lag and
-                     bool(r["leaves"]) == tree), key=lambda r: r["workers"])
-        label = (f"{gbps:g} Gbit/s, loss {drop:g}" + (f", straggler {lag:g} ms" if lag else "")
-                 + (", tree" if tree else ""))
+        rs = sorted(
+            (
+                r
+                for r in rows
+                if r["method"] == m0
+                and r["link_gbps"] == gbps
+                and r["drop_rate"] == drop
+                and r["straggler_ms"] == lag
+                and bool(r["leaves"]) == tree
+            ),
+            key=lambda r: r["workers"],
+        )
+        label = (
+            f"{gbps:g} Gbit/s, loss {drop:g}"
+            + (f", straggler {lag:g} ms" if lag else "")
+            + (", tree" if tree else "")
+        )
         style = "--" if tree else "-"
         ws = [r["workers"] for r in rs]
         ax1.plot(ws, [r["vs_clean"] or float("nan") for r in rs], style, marker="o", label=label)
         if drop:
-            ax2.plot(ws, [r["retransmissions_per_drop"] or float("nan") for r in rs], style,
-                     marker="o", label=label)
+            ax2.plot(
+                ws,
+                [r["retransmissions_per_drop"] or float("nan") for r in rs],
+                style,
+                marker="o",
+                label=label,
+            )
         ax3.plot(ws, [r["timeouts_punctual"] for r in rs], style, marker="o", label=label)
     ax1.axhline(1.5, color="k", lw=0.8, ls=":")
     ax2.axhline(2.0, color="k", lw=0.8, ls=":")
-    for ax, yl in ((ax1, "time / loss-free punctual time"),
-                   (ax2, "retransmissions per dropped frame"),
-                   (ax3, "timeouts of the punctual workers")):
+    for ax, yl in (
+        (ax1, "time / loss-free punctual time"),
+        (ax2, "retransmissions per dropped frame"),
+        (ax3, "timeouts of the punctual workers"),
+    ):
         if not has[ax]:
             ax.set_visible(False)  # nothing to plot (no loss-free row, no loss)
             continue
@@ -434,8 +596,10 @@ def plot_recovery(report, path):
         ax.legend(fontsize=7)
     if ax1.get_visible():
         ax1.set_yscale("log")
-    fig.suptitle(f"HomAgg recovery on the simulated cluster ({m0}, {report['elements']} "
-                 "elements, virtual time)")
+    fig.suptitle(
+        f"HomAgg recovery on the simulated cluster ({m0}, {report['elements']} "
+        "elements, virtual time)"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -455,48 +619,89 @@ def plot(report, path):
     fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(17, 4.5))
     for m in methods:
         rs = sorted((r for r in k1 if r["method"] == m), key=lambda r: r["workers"])
-        ax1.plot([r["workers"] for r in rs], [r["bytes_sent_per_worker"] for r in rs],
-                 marker="o", label=m)
-        ax2.plot([r["workers"] for r in rs], [r["virtual_seconds"] for r in rs],
-                 marker="o", label=m)
+        ax1.plot(
+            [r["workers"] for r in rs],
+            [r["bytes_sent_per_worker"] for r in rs],
+            marker="o",
+            label=m,
+        )
+        ax2.plot(
+            [r["workers"] for r in rs], [r["virtual_seconds"] for r in rs], marker="o", label=m
+        )
     ring = {r["workers"]: r for r in rows}
     ax1.plot(ws, [ring[w]["ring_bytes_per_worker"] for w in ws], "k--", label="ring 2(W-1)/W·4n")
-    ax2.plot(ws, [ring[w]["ring_model_seconds"] for w in ws], "k--",
-             label="ring, model (bandwidth + latency)")
+    ax2.plot(
+        ws,
+        [ring[w]["ring_model_seconds"] for w in ws],
+        "k--",
+        label="ring, model (bandwidth + latency)",
+    )
     # Time against W for every K (the first method of the run).
     m0 = methods[0]
     for K in sorted({r.get("aggregators", 1) for r in rows}):
-        rs = sorted((r for r in rows if r["method"] == m0 and r.get("aggregators", 1) == K),
-                    key=lambda r: r["workers"])
-        ax3.plot([r["workers"] for r in rs], [r["virtual_seconds"] for r in rs], marker="o",
-                 label=f"{m0}, K = {K}")
+        rs = sorted(
+            (r for r in rows if r["method"] == m0 and r.get("aggregators", 1) == K),
+            key=lambda r: r["workers"],
+        )
+        ax3.plot(
+            [r["workers"] for r in rs],
+            [r["virtual_seconds"] for r in rs],
+            marker="o",
+            label=f"{m0}, K = {K}",
+        )
     for t in report.get("aggregators", []):
         if str(t).startswith("W/"):
-            rs = sorted((r for r in rows if r["method"] == m0 and
-                         r.get("aggregators", 1) == aggregators_for(t, r["workers"])),
-                        key=lambda r: r["workers"])
-            ax3.plot([r["workers"] for r in rs], [r["virtual_seconds"] for r in rs], "r-",
-                     lw=2.5, alpha=0.5, label=f"{m0}, K = {t}")
+            rs = sorted(
+                (
+                    r
+                    for r in rows
+                    if r["method"] == m0
+                    and r.get("aggregators", 1) == aggregators_for(t, r["workers"])
+                ),
+                key=lambda r: r["workers"],
+            )
+            ax3.plot(
+                [r["workers"] for r in rs],
+                [r["virtual_seconds"] for r in rs],
+                "r-",
+                lw=2.5,
+                alpha=0.5,
+                label=f"{m0}, K = {t}",
+            )
     for t in report.get("leaves", []):
-        rs = sorted((r for r in trees if r["method"] == m0 and
-                     r["leaves"] in tree_leaves([_k_list(t)[0]], r["workers"])),
-                    key=lambda r: r["workers"])
+        rs = sorted(
+            (
+                r
+                for r in trees
+                if r["method"] == m0 and r["leaves"] in tree_leaves([_k_list(t)[0]], r["workers"])
+            ),
+            key=lambda r: r["workers"],
+        )
         if rs:
-            ax3.plot([r["workers"] for r in rs], [r["virtual_seconds"] for r in rs], "g-s",
-                     lw=2, label=f"{m0}, tree of L = {t} leaves + root")
+            ax3.plot(
+                [r["workers"] for r in rs],
+                [r["virtual_seconds"] for r in rs],
+                "g-s",
+                lw=2,
+                label=f"{m0}, tree of L = {t} leaves + root",
+            )
     ax3.plot(ws, [ring[w]["ring_model_seconds"] for w in ws], "k--", label="ring, model")
-    for ax, yl in ((ax1, f"payload bytes sent per worker (K = {kmin})"),
-                   (ax2, f"allreduce time (s, virtual, K = {kmin})"),
-                   (ax3, "allreduce time (s, virtual) per K aggregators")):
+    for ax, yl in (
+        (ax1, f"payload bytes sent per worker (K = {kmin})"),
+        (ax2, f"allreduce time (s, virtual, K = {kmin})"),
+        (ax3, "allreduce time (s, virtual) per K aggregators"),
+    ):
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("workers W")
         ax.set_ylabel(yl)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
-    fig.suptitle(f"HomAgg on the simulated cluster: {report['elements']} elements, "
-                 f"{report['workload']} density {report['density']}, "
-                 f"{rows[0]['link_gbps'] if rows else report['link_gbps']} Gbit/s links")
+    fig.suptitle(
+        f"HomAgg on the simulated cluster: {report['elements']} elements, "
+        f"{report['workload']} density {report['density']}, "
+        f"{rows[0]['link_gbps'] if rows else report['link_gbps']} Gbit/s links"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -507,8 +712,10 @@ def main(args):
     report = run(args)
     if args.out:
         import os
-        paths = rep.write_outputs(args.out, "scale", report, MD_COLUMNS,
-                                  "HomAgg scaling on the simulated cluster")
+
+        paths = rep.write_outputs(
+            args.out, "scale", report, MD_COLUMNS, "HomAgg scaling on the simulated cluster"
+        )
         paths["png"] = plot(report, os.path.join(args.out, "scale.png"))
         recovery = plot_recovery(report, os.path.join(args.out, "scale_recovery.png"))
         if recovery:

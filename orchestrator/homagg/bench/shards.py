@@ -15,6 +15,7 @@ run.
 Outputs with --out DIR: shards.json, shards.csv, shards.md.  --json prints
 the report.
 """
+
 import secrets
 import tempfile
 
@@ -23,15 +24,24 @@ from homagg.bench import report as rep
 
 def add_arguments(parser):
     parser.add_argument("--workers", type=int, default=4, help="worker namespaces (default 4)")
-    parser.add_argument("--aggregators", type=int, default=2,
-                        help="aggregator namespaces K; runs use 1 .. K of them (default 2)")
-    parser.add_argument("--link-mbit", type=float, default=200.0,
-                        help="rate of every link, both directions (default 200)")
+    parser.add_argument(
+        "--aggregators",
+        type=int,
+        default=2,
+        help="aggregator namespaces K; runs use 1 .. K of them (default 2)",
+    )
+    parser.add_argument(
+        "--link-mbit",
+        type=float,
+        default=200.0,
+        help="rate of every link, both directions (default 200)",
+    )
     rep.add_allreduce_arguments(parser)
     parser.add_argument("--repeat", type=int, default=3, help="runs per K (default 3)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
-    parser.add_argument("--out", metavar="DIR", default=None,
-                        help="write shards.json/.csv/.md into DIR")
+    parser.add_argument(
+        "--out", metavar="DIR", default=None, help="write shards.json/.csv/.md into DIR"
+    )
 
 
 def run(args):
@@ -40,43 +50,88 @@ def run(args):
 
     sd = tempfile.mkdtemp(prefix="homagg-shards-")
     name = "s" + secrets.token_hex(4)
-    rep.progress("shards", f"testbed {name}: {args.workers} workers, {args.aggregators} "
-                 f"aggregators, every link {args.link_mbit:g} Mbit/s")
-    Testbed.up(name, workers=args.workers, link_mbit=args.link_mbit,
-               agg_link_mbit=args.link_mbit, aggregators=args.aggregators, state_dir=sd)
+    rep.progress(
+        "shards",
+        f"testbed {name}: {args.workers} workers, {args.aggregators} "
+        f"aggregators, every link {args.link_mbit:g} Mbit/s",
+    )
+    Testbed.up(
+        name,
+        workers=args.workers,
+        link_mbit=args.link_mbit,
+        agg_link_mbit=args.link_mbit,
+        aggregators=args.aggregators,
+        state_dir=sd,
+    )
     rows = []
     try:
         for i in range(args.repeat):
             for K in range(1, args.aggregators + 1):
-                r = runmod.run_allreduce(name, args.method, args.elements, args.density,
-                                         workload=args.workload, seed=1, state_dir=sd,
-                                         aggregators=K, timeout=30.0)
-                row = {"aggregators": K, "run": i, "seconds": r["seconds"],
-                       "exact": r["exact"], "workers_agree": r["workers_agree"],
-                       "agg_rx_bytes": [a["rx_bytes"] for a in r["aggregators"]],
-                       "agg_tx_bytes": [a["tx_bytes"] for a in r["aggregators"]],
-                       "worker_tx_bytes": r["bytes_per_worker"],
-                       "retransmissions": sum(s["retransmissions"] for s in r["worker_stats"])}
+                r = runmod.run_allreduce(
+                    name,
+                    args.method,
+                    args.elements,
+                    args.density,
+                    workload=args.workload,
+                    seed=1,
+                    state_dir=sd,
+                    aggregators=K,
+                    timeout=30.0,
+                )
+                row = {
+                    "aggregators": K,
+                    "run": i,
+                    "seconds": r["seconds"],
+                    "exact": r["exact"],
+                    "workers_agree": r["workers_agree"],
+                    "agg_rx_bytes": [a["rx_bytes"] for a in r["aggregators"]],
+                    "agg_tx_bytes": [a["tx_bytes"] for a in r["aggregators"]],
+                    "worker_tx_bytes": r["bytes_per_worker"],
+                    "retransmissions": sum(s["retransmissions"] for s in r["worker_stats"]),
+                }
                 rows.append(row)
-                rep.progress("shards", f"K={K} run {i}: {row['seconds'] * 1e3:.1f} ms, "
-                             f"aggregator rx bytes {row['agg_rx_bytes']}, exact {row['exact']}")
+                rep.progress(
+                    "shards",
+                    f"K={K} run {i}: {row['seconds'] * 1e3:.1f} ms, "
+                    f"aggregator rx bytes {row['agg_rx_bytes']}, exact {row['exact']}",
+                )
     finally:
         Testbed.down(name, state_dir=sd)
-    summary = rep.median_summary(rows, "aggregators", list(range(1, args.aggregators + 1)),
-                                 "speedup_vs_k1")
-    return rep.header(benchmark="shards", workers=args.workers, link_mbit=args.link_mbit,
-                      method=args.method, elements=args.elements, workload=args.workload,
-                      density=args.density, repeat=args.repeat, summary=summary, results=rows)
+    summary = rep.median_summary(
+        rows, "aggregators", list(range(1, args.aggregators + 1)), "speedup_vs_k1"
+    )
+    return rep.header(
+        benchmark="shards",
+        workers=args.workers,
+        link_mbit=args.link_mbit,
+        method=args.method,
+        elements=args.elements,
+        workload=args.workload,
+        density=args.density,
+        repeat=args.repeat,
+        summary=summary,
+        results=rows,
+    )
 
 
-MD_COLUMNS = ("aggregators", "run", "seconds", "agg_rx_bytes", "agg_tx_bytes", "retransmissions",
-              "exact")
+MD_COLUMNS = (
+    "aggregators",
+    "run",
+    "seconds",
+    "agg_rx_bytes",
+    "agg_tx_bytes",
+    "retransmissions",
+    "exact",
+)
 
 
 def main(args):
     report = run(args)
     for K, s in report["summary"].items():
-        rep.progress("shards", f"K={K}: median {s['median_seconds'] * 1e3:.1f} ms, "
-                     f"{s['speedup_vs_k1']:.2f}x K = 1")
-    return rep.finish("shards", args, report, MD_COLUMNS,
-                      "K aggregators against one on the shaped local testbed")
+        rep.progress(
+            "shards",
+            f"K={K}: median {s['median_seconds'] * 1e3:.1f} ms, {s['speedup_vs_k1']:.2f}x K = 1",
+        )
+    return rep.finish(
+        "shards", args, report, MD_COLUMNS, "K aggregators against one on the shaped local testbed"
+    )

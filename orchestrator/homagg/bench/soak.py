@@ -23,6 +23,7 @@ Progress goes to stderr every --progress seconds; --json prints the
 report.  Exit status 0 when every allreduce was exact and every life's
 counters were consistent.
 """
+
 import math
 import random
 import secrets
@@ -37,26 +38,59 @@ DENSITIES = (0.01, 0.05, 0.2, 1.0)
 
 
 def add_arguments(parser):
-    parser.add_argument("--minutes", type=float, required=True, metavar="M",
-                        help="how long to run allreduces")
+    parser.add_argument(
+        "--minutes", type=float, required=True, metavar="M", help="how long to run allreduces"
+    )
     parser.add_argument("--workers", type=int, default=4, metavar="W")
-    parser.add_argument("--link-mbit", type=float, default=1000, metavar="R",
-                        help="worker link rate (default: %(default)s)")
-    parser.add_argument("--drop-rate", type=float, default=0.01, metavar="P",
-                        help="fraction of received frames the daemon drops (default: %(default)s)")
-    parser.add_argument("--restart-every", type=float, default=20.0, metavar="S",
-                        help="restart the daemon every S seconds, between allreduces "
-                        "(0: never; default: %(default)s)")
-    parser.add_argument("--methods", default=",".join(protocol.METHODS),
-                        help="comma-separated methods to draw from (default: all)")
+    parser.add_argument(
+        "--link-mbit",
+        type=float,
+        default=1000,
+        metavar="R",
+        help="worker link rate (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--drop-rate",
+        type=float,
+        default=0.01,
+        metavar="P",
+        help="fraction of received frames the daemon drops (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--restart-every",
+        type=float,
+        default=20.0,
+        metavar="S",
+        help="restart the daemon every S seconds, between allreduces "
+        "(0: never; default: %(default)s)",
+    )
+    parser.add_argument(
+        "--methods",
+        default=",".join(protocol.METHODS),
+        help="comma-separated methods to draw from (default: all)",
+    )
     parser.add_argument("--min-elements", type=int, default=1000, metavar="N")
     parser.add_argument("--max-elements", type=int, default=200_000, metavar="N")
-    parser.add_argument("--timeout", type=float, default=5.0, metavar="S",
-                        help="a worker gives up on a chunk after S seconds (default: %(default)s)")
-    parser.add_argument("--seed", type=int, default=None,
-                        help="seed of the random choices (default: random, reported)")
-    parser.add_argument("--progress", type=float, default=10.0, metavar="S",
-                        help="a progress line on stderr every S seconds (default: %(default)s)")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=5.0,
+        metavar="S",
+        help="a worker gives up on a chunk after S seconds (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="seed of the random choices (default: random, reported)",
+    )
+    parser.add_argument(
+        "--progress",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="a progress line on stderr every S seconds (default: %(default)s)",
+    )
     parser.add_argument("--pmd", choices=("auto", "af_xdp", "af_packet"), default="auto")
     parser.add_argument("--state-dir", default=None, metavar="DIR", help="testbed state directory")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -76,9 +110,14 @@ class _Life:
         from homagg.runs.session import accounting, rss_kb
 
         stats = session.stats()
-        return {"pid": self.pid, "allreduces": self.allreduces,
-                "rss_start_kb": self.rss_start_kb, "rss_end_kb": rss_kb(self.pid),
-                "accounting": accounting(stats), "port": stats["port"]}
+        return {
+            "pid": self.pid,
+            "allreduces": self.allreduces,
+            "rss_start_kb": self.rss_start_kb,
+            "rss_end_kb": rss_kb(self.pid),
+            "accounting": accounting(stats),
+            "port": stats["port"],
+        }
 
 
 def soak(args, out=sys.stderr) -> dict:
@@ -89,8 +128,10 @@ def soak(args, out=sys.stderr) -> dict:
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     unknown = [m for m in methods if m not in protocol.METHODS]
     if not methods or unknown:
-        raise SystemExit(f"homagg bench soak: --methods: unknown {unknown}; "
-                         f"choose from {','.join(protocol.METHODS)}")
+        raise SystemExit(
+            f"homagg bench soak: --methods: unknown {unknown}; "
+            f"choose from {','.join(protocol.METHODS)}"
+        )
     if not 1 <= args.min_elements <= args.max_elements:
         raise SystemExit("homagg bench soak: need 1 <= --min-elements <= --max-elements")
     seed = args.seed if args.seed is not None else secrets.randbits(32)
@@ -100,29 +141,48 @@ def soak(args, out=sys.stderr) -> dict:
     lives, runs, failures = [], [], []
     t_start = time.monotonic()
     try:
-        with tempfile.TemporaryDirectory(prefix="homagg-soak-") as wd, \
-                Session(tb, wd, drop_rate=args.drop_rate, timeout=args.timeout,
-                        pmd=args.pmd) as s:
+        with (
+            tempfile.TemporaryDirectory(prefix="homagg-soak-") as wd,
+            Session(tb, wd, drop_rate=args.drop_rate, timeout=args.timeout, pmd=args.pmd) as s,
+        ):
             life = _Life(s)
             end = t_start + args.minutes * 60.0
             next_restart = t_start + args.restart_every if args.restart_every > 0 else math.inf
             next_progress = t_start + args.progress
             while time.monotonic() < end:
                 method = rng.choice(methods)
-                n = int(round(math.exp(rng.uniform(math.log(args.min_elements),
-                                                   math.log(args.max_elements)))))
+                n = int(
+                    round(
+                        math.exp(
+                            rng.uniform(math.log(args.min_elements), math.log(args.max_elements))
+                        )
+                    )
+                )
                 density, workload = rng.choice(DENSITIES), rng.choice(WORKLOADS)
                 r = s.allreduce(method, n, density, workload, seed=rng.randrange(1 << 30))
                 life.allreduces += 1
                 good = r["ok"] and r["exact"] is not False and r["workers_agree"]
-                runs.append({"method": method, "elements": n, "density": density,
-                             "workload": workload, "ok": r["ok"], "exact": r["exact"],
-                             "good": good,
-                             "retransmissions": sum(w.get("retransmissions", 0)
-                                                    for w in r["workers"])})
+                runs.append(
+                    {
+                        "method": method,
+                        "elements": n,
+                        "density": density,
+                        "workload": workload,
+                        "ok": r["ok"],
+                        "exact": r["exact"],
+                        "good": good,
+                        "retransmissions": sum(w.get("retransmissions", 0) for w in r["workers"]),
+                    }
+                )
                 if not r["ok"]:
-                    failures.append({"at_seconds": time.monotonic() - t_start,
-                                     "method": method, "elements": n, "errors": r["errors"]})
+                    failures.append(
+                        {
+                            "at_seconds": time.monotonic() - t_start,
+                            "method": method,
+                            "elements": n,
+                            "errors": r["errors"],
+                        }
+                    )
                     s.recover()
                 now = time.monotonic()
                 if now >= next_restart and now < end:
@@ -132,8 +192,13 @@ def soak(args, out=sys.stderr) -> dict:
                     next_restart = time.monotonic() + args.restart_every
                 if now >= next_progress:
                     next_progress = now + args.progress
-                    print(_progress_line(now - t_start, args.minutes, runs, failures,
-                                         len(lives), life), file=out, flush=True)
+                    print(
+                        _progress_line(
+                            now - t_start, args.minutes, runs, failures, len(lives), life
+                        ),
+                        file=out,
+                        flush=True,
+                    )
             lives.append(life.end(s))
     finally:
         Testbed.down(name, state_dir=args.state_dir)
@@ -157,8 +222,9 @@ def soak(args, out=sys.stderr) -> dict:
         "daemon_restarts": len(lives) - 1,
         "rss_start_kb": lives[0]["rss_start_kb"],
         "rss_end_kb": lives[-1]["rss_end_kb"],
-        "rss_max_growth_kb": max((lf["rss_end_kb"] or 0) - (lf["rss_start_kb"] or 0)
-                                 for lf in lives),
+        "rss_max_growth_kb": max(
+            (lf["rss_end_kb"] or 0) - (lf["rss_start_kb"] or 0) for lf in lives
+        ),
         "counters_consistent": all(lf["accounting"]["consistent"] for lf in lives),
         "lives": lives,
         "per_method": {m: sum(1 for r in runs if r["method"] == m) for m in methods},
@@ -170,9 +236,11 @@ def _progress_line(elapsed, minutes, runs, failures, restarts, life) -> str:
     from homagg.runs.session import rss_kb
 
     rss = rss_kb(life.pid)
-    return (f"soak: {elapsed / 60:.1f}/{minutes:g} min, {len(runs)} allreduces, "
-            f"{sum(1 for r in runs if r['good'])} good, {len(failures)} failed, "
-            f"{restarts} daemon restarts, daemon RSS {rss / 1024 if rss else float('nan'):.1f} MiB")
+    return (
+        f"soak: {elapsed / 60:.1f}/{minutes:g} min, {len(runs)} allreduces, "
+        f"{sum(1 for r in runs if r['good'])} good, {len(failures)} failed, "
+        f"{restarts} daemon restarts, daemon RSS {rss / 1024 if rss else float('nan'):.1f} MiB"
+    )
 
 
 def _text(rep) -> str:
@@ -190,8 +258,10 @@ def _text(rep) -> str:
         f"  counters consistent in every life: {rep['counters_consistent']}",
     ]
     for f in rep["failures"]:
-        lines.append(f"  failed at {f['at_seconds']:.1f} s ({f['method']}, {f['elements']}): "
-                     f"{f['errors'][0]}")
+        lines.append(
+            f"  failed at {f['at_seconds']:.1f} s ({f['method']}, {f['elements']}): "
+            f"{f['errors'][0]}"
+        )
     return "\n".join(lines)
 
 

@@ -28,6 +28,7 @@ unauthenticated one.  ``--mac-isa`` adds an aes-gmac row per AES-GMAC path
 ``pclmul``, ``avx2`` and ``avx512`` the project's own; ``all``: every path
 this CPU has); each row's ``mac_isa`` names its path.  Needs root (EAL).
 """
+
 import json
 import os
 import pathlib
@@ -41,44 +42,85 @@ ROOT = pathlib.Path(__file__).resolve().parents[3]
 
 
 def add_arguments(parser):
-    parser.add_argument("--workers", type=int, nargs="+", default=[2, 8, 32],
-                        help="W values to measure (default 2 8 32)")
-    parser.add_argument("--payload", "--payload-bytes", type=int, nargs="+", default=[1024],
-                        dest="payload", metavar="BYTES",
-                        help="payload bytes per frame, a multiple of 4 up to 8192 "
-                        "(default 1024; several: one run each)")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        nargs="+",
+        default=[2, 8, 32],
+        help="W values to measure (default 2 8 32)",
+    )
+    parser.add_argument(
+        "--payload",
+        "--payload-bytes",
+        type=int,
+        nargs="+",
+        default=[1024],
+        dest="payload",
+        metavar="BYTES",
+        help="payload bytes per frame, a multiple of 4 up to 8192 "
+        "(default 1024; several: one run each)",
+    )
     parser.add_argument("--slots", type=int, default=256)
     parser.add_argument("--seconds", type=float, default=2.0)
-    parser.add_argument("--lcores", default="0,1",
-                        help="EAL lcore list: generator first, engine second (default 0,1)")
-    parser.add_argument("--binary", default=None,
-                        help="path of homagg-switch-bench (default build/release/)")
-    parser.add_argument("--auth", action="store_true",
-                        help="also measure with per-worker authentication and report the ratio")
-    parser.add_argument("--mac", nargs="+", choices=("aes-gmac", "blake2b"), default=None,
-                        help="with --auth: the MAC algorithms to measure (default: aes-gmac "
-                        "where the CPU has it, and blake2b)")
-    parser.add_argument("--mac-isa", nargs="+", default=None, metavar="PATH",
-                        help="with --auth: one aes-gmac row per AES-GMAC path, HOMAGG_MAC_ISA "
-                        "forced (portable, pclmul, avx2, avx512, or all: every path this CPU "
-                        "has; default: the process's own)")
+    parser.add_argument(
+        "--lcores",
+        default="0,1",
+        help="EAL lcore list: generator first, engine second (default 0,1)",
+    )
+    parser.add_argument(
+        "--binary", default=None, help="path of homagg-switch-bench (default build/release/)"
+    )
+    parser.add_argument(
+        "--auth",
+        action="store_true",
+        help="also measure with per-worker authentication and report the ratio",
+    )
+    parser.add_argument(
+        "--mac",
+        nargs="+",
+        choices=("aes-gmac", "blake2b"),
+        default=None,
+        help="with --auth: the MAC algorithms to measure (default: aes-gmac "
+        "where the CPU has it, and blake2b)",
+    )
+    parser.add_argument(
+        "--mac-isa",
+        nargs="+",
+        default=None,
+        metavar="PATH",
+        help="with --auth: one aes-gmac row per AES-GMAC path, HOMAGG_MAC_ISA "
+        "forced (portable, pclmul, avx2, avx512, or all: every path this CPU "
+        "has; default: the process's own)",
+    )
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
 
 
-def run_one(binary, workers, payload, slots, seconds, lcores, auth=False, mac=None,
-            mac_isa=None):
+def run_one(binary, workers, payload, slots, seconds, lcores, auth=False, mac=None, mac_isa=None):
     with tempfile.TemporaryDirectory(prefix="homagg-bench-") as rundir:
         env = dict(os.environ, RUNTIME_DIRECTORY=rundir, XDG_RUNTIME_DIR=rundir)
         if mac_isa:
             env["HOMAGG_MAC_ISA"] = mac_isa
-        cmd = [str(binary), *eal_args(lcores, memory_mb=512), "--", "--workers", str(workers), "--payload", str(payload),
-               "--slots", str(slots), "--seconds", str(seconds), "--json"]
+        cmd = [
+            str(binary),
+            *eal_args(lcores, memory_mb=512),
+            "--",
+            "--workers",
+            str(workers),
+            "--payload",
+            str(payload),
+            "--slots",
+            str(slots),
+            "--seconds",
+            str(seconds),
+            "--json",
+        ]
         if auth:
             cmd.append("--auth")
         if mac:
             cmd += ["--mac", mac]
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env,
-                              timeout=seconds * 4 + 60)
+        proc = subprocess.run(
+            cmd, capture_output=True, text=True, env=env, timeout=seconds * 4 + 60
+        )
     lines = [x for x in proc.stdout.splitlines() if x.startswith("{")]
     if proc.returncode not in (0, 2) or not lines:
         raise RuntimeError(f"{binary} failed ({proc.returncode}): {proc.stderr.strip()[-2000:]}")
@@ -99,14 +141,16 @@ def _mac_isas(names):
         if isa not in b.MAC_ISAS:
             raise SystemExit(f"--mac-isa {isa}: use portable, pclmul, avx2, avx512 or all")
         if isa not in have:
-            raise SystemExit(f"--mac-isa {isa}: this CPU lacks that path; it has "
-                             f"{', '.join(have)}")
+            raise SystemExit(f"--mac-isa {isa}: this CPU lacks that path; it has {', '.join(have)}")
     return names
 
 
 def main(args):
-    binary = pathlib.Path(args.binary) if args.binary else \
-        ROOT / "build" / "release" / "homagg-switch-bench"
+    binary = (
+        pathlib.Path(args.binary)
+        if args.binary
+        else ROOT / "build" / "release" / "homagg-switch-bench"
+    )
     if not binary.exists():
         print(f"{binary} is missing: run `make switch`", file=sys.stderr)
         return 1
@@ -121,10 +165,19 @@ def main(args):
         for w in args.workers:
             runs = [run_one(binary, w, payload, args.slots, args.seconds, args.lcores)]
             base = runs[0]["engine_mpps"]
-            for mac in (macs if args.auth else []):  # the same run, with per-worker MACs
-                for isa in (mac_isas if mac == "aes-gmac" else [None]):
-                    r = run_one(binary, w, payload, args.slots, args.seconds, args.lcores,
-                                auth=True, mac=mac, mac_isa=isa)
+            for mac in macs if args.auth else []:  # the same run, with per-worker MACs
+                for isa in mac_isas if mac == "aes-gmac" else [None]:
+                    r = run_one(
+                        binary,
+                        w,
+                        payload,
+                        args.slots,
+                        args.seconds,
+                        args.lcores,
+                        auth=True,
+                        mac=mac,
+                        mac_isa=isa,
+                    )
                     r["engine_mpps_vs_unauthenticated"] = r["engine_mpps"] / base if base else None
                     runs.append(r)
             for r in runs:
@@ -134,16 +187,19 @@ def main(args):
                     print(json.dumps(r), flush=True)
                     continue
                 ratio = r.get("engine_mpps_vs_unauthenticated")
-                print(f"W={r['workers']:4d} payload={r['payload']} B"
-                      f"{' auth ' + r.get('mac', '') if r.get('auth') else ''}"
-                      f"{' ' + r['mac_isa'] if r.get('mac_isa', 'none') != 'none' else ''}: "
-                      f"{r['mpps']:7.3f} Mpps "
-                      f"({r['payload_gbps']:6.2f} Gbit/s of payload) end to end, engine lcore "
-                      f"capacity {r['engine_mpps']:7.3f} Mpps"
-                      f"{f' = {ratio:.2f}x unauthenticated' if ratio is not None else ''} "
-                      f"({r['engine_payload_gbps']:6.2f} Gbit/s of payload, busy "
-                      f"{100 * r['engine_busy']:.0f}%, {r['preempted_polls']} preempted polls) "
-                      f"= {r['engine_vs_pull']:.2f}x an lcore that only pulls the frames "
-                      f"({r['pull_payload_gbps']:6.2f} Gbit/s of payload), "
-                      f"{r['lcores']} lcore(s), {r['isa']}, drops {r['drops']}", flush=True)
+                print(
+                    f"W={r['workers']:4d} payload={r['payload']} B"
+                    f"{' auth ' + r.get('mac', '') if r.get('auth') else ''}"
+                    f"{' ' + r['mac_isa'] if r.get('mac_isa', 'none') != 'none' else ''}: "
+                    f"{r['mpps']:7.3f} Mpps "
+                    f"({r['payload_gbps']:6.2f} Gbit/s of payload) end to end, engine lcore "
+                    f"capacity {r['engine_mpps']:7.3f} Mpps"
+                    f"{f' = {ratio:.2f}x unauthenticated' if ratio is not None else ''} "
+                    f"({r['engine_payload_gbps']:6.2f} Gbit/s of payload, busy "
+                    f"{100 * r['engine_busy']:.0f}%, {r['preempted_polls']} preempted polls) "
+                    f"= {r['engine_vs_pull']:.2f}x an lcore that only pulls the frames "
+                    f"({r['pull_payload_gbps']:6.2f} Gbit/s of payload), "
+                    f"{r['lcores']} lcore(s), {r['isa']}, drops {r['drops']}",
+                    flush=True,
+                )
     return rc

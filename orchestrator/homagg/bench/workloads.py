@@ -19,6 +19,7 @@ inside its own process (the Gloo baseline does) instead of shipping it.
 Values are normal with a per-row/element magnitude spread over several
 decades, like real gradients.
 """
+
 import numpy as np
 
 WORKLOADS = ("shared", "random", "zipf", "dense")

@@ -1,6 +1,7 @@
 """Argument checks shared by the binding modules: every buffer is a 1-D
 C-contiguous numpy array of the dtype the C side expects, passed without a
 copy (``_buf`` / ``_wbuf``)."""
+
 import numpy as np
 
 from homagg._native import ffi

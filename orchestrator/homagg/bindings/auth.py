@@ -5,6 +5,7 @@ One function per C function; lengths are checked before the call, a
 negative return code becomes an exception of ``homagg.errors``.  The typed
 API is ``homagg.auth`` (secret files, keys).
 """
+
 from homagg._native import ffi, lib
 from homagg.errors import InvalidArgument, check
 
@@ -29,9 +30,11 @@ def fixed_bytes(v, size, what):
 # ---- AES-GMAC ISA path ----------------------------------------------------------
 
 MAC_ISAS = ("portable", "pclmul", "avx2", "avx512")
-_MAC_ISA_NEEDS = {"pclmul": "AES-NI, PCLMULQDQ and SSSE3",
-                  "avx2": "AES-NI, AVX2 and VPCLMULQDQ",
-                  "avx512": "AES-NI, VPCLMULQDQ and AVX-512 F and BW"}
+_MAC_ISA_NEEDS = {
+    "pclmul": "AES-NI, PCLMULQDQ and SSSE3",
+    "avx2": "AES-NI, AVX2 and VPCLMULQDQ",
+    "avx512": "AES-NI, VPCLMULQDQ and AVX-512 F and BW",
+}
 
 
 def _mac_isa_value(rc):
@@ -46,10 +49,14 @@ def _mac_isa_value(rc):
     if rc == -errno.EINVAL:
         raise InvalidArgument(
             f"HOMAGG_MAC_ISA={value!r} names no MAC path: set it to one of "
-            f"{', '.join(MAC_ISAS)}, or unset it for the best this CPU has", rc)
+            f"{', '.join(MAC_ISAS)}, or unset it for the best this CPU has",
+            rc,
+        )
     raise InvalidArgument(
         f"HOMAGG_MAC_ISA={value!r}: this CPU lacks that path "
-        f"({_MAC_ISA_NEEDS.get(value, '?')}): force a lower one or unset it", rc)
+        f"({_MAC_ISA_NEEDS.get(value, '?')}): force a lower one or unset it",
+        rc,
+    )
 
 
 def mac_isa_available(isa):
@@ -87,8 +94,7 @@ def derive_key(secret, job, key_id):
     KEY_AGGREGATOR) of job under secret."""
     secret = fixed_bytes(secret, SECRET_LEN, "a job secret")
     key = ffi.new("uint8_t[]", KEY_LEN)
-    check(lib.hg_auth_derive_key(secret, int(job), int(key_id), key),
-          f"derive key {key_id}")
+    check(lib.hg_auth_derive_key(secret, int(job), int(key_id), key), f"derive key {key_id}")
     return bytes(key)
 
 
@@ -109,8 +115,7 @@ def mac(alg, key, direction, counter, data):
         mac_isa()  # a bad HOMAGG_MAC_ISA refuses here, by name
     data = bytes(data)
     out = ffi.new("uint8_t[]", MAC_LEN)
-    check(lib.hg_auth_mac(int(alg), key, int(direction), int(counter), data,
-                          len(data), out), "mac")
+    check(lib.hg_auth_mac(int(alg), key, int(direction), int(counter), data, len(data), out), "mac")
     return bytes(out)
 
 
@@ -132,8 +137,9 @@ def verify(alg, key, direction, counter, data, tag):
     key = fixed_bytes(key, KEY_LEN, "a key")
     tag = fixed_bytes(tag, MAC_LEN, "a MAC")
     data = bytes(data)
-    return bool(lib.hg_auth_verify(int(alg), key, int(direction), int(counter),
-                                   data, len(data), tag))
+    return bool(
+        lib.hg_auth_verify(int(alg), key, int(direction), int(counter), data, len(data), tag)
+    )
 
 
 def counter_extend(last, c32):

@@ -1,5 +1,6 @@
 """Bindings of homagg/bench.h, the in-process engine benchmark.  The typed
 API is ``homagg.bench.engine``."""
+
 from homagg._native import ffi, lib
 from homagg.bindings._args import _fill, _struct_dict
 from homagg.errors import check

@@ -1,6 +1,7 @@
 """Bindings of homagg/client.h, the worker client: create it on a port, run
 an allreduce, read its stats (per-phase byte counters keyed by the phase
 names of homagg.protocol).  The typed API is ``homagg.worker.Worker``."""
+
 import errno
 
 from homagg._native import ffi, lib
@@ -19,8 +20,9 @@ def client_create(port, aggregators, secret, keep, context, **config):
     object the client must not outlive (the port's owner: the client frees
     packets into it).  The configuration's copy of the secret is wiped."""
     if not 1 <= len(aggregators) <= MAX_AGGREGATORS:
-        raise InvalidArgument(f"aggregators: 1..{MAX_AGGREGATORS} "
-                              f"(host, port) pairs, got {len(aggregators)}")
+        raise InvalidArgument(
+            f"aggregators: 1..{MAX_AGGREGATORS} (host, port) pairs, got {len(aggregators)}"
+        )
     cfg = _fill(ffi.new("struct hg_client_config *"), config)
     cfg.port = port
     aggs = ffi.new("struct hg_client_agg[]", len(aggregators))
@@ -58,9 +60,17 @@ def client_destroy(c):
 def client_params(block, workers, worker, flags, seed, nc_levels):
     """A ``struct hg_params *`` as hg_client_allreduce takes it (the client
     checks it)."""
-    return ffi.new("struct hg_params *", {
-        "block": block, "workers": workers, "worker": worker, "flags": flags,
-        "seed": seed, "nc_levels": nc_levels})
+    return ffi.new(
+        "struct hg_params *",
+        {
+            "block": block,
+            "workers": workers,
+            "worker": worker,
+            "flags": flags,
+            "seed": seed,
+            "nc_levels": nc_levels,
+        },
+    )
 
 
 def client_allreduce(c, p, method, x, y, context):
@@ -69,8 +79,7 @@ def client_allreduce(c, p, method, x, y, context):
     _f32(x, "array")
     _f32(y, "out", writable=True)
     _length(y, x.size, "out")
-    rc = lib.hg_client_allreduce(c, p, method, _buf("float[]", x), x.size,
-                                 _wbuf("float[]", y))
+    rc = lib.hg_client_allreduce(c, p, method, _buf("float[]", x), x.size, _wbuf("float[]", y))
     if rc < 0:
         text = ffi.string(lib.hg_client_error_text(c)).decode()
         raise error_for(rc, f"{context}: {text or 'failed'}")
@@ -94,9 +103,10 @@ def client_get_agg_stats(c, k):
 def client_stat_fields():
     """(name, per_phase) of every field of ``struct hg_client_stats``, in
     the order of its table (HG_FOREACH_CLIENT_STAT, homagg/client.h)."""
-    return [(ffi.string(lib.hg_client_stat_name(i)).decode(),
-             bool(lib.hg_client_stat_per_phase(i)))
-            for i in range(lib.hg_client_stat_count())]
+    return [
+        (ffi.string(lib.hg_client_stat_name(i)).decode(), bool(lib.hg_client_stat_per_phase(i)))
+        for i in range(lib.hg_client_stat_count())
+    ]
 
 
 _STAT_FIELDS = client_stat_fields()

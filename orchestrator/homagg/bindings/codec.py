@@ -16,14 +16,27 @@ caller-owned buffer instead.  Return codes become exceptions of
 ``homagg.errors``; a NaN or an infinity becomes ``NonFiniteValue`` naming
 the first bad index and the worker (``p.worker``).
 """
+
 import errno
 import math
 
 import numpy as np
 
 from homagg._native import ffi, lib
-from homagg.bindings._args import (BE32, F32, I8, U8, _be32, _buf, _f32, _fill, _i8,
-                                   _length, _u8, _wbuf)
+from homagg.bindings._args import (
+    BE32,
+    F32,
+    I8,
+    U8,
+    _be32,
+    _buf,
+    _f32,
+    _fill,
+    _i8,
+    _length,
+    _u8,
+    _wbuf,
+)
 from homagg.errors import HomAggError, InvalidArgument, NonFiniteValue, OutOfRange, check
 
 
@@ -49,8 +62,8 @@ def _raise_nonfinite(x, index, worker, context):
     value = x[index] if index is not None and 0 <= index < x.size else "?"
     who = f"worker {worker}: " if worker is not None else ""
     raise NonFiniteValue(
-        f"{context}: {who}element {index} is {value} (gradients must be finite)",
-        index, worker)
+        f"{context}: {who}element {index} is {value} (gradients must be finite)", index, worker
+    )
 
 
 def _check_x(rc, p, x, context, index=None):
@@ -76,11 +89,15 @@ def _codec_isa_value(rc):
     if rc == -errno.EINVAL:
         raise InvalidArgument(
             f"HOMAGG_CODEC_ISA={value!r} names no codec path: set it to one of "
-            f"{', '.join(CODEC_ISAS)}, or unset it for the best this CPU has", rc)
+            f"{', '.join(CODEC_ISAS)}, or unset it for the best this CPU has",
+            rc,
+        )
     raise InvalidArgument(
         f"HOMAGG_CODEC_ISA={value!r}: this CPU lacks that path "
         f"({'AVX2 and BMI2' if value == 'avx2' else 'AVX-512 F, DQ, BW'}): force a "
-        f"lower one or unset it", rc)
+        f"lower one or unset it",
+        rc,
+    )
 
 
 def codec_isa():
@@ -98,13 +115,27 @@ def codec_isa_reload():
 
 # ---- parameters ------------------------------------------------------------
 
-def params_new(block=None, workers=1, worker=0, flags=0, seed=0, nc_levels=0,
-               sketch_cells_per_candidate=0.0, cost=None):
+
+def params_new(
+    block=None,
+    workers=1,
+    worker=0,
+    flags=0,
+    seed=0,
+    nc_levels=0,
+    sketch_cells_per_candidate=0.0,
+    cost=None,
+):
     """A ``struct hg_params *`` (checked in Python, then by hg_params_check);
     ``cost``: the fields of its ``struct hg_cost`` (a dict), None = none."""
     block = DEFAULT_BLOCK if block is None else block
-    for name, v in (("block", block), ("workers", workers), ("worker", worker),
-                    ("flags", flags), ("nc_levels", nc_levels)):
+    for name, v in (
+        ("block", block),
+        ("workers", workers),
+        ("worker", worker),
+        ("flags", flags),
+        ("nc_levels", nc_levels),
+    ):
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
             raise InvalidArgument(f"{name}: expected an integer, got {v!r}")
     if not 1 <= workers <= MAX_WORKERS:
@@ -114,7 +145,8 @@ def params_new(block=None, workers=1, worker=0, flags=0, seed=0, nc_levels=0,
     if not (MIN_BLOCK <= block <= MAX_BLOCK and block % 64 == 0):
         raise InvalidArgument(
             f"block: {block} elements is not a multiple of 64 in {MIN_BLOCK}..{MAX_BLOCK}",
-            -errno.EINVAL)
+            -errno.EINVAL,
+        )
     if not 0 <= seed <= _U64_MAX:
         raise OutOfRange(f"seed: {seed} is not a 64-bit unsigned integer", -errno.ERANGE)
     if not 0 <= nc_levels < 2**32:
@@ -124,9 +156,19 @@ def params_new(block=None, workers=1, worker=0, flags=0, seed=0, nc_levels=0,
     cells = float(sketch_cells_per_candidate)
     if not math.isfinite(cells) or cells < 0:
         raise InvalidArgument(f"sketch_cells_per_candidate: {cells} must be finite and >= 0")
-    p = _fill(ffi.new("struct hg_params *"), dict(
-        block=block, workers=workers, worker=worker, flags=flags, seed=seed,
-        nc_levels=nc_levels, sketch_cells_per_candidate=cells, cost=dict(cost or {})))
+    p = _fill(
+        ffi.new("struct hg_params *"),
+        dict(
+            block=block,
+            workers=workers,
+            worker=worker,
+            flags=flags,
+            seed=seed,
+            nc_levels=nc_levels,
+            sketch_cells_per_candidate=cells,
+            cost=dict(cost or {}),
+        ),
+    )
     codec_isa()  # a bad HOMAGG_CODEC_ISA refuses here, by name
     params_check(p)
     return p
@@ -152,6 +194,7 @@ def scale_shift(p, code):
 
 
 # ---- exponents, quantisation, counts ---------------------------------------
+
 
 def exp_encode_into(p, x, codes):
     """hg_exp_encode: this worker's block exponent codes into codes (int8)."""
@@ -181,8 +224,9 @@ def quantize_into(p, x, gcodes, qflags, out):
     _f32(x)
     _be32(out, "out", writable=True)
     _length(out, quantized_lanes(p, x.size, gcodes, qflags), "out", "lanes")
-    rc = lib.hg_quantize(p, _buf("float[]", x), x.size, _buf("int8_t[]", gcodes), qflags,
-                         _wbuf("uint8_t[]", out))
+    rc = lib.hg_quantize(
+        p, _buf("float[]", x), x.size, _buf("int8_t[]", gcodes), qflags, _wbuf("uint8_t[]", out)
+    )
     _check_x(rc, p, x, "hg_quantize")
     return out
 
@@ -199,8 +243,9 @@ def dequantize_into(p, sums, n, gcodes, qflags, y):
     _f32(y, "y", writable=True)
     _length(y, n, "y")
     _length(sums, quantized_lanes(p, n, gcodes, qflags), "sums", "lanes")
-    rc = lib.hg_dequantize(p, _buf("uint8_t[]", sums), n, _buf("int8_t[]", gcodes), qflags,
-                           _wbuf("float[]", y))
+    rc = lib.hg_dequantize(
+        p, _buf("uint8_t[]", sums), n, _buf("int8_t[]", gcodes), qflags, _wbuf("float[]", y)
+    )
     check(rc, "hg_dequantize")
     return y
 
@@ -234,8 +279,7 @@ def _meta_call(name, fn, p, x, codes, counts):
     _length(codes, nb, "codes", "blocks")
     _length(counts, nb, "counts", "lanes")
     bad = ffi.new("size_t *", _U64_MAX)
-    rc = fn(_buf("float[]", x), x.size, _wbuf("int8_t[]", codes), _wbuf("uint8_t[]", counts),
-            bad)
+    rc = fn(_buf("float[]", x), x.size, _wbuf("int8_t[]", codes), _wbuf("uint8_t[]", counts), bad)
     index = None if bad[0] == _U64_MAX else int(bad[0])
     _check_x(rc, p, x, name, index)
     return codes, counts
@@ -243,8 +287,9 @@ def _meta_call(name, fn, p, x, codes, counts):
 
 def exp_nnz_encode_into(p, x, codes, counts):
     """hg_exp_nnz_encode: exponent codes and non-zero counts in one pass."""
-    return _meta_call("hg_exp_nnz_encode", lambda *a: lib.hg_exp_nnz_encode(p, *a),
-                      p, x, codes, counts)
+    return _meta_call(
+        "hg_exp_nnz_encode", lambda *a: lib.hg_exp_nnz_encode(p, *a), p, x, codes, counts
+    )
 
 
 def exp_nnz_encode(p, x):
@@ -254,6 +299,7 @@ def exp_nnz_encode(p, x):
 
 
 # ---- the one-pass scan -------------------------------------------------------
+
 
 class Scan:
     """A scan of one gradient (struct hg_scan): codes, counts, the local
@@ -282,8 +328,9 @@ def scan_encode_into(scan, p, x, codes, counts):
     """hg_scan_encode: one pass over x; codes (int8) and counts ('>i4')
     as hg_exp_nnz_encode writes them."""
     scan.n = None
-    _meta_call("hg_scan_encode", lambda *a: lib.hg_scan_encode(scan.ptr, p, *a),
-               p, x, codes, counts)
+    _meta_call(
+        "hg_scan_encode", lambda *a: lib.hg_scan_encode(scan.ptr, p, *a), p, x, codes, counts
+    )
     scan.params = p
     scan.n = x.size
     return codes, counts
@@ -294,8 +341,7 @@ def scan_encode(p, x, scan=None):
     _f32(x)
     nb = nblocks(p, x.size)
     scan = scan_new() if scan is None else scan
-    codes, counts = scan_encode_into(scan, p, x, np.empty(nb, dtype=I8),
-                                     np.empty(nb, dtype=BE32))
+    codes, counts = scan_encode_into(scan, p, x, np.empty(nb, dtype=I8), np.empty(nb, dtype=BE32))
     return scan, codes, counts
 
 
@@ -303,12 +349,16 @@ def _lhc_scan(lhc, scan, what):
     if not isinstance(scan, Scan) or scan.n is None:
         raise InvalidArgument(f"{what}: expected a successful scan (scan_encode)", -errno.EINVAL)
     if scan.n != lhc.n or int(scan.params.block) != int(lhc.params.block):
-        raise InvalidArgument(f"{what}: the scan is of {scan.n} elements in blocks of "
-                              f"{int(scan.params.block)}, the plan of {lhc.n} in blocks of "
-                              f"{int(lhc.params.block)}", -errno.EINVAL)
+        raise InvalidArgument(
+            f"{what}: the scan is of {scan.n} elements in blocks of "
+            f"{int(scan.params.block)}, the plan of {lhc.n} in blocks of "
+            f"{int(lhc.params.block)}",
+            -errno.EINVAL,
+        )
 
 
 # ---- lhc -------------------------------------------------------------------
+
 
 class Lhc:
     """An lhc plan (struct hg_lhc), freed by hg_lhc_destroy when collected."""
@@ -328,9 +378,11 @@ class Lhc:
     def need(self, state, what):
         """Raise unless the plan went through the phase a call needs."""
         if self.state < state:
-            raise InvalidArgument(f"{what}: call {Lhc._STEP[state]} before it (phases run "
-                                  "in order: index, sketch, peel, fallback, decode)",
-                                  -errno.EINVAL)
+            raise InvalidArgument(
+                f"{what}: call {Lhc._STEP[state]} before it (phases run "
+                "in order: index, sketch, peel, fallback, decode)",
+                -errno.EINVAL,
+            )
 
     def info(self):
         return lhc_get_info(self)
@@ -355,12 +407,20 @@ def lhc_create(p, n, gcodes, gcounts):
         raise InvalidArgument(
             "hg_lhc_create failed: bad global codes / counts (a count above the "
             "block length or a non-zero count in an all-zero block) or out of memory",
-            -errno.EINVAL)
+            -errno.EINVAL,
+        )
     return Lhc(ffi.gc(ptr, lib.hg_lhc_destroy), p, n, nb)
 
 
-_INFO_FIELDS = ("index_bytes", "bitmap_blocks", "bloom_blocks", "candidates",
-                "sketch_lanes", "stalled_blocks", "fallback_lanes")
+_INFO_FIELDS = (
+    "index_bytes",
+    "bitmap_blocks",
+    "bloom_blocks",
+    "candidates",
+    "sketch_lanes",
+    "stalled_blocks",
+    "fallback_lanes",
+)
 
 
 def lhc_get_info(lhc):
@@ -436,39 +496,45 @@ def lhc_index_encode(lhc, x, index=None):
 
 def lhc_index_encode_scan(lhc, scan, index=None):
     """hg_lhc_index_encode_scan: the index bytes from a scan of x."""
-    return _lhc_encode_scan("hg_lhc_index_encode_scan", lhc, scan, index, "index",
-                            "index_bytes", U8)
+    return _lhc_encode_scan(
+        "hg_lhc_index_encode_scan", lhc, scan, index, "index", "index_bytes", U8
+    )
 
 
 def lhc_set_index(lhc, gindex):
     """hg_lhc_set_index: the OR of every worker's index."""
-    return _lhc_advance("hg_lhc_set_index", lhc, gindex, "gindex", "index_bytes", U8,
-                        Lhc.PLANNED, Lhc.INDEXED)
+    return _lhc_advance(
+        "hg_lhc_set_index", lhc, gindex, "gindex", "index_bytes", U8, Lhc.PLANNED, Lhc.INDEXED
+    )
 
 
 def lhc_sketch_encode(lhc, x, cells=None):
     """hg_lhc_sketch_encode: this worker's count sketch ('>i4' cells)."""
-    return _lhc_encode("hg_lhc_sketch_encode", lhc, x, cells, "cells", "sketch_lanes", BE32,
-                       Lhc.INDEXED)
+    return _lhc_encode(
+        "hg_lhc_sketch_encode", lhc, x, cells, "cells", "sketch_lanes", BE32, Lhc.INDEXED
+    )
 
 
 def lhc_sketch_encode_scan(lhc, scan, cells=None):
     """hg_lhc_sketch_encode_scan: the count sketch from a scan of x."""
-    return _lhc_encode_scan("hg_lhc_sketch_encode_scan", lhc, scan, cells, "cells",
-                            "sketch_lanes", BE32, Lhc.INDEXED)
+    return _lhc_encode_scan(
+        "hg_lhc_sketch_encode_scan", lhc, scan, cells, "cells", "sketch_lanes", BE32, Lhc.INDEXED
+    )
 
 
 def lhc_peel(lhc, gcells):
     """hg_lhc_peel: peel the summed sketch (stalls are in the info)."""
     lhc.need(Lhc.INDEXED, "lhc_peel")
-    return _lhc_advance("hg_lhc_peel", lhc, gcells, "gcells", "sketch_lanes", BE32,
-                        Lhc.INDEXED, Lhc.PEELED)
+    return _lhc_advance(
+        "hg_lhc_peel", lhc, gcells, "gcells", "sketch_lanes", BE32, Lhc.INDEXED, Lhc.PEELED
+    )
 
 
 def lhc_fallback_encode(lhc, x, out=None):
     """hg_lhc_fallback_encode: quantised values at the unresolved candidates."""
-    return _lhc_encode("hg_lhc_fallback_encode", lhc, x, out, "out", "fallback_lanes", BE32,
-                       Lhc.PEELED)
+    return _lhc_encode(
+        "hg_lhc_fallback_encode", lhc, x, out, "out", "fallback_lanes", BE32, Lhc.PEELED
+    )
 
 
 def lhc_decode_into(lhc, gfallback, y):
@@ -489,6 +555,7 @@ def lhc_decode(lhc, gfallback):
 
 # ---- union -------------------------------------------------------------------
 
+
 def union_lanes(lhc):
     """hg_union_lanes: int32 lanes of the union values phase (the candidates)."""
     lhc.need(Lhc.INDEXED, "union_lanes")
@@ -498,8 +565,9 @@ def union_lanes(lhc):
 def union_encode(lhc, scan, out=None):
     """hg_union_encode: this worker's quantised value at every global
     candidate ('>i4'), 0 where it has none, from a scan of x."""
-    return _lhc_encode_scan("hg_union_encode", lhc, scan, out, "out", union_lanes, BE32,
-                            Lhc.INDEXED)
+    return _lhc_encode_scan(
+        "hg_union_encode", lhc, scan, out, "out", union_lanes, BE32, Lhc.INDEXED
+    )
 
 
 def union_decode_into(lhc, gvals, y):
@@ -509,8 +577,10 @@ def union_decode_into(lhc, gvals, y):
     _length(gvals, union_lanes(lhc), "gvals", "lanes")
     _f32(y, "y", writable=True)
     _length(y, lhc.n, "y")
-    check(lib.hg_union_decode(lhc.ptr, _buf("uint8_t[]", gvals), _wbuf("float[]", y)),
-          "hg_union_decode")
+    check(
+        lib.hg_union_decode(lhc.ptr, _buf("uint8_t[]", gvals), _wbuf("float[]", y)),
+        "hg_union_decode",
+    )
     return y
 
 
@@ -519,6 +589,7 @@ def union_decode(lhc, gvals):
 
 
 # ---- auto, nc --------------------------------------------------------------
+
 
 def auto_choose(p, n, gcodes, gcounts):
     """hg_auto_choose: M_DENSE or M_BLOCKS (clear from the meta phase), or
@@ -551,8 +622,9 @@ def nc_encode_into(p, x, gcodes, codes):
     _length(gcodes, nblocks(p, x.size), "gcodes", "blocks")
     _u8(codes, "codes", writable=True)
     _length(codes, x.size, "codes")
-    rc = lib.hg_nc_encode(p, _buf("float[]", x), x.size, _buf("int8_t[]", gcodes),
-                          _wbuf("uint8_t[]", codes))
+    rc = lib.hg_nc_encode(
+        p, _buf("float[]", x), x.size, _buf("int8_t[]", gcodes), _wbuf("uint8_t[]", codes)
+    )
     _check_x(rc, p, x, "hg_nc_encode")
     return codes
 
@@ -562,5 +634,8 @@ def nc_encode(p, x, gcodes):
     return nc_encode_into(p, x, gcodes, np.empty(x.size, dtype=U8))
 
 
-__all__ = [n for n in dir() if not n.startswith("_") and n not in (
-    "errno", "math", "np", "ffi", "lib", "HomAggError")]
+__all__ = [
+    n
+    for n in dir()
+    if not n.startswith("_") and n not in ("errno", "math", "np", "ffi", "lib", "HomAggError")
+]

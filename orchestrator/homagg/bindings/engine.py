@@ -5,6 +5,7 @@ The engine is the cffi ``struct hg_engine *`` ``engine_create`` returns
 come back as dicts keyed by the names of homagg/counters.h.  The typed API
 is ``homagg.engine.Engine``.
 """
+
 from homagg._native import ffi, lib
 from homagg.bindings.auth import mac_isa
 from homagg.bindings._args import _fill
@@ -14,9 +15,26 @@ from homagg.errors import InvalidArgument, check
 F_UDP_CSUM = lib.HG_ENGINE_F_UDP_CSUM
 AUTH_SECRET_LEN = lib.HG_AUTH_SECRET_LEN
 
-JOB_FIELDS = ("job", "token", "workers", "slots", "payload_bytes", "group_ipv4",
-              "shard", "incarnation", "auth", "up", "up_shard", "up_worker", "up_ipv4",
-              "up_port", "up_group", "up_rto_ns", "up_give_up_ns", "mac")
+JOB_FIELDS = (
+    "job",
+    "token",
+    "workers",
+    "slots",
+    "payload_bytes",
+    "group_ipv4",
+    "shard",
+    "incarnation",
+    "auth",
+    "up",
+    "up_shard",
+    "up_worker",
+    "up_ipv4",
+    "up_port",
+    "up_group",
+    "up_rto_ns",
+    "up_give_up_ns",
+    "mac",
+)
 
 
 def engine_create(port, **config):
@@ -28,8 +46,9 @@ def engine_create(port, **config):
     c.port = port
     e = lib.hg_engine_create(_fill(c, config))
     if e == ffi.NULL:
-        raise InvalidArgument("hg_engine_create failed (config out of range, "
-                              "unsupported ISA, or no memory)")
+        raise InvalidArgument(
+            "hg_engine_create failed (config out of range, unsupported ISA, or no memory)"
+        )
     return ffi.gc(e, lib.hg_engine_destroy)
 
 
@@ -75,8 +94,9 @@ def engine_rotate_key(e, job, secret, grace_ns):
     """hg_engine_rotate_key: register the job's next key epoch; its number."""
     s = ffi.new("uint8_t[]", _secret(secret, "rotate_key"))
     try:
-        return check(lib.hg_engine_rotate_key(e, int(job), s, int(grace_ns)),
-                     f"rotate key of job {job}")
+        return check(
+            lib.hg_engine_rotate_key(e, int(job), s, int(grace_ns)), f"rotate key of job {job}"
+        )
     finally:
         lib.hg_auth_wipe(s, len(s))
 
@@ -115,20 +135,22 @@ def engine_next_deadline(e):
 
 
 def engine_counters(e):
-    return counters_read(lambda out, n: lib.hg_engine_counters(e, out, n),
-                         "hg_engine_counters")
+    return counters_read(lambda out, n: lib.hg_engine_counters(e, out, n), "hg_engine_counters")
 
 
 def engine_job_counters(e, job):
-    return counters_read(lambda out, n: lib.hg_engine_job_counters(e, job, out, n),
-                         f"job {job} counters")
+    return counters_read(
+        lambda out, n: lib.hg_engine_job_counters(e, job, out, n), f"job {job} counters"
+    )
 
 
 def engine_worker_counters(e, job, worker):
     names = worker_counter_names()
     out = ffi.new("uint64_t[]", len(names))
-    got = check(lib.hg_engine_worker_counters(e, job, worker, out, len(names)),
-                f"job {job} worker {worker} counters")
+    got = check(
+        lib.hg_engine_worker_counters(e, job, worker, out, len(names)),
+        f"job {job} worker {worker} counters",
+    )
     return dict(zip(names[:got], list(out)[:got]))
 
 

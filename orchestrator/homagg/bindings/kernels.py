@@ -5,6 +5,7 @@ Accumulators and inputs are 1-D C-contiguous numpy arrays of wire lanes:
 ``'>i4'`` (or raw ``uint8``) for 4-byte lanes, ``int8`` or ``uint8`` for
 byte lanes.  Ops are wire codes (``homagg.protocol.OPS[name].code``).
 """
+
 import errno
 
 import numpy as np
@@ -73,7 +74,9 @@ def _op_lanes(op, a, name, which):
     _array(a, name, dtypes, writable=(which == "acc"))
     lane = op_acc_lane_bytes(op) if which == "acc" else op_in_lane_bytes(op)
     if a.nbytes % lane:
-        raise InvalidArgument(f"{name}: {a.nbytes} bytes is not a whole number of {lane}-byte lanes")
+        raise InvalidArgument(
+            f"{name}: {a.nbytes} bytes is not a whole number of {lane}-byte lanes"
+        )
     return a.nbytes // lane
 
 
@@ -114,7 +117,8 @@ def aggregate(op, acc, inp, top=0):
 def aggregate_isa(isa, op, acc, inp, top=0):
     """hg_aggregate_isa: the same with a forced ISA (ResourceError if missing)."""
     op, lanes = _aggregate_args(op, acc, inp)
-    rc = lib.hg_aggregate_isa(isa, op, _wbuf("uint8_t[]", acc), _buf("uint8_t[]", inp),
-                              lanes, int(top))
+    rc = lib.hg_aggregate_isa(
+        isa, op, _wbuf("uint8_t[]", acc), _buf("uint8_t[]", inp), lanes, int(top)
+    )
     check(rc, f"hg_aggregate_isa({isa_name(isa)}, {op})")
     return acc

@@ -5,6 +5,7 @@ and ``struct hg_nic_port *`` the create functions return (freed by the
 garbage collector through ``ffi.gc``).  Frames cross as bytes or packed
 buffers; counters come back as dicts.  The typed API is ``homagg.nic``.
 """
+
 import errno
 
 from homagg._native import ffi, lib
@@ -52,8 +53,9 @@ def port_create(fabric, **config):
     if ptr == ffi.NULL:
         err = ffi.errno
         mac = bytes(config.get("mac", b"")).hex(":")
-        raise InvalidArgument(f"hg_nic_port_create({mac}) failed: "
-                              f"{errno.errorcode.get(err, err)}", -err)
+        raise InvalidArgument(
+            f"hg_nic_port_create({mac}) failed: {errno.errorcode.get(err, err)}", -err
+        )
     return ptr
 
 
@@ -122,7 +124,7 @@ def port_recv_frames(port, n, buf_size):
     raw = ffi.buffer(buf, cap)
     out, off = [], 0
     for i in range(got):
-        out.append((int(src[i]), bytes(raw[off:off + lens[i]])))
+        out.append((int(src[i]), bytes(raw[off : off + lens[i]])))
         off += lens[i]
     return out
 
@@ -132,8 +134,12 @@ def port_rx_pending(port):
 
 
 def port_counters(port):
-    return _counters(lib.hg_nic_port_counter_count(), lib.hg_nic_port_counter_name,
-                     lib.hg_nic_port_counters, port)
+    return _counters(
+        lib.hg_nic_port_counter_count(),
+        lib.hg_nic_port_counter_name,
+        lib.hg_nic_port_counters,
+        port,
+    )
 
 
 def now(fabric):
@@ -176,10 +182,24 @@ def trace_copy(fabric, n):
         return []
     recs = ffi.new("struct hg_nic_trace_rec[]", n)
     got = lib.hg_nic_trace_copy(fabric, recs, n)
-    return [{"t_ns": int(r.t_ns), "hash": int(r.hash), "src": int(r.src), "dst": int(r.dst),
-             "len": int(r.len), "kind": int(r.kind), "dir": int(r.dir)} for r in recs[0:got]]
+    return [
+        {
+            "t_ns": int(r.t_ns),
+            "hash": int(r.hash),
+            "src": int(r.src),
+            "dst": int(r.dst),
+            "len": int(r.len),
+            "kind": int(r.kind),
+            "dir": int(r.dir),
+        }
+        for r in recs[0:got]
+    ]
 
 
 def fabric_counters(fabric):
-    return _counters(lib.hg_nic_fabric_counter_count(), lib.hg_nic_fabric_counter_name,
-                     lib.hg_nic_fabric_counters, fabric)
+    return _counters(
+        lib.hg_nic_fabric_counter_count(),
+        lib.hg_nic_fabric_counter_name,
+        lib.hg_nic_fabric_counters,
+        fabric,
+    )

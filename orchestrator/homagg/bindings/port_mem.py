@@ -4,6 +4,7 @@ The port is the cffi ``struct hg_port_mem *`` ``port_mem_create`` returns
 (freed by the garbage collector); frames cross as bytes.  The typed API is
 ``homagg.engine.MemPort``.
 """
+
 from homagg._native import ffi, lib
 from homagg.bindings._args import _fill
 from homagg.errors import ResourceError, check

@@ -4,6 +4,7 @@ The port is the cffi ``struct hg_udp_port *`` ``udp_port_create`` returns
 (freed by the garbage collector, or now by ``udp_port_destroy``).  The
 typed API is ``homagg.worker.UdpPort``.
 """
+
 from homagg._native import ffi, lib
 from homagg.bindings._args import _fill, _struct_dict
 from homagg.errors import check, error_for

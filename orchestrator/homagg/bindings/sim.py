@@ -6,6 +6,7 @@ Gradients and outputs are 1-D C-contiguous ``float32`` arrays passed without
 copies; the caller keeps them alive until the allreduce ends (``Sim`` holds
 references).  The typed API is ``homagg.sim``.
 """
+
 from homagg._native import ffi, lib
 from homagg.bindings._args import _f32, _fill
 from homagg.bindings.client import agg_stats_dict, client_stats_dict
@@ -25,35 +26,69 @@ def params(**fields):
     return _fill(ffi.new("struct hg_params *"), fields)
 
 
-def sim_create(loss=0.0, duplicate=0.0, reorder=0.0, reorder_ns=0, delay_ns=0,
-               link_gbps=0.0, seed=0, payload_bytes=0, unicast_results=False,
-               agg_link_gbps=0.0, aggregators=1, pool_frames=0, mtu=0, leaves=0,
-               up_rto_ns=0, up_give_up_ns=0, worker_tx_ring=0):
+def sim_create(
+    loss=0.0,
+    duplicate=0.0,
+    reorder=0.0,
+    reorder_ns=0,
+    delay_ns=0,
+    link_gbps=0.0,
+    seed=0,
+    payload_bytes=0,
+    unicast_results=False,
+    agg_link_gbps=0.0,
+    aggregators=1,
+    pool_frames=0,
+    mtu=0,
+    leaves=0,
+    up_rto_ns=0,
+    up_give_up_ns=0,
+    worker_tx_ring=0,
+):
     for name, v in (("loss", loss), ("duplicate", duplicate), ("reorder", reorder)):
         if not 0.0 <= v < 1.0:
             raise InvalidArgument(f"{name} must be in [0, 1), got {v}")
     if link_gbps < 0 or agg_link_gbps < 0 or delay_ns < 0 or reorder_ns < 0:
         raise InvalidArgument("link rates, delay and reorder delay must be >= 0")
     if not 1 <= aggregators <= lib.HG_SIM_MAX_AGGREGATORS:
-        raise InvalidArgument(f"aggregators must be in 1..{lib.HG_SIM_MAX_AGGREGATORS}, "
-                              f"got {aggregators}")
+        raise InvalidArgument(
+            f"aggregators must be in 1..{lib.HG_SIM_MAX_AGGREGATORS}, got {aggregators}"
+        )
     if leaves and not 1 <= leaves < lib.HG_SIM_MAX_AGGREGATORS:
-        raise InvalidArgument(f"leaves must be in 1..{lib.HG_SIM_MAX_AGGREGATORS - 1}, "
-                              f"got {leaves}")
+        raise InvalidArgument(
+            f"leaves must be in 1..{lib.HG_SIM_MAX_AGGREGATORS - 1}, got {leaves}"
+        )
     if leaves and aggregators > 1:
-        raise InvalidArgument(f"a tree has one root: leaves={leaves} needs aggregators=1, "
-                              f"got {aggregators}")
-    cfg = _fill(ffi.new("struct hg_sim_config *"), dict(
-        loss=loss, duplicate=duplicate, reorder=reorder, reorder_ns=int(reorder_ns),
-        delay_ns=int(delay_ns), link_gbps=link_gbps, seed=int(seed) & (2**64 - 1),
-        payload_bytes=int(payload_bytes), unicast_results=bool(unicast_results),
-        agg_link_gbps=float(agg_link_gbps), aggregators=int(aggregators),
-        pool_frames=int(pool_frames), mtu=int(mtu), leaves=int(leaves),
-        up_rto_ns=int(up_rto_ns), up_give_up_ns=int(up_give_up_ns),
-        worker_tx_ring=int(worker_tx_ring)))
+        raise InvalidArgument(
+            f"a tree has one root: leaves={leaves} needs aggregators=1, got {aggregators}"
+        )
+    cfg = _fill(
+        ffi.new("struct hg_sim_config *"),
+        dict(
+            loss=loss,
+            duplicate=duplicate,
+            reorder=reorder,
+            reorder_ns=int(reorder_ns),
+            delay_ns=int(delay_ns),
+            link_gbps=link_gbps,
+            seed=int(seed) & (2**64 - 1),
+            payload_bytes=int(payload_bytes),
+            unicast_results=bool(unicast_results),
+            agg_link_gbps=float(agg_link_gbps),
+            aggregators=int(aggregators),
+            pool_frames=int(pool_frames),
+            mtu=int(mtu),
+            leaves=int(leaves),
+            up_rto_ns=int(up_rto_ns),
+            up_give_up_ns=int(up_give_up_ns),
+            worker_tx_ring=int(worker_tx_ring),
+        ),
+    )
     s = lib.hg_sim_create(cfg)
     if s == ffi.NULL:
-        raise ResourceError("cannot create the simulated cluster (bad configuration or out of memory)")
+        raise ResourceError(
+            "cannot create the simulated cluster (bad configuration or out of memory)"
+        )
     return ffi.gc(s, lib.hg_sim_destroy)
 
 
@@ -61,12 +96,30 @@ def sim_destroy(s):
     ffi.release(s)
 
 
-def sim_add_job(s, workers, slots=0, rto_ns=0, rto_max_ns=0, give_up_ns=0, rto_min_ns=0,
-                secret=None, pipeline_groups=0, mac=0):
-    jc = _fill(ffi.new("struct hg_sim_job_config *"), dict(
-        workers=int(workers), slots=int(slots), rto_ns=int(rto_ns), rto_max_ns=int(rto_max_ns),
-        give_up_ns=int(give_up_ns), rto_min_ns=int(rto_min_ns),
-        pipeline_groups=int(pipeline_groups)))
+def sim_add_job(
+    s,
+    workers,
+    slots=0,
+    rto_ns=0,
+    rto_max_ns=0,
+    give_up_ns=0,
+    rto_min_ns=0,
+    secret=None,
+    pipeline_groups=0,
+    mac=0,
+):
+    jc = _fill(
+        ffi.new("struct hg_sim_job_config *"),
+        dict(
+            workers=int(workers),
+            slots=int(slots),
+            rto_ns=int(rto_ns),
+            rto_max_ns=int(rto_max_ns),
+            give_up_ns=int(give_up_ns),
+            rto_min_ns=int(rto_min_ns),
+            pipeline_groups=int(pipeline_groups),
+        ),
+    )
     if secret is not None:
         _fill(jc, {"auth": 1, "secret": bytes(secret), "mac": int(mac)})
     return check(lib.hg_sim_add_job(s, jc), "add job")
@@ -77,8 +130,10 @@ def sim_agg_frames(s, k, workers, slots=0):
     towards aggregator k, and what the jobs already added hold there."""
     frames = ffi.new("uint64_t *")
     held = ffi.new("uint32_t *")
-    check(lib.hg_sim_agg_frames(s, int(k), int(workers), int(slots), frames, held),
-          "aggregator frames")
+    check(
+        lib.hg_sim_agg_frames(s, int(k), int(workers), int(slots), frames, held),
+        "aggregator frames",
+    )
     return frames[0], held[0]
 
 
@@ -146,8 +201,9 @@ def sim_rotate_key(s, job, secret, grace_ns):
     aggregators; returns the epoch."""
     sec = ffi.new("uint8_t[]", bytes(secret))
     try:
-        return check(lib.hg_sim_rotate_key(s, int(job), sec, int(grace_ns)),
-                     f"rotate key of job {job}")
+        return check(
+            lib.hg_sim_rotate_key(s, int(job), sec, int(grace_ns)), f"rotate key of job {job}"
+        )
     finally:
         lib.hg_auth_wipe(sec, len(sec))
 
@@ -178,8 +234,10 @@ def sim_delay_start(s, job, worker, delay_ns):
 
 
 def sim_restart_aggregator(s, k, after_frames, incarnation):
-    check(lib.hg_sim_restart_aggregator(s, k, int(after_frames), int(incarnation)),
-          f"restart aggregator {k}")
+    check(
+        lib.hg_sim_restart_aggregator(s, k, int(after_frames), int(incarnation)),
+        f"restart aggregator {k}",
+    )
 
 
 def sim_inject(s, frame):
@@ -194,10 +252,18 @@ def sim_build_frame(s, fields, payload=b"", key=None, alg=None, counter=1, direc
     payload = bytes(payload)
     cap = lib.HG_ETH_IP_UDP_LEN + lib.HG_HDR_LEN + len(payload) + lib.HG_MAC_LEN
     out = ffi.new("uint8_t[]", cap)
-    n = check(lib.hg_sim_build_frame(s, h, payload, len(payload), out, cap,
-                                     wire_mac(key, alg, direction, counter)
-                                     if key is not None else ffi.NULL),
-              "build frame")
+    n = check(
+        lib.hg_sim_build_frame(
+            s,
+            h,
+            payload,
+            len(payload),
+            out,
+            cap,
+            wire_mac(key, alg, direction, counter) if key is not None else ffi.NULL,
+        ),
+        "build frame",
+    )
     return bytes(ffi.buffer(out, n))
 
 

@@ -4,6 +4,7 @@ Addresses are (mac: 6 bytes, ipv4: int in host order, port: int) tuples;
 header fields are dicts keyed by the fields of ``struct hg_hdr``; frames are
 bytes.  The typed API is ``homagg.engine`` (``build_frame``, ``parse_frame``).
 """
+
 from homagg._native import ffi, lib
 from homagg.errors import InvalidArgument, check
 
@@ -25,8 +26,21 @@ F_UDP_CSUM = lib.HG_WIRE_F_UDP_CSUM
 AUTH_KEY_LEN = lib.HG_AUTH_KEY_LEN
 
 # struct hg_hdr, in the order of docs/PROTOCOL.md Part 2
-HDR_FIELDS = ("version", "op", "flags", "job", "token", "worker", "slot", "seq",
-              "lanes", "exp", "shard", "incarnation", "nonce")
+HDR_FIELDS = (
+    "version",
+    "op",
+    "flags",
+    "job",
+    "token",
+    "worker",
+    "slot",
+    "seq",
+    "lanes",
+    "exp",
+    "shard",
+    "incarnation",
+    "nonce",
+)
 
 
 def counter_count():
@@ -44,8 +58,10 @@ def counter_names():
 
 def worker_counter_names():
     """The per-worker counter names in table order (homagg/counters.h)."""
-    return [ffi.string(lib.hg_worker_counter_name(i)).decode()
-            for i in range(int(lib.hg_worker_counter_count()))]
+    return [
+        ffi.string(lib.hg_worker_counter_name(i)).decode()
+        for i in range(int(lib.hg_worker_counter_count()))
+    ]
 
 
 def counters_read(read, what):
@@ -66,13 +82,15 @@ def _addr(a):
     return c
 
 
-def wire_build_mac(src, dst, hdr, payload=b"", udp_csum=True, key=None, alg=None,
-                   counter=1, direction=0):
+def wire_build_mac(
+    src, dst, hdr, payload=b"", udp_csum=True, key=None, alg=None, counter=1, direction=0
+):
     """hg_wire_build_mac: the bytes of one frame.  ``hdr`` sets any field
     of struct hg_hdr (hostile values included); ``key`` (AUTH_KEY_LEN
     bytes) appends the frame's MAC of algorithm ``alg`` (None: the host's
     default) with MAC counter ``counter`` in direction ``direction``."""
     from homagg.bindings.auth import wire_mac
+
     payload = bytes(payload)
     h = ffi.new("struct hg_hdr *")
     for k, v in hdr.items():
@@ -80,12 +98,20 @@ def wire_build_mac(src, dst, hdr, payload=b"", udp_csum=True, key=None, alg=None
     buf = ffi.new("uint8_t[]", ETH_IP_UDP_LEN + HDR_LEN + len(payload) + MAC_LEN)
     if key is not None and len(bytes(key)) != AUTH_KEY_LEN:
         raise InvalidArgument(f"key: {AUTH_KEY_LEN} bytes")
-    n = check(lib.hg_wire_build_mac(buf, len(buf), _addr(src), _addr(dst), h,
-                                    payload if payload else ffi.NULL, len(payload),
-                                    F_UDP_CSUM if udp_csum else 0,
-                                    wire_mac(key, alg, direction, counter)
-                                    if key is not None else ffi.NULL),
-              "hg_wire_build_mac")
+    n = check(
+        lib.hg_wire_build_mac(
+            buf,
+            len(buf),
+            _addr(src),
+            _addr(dst),
+            h,
+            payload if payload else ffi.NULL,
+            len(payload),
+            F_UDP_CSUM if udp_csum else 0,
+            wire_mac(key, alg, direction, counter) if key is not None else ffi.NULL,
+        ),
+        "hg_wire_build_mac",
+    )
     return bytes(ffi.buffer(buf, n))
 
 
@@ -95,11 +121,16 @@ def wire_parse(frame, udp_port=0, udp_csum=True):
     "payload_len"; else the drop reason's counter name (str)."""
     frame = bytes(frame)
     v = ffi.new("struct hg_wire_view *")
-    rc = check(lib.hg_wire_parse(frame, len(frame), udp_port,
-                                 F_UDP_CSUM if udp_csum else 0, v), "hg_wire_parse")
+    rc = check(
+        lib.hg_wire_parse(frame, len(frame), udp_port, F_UDP_CSUM if udp_csum else 0, v),
+        "hg_wire_parse",
+    )
     if rc > 0:
         return counter_name(rc)
-    return {"src": (bytes(v.src.mac), v.src.ipv4, v.src.port),
-            "dst": (bytes(v.dst.mac), v.dst.ipv4, v.dst.port),
-            "hdr": {k: getattr(v.hdr, k) for k in HDR_FIELDS},
-            "payload_off": v.payload_off, "payload_len": v.payload_len}
+    return {
+        "src": (bytes(v.src.mac), v.src.ipv4, v.src.port),
+        "dst": (bytes(v.dst.mac), v.dst.ipv4, v.dst.port),
+        "hdr": {k: getattr(v.hdr, k) for k in HDR_FIELDS},
+        "payload_off": v.payload_off,
+        "payload_len": v.payload_len,
+    }

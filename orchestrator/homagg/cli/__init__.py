@@ -10,6 +10,7 @@ are only a command line: ``homagg.cli.testbed`` (``homagg testbed``),
 (``homagg calibrate``, over homagg.bench.calibrate); the others sit next to what they run
 (homagg.runs, homagg.train, homagg.deploy.remote, homagg.bench).
 """
+
 import argparse
 import ast
 import functools
@@ -86,13 +87,25 @@ def build_parser(argv=None):
         description="HomAgg: in-network gradient aggregation with lossless "
         "homomorphic compression. Run `homagg COMMAND --help` for details.",
     )
-    parser.add_argument("-v", "--verbose", action="count", default=0,
-                        help="more detail on stderr (debug log of every step)")
-    parser.add_argument("-q", "--quiet", action="store_true",
-                        help="no progress lines on stderr, only warnings and errors")
-    parser.add_argument("--log-format", choices=("text", "json"), default="text",
-                        help="stderr log as text lines or one JSON object per line "
-                        "(docs/OPERATIONS.md)")
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=0,
+        help="more detail on stderr (debug log of every step)",
+    )
+    parser.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="no progress lines on stderr, only warnings and errors",
+    )
+    parser.add_argument(
+        "--log-format",
+        choices=("text", "json"),
+        default="text",
+        help="stderr log as text lines or one JSON object per line (docs/OPERATIONS.md)",
+    )
     try:
         add_subcommands(parser, "command", "COMMAND", COMMANDS, "_module")
     finally:
@@ -112,4 +125,3 @@ def main(argv=None):
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-

@@ -1,4 +1,5 @@
 """``python -m homagg.cli ...``: the same as ``homagg ...``."""
+
 import sys
 
 from homagg.cli import main

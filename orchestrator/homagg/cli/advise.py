@@ -22,6 +22,7 @@ examples:
   homagg advise --model ncf --workers 8 --link-mbit 1000
   homagg advise --model mymodel.py:build --bucket-mb 4 --json
 """
+
 import json
 import sys
 
@@ -29,33 +30,71 @@ from homagg.errors import HomAggError
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--model", default=None, metavar="NAME|FILE.py:factory",
-                   help="predict for a model's DDP buckets: ncf, lstm, bert, vgg or "
-                   "path/to/file.py:factory (as homagg train --model)")
-    p.add_argument("--workers", type=int, default=None,
-                   help="workers W (required without --model; with it default 4)")
-    p.add_argument("--elements", type=int, default=None,
-                   help="float32 elements per worker N (one allreduce; required without --model)")
-    p.add_argument("--density", type=float, default=None,
-                   help="fraction of non-zero elements per worker (required without --model)")
-    p.add_argument("--link-mbit", type=float, default=None,
-                   help="link rate of every worker and the aggregator, Mbit/s (required "
-                   "without --model; with it default 1000)")
-    p.add_argument("--workload", choices=("shared", "zipf", "random"), default=None,
-                   help="where the non-zeros are (homagg.bench.workloads; default shared; "
-                   "not with --model)")
-    p.add_argument("--bucket-mb", type=float, default=None,
-                   help="with --model: DDP's bucket_cap_mb, for every bucket (left out: "
-                   "DDP's default, 25 MB and a first bucket of 1 MiB; homagg train gives 4)")
-    p.add_argument("--rtt-us", type=float, default=None,
-                   help="one round trip plus a step's start, microseconds (default 100)")
-    p.add_argument("--payload-bytes", type=int, default=1024,
-                   help="payload per packet (default %(default)s)")
-    p.add_argument("--block", type=int, default=None, help="elements per block (default: the codec's)")
+    p.add_argument(
+        "--model",
+        default=None,
+        metavar="NAME|FILE.py:factory",
+        help="predict for a model's DDP buckets: ncf, lstm, bert, vgg or "
+        "path/to/file.py:factory (as homagg train --model)",
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="workers W (required without --model; with it default 4)",
+    )
+    p.add_argument(
+        "--elements",
+        type=int,
+        default=None,
+        help="float32 elements per worker N (one allreduce; required without --model)",
+    )
+    p.add_argument(
+        "--density",
+        type=float,
+        default=None,
+        help="fraction of non-zero elements per worker (required without --model)",
+    )
+    p.add_argument(
+        "--link-mbit",
+        type=float,
+        default=None,
+        help="link rate of every worker and the aggregator, Mbit/s (required "
+        "without --model; with it default 1000)",
+    )
+    p.add_argument(
+        "--workload",
+        choices=("shared", "zipf", "random"),
+        default=None,
+        help="where the non-zeros are (homagg.bench.workloads; default shared; not with --model)",
+    )
+    p.add_argument(
+        "--bucket-mb",
+        type=float,
+        default=None,
+        help="with --model: DDP's bucket_cap_mb, for every bucket (left out: "
+        "DDP's default, 25 MB and a first bucket of 1 MiB; homagg train gives 4)",
+    )
+    p.add_argument(
+        "--rtt-us",
+        type=float,
+        default=None,
+        help="one round trip plus a step's start, microseconds (default 100)",
+    )
+    p.add_argument(
+        "--payload-bytes", type=int, default=1024, help="payload per packet (default %(default)s)"
+    )
+    p.add_argument(
+        "--block", type=int, default=None, help="elements per block (default: the codec's)"
+    )
     p.add_argument("--seed", type=int, default=1, help="seed of the generated gradients")
-    p.add_argument("--sample-elements", type=int, default=None,
-                   help="simulate at most this many elements and scale (default 2097152, "
-                   "and W x sample <= 8388608)")
+    p.add_argument(
+        "--sample-elements",
+        type=int,
+        default=None,
+        help="simulate at most this many elements and scale (default 2097152, "
+        "and W x sample <= 8388608)",
+    )
     p.add_argument("--json", action="store_true", help="print the prediction as JSON")
 
 
@@ -69,26 +108,48 @@ def main(args) -> int:
     from homagg.ops import advise as adv
 
     if args.model is not None:
-        bad = [o for o, v in (("--elements", args.elements), ("--density", args.density),
-                              ("--workload", args.workload)) if v is not None]
+        bad = [
+            o
+            for o, v in (
+                ("--elements", args.elements),
+                ("--density", args.density),
+                ("--workload", args.workload),
+            )
+            if v is not None
+        ]
         if bad:
-            _usage(f"{', '.join(bad)}: not with --model (the model's buckets give "
-                   "sizes and densities); drop them")
+            _usage(
+                f"{', '.join(bad)}: not with --model (the model's buckets give "
+                "sizes and densities); drop them"
+            )
         return _main_model(args, adv)
     if args.bucket_mb is not None:
         _usage("--bucket-mb: only with --model")
-    missing = [o for o, v in (("--workers", args.workers), ("--elements", args.elements),
-                              ("--density", args.density), ("--link-mbit", args.link_mbit))
-               if v is None]
+    missing = [
+        o
+        for o, v in (
+            ("--workers", args.workers),
+            ("--elements", args.elements),
+            ("--density", args.density),
+            ("--link-mbit", args.link_mbit),
+        )
+        if v is None
+    ]
     if missing:
-        _usage(f"the following arguments are required without --model: "
-               f"{', '.join(missing)}")
+        _usage(f"the following arguments are required without --model: {', '.join(missing)}")
     try:
-        a = adv.advise(args.workers, args.elements, args.density, args.link_mbit,
-                       args.workload or "shared",
-                       rtt_ns=None if args.rtt_us is None else round(args.rtt_us * 1000),
-                       payload_bytes=args.payload_bytes, block=args.block, seed=args.seed,
-                       sample_elements=args.sample_elements or adv.DEFAULT_SAMPLE)
+        a = adv.advise(
+            args.workers,
+            args.elements,
+            args.density,
+            args.link_mbit,
+            args.workload or "shared",
+            rtt_ns=None if args.rtt_us is None else round(args.rtt_us * 1000),
+            payload_bytes=args.payload_bytes,
+            block=args.block,
+            seed=args.seed,
+            sample_elements=args.sample_elements or adv.DEFAULT_SAMPLE,
+        )
     except HomAggError as e:
         print(f"homagg advise: {e}", file=sys.stderr)
         return 2
@@ -100,17 +161,26 @@ def _main_model(args, adv) -> int:
     from homagg.ops import advise_model as am
 
     try:
-        a = am.advise_model(args.model, args.workers or 4, args.link_mbit or 1000.0,
-                            rtt_ns=None if args.rtt_us is None else round(args.rtt_us * 1000),
-                            payload_bytes=args.payload_bytes, block=args.block, seed=args.seed,
-                            bucket_cap_mb=args.bucket_mb,
-                            sample_elements=args.sample_elements or adv.DEFAULT_SAMPLE)
+        a = am.advise_model(
+            args.model,
+            args.workers or 4,
+            args.link_mbit or 1000.0,
+            rtt_ns=None if args.rtt_us is None else round(args.rtt_us * 1000),
+            payload_bytes=args.payload_bytes,
+            block=args.block,
+            seed=args.seed,
+            bucket_cap_mb=args.bucket_mb,
+            sample_elements=args.sample_elements or adv.DEFAULT_SAMPLE,
+        )
     except HomAggError as e:
         print(f"homagg advise: {e}", file=sys.stderr)
         return 2
     except ImportError as e:
-        print(f"homagg advise: --model needs torch ({e}; pip install torch==2.13.0, "
-              "as make build does)", file=sys.stderr)
+        print(
+            f"homagg advise: --model needs torch ({e}; pip install torch==2.13.0, "
+            "as make build does)",
+            file=sys.stderr,
+        )
         return 2
     print(json.dumps(a, indent=1) if args.json else am.render(a))
     return 0

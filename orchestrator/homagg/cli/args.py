@@ -20,6 +20,7 @@ aggregators) stay with the command, which reports them the same way.
 This module imports nothing heavy: ``homagg COMMAND --bogus`` answers
 before numpy, the C bindings or torch load.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -82,8 +83,13 @@ def number(lo, hi, what="", example=None, lo_open=False, hi_open=False):
             v = float(str(text).strip())
         except ValueError:
             _fail(text, desc, ex)
-        if not math.isfinite(v) or v < lo or v > hi or (lo_open and v == lo) or \
-                (hi_open and v == hi):
+        if (
+            not math.isfinite(v)
+            or v < lo
+            or v > hi
+            or (lo_open and v == lo)
+            or (hi_open and v == hi)
+        ):
             _fail(text, desc, ex)
         return v
 
@@ -206,8 +212,9 @@ def harden(parser):
         elif action.dest in ALIASES and action.choices and action.type is None:
             action.type = _alias(action.dest)
         elif action.type in (int, float):
-            action.type = checker(command, action.dest) or (finite if action.type is float
-                                                             else action.type)
+            action.type = checker(command, action.dest) or (
+                finite if action.type is float else action.type
+            )
     return parser
 
 
@@ -219,8 +226,11 @@ def numeric_options(parser):
         if isinstance(action, argparse._SubParsersAction):
             for sub in set(action.choices.values()):
                 out += numeric_options(sub)
-        elif action.option_strings and action.type is not None and \
-                getattr(action.type, "__name__", "") in ("int", "float", "integer", "number",
-                                                         "finite"):
+        elif (
+            action.option_strings
+            and action.type is not None
+            and getattr(action.type, "__name__", "")
+            in ("int", "float", "integer", "number", "finite")
+        ):
             out.append((command, action.option_strings[-1], action.dest, action.type))
     return out

@@ -18,6 +18,7 @@ examples:
   homagg calibrate --json --out /tmp/calibration.json
   homagg calibrate -i testbed.toml
 """
+
 import json
 import sys
 
@@ -27,16 +28,31 @@ from homagg.bench import calibrate as measure
 
 def add_arguments(p) -> None:
     p.add_argument("--json", action="store_true", help="print the calibration as JSON")
-    p.add_argument("--out", metavar="PATH", default=None,
-                   help="file to write (default: $HOMAGG_CALIBRATION, else "
-                   "~/.config/homagg/calibration.json)")
-    p.add_argument("--elements", type=int, default=1 << 20,
-                   help="tensor size of the codec timings (default: %(default)s)")
-    p.add_argument("--repeat", type=int, default=5,
-                   help="runs of each timing, the best is kept (default: %(default)s)")
-    p.add_argument("-i", "--inventory", metavar="TOML", default=None,
-                   help="calibrate every worker host of this inventory (over SSH) instead of "
-                   "this machine")
+    p.add_argument(
+        "--out",
+        metavar="PATH",
+        default=None,
+        help="file to write (default: $HOMAGG_CALIBRATION, else ~/.config/homagg/calibration.json)",
+    )
+    p.add_argument(
+        "--elements",
+        type=int,
+        default=1 << 20,
+        help="tensor size of the codec timings (default: %(default)s)",
+    )
+    p.add_argument(
+        "--repeat",
+        type=int,
+        default=5,
+        help="runs of each timing, the best is kept (default: %(default)s)",
+    )
+    p.add_argument(
+        "-i",
+        "--inventory",
+        metavar="TOML",
+        default=None,
+        help="calibrate every worker host of this inventory (over SSH) instead of this machine",
+    )
 
 
 def main(args) -> int:
@@ -47,8 +63,10 @@ def main(args) -> int:
     if args.json:
         print(json.dumps({**cal, "file": path}, indent=1))
     else:
-        print(f"calibrated {cal['cpu']} in {cal['seconds']} s, ISA paths "
-              f"{', '.join(cal['paths'])} (jobs use {cal['isa']}): {path}")
+        print(
+            f"calibrated {cal['cpu']} in {cal['seconds']} s, ISA paths "
+            f"{', '.join(cal['paths'])} (jobs use {cal['isa']}): {path}"
+        )
         for isa, c in cal["paths"].items():
             print(f"  {isa:9s} " + "  ".join(f"{k} {v}" for k, v in c.items()))
     return 0
@@ -60,20 +78,33 @@ def _remote(args) -> int:
     from homagg.errors import HomAggError
 
     if args.out:
-        print("homagg calibrate: --out is for this machine; with -i each worker host keeps its "
-              "own calibration in INSTALL_DIR/calibration.json", file=sys.stderr)
+        print(
+            "homagg calibrate: --out is for this machine; with -i each worker host keeps its "
+            "own calibration in INSTALL_DIR/calibration.json",
+            file=sys.stderr,
+        )
         return 2
     try:
         inventory = inv.load(args.inventory)
-        cals = hosts.calibrate(inventory, sys.stderr if args.json else sys.stdout,
-                               args.elements, args.repeat)
+        cals = hosts.calibrate(
+            inventory, sys.stderr if args.json else sys.stdout, args.elements, args.repeat
+        )
     except HomAggError as e:
         print(f"homagg calibrate: {e}", file=sys.stderr)
         return 1
     if args.json:
-        print(json.dumps({name: {**cal, "file": hosts.calibration_file(inventory.host(name))}
-                          for name, cal in cals.items()}, indent=1))
+        print(
+            json.dumps(
+                {
+                    name: {**cal, "file": hosts.calibration_file(inventory.host(name))}
+                    for name, cal in cals.items()
+                },
+                indent=1,
+            )
+        )
     else:
-        print(f"jobs on {args.inventory} will register the slowest of {len(cals)} worker "
-              "hosts' calibrations")
+        print(
+            f"jobs on {args.inventory} will register the slowest of {len(cals)} worker "
+            "hosts' calibrations"
+        )
     return 0

@@ -30,6 +30,7 @@ examples:
   sudo homagg testbed job --name demo
   sudo homagg testbed down --name demo
 """
+
 import argparse
 import json
 import sys
@@ -42,71 +43,137 @@ from homagg.switch import job_file
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--state-dir", default=None, metavar="DIR",
-                        help="where state files live (default $HOMAGG_TESTBED_DIR "
-                        "or /run/homagg/testbeds)")
+    parser.add_argument(
+        "--state-dir",
+        default=None,
+        metavar="DIR",
+        help="where state files live (default $HOMAGG_TESTBED_DIR or /run/homagg/testbeds)",
+    )
     sub = parser.add_subparsers(dest="action", metavar="ACTION")
     sub.required = True
 
-    p = sub.add_parser("up", help="create a testbed",
-                       description="Create the namespaces, the bridge, the veth links, "
-                       "the addresses and the rate limits of a testbed.  Fails, touching "
-                       "nothing, if the name is taken; removes what it built if a step fails.")
-    p.add_argument("--workers", "-w", type=int, required=True, metavar="N",
-                   help="number of worker hosts (namespaces hg-NAME-w0 .. w{N-1})")
-    p.add_argument("--aggregators", "-k", type=int, default=1, metavar="K",
-                   help="aggregator hosts (1..9; hg-NAME-agg, hg-NAME-agg1, ...) "
-                   "(default: %(default)s)")
-    p.add_argument("--leaves", type=int, default=0, metavar="L",
-                   help="a two-level tree: L leaf aggregators and a root (L + 1 aggregator "
-                   "hosts, 1..8 leaves; excludes --aggregators)")
-    p.add_argument("--link-mbit", type=float, default=None, metavar="R",
-                   help="shape every worker link to R Mbit/s in both directions "
-                   "(tbf on both veth ends); default: unshaped")
-    p.add_argument("--agg-link-mbit", type=float, default=None, metavar="R",
-                   help="shape the aggregators' links too (default: unshaped)")
-    p.add_argument("--name", "-n", default="default",
-                   help="testbed name: 1-16 of a-z 0-9 _ (default: %(default)s)")
-    p.add_argument("--subnet", default=DEFAULT_SUBNET,
-                   help="IPv4 subnet of the testbed (default: %(default)s)")
-    p.add_argument("--mtu", type=int, default=1500,
-                   help="MTU of every link, 576..9000 (9000: jumbo frames, job payloads up to "
-                   "8192 bytes; default: %(default)s)")
-    p.add_argument("--no-daemon", action="store_true",
-                   help="build the network only: no homagg-switch, no job (`homagg run` and "
-                   "`homagg train` then start daemons of their own; implied by --leaves)")
+    p = sub.add_parser(
+        "up",
+        help="create a testbed",
+        description="Create the namespaces, the bridge, the veth links, "
+        "the addresses and the rate limits of a testbed.  Fails, touching "
+        "nothing, if the name is taken; removes what it built if a step fails.",
+    )
+    p.add_argument(
+        "--workers",
+        "-w",
+        type=int,
+        required=True,
+        metavar="N",
+        help="number of worker hosts (namespaces hg-NAME-w0 .. w{N-1})",
+    )
+    p.add_argument(
+        "--aggregators",
+        "-k",
+        type=int,
+        default=1,
+        metavar="K",
+        help="aggregator hosts (1..9; hg-NAME-agg, hg-NAME-agg1, ...) (default: %(default)s)",
+    )
+    p.add_argument(
+        "--leaves",
+        type=int,
+        default=0,
+        metavar="L",
+        help="a two-level tree: L leaf aggregators and a root (L + 1 aggregator "
+        "hosts, 1..8 leaves; excludes --aggregators)",
+    )
+    p.add_argument(
+        "--link-mbit",
+        type=float,
+        default=None,
+        metavar="R",
+        help="shape every worker link to R Mbit/s in both directions "
+        "(tbf on both veth ends); default: unshaped",
+    )
+    p.add_argument(
+        "--agg-link-mbit",
+        type=float,
+        default=None,
+        metavar="R",
+        help="shape the aggregators' links too (default: unshaped)",
+    )
+    p.add_argument(
+        "--name",
+        "-n",
+        default="default",
+        help="testbed name: 1-16 of a-z 0-9 _ (default: %(default)s)",
+    )
+    p.add_argument(
+        "--subnet", default=DEFAULT_SUBNET, help="IPv4 subnet of the testbed (default: %(default)s)"
+    )
+    p.add_argument(
+        "--mtu",
+        type=int,
+        default=1500,
+        help="MTU of every link, 576..9000 (9000: jumbo frames, job payloads up to "
+        "8192 bytes; default: %(default)s)",
+    )
+    p.add_argument(
+        "--no-daemon",
+        action="store_true",
+        help="build the network only: no homagg-switch, no job (`homagg run` and "
+        "`homagg train` then start daemons of their own; implied by --leaves)",
+    )
     job_file.add_job_arguments(p)
     # the job's payload follows the MTU unless given (default_payload)
     p.set_defaults(payload_bytes=None)
     next(a for a in p._actions if a.dest == "payload_bytes").help = (
         "the job's payload per packet, a multiple of 4 (default: 1024 bytes up to MTU 1500, "
         "the largest the MTU carries above, 8192 at --mtu 9000; less than 1024 where the "
-        "MTU needs it)")
+        "MTU needs it)"
+    )
     p.add_argument("--switch", default=None, metavar="PATH", help="homagg-switch binary")
-    p.add_argument("--metrics", type=int, default=None, metavar="PORT",
-                   help="also serve the daemons' Prometheus metrics on PORT (homagg "
-                   "exporter, stopped with the testbed; 0: any free port)")
-    p.add_argument("--metrics-bind", default="127.0.0.1", metavar="ADDRESS",
-                   help="address of --metrics (default: %(default)s)")
+    p.add_argument(
+        "--metrics",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="also serve the daemons' Prometheus metrics on PORT (homagg "
+        "exporter, stopped with the testbed; 0: any free port)",
+    )
+    p.add_argument(
+        "--metrics-bind",
+        default="127.0.0.1",
+        metavar="ADDRESS",
+        help="address of --metrics (default: %(default)s)",
+    )
 
-    p = sub.add_parser("job", help="register the testbed's job afresh",
-                       description="Remove the job `up` registered and add it again (same id, "
-                       "token and job file), its counters at 0. Not needed between runs: the "
-                       "first frame of each new rank process empties what its last run left.")
+    p = sub.add_parser(
+        "job",
+        help="register the testbed's job afresh",
+        description="Remove the job `up` registered and add it again (same id, "
+        "token and job file), its counters at 0. Not needed between runs: the "
+        "first frame of each new rank process empties what its last run left.",
+    )
     p.add_argument("--name", "-n", default="default", help="testbed name (default: %(default)s)")
 
-    p = sub.add_parser("down", help="remove a testbed",
-                       description="Stop the processes recorded for the testbed (by PID), "
-                       "delete its links and namespaces and its state file.  Succeeds on "
-                       "a half-built testbed; does nothing if it is already gone.")
+    p = sub.add_parser(
+        "down",
+        help="remove a testbed",
+        description="Stop the processes recorded for the testbed (by PID), "
+        "delete its links and namespaces and its state file.  Succeeds on "
+        "a half-built testbed; does nothing if it is already gone.",
+    )
     p.add_argument("--name", "-n", default="default", help="testbed name (default: %(default)s)")
 
-    sub.add_parser("list", help="list the testbeds that have a state file",
-                   description="List the testbeds recorded in the state directory.")
+    sub.add_parser(
+        "list",
+        help="list the testbeds that have a state file",
+        description="List the testbeds recorded in the state directory.",
+    )
 
-    p = sub.add_parser("show", help="show a testbed's hosts, addresses and rates",
-                       description="Show the hosts of a testbed: namespace, interface, "
-                       "address, MAC, switch port and link rate.")
+    p = sub.add_parser(
+        "show",
+        help="show a testbed's hosts, addresses and rates",
+        description="Show the hosts of a testbed: namespace, interface, "
+        "address, MAC, switch port and link rate.",
+    )
     p.add_argument("--name", "-n", default="default", help="testbed name (default: %(default)s)")
     p.add_argument("--json", action="store_true", help="print the whole state as JSON")
 
@@ -137,19 +204,34 @@ def _run(args) -> int:
     sd = args.state_dir
     if args.action == "up":
         if args.metrics is not None and (args.no_daemon or args.leaves):
-            raise HomAggError("--metrics: the testbed runs no daemon of its own with "
-                              "--no-daemon or --leaves: drop one of them")
+            raise HomAggError(
+                "--metrics: the testbed runs no daemon of its own with "
+                "--no-daemon or --leaves: drop one of them"
+            )
         if args.metrics is not None and not 0 <= args.metrics <= 65535:
             raise HomAggError(f"--metrics {args.metrics}: must be a TCP port 0..65535")
-        tb = Testbed.up(args.name, workers=args.workers, link_mbit=args.link_mbit,
-                        agg_link_mbit=args.agg_link_mbit, subnet=args.subnet, mtu=args.mtu,
-                        state_dir=sd, aggregators=args.aggregators, leaves=args.leaves)
+        tb = Testbed.up(
+            args.name,
+            workers=args.workers,
+            link_mbit=args.link_mbit,
+            agg_link_mbit=args.agg_link_mbit,
+            subnet=args.subnet,
+            mtu=args.mtu,
+            state_dir=sd,
+            aggregators=args.aggregators,
+            leaves=args.leaves,
+        )
         if not args.no_daemon and not args.leaves:
             try:
                 payload = args.payload_bytes or default_payload(args.mtu)
-                testbed_job.start(tb, slots=args.slots, payload=payload,
-                                  timeout=args.timeout, switch=args.switch,
-                                  cost_model=args.cost_model)
+                testbed_job.start(
+                    tb,
+                    slots=args.slots,
+                    payload=payload,
+                    timeout=args.timeout,
+                    switch=args.switch,
+                    cost_model=args.cost_model,
+                )
                 if args.metrics is not None:
                     from homagg.ops.exporter import start_for_testbed
 
@@ -158,10 +240,15 @@ def _run(args) -> int:
                 Testbed.down(args.name, state_dir=sd)
                 raise
         naggs = len(tb.aggregators)
-        shape = f"a tree of {args.leaves} leaves and a root" if args.leaves else \
-            f"{naggs} aggregator{'s' if naggs > 1 else ''}"
-        print(f"testbed {tb.name} is up ({args.workers} workers, {shape}, "
-              f"links {_rate(args.link_mbit)}); state: {tb.state_path}")
+        shape = (
+            f"a tree of {args.leaves} leaves and a root"
+            if args.leaves
+            else f"{naggs} aggregator{'s' if naggs > 1 else ''}"
+        )
+        print(
+            f"testbed {tb.name} is up ({args.workers} workers, {shape}, "
+            f"links {_rate(args.link_mbit)}); state: {tb.state_path}"
+        )
         _print_hosts(tb)
         for line in testbed_job.describe(tb):
             print(line)
@@ -178,19 +265,25 @@ def _run(args) -> int:
         if Testbed.down(args.name, state_dir=sd):
             print(f"testbed {args.name} removed")
         else:
-            print(f"testbed {args.name}: nothing to remove (no state file in "
-                  f"{sd or state_dir_default()})")
+            print(
+                f"testbed {args.name}: nothing to remove (no state file in "
+                f"{sd or state_dir_default()})"
+            )
         return 0
     if args.action == "list":
         names = Testbed.list(sd)
         if not names:
-            print(f"no testbeds (no state file in {sd or state_dir_default()}; "
-                  "`homagg testbed up` makes one)")
+            print(
+                f"no testbeds (no state file in {sd or state_dir_default()}; "
+                "`homagg testbed up` makes one)"
+            )
         for name in names:
             try:
                 st = Testbed.open(name, sd).state()
-                print(f"{name}\t{st['workers']} workers\tlinks {_rate(st['link_mbit'])}\t"
-                      f"{st['subnet']}\t{'complete' if st.get('complete') else 'incomplete'}")
+                print(
+                    f"{name}\t{st['workers']} workers\tlinks {_rate(st['link_mbit'])}\t"
+                    f"{st['subnet']}\t{'complete' if st.get('complete') else 'incomplete'}"
+                )
             except (TestbedError, ValueError, KeyError) as e:
                 print(f"{name}\tunreadable state: {e}")
         return 0
@@ -200,9 +293,11 @@ def _run(args) -> int:
             print(json.dumps(tb.describe(), indent=1))
             return 0
         st = tb.state()
-        print(f"testbed {tb.name}: {st['workers']} workers, subnet {st['subnet']}, "
-              f"mtu {st['mtu']}, switch: bridge {st['bridge']} in {st['switch_netns']}"
-              f"{'' if st.get('complete') else ' (INCOMPLETE)'}")
+        print(
+            f"testbed {tb.name}: {st['workers']} workers, subnet {st['subnet']}, "
+            f"mtu {st['mtu']}, switch: bridge {st['bridge']} in {st['switch_netns']}"
+            f"{'' if st.get('complete') else ' (INCOMPLETE)'}"
+        )
         _print_hosts(tb)
         for line in testbed_job.describe(tb):
             print(line)
@@ -220,8 +315,18 @@ def _run(args) -> int:
 def _print_hosts(tb: Testbed) -> None:
     rows = [("HOST", "ROLE", "NAMESPACE", "IF", "ADDRESS", "MAC", "PORT", "RATE")]
     for h in tb.hosts():
-        rows.append((h.name, h.role, h.netns, h.ifname, f"{h.ip}/{h.prefixlen}", h.mac,
-                     h.switch_port, _rate(h.rate_mbit)))
+        rows.append(
+            (
+                h.name,
+                h.role,
+                h.netns,
+                h.ifname,
+                f"{h.ip}/{h.prefixlen}",
+                h.mac,
+                h.switch_port,
+                _rate(h.rate_mbit),
+            )
+        )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         print("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
@@ -229,8 +334,11 @@ def _print_hosts(tb: Testbed) -> None:
 
 def _standalone(argv=None) -> int:
     """``python -m homagg.cli.testbed ...``: the same as ``homagg testbed ...``."""
-    parser = argparse.ArgumentParser(prog="homagg testbed", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="homagg testbed",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     log.setup()
     add_arguments(parser)
     return main(parser.parse_args(argv))

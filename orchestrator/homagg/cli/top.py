@@ -10,6 +10,7 @@ Rates are the difference of two readings over the time between them.
 scripts and tests.  A daemon that does not answer is shown as down.
 Needs rich (the ``metrics`` extra).  docs/OPERATIONS.md.
 """
+
 import argparse
 import sys
 import time
@@ -19,16 +20,33 @@ from homagg.ops.top import render, sources
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--socket", action="append", default=[], metavar="[NAME=]PATH",
-                   help="a local daemon's control socket (repeat for several)")
+    p.add_argument(
+        "--socket",
+        action="append",
+        default=[],
+        metavar="[NAME=]PATH",
+        help="a local daemon's control socket (repeat for several)",
+    )
     p.add_argument("--testbed", metavar="NAME", help="the daemons `homagg testbed up` started")
     p.add_argument("--state-dir", default=None, help="testbed state directory")
-    p.add_argument("-i", "--inventory", metavar="TOML",
-                   help="the daemons of an inventory's aggregator hosts (over SSH)")
-    p.add_argument("--once", action="store_true",
-                   help="print one frame (two readings --interval apart) and exit")
-    p.add_argument("--interval", type=float, default=1.0, metavar="S",
-                   help="seconds between refreshes (default %(default)s)")
+    p.add_argument(
+        "-i",
+        "--inventory",
+        metavar="TOML",
+        help="the daemons of an inventory's aggregator hosts (over SSH)",
+    )
+    p.add_argument(
+        "--once",
+        action="store_true",
+        help="print one frame (two readings --interval apart) and exit",
+    )
+    p.add_argument(
+        "--interval",
+        type=float,
+        default=1.0,
+        metavar="S",
+        help="seconds between refreshes (default %(default)s)",
+    )
 
 
 def main(args) -> int:
@@ -38,8 +56,9 @@ def main(args) -> int:
         print("homagg top: needs rich: pip install 'homagg[metrics]'", file=sys.stderr)
         return 2
     if not 0.05 <= args.interval <= 3600:
-        print(f"homagg top: --interval {args.interval}: must be 0.05..3600 seconds",
-              file=sys.stderr)
+        print(
+            f"homagg top: --interval {args.interval}: must be 0.05..3600 seconds", file=sys.stderr
+        )
         return 2
     from rich.console import Console
 

@@ -21,6 +21,7 @@ barriers: it reads its job file (``put_job_file``, or the standing job's
 ``standing_job``), leaves its files in ``worker_dir`` and they come back
 with ``fetch``.
 """
+
 from __future__ import annotations
 
 import abc
@@ -32,6 +33,7 @@ from dataclasses import dataclass
 @dataclass
 class AggregatorHost:
     """One aggregator host of a placement: its name, data-plane IP and MAC."""
+
     name: str
     ip: str
     mac: str | None = None
@@ -39,6 +41,7 @@ class AggregatorHost:
 
 class Daemon(abc.ABC):
     """One homagg-switch a run uses (started for it, or shared)."""
+
     host: str
     ip: str
     pmd: str
@@ -54,8 +57,7 @@ class Daemon(abc.ABC):
         """The daemon's CPU time so far (utime + stime, every thread), or None."""
 
     @abc.abstractmethod
-    def stop(self) -> None:
-        ...
+    def stop(self) -> None: ...
 
 
 class Placement(abc.ABC):
@@ -68,8 +70,8 @@ class Placement(abc.ABC):
     starts).  ``auth`` is one a placement does when ``place_secret`` puts
     the job secret on its worker hosts (both placements do)."""
 
-    kind: str = ""           # "testbed" / "inventory"
-    where: str = ""          # "testbed NAME" / "inventory PATH": for messages
+    kind: str = ""  # "testbed" / "inventory"
+    where: str = ""  # "testbed NAME" / "inventory PATH": for messages
     testbed: str | None = None
     inventory: str | None = None
     mtu: int = 1500
@@ -103,9 +105,18 @@ class Placement(abc.ABC):
         False, or no link rate: none (``Cost()``, choices by bytes)."""
 
     @abc.abstractmethod
-    def open_daemons(self, count: int, *, frames: int, pmd: str, switch: str | None,
-                     drop_rate: float, idle_us: int | None, idle_polls: int | None,
-                     lcores: int) -> list[Daemon]:
+    def open_daemons(
+        self,
+        count: int,
+        *,
+        frames: int,
+        pmd: str,
+        switch: str | None,
+        drop_rate: float,
+        idle_us: int | None,
+        idle_polls: int | None,
+        lcores: int,
+    ) -> list[Daemon]:
         """The daemons of the first ``count`` aggregator hosts, ready."""
 
     @abc.abstractmethod
@@ -151,8 +162,9 @@ class Placement(abc.ABC):
         local folder that holds them."""
 
     @abc.abstractmethod
-    def start_workers(self, specs: list[dict], module: str = "homagg.runs.job",
-                      env: list[dict] | None = None) -> list[int]:
+    def start_workers(
+        self, specs: list[dict], module: str = "homagg.runs.job", env: list[dict] | None = None
+    ) -> list[int]:
         """Start worker i: ``python -m MODULE --child SPECS[i]`` (the
         placement fills in "out", "report" and its barrier fields), with
         ``env[i]`` added to its environment; returns their PIDs."""
@@ -180,8 +192,7 @@ class Placement(abc.ABC):
         packets), None where it has no kernel interface (a PCI NIC)."""
 
     @abc.abstractmethod
-    def stop_workers(self) -> None:
-        ...
+    def stop_workers(self) -> None: ...
 
 
 def run_folder(runs_dir: str, label: str) -> str:

@@ -33,6 +33,7 @@ The coefficients are the job's as :func:`homagg.cost.job_cost` takes them:
 this host's calibration file (``homagg calibrate``), built-in defaults
 when there is none.
 """
+
 from __future__ import annotations
 
 from homagg import cost as _cost
@@ -141,11 +142,20 @@ def ring(c: _cost.Cost, workers: int, elements: int) -> dict:
     """Ring all-reduce's predicted time (see the module docstring)."""
     nbytes = 2 * (workers - 1) / workers * 4 * elements
     steps = 2 * (workers - 1)
-    terms = {"link": nbytes * 8e-6 / c.link_mbit, "worker_cpu": 0.0, "aggregator_cpu": 0.0,
-             "round_trips": steps * c.rtt_ns / 2 * 1e-9}
+    terms = {
+        "link": nbytes * 8e-6 / c.link_mbit,
+        "worker_cpu": 0.0,
+        "aggregator_cpu": 0.0,
+        "round_trips": steps * c.rtt_ns / 2 * 1e-9,
+    }
     t = sum(terms.values())
-    return {"time_s": t, "bytes_per_worker": round(nbytes), "steps": steps, "terms": terms,
-            "binds": max(terms, key=terms.get) if t else "nothing"}
+    return {
+        "time_s": t,
+        "bytes_per_worker": round(nbytes),
+        "steps": steps,
+        "terms": terms,
+        "binds": max(terms, key=terms.get) if t else "nothing",
+    }
 
 
 def job_model(link_mbit, rtt_ns=None, payload_bytes=1024, calibration=None, coeffs=None):
@@ -187,14 +197,21 @@ def predict(grads, elements, c: _cost.Cost, *, block, seed=1) -> dict:
     index_cpu = sum(cpu for *_, cpu in plan) * scale
 
     rg = ring(c, workers, elements)
-    out = {"simulated_elements": n, "scale": scale,
-           "index_plan": {"bitmap_blocks": sum(k == "bitmap" for _, k, *_ in plan),
-                          "bloom_blocks": sum(k == "bloom" for _, k, *_ in plan),
-                          "index_bytes": sum(b for _, _, b, _ in plan)},
-           "ring": rg, "methods": {}}
+    out = {
+        "simulated_elements": n,
+        "scale": scale,
+        "index_plan": {
+            "bitmap_blocks": sum(k == "bitmap" for _, k, *_ in plan),
+            "bloom_blocks": sum(k == "bloom" for _, k, *_ in plan),
+            "index_bytes": sum(b for _, _, b, _ in plan),
+        },
+        "ring": rg,
+        "methods": {},
+    }
     for m in METHODS:
-        st = codec.simulate_allreduce(grads, m, seed=seed, block_elements=block,
-                                      cost=c.fields()).stats
+        st = codec.simulate_allreduce(
+            grads, m, seed=seed, block_elements=block, cost=c.fields()
+        ).stats
         phase_bytes = {ph: b * scale for ph, b in st["bytes_sent"].items() if b}
         if m == "auto":
             via = "union" if st.get("auto_meta_choice") == "union" else None
@@ -204,11 +221,16 @@ def predict(grads, elements, c: _cost.Cost, *, block, seed=1) -> dict:
         nsteps = sum(1 for s in steps if any(phase_bytes.get(ph) for ph in s))
         nsteps = max(nsteps, 1)  # the exponents' step is always sent
         t, terms, phase_s = _predict(phase_bytes, nsteps, index_cpu, c, workers)
-        r = {"time_s": t, "speedup": (rg["time_s"] / t) if rg["time_s"] else None,
-             "bytes_per_worker": round(sum(phase_bytes.values())),
-             "bytes": {ph: round(b) for ph, b in phase_bytes.items()},
-             "phase_s": phase_s, "steps": nsteps, "terms": terms,
-             "binds": max(terms, key=terms.get)}
+        r = {
+            "time_s": t,
+            "speedup": (rg["time_s"] / t) if rg["time_s"] else None,
+            "bytes_per_worker": round(sum(phase_bytes.values())),
+            "bytes": {ph: round(b) for ph, b in phase_bytes.items()},
+            "phase_s": phase_s,
+            "steps": nsteps,
+            "terms": terms,
+            "binds": max(terms, key=terms.get),
+        }
         if m == "auto":
             r["choice"] = st["auto_choice"]
             r["meta_choice"] = st["auto_meta_choice"]
@@ -219,9 +241,21 @@ def predict(grads, elements, c: _cost.Cost, *, block, seed=1) -> dict:
     return out
 
 
-def advise(workers, elements, density, link_mbit, workload="shared", *, rtt_ns=None,
-           payload_bytes=1024, block=None, seed=1, sample_elements=DEFAULT_SAMPLE,
-           calibration=None, coeffs=None) -> dict:
+def advise(
+    workers,
+    elements,
+    density,
+    link_mbit,
+    workload="shared",
+    *,
+    rtt_ns=None,
+    payload_bytes=1024,
+    block=None,
+    seed=1,
+    sample_elements=DEFAULT_SAMPLE,
+    calibration=None,
+    coeffs=None,
+) -> dict:
     """The prediction as a dict (the JSON of ``homagg advise --json``)."""
     from homagg import codec
     from homagg.bench import workloads
@@ -241,9 +275,15 @@ def advise(workers, elements, density, link_mbit, workload="shared", *, rtt_ns=N
     grads = workloads.generate_all(workload, workers, n, density, seed)
     pred = predict(grads, int(elements), c, block=block, seed=seed)
     out = {
-        "workers": workers, "elements": int(elements), "density": float(density),
-        "workload": workload, "link_mbit": c.link_mbit, "rtt_ns": c.rtt_ns,
-        "payload_bytes": c.payload_bytes, "block_elements": block, "seed": seed,
+        "workers": workers,
+        "elements": int(elements),
+        "density": float(density),
+        "workload": workload,
+        "link_mbit": c.link_mbit,
+        "rtt_ns": c.rtt_ns,
+        "payload_bytes": c.payload_bytes,
+        "block_elements": block,
+        "seed": seed,
         "coefficients": {k: getattr(c, k) for k in _cost.COEFFICIENTS},
         "coefficients_from": source,
         "assumptions": list(ASSUMPTIONS),
@@ -269,29 +309,39 @@ def _fmt_b(b):
 
 def render(a: dict) -> str:
     """The prediction as text lines."""
-    lines = [f"W={a['workers']} workers, N={a['elements']} elements, density {a['density']:g} "
-             f"({a['workload']}), {a['link_mbit']} Mbit/s links, round trip "
-             f"{a['rtt_ns'] / 1000:g} us, payload {a['payload_bytes']} B, block "
-             f"{a['block_elements']}",
-             f"coefficients: {a['coefficients_from']}"]
+    lines = [
+        f"W={a['workers']} workers, N={a['elements']} elements, density {a['density']:g} "
+        f"({a['workload']}), {a['link_mbit']} Mbit/s links, round trip "
+        f"{a['rtt_ns'] / 1000:g} us, payload {a['payload_bytes']} B, block "
+        f"{a['block_elements']}",
+        f"coefficients: {a['coefficients_from']}",
+    ]
     if a["simulated_elements"] < a["elements"]:
-        lines.append(f"bytes from the codec on {a['simulated_elements']} elements, scaled "
-                     f"x{a['scale']:.4g}")
-    lines.append(f"{'':8s} {'time':>10s} {'speedup':>8s} {'bytes/worker':>13s} {'steps':>5s}"
-                 "  binds")
+        lines.append(
+            f"bytes from the codec on {a['simulated_elements']} elements, scaled x{a['scale']:.4g}"
+        )
+    lines.append(
+        f"{'':8s} {'time':>10s} {'speedup':>8s} {'bytes/worker':>13s} {'steps':>5s}  binds"
+    )
     rg = a["ring"]
-    lines.append(f"{'ring':8s} {_fmt_s(rg['time_s']):>10s} {'1':>8s} "
-                 f"{_fmt_b(rg['bytes_per_worker']):>13s} {rg['steps']:5d}  {rg['binds']}")
+    lines.append(
+        f"{'ring':8s} {_fmt_s(rg['time_s']):>10s} {'1':>8s} "
+        f"{_fmt_b(rg['bytes_per_worker']):>13s} {rg['steps']:5d}  {rg['binds']}"
+    )
     for m, r in a["methods"].items():
         sp = "-" if r["speedup"] is None else f"{r['speedup']:.2f}"
         extra = f" (chose {r['choice']})" if m == "auto" else ""
-        lines.append(f"{m:8s} {_fmt_s(r['time_s']):>10s} {sp:>8s} "
-                     f"{_fmt_b(r['bytes_per_worker']):>13s} {r['steps']:5d}  "
-                     f"{r['binds'].replace('_', ' ')}{extra}")
+        lines.append(
+            f"{m:8s} {_fmt_s(r['time_s']):>10s} {sp:>8s} "
+            f"{_fmt_b(r['bytes_per_worker']):>13s} {r['steps']:5d}  "
+            f"{r['binds'].replace('_', ' ')}{extra}"
+        )
     best = a["methods"][a["best"]]
     if best["speedup"] is not None:
         verdict = "faster" if best["speedup"] > 1 else "not faster"
-        lines.append(f"best: {a['best']}, {best['speedup']:.2f}x ring: HomAgg is predicted "
-                     f"{verdict} than ring here")
+        lines.append(
+            f"best: {a['best']}, {best['speedup']:.2f}x ring: HomAgg is predicted "
+            f"{verdict} than ring here"
+        )
     lines.append("assumes: " + "; ".join(a["assumptions"]))
     return "\n".join(lines)

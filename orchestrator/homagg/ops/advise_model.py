@@ -27,6 +27,7 @@ one with the least summed time, and the speedup of the communication is
 ring's sum over that method's.  Communication only: DDP overlaps buckets
 with the backward pass, the prediction does not.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -83,8 +84,10 @@ def _one_process_group():
 
     if dist.is_initialized():
         if dist.get_world_size() != 1:
-            raise InvalidArgument("advise --model: this process is in a process group of "
-                                  f"{dist.get_world_size()} ranks; run it outside training")
+            raise InvalidArgument(
+                "advise --model: this process is in a process group of "
+                f"{dist.get_world_size()} ranks; run it outside training"
+            )
         yield None
         return
     with tempfile.TemporaryDirectory(prefix="homagg-advise-") as d:
@@ -113,17 +116,23 @@ def bucket_gradients(spec: str, workers: int, seed: int = 1, bucket_cap_mb: floa
             got = factory(r, workers, seed)
         except Exception as exc:
             raise _error(spec, f"the factory raised for rank {r}", exc) from None
-        if not (isinstance(got, (tuple, list)) and len(got) == 3
-                and isinstance(got[0], torch.nn.Module) and callable(got[2])):
-            raise _error(spec, "the factory must return (torch.nn.Module, batches, loss_fn), "
-                         f"it returned {type(got).__name__}")
+        if not (
+            isinstance(got, (tuple, list))
+            and len(got) == 3
+            and isinstance(got[0], torch.nn.Module)
+            and callable(got[2])
+        ):
+            raise _error(
+                spec,
+                "the factory must return (torch.nn.Module, batches, loss_fn), "
+                f"it returned {type(got).__name__}",
+            )
         model, batches, loss_fn = got
         try:
             batch = next(iter(batches))
             inputs, targets = batch
         except Exception as exc:
-            raise _error(spec, f"its batches gave no (inputs, targets) for rank {r}", exc) \
-                from None
+            raise _error(spec, f"its batches gave no (inputs, targets) for rank {r}", exc) from None
         made.append((model, inputs, targets, loss_fn))
     model = made[0][0]
     names = {id(p): n for n, p in model.named_parameters()}
@@ -131,9 +140,13 @@ def bucket_gradients(spec: str, workers: int, seed: int = 1, bucket_cap_mb: floa
 
     def hook(state, bucket):
         buf = bucket.buffer()
-        record.append({"index": bucket.index(),
-                       "params": [names.get(id(p), "?") for p in bucket.parameters()],
-                       "grad": buf.detach().to(torch.float32).cpu().numpy().copy()})
+        record.append(
+            {
+                "index": bucket.index(),
+                "params": [names.get(id(p), "?") for p in bucket.parameters()],
+                "grad": buf.detach().to(torch.float32).cpu().numpy().copy(),
+            }
+        )
         fut = torch.futures.Future()
         fut.set_result(buf)
         return fut
@@ -157,18 +170,26 @@ def bucket_gradients(spec: str, workers: int, seed: int = 1, bucket_cap_mb: floa
             try:
                 lf(_call(ddp, inputs), targets).backward()
             except Exception as exc:
-                raise _error(spec, f"forward/backward failed on rank {r}'s batch", exc) \
-                    from None
+                raise _error(spec, f"forward/backward failed on rank {r}'s batch", exc) from None
             passes.append(sorted(record, key=lambda b: b["index"]))
     first = [b["params"] for b in passes[0]]
     layout = [b["params"] for b in passes[1]]
     for r, p in enumerate(passes[1:]):
         if [b["params"] for b in p] != layout:
-            raise _error(spec, f"DDP formed other buckets on rank {r}'s pass (a graph that "
-                         "changes from batch to batch)")
-    buckets = [{"index": b["index"], "numel": int(b["grad"].size), "params": b["params"],
-                "grads": [np.ascontiguousarray(p[i]["grad"]) for p in passes[1:]]}
-               for i, b in enumerate(passes[1])]
+            raise _error(
+                spec,
+                f"DDP formed other buckets on rank {r}'s pass (a graph that "
+                "changes from batch to batch)",
+            )
+    buckets = [
+        {
+            "index": b["index"],
+            "numel": int(b["grad"].size),
+            "params": b["params"],
+            "grads": [np.ascontiguousarray(p[i]["grad"]) for p in passes[1:]],
+        }
+        for i, b in enumerate(passes[1])
+    ]
     if not buckets:
         raise _error(spec, "the model has no parameter that gets a gradient")
     return buckets, first, first_cap
@@ -190,10 +211,20 @@ def sample_blocks(grads, block: int, max_elements: int):
     return [np.ascontiguousarray(g[sel]) for g in grads]
 
 
-def advise_model(spec: str, workers: int = 4, link_mbit: float = 1000.0, *, rtt_ns=None,
-                 payload_bytes=1024, block=None, seed=1,
-                 bucket_cap_mb: float | None = None,
-                 sample_elements=adv.DEFAULT_SAMPLE, calibration=None, coeffs=None) -> dict:
+def advise_model(
+    spec: str,
+    workers: int = 4,
+    link_mbit: float = 1000.0,
+    *,
+    rtt_ns=None,
+    payload_bytes=1024,
+    block=None,
+    seed=1,
+    bucket_cap_mb: float | None = None,
+    sample_elements=adv.DEFAULT_SAMPLE,
+    calibration=None,
+    coeffs=None,
+) -> dict:
     """The prediction per bucket and per iteration as a dict (the JSON of
     ``homagg advise --model``)."""
     import numpy as np
@@ -214,20 +245,28 @@ def advise_model(spec: str, workers: int = 4, link_mbit: float = 1000.0, *, rtt_
         grads = b["grads"]
         nnz = [int(np.count_nonzero(g)) for g in grads]
         union = int(np.count_nonzero(np.any(np.stack(grads) != 0, axis=0)))
-        pred = adv.predict(sample_blocks(grads, block, cap), b["numel"], c, block=block,
-                           seed=seed)
-        out_buckets.append({
-            "index": b["index"], "numel": b["numel"], "bytes": 4 * b["numel"],
-            "params": b["params"],
-            "density_per_worker": [k / b["numel"] for k in nnz],
-            "density": float(np.mean(nnz)) / b["numel"],
-            "union_density": union / b["numel"],
-            **pred,
-        })
+        pred = adv.predict(sample_blocks(grads, block, cap), b["numel"], c, block=block, seed=seed)
+        out_buckets.append(
+            {
+                "index": b["index"],
+                "numel": b["numel"],
+                "bytes": 4 * b["numel"],
+                "params": b["params"],
+                "density_per_worker": [k / b["numel"] for k in nnz],
+                "density": float(np.mean(nnz)) / b["numel"],
+                "union_density": union / b["numel"],
+                **pred,
+            }
+        )
     it = iteration(out_buckets)
     return {
-        "model": spec, "workers": workers, "link_mbit": c.link_mbit, "rtt_ns": c.rtt_ns,
-        "payload_bytes": c.payload_bytes, "block_elements": block, "seed": seed,
+        "model": spec,
+        "workers": workers,
+        "link_mbit": c.link_mbit,
+        "rtt_ns": c.rtt_ns,
+        "payload_bytes": c.payload_bytes,
+        "block_elements": block,
+        "seed": seed,
         "bucket_cap_mb": float(DDP_BUCKET_CAP_MB if bucket_cap_mb is None else bucket_cap_mb),
         "bucket_cap_default": bucket_cap_mb is None,
         "first_bucket_bytes": first_cap,
@@ -235,7 +274,8 @@ def advise_model(spec: str, workers: int = 4, link_mbit: float = 1000.0, *, rtt_
         "coefficients_from": source,
         "layout_rebuilt": first != [b["params"] for b in buckets],
         "elements": sum(b["numel"] for b in buckets),
-        "buckets": out_buckets, "iteration": it,
+        "buckets": out_buckets,
+        "iteration": it,
         "assumptions": [a for a in adv.ASSUMPTIONS if not a.startswith("HomAgg bytes")]
         + list(MODEL_ASSUMPTIONS),
     }
@@ -244,62 +284,83 @@ def advise_model(spec: str, workers: int = 4, link_mbit: float = 1000.0, *, rtt_
 def iteration(buckets) -> dict:
     """One iteration: ring and each method summed over the buckets, the
     best method (least sum), its speedup and what binds its sum."""
+
     def total(rows):
         terms = {}
         for r in rows:
             for k, v in r["terms"].items():
                 terms[k] = terms.get(k, 0.0) + v
         t = sum(r["time_s"] for r in rows)
-        return {"time_s": t, "terms": terms,
-                "binds": max(terms, key=terms.get) if t else "nothing"}
+        return {"time_s": t, "terms": terms, "binds": max(terms, key=terms.get) if t else "nothing"}
 
     ring = total([b["ring"] for b in buckets])
     methods = {}
     for m in adv.METHODS:
         methods[m] = total([b["methods"][m] for b in buckets])
-        methods[m]["speedup"] = ring["time_s"] / methods[m]["time_s"] \
-            if methods[m]["time_s"] else None
+        methods[m]["speedup"] = (
+            ring["time_s"] / methods[m]["time_s"] if methods[m]["time_s"] else None
+        )
         methods[m]["bytes_per_worker"] = sum(b["methods"][m]["bytes_per_worker"] for b in buckets)
     ring["bytes_per_worker"] = sum(b["ring"]["bytes_per_worker"] for b in buckets)
     best = min(methods, key=lambda k: methods[k]["time_s"])
     per_bucket = sum(b["methods"][b["best"]]["time_s"] for b in buckets)
-    return {"ring": ring, "methods": methods, "best": best,
-            "speedup": methods[best]["speedup"], "binds": methods[best]["binds"],
-            "best_per_bucket_time_s": per_bucket,
-            "best_per_bucket": {m: sum(b["best"] == m for b in buckets) for m in adv.METHODS
-                                if any(b["best"] == m for b in buckets)}}
+    return {
+        "ring": ring,
+        "methods": methods,
+        "best": best,
+        "speedup": methods[best]["speedup"],
+        "binds": methods[best]["binds"],
+        "best_per_bucket_time_s": per_bucket,
+        "best_per_bucket": {
+            m: sum(b["best"] == m for b in buckets)
+            for m in adv.METHODS
+            if any(b["best"] == m for b in buckets)
+        },
+    }
 
 
 def render(a: dict) -> str:
     """The prediction as text lines."""
     fmt_s, fmt_b = adv._fmt_s, adv._fmt_b
-    lines = [f"model {a['model']}: {len(a['buckets'])} DDP buckets (bucket_cap_mb "
-             f"{a['bucket_cap_mb']:g}{', DDP default' if a['bucket_cap_default'] else ''}), "
-             f"{a['elements']} elements; W={a['workers']} workers, "
-             f"{a['link_mbit']} Mbit/s links, round trip {a['rtt_ns'] / 1000:g} us, payload "
-             f"{a['payload_bytes']} B, block {a['block_elements']}",
-             f"coefficients: {a['coefficients_from']}",
-             f"{'bucket':>6s} {'size':>9s} {'density':>8s} {'ring':>10s} {'best':>6s} "
-             f"{'time':>10s} {'speedup':>8s}  binds"]
+    lines = [
+        f"model {a['model']}: {len(a['buckets'])} DDP buckets (bucket_cap_mb "
+        f"{a['bucket_cap_mb']:g}{', DDP default' if a['bucket_cap_default'] else ''}), "
+        f"{a['elements']} elements; W={a['workers']} workers, "
+        f"{a['link_mbit']} Mbit/s links, round trip {a['rtt_ns'] / 1000:g} us, payload "
+        f"{a['payload_bytes']} B, block {a['block_elements']}",
+        f"coefficients: {a['coefficients_from']}",
+        f"{'bucket':>6s} {'size':>9s} {'density':>8s} {'ring':>10s} {'best':>6s} "
+        f"{'time':>10s} {'speedup':>8s}  binds",
+    ]
     for b in a["buckets"]:
         r = b["methods"][b["best"]]
-        sim = "" if b["scale"] == 1 else f"  (simulated {b['simulated_elements']}, x{b['scale']:.3g})"
-        lines.append(f"{b['index']:6d} {fmt_b(b['bytes']):>9s} {b['density']:8.4f} "
-                     f"{fmt_s(b['ring']['time_s']):>10s} {b['best']:>6s} "
-                     f"{fmt_s(r['time_s']):>10s} {r['speedup']:8.2f}  "
-                     f"{r['binds'].replace('_', ' ')}{sim}")
+        sim = (
+            "" if b["scale"] == 1 else f"  (simulated {b['simulated_elements']}, x{b['scale']:.3g})"
+        )
+        lines.append(
+            f"{b['index']:6d} {fmt_b(b['bytes']):>9s} {b['density']:8.4f} "
+            f"{fmt_s(b['ring']['time_s']):>10s} {b['best']:>6s} "
+            f"{fmt_s(r['time_s']):>10s} {r['speedup']:8.2f}  "
+            f"{r['binds'].replace('_', ' ')}{sim}"
+        )
     it = a["iteration"]
     lines.append("per iteration (every bucket, one method):")
     lines.append(f"{'':8s} {'time':>10s} {'speedup':>8s} {'bytes/worker':>13s}  binds")
-    lines.append(f"{'ring':8s} {fmt_s(it['ring']['time_s']):>10s} {'1':>8s} "
-                 f"{fmt_b(it['ring']['bytes_per_worker']):>13s}  {it['ring']['binds']}")
+    lines.append(
+        f"{'ring':8s} {fmt_s(it['ring']['time_s']):>10s} {'1':>8s} "
+        f"{fmt_b(it['ring']['bytes_per_worker']):>13s}  {it['ring']['binds']}"
+    )
     for m, r in it["methods"].items():
         sp = "-" if r["speedup"] is None else f"{r['speedup']:.2f}"
-        lines.append(f"{m:8s} {fmt_s(r['time_s']):>10s} {sp:>8s} "
-                     f"{fmt_b(r['bytes_per_worker']):>13s}  {r['binds'].replace('_', ' ')}")
+        lines.append(
+            f"{m:8s} {fmt_s(r['time_s']):>10s} {sp:>8s} "
+            f"{fmt_b(r['bytes_per_worker']):>13s}  {r['binds'].replace('_', ' ')}"
+        )
     if it["speedup"] is not None:
         verdict = "faster" if it["speedup"] > 1 else "not faster"
-        lines.append(f"best: {it['best']}, {it['speedup']:.2f}x ring per iteration's "
-                     f"communication: HomAgg is predicted {verdict} than ring here")
+        lines.append(
+            f"best: {it['best']}, {it['speedup']:.2f}x ring per iteration's "
+            f"communication: HomAgg is predicted {verdict} than ring here"
+        )
     lines.append("assumes: " + "; ".join(a["assumptions"]))
     return "\n".join(lines)

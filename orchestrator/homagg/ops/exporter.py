@@ -10,6 +10,7 @@ exporter``: homagg.cli.exporter), ``start_for_testbed`` the exporter of
 ``homagg testbed up --metrics``.  docs/OPERATIONS.md lists every metric;
 needs the ``metrics`` extra (``pip install 'homagg[metrics]'``).
 """
+
 from __future__ import annotations
 
 import logging
@@ -61,12 +62,12 @@ class Collector:
     def __init__(self, daemons: dict, timeout: float = 2.0):
         self.daemons = dict(daemons)
         self.timeout = timeout
-        self._busy_prev: dict = {}     # (daemon, lcore) -> (engine_ns, busy_ns)
-        self._rest: dict = {}          # (daemon, counter) -> (total, rest served)
+        self._busy_prev: dict = {}  # (daemon, lcore) -> (engine_ns, busy_ns)
+        self._rest: dict = {}  # (daemon, counter) -> (total, rest served)
         self._lock = threading.Lock()
 
     def describe(self):
-        return []       # collected at scrape time only (no registration probe)
+        return []  # collected at scrape time only (no registration probe)
 
     def snapshots(self) -> list[DaemonSnapshot]:
         return [snapshot(n, p, self.timeout) for n, p in self.daemons.items()]
@@ -75,8 +76,9 @@ class Collector:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
         snaps = self.snapshots()
-        up = GaugeMetricFamily("homagg_up", "1: the daemon answered on its control socket",
-                               labels=["daemon"])
+        up = GaugeMetricFamily(
+            "homagg_up", "1: the daemon answered on its control socket", labels=["daemon"]
+        )
         for s in snaps:
             up.add_metric([s.name], 1 if s.up else 0)
             if not s.up:
@@ -91,9 +93,12 @@ class Collector:
             return GaugeMetricFamily(f"homagg_{name}", doc, labels=labels)
 
         events = {k: counter(m, d, ["daemon", "job"]) for k, (m, d) in EVENT_METRICS.items()}
-        dropped = counter("frames_dropped", "frames dropped, by reason (homagg/counters.h); "
-                          "job \"\": before their job was known, or of jobs since removed",
-                          ["daemon", "job", "reason"])
+        dropped = counter(
+            "frames_dropped",
+            "frames dropped, by reason (homagg/counters.h); "
+            'job "": before their job was known, or of jobs since removed',
+            ["daemon", "job", "reason"],
+        )
         for s in live:
             for key, fam in events.items():
                 for job, v in self._job_split(s, key):
@@ -104,18 +109,27 @@ class Collector:
         yield from events.values()
         yield dropped
 
-        wfams = {k: counter(m, d, ["daemon", "job", "worker"])
-                 for k, (m, d) in WORKER_METRICS.items()}
+        wfams = {
+            k: counter(m, d, ["daemon", "job", "worker"]) for k, (m, d) in WORKER_METRICS.items()
+        }
         jobs = gauge("jobs", "jobs registered", ["daemon"])
         jw = gauge("job_workers", "W of the job", ["daemon", "job"])
-        js = gauge("job_slots", "S of the job: slots (chunks in flight per worker)",
-                   ["daemon", "job"])
-        jo = gauge("job_slots_in_use", "sets holding a chunk not answered yet (0..2 S)",
-                   ["daemon", "job"])
-        jf = gauge("job_frames_in_flight_max", "W x S: the job's share of the receive ring",
-                   ["daemon", "job"])
-        ji = gauge("job_incarnation", "the job's incarnation (changes when it is "
-                   "registered afresh)", ["daemon", "job"])
+        js = gauge(
+            "job_slots", "S of the job: slots (chunks in flight per worker)", ["daemon", "job"]
+        )
+        jo = gauge(
+            "job_slots_in_use", "sets holding a chunk not answered yet (0..2 S)", ["daemon", "job"]
+        )
+        jf = gauge(
+            "job_frames_in_flight_max",
+            "W x S: the job's share of the receive ring",
+            ["daemon", "job"],
+        )
+        ji = gauge(
+            "job_incarnation",
+            "the job's incarnation (changes when it is registered afresh)",
+            ["daemon", "job"],
+        )
         for s in live:
             jobs.add_metric([s.name], len(s.jobs))
             for j in s.jobs:
@@ -131,14 +145,25 @@ class Collector:
         yield from wfams.values()
         yield from (jobs, jw, js, jo, jf, ji)
 
-        ring = gauge("rx_ring_frames", "frames the receive ring holds (the limit of "
-                     "the jobs' W x S summed)", ["daemon"])
-        busy = counter("engine_busy_seconds", "time each engine lcore spent in polls "
-                       "that received frames", ["daemon", "lcore"])
-        run = counter("engine_seconds", "time since each engine lcore's loop started",
-                      ["daemon", "lcore"])
-        ratio = gauge("engine_busy_ratio", "busy fraction of each engine lcore since "
-                      "the previous scrape (since the start at the first)", ["daemon", "lcore"])
+        ring = gauge(
+            "rx_ring_frames",
+            "frames the receive ring holds (the limit of the jobs' W x S summed)",
+            ["daemon"],
+        )
+        busy = counter(
+            "engine_busy_seconds",
+            "time each engine lcore spent in polls that received frames",
+            ["daemon", "lcore"],
+        )
+        run = counter(
+            "engine_seconds", "time since each engine lcore's loop started", ["daemon", "lcore"]
+        )
+        ratio = gauge(
+            "engine_busy_ratio",
+            "busy fraction of each engine lcore since "
+            "the previous scrape (since the start at the first)",
+            ["daemon", "lcore"],
+        )
         port = {}
         for s in live:
             ring.add_metric([s.name], s.rx_ring)
@@ -149,8 +174,7 @@ class Collector:
                 ratio.add_metric(lab, self._ratio((s.name, i), t, b))
             for k, v in s.port.items():
                 if k not in port:
-                    port[k] = counter(f"port_{k}", f"port counter {k} (docs/SWITCH.md)",
-                                      ["daemon"])
+                    port[k] = counter(f"port_{k}", f"port counter {k} (docs/SWITCH.md)", ["daemon"])
                 port[k].add_metric([s.name], v)
         yield from (ring, busy, run, ratio)
         yield from port.values()
@@ -183,7 +207,7 @@ class Collector:
     def _ratio(self, key, t, b) -> float:
         with self._lock:
             t0, b0 = self._busy_prev.get(key, (0, 0))
-            if t < t0:                       # the daemon restarted
+            if t < t0:  # the daemon restarted
                 t0, b0 = 0, 0
             self._busy_prev[key] = (t, b)
         return (b - b0) / (t - t0) if t > t0 else 0.0
@@ -214,8 +238,9 @@ def start_for_testbed(tb, port: int, bind: str = "127.0.0.1", timeout: float = 2
 
     daemons = tb.state().get("daemons", {})
     if not daemons:
-        raise HomAggError(f"testbed {tb.name}: --metrics needs the testbed's daemons "
-                          "(drop --no-daemon)")
+        raise HomAggError(
+            f"testbed {tb.name}: --metrics needs the testbed's daemons (drop --no-daemon)"
+        )
     argv = [sys.executable, "-m", "homagg.cli", "exporter", "--port", str(port), "--bind", bind]
     for host, rec in daemons.items():
         argv += ["--socket", f"{host}={rec['control']}"]
@@ -235,8 +260,10 @@ def start_for_testbed(tb, port: int, bind: str = "127.0.0.1", timeout: float = 2
             proc.stop()
             with open(path, errors="replace") as f:
                 tail = f.read()[-800:]
-            raise HomAggError(f"testbed {tb.name}: homagg exporter did not start on "
-                              f"{bind}:{port}: {tail.strip() or 'no output'}")
+            raise HomAggError(
+                f"testbed {tb.name}: homagg exporter did not start on "
+                f"{bind}:{port}: {tail.strip() or 'no output'}"
+            )
         time.sleep(0.05)
     rec = {"pid": proc.pid, "url": url, "log": path}
     tb.note(exporter=rec)

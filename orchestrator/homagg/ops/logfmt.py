@@ -5,6 +5,7 @@ with the traceback when there is one), the same keys homagg-switch writes
 with its own ``--log-format json`` (docs/OPERATIONS.md), so one log
 pipeline reads both.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -19,10 +20,12 @@ class JsonFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         ts = datetime.datetime.fromtimestamp(record.created, datetime.timezone.utc)
-        ev = {"ts": ts.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
-              "level": record.levelname.lower(),
-              "logger": record.name,
-              "msg": record.getMessage()}
+        ev = {
+            "ts": ts.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
         if record.exc_info:
             ev["exc"] = self.formatException(record.exc_info)
         return json.dumps(ev, ensure_ascii=False)

@@ -5,6 +5,7 @@
 answer gives a snapshot with ``up`` False and the reason in ``error``: the
 callers (the exporter, ``homagg top``) report it and go on with the others.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -16,11 +17,25 @@ from homagg.errors import HomAggError
 
 # Engine counters (homagg/counters.h) that count events, not dropped frames;
 # every other counter is a drop reason.
-NOT_DROPS = frozenset({
-    "received", "summed", "completed", "duplicates", "replays", "results_sent",
-    "status_sent", "status_repeats", "incarnation_resets", "up_sent",
-    "up_retransmissions", "up_results", "up_status", "up_abandoned", "up_root_restarts",
-})
+NOT_DROPS = frozenset(
+    {
+        "received",
+        "summed",
+        "completed",
+        "duplicates",
+        "replays",
+        "results_sent",
+        "status_sent",
+        "status_repeats",
+        "incarnation_resets",
+        "up_sent",
+        "up_retransmissions",
+        "up_results",
+        "up_status",
+        "up_abandoned",
+        "up_root_restarts",
+    }
+)
 
 
 def drop_reasons(counters: dict) -> dict:
@@ -37,32 +52,34 @@ class JobSnapshot:
     incarnation: int
     shard: int
     sets_open: int
-    counters: dict            # engine counters of the job, by name
-    worker_counters: dict     # {name: [value of worker 0, 1, ...]}
+    counters: dict  # engine counters of the job, by name
+    worker_counters: dict  # {name: [value of worker 0, 1, ...]}
 
 
 @dataclasses.dataclass
 class DaemonSnapshot:
     name: str
     path: str
-    t: float                  # time.monotonic() of the reading
+    t: float  # time.monotonic() of the reading
     up: bool = False
     error: str = ""
-    stats: dict = dataclasses.field(default_factory=dict)   # engine counters
-    port: dict = dataclasses.field(default_factory=dict)    # port counters
+    stats: dict = dataclasses.field(default_factory=dict)  # engine counters
+    port: dict = dataclasses.field(default_factory=dict)  # port counters
     engines: int = 0
     rx_ring: int = 0
     engine_ns: list = dataclasses.field(default_factory=list)
     engine_busy_ns: list = dataclasses.field(default_factory=list)
-    jobs: list = dataclasses.field(default_factory=list)    # JobSnapshot
+    jobs: list = dataclasses.field(default_factory=list)  # JobSnapshot
 
 
 def snapshot(name: str, path: str, timeout: float = 2.0) -> DaemonSnapshot:
     """Read daemon ``name`` at control socket ``path``; never raises for a
     daemon that is gone, refuses or answers badly (``up`` False)."""
+
     def read(_):
         with ControlClient(str(path), timeout=timeout) as c:
             return read_with(name, path, c.request)
+
     return _guarded(name, path, read)
 
 
@@ -77,13 +94,21 @@ def read_with(name: str, path: str, request) -> DaemonSnapshot:
             js = request("job_stats", job=job)
         except ControlError as e:
             if e.code == -errno.ENOENT:
-                continue        # removed between the two requests
+                continue  # removed between the two requests
             raise
-        snap.jobs.append(JobSnapshot(
-            job=int(job), workers=js["workers"], slots=js["slots"],
-            payload=js["payload"], incarnation=js["incarnation"],
-            shard=js["shard"], sets_open=js["sets_open"],
-            counters=js["counters"], worker_counters=js["worker_counters"]))
+        snap.jobs.append(
+            JobSnapshot(
+                job=int(job),
+                workers=js["workers"],
+                slots=js["slots"],
+                payload=js["payload"],
+                incarnation=js["incarnation"],
+                shard=js["shard"],
+                sets_open=js["sets_open"],
+                counters=js["counters"],
+                worker_counters=js["worker_counters"],
+            )
+        )
     snap.t = time.monotonic()
     snap.up = True
     snap.stats = st.get("stats", {})

@@ -6,6 +6,7 @@ reading of each (homagg.ops.source; a daemon that does not answer is a
 reading with ``up`` False); ``render`` makes a rich table of a reading,
 with rates against the previous one.  homagg.cli.top runs the loop.
 """
+
 from __future__ import annotations
 
 import json
@@ -24,16 +25,19 @@ class Sources:
     """Every daemon to read: local sockets, or control requests over SSH."""
 
     def __init__(self):
-        self.local: dict = {}        # name -> socket path
-        self.remote: list = []       # (homagg.deploy.remote.hosts.Host, "" or why it has no session)
+        self.local: dict = {}  # name -> socket path
+        self.remote: list = []  # (homagg.deploy.remote.hosts.Host, "" or why it has no session)
         self._closers = []
 
     def read(self) -> list[DaemonSnapshot]:
         out = [snapshot(n, p) for n, p in self.local.items()]
         for r, err in self.remote:
-            if err:     # no SSH session: shown as down, with the fix
-                out.append(DaemonSnapshot(name=r.h.name, path=_remote_socket(r),
-                                          t=time.monotonic(), error=err))
+            if err:  # no SSH session: shown as down, with the fix
+                out.append(
+                    DaemonSnapshot(
+                        name=r.h.name, path=_remote_socket(r), t=time.monotonic(), error=err
+                    )
+                )
             else:
                 out.append(guarded(r.h.name, _remote_socket(r), _remote_request(r)))
         return out
@@ -45,6 +49,7 @@ class Sources:
 
 def _remote_socket(r) -> str:
     from homagg.deploy.remote.hosts import control_socket
+
     return control_socket(r.h)
 
 
@@ -55,8 +60,12 @@ def _remote_request(r):
 
     def request(cmd, **fields):
         line = json.dumps({"cmd": cmd, **fields})
-        res = r.run(f"{shlex.quote(r.python)} -m homagg.switch.control "
-                    f"{shlex.quote(_remote_socket(r))} {shlex.quote(line)}", check=False, timeout=30)
+        res = r.run(
+            f"{shlex.quote(r.python)} -m homagg.switch.control "
+            f"{shlex.quote(_remote_socket(r))} {shlex.quote(line)}",
+            check=False,
+            timeout=30,
+        )
         out = res.stdout.strip().splitlines()
         try:
             reply = json.loads(out[-1]) if out else None
@@ -67,6 +76,7 @@ def _remote_request(r):
         if not reply.get("ok"):
             raise _error_for(reply)
         return reply
+
     return request
 
 
@@ -82,8 +92,10 @@ def sources(sockets=(), testbed=None, state_dir=None, inventory=None) -> Sources
 
         daemons = Testbed.open(testbed, state_dir).state().get("daemons", {})
         if not daemons:
-            raise HomAggError(f"testbed {testbed} runs no homagg-switch (built with "
-                              "--no-daemon?): nothing to show")
+            raise HomAggError(
+                f"testbed {testbed} runs no homagg-switch (built with "
+                "--no-daemon?): nothing to show"
+            )
         for host, rec in daemons.items():
             src.local[f"{testbed}/{host}"] = rec["control"]
     if inventory:
@@ -97,13 +109,12 @@ def sources(sockets=(), testbed=None, state_dir=None, inventory=None) -> Sources
             r = remote.Host(h, loaded)
             src._closers.append(r.close)
             try:
-                r.preflight()       # login and privilege (sudo when not root)
+                r.preflight()  # login and privilege (sudo when not root)
                 src.remote.append((r, ""))
             except StepFailed as e:
                 src.remote.append((r, str(e)))
     if not src.local and not src.remote:
-        raise HomAggError("no daemon to show: give --socket PATH, --testbed NAME or "
-                          "-i INVENTORY")
+        raise HomAggError("no daemon to show: give --socket PATH, --testbed NAME or -i INVENTORY")
     return src
 
 
@@ -146,15 +157,29 @@ def render(now: list[DaemonSnapshot], before: list[DaemonSnapshot] | None = None
         p = prev.get(s.name)
         dt = s.t - p.t if p else 0.0
         drops = sum(drop_reasons(s.stats).values())
-        parts.append(Text(
-            f"{s.name}: {len(s.jobs)} job{'s' if len(s.jobs) != 1 else ''}, "
-            f"{s.engines} engine{'s' if s.engines != 1 else ''} busy "
-            f"{' '.join(_busy(s, p)) or '-'}, summed {s.stats.get('summed', 0):,}, "
-            f"dropped {drops:,}, rx ring {s.rx_ring}", style="bold"))
+        parts.append(
+            Text(
+                f"{s.name}: {len(s.jobs)} job{'s' if len(s.jobs) != 1 else ''}, "
+                f"{s.engines} engine{'s' if s.engines != 1 else ''} busy "
+                f"{' '.join(_busy(s, p)) or '-'}, summed {s.stats.get('summed', 0):,}, "
+                f"dropped {drops:,}, rx ring {s.rx_ring}",
+                style="bold",
+            )
+        )
         pjobs = {j.job: j for j in p.jobs} if p else {}
         jt = Table(box=None, pad_edge=False)
-        for col in ("JOB", "W", "S", "IN USE", "INCARNATION", "SUMMED/S", "RESULTS/S",
-                    "DROPS/S", "SUMMED", "DROPPED"):
+        for col in (
+            "JOB",
+            "W",
+            "S",
+            "IN USE",
+            "INCARNATION",
+            "SUMMED/S",
+            "RESULTS/S",
+            "DROPS/S",
+            "SUMMED",
+            "DROPPED",
+        ):
             jt.add_column(col, justify="left" if col == "JOB" else "right")
         wt = Table(box=None, pad_edge=False)
         for col in ("JOB", "WORKER", "FRAMES/S", "SUMMED", "DUPLICATES", "RETRANS", "DROPPED"):
@@ -162,27 +187,52 @@ def render(now: list[DaemonSnapshot], before: list[DaemonSnapshot] | None = None
         for j in s.jobs:
             pj = pjobs.get(j.job)
             if pj is not None and pj.incarnation != j.incarnation:
-                pj = None                      # registered afresh: counters restarted
+                pj = None  # registered afresh: counters restarted
             jd = sum(drop_reasons(j.counters).values())
             pd = sum(drop_reasons(pj.counters).values()) if pj else None
-            jt.add_row(str(j.job), str(j.workers), str(j.slots), str(j.sets_open),
-                       str(j.incarnation),
-                       _fmt_rate(_rate(j.counters.get("summed", 0),
-                                       pj.counters.get("summed", 0) if pj else None, dt)),
-                       _fmt_rate(_rate(j.counters.get("results_sent", 0),
-                                       pj.counters.get("results_sent", 0) if pj else None, dt)),
-                       _fmt_rate(_rate(jd, pd, dt)),
-                       f"{j.counters.get('summed', 0):,}", f"{jd:,}")
+            jt.add_row(
+                str(j.job),
+                str(j.workers),
+                str(j.slots),
+                str(j.sets_open),
+                str(j.incarnation),
+                _fmt_rate(
+                    _rate(
+                        j.counters.get("summed", 0),
+                        pj.counters.get("summed", 0) if pj else None,
+                        dt,
+                    )
+                ),
+                _fmt_rate(
+                    _rate(
+                        j.counters.get("results_sent", 0),
+                        pj.counters.get("results_sent", 0) if pj else None,
+                        dt,
+                    )
+                ),
+                _fmt_rate(_rate(jd, pd, dt)),
+                f"{j.counters.get('summed', 0):,}",
+                f"{jd:,}",
+            )
             for w in range(j.workers):
+
                 def cnt(name, snap=j, w=w):
                     v = snap.worker_counters.get(name, [])
                     return v[w] if w < len(v) else 0
+
                 frames = cnt("summed") + cnt("duplicates") + cnt("dropped")
-                pframes = (cnt("summed", pj) + cnt("duplicates", pj) + cnt("dropped", pj)
-                           if pj else None)
-                wt.add_row(str(j.job), str(w), _fmt_rate(_rate(frames, pframes, dt)),
-                           f"{cnt('summed'):,}", f"{cnt('duplicates'):,}",
-                           f"{cnt('retransmissions'):,}", f"{cnt('dropped'):,}")
+                pframes = (
+                    cnt("summed", pj) + cnt("duplicates", pj) + cnt("dropped", pj) if pj else None
+                )
+                wt.add_row(
+                    str(j.job),
+                    str(w),
+                    _fmt_rate(_rate(frames, pframes, dt)),
+                    f"{cnt('summed'):,}",
+                    f"{cnt('duplicates'):,}",
+                    f"{cnt('retransmissions'):,}",
+                    f"{cnt('dropped'):,}",
+                )
         if s.jobs:
             parts += [jt, wt]
         parts.append(Text(""))

@@ -21,6 +21,7 @@ thread, as each call completes), so a scrape never waits for the network.
 
 docs/OPERATIONS.md shows how Prometheus finds them.
 """
+
 from __future__ import annotations
 
 import os
@@ -45,20 +46,43 @@ class WorkerMetrics:
         self.registry = CollectorRegistry(auto_describe=True)
         self.labels = {"job": str(job), "worker": str(worker)}
         lab = ["job", "worker"]
-        self.calls = Counter("homagg_client_allreduces", "allreduces completed",
-                             lab + ["method"], registry=self.registry)
-        self.failures = Counter("homagg_client_allreduce_failures",
-                                "allreduces that raised (PeerTimeout, ...)", lab,
-                                registry=self.registry)
-        self.seconds = Histogram("homagg_client_allreduce_seconds",
-                                 "time of each allreduce, submission to result", lab,
-                                 buckets=BUCKETS, registry=self.registry)
-        self.scalars = {k: Counter(f"homagg_client_{k}", f"client counter {k} "
-                                   "(homagg/client.h)", lab, registry=self.registry)
-                        for k in SCALARS}
-        self.phased = {k: Counter(f"homagg_client_{k}", f"client counter {k} per phase "
-                                  "(homagg/client.h)", lab + ["phase"], registry=self.registry)
-                       for k in PER_PHASE}
+        self.calls = Counter(
+            "homagg_client_allreduces",
+            "allreduces completed",
+            lab + ["method"],
+            registry=self.registry,
+        )
+        self.failures = Counter(
+            "homagg_client_allreduce_failures",
+            "allreduces that raised (PeerTimeout, ...)",
+            lab,
+            registry=self.registry,
+        )
+        self.seconds = Histogram(
+            "homagg_client_allreduce_seconds",
+            "time of each allreduce, submission to result",
+            lab,
+            buckets=BUCKETS,
+            registry=self.registry,
+        )
+        self.scalars = {
+            k: Counter(
+                f"homagg_client_{k}",
+                f"client counter {k} (homagg/client.h)",
+                lab,
+                registry=self.registry,
+            )
+            for k in SCALARS
+        }
+        self.phased = {
+            k: Counter(
+                f"homagg_client_{k}",
+                f"client counter {k} per phase (homagg/client.h)",
+                lab + ["phase"],
+                registry=self.registry,
+            )
+            for k in PER_PHASE
+        }
         self._last: dict | None = None
         self._lock = threading.Lock()
         self.server = None
@@ -107,17 +131,22 @@ def from_environment(job: int, worker: int, env=None) -> WorkerMetrics | None:
     try:
         base, local = int(raw), int(env.get("LOCAL_RANK", "0") or 0)
     except ValueError:
-        raise InvalidArgument(f"HOMAGG_METRICS_PORT={raw!r}: must be a TCP port "
-                              "(or LOCAL_RANK not an integer)") from None
+        raise InvalidArgument(
+            f"HOMAGG_METRICS_PORT={raw!r}: must be a TCP port (or LOCAL_RANK not an integer)"
+        ) from None
     port = base + local if base else 0
     if not 0 <= port <= 65535:
-        raise InvalidArgument(f"HOMAGG_METRICS_PORT={raw} + LOCAL_RANK={local}: port {port} "
-                              "is not 0..65535: choose a lower HOMAGG_METRICS_PORT")
+        raise InvalidArgument(
+            f"HOMAGG_METRICS_PORT={raw} + LOCAL_RANK={local}: port {port} "
+            "is not 0..65535: choose a lower HOMAGG_METRICS_PORT"
+        )
     try:
         m = WorkerMetrics(job, worker)
     except ImportError:
-        raise InvalidArgument("HOMAGG_METRICS_PORT is set but prometheus_client is not "
-                              "installed: pip install 'homagg[metrics]'") from None
+        raise InvalidArgument(
+            "HOMAGG_METRICS_PORT is set but prometheus_client is not "
+            "installed: pip install 'homagg[metrics]'"
+        ) from None
     bind = env.get("HOMAGG_METRICS_BIND", "127.0.0.1")
     try:
         m.serve(port, bind)

@@ -57,6 +57,7 @@ Each worker also reports the CPU time of its process over its allreduce
 (utime + stime of /proc/PID/stat, all its threads) from "go" until every
 worker answered is "daemon_cpu_seconds" (None where /proc cannot tell).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -76,9 +77,21 @@ from homagg.deploy.local.placement import child_env  # noqa: F401 - homagg.runs.
 from homagg.deploy.placement import Placement
 from homagg.errors import HomAggError
 from homagg.protocol import PIPELINE_GROUPS, check_pipeline_groups, resolve_slots
-from homagg.runs.job import (DEFAULT_BLOCK, METHODS, UDP_PORT, WORKLOADS, RunError, check_arguments,
-                             check_payload, counter_deltas, print_report, sum_dicts,
-                             tree_leaf, verify, worker_spec)
+from homagg.runs.job import (
+    DEFAULT_BLOCK,
+    METHODS,
+    UDP_PORT,
+    WORKLOADS,
+    RunError,
+    check_arguments,
+    check_payload,
+    counter_deltas,
+    print_report,
+    sum_dicts,
+    tree_leaf,
+    verify,
+    worker_spec,
+)
 from homagg.runs.report import ReportView
 from homagg.switch import job_file
 from homagg.switch.daemon import Switch  # noqa: F401 - where the docs point for the daemon
@@ -167,7 +180,6 @@ class AllreduceReport(ReportView):
     run_dir: str | None
 
 
-
 # --------------------------------------------------------------------------
 # The run
 
@@ -183,46 +195,73 @@ def _delta(after: dict | None, before: dict | None, key: str):
     return None if after is None or before is None else after[key] - before[key]
 
 
-def aggregator_count(pl: Placement, aggregators: int | None, leaves: int | None,
-                     auth: bool) -> tuple[int, int]:
+def aggregator_count(
+    pl: Placement, aggregators: int | None, leaves: int | None, auth: bool
+) -> tuple[int, int]:
     """(leaves, the aggregator hosts the job uses) from the options, checked
     against the placement: ``aggregators`` N the first N hosts (default
     all), or ``leaves`` L (default: the placement's) a tree of L leaves and
     the next host the root; RunError names what does not fit and the fix."""
     hosts, W = pl.aggregators, len(pl.workers)
     if aggregators is not None and not 1 <= aggregators <= len(hosts):
-        raise RunError(f"aggregators must be 1..{len(hosts)} (the {pl.kind}'s aggregator hosts), "
-                       f"got {aggregators}")
+        raise RunError(
+            f"aggregators must be 1..{len(hosts)} (the {pl.kind}'s aggregator hosts), "
+            f"got {aggregators}"
+        )
     if leaves is None:
         leaves = pl.default_leaves
     if leaves:
-        fix = (f"make one with `homagg testbed up --leaves {leaves}`" if pl.kind == "testbed"
-               else "add aggregator hosts to the inventory")
+        fix = (
+            f"make one with `homagg testbed up --leaves {leaves}`"
+            if pl.kind == "testbed"
+            else "add aggregator hosts to the inventory"
+        )
         if aggregators is not None:
             raise RunError("--aggregators and a tree (--leaves) exclude each other")
         if len(hosts) < 2:
-            raise RunError(f"--leaves {leaves}: {pl.where} has one aggregator host, a tree "
-                           f"needs L + 1 ({fix})")
+            raise RunError(
+                f"--leaves {leaves}: {pl.where} has one aggregator host, a tree needs L + 1 ({fix})"
+            )
         if not 1 <= leaves <= min(W, len(hosts) - 1):
-            raise RunError(f"--leaves must be 1..{min(W, len(hosts) - 1)}: a tree of L leaves "
-                           f"needs L + 1 aggregator hosts and at least L workers ({pl.where} "
-                           f"has {len(hosts)} and {W}; {fix})")
+            raise RunError(
+                f"--leaves must be 1..{min(W, len(hosts) - 1)}: a tree of L leaves "
+                f"needs L + 1 aggregator hosts and at least L workers ({pl.where} "
+                f"has {len(hosts)} and {W}; {fix})"
+            )
     return leaves, (leaves + 1 if leaves else (aggregators or len(hosts)))
 
 
-def run_allreduce(testbed: "str | Placement", method: str, elements: int, density: float,
-                  workload: str = "random", seed: int = 1, block: int = DEFAULT_BLOCK,
-                  slots: int = None, payload: int = 1024, timeout: float = 10.0,
-                  rto: float = 0.005, pmd: str = "auto", switch: str | None = None,
-                  state_dir: str | None = None, group: str = "239.77.0.1",
-                  drop_rate: float = 0.0, idle_us: int | None = None,
-                  idle_polls: int | None = None, fail_aggregators: tuple = (),
-                  aggregators: int | None = None, repeat: int = 1, warmup: int = 0,
-                  auth: bool = False, leaves: int | None = None,
-                  switch_lcores: int = 1,
-                  pipeline_groups: int = PIPELINE_GROUPS,
-                  gradient_files: list[str] | None = None, expect: dict | None = None,
-                  cost_model: bool = True) -> AllreduceReport:
+def run_allreduce(
+    testbed: "str | Placement",
+    method: str,
+    elements: int,
+    density: float,
+    workload: str = "random",
+    seed: int = 1,
+    block: int = DEFAULT_BLOCK,
+    slots: int = None,
+    payload: int = 1024,
+    timeout: float = 10.0,
+    rto: float = 0.005,
+    pmd: str = "auto",
+    switch: str | None = None,
+    state_dir: str | None = None,
+    group: str = "239.77.0.1",
+    drop_rate: float = 0.0,
+    idle_us: int | None = None,
+    idle_polls: int | None = None,
+    fail_aggregators: tuple = (),
+    aggregators: int | None = None,
+    repeat: int = 1,
+    warmup: int = 0,
+    auth: bool = False,
+    leaves: int | None = None,
+    switch_lcores: int = 1,
+    pipeline_groups: int = PIPELINE_GROUPS,
+    gradient_files: list[str] | None = None,
+    expect: dict | None = None,
+    cost_model: bool = True,
+) -> AllreduceReport:
     """One allreduce on a placement: ``testbed`` is a local testbed's name
     (with ``state_dir``) or a homagg.deploy.placement.Placement (e.g.
     homagg.deploy.remote.placement.InventoryPlacement for inventory hosts).
@@ -291,11 +330,21 @@ def run_allreduce(testbed: "str | Placement", method: str, elements: int, densit
     leaves, count = aggregator_count(pl, aggregators, leaves, auth)
     if gradient_files is not None and len(gradient_files) != W:
         raise RunError(f"gradient_files: {len(gradient_files)} files for {W} workers")
-    refused = pl.refusals(dict(
-        auth=auth, leaves=leaves, drop_rate=drop_rate, switch_lcores=switch_lcores, pmd=pmd,
-        switch=switch, idle_us=idle_us, idle_polls=idle_polls,
-        fail_aggregators=tuple(fail_aggregators), gradient_files=gradient_files,
-        aggregators=count))
+    refused = pl.refusals(
+        dict(
+            auth=auth,
+            leaves=leaves,
+            drop_rate=drop_rate,
+            switch_lcores=switch_lcores,
+            pmd=pmd,
+            switch=switch,
+            idle_us=idle_us,
+            idle_polls=idle_polls,
+            fail_aggregators=tuple(fail_aggregators),
+            gradient_files=gradient_files,
+            aggregators=count,
+        )
+    )
     if refused:
         raise RunError(f"not on {pl.where}: " + "; ".join(refused))
     job_cost = pl.job_cost(cost_model)  # homagg.cost.Cost (not timed: none)
@@ -303,51 +352,105 @@ def run_allreduce(testbed: "str | Placement", method: str, elements: int, densit
     pl.open()
     sws, registered = [], []
     try:
-        sws = pl.open_daemons(count, frames=W * slots, pmd=pmd, switch=switch,
-                              drop_rate=drop_rate, idle_us=idle_us, idle_polls=idle_polls,
-                              lcores=switch_lcores)
+        sws = pl.open_daemons(
+            count,
+            frames=W * slots,
+            pmd=pmd,
+            switch=switch,
+            drop_rate=drop_rate,
+            idle_us=idle_us,
+            idle_polls=idle_polls,
+            lcores=switch_lcores,
+        )
         mac = hg_auth.default_mac_name() if auth else None
         # one secret per level: the flat job's (or the root's), and each leaf's
         # own, placed for that leaf's workers (docs/PROTOCOL.md "Tree")
         secret = hg_auth.new_secret() if auth else None
         leaf_secrets = [hg_auth.new_secret() for _ in range(leaves)] if auth else []
-        auth_files = ([] if not auth else
-                      [pl.place_secret(x, f"leaf-{k}.secret")
-                       for k, x in enumerate(leaf_secrets)] if leaves else
-                      [pl.place_secret(secret)])
+        auth_files = (
+            []
+            if not auth
+            else [pl.place_secret(x, f"leaf-{k}.secret") for k, x in enumerate(leaf_secrets)]
+            if leaves
+            else [pl.place_secret(secret)]
+        )
         agg_addrs = [(s.ip, UDP_PORT) for s in sws]
         if leaves:  # each worker's fields: its leaf, group, index there, secret
             tree = job_file.register_tree(
                 [s.control for s in sws],
-                [(h.ip, UDP_PORT, h.mac) for h in hosts[:leaves + 1]], leaves=leaves,
-                workers=W, slots=slots, payload=payload, group=group, timeout=timeout,
-                rto=rto, job=job, token=token, cost=job_cost, auth=secret,
+                [(h.ip, UDP_PORT, h.mac) for h in hosts[: leaves + 1]],
+                leaves=leaves,
+                workers=W,
+                slots=slots,
+                payload=payload,
+                group=group,
+                timeout=timeout,
+                rto=rto,
+                job=job,
+                token=token,
+                cost=job_cost,
+                auth=secret,
                 leaf_auth=leaf_secrets,
                 auth_files=[auth_files[tree_leaf(i, W, leaves)[0]] for i in range(W)]
-                if auth else None, mac=mac)
+                if auth
+                else None,
+                mac=mac,
+            )
         else:  # aggregator k of the job: its shard k
-            job_file.register([s.control for s in sws], agg_addrs, workers=W, slots=slots,
-                              payload=payload, group=group, timeout=timeout, job=job,
-                              token=token, auth=secret, mac=mac, cost=job_cost)
+            job_file.register(
+                [s.control for s in sws],
+                agg_addrs,
+                workers=W,
+                slots=slots,
+                payload=payload,
+                group=group,
+                timeout=timeout,
+                job=job,
+                token=token,
+                auth=secret,
+                mac=mac,
+                cost=job_cost,
+            )
         registered = sws
         del secret, leaf_secrets
         before = [s.control({"cmd": "stats"}) for s in sws]
         specs = []
         for i, name in enumerate(pl.workers):
-            place = dict(group=group, aggregators=agg_addrs,
-                         auth_file=auth_files[0] if auth_files else None)
+            place = dict(
+                group=group, aggregators=agg_addrs, auth_file=auth_files[0] if auth_files else None
+            )
             if leaves:  # its leaf is its one aggregator
                 f = tree[i]
-                place = dict(group=f["group"],
-                             aggregators=[agg_addrs[tree_leaf(i, W, leaves)[0]]],
-                             leaf_ids=tuple(f["leaf_ids"]), auth_file=f["auth_file"] or None)
-            spec = worker_spec(job=job, token=token, worker=i, workers=W, agg_ip=sws[0].ip,
-                               ip=pl.worker_ip(i), timeout=timeout, slots=slots,
-                               payload=payload, rto=rto, method=method, block=block,
-                               elements=elements, density=density, workload=workload, seed=seed,
-                               out=None, mac=mac, pipeline_groups=pipeline_groups,
-                               gradient_file=gradient_files[i] if gradient_files else None,
-                               cost=job_cost.fields() if job_cost.timed else None, **place)
+                place = dict(
+                    group=f["group"],
+                    aggregators=[agg_addrs[tree_leaf(i, W, leaves)[0]]],
+                    leaf_ids=tuple(f["leaf_ids"]),
+                    auth_file=f["auth_file"] or None,
+                )
+            spec = worker_spec(
+                job=job,
+                token=token,
+                worker=i,
+                workers=W,
+                agg_ip=sws[0].ip,
+                ip=pl.worker_ip(i),
+                timeout=timeout,
+                slots=slots,
+                payload=payload,
+                rto=rto,
+                method=method,
+                block=block,
+                elements=elements,
+                density=density,
+                workload=workload,
+                seed=seed,
+                out=None,
+                mac=mac,
+                pipeline_groups=pipeline_groups,
+                gradient_file=gradient_files[i] if gradient_files else None,
+                cost=job_cost.fields() if job_cost.timed else None,
+                **place,
+            )
             spec.update(repeat=repeat, warmup=warmup)
             specs.append(spec)
         pids = pl.start_workers(specs)
@@ -372,13 +475,17 @@ def run_allreduce(testbed: "str | Placement", method: str, elements: int, densit
         d1 = [s.cpu_seconds() for s in sws]
         link1 = [pl.link_stats(n) for n in pl.workers]
         agg_link1 = [pl.link_stats(s.host) for s in sws]
-        after = [s.control({"cmd": "stats"}) if s.running else None  # None: stopped
-                 for s in sws]
+        after = [
+            s.control({"cmd": "stats"}) if s.running else None  # None: stopped
+            for s in sws
+        ]
         if not failures and None in after:
             failures.append("every worker finished although an aggregator was stopped")
         if failures:
-            raise RunError(f"allreduce {method} failed on {len(failures)} of {W} workers: "
-                           + "; ".join(failures))
+            raise RunError(
+                f"allreduce {method} failed on {len(failures)} of {W} workers: "
+                + "; ".join(failures)
+            )
 
         results = pl.results()
         check = verify(method, elements, density, workload, seed, block, results, expect)
@@ -388,30 +495,55 @@ def run_allreduce(testbed: "str | Placement", method: str, elements: int, densit
         for s, b, a, l0, l1, c0, c1 in zip(sws, before, after, agg_link0, agg_link1, d0, d1):
             counters, port = counter_deltas(b, a)
             role = ("root" if s is sws[leaves] else "leaf") if leaves else "aggregator"
-            summed = [x - y for x, y in zip(a.get("engine_summed", []),
-                                            b.get("engine_summed", []))] if a else None
-            per_agg.append({"host": s.host, "ip": s.ip, "role": role, "counters": counters,
-                            "engine_summed": summed,
-                            "port_counters": port,
-                            "rx_ring": (a or {}).get("rx_ring"),
-                            "rx_bytes": _delta(l1, l0, "rx_bytes"),
-                            "tx_bytes": _delta(l1, l0, "tx_bytes"),
-                            "cpu_seconds": c1 - c0 if c0 is not None and c1 is not None
-                            else None})
+            summed = (
+                [x - y for x, y in zip(a.get("engine_summed", []), b.get("engine_summed", []))]
+                if a
+                else None
+            )
+            per_agg.append(
+                {
+                    "host": s.host,
+                    "ip": s.ip,
+                    "role": role,
+                    "counters": counters,
+                    "engine_summed": summed,
+                    "port_counters": port,
+                    "rx_ring": (a or {}).get("rx_ring"),
+                    "rx_bytes": _delta(l1, l0, "rx_bytes"),
+                    "tx_bytes": _delta(l1, l0, "tx_bytes"),
+                    "cpu_seconds": c1 - c0 if c0 is not None and c1 is not None else None,
+                }
+            )
         counters = sum_dicts([a["counters"] for a in per_agg])
         port = sum_dicts([a["port_counters"] for a in per_agg])
         cpu = [a["cpu_seconds"] for a in per_agg]
         rep = AllreduceReport(
-            method=method, workers=W, elements=elements, density=density, workload=workload,
-            seed=seed, block=block, payload_bytes=payload, pipeline_groups=pipeline_groups,
-            mtu=pl.mtu, pmd=sws[0].pmd, auth=bool(auth), link_mbit=pl.link_mbit,
+            method=method,
+            workers=W,
+            elements=elements,
+            density=density,
+            workload=workload,
+            seed=seed,
+            block=block,
+            payload_bytes=payload,
+            pipeline_groups=pipeline_groups,
+            mtu=pl.mtu,
+            pmd=sws[0].pmd,
+            auth=bool(auth),
+            link_mbit=pl.link_mbit,
             cost=job_cost.fields() if job_cost.timed else None,
-            seconds=float(np.median(each)), seconds_each=each, repeat=repeat, warmup=warmup,
-            wall_seconds=wall, **check,
-            bytes_per_worker=[_per_call(_delta(b, a, "tx_bytes"), repeat)
-                              for a, b in zip(link0, link1)],
-            bytes_received_per_worker=[_per_call(_delta(b, a, "rx_bytes"), repeat)
-                                       for a, b in zip(link0, link1)],
+            seconds=float(np.median(each)),
+            seconds_each=each,
+            repeat=repeat,
+            warmup=warmup,
+            wall_seconds=wall,
+            **check,
+            bytes_per_worker=[
+                _per_call(_delta(b, a, "tx_bytes"), repeat) for a, b in zip(link0, link1)
+            ],
+            bytes_received_per_worker=[
+                _per_call(_delta(b, a, "rx_bytes"), repeat) for a, b in zip(link0, link1)
+            ],
             dense_float32_bytes=4 * elements,
             worker_cpu_seconds=[r["cpu_seconds"] for r in reports],
             # the whole machine over the timed calls (worker 0's view; other
@@ -421,10 +553,20 @@ def run_allreduce(testbed: "str | Placement", method: str, elements: int, densit
             generator="homagg.bench.workloads",
             worker_stats=[r["stats"] for r in reports],
             worker_stats_timed=[r["stats_timed"] for r in reports],
-            counters=counters, port_counters=port, aggregators=per_agg, leaves=leaves,
-            switch_lcores=switch_lcores, placement=pl.kind, testbed=pl.testbed,
-            inventory=pl.inventory, aggregator=sws[0].host, worker_hosts=list(pl.workers),
-            job=job, worker_pids=pids, run_dir=pl.run_dir)
+            counters=counters,
+            port_counters=port,
+            aggregators=per_agg,
+            leaves=leaves,
+            switch_lcores=switch_lcores,
+            placement=pl.kind,
+            testbed=pl.testbed,
+            inventory=pl.inventory,
+            aggregator=sws[0].host,
+            worker_hosts=list(pl.workers),
+            job=job,
+            worker_pids=pids,
+            run_dir=pl.run_dir,
+        )
         if pl.run_dir:
             with open(os.path.join(pl.run_dir, "report.json"), "w") as f:
                 json.dump(rep.as_dict(), f, indent=1)
@@ -432,8 +574,11 @@ def run_allreduce(testbed: "str | Placement", method: str, elements: int, densit
     finally:
         pl.stop_workers()
         live = [s for s in registered if s.running]  # a stopped daemon took its job along
-        job_file.unregister([s.control for s in live], job,
-                            warn=lambda k, e: log.warning("host '%s': %s", live[k].host, e))
+        job_file.unregister(
+            [s.control for s in live],
+            job,
+            warn=lambda k, e: log.warning("host '%s': %s", live[k].host, e),
+        )
         pl.close()
 
 
@@ -444,67 +589,165 @@ def run_allreduce(testbed: "str | Placement", method: str, elements: int, densit
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="what", metavar="WHAT")
     sub.required = True
-    p = sub.add_parser("allreduce", help="one allreduce with the DPDK aggregator on a testbed",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "allreduce",
+        help="one allreduce with the DPDK aggregator on a testbed",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("--testbed", metavar="NAME", help="a testbed made with `homagg testbed up`")
-    where.add_argument("-i", "--inventory", metavar="TOML",
-                       help="real hosts: testbed.toml (docs/INVENTORY.md), after `homagg up -i`")
+    where.add_argument(
+        "-i",
+        "--inventory",
+        metavar="TOML",
+        help="real hosts: testbed.toml (docs/INVENTORY.md), after `homagg up -i`",
+    )
     p.add_argument("--method", required=True, choices=METHODS)
-    p.add_argument("--elements", type=int, required=True, metavar="N",
-                   help="gradient length (float32 elements)")
-    p.add_argument("--density", type=float, required=True, metavar="D",
-                   help="fraction of non-zero elements per worker (0..1)")
-    p.add_argument("--workload", choices=WORKLOADS, default="random",
-                   help="where the non-zeros are (default: %(default)s)")
+    p.add_argument(
+        "--elements",
+        type=int,
+        required=True,
+        metavar="N",
+        help="gradient length (float32 elements)",
+    )
+    p.add_argument(
+        "--density",
+        type=float,
+        required=True,
+        metavar="D",
+        help="fraction of non-zero elements per worker (0..1)",
+    )
+    p.add_argument(
+        "--workload",
+        choices=WORKLOADS,
+        default="random",
+        help="where the non-zeros are (default: %(default)s)",
+    )
     p.add_argument("--seed", type=int, default=1, help="gradient seed (default: %(default)s)")
-    p.add_argument("--block", type=int, default=DEFAULT_BLOCK,
-                   help="quantisation block in elements (default: %(default)s)")
-    p.add_argument("--slots", type=int, default=None,
-                   help="aggregator slots = window (default: the most, up to 64, with "
-                   "workers x slots <= 4096 frames: homagg.protocol.default_slots)")
-    p.add_argument("--payload-bytes", type=int, default=1024, metavar="BYTES",
-                   help="payload bytes per packet, a multiple of 4 up to 8192 (more than an MTU of 1500 "
-                   "holds needs links with MTU 9000; default: %(default)s)")
-    p.add_argument("--pipeline-groups", type=int, default=PIPELINE_GROUPS, metavar="N",
-                   help="block groups of every method that go through the steps independently "
-                   "(auto chooses per group): 0 automatic, 1 not pipelined, N groups "
-                   "(default: %(default)s)")
-    p.add_argument("--timeout", type=float, default=10.0,
-                   help="a worker gives up after this many seconds without progress (default: %(default)s)")
-    p.add_argument("--rto", type=float, default=0.005, metavar="S",
-                   help="initial retransmission timeout of the workers in seconds (default: %(default)s)")
-    p.add_argument("--pmd", choices=("auto", "af_xdp", "af_packet"), default="auto",
-                   help="DPDK virtual PMD on the aggregator's veth (auto: af_xdp, else af_packet)")
-    p.add_argument("--drop-rate", type=float, default=0.0, metavar="P",
-                   help="the daemon drops this fraction of received frames (fault injection; "
-                   "needs a daemon of the run's own: refused with -i, whose daemons are "
-                   "`homagg up`'s; default 0)")
-    p.add_argument("--repeat", type=int, default=1, metavar="N",
-                   help="timed allreduces by the same workers and daemon (default: %(default)s)")
-    p.add_argument("--warmup", type=int, default=0, metavar="N",
-                   help="untimed allreduces before them (default: %(default)s)")
-    p.add_argument("--aggregators", type=int, default=None, metavar="K",
-                   help="spread the job over the testbed's first K aggregators "
-                   "(default: all of them; see `homagg testbed up --aggregators`)")
-    p.add_argument("--leaves", type=int, default=None, metavar="L",
-                   help="a two-level tree: the first L aggregators are leaves below the next, "
-                   "the root (default: the testbed's `homagg testbed up --leaves`)")
-    p.add_argument("--switch-lcores", type=int, default=1, metavar="N",
-                   help="engine lcores of every homagg-switch (N > 1: a dispatcher lcore too; "
-                   "default: %(default)s)")
-    p.add_argument("--switch", default=None, metavar="PATH",
-                   help="homagg-switch binary (default: build/release/homagg-switch or $HOMAGG_SWITCH)")
+    p.add_argument(
+        "--block",
+        type=int,
+        default=DEFAULT_BLOCK,
+        help="quantisation block in elements (default: %(default)s)",
+    )
+    p.add_argument(
+        "--slots",
+        type=int,
+        default=None,
+        help="aggregator slots = window (default: the most, up to 64, with "
+        "workers x slots <= 4096 frames: homagg.protocol.default_slots)",
+    )
+    p.add_argument(
+        "--payload-bytes",
+        type=int,
+        default=1024,
+        metavar="BYTES",
+        help="payload bytes per packet, a multiple of 4 up to 8192 (more than an MTU of 1500 "
+        "holds needs links with MTU 9000; default: %(default)s)",
+    )
+    p.add_argument(
+        "--pipeline-groups",
+        type=int,
+        default=PIPELINE_GROUPS,
+        metavar="N",
+        help="block groups of every method that go through the steps independently "
+        "(auto chooses per group): 0 automatic, 1 not pipelined, N groups "
+        "(default: %(default)s)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=10.0,
+        help="a worker gives up after this many seconds without progress (default: %(default)s)",
+    )
+    p.add_argument(
+        "--rto",
+        type=float,
+        default=0.005,
+        metavar="S",
+        help="initial retransmission timeout of the workers in seconds (default: %(default)s)",
+    )
+    p.add_argument(
+        "--pmd",
+        choices=("auto", "af_xdp", "af_packet"),
+        default="auto",
+        help="DPDK virtual PMD on the aggregator's veth (auto: af_xdp, else af_packet)",
+    )
+    p.add_argument(
+        "--drop-rate",
+        type=float,
+        default=0.0,
+        metavar="P",
+        help="the daemon drops this fraction of received frames (fault injection; "
+        "needs a daemon of the run's own: refused with -i, whose daemons are "
+        "`homagg up`'s; default 0)",
+    )
+    p.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        metavar="N",
+        help="timed allreduces by the same workers and daemon (default: %(default)s)",
+    )
+    p.add_argument(
+        "--warmup",
+        type=int,
+        default=0,
+        metavar="N",
+        help="untimed allreduces before them (default: %(default)s)",
+    )
+    p.add_argument(
+        "--aggregators",
+        type=int,
+        default=None,
+        metavar="K",
+        help="spread the job over the testbed's first K aggregators "
+        "(default: all of them; see `homagg testbed up --aggregators`)",
+    )
+    p.add_argument(
+        "--leaves",
+        type=int,
+        default=None,
+        metavar="L",
+        help="a two-level tree: the first L aggregators are leaves below the next, "
+        "the root (default: the testbed's `homagg testbed up --leaves`)",
+    )
+    p.add_argument(
+        "--switch-lcores",
+        type=int,
+        default=1,
+        metavar="N",
+        help="engine lcores of every homagg-switch (N > 1: a dispatcher lcore too; "
+        "default: %(default)s)",
+    )
+    p.add_argument(
+        "--switch",
+        default=None,
+        metavar="PATH",
+        help="homagg-switch binary (default: build/release/homagg-switch or $HOMAGG_SWITCH)",
+    )
     p.add_argument("--state-dir", default=None, metavar="DIR", help="testbed state directory")
-    p.add_argument("--runs-dir", default=None, metavar="DIR",
-                   help="results, reports and logs go to DIR/<timestamp>-<method>/ (default: "
-                   "runs with -i; none on a testbed)")
-    p.add_argument("--auth", action="store_true",
-                   help="authenticate every frame with per-worker keys from a new job secret "
-                        "(docs/PROTOCOL.md \"Authentication\"; costs one keyed BLAKE2b per frame)")
-    p.add_argument("--no-cost-model", dest="cost_model", action="store_false",
-                   help="choose by bytes even on a testbed or an inventory with a link rate (the job registers "
-                   "no cost model; docs/PROTOCOL.md \"The cost model\")")
+    p.add_argument(
+        "--runs-dir",
+        default=None,
+        metavar="DIR",
+        help="results, reports and logs go to DIR/<timestamp>-<method>/ (default: "
+        "runs with -i; none on a testbed)",
+    )
+    p.add_argument(
+        "--auth",
+        action="store_true",
+        help="authenticate every frame with per-worker keys from a new job secret "
+        '(docs/PROTOCOL.md "Authentication"; costs one keyed BLAKE2b per frame)',
+    )
+    p.add_argument(
+        "--no-cost-model",
+        dest="cost_model",
+        action="store_false",
+        help="choose by bytes even on a testbed or an inventory with a link rate (the job registers "
+        'no cost model; docs/PROTOCOL.md "The cost model")',
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -512,31 +755,47 @@ def placement_for(args: argparse.Namespace) -> Placement:
     """The placement ``homagg run`` names: ``--testbed NAME`` or ``-i TOML``."""
     if args.inventory:
         if args.state_dir:
-            raise RunError("--state-dir names a local testbed's state (--testbed); "
-                           "inventory hosts keep theirs in INSTALL_DIR/run/")
+            raise RunError(
+                "--state-dir names a local testbed's state (--testbed); "
+                "inventory hosts keep theirs in INSTALL_DIR/run/"
+            )
         from homagg.deploy.remote import inventory
         from homagg.deploy.remote.placement import InventoryPlacement
 
-        return InventoryPlacement(inventory.load(args.inventory),
-                                  runs_dir=args.runs_dir or "runs", label=args.method)
+        return InventoryPlacement(
+            inventory.load(args.inventory), runs_dir=args.runs_dir or "runs", label=args.method
+        )
     from homagg.deploy.local.placement import TestbedPlacement
 
-    return TestbedPlacement(args.testbed, args.state_dir, runs_dir=args.runs_dir,
-                            label=args.method)
+    return TestbedPlacement(args.testbed, args.state_dir, runs_dir=args.runs_dir, label=args.method)
 
 
 def main(args: argparse.Namespace) -> int:
     try:
-        rep = run_allreduce(placement_for(args), args.method, args.elements, args.density,
-                            workload=args.workload, seed=args.seed, block=args.block,
-                            slots=args.slots, payload=args.payload_bytes, timeout=args.timeout,
-                            rto=args.rto, pmd=args.pmd, switch=args.switch,
-                            drop_rate=args.drop_rate, aggregators=args.aggregators,
-                            repeat=args.repeat, warmup=args.warmup,
-                            auth=args.auth, leaves=args.leaves,
-                            switch_lcores=args.switch_lcores,
-                            pipeline_groups=args.pipeline_groups,
-                            cost_model=getattr(args, "cost_model", True))
+        rep = run_allreduce(
+            placement_for(args),
+            args.method,
+            args.elements,
+            args.density,
+            workload=args.workload,
+            seed=args.seed,
+            block=args.block,
+            slots=args.slots,
+            payload=args.payload_bytes,
+            timeout=args.timeout,
+            rto=args.rto,
+            pmd=args.pmd,
+            switch=args.switch,
+            drop_rate=args.drop_rate,
+            aggregators=args.aggregators,
+            repeat=args.repeat,
+            warmup=args.warmup,
+            auth=args.auth,
+            leaves=args.leaves,
+            switch_lcores=args.switch_lcores,
+            pipeline_groups=args.pipeline_groups,
+            cost_model=getattr(args, "cost_model", True),
+        )
     except HomAggError as e:  # TestbedError (no such testbed, ...) is one too
         print(f"homagg run allreduce: {e}", file=sys.stderr)
         return 1

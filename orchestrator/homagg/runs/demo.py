@@ -11,6 +11,7 @@ for bit against the fixed-point reference (numpy) and printed as a table:
 
 ``homagg demo`` (homagg.cli.demo) chooses the mode and calls one of them.
 """
+
 import logging
 import os
 import sys
@@ -61,6 +62,7 @@ def parse_methods(args, default):
 
 def _default_block():
     from homagg.bindings.codec import DEFAULT_BLOCK
+
     return DEFAULT_BLOCK
 
 
@@ -69,8 +71,12 @@ def _format_table(head, rows, right):
     columns whose index is in ``right`` are right-aligned (numbers)."""
     cells = [list(head)] + [[str(c) for c in r] for r in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(head))]
-    return ["  ".join(c.rjust(w) if i in right else c.ljust(w)
-                      for i, (c, w) in enumerate(zip(r, widths))).rstrip() for r in cells]
+    return [
+        "  ".join(
+            c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))
+        ).rstrip()
+        for r in cells
+    ]
 
 
 def _duration(seconds):
@@ -80,11 +86,29 @@ def _duration(seconds):
 
 def _table(title, rows):
     print(title)
-    head = ("method", "workload", "time", "sent/worker", "vs fp32", "retransmissions",
-            "bit-exact", "")
-    body = [(r["method"], r["workload"], _duration(r["seconds"]), f"{r['bytes']} B",
-             f"{r['bytes'] / r['dense']:.3f}", r["retrans"], r["exact"], r.get("note", ""))
-            for r in rows]
+    head = (
+        "method",
+        "workload",
+        "time",
+        "sent/worker",
+        "vs fp32",
+        "retransmissions",
+        "bit-exact",
+        "",
+    )
+    body = [
+        (
+            r["method"],
+            r["workload"],
+            _duration(r["seconds"]),
+            f"{r['bytes']} B",
+            f"{r['bytes'] / r['dense']:.3f}",
+            r["retrans"],
+            r["exact"],
+            r.get("note", ""),
+        )
+        for r in rows
+    ]
     for line in _format_table(head, body, right={2, 3, 4, 5}):
         print(line)
 
@@ -103,8 +127,9 @@ def machine_line():
     cpu = "unknown CPU"
     try:
         with open("/proc/cpuinfo") as f:
-            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")),
-                       cpu)
+            cpu = next(
+                (ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu
+            )
     except OSError:
         pass
     return f"{cpu} ({os.cpu_count()} vCPU), codec ISA path {codec_isa()}"
@@ -118,6 +143,7 @@ def _gloo_times(tb, workloads, n, density, link_mbit, seed, timeout):
 
     try:
         from homagg.bench.allreduce import GlooGroup, gloo_row
+
         group = GlooGroup(tb, timeout)
     except Exception as e:  # noqa: BLE001 - the demo still shows HomAgg's rows
         return f"unavailable: {type(e).__name__}: {e}"[:300]
@@ -125,8 +151,15 @@ def _gloo_times(tb, workloads, n, density, link_mbit, seed, timeout):
         out = {}
         for wl in workloads:
             progress(f"gloo / {wl}: ring all-reduce of the same gradients ...")
-            row = gloo_row(group, len(tb.workers), n, wl, density, link_mbit,
-                           SimpleNamespace(seed=seed, repeat=1, warmup=1))
+            row = gloo_row(
+                group,
+                len(tb.workers),
+                n,
+                wl,
+                density,
+                link_mbit,
+                SimpleNamespace(seed=seed, repeat=1, warmup=1),
+            )
             out[wl] = row["seconds_median"]
             progress(f"  {row['seconds_median']:.3f} s")
         return out
@@ -148,30 +181,54 @@ def main_testbed(args, methods):
         for wl in workloads:
             for m in methods:
                 progress(f"{m} / {wl}: {W} x {n} float32, density {args.density} ...")
-                r = run.run_allreduce(name, m, n, args.density, workload=wl, seed=args.seed + 1,
-                                      warmup=1)
+                r = run.run_allreduce(
+                    name, m, n, args.density, workload=wl, seed=args.seed + 1, warmup=1
+                )
                 retrans = sum(s.get("retransmissions", 0) for s in r["worker_stats"])
-                rows.append(dict(method=m, workload=wl, seconds=r["seconds"],
-                                 bytes=max(r["bytes_per_worker"]), dense=4 * n, retrans=retrans,
-                                 exact=_exact_word(m, r["exact"]), note=f"pmd {r['pmd']}"))
-                progress(f"  {r['seconds']:.3f} s, {max(r['bytes_per_worker'])} B sent per worker, "
-                         f"exact {r['exact']}")
-        gloo = _gloo_times(Testbed.open(name), workloads, n, args.density, args.link_mbit,
-                           args.seed + 1, timeout=60.0)
+                rows.append(
+                    dict(
+                        method=m,
+                        workload=wl,
+                        seconds=r["seconds"],
+                        bytes=max(r["bytes_per_worker"]),
+                        dense=4 * n,
+                        retrans=retrans,
+                        exact=_exact_word(m, r["exact"]),
+                        note=f"pmd {r['pmd']}",
+                    )
+                )
+                progress(
+                    f"  {r['seconds']:.3f} s, {max(r['bytes_per_worker'])} B sent per worker, "
+                    f"exact {r['exact']}"
+                )
+        gloo = _gloo_times(
+            Testbed.open(name),
+            workloads,
+            n,
+            args.density,
+            args.link_mbit,
+            args.seed + 1,
+            timeout=60.0,
+        )
     finally:
         progress(f"tearing down testbed {name}")
         Testbed.down(name)
     if isinstance(gloo, dict):
         for r in rows:
             r["note"] = f"{gloo[r['workload']] / r['seconds']:.2f}x Gloo; " + r["note"]
-    _table(f"HomAgg allreduce on a local testbed: W={W}, n={n} float32 per worker "
-           f"(dense fp32 = {4 * n} B), density {args.density}, links {args.link_mbit:g} Mbit/s; "
-           "bytes = what each worker sent on its link (headers included); "
-           "times: one allreduce after one warmup", rows)
+    _table(
+        f"HomAgg allreduce on a local testbed: W={W}, n={n} float32 per worker "
+        f"(dense fp32 = {4 * n} B), density {args.density}, links {args.link_mbit:g} Mbit/s; "
+        "bytes = what each worker sent on its link (headers included); "
+        "times: one allreduce after one warmup",
+        rows,
+    )
     if isinstance(gloo, dict):
-        print("Gloo ring all-reduce (torch.distributed) of the same gradients on the same links: " +
-              ", ".join(f"{wl} {_duration(t)}" for wl, t in gloo.items()) +
-              "; speedup = Gloo's time / the method's, in the last column")
+        print(
+            "Gloo ring all-reduce (torch.distributed) of the same gradients on the same links: "
+            + ", ".join(f"{wl} {_duration(t)}" for wl, t in gloo.items())
+            + "; speedup = Gloo's time / the method's, in the last column"
+        )
     else:
         print(f"Gloo ring all-reduce: {gloo}")
     print(f"measured on {machine_line()}")
@@ -187,22 +244,40 @@ def main_sim(args, methods):
         grads = realistic_gradients(n, W, args.density, wl == "shared", args.seed)
         want = reference.allreduce(grads, _default_block())
         for m in methods:
-            progress(f"{m} / {wl}: {W} x {n} float32, density {args.density}, "
-                      f"simulated links {args.link_mbit:g} Mbit/s ...")
+            progress(
+                f"{m} / {wl}: {W} x {n} float32, density {args.density}, "
+                f"simulated links {args.link_mbit:g} Mbit/s ..."
+            )
             # the default window of 64, or less so that W x S fits the ring
-            with sim.Cluster(workers=W, link_gbps=args.link_mbit / 1000.0, seed=args.seed,
-                             slots=min(64, sim.AGG_RX_RING // W)) as c:
+            with sim.Cluster(
+                workers=W,
+                link_gbps=args.link_mbit / 1000.0,
+                seed=args.seed,
+                slots=min(64, sim.AGG_RX_RING // W),
+            ) as c:
                 r = c.allreduce(grads, method=m)
             st = r.stats
             sent = max(sum(w["bytes_sent"].values()) for w in st["workers"])
             retrans = sum(w["retransmissions"] for w in st["workers"])
             same = np.array_equal(r.sum.view(np.uint32), want.view(np.uint32))
-            rows.append(dict(method=m if m != "auto" else f"auto->{st['method']}", workload=wl,
-                             seconds=st["virtual_time"], bytes=sent, dense=4 * n, retrans=retrans,
-                             exact=_exact_word(m, same), note="virtual time"))
-    _table(f"HomAgg allreduce on the in-process NIC-model cluster: W={W}, n={n} float32 per "
-           f"worker (dense fp32 = {4 * n} B), density {args.density}; bytes = HomAgg payload "
-           "per worker", rows)
+            rows.append(
+                dict(
+                    method=m if m != "auto" else f"auto->{st['method']}",
+                    workload=wl,
+                    seconds=st["virtual_time"],
+                    bytes=sent,
+                    dense=4 * n,
+                    retrans=retrans,
+                    exact=_exact_word(m, same),
+                    note="virtual time",
+                )
+            )
+    _table(
+        f"HomAgg allreduce on the in-process NIC-model cluster: W={W}, n={n} float32 per "
+        f"worker (dense fp32 = {4 * n} B), density {args.density}; bytes = HomAgg payload "
+        "per worker",
+        rows,
+    )
     return 1 if any(r["exact"] == "NO" for r in rows) else 0
 
 
@@ -236,20 +311,24 @@ def main_codec(args):
             extra = ""
             if s["method"] == "lhc":
                 extra = f"stalled {s['stalled_blocks']}/{s['blocks']} blocks"
-            rows.append((name, wl, s["bytes_per_worker"], s["bytes_per_worker"] / (4 * n),
-                         exact, dt, extra))
-            progress(f"  {m}: {s['bytes_per_worker']} B sent per worker, exact {exact}, "
-                     f"{dt:.1f} s")
+            rows.append(
+                (name, wl, s["bytes_per_worker"], s["bytes_per_worker"] / (4 * n), exact, dt, extra)
+            )
+            progress(f"  {m}: {s['bytes_per_worker']} B sent per worker, exact {exact}, {dt:.1f} s")
             del r
         del grads
 
     head = ("method", "workload", "sent/worker", "vs dense fp32", "bit-exact", "time", "")
-    print(f"HomAgg in-process allreduce: W={W}, n={n} float32 per worker "
-          f"(dense fp32 = {4 * n} B), density {args.density}; lhc's stalled blocks: "
-          "blocks whose sketch peeling stalled, completed by a fallback SUM32 of their "
-          "candidates (still exact)")
-    body = [(name, wl, f"{by} B", f"{ratio:.3f}", exact, _duration(dt), extra)
-            for name, wl, by, ratio, exact, dt, extra in rows]
+    print(
+        f"HomAgg in-process allreduce: W={W}, n={n} float32 per worker "
+        f"(dense fp32 = {4 * n} B), density {args.density}; lhc's stalled blocks: "
+        "blocks whose sketch peeling stalled, completed by a fallback SUM32 of their "
+        "candidates (still exact)"
+    )
+    body = [
+        (name, wl, f"{by} B", f"{ratio:.3f}", exact, _duration(dt), extra)
+        for name, wl, by, ratio, exact, dt, extra in rows
+    ]
     for line in _format_table(head, body, right={2, 3, 5}):
         print(line)
     bad = [r for r in rows if r[4] == "NO"]

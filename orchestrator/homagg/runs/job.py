@@ -15,6 +15,7 @@ results and the report.
 ``homagg.runs.allreduce`` (local testbed) and ``homagg.deploy.remote.hosts`` (hosts over SSH) both
 use this module; neither imports the other.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -84,8 +85,9 @@ def vdev_for_mtu(vdev: str, mtu: int, frames: int = 0) -> str:
 # Gradients, workers, the check and the report
 
 
-def gradient(elements: int, density: float, workload: str, seed: int, worker: int,
-             workers: int | None = None) -> np.ndarray:
+def gradient(
+    elements: int, density: float, workload: str, seed: int, worker: int, workers: int | None = None
+) -> np.ndarray:
     """Worker ``worker``'s float32 gradient: homagg.bench.workloads.generate
     (the same arrays the benchmarks' Gloo ranks build).  A pure function of
     its arguments, so the checker rebuilds every worker's input.  ``workers``
@@ -130,21 +132,34 @@ def open_worker(spec: dict):
     from homagg.worker import Worker
 
     aggs = spec.get("aggregators") or [(spec["agg_ip"], spec["udp_port"])]
-    return Worker(job=spec["job"], token=spec["token"], worker=spec["worker"],
-                  workers=spec["workers"], aggregators=[tuple(a) for a in aggs],
-                  group=spec["group"], bind=(spec["ip"], 0), timeout=spec["timeout"],
-                  slots=spec["slots"], payload=spec["payload"], rto=spec["rto"],
-                  mtu=spec.get("mtu"), auth_file=spec.get("auth_file"),
-                  mac=spec.get("mac") if spec.get("auth_file") else None,
-                  leaf_ids=spec.get("leaf_ids"),
-                  pipeline_groups=spec.get("pipeline_groups", PIPELINE_GROUPS),
-                  cost=spec.get("cost"))
+    return Worker(
+        job=spec["job"],
+        token=spec["token"],
+        worker=spec["worker"],
+        workers=spec["workers"],
+        aggregators=[tuple(a) for a in aggs],
+        group=spec["group"],
+        bind=(spec["ip"], 0),
+        timeout=spec["timeout"],
+        slots=spec["slots"],
+        payload=spec["payload"],
+        rto=spec["rto"],
+        mtu=spec.get("mtu"),
+        auth_file=spec.get("auth_file"),
+        mac=spec.get("mac") if spec.get("auth_file") else None,
+        leaf_ids=spec.get("leaf_ids"),
+        pipeline_groups=spec.get("pipeline_groups", PIPELINE_GROUPS),
+        cost=spec.get("cost"),
+    )
 
 
 def _numeric_delta(before: dict, after: dict) -> dict:
     """after - before for the integer counters of a worker's stats."""
-    return {k: v - before.get(k, 0) for k, v in after.items()
-            if isinstance(v, int) and not isinstance(v, bool)}
+    return {
+        k: v - before.get(k, 0)
+        for k, v in after.items()
+        if isinstance(v, int) and not isinstance(v, bool)
+    }
 
 
 def machine_cpu_times() -> list[int]:
@@ -161,8 +176,7 @@ def machine_busy(before: list[int], after: list[int]) -> dict:
     kernel's network stack), and the cores."""
     d = [b - a for a, b in zip(before, after)]
     total = sum(d[:8]) or 1
-    return {"busy": (total - d[3] - d[4]) / total, "softirq": d[6] / total,
-            "cores": os.cpu_count()}
+    return {"busy": (total - d[3] - d[4]) / total, "softirq": d[6] / total, "cores": os.cpu_count()}
 
 
 def _barrier(spec: dict, stage: str) -> bool:
@@ -177,8 +191,7 @@ def _barrier(spec: dict, stage: str) -> bool:
     deadline = time.monotonic() + spec.get("start_timeout", 120.0)
     while not os.path.exists(spec["go_file"] + stage):
         if time.monotonic() > deadline:
-            print(f"no go file {spec['go_file'] + stage} within the start timeout",
-                  file=sys.stderr)
+            print(f"no go file {spec['go_file'] + stage} within the start timeout", file=sys.stderr)
             return False
         time.sleep(0.005)
     return True
@@ -193,8 +206,14 @@ def child(spec: dict) -> int:
     if spec.get("gradient_file"):
         x = load_gradient(spec["gradient_file"], spec["elements"])
     else:
-        x = gradient(spec["elements"], spec["density"], spec["workload"], spec["seed"],
-                     spec["worker"], spec["workers"])
+        x = gradient(
+            spec["elements"],
+            spec["density"],
+            spec["workload"],
+            spec["seed"],
+            spec["worker"],
+            spec["workers"],
+        )
     with open_worker(spec) as w:
         if not _barrier(spec, ""):
             return 2
@@ -214,10 +233,17 @@ def child(spec: dict) -> int:
         st1 = w.stats()
         machine = machine_busy(m0, machine_cpu_times())
         np.save(spec["out"], y)
-        line = json.dumps({"worker": spec["worker"], "seconds": seconds[0],
-                           "seconds_each": seconds, "cpu_seconds": sum(cpu) / len(cpu),
-                           "machine_cpu": machine,
-                           "stats": st1, "stats_timed": _numeric_delta(st0, st1)})
+        line = json.dumps(
+            {
+                "worker": spec["worker"],
+                "seconds": seconds[0],
+                "seconds_each": seconds,
+                "cpu_seconds": sum(cpu) / len(cpu),
+                "machine_cpu": machine,
+                "stats": st1,
+                "stats_timed": _numeric_delta(st0, st1),
+            }
+        )
         if spec.get("report"):
             with open(spec["report"], "w") as f:
                 f.write(line + "\n")
@@ -234,10 +260,35 @@ def check_arguments(method: str, elements: int, density: float) -> None:
         raise RunError("density must be in [0, 1]")
 
 
-def worker_spec(*, job, token, worker, workers, agg_ip, group, ip, timeout, slots, payload, rto,
-                method, block, elements, density, workload, seed, out, mtu=None,
-                aggregators=None, auth_file=None, mac=None, leaf_ids=None,
-                pipeline_groups=PIPELINE_GROUPS, gradient_file=None, cost=None) -> dict:
+def worker_spec(
+    *,
+    job,
+    token,
+    worker,
+    workers,
+    agg_ip,
+    group,
+    ip,
+    timeout,
+    slots,
+    payload,
+    rto,
+    method,
+    block,
+    elements,
+    density,
+    workload,
+    seed,
+    out,
+    mtu=None,
+    aggregators=None,
+    auth_file=None,
+    mac=None,
+    leaf_ids=None,
+    pipeline_groups=PIPELINE_GROUPS,
+    gradient_file=None,
+    cost=None,
+) -> dict:
     """The JSON spec of one worker process (``python -m homagg.runs.job --child SPEC``);
     ``mtu`` None: the worker asks the kernel for its path's MTU; ``aggregators``:
     the job's K aggregator addresses in shard order (default: agg_ip alone);
@@ -248,14 +299,35 @@ def worker_spec(*, job, token, worker, workers, agg_ip, group, ip, timeout, slot
     gradient from save_gradients() (default: the worker generates it from
     the seed); ``cost``: the job's cost model as the job file holds it
     (homagg.cost; None: none)."""
-    return dict(job=job, token=token, worker=worker, workers=workers, agg_ip=agg_ip,
-                udp_port=UDP_PORT, group=group, ip=ip, timeout=timeout, slots=slots,
-                payload=payload, rto=rto, method=method, block=block, elements=elements,
-                density=density, workload=workload, seed=seed, out=out, mtu=mtu,
-                aggregators=[list(a) for a in (aggregators or [(agg_ip, UDP_PORT)])],
-                auth_file=auth_file, mac=mac, leaf_ids=list(leaf_ids) if leaf_ids else None,
-                pipeline_groups=pipeline_groups, gradient_file=gradient_file,
-                cost=dict(cost or {}))
+    return dict(
+        job=job,
+        token=token,
+        worker=worker,
+        workers=workers,
+        agg_ip=agg_ip,
+        udp_port=UDP_PORT,
+        group=group,
+        ip=ip,
+        timeout=timeout,
+        slots=slots,
+        payload=payload,
+        rto=rto,
+        method=method,
+        block=block,
+        elements=elements,
+        density=density,
+        workload=workload,
+        seed=seed,
+        out=out,
+        mtu=mtu,
+        aggregators=[list(a) for a in (aggregators or [(agg_ip, UDP_PORT)])],
+        auth_file=auth_file,
+        mac=mac,
+        leaf_ids=list(leaf_ids) if leaf_ids else None,
+        pipeline_groups=pipeline_groups,
+        gradient_file=gradient_file,
+        cost=dict(cost or {}),
+    )
 
 
 def check_payload(payload: int, mtu: int, where: str) -> None:
@@ -266,13 +338,22 @@ def check_payload(payload: int, mtu: int, where: str) -> None:
     if not 4 <= payload <= 8192 or payload % 4:
         raise RunError(f"--payload-bytes must be a multiple of 4 in 4..8192, got {payload}")
     if payload > max_payload(mtu):
-        raise RunError(f"--payload-bytes {payload} does not fit the MTU {mtu} of {where}: "
-                       f"at most {max_payload(mtu)} bytes (payloads up to 8192 need MTU 9000, "
-                       f"e.g. `homagg testbed up --mtu 9000`)")
+        raise RunError(
+            f"--payload-bytes {payload} does not fit the MTU {mtu} of {where}: "
+            f"at most {max_payload(mtu)} bytes (payloads up to 8192 need MTU 9000, "
+            f"e.g. `homagg testbed up --mtu 9000`)"
+        )
 
 
-def expected(elements: int, density: float, workload: str, seed: int, block: int,
-             workers: int, grads: list[np.ndarray] | None = None) -> dict:
+def expected(
+    elements: int,
+    density: float,
+    workload: str,
+    seed: int,
+    block: int,
+    workers: int,
+    grads: list[np.ndarray] | None = None,
+) -> dict:
     """What verify() compares results with, for every method of one job: the
     bit-exact reference and the float64 sum of the W gradients (rebuilt
     from the seed unless ``grads`` are those gradients).  Computed once, it
@@ -282,12 +363,23 @@ def expected(elements: int, density: float, workload: str, seed: int, block: int
     fsum = np.zeros(elements, dtype=np.float64)
     for g in grads:
         fsum += g
-    return {"job": (elements, float(density), workload, seed, block, workers),
-            "reference": reference(grads, block), "float64_sum": fsum}
+    return {
+        "job": (elements, float(density), workload, seed, block, workers),
+        "reference": reference(grads, block),
+        "float64_sum": fsum,
+    }
 
 
-def verify(method: str, elements: int, density: float, workload: str, seed: int, block: int,
-           results: list[np.ndarray], expect: dict | None = None) -> dict:
+def verify(
+    method: str,
+    elements: int,
+    density: float,
+    workload: str,
+    seed: int,
+    block: int,
+    results: list[np.ndarray],
+    expect: dict | None = None,
+) -> dict:
     """Compare every worker's result bit for bit with the reference built
     from the seed (or with ``expect``, expected() of the same job): the
     exactness part of the report ("result_sha256": of worker 0's result
@@ -305,17 +397,27 @@ def verify(method: str, elements: int, density: float, workload: str, seed: int,
     exact = all(exact_each) if method in protocol.EXACT_METHODS else None
     fsum = expect["float64_sum"]
     err = float(np.max(np.abs(results[0].astype(np.float64) - fsum))) if elements else 0.0
-    return {"exact": exact, "exact_per_worker": exact_each, "workers_agree": agree,
-            "max_abs_error_vs_float64_sum": err,
-            "result_sha256": hashlib.sha256(results[0].tobytes()).hexdigest() if results else None}
+    return {
+        "exact": exact,
+        "exact_per_worker": exact_each,
+        "workers_agree": agree,
+        "max_abs_error_vs_float64_sum": err,
+        "result_sha256": hashlib.sha256(results[0].tobytes()).hexdigest() if results else None,
+    }
 
 
 def counter_deltas(before: dict, after: dict) -> tuple[dict, dict]:
     """(engine counters, port counters) that moved between two stats replies."""
-    counters = {k: after["stats"][k] - before["stats"].get(k, 0)
-                for k in after["stats"] if isinstance(after["stats"][k], int)}
-    port = {k: v - before.get("port", {}).get(k, 0) for k, v in after.get("port", {}).items()
-            if isinstance(v, int)}
+    counters = {
+        k: after["stats"][k] - before["stats"].get(k, 0)
+        for k in after["stats"]
+        if isinstance(after["stats"][k], int)
+    }
+    port = {
+        k: v - before.get("port", {}).get(k, 0)
+        for k, v in after.get("port", {}).items()
+        if isinstance(v, int)
+    }
     return counters, port
 
 
@@ -363,35 +465,54 @@ def print_report(rep: dict, as_json: bool = False) -> int:
     if rep["method"] == "auto":  # the method auto chose, as the workers report it
         chosen = sorted({str(w.get("method_chosen")) for w in rep.get("worker_stats", ())})
         ran = f" (ran {', '.join(chosen) or 'unknown'})"
-    print(f"allreduce {rep['method']}{ran}: {W} workers x {n} float32 ({rep['workload']}, density "
-          f"{rep['density']:g}), aggregator homagg-switch on {rep['pmd']}"
-          f"{', authenticated' if rep.get('auth') else ''}, links "
-          f"{'unshaped' if rep['link_mbit'] is None else format(rep['link_mbit'], 'g') + ' Mbit/s'}"
-          + (f", {rep['payload_bytes']}-byte payloads (MTU {rep['mtu']})"
-             if rep.get("payload_bytes") else ""))
-    print(f"  time: {rep['seconds'] * 1e3:.1f} ms (slowest worker), {rep['wall_seconds'] * 1e3:.1f} ms wall")
+    print(
+        f"allreduce {rep['method']}{ran}: {W} workers x {n} float32 ({rep['workload']}, density "
+        f"{rep['density']:g}), aggregator homagg-switch on {rep['pmd']}"
+        f"{', authenticated' if rep.get('auth') else ''}, links "
+        f"{'unshaped' if rep['link_mbit'] is None else format(rep['link_mbit'], 'g') + ' Mbit/s'}"
+        + (
+            f", {rep['payload_bytes']}-byte payloads (MTU {rep['mtu']})"
+            if rep.get("payload_bytes")
+            else ""
+        )
+    )
+    print(
+        f"  time: {rep['seconds'] * 1e3:.1f} ms (slowest worker), {rep['wall_seconds'] * 1e3:.1f} ms wall"
+    )
     if len(rep.get("seconds_each", ())) > 1:
-        print(f"  timed calls: {', '.join(f'{s * 1e3:.1f}' for s in rep['seconds_each'])} ms "
-              f"(median above; after {rep['warmup']} untimed)")
+        print(
+            f"  timed calls: {', '.join(f'{s * 1e3:.1f}' for s in rep['seconds_each'])} ms "
+            f"(median above; after {rep['warmup']} untimed)"
+        )
     b = [int(v) for v in rep["bytes_per_worker"]]
     dense = int(rep["dense_float32_bytes"])
     sent = f"{min(b)} B" if min(b) == max(b) else f"{min(b)}..{max(b)} B"
-    print(f"  bytes sent per worker: {sent} (dense float32 would be {dense} B: "
-          f"{max(b) / max(1, dense):.3f}x)")
+    print(
+        f"  bytes sent per worker: {sent} (dense float32 would be {dense} B: "
+        f"{max(b) / max(1, dense):.3f}x)"
+    )
     if rep["exact"] is None:
-        print(f"  exact: n/a (lossy method); workers agree: {rep['workers_agree']}; "
-              f"max |error| vs float64 sum: {rep['max_abs_error_vs_float64_sum']:.3g}")
+        print(
+            f"  exact: n/a (lossy method); workers agree: {rep['workers_agree']}; "
+            f"max |error| vs float64 sum: {rep['max_abs_error_vs_float64_sum']:.3g}"
+        )
     else:
         print(f"  bit-exact on every worker: {rep['exact']} {rep['exact_per_worker']}")
     ws = rep.get("worker_stats_timed") or rep["worker_stats"]
-    print("  worker counters (all workers): " + ", ".join(
-        f"{k}={sum(w.get(k, 0) for w in ws)}" for k in (
-            "timeouts", "spurious_timeouts", "fast_retransmissions", "retransmissions")))
+    print(
+        "  worker counters (all workers): "
+        + ", ".join(
+            f"{k}={sum(w.get(k, 0) for w in ws)}"
+            for k in ("timeouts", "spurious_timeouts", "fast_retransmissions", "retransmissions")
+        )
+    )
     print("  daemon counters: " + ", ".join(f"{k}={v}" for k, v in rep["counters"].items() if v))
     if len(rep.get("aggregators", [])) > 1:
         for a in rep["aggregators"]:
-            print(f"  aggregator {a['host']} ({a['ip']}): received {a.get('rx_bytes', '?')} bytes, "
-                  f"sent {a.get('tx_bytes', '?')}, summed {a['counters'].get('summed', 0)}")
+            print(
+                f"  aggregator {a['host']} ({a['ip']}): received {a.get('rx_bytes', '?')} bytes, "
+                f"sent {a.get('tx_bytes', '?')}, summed {a['counters'].get('summed', 0)}"
+            )
     if rep.get("run_dir"):
         print(f"  results and logs: {rep['run_dir']}")
     return 0 if ok else 3

@@ -1,6 +1,7 @@
 """The run reports' common behaviour (homagg.runs.allreduce.AllreduceReport,
 homagg.train.train.TrainReport): a dataclass, one meaning per field on
 every placement, read like the dict it replaced."""
+
 from __future__ import annotations
 
 from dataclasses import fields

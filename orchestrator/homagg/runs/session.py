@@ -25,6 +25,7 @@ Used by ``homagg bench soak`` and by the chaos tests (docs/SWITCH.md,
 "Restarts and failures").  Every process is stopped by the PID it was
 started with.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -61,10 +62,23 @@ def rss_kb(pid: int) -> int | None:
 # count completions, replies sent, events).  Every other engine counter is
 # the one outcome of a frame: summed, duplicate, stale, or a drop reason --
 # a counter added later is an outcome unless listed here.
-NOT_FRAME_OUTCOMES = frozenset({"received", "completed", "replays", "results_sent",
-                                "status_sent", "status_repeats", "no_buffer", "tx_full", "incarnation_resets",
-                                "up_sent", "up_retransmissions", "up_abandoned",
-                                "up_root_restarts"})
+NOT_FRAME_OUTCOMES = frozenset(
+    {
+        "received",
+        "completed",
+        "replays",
+        "results_sent",
+        "status_sent",
+        "status_repeats",
+        "no_buffer",
+        "tx_full",
+        "incarnation_resets",
+        "up_sent",
+        "up_retransmissions",
+        "up_abandoned",
+        "up_root_restarts",
+    }
+)
 PORT_OUTCOMES = ("drop_injected", "drop_segmented", "arp_replies", "arp_other", "rx")
 
 
@@ -84,9 +98,11 @@ def accounting(stats: dict) -> dict:
         "engine_received": eng["received"],
         "engine_outcomes": outcomes,
     }
-    checks["consistent"] = (checks["ethdev_received"] == checks["port_outcomes"]
-                            and checks["port_rx"] == checks["engine_received_plus_dispatch_full"]
-                            and checks["engine_received"] == checks["engine_outcomes"])
+    checks["consistent"] = (
+        checks["ethdev_received"] == checks["port_outcomes"]
+        and checks["port_rx"] == checks["engine_received_plus_dispatch_full"]
+        and checks["engine_received"] == checks["engine_outcomes"]
+    )
     return checks
 
 
@@ -104,9 +120,20 @@ class Session:
     """One job on testbed ``tb``: a daemon and one worker process per worker
     host, all started by the constructor."""
 
-    def __init__(self, tb, workdir: str, *, slots: int = 64, payload: int = 1024,
-                 timeout: float = 5.0, rto: float = 0.005, drop_rate: float = 0.0,
-                 group: str = "239.77.0.2", pmd: str = "auto", switch: str | None = None):
+    def __init__(
+        self,
+        tb,
+        workdir: str,
+        *,
+        slots: int = 64,
+        payload: int = 1024,
+        timeout: float = 5.0,
+        rto: float = 0.005,
+        drop_rate: float = 0.0,
+        group: str = "239.77.0.2",
+        pmd: str = "auto",
+        switch: str | None = None,
+    ):
         self.tb = tb
         self.workdir = workdir
         self.W = len(tb.workers)
@@ -116,10 +143,10 @@ class Session:
         self.drop_rate, self.pmd, self.binary = drop_rate, pmd, switch
         self.switch = None
         self.switch_starts = 0
-        self.incarnations: list = []   # of the job, one per add_job
+        self.incarnations: list = []  # of the job, one per add_job
         self.procs: list = [None] * self.W
         self._pending: list[bool] = [False] * self.W
-        self._lost: set[int] = set()   # killed while a command was pending
+        self._lost: set[int] = set()  # killed while a command was pending
         try:
             self.start_switch()
             for i in range(self.W):
@@ -133,8 +160,9 @@ class Session:
     def start_switch(self) -> None:
         """Start homagg-switch and add the job (a new daemon: a new job
         incarnation)."""
-        self.switch = Switch(self.tb, self.workdir, pmd=self.pmd, switch=self.binary,
-                                 drop_rate=self.drop_rate)
+        self.switch = Switch(
+            self.tb, self.workdir, pmd=self.pmd, switch=self.binary, drop_rate=self.drop_rate
+        )
         self.switch_starts += 1
         self.add_job()
 
@@ -142,8 +170,14 @@ class Session:
         """Add the job on the daemon; its incarnation (the daemon's reply)
         is appended to ``incarnations``."""
         with self.switch.client() as c:
-            r = c.add_job(job=self.job, token=self.token, workers=self.W, slots=self.slots,
-                          payload=self.payload, group=self.group)
+            r = c.add_job(
+                job=self.job,
+                token=self.token,
+                workers=self.W,
+                slots=self.slots,
+                payload=self.payload,
+                group=self.group,
+            )
         self.incarnations.append(r.get("incarnation"))
 
     def kill_switch(self, sig=signal.SIGKILL) -> None:
@@ -171,18 +205,39 @@ class Session:
     def _spec(self, i: int) -> dict:
         h = self.tb.workers[i]
         return job.worker_spec(
-            job=self.job, token=self.token, worker=i, workers=self.W, agg_ip=self.tb.aggregator.ip,
-            group=self.group, ip=h.ip, timeout=self.timeout, slots=self.slots,
-            payload=self.payload, rto=self.rto, method="dense", block=job.DEFAULT_BLOCK,
-            elements=0, density=0.0, workload="random", seed=0, out="")
+            job=self.job,
+            token=self.token,
+            worker=i,
+            workers=self.W,
+            agg_ip=self.tb.aggregator.ip,
+            group=self.group,
+            ip=h.ip,
+            timeout=self.timeout,
+            slots=self.slots,
+            payload=self.payload,
+            rto=self.rto,
+            method="dense",
+            block=job.DEFAULT_BLOCK,
+            elements=0,
+            density=0.0,
+            workload="random",
+            seed=0,
+            out="",
+        )
 
     def start_worker(self, i: int) -> None:
         """Start worker i's process (a new process: a new incarnation)."""
         h = self.tb.workers[i]
-        p = self.tb.run_in(h.name, [sys.executable, "-m", "homagg.runs.session", "--worker",
-                                    json.dumps(self._spec(i))],
-                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                           text=True, env=run.child_env(), cwd=self.workdir)
+        p = self.tb.run_in(
+            h.name,
+            [sys.executable, "-m", "homagg.runs.session", "--worker", json.dumps(self._spec(i))],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=run.child_env(),
+            cwd=self.workdir,
+        )
         self.procs[i] = p
         self._pending[i] = False
         line = self._readline(i, 60.0, reply=False)
@@ -224,18 +279,34 @@ class Session:
 
     # ---- allreduce -----------------------------------------------------
 
-    def begin_allreduce(self, method: str, elements: int, density: float,
-                        workload: str = "random", seed: int = 1) -> dict:
+    def begin_allreduce(
+        self, method: str, elements: int, density: float, workload: str = "random", seed: int = 1
+    ) -> dict:
         """Tell every worker to start one allreduce; returns the job of it
         for finish_allreduce."""
         job.check_arguments(method, elements, density)
-        a = dict(method=method, elements=elements, density=density, workload=workload,
-                 seed=seed, t0=time.perf_counter())
+        a = dict(
+            method=method,
+            elements=elements,
+            density=density,
+            workload=workload,
+            seed=seed,
+            t0=time.perf_counter(),
+        )
         for i in range(self.W):
             if self.procs[i] is not None:
-                self._send(i, dict(cmd="allreduce", method=method, elements=elements,
-                                   density=density, workload=workload, seed=seed,
-                                   out=os.path.join(self.workdir, f"result-{i}.npy")))
+                self._send(
+                    i,
+                    dict(
+                        cmd="allreduce",
+                        method=method,
+                        elements=elements,
+                        density=density,
+                        workload=workload,
+                        seed=seed,
+                        out=os.path.join(self.workdir, f"result-{i}.npy"),
+                    ),
+                )
         return a
 
     def finish_allreduce(self, a: dict) -> dict:
@@ -249,16 +320,29 @@ class Session:
         out["ok"] = not out["errors"]
         out["exact"] = None
         if out["ok"]:
-            results = [np.load(os.path.join(self.workdir, f"result-{i}.npy")) for i in range(self.W)]
-            out.update(job.verify(a["method"], a["elements"], a["density"], a["workload"],
-                                  a["seed"], job.DEFAULT_BLOCK, results))
+            results = [
+                np.load(os.path.join(self.workdir, f"result-{i}.npy")) for i in range(self.W)
+            ]
+            out.update(
+                job.verify(
+                    a["method"],
+                    a["elements"],
+                    a["density"],
+                    a["workload"],
+                    a["seed"],
+                    job.DEFAULT_BLOCK,
+                    results,
+                )
+            )
             out["seconds"] = max(r["seconds"] for r in replies)
         return out
 
-    def allreduce(self, method: str, elements: int, density: float, workload: str = "random",
-                  seed: int = 1) -> dict:
-        return self.finish_allreduce(self.begin_allreduce(method, elements, density, workload,
-                                                          seed))
+    def allreduce(
+        self, method: str, elements: int, density: float, workload: str = "random", seed: int = 1
+    ) -> dict:
+        return self.finish_allreduce(
+            self.begin_allreduce(method, elements, density, workload, seed)
+        )
 
     def recover(self) -> None:
         """After a failed allreduce: the job again on the daemon (its slots
@@ -312,15 +396,25 @@ def _worker_main(spec: dict) -> int:
                 w = job.open_worker(spec)
                 print(json.dumps({"ok": True}), flush=True)
                 continue
-            x = job.gradient(cmd["elements"], cmd["density"], cmd["workload"], cmd["seed"],
-                             spec["worker"], spec["workers"])
+            x = job.gradient(
+                cmd["elements"],
+                cmd["density"],
+                cmd["workload"],
+                cmd["seed"],
+                spec["worker"],
+                spec["workers"],
+            )
             before = w.stats()
             t0 = time.perf_counter()
             try:
                 y = w.allreduce(x, method=cmd["method"], block=spec["block"])
             except HomAggError as e:
-                reply = {"ok": False, "error": str(e), "kind": type(e).__name__,
-                         "code": getattr(e, "code", None)}
+                reply = {
+                    "ok": False,
+                    "error": str(e),
+                    "kind": type(e).__name__,
+                    "code": getattr(e, "code", None),
+                }
             else:
                 np.save(cmd["out"], y)
                 reply = {"ok": True, "seconds": time.perf_counter() - t0}
@@ -336,6 +430,8 @@ def _worker_main(spec: dict) -> int:
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--worker":
         sys.exit(_worker_main(json.loads(sys.argv[2])))
-    print("usage: python -m homagg.runs.session --worker SPEC (started by homagg.runs.session.Session)",
-          file=sys.stderr)
+    print(
+        "usage: python -m homagg.runs.session --worker SPEC (started by homagg.runs.session.Session)",
+        file=sys.stderr,
+    )
     sys.exit(2)

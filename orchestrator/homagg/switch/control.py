@@ -11,18 +11,19 @@ dict, ``{"ok": false, "error": ...}`` raises the matching homagg.errors
 exception (the daemon's message names the offending field).  docs/SWITCH.md
 lists the requests.
 """
+
 import errno
 import json
 import socket
 import time
 
 from homagg.errors import (
-                           HomAggError,
-                           InvalidArgument,
-                           OutOfRange,
-                           PeerTimeout,
-                           ProtocolError,
-                           )
+    HomAggError,
+    InvalidArgument,
+    OutOfRange,
+    PeerTimeout,
+    ProtocolError,
+)
 from homagg.errors import ControlError
 
 
@@ -66,16 +67,18 @@ class ControlClient:
                     # every millisecond, so try again until the timeout
                     s.close()
                     if time.monotonic() > deadline:
-                        raise PeerTimeout(f"homagg-switch control socket {self.path}: "
-                                          "backlog full") from exc
+                        raise PeerTimeout(
+                            f"homagg-switch control socket {self.path}: backlog full"
+                        ) from exc
                     time.sleep(0.001)
                 except (FileNotFoundError, ConnectionRefusedError) as exc:
                     s.close()
                     raise PeerTimeout(f"homagg-switch control socket {self.path}: {exc}") from exc
                 except socket.timeout as exc:
                     s.close()
-                    raise PeerTimeout(f"homagg-switch control socket {self.path}: "
-                                      "connect timed out") from exc
+                    raise PeerTimeout(
+                        f"homagg-switch control socket {self.path}: connect timed out"
+                    ) from exc
             self._sock = s
             self._buf = b""
         return self
@@ -102,7 +105,9 @@ class ControlClient:
             return self._read_reply()
         except socket.timeout as exc:
             self.close()
-            raise PeerTimeout(f"homagg-switch at {self.path}: no reply within {self.timeout} s") from exc
+            raise PeerTimeout(
+                f"homagg-switch at {self.path}: no reply within {self.timeout} s"
+            ) from exc
         except OSError as exc:
             self.close()
             raise ProtocolError(f"homagg-switch at {self.path}: {exc}") from exc
@@ -134,8 +139,20 @@ class ControlClient:
             raise _error_for(reply)
         return reply
 
-    def add_job(self, job, token, workers, slots, payload=1024, group=None,
-                shard=None, incarnation=None, auth=None, parent=None, mac=None):
+    def add_job(
+        self,
+        job,
+        token,
+        workers,
+        slots,
+        payload=1024,
+        group=None,
+        shard=None,
+        incarnation=None,
+        auth=None,
+        parent=None,
+        mac=None,
+    ):
         """Configure a job; the reply carries the job's ``incarnation``
         (chosen by the daemon from its clock unless given).  ``auth``: the
         job secret (32 bytes) of an authenticated job; it travels over the
@@ -145,8 +162,7 @@ class ControlClient:
         daemon is a tree leaf below that root, a dict with ``ip``, ``mac``,
         ``worker`` (the leaf's id at the root) and optionally ``port``,
         ``shard``, ``group``, ``rto_us`` (docs/PROTOCOL.md "Tree")."""
-        fields = dict(job=job, token=token, workers=workers, slots=slots,
-                      payload=payload)
+        fields = dict(job=job, token=token, workers=workers, slots=slots, payload=payload)
         if group is not None:
             fields["group"] = group
         if shard is not None:
@@ -169,8 +185,9 @@ class ControlClient:
         ``secret`` (32 bytes); frames of the previous epoch are accepted for
         ``grace`` seconds more (docs/PROTOCOL.md "Key epochs").  The reply
         carries the new ``epoch``."""
-        return self.request("rotate_key", job=job, auth=bytes(secret).hex(),
-                            grace_ms=int(grace * 1000))
+        return self.request(
+            "rotate_key", job=job, auth=bytes(secret).hex(), grace_ms=int(grace * 1000)
+        )
 
     def stats(self):
         """{"stats": {counter: value}, "port": {counter: value}}"""

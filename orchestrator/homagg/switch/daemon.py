@@ -8,6 +8,7 @@ already runs one there, attached to).
 ``find_switch`` locates the binary, ``eal_args`` builds its EAL arguments
 (for every daemon: the testbed's, inventory hosts', the benchmarks' and tests').
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -31,7 +32,9 @@ def find_switch() -> str:
     env = os.environ.get("HOMAGG_SWITCH")
     if env:
         return env
-    here = pathlib.Path(homagg.__file__).resolve().parents[2] / "build" / "release" / "homagg-switch"
+    here = (
+        pathlib.Path(homagg.__file__).resolve().parents[2] / "build" / "release" / "homagg-switch"
+    )
     if here.exists():
         return str(here)
     found = shutil.which("homagg-switch")
@@ -57,13 +60,20 @@ def process_cpu_seconds(pid: int) -> float | None:
             stat = f.read()
     except OSError:
         return None
-    fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) "
+    fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) "
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def eal_args(lcores: str = "0", *, file_prefix: str | None = None, vdev: str | None = None,
-             pci: str | None = None, hugepages_dir: str | None = None, memory_mb: int = 256,
-             telemetry: bool = False) -> list[str]:
+def eal_args(
+    lcores: str = "0",
+    *,
+    file_prefix: str | None = None,
+    vdev: str | None = None,
+    pci: str | None = None,
+    hugepages_dir: str | None = None,
+    memory_mb: int = 256,
+    telemetry: bool = False,
+) -> list[str]:
     """The EAL arguments of homagg-switch (and homagg-switch-bench): what
     goes before their "--", built here only.
 
@@ -112,10 +122,20 @@ class Switch:
     that one is used: ``stop`` leaves it running (``homagg testbed down``
     stops it) and the options that need a daemon of one's own are refused."""
 
-    def __init__(self, tb: Testbed, workdir: str, pmd: str = "auto", switch: str | None = None,
-                 ready_timeout: float = 30.0, drop_rate: float = 0.0,
-                 idle_us: int = IDLE_US, idle_polls: int = IDLE_POLLS, host: str = "agg",
-                 lcores: int = 1, frames: int = 0):
+    def __init__(
+        self,
+        tb: Testbed,
+        workdir: str,
+        pmd: str = "auto",
+        switch: str | None = None,
+        ready_timeout: float = 30.0,
+        drop_rate: float = 0.0,
+        idle_us: int = IDLE_US,
+        idle_polls: int = IDLE_POLLS,
+        host: str = "agg",
+        lcores: int = 1,
+        frames: int = 0,
+    ):
         """``frames``: W x S of the largest job the daemon is to take (its
         workers' frames in flight): an af_packet ring is made that large."""
         self.pid = None
@@ -129,8 +149,10 @@ class Switch:
         if mtu > 1500:
             # af_xdp (DPDK 22.11) receives into 4 KB umem frames: no jumbo frame fits
             if pmd == "af_xdp":
-                raise RunError(f"--pmd af_xdp cannot receive frames of the testbed's MTU {mtu} "
-                               "(4 KB umem frames): use --pmd af_packet or auto")
+                raise RunError(
+                    f"--pmd af_xdp cannot receive frames of the testbed's MTU {mtu} "
+                    "(4 KB umem frames): use --pmd af_packet or auto"
+                )
             kinds = ("af_packet",)
         if lcores > 1:
             # measured: with a dispatcher and 2 engine lcores on af_xdp the
@@ -138,8 +160,10 @@ class Switch:
             # 2^20; ethdev ipackets stays put, no alloc_fail, no
             # dispatch_full); af_packet runs the same job exactly
             if pmd == "af_xdp":
-                raise RunError("--pmd af_xdp stops receiving with several engine lcores "
-                               "(--switch-lcores > 1): use --pmd af_packet or auto")
+                raise RunError(
+                    "--pmd af_xdp stops receiving with several engine lcores "
+                    "(--switch-lcores > 1): use --pmd af_packet or auto"
+                )
             kinds = ("af_packet",)
         self.tb = tb
         self.workdir = workdir
@@ -159,14 +183,27 @@ class Switch:
             prefix = "hg" + secrets.token_hex(5)
             runtime = os.path.join(workdir, f"rt{tag}-{kind}")
             os.makedirs(runtime, exist_ok=True)
-            argv = [binary, *eal_args(engine_lcores(lcores), file_prefix=prefix, vdev=vdev), "--",
-                    "--port-ip", agg.ip, "--udp-port", str(UDP_PORT), "--control", self.control_path,
-                    "--mtu", str(mtu),
-                    # veth leaves UDP checksums to an offload that never runs
-                    "--no-udp-csum",
-                    # the testbed's cores are shared with the workers: sleep when idle
-                    "--idle-us", str(int(idle_us)), "--idle-polls", str(int(idle_polls)),
-                    *logfmt.daemon_args()]
+            argv = [
+                binary,
+                *eal_args(engine_lcores(lcores), file_prefix=prefix, vdev=vdev),
+                "--",
+                "--port-ip",
+                agg.ip,
+                "--udp-port",
+                str(UDP_PORT),
+                "--control",
+                self.control_path,
+                "--mtu",
+                str(mtu),
+                # veth leaves UDP checksums to an offload that never runs
+                "--no-udp-csum",
+                # the testbed's cores are shared with the workers: sleep when idle
+                "--idle-us",
+                str(int(idle_us)),
+                "--idle-polls",
+                str(int(idle_polls)),
+                *logfmt.daemon_args(),
+            ]
             if lcores > 1:
                 argv += ["--lcores", str(lcores)]
             if drop_rate:
@@ -175,8 +212,9 @@ class Switch:
                 argv += ["--drop-rate", repr(float(drop_rate))]
             env = dict(os.environ, RUNTIME_DIRECTORY=runtime, XDG_RUNTIME_DIR=runtime)
             with open(logpath, "wb") as logf:
-                proc = tb.run_in(host, argv, stdout=logf, stderr=subprocess.STDOUT, env=env,
-                                 cwd=workdir)
+                proc = tb.run_in(
+                    host, argv, stdout=logf, stderr=subprocess.STDOUT, env=env, cwd=workdir
+                )
             if self._wait_ready(proc, ready_timeout):
                 self.proc, self.pmd, self.pid = proc, kind, proc.pid
                 self.logpath = logpath
@@ -187,21 +225,30 @@ class Switch:
             tried.append(f"{vdev}: " + pathlib.Path(logpath).read_text(errors="replace")[-800:])
         raise RunError(f"homagg-switch did not start on {host}:\n" + "\n".join(tried))
 
-    def _attach(self, tb: Testbed, host: str, rec: dict, pmd: str, drop_rate: float,
-                lcores: int) -> None:
+    def _attach(
+        self, tb: Testbed, host: str, rec: dict, pmd: str, drop_rate: float, lcores: int
+    ) -> None:
         """Use the daemon ``homagg testbed up`` started on ``host`` (``rec``:
         its record in the state file)."""
-        where = f"testbed {tb.name} runs homagg-switch on {host} (pid {rec['pid']}, " \
-                "started by `homagg testbed up`)"
+        where = (
+            f"testbed {tb.name} runs homagg-switch on {host} (pid {rec['pid']}, "
+            "started by `homagg testbed up`)"
+        )
         if drop_rate or lcores > 1:
-            raise RunError(f"{where}: a drop rate or several engine lcores need a daemon of "
-                           "its own; build the testbed with `homagg testbed up --no-daemon`")
+            raise RunError(
+                f"{where}: a drop rate or several engine lcores need a daemon of "
+                "its own; build the testbed with `homagg testbed up --no-daemon`"
+            )
         if pmd not in ("auto", rec["pmd"]):
-            raise RunError(f"{where} on {rec['pmd']}, not {pmd}: use --pmd auto or build the "
-                           "testbed with `homagg testbed up --no-daemon`")
+            raise RunError(
+                f"{where} on {rec['pmd']}, not {pmd}: use --pmd auto or build the "
+                "testbed with `homagg testbed up --no-daemon`"
+            )
         if process_cpu_seconds(rec["pid"]) is None:
-            raise RunError(f"{where}, but it has exited (its log: {rec['log']}): "
-                           f"`homagg testbed down --name {tb.name}` and up again")
+            raise RunError(
+                f"{where}, but it has exited (its log: {rec['log']}): "
+                f"`homagg testbed down --name {tb.name}` and up again"
+            )
         self.tb, self.host, self.workdir = tb, host, os.path.dirname(rec["control"])
         self.control_path, self.pmd, self.pid = rec["control"], rec["pmd"], rec["pid"]
         self.ip, self.logpath, self.log = rec["ip"], rec["log"], ""
@@ -209,8 +256,13 @@ class Switch:
 
     def record(self) -> dict:
         """What ``homagg testbed up`` keeps of a daemon it leaves running."""
-        return {"pid": self.pid, "control": self.control_path, "pmd": self.pmd,
-                "ip": self.ip, "log": self.logpath}
+        return {
+            "pid": self.pid,
+            "control": self.control_path,
+            "pmd": self.pmd,
+            "ip": self.ip,
+            "log": self.logpath,
+        }
 
     @property
     def running(self) -> bool:

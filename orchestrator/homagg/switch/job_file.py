@@ -44,6 +44,7 @@ empties every aggregator slot its old life left (PROTOCOL.md Part 2,
 "Incarnations").  ``renew`` registers the job afresh (the same id, token
 and file; counters at 0).
 """
+
 import json
 import os
 import secrets
@@ -87,9 +88,11 @@ def _leaf_ids_field(value):
     if value == ():
         return None
     if value is None or len(value) != 2 or not 0 <= value[0] < value[1]:
-        raise ConfigError("leaf_ids: expected [i, n] (\"i,n\" in HOMAGG_LEAF_IDS), the "
-                          "worker's index at its tree leaf and the leaf's worker count, "
-                          "0 <= i < n")
+        raise ConfigError(
+            'leaf_ids: expected [i, n] ("i,n" in HOMAGG_LEAF_IDS), the '
+            "worker's index at its tree leaf and the leaf's worker count, "
+            "0 <= i < n"
+        )
     return value
 
 
@@ -126,14 +129,16 @@ def job_config(env=None):
         if value is None:
             raise ConfigError(
                 f"no {name} configured for the HomAgg job: set {var} (or HOMAGG_JOB_FILE, "
-                "a job file written by `homagg testbed up`, `homagg up -i` or `homagg train`)")
+                "a job file written by `homagg testbed up`, `homagg up -i` or `homagg train`)"
+            )
         try:
             out[name] = kind(value)
         except HomAggError as exc:
             raise ConfigError(f"{var} (or the job file's {name!r}): {exc}") from exc
         except (TypeError, ValueError) as exc:
-            raise ConfigError(f"{var}={value!r}: not a valid "
-                              f"{getattr(kind, '__name__', name)}") from exc
+            raise ConfigError(
+                f"{var}={value!r}: not a valid {getattr(kind, '__name__', name)}"
+            ) from exc
     out["aggregators"] = [_address(a) for a in out["aggregator"].split(",")]
     out["aggregator"] = out["aggregators"][0]
     if out["timeout"] <= 0:
@@ -153,7 +158,7 @@ def _address(text):
 
 
 def addresses_text(aggregators):
-    """"ip:port,ip:port" of (ip, port) pairs (or "ip:port" strings)."""
+    """ "ip:port,ip:port" of (ip, port) pairs (or "ip:port" strings)."""
     if isinstance(aggregators, (str, tuple)):
         aggregators = [aggregators]
     return ",".join(a if isinstance(a, str) else f"{a[0]}:{a[1]}" for a in aggregators)
@@ -180,27 +185,58 @@ def write_job_file(path, **fields):
 
 def add_job_arguments(p) -> None:
     """The job options of `homagg testbed up` and `homagg up -i`."""
-    p.add_argument("--slots", type=int, default=None,
-                   help="the job's aggregator slots (default: the most, up to 64, with "
-                   "workers x slots <= 4096 frames: homagg.protocol.default_slots)")
-    p.add_argument("--payload-bytes", type=int, default=1024, metavar="BYTES",
-                   help="the job's payload per packet (default: %(default)s)")
-    p.add_argument("--timeout", type=float, default=10.0, metavar="S",
-                   help="the job file's timeout: an allreduce gives up after S seconds "
-                   "without progress (default: %(default)s)")
-    p.add_argument("--no-cost-model", dest="cost_model", action="store_false",
-                   help="register no cost model with the job: its choices go by bytes even "
-                   "with a known link rate (default: the link rate and this host's "
-                   "`homagg calibrate` coefficients, docs/PROTOCOL.md \"The cost model\")")
+    p.add_argument(
+        "--slots",
+        type=int,
+        default=None,
+        help="the job's aggregator slots (default: the most, up to 64, with "
+        "workers x slots <= 4096 frames: homagg.protocol.default_slots)",
+    )
+    p.add_argument(
+        "--payload-bytes",
+        type=int,
+        default=1024,
+        metavar="BYTES",
+        help="the job's payload per packet (default: %(default)s)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="the job file's timeout: an allreduce gives up after S seconds "
+        "without progress (default: %(default)s)",
+    )
+    p.add_argument(
+        "--no-cost-model",
+        dest="cost_model",
+        action="store_false",
+        help="register no cost model with the job: its choices go by bytes even "
+        "with a known link rate (default: the link rate and this host's "
+        '`homagg calibrate` coefficients, docs/PROTOCOL.md "The cost model")',
+    )
 
 
 # --------------------------------------------------------------------------
 # Registration on the aggregators
 
 
-def register(controls, addresses, *, workers, slots=None, payload=1024, group=None,
-             timeout=10.0, job=None, token=None, auth=None, mac=None, auth_file="",
-             cost=None):
+def register(
+    controls,
+    addresses,
+    *,
+    workers,
+    slots=None,
+    payload=1024,
+    group=None,
+    timeout=10.0,
+    job=None,
+    token=None,
+    auth=None,
+    mac=None,
+    auth_file="",
+    cost=None,
+):
     """Add the job on every aggregator (controls[k] gets shard k; addresses
     are their (ip, port), in the same order) and return its job-file fields.
     ``job``/``token`` default to new random ones; ``auth``: the job secret
@@ -226,8 +262,15 @@ def register(controls, addresses, *, workers, slots=None, payload=1024, group=No
     added = []
     try:
         for k, control in enumerate(controls):
-            req = {"cmd": "add_job", "job": job, "token": token, "workers": workers,
-                   "slots": slots, "payload": payload, "shard": k}
+            req = {
+                "cmd": "add_job",
+                "job": job,
+                "token": token,
+                "workers": workers,
+                "slots": slots,
+                "payload": payload,
+                "shard": k,
+            }
             if group:
                 req["group"] = group
             if auth is not None:
@@ -238,11 +281,19 @@ def register(controls, addresses, *, workers, slots=None, payload=1024, group=No
     except BaseException:
         unregister(added, job, warn=lambda k, e: None)
         raise
-    return {"aggregator": addresses_text(list(addresses)), "job": job, "token": token,
-            "workers": workers, "group": group or "", "timeout": timeout, "slots": slots,
-            "payload": payload, "auth_file": auth_file if auth is not None else "",
-            "mac": mac if auth is not None else "",
-            "cost": _cost_field(_cost_dict(cost))}
+    return {
+        "aggregator": addresses_text(list(addresses)),
+        "job": job,
+        "token": token,
+        "workers": workers,
+        "group": group or "",
+        "timeout": timeout,
+        "slots": slots,
+        "payload": payload,
+        "auth_file": auth_file if auth is not None else "",
+        "mac": mac if auth is not None else "",
+        "cost": _cost_field(_cost_dict(cost)),
+    }
 
 
 def tree_leaf(worker: int, workers: int, leaves: int) -> tuple[int, int, int]:
@@ -262,9 +313,25 @@ def leaf_group(group: str, leaf: int) -> str:
     return str(ipaddress.IPv4Address(group) + 256 * leaf)
 
 
-def register_tree(controls, aggregators, *, leaves, workers, slots=None, payload=1024,
-                  group, timeout=10.0, rto=0.005, job=None, token=None, cost=None,
-                  auth=None, leaf_auth=None, auth_files=None, mac=None):
+def register_tree(
+    controls,
+    aggregators,
+    *,
+    leaves,
+    workers,
+    slots=None,
+    payload=1024,
+    group,
+    timeout=10.0,
+    rto=0.005,
+    job=None,
+    token=None,
+    cost=None,
+    auth=None,
+    leaf_auth=None,
+    auth_files=None,
+    mac=None,
+):
     """A two-level tree (docs/PROTOCOL.md "Tree"): ``controls`` and
     ``aggregators`` ((ip, port, mac) of each) are the ``leaves`` leaves, then
     the root.  Leaf l gets the job with its workers (``tree_leaf``), the
@@ -302,22 +369,29 @@ def register_tree(controls, aggregators, *, leaves, workers, slots=None, payload
     added = []
     try:
         for k, control in enumerate(controls):
-            req = {"cmd": "add_job", "job": job, "token": token, "slots": slots,
-                   "payload": payload}
+            req = {"cmd": "add_job", "job": job, "token": token, "slots": slots, "payload": payload}
             if k == leaves:  # the root: the L leaves are its workers
                 req["workers"] = leaves
                 if auth is not None:
                     req.update(auth=bytes(auth).hex(), mac=mac)
             else:
-                parent = {"ip": root_ip, "mac": root_mac, "worker": k,
-                          "rto_us": max(1, int(rto * 1e6))}
-                req.update(workers=tree_leaf(k * workers // leaves, workers, leaves)[2],
-                           group=leaf_group(group, k), parent=parent)
+                parent = {
+                    "ip": root_ip,
+                    "mac": root_mac,
+                    "worker": k,
+                    "rto_us": max(1, int(rto * 1e6)),
+                }
+                req.update(
+                    workers=tree_leaf(k * workers // leaves, workers, leaves)[2],
+                    group=leaf_group(group, k),
+                    parent=parent,
+                )
                 if auth is not None:  # its own secret, two keys of the root's
                     req.update(auth=bytes(leaf_auth[k]).hex(), mac=mac)
                     parent.update(
                         key=hg_auth.derive_key(auth, job, k).hex(),
-                        reply_key=hg_auth.derive_key(auth, job, hg_auth.AGGREGATOR).hex())
+                        reply_key=hg_auth.derive_key(auth, job, hg_auth.AGGREGATOR).hex(),
+                    )
             control(req)
             added.append(control)
     except BaseException:
@@ -327,12 +401,22 @@ def register_tree(controls, aggregators, *, leaves, workers, slots=None, payload
     for w in range(workers):
         leaf, index, size = tree_leaf(w, workers, leaves)
         ip, port, _ = aggregators[leaf]
-        out.append({"aggregator": addresses_text([(ip, port)]), "job": job, "token": token,
-                    "workers": workers, "group": leaf_group(group, leaf), "timeout": timeout,
-                    "slots": slots, "payload": payload,
-                    "auth_file": auth_files[w] if auth is not None else "",
-                    "mac": mac if auth is not None else "",
-                    "cost": _cost_field(_cost_dict(cost)), "leaf_ids": [index, size]})
+        out.append(
+            {
+                "aggregator": addresses_text([(ip, port)]),
+                "job": job,
+                "token": token,
+                "workers": workers,
+                "group": leaf_group(group, leaf),
+                "timeout": timeout,
+                "slots": slots,
+                "payload": payload,
+                "auth_file": auth_files[w] if auth is not None else "",
+                "mac": mac if auth is not None else "",
+                "cost": _cost_field(_cost_dict(cost)),
+                "leaf_ids": [index, size],
+            }
+        )
     return out
 
 
@@ -375,13 +459,23 @@ def renew(controls, fields, secret=None):
 
         secret = hg_auth.load_secret(fields["auth_file"])
     if secret is None and fields.get("mac"):
-        raise ConfigError(f"job {job} authenticates ({fields['mac']}): renewing it needs its "
-                          "secret (the file a worker's job file names as auth_file)")
+        raise ConfigError(
+            f"job {job} authenticates ({fields['mac']}): renewing it needs its "
+            "secret (the file a worker's job file names as auth_file)"
+        )
     unregister(controls, job, warn=lambda k, e: None)  # gone already is fine
-    return register(controls, [_address(a) for a in fields["aggregator"].split(",")],
-                    workers=fields["workers"], slots=fields["slots"],
-                    payload=fields["payload"], group=fields.get("group") or None,
-                    timeout=fields["timeout"], job=job, token=fields["token"],
-                    auth=secret, mac=fields.get("mac") or None,
-                    auth_file=fields.get("auth_file") or "",
-                    cost=fields.get("cost"))
+    return register(
+        controls,
+        [_address(a) for a in fields["aggregator"].split(",")],
+        workers=fields["workers"],
+        slots=fields["slots"],
+        payload=fields["payload"],
+        group=fields.get("group") or None,
+        timeout=fields["timeout"],
+        job=job,
+        token=fields["token"],
+        auth=secret,
+        mac=fields.get("mac") or None,
+        auth_file=fields.get("auth_file") or "",
+        cost=fields.get("cost"),
+    )

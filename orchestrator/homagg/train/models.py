@@ -31,6 +31,7 @@ structure a model can learn (the loss falls within a few steps).
 
 ``MODELS`` maps the names to (factory, SGD learning rate).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -62,8 +63,9 @@ class NCF(nn.Module):
         self.scale = scale
         self.user = nn.Embedding(users, dim)
         self.item = nn.Embedding(items, dim)
-        self.mlp = nn.Sequential(nn.Linear(2 * dim, hidden), nn.ReLU(),
-                                 nn.Linear(hidden, hidden // 2), nn.ReLU())
+        self.mlp = nn.Sequential(
+            nn.Linear(2 * dim, hidden), nn.ReLU(), nn.Linear(hidden, hidden // 2), nn.ReLU()
+        )
         self.out = nn.Linear(hidden // 2 + dim, 1)
         nn.init.normal_(self.user.weight, std=0.3 / scale)
         nn.init.normal_(self.item.weight, std=0.3 / scale)
@@ -215,8 +217,9 @@ class VGGLike(nn.Module):
     def __init__(self, classes=10, cfg=(32, 32, "M", 64, 64, "M", 128, "M", 128, "M")):
         super().__init__()
         self.features, c = _vgg_features(cfg)
-        self.classifier = nn.Sequential(nn.Flatten(), nn.Linear(c * 2 * 2, 256), nn.ReLU(),
-                                        nn.Linear(256, classes))
+        self.classifier = nn.Sequential(
+            nn.Flatten(), nn.Linear(c * 2 * 2, 256), nn.ReLU(), nn.Linear(256, classes)
+        )
 
     def forward(self, x):
         return self.classifier(self.features(x))

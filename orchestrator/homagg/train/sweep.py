@@ -16,6 +16,7 @@ train_linkrate.png (speedup vs link rate, one line per model), as
 The testbeds share the machine with whatever else runs: every speedup is
 the ratio of two phases measured one after the other in the same run.
 """
+
 from __future__ import annotations
 
 import os
@@ -24,27 +25,37 @@ from homagg.errors import TrainError
 
 
 def parse_rates(text: str) -> list[float]:
-    """"100,1000,10000" -> [100.0, 1000.0, 10000.0]; TrainError naming the flag."""
+    """ "100,1000,10000" -> [100.0, 1000.0, 10000.0]; TrainError naming the flag."""
     try:
         rates = [float(v) for v in str(text).split(",") if v.strip()]
     except ValueError:
         rates = []
     if not rates or any(not r >= 1 for r in rates):
-        raise TrainError(f"--link-mbit {text!r}: expected comma-separated link rates in "
-                         "Mbit/s, each at least 1, e.g. 100,1000,10000")
+        raise TrainError(
+            f"--link-mbit {text!r}: expected comma-separated link rates in "
+            "Mbit/s, each at least 1, e.g. 100,1000,10000"
+        )
     return list(dict.fromkeys(rates))
 
 
 def parse_models(text: str) -> list[str]:
-    """"ncf,lstm" -> ["ncf", "lstm"] (a model file path:factory has no comma)."""
+    """ "ncf,lstm" -> ["ncf", "lstm"] (a model file path:factory has no comma)."""
     models = [m.strip() for m in str(text).split(",") if m.strip()]
     if not models:
         raise TrainError(f"--model {text!r}: name at least one model")
     return list(dict.fromkeys(models))
 
 
-def run_sweep(models, link_rates, *, workers: int = 4, testbed_name: str = "trainsweep",
-              state_dir: str | None = None, out_dir: str | None = None, **train_kw) -> dict:
+def run_sweep(
+    models,
+    link_rates,
+    *,
+    workers: int = 4,
+    testbed_name: str = "trainsweep",
+    state_dir: str | None = None,
+    out_dir: str | None = None,
+    **train_kw,
+) -> dict:
     """Every model at every link rate (module doc); returns the report."""
     from homagg.bench import report as bench_report
     from homagg.bindings.codec import codec_isa
@@ -52,16 +63,21 @@ def run_sweep(models, link_rates, *, workers: int = 4, testbed_name: str = "trai
     from homagg.train import train as trainmod
 
     if train_kw.get("method") == "gloo":
-        raise TrainError("--link-mbit with --method gloo: a sweep compares HomAgg with Gloo; "
-                         "choose a HomAgg method (default auto)")
+        raise TrainError(
+            "--link-mbit with --method gloo: a sweep compares HomAgg with Gloo; "
+            "choose a HomAgg method (default auto)"
+        )
     if not train_kw.get("baseline", True):
-        raise TrainError("--link-mbit with --no-baseline: the sweep reports the speedup "
-                         "over Gloo DDP, which needs the baseline phase")
+        raise TrainError(
+            "--link-mbit with --no-baseline: the sweep reports the speedup "
+            "over Gloo DDP, which needs the baseline phase"
+        )
     if workers < 2:
         raise TrainError(f"--workers {workers}: a sweep needs at least 2 ranks")
     for m in models:
-        trainmod.check_arguments(train_kw.get("method", "auto"), m,
-                                 train_kw.get("steps", 5), train_kw.get("warmup", 1))
+        trainmod.check_arguments(
+            train_kw.get("method", "auto"), m, train_kw.get("steps", 5), train_kw.get("warmup", 1)
+        )
     require_root("homagg train --link-mbit")
     rows = []
     for rate in link_rates:
@@ -73,17 +89,25 @@ def run_sweep(models, link_rates, *, workers: int = 4, testbed_name: str = "trai
                 rep = trainmod.run_train(tb.name, model=m, state_dir=state_dir, **train_kw)
                 rows.append(_row(rate, m, rep))
                 r = rows[-1]
-                trainmod.progress(f"{m} at {rate:g} Mbit/s: {_fmt_speedup(r['speedup_vs_gloo'])}"
-                                  f" Gloo (HomAgg {_ms(r['iteration_seconds'])}, Gloo "
-                                  f"{_ms(r['gloo_iteration_seconds'])})")
+                trainmod.progress(
+                    f"{m} at {rate:g} Mbit/s: {_fmt_speedup(r['speedup_vs_gloo'])}"
+                    f" Gloo (HomAgg {_ms(r['iteration_seconds'])}, Gloo "
+                    f"{_ms(r['gloo_iteration_seconds'])})"
+                )
         finally:
             Testbed.down(testbed_name, state_dir=state_dir)
-    out = bench_report.header(benchmark="train_sweep", link_mbit=list(link_rates),
-                              models=list(models), workers=workers,
-                              method=train_kw.get("method", "auto"),
-                              steps=train_kw.get("steps"), warmup=train_kw.get("warmup"),
-                              codec_isa=codec_isa(), _extra_versions=("torch",),
-                              results=rows)
+    out = bench_report.header(
+        benchmark="train_sweep",
+        link_mbit=list(link_rates),
+        models=list(models),
+        workers=workers,
+        method=train_kw.get("method", "auto"),
+        steps=train_kw.get("steps"),
+        warmup=train_kw.get("warmup"),
+        codec_isa=codec_isa(),
+        _extra_versions=("torch",),
+        results=rows,
+    )
     if out_dir:
         os.makedirs(out_dir, exist_ok=True)
         import json
@@ -101,30 +125,49 @@ def _row(rate, model, rep) -> dict:
     for b in rep.get("buckets", []):
         for p, n in b.get("paths", {}).items():
             paths[p] = paths.get(p, 0) + n
-    return {"link_mbit": rate, "model": model, "ranks": rep["ranks"],
-            "testbed_link_mbit": rep.get("link_mbit"), "cost": rep.get("cost"),
-            "speedup_vs_gloo": rep.get("speedup_vs_gloo"),
-            "iteration_seconds": rep.get("iteration_seconds"),
-            "gloo_iteration_seconds": rep.get("gloo_iteration_seconds"),
-            "compute_seconds": rep.get("compute_seconds"),
-            "exposed_comm_seconds": rep.get("exposed_comm_seconds"),
-            "gloo_exposed_comm_seconds": rep.get("gloo_exposed_comm_seconds"),
-            "hook_cpu_seconds": rep.get("hook_cpu_seconds"),
-            "bytes_per_rank": sum(rep["bytes_per_rank"]) / len(rep["bytes_per_rank"]),
-            "gloo_bytes_per_rank": (sum(rep["gloo_bytes_per_rank"])
-                                    / len(rep["gloo_bytes_per_rank"])
-                                    if rep.get("gloo_bytes_per_rank") else None),
-            "bucket_paths": paths,
-            "buckets": [{k: b.get(k) for k in ("bucket", "numel", "density", "methods",
-                                                "paths", "seconds", "cpu_seconds",
-                                                "predicted_homagg_seconds",
-                                                "predicted_baseline_seconds",
-                                                "arrival_spread_seconds",
-                                                "seconds_after_last_arrival",
-                                                "agree_seconds")}
-                        for b in rep.get("buckets", [])],
-            "params_identical_across_ranks": rep.get("params_identical_across_ranks"),
-            "replay_bit_identical": rep.get("replay_bit_identical")}
+    return {
+        "link_mbit": rate,
+        "model": model,
+        "ranks": rep["ranks"],
+        "testbed_link_mbit": rep.get("link_mbit"),
+        "cost": rep.get("cost"),
+        "speedup_vs_gloo": rep.get("speedup_vs_gloo"),
+        "iteration_seconds": rep.get("iteration_seconds"),
+        "gloo_iteration_seconds": rep.get("gloo_iteration_seconds"),
+        "compute_seconds": rep.get("compute_seconds"),
+        "exposed_comm_seconds": rep.get("exposed_comm_seconds"),
+        "gloo_exposed_comm_seconds": rep.get("gloo_exposed_comm_seconds"),
+        "hook_cpu_seconds": rep.get("hook_cpu_seconds"),
+        "bytes_per_rank": sum(rep["bytes_per_rank"]) / len(rep["bytes_per_rank"]),
+        "gloo_bytes_per_rank": (
+            sum(rep["gloo_bytes_per_rank"]) / len(rep["gloo_bytes_per_rank"])
+            if rep.get("gloo_bytes_per_rank")
+            else None
+        ),
+        "bucket_paths": paths,
+        "buckets": [
+            {
+                k: b.get(k)
+                for k in (
+                    "bucket",
+                    "numel",
+                    "density",
+                    "methods",
+                    "paths",
+                    "seconds",
+                    "cpu_seconds",
+                    "predicted_homagg_seconds",
+                    "predicted_baseline_seconds",
+                    "arrival_spread_seconds",
+                    "seconds_after_last_arrival",
+                    "agree_seconds",
+                )
+            }
+            for b in rep.get("buckets", [])
+        ],
+        "params_identical_across_ranks": rep.get("params_identical_across_ranks"),
+        "replay_bit_identical": rep.get("replay_bit_identical"),
+    }
 
 
 def _ms(v):
@@ -138,25 +181,29 @@ def _fmt_speedup(v):
 def render(report: dict) -> str:
     """The sweep as a Markdown table."""
     m = report.get("machine", {})
-    lines = [f"`{report.get('command', 'homagg train --link-mbit ...')}`: {report['workers']} "
-             f"ranks, method {report['method']}, {report['steps']} timed steps after "
-             f"{report['warmup']} warmup; {m.get('cpu', 'CPU unknown')}, {m.get('cpus')} "
-             f"vCPU, codec ISA path {report.get('codec_isa')}; each speedup is two phases "
-             "measured one after the other in the same run", "",
-             "| link | model | speedup vs Gloo | HomAgg iteration | Gloo iteration | "
-             "buckets homagg / baseline | bytes/rank HomAgg / Gloo | exact |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"`{report.get('command', 'homagg train --link-mbit ...')}`: {report['workers']} "
+        f"ranks, method {report['method']}, {report['steps']} timed steps after "
+        f"{report['warmup']} warmup; {m.get('cpu', 'CPU unknown')}, {m.get('cpus')} "
+        f"vCPU, codec ISA path {report.get('codec_isa')}; each speedup is two phases "
+        "measured one after the other in the same run",
+        "",
+        "| link | model | speedup vs Gloo | HomAgg iteration | Gloo iteration | "
+        "buckets homagg / baseline | bytes/rank HomAgg / Gloo | exact |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in report["results"]:
         p = r["bucket_paths"]
         gb = r.get("gloo_bytes_per_rank")
-        exact = (r["params_identical_across_ranks"]
-                 and r["replay_bit_identical"] is not False)
-        lines.append(f"| {r['link_mbit']:g} Mbit/s | {r['model']} | "
-                     f"{_fmt_speedup(r['speedup_vs_gloo'])} | {_ms(r['iteration_seconds'])} | "
-                     f"{_ms(r['gloo_iteration_seconds'])} | {p.get('homagg', 0)} / "
-                     f"{p.get('baseline', 0)} | {r['bytes_per_rank'] / 1e6:.2f} / "
-                     + (f"{gb / 1e6:.2f} MB" if gb is not None else "-")
-                     + f" | {'yes' if exact else 'NO'} |")
+        exact = r["params_identical_across_ranks"] and r["replay_bit_identical"] is not False
+        lines.append(
+            f"| {r['link_mbit']:g} Mbit/s | {r['model']} | "
+            f"{_fmt_speedup(r['speedup_vs_gloo'])} | {_ms(r['iteration_seconds'])} | "
+            f"{_ms(r['gloo_iteration_seconds'])} | {p.get('homagg', 0)} / "
+            f"{p.get('baseline', 0)} | {r['bytes_per_rank'] / 1e6:.2f} / "
+            + (f"{gb / 1e6:.2f} MB" if gb is not None else "-")
+            + f" | {'yes' if exact else 'NO'} |"
+        )
     return "\n".join(lines)
 
 
@@ -168,17 +215,28 @@ def plot(report: dict, out_dir: str) -> str:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     for model in report["models"]:
-        rs = sorted((r for r in report["results"] if r["model"] == model
-                     and r.get("speedup_vs_gloo") is not None), key=lambda r: r["link_mbit"])
+        rs = sorted(
+            (
+                r
+                for r in report["results"]
+                if r["model"] == model and r.get("speedup_vs_gloo") is not None
+            ),
+            key=lambda r: r["link_mbit"],
+        )
         if rs:
-            ax.plot([r["link_mbit"] / 1000 for r in rs], [r["speedup_vs_gloo"] for r in rs],
-                    marker="o", label=os.path.basename(model))
+            ax.plot(
+                [r["link_mbit"] / 1000 for r in rs],
+                [r["speedup_vs_gloo"] for r in rs],
+                marker="o",
+                label=os.path.basename(model),
+            )
     ax.axhline(1.0, color="grey", linewidth=0.8)
     ax.set_xscale("log")
     ax.set_xlabel("link rate (Gbit/s)")
     ax.set_ylabel("speedup vs Gloo DDP (iteration time)")
-    ax.set_title(f"{report['workers']} ranks, HomAgg {report['method']}, "
-                 f"codec {report.get('codec_isa')}")
+    ax.set_title(
+        f"{report['workers']} ranks, HomAgg {report['method']}, codec {report.get('codec_isa')}"
+    )
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()

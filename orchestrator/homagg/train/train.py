@@ -81,6 +81,7 @@ per rate and model and a plot of it (homagg.train.sweep).
 
 --out DIR writes train.json, loss_vs_step.png and loss_vs_time.png.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -134,8 +135,9 @@ def load_factory(model: str):
         return models.MODELS[model]
     path, sep, name = model.rpartition(":")
     if not sep or not path.endswith(".py"):
-        raise TrainError(f"--model {model!r}: not one of {sorted(models.MODELS)} "
-                         "nor path/to/file.py:factory")
+        raise TrainError(
+            f"--model {model!r}: not one of {sorted(models.MODELS)} nor path/to/file.py:factory"
+        )
     if not os.path.exists(path):
         raise TrainError(f"--model {model!r}: no file {path}")
     spec = importlib.util.spec_from_file_location("homagg_user_model", path)
@@ -191,8 +193,10 @@ def _phase(spec, dist, torch, method, record_dir, snapshot):
     if not snapshot:
         snapshot.update({k: v.detach().clone() for k, v in ddp.module.state_dict().items()})
         if record_dir:
-            np.savez(os.path.join(record_dir, f"init-{rank}.npz"),
-                     **{n: p.detach().numpy() for n, p in ddp.module.named_parameters()})
+            np.savez(
+                os.path.join(record_dir, f"init-{rank}.npz"),
+                **{n: p.detach().numpy() for n, p in ddp.module.named_parameters()},
+            )
     else:
         with torch.no_grad():
             ddp.module.load_state_dict(snapshot)
@@ -204,17 +208,28 @@ def _phase(spec, dist, torch, method, record_dir, snapshot):
     state = None
     record = {"step": 0, "buckets": [], "digests": []}
     if method != "gloo":
+
         def recorder(index, x, y, params, path="homagg"):
             # the process group's result too where it reduced the bucket
             # (baseline or fallback): the replay applies it, there is no
             # fixed-point reference of Gloo's float sum
-            record["buckets"].append({"step": record["step"], "bucket": index,
-                                      "params": [names[id(p)] for p in params], "x": x,
-                                      "path": path,
-                                      "y": y.copy() if path != "homagg" else None})
-        state = hgt.HookState(method=method, sparsify=_sparsifier(spec.get("sparsify")),
-                              recorder=recorder if record_dir else None,
-                              baseline=not spec.get("homagg_only", False))
+            record["buckets"].append(
+                {
+                    "step": record["step"],
+                    "bucket": index,
+                    "params": [names[id(p)] for p in params],
+                    "x": x,
+                    "path": path,
+                    "y": y.copy() if path != "homagg" else None,
+                }
+            )
+
+        state = hgt.HookState(
+            method=method,
+            sparsify=_sparsifier(spec.get("sparsify")),
+            recorder=recorder if record_dir else None,
+            baseline=not spec.get("homagg_only", False),
+        )
         ddp.register_comm_hook(state, hgt.allreduce_hook)
     steps, warmup = spec["steps"], spec["warmup"]
     losses, step_s, bwd_s, buckets = [], [], [], []
@@ -237,8 +252,7 @@ def _phase(spec, dist, torch, method, record_dir, snapshot):
             t3 = time.perf_counter()
             losses.append(float(loss.detach()))
             if record_dir and method != "gloo":  # the replay names the first step that differs
-                record["digests"].append({n: _digest(p) for n, p in
-                                          ddp.module.named_parameters()})
+                record["digests"].append({n: _digest(p) for n, p in ddp.module.named_parameters()})
             if step >= warmup:
                 step_s.append(t3 - t0)
                 bwd_s.append(t2 - t1)
@@ -246,8 +260,7 @@ def _phase(spec, dist, torch, method, record_dir, snapshot):
                 log = state.take_log()
                 if step >= warmup:
                     buckets.extend(log)
-                    timeline.extend([step, e["bucket"], e["handed_over"], e["done"]]
-                                    for e in log)
+                    timeline.extend([step, e["bucket"], e["handed_over"], e["done"]] for e in log)
                     # what DDP waited for after the last bucket was handed over
                     last = state.last_call
                     exposed_s.append(t2 - last if last is not None and last >= t1 else None)
@@ -273,23 +286,37 @@ def _phase(spec, dist, torch, method, record_dir, snapshot):
     finally:
         if state is not None:
             state.close()
-    out = {"rank": rank, "method": method, "losses": losses, "step_seconds": step_s,
-           "backward_seconds": bwd_s, "compute_seconds": compute_s,
-           "compute_backward_seconds": compute_bwd_s,
-           "exposed_after_last_bucket_seconds": exposed_s, "hook_cpu_seconds": hook_cpu_s,
-           "torch_threads": torch.get_num_threads(),
-           "tx_bytes_per_step": (tx1 - tx0) / max(1, steps),
-           "buckets": _bucket_summary(buckets), "initial_digest": initial.hexdigest(),
-           "bucket_timeline": timeline}
+    out = {
+        "rank": rank,
+        "method": method,
+        "losses": losses,
+        "step_seconds": step_s,
+        "backward_seconds": bwd_s,
+        "compute_seconds": compute_s,
+        "compute_backward_seconds": compute_bwd_s,
+        "exposed_after_last_bucket_seconds": exposed_s,
+        "hook_cpu_seconds": hook_cpu_s,
+        "torch_threads": torch.get_num_threads(),
+        "tx_bytes_per_step": (tx1 - tx0) / max(1, steps),
+        "buckets": _bucket_summary(buckets),
+        "initial_digest": initial.hexdigest(),
+        "bucket_timeline": timeline,
+    }
     if record_dir:
         np.savez(os.path.join(record_dir, f"params-{method}-{rank}.npz"), **final)
         if method != "gloo":
             arrays = {f"s{b['step']}_b{b['bucket']}": b["x"] for b in record["buckets"]}
-            arrays.update({f"s{b['step']}_b{b['bucket']}_y": b["y"]
-                           for b in record["buckets"] if b["y"] is not None})
+            arrays.update(
+                {
+                    f"s{b['step']}_b{b['bucket']}_y": b["y"]
+                    for b in record["buckets"]
+                    if b["y"] is not None
+                }
+            )
             np.savez(os.path.join(record_dir, f"grads-{rank}.npz"), **arrays)
-            layout = [{k: b[k] for k in ("step", "bucket", "params", "path")}
-                      for b in record["buckets"]]
+            layout = [
+                {k: b[k] for k in ("step", "bucket", "params", "path")} for b in record["buckets"]
+            ]
             with open(os.path.join(record_dir, f"layout-{rank}.json"), "w") as f:
                 json.dump(layout, f)
             with open(os.path.join(record_dir, f"digests-{rank}.json"), "w") as f:
@@ -301,9 +328,19 @@ def _bucket_summary(log):
     """Per bucket index: numel, mean density, methods run, payload bytes."""
     by = {}
     for e in log:
-        b = by.setdefault(e["bucket"], {"bucket": e["bucket"], "numel": e["numel"],
-                                        "density": [], "methods": {}, "bytes_sent": [],
-                                        "seconds": [], "cpu_seconds": [], "paths": {}})
+        b = by.setdefault(
+            e["bucket"],
+            {
+                "bucket": e["bucket"],
+                "numel": e["numel"],
+                "density": [],
+                "methods": {},
+                "bytes_sent": [],
+                "seconds": [],
+                "cpu_seconds": [],
+                "paths": {},
+            },
+        )
         if e["nnz"] is not None:  # None: summed in place by the group, not counted
             b["density"].append(e["nnz"] / max(1, e["numel"]))
         b["methods"][e["method"]] = b["methods"].get(e["method"], 0) + 1
@@ -318,18 +355,25 @@ def _bucket_summary(log):
                 b.setdefault(k, []).append(e[k])
     out = []
     for b in sorted(by.values(), key=lambda b: b["bucket"]):
-        out.append({"bucket": b["bucket"], "numel": b["numel"],
-                    "density": float(np.mean(b["density"])) if b["density"] else None,
-                    "methods": b["methods"],
-                    "bytes_sent": float(np.mean([v or 0 for v in b["bytes_sent"]])),
-                    "seconds": float(np.median(b["seconds"])),
-                    "cpu_seconds": float(np.median(b["cpu_seconds"])), "paths": b["paths"],
-                    "agree_seconds": float(np.median(b["agree_seconds"])),
-                    "predicted_homagg_seconds": float(np.median(b["predicted_homagg_seconds"]))
-                    if b.get("predicted_homagg_seconds") else None,
-                    "predicted_baseline_seconds":
-                    float(np.median(b["predicted_baseline_seconds"]))
-                    if b.get("predicted_baseline_seconds") else None})
+        out.append(
+            {
+                "bucket": b["bucket"],
+                "numel": b["numel"],
+                "density": float(np.mean(b["density"])) if b["density"] else None,
+                "methods": b["methods"],
+                "bytes_sent": float(np.mean([v or 0 for v in b["bytes_sent"]])),
+                "seconds": float(np.median(b["seconds"])),
+                "cpu_seconds": float(np.median(b["cpu_seconds"])),
+                "paths": b["paths"],
+                "agree_seconds": float(np.median(b["agree_seconds"])),
+                "predicted_homagg_seconds": float(np.median(b["predicted_homagg_seconds"]))
+                if b.get("predicted_homagg_seconds")
+                else None,
+                "predicted_baseline_seconds": float(np.median(b["predicted_baseline_seconds"]))
+                if b.get("predicted_baseline_seconds")
+                else None,
+            }
+        )
     return out
 
 
@@ -350,13 +394,17 @@ def _arrivals(phases: list[dict]) -> dict:
         e = per.setdefault(key[1], ([], []))
         e[0].append(max(hs) - min(hs))
         e[1].append(max(ds) - max(hs))
-    return {b: {"arrival_spread_seconds": float(np.median(sp)),
-                "seconds_after_last_arrival": float(np.median(af))}
-            for b, (sp, af) in per.items()}
+    return {
+        b: {
+            "arrival_spread_seconds": float(np.median(sp)),
+            "seconds_after_last_arrival": float(np.median(af)),
+        }
+        for b, (sp, af) in per.items()
+    }
 
 
 def _sparsifier(text):
-    """"topk:F" or "threshold:V" (the CLI's --sparsify) -> homagg.torch object."""
+    """ "topk:F" or "threshold:V" (the CLI's --sparsify) -> homagg.torch object."""
     if not text:
         return None
     import homagg.torch as hgt
@@ -382,9 +430,13 @@ def _child(spec: dict) -> int:
     # the ranks on this host share its cores; one core per rank stays free
     # for the hook's thread (torch's default, every core per rank, competes)
     torch.set_num_threads(hgt.threads_per_rank(spec.get("local_ranks", 1)))
-    dist.init_process_group("gloo", init_method=spec["init"], rank=spec["rank"],
-                            world_size=spec["world"],
-                            timeout=datetime.timedelta(seconds=spec["start_timeout"]))
+    dist.init_process_group(
+        "gloo",
+        init_method=spec["init"],
+        rank=spec["rank"],
+        world_size=spec["world"],
+        timeout=datetime.timedelta(seconds=spec["start_timeout"]),
+    )
     try:
         reports, snapshot = [], {}
         for method in spec["phases"]:
@@ -460,11 +512,12 @@ def replay(workdir: str, model: str, world: int, seed: int, lr: float, block: in
             for name in e["params"]:
                 p = params[name]
                 n = p.numel()
-                p.grad = torch.from_numpy(y[off:off + n].copy()).reshape(p.shape)
+                p.grad = torch.from_numpy(y[off : off + n].copy()).reshape(p.shape)
                 off += n
             if off != y.size:
-                raise TrainError(f"replay: bucket {e['bucket']} holds {y.size} elements, "
-                                 f"its parameters {off}")
+                raise TrainError(
+                    f"replay: bucket {e['bucket']} holds {y.size} elements, its parameters {off}"
+                )
         opt.step()
         if first_mismatch is None and step < len(digests):
             for name, p in params.items():
@@ -480,13 +533,21 @@ def replay(workdir: str, model: str, world: int, seed: int, lr: float, block: in
         diff = max(diff, float(np.max(np.abs(a.astype(np.float64) - b))))
     paths = [e.get("path", "homagg") for e in layouts[0]]
     if not same and first_mismatch is None:
-        first_mismatch = {"step": steps[-1] if steps else None,
-                          "parameter": next(n for n, p in params.items()
-                                            if not np.array_equal(p.detach().numpy(), final[n]))}
-    return {"bit_identical": same, "max_abs_diff": diff, "steps": len(steps),
-            "buckets": len(layouts[0]), "first_mismatch": first_mismatch,
-            "baseline_buckets": paths.count("baseline"),
-            "fallback_buckets": paths.count("fallback")}
+        first_mismatch = {
+            "step": steps[-1] if steps else None,
+            "parameter": next(
+                n for n, p in params.items() if not np.array_equal(p.detach().numpy(), final[n])
+            ),
+        }
+    return {
+        "bit_identical": same,
+        "max_abs_diff": diff,
+        "steps": len(steps),
+        "buckets": len(layouts[0]),
+        "first_mismatch": first_mismatch,
+        "baseline_buckets": paths.count("baseline"),
+        "fallback_buckets": paths.count("fallback"),
+    }
 
 
 def _group_result(grads, key, world):
@@ -496,15 +557,18 @@ def _group_result(grads, key, world):
     inputs; else TrainError."""
     ys = [g[key + "_y"] for g in grads]
     if any(not np.array_equal(y.view(np.uint32), ys[0].view(np.uint32)) for y in ys[1:]):
-        raise TrainError(f"replay: the ranks recorded different results of {key} "
-                         "(reduced by the process group)")
+        raise TrainError(
+            f"replay: the ranks recorded different results of {key} (reduced by the process group)"
+        )
     xs = np.stack([g[key] for g in grads]).astype(np.float64)
     exact = xs.sum(axis=0) / world
     # a float32 sum of W terms, then a division: at most (W + 1) roundings
     bound = (world + 1) * np.finfo(np.float32).eps * (np.abs(xs).sum(axis=0) / world) + 1e-45
     if np.any(np.abs(ys[0].astype(np.float64) - exact) > bound):
-        raise TrainError(f"replay: the process group's result of {key} is not the average "
-                         "of the recorded gradients")
+        raise TrainError(
+            f"replay: the process group's result of {key} is not the average "
+            "of the recorded gradients"
+        )
     return ys[0]
 
 
@@ -517,7 +581,7 @@ def _max_diff(workdir: str, a: str, b: str) -> float:
 
 def _homagg_phase(workdir):
     names = [p.name for p in pathlib.Path(workdir).glob("params-*-0.npz")]
-    phases = [n[len("params-"):-len("-0.npz")] for n in names]
+    phases = [n[len("params-") : -len("-0.npz")] for n in names]
     phases = [m for m in phases if m != "gloo"]
     if len(phases) != 1:
         raise TrainError(f"replay: expected one HomAgg phase in {workdir}, found {phases}")
@@ -536,18 +600,22 @@ def _phase_summary(reports: list[dict]) -> dict:
     comp = np.max([r.get("compute_seconds", []) for r in reports], axis=0)
     # exposed communication: the backward pass minus the same backward
     # without communication (no_sync), per step the slowest rank
-    exposed = np.max([np.array(r["backward_seconds"]) -
-                      np.median(r.get("compute_backward_seconds") or [0.0])
-                      for r in reports], axis=0)
-    after_last = [max((v for v in col if v is not None), default=None)
-                  for col in zip(*[r.get("exposed_after_last_bucket_seconds", [])
-                                   for r in reports])]
+    exposed = np.max(
+        [
+            np.array(r["backward_seconds"]) - np.median(r.get("compute_backward_seconds") or [0.0])
+            for r in reports
+        ],
+        axis=0,
+    )
+    after_last = [
+        max((v for v in col if v is not None), default=None)
+        for col in zip(*[r.get("exposed_after_last_bucket_seconds", []) for r in reports])
+    ]
     after_last = [v for v in after_last if v is not None]
     hook_cpu = [max(col) for col in zip(*[r.get("hook_cpu_seconds", []) for r in reports])]
     return {
         "exposed_comm_seconds": float(np.median(exposed)) if exposed.size else None,
-        "exposed_after_last_bucket_seconds": float(np.median(after_last)) if after_last
-        else None,
+        "exposed_after_last_bucket_seconds": float(np.median(after_last)) if after_last else None,
         "hook_cpu_seconds": float(np.median(hook_cpu)) if hook_cpu else None,
         "torch_threads": reports[0].get("torch_threads"),
         "iteration_seconds": float(np.median(step)) if step.size else None,
@@ -566,53 +634,88 @@ def summarize(method: str, rank_reports: list[dict], workdir: str, args_like: di
     for rr in rank_reports:
         for ph in rr["phases"]:
             by_method.setdefault(ph["method"], []).append(ph)
-    rep = {"method": method, "model": args_like["model"], "ranks": W,
-           "steps": args_like["steps"], "warmup": args_like["warmup"],
-           "lr": args_like["lr"], "seed": args_like["seed"],
-           "bucket_mb": args_like["bucket_mb"], "sparsify": args_like.get("sparsify")}
+    rep = {
+        "method": method,
+        "model": args_like["model"],
+        "ranks": W,
+        "steps": args_like["steps"],
+        "warmup": args_like["warmup"],
+        "lr": args_like["lr"],
+        "seed": args_like["seed"],
+        "bucket_mb": args_like["bucket_mb"],
+        "sparsify": args_like.get("sparsify"),
+    }
     # every phase of every rank started from the same parameters (hash)
-    rep["initial_params_same_in_phases"] = len({ph.get("initial_digest")
-                                                for rr in rank_reports
-                                                for ph in rr["phases"]}) == 1
+    rep["initial_params_same_in_phases"] = (
+        len({ph.get("initial_digest") for rr in rank_reports for ph in rr["phases"]}) == 1
+    )
     gloo = _phase_summary(by_method["gloo"]) if "gloo" in by_method else None
     if gloo:
-        rep.update({"gloo_iteration_seconds": gloo["iteration_seconds"],
-                    "gloo_exposed_comm_seconds": gloo["exposed_comm_seconds"],
-                    "gloo_compute_seconds": gloo["compute_seconds"],
-                    "gloo_backward_comm_seconds": gloo["backward_comm_seconds"],
-                    "gloo_bytes_per_rank": gloo["bytes_per_rank"],
-                    "gloo_losses": gloo["losses"], "gloo_step_seconds": gloo["step_seconds"]})
+        rep.update(
+            {
+                "gloo_iteration_seconds": gloo["iteration_seconds"],
+                "gloo_exposed_comm_seconds": gloo["exposed_comm_seconds"],
+                "gloo_compute_seconds": gloo["compute_seconds"],
+                "gloo_backward_comm_seconds": gloo["backward_comm_seconds"],
+                "gloo_bytes_per_rank": gloo["bytes_per_rank"],
+                "gloo_losses": gloo["losses"],
+                "gloo_step_seconds": gloo["step_seconds"],
+            }
+        )
     if method == "gloo":
-        rep.update({"iteration_seconds": gloo["iteration_seconds"],
-                    "compute_seconds": gloo["compute_seconds"],
-                    "backward_comm_seconds": gloo["backward_comm_seconds"],
-                    "exposed_comm_seconds": gloo["exposed_comm_seconds"],
-                    "torch_threads": gloo["torch_threads"],
-                    "bytes_per_rank": gloo["bytes_per_rank"], "losses": gloo["losses"],
-                    "step_seconds": gloo["step_seconds"], "speedup_vs_gloo": 1.0,
-                    "params_identical_across_ranks": params_identical(workdir, "gloo", W),
-                    "replay_bit_identical": None, "buckets": []})
+        rep.update(
+            {
+                "iteration_seconds": gloo["iteration_seconds"],
+                "compute_seconds": gloo["compute_seconds"],
+                "backward_comm_seconds": gloo["backward_comm_seconds"],
+                "exposed_comm_seconds": gloo["exposed_comm_seconds"],
+                "torch_threads": gloo["torch_threads"],
+                "bytes_per_rank": gloo["bytes_per_rank"],
+                "losses": gloo["losses"],
+                "step_seconds": gloo["step_seconds"],
+                "speedup_vs_gloo": 1.0,
+                "params_identical_across_ranks": params_identical(workdir, "gloo", W),
+                "replay_bit_identical": None,
+                "buckets": [],
+            }
+        )
         return rep
     mine = _phase_summary(by_method[method])
-    rep.update({k: mine[k] for k in ("iteration_seconds", "compute_seconds",
-                                     "backward_comm_seconds", "exposed_comm_seconds",
-                                     "exposed_after_last_bucket_seconds",
-                                     "hook_cpu_seconds", "torch_threads",
-                                     "bytes_per_rank", "losses", "step_seconds",
-                                     "losses_per_rank")})
+    rep.update(
+        {
+            k: mine[k]
+            for k in (
+                "iteration_seconds",
+                "compute_seconds",
+                "backward_comm_seconds",
+                "exposed_comm_seconds",
+                "exposed_after_last_bucket_seconds",
+                "hook_cpu_seconds",
+                "torch_threads",
+                "bytes_per_rank",
+                "losses",
+                "step_seconds",
+                "losses_per_rank",
+            )
+        }
+    )
     rep["buckets"] = by_method[method][0]["buckets"]
     if args_like.get("one_host"):
         # the ranks share this host's CLOCK_MONOTONIC: when each handed a bucket over
         arrivals = _arrivals(by_method[method])
         for b in rep["buckets"]:
             b.update(arrivals.get(b["bucket"], {}))
-    rep["speedup_vs_gloo"] = (gloo["iteration_seconds"] / mine["iteration_seconds"]
-                              if gloo and mine["iteration_seconds"] else None)
+    rep["speedup_vs_gloo"] = (
+        gloo["iteration_seconds"] / mine["iteration_seconds"]
+        if gloo and mine["iteration_seconds"]
+        else None
+    )
     rep["params_identical_across_ranks"] = params_identical(workdir, method, W)
     from homagg._native import lib
 
-    rp = replay(workdir, args_like["model"], W, args_like["seed"], args_like["lr"],
-                lib.HG_DEFAULT_BLOCK)
+    rp = replay(
+        workdir, args_like["model"], W, args_like["seed"], args_like["lr"], lib.HG_DEFAULT_BLOCK
+    )
     rep["replay_bit_identical"] = rp["bit_identical"] if method in EXACT_METHODS else None
     rep["fallback_buckets"] = rp.get("fallback_buckets", 0)
     rep["baseline_buckets"] = rp.get("baseline_buckets", 0)
@@ -640,7 +743,7 @@ def plot(rep: dict, out_dir: str) -> list[str]:
                 ax.plot(range(len(losses)), losses, marker=".", label=name)
             else:  # timed steps only: cumulative wall time of the slowest rank
                 t = np.cumsum(secs)
-                ax.plot(t, losses[warm:warm + len(t)], marker=".", label=name)
+                ax.plot(t, losses[warm : warm + len(t)], marker=".", label=name)
         ax.set_xlabel("step" if kind == "step" else "wall time of the timed steps (s)")
         ax.set_ylabel("training loss (mean over ranks)")
         ax.set_title(f"{rep['model']}, {rep['ranks']} ranks")
@@ -657,15 +760,46 @@ def plot(rep: dict, out_dir: str) -> list[str]:
 # Local testbed
 
 
-def rank_spec(*, rank, world, init, model, seed, lr, steps, warmup, bucket_mb, phases, workdir,
-              ifname, sparsify, start_timeout, local_ranks=1, homagg_only=False) -> dict:
+def rank_spec(
+    *,
+    rank,
+    world,
+    init,
+    model,
+    seed,
+    lr,
+    steps,
+    warmup,
+    bucket_mb,
+    phases,
+    workdir,
+    ifname,
+    sparsify,
+    start_timeout,
+    local_ranks=1,
+    homagg_only=False,
+) -> dict:
     """One rank's job; ``local_ranks``: the ranks sharing its host's cores;
     ``homagg_only``: no bucket through the process group by the cost
     model's choice (homagg.torch's ``baseline=False``)."""
-    return dict(rank=rank, world=world, init=init, model=model, seed=seed, lr=lr, steps=steps,
-                warmup=warmup, bucket_mb=bucket_mb, phases=phases, workdir=workdir,
-                ifname=ifname, sparsify=sparsify, start_timeout=start_timeout,
-                local_ranks=local_ranks, homagg_only=homagg_only)
+    return dict(
+        rank=rank,
+        world=world,
+        init=init,
+        model=model,
+        seed=seed,
+        lr=lr,
+        steps=steps,
+        warmup=warmup,
+        bucket_mb=bucket_mb,
+        phases=phases,
+        workdir=workdir,
+        ifname=ifname,
+        sparsify=sparsify,
+        start_timeout=start_timeout,
+        local_ranks=local_ranks,
+        homagg_only=homagg_only,
+    )
 
 
 def _phases(method: str, baseline: bool) -> list[str]:
@@ -780,28 +914,46 @@ def _files(phases: list[str]) -> list[str]:
     return out + ["init-{rank}.npz"]
 
 
-def _fits(fields: dict, W: int, count: int, leaves: int, auth: bool, slots: int | None,
-          payload: int, timeout: float) -> bool:
+def _fits(
+    fields: dict,
+    W: int,
+    count: int,
+    leaves: int,
+    auth: bool,
+    slots: int | None,
+    payload: int,
+    timeout: float,
+) -> bool:
     """Whether the standing job of job-file ``fields`` is the run's: as many
     workers, the same aggregators (no tree), authenticated if asked, and
     the slots (when given), payload and timeout asked for."""
-    return (fields["workers"] == W and not leaves
-            and len(fields["aggregator"].split(",")) == count
-            and (not auth or bool(fields.get("auth_file")))
-            and (slots is None or fields["slots"] == slots)
-            and fields["payload"] == payload and float(fields["timeout"]) == float(timeout))
+    return (
+        fields["workers"] == W
+        and not leaves
+        and len(fields["aggregator"].split(",")) == count
+        and (not auth or bool(fields.get("auth_file")))
+        and (slots is None or fields["slots"] == slots)
+        and fields["payload"] == payload
+        and float(fields["timeout"]) == float(timeout)
+    )
 
 
-def placement(testbed: str | None = None, inventory: str | None = None,
-              state_dir: str | None = None, runs_dir: str | None = None,
-              label: str = "train"):
+def placement(
+    testbed: str | None = None,
+    inventory: str | None = None,
+    state_dir: str | None = None,
+    runs_dir: str | None = None,
+    label: str = "train",
+):
     """The placement of ``homagg train``: local testbed ``testbed`` or the
     hosts of inventory file ``inventory`` (results and logs under
     ``runs_dir``, "runs" by default there)."""
     if inventory:
         if state_dir:
-            raise TrainError("--state-dir names a local testbed's state (--testbed); "
-                             "inventory hosts keep theirs in INSTALL_DIR/run/")
+            raise TrainError(
+                "--state-dir names a local testbed's state (--testbed); "
+                "inventory hosts keep theirs in INSTALL_DIR/run/"
+            )
         from homagg.deploy.remote import inventory as inv
         from homagg.deploy.remote.placement import InventoryPlacement
 
@@ -811,15 +963,32 @@ def placement(testbed: str | None = None, inventory: str | None = None,
     return TestbedPlacement(testbed, state_dir, runs_dir=runs_dir, label=label)
 
 
-def run_train(testbed: "str | Placement", model: str = "ncf", method: str = "auto",
-              steps: int = 5, warmup: int = 1, ranks: int | None = None,
-              lr: float | None = None, seed: int = 1, bucket_mb: float = 4.0,
-              baseline: bool = True, sparsify: str | None = None, timeout: float = 10.0,
-              state_dir: str | None = None, switch: str | None = None,
-              slots: int | None = None, payload: int = 1024, group: str = "239.77.0.2",
-              out_dir: str | None = None, auth: bool = False, cost_model: bool = True,
-              aggregators: int | None = None, leaves: int | None = None,
-              start_timeout: float = 120.0, homagg_only: bool = False) -> TrainReport:
+def run_train(
+    testbed: "str | Placement",
+    model: str = "ncf",
+    method: str = "auto",
+    steps: int = 5,
+    warmup: int = 1,
+    ranks: int | None = None,
+    lr: float | None = None,
+    seed: int = 1,
+    bucket_mb: float = 4.0,
+    baseline: bool = True,
+    sparsify: str | None = None,
+    timeout: float = 10.0,
+    state_dir: str | None = None,
+    switch: str | None = None,
+    slots: int | None = None,
+    payload: int = 1024,
+    group: str = "239.77.0.2",
+    out_dir: str | None = None,
+    auth: bool = False,
+    cost_model: bool = True,
+    aggregators: int | None = None,
+    leaves: int | None = None,
+    start_timeout: float = 120.0,
+    homagg_only: bool = False,
+) -> TrainReport:
     """Train on a placement: ``testbed`` is a local testbed's name (with
     ``state_dir``) or a homagg.deploy.placement.Placement (e.g.
     homagg.deploy.remote.placement.InventoryPlacement for inventory hosts).
@@ -863,11 +1032,13 @@ def run_train(testbed: "str | Placement", model: str = "ncf", method: str = "aut
     W = len(pl.workers)
     slots_given, slots = slots, resolve_slots(slots, W)
     if method == "gloo":
-        given = [n for n, v in (("--auth", auth), ("--leaves", leaves),
-                                ("--aggregators", aggregators)) if v]
+        given = [
+            n
+            for n, v in (("--auth", auth), ("--leaves", leaves), ("--aggregators", aggregators))
+            if v
+        ]
         if given:
-            raise TrainError(f"--method gloo trains without an aggregator: drop "
-                             f"{', '.join(given)}")
+            raise TrainError(f"--method gloo trains without an aggregator: drop {', '.join(given)}")
         leaves, count = 0, 0
     else:
         leaves, count = aggregator_count(pl, aggregators, leaves, auth)
@@ -883,12 +1054,21 @@ def run_train(testbed: "str | Placement", model: str = "ncf", method: str = "aut
     sws, job, standing, files, pids = [], None, None, [], []
     try:
         if method != "gloo":
-            sws = pl.open_daemons(count, frames=W * slots, pmd="auto", switch=switch,
-                                  drop_rate=0.0, idle_us=None, idle_polls=None, lcores=1)
+            sws = pl.open_daemons(
+                count,
+                frames=W * slots,
+                pmd="auto",
+                switch=switch,
+                drop_rate=0.0,
+                idle_us=None,
+                idle_polls=None,
+                lcores=1,
+            )
             controls = [s.control for s in sws]
             standing = pl.standing_job()
-            if standing and not _fits(standing[0], W, count, leaves, auth, slots_given,
-                                      payload, timeout):
+            if standing and not _fits(
+                standing[0], W, count, leaves, auth, slots_given, payload, timeout
+            ):
                 standing = None
             if standing:  # the standing job afresh, and its job files
                 job = job_file.renew(controls, standing[0], secret=standing[2])
@@ -902,12 +1082,24 @@ def run_train(testbed: "str | Placement", model: str = "ncf", method: str = "aut
                     for k, x in enumerate(leaf_secrets or ()):
                         pl.place_secret(x, f"leaf-{k}.secret")
                     per_rank = job_file.register_tree(
-                        controls, [(a.ip, UDP_PORT, a.mac) for a in pl.aggregators[:count]],
-                        leaves=leaves, workers=W, slots=slots, payload=payload, group=group,
-                        timeout=timeout, cost=job_cost, auth=root, leaf_auth=leaf_secrets,
-                        auth_files=[f"{pl.worker_dir(r)}/leaf-"
-                                    f"{job_file.tree_leaf(r, W, leaves)[0]}.secret"
-                                    for r in range(W)] if auth else None)
+                        controls,
+                        [(a.ip, UDP_PORT, a.mac) for a in pl.aggregators[:count]],
+                        leaves=leaves,
+                        workers=W,
+                        slots=slots,
+                        payload=payload,
+                        group=group,
+                        timeout=timeout,
+                        cost=job_cost,
+                        auth=root,
+                        leaf_auth=leaf_secrets,
+                        auth_files=[
+                            f"{pl.worker_dir(r)}/leaf-{job_file.tree_leaf(r, W, leaves)[0]}.secret"
+                            for r in range(W)
+                        ]
+                        if auth
+                        else None,
+                    )
                     del root, leaf_secrets
                 else:
                     # a new secret in every worker's folder (Placement.place_secret)
@@ -915,29 +1107,57 @@ def run_train(testbed: "str | Placement", model: str = "ncf", method: str = "aut
                     if auth:
                         pl.place_secret(secret)
                     job0 = job_file.register(
-                        controls, [(s.ip, UDP_PORT) for s in sws], workers=W, slots=slots,
-                        payload=payload, group=group, timeout=timeout, auth=secret,
-                        auth_file="job.secret" if auth else "", cost=job_cost)
+                        controls,
+                        [(s.ip, UDP_PORT) for s in sws],
+                        workers=W,
+                        slots=slots,
+                        payload=payload,
+                        group=group,
+                        timeout=timeout,
+                        auth=secret,
+                        auth_file="job.secret" if auth else "",
+                        cost=job_cost,
+                    )
                     del secret
-                    per_rank = [dict(job0, auth_file=f"{pl.worker_dir(r)}/job.secret"
-                                     if auth else "") for r in range(W)]
+                    per_rank = [
+                        dict(job0, auth_file=f"{pl.worker_dir(r)}/job.secret" if auth else "")
+                        for r in range(W)
+                    ]
                 job = per_rank[0]
                 files = [pl.put_job_file(r, f"job-{r}.json", per_rank[r]) for r in range(W)]
-            progress(f"job {job['job']} on {', '.join(s.host for s in sws)} "
-                     f"({'the standing' if standing else 'own'} job"
-                     f"{f', a tree of {leaves} leaves' if leaves else ''}, pmd {sws[0].pmd})")
-        progress(f"starting {W} ranks of {model} ({' then '.join(phases)}: {warmup} warmup + "
-                 f"{steps} timed steps each); the ranks load torch and build the model first")
+            progress(
+                f"job {job['job']} on {', '.join(s.host for s in sws)} "
+                f"({'the standing' if standing else 'own'} job"
+                f"{f', a tree of {leaves} leaves' if leaves else ''}, pmd {sws[0].pmd})"
+            )
+        progress(
+            f"starting {W} ranks of {model} ({' then '.join(phases)}: {warmup} warmup + "
+            f"{steps} timed steps each); the ranks load torch and build the model first"
+        )
         init = f"tcp://{pl.worker_ip(0)}:{GLOO_PORT + secrets.randbelow(2000)}"
         specs, envs = [], []
         for r in range(W):
             iface = pl.worker_iface(r)
-            specs.append(rank_spec(rank=r, world=W, init=init, model=model, seed=seed, lr=lr,
-                                   steps=steps, warmup=warmup, bucket_mb=bucket_mb,
-                                   phases=phases, workdir=pl.worker_dir(r), ifname=iface,
-                                   sparsify=sparsify, start_timeout=start_timeout,
-                                   local_ranks=pl.ranks_per_host(),
-                                   homagg_only=homagg_only))
+            specs.append(
+                rank_spec(
+                    rank=r,
+                    world=W,
+                    init=init,
+                    model=model,
+                    seed=seed,
+                    lr=lr,
+                    steps=steps,
+                    warmup=warmup,
+                    bucket_mb=bucket_mb,
+                    phases=phases,
+                    workdir=pl.worker_dir(r),
+                    ifname=iface,
+                    sparsify=sparsify,
+                    start_timeout=start_timeout,
+                    local_ranks=pl.ranks_per_host(),
+                    homagg_only=homagg_only,
+                )
+            )
             env = {"OMP_NUM_THREADS": "1", "HOMAGG_BIND": pl.worker_ip(r)}
             if iface:
                 env["GLOO_SOCKET_IFNAME"] = iface
@@ -948,32 +1168,56 @@ def run_train(testbed: "str | Placement", model: str = "ncf", method: str = "aut
         budget = 60.0 + start_timeout + (steps + warmup) * (timeout + 30.0)
         reports, failures = pl.collect(budget)
         if failures:
-            raise TrainError(f"training {model} with {method} failed on {len(failures)} of "
-                             f"{W} ranks: " + "; ".join(failures))
+            raise TrainError(
+                f"training {model} with {method} failed on {len(failures)} of "
+                f"{W} ranks: " + "; ".join(failures)
+            )
         reports.sort(key=lambda r: r["rank"])
         folder = None
         for r in range(W):
             folder = pl.fetch(r, [n.format(rank=r) for n in _files(phases)])
-        progress(f"{W} ranks done; checking the parameters"
-                 + (" and replaying the reference" if method in EXACT_METHODS else ""))
-        summary = summarize(method, reports, folder, dict(
-            model=model, steps=steps, warmup=warmup, lr=lr, seed=seed, bucket_mb=bucket_mb,
-            sparsify=sparsify,
-            # the ranks of a local testbed share this host's clock: arrival times
-            one_host=pl.kind == "testbed"))
+        progress(
+            f"{W} ranks done; checking the parameters"
+            + (" and replaying the reference" if method in EXACT_METHODS else "")
+        )
+        summary = summarize(
+            method,
+            reports,
+            folder,
+            dict(
+                model=model,
+                steps=steps,
+                warmup=warmup,
+                lr=lr,
+                seed=seed,
+                bucket_mb=bucket_mb,
+                sparsify=sparsify,
+                # the ranks of a local testbed share this host's clock: arrival times
+                one_host=pl.kind == "testbed",
+            ),
+        )
         rep = TrainReport(
-            **summary, placement=pl.kind, testbed=pl.testbed, inventory=pl.inventory,
-            link_mbit=pl.link_mbit, pmd=sws[0].pmd if sws else None,
-            aggregators=[s.ip for s in sws], aggregator_hosts=[s.host for s in sws],
-            leaves=leaves, job=job["job"] if job else None,
+            **summary,
+            placement=pl.kind,
+            testbed=pl.testbed,
+            inventory=pl.inventory,
+            link_mbit=pl.link_mbit,
+            pmd=sws[0].pmd if sws else None,
+            aggregators=[s.ip for s in sws],
+            aggregator_hosts=[s.host for s in sws],
+            leaves=leaves,
+            job=job["job"] if job else None,
             job_file=files[0] if files else None,
             auth=bool(job and job.get("auth_file")),
             mac=(job.get("mac") or None) if job else None,
             slots=job["slots"] if job else slots,
             payload_bytes=job["payload"] if job else payload,
             cost=(job.get("cost") or None) if job else None,
-            worker_hosts=list(pl.workers), rank_pids=pids, run_dir=pl.run_dir,
-            homagg_only=homagg_only)
+            worker_hosts=list(pl.workers),
+            rank_pids=pids,
+            run_dir=pl.run_dir,
+            homagg_only=homagg_only,
+        )
         if out_dir:
             os.makedirs(out_dir, exist_ok=True)
             rep.plots = plot(rep, out_dir)
@@ -992,8 +1236,11 @@ def run_train(testbed: "str | Placement", model: str = "ncf", method: str = "aut
                 except (HomAggError, OSError) as e:
                     _log.warning("the standing job %s not renewed: %s", job["job"], e)
             else:
-                job_file.unregister(controls, job["job"], warn=lambda k, e: _log.warning(
-                    "host '%s': %s", sws[k].host, e))
+                job_file.unregister(
+                    controls,
+                    job["job"],
+                    warn=lambda k, e: _log.warning("host '%s': %s", sws[k].host, e),
+                )
         pl.close()
 
 
@@ -1004,68 +1251,146 @@ def run_train(testbed: "str | Placement", model: str = "ncf", method: str = "aut
 def add_arguments(p: argparse.ArgumentParser) -> None:
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("--testbed", metavar="NAME", help="a testbed made with `homagg testbed up`")
-    where.add_argument("-i", "--inventory", metavar="TOML",
-                       help="real hosts: testbed.toml (docs/INVENTORY.md), after `homagg up -i`")
-    where.add_argument("--link-mbit", metavar="RATES", default=None,
-                       help="a link-rate sweep, e.g. 100,1000,10000: one local testbed per rate "
-                       "(--workers, --testbed-name; root), every --model on each, the speedup "
-                       "per rate and model and, with --out, train_linkrate.png "
-                       "(homagg.train.sweep)")
-    p.add_argument("--model", default="ncf", metavar="NAME|FILE.py:FACTORY",
-                   help=f"{', '.join(BUILTIN_MODELS)} or path/to/file.py:factory (default ncf); "
-                   "with --link-mbit a comma-separated list")
-    p.add_argument("--workers", type=int, default=4,
-                   help="with --link-mbit: worker namespaces (ranks) of each testbed (default 4)")
-    p.add_argument("--testbed-name", default="trainsweep",
-                   help="with --link-mbit: the name of the testbeds it builds and removes "
-                   "(default trainsweep)")
-    p.add_argument("--method", default="auto", choices=METHODS,
-                   help="HomAgg method of the hook, or gloo: plain Gloo DDP only (default auto)")
+    where.add_argument(
+        "-i",
+        "--inventory",
+        metavar="TOML",
+        help="real hosts: testbed.toml (docs/INVENTORY.md), after `homagg up -i`",
+    )
+    where.add_argument(
+        "--link-mbit",
+        metavar="RATES",
+        default=None,
+        help="a link-rate sweep, e.g. 100,1000,10000: one local testbed per rate "
+        "(--workers, --testbed-name; root), every --model on each, the speedup "
+        "per rate and model and, with --out, train_linkrate.png "
+        "(homagg.train.sweep)",
+    )
+    p.add_argument(
+        "--model",
+        default="ncf",
+        metavar="NAME|FILE.py:FACTORY",
+        help=f"{', '.join(BUILTIN_MODELS)} or path/to/file.py:factory (default ncf); "
+        "with --link-mbit a comma-separated list",
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=4,
+        help="with --link-mbit: worker namespaces (ranks) of each testbed (default 4)",
+    )
+    p.add_argument(
+        "--testbed-name",
+        default="trainsweep",
+        help="with --link-mbit: the name of the testbeds it builds and removes "
+        "(default trainsweep)",
+    )
+    p.add_argument(
+        "--method",
+        default="auto",
+        choices=METHODS,
+        help="HomAgg method of the hook, or gloo: plain Gloo DDP only (default auto)",
+    )
     p.add_argument("--steps", type=int, default=10, help="timed steps (default 10)")
     p.add_argument("--warmup", type=int, default=1, help="untimed steps first (default 1)")
-    p.add_argument("--ranks", type=int, default=None,
-                   help="use the first N worker hosts (default: every worker)")
-    p.add_argument("--lr", type=float, default=None,
-                   help=f"SGD learning rate (default: the model's; {DEFAULT_LR} for a file)")
+    p.add_argument(
+        "--ranks",
+        type=int,
+        default=None,
+        help="use the first N worker hosts (default: every worker)",
+    )
+    p.add_argument(
+        "--lr",
+        type=float,
+        default=None,
+        help=f"SGD learning rate (default: the model's; {DEFAULT_LR} for a file)",
+    )
     p.add_argument("--seed", type=int, default=1, help="model and data seed (default 1)")
-    p.add_argument("--bucket-mb", type=float, default=4.0,
-                   help="DDP bucket_cap_mb: gradient bucket size (default 4)")
-    p.add_argument("--sparsify", default=None, metavar="topk:F|threshold:V",
-                   help="sparsify every bucket with error feedback (default off)")
-    p.add_argument("--no-baseline", action="store_true",
-                   help="skip the Gloo DDP phase (no speedup reported)")
-    p.add_argument("--timeout", type=float, default=10.0,
-                   help="an allreduce gives up after this many seconds without progress")
-    p.add_argument("--slots", type=int, default=None,
-                   help="aggregator slots of the job = packets in flight per rank (default: "
-                   "the most, up to 64, with ranks x slots <= 4096: "
-                   "homagg.protocol.default_slots)")
-    p.add_argument("--payload-bytes", type=int, default=1024, metavar="BYTES",
-                   help="payload per packet, up to 8192 on links with MTU 9000 (default 1024)")
+    p.add_argument(
+        "--bucket-mb",
+        type=float,
+        default=4.0,
+        help="DDP bucket_cap_mb: gradient bucket size (default 4)",
+    )
+    p.add_argument(
+        "--sparsify",
+        default=None,
+        metavar="topk:F|threshold:V",
+        help="sparsify every bucket with error feedback (default off)",
+    )
+    p.add_argument(
+        "--no-baseline", action="store_true", help="skip the Gloo DDP phase (no speedup reported)"
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=10.0,
+        help="an allreduce gives up after this many seconds without progress",
+    )
+    p.add_argument(
+        "--slots",
+        type=int,
+        default=None,
+        help="aggregator slots of the job = packets in flight per rank (default: "
+        "the most, up to 64, with ranks x slots <= 4096: "
+        "homagg.protocol.default_slots)",
+    )
+    p.add_argument(
+        "--payload-bytes",
+        type=int,
+        default=1024,
+        metavar="BYTES",
+        help="payload per packet, up to 8192 on links with MTU 9000 (default 1024)",
+    )
     p.add_argument("--switch", default=None, metavar="PATH", help="homagg-switch binary")
     p.add_argument("--state-dir", default=None, metavar="DIR", help="testbed state directory")
-    p.add_argument("--runs-dir", default=None, metavar="DIR",
-                   help="the ranks' reports, parameters and logs stay in "
-                   "DIR/<timestamp>-train-<method>/ (default: runs with -i; none on a testbed)")
-    p.add_argument("--out", default=None, metavar="DIR",
-                   help="write train.json and the loss plots into DIR")
-    p.add_argument("--no-cost-model", dest="cost_model", action="store_false",
-                   help="a job registered for this run chooses by bytes even with a known link "
-                   "rate (docs/PROTOCOL.md \"The cost model\"; a testbed's own job keeps its "
-                   "`homagg testbed up` setting)")
-    p.add_argument("--homagg-only", action="store_true",
-                   help="every bucket through HomAgg: the cost model never sends one through "
-                   "the process group's allreduce (docs/TRAINING.md \"Never slower than the "
-                   "baseline\")")
-    p.add_argument("--auth", action="store_true",
-                   help="authenticate every frame (a new job secret, given to the ranks in "
-                   "a 0600 file named by the job file; refused where the placement cannot "
-                   "place the secret, with the reason)")
-    p.add_argument("--aggregators", type=int, default=None, metavar="K",
-                   help="spread the job over the first K aggregator hosts (default: all)")
-    p.add_argument("--leaves", type=int, default=None, metavar="L",
-                   help="a two-level tree: the first L aggregator hosts are leaves below the "
-                   "next, the root (default: the testbed's `homagg testbed up --leaves`)")
+    p.add_argument(
+        "--runs-dir",
+        default=None,
+        metavar="DIR",
+        help="the ranks' reports, parameters and logs stay in "
+        "DIR/<timestamp>-train-<method>/ (default: runs with -i; none on a testbed)",
+    )
+    p.add_argument(
+        "--out", default=None, metavar="DIR", help="write train.json and the loss plots into DIR"
+    )
+    p.add_argument(
+        "--no-cost-model",
+        dest="cost_model",
+        action="store_false",
+        help="a job registered for this run chooses by bytes even with a known link "
+        'rate (docs/PROTOCOL.md "The cost model"; a testbed\'s own job keeps its '
+        "`homagg testbed up` setting)",
+    )
+    p.add_argument(
+        "--homagg-only",
+        action="store_true",
+        help="every bucket through HomAgg: the cost model never sends one through "
+        "the process group's allreduce (docs/TRAINING.md \"Never slower than the "
+        'baseline")',
+    )
+    p.add_argument(
+        "--auth",
+        action="store_true",
+        help="authenticate every frame (a new job secret, given to the ranks in "
+        "a 0600 file named by the job file; refused where the placement cannot "
+        "place the secret, with the reason)",
+    )
+    p.add_argument(
+        "--aggregators",
+        type=int,
+        default=None,
+        metavar="K",
+        help="spread the job over the first K aggregator hosts (default: all)",
+    )
+    p.add_argument(
+        "--leaves",
+        type=int,
+        default=None,
+        metavar="L",
+        help="a two-level tree: the first L aggregator hosts are leaves below the "
+        "next, the root (default: the testbed's `homagg testbed up --leaves`)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -1077,36 +1402,76 @@ def main(args: argparse.Namespace) -> int:
             from homagg.train import sweep
 
             if args.ranks is not None or args.inventory or args.auth or args.testbed:
-                raise TrainError("--link-mbit builds its own testbeds: --workers sets their "
-                                 "ranks; --testbed, -i, --ranks and --auth are for one run")
-            kw = dict(method=args.method, steps=args.steps, warmup=args.warmup, lr=args.lr,
-                      seed=args.seed, bucket_mb=args.bucket_mb, baseline=not args.no_baseline,
-                      sparsify=args.sparsify, timeout=args.timeout, slots=args.slots,
-                      payload=args.payload_bytes)
-            rep = sweep.run_sweep(sweep.parse_models(args.model),
-                                  sweep.parse_rates(args.link_mbit), workers=args.workers,
-                                  testbed_name=args.testbed_name, state_dir=args.state_dir,
-                                  out_dir=args.out, switch=args.switch,
-                                  cost_model=args.cost_model, homagg_only=args.homagg_only, **kw)
+                raise TrainError(
+                    "--link-mbit builds its own testbeds: --workers sets their "
+                    "ranks; --testbed, -i, --ranks and --auth are for one run"
+                )
+            kw = dict(
+                method=args.method,
+                steps=args.steps,
+                warmup=args.warmup,
+                lr=args.lr,
+                seed=args.seed,
+                bucket_mb=args.bucket_mb,
+                baseline=not args.no_baseline,
+                sparsify=args.sparsify,
+                timeout=args.timeout,
+                slots=args.slots,
+                payload=args.payload_bytes,
+            )
+            rep = sweep.run_sweep(
+                sweep.parse_models(args.model),
+                sweep.parse_rates(args.link_mbit),
+                workers=args.workers,
+                testbed_name=args.testbed_name,
+                state_dir=args.state_dir,
+                out_dir=args.out,
+                switch=args.switch,
+                cost_model=args.cost_model,
+                homagg_only=args.homagg_only,
+                **kw,
+            )
             if args.json:
                 print(json.dumps(rep))
             else:
                 print(sweep.render(rep))
                 for path in rep.get("plots", []):
                     print(f"plot: {path}")
-            ok = all(r["params_identical_across_ranks"] and r["replay_bit_identical"] is not False
-                     for r in rep["results"])
+            ok = all(
+                r["params_identical_across_ranks"] and r["replay_bit_identical"] is not False
+                for r in rep["results"]
+            )
             return 0 if ok else 3
-        pl = placement(testbed=args.testbed, inventory=args.inventory, state_dir=args.state_dir,
-                       runs_dir=args.runs_dir, label=f"train-{args.method}")
-        rep = run_train(pl, model=args.model, method=args.method, steps=args.steps,
-                        warmup=args.warmup, ranks=args.ranks, lr=args.lr, seed=args.seed,
-                        bucket_mb=args.bucket_mb, baseline=not args.no_baseline,
-                        sparsify=args.sparsify, timeout=args.timeout, switch=args.switch,
-                        slots=args.slots, payload=args.payload_bytes, out_dir=args.out,
-                        auth=args.auth, cost_model=args.cost_model,
-                        aggregators=args.aggregators, leaves=args.leaves,
-                        homagg_only=args.homagg_only)
+        pl = placement(
+            testbed=args.testbed,
+            inventory=args.inventory,
+            state_dir=args.state_dir,
+            runs_dir=args.runs_dir,
+            label=f"train-{args.method}",
+        )
+        rep = run_train(
+            pl,
+            model=args.model,
+            method=args.method,
+            steps=args.steps,
+            warmup=args.warmup,
+            ranks=args.ranks,
+            lr=args.lr,
+            seed=args.seed,
+            bucket_mb=args.bucket_mb,
+            baseline=not args.no_baseline,
+            sparsify=args.sparsify,
+            timeout=args.timeout,
+            switch=args.switch,
+            slots=args.slots,
+            payload=args.payload_bytes,
+            out_dir=args.out,
+            auth=args.auth,
+            cost_model=args.cost_model,
+            aggregators=args.aggregators,
+            leaves=args.leaves,
+            homagg_only=args.homagg_only,
+        )
     except (HomAggError, TestbedError) as e:
         print(f"homagg train: {e}", file=sys.stderr)
         return 1
@@ -1120,66 +1485,105 @@ def print_report(rep: dict, as_json: bool = False) -> int:
     if as_json:
         print(json.dumps(rep.as_dict() if hasattr(rep, "as_dict") else rep))
         return 0 if ok else 3
-    print(f"train {rep['model']}: {rep['ranks']} ranks, method {rep['method']}, "
-          f"{rep['steps']} timed steps after {rep['warmup']} warmup, lr {rep['lr']:g}")
+    print(
+        f"train {rep['model']}: {rep['ranks']} ranks, method {rep['method']}, "
+        f"{rep['steps']} timed steps after {rep['warmup']} warmup, lr {rep['lr']:g}"
+    )
 
     def ms(v):
         return "-" if v is None else f"{v * 1e3:.1f} ms"
-    print(f"  iteration: {ms(rep['iteration_seconds'])} (backward + communication "
-          f"{ms(rep['backward_comm_seconds'])}, forward + backward alone "
-          f"{ms(rep.get('compute_seconds'))}), bytes sent per rank and step "
-          f"{np.mean(rep['bytes_per_rank']):.0f} B")
+
+    print(
+        f"  iteration: {ms(rep['iteration_seconds'])} (backward + communication "
+        f"{ms(rep['backward_comm_seconds'])}, forward + backward alone "
+        f"{ms(rep.get('compute_seconds'))}), bytes sent per rank and step "
+        f"{np.mean(rep['bytes_per_rank']):.0f} B"
+    )
     if rep.get("gloo_iteration_seconds") is not None and rep["method"] != "gloo":
-        print(f"  gloo DDP:  {ms(rep['gloo_iteration_seconds'])} (backward + communication "
-              f"{ms(rep['gloo_backward_comm_seconds'])}, forward + backward alone "
-              f"{ms(rep.get('gloo_compute_seconds'))}), bytes sent per rank and step "
-              f"{np.mean(rep['gloo_bytes_per_rank']):.0f} B")
+        print(
+            f"  gloo DDP:  {ms(rep['gloo_iteration_seconds'])} (backward + communication "
+            f"{ms(rep['gloo_backward_comm_seconds'])}, forward + backward alone "
+            f"{ms(rep.get('gloo_compute_seconds'))}), bytes sent per rank and step "
+            f"{np.mean(rep['gloo_bytes_per_rank']):.0f} B"
+        )
         print(f"  speedup vs gloo: {rep['speedup_vs_gloo']:.2f}x")
-    print(f"  exposed communication (backward minus backward alone): "
-          f"{ms(rep.get('exposed_comm_seconds'))}"
-          + (f" (gloo {ms(rep.get('gloo_exposed_comm_seconds'))})"
-             if rep.get("gloo_exposed_comm_seconds") is not None and rep["method"] != "gloo"
-             else "")
-          + (f", after the last bucket {ms(rep.get('exposed_after_last_bucket_seconds'))}"
-             if rep.get("exposed_after_last_bucket_seconds") is not None else "")
-          + (f"; hook CPU per iteration {ms(rep.get('hook_cpu_seconds'))}"
-             if rep.get("hook_cpu_seconds") is not None else "")
-          + f"; torch threads per rank {rep.get('torch_threads')}")
+    print(
+        f"  exposed communication (backward minus backward alone): "
+        f"{ms(rep.get('exposed_comm_seconds'))}"
+        + (
+            f" (gloo {ms(rep.get('gloo_exposed_comm_seconds'))})"
+            if rep.get("gloo_exposed_comm_seconds") is not None and rep["method"] != "gloo"
+            else ""
+        )
+        + (
+            f", after the last bucket {ms(rep.get('exposed_after_last_bucket_seconds'))}"
+            if rep.get("exposed_after_last_bucket_seconds") is not None
+            else ""
+        )
+        + (
+            f"; hook CPU per iteration {ms(rep.get('hook_cpu_seconds'))}"
+            if rep.get("hook_cpu_seconds") is not None
+            else ""
+        )
+        + f"; torch threads per rank {rep.get('torch_threads')}"
+    )
     for b in rep.get("buckets", []):
         methods = ", ".join(f"{m} x{n}" for m, n in b["methods"].items())
         paths = ", ".join(f"{p} x{n}" for p, n in b.get("paths", {}).items())
         pred = ""
         if b.get("predicted_homagg_seconds") is not None:
-            pred = (f"; predicted homagg {ms(b['predicted_homagg_seconds'])}, "
-                    f"baseline {ms(b['predicted_baseline_seconds'])}")
+            pred = (
+                f"; predicted homagg {ms(b['predicted_homagg_seconds'])}, "
+                f"baseline {ms(b['predicted_baseline_seconds'])}"
+            )
         if b.get("arrival_spread_seconds") is not None:
-            pred += (f"; ranks handed it over {ms(b['arrival_spread_seconds'])} apart, "
-                     f"{ms(b['seconds_after_last_arrival'])} after the last")
+            pred += (
+                f"; ranks handed it over {ms(b['arrival_spread_seconds'])} apart, "
+                f"{ms(b['seconds_after_last_arrival'])} after the last"
+            )
         if b.get("agree_seconds"):
             pred += f"; agreeing over the process group {ms(b['agree_seconds'])}"
         density = "n/a" if b["density"] is None else f"{b['density']:.4f}"
-        print(f"  bucket {b['bucket']}: {b['numel']} elements, density {density}, "
-              f"path {paths}, method {methods}, {b['bytes_sent']:.0f} payload bytes, "
-              f"{ms(b['seconds'])} (hook CPU {ms(b.get('cpu_seconds'))}){pred}")
+        print(
+            f"  bucket {b['bucket']}: {b['numel']} elements, density {density}, "
+            f"path {paths}, method {methods}, {b['bytes_sent']:.0f} payload bytes, "
+            f"{ms(b['seconds'])} (hook CPU {ms(b.get('cpu_seconds'))}){pred}"
+        )
     print("  loss: " + " ".join(f"{v:.4f}" for v in rep["losses"]))
     print(f"  parameters bit-identical across ranks: {rep['params_identical_across_ranks']}")
     replay = rep["replay_bit_identical"]
-    print("  bit-identical to the single-process reference replay: "
-          + (str(replay) if replay is not None else "n/a (the gloo baseline alone)"
-             if rep["method"] == "gloo" else f"n/a ({rep['method']} is lossy)")
-          + (f" ({rep['baseline_buckets']} buckets through the process group by the cost "
-             "model's choice, the group's result replayed)" if rep.get("baseline_buckets") else "")
-          + (f" ({rep['fallback_buckets']} buckets through the process group by "
-             "homagg.torch's fallback, the group's result replayed)"
-             if rep.get("fallback_buckets") else ""))
+    print(
+        "  bit-identical to the single-process reference replay: "
+        + (
+            str(replay)
+            if replay is not None
+            else "n/a (the gloo baseline alone)"
+            if rep["method"] == "gloo"
+            else f"n/a ({rep['method']} is lossy)"
+        )
+        + (
+            f" ({rep['baseline_buckets']} buckets through the process group by the cost "
+            "model's choice, the group's result replayed)"
+            if rep.get("baseline_buckets")
+            else ""
+        )
+        + (
+            f" ({rep['fallback_buckets']} buckets through the process group by "
+            "homagg.torch's fallback, the group's result replayed)"
+            if rep.get("fallback_buckets")
+            else ""
+        )
+    )
     miss = (rep.get("replay") or {}).get("first_mismatch")
     if rep["replay_bit_identical"] is False and miss:
         print(f"  the replay first differs at step {miss['step']}, parameter {miss['parameter']}")
     if not rep.get("initial_params_same_in_phases", True):
         print("  warning: the phases started from different parameters")
     if rep.get("loss_band_vs_gloo") is not None:
-        print(f"  largest relative loss distance from the gloo run: {rep['loss_band_vs_gloo']:.2e}"
-              f" (largest parameter difference {rep['max_param_diff_vs_gloo']:.2e})")
+        print(
+            f"  largest relative loss distance from the gloo run: {rep['loss_band_vs_gloo']:.2e}"
+            f" (largest parameter difference {rep['max_param_diff_vs_gloo']:.2e})"
+        )
     for path in rep.get("plots") or []:
         print(f"  plot: {path}")
     return 0 if ok else 3

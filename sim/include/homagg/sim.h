@@ -40,29 +40,29 @@ extern "C" {
 #define HG_SIM_INCARNATION 1000
 
 struct hg_sim_config {
-	double loss;            /* probability a frame is dropped, per link hop */
-	double duplicate;       /* probability a frame is delivered twice */
-	double reorder;         /* probability a frame is held back (reordered) */
-	uint64_t reorder_ns;    /* how long a reordered frame is held back (0 = 10 us) */
-	uint64_t delay_ns;      /* one-way propagation delay of every link */
-	double link_gbps;       /* line rate of every worker's link, 0 = unlimited */
-	uint64_t seed;          /* seed of every fault stream */
+	double loss;      /* probability a frame is dropped, per link hop */
+	double duplicate; /* probability a frame is delivered twice */
+	double reorder;   /* probability a frame is held back (reordered) */
+	uint64_t reorder_ns; /* how long a reordered frame is held back (0 = 10 us) */
+	uint64_t delay_ns; /* one-way propagation delay of every link */
+	double link_gbps;  /* line rate of every worker's link, 0 = unlimited */
+	uint64_t seed;     /* seed of every fault stream */
 	uint32_t payload_bytes; /* 0 = HG_DEFAULT_PAYLOAD */
-	bool unicast_results;   /* false: results by multicast (fabric replicates) */
-	double agg_link_gbps;   /* line rate of the aggregator's link, 0 = link_gbps
+	bool unicast_results; /* false: results by multicast (fabric replicates) */
+	double agg_link_gbps; /* line rate of the aggregator's link, 0 = link_gbps
 				 * (a real aggregator or switch port is usually
 				 * faster than one worker's link) */
-	uint32_t aggregators;   /* K aggregators every job is spread over (0 = 1) */
-	uint32_t pool_frames;   /* frame buffers of the fabric (0 = 65536): every
+	uint32_t aggregators; /* K aggregators every job is spread over (0 = 1) */
+	uint32_t pool_frames; /* frame buffers of the fabric (0 = 65536): every
 				 * frame in flight or queued holds one, each
 				 * multicast copy too */
-	uint16_t mtu;           /* MTU of every port, 576..9000 (9000: jumbo
+	uint16_t mtu;         /* MTU of every port, 576..9000 (9000: jumbo
 				 * frames); 0 = 1500, or the payload's frame
 				 * when that is larger */
-	uint32_t leaves;        /* L > 0: a two-level tree of L leaves and a root
+	uint32_t leaves;      /* L > 0: a two-level tree of L leaves and a root
 				 * (aggregators must be 0 or 1; every job needs
 				 * W >= L); 0: flat */
-	uint64_t up_rto_ns;     /* the leaves' upward timeout (0 = the engine's) */
+	uint64_t up_rto_ns; /* the leaves' upward timeout (0 = the engine's) */
 	uint64_t up_give_up_ns; /* the leaves' upward give-up time (0 = the engine's) */
 	uint32_t worker_tx_ring; /* tx descriptors of every worker's port (0 = 4096;
 				  * a small ring refuses frames as a full kernel
@@ -70,18 +70,18 @@ struct hg_sim_config {
 };
 
 struct hg_sim_job_config {
-	uint32_t workers;       /* W */
-	uint32_t slots;         /* S (0 = 64) */
-	uint64_t rto_ns;        /* worker retransmission timeout (0 = default) */
-	uint64_t rto_max_ns;    /* cap (0 = default) */
-	uint64_t give_up_ns;    /* give-up deadline per chunk (0 = default) */
-	uint64_t rto_min_ns;    /* lower clamp of the adaptive timeout (0 = default) */
-	uint32_t incarnation;   /* of every worker and of the job on the
+	uint32_t workers;    /* W */
+	uint32_t slots;      /* S (0 = 64) */
+	uint64_t rto_ns;     /* worker retransmission timeout (0 = default) */
+	uint64_t rto_max_ns; /* cap (0 = default) */
+	uint64_t give_up_ns; /* give-up deadline per chunk (0 = default) */
+	uint64_t rto_min_ns; /* lower clamp of the adaptive timeout (0 = default) */
+	uint32_t incarnation; /* of every worker and of the job on the
 				 * aggregator (0 = HG_SIM_INCARNATION; the
 				 * virtual cluster keeps it deterministic) */
-	uint8_t auth;           /* 1: the job authenticates every frame */
-	uint8_t secret[32];     /* auth: the job secret (HG_AUTH_SECRET_LEN) */
-	uint32_t mac;           /* auth: HG_MAC_*, 0 = hg_auth_default_mac() */
+	uint8_t auth;         /* 1: the job authenticates every frame */
+	uint8_t secret[32];   /* auth: the job secret (HG_AUTH_SECRET_LEN) */
+	uint32_t mac;         /* auth: HG_MAC_*, 0 = hg_auth_default_mac() */
 	uint32_t pipeline_groups; /* hg_client_config.pipeline_groups of every
 				 * worker (0 = automatic, 1 = not pipelined) */
 };
@@ -92,7 +92,7 @@ struct hg_sim_stats {
 	uint64_t time_advances; /* jumps of virtual time */
 	uint64_t frames_tx;     /* frames sent into the fabric by every port */
 	uint64_t frames_rx;     /* frames received from it by every port */
-	uint64_t engine_polls;  /* engine polls that handled at least one frame */
+	uint64_t engine_polls; /* engine polls that handled at least one frame */
 };
 
 struct hg_sim;
@@ -131,16 +131,16 @@ int hg_sim_job_wire(const struct hg_sim *s, int job, uint32_t *job_id,
  * computing its gradient.  Its client is not polled before; frames that
  * reach it meanwhile wait in its port's ring.  Returns 0 or -EINVAL.
  */
-int hg_sim_delay_start(struct hg_sim *s, int job, uint32_t worker, uint64_t delay_ns);
+int hg_sim_delay_start(struct hg_sim *s, int job, uint32_t worker,
+		       uint64_t delay_ns);
 
 /*
  * Start one allreduce of job: worker w reduces x[w] (n floats) into y[w].
  * The arrays and buffers must stay valid until it ends.  Returns 0 or the
  * first worker's hg_client_start() error (-EBUSY, -EINVAL, -ERANGE, -EDOM).
  */
-int hg_sim_start(struct hg_sim *s, int job, int method,
-		 const struct hg_params *p, const float *const *x, size_t n,
-		 float *const *y);
+int hg_sim_start(struct hg_sim *s, int job, int method, const struct hg_params *p,
+		 const float *const *x, size_t n, float *const *y);
 
 /*
  * Run the event loop until every started allreduce ended, or max_ns of
@@ -152,8 +152,7 @@ int hg_sim_run(struct hg_sim *s, uint64_t max_ns);
 
 /* 1 done, 0 running or never started, or the worker's negative error. */
 int hg_sim_worker_status(const struct hg_sim *s, int job, uint32_t worker);
-const char *hg_sim_worker_error(const struct hg_sim *s, int job,
-				uint32_t worker);
+const char *hg_sim_worker_error(const struct hg_sim *s, int job, uint32_t worker);
 int hg_sim_worker_stats(const struct hg_sim *s, int job, uint32_t worker,
 			struct hg_client_stats *st);
 

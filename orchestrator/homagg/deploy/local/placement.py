@@ -4,6 +4,7 @@ over its stdin ("go") and stdout ("ready"); its files are in a private
 work directory removed at ``close`` (with ``runs_dir``, the results, the
 workers' reports and the daemons' logs are copied to a new folder
 RUNS_DIR/<timestamp>-<label>/ first, as on inventory hosts)."""
+
 from __future__ import annotations
 
 import json
@@ -46,8 +47,13 @@ class TestbedPlacement(Placement):
     kind = "testbed"
     __test__ = False  # not a pytest class
 
-    def __init__(self, name: str, state_dir: str | None = None, runs_dir: str | None = None,
-                 label: str = "run"):
+    def __init__(
+        self,
+        name: str,
+        state_dir: str | None = None,
+        runs_dir: str | None = None,
+        label: str = "run",
+    ):
         self.tb = Testbed.open(name, state_dir)
         st = self.tb.state()
         self.testbed = name
@@ -74,8 +80,12 @@ class TestbedPlacement(Placement):
         if self.run_dir:  # what the inventory placement keeps too
             for k, s in enumerate(self.daemons):
                 if not s.shared and os.path.exists(s.logpath):
-                    shutil.copy(s.logpath, os.path.join(
-                        self.run_dir, "switch.log" if k == 0 else f"switch-{s.host}.log"))
+                    shutil.copy(
+                        s.logpath,
+                        os.path.join(
+                            self.run_dir, "switch.log" if k == 0 else f"switch-{s.host}.log"
+                        ),
+                    )
             for f in os.listdir(self.workdir):
                 if f.startswith("result-") and f.endswith(".npy"):
                     shutil.copy(os.path.join(self.workdir, f), self.run_dir)
@@ -85,30 +95,42 @@ class TestbedPlacement(Placement):
     def refusals(self, options: dict) -> list[str]:
         out = []
         fail = options.get("fail_aggregators") or ()
-        unknown = set(fail) - {a.name for a in self.aggregators[:options["aggregators"]]}
+        unknown = set(fail) - {a.name for a in self.aggregators[: options["aggregators"]]}
         if unknown:
-            out.append(f"fail_aggregators: no aggregator host {sorted(unknown)} (the run uses "
-                       f"{[a.name for a in self.aggregators[:options['aggregators']]]})")
+            out.append(
+                f"fail_aggregators: no aggregator host {sorted(unknown)} (the run uses "
+                f"{[a.name for a in self.aggregators[: options['aggregators']]]})"
+            )
         shared = set(self.tb.state().get("daemons", {}))
         if set(fail) & shared:
-            out.append(f"fail_aggregators: {self.where} runs its own daemons "
-                       "(`homagg testbed up`); stopping one needs `--no-daemon`")
+            out.append(
+                f"fail_aggregators: {self.where} runs its own daemons "
+                "(`homagg testbed up`); stopping one needs `--no-daemon`"
+            )
         return out
 
     def job_cost(self, cost_model=True):
         """The testbed's link rate (homagg.deploy.local.testbed_job.job_cost)."""
         return testbed_job.job_cost(self.tb, cost_model)
 
-    def open_daemons(self, count, *, frames, pmd, switch, drop_rate, idle_us, idle_polls,
-                     lcores):
+    def open_daemons(self, count, *, frames, pmd, switch, drop_rate, idle_us, idle_polls, lcores):
         from homagg.switch.daemon import IDLE_POLLS, IDLE_US, Switch
 
         for a in self.aggregators[:count]:
-            self.daemons.append(Switch(
-                self.tb, self.workdir, pmd=pmd, switch=switch, drop_rate=drop_rate,
-                idle_us=IDLE_US if idle_us is None else idle_us,
-                idle_polls=IDLE_POLLS if idle_polls is None else idle_polls,
-                host=a.name, lcores=lcores, frames=frames))
+            self.daemons.append(
+                Switch(
+                    self.tb,
+                    self.workdir,
+                    pmd=pmd,
+                    switch=switch,
+                    drop_rate=drop_rate,
+                    idle_us=IDLE_US if idle_us is None else idle_us,
+                    idle_polls=IDLE_POLLS if idle_polls is None else idle_polls,
+                    host=a.name,
+                    lcores=lcores,
+                    frames=frames,
+                )
+            )
         return self.daemons
 
     def private_path(self, name: str) -> str:
@@ -143,8 +165,11 @@ class TestbedPlacement(Placement):
         job = testbed_job.job(self.tb)
         if job is None:
             return None
-        return ({k: v for k, v in job.items() if k != "file"}, [job["file"]] * len(self.workers),
-                None)
+        return (
+            {k: v for k, v in job.items() if k != "file"},
+            [job["file"]] * len(self.workers),
+            None,
+        )
 
     def fetch(self, i, names):
         """Already here (the work directory); copied to ``run_dir`` too."""
@@ -157,10 +182,18 @@ class TestbedPlacement(Placement):
         base = child_env()
         for i, (name, spec) in enumerate(zip(self.workers, specs)):
             spec = dict(spec, out=os.path.join(self.workdir, f"result-{i}.npy"))
-            self.procs.append(self.tb.run_in(
-                name, [sys.executable, "-m", module, "--child", json.dumps(spec)],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                text=True, env=dict(base, **(env[i] if env else {})), cwd=self.workdir))
+            self.procs.append(
+                self.tb.run_in(
+                    name,
+                    [sys.executable, "-m", module, "--child", json.dumps(spec)],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                    env=dict(base, **(env[i] if env else {})),
+                    cwd=self.workdir,
+                )
+            )
         return [p.pid for p in self.procs]
 
     def wait_ready(self, timeout):
@@ -187,8 +220,9 @@ class TestbedPlacement(Placement):
         return reports, failures
 
     def results(self):
-        return [np.load(os.path.join(self.workdir, f"result-{i}.npy"))
-                for i in range(len(self.workers))]
+        return [
+            np.load(os.path.join(self.workdir, f"result-{i}.npy")) for i in range(len(self.workers))
+        ]
 
     def link_stats(self, host):
         return self.tb.link_stats(host)

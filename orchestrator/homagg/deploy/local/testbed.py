@@ -31,6 +31,7 @@ process it started, and removes their ``files_dir``), works on a half-built test
 testbed is already gone.  If ``up`` fails midway it tears down what it built
 and re-raises.  Everything needs root (``sudo``).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -122,7 +123,7 @@ def _proc_starttime(pid: int) -> int | None:
     except (FileNotFoundError, ProcessLookupError):
         return None
     # comm may hold spaces and parentheses: fields start after the last ')'
-    rest = data[data.rindex(")") + 2:].split()
+    rest = data[data.rindex(")") + 2 :].split()
     if rest[0] in ("Z", "X"):
         return None
     return int(rest[19])
@@ -216,7 +217,9 @@ class Process:
     ``.stop()``.  It runs in its own session (process group = PID), so
     ``stop`` also reaches the children it forked."""
 
-    def __init__(self, testbed: "Testbed", host: str, popen: subprocess.Popen, starttime: int | None):
+    def __init__(
+        self, testbed: "Testbed", host: str, popen: subprocess.Popen, starttime: int | None
+    ):
         self.testbed = testbed
         self.host = host
         self.popen = popen
@@ -318,7 +321,7 @@ class Testbed:
     def files_dir(self) -> str:
         """A directory for the files of processes that outlive the command
         that started them (sockets, logs, the job file); ``down`` removes it."""
-        return self._state.path[:-len(".json")] + ".d"
+        return self._state.path[: -len(".json")] + ".d"
 
     def note(self, **fields) -> None:
         """Record ``fields`` in the state file (e.g. the daemons and the job
@@ -397,19 +400,27 @@ class Testbed:
             raise TestbedError(f"workers must be 1..{_MAX_WORKERS}, got {workers!r}", -errno.ERANGE)
         if leaves:
             if aggregators != 1:
-                raise TestbedError("leaves and aggregators exclude each other (a tree has "
-                                   "L + 1 aggregator hosts)", -errno.EINVAL)
+                raise TestbedError(
+                    "leaves and aggregators exclude each other (a tree has L + 1 aggregator hosts)",
+                    -errno.EINVAL,
+                )
             if not isinstance(leaves, int) or not 1 <= leaves < _MAX_AGGREGATORS:
-                raise TestbedError(f"leaves must be 1..{_MAX_AGGREGATORS - 1} (L + 1 aggregator "
-                                   f"hosts, at most {_MAX_AGGREGATORS}), got {leaves!r}",
-                                   -errno.ERANGE)
+                raise TestbedError(
+                    f"leaves must be 1..{_MAX_AGGREGATORS - 1} (L + 1 aggregator "
+                    f"hosts, at most {_MAX_AGGREGATORS}), got {leaves!r}",
+                    -errno.ERANGE,
+                )
             if leaves > workers:
-                raise TestbedError(f"leaves ({leaves}) must not exceed workers ({workers})",
-                                   -errno.ERANGE)
+                raise TestbedError(
+                    f"leaves ({leaves}) must not exceed workers ({workers})", -errno.ERANGE
+                )
             aggregators = leaves + 1
         if not isinstance(aggregators, int) or not 1 <= aggregators <= _MAX_AGGREGATORS:
-            raise TestbedError(f"aggregators must be 1..{_MAX_AGGREGATORS} (addresses .1 .. .9), "
-                               f"got {aggregators!r}", -errno.ERANGE)
+            raise TestbedError(
+                f"aggregators must be 1..{_MAX_AGGREGATORS} (addresses .1 .. .9), "
+                f"got {aggregators!r}",
+                -errno.ERANGE,
+            )
         for label, r in (("link_mbit", link_mbit), ("agg_link_mbit", agg_link_mbit)):
             if r is not None and not (r > 0):
                 raise TestbedError(f"{label} must be > 0 Mbit/s, got {r!r}", -errno.EINVAL)
@@ -422,37 +433,44 @@ class Testbed:
         if net.num_addresses < 12 + workers:
             raise TestbedError(
                 f"subnet {subnet} is too small for {workers} workers "
-                f"(aggregator .1, workers from .10)", -errno.ERANGE)
+                f"(aggregator .1, workers from .10)",
+                -errno.ERANGE,
+            )
 
         tb = cls(name, state_dir)
         if os.path.exists(tb.state_path):
             raise TestbedExists(
                 f"testbed {name} already exists (state file {tb.state_path}; "
-                f"`homagg testbed down --name {name}` removes it)", -errno.EEXIST)
+                f"`homagg testbed down --name {name}` removes it)",
+                -errno.EEXIST,
+            )
         taken = [n for n in _netns_list() if n.startswith(ns_prefix(name))]
         if taken:
             raise TestbedExists(
                 f"testbed {name}: network namespaces {', '.join(sorted(taken))} already exist",
-                -errno.EEXIST)
+                -errno.EEXIST,
+            )
         os.makedirs(tb.state_dir, exist_ok=True)
-        tb._state.create({
-            "version": STATE_VERSION,
-            "name": name,
-            "created": time.time(),
-            "complete": False,
-            "workers": workers,
-            "aggregators": aggregators,
-            "leaves": leaves,
-            "link_mbit": link_mbit,
-            "agg_link_mbit": agg_link_mbit,
-            "subnet": str(net),
-            "mtu": mtu,
-            "switch_netns": f"{ns_prefix(name)}sw",
-            "bridge": BRIDGE_IFNAME,
-            "objects": [],
-            "processes": [],
-            "hosts": [],
-        })
+        tb._state.create(
+            {
+                "version": STATE_VERSION,
+                "name": name,
+                "created": time.time(),
+                "complete": False,
+                "workers": workers,
+                "aggregators": aggregators,
+                "leaves": leaves,
+                "link_mbit": link_mbit,
+                "agg_link_mbit": agg_link_mbit,
+                "subnet": str(net),
+                "mtu": mtu,
+                "switch_netns": f"{ns_prefix(name)}sw",
+                "bridge": BRIDGE_IFNAME,
+                "objects": [],
+                "processes": [],
+                "hosts": [],
+            }
+        )
         try:
             tb._build(workers, link_mbit, agg_link_mbit, net, mtu, aggregators)
         except BaseException:
@@ -484,10 +502,21 @@ class Testbed:
         p = ns_prefix(self.name)
         sw_ns = f"{p}sw"
         base = net.network_address
-        plan = [("agg" if k == 0 else f"agg{k}", "aggregator", f"{p}agg" if k == 0 else f"{p}agg{k}",
-                 str(base + 1 + k), 1 + k, agg_link_mbit) for k in range(aggregators)]
-        plan += [(f"w{i}", "worker", f"{p}w{i}", str(base + 10 + i), 0x100 + i, link_mbit)
-                 for i in range(workers)]
+        plan = [
+            (
+                "agg" if k == 0 else f"agg{k}",
+                "aggregator",
+                f"{p}agg" if k == 0 else f"{p}agg{k}",
+                str(base + 1 + k),
+                1 + k,
+                agg_link_mbit,
+            )
+            for k in range(aggregators)
+        ]
+        plan += [
+            (f"w{i}", "worker", f"{p}w{i}", str(base + 10 + i), 0x100 + i, link_mbit)
+            for i in range(workers)
+        ]
 
         self._create_netns(sw_ns)
         with _in_netns(sw_ns) as sw:
@@ -496,18 +525,43 @@ class Testbed:
             for hname, role, ns, ip, macidx, rate in plan:
                 self._create_netns(ns)
                 with _in_netns(ns) as h:
-                    self._step_host(h, sw, sw_ns, bridge, hname, role, ns, ip,
-                                    net.prefixlen, _mac(macidx), mtu, rate)
+                    self._step_host(
+                        h,
+                        sw,
+                        sw_ns,
+                        bridge,
+                        hname,
+                        role,
+                        ns,
+                        ip,
+                        net.prefixlen,
+                        _mac(macidx),
+                        mtu,
+                        rate,
+                    )
         self._state.update(lambda d: d.update(complete=True))
 
     def _step_bridge(self, sw, sw_ns: str, mtu: int) -> None:
         sw.link("set", index=sw.link_lookup(ifname="lo")[0], state="up")
         # stp off (ports forward at once), multicast snooping off (the bridge
         # floods multicast to every port, no IGMP querier needed)
-        sw.link("add", ifname=BRIDGE_IFNAME, kind="bridge", br_stp_state=0,
-                br_mcast_snooping=0, br_forward_delay=0)
-        self._record({"kind": "link", "netns": sw_ns, "ifname": BRIDGE_IFNAME, "type": "bridge",
-                      "mcast_snooping": 0})
+        sw.link(
+            "add",
+            ifname=BRIDGE_IFNAME,
+            kind="bridge",
+            br_stp_state=0,
+            br_mcast_snooping=0,
+            br_forward_delay=0,
+        )
+        self._record(
+            {
+                "kind": "link",
+                "netns": sw_ns,
+                "ifname": BRIDGE_IFNAME,
+                "type": "bridge",
+                "mcast_snooping": 0,
+            }
+        )
         idx = sw.link_lookup(ifname=BRIDGE_IFNAME)[0]
         sw.link("set", index=idx, mtu=mtu, state="up")
         self._bridge_netfilter_off(sw_ns)
@@ -520,9 +574,11 @@ class Testbed:
     # --workload dense --density 1 --elements 4194304 --repeat 3`, 2 workers,
     # unshaped; worker CPU time / packets sent, 3 alternating rounds of each
     # setting on one testbed; 2-vCPU Xeon VM at 100 % load, 2026-12-01)
-    BRIDGE_NF_SYSCTLS = ("net.bridge.bridge-nf-call-iptables",
-                         "net.bridge.bridge-nf-call-ip6tables",
-                         "net.bridge.bridge-nf-call-arptables")
+    BRIDGE_NF_SYSCTLS = (
+        "net.bridge.bridge-nf-call-iptables",
+        "net.bridge.bridge-nf-call-ip6tables",
+        "net.bridge.bridge-nf-call-arptables",
+    )
 
     def _bridge_netfilter_off(self, sw_ns: str) -> None:
         """The switch namespace's bridge forwards frames without netfilter
@@ -531,22 +587,52 @@ class Testbed:
         if not os.path.isdir("/proc/sys/net/bridge"):
             self._state.update(lambda d: d.update(bridge_netfilter="absent"))
             return
-        cp = subprocess.run(["ip", "netns", "exec", sw_ns, "sysctl", "-q", "-w",
-                             *(f"{k}=0" for k in self.BRIDGE_NF_SYSCTLS)],
-                            capture_output=True, text=True, timeout=30)
+        cp = subprocess.run(
+            [
+                "ip",
+                "netns",
+                "exec",
+                sw_ns,
+                "sysctl",
+                "-q",
+                "-w",
+                *(f"{k}=0" for k in self.BRIDGE_NF_SYSCTLS),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         if cp.returncode != 0:
-            raise TestbedError(f"cannot turn netfilter off on the bridge of namespace {sw_ns}: "
-                               f"{cp.stderr.strip() or cp.returncode}")
+            raise TestbedError(
+                f"cannot turn netfilter off on the bridge of namespace {sw_ns}: "
+                f"{cp.stderr.strip() or cp.returncode}"
+            )
         self._state.update(lambda d: d.update(bridge_netfilter="off"))
 
-    def _step_host(self, h, sw, sw_ns, bridge, hname, role, ns, ip, prefixlen, mac, mtu, rate) -> None:
+    def _step_host(
+        self, h, sw, sw_ns, bridge, hname, role, ns, ip, prefixlen, mac, mtu, rate
+    ) -> None:
         # the veth pair is created inside the host namespace with its peer
         # directly in the switch namespace: no interface ever appears in the
         # namespace this program runs in
-        h.link("add", ifname=HOST_IFNAME, kind="veth", address=mac, mtu=mtu,
-               peer={"ifname": hname, "net_ns_fd": sw_ns, "mtu": mtu})
-        self._record({"kind": "link", "netns": ns, "ifname": HOST_IFNAME, "type": "veth",
-                      "peer_netns": sw_ns, "peer_ifname": hname})
+        h.link(
+            "add",
+            ifname=HOST_IFNAME,
+            kind="veth",
+            address=mac,
+            mtu=mtu,
+            peer={"ifname": hname, "net_ns_fd": sw_ns, "mtu": mtu},
+        )
+        self._record(
+            {
+                "kind": "link",
+                "netns": ns,
+                "ifname": HOST_IFNAME,
+                "type": "veth",
+                "peer_netns": sw_ns,
+                "peer_ifname": hname,
+            }
+        )
         port = sw.link_lookup(ifname=hname)[0]
         sw.link("set", index=port, master=bridge, state="up")
         if role == "aggregator":
@@ -558,16 +644,26 @@ class Testbed:
         if rate is not None:
             self._step_rate_limit(h, ns, HOST_IFNAME, rate, mtu)
             self._step_rate_limit(sw, sw_ns, hname, rate, mtu)
-        host = Host(name=hname, role=role, netns=ns, ifname=HOST_IFNAME, ip=ip,
-                    prefixlen=prefixlen, mac=mac, switch_port=hname, rate_mbit=rate)
+        host = Host(
+            name=hname,
+            role=role,
+            netns=ns,
+            ifname=HOST_IFNAME,
+            ip=ip,
+            prefixlen=prefixlen,
+            mac=mac,
+            switch_port=hname,
+            rate_mbit=rate,
+        )
         self._state.update(lambda d: d["hosts"].append(dataclasses.asdict(host)))
 
     def _step_address(self, h, ns, ip, prefixlen) -> None:
         h.link("set", index=h.link_lookup(ifname="lo")[0], state="up")
         idx = h.link_lookup(ifname=HOST_IFNAME)[0]
         h.addr("add", index=idx, address=ip, prefixlen=prefixlen)
-        self._record({"kind": "addr", "netns": ns, "ifname": HOST_IFNAME,
-                      "address": f"{ip}/{prefixlen}"})
+        self._record(
+            {"kind": "addr", "netns": ns, "ifname": HOST_IFNAME, "address": f"{ip}/{prefixlen}"}
+        )
         h.link("set", index=idx, state="up")
         # multicast leaves through eth0 even without a default route
         h.route("add", dst="224.0.0.0/4", oif=idx)
@@ -577,14 +673,32 @@ class Testbed:
         params = _tbf_params(mbit, mtu)
         idx = nsobj.link_lookup(ifname=ifname)[0]
         nsobj.tc("add", "tbf", index=idx, handle="1:", **params)
-        self._record({"kind": "qdisc", "netns": ns, "ifname": ifname, "type": "tbf",
-                      "handle": "1:", "mbit": mbit, **params})
+        self._record(
+            {
+                "kind": "qdisc",
+                "netns": ns,
+                "ifname": ifname,
+                "type": "tbf",
+                "handle": "1:",
+                "mbit": mbit,
+                **params,
+            }
+        )
 
     # -- processes -----------------------------------------------------------
 
-    def run_in(self, host: str, argv: Sequence[str], *, stdin=subprocess.DEVNULL,
-               stdout=None, stderr=None, env: dict | None = None, cwd: str | None = None,
-               text: bool = False) -> Process:
+    def run_in(
+        self,
+        host: str,
+        argv: Sequence[str],
+        *,
+        stdin=subprocess.DEVNULL,
+        stdout=None,
+        stderr=None,
+        env: dict | None = None,
+        cwd: str | None = None,
+        text: bool = False,
+    ) -> Process:
         """Start ``argv`` inside the namespace of ``host`` (a host name such
         as "agg" / "w0", or its namespace) with ``ip netns exec``; the PID is
         recorded in the state file, so ``down`` stops it if nobody else does.
@@ -597,7 +711,12 @@ class Testbed:
             raise TestbedError("run_in: empty argv", -errno.EINVAL)
         popen = subprocess.Popen(
             [*(["ip", "netns", "exec", h.netns] if h else []), *map(str, argv)],
-            stdin=stdin, stdout=stdout, stderr=stderr, env=env, cwd=cwd, text=text,
+            stdin=stdin,
+            stdout=stdout,
+            stderr=stderr,
+            env=env,
+            cwd=cwd,
+            text=text,
             start_new_session=True,
         )
         start = _proc_starttime(popen.pid)
@@ -612,12 +731,24 @@ class Testbed:
             raise
         return Process(self, hname, popen, start)
 
-    def exec(self, host: str, argv: Sequence[str], timeout: float = 30.0,
-             check: bool = False, input: str | None = None) -> subprocess.CompletedProcess:
+    def exec(
+        self,
+        host: str,
+        argv: Sequence[str],
+        timeout: float = 30.0,
+        check: bool = False,
+        input: str | None = None,
+    ) -> subprocess.CompletedProcess:
         """Run ``argv`` in ``host`` to completion (text output captured); the
         process is stopped if it outlives ``timeout`` (then TimeoutExpired)."""
-        p = self.run_in(host, argv, stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
-                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        p = self.run_in(
+            host,
+            argv,
+            stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         try:
             out, err = p.communicate(input, timeout=timeout)
         finally:
@@ -630,7 +761,8 @@ class Testbed:
     def _forget_process(self, pid: int) -> None:
         with contextlib.suppress(TestbedNotFound):
             self._state.update(
-                lambda d: d.__setitem__("processes", [r for r in d["processes"] if r["pid"] != pid]))
+                lambda d: d.__setitem__("processes", [r for r in d["processes"] if r["pid"] != pid])
+            )
 
     # -- teardown --------------------------------------------------------------
 
@@ -652,10 +784,12 @@ class Testbed:
         tb._stop_processes(data.get("processes", []), timeout, errors)
         left = tb._remove_objects(data.get("objects", []), errors)
         if errors:
+
             def keep(d):
                 d["objects"] = left
                 d["processes"] = []
                 d["complete"] = False
+
             with contextlib.suppress(TestbedError):
                 tb._state.update(keep)
             raise TestbedError(f"testbed {name}: teardown incomplete: " + "; ".join(errors))
@@ -668,6 +802,7 @@ class Testbed:
         """SIGTERM, then SIGKILL after ``timeout``, each recorded process
         group whose leader still is the process that was started (same PID
         and same start time: a reused PID is left alone)."""
+
         def alive(pid, start):
             return start is not None and _proc_starttime(pid) == start
 
@@ -749,7 +884,9 @@ class Testbed:
         is the host's egress (uplink), "switch" the switch port's egress
         (downlink).  None when the link is not shaped."""
         h = self.host(host)
-        ns, ifname = (h.netns, h.ifname) if side == "host" else (self.state()["switch_netns"], h.switch_port)
+        ns, ifname = (
+            (h.netns, h.ifname) if side == "host" else (self.state()["switch_netns"], h.switch_port)
+        )
         with _in_netns(ns) as n:
             idx = n.link_lookup(ifname=ifname)[0]
             for q in n.get_qdiscs(index=idx):

@@ -19,6 +19,7 @@ and its file.  Successive runs of new ranks may share the job
 (homagg.switch.job_file); ``renew`` (``homagg testbed job``) registers it afresh,
 its counters at 0.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -56,8 +57,15 @@ def job_cost(tb: Testbed, cost_model: bool = True):
     return cost.job_cost(link_mbit(tb) if cost_model else 0)
 
 
-def start(tb: Testbed, *, slots: int | None = None, payload: int = 1024, timeout: float = 10.0,
-          switch: str | None = None, cost_model: bool = True) -> dict:
+def start(
+    tb: Testbed,
+    *,
+    slots: int | None = None,
+    payload: int = 1024,
+    timeout: float = 10.0,
+    switch: str | None = None,
+    cost_model: bool = True,
+) -> dict:
     """Start the daemons, register the job, write its job file; returns the
     job-file fields plus "file" and "daemons" ({host: record}).  On a
     failure the daemons started are stopped and the error re-raised.  The
@@ -72,13 +80,19 @@ def start(tb: Testbed, *, slots: int | None = None, payload: int = 1024, timeout
     sws = []
     try:
         for h in tb.aggregators:
-            sws.append(Switch(tb, tb.files_dir, switch=switch, host=h.name,
-                                     frames=len(tb.workers) * slots))
-        fields = job_file.register([s.control for s in sws],
-                                   [(s.ip, runmod.UDP_PORT) for s in sws],
-                                   workers=len(tb.workers), slots=slots, payload=payload,
-                                   group=JOB_GROUP, timeout=timeout,
-                                   cost=job_cost(tb, cost_model))
+            sws.append(
+                Switch(tb, tb.files_dir, switch=switch, host=h.name, frames=len(tb.workers) * slots)
+            )
+        fields = job_file.register(
+            [s.control for s in sws],
+            [(s.ip, runmod.UDP_PORT) for s in sws],
+            workers=len(tb.workers),
+            slots=slots,
+            payload=payload,
+            group=JOB_GROUP,
+            timeout=timeout,
+            cost=job_cost(tb, cost_model),
+        )
         path = job_file.write_job_file(os.path.join(tb.files_dir, "job.json"), **fields)
         daemons = {s.host: s.record() for s in sws}
         tb.note(daemons=daemons, job={"job": fields["job"], "file": path})
@@ -102,8 +116,7 @@ def controls(tb: Testbed, workdir: str | None = None) -> list:
     """The control callables of the testbed's daemons, in shard order."""
     from homagg.switch.daemon import Switch
 
-    return [Switch(tb, workdir or tb.files_dir, host=h.name).control
-            for h in tb.aggregators]
+    return [Switch(tb, workdir or tb.files_dir, host=h.name).control for h in tb.aggregators]
 
 
 def renew(tb: Testbed) -> dict:
@@ -111,8 +124,10 @@ def renew(tb: Testbed) -> dict:
     the next run of its ranks; returns it as ``job`` does."""
     current = job(tb)
     if current is None:
-        raise HomAggError(f"testbed {tb.name} has no job: it was built with --no-daemon "
-                          "(`homagg testbed down` and `up` again without it)")
+        raise HomAggError(
+            f"testbed {tb.name} has no job: it was built with --no-daemon "
+            "(`homagg testbed down` and `up` again without it)"
+        )
     fields = {k: v for k, v in current.items() if k != "file"}
     return {**job_file.renew(controls(tb), fields), "file": current["file"]}
 
@@ -122,15 +137,20 @@ def describe(tb: Testbed) -> list[str]:
     st = tb.state()
     out = []
     for host, d in st.get("daemons", {}).items():
-        out.append(f"homagg-switch on {host}: pid {d['pid']}, {d['pmd']}, {d['ip']}, "
-                   f"log {d['log']}")
+        out.append(
+            f"homagg-switch on {host}: pid {d['pid']}, {d['pmd']}, {d['ip']}, log {d['log']}"
+        )
     rec = st.get("job")
     if rec:
         with contextlib.suppress(OSError, ValueError):
             j = job(tb)
-            out.append(f"job {j['job']}: {j['workers']} workers, aggregators {j['aggregator']}, "
-                       f"{j['slots']} slots, {j['payload']}-byte payloads")
-        out.append(f"job file: {rec['file']}  (HOMAGG_JOB_FILE for torchrun; "
-                   f"`homagg testbed job --name {tb.name}` registers the job afresh, "
-                   "counters at 0; not needed between runs)")
+            out.append(
+                f"job {j['job']}: {j['workers']} workers, aggregators {j['aggregator']}, "
+                f"{j['slots']} slots, {j['payload']}-byte payloads"
+            )
+        out.append(
+            f"job file: {rec['file']}  (HOMAGG_JOB_FILE for torchrun; "
+            f"`homagg testbed job --name {tb.name}` registers the job afresh, "
+            "counters at 0; not needed between runs)"
+        )
     return out

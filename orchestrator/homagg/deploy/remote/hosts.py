@@ -49,6 +49,7 @@ copies every result, worker log, worker report and the daemon log into
 RUNS_DIR/<timestamp>-<method>/, checks bit-exactness against the reference
 and writes report.json there.
 """
+
 from __future__ import annotations
 
 import json
@@ -131,8 +132,11 @@ def stop_started(started, run_id, warn):
     and go on with the others."""
     for r, pidfile in started:
         try:
-            r.sh(f"hg_stop {shlex.quote(pidfile)} >/dev/null; "
-                 f"rm -rf {shlex.quote(rundir(r.h) + '/' + run_id)}", check=False)
+            r.sh(
+                f"hg_stop {shlex.quote(pidfile)} >/dev/null; "
+                f"rm -rf {shlex.quote(rundir(r.h) + '/' + run_id)}",
+                check=False,
+            )
         except Exception as e:  # noqa: BLE001 - report, keep cleaning the others
             warn(r, e)
 
@@ -168,63 +172,87 @@ class Host(ssh.Session):
         fix = f"run `homagg provision -i {self.inv.path}`"
         r = self.run(f"cat {shlex.quote(h.config_file)}", check=False)
         if r.exited != 0:
-            raise ssh.StepFailed(f"no host config {h.config_file} on {h.name}: the host is not "
-                                  f"provisioned: {fix}")
+            raise ssh.StepFailed(
+                f"no host config {h.config_file} on {h.name}: the host is not provisioned: {fix}"
+            )
         try:
             self.conf = tomllib.loads(r.stdout)
         except tomllib.TOMLDecodeError as e:
-            raise ssh.StepFailed(f"{h.config_file} on {h.name} is not valid TOML ({e}): {fix}") from None
+            raise ssh.StepFailed(
+                f"{h.config_file} on {h.name} is not valid TOML ({e}): {fix}"
+            ) from None
         if self.conf.get("host", {}).get("role") != h.role:
-            raise ssh.StepFailed(f"{h.config_file} on {h.name} says role "
-                                  f"{self.conf.get('host', {}).get('role')!r}, the inventory "
-                                  f"{h.role!r}: {fix} again")
+            raise ssh.StepFailed(
+                f"{h.config_file} on {h.name} says role "
+                f"{self.conf.get('host', {}).get('role')!r}, the inventory "
+                f"{h.role!r}: {fix} again"
+            )
         r = self.run(f"{shlex.quote(self.python)} -c 'import homagg._hg, numpy'", check=False)
         if r.exited != 0:
-            raise ssh.StepFailed(f"homagg does not import in {h.venv} on {h.name}: {fix}",
-                                  ssh.tail(r.stderr))
+            raise ssh.StepFailed(
+                f"homagg does not import in {h.venv} on {h.name}: {fix}", ssh.tail(r.stderr)
+            )
         if h.role == "aggregator":
             if len(control_socket(h)) > SOCKET_PATH_MAX:
-                raise ssh.StepFailed(f"control socket path {control_socket(h)} is longer than "
-                                      f"{SOCKET_PATH_MAX} bytes: use a shorter 'install_dir'")
+                raise ssh.StepFailed(
+                    f"control socket path {control_socket(h)} is longer than "
+                    f"{SOCKET_PATH_MAX} bytes: use a shorter 'install_dir'"
+                )
             binary = self.switch_binary
-            if need_switch and (not binary or self.run(
-                    f"test -x {shlex.quote(binary)}", check=False).exited != 0):
+            if need_switch and (
+                not binary or self.run(f"test -x {shlex.quote(binary)}", check=False).exited != 0
+            ):
                 where = binary or f"no source_dir in {h.config_file}"
                 raise ssh.StepFailed(
                     f"homagg-switch not found on {h.name} ({where}): provision from an sdist "
-                    "(it builds the daemon), or pass --switch PATH")
+                    "(it builds the daemon), or pass --switch PATH"
+                )
             if h.pci:
                 dev = f"/sys/bus/pci/devices/{h.pci}"
                 if self.run(f"test -e {dev}", check=False).exited != 0:
-                    raise ssh.StepFailed(f"no PCI device {h.pci} on {h.name} ({dev} missing): fix "
-                                          "'pci' in the inventory (`lspci -D` on the host lists them)")
-                cur = self.run(f"basename \"$(readlink {dev}/driver)\" 2>/dev/null",
-                               check=False).stdout.strip()
+                    raise ssh.StepFailed(
+                        f"no PCI device {h.pci} on {h.name} ({dev} missing): fix "
+                        "'pci' in the inventory (`lspci -D` on the host lists them)"
+                    )
+                cur = self.run(
+                    f'basename "$(readlink {dev}/driver)" 2>/dev/null', check=False
+                ).stdout.strip()
                 if cur != h.driver:
-                    raise ssh.StepFailed(f"PCI device {h.pci} on {h.name} is bound to "
-                                          f"{cur or 'no driver'}, not {h.driver}: {fix} (step nic_bind)")
+                    raise ssh.StepFailed(
+                        f"PCI device {h.pci} on {h.name} is bound to "
+                        f"{cur or 'no driver'}, not {h.driver}: {fix} (step nic_bind)"
+                    )
         kif = h.kernel_iface
         if kif and self.run(f"test -e /sys/class/net/{shlex.quote(kif)}", check=False).exited != 0:
-            raise ssh.StepFailed(f"interface {kif} does not exist on {h.name}: fix 'vdev'/'iface' "
-                                  "in the inventory (`ip link` on the host lists them)")
+            raise ssh.StepFailed(
+                f"interface {kif} does not exist on {h.name}: fix 'vdev'/'iface' "
+                "in the inventory (`ip link` on the host lists them)"
+            )
         if h.role == "worker":
             if not h.iface:
-                raise ssh.StepFailed(f"worker {h.name} has no kernel interface: the worker process "
-                                      "uses the kernel UDP stack, give it iface = '...'")
+                raise ssh.StepFailed(
+                    f"worker {h.name} has no kernel interface: the worker process "
+                    "uses the kernel UDP stack, give it iface = '...'"
+                )
             r = self.run(f"ip -o -4 addr show dev {shlex.quote(h.iface)}", check=False)
             if h.dataplane_ip not in r.stdout.split():
-                raise ssh.StepFailed(f"{h.dataplane_ip} is not on {h.iface} on {h.name}: {fix} "
-                                      "(step address)")
+                raise ssh.StepFailed(
+                    f"{h.dataplane_ip} is not on {h.iface} on {h.name}: {fix} (step address)"
+                )
 
     def alive(self, pidfile: str) -> bool:
         return self.sh(f"hg_alive {shlex.quote(pidfile)}", check=False).exited == 0
 
-    def start(self, pidfile: str, log: str, argv: list[str], cwd: str, env: dict | None = None) -> int:
+    def start(
+        self, pidfile: str, log: str, argv: list[str], cwd: str, env: dict | None = None
+    ) -> int:
         """Start ``argv`` in its own session in the background; returns its PID."""
         envs = ["env", *(f"{k}={v}" for k, v in (env or {}).items())] if env else []
         cmd = " ".join(map(shlex.quote, [*envs, *argv]))
-        r = self.sh(f"mkdir -p {shlex.quote(cwd)} && cd {shlex.quote(cwd)} && "
-                    f"hg_start {shlex.quote(pidfile)} {shlex.quote(log)} {cmd}")
+        r = self.sh(
+            f"mkdir -p {shlex.quote(cwd)} && cd {shlex.quote(cwd)} && "
+            f"hg_start {shlex.quote(pidfile)} {shlex.quote(log)} {cmd}"
+        )
         return int(r.stdout.split()[-1])
 
     def stop_all(self) -> list[str]:
@@ -236,8 +264,10 @@ class Host(ssh.Session):
     def put_job_file(self, path: str, fields: dict) -> None:
         """Write a job file (homagg.switch.job_file) on this host, readable by root only."""
         d = shlex.quote(os.path.dirname(path))
-        self.run(f"mkdir -p {d} && (umask 077 && printf %s {shlex.quote(json.dumps(fields))} "
-                 f"> {shlex.quote(path)})")
+        self.run(
+            f"mkdir -p {d} && (umask 077 && printf %s {shlex.quote(json.dumps(fields))} "
+            f"> {shlex.quote(path)})"
+        )
 
     def job_file_fields(self) -> dict | None:
         """The job file `up` left on this host (None when there is none)."""
@@ -246,26 +276,34 @@ class Host(ssh.Session):
 
     def control(self, request: dict, wait: float = 0.0, pid: int = 0) -> dict:
         """One request to the daemon's control socket (python -m homagg.switch.control on this host)."""
-        cmd = (f"{shlex.quote(self.python)} -m homagg.switch.control --wait {wait:g} --pid {pid} "
-               f"{shlex.quote(control_socket(self.h))} -")
+        cmd = (
+            f"{shlex.quote(self.python)} -m homagg.switch.control --wait {wait:g} --pid {pid} "
+            f"{shlex.quote(control_socket(self.h))} -"
+        )
         # the request on stdin: one with a secret never shows in a process listing or a log
-        r = self.run(cmd, check=False, timeout=wait + 30,
-                     stdin=json.dumps(request) + "\n")
+        r = self.run(cmd, check=False, timeout=wait + 30, stdin=json.dumps(request) + "\n")
         if r.exited != 0:
-            raise RemoteError(f"host '{self.h.name}': control request {request.get('cmd')} failed: "
-                              f"{(r.stderr or r.stdout).strip()[-600:]}")
+            raise RemoteError(
+                f"host '{self.h.name}': control request {request.get('cmd')} failed: "
+                f"{(r.stderr or r.stdout).strip()[-600:]}"
+            )
         return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def open_hosts(inventory: inv.Inventory, out=None, switch: str | None = None,
-               consequence: str = "nothing was started") -> list[Host]:
+def open_hosts(
+    inventory: inv.Inventory,
+    out=None,
+    switch: str | None = None,
+    consequence: str = "nothing was started",
+) -> list[Host]:
     """Connect to every host and run the preflight; PreflightError (naming
     every failing host and its fix) before anything starts."""
     out = out or sys.stdout
     hosts = [Host(h, inventory, switch) for h in inventory.hosts]
     try:
-        ssh.preflight_all(hosts, inventory.settings.parallel, out, consequence,
-                           check=lambda r: r.check())
+        ssh.preflight_all(
+            hosts, inventory.settings.parallel, out, consequence, check=lambda r: r.check()
+        )
     except BaseException:
         for r in hosts:
             r.close()
@@ -278,54 +316,101 @@ def _aggregators(hosts: list[Host]) -> list[Host]:
     return [r for r in hosts if r.h.role == "aggregator"]
 
 
-def switch_argv(h: inv.HostSpec, binary: str, hugepages_mount: str,
-                no_udp_csum: bool = False, frames: int = 0) -> list[str]:
+def switch_argv(
+    h: inv.HostSpec, binary: str, hugepages_mount: str, no_udp_csum: bool = False, frames: int = 0
+) -> list[str]:
     """homagg-switch's command line for aggregator ``h`` (docs/SWITCH.md):
     its PCI NIC (-a, hugepages) or vdev, its cores, its data-plane IP, and a
     receive ring for ``frames`` (W x S of its job) in flight: af_packet's
     framecnt, or --rx-ring (a power of two) above the daemon's 1024."""
     huge = h.hugepages and h.hugepages.count
-    eal = eal_args(",".join(map(str, h.cores)), file_prefix=f"homagg-{h.name}", pci=h.pci or None,
-                   vdev=None if h.pci else localrun.vdev_for_mtu(h.vdev, h.mtu, frames),
-                   hugepages_dir=hugepages_mount.replace("{name}", h.name) if huge else None)
-    opts = ["--port-ip", h.address, "--udp-port", str(localrun.UDP_PORT),
-            "--control", control_socket(h), "--mtu", str(h.mtu)]
+    eal = eal_args(
+        ",".join(map(str, h.cores)),
+        file_prefix=f"homagg-{h.name}",
+        pci=h.pci or None,
+        vdev=None if h.pci else localrun.vdev_for_mtu(h.vdev, h.mtu, frames),
+        hugepages_dir=hugepages_mount.replace("{name}", h.name) if huge else None,
+    )
+    opts = [
+        "--port-ip",
+        h.address,
+        "--udp-port",
+        str(localrun.UDP_PORT),
+        "--control",
+        control_socket(h),
+        "--mtu",
+        str(h.mtu),
+    ]
     if frames > 1024 and not (h.vdev or "").startswith(("net_af_packet", "eth_af_packet")):
         opts += ["--rx-ring", str(min(32768, 1 << (int(frames) - 1).bit_length()))]
-    return [binary, *eal, "--", *opts, *(["--no-udp-csum"] if no_udp_csum else []),
-            *logfmt.daemon_args()]
+    return [
+        binary,
+        *eal,
+        "--",
+        *opts,
+        *(["--no-udp-csum"] if no_udp_csum else []),
+        *logfmt.daemon_args(),
+    ]
 
 
 # --------------------------------------------------------------------------
 # up / down
 
 
-def _up_one(agg: Host, inventory: inv.Inventory, no_udp_csum: bool, ready_timeout: float,
-            out, slots: int | None = None) -> dict:
+def _up_one(
+    agg: Host,
+    inventory: inv.Inventory,
+    no_udp_csum: bool,
+    ready_timeout: float,
+    out,
+    slots: int | None = None,
+) -> dict:
     """homagg-switch on one aggregator, ready (its control socket answers),
     with a receive ring for ``slots`` frames of every worker in flight."""
     h = agg.h
     if agg.alive(switch_pidfile(h)):
-        raise RemoteError(f"host '{h.name}': homagg-switch already runs ({switch_pidfile(h)}): "
-                          f"stop it first with `homagg down -i {inventory.path}`")
+        raise RemoteError(
+            f"host '{h.name}': homagg-switch already runs ({switch_pidfile(h)}): "
+            f"stop it first with `homagg down -i {inventory.path}`"
+        )
     slots = resolve_slots(slots, len(inventory.workers))
-    argv = switch_argv(h, agg.switch_binary, inventory.settings.hugepages_mount, no_udp_csum,
-                       frames=len(inventory.workers) * slots)
+    argv = switch_argv(
+        h,
+        agg.switch_binary,
+        inventory.settings.hugepages_mount,
+        no_udp_csum,
+        frames=len(inventory.workers) * slots,
+    )
     rt = f"{rundir(h)}/rt"
     agg.run(f"mkdir -p {shlex.quote(rt)}")
-    pid = agg.start(switch_pidfile(h), switch_log(h), argv, rundir(h),
-                    env={"RUNTIME_DIRECTORY": rt, "XDG_RUNTIME_DIR": rt})
+    pid = agg.start(
+        switch_pidfile(h),
+        switch_log(h),
+        argv,
+        rundir(h),
+        env={"RUNTIME_DIRECTORY": rt, "XDG_RUNTIME_DIR": rt},
+    )
     try:
         agg.control({"cmd": "stats"}, wait=ready_timeout, pid=pid)
     except RemoteError as e:
         log = agg.run(f"tail -n 30 {shlex.quote(switch_log(h))}", check=False).stdout
         agg.stop_all()
-        raise RemoteError(f"host '{h.name}': homagg-switch did not become ready within "
-                          f"{ready_timeout:g} s ({e}); its log:\n{log}") from None
-    print(f"homagg-switch up on {h.name} (pid {pid}, {h.vdev or 'pci ' + h.pci}, ip {h.address}), "
-          f"control socket {control_socket(h)}", file=out)
-    rec = {"host": h.name, "pid": pid, "control": control_socket(h), "log": switch_log(h),
-           "argv": argv}
+        raise RemoteError(
+            f"host '{h.name}': homagg-switch did not become ready within "
+            f"{ready_timeout:g} s ({e}); its log:\n{log}"
+        ) from None
+    print(
+        f"homagg-switch up on {h.name} (pid {pid}, {h.vdev or 'pci ' + h.pci}, ip {h.address}), "
+        f"control socket {control_socket(h)}",
+        file=out,
+    )
+    rec = {
+        "host": h.name,
+        "pid": pid,
+        "control": control_socket(h),
+        "log": switch_log(h),
+        "argv": argv,
+    }
     if h.metrics_port:
         rec["exporter"] = _up_exporter(agg, ready_timeout, out)
     return rec
@@ -340,23 +425,41 @@ def _up_exporter(agg: Host, ready_timeout: float, out) -> dict:
         print(f"homagg exporter on {h.name}: the homagg-exporter service serves {url}", file=out)
         return {"service": "homagg-exporter", "url": url}
     pidfile, logf = f"{rundir(h)}/exporter.pid", f"{rundir(h)}/exporter.log"
-    argv = [agg.python, "-m", "homagg.cli", "exporter", "--socket",
-            f"{h.name}={control_socket(h)}", "--port", str(h.metrics_port),
-            "--bind", h.metrics_bind]
+    argv = [
+        agg.python,
+        "-m",
+        "homagg.cli",
+        "exporter",
+        "--socket",
+        f"{h.name}={control_socket(h)}",
+        "--port",
+        str(h.metrics_port),
+        "--bind",
+        h.metrics_bind,
+    ]
     pid = agg.start(pidfile, logf, argv, rundir(h))
-    if not _wait_remote(agg, f"grep -q '^homagg exporter: http' {shlex.quote(logf)}",
-                        pidfile, ready_timeout):
+    if not _wait_remote(
+        agg, f"grep -q '^homagg exporter: http' {shlex.quote(logf)}", pidfile, ready_timeout
+    ):
         tail = agg.run(f"tail -n 20 {shlex.quote(logf)}", check=False).stdout
         agg.stop_all()
-        raise RemoteError(f"host '{h.name}': homagg exporter did not serve on "
-                          f"{h.metrics_bind}:{h.metrics_port} within {ready_timeout:g} s "
-                          f"(metrics_port / metrics_bind in the inventory); its log:\n{tail}")
+        raise RemoteError(
+            f"host '{h.name}': homagg exporter did not serve on "
+            f"{h.metrics_bind}:{h.metrics_port} within {ready_timeout:g} s "
+            f"(metrics_port / metrics_bind in the inventory); its log:\n{tail}"
+        )
     print(f"homagg exporter up on {h.name} (pid {pid}): {url}", file=out)
     return {"pid": pid, "url": url, "log": logf}
 
 
-def up(inventory: inv.Inventory, switch: str | None = None, no_udp_csum: bool = False,
-       ready_timeout: float = 30.0, out=None, **job_options) -> dict:
+def up(
+    inventory: inv.Inventory,
+    switch: str | None = None,
+    no_udp_csum: bool = False,
+    ready_timeout: float = 30.0,
+    out=None,
+    **job_options,
+) -> dict:
     """Start homagg-switch on every aggregator (in parallel) and wait until
     each control socket answers, then register one job for every worker
     host spread over them and write its job file on every host
@@ -375,13 +478,15 @@ def up(inventory: inv.Inventory, switch: str | None = None, no_udp_csum: bool = 
         aggs = _aggregators(hosts)
         if job_options.get("auth") and inventory.settings.auth_secret:
             # the provisioned secret is checked (read only) before anything starts
-            job_options["placed"] = _up_secret([r for r in hosts if r.h.role == "worker"],
-                                               inventory, inventory.settings.parallel)
+            job_options["placed"] = _up_secret(
+                [r for r in hosts if r.h.role == "worker"], inventory, inventory.settings.parallel
+            )
 
         def one(agg):
             try:
-                return _up_one(agg, inventory, no_udp_csum, ready_timeout, out,
-                               slots=job_options.get("slots"))
+                return _up_one(
+                    agg, inventory, no_udp_csum, ready_timeout, out, slots=job_options.get("slots")
+                )
             except Exception as e:  # noqa: BLE001 - collected per host below
                 return e
 
@@ -389,8 +494,10 @@ def up(inventory: inv.Inventory, switch: str | None = None, no_udp_csum: bool = 
         started = [a for a in aggs if not isinstance(res[a.h.name], Exception)]
         bad = {n: v for n, v in res.items() if isinstance(v, Exception)}
         if bad:
-            raise RemoteError("homagg-switch did not start on every aggregator: " +
-                              "; ".join(str(e) for e in bad.values()))
+            raise RemoteError(
+                "homagg-switch did not start on every aggregator: "
+                + "; ".join(str(e) for e in bad.values())
+            )
         infos = [res[a.h.name] for a in aggs]
         # every daemon is this call's: the workers' run directories hold only what it writes
         started += [r for r in hosts if r.h.role == "worker"]
@@ -411,6 +518,7 @@ def _undo_up(hosts: list[Host], inventory: inv.Inventory, out) -> None:
     daemon it started; the worker hosts once every daemon was its own) and
     remove their run directories, and say so; a host that fails is named,
     not raised over the error that made `up` fail."""
+
     def one(r):
         try:
             return r.stop_all()
@@ -419,8 +527,11 @@ def _undo_up(hosts: list[Host], inventory: inv.Inventory, out) -> None:
 
     for name, v in ssh.parallel(one, hosts, inventory.settings.parallel).items():
         if isinstance(v, Exception):
-            print(f"{name}: not cleaned up after the failed up ({type(v).__name__}: {v}): "
-                  f"run `homagg down -i {inventory.path}`", file=out)
+            print(
+                f"{name}: not cleaned up after the failed up ({type(v).__name__}: {v}): "
+                f"run `homagg down -i {inventory.path}`",
+                file=out,
+            )
         elif v:
             print(f"{name}: stopped after the failed up: " + "; ".join(v), file=out)
 
@@ -430,8 +541,7 @@ def calibration_file(h: inv.HostSpec) -> str:
     return f"{h.install_dir}/calibration.json"
 
 
-def calibrate(inventory: inv.Inventory, out=None, elements: int = 1 << 20,
-              repeat: int = 5) -> dict:
+def calibrate(inventory: inv.Inventory, out=None, elements: int = 1 << 20, repeat: int = 5) -> dict:
     """`homagg calibrate -i`: `homagg calibrate` on every worker host, one
     host after the other (hosts that share a machine would slow each other
     down), into calibration_file on that host; returns {host: calibration}.
@@ -444,9 +554,12 @@ def calibrate(inventory: inv.Inventory, out=None, elements: int = 1 << 20,
     try:
         for r in (r for r in hosts if r.h.role == "worker"):
             path = calibration_file(r.h)
-            res = r.run(f"{shlex.quote(r.python)} -m homagg.cli calibrate --json --out "
-                        f"{shlex.quote(path)} --elements {int(elements)} --repeat {int(repeat)}",
-                        check=False, timeout=max(120.0, inventory.settings.command_timeout))
+            res = r.run(
+                f"{shlex.quote(r.python)} -m homagg.cli calibrate --json --out "
+                f"{shlex.quote(path)} --elements {int(elements)} --repeat {int(repeat)}",
+                check=False,
+                timeout=max(120.0, inventory.settings.command_timeout),
+            )
             try:
                 if res.exited != 0:
                     raise ValueError(ssh.tail(res.stderr) or f"exit status {res.exited}")
@@ -456,8 +569,12 @@ def calibrate(inventory: inv.Inventory, out=None, elements: int = 1 << 20,
                 continue
             cals[r.h.name] = cal
             c = cost.coefficients(cal, cal["isa"])
-            print(f"{r.h.name}: {cal['cpu']}, jobs use {cal['isa']}: " +
-                  "  ".join(f"{k} {v}" for k, v in c.items()) + f" ({path})", file=out)
+            print(
+                f"{r.h.name}: {cal['cpu']}, jobs use {cal['isa']}: "
+                + "  ".join(f"{k} {v}" for k, v in c.items())
+                + f" ({path})",
+                file=out,
+            )
     finally:
         for r in hosts:
             r.close()
@@ -478,7 +595,8 @@ def host_calibrations(hosts: list[Host]) -> dict:
             continue
         try:
             cals[r.h.name] = cost.check_calibration(
-                json.loads(res.stdout), f"{calibration_file(r.h)} on host '{r.h.name}'")
+                json.loads(res.stdout), f"{calibration_file(r.h)} on host '{r.h.name}'"
+            )
         except ValueError as e:
             raise RemoteError(f"{e}: run `homagg calibrate -i {r.inv.path}` again") from None
     return cals
@@ -498,8 +616,10 @@ def inventory_cost(inventory, hosts: list[Host] | None = None):
     workers = [r for r in hosts or [] if r.h.role == "worker"]
     cals = host_calibrations(workers) if workers else {}
     if workers and len(cals) == len(workers):
-        return cost.job_cost(inventory.settings.link_mbit, coeffs=cost.slowest(
-            *(cost.coefficients(c, c["isa"]) for c in cals.values())))
+        return cost.job_cost(
+            inventory.settings.link_mbit,
+            coeffs=cost.slowest(*(cost.coefficients(c, c["isa"]) for c in cals.values())),
+        )
     return cost.job_cost(inventory.settings.link_mbit)
 
 
@@ -515,38 +635,61 @@ def _up_secret(workers: list[Host], inventory: inv.Inventory, parallel: int):
     a new one put into every worker's run directory."""
     if inventory.settings.auth_secret:
         secret = hsecret.local_secret(inventory, create=False)
-        states = ssh.parallel(lambda r: hsecret.host_state(r, r.h.secret_file, secret),
-                              workers, parallel)
+        states = ssh.parallel(
+            lambda r: hsecret.host_state(r, r.h.secret_file, secret), workers, parallel
+        )
         bad = {n: s for n, s in states.items() if s != "ok"}
         if bad:
-            raise RemoteError("the job secret of 'auth_secret' is not in place: " + "; ".join(
-                f"host '{n}': {s}" for n, s in bad.items()) +
-                f": run `homagg provision -i {inventory.path}` (step secret)")
+            raise RemoteError(
+                "the job secret of 'auth_secret' is not in place: "
+                + "; ".join(f"host '{n}': {s}" for n, s in bad.items())
+                + f": run `homagg provision -i {inventory.path}` (step secret)"
+            )
         return secret, {r.h.name: r.h.secret_file for r in workers}
     secret = hg_auth.new_secret()
     ssh.parallel(lambda r: hsecret.put(r, up_secret_file(r.h), secret), workers, parallel)
     return secret, {r.h.name: up_secret_file(r.h) for r in workers}
 
 
-def _up_job(hosts: list[Host], inventory: inv.Inventory, out, slots: int | None = None,
-            payload: int = 1024, timeout: float = 10.0, group: str = UP_JOB_GROUP,
-            auth: bool = False, mac: str | None = None, placed=None) -> dict:
+def _up_job(
+    hosts: list[Host],
+    inventory: inv.Inventory,
+    out,
+    slots: int | None = None,
+    payload: int = 1024,
+    timeout: float = 10.0,
+    group: str = UP_JOB_GROUP,
+    auth: bool = False,
+    mac: str | None = None,
+    placed=None,
+) -> dict:
     """The job of `up`: every worker host, spread over every aggregator, and
     its job file on every host (a worker's names its own bind address and,
     with ``auth``, its own copy of the job secret: _up_secret, or
     ``placed``, what it returned already)."""
     aggs = _aggregators(hosts)
     workers = [r for r in hosts if r.h.role == "worker"]
-    localrun.check_payload(payload, min(h.mtu for h in inventory.hosts),
-                           f"inventory {inventory.path}")
-    secret, files = (None, {}) if not auth else placed or _up_secret(
-        workers, inventory, inventory.settings.parallel)
+    localrun.check_payload(
+        payload, min(h.mtu for h in inventory.hosts), f"inventory {inventory.path}"
+    )
+    secret, files = (
+        (None, {})
+        if not auth
+        else placed or _up_secret(workers, inventory, inventory.settings.parallel)
+    )
     placed = None
-    fields = job_file.register([a.control for a in aggs],
-                               [(a.h.address, localrun.UDP_PORT) for a in aggs],
-                               workers=len(workers), slots=slots, payload=payload, group=group,
-                               timeout=timeout, cost=inventory_cost(inventory, hosts), auth=secret,
-                               mac=mac)
+    fields = job_file.register(
+        [a.control for a in aggs],
+        [(a.h.address, localrun.UDP_PORT) for a in aggs],
+        workers=len(workers),
+        slots=slots,
+        payload=payload,
+        group=group,
+        timeout=timeout,
+        cost=inventory_cost(inventory, hosts),
+        auth=secret,
+        mac=mac,
+    )
     del secret
 
     def own(r):
@@ -557,14 +700,22 @@ def _up_job(hosts: list[Host], inventory: inv.Inventory, out, slots: int | None 
             f["auth_file"] = files.get(r.h.name, "")
         return f
 
-    ssh.parallel(lambda r: r.put_job_file(job_file_path(r.h), own(r)),
-                 hosts, inventory.settings.parallel)
-    print(f"job {fields['job']} for {len(workers)} workers on {fields['aggregator']}"
-          + (f", authenticated ({fields['mac']}; the secret on every worker host: "
-             f"{files[workers[0].h.name] if workers else '-'}, mode 0600)" if auth else "")
-          + "; job file "
-          f"on every host: {job_file_path(workers[0].h) if workers else '-'} "
-          "(HOMAGG_JOB_FILE for torchrun)", file=out)
+    ssh.parallel(
+        lambda r: r.put_job_file(job_file_path(r.h), own(r)), hosts, inventory.settings.parallel
+    )
+    print(
+        f"job {fields['job']} for {len(workers)} workers on {fields['aggregator']}"
+        + (
+            f", authenticated ({fields['mac']}; the secret on every worker host: "
+            f"{files[workers[0].h.name] if workers else '-'}, mode 0600)"
+            if auth
+            else ""
+        )
+        + "; job file "
+        f"on every host: {job_file_path(workers[0].h) if workers else '-'} "
+        "(HOMAGG_JOB_FILE for torchrun)",
+        file=out,
+    )
     return fields
 
 
@@ -578,18 +729,22 @@ def up_job_secret(workers: list[Host], fields: dict | None) -> bytes | None:
     own = w.job_file_fields() or {}
     path = own.get("auth_file")
     if not path:
-        raise RemoteError(f"host '{w.h.name}': the job file {job_file_path(w.h)} of "
-                          f"authenticated job {fields['job']} names no auth_file: "
-                          f"`homagg down -i {w.inv.path}` and `homagg up -i --auth` again")
+        raise RemoteError(
+            f"host '{w.h.name}': the job file {job_file_path(w.h)} of "
+            f"authenticated job {fields['job']} names no auth_file: "
+            f"`homagg down -i {w.inv.path}` and `homagg up -i --auth` again"
+        )
     r = w.run(f"cat {shlex.quote(path)}", check=False)
     try:
         secret = bytes.fromhex(r.stdout.strip()) if r.exited == 0 else b""
     except ValueError:
         secret = b""
     if len(secret) != hg_auth.SECRET_LEN:
-        raise RemoteError(f"host '{w.h.name}': the job secret file {path} is missing or "
-                          f"malformed: `homagg down -i {w.inv.path}` and `homagg up -i --auth` "
-                          "again")
+        raise RemoteError(
+            f"host '{w.h.name}': the job secret file {path} is missing or "
+            f"malformed: `homagg down -i {w.inv.path}` and `homagg up -i --auth` "
+            "again"
+        )
     return secret
 
 
@@ -638,8 +793,6 @@ def down(inventory: inv.Inventory, out=None) -> dict[str, list[str]]:
 # run allreduce
 
 
-
-
 def _link_bytes(r: Host) -> dict:
     ifname = r.h.kernel_iface
     st = f"/sys/class/net/{ifname}/statistics"
@@ -651,13 +804,23 @@ def _wait_remote(r: Host, cond: str, pidfile: str, seconds: float) -> bool:
     """Poll on the host until the shell condition ``cond`` holds (True) or
     the process of ``pidfile`` exited / ``seconds`` passed (False)."""
     n = max(1, int(seconds / 0.02))
-    script = (f"i=0; while ! {cond} && hg_alive {shlex.quote(pidfile)} && [ $i -lt {n} ]; "
-              f"do sleep 0.02; i=$((i+1)); done; {cond}")
+    script = (
+        f"i=0; while ! {cond} && hg_alive {shlex.quote(pidfile)} && [ $i -lt {n} ]; "
+        f"do sleep 0.02; i=$((i+1)); done; {cond}"
+    )
     return r.sh(script, check=False, timeout=seconds + 30).exited == 0
 
 
-def run_allreduce(inventory: inv.Inventory, method: str, elements: int, density: float,
-                  runs_dir: str = "runs", start_timeout: float = 120.0, out=None, **options):
+def run_allreduce(
+    inventory: inv.Inventory,
+    method: str,
+    elements: int,
+    density: float,
+    runs_dir: str = "runs",
+    start_timeout: float = 120.0,
+    out=None,
+    **options,
+):
     """One allreduce on the inventory's hosts with the daemons `up` started:
     homagg.runs.allreduce.run_allreduce on an InventoryPlacement (the same
     options and report; the report's "run_dir" holds the results, logs and
@@ -665,9 +828,15 @@ def run_allreduce(inventory: inv.Inventory, method: str, elements: int, density:
     from homagg.deploy.remote.placement import InventoryPlacement
     from homagg.runs.allreduce import run_allreduce as run
 
-    return run(InventoryPlacement(inventory, runs_dir=runs_dir, label=method,
-                                  start_timeout=start_timeout, out=out),
-               method, elements, density, **options)
+    return run(
+        InventoryPlacement(
+            inventory, runs_dir=runs_dir, label=method, start_timeout=start_timeout, out=out
+        ),
+        method,
+        elements,
+        density,
+        **options,
+    )
 
 
 def _fetch_logs(workers: list[Host], paths: list[dict], folder: str) -> None:
@@ -691,19 +860,38 @@ def _log_tail(folder: str, name: str) -> str:
 
 def add_up_arguments(p) -> None:
     p.add_argument("-i", "--inventory", required=True, help="testbed.toml (docs/INVENTORY.md)")
-    p.add_argument("--switch", metavar="PATH", help="homagg-switch on the aggregator (default: "
-                   "SOURCE_DIR/build/release/homagg-switch from the host config)")
-    p.add_argument("--no-udp-csum", action="store_true",
-                   help="the daemon neither checks nor fills UDP checksums (workers on veth)")
-    p.add_argument("--ready-timeout", type=float, default=30.0, metavar="S",
-                   help="seconds to wait for the control socket (default: %(default)s)")
-    p.add_argument("--auth", action="store_true",
-                   help="the job authenticates every frame: its secret is the inventory's "
-                   "auth_secret as `homagg provision` placed it, else a new one put on every "
-                   "worker host (mode 0600) and named in the job file (docs/SECURITY.md)")
-    p.add_argument("--mac", choices=("auto", "aes-gmac", "blake2b"), default="auto",
-                   help="with --auth: the MAC algorithm (default: this host's, aes-gmac "
-                   "where the CPU has AES-NI and PCLMULQDQ); every host must compute it")
+    p.add_argument(
+        "--switch",
+        metavar="PATH",
+        help="homagg-switch on the aggregator (default: "
+        "SOURCE_DIR/build/release/homagg-switch from the host config)",
+    )
+    p.add_argument(
+        "--no-udp-csum",
+        action="store_true",
+        help="the daemon neither checks nor fills UDP checksums (workers on veth)",
+    )
+    p.add_argument(
+        "--ready-timeout",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="seconds to wait for the control socket (default: %(default)s)",
+    )
+    p.add_argument(
+        "--auth",
+        action="store_true",
+        help="the job authenticates every frame: its secret is the inventory's "
+        "auth_secret as `homagg provision` placed it, else a new one put on every "
+        "worker host (mode 0600) and named in the job file (docs/SECURITY.md)",
+    )
+    p.add_argument(
+        "--mac",
+        choices=("auto", "aes-gmac", "blake2b"),
+        default="auto",
+        help="with --auth: the MAC algorithm (default: this host's, aes-gmac "
+        "where the CPU has AES-NI and PCLMULQDQ); every host must compute it",
+    )
     job_file.add_job_arguments(p)
 
 
@@ -719,11 +907,20 @@ def _exit_status(command: str, action) -> int:
 
 
 def up_main(args) -> int:
-    return _exit_status("up", lambda: up(
-        inv.load(args.inventory), switch=args.switch, no_udp_csum=args.no_udp_csum,
-        ready_timeout=args.ready_timeout, slots=args.slots, payload=args.payload_bytes,
-        timeout=args.timeout, auth=args.auth,
-        mac=None if args.mac == "auto" else args.mac))
+    return _exit_status(
+        "up",
+        lambda: up(
+            inv.load(args.inventory),
+            switch=args.switch,
+            no_udp_csum=args.no_udp_csum,
+            ready_timeout=args.ready_timeout,
+            slots=args.slots,
+            payload=args.payload_bytes,
+            timeout=args.timeout,
+            auth=args.auth,
+            mac=None if args.mac == "auto" else args.mac,
+        ),
+    )
 
 
 def down_main(args) -> int:

@@ -11,6 +11,7 @@ docs/INVENTORY.md documents every field with a complete example.  The
 inventory is read by ``homagg provision``, ``homagg ansible-inventory`` and
 the run commands; nothing here touches the network.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -32,14 +33,40 @@ _IFACE_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,15}$")
 _VDEV_RE = re.compile(r"^net_[a-z_]+[0-9]*(,[A-Za-z0-9_]+=[^,\s]+)*$")
 
 SETTINGS_FIELDS = {
-    "project", "install_dir", "config_file", "hugepages_mount", "python",
-    "connect_timeout", "command_timeout", "parallel", "pip_args", "apt_packages",
-    "pip_index", "wheelhouse", "link_mbit", "auth_secret",
+    "project",
+    "install_dir",
+    "config_file",
+    "hugepages_mount",
+    "python",
+    "connect_timeout",
+    "command_timeout",
+    "parallel",
+    "pip_args",
+    "apt_packages",
+    "pip_index",
+    "wheelhouse",
+    "link_mbit",
+    "auth_secret",
 }
 HOST_FIELDS = {
-    "name", "ssh_host", "ssh_port", "ssh_user", "ssh_key", "role",
-    "pci", "driver", "vdev", "iface", "dataplane_ip", "mtu", "cores", "hugepages",
-    "install_dir", "config_file", "metrics_port", "metrics_bind",
+    "name",
+    "ssh_host",
+    "ssh_port",
+    "ssh_user",
+    "ssh_key",
+    "role",
+    "pci",
+    "driver",
+    "vdev",
+    "iface",
+    "dataplane_ip",
+    "mtu",
+    "cores",
+    "hugepages",
+    "install_dir",
+    "config_file",
+    "metrics_port",
+    "metrics_bind",
 }
 
 
@@ -78,7 +105,7 @@ class HostSpec:
 
     @property
     def dataplane_kind(self) -> str:
-        """"pci", "vdev" or "iface"."""
+        """ "pci", "vdev" or "iface"."""
         return "pci" if self.pci else "vdev" if self.vdev else "iface"
 
     @property
@@ -123,7 +150,9 @@ class Settings:
     pip_args: tuple[str, ...]
     apt_packages: dict  # role -> tuple of Debian packages
     pip_index: bool = False  # hosts reach a package index themselves
-    wheelhouse: str = ""  # local directory of wheels ("" = download one)  # role -> tuple of Debian packages
+    wheelhouse: str = (
+        ""  # local directory of wheels ("" = download one)  # role -> tuple of Debian packages
+    )
     link_mbit: float = 0.0  # the workers' link rate for the jobs' cost model (0: none)
     # the job secret's file on this machine ("": none), copied to every worker
     # host by `homagg provision` / the playbook; `homagg up -i --auth` uses it
@@ -140,8 +169,9 @@ class Inventory:
         for h in self.hosts:
             if h.name == name:
                 return h
-        raise InventoryError(f"no host {name!r} in {self.path} (hosts: "
-                             f"{', '.join(h.name for h in self.hosts)})")
+        raise InventoryError(
+            f"no host {name!r} in {self.path} (hosts: {', '.join(h.name for h in self.hosts)})"
+        )
 
     @property
     def aggregators(self) -> list[HostSpec]:
@@ -161,13 +191,23 @@ class Inventory:
         if unknown:
             raise InventoryError(
                 f"--hosts names unknown host(s) {', '.join(map(repr, unknown))}; "
-                f"the inventory {self.path} has: {', '.join(sorted(known))}")
+                f"the inventory {self.path} has: {', '.join(sorted(known))}"
+            )
         return [h for h in self.hosts if h.name in names]
 
 
 DEFAULT_APT = {
-    "common": ("python3", "python3-venv", "python3-dev", "build-essential", "pkg-config",
-               "make", "iproute2", "tar", "libsodium-dev"),
+    "common": (
+        "python3",
+        "python3-venv",
+        "python3-dev",
+        "build-essential",
+        "pkg-config",
+        "make",
+        "iproute2",
+        "tar",
+        "libsodium-dev",
+    ),
     "aggregator": ("dpdk", "libdpdk-dev", "libjansson-dev"),
     "worker": (),
 }
@@ -219,20 +259,33 @@ def _settings(raw: dict, base: str, c: _Collector) -> Settings:
     project = local_path("project", "a path (string) to a .tar.gz sdist or a .whl wheel")
     if project:
         if not (project.endswith(".tar.gz") or project.endswith(".whl")):
-            c.add(where, "project", project,
-                  "must end in .tar.gz (an sdist, `python setup.py sdist`) or .whl "
-                  "(a wheel, `pip wheel --no-deps .`), or be left out to build an sdist "
-                  "of this checkout")
+            c.add(
+                where,
+                "project",
+                project,
+                "must end in .tar.gz (an sdist, `python setup.py sdist`) or .whl "
+                "(a wheel, `pip wheel --no-deps .`), or be left out to build an sdist "
+                "of this checkout",
+            )
         elif not os.path.isfile(project):
-            c.add(where, "project", project,
-                  "file not found: build it first (`python setup.py sdist -d dist`), or leave "
-                  "'project' out to build an sdist of this checkout automatically")
+            c.add(
+                where,
+                "project",
+                project,
+                "file not found: build it first (`python setup.py sdist -d dist`), or leave "
+                "'project' out to build an sdist of this checkout automatically",
+            )
 
     def path_field(key):
         v = raw.get(key, DEFAULTS[key])
         if not isinstance(v, str) or not v.startswith("/") or len(v) < 2:
-            c.add(where, key, v, "must be an absolute path on the hosts, e.g. "
-                  f"{DEFAULTS[key]!r} ('{{name}}' is replaced by the host name)")
+            c.add(
+                where,
+                key,
+                v,
+                "must be an absolute path on the hosts, e.g. "
+                f"{DEFAULTS[key]!r} ('{{name}}' is replaced by the host name)",
+            )
             return DEFAULTS[key]
         return v.rstrip("/") or v
 
@@ -260,50 +313,100 @@ def _settings(raw: dict, base: str, c: _Collector) -> Settings:
         parallel = DEFAULTS["parallel"]
     pip_args = raw.get("pip_args", [])
     if not isinstance(pip_args, list) or not all(isinstance(a, str) for a in pip_args):
-        c.add(where, "pip_args", pip_args,
-              "must be a list of strings, e.g. ['--index-url', 'http://mirror/simple']")
+        c.add(
+            where,
+            "pip_args",
+            pip_args,
+            "must be a list of strings, e.g. ['--index-url', 'http://mirror/simple']",
+        )
         pip_args = []
     apt = {k: tuple(v) for k, v in DEFAULT_APT.items()}
     apt_raw = raw.get("apt_packages", {})
     if not isinstance(apt_raw, dict):
-        c.add(where, "apt_packages", apt_raw,
-              "must be a table with lists 'common', 'aggregator', 'worker'")
+        c.add(
+            where,
+            "apt_packages",
+            apt_raw,
+            "must be a table with lists 'common', 'aggregator', 'worker'",
+        )
     else:
         for k, v in apt_raw.items():
             if k not in apt:
-                c.add(where, f"apt_packages.{k}", v, "unknown key: use 'common', 'aggregator' or 'worker'")
+                c.add(
+                    where,
+                    f"apt_packages.{k}",
+                    v,
+                    "unknown key: use 'common', 'aggregator' or 'worker'",
+                )
             elif not isinstance(v, list) or not all(
-                    isinstance(p, str) and re.match(r"^[a-z0-9][a-z0-9+.-]+$", p) for p in v):
+                isinstance(p, str) and re.match(r"^[a-z0-9][a-z0-9+.-]+$", p) for p in v
+            ):
                 c.add(where, f"apt_packages.{k}", v, "must be a list of Debian package names")
             else:
                 apt[k] = tuple(v)
     pip_index = raw.get("pip_index", False)
     if not isinstance(pip_index, bool):
-        c.add(where, "pip_index", pip_index, "must be true (hosts use a package index) or false "
-              "(default: dependencies are copied as a wheelhouse)")
+        c.add(
+            where,
+            "pip_index",
+            pip_index,
+            "must be true (hosts use a package index) or false "
+            "(default: dependencies are copied as a wheelhouse)",
+        )
         pip_index = False
     wheelhouse = local_path("wheelhouse", "a local directory of .whl files")
     if wheelhouse:
         if not os.path.isdir(wheelhouse):
-            c.add(where, "wheelhouse", wheelhouse, "directory not found: create it with `pip download "
-                  "-d DIR --only-binary :all: <requirements>` or leave it out (downloaded automatically)")
+            c.add(
+                where,
+                "wheelhouse",
+                wheelhouse,
+                "directory not found: create it with `pip download "
+                "-d DIR --only-binary :all: <requirements>` or leave it out (downloaded automatically)",
+            )
     link_mbit = raw.get("link_mbit", 0)
-    if isinstance(link_mbit, bool) or not isinstance(link_mbit, (int, float)) or \
-            not (link_mbit == 0 or 1 <= link_mbit < 2**32):
-        c.add(where, "link_mbit", link_mbit, "must be the workers' link rate in Mbit/s (>= 1), "
-              "e.g. 10000, or 0 / left out: jobs choose by bytes")
+    if (
+        isinstance(link_mbit, bool)
+        or not isinstance(link_mbit, (int, float))
+        or not (link_mbit == 0 or 1 <= link_mbit < 2**32)
+    ):
+        c.add(
+            where,
+            "link_mbit",
+            link_mbit,
+            "must be the workers' link rate in Mbit/s (>= 1), "
+            "e.g. 10000, or 0 / left out: jobs choose by bytes",
+        )
         link_mbit = 0
-    auth_secret = local_path("auth_secret", "the path of the job secret's file on this machine "
-                             "(64 hex digits, mode 0600; `homagg provision` creates it if missing)")
+    auth_secret = local_path(
+        "auth_secret",
+        "the path of the job secret's file on this machine "
+        "(64 hex digits, mode 0600; `homagg provision` creates it if missing)",
+    )
     if auth_secret and os.path.isdir(auth_secret):
-        c.add(where, "auth_secret", auth_secret, "is a directory: name the secret's file, e.g. "
-              "'secrets/job.secret' (created by `homagg provision` if missing)")
-    return Settings(pip_index=pip_index, wheelhouse=wheelhouse, link_mbit=float(link_mbit),
-                    auth_secret=auth_secret,
-                    project=project, install_dir=install_dir, config_file=config_file,
-                    hugepages_mount=hp_mount, python=python, connect_timeout=connect_timeout,
-                    command_timeout=command_timeout, parallel=parallel,
-                    pip_args=tuple(pip_args), apt_packages=apt)
+        c.add(
+            where,
+            "auth_secret",
+            auth_secret,
+            "is a directory: name the secret's file, e.g. "
+            "'secrets/job.secret' (created by `homagg provision` if missing)",
+        )
+    return Settings(
+        pip_index=pip_index,
+        wheelhouse=wheelhouse,
+        link_mbit=float(link_mbit),
+        auth_secret=auth_secret,
+        project=project,
+        install_dir=install_dir,
+        config_file=config_file,
+        hugepages_mount=hp_mount,
+        python=python,
+        connect_timeout=connect_timeout,
+        command_timeout=command_timeout,
+        parallel=parallel,
+        pip_args=tuple(pip_args),
+        apt_packages=apt,
+    )
 
 
 def _cores(v, where, c) -> tuple[int, ...]:
@@ -340,8 +443,12 @@ def _host(raw: dict, idx: int, s: Settings, base: str, c: _Collector) -> HostSpe
         return None
     name = raw.get("name")
     if not isinstance(name, str) or not _NAME_RE.match(name):
-        c.add(f"hosts[{idx}]", "name", name if name is not None else _MISSING,
-              "must be 1-63 characters from A-Z a-z 0-9 _ . - (a unique host name)")
+        c.add(
+            f"hosts[{idx}]",
+            "name",
+            name if name is not None else _MISSING,
+            "must be 1-63 characters from A-Z a-z 0-9 _ . - (a unique host name)",
+        )
         where = f"hosts[{idx}]"
         name = f"hosts[{idx}]"
     else:
@@ -351,7 +458,12 @@ def _host(raw: dict, idx: int, s: Settings, base: str, c: _Collector) -> HostSpe
 
     ssh_host = raw.get("ssh_host", _MISSING)
     if not isinstance(ssh_host, str) or not ssh_host or any(ch.isspace() for ch in ssh_host):
-        c.add(where, "ssh_host", ssh_host, "must be the management address or DNS name sshd listens on")
+        c.add(
+            where,
+            "ssh_host",
+            ssh_host,
+            "must be the management address or DNS name sshd listens on",
+        )
         ssh_host = ""
     ssh_port = raw.get("ssh_port", 22)
     if not _is_int(ssh_port) or not 1 <= ssh_port <= 65535:
@@ -359,18 +471,32 @@ def _host(raw: dict, idx: int, s: Settings, base: str, c: _Collector) -> HostSpe
         ssh_port = 22
     ssh_user = raw.get("ssh_user", "root")
     if not isinstance(ssh_user, str) or not re.match(r"^[a-z_][a-z0-9_.-]*\$?$", ssh_user):
-        c.add(where, "ssh_user", ssh_user, "must be a login name (root, or a user with passwordless sudo)")
+        c.add(
+            where,
+            "ssh_user",
+            ssh_user,
+            "must be a login name (root, or a user with passwordless sudo)",
+        )
         ssh_user = "root"
     ssh_key = raw.get("ssh_key", _MISSING)
     if not isinstance(ssh_key, str) or not ssh_key:
-        c.add(where, "ssh_key", ssh_key, "must be the path of the private key to log in with, "
-              "e.g. '~/.ssh/id_ed25519'")
+        c.add(
+            where,
+            "ssh_key",
+            ssh_key,
+            "must be the path of the private key to log in with, e.g. '~/.ssh/id_ed25519'",
+        )
         ssh_key = ""
     else:
         ssh_key = os.path.normpath(os.path.join(base, os.path.expanduser(ssh_key)))
         if not os.path.isfile(ssh_key):
-            c.add(where, "ssh_key", ssh_key, "file not found: create a key (`ssh-keygen -t ed25519`) "
-                  "and install its .pub in the host's ~/.ssh/authorized_keys")
+            c.add(
+                where,
+                "ssh_key",
+                ssh_key,
+                "file not found: create a key (`ssh-keygen -t ed25519`) "
+                "and install its .pub in the host's ~/.ssh/authorized_keys",
+            )
 
     role = raw.get("role", _MISSING)
     if role not in ROLES:
@@ -380,33 +506,62 @@ def _host(raw: dict, idx: int, s: Settings, base: str, c: _Collector) -> HostSpe
     kinds = [k for k in ("pci", "vdev", "iface") if k in raw]
     pci = vdev = iface = driver = None
     if len(kinds) != 1:
-        c.add(where, "pci/vdev/iface", ", ".join(kinds) if kinds else _MISSING,
-              "give exactly one data-plane interface: pci = '0000:3b:00.0' (with driver), "
-              "vdev = 'net_af_packet0,iface=eth1', or iface = 'eth1' (workers only)")
+        c.add(
+            where,
+            "pci/vdev/iface",
+            ", ".join(kinds) if kinds else _MISSING,
+            "give exactly one data-plane interface: pci = '0000:3b:00.0' (with driver), "
+            "vdev = 'net_af_packet0,iface=eth1', or iface = 'eth1' (workers only)",
+        )
     if "pci" in raw:
         pci = raw["pci"]
         if not isinstance(pci, str) or not _PCI_RE.match(pci):
-            c.add(where, "pci", pci, "must be a full PCI address DDDD:BB:DD.F, e.g. '0000:3b:00.0' "
-                  "(`lspci -D` or `dpdk-devbind.py --status` shows it)")
+            c.add(
+                where,
+                "pci",
+                pci,
+                "must be a full PCI address DDDD:BB:DD.F, e.g. '0000:3b:00.0' "
+                "(`lspci -D` or `dpdk-devbind.py --status` shows it)",
+            )
         driver = raw.get("driver", "vfio-pci")
         if driver not in DPDK_DRIVERS:
-            c.add(where, "driver", driver, f"must be one of {', '.join(DPDK_DRIVERS)} (vfio-pci with an IOMMU)")
+            c.add(
+                where,
+                "driver",
+                driver,
+                f"must be one of {', '.join(DPDK_DRIVERS)} (vfio-pci with an IOMMU)",
+            )
     elif "driver" in raw:
         c.add(where, "driver", raw["driver"], "only meaningful with 'pci'; remove it")
     if "vdev" in raw:
         vdev = raw["vdev"]
         if not isinstance(vdev, str) or not _VDEV_RE.match(vdev):
-            c.add(where, "vdev", vdev, "must be a DPDK virtual device argument, e.g. "
-                  "'net_af_packet0,iface=eth1' or 'net_af_xdp0,iface=eth1'")
+            c.add(
+                where,
+                "vdev",
+                vdev,
+                "must be a DPDK virtual device argument, e.g. "
+                "'net_af_packet0,iface=eth1' or 'net_af_xdp0,iface=eth1'",
+            )
             vdev = None
     if "iface" in raw:
         iface = raw["iface"]
         if not isinstance(iface, str) or not _IFACE_RE.match(iface):
-            c.add(where, "iface", iface, "must be a kernel interface name (1-15 characters), e.g. 'eth1'")
+            c.add(
+                where,
+                "iface",
+                iface,
+                "must be a kernel interface name (1-15 characters), e.g. 'eth1'",
+            )
             iface = None
         elif role == "aggregator":
-            c.add(where, "iface", iface, "the aggregator needs a DPDK port: use pci = '...' with driver, "
-                  f"or vdev = 'net_af_packet0,iface={iface}'")
+            c.add(
+                where,
+                "iface",
+                iface,
+                "the aggregator needs a DPDK port: use pci = '...' with driver, "
+                f"or vdev = 'net_af_packet0,iface={iface}'",
+            )
 
     dip = raw.get("dataplane_ip", _MISSING)
     try:
@@ -414,19 +569,31 @@ def _host(raw: dict, idx: int, s: Settings, base: str, c: _Collector) -> HostSpe
             raise ValueError
         iface_addr = ipaddress.IPv4Interface(dip)
         if iface_addr.network.prefixlen >= 31 or iface_addr.ip in (
-                iface_addr.network.network_address, iface_addr.network.broadcast_address):
+            iface_addr.network.network_address,
+            iface_addr.network.broadcast_address,
+        ):
             raise ValueError
         dip = str(iface_addr)
     except ValueError:
-        c.add(where, "dataplane_ip", dip, "must be the host's data-plane IPv4 address with its prefix "
-              "(CIDR), e.g. '10.10.0.1/24'")
+        c.add(
+            where,
+            "dataplane_ip",
+            dip,
+            "must be the host's data-plane IPv4 address with its prefix "
+            "(CIDR), e.g. '10.10.0.1/24'",
+        )
         dip = ""
 
     mtu = raw.get("mtu", 1500)
     if not _is_int(mtu) or not 576 <= mtu <= 9000:
-        c.add(where, "mtu", mtu, "must be the MTU of the host's data-plane link, an integer "
-              "576..9000 (default 1500; 9000 for jumbo payloads of up to 8192 bytes, set on "
-              "the interface and the switch ports as well)")
+        c.add(
+            where,
+            "mtu",
+            mtu,
+            "must be the MTU of the host's data-plane link, an integer "
+            "576..9000 (default 1500; 9000 for jumbo payloads of up to 8192 bytes, set on "
+            "the interface and the switch ports as well)",
+        )
         mtu = 1500
 
     cores = _cores(raw.get("cores"), where, c)
@@ -436,7 +603,12 @@ def _host(raw: dict, idx: int, s: Settings, base: str, c: _Collector) -> HostSpe
     hp_fix = "must be a table like { count = 1024, size = '2M' } (size '2M' or '1G')"
     if hp is None:
         if role == "aggregator" and pci:
-            c.add(where, "hugepages", _MISSING, "an aggregator on a PCI NIC needs hugepages: " + hp_fix)
+            c.add(
+                where,
+                "hugepages",
+                _MISSING,
+                "an aggregator on a PCI NIC needs hugepages: " + hp_fix,
+            )
     elif not isinstance(hp, dict) or set(hp) - {"count", "size"}:
         c.add(where, "hugepages", hp, hp_fix)
     else:
@@ -454,7 +626,12 @@ def _host(raw: dict, idx: int, s: Settings, base: str, c: _Collector) -> HostSpe
     def path(key, default):
         v = raw.get(key, default)
         if not isinstance(v, str) or not v.startswith("/"):
-            c.add(where, key, v, "must be an absolute path on the host ('{name}' is replaced by the host name)")
+            c.add(
+                where,
+                key,
+                v,
+                "must be an absolute path on the host ('{name}' is replaced by the host name)",
+            )
             v = default
         return v.replace("{name}", name)
 
@@ -462,28 +639,58 @@ def _host(raw: dict, idx: int, s: Settings, base: str, c: _Collector) -> HostSpe
     config_file = path("config_file", s.config_file)
     metrics_port = raw.get("metrics_port", 0)
     if not _is_int(metrics_port) or not 0 <= metrics_port <= 65535:
-        c.add(where, "metrics_port", metrics_port, "must be the TCP port of the host's "
-              "Prometheus endpoint (homagg exporter), 1..65535, or 0 for none "
-              "(docs/OPERATIONS.md)")
+        c.add(
+            where,
+            "metrics_port",
+            metrics_port,
+            "must be the TCP port of the host's "
+            "Prometheus endpoint (homagg exporter), 1..65535, or 0 for none "
+            "(docs/OPERATIONS.md)",
+        )
         metrics_port = 0
     elif metrics_port and role != "aggregator":
-        c.add(where, "metrics_port", metrics_port, "only an aggregator runs homagg exporter; "
-              "a worker's metrics are HOMAGG_METRICS_PORT of its training process "
-              "(docs/OPERATIONS.md)")
+        c.add(
+            where,
+            "metrics_port",
+            metrics_port,
+            "only an aggregator runs homagg exporter; "
+            "a worker's metrics are HOMAGG_METRICS_PORT of its training process "
+            "(docs/OPERATIONS.md)",
+        )
         metrics_port = 0
     metrics_bind = raw.get("metrics_bind", "127.0.0.1")
     try:
         metrics_bind = str(ipaddress.IPv4Address(metrics_bind))
     except ValueError:
-        c.add(where, "metrics_bind", metrics_bind, "must be the IPv4 address homagg exporter "
-              "listens on: '127.0.0.1' (this host only, the default), the management "
-              "address, or '0.0.0.0' (every interface)")
+        c.add(
+            where,
+            "metrics_bind",
+            metrics_bind,
+            "must be the IPv4 address homagg exporter "
+            "listens on: '127.0.0.1' (this host only, the default), the management "
+            "address, or '0.0.0.0' (every interface)",
+        )
         metrics_bind = "127.0.0.1"
-    return HostSpec(name=name, ssh_host=ssh_host, ssh_port=ssh_port, ssh_user=ssh_user,
-                    ssh_key=ssh_key, role=role, pci=pci, driver=driver, vdev=vdev, iface=iface,
-                    dataplane_ip=dip, cores=cores, hugepages=hugepages,
-                    install_dir=install_dir, config_file=config_file, mtu=mtu,
-                    metrics_port=metrics_port, metrics_bind=metrics_bind)
+    return HostSpec(
+        name=name,
+        ssh_host=ssh_host,
+        ssh_port=ssh_port,
+        ssh_user=ssh_user,
+        ssh_key=ssh_key,
+        role=role,
+        pci=pci,
+        driver=driver,
+        vdev=vdev,
+        iface=iface,
+        dataplane_ip=dip,
+        cores=cores,
+        hugepages=hugepages,
+        install_dir=install_dir,
+        config_file=config_file,
+        mtu=mtu,
+        metrics_port=metrics_port,
+        metrics_bind=metrics_bind,
+    )
 
 
 def parse(data: dict, path: str = "<inventory>") -> Inventory:
@@ -497,17 +704,21 @@ def parse(data: dict, path: str = "<inventory>") -> Inventory:
     raw_hosts = data.get("hosts")
     hosts: list[HostSpec] = []
     if not isinstance(raw_hosts, list) or not raw_hosts:
-        c.problems.append("no hosts: add one [[hosts]] table per machine (one role = 'aggregator', "
-                          "at least one role = 'worker')")
+        c.problems.append(
+            "no hosts: add one [[hosts]] table per machine (one role = 'aggregator', "
+            "at least one role = 'worker')"
+        )
     else:
         for i, rh in enumerate(raw_hosts):
             h = _host(rh, i, s, base, c)
             if h is not None:
                 hosts.append(h)
         seen: dict[str, list] = {}
-        for key, label in ((lambda h: h.name, "name"),
-                           (lambda h: (h.ssh_host, h.ssh_port), "ssh_host/ssh_port"),
-                           (lambda h: h.address, "dataplane_ip")):
+        for key, label in (
+            (lambda h: h.name, "name"),
+            (lambda h: (h.ssh_host, h.ssh_port), "ssh_host/ssh_port"),
+            (lambda h: h.address, "dataplane_ip"),
+        ):
             seen = {}
             for h in hosts:
                 if key(h) in ("", ("", 22)):
@@ -515,13 +726,16 @@ def parse(data: dict, path: str = "<inventory>") -> Inventory:
                 seen.setdefault(key(h), []).append(h.name)
             for k, names in seen.items():
                 if len(names) > 1:
-                    c.problems.append(f"hosts {', '.join(map(repr, names))}: field '{label}' "
-                                      f"= {k!r} is used more than once: give each host its own")
+                    c.problems.append(
+                        f"hosts {', '.join(map(repr, names))}: field '{label}' "
+                        f"= {k!r} is used more than once: give each host its own"
+                    )
         nets = {ipaddress.IPv4Interface(h.dataplane_ip).network for h in hosts if h.dataplane_ip}
         if len(nets) > 1:
             c.problems.append(
                 "field 'dataplane_ip': hosts are in different subnets "
-                f"({', '.join(sorted(map(str, nets)))}): put every data-plane address in one subnet")
+                f"({', '.join(sorted(map(str, nets)))}): put every data-plane address in one subnet"
+            )
         mtus = {}
         for h in hosts:
             mtus.setdefault(h.mtu, []).append(h.name)
@@ -529,14 +743,18 @@ def parse(data: dict, path: str = "<inventory>") -> Inventory:
             c.problems.append(
                 "field 'mtu': hosts of one data-plane subnet have different MTUs ("
                 + "; ".join(f"{m}: {', '.join(map(repr, n))}" for m, n in sorted(mtus.items()))
-                + "): give every host the same mtu (the link's)")
+                + "): give every host the same mtu (the link's)"
+            )
         if hosts and not any(h.role == "aggregator" for h in hosts):
-            c.problems.append("no host has role = 'aggregator': mark the machine running homagg-switch")
+            c.problems.append(
+                "no host has role = 'aggregator': mark the machine running homagg-switch"
+            )
         if hosts and not any(h.role == "worker" for h in hosts):
             c.problems.append("no host has role = 'worker': add the training machines")
     if c.problems:
         raise InventoryError(
-            f"{path}: {len(c.problems)} problem(s):\n  " + "\n  ".join(c.problems), c.problems)
+            f"{path}: {len(c.problems)} problem(s):\n  " + "\n  ".join(c.problems), c.problems
+        )
     return Inventory(path=os.path.abspath(path), settings=s, hosts=tuple(hosts))
 
 
@@ -546,8 +764,9 @@ def load(path: str) -> Inventory:
         with open(path, "rb") as f:
             data = tomllib.load(f)
     except FileNotFoundError:
-        raise InventoryError(f"inventory {path} not found (docs/INVENTORY.md has an example)",
-                             code=-errno.ENOENT) from None
+        raise InventoryError(
+            f"inventory {path} not found (docs/INVENTORY.md has an example)", code=-errno.ENOENT
+        ) from None
     except tomllib.TOMLDecodeError as e:
         raise InventoryError(f"{path}: not valid TOML: {e}", [f"TOML syntax: {e}"]) from None
     return parse(data, path)

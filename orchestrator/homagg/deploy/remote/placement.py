@@ -6,6 +6,7 @@ holding its NIC); a worker runs in the background on its host
 barriers are files in the run's folder on its host ("ready", then "go" from
 here; ".timed" after a warmup); its report, result and log come back by SFTP
 into RUNS_DIR/<timestamp>-<method>/ here, which stays (``run_dir``)."""
+
 from __future__ import annotations
 
 import json
@@ -27,14 +28,22 @@ from homagg.errors import RemoteError
 log = logging.getLogger("homagg.deploy.remote.placement")
 
 # what a daemon of one's own would take: the daemons here are up's
-_UP_DAEMON = ("the daemons on inventory hosts are the ones `homagg up -i` started (they hold "
-              "the NICs)")
+_UP_DAEMON = (
+    "the daemons on inventory hosts are the ones `homagg up -i` started (they hold the NICs)"
+)
 
 
 # a run option's value that needs nothing of a daemon of one's own
-_DEFAULTS = {"drop_rate": 0.0, "switch_lcores": 1, "pmd": "auto",
-             "switch": None, "idle_us": None, "idle_polls": None, "fail_aggregators": (),
-             "gradient_files": None}
+_DEFAULTS = {
+    "drop_rate": 0.0,
+    "switch_lcores": 1,
+    "pmd": "auto",
+    "switch": None,
+    "idle_us": None,
+    "idle_polls": None,
+    "fail_aggregators": (),
+    "gradient_files": None,
+}
 
 
 class UpDaemon(Daemon):
@@ -54,9 +63,12 @@ class UpDaemon(Daemon):
     def cpu_seconds(self):
         """utime + stime of the daemon (its PID file names it), from the host's /proc."""
         pf = shlex.quote(rh.switch_pidfile(self.r.h))
-        r = self.r.sh(f"hg_alive {pf} && read pid st <{pf} && "
-                      "echo $(sed 's/.*) //' /proc/$pid/stat | cut -d' ' -f12,13) "
-                      "$(getconf CLK_TCK)", check=False)
+        r = self.r.sh(
+            f"hg_alive {pf} && read pid st <{pf} && "
+            "echo $(sed 's/.*) //' /proc/$pid/stat | cut -d' ' -f12,13) "
+            "$(getconf CLK_TCK)",
+            check=False,
+        )
         try:
             ut, st, hz = map(int, r.stdout.split()[-3:])
         except ValueError:
@@ -73,8 +85,14 @@ class InventoryPlacement(Placement):
 
     kind = "inventory"
 
-    def __init__(self, inventory: inv.Inventory, runs_dir: str = "runs", label: str = "run",
-                 start_timeout: float = 120.0, out=None):
+    def __init__(
+        self,
+        inventory: inv.Inventory,
+        runs_dir: str = "runs",
+        label: str = "run",
+        start_timeout: float = 120.0,
+        out=None,
+    ):
         self.inv = inventory
         self.inventory = inventory.path
         self.where = f"inventory {inventory.path}"
@@ -84,8 +102,9 @@ class InventoryPlacement(Placement):
         self.start_timeout = start_timeout
         self.out = out or sys.stderr
         self.workers = [h.name for h in inventory.hosts if h.role == "worker"]
-        self.aggregators = [AggregatorHost(h.name, h.address) for h in inventory.hosts
-                            if h.role == "aggregator"]
+        self.aggregators = [
+            AggregatorHost(h.name, h.address) for h in inventory.hosts if h.role == "aggregator"
+        ]
         self.hosts: list[rh.Host] = []
         self.paths: list[dict] = []
         self.started: list[tuple[rh.Host, str]] = []
@@ -106,8 +125,12 @@ class InventoryPlacement(Placement):
             self.stop_workers()
             for k, d in enumerate(self.daemons):
                 try:
-                    d.r.conn.get(rh.switch_log(d.r.h), os.path.join(
-                        self.run_dir, "switch.log" if k == 0 else f"switch-{d.host}.log"))
+                    d.r.conn.get(
+                        rh.switch_log(d.r.h),
+                        os.path.join(
+                            self.run_dir, "switch.log" if k == 0 else f"switch-{d.host}.log"
+                        ),
+                    )
                 except Exception as e:  # noqa: BLE001 - report, keep cleaning the others
                     log.warning("host '%s': %s", d.host, e)
         finally:
@@ -139,14 +162,16 @@ class InventoryPlacement(Placement):
         res = ssh.parallel(put, self.W, len(self.W))
         bad = {n: e for n, e in res.items() if e is not None}
         if bad:
-            raise RemoteError("the job secret was not placed on " + "; ".join(
-                f"host '{n}': {type(e).__name__}: {e}" for n, e in bad.items()))
+            raise RemoteError(
+                "the job secret was not placed on "
+                + "; ".join(f"host '{n}': {type(e).__name__}: {e}" for n, e in bad.items())
+            )
         return paths[self.W[0].h.name]
 
     def refusals(self, options):
         why = {
             "drop_rate": f"{_UP_DAEMON}; a drop rate needs a daemon of its own "
-                         "(a local testbed made with `homagg testbed up --no-daemon`)",
+            "(a local testbed made with `homagg testbed up --no-daemon`)",
             "switch_lcores": f"{_UP_DAEMON}; their engine lcores are the inventory's 'cores'",
             "pmd": f"{_UP_DAEMON}; the PMD is the inventory's 'vdev' or 'pci'",
             "switch": f"{_UP_DAEMON}; give the binary to `homagg up -i --switch`",
@@ -154,17 +179,18 @@ class InventoryPlacement(Placement):
             "idle_polls": f"{_UP_DAEMON}; the idle backoff is the daemon's",
             "fail_aggregators": f"{_UP_DAEMON}; a run does not stop them",
             "gradient_files": "gradient files are paths on this machine; the worker hosts "
-                              "build their gradients from the seed",
+            "build their gradients from the seed",
         }
-        out = [f"{k}: {why[k]}" for k, d in _DEFAULTS.items()
-               if (options.get(k) or d) != d]
+        out = [f"{k}: {why[k]}" for k, d in _DEFAULTS.items() if (options.get(k) or d) != d]
         leaves = options.get("leaves") or 0
         if leaves and leaves < len(self.aggregators):
             root = self.inv.host(self.aggregators[leaves].name)
             if not root.kernel_iface:  # its MAC is read from the kernel interface
-                out.append(f"leaves: the tree's root, host '{root.name}', has a PCI NIC whose "
-                           "MAC address the leaves cannot learn here: make a host with a "
-                           "vdev (net_af_packet/net_af_xdp on a kernel interface) the root")
+                out.append(
+                    f"leaves: the tree's root, host '{root.name}', has a PCI NIC whose "
+                    "MAC address the leaves cannot learn here: make a host with a "
+                    "vdev (net_af_packet/net_af_xdp on a kernel interface) the root"
+                )
         return out
 
     def job_cost(self, cost_model=True):
@@ -174,14 +200,15 @@ class InventoryPlacement(Placement):
 
     # -- daemons -------------------------------------------------------------
 
-    def open_daemons(self, count, *, frames, pmd, switch, drop_rate, idle_us, idle_polls,
-                     lcores):
+    def open_daemons(self, count, *, frames, pmd, switch, drop_rate, idle_us, idle_polls, lcores):
         aggs = [r for r in self.hosts if r.h.role == "aggregator"][:count]
         down = [a.h.name for a in aggs if not a.alive(rh.switch_pidfile(a.h))]
         if down:
-            raise RemoteError("homagg-switch is not running on " +
-                              ", ".join(f"host '{n}'" for n in down) +
-                              f": start it with `homagg up -i {self.inv.path}`")
+            raise RemoteError(
+                "homagg-switch is not running on "
+                + ", ".join(f"host '{n}'" for n in down)
+                + f": start it with `homagg up -i {self.inv.path}`"
+            )
         self.daemons = [UpDaemon(a) for a in aggs]
         spec_of = {a.name: a for a in self.aggregators}
         for a in aggs:  # a tree's leaves send to the root's MAC
@@ -216,8 +243,7 @@ class InventoryPlacement(Placement):
         if fields is None:
             return None
         # `up -i --auth`: its secret, from a worker host's copy
-        return (fields, [rh.job_file_path(r.h) for r in self.W],
-                rh.up_job_secret(self.W, fields))
+        return (fields, [rh.job_file_path(r.h) for r in self.W], rh.up_job_secret(self.W, fields))
 
     def fetch(self, i, names):
         """By SFTP into ``run_dir``."""
@@ -230,16 +256,35 @@ class InventoryPlacement(Placement):
         pids = []
         for i, (r, spec) in enumerate(zip(self.W, specs)):
             d = self.worker_dir(i)
-            p = {"dir": d, "pid": f"{rh.rundir(r.h)}/worker-{self.run_id}-{i}.pid",
-                 "log": f"{d}/worker-{i}.log", "ready": f"{d}/ready-{i}", "go": f"{d}/go",
-                 "out": f"{d}/result-{i}.npy", "report": f"{d}/report-{i}.json"}
-            spec = dict(spec, out=p["out"], mtu=r.h.mtu, ready_file=p["ready"], go_file=p["go"],
-                        report=p["report"], start_timeout=self.start_timeout)
+            p = {
+                "dir": d,
+                "pid": f"{rh.rundir(r.h)}/worker-{self.run_id}-{i}.pid",
+                "log": f"{d}/worker-{i}.log",
+                "ready": f"{d}/ready-{i}",
+                "go": f"{d}/go",
+                "out": f"{d}/result-{i}.npy",
+                "report": f"{d}/report-{i}.json",
+            }
+            spec = dict(
+                spec,
+                out=p["out"],
+                mtu=r.h.mtu,
+                ready_file=p["ready"],
+                go_file=p["go"],
+                report=p["report"],
+                start_timeout=self.start_timeout,
+            )
             if spec.get("auth_file"):  # this host's copy (install dirs may differ)
                 spec["auth_file"] = f"{d}/{os.path.basename(spec['auth_file'])}"
-            pids.append(r.start(p["pid"], p["log"],
-                                [r.python, "-m", module, "--child", json.dumps(spec)], d,
-                                env=env[i] if env else None))
+            pids.append(
+                r.start(
+                    p["pid"],
+                    p["log"],
+                    [r.python, "-m", module, "--child", json.dumps(spec)],
+                    d,
+                    env=env[i] if env else None,
+                )
+            )
             self.started.append((r, p["pid"]))
             self.paths.append(p)
         return pids
@@ -257,8 +302,7 @@ class InventoryPlacement(Placement):
 
         def ready(r):
             p = P[r.h.name]
-            return rh._wait_remote(r, f"test -e {shlex.quote(p['ready'] + sfx)}", p["pid"],
-                                   timeout)
+            return rh._wait_remote(r, f"test -e {shlex.quote(p['ready'] + sfx)}", p["pid"], timeout)
 
         oks = ssh.parallel(ready, self.W, len(self.W))
         return self._failures([n for n, ok in oks.items() if not ok], "")
@@ -266,8 +310,9 @@ class InventoryPlacement(Placement):
     def go(self):
         sfx = self._suffix()
         P = {r.h.name: p for r, p in zip(self.W, self.paths)}
-        ssh.parallel(lambda r: r.run(f"touch {shlex.quote(P[r.h.name]['go'] + sfx)}"),
-                     self.W, len(self.W))
+        ssh.parallel(
+            lambda r: r.run(f"touch {shlex.quote(P[r.h.name]['go'] + sfx)}"), self.W, len(self.W)
+        )
         self._stage += 1
 
     def collect(self, timeout):
@@ -304,8 +349,11 @@ class InventoryPlacement(Placement):
         return rh._link_bytes(r) if r.h.kernel_iface else None
 
     def stop_workers(self):
-        rh.stop_started(self.started, self.run_id, lambda r, e: log.warning(
-            "host '%s': cleanup failed: %s", r.h.name, e))
+        rh.stop_started(
+            self.started,
+            self.run_id,
+            lambda r, e: log.warning("host '%s': cleanup failed: %s", r.h.name, e),
+        )
         self.started = []
 
     def _fetch_logs(self):

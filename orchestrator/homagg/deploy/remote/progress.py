@@ -9,6 +9,7 @@ move; elsewhere (a log file, CI) every start and end is one line on the
 ``homagg.deploy.remote.progress`` logger, so a step that runs for half an hour is never
 silent.
 """
+
 from __future__ import annotations
 
 import logging
@@ -20,14 +21,21 @@ log = logging.getLogger("homagg.deploy.remote.progress")
 
 
 class StepView:
-    def __init__(self, hosts: list[str], steps: tuple[str, ...] | list[str], title: str = "",
-                 live: bool | None = None):
+    def __init__(
+        self,
+        hosts: list[str],
+        steps: tuple[str, ...] | list[str],
+        title: str = "",
+        live: bool | None = None,
+    ):
         self.hosts = list(hosts)
         self.steps = list(steps)
         self.title = title
         self._lock = threading.Lock()
-        self._state = {h: {"step": "waiting", "since": time.monotonic(), "done": 0, "last": ""}
-                       for h in self.hosts}
+        self._state = {
+            h: {"step": "waiting", "since": time.monotonic(), "done": 0, "last": ""}
+            for h in self.hosts
+        }
         if live is None:
             live = sys.stderr.isatty()
         self._live = None
@@ -38,8 +46,12 @@ class StepView:
             except ImportError:  # the provision extra is not installed: log lines
                 pass
             else:
-                self._live = Live(self._render(), console=Console(stderr=True),
-                                  refresh_per_second=4, transient=False)
+                self._live = Live(
+                    self._render(),
+                    console=Console(stderr=True),
+                    refresh_per_second=4,
+                    transient=False,
+                )
 
     def __enter__(self):
         if self._live is not None:
@@ -61,8 +73,13 @@ class StepView:
         now = time.monotonic()
         for h in self.hosts:
             st = self._state[h]
-            t.add_row(h, st["step"], f"{st['done']}/{len(self.steps)}",
-                      f"{now - st['since']:.0f} s", st["last"])
+            t.add_row(
+                h,
+                st["step"],
+                f"{st['done']}/{len(self.steps)}",
+                f"{now - st['since']:.0f} s",
+                st["last"],
+            )
         return t
 
     def _refresh(self):
@@ -80,9 +97,16 @@ class StepView:
             st = self._state[host]
             took = time.monotonic() - st["since"]
             st["done"] += 1
-            st["last"] = f"{result.step} {result.status}" + (f": {result.detail}"[:60]
-                                                            if result.detail else "")
+            st["last"] = f"{result.step} {result.status}" + (
+                f": {result.detail}"[:60] if result.detail else ""
+            )
             st["step"] = "finished" if st["done"] >= len(self.steps) else "-"
             self._refresh()
-        log.info("%s: %s %s (%.1f s)%s", host, result.step, result.status, took,
-                 f": {result.detail}" if result.detail else "")
+        log.info(
+            "%s: %s %s (%.1f s)%s",
+            host,
+            result.step,
+            result.status,
+            took,
+            f": {result.detail}" if result.detail else "",
+        )

@@ -32,6 +32,7 @@ The run ends with a per-host table and, if any host failed, one
 ProvisionError carrying every failed host, its step and its stderr tail.
 The inventory format is in docs/INVENTORY.md.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -47,14 +48,41 @@ import homagg
 from homagg.deploy.remote import inventory as inv
 from homagg.deploy.remote import secret as hsecret
 from homagg.deploy.remote.progress import StepView
-from homagg.deploy.remote.ssh import (CHANGED, FAILED, OK, SKIPPED, WOULD, PreflightError,  # noqa: F401
-                                      ProvisionError, Session, StepFailed, StepResult, format_table,
-                                      failure_message, parallel, preflight_all)
+from homagg.deploy.remote.ssh import (
+    CHANGED,
+    FAILED,
+    OK,
+    SKIPPED,
+    WOULD,
+    PreflightError,  # noqa: F401
+    ProvisionError,
+    Session,
+    StepFailed,
+    StepResult,
+    format_table,
+    failure_message,
+    parallel,
+    preflight_all,
+)
 from homagg.deploy.remote.ssh import tail as _tail
 from homagg.errors import HomAggError
 
-STEPS = ("os", "packages", "venv", "upload", "wheels", "build", "install", "hugepages", "hugetlbfs",
-         "nic_bind", "mtu", "address", "config", "secret")
+STEPS = (
+    "os",
+    "packages",
+    "venv",
+    "upload",
+    "wheels",
+    "build",
+    "install",
+    "hugepages",
+    "hugetlbfs",
+    "nic_bind",
+    "mtu",
+    "address",
+    "config",
+    "secret",
+)
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(homagg.__file__))))
 
 
@@ -66,13 +94,21 @@ def build_sdist(outdir: str, python: str | None = None) -> str:
     """Build an sdist of this checkout into ``outdir``; returns its path."""
     os.makedirs(outdir, exist_ok=True)
     before = set(os.listdir(outdir))
-    cp = subprocess.run([python or sys.executable, "setup.py", "-q", "sdist", "-d", outdir],
-                        cwd=REPO, capture_output=True, text=True, timeout=300)
+    cp = subprocess.run(
+        [python or sys.executable, "setup.py", "-q", "sdist", "-d", outdir],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     if cp.returncode != 0:
-        raise ProvisionError(f"building the sdist in {REPO} failed:\n{_tail(cp.stderr)}",
-                             [("localhost", "sdist", "build failed", _tail(cp.stderr))])
+        raise ProvisionError(
+            f"building the sdist in {REPO} failed:\n{_tail(cp.stderr)}",
+            [("localhost", "sdist", "build failed", _tail(cp.stderr))],
+        )
     new = sorted(set(os.listdir(outdir)) - before) or sorted(
-        f for f in os.listdir(outdir) if f.endswith(".tar.gz"))
+        f for f in os.listdir(outdir) if f.endswith(".tar.gz")
+    )
     return os.path.join(outdir, [f for f in new if f.endswith(".tar.gz")][-1])
 
 
@@ -82,8 +118,11 @@ def requirements() -> list[str]:
 
     with open(os.path.join(REPO, "pyproject.toml"), "rb") as f:
         meta = tomllib.load(f)
-    return (list(meta["build-system"]["requires"]) + list(meta["project"]["dependencies"])
-            + list(meta["project"]["optional-dependencies"]["metrics"]))
+    return (
+        list(meta["build-system"]["requires"])
+        + list(meta["project"]["dependencies"])
+        + list(meta["project"]["optional-dependencies"]["metrics"])
+    )
 
 
 def build_wheelhouse(outdir: str, python: str | None = None) -> str:
@@ -91,12 +130,29 @@ def build_wheelhouse(outdir: str, python: str | None = None) -> str:
     machine's pip, index and cache); the hosts install from it offline.  The
     hosts must share this machine's Python version and architecture."""
     os.makedirs(outdir, exist_ok=True)
-    cp = subprocess.run([python or sys.executable, "-m", "pip", "download", "-q",
-                         "--disable-pip-version-check", "--only-binary", ":all:", "-d", outdir,
-                         *requirements()], capture_output=True, text=True, timeout=900)
+    cp = subprocess.run(
+        [
+            python or sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "-q",
+            "--disable-pip-version-check",
+            "--only-binary",
+            ":all:",
+            "-d",
+            outdir,
+            *requirements(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     if cp.returncode != 0:
-        raise ProvisionError(f"downloading the wheelhouse failed:\n{_tail(cp.stderr)}",
-                             [("localhost", "wheels", "pip download failed", _tail(cp.stderr))])
+        raise ProvisionError(
+            f"downloading the wheelhouse failed:\n{_tail(cp.stderr)}",
+            [("localhost", "wheels", "pip download failed", _tail(cp.stderr))],
+        )
     return outdir
 
 
@@ -138,12 +194,20 @@ def host_config(h: inv.HostSpec, inventory: inv.Inventory, srcdir: str) -> str:
     """The TOML written to the host's config_file (read by the run commands)."""
     q = lambda v: '"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"'  # noqa: E731
     s = inventory.settings
-    lines = ["# Written by `homagg provision`; changes are overwritten on the next run.",
-             "[host]", f"name = {q(h.name)}", f"role = {q(h.role)}",
-             f"dataplane_ip = {q(h.dataplane_ip)}", f"mtu = {h.mtu}",
-             f"cores = [{', '.join(map(str, h.cores))}]",
-             f"install_dir = {q(h.install_dir)}", f"venv = {q(h.venv)}",
-             f"source_dir = {q(srcdir)}", "", "[dataplane]"]
+    lines = [
+        "# Written by `homagg provision`; changes are overwritten on the next run.",
+        "[host]",
+        f"name = {q(h.name)}",
+        f"role = {q(h.role)}",
+        f"dataplane_ip = {q(h.dataplane_ip)}",
+        f"mtu = {h.mtu}",
+        f"cores = [{', '.join(map(str, h.cores))}]",
+        f"install_dir = {q(h.install_dir)}",
+        f"venv = {q(h.venv)}",
+        f"source_dir = {q(srcdir)}",
+        "",
+        "[dataplane]",
+    ]
     if h.pci:
         lines += [f"pci = {q(h.pci)}", f"driver = {q(h.driver)}"]
     elif h.vdev:
@@ -151,11 +215,21 @@ def host_config(h: inv.HostSpec, inventory: inv.Inventory, srcdir: str) -> str:
     else:
         lines += [f"iface = {q(h.iface)}"]
     if h.hugepages:
-        lines += ["", "[hugepages]", f"count = {h.hugepages.count}", f"size = {q(h.hugepages.size)}",
-                  f"mount = {q(s.hugepages_mount.replace('{name}', h.name))}"]
+        lines += [
+            "",
+            "[hugepages]",
+            f"count = {h.hugepages.count}",
+            f"size = {q(h.hugepages.size)}",
+            f"mount = {q(s.hugepages_mount.replace('{name}', h.name))}",
+        ]
     for p in inventory.hosts:
-        lines += ["", "[[peers]]", f"name = {q(p.name)}", f"role = {q(p.role)}",
-                  f"dataplane_ip = {q(p.dataplane_ip)}"]
+        lines += [
+            "",
+            "[[peers]]",
+            f"name = {q(p.name)}",
+            f"role = {q(p.role)}",
+            f"dataplane_ip = {q(p.dataplane_ip)}",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -173,8 +247,15 @@ class Change:
 class HostRun(Session):
     """The SSH session and the steps of one host."""
 
-    def __init__(self, h: inv.HostSpec, inventory: inv.Inventory, artifact: str | None,
-                 digest: str | None, dry_run: bool, wheelhouse: str | None = None):
+    def __init__(
+        self,
+        h: inv.HostSpec,
+        inventory: inv.Inventory,
+        artifact: str | None,
+        digest: str | None,
+        dry_run: bool,
+        wheelhouse: str | None = None,
+    ):
         super().__init__(h, inventory)
         self.wheelhouse = wheelhouse
         self.wh_digest = wheelhouse_digest(wheelhouse) if wheelhouse else None
@@ -212,19 +293,30 @@ class HostRun(Session):
         if not missing:
             return OK, f"{len(pkgs)} packages present"
         env = "DEBIAN_FRONTEND=noninteractive"
-        return Change("would apt-get install " + " ".join(missing), lambda: self.run(
-            f"{env} apt-get -o DPkg::Lock::Timeout=600 update -qq && {env} apt-get "
-            f"-o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends {' '.join(missing)}"),
-            "installed " + " ".join(missing))
+        return Change(
+            "would apt-get install " + " ".join(missing),
+            lambda: self.run(
+                f"{env} apt-get -o DPkg::Lock::Timeout=600 update -qq && {env} apt-get "
+                f"-o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends {' '.join(missing)}"
+            ),
+            "installed " + " ".join(missing),
+        )
 
     def step_venv(self):
         py = f"{self.h.venv}/bin/python"
-        if self.run(f"{shlex.quote(py)} -c 'import sys, venv' 2>/dev/null", check=False).exited == 0:
+        if (
+            self.run(f"{shlex.quote(py)} -c 'import sys, venv' 2>/dev/null", check=False).exited
+            == 0
+        ):
             return OK, f"{self.h.venv} exists"
-        return Change(f"would create {self.h.venv}", lambda: self.run(
-            f"mkdir -p {shlex.quote(self.h.install_dir)} && "
-            f"{shlex.quote(self.s.python)} -m venv {shlex.quote(self.h.venv)}"),
-            f"created {self.h.venv} ({self.s.python})")
+        return Change(
+            f"would create {self.h.venv}",
+            lambda: self.run(
+                f"mkdir -p {shlex.quote(self.h.install_dir)} && "
+                f"{shlex.quote(self.s.python)} -m venv {shlex.quote(self.h.venv)}"
+            ),
+            f"created {self.h.venv} ({self.s.python})",
+        )
 
     @property
     def dist_dir(self):
@@ -253,19 +345,25 @@ class HostRun(Session):
     def step_upload(self):
         short = self.digest[:12]
         name = os.path.basename(self.artifact)
-        if self._stamp_ok("upload") and self.run(
-                f"test -f {shlex.quote(self.remote_artifact)}", check=False).exited == 0:
+        if (
+            self._stamp_ok("upload")
+            and self.run(f"test -f {shlex.quote(self.remote_artifact)}", check=False).exited == 0
+        ):
             return OK, f"{name} ({short}) present"
 
         def apply():
             self.run(f"mkdir -p {shlex.quote(self.dist_dir)}")
             tmp = self.run("mktemp").stdout.strip()
             self.conn.put(self.artifact, tmp)
-            self.run(f"install -m 0644 {shlex.quote(tmp)} {shlex.quote(self.remote_artifact)} && "
-                     f"rm -f {shlex.quote(tmp)}")
+            self.run(
+                f"install -m 0644 {shlex.quote(tmp)} {shlex.quote(self.remote_artifact)} && "
+                f"rm -f {shlex.quote(tmp)}"
+            )
             self._write_stamp("upload")
-        return Change(f"would copy {name} ({short}) to {self.dist_dir}", apply,
-                      f"copied {name} ({short})")
+
+        return Change(
+            f"would copy {name} ({short}) to {self.dist_dir}", apply, f"copied {name} ({short})"
+        )
 
     def step_wheels(self):
         if not self.wheelhouse:
@@ -282,8 +380,12 @@ class HostRun(Session):
             for n in names:
                 self.conn.put(os.path.join(self.wheelhouse, n), f"{dst}/{n}")
             self.run(f"echo {self.wh_digest} > {shlex.quote(stamp)}")
-        return Change(f"would copy {len(names)} wheels to {dst}", apply,
-                      f"copied {len(names)} wheels to {dst}")
+
+        return Change(
+            f"would copy {len(names)} wheels to {dst}",
+            apply,
+            f"copied {len(names)} wheels to {dst}",
+        )
 
     def _make_targets(self):
         return "lib switch" if self.h.role == "aggregator" else "lib"
@@ -297,12 +399,18 @@ class HostRun(Session):
 
         def apply():
             src, top = shlex.quote(self.srcdir), shlex.quote(os.path.dirname(self.srcdir))
-            self.run(f"rm -rf {src} && mkdir -p {top} && "
-                     f"tar -xzf {shlex.quote(self.remote_artifact)} -C {top}")
+            self.run(
+                f"rm -rf {src} && mkdir -p {top} && "
+                f"tar -xzf {shlex.quote(self.remote_artifact)} -C {top}"
+            )
             self.run(f"make -C {src} --no-print-directory {targets}")
             self._write_stamp("build")
-        return Change(f"would unpack into {self.srcdir} and make {targets}", apply,
-                      f"unpacked and ran make {targets}")
+
+        return Change(
+            f"would unpack into {self.srcdir} and make {targets}",
+            apply,
+            f"unpacked and ran make {targets}",
+        )
 
     def step_install(self):
         pip = f"{self.h.venv}/bin/python -m pip"
@@ -333,8 +441,12 @@ class HostRun(Session):
             if r.exited != 0:
                 raise StepFailed("homagg installed but does not import", _tail(r.stderr))
             self._write_stamp("install")
-        return Change(f"would pip install homagg into {self.h.venv}", apply,
-                      f"installed homagg ({self.digest[:12]}) into {self.h.venv}")
+
+        return Change(
+            f"would pip install homagg into {self.h.venv}",
+            apply,
+            f"installed homagg ({self.digest[:12]}) into {self.h.venv}",
+        )
 
     def _hp_sysfs(self):
         return f"/sys/kernel/mm/hugepages/hugepages-{self.h.hugepages.size_kb}kB/nr_hugepages"
@@ -346,9 +458,11 @@ class HostRun(Session):
         path = self._hp_sysfs()
         r = self.run(f"cat {path}", check=False)
         if r.exited != 0:
-            raise StepFailed(f"{path} missing: the kernel has no {hp.size} hugepages "
-                             "(use size = '2M', or enable 1G pages with hugepagesz=1G at boot)",
-                             _tail(r.stderr))
+            raise StepFailed(
+                f"{path} missing: the kernel has no {hp.size} hugepages "
+                "(use size = '2M', or enable 1G pages with hugepagesz=1G at boot)",
+                _tail(r.stderr),
+            )
         have = int(r.stdout.strip())
         if have >= hp.count:
             return OK, f"{have} x {hp.size} reserved (>= {hp.count})"
@@ -360,9 +474,14 @@ class HostRun(Session):
                 raise StepFailed(
                     f"the kernel reserved only {now} of {hp.count} x {hp.size} hugepages (memory "
                     f"fragmented): reserve them at boot (kernel command line hugepages={hp.count}) "
-                    "or lower hugepages.count")
-        return Change(f"would reserve {hp.count} x {hp.size} (now {have})", apply,
-                      f"reserved {hp.count} x {hp.size} (was {have})")
+                    "or lower hugepages.count"
+                )
+
+        return Change(
+            f"would reserve {hp.count} x {hp.size} (now {have})",
+            apply,
+            f"reserved {hp.count} x {hp.size} (was {have})",
+        )
 
     def step_hugetlbfs(self):
         hp = self.h.hugepages
@@ -376,14 +495,21 @@ class HostRun(Session):
                 opts = dict(o.partition("=")[::2] for o in f[3].split(","))
                 if opts.get("pagesize", "2M") == hp.size:
                     return OK, f"hugetlbfs (pagesize={hp.size}) mounted at {mnt}"
-        return Change(f"would mount hugetlbfs pagesize={hp.size} at {mnt}", lambda: self.run(
-            f"mkdir -p {shlex.quote(mnt)} && mount -t hugetlbfs -o pagesize={hp.size} "
-            f"nodev {shlex.quote(mnt)}"), f"mounted hugetlbfs (pagesize={hp.size}) at {mnt}")
+        return Change(
+            f"would mount hugetlbfs pagesize={hp.size} at {mnt}",
+            lambda: self.run(
+                f"mkdir -p {shlex.quote(mnt)} && mount -t hugetlbfs -o pagesize={hp.size} "
+                f"nodev {shlex.quote(mnt)}"
+            ),
+            f"mounted hugetlbfs (pagesize={hp.size}) at {mnt}",
+        )
 
     def _iface_exists(self, ifname):
         if self.run(f"ip link show dev {shlex.quote(ifname)} >/dev/null", check=False).exited != 0:
-            raise StepFailed(f"interface {ifname} does not exist on {self.h.name}: fix 'vdev'/'iface' "
-                             "in the inventory (`ip link` on the host lists the interfaces)")
+            raise StepFailed(
+                f"interface {ifname} does not exist on {self.h.name}: fix 'vdev'/'iface' "
+                "in the inventory (`ip link` on the host lists the interfaces)"
+            )
 
     def step_nic_bind(self):
         h = self.h
@@ -396,14 +522,22 @@ class HostRun(Session):
             return OK, f"kernel interface {h.iface}, nothing to bind"
         dev = f"/sys/bus/pci/devices/{h.pci}"
         if self.run(f"test -e {dev}", check=False).exited != 0:
-            raise StepFailed(f"no PCI device {h.pci} on {h.name}: fix 'pci' (`lspci -D` lists them)")
-        cur = self.run(f"basename \"$(readlink {dev}/driver)\" 2>/dev/null", check=False).stdout.strip()
+            raise StepFailed(
+                f"no PCI device {h.pci} on {h.name}: fix 'pci' (`lspci -D` lists them)"
+            )
+        cur = self.run(
+            f'basename "$(readlink {dev}/driver)" 2>/dev/null', check=False
+        ).stdout.strip()
         if cur == h.driver:
             return OK, f"{h.pci} bound to {h.driver}"
         mod = h.driver.replace("-", "_")
-        return Change(f"would bind {h.pci} from {cur or 'no driver'} to {h.driver}", lambda: self.run(
-            f"modprobe {mod} && dpdk-devbind.py --force --bind={h.driver} {h.pci}"),
-            f"bound {h.pci} to {h.driver} (was {cur or 'unbound'})")
+        return Change(
+            f"would bind {h.pci} from {cur or 'no driver'} to {h.driver}",
+            lambda: self.run(
+                f"modprobe {mod} && dpdk-devbind.py --force --bind={h.driver} {h.pci}"
+            ),
+            f"bound {h.pci} to {h.driver} (was {cur or 'unbound'})",
+        )
 
     def step_mtu(self):
         h = self.h
@@ -418,23 +552,39 @@ class HostRun(Session):
         def apply():
             r = self.run(f"ip link set dev {q} mtu {h.mtu}", check=False)
             if r.exited != 0:
-                raise StepFailed(f"cannot set MTU {h.mtu} on {ifname} of {h.name} (it has {cur}): "
-                                 "its NIC or driver does not take it; lower 'mtu' in the inventory "
-                                 "(every host the same) or use a NIC that carries it",
-                                 _tail(r.stderr))
-        return Change(f"would set the MTU of {ifname} from {cur} to {h.mtu}", apply,
-                      f"set the MTU of {ifname} from {cur} to {h.mtu}")
+                raise StepFailed(
+                    f"cannot set MTU {h.mtu} on {ifname} of {h.name} (it has {cur}): "
+                    "its NIC or driver does not take it; lower 'mtu' in the inventory "
+                    "(every host the same) or use a NIC that carries it",
+                    _tail(r.stderr),
+                )
+
+        return Change(
+            f"would set the MTU of {ifname} from {cur} to {h.mtu}",
+            apply,
+            f"set the MTU of {ifname} from {cur} to {h.mtu}",
+        )
 
     def step_address(self):
         h = self.h
         if not h.iface:
-            return OK, "the DPDK daemon owns dataplane_ip" if h.role == "aggregator" else "no kernel interface"
+            return (
+                OK,
+                "the DPDK daemon owns dataplane_ip"
+                if h.role == "aggregator"
+                else "no kernel interface",
+            )
         r = self.run(f"ip -o -4 addr show dev {shlex.quote(h.iface)}")
         if any(h.dataplane_ip in ln.split() for ln in r.stdout.splitlines()):
             return OK, f"{h.dataplane_ip} on {h.iface}"
-        return Change(f"would add {h.dataplane_ip} to {h.iface}", lambda: self.run(
-            f"ip addr add {h.dataplane_ip} dev {shlex.quote(h.iface)} && "
-            f"ip link set dev {shlex.quote(h.iface)} up"), f"added {h.dataplane_ip} to {h.iface}")
+        return Change(
+            f"would add {h.dataplane_ip} to {h.iface}",
+            lambda: self.run(
+                f"ip addr add {h.dataplane_ip} dev {shlex.quote(h.iface)} && "
+                f"ip link set dev {shlex.quote(h.iface)} up"
+            ),
+            f"added {h.dataplane_ip} to {h.iface}",
+        )
 
     def step_config(self):
         text = host_config(self.h, self.inv, self.srcdir)
@@ -451,13 +601,18 @@ class HostRun(Session):
         if h.role != "worker":
             return OK, "an aggregator gets the secret over its control socket"
         if self.secret is None:  # a dry run and no file yet
-            return WOULD, f"would create {self.inv.settings.auth_secret} and copy it to {h.secret_file}"
+            return (
+                WOULD,
+                f"would create {self.inv.settings.auth_secret} and copy it to {h.secret_file}",
+            )
         state = hsecret.host_state(self, h.secret_file, self.secret)
         if state == "ok":
             return OK, f"{h.secret_file} (mode 0600) holds the job secret"
-        return Change(f"would copy the job secret to {h.secret_file} ({state})",
-                      lambda: hsecret.put(self, h.secret_file, self.secret),
-                      f"copied the job secret to {h.secret_file} (mode 0600; {state} before)")
+        return Change(
+            f"would copy the job secret to {h.secret_file} ({state})",
+            lambda: hsecret.put(self, h.secret_file, self.secret),
+            f"copied the job secret to {h.secret_file} (mode 0600; {state} before)",
+        )
 
     def provision(self, view=None) -> list[StepResult]:
         """Every step in order (a failed step skips the rest); ``view`` (a
@@ -489,10 +644,15 @@ class HostRun(Session):
 # All hosts
 
 
-def provision(inventory: inv.Inventory, hosts: list[str] | None = None, dry_run: bool = False,
-              artifact: str | None = None, out=None,
-              wheelhouse: str | None = None,
-              live: bool | None = None) -> dict[str, list[StepResult]]:
+def provision(
+    inventory: inv.Inventory,
+    hosts: list[str] | None = None,
+    dry_run: bool = False,
+    artifact: str | None = None,
+    out=None,
+    wheelhouse: str | None = None,
+    live: bool | None = None,
+) -> dict[str, list[StepResult]]:
     """Provision the selected hosts; returns host -> [StepResult].  While the
     steps run, a live per-host view (homagg.deploy.remote.progress.StepView; ``live``
     None: when stderr is a terminal, else one log line per step).  Raises
@@ -505,13 +665,17 @@ def provision(inventory: inv.Inventory, hosts: list[str] | None = None, dry_run:
         artifact = build_sdist(tempfile.mkdtemp(prefix="homagg-sdist-"))
     digest = artifact_digest(artifact)
     if not inventory.settings.pip_index:
-        wheelhouse = wheelhouse or inventory.settings.wheelhouse or build_wheelhouse(
-            os.path.join(tempfile.gettempdir(), "homagg-wheelhouse"))
+        wheelhouse = (
+            wheelhouse
+            or inventory.settings.wheelhouse
+            or build_wheelhouse(os.path.join(tempfile.gettempdir(), "homagg-wheelhouse"))
+        )
     else:
         wheelhouse = None
     runs = [HostRun(h, inventory, artifact, digest, dry_run, wheelhouse) for h in selected]
     if inventory.settings.auth_secret and not (
-            dry_run and not os.path.exists(inventory.settings.auth_secret)):
+        dry_run and not os.path.exists(inventory.settings.auth_secret)
+    ):
         secret = hsecret.local_secret(inventory)  # created when missing; refused if not 0600
         for r in runs:
             r.secret = secret
@@ -524,8 +688,12 @@ def provision(inventory: inv.Inventory, hosts: list[str] | None = None, dry_run:
         for r in runs:
             r.close()
     print(format_table(reports), file=out)
-    failures = [(n, s.step, s.detail, s.stderr) for n, steps in reports.items()
-                for s in steps if s.status == FAILED]
+    failures = [
+        (n, s.step, s.detail, s.stderr)
+        for n, steps in reports.items()
+        for s in steps
+        if s.status == FAILED
+    ]
     if failures:
         raise ProvisionError(failure_message("provisioning failed", failures), failures, reports)
     return reports
@@ -537,10 +705,15 @@ def provision(inventory: inv.Inventory, hosts: list[str] | None = None, dry_run:
 
 def add_arguments(p):
     p.add_argument("-i", "--inventory", required=True, help="testbed.toml (docs/INVENTORY.md)")
-    p.add_argument("--dry-run", action="store_true", help="check every host and print what would be done")
+    p.add_argument(
+        "--dry-run", action="store_true", help="check every host and print what would be done"
+    )
     p.add_argument("--hosts", help="comma-separated host names (default: all)")
-    p.add_argument("--artifact", help="sdist/wheel to install (default: settings.project, "
-                   "else an sdist built from this checkout)")
+    p.add_argument(
+        "--artifact",
+        help="sdist/wheel to install (default: settings.project, "
+        "else an sdist built from this checkout)",
+    )
 
 
 def main(args) -> int:

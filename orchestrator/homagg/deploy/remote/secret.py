@@ -20,6 +20,7 @@ The file holds the secret as 64 hex digits and a newline, as
 homagg.auth.create_secret_file writes it; a host's copy is compared by its
 SHA-256, so the secret itself never travels back.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -48,7 +49,7 @@ def local_secret(inventory, create: bool = True) -> bytes:
 
 
 def host_state(session, path: str, secret: bytes) -> str:
-    """"ok" when ``path`` on the session's host holds ``secret`` with mode
+    """ "ok" when ``path`` on the session's host holds ``secret`` with mode
     0600 and belongs to the user commands run as; else what is wrong, with
     the fix left to the caller."""
     q = shlex.quote(path)

@@ -14,6 +14,7 @@ and ``homagg up / run -i / down``.
 - ``StepResult`` / ``format_table`` / ``failure_message``: the per-host,
   per-step report.
 """
+
 from __future__ import annotations
 
 import concurrent.futures
@@ -25,6 +26,7 @@ import shlex
 import socket
 
 from homagg.deploy.remote import inventory as inv
+
 # ProvisionError, PreflightError, StepFailed: defined in homagg.errors, importable from here too
 from homagg.errors import ProvisionError, PreflightError, StepFailed  # noqa: F401
 
@@ -46,7 +48,7 @@ def tail(text: str, n: int = TAIL_LINES) -> str:
     return "\n".join((text or "").rstrip().splitlines()[-n:])
 
 
-_OS_RELEASE = ". /etc/os-release && printf '%s\\n%s\\n%s\\n' \"$ID\" \"$ID_LIKE\" \"$PRETTY_NAME\""
+_OS_RELEASE = '. /etc/os-release && printf \'%s\\n%s\\n%s\\n\' "$ID" "$ID_LIKE" "$PRETTY_NAME"'
 
 
 class Session:
@@ -69,11 +71,18 @@ class Session:
         from fabric import Connection
 
         self.conn = Connection(
-            self.h.ssh_host, user=self.h.ssh_user, port=self.h.ssh_port,
+            self.h.ssh_host,
+            user=self.h.ssh_user,
+            port=self.h.ssh_port,
             connect_timeout=self.s.connect_timeout,
-            connect_kwargs={"key_filename": [self.h.ssh_key], "look_for_keys": False,
-                            "allow_agent": False, "banner_timeout": self.s.connect_timeout,
-                            "auth_timeout": self.s.connect_timeout})
+            connect_kwargs={
+                "key_filename": [self.h.ssh_key],
+                "look_for_keys": False,
+                "allow_agent": False,
+                "banner_timeout": self.s.connect_timeout,
+                "auth_timeout": self.s.connect_timeout,
+            },
+        )
         where = self.where
         try:
             self.conn.open()
@@ -81,23 +90,28 @@ class Session:
             raise StepFailed(
                 f"SSH login as {where} with key {self.h.ssh_key} was refused ({e}): add "
                 f"{self.h.ssh_key}.pub to ~{self.h.ssh_user}/.ssh/authorized_keys on the host, "
-                "or fix 'ssh_key'/'ssh_user' in the inventory") from None
+                "or fix 'ssh_key'/'ssh_user' in the inventory"
+            ) from None
         except paramiko.SSHException as e:
-            raise StepFailed(f"SSH to {where} failed: {e}: check that sshd runs there and "
-                             "'ssh_key' is a valid private key") from None
+            raise StepFailed(
+                f"SSH to {where} failed: {e}: check that sshd runs there and "
+                "'ssh_key' is a valid private key"
+            ) from None
         except (OSError, socket.timeout, EOFError) as e:
             raise StepFailed(
                 f"cannot reach {where}: {e}: check 'ssh_host'/'ssh_port' in the inventory, that "
                 "the host is up, sshd listens there and no firewall blocks it "
-                f"(connect_timeout {self.s.connect_timeout:g}s)") from None
+                f"(connect_timeout {self.s.connect_timeout:g}s)"
+            ) from None
         log.debug("%s: connected to %s", self.h.name, where)
 
     def close(self):
         if self.conn is not None:
             self.conn.close()
 
-    def run(self, cmd: str, check: bool = True, timeout: float | None = None,
-            stdin: str | None = None):
+    def run(
+        self, cmd: str, check: bool = True, timeout: float | None = None, stdin: str | None = None
+    ):
         """Run ``cmd`` with sh as root (sudo -n when the login user is not
         root); StepFailed with the stderr tail when it fails and ``check``.
         ``stdin``: text the command reads on its standard input (how a
@@ -105,22 +119,35 @@ class Session:
         full = f"{self.sudo}sh -c {shlex.quote(cmd)}"
         log.debug("%s: %s", self.h.name, cmd if len(cmd) < 200 else cmd[:197] + "...")
         if stdin is None:
-            r = self.conn.run(full, hide=True, warn=True, in_stream=False,
-                              timeout=timeout or self.s.command_timeout)
+            r = self.conn.run(
+                full,
+                hide=True,
+                warn=True,
+                in_stream=False,
+                timeout=timeout or self.s.command_timeout,
+            )
         else:
             from invoke.exceptions import ThreadException
 
             try:
-                r = self.conn.run(full, hide=True, warn=True, in_stream=io.StringIO(stdin),
-                                  timeout=timeout or self.s.command_timeout)
+                r = self.conn.run(
+                    full,
+                    hide=True,
+                    warn=True,
+                    in_stream=io.StringIO(stdin),
+                    timeout=timeout or self.s.command_timeout,
+                )
             except (ThreadException, OSError) as e:
                 # the command ended before it read its input (never quoted here)
                 short = cmd if len(cmd) < 120 else cmd[:117] + "..."
-                raise StepFailed(f"`{short}` on {self.h.name} did not read its input: "
-                                 f"{type(e).__name__}") from None
+                raise StepFailed(
+                    f"`{short}` on {self.h.name} did not read its input: {type(e).__name__}"
+                ) from None
         if check and r.exited != 0:
-            raise StepFailed(f"`{cmd if len(cmd) < 120 else cmd[:117] + '...'}` exited {r.exited}",
-                             tail(r.stderr or r.stdout))
+            raise StepFailed(
+                f"`{cmd if len(cmd) < 120 else cmd[:117] + '...'}` exited {r.exited}",
+                tail(r.stderr or r.stdout),
+            )
         return r
 
     def put_text(self, text: str, remote: str, mode: str = "0644"):
@@ -129,18 +156,26 @@ class Session:
         of the login user (mktemp's 0600: SFTP writes as that user, also
         when commands run with sudo), then installed as root; the text is
         never on a command line, so a secret may go this way."""
-        r = self.conn.run("mktemp", hide=True, warn=True, in_stream=False,
-                          timeout=self.s.command_timeout)
+        r = self.conn.run(
+            "mktemp", hide=True, warn=True, in_stream=False, timeout=self.s.command_timeout
+        )
         if r.exited != 0 or not r.stdout.strip():
             raise StepFailed(f"`mktemp` failed on {self.where}", tail(r.stderr))
         tmp = r.stdout.strip()
         try:
             self.conn.put(io.BytesIO(text.encode()), tmp)
-            self.run(f"mkdir -p {shlex.quote(os.path.dirname(remote))} && "
-                     f"(umask 077 && install -m {mode} {shlex.quote(tmp)} {shlex.quote(remote)})")
+            self.run(
+                f"mkdir -p {shlex.quote(os.path.dirname(remote))} && "
+                f"(umask 077 && install -m {mode} {shlex.quote(tmp)} {shlex.quote(remote)})"
+            )
         finally:
-            self.conn.run(f"rm -f {shlex.quote(tmp)}", hide=True, warn=True, in_stream=False,
-                          timeout=self.s.command_timeout)
+            self.conn.run(
+                f"rm -f {shlex.quote(tmp)}",
+                hide=True,
+                warn=True,
+                in_stream=False,
+                timeout=self.s.command_timeout,
+            )
 
     # -- preflight: login, privilege, OS --------------------------------------
 
@@ -151,35 +186,43 @@ class Session:
             raise StepFailed(f"`id -u` failed on {self.where}", tail(uid_result.stderr))
         if uid_result.stdout.strip() == "0":
             return
-        r = self.conn.run("sudo -n true", hide=True, warn=True, in_stream=False,
-                          timeout=self.s.connect_timeout)
+        r = self.conn.run(
+            "sudo -n true", hide=True, warn=True, in_stream=False, timeout=self.s.connect_timeout
+        )
         if r.exited != 0:
             raise StepFailed(
                 f"user {self.h.ssh_user} on {self.h.name} is not root and has no passwordless "
                 f"sudo: log in as root (ssh_user = 'root') or add "
                 f"'{self.h.ssh_user} ALL=(ALL) NOPASSWD: ALL' to /etc/sudoers.d/homagg",
-                tail(r.stderr))
+                tail(r.stderr),
+            )
         self.sudo = "sudo -n "
 
     def os_name(self, r=None) -> str:
         """The OS's pretty name from /etc/os-release (r: its result, if
         already read); StepFailed unless Debian or Ubuntu."""
         if r is None:
-            r = self.conn.run(_OS_RELEASE, hide=True, warn=True, in_stream=False,
-                              timeout=self.s.command_timeout)
+            r = self.conn.run(
+                _OS_RELEASE, hide=True, warn=True, in_stream=False, timeout=self.s.command_timeout
+            )
         if r.exited != 0:
             raise StepFailed(f"{self.h.name}: cannot read /etc/os-release", tail(r.stderr))
         ident, like, pretty = (r.stdout.splitlines() + ["", "", ""])[:3]
         if "debian" not in (ident, *like.split()) and "ubuntu" not in (ident, *like.split()):
-            raise StepFailed(f"{self.h.name} runs {pretty or ident!r}: HomAgg provisioning supports "
-                             "Debian and Ubuntu (apt); use a Debian 12 or Ubuntu 22.04+ host")
+            raise StepFailed(
+                f"{self.h.name} runs {pretty or ident!r}: HomAgg provisioning supports "
+                "Debian and Ubuntu (apt); use a Debian 12 or Ubuntu 22.04+ host"
+            )
         return pretty
 
     def preflight(self) -> str:
         """Log in, check privilege and OS; the OS's name.  StepFailed with the fix."""
         self.connect()
-        self.privilege(self.conn.run("id -u", hide=True, warn=True, in_stream=False,
-                                     timeout=self.s.connect_timeout))
+        self.privilege(
+            self.conn.run(
+                "id -u", hide=True, warn=True, in_stream=False, timeout=self.s.connect_timeout
+            )
+        )
         return self.os_name()
 
 
@@ -192,7 +235,9 @@ def parallel(fn, sessions, workers):
     ``workers`` threads); an exception fn raises is re-raised here."""
     if not sessions:
         return {}
-    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(workers, len(sessions)))) as ex:
+    with concurrent.futures.ThreadPoolExecutor(
+        max_workers=max(1, min(workers, len(sessions)))
+    ) as ex:
         futs = {s.h.name: ex.submit(fn, s) for s in sessions}
         return {name: f.result() for name, f in futs.items()}
 
@@ -215,8 +260,9 @@ def run_all(sessions, cmd: str, timeout: float):
     return {by_conn[id(c)]: r for c, r in results.items()}
 
 
-def preflight_all(sessions: list, parallel_hosts: int, out, consequence: str,
-                  check=None, table=None) -> dict[str, StepResult]:
+def preflight_all(
+    sessions: list, parallel_hosts: int, out, consequence: str, check=None, table=None
+) -> dict[str, StepResult]:
     """The preflight of every host: connect all in parallel, then ``id -u``
     and /etc/os-release on all at once (run_all), then ``check(session)``
     (extra checks of the caller, may be None; StepFailed names the fix) in
@@ -238,6 +284,7 @@ def preflight_all(sessions: list, parallel_hosts: int, out, consequence: str,
                 return fn(s)
             except Exception as e:  # noqa: BLE001 - one result per host
                 return e
+
         return one
 
     def alive():
@@ -247,7 +294,9 @@ def preflight_all(sessions: list, parallel_hosts: int, out, consequence: str,
         if isinstance(v, Exception):
             fail(name, v)
     by_name = {s.h.name: s for s in sessions}
-    for name, r in run_all(alive(), "id -u", sessions[0].s.connect_timeout if sessions else 0).items():
+    for name, r in run_all(
+        alive(), "id -u", sessions[0].s.connect_timeout if sessions else 0
+    ).items():
         try:
             if isinstance(r, Exception):
                 raise r
@@ -255,8 +304,9 @@ def preflight_all(sessions: list, parallel_hosts: int, out, consequence: str,
         except Exception as e:  # noqa: BLE001
             fail(name, e)
     pretty = {}
-    for name, r in run_all(alive(), _OS_RELEASE,
-                           sessions[0].s.command_timeout if sessions else 0).items():
+    for name, r in run_all(
+        alive(), _OS_RELEASE, sessions[0].s.command_timeout if sessions else 0
+    ).items():
         try:
             if isinstance(r, Exception):
                 raise r
@@ -275,8 +325,9 @@ def preflight_all(sessions: list, parallel_hosts: int, out, consequence: str,
         reports = {n: [r] for n, r in pres.items()}
         print((table or format_table)(reports), file=out)
         failures = [(n, "preflight", r.detail, r.stderr) for n, r in bad]
-        raise PreflightError(failure_message(f"preflight failed, {consequence}", failures),
-                             failures, reports)
+        raise PreflightError(
+            failure_message(f"preflight failed, {consequence}", failures), failures, reports
+        )
     return pres
 
 
@@ -298,8 +349,12 @@ def format_table(reports: dict[str, list[StepResult]]) -> str:
     lines = [f"{r[0]:<{w[0]}}  {r[1]:<{w[1]}}  {r[2]:<{w[2]}}  {r[3]}" for r in rows]
     summary = []
     for host, steps in reports.items():
-        counts = {st: sum(1 for s in steps if s.status == st) for st in (CHANGED, OK, WOULD, FAILED)}
-        summary.append(f"{host}: changed={counts[CHANGED]} ok={counts[OK]} "
-                       + (f"would_change={counts[WOULD]} " if counts[WOULD] else "")
-                       + f"failed={counts[FAILED]}")
+        counts = {
+            st: sum(1 for s in steps if s.status == st) for st in (CHANGED, OK, WOULD, FAILED)
+        }
+        summary.append(
+            f"{host}: changed={counts[CHANGED]} ok={counts[OK]} "
+            + (f"would_change={counts[WOULD]} " if counts[WOULD] else "")
+            + f"failed={counts[FAILED]}"
+        )
     return "\n".join(lines + [""] + summary)
