@@ -45,7 +45,12 @@ each variable overriding the same field of the job file::
                       on this port + LOCAL_RANK (homagg.ops.worker_metrics,
                       docs/OPERATIONS.md); HOMAGG_METRICS_BIND its address
 
-A missing aggregator is an error naming the variable to set.
+A missing aggregator is an error naming the variable to set.  An
+authenticated job's file names its secret file (``auth_file``, ``mac``,
+``key_epoch``); a HookState made from the job file checks it (a stat)
+before each bucket on the hook's thread and gives its worker a new key
+epoch written there (``homagg rotate-key``, docs/SECURITY.md "Rotating
+keys").
 
 Surviving the aggregator (``fallback=True``, the default, when
 torch.distributed is initialised): a bucket whose HomAgg allreduce fails on

@@ -17,7 +17,10 @@ shaped in both directions (tbf).  What was created is recorded in
 one job for all the workers, spread over the aggregators, with its job file
 (HOMAGG_JOB_FILE of homagg.torch; --no-daemon: the network only; a tree
 testbed gets neither, `homagg run` sets its job up).  `homagg
-run` and `homagg train` use these daemons; `down` stops them by PID.
+run` and `homagg train` use these daemons; `down` stops them by PID.  With
+--auth the job authenticates every frame (a new secret in the testbed's
+files, mode 0600, named by the job file); `homagg rotate-key --testbed NAME`
+gives it a new one while it runs.
 Successive runs of new ranks share the job without renewing it (the first
 frame of each new rank process empties what its last run left); `job`
 registers it afresh, its counters at 0, when you want them counted from 0.

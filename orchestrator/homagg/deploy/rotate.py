@@ -42,18 +42,13 @@ import sys
 import time
 
 from homagg import auth as hg_auth
-from homagg.errors import ConfigError, HomAggError
+from homagg.errors import ConfigError, RotateError
 
 ROTATION_FILE = "rotation.json"  # the last rotation, beside the job file
 DEFAULT_GRACE = 10.0  # seconds; the control socket's default
 DEFAULT_PICKUP = 2.0  # seconds between the job files and the aggregators
 
 TREE_REFUSAL = "Tree jobs are not rotated (re-add them with new secrets)."
-
-
-class RotateError(HomAggError):
-    """A rotation refused (no authentication, a tree job, inside the grace
-    period) or failed on a host."""
 
 
 def secret_name(epoch: int) -> str:
