@@ -602,3 +602,19 @@ def test_rotate_key_on_a_testbed_without_auth_says_so(tmp_path):
         _testbed_cli(sd, "down", "--name", name)
     r = _rotate_cli("--testbed", name, "--state-dir", sd)
     assert r.returncode == 1 and r.stderr.startswith("homagg rotate-key: "), r.stderr
+
+
+def test_an_aggregator_refusing_names_the_way_back():
+    class Refusing(FakeTarget):
+        renew = "`homagg testbed job --name fake`"
+
+        def rotate_aggregators(self, job, secret, grace):
+            raise rotate.RotateError("rotate_key failed on 1 host(s): host 'agg1': no job 7")
+
+    t = Refusing(AUTH_JOB)
+    with pytest.raises(rotate.RotateError) as e:
+        _rotate(t, pickup=0.0)
+    msg = str(e.value)
+    assert "host 'agg1': no job 7" in msg and "the job files name key epoch 1 already" in msg
+    assert msg.endswith("register the job afresh at that epoch (`homagg testbed job --name fake`)")
+    assert "record" not in t.calls

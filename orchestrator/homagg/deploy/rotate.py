@@ -65,6 +65,7 @@ class KeyTarget(abc.ABC):
 
     where: str = ""  # "testbed NAME" / "inventory PATH": for messages
     retry: str = ""  # the command that starts an authenticated job there
+    renew: str = ""  # the command that registers the job afresh at its job file's epoch
 
     def open(self) -> None:
         pass
@@ -167,15 +168,21 @@ def rotate(
                     file=out,
                 )
                 sleep(pickup)
-            epochs = target.rotate_aggregators(job, secret, grace)
+            try:
+                epochs = target.rotate_aggregators(job, secret, grace)
+            except RotateError as e:
+                raise RotateError(
+                    f"{e}; the job files name key epoch {epoch} already, and a worker "
+                    "that took it is not answered after its next retransmission: "
+                    f"register the job afresh at that epoch ({target.renew})"
+                ) from None
         finally:
             del secret
         wrong = {h: e for h, e in epochs.items() if e != epoch}
         if wrong:
             raise RotateError(
                 f"job {job}: the aggregators report key epochs {wrong}, the job files "
-                f"name {epoch}: re-register the job (`homagg testbed job` / "
-                "`homagg down -i` and `up -i --auth`)"
+                f"name {epoch}: register the job afresh at that epoch ({target.renew})"
             )
         t = now()
         record = {"job": job, "epoch": epoch, "at": t, "grace": float(grace), "until": t + grace}
@@ -209,6 +216,7 @@ class TestbedKeys(KeyTarget):
         self.tb = Testbed.open(name, state_dir)
         self.where = f"testbed {name}"
         self.retry = f"`homagg testbed down --name {name}`, then `homagg testbed up --auth`"
+        self.renew = f"`homagg testbed job --name {name}`"
 
     def job(self):
         from homagg.deploy.local import testbed_job
@@ -275,6 +283,7 @@ class InventoryKeys(KeyTarget):
         self.out = out or sys.stdout
         self.where = f"inventory {self.inv.path}"
         self.retry = f"`homagg down -i {self.inv.path}`, then `homagg up -i {self.inv.path} --auth`"
+        self.renew = self.retry
         self.hosts = []
 
     def open(self):
