@@ -618,3 +618,18 @@ def test_an_aggregator_refusing_names_the_way_back():
     assert "host 'agg1': no job 7" in msg and "the job files name key epoch 1 already" in msg
     assert msg.endswith("register the job afresh at that epoch (`homagg testbed job --name fake`)")
     assert "record" not in t.calls
+
+
+def test_testbed_up_auth_options_that_cannot_apply_are_refused(tmp_path, capsys):
+    from homagg.cli import testbed as cli_testbed
+
+    base = ["--state-dir", str(tmp_path), "up", "--workers", "2", "--name", "x"]
+    for extra, sentence in (
+        (["--mac", "blake2b"], "--mac: the MAC algorithm of an authenticated job: add --auth"),
+        (["--auth", "--no-daemon"], "--auth: the testbed registers no job of its own"),
+        (["--auth", "--leaves", "2"], "--auth: the testbed registers no job of its own"),
+    ):
+        assert cli_testbed._standalone(base + extra) == 1
+        err = capsys.readouterr().err
+        assert err.startswith("homagg testbed up: ") and sentence in err, err
+    assert os.listdir(tmp_path) == []  # nothing was built
