@@ -42,7 +42,7 @@ import sys
 import time
 
 from homagg import auth as hg_auth
-from homagg.errors import ConfigError, RotateError
+from homagg.errors import ConfigError, HomAggError, RotateError
 
 ROTATION_FILE = "rotation.json"  # the last rotation, beside the job file
 DEFAULT_GRACE = 10.0  # seconds; the control socket's default
@@ -170,7 +170,7 @@ def rotate(
                 sleep(pickup)
             try:
                 epochs = target.rotate_aggregators(job, secret, grace)
-            except RotateError as e:
+            except HomAggError as e:  # a daemon refused, or did not answer
                 raise RotateError(
                     f"{e}; the job files name key epoch {epoch} already, and a worker "
                     "that took it is not answered after its next retransmission: "
@@ -253,11 +253,19 @@ class TestbedKeys(KeyTarget):
     def rotate_aggregators(self, job, secret, grace):
         from homagg.switch.daemon import Switch
 
-        out = {}
-        for h in self.tb.aggregators:
-            sw = Switch(self.tb, self.tb.files_dir, host=h.name)
-            with sw.client() as c:
-                out[h.name] = int(c.rotate_key(job, secret, grace=grace)["epoch"])
+        out, bad = {}, {}
+        for h in self.tb.aggregators:  # each tried: one failing never hides the others
+            try:
+                sw = Switch(self.tb, self.tb.files_dir, host=h.name)
+                with sw.client() as c:
+                    out[h.name] = int(c.rotate_key(job, secret, grace=grace)["epoch"])
+            except HomAggError as e:
+                bad[h.name] = e
+        if bad:
+            raise RotateError(
+                f"rotate_key failed on {len(bad)} host(s): "
+                + "; ".join(f"host '{n}': {e}" for n, e in bad.items())
+            )
         return out
 
     def record_rotation(self, record):
