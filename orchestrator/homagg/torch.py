@@ -45,7 +45,12 @@ each variable overriding the same field of the job file::
                       on this port + LOCAL_RANK (homagg.ops.worker_metrics,
                       docs/OPERATIONS.md); HOMAGG_METRICS_BIND its address
 
-A missing aggregator is an error naming the variable to set.
+A missing aggregator is an error naming the variable to set.  An
+authenticated job's file names its secret file (``auth_file``, ``mac``,
+``key_epoch``); a HookState made from the job file checks it (a stat)
+before each bucket on the hook's thread and gives its worker a new key
+epoch written there (``homagg rotate-key``, docs/SECURITY.md "Rotating
+keys").
 
 Surviving the aggregator (``fallback=True``, the default, when
 torch.distributed is initialised): a bucket whose HomAgg allreduce fails on
@@ -301,6 +306,7 @@ class HookState:
         self.last_call = None
         self._recorder_path = recorder is not None and _takes_keyword(recorder, "path")
         self._make_worker = None
+        self._env, self._job_file_seen = env, None  # _follow_job_file
         if worker is None:
             self._make_worker = lambda: self._worker_from_environment(process_group, env)
             worker = self._make_worker()
@@ -556,6 +562,7 @@ class HookState:
             y.then(done)
 
         def run():
+            self._follow_job_file()
             try:
                 c0 = time.thread_time()
                 # the recorder keeps the input: a copy of the bucket's memory,
@@ -642,6 +649,46 @@ class HookState:
         retry after a back-off)."""
         timeout = float(getattr(self.worker, "timeout", None) or 10.0)
         return 60.0 + 2.0 * timeout * max(1, self._pending)
+
+    def _follow_job_file(self):
+        """A key rotation (``homagg rotate-key``) picked up between buckets,
+        on the hook's thread: when the worker was made from the job file
+        (HOMAGG_JOB_FILE) and that file changed since the last look (a
+        stat: inode, mtime, size), its ``key_epoch`` and ``auth_file`` are
+        read again and a new epoch is given to the worker
+        (``Worker.rotate_key``).  Never fails the bucket: a file read
+        mid-write is read again at the next bucket; a worker that cannot
+        take the epoch (it missed one) fails over to the fallback, whose
+        fresh worker reads the job file."""
+        if self._make_worker is None or self.worker is None:
+            return
+        import os
+
+        env = os.environ if self._env is None else self._env
+        path = env.get("HOMAGG_JOB_FILE")
+        try:
+            st = os.stat(path) if path else None
+        except OSError:
+            return
+        seen = st and (st.st_ino, st.st_mtime_ns, st.st_size)
+        if not seen or seen == self._job_file_seen:
+            return
+        try:
+            conf = job_config(env)
+        except ConfigError as exc:
+            _log.warning(
+                "homagg.torch: job file %s not read (%s); read again next bucket", path, exc
+            )
+            return
+        self._job_file_seen = seen
+        epoch = conf["key_epoch"] & 255
+        if not conf["auth_file"] or epoch == getattr(self.worker, "key_epoch", epoch):
+            return
+        try:
+            self.worker.rotate_key(conf["auth_file"], epoch)
+            _log.info("homagg.torch: key epoch %d from %s", epoch, conf["auth_file"])
+        except Exception as exc:  # noqa: BLE001 - the bucket goes on; see above
+            _log.warning("homagg.torch: key epoch %d not taken: %s", epoch, exc)
 
     # -- the path of one bucket (on the hook's thread, buckets in order) -----
 
