@@ -246,7 +246,8 @@ bool hg_mac_key_check(const struct hg_mac_key *k, uint32_t dir, uint64_t counter
  * The requests on the project's own AES-GMAC paths, CHECK_BATCH at a time:
  * their E_K(J0) together (hg_gmac_masks), then each GHASH with the next
  * request's first lines and its key's powers of H prefetched (a frame from
- * the NIC, or a key of another worker, is not in this core's L1).
+ * the NIC, or a key of another worker, is not in this core's L1), and the
+ * rest of the next request's data during the tag (hg_gmac_tag_masked).
  */
 static void check_gmac_batch(uint32_t dir, struct hg_mac_req *const *q, uint32_t n)
 {
@@ -261,23 +262,29 @@ static void check_gmac_batch(uint32_t dir, struct hg_mac_req *const *q, uint32_t
 	hg_gmac_masks(g, j0, mask, n);
 	for (uint32_t i = 0; i < n; i++) {
 		const struct hg_mac_req *r = q[i];
+		const uint8_t *next = NULL;
 
 		if (i + 1 < n) {
-			/* the powers the next tag reads: the last blocks + 2 */
-			const uint8_t *d = q[i + 1]->data;
-			const uint8_t *end = (const uint8_t *)(g[i + 1]->hpow +
-							       HG_GMAC_CHUNK);
+			/* the powers the next tag reads (the table of its
+			 * path): the last blocks + 2 */
+			const struct hg_gmac_key *gn = g[i + 1];
+			const uint8_t *end =
+				(const uint8_t *)(q[i + 1]->k->isa == HG_MAC_ISA_AVX512 ?
+							  gn->hnat + HG_GMAC_CHUNK :
+							  gn->hpow + HG_GMAC_CHUNK);
 			size_t hb = q[i + 1]->len + 32 < sizeof(g[0]->hpow) ?
 					    q[i + 1]->len + 32 :
 					    sizeof(g[0]->hpow);
 
-			__builtin_prefetch(d, 0);
-			__builtin_prefetch(d + 64, 0);
-			__builtin_prefetch(d + 128, 0);
+			next = q[i + 1]->data;
+			__builtin_prefetch(next, 0);
+			__builtin_prefetch(next + 64, 0);
+			__builtin_prefetch(next + 128, 0);
 			for (size_t off = 64; off <= hb + 63; off += 64)
 				__builtin_prefetch(end - off, 0);
 		}
-		hg_gmac_tag_masked(g[i], r->k->isa, mask[i], r->data, r->len, want);
+		hg_gmac_tag_masked(g[i], r->k->isa, mask[i], r->data, r->len,
+				   want, next);
 		q[i]->ok = crypto_verify_16(want, r->mac) == 0;
 	}
 }

@@ -265,7 +265,7 @@ GMAC_PCLMUL void hg_gmac_tag(const struct hg_gmac_key *g, int isa, __m128i j0,
 			     const uint8_t *data, size_t len, uint8_t *tag)
 {
 	/* E_K(J0) first: its rounds run beside the GHASH */
-	hg_gmac_tag_masked(g, isa, aes256_block(g, j0), data, len, tag);
+	hg_gmac_tag_masked(g, isa, aes256_block(g, j0), data, len, tag, NULL);
 }
 
 /*
@@ -307,12 +307,20 @@ GMAC_PCLMUL void hg_gmac_masks(const struct hg_gmac_key *const *g,
 		mask[i] = aes256_block(g[i], j0[i]);
 }
 
+/* Prefetch bytes [0, len) of p (NULL: nothing), for reading. */
+static inline void prefetch_lines(const uint8_t *p, size_t len)
+{
+	if (p)
+		for (size_t off = 0; off < len; off += 64)
+			__builtin_prefetch(p + off, 0);
+}
+
 GMAC_PCLMUL void hg_gmac_tag_masked(const struct hg_gmac_key *g, int isa,
 				    __m128i mask, const uint8_t *data,
-				    size_t len, uint8_t *tag)
+				    size_t len, uint8_t *tag, const uint8_t *next)
 {
 	if (isa == HG_MAC_ISA_AVX512) {
-		hg_gmac_tag_avx512(g, mask, data, len, tag);
+		hg_gmac_tag_avx512(g, mask, data, len, tag, next);
 		return;
 	}
 	gmac_mul_fn *mul = isa == HG_MAC_ISA_AVX2 ? hg_gmac_mul_avx2 :
@@ -325,6 +333,7 @@ GMAC_PCLMUL void hg_gmac_tag_masked(const struct hg_gmac_key *g, int isa,
 	while (full - pos + t > HG_GMAC_CHUNK) {
 		k = full - pos < HG_GMAC_CHUNK ? full - pos : HG_GMAC_CHUNK;
 		s.lo = s.mid = s.hi = _mm_setzero_si128();
+		prefetch_lines(next ? next + 16 * pos : NULL, 16 * k);
 		mul(y, data + 16 * pos, hend - k, k, &s);
 		y = ghash_reduce(s.lo, s.mid, s.hi);
 		pos += k;
@@ -332,6 +341,7 @@ GMAC_PCLMUL void hg_gmac_tag_masked(const struct hg_gmac_key *g, int isa,
 	k = full - pos;
 	s.lo = s.mid = s.hi = _mm_setzero_si128();
 	if (k) {
+		prefetch_lines(next ? next + 16 * pos : NULL, 16 * k);
 		mul(y, data + 16 * pos, hend - k - t, k, &s);
 		y = _mm_setzero_si128();
 	}

@@ -117,10 +117,17 @@ void hg_gmac_tag(const struct hg_gmac_key *g, int isa, __m128i j0,
 /* The avx512 path's tag (auth_gmac_avx512.c), E_K(J0) given: GHASH in
  * the natural bit order, no byte shuffles. */
 void hg_gmac_tag_avx512(const struct hg_gmac_key *g, __m128i mask,
-			const uint8_t *data, size_t len, uint8_t *tag);
-/* The same tag with E_K(J0) given (mask), e.g. from hg_gmac_masks(). */
+			const uint8_t *data, size_t len, uint8_t *tag,
+			const uint8_t *next);
+/*
+ * The same tag with E_K(J0) given (mask), e.g. from hg_gmac_masks().
+ * next (NULL: none): the data of the tag to come, prefetched while this
+ * one's GHASH runs (a frame from the NIC or another core is not in this
+ * core's caches; the next frame's first use is its tag).
+ */
 void hg_gmac_tag_masked(const struct hg_gmac_key *g, int isa, __m128i mask,
-			const uint8_t *data, size_t len, uint8_t *tag);
+			const uint8_t *data, size_t len, uint8_t *tag,
+			const uint8_t *next);
 /* mask[i] = E_K(j0[i]) under key g[i], i < n: the blocks of a burst
  * pipelined through AES-NI together. */
 void hg_gmac_masks(const struct hg_gmac_key *const *g, const __m128i *j0,
