@@ -354,11 +354,11 @@ def _auth_stream(rng, W=5, chunks=12, lanes=256):
     return frames, sums, n
 
 
-def _run_auth(frames, staged, burst, W=5):
+def _run_auth(frames, staged, burst, W=5, payload_bytes=1024):
     from engine_rig import EngineRig
     from auth_rig import SECRET
 
-    rig = EngineRig(workers=W, slots=4, auth=SECRET, mac="aes-gmac", payload_bytes=1024)
+    rig = EngineRig(workers=W, slots=4, auth=SECRET, mac="aes-gmac", payload_bytes=payload_bytes)
     eng = Engine(rig.port, burst=burst, staged=staged)
     rig.eng.close()
     rig.eng = eng
@@ -369,7 +369,7 @@ def _run_auth(frames, staged, burst, W=5):
         slots=4,
         auth=SECRET,
         mac="aes-gmac",
-        payload_bytes=1024,
+        payload_bytes=payload_bytes,
         incarnation=7,
     )  # replies compared byte for byte
     out = []
@@ -398,6 +398,34 @@ def test_engine_burst_checks_equal_one_at_a_time(mac_path, burst):
     assert staged[0] == single[0]  # every reply, byte for byte, in order
     c = staged[1]
     # a changed header byte is dropped under some counter: at least these
+    assert c["bad_mac"] >= n["bad_mac"] and c["bad_slot"] >= n["bad_slot"], (c, n)
+    assert n["bad_mac"] and n["bad_slot"]
+    assert c["completed"] == len(sums)
+    got = {}
+    for raw in staged[0]:
+        v = parse_frame(raw)
+        got.setdefault(v.seq, set()).add(v.payload)
+    assert got == {s: {be32(x)} for s, x in sums.items()}
+
+
+@pytest.mark.parametrize("burst", [2, 7, 33])
+def test_engine_8k_bursts_in_l1_chunks_equal_one_at_a_time(mac_path, burst):
+    # 8 KB payloads: the engine takes an auth job's large frames in chunks
+    # of at most 32 KB (engine.c AUTH_CHUNK_BYTES: three such frames, so a
+    # burst of 7 or 33 is cut, one of 2 is not), each checked and then
+    # summed; hostile frames among them decide and count as one at a time
+    import numpy as np
+
+    from helpers import be32
+    from homagg.engine import parse_frame
+
+    rng = np.random.default_rng(100 + burst)
+    frames, sums, n = _auth_stream(rng, chunks=8, lanes=2048)
+    staged = _run_auth(frames, True, burst, payload_bytes=8192)
+    single = _run_auth(frames, False, burst, payload_bytes=8192)
+    assert staged[1] == single[1] and staged[2] == single[2]
+    assert staged[0] == single[0]  # every reply, byte for byte, in order
+    c = staged[1]
     assert c["bad_mac"] >= n["bad_mac"] and c["bad_slot"] >= n["bad_slot"], (c, n)
     assert n["bad_mac"] and n["bad_slot"]
     assert c["completed"] == len(sums)
