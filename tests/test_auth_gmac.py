@@ -409,11 +409,10 @@ def test_engine_burst_checks_equal_one_at_a_time(mac_path, burst):
 
 
 @pytest.mark.parametrize("burst", [2, 7, 33])
-def test_engine_8k_bursts_in_l1_chunks_equal_one_at_a_time(mac_path, burst):
-    # 8 KB payloads: the engine takes an auth job's large frames in chunks
-    # of at most 32 KB (engine.c AUTH_CHUNK_BYTES: three such frames, so a
-    # burst of 7 or 33 is cut, one of 2 is not), each checked and then
-    # summed; hostile frames among them decide and count as one at a time
+def test_engine_8k_bursts_equal_one_at_a_time(mac_path, burst):
+    # 8 KB payloads (two 72-block reductions per frame, the next frame's
+    # data prefetched during each tag): hostile frames among them decide
+    # and count as one at a time, and the sums are exact
     import numpy as np
 
     from helpers import be32

@@ -49,18 +49,6 @@
  * prefetched (the first pass waited on them: ~30% of its samples under
  * `perf record -e cpu-clock`, `homagg bench engine`, W = 8). */
 #define HDR_AHEAD 4
-
-/*
- * Frames of an auth job (a guess: the job of the previous frame, e->last)
- * go through classify, verify_burst and apply in chunks of at most this
- * many bytes, so that a chunk's payloads, read first by its MAC check,
- * are still in L1 when apply sums them (32 chunks of 8 KB frames, 264 KB,
- * left the sum to read them back from L2).  At least two frames a chunk;
- * frames under 2 KB keep whole bursts (their E_K(J0) pipeline in eights).
- * A chunk is a burst like any other: the same decisions and counters
- * whatever the burst size (tests/test_engine.py, tests/test_auth*.py).
- */
-#define AUTH_CHUNK_BYTES 32768
 #define PREFETCH_BYTES 128
 /*
  * The kernel runs over PIECE_BYTES of input at a time, and before each
@@ -748,10 +736,9 @@ PREFETCH_FN void prefetch_hdr(const struct hg_pkt *p)
 }
 
 /*
- * The burst in chunks of up to HG_ENGINE_MAX_BURST frames (AUTH_CHUNK_BYTES
- * for an auth job's large ones): classify them all, then apply them in
- * order.  One at a time (hg_engine_set_staging(e, false)): classify and
- * apply each frame before the next, for comparison.
+ * The burst in chunks of up to HG_ENGINE_MAX_BURST frames: classify them
+ * all, then apply them in order.  One at a time (hg_engine_set_staging(e,
+ * false)): classify and apply each frame before the next, for comparison.
  */
 int hg_engine_process(struct hg_engine *e, struct hg_pkt **pkts, uint32_t n)
 {
@@ -765,12 +752,6 @@ int hg_engine_process(struct hg_engine *e, struct hg_pkt **pkts, uint32_t n)
 			m = HG_ENGINE_MAX_BURST;
 		if (e->one_at_a_time)
 			m = 1;
-		else if (e->last && e->last->mac_len &&
-			 pkts[i]->len >= AUTH_CHUNK_BYTES / 16 &&
-			 pkts[i]->len * (size_t)m > AUTH_CHUNK_BYTES)
-			m = pkts[i]->len < AUTH_CHUNK_BYTES / 2 ?
-				    (uint32_t)(AUTH_CHUNK_BYTES / pkts[i]->len) :
-				    2;
 		e->cnt[HG_CNT_RECEIVED] += m;
 		for (k = 0; k < m && k < HDR_AHEAD; k++)
 			prefetch_hdr(pkts[i + k]);
