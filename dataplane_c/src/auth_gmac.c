@@ -330,11 +330,18 @@ GMAC_PCLMUL void hg_gmac_tag_masked(const struct hg_gmac_key *g, int isa,
 	struct hg_gmac_sum s;
 	__m128i y = _mm_setzero_si128();
 
+	/* y joins a chunk's sums after its blocks' products (times the
+	 * chunk's first power), so they need not wait for its reduction */
 	while (full - pos + t > HG_GMAC_CHUNK) {
 		k = full - pos < HG_GMAC_CHUNK ? full - pos : HG_GMAC_CHUNK;
 		s.lo = s.mid = s.hi = _mm_setzero_si128();
 		prefetch_lines(next ? next + 16 * pos : NULL, 16 * k);
-		mul(y, data + 16 * pos, hend - k, k, &s);
+		mul(_mm_setzero_si128(), data + 16 * pos, hend - k, k, &s);
+		if (pos)
+			mul_add(y,
+				_mm_loadu_si128(
+					(const __m128i *)hend[-(ptrdiff_t)k]),
+				&s);
 		y = ghash_reduce(s.lo, s.mid, s.hi);
 		pos += k;
 	}
@@ -342,7 +349,12 @@ GMAC_PCLMUL void hg_gmac_tag_masked(const struct hg_gmac_key *g, int isa,
 	s.lo = s.mid = s.hi = _mm_setzero_si128();
 	if (k) {
 		prefetch_lines(next ? next + 16 * pos : NULL, 16 * k);
-		mul(y, data + 16 * pos, hend - k - t, k, &s);
+		mul(_mm_setzero_si128(), data + 16 * pos, hend - k - t, k, &s);
+		if (pos)
+			mul_add(y,
+				_mm_loadu_si128(
+					(const __m128i *)hend[-(ptrdiff_t)(k + t)]),
+				&s);
 		y = _mm_setzero_si128();
 	}
 	if (part) {

@@ -164,17 +164,26 @@ GMAC_NAT void hg_gmac_tag_avx512(const struct hg_gmac_key *g, __m128i mask,
 	struct hg_gmac_sum s;
 	__m128i y = _mm_setzero_si128();
 
+	/* A chunk's blocks are multiplied without the hash so far (y), which
+	 * joins the sums after them (y times the chunk's first power): the
+	 * chunk's multiplies need not wait for the reduction before it. */
 	while (full - pos + t > HG_GMAC_CHUNK) {
 		k = full - pos < HG_GMAC_CHUNK ? full - pos : HG_GMAC_CHUNK;
 		s.lo = s.mid = s.hi = _mm_setzero_si128();
-		mul_nat(y, data + 16 * pos, hend - k, k, &s, pf + 16 * pos);
+		mul_nat(_mm_setzero_si128(), data + 16 * pos, hend - k, k, &s,
+			pf + 16 * pos);
+		if (pos)
+			nat_mul_add(y, hend[-(ptrdiff_t)k], &s);
 		y = nat_reduce(s.lo, s.mid, s.hi);
 		pos += k;
 	}
 	k = full - pos;
 	s.lo = s.mid = s.hi = _mm_setzero_si128();
 	if (k) {
-		mul_nat(y, data + 16 * pos, hend - k - t, k, &s, pf + 16 * pos);
+		mul_nat(_mm_setzero_si128(), data + 16 * pos, hend - k - t, k,
+			&s, pf + 16 * pos);
+		if (pos)
+			nat_mul_add(y, hend[-(ptrdiff_t)(k + t)], &s);
 		y = _mm_setzero_si128();
 	}
 	if (part) { /* zero-padded: a masked load reads only its bytes */
