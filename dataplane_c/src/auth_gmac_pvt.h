@@ -24,7 +24,12 @@
  * 72 and GFNI, three alternating runs of `gmac_bench 2000 1056 8224`
  * against that build, under load: 39.3 vs 46.2 ns at 1056 bytes, 225 vs
  * 252 ns at 8224); libsodium and OpenSSL (the portable path) 38 / 196 /
- * 704.
+ * 704.  With two zmm groups a turn (four ternary XORs for eight
+ * products, not six) and a chunk's products not waiting for the previous
+ * chunk's reduction, avx512 29.3 vs 34.7 ns at 1056 bytes and 181-182 vs
+ * 207 ns at 8224 (three alternating runs of `gmac_bench 2000 1056 8224`
+ * against the build before, load average 4-5, 2026-12-02; BENCHMARKS.md
+ * "8 KB: fewer vector uops").
  *
  * On pclmul and avx2, field elements are kept byte-reflected (the block's bytes reversed), so
  * that a carry-less product of two of them is the reflected product shifted
