@@ -334,6 +334,7 @@ class HookState:
         self.measure, self.remeasure = bool(measure), int(remeasure)
         self._calls_of = {}  # (bucket index, size) -> calls handed over
         self._timing = {}  # (bucket index, size) -> _Timing (measure=True)
+        self._outputs = {}  # (bucket index, size) -> HomAgg's result array (_output)
         self._baseline_group = self._direct_group = None
         if fallback or baseline:
             self._group = _fallback_group(process_group)
@@ -566,10 +567,17 @@ class HookState:
             try:
                 c0 = time.thread_time()
                 # the recorder keeps the input: a copy of the bucket's memory,
-                # made here rather than on DDP's thread
+                # made here rather than on DDP's thread; the group's path
+                # then sums the bucket's memory in place (no second copy)
                 xin = x.copy() if own and self.recorder is not None else x
                 y, path = self._reduce_sum(
-                    index, x, seed, info, in_place=self.recorder is None, call=call
+                    index,
+                    x,
+                    seed,
+                    info,
+                    in_place=xin is not x or self.recorder is None,
+                    call=call,
+                    out=self._output(key, x.size, in_backward),
                 )
                 cpu = time.thread_time() - c0
             except BaseException as exc:
@@ -581,7 +589,9 @@ class HookState:
             try:
                 c0 = time.thread_time()
                 xin = x.copy() if own and self.recorder is not None else x
-                y = self._group_sum_async(x, info, self.recorder is None, group=self._direct_group)
+                y = self._group_sum_async(
+                    x, info, xin is not x or self.recorder is None, group=self._direct_group
+                )
                 cpu = time.thread_time() - c0
             except BaseException as exc:
                 fail(exc)
@@ -616,6 +626,22 @@ class HookState:
         else:
             self._executor.submit(run)
         return fut
+
+    def _output(self, key, n, in_backward):
+        """The array HomAgg's result of bucket ``key`` is written into: the
+        bucket's own, kept from its last call, inside DDP's backward pass
+        without a recorder (DDP copies a result into the gradients before
+        the backward pass returns, so the next call of the bucket may
+        overwrite it), saving a fresh array's page faults (15 MB: 3,800
+        pages zeroed by the kernel on first touch) at every call; None (a
+        new array) otherwise: a recorder keeps its ``y``, and a caller of
+        ``reduce`` outside DDP holds every result it got."""
+        if not in_backward or self.recorder is not None:
+            return None
+        y = self._outputs.get(key)
+        if y is None or y.size != n:
+            y = self._outputs[key] = np.empty(n, dtype=np.float32)
+        return y
 
     def _record(self, seq, index, xin, y, params, path):
         """The recorder's call of hand-over number ``seq``, after those of
@@ -777,9 +803,10 @@ class HookState:
         tb = round(b * 1e12) if b is not None else c["baseline_ps"]
         return "baseline" if tb < th else "homagg"
 
-    def _reduce_sum(self, index, x, seed, info, in_place=True, call=0):
+    def _reduce_sum(self, index, x, seed, info, in_place=True, call=0, out=None):
         """The sum of x over the ranks and the path that made it (the
-        group's path sums x itself when ``in_place``)."""
+        group's path sums x itself when ``in_place``; HomAgg's writes into
+        ``out`` when given, else a new array)."""
         rule, need_nnz = self._choice(x.size)
         backing = self.fallback and self._retry_at is not None
         nnz_max = None
@@ -826,14 +853,14 @@ class HookState:
             if self._path(c, tm, call, info) == "baseline":
                 return self._group_sum_async(x, info, in_place), "baseline"
         if not self.fallback:  # no agreement after it: HomAgg's time is not measured
-            return self._homagg(x, seed, info), "homagg"
+            return self._homagg(x, seed, info, out), "homagg"
         if backing:
             self.counters["retries"] += 1
         error, h0 = None, time.perf_counter()
         try:
             if self.worker is None:
                 self.worker = self._make_worker()
-            y = self._homagg(x, seed, info)
+            y = self._homagg(x, seed, info, out)
         except Exception as exc:  # noqa: BLE001 - every rank must reach the agreement
             error = exc
         homagg_s = self._elapsed("homagg", h0)
@@ -878,10 +905,19 @@ class HookState:
             info.pop(k, None)
         return self._group_sum(x, info, "fallback_buckets"), "fallback"
 
-    def _homagg(self, x, seed, info):
-        return self.worker.allreduce(
-            x, self.method, block=self.block, nc_levels=self.nc_levels, seed=seed, info=info
+    def _homagg(self, x, seed, info, out=None):
+        y = self.worker.allreduce(
+            x,
+            self.method,
+            out=out,
+            block=self.block,
+            nc_levels=self.nc_levels,
+            seed=seed,
+            info=info,
         )
+        if "nnz" not in info and info.get("nonzeros") is not None:
+            info["nnz"] = info["nonzeros"]  # the C scan's count: the log's, no pass here
+        return y
 
     def _agree_max(self, *values):
         """Every rank's values (non-negative integers), each reduced with
