@@ -891,6 +891,21 @@ def test_replay_names_the_first_step_and_parameter_that_differ(tmp_path):
     assert rp["first_mismatch"] == {"step": 1, "parameter": "bias"}
 
 
+def test_the_hooks_count_of_non_zeros_is_numpys():
+    """The hook's count (the agreed one and the log's) counts x != 0 as
+    numpy does: -0.0 is 0; NaN, infinities and subnormals are not; every
+    length from the vector loops' tails up."""
+    rng = np.random.default_rng(8)
+    specials = np.array([0.0, -0.0, np.nan, np.inf, -np.inf, 1e-45, -1e-45], np.float32)
+    for n in (0, 1, 15, 16, 17, 31, 33, 257, 100_003):
+        x = rng.standard_normal(n).astype(np.float32)
+        x[rng.random(n) < 0.7] = np.float32(-0.0)
+        x[rng.random(n) < 0.1] = 0.0
+        k = min(n, specials.size)
+        x[:k] = specials[:k]
+        assert hgt._count_nonzero(x) == int(np.count_nonzero(x)), n
+
+
 def test_threads_per_rank_leaves_a_core_per_rank_to_the_hook():
     assert hgt.threads_per_rank(1, cores=8) == 7
     assert hgt.threads_per_rank(2, cores=16) == 7
