@@ -51,8 +51,10 @@ def test_input_nonzeros_and_a_result_written_into_the_callers_array(agg, method)
     from the C scan of lhc, union and auto (None for dense, which does not
     scan); a second allreduce into the same ``out`` (sparser gradients, no
     zeroing between) is the oracle's sum bit for bit, every element
-    written (``out`` starts as NaN); an ``out`` overlapping the input is
-    refused before anything is sent."""
+    written (``out`` starts as NaN); ``divide_by`` gives that sum /
+    np.float32(divide_by) bit for bit; an ``out`` overlapping the input
+    and a divide_by not finite and positive are refused before anything is
+    sent."""
     W, n, job = 2, 3 * BLOCK + 5, 50 + len(method)
     agg.engine.add_job(job=job, token=78, workers=W, slots=8)
     first = grads_of(W, n, seed=11, density=0.3)
@@ -74,6 +76,9 @@ def test_input_nonzeros_and_a_result_written_into_the_callers_array(agg, method)
             ) as wk:
                 with pytest.raises(InvalidArgument, match="overlap"):
                     wk.allreduce(first[w], method=method, block=BLOCK, out=first[w][::-1][::-1])
+                for bad in (0, -2.0, float("nan"), float("inf"), 1e-40):
+                    with pytest.raises(InvalidArgument, match="divide_by"):
+                        wk.allreduce(first[w], method=method, divide_by=bad)
                 out = np.full(n, np.nan, dtype=np.float32)
                 i1, i2 = {}, {}
                 y1 = wk.allreduce(first[w], method=method, block=BLOCK, out=out, info=i1)
@@ -81,7 +86,10 @@ def test_input_nonzeros_and_a_result_written_into_the_callers_array(agg, method)
                 y1 = y1.copy()
                 y2 = wk.allreduce(second[w], method=method, block=BLOCK, out=out, info=i2)
                 assert y2 is out
-                got[w], infos[w] = (y1, y2.copy()), (i1, i2)
+                y2 = y2.copy()
+                y3 = wk.allreduce(second[w], method=method, block=BLOCK, out=out, divide_by=3)
+                y4 = wk.allreduce(first[w], method=method, block=BLOCK, divide_by=W)
+                got[w], infos[w] = (y1, y2, y3.copy(), y4), (i1, i2)
         except Exception as exc:  # noqa: BLE001 - reported below
             err[w] = exc
 
@@ -94,6 +102,8 @@ def test_input_nonzeros_and_a_result_written_into_the_callers_array(agg, method)
     assert err == [None] * W, err
     want = (oracle_allreduce(first, BLOCK), oracle_allreduce(second, BLOCK))
     for w in range(W):
+        assert got[w][2].tobytes() == (want[1] / np.float32(3)).tobytes()
+        assert got[w][3].tobytes() == (want[0] / np.float32(W)).tobytes()
         for k, grads in enumerate((first, second)):
             assert got[w][k].tobytes() == want[k].tobytes(), (w, k)
             counted = infos[w][k]["nonzeros"]

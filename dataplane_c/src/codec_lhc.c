@@ -1059,14 +1059,18 @@ int hg_lhc_decode(const struct hg_lhc *l, const uint8_t *gfallback_be32, float *
 		/* peeled values (0 where unresolved), then the fallback's */
 		hg_decode_block(l, b, (const uint8_t *)(l->values + bk->cand_off),
 				false, isa, yb);
-		if (u == l->info.fallback_lanes || l->unresolved[u] >= end)
-			continue;
-		scale = hg_pow2(-hg_scale_shift(&l->p, l->gcodes[b]));
-		for (; u < l->info.fallback_lanes && l->unresolved[u] < end; u++)
-			yb[l->cand_pos[l->unresolved[u]]] =
-				(float)((double)(int32_t)hg_ld_be32(
-						gfallback_be32 + 4 * u) *
-					scale);
+		if (u < l->info.fallback_lanes && l->unresolved[u] < end) {
+			scale = hg_pow2(-hg_scale_shift(&l->p, l->gcodes[b]));
+			for (; u < l->info.fallback_lanes && l->unresolved[u] < end;
+			     u++)
+				yb[l->cand_pos[l->unresolved[u]]] =
+					(float)((double)(int32_t)hg_ld_be32(
+							gfallback_be32 + 4 * u) *
+						scale);
+		}
+		/* the candidates only: every other element is +0 */
+		hg_divide_at(yb, l->cand_pos + bk->cand_off, bk->ncand,
+			     l->p.divisor);
 	}
 	return 0;
 }

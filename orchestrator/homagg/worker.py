@@ -301,8 +301,14 @@ class Worker:
         seed=0,
         nc_levels=0,
         info=None,
+        divide_by=None,
     ):
         """The sum over the job's workers of ``array`` (float32, 1-D).
+
+        ``divide_by`` (a positive number, optional): the sum divided by it
+        in float32, ``sum / np.float32(divide_by)`` bit for bit, done by the
+        decoder while each block is in cache (the workers' count gives a
+        DDP hook's mean without a pass over the result).
 
         ``info`` (a dict, optional) receives what this call did:
         "method" (the method that ran: auto's choice), "bytes_sent" and
@@ -315,6 +321,14 @@ class Worker:
         caller that sums the same shape again reuses its memory instead of
         a fresh array's page faults; it must not overlap ``array``."""
         code = protocol.method(method).code
+        divisor = 0.0
+        if divide_by is not None:
+            divisor = float(np.float32(divide_by))
+            if not (0.0 < divisor < float("inf")) or divisor < float(np.finfo(np.float32).tiny):
+                raise InvalidArgument(
+                    f"divide_by {divide_by!r}: a finite positive float32 (normal), "
+                    "e.g. the job's worker count"
+                )
         x = np.ascontiguousarray(array, dtype=np.float32).reshape(-1)
         if out is None:
             out = np.empty_like(x)
@@ -329,6 +343,7 @@ class Worker:
             F_STOCHASTIC if stochastic else 0,
             int(seed) & (2**64 - 1),
             int(nc_levels),
+            divisor,
         )
         with self._lock:
             if self._client is None:
