@@ -470,7 +470,8 @@ class HookState:
 
         def finish(y, path, cpu, xin):
             try:
-                np.divide(y, world, out=y)
+                if path != "homagg":  # HomAgg's decoder divided already (_homagg)
+                    np.divide(y, world, out=y)
                 seconds = time.perf_counter() - t0
                 if path == "baseline" and "path_t0" in info:
                     # this rank's time of the group's allreduce, agreed
@@ -804,9 +805,9 @@ class HookState:
         return "baseline" if tb < th else "homagg"
 
     def _reduce_sum(self, index, x, seed, info, in_place=True, call=0, out=None):
-        """The sum of x over the ranks and the path that made it (the
-        group's path sums x itself when ``in_place``; HomAgg's writes into
-        ``out`` when given, else a new array)."""
+        """The sum of x over the ranks (the group's paths; in x itself when
+        ``in_place``) or its average (HomAgg's: its decoder divides; into
+        ``out`` when given, else a new array), and the path that made it."""
         rule, need_nnz = self._choice(x.size)
         backing = self.fallback and self._retry_at is not None
         nnz_max = None
@@ -906,6 +907,9 @@ class HookState:
         return self._group_sum(x, info, "fallback_buckets"), "fallback"
 
     def _homagg(self, x, seed, info, out=None):
+        """HomAgg's average of x: the decoder divides each block by the
+        world size while it is in cache (bit for bit numpy's float32
+        division of the sum), instead of a pass over the result."""
         y = self.worker.allreduce(
             x,
             self.method,
@@ -914,6 +918,7 @@ class HookState:
             nc_levels=self.nc_levels,
             seed=seed,
             info=info,
+            divide_by=self.world_size,
         )
         if "nnz" not in info and info.get("nonzeros") is not None:
             info["nnz"] = info["nonzeros"]  # the C scan's count: the log's, no pass here
