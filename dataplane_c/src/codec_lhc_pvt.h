@@ -47,12 +47,12 @@ struct hg_lhc {
 	int32_t *values;      /* peeled sum per candidate (0 if unresolved) */
 	uint32_t *unresolved; /* global ranks, ascending */
 	/* peeling scratch, sized for the largest block: per cell its value,
-	 * count + rank sum, queue slot; per candidate its cells, sign mask and
-	 * a done flag (one more slot: the masked writes of stale pops) */
+	 * count + rank sum, queue slot (one more: a push stores its slot
+	 * before it knows whether to advance); per candidate its cells and sign
+	 * mask */
 	uint32_t *s_cell, *s_queue;
 	uint64_t *s_cid;
 	uint32_t *s_c0, *s_c1, *s_c2, *s_sm;
-	uint8_t *s_done;
 	size_t s_cells_cap, s_cand_cap;
 };
 
