@@ -514,8 +514,10 @@ static int scratch_reserve(struct hg_lhc *l, size_t cells, size_t cands)
 		free(l->s_queue);
 		l->s_cell = malloc(cells * sizeof(*l->s_cell));
 		l->s_cid = malloc(cells * sizeof(*l->s_cid));
-		/* a masked push stores one slot past the last pushed cell */
-		l->s_queue = malloc((cells + 1) * sizeof(*l->s_queue));
+		/* a push stores its slot before it knows whether to advance
+		 * (one slot past the last pushed cell), the vector seeding
+		 * whole vectors of 8 */
+		l->s_queue = malloc((cells + 8) * sizeof(*l->s_queue));
 		l->s_cells_cap = 0;
 		if (!l->s_cell || !l->s_cid || !l->s_queue)
 			return -ENOMEM;
@@ -909,11 +911,15 @@ static int peel_block(struct hg_lhc *l, size_t b, const uint8_t *gcells, int isa
 	const uint32_t *c0 = l->s_c0, *c1 = l->s_c1, *c2 = l->s_c2;
 	const uint32_t *sm = l->s_sm;
 	const struct cell_batch cb = { l->s_c0, l->s_c1, l->s_c2, l->s_sm };
-	uint32_t head = 0, tail = 0, peeled = 0, bad = 0;
+	uint32_t head = 0, tail = 0, peeled = 0, bad = 0, k0;
 
-	for (uint32_t k = 0; k < nc; k++)
+	k0 = isa != HG_ISA_PORTABLE ?
+		     hg_lhc_peel_load_avx2(gcells, nc, cell, cid) :
+		     0;
+	for (uint32_t k = k0; k < nc; k++) {
 		cell[k] = hg_ld_be32(gcells + 4 * k);
-	memset(cid, 0, nc * sizeof(*cid));
+		cid[k] = 0;
+	}
 	cells_batch(isa, l->key_sketch, l->first + b * l->p.block, bk->t, pos,
 		    n, &cb);
 	for (uint32_t j = 0; j < n; j++) {
@@ -923,7 +929,10 @@ static int peel_block(struct hg_lhc *l, size_t b, const uint8_t *gcells, int isa
 		cid[c1[j]] += d;
 		cid[c2[j]] += d;
 	}
-	for (uint32_t k = 0; k < nc; k++) {
+	k0 = isa != HG_ISA_PORTABLE ?
+		     hg_lhc_peel_seed_avx2(cid, nc, queue, &tail) :
+		     0;
+	for (uint32_t k = k0; k < nc; k++) {
 		queue[tail] = k;
 		tail += (uint32_t)cid[k] == 1;
 	}
@@ -957,7 +966,8 @@ static int peel_block(struct hg_lhc *l, size_t b, const uint8_t *gcells, int isa
 		queue[tail] = q;
 		tail += (uint32_t)cid[q] == 1;
 	}
-	for (uint32_t k = 0; k < nc; k++)
+	k0 = isa != HG_ISA_PORTABLE ? hg_lhc_peel_bad_avx2(cell, cid, nc, &bad) : 0;
+	for (uint32_t k = k0; k < nc; k++)
 		bad |= cell[k] & ((uint32_t)((uint32_t)cid[k] != 0) - 1u);
 	if (bad)
 		return -EPROTO;
