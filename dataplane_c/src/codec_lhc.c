@@ -916,10 +916,9 @@ static int peel_block(struct hg_lhc *l, size_t b, const uint8_t *gcells, int isa
 	k0 = isa != HG_ISA_PORTABLE ?
 		     hg_lhc_peel_load_avx2(gcells, nc, cell, cid) :
 		     0;
-	for (uint32_t k = k0; k < nc; k++) {
+	for (uint32_t k = k0; k < nc; k++)
 		cell[k] = hg_ld_be32(gcells + 4 * k);
-		cid[k] = 0;
-	}
+	memset(cid + k0, 0, (nc - k0) * sizeof(*cid));
 	cells_batch(isa, l->key_sketch, l->first + b * l->p.block, bk->t, pos,
 		    n, &cb);
 	for (uint32_t j = 0; j < n; j++) {
