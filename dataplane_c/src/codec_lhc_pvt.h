@@ -90,16 +90,16 @@ uint32_t hg_lhc_bloom_candidates_avx2(uint64_t key, uint64_t g0, uint32_t k,
 uint32_t hg_lhc_bitmap_positions_avx2(const uint8_t *idx, uint32_t nwords,
 				      uint16_t *out);
 /* The peel's passes over a block's nc cells, whole groups of 8 (AVX2,
- * BMI2; each returns how many cells it did): load and byte-swap the cells
- * and zero their counts; queue the cells of count 1 (8 entries of slack);
- * OR into *bad the cells of count 0 with a value left.  See
- * codec_lhc_avx2.c. */
+ * BMI2): load and byte-swap the cells and zero their counts (returns the
+ * cells done); queue the cells of count 1 (returns how many, 8 entries of
+ * slack); the OR of the cells of count 0 (non-zero: a value left).  The
+ * last two put the cells done in *done.  See codec_lhc_avx2.c. */
 uint32_t hg_lhc_peel_load_avx2(const uint8_t *gcells, uint32_t nc,
 			       uint32_t *cell, uint64_t *cid);
 uint32_t hg_lhc_peel_seed_avx2(const uint64_t *cid, uint32_t nc,
-			       uint32_t *queue, uint32_t *tail);
+			       uint32_t *queue, uint32_t *done);
 uint32_t hg_lhc_peel_bad_avx2(const uint32_t *cell, const uint64_t *cid,
-			      uint32_t nc, uint32_t *bad);
+			      uint32_t nc, uint32_t *done);
 /* Positions of the set bits of nwords 64-bit words of a bitmap (AVX-512
  * VBMI2, BW); see codec_lhc_avx512.c. */
 uint32_t hg_lhc_bitmap_positions_vbmi2(const uint8_t *idx, uint32_t nwords,
