@@ -9,6 +9,8 @@ is summed twice at either level; a dead leaf or a dead root is reported
 within the timeout; the codec keeps the job's worker ids.
 """
 
+import re
+
 import numpy as np
 import pytest
 
@@ -168,23 +170,101 @@ def test_codec_keeps_the_jobs_worker_ids():
     assert_bits_equal(outs[1], outs[0])
 
 
+def _missing(text):
+    """The worker numbers a give-up text says are missing (as in
+    tests/test_chaos_sim.py)."""
+    m = re.search(r"missing workers? ([0-9,]+)", text)
+    return {int(v) for v in m.group(1).split(",")} if m else set()
+
+
+def assert_nothing_summed_twice(cl, workers, slots):
+    """After a failure: every frame has one outcome (a leaf report is one,
+    never summed), each completed set holds its contributors once, and the
+    sets left open (at most 2 S) hold fewer than all of them."""
+    *leaves, root = engines(cl)
+    for eng in leaves + [root]:
+        assert eng["received"] == sum(v for k, v in eng.items() if k not in NOT_FRAME_OUTCOMES), eng
+    for eng, w in zip(leaves + [root], leaf_sizes(workers, len(leaves)) + [len(leaves)]):
+        assert 0 <= eng["summed"] - w * eng["completed"] <= (w - 1) * 2 * slots, eng
+    for eng in leaves:
+        assert eng["up_sent"] == eng["completed"], eng
+        assert eng["up_results"] == root["completed"], (eng, root)
+
+
 def test_dead_leaf_is_named():
+    """Leaf 1 dies: its workers name it as their leaf aggregator, the
+    workers under the other leaves name it by its index and workers from
+    the root's view their leaf's STATUS carries (docs/PROTOCOL.md "Who is
+    missing in a tree"); no worker is blamed."""
     W = 6
     grads = make_grads(W, 40000, density=0.3, seed=55, zero_blocks=False)
     with Cluster(workers=W, leaves=3, seed=4, timeout=0.05, slots=8, link_gbps=1.0) as cl:
         cl.kill_aggregator(1, after=50e-6)
         with pytest.raises(PeerTimeout) as ei:
             cl.allreduce(grads, method="dense", block_elements=BLOCK)
+        *leaves, root = engines(cl)
     exc = ei.value
     assert 0.05 <= exc.stats["virtual_time"] <= 0.1
     by_worker = {f.worker: str(f) for f in exc.failures}
     assert sorted(by_worker) == list(range(W))
     for w in (2, 3):  # leaf 1's workers name it
-        assert "aggregator 10.0.1.1:48879" in by_worker[w], by_worker[w]
-    for w, leaf in ((0, "10.0.0.1"), (5, "10.0.1.2")):
-        # the others' leaves have them all and wait for the root
-        assert f"aggregator {leaf}:48879 reports workers" in by_worker[w]
-        assert "complete there: it waits for its root aggregator" in by_worker[w]
+        assert re.search(
+            r"no (status|answer) from leaf aggregator 10\.0\.1\.1:48879", by_worker[w]
+        ), by_worker[w]
+    for w, leaf in ((0, "10.0.0.1"), (1, "10.0.0.1"), (4, "10.0.1.2"), (5, "10.0.1.2")):
+        # the others' leaves have them all and wait for the root, which lacks leaf 1
+        t = by_worker[w]
+        assert f"leaf aggregator {leaf}:48879 reports workers" in t, t
+        assert (
+            "complete there: it waits for its root aggregator, which reports leaves 0,2 present, "
+            in t
+        ), t
+        assert "missing leaf 1 (workers 2-3): no status from leaf aggregator 1)" in t, t
+    for t in by_worker.values():
+        assert not _missing(t), t
+    assert root["leaf_reports"] == 0 and all(e["up_reports"] == 0 for e in leaves)
+
+
+@pytest.mark.parametrize("victim", (3, 0, 5))
+@pytest.mark.parametrize("auth", (False, True))
+def test_dead_worker_under_another_leaf_is_named(victim, auth):
+    """A worker dies: the others of its leaf name it from their leaf's
+    STATUS; the workers under the other leaves name it by its job number
+    too, from the leaf report its leaf sent the root and the root's view
+    their own leaf passes down (docs/PROTOCOL.md "Who is missing in a
+    tree").  The reports are MACed in an auth tree and never summed."""
+    W, L = 6, 3
+    sizes = leaf_sizes(W, L)
+    firsts = [sum(sizes[:l]) for l in range(L)]
+    vleaf = max(l for l in range(L) if firsts[l] <= victim)
+    grads = make_grads(W, 40000, density=0.3, seed=57, zero_blocks=False)
+    with Cluster(
+        workers=W, leaves=L, seed=4 + victim, timeout=0.05, slots=8, link_gbps=1.0, auth=auth
+    ) as cl:
+        cl.kill_worker(victim, after_packets=20)
+        with pytest.raises(PeerTimeout) as ei:
+            cl.allreduce(grads, method="dense", block_elements=BLOCK)
+        *leaves, root = engines(cl)
+        assert_nothing_summed_twice(cl, W, 8)
+    exc = ei.value
+    assert 0.05 <= exc.stats["virtual_time"] <= 0.1
+    live = {f.worker: str(f) for f in exc.failures if f.worker != victim}
+    assert sorted(live) == [w for w in range(W) if w != victim]
+    lo, hi = firsts[vleaf], firsts[vleaf] + sizes[vleaf] - 1
+    for w, t in live.items():
+        assert _missing(t) == {victim}, t
+        if firsts[vleaf] <= w <= hi:
+            continue  # its own leaf's STATUS names it, as on a flat job
+        assert (
+            f"missing leaf {vleaf} (workers {lo}-{hi}): its aggregator reports missing worker {victim})"
+            in t
+        ), t
+    assert leaves[vleaf]["up_reports"] > 0
+    assert root["leaf_reports"] == leaves[vleaf]["up_reports"]  # no loss: each arrived
+    assert root["bad_mac"] == 0 and all(e["bad_mac"] == 0 for e in leaves)
+    for l, eng in enumerate(leaves):
+        if l != vleaf:
+            assert eng["up_reports"] == 0, (l, eng)  # nothing missing there
 
 
 def test_dead_root_is_reported_by_every_worker():

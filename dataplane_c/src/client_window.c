@@ -652,7 +652,7 @@ void hg_cl_tx_new(struct hg_client *c, uint64_t now)
 static char *root_text(const struct hg_client *c, const uint8_t *t, size_t n,
 		       char *e, char *end)
 {
-	uint32_t L, W = c->cfg.workers, nb, present = 0;
+	uint32_t L, W = c->cfg.workers, nb, present = 0, nmiss = 0;
 	const uint8_t *root, *below;
 	bool first = true;
 
@@ -683,7 +683,8 @@ static char *root_text(const struct hg_client *c, const uint8_t *t, size_t n,
 
 		if (root[l / 8] >> (l % 8) & 1)
 			continue;
-		TEXT(", missing leaf %u (workers %u-%u): ", l, lo, hi - 1);
+		TEXT("%s missing leaf %u (workers %u-%u): ", nmiss++ ? ";" : ",",
+		     l, lo, hi - 1);
 		for (uint32_t w = lo; w < hi && w < HG_MAX_WORKERS; w++) {
 			if (!(below[w / 8] >> (w % 8) & 1))
 				continue;

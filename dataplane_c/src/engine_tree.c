@@ -490,6 +490,11 @@ void hg_eng_up_apply(struct hg_engine *e, struct hg_stage *st)
 
 	if (s->state != SET_UP || s->seq != st->seq || s->lanes != st->lanes ||
 	    up_op(s->op) != st->op) {
+		/* the root asks about a chunk still open here: say who holds
+		 * it (a report lost on the way is sent again) */
+		if ((st->flags & HG_FLAG_STATUS) && s->state == SET_OPEN &&
+		    s->seq == st->seq && j->cfg.up_leaves)
+			hg_eng_up_report(e, j, s);
 		count(e, j, HG_CNT_UP_STALE);
 		queue_free(e, pkt);
 		return;
