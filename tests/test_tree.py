@@ -963,3 +963,134 @@ def test_register_tree_with_auth_gives_each_level_its_own_secret():
             auth=root,
             leaf_auth=leaf,
         )
+
+
+# ---- who is missing in a tree: the frames byte by byte --------------------
+
+
+def _bits(ids, nbytes):
+    """A bitmap of nbytes bytes with bit i % 8 of byte i // 8 set per id."""
+    out = bytearray(nbytes)
+    for i in ids:
+        out[i // 8] |= 1 << (i % 8)
+    return bytes(out)
+
+
+def test_leaf_reports_its_missing_workers_and_passes_the_roots_view_down():
+    """docs/PROTOCOL.md "Who is missing in a tree", at a leaf (workers 4, 5
+    of the job, leaf 3 of 5): a worker's retransmission of an open set
+    sends the root a leaf report (base, n, the bitmap of the missing);
+    a root STATUS of the forwarded set whose missing-below bits are new is
+    passed to the workers at once, after the leaf's own bitmaps: L, the
+    root's two bitmaps, the missing-below bitmap."""
+    from homagg.engine import FLAG_RETRANS, FLAG_STATUS, Addr, Engine, MemPort
+
+    root = Addr.of(bytes([2, 0, 0, 0, 9, 9]), (10 << 24) | 99, 48879)
+    port = MemPort(can_replicate=False)
+    port.set_time(1_000_000)
+    eng = Engine(port)
+    eng.add_job(
+        job=5,
+        token=55,
+        workers=2,
+        slots=4,
+        incarnation=7,
+        parent={"addr": root, "worker": 3, "shard": 2, "base": 4, "leaves": 5},
+    )
+    pay = np.ones(16, dtype=">i4").tobytes()
+    assert _leaf_send(port, eng, _worker_frame(port, 0, 6, "sum32", pay)) == []
+    out = _leaf_send(port, eng, _worker_frame(port, 0, 6, "sum32", pay, flags=FLAG_RETRANS))
+    reports = [f for f in out if f.dst.ipv4 == root.ipv4]
+    status = [f for f in out if f.dst.ipv4 != root.ipv4]
+    assert len(reports) == 1 and len(status) == 1
+    r = reports[0]
+    assert r.flags & FLAG_STATUS and not r.flags & FLAG_RETRANS
+    assert (r.worker, r.seq, r.slot, r.shard, r.exp, r.lanes) == (3, 6, 2, 2, 0, 16)
+    assert r.payload == (4).to_bytes(2, "big") + (2).to_bytes(2, "big") + _bits([1], 1)
+    assert status[0].payload == _bits([0], 1) + bytes(1)  # no tail: open here
+    assert eng.counters()["up_reports"] == 1
+    # within half an upward timeout: no second report
+    out = _leaf_send(port, eng, _worker_frame(port, 0, 6, "sum32", pay, flags=FLAG_RETRANS))
+    assert [f for f in out if f.dst.ipv4 == root.ipv4] == []
+    # worker 1 completes the set: it goes up
+    up = _leaf_send(port, eng, _worker_frame(port, 1, 6, "sum32", pay))
+    assert len(up) == 1 and up[0].dst.ipv4 == root.ipv4 and not up[0].flags & FLAG_STATUS
+    # the root lacks leaf 1, whose report says job worker 2 is missing
+    below = _bits([2], 32)
+    root_view = _bits([0, 2, 3, 4], 1) + _bits([], 1)
+    down = _leaf_send(
+        port, eng, _root_frame(port, root, 6, root_view + below, FLAG_STATUS, lanes=16)
+    )
+    tail = (5).to_bytes(2, "big") + root_view + below
+    assert sorted(f.worker for f in down) == [0, 1]  # pushed: the news is new
+    for f in down:
+        assert f.flags & FLAG_STATUS and f.payload == _bits([0, 1], 1) + bytes(1) + tail
+    # the same view again: nothing pushed; a worker's resend gets it
+    assert (
+        _leaf_send(port, eng, _root_frame(port, root, 6, root_view + below, FLAG_STATUS, lanes=16))
+        == []
+    )
+    again = _leaf_send(port, eng, _worker_frame(port, 1, 6, "sum32", pay, flags=FLAG_RETRANS))
+    st = [f for f in again if f.flags & FLAG_STATUS]
+    assert len(st) == 1 and st[0].worker == 1 and st[0].payload.endswith(tail)
+    c = eng.counters()
+    assert (c["summed"], c["completed"], c["up_sent"]) == (2, 1, 1)
+
+
+def test_root_keeps_leaf_reports_and_sends_them_in_its_status():
+    """At the root (an ordinary job of L = 3 workers): a leaf report is
+    taken into the set's missing-below bitmap (its range replaced), never
+    summed; a change is pushed as the set's STATUS to the leaves heard
+    from; later STATUS frames of the set carry it after the two bitmaps;
+    a report of another chunk or a malformed one changes nothing."""
+    from homagg.engine import FLAG_RETRANS, FLAG_STATUS, Engine, MemPort, build_frame
+
+    port = MemPort(can_replicate=False)
+    port.set_time(1_000_000)
+    eng = Engine(port)
+    eng.add_job(job=5, token=55, workers=3, slots=4, incarnation=7)
+    pay = np.ones(16, dtype=">i4").tobytes()
+
+    def report(leaf, seq, base, n, missing, **kw):
+        src = _worker_frame(port, leaf, seq, "sum32", pay)  # for its address
+        from homagg.engine import FLAG_SHADOW, parse_frame
+
+        a = parse_frame(src).src
+        fields = dict(op="sum32", job=5, token=55, worker=leaf, seq=seq, slot=seq % 4, lanes=16)
+        fields.update(kw)
+        flags = FLAG_STATUS | (FLAG_SHADOW if (seq // 4) % 2 else 0)
+        body = base.to_bytes(2, "big") + n.to_bytes(2, "big") + _bits(missing, (n + 7) // 8)
+        return build_frame(a, port.addr, flags=flags, payload=body, **fields)
+
+    # leaves 0 and 2 contribute chunk 6 (leaf 1 waits for its worker 3)
+    assert _leaf_send(port, eng, *(_worker_frame(port, l, 6, "sum32", pay) for l in (0, 2))) == []
+    pushed = _leaf_send(port, eng, report(1, 6, 2, 2, [1]))
+    below = _bits([3], 32)
+    want = _bits([0, 2], 1) + bytes(1) + below
+    # to the leaves it learnt addresses from (a report teaches none)
+    assert sorted(f.worker for f in pushed) == [0, 2]
+    assert all(f.flags & FLAG_STATUS and f.payload == want for f in pushed)
+    # the same report again: no news; its range replaced by a new one
+    assert _leaf_send(port, eng, report(1, 6, 2, 2, [1])) == []
+    pushed = _leaf_send(port, eng, report(1, 6, 2, 2, [0]))
+    assert all(f.payload == _bits([0, 2], 1) + bytes(1) + _bits([2], 32) for f in pushed)
+    # a leaf's resend gets it too
+    st = _leaf_send(port, eng, _worker_frame(port, 0, 6, "sum32", pay, flags=FLAG_RETRANS))
+    assert len(st) == 1 and st[0].payload.endswith(_bits([2], 32))
+    # malformed: n 0, past 256 workers; a wrong token, worker or slot
+    for frame, reason in (
+        (report(1, 6, 2, 0, []), "bad_lanes"),
+        (report(1, 6, 255, 2, [0]), "bad_lanes"),
+        (report(1, 6, 2, 2, [1], token=56), "bad_token"),
+        (report(3, 6, 2, 2, [1], worker=3), "bad_worker"),
+        (report(1, 6, 2, 2, [1], slot=1), "bad_slot"),
+    ):
+        before = eng.counters()[reason]
+        assert _leaf_send(port, eng, frame) == []
+        assert eng.counters()[reason] == before + 1, reason
+    # another chunk of the slot: kept for it, not shown for chunk 6
+    assert _leaf_send(port, eng, report(1, 10, 2, 2, [1])) == []
+    st = _leaf_send(port, eng, _worker_frame(port, 2, 6, "sum32", pay, flags=FLAG_RETRANS))
+    assert len(st) == 1 and st[0].payload.endswith(_bits([2], 32))
+    c = eng.counters()
+    assert c["leaf_reports"] == 4 and c["summed"] == 2 and c["completed"] == 0
