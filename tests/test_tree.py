@@ -440,6 +440,59 @@ def test_testbed_tree_of_dpdk_daemons(tmp_path):
         Testbed.down(name, state_dir=sd)
 
 
+def test_testbed_tree_names_a_dead_worker_under_another_leaf(tmp_path):
+    """`homagg testbed up --leaves 2` of homagg-switch daemons, worker 2
+    (under leaf agg1) stopped before the allreduce: worker 1 (same leaf)
+    names it from its leaf's STATUS, worker 0 (under leaf agg) from the
+    root's view its leaf passes down, which has agg1's leaf report
+    (docs/PROTOCOL.md "Who is missing in a tree")."""
+    import os
+    import secrets
+
+    from helpers import require
+    from homagg.runs import allreduce as runmod
+    from homagg.switch.daemon import find_switch
+    from homagg.deploy.local.testbed import Testbed
+
+    require(os.geteuid() == 0, "needs root")
+    try:
+        find_switch()
+    except runmod.RunError as e:
+        require(False, str(e))
+    sd = str(tmp_path / "testbeds")
+    name = "tw" + secrets.token_hex(5)
+    Testbed.up(name, workers=3, link_mbit=1000, leaves=2, state_dir=sd)
+    try:
+        with pytest.raises(runmod.RunError) as ei:
+            runmod.run_allreduce(
+                name,
+                "dense",
+                elements=40_000,
+                density=1.0,
+                seed=11,
+                timeout=1.0,
+                fail_workers=(2,),
+                state_dir=sd,
+            )
+    finally:
+        Testbed.down(name, state_dir=sd)
+    text = str(ei.value)
+    assert "failed on 3 of 3 workers" in text and "w2: exit -9" in text, text
+    per = {
+        int(m.group(1)): m.group(0)
+        for m in re.finditer(r"PeerTimeout: worker (\d+) of job [^\n]*", text)
+    }
+    assert sorted(per) == [0, 1], text
+    for t in per.values():
+        assert _missing(t) == {2}, t
+    assert re.search(
+        r"leaf aggregator [0-9.]+:48879 reports workers 1 present, missing worker 2", per[1]
+    )
+    assert "missing leaf 1 (workers 1-2): its aggregator reports missing worker 2)" in per[0], per[
+        0
+    ]
+
+
 def test_register_tree_requests_and_job_files(tmp_path):
     """register_tree: leaf l gets its workers' count, its group and the root
     as parent, the root the leaves as workers; each worker's job file names
