@@ -83,6 +83,10 @@ def test_heavy_loss_between_leaves_and_root(method):
         assert root["duplicates"] > 0 and root["replays"] > 0
         # leaves saw late copies and duplicates of root replies
         assert sum(e["up_stale"] for e in leaves) > 0
+        # the leaves reported their missing workers during repairs (PROTOCOL.md
+        # "Who is missing in a tree"): taken at the root, never summed (above)
+        assert root["leaf_reports"] > 0
+        assert sum(e["up_reports"] for e in leaves) >= root["leaf_reports"]
 
 
 @pytest.mark.parametrize("mac", ("aes-gmac", "blake2b"))
@@ -114,6 +118,7 @@ def test_tree_with_auth_is_exact_under_loss(mac):
         assert root["bad_mac"] == 0 and all(e["bad_mac"] == 0 for e in leaves)
         assert sum(e["up_retransmissions"] for e in leaves) > 0
         assert root["summed"] > 0
+        assert root["leaf_reports"] > 0  # MACed reports verified at the root
 
 
 def test_results_are_multicast_at_each_level():
