@@ -545,10 +545,22 @@ def test_register_tree_requests_and_job_files(tmp_path):
         "payload": 512,
         "workers": 2,
         "group": "239.1.0.1",
-        "parent": {"ip": "10.0.0.3", "mac": "02:00:00:00:00:03", "worker": 0, "rto_us": 2000},
+        "parent": {
+            "ip": "10.0.0.3",
+            "mac": "02:00:00:00:00:03",
+            "worker": 0,
+            "rto_us": 2000,
+            "base": 0,
+            "leaves": 2,
+        },
     }
     assert leaf1["workers"] == 3 and leaf1["group"] == "239.1.1.1"
-    assert leaf1["parent"]["worker"] == 1
+    # its first worker's job number and L: it reports who it lacks
+    assert (leaf1["parent"]["worker"], leaf1["parent"]["base"], leaf1["parent"]["leaves"]) == (
+        1,
+        2,
+        2,
+    )
     assert root == {
         "cmd": "add_job",
         "job": 77,
