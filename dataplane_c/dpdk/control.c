@@ -417,6 +417,12 @@ static int get_parent(struct hg_control *c, const json_t *o,
 	if ((rc = get_uint(p, "base", false, 0, HG_MAX_WORKERS - 1, 0, &v, reply)))
 		return rc;
 	j->up_base = (uint16_t)v;
+	if (j->up_base + j->workers > HG_MAX_WORKERS)
+		return reply_error(reply, -ERANGE,
+				   "field 'parent.base': the leaf's workers "
+				   "base..base+workers-1 must be job workers "
+				   "below %u",
+				   HG_MAX_WORKERS);
 	if ((rc = get_uint(p, "port", false, 1, 65535, HG_UDP_PORT, &v, reply)))
 		return rc;
 	j->up_port = (uint16_t)v;
