@@ -177,12 +177,13 @@ def job_model(link_mbit, rtt_ns=None, payload_bytes=1024, calibration=None, coef
     return _cost.Cost(**{**job.fields(), "payload_bytes": int(payload_bytes)}), source
 
 
-def predict(grads, elements, c: _cost.Cost, *, block, seed=1) -> dict:
+def predict(grads, elements, c: _cost.Cost, *, block, seed=1, methods=METHODS) -> dict:
     """Ring all-reduce and every method on the workers' float32 gradients
     ``grads`` (one array each, the same length n), standing for an
     allreduce of ``elements`` elements (n or fewer: bytes and element
-    counts are scaled by elements / n).  A dict with "ring", "methods",
-    "best", "index_plan", "simulated_elements" and "scale"."""
+    counts are scaled by elements / n).  A dict with "ring", "methods"
+    (those of ``methods``, default all), "best", "index_plan",
+    "simulated_elements" and "scale"."""
     import numpy as np
 
     from homagg import codec, protocol
@@ -208,7 +209,9 @@ def predict(grads, elements, c: _cost.Cost, *, block, seed=1) -> dict:
         "ring": rg,
         "methods": {},
     }
-    for m in METHODS:
+    for m in methods:
+        if m not in METHODS:
+            raise InvalidArgument(f"method {m!r}: one of {', '.join(METHODS)}")
         st = codec.simulate_allreduce(
             grads, m, seed=seed, block_elements=block, cost=c.fields()
         ).stats
@@ -255,8 +258,10 @@ def advise(
     sample_elements=DEFAULT_SAMPLE,
     calibration=None,
     coeffs=None,
+    methods=METHODS,
 ) -> dict:
-    """The prediction as a dict (the JSON of ``homagg advise --json``)."""
+    """The prediction as a dict (the JSON of ``homagg advise --json``);
+    ``methods`` the HomAgg methods predicted (default all)."""
     from homagg import codec
     from homagg.bench import workloads
 
@@ -273,7 +278,7 @@ def advise(
     block = int(block or codec.DEFAULT_BLOCK)
     n = _sample_size(int(elements), workers, block, int(sample_elements))
     grads = workloads.generate_all(workload, workers, n, density, seed)
-    pred = predict(grads, int(elements), c, block=block, seed=seed)
+    pred = predict(grads, int(elements), c, block=block, seed=seed, methods=methods)
     out = {
         "workers": workers,
         "elements": int(elements),

@@ -48,13 +48,33 @@ def link_mbit(tb: Testbed) -> int:
     return max(1, int(min(rates))) if rates else 0
 
 
+def job_processes(tb: Testbed) -> int:
+    """The busy processes of a job on the testbed: its ranks and the
+    daemon of every aggregator host, all on this host's cores."""
+    return len(tb.workers) + max(1, len(tb.aggregators))
+
+
 def job_cost(tb: Testbed, cost_model: bool = True):
-    """The cost model a job on this testbed registers: its link rate and
-    this host's calibration (homagg.cost.job_cost); ``cost_model`` False
-    (or unshaped links): none, choices by bytes."""
+    """The cost model a job on this testbed registers: its link rate, this
+    host's calibration (homagg.cost.job_cost) with the per-frame costs and
+    the round trip fitted through this testbed's port when it has been
+    calibrated (`homagg calibrate --testbed NAME`, with as many workers),
+    every CPU coefficient scaled by the sharing of this host's cores among
+    the job's processes (homagg.cost.sharing; docs/PROTOCOL.md "The cost
+    model", "Shared cores").  ``cost_model`` False (or unshaped links):
+    none, choices by bytes."""
     from homagg import cost
 
-    return cost.job_cost(link_mbit(tb) if cost_model else 0)
+    link = link_mbit(tb) if cost_model else 0
+    if not link:
+        return cost.Cost()
+    cal = cost.load_calibration()
+    factor = cost.sharing(job_processes(tb), cost.host_cores())
+    port = cost.port_coefficients(cal, tb.name, len(tb.workers))
+    if port is None:
+        return cost.job_cost(link, coeffs=cost.coefficients(cal), sharing=factor)
+    coeffs, rtt_ns = port
+    return cost.job_cost(link, rtt_ns, coeffs=coeffs, sharing=factor)
 
 
 def start(
