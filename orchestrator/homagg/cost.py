@@ -155,6 +155,8 @@ def check_calibration(cal, where="calibration") -> dict:
                     f"{where}: paths.{isa}.{name} = {v!r}: expected an "
                     f"integer number of picoseconds in 0..{bound}"
                 )
+    if not isinstance(cal.get("ports", {}), dict):
+        raise InvalidArgument(f"{where}: 'ports' must be an object of testbed names")
     for name, entry in (cal.get("ports") or {}).items():
         check_port(entry, f"{where}: ports.{name}")
     if cal.get("isa") not in paths:
@@ -316,11 +318,11 @@ def fit_port(runs, *, workers: int, payload_bytes: int, link_mbit, factor=1) -> 
 
     with ``F = factor * (pkt_ps + W * agg_pkt_ps)`` the wall time of one
     chunk's frames.  F and rtt are the least-squares fit over the runs
-    (rtt at least 0); F is split between the worker and the aggregator in
-    the proportion of the CPU they spent per chunk (the worker's above its
-    elements' against the daemons' per worker), and divided by the
-    sharing, so the coefficients are those of a process with a core of its
-    own, as the codec's are.  A dict: ``pkt_ps``, ``agg_pkt_ps``,
+    (rtt at least 0); F is split between the worker (``pkt_ps``) and the
+    aggregator (``W * agg_pkt_ps``: W frames a chunk) in the proportion of
+    the CPU they spent per call (a worker's above its elements' against the
+    daemons'), and divided by the sharing, so the coefficients are those of
+    a process with a core of its own, as the codec's are.  A dict: ``pkt_ps``, ``agg_pkt_ps``,
     ``rtt_ns`` (integers) and ``worker_share``."""
     runs = list(runs)
     if len(runs) < 2:
@@ -352,7 +354,7 @@ def fit_port(runs, *, workers: int, payload_bytes: int, link_mbit, factor=1) -> 
         max(Fraction(0), Fraction(r["worker_cpu_s"]) * 10**12 - Fraction(r["elem_ps"]))
         for r in runs
     )
-    d = sum(Fraction(r["daemon_cpu_s"]) * 10**12 / workers for r in runs)
+    d = sum(Fraction(r["daemon_cpu_s"]) * 10**12 for r in runs)
     share = w / (w + d) if w + d > 0 else Fraction(1, 2)
     return {
         "pkt_ps": min(MAX_PKT_PS, round(F * share / f)),

@@ -93,6 +93,13 @@ def add_arguments(parser):
         help="name of the testbed this benchmark builds and removes (default benchadv)",
     )
     parser.add_argument("--state-dir", default=None, help="testbed state directory")
+    parser.add_argument(
+        "--no-calibrate",
+        dest="calibrate",
+        action="store_false",
+        help="do not calibrate each testbed through its port first (the jobs then "
+        "register this host's calibration alone, shared)",
+    )
     parser.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
     parser.add_argument(
         "--out",
@@ -141,7 +148,9 @@ def predicted(a, method):
 
 
 def run(args):
+    from homagg import cost as _cost
     from homagg.bench import allreduce as ar
+    from homagg.deploy.local import testbed_job
     from homagg.deploy.local.testbed import Testbed, require_root
     from homagg.ops import advise as adv
 
@@ -151,7 +160,7 @@ def run(args):
     # homagg_row / gloo_row read these from the allreduce benchmark's arguments
     args.payload_bytes, args.pipeline_groups, args.auth = [1024], [ar.PIPELINE_GROUPS], False
     homagg_methods = [m for m in args.methods if m != "gloo"]
-    results, torch_version = [], None
+    results, torch_version, calibrations = [], None, []
     case = ar.Case(args)
     try:
         for link in args.link_mbit:
@@ -160,6 +169,20 @@ def run(args):
             tb = Testbed.up(name, W, link_mbit=link, state_dir=args.state_dir)
             try:
                 no_daemon = ar._start_daemons(tb, args) if homagg_methods else None
+                port = _calibrate(args, name) if homagg_methods and not no_daemon else None
+                job = testbed_job.job_cost(tb)
+                model = {
+                    "rtt_ns": job.rtt_ns,
+                    "coeffs": {k: getattr(job, k) for k in _cost.COEFFICIENTS},
+                    "from": (
+                        f"testbed {name}'s job: calibrated through its port, "
+                        f"sharing {port['sharing']:g}"
+                        if port
+                        else f"testbed {name}'s job: {_cost.calibration_path()}, no port calibration"
+                    ),
+                }
+                if port:
+                    calibrations.append({"link_mbit": link, **port})
                 gloo = None
                 if "gloo" in args.methods:
                     try:
@@ -172,7 +195,7 @@ def run(args):
                     for wl in args.workloads:
                         for d in args.densities:
                             results += _case(
-                                args, case, tb, name, link, wl, d, gloo, no_daemon, ar, adv
+                                args, case, tb, name, link, wl, d, gloo, no_daemon, ar, adv, model
                             )
                 finally:
                     if gloo is not None and not isinstance(gloo, str):
@@ -201,17 +224,56 @@ def run(args):
         within_target_not_cpu_bound=sum(
             bool(r["within_target"]) for r in ok if r["cpu_bound"] is False
         ),
+        port_calibrations=calibrations,
         results=results,
     )
 
 
-def _case(args, case, tb, name, link, wl, d, gloo, no_daemon, ar, adv):
+def _calibrate(args, name):
+    """The testbed's calibration through its port (homagg.bench.calibrate.
+    calibrate_port), written into the calibration file as its entry, so
+    that every job of the benchmark on it registers it; None with
+    --no-calibrate or when it failed (the jobs then register this host's
+    calibration alone, shared)."""
+    from homagg import cost as _cost
+    from homagg.bench import calibrate as cal_mod
+
+    if not args.calibrate:
+        return None
+    path = _cost.calibration_path()
+    try:
+        cal = _cost.load_calibration(path)
+        if cal is None:
+            cal = cal_mod.calibrate()
+        entry = cal_mod.calibrate_port(
+            name,
+            args.state_dir,
+            calibration=cal,
+            timeout=args.timeout,
+            progress=lambda m: _progress(f"calibrate {name}: {m}"),
+        )
+        cal_mod.write(cal_mod.add_port(cal, name, entry), path)
+    except Exception as exc:
+        _progress(f"calibration through the port failed: {type(exc).__name__}: {exc}"[:500])
+        return None
+    co = entry["coefficients"]
+    _progress(
+        f"calibrated {name} through its port (sharing {entry['sharing']:g}): "
+        f"pkt_ps {co['pkt_ps']} agg_pkt_ps {co['agg_pkt_ps']} rtt_ns {co['rtt_ns']} -> {path}"
+    )
+    return entry
+
+
+def _case(args, case, tb, name, link, wl, d, gloo, no_daemon, ar, adv, model):
     """The rows of one (link rate, workload, density): every method measured
     and predicted."""
     W, n = args.workers, args.elements
     files, expect = case.prepare(W, wl, d, exact_check=any(m != "gloo" for m in args.methods))
     shared = {"gradient_files": files, "expect": expect}
-    a = adv.advise(W, n, d, link, wl, seed=args.seed)
+    a = adv.advise(
+        W, n, d, link, wl, seed=args.seed, rtt_ns=model["rtt_ns"], coeffs=model["coeffs"]
+    )
+    a["coefficients_from"] = model["from"]
     rows = []
     for m in args.methods:
         base = {

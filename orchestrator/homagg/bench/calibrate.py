@@ -238,8 +238,12 @@ def write(cal, path) -> str:
 # through the port")
 
 # (method, elements, density) of the runs: two dense sizes give the cost of a
-# chunk's frames and the round trip apart, a union run its index and lanes
-PORT_RUNS = (("dense", 1 << 16, 1.0), ("dense", 1 << 18, 1.0), ("union", 1 << 18, 0.05))
+# chunk's frames and the round trip apart, a union run its index and lanes.
+# Sizes of the allreduces users time (the start of the workers, not the
+# allreduces, takes most of the calibration's half minute): under load a
+# small run's time is mostly noise, and its intercept the round trip's.
+PORT_RUNS = (("dense", 1 << 17, 1.0), ("dense", 1 << 20, 1.0), ("union", 1 << 20, 0.05))
+PORT_REPEAT = 5
 PORT_WORKLOAD = "random"
 
 
@@ -277,7 +281,7 @@ def calibrate_port(
     *,
     calibration=None,
     runs=PORT_RUNS,
-    repeat=3,
+    repeat=PORT_REPEAT,
     warmup=1,
     timeout=30.0,
     progress=None,
