@@ -244,3 +244,40 @@ def test_calibrate_testbed_writes_an_entry_its_jobs_register(tmp_path, monkeypat
             assert r["predicted_s"] == pytest.approx(a["methods"][r["method"]]["time_s"], rel=1e-12)
     finally:
         Testbed.down(name, state_dir=state)
+
+
+def test_advise_for_a_testbed_predicts_with_its_jobs_coefficients(tmp_path, monkeypatch, capsys):
+    from homagg import cli
+    from homagg.ops import advise as adv
+
+    entry = {
+        "workers": 4,
+        "processes": 5,
+        "cores": 2,
+        "coefficients": {"pkt_ps": 4_398_373, "agg_pkt_ps": 946_239, "rtt_ns": 481_452},
+    }
+    path = tmp_path / "cal.json"
+    path.write_text(json.dumps(_calibration({"tb1": entry})))
+    monkeypatch.setenv(cost.CALIBRATION_ENV, str(path))
+    monkeypatch.delenv("HOMAGG_CODEC_ISA", raising=False)
+    argv = ["advise", "--workers", "4", "--elements", "65536", "--density", "0.05"]
+    argv += ["--link-mbit", "1000", "--json", "--testbed", "tb1"]
+    assert cli.main(argv) == 0
+    got = json.loads(capsys.readouterr().out)
+    coeffs = cost.shared({**CODEC, "pkt_ps": 4_398_373, "agg_pkt_ps": 946_239}, Fraction(5, 2))
+    want = adv.advise(4, 65536, 0.05, 1000, "shared", rtt_ns=481_452, coeffs=coeffs)
+    assert got["coefficients"] == coeffs and got["rtt_ns"] == 481_452
+    assert {m: r["time_s"] for m, r in got["methods"].items()} == {
+        m: r["time_s"] for m, r in want["methods"].items()
+    }
+    assert "testbed tb1" in got["coefficients_from"] and "sharing 2.5" in got["coefficients_from"]
+    # --rtt-us still wins
+    assert cli.main(argv + ["--rtt-us", "50"]) == 0
+    assert json.loads(capsys.readouterr().out)["rtt_ns"] == 50_000
+    # not calibrated, or with other workers: one line naming the option and the fix
+    assert cli.main(argv[:-1] + ["tb2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--testbed tb2" in err and "homagg calibrate --testbed tb2" in err
+    assert len(err.splitlines()) == 1
+    assert cli.main(["advise", "--workers", "2"] + argv[3:]) == 2
+    assert "give --workers 4" in capsys.readouterr().err

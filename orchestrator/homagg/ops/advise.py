@@ -177,6 +177,36 @@ def job_model(link_mbit, rtt_ns=None, payload_bytes=1024, calibration=None, coef
     return _cost.Cost(**{**job.fields(), "payload_bytes": int(payload_bytes)}), source
 
 
+def testbed_model(testbed: str, workers: int, calibration=None):
+    """(coefficients, rtt_ns, where from) of a job on the local testbed
+    ``testbed`` with ``workers`` workers: this host's calibration with the
+    testbed's entry of its "ports" section (``homagg calibrate --testbed``),
+    every CPU coefficient scaled by the sharing recorded there, as the
+    testbed's job creation does (homagg.deploy.local.testbed_job.job_cost)."""
+    path = _cost.calibration_path()
+    if calibration is None:
+        calibration = _cost.load_calibration(path)
+    entry = _cost.port_calibration(calibration, testbed)
+    if entry is None:
+        raise InvalidArgument(
+            f"--testbed {testbed}: {path} has no calibration of that testbed; "
+            f"run `homagg calibrate --testbed {testbed}` first"
+        )
+    port = _cost.port_coefficients(calibration, testbed, workers)
+    if port is None:
+        raise InvalidArgument(
+            f"--testbed {testbed}: calibrated with {entry['workers']} workers, not {workers}; "
+            f"give --workers {entry['workers']} or calibrate it again"
+        )
+    coeffs, rtt_ns = port
+    factor = _cost.sharing(entry["processes"], entry["cores"])
+    return (
+        _cost.shared(coeffs, factor),
+        rtt_ns,
+        f"testbed {testbed} calibrated through its port ({path}), sharing {float(factor):g}",
+    )
+
+
 def predict(grads, elements, c: _cost.Cost, *, block, seed=1, methods=METHODS) -> dict:
     """Ring all-reduce and every method on the workers' float32 gradients
     ``grads`` (one array each, the same length n), standing for an
