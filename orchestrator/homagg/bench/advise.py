@@ -13,11 +13,16 @@ it:
   calls by the same workers and daemon, the median of the slowest
   worker's time, checked bit for bit); ``gloo``: torch.distributed's ring
   all-reduce on the same links (homagg.bench.allreduce.gloo_row);
+- calibrates: each testbed first, through its port
+  (homagg.bench.calibrate.calibrate_port, as ``homagg calibrate --testbed``;
+  its entry written into the calibration file, so the runs' jobs register
+  it; ``--no-calibrate`` skips it);
 - predicts: ``homagg advise`` (homagg.ops.advise.advise) for the same W,
-  elements, density, workload, seed and link rate, with this host's
-  calibration (``homagg calibrate``; built-in defaults without one) and
-  the cost model's round trip, the job's cost model the run registers;
-  ``gloo`` is predicted by the advisor's ring;
+  elements, density, workload, seed and link rate, with the coefficients
+  and round trip of the testbed's job (homagg.deploy.local.testbed_job.
+  job_cost: the port's calibration, the codec's, the sharing of the host's
+  cores), the cost model the runs register; ``gloo`` is predicted by the
+  advisor's ring;
 - reports per configuration: predicted_s, measured_s, error
   (predicted / measured - 1) and within_target (|error| <= 25 %), the
   predicted and measured speedup against Gloo, the term the model says
