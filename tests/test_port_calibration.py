@@ -194,7 +194,7 @@ def test_calibrate_testbed_writes_an_entry_its_jobs_register(tmp_path, monkeypat
     name = f"pc{os.getpid() % 100000}"
     state = str(tmp_path / "state")
     W = 2
-    tb = Testbed.up(name, W, link_mbit=1000, state_dir=state)
+    Testbed.up(name, W, link_mbit=1000, state_dir=state)
     try:
         rc = cli.main(["calibrate", "--testbed", name, "--state-dir", state, "--json"])
         printed = json.loads(capsys.readouterr().out)
