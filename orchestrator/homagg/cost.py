@@ -317,8 +317,8 @@ def fit_port(runs, *, workers: int, payload_bytes: int, link_mbit, factor=1) -> 
                   + (bytes / P) * F + steps * rtt        (picoseconds)
 
     with ``F = factor * (pkt_ps + W * agg_pkt_ps)`` the wall time of one
-    chunk's frames.  F and rtt are the least-squares fit over the runs
-    (rtt at least 0); F is split between the worker (``pkt_ps``) and the
+    chunk's frames.  F and rtt are the least-squares fit of the runs'
+    relative errors (rtt at least 0); F is split between the worker (``pkt_ps``) and the
     aggregator (``W * agg_pkt_ps``: W frames a chunk) in the proportion of
     the CPU they spent per call (a worker's above its elements' against the
     daemons'), and divided by the sharing, so the coefficients are those of
@@ -334,7 +334,12 @@ def fit_port(runs, *, workers: int, payload_bytes: int, link_mbit, factor=1) -> 
     for r in runs:
         y = Fraction(r["seconds"]) * 10**12 - Fraction(r["bytes"]) * link_b
         y -= f * Fraction(r["elem_ps"])
-        rows.append((Fraction(r["bytes"]) / P, Fraction(int(r["steps"])), y))
+        # each run weighed by its time: the fit minimises the relative errors,
+        # so a short run counts as much as a long one
+        t = Fraction(r["seconds"]) * 10**12
+        if t <= 0:
+            raise InvalidArgument(f"fit_port: a run of {r['seconds']!r} seconds; measure it again")
+        rows.append((Fraction(r["bytes"]) / P / t, Fraction(int(r["steps"])) / t, y / t))
     # least squares y = a F + b rt, rt >= 0
     saa = sum(a * a for a, _, _ in rows)
     sab = sum(a * b for a, b, _ in rows)
