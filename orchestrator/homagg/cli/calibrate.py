@@ -15,7 +15,7 @@ worker host has one; else the calibration of the host creating the job).
 
 With --testbed NAME (root) it times allreduces through that local
 testbed's real path instead (the worker client, veth, bridge and the
-daemon's port: two dense allreduces and a union one, about half a
+daemon's port: two dense allreduces and two union ones, about half a
 minute) and fits the per-frame worker and aggregator costs and the round
 trip, so that the model's prediction matches them on that testbed; they
 go into the same file, as the testbed's entry of its "ports" section
