@@ -99,19 +99,20 @@ def test_bench_advise_rows_for_every_configuration(tmp_path, capsys, monkeypatch
 
     from homagg.ops import advise as adv
 
-    # each testbed calibrated through its port first; its jobs registered
-    # that, with the built-in codec coefficients, shared by W ranks and a daemon
-    ports = {p["link_mbit"]: p for p in report["port_calibrations"]}
-    assert set(ports) == {100.0, 1000.0}
+    # each case calibrated through the testbed's port first (the default,
+    # --calibrate-every case); its jobs registered that, with the built-in
+    # codec coefficients, shared by W ranks and a daemon
+    ports = {(p["link_mbit"], p["case"]): p for p in report["port_calibrations"]}
+    assert set(ports) == {(L, f"shared {d:g}") for L in (100.0, 1000.0) for d in (0.05, 0.2)}
     factor = cost.sharing(W + 1, cost.host_cores())
-    for L, p in ports.items():
+    for (L, _), p in ports.items():
         assert (p["workers"], p["processes"], p["sharing"]) == (W, W + 1, float(factor))
         fit = cost.fit_port(p["runs"], workers=W, payload_bytes=1024, link_mbit=L, factor=factor)
         assert {k: fit[k] for k in cost.PORT_FIELDS} == p["coefficients"]
-    assert set(cost.load_calibration(str(cal_file))["ports"]) == {name}  # the last testbed's
+    assert set(cost.load_calibration(str(cal_file))["ports"]) == {name}  # the last one's
 
     for L, wl, d in {(r["link_mbit"], r["workload"], r["density"]) for r in rows}:
-        co = ports[L]["coefficients"]
+        co = ports[(L, f"{wl} {d:g}")]["coefficients"]
         coeffs = cost.shared(
             {**cost.DEFAULT_COEFFICIENTS, "pkt_ps": co["pkt_ps"], "agg_pkt_ps": co["agg_pkt_ps"]},
             factor,

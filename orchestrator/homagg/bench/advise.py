@@ -13,10 +13,12 @@ it:
   calls by the same workers and daemon, the median of the slowest
   worker's time, checked bit for bit); ``gloo``: torch.distributed's ring
   all-reduce on the same links (homagg.bench.allreduce.gloo_row);
-- calibrates: each testbed first, through its port
+- calibrates: each testbed through its port before each case
   (homagg.bench.calibrate.calibrate_port, as ``homagg calibrate --testbed``;
   its entry written into the calibration file, so the runs' jobs register
-  it; ``--no-calibrate`` skips it);
+  it; ``--calibrate-every testbed`` once per testbed, ``--no-calibrate``
+  never).  On a loaded host the same run's time moves by 1.2-3x within
+  minutes; a calibration of the minute before the case follows that;
 - predicts: ``homagg advise`` (homagg.ops.advise.advise) for the same W,
   elements, density, workload, seed and link rate, with the coefficients
   and round trip of the testbed's job (homagg.deploy.local.testbed_job.
@@ -99,6 +101,14 @@ def add_arguments(parser):
     )
     parser.add_argument("--state-dir", default=None, help="testbed state directory")
     parser.add_argument(
+        "--calibrate-every",
+        choices=("testbed", "case"),
+        default="case",
+        help="calibrate through the port once per testbed, or again before each case "
+        "(workload, density), so the calibration sees the host's load of the minute "
+        "the case is measured in (default case)",
+    )
+    parser.add_argument(
         "--no-calibrate",
         dest="calibrate",
         action="store_false",
@@ -153,9 +163,7 @@ def predicted(a, method):
 
 
 def run(args):
-    from homagg import cost as _cost
     from homagg.bench import allreduce as ar
-    from homagg.deploy.local import testbed_job
     from homagg.deploy.local.testbed import Testbed, require_root
     from homagg.ops import advise as adv
 
@@ -174,20 +182,15 @@ def run(args):
             tb = Testbed.up(name, W, link_mbit=link, state_dir=args.state_dir)
             try:
                 no_daemon = ar._start_daemons(tb, args) if homagg_methods else None
-                port = _calibrate(args, name) if homagg_methods and not no_daemon else None
-                job = testbed_job.job_cost(tb)
-                model = {
-                    "rtt_ns": job.rtt_ns,
-                    "coeffs": {k: getattr(job, k) for k in _cost.COEFFICIENTS},
-                    "from": (
-                        f"testbed {name}'s job: calibrated through its port, "
-                        f"sharing {port['sharing']:g}"
-                        if port
-                        else f"testbed {name}'s job: {_cost.calibration_path()}, no port calibration"
-                    ),
-                }
-                if port:
-                    calibrations.append({"link_mbit": link, **port})
+                calibrate = bool(homagg_methods) and not no_daemon
+
+                def model_now(case_name):
+                    port = _calibrate(args, name) if calibrate else None
+                    if port:
+                        calibrations.append({"link_mbit": link, "case": case_name, **port})
+                    return _job_model(tb, name, port)
+
+                model = model_now(None) if args.calibrate_every == "testbed" else None
                 gloo = None
                 if "gloo" in args.methods:
                     try:
@@ -199,6 +202,8 @@ def run(args):
                 try:
                     for wl in args.workloads:
                         for d in args.densities:
+                            if args.calibrate_every == "case":
+                                model = model_now(f"{wl} {d:g}")
                             results += _case(
                                 args, case, tb, name, link, wl, d, gloo, no_daemon, ar, adv, model
                             )
@@ -232,6 +237,24 @@ def run(args):
         port_calibrations=calibrations,
         results=results,
     )
+
+
+def _job_model(tb, name, port):
+    """The coefficients and round trip the testbed's jobs register now
+    (homagg.deploy.local.testbed_job.job_cost), for the predictions."""
+    from homagg import cost as _cost
+    from homagg.deploy.local import testbed_job
+
+    job = testbed_job.job_cost(tb)
+    return {
+        "rtt_ns": job.rtt_ns,
+        "coeffs": {k: getattr(job, k) for k in _cost.COEFFICIENTS},
+        "from": (
+            f"testbed {name}'s job: calibrated through its port, sharing {port['sharing']:g}"
+            if port
+            else f"testbed {name}'s job: {_cost.calibration_path()}, no port calibration"
+        ),
+    }
 
 
 def _calibrate(args, name):
