@@ -28,7 +28,12 @@ Scenarios:
              Linear(512, 256) at 10 Gbit/s for 3 steps, then an
              EmbeddingBag(100000, 8) (32 rows per rank and step) at
              100 Mbit/s for 3 steps, one bucket each; saves the hook's log
-             and the initial parameters too
+             and the initial parameters too (HookState(measure=False): the
+             predictions alone choose)
+  measured   the measured times' choice of path: the EmbeddingBag at
+             100 Mbit/s for 10 steps with HookState(remeasure=4) whose
+             clock says every HomAgg allreduce took 1 s and every group
+             allreduce 0.5 s (HookState._elapsed replaced: deterministic)
   backend    no DDP: init_process_group("cpu:homagg"), dist.all_reduce
              SUM and AVG of float32 / float16 / bfloat16 tensors, then
              delegated collectives (int64 and MAX allreduce, broadcast,
@@ -160,8 +165,15 @@ def backend(outdir):
     step("process group destroyed")
 
 
-def baseline(outdir):
-    """The ``baseline`` scenario (module doc)."""
+class _FixedTimes(hgt.HookState):
+    """The ``measured`` scenario's hook: HomAgg takes 1 s, the group 0.5 s."""
+
+    def _elapsed(self, path, t0):
+        return {"homagg": 1.0, "baseline": 0.5}[path]
+
+
+def baseline(outdir, measured=False):
+    """The ``baseline`` and ``measured`` scenarios (module doc)."""
     from homagg.cost import job_cost
 
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
@@ -187,19 +199,23 @@ def baseline(outdir):
         "probe_ps": 2_100,
     }
     fast, slow = job_cost(10000, coeffs=coeffs), job_cost(100, coeffs=coeffs)
-    state = hgt.HookState(recorder=recorder, cost=fast)
+    if measured:
+        state = _FixedTimes(recorder=recorder, cost=slow, remeasure=4)
+    else:
+        state = hgt.HookState(recorder=recorder, cost=fast, measure=False)
     torch.manual_seed(5)
     dense = torch.nn.Linear(512, 256, bias=False)
     sparse = torch.nn.EmbeddingBag(100_000, 8, mode="sum")
     init = [p.detach().clone() for p in (dense.weight, sparse.weight)]
     log = []
+    phases = [(1, sparse, slow, 10)] if measured else [(0, dense, fast, 3), (1, sparse, slow, 3)]
     try:
-        for k, (net, cost) in enumerate(((dense, fast), (sparse, slow))):
+        for k, net, cost, steps in phases:
             state.cost = cost  # the same on every rank
             ddp = DDP(net)
             ddp.register_comm_hook(state, hgt.allreduce_hook)
             opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
-            for step in range(3):
+            for step in range(steps):
                 g = torch.Generator().manual_seed(1000 * rank + 10 * k + step)
                 opt.zero_grad()
                 if k == 0:
@@ -229,8 +245,8 @@ def baseline(outdir):
 def main(scenario, outdir):
     if scenario == "backend":
         return backend(outdir)
-    if scenario == "baseline":
-        return baseline(outdir)
+    if scenario in ("baseline", "measured"):
+        return baseline(outdir, measured=scenario == "measured")
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
     rank = dist.get_rank()
     records = []

@@ -25,7 +25,17 @@ PARSER = cli.build_parser()
 OPTIONS = [o for o in cli_args.numeric_options(PARSER) if o[0] not in cli_args.OWN_CHECKS]
 
 # Options for which 0 is a meaningful value (a seed, a fraction, "none").
-ZERO_OK = {"seed", "warmup", "density", "drop_rate", "pipeline_groups", "rank", "port", "metrics"}
+ZERO_OK = {
+    "seed",
+    "warmup",
+    "density",
+    "drop_rate",
+    "pipeline_groups",
+    "rank",
+    "port",
+    "metrics",
+    "pickup",
+}
 ZERO_OK_IN = {("testbed up", "leaves")}
 
 BAD = {

@@ -1187,3 +1187,111 @@ def test_up_auth_without_a_provisioned_secret(rack, tmp_path):
     finally:
         down = cli("down", "-i", path)
     assert down.returncode == 0, down.stdout + down.stderr
+
+
+_ROTATED_JOB_WORKER = r"""
+import sys
+import numpy as np
+from homagg.runs import job as localrun
+from homagg.switch import job_file
+from homagg.worker import Worker
+c = job_file.job_config()
+rank, n = int(sys.argv[1]), int(sys.argv[2])
+with Worker(job=c["job"], token=c["token"], worker=rank, workers=c["workers"],
+            aggregators=c["aggregators"], group=c["group"], bind=(c["bind"], 0),
+            timeout=c["timeout"], slots=c["slots"], payload=c["payload"],
+            auth_file=c["auth_file"], mac=c["mac"], key_epoch=c["key_epoch"]) as w:
+    y = w.allreduce(localrun.gradient(n, 0.05, "random", 7, rank), method="lhc")
+np.save(sys.argv[3], y)
+"""
+
+
+@pytest.mark.timeout(900)
+def test_rotate_key_on_inventory_hosts(rack, tmp_path):
+    """`homagg rotate-key -i` after `homagg up -i --auth`: a new secret on
+    every worker host (INSTALL_DIR/run/job-e1.secret, mode 0600, the same on
+    each, none on the aggregator), every host's job file on key_epoch 1,
+    workers configured from their job files exact against the reference
+    (the aggregator took epoch 1 with that secret) and `homagg run allreduce
+    -i --auth` exact afterwards; a second rotation inside the grace period
+    is refused naming when it may run; the secret never shows in a
+    command line, an environment, an output or a file written (a job
+    without --auth: tests/test_rotate_key.py)."""
+    from homagg import auth
+
+    path, i = make_testbed(rack, tmp_path)
+    workers = [h for h in i.hosts if h.role == "worker"]
+    runs_dir = tmp_path / "runs"
+    grab = os.path.join(str(tmp_path), "w0", "opt", "run", "job-e1.secret")
+    with _ProcScan(grab) as scan:
+        up = cli("up", "-i", path, "--no-udp-csum", "--auth")
+        assert up.returncode == 0, up.stdout + up.stderr
+        try:
+            rot = cli("rotate-key", "-i", path, "--grace", "60", "--pickup", "0.5")
+            assert rot.returncode == 0, rot.stdout + rot.stderr
+            assert "key epoch 1 registered on agg" in rot.stdout, rot.stdout
+            again = cli("rotate-key", "-i", path)
+            assert again.returncode == 1, again.stdout + again.stderr
+            assert "with a grace period of 60 s: the next rotation may run from" in again.stderr
+            seen = set()
+            for h in workers:
+                f = os.path.join(h.install_dir, "run", "job-e1.secret")
+                assert os.stat(f).st_mode & 0o777 == 0o600 and os.stat(f).st_uid == 0
+                seen.add(auth.load_secret(f))
+                fields = json.load(open(os.path.join(h.install_dir, "run", "job.json")))
+                assert fields["auth_file"] == f and fields["key_epoch"] == 1
+            assert len(seen) == 1
+            secret = seen.pop()
+            old = auth.load_secret(os.path.join(workers[0].install_dir, "run", "job.secret"))
+            assert secret != old
+            agg_dir = os.path.join(i.host("agg").install_dir, "run")
+            agg_fields = json.load(open(os.path.join(agg_dir, "job.json")))
+            assert agg_fields["key_epoch"] == 1 and agg_fields["auth_file"] == ""
+            assert not os.path.exists(os.path.join(agg_dir, "job-e1.secret"))
+            # workers of up's job from their job files: the aggregator has epoch 1's key
+            n = 20000
+            procs = [
+                rack.tb.run_in(
+                    h.name,
+                    [
+                        sys.executable,
+                        "-c",
+                        _ROTATED_JOB_WORKER,
+                        str(k),
+                        str(n),
+                        str(tmp_path / f"rk-{k}.npy"),
+                    ],
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    env=dict(
+                        os.environ, HOMAGG_JOB_FILE=os.path.join(h.install_dir, "run", "job.json")
+                    ),
+                )
+                for k, h in enumerate(workers)
+            ]
+            for p in procs:
+                assert p.wait(120) == 0, p.popen.stderr.read()
+            grads = [localrun.gradient(n, 0.05, "random", 7, w) for w in range(2)]
+            ref = localrun.reference(grads, localrun.DEFAULT_BLOCK).view(np.uint32)
+            for k in range(2):
+                assert np.array_equal(np.load(tmp_path / f"rk-{k}.npy").view(np.uint32), ref)
+            run = cli(
+                "run", "allreduce", "-i", path, "--auth", "--method", "dense", "--elements", "30000",
+                "--density", "0.05", "--seed", "3", "--runs-dir", str(runs_dir), "--json",
+            )  # fmt: skip
+            assert run.returncode == 0, run.stdout + run.stderr
+            rep = json.loads(run.stdout)
+            assert rep["exact"] is True and rep["counters"]["bad_mac"] == 0, rep
+            grads = [localrun.gradient(30000, 0.05, "random", 3, w) for w in range(2)]
+            ref = localrun.reference(grads, localrun.DEFAULT_BLOCK).view(np.uint32)
+            for w in range(2):
+                got = np.load(os.path.join(rep["run_dir"], f"result-{w}.npy")).view(np.uint32)
+                assert np.array_equal(got, ref)
+        finally:
+            down = cli("down", "-i", path)
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert scan.grabbed == {secret.hex()}
+    assert not scan.holds(secret.hex()), "the secret in a process's command line or environment"
+    for out in (up, rot, again, run, down):
+        assert secret.hex() not in out.stdout + out.stderr
+    assert _files_holding(str(tmp_path), secret.hex()) == []

@@ -190,6 +190,7 @@ def test_train_cli_gloo_baseline_user_model_and_plots(testbed, tmp_path):
             "2",
             "--lr",
             "0.2",
+            "--predicted-only",
             "--out",
             str(out),
             "--json",
@@ -224,9 +225,11 @@ def test_train_cli_gloo_baseline_user_model_and_plots(testbed, tmp_path):
     ):
         assert rep[k] is not None, k
     assert rep["torch_threads"] == hgt.threads_per_rank(2)
-    # the cost model's choice (1 Gbit/s links, 2 ranks): the 9-element
-    # bucket goes through the process group (ring: 36 bytes and one half
-    # round trip; dense: two round trips), and the replay applies its result
+    # the cost model's choice (1 Gbit/s links, 2 ranks; --predicted-only: no
+    # measured time replaces a prediction): the 9-element bucket goes
+    # through the process group (ring: 36 bytes and one half round trip;
+    # dense: two round trips), and the replay applies its result
+    assert rep["predicted_only"] is True
     assert rep["cost"]["link_mbit"] == 1000
     for b in rep["buckets"]:
         assert b["paths"] == {"baseline": 3} and b["methods"] == {"gloo": 3}, b
@@ -296,6 +299,7 @@ def test_train_link_rate_sweep_builds_a_testbed_per_rate_and_plots(tmp_path):
             "2",
             "--warmup",
             "1",
+            "--predicted-only",
             "--out",
             str(out),
             "--json",
@@ -984,7 +988,11 @@ def _baseline_rank(rank, world, store, out):
         def recorder(index, xin, y, params, path):
             records.append((index, xin.copy(), [position[id(p)] for p in params]))
 
-        state = hgt.HookState(_NoHomAgg(rank, world), fallback=False, recorder=recorder)
+        # measure=False: the predictions alone choose (a measured group time
+        # could send a bucket to HomAgg, which this test forbids)
+        state = hgt.HookState(
+            _NoHomAgg(rank, world), fallback=False, recorder=recorder, measure=False
+        )
         real = state._group_sum_async
 
         def group_sum_async(*args, **kwargs):

@@ -9,7 +9,9 @@ namespace, one rank per worker namespace, tests/ddp_scenarios.py):
   the others' succeed;
 - the ``homagg`` torch.distributed backend on 2 and 4 processes.
 - the cost model's choice of path: a dense bucket at 10 Gbit/s through the
-  process group, a sparse one at 100 Mbit/s through HomAgg, replayed.
+  process group, a sparse one at 100 Mbit/s through HomAgg, replayed; and
+  measured times replacing the predictions (a clock that says HomAgg is
+  slower), expiring and measured again.
 
 Checked in every case: every rank's final parameters are bit-identical; the
 ranks made the same hook calls and took the same path for each; every
@@ -252,6 +254,54 @@ def test_cost_model_sends_a_dense_bucket_at_10g_through_gloo_and_a_sparse_one_at
             opt.step()
             w = p.detach().clone()
         assert torch.equal(_bits(w), _bits(res[0]["params"][k][0])), k
+
+
+def test_measured_times_replace_the_predictions_and_expire(testbed, jobs, tmp_path):
+    """HookState(measure=True, remeasure=4) on 2 ranks, the sparse bucket
+    at 100 Mbit/s (the model predicts HomAgg faster), with a clock that
+    says HomAgg took 1 s and the group 0.5 s: calls 0 and 1 follow the
+    model (HomAgg; the first run of a path is not measured); call 1's
+    agreed 1 s exceeds the group's prediction, so calls 2-4 go to the
+    group (its first run unmeasured, its second, call 3, agreed at call 4,
+    the first call on the hook's thread after it); at call 5 HomAgg's time
+    has expired (4 calls old) and the model chooses HomAgg again, measured
+    again; calls 6-8 the group, whose time is agreed again at call 8; call
+    9 HomAgg.  Every rank takes the same path; sums exact (HomAgg: the
+    oracle; the group: its rounding of the exact sum); parameters
+    bit-identical to the replay."""
+    W = 2
+    jobs(W, tmp_path / "job.json")
+    _finish(_start(testbed, "measured", W, tmp_path, tmp_path / "job.json"))
+    res = _check(tmp_path, W)
+    H, B = "homagg", "baseline"
+    want = [H, H, B, B, B, H, B, B, B, H]
+    calls = res[0]["records"]
+    assert [c["path"] for c in calls] == want
+    for rr in res:
+        log = sorted(rr["log"], key=lambda e: e["handed_over"])
+        assert [e["path"] for e in log] == want
+        assert rr["counters"]["baseline_buckets"] == want.count(B)
+        # the times that decided: None where the prediction did
+        h = [e["measured_homagg_seconds"] for e in log]
+        b = [e["measured_baseline_seconds"] for e in log]
+        assert h == [None, None, 1.0, 1.0, 1.0, None, 1.0, 1.0, 1.0, None], h
+        assert b == [None, None, None, None, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5], b
+        for e in log:
+            assert e["predicted_homagg_seconds"] < 0.5 < 1.0, e
+            assert e["predicted_baseline_seconds"] < 1.0, e
+    w = res[0]["init"][1].clone()
+    for i, c in enumerate(calls):
+        if c["path"] == H:
+            y = oracle_allreduce([rr["records"][i]["x"].numpy() for rr in res], BLOCK)
+            y = y / np.float32(W)
+        else:
+            y = c["y"].numpy()
+        p = torch.nn.Parameter(w)
+        opt = torch.optim.SGD([p], lr=0.1)
+        p.grad = torch.from_numpy(y.copy()).reshape(w.shape)
+        opt.step()
+        w = p.detach().clone()
+    assert torch.equal(_bits(w), _bits(res[0]["params"][1][0]))
 
 
 def test_torchrun_with_the_job_file_only(testbed, jobs, tmp_path):

@@ -162,6 +162,12 @@ class RemoteError(HomAggError):
     worker failed, ...); the message names the host."""
 
 
+class RotateError(HomAggError):
+    """A key rotation refused (a job without authentication, a tree job,
+    inside the grace period of the last one) or failed on a host
+    (``homagg rotate-key``, homagg.deploy.rotate)."""
+
+
 _BY_ERRNO = {
     _errno.EINVAL: InvalidArgument,
     _errno.EDOM: InvalidArgument,

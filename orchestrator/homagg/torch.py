@@ -45,7 +45,12 @@ each variable overriding the same field of the job file::
                       on this port + LOCAL_RANK (homagg.ops.worker_metrics,
                       docs/OPERATIONS.md); HOMAGG_METRICS_BIND its address
 
-A missing aggregator is an error naming the variable to set.
+A missing aggregator is an error naming the variable to set.  An
+authenticated job's file names its secret file (``auth_file``, ``mac``,
+``key_epoch``); a HookState made from the job file checks it (a stat)
+before each bucket on the hook's thread and gives its worker a new key
+epoch written there (``homagg rotate-key``, docs/SECURITY.md "Rotating
+keys").
 
 Surviving the aggregator (``fallback=True``, the default, when
 torch.distributed is initialised): a bucket whose HomAgg allreduce fails on
@@ -71,7 +76,8 @@ that group, in bucket order, on the hook's thread:
 Every failure logs a warning (logger ``homagg.torch``) and counts in
 ``HookState.counters`` ("homagg_failures", "fallback_buckets", "retries");
 each bucket's log entry says which path reduced it ("path": "homagg" or
-"fallback").  The agreement costs one allreduce of 4 bytes per bucket.
+"fallback").  The agreement costs one allreduce of 16 bytes per bucket
+(the flag and, for ``measure``, HomAgg's time).
 With ``fallback=False`` (or without torch.distributed) a failure is raised
 by the backward pass: PeerTimeout naming the aggregator within
 HOMAGG_TIMEOUT seconds.
@@ -101,6 +107,25 @@ exact whichever path); it travels with the fallback's back-off flag when
 both are needed.  Exact methods
 only (auto, dense, blocks, lhc, union); ``nc`` always runs HomAgg.  The
 rule is docs/TRAINING.md's "Never slower than the baseline".
+
+Measured, not only predicted (``measure=True``, the default): the model
+can be wrong on a host (cores shared by the ranks and the aggregator, a
+kernel packet path slower than calibrated), so the rule also compares what
+each path really took for this bucket.  After a bucket's HomAgg allreduce
+the fallback's agreement carries, in the same allreduce MAX, the slowest
+rank's time of it (whole microseconds); a rank's time of the group's
+allreduce of the bucket (from its start to its result) is agreed the same
+way (neither path's first run on a bucket is measured: a cold start) at the bucket's next call that runs on the hook's thread (the first
+call after it when none is agreed yet, then every ``density_every``-th).
+The choice then takes each path's agreed measured time where one younger
+than ``remeasure`` calls of the bucket exists, and the model's prediction
+otherwise: a bucket HomAgg made slower than the model's baseline
+prediction goes to the group at its next call, is measured there, and the
+two measured times decide from then on; once HomAgg's time has expired the
+model decides again, so a HomAgg path that got faster is tried again.
+Every input is agreed, so every rank takes the same path.  Without
+``fallback`` there is no agreement after HomAgg and only the group's time
+is measured.
 """
 
 import concurrent.futures
@@ -163,6 +188,29 @@ class Threshold:
 # The hook
 
 
+@dataclasses.dataclass
+class _Timing:
+    """The measured times of one bucket (index and size), in seconds: the
+    agreed ones (MAX over the ranks; the same on every rank) with the call
+    that measured them, this rank's latest time of the group's allreduce,
+    not agreed yet, and how often each path ran (a path's first run on a
+    bucket is not measured: it pays the cold start of its connections and
+    buffers)."""
+
+    homagg: float | None = None
+    homagg_at: int = 0
+    baseline: float | None = None
+    baseline_at: int = 0
+    local: float | None = None
+    homagg_runs: int = 0  # (the same on every rank: every rank runs the same paths)
+    baseline_runs: int = 0
+
+
+def _micros(seconds):
+    """Seconds as whole microseconds (at least 1) for an agreement."""
+    return max(1, int(seconds * 1e6))
+
+
 class HookState:
     """What the hook keeps between calls: the HomAgg worker, the options,
     the error-feedback residuals and a per-bucket log.
@@ -203,7 +251,14 @@ class HookState:
     "homagg", "baseline" or "fallback", and "predicted_homagg_seconds" /
     "predicted_baseline_seconds" carry the two predictions (None when the
     rule did not apply).  ``cost`` may be replaced between buckets (the
-    same on every rank)."""
+    same on every rank).
+
+    ``measure`` (default True) and ``remeasure`` (default 128 calls): the
+    rule replaces a prediction by the path's measured time, agreed over
+    the ranks, where one younger than ``remeasure`` calls of the bucket
+    exists ("Measured, not only predicted" in the module doc); a log
+    entry's "measured_homagg_seconds" / "measured_baseline_seconds" are
+    the times that decided (None: the prediction decided)."""
 
     def __init__(
         self,
@@ -223,6 +278,8 @@ class HookState:
         baseline=True,
         cost=None,
         density_every=16,
+        measure=True,
+        remeasure=128,
     ):
         protocol.method(method)  # InvalidArgument naming the choices
         if sparsify is not None and not hasattr(sparsify, "mask"):
@@ -249,6 +306,7 @@ class HookState:
         self.last_call = None
         self._recorder_path = recorder is not None and _takes_keyword(recorder, "path")
         self._make_worker = None
+        self._env, self._job_file_seen = env, None  # _follow_job_file
         if worker is None:
             self._make_worker = lambda: self._worker_from_environment(process_group, env)
             worker = self._make_worker()
@@ -271,6 +329,11 @@ class HookState:
             raise InvalidArgument(f"density_every {density_every}: at least 1 (calls)")
         self.density_every = int(density_every)
         self._nnz_cache = {}  # (bucket index, size) -> (agreed count, calls since)
+        if int(remeasure) < 1:
+            raise InvalidArgument(f"remeasure {remeasure}: at least 1 (calls)")
+        self.measure, self.remeasure = bool(measure), int(remeasure)
+        self._calls_of = {}  # (bucket index, size) -> calls handed over
+        self._timing = {}  # (bucket index, size) -> _Timing (measure=True)
         self._baseline_group = self._direct_group = None
         if fallback or baseline:
             self._group = _fallback_group(process_group)
@@ -390,6 +453,9 @@ class HookState:
         seq = self._calls  # the recorder sees the buckets in this order
         seed = self.seed + seq
         self._calls += 1
+        key = (index, int(x.size))
+        call = self._calls_of.get(key, 0)  # this bucket's calls before this one
+        self._calls_of[key] = call + 1
         world = np.float32(self.world_size)
         settled = threading.Event()  # the Future has its result (or the error is known)
         failure = []
@@ -405,6 +471,14 @@ class HookState:
             try:
                 np.divide(y, world, out=y)
                 seconds = time.perf_counter() - t0
+                if path == "baseline" and "path_t0" in info:
+                    # this rank's time of the group's allreduce, agreed
+                    # over the ranks at a later call (_reduce_sum)
+                    tm = self._timing.get(key)
+                    if tm is not None:
+                        tm.baseline_runs += 1
+                        if tm.baseline_runs > 1:  # the first is a cold start
+                            tm.local = self._elapsed("baseline", info["path_t0"])
                 if self.recorder is not None and path != "homagg":
                     # y is the summed bucket (DDP's memory): recorded before
                     # DDP may reuse it
@@ -446,6 +520,8 @@ class HookState:
                             "agree_seconds": info.get("agree_seconds", 0.0),
                             "predicted_homagg_seconds": info.get("predicted_homagg_seconds"),
                             "predicted_baseline_seconds": info.get("predicted_baseline_seconds"),
+                            "measured_homagg_seconds": info.get("measured_homagg_seconds"),
+                            "measured_baseline_seconds": info.get("measured_baseline_seconds"),
                         }
                     )
             except BaseException:  # noqa: BLE001 - the result is DDP's already
@@ -486,12 +562,15 @@ class HookState:
             y.then(done)
 
         def run():
+            self._follow_job_file()
             try:
                 c0 = time.thread_time()
                 # the recorder keeps the input: a copy of the bucket's memory,
                 # made here rather than on DDP's thread
                 xin = x.copy() if own and self.recorder is not None else x
-                y, path = self._reduce_sum(index, x, seed, info, in_place=self.recorder is None)
+                y, path = self._reduce_sum(
+                    index, x, seed, info, in_place=self.recorder is None, call=call
+                )
                 cpu = time.thread_time() - c0
             except BaseException as exc:
                 fail(exc)
@@ -532,7 +611,7 @@ class HookState:
             in_backward = True
         except RuntimeError:  # called outside a backward pass: the Future carries it
             in_backward = False
-        if self._direct_group is not None and self._direct(index, x.size, info):
+        if self._direct_group is not None and self._direct(index, x.size, info, call):
             direct()
         else:
             self._executor.submit(run)
@@ -571,6 +650,46 @@ class HookState:
         timeout = float(getattr(self.worker, "timeout", None) or 10.0)
         return 60.0 + 2.0 * timeout * max(1, self._pending)
 
+    def _follow_job_file(self):
+        """A key rotation (``homagg rotate-key``) picked up between buckets,
+        on the hook's thread: when the worker was made from the job file
+        (HOMAGG_JOB_FILE) and that file changed since the last look (a
+        stat: inode, mtime, size), its ``key_epoch`` and ``auth_file`` are
+        read again and a new epoch is given to the worker
+        (``Worker.rotate_key``).  Never fails the bucket: a file read
+        mid-write is read again at the next bucket; a worker that cannot
+        take the epoch (it missed one) fails over to the fallback, whose
+        fresh worker reads the job file."""
+        if self._make_worker is None or self.worker is None:
+            return
+        import os
+
+        env = os.environ if self._env is None else self._env
+        path = env.get("HOMAGG_JOB_FILE")
+        try:
+            st = os.stat(path) if path else None
+        except OSError:
+            return
+        seen = st and (st.st_ino, st.st_mtime_ns, st.st_size)
+        if not seen or seen == self._job_file_seen:
+            return
+        try:
+            conf = job_config(env)
+        except ConfigError as exc:
+            _log.warning(
+                "homagg.torch: job file %s not read (%s); read again next bucket", path, exc
+            )
+            return
+        self._job_file_seen = seen
+        epoch = conf["key_epoch"] & 255
+        if not conf["auth_file"] or epoch == getattr(self.worker, "key_epoch", epoch):
+            return
+        try:
+            self.worker.rotate_key(conf["auth_file"], epoch)
+            _log.info("homagg.torch: key epoch %d from %s", epoch, conf["auth_file"])
+        except Exception as exc:  # noqa: BLE001 - the bucket goes on; see above
+            _log.warning("homagg.torch: key epoch %d not taken: %s", epoch, exc)
+
     # -- the path of one bucket (on the hook's thread, buckets in order) -----
 
     def _choice(self, n):
@@ -580,14 +699,14 @@ class HookState:
         block = self.block or _cost_block()
         return True, _cost.needs_density(self.cost, self.world_size, n, self.method, block)
 
-    def _direct(self, index, n, info):
+    def _direct(self, index, n, info, call=0):
         """True when the cost model sends this bucket to the group with no
         agreement due: DDP's thread then starts the group's allreduce
         itself, as DDP's own hook does, instead of handing the bucket to the
         hook's thread first.  Every rank decides the same: the rule's inputs
-        are the bucket's size, the job's cost model and the count last
-        agreed for this bucket (touched only by this bucket's calls, one
-        after the other)."""
+        are the bucket's size, the job's cost model, the count last agreed
+        for this bucket and the times last agreed for it (touched only by
+        this bucket's calls, one after the other)."""
         rule, need_nnz = self._choice(n)
         if not rule:
             return False
@@ -598,19 +717,67 @@ class HookState:
             if cached is None or cached[1] + 1 >= self.density_every:
                 return False  # the count is agreed first, on the hook's thread
             nnz_max = cached[0]
+        tm = self._timing_for(key)
+        if tm is not None and self._baseline_due(tm, call):
+            return False  # the group's time is agreed first, on the hook's thread
         c = _cost.choose_path(
             self.cost, self.world_size, n, nnz_max, self.method, self.block or _cost_block()
         )
-        if c["path"] != "baseline":
+        if self._path(c, tm, call, info) != "baseline":
             return False
         if need_nnz:
             self._nnz_cache[key] = (nnz_max, cached[1] + 1)
+        return True
+
+    # -- measured times (``measure``) -----------------------------------------
+
+    def _timing_for(self, key):
+        """The bucket's measured times, or None when not measuring."""
+        if not self.measure:
+            return None
+        tm = self._timing.get(key)
+        if tm is None:
+            tm = self._timing[key] = _Timing()
+        return tm
+
+    def _elapsed(self, path, t0):
+        """Seconds since ``t0`` (perf_counter) of a ``path`` ("homagg" or
+        "baseline") that just gave its result: the measured time."""
+        return time.perf_counter() - t0
+
+    def _baseline_due(self, tm, call):
+        """Whether this call agrees this rank's time of the group's
+        allreduce (measured at an earlier call): at the first call after
+        one ran when none is agreed yet, then every density_every calls
+        (remeasure, if fewer: before the agreed one expires).
+        The same on every rank: every rank ran the same paths."""
+        return tm.local is not None and (
+            tm.baseline is None or call - tm.baseline_at >= min(self.density_every, self.remeasure)
+        )
+
+    def _path(self, c, tm, call, info):
+        """The path of a bucket from the model's choice ``c``
+        (homagg.cost.choose_path) and the agreed measured times: each
+        path's time is its measured one where a measurement younger than
+        ``remeasure`` calls exists, else the model's prediction; the
+        group's allreduce when its time is strictly smaller."""
         if c["homagg_ps"] is not None:
             info["predicted_homagg_seconds"] = c["homagg_ps"] * 1e-12
             info["predicted_baseline_seconds"] = c["baseline_ps"] * 1e-12
-        return True
+        if tm is None or c["homagg_ps"] is None:
+            return c["path"]
+        h = tm.homagg if tm.homagg is not None and call - tm.homagg_at < self.remeasure else None
+        b = (
+            tm.baseline
+            if tm.baseline is not None and call - tm.baseline_at < self.remeasure
+            else None
+        )
+        info["measured_homagg_seconds"], info["measured_baseline_seconds"] = h, b
+        th = round(h * 1e12) if h is not None else c["homagg_ps"]
+        tb = round(b * 1e12) if b is not None else c["baseline_ps"]
+        return "baseline" if tb < th else "homagg"
 
-    def _reduce_sum(self, index, x, seed, info, in_place=True):
+    def _reduce_sum(self, index, x, seed, info, in_place=True, call=0):
         """The sum of x over the ranks and the path that made it (the
         group's path sums x itself when ``in_place``)."""
         rule, need_nnz = self._choice(x.size)
@@ -625,19 +792,26 @@ class HookState:
         if need_nnz and not agree_nnz:
             nnz_max = cached[0]
             self._nnz_cache[key] = (nnz_max, cached[1] + 1)
-        if agree_nnz or backing:
-            # one allreduce MAX: the back-off flag and this rank's non-zero count
+        tm = self._timing_for(key) if rule else None
+        agree_time = tm is not None and self._baseline_due(tm, call)
+        if agree_nnz or backing or agree_time:
+            # one allreduce MAX: the back-off flag, this rank's non-zero
+            # count and its time of the group's allreduce (microseconds)
             a0 = time.perf_counter()
             if agree_nnz:
                 info["nnz"] = int(np.count_nonzero(x))  # the log's too: one pass
-            waiting, agreed = self._agree_max(
-                int(backing and time.monotonic() < self._retry_at), info.get("nnz", 0)
+            waiting, agreed, baseline_us = self._agree_max(
+                int(backing and time.monotonic() < self._retry_at),
+                info.get("nnz", 0),
+                _micros(tm.local) if agree_time else 0,
             )
             info["agree_seconds"] = time.perf_counter() - a0
             if agree_nnz:
                 nnz_max = agreed
                 self._nnz_cache[key] = (nnz_max, 0)
                 self.counters["density_agreements"] += 1
+            if agree_time:
+                tm.baseline, tm.baseline_at, tm.local = baseline_us * 1e-6, call, None
             if backing and waiting:
                 return self._group_sum(x, info, "fallback_buckets"), "fallback"
         if rule:
@@ -649,26 +823,34 @@ class HookState:
                 self.method,
                 self.block or _cost_block(),
             )
-            if c["homagg_ps"] is not None:
-                info["predicted_homagg_seconds"] = c["homagg_ps"] * 1e-12
-                info["predicted_baseline_seconds"] = c["baseline_ps"] * 1e-12
-            if c["path"] == "baseline":
+            if self._path(c, tm, call, info) == "baseline":
                 return self._group_sum_async(x, info, in_place), "baseline"
-        if not self.fallback:
+        if not self.fallback:  # no agreement after it: HomAgg's time is not measured
             return self._homagg(x, seed, info), "homagg"
         if backing:
             self.counters["retries"] += 1
-        error = None
+        error, h0 = None, time.perf_counter()
         try:
             if self.worker is None:
                 self.worker = self._make_worker()
             y = self._homagg(x, seed, info)
         except Exception as exc:  # noqa: BLE001 - every rank must reach the agreement
             error = exc
+        homagg_s = self._elapsed("homagg", h0)
+        # one allreduce MAX: whether any rank failed, and the slowest
+        # rank's time of this HomAgg allreduce (when measuring, from the
+        # bucket's second one on: the first is a cold start; 0: none)
+        if tm is not None:
+            tm.homagg_runs += 1
+        timed = tm is not None and tm.homagg_runs > 1
         a0 = time.perf_counter()
-        failed = self._agree(error is not None)
+        failed, homagg_us = self._agree_max(
+            int(error is not None), _micros(homagg_s) if timed else 0
+        )
         info["agree_seconds"] = info.get("agree_seconds", 0.0) + time.perf_counter() - a0
         if not failed:
+            if timed and homagg_us > 0:
+                tm.homagg, tm.homagg_at = homagg_us * 1e-6, call
             self._failures, self._retry_at = 0, None
             return y, "homagg"
         self._failures += 1
@@ -701,14 +883,6 @@ class HookState:
             x, self.method, block=self.block, nc_levels=self.nc_levels, seed=seed, info=info
         )
 
-    def _agree(self, flag):
-        """Every rank's flag, reduced with MAX over the hook's group."""
-        import torch.distributed as dist
-
-        t = torch.tensor([1 if flag else 0], dtype=torch.int32)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self._group)
-        return bool(t.item())
-
     def _agree_max(self, *values):
         """Every rank's values (non-negative integers), each reduced with
         MAX over the hook's group in one allreduce."""
@@ -731,6 +905,7 @@ class HookState:
             self.counters["baseline_buckets"] += 1
         info["in_place"] = bool(in_place)
         t = torch.from_numpy(x if in_place else x.copy())
+        info["path_t0"] = time.perf_counter()
         work = dist.all_reduce(
             t,
             op=dist.ReduceOp.SUM,

@@ -27,7 +27,10 @@ ConfigError naming the variable to set).  Errors of a HomAgg allreduce
 (PeerTimeout naming the aggregator, ...) are raised by the work's wait().
 Each process group of this backend has its own HomAgg worker: give a group
 other than the default one its own job (HOMAGG_* variables of the process)
-only if it spans every worker of that job.
+only if it spans every worker of that job.  Its worker does not
+authenticate (the job file's ``auth_file`` is not read), so it cannot join
+a job of ``--auth`` and follows no key rotation (``homagg rotate-key``;
+homagg.torch's HookState does).
 
 Why every delegated collective is a Python method here: torch calls a
 collective that a Python subclass of ProcessGroup does not override with

@@ -228,6 +228,7 @@ class Worker:
         self.timeout = timeout
         self.payload = int(payload)
         self.cost = as_cost(cost)  # the job's cost model (homagg.torch's choice of path)
+        self.key_epoch = int(key_epoch) & 255  # its newest key epoch (rotate_key)
         # the smallest MTU of the paths to the aggregators
         narrow = min(aggregators, key=lambda a: path_mtu(a[0], str(bind[0])))
         self.mtu = int(mtu) if mtu else min(9000, max(576, path_mtu(narrow[0], str(bind[0]))))
@@ -284,6 +285,7 @@ class Worker:
         worker sends with it from its first such reply or retransmission."""
         with self._lock:
             _c.client_rotate_key(self._client, auth.load_secret(secret_file), epoch)
+            self.key_epoch = int(epoch) & 255
 
     @property
     def local_address(self):

@@ -6,7 +6,8 @@ provides ``add_arguments(parser)`` and ``main(args) -> int`` and a module
 docstring whose first line is the subcommand's help.  Start here to find
 which module implements a subcommand.  This package holds the commands that
 are only a command line: ``homagg.cli.testbed`` (``homagg testbed``),
-``homagg.cli.demo`` (``homagg demo``) and ``homagg.cli.calibrate``
+``homagg.cli.demo`` (``homagg demo``), ``homagg.cli.rotate_key``
+(``homagg rotate-key``, over homagg.deploy.rotate) and ``homagg.cli.calibrate``
 (``homagg calibrate``, over homagg.bench.calibrate); the others sit next to what they run
 (homagg.runs, homagg.train, homagg.deploy.remote, homagg.bench).
 """
@@ -32,6 +33,7 @@ COMMANDS = {
     "ansible-inventory": "homagg.deploy.remote.ansible_inventory",
     "up": "homagg.deploy.remote.up",
     "down": "homagg.deploy.remote.down",
+    "rotate-key": "homagg.cli.rotate_key",
     "calibrate": "homagg.cli.calibrate",
     "exporter": "homagg.cli.exporter",
     "top": "homagg.cli.top",

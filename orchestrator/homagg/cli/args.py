@@ -136,6 +136,8 @@ OPTIONS = {
     "seed": SEED,
     "timeout": SECONDS,
     "ready_timeout": SECONDS,
+    "grace": number(0.0, 86400.0, "grace period in seconds", 10, lo_open=True),
+    "pickup": number(0.0, 3600.0, "seconds", 2),
     "rto": number(0.0, 60.0, "retransmission timeout in seconds", 0.005, lo_open=True),
     "seconds": SECONDS,
     "restart_every": SECONDS,

@@ -17,7 +17,10 @@ shaped in both directions (tbf).  What was created is recorded in
 one job for all the workers, spread over the aggregators, with its job file
 (HOMAGG_JOB_FILE of homagg.torch; --no-daemon: the network only; a tree
 testbed gets neither, `homagg run` sets its job up).  `homagg
-run` and `homagg train` use these daemons; `down` stops them by PID.
+run` and `homagg train` use these daemons; `down` stops them by PID.  With
+--auth the job authenticates every frame (a new secret in the testbed's
+files, mode 0600, named by the job file); `homagg rotate-key --testbed NAME`
+gives it a new one while it runs.
 Successive runs of new ranks share the job without renewing it (the first
 frame of each new rank process empties what its last run left); `job`
 registers it afresh, its counters at 0, when you want them counted from 0.
@@ -130,6 +133,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--switch", default=None, metavar="PATH", help="homagg-switch binary")
     p.add_argument(
+        "--auth",
+        action="store_true",
+        help="the job authenticates every frame: a new secret in the testbed's files "
+        "(job.secret, mode 0600) named by the job file (docs/SECURITY.md; "
+        "`homagg rotate-key --testbed NAME` replaces it while the job runs)",
+    )
+    p.add_argument(
+        "--mac",
+        choices=("auto", "aes-gmac", "blake2b"),
+        default="auto",
+        help="with --auth: the MAC algorithm (default: this host's, aes-gmac "
+        "where the CPU has AES-NI and PCLMULQDQ)",
+    )
+    p.add_argument(
         "--metrics",
         type=int,
         default=None,
@@ -208,6 +225,13 @@ def _run(args) -> int:
                 "--metrics: the testbed runs no daemon of its own with "
                 "--no-daemon or --leaves: drop one of them"
             )
+        if args.auth and (args.no_daemon or args.leaves):
+            raise HomAggError(
+                "--auth: the testbed registers no job of its own with --no-daemon or "
+                "--leaves (`homagg run allreduce --auth` authenticates its own): drop one of them"
+            )
+        if args.mac != "auto" and not args.auth:
+            raise HomAggError("--mac: the MAC algorithm of an authenticated job: add --auth")
         if args.metrics is not None and not 0 <= args.metrics <= 65535:
             raise HomAggError(f"--metrics {args.metrics}: must be a TCP port 0..65535")
         tb = Testbed.up(
@@ -231,6 +255,8 @@ def _run(args) -> int:
                     timeout=args.timeout,
                     switch=args.switch,
                     cost_model=args.cost_model,
+                    auth=args.auth,
+                    mac=None if args.mac == "auto" else args.mac,
                 )
                 if args.metrics is not None:
                     from homagg.ops.exporter import start_for_testbed

@@ -452,7 +452,9 @@ def renew(controls, fields, secret=None):
     ``auth_file`` names here; a job file with a ``mac`` but no
     ``auth_file`` (an aggregator host's: the secret is on the workers'
     hosts only) needs ``secret`` (ConfigError otherwise: the job is never
-    renewed without its authentication)."""
+    renewed without its authentication).  A rotated job (``key_epoch`` N)
+    is brought to epoch N again, with the secret of the file (which is
+    that epoch's)."""
     job = fields["job"]
     if secret is None and fields.get("auth_file"):
         from homagg import auth as hg_auth
@@ -464,7 +466,7 @@ def renew(controls, fields, secret=None):
             "secret (the file a worker's job file names as auth_file)"
         )
     unregister(controls, job, warn=lambda k, e: None)  # gone already is fine
-    return register(
+    out = register(
         controls,
         [_address(a) for a in fields["aggregator"].split(",")],
         workers=fields["workers"],
@@ -479,3 +481,16 @@ def renew(controls, fields, secret=None):
         auth_file=fields.get("auth_file") or "",
         cost=fields.get("cost"),
     )
+    epoch = int(fields.get("key_epoch") or 0) if secret is not None else 0
+    if epoch:
+        # the job files name key epoch N (a rotated job): the job re-added
+        # at epoch 0 takes the same secret N times, without a grace period,
+        # so that workers started from these files find their epoch there
+        # (a key's derivation does not involve its epoch)
+        for _ in range(epoch):
+            for control in controls:
+                control(
+                    {"cmd": "rotate_key", "job": job, "auth": bytes(secret).hex(), "grace_ms": 0}
+                )
+        out["key_epoch"] = epoch
+    return out

@@ -158,6 +158,8 @@ def _row(rate, model, rep) -> dict:
                     "cpu_seconds",
                     "predicted_homagg_seconds",
                     "predicted_baseline_seconds",
+                    "measured_homagg_seconds",
+                    "measured_baseline_seconds",
                     "arrival_spread_seconds",
                     "seconds_after_last_arrival",
                     "agree_seconds",

@@ -229,6 +229,7 @@ def _phase(spec, dist, torch, method, record_dir, snapshot):
             sparsify=_sparsifier(spec.get("sparsify")),
             recorder=recorder if record_dir else None,
             baseline=not spec.get("homagg_only", False),
+            measure=not spec.get("predicted_only", False),
         )
         ddp.register_comm_hook(state, hgt.allreduce_hook)
     steps, warmup = spec["steps"], spec["warmup"]
@@ -350,7 +351,7 @@ def _bucket_summary(log):
         b.setdefault("agree_seconds", []).append(e.get("agree_seconds") or 0.0)
         path = e.get("path", "homagg")
         b["paths"][path] = b["paths"].get(path, 0) + 1
-        for k in ("predicted_homagg_seconds", "predicted_baseline_seconds"):
+        for k in _TIMES:
             if e.get(k) is not None:
                 b.setdefault(k, []).append(e[k])
     out = []
@@ -366,15 +367,20 @@ def _bucket_summary(log):
                 "cpu_seconds": float(np.median(b["cpu_seconds"])),
                 "paths": b["paths"],
                 "agree_seconds": float(np.median(b["agree_seconds"])),
-                "predicted_homagg_seconds": float(np.median(b["predicted_homagg_seconds"]))
-                if b.get("predicted_homagg_seconds")
-                else None,
-                "predicted_baseline_seconds": float(np.median(b["predicted_baseline_seconds"]))
-                if b.get("predicted_baseline_seconds")
-                else None,
+                **{k: float(np.median(b[k])) if b.get(k) else None for k in _TIMES},
             }
         )
     return out
+
+
+# the times that chose a bucket's path (homagg.torch log entries): the
+# model's predictions and the measured times agreed over the ranks
+_TIMES = (
+    "predicted_homagg_seconds",
+    "predicted_baseline_seconds",
+    "measured_homagg_seconds",
+    "measured_baseline_seconds",
+)
 
 
 def _arrivals(phases: list[dict]) -> dict:
@@ -778,10 +784,12 @@ def rank_spec(
     start_timeout,
     local_ranks=1,
     homagg_only=False,
+    predicted_only=False,
 ) -> dict:
     """One rank's job; ``local_ranks``: the ranks sharing its host's cores;
     ``homagg_only``: no bucket through the process group by the cost
-    model's choice (homagg.torch's ``baseline=False``)."""
+    model's choice (homagg.torch's ``baseline=False``); ``predicted_only``:
+    the model's predictions alone choose (homagg.torch's ``measure=False``)."""
     return dict(
         rank=rank,
         world=world,
@@ -799,6 +807,7 @@ def rank_spec(
         start_timeout=start_timeout,
         local_ranks=local_ranks,
         homagg_only=homagg_only,
+        predicted_only=predicted_only,
     )
 
 
@@ -893,6 +902,7 @@ class TrainReport(ReportView):
     fallback_buckets: int = 0
     baseline_buckets: int = 0
     homagg_only: bool = False
+    predicted_only: bool = False
     replay: dict | None = None
     gloo_iteration_seconds: float | None = None
     gloo_exposed_comm_seconds: float | None = None
@@ -988,6 +998,7 @@ def run_train(
     leaves: int | None = None,
     start_timeout: float = 120.0,
     homagg_only: bool = False,
+    predicted_only: bool = False,
 ) -> TrainReport:
     """Train on a placement: ``testbed`` is a local testbed's name (with
     ``state_dir``) or a homagg.deploy.placement.Placement (e.g.
@@ -1011,7 +1022,9 @@ def run_train(
     the job authenticates every frame (a new secret in a file only its
     owner reads, Placement.place_secret).  ``homagg_only``: every bucket
     through HomAgg (no choice of the process group's allreduce by the cost
-    model, homagg.torch)."""
+    model, homagg.torch); ``predicted_only``: the model's predictions alone
+    choose each bucket's path (no measured times, homagg.torch's
+    ``measure=False``)."""
     from homagg.runs.allreduce import aggregator_count
     from homagg.runs.job import UDP_PORT, check_payload
 
@@ -1156,6 +1169,7 @@ def run_train(
                     start_timeout=start_timeout,
                     local_ranks=pl.ranks_per_host(),
                     homagg_only=homagg_only,
+                    predicted_only=predicted_only,
                 )
             )
             env = {"OMP_NUM_THREADS": "1", "HOMAGG_BIND": pl.worker_ip(r)}
@@ -1217,6 +1231,7 @@ def run_train(
             rank_pids=pids,
             run_dir=pl.run_dir,
             homagg_only=homagg_only,
+            predicted_only=predicted_only,
         )
         if out_dir:
             os.makedirs(out_dir, exist_ok=True)
@@ -1370,6 +1385,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         'baseline")',
     )
     p.add_argument(
+        "--predicted-only",
+        action="store_true",
+        help="choose each bucket's path (HomAgg or the process group's allreduce) "
+        "by the cost model's predictions alone; by default a path's measured "
+        "time, agreed over the ranks, replaces its prediction (docs/TRAINING.md)",
+    )
+    p.add_argument(
         "--auth",
         action="store_true",
         help="authenticate every frame (a new job secret, given to the ranks in "
@@ -1429,6 +1451,7 @@ def main(args: argparse.Namespace) -> int:
                 switch=args.switch,
                 cost_model=args.cost_model,
                 homagg_only=args.homagg_only,
+                predicted_only=args.predicted_only,
                 **kw,
             )
             if args.json:
@@ -1471,6 +1494,7 @@ def main(args: argparse.Namespace) -> int:
             aggregators=args.aggregators,
             leaves=args.leaves,
             homagg_only=args.homagg_only,
+            predicted_only=args.predicted_only,
         )
     except (HomAggError, TestbedError) as e:
         print(f"homagg train: {e}", file=sys.stderr)
@@ -1536,6 +1560,13 @@ def print_report(rep: dict, as_json: bool = False) -> int:
                 f"; predicted homagg {ms(b['predicted_homagg_seconds'])}, "
                 f"baseline {ms(b['predicted_baseline_seconds'])}"
             )
+        measured = [
+            f"{p} {ms(b[f'measured_{p}_seconds'])}"
+            for p in ("homagg", "baseline")
+            if b.get(f"measured_{p}_seconds") is not None
+        ]
+        if measured:
+            pred += "; measured " + ", ".join(measured)
         if b.get("arrival_spread_seconds") is not None:
             pred += (
                 f"; ranks handed it over {ms(b['arrival_spread_seconds'])} apart, "

@@ -32,6 +32,7 @@ from homagg.protocol import resolve_slots
 from homagg.switch import job_file
 
 JOB_GROUP = "239.77.0.3"  # the results' multicast group of the testbed's job
+SECRET_FILE = "job.secret"  # the secret of an authenticated job, in files_dir
 
 
 def link_mbit(tb: Testbed) -> int:
@@ -85,12 +86,20 @@ def start(
     timeout: float = 10.0,
     switch: str | None = None,
     cost_model: bool = True,
+    auth: bool = False,
+    mac: str | None = None,
 ) -> dict:
     """Start the daemons, register the job, write its job file; returns the
     job-file fields plus "file" and "daemons" ({host: record}).  On a
     failure the daemons started are stopped and the error re-raised.  The
     job's cost model is the testbed's link rate with this host's
-    calibration (``cost_model`` False: none)."""
+    calibration (``cost_model`` False: none).  ``auth``: the job
+    authenticates every frame with a new secret in ``files_dir``/job.secret
+    (mode 0600, the job file's ``auth_file``; every namespace reads this
+    machine's files), ``mac`` its algorithm (None: this host's default);
+    ``homagg rotate-key --testbed`` gives it a new one while it runs."""
+    from homagg import auth as hg_auth
+
     from homagg.runs import allreduce as runmod
     from homagg.switch.daemon import Switch
 
@@ -103,6 +112,10 @@ def start(
             sws.append(
                 Switch(tb, tb.files_dir, switch=switch, host=h.name, frames=len(tb.workers) * slots)
             )
+        secret, secret_file = None, ""
+        if auth:
+            secret_file = os.path.join(tb.files_dir, SECRET_FILE)
+            secret = hg_auth.create_secret_file(secret_file)
         fields = job_file.register(
             [s.control for s in sws],
             [(s.ip, runmod.UDP_PORT) for s in sws],
@@ -112,7 +125,11 @@ def start(
             group=JOB_GROUP,
             timeout=timeout,
             cost=job_cost(tb, cost_model),
+            auth=secret,
+            mac=mac,
+            auth_file=secret_file,
         )
+        del secret
         path = job_file.write_job_file(os.path.join(tb.files_dir, "job.json"), **fields)
         daemons = {s.host: s.record() for s in sws}
         tb.note(daemons=daemons, job={"job": fields["job"], "file": path})
@@ -167,6 +184,12 @@ def describe(tb: Testbed) -> list[str]:
             out.append(
                 f"job {j['job']}: {j['workers']} workers, aggregators {j['aggregator']}, "
                 f"{j['slots']} slots, {j['payload']}-byte payloads"
+                + (
+                    f", authenticated ({j['mac']}, key epoch {j.get('key_epoch', 0)}; "
+                    f"secret file {j['auth_file']}, mode 0600)"
+                    if j.get("mac")
+                    else ""
+                )
             )
         out.append(
             f"job file: {rec['file']}  (HOMAGG_JOB_FILE for torchrun; "

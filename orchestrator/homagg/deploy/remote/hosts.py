@@ -262,11 +262,14 @@ class Host(ssh.Session):
         return [ln for ln in r.stdout.splitlines() if ln.strip()]
 
     def put_job_file(self, path: str, fields: dict) -> None:
-        """Write a job file (homagg.switch.job_file) on this host, readable by root only."""
+        """Write a job file (homagg.switch.job_file) on this host, readable by
+        root only; replaced at once (a new file renamed over it), so a
+        worker reading it meanwhile sees the old or the new one, whole."""
         d = shlex.quote(os.path.dirname(path))
+        tmp = shlex.quote(path + ".new")
         self.run(
             f"mkdir -p {d} && (umask 077 && printf %s {shlex.quote(json.dumps(fields))} "
-            f"> {shlex.quote(path)})"
+            f"> {tmp}) && mv -f {tmp} {shlex.quote(path)}"
         )
 
     def job_file_fields(self) -> dict | None:

@@ -11,7 +11,9 @@ aggregator (--slots, --payload-bytes, --timeout), and writes its job file
 on every host, INSTALL_DIR/run/job.json (HOMAGG_JOB_FILE of homagg.torch,
 for torchrun on the worker hosts; a worker's names its own bind address).
 `homagg run allreduce -i` and `homagg train -i` register jobs of their own;
-`homagg down -i testbed.toml` removes the job and stops the daemons.
+`homagg down -i testbed.toml` removes the job and stops the daemons;
+`homagg rotate-key -i testbed.toml` gives a job started with --auth a new
+secret while it runs.
 Details: homagg.deploy.remote.hosts.
 """
 
