@@ -194,8 +194,11 @@ def test_calibrate_testbed_writes_an_entry_its_jobs_register(tmp_path, monkeypat
     name = f"pc{os.getpid() % 100000}"
     state = str(tmp_path / "state")
     W = 2
-    Testbed.up(name, W, link_mbit=1000, state_dir=state)
+    tb = Testbed.up(name, W, link_mbit=1000, state_dir=state)
     try:
+        testbed_job.start(tb)  # its standing job, as `homagg testbed up` registers it
+        before = testbed_job.job(tb)["cost"]
+        assert before == testbed_job.job_cost(tb).fields()  # the codec's, shared
         rc = cli.main(["calibrate", "--testbed", name, "--state-dir", state, "--json"])
         printed = json.loads(capsys.readouterr().out)
         assert rc == 0
@@ -229,6 +232,9 @@ def test_calibrate_testbed_writes_an_entry_its_jobs_register(tmp_path, monkeypat
         )
         assert {k: getattr(job, k) for k in cost.COEFFICIENTS} == want
         assert job.rtt_ns == entry["coefficients"]["rtt_ns"]
+        # the standing job's file now holds it too (the daemons keep no cost)
+        assert printed["job_file"] == testbed_job.job(tb)["file"]
+        assert testbed_job.job(tb)["cost"] == job.fields() != before
         for r in runs:
             assert r["seconds"] > 0 and r["bytes"] > 0 and r["daemon_cpu_s"] >= 0
             a = adv.advise(

@@ -21,7 +21,9 @@ trip, so that the model's prediction matches them on that testbed; they
 go into the same file, as the testbed's entry of its "ports" section
 (keeping the codec's coefficients; measured first when there are none),
 and every job created on that testbed afterwards registers them, scaled by
-the sharing of this host's cores among the job's processes.
+the sharing of this host's cores among the job's processes; the standing
+job of `homagg testbed up` gets them in its job file (the ranks read it
+when they start).
 
 examples:
   homagg calibrate
@@ -145,11 +147,12 @@ def _port(args) -> int:
             progress=lambda m: print(f"calibrate {args.testbed}: {m}", file=sys.stderr),
         )
         measure.write(measure.add_port(cal, args.testbed, entry), path)
+        job_path = _refresh_job(args)
     except HomAggError as e:
         print(f"homagg calibrate: {e}", file=sys.stderr)
         return 1
     if args.json:
-        print(json.dumps({**entry, "file": path}, indent=1))
+        print(json.dumps({**entry, "file": path, "job_file": job_path}, indent=1))
         return 0
     co = entry["coefficients"]
     print(
@@ -163,4 +166,14 @@ def _port(args) -> int:
             f"  {r['method']:6s} {r['elements']:8d} at {r['density']:<6g} measured "
             f"{r['seconds'] * 1e3:8.2f} ms, predicted {r['predicted_s'] * 1e3:8.2f} ms"
         )
+    if job_path:
+        print(f"the testbed's job registers it from now on: {job_path}")
     return 0
+
+
+def _refresh_job(args):
+    """The testbed's standing job given the new cost model (its job file)."""
+    from homagg.deploy.local import testbed_job
+    from homagg.deploy.local.testbed import Testbed
+
+    return testbed_job.refresh_cost(Testbed.open(args.testbed, args.state_dir))

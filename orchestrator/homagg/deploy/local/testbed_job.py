@@ -156,6 +156,27 @@ def controls(tb: Testbed, workdir: str | None = None) -> list:
     return [Switch(tb, workdir or tb.files_dir, host=h.name).control for h in tb.aggregators]
 
 
+def refresh_cost(tb: Testbed) -> str | None:
+    """Give the testbed's standing job (`homagg testbed up`'s) the cost
+    model a job created now registers (job_cost: after `homagg calibrate
+    --testbed`, the port's calibration), in its job file, which the ranks
+    read when they start; the daemons keep no cost.  A job registered
+    without a cost model keeps none.  Returns the job file's path, or None
+    when there is no job or it has no model."""
+    from homagg import cost
+
+    current = job(tb)
+    if current is None or not cost.as_cost(current.get("cost")).timed:
+        return None
+    path = current["file"]
+    fields = {k: v for k, v in current.items() if k != "file"}
+    fields["cost"] = job_cost(tb).fields()
+    tmp = f"{path}.tmp{os.getpid()}"
+    job_file.write_job_file(tmp, **fields)
+    os.replace(tmp, path)  # a rank starting now reads the old file or the new one
+    return path
+
+
 def renew(tb: Testbed) -> dict:
     """Register the testbed's job afresh (same id, token and job file) for
     the next run of its ranks; returns it as ``job`` does."""
