@@ -18,6 +18,12 @@ element and probe; agg_pkt_ps, the engine's per-frame cost
 (hg_bench_engine, 4 workers, 1 KB); pkt_ps, one 1 KB UDP datagram sent and
 received on loopback by this process (kernel and Python call, so an upper
 bound of the C worker's cost).
+
+:func:`calibrate_port` (``homagg calibrate --testbed NAME``) replaces the
+last two for the jobs of one local testbed: it times allreduces through
+that testbed's veth, bridge and daemon port and fits them, with the round
+trip, by homagg.cost.fit_port; :func:`add_port` puts the result into the
+calibration's "ports" section.
 """
 
 from __future__ import annotations
@@ -241,9 +247,9 @@ def write(cal, path) -> str:
 # chunk's frames and the round trip apart, two union runs their index and
 # lanes and, the sparse one, four steps that cost little more than their
 # round trips.
-# Sizes of the allreduces users time (the start of the workers, not the
-# allreduces, takes most of the calibration's half minute): under load a
-# small run's time is mostly noise, and its intercept the round trip's.
+# Sizes like those of the allreduces users time (starting the workers, not
+# the allreduces, takes most of the half minute): under load a small run's
+# time is mostly noise.
 PORT_RUNS = (
     ("dense", 1 << 17, 1.0),
     ("dense", 1 << 20, 1.0),
