@@ -12,9 +12,12 @@ Every gradient bucket DDP hands to the hook goes through a HomAgg
 runs without the GIL), buckets in order, and the hook returns a
 ``torch.futures.Future`` completed from that thread, so DDP overlaps communication with the rest of
 the backward pass.  The bucket's average is the exact fixed-point sum
-(docs/PROTOCOL.md) divided by the world size in float32: bit-identical on
-every rank.  float16 / bfloat16 buckets are reduced in float32 and cast
-back.
+(docs/PROTOCOL.md) divided by the world size in float32 (by the decoder,
+block by block): bit-identical on every rank.  float16 / bfloat16 buckets
+are reduced in float32 and cast back.  Inside DDP's backward pass (and
+without a recorder) a bucket's result is written into the array of its
+previous call, which DDP has copied into the gradients: the hook keeps one
+float32 array per bucket, as large as DDP's bucket.
 
 Options of ``HookState``:
 
