@@ -55,7 +55,7 @@ HEADERS  := $(wildcard dataplane_c/include/homagg/*.h) $(wildcard nic/include/ho
 	$(wildcard sim/include/homagg/*.h) $(wildcard dataplane_c/src/*.h) $(wildcard nic/src/*.h)
 
 APT_PACKAGES := build-essential pkg-config libdpdk-dev dpdk libjansson-dev libsodium-dev libssl-dev clang \
-	libclang-rt-14-dev clang-format iproute2 iputils-ping openssh-server python3-venv
+	libclang-rt-14-dev clang-format iproute2 iputils-ping openssh-server python3-venv systemd
 
 .PHONY: help build deps venv lib ext switch tools fuzz lint format test test-sanitize test-fast test-repeat bench demo clean distclean
 
@@ -219,9 +219,10 @@ BENCH_JUMBO := --workers 4 --densities 0.05 --workloads shared,random,zipf,dense
 	--methods gloo,dense,auto,union --payload-bytes 1024,8192 --link-mbit 1000 \
 	--elements 16777216 --repeat 3 --warmup 1 --testbed-name benchjumbo \
 	--out docs/results/allreduce_jumbo
-# The advisor against measurement: 32 configurations (100 and 1000 Mbit/s,
-# shared and zipf, densities 0.01 and 0.1, Gloo, dense, lhc, auto; W = 4,
-# 2^20 float32), with a calibration of this host made in the same run.
+# The advisor against measurement: 24 configurations (1000 and 10000 Mbit/s,
+# shared, densities 1, 0.05 and 0.0068, Gloo, dense, union, auto; W = 4,
+# 2^20 float32), with a calibration of this host and of each testbed's port
+# made in the same run.
 BENCH_ADVISE_DIR := docs/results/advise
 
 bench: build ## the standard benchmark suite into docs/results/ (the testbed part needs root)

@@ -30,7 +30,21 @@ def test_bench_advise_rows_for_every_configuration(tmp_path, capsys, monkeypatch
         importlib.util.find_spec("torch") is not None,
         "the Gloo baseline needs torch==2.13.0 (make build installs it)",
     )
-    monkeypatch.setenv("HOMAGG_CALIBRATION", str(tmp_path / "none.json"))  # built-in defaults
+    # the codec's coefficients the built-in defaults; the port's fitted per testbed
+    from homagg import cost
+
+    cal_file = tmp_path / "cal.json"
+    cal_file.write_text(
+        json.dumps(
+            {
+                "version": cost.CALIBRATION_VERSION,
+                "isa": "portable",
+                "paths": {"portable": cost.DEFAULT_COEFFICIENTS},
+            }
+        )
+    )
+    monkeypatch.setenv("HOMAGG_CALIBRATION", str(cal_file))
+    monkeypatch.delenv("HOMAGG_CODEC_ISA", raising=False)
     name = f"ad{os.getpid() % 100000}"
     out = tmp_path / "adv"
     W, n, seed = 2, 16384, 3
@@ -85,8 +99,25 @@ def test_bench_advise_rows_for_every_configuration(tmp_path, capsys, monkeypatch
 
     from homagg.ops import advise as adv
 
+    # each case calibrated through the testbed's port first (the default,
+    # --calibrate-every case); its jobs registered that, with the built-in
+    # codec coefficients, shared by W ranks and a daemon
+    ports = {(p["link_mbit"], p["case"]): p for p in report["port_calibrations"]}
+    assert set(ports) == {(L, f"shared {d:g}") for L in (100.0, 1000.0) for d in (0.05, 0.2)}
+    factor = cost.sharing(W + 1, cost.host_cores())
+    for (L, _), p in ports.items():
+        assert (p["workers"], p["processes"], p["sharing"]) == (W, W + 1, float(factor))
+        fit = cost.fit_port(p["runs"], workers=W, payload_bytes=1024, link_mbit=L, factor=factor)
+        assert {k: fit[k] for k in cost.PORT_FIELDS} == p["coefficients"]
+    assert set(cost.load_calibration(str(cal_file))["ports"]) == {name}  # the last one's
+
     for L, wl, d in {(r["link_mbit"], r["workload"], r["density"]) for r in rows}:
-        a = adv.advise(W, n, d, L, wl, seed=seed)
+        co = ports[(L, f"{wl} {d:g}")]["coefficients"]
+        coeffs = cost.shared(
+            {**cost.DEFAULT_COEFFICIENTS, "pkt_ps": co["pkt_ps"], "agg_pkt_ps": co["agg_pkt_ps"]},
+            factor,
+        )
+        a = adv.advise(W, n, d, L, wl, seed=seed, rtt_ns=co["rtt_ns"], coeffs=coeffs)
         gloo, lhc = (
             next(
                 r
@@ -102,7 +133,7 @@ def test_bench_advise_rows_for_every_configuration(tmp_path, capsys, monkeypatch
         assert lhc["predicted_speedup_vs_gloo"] == pytest.approx(
             a["ring"]["time_s"] / a["methods"]["lhc"]["time_s"], rel=1e-12
         )
-        assert "default" in lhc["coefficients_from"]
+        assert "calibrated through its port" in lhc["coefficients_from"]
         for r in (gloo, lhc):
             assert r["status"] == "ok", r["status"]
             assert r["measured_s"] > 0 and r["measured_bytes_per_worker"] > 0

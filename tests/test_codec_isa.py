@@ -220,3 +220,45 @@ def test_scan_and_bitmap_candidates_at_vector_tails(tail):
         expect = ref.allreduce(grads, block)
     assert want["union_sum"] == expect.tobytes()
     assert want["lhc_sum"] == expect.tobytes()
+
+
+@pytest.mark.parametrize("isa", CODEC_ISAS)
+@pytest.mark.parametrize("method", ["dense", "blocks", "lhc", "union", "auto", "nc"])
+def test_a_divisor_gives_numpys_division_of_the_sum_on_every_path(isa, method):
+    """hg_params.divisor d: every decoder writes sum / np.float32(d) bit for
+    bit (d = 3: a true division; 4 and 0.5: powers of two, a multiply),
+    in blocks whose results reach the subnormals, at a vector tail, with
+    Bloom blocks, and with a forced small sketch (lhc's stalls and fallback
+    lanes); d = 0 and 1 leave the sum; a divisor not finite and positive is
+    refused."""
+    rng = np.random.default_rng(7)
+    block = 1024
+    n = 5 * block + 33
+    grads = make_grads(rng, 3, n, 0.05)
+    for g in grads:  # a block of tiny values: subnormal results
+        g[:block] *= np.float32(1e-37)
+    grads[1][block : 2 * block] = 0  # another mostly empty
+    grads[2][2 * block : 3 * block] *= np.float32(0.003)
+    cases = [{}, {"sketch_cells_per_candidate": 1.0}] if method == "lhc" else [{}]
+    with codec_isa(isa):
+        for kw in cases:
+            plain = codec.simulate_allreduce(grads, method, seed=3, block_elements=block, **kw)
+            if kw:
+                assert plain.stats["fallback_lanes"] > 0
+            with np.errstate(under="ignore"):
+                for d in (3.0, 4.0, 0.5):
+                    got = codec.simulate_allreduce(
+                        grads, method, seed=3, block_elements=block, divisor=d, **kw
+                    )
+                    want = plain.sum / np.float32(d)
+                    assert got.sum.tobytes() == want.tobytes(), (d, kw)
+            sub = np.abs(plain.sum[:block] / np.float32(3))
+            assert method == "nc" or np.any((sub > 0) & (sub < np.finfo(np.float32).tiny))
+            for d in (0.0, 1.0):
+                same = codec.simulate_allreduce(
+                    grads, method, seed=3, block_elements=block, divisor=d, **kw
+                )
+                assert same.sum.tobytes() == plain.sum.tobytes()
+    for bad in (-1.0, float("nan"), float("inf"), 1e-40):
+        with pytest.raises(Exception, match="hg_params_check|divisor"):
+            codec.Params(workers=2, divisor=bad)

@@ -293,13 +293,92 @@ def test_peel_outcome_is_order_free():
     assert seen == {"eproto", "stall", "peeled"}
 
 
+# candidates per block around the widths of the vector paths (4 and 8
+# cells per hash step, 32-position bitmap words) and the smallest tables
+SMALL_COUNTS = (1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65)
+
+
+def make_counts_x(rng, block, counts):
+    """One block per count, with exactly that many non-zeros."""
+    x = np.zeros(block * len(counts), np.float32)
+    for b, c in enumerate(counts):
+        pos = rng.choice(block, size=c, replace=False)
+        x[b * block + pos] = make_x(rng, c, 1.0)
+    return x
+
+
+def ref_unresolved(plan, gcells):
+    """Global element indices of the unresolved candidates, in block then
+    position order (the fallback lanes' order)."""
+    key = stream_key(plan.seed, DOM_SKETCH, 0)
+    out = []
+    for g0, cand, t, off in plan.blocks:
+        if not cand:
+            continue
+        cells = [int(c) & 0xFFFFFFFF for c in gcells[off : off + 3 * t]]
+        val = ref_peel(cells, cand, key, g0, t)
+        out += [g0 + pos for pos, v in zip(cand, val) if v is None]
+    return out
+
+
+@pytest.mark.parametrize("cpc", [0.0, 0.8, 1.0, 1.23])
+def test_peel_small_tables_values_and_fallback_order(cpc):
+    """Blocks of 1 .. 65 candidates, with sizings that stall often: the
+    peeled values, the stall counts and which candidates the fallback
+    lanes carry, lane by lane, equal the reference."""
+    rng = np.random.default_rng(int(cpc * 100) + 1)
+    block = 128
+    seen_stall = False
+    for seed in range(4):
+        x = make_counts_x(rng, block, SMALL_COUNTS)
+        plan = Plan(x, block, cpc, seed=seed + 1)
+        gcells = plan.cells.copy()
+        want, stalls = ref_result(plan, gcells)
+        got = plan.peel(gcells)
+        np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+        assert (plan.info.stalled_blocks, plan.info.fallback_lanes) == stalls
+        seen_stall |= stalls[0] > 0
+        # fallback lane u carries the sum u + 1: decoded at the u-th
+        # unresolved candidate of the reference, in its order
+        unres = ref_unresolved(plan, gcells)
+        assert len(unres) == plan.info.fallback_lanes
+        fb = np.arange(1, len(unres) + 1, dtype=">i4")
+        y = np.empty(len(x), np.float32)
+        assert (
+            lib.hg_lhc_decode(plan.l, ffi.cast("uint8_t *", buf(fb)), ffi.cast("float *", buf(y)))
+            == 0
+        )
+        for u, g in enumerate(unres):
+            s = lib.hg_scale_shift(plan.p, int(plan.codes[g // block]))
+            assert y[g] == np.float32(np.float64(u + 1) * 2.0**-s), (seed, u, g)
+    if cpc in (0.8, 1.0):
+        assert seen_stall  # the fallback order was exercised
+
+
+def test_peel_empty_table():
+    """A tensor with no non-zero: no cells, nothing to peel, all +0."""
+    x = np.zeros(3 * 64 + 5, np.float32)
+    plan = Plan(x, 64)
+    assert plan.info.sketch_lanes == 0 and plan.info.candidates == 0
+    y = plan.peel(plan.cells)
+    assert not isinstance(y, int)
+    assert (plan.info.stalled_blocks, plan.info.fallback_lanes) == (0, 0)
+    np.testing.assert_array_equal(y.view(np.uint32), np.zeros(len(x), np.uint32))
+
+
 _ISA_SCRIPT = r"""
 import hashlib, sys
 import numpy as np
 sys.path.insert(0, sys.argv[1])
-from test_codec_peel import Plan, make_x
+from test_codec_peel import SMALL_COUNTS, Plan, make_counts_x, make_x
 h = hashlib.sha256()
 rng = np.random.default_rng(3)
+for cpc in (0.8, 1.23):
+    x = make_counts_x(rng, 128, SMALL_COUNTS)
+    plan = Plan(x, 128, cpc)
+    h.update(plan.cells.tobytes())
+    r = plan.peel(plan.cells.copy())
+    h.update(r.tobytes() + repr((plan.info.stalled_blocks, plan.info.fallback_lanes)).encode())
 for block, n, density, cpc, flags in [(4096, 4096 * 3 - 40, 0.2, 0.0, 0), (256, 256 * 9, 0.5, 1.1, 0),
                                       (64, 64 * 30 - 3, 0.7, 1.2, 0), (1024, 1024 * 4, 0.1, 0.0, 1)]:
     x = make_x(rng, n, density)

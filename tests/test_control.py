@@ -91,7 +91,12 @@ def test_add_and_remove_job(daemon):
 def test_add_job_with_a_parent(shared):
     """A tree leaf's job: its parent with every optional field."""
     with shared.client() as c:
-        c.add_job(**JOB, parent=dict(PARENT, port=48879, shard=0, group="239.2.0.1", rto_us=2000))
+        c.add_job(
+            **JOB,
+            parent=dict(
+                PARENT, port=48879, shard=0, group="239.2.0.1", rto_us=2000, base=4, leaves=3
+            ),
+        )
         with pytest.raises(Exception, match="already exists"):
             c.add_job(**JOB)
         c.remove_job(JOB["job"])
@@ -141,6 +146,19 @@ def test_add_job_with_a_parent(shared):
             "is not a multicast address",
         ),
         (dict(JOB, parent=dict(PARENT, colour=1)), InvalidArgument, "field 'colour': unknown"),
+        # who is missing in a tree: the leaf's first worker and L
+        (dict(JOB, parent=dict(PARENT, leaves=257)), OutOfRange, "field 'leaves': must be 0..256"),
+        (dict(JOB, parent=dict(PARENT, base=256)), OutOfRange, "field 'base': must be 0..255"),
+        (
+            dict(JOB, parent=dict(PARENT, base=253)),  # its 4 workers: 253..256
+            OutOfRange,
+            "field 'parent.base': the leaf's workers base..base+workers-1 must be job workers below 256",
+        ),
+        (
+            dict(JOB, parent=dict(PARENT, worker=2, leaves=2)),
+            InvalidArgument,
+            "field 'parent.worker': must be below 'parent.leaves'",
+        ),
         # an authenticated leaf: its key at the root and the root's aggregator key, both required
         (
             dict(JOB, parent=PARENT, auth="00" * 32),

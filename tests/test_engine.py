@@ -370,7 +370,9 @@ def hostile_frames():
         ("unknown_op", frame(1, op=9, lanes=32, payload=bytes(32)), "bad_op"),
         ("op_zero", frame(1, op=0, lanes=32, payload=bytes(32)), "bad_op"),
         ("result_from_worker", frame(1, flags=FLAG_RESULT, **ok), "bad_flags"),
-        ("status_from_worker", frame(1, flags=FLAG_STATUS, payload=b"\x01", lanes=8), "bad_flags"),
+        # a STATUS from a worker is a leaf report (PROTOCOL.md "Who is missing
+        # in a tree"): nothing summed, and this one is too short for one
+        ("status_from_worker", frame(1, flags=FLAG_STATUS, payload=b"\x01", lanes=8), "bad_lanes"),
         ("unknown_flag", frame(1, flags=0x40, **ok), "bad_flags"),
         ("epoch_without_auth", frame(1, flags=0x100, **ok), "bad_flags"),
         ("nonce_without_auth", frame(1, nonce=1, **ok), "bad_flags"),

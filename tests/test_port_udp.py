@@ -4,6 +4,7 @@ polling it), the real C clients run in worker threads, and the results are
 checked bit for bit against the numpy fixed-point oracle."""
 
 import socket
+import threading
 import time
 
 import numpy as np
@@ -42,6 +43,72 @@ def test_exact_allreduce_over_loopback_udp(agg, method, W):
     assert c["summed"] > 0 and c["bad_csum"] == 0 and c["not_ip"] == 0
     st = agg.port.stats()
     assert st["rx"] > 0 and st["tx"] > 0 and st["tx_bad"] == 0
+
+
+@pytest.mark.parametrize("method", ["dense", "lhc", "union", "auto"])
+def test_input_nonzeros_and_a_result_written_into_the_callers_array(agg, method):
+    """info["nonzeros"] is the input's count of x != 0 (-0.0 counts as 0),
+    from the C scan of lhc, union and auto (None for dense, which does not
+    scan); a second allreduce into the same ``out`` (sparser gradients, no
+    zeroing between) is the oracle's sum bit for bit, every element
+    written (``out`` starts as NaN); ``divide_by`` gives that sum /
+    np.float32(divide_by) bit for bit; an ``out`` overlapping the input
+    and a divide_by not finite and positive are refused before anything is
+    sent."""
+    W, n, job = 2, 3 * BLOCK + 5, 50 + len(method)
+    agg.engine.add_job(job=job, token=78, workers=W, slots=8)
+    first = grads_of(W, n, seed=11, density=0.3)
+    first[0][:9] = np.float32(-0.0)
+    second = grads_of(W, n, seed=12, density=0.01)
+    got, infos, err = [None] * W, [None] * W, [None] * W
+
+    def work(w):
+        try:
+            with Worker(
+                job=job,
+                token=78,
+                worker=w,
+                workers=W,
+                aggregators=[agg.address],
+                bind=("127.0.0.1", 0),
+                timeout=10.0,
+                slots=8,
+            ) as wk:
+                with pytest.raises(InvalidArgument, match="overlap"):
+                    wk.allreduce(first[w], method=method, block=BLOCK, out=first[w][::-1][::-1])
+                for bad in (0, -2.0, float("nan"), float("inf"), 1e-40):
+                    with pytest.raises(InvalidArgument, match="divide_by"):
+                        wk.allreduce(first[w], method=method, divide_by=bad)
+                out = np.full(n, np.nan, dtype=np.float32)
+                i1, i2 = {}, {}
+                y1 = wk.allreduce(first[w], method=method, block=BLOCK, out=out, info=i1)
+                assert y1 is out
+                y1 = y1.copy()
+                y2 = wk.allreduce(second[w], method=method, block=BLOCK, out=out, info=i2)
+                assert y2 is out
+                y2 = y2.copy()
+                y3 = wk.allreduce(second[w], method=method, block=BLOCK, out=out, divide_by=3)
+                y4 = wk.allreduce(first[w], method=method, block=BLOCK, divide_by=W)
+                got[w], infos[w] = (y1, y2, y3.copy(), y4), (i1, i2)
+        except Exception as exc:  # noqa: BLE001 - reported below
+            err[w] = exc
+
+    threads = [threading.Thread(target=work, args=(w,)) for w in range(W)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads)
+    assert err == [None] * W, err
+    want = (oracle_allreduce(first, BLOCK), oracle_allreduce(second, BLOCK))
+    for w in range(W):
+        assert got[w][2].tobytes() == (want[1] / np.float32(3)).tobytes()
+        assert got[w][3].tobytes() == (want[0] / np.float32(W)).tobytes()
+        for k, grads in enumerate((first, second)):
+            assert got[w][k].tobytes() == want[k].tobytes(), (w, k)
+            counted = infos[w][k]["nonzeros"]
+            assert counted == (None if method == "dense" else int(np.count_nonzero(grads[w])))
+    assert int(np.count_nonzero(first[0])) < int(np.count_nonzero(first[0].view(np.uint32)))
 
 
 def test_small_payload_many_chunks(agg):

@@ -106,8 +106,11 @@ def test_dense_workload_same_gradients_as_bench_and_cpu_time(testbed):
         state_dir=testbed.state_dir,
     )
     assert rep["exact"] is True and rep["generator"] == "homagg.bench.workloads"
-    # the job registered the testbed's link rate with this host's calibration
-    assert rep["cost"] == cost.job_cost(1000).fields() and rep["cost"]["link_mbit"] == 1000
+    # the job registered the testbed's link rate with this host's calibration,
+    # every CPU coefficient scaled by the sharing of its cores among the 4
+    # ranks and the daemon (docs/PROTOCOL.md "The cost model", "Shared cores")
+    want = cost.job_cost(1000, sharing=cost.sharing(5, cost.host_cores()))
+    assert rep["cost"] == want.fields() and rep["cost"]["link_mbit"] == 1000
     cpu = rep["worker_cpu_seconds"]
     assert len(cpu) == 4 and all(c > 0 for c in cpu)
     _no_processes_left(testbed)

@@ -597,6 +597,58 @@ def test_hook_dtypes_and_bucket_shapes_bit_exact(testbed, job):
     assert all(e["method"] in protocol.AUTO_CANDIDATES for e in log)
 
 
+@pytest.mark.root
+@pytest.mark.netns
+@pytest.mark.dpdk
+def test_hook_reuses_a_buckets_result_array_inside_backward_only(testbed, job):
+    """Inside a backward pass (as DDP calls it) the hook writes a bucket's
+    HomAgg result into the array of its previous call (DDP has copied that
+    one into the gradients by then): three steps of the same bucket, each
+    bit for bit oracle_sum / W of its own gradients, the result in the same
+    memory each time, and the log's non-zero count the C scan's.  Outside a
+    backward pass every call gets its own array: two calls of one bucket
+    in flight keep both results."""
+    W, n = 2, 3 * BLOCK + 17
+
+    def grads(r, step):
+        rng = np.random.default_rng(1000 * step + r)
+        x = rng.standard_normal(n).astype(np.float32)
+        x[rng.random(n) < (0.9 if step % 2 else 0.2)] = 0
+        return x
+
+    def fn(r, state):
+        out, keep = [], []
+        for step in range(3):
+            leaf = torch.zeros(1, requires_grad=True)
+            futs = []
+            bucket = FakeBucket(0, torch.from_numpy(grads(r, step)))
+            leaf.register_hook(lambda g: futs.append(hgt.allreduce_hook(state, bucket)) or g)
+            (leaf * 1).sum().backward()  # the hook's check waits for the bucket
+            y = futs[0].wait()
+            out.append((y.clone(), y.data_ptr()))  # DDP copies it out likewise
+            keep.append(y)  # alive: a fresh array could not take its address
+        a = hgt.allreduce_hook(state, FakeBucket(0, torch.from_numpy(grads(r, 3))))
+        b = hgt.allreduce_hook(state, FakeBucket(0, torch.from_numpy(grads(r, 4))))
+        out.append((a.wait(), a.wait().data_ptr()))
+        out.append((b.wait(), b.wait().data_ptr()))
+        return out, state.take_log()
+
+    results = _run_ranks(testbed, job, fn, method="union")
+    for step in range(5):
+        xs = [grads(r, step) for r in range(W)]
+        want = oracle_allreduce(xs, BLOCK) / np.float32(W)
+        for r in range(W):
+            got = results[r][0][step][0].numpy()
+            assert got.tobytes() == want.tobytes(), (step, r)
+    for r in range(W):
+        ptrs = [p for _, p in results[r][0]]
+        assert ptrs[0] == ptrs[1] == ptrs[2], "inside backward: the same array each step"
+        assert ptrs[3] != ptrs[4], "outside backward: an array per call"
+        log = results[r][1]
+        assert [e["nnz"] for e in log] == [int(np.count_nonzero(grads(r, s))) for s in range(5)]
+        assert all(e["path"] == "homagg" for e in log)
+
+
 def _toy(W, d=64, n=256, seed=3):
     """Least squares, one shard per rank: (X_r, y_r) and the loss/gradient."""
     rng = np.random.default_rng(seed)
@@ -837,6 +889,21 @@ def test_replay_names_the_first_step_and_parameter_that_differ(tmp_path):
     rp = trainmod.replay(str(tmp_path), model, W, 1, lr, BLOCK)
     assert rp["bit_identical"] is False
     assert rp["first_mismatch"] == {"step": 1, "parameter": "bias"}
+
+
+def test_the_hooks_count_of_non_zeros_is_numpys():
+    """The hook's count (the agreed one and the log's) counts x != 0 as
+    numpy does: -0.0 is 0; NaN, infinities and subnormals are not; every
+    length from the vector loops' tails up."""
+    rng = np.random.default_rng(8)
+    specials = np.array([0.0, -0.0, np.nan, np.inf, -np.inf, 1e-45, -1e-45], np.float32)
+    for n in (0, 1, 15, 16, 17, 31, 33, 257, 100_003):
+        x = rng.standard_normal(n).astype(np.float32)
+        x[rng.random(n) < 0.7] = np.float32(-0.0)
+        x[rng.random(n) < 0.1] = 0.0
+        k = min(n, specials.size)
+        x[:k] = specials[:k]
+        assert hgt._count_nonzero(x) == int(np.count_nonzero(x)), n
 
 
 def test_threads_per_rank_leaves_a_core_per_rank_to_the_hook():

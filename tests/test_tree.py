@@ -9,6 +9,8 @@ is summed twice at either level; a dead leaf or a dead root is reported
 within the timeout; the codec keeps the job's worker ids.
 """
 
+import re
+
 import numpy as np
 import pytest
 
@@ -81,6 +83,10 @@ def test_heavy_loss_between_leaves_and_root(method):
         assert root["duplicates"] > 0 and root["replays"] > 0
         # leaves saw late copies and duplicates of root replies
         assert sum(e["up_stale"] for e in leaves) > 0
+        # the leaves reported their missing workers during repairs (PROTOCOL.md
+        # "Who is missing in a tree"): taken at the root, never summed (above)
+        assert root["leaf_reports"] > 0
+        assert sum(e["up_reports"] for e in leaves) >= root["leaf_reports"]
 
 
 @pytest.mark.parametrize("mac", ("aes-gmac", "blake2b"))
@@ -112,6 +118,7 @@ def test_tree_with_auth_is_exact_under_loss(mac):
         assert root["bad_mac"] == 0 and all(e["bad_mac"] == 0 for e in leaves)
         assert sum(e["up_retransmissions"] for e in leaves) > 0
         assert root["summed"] > 0
+        assert root["leaf_reports"] > 0  # MACed reports verified at the root
 
 
 def test_results_are_multicast_at_each_level():
@@ -168,23 +175,101 @@ def test_codec_keeps_the_jobs_worker_ids():
     assert_bits_equal(outs[1], outs[0])
 
 
+def _missing(text):
+    """The worker numbers a give-up text says are missing (as in
+    tests/test_chaos_sim.py)."""
+    m = re.search(r"missing workers? ([0-9,]+)", text)
+    return {int(v) for v in m.group(1).split(",")} if m else set()
+
+
+def assert_nothing_summed_twice(cl, workers, slots):
+    """After a failure: every frame has one outcome (a leaf report is one,
+    never summed), each completed set holds its contributors once, and the
+    sets left open (at most 2 S) hold fewer than all of them."""
+    *leaves, root = engines(cl)
+    for eng in leaves + [root]:
+        assert eng["received"] == sum(v for k, v in eng.items() if k not in NOT_FRAME_OUTCOMES), eng
+    for eng, w in zip(leaves + [root], leaf_sizes(workers, len(leaves)) + [len(leaves)]):
+        assert 0 <= eng["summed"] - w * eng["completed"] <= (w - 1) * 2 * slots, eng
+    for eng in leaves:
+        assert eng["up_sent"] == eng["completed"], eng
+        assert eng["up_results"] == root["completed"], (eng, root)
+
+
 def test_dead_leaf_is_named():
+    """Leaf 1 dies: its workers name it as their leaf aggregator, the
+    workers under the other leaves name it by its index and workers from
+    the root's view their leaf's STATUS carries (docs/PROTOCOL.md "Who is
+    missing in a tree"); no worker is blamed."""
     W = 6
     grads = make_grads(W, 40000, density=0.3, seed=55, zero_blocks=False)
     with Cluster(workers=W, leaves=3, seed=4, timeout=0.05, slots=8, link_gbps=1.0) as cl:
         cl.kill_aggregator(1, after=50e-6)
         with pytest.raises(PeerTimeout) as ei:
             cl.allreduce(grads, method="dense", block_elements=BLOCK)
+        *leaves, root = engines(cl)
     exc = ei.value
     assert 0.05 <= exc.stats["virtual_time"] <= 0.1
     by_worker = {f.worker: str(f) for f in exc.failures}
     assert sorted(by_worker) == list(range(W))
     for w in (2, 3):  # leaf 1's workers name it
-        assert "aggregator 10.0.1.1:48879" in by_worker[w], by_worker[w]
-    for w, leaf in ((0, "10.0.0.1"), (5, "10.0.1.2")):
-        # the others' leaves have them all and wait for the root
-        assert f"aggregator {leaf}:48879 reports workers" in by_worker[w]
-        assert "complete there: it waits for its root aggregator" in by_worker[w]
+        assert re.search(
+            r"no (status|answer) from leaf aggregator 10\.0\.1\.1:48879", by_worker[w]
+        ), by_worker[w]
+    for w, leaf in ((0, "10.0.0.1"), (1, "10.0.0.1"), (4, "10.0.1.2"), (5, "10.0.1.2")):
+        # the others' leaves have them all and wait for the root, which lacks leaf 1
+        t = by_worker[w]
+        assert f"leaf aggregator {leaf}:48879 reports workers" in t, t
+        assert (
+            "complete there: it waits for its root aggregator, which reports leaves 0,2 present, "
+            in t
+        ), t
+        assert "missing leaf 1 (workers 2-3): no status from leaf aggregator 1)" in t, t
+    for t in by_worker.values():
+        assert not _missing(t), t
+    assert root["leaf_reports"] == 0 and all(e["up_reports"] == 0 for e in leaves)
+
+
+@pytest.mark.parametrize("victim", (3, 0, 5))
+@pytest.mark.parametrize("auth", (False, True))
+def test_dead_worker_under_another_leaf_is_named(victim, auth):
+    """A worker dies: the others of its leaf name it from their leaf's
+    STATUS; the workers under the other leaves name it by its job number
+    too, from the leaf report its leaf sent the root and the root's view
+    their own leaf passes down (docs/PROTOCOL.md "Who is missing in a
+    tree").  The reports are MACed in an auth tree and never summed."""
+    W, L = 6, 3
+    sizes = leaf_sizes(W, L)
+    firsts = [sum(sizes[:l]) for l in range(L)]
+    vleaf = max(l for l in range(L) if firsts[l] <= victim)
+    grads = make_grads(W, 40000, density=0.3, seed=57, zero_blocks=False)
+    with Cluster(
+        workers=W, leaves=L, seed=4 + victim, timeout=0.05, slots=8, link_gbps=1.0, auth=auth
+    ) as cl:
+        cl.kill_worker(victim, after_packets=20)
+        with pytest.raises(PeerTimeout) as ei:
+            cl.allreduce(grads, method="dense", block_elements=BLOCK)
+        *leaves, root = engines(cl)
+        assert_nothing_summed_twice(cl, W, 8)
+    exc = ei.value
+    assert 0.05 <= exc.stats["virtual_time"] <= 0.1
+    live = {f.worker: str(f) for f in exc.failures if f.worker != victim}
+    assert sorted(live) == [w for w in range(W) if w != victim]
+    lo, hi = firsts[vleaf], firsts[vleaf] + sizes[vleaf] - 1
+    for w, t in live.items():
+        assert _missing(t) == {victim}, t
+        if firsts[vleaf] <= w <= hi:
+            continue  # its own leaf's STATUS names it, as on a flat job
+        assert (
+            f"missing leaf {vleaf} (workers {lo}-{hi}): its aggregator reports missing worker {victim})"
+            in t
+        ), t
+    assert leaves[vleaf]["up_reports"] > 0
+    assert root["leaf_reports"] == leaves[vleaf]["up_reports"]  # no loss: each arrived
+    assert root["bad_mac"] == 0 and all(e["bad_mac"] == 0 for e in leaves)
+    for l, eng in enumerate(leaves):
+        if l != vleaf:
+            assert eng["up_reports"] == 0, (l, eng)  # nothing missing there
 
 
 def test_dead_root_is_reported_by_every_worker():
@@ -360,6 +445,59 @@ def test_testbed_tree_of_dpdk_daemons(tmp_path):
         Testbed.down(name, state_dir=sd)
 
 
+def test_testbed_tree_names_a_dead_worker_under_another_leaf(tmp_path):
+    """`homagg testbed up --leaves 2` of homagg-switch daemons, worker 2
+    (under leaf agg1) stopped before the allreduce: worker 1 (same leaf)
+    names it from its leaf's STATUS, worker 0 (under leaf agg) from the
+    root's view its leaf passes down, which has agg1's leaf report
+    (docs/PROTOCOL.md "Who is missing in a tree")."""
+    import os
+    import secrets
+
+    from helpers import require
+    from homagg.runs import allreduce as runmod
+    from homagg.switch.daemon import find_switch
+    from homagg.deploy.local.testbed import Testbed
+
+    require(os.geteuid() == 0, "needs root")
+    try:
+        find_switch()
+    except runmod.RunError as e:
+        require(False, str(e))
+    sd = str(tmp_path / "testbeds")
+    name = "tw" + secrets.token_hex(5)
+    Testbed.up(name, workers=3, link_mbit=1000, leaves=2, state_dir=sd)
+    try:
+        with pytest.raises(runmod.RunError) as ei:
+            runmod.run_allreduce(
+                name,
+                "dense",
+                elements=40_000,
+                density=1.0,
+                seed=11,
+                timeout=1.0,
+                fail_workers=(2,),
+                state_dir=sd,
+            )
+    finally:
+        Testbed.down(name, state_dir=sd)
+    text = str(ei.value)
+    assert "failed on 3 of 3 workers" in text and "w2: exit -9" in text, text
+    per = {
+        int(m.group(1)): m.group(0)
+        for m in re.finditer(r"PeerTimeout: worker (\d+) of job [^\n]*", text)
+    }
+    assert sorted(per) == [0, 1], text
+    for t in per.values():
+        assert _missing(t) == {2}, t
+    assert re.search(
+        r"leaf aggregator [0-9.]+:48879 reports workers 1 present, missing worker 2", per[1]
+    )
+    assert "missing leaf 1 (workers 1-2): its aggregator reports missing worker 2)" in per[0], per[
+        0
+    ]
+
+
 def test_register_tree_requests_and_job_files(tmp_path):
     """register_tree: leaf l gets its workers' count, its group and the root
     as parent, the root the leaves as workers; each worker's job file names
@@ -407,10 +545,22 @@ def test_register_tree_requests_and_job_files(tmp_path):
         "payload": 512,
         "workers": 2,
         "group": "239.1.0.1",
-        "parent": {"ip": "10.0.0.3", "mac": "02:00:00:00:00:03", "worker": 0, "rto_us": 2000},
+        "parent": {
+            "ip": "10.0.0.3",
+            "mac": "02:00:00:00:00:03",
+            "worker": 0,
+            "rto_us": 2000,
+            "base": 0,
+            "leaves": 2,
+        },
     }
     assert leaf1["workers"] == 3 and leaf1["group"] == "239.1.1.1"
-    assert leaf1["parent"]["worker"] == 1
+    # its first worker's job number and L: it reports who it lacks
+    assert (leaf1["parent"]["worker"], leaf1["parent"]["base"], leaf1["parent"]["leaves"]) == (
+        1,
+        2,
+        2,
+    )
     assert root == {
         "cmd": "add_job",
         "job": 77,
@@ -883,3 +1033,134 @@ def test_register_tree_with_auth_gives_each_level_its_own_secret():
             auth=root,
             leaf_auth=leaf,
         )
+
+
+# ---- who is missing in a tree: the frames byte by byte --------------------
+
+
+def _bits(ids, nbytes):
+    """A bitmap of nbytes bytes with bit i % 8 of byte i // 8 set per id."""
+    out = bytearray(nbytes)
+    for i in ids:
+        out[i // 8] |= 1 << (i % 8)
+    return bytes(out)
+
+
+def test_leaf_reports_its_missing_workers_and_passes_the_roots_view_down():
+    """docs/PROTOCOL.md "Who is missing in a tree", at a leaf (workers 4, 5
+    of the job, leaf 3 of 5): a worker's retransmission of an open set
+    sends the root a leaf report (base, n, the bitmap of the missing);
+    a root STATUS of the forwarded set whose missing-below bits are new is
+    passed to the workers at once, after the leaf's own bitmaps: L, the
+    root's two bitmaps, the missing-below bitmap."""
+    from homagg.engine import FLAG_RETRANS, FLAG_STATUS, Addr, Engine, MemPort
+
+    root = Addr.of(bytes([2, 0, 0, 0, 9, 9]), (10 << 24) | 99, 48879)
+    port = MemPort(can_replicate=False)
+    port.set_time(1_000_000)
+    eng = Engine(port)
+    eng.add_job(
+        job=5,
+        token=55,
+        workers=2,
+        slots=4,
+        incarnation=7,
+        parent={"addr": root, "worker": 3, "shard": 2, "base": 4, "leaves": 5},
+    )
+    pay = np.ones(16, dtype=">i4").tobytes()
+    assert _leaf_send(port, eng, _worker_frame(port, 0, 6, "sum32", pay)) == []
+    out = _leaf_send(port, eng, _worker_frame(port, 0, 6, "sum32", pay, flags=FLAG_RETRANS))
+    reports = [f for f in out if f.dst.ipv4 == root.ipv4]
+    status = [f for f in out if f.dst.ipv4 != root.ipv4]
+    assert len(reports) == 1 and len(status) == 1
+    r = reports[0]
+    assert r.flags & FLAG_STATUS and not r.flags & FLAG_RETRANS
+    assert (r.worker, r.seq, r.slot, r.shard, r.exp, r.lanes) == (3, 6, 2, 2, 0, 16)
+    assert r.payload == (4).to_bytes(2, "big") + (2).to_bytes(2, "big") + _bits([1], 1)
+    assert status[0].payload == _bits([0], 1) + bytes(1)  # no tail: open here
+    assert eng.counters()["up_reports"] == 1
+    # within half an upward timeout: no second report
+    out = _leaf_send(port, eng, _worker_frame(port, 0, 6, "sum32", pay, flags=FLAG_RETRANS))
+    assert [f for f in out if f.dst.ipv4 == root.ipv4] == []
+    # worker 1 completes the set: it goes up
+    up = _leaf_send(port, eng, _worker_frame(port, 1, 6, "sum32", pay))
+    assert len(up) == 1 and up[0].dst.ipv4 == root.ipv4 and not up[0].flags & FLAG_STATUS
+    # the root lacks leaf 1, whose report says job worker 2 is missing
+    below = _bits([2], 32)
+    root_view = _bits([0, 2, 3, 4], 1) + _bits([], 1)
+    down = _leaf_send(
+        port, eng, _root_frame(port, root, 6, root_view + below, FLAG_STATUS, lanes=16)
+    )
+    tail = (5).to_bytes(2, "big") + root_view + below
+    assert sorted(f.worker for f in down) == [0, 1]  # pushed: the news is new
+    for f in down:
+        assert f.flags & FLAG_STATUS and f.payload == _bits([0, 1], 1) + bytes(1) + tail
+    # the same view again: nothing pushed; a worker's resend gets it
+    assert (
+        _leaf_send(port, eng, _root_frame(port, root, 6, root_view + below, FLAG_STATUS, lanes=16))
+        == []
+    )
+    again = _leaf_send(port, eng, _worker_frame(port, 1, 6, "sum32", pay, flags=FLAG_RETRANS))
+    st = [f for f in again if f.flags & FLAG_STATUS]
+    assert len(st) == 1 and st[0].worker == 1 and st[0].payload.endswith(tail)
+    c = eng.counters()
+    assert (c["summed"], c["completed"], c["up_sent"]) == (2, 1, 1)
+
+
+def test_root_keeps_leaf_reports_and_sends_them_in_its_status():
+    """At the root (an ordinary job of L = 3 workers): a leaf report is
+    taken into the set's missing-below bitmap (its range replaced), never
+    summed; a change is pushed as the set's STATUS to the leaves heard
+    from; later STATUS frames of the set carry it after the two bitmaps;
+    a report of another chunk or a malformed one changes nothing."""
+    from homagg.engine import FLAG_RETRANS, FLAG_STATUS, Engine, MemPort, build_frame
+
+    port = MemPort(can_replicate=False)
+    port.set_time(1_000_000)
+    eng = Engine(port)
+    eng.add_job(job=5, token=55, workers=3, slots=4, incarnation=7)
+    pay = np.ones(16, dtype=">i4").tobytes()
+
+    def report(leaf, seq, base, n, missing, **kw):
+        src = _worker_frame(port, leaf, seq, "sum32", pay)  # for its address
+        from homagg.engine import FLAG_SHADOW, parse_frame
+
+        a = parse_frame(src).src
+        fields = dict(op="sum32", job=5, token=55, worker=leaf, seq=seq, slot=seq % 4, lanes=16)
+        fields.update(kw)
+        flags = FLAG_STATUS | (FLAG_SHADOW if (seq // 4) % 2 else 0)
+        body = base.to_bytes(2, "big") + n.to_bytes(2, "big") + _bits(missing, (n + 7) // 8)
+        return build_frame(a, port.addr, flags=flags, payload=body, **fields)
+
+    # leaves 0 and 2 contribute chunk 6 (leaf 1 waits for its worker 3)
+    assert _leaf_send(port, eng, *(_worker_frame(port, l, 6, "sum32", pay) for l in (0, 2))) == []
+    pushed = _leaf_send(port, eng, report(1, 6, 2, 2, [1]))
+    below = _bits([3], 32)
+    want = _bits([0, 2], 1) + bytes(1) + below
+    # to the leaves it learnt addresses from (a report teaches none)
+    assert sorted(f.worker for f in pushed) == [0, 2]
+    assert all(f.flags & FLAG_STATUS and f.payload == want for f in pushed)
+    # the same report again: no news; its range replaced by a new one
+    assert _leaf_send(port, eng, report(1, 6, 2, 2, [1])) == []
+    pushed = _leaf_send(port, eng, report(1, 6, 2, 2, [0]))
+    assert all(f.payload == _bits([0, 2], 1) + bytes(1) + _bits([2], 32) for f in pushed)
+    # a leaf's resend gets it too
+    st = _leaf_send(port, eng, _worker_frame(port, 0, 6, "sum32", pay, flags=FLAG_RETRANS))
+    assert len(st) == 1 and st[0].payload.endswith(_bits([2], 32))
+    # malformed: n 0, past 256 workers; a wrong token, worker or slot
+    for frame, reason in (
+        (report(1, 6, 2, 0, []), "bad_lanes"),
+        (report(1, 6, 255, 2, [0]), "bad_lanes"),
+        (report(1, 6, 2, 2, [1], token=56), "bad_token"),
+        (report(3, 6, 2, 2, [1], worker=3), "bad_worker"),
+        (report(1, 6, 2, 2, [1], slot=1), "bad_slot"),
+    ):
+        before = eng.counters()[reason]
+        assert _leaf_send(port, eng, frame) == []
+        assert eng.counters()[reason] == before + 1, reason
+    # another chunk of the slot: kept for it, not shown for chunk 6
+    assert _leaf_send(port, eng, report(1, 10, 2, 2, [1])) == []
+    st = _leaf_send(port, eng, _worker_frame(port, 2, 6, "sum32", pay, flags=FLAG_RETRANS))
+    assert len(st) == 1 and st[0].payload.endswith(_bits([2], 32))
+    c = eng.counters()
+    assert c["leaf_reports"] == 4 and c["summed"] == 2 and c["completed"] == 0

@@ -18,6 +18,7 @@
 
 #include <jansson.h>
 
+#include "homagg/codec.h"
 #include "homagg/errors.h"
 #include "homagg/wire.h"
 #include "control.h"
@@ -360,7 +361,10 @@ static int get_ipv4(const json_t *o, const char *key, bool required,
  * The optional "parent" object: this aggregator is a tree leaf below the
  * root it names (docs/PROTOCOL.md "Tree").  ip, mac and worker (the leaf's
  * id at the root) are required; port, shard, group (the root's result
- * group, joined) and rto_us are optional.  A leaf of an authenticated job
+ * group, joined), rto_us, base (the job's id of the leaf's first worker)
+ * and leaves (L: with base, the leaf reports its missing workers to the
+ * root and passes the root's view to its workers, docs/PROTOCOL.md "Who
+ * is missing in a tree") are optional.  A leaf of an authenticated job
  * ("auth", the leaf job's own secret) also needs "key" (its key as worker
  * `worker` of the root's job) and "reply_key" (the root's aggregator key),
  * 64 hex digits each, derived from the root job's secret by whoever
@@ -369,10 +373,10 @@ static int get_ipv4(const json_t *o, const char *key, bool required,
 static int get_parent(struct hg_control *c, const json_t *o,
 		      struct hg_ctl_job *j, json_t **reply)
 {
-	static const char *const keys[] = { "ip",     "mac",   "worker",
-					    "port",   "shard", "group",
-					    "rto_us", "key",   "reply_key",
-					    NULL };
+	static const char *const keys[] = { "ip",     "mac",    "worker",
+					    "port",   "shard",  "group",
+					    "rto_us", "key",    "reply_key",
+					    "base",   "leaves", NULL };
 	static const char *const auth_keys[] = { "key", "reply_key" };
 	const json_t *p = json_object_get(o, "parent"), *m;
 	unsigned int b[6];
@@ -403,6 +407,22 @@ static int get_parent(struct hg_control *c, const json_t *o,
 			   reply)))
 		return rc;
 	j->up_worker = (uint16_t)v;
+	if ((rc = get_uint(p, "leaves", false, 0, HG_MAX_WORKERS, 0, &v, reply)))
+		return rc;
+	j->up_leaves = (uint16_t)v;
+	if (j->up_leaves && j->up_worker >= j->up_leaves)
+		return reply_error(reply, -EINVAL,
+				   "field 'parent.worker': must be below "
+				   "'parent.leaves' (the leaf's index at the root)");
+	if ((rc = get_uint(p, "base", false, 0, HG_MAX_WORKERS - 1, 0, &v, reply)))
+		return rc;
+	j->up_base = (uint16_t)v;
+	if (j->up_base + j->workers > HG_MAX_WORKERS)
+		return reply_error(reply, -ERANGE,
+				   "field 'parent.base': the leaf's workers "
+				   "base..base+workers-1 must be job workers "
+				   "below %u",
+				   HG_MAX_WORKERS);
 	if ((rc = get_uint(p, "port", false, 1, 65535, HG_UDP_PORT, &v, reply)))
 		return rc;
 	j->up_port = (uint16_t)v;

@@ -74,6 +74,8 @@ struct hg_ctl_job {
 	uint32_t up_ipv4; /* host order */
 	uint16_t up_port;
 	uint16_t up_worker;
+	uint16_t up_base;   /* the job's id of the leaf's first worker */
+	uint16_t up_leaves; /* L (0: no reports, no root view) */
 	uint8_t up_shard;
 	uint32_t up_group; /* host order, 0 = none */
 	uint64_t up_rto_ns;

@@ -176,6 +176,7 @@ struct hg_client *hg_client_create(const struct hg_client_config *cfg)
 	if (!c->fl)
 		goto err_free_agg;
 	c->stats.method_chosen = 0;
+	c->stats.input_nonzeros = UINT64_MAX; /* no allreduce yet */
 	return c;
 
 err_free_agg:

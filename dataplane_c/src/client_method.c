@@ -910,6 +910,9 @@ int hg_client_start(struct hg_client *c, const struct hg_params *params,
 	c->n = n;
 	c->nblocks = nb;
 	c->stats.method_chosen = mi->code;
+	c->stats.input_nonzeros = method_sends(mi, HG_PH_COUNTS) ?
+					  hg_scan_nonzeros(c->scan) :
+					  UINT64_MAX;
 	c->stats.auto_dense_groups = 0;
 	c->stats.auto_blocks_groups = 0;
 	c->stats.auto_union_groups = 0;

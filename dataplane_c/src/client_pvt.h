@@ -57,6 +57,8 @@ enum { CH_PENDING = 0, CH_DONE = 1, CH_DONE_AFTER_TIMEOUT = 2 };
 #define IP_LEN 20
 #define UDP_LEN 8
 #define BITMAP_BYTES (HG_MAX_WORKERS / 8)
+/* A STATUS's bytes after its two bitmaps: a tree leaf's view of its root. */
+#define TREE_TAIL (HG_STATUS_MAX_PAYLOAD - 2 * BITMAP_BYTES)
 
 enum stage {
 	ST_IDLE = 0,
@@ -141,6 +143,8 @@ struct flight {
 	uint64_t rto;     /* its timeout: the client's at the first
 				 * transmission, backed off at every expiry */
 	uint8_t bitmap[BITMAP_BYTES];
+	uint8_t tree_len; /* bytes of tree: the STATUS's root view */
+	uint8_t tree[TREE_TAIL];
 };
 
 /*
@@ -183,6 +187,8 @@ struct agg {
 	uint32_t unanswered; /* retransmissions to it since its latest reply */
 	uint64_t status_chunk;
 	uint8_t status_bitmap[BITMAP_BYTES];
+	uint8_t status_tree_len;
+	uint8_t status_tree[TREE_TAIL];
 	struct hg_client_agg_stats st;
 };
 
@@ -265,7 +271,7 @@ struct hg_client {
 	size_t mac_len;   /* auth: HG_MAC_LEN, else 0 */
 
 	struct hg_client_stats stats;
-	char err[256];
+	char err[512];
 };
 
 /* client.c */

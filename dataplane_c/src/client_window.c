@@ -138,12 +138,32 @@ static void agg_name(const struct hg_client *c, uint32_t a, char *s, size_t len)
 	const struct hg_wire_addr *d = &c->agg[a].dst;
 	char ip[20];
 
+	/* below a tree leaf (docs/PROTOCOL.md "Tree"): the job's W is more */
+	const char *kind = c->cfg.agg_workers &&
+					   c->cfg.agg_workers < c->cfg.workers ?
+				   "leaf aggregator" :
+				   "aggregator";
+
 	format_ip(ip, sizeof(ip), d->ipv4);
 	if (c->naggs == 1)
-		snprintf(s, len, "%s:%u", ip, d->port);
+		snprintf(s, len, "%s %s:%u", kind, ip, d->port);
 	else
-		snprintf(s, len, "%s:%u (shard %u of %u)", ip, d->port, a,
-			 c->naggs);
+		snprintf(s, len, "%s %s:%u (shard %u of %u)", kind, ip, d->port,
+			 a, c->naggs);
+}
+
+/* The bytes of a STATUS payload (plen bytes, bitmaps of nb bytes) after
+ * its two bitmaps, copied to out (TREE_TAIL bytes): a tree leaf's view of
+ * its root (docs/PROTOCOL.md "Who is missing in a tree").  Returns how
+ * many. */
+static uint8_t tree_tail(const uint8_t *pl, size_t plen, size_t nb, uint8_t *out)
+{
+	size_t n = plen > 2 * nb ? plen - 2 * nb : 0;
+
+	if (n > TREE_TAIL)
+		n = TREE_TAIL;
+	memcpy(out, pl + 2 * nb, n);
+	return (uint8_t)n;
 }
 
 /* Aggregator ag answered with incarnation inc after another one during
@@ -154,7 +174,7 @@ static void agg_restarted(struct hg_client *c, const struct agg *ag, uint32_t in
 
 	agg_name(c, (uint32_t)(ag - c->agg), name, sizeof(name));
 	snprintf(c->err, sizeof(c->err),
-		 "aggregator %s restarted during the allreduce (incarnation "
+		 "%s restarted during the allreduce (incarnation "
 		 "%u, now %u)",
 		 name, ag->incarnation, inc);
 	hg_cl_fail(c, -ECONNRESET);
@@ -276,6 +296,8 @@ static void handle_frame(struct hg_client *c, const uint8_t *f, size_t len,
 			memset(ag->status_bitmap, 0, sizeof(ag->status_bitmap));
 			memcpy(ag->status_bitmap, pl,
 			       v.payload_len < nb ? v.payload_len : nb);
+			ag->status_tree_len = tree_tail(pl, v.payload_len, nb,
+							ag->status_tree);
 			ag->status_chunk = chunk;
 			ag->have_status = true;
 		}
@@ -285,6 +307,7 @@ static void handle_frame(struct hg_client *c, const uint8_t *f, size_t len,
 			memset(fl->bitmap, 0, sizeof(fl->bitmap));
 			memcpy(fl->bitmap, pl,
 			       v.payload_len < nb ? v.payload_len : nb);
+			fl->tree_len = tree_tail(pl, v.payload_len, nb, fl->tree);
 			fl->have_status = true;
 			hg_cl_note_silence(c, ag, now);
 			if (fl->bitmap[c->cfg.agg_worker / 8] >>
@@ -612,14 +635,79 @@ void hg_cl_tx_new(struct hg_client *c, uint64_t now)
 	}
 }
 
+/* Append formatted text at e while there is room before end. */
+#define TEXT(...)                                                              \
+	do {                                                                   \
+		if (e < end)                                                   \
+			e += snprintf(e, (size_t)(end - e), __VA_ARGS__);      \
+	} while (0)
+
+/*
+ * Append what a leaf's STATUS says of its root (the tail after its two
+ * bitmaps, docs/PROTOCOL.md "Who is missing in a tree"): ", which reports
+ * leaf 0 present, missing leaf 1 (workers 2,3): its aggregator reports
+ * missing worker 3".  Nothing when the tail is not a whole view.  Returns
+ * the new end of the text.
+ */
+static char *root_text(const struct hg_client *c, const uint8_t *t, size_t n,
+		       char *e, char *end)
+{
+	uint32_t L, W = c->cfg.workers, nb, present = 0, nmiss = 0;
+	const uint8_t *root, *below;
+	bool first = true;
+
+	if (n < 2)
+		return e;
+	L = (uint32_t)(t[0] << 8 | t[1]);
+	nb = (L + 7) / 8;
+	if (!L || L > W || n < 2 + 2 * (size_t)nb + BITMAP_BYTES)
+		return e;
+	root = t + 2;
+	below = t + 2 + 2 * nb;
+	for (uint32_t l = 0; l < L; l++)
+		present += root[l / 8] >> (l % 8) & 1;
+	TEXT(", which reports lea%s ", present == 1 ? "f" : "ves");
+	for (uint32_t l = 0; l < L; l++) {
+		if (!(root[l / 8] >> (l % 8) & 1))
+			continue;
+		TEXT("%s%u", first ? "" : ",", l);
+		first = false;
+	}
+	if (first)
+		TEXT("none");
+	TEXT(" present");
+	for (uint32_t l = 0; l < L; l++) {
+		uint32_t lo = (uint32_t)((uint64_t)l * W / L),
+			 hi = (uint32_t)((uint64_t)(l + 1) * W / L);
+		bool any = false;
+
+		if (root[l / 8] >> (l % 8) & 1)
+			continue;
+		TEXT("%s missing leaf %u (workers %u-%u): ", nmiss++ ? ";" : ",",
+		     l, lo, hi - 1);
+		for (uint32_t w = lo; w < hi && w < HG_MAX_WORKERS; w++) {
+			if (!(below[w / 8] >> (w % 8) & 1))
+				continue;
+			TEXT("%s%u",
+			     any ? "," : "its aggregator reports missing worker ",
+			     w);
+			any = true;
+		}
+		if (!any)
+			TEXT("no status from leaf aggregator %u", l);
+	}
+	return e < end ? e : end;
+}
+
 /*
  * Append "workers 0,1,3 present, missing worker 2" for a STATUS bitmap of
  * the aggregator (the job's worker numbers: a tree leaf's are an offset),
  * and when none is missing that the slot waits for the root (PROTOCOL.md
- * "Tree").  Returns the new end of the text.
+ * "Tree") and what the root lacks when the STATUS carried its view (tail,
+ * tn bytes).  Returns the new end of the text.
  */
 static char *bitmap_text(const struct hg_client *c, const uint8_t *bitmap,
-			 char *e, char *end)
+			 const uint8_t *tail, size_t tn, char *e, char *end)
 {
 	uint32_t missing = 0, base = c->cfg.worker - c->cfg.agg_worker;
 
@@ -649,9 +737,12 @@ static char *bitmap_text(const struct hg_client *c, const uint8_t *bitmap,
 			e += snprintf(e, (size_t)(end - e), "none");
 	}
 	/* complete there: a tree leaf waiting for its root (PROTOCOL.md "Tree") */
-	if (!missing && e < end - 1)
+	if (!missing && e < end - 1) {
 		e += snprintf(e, (size_t)(end - e),
-			      " (complete there: it waits for its root aggregator)");
+			      " (complete there: it waits for its root aggregator");
+		e = root_text(c, tail, tn, e < end ? e : end, end);
+		TEXT(")");
+	}
 	return e < end ? e : end;
 }
 
@@ -674,7 +765,7 @@ static void timeout_text(struct hg_client *c, const struct flight *fl)
 	if (ag->st.results_received == ag->start_results && !fl->have_status &&
 	    !ag->have_status) {
 		snprintf(c->err, sizeof(c->err),
-			 "no answer from aggregator %s: sent %llu chunks, "
+			 "no answer from %s: sent %llu chunks, "
 			 "received 0 results",
 			 name,
 			 (unsigned long long)(ag->st.packets_sent - ag->start_sent));
@@ -687,22 +778,23 @@ static void timeout_text(struct hg_client *c, const struct flight *fl)
 		/* it answered earlier, then none of our latest resends
 		 * (a live one answers each resend its slot has): it stopped */
 		snprintf(e, (size_t)(end - e),
-			 "no status from aggregator %s after %u transmissions "
+			 "no status from %s after %u transmissions "
 			 "(it stopped answering: none of the last %u resends to "
 			 "it was answered)",
 			 name, fl->tries, ag->unanswered);
 		return;
 	}
 	if (fl->have_status) {
-		e += snprintf(e, (size_t)(end - e), "aggregator %s reports ", name);
-		bitmap_text(c, fl->bitmap, e, end);
+		e += snprintf(e, (size_t)(end - e), "%s reports ", name);
+		bitmap_text(c, fl->bitmap, fl->tree, fl->tree_len, e, end);
 		return;
 	}
 	e += snprintf(e, (size_t)(end - e),
-		      "no status of it from aggregator %s after %u transmissions; "
+		      "no status of it from %s after %u transmissions; "
 		      "its latest (chunk %llu) reports ",
 		      name, fl->tries, (unsigned long long)ag->status_chunk);
-	bitmap_text(c, ag->status_bitmap, e, end);
+	bitmap_text(c, ag->status_bitmap, ag->status_tree, ag->status_tree_len,
+		    e, end);
 }
 
 /*

@@ -10,6 +10,7 @@
  * path of every codec loop is chosen here (hg_codec_isa()).
  */
 #include <errno.h>
+#include <float.h>
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
@@ -122,6 +123,10 @@ int hg_params_check(const struct hg_params *p)
 	    p->cost.bitmap_ps > HG_COST_MAX_ELEM_PS ||
 	    p->cost.probe_ps > HG_COST_MAX_ELEM_PS)
 		return -ERANGE;
+	if (!(p->divisor >= 0.0f && p->divisor <= FLT_MAX))
+		return -ERANGE;
+	if (p->divisor > 0.0f && p->divisor < FLT_MIN)
+		return -ERANGE; /* subnormal: 1/divisor overflows */
 	return 0;
 }
 
@@ -409,6 +414,7 @@ int hg_dequantize(const struct hg_params *p, const uint8_t *sum_be32, size_t n,
 		}
 		i = avx2 ? hg_dequant_avx2(in, len, s, yb) : 0;
 		dequant_block_portable(in + 4 * i, len - i, s, yb + i);
+		hg_divide(yb, len, p->divisor); /* in L1: 16 KB a block */
 		off += len;
 	}
 	return 0;

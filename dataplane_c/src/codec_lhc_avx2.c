@@ -2,9 +2,10 @@
 /*
  * codec_lhc_avx2.c - the AVX2 paths of the lhc method (codec_lhc.c chooses
  * them at run time, hg_codec_isa()): the bitmap index encoder, the sketch
- * cells of a batch of candidates (the sketch encode and the peel), and
- * set_index's candidate list of a bitmap block and Bloom filter probing.  Each gives the same bits as its
- * portable counterpart in codec_lhc.c.
+ * cells of a batch of candidates (the sketch encode and the peel),
+ * set_index's candidate list of a bitmap block and Bloom filter probing,
+ * and the peel's passes over a block's cells (also the AVX-512 path's).
+ * Each gives the same bits as its portable counterpart in codec_lhc.c.
  */
 #include <string.h>
 
@@ -266,4 +267,99 @@ hg_lhc_bloom_candidates_avx2(uint64_t key, uint64_t g0, uint32_t k, uint32_t bit
 	}
 	_mm256_zeroupper();
 	return c;
+}
+
+/*
+ * The peel's passes over a block's cells (codec_lhc.c peel_block), 8 cells
+ * per step; each does the whole groups of 8 of the nc cells (the caller
+ * does the rest, the same way).
+ *
+ * hg_lhc_peel_load_avx2: cell[k] = the big-endian cell k of gcells, and
+ * cid[k] = 0; returns the cells it did.
+ */
+__attribute__((target("avx2,bmi,bmi2,popcnt"))) uint32_t
+hg_lhc_peel_load_avx2(const uint8_t *gcells, uint32_t nc, uint32_t *cell,
+		      uint64_t *cid)
+{
+	const __m256i z = _mm256_setzero_si256();
+	uint32_t k = 0;
+
+	for (; k + 8 <= nc; k += 8) {
+		_mm256_storeu_si256((__m256i *)(cell + k),
+				    avx2_bswap32(_mm256_loadu_si256(
+					    (const __m256i *)(gcells +
+							      4 * (size_t)k))));
+		_mm256_storeu_si256((__m256i *)(cid + k), z);
+		_mm256_storeu_si256((__m256i *)(cid + k + 4), z);
+	}
+	_mm256_zeroupper();
+	return k;
+}
+
+/* The low 32 bits (the counts) of cid[k .. k + 8), in order. */
+__attribute__((target("avx2,bmi,bmi2,popcnt"), always_inline)) static inline __m256i
+counts8(const uint64_t *cid)
+{
+	__m256 a = _mm256_castsi256_ps(_mm256_loadu_si256((const __m256i *)cid));
+	__m256 b = _mm256_castsi256_ps(
+		_mm256_loadu_si256((const __m256i *)(cid + 4)));
+
+	/* lanes k0 k1 k4 k5 | k2 k3 k6 k7, then the 64-bit pairs in order */
+	return _mm256_permute4x64_epi64(_mm256_castps_si256(_mm256_shuffle_ps(
+						a, b, _MM_SHUFFLE(2, 0, 2, 0))),
+					_MM_SHUFFLE(3, 1, 2, 0));
+}
+
+/*
+ * hg_lhc_peel_seed_avx2: the cells of count 1 (the low half of cid[k])
+ * among the whole groups of 8, ascending, at queue; returns their number,
+ * the cells it did in *done.  Whole vectors of 8 are stored (queue needs 8
+ * entries of slack past the last).
+ */
+__attribute__((target("avx2,bmi,bmi2,popcnt"))) uint32_t
+hg_lhc_peel_seed_avx2(const uint64_t *cid, uint32_t nc, uint32_t *queue,
+		      uint32_t *done)
+{
+	const __m256i one = _mm256_set1_epi32(1), step = _mm256_set1_epi32(8);
+	__m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+	uint32_t k = 0, t = 0;
+
+	for (; k + 8 <= nc; k += 8) {
+		uint32_t m = (uint32_t)_mm256_movemask_ps(_mm256_castsi256_ps(
+			_mm256_cmpeq_epi32(counts8(cid + k), one)));
+
+		_mm256_storeu_si256((__m256i *)(queue + t),
+				    _mm256_permutevar8x32_epi32(
+					    idx, avx2_perm(avx2_compress_idx(m))));
+		t += (uint32_t)__builtin_popcount(m);
+		idx = _mm256_add_epi32(idx, step);
+	}
+	_mm256_zeroupper();
+	*done = k;
+	return t;
+}
+
+/*
+ * hg_lhc_peel_bad_avx2: the OR of the cells of count 0 among the whole
+ * groups of 8 (non-zero iff one of them has a value left); the cells it
+ * did in *done.
+ */
+__attribute__((target("avx2,bmi,bmi2,popcnt"))) uint32_t
+hg_lhc_peel_bad_avx2(const uint32_t *cell, const uint64_t *cid, uint32_t nc,
+		     uint32_t *done)
+{
+	const __m256i z = _mm256_setzero_si256();
+	__m256i acc = z;
+	uint32_t k = 0, bad;
+
+	for (; k + 8 <= nc; k += 8)
+		acc = _mm256_or_si256(
+			acc,
+			_mm256_and_si256(_mm256_loadu_si256(
+						 (const __m256i *)(cell + k)),
+					 _mm256_cmpeq_epi32(counts8(cid + k), z)));
+	bad = !_mm256_testz_si256(acc, acc);
+	_mm256_zeroupper();
+	*done = k;
+	return bad;
 }

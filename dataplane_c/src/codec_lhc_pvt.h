@@ -47,12 +47,12 @@ struct hg_lhc {
 	int32_t *values;      /* peeled sum per candidate (0 if unresolved) */
 	uint32_t *unresolved; /* global ranks, ascending */
 	/* peeling scratch, sized for the largest block: per cell its value,
-	 * count + rank sum, queue slot; per candidate its cells, sign mask and
-	 * a done flag (one more slot: the masked writes of stale pops) */
+	 * count + rank sum, queue slot (one more: a push stores its slot
+	 * before it knows whether to advance); per candidate its cells and sign
+	 * mask */
 	uint32_t *s_cell, *s_queue;
 	uint64_t *s_cid;
 	uint32_t *s_c0, *s_c1, *s_c2, *s_sm;
-	uint8_t *s_done;
 	size_t s_cells_cap, s_cand_cap;
 };
 
@@ -89,6 +89,17 @@ uint32_t hg_lhc_bloom_candidates_avx2(uint64_t key, uint64_t g0, uint32_t k,
  * BMI2; 8 entries of slack); see codec_lhc_avx2.c. */
 uint32_t hg_lhc_bitmap_positions_avx2(const uint8_t *idx, uint32_t nwords,
 				      uint16_t *out);
+/* The peel's passes over a block's nc cells, whole groups of 8 (AVX2,
+ * BMI2): load and byte-swap the cells and zero their counts (returns the
+ * cells done); queue the cells of count 1 (returns how many, 8 entries of
+ * slack); the OR of the cells of count 0 (non-zero: a value left).  The
+ * last two put the cells done in *done.  See codec_lhc_avx2.c. */
+uint32_t hg_lhc_peel_load_avx2(const uint8_t *gcells, uint32_t nc,
+			       uint32_t *cell, uint64_t *cid);
+uint32_t hg_lhc_peel_seed_avx2(const uint64_t *cid, uint32_t nc,
+			       uint32_t *queue, uint32_t *done);
+uint32_t hg_lhc_peel_bad_avx2(const uint32_t *cell, const uint64_t *cid,
+			      uint32_t nc, uint32_t *done);
 /* Positions of the set bits of nwords 64-bit words of a bitmap (AVX-512
  * VBMI2, BW); see codec_lhc_avx512.c. */
 uint32_t hg_lhc_bitmap_positions_vbmi2(const uint8_t *idx, uint32_t nwords,

@@ -168,8 +168,14 @@ int hg_union_decode(const struct hg_lhc *l, const uint8_t *gvals_be32, float *y)
 	    (l->info.candidates && !gvals_be32))
 		return -EINVAL;
 	isa = hg_codec_isa();
-	for (size_t b = 0; b < l->nb; b++)
-		hg_decode_block(l, b, gvals_be32 + 4 * l->blk[b].cand_off, true,
-				isa, y + b * l->p.block);
+	for (size_t b = 0; b < l->nb; b++) {
+		const struct lhc_block *bk = &l->blk[b];
+
+		hg_decode_block(l, b, gvals_be32 + 4 * bk->cand_off, true, isa,
+				y + b * l->p.block);
+		/* the candidates only: every other element is +0 */
+		hg_divide_at(y + b * l->p.block, l->cand_pos + bk->cand_off,
+			     bk->ncand, l->p.divisor);
+	}
 	return 0;
 }

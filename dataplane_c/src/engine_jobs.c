@@ -126,6 +126,7 @@ static void job_free(struct hg_job *j)
 	free(j->acc);
 	free(j->peers);
 	free(j->up);
+	free(j->view);
 	hg_eng_keys_free(j->keys, j->cfg.workers + 1);
 	hg_eng_keys_free(j->old_keys, j->cfg.workers + 1);
 	hg_eng_keys_free(j->up_keys, 2);
@@ -187,6 +188,10 @@ int hg_engine_add_job(struct hg_engine *e, const struct hg_job_config *jc)
 		return -ERANGE;
 	if (jc->up && !jc->up_ipv4)
 		return -EINVAL;
+	if (jc->up && jc->up_leaves &&
+	    (jc->up_worker >= jc->up_leaves || jc->up_leaves > HG_MAX_WORKERS ||
+	     jc->up_base + jc->workers > HG_MAX_WORKERS))
+		return -EINVAL;
 	memset(j, 0, sizeof(*j));
 	j->cfg = *jc;
 	/* The secrets are not kept: only the keys derived from them. */
@@ -216,6 +221,9 @@ int hg_engine_add_job(struct hg_engine *e, const struct hg_job_config *jc)
 	memset(j->acc, 0, nsets * j->acc_stride);
 	j->peers = calloc(jc->workers, sizeof(*j->peers));
 	if (!j->peers)
+		goto err_free_job;
+	j->view = calloc(nsets, sizeof(*j->view));
+	if (!j->view)
 		goto err_free_job;
 	if (jc->up) {
 		j->up = calloc(nsets, sizeof(*j->up));

@@ -126,6 +126,24 @@ struct hg_job {
 	uint64_t accepted;       /* frames accepted into a set so far */
 	struct hg_up_timer *up;  /* tree leaf: 2 * S upward timers, else NULL */
 	uint32_t up_incarnation; /* tree leaf: the root's, 0 = none seen yet */
+	struct hg_view *view;    /* 2 * S: who is missing in a tree */
+};
+
+/*
+ * Who is missing in a tree (docs/PROTOCOL.md "Tree"), per set.  Root:
+ * below, the job's worker ids the leaves reported missing from chunk
+ * below_seq (below_set: any report of it).  Leaf: the root's latest STATUS
+ * of forwarded chunk view_seq (have_view), and when its latest report of
+ * chunk report_seq went up.  Only texts read it; nothing is summed by it.
+ */
+#define VIEW_BYTES (HG_MAX_WORKERS / 8)
+struct hg_view {
+	uint32_t below_seq, view_seq, report_seq;
+	bool below_set, have_view, reported;
+	uint64_t report_ns;
+	uint8_t root[VIEW_BYTES];   /* leaf: the root's worker bitmap */
+	uint8_t active[VIEW_BYTES]; /* leaf: the root's active bitmap */
+	uint8_t below[VIEW_BYTES];  /* missing-below bitmap (zeros: none) */
 };
 
 /* Tree leaf: the upward timer of one set (SET_UP). */
@@ -152,7 +170,8 @@ struct hg_stage {
 	uint8_t op;
 	int8_t exp;
 	struct hg_lanes ln;
-	bool up; /* a root's RESULT or STATUS (tree leaf) */
+	bool up;       /* a root's RESULT or STATUS (tree leaf) */
+	uint16_t plen; /* up: the payload's bytes */
 	/* Auth job: the frame's MAC is checked with the burst's others
 	 * (verify_burst) under mac_key (NULL: no check pending) over
 	 * mac_bytes (header + payload); mac_rc: the first check after the
@@ -216,6 +235,10 @@ bool hg_eng_up_classify(struct hg_engine *e, struct hg_pkt *pkt,
 			const struct hg_wire_view *v, uint16_t flags,
 			struct hg_stage *st);
 void hg_eng_up_apply(struct hg_engine *e, struct hg_stage *st);
+void hg_eng_up_report(struct hg_engine *e, struct hg_job *j,
+		      const struct hg_set *s);
+size_t hg_eng_tree_tail(const struct hg_job *j, const struct hg_set *s,
+			uint8_t *out);
 void hg_eng_fast_template(const struct hg_engine *e, struct hg_job *j);
 
 /* ---- job table (engine_jobs.c) ---------------------------------------- */

@@ -24,6 +24,60 @@ static inline uint8_t up_op(uint8_t op)
 enum up_why { UP_FIRST, UP_TIMER, UP_ASKED };
 
 /*
+ * Queue a frame of the root's job about set s from this leaf (worker
+ * up_worker): the partial sum (kind 0 or HG_FLAG_RETRANS) or a leaf report
+ * (HG_FLAG_STATUS), payload pl of plen bytes, MACed with the leaf's key at
+ * the root.  reuse: a buffer to take if large enough (NULL: allocate one).
+ * False when there was no buffer (no_buffer counted).
+ */
+static bool up_frame(struct hg_engine *e, struct hg_job *j,
+		     const struct hg_set *s, uint16_t kind, const uint8_t *pl,
+		     size_t plen, struct hg_pkt **reuse)
+{
+	uint8_t op = up_op(s->op);
+	struct hg_hdr h = {
+		.version = HG_PROTOCOL_VERSION,
+		.op = op,
+		.flags = set_flags(j, s, kind),
+		.job = j->cfg.job,
+		.token = j->cfg.token,
+		.worker = j->cfg.up_worker,
+		.slot = (uint16_t)((size_t)(s - j->sets) / 2),
+		.seq = s->seq,
+		.lanes = s->lanes,
+		.exp = op == s->op && !(kind & HG_FLAG_STATUS) ? s->exp : 0,
+		.shard = j->cfg.up_shard,
+		.incarnation = j->cfg.incarnation,
+		.nonce = j->mac_len ? (uint32_t)++j->up_ctr : 0,
+	};
+	struct hg_pkt *none = NULL;
+	struct hg_pkt *p;
+	uint8_t *f;
+
+	if (j->mac_len)
+		h.flags |= HG_FLAG_AUTH;
+	p = hg_eng_out_pkt(e, j, reuse ? reuse : &none,
+			   HG_OFF_PAYLOAD + plen + j->mac_len);
+	if (!p)
+		return false;
+	f = p->data;
+	hg_wire_put_l2l4(f, &e->self, j->cfg.up_mac, j->cfg.up_ipv4,
+			 j->cfg.up_port, HG_HDR_LEN + plen + j->mac_len);
+	hg_wire_put_hdr(f + HG_OFF_HDR, &h);
+	memcpy(f + HG_OFF_PAYLOAD, pl, plen);
+	if (j->mac_len)
+		hg_mac_key_sign(&j->up_keys[0], HG_AUTH_DIR_REQUEST, j->up_ctr,
+				f + HG_OFF_HDR, HG_HDR_LEN + plen,
+				f + HG_OFF_PAYLOAD + plen);
+	if (e->wire_flags & HG_WIRE_F_UDP_CSUM)
+		hg_wire_put_udp_csum(f, hg_csum_add(0, f + HG_OFF_HDR,
+						    HG_HDR_LEN + plen + j->mac_len));
+	p->len = (uint16_t)(HG_OFF_PAYLOAD + plen + j->mac_len);
+	queue_tx(e, p);
+	return true;
+}
+
+/*
  * Send set s's partial sum (its accumulator) up to the root, as worker
  * up_worker of the root's job (a resend with HG_FLAG_RETRANS), and arm the
  * set's timer with the timeout doubled per timer expiry.  reuse: a buffer
@@ -34,32 +88,10 @@ static void up_send(struct hg_engine *e, struct hg_job *j, struct hg_set *s,
 		    const uint8_t *acc, enum up_why why, struct hg_pkt **reuse)
 {
 	bool retrans = why != UP_FIRST;
-	size_t i = (size_t)(s - j->sets);
-	struct hg_up_timer *t = &j->up[i];
-	uint8_t op = up_op(s->op);
-	size_t plen = (size_t)s->lanes * hg_op_in_lane(op);
-	struct hg_hdr h = {
-		.version = HG_PROTOCOL_VERSION,
-		.op = op,
-		.flags = set_flags(j, s, retrans ? HG_FLAG_RETRANS : 0),
-		.job = j->cfg.job,
-		.token = j->cfg.token,
-		.worker = j->cfg.up_worker,
-		.slot = (uint16_t)(i / 2),
-		.seq = s->seq,
-		.lanes = s->lanes,
-		.exp = op == s->op ? s->exp : 0,
-		.shard = j->cfg.up_shard,
-		.incarnation = j->cfg.incarnation,
-		.nonce = j->mac_len ? (uint32_t)++j->up_ctr : 0,
-	};
-	struct hg_pkt *none = NULL;
+	struct hg_up_timer *t = &j->up[s - j->sets];
+	size_t plen = (size_t)s->lanes * hg_op_in_lane(up_op(s->op));
 	uint64_t now = hg_port_now(e->port);
-	struct hg_pkt *p;
-	uint8_t *f;
 
-	if (j->mac_len)
-		h.flags |= HG_FLAG_AUTH;
 	if (why == UP_FIRST) {
 		t->first_ns = now;
 		t->tries = 0;
@@ -73,24 +105,68 @@ static void up_send(struct hg_engine *e, struct hg_job *j, struct hg_set *s,
 	if (t->due_ns < e->up_next)
 		e->up_next = t->due_ns;
 	count(e, j, retrans ? HG_CNT_UP_RETRANSMISSIONS : HG_CNT_UP_SENT);
-	p = hg_eng_out_pkt(e, j, reuse ? reuse : &none,
-			   HG_OFF_PAYLOAD + plen + j->mac_len);
-	if (!p)
+	up_frame(e, j, s, retrans ? HG_FLAG_RETRANS : 0, acc, plen, reuse);
+}
+
+/*
+ * Leaf: tell the root which of this leaf's workers open set s lacks (a leaf
+ * report, docs/PROTOCOL.md "Who is missing in a tree"), unless a report of
+ * the same chunk went up less than up_rto_ns / 2 ago.  Nothing is summed
+ * by it; the root only keeps it for its STATUS.
+ */
+void hg_eng_up_report(struct hg_engine *e, struct hg_job *j, const struct hg_set *s)
+{
+	struct hg_view *vw = &j->view[s - j->sets];
+	uint8_t pl[4 + VIEW_BYTES] = { 0 };
+	uint32_t n = j->cfg.workers;
+	uint64_t now = hg_port_now(e->port);
+
+	if (s->state != SET_OPEN)
 		return;
-	f = p->data;
-	hg_wire_put_l2l4(f, &e->self, j->cfg.up_mac, j->cfg.up_ipv4,
-			 j->cfg.up_port, HG_HDR_LEN + plen + j->mac_len);
-	hg_wire_put_hdr(f + HG_OFF_HDR, &h);
-	memcpy(f + HG_OFF_PAYLOAD, acc, plen);
-	if (j->mac_len)
-		hg_mac_key_sign(&j->up_keys[0], HG_AUTH_DIR_REQUEST, j->up_ctr,
-				f + HG_OFF_HDR, HG_HDR_LEN + plen,
-				f + HG_OFF_PAYLOAD + plen);
-	if (e->wire_flags & HG_WIRE_F_UDP_CSUM)
-		hg_wire_put_udp_csum(f, hg_csum_add(0, f + HG_OFF_HDR,
-						    HG_HDR_LEN + plen + j->mac_len));
-	p->len = (uint16_t)(HG_OFF_PAYLOAD + plen + j->mac_len);
-	queue_tx(e, p);
+	if (vw->reported && vw->report_seq == s->seq &&
+	    now - vw->report_ns < j->cfg.up_rto_ns / 2)
+		return;
+	hg_wr16(pl, j->cfg.up_base);
+	hg_wr16(pl + 2, (uint16_t)n);
+	for (uint32_t i = 0; i < n; i++)
+		if (!(s->bitmap[i / 64] >> (i % 64) & 1))
+			pl[4 + i / 8] |= (uint8_t)(1u << (i % 8));
+	if (!up_frame(e, j, s, HG_FLAG_STATUS, pl, 4 + (n + 7) / 8, NULL))
+		return;
+	vw->reported = true;
+	vw->report_seq = s->seq;
+	vw->report_ns = now;
+	count(e, j, HG_CNT_UP_REPORTS);
+}
+
+/*
+ * The bytes a STATUS of set s carries after its two bitmaps (written to
+ * out, at most HG_STATUS_MAX_PAYLOAD - 64; returns how many): at a root,
+ * the missing-below bitmap its leaves reported for the set's chunk; at a
+ * leaf, for a forwarded set of which it has the root's STATUS, L, the
+ * root's worker and active bitmaps and the missing-below bitmap
+ * (docs/PROTOCOL.md "Who is missing in a tree").  0: nothing.
+ */
+size_t hg_eng_tree_tail(const struct hg_job *j, const struct hg_set *s, uint8_t *out)
+{
+	const struct hg_view *vw = &j->view[s - j->sets];
+	size_t nb;
+
+	if (!j->up) {
+		if (!vw->below_set || vw->below_seq != s->seq)
+			return 0;
+		memcpy(out, vw->below, VIEW_BYTES);
+		return VIEW_BYTES;
+	}
+	if (!j->cfg.up_leaves || s->state != SET_UP || !vw->have_view ||
+	    vw->view_seq != s->seq)
+		return 0;
+	nb = (j->cfg.up_leaves + 7u) / 8;
+	hg_wr16(out, j->cfg.up_leaves);
+	memcpy(out + 2, vw->root, nb);
+	memcpy(out + 2 + nb, vw->active, nb);
+	memcpy(out + 2 + 2 * nb, vw->below, VIEW_BYTES);
+	return 2 + 2 * nb + VIEW_BYTES;
 }
 
 /* Set s reached its W_l contributions at a leaf: it goes up. */
@@ -163,6 +239,116 @@ static bool up_verify(struct hg_job *j, const struct hg_pkt *pkt,
 	return true;
 }
 
+/*
+ * Set s's STATUS to every member of job j: to its group where the port
+ * replicates, else to each it has heard from.
+ */
+static void status_to_all(struct hg_engine *e, struct hg_job *j,
+			  const struct hg_set *s)
+{
+	struct hg_pkt *none = NULL;
+
+	if (e->can_replicate && j->cfg.group_ipv4) {
+		hg_eng_send_status(e, j, s, HG_WORKER_ALL, &none);
+		return;
+	}
+	for (uint32_t i = 0; i < j->cfg.workers; i++)
+		if (j->peers[i].addr.ipv4)
+			hg_eng_send_status(e, j, s, (uint16_t)i, &none);
+}
+
+/*
+ * Root: leaf l's report of the workers it lacks for a chunk (a frame of
+ * worker l with HG_FLAG_STATUS, docs/PROTOCOL.md "Who is missing in a
+ * tree"), checked like a request up to its slot, then kept in the set's
+ * missing-below bitmap.  Nothing is summed and nothing is answered.
+ */
+static void report_take(struct hg_engine *e, struct hg_job *j, struct hg_pkt *pkt,
+			const struct hg_wire_view *v, uint16_t flags)
+{
+	const uint8_t *h = pkt->data + v->payload_off - HG_HDR_LEN;
+	const uint8_t *pl = pkt->data + v->payload_off;
+	uint32_t w = v->hdr.worker, S = j->cfg.slots, q, base, n;
+	struct hg_set *set;
+	struct hg_view *vw;
+	bool changed = false;
+	int rc;
+
+	if (v->hdr.token != j->cfg.token) {
+		rc = HG_CNT_BAD_TOKEN;
+		goto drop;
+	}
+	if (w >= j->cfg.workers) {
+		rc = HG_CNT_BAD_WORKER;
+		goto drop;
+	}
+	if (j->mac_len) {
+		struct hg_mac_track *t = &j->peers[w].mac;
+		uint64_t ctr;
+
+		if (!(flags & HG_FLAG_AUTH) ||
+		    (uint8_t)(flags >> HG_FLAG_EPOCH_SHIFT) != j->epoch) {
+			rc = HG_CNT_BAD_MAC;
+			goto drop;
+		}
+		ctr = hg_mac_track_counter(t, h);
+		if (!hg_mac_key_check(&j->keys[w], HG_AUTH_DIR_REQUEST, ctr, h,
+				      HG_HDR_LEN + v->payload_len,
+				      pl + v->payload_len)) {
+			rc = HG_CNT_BAD_MAC;
+			goto drop;
+		}
+		hg_mac_track_update(t, h, ctr);
+	} else if (flags & HG_FLAG_AUTH) {
+		rc = HG_CNT_BAD_MAC;
+		goto drop;
+	}
+	if (v->hdr.shard != j->cfg.shard) {
+		rc = HG_CNT_BAD_SHARD;
+		goto drop;
+	}
+	q = slot_quot(j, v->hdr.seq);
+	if (v->hdr.slot >= S || v->hdr.slot != v->hdr.seq - q * S ||
+	    (flags & HG_FLAG_SHADOW) != ((q & 1) ? HG_FLAG_SHADOW : 0)) {
+		rc = HG_CNT_BAD_SLOT;
+		goto drop;
+	}
+	base = v->payload_len >= 4 ? hg_rd16(pl) : 0;
+	n = v->payload_len >= 4 ? hg_rd16(pl + 2) : 0;
+	if (!n || base + n > HG_MAX_WORKERS || v->payload_len != 4 + (n + 7) / 8) {
+		rc = HG_CNT_BAD_LANES;
+		goto drop;
+	}
+	set = &j->sets[2 * (size_t)v->hdr.slot + (q & 1)];
+	vw = &j->view[set - j->sets];
+	if (!vw->below_set || vw->below_seq != v->hdr.seq) {
+		memset(vw->below, 0, sizeof(vw->below));
+		vw->below_seq = v->hdr.seq;
+		vw->below_set = true;
+	}
+	for (uint32_t i = 0; i < n; i++) {
+		uint8_t bit = (uint8_t)(1u << ((base + i) % 8)),
+			old = vw->below[(base + i) / 8];
+
+		if (pl[4 + i / 8] >> (i % 8) & 1)
+			vw->below[(base + i) / 8] |= bit;
+		else
+			vw->below[(base + i) / 8] &= (uint8_t)~bit;
+		changed |= old != vw->below[(base + i) / 8];
+	}
+	count(e, j, HG_CNT_LEAF_REPORTS);
+	queue_free(e, pkt);
+	/* News for the leaves that wait on the set: its STATUS, once per
+	 * change of what the reports say. */
+	if (changed && set->state == SET_OPEN && set->seq == v->hdr.seq)
+		status_to_all(e, j, set);
+	return;
+
+drop:
+	count(e, j, rc);
+	queue_free(e, pkt);
+}
+
 bool hg_eng_up_classify(struct hg_engine *e, struct hg_pkt *pkt,
 			const struct hg_wire_view *v, uint16_t flags,
 			struct hg_stage *st)
@@ -171,6 +357,12 @@ bool hg_eng_up_classify(struct hg_engine *e, struct hg_pkt *pkt,
 	uint32_t S, q, expect_shadow, uw;
 	int rc;
 
+	if (j && !j->up && (flags & HG_FLAG_STATUS)) {
+		e->last = j;
+		j->cnt[HG_CNT_RECEIVED]++;
+		report_take(e, j, pkt, v, flags);
+		return true;
+	}
 	if (!j || !j->up)
 		return false;
 	e->last = j;
@@ -224,6 +416,7 @@ bool hg_eng_up_classify(struct hg_engine *e, struct hg_pkt *pkt,
 	st->op = v->hdr.op;
 	st->exp = 0;
 	st->incarnation = v->hdr.incarnation;
+	st->plen = (uint16_t)v->payload_len;
 	st->worker = (flags & HG_FLAG_STATUS) && uw / 8 < v->payload_len &&
 		     (st->in[uw / 8] >> (uw % 8) & 1);
 	memset(&st->ln, 0,
@@ -235,6 +428,38 @@ drop:
 	count(e, j, rc);
 	queue_free(e, pkt);
 	return true;
+}
+
+/*
+ * Leaf: keep the root's STATUS (payload pl, plen bytes) of forwarded set s
+ * as its view: the root's two bitmaps over the L leaves and the
+ * missing-below bitmap when it has one (docs/PROTOCOL.md "Who is missing
+ * in a tree").  True when the missing-below bits changed.
+ */
+static bool keep_view(struct hg_job *j, const struct hg_set *s,
+		      const uint8_t *pl, size_t plen)
+{
+	struct hg_view *vw = &j->view[s - j->sets];
+	size_t nb = (j->cfg.up_leaves + 7u) / 8;
+
+	uint8_t below[VIEW_BYTES] = { 0 };
+	bool news;
+
+	if (plen < 2 * nb)
+		return false;
+	if (plen >= 2 * nb + VIEW_BYTES)
+		memcpy(below, pl + 2 * nb, VIEW_BYTES);
+	news = memcmp(below,
+		      vw->have_view && vw->view_seq == s->seq ?
+			      vw->below :
+			      (const uint8_t[VIEW_BYTES]){ 0 },
+		      VIEW_BYTES) != 0;
+	memcpy(vw->root, pl, nb);
+	memcpy(vw->active, pl + nb, nb);
+	memcpy(vw->below, below, VIEW_BYTES);
+	vw->view_seq = s->seq;
+	vw->have_view = true;
+	return news;
 }
 
 /*
@@ -265,12 +490,20 @@ void hg_eng_up_apply(struct hg_engine *e, struct hg_stage *st)
 
 	if (s->state != SET_UP || s->seq != st->seq || s->lanes != st->lanes ||
 	    up_op(s->op) != st->op) {
+		/* the root asks about a chunk still open here: say who holds
+		 * it (a report lost on the way is sent again) */
+		if ((st->flags & HG_FLAG_STATUS) && s->state == SET_OPEN &&
+		    s->seq == st->seq && j->cfg.up_leaves)
+			hg_eng_up_report(e, j, s);
 		count(e, j, HG_CNT_UP_STALE);
 		queue_free(e, pkt);
 		return;
 	}
 	if (st->flags & HG_FLAG_STATUS) {
 		count(e, j, HG_CNT_UP_STATUS);
+		/* news of who holds the root up: the workers learn it now */
+		if (j->cfg.up_leaves && keep_view(j, s, st->in, st->plen))
+			status_to_all(e, j, s);
 		if (!st->worker)
 			up_asked(e, j, s, st->acc, 0, &pkt);
 		if (pkt)

@@ -162,7 +162,7 @@ void hg_eng_send_result(struct hg_engine *e, struct hg_job *j,
 bool hg_eng_send_status(struct hg_engine *e, struct hg_job *j,
 			const struct hg_set *s, uint16_t w, struct hg_pkt **reuse)
 {
-	uint8_t bits[2 * (HG_MAX_WORKERS / 8)];
+	uint8_t bits[HG_STATUS_MAX_PAYLOAD];
 	size_t nb = (j->cfg.workers + 7) / 8, plen = 2 * nb;
 	struct hg_pkt *p;
 	uint64_t psum = 0;
@@ -174,6 +174,7 @@ bool hg_eng_send_status(struct hg_engine *e, struct hg_job *j,
 		if (!(s->bitmap[i / 64] >> (i % 64) & 1) &&
 		    j->peers[i].last > s->opened)
 			bits[nb + i / 8] |= (uint8_t)(1u << (i % 8));
+	plen += hg_eng_tree_tail(j, s, bits + plen);
 	p = hg_eng_out_pkt(e, j, reuse, HG_OFF_PAYLOAD + plen + j->mac_len);
 	if (!p)
 		return false;
@@ -199,6 +200,8 @@ bool hg_eng_send_status(struct hg_engine *e, struct hg_job *j,
 void hg_eng_answer_retrans(struct hg_engine *e, struct hg_job *j,
 			   struct hg_set *s, uint16_t w, struct hg_pkt **reuse)
 {
+	if (j->up && j->cfg.up_leaves)
+		hg_eng_up_report(e, j, s); /* what holds the root up */
 	if (!e->can_replicate || !j->cfg.group_ipv4) {
 		hg_eng_send_status(e, j, s, w, reuse);
 		return;

@@ -269,7 +269,7 @@ static inline int hg_wire_parse_inl(const uint8_t *f, size_t len, uint16_t udp_p
 		pay_len -= HG_MAC_LEN;
 	}
 	if (v->hdr.flags & HG_FLAG_STATUS) {
-		if (pay_len < 1 || pay_len > 2 * (HG_MAX_WORKERS / 8))
+		if (pay_len < 1 || pay_len > HG_STATUS_MAX_PAYLOAD)
 			return HG_CNT_BAD_LANES;
 	} else {
 		want = (size_t)v->hdr.lanes * ((v->hdr.flags & HG_FLAG_RESULT) ?

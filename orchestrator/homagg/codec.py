@@ -71,6 +71,7 @@ class Params:
     stochastic: bool = False
     nc_levels: int = 0
     sketch_cells_per_candidate: float = 0.0
+    divisor: float = 0.0  # the decoders' result / divisor in float32 (0: the sum)
     cost: object = None  # homagg.cost.Cost (or its dict) of the job; None: bytes rules
 
     def __post_init__(self):
@@ -87,6 +88,7 @@ class Params:
             nc_levels=self.nc_levels,
             sketch_cells_per_candidate=self.sketch_cells_per_candidate,
             cost=_cost.as_cost(self.cost).fields(),
+            divisor=self.divisor,
         )
 
     def nblocks(self, n):
@@ -548,7 +550,7 @@ def simulate_allreduce(grads, method="lhc", seed=0, **options):
     grads: a list of W equal-length 1-D float32 arrays (C-contiguous).
     method: one of ``homagg.protocol.METHODS``.  options: the other
     ``Params`` fields (block_elements, stochastic, nc_levels,
-    sketch_cells_per_candidate).
+    sketch_cells_per_candidate, divisor).
 
     Every worker encodes every phase of the method's steps, the W payloads
     are combined with hg_aggregate (the aggregator's kernels), and every

@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+from fractions import Fraction
 
 from homagg.errors import InvalidArgument
 
@@ -154,6 +155,10 @@ def check_calibration(cal, where="calibration") -> dict:
                     f"{where}: paths.{isa}.{name} = {v!r}: expected an "
                     f"integer number of picoseconds in 0..{bound}"
                 )
+    if not isinstance(cal.get("ports", {}), dict):
+        raise InvalidArgument(f"{where}: 'ports' must be an object of testbed names")
+    for name, entry in (cal.get("ports") or {}).items():
+        check_port(entry, f"{where}: ports.{name}")
     if cal.get("isa") not in paths:
         raise InvalidArgument(
             f"{where}: 'isa' {cal.get('isa')!r} names none of the paths {sorted(paths)}"
@@ -192,12 +197,14 @@ def slowest(*coeffs: dict) -> dict:
     return {k: max(int(c[k]) for c in coeffs) for k in COEFFICIENTS}
 
 
-def job_cost(link_mbit, rtt_ns=None, calibration=None, coeffs=None) -> Cost:
+def job_cost(link_mbit, rtt_ns=None, calibration=None, coeffs=None, sharing=1) -> Cost:
     """The cost model to register with a job: its link rate (Mbit/s; None or
     0: no model, the bytes rules), a phase round trip (default
     DEFAULT_RTT_NS) and the coefficients (``coeffs``, else the
     ``calibration`` given, else this host's calibration file, else the
-    built-in defaults)."""
+    built-in defaults), every CPU coefficient multiplied by ``sharing``
+    (:func:`sharing`: processes of the job per core of a host they share;
+    1: a core each)."""
     if not link_mbit:
         return Cost()
     if float(link_mbit) < 1:
@@ -205,8 +212,161 @@ def job_cost(link_mbit, rtt_ns=None, calibration=None, coeffs=None) -> Cost:
     if coeffs is None:
         coeffs = coefficients(calibration if calibration is not None else load_calibration())
     return Cost(
-        link_mbit=int(link_mbit), rtt_ns=int(DEFAULT_RTT_NS if rtt_ns is None else rtt_ns), **coeffs
+        link_mbit=int(link_mbit),
+        rtt_ns=int(DEFAULT_RTT_NS if rtt_ns is None else rtt_ns),
+        **shared(coeffs, sharing),
     )
+
+
+# --------------------------------------------------------------------------
+# Shared cores and the calibration through a testbed's port (docs/PROTOCOL.md
+# Part 1, "The cost model": "Shared cores" and "Calibration through the port")
+
+
+def host_cores() -> int:
+    """The cores this process may run on."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def sharing(processes: int, cores: int) -> Fraction:
+    """How many processes of a job share one core: ``processes / cores``
+    when a host runs more busy processes of the job (its ranks and its
+    daemons) than it has cores, else 1 (a core each)."""
+    if processes < 1 or cores < 1:
+        raise InvalidArgument(f"sharing: {processes} processes on {cores} cores: both at least 1")
+    return max(Fraction(1), Fraction(int(processes), int(cores)))
+
+
+def shared(coeffs: dict, factor=1) -> dict:
+    """The CPU coefficients multiplied by ``factor`` (rounded to the
+    nearest picosecond, capped at their bounds): a process that has
+    1/factor of a core takes factor times as long for the same work."""
+    f = Fraction(factor)
+    if f < 1:
+        raise InvalidArgument(f"sharing {factor}: at least 1 (a core each)")
+    out = {}
+    for k in COEFFICIENTS:
+        bound = MAX_ELEM_PS if k in ELEM_FIELDS else MAX_PKT_PS
+        out[k] = min(bound, round(int(coeffs[k]) * f))
+    return out
+
+
+PORT_FIELDS = ("pkt_ps", "agg_pkt_ps", "rtt_ns")
+
+
+def check_port(entry, where="port calibration") -> dict:
+    """One testbed's calibration through its port, if well formed."""
+    if not isinstance(entry, dict):
+        raise InvalidArgument(f"{where}: expected an object, got {entry!r}")
+    for k in ("workers", "processes", "cores"):
+        v = entry.get(k)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise InvalidArgument(f"{where}.{k} = {v!r}: expected a positive integer")
+    co = entry.get("coefficients")
+    if not isinstance(co, dict):
+        raise InvalidArgument(f"{where}.coefficients: expected an object of {list(PORT_FIELDS)}")
+    for k in PORT_FIELDS:
+        v = co.get(k)
+        bound = 2**32 - 1 if k == "rtt_ns" else MAX_PKT_PS
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= bound:
+            raise InvalidArgument(
+                f"{where}.coefficients.{k} = {v!r}: expected an integer in 0..{bound} "
+                "(run `homagg calibrate --testbed NAME` again)"
+            )
+    return entry
+
+
+def port_calibration(cal, testbed: str):
+    """The calibration of ``testbed``'s port in ``cal`` (its "ports"
+    section), or None."""
+    if not cal:
+        return None
+    return (cal.get("ports") or {}).get(testbed)
+
+
+def port_coefficients(cal, testbed: str, workers: int, isa=None):
+    """(coefficients, rtt_ns) of a job on ``testbed``: the codec's
+    coefficients of ``cal`` with the per-frame ones (``pkt_ps``,
+    ``agg_pkt_ps``, per process with a core of its own) and the round trip
+    fitted through the testbed's port; None when the testbed has no such
+    calibration or it was made with another number of workers."""
+    entry = port_calibration(cal, testbed)
+    if entry is None or entry["workers"] != int(workers):
+        return None
+    co = coefficients(cal, isa)
+    co["pkt_ps"] = entry["coefficients"]["pkt_ps"]
+    co["agg_pkt_ps"] = entry["coefficients"]["agg_pkt_ps"]
+    return co, entry["coefficients"]["rtt_ns"]
+
+
+def fit_port(runs, *, workers: int, payload_bytes: int, link_mbit, factor=1) -> dict:
+    """The per-frame costs and the round trip that make the model's
+    prediction match allreduces measured through a testbed's port.
+
+    Each run is a dict: ``seconds`` (measured), ``bytes`` (payload bytes
+    per worker the model counts), ``steps`` (its round trips), ``elem_ps``
+    (the worker CPU of its elements by the codec's coefficients, one core
+    each), ``worker_cpu_s`` (a worker's CPU time per call) and
+    ``daemon_cpu_s`` (the daemons' per call).  The model of a run
+    (``factor`` the runs' sharing, link term as homagg.ops.advise):
+
+        seconds = bytes * byte_ps * (1 + 98/P) + factor * elem_ps
+                  + (bytes / P) * F + steps * rtt        (picoseconds)
+
+    with ``F = factor * (pkt_ps + W * agg_pkt_ps)`` the wall time of one
+    chunk's frames.  F and rtt are the least-squares fit of the runs'
+    relative errors (rtt at least 0); F is split between the worker (``pkt_ps``) and the
+    aggregator (``W * agg_pkt_ps``: W frames a chunk) in the proportion of
+    the CPU they spent per call (a worker's above its elements' against the
+    daemons'), and divided by the sharing, so the coefficients are those of
+    a process with a core of its own, as the codec's are.  A dict: ``pkt_ps``, ``agg_pkt_ps``,
+    ``rtt_ns`` (integers) and ``worker_share``."""
+    runs = list(runs)
+    if len(runs) < 2:
+        raise InvalidArgument("fit_port: at least two runs (a dense and a union allreduce)")
+    f = Fraction(factor)
+    P = Fraction(int(payload_bytes or 1024))
+    link_b = Fraction(8 * 10**6) / Fraction(link_mbit) * (1 + 98 / P)
+    rows = []
+    for r in runs:
+        y = Fraction(r["seconds"]) * 10**12 - Fraction(r["bytes"]) * link_b
+        y -= f * Fraction(r["elem_ps"])
+        # each run weighed by its time: the fit minimises the relative errors,
+        # so a short run counts as much as a long one
+        t = Fraction(r["seconds"]) * 10**12
+        if t <= 0:
+            raise InvalidArgument(f"fit_port: a run of {r['seconds']!r} seconds; measure it again")
+        rows.append((Fraction(r["bytes"]) / P / t, Fraction(int(r["steps"])) / t, y / t))
+    # least squares y = a F + b rt, rt >= 0
+    saa = sum(a * a for a, _, _ in rows)
+    sab = sum(a * b for a, b, _ in rows)
+    sbb = sum(b * b for _, b, _ in rows)
+    say = sum(a * y for a, _, y in rows)
+    sby = sum(b * y for _, b, y in rows)
+    det = saa * sbb - sab * sab
+    F = rt = None
+    if det != 0:
+        F = (say * sbb - sby * sab) / det
+        rt = (saa * sby - sab * say) / det
+    if rt is None or rt < 0:
+        rt = Fraction(0)
+        F = say / saa if saa else Fraction(0)
+    F = max(Fraction(0), F)
+    w = sum(
+        max(Fraction(0), Fraction(r["worker_cpu_s"]) * 10**12 - Fraction(r["elem_ps"]))
+        for r in runs
+    )
+    d = sum(Fraction(r["daemon_cpu_s"]) * 10**12 for r in runs)
+    share = w / (w + d) if w + d > 0 else Fraction(1, 2)
+    return {
+        "pkt_ps": min(MAX_PKT_PS, round(F * share / f)),
+        "agg_pkt_ps": min(MAX_PKT_PS, round(F * (1 - share) / (f * workers))),
+        "rtt_ns": min(2**32 - 1, round(rt / 1000)),
+        "worker_share": float(share),
+    }
 
 
 # --------------------------------------------------------------------------

@@ -279,7 +279,10 @@ class Engine:
         ``parent``: this engine is a tree leaf below that root
         (docs/PROTOCOL.md "Tree"), an ``Addr`` or a dict with ``addr`` (an
         Addr), ``worker`` (the leaf's id at the root) and optionally
-        ``shard``, ``group``, ``rto``, ``give_up`` (seconds) and, for an
+        ``shard``, ``group``, ``rto``, ``give_up`` (seconds), ``base`` and
+        ``leaves`` (the job's id of the leaf's first worker and L: the
+        leaf then reports who it lacks, docs/PROTOCOL.md "Who is missing
+        in a tree") and, for an
         authenticated tree, ``keys``: (the leaf's key at the root, the
         root's aggregator key), from the root job's secret.
         Returns the incarnation the job got."""
@@ -294,6 +297,8 @@ class Engine:
                 up_ipv4=a.ipv4,
                 up_port=a.port,
                 up_worker=int(p.get("worker", 0)),
+                up_base=int(p.get("base", 0)),
+                up_leaves=int(p.get("leaves", 0)),
                 up_shard=int(p.get("shard", 0)),
                 up_group=parse_ipv4(p.get("group") or 0, "parent group"),
                 up_rto_ns=int(p.get("rto", 0) * 1e9),

@@ -12,9 +12,12 @@ Every gradient bucket DDP hands to the hook goes through a HomAgg
 runs without the GIL), buckets in order, and the hook returns a
 ``torch.futures.Future`` completed from that thread, so DDP overlaps communication with the rest of
 the backward pass.  The bucket's average is the exact fixed-point sum
-(docs/PROTOCOL.md) divided by the world size in float32: bit-identical on
-every rank.  float16 / bfloat16 buckets are reduced in float32 and cast
-back.
+(docs/PROTOCOL.md) divided by the world size in float32 (by the decoder,
+block by block): bit-identical on every rank.  float16 / bfloat16 buckets
+are reduced in float32 and cast back.  Inside DDP's backward pass (and
+without a recorder) a bucket's result is written into the array of its
+previous call, which DDP has copied into the gradients: the hook keeps one
+float32 array per bucket, as large as DDP's bucket.
 
 Options of ``HookState``:
 
@@ -334,6 +337,7 @@ class HookState:
         self.measure, self.remeasure = bool(measure), int(remeasure)
         self._calls_of = {}  # (bucket index, size) -> calls handed over
         self._timing = {}  # (bucket index, size) -> _Timing (measure=True)
+        self._outputs = {}  # (bucket index, size) -> HomAgg's result array (_output)
         self._baseline_group = self._direct_group = None
         if fallback or baseline:
             self._group = _fallback_group(process_group)
@@ -469,7 +473,8 @@ class HookState:
 
         def finish(y, path, cpu, xin):
             try:
-                np.divide(y, world, out=y)
+                if path != "homagg":  # HomAgg's decoder divided already (_homagg)
+                    np.divide(y, world, out=y)
                 seconds = time.perf_counter() - t0
                 if path == "baseline" and "path_t0" in info:
                     # this rank's time of the group's allreduce, agreed
@@ -502,7 +507,7 @@ class HookState:
                 elif info.get("in_place") and xin is x:
                     nnz = None  # x holds the sum now; not counted (a pass over the bucket)
                 else:
-                    nnz = int(np.count_nonzero(xin))
+                    nnz = _count_nonzero(xin)
                 with self._log_lock:
                     self.log.append(
                         {
@@ -566,10 +571,17 @@ class HookState:
             try:
                 c0 = time.thread_time()
                 # the recorder keeps the input: a copy of the bucket's memory,
-                # made here rather than on DDP's thread
+                # made here rather than on DDP's thread; the group's path
+                # then sums the bucket's memory in place (no second copy)
                 xin = x.copy() if own and self.recorder is not None else x
                 y, path = self._reduce_sum(
-                    index, x, seed, info, in_place=self.recorder is None, call=call
+                    index,
+                    x,
+                    seed,
+                    info,
+                    in_place=xin is not x or self.recorder is None,
+                    call=call,
+                    out=self._output(key, x.size, in_backward),
                 )
                 cpu = time.thread_time() - c0
             except BaseException as exc:
@@ -581,7 +593,9 @@ class HookState:
             try:
                 c0 = time.thread_time()
                 xin = x.copy() if own and self.recorder is not None else x
-                y = self._group_sum_async(x, info, self.recorder is None, group=self._direct_group)
+                y = self._group_sum_async(
+                    x, info, xin is not x or self.recorder is None, group=self._direct_group
+                )
                 cpu = time.thread_time() - c0
             except BaseException as exc:
                 fail(exc)
@@ -616,6 +630,22 @@ class HookState:
         else:
             self._executor.submit(run)
         return fut
+
+    def _output(self, key, n, in_backward):
+        """The array HomAgg's result of bucket ``key`` is written into: the
+        bucket's own, kept from its last call, inside DDP's backward pass
+        without a recorder (DDP copies a result into the gradients before
+        the backward pass returns, so the next call of the bucket may
+        overwrite it), saving a fresh array's page faults (15 MB: 3,800
+        pages zeroed by the kernel on first touch) at every call; None (a
+        new array) otherwise: a recorder keeps its ``y``, and a caller of
+        ``reduce`` outside DDP holds every result it got."""
+        if not in_backward or self.recorder is not None:
+            return None
+        y = self._outputs.get(key)
+        if y is None or y.size != n:
+            y = self._outputs[key] = np.empty(n, dtype=np.float32)
+        return y
 
     def _record(self, seq, index, xin, y, params, path):
         """The recorder's call of hand-over number ``seq``, after those of
@@ -777,9 +807,10 @@ class HookState:
         tb = round(b * 1e12) if b is not None else c["baseline_ps"]
         return "baseline" if tb < th else "homagg"
 
-    def _reduce_sum(self, index, x, seed, info, in_place=True, call=0):
-        """The sum of x over the ranks and the path that made it (the
-        group's path sums x itself when ``in_place``)."""
+    def _reduce_sum(self, index, x, seed, info, in_place=True, call=0, out=None):
+        """The sum of x over the ranks (the group's paths; in x itself when
+        ``in_place``) or its average (HomAgg's: its decoder divides; into
+        ``out`` when given, else a new array), and the path that made it."""
         rule, need_nnz = self._choice(x.size)
         backing = self.fallback and self._retry_at is not None
         nnz_max = None
@@ -799,7 +830,7 @@ class HookState:
             # count and its time of the group's allreduce (microseconds)
             a0 = time.perf_counter()
             if agree_nnz:
-                info["nnz"] = int(np.count_nonzero(x))  # the log's too: one pass
+                info["nnz"] = _count_nonzero(x)  # the log's too: one pass
             waiting, agreed, baseline_us = self._agree_max(
                 int(backing and time.monotonic() < self._retry_at),
                 info.get("nnz", 0),
@@ -826,14 +857,14 @@ class HookState:
             if self._path(c, tm, call, info) == "baseline":
                 return self._group_sum_async(x, info, in_place), "baseline"
         if not self.fallback:  # no agreement after it: HomAgg's time is not measured
-            return self._homagg(x, seed, info), "homagg"
+            return self._homagg(x, seed, info, out), "homagg"
         if backing:
             self.counters["retries"] += 1
         error, h0 = None, time.perf_counter()
         try:
             if self.worker is None:
                 self.worker = self._make_worker()
-            y = self._homagg(x, seed, info)
+            y = self._homagg(x, seed, info, out)
         except Exception as exc:  # noqa: BLE001 - every rank must reach the agreement
             error = exc
         homagg_s = self._elapsed("homagg", h0)
@@ -878,10 +909,23 @@ class HookState:
             info.pop(k, None)
         return self._group_sum(x, info, "fallback_buckets"), "fallback"
 
-    def _homagg(self, x, seed, info):
-        return self.worker.allreduce(
-            x, self.method, block=self.block, nc_levels=self.nc_levels, seed=seed, info=info
+    def _homagg(self, x, seed, info, out=None):
+        """HomAgg's average of x: the decoder divides each block by the
+        world size while it is in cache (bit for bit numpy's float32
+        division of the sum), instead of a pass over the result."""
+        y = self.worker.allreduce(
+            x,
+            self.method,
+            out=out,
+            block=self.block,
+            nc_levels=self.nc_levels,
+            seed=seed,
+            info=info,
+            divide_by=self.world_size,
         )
+        if "nnz" not in info and info.get("nonzeros") is not None:
+            info["nnz"] = info["nonzeros"]  # the C scan's count: the log's, no pass here
+        return y
 
     def _agree_max(self, *values):
         """Every rank's values (non-negative integers), each reduced with
@@ -945,6 +989,15 @@ def threads_per_rank(local_ranks=1, cores=None):
     if local_ranks < 1:
         raise InvalidArgument(f"local_ranks {local_ranks} must be >= 1")
     return max(1, int(cores) // int(local_ranks) - 1)
+
+
+def _count_nonzero(a):
+    """The elements of float32 ``a`` that are not 0 (-0.0 is 0, NaN is
+    not), as np.count_nonzero counts them: torch's vectorised count, 3.4x
+    less thread CPU than numpy's on a 3.85 M-element NCF bucket (2.3 ms
+    against 7.9 ms median of 15, thread_time, one torch thread, 2-vCPU
+    Xeon under load 5)."""
+    return int(torch.count_nonzero(torch.from_numpy(a)))
 
 
 def _cost_block():

@@ -398,6 +398,8 @@ static int add_tree_job(struct hg_sim *s, int j, struct hg_job_config *ej)
 	for (uint32_t l = 0; l < s->leaves; l++) {
 		ej->workers = leaf_first(s, W, l + 1) - leaf_first(s, W, l);
 		ej->up_worker = (uint16_t)l;
+		ej->up_base = (uint16_t)leaf_first(s, W, l);
+		ej->up_leaves = (uint16_t)s->leaves;
 		ej->group_ipv4 = group ? group + (l << 8) : 0;
 		ej->incarnation = s->agg[l].incarnation ? s->agg[l].incarnation :
 							  inc;

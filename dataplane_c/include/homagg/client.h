@@ -84,7 +84,8 @@ extern "C" {
 	X(uint64_t, start_wait_ns, "current wait for the first result of a step") \
 	X(uint64_t, rto_floor_ns, "the floor of the timeout spurious timeouts taught (0: none; of that same aggregator)") \
 	X(uint64_t, bad_mac, "replies dropped: MAC missing, wrong, or present on a job without auth") \
-	X(uint32_t, groups, "block groups of the last allreduce (1: not pipelined)")
+	X(uint32_t, groups, "block groups of the last allreduce (1: not pipelined)") \
+	X(uint64_t, input_nonzeros, "elements of the last allreduce's input that are not 0 (-0.0 is 0), counted by the scan of lhc, union and auto (no extra pass); UINT64_MAX: not counted (dense, blocks, nc)")
 /* clang-format on */
 
 /* cdef-begin */

@@ -92,11 +92,16 @@ struct hg_params {
 	uint32_t nc_levels; /* natural dithering levels s; 0 = plain C_nat */
 	float sketch_cells_per_candidate; /* 0 = default sizing */
 	struct hg_cost cost; /* the job's cost model; all 0 = the bytes rules */
+	float divisor; /* 0 or 1: the decoders write the sum; else each element
+			* is float32(sum) / divisor, an IEEE float32 division
+			* (numpy's y / np.float32(divisor), bit for bit: W gives a
+			* DDP hook's mean), fused into the decode while the block
+			* is in cache; finite and > 0 */
 };
 
 /*
  * 0, or -EINVAL (block), -ERANGE (workers, worker id, a cost coefficient
- * above its bound); or the error of hg_codec_isa() when HOMAGG_CODEC_ISA
+ * above its bound, a divisor not 0 and not finite and positive); or the error of hg_codec_isa() when HOMAGG_CODEC_ISA
  * names no usable path (every codec call that checks its parameters
  * refuses then).
  */

@@ -50,7 +50,9 @@
 	X(UP_STATUS, "up_status", "tree leaf: STATUS frames from the root") \
 	X(UP_STALE, "up_stale", "tree leaf: root replies for no forwarded set or not matching it") \
 	X(UP_ABANDONED, "up_abandoned", "tree leaf: forwarded sets no longer resent (give-up time passed)") \
-	X(UP_ROOT_RESTARTS, "up_root_restarts", "tree leaf: the root's incarnation changed (the leaf took a new one)")
+	X(UP_ROOT_RESTARTS, "up_root_restarts", "tree leaf: the root's incarnation changed (the leaf took a new one)") \
+	X(UP_REPORTS, "up_reports", "tree leaf: reports of its missing workers sent to the root") \
+	X(LEAF_REPORTS, "leaf_reports", "tree root: leaf reports of missing workers taken")
 /* clang-format on */
 
 enum hg_counter {

@@ -99,9 +99,14 @@ struct hg_job_config {
 	/* Tree (docs/PROTOCOL.md "Tree"): with up = 1 this aggregator is a
 	 * leaf; a slot complete here goes up to the root as one request of
 	 * worker up_worker and its workers get the root's result. */
-	uint8_t up;             /* 1: a leaf with the parent below */
-	uint8_t up_shard;       /* the root's shard index for the job */
-	uint16_t up_worker;     /* this leaf's worker id at the root */
+	uint8_t up;         /* 1: a leaf with the parent below */
+	uint8_t up_shard;   /* the root's shard index for the job */
+	uint16_t up_worker; /* this leaf's worker id at the root */
+	/* Who is missing in a tree (docs/PROTOCOL.md): the job's id of this
+	 * leaf's first worker and the number of leaves L (0: the leaf sends
+	 * no reports to the root and no root view to its workers). */
+	uint16_t up_base;
+	uint16_t up_leaves;
 	uint8_t up_mac[6];      /* the root's MAC (next hop) */
 	uint32_t up_ipv4;       /* the root's IPv4 address (host order) */
 	uint16_t up_port;       /* the root's UDP port (0 = HG_UDP_PORT) */

@@ -72,6 +72,11 @@ struct hg_hdr {
 
 /* Worker field of a multicast result (addressed to every worker). */
 #define HG_WORKER_ALL 65535
+
+/* The longest STATUS payload: the worker and active bitmaps (2 x 32 bytes),
+ * then a tree leaf's view of its root: L (2), the root's two bitmaps (2 x
+ * 32) and the missing-below bitmap (32) (docs/PROTOCOL.md "Tree"). */
+#define HG_STATUS_MAX_PAYLOAD 162
 /* Flags a worker may set; RESULT and STATUS are the aggregator's. */
 #define HG_FLAGS_WORKER 46
 /* Bits 8..15 of the flags: the key epoch of an authenticated frame. */
@@ -119,7 +124,9 @@ struct hg_wire_view {
  * reserved bytes, op, the MAC trailer's presence (HG_FLAG_AUTH: 16 bytes
  * after the payload, not verified here), and the payload length: lanes *
  * in-lane bytes for data, lanes * accumulator-lane bytes for a RESULT,
- * 1..2*HG_MAX_WORKERS/8 bytes for a STATUS (its worker and active bitmaps).  With HG_FLAG_AUTH the MAC is at
+ * 1..HG_STATUS_MAX_PAYLOAD bytes for a STATUS (its worker and active
+ * bitmaps, then in a tree the view of docs/PROTOCOL.md "Who is missing in
+ * a tree").  With HG_FLAG_AUTH the MAC is at
  * frame + payload_off + payload_len.  It reads nothing outside frame[0..len).
  */
 int hg_wire_parse(const uint8_t *frame, size_t len, uint16_t udp_port,

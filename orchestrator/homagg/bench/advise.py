@@ -13,11 +13,18 @@ it:
   calls by the same workers and daemon, the median of the slowest
   worker's time, checked bit for bit); ``gloo``: torch.distributed's ring
   all-reduce on the same links (homagg.bench.allreduce.gloo_row);
+- calibrates: each testbed through its port before each case
+  (homagg.bench.calibrate.calibrate_port, as ``homagg calibrate --testbed``;
+  its entry written into the calibration file, so the runs' jobs register
+  it; ``--calibrate-every testbed`` once per testbed, ``--no-calibrate``
+  never).  On a loaded host the same run's time moves by 1.2-3x within
+  minutes; a calibration of the minute before the case follows that;
 - predicts: ``homagg advise`` (homagg.ops.advise.advise) for the same W,
-  elements, density, workload, seed and link rate, with this host's
-  calibration (``homagg calibrate``; built-in defaults without one) and
-  the cost model's round trip, the job's cost model the run registers;
-  ``gloo`` is predicted by the advisor's ring;
+  elements, density, workload, seed and link rate, with the coefficients
+  and round trip of the testbed's job (homagg.deploy.local.testbed_job.
+  job_cost: the port's calibration, the codec's, the sharing of the host's
+  cores), the cost model the runs register; ``gloo`` is predicted by the
+  advisor's ring;
 - reports per configuration: predicted_s, measured_s, error
   (predicted / measured - 1) and within_target (|error| <= 25 %), the
   predicted and measured speedup against Gloo, the term the model says
@@ -27,7 +34,7 @@ it:
   row, as homagg bench allreduce).
 
 A configuration is (link rate, workload, density, method): the defaults
-give 2 x 2 x 2 x 4 = 32.  Outputs: a table on stderr, --json the report,
+give 2 x 1 x 3 x 4 = 24.  Outputs: a table on stderr, --json the report,
 --out DIR advise.json/.csv/.md and advise_predicted_vs_measured.png
 (predicted against measured time, log-log, the 25 % band).
 """
@@ -53,26 +60,26 @@ def add_arguments(parser):
     parser.add_argument(
         "--methods",
         type=_list(str),
-        default=["gloo", "dense", "lhc", "auto"],
-        help="comma-separated, of " + ",".join(METHODS) + " (default gloo,dense,lhc,auto)",
+        default=["gloo", "dense", "union", "auto"],
+        help="comma-separated, of " + ",".join(METHODS) + " (default gloo,dense,union,auto)",
     )
     parser.add_argument(
         "--workloads",
         type=_list(str),
-        default=["shared", "zipf"],
-        help="comma-separated, of shared,zipf,random (default shared,zipf)",
+        default=["shared"],
+        help="comma-separated, of shared,zipf,random (default shared)",
     )
     parser.add_argument(
         "--densities",
         type=_list(float),
-        default=[0.01, 0.1],
-        help="comma-separated non-zero fractions (default 0.01,0.1)",
+        default=[1.0, 0.05, 0.0068],
+        help="comma-separated non-zero fractions (default 1,0.05,0.0068)",
     )
     parser.add_argument(
         "--link-mbit",
         type=_list(float),
-        default=[100.0, 1000.0],
-        help="comma-separated link rates, one testbed each (default 100,1000)",
+        default=[1000.0, 10000.0],
+        help="comma-separated link rates, one testbed each (default 1000,10000)",
     )
     parser.add_argument("--workers", type=int, default=4, help="workers W (default 4)")
     parser.add_argument(
@@ -93,6 +100,21 @@ def add_arguments(parser):
         help="name of the testbed this benchmark builds and removes (default benchadv)",
     )
     parser.add_argument("--state-dir", default=None, help="testbed state directory")
+    parser.add_argument(
+        "--calibrate-every",
+        choices=("testbed", "case"),
+        default="case",
+        help="calibrate through the port once per testbed, or again before each case "
+        "(workload, density), so the calibration sees the host's load of the minute "
+        "the case is measured in (default case)",
+    )
+    parser.add_argument(
+        "--no-calibrate",
+        dest="calibrate",
+        action="store_false",
+        help="do not calibrate each testbed through its port first (the jobs then "
+        "register this host's calibration alone, shared)",
+    )
     parser.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
     parser.add_argument(
         "--out",
@@ -151,7 +173,7 @@ def run(args):
     # homagg_row / gloo_row read these from the allreduce benchmark's arguments
     args.payload_bytes, args.pipeline_groups, args.auth = [1024], [ar.PIPELINE_GROUPS], False
     homagg_methods = [m for m in args.methods if m != "gloo"]
-    results, torch_version = [], None
+    results, torch_version, calibrations = [], None, []
     case = ar.Case(args)
     try:
         for link in args.link_mbit:
@@ -160,6 +182,15 @@ def run(args):
             tb = Testbed.up(name, W, link_mbit=link, state_dir=args.state_dir)
             try:
                 no_daemon = ar._start_daemons(tb, args) if homagg_methods else None
+                calibrate = bool(homagg_methods) and not no_daemon
+
+                def model_now(case_name):
+                    port = _calibrate(args, name) if calibrate else None
+                    if port:
+                        calibrations.append({"link_mbit": link, "case": case_name, **port})
+                    return _job_model(tb, name, port)
+
+                model = model_now(None) if args.calibrate_every == "testbed" else None
                 gloo = None
                 if "gloo" in args.methods:
                     try:
@@ -171,8 +202,10 @@ def run(args):
                 try:
                     for wl in args.workloads:
                         for d in args.densities:
+                            if args.calibrate_every == "case":
+                                model = model_now(f"{wl} {d:g}")
                             results += _case(
-                                args, case, tb, name, link, wl, d, gloo, no_daemon, ar, adv
+                                args, case, tb, name, link, wl, d, gloo, no_daemon, ar, adv, model
                             )
                 finally:
                     if gloo is not None and not isinstance(gloo, str):
@@ -201,17 +234,74 @@ def run(args):
         within_target_not_cpu_bound=sum(
             bool(r["within_target"]) for r in ok if r["cpu_bound"] is False
         ),
+        port_calibrations=calibrations,
         results=results,
     )
 
 
-def _case(args, case, tb, name, link, wl, d, gloo, no_daemon, ar, adv):
+def _job_model(tb, name, port):
+    """The coefficients and round trip the testbed's jobs register now
+    (homagg.deploy.local.testbed_job.job_cost), for the predictions."""
+    from homagg import cost as _cost
+    from homagg.deploy.local import testbed_job
+
+    job = testbed_job.job_cost(tb)
+    return {
+        "rtt_ns": job.rtt_ns,
+        "coeffs": {k: getattr(job, k) for k in _cost.COEFFICIENTS},
+        "from": (
+            f"testbed {name}'s job: calibrated through its port, sharing {port['sharing']:g}"
+            if port
+            else f"testbed {name}'s job: {_cost.calibration_path()}, no port calibration"
+        ),
+    }
+
+
+def _calibrate(args, name):
+    """The testbed's calibration through its port (homagg.bench.calibrate.
+    calibrate_port), written into the calibration file as its entry, so
+    that every job of the benchmark on it registers it; None with
+    --no-calibrate or when it failed (the jobs then register this host's
+    calibration alone, shared)."""
+    from homagg import cost as _cost
+    from homagg.bench import calibrate as cal_mod
+
+    if not args.calibrate:
+        return None
+    path = _cost.calibration_path()
+    try:
+        cal = _cost.load_calibration(path)
+        if cal is None:
+            cal = cal_mod.calibrate()
+        entry = cal_mod.calibrate_port(
+            name,
+            args.state_dir,
+            calibration=cal,
+            timeout=args.timeout,
+            progress=lambda m: _progress(f"calibrate {name}: {m}"),
+        )
+        cal_mod.write(cal_mod.add_port(cal, name, entry), path)
+    except Exception as exc:
+        _progress(f"calibration through the port failed: {type(exc).__name__}: {exc}"[:500])
+        return None
+    co = entry["coefficients"]
+    _progress(
+        f"calibrated {name} through its port (sharing {entry['sharing']:g}): "
+        f"pkt_ps {co['pkt_ps']} agg_pkt_ps {co['agg_pkt_ps']} rtt_ns {co['rtt_ns']} -> {path}"
+    )
+    return entry
+
+
+def _case(args, case, tb, name, link, wl, d, gloo, no_daemon, ar, adv, model):
     """The rows of one (link rate, workload, density): every method measured
     and predicted."""
     W, n = args.workers, args.elements
     files, expect = case.prepare(W, wl, d, exact_check=any(m != "gloo" for m in args.methods))
     shared = {"gradient_files": files, "expect": expect}
-    a = adv.advise(W, n, d, link, wl, seed=args.seed)
+    a = adv.advise(
+        W, n, d, link, wl, seed=args.seed, rtt_ns=model["rtt_ns"], coeffs=model["coeffs"]
+    )
+    a["coefficients_from"] = model["from"]
     rows = []
     for m in args.methods:
         base = {

@@ -18,6 +18,12 @@ element and probe; agg_pkt_ps, the engine's per-frame cost
 (hg_bench_engine, 4 workers, 1 KB); pkt_ps, one 1 KB UDP datagram sent and
 received on loopback by this process (kernel and Python call, so an upper
 bound of the C worker's cost).
+
+:func:`calibrate_port` (``homagg calibrate --testbed NAME``) replaces the
+last two for the jobs of one local testbed: it times allreduces through
+that testbed's veth, bridge and daemon port and fits them, with the round
+trip, by homagg.cost.fit_port; :func:`add_port` puts the result into the
+calibration's "ports" section.
 """
 
 from __future__ import annotations
@@ -231,3 +237,163 @@ def write(cal, path) -> str:
         json.dump(cal, f, indent=1)
     os.replace(tmp, path)
     return path
+
+
+# --------------------------------------------------------------------------
+# Through a testbed's port (docs/PROTOCOL.md "The cost model", "Calibration
+# through the port")
+
+# (method, elements, density) of the runs: two dense sizes give the cost of a
+# chunk's frames and the round trip apart, two union runs their index and
+# lanes and, the sparse one, four steps that cost little more than their
+# round trips.
+# Sizes like those of the allreduces users time (starting the workers, not
+# the allreduces, takes most of the half minute): under load a small run's
+# time is mostly noise.
+PORT_RUNS = (
+    ("dense", 1 << 17, 1.0),
+    ("dense", 1 << 20, 1.0),
+    ("union", 1 << 20, 0.05),
+    ("union", 1 << 20, 0.0068),
+)
+PORT_REPEAT = 5
+PORT_WORKLOAD = "random"
+
+
+def model_run(workers, elements, density, link_mbit, method, coeffs, *, block=None, seed=1):
+    """What the model counts for one allreduce before its per-frame terms:
+    ``bytes`` (payload bytes per worker), ``steps`` and ``elem_ps`` (the
+    worker CPU of its elements by ``coeffs``, a core each), from
+    homagg.ops.advise on the same gradients as the run."""
+    from homagg.ops import advise as adv
+
+    bare = {**coeffs, "pkt_ps": 0, "agg_pkt_ps": 0}
+    a = adv.advise(
+        workers,
+        elements,
+        density,
+        link_mbit,
+        PORT_WORKLOAD,
+        rtt_ns=0,
+        coeffs=bare,
+        block=block,
+        seed=seed,
+        methods=(method,),
+    )
+    m = a["methods"][method]
+    return {
+        "bytes": sum(m["bytes"].values()),
+        "steps": m["steps"],
+        "elem_ps": round(m["terms"]["worker_cpu"] * 1e12),
+    }
+
+
+def calibrate_port(
+    testbed: str,
+    state_dir=None,
+    *,
+    calibration=None,
+    runs=PORT_RUNS,
+    repeat=PORT_REPEAT,
+    warmup=1,
+    timeout=30.0,
+    progress=None,
+) -> dict:
+    """Time allreduces through ``testbed``'s real path (the worker client,
+    veth, bridge and the daemon's port, as ``homagg run`` does) and fit the
+    per-frame costs and the round trip (homagg.cost.fit_port).  Returns the
+    entry of the calibration file's "ports" section for this testbed; the
+    codec's coefficients are ``calibration``'s (this host's file, else the
+    built-in defaults)."""
+    import statistics
+
+    from homagg.deploy.local import testbed_job
+    from homagg.deploy.local.testbed import Testbed
+    from homagg.errors import InvalidArgument
+    from homagg.runs.allreduce import run_allreduce
+
+    tb = Testbed.open(testbed, state_dir)
+    link = testbed_job.link_mbit(tb)
+    if not link:
+        raise InvalidArgument(
+            f"testbed {testbed}: its links are not shaped, so a job there has no cost "
+            "model; build it with `homagg testbed up --link-mbit RATE`"
+        )
+    W = len(tb.workers)
+    processes, cores = testbed_job.job_processes(tb), _cost.host_cores()
+    factor = _cost.sharing(processes, cores)
+    coeffs = _cost.coefficients(calibration)
+    t0 = time.monotonic()
+    measured = []
+    for method, n, density in runs:
+        r = run_allreduce(
+            testbed,
+            method,
+            n,
+            density,
+            workload=PORT_WORKLOAD,
+            state_dir=state_dir,
+            repeat=repeat,
+            warmup=warmup,
+            timeout=timeout,
+        )
+        row = {
+            "method": method,
+            "elements": n,
+            "density": density,
+            "seconds": r.seconds,
+            "worker_cpu_s": statistics.median(r.worker_cpu_seconds),
+            "daemon_cpu_s": r.daemon_cpu_seconds or 0.0,
+            **model_run(W, n, density, link, method, coeffs),
+        }
+        measured.append(row)
+        if progress:
+            progress(f"{method} {n} elements at {density:g}: {r.seconds * 1e3:.2f} ms")
+    fit = _cost.fit_port(measured, workers=W, payload_bytes=1024, link_mbit=link, factor=factor)
+    job = _cost.job_cost(
+        link,
+        fit["rtt_ns"],
+        coeffs={**coeffs, "pkt_ps": fit["pkt_ps"], "agg_pkt_ps": fit["agg_pkt_ps"]},
+        sharing=factor,
+    )
+    for row in measured:
+        row["predicted_s"] = predicted_seconds(row, job, W)
+    return {
+        "workers": W,
+        "processes": processes,
+        "cores": cores,
+        "sharing": float(factor),
+        "link_mbit": link,
+        "payload_bytes": 1024,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "seconds": round(time.monotonic() - t0, 3),
+        "coefficients": {k: fit[k] for k in _cost.PORT_FIELDS},
+        "worker_share": round(fit["worker_share"], 4),
+        "runs": measured,
+    }
+
+
+def predicted_seconds(row, c: _cost.Cost, workers, *, block=None, seed=1) -> float:
+    """``homagg advise``'s time of a calibration run's allreduce under the
+    job's cost model ``c`` (the one a job on the testbed registers)."""
+    from homagg.ops import advise as adv
+
+    a = adv.advise(
+        workers,
+        row["elements"],
+        row["density"],
+        c.link_mbit,
+        PORT_WORKLOAD,
+        rtt_ns=c.rtt_ns,
+        coeffs={k: getattr(c, k) for k in _cost.COEFFICIENTS},
+        block=block,
+        seed=seed,
+        methods=(row["method"],),
+    )
+    return a["methods"][row["method"]]["time_s"]
+
+
+def add_port(cal, testbed: str, entry: dict) -> dict:
+    """``cal`` with ``entry`` as its testbed's port calibration."""
+    _cost.check_port(entry, f"ports.{testbed}")
+    return {**cal, "ports": {**(cal.get("ports") or {}), testbed: entry}}

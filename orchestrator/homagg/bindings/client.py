@@ -57,7 +57,7 @@ def client_destroy(c):
     ffi.release(c)  # runs hg_client_destroy now
 
 
-def client_params(block, workers, worker, flags, seed, nc_levels):
+def client_params(block, workers, worker, flags, seed, nc_levels, divisor=0.0):
     """A ``struct hg_params *`` as hg_client_allreduce takes it (the client
     checks it)."""
     return ffi.new(
@@ -69,6 +69,7 @@ def client_params(block, workers, worker, flags, seed, nc_levels):
             "flags": flags,
             "seed": seed,
             "nc_levels": nc_levels,
+            "divisor": divisor,
         },
     )
 

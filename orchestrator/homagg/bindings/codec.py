@@ -125,9 +125,12 @@ def params_new(
     nc_levels=0,
     sketch_cells_per_candidate=0.0,
     cost=None,
+    divisor=0.0,
 ):
     """A ``struct hg_params *`` (checked in Python, then by hg_params_check);
-    ``cost``: the fields of its ``struct hg_cost`` (a dict), None = none."""
+    ``cost``: the fields of its ``struct hg_cost`` (a dict), None = none;
+    ``divisor``: the decoders' result is the sum / divisor in float32 (0: the
+    sum)."""
     block = DEFAULT_BLOCK if block is None else block
     for name, v in (
         ("block", block),
@@ -167,6 +170,7 @@ def params_new(
             nc_levels=nc_levels,
             sketch_cells_per_candidate=cells,
             cost=dict(cost or {}),
+            divisor=float(divisor),
         ),
     )
     codec_isa()  # a bad HOMAGG_CODEC_ISA refuses here, by name

@@ -28,6 +28,8 @@ JOB_FIELDS = (
     "up",
     "up_shard",
     "up_worker",
+    "up_base",
+    "up_leaves",
     "up_ipv4",
     "up_port",
     "up_group",

@@ -21,6 +21,12 @@ examples:
   homagg advise --workers 4 --elements 1000000 --density 0.05 --link-mbit 100 --workload zipf --json
   homagg advise --model ncf --workers 8 --link-mbit 1000
   homagg advise --model mymodel.py:build --bucket-mb 4 --json
+  homagg advise --testbed demo --workers 4 --elements 1000000 --density 1 --link-mbit 1000
+
+--testbed NAME predicts for a job on that local testbed as it registers
+its cost model: the testbed's calibration through its port (`homagg
+calibrate --testbed NAME`) and its CPU coefficients scaled by the sharing
+of the host's cores recorded with it.
 """
 
 import json
@@ -95,6 +101,13 @@ def add_arguments(p) -> None:
         help="simulate at most this many elements and scale (default 2097152, "
         "and W x sample <= 8388608)",
     )
+    p.add_argument(
+        "--testbed",
+        metavar="NAME",
+        default=None,
+        help="predict for a job on this local testbed: its calibration through the port "
+        "(`homagg calibrate --testbed NAME`) and the sharing of its host's cores",
+    )
     p.add_argument("--json", action="store_true", help="print the prediction as JSON")
 
 
@@ -138,34 +151,51 @@ def main(args) -> int:
     if missing:
         _usage(f"the following arguments are required without --model: {', '.join(missing)}")
     try:
+        coeffs, rtt_ns, source = _testbed(args, adv, args.workers)
         a = adv.advise(
             args.workers,
             args.elements,
             args.density,
             args.link_mbit,
             args.workload or "shared",
-            rtt_ns=None if args.rtt_us is None else round(args.rtt_us * 1000),
             payload_bytes=args.payload_bytes,
             block=args.block,
             seed=args.seed,
             sample_elements=args.sample_elements or adv.DEFAULT_SAMPLE,
+            rtt_ns=rtt_ns,
+            coeffs=coeffs,
         )
     except HomAggError as e:
         print(f"homagg advise: {e}", file=sys.stderr)
         return 2
+    if source:
+        a["coefficients_from"] = source
     print(json.dumps(a, indent=1) if args.json else adv.render(a))
     return 0
+
+
+def _testbed(args, adv, workers):
+    """(coefficients, round trip, where from) of --testbed's job; without
+    it (None, --rtt-us or None, None): this host's calibration.  --rtt-us
+    wins over the testbed's round trip."""
+    rtt = None if args.rtt_us is None else round(args.rtt_us * 1000)
+    if not args.testbed:
+        return None, rtt, None
+    coeffs, rtt_ns, source = adv.testbed_model(args.testbed, workers)
+    return coeffs, rtt_ns if rtt is None else rtt, source
 
 
 def _main_model(args, adv) -> int:
     from homagg.ops import advise_model as am
 
     try:
+        coeffs, rtt_ns, source = _testbed(args, adv, args.workers or 4)
         a = am.advise_model(
             args.model,
             args.workers or 4,
             args.link_mbit or 1000.0,
-            rtt_ns=None if args.rtt_us is None else round(args.rtt_us * 1000),
+            coeffs=coeffs,
+            rtt_ns=rtt_ns,
             payload_bytes=args.payload_bytes,
             block=args.block,
             seed=args.seed,
@@ -182,5 +212,7 @@ def _main_model(args, adv) -> int:
             file=sys.stderr,
         )
         return 2
+    if source:
+        a["coefficients_from"] = source
     print(json.dumps(a, indent=1) if args.json else am.render(a))
     return 0

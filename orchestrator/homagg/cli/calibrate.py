@@ -13,8 +13,21 @@ that `homagg up -i` / `run -i` / `train -i` then creates registers the
 slowest of those calibrations, coefficient by coefficient (while every
 worker host has one; else the calibration of the host creating the job).
 
+With --testbed NAME (root) it times allreduces through that local
+testbed's real path instead (the worker client, veth, bridge and the
+daemon's port: two dense allreduces and two union ones, about half a
+minute) and fits the per-frame worker and aggregator costs and the round
+trip, so that the model's prediction matches them on that testbed; they
+go into the same file, as the testbed's entry of its "ports" section
+(keeping the codec's coefficients; measured first when there are none),
+and every job created on that testbed afterwards registers them, scaled by
+the sharing of this host's cores among the job's processes; the standing
+job of `homagg testbed up` gets them in its job file (the ranks read it
+when they start).
+
 examples:
   homagg calibrate
+  sudo homagg calibrate --testbed demo
   homagg calibrate --json --out /tmp/calibration.json
   homagg calibrate -i testbed.toml
 """
@@ -47,6 +60,13 @@ def add_arguments(p) -> None:
         help="runs of each timing, the best is kept (default: %(default)s)",
     )
     p.add_argument(
+        "--testbed",
+        metavar="NAME",
+        default=None,
+        help="calibrate the per-frame costs through this local testbed's port (root)",
+    )
+    p.add_argument("--state-dir", default=None, help="testbed state directory (with --testbed)")
+    p.add_argument(
         "-i",
         "--inventory",
         metavar="TOML",
@@ -58,6 +78,8 @@ def add_arguments(p) -> None:
 def main(args) -> int:
     if args.inventory:
         return _remote(args)
+    if args.testbed:
+        return _port(args)
     cal = measure.calibrate(args.elements, args.repeat)
     path = measure.write(cal, args.out or cost.calibration_path())
     if args.json:
@@ -108,3 +130,50 @@ def _remote(args) -> int:
             "hosts' calibrations"
         )
     return 0
+
+
+def _port(args) -> int:
+    from homagg.errors import HomAggError
+
+    path = args.out or cost.calibration_path()
+    try:
+        cal = cost.load_calibration(path)
+        if cal is None:
+            cal = measure.calibrate(args.elements, args.repeat)
+        entry = measure.calibrate_port(
+            args.testbed,
+            args.state_dir,
+            calibration=cal,
+            progress=lambda m: print(f"calibrate {args.testbed}: {m}", file=sys.stderr),
+        )
+        measure.write(measure.add_port(cal, args.testbed, entry), path)
+        job_path = _refresh_job(args)
+    except HomAggError as e:
+        print(f"homagg calibrate: {e}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps({**entry, "file": path, "job_file": job_path}, indent=1))
+        return 0
+    co = entry["coefficients"]
+    print(
+        f"testbed {args.testbed}: {entry['workers']} workers and {entry['processes'] - entry['workers']} "
+        f"daemon(s) on {entry['cores']} cores (sharing {entry['sharing']:g}): pkt_ps "
+        f"{co['pkt_ps']} agg_pkt_ps {co['agg_pkt_ps']} rtt_ns {co['rtt_ns']} "
+        f"(a core each): {path}"
+    )
+    for r in entry["runs"]:
+        print(
+            f"  {r['method']:6s} {r['elements']:8d} at {r['density']:<6g} measured "
+            f"{r['seconds'] * 1e3:8.2f} ms, predicted {r['predicted_s'] * 1e3:8.2f} ms"
+        )
+    if job_path:
+        print(f"the testbed's job registers it from now on: {job_path}")
+    return 0
+
+
+def _refresh_job(args):
+    """The testbed's standing job given the new cost model (its job file)."""
+    from homagg.deploy.local import testbed_job
+    from homagg.deploy.local.testbed import Testbed
+
+    return testbed_job.refresh_cost(Testbed.open(args.testbed, args.state_dir))

@@ -169,6 +169,11 @@ class Placement(abc.ABC):
         placement fills in "out", "report" and its barrier fields), with
         ``env[i]`` added to its environment; returns their PIDs."""
 
+    def stop_worker(self, i: int) -> None:
+        """Stop worker i's process (run option ``fail_workers``; a placement
+        that cannot refuses the option in ``refusals``)."""
+        raise NotImplementedError("fail_workers")
+
     @abc.abstractmethod
     def wait_ready(self, timeout: float) -> list[str]:
         """Wait until every worker reached its next barrier: the failures

@@ -177,12 +177,43 @@ def job_model(link_mbit, rtt_ns=None, payload_bytes=1024, calibration=None, coef
     return _cost.Cost(**{**job.fields(), "payload_bytes": int(payload_bytes)}), source
 
 
-def predict(grads, elements, c: _cost.Cost, *, block, seed=1) -> dict:
+def testbed_model(testbed: str, workers: int, calibration=None):
+    """(coefficients, rtt_ns, where from) of a job on the local testbed
+    ``testbed`` with ``workers`` workers: this host's calibration with the
+    testbed's entry of its "ports" section (``homagg calibrate --testbed``),
+    every CPU coefficient scaled by the sharing recorded there, as the
+    testbed's job creation does (homagg.deploy.local.testbed_job.job_cost)."""
+    path = _cost.calibration_path()
+    if calibration is None:
+        calibration = _cost.load_calibration(path)
+    entry = _cost.port_calibration(calibration, testbed)
+    if entry is None:
+        raise InvalidArgument(
+            f"--testbed {testbed}: {path} has no calibration of that testbed; "
+            f"run `homagg calibrate --testbed {testbed}` first"
+        )
+    port = _cost.port_coefficients(calibration, testbed, workers)
+    if port is None:
+        raise InvalidArgument(
+            f"--testbed {testbed}: calibrated with {entry['workers']} workers, not {workers}; "
+            f"give --workers {entry['workers']} or calibrate it again"
+        )
+    coeffs, rtt_ns = port
+    factor = _cost.sharing(entry["processes"], entry["cores"])
+    return (
+        _cost.shared(coeffs, factor),
+        rtt_ns,
+        f"testbed {testbed} calibrated through its port ({path}), sharing {float(factor):g}",
+    )
+
+
+def predict(grads, elements, c: _cost.Cost, *, block, seed=1, methods=METHODS) -> dict:
     """Ring all-reduce and every method on the workers' float32 gradients
     ``grads`` (one array each, the same length n), standing for an
     allreduce of ``elements`` elements (n or fewer: bytes and element
-    counts are scaled by elements / n).  A dict with "ring", "methods",
-    "best", "index_plan", "simulated_elements" and "scale"."""
+    counts are scaled by elements / n).  A dict with "ring", "methods"
+    (those of ``methods``, default all), "best", "index_plan",
+    "simulated_elements" and "scale"."""
     import numpy as np
 
     from homagg import codec, protocol
@@ -208,7 +239,9 @@ def predict(grads, elements, c: _cost.Cost, *, block, seed=1) -> dict:
         "ring": rg,
         "methods": {},
     }
-    for m in METHODS:
+    for m in methods:
+        if m not in METHODS:
+            raise InvalidArgument(f"method {m!r}: one of {', '.join(METHODS)}")
         st = codec.simulate_allreduce(
             grads, m, seed=seed, block_elements=block, cost=c.fields()
         ).stats
@@ -255,8 +288,10 @@ def advise(
     sample_elements=DEFAULT_SAMPLE,
     calibration=None,
     coeffs=None,
+    methods=METHODS,
 ) -> dict:
-    """The prediction as a dict (the JSON of ``homagg advise --json``)."""
+    """The prediction as a dict (the JSON of ``homagg advise --json``);
+    ``methods`` the HomAgg methods predicted (default all)."""
     from homagg import codec
     from homagg.bench import workloads
 
@@ -273,7 +308,7 @@ def advise(
     block = int(block or codec.DEFAULT_BLOCK)
     n = _sample_size(int(elements), workers, block, int(sample_elements))
     grads = workloads.generate_all(workload, workers, n, density, seed)
-    pred = predict(grads, int(elements), c, block=block, seed=seed)
+    pred = predict(grads, int(elements), c, block=block, seed=seed, methods=methods)
     out = {
         "workers": workers,
         "elements": int(elements),

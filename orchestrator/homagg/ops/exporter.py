@@ -41,6 +41,8 @@ EVENT_METRICS = {
     "up_status": ("up_status", "tree leaf: STATUS frames from the root"),
     "up_abandoned": ("up_abandoned", "tree leaf: forwarded sets no longer resent"),
     "up_root_restarts": ("up_root_restarts", "tree leaf: root incarnation changes"),
+    "up_reports": ("up_reports", "tree leaf: reports of its missing workers sent up"),
+    "leaf_reports": ("leaf_reports", "tree root: leaf reports of missing workers taken"),
 }
 
 WORKER_METRICS = {

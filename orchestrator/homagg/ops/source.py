@@ -34,6 +34,8 @@ NOT_DROPS = frozenset(
         "up_status",
         "up_abandoned",
         "up_root_restarts",
+        "up_reports",
+        "leaf_reports",
     }
 )
 

@@ -251,6 +251,7 @@ def run_allreduce(
     idle_us: int | None = None,
     idle_polls: int | None = None,
     fail_aggregators: tuple = (),
+    fail_workers: tuple = (),
     aggregators: int | None = None,
     repeat: int = 1,
     warmup: int = 0,
@@ -278,6 +279,9 @@ def run_allreduce(
     receives (fault injection; retransmissions repair it).
     ``fail_aggregators`` (host names, e.g. ("agg1",)) are stopped once the
     job is registered on them: the workers' error must name them.
+    ``fail_workers`` (worker numbers) are stopped once ready, before the
+    allreduce starts: the other workers' errors must name them (in a tree
+    too, docs/PROTOCOL.md "Who is missing in a tree").
     ``aggregators`` N spreads the job over the placement's first N aggregator
     hosts (default: all of them; N - 1 is the re-run without a dead one).
     ``idle_us`` / ``idle_polls``: the daemon's idle backoff (None: the
@@ -341,6 +345,8 @@ def run_allreduce(
             idle_us=idle_us,
             idle_polls=idle_polls,
             fail_aggregators=tuple(fail_aggregators),
+            fail_workers=tuple(fail_workers),
+            workers=W,
             gradient_files=gradient_files,
             aggregators=count,
         )
@@ -465,6 +471,8 @@ def run_allreduce(
         for s in sws:
             if s.host in fail_aggregators:
                 s.stop()
+        for i in fail_workers:
+            pl.stop_worker(i)
         link0 = [pl.link_stats(n) for n in pl.workers]
         agg_link0 = [pl.link_stats(s.host) for s in sws]
         t0 = time.perf_counter()

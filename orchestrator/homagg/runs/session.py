@@ -77,6 +77,7 @@ NOT_FRAME_OUTCOMES = frozenset(
         "up_retransmissions",
         "up_abandoned",
         "up_root_restarts",
+        "up_reports",
     }
 )
 PORT_OUTCOMES = ("drop_injected", "drop_segmented", "arp_replies", "arp_other", "rx")

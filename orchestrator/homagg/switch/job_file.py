@@ -380,6 +380,9 @@ def register_tree(
                     "mac": root_mac,
                     "worker": k,
                     "rto_us": max(1, int(rto * 1e6)),
+                    # who is missing in a tree (PROTOCOL.md): its first worker, L
+                    "base": k * workers // leaves,
+                    "leaves": leaves,
                 }
                 req.update(
                     workers=tree_leaf(k * workers // leaves, workers, leaves)[2],

@@ -7,10 +7,12 @@ RUNS_DIR/<timestamp>-<label>/ first, as on inventory hosts)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pathlib
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -101,6 +103,9 @@ class TestbedPlacement(Placement):
                 f"fail_aggregators: no aggregator host {sorted(unknown)} (the run uses "
                 f"{[a.name for a in self.aggregators[: options['aggregators']]]})"
             )
+        bad = [i for i in options.get("fail_workers") or () if not 0 <= i < options["workers"]]
+        if bad:
+            out.append(f"fail_workers: no worker {bad} (the run has 0..{options['workers'] - 1})")
         shared = set(self.tb.state().get("daemons", {}))
         if set(fail) & shared:
             out.append(
@@ -204,8 +209,17 @@ class TestbedPlacement(Placement):
                 failures.append(f"host '{name}': {line!r} {_stderr(p)}")
         return failures
 
+    def stop_worker(self, i):
+        # SIGKILL, its pipes left open: collect() reads its exit as any other
+        p = self.procs[i]
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.pid, signal.SIGKILL)
+        p.popen.wait(10)
+
     def go(self):
         for p in self.procs:
+            if p.popen.poll() is not None:
+                continue  # stopped (fail_workers): it reports its exit
             p.popen.stdin.write("go\n")
             p.popen.stdin.flush()
 

@@ -49,13 +49,33 @@ def link_mbit(tb: Testbed) -> int:
     return max(1, int(min(rates))) if rates else 0
 
 
+def job_processes(tb: Testbed) -> int:
+    """The busy processes of a job on the testbed: its ranks and the
+    daemon of every aggregator host, all on this host's cores."""
+    return len(tb.workers) + max(1, len(tb.aggregators))
+
+
 def job_cost(tb: Testbed, cost_model: bool = True):
-    """The cost model a job on this testbed registers: its link rate and
-    this host's calibration (homagg.cost.job_cost); ``cost_model`` False
-    (or unshaped links): none, choices by bytes."""
+    """The cost model a job on this testbed registers: its link rate, this
+    host's calibration (homagg.cost.job_cost) with the per-frame costs and
+    the round trip fitted through this testbed's port when it has been
+    calibrated (`homagg calibrate --testbed NAME`, with as many workers),
+    every CPU coefficient scaled by the sharing of this host's cores among
+    the job's processes (homagg.cost.sharing; docs/PROTOCOL.md "The cost
+    model", "Shared cores").  ``cost_model`` False (or unshaped links):
+    none, choices by bytes."""
     from homagg import cost
 
-    return cost.job_cost(link_mbit(tb) if cost_model else 0)
+    link = link_mbit(tb) if cost_model else 0
+    if not link:
+        return cost.Cost()
+    cal = cost.load_calibration()
+    factor = cost.sharing(job_processes(tb), cost.host_cores())
+    port = cost.port_coefficients(cal, tb.name, len(tb.workers))
+    if port is None:
+        return cost.job_cost(link, coeffs=cost.coefficients(cal), sharing=factor)
+    coeffs, rtt_ns = port
+    return cost.job_cost(link, rtt_ns, coeffs=coeffs, sharing=factor)
 
 
 def start(
@@ -134,6 +154,27 @@ def controls(tb: Testbed, workdir: str | None = None) -> list:
     from homagg.switch.daemon import Switch
 
     return [Switch(tb, workdir or tb.files_dir, host=h.name).control for h in tb.aggregators]
+
+
+def refresh_cost(tb: Testbed) -> str | None:
+    """Give the testbed's standing job (`homagg testbed up`'s) the cost
+    model a job created now registers (job_cost: after `homagg calibrate
+    --testbed`, the port's calibration), in its job file, which the ranks
+    read when they start; the daemons keep no cost.  A job registered
+    without a cost model keeps none.  Returns the job file's path, or None
+    when there is no job or it has no model."""
+    from homagg import cost
+
+    current = job(tb)
+    if current is None or not cost.as_cost(current.get("cost")).timed:
+        return None
+    path = current["file"]
+    fields = {k: v for k, v in current.items() if k != "file"}
+    fields["cost"] = job_cost(tb).fields()
+    tmp = f"{path}.tmp{os.getpid()}"
+    job_file.write_job_file(tmp, **fields)
+    os.replace(tmp, path)  # a rank starting now reads the old file or the new one
+    return path
 
 
 def renew(tb: Testbed) -> dict:

@@ -42,6 +42,7 @@ _DEFAULTS = {
     "idle_us": None,
     "idle_polls": None,
     "fail_aggregators": (),
+    "fail_workers": (),
     "gradient_files": None,
 }
 
@@ -178,6 +179,7 @@ class InventoryPlacement(Placement):
             "idle_us": f"{_UP_DAEMON}; the idle backoff is the daemon's",
             "idle_polls": f"{_UP_DAEMON}; the idle backoff is the daemon's",
             "fail_aggregators": f"{_UP_DAEMON}; a run does not stop them",
+            "fail_workers": "a run on inventory hosts does not stop its workers",
             "gradient_files": "gradient files are paths on this machine; the worker hosts "
             "build their gradients from the seed",
         }

@@ -1,0 +1,289 @@
+"""The cost model on a testbed (docs/PROTOCOL.md "The cost model", "Shared
+cores" and "Calibration through the port"): the fit of the per-frame costs
+and the round trip gives back the coefficients of runs the model itself
+produced, the sharing of a host's cores scales every CPU coefficient of a
+testbed's job, a bad "ports" entry is named, and on a real testbed
+`homagg calibrate --testbed` writes a well-formed entry that the testbed's
+jobs then register."""
+
+import json
+import os
+from fractions import Fraction
+
+import pytest
+
+from helpers import require
+from homagg import cost
+from homagg.errors import InvalidArgument
+
+CODEC = {
+    "pkt_ps": 2_000_000,
+    "agg_pkt_ps": 150_000,
+    "value_ps": 1_000,
+    "lane_ps": 7_000,
+    "bitmap_ps": 400,
+    "probe_ps": 2_100,
+}
+
+
+def _calibration(ports=None):
+    cal = {"version": cost.CALIBRATION_VERSION, "isa": "portable", "paths": {"portable": CODEC}}
+    if ports is not None:
+        cal["ports"] = ports
+    return cal
+
+
+def _synthetic(pkt, agg, rtt_ns, *, W, factor, link, P=1024):
+    """Runs as the model of homagg.cost.fit_port describes them, with the
+    CPU each process would report: a worker its elements and pkt per chunk,
+    the daemon W * agg per chunk (a core each)."""
+    f = Fraction(factor)
+    runs = []
+    # (payload bytes per worker, steps, element CPU ps): two dense sizes, a union
+    for nbytes, steps, elem in (
+        (266_240, 2, 65_536_000),
+        (1_064_960, 2, 262_144_000),
+        (270_000, 4, 140_000_000),
+    ):
+        chunks = Fraction(nbytes, P)
+        ps = (
+            nbytes * Fraction(8 * 10**6, link) * (1 + Fraction(98) / P)
+            + f * elem
+            + chunks * f * (pkt + W * agg)
+            + steps * 1000 * rtt_ns
+        )
+        runs.append(
+            {
+                "seconds": float(ps / 10**12),
+                "bytes": nbytes,
+                "steps": steps,
+                "elem_ps": elem,
+                "worker_cpu_s": float((elem + chunks * pkt) / 10**12),
+                "daemon_cpu_s": float(chunks * W * agg / 10**12),
+            }
+        )
+    return runs
+
+
+@pytest.mark.parametrize(
+    "pkt,agg,rtt_ns,W,factor,link",
+    [
+        (4_300_000, 950_000, 480_000, 4, Fraction(5, 2), 1000),
+        (2_000_000, 150_000, 100_000, 2, 1, 10000),
+        (7_123_457, 1_234_567, 2_345_678, 8, Fraction(9, 2), 100),
+    ],
+)
+def test_fit_gives_back_the_coefficients_of_model_made_runs(pkt, agg, rtt_ns, W, factor, link):
+    runs = _synthetic(pkt, agg, rtt_ns, W=W, factor=factor, link=link)
+    fit = cost.fit_port(runs, workers=W, payload_bytes=1024, link_mbit=link, factor=factor)
+    assert (fit["pkt_ps"], fit["agg_pkt_ps"], fit["rtt_ns"]) == (pkt, agg, rtt_ns)
+    assert fit["worker_share"] == pytest.approx(pkt / (pkt + W * agg), rel=1e-9)
+
+
+def test_fit_never_gives_a_negative_round_trip():
+    # runs that shrink with their steps: the round trip is 0, F fitted alone
+    runs = _synthetic(3_000_000, 500_000, 0, W=4, factor=2, link=1000)
+    runs[2]["seconds"] *= 0.5
+    fit = cost.fit_port(runs, workers=4, payload_bytes=1024, link_mbit=1000, factor=2)
+    assert fit["rtt_ns"] == 0 and fit["pkt_ps"] > 0 and fit["agg_pkt_ps"] > 0
+    with pytest.raises(InvalidArgument, match="at least two runs"):
+        cost.fit_port(runs[:1], workers=4, payload_bytes=1024, link_mbit=1000)
+
+
+def test_sharing_scales_every_cpu_coefficient():
+    assert cost.sharing(5, 2) == Fraction(5, 2)
+    assert cost.sharing(3, 4) == 1  # a core each: nothing to scale
+    with pytest.raises(InvalidArgument, match="sharing"):
+        cost.sharing(0, 2)
+    assert cost.shared(CODEC, Fraction(5, 2)) == {
+        "pkt_ps": 5_000_000,
+        "agg_pkt_ps": 375_000,
+        "value_ps": 2_500,
+        "lane_ps": 17_500,
+        "bitmap_ps": 1_000,
+        "probe_ps": 5_250,
+    }
+    assert cost.shared({**CODEC, "value_ps": 999_999}, 3)["value_ps"] == cost.MAX_ELEM_PS
+    job = cost.job_cost(1000, 50_000, coeffs=CODEC, sharing=Fraction(3, 2))
+    assert (job.pkt_ps, job.value_ps, job.rtt_ns) == (3_000_000, 1_500, 50_000)
+    assert cost.job_cost(1000, coeffs=CODEC) == cost.Cost(link_mbit=1000, rtt_ns=100_000, **CODEC)
+
+
+class _Testbed:
+    """What testbed_job.job_cost reads of a testbed."""
+
+    def __init__(self, name, workers, aggregators=1, link=1000):
+        self.name = name
+        self.workers = [f"w{i}" for i in range(workers)]
+        self.aggregators = [f"agg{i}" for i in range(aggregators)]
+        self._link = link
+
+    def state(self):
+        return {"link_mbit": self._link}
+
+
+def test_a_testbed_job_registers_its_port_calibration_shared(tmp_path, monkeypatch):
+    from homagg.deploy.local import testbed_job
+
+    entry = {
+        "workers": 4,
+        "processes": 5,
+        "cores": 2,
+        "coefficients": {"pkt_ps": 4_398_373, "agg_pkt_ps": 946_239, "rtt_ns": 481_452},
+    }
+    path = tmp_path / "cal.json"
+    path.write_text(json.dumps(_calibration({"tb1": entry})))
+    monkeypatch.setenv(cost.CALIBRATION_ENV, str(path))
+    monkeypatch.delenv("HOMAGG_CODEC_ISA", raising=False)
+    monkeypatch.setattr(cost, "host_cores", lambda: 2)
+    job = testbed_job.job_cost(_Testbed("tb1", 4))
+    want = cost.shared({**CODEC, "pkt_ps": 4_398_373, "agg_pkt_ps": 946_239}, Fraction(5, 2))
+    assert {k: getattr(job, k) for k in cost.COEFFICIENTS} == want
+    assert (job.link_mbit, job.rtt_ns) == (1000, 481_452)
+    # another testbed, or this one with other workers: the codec's, shared
+    for tb, factor in ((_Testbed("tb2", 4), Fraction(5, 2)), (_Testbed("tb1", 2), Fraction(3, 2))):
+        job = testbed_job.job_cost(tb)
+        assert {k: getattr(job, k) for k in cost.COEFFICIENTS} == cost.shared(CODEC, factor)
+        assert job.rtt_ns == cost.DEFAULT_RTT_NS
+    # a core each: nothing scaled
+    monkeypatch.setattr(cost, "host_cores", lambda: 64)
+    job = testbed_job.job_cost(_Testbed("tb2", 4))
+    assert {k: getattr(job, k) for k in cost.COEFFICIENTS} == CODEC
+    assert testbed_job.job_cost(_Testbed("tb1", 4), cost_model=False) == cost.Cost()
+
+
+def test_a_bad_port_entry_is_named(tmp_path):
+    good = {
+        "workers": 4,
+        "processes": 5,
+        "cores": 2,
+        "coefficients": {"pkt_ps": 1, "agg_pkt_ps": 2, "rtt_ns": 3},
+    }
+    cost.check_calibration(_calibration({"tb": good}))
+    for bad, field in (
+        ({**good, "cores": 0}, "ports.tb.cores"),
+        (
+            {**good, "coefficients": {"pkt_ps": 1, "agg_pkt_ps": -2, "rtt_ns": 3}},
+            "ports.tb.coefficients.agg_pkt_ps",
+        ),
+        ({**good, "coefficients": {"pkt_ps": 1, "agg_pkt_ps": 2}}, "ports.tb.coefficients.rtt_ns"),
+    ):
+        p = tmp_path / "bad.json"
+        p.write_text(json.dumps(_calibration({"tb": bad})))
+        with pytest.raises(InvalidArgument, match=field.replace(".", r"\.")):
+            cost.load_calibration(str(p))
+    with pytest.raises(InvalidArgument, match="'ports' must be an object"):
+        cost.check_calibration({**_calibration(), "ports": [good]})
+
+
+@pytest.mark.root
+@pytest.mark.netns
+@pytest.mark.slow
+def test_calibrate_testbed_writes_an_entry_its_jobs_register(tmp_path, monkeypatch, capsys):
+    from homagg import cli
+    from homagg.bench import calibrate
+    from homagg.deploy.local import testbed_job
+    from homagg.deploy.local.testbed import Testbed
+    from homagg.ops import advise as adv
+
+    require(os.geteuid() == 0, "needs root (network namespaces)")
+    path = tmp_path / "cal.json"
+    path.write_text(json.dumps(_calibration()))
+    monkeypatch.setenv(cost.CALIBRATION_ENV, str(path))
+    monkeypatch.delenv("HOMAGG_CODEC_ISA", raising=False)
+    name = f"pc{os.getpid() % 100000}"
+    state = str(tmp_path / "state")
+    W = 2
+    tb = Testbed.up(name, W, link_mbit=1000, state_dir=state)
+    try:
+        testbed_job.start(tb)  # its standing job, as `homagg testbed up` registers it
+        before = testbed_job.job(tb)["cost"]
+        assert before == testbed_job.job_cost(tb).fields()  # the codec's, shared
+        rc = cli.main(["calibrate", "--testbed", name, "--state-dir", state, "--json"])
+        printed = json.loads(capsys.readouterr().out)
+        assert rc == 0
+        cal = cost.load_calibration(str(path))  # well formed, or it raises
+        assert cal["paths"] == {"portable": CODEC}  # the codec's kept
+        entry = cal["ports"][name]
+        assert printed["file"] == str(path) and printed["coefficients"] == entry["coefficients"]
+        assert (entry["workers"], entry["processes"], entry["cores"]) == (
+            W,
+            W + 1,
+            cost.host_cores(),
+        )
+        factor = cost.sharing(W + 1, cost.host_cores())
+        assert entry["sharing"] == float(factor) and entry["link_mbit"] == 1000
+        runs = entry["runs"]
+        assert [(r["method"], r["elements"], r["density"]) for r in runs] == list(
+            calibrate.PORT_RUNS
+        )
+        # the fit is the one of the runs recorded
+        fit = cost.fit_port(runs, workers=W, payload_bytes=1024, link_mbit=1000, factor=factor)
+        assert {k: fit[k] for k in cost.PORT_FIELDS} == entry["coefficients"]
+        # the jobs of the testbed register it, shared; its runs' predictions are advise's
+        job = testbed_job.job_cost(Testbed.open(name, state))
+        want = cost.shared(
+            {
+                **CODEC,
+                "pkt_ps": entry["coefficients"]["pkt_ps"],
+                "agg_pkt_ps": entry["coefficients"]["agg_pkt_ps"],
+            },
+            factor,
+        )
+        assert {k: getattr(job, k) for k in cost.COEFFICIENTS} == want
+        assert job.rtt_ns == entry["coefficients"]["rtt_ns"]
+        # the standing job's file now holds it too (the daemons keep no cost)
+        assert printed["job_file"] == testbed_job.job(tb)["file"]
+        assert testbed_job.job(tb)["cost"] == job.fields() != before
+        for r in runs:
+            assert r["seconds"] > 0 and r["bytes"] > 0 and r["daemon_cpu_s"] >= 0
+            a = adv.advise(
+                W,
+                r["elements"],
+                r["density"],
+                1000,
+                "random",
+                rtt_ns=job.rtt_ns,
+                coeffs=want,
+                methods=(r["method"],),
+            )
+            assert r["predicted_s"] == pytest.approx(a["methods"][r["method"]]["time_s"], rel=1e-12)
+    finally:
+        Testbed.down(name, state_dir=state)
+
+
+def test_advise_for_a_testbed_predicts_with_its_jobs_coefficients(tmp_path, monkeypatch, capsys):
+    from homagg import cli
+    from homagg.ops import advise as adv
+
+    entry = {
+        "workers": 4,
+        "processes": 5,
+        "cores": 2,
+        "coefficients": {"pkt_ps": 4_398_373, "agg_pkt_ps": 946_239, "rtt_ns": 481_452},
+    }
+    path = tmp_path / "cal.json"
+    path.write_text(json.dumps(_calibration({"tb1": entry})))
+    monkeypatch.setenv(cost.CALIBRATION_ENV, str(path))
+    monkeypatch.delenv("HOMAGG_CODEC_ISA", raising=False)
+    argv = ["advise", "--workers", "4", "--elements", "65536", "--density", "0.05"]
+    argv += ["--link-mbit", "1000", "--json", "--testbed", "tb1"]
+    assert cli.main(argv) == 0
+    got = json.loads(capsys.readouterr().out)
+    coeffs = cost.shared({**CODEC, "pkt_ps": 4_398_373, "agg_pkt_ps": 946_239}, Fraction(5, 2))
+    want = adv.advise(4, 65536, 0.05, 1000, "shared", rtt_ns=481_452, coeffs=coeffs)
+    assert got["coefficients"] == coeffs and got["rtt_ns"] == 481_452
+    assert {m: r["time_s"] for m, r in got["methods"].items()} == {
+        m: r["time_s"] for m, r in want["methods"].items()
+    }
+    assert "testbed tb1" in got["coefficients_from"] and "sharing 2.5" in got["coefficients_from"]
+    # --rtt-us still wins
+    assert cli.main(argv + ["--rtt-us", "50"]) == 0
+    assert json.loads(capsys.readouterr().out)["rtt_ns"] == 50_000
+    # not calibrated, or with other workers: one line naming the option and the fix
+    assert cli.main(argv[:-1] + ["tb2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--testbed tb2" in err and "homagg calibrate --testbed tb2" in err
+    assert len(err.splitlines()) == 1
+    assert cli.main(["advise", "--workers", "2"] + argv[3:]) == 2
+    assert "give --workers 4" in capsys.readouterr().err
