@@ -72,8 +72,9 @@ GMAC_NAT static inline __m128i nat_reduce(__m128i lo, __m128i mid, __m128i hi)
 
 /*
  * *s += (y + b[0]) hp[0] + ... + b[n-1] hp[n-1], natural order, n >= 1;
- * the same bytes of pf (the next frame's, or blocks again: NULL never)
- * prefetched two lines a turn, as fast as this loop reads its own.
+ * meanwhile pf's bytes at the same offsets, 128 bytes ahead (the next
+ * frame's; not NULL: blocks again when there is none), are prefetched two
+ * lines a turn, as fast as this loop reads its own.
  */
 GMAC_NAT static void mul_nat(__m128i y, const uint8_t *blocks,
 			     const uint8_t (*hp)[16], size_t n,
@@ -158,7 +159,6 @@ GMAC_NAT void hg_gmac_tag_avx512(const struct hg_gmac_key *g, __m128i mask,
 				 const uint8_t *next)
 {
 	const uint8_t *pf = next ? next : data;
-
 	const uint8_t(*hend)[16] = g->hnat + HG_GMAC_CHUNK;
 	size_t full = len / 16, part = len % 16, t = part ? 2 : 1, pos = 0, k;
 	struct hg_gmac_sum s;
