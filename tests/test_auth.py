@@ -525,32 +525,40 @@ def test_worker_drops_results_without_the_aggregators_mac(tmp_path):
             me = w.local_address
             worker_key = auth.derive_key(secret, 9, 0)
 
-            def rogue():
+            def one_round(s):
                 # results of every early chunk, MAC'd with the worker's own
                 # key (not the aggregator's), from the aggregator's address
                 # family: they must never be placed
+                for seq in range(64):
+                    fr = build_frame(
+                        Addr.of("02:00:00:00:00:09", agg.address[0], agg.address[1]),
+                        Addr.of("02:00:00:00:00:08", me[0], me[1]),
+                        op="max8",
+                        job=9,
+                        token=5,
+                        worker=0,
+                        seq=seq,
+                        slot=seq % 4,
+                        lanes=30,
+                        payload=bytes(30),
+                        flags=FLAG_RESULT,
+                        key=worker_key,
+                    )
+                    s.sendto(fr[42:], me)
+
+            def rogue():
                 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
                 try:
                     while not stop.is_set():
-                        for seq in range(64):
-                            fr = build_frame(
-                                Addr.of("02:00:00:00:00:09", agg.address[0], agg.address[1]),
-                                Addr.of("02:00:00:00:00:08", me[0], me[1]),
-                                op="max8",
-                                job=9,
-                                token=5,
-                                worker=0,
-                                seq=seq,
-                                slot=seq % 4,
-                                lanes=30,
-                                payload=bytes(30),
-                                flags=FLAG_RESULT,
-                                key=worker_key,
-                            )
-                            s.sendto(fr[42:], me)
+                        one_round(s)
                 finally:
                     s.close()
 
+            # one round queued on the worker's socket before the allreduce
+            # starts (read first, whatever the scheduler does with the
+            # thread), then a flood while it runs
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s0:
+                one_round(s0)
             t = threading.Thread(target=rogue, daemon=True)
             t.start()
             y = w.allreduce(x, method="dense", block=1024)
