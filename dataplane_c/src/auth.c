@@ -266,7 +266,8 @@ static void check_gmac_batch(uint32_t dir, struct hg_mac_req *const *q, uint32_t
 
 		if (i + 1 < n) {
 			/* the powers the next tag reads (the table of its
-			 * path): the last blocks + 2 */
+			 * path, and avx2's Karatsuba rows): the last
+			 * blocks + 2 */
 			const struct hg_gmac_key *gn = g[i + 1];
 			const uint8_t *end =
 				(const uint8_t *)(q[i + 1]->k->isa == HG_MAC_ISA_AVX512 ?
@@ -282,6 +283,12 @@ static void check_gmac_batch(uint32_t dir, struct hg_mac_req *const *q, uint32_t
 			__builtin_prefetch(next + 128, 0);
 			for (size_t off = 64; off <= hb + 63; off += 64)
 				__builtin_prefetch(end - off, 0);
+			if (q[i + 1]->k->isa == HG_MAC_ISA_AVX2) /* Karatsuba's */
+				for (size_t off = 64; off <= hb + 63; off += 64)
+					__builtin_prefetch((const uint8_t *)(gn->hkar +
+									     HG_GMAC_CHUNK) -
+								   off,
+							   0);
 		}
 		hg_gmac_tag_masked(g[i], r->k->isa, mask[i], r->data, r->len,
 				   want, next);

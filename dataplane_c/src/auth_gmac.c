@@ -177,6 +177,11 @@ GMAC_PCLMUL void hg_gmac_init(struct hg_gmac_key *g, const uint8_t *key)
 		_mm_storeu_si128((__m128i *)g->hpow[i], p);
 		p = gf_mul(p, h);
 	}
+	for (int i = 0; i < HG_GMAC_CHUNK; i++) {
+		p = _mm_loadu_si128((const __m128i *)g->hpow[i]);
+		p = _mm_xor_si128(p, _mm_shuffle_epi32(p, 0x4e));
+		_mm_storeu_si128((__m128i *)g->hkar[i], p);
+	}
 	/* natural order: bit i of the 128 is the coefficient of x^i, the
 	 * reflected one's bits in reverse (byte k = byte 15 - k reversed) */
 	for (int i = 0; i < HG_GMAC_CHUNK; i++)
@@ -214,8 +219,32 @@ GMAC_PCLMUL void hg_gmac_mul_pclmul(__m128i y, const uint8_t *blocks,
 			_mm_loadu_si128((const __m128i *)hp[i]), s);
 }
 
-typedef void gmac_mul_fn(__m128i y, const uint8_t *blocks,
-			 const uint8_t (*hp)[16], size_t n, struct hg_gmac_sum *s);
+/* Prefetch bytes [0, len) of p (NULL: nothing), for reading. */
+static inline void prefetch_lines(const uint8_t *p, size_t len)
+{
+	if (p)
+		for (size_t off = 0; off < len; off += 64)
+			__builtin_prefetch(p + off, 0);
+}
+
+/*
+ * s += the products of n blocks and the powers from hp on, on path isa
+ * (pclmul or avx2); the avx2 loop prefetches the next frame's lines (pf)
+ * as it goes, the pclmul one finds a chunk's lines prefetched before it.
+ */
+GMAC_PCLMUL static inline void gmac_mul(const struct hg_gmac_key *g, int isa,
+					const uint8_t *blocks,
+					const uint8_t (*hp)[16], size_t n,
+					struct hg_gmac_sum *s, const uint8_t *pf)
+{
+	if (isa == HG_MAC_ISA_AVX2) {
+		hg_gmac_mul_avx2(_mm_setzero_si128(), blocks, hp,
+				 g->hkar + (hp - g->hpow), n, s, pf ? pf : blocks);
+		return;
+	}
+	prefetch_lines(pf, 16 * n);
+	hg_gmac_mul_pclmul(_mm_setzero_si128(), blocks, hp, n, s);
+}
 
 /*
  * pshufb masks: tail_shuf[p] turns the last 16 bytes of the data, whose
@@ -307,14 +336,6 @@ GMAC_PCLMUL void hg_gmac_masks(const struct hg_gmac_key *const *g,
 		mask[i] = aes256_block(g[i], j0[i]);
 }
 
-/* Prefetch bytes [0, len) of p (NULL: nothing), for reading. */
-static inline void prefetch_lines(const uint8_t *p, size_t len)
-{
-	if (p)
-		for (size_t off = 0; off < len; off += 64)
-			__builtin_prefetch(p + off, 0);
-}
-
 GMAC_PCLMUL void hg_gmac_tag_masked(const struct hg_gmac_key *g, int isa,
 				    __m128i mask, const uint8_t *data,
 				    size_t len, uint8_t *tag, const uint8_t *next)
@@ -323,8 +344,6 @@ GMAC_PCLMUL void hg_gmac_tag_masked(const struct hg_gmac_key *g, int isa,
 		hg_gmac_tag_avx512(g, mask, data, len, tag, next);
 		return;
 	}
-	gmac_mul_fn *mul = isa == HG_MAC_ISA_AVX2 ? hg_gmac_mul_avx2 :
-						    hg_gmac_mul_pclmul;
 	const uint8_t(*hend)[16] = g->hpow + HG_GMAC_CHUNK;
 	size_t full = len / 16, part = len % 16, t = part ? 2 : 1, pos = 0, k;
 	struct hg_gmac_sum s;
@@ -335,8 +354,8 @@ GMAC_PCLMUL void hg_gmac_tag_masked(const struct hg_gmac_key *g, int isa,
 	while (full - pos + t > HG_GMAC_CHUNK) {
 		k = full - pos < HG_GMAC_CHUNK ? full - pos : HG_GMAC_CHUNK;
 		s.lo = s.mid = s.hi = _mm_setzero_si128();
-		prefetch_lines(next ? next + 16 * pos : NULL, 16 * k);
-		mul(_mm_setzero_si128(), data + 16 * pos, hend - k, k, &s);
+		gmac_mul(g, isa, data + 16 * pos, hend - k, k, &s,
+			 next ? next + 16 * pos : NULL);
 		if (pos)
 			mul_add(y,
 				_mm_loadu_si128(
@@ -348,8 +367,8 @@ GMAC_PCLMUL void hg_gmac_tag_masked(const struct hg_gmac_key *g, int isa,
 	k = full - pos;
 	s.lo = s.mid = s.hi = _mm_setzero_si128();
 	if (k) {
-		prefetch_lines(next ? next + 16 * pos : NULL, 16 * k);
-		mul(_mm_setzero_si128(), data + 16 * pos, hend - k - t, k, &s);
+		gmac_mul(g, isa, data + 16 * pos, hend - k - t, k, &s,
+			 next ? next + 16 * pos : NULL);
 		if (pos)
 			mul_add(y,
 				_mm_loadu_si128(

@@ -53,6 +53,8 @@ struct hg_gmac_key {
 	uint8_t rk[HG_GMAC_ROUNDS + 1][16]; /* AES-256 round keys */
 	uint8_t hpow[HG_GMAC_CHUNK][16];    /* H^72 .. H^1, reflected */
 	uint8_t hnat[HG_GMAC_CHUNK][16];    /* the same, natural (avx512) */
+	uint8_t hkar[HG_GMAC_CHUNK][16];    /* hpow's two halves XORed, in
+					     * both halves (avx2's Karatsuba) */
 };
 
 /* An unreduced sum of products: the 64-bit halves' a0*b0, a1*b0 + a0*b1
@@ -107,8 +109,12 @@ GMAC_PCLMUL static inline __m128i ghash_reduce(__m128i lo, __m128i mid, __m128i 
  */
 void hg_gmac_mul_pclmul(__m128i y, const uint8_t *blocks,
 			const uint8_t (*hp)[16], size_t n, struct hg_gmac_sum *s);
+/* The same on ymm by Karatsuba (hk: the hkar rows of hp's powers); pf's
+ * bytes at the same offsets (the next frame's, not NULL) are prefetched
+ * a line per 64 bytes multiplied, 128 bytes ahead. */
 void hg_gmac_mul_avx2(__m128i y, const uint8_t *blocks, const uint8_t (*hp)[16],
-		      size_t n, struct hg_gmac_sum *s);
+		      const uint8_t (*hk)[16], size_t n, struct hg_gmac_sum *s,
+		      const uint8_t *pf);
 
 /* g = the state of AES-256 key (32 bytes).  Needs AES-NI and PCLMULQDQ. */
 void hg_gmac_init(struct hg_gmac_key *g, const uint8_t *key);
