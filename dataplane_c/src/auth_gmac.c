@@ -228,22 +228,31 @@ static inline void prefetch_lines(const uint8_t *p, size_t len)
 }
 
 /*
- * s += the products of n blocks and the powers from hp on, on path isa
- * (pclmul or avx2); the avx2 loop prefetches the next frame's lines (pf)
- * as it goes, the pclmul one finds a chunk's lines prefetched before it.
+ * s += (y + b[0]) hp[0] + b[1] hp[1] + ... + b[n-1] hp[n-1] on path isa
+ * (pclmul or avx2); y is 0 for the first chunk (first).  pclmul multiplies the blocks without y, which joins
+ * the sums after them (y hp[0], one more product): the chunk's multiplies
+ * need not wait for the reduction that made y.  avx2 adds y to the first
+ * block as before: its loop's later multiplies do not depend on the first
+ * one, so they overlap that reduction anyway, and the extra product per
+ * chunk measured slower (gmac_bench 8224 bytes, docs/BENCHMARKS.md).  The
+ * avx2 loop prefetches the next frame's lines (pf) as it goes, the pclmul
+ * one finds a chunk's lines prefetched before it.
  */
-GMAC_PCLMUL static inline void gmac_mul(const struct hg_gmac_key *g, int isa,
-					const uint8_t *blocks,
-					const uint8_t (*hp)[16], size_t n,
-					struct hg_gmac_sum *s, const uint8_t *pf)
+GMAC_PCLMUL static inline void gmac_chunk(const struct hg_gmac_key *g, int isa,
+					  __m128i y, const uint8_t *blocks,
+					  const uint8_t (*hp)[16], size_t n,
+					  struct hg_gmac_sum *s,
+					  const uint8_t *pf, bool first)
 {
 	if (isa == HG_MAC_ISA_AVX2) {
-		hg_gmac_mul_avx2(_mm_setzero_si128(), blocks, hp,
-				 g->hkar + (hp - g->hpow), n, s, pf ? pf : blocks);
+		hg_gmac_mul_avx2(y, blocks, hp, g->hkar + (hp - g->hpow), n, s,
+				 pf ? pf : blocks);
 		return;
 	}
 	prefetch_lines(pf, 16 * n);
 	hg_gmac_mul_pclmul(_mm_setzero_si128(), blocks, hp, n, s);
+	if (!first)
+		mul_add(y, _mm_loadu_si128((const __m128i *)hp[0]), s);
 }
 
 /*
@@ -349,31 +358,20 @@ GMAC_PCLMUL void hg_gmac_tag_masked(const struct hg_gmac_key *g, int isa,
 	struct hg_gmac_sum s;
 	__m128i y = _mm_setzero_si128();
 
-	/* y joins a chunk's sums after its blocks' products (times the
-	 * chunk's first power), so they need not wait for its reduction */
+	/* y, the hash so far, joins each chunk (gmac_chunk) */
 	while (full - pos + t > HG_GMAC_CHUNK) {
 		k = full - pos < HG_GMAC_CHUNK ? full - pos : HG_GMAC_CHUNK;
 		s.lo = s.mid = s.hi = _mm_setzero_si128();
-		gmac_mul(g, isa, data + 16 * pos, hend - k, k, &s,
-			 next ? next + 16 * pos : NULL);
-		if (pos)
-			mul_add(y,
-				_mm_loadu_si128(
-					(const __m128i *)hend[-(ptrdiff_t)k]),
-				&s);
+		gmac_chunk(g, isa, y, data + 16 * pos, hend - k, k, &s,
+			   next ? next + 16 * pos : NULL, pos == 0);
 		y = ghash_reduce(s.lo, s.mid, s.hi);
 		pos += k;
 	}
 	k = full - pos;
 	s.lo = s.mid = s.hi = _mm_setzero_si128();
 	if (k) {
-		gmac_mul(g, isa, data + 16 * pos, hend - k - t, k, &s,
-			 next ? next + 16 * pos : NULL);
-		if (pos)
-			mul_add(y,
-				_mm_loadu_si128(
-					(const __m128i *)hend[-(ptrdiff_t)(k + t)]),
-				&s);
+		gmac_chunk(g, isa, y, data + 16 * pos, hend - k - t, k, &s,
+			   next ? next + 16 * pos : NULL, pos == 0);
 		y = _mm_setzero_si128();
 	}
 	if (part) {
