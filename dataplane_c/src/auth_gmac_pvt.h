@@ -13,7 +13,8 @@
  * "hg_mac_isa"):
  *
  *   pclmul   xmm PCLMULQDQ, one block per multiply     (auth_gmac.c)
- *   avx2     ymm VPCLMULQDQ, two blocks                (auth_gmac_avx2.c)
+ *   avx2     ymm VPCLMULQDQ, two blocks, three multiplies each
+ *            (Karatsuba)                              (auth_gmac_avx2.c)
  *   avx512   zmm VPCLMULQDQ and GFNI, four blocks, masked tail, in the
  *            natural bit order (auth_gmac_avx512.c: no byte shuffle)
  *
