@@ -443,10 +443,11 @@ static bool cand_vbmi2(void)
 #define CAND_SLACK 32
 
 /* Candidates of one block appended at l->cand_pos + total (a bitmap's
- * list by AVX-512 VBMI2 when vbmi2, else by AVX2 when avx2; the AVX2 Bloom
- * probing when avx2). */
+ * list by AVX-512 VBMI2 when vbmi2, else by AVX2 when avx2; a Bloom
+ * block's probing by AVX-512 when avx512, else by AVX2 when avx2). */
 static int collect_candidates(struct hg_lhc *l, size_t b, const uint8_t *idx,
-			      size_t total, bool vbmi2, bool avx2, uint32_t *count)
+			      size_t total, bool vbmi2, bool avx2, bool avx512,
+			      uint32_t *count)
 {
 	const struct lhc_block *bk = &l->blk[b];
 	uint32_t len = (uint32_t)hg_block_len(&l->p, l->n, b);
@@ -489,7 +490,14 @@ static int collect_candidates(struct hg_lhc *l, size_t b, const uint8_t *idx,
 	} else if (bk->kind == LHC_BLOOM) {
 		uint32_t i = 0;
 
-		if (avx2) {
+		if (avx512) {
+			i = len & ~15u;
+			c = hg_lhc_bloom_candidates_avx512(l->key_bloom,
+							   l->first + b * l->p.block,
+							   bk->bloom_k,
+							   bk->bloom_bits, idx,
+							   i, out);
+		} else if (avx2) {
 			i = len & ~7u;
 			c = hg_lhc_bloom_candidates_avx2(l->key_bloom,
 							 l->first + b * l->p.block,
@@ -554,13 +562,14 @@ PREFETCH_FN void prefetch_index(const struct hg_lhc *l, size_t b,
 int hg_lhc_set_index(struct hg_lhc *l, const uint8_t *gindex)
 {
 	size_t total = 0, lanes = 0, max_cells = 0, max_cand = 0;
-	bool vbmi2, avx2;
+	bool vbmi2, avx2, avx512;
 	int rc;
 
 	if (!l || (l->info.index_bytes && !gindex))
 		return -EINVAL;
 	vbmi2 = cand_vbmi2();
 	avx2 = hg_codec_avx2();
+	avx512 = hg_codec_avx512();
 	l->state = LHC_PLANNED;
 	/* union reads the bitmaps again, in words (slack for the last one) */
 	free(l->gindex);
@@ -580,7 +589,7 @@ int hg_lhc_set_index(struct hg_lhc *l, const uint8_t *gindex)
 			prefetch_index(l, b + 1, gindex);
 		if (bk->kind != LHC_NONE) {
 			rc = collect_candidates(l, b, gindex + bk->index_off,
-						total, vbmi2, avx2, &c);
+						total, vbmi2, avx2, avx512, &c);
 			if (rc)
 				return rc;
 		}
