@@ -158,22 +158,34 @@ hg_lhc_compact_avx512(const float *xb, uint32_t i0, uint32_t i1, uint16_t *pos,
 	__attribute__((target("avx512f,avx512dq,popcnt"), always_inline)) static inline
 
 /*
- * Probe field r (0-2) of 16 elements' hash words (a: elements 0-7, b:
- * 8-15), reduced to [0, bits) as bloom_probes does (codec_lhc.c), in
- * 32-bit lanes in element order.
+ * The three 21-bit fields of 16 elements' hash words (a: elements 0-7, b:
+ * 8-15), in 32-bit lanes in element order, at f[0..2].
  */
-AVX512_BLOOM_FN __m512i bloom_probe16(__m512i a, __m512i b, uint32_t r, __m512i bitsv)
+AVX512_BLOOM_FN void bloom_fields16(__m512i a, __m512i b, __m512i *f)
 {
-	const __m512i f21 = _mm512_set1_epi64(0x1FFFFF);
+	const __m512i f21 = _mm512_set1_epi32(0x1FFFFF);
 	const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16,
 					       18, 20, 22, 24, 26, 28, 30);
-	const __m128i sh = _mm_cvtsi32_si128((int)(21 * r));
-	__m512i fa = _mm512_and_si512(_mm512_srl_epi64(a, sh), f21);
-	__m512i fb = _mm512_and_si512(_mm512_srl_epi64(b, sh), f21);
+	const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+	__m512i lo = _mm512_permutex2var_epi32(a, even, b);
+	__m512i hi = _mm512_permutex2var_epi32(a, odd, b);
 
-	fa = _mm512_srli_epi64(_mm512_mul_epu32(fa, bitsv), 21);
-	fb = _mm512_srli_epi64(_mm512_mul_epu32(fb, bitsv), 21);
-	return _mm512_permutex2var_epi32(fa, even, fb);
+	f[0] = _mm512_and_si512(lo, f21);
+	/* bits 21-41: (lo >> 21 | hi << 11) & f21 */
+	f[1] = _mm512_ternarylogic_epi32(_mm512_srli_epi32(lo, 21),
+					 _mm512_slli_epi32(hi, 11), f21, 0xA8);
+	f[2] = _mm512_and_si512(_mm512_srli_epi32(hi, 10), f21);
+}
+
+/*
+ * The probe of field f in [0, bits): (f * bits) >> 21 as bloom_probes
+ * computes it (codec_lhc.c), = (f * (bits / 64)) >> 15 exactly as bits is
+ * a multiple of 64, which fits 32 bits when bits < BLOOM_AVX512_BITS
+ * (bv = bits / 64 in every lane).
+ */
+AVX512_BLOOM_FN __m512i bloom_probe16(__m512i f, __m512i bv)
+{
+	return _mm512_srli_epi32(_mm512_mullo_epi32(f, bv), 15);
 }
 
 /*
@@ -186,21 +198,21 @@ AVX512_BLOOM_FN __mmask16 bloom_hits16(const __m512i *t, int nseg,
 				       const int *words, __m512i p)
 {
 	__m512i wi = _mm512_srli_epi32(p, 5), v;
-	__m512i bit = _mm512_sllv_epi32(_mm512_set1_epi32(1),
-					_mm512_and_si512(p, _mm512_set1_epi32(31)));
+	/* bit p % 32 (a rotate takes its count mod 32) */
+	__m512i bit = _mm512_rolv_epi32(_mm512_set1_epi32(1), p);
 
 	if (nseg == 0) {
 		v = _mm512_i32gather_epi32(wi, words, 4);
 	} else {
 		/* vpermt2d reads the low 5 bits of wi: the word within
-		 * the segment; p / 1024 picks the segment */
-		__m512i seg = _mm512_srli_epi32(p, 10);
-
+		 * the segment; p >= 1024 s picks segment s */
 		v = _mm512_permutex2var_epi32(t[0], wi, t[1]);
 		for (int s = 1; s < nseg; s++)
 			v = _mm512_mask_mov_epi32(
 				v,
-				_mm512_cmpeq_epi32_mask(seg, _mm512_set1_epi32(s)),
+				_mm512_cmpge_epu32_mask(
+					p, _mm512_set1_epi32(
+						   (int)(s * BLOOM_SEG_BITS))),
 				_mm512_permutex2var_epi32(t[2 * s], wi,
 							  t[2 * s + 1]));
 	}
@@ -231,7 +243,7 @@ AVX512_BLOOM_FN uint32_t bloom_candidates16(uint64_t key, uint64_t g0,
 {
 	const __m512i gold = _mm512_set1_epi64((long long)HG_HASH_GOLDEN);
 	const __m512i step = _mm512_set1_epi64((long long)(16 * HG_HASH_GOLDEN));
-	const __m512i bitsv = _mm512_set1_epi64(bits);
+	const __m512i bv = _mm512_set1_epi32((int)(bits / 64));
 	const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10,
 					       11, 12, 13, 14, 15);
 	const uint64_t base = key + (g0 + 1) * HG_HASH_GOLDEN;
@@ -265,12 +277,13 @@ AVX512_BLOOM_FN uint32_t bloom_candidates16(uint64_t key, uint64_t g0,
 
 		/* stage 1: the probes of the first word */
 		for (uint32_t i = i0; i < i1; i += 16) {
-			__m512i wa = mix64_avx512(ga), wb = mix64_avx512(gb);
+			__m512i f[3];
 			__mmask16 m = 0xFFFF;
 
+			bloom_fields16(mix64_avx512(ga), mix64_avx512(gb), f);
 			for (uint32_t r = 0; r < k1; r++)
 				m &= bloom_hits16(t, nseg, words,
-						  bloom_probe16(wa, wb, r, bitsv));
+						  bloom_probe16(f[r], bv));
 			ns += bloom_store16(_mm512_add_epi32(lane,
 							     _mm512_set1_epi32(
 								     (int)i)),
@@ -307,16 +320,16 @@ AVX512_BLOOM_FN uint32_t bloom_candidates16(uint64_t key, uint64_t g0,
 						_mm256_extracti128_si256(p16, 1)),
 					gold)));
 
-			for (uint32_t r = 3; r < k; r++) {
-				if (r % 3 == 0) {
-					wa = mix64_avx512(
-						_mm512_add_epi64(wa, gold));
-					wb = mix64_avx512(
-						_mm512_add_epi64(wb, gold));
-				}
-				m &= bloom_hits16(t, nseg, words,
-						  bloom_probe16(wa, wb, r % 3,
-								bitsv));
+			for (uint32_t r0 = 3; r0 < k; r0 += 3) {
+				__m512i f[3];
+
+				wa = mix64_avx512(_mm512_add_epi64(wa, gold));
+				wb = mix64_avx512(_mm512_add_epi64(wb, gold));
+				bloom_fields16(wa, wb, f);
+				for (uint32_t r = r0; r < k && r < r0 + 3; r++)
+					m &= bloom_hits16(t, nseg, words,
+							  bloom_probe16(f[r - r0],
+									bv));
 			}
 			c += bloom_store16(p, m, out + c);
 		}
