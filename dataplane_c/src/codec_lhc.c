@@ -309,36 +309,65 @@ static inline uint32_t bloom_bit(const uint8_t *filt, uint32_t p)
 	return (filt[p >> 3] >> (p & 7)) & 1u;
 }
 
-/*
- * true when all k probes of element g (bloom_probes) hit a set bit of the
- * filter.  The first hash word's three probes are tested together, with
- * no branch between them; only an element that passes them (about one in
- * eight in a filter half full) computes the other words.  Testing probe
- * by probe with an early exit, after computing all k, cost a hash word per
- * three probes and a branch the CPU cannot predict per element: 2^24
- * elements at 0.68 %, W = 4 (Bloom blocks of k = 8), best CPU time of 3
- * runs of set_index on the portable path, shared Xeon under load: 352 ms
- * before, 131 ms after (docs/BENCHMARKS.md "The codec per ISA path").
- * The AVX2 path does the same in two stages, 8 elements at a time.
- */
-static inline bool bloom_test(uint64_t key, uint64_t g, uint32_t k,
-			      uint32_t bits, const uint8_t *filt)
+/* Probe field r (0-2) of hash word w, in [0, bits) (bloom_probes). */
+static inline uint32_t bloom_field(uint64_t w, uint32_t r, uint32_t bits)
 {
-	uint64_t w = hg_hash(key, g);
-	uint32_t hit = 1;
+	return (uint32_t)((((w >> (21 * r)) & 0x1FFFFFu) * (uint64_t)bits) >> 21);
+}
 
-	for (uint32_t i = 0; i < k; i++) {
-		if (i && i % 3 == 0) {
-			if (!hit)
-				return false;
-			w = hg_mix64(w + HG_HASH_GOLDEN);
+/* Elements per stage-1 chunk of the portable Bloom probing (its
+ * survivors' list lives on the stack). */
+#define BLOOM_CHUNK_PORTABLE 1024
+
+/*
+ * The candidates of a Bloom block among its elements [i0, len) (element i
+ * is g0 + i): those whose k probes (bloom_probes) all hit a set bit of the
+ * filter, appended at out (one entry of slack); returns their count.  In
+ * two stages with no branch on a probe: stage 1 tests the three probes of
+ * the first hash word of every element and lists the survivors (about one
+ * in eight in a filter half full), stage 2 hashes on for the survivors
+ * only.  Testing each element to the end before the next, with an early
+ * exit per hash word, took a branch the CPU mispredicts on about one
+ * element in eight.  The vector paths leave their last len % 8 (AVX2) or
+ * len % 16 (AVX-512) elements to it.
+ */
+static uint32_t bloom_candidates_portable(uint64_t key, uint64_t g0, uint32_t k,
+					  uint32_t bits, const uint8_t *filt,
+					  uint32_t i0, uint32_t len, uint16_t *out)
+{
+	const uint32_t k1 = k < 3 ? k : 3;
+	uint16_t surv[BLOOM_CHUNK_PORTABLE + 1];
+	uint32_t c = 0;
+
+	for (uint32_t c0 = i0; c0 < len; c0 += BLOOM_CHUNK_PORTABLE) {
+		uint32_t c1 = len - c0 < BLOOM_CHUNK_PORTABLE ?
+				      len :
+				      c0 + BLOOM_CHUNK_PORTABLE;
+		uint32_t ns = 0;
+
+		for (uint32_t i = c0; i < c1; i++) {
+			uint64_t w = hg_hash(key, g0 + i);
+			uint32_t hit = 1;
+
+			for (uint32_t r = 0; r < k1; r++)
+				hit &= bloom_bit(filt, bloom_field(w, r, bits));
+			surv[ns] = (uint16_t)i;
+			ns += hit;
 		}
-		hit &= bloom_bit(filt,
-				 (uint32_t)((((w >> (21 * (i % 3))) & 0x1FFFFFu) *
-					     (uint64_t)bits) >>
-					    21));
+		for (uint32_t j = 0; j < ns; j++) {
+			uint64_t w = hg_hash(key, g0 + surv[j]);
+			uint32_t hit = 1;
+
+			for (uint32_t r = 3; r < k; r++) {
+				if (r % 3 == 0)
+					w = hg_mix64(w + HG_HASH_GOLDEN);
+				hit &= bloom_bit(filt, bloom_field(w, r % 3, bits));
+			}
+			out[c] = surv[j];
+			c += hit;
+		}
 	}
-	return hit;
+	return c;
 }
 
 int hg_lhc_index_encode(const struct hg_lhc *l, const float *x, uint8_t *index)
@@ -505,10 +534,10 @@ static int collect_candidates(struct hg_lhc *l, size_t b, const uint8_t *idx,
 							 bk->bloom_bits, idx, i,
 							 out);
 		}
-		for (; i < len; i++)
-			if (bloom_test(l->key_bloom, l->first + b * l->p.block + i,
-				       bk->bloom_k, bk->bloom_bits, idx))
-				out[c++] = (uint16_t)i;
+		c += bloom_candidates_portable(l->key_bloom,
+					       l->first + b * l->p.block,
+					       bk->bloom_k, bk->bloom_bits, idx,
+					       i, len, out + c);
 	}
 	*count = c;
 	return 0;
