@@ -519,14 +519,14 @@ static int collect_candidates(struct hg_lhc *l, size_t b, const uint8_t *idx,
 	} else if (bk->kind == LHC_BLOOM) {
 		uint32_t i = 0;
 
-		if (avx512 && bk->bloom_bits < BLOOM_AVX512_BITS) {
+		if (avx512 && bk->bloom_bits < BLOOM_VEC_BITS) {
 			i = len & ~15u;
 			c = hg_lhc_bloom_candidates_avx512(l->key_bloom,
 							   l->first + b * l->p.block,
 							   bk->bloom_k,
 							   bk->bloom_bits, idx,
 							   i, out);
-		} else if (avx2) {
+		} else if (avx2 && bk->bloom_bits < BLOOM_VEC_BITS) {
 			i = len & ~7u;
 			c = hg_lhc_bloom_candidates_avx2(l->key_bloom,
 							 l->first + b * l->p.block,

@@ -180,7 +180,7 @@ AVX512_BLOOM_FN void bloom_fields16(__m512i a, __m512i b, __m512i *f)
 /*
  * The probe of field f in [0, bits): (f * bits) >> 21 as bloom_probes
  * computes it (codec_lhc.c), = (f * (bits / 64)) >> 15 exactly as bits is
- * a multiple of 64, which fits 32 bits when bits < BLOOM_AVX512_BITS
+ * a multiple of 64, which fits 32 bits when bits < BLOOM_VEC_BITS
  * (bv = bits / 64 in every lane).
  */
 AVX512_BLOOM_FN __m512i bloom_probe16(__m512i f, __m512i bv)
