@@ -236,7 +236,7 @@ AVX512_BLOOM_FN uint32_t bloom_store16(__m512i p, __mmask16 m, uint16_t *out)
  * full) listed; stage 2: the other probes of the survivors, 16 at a time,
  * their first hash word recomputed.  Same candidates, in the same order,
  * as the portable loop.  3846144 elements at 0.68 %, W = 4 (filters of
- * 1344 bits, two segments), best CPU time of set_index with the library
+ * about 1400 bits, two segments), best CPU time of set_index with the library
  * before (the AVX2 gather loop) and after alternated in one process,
  * shared Xeon under load: 8.9 ms before, 4.7-4.9 ms after
  * (docs/BENCHMARKS.md "Bloom probing").
