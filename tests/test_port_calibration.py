@@ -418,6 +418,29 @@ def test_advise_for_a_testbed_predicts_with_its_jobs_coefficients(tmp_path, monk
         m: r["time_s"] for m, r in want["methods"].items()
     }
     assert "testbed tb1" in got["coefficients_from"] and "sharing 2.5" in got["coefficients_from"]
+    # no ring calibrated: the ring is the link and its round trips alone
+    # (W = 4: 6 steps, 2 * 3/4 * 4 * 65536 = 393216 bytes a rank)
+    assert got["ring_coefficients"] == {"ring_byte_ps": 0, "ring_step_ns": 0}
+    assert got["ring"]["time_s"] == pytest.approx((393216 * 8000 + 6 * 240_726_000) / 1e12)
+    # with it: its CPU per byte and per step on top, as measured (not scaled)
+    ring = {"ring_byte_ps": 6_250, "ring_step_ns": 180_000, "runs": []}
+    path.write_text(json.dumps(_calibration({"tb1": {**entry, "ring": ring}})))
+    assert cli.main(argv) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["ring_coefficients"] == {"ring_byte_ps": 6_250, "ring_step_ns": 180_000}
+    assert got["ring"]["time_s"] == pytest.approx(
+        (393216 * (8000 + 6_250) + 6 * (240_726_000 + 180_000_000)) / 1e12
+    )
+    assert got["ring"]["terms"]["worker_cpu"] == pytest.approx(
+        (393216 * 6_250 + 6 * 180_000_000) / 1e12
+    )
+    assert {m: r["time_s"] for m, r in got["methods"].items()} == {
+        m: r["time_s"] for m, r in want["methods"].items()
+    }  # HomAgg's own predictions do not change
+    assert cli.main([a for a in argv if a != "--json"]) == 0  # the text names them
+    assert "ring's CPU (the port's calibration): 6250 ps a byte, 180 us a step" in (
+        capsys.readouterr().out
+    )
     # --rtt-us still wins
     assert cli.main(argv + ["--rtt-us", "50"]) == 0
     assert json.loads(capsys.readouterr().out)["rtt_ns"] == 50_000

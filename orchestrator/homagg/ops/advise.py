@@ -362,6 +362,12 @@ def render(a: dict) -> str:
         f"{a['block_elements']}",
         f"coefficients: {a['coefficients_from']}",
     ]
+    rc = a.get("ring_coefficients") or {}
+    if any(rc.values()):
+        lines.append(
+            f"ring's CPU (the port's calibration): {rc['ring_byte_ps']} ps a byte, "
+            f"{rc['ring_step_ns'] / 1000:g} us a step"
+        )
     if a["simulated_elements"] < a["elements"]:
         lines.append(
             f"bytes from the codec on {a['simulated_elements']} elements, scaled x{a['scale']:.4g}"
