@@ -110,9 +110,7 @@ def test_bench_advise_rows_for_every_configuration(tmp_path, capsys, monkeypatch
         fit = cost.fit_port(p["runs"], workers=W, payload_bytes=1024, link_mbit=L, factor=factor)
         assert {k: fit[k] for k in cost.PORT_FIELDS} == p["coefficients"]
         # and the ring's CPU, from the Gloo runs it timed on the same path
-        ring = cost.fit_ring(
-            p["ring"]["runs"], workers=W, link_mbit=L, rtt_ns=p["coefficients"]["rtt_ns"]
-        )
+        ring = cost.fit_ring(p["ring"]["runs"], workers=W, link_mbit=L)
         assert {k: p["ring"][k] for k in cost.RING_FIELDS} == ring
     assert set(cost.load_calibration(str(cal_file))["ports"]) == {name}  # the last one's
 

@@ -166,14 +166,14 @@ def test_a_testbed_job_registers_its_port_calibration_shared(tmp_path, monkeypat
     }
 
 
-def _ring_runs(byte_ps, step_ns, rtt_ns, *, W, link, sizes=(1 << 17, 1 << 20, 3_000_001)):
+def _ring_runs(byte_ps, step_ns, *, W, link, sizes=(1 << 17, 1 << 20, 3_000_001)):
     """Ring all-reduces as fit_ring's model describes them, computed here
     from its terms: ceil(2 (W-1) 4n / W) bytes a rank at the link rate plus
-    byte_ps each, 2 (W-1) steps of half a round trip plus step_ns each."""
+    byte_ps each, 2 (W-1) steps of step_ns each."""
     runs = []
     for n in sizes:
         B = -(-2 * (W - 1) * 4 * n // W)
-        ps = B * (8 * 10**6 // link + byte_ps) + 2 * (W - 1) * (500 * rtt_ns + 1000 * step_ns)
+        ps = B * (8 * 10**6 // link + byte_ps) + 2 * (W - 1) * 1000 * step_ns
         runs.append({"elements": n, "seconds": ps / 1e12})
     return runs
 
@@ -182,39 +182,41 @@ def _ring_runs(byte_ps, step_ns, rtt_ns, *, W, link, sizes=(1 << 17, 1 << 20, 3_
     "byte_ps,step_ns,rtt_ns,W,link",
     [
         (6_250, 180_000, 480_000, 2, 10000),
-        (1_337, 0, 100_000, 4, 1000),
+        (1_337, 1, 100_000, 4, 1000),
         (0, 2_500_000, 2_345_678, 8, 100),
-        (54_321, 1, 0, 3, 25000),
+        (54_321, 3, 0, 3, 25000),
     ],
 )
 def test_ring_fit_gives_back_the_coefficients_of_model_made_runs(byte_ps, step_ns, rtt_ns, W, link):
-    runs = _ring_runs(byte_ps, step_ns, rtt_ns, W=W, link=link)
+    runs = _ring_runs(byte_ps, step_ns, W=W, link=link)
     for two in (runs[:2], runs):
-        fit = cost.fit_ring(two, workers=W, link_mbit=link, rtt_ns=rtt_ns)
+        fit = cost.fit_ring(two, workers=W, link_mbit=link)
         assert fit == {"ring_byte_ps": byte_ps, "ring_step_ns": step_ns}
-    # and ring_ps charges them: the runs' own times back, to the picosecond
+    # and ring_ps charges them (a step in place of half the job's round
+    # trip): the runs' own times back, to the picosecond
     c = cost.Cost(link_mbit=link, rtt_ns=rtt_ns, ring_byte_ps=byte_ps, ring_step_ns=step_ns)
     for r in runs:
         assert cost.ring_ps(c, W, r["elements"]) == round(r["seconds"] * 1e12)
 
 
 def test_ring_fit_is_never_negative_and_needs_two_sizes():
-    # runs faster than the link and round trips alone: no CPU, not less
-    runs = _ring_runs(0, 0, 100_000, W=2, link=10000)
+    # runs faster than the link alone: no CPU, not less, and a step of the
+    # least that still says "calibrated" (1 ns; 0 is half the round trip)
+    runs = _ring_runs(0, 0, W=2, link=10000)
     for r in runs:
         r["seconds"] *= 0.5
-    assert cost.fit_ring(runs, workers=2, link_mbit=10000, rtt_ns=100_000) == {
+    assert cost.fit_ring(runs, workers=2, link_mbit=10000) == {
         "ring_byte_ps": 0,
-        "ring_step_ns": 0,
+        "ring_step_ns": 1,
     }
     # a larger run no slower than a smaller one: the per-byte cost 0, the
     # steps fitted alone
-    runs = _ring_runs(1000, 5_000_000, 0, W=2, link=10000)[:2]
+    runs = _ring_runs(1000, 5_000_000, W=2, link=10000)[:2]
     runs[1]["seconds"] = runs[0]["seconds"]
-    fit = cost.fit_ring(runs, workers=2, link_mbit=10000, rtt_ns=0)
-    assert fit["ring_byte_ps"] == 0 and fit["ring_step_ns"] > 0
+    fit = cost.fit_ring(runs, workers=2, link_mbit=10000)
+    assert fit["ring_byte_ps"] == 0 and fit["ring_step_ns"] > 1
     with pytest.raises(InvalidArgument, match="two runs of different sizes"):
-        cost.fit_ring(runs[:1] * 2, workers=2, link_mbit=10000, rtt_ns=0)
+        cost.fit_ring(runs[:1] * 2, workers=2, link_mbit=10000)
 
 
 def test_a_job_file_carries_the_ring_coefficients(tmp_path):
@@ -254,15 +256,16 @@ def test_the_ring_coefficients_move_the_choice_of_path():
     // 1024 = 800 + 2322 = 3122 ps a byte; (k + 4 * 4096 k) * 3122 + 4096 k
     * 1000 + 2 * 10^8 = 55_249_970 k + 200_000_000.  The ring without its
     CPU: 16384 k * 800 + 2 * 500 * 100_000 = 13_107_200 k +
-    100_000_000 (two steps of half a round trip), below HomAgg's for every k.  With ring_byte_ps 3000 and
-    ring_step_ns 20_000: 16384 k * 3800 + 2 * (5 * 10^7 + 2 * 10^7) =
-    62_259_200 k + 140_000_000, below HomAgg's while 7_009_230 k <
-    60_000_000, i.e. up to k = 8."""
+    100_000_000 (two steps of half a round trip), below HomAgg's for every
+    k.  With ring_byte_ps 3000 and ring_step_ns 20_000 (a step in place of
+    half the round trip): 16384 k * 3800 + 2 * 2 * 10^7 = 62_259_200 k +
+    40_000_000, below HomAgg's while 7_009_230 k < 160_000_000, i.e. up to
+    k = 22."""
     base = cost.Cost(link_mbit=10000, rtt_ns=100_000, **CODEC)
     ring = cost.Cost(
         link_mbit=10000, rtt_ns=100_000, **CODEC, ring_byte_ps=3000, ring_step_ns=20_000
     )
-    for k in (1, 8, 9, 1000):
+    for k in (1, 22, 23, 1000):
         n = 4096 * k
         h = 55_249_970 * k + 200_000_000
         plain = cost.choose_path(base, 2, n, None, "dense")
@@ -273,9 +276,9 @@ def test_the_ring_coefficients_move_the_choice_of_path():
         }
         got = cost.choose_path(ring, 2, n, None, "dense")
         assert got == {
-            "path": "baseline" if k <= 8 else "homagg",
+            "path": "baseline" if k <= 22 else "homagg",
             "homagg_ps": h,
-            "baseline_ps": 62_259_200 * k + 140_000_000,
+            "baseline_ps": 62_259_200 * k + 40_000_000,
         }
 
 
@@ -370,7 +373,7 @@ def test_calibrate_testbed_writes_an_entry_its_jobs_register(tmp_path, monkeypat
         assert [r["elements"] for r in ring["runs"]] == list(calibrate.RING_RUNS)
         assert all(r["seconds"] > 0 for r in ring["runs"])
         assert {k: ring[k] for k in cost.RING_FIELDS} == cost.fit_ring(
-            ring["runs"], workers=W, link_mbit=1000, rtt_ns=entry["coefficients"]["rtt_ns"]
+            ring["runs"], workers=W, link_mbit=1000
         )
         assert printed["ring"] == ring
         assert job.ring() == {k: ring[k] for k in cost.RING_FIELDS}  # as measured
@@ -422,18 +425,17 @@ def test_advise_for_a_testbed_predicts_with_its_jobs_coefficients(tmp_path, monk
     # (W = 4: 6 steps, 2 * 3/4 * 4 * 65536 = 393216 bytes a rank)
     assert got["ring_coefficients"] == {"ring_byte_ps": 0, "ring_step_ns": 0}
     assert got["ring"]["time_s"] == pytest.approx((393216 * 8000 + 6 * 240_726_000) / 1e12)
-    # with it: its CPU per byte and per step on top, as measured (not scaled)
+    # with it: its CPU per byte on top and its step in place of half the
+    # round trip, as measured (not scaled)
     ring = {"ring_byte_ps": 6_250, "ring_step_ns": 180_000, "runs": []}
     path.write_text(json.dumps(_calibration({"tb1": {**entry, "ring": ring}})))
     assert cli.main(argv) == 0
     got = json.loads(capsys.readouterr().out)
     assert got["ring_coefficients"] == {"ring_byte_ps": 6_250, "ring_step_ns": 180_000}
     assert got["ring"]["time_s"] == pytest.approx(
-        (393216 * (8000 + 6_250) + 6 * (240_726_000 + 180_000_000)) / 1e12
+        (393216 * (8000 + 6_250) + 6 * 180_000_000) / 1e12
     )
-    assert got["ring"]["terms"]["worker_cpu"] == pytest.approx(
-        (393216 * 6_250 + 6 * 180_000_000) / 1e12
-    )
+    assert got["ring"]["terms"]["worker_cpu"] == pytest.approx(393216 * 6_250 / 1e12)
     assert {m: r["time_s"] for m, r in got["methods"].items()} == {
         m: r["time_s"] for m, r in want["methods"].items()
     }  # HomAgg's own predictions do not change

@@ -412,20 +412,24 @@ def ring_bytes(workers: int, n: int) -> int:
     return _ceil(2 * (workers - 1) * 4 * n, workers)
 
 
-def fit_ring(runs, *, workers: int, link_mbit, rtt_ns: int) -> dict:
+def fit_ring(runs, *, workers: int, link_mbit) -> dict:
     """The ring all-reduce's CPU coefficients that make :func:`ring_ps`
     match ring all-reduces (the process group's, Gloo) measured through a
     testbed's port.  Each run is a dict: ``seconds`` (measured) and
     ``elements`` (float32 elements).  The model of a run, with B =
     :func:`ring_bytes` and S = 2 (W-1) its steps (picoseconds):
 
-        seconds = B * (byte_ps + ring_byte_ps) + S * (rtt / 2 + ring_step)
+        seconds = B * (byte_ps + ring_byte_ps) + S * ring_step
 
-    ``byte_ps`` the link's (8e6 // link_mbit) and ``rtt_ns`` the round trip
-    fitted through the same port.  ``ring_byte_ps`` and ``ring_step`` are
-    the least-squares fit of the runs' relative errors, both at least 0;
-    they are as measured, with the testbed's sharing of the cores (not
-    divided by it).  A dict: ``ring_byte_ps``, ``ring_step_ns`` (integers)."""
+    ``byte_ps`` the link's (8e6 // link_mbit).  ``ring_step`` is a step's
+    whole fixed cost (its hop and its start), in place of the half round
+    trip of an uncalibrated ring: HomAgg's fitted round trip is the fixed
+    cost of one of its phases, not of a ring's hop.  ``ring_byte_ps`` and
+    ``ring_step`` are the least-squares fit of the runs' relative errors,
+    ``ring_byte_ps`` at least 0 and ``ring_step_ns`` at least 1 (0 means
+    no calibration); they are as measured, with the testbed's sharing of
+    the cores (not divided by it).  A dict: ``ring_byte_ps``,
+    ``ring_step_ns`` (integers)."""
     runs = list(runs)
     if len(runs) < 2 or len({int(r["elements"]) for r in runs}) < 2:
         raise InvalidArgument("fit_ring: at least two runs of different sizes")
@@ -439,8 +443,7 @@ def fit_ring(runs, *, workers: int, link_mbit, rtt_ns: int) -> dict:
         if t <= 0:
             raise InvalidArgument(f"fit_ring: a run of {r['seconds']!r} seconds; measure it again")
         B = ring_bytes(workers, int(r["elements"]))
-        y = t - B * byte_ps - S * 500 * int(rtt_ns)
-        rows.append((Fraction(B) / t, Fraction(S) / t, y / t))
+        rows.append((Fraction(B) / t, Fraction(S) / t, (t - B * byte_ps) / t))
     saa = sum(a * a for a, _, _ in rows)
     sab = sum(a * b for a, b, _ in rows)
     sbb = sum(b * b for _, b, _ in rows)
@@ -457,7 +460,7 @@ def fit_ring(runs, *, workers: int, link_mbit, rtt_ns: int) -> dict:
         a, b = Fraction(0), max(Fraction(0), sby / sbb)
     return {
         "ring_byte_ps": min(MAX_ELEM_PS, round(a)),
-        "ring_step_ns": min(2**32 - 1, round(b / 1000)),
+        "ring_step_ns": min(2**32 - 1, max(1, round(b / 1000))),
     }
 
 
@@ -478,17 +481,15 @@ def _ceil(a: int, b: int) -> int:
 def ring_ps(c: Cost, workers: int, n: int) -> int:
     """Ring all-reduce of ``n`` float32 elements over ``workers`` ranks
     (picoseconds): ``B = ceil(2 (W-1) 4n / W)`` bytes per rank at the link
-    rate plus ``ring_byte_ps`` each, in ``2 (W-1)`` steps of half a round
-    trip plus ``ring_step_ns`` each.  Without a calibration of the ring
-    (both 0) its framing and CPU are not charged (this favours the
-    baseline)."""
+    rate plus ``ring_byte_ps`` each, in ``2 (W-1)`` steps of
+    ``ring_step_ns`` each (:func:`fit_ring`), or of half a round trip when
+    the ring is not calibrated (``ring_step_ns`` 0); its framing and CPU
+    are then not charged either (this favours the baseline)."""
     if workers < 2 or n < 1:
         return 0
     byte_ps = 8 * 10**6 // c.link_mbit
-    steps = 2 * (workers - 1)
-    return ring_bytes(workers, n) * (byte_ps + c.ring_byte_ps) + steps * (
-        500 * c.rtt_ns + 1000 * c.ring_step_ns
-    )
+    step_ps = 1000 * c.ring_step_ns if c.ring_step_ns else 500 * c.rtt_ns
+    return ring_bytes(workers, n) * (byte_ps + c.ring_byte_ps) + 2 * (workers - 1) * step_ps
 
 
 def homagg_ps(

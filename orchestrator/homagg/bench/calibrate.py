@@ -311,8 +311,8 @@ def calibrate_port(
     codec's coefficients are ``calibration``'s (this host's file, else the
     built-in defaults).  Then it times ring all-reduces of ``ring_runs``
     elements by the process group (Gloo, one rank per worker namespace, as
-    the benchmarks run it) and fits the ring's CPU with that round trip
-    (homagg.cost.fit_ring) into the entry's "ring"; without torch (or with
+    the benchmarks run it) and fits the ring's CPU per byte and cost per
+    step (homagg.cost.fit_ring) into the entry's "ring"; without torch (or with
     ``ring_runs`` empty) the entry has none and "ring_unavailable" says why."""
     import statistics
 
@@ -367,9 +367,7 @@ def calibrate_port(
     )
     for row in measured:
         row["predicted_s"] = predicted_seconds(row, job, W)
-    ring, why = _ring_calibration(
-        tb, W, link, fit["rtt_ns"], ring_runs, repeat, warmup, timeout, progress
-    )
+    ring, why = _ring_calibration(tb, W, link, ring_runs, repeat, warmup, timeout, progress)
     return {
         "workers": W,
         "processes": processes,
@@ -386,7 +384,7 @@ def calibrate_port(
     }
 
 
-def _ring_calibration(tb, W, link, rtt_ns, ring_runs, repeat, warmup, timeout, progress):
+def _ring_calibration(tb, W, link, ring_runs, repeat, warmup, timeout, progress):
     """(the entry's "ring", None) or (None, why not): ring all-reduces of
     ``ring_runs`` elements timed through the testbed (the slowest rank of
     each call, the median of the calls) and fitted by homagg.cost.fit_ring."""
@@ -423,8 +421,8 @@ def _ring_calibration(tb, W, link, rtt_ns, ring_runs, repeat, warmup, timeout, p
                 progress(f"ring all-reduce of {n} elements: {runs[-1]['seconds'] * 1e3:.2f} ms")
     finally:
         group.close()
-    fit = _cost.fit_ring(runs, workers=W, link_mbit=link, rtt_ns=rtt_ns)
-    c = _cost.Cost(link_mbit=int(link), rtt_ns=int(rtt_ns), **fit)
+    fit = _cost.fit_ring(runs, workers=W, link_mbit=link)
+    c = _cost.Cost(link_mbit=int(link), **fit)
     for r in runs:
         r["predicted_s"] = _cost.ring_ps(c, W, r["elements"]) / 1e12
     return {**fit, "runs": runs}, None

@@ -26,11 +26,12 @@ model") applied to whole methods:
   CPUs and the round trips, so "binds" names the largest term;
 - ring all-reduce sends and receives ``2 (W-1)/W * 4 N`` bytes per worker
   at the link rate in ``2 (W-1)`` steps, each costing half a round trip
-  (one hop to the next worker); its framing and CPU (the kernel's TCP and
-  the process group's) are charged only where the job's model carries the
-  ring's coefficients (``ring_byte_ps`` per byte, ``ring_step_ns`` per
-  step, fitted by ``homagg calibrate --testbed``); without them nothing is,
-  which favours ring.
+  (one hop to the next worker); where the job's model carries the ring's
+  coefficients (fitted by ``homagg calibrate --testbed``) each byte costs
+  ``ring_byte_ps`` more (the kernel's TCP, the process group's copies and
+  additions) and each step ``ring_step_ns`` in place of half the round
+  trip; without them neither framing nor CPU is charged, which favours
+  ring.
 
 The coefficients are the job's as :func:`homagg.cost.job_cost` takes them:
 this host's calibration file (``homagg calibrate``), built-in defaults
@@ -59,8 +60,8 @@ ASSUMPTIONS = (
     "terms add up: no overlap of the link, the CPUs and the round trips",
     "one round trip (rtt_ns) per HomAgg step; ring: 2(W-1) steps of half a round trip",
     "ring: 2(W-1)/W x 4N payload bytes per worker at the link rate, no framing, "
-    "its CPU only from ring_byte_ps and ring_step_ns (0 unless calibrated through the port: "
-    "favours ring)",
+    "its CPU only from ring_byte_ps, a step ring_step_ns in place of half the round trip "
+    "(0 unless calibrated through the port: favours ring)",
     "HomAgg bytes: the codec run on the workload's generated gradients, "
     "scaled by N / simulated elements when N is larger",
     "lhc's sketch cells and fallback lanes cost lane_ps each, as union lanes",
@@ -150,11 +151,12 @@ def ring(c: _cost.Cost, workers: int, elements: int) -> dict:
     steps = 2 * (workers - 1)
     terms = {
         "link": nbytes * 8e-6 / c.link_mbit,
-        # the ring's CPU per byte and per step (homagg.cost.RING_FIELDS;
-        # 0 without a calibration of the ring through the port)
-        "worker_cpu": (nbytes * c.ring_byte_ps + steps * 1000 * c.ring_step_ns) * 1e-12,
+        # the ring's CPU per byte (homagg.cost.RING_FIELDS; 0 without a
+        # calibration of the ring through the port)
+        "worker_cpu": nbytes * c.ring_byte_ps * 1e-12,
         "aggregator_cpu": 0.0,
-        "round_trips": steps * c.rtt_ns / 2 * 1e-9,
+        # a step: its calibrated cost, else half a round trip
+        "round_trips": steps * (c.ring_step_ns if c.ring_step_ns else c.rtt_ns / 2) * 1e-9,
     }
     t = sum(terms.values())
     return {
