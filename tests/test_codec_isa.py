@@ -262,3 +262,51 @@ def test_a_divisor_gives_numpys_division_of_the_sum_on_every_path(isa, method):
     for bad in (-1.0, float("nan"), float("inf"), 1e-40):
         with pytest.raises(Exception, match="hg_params_check|divisor"):
             codec.Params(workers=2, divisor=bad)
+
+
+@pytest.mark.parametrize("tail", (17, 1023, 1024, 1025, 1047, 4095))
+def test_bloom_probing_at_vector_tails_and_filter_sizes(tail):
+    """set_index's Bloom probing on every path against the numpy index:
+    filters of 1 to 4 segments of 1024 bits (the AVX-512 path's registers)
+    and larger (gathered), 16 and 8 element vectors and their tails, chunks
+    of 1024 elements, and a summed index that is this worker's own, every
+    bit set (every element passes every probe), no bit set (none passes)
+    or random bits."""
+    block = 16384
+    per_block = (20, 80, 150, 230, 300, 600)
+    n = len(per_block) * block + tail
+    rng = np.random.default_rng(500 + tail)
+    x = np.zeros(n, dtype=np.float32)
+    for blk, c in enumerate(per_block + (max(1, tail // 200),)):
+        start = blk * block
+        pos = rng.choice(min(block, n - start), size=c, replace=False)
+        x[start + pos] = rng.standard_normal(c).astype(np.float32) + 2
+    params = codec.Params(block_elements=block, workers=1, seed=9)
+    cp = params.c(0)
+    scan, gcodes, gcounts = b.scan_encode(cp, x)
+    plan = npc.index_plan(n, block, gcodes, gcounts.astype(np.int64))
+    blooms = [p for p in plan if p[2] == "bloom"]
+    # every block Bloom; a last block of 17 elements keeps a bitmap
+    assert len(blooms) == len(plan) - (tail < 1000)
+    nseg = sorted({-(-bits // 1024) for _, _, _, bits, _, _ in blooms})
+    assert nseg[:4] == [1, 2, 3, 4] and nseg[-1] > 4
+    own = np.asarray(b.lhc_index_encode_scan(b.lhc_create(cp, n, gcodes, gcounts), scan))
+    fills = {
+        "own": own,
+        "ones": np.full_like(own, 0xFF),
+        "zeros": np.zeros_like(own),
+        "random": rng.integers(0, 256, own.size, dtype=np.uint8),
+    }
+    for name, gindex in fills.items():
+        want = npc.candidates(gindex, plan, 9)
+        if name == "ones":
+            assert want.size == n
+        if name == "zeros":
+            assert want.size == 0
+        for isa in CODEC_ISAS:
+            with codec_isa(isa):
+                pl = b.lhc_create(cp, n, gcodes, gcounts)
+                b.lhc_set_index(pl, gindex)
+                lanes = b.union_lanes(pl)
+                got = np.flatnonzero(b.union_decode(pl, np.arange(1, lanes + 1, dtype=">i4")))
+                assert got.tolist() == want.tolist(), f"{isa}, {name} index"

@@ -309,36 +309,69 @@ static inline uint32_t bloom_bit(const uint8_t *filt, uint32_t p)
 	return (filt[p >> 3] >> (p & 7)) & 1u;
 }
 
-/*
- * true when all k probes of element g (bloom_probes) hit a set bit of the
- * filter.  The first hash word's three probes are tested together, with
- * no branch between them; only an element that passes them (about one in
- * eight in a filter half full) computes the other words.  Testing probe
- * by probe with an early exit, after computing all k, cost a hash word per
- * three probes and a branch the CPU cannot predict per element: 2^24
- * elements at 0.68 %, W = 4 (Bloom blocks of k = 8), best CPU time of 3
- * runs of set_index on the portable path, shared Xeon under load: 352 ms
- * before, 131 ms after (docs/BENCHMARKS.md "The codec per ISA path").
- * The AVX2 path does the same in two stages, 8 elements at a time.
- */
-static inline bool bloom_test(uint64_t key, uint64_t g, uint32_t k,
-			      uint32_t bits, const uint8_t *filt)
+/* Probe field r (0-2) of hash word w, in [0, bits) (bloom_probes). */
+static inline uint32_t bloom_field(uint64_t w, uint32_t r, uint32_t bits)
 {
-	uint64_t w = hg_hash(key, g);
-	uint32_t hit = 1;
+	return (uint32_t)((((w >> (21 * r)) & 0x1FFFFFu) * (uint64_t)bits) >> 21);
+}
 
-	for (uint32_t i = 0; i < k; i++) {
-		if (i && i % 3 == 0) {
-			if (!hit)
-				return false;
-			w = hg_mix64(w + HG_HASH_GOLDEN);
+/* Elements per stage-1 chunk of the portable Bloom probing (its
+ * survivors' list lives on the stack). */
+#define BLOOM_CHUNK_PORTABLE 1024
+
+/*
+ * The candidates of a Bloom block among its elements [i0, len) (element i
+ * is g0 + i): those whose k probes (bloom_probes) all hit a set bit of the
+ * filter, appended at out (one entry of slack); returns their count.  In
+ * two stages with no branch on a probe: stage 1 tests the three probes of
+ * the first hash word of every element and lists the survivors (about one
+ * in eight in a filter half full), stage 2 hashes on for the survivors
+ * only.  Testing each element to the end before the next, with an early
+ * exit per hash word, took a branch the CPU mispredicts on about one
+ * element in eight: 3846144 elements at 0.68 %, W = 4 (939 Bloom blocks
+ * of k = 8), best CPU time of set_index, the library before and after
+ * alternated in one process, shared Xeon under load: 26.2-27.1 ms before,
+ * 18.8-19.4 ms after (docs/BENCHMARKS.md "Bloom probing").  The vector
+ * paths leave their last len % 8 (AVX2) or len % 16 (AVX-512) elements
+ * to it.
+ */
+static uint32_t bloom_candidates_portable(uint64_t key, uint64_t g0, uint32_t k,
+					  uint32_t bits, const uint8_t *filt,
+					  uint32_t i0, uint32_t len, uint16_t *out)
+{
+	const uint32_t k1 = k < 3 ? k : 3;
+	uint16_t surv[BLOOM_CHUNK_PORTABLE + 1];
+	uint32_t c = 0;
+
+	for (uint32_t c0 = i0; c0 < len; c0 += BLOOM_CHUNK_PORTABLE) {
+		uint32_t c1 = len - c0 < BLOOM_CHUNK_PORTABLE ?
+				      len :
+				      c0 + BLOOM_CHUNK_PORTABLE;
+		uint32_t ns = 0;
+
+		for (uint32_t i = c0; i < c1; i++) {
+			uint64_t w = hg_hash(key, g0 + i);
+			uint32_t hit = 1;
+
+			for (uint32_t r = 0; r < k1; r++)
+				hit &= bloom_bit(filt, bloom_field(w, r, bits));
+			surv[ns] = (uint16_t)i;
+			ns += hit;
 		}
-		hit &= bloom_bit(filt,
-				 (uint32_t)((((w >> (21 * (i % 3))) & 0x1FFFFFu) *
-					     (uint64_t)bits) >>
-					    21));
+		for (uint32_t j = 0; j < ns; j++) {
+			uint64_t w = hg_hash(key, g0 + surv[j]);
+			uint32_t hit = 1;
+
+			for (uint32_t r = 3; r < k; r++) {
+				if (r % 3 == 0)
+					w = hg_mix64(w + HG_HASH_GOLDEN);
+				hit &= bloom_bit(filt, bloom_field(w, r % 3, bits));
+			}
+			out[c] = surv[j];
+			c += hit;
+		}
 	}
-	return hit;
+	return c;
 }
 
 int hg_lhc_index_encode(const struct hg_lhc *l, const float *x, uint8_t *index)
@@ -443,10 +476,11 @@ static bool cand_vbmi2(void)
 #define CAND_SLACK 32
 
 /* Candidates of one block appended at l->cand_pos + total (a bitmap's
- * list by AVX-512 VBMI2 when vbmi2, else by AVX2 when avx2; the AVX2 Bloom
- * probing when avx2). */
+ * list by AVX-512 VBMI2 when vbmi2, else by AVX2 when avx2; a Bloom
+ * block's probing by AVX-512 when avx512, else by AVX2 when avx2). */
 static int collect_candidates(struct hg_lhc *l, size_t b, const uint8_t *idx,
-			      size_t total, bool vbmi2, bool avx2, uint32_t *count)
+			      size_t total, bool vbmi2, bool avx2, bool avx512,
+			      uint32_t *count)
 {
 	const struct lhc_block *bk = &l->blk[b];
 	uint32_t len = (uint32_t)hg_block_len(&l->p, l->n, b);
@@ -489,7 +523,14 @@ static int collect_candidates(struct hg_lhc *l, size_t b, const uint8_t *idx,
 	} else if (bk->kind == LHC_BLOOM) {
 		uint32_t i = 0;
 
-		if (avx2) {
+		if (avx512 && bk->bloom_bits < BLOOM_VEC_BITS) {
+			i = len & ~15u;
+			c = hg_lhc_bloom_candidates_avx512(l->key_bloom,
+							   l->first + b * l->p.block,
+							   bk->bloom_k,
+							   bk->bloom_bits, idx,
+							   i, out);
+		} else if (avx2 && bk->bloom_bits < BLOOM_VEC_BITS) {
 			i = len & ~7u;
 			c = hg_lhc_bloom_candidates_avx2(l->key_bloom,
 							 l->first + b * l->p.block,
@@ -497,10 +538,10 @@ static int collect_candidates(struct hg_lhc *l, size_t b, const uint8_t *idx,
 							 bk->bloom_bits, idx, i,
 							 out);
 		}
-		for (; i < len; i++)
-			if (bloom_test(l->key_bloom, l->first + b * l->p.block + i,
-				       bk->bloom_k, bk->bloom_bits, idx))
-				out[c++] = (uint16_t)i;
+		c += bloom_candidates_portable(l->key_bloom,
+					       l->first + b * l->p.block,
+					       bk->bloom_k, bk->bloom_bits, idx,
+					       i, len, out + c);
 	}
 	*count = c;
 	return 0;
@@ -554,13 +595,14 @@ PREFETCH_FN void prefetch_index(const struct hg_lhc *l, size_t b,
 int hg_lhc_set_index(struct hg_lhc *l, const uint8_t *gindex)
 {
 	size_t total = 0, lanes = 0, max_cells = 0, max_cand = 0;
-	bool vbmi2, avx2;
+	bool vbmi2, avx2, avx512;
 	int rc;
 
 	if (!l || (l->info.index_bytes && !gindex))
 		return -EINVAL;
 	vbmi2 = cand_vbmi2();
 	avx2 = hg_codec_avx2();
+	avx512 = hg_codec_avx512();
 	l->state = LHC_PLANNED;
 	/* union reads the bitmaps again, in words (slack for the last one) */
 	free(l->gindex);
@@ -580,7 +622,7 @@ int hg_lhc_set_index(struct hg_lhc *l, const uint8_t *gindex)
 			prefetch_index(l, b + 1, gindex);
 		if (bk->kind != LHC_NONE) {
 			rc = collect_candidates(l, b, gindex + bk->index_off,
-						total, vbmi2, avx2, &c);
+						total, vbmi2, avx2, avx512, &c);
 			if (rc)
 				return rc;
 		}

@@ -113,44 +113,52 @@ hg_lhc_cells_avx2(uint64_t key, uint64_t g0, uint32_t t, const uint16_t *pos,
 }
 
 /*
- * Probe r of 8 elements (two vectors of 4 hash words, a: elements 0-3,
- * b: 4-7): field r % 3 of each word, reduced to [0, bits) as bloom_probes
- * does; the 8 probe positions in 32-bit lanes, interleaved (lane 2j:
- * element j, lane 2j + 1: element 4 + j).
+ * The three 21-bit fields of 8 elements' hash words (a: elements 0-3, b:
+ * 4-7), in 32-bit lanes in element order, at f[0..2].
  */
-__attribute__((target("avx2"))) static inline __m256i
-bloom_probe8(__m256i a, __m256i b, int r, __m256i bitsv)
+__attribute__((target("avx2"))) static inline void
+bloom_fields8(__m256i a, __m256i b, __m256i *f)
 {
-	const __m256i f21 = _mm256_set1_epi64x(0x1FFFFF);
-	const __m128i sh = _mm_cvtsi32_si128(21 * (r % 3));
-	__m256i fa = _mm256_and_si256(_mm256_srl_epi64(a, sh), f21);
-	__m256i fb = _mm256_and_si256(_mm256_srl_epi64(b, sh), f21);
+	const __m256i f21 = _mm256_set1_epi32(0x1FFFFF);
+	/* low and high halves: a0 a1 b0 b1 | a2 a3 b2 b3, then in order */
+	__m256i lo = _mm256_castps_si256(
+		_mm256_shuffle_ps(_mm256_castsi256_ps(a), _mm256_castsi256_ps(b),
+				  _MM_SHUFFLE(2, 0, 2, 0)));
+	__m256i hi = _mm256_castps_si256(
+		_mm256_shuffle_ps(_mm256_castsi256_ps(a), _mm256_castsi256_ps(b),
+				  _MM_SHUFFLE(3, 1, 3, 1)));
 
-	fa = _mm256_srli_epi64(_mm256_mul_epu32(fa, bitsv), 21);
-	fb = _mm256_srli_epi64(_mm256_mul_epu32(fb, bitsv), 21);
-	return _mm256_blend_epi32(fa, _mm256_slli_epi64(fb, 32), 0xAA);
+	lo = _mm256_permute4x64_epi64(lo, _MM_SHUFFLE(3, 1, 2, 0));
+	hi = _mm256_permute4x64_epi64(hi, _MM_SHUFFLE(3, 1, 2, 0));
+	f[0] = _mm256_and_si256(lo, f21);
+	f[1] = _mm256_and_si256(_mm256_or_si256(_mm256_srli_epi32(lo, 21),
+						_mm256_slli_epi32(hi, 11)),
+				f21);
+	f[2] = _mm256_and_si256(_mm256_srli_epi32(hi, 10), f21);
 }
 
-/* The bit of the filter at the 8 probe positions p (32-bit lanes), in
- * bit 0 of each lane: a 32-bit gather of the filter's little-endian words
- * (word p / 32 holds bit p at p % 32, as byte p / 8 holds it at p % 8). */
-__attribute__((target("avx2"))) static inline __m256i bloom_bit8(const int *words,
-								 __m256i p)
+/*
+ * The filter bits at the probes of the fields f of 8 elements, in bit 0
+ * of each lane: probe (f * bits) >> 21 as bloom_probes computes it
+ * (codec_lhc.c), = (f * (bits / 64)) >> 15 exactly as bits is a multiple
+ * of 64 (32 bits suffice below 2^17 bits; bv = bits / 64), then a 32-bit
+ * gather of the filter's little-endian words (word p / 32 holds bit p at
+ * p % 32, as byte p / 8 holds it at p % 8).
+ */
+__attribute__((target("avx2"))) static inline __m256i
+bloom_bit8(const int *words, __m256i f, __m256i bv)
 {
+	__m256i p = _mm256_srli_epi32(_mm256_mullo_epi32(f, bv), 15);
 	__m256i w = _mm256_i32gather_epi32(words, _mm256_srli_epi32(p, 5), 4);
 
 	return _mm256_srlv_epi32(w, _mm256_and_si256(p, _mm256_set1_epi32(31)));
 }
 
-/* The 8-bit element mask (element j at bit j) of interleaved lanes whose
- * bit 0 is set (lane 2j: element j, lane 2j + 1: element 4 + j). */
-__attribute__((target("avx2,bmi2"))) static inline uint32_t bloom_mask8(__m256i hit)
+/* The 8-bit element mask of lanes whose bit 0 is set. */
+__attribute__((target("avx2"))) static inline uint32_t bloom_mask8(__m256i hit)
 {
-	uint32_t mm = (uint32_t)_mm256_movemask_ps(
+	return (uint32_t)_mm256_movemask_ps(
 		_mm256_castsi256_ps(_mm256_slli_epi32(hit, 31)));
-
-	return (uint32_t)_pext_u32(mm, 0x55) |
-	       ((uint32_t)_pext_u32(mm, 0xAA) << 4);
 }
 
 /* Elements per stage-1 chunk of the Bloom probing (its survivors' list
@@ -175,7 +183,7 @@ hg_lhc_bloom_candidates_avx2(uint64_t key, uint64_t g0, uint32_t k, uint32_t bit
 {
 	const __m256i gold = _mm256_set1_epi64x((long long)HG_HASH_GOLDEN);
 	const __m256i step = _mm256_set1_epi64x((long long)(8 * HG_HASH_GOLDEN));
-	const __m256i bitsv = _mm256_set1_epi64x(bits);
+	const __m256i bv = _mm256_set1_epi32((int)(bits / 64));
 	const __m256i one = _mm256_set1_epi32(1);
 	const uint64_t base = key + (g0 + 1) * HG_HASH_GOLDEN;
 	const uint32_t k1 = k < 3 ? k : 3;
@@ -197,15 +205,13 @@ hg_lhc_bloom_candidates_avx2(uint64_t key, uint64_t g0, uint32_t k, uint32_t bit
 
 		/* stage 1: the probes of the first word */
 		for (uint32_t i = i0; i < i1; i += 8) {
-			__m256i wa = avx2_mix64(ga), wb = avx2_mix64(gb);
-			__m256i hit = one;
+			__m256i hit = one, f[3];
 			uint32_t m;
 
+			bloom_fields8(avx2_mix64(ga), avx2_mix64(gb), f);
 			for (uint32_t r = 0; r < k1; r++)
-				hit = _mm256_and_si256(
-					hit, bloom_bit8(words,
-							bloom_probe8(wa, wb, (int)r,
-								     bitsv)));
+				hit = _mm256_and_si256(hit, bloom_bit8(words,
+								       f[r], bv));
 			m = bloom_mask8(hit);
 			_mm_storeu_si128((__m128i *)(surv + ns),
 					 _mm_add_epi16(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(
@@ -238,15 +244,17 @@ hg_lhc_bloom_candidates_avx2(uint64_t key, uint64_t g0, uint32_t k, uint32_t bit
 			__m256i hit = one;
 			uint32_t m, left = ns - j;
 
-			for (uint32_t r = 3; r < k; r++) {
-				if (r % 3 == 0) {
-					wa = avx2_mix64(_mm256_add_epi64(wa, gold));
-					wb = avx2_mix64(_mm256_add_epi64(wb, gold));
-				}
-				hit = _mm256_and_si256(
-					hit, bloom_bit8(words,
-							bloom_probe8(wa, wb, (int)r,
-								     bitsv)));
+			for (uint32_t r0 = 3; r0 < k; r0 += 3) {
+				__m256i f[3];
+
+				wa = avx2_mix64(_mm256_add_epi64(wa, gold));
+				wb = avx2_mix64(_mm256_add_epi64(wb, gold));
+				bloom_fields8(wa, wb, f);
+				for (uint32_t r = r0; r < k && r < r0 + 3; r++)
+					hit = _mm256_and_si256(hit,
+							       bloom_bit8(words,
+									  f[r - r0],
+									  bv));
 			}
 			m = bloom_mask8(hit);
 			if (left < 8)

@@ -2,8 +2,8 @@
 /*
  * codec_lhc_avx512.c - the AVX-512 paths of the lhc method (codec_lhc.c
  * chooses them at run time, hg_codec_avx512()): the candidate list of a
- * bitmap block (VBMI2), the sketch cells of a batch of candidates and the
- * compaction of a block's non-zeros.  Each gives the same bits as its
+ * bitmap block (VBMI2), the sketch cells of a batch of candidates, the
+ * compaction of a block's non-zeros and Bloom probing.  Each gives the same bits as its
  * portable counterpart in codec_lhc.c.
  */
 #include <string.h>
@@ -140,4 +140,225 @@ hg_lhc_compact_avx512(const float *xb, uint32_t i0, uint32_t i1, uint16_t *pos,
 		*amax = r > *amax ? r : *amax;
 	}
 	return c;
+}
+
+/* ---- Bloom probing ----------------------------------------------------- */
+
+/* Filters of at most BLOOM_REG_BITS bits are probed from registers: each
+ * 1024 bits (32 words) a pair of vectors, looked up with vpermt2d.  Larger
+ * ones with a 32-bit gather. */
+#define BLOOM_SEG_BITS 1024u
+#define BLOOM_REG_SEGS 4
+#define BLOOM_REG_BITS (BLOOM_REG_SEGS * BLOOM_SEG_BITS)
+
+/* Elements per stage-1 chunk (its survivors' list lives on the stack). */
+#define BLOOM_CHUNK512 1024
+
+#define AVX512_BLOOM_FN                                                        \
+	__attribute__((target("avx512f,avx512dq,popcnt"), always_inline)) static inline
+
+/*
+ * The three 21-bit fields of 16 elements' hash words (a: elements 0-7, b:
+ * 8-15), in 32-bit lanes in element order, at f[0..2].
+ */
+AVX512_BLOOM_FN void bloom_fields16(__m512i a, __m512i b, __m512i *f)
+{
+	const __m512i f21 = _mm512_set1_epi32(0x1FFFFF);
+	const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16,
+					       18, 20, 22, 24, 26, 28, 30);
+	const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+	__m512i lo = _mm512_permutex2var_epi32(a, even, b);
+	__m512i hi = _mm512_permutex2var_epi32(a, odd, b);
+
+	f[0] = _mm512_and_si512(lo, f21);
+	/* bits 21-41: (lo >> 21 | hi << 11) & f21 */
+	f[1] = _mm512_ternarylogic_epi32(_mm512_srli_epi32(lo, 21),
+					 _mm512_slli_epi32(hi, 11), f21, 0xA8);
+	f[2] = _mm512_and_si512(_mm512_srli_epi32(hi, 10), f21);
+}
+
+/*
+ * The probe of field f in [0, bits): (f * bits) >> 21 as bloom_probes
+ * computes it (codec_lhc.c), = (f * (bits / 64)) >> 15 exactly as bits is
+ * a multiple of 64, which fits 32 bits when bits < BLOOM_VEC_BITS
+ * (bv = bits / 64 in every lane).
+ */
+AVX512_BLOOM_FN __m512i bloom_probe16(__m512i f, __m512i bv)
+{
+	return _mm512_srli_epi32(_mm512_mullo_epi32(f, bv), 15);
+}
+
+/*
+ * The lanes of the 16 probe positions p whose filter bit is set: word
+ * p / 32 (little endian, as byte p / 8 holds bit p % 8), from the
+ * registers t (nseg segments of 1024 bits) when nseg > 0, else gathered
+ * from words.
+ */
+AVX512_BLOOM_FN __mmask16 bloom_hits16(const __m512i *t, int nseg,
+				       const int *words, __m512i p)
+{
+	__m512i wi = _mm512_srli_epi32(p, 5), v;
+	/* bit p % 32 (a rotate takes its count mod 32) */
+	__m512i bit = _mm512_rolv_epi32(_mm512_set1_epi32(1), p);
+
+	if (nseg == 0) {
+		v = _mm512_i32gather_epi32(wi, words, 4);
+	} else {
+		/* vpermt2d reads the low 5 bits of wi: the word within
+		 * the segment; p >= 1024 s picks segment s */
+		v = _mm512_permutex2var_epi32(t[0], wi, t[1]);
+		for (int s = 1; s < nseg; s++)
+			v = _mm512_mask_mov_epi32(
+				v,
+				_mm512_cmpge_epu32_mask(
+					p, _mm512_set1_epi32(
+						   (int)(s * BLOOM_SEG_BITS))),
+				_mm512_permutex2var_epi32(t[2 * s], wi,
+							  t[2 * s + 1]));
+	}
+	return _mm512_test_epi32_mask(v, bit);
+}
+
+/* The 16 positions p (32-bit lanes) selected by m, stored in order as
+ * 16-bit values at out (all 16 lanes stored); returns their number. */
+AVX512_BLOOM_FN uint32_t bloom_store16(__m512i p, __mmask16 m, uint16_t *out)
+{
+	_mm256_storeu_si256((__m256i *)out,
+			    _mm512_cvtepi32_epi16(
+				    _mm512_maskz_compress_epi32(m, p)));
+	return (uint32_t)__builtin_popcount(m);
+}
+
+/*
+ * hg_lhc_bloom_candidates_avx512 for a filter in nseg segments of
+ * registers (0: gathered).  Stage 1: the three probes of the first hash
+ * word of 16 elements at a time, the survivors (about 1/8 in a filter half
+ * full) listed; stage 2: the other probes of the survivors, 16 at a time,
+ * their first hash word recomputed.  Same candidates, in the same order,
+ * as the portable loop.  3846144 elements at 0.68 %, W = 4 (filters of
+ * about 1400 bits, two segments), best CPU time of set_index with the library
+ * before (the AVX2 gather loop) and after alternated in one process,
+ * shared Xeon under load: 8.9 ms before, 4.7-4.9 ms after
+ * (docs/BENCHMARKS.md "Bloom probing").
+ */
+AVX512_BLOOM_FN uint32_t bloom_candidates16(uint64_t key, uint64_t g0,
+					    uint32_t k, uint32_t bits,
+					    const uint8_t *filt, uint32_t len16,
+					    uint16_t *out, const int nseg)
+{
+	const __m512i gold = _mm512_set1_epi64((long long)HG_HASH_GOLDEN);
+	const __m512i step = _mm512_set1_epi64((long long)(16 * HG_HASH_GOLDEN));
+	const __m512i bv = _mm512_set1_epi32((int)(bits / 64));
+	const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10,
+					       11, 12, 13, 14, 15);
+	const uint64_t base = key + (g0 + 1) * HG_HASH_GOLDEN;
+	const __m512i basev = _mm512_set1_epi64((long long)base);
+	const uint32_t k1 = k < 3 ? k : 3;
+	const int *words = (const int *)filt;
+	uint16_t surv[BLOOM_CHUNK512 + 16];
+	__m512i t[2 * BLOOM_REG_SEGS];
+	/* key + (g + 1) * GOLDEN for g = g0 + 0..7 and g0 + 8..15 */
+	__m512i ga = _mm512_add_epi64(basev,
+				      _mm512_mullo_epi64(_mm512_setr_epi64(0, 1, 2,
+									   3, 4, 5,
+									   6, 7),
+							 gold));
+	__m512i gb = _mm512_add_epi64(ga, _mm512_set1_epi64(
+						  (long long)(8 * HG_HASH_GOLDEN)));
+	uint32_t c = 0;
+
+	for (int j = 0; j < 2 * nseg; j++) {
+		uint32_t w0 = 16 * (uint32_t)j, nw = bits / 32;
+		__mmask16 lm = w0 >= nw      ? 0 :
+			       nw - w0 >= 16 ? 0xFFFF :
+					       (__mmask16)((1u << (nw - w0)) - 1);
+
+		t[j] = _mm512_maskz_loadu_epi32(lm, words + (lm ? w0 : 0));
+	}
+	for (uint32_t i0 = 0; i0 < len16; i0 += BLOOM_CHUNK512) {
+		uint32_t i1 = len16 - i0 < BLOOM_CHUNK512 ? len16 :
+							    i0 + BLOOM_CHUNK512;
+		uint32_t ns = 0;
+
+		/* stage 1: the probes of the first word */
+		for (uint32_t i = i0; i < i1; i += 16) {
+			__m512i f[3];
+			__mmask16 m = 0xFFFF;
+
+			bloom_fields16(mix64_avx512(ga), mix64_avx512(gb), f);
+			for (uint32_t r = 0; r < k1; r++)
+				m &= bloom_hits16(t, nseg, words,
+						  bloom_probe16(f[r], bv));
+			ns += bloom_store16(_mm512_add_epi32(lane,
+							     _mm512_set1_epi32(
+								     (int)i)),
+					    m, surv + ns);
+			ga = _mm512_add_epi64(ga, step);
+			gb = _mm512_add_epi64(gb, step);
+		}
+		if (k <= 3) {
+			memcpy(out + c, surv, ns * sizeof(*surv));
+			c += ns;
+			continue;
+		}
+		/* stage 2: the other probes of the survivors, 16 at a time
+		 * (the lanes past the last survivor zero, masked off) */
+		for (uint32_t j = ns; j < ((ns + 15) & ~15u); j++)
+			surv[j] = 0;
+		for (uint32_t j = 0; j < ns; j += 16) {
+			uint32_t left = ns - j;
+			__mmask16 m = left >= 16 ? 0xFFFF :
+						   (__mmask16)((1u << left) - 1);
+			__m256i p16 = _mm256_loadu_si256(
+				(const __m256i *)(surv + j));
+			__m512i p = _mm512_cvtepu16_epi32(p16);
+			/* key + (g0 + pos + 1) * GOLDEN = base + pos * GOLDEN */
+			__m512i wa = mix64_avx512(_mm512_add_epi64(
+				basev,
+				_mm512_mullo_epi64(_mm512_cvtepu16_epi64(
+							   _mm256_castsi256_si128(p16)),
+						   gold)));
+			__m512i wb = mix64_avx512(_mm512_add_epi64(
+				basev,
+				_mm512_mullo_epi64(
+					_mm512_cvtepu16_epi64(
+						_mm256_extracti128_si256(p16, 1)),
+					gold)));
+
+			for (uint32_t r0 = 3; r0 < k; r0 += 3) {
+				__m512i f[3];
+
+				wa = mix64_avx512(_mm512_add_epi64(wa, gold));
+				wb = mix64_avx512(_mm512_add_epi64(wb, gold));
+				bloom_fields16(wa, wb, f);
+				for (uint32_t r = r0; r < k && r < r0 + 3; r++)
+					m &= bloom_hits16(t, nseg, words,
+							  bloom_probe16(f[r - r0],
+									bv));
+			}
+			c += bloom_store16(p, m, out + c);
+		}
+	}
+	return c;
+}
+
+__attribute__((target("avx512f,avx512dq,popcnt"))) uint32_t
+hg_lhc_bloom_candidates_avx512(uint64_t key, uint64_t g0, uint32_t k,
+			       uint32_t bits, const uint8_t *filt,
+			       uint32_t len16, uint16_t *out)
+{
+	uint32_t nseg = (bits + BLOOM_SEG_BITS - 1) / BLOOM_SEG_BITS;
+
+	switch (nseg) {
+	case 1:
+		return bloom_candidates16(key, g0, k, bits, filt, len16, out, 1);
+	case 2:
+		return bloom_candidates16(key, g0, k, bits, filt, len16, out, 2);
+	case 3:
+		return bloom_candidates16(key, g0, k, bits, filt, len16, out, 3);
+	case 4:
+		return bloom_candidates16(key, g0, k, bits, filt, len16, out, 4);
+	default:
+		return bloom_candidates16(key, g0, k, bits, filt, len16, out, 0);
+	}
 }

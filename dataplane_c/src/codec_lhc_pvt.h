@@ -109,6 +109,16 @@ uint32_t hg_lhc_bitmap_positions_vbmi2(const uint8_t *idx, uint32_t nwords,
 uint32_t hg_lhc_cells_avx512(uint64_t key, uint64_t g0, uint32_t t,
 			     const uint16_t *pos, uint32_t n,
 			     const struct cell_batch *cb);
+/* The vector Bloom probing computes probes in 32-bit lanes: filters of
+ * fewer bits than this (larger ones, which no block of HG_MAX_BLOCK
+ * elements chooses, as a bitmap is smaller, take the portable loop). */
+#define BLOOM_VEC_BITS (1u << 17)
+/* The candidates of a Bloom block among its first len16 elements (a
+ * multiple of 16), as hg_lhc_bloom_candidates_avx2 (AVX-512 F, DQ; 16
+ * entries of slack at out); see codec_lhc_avx512.c. */
+uint32_t hg_lhc_bloom_candidates_avx512(uint64_t key, uint64_t g0, uint32_t k,
+					uint32_t bits, const uint8_t *filt,
+					uint32_t len16, uint16_t *out);
 /* The non-zeros of xb[i0, i1) (i1 - i0 a multiple of 16); see
  * codec_lhc_avx512.c. */
 uint32_t hg_lhc_compact_avx512(const float *xb, uint32_t i0, uint32_t i1,
