@@ -109,14 +109,20 @@ def test_bench_advise_rows_for_every_configuration(tmp_path, capsys, monkeypatch
         assert (p["workers"], p["processes"], p["sharing"]) == (W, W + 1, float(factor))
         fit = cost.fit_port(p["runs"], workers=W, payload_bytes=1024, link_mbit=L, factor=factor)
         assert {k: fit[k] for k in cost.PORT_FIELDS} == p["coefficients"]
+        # and the ring's CPU, from the Gloo runs it timed on the same path
+        ring = cost.fit_ring(p["ring"]["runs"], workers=W, link_mbit=L)
+        assert {k: p["ring"][k] for k in cost.RING_FIELDS} == ring
     assert set(cost.load_calibration(str(cal_file))["ports"]) == {name}  # the last one's
 
     for L, wl, d in {(r["link_mbit"], r["workload"], r["density"]) for r in rows}:
-        co = ports[(L, f"{wl} {d:g}")]["coefficients"]
+        port = ports[(L, f"{wl} {d:g}")]
+        co = port["coefficients"]
         coeffs = cost.shared(
             {**cost.DEFAULT_COEFFICIENTS, "pkt_ps": co["pkt_ps"], "agg_pkt_ps": co["agg_pkt_ps"]},
             factor,
         )
+        # the ring's as measured (not scaled): Gloo's prediction charges them
+        coeffs.update({k: port["ring"][k] for k in cost.RING_FIELDS})
         a = adv.advise(W, n, d, L, wl, seed=seed, rtt_ns=co["rtt_ns"], coeffs=coeffs)
         gloo, lhc = (
             next(

@@ -150,6 +150,136 @@ def test_a_testbed_job_registers_its_port_calibration_shared(tmp_path, monkeypat
     job = testbed_job.job_cost(_Testbed("tb2", 4))
     assert {k: getattr(job, k) for k in cost.COEFFICIENTS} == CODEC
     assert testbed_job.job_cost(_Testbed("tb1", 4), cost_model=False) == cost.Cost()
+    assert job.ring() == {"ring_byte_ps": 0, "ring_step_ns": 0}  # none calibrated
+    # with the ring's calibration: its coefficients as measured (not scaled)
+    ring = {"ring_byte_ps": 6_250, "ring_step_ns": 180_000, "runs": []}
+    path.write_text(json.dumps(_calibration({"tb1": {**entry, "ring": ring}})))
+    monkeypatch.setattr(cost, "host_cores", lambda: 2)
+    job = testbed_job.job_cost(_Testbed("tb1", 4))
+    assert {k: getattr(job, k) for k in cost.COEFFICIENTS} == want
+    assert job.ring() == {"ring_byte_ps": 6_250, "ring_step_ns": 180_000}
+    assert job.to_dict() == {**job.fields(), **job.ring()}
+    # another number of workers: no port calibration, so no ring either
+    assert testbed_job.job_cost(_Testbed("tb1", 2)).ring() == {
+        "ring_byte_ps": 0,
+        "ring_step_ns": 0,
+    }
+
+
+def _ring_runs(byte_ps, step_ns, *, W, link, sizes=(1 << 17, 1 << 20, 3_000_001)):
+    """Ring all-reduces as fit_ring's model describes them, computed here
+    from its terms: ceil(2 (W-1) 4n / W) bytes a rank at the link rate plus
+    byte_ps each, 2 (W-1) steps of step_ns each."""
+    runs = []
+    for n in sizes:
+        B = -(-2 * (W - 1) * 4 * n // W)
+        ps = B * (8 * 10**6 // link + byte_ps) + 2 * (W - 1) * 1000 * step_ns
+        runs.append({"elements": n, "seconds": ps / 1e12})
+    return runs
+
+
+@pytest.mark.parametrize(
+    "byte_ps,step_ns,rtt_ns,W,link",
+    [
+        (6_250, 180_000, 480_000, 2, 10000),
+        (1_337, 1, 100_000, 4, 1000),
+        (0, 2_500_000, 2_345_678, 8, 100),
+        (54_321, 3, 0, 3, 25000),
+    ],
+)
+def test_ring_fit_gives_back_the_coefficients_of_model_made_runs(byte_ps, step_ns, rtt_ns, W, link):
+    runs = _ring_runs(byte_ps, step_ns, W=W, link=link)
+    for two in (runs[:2], runs):
+        fit = cost.fit_ring(two, workers=W, link_mbit=link)
+        assert fit == {"ring_byte_ps": byte_ps, "ring_step_ns": step_ns}
+    # and ring_ps charges them (a step in place of half the job's round
+    # trip): the runs' own times back, to the picosecond
+    c = cost.Cost(link_mbit=link, rtt_ns=rtt_ns, ring_byte_ps=byte_ps, ring_step_ns=step_ns)
+    for r in runs:
+        assert cost.ring_ps(c, W, r["elements"]) == round(r["seconds"] * 1e12)
+
+
+def test_ring_fit_is_never_negative_and_needs_two_sizes():
+    # runs faster than the link alone: no CPU, not less, and a step of the
+    # least that still says "calibrated" (1 ns; 0 is half the round trip)
+    runs = _ring_runs(0, 0, W=2, link=10000)
+    for r in runs:
+        r["seconds"] *= 0.5
+    assert cost.fit_ring(runs, workers=2, link_mbit=10000) == {
+        "ring_byte_ps": 0,
+        "ring_step_ns": 1,
+    }
+    # a larger run no slower than a smaller one: the per-byte cost 0, the
+    # steps fitted alone
+    runs = _ring_runs(1000, 5_000_000, W=2, link=10000)[:2]
+    runs[1]["seconds"] = runs[0]["seconds"]
+    fit = cost.fit_ring(runs, workers=2, link_mbit=10000)
+    assert fit["ring_byte_ps"] == 0 and fit["ring_step_ns"] > 1
+    with pytest.raises(InvalidArgument, match="two runs of different sizes"):
+        cost.fit_ring(runs[:1] * 2, workers=2, link_mbit=10000)
+
+
+def test_a_job_file_carries_the_ring_coefficients(tmp_path):
+    from homagg.switch import job_file
+
+    c = cost.Cost(link_mbit=10000, rtt_ns=480_000, **CODEC, ring_byte_ps=6_250, ring_step_ns=7)
+    # struct hg_cost never sees them; the job file does
+    assert set(c.fields()) & set(cost.RING_FIELDS) == set()
+    assert c.to_dict() == {**c.fields(), "ring_byte_ps": 6_250, "ring_step_ns": 7}
+    jf = job_file.write_job_file(
+        str(tmp_path / "job.json"), aggregator="10.0.0.1", job=1, token=2, cost=c.to_dict()
+    )
+    got = job_file.job_config({"HOMAGG_JOB_FILE": jf})["cost"]
+    assert got == c.to_dict() and cost.as_cost(got) == c
+    # a job without them reads and writes as before
+    plain = cost.Cost(link_mbit=10000, rtt_ns=480_000, **CODEC)
+    assert plain.to_dict() == plain.fields()
+    for bad, field in (
+        ({"ring_byte_ps": -1}, "cost.ring_byte_ps"),
+        ({"ring_byte_ps": cost.MAX_ELEM_PS + 1}, "cost.ring_byte_ps"),
+        ({"ring_step_ns": 2**32}, "cost.ring_step_ns"),
+    ):
+        env = {"HOMAGG_JOB_FILE": jf, "HOMAGG_COST": json.dumps({**c.to_dict(), **bad})}
+        with pytest.raises(job_file.ConfigError, match=field):
+            job_file.job_config(env)
+    with pytest.raises(InvalidArgument, match="cost.ring_step_ns: 4294967296 is outside"):
+        cost.Cost(link_mbit=1, ring_step_ns=2**32)
+    with pytest.raises(InvalidArgument, match="cost.ring_byte_ps: expected an integer"):
+        cost.Cost(link_mbit=1, ring_byte_ps=1.5)
+    os.unlink(jf)
+
+
+def test_the_ring_coefficients_move_the_choice_of_path():
+    """W = 2, link 10 Gbit/s (800 ps a byte), rtt 100 us, the codec's
+    CODEC coefficients, method dense, n = 4096 k elements (k blocks).
+    HomAgg's bound by hand: xb = 800 + (2_000_000 + 2 * 150_000 + 98 * 800)
+    // 1024 = 800 + 2322 = 3122 ps a byte; (k + 4 * 4096 k) * 3122 + 4096 k
+    * 1000 + 2 * 10^8 = 55_249_970 k + 200_000_000.  The ring without its
+    CPU: 16384 k * 800 + 2 * 500 * 100_000 = 13_107_200 k +
+    100_000_000 (two steps of half a round trip), below HomAgg's for every
+    k.  With ring_byte_ps 3000 and ring_step_ns 20_000 (a step in place of
+    half the round trip): 16384 k * 3800 + 2 * 2 * 10^7 = 62_259_200 k +
+    40_000_000, below HomAgg's while 7_009_230 k < 160_000_000, i.e. up to
+    k = 22."""
+    base = cost.Cost(link_mbit=10000, rtt_ns=100_000, **CODEC)
+    ring = cost.Cost(
+        link_mbit=10000, rtt_ns=100_000, **CODEC, ring_byte_ps=3000, ring_step_ns=20_000
+    )
+    for k in (1, 22, 23, 1000):
+        n = 4096 * k
+        h = 55_249_970 * k + 200_000_000
+        plain = cost.choose_path(base, 2, n, None, "dense")
+        assert plain == {
+            "path": "baseline",
+            "homagg_ps": h,
+            "baseline_ps": 13_107_200 * k + 100_000_000,
+        }
+        got = cost.choose_path(ring, 2, n, None, "dense")
+        assert got == {
+            "path": "baseline" if k <= 22 else "homagg",
+            "homagg_ps": h,
+            "baseline_ps": 62_259_200 * k + 40_000_000,
+        }
 
 
 def test_a_bad_port_entry_is_named(tmp_path):
@@ -167,6 +297,9 @@ def test_a_bad_port_entry_is_named(tmp_path):
             "ports.tb.coefficients.agg_pkt_ps",
         ),
         ({**good, "coefficients": {"pkt_ps": 1, "agg_pkt_ps": 2}}, "ports.tb.coefficients.rtt_ns"),
+        ({**good, "ring": {"ring_byte_ps": 1}}, "ports.tb.ring.ring_step_ns"),
+        ({**good, "ring": {"ring_byte_ps": -1, "ring_step_ns": 0}}, "ports.tb.ring.ring_byte_ps"),
+        ({**good, "ring": [1, 2]}, "ports.tb.ring"),
     ):
         p = tmp_path / "bad.json"
         p.write_text(json.dumps(_calibration({"tb": bad})))
@@ -234,7 +367,18 @@ def test_calibrate_testbed_writes_an_entry_its_jobs_register(tmp_path, monkeypat
         assert job.rtt_ns == entry["coefficients"]["rtt_ns"]
         # the standing job's file now holds it too (the daemons keep no cost)
         assert printed["job_file"] == testbed_job.job(tb)["file"]
-        assert testbed_job.job(tb)["cost"] == job.fields() != before
+        assert testbed_job.job(tb)["cost"] == job.to_dict() != before
+        # the ring all-reduce timed through the same path, its CPU fitted
+        ring = entry["ring"]
+        assert [r["elements"] for r in ring["runs"]] == list(calibrate.RING_RUNS)
+        assert all(r["seconds"] > 0 for r in ring["runs"])
+        assert {k: ring[k] for k in cost.RING_FIELDS} == cost.fit_ring(
+            ring["runs"], workers=W, link_mbit=1000
+        )
+        assert printed["ring"] == ring
+        assert job.ring() == {k: ring[k] for k in cost.RING_FIELDS}  # as measured
+        for r in ring["runs"]:
+            assert r["predicted_s"] == cost.ring_ps(job, W, r["elements"]) / 1e12
         for r in runs:
             assert r["seconds"] > 0 and r["bytes"] > 0 and r["daemon_cpu_s"] >= 0
             a = adv.advise(
@@ -277,6 +421,28 @@ def test_advise_for_a_testbed_predicts_with_its_jobs_coefficients(tmp_path, monk
         m: r["time_s"] for m, r in want["methods"].items()
     }
     assert "testbed tb1" in got["coefficients_from"] and "sharing 2.5" in got["coefficients_from"]
+    # no ring calibrated: the ring is the link and its round trips alone
+    # (W = 4: 6 steps, 2 * 3/4 * 4 * 65536 = 393216 bytes a rank)
+    assert got["ring_coefficients"] == {"ring_byte_ps": 0, "ring_step_ns": 0}
+    assert got["ring"]["time_s"] == pytest.approx((393216 * 8000 + 6 * 240_726_000) / 1e12)
+    # with it: its CPU per byte on top and its step in place of half the
+    # round trip, as measured (not scaled)
+    ring = {"ring_byte_ps": 6_250, "ring_step_ns": 180_000, "runs": []}
+    path.write_text(json.dumps(_calibration({"tb1": {**entry, "ring": ring}})))
+    assert cli.main(argv) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["ring_coefficients"] == {"ring_byte_ps": 6_250, "ring_step_ns": 180_000}
+    assert got["ring"]["time_s"] == pytest.approx(
+        (393216 * (8000 + 6_250) + 6 * 180_000_000) / 1e12
+    )
+    assert got["ring"]["terms"]["worker_cpu"] == pytest.approx(393216 * 6_250 / 1e12)
+    assert {m: r["time_s"] for m, r in got["methods"].items()} == {
+        m: r["time_s"] for m, r in want["methods"].items()
+    }  # HomAgg's own predictions do not change
+    assert cli.main([a for a in argv if a != "--json"]) == 0  # the text names them
+    assert "ring's CPU (the port's calibration): 6250 ps a byte, 180 us a step" in (
+        capsys.readouterr().out
+    )
     # --rtt-us still wins
     assert cli.main(argv + ["--rtt-us", "50"]) == 0
     assert json.loads(capsys.readouterr().out)["rtt_ns"] == 50_000

@@ -36,6 +36,10 @@ CALIBRATION_VERSION = 1
 ELEM_FIELDS = ("value_ps", "lane_ps", "bitmap_ps", "probe_ps")
 PKT_FIELDS = ("pkt_ps", "agg_pkt_ps")
 COEFFICIENTS = PKT_FIELDS + ELEM_FIELDS
+# the ring all-reduce's CPU (the process group's, Python only: the C code
+# never predicts the ring, so they are not fields of struct hg_cost):
+# picoseconds per byte a rank sends, nanoseconds per step
+RING_FIELDS = ("ring_byte_ps", "ring_step_ns")
 MAX_ELEM_PS = 1_000_000
 MAX_PKT_PS = 100_000_000
 # a phase round trip when the job names none: the testbed's veth + bridge
@@ -70,6 +74,9 @@ class Cost:
     lane_ps: int = 0
     bitmap_ps: int = 0
     probe_ps: int = 0
+    # Python only (RING_FIELDS): not in fields(), in to_dict() when set
+    ring_byte_ps: int = 0
+    ring_step_ns: int = 0
 
     def __post_init__(self):
         for f in dataclasses.fields(self):
@@ -78,7 +85,7 @@ class Cost:
                 raise InvalidArgument(f"cost.{f.name}: expected an integer, got {v!r}")
             bound = (
                 MAX_ELEM_PS
-                if f.name in ELEM_FIELDS
+                if f.name in ELEM_FIELDS or f.name == "ring_byte_ps"
                 else MAX_PKT_PS
                 if f.name in PKT_FIELDS
                 else 2**32 - 1
@@ -94,8 +101,20 @@ class Cost:
         return self.link_mbit > 0
 
     def fields(self) -> dict:
-        """The ``struct hg_cost`` fields."""
-        return dataclasses.asdict(self)
+        """The ``struct hg_cost`` fields (the ring's are not among them)."""
+        d = dataclasses.asdict(self)
+        for k in RING_FIELDS:
+            del d[k]
+        return d
+
+    def ring(self) -> dict:
+        """The ring all-reduce's CPU coefficients (RING_FIELDS)."""
+        return {k: getattr(self, k) for k in RING_FIELDS}
+
+    def to_dict(self) -> dict:
+        """A job file's ``cost`` object: the ``struct hg_cost`` fields and
+        the ring's where they are set (a job without them reads as before)."""
+        return {**self.fields(), **{k: v for k, v in self.ring().items() if v}}
 
     @classmethod
     def from_dict(cls, d, context="cost") -> "Cost":
@@ -204,7 +223,9 @@ def job_cost(link_mbit, rtt_ns=None, calibration=None, coeffs=None, sharing=1) -
     ``calibration`` given, else this host's calibration file, else the
     built-in defaults), every CPU coefficient multiplied by ``sharing``
     (:func:`sharing`: processes of the job per core of a host they share;
-    1: a core each)."""
+    1: a core each).  The ring's coefficients (RING_FIELDS), where
+    ``coeffs`` has them, are taken as they are: the port's calibration
+    measured them with the testbed's own sharing."""
     if not link_mbit:
         return Cost()
     if float(link_mbit) < 1:
@@ -215,6 +236,7 @@ def job_cost(link_mbit, rtt_ns=None, calibration=None, coeffs=None, sharing=1) -
         link_mbit=int(link_mbit),
         rtt_ns=int(DEFAULT_RTT_NS if rtt_ns is None else rtt_ns),
         **shared(coeffs, sharing),
+        **{k: int(coeffs[k]) for k in RING_FIELDS if k in coeffs},
     )
 
 
@@ -276,6 +298,18 @@ def check_port(entry, where="port calibration") -> dict:
                 f"{where}.coefficients.{k} = {v!r}: expected an integer in 0..{bound} "
                 "(run `homagg calibrate --testbed NAME` again)"
             )
+    ring = entry.get("ring")
+    if ring is not None:
+        if not isinstance(ring, dict):
+            raise InvalidArgument(f"{where}.ring: expected an object of {list(RING_FIELDS)}")
+        for k in RING_FIELDS:
+            v = ring.get(k)
+            bound = MAX_ELEM_PS if k == "ring_byte_ps" else 2**32 - 1
+            if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= bound:
+                raise InvalidArgument(
+                    f"{where}.ring.{k} = {v!r}: expected an integer in 0..{bound} "
+                    "(run `homagg calibrate --testbed NAME` again)"
+                )
     return entry
 
 
@@ -291,7 +325,8 @@ def port_coefficients(cal, testbed: str, workers: int, isa=None):
     """(coefficients, rtt_ns) of a job on ``testbed``: the codec's
     coefficients of ``cal`` with the per-frame ones (``pkt_ps``,
     ``agg_pkt_ps``, per process with a core of its own) and the round trip
-    fitted through the testbed's port; None when the testbed has no such
+    fitted through the testbed's port, and the ring all-reduce's CPU
+    (RING_FIELDS) when the entry has it; None when the testbed has no such
     calibration or it was made with another number of workers."""
     entry = port_calibration(cal, testbed)
     if entry is None or entry["workers"] != int(workers):
@@ -299,6 +334,8 @@ def port_coefficients(cal, testbed: str, workers: int, isa=None):
     co = coefficients(cal, isa)
     co["pkt_ps"] = entry["coefficients"]["pkt_ps"]
     co["agg_pkt_ps"] = entry["coefficients"]["agg_pkt_ps"]
+    for k in RING_FIELDS if entry.get("ring") else ():
+        co[k] = entry["ring"][k]
     return co, entry["coefficients"]["rtt_ns"]
 
 
@@ -369,6 +406,64 @@ def fit_port(runs, *, workers: int, payload_bytes: int, link_mbit, factor=1) -> 
     }
 
 
+def ring_bytes(workers: int, n: int) -> int:
+    """The bytes a rank of a ring all-reduce of ``n`` float32 elements
+    over ``workers`` ranks sends: ``ceil(2 (W-1) 4n / W)``."""
+    return _ceil(2 * (workers - 1) * 4 * n, workers)
+
+
+def fit_ring(runs, *, workers: int, link_mbit) -> dict:
+    """The ring all-reduce's CPU coefficients that make :func:`ring_ps`
+    match ring all-reduces (the process group's, Gloo) measured through a
+    testbed's port.  Each run is a dict: ``seconds`` (measured) and
+    ``elements`` (float32 elements).  The model of a run, with B =
+    :func:`ring_bytes` and S = 2 (W-1) its steps (picoseconds):
+
+        seconds = B * (byte_ps + ring_byte_ps) + S * ring_step
+
+    ``byte_ps`` the link's (8e6 // link_mbit).  ``ring_step`` is a step's
+    whole fixed cost (its hop and its start), in place of the half round
+    trip of an uncalibrated ring: HomAgg's fitted round trip is the fixed
+    cost of one of its phases, not of a ring's hop.  ``ring_byte_ps`` and
+    ``ring_step`` are the least-squares fit of the runs' relative errors,
+    ``ring_byte_ps`` at least 0 and ``ring_step_ns`` at least 1 (0 means
+    no calibration); they are as measured, with the testbed's sharing of
+    the cores (not divided by it).  A dict: ``ring_byte_ps``,
+    ``ring_step_ns`` (integers)."""
+    runs = list(runs)
+    if len(runs) < 2 or len({int(r["elements"]) for r in runs}) < 2:
+        raise InvalidArgument("fit_ring: at least two runs of different sizes")
+    if workers < 2:
+        raise InvalidArgument(f"fit_ring: {workers} workers; a ring has at least 2")
+    byte_ps = 8 * 10**6 // int(link_mbit)
+    S = 2 * (workers - 1)
+    rows = []
+    for r in runs:
+        t = Fraction(r["seconds"]) * 10**12
+        if t <= 0:
+            raise InvalidArgument(f"fit_ring: a run of {r['seconds']!r} seconds; measure it again")
+        B = ring_bytes(workers, int(r["elements"]))
+        rows.append((Fraction(B) / t, Fraction(S) / t, (t - B * byte_ps) / t))
+    saa = sum(a * a for a, _, _ in rows)
+    sab = sum(a * b for a, b, _ in rows)
+    sbb = sum(b * b for _, b, _ in rows)
+    say = sum(a * y for a, _, y in rows)
+    sby = sum(b * y for _, b, y in rows)
+    det = saa * sbb - sab * sab
+    a = b = None
+    if det != 0:
+        a = (say * sbb - sby * sab) / det
+        b = (saa * sby - sab * say) / det
+    if b is None or b < 0:
+        b, a = Fraction(0), say / saa
+    if a < 0:
+        a, b = Fraction(0), max(Fraction(0), sby / sbb)
+    return {
+        "ring_byte_ps": min(MAX_ELEM_PS, round(a)),
+        "ring_step_ns": min(2**32 - 1, max(1, round(b / 1000))),
+    }
+
+
 # --------------------------------------------------------------------------
 # HomAgg or the process group's allreduce (docs/TRAINING.md "Never slower
 # than the baseline"; docs/PROTOCOL.md Part 1 "The cost model")
@@ -385,13 +480,16 @@ def _ceil(a: int, b: int) -> int:
 
 def ring_ps(c: Cost, workers: int, n: int) -> int:
     """Ring all-reduce of ``n`` float32 elements over ``workers`` ranks
-    (picoseconds): ``ceil(2 (W-1) 4n / W)`` bytes per rank at the link rate
-    in ``2 (W-1)`` steps of half a round trip; its framing and the CPU of
-    its additions are not charged (this favours the baseline)."""
+    (picoseconds): ``B = ceil(2 (W-1) 4n / W)`` bytes per rank at the link
+    rate plus ``ring_byte_ps`` each, in ``2 (W-1)`` steps of
+    ``ring_step_ns`` each (:func:`fit_ring`), or of half a round trip when
+    the ring is not calibrated (``ring_step_ns`` 0); its framing and CPU
+    are then not charged either (this favours the baseline)."""
     if workers < 2 or n < 1:
         return 0
     byte_ps = 8 * 10**6 // c.link_mbit
-    return _ceil(2 * (workers - 1) * 4 * n, workers) * byte_ps + (workers - 1) * 1000 * c.rtt_ns
+    step_ps = 1000 * c.ring_step_ns if c.ring_step_ns else 500 * c.rtt_ns
+    return ring_bytes(workers, n) * (byte_ps + c.ring_byte_ps) + 2 * (workers - 1) * step_ps
 
 
 def homagg_ps(

@@ -91,8 +91,9 @@ cost model: homagg.cost): before each bucket every rank predicts, from
 inputs that are the same on every rank, the time of the process group's
 own ring allreduce and an upper bound of HomAgg's method
 (homagg.cost.choose_path: the bucket's element count, the world size, the
-job's link rate, round trip and calibration, and the largest non-zero
-count of any rank).  When the group's is strictly smaller the bucket goes
+job's link rate, round trip and calibration, with the ring's CPU the
+testbed's port calibration fitted when the job's cost carries it, and the
+largest non-zero count of any rank).  When the group's is strictly smaller the bucket goes
 through the group's allreduce (path "baseline", ``counters
 ["baseline_buckets"]``), started asynchronously and in place as DDP's own.
 When no agreement of the count is due at this call, DDP's thread starts it

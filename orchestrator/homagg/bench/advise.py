@@ -24,7 +24,8 @@ it:
   and round trip of the testbed's job (homagg.deploy.local.testbed_job.
   job_cost: the port's calibration, the codec's, the sharing of the host's
   cores), the cost model the runs register; ``gloo`` is predicted by the
-  advisor's ring;
+  advisor's ring, charged the ring's CPU the port's calibration fitted
+  (calibrated for ``gloo`` alone too, which starts the daemons);
 - reports per configuration: predicted_s, measured_s, error
   (predicted / measured - 1) and within_target (|error| <= 25 %), the
   predicted and measured speedup against Gloo, the term the model says
@@ -181,8 +182,11 @@ def run(args):
             _progress(f"testbed {name}: {W} workers, links {link:g} Mbit/s")
             tb = Testbed.up(name, W, link_mbit=link, state_dir=args.state_dir)
             try:
-                no_daemon = ar._start_daemons(tb, args) if homagg_methods else None
-                calibrate = bool(homagg_methods) and not no_daemon
+                # the port's calibration (HomAgg runs through the daemons)
+                # also fits the ring's CPU that Gloo's prediction charges
+                need = bool(homagg_methods) or (args.calibrate and "gloo" in args.methods)
+                no_daemon = ar._start_daemons(tb, args) if need else None
+                calibrate = need and not no_daemon
 
                 def model_now(case_name):
                     port = _calibrate(args, name) if calibrate else None
@@ -248,7 +252,7 @@ def _job_model(tb, name, port):
     job = testbed_job.job_cost(tb)
     return {
         "rtt_ns": job.rtt_ns,
-        "coeffs": {k: getattr(job, k) for k in _cost.COEFFICIENTS},
+        "coeffs": {k: getattr(job, k) for k in _cost.COEFFICIENTS + _cost.RING_FIELDS},
         "from": (
             f"testbed {name}'s job: calibrated through its port, sharing {port['sharing']:g}"
             if port

@@ -22,7 +22,8 @@ bound of the C worker's cost).
 :func:`calibrate_port` (``homagg calibrate --testbed NAME``) replaces the
 last two for the jobs of one local testbed: it times allreduces through
 that testbed's veth, bridge and daemon port and fits them, with the round
-trip, by homagg.cost.fit_port; :func:`add_port` puts the result into the
+trip, by homagg.cost.fit_port, then times the ring all-reduce (Gloo) on
+the same path and fits its CPU by homagg.cost.fit_ring; :func:`add_port` puts the result into the
 calibration's "ports" section.
 """
 
@@ -258,6 +259,9 @@ PORT_RUNS = (
 )
 PORT_REPEAT = 5
 PORT_WORKLOAD = "random"
+# elements of the ring all-reduces (the process group's, Gloo) timed through
+# the same path: two sizes give its CPU per byte and per step apart
+RING_RUNS = (1 << 17, 1 << 20)
 
 
 def model_run(workers, elements, density, link_mbit, method, coeffs, *, block=None, seed=1):
@@ -298,13 +302,18 @@ def calibrate_port(
     warmup=1,
     timeout=30.0,
     progress=None,
+    ring_runs=RING_RUNS,
 ) -> dict:
     """Time allreduces through ``testbed``'s real path (the worker client,
     veth, bridge and the daemon's port, as ``homagg run`` does) and fit the
     per-frame costs and the round trip (homagg.cost.fit_port).  Returns the
     entry of the calibration file's "ports" section for this testbed; the
     codec's coefficients are ``calibration``'s (this host's file, else the
-    built-in defaults)."""
+    built-in defaults).  Then it times ring all-reduces of ``ring_runs``
+    elements by the process group (Gloo, one rank per worker namespace, as
+    the benchmarks run it) and fits the ring's CPU per byte and cost per
+    step (homagg.cost.fit_ring) into the entry's "ring"; without torch (or with
+    ``ring_runs`` empty) the entry has none and "ring_unavailable" says why."""
     import statistics
 
     from homagg.deploy.local import testbed_job
@@ -358,6 +367,7 @@ def calibrate_port(
     )
     for row in measured:
         row["predicted_s"] = predicted_seconds(row, job, W)
+    ring, why = _ring_calibration(tb, W, link, ring_runs, repeat, warmup, timeout, progress)
     return {
         "workers": W,
         "processes": processes,
@@ -370,7 +380,52 @@ def calibrate_port(
         "coefficients": {k: fit[k] for k in _cost.PORT_FIELDS},
         "worker_share": round(fit["worker_share"], 4),
         "runs": measured,
+        **({"ring": ring} if ring else {"ring_unavailable": why}),
     }
+
+
+def _ring_calibration(tb, W, link, ring_runs, repeat, warmup, timeout, progress):
+    """(the entry's "ring", None) or (None, why not): ring all-reduces of
+    ``ring_runs`` elements timed through the testbed (the slowest rank of
+    each call, the median of the calls) and fitted by homagg.cost.fit_ring."""
+    import statistics
+
+    if not ring_runs:
+        return None, "no ring runs asked for"
+    from homagg.bench.allreduce import GlooGroup
+
+    try:
+        group = GlooGroup(tb, timeout)
+    except Exception as exc:  # noqa: BLE001 - the HomAgg entry stands without it
+        why = f"ring all-reduce unavailable: {type(exc).__name__}: {exc}"[:300]
+        if progress:
+            progress(why)
+        return None, why
+    runs = []
+    try:
+        for n in ring_runs:
+            answers, _ = group.run(
+                {
+                    "workload": PORT_WORKLOAD,
+                    "elements": int(n),
+                    "density": 1.0,
+                    "seed": 1,
+                    "repeat": repeat,
+                    "warmup": warmup,
+                    "gradient_files": None,
+                }
+            )
+            per_call = [max(c) for c in zip(*(a["seconds"] for a in answers))]
+            runs.append({"elements": int(n), "seconds": statistics.median(per_call)})
+            if progress:
+                progress(f"ring all-reduce of {n} elements: {runs[-1]['seconds'] * 1e3:.2f} ms")
+    finally:
+        group.close()
+    fit = _cost.fit_ring(runs, workers=W, link_mbit=link)
+    c = _cost.Cost(link_mbit=int(link), **fit)
+    for r in runs:
+        r["predicted_s"] = _cost.ring_ps(c, W, r["elements"]) / 1e12
+    return {**fit, "runs": runs}, None
 
 
 def predicted_seconds(row, c: _cost.Cost, workers, *, block=None, seed=1) -> float:

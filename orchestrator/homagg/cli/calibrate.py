@@ -17,8 +17,11 @@ With --testbed NAME (root) it times allreduces through that local
 testbed's real path instead (the worker client, veth, bridge and the
 daemon's port: two dense allreduces and two union ones, about half a
 minute) and fits the per-frame worker and aggregator costs and the round
-trip, so that the model's prediction matches them on that testbed; they
-go into the same file, as the testbed's entry of its "ports" section
+trip, so that the model's prediction matches them on that testbed, then
+two ring all-reduces of the process group (Gloo, when torch is installed)
+and fits the ring's CPU per byte and per step, which the choice between
+HomAgg and the process group (and `homagg advise`'s ring) then charges;
+they go into the same file, as the testbed's entry of its "ports" section
 (keeping the codec's coefficients; measured first when there are none),
 and every job created on that testbed afterwards registers them, scaled by
 the sharing of this host's cores among the job's processes; the standing
@@ -166,6 +169,19 @@ def _port(args) -> int:
             f"  {r['method']:6s} {r['elements']:8d} at {r['density']:<6g} measured "
             f"{r['seconds'] * 1e3:8.2f} ms, predicted {r['predicted_s'] * 1e3:8.2f} ms"
         )
+    ring = entry.get("ring")
+    if ring:
+        print(
+            f"  ring all-reduce (gloo): ring_byte_ps {ring['ring_byte_ps']} "
+            f"ring_step_ns {ring['ring_step_ns']} (as measured, shared)"
+        )
+        for r in ring["runs"]:
+            print(
+                f"  gloo   {r['elements']:8d}            measured "
+                f"{r['seconds'] * 1e3:8.2f} ms, predicted {r['predicted_s'] * 1e3:8.2f} ms"
+            )
+    else:
+        print(f"  no ring coefficients: {entry.get('ring_unavailable')}")
     if job_path:
         print(f"the testbed's job registers it from now on: {job_path}")
     return 0

@@ -26,8 +26,12 @@ model") applied to whole methods:
   CPUs and the round trips, so "binds" names the largest term;
 - ring all-reduce sends and receives ``2 (W-1)/W * 4 N`` bytes per worker
   at the link rate in ``2 (W-1)`` steps, each costing half a round trip
-  (one hop to the next worker); neither its framing nor the CPU of its
-  additions is charged, which favours ring.
+  (one hop to the next worker); where the job's model carries the ring's
+  coefficients (fitted by ``homagg calibrate --testbed``) each byte costs
+  ``ring_byte_ps`` more (the kernel's TCP, the process group's copies and
+  additions) and each step ``ring_step_ns`` in place of half the round
+  trip; without them neither framing nor CPU is charged, which favours
+  ring.
 
 The coefficients are the job's as :func:`homagg.cost.job_cost` takes them:
 this host's calibration file (``homagg calibrate``), built-in defaults
@@ -35,6 +39,8 @@ when there is none.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 from homagg import cost as _cost
 from homagg.errors import InvalidArgument
@@ -54,7 +60,8 @@ ASSUMPTIONS = (
     "terms add up: no overlap of the link, the CPUs and the round trips",
     "one round trip (rtt_ns) per HomAgg step; ring: 2(W-1) steps of half a round trip",
     "ring: 2(W-1)/W x 4N payload bytes per worker at the link rate, no framing, "
-    "no CPU for its additions (favours ring)",
+    "its CPU only from ring_byte_ps, a step ring_step_ns in place of half the round trip "
+    "(0 unless calibrated through the port: favours ring)",
     "HomAgg bytes: the codec run on the workload's generated gradients, "
     "scaled by N / simulated elements when N is larger",
     "lhc's sketch cells and fallback lanes cost lane_ps each, as union lanes",
@@ -144,9 +151,12 @@ def ring(c: _cost.Cost, workers: int, elements: int) -> dict:
     steps = 2 * (workers - 1)
     terms = {
         "link": nbytes * 8e-6 / c.link_mbit,
-        "worker_cpu": 0.0,
+        # the ring's CPU per byte (homagg.cost.RING_FIELDS; 0 without a
+        # calibration of the ring through the port)
+        "worker_cpu": nbytes * c.ring_byte_ps * 1e-12,
         "aggregator_cpu": 0.0,
-        "round_trips": steps * c.rtt_ns / 2 * 1e-9,
+        # a step: its calibrated cost, else half a round trip
+        "round_trips": steps * (c.ring_step_ns if c.ring_step_ns else c.rtt_ns / 2) * 1e-9,
     }
     t = sum(terms.values())
     return {
@@ -174,7 +184,7 @@ def job_model(link_mbit, rtt_ns=None, payload_bytes=1024, calibration=None, coef
             source = "calibration given"
         coeffs = _cost.coefficients(calibration)
     job = _cost.job_cost(link_mbit, rtt_ns, coeffs=coeffs)
-    return _cost.Cost(**{**job.fields(), "payload_bytes": int(payload_bytes)}), source
+    return dataclasses.replace(job, payload_bytes=int(payload_bytes)), source
 
 
 def testbed_model(testbed: str, workers: int, calibration=None):
@@ -182,7 +192,8 @@ def testbed_model(testbed: str, workers: int, calibration=None):
     ``testbed`` with ``workers`` workers: this host's calibration with the
     testbed's entry of its "ports" section (``homagg calibrate --testbed``),
     every CPU coefficient scaled by the sharing recorded there, as the
-    testbed's job creation does (homagg.deploy.local.testbed_job.job_cost)."""
+    testbed's job creation does (homagg.deploy.local.testbed_job.job_cost);
+    the ring's (RING_FIELDS), where the entry has them, as measured."""
     path = _cost.calibration_path()
     if calibration is None:
         calibration = _cost.load_calibration(path)
@@ -200,8 +211,9 @@ def testbed_model(testbed: str, workers: int, calibration=None):
         )
     coeffs, rtt_ns = port
     factor = _cost.sharing(entry["processes"], entry["cores"])
+    ring = {k: coeffs[k] for k in _cost.RING_FIELDS if k in coeffs}
     return (
-        _cost.shared(coeffs, factor),
+        {**_cost.shared(coeffs, factor), **ring},
         rtt_ns,
         f"testbed {testbed} calibrated through its port ({path}), sharing {float(factor):g}",
     )
@@ -320,6 +332,7 @@ def advise(
         "block_elements": block,
         "seed": seed,
         "coefficients": {k: getattr(c, k) for k in _cost.COEFFICIENTS},
+        "ring_coefficients": c.ring(),
         "coefficients_from": source,
         "assumptions": list(ASSUMPTIONS),
     }
@@ -351,6 +364,12 @@ def render(a: dict) -> str:
         f"{a['block_elements']}",
         f"coefficients: {a['coefficients_from']}",
     ]
+    rc = a.get("ring_coefficients") or {}
+    if any(rc.values()):
+        lines.append(
+            f"ring's CPU (the port's calibration): {rc['ring_byte_ps']} ps a byte, "
+            f"{rc['ring_step_ns'] / 1000:g} us a step"
+        )
     if a["simulated_elements"] < a["elements"]:
         lines.append(
             f"bytes from the codec on {a['simulated_elements']} elements, scaled x{a['scale']:.4g}"

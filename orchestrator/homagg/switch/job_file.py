@@ -103,7 +103,7 @@ def _cost_field(value):
     if isinstance(value, str):
         value = json.loads(value) if value.strip() else {}
     c = Cost.from_dict(value, "the job's cost")
-    return c.fields() if c.timed else {}
+    return c.to_dict() if c.timed else {}
 
 
 def job_config(env=None):
@@ -428,7 +428,7 @@ def _cost_dict(cost):
 
     if cost is None:
         return {}
-    return cost.fields() if isinstance(cost, Cost) else dict(cost)
+    return cost.to_dict() if isinstance(cost, Cost) else dict(cost)
 
 
 def unregister(controls, job, warn=None):

@@ -170,7 +170,7 @@ def refresh_cost(tb: Testbed) -> str | None:
         return None
     path = current["file"]
     fields = {k: v for k, v in current.items() if k != "file"}
-    fields["cost"] = job_cost(tb).fields()
+    fields["cost"] = job_cost(tb).to_dict()
     tmp = f"{path}.tmp{os.getpid()}"
     job_file.write_job_file(tmp, **fields)
     os.replace(tmp, path)  # a rank starting now reads the old file or the new one
