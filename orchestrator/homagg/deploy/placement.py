@@ -172,7 +172,12 @@ class Placement(abc.ABC):
     def stop_worker(self, i: int) -> None:
         """Stop worker i's process (run option ``fail_workers``; a placement
         that cannot refuses the option in ``refusals``)."""
-        raise NotImplementedError("fail_workers")
+        from homagg.errors import InvalidArgument
+
+        raise InvalidArgument(
+            f"fail_workers: {type(self).__name__} cannot stop one worker's process; "
+            "run it on a local testbed (homagg.deploy.local)"
+        )
 
     @abc.abstractmethod
     def wait_ready(self, timeout: float) -> list[str]:
