@@ -170,7 +170,8 @@ static inline bool serial_newer(uint32_t a, uint32_t b)
  * from 0 again, so a result of the old life must never be replayed to it
  * (same seq: it would be taken for the new sum) nor make its chunks stale
  * (greater seq).  The other workers' contributions to an open set come back
- * by retransmission.  Rare (a restart), so a scan of the 2 S sets.
+ * by retransmission.  Rare (a restart), so a scan of the 2 S sets.  A tree
+ * leaf then takes a new incarnation toward its root (up_self).
  */
 static void incarnation_reset(struct hg_engine *e, struct hg_job *j, uint32_t w)
 {
@@ -188,6 +189,11 @@ static void incarnation_reset(struct hg_engine *e, struct hg_job *j, uint32_t w)
 		s->state = SET_EMPTY;
 		count(e, j, HG_CNT_INCARNATION_RESETS);
 	}
+	/* A tree leaf: its sets' seqs start over with this life, so it is a
+	 * new life at the root too (the root empties what the leaf's earlier
+	 * life left there; else the root's later seqs make them stale). */
+	if (j->cfg.up)
+		j->up_self = j->up_self + 1 ? j->up_self + 1 : 1;
 }
 
 /*

@@ -202,6 +202,7 @@ int hg_engine_add_job(struct hg_engine *e, const struct hg_job_config *jc)
 		j->cfg.mac = hg_auth_default_mac();
 	if (!j->cfg.incarnation)
 		j->cfg.incarnation = hg_wire_incarnation_now();
+	j->up_self = j->cfg.incarnation;
 	j->acc_stride = (jc->payload_bytes + ACC_ALIGN - 1) &
 			~(uint32_t)(ACC_ALIGN - 1);
 	j->slot_shift = -1;

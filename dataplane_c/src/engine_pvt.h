@@ -126,7 +126,8 @@ struct hg_job {
 	uint64_t accepted;       /* frames accepted into a set so far */
 	struct hg_up_timer *up;  /* tree leaf: 2 * S upward timers, else NULL */
 	uint32_t up_incarnation; /* tree leaf: the root's, 0 = none seen yet */
-	struct hg_view *view;    /* 2 * S: who is missing in a tree */
+	uint32_t up_self;     /* tree leaf: its own incarnation at the root */
+	struct hg_view *view; /* 2 * S: who is missing in a tree */
 };
 
 /*

@@ -47,7 +47,7 @@ static bool up_frame(struct hg_engine *e, struct hg_job *j,
 		.lanes = s->lanes,
 		.exp = op == s->op && !(kind & HG_FLAG_STATUS) ? s->exp : 0,
 		.shard = j->cfg.up_shard,
-		.incarnation = j->cfg.incarnation,
+		.incarnation = j->up_self,
 		.nonce = j->mac_len ? (uint32_t)++j->up_ctr : 0,
 	};
 	struct hg_pkt *none = NULL;
