@@ -33,7 +33,10 @@ Scenarios:
   measured   the measured times' choice of path: the EmbeddingBag at
              100 Mbit/s for 10 steps with HookState(remeasure=4) whose
              clock says every HomAgg allreduce took 1 s and every group
-             allreduce 0.5 s (HookState._elapsed replaced: deterministic)
+             allreduce 0.5 s (HookState._elapsed replaced: deterministic);
+             then the same 10 steps again from the same parameters with
+             HookState(paths=the first run's paths), no recorder, its own
+             clock
   backend    no DDP: init_process_group("cpu:homagg"), dist.all_reduce
              SUM and AVG of float32 / float16 / bfloat16 tensors, then
              delegated collectives (int64 and MAX allreduce, broadcast,
@@ -227,6 +230,32 @@ def baseline(outdir, measured=False):
                 opt.step()
                 log.extend(state.take_log())
         params = [[dense.weight.detach().clone()], [sparse.weight.detach().clone()]]
+        again = {}
+        if measured:
+            # the same steps again from the same parameters, without a
+            # recorder, taking the paths the first run logged (HookState's
+            # ``paths``; its own clock and predictions would choose HomAgg)
+            paths = [e["path"] for e in sorted(log, key=lambda e: e["seq"])]
+            net = torch.nn.EmbeddingBag(100_000, 8, mode="sum")
+            with torch.no_grad():
+                net.weight.copy_(init[1])
+            again_state = hgt.HookState(cost=slow, paths=paths)
+            try:
+                ddp = DDP(net)
+                ddp.register_comm_hook(again_state, hgt.allreduce_hook)
+                opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+                again_log = []
+                for step in range(10):
+                    g = torch.Generator().manual_seed(1000 * rank + 10 + step)
+                    opt.zero_grad()
+                    x = torch.randint(0, 100_000, (8, 4), generator=g)
+                    t = torch.randn(8, 8, generator=g)
+                    torch.nn.functional.mse_loss(ddp(x), t).backward()
+                    opt.step()
+                    again_log.extend(again_state.take_log())
+            finally:
+                again_state.close()
+            again = {"params": net.weight.detach().clone(), "log": again_log}
         torch.save(
             {
                 "params": params,
@@ -234,6 +263,7 @@ def baseline(outdir, measured=False):
                 "counters": state.counters,
                 "log": log,
                 "init": init,
+                "again": again,
             },
             os.path.join(outdir, f"rank-{rank}.pt"),
         )

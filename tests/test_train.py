@@ -75,6 +75,8 @@ def test_ddp_hook_lossless(testbed, model, ranks, method):
     assert rep["params_identical_across_ranks"] is True
     assert rep["replay"]["steps"] == 5 and rep["replay"]["buckets"] >= 5
     assert rep["replay_bit_identical"] is True, rep["replay"]
+    # the timed phase (no recorder) ended where the recorded one did
+    assert rep["replay"]["timed_phase_mismatch"] is None
     assert rep["losses"][-1] < rep["losses"][0], rep["losses"]
     assert all(b > 0 for b in rep["bytes_per_rank"])
     for b in rep["buckets"]:
@@ -120,7 +122,10 @@ def test_training_in_a_tree_with_auth(tmp_path_factory):
     """`homagg train --auth --leaves 2` (job_file.register_tree, the same
     registration as `homagg run allreduce`): each leaf's secret in its own
     file, every rank's job file naming its leaf's, the ranks' parameters
-    identical and bit-identical to the numpy replay of the steps."""
+    identical and bit-identical to the numpy replay of the steps.  The
+    recorded phase runs fresh workers on the job the timed phase used (a
+    second life of every worker): the leaves take a new incarnation toward
+    the root (docs/PROTOCOL.md "Tree"), or it would never complete there."""
     from homagg import auth
 
     with dpdk_testbed(tmp_path_factory, "ttree", workers=3, link_mbit=1000, leaves=2) as tb:
@@ -889,6 +894,27 @@ def test_replay_names_the_first_step_and_parameter_that_differ(tmp_path):
     rp = trainmod.replay(str(tmp_path), model, W, 1, lr, BLOCK)
     assert rp["bit_identical"] is False
     assert rp["first_mismatch"] == {"step": 1, "parameter": "bias"}
+
+
+def test_a_timed_phase_that_differs_from_the_recorded_one_is_named(tmp_path):
+    """homagg train times HomAgg's phase without a recorder (timed-R.npz)
+    and replays a second, recorded phase that took the same paths
+    (params-METHOD-R.npz): equal on every rank, nothing is named; one bit
+    of rank 1's "bias" changed in the timed phase, that rank and parameter
+    are named (and the run's verdict is not bit-identical)."""
+    rng = np.random.default_rng(9)
+    W = 2
+    for r in range(W):
+        p = {"weight": rng.standard_normal((2, 4)).astype(np.float32)}
+        p["bias"] = rng.standard_normal(2).astype(np.float32)
+        np.savez(tmp_path / f"params-dense-{r}.npz", **p)
+        np.savez(tmp_path / f"timed-{r}.npz", **p)
+    assert trainmod.timed_mismatch(str(tmp_path), "dense", W) is None
+    p = dict(np.load(tmp_path / "timed-1.npz"))
+    p["bias"] = p["bias"].copy()
+    p["bias"].view(np.uint32)[1] ^= 1  # the last bit of the mantissa
+    np.savez(tmp_path / "timed-1.npz", **p)
+    assert trainmod.timed_mismatch(str(tmp_path), "dense", W) == {"rank": 1, "parameter": "bias"}
 
 
 def test_the_hooks_count_of_non_zeros_is_numpys():

@@ -302,6 +302,15 @@ def test_measured_times_replace_the_predictions_and_expire(testbed, jobs, tmp_pa
         opt.step()
         w = p.detach().clone()
     assert torch.equal(_bits(w), _bits(res[0]["params"][1][0]))
+    # HookState(paths=...) takes those paths again (its own clock and the
+    # model alone would take HomAgg at every call), without a recorder:
+    # the same parameters bit for bit, the group's sums included (how
+    # homagg train times a phase without its recorder, then records one)
+    for rr in res:
+        again = sorted(rr["again"]["log"], key=lambda e: e["seq"])
+        assert [e["path"] for e in again] == want
+        assert [e["seq"] for e in again] == list(range(len(want)))
+        assert torch.equal(_bits(rr["again"]["params"]), _bits(res[0]["params"][1][0]))
 
 
 def test_torchrun_with_the_job_file_only(testbed, jobs, tmp_path):

@@ -262,7 +262,14 @@ class HookState:
     the ranks, where one younger than ``remeasure`` calls of the bucket
     exists ("Measured, not only predicted" in the module doc); a log
     entry's "measured_homagg_seconds" / "measured_baseline_seconds" are
-    the times that decided (None: the prediction decided)."""
+    the times that decided (None: the prediction decided).
+
+    ``paths`` (default None): a list, by hand-over number (a log entry's
+    "seq"), of the path each bucket takes instead of the rule's choice:
+    another run's log, to run it again the same way (``homagg train``
+    times its phase without a recorder, then records a second one that
+    takes the timed phase's paths).  A "homagg" that fails still falls
+    back; None, or a number past the list, leaves the choice to the rule."""
 
     def __init__(
         self,
@@ -284,6 +291,7 @@ class HookState:
         density_every=16,
         measure=True,
         remeasure=128,
+        paths=None,
     ):
         protocol.method(method)  # InvalidArgument naming the choices
         if sparsify is not None and not hasattr(sparsify, "mask"):
@@ -324,6 +332,7 @@ class HookState:
             "baseline_buckets": 0,
             "density_agreements": 0,
         }
+        self.last_failure = None  # the latest HomAgg failure, as the warning says it
         self._failures = 0  # consecutive agreed failures
         self._retry_at = None  # monotonic time of the next HomAgg try; None: healthy
         self.cost = _cost.as_cost(cost if cost is not None else getattr(worker, "cost", None))
@@ -336,6 +345,15 @@ class HookState:
         if int(remeasure) < 1:
             raise InvalidArgument(f"remeasure {remeasure}: at least 1 (calls)")
         self.measure, self.remeasure = bool(measure), int(remeasure)
+        if paths is not None:
+            paths = list(paths)
+            bad = [p for p in paths if p not in (None, "homagg", "baseline", "fallback")]
+            if bad:
+                raise InvalidArgument(
+                    f"paths: {bad[0]!r} is not a path; each is 'homagg', 'baseline', "
+                    "'fallback' or None (the rule decides)"
+                )
+        self.paths = paths
         self._calls_of = {}  # (bucket index, size) -> calls handed over
         self._timing = {}  # (bucket index, size) -> _Timing (measure=True)
         self._outputs = {}  # (bucket index, size) -> HomAgg's result array (_output)
@@ -513,6 +531,7 @@ class HookState:
                     self.log.append(
                         {
                             "bucket": index,
+                            "seq": seq,
                             "numel": int(x.size),
                             "nnz": nnz,
                             "method": info.get("method"),
@@ -583,6 +602,7 @@ class HookState:
                     in_place=xin is not x or self.recorder is None,
                     call=call,
                     out=self._output(key, x.size, in_backward),
+                    forced=forced,
                 )
                 cpu = time.thread_time() - c0
             except BaseException as exc:
@@ -626,7 +646,12 @@ class HookState:
             in_backward = True
         except RuntimeError:  # called outside a backward pass: the Future carries it
             in_backward = False
-        if self._direct_group is not None and self._direct(index, x.size, info, call):
+        forced = self.paths[seq] if self.paths is not None and seq < len(self.paths) else None
+        if forced is None and self._direct_group is not None:
+            go_direct = self._direct(index, x.size, info, call)
+        else:
+            go_direct = forced == "baseline" and self._direct_group is not None
+        if go_direct:
             direct()
         else:
             self._executor.submit(run)
@@ -808,11 +833,16 @@ class HookState:
         tb = round(b * 1e12) if b is not None else c["baseline_ps"]
         return "baseline" if tb < th else "homagg"
 
-    def _reduce_sum(self, index, x, seed, info, in_place=True, call=0, out=None):
+    def _reduce_sum(self, index, x, seed, info, in_place=True, call=0, out=None, forced=None):
         """The sum of x over the ranks (the group's paths; in x itself when
         ``in_place``) or its average (HomAgg's: its decoder divides; into
-        ``out`` when given, else a new array), and the path that made it."""
-        rule, need_nnz = self._choice(x.size)
+        ``out`` when given, else a new array), and the path that made it
+        (``forced``: the one ``paths`` names for this bucket)."""
+        if forced == "baseline":
+            return self._group_sum_async(x, info, in_place), "baseline"
+        if forced == "fallback":
+            return self._group_sum(x, info, "fallback_buckets"), "fallback"
+        rule, need_nnz = self._choice(x.size) if forced is None else (False, False)
         backing = self.fallback and self._retry_at is not None
         nnz_max = None
         # the count of a bucket (index and size) is agreed on its first call
@@ -892,6 +922,7 @@ class HookState:
         wait = min(self.backoff_max, self.backoff * 2 ** (self._failures - 1))
         self._retry_at = time.monotonic() + wait
         why = f"{type(error).__name__}: {error}" if error else "another rank's HomAgg failed"
+        self.last_failure = f"bucket {index}: {why}"
         _log.warning(
             "homagg.torch: bucket %d reduced with the process group's allreduce "
             "(%s); HomAgg tried again in %.3g s",

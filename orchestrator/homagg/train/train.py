@@ -10,9 +10,10 @@ and aggregators, else one of its own), writes its job files
 (homagg.torch's HOMAGG_JOB_FILE) and starts one rank per worker namespace
 (``python -m homagg.train.train --child SPEC``): torch.distributed with the Gloo
 backend for rendezvous, the model in DistributedDataParallel.  Every rank
-trains twice from the same initial parameters and the same data: first
-plain Gloo DDP (the baseline, skipped with --no-baseline), then DDP with
-``homagg.torch.allreduce_hook`` and --method (``gloo``: the baseline only).
+trains from the same initial parameters and the same data: first plain
+Gloo DDP (the baseline, skipped with --no-baseline), then DDP with
+``homagg.torch.allreduce_hook`` and --method (``gloo``: the baseline only),
+timed, then once more with the hook and a recorder, untimed (below).
 Optimiser: SGD, the model's learning rate (--lr).
 
 Per phase it reports, from the timed steps (the first --warmup steps are
@@ -36,6 +37,14 @@ to the end of backward) and hook_cpu_seconds (the hook thread's CPU of
 the iteration's buckets).  torch_threads: each rank runs
 homagg.torch.threads_per_rank(ranks sharing the host) intra-op threads,
 leaving a core per rank to the hook's thread.
+
+HomAgg's phase is timed without a recorder (a recorder copies every
+bucket, on the process group's path before DDP has the result); a second,
+untimed HomAgg phase records the replay's inputs, taking every bucket the
+way the timed phase took it (homagg.torch's HookState ``paths``), and must
+end with the timed phase's parameters bit for bit on every rank
+(replay.timed_phase_mismatch names the first rank and parameter that
+differ; the run is then not bit-identical).
 
 Every phase and the replay start from the same parameters: the first
 phase snapshots the module's state right after DDP's broadcast (what DDP
@@ -171,11 +180,22 @@ def _digest(tensor) -> str:
     return hashlib.blake2b(a.view(np.uint8).reshape(-1), digest_size=16).hexdigest()
 
 
-def _phase(spec, dist, torch, method, record_dir, snapshot):
-    """Train spec["steps"] steps with ``method`` ("gloo": plain DDP);
-    returns the per-rank report; with ``record_dir`` the bucket inputs of
-    every step, rank 0's initial parameters, every step's parameter hashes
-    and the final parameters are saved there.
+def _phase(spec, dist, torch, method, record_dir, snapshot, *, paths=None, timed_dir=None):
+    """Train spec["warmup"] + spec["steps"] steps with ``method`` ("gloo":
+    plain DDP); returns the per-rank report; with ``record_dir`` the bucket
+    inputs of every step, rank 0's initial parameters, every step's
+    parameter hashes and the final parameters are saved there.
+
+    HomAgg's timed phase runs without a recorder (``record_dir`` None,
+    its final parameters saved as ``timed_dir``/timed-RANK.npz): a
+    recorder copies every bucket and, on the process group's path, before
+    DDP has the result, work a user's job does not do.  Its report's
+    "paths" (per hand-over, the path that reduced the bucket) are then
+    given to the recorded phase as ``paths`` (homagg.torch's HookState
+    ``paths``): it takes every bucket the same way, so its parameters must
+    equal the timed phase's bit for bit (the replay checks the recorded
+    phase against the reference, summarize the two phases against each
+    other).
 
     ``snapshot`` (a dict, shared by the phases of one rank): empty in the
     first phase, which fills it with the module's state right after DDP's
@@ -192,9 +212,9 @@ def _phase(spec, dist, torch, method, record_dir, snapshot):
     ddp = DDP(model, bucket_cap_mb=spec["bucket_mb"])
     if not snapshot:
         snapshot.update({k: v.detach().clone() for k, v in ddp.module.state_dict().items()})
-        if record_dir:
+        if record_dir or timed_dir:
             np.savez(
-                os.path.join(record_dir, f"init-{rank}.npz"),
+                os.path.join(record_dir or timed_dir, f"init-{rank}.npz"),
                 **{n: p.detach().numpy() for n, p in ddp.module.named_parameters()},
             )
     else:
@@ -229,12 +249,14 @@ def _phase(spec, dist, torch, method, record_dir, snapshot):
             sparsify=_sparsifier(spec.get("sparsify")),
             recorder=recorder if record_dir else None,
             baseline=not spec.get("homagg_only", False),
-            measure=not spec.get("predicted_only", False),
+            measure=not spec.get("predicted_only", False) and paths is None,
+            paths=paths,
         )
         ddp.register_comm_hook(state, hgt.allreduce_hook)
     steps, warmup = spec["steps"], spec["warmup"]
     losses, step_s, bwd_s, buckets = [], [], [], []
     exposed_s, hook_cpu_s, timeline = [], [], []
+    taken = {}  # hand-over number -> path (every step's, the warmup's too)
     tx0 = tx1 = 0
     try:
         for step in range(warmup + steps):
@@ -259,6 +281,7 @@ def _phase(spec, dist, torch, method, record_dir, snapshot):
                 bwd_s.append(t2 - t1)
             if state is not None:
                 log = state.take_log()
+                taken.update((e["seq"], e["path"]) for e in log)
                 if step >= warmup:
                     buckets.extend(log)
                     timeline.extend([step, e["bucket"], e["handed_over"], e["done"]] for e in log)
@@ -271,7 +294,7 @@ def _phase(spec, dist, torch, method, record_dir, snapshot):
         # the same forward + backward without communication (DDP's no_sync),
         # under the same CPU contention: the iteration's compute part
         compute_s, compute_bwd_s = [], []
-        for _ in range(spec.get("compute_steps", 2)):
+        for _ in range(spec.get("compute_steps", 2) if paths is None else 0):
             inputs, targets = next(batches)
             dist.barrier()
             t0 = time.perf_counter()
@@ -302,7 +325,12 @@ def _phase(spec, dist, torch, method, record_dir, snapshot):
         "buckets": _bucket_summary(buckets),
         "initial_digest": initial.hexdigest(),
         "bucket_timeline": timeline,
+        "paths": [taken.get(i) for i in range(max(taken, default=-1) + 1)],
+        "hook_counters": dict(state.counters) if state is not None else None,
+        "last_failure": state.last_failure if state is not None else None,
     }
+    if timed_dir:
+        np.savez(os.path.join(timed_dir, f"timed-{rank}.npz"), **final)
     if record_dir:
         np.savez(os.path.join(record_dir, f"params-{method}-{rank}.npz"), **final)
         if method != "gloo":
@@ -444,9 +472,16 @@ def _child(spec: dict) -> int:
         timeout=datetime.timedelta(seconds=spec["start_timeout"]),
     )
     try:
-        reports, snapshot = [], {}
+        reports, snapshot, wd = [], {}, spec["workdir"]
         for method in spec["phases"]:
-            reports.append(_phase(spec, dist, torch, method, spec["workdir"], snapshot))
+            if method == "gloo":
+                reports.append(_phase(spec, dist, torch, method, wd, snapshot))
+                continue
+            # timed without a recorder, then recorded taking the same paths
+            timed = _phase(spec, dist, torch, method, None, snapshot, timed_dir=wd)
+            recorded = _phase(spec, dist, torch, method, wd, snapshot, paths=timed["paths"])
+            recorded["method"] = "recorded"
+            reports += [timed, recorded]
         line = json.dumps({"rank": spec["rank"], "phases": reports})
         if spec.get("report"):  # remote hosts: a file the caller polls for
             tmp = spec["report"] + ".tmp"
@@ -576,6 +611,23 @@ def _group_result(grads, key, world):
             "of the recorded gradients"
         )
     return ys[0]
+
+
+def timed_mismatch(workdir: str, method: str, world: int) -> dict | None:
+    """The first rank and parameter whose final values differ between
+    HomAgg's timed phase (timed-RANK.npz, no recorder) and its recorded
+    phase (params-METHOD-RANK.npz, the same paths), or None: they are
+    bit-identical on every rank, so what the replay checked is what was
+    timed."""
+    for r in range(world):
+        a = np.load(os.path.join(workdir, f"timed-{r}.npz"))
+        b = np.load(os.path.join(workdir, f"params-{method}-{r}.npz"))
+        for name in b.files:
+            if name not in a.files or not np.array_equal(
+                a[name].view(np.uint32), b[name].view(np.uint32)
+            ):
+                return {"rank": r, "parameter": name}
+    return None
 
 
 def _max_diff(workdir: str, a: str, b: str) -> float:
@@ -722,7 +774,11 @@ def summarize(method: str, rank_reports: list[dict], workdir: str, args_like: di
     rp = replay(
         workdir, args_like["model"], W, args_like["seed"], args_like["lr"], lib.HG_DEFAULT_BLOCK
     )
-    rep["replay_bit_identical"] = rp["bit_identical"] if method in EXACT_METHODS else None
+    # the timed phase took the recorded phase's paths: the same bits, or
+    # the replay's verdict does not cover what was timed
+    rp["timed_phase_mismatch"] = timed_mismatch(workdir, method, W)
+    identical = rp["bit_identical"] and rp["timed_phase_mismatch"] is None
+    rep["replay_bit_identical"] = identical if method in EXACT_METHODS else None
     rep["fallback_buckets"] = rp.get("fallback_buckets", 0)
     rep["baseline_buckets"] = rp.get("baseline_buckets", 0)
     rep["replay"] = rp
@@ -921,6 +977,7 @@ def _files(phases: list[str]) -> list[str]:
     out = [f"params-{ph}-{{rank}}.npz" for ph in phases]
     if any(ph != "gloo" for ph in phases):
         out += ["grads-{rank}.npz", "layout-{rank}.json", "digests-{rank}.json"]
+        out += ["timed-{rank}.npz"]
     return out + ["init-{rank}.npz"]
 
 
@@ -1608,6 +1665,12 @@ def print_report(rep: dict, as_json: bool = False) -> int:
     miss = (rep.get("replay") or {}).get("first_mismatch")
     if rep["replay_bit_identical"] is False and miss:
         print(f"  the replay first differs at step {miss['step']}, parameter {miss['parameter']}")
+    tm = (rep.get("replay") or {}).get("timed_phase_mismatch")
+    if tm:
+        print(
+            f"  the timed phase (no recorder) and the recorded one differ: rank {tm['rank']}, "
+            f"parameter {tm['parameter']}"
+        )
     if not rep.get("initial_params_same_in_phases", True):
         print("  warning: the phases started from different parameters")
     if rep.get("loss_band_vs_gloo") is not None:
