@@ -339,6 +339,28 @@ def port_coefficients(cal, testbed: str, workers: int, isa=None):
     return co, entry["coefficients"]["rtt_ns"]
 
 
+def _least_squares_2(rows) -> tuple[Fraction, Fraction]:
+    """The least-squares (a, b) of ``y = a u + b v`` over rows ``(u, v, y)``
+    (Fractions, exact), both at least 0: where the free fit gives a negative
+    b, b is 0 and a refitted alone, and where a is then negative, a is 0
+    and b refitted alone (and at least 0)."""
+    suu = sum(u * u for u, _, _ in rows)
+    suv = sum(u * v for u, v, _ in rows)
+    svv = sum(v * v for _, v, _ in rows)
+    suy = sum(u * y for u, _, y in rows)
+    svy = sum(v * y for _, v, y in rows)
+    det = suu * svv - suv * suv
+    a = b = None
+    if det != 0:
+        a = (suy * svv - svy * suv) / det
+        b = (suu * svy - suv * suy) / det
+    if b is None or b < 0:
+        a, b = (suy / suu if suu else Fraction(0)), Fraction(0)
+    if a < 0:
+        a, b = Fraction(0), max(Fraction(0), svy / svv if svv else Fraction(0))
+    return a, b
+
+
 def fit_port(runs, *, workers: int, payload_bytes: int, link_mbit, factor=1) -> dict:
     """The per-frame costs and the round trip that make the model's
     prediction match allreduces measured through a testbed's port.
@@ -355,7 +377,7 @@ def fit_port(runs, *, workers: int, payload_bytes: int, link_mbit, factor=1) -> 
 
     with ``F = factor * (pkt_ps + W * agg_pkt_ps)`` the wall time of one
     chunk's frames.  F and rtt are the least-squares fit of the runs'
-    relative errors (rtt at least 0); F is split between the worker (``pkt_ps``) and the
+    relative errors (both at least 0); F is split between the worker (``pkt_ps``) and the
     aggregator (``W * agg_pkt_ps``: W frames a chunk) in the proportion of
     the CPU they spent per call (a worker's above its elements' against the
     daemons'), and divided by the sharing, so the coefficients are those of
@@ -377,21 +399,7 @@ def fit_port(runs, *, workers: int, payload_bytes: int, link_mbit, factor=1) -> 
         if t <= 0:
             raise InvalidArgument(f"fit_port: a run of {r['seconds']!r} seconds; measure it again")
         rows.append((Fraction(r["bytes"]) / P / t, Fraction(int(r["steps"])) / t, y / t))
-    # least squares y = a F + b rt, rt >= 0
-    saa = sum(a * a for a, _, _ in rows)
-    sab = sum(a * b for a, b, _ in rows)
-    sbb = sum(b * b for _, b, _ in rows)
-    say = sum(a * y for a, _, y in rows)
-    sby = sum(b * y for _, b, y in rows)
-    det = saa * sbb - sab * sab
-    F = rt = None
-    if det != 0:
-        F = (say * sbb - sby * sab) / det
-        rt = (saa * sby - sab * say) / det
-    if rt is None or rt < 0:
-        rt = Fraction(0)
-        F = say / saa if saa else Fraction(0)
-    F = max(Fraction(0), F)
+    F, rt = _least_squares_2(rows)
     w = sum(
         max(Fraction(0), Fraction(r["worker_cpu_s"]) * 10**12 - Fraction(r["elem_ps"]))
         for r in runs
@@ -444,20 +452,7 @@ def fit_ring(runs, *, workers: int, link_mbit) -> dict:
             raise InvalidArgument(f"fit_ring: a run of {r['seconds']!r} seconds; measure it again")
         B = ring_bytes(workers, int(r["elements"]))
         rows.append((Fraction(B) / t, Fraction(S) / t, (t - B * byte_ps) / t))
-    saa = sum(a * a for a, _, _ in rows)
-    sab = sum(a * b for a, b, _ in rows)
-    sbb = sum(b * b for _, b, _ in rows)
-    say = sum(a * y for a, _, y in rows)
-    sby = sum(b * y for _, b, y in rows)
-    det = saa * sbb - sab * sab
-    a = b = None
-    if det != 0:
-        a = (say * sbb - sby * sab) / det
-        b = (saa * sby - sab * say) / det
-    if b is None or b < 0:
-        b, a = Fraction(0), say / saa
-    if a < 0:
-        a, b = Fraction(0), max(Fraction(0), sby / sbb)
+    a, b = _least_squares_2(rows)
     return {
         "ring_byte_ps": min(MAX_ELEM_PS, round(a)),
         "ring_step_ns": min(2**32 - 1, max(1, round(b / 1000))),
