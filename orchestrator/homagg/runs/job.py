@@ -438,7 +438,8 @@ def output_tail(text: str, n: int = 800) -> str:
 def collect_reports(hosts, procs, timeout: float) -> tuple[list, list]:
     """Wait for each host's process (at most timeout seconds each) and read
     the JSON report on the last line it printed: (reports, failures), a
-    failure line "<host>: ..." for each process that timed out or failed."""
+    failure line "<host>: ..." for each process that timed out or failed.
+    What each process wrote on stderr is kept as its ``stderr_text``."""
     reports, failures = [], []
     for h, p in zip(hosts, procs):
         try:
@@ -446,6 +447,7 @@ def collect_reports(hosts, procs, timeout: float) -> tuple[list, list]:
         except subprocess.TimeoutExpired:
             failures.append(f"{h.name}: no answer within {timeout:.0f} s")
             continue
+        p.stderr_text = err
         if p.returncode != 0:
             failures.append(f"{h.name}: exit {p.returncode}: {output_tail(err)}")
             continue

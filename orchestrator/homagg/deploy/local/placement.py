@@ -231,6 +231,11 @@ class TestbedPlacement(Placement):
                 i = r["worker"] if "worker" in r else r["rank"]
                 with open(os.path.join(self.run_dir, f"report-{i}.json"), "w") as f:
                     f.write(json.dumps(r) + "\n")
+            for name, p in zip(self.workers, self.procs):  # its warnings, e.g. a fallback's
+                text = getattr(p, "stderr_text", None)
+                if text:
+                    with open(os.path.join(self.run_dir, f"worker-{name}.log"), "w") as f:
+                        f.write(text)
         return reports, failures
 
     def results(self):
