@@ -1038,10 +1038,20 @@ static int peel_block(struct hg_lhc *l, size_t b, const uint8_t *gcells, int isa
 	return 0;
 }
 
+/* Blocks ahead of the one being peeled whose cells prefetch_block asks
+ * for. */
+#define PEEL_PREFETCH_AHEAD 2
+
 /*
- * Ask for the next block's summed cells and candidate positions while the
- * current one is peeled (both are read once, front to back, when its turn
- * comes; the peeling itself works in L1).
+ * Ask for a later block's summed cells and candidate positions while the
+ * current one is peeled, with locality 1 (prefetcht2: into L2 on Zen 4;
+ * both are read once, front to back, when its turn comes; the peeling
+ * itself works in L1).  The next block's into L1 left the load pass of
+ * the cells 25-70% slower: sum of per-block minimum TSC cycles, 2^26 at
+ * 5%, W = 4, alternated in one process under load, portable 33-36 M
+ * against 21-24 M, avx2 16 M against 10-11 M, avx512 16 M against
+ * 10-13 M (the whole peel 0-4% faster, within the noise on avx512;
+ * docs/BENCHMARKS.md).
  */
 PREFETCH_FN void prefetch_block(const struct hg_lhc *l, const struct lhc_block *bk,
 				const uint8_t *gcells_be32)
@@ -1051,9 +1061,9 @@ PREFETCH_FN void prefetch_block(const struct hg_lhc *l, const struct lhc_block *
 	size_t cb = 12 * (size_t)bk->t, pb = 2 * (size_t)bk->ncand;
 
 	for (size_t o = 0; o < cb; o += 64)
-		__builtin_prefetch(c + o, 0, 3);
+		__builtin_prefetch(c + o, 0, 1);
 	for (size_t o = 0; o < pb; o += 64)
-		__builtin_prefetch(p + o, 0, 3);
+		__builtin_prefetch(p + o, 0, 1);
 }
 
 int hg_lhc_peel(struct hg_lhc *l, const uint8_t *gcells_be32)
@@ -1072,8 +1082,9 @@ int hg_lhc_peel(struct hg_lhc *l, const uint8_t *gcells_be32)
 
 		if (!bk->ncand)
 			continue;
-		if (b + 1 < l->nb)
-			prefetch_block(l, &l->blk[b + 1], gcells_be32);
+		if (b + PEEL_PREFETCH_AHEAD < l->nb)
+			prefetch_block(l, &l->blk[b + PEEL_PREFETCH_AHEAD],
+				       gcells_be32);
 		rc = peel_block(l, b, gcells_be32 + 4 * bk->sketch_off, isa);
 		if (rc)
 			return rc;
