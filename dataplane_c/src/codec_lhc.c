@@ -1050,8 +1050,8 @@ static int peel_block(struct hg_lhc *l, size_t b, const uint8_t *gcells, int isa
  * the cells 25-70% slower: sum of per-block minimum TSC cycles, 2^26 at
  * 5%, W = 4, alternated in one process under load, portable 33-36 M
  * against 21-24 M, avx2 16 M against 10-11 M, avx512 16 M against
- * 10-13 M (the whole peel 0-4% faster, within the noise on avx512;
- * docs/BENCHMARKS.md).
+ * 10-13 M; the whole peel 0-5% fewer cycles at 2^26 in 9 of 11 such
+ * runs, at 2^24 -8% to +7% on avx512 (the noise; docs/BENCHMARKS.md).
  */
 PREFETCH_FN void prefetch_block(const struct hg_lhc *l, const struct lhc_block *bk,
 				const uint8_t *gcells_be32)
