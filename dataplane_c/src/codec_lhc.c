@@ -663,9 +663,14 @@ static inline void sketch_cells(uint64_t key, uint64_t g, uint32_t t,
 {
 	uint64_t h = hg_hash(key, g);
 
-	for (int r = 0; r < 3; r++)
-		cell[r] = (uint32_t)r * t +
-			  (uint32_t)(((h >> (21 * r)) & 0x1FFFFFu) * t >> 21);
+	/* the three fields written out: gcc 12 -O2 kept a loop over r with
+	 * a variable shift, 66 instructions a candidate in cells_portable
+	 * against 40 now (callgrind, one hg_lhc_peel of 778181 candidates);
+	 * the peel's portable hashing takes 31% fewer cycles
+	 * (docs/BENCHMARKS.md "Where lhc decode's time goes") */
+	cell[0] = (uint32_t)((h & 0x1FFFFFu) * t >> 21);
+	cell[1] = t + (uint32_t)(((h >> 21) & 0x1FFFFFu) * t >> 21);
+	cell[2] = 2 * t + (uint32_t)(((h >> 42) & 0x1FFFFFu) * t >> 21);
 	*neg = (uint32_t)(h >> 63);
 }
 
@@ -1033,10 +1038,20 @@ static int peel_block(struct hg_lhc *l, size_t b, const uint8_t *gcells, int isa
 	return 0;
 }
 
+/* Blocks ahead of the one being peeled whose cells prefetch_block asks
+ * for. */
+#define PEEL_PREFETCH_AHEAD 2
+
 /*
- * Ask for the next block's summed cells and candidate positions while the
- * current one is peeled (both are read once, front to back, when its turn
- * comes; the peeling itself works in L1).
+ * Ask for a later block's summed cells and candidate positions while the
+ * current one is peeled, with locality 1 (prefetcht2: into L2 on Zen 4;
+ * both are read once, front to back, when its turn comes; the peeling
+ * itself works in L1).  The next block's into L1 left the load pass of
+ * the cells 25-70% slower: sum of per-block minimum TSC cycles, 2^26 at
+ * 5%, W = 4, alternated in one process under load, portable 33-36 M
+ * against 21-24 M, avx2 16 M against 10-11 M, avx512 16 M against
+ * 10-13 M; the whole peel 0-5% fewer cycles at 2^26 in 9 of 11 such
+ * runs, at 2^24 -8% to +7% on avx512 (the noise; docs/BENCHMARKS.md).
  */
 PREFETCH_FN void prefetch_block(const struct hg_lhc *l, const struct lhc_block *bk,
 				const uint8_t *gcells_be32)
@@ -1046,9 +1061,9 @@ PREFETCH_FN void prefetch_block(const struct hg_lhc *l, const struct lhc_block *
 	size_t cb = 12 * (size_t)bk->t, pb = 2 * (size_t)bk->ncand;
 
 	for (size_t o = 0; o < cb; o += 64)
-		__builtin_prefetch(c + o, 0, 3);
+		__builtin_prefetch(c + o, 0, 1);
 	for (size_t o = 0; o < pb; o += 64)
-		__builtin_prefetch(p + o, 0, 3);
+		__builtin_prefetch(p + o, 0, 1);
 }
 
 int hg_lhc_peel(struct hg_lhc *l, const uint8_t *gcells_be32)
@@ -1067,8 +1082,9 @@ int hg_lhc_peel(struct hg_lhc *l, const uint8_t *gcells_be32)
 
 		if (!bk->ncand)
 			continue;
-		if (b + 1 < l->nb)
-			prefetch_block(l, &l->blk[b + 1], gcells_be32);
+		if (b + PEEL_PREFETCH_AHEAD < l->nb)
+			prefetch_block(l, &l->blk[b + PEEL_PREFETCH_AHEAD],
+				       gcells_be32);
 		rc = peel_block(l, b, gcells_be32 + 4 * bk->sketch_off, isa);
 		if (rc)
 			return rc;
