@@ -173,7 +173,7 @@ GMAC_PCLMUL void hg_gmac_init(struct hg_gmac_key *g, const uint8_t *key)
 	memcpy(g->rk, rk, sizeof(g->rk));
 	h = gmac_bswap(aes256_block(g, _mm_setzero_si128()));
 	p = h;
-	for (int i = HG_GMAC_CHUNK - 1; i >= 0; i--) { /* hpow[i] = H^(72-i) */
+	for (int i = HG_GMAC_CHUNK - 1; i >= 0; i--) { /* hpow[i] = H^(144-i) */
 		_mm_storeu_si128((__m128i *)g->hpow[i], p);
 		p = gf_mul(p, h);
 	}
