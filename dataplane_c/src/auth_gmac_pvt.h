@@ -41,8 +41,9 @@
  * On an AMD EPYC (Zen 4) VM every VPCLMULQDQ, xmm, ymm or zmm, issues once
  * per 2 cycles (latency 4), so the multiplies alone bound an 8224-byte tag
  * at about 1133 ns on pclmul, 425 on avx2 and 283 on avx512; gmac_bench
- * there: 1165, 511-522 and 333-338 ns (BENCHMARKS.md "AMD Zen 4", where
- * Karatsuba on avx512 and on pclmul measured slower there too).
+ * there, 144 blocks per reduction: 1171-1175, 488 and 311-317 ns
+ * (BENCHMARKS.md "AMD Zen 4", where Karatsuba on avx512 and on pclmul
+ * measured slower there too).
  *
  * On pclmul and avx2, field elements are kept byte-reflected (the block's bytes reversed), so
  * that a carry-less product of two of them is the reflected product shifted
