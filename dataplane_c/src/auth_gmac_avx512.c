@@ -72,9 +72,10 @@ GMAC_NAT static inline __m128i nat_reduce(__m128i lo, __m128i mid, __m128i hi)
 
 /*
  * *s += (y + b[0]) hp[0] + ... + b[n-1] hp[n-1], natural order, n >= 1,
- * the group with y last (y may still be in the making); meanwhile pf's bytes at the same offsets, 128 bytes ahead (the next
- * frame's; not NULL: blocks again when there is none), are prefetched two
- * lines a turn, as fast as this loop reads its own.
+ * the group with y last (y may still be in the making); meanwhile pf's
+ * bytes at the same offsets, 128 bytes ahead (the next frame's; not NULL:
+ * blocks again when there is none), are prefetched two lines a turn, as
+ * fast as this loop reads its own.
  */
 GMAC_NAT static void mul_nat(__m128i y, const uint8_t *blocks,
 			     const uint8_t (*hp)[16], size_t n,
