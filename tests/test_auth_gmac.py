@@ -4,7 +4,7 @@ Each path is forced in turn and its tags compared, bit for bit, with NIST's
 known answers (typed in below) and with the ``cryptography`` package's
 AESGCM (OpenSSL, independent of the project's C) on frames of every length
 class 0..9000: below, at and across 16-byte blocks, the 64-byte zmm loads
-and the 72-block reductions.  A path is skipped only where /proc/cpuinfo
+and the reductions of 144 blocks (2304 bytes).  A path is skipped only where /proc/cpuinfo
 lacks its instructions; where the CPU has them, its absence fails.
 """
 
@@ -122,9 +122,10 @@ def test_nist_known_answers(mac_path, key, iv, aad, tag):
 
 def _lengths():
     """Every length 0..300 (all block, zmm-load and tail shapes of the first
-    chunk), every length around each multiple of 256 and of 1152 (72-block
-    reductions: the data's last block and the length block on either side
-    of one) up to 9000, and 300 more drawn at random up to 9000."""
+    chunk), every length around each multiple of 256 and of 1152 (the
+    reductions of 144 blocks, 2304 bytes, and of the 72 they once were: the
+    data's last block and the length block on either side of one) up to
+    9000, and 300 more drawn at random up to 9000."""
     rng = random.Random(22)
     out = set(range(301))
     for m in [*range(256, 9001, 256), *range(1152, 9001, 1152)]:
@@ -410,7 +411,7 @@ def test_engine_burst_checks_equal_one_at_a_time(mac_path, burst):
 
 @pytest.mark.parametrize("burst", [2, 7, 33])
 def test_engine_8k_bursts_equal_one_at_a_time(mac_path, burst):
-    # 8 KB payloads (two 72-block reductions per frame, the next frame's
+    # 8 KB payloads (four 144-block reductions per frame, the next frame's
     # data prefetched during each tag): hostile frames among them decide
     # and count as one at a time, and the sums are exact
     import numpy as np

@@ -173,7 +173,7 @@ GMAC_PCLMUL void hg_gmac_init(struct hg_gmac_key *g, const uint8_t *key)
 	memcpy(g->rk, rk, sizeof(g->rk));
 	h = gmac_bswap(aes256_block(g, _mm_setzero_si128()));
 	p = h;
-	for (int i = HG_GMAC_CHUNK - 1; i >= 0; i--) { /* hpow[i] = H^(72-i) */
+	for (int i = HG_GMAC_CHUNK - 1; i >= 0; i--) { /* hpow[i] = H^(144-i) */
 		_mm_storeu_si128((__m128i *)g->hpow[i], p);
 		p = gf_mul(p, h);
 	}
@@ -232,9 +232,12 @@ static inline void prefetch_lines(const uint8_t *p, size_t len)
  * (pclmul or avx2); y is 0 for the first chunk (first).  pclmul multiplies the blocks without y, which joins
  * the sums after them (y hp[0], one more product): the chunk's multiplies
  * need not wait for the reduction that made y.  avx2 adds y to the first
- * block as before: its loop's later multiplies do not depend on the first
- * one, so they overlap that reduction anyway, and the extra product per
- * chunk measured slower (gmac_bench 8224 bytes, docs/BENCHMARKS.md).  The
+ * block and multiplies that pair last, after the chunk's other blocks: no
+ * extra product (it measured slower, gmac_bench 8224 bytes,
+ * docs/BENCHMARKS.md), and the chunk's other multiplies do not wait for
+ * the reduction that made y (gmac_bench on AMD Zen 4, docs/BENCHMARKS.md
+ * "AMD Zen 4": 8224 bytes 523 -> 511 ns; 1056 bytes, one chunk and y 0,
+ * 92 -> 76-84 ns, a gain not explained by y).  The
  * avx2 loop prefetches the next frame's lines (pf) as it goes, the pclmul
  * one finds a chunk's lines prefetched before it.
  */

@@ -37,19 +37,9 @@ GMAC_AVX2 void hg_gmac_mul_avx2(__m128i y, const uint8_t *blocks,
 	__m256i lo = _mm256_setzero_si256(), mk = lo, hi = lo, x, xk, h, k;
 	size_t i = 0;
 
-	if (n >= 2) { /* y joins the first block */
+	if (n >= 2) {
 		__builtin_prefetch(pf, 0);
 		__builtin_prefetch(pf + 64, 0);
-		x = _mm256_shuffle_epi8(_mm256_loadu_si256((const __m256i *)blocks),
-					bs);
-		x = _mm256_xor_si256(x, _mm256_zextsi128_si256(y));
-		xk = _mm256_xor_si256(x, _mm256_shuffle_epi32(x, 0x4e));
-		y = _mm_setzero_si128();
-		h = _mm256_loadu_si256((const __m256i *)hp[0]);
-		k = _mm256_loadu_si256((const __m256i *)hk[0]);
-		lo = _mm256_clmulepi64_epi128(x, h, 0x00);
-		hi = _mm256_clmulepi64_epi128(x, h, 0x11);
-		mk = _mm256_clmulepi64_epi128(xk, k, 0x00);
 		/* four blocks a turn, their products summed in pairs first;
 		 * one line of pf (the next frame's) prefetched a turn */
 		for (i = 2; i + 4 <= n; i += 4) {
@@ -89,6 +79,18 @@ GMAC_AVX2 void hg_gmac_mul_avx2(__m128i y, const uint8_t *blocks,
 			mk = _mm256_xor_si256(mk, _mm256_clmulepi64_epi128(xk, k,
 									   0x00));
 		}
+		/* the first two blocks last: y, made by the reduction before,
+		 * joins the sums after this chunk's other products */
+		x = _mm256_shuffle_epi8(_mm256_loadu_si256((const __m256i *)blocks),
+					bs);
+		x = _mm256_xor_si256(x, _mm256_zextsi128_si256(y));
+		xk = _mm256_xor_si256(x, _mm256_shuffle_epi32(x, 0x4e));
+		y = _mm_setzero_si128();
+		h = _mm256_loadu_si256((const __m256i *)hp[0]);
+		k = _mm256_loadu_si256((const __m256i *)hk[0]);
+		lo = _mm256_xor_si256(lo, _mm256_clmulepi64_epi128(x, h, 0x00));
+		hi = _mm256_xor_si256(hi, _mm256_clmulepi64_epi128(x, h, 0x11));
+		mk = _mm256_xor_si256(mk, _mm256_clmulepi64_epi128(xk, k, 0x00));
 	}
 	s->lo = _mm_xor_si128(s->lo, fold2(lo));
 	s->hi = _mm_xor_si128(s->hi, fold2(hi));

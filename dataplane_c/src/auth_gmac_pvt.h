@@ -2,13 +2,19 @@
 /*
  * AES-GMAC of the project's own (auth_gmac*.c): AES-256 with AES-NI for the
  * hash key H = E_K(0) and the tag mask E_K(J0), GHASH over the additional
- * data with carry-less multiplies against precomputed powers H^72..H^1: up
- * to 72 blocks are multiplied each by its power and summed unreduced, then
+ * data with carry-less multiplies against precomputed powers H^144..H^1: up
+ * to 144 blocks are multiplied each by its power and summed unreduced, then
  * reduced once, so the one dependent chain (the running hash into the next
- * 72 blocks) costs one reduction per 1152 bytes.  72, not 64: a frame of a
- * 1 KB payload (1056 bytes of header and payload, 66 blocks, and the length
- * block) then takes one reduction, not two (the second one's ~30 dependent
- * instructions sat at the end of every tag).  The multiply-and-sum loop has
+ * 144 blocks) costs one reduction per 2304 bytes.  72, not 64, first: a
+ * frame of a 1 KB payload (1056 bytes of header and payload, 66 blocks, and
+ * the length block) then takes one reduction, not two (the second one's ~30
+ * dependent instructions sat at the end of every tag).  144, not 72: an
+ * 8 KB payload's frame (514 blocks and the length block) takes four, not
+ * eight; each chunk's end (the lanes folded, the reduction, the loop's
+ * start) cost about 6 ns on AMD Zen 4 (gmac_bench 8224 bytes: avx512
+ * 334-337 -> 311-317 ns, avx2 511-512 -> 488, in bursts of 32 frames of 8
+ * keys 360 -> 340 and 539 -> 524; BENCHMARKS.md "AMD Zen 4"), for 2304
+ * bytes per table per key instead of 1152.  The multiply-and-sum loop has
  * three forms, all giving the same bits (HOMAGG_MAC_ISA, auth_gmac.c
  * "hg_mac_isa"):
  *
@@ -32,6 +38,13 @@
  * against the build before, load average 4-5, 2026-12-02; BENCHMARKS.md
  * "8 KB: fewer vector uops").
  *
+ * On an AMD EPYC (Zen 4) VM every VPCLMULQDQ, xmm, ymm or zmm, issues once
+ * per 2 cycles (latency 4), so the multiplies alone bound an 8224-byte tag
+ * at about 1133 ns on pclmul, 425 on avx2 and 283 on avx512; gmac_bench
+ * there, 144 blocks per reduction: 1171-1175, 488 and 311-317 ns
+ * (BENCHMARKS.md "AMD Zen 4", where Karatsuba on avx512 and on pclmul
+ * measured slower there too).
+ *
  * On pclmul and avx2, field elements are kept byte-reflected (the block's bytes reversed), so
  * that a carry-less product of two of them is the reflected product shifted
  * right by one bit: ghash_reduce() shifts the 256-bit sum of products left
@@ -46,13 +59,13 @@
 
 #include <immintrin.h>
 
-#define HG_GMAC_CHUNK 72  /* blocks per reduction */
+#define HG_GMAC_CHUNK 144 /* blocks per reduction */
 #define HG_GMAC_ROUNDS 14 /* AES-256 */
 
 /* One key's precomputed state; wiped by whoever frees it. */
 struct hg_gmac_key {
 	uint8_t rk[HG_GMAC_ROUNDS + 1][16]; /* AES-256 round keys */
-	uint8_t hpow[HG_GMAC_CHUNK][16];    /* H^72 .. H^1, reflected */
+	uint8_t hpow[HG_GMAC_CHUNK][16];    /* H^144 .. H^1, reflected */
 	uint8_t hnat[HG_GMAC_CHUNK][16];    /* the same, natural (avx512) */
 	uint8_t hkar[HG_GMAC_CHUNK][16];    /* hpow's two halves XORed, in
 					     * both halves (avx2's Karatsuba) */
