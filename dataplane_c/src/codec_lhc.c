@@ -315,6 +315,28 @@ static inline uint32_t bloom_field(uint64_t w, uint32_t r, uint32_t bits)
 	return (uint32_t)((((w >> (21 * r)) & 0x1FFFFFu) * (uint64_t)bits) >> 21);
 }
 
+/*
+ * The three probes of hash word w (fields 0-2, bloom_field).  Below
+ * BLOOM_VEC_BITS bits, (f * bits) >> 21 = (f * (bits / 64)) >> 15 (bits a
+ * multiple of 64) is below 2^32 for a 21-bit f, so fields 0 and 1 share one
+ * 64-bit multiply, in its low and high halves.
+ */
+static inline void bloom_fields3(uint64_t w, uint32_t bits, uint32_t *p)
+{
+	if (bits < BLOOM_VEC_BITS) {
+		const uint64_t bv = bits / 64;
+		uint64_t pp = ((w & 0x1FFFFFu) | ((w << 11) & (0x1FFFFFull << 32))) *
+			      bv;
+
+		p[0] = (uint32_t)pp >> 15;
+		p[1] = (uint32_t)(pp >> 47);
+		p[2] = (uint32_t)(((w >> 42) & 0x1FFFFFu) * bv) >> 15;
+		return;
+	}
+	for (uint32_t r = 0; r < 3; r++)
+		p[r] = bloom_field(w, r, bits);
+}
+
 /* Elements per stage-1 chunk of the portable Bloom probing (its
  * survivors' list lives on the stack). */
 #define BLOOM_CHUNK_PORTABLE 1024
@@ -339,7 +361,8 @@ static uint32_t bloom_candidates_portable(uint64_t key, uint64_t g0, uint32_t k,
 					  uint32_t bits, const uint8_t *filt,
 					  uint32_t i0, uint32_t len, uint16_t *out)
 {
-	const uint32_t k1 = k < 3 ? k : 3;
+	/* probes 1 and 2 of the first word pass when k has none */
+	const uint32_t n1 = k < 2, n2 = k < 3;
 	uint16_t surv[BLOOM_CHUNK_PORTABLE + 1];
 	uint32_t c = 0;
 
@@ -348,24 +371,30 @@ static uint32_t bloom_candidates_portable(uint64_t key, uint64_t g0, uint32_t k,
 				      len :
 				      c0 + BLOOM_CHUNK_PORTABLE;
 		uint32_t ns = 0;
+		/* hg_hash's key + (g + 1) * GOLDEN, g = g0 + i */
+		uint64_t z = key + (g0 + c0 + 1) * HG_HASH_GOLDEN;
 
-		for (uint32_t i = c0; i < c1; i++) {
-			uint64_t w = hg_hash(key, g0 + i);
-			uint32_t hit = 1;
+		for (uint32_t i = c0; i < c1; i++, z += HG_HASH_GOLDEN) {
+			uint32_t p[3];
 
-			for (uint32_t r = 0; r < k1; r++)
-				hit &= bloom_bit(filt, bloom_field(w, r, bits));
+			bloom_fields3(hg_mix64(z), bits, p);
 			surv[ns] = (uint16_t)i;
-			ns += hit;
+			ns += bloom_bit(filt, p[0]) &
+			      (bloom_bit(filt, p[1]) | n1) &
+			      (bloom_bit(filt, p[2]) | n2);
 		}
 		for (uint32_t j = 0; j < ns; j++) {
 			uint64_t w = hg_hash(key, g0 + surv[j]);
 			uint32_t hit = 1;
 
-			for (uint32_t r = 3; r < k; r++) {
-				if (r % 3 == 0)
-					w = hg_mix64(w + HG_HASH_GOLDEN);
-				hit &= bloom_bit(filt, bloom_field(w, r % 3, bits));
+			for (uint32_t r = 3; r < k; r += 3) {
+				uint32_t p[3];
+
+				w = hg_mix64(w + HG_HASH_GOLDEN);
+				bloom_fields3(w, bits, p);
+				hit &= bloom_bit(filt, p[0]) &
+				       (bloom_bit(filt, p[1]) | (r + 1 >= k)) &
+				       (bloom_bit(filt, p[2]) | (r + 2 >= k));
 			}
 			out[c] = surv[j];
 			c += hit;
