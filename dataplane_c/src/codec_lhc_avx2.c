@@ -341,11 +341,12 @@ bloom_candidates8(uint64_t key, uint64_t g0, uint32_t k, uint32_t bits,
  *
  * A filter of at most BLOOM_REG_BITS8 bits (6 registers; a block of 4096
  * elements at 0.68 % per worker, W = 4, has 1344) is read from registers,
- * larger ones gathered: on an AMD EPYC (Zen 4) the two break even at 7 to
- * 8 registers.  939 blocks of 4096 elements, filters of 1344 bits, k = 8,
- * the probing alone of the library before and after alternated in one
- * process, CPU time under load: 13.9-16.6 ms gathered, 12.4-12.8 ms from
- * registers (docs/BENCHMARKS.md "Bloom probing").
+ * larger ones gathered.  100 blocks of 4096 elements, k = 8, the probing
+ * alone of the library before and after alternated 200 times in one
+ * process, AMD EPYC (Zen 4) under load, CPU ms best / median: filters of
+ * 1344 bits 1.30 / 1.62 gathered, 1.27 / 1.36 from registers; 256 bits
+ * 1.29 / 1.59 and 0.74 / 0.89 (docs/BENCHMARKS.md "Bloom probing").  With
+ * 7 or 8 registers the two broke even.
  */
 __attribute__((target("avx2,bmi,bmi2,popcnt"))) uint32_t
 hg_lhc_bloom_candidates_avx2(uint64_t key, uint64_t g0, uint32_t k, uint32_t bits,
