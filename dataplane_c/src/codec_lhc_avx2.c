@@ -346,7 +346,8 @@ bloom_candidates8(uint64_t key, uint64_t g0, uint32_t k, uint32_t bits,
  * process, AMD EPYC (Zen 4) under load, CPU ms best / median: filters of
  * 1344 bits 1.30 / 1.62 gathered, 1.27 / 1.36 from registers; 256 bits
  * 1.29 / 1.59 and 0.74 / 0.89 (docs/BENCHMARKS.md "Bloom probing").  With
- * 7 or 8 registers the two broke even.
+ * 7 or 8 registers (1600-2048 bits) the best was 2-6 % slower than the
+ * gather.
  */
 __attribute__((target("avx2,bmi,bmi2,popcnt"))) uint32_t
 hg_lhc_bloom_candidates_avx2(uint64_t key, uint64_t g0, uint32_t k, uint32_t bits,
