@@ -370,12 +370,13 @@ bloom_candidates8(uint64_t key, uint64_t g0, uint32_t k, uint32_t bits,
  * A filter of at most BLOOM_REG_BITS8 bits (6 registers; a block of 4096
  * elements at 0.68 % per worker, W = 4, has 1344) is read from registers,
  * larger ones gathered.  100 blocks of 4096 elements, k = 8, the probing
- * alone of the library before and after alternated 200 times in one
- * process, AMD EPYC (Zen 4) under load, CPU ms best / median: filters of
- * 1344 bits 1.30 / 1.62 gathered, 1.27 / 1.36 from registers; 256 bits
- * 1.29 / 1.59 and 0.74 / 0.89 (docs/BENCHMARKS.md "Bloom probing").  With
- * 7 or 8 registers (1600-2048 bits) the best was 2-6 % slower than the
- * gather.
+ * alone of main (gathered, one group of 8 a step) and of this loop
+ * alternated 200 times in one process, AMD EPYC (Zen 4) under load, CPU
+ * ms best / median: filters of 1344 bits 1.29 / 1.40 before, 0.99 / 1.06
+ * after; 256 bits 1.26 / 1.35 and 0.67 / 0.71; 3968 bits (gathered in
+ * both) 1.38 / 1.53 and 1.20 / 1.31 (docs/BENCHMARKS.md "Bloom probing").
+ * With 7 or 8 registers (1600-2048 bits) the best was 2-6 % slower than
+ * the gather.
  */
 __attribute__((target("avx2,bmi,bmi2,popcnt"))) uint32_t
 hg_lhc_bloom_candidates_avx2(uint64_t key, uint64_t g0, uint32_t k, uint32_t bits,
