@@ -226,6 +226,41 @@ bloom_store8(uint32_t m, uint32_t i, uint16_t *out)
 	return (uint32_t)__builtin_popcount(m);
 }
 
+/* The first hash words of the 8 elements at the 16-bit positions p8 of
+ * a block whose hash input of element 0 is base (key + (g0 + 1) * GOLDEN):
+ * elements 0-3 at *wa, 4-7 at *wb. */
+__attribute__((target("avx2,bmi,bmi2,popcnt"), always_inline)) static inline void
+bloom_words8(uint64_t base, __m128i p8, __m256i *wa, __m256i *wb)
+{
+	const __m256i b = _mm256_set1_epi64x((long long)base);
+
+	/* key + (g0 + pos + 1) * GOLDEN = base + pos * GOLDEN */
+	*wa = avx2_mix64(_mm256_add_epi64(b, avx2_mullo64(_mm256_cvtepu16_epi64(p8),
+							  HG_HASH_GOLDEN)));
+	*wb = avx2_mix64(
+		_mm256_add_epi64(b, avx2_mullo64(_mm256_cvtepu16_epi64(
+							 _mm_srli_si128(p8, 8)),
+						 HG_HASH_GOLDEN)));
+}
+
+/* The 16-bit positions p8 of the lanes of the 8-bit mask m, stored in
+ * order at out (8 entries written); returns their count. */
+__attribute__((target("avx2,bmi,bmi2,popcnt"), always_inline)) static inline uint32_t
+bloom_store_pos8(__m128i p8, uint32_t m, uint16_t *out)
+{
+	/* lane index x -> bytes 2x, 2x + 1: 514 x + 256 */
+	_mm_storeu_si128(
+		(__m128i *)out,
+		_mm_shuffle_epi8(
+			p8,
+			_mm_add_epi16(_mm_mullo_epi16(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(
+							      (long long)avx2_compress_idx(
+								      m))),
+						      _mm_set1_epi16(514)),
+				      _mm_set1_epi16(256))));
+	return (uint32_t)__builtin_popcount(m);
+}
+
 /*
  * hg_lhc_bloom_candidates_avx2 for a filter in nseg segments of registers
  * (0: gathered).
@@ -241,7 +276,7 @@ bloom_candidates8(uint64_t key, uint64_t g0, uint32_t k, uint32_t bits,
 	const uint64_t base = key + (g0 + 1) * HG_HASH_GOLDEN;
 	const uint32_t k1 = k < 3 ? k : 3;
 	const int *words = (const int *)filt;
-	uint16_t surv[BLOOM_CHUNK + 8];
+	uint16_t surv[BLOOM_CHUNK + 16];
 	/* the filter's words, zero past its end, and its segments */
 	uint32_t fw[BLOOM_REG_BITS8 / 32] = { 0 };
 	__m256i t[BLOOM_REG_SEGS8];
@@ -304,51 +339,48 @@ bloom_candidates8(uint64_t key, uint64_t g0, uint32_t k, uint32_t bits,
 			c += ns;
 			continue;
 		}
-		/* stage 2: the other probes of the survivors, 8 at a time
-		 * (the last group padded with its last survivor, masked) */
-		for (uint32_t j = ns; j < ((ns + 7) & ~7u); j++)
+		/* stage 2: the other probes of the survivors, two groups of 8
+		 * a step as in stage 1 (the last groups padded with the last
+		 * survivor, masked) */
+		for (uint32_t j = ns; j < ((ns + 15) & ~15u); j++)
 			surv[j] = ns ? surv[ns - 1] : 0;
-		for (uint32_t j = 0; j < ns; j += 8) {
+		for (uint32_t j = 0; j < ns; j += 16) {
 			__m128i p8 = _mm_loadu_si128((const __m128i *)(surv + j));
-			__m256i pa = _mm256_cvtepu16_epi64(p8);
-			__m256i pb = _mm256_cvtepu16_epi64(_mm_srli_si128(p8, 8));
-			__m256i wa = avx2_mix64(
-				_mm256_add_epi64(_mm256_set1_epi64x((long long)base),
-						 avx2_mullo64(pa, HG_HASH_GOLDEN)));
-			__m256i wb = avx2_mix64(
-				_mm256_add_epi64(_mm256_set1_epi64x((long long)base),
-						 avx2_mullo64(pb, HG_HASH_GOLDEN)));
-			__m256i hit = one;
-			uint32_t m, left = ns - j;
+			__m128i q8 = _mm_loadu_si128(
+				(const __m128i *)(surv + j + 8));
+			__m256i wa, wb, xa, xb, hit = one, hit2 = one;
+			uint32_t m, m2, left = ns - j;
 
+			bloom_words8(base, p8, &wa, &wb);
+			bloom_words8(base, q8, &xa, &xb);
 			for (uint32_t r0 = 3; r0 < k; r0 += 3) {
-				__m256i f[3];
+				__m256i f[3], f2[3];
 
 				wa = avx2_mix64(_mm256_add_epi64(wa, gold));
 				wb = avx2_mix64(_mm256_add_epi64(wb, gold));
+				xa = avx2_mix64(_mm256_add_epi64(xa, gold));
+				xb = avx2_mix64(_mm256_add_epi64(xb, gold));
 				bloom_fields8(wa, wb, f);
-				for (uint32_t r = r0; r < k && r < r0 + 3; r++)
+				bloom_fields8(xa, xb, f2);
+				for (uint32_t r = r0; r < k && r < r0 + 3; r++) {
 					hit = _mm256_and_si256(hit,
 							       bloom_bit8(t, nseg,
 									  words,
 									  f[r - r0],
 									  bv));
+					hit2 = _mm256_and_si256(
+						hit2, bloom_bit8(t, nseg, words,
+								 f2[r - r0], bv));
+				}
 			}
 			m = bloom_mask8(hit);
+			m2 = bloom_mask8(hit2);
+			if (left < 16)
+				m2 = left <= 8 ? 0 : m2 & ((1u << (left - 8)) - 1);
 			if (left < 8)
 				m &= (1u << left) - 1;
-			/* lane index x -> bytes 2x, 2x + 1: 514 x + 256 */
-			_mm_storeu_si128(
-				(__m128i *)(out + c),
-				_mm_shuffle_epi8(
-					p8,
-					_mm_add_epi16(_mm_mullo_epi16(
-							      _mm_cvtepu8_epi16(_mm_cvtsi64_si128(
-								      (long long)avx2_compress_idx(
-									      m))),
-							      _mm_set1_epi16(514)),
-						      _mm_set1_epi16(256))));
-			c += (uint32_t)__builtin_popcount(m);
+			c += bloom_store_pos8(p8, m, out + c);
+			c += bloom_store_pos8(q8, m2, out + c);
 		}
 	}
 	_mm256_zeroupper();
