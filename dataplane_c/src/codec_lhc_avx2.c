@@ -392,21 +392,22 @@ bloom_candidates8(uint64_t key, uint64_t g0, uint32_t k, uint32_t bits,
  * of the block whose k probes (bloom_probes in codec_lhc.c: a chain of
  * hash words, three 21-bit fields each) all hit a set bit of the filter
  * (bits bits at filt, a multiple of 64).  No branch on a probe: stage 1
- * tests the three probes of the first hash word of 8 elements at a time
- * (about 1/8 of the elements pass them in a filter half full) and lists
- * the survivors; stage 2 tests the other probes of the survivors, 8 at a
- * time, recomputing their first hash word.  Same candidates, in the same
+ * tests the three probes of the first hash word of two groups of 8
+ * elements a step (about 1/8 of the elements pass them in a filter half
+ * full) and lists the survivors; stage 2 tests the other probes of the
+ * survivors, two groups of 8 a step, recomputing their first hash word.
+ * Same candidates, in the same
  * order, as the element-by-element loop.  Positions appended at out (8
  * entries of slack); returns their count.
  *
  * A filter of at most BLOOM_REG_BITS8 bits (6 registers; a block of 4096
  * elements at 0.68 % per worker, W = 4, has 1344) is read from registers,
  * larger ones gathered.  100 blocks of 4096 elements, k = 8, the probing
- * alone of main (gathered, one group of 8 a step) and of this loop
+ * alone of the loop before (gathered, one group of 8 a step) and this one
  * alternated 200 times in one process, AMD EPYC (Zen 4) under load, CPU
- * ms best / median: filters of 1344 bits 1.29 / 1.40 before, 0.99 / 1.06
- * after; 256 bits 1.26 / 1.35 and 0.67 / 0.71; 3968 bits (gathered in
- * both) 1.38 / 1.53 and 1.20 / 1.31 (docs/BENCHMARKS.md "Bloom probing").
+ * ms best / median: filters of 1344 bits 1.30 / 1.72 before, 0.92 / 1.06
+ * after; 256 bits 1.26 / 1.42 and 0.65 / 0.71; 3968 bits (gathered in
+ * both) 1.39 / 1.96 and 1.14 / 1.59 (docs/BENCHMARKS.md "Bloom probing").
  * With 7 or 8 registers (1600-2048 bits) the best was 2-6 % slower than
  * the gather.
  */
