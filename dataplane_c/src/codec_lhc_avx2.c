@@ -396,9 +396,8 @@ bloom_candidates8(uint64_t key, uint64_t g0, uint32_t k, uint32_t bits,
  * elements a step (about 1/8 of the elements pass them in a filter half
  * full) and lists the survivors; stage 2 tests the other probes of the
  * survivors, two groups of 8 a step, recomputing their first hash word.
- * Same candidates, in the same
- * order, as the element-by-element loop.  Positions appended at out (8
- * entries of slack); returns their count.
+ * Same candidates, in the same order, as the element-by-element loop.
+ * Positions appended at out (8 entries of slack); returns their count.
  *
  * A filter of at most BLOOM_REG_BITS8 bits (6 registers; a block of 4096
  * elements at 0.68 % per worker, W = 4, has 1344) is read from registers,
