@@ -310,3 +310,51 @@ def test_bloom_probing_at_vector_tails_and_filter_sizes(tail):
                 lanes = b.union_lanes(pl)
                 got = np.flatnonzero(b.union_decode(pl, np.arange(1, lanes + 1, dtype=">i4")))
                 assert got.tolist() == want.tolist(), f"{isa}, {name} index"
+
+
+@pytest.mark.parametrize("tail", (1, 7, 9, 4095))
+def test_bloom_probing_in_avx2_register_segments(tail):
+    """The AVX2 path reads filters of up to 6 segments of 256 bits from
+    registers (vpermd and a tree of blends on the segment) and gathers
+    larger ones: filters of 64 bits, exactly 1, 2, 3 and 4 segments, 5,
+    1344 bits (NCF's bucket at W = 4), exactly 6 (the largest in registers)
+    and 1600 bits (the smallest gathered), and a last Bloom block of 4095
+    elements (7 left to the portable loop), each checked on every path against the numpy
+    index for the worker's own index, all bits set, none and random bits."""
+    block = 4096
+    per_block = (2, 10, 13, 25, 45, 61, 77, 81, 93, 97)
+    want_bits = [64, 256, 320, 512, 768, 1024, 1280, 1344, 1536, 1600]
+    n = len(per_block) * block + tail
+    rng = np.random.default_rng(700 + tail)
+    x = np.zeros(n, dtype=np.float32)
+    for blk, c in enumerate(per_block + (max(1, tail // 200),)):
+        start = blk * block
+        pos = rng.choice(min(block, n - start), size=c, replace=False)
+        x[start + pos] = rng.standard_normal(c).astype(np.float32) + 2
+    params = codec.Params(block_elements=block, workers=1, seed=11)
+    cp = params.c(0)
+    scan, gcodes, gcounts = b.scan_encode(cp, x)
+    plan = npc.index_plan(n, block, gcodes, gcounts.astype(np.int64))
+    # a short last block keeps a bitmap, one of 4095 elements is Bloom
+    assert [p[2] for p in plan] == ["bloom"] * len(per_block) + [
+        "bloom" if tail > 1000 else "bitmap"
+    ]
+    assert [p[3] for p in plan[: len(per_block)]] == want_bits
+    own = np.asarray(b.lhc_index_encode_scan(b.lhc_create(cp, n, gcodes, gcounts), scan))
+    fills = {
+        "own": own,
+        "ones": np.full_like(own, 0xFF),
+        "zeros": np.zeros_like(own),
+        "random": rng.integers(0, 256, own.size, dtype=np.uint8),
+    }
+    for name, gindex in fills.items():
+        want = npc.candidates(gindex, plan, 11)
+        if name == "own":
+            assert want.size > np.count_nonzero(x)
+        for isa in CODEC_ISAS:
+            with codec_isa(isa):
+                pl = b.lhc_create(cp, n, gcodes, gcounts)
+                b.lhc_set_index(pl, gindex)
+                lanes = b.union_lanes(pl)
+                got = np.flatnonzero(b.union_decode(pl, np.arange(1, lanes + 1, dtype=">i4")))
+                assert got.tolist() == want.tolist(), f"{isa}, {name} index"
