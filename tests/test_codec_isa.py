@@ -264,14 +264,16 @@ def test_a_divisor_gives_numpys_division_of_the_sum_on_every_path(isa, method):
             codec.Params(workers=2, divisor=bad)
 
 
-@pytest.mark.parametrize("tail", (17, 1023, 1024, 1025, 1047, 4095))
+@pytest.mark.parametrize("tail", (17, 1023, 1024, 1025, 1047, 1056, 1072, 4095))
 def test_bloom_probing_at_vector_tails_and_filter_sizes(tail):
     """set_index's Bloom probing on every path against the numpy index:
     filters of 1 to 4 segments of 1024 bits (the AVX-512 path's registers)
     and larger (gathered), 16 and 8 element vectors and their tails, chunks
-    of 1024 elements, and a summed index that is this worker's own, every
-    bit set (every element passes every probe), no bit set (none passes)
-    or random bits."""
+    of 1024 elements, a last chunk of 16, 32 or 48 elements (the AVX-512
+    path probes two vectors of 16 a step: one alone, a pair, a pair and
+    one; with every bit set as many survivors in stage 2), and a summed
+    index that is this worker's own, every bit set (every element passes
+    every probe), no bit set (none passes) or random bits."""
     block = 16384
     per_block = (20, 80, 150, 230, 300, 600)
     n = len(per_block) * block + tail
