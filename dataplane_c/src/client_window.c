@@ -231,6 +231,22 @@ static int reply_agg(const struct hg_client *c, const struct hg_wire_view *v)
 }
 
 /* Handle one received frame (at port time now): a result or a status for this job. */
+/* Whether a STATUS payload (plen bytes) marks a worker the slot lacks as
+ * active: it sent the aggregator a frame since the slot opened, so it is
+ * repairing a lost frame or result of its own (docs/PROTOCOL.md Part 3,
+ * "Who is missing, and why"). */
+static bool status_active(const struct hg_client *c, const uint8_t *pl, size_t plen)
+{
+	size_t nb = (c->cfg.agg_workers + 7) / 8;
+
+	if (plen < 2 * nb)
+		return false;
+	for (size_t i = 0; i < nb; i++)
+		if (pl[nb + i])
+			return true;
+	return false;
+}
+
 static void handle_frame(struct hg_client *c, const uint8_t *f, size_t len,
 			 uint64_t now)
 {
@@ -315,7 +331,13 @@ static void handle_frame(struct hg_client *c, const uint8_t *f, size_t len,
 			    1) {
 				/* Our contribution is there: the slot waits for
 				 * a peer.  Nothing to resend; a timeout that made
-				 * us ask was spurious. */
+				 * us ask was spurious.  A peer that is sending
+				 * (the active bitmap) repairs a loss of its own:
+				 * no stall, nothing for the floor to learn. */
+				if (status_active(c, pl, v.payload_len)) {
+					fl->repair = true;
+					fl->silence = 0;
+				}
 				if (fl->timed_out)
 					hg_cl_spurious_timeout(c, ag, fl,
 							       fl->silence, now);
@@ -336,6 +358,9 @@ static void handle_frame(struct hg_client *c, const uint8_t *f, size_t len,
 				fl->overtaken = 0;
 			} else if (!fl->unsent &&
 				   (fl->fast_at ||
+				    ((v.hdr.flags & HG_FLAG_LOSS) &&
+				     v.hdr.worker == c->cfg.agg_worker &&
+				     fl->tries == 1) ||
 				    now - fl->last_tx >= hg_cl_turn_ns(c, ag))) {
 				/* Ours is missing, and this STATUS is not older
 				 * than our latest copy (results of chunks sent
@@ -412,10 +437,10 @@ static void handle_frame(struct hg_client *c, const uint8_t *f, size_t len,
 			hg_cl_rtt_sample(c, ag, now - fl->last_tx, now);
 		if (fl->timed_out) {
 			c->done.p[k] = CH_DONE_AFTER_TIMEOUT;
-			ag->late = fl->silence;
+			ag->late = fl->repair ? 0 : fl->silence;
 		}
 		/* a STATUS showed it spurious: the whole stall is over */
-		if (fl->spurious)
+		if (fl->spurious && !fl->repair)
 			hg_cl_stall_floor(c, ag, fl->silence, now);
 		if (now >= fl->first_tx)
 			c->stats.flight_ns += now - fl->first_tx;
@@ -427,8 +452,10 @@ static void handle_frame(struct hg_client *c, const uint8_t *f, size_t len,
 	/*
 	 * The aggregator's chunks still open below k (K apart) that were last
 	 * sent before k was first sent: one more result overtook them.  At
-	 * DUPTHRESH they are taken as lost and resent at this worker's turn
-	 * (hg_cl_chunk_rank).
+	 * DUPTHRESH they are taken as lost and resent at once: a peer's lost
+	 * contribution would have come with a loss report first (it precedes
+	 * the result of the peer's chunk LOSS_LAG later), so the loss is ours
+	 * -- our result, or the report of our own lost frame.
 	 */
 	while (ag->lo_open < st->nchunks && c->done.p[ag->lo_open] != CH_PENDING)
 		ag->lo_open += c->naggs;
@@ -439,7 +466,7 @@ static void handle_frame(struct hg_client *c, const uint8_t *f, size_t len,
 		    o->txn_last >= txn || o->fast_at)
 			continue;
 		if (++o->overtaken >= DUPTHRESH)
-			o->fast_at = now + hg_cl_turn_offset(c, ag, o->chunk);
+			o->fast_at = now;
 	}
 	if (k + 1 > ag->hi_done) {
 		/* Chunks of this aggregator this result overtook: their
@@ -612,6 +639,7 @@ void hg_cl_tx_new(struct hg_client *c, uint64_t now)
 			fl->have_status = false;
 			fl->timed_out = false;
 			fl->present = false;
+			fl->repair = false;
 			fl->spurious = false;
 			fl->silence = 0;
 			fl->overtaken = 0;
