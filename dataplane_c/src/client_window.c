@@ -455,7 +455,9 @@ static void handle_frame(struct hg_client *c, const uint8_t *f, size_t len,
 	 * DUPTHRESH they are taken as lost and resent at once: a peer's lost
 	 * contribution would have come with a loss report first (it precedes
 	 * the result of the peer's chunk LOSS_LAG later), so the loss is ours
-	 * -- our result, or the report of our own lost frame.
+	 * -- our result, or the report of our own lost frame.  Below a tree
+	 * leaf a repair under another leaf has no report here: at our turn
+	 * (hg_cl_chunk_rank), as before.
 	 */
 	while (ag->lo_open < st->nchunks && c->done.p[ag->lo_open] != CH_PENDING)
 		ag->lo_open += c->naggs;
@@ -466,7 +468,10 @@ static void handle_frame(struct hg_client *c, const uint8_t *f, size_t len,
 		    o->txn_last >= txn || o->fast_at)
 			continue;
 		if (++o->overtaken >= DUPTHRESH)
-			o->fast_at = now;
+			o->fast_at = c->cfg.agg_workers < c->cfg.workers ?
+					     now + hg_cl_turn_offset(c, ag,
+								     o->chunk) :
+					     now;
 	}
 	if (k + 1 > ag->hi_done) {
 		/* Chunks of this aggregator this result overtook: their
