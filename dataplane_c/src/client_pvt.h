@@ -126,7 +126,6 @@ struct flight {
 	bool have_status;
 	bool timed_out; /* its timer expired; not yet judged spurious */
 	bool present;   /* a STATUS showed our contribution in the slot */
-	bool repair;    /* and a peer it lacks active (repairing) */
 	bool spurious;  /* a timeout of it was spurious: its result
 				 * teaches the floor (hg_cl_note_silence) */
 	uint16_t overtaken; /* results of chunks sent after its latest transmission */

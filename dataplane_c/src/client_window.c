@@ -231,22 +231,6 @@ static int reply_agg(const struct hg_client *c, const struct hg_wire_view *v)
 }
 
 /* Handle one received frame (at port time now): a result or a status for this job. */
-/* Whether a STATUS payload (plen bytes) marks a worker the slot lacks as
- * active: it sent the aggregator a frame since the slot opened, so it is
- * repairing a lost frame or result of its own (docs/PROTOCOL.md Part 3,
- * "Who is missing, and why"). */
-static bool status_active(const struct hg_client *c, const uint8_t *pl, size_t plen)
-{
-	size_t nb = (c->cfg.agg_workers + 7) / 8;
-
-	if (plen < 2 * nb)
-		return false;
-	for (size_t i = 0; i < nb; i++)
-		if (pl[nb + i])
-			return true;
-	return false;
-}
-
 static void handle_frame(struct hg_client *c, const uint8_t *f, size_t len,
 			 uint64_t now)
 {
@@ -331,13 +315,7 @@ static void handle_frame(struct hg_client *c, const uint8_t *f, size_t len,
 			    1) {
 				/* Our contribution is there: the slot waits for
 				 * a peer.  Nothing to resend; a timeout that made
-				 * us ask was spurious.  A peer that is sending
-				 * (the active bitmap) repairs a loss of its own:
-				 * no stall, nothing for the floor to learn. */
-				if (status_active(c, pl, v.payload_len)) {
-					fl->repair = true;
-					fl->silence = 0;
-				}
+				 * us ask was spurious. */
 				if (fl->timed_out)
 					hg_cl_spurious_timeout(c, ag, fl,
 							       fl->silence, now);
@@ -437,10 +415,10 @@ static void handle_frame(struct hg_client *c, const uint8_t *f, size_t len,
 			hg_cl_rtt_sample(c, ag, now - fl->last_tx, now);
 		if (fl->timed_out) {
 			c->done.p[k] = CH_DONE_AFTER_TIMEOUT;
-			ag->late = fl->repair ? 0 : fl->silence;
+			ag->late = fl->silence;
 		}
 		/* a STATUS showed it spurious: the whole stall is over */
-		if (fl->spurious && !fl->repair)
+		if (fl->spurious)
 			hg_cl_stall_floor(c, ag, fl->silence, now);
 		if (now >= fl->first_tx)
 			c->stats.flight_ns += now - fl->first_tx;
@@ -644,7 +622,6 @@ void hg_cl_tx_new(struct hg_client *c, uint64_t now)
 			fl->have_status = false;
 			fl->timed_out = false;
 			fl->present = false;
-			fl->repair = false;
 			fl->spurious = false;
 			fl->silence = 0;
 			fl->overtaken = 0;
