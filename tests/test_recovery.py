@@ -85,7 +85,7 @@ RTO_MAX = 50e-3  # homagg.sim.Cluster's default rto_max
 def test_loss_at_scale_within_the_spec_time_bound(W, K, n):
     """1 % per-hop loss at W = 16 and 64: exact, at most two
     retransmissions per drop, and a virtual time within the bound the spec
-    gives once a peer's repair no longer raises the floor.
+    gives with loss reports (a peer's lost frame reported to it at once).
 
     The bound (docs/PROTOCOL.md Part 3, "Fast retransmission", "Window",
     "Who is missing, and why", "Loss reports").  A lost frame -- a contribution on its
