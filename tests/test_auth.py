@@ -638,10 +638,16 @@ def test_cluster_key_rotation_fails_no_allreduce(mac):
             cl.allreduce(grads, method="lhc", block_elements=1024).sum.tobytes() == want.tobytes()
         )
         assert cl.rotate_key(SECRET2, grace=0.001) == 1
-        for _ in range(3):
+        t_rotate = cl.stats()["now_ns"]
+        # at least 3 allreduces, and on until the grace period is over
+        # (virtual time: how long they take depends on the loss recovery)
+        for i in range(100):
+            if i >= 3 and cl.stats()["now_ns"] - t_rotate > 1_000_000:
+                break
             res = cl.allreduce(grads, method="dense", block_elements=1024)
             for y in res.outputs:
                 assert y.tobytes() == want.tobytes()
+        assert cl.stats()["now_ns"] - t_rotate > 1_000_000
         assert cl.engine_counters()["bad_mac"] == 0
         assert all(st["bad_mac"] == 0 for st in res.stats["workers"])
         st = job.worker_stats(0)

@@ -12,6 +12,7 @@ import pytest
 from homagg import kernels
 from homagg.engine import (
     FLAG_AUTH,
+    FLAG_LOSS,
     FLAG_RESULT,
     FLAG_RETRANS,
     FLAG_SHADOW,
@@ -239,6 +240,47 @@ def test_status_to_the_group_once_per_bitmap():
     rig.no_leak()
 
 
+def test_loss_report_names_the_worker_that_lost_its_frame():
+    """docs/PROTOCOL.md Part 3, "Loss reports": a worker's first
+    transmission of seq comes while the set of seq - 3 lacks it: the engine
+    sends that set's STATUS at once, flagged FLAG_LOSS with the worker's
+    id, to the group (then a retransmission's STATUS of the same bitmap is
+    a repeat), or to the worker alone without one; a retransmission, a
+    worker the set has, or a set already complete reports nothing; the
+    resend is summed once."""
+    W, S = 4, 8
+    pay = be32(np.arange(256))
+    for group in (True, False):
+        kw = dict(replicate=True, group=GROUP) if group else {}
+        rig = Rig(workers=W, slots=S, **kw)
+        for seq in range(3):  # worker 3's seq 0 is lost
+            rig.send(
+                *[frame(w, seq=seq, slots=S, payload=pay) for w in range(W) if (w, seq) != (3, 0)]
+            )
+        assert rig.send(*[frame(w, seq=3, slots=S, payload=pay) for w in range(3)]) == []
+        out = rig.send(frame(3, seq=3, slots=S, payload=pay))  # completes seq 3 too
+        (st,) = [o for o in out if o.flags & FLAG_STATUS]
+        assert out[-1].flags & FLAG_RESULT and out[-1].seq == 3  # the report first
+        assert st.flags & FLAG_STATUS and st.flags & FLAG_LOSS and st.seq == 0 and st.worker == 3
+        assert st.payload == bytes([0b0111, 0b1000])  # 3 missing, and active
+        assert st.dst.ipv4 == (GROUP_INT if group else waddr(3).ipv4)
+        # a retransmission reports nothing; a repeat of the bitmap is unicast
+        out = rig.send(frame(0, seq=0, slots=S, payload=pay, flags=FLAG_RETRANS))
+        assert all(not o.flags & FLAG_LOSS for o in out)
+        assert [o.worker for o in out] == ([0, 3] if group else [0])
+        # the resend completes the set, summed once
+        res = rig.results(rig.send(frame(3, seq=0, slots=S, payload=pay, flags=FLAG_RETRANS)))
+        assert res and all(
+            from_be32(r.payload).tolist() == (W * np.arange(256)).tolist() for r in res
+        )
+        # seq 4 from everyone: the set of seq 1 is complete, no report
+        out = rig.send(*[frame(w, seq=4, slots=S, payload=pay) for w in range(W)])
+        assert all(not o.flags & FLAG_STATUS for o in out)
+        c = rig.eng.counters()
+        assert c["summed"] == 5 * W and c["completed"] == 5, c
+        rig.no_leak()
+
+
 def test_shadow_sets_and_slot_reuse():
     """Many chunks through few slots with a window of S chunks in flight,
     interleaved out of order: every result exact, stale packets dropped."""
@@ -373,7 +415,9 @@ def hostile_frames():
         # a STATUS from a worker is a leaf report (PROTOCOL.md "Who is missing
         # in a tree"): nothing summed, and this one is too short for one
         ("status_from_worker", frame(1, flags=FLAG_STATUS, payload=b"\x01", lanes=8), "bad_lanes"),
-        ("unknown_flag", frame(1, flags=0x40, **ok), "bad_flags"),
+        ("unknown_flag", frame(1, flags=0x80, **ok), "bad_flags"),
+        # a loss report is the aggregator's (PROTOCOL.md "Loss reports")
+        ("loss_from_worker", frame(1, flags=FLAG_LOSS, **ok), "bad_flags"),
         ("epoch_without_auth", frame(1, flags=0x100, **ok), "bad_flags"),
         ("nonce_without_auth", frame(1, nonce=1, **ok), "bad_flags"),
         ("nonce_high_without_auth", frame(1, nonce=1 << 31, **ok), "bad_flags"),

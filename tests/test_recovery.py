@@ -81,23 +81,14 @@ LOSS = 0.01
 RTO_MAX = 50e-3  # homagg.sim.Cluster's default rto_max
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "open: under sustained loss a peer's repair still raises the stall floor "
-        "(seed 3: 102 ms at W = 16, 21 ms at W = 64, against at most 5 ms) and "
-        "stalls inflate the round-trip estimate; "
-        'docs/PROTOCOL.md Part 3, "Also measured and not kept"'
-    ),
-)
 @pytest.mark.parametrize("W,K,n", [(16, 1, 1 << 20), (64, 4, 1 << 18)])
 def test_loss_at_scale_within_the_spec_time_bound(W, K, n):
     """1 % per-hop loss at W = 16 and 64: exact, at most two
     retransmissions per drop, and a virtual time within the bound the spec
-    gives once a peer's repair no longer raises the floor.
+    gives with loss reports (a peer's lost frame reported to it at once).
 
     The bound (docs/PROTOCOL.md Part 3, "Fast retransmission", "Window",
-    "Who is missing, and why").  A lost frame -- a contribution on its
+    "Who is missing, and why", "Loss reports").  A lost frame -- a contribution on its
     worker's link up, or a result on a worker's link down -- is repaired
     within R = 4 T + F: its gap shows within one turn T (DUPTHRESH results
     of chunks sent after it; its timer otherwise), its worker's turn comes

@@ -428,10 +428,12 @@ def test_bottleneck_with_loss_is_exact_and_retransmits_per_loss():
     # spurious.
     spurious = sum(w["spurious_timeouts"] for w in per)
     assert 0 < spurious <= timeouts
-    # The delay a spurious timeout's chunk really saw became a floor of
-    # that worker's timeout (Eifel's adaptation), not only an undo.
+    # A floor of a worker's timeout comes only from a spurious timeout
+    # (Eifel's adaptation), from the stall its chunk waited through; with
+    # loss reports that stall can be too short to teach one.
     for w in per:
-        assert (w["rto_floor_ns"] > 0) == (w["spurious_timeouts"] > 0), w
+        if w["rto_floor_ns"] > 0:
+            assert w["spurious_timeouts"] > 0, w
         assert w["rto_ns"] >= min(w["rto_floor_ns"], 50_000_000), w
     assert res.stats["engine"]["summed"] == W * per[0]["chunks"]
 

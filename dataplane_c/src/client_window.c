@@ -336,6 +336,9 @@ static void handle_frame(struct hg_client *c, const uint8_t *f, size_t len,
 				fl->overtaken = 0;
 			} else if (!fl->unsent &&
 				   (fl->fast_at ||
+				    ((v.hdr.flags & HG_FLAG_LOSS) &&
+				     v.hdr.worker == c->cfg.agg_worker &&
+				     fl->tries == 1) ||
 				    now - fl->last_tx >= hg_cl_turn_ns(c, ag))) {
 				/* Ours is missing, and this STATUS is not older
 				 * than our latest copy (results of chunks sent
@@ -427,8 +430,12 @@ static void handle_frame(struct hg_client *c, const uint8_t *f, size_t len,
 	/*
 	 * The aggregator's chunks still open below k (K apart) that were last
 	 * sent before k was first sent: one more result overtook them.  At
-	 * DUPTHRESH they are taken as lost and resent at this worker's turn
-	 * (hg_cl_chunk_rank).
+	 * DUPTHRESH they are taken as lost and resent at once: a peer's lost
+	 * contribution would have come with a loss report first (it precedes
+	 * the result of the peer's chunk LOSS_LAG later), so the loss is ours
+	 * -- our result, or the report of our own lost frame.  Below a tree
+	 * leaf a repair under another leaf has no report here: at our turn
+	 * (hg_cl_chunk_rank), as before.
 	 */
 	while (ag->lo_open < st->nchunks && c->done.p[ag->lo_open] != CH_PENDING)
 		ag->lo_open += c->naggs;
@@ -439,7 +446,10 @@ static void handle_frame(struct hg_client *c, const uint8_t *f, size_t len,
 		    o->txn_last >= txn || o->fast_at)
 			continue;
 		if (++o->overtaken >= DUPTHRESH)
-			o->fast_at = now + hg_cl_turn_offset(c, ag, o->chunk);
+			o->fast_at = c->cfg.agg_workers < c->cfg.workers ?
+					     now + hg_cl_turn_offset(c, ag,
+								     o->chunk) :
+					     now;
 	}
 	if (k + 1 > ag->hi_done) {
 		/* Chunks of this aggregator this result overtook: their

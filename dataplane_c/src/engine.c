@@ -440,7 +440,7 @@ static void classify(struct hg_engine *e, struct hg_pkt *pkt, struct hg_stage *s
 	 */
 	flags = hg_rd16(pkt->data + v.payload_off - HG_HDR_LEN + 2);
 	st->up = false;
-	if (flags & (HG_FLAG_RESULT | HG_FLAG_STATUS)) {
+	if (flags & (HG_FLAG_RESULT | HG_FLAG_STATUS | HG_FLAG_LOSS)) {
 		/* Only a tree leaf takes replies: its root's. */
 		if (hg_eng_up_classify(e, pkt, &v, flags, st))
 			return;
@@ -609,6 +609,31 @@ static inline void combine(const struct hg_engine *e, const struct hg_set *s,
 		prefetch_range(nx->in, in_bytes, nx_bytes);
 }
 
+/*
+ * Worker w's first transmission of chunk seq came: a worker sends its chunks
+ * of an aggregator in sequence order, so the set of seq - LOSS_LAG still
+ * open without w lost w's frame (or w holds it back for the lost result of
+ * the slot's previous chunk).  Tell the group at once, with a STATUS marked
+ * HG_FLAG_LOSS (docs/PROTOCOL.md Part 3, "Loss reports"): w resends, the
+ * workers present learn that the slot waits for a repair.
+ */
+static void loss_report(struct hg_engine *e, struct hg_job *j, uint32_t w,
+			uint32_t seq, struct hg_pkt **pkt)
+{
+	uint32_t q = seq - LOSS_LAG, quot;
+	struct hg_set *s;
+
+	if (seq < LOSS_LAG)
+		return;
+	quot = slot_quot(j, q);
+	s = &j->sets[2 * (size_t)(q - quot * j->cfg.slots) + (quot & 1)];
+	if (s->state != SET_OPEN || s->seq != q || s->bitmap[w / 64] >> (w % 64) & 1)
+		return;
+	if (hg_eng_send_status_flags(e, j, s, (uint16_t)w, HG_FLAG_LOSS, pkt) &&
+	    hg_eng_to_group(e, j))
+		s->status_count = s->count;
+}
+
 /* Second pass over one classified frame: the set logic and the kernel; nx
  * is the frame applied next (NULL: none), whose payload is prefetched. */
 static void apply(struct hg_engine *e, struct hg_stage *st,
@@ -694,6 +719,8 @@ static void apply(struct hg_engine *e, struct hg_stage *st,
 	}
 
 	combine(e, s, st, nx);
+	if (!(st->flags & HG_FLAG_RETRANS))
+		loss_report(e, j, w, st->seq, &pkt);
 	s->bitmap[w / 64] |= 1ull << (w % 64);
 	s->count++;
 	count(e, j, HG_CNT_SUMMED);

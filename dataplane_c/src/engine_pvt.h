@@ -67,6 +67,10 @@ struct hg_set {
 	uint8_t state; /* enum set_state */
 };
 
+/* A worker's first transmission of seq reports it lost from the set of
+ * seq - LOSS_LAG (engine.c loss_report(); TCP's duplicate-ACK threshold). */
+#define LOSS_LAG 3
+
 /* hg_set.status_count of a set whose bitmap the group has not had. */
 #define NO_STATUS UINT16_MAX
 
@@ -225,6 +229,9 @@ void hg_eng_send_result(struct hg_engine *e, struct hg_job *j,
 			struct hg_pkt **reuse);
 bool hg_eng_send_status(struct hg_engine *e, struct hg_job *j,
 			const struct hg_set *s, uint16_t w, struct hg_pkt **reuse);
+bool hg_eng_send_status_flags(struct hg_engine *e, struct hg_job *j,
+			      const struct hg_set *s, uint16_t w, uint16_t more,
+			      struct hg_pkt **reuse);
 void hg_eng_answer_retrans(struct hg_engine *e, struct hg_job *j,
 			   struct hg_set *s, uint16_t w, struct hg_pkt **reuse);
 void hg_eng_up_forward(struct hg_engine *e, struct hg_job *j, struct hg_set *s,
@@ -304,6 +311,13 @@ static inline void count(struct hg_engine *e, struct hg_job *j, int c)
 }
 
 /* Flags of a reply about set s: its shadow bit plus kind. */
+/* Whether replies to HG_WORKER_ALL go as one frame to the job's group. */
+static inline bool hg_eng_to_group(const struct hg_engine *e,
+				   const struct hg_job *j)
+{
+	return e->can_replicate && j->cfg.group_ipv4;
+}
+
 static inline uint16_t set_flags(const struct hg_job *j, const struct hg_set *s,
 				 uint16_t kind)
 {

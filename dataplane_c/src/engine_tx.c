@@ -83,7 +83,8 @@ static void put_reply(struct hg_engine *e, struct hg_job *j, struct hg_pkt *p,
 	};
 	uint8_t *f = p->data;
 
-	if (w == HG_WORKER_ALL) {
+	if (w == HG_WORKER_ALL ||
+	    ((flags & HG_FLAG_LOSS) && hg_eng_to_group(e, j))) {
 		/* the same headers for every result of this size: built once */
 		size_t udp_payload = HG_HDR_LEN + plen + j->mac_len;
 
@@ -162,6 +163,14 @@ void hg_eng_send_result(struct hg_engine *e, struct hg_job *j,
 bool hg_eng_send_status(struct hg_engine *e, struct hg_job *j,
 			const struct hg_set *s, uint16_t w, struct hg_pkt **reuse)
 {
+	return hg_eng_send_status_flags(e, j, s, w, 0, reuse);
+}
+
+/* hg_eng_send_status() with more flags (HG_FLAG_LOSS). */
+bool hg_eng_send_status_flags(struct hg_engine *e, struct hg_job *j,
+			      const struct hg_set *s, uint16_t w, uint16_t more,
+			      struct hg_pkt **reuse)
+{
 	uint8_t bits[HG_STATUS_MAX_PAYLOAD];
 	size_t nb = (j->cfg.workers + 7) / 8, plen = 2 * nb;
 	struct hg_pkt *p;
@@ -180,7 +189,8 @@ bool hg_eng_send_status(struct hg_engine *e, struct hg_job *j,
 		return false;
 	if (e->wire_flags & HG_WIRE_F_UDP_CSUM)
 		psum = hg_csum_add(0, bits, plen);
-	put_reply(e, j, p, s, set_flags(j, s, HG_FLAG_STATUS), w, bits, plen, psum);
+	put_reply(e, j, p, s, set_flags(j, s, (uint16_t)(HG_FLAG_STATUS | more)),
+		  w, bits, plen, psum);
 	queue_tx(e, p);
 	count(e, j, HG_CNT_STATUS_SENT);
 	return true;

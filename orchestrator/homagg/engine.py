@@ -22,6 +22,7 @@ from homagg.bindings.kernels import op_in_lane_bytes
 # the wire's flags and names, also for users of homagg.engine
 from homagg.bindings.wire import FLAG_AUTH, FLAG_OVERFLOW, FLAG_RESULT  # noqa: F401
 from homagg.bindings.wire import FLAG_RETRANS, FLAG_SHADOW, FLAG_STATUS  # noqa: F401
+from homagg.bindings.wire import FLAG_LOSS  # noqa: F401
 from homagg.bindings.wire import UDP_PORT, WORKER_ALL, counter_names  # noqa: F401
 from homagg.netaddr import parse_ipv4, parse_mac
 from homagg.kernels import _op

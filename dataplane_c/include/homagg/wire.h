@@ -53,6 +53,9 @@ extern "C" {
 #define HG_FLAG_STATUS 16
 /* Both directions: a HG_MAC_LEN-byte MAC follows the payload. */
 #define HG_FLAG_AUTH 32
+/* With HG_FLAG_STATUS: a loss report, sent unasked because a worker the
+ * set lacks has sent a later chunk (docs/PROTOCOL.md "Loss reports"). */
+#define HG_FLAG_LOSS 64
 
 struct hg_hdr {
 	uint8_t version;
@@ -81,7 +84,7 @@ struct hg_hdr {
 #define HG_FLAGS_WORKER 46
 /* Bits 8..15 of the flags: the key epoch of an authenticated frame. */
 #define HG_FLAG_EPOCH_SHIFT 8
-#define HG_FLAGS_KNOWN 65343
+#define HG_FLAGS_KNOWN 65407
 
 /* hg_wire_parse / hg_wire_build flags */
 /* Verify (parse) or fill in (build) the UDP checksum.  Without it a parsed
