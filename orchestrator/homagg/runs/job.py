@@ -522,5 +522,8 @@ def print_report(rep: dict, as_json: bool = False) -> int:
 
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--child":  # one worker process
+        import faulthandler
+
+        faulthandler.enable()  # a crash in C leaves its traceback on stderr for the error
         sys.exit(child(json.loads(sys.argv[2])))
     sys.exit("usage: python -m homagg.runs.job --child SPEC")

@@ -37,8 +37,13 @@ def child_env() -> dict:
     return env
 
 
-def _stderr(p) -> str:
-    if p.poll() is None:
+def _stderr(p, wait: float = 0.0) -> str:
+    """The end of what process ``p`` wrote on stderr once it has exited
+    (waiting up to ``wait`` seconds: a process whose stdout just ended may
+    not have been reaped yet), else ""."""
+    try:
+        p.wait(wait)
+    except subprocess.TimeoutExpired:
         return ""
     return p.popen.stderr.read()[-600:]
 
@@ -206,7 +211,8 @@ class TestbedPlacement(Placement):
         for name, p in zip(self.workers, self.procs):
             line = p.readline(timeout)
             if line.strip() != "ready":
-                failures.append(f"host '{name}': {line!r} {_stderr(p)}")
+                # "": no line in time, or its stdout ended (it exited: wait for it)
+                failures.append(f"host '{name}': {line!r} {_stderr(p, 5.0 if not line else 0.0)}")
         return failures
 
     def stop_worker(self, i):
