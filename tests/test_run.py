@@ -574,3 +574,33 @@ def test_a_tree_on_a_one_aggregator_testbed_is_refused_naming_the_fix(testbed):
     assert f"--leaves 2: testbed {testbed.name} has one aggregator host" in str(ei.value)
     assert "`homagg testbed up --leaves 2`" in str(ei.value)
     _no_processes_left(testbed)
+
+
+def test_a_worker_that_ends_before_ready_is_named_with_its_stderr():
+    """The testbed placement's start-up error: a worker whose stdout ended
+    without "ready" is waited for, so its stderr (here a crash in C, which
+    the worker's faulthandler turns into a traceback) is in the error even
+    when it was not reaped yet; one still running gives no stderr."""
+    from homagg.deploy.local.placement import _stderr
+
+    class Proc:  # what Testbed.run_in returns, as far as _stderr looks
+        def __init__(self, code):
+            self.popen = subprocess.Popen(
+                [sys.executable, "-X", "faulthandler", "-c", code],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+
+        def wait(self, timeout=None):
+            return self.popen.wait(timeout)
+
+    crash = Proc("import ctypes; ctypes.string_at(0)")
+    assert crash.popen.stdout.readline() == ""  # its stdout ended, no "ready"
+    assert "Fatal Python error" in _stderr(crash, 5.0)
+    alive = Proc("import time; time.sleep(30)")
+    try:
+        assert _stderr(alive, 0.1) == ""
+    finally:
+        alive.popen.kill()
+        alive.popen.wait(5)
