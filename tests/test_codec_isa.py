@@ -264,6 +264,40 @@ def test_a_divisor_gives_numpys_division_of_the_sum_on_every_path(isa, method):
             codec.Params(workers=2, divisor=bad)
 
 
+def _bloom_gradient(per_block, block, tail, rng):
+    """float32 of len(per_block) blocks plus ``tail`` elements, block i
+    holding per_block[i] non-zeros at random places (the tail max(1,
+    tail // 200))."""
+    n = len(per_block) * block + tail
+    x = np.zeros(n, dtype=np.float32)
+    for blk, c in enumerate(tuple(per_block) + (max(1, tail // 200),)):
+        start = blk * block
+        pos = rng.choice(min(block, n - start), size=c, replace=False)
+        x[start + pos] = rng.standard_normal(c).astype(np.float32) + 2
+    return x
+
+
+def _index_fills(own, rng):
+    """A summed index that is the worker's own, every bit set, none, random."""
+    return {
+        "own": own,
+        "ones": np.full_like(own, 0xFF),
+        "zeros": np.zeros_like(own),
+        "random": rng.integers(0, 256, own.size, dtype=np.uint8),
+    }
+
+
+def _assert_candidates_on_every_path(cp, n, gcodes, gcounts, gindex, want, name):
+    """set_index + union_decode on every ISA path lists ``want``."""
+    for isa in CODEC_ISAS:
+        with codec_isa(isa):
+            pl = b.lhc_create(cp, n, gcodes, gcounts)
+            b.lhc_set_index(pl, gindex)
+            lanes = b.union_lanes(pl)
+            got = np.flatnonzero(b.union_decode(pl, np.arange(1, lanes + 1, dtype=">i4")))
+            assert got.tolist() == want.tolist(), f"{isa}, {name} index"
+
+
 @pytest.mark.parametrize("tail", (17, 1023, 1024, 1025, 1047, 1056, 1072, 4095))
 def test_bloom_probing_at_vector_tails_and_filter_sizes(tail):
     """set_index's Bloom probing on every path against the numpy index:
@@ -276,13 +310,9 @@ def test_bloom_probing_at_vector_tails_and_filter_sizes(tail):
     every probe), no bit set (none passes) or random bits."""
     block = 16384
     per_block = (20, 80, 150, 230, 300, 600)
-    n = len(per_block) * block + tail
     rng = np.random.default_rng(500 + tail)
-    x = np.zeros(n, dtype=np.float32)
-    for blk, c in enumerate(per_block + (max(1, tail // 200),)):
-        start = blk * block
-        pos = rng.choice(min(block, n - start), size=c, replace=False)
-        x[start + pos] = rng.standard_normal(c).astype(np.float32) + 2
+    x = _bloom_gradient(per_block, block, tail, rng)
+    n = x.size
     params = codec.Params(block_elements=block, workers=1, seed=9)
     cp = params.c(0)
     scan, gcodes, gcounts = b.scan_encode(cp, x)
@@ -293,25 +323,14 @@ def test_bloom_probing_at_vector_tails_and_filter_sizes(tail):
     nseg = sorted({-(-bits // 1024) for _, _, _, bits, _, _ in blooms})
     assert nseg[:4] == [1, 2, 3, 4] and nseg[-1] > 4
     own = np.asarray(b.lhc_index_encode_scan(b.lhc_create(cp, n, gcodes, gcounts), scan))
-    fills = {
-        "own": own,
-        "ones": np.full_like(own, 0xFF),
-        "zeros": np.zeros_like(own),
-        "random": rng.integers(0, 256, own.size, dtype=np.uint8),
-    }
+    fills = _index_fills(own, rng)
     for name, gindex in fills.items():
         want = npc.candidates(gindex, plan, 9)
         if name == "ones":
             assert want.size == n
         if name == "zeros":
             assert want.size == 0
-        for isa in CODEC_ISAS:
-            with codec_isa(isa):
-                pl = b.lhc_create(cp, n, gcodes, gcounts)
-                b.lhc_set_index(pl, gindex)
-                lanes = b.union_lanes(pl)
-                got = np.flatnonzero(b.union_decode(pl, np.arange(1, lanes + 1, dtype=">i4")))
-                assert got.tolist() == want.tolist(), f"{isa}, {name} index"
+        _assert_candidates_on_every_path(cp, n, gcodes, gcounts, gindex, want, name)
 
 
 @pytest.mark.parametrize("tail", (1, 7, 9, 4095))
@@ -326,13 +345,9 @@ def test_bloom_probing_in_avx2_register_segments(tail):
     block = 4096
     per_block = (2, 10, 13, 25, 45, 61, 77, 81, 93, 97)
     want_bits = [64, 256, 320, 512, 768, 1024, 1280, 1344, 1536, 1600]
-    n = len(per_block) * block + tail
     rng = np.random.default_rng(700 + tail)
-    x = np.zeros(n, dtype=np.float32)
-    for blk, c in enumerate(per_block + (max(1, tail // 200),)):
-        start = blk * block
-        pos = rng.choice(min(block, n - start), size=c, replace=False)
-        x[start + pos] = rng.standard_normal(c).astype(np.float32) + 2
+    x = _bloom_gradient(per_block, block, tail, rng)
+    n = x.size
     params = codec.Params(block_elements=block, workers=1, seed=11)
     cp = params.c(0)
     scan, gcodes, gcounts = b.scan_encode(cp, x)
@@ -343,20 +358,9 @@ def test_bloom_probing_in_avx2_register_segments(tail):
     ]
     assert [p[3] for p in plan[: len(per_block)]] == want_bits
     own = np.asarray(b.lhc_index_encode_scan(b.lhc_create(cp, n, gcodes, gcounts), scan))
-    fills = {
-        "own": own,
-        "ones": np.full_like(own, 0xFF),
-        "zeros": np.zeros_like(own),
-        "random": rng.integers(0, 256, own.size, dtype=np.uint8),
-    }
+    fills = _index_fills(own, rng)
     for name, gindex in fills.items():
         want = npc.candidates(gindex, plan, 11)
         if name == "own":
             assert want.size > np.count_nonzero(x)
-        for isa in CODEC_ISAS:
-            with codec_isa(isa):
-                pl = b.lhc_create(cp, n, gcodes, gcounts)
-                b.lhc_set_index(pl, gindex)
-                lanes = b.union_lanes(pl)
-                got = np.flatnonzero(b.union_decode(pl, np.arange(1, lanes + 1, dtype=">i4")))
-                assert got.tolist() == want.tolist(), f"{isa}, {name} index"
+        _assert_candidates_on_every_path(cp, n, gcodes, gcounts, gindex, want, name)
