@@ -32,8 +32,9 @@ Scenarios:
              predictions alone choose)
   measured   the measured times' choice of path: the EmbeddingBag at
              100 Mbit/s for 10 steps with HookState(remeasure=4) whose
-             clock says every HomAgg allreduce took 1 s and every group
-             allreduce 0.5 s (HookState._elapsed replaced: deterministic);
+             clock says every HomAgg allreduce took 1 + R s and every group
+             allreduce 0.5 + R / 4 s on rank R (HookState._elapsed
+             replaced: deterministic);
              then the same 10 steps again from the same parameters with
              HookState(paths=the first run's paths), no recorder, its own
              clock
@@ -169,10 +170,13 @@ def backend(outdir):
 
 
 class _FixedTimes(hgt.HookState):
-    """The ``measured`` scenario's hook: HomAgg takes 1 s, the group 0.5 s."""
+    """The ``measured`` scenario's hook: on rank r HomAgg takes 1 + r s,
+    the group 0.5 + r / 4 s (rank 0, the shortest, is the last to arrive:
+    its times are the agreed ones)."""
 
     def _elapsed(self, path, t0):
-        return {"homagg": 1.0, "baseline": 0.5}[path]
+        r = dist.get_rank()
+        return {"homagg": 1.0 + r, "baseline": 0.5 + r / 4}[path]
 
 
 def baseline(outdir, measured=False):

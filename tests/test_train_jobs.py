@@ -259,7 +259,10 @@ def test_cost_model_sends_a_dense_bucket_at_10g_through_gloo_and_a_sparse_one_at
 def test_measured_times_replace_the_predictions_and_expire(testbed, jobs, tmp_path):
     """HookState(measure=True, remeasure=4) on 2 ranks, the sparse bucket
     at 100 Mbit/s (the model predicts HomAgg faster), with a clock that
-    says HomAgg took 1 s and the group 0.5 s: calls 0 and 1 follow the
+    says HomAgg took 1 + r s and the group 0.5 + r / 4 s on rank r (the
+    agreed time is the shortest rank's: 1 s and 0.5 s; the slowest
+    rank's, 2 s and 0.75 s, would choose the same paths but is not the
+    path's own time, see homagg.torch): calls 0 and 1 follow the
     model (HomAgg; the first run of a path is not measured); call 1's
     agreed 1 s exceeds the group's prediction, so calls 2-4 go to the
     group (its first run unmeasured, its second, call 3, agreed at call 4,

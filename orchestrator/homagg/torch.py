@@ -116,10 +116,12 @@ Measured, not only predicted (``measure=True``, the default): the model
 can be wrong on a host (cores shared by the ranks and the aggregator, a
 kernel packet path slower than calibrated), so the rule also compares what
 each path really took for this bucket.  After a bucket's HomAgg allreduce
-the fallback's agreement carries, in the same allreduce MAX, the slowest
-rank's time of it (whole microseconds); a rank's time of the group's
-allreduce of the bucket (from its start to its result) is agreed the same
-way (neither path's first run on a bucket is measured: a cold start) at the bucket's next call that runs on the hook's thread (the first
+the fallback's agreement carries, in the same allreduce MAX (negated),
+the shortest rank's time of it (whole microseconds): the last rank to
+reach the bucket's, which waited for no peer, so the time is the path's
+own and not the ranks' skew (which both paths pay alike); a rank's time of
+the group's allreduce of the bucket (from its start to its result) is
+agreed the same way (neither path's first run on a bucket is measured: a cold start) at the bucket's next call that runs on the hook's thread (the first
 call after it when none is agreed yet, then every ``density_every``-th).
 The choice then takes each path's agreed measured time where one younger
 than ``remeasure`` calls of the bucket exists, and the model's prediction
@@ -195,7 +197,7 @@ class Threshold:
 @dataclasses.dataclass
 class _Timing:
     """The measured times of one bucket (index and size), in seconds: the
-    agreed ones (MAX over the ranks; the same on every rank) with the call
+    agreed ones (MIN over the ranks; the same on every rank) with the call
     that measured them, this rank's latest time of the group's allreduce,
     not agreed yet, and how often each path ran (a path's first run on a
     bucket is not measured: it pays the cold start of its connections and
@@ -858,21 +860,23 @@ class HookState:
         agree_time = tm is not None and self._baseline_due(tm, call)
         if agree_nnz or backing or agree_time:
             # one allreduce MAX: the back-off flag, this rank's non-zero
-            # count and its time of the group's allreduce (microseconds)
+            # count and (negated: the MIN) its time of the group's
+            # allreduce (microseconds)
             a0 = time.perf_counter()
             if agree_nnz:
                 info["nnz"] = _count_nonzero(x)  # the log's too: one pass
             waiting, agreed, baseline_us = self._agree_max(
                 int(backing and time.monotonic() < self._retry_at),
                 info.get("nnz", 0),
-                _micros(tm.local) if agree_time else 0,
+                -_micros(tm.local) if agree_time else 0,
             )
+            baseline_us = -baseline_us  # the MIN over the ranks (_micros: >= 1)
             info["agree_seconds"] = time.perf_counter() - a0
             if agree_nnz:
                 nnz_max = agreed
                 self._nnz_cache[key] = (nnz_max, 0)
                 self.counters["density_agreements"] += 1
-            if agree_time:
+            if agree_time and baseline_us > 0:
                 tm.baseline, tm.baseline_at, tm.local = baseline_us * 1e-6, call, None
             if backing and waiting:
                 return self._group_sum(x, info, "fallback_buckets"), "fallback"
@@ -899,16 +903,18 @@ class HookState:
         except Exception as exc:  # noqa: BLE001 - every rank must reach the agreement
             error = exc
         homagg_s = self._elapsed("homagg", h0)
-        # one allreduce MAX: whether any rank failed, and the slowest
-        # rank's time of this HomAgg allreduce (when measuring, from the
-        # bucket's second one on: the first is a cold start; 0: none)
+        # one allreduce MAX: whether any rank failed, and (negated: the
+        # MIN) the shortest rank's time of this HomAgg allreduce, the last
+        # one to reach it (when measuring, from the bucket's second one
+        # on: the first is a cold start; 0: none)
         if tm is not None:
             tm.homagg_runs += 1
         timed = tm is not None and tm.homagg_runs > 1
         a0 = time.perf_counter()
         failed, homagg_us = self._agree_max(
-            int(error is not None), _micros(homagg_s) if timed else 0
+            int(error is not None), -_micros(homagg_s) if timed else 0
         )
+        homagg_us = -homagg_us
         info["agree_seconds"] = info.get("agree_seconds", 0.0) + time.perf_counter() - a0
         if not failed:
             if timed and homagg_us > 0:
@@ -960,8 +966,8 @@ class HookState:
         return y
 
     def _agree_max(self, *values):
-        """Every rank's values (non-negative integers), each reduced with
-        MAX over the hook's group in one allreduce."""
+        """Every rank's values (integers), each reduced with MAX over the
+        hook's group in one allreduce (a MIN where the ranks send -v)."""
         import torch.distributed as dist
 
         t = torch.tensor(values, dtype=torch.int64)
