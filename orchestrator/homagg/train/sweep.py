@@ -236,8 +236,11 @@ def plot(report: dict, out_dir: str) -> str:
     ax.set_xscale("log")
     ax.set_xlabel("link rate (Gbit/s)")
     ax.set_ylabel("speedup vs Gloo DDP (iteration time)")
+    m = report.get("machine", {})
     ax.set_title(
-        f"{report['workers']} ranks, HomAgg {report['method']}, codec {report.get('codec_isa')}"
+        f"{m.get('cpu', 'CPU unknown')} ({m.get('cpus')} vCPU), codec {report.get('codec_isa')}\n"
+        f"{report['workers']} ranks, HomAgg {report['method']}",
+        fontsize=10,
     )
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
