@@ -215,6 +215,8 @@ def plot(report: dict, out_dir: str) -> str:
     from homagg.bench.report import pyplot
 
     plt = pyplot()
+    from matplotlib.ticker import FuncFormatter  # after pyplot(): its backend
+
     fig, ax = plt.subplots(figsize=(6, 4))
     for model in report["models"]:
         rs = sorted(
@@ -234,6 +236,13 @@ def plot(report: dict, out_dir: str) -> str:
             )
     ax.axhline(1.0, color="grey", linewidth=0.8)
     ax.set_xscale("log")
+    # ratios on a log axis: 0.9x and 1.1x as far from 1 as 25x from 1 / 25,
+    # so the models near Gloo are not squashed under a fast one
+    ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}x"))
+    ax.yaxis.set_minor_formatter(
+        FuncFormatter(lambda v, _: f"{v:g}x" if round(v, 6) in (0.5, 2, 3, 5, 20, 30) else "")
+    )
     ax.set_xlabel("link rate (Gbit/s)")
     ax.set_ylabel("speedup vs Gloo DDP (iteration time)")
     m = report.get("machine", {})
