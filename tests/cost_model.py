@@ -7,6 +7,9 @@ import math
 
 # (bits per element, probes, fp scaled by 2^20): the table of "lhc: index"
 BLOOM = [(8, 6, 22625), (12, 8, 3295), (16, 8, 602), (20, 8, 146), (24, 8, 44)]
+# (bits per element, fp scaled by 2^20): "Split-block Bloom options" (5-9),
+# considered only with a link rate and sbbf_ps > 0
+SPLIT = [(8, 34825), (12, 5683), (16, 1379), (24, 171), (32, 38)]
 EXP_ZERO = -128
 
 
@@ -43,11 +46,29 @@ def plan_block(length, count, workers, cost):
         tt = ti + (fp * (length - c) >> 20) * lane
         if tt < best:
             best, choice = tt, ("bloom", bits // 8, ti)
+    for nbytes, ti, tt in _split_times(length, count, workers, cost, xb, lane):
+        if tt < best:
+            best, choice = tt, ("split", nbytes, ti)
     return choice
 
 
+def _split_times(length, count, workers, cost, xb, lane):
+    """[(bytes, index time, time)] of the split-block options, [] when the
+    model has no sbbf_ps."""
+    if not cost.get("sbbf_ps"):
+        return []
+    c, cw = min(count, length), min(length, -(-count // workers))
+    out = []
+    for bpe, fp in SPLIT:
+        nblk = max(1, -(-bpe * c // 256))
+        ti = 32 * nblk * xb + (length + cw) * cost["sbbf_ps"]
+        out.append((32 * nblk, ti, ti + (fp * (length - c) >> 20) * lane))
+    return out
+
+
 def option_times(length, count, workers, cost):
-    """(bitmap time, [(bytes, time) of each Bloom option]) of one block."""
+    """(bitmap time, [(bytes, time) of each Bloom option, split-block ones
+    last]) of one block."""
     xb, _, lane = terms(cost, workers)
     c, cw = min(count, length), min(length, -(-count // workers))
     bitmap = (length + 7) // 8 * xb + length * cost["bitmap_ps"]
@@ -62,6 +83,7 @@ def option_times(length, count, workers, cost):
                 + (fp * (length - c) >> 20) * lane,
             )
         )
+    blooms += [(b, t) for b, _, t in _split_times(length, count, workers, cost, xb, lane)]
     return bitmap, blooms
 
 

@@ -21,6 +21,7 @@ COEFFS = {
     "lane_ps": 7_000,
     "bitmap_ps": 400,
     "probe_ps": 2_100,
+    "sbbf_ps": 7_200,
 }
 METHODS = ("dense", "blocks", "lhc", "union", "auto")
 TERMS = {"link", "worker_cpu", "aggregator_cpu", "round_trips"}
@@ -181,7 +182,10 @@ def test_link_binds_at_100_mbit_and_faster_links_are_never_slower(capsys, worklo
     slow = runs[100]
     assert slow["ring"]["binds"] == "link"
     for m, r in slow["methods"].items():
-        assert r["binds"] == "link", (m, r["terms"])
+        # a split-block index trades index bytes for probing CPU where the
+        # sum is smaller: the CPU may then be the larger term
+        want = ("link", "worker_cpu") if r.get("split_blocks") else ("link",)
+        assert r["binds"] in want, (m, r["terms"])
     links = sorted(runs)
     for lo, hi in zip(links, links[1:]):
         assert runs[hi]["ring"]["time_s"] < runs[lo]["ring"]["time_s"]

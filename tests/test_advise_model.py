@@ -30,6 +30,7 @@ COEFFS = {
     "lane_ps": 7_000,
     "bitmap_ps": 400,
     "probe_ps": 2_100,
+    "sbbf_ps": 7_200,
 }
 METHODS = ("dense", "blocks", "lhc", "union", "auto")
 

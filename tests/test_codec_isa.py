@@ -364,3 +364,76 @@ def test_bloom_probing_in_avx2_register_segments(tail):
         if name == "own":
             assert want.size > np.count_nonzero(x)
         _assert_candidates_on_every_path(cp, n, gcodes, gcounts, gindex, want, name)
+
+
+# a model under which every block with an index takes a split-block option
+# (the bitmap and the other Bloom options dear, bytes nearly free)
+SPLIT_COST = dict(
+    link_mbit=1_000_000,
+    rtt_ns=0,
+    payload_bytes=1024,
+    pkt_ps=0,
+    agg_pkt_ps=0,
+    value_ps=0,
+    lane_ps=0,
+    bitmap_ps=1_000_000,
+    probe_ps=1_000_000,
+    sbbf_ps=1,
+)
+
+
+def _split_plan(n, block, gcodes, gcounts, workers=1):
+    """The numpy plan of a split-block index: each block's choice from the
+    cost model written from the page (tests/cost_model.py)."""
+    import cost_model as M
+
+    plan, off = [], 0
+    for bi, length in enumerate(M.block_lens(n, block)):
+        if gcodes[bi] == -128:
+            continue
+        kind, nbytes, _ = M.plan_block(length, int(gcounts[bi]), workers, SPLIT_COST)
+        plan.append((bi * block, length, kind, 8 * nbytes, 8 if kind != "bitmap" else 0, off))
+        off += nbytes
+    return plan
+
+
+@pytest.mark.parametrize("tail", (1, 9, 17, 4095))
+def test_split_block_probing_on_every_path(tail):
+    """set_index's split-block probing on every path against the numpy
+    index: filters of 1 to 8 blocks of 256 bits (the AVX2 path's registers,
+    one set), 9 to 16 (two sets), 17 to 32 (the AVX-512 path's two sets,
+    AVX2 loads) and more (loads on both), vectors of 16 and 8 and their
+    tails, for the worker's own index, all bits set, none and random bits;
+    and the worker's index bytes are the numpy encoder's."""
+    block = 16384
+    per_block = (3, 20, 60, 200, 300, 500, 700, 1500)
+    rng = np.random.default_rng(900 + tail)
+    x = _bloom_gradient(per_block, block, tail, rng)
+    n = x.size
+    params = codec.Params(block_elements=block, workers=1, seed=13, cost=SPLIT_COST)
+    cp = params.c(0)
+    scan, gcodes, gcounts = b.scan_encode(cp, x)
+    plan = _split_plan(n, block, gcodes, gcounts.astype(np.int64))
+    splits = [p for p in plan if p[2] == "split"]
+    assert len(splits) == len(plan) == len(per_block) + 1  # the tail too
+    nblk = sorted({bits // 256 for _, _, _, bits, _, _ in splits})
+    assert nblk[0] <= 8 and nblk[-1] > 32
+    assert any(8 < v <= 16 for v in nblk) and any(16 < v <= 32 for v in nblk)
+    pl = b.lhc_create(cp, n, gcodes, gcounts)
+    assert b.lhc_get_info(pl)["split_blocks"] == len(splits)
+    own = np.asarray(b.lhc_index_encode_scan(pl, scan))
+    np.testing.assert_array_equal(own, npc.index_encode(x, plan, 13))
+    for isa in CODEC_ISAS:  # the scan's index, and the plain encoder's
+        with codec_isa(isa):
+            p2 = b.lhc_create(cp, n, gcodes, gcounts)
+            assert np.asarray(b.lhc_index_encode(p2, x)).tobytes() == own.tobytes(), isa
+    fills = _index_fills(own, rng)
+    for name, gindex in fills.items():
+        want = npc.candidates(gindex, plan, 13)
+        if name == "own":  # every non-zero, and false positives
+            assert set(np.flatnonzero(x)) <= set(want.tolist())
+        if name == "ones":
+            assert want.size == n
+        if name == "zeros":
+            assert want.size == 0
+        _assert_candidates_on_every_path(cp, n, gcodes, gcounts, gindex, want, name)

@@ -66,6 +66,7 @@ def _random_cost(rng):
         lane_ps=rng.randrange(0, 10000),
         bitmap_ps=rng.randrange(0, 2000),
         probe_ps=rng.choice([0, rng.randrange(0, 5000)]),
+        sbbf_ps=rng.choice([0, rng.randrange(0, 3000)]),
     )
 
 
@@ -75,7 +76,7 @@ def test_index_kind_of_every_block_is_the_models():
     is the page's, and a Bloom option is chosen only where the model
     predicts it strictly faster than the bitmap."""
     rng = random.Random(19)
-    blooms = 0
+    blooms = splits = 0
     for _ in range(1500):
         block = rng.choice([64, 128, 4096, 65536])
         workers = rng.choice([1, 2, 4, 7, 256])
@@ -90,17 +91,16 @@ def test_index_kind_of_every_block_is_the_models():
             np.array([count], ">i4"),
         ).info
         kind, nbytes, ix = M.plan_block(block, count, workers, c)
-        assert ("bloom" if info["bloom_blocks"] else "bitmap", info["index_bytes"]) == (
-            kind,
-            nbytes,
-        ), (block, workers, count, c)
-        if kind == "bloom":  # the fastest option, and faster than the bitmap
+        got = "split" if info["split_blocks"] else "bloom" if info["bloom_blocks"] else "bitmap"
+        assert (got, info["index_bytes"]) == (kind, nbytes), (block, workers, count, c)
+        splits += kind == "split"
+        if kind in ("bloom", "split"):  # the fastest option, and faster than the bitmap
             blooms += 1
             bitmap, options = M.option_times(block, count, workers, c)
             best = min(t for _, t in options)
             assert best < bitmap
             assert nbytes in [b for b, t in options if t == best]
-    assert blooms > 20  # the draw reaches both kinds
+    assert blooms - splits > 20 and splits > 20  # the draw reaches every kind
 
 
 def test_bloom_where_the_link_is_slow_bitmap_where_probing_costs_more():
@@ -170,7 +170,7 @@ def test_without_a_link_rate_every_choice_is_the_bytes_rule():
         codes, counts = _meta(grads, block, W)
         gc = counts.astype(">i4")
         outs = []
-        for c in (None, dict(COEFFS, link_mbit=0)):
+        for c in (None, dict(COEFFS, link_mbit=0, sbbf_ps=50)):
             p = codec.Params(block_elements=block, workers=W, cost=c)
             plan = codec.plan_lhc(p, n, codes, gc)
             plan.set_index(np.bitwise_or.reduce([plan.encode_index(g) for g in grads]))
@@ -187,8 +187,44 @@ def test_without_a_link_rate_every_choice_is_the_bytes_rule():
         ]
         assert info["index_bytes"] == sum(b for _, b, _ in plans)
         assert info["bloom_blocks"] == sum(k == "bloom" for k, _, _ in plans)
+        assert info["split_blocks"] == 0
         assert first == M.auto_meta(n, block, W, list(codes), [int(k) for k in counts], {})
         assert final == M.auto_indexed(n, block, W, list(codes), info["candidates"], {})
+
+
+def test_split_block_index_where_predicted_faster_and_exact():
+    """NCF's bucket shape (0.68 % per worker, W = 4, blocks of 4096) at 1
+    Gbit/s: with a split-block coefficient below the Bloom options' k
+    probes the model takes split-block filters, each block as the page's
+    rule says, and union and lhc allreduces through them are bit-exact;
+    the same model without sbbf_ps (a calibration from before version 3)
+    plans exactly as before: no split-block block, the same index bytes as
+    the page's rule without the options."""
+    W, block, n = 4, 4096, 40 * 4096 - 100
+    rng = np.random.default_rng(23)
+    grads = [
+        np.where(rng.random(n) < 0.0068, rng.standard_normal(n), 0).astype(np.float32)
+        for _ in range(W)
+    ]
+    codes, counts = _meta(grads, block, W)
+    gc = counts.astype(">i4")
+    lens = M.block_lens(n, block)
+    infos = {}
+    for sbbf in (0, 100):
+        c = _cost(1000, probe_ps=72, sbbf_ps=sbbf)
+        plan = codec.plan_lhc(codec.Params(block_elements=block, workers=W, cost=c), n, codes, gc)
+        want = [M.plan_block(ln, int(k), W, c) for ln, k in zip(lens, counts)]
+        infos[sbbf] = plan.info
+        assert plan.info["split_blocks"] == sum(k == "split" for k, _, _ in want)
+        assert plan.info["index_bytes"] == sum(b for _, b, _ in want)
+        with Cluster(workers=W, cost=c) as cl:
+            for method in ("union", "lhc"):
+                res = cl.job.allreduce(grads, method=method, block_elements=block)
+                np.testing.assert_array_equal(
+                    res.sum.view(np.uint32), oracle(grads, block).view(np.uint32)
+                )
+    assert infos[0]["split_blocks"] == 0 and infos[0]["bloom_blocks"] > 0
+    assert infos[100]["split_blocks"] == len(lens)
 
 
 def _calibration(coeffs):

@@ -23,6 +23,7 @@ CODEC = {
     "lane_ps": 7_000,
     "bitmap_ps": 400,
     "probe_ps": 2_100,
+    "sbbf_ps": 7_200,
 }
 
 
@@ -102,6 +103,7 @@ def test_sharing_scales_every_cpu_coefficient():
         "lane_ps": 17_500,
         "bitmap_ps": 1_000,
         "probe_ps": 5_250,
+        "sbbf_ps": 18_000,
     }
     assert cost.shared({**CODEC, "value_ps": 999_999}, 3)["value_ps"] == cost.MAX_ELEM_PS
     job = cost.job_cost(1000, 50_000, coeffs=CODEC, sharing=Fraction(3, 2))

@@ -121,7 +121,8 @@ int hg_params_check(const struct hg_params *p)
 	    p->cost.value_ps > HG_COST_MAX_ELEM_PS ||
 	    p->cost.lane_ps > HG_COST_MAX_ELEM_PS ||
 	    p->cost.bitmap_ps > HG_COST_MAX_ELEM_PS ||
-	    p->cost.probe_ps > HG_COST_MAX_ELEM_PS)
+	    p->cost.probe_ps > HG_COST_MAX_ELEM_PS ||
+	    p->cost.sbbf_ps > HG_COST_MAX_ELEM_PS)
 		return -ERANGE;
 	if (!(p->divisor >= 0.0f && p->divisor <= FLT_MAX))
 		return -ERANGE;

@@ -38,6 +38,19 @@ static const struct {
 };
 #define N_BLOOM_OPTS (sizeof(bloom_opts) / sizeof(bloom_opts[0]))
 
+/*
+ * Split-block Bloom options 5-9 (protocol constants, version 3): bits per
+ * counted element and the expected false-positive rate scaled by 2^20 (a
+ * non-member's block of Poisson(256 / bpe) members has its eight bits
+ * set).  Only a cost model with sbbf_ps > 0 considers them.
+ */
+static const struct {
+	uint32_t bpe, fp_q20;
+} split_opts[] = {
+	{ 8, 34825 }, { 12, 5683 }, { 16, 1379 }, { 24, 171 }, { 32, 38 },
+};
+#define N_SPLIT_OPTS (sizeof(split_opts) / sizeof(split_opts[0]))
+
 /* Sketch bits charged per expected Bloom false positive (about 1.23 cells
  * of 32 bits). */
 #define FP_COST_BITS 40
@@ -176,6 +189,27 @@ static hg_u128 plan_index(const struct hg_params *p, const struct cost_terms *ct
 		bk->bloom_k = (uint8_t)bloom_opts[i].k;
 		bk->bloom_opt = (uint8_t)i;
 	}
+	for (size_t i = 0; ct->timed && p->cost.sbbf_ps && i < N_SPLIT_OPTS; i++) {
+		uint64_t nblk = (split_opts[i].bpe * c + 255) / 256;
+		uint64_t bits, fpn;
+		hg_u128 ti, t;
+
+		if (nblk == 0)
+			nblk = 1;
+		bits = 256 * nblk;
+		fpn = (split_opts[i].fp_q20 * (len - c)) >> 20;
+		ti = (hg_u128)(bits / 8) * ct->xb +
+		     (hg_u128)(len + cw) * p->cost.sbbf_ps;
+		t = ti + (hg_u128)fpn * ct->lane;
+		if (!(t < tbest))
+			continue;
+		tbest = t;
+		ix = ti;
+		bk->kind = LHC_SPLIT;
+		bk->bloom_bits = (uint32_t)bits;
+		bk->bloom_k = 8;
+		bk->bloom_opt = (uint8_t)(N_BLOOM_OPTS + i);
+	}
 	return ix;
 }
 
@@ -183,7 +217,7 @@ static size_t index_bytes_of(const struct lhc_block *bk, uint32_t len)
 {
 	if (bk->kind == LHC_BITMAP)
 		return (len + 7) / 8;
-	if (bk->kind == LHC_BLOOM)
+	if (bk->kind == LHC_BLOOM || bk->kind == LHC_SPLIT)
 		return bk->bloom_bits / 8;
 	return 0;
 }
@@ -235,6 +269,8 @@ struct hg_lhc *hg_lhc_create_at(const struct hg_params *p, uint64_t first,
 			l->info.bitmap_blocks++;
 		else
 			l->info.bloom_blocks++;
+		if (bk->kind == LHC_SPLIT)
+			l->info.split_blocks++;
 		off += index_bytes_of(bk, len);
 	}
 	l->info.index_bytes = off;
@@ -301,6 +337,65 @@ static inline void bloom_probes(uint64_t key, uint64_t g, uint32_t k,
 				     (uint64_t)bits) >>
 				    21);
 	}
+}
+
+/* Set element g's eight bits in a split-block filter of nblk blocks. */
+static inline void split_set(uint64_t key, uint64_t g, uint32_t nblk, uint8_t *filt)
+{
+	uint32_t m[8];
+	uint8_t *blk = filt + (size_t)SPLIT_BLOCK_BYTES *
+				      lhc_split_probe(key, g, nblk, m);
+
+	for (int w = 0; w < 8; w++)
+		for (int b = 0; b < 4; b++)
+			blk[4 * w + b] |= (uint8_t)(m[w] >> (8 * b));
+}
+
+/* The little-endian 32-bit word at p. */
+static inline uint32_t le32(const uint8_t *p)
+{
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+	uint32_t v;
+
+	memcpy(&v, p, 4);
+	return v;
+#else
+	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
+	       (uint32_t)p[3] << 24;
+#endif
+}
+
+/* 1 when element g's eight bits are all set in a split-block filter of
+ * nblk blocks whose hi32(g) part is s (lhc_split_s). */
+static inline uint32_t split_test(uint64_t key, uint32_t s, uint64_t g,
+				  uint32_t nblk, const uint8_t *filt)
+{
+	uint32_t h1 = lhc_fmix32(((uint32_t)g + (uint32_t)key) ^ s);
+	uint32_t h2 = lhc_fmix32(h1 ^ (uint32_t)(key >> 32));
+	const uint8_t *blk = filt + (size_t)SPLIT_BLOCK_BYTES *
+					    (((uint64_t)h1 * nblk) >> 32);
+	uint32_t miss = 0;
+
+	for (int w = 0; w < 8; w++)
+		miss |= (1u << lhc_split_bit(h1, h2, w)) & ~le32(blk + 4 * w);
+	return miss == 0;
+}
+
+/* The candidates of a split-block block among its elements [i0, len)
+ * (element i is g0 + i), appended at out; returns how many. */
+static uint32_t split_candidates_portable(uint64_t key, uint64_t g0,
+					  uint32_t nblk, const uint8_t *filt,
+					  uint32_t i0, uint32_t len, uint16_t *out)
+{
+	uint32_t c = 0, s = lhc_split_s(key, g0 + i0);
+
+	for (uint32_t i = i0; i < len; i++) {
+		if ((uint32_t)(g0 + i) == 0) /* hi32(g) moves on */
+			s = lhc_split_s(key, g0 + i);
+		out[c] = (uint16_t)i;
+		c += split_test(key, s, g0 + i, nblk, filt);
+	}
+	return c;
 }
 
 /* Bit p of a filter (byte p / 8, bit p % 8). */
@@ -436,6 +531,12 @@ int hg_lhc_index_encode(const struct hg_lhc *l, const float *x, uint8_t *index)
 
 			if (!hg_abs_bits(xb[i]))
 				continue;
+			if (bk->kind == LHC_SPLIT) {
+				split_set(l->key_bloom,
+					  l->first + b * l->p.block + i,
+					  bk->bloom_bits / 256, out);
+				continue;
+			}
 			bloom_probes(l->key_bloom, l->first + b * l->p.block + i,
 				     bk->bloom_k, bk->bloom_bits, pr);
 			for (uint32_t k = 0; k < bk->bloom_k; k++)
@@ -452,6 +553,12 @@ static void bloom_encode(const struct hg_lhc *l, size_t b, const uint16_t *pos,
 	const struct lhc_block *bk = &l->blk[b];
 
 	memset(out, 0, bk->bloom_bits / 8);
+	if (bk->kind == LHC_SPLIT) {
+		for (size_t j = 0; j < nz; j++)
+			split_set(l->key_bloom, l->first + b * l->p.block + pos[j],
+				  bk->bloom_bits / 256, out);
+		return;
+	}
 	for (size_t j = 0; j < nz; j++) {
 		uint32_t pr[8];
 
@@ -475,7 +582,7 @@ int hg_lhc_index_encode_scan(const struct hg_lhc *l, const struct hg_scan *s,
 		if (bk->kind == LHC_BITMAP)
 			memcpy(out, s->bitmap + b * (l->p.block / 8),
 			       (len + 7) / 8);
-		else if (bk->kind == LHC_BLOOM)
+		else if (bk->kind == LHC_BLOOM || bk->kind == LHC_SPLIT)
 			bloom_encode(l, b, s->pos + s->off[b],
 				     s->off[b + 1] - s->off[b], out);
 	}
@@ -577,6 +684,26 @@ static int collect_candidates(struct hg_lhc *l, size_t b, const uint8_t *idx,
 					       l->first + b * l->p.block,
 					       bk->bloom_k, bk->bloom_bits, idx,
 					       i, len, out + c);
+	} else if (bk->kind == LHC_SPLIT) {
+		uint64_t g0 = l->first + b * l->p.block;
+		uint32_t i = 0;
+
+		/* the vector hash takes hi32(g) as the block's first one */
+		if (avx512 && bk->bloom_bits / 256 <= SPLIT_VEC512_BLOCKS &&
+		    (uint64_t)(uint32_t)g0 + len <= UINT32_MAX) {
+			i = len & ~15u;
+			c = hg_lhc_split_candidates_avx512(l->key_bloom, g0,
+							   bk->bloom_bits / 256,
+							   idx, i, out);
+		} else if (avx2 && (uint64_t)(uint32_t)g0 + len <= UINT32_MAX) {
+			i = len & ~7u;
+			c = hg_lhc_split_candidates_avx2(l->key_bloom, g0,
+							 bk->bloom_bits / 256,
+							 idx, i, out);
+		}
+		c += split_candidates_portable(l->key_bloom, g0,
+					       bk->bloom_bits / 256, idx, i,
+					       len, out + c);
 	}
 	*count = c;
 	return 0;

@@ -535,3 +535,192 @@ hg_lhc_peel_bad_avx2(const uint32_t *cell, const uint64_t *cid, uint32_t nc,
 	*done = k;
 	return bad;
 }
+
+/* MurmurHash3's 32-bit finaliser of 8 lanes (lhc_fmix32). */
+__attribute__((target("avx2"), always_inline)) static inline __m256i
+fmix32x8(__m256i h)
+{
+	h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 16));
+	h = _mm256_mullo_epi32(h, _mm256_set1_epi32((int)0x85EBCA6Bu));
+	h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 13));
+	h = _mm256_mullo_epi32(h, _mm256_set1_epi32((int)0xC2B2AE35u));
+	return _mm256_xor_si256(h, _mm256_srli_epi32(h, 16));
+}
+
+/* The split-block hash of 8 elements whose lo32(g) + ka are the lanes of
+ * x: *h1, *h2 its words, returned the block index (h1 * nblk) >> 32 (two
+ * vpmuludq for the 64-bit products). */
+__attribute__((target("avx2"), always_inline)) static inline __m256i
+split_hash8(__m256i x, __m256i sv, __m256i kb, __m256i nb, __m256i *h1, __m256i *h2)
+{
+	__m256i a = fmix32x8(_mm256_xor_si256(x, sv));
+	__m256i pe = _mm256_srli_epi64(_mm256_mul_epu32(a, nb), 32);
+	__m256i po = _mm256_mul_epu32(_mm256_srli_epi64(a, 32), nb);
+
+	*h1 = a;
+	*h2 = fmix32x8(_mm256_xor_si256(a, kb));
+	return _mm256_blend_epi32(pe, po, 0xAA);
+}
+
+/* 1 << the bit of word w of 8 elements (lhc_split_bit). */
+__attribute__((target("avx2"), always_inline)) static inline __m256i
+split_bit8(__m256i h1, __m256i h2, const int w)
+{
+	__m256i f = w < 6 ? _mm256_srli_epi32(h2, 5 * w) :
+			    _mm256_srli_epi32(h1, 5 * (w - 6));
+
+	return _mm256_sllv_epi32(_mm256_set1_epi32(1),
+				 _mm256_and_si256(f, _mm256_set1_epi32(31)));
+}
+
+/* The missing bits of 8 elements (0 in a lane: a candidate) whose block
+ * indexes are blk and hash words h1, h2, the filter in registers t
+ * (split_candidates_reg8). */
+__attribute__((target("avx2"), always_inline)) static inline __m256i
+split_miss8(const __m256i t[2][8], const int nseg, __m256i blk, __m256i h1,
+	    __m256i h2)
+{
+	__m256i hi = _mm256_cmpgt_epi32(blk, _mm256_set1_epi32(7));
+	__m256i miss = _mm256_setzero_si256();
+
+#pragma GCC unroll 8
+	for (int w = 0; w < 8; w++) {
+		__m256i v = _mm256_permutevar8x32_epi32(t[0][w], blk);
+
+		if (nseg > 1)
+			v = _mm256_blendv_epi8(v,
+					       _mm256_permutevar8x32_epi32(t[1][w],
+									   blk),
+					       hi);
+		miss = _mm256_or_si256(miss,
+				       _mm256_andnot_si256(v, split_bit8(h1, h2,
+									 w)));
+	}
+	return miss;
+}
+
+/* The candidates of the 8 lanes of miss that are 0, positions i + lane,
+ * appended at out (8 entries written when any); returns their count. */
+__attribute__((target("avx2,bmi,bmi2,popcnt"), always_inline)) static inline uint32_t
+split_store8(__m256i miss, uint32_t i, uint16_t *out)
+{
+	uint32_t hits = (uint32_t)_mm256_movemask_ps(_mm256_castsi256_ps(
+		_mm256_cmpeq_epi32(miss, _mm256_setzero_si256())));
+
+	/* candidates are rare (a group of 8 holds one about 5 % of the time
+	 * at 0.68 %, W = 4): the list is written only where one is */
+	return hits ? bloom_store8(hits, i, out) : 0;
+}
+
+/*
+ * Split-block probing with the filter in registers, nseg (1 or 2) sets of
+ * 8: register t[s][w] holds word w of blocks 8 s .. 8 s + 7, so that word
+ * w of 8 elements' blocks is one vpermd by their block indexes (and a
+ * blend between the two sets).  Per 8 elements: the hash, then per word
+ * its bits (a 5-bit field of a hash word, 1 << that) and the words'
+ * missing bits ORed; no load, no branch but the rare list write.  Two
+ * groups of 8 a step, both hashed before either is probed, as the Bloom
+ * probing does.
+ */
+__attribute__((target("avx2,bmi,bmi2,popcnt"), always_inline)) static inline uint32_t
+split_candidates_reg8(uint64_t key, uint64_t g0, uint32_t nblk, const uint8_t *filt,
+		      uint32_t len8, uint16_t *out, const int nseg)
+{
+	const __m256i kb = _mm256_set1_epi32((int)(uint32_t)(key >> 32));
+	const __m256i sv = _mm256_set1_epi32((int)lhc_split_s(key, g0));
+	const __m256i nb = _mm256_set1_epi32((int)nblk);
+	uint32_t tw[2][8][8] = { { { 0 } } };
+	__m256i t[2][8], x;
+	uint32_t c = 0, i = 0;
+
+	for (uint32_t j = 0; j < nblk; j++)
+		for (int w = 0; w < 8; w++)
+			memcpy(&tw[j / 8][w][j % 8], filt + 32 * j + 4 * w, 4);
+	for (int sg = 0; sg < 2; sg++)
+		for (int w = 0; w < 8; w++)
+			t[sg][w] = _mm256_loadu_si256((const __m256i *)tw[sg][w]);
+	x = _mm256_add_epi32(_mm256_set1_epi32((int)((uint32_t)g0 + (uint32_t)key)),
+			     _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+	for (; i + 16 <= len8; i += 16) {
+		__m256i h1a, h2a, h1b, h2b;
+		__m256i ba = split_hash8(x, sv, kb, nb, &h1a, &h2a);
+		__m256i bb = split_hash8(_mm256_add_epi32(x, _mm256_set1_epi32(8)),
+					 sv, kb, nb, &h1b, &h2b);
+		__m256i ma = split_miss8(t, nseg, ba, h1a, h2a);
+		__m256i mb = split_miss8(t, nseg, bb, h1b, h2b);
+
+		c += split_store8(ma, i, out + c);
+		c += split_store8(mb, i + 8, out + c);
+		x = _mm256_add_epi32(x, _mm256_set1_epi32(16));
+	}
+	if (i < len8) {
+		__m256i h1, h2, b = split_hash8(x, sv, kb, nb, &h1, &h2);
+
+		c += split_store8(split_miss8(t, nseg, b, h1, h2), i, out + c);
+	}
+	return c;
+}
+
+/*
+ * Split-block probing of a filter of more than 16 blocks: 8 elements
+ * hashed per vector, then each element's eight bits made in one vector
+ * (h2 in lanes 0-5, h1 in 6 and 7, shifted by each word's field, 1 <<
+ * that) and tested against its block, one 32-byte load and vptest, no
+ * branch.
+ */
+__attribute__((target("avx2,bmi,bmi2,popcnt"))) static uint32_t
+split_candidates_load8(uint64_t key, uint64_t g0, uint32_t nblk,
+		       const uint8_t *filt, uint32_t len8, uint16_t *out)
+{
+	const __m256i sh = _mm256_setr_epi32(0, 5, 10, 15, 20, 25, 0, 5);
+	const __m256i one = _mm256_set1_epi32(1);
+	const __m256i f31 = _mm256_set1_epi32(31);
+	const __m256i kb = _mm256_set1_epi32((int)(uint32_t)(key >> 32));
+	const __m256i sv = _mm256_set1_epi32((int)lhc_split_s(key, g0));
+	const __m256i nb = _mm256_set1_epi32((int)nblk);
+	__m256i x = _mm256_add_epi32(_mm256_set1_epi32((int)((uint32_t)g0 +
+							     (uint32_t)key)),
+				     _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+	uint32_t c = 0;
+
+	for (uint32_t i = 0; i < len8; i += 8) {
+		__m256i h1, h2;
+		__m256i blk = _mm256_slli_epi32(split_hash8(x, sv, kb, nb, &h1, &h2),
+						5);
+		uint32_t off[8], a[8], b[8];
+
+		_mm256_storeu_si256((__m256i *)off, blk);
+		_mm256_storeu_si256((__m256i *)a, h1);
+		_mm256_storeu_si256((__m256i *)b, h2);
+		for (int e = 0; e < 8; e++) {
+			__m256i hw = _mm256_blend_epi32(_mm256_set1_epi32((int)b[e]),
+							_mm256_set1_epi32((int)a[e]),
+							0xC0);
+			__m256i m = _mm256_sllv_epi32(
+				one,
+				_mm256_and_si256(_mm256_srlv_epi32(hw, sh), f31));
+			__m256i f = _mm256_loadu_si256(
+				(const __m256i *)(filt + off[e]));
+
+			out[c] = (uint16_t)(i + (uint32_t)e);
+			c += (uint32_t)_mm256_testc_si256(f, m);
+		}
+		x = _mm256_add_epi32(x, _mm256_set1_epi32(8));
+	}
+	return c;
+}
+
+/* The candidates of a split-block filter (codec_lhc.c
+ * split_candidates_portable) among the first len8 elements (8 entries of
+ * slack at out); lo32(g0) + len8 must not pass 2^32 (hi32(g) is g0's for
+ * every element). */
+__attribute__((target("avx2,bmi,bmi2,popcnt"))) uint32_t
+hg_lhc_split_candidates_avx2(uint64_t key, uint64_t g0, uint32_t nblk,
+			     const uint8_t *filt, uint32_t len8, uint16_t *out)
+{
+	if (nblk <= 8)
+		return split_candidates_reg8(key, g0, nblk, filt, len8, out, 1);
+	if (nblk <= 16)
+		return split_candidates_reg8(key, g0, nblk, filt, len8, out, 2);
+	return split_candidates_load8(key, g0, nblk, filt, len8, out);
+}

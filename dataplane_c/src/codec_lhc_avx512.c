@@ -414,3 +414,122 @@ hg_lhc_bloom_candidates_avx512(uint64_t key, uint64_t g0, uint32_t k,
 		return bloom_candidates16(key, g0, k, bits, filt, len16, out, 0);
 	}
 }
+
+/* MurmurHash3's 32-bit finaliser of 16 lanes (lhc_fmix32). */
+AVX512_BLOOM_FN __m512i fmix32x16(__m512i h)
+{
+	h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 16));
+	h = _mm512_mullo_epi32(h, _mm512_set1_epi32((int)0x85EBCA6Bu));
+	h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 13));
+	h = _mm512_mullo_epi32(h, _mm512_set1_epi32((int)0xC2B2AE35u));
+	return _mm512_xor_si512(h, _mm512_srli_epi32(h, 16));
+}
+
+/* The split-block hash of 16 elements whose lo32(g) + ka are the lanes of
+ * x: *h1, *h2 its words; returns the block index (h1 * nblk) >> 32. */
+AVX512_BLOOM_FN __m512i split_hash16(__m512i x, __m512i sv, __m512i kb,
+				     __m512i nb, __m512i *h1, __m512i *h2)
+{
+	__m512i a = fmix32x16(_mm512_xor_si512(x, sv));
+	__m512i pe = _mm512_srli_epi64(_mm512_mul_epu32(a, nb), 32);
+	__m512i po = _mm512_mul_epu32(_mm512_srli_epi64(a, 32), nb);
+
+	*h1 = a;
+	*h2 = fmix32x16(_mm512_xor_si512(a, kb));
+	return _mm512_mask_blend_epi32(0xAAAA, pe, po);
+}
+
+/* Lanes of the 16 elements (blocks blk, hash words h1, h2) with a bit
+ * missing, the filter's words in registers: t[w] word w of blocks 0-15,
+ * t[8 + w] of blocks 16-31 (two sets: vpermt2d). */
+AVX512_BLOOM_FN __mmask16 split_miss16(const __m512i t[16], const int nseg,
+				       __m512i blk, __m512i h1, __m512i h2)
+{
+	const __m512i one = _mm512_set1_epi32(1);
+	const __m512i f31 = _mm512_set1_epi32(31);
+	__m512i miss = _mm512_setzero_si512();
+
+#pragma GCC unroll 8
+	for (int w = 0; w < 8; w++) {
+		__m512i f = w < 6 ? _mm512_srli_epi32(h2, 5 * w) :
+				    _mm512_srli_epi32(h1, 5 * (w - 6));
+		__m512i m = _mm512_sllv_epi32(one, _mm512_and_si512(f, f31));
+		__m512i v = nseg > 1 ? _mm512_permutex2var_epi32(t[w], blk,
+								 t[8 + w]) :
+				       _mm512_permutexvar_epi32(blk, t[w]);
+
+		miss = _mm512_ternarylogic_epi32(miss, v, m, 0xF2); /* miss | (m & ~v) */
+	}
+	return _mm512_test_epi32_mask(miss, miss);
+}
+
+/*
+ * The candidates of a split-block filter of at most 32 blocks among the
+ * first len16 elements (a multiple of 16; 16 entries of slack at out): as
+ * the AVX2 path (codec_lhc_avx2.c split_candidates_reg8), 16 elements a
+ * group, two groups a step, the filter transposed into registers (word w
+ * of 16 blocks in one, vpermd; of 32 in two, vpermt2d).  lo32(g0) + len16
+ * must not pass 2^32.
+ */
+AVX512_BLOOM_FN uint32_t split_candidates_reg16(uint64_t key, uint64_t g0,
+						uint32_t nblk, const uint8_t *filt,
+						uint32_t len16, uint16_t *out,
+						const int nseg)
+{
+	const __m512i kb = _mm512_set1_epi32((int)(uint32_t)(key >> 32));
+	const __m512i sv = _mm512_set1_epi32((int)lhc_split_s(key, g0));
+	const __m512i nb = _mm512_set1_epi32((int)nblk);
+	const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10,
+					       11, 12, 13, 14, 15);
+	uint32_t tw[16][16] = { { 0 } };
+	__m512i t[16], x;
+	uint32_t c = 0, i = 0;
+
+	for (uint32_t j = 0; j < nblk; j++)
+		for (int w = 0; w < 8; w++)
+			memcpy(&tw[8 * (j / 16) + w][j % 16],
+			       filt + 32 * j + 4 * w, 4);
+	for (int r = 0; r < 16; r++)
+		t[r] = _mm512_loadu_si512(tw[r]);
+	x = _mm512_add_epi32(_mm512_set1_epi32((int)((uint32_t)g0 + (uint32_t)key)),
+			     lane);
+	for (; i + 32 <= len16; i += 32) {
+		__m512i h1a, h2a, h1b, h2b;
+		__m512i ba = split_hash16(x, sv, kb, nb, &h1a, &h2a);
+		__m512i bb = split_hash16(_mm512_add_epi32(x, _mm512_set1_epi32(16)),
+					  sv, kb, nb, &h1b, &h2b);
+		__mmask16 ma = (__mmask16)~split_miss16(t, nseg, ba, h1a, h2a);
+		__mmask16 mb = (__mmask16)~split_miss16(t, nseg, bb, h1b, h2b);
+
+		/* candidates are rare: the list is written only where one is */
+		if (ma)
+			c += bloom_store16(_mm512_add_epi32(lane, _mm512_set1_epi32(
+									  (int)i)),
+					   ma, out + c);
+		if (mb)
+			c += bloom_store16(_mm512_add_epi32(lane,
+							    _mm512_set1_epi32(
+								    (int)(i + 16))),
+					   mb, out + c);
+		x = _mm512_add_epi32(x, _mm512_set1_epi32(32));
+	}
+	if (i < len16) {
+		__m512i h1, h2, b = split_hash16(x, sv, kb, nb, &h1, &h2);
+		__mmask16 m = (__mmask16)~split_miss16(t, nseg, b, h1, h2);
+
+		c += bloom_store16(_mm512_add_epi32(lane, _mm512_set1_epi32((int)i)),
+				   m, out + c);
+	}
+	return c;
+}
+
+/* The candidates of a split-block filter of at most 32 blocks (see
+ * split_candidates_reg16); larger filters take the AVX2 path. */
+__attribute__((target("avx512f,avx512dq,popcnt"))) uint32_t
+hg_lhc_split_candidates_avx512(uint64_t key, uint64_t g0, uint32_t nblk,
+			       const uint8_t *filt, uint32_t len16, uint16_t *out)
+{
+	if (nblk <= 16)
+		return split_candidates_reg16(key, g0, nblk, filt, len16, out, 1);
+	return split_candidates_reg16(key, g0, nblk, filt, len16, out, 2);
+}

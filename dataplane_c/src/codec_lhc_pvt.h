@@ -13,7 +13,9 @@
 
 #include "codec_pvt.h"
 
-enum lhc_kind { LHC_NONE = 0, LHC_BITMAP = 1, LHC_BLOOM = 2 };
+/* LHC_SPLIT: a split-block Bloom filter (options 5-9, version 3):
+ * bloom_bits = 256 * its blocks, bloom_k = 8 */
+enum lhc_kind { LHC_NONE = 0, LHC_BITMAP = 1, LHC_BLOOM = 2, LHC_SPLIT = 3 };
 
 enum lhc_state { LHC_PLANNED = 0, LHC_INDEXED = 1, LHC_PEELED = 2 };
 
@@ -26,7 +28,7 @@ struct lhc_block {
 	uint32_t bloom_bits;
 	uint8_t kind;
 	uint8_t bloom_k;
-	uint8_t bloom_opt; /* index in bloom_opts */
+	uint8_t bloom_opt; /* the protocol's option: 0-4 bloom_opts, 5-9 split_opts */
 };
 
 struct hg_lhc {
@@ -65,6 +67,69 @@ struct hg_lhc {
 struct cell_batch {
 	uint32_t *c0, *c1, *c2, *sm;
 };
+
+/*
+ * Split-block Bloom filters (docs/PROTOCOL.md "Split-block Bloom options"):
+ * element g sets (and is tested for) one bit in each of the eight 32-bit
+ * little-endian words of one 256-bit block of the filter.  The hash is
+ * 32-bit arithmetic only, so that 8 or 16 elements hash in one vector:
+ * s = fmix32(hi32(g) ^ kb), h1 = fmix32((lo32(g) + ka) ^ s) picks the block
+ * (h1 * nblk) >> 32, h2 = fmix32(h1 ^ kb) and h1 the bits: word w's is
+ * lhc_split_bit(h1, h2, w); ka, kb the low and high halves of the Bloom
+ * key.
+ */
+#define SPLIT_BLOCK_BYTES 32
+
+/* The bit of word w (0-7) of an element whose hash words are h1, h2:
+ * 5-bit fields of h2 for words 0-5, of h1's low bits for 6 and 7. */
+static inline uint32_t lhc_split_bit(uint32_t h1, uint32_t h2, int w)
+{
+	return w < 6 ? (h2 >> (5 * w)) & 31 : (h1 >> (5 * (w - 6))) & 31;
+}
+
+/* MurmurHash3's 32-bit finaliser. */
+static inline uint32_t lhc_fmix32(uint32_t h)
+{
+	h ^= h >> 16;
+	h *= 0x85EBCA6Bu;
+	h ^= h >> 13;
+	h *= 0xC2B2AE35u;
+	return h ^ (h >> 16);
+}
+
+/* The part of a split-block hash that depends on hi32(g) only. */
+static inline uint32_t lhc_split_s(uint64_t key, uint64_t g)
+{
+	return lhc_fmix32((uint32_t)(g >> 32) ^ (uint32_t)(key >> 32));
+}
+
+/* Element g's block (of nblk) and its bit in each word (mask[w]). */
+static inline uint32_t lhc_split_probe(uint64_t key, uint64_t g, uint32_t nblk,
+				       uint32_t mask[8])
+{
+	uint32_t h1 = lhc_fmix32(((uint32_t)g + (uint32_t)key) ^
+				 lhc_split_s(key, g));
+	uint32_t h2 = lhc_fmix32(h1 ^ (uint32_t)(key >> 32));
+
+	for (int w = 0; w < 8; w++)
+		mask[w] = 1u << lhc_split_bit(h1, h2, w);
+	return (uint32_t)(((uint64_t)h1 * nblk) >> 32);
+}
+
+/* The candidates of a split-block filter of nblk blocks among the first
+ * len8 elements (a multiple of 8) of a block whose first element is g0,
+ * lo32(g0) + len8 not past 2^32 (AVX2); see codec_lhc_avx2.c. */
+uint32_t hg_lhc_split_candidates_avx2(uint64_t key, uint64_t g0, uint32_t nblk,
+				      const uint8_t *filt, uint32_t len8,
+				      uint16_t *out);
+
+/* The same with AVX-512 (F, DQ) for filters of at most 32 blocks among the
+ * first len16 elements (a multiple of 16; 16 entries of slack at out);
+ * see codec_lhc_avx512.c. */
+#define SPLIT_VEC512_BLOCKS 32
+uint32_t hg_lhc_split_candidates_avx512(uint64_t key, uint64_t g0,
+					uint32_t nblk, const uint8_t *filt,
+					uint32_t len16, uint16_t *out);
 
 /*
  * The vector paths (codec_lhc_avx2.c, codec_lhc_avx512.c), each giving the

@@ -435,7 +435,7 @@ def _decode_index(r, acc):
     for pl in r.plans:
         _b.lhc_set_index(pl, acc)
     info = r.plans[0].info()
-    for k in ("index_bytes", "bitmap_blocks", "bloom_blocks", "candidates"):
+    for k in ("index_bytes", "bitmap_blocks", "bloom_blocks", "split_blocks", "candidates"):
         r.stats[k] = info[k]
 
 
@@ -461,6 +461,7 @@ def _decode_sketch(r, acc):
         "index_bytes",
         "bitmap_blocks",
         "bloom_blocks",
+        "split_blocks",
         "candidates",
         "sketch_lanes",
         "stalled_blocks",
@@ -587,6 +588,7 @@ def simulate_allreduce(grads, method="lhc", seed=0, **options):
             "index_bytes": 0,
             "bitmap_blocks": 0,
             "bloom_blocks": 0,
+            "split_blocks": 0,
             "sketch_lanes": 0,
             "stalled_blocks": 0,
             "fallback_blocks": 0,

@@ -76,6 +76,8 @@ struct hg_cost {
 	uint32_t lane_ps;   /* per union lane (encode + scatter) */
 	uint32_t bitmap_ps; /* per element of a bitmap-indexed block */
 	uint32_t probe_ps;  /* per element and probe of a Bloom-indexed block */
+	uint32_t sbbf_ps;   /* per element of a split-block-indexed block;
+			     * 0 = no split-block option (version 3) */
 };
 
 /*
@@ -202,9 +204,10 @@ size_t hg_scan_nonzeros(const struct hg_scan *s);
 struct hg_lhc;
 
 struct hg_lhc_info {
-	size_t index_bytes;    /* bytes of the OR phase */
-	size_t bitmap_blocks;  /* blocks indexed by a bitmap */
-	size_t bloom_blocks;   /* blocks indexed by a Bloom filter */
+	size_t index_bytes;   /* bytes of the OR phase */
+	size_t bitmap_blocks; /* blocks indexed by a bitmap */
+	size_t bloom_blocks; /* blocks indexed by a Bloom filter (either layout) */
+	size_t split_blocks;   /* of them, split-block filters (version 3) */
 	size_t candidates;     /* global candidates (after hg_lhc_set_index) */
 	size_t sketch_lanes;   /* int32 cells of the sketch phase */
 	size_t stalled_blocks; /* blocks whose peeling stalled (after peel) */

@@ -14,7 +14,8 @@ value_ps, quantise and dequantise per dense lane; bitmap_ps, a
 bitmap-indexed block's candidate list and union decode per element (a
 nearly empty tensor); lane_ps, union encode and decode per candidate above
 that; probe_ps, a Bloom-indexed block's candidate test and decode per
-element and probe; agg_pkt_ps, the engine's per-frame cost
+element and probe; sbbf_ps, the same per element of a split-block filter
+(at least 1: 0 would mean none); agg_pkt_ps, the engine's per-frame cost
 (hg_bench_engine, 4 workers, 1 KB); pkt_ps, one 1 KB UDP datagram sent and
 received on loopback by this process (kernel and Python call, so an upper
 bound of the C worker's cost).
@@ -152,11 +153,30 @@ def measure_path(elements=1 << 20, repeat=3, block=4096) -> dict:
         c = max(1, block * 68 // 10000)
         k = next((k for bpe, k in _BLOOM if max(64, -(-bpe * c // 64) * 64) == bits), 8)
         probe_ps = max(0, t_bloom * 1000 - n * bitmap_ps) // (n * k)
+
+    # split-block blocks: a model under which a split-block option is
+    # certain (the bitmap and the other Bloom options dear), the same tensor
+    split = codec.Params(
+        block_elements=block,
+        workers=1,
+        cost=_cost.Cost(
+            link_mbit=1_000_000,
+            bitmap_ps=_cost.MAX_ELEM_PS,
+            probe_ps=_cost.MAX_ELEM_PS,
+            sbbf_ps=1,
+        ),
+    )
+    t_split, info = _union_time(split, sparse, repeat)
+    t_split -= _plan_time(split, sparse, repeat)
+    sbbf_ps = 0
+    if info["split_blocks"]:
+        sbbf_ps = max(1, (t_split * 1000 - n * bitmap_ps) // n)
     return {
         "value_ps": int(min(value_ps, _cost.MAX_ELEM_PS)),
         "lane_ps": int(min(lane_ps, _cost.MAX_ELEM_PS)),
         "bitmap_ps": int(min(bitmap_ps, _cost.MAX_ELEM_PS)),
         "probe_ps": int(min(probe_ps, _cost.MAX_ELEM_PS)),
+        "sbbf_ps": int(min(sbbf_ps, _cost.MAX_ELEM_PS)),
     }
 
 

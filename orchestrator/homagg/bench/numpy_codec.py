@@ -87,6 +87,42 @@ def bloom_probes(key, g, k, bits):
     return out
 
 
+def fmix32(h):
+    """MurmurHash3's 32-bit finaliser of a uint32 array."""
+    h = h.astype(np.uint32)
+    h ^= h >> np.uint32(16)
+    h *= np.uint32(0x85EBCA6B)
+    h ^= h >> np.uint32(13)
+    h *= np.uint32(0xC2B2AE35)
+    return h ^ (h >> np.uint32(16))
+
+
+def split_probes(key, g, bits):
+    """The eight bit positions (int64 arrays) of elements g in a split-block
+    filter of ``bits`` bits (docs/PROTOCOL.md "Split-block Bloom options"):
+    block (h1 * nblk) >> 32, in word w the 5-bit field w of h2 (w < 6) or
+    w - 6 of h1."""
+    key = int(key)
+    ka, kb = np.uint32(key & 0xFFFFFFFF), np.uint32(key >> 32)
+    g = np.asarray(g, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        s = fmix32((g >> np.uint64(32)).astype(np.uint32) ^ kb)
+        h1 = fmix32(((g & np.uint64(0xFFFFFFFF)).astype(np.uint32) + ka) ^ s)
+        h2 = fmix32(h1 ^ kb)
+    blk = (h1.astype(np.uint64) * np.uint64(bits // 256)) >> np.uint64(32)
+    base = blk.astype(np.int64) * 256
+    out = []
+    for w in range(8):
+        f = (h2 >> np.uint32(5 * w)) if w < 6 else (h1 >> np.uint32(5 * (w - 6)))
+        out.append(base + 32 * w + (f & np.uint32(31)).astype(np.int64))
+    return out
+
+
+def index_probes(kind, key, g, k, bits):
+    """The probe positions of a Bloom ("bloom") or split-block ("split") block."""
+    return split_probes(key, g, bits) if kind == "split" else bloom_probes(key, g, k, bits)
+
+
 def log2_ceil(w):
     return int(w - 1).bit_length()
 
@@ -144,7 +180,7 @@ def index_encode(x, plan, seed=0):
             parts.append(np.packbits(x[start : start + length] != 0, bitorder="little"))
             continue
         bset = np.zeros(bits, dtype=bool)
-        for p in bloom_probes(key, (start + nz).astype(np.uint64), k, bits):
+        for p in index_probes(kind, key, (start + nz).astype(np.uint64), k, bits):
             bset[p] = True
         parts.append(np.packbits(bset, bitorder="little"))
     return np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint8)
@@ -152,8 +188,8 @@ def index_encode(x, plan, seed=0):
 
 def candidates(gindex, plan, seed=0):
     """The global candidates (ascending element indices) the summed index
-    names: a bitmap's set bits, a Bloom filter's elements whose probes all
-    hit."""
+    names: a bitmap's set bits, a Bloom (or split-block) filter's elements
+    whose probes all hit."""
     key = stream_key(seed, DOM_BLOOM, 0)
     out = []
     for start, length, kind, bits, k, off in plan:
@@ -162,7 +198,9 @@ def candidates(gindex, plan, seed=0):
             out.append(start + np.flatnonzero(have[:length]))
             continue
         ok = np.ones(length, dtype=bool)
-        for p in bloom_probes(key, np.arange(start, start + length, dtype=np.uint64), k, bits):
+        for p in index_probes(
+            kind, key, np.arange(start, start + length, dtype=np.uint64), k, bits
+        ):
             ok &= have[p] == 1
         out.append(start + np.flatnonzero(ok))
     return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)

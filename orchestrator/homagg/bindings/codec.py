@@ -420,6 +420,7 @@ _INFO_FIELDS = (
     "index_bytes",
     "bitmap_blocks",
     "bloom_blocks",
+    "split_blocks",
     "candidates",
     "sketch_lanes",
     "stalled_blocks",

@@ -51,6 +51,8 @@ METHODS = ("dense", "blocks", "lhc", "union", "auto")
 FRAMING = 98
 # Bloom options of "lhc: index": (bits per element, probes, fp * 2^20)
 BLOOM = ((8, 6, 22625), (12, 8, 3295), (16, 8, 602), (20, 8, 146), (24, 8, 44))
+# split-block options 5-9 (bits per element, fp * 2^20), only with sbbf_ps
+SPLIT = ((8, 34825), (12, 5683), (16, 1379), (24, 171), (32, 38))
 EXP_ZERO = -128
 DEFAULT_SAMPLE = 1 << 21
 # W x sample elements simulated at most (float32: 4 bytes each)
@@ -85,7 +87,8 @@ def _xb_int(c: _cost.Cost, workers: int) -> int:
 
 def index_plan(c: _cost.Cost, workers: int, n: int, block: int, gcodes, gcounts):
     """The index of every non-zero block by the model's rule: a list of
-    (block, kind, index bytes, worker CPU ps) with kind "bitmap" or "bloom"."""
+    (block, kind, index bytes, worker CPU ps) with kind "bitmap", "bloom" or
+    "split" (a split-block filter)."""
     xb = _xb_int(c, workers)
     out = []
     for b, (code, count) in enumerate(zip(gcodes, gcounts)):
@@ -106,6 +109,12 @@ def index_plan(c: _cost.Cost, workers: int, n: int, block: int, gcodes, gcounts)
             t += fpn * (4 * xb + c.lane_ps)
             if t < best:
                 best, choice = t, ("bloom", bits // 8, bcpu)
+        for bpe, fp in SPLIT if c.sbbf_ps else ():
+            nblk = max(1, -(-(bpe * cnt) // 256))
+            bcpu = (length + cw) * c.sbbf_ps
+            t = 32 * nblk * xb + bcpu + (fp * (length - cnt) >> 20) * (4 * xb + c.lane_ps)
+            if t < best:
+                best, choice = t, ("split", 32 * nblk, bcpu)
         out.append((b, *choice))
     return out
 
@@ -245,7 +254,8 @@ def predict(grads, elements, c: _cost.Cost, *, block, seed=1, methods=METHODS) -
         "scale": scale,
         "index_plan": {
             "bitmap_blocks": sum(k == "bitmap" for _, k, *_ in plan),
-            "bloom_blocks": sum(k == "bloom" for _, k, *_ in plan),
+            "bloom_blocks": sum(k in ("bloom", "split") for _, k, *_ in plan),
+            "split_blocks": sum(k == "split" for _, k, *_ in plan),
             "index_bytes": sum(b for _, _, b, _ in plan),
         },
         "ring": rg,
@@ -281,6 +291,7 @@ def predict(grads, elements, c: _cost.Cost, *, block, seed=1, methods=METHODS) -
             r["meta_choice"] = st["auto_meta_choice"]
         if "index" in phase_bytes:
             r["bitmap_blocks"], r["bloom_blocks"] = st["bitmap_blocks"], st["bloom_blocks"]
+            r["split_blocks"] = st.get("split_blocks", 0)
         out["methods"][m] = r
     out["best"] = min(out["methods"], key=lambda k: out["methods"][k]["time_s"])
     return out
