@@ -107,6 +107,31 @@ def test_bench_one_path():
     assert out["isa"] == "portable"
 
 
+def test_bench_plans_by_the_cost_model_with_a_link_rate(tmp_path, monkeypatch):
+    """--link-mbit plans the index as a job on that link with this host's
+    calibration: with a split-block coefficient below the Bloom options'
+    probes NCF-like blocks take split-block filters, every path gives the
+    same bits and the lhc decode is the simulated allreduce's; without it
+    the bytes rule (no split-block block)."""
+    from homagg import cost
+
+    coeffs = dict(cost.DEFAULT_COEFFICIENTS, probe_ps=100, sbbf_ps=300)
+    cal = {"version": cost.CALIBRATION_VERSION, "isa": "portable", "paths": {"portable": coeffs}}
+    path = tmp_path / "calibration.json"
+    path.write_text(__import__("json").dumps(cal))
+    monkeypatch.setenv("HOMAGG_CALIBRATION", str(path))
+    monkeypatch.setenv("HOMAGG_CODEC_ISA", "portable")  # the calibration's path
+    argv = ("--elements", str(16 * 4096), "--density", "0.0068", "--workers", "4")
+    timed = bench.run(_args(*argv, "--link-mbit", "1000"))
+    plain = bench.run(_args(*argv, "--no-numpy"))
+    assert timed["link_mbit"] == 1000 and timed["cost"]["sbbf_ps"] == 300
+    assert timed["index_blocks"]["split_blocks"] == 16
+    assert timed["paths_bit_identical"] and timed["lhc_decode_matches_bench_decode"]
+    assert "numpy_speedup" not in timed  # the numpy baseline knows the bytes rule only
+    assert plain["link_mbit"] == 0 and plain["index_blocks"]["split_blocks"] == 0
+    assert plain["index_blocks"]["bloom_blocks"] == 16
+
+
 @pytest.mark.parametrize(
     "argv,msg",
     [

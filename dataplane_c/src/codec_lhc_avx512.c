@@ -501,16 +501,13 @@ AVX512_BLOOM_FN uint32_t split_candidates_reg16(uint64_t key, uint64_t g0,
 		__mmask16 ma = (__mmask16)~split_miss16(t, nseg, ba, h1a, h2a);
 		__mmask16 mb = (__mmask16)~split_miss16(t, nseg, bb, h1b, h2b);
 
-		/* candidates are rare: the list is written only where one is */
-		if (ma)
-			c += bloom_store16(_mm512_add_epi32(lane, _mm512_set1_epi32(
-									  (int)i)),
-					   ma, out + c);
-		if (mb)
-			c += bloom_store16(_mm512_add_epi32(lane,
-							    _mm512_set1_epi32(
-								    (int)(i + 16))),
-					   mb, out + c);
+		/* no branch: at a filter's usual fill a group of 16 holds a
+		 * candidate (or a false positive) too often to predict */
+		c += bloom_store16(_mm512_add_epi32(lane, _mm512_set1_epi32((int)i)),
+				   ma, out + c);
+		c += bloom_store16(_mm512_add_epi32(lane, _mm512_set1_epi32(
+								  (int)(i + 16))),
+				   mb, out + c);
 		x = _mm512_add_epi32(x, _mm512_set1_epi32(32));
 	}
 	if (i < len16) {

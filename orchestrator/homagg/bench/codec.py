@@ -159,6 +159,17 @@ def add_arguments(parser):
     add_gradient_arguments(parser, repeat=3)
     parser.add_argument("--no-numpy", action="store_true", help="skip the numpy baseline")
     parser.add_argument(
+        "--link-mbit",
+        type=float,
+        default=0,
+        metavar="MBIT",
+        help="plan the index by the cost model at this link rate with this host's "
+        "calibration (`homagg calibrate`; built-in defaults without one), as a job "
+        "that registers the link does: bitmap, Bloom or split-block per block by "
+        "predicted time (default 0: the bytes rule; the numpy baseline follows "
+        "the bytes rule only, so it is skipped)",
+    )
+    parser.add_argument(
         "--isa",
         default=None,
         metavar="PATHS",
@@ -196,17 +207,18 @@ def make_gradients(n, workers, density, seed):
     return grads
 
 
-def lhc_state(grads, block):
+def lhc_state(grads, block, cost=None):
     """The global state of one lhc allreduce of grads (C kernels): the
     aggregated codes, counts, index, sketch cells and fallback lanes, and
-    every worker's plan, set to the index and peeled."""
+    every worker's plan, set to the index and peeled.  cost: the job's
+    cost model (struct hg_cost fields), None = the bytes rules."""
     from types import SimpleNamespace
 
     from homagg import codec
     from homagg.bindings import codec as b
 
     W, n = len(grads), grads[0].size
-    params = codec.Params(block_elements=block, workers=W)
+    params = codec.Params(block_elements=block, workers=W, cost=cost)
     cps = [params.c(w) for w in range(W)]
     gcodes = codec.aggregate("max8", None, [b.exp_encode(cps[w], grads[w]) for w in range(W)])
     gcounts = codec.aggregate("sum32", None, [b.nnz_counts(cps[w], grads[w]) for w in range(W)])
@@ -356,10 +368,18 @@ def run(args):
         f"{W} gradients of {n} float32 ({4 * n / 2**20:.0f} MiB each), density {args.density}"
     )
     grads = make_gradients(n, W, args.density, args.seed)
+    model = None
+    if getattr(args, "link_mbit", 0):
+        from homagg import cost as _cost
+
+        model = _cost.job_cost(args.link_mbit).fields()
+        if not args.no_numpy:
+            _progress("--link-mbit: the numpy baseline follows the bytes rule, skipped")
+            args.no_numpy = True
 
     # The global state every worker gets from the aggregator (C kernels).
     _progress("meta phase and index of every worker")
-    st = lhc_state(grads, block)
+    st = lhc_state(grads, block, model)
     cps, plans, nb = st.cps, st.plans, st.params.nblocks(n)
     gcodes, gcounts, gindex, gcells, gfall, gvals = (
         st.gcodes,
@@ -373,6 +393,7 @@ def run(args):
     x = grads[0]
     plan = plans[0]
     del plans
+    kinds = {k: plan.info()[k] for k in ("bitmap_blocks", "bloom_blocks", "split_blocks")}
 
     rows, first = [], None
     identical = True
@@ -396,6 +417,9 @@ def run(args):
         "density": args.density,
         "block_elements": block,
         "default_isa": default,
+        "link_mbit": args.link_mbit if model else 0,
+        "cost": model,
+        "index_blocks": kinds,
         "paths": rows,
         "paths_bit_identical": identical,
     }
@@ -465,7 +489,7 @@ def run(args):
     by = {}
     for m in ("dense", "blocks", "lhc", "union", "auto"):
         _progress(f"wire bytes: simulate_allreduce method={m}")
-        r = codec.simulate_allreduce(grads, method=m, block_elements=block)
+        r = codec.simulate_allreduce(grads, method=m, block_elements=block, cost=model)
         by[m] = r.stats
         if m == "lhc":
             lhc_sum = r.sum
@@ -530,6 +554,17 @@ def main(args):
         f"block {out['block_elements']}, ISA paths {', '.join(r['isa'] for r in out['paths'])} "
         f"(default {out['default_isa']}; same bits on every path: "
         f"{'yes' if out['paths_bit_identical'] else 'NO'})"
+    )
+    k = out["index_blocks"]
+    print(
+        f"  index   {k['bitmap_blocks']} bitmap, {k['bloom_blocks'] - k['split_blocks']} Bloom, "
+        f"{k['split_blocks']} split-block blocks ("
+        + (
+            f"cost model at {out['link_mbit']:g} Mbit/s"
+            if out["link_mbit"]
+            else "bytes rule; --link-mbit plans by predicted time"
+        )
+        + ")"
     )
     for r in out["paths"]:
         print(
