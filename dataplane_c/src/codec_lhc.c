@@ -339,18 +339,6 @@ static inline void bloom_probes(uint64_t key, uint64_t g, uint32_t k,
 	}
 }
 
-/* Set element g's eight bits in a split-block filter of nblk blocks. */
-static inline void split_set(uint64_t key, uint64_t g, uint32_t nblk, uint8_t *filt)
-{
-	uint32_t m[8];
-	uint8_t *blk = filt + (size_t)SPLIT_BLOCK_BYTES *
-				      lhc_split_probe(key, g, nblk, m);
-
-	for (int w = 0; w < 8; w++)
-		for (int b = 0; b < 4; b++)
-			blk[4 * w + b] |= (uint8_t)(m[w] >> (8 * b));
-}
-
 /* The little-endian 32-bit word at p. */
 static inline uint32_t le32(const uint8_t *p)
 {
@@ -363,6 +351,29 @@ static inline uint32_t le32(const uint8_t *p)
 	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
 	       (uint32_t)p[3] << 24;
 #endif
+}
+
+/* Store v as the little-endian 32-bit word at p. */
+static inline void put_le32(uint8_t *p, uint32_t v)
+{
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+	memcpy(p, &v, 4);
+#else
+	for (int b = 0; b < 4; b++)
+		p[b] = (uint8_t)(v >> (8 * b));
+#endif
+}
+
+/* Set element g's eight bits in a split-block filter of nblk blocks: one
+ * read-modify-write of each 32-bit little-endian word (le32, put_le32). */
+static inline void split_set(uint64_t key, uint64_t g, uint32_t nblk, uint8_t *filt)
+{
+	uint32_t m[8];
+	uint8_t *blk = filt + (size_t)SPLIT_BLOCK_BYTES *
+				      lhc_split_probe(key, g, nblk, m);
+
+	for (int w = 0; w < 8; w++)
+		put_le32(blk + 4 * w, le32(blk + 4 * w) | m[w]);
 }
 
 /* 1 when element g's eight bits are all set in a split-block filter of
