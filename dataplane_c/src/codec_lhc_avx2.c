@@ -573,18 +573,18 @@ split_bit8(__m256i h1, __m256i h2, const int w)
 				 _mm256_and_si256(f, _mm256_set1_epi32(31)));
 }
 
-/* The missing bits of 8 elements (0 in a lane: a candidate) whose block
- * indexes are blk and hash words h1, h2, the filter in registers t
- * (split_candidates_reg8). */
+/* The missing bits of words w0 .. w1 - 1 of 8 elements (0 in a lane: all
+ * set) whose block indexes are blk and hash words h1, h2, the filter in
+ * registers t (split_candidates_reg8). */
 __attribute__((target("avx2"), always_inline)) static inline __m256i
 split_miss8(const __m256i t[2][8], const int nseg, __m256i blk, __m256i h1,
-	    __m256i h2)
+	    __m256i h2, const int w0, const int w1)
 {
 	__m256i hi = _mm256_cmpgt_epi32(blk, _mm256_set1_epi32(7));
 	__m256i miss = _mm256_setzero_si256();
 
 #pragma GCC unroll 8
-	for (int w = 0; w < 8; w++) {
+	for (int w = w0; w < w1; w++) {
 		__m256i v = _mm256_permutevar8x32_epi32(t[0][w], blk);
 
 		if (nseg > 1)
@@ -599,30 +599,29 @@ split_miss8(const __m256i t[2][8], const int nseg, __m256i blk, __m256i h1,
 	return miss;
 }
 
-/* The candidates of the 8 lanes of miss that are 0, positions i + lane,
- * appended at out (8 entries written); returns their count. */
-__attribute__((target("avx2,bmi,bmi2,popcnt"), always_inline)) static inline uint32_t
-split_store8(__m256i miss, uint32_t i, uint16_t *out)
+/* The 8-bit mask of the lanes of miss that are 0. */
+__attribute__((target("avx2"), always_inline)) static inline uint32_t
+split_hits8(__m256i miss)
 {
-	uint32_t hits = (uint32_t)_mm256_movemask_ps(_mm256_castsi256_ps(
+	return (uint32_t)_mm256_movemask_ps(_mm256_castsi256_ps(
 		_mm256_cmpeq_epi32(miss, _mm256_setzero_si256())));
-
-	/* no branch: at a filter's usual fill (NCF's bucket, W = 4: about
-	 * one group of 8 in 6 holds a candidate or a false positive) a branch
-	 * on it mispredicts often enough to cost more (4.8 against 5.0-5.3 ms
-	 * at 3846144 elements, AMD EPYC Zen 4) */
-	return bloom_store8(hits, i, out);
 }
+
+/* Words tested in stage 1 of the split-block probing: about (fill)^3 of
+ * the elements survive them (a word of a filter at 12-16 bits per element
+ * is 40-50 % set: 6-12 %). */
+#define SPLIT_STAGE1_WORDS 3
 
 /*
  * Split-block probing with the filter in registers, nseg (1 or 2) sets of
  * 8: register t[s][w] holds word w of blocks 8 s .. 8 s + 7, so that word
  * w of 8 elements' blocks is one vpermd by their block indexes (and a
- * blend between the two sets).  Per 8 elements: the hash, then per word
- * its bits (a 5-bit field of a hash word, 1 << that) and the words'
- * missing bits ORed; no load, no branch.  Two
- * groups of 8 a step, both hashed before either is probed, as the Bloom
- * probing does.
+ * blend for the second set).  A word's bit of an element is a 5-bit field
+ * of a hash word, 1 << that; no load, no branch on a bit.  Two stages, as
+ * the Bloom probing: stage 1 hashes every element, two groups of 8 a step
+ * (both hashed before either is tested), tests words 0-2 and lists the
+ * survivors; stage 2 hashes the survivors again from their positions and
+ * tests words 3-7.  The candidates are the portable loop's, in order.
  */
 __attribute__((target("avx2,bmi,bmi2,popcnt"), always_inline)) static inline uint32_t
 split_candidates_reg8(uint64_t key, uint64_t g0, uint32_t nblk, const uint8_t *filt,
@@ -631,9 +630,11 @@ split_candidates_reg8(uint64_t key, uint64_t g0, uint32_t nblk, const uint8_t *f
 	const __m256i kb = _mm256_set1_epi32((int)(uint32_t)(key >> 32));
 	const __m256i sv = _mm256_set1_epi32((int)lhc_split_s(key, g0));
 	const __m256i nb = _mm256_set1_epi32((int)nblk);
+	const __m256i x0 = _mm256_set1_epi32((int)((uint32_t)g0 + (uint32_t)key));
 	uint32_t tw[2][8][8] = { { { 0 } } };
+	uint16_t surv[BLOOM_CHUNK + 16];
 	__m256i t[2][8], x;
-	uint32_t c = 0, i = 0;
+	uint32_t c = 0;
 
 	for (uint32_t j = 0; j < nblk; j++)
 		for (int w = 0; w < 8; w++)
@@ -641,24 +642,67 @@ split_candidates_reg8(uint64_t key, uint64_t g0, uint32_t nblk, const uint8_t *f
 	for (int sg = 0; sg < 2; sg++)
 		for (int w = 0; w < 8; w++)
 			t[sg][w] = _mm256_loadu_si256((const __m256i *)tw[sg][w]);
-	x = _mm256_add_epi32(_mm256_set1_epi32((int)((uint32_t)g0 + (uint32_t)key)),
-			     _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-	for (; i + 16 <= len8; i += 16) {
-		__m256i h1a, h2a, h1b, h2b;
-		__m256i ba = split_hash8(x, sv, kb, nb, &h1a, &h2a);
-		__m256i bb = split_hash8(_mm256_add_epi32(x, _mm256_set1_epi32(8)),
-					 sv, kb, nb, &h1b, &h2b);
-		__m256i ma = split_miss8(t, nseg, ba, h1a, h2a);
-		__m256i mb = split_miss8(t, nseg, bb, h1b, h2b);
+	x = _mm256_add_epi32(x0, _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+	for (uint32_t i0 = 0; i0 < len8; i0 += BLOOM_CHUNK) {
+		uint32_t i1 = len8 - i0 < BLOOM_CHUNK ? len8 : i0 + BLOOM_CHUNK;
+		uint32_t ns = 0, i;
 
-		c += split_store8(ma, i, out + c);
-		c += split_store8(mb, i + 8, out + c);
-		x = _mm256_add_epi32(x, _mm256_set1_epi32(16));
-	}
-	if (i < len8) {
-		__m256i h1, h2, b = split_hash8(x, sv, kb, nb, &h1, &h2);
+		for (i = i0; i + 16 <= i1; i += 16) {
+			__m256i h1a, h2a, h1b, h2b;
+			__m256i ba = split_hash8(x, sv, kb, nb, &h1a, &h2a);
+			__m256i bb = split_hash8(_mm256_add_epi32(x, _mm256_set1_epi32(
+									     8)),
+						 sv, kb, nb, &h1b, &h2b);
 
-		c += split_store8(split_miss8(t, nseg, b, h1, h2), i, out + c);
+			ns += bloom_store8(split_hits8(split_miss8(t, nseg, ba,
+								   h1a, h2a, 0,
+								   SPLIT_STAGE1_WORDS)),
+					   i, surv + ns);
+			ns += bloom_store8(split_hits8(split_miss8(t, nseg, bb,
+								   h1b, h2b, 0,
+								   SPLIT_STAGE1_WORDS)),
+					   i + 8, surv + ns);
+			x = _mm256_add_epi32(x, _mm256_set1_epi32(16));
+		}
+		if (i < i1) {
+			__m256i h1, h2, b = split_hash8(x, sv, kb, nb, &h1, &h2);
+
+			ns += bloom_store8(split_hits8(
+						   split_miss8(t, nseg, b, h1, h2, 0,
+							       SPLIT_STAGE1_WORDS)),
+					   i, surv + ns);
+			x = _mm256_add_epi32(x, _mm256_set1_epi32(8));
+		}
+		/* stage 2: the survivors, two groups of 8 a step (the last
+		 * padded with the last survivor, masked) */
+		for (uint32_t j = ns; j < ((ns + 15) & ~15u); j++)
+			surv[j] = ns ? surv[ns - 1] : 0;
+		for (uint32_t j = 0; j < ns; j += 16) {
+			__m128i p8 = _mm_loadu_si128((const __m128i *)(surv + j));
+			__m128i q8 = _mm_loadu_si128(
+				(const __m128i *)(surv + j + 8));
+			__m256i h1a, h2a, h1b, h2b;
+			__m256i ba = split_hash8(
+				_mm256_add_epi32(x0, _mm256_cvtepu16_epi32(p8)),
+				sv, kb, nb, &h1a, &h2a);
+			__m256i bb = split_hash8(
+				_mm256_add_epi32(x0, _mm256_cvtepu16_epi32(q8)),
+				sv, kb, nb, &h1b, &h2b);
+			uint32_t m = split_hits8(
+				split_miss8(t, nseg, ba, h1a, h2a,
+					    SPLIT_STAGE1_WORDS, 8));
+			uint32_t m2 = split_hits8(
+				split_miss8(t, nseg, bb, h1b, h2b,
+					    SPLIT_STAGE1_WORDS, 8));
+			uint32_t left = ns - j;
+
+			if (left < 16)
+				m2 = left <= 8 ? 0 : m2 & ((1u << (left - 8)) - 1);
+			if (left < 8)
+				m &= (1u << left) - 1;
+			c += bloom_store_pos8(p8, m, out + c);
+			c += bloom_store_pos8(q8, m2, out + c);
+		}
 	}
 	return c;
 }

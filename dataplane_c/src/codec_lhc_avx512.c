@@ -439,18 +439,19 @@ AVX512_BLOOM_FN __m512i split_hash16(__m512i x, __m512i sv, __m512i kb,
 	return _mm512_mask_blend_epi32(0xAAAA, pe, po);
 }
 
-/* Lanes of the 16 elements (blocks blk, hash words h1, h2) with a bit
- * missing, the filter's words in registers: t[w] word w of blocks 0-15,
- * t[8 + w] of blocks 16-31 (two sets: vpermt2d). */
+/* Lanes of the 16 elements (blocks blk, hash words h1, h2) with a bit of
+ * words w0 .. w1 - 1 missing, the filter's words in registers: t[w] word w
+ * of blocks 0-15, t[8 + w] of blocks 16-31 (two sets: vpermt2d). */
 AVX512_BLOOM_FN __mmask16 split_miss16(const __m512i t[16], const int nseg,
-				       __m512i blk, __m512i h1, __m512i h2)
+				       __m512i blk, __m512i h1, __m512i h2,
+				       const int w0, const int w1)
 {
 	const __m512i one = _mm512_set1_epi32(1);
 	const __m512i f31 = _mm512_set1_epi32(31);
 	__m512i miss = _mm512_setzero_si512();
 
 #pragma GCC unroll 8
-	for (int w = 0; w < 8; w++) {
+	for (int w = w0; w < w1; w++) {
 		__m512i f = w < 6 ? _mm512_srli_epi32(h2, 5 * w) :
 				    _mm512_srli_epi32(h1, 5 * (w - 6));
 		__m512i m = _mm512_sllv_epi32(one, _mm512_and_si512(f, f31));
@@ -463,13 +464,20 @@ AVX512_BLOOM_FN __mmask16 split_miss16(const __m512i t[16], const int nseg,
 	return _mm512_test_epi32_mask(miss, miss);
 }
 
+/* Words tested in stage 1 (as the AVX2 path's SPLIT_STAGE1_WORDS). */
+#define SPLIT_STAGE1_WORDS16 3
+/* Elements per stage-1 chunk (its survivors' list lives on the stack). */
+#define SPLIT_CHUNK16 1024
+
 /*
  * The candidates of a split-block filter of at most 32 blocks among the
  * first len16 elements (a multiple of 16; 16 entries of slack at out): as
  * the AVX2 path (codec_lhc_avx2.c split_candidates_reg8), 16 elements a
- * group, two groups a step, the filter transposed into registers (word w
- * of 16 blocks in one, vpermd; of 32 in two, vpermt2d).  lo32(g0) + len16
- * must not pass 2^32.
+ * group, the filter transposed into registers (word w of 16 blocks in
+ * one, vpermd; of 32 in two, vpermt2d), in two stages: words 0-2 of every
+ * element, two groups a step, the survivors listed (compressed, no
+ * branch); then words 3-7 of the survivors, hashed again from their
+ * positions.  lo32(g0) + len16 must not pass 2^32.
  */
 AVX512_BLOOM_FN uint32_t split_candidates_reg16(uint64_t key, uint64_t g0,
 						uint32_t nblk, const uint8_t *filt,
@@ -481,9 +489,11 @@ AVX512_BLOOM_FN uint32_t split_candidates_reg16(uint64_t key, uint64_t g0,
 	const __m512i nb = _mm512_set1_epi32((int)nblk);
 	const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10,
 					       11, 12, 13, 14, 15);
+	const __m512i x0 = _mm512_set1_epi32((int)((uint32_t)g0 + (uint32_t)key));
 	uint32_t tw[16][16] = { { 0 } };
+	uint16_t surv[SPLIT_CHUNK16 + 32];
 	__m512i t[16], x;
-	uint32_t c = 0, i = 0;
+	uint32_t c = 0;
 
 	for (uint32_t j = 0; j < nblk; j++)
 		for (int w = 0; w < 8; w++)
@@ -491,31 +501,63 @@ AVX512_BLOOM_FN uint32_t split_candidates_reg16(uint64_t key, uint64_t g0,
 			       filt + 32 * j + 4 * w, 4);
 	for (int r = 0; r < 16; r++)
 		t[r] = _mm512_loadu_si512(tw[r]);
-	x = _mm512_add_epi32(_mm512_set1_epi32((int)((uint32_t)g0 + (uint32_t)key)),
-			     lane);
-	for (; i + 32 <= len16; i += 32) {
-		__m512i h1a, h2a, h1b, h2b;
-		__m512i ba = split_hash16(x, sv, kb, nb, &h1a, &h2a);
-		__m512i bb = split_hash16(_mm512_add_epi32(x, _mm512_set1_epi32(16)),
-					  sv, kb, nb, &h1b, &h2b);
-		__mmask16 ma = (__mmask16)~split_miss16(t, nseg, ba, h1a, h2a);
-		__mmask16 mb = (__mmask16)~split_miss16(t, nseg, bb, h1b, h2b);
+	x = _mm512_add_epi32(x0, lane);
+	for (uint32_t i0 = 0; i0 < len16; i0 += SPLIT_CHUNK16) {
+		uint32_t i1 = len16 - i0 < SPLIT_CHUNK16 ? len16 :
+							   i0 + SPLIT_CHUNK16;
+		uint32_t ns = 0, i;
 
-		/* no branch: at a filter's usual fill a group of 16 holds a
-		 * candidate (or a false positive) too often to predict */
-		c += bloom_store16(_mm512_add_epi32(lane, _mm512_set1_epi32((int)i)),
-				   ma, out + c);
-		c += bloom_store16(_mm512_add_epi32(lane, _mm512_set1_epi32(
-								  (int)(i + 16))),
-				   mb, out + c);
-		x = _mm512_add_epi32(x, _mm512_set1_epi32(32));
-	}
-	if (i < len16) {
-		__m512i h1, h2, b = split_hash16(x, sv, kb, nb, &h1, &h2);
-		__mmask16 m = (__mmask16)~split_miss16(t, nseg, b, h1, h2);
+		for (i = i0; i + 32 <= i1; i += 32) {
+			__m512i h1a, h2a, h1b, h2b;
+			__m512i ba = split_hash16(x, sv, kb, nb, &h1a, &h2a);
+			__m512i bb = split_hash16(_mm512_add_epi32(x, _mm512_set1_epi32(
+									      16)),
+						  sv, kb, nb, &h1b, &h2b);
+			__mmask16 ma = (__mmask16)~split_miss16(t, nseg, ba,
+								h1a, h2a, 0,
+								SPLIT_STAGE1_WORDS16);
+			__mmask16 mb = (__mmask16)~split_miss16(t, nseg, bb,
+								h1b, h2b, 0,
+								SPLIT_STAGE1_WORDS16);
 
-		c += bloom_store16(_mm512_add_epi32(lane, _mm512_set1_epi32((int)i)),
-				   m, out + c);
+			ns += bloom_store16(_mm512_add_epi32(lane,
+							     _mm512_set1_epi32(
+								     (int)i)),
+					    ma, surv + ns);
+			ns += bloom_store16(_mm512_add_epi32(lane,
+							     _mm512_set1_epi32((
+								     int)(i + 16))),
+					    mb, surv + ns);
+			x = _mm512_add_epi32(x, _mm512_set1_epi32(32));
+		}
+		if (i < i1) {
+			__m512i h1, h2, b = split_hash16(x, sv, kb, nb, &h1, &h2);
+			__mmask16 m = (__mmask16)~split_miss16(t, nseg, b, h1,
+							       h2, 0,
+							       SPLIT_STAGE1_WORDS16);
+
+			ns += bloom_store16(_mm512_add_epi32(lane,
+							     _mm512_set1_epi32(
+								     (int)i)),
+					    m, surv + ns);
+			x = _mm512_add_epi32(x, _mm512_set1_epi32(16));
+		}
+		/* stage 2: the survivors, 16 a group (the last masked) */
+		for (uint32_t j = 0; j < ns; j += 16) {
+			__m512i p = _mm512_cvtepu16_epi32(
+				_mm256_loadu_si256((const __m256i *)(surv + j)));
+			__m512i h1, h2,
+				b = split_hash16(_mm512_add_epi32(x0, p), sv,
+						 kb, nb, &h1, &h2);
+			uint32_t left = ns - j;
+			__mmask16 m = (__mmask16)~split_miss16(t, nseg, b, h1, h2,
+							       SPLIT_STAGE1_WORDS16,
+							       8);
+
+			if (left < 16)
+				m &= (__mmask16)((1u << left) - 1);
+			c += bloom_store16(p, m, out + c);
+		}
 	}
 	return c;
 }
