@@ -392,6 +392,10 @@ static inline uint32_t split_test(uint64_t key, uint32_t s, uint64_t g,
 	return miss == 0;
 }
 
+/* Elements per stage-1 chunk of the portable split-block probing (its
+ * survivors' list lives on the stack). */
+#define SPLIT_CHUNK_PORTABLE 1024
+
 /* The candidates of a split-block block among its elements [i0, len)
  * (element i is g0 + i), appended at out; returns how many. */
 static uint32_t split_candidates_portable(uint64_t key, uint64_t g0,
@@ -399,12 +403,58 @@ static uint32_t split_candidates_portable(uint64_t key, uint64_t g0,
 					  uint32_t i0, uint32_t len, uint16_t *out)
 {
 	uint32_t c = 0, s = lhc_split_s(key, g0 + i0);
+	uint32_t kb = (uint32_t)(key >> 32);
+	uint16_t surv[SPLIT_CHUNK_PORTABLE];
+	uint32_t sh1[SPLIT_CHUNK_PORTABLE];
 
-	for (uint32_t i = i0; i < len; i++) {
-		if ((uint32_t)(g0 + i) == 0) /* hi32(g) moves on */
-			s = lhc_split_s(key, g0 + i);
-		out[c] = (uint16_t)i;
-		c += split_test(key, s, g0 + i, nblk, filt);
+	if ((uint64_t)(uint32_t)(g0 + i0) + (len - i0) > UINT32_MAX) {
+		/* hi32(g) moves on inside the range: element by element */
+		for (uint32_t i = i0; i < len; i++) {
+			if ((uint32_t)(g0 + i) == 0)
+				s = lhc_split_s(key, g0 + i);
+			out[c] = (uint16_t)i;
+			c += split_test(key, s, g0 + i, nblk, filt);
+		}
+		return c;
+	}
+	/* Two stages, no branch on a bit: words 6 and 7 (fields of h1, so
+	 * no second hash) of every element, the survivors (about a fifth of
+	 * the elements at a filter's usual fill) listed with their h1; then
+	 * h2 and words 0-5 of the survivors. */
+	for (uint32_t c0 = i0; c0 < len; c0 += SPLIT_CHUNK_PORTABLE) {
+		uint32_t c1 = len - c0 < SPLIT_CHUNK_PORTABLE ?
+				      len :
+				      c0 + SPLIT_CHUNK_PORTABLE;
+		uint32_t ns = 0;
+
+		for (uint32_t i = c0; i < c1; i++) {
+			uint32_t h1 = lhc_fmix32(
+				((uint32_t)(g0 + i) + (uint32_t)key) ^ s);
+			const uint8_t *blk = filt +
+					     (size_t)SPLIT_BLOCK_BYTES *
+						     (((uint64_t)h1 * nblk) >> 32);
+			uint32_t miss = ((1u << lhc_split_bit(h1, 0, 6)) &
+					 ~le32(blk + 24)) |
+					((1u << lhc_split_bit(h1, 0, 7)) &
+					 ~le32(blk + 28));
+
+			surv[ns] = (uint16_t)i;
+			sh1[ns] = h1;
+			ns += miss == 0;
+		}
+		for (uint32_t j = 0; j < ns; j++) {
+			uint32_t h1 = sh1[j], h2 = lhc_fmix32(h1 ^ kb);
+			const uint8_t *blk = filt +
+					     (size_t)SPLIT_BLOCK_BYTES *
+						     (((uint64_t)h1 * nblk) >> 32);
+			uint32_t miss = 0;
+
+			for (int w = 0; w < 6; w++)
+				miss |= (1u << lhc_split_bit(h1, h2, w)) &
+					~le32(blk + 4 * w);
+			out[c] = surv[j];
+			c += miss == 0;
+		}
 	}
 	return c;
 }

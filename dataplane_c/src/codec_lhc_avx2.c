@@ -562,6 +562,19 @@ split_hash8(__m256i x, __m256i sv, __m256i kb, __m256i nb, __m256i *h1, __m256i 
 	return _mm256_blend_epi32(pe, po, 0xAA);
 }
 
+/* The block index of 8 elements and their first hash word *h1 only
+ * (split_hash8 without h2). */
+__attribute__((target("avx2"), always_inline)) static inline __m256i
+split_hash8_h1(__m256i x, __m256i sv, __m256i nb, __m256i *h1)
+{
+	__m256i a = fmix32x8(_mm256_xor_si256(x, sv));
+	__m256i pe = _mm256_srli_epi64(_mm256_mul_epu32(a, nb), 32);
+	__m256i po = _mm256_mul_epu32(_mm256_srli_epi64(a, 32), nb);
+
+	*h1 = a;
+	return _mm256_blend_epi32(pe, po, 0xAA);
+}
+
 /* 1 << the bit of word w of 8 elements (lhc_split_bit). */
 __attribute__((target("avx2"), always_inline)) static inline __m256i
 split_bit8(__m256i h1, __m256i h2, const int w)
@@ -607,10 +620,9 @@ split_hits8(__m256i miss)
 		_mm256_cmpeq_epi32(miss, _mm256_setzero_si256())));
 }
 
-/* Words tested in stage 1 of the split-block probing: about (fill)^3 of
- * the elements survive them (a word of a filter at 12-16 bits per element
- * is 40-50 % set: 6-12 %). */
-#define SPLIT_STAGE1_WORDS 3
+/* Stage 1 of the split-block probing tests words 6 and 7, whose bits are
+ * fields of h1: it needs no h2.  About (fill)^2 of the elements survive
+ * (a word of a filter at 12-16 bits per element is 40-50 % set: 16-25 %). */
 
 /*
  * Split-block probing with the filter in registers, nseg (1 or 2) sets of
@@ -618,10 +630,10 @@ split_hits8(__m256i miss)
  * w of 8 elements' blocks is one vpermd by their block indexes (and a
  * blend for the second set).  A word's bit of an element is a 5-bit field
  * of a hash word, 1 << that; no load, no branch on a bit.  Two stages, as
- * the Bloom probing: stage 1 hashes every element, two groups of 8 a step
- * (both hashed before either is tested), tests words 0-2 and lists the
- * survivors; stage 2 hashes the survivors again from their positions and
- * tests words 3-7.  The candidates are the portable loop's, in order.
+ * the Bloom probing: stage 1 hashes every element (h1 only), two groups of
+ * 8 a step (both hashed before either is tested), tests words 6 and 7 and
+ * lists the survivors; stage 2 hashes the survivors again from their
+ * positions (h1 and h2) and tests words 0-5.  The candidates are the portable loop's, in order.
  */
 __attribute__((target("avx2,bmi,bmi2,popcnt"), always_inline)) static inline uint32_t
 split_candidates_reg8(uint64_t key, uint64_t g0, uint32_t nblk, const uint8_t *filt,
@@ -648,28 +660,27 @@ split_candidates_reg8(uint64_t key, uint64_t g0, uint32_t nblk, const uint8_t *f
 		uint32_t ns = 0, i;
 
 		for (i = i0; i + 16 <= i1; i += 16) {
-			__m256i h1a, h2a, h1b, h2b;
-			__m256i ba = split_hash8(x, sv, kb, nb, &h1a, &h2a);
-			__m256i bb = split_hash8(_mm256_add_epi32(x, _mm256_set1_epi32(
-									     8)),
-						 sv, kb, nb, &h1b, &h2b);
+			__m256i h1a, h1b, z = _mm256_setzero_si256();
+			__m256i ba = split_hash8_h1(x, sv, nb, &h1a);
+			__m256i bb = split_hash8_h1(
+				_mm256_add_epi32(x, _mm256_set1_epi32(8)), sv,
+				nb, &h1b);
 
 			ns += bloom_store8(split_hits8(split_miss8(t, nseg, ba,
-								   h1a, h2a, 0,
-								   SPLIT_STAGE1_WORDS)),
+								   h1a, z, 6, 8)),
 					   i, surv + ns);
 			ns += bloom_store8(split_hits8(split_miss8(t, nseg, bb,
-								   h1b, h2b, 0,
-								   SPLIT_STAGE1_WORDS)),
+								   h1b, z, 6, 8)),
 					   i + 8, surv + ns);
 			x = _mm256_add_epi32(x, _mm256_set1_epi32(16));
 		}
 		if (i < i1) {
-			__m256i h1, h2, b = split_hash8(x, sv, kb, nb, &h1, &h2);
+			__m256i h1, b = split_hash8_h1(x, sv, nb, &h1);
 
 			ns += bloom_store8(split_hits8(
-						   split_miss8(t, nseg, b, h1, h2, 0,
-							       SPLIT_STAGE1_WORDS)),
+						   split_miss8(t, nseg, b, h1,
+							       _mm256_setzero_si256(),
+							       6, 8)),
 					   i, surv + ns);
 			x = _mm256_add_epi32(x, _mm256_set1_epi32(8));
 		}
@@ -689,11 +700,9 @@ split_candidates_reg8(uint64_t key, uint64_t g0, uint32_t nblk, const uint8_t *f
 				_mm256_add_epi32(x0, _mm256_cvtepu16_epi32(q8)),
 				sv, kb, nb, &h1b, &h2b);
 			uint32_t m = split_hits8(
-				split_miss8(t, nseg, ba, h1a, h2a,
-					    SPLIT_STAGE1_WORDS, 8));
+				split_miss8(t, nseg, ba, h1a, h2a, 0, 6));
 			uint32_t m2 = split_hits8(
-				split_miss8(t, nseg, bb, h1b, h2b,
-					    SPLIT_STAGE1_WORDS, 8));
+				split_miss8(t, nseg, bb, h1b, h2b, 0, 6));
 			uint32_t left = ns - j;
 
 			if (left < 16)

@@ -439,6 +439,19 @@ AVX512_BLOOM_FN __m512i split_hash16(__m512i x, __m512i sv, __m512i kb,
 	return _mm512_mask_blend_epi32(0xAAAA, pe, po);
 }
 
+/* The block index of 16 elements and their first hash word *h1 only
+ * (split_hash16 without h2). */
+AVX512_BLOOM_FN __m512i split_hash16_h1(__m512i x, __m512i sv, __m512i nb,
+					__m512i *h1)
+{
+	__m512i a = fmix32x16(_mm512_xor_si512(x, sv));
+	__m512i pe = _mm512_srli_epi64(_mm512_mul_epu32(a, nb), 32);
+	__m512i po = _mm512_mul_epu32(_mm512_srli_epi64(a, 32), nb);
+
+	*h1 = a;
+	return _mm512_mask_blend_epi32(0xAAAA, pe, po);
+}
+
 /* Lanes of the 16 elements (blocks blk, hash words h1, h2) with a bit of
  * words w0 .. w1 - 1 missing, the filter's words in registers: t[w] word w
  * of blocks 0-15, t[8 + w] of blocks 16-31 (two sets: vpermt2d). */
@@ -464,8 +477,6 @@ AVX512_BLOOM_FN __mmask16 split_miss16(const __m512i t[16], const int nseg,
 	return _mm512_test_epi32_mask(miss, miss);
 }
 
-/* Words tested in stage 1 (as the AVX2 path's SPLIT_STAGE1_WORDS). */
-#define SPLIT_STAGE1_WORDS16 3
 /* Elements per stage-1 chunk (its survivors' list lives on the stack). */
 #define SPLIT_CHUNK16 1024
 
@@ -474,10 +485,10 @@ AVX512_BLOOM_FN __mmask16 split_miss16(const __m512i t[16], const int nseg,
  * first len16 elements (a multiple of 16; 16 entries of slack at out): as
  * the AVX2 path (codec_lhc_avx2.c split_candidates_reg8), 16 elements a
  * group, the filter transposed into registers (word w of 16 blocks in
- * one, vpermd; of 32 in two, vpermt2d), in two stages: words 0-2 of every
- * element, two groups a step, the survivors listed (compressed, no
- * branch); then words 3-7 of the survivors, hashed again from their
- * positions.  lo32(g0) + len16 must not pass 2^32.
+ * one, vpermd; of 32 in two, vpermt2d), in two stages: words 6 and 7 of
+ * every element (their bits are fields of h1: no h2), two groups a step,
+ * the survivors listed (compressed, no branch); then words 0-5 of the
+ * survivors, hashed again from their positions.  lo32(g0) + len16 must not pass 2^32.
  */
 AVX512_BLOOM_FN uint32_t split_candidates_reg16(uint64_t key, uint64_t g0,
 						uint32_t nblk, const uint8_t *filt,
@@ -508,17 +519,16 @@ AVX512_BLOOM_FN uint32_t split_candidates_reg16(uint64_t key, uint64_t g0,
 		uint32_t ns = 0, i;
 
 		for (i = i0; i + 32 <= i1; i += 32) {
-			__m512i h1a, h2a, h1b, h2b;
-			__m512i ba = split_hash16(x, sv, kb, nb, &h1a, &h2a);
-			__m512i bb = split_hash16(_mm512_add_epi32(x, _mm512_set1_epi32(
-									      16)),
-						  sv, kb, nb, &h1b, &h2b);
+			const __m512i z = _mm512_setzero_si512();
+			__m512i h1a, h1b;
+			__m512i ba = split_hash16_h1(x, sv, nb, &h1a);
+			__m512i bb = split_hash16_h1(
+				_mm512_add_epi32(x, _mm512_set1_epi32(16)), sv,
+				nb, &h1b);
 			__mmask16 ma = (__mmask16)~split_miss16(t, nseg, ba,
-								h1a, h2a, 0,
-								SPLIT_STAGE1_WORDS16);
+								h1a, z, 6, 8);
 			__mmask16 mb = (__mmask16)~split_miss16(t, nseg, bb,
-								h1b, h2b, 0,
-								SPLIT_STAGE1_WORDS16);
+								h1b, z, 6, 8);
 
 			ns += bloom_store16(_mm512_add_epi32(lane,
 							     _mm512_set1_epi32(
@@ -531,10 +541,10 @@ AVX512_BLOOM_FN uint32_t split_candidates_reg16(uint64_t key, uint64_t g0,
 			x = _mm512_add_epi32(x, _mm512_set1_epi32(32));
 		}
 		if (i < i1) {
-			__m512i h1, h2, b = split_hash16(x, sv, kb, nb, &h1, &h2);
+			__m512i h1, b = split_hash16_h1(x, sv, nb, &h1);
 			__mmask16 m = (__mmask16)~split_miss16(t, nseg, b, h1,
-							       h2, 0,
-							       SPLIT_STAGE1_WORDS16);
+							       _mm512_setzero_si512(),
+							       6, 8);
 
 			ns += bloom_store16(_mm512_add_epi32(lane,
 							     _mm512_set1_epi32(
@@ -550,9 +560,8 @@ AVX512_BLOOM_FN uint32_t split_candidates_reg16(uint64_t key, uint64_t g0,
 				b = split_hash16(_mm512_add_epi32(x0, p), sv,
 						 kb, nb, &h1, &h2);
 			uint32_t left = ns - j;
-			__mmask16 m = (__mmask16)~split_miss16(t, nseg, b, h1, h2,
-							       SPLIT_STAGE1_WORDS16,
-							       8);
+			__mmask16 m = (__mmask16)~split_miss16(t, nseg, b, h1,
+							       h2, 0, 6);
 
 			if (left < 16)
 				m &= (__mmask16)((1u << left) - 1);
