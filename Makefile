@@ -229,6 +229,11 @@ bench: build ## the standard benchmark suite into docs/results/ (the testbed par
 	mkdir -p docs/results
 	$(VENV)/bin/homagg bench codec --json > docs/results/codec.json
 	$(VENV)/bin/python -m homagg.bench.markdown codec docs/results/codec.json docs/results/codec.md
+	$(VENV)/bin/homagg calibrate --out docs/results/calibration.json
+	HOMAGG_CALIBRATION=docs/results/calibration.json $(VENV)/bin/homagg bench codec --workers 4 \
+	  --no-numpy --elements 3846144 --density 0.0068 --link-mbit 1000 --json > docs/results/codec_ncf_1g.json
+	$(VENV)/bin/python -m homagg.bench.markdown codec docs/results/codec_ncf_1g.json docs/results/codec_ncf_1g.md \
+	  "homagg bench codec --workers 4 --no-numpy --elements 3846144 --density 0.0068 --link-mbit 1000 --json"
 	$(VENV)/bin/homagg bench engine --json > docs/results/engine.json
 	$(VENV)/bin/python -m homagg.bench.markdown engine docs/results/engine.json docs/results/engine.md
 	$(VENV)/bin/homagg bench scale --out docs/results/scale

@@ -33,6 +33,20 @@ def codec_md(d, command):
         f"{d['elements']} float32 per worker, W = {d['workers']}, density {d['density']}, "
         f"block {d['block_elements']}, ISA {d['isa']}.\n\n"
     )
+    k = d.get("index_blocks")
+    if k:
+        out.append(
+            f"Index: {k['bitmap_blocks']} bitmap, {k['bloom_blocks'] - k['split_blocks']} Bloom, "
+            f"{k['split_blocks']} split-block blocks ("
+            + (f"cost model at {d['link_mbit']:g} Mbit/s" if d.get("link_mbit") else "bytes rule")
+            + "). Per path, ms per worker: "
+            + "; ".join(
+                f"{r['isa']} union decode {1e3 * r['union_decode_seconds']:.2f}, "
+                f"lhc decode {1e3 * r['decode_seconds']:.2f}, memcpy {1e3 * r['memcpy_seconds']:.2f}"
+                for r in d["paths"]
+            )
+            + ".\n\n"
+        )
     rows = [
         {
             "figure": "encode (GB/s of float32 input)",
