@@ -130,6 +130,16 @@ def test_bench_plans_by_the_cost_model_with_a_link_rate(tmp_path, monkeypatch):
     assert "numpy_speedup" not in timed  # the numpy baseline knows the bytes rule only
     assert plain["link_mbit"] == 0 and plain["index_blocks"]["split_blocks"] == 0
     assert plain["index_blocks"]["bloom_blocks"] == 16
+    from homagg.bench import markdown
+
+    for out, want in (
+        (timed, "16 split-block blocks (cost model at 1000 Mbit/s)"),
+        (plain, "16 Bloom, 0 split-block blocks (bytes rule)"),
+    ):
+        src, dst = tmp_path / "codec.json", tmp_path / "codec.md"
+        src.write_text(__import__("json").dumps(out))
+        assert markdown.main(["codec", str(src), str(dst), "homagg bench codec"]) == 0
+        assert want in dst.read_text()
 
 
 @pytest.mark.parametrize(
