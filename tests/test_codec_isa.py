@@ -400,11 +400,12 @@ def _split_plan(n, block, gcodes, gcounts, workers=1):
 @pytest.mark.parametrize("tail", (1, 9, 17, 4095))
 def test_split_block_probing_on_every_path(tail):
     """set_index's split-block probing on every path against the numpy
-    index: filters of 1 to 8 blocks of 256 bits (the AVX2 path's registers,
-    one set), 9 to 16 (two sets), 17 to 32 (the AVX-512 path's two sets,
-    AVX2 loads) and more (loads on both), vectors of 16 and 8 and their
-    tails, for the worker's own index, all bits set, none and random bits;
-    and the worker's index bytes are the numpy encoder's."""
+    index: filters of 1, 2 and 6 blocks of 256 bits (the AVX2 path's one
+    register set, the AVX-512 path's one), 13 (two AVX2 sets), 19 and 32
+    (three and four AVX2 sets, the AVX-512 path's two) and 33 and 71 (one
+    load per element), vectors of 16 and 8 and their tails, for the
+    worker's own index, all bits set, none and random bits; and the
+    worker's index bytes are the numpy encoder's."""
     block = 16384
     per_block = (3, 20, 60, 200, 300, 500, 700, 1500)
     rng = np.random.default_rng(900 + tail)
@@ -418,7 +419,8 @@ def test_split_block_probing_on_every_path(tail):
     assert len(splits) == len(plan) == len(per_block) + 1  # the tail too
     nblk = sorted({bits // 256 for _, _, _, bits, _, _ in splits})
     assert nblk[0] <= 8 and nblk[-1] > 32
-    assert any(8 < v <= 16 for v in nblk) and any(16 < v <= 32 for v in nblk)
+    for lo, hi in ((8, 16), (16, 24), (24, 32)):  # every AVX2 register set count
+        assert any(lo < v <= hi for v in nblk), (lo, nblk)
     pl = b.lhc_create(cp, n, gcodes, gcounts)
     assert b.lhc_get_info(pl)["split_blocks"] == len(splits)
     own = np.asarray(b.lhc_index_encode_scan(pl, scan))

@@ -586,14 +586,19 @@ split_bit8(__m256i h1, __m256i h2, const int w)
 				 _mm256_and_si256(f, _mm256_set1_epi32(31)));
 }
 
+/* Sets of 8 blocks the AVX2 split-block probing keeps in registers. */
+#define SPLIT_SETS8 4
+
 /* The missing bits of words w0 .. w1 - 1 of 8 elements (0 in a lane: all
  * set) whose block indexes are blk and hash words h1, h2, the filter in
- * registers t (split_candidates_reg8). */
+ * registers t (split_candidates_reg8): nseg sets of 8 blocks, a word of
+ * set s picked by vpermd, the sets by blends on bits 3 and 4 of blk. */
 __attribute__((target("avx2"), always_inline)) static inline __m256i
-split_miss8(const __m256i t[2][8], const int nseg, __m256i blk, __m256i h1,
-	    __m256i h2, const int w0, const int w1)
+split_miss8(const __m256i t[SPLIT_SETS8][8], const int nseg, __m256i blk,
+	    __m256i h1, __m256i h2, const int w0, const int w1)
 {
-	__m256i hi = _mm256_cmpgt_epi32(blk, _mm256_set1_epi32(7));
+	__m256i b3 = _mm256_slli_epi32(blk, 28); /* bit 3 as the sign */
+	__m256i b4 = _mm256_slli_epi32(blk, 27); /* bit 4 as the sign */
 	__m256i miss = _mm256_setzero_si256();
 
 #pragma GCC unroll 8
@@ -601,10 +606,26 @@ split_miss8(const __m256i t[2][8], const int nseg, __m256i blk, __m256i h1,
 		__m256i v = _mm256_permutevar8x32_epi32(t[0][w], blk);
 
 		if (nseg > 1)
-			v = _mm256_blendv_epi8(v,
-					       _mm256_permutevar8x32_epi32(t[1][w],
-									   blk),
-					       hi);
+			v = _mm256_castps_si256(_mm256_blendv_ps(
+				_mm256_castsi256_ps(v),
+				_mm256_castsi256_ps(
+					_mm256_permutevar8x32_epi32(t[1][w], blk)),
+				_mm256_castsi256_ps(b3)));
+		if (nseg > 2) {
+			__m256i u = _mm256_permutevar8x32_epi32(t[2][w], blk);
+
+			if (nseg > 3)
+				u = _mm256_castps_si256(_mm256_blendv_ps(
+					_mm256_castsi256_ps(u),
+					_mm256_castsi256_ps(
+						_mm256_permutevar8x32_epi32(t[3][w],
+									    blk)),
+					_mm256_castsi256_ps(b3)));
+			v = _mm256_castps_si256(
+				_mm256_blendv_ps(_mm256_castsi256_ps(v),
+						 _mm256_castsi256_ps(u),
+						 _mm256_castsi256_ps(b4)));
+		}
 		miss = _mm256_or_si256(miss,
 				       _mm256_andnot_si256(v, split_bit8(h1, h2,
 									 w)));
@@ -625,10 +646,10 @@ split_hits8(__m256i miss)
  * (a word of a filter at 12-16 bits per element is 40-50 % set: 16-25 %). */
 
 /*
- * Split-block probing with the filter in registers, nseg (1 or 2) sets of
+ * Split-block probing with the filter in registers, nseg (1 to 4) sets of
  * 8: register t[s][w] holds word w of blocks 8 s .. 8 s + 7, so that word
- * w of 8 elements' blocks is one vpermd by their block indexes (and a
- * blend for the second set).  A word's bit of an element is a 5-bit field
+ * w of 8 elements' blocks is one vpermd by their block indexes per set
+ * (and blends between the sets).  A word's bit of an element is a 5-bit field
  * of a hash word, 1 << that; no load, no branch on a bit.  Two stages, as
  * the Bloom probing: stage 1 hashes every element (h1 only), two groups of
  * 8 a step (both hashed before either is tested), tests words 6 and 7 and
@@ -643,15 +664,15 @@ split_candidates_reg8(uint64_t key, uint64_t g0, uint32_t nblk, const uint8_t *f
 	const __m256i sv = _mm256_set1_epi32((int)lhc_split_s(key, g0));
 	const __m256i nb = _mm256_set1_epi32((int)nblk);
 	const __m256i x0 = _mm256_set1_epi32((int)((uint32_t)g0 + (uint32_t)key));
-	uint32_t tw[2][8][8] = { { { 0 } } };
+	uint32_t tw[SPLIT_SETS8][8][8] = { { { 0 } } };
 	uint16_t surv[BLOOM_CHUNK + 16];
-	__m256i t[2][8], x;
+	__m256i t[SPLIT_SETS8][8], x;
 	uint32_t c = 0;
 
 	for (uint32_t j = 0; j < nblk; j++)
 		for (int w = 0; w < 8; w++)
 			memcpy(&tw[j / 8][w][j % 8], filt + 32 * j + 4 * w, 4);
-	for (int sg = 0; sg < 2; sg++)
+	for (int sg = 0; sg < nseg; sg++)
 		for (int w = 0; w < 8; w++)
 			t[sg][w] = _mm256_loadu_si256((const __m256i *)tw[sg][w]);
 	x = _mm256_add_epi32(x0, _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
@@ -717,7 +738,7 @@ split_candidates_reg8(uint64_t key, uint64_t g0, uint32_t nblk, const uint8_t *f
 }
 
 /*
- * Split-block probing of a filter of more than 16 blocks: 8 elements
+ * Split-block probing of a filter of more than 32 blocks: 8 elements
  * hashed per vector, then each element's eight bits made in one vector
  * (h2 in lanes 0-5, h1 in 6 and 7, shifted by each word's field, 1 <<
  * that) and tested against its block, one 32-byte load and vptest, no
@@ -777,5 +798,9 @@ hg_lhc_split_candidates_avx2(uint64_t key, uint64_t g0, uint32_t nblk,
 		return split_candidates_reg8(key, g0, nblk, filt, len8, out, 1);
 	if (nblk <= 16)
 		return split_candidates_reg8(key, g0, nblk, filt, len8, out, 2);
+	if (nblk <= 24)
+		return split_candidates_reg8(key, g0, nblk, filt, len8, out, 3);
+	if (nblk <= 32)
+		return split_candidates_reg8(key, g0, nblk, filt, len8, out, 4);
 	return split_candidates_load8(key, g0, nblk, filt, len8, out);
 }
