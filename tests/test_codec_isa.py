@@ -41,9 +41,10 @@ def _agg(op, parts, empty_dtype):
     return np.zeros(0, dtype=empty_dtype) if got is None else got
 
 
-def pipeline(grads, block, stochastic=False, seed=0, cpc=0.0):
+def pipeline(grads, block, stochastic=False, seed=0, cpc=0.0, cost=None):
     """Every codec output of one lhc and one union allreduce, as bytes, in
-    this process's current ISA path (C kernels for the sums)."""
+    this process's current ISA path (C kernels for the sums); cost: the
+    job's cost model (None: the bytes rules)."""
     W, n = len(grads), grads[0].size
     params = codec.Params(
         block_elements=block,
@@ -51,6 +52,7 @@ def pipeline(grads, block, stochastic=False, seed=0, cpc=0.0):
         seed=seed,
         stochastic=stochastic,
         sketch_cells_per_candidate=cpc,
+        cost=cost,
     )
     cps = [params.c(w) for w in range(W)]
     out = {}
@@ -128,17 +130,27 @@ def _compare(grads, block, **kw):
     positions=st.sampled_from(["independent", "shared", "clustered"]),
     stochastic=st.booleans(),
     seed=st.integers(0, 2**32 - 1),
+    split=st.booleans(),
 )
 def test_every_path_gives_the_portable_bits(
-    workers, block, full, tail, density, positions, stochastic, seed
+    workers, block, full, tail, density, positions, stochastic, seed, split
 ):
+    """split: a cost model under which every indexed block takes a
+    split-block filter (version 3), else the bytes rules."""
     assume(tail < block and full * block + tail > 0)
     n = full * block + tail
     rng = np.random.default_rng(seed)
     grads = make_grads(rng, workers, n, density, positions)
-    want, gcodes, gcounts, gindex, _ = _compare(grads, block, stochastic=stochastic, seed=seed)
+    cost = SPLIT_COST if split else None
+    want, gcodes, gcounts, gindex, info = _compare(
+        grads, block, stochastic=stochastic, seed=seed, cost=cost
+    )
     # the candidates are the protocol's (numpy, Bloom probes included) ...
-    plan = npc.index_plan(n, block, gcodes, gcounts.astype(np.int64))
+    if split:
+        plan = _split_plan(n, block, gcodes, gcounts.astype(np.int64), workers)
+        assert info["split_blocks"] == len(plan)
+    else:
+        plan = npc.index_plan(n, block, gcodes, gcounts.astype(np.int64))
     cand = npc.candidates(gindex, plan, seed)
     assert np.frombuffer(want["candidates"], dtype=np.int64).tolist() == cand.tolist()
     # ... and the sums exact
