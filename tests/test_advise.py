@@ -318,29 +318,37 @@ def test_python_entry_refuses_bad_numbers():
         adv.advise(2, 100, 0.1, 10, "dense")
 
 
-def test_index_plan_is_the_codecs_with_bloom_blocks_on_a_slow_link(capsys):
-    """On a slow link with few non-zeros the model takes Bloom filters: the
-    advisor's plan (whose index CPU it charges) is the codec's, block kinds
-    and index bytes."""
+@pytest.mark.parametrize(
+    "workers,density,link,kind", [(2, 0.0005, 10, "bloom"), (4, 0.002, 100, "split")]
+)
+def test_index_plan_is_the_codecs_with_bloom_blocks_on_a_slow_link(
+    capsys, workers, density, link, kind
+):
+    """On a slow link with few non-zeros the model takes Bloom filters (at
+    10 Mbit/s, bytes first) or split-block ones (at 100 Mbit/s their
+    probing's CPU counts): the advisor's plan (whose index CPU it charges)
+    is the codec's, block kinds and index bytes."""
     a = _advise(
         capsys,
         "--workers",
-        2,
+        workers,
         "--elements",
         16 * BLOCK,
         "--density",
-        0.0005,
+        density,
         "--link-mbit",
-        10,
+        link,
         "--workload",
         "random",
     )
     plan = a["index_plan"]
-    assert plan["bloom_blocks"] > 0
+    split = plan["split_blocks"]
+    assert (plan["bloom_blocks"] - split > 0, split > 0) == (kind == "bloom", kind == "split")
     for k in ("lhc", "union"):
         r = a["methods"][k]
-        assert (r["bitmap_blocks"], r["bloom_blocks"]) == (
+        assert (r["bitmap_blocks"], r["bloom_blocks"], r["split_blocks"]) == (
             plan["bitmap_blocks"],
             plan["bloom_blocks"],
+            plan["split_blocks"],
         ), k
         assert r["bytes"]["index"] == plan["index_bytes"], k
