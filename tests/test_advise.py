@@ -319,13 +319,13 @@ def test_python_entry_refuses_bad_numbers():
 
 
 @pytest.mark.parametrize(
-    "workers,density,link,kind", [(2, 0.0005, 10, "bloom"), (4, 0.002, 100, "split")]
+    "workers,density,link,kind", [(2, 0.0005, 1, "bloom"), (4, 0.002, 100, "split")]
 )
 def test_index_plan_is_the_codecs_with_bloom_blocks_on_a_slow_link(
     capsys, workers, density, link, kind
 ):
     """On a slow link with few non-zeros the model takes Bloom filters (at
-    10 Mbit/s, bytes first) or split-block ones (at 100 Mbit/s their
+    1 Mbit/s, bytes first) or split-block ones (at 100 Mbit/s their
     probing's CPU counts): the advisor's plan (whose index CPU it charges)
     is the codec's, block kinds and index bytes."""
     a = _advise(
