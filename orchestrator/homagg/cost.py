@@ -60,8 +60,8 @@ DEFAULT_COEFFICIENTS = {
     "bitmap_ps": 400,
     "probe_ps": 2_100,
     # not measured on that host: its probe_ps times the AVX2 path's
-    # sbbf_ps / probe_ps on a 2-vCPU AMD EPYC (Zen 4), 706 / 207, rounded up
-    "sbbf_ps": 7_200,
+    # sbbf_ps / probe_ps on a 2-vCPU AMD EPYC (Zen 4), 204 / 153, rounded up
+    "sbbf_ps": 2_800,
 }
 
 
