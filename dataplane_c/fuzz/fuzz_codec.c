@@ -3,7 +3,8 @@
  * libFuzzer target: the codec's decode paths on hostile global buffers, as
  * a worker receives them from the aggregator.  The input is
  *
- *   W-1 (1 byte) | block / 64 - 1 (1 byte) | n (2 bytes, big-endian) |
+ *   W-1 (1 byte) | block / 64 - 1 (bits 0-5; bit 6: split-block indexes
+ *   by a cost model) | n (2 bytes, big-endian) |
  *   flags (1 byte) | then a stream of bytes consumed in order by:
  *   global codes (nb bytes), global counts (4 nb), global index
  *   (index_bytes), union values (4 x candidates), sketch cells
@@ -71,6 +72,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		return 0;
 	p.workers = (uint32_t)data[0] + 1;
 	p.block = 64 * ((uint32_t)(data[1] & 63) + 1);
+	if (data[1] & 64) {
+		/* a cost model under which every indexed block takes a
+		 * split-block filter (version 3) */
+		p.cost.link_mbit = 1000000;
+		p.cost.bitmap_ps = HG_COST_MAX_ELEM_PS;
+		p.cost.probe_ps = HG_COST_MAX_ELEM_PS;
+		p.cost.sbbf_ps = 1;
+	}
 	n = ((size_t)data[2] << 8 | data[3]) % 16384;
 	p.flags = data[4] & HG_F_STOCHASTIC;
 	p.worker = data[4] >> 1 < p.workers ? data[4] >> 1 : 0;
