@@ -153,6 +153,8 @@ def test_bench_plans_by_the_cost_model_with_a_link_rate(tmp_path, monkeypatch):
         (["--workers", "0"], "--workers 0: use 1..256"),
         (["--block", "100"], "--block 100: use a multiple of 64"),
         (["--isa", "sse9"], "--isa sse9: use a comma-separated list of portable, avx2, avx512"),
+        (["--link-mbit", "-5"], r"--link-mbit -5: use a link rate of at least 1 Mbit/s \(0: the"),
+        (["--link-mbit", "0.5"], r"--link-mbit 0.5: use a link rate of at least 1 Mbit/s"),
     ],
 )
 def test_bench_refuses_bad_arguments(argv, msg):

@@ -362,20 +362,29 @@ def run(args):
         b.codec_isa()  # a bad HOMAGG_CODEC_ISA: one line, no traceback
     except InvalidArgument as e:
         raise SystemExit(str(e)) from None
+    model = None
+    if getattr(args, "link_mbit", 0):
+        from homagg import cost as _cost
+
+        if not args.link_mbit >= 1:
+            raise SystemExit(
+                f"--link-mbit {args.link_mbit:g}: use a link rate of at least 1 Mbit/s "
+                "(0: the bytes rule)"
+            )
+        try:
+            model = _cost.job_cost(args.link_mbit).fields()
+        except InvalidArgument as e:  # a bad calibration file: one line
+            raise SystemExit(str(e)) from None
+        if not args.no_numpy:
+            _progress("--link-mbit: the numpy baseline follows the bytes rule, skipped")
+            args.no_numpy = True
+
     isas = parse_isas(getattr(args, "isa", None))
     n, W = args.elements, args.workers
     _progress(
         f"{W} gradients of {n} float32 ({4 * n / 2**20:.0f} MiB each), density {args.density}"
     )
     grads = make_gradients(n, W, args.density, args.seed)
-    model = None
-    if getattr(args, "link_mbit", 0):
-        from homagg import cost as _cost
-
-        model = _cost.job_cost(args.link_mbit).fields()
-        if not args.no_numpy:
-            _progress("--link-mbit: the numpy baseline follows the bytes rule, skipped")
-            args.no_numpy = True
 
     # The global state every worker gets from the aggregator (C kernels).
     _progress("meta phase and index of every worker")
