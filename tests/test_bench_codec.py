@@ -114,13 +114,15 @@ def test_bench_plans_by_the_cost_model_with_a_link_rate(tmp_path, monkeypatch):
     same bits and the lhc decode is the simulated allreduce's; without it
     the bytes rule (no split-block block)."""
     from homagg import cost
+    from homagg.bindings import codec as b
 
+    own = b.codec_isa()
     coeffs = dict(cost.DEFAULT_COEFFICIENTS, probe_ps=100, sbbf_ps=300)
     cal = {"version": cost.CALIBRATION_VERSION, "isa": "portable", "paths": {"portable": coeffs}}
     path = tmp_path / "calibration.json"
     path.write_text(__import__("json").dumps(cal))
+    # one path in the file: every codec path plans with its coefficients
     monkeypatch.setenv("HOMAGG_CALIBRATION", str(path))
-    monkeypatch.setenv("HOMAGG_CODEC_ISA", "portable")  # the calibration's path
     argv = ("--elements", str(16 * 4096), "--density", "0.0068", "--workers", "4")
     timed = bench.run(_args(*argv, "--link-mbit", "1000"))
     plain = bench.run(_args(*argv, "--no-numpy"))
@@ -140,6 +142,7 @@ def test_bench_plans_by_the_cost_model_with_a_link_rate(tmp_path, monkeypatch):
         src.write_text(__import__("json").dumps(out))
         assert markdown.main(["codec", str(src), str(dst), "homagg bench codec"]) == 0
         assert want in dst.read_text()
+    assert b.codec_isa() == own  # the bench leaves the process on its own path
 
 
 @pytest.mark.parametrize(
