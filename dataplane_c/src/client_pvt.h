@@ -138,6 +138,8 @@ struct flight {
 	uint64_t first_tx;  /* when it was queued for its first transmission */
 	uint64_t last_tx;   /* its latest transmission */
 	uint64_t armed; /* its timer runs from here (see hg_cl_chunk_deadline) */
+	uint64_t stalled; /* the longest silence of its aggregator while it
+				 * was in flight (ns; hg_cl_path_result) */
 	uint64_t silence; /* the longest stall of its aggregator it waited
 				 * through (ns; hg_cl_note_silence) */
 	uint64_t rto;     /* its timeout: the client's at the first
@@ -165,6 +167,8 @@ struct smooth {
 struct agg {
 	struct hg_wire_addr dst;
 	struct smooth rtt; /* SRTT (avg) and RTTVAR (var) */
+	struct smooth path; /* the same of the samples no stall lengthened
+				 * (hg_cl_path_sample): the workers' turns */
 	uint64_t rto_est, rto;
 	uint64_t stall;   /* the floor of rto_est that spurious timeouts
 				 * taught (ns, 0: none; see hg_cl_spurious_timeout) */
@@ -302,6 +306,8 @@ uint64_t hg_cl_rto_backoff(const struct hg_client *c, uint64_t rto);
 void hg_cl_rtt_sample(const struct hg_client *c, struct agg *ag, uint64_t r,
 		      uint64_t now);
 void hg_cl_start_sample(struct hg_client *c, uint64_t s);
+void hg_cl_path_result(struct hg_client *c, struct agg *ag, uint64_t now);
+void hg_cl_path_sample(struct agg *ag, const struct flight *fl, uint64_t r);
 void hg_cl_spurious_timeout(struct hg_client *c, struct agg *ag,
 			    struct flight *fl, uint64_t silence, uint64_t now);
 void hg_cl_stall_floor(const struct hg_client *c, struct agg *ag,

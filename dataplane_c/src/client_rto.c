@@ -183,6 +183,45 @@ void hg_cl_note_silence(struct hg_client *c, struct agg *ag, uint64_t now)
 			f[i].silence = g;
 }
 
+/*
+ * A new result of aggregator ag at time now (before t_res moves).  Results
+ * of a window come back one behind the other; a silence longer than a
+ * turn is a stall (a peer's repair, a peer that has not sent, this worker
+ * off its core), and every chunk in flight when it ends notes its length:
+ * a sample at most twice that long says more of the stall than of the
+ * path (hg_cl_path_sample).
+ */
+void hg_cl_path_result(struct hg_client *c, struct agg *ag, uint64_t now)
+{
+	uint64_t g;
+
+	if (!ag->t_res || now <= ag->t_res)
+		return;
+	g = now - ag->t_res;
+	if (g <= hg_cl_turn_ns(c, ag))
+		return;
+	for (uint32_t i = 0; i < c->cfg.slots; i++) {
+		struct flight *f = &c->fl[(size_t)(ag - c->agg) * c->cfg.slots + i];
+
+		if (f->busy && f->stalled < g)
+			f->stalled = g;
+	}
+}
+
+/*
+ * A valid RTT sample r (ns) of chunk fl: the turns' estimate takes it
+ * unless a stall was half of it.  The RTO keeps every sample (its floor
+ * and the stalls' samples are what keep spurious timeouts rare); the
+ * turns space the workers' retransmissions and release the slots an
+ * overdue chunk holds, which a stall-inflated estimate stretches into a
+ * stall of its own.
+ */
+void hg_cl_path_sample(struct agg *ag, const struct flight *fl, uint64_t r)
+{
+	if (2 * fl->stalled <= r)
+		smooth_add(&ag->path, r);
+}
+
 /* This worker's turn among the W at its aggregator for chunk number chunk
  * (0 first), rotating: the workers whose retransmissions that aggregator's
  * STATUS answers (below a tree leaf, the leaf's, not the job's W). */
@@ -193,12 +232,13 @@ uint32_t hg_cl_chunk_rank(const struct hg_client *c, uint64_t chunk)
 	return (uint32_t)((c->cfg.agg_worker + n - chunk % n) % n);
 }
 
-/* How far apart the workers' turns are: SRTT + 4 RTTVAR, by when the
+/* How far apart the workers' turns are: SRTT + 4 RTTVAR of the path
+ * (the samples no stall lengthened, hg_cl_path_sample), by when the
  * STATUS reply to the previous turn's retransmission is back, with the
  * confidence RFC 6298 gives the RTO (but without its floors). */
 uint64_t hg_cl_turn_ns(const struct hg_client *c, const struct agg *ag)
 {
-	uint64_t d = ag->rtt.have ? ag->rtt.avg + 4 * ag->rtt.var : c->cfg.rto_ns;
+	uint64_t d = ag->path.have ? ag->path.avg + 4 * ag->path.var : c->cfg.rto_ns;
 
 	/* at most the longest timeout: W - 1 turns stay bounded */
 	if (d > c->cfg.rto_max_ns)

@@ -384,6 +384,7 @@ static void handle_frame(struct hg_client *c, const uint8_t *f, size_t len,
 	memcpy(c->rx[s->phase].p + s->out_off + first * s->acc_lane, pl,
 	       lanes * s->acc_lane);
 	hg_cl_note_silence(c, ag, now);
+	hg_cl_path_result(c, ag, now);
 	ag->t_res = now;
 	c->done.p[k] = CH_DONE;
 	hg_cl_chunk_done(c, k);
@@ -411,8 +412,10 @@ static void handle_frame(struct hg_client *c, const uint8_t *f, size_t len,
 		 */
 		if (fl->tries == 1 && !fl->have_status && k + 1 >= ag->hi_done &&
 		    fl->last_tx > ag->t_timeout && now >= fl->last_tx &&
-		    !(c->groups > 1 && c->st.u[fl->unit].ndone == 1))
+		    !(c->groups > 1 && c->st.u[fl->unit].ndone == 1)) {
 			hg_cl_rtt_sample(c, ag, now - fl->last_tx, now);
+			hg_cl_path_sample(ag, fl, now - fl->last_tx);
+		}
 		if (fl->timed_out) {
 			c->done.p[k] = CH_DONE_AFTER_TIMEOUT;
 			ag->late = fl->silence;
@@ -624,6 +627,7 @@ void hg_cl_tx_new(struct hg_client *c, uint64_t now)
 			fl->present = false;
 			fl->spurious = false;
 			fl->silence = 0;
+			fl->stalled = 0;
 			fl->overtaken = 0;
 			fl->fast_at = 0;
 			fl->first_tx = now;
