@@ -166,7 +166,7 @@ struct smooth {
  */
 struct agg {
 	struct hg_wire_addr dst;
-	struct smooth rtt; /* SRTT (avg) and RTTVAR (var) */
+	struct smooth rtt;  /* SRTT (avg) and RTTVAR (var) */
 	struct smooth path; /* the same of the samples no stall lengthened
 				 * (hg_cl_path_sample): the workers' turns */
 	uint64_t rto_est, rto;

@@ -238,7 +238,8 @@ uint32_t hg_cl_chunk_rank(const struct hg_client *c, uint64_t chunk)
  * confidence RFC 6298 gives the RTO (but without its floors). */
 uint64_t hg_cl_turn_ns(const struct hg_client *c, const struct agg *ag)
 {
-	uint64_t d = ag->path.have ? ag->path.avg + 4 * ag->path.var : c->cfg.rto_ns;
+	uint64_t d = ag->path.have ? ag->path.avg + 4 * ag->path.var :
+				     c->cfg.rto_ns;
 
 	/* at most the longest timeout: W - 1 turns stay bounded */
 	if (d > c->cfg.rto_max_ns)
