@@ -81,8 +81,10 @@ LOSS = 0.01
 RTO_MAX = 50e-3  # homagg.sim.Cluster's default rto_max
 
 
-@pytest.mark.parametrize("W,K,n", [(16, 1, 1 << 20), (64, 4, 1 << 18)])
-def test_loss_at_scale_within_the_spec_time_bound(W, K, n):
+@pytest.mark.parametrize(
+    "W,K,n,gbps", [(16, 1, 1 << 20, None), (64, 4, 1 << 18, None), (64, 4, 1 << 20, 100)]
+)
+def test_loss_at_scale_within_the_spec_time_bound(W, K, n, gbps):
     """1 % per-hop loss at W = 16 and 64: exact, at most two
     retransmissions per drop, and a virtual time within the bound the spec
     gives with loss reports (a peer's lost frame reported to it at once).
@@ -109,13 +111,21 @@ def test_loss_at_scale_within_the_spec_time_bound(W, K, n):
     at most the loss-free time plus a slot's chain of C q repairs of R
     each; twice that, for a chain longer than its mean (the seed is fixed,
     so the check is deterministic).
+
+    At W = 64 on 100 Gbit/s links (the aggregators' too) a turn stretched
+    by samples that waited through stalls held a worker's slot behind a
+    lost result for up to rto_max, every peer's window waited for its
+    contribution, and the floor learnt those stalls (17 ms, 11x the
+    loss-free time); the turn is the path's round trip (PROTOCOL.md
+    Part 3, "The turn: the path's round trip").
     """
+    link = {"link_gbps": gbps, "agg_link_gbps": gbps} if gbps else {}
     grads = _grads(W, n, seed=5)
-    with Cluster(workers=W, aggregators=K, seed=3) as cl:
+    with Cluster(workers=W, aggregators=K, seed=3, **link) as cl:
         clean = cl.allreduce(grads, method="dense", block_elements=BLOCK).stats
     t0 = clean["virtual_time"]
     T = max(w["srtt_ns"] + 4 * w["rttvar_ns"] for w in clean["workers"]) / 1e9
-    with Cluster(workers=W, aggregators=K, loss=LOSS, seed=3) as cl:
+    with Cluster(workers=W, aggregators=K, loss=LOSS, seed=3, **link) as cl:
         res = cl.allreduce(grads, method="dense", block_elements=BLOCK)
         S = cl.job.slots
     _check_exact(res, grads)
