@@ -378,9 +378,12 @@ def test_worker_metrics_endpoint_of_the_torch_hook(link, daemon):
         state = hgt.HookState(wk, method="lhc", env={"HOMAGG_METRICS_PORT": "0"})
         try:
             ys = [state.reduce(0, torch.from_numpy(grads[w].copy())).wait() for _ in range(2)]
+            # a call's metrics are observed after its result is handed
+            # over; take_log waits until both calls are settled
+            log = state.take_log()
             with urllib.request.urlopen(state.metrics.url, timeout=30) as r:
                 text = r.read().decode()
-            out[w] = (ys, text, wk.counters(), state.take_log())
+            out[w] = (ys, text, wk.counters(), log)
         finally:
             state.close()
 
