@@ -62,6 +62,29 @@ def test_straggler_costs_its_lateness_and_no_timeouts(W, K, delay):
     assert max(st["rto_floor_ns"] for st in after.stats["workers"]) == 0
 
 
+def test_first_windows_queue_at_the_aggregators_without_expiries():
+    """W = 256 workers, K = 16 aggregators, S = 8, 1 Gbit/s links, no loss:
+    2048 frames queue in front of each aggregator, whose results come
+    2.1 ms apart, against a first timeout (rto) of 0.2 ms.  Until an
+    aggregator's first RTT sample its timeout is the RFC 6298 one of the
+    step-start sample (docs/PROTOCOL.md Part 3, "The timeout before the
+    first sample"), so no timer expires; the only resends are the start
+    probes.  Before that rule each worker had 64 expiries (16,384), every
+    one a resend into the bottleneck."""
+    W, K, n = 256, 16, 1 << 15
+    grads = _grads(W, n, seed=7)
+    with Cluster(workers=W, aggregators=K, slots=8, link_gbps=1, agg_link_gbps=1, seed=3) as cl:
+        res = cl.allreduce(grads, method="dense", block_elements=BLOCK)
+    _check_exact(res, grads)
+    per = res.stats["workers"]
+    assert res.stats["fabric"]["dropped_loss"] == 0
+    assert sum(w["timeouts"] for w in per) == 0, [w["timeouts"] for w in per]
+    for w in per:
+        assert w["retransmissions"] == w["start_probes"], w
+        # every aggregator has its samples now: the queue's round trip
+        assert w["srtt_ns"] > 10 * 200_000, w["srtt_ns"]
+
+
 @pytest.mark.parametrize("W,K,n", [(16, 1, 1 << 20), (64, 4, 1 << 18)])
 def test_loss_at_scale_is_exact_within_two_retransmissions_per_drop(W, K, n):
     """1 % per-hop loss at W = 16 and 64: exact on every worker, at most

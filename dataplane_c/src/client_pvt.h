@@ -170,6 +170,7 @@ struct agg {
 	struct smooth path; /* the same of the samples no stall lengthened
 				 * (hg_cl_path_sample): the workers' turns */
 	uint64_t rto_est, rto;
+	uint64_t rto_first; /* the timeout before its first RTT sample (0: cfg.rto_ns) */
 	uint64_t stall;   /* the floor of rto_est that spurious timeouts
 				 * taught (ns, 0: none; see hg_cl_spurious_timeout) */
 	uint64_t t_stall; /* when stall was last raised or halved */
@@ -305,7 +306,8 @@ uint64_t hg_cl_next_deadline(const struct hg_client *c, uint64_t now);
 uint64_t hg_cl_rto_backoff(const struct hg_client *c, uint64_t rto);
 void hg_cl_rtt_sample(const struct hg_client *c, struct agg *ag, uint64_t r,
 		      uint64_t now);
-void hg_cl_start_sample(struct hg_client *c, uint64_t s);
+void hg_cl_start_sample(struct hg_client *c, struct agg *ag, uint64_t s,
+			uint64_t now);
 void hg_cl_path_result(struct hg_client *c, struct agg *ag, uint64_t now);
 void hg_cl_path_sample(struct agg *ag, const struct flight *fl, uint64_t r);
 void hg_cl_spurious_timeout(struct hg_client *c, struct agg *ag,

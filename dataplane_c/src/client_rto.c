@@ -61,14 +61,19 @@ static uint64_t rto_clamp(const struct hg_client *c, uint64_t srtt, uint64_t var
 }
 
 /*
- * rto_est of aggregator ag at time now: the RFC 6298 estimate (rto_ns before
- * the first sample), at least the stall floor, which halves every
- * STALL_MEMORY_NS since it was last raised or halved.
+ * rto_est of aggregator ag at time now: the RFC 6298 estimate (before the
+ * first sample rto_ns, or the step-start sample's timeout when longer), at
+ * least the stall floor, which halves every STALL_MEMORY_NS since it was
+ * last raised or halved.
  */
 static void set_rto_est(const struct hg_client *c, struct agg *ag, uint64_t now)
 {
 	uint64_t rto = ag->rtt.have ? rto_clamp(c, ag->rtt.avg, ag->rtt.var) :
 				      c->cfg.rto_ns;
+
+	/* no sample yet: at least the step-start sample's timeout */
+	if (!ag->rtt.have && rto < ag->rto_first)
+		rto = ag->rto_first;
 
 	while (ag->stall && now - ag->t_stall >= STALL_MEMORY_NS) {
 		ag->stall /= 2;
@@ -94,11 +99,12 @@ void hg_cl_rtt_sample(const struct hg_client *c, struct agg *ag, uint64_t r,
 }
 
 /*
- * A step-start sample s (ns): an aggregator's first transmission of the
- * step to its first result.  Smoothed as RTT samples are; start_wait
- * stays within [start_wait_ns, give_up_ns / 4].
+ * A step-start sample s (ns): aggregator ag's first transmission of the
+ * step to its first result, at time now.  Smoothed as RTT samples are;
+ * start_wait stays within [start_wait_ns, give_up_ns / 4].
  */
-void hg_cl_start_sample(struct hg_client *c, uint64_t s)
+void hg_cl_start_sample(struct hg_client *c, struct agg *ag, uint64_t s,
+			uint64_t now)
 {
 	uint64_t w;
 
@@ -109,6 +115,21 @@ void hg_cl_start_sample(struct hg_client *c, uint64_t s)
 	if (w > c->cfg.give_up_ns / 4)
 		w = c->cfg.give_up_ns / 4;
 	c->start_wait = w;
+	/* Before aggregator ag's first RTT sample its timeout is at least
+	 * RFC 6298's of a first sample s: s is an upper bound of what the
+	 * window's first chunk waited, where rto_ns knows nothing of the
+	 * queue at the aggregator (PROTOCOL.md "The timeout before the
+	 * first sample"). */
+	if (!ag->rtt.have) {
+		uint64_t r = rto_clamp(c, s, s / 2);
+
+		if (r > ag->rto_first) {
+			ag->rto_first = r;
+			set_rto_est(c, ag, now);
+			if (ag->rto < ag->rto_est)
+				ag->rto = ag->rto_est;
+		}
+	}
 }
 
 /*

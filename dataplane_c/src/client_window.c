@@ -393,7 +393,7 @@ static void handle_frame(struct hg_client *c, const uint8_t *f, size_t len,
 	ag->st.results_received++;
 	ag->st.bytes_received += lanes * s->acc_lane;
 	if (ag->hi_done == 0 && ag->t_first_tx && now >= ag->t_first_tx)
-		hg_cl_start_sample(c, now - ag->t_first_tx);
+		hg_cl_start_sample(c, ag, now - ag->t_first_tx, now);
 	txn = UINT64_MAX;
 	if (fl->busy && fl->chunk == chunk) {
 		/*
