@@ -139,17 +139,26 @@ def soak(args, out=sys.stderr) -> dict:
     name = "soak" + secrets.token_hex(3)
     tb = Testbed.up(name, args.workers, link_mbit=args.link_mbit, state_dir=args.state_dir)
     lives, runs, failures = [], [], []
-    t_start = time.monotonic()
     try:
         with (
             tempfile.TemporaryDirectory(prefix="homagg-soak-") as wd,
             Session(tb, wd, drop_rate=args.drop_rate, timeout=args.timeout, pmd=args.pmd) as s,
         ):
+            # the soak's minutes count from when the daemon and the workers
+            # are up (their start takes seconds on a loaded host)
+            t_start = time.monotonic()
             life = _Life(s)
             end = t_start + args.minutes * 60.0
             next_restart = t_start + args.restart_every if args.restart_every > 0 else math.inf
             next_progress = t_start + args.progress
             while time.monotonic() < end:
+                # a restart comes between allreduces, and an allreduce
+                # follows it: every life of the daemon serves one at least
+                if time.monotonic() >= next_restart and life.allreduces > 0:
+                    lives.append(life.end(s))
+                    s.restart_switch()
+                    life = _Life(s)
+                    next_restart = time.monotonic() + args.restart_every
                 method = rng.choice(methods)
                 n = int(
                     round(
@@ -185,11 +194,6 @@ def soak(args, out=sys.stderr) -> dict:
                     )
                     s.recover()
                 now = time.monotonic()
-                if now >= next_restart and now < end:
-                    lives.append(life.end(s))
-                    s.restart_switch()
-                    life = _Life(s)
-                    next_restart = time.monotonic() + args.restart_every
                 if now >= next_progress:
                     next_progress = now + args.progress
                     print(
