@@ -358,6 +358,9 @@ def main(scenario, outdir):
                     opt.step()
                 if scenario == "inject" or (scenario == "fallback" and step >= 5):
                     time.sleep(0.15)  # past the back-off: the next bucket tries HomAgg
+        # the recorder of a HomAgg bucket runs after DDP has its result:
+        # wait until every call has been recorded
+        state.take_log()
         params = [[p.detach().clone() for p in n.module.parameters()] for n in nets]
         torch.save(
             {

@@ -33,7 +33,7 @@ from homagg.worker import Worker
 
 from engine_rig import EngineRig
 from auth_rig import AGG, COUNTER, JOB, SECRET, ref_key, ref_mac, ref_nonce, waddr, wframe
-from helpers import be32, require_gmac
+from helpers import be32, require_gmac, wait_for
 from reference import allreduce as oracle_allreduce
 
 pytestmark = pytest.mark.sanitize
@@ -617,7 +617,9 @@ def test_worker_started_after_a_rotation_uses_the_epoch_it_is_given(tmp_path):
         ) as w:
             with pytest.raises(PeerTimeout):
                 w.allreduce(x, method="dense", block=1024)
-        assert agg.engine.counters()["bad_mac"] > before
+        # the aggregator's thread counts the frames it polled (it may run
+        # after the worker gave up)
+        wait_for(lambda: agg.engine.counters()["bad_mac"] > before, 20, "bad_mac counted")
     finally:
         agg.close()
 

@@ -39,6 +39,7 @@ from homagg.deploy import rotate
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = dict(os.environ, PYTHONPATH=os.path.join(REPO, "orchestrator"))
 N = 20000  # elements per allreduce
+GRACE = 20  # s: outlasts the second rotate-key command's start on a loaded host
 
 
 # --------------------------------------------------------------------------
@@ -430,14 +431,16 @@ def test_rotate_key_on_a_testbed_while_ranks_run_allreduces(auth_testbed, tmp_pa
 
             wait_for(lambda: all(len(e) >= 3 for e in rounds()), 120, "3 rounds on each rank")
             rot = _rotate_cli(
-                "--testbed", tb.name, "--state-dir", sd, "--grace", "3", "--pickup", "1"
+                "--testbed", tb.name, "--state-dir", sd, "--grace", str(GRACE), "--pickup", "1"
             )
             assert rot.returncode == 0, rot.stdout + rot.stderr
             assert f"job {jobid}: key epoch 1 registered on agg" in rot.stdout, rot.stdout
             # a second one inside the grace period: refused, saying when it may run
             again = _rotate_cli("--testbed", tb.name, "--state-dir", sd)
             assert again.returncode == 1, again.stdout + again.stderr
-            assert "with a grace period of 3 s: the next rotation may run from" in again.stderr
+            assert (
+                f"with a grace period of {GRACE} s: the next rotation may run from" in again.stderr
+            )
             # both ranks go on, on epoch 1
             wait_for(
                 lambda: all(e.count(1) >= 3 for e in rounds()),
@@ -482,7 +485,7 @@ def test_rotate_key_on_a_testbed_while_ranks_run_allreduces(auth_testbed, tmp_pa
 
     # after the grace period: the old key is bad_mac, the new one summed
     until = tb.state()["rotation"]["until"]
-    wait_for(lambda: time.time() > until + 0.2, 30, "the end of the grace period")
+    wait_for(lambda: time.time() > until + 0.2, GRACE + 30, "the end of the grace period")
     agg, w0 = tb.aggregator, tb.workers[0]
     alg = auth.mac_code(mac)
     incarnation = (int(time.time() * 1000) + 600_000) & 0xFFFFFFFF  # a later life of worker 0

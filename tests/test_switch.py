@@ -118,7 +118,9 @@ def test_killed_daemon_fails_workers_then_restart_serves(link, daemons):
     for e in errors:
         assert isinstance(e, PeerTimeout), errors
         assert link.switch_ip in str(e)
-    assert took < timeout + 5.0
+    # the workers gave up within their timeout, not at join_all's limit
+    # (the slack is the host's scheduling, not measured here)
+    assert took < timeout + 30.0
 
     # a new daemon on the same link serves a new job
     d2 = daemons()

@@ -475,7 +475,9 @@ def test_testbed_tree_names_a_dead_worker_under_another_leaf(tmp_path):
                 elements=40_000,
                 density=1.0,
                 seed=11,
-                timeout=1.0,
+                # long enough for the STATUS chain leaf, root, leaf, worker
+                # on a loaded host
+                timeout=5.0,
                 fail_workers=(2,),
                 state_dir=sd,
             )
