@@ -76,11 +76,21 @@ def test_metrics_fields_refused_with_the_fix(tmp_path, field, value, where, fix)
 
 
 def _free_port():
+    """A free TCP port of 127.0.0.1 below the kernel's ephemeral range
+    (net.ipv4.ip_local_port_range starts at 32768): no connection made
+    meanwhile is given it before the exporter binds it."""
+    import os
+    import random
     import socket
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    for port in random.Random(os.getpid()).sample(range(20000, 32000), 500):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise AssertionError("no free TCP port in 20000-31999 on 127.0.0.1")
 
 
 def test_exporter_unit_as_the_playbook_renders_it_verifies_and_serves(tmp_path):
