@@ -45,6 +45,34 @@ def test_exact_allreduce_over_loopback_udp(agg, method, W):
     assert st["rx"] > 0 and st["tx"] > 0 and st["tx_bad"] == 0
 
 
+@pytest.mark.parametrize("method", ["dense", "union"])
+def test_udp_gso_sends_runs_of_frames_as_one_message(agg, method):
+    """udp_gso: a worker sends a run of frames to its aggregator as one
+    UDP_SEGMENT message, which the kernel cuts into the same datagrams: the
+    engine parses every one (no malformed frame) and the sum is the
+    oracle's bit for bit; the port counts the messages and the frames they
+    carried, and every frame once in tx."""
+    W, job = 3, 60 + len(method)
+    agg.engine.add_job(job=job, token=79, workers=W, slots=8)
+    grads = grads_of(W, 40 * BLOCK + 7, seed=21, density=0.3)
+    stats = []
+    out, err = run(agg, job, 79, grads, method, stats=stats, udp_gso=True)
+    assert err == [None] * W
+    expected = oracle_allreduce(grads, BLOCK)
+    for y in out:
+        assert y.tobytes() == expected.tobytes()
+    for st in stats:
+        port = st["port"]
+        assert port["tx_gso_refused"] == 0 and port["tx_errors"] == 0
+        # windows of 8 frames to one aggregator: runs of several frames
+        assert port["tx_gso"] >= 1 and port["tx_gso_frames"] >= 2 * port["tx_gso"]
+        assert port["tx"] >= st["packets_sent"] >= port["tx_gso_frames"]
+    c = agg.engine.counters()
+    assert c["summed"] > 0
+    for k in ("truncated", "bad_lanes", "bad_csum", "not_ip", "not_udp", "unknown_job"):
+        assert c[k] == 0, (k, c)
+
+
 @pytest.mark.parametrize("method", ["dense", "lhc", "union", "auto"])
 def test_input_nonzeros_and_a_result_written_into_the_callers_array(agg, method):
     """info["nonzeros"] is the input's count of x != 0 (-0.0 counts as 0),

@@ -48,9 +48,11 @@ def run(
     payload=1024,
     aggregators=None,
     stats=None,
+    udp_gso=False,
 ):
     """Every worker in its own thread; aggregators (a list of addresses)
-    instead of agg's one; stats (a list) receives each worker's stats."""
+    instead of agg's one; stats (a list) receives each worker's stats;
+    udp_gso: the workers send runs of frames as UDP_SEGMENT messages."""
     W = len(grads)
     out, err = [None] * W, [None] * W
     if stats is not None:
@@ -68,6 +70,7 @@ def run(
                 timeout=timeout,
                 slots=slots,
                 payload=payload,
+                udp_gso=udp_gso,
             ) as wk:
                 out[w] = wk.allreduce(grads[w], method=method, block=BLOCK)
                 assert wk.local_address[0] == "127.0.0.1"

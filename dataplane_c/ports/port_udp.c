@@ -4,6 +4,8 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
+#include <netinet/udp.h>
+#include <stdbool.h>
 #include <poll.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,6 +30,7 @@ struct hg_udp_port {
 	uint32_t rcvbuf;
 	uint32_t sndbuf;
 	uint16_t mtu; /* reported by get_info */
+	bool gso;     /* runs of frames sent as one UDP_SEGMENT message */
 	struct hg_udp_port_stats st;
 	uint32_t npkts;
 	uint32_t nfree;
@@ -143,14 +146,38 @@ static bool frame_ok(const struct hg_pkt *pk)
 	       hg_rd16(pk->data + 12) == 0x0800 && ip[0] == 0x45 && ip[9] == 17;
 }
 
+/* Frames of one UDP_SEGMENT message at most (the kernel's limit is 64 or
+ * more), and its UDP payload bytes at most (an IPv4 datagram's). */
+#define GSO_SEGS 64
+#define GSO_BYTES 65000
+
+/* Whether a frame of len bytes to d can join a message of nseg frames to
+ * to, segment size seg and bytes so far: the same destination, at most
+ * seg bytes (the caller checks that the message's last frame was not
+ * shorter) and room left. */
+static bool gso_joins(const struct sockaddr_in *to, const struct sockaddr_in *d,
+		      size_t seg, size_t len, size_t bytes, size_t nseg)
+{
+	return to->sin_addr.s_addr == d->sin_addr.s_addr &&
+	       to->sin_port == d->sin_port && len <= seg && nseg < GSO_SEGS &&
+	       bytes + len <= GSO_BYTES;
+}
+
 static uint16_t udp_tx(void *ctx, struct hg_pkt **pkts, uint16_t n)
 {
 	struct hg_udp_port *p = ctx;
 	struct mmsghdr mm[UDP_BURST];
 	struct iovec iov[UDP_BURST];
 	struct sockaddr_in to[UDP_BURST];
-	uint16_t idx[UDP_BURST]; /* packet index of each message */
-	uint16_t i, m = 0, taken;
+	union {
+		char buf[CMSG_SPACE(sizeof(uint16_t))];
+		struct cmsghdr align;
+	} cm[UDP_BURST];
+	uint16_t idx[UDP_BURST]; /* packet index of each message's first frame */
+	uint16_t nfr[UDP_BURST]; /* frames of each message */
+	uint16_t i, m = 0, nv = 0, taken;
+	size_t seg = 0, bytes = 0;
+	uint64_t frames = 0;
 	int sent;
 
 	if (n > UDP_BURST)
@@ -158,21 +185,64 @@ static uint16_t udp_tx(void *ctx, struct hg_pkt **pkts, uint16_t n)
 	for (i = 0; i < n; i++) {
 		const uint8_t *ip = pkts[i]->data + HG_OFF_IP;
 		const uint8_t *udp = pkts[i]->data + HG_OFF_UDP;
+		size_t len;
+		struct sockaddr_in d = { .sin_family = AF_INET };
 
 		if (!frame_ok(pkts[i]))
 			continue;
-		memset(&to[m], 0, sizeof(to[m]));
-		to[m].sin_family = AF_INET;
-		to[m].sin_addr.s_addr = htonl(hg_ld_be32(ip + 16));
-		to[m].sin_port = htons(hg_rd16(udp + 2));
-		mmsg_one(&mm[m], &iov[m], &to[m], pkts[i]->data + HG_ETH_IP_UDP_LEN,
-			 pkts[i]->len - HG_ETH_IP_UDP_LEN);
-		idx[m++] = i;
+		d.sin_addr.s_addr = htonl(hg_ld_be32(ip + 16));
+		d.sin_port = htons(hg_rd16(udp + 2));
+		len = pkts[i]->len - HG_ETH_IP_UDP_LEN;
+		iov[nv].iov_base = pkts[i]->data + HG_ETH_IP_UDP_LEN;
+		iov[nv].iov_len = len;
+		/* only the last segment of a message may be shorter */
+		if (p->gso && m && iov[nv - 1].iov_len == seg &&
+		    gso_joins(&to[m - 1], &d, seg, len, bytes, nfr[m - 1])) {
+			mm[m - 1].msg_hdr.msg_iovlen++;
+			nfr[m - 1]++;
+			bytes += len;
+			nv++;
+			continue;
+		}
+		to[m] = d;
+		memset(&mm[m].msg_hdr, 0, sizeof(mm[m].msg_hdr));
+		mm[m].msg_hdr.msg_name = &to[m];
+		mm[m].msg_hdr.msg_namelen = sizeof(to[m]);
+		mm[m].msg_hdr.msg_iov = &iov[nv];
+		mm[m].msg_hdr.msg_iovlen = 1;
+		idx[m] = i;
+		nfr[m] = 1;
+		seg = len;
+		bytes = len;
+		nv++;
+		m++;
+	}
+	/* a run of several frames: one message the kernel segments at seg */
+	for (i = 0; i < m; i++) {
+		struct cmsghdr *c;
+		uint16_t gs;
+
+		if (mm[i].msg_hdr.msg_iovlen < 2)
+			continue;
+		mm[i].msg_hdr.msg_control = cm[i].buf;
+		mm[i].msg_hdr.msg_controllen = sizeof(cm[i].buf);
+		c = CMSG_FIRSTHDR(&mm[i].msg_hdr);
+		c->cmsg_level = SOL_UDP;
+		c->cmsg_type = UDP_SEGMENT;
+		c->cmsg_len = CMSG_LEN(sizeof(uint16_t));
+		gs = (uint16_t)mm[i].msg_hdr.msg_iov[0].iov_len;
+		memcpy(CMSG_DATA(c), &gs, sizeof(gs));
 	}
 	sent = m ? sendmmsg(p->ufd, mm, m, MSG_DONTWAIT) : 0;
 	if (sent < 0) {
 		if (errno == EAGAIN || errno == EWOULDBLOCK || errno == ENOBUFS) {
 			sent = 0; /* full: the caller keeps the rest */
+		} else if (p->gso && mm[0].msg_hdr.msg_iovlen > 1) {
+			/* the path does not segment (e.g. no checksum offload):
+			 * frame by frame from now on; the caller resends */
+			p->gso = false;
+			p->st.tx_gso_refused++;
+			sent = 0;
 		} else {
 			if (errno == EMSGSIZE) { /* larger than the path MTU */
 				p->st.tx_too_big++;
@@ -184,8 +254,15 @@ static uint16_t udp_tx(void *ctx, struct hg_pkt **pkts, uint16_t n)
 			 * (dropped) so the client's timer handles it rather
 			 * than a tight resend loop */
 			p->st.tx_errors++;
-			p->st.tx--; /* compensated below: not sent */
+			frames -= 1; /* compensated below: not sent */
 			sent = 1;
+		}
+	}
+	for (i = 0; i < (uint16_t)sent; i++) {
+		frames += nfr[i];
+		if (nfr[i] > 1) {
+			p->st.tx_gso++;
+			p->st.tx_gso_frames += nfr[i];
 		}
 	}
 	/* the taken prefix ends at the first message not sent */
@@ -193,7 +270,7 @@ static uint16_t udp_tx(void *ctx, struct hg_pkt **pkts, uint16_t n)
 	for (i = 0; i < taken; i++)
 		if (!frame_ok(pkts[i]))
 			p->st.tx_bad++;
-	p->st.tx += (uint64_t)sent;
+	p->st.tx += frames;
 	udp_free(p, pkts, taken);
 	return taken;
 }
@@ -372,6 +449,7 @@ struct hg_udp_port *hg_udp_port_create(const struct hg_udp_port_config *cfg)
 	p->rcvbuf = cfg->rcvbuf ? cfg->rcvbuf : 4u << 20;
 	p->sndbuf = cfg->sndbuf ? cfg->sndbuf : 4u << 20;
 	p->mtu = cfg->mtu ? cfg->mtu : 1500;
+	p->gso = cfg->gso != 0;
 	p->pkts = calloc(p->npkts, sizeof(*p->pkts));
 	p->free = calloc(p->npkts, sizeof(*p->free));
 	p->mem = malloc((size_t)p->npkts * FRAME_CAP);

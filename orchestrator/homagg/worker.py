@@ -115,9 +115,13 @@ def max_payload(mtu):
 class UdpPort:
     """The kernel UDP port backend (homagg/port_udp.h); ``port`` is the
     ``struct hg_port *`` a Worker's client or an Engine runs on; ``mtu`` is
-    what its get_info reports (0 = 1500)."""
+    what its get_info reports (0 = 1500); ``gso``: a run of equal frames to
+    one destination leaves as one UDP_SEGMENT message (homagg/port_udp.h:
+    only where the aggregator's port sees the datagrams cut)."""
 
-    def __init__(self, bind=("0.0.0.0", 0), group_port=0, packets=0, rcvbuf=0, mtu=0, sndbuf=0):
+    def __init__(
+        self, bind=("0.0.0.0", 0), group_port=0, packets=0, rcvbuf=0, mtu=0, sndbuf=0, gso=False
+    ):
         if mtu and not 576 <= int(mtu) <= 9000:
             raise InvalidArgument(f"mtu must be 576..9000, got {mtu}")
         self._p = _u.udp_port_create(
@@ -129,6 +133,7 @@ class UdpPort:
             rcvbuf=int(rcvbuf),
             sndbuf=int(sndbuf),
             mtu=int(mtu),
+            gso=1 if gso else 0,
         )
 
     @property
@@ -160,7 +165,14 @@ class Worker:
     ``cost``: the job's cost model (homagg.cost.Cost or its dict, as the
     job file's ``cost`` field holds it; None: no link rate, every choice by
     bytes).  It must be the one registered with the job, the same on every
-    worker: never this host's own calibration."""
+    worker: never this host's own calibration.
+
+    ``udp_gso``: send runs of frames to an aggregator as UDP segmentation
+    offload messages (one system call and one trip through the local
+    stack per run; the datagrams on the wire are the same).  Only where
+    the aggregator's port receives them cut: a NIC, or a testbed whose
+    switch ports segment (``Testbed.udp_gso``); a packet socket on a veth
+    of the same host would see one unsegmented frame.  False by default."""
 
     def __init__(
         self,
@@ -187,6 +199,7 @@ class Worker:
         mac=None,
         key_epoch=0,
         cost=None,
+        udp_gso=False,
     ):
         if not 0 <= worker < workers:
             raise InvalidArgument(f"worker {worker} not in 0..{workers - 1}")
@@ -247,6 +260,7 @@ class Worker:
             packets=max(int(packets), 4 * slots * len(aggregators) + 256),
             mtu=self.mtu,
             sndbuf=max(4 << 20, 2 * slots * len(aggregators) * (self.payload + FRAME_OVERHEAD)),
+            gso=udp_gso,
         )
 
         # the client holds the port: it frees packets into it

@@ -40,6 +40,14 @@ struct hg_udp_port_config {
 			       * of frames waits there behind a shaped link */
 	uint16_t mtu;        /* MTU of the path to the aggregator, reported by
 			       * get_info (0 = 1500; at most 9000) */
+	uint8_t gso; /* 1: a run of frames of one size to one destination
+		      * leaves as one UDP_SEGMENT message, which the kernel
+		      * (or the NIC) cuts into the same datagrams: only where
+		      * the aggregator's port sees them cut (a NIC, the
+		      * testbed's switch ports), never a packet socket on
+		      * the sending host's own veth.  Refused by the kernel
+		      * (e.g. no checksum offload): frame by frame from then
+		      * on, tx_gso_refused counts it. */
 };
 
 struct hg_udp_port_stats {
@@ -53,6 +61,9 @@ struct hg_udp_port_stats {
 	uint64_t tx_too_big_bytes; /* the IPv4 length of the latest of them */
 	uint64_t waits;            /* blocking waits (ppoll) */
 	uint64_t wait_timeouts; /* waits that ended at their deadline, no frame */
+	uint64_t tx_gso;        /* UDP_SEGMENT messages sent (of 2+ frames) */
+	uint64_t tx_gso_frames;  /* the frames they carried (counted in tx) */
+	uint64_t tx_gso_refused; /* 1 once the kernel refused one (gso off) */
 };
 
 struct hg_udp_port;
