@@ -55,7 +55,7 @@ HEADERS  := $(wildcard dataplane_c/include/homagg/*.h) $(wildcard nic/include/ho
 	$(wildcard sim/include/homagg/*.h) $(wildcard dataplane_c/src/*.h) $(wildcard nic/src/*.h)
 
 APT_PACKAGES := build-essential pkg-config libdpdk-dev dpdk libjansson-dev libsodium-dev libssl-dev clang \
-	libclang-rt-14-dev clang-format iproute2 iputils-ping openssh-server python3-venv systemd
+	libclang-rt-14-dev clang-format ethtool iproute2 iputils-ping openssh-server python3-venv systemd
 
 .PHONY: help build deps venv lib ext switch tools fuzz lint format test test-sanitize test-fast test-repeat bench demo clean distclean
 

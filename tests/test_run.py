@@ -470,8 +470,11 @@ def test_jumbo_payloads_on_the_dpdk_testbed(jumbo_testbed):
     """8 KB payloads end to end at MTU 9000: the daemon on af_packet with
     jumbo ring slots and mbufs, workers on kernel UDP; bit-exact; the frames
     really are jumbo (bytes per packet on a worker's link); a payload the
-    links cannot carry is refused before anything starts."""
+    links cannot carry is refused before anything starts.  The workers send
+    runs of frames as UDP_SEGMENT messages, which the switch ports cut: the
+    daemon's packet socket sees datagrams, never a segmentation frame."""
     tb = jumbo_testbed
+    assert tb.udp_gso is True
     n = 200_000
     for method, payload in (("dense", 8192), ("lhc", 8192), ("dense", 6004)):
         rep = runmod.run_allreduce(
@@ -495,6 +498,8 @@ def test_jumbo_payloads_on_the_dpdk_testbed(jumbo_testbed):
             assert c.get(k, 0) == 0, (k, c)
         assert rep["port_counters"].get("drop_segmented", 0) == 0, rep["port_counters"]
         st = [w["port"] for w in rep["worker_stats"]]
+        for s in st:
+            assert s["tx_gso"] >= 1 and s["tx_gso_refused"] == 0, s
         if method == "dense":
             # one exponent chunk, then 4 n bytes of int32 lanes in full chunks
             assert c["completed"] == 1 + -(-4 * n // payload)

@@ -183,6 +183,32 @@ def test_bridge_forwards_without_netfilter(make_testbed):
     assert {k: open(f"/proc/sys/net/bridge/{k}").read() for k in keys} == before
 
 
+def test_switch_ports_cut_udp_segmentation_offload(make_testbed):
+    """Every switch port cuts a UDP_SEGMENT frame into its datagrams before
+    it sends it to a host (tx-udp-segmentation off on the bridge side of
+    each veth), so the testbed offers the workers UDP GSO; the hosts' own
+    interfaces keep the offload."""
+    tb = make_testbed(workers=2)
+    sw = f"hg-{tb.name}-sw"
+
+    def feature(ns, dev):
+        out = subprocess.run(
+            ["ip", "netns", "exec", ns, "ethtool", "-k", dev],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=30,
+        ).stdout
+        return [
+            ln.split(":")[1].split()[0] for ln in out.splitlines() if "tx-udp-segmentation:" in ln
+        ]
+
+    assert tb.state()["udp_gso"] == "switch" and tb.udp_gso is True
+    for h in tb.hosts():
+        assert feature(sw, h.switch_port) == ["off"], h.name
+        assert feature(h.netns, h.ifname) == ["on"], h.name
+
+
 def test_unshaped_testbed_has_no_tbf(make_testbed):
     tb = make_testbed(workers=1)
     for h in tb.hosts():

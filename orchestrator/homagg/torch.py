@@ -422,6 +422,7 @@ class HookState:
             key_epoch=conf["key_epoch"],
             cost=conf["cost"],
             leaf_ids=conf["leaf_ids"],
+            udp_gso=conf["udp_gso"],
         )
 
     def take_log(self):

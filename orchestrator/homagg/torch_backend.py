@@ -104,6 +104,7 @@ class HomAggProcessGroup(dist.ProcessGroup):
                 slots=conf["slots"],
                 payload=conf["payload"],
                 leaf_ids=conf["leaf_ids"],
+                udp_gso=conf["udp_gso"],
             )
         return self._worker
 

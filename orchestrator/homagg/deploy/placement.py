@@ -75,6 +75,9 @@ class Placement(abc.ABC):
     testbed: str | None = None
     inventory: str | None = None
     mtu: int = 1500
+    # workers may send runs of frames as UDP_SEGMENT messages: the network
+    # cuts them before any aggregator (homagg.worker.Worker udp_gso)
+    udp_gso: bool = False
     link_mbit: float | None = None  # the workers' link rate (None: not shaped / not given)
     default_leaves: int = 0
     run_dir: str | None = None  # where results and logs stay after the run (None: nowhere)

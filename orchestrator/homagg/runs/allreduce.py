@@ -455,6 +455,7 @@ def run_allreduce(
                 pipeline_groups=pipeline_groups,
                 gradient_file=gradient_files[i] if gradient_files else None,
                 cost=job_cost.fields() if job_cost.timed else None,
+                udp_gso=pl.udp_gso,
                 **place,
             )
             spec.update(repeat=repeat, warmup=warmup)

@@ -150,6 +150,7 @@ def open_worker(spec: dict):
         leaf_ids=spec.get("leaf_ids"),
         pipeline_groups=spec.get("pipeline_groups", PIPELINE_GROUPS),
         cost=spec.get("cost"),
+        udp_gso=bool(spec.get("udp_gso")),
     )
 
 
@@ -288,6 +289,7 @@ def worker_spec(
     pipeline_groups=PIPELINE_GROUPS,
     gradient_file=None,
     cost=None,
+    udp_gso=False,
 ) -> dict:
     """The JSON spec of one worker process (``python -m homagg.runs.job --child SPEC``);
     ``mtu`` None: the worker asks the kernel for its path's MTU; ``aggregators``:
@@ -298,7 +300,9 @@ def worker_spec(
     block groups (homagg.worker.Worker); ``gradient_file``: this worker's
     gradient from save_gradients() (default: the worker generates it from
     the seed); ``cost``: the job's cost model as the job file holds it
-    (homagg.cost; None: none)."""
+    (homagg.cost; None: none); ``udp_gso``: the worker sends runs of frames
+    as UDP_SEGMENT messages (only where the network cuts them before the
+    aggregators: Testbed.udp_gso)."""
     return dict(
         job=job,
         token=token,
@@ -327,6 +331,7 @@ def worker_spec(
         pipeline_groups=pipeline_groups,
         gradient_file=gradient_file,
         cost=dict(cost or {}),
+        udp_gso=bool(udp_gso),
     )
 
 

@@ -224,6 +224,7 @@ class Session:
             workload="random",
             seed=0,
             out="",
+            udp_gso=self.tb.udp_gso,
         )
 
     def start_worker(self, i: int) -> None:

@@ -73,7 +73,22 @@ JOB_FIELDS = {
     # below a tree leaf: (the worker's index at its leaf, the leaf's worker
     # count); [] / "": not in a tree
     "leaf_ids": (lambda v: _leaf_ids_field(v), ""),
+    # the workers may send runs of frames as UDP_SEGMENT messages: the
+    # network cuts them before the aggregators (homagg.worker.Worker udp_gso)
+    "udp_gso": (lambda v: _bool_field(v), False),
 }
+
+
+def _bool_field(value):
+    """A JSON boolean, or HOMAGG_UDP_GSO's text: 1/0, true/false, yes/no."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off", ""):
+        return False
+    raise ConfigError(f"expected a boolean (1/0, true/false), got {value!r}")
 
 
 def _leaf_ids_field(value):

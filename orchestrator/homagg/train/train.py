@@ -1193,6 +1193,8 @@ def run_train(
                         dict(job0, auth_file=f"{pl.worker_dir(r)}/job.secret" if auth else "")
                         for r in range(W)
                     ]
+                if pl.udp_gso:  # the network cuts UDP_SEGMENT messages (Worker udp_gso)
+                    per_rank = [dict(f, udp_gso=True) for f in per_rank]
                 job = per_rank[0]
                 files = [pl.put_job_file(r, f"job-{r}.json", per_rank[r]) for r in range(W)]
             progress(

@@ -66,6 +66,7 @@ class TestbedPlacement(Placement):
         self.testbed = name
         self.where = f"testbed {name}"
         self.mtu = int(st.get("mtu") or 1500)
+        self.udp_gso = self.tb.udp_gso
         self.link_mbit = st.get("link_mbit")
         self.default_leaves = int(st.get("leaves") or 0)
         self.workers = [h.name for h in self.tb.workers]

@@ -40,6 +40,7 @@ import errno
 import fcntl
 import ipaddress
 import json
+import logging
 import os
 import re
 import select
@@ -51,6 +52,8 @@ from typing import Any, Iterable, Sequence
 
 # TestbedError, RootRequired, TestbedExists, TestbedNotFound: defined in homagg.errors, importable from here too
 from homagg.errors import TestbedError, RootRequired, TestbedExists, TestbedNotFound  # noqa: F401
+
+log = logging.getLogger(__name__)
 
 DEFAULT_STATE_DIR = "/run/homagg/testbeds"
 DEFAULT_SUBNET = "10.77.0.0/24"
@@ -539,6 +542,7 @@ class Testbed:
                         mtu,
                         rate,
                     )
+            self._switch_ports_segment(sw_ns, [hname for hname, *_ in plan])
         self._state.update(lambda d: d.update(complete=True))
 
     def _step_bridge(self, sw, sw_ns: str, mtu: int) -> None:
@@ -608,6 +612,47 @@ class Testbed:
                 f"{cp.stderr.strip() or cp.returncode}"
             )
         self._state.update(lambda d: d.update(bridge_netfilter="off"))
+
+    # A UDP segmentation offload frame (one skb of up to 64 datagrams, what
+    # a worker's UDP_SEGMENT message makes) crosses a veth and the bridge
+    # whole; the switch ports cut it into its datagrams before they send it
+    # to a host, as a NIC does before the wire, so that no host sees it
+    # whole (a packet socket on the aggregator's veth would take it as one
+    # frame).  Then the workers may send with UDP GSO (Testbed.udp_gso).
+    def _switch_ports_segment(self, sw_ns: str, ports: list[str]) -> None:
+        how = "switch"
+        for port in ports:
+            try:
+                cp = subprocess.run(
+                    ["ip", "netns", "exec", sw_ns, "ethtool", "-K", port]
+                    + ["tx-udp-segmentation", "off"],
+                    capture_output=True,
+                    text=True,
+                    timeout=30,
+                )
+            except FileNotFoundError:  # no ethtool: the workers send frame by frame
+                how = "absent"
+                break
+            if cp.returncode != 0:
+                how = "off"
+                log.warning(
+                    "testbed %s: switch port %s keeps UDP segmentation offload (%s); "
+                    "workers send frame by frame",
+                    self.name,
+                    port,
+                    cp.stderr.strip() or cp.returncode,
+                )
+                break
+        self._state.update(lambda d: d.update(udp_gso=how))
+
+    @property
+    def udp_gso(self) -> bool:
+        """Whether workers may send runs of frames as UDP_SEGMENT messages:
+        every switch port cuts them into datagrams (homagg.worker.Worker
+        ``udp_gso``), and HOMAGG_UDP_GSO=0 does not turn it off for this
+        program (to measure without it)."""
+        off = os.environ.get("HOMAGG_UDP_GSO", "").strip().lower() in ("0", "false", "no", "off")
+        return self.state().get("udp_gso") == "switch" and not off
 
     def _step_host(
         self, h, sw, sw_ns, bridge, hname, role, ns, ip, prefixlen, mac, mtu, rate

@@ -130,6 +130,8 @@ def start(
             auth_file=secret_file,
         )
         del secret
+        if tb.udp_gso:  # the switch ports cut UDP_SEGMENT messages (Worker udp_gso)
+            fields["udp_gso"] = True
         path = job_file.write_job_file(os.path.join(tb.files_dir, "job.json"), **fields)
         daemons = {s.host: s.record() for s in sws}
         tb.note(daemons=daemons, job={"job": fields["job"], "file": path})
