@@ -47,6 +47,39 @@ def test_exact_allreduce_through_the_daemon(link, daemons, method, pmd):
     assert st["port"]["drop_injected"] == 0
 
 
+def test_udp_gso_without_checksum_offload_sends_complete_checksums(link, daemons):
+    """The workers' veth here has its checksum offload off, so the kernel
+    takes UDP segmentation offload off it too: a worker with udp_gso still
+    hands it runs of frames as UDP_SEGMENT messages, and the kernel cuts
+    them at that interface with complete checksums (Linux 6.11 and later),
+    or refuses the first one, which the port counts once before it sends
+    frame by frame (older kernels).  Either way the daemon, on a packet
+    socket at the other end of the veth and verifying every UDP checksum,
+    sums every frame exact and never sees a segmentation frame."""
+    assert link.csum_complete  # ethtool is one of the build's packages
+    d = daemons()
+    W, n = 2, 30000
+    with d.client() as c:
+        c.add_job(job=16, token=0xBEEF, workers=W, slots=32, group=GROUP)
+    grads = gradients(W, n, seed=6)
+    threads, results, errors, stats = run_workers(link, 16, 0xBEEF, grads, "dense", udp_gso=True)
+    join_all(threads, 60)
+    assert errors == [None] * W, errors
+    expected = oracle_allreduce(grads, BLOCK)
+    for y in results:
+        assert y.tobytes() == expected.tobytes()
+    for st in stats:
+        p = st["port"]
+        cut = p["tx_gso"] >= 1 and p["tx_gso_refused"] == 0
+        refused = p["tx_gso_refused"] == 1 and p["tx_gso"] == 0
+        assert cut or refused, p
+        assert p["tx"] >= st["packets_sent"] > 0
+    with d.client() as c:
+        st = c.stats()
+    assert st["port"].get("drop_segmented", 0) == 0 and st["stats"]["bad_csum"] == 0
+    assert st["stats"]["summed"] > 0
+
+
 def test_idle_backoff_daemon_is_exact_and_exits_on_sigterm(link, daemons):
     """Sleeping between polls once idle (--idle-us / --idle-polls) loses
     nothing: two allreduces with an idle gap between them (the daemon sleeps

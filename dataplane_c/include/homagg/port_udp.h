@@ -8,7 +8,8 @@
  * as on every other backend, rx synthesises the Ethernet/IPv4/UDP headers in
  * front of the received payload (IPv4 checksum valid, UDP checksum 0, MACs
  * zero) and tx reads the destination from them and strips them before
- * sendmmsg().  Batches use recvmmsg()/sendmmsg().
+ * sendmmsg().  Batches use recvmmsg()/sendmmsg(); with gso (config) a run
+ * of frames of one size to one destination is one UDP_SEGMENT message.
  *
  * Two sockets: one bound to (bind_ipv4, bind_port) for unicast, and, after
  * join_group, one bound to group_port that receives the result multicast
@@ -46,8 +47,9 @@ struct hg_udp_port_config {
 		      * the aggregator's port sees them cut (a NIC, the
 		      * testbed's switch ports), never a packet socket on
 		      * the sending host's own veth.  Refused by the kernel
-		      * (e.g. no checksum offload): frame by frame from then
-		      * on, tx_gso_refused counts it. */
+		      * (before Linux 6.11: a link without checksum offload):
+		      * frame by frame from then on, tx_gso_refused counts
+		      * it. */
 };
 
 struct hg_udp_port_stats {

@@ -499,6 +499,7 @@ def homagg_row(
             "workers_agree": r["workers_agree"],
             "generator": r.get("generator", "homagg.runs.job.gradient"),
             "payload_bytes": payload,
+            "udp_gso": r.get("udp_gso"),
             "pipeline_groups": pipeline_groups if method in PIPELINED_METHODS else None,
             # auto: the block groups that chose each method (the last call; one
             # group without pipelining)

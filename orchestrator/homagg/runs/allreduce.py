@@ -538,6 +538,7 @@ def run_allreduce(
             pipeline_groups=pipeline_groups,
             mtu=pl.mtu,
             pmd=sws[0].pmd,
+            udp_gso=pl.udp_gso,  # the workers sent runs of frames as UDP_SEGMENT messages
             auth=bool(auth),
             link_mbit=pl.link_mbit,
             cost=job_cost.fields() if job_cost.timed else None,
