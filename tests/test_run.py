@@ -488,7 +488,7 @@ def test_jumbo_payloads_on_the_dpdk_testbed(jumbo_testbed):
             state_dir=tb.state_dir,
         )
         assert rep["exact"] is True and rep["workers_agree"], (method, payload)
-        assert rep["pmd"] == "af_packet" and rep["mtu"] == 9000
+        assert rep["pmd"] == "af_packet" and rep["mtu"] == 9000 and rep["udp_gso"] is True
         assert rep["payload_bytes"] == payload
         c = rep["counters"]
         assert c["summed"] == 4 * c["completed"] and c["completed"] > 0

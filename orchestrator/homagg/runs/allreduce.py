@@ -124,7 +124,8 @@ class AllreduceReport(ReportView):
     shaping, or an inventory's ``link_mbit`` (None: unshaped, or not
     given).  ``cost``: the cost model the job registered (homagg.cost.Cost
     fields; None: none, choices by bytes).  ``pmd``: the daemons'
-    DPDK driver.  Each ``aggregators`` entry: host, ip, role, counters,
+    DPDK driver; ``udp_gso``: the workers sent runs of frames as
+    UDP_SEGMENT messages (a testbed whose switch ports cut them).  Each ``aggregators`` entry: host, ip, role, counters,
     engine_summed, port_counters, rx_ring, rx_bytes, tx_bytes (None where
     the host's NIC has no kernel interface), cpu_seconds (None where /proc
     cannot tell).
@@ -143,6 +144,7 @@ class AllreduceReport(ReportView):
     pipeline_groups: int
     mtu: int
     pmd: str
+    udp_gso: bool
     auth: bool
     link_mbit: float | None
     cost: dict | None
@@ -538,7 +540,7 @@ def run_allreduce(
             pipeline_groups=pipeline_groups,
             mtu=pl.mtu,
             pmd=sws[0].pmd,
-            udp_gso=pl.udp_gso,  # the workers sent runs of frames as UDP_SEGMENT messages
+            udp_gso=pl.udp_gso,
             auth=bool(auth),
             link_mbit=pl.link_mbit,
             cost=job_cost.fields() if job_cost.timed else None,
