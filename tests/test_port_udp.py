@@ -239,3 +239,24 @@ def test_client_create_failure_carries_the_reason():
         port_mem_port(m), [(0x0A000001, 0)], None, m, "worker 0", payload_bytes=1024, **common
     )
     assert c is not None
+
+
+def test_job_file_udp_gso_field(tmp_path):
+    """The job file's ``udp_gso`` (what a testbed writes when its switch
+    ports cut UDP_SEGMENT messages) reaches the ranks' job configuration;
+    HOMAGG_UDP_GSO wins over the file; absent, it is off; a value that is
+    not a boolean names the variable and the field."""
+    from homagg.errors import ConfigError
+    from homagg.switch import job_file
+
+    fields = dict(aggregator=("10.0.0.1", 48879), job=7, token=9)
+    plain = job_file.write_job_file(str(tmp_path / "plain.json"), **fields)
+    gso = job_file.write_job_file(str(tmp_path / "gso.json"), udp_gso=True, **fields)
+    assert job_file.job_config({"HOMAGG_JOB_FILE": plain})["udp_gso"] is False
+    assert job_file.job_config({"HOMAGG_JOB_FILE": gso})["udp_gso"] is True
+    env = {"HOMAGG_JOB_FILE": gso, "HOMAGG_UDP_GSO": "0"}
+    assert job_file.job_config(env)["udp_gso"] is False
+    env = {"HOMAGG_JOB_FILE": plain, "HOMAGG_UDP_GSO": "yes"}
+    assert job_file.job_config(env)["udp_gso"] is True
+    with pytest.raises(ConfigError, match="HOMAGG_UDP_GSO.*udp_gso.*boolean"):
+        job_file.job_config({"HOMAGG_JOB_FILE": plain, "HOMAGG_UDP_GSO": "maybe"})
