@@ -260,3 +260,33 @@ def test_job_file_udp_gso_field(tmp_path):
     assert job_file.job_config(env)["udp_gso"] is True
     with pytest.raises(ConfigError, match="HOMAGG_UDP_GSO.*udp_gso.*boolean"):
         job_file.job_config({"HOMAGG_JOB_FILE": plain, "HOMAGG_UDP_GSO": "maybe"})
+
+
+def test_testbed_reads_homagg_udp_gso_as_the_job_file_does(monkeypatch):
+    """Testbed.udp_gso: on when the switch ports cut the messages, unless
+    HOMAGG_UDP_GSO says no (0, off, false); a value that is not a boolean
+    is a ConfigError naming the variable, not GSO left on in silence; a
+    testbed whose ports do not cut never offers it."""
+    from homagg.deploy.local.testbed import Testbed
+    from homagg.errors import ConfigError
+
+    class Bed:
+        def __init__(self, how):
+            self.how = how
+
+        def state(self):
+            return {"udp_gso": self.how}
+
+    udp_gso = Testbed.udp_gso.fget
+    monkeypatch.delenv("HOMAGG_UDP_GSO", raising=False)
+    assert udp_gso(Bed("switch")) is True
+    assert udp_gso(Bed("absent")) is False
+    for off in ("0", "off", "False", " no "):
+        monkeypatch.setenv("HOMAGG_UDP_GSO", off)
+        assert udp_gso(Bed("switch")) is False, off
+    monkeypatch.setenv("HOMAGG_UDP_GSO", "yes")
+    assert udp_gso(Bed("switch")) is True
+    assert udp_gso(Bed("off")) is False
+    monkeypatch.setenv("HOMAGG_UDP_GSO", "maybe")
+    with pytest.raises(ConfigError, match="HOMAGG_UDP_GSO.*boolean"):
+        udp_gso(Bed("switch"))

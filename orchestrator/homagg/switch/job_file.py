@@ -75,12 +75,13 @@ JOB_FIELDS = {
     "leaf_ids": (lambda v: _leaf_ids_field(v), ""),
     # the workers may send runs of frames as UDP_SEGMENT messages: the
     # network cuts them before the aggregators (homagg.worker.Worker udp_gso)
-    "udp_gso": (lambda v: _bool_field(v), False),
+    "udp_gso": (lambda v: parse_bool(v), False),
 }
 
 
-def _bool_field(value):
-    """A JSON boolean, or HOMAGG_UDP_GSO's text: 1/0, true/false, yes/no."""
+def parse_bool(value):
+    """A JSON boolean, or a variable's text (HOMAGG_UDP_GSO): 1/0,
+    true/false, yes/no, on/off; anything else is a ConfigError."""
     if isinstance(value, bool):
         return value
     text = str(value).strip().lower()

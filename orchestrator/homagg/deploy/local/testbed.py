@@ -649,10 +649,21 @@ class Testbed:
     def udp_gso(self) -> bool:
         """Whether workers may send runs of frames as UDP_SEGMENT messages:
         every switch port cuts them into datagrams (homagg.worker.Worker
-        ``udp_gso``), and HOMAGG_UDP_GSO=0 does not turn it off for this
-        program (to measure without it)."""
-        off = os.environ.get("HOMAGG_UDP_GSO", "").strip().lower() in ("0", "false", "no", "off")
-        return self.state().get("udp_gso") == "switch" and not off
+        ``udp_gso``), and HOMAGG_UDP_GSO, read as the job file reads it
+        (homagg.switch.job_file.parse_bool), does not turn it off for this
+        program (0 measures without it; a value that is not a boolean is a
+        ConfigError naming the variable)."""
+        from homagg.errors import ConfigError
+        from homagg.switch.job_file import parse_bool
+
+        text = os.environ.get("HOMAGG_UDP_GSO", "").strip()
+        try:
+            allowed = parse_bool(text) if text else True
+        except ConfigError as exc:
+            raise ConfigError(
+                f"HOMAGG_UDP_GSO: {exc}; unset it, or set it to 0 to send frame by frame"
+            ) from None
+        return self.state().get("udp_gso") == "switch" and allowed
 
     def _step_host(
         self, h, sw, sw_ns, bridge, hname, role, ns, ip, prefixlen, mac, mtu, rate
