@@ -78,14 +78,7 @@ def require_gmac(available):
     """AES-GMAC runs wherever the CPU has AES-NI and PCLMULQDQ (every CPU
     this project's machines have): there its absence is a failure, not a
     skip; only a CPU without them skips, naming why."""
-    flags = set()
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = set(
-                next((ln.split(":", 1)[1].split() for ln in f if ln.startswith("flags")), [])
-            )
-    except OSError:
-        pass
+    flags = cpu_flags()
     if {"aes", "pclmulqdq"} <= flags:
         assert available, "the CPU has AES-NI and PCLMULQDQ but aes-gmac is not available"
     elif not available:

@@ -18,6 +18,7 @@ from homagg import auth
 from homagg.bindings import auth as _ab
 from homagg.engine import Engine, MemPort
 from homagg.errors import InvalidArgument
+from helpers import cpu_flags
 
 pytestmark = pytest.mark.sanitize
 
@@ -40,17 +41,7 @@ PATH_FLAGS = {
 }
 
 
-def _cpu_flags():
-    try:
-        with open("/proc/cpuinfo") as f:
-            return set(
-                next((ln.split(":", 1)[1].split() for ln in f if ln.startswith("flags")), [])
-            )
-    except OSError:
-        return set()
-
-
-CPU = _cpu_flags()
+CPU = cpu_flags()
 
 
 @pytest.fixture(params=list(PATH_FLAGS))
