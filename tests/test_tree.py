@@ -1166,3 +1166,87 @@ def test_root_keeps_leaf_reports_and_sends_them_in_its_status():
     assert len(st) == 1 and st[0].payload.endswith(_bits([2], 32))
     c = eng.counters()
     assert c["leaf_reports"] == 4 and c["summed"] == 2 and c["completed"] == 0
+
+
+def test_leaf_resends_a_partial_sum_that_later_results_overtook():
+    """docs/PROTOCOL.md "Repairs in a tree": the root's results of three
+    sets sent up after a forwarded set overtake it, and it goes up again
+    at once (its upward timer is 1 s away); a root STATUS that shows the
+    leaf's sum present restarts the count, so only sets sent up after
+    that STATUS overtake it from then on."""
+    from homagg.engine import FLAG_RESULT, FLAG_RETRANS, FLAG_STATUS
+
+    S = 8
+    port, eng, root = _leaf_rig(slots=S, rto=1.0)
+    pay = np.ones(16, dtype=">i4").tobytes()
+    result = np.full(16, 2, dtype=">i4").tobytes()
+
+    def complete(seq):
+        out = _leaf_send(
+            port, eng, *(_worker_frame(port, w, seq, "sum32", pay, slots=S) for w in range(2))
+        )
+        assert len(out) == 1 and out[0].dst.ipv4 == root.ipv4 and out[0].seq == seq
+        assert not out[0].flags & FLAG_RETRANS
+
+    def root_result(seq):
+        out = _leaf_send(port, eng, _root_frame(port, root, seq, result, FLAG_RESULT, slots=S))
+        return [f for f in out if f.dst.ipv4 == root.ipv4]
+
+    for seq in range(5):
+        complete(seq)
+    assert root_result(1) == [] and root_result(2) == []
+    up = root_result(3)  # the third result of a set sent up after set 0
+    assert len(up) == 1 and up[0].seq == 0 and up[0].flags & FLAG_RETRANS
+    assert up[0].payload == result  # the partial sum of two ones
+    assert root_result(0) == []
+    assert eng.counters()["up_retransmissions"] == 1
+
+    for seq in (5, 6, 7):
+        complete(seq)
+    assert root_result(5) == [] and root_result(6) == []  # set 4 overtaken twice
+    # the root has set 4's sum (leaf bit 3): it waits for another leaf
+    status = _root_frame(port, root, 4, bytes([0b1000]), FLAG_STATUS, slots=S, lanes=16)
+    assert _leaf_send(port, eng, status) == []
+    assert root_result(7) == []  # sent up before that STATUS: not counted
+    for seq in (8, 9, 10):
+        complete(seq)
+    assert root_result(8) == [] and root_result(9) == []
+    up = root_result(10)
+    assert len(up) == 1 and up[0].seq == 4 and up[0].flags & FLAG_RETRANS
+    c = eng.counters()
+    assert (c["up_sent"], c["up_retransmissions"], c["up_results"]) == (11, 2, 10)
+
+
+def test_leaf_sends_its_loss_report_up():
+    """docs/PROTOCOL.md "Repairs in a tree": when a leaf reports a worker's
+    lost frame to its workers (worker 1's first frame of seq 3 came while
+    set 0 lacks it), it sends its root a leaf report of that set too, so
+    the root's STATUS reaches the other leaves' workers before the gap."""
+    from homagg.engine import FLAG_LOSS, FLAG_STATUS, Addr, Engine, MemPort
+
+    root = Addr.of(bytes([2, 0, 0, 0, 9, 9]), (10 << 24) | 99, 48879)
+    port = MemPort(can_replicate=False)
+    port.set_time(1_000_000)
+    eng = Engine(port)
+    eng.add_job(
+        job=5,
+        token=55,
+        workers=2,
+        slots=4,
+        incarnation=7,
+        parent={"addr": root, "worker": 3, "shard": 2, "base": 4, "leaves": 5},
+    )
+    pay = np.ones(16, dtype=">i4").tobytes()
+    frames = [_worker_frame(port, 0, seq, "sum32", pay) for seq in range(4)]
+    frames += [_worker_frame(port, 1, seq, "sum32", pay) for seq in (1, 2)]
+    out = _leaf_send(port, eng, *frames)
+    assert [f.seq for f in out] == [1, 2]  # two sets complete and go up
+    out = _leaf_send(port, eng, _worker_frame(port, 1, 3, "sum32", pay))
+    loss = [f for f in out if f.flags & FLAG_LOSS]
+    reports = [f for f in out if f.dst.ipv4 == root.ipv4 and f.flags & FLAG_STATUS]
+    assert len(loss) == 1 and loss[0].seq == 0 and loss[0].worker == 1
+    assert len(reports) == 1
+    r = reports[0]
+    assert (r.worker, r.seq, r.slot, r.shard) == (3, 0, 0, 2)
+    assert r.payload == (4).to_bytes(2, "big") + (2).to_bytes(2, "big") + _bits([1], 1)
+    assert eng.counters()["up_reports"] == 1

@@ -126,6 +126,7 @@ struct flight {
 	bool have_status;
 	bool timed_out; /* its timer expired; not yet judged spurious */
 	bool present;   /* a STATUS showed our contribution in the slot */
+	bool replied;   /* a STATUS of it came since its latest transmission */
 	bool spurious;  /* a timeout of it was spurious: its result
 				 * teaches the floor (hg_cl_note_silence) */
 	uint16_t overtaken; /* results of chunks sent after its latest transmission */
@@ -166,9 +167,11 @@ struct smooth {
  */
 struct agg {
 	struct hg_wire_addr dst;
-	struct smooth rtt;  /* SRTT (avg) and RTTVAR (var) */
-	struct smooth path; /* the same of the samples no stall lengthened
+	struct smooth rtt;   /* SRTT (avg) and RTTVAR (var) */
+	struct smooth path;  /* the same of the samples no stall lengthened
 				 * (hg_cl_path_sample): the workers' turns */
+	struct smooth reply; /* below a tree leaf: a retransmission to the
+			      * STATUS answering it (hg_cl_reply_sample) */
 	uint64_t rto_est, rto;
 	uint64_t rto_first; /* the timeout before its first RTT sample (0: cfg.rto_ns) */
 	uint64_t stall;   /* the floor of rto_est that spurious timeouts
@@ -318,6 +321,7 @@ void hg_cl_note_silence(struct hg_client *c, struct agg *ag, uint64_t now);
 uint32_t hg_cl_chunk_rank(const struct hg_client *c, uint64_t chunk);
 uint64_t hg_cl_turn_offset(const struct hg_client *c, const struct agg *ag,
 			   uint64_t chunk);
+void hg_cl_reply_sample(const struct hg_client *c, struct agg *ag, uint64_t r);
 uint64_t hg_cl_turn_ns(const struct hg_client *c, const struct agg *ag);
 uint64_t hg_cl_chunk_rto(const struct hg_client *c, const struct flight *fl);
 uint64_t hg_cl_chunk_deadline(const struct hg_client *c, const struct flight *fl);

@@ -243,6 +243,18 @@ void hg_cl_path_sample(struct agg *ag, const struct flight *fl, uint64_t r)
 		smooth_add(&ag->path, r);
 }
 
+/*
+ * Below a tree leaf: a retransmission's reply time r (ns), from the resend
+ * to the first STATUS of its chunk after it (docs/PROTOCOL.md "Repairs in
+ * a tree").  The leaf answers from one hop away, where the path's round
+ * trip crosses the root and waits for the slowest leaf.
+ */
+void hg_cl_reply_sample(const struct hg_client *c, struct agg *ag, uint64_t r)
+{
+	if (c->cfg.agg_workers < c->cfg.workers)
+		smooth_add(&ag->reply, r);
+}
+
 /* This worker's turn among the W at its aggregator for chunk number chunk
  * (0 first), rotating: the workers whose retransmissions that aggregator's
  * STATUS answers (below a tree leaf, the leaf's, not the job's W). */
@@ -256,11 +268,16 @@ uint32_t hg_cl_chunk_rank(const struct hg_client *c, uint64_t chunk)
 /* How far apart the workers' turns are: SRTT + 4 RTTVAR of the path
  * (the samples no stall lengthened, hg_cl_path_sample), by when the
  * STATUS reply to the previous turn's retransmission is back, with the
- * confidence RFC 6298 gives the RTO (but without its floors). */
+ * confidence RFC 6298 gives the RTO (but without its floors); below a
+ * tree leaf at most the same of the leaf's reply time, which is what a
+ * turn waits for (hg_cl_reply_sample). */
 uint64_t hg_cl_turn_ns(const struct hg_client *c, const struct agg *ag)
 {
 	uint64_t d = ag->path.have ? ag->path.avg + 4 * ag->path.var :
 				     c->cfg.rto_ns;
+
+	if (ag->reply.have && ag->reply.avg + 4 * ag->reply.var < d)
+		d = ag->reply.avg + 4 * ag->reply.var;
 
 	/* at most the longest timeout: W - 1 turns stay bounded */
 	if (d > c->cfg.rto_max_ns)

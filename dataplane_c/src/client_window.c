@@ -309,6 +309,14 @@ static void handle_frame(struct hg_client *c, const uint8_t *f, size_t len,
 			       v.payload_len < nb ? v.payload_len : nb);
 			fl->tree_len = tree_tail(pl, v.payload_len, nb, fl->tree);
 			fl->have_status = true;
+			/* the answer to our latest resend (a loss report was
+			 * not asked for): how long a turn waits */
+			if (fl->tries >= 2 && !fl->replied &&
+			    now > fl->last_tx && !(v.hdr.flags & HG_FLAG_LOSS) &&
+			    (v.hdr.worker == c->cfg.agg_worker ||
+			     v.hdr.worker == HG_WORKER_ALL))
+				hg_cl_reply_sample(c, ag, now - fl->last_tx);
+			fl->replied = true;
 			hg_cl_note_silence(c, ag, now);
 			if (fl->bitmap[c->cfg.agg_worker / 8] >>
 				    (c->cfg.agg_worker % 8) &
@@ -532,6 +540,7 @@ static void tx_chunks(struct hg_client *c, const size_t *ks, uint16_t cnt,
 			continue;
 		}
 		fl->unsent = false;
+		fl->replied = false;
 		fl->last_tx = now;
 		fl->armed = now;
 		fl->txn_last = ++c->txn;

@@ -615,7 +615,9 @@ static inline void combine(const struct hg_engine *e, const struct hg_set *s,
  * open without w lost w's frame (or w holds it back for the lost result of
  * the slot's previous chunk).  Tell the group at once, with a STATUS marked
  * HG_FLAG_LOSS (docs/PROTOCOL.md Part 3, "Loss reports"): w resends, the
- * workers present learn that the slot waits for a repair.
+ * workers present learn that the slot waits for a repair.  A tree leaf
+ * tells its root too (a leaf report), whose STATUS then reaches the other
+ * leaves' workers (docs/PROTOCOL.md "Repairs in a tree").
  */
 static void loss_report(struct hg_engine *e, struct hg_job *j, uint32_t w,
 			uint32_t seq, struct hg_pkt **pkt)
@@ -632,6 +634,8 @@ static void loss_report(struct hg_engine *e, struct hg_job *j, uint32_t w,
 	if (hg_eng_send_status_flags(e, j, s, (uint16_t)w, HG_FLAG_LOSS, pkt) &&
 	    hg_eng_to_group(e, j))
 		s->status_count = s->count;
+	if (j->up && j->cfg.up_leaves)
+		hg_eng_up_report(e, j, s);
 }
 
 /* Second pass over one classified frame: the set logic and the kernel; nx

@@ -39,6 +39,9 @@
 #define HG_UP_DEFAULT_RTO_NS 1000000ull
 #define HG_UP_DEFAULT_GIVE_UP_NS 10000000000ull
 #define UP_MAX_BACKOFF 6
+/* Root results of sets sent up later that overtake a forwarded set before
+ * it goes up again at once (docs/PROTOCOL.md "Repairs in a tree"). */
+#define UP_DUPTHRESH 3
 
 /* The lanes of a frame to sum (all 0: nothing to sum): one word, so a
  * stage takes them in one copy. */
@@ -129,6 +132,10 @@ struct hg_job {
 	uint64_t cnt[HG_CNT__COUNT];
 	uint64_t accepted;       /* frames accepted into a set so far */
 	struct hg_up_timer *up;  /* tree leaf: 2 * S upward timers, else NULL */
+	uint64_t up_txn;         /* tree leaf: partial sums sent up so far */
+	uint64_t up_reply_avg;   /* tree leaf: smoothed time from a send up */
+	uint64_t up_reply_var;   /*   to the root's answer, and its deviation */
+	bool up_reply_have;      /*   (0 samples: up_rto_ns / 2 holds off) */
 	uint32_t up_incarnation; /* tree leaf: the root's, 0 = none seen yet */
 	uint32_t up_self;     /* tree leaf: its own incarnation at the root */
 	struct hg_view *view; /* 2 * S: who is missing in a tree */
@@ -157,6 +164,12 @@ struct hg_up_timer {
 	uint64_t sent_ns;  /* last sent up */
 	uint64_t due_ns;   /* resend then; UINT64_MAX: abandoned */
 	uint32_t tries;
+	uint64_t txn_first; /* the job's up_txn at its first send */
+	uint64_t txn_last;  /* the same at its latest send or root STATUS
+			     * showing it present: results of sets first
+			     * sent after it overtake it */
+	uint32_t overtaken;
+	bool awaiting; /* sent up, and the root has not answered since */
 };
 
 /* What the first pass learned of one frame of a burst. */

@@ -98,6 +98,11 @@ static void up_send(struct hg_engine *e, struct hg_job *j, struct hg_set *s,
 	} else if (why == UP_TIMER) {
 		t->tries++;
 	}
+	t->txn_last = ++j->up_txn;
+	if (why == UP_FIRST)
+		t->txn_first = t->txn_last;
+	t->overtaken = 0;
+	t->awaiting = true;
 	t->sent_ns = now;
 	t->due_ns = now +
 		    (j->cfg.up_rto_ns
@@ -200,17 +205,81 @@ static void up_asked(struct hg_engine *e, struct hg_job *j, struct hg_set *s,
 }
 
 /*
+ * The root's result of forwarded set s came (docs/PROTOCOL.md "Repairs in
+ * a tree"): every other forwarded set last sent up, or last shown present
+ * by a root STATUS, before s was first sent is overtaken once more; at
+ * DUPTHRESH its result was lost on the way down (or its partial sum on
+ * the way up), and it goes up again at once, not at its timer.
+ */
+static void up_overtaken(struct hg_engine *e, struct hg_job *j,
+			 const struct hg_set *s)
+{
+	uint64_t txn = j->up[s - j->sets].txn_first;
+
+	for (size_t i = 0; i < 2 * (size_t)j->cfg.slots; i++) {
+		struct hg_up_timer *t = &j->up[i];
+
+		if (&j->sets[i] == s || j->sets[i].state != SET_UP ||
+		    t->due_ns == UINT64_MAX || t->txn_last >= txn)
+			continue;
+		if (++t->overtaken >= UP_DUPTHRESH)
+			up_asked(e, j, &j->sets[i], j->acc + i * j->acc_stride,
+				 0, NULL);
+	}
+}
+
+/*
+ * The root answered (RESULT or STATUS) forwarded set s at time now: the
+ * time since its latest send up is a sample of the root's answer time,
+ * smoothed as RFC 6298 smooths RTT samples (a first send's may include
+ * the wait for the other leaves; the root answers a resend at once).
+ */
+static void up_reply_sample(struct hg_job *j, struct hg_up_timer *t, uint64_t now)
+{
+	uint64_t r, d;
+
+	if (!t->awaiting || now < t->sent_ns)
+		return;
+	t->awaiting = false;
+	r = now - t->sent_ns;
+	if (!j->up_reply_have) {
+		j->up_reply_avg = r;
+		j->up_reply_var = r / 2;
+		j->up_reply_have = true;
+		return;
+	}
+	d = j->up_reply_avg > r ? j->up_reply_avg - r : r - j->up_reply_avg;
+	j->up_reply_var = (3 * j->up_reply_var + d) / 4;
+	j->up_reply_avg = (7 * j->up_reply_avg + r) / 8;
+}
+
+/*
+ * How long after a send up a worker's retransmission does not send the
+ * partial sum up again: half an upward timeout, or the root's answer time
+ * (avg + 4 dev) once measured if shorter -- one copy per root round trip
+ * however many workers ask (docs/PROTOCOL.md "Repairs in a tree").
+ */
+static uint64_t up_holdoff(const struct hg_job *j)
+{
+	uint64_t h = j->cfg.up_rto_ns / 2;
+
+	if (j->up_reply_have && j->up_reply_avg + 4 * j->up_reply_var < h)
+		h = j->up_reply_avg + 4 * j->up_reply_var;
+	return h;
+}
+
+/*
  * A worker's retransmission of a set already sent up: it is counted (a
  * STATUS with every bit set tells it so) and never summed again; the
- * partial sum goes up again at once unless it went less than half an
- * upward timeout ago (the workers' timers then hurry the leaf's).
+ * partial sum goes up again at once unless it went up less than a hold-off
+ * ago (up_holdoff(): the workers' timers then hurry the leaf's).
  */
 void hg_eng_up_worker_retrans(struct hg_engine *e, struct hg_job *j,
 			      struct hg_set *s, const uint8_t *acc, uint16_t w,
 			      struct hg_pkt **reuse)
 {
 	hg_eng_send_status(e, j, s, w, reuse);
-	up_asked(e, j, s, acc, j->cfg.up_rto_ns / 2, NULL);
+	up_asked(e, j, s, acc, up_holdoff(j), NULL);
 }
 
 /*
@@ -499,17 +568,25 @@ void hg_eng_up_apply(struct hg_engine *e, struct hg_stage *st)
 		queue_free(e, pkt);
 		return;
 	}
+	up_reply_sample(j, &j->up[s - j->sets], hg_port_now(e->port));
 	if (st->flags & HG_FLAG_STATUS) {
 		count(e, j, HG_CNT_UP_STATUS);
 		/* news of who holds the root up: the workers learn it now */
 		if (j->cfg.up_leaves && keep_view(j, s, st->in, st->plen))
 			status_to_all(e, j, s);
-		if (!st->worker)
+		if (!st->worker) {
 			up_asked(e, j, s, st->acc, 0, &pkt);
+		} else {
+			/* in at the root: the set waits for another leaf, and
+			 * only sets sent up from now on overtake it */
+			j->up[s - j->sets].txn_last = j->up_txn;
+			j->up[s - j->sets].overtaken = 0;
+		}
 		if (pkt)
 			queue_free(e, pkt);
 		return;
 	}
+	up_overtaken(e, j, s);
 	bytes = (size_t)s->lanes * hg_op_acc_lane(s->op);
 	memcpy(st->acc, st->in, bytes);
 	s->state = SET_DONE;
