@@ -1250,3 +1250,153 @@ def test_leaf_sends_its_loss_report_up():
     assert (r.worker, r.seq, r.slot, r.shard) == (3, 0, 0, 2)
     assert r.payload == (4).to_bytes(2, "big") + (2).to_bytes(2, "big") + _bits([1], 1)
     assert eng.counters()["up_reports"] == 1
+
+
+def test_leaf_repeats_its_report_while_the_set_waits():
+    """docs/PROTOCOL.md "Who is missing in a tree": once it has reported an
+    open set, a leaf repeats the report every report period (min(up_rto,
+    1 ms)) on its timers, so the root can tell a leaf that waits from one
+    that stopped; the repeats end when the set goes up, and after
+    up_give_up_ns."""
+    from homagg.engine import FLAG_RETRANS, FLAG_STATUS, Addr, Engine, MemPort
+
+    root = Addr.of(bytes([2, 0, 0, 0, 9, 9]), (10 << 24) | 99, 48879)
+    port = MemPort(can_replicate=False)
+    t = 1_000_000
+    port.set_time(t)
+    eng = Engine(port)
+    eng.add_job(
+        job=5,
+        token=55,
+        workers=2,
+        slots=4,
+        incarnation=7,
+        # an upward timeout longer than the report period: 1 ms rules
+        parent={"addr": root, "worker": 3, "shard": 2, "base": 4, "leaves": 5, "rto": 5e-3},
+    )
+    pay = np.ones(16, dtype=">i4").tobytes()
+
+    def reports(out):
+        return [f for f in out if f.dst.ipv4 == root.ipv4 and f.flags & FLAG_STATUS]
+
+    assert _leaf_send(port, eng, _worker_frame(port, 0, 6, "sum32", pay)) == []
+    assert eng.next_deadline is None  # nothing reported: nothing to repeat
+    out = _leaf_send(port, eng, _worker_frame(port, 0, 6, "sum32", pay, flags=FLAG_RETRANS))
+    assert len(reports(out)) == 1
+    assert eng.next_deadline == t + 1_000_000
+    port.set_time(t + 999_999)
+    assert reports(_leaf_send(port, eng)) == []
+    for k in (1, 2, 3):
+        port.set_time(t + k * 1_000_000)
+        rep = reports(_leaf_send(port, eng))
+        assert len(rep) == 1 and rep[0].seq == 6, k
+        assert rep[0].payload == (4).to_bytes(2, "big") + (2).to_bytes(2, "big") + _bits([1], 1)
+    assert eng.counters()["up_reports"] == 4
+    # worker 1 completes the set: it goes up, and nothing is repeated
+    up = _leaf_send(port, eng, _worker_frame(port, 1, 6, "sum32", pay))
+    assert len(up) == 1 and not up[0].flags & FLAG_STATUS
+    port.set_time(t + 10_000_000)
+    assert reports(_leaf_send(port, eng)) == []
+    assert eng.counters()["up_reports"] == 4
+
+
+def test_leaf_report_repeats_end_at_the_give_up_time():
+    """A set that never completes is reported for up_give_up_ns after its
+    first report, then no more."""
+    from homagg.engine import FLAG_RETRANS, FLAG_STATUS, Addr, Engine, MemPort
+
+    root = Addr.of(bytes([2, 0, 0, 0, 9, 9]), (10 << 24) | 99, 48879)
+    port = MemPort(can_replicate=False)
+    t = 1_000_000
+    port.set_time(t)
+    eng = Engine(port)
+    eng.add_job(
+        job=5,
+        token=55,
+        workers=2,
+        slots=4,
+        incarnation=7,
+        parent={
+            "addr": root,
+            "worker": 3,
+            "shard": 2,
+            "base": 4,
+            "leaves": 5,
+            "rto": 1e-3,
+            "give_up": 4.5e-3,
+        },
+    )
+    pay = np.ones(16, dtype=">i4").tobytes()
+    _leaf_send(port, eng, _worker_frame(port, 0, 1, "sum32", pay))
+    _leaf_send(port, eng, _worker_frame(port, 0, 1, "sum32", pay, flags=FLAG_RETRANS))
+    sent = []
+    for k in range(1, 12):
+        port.set_time(t + k * 1_000_000)
+        sent += [f for f in _leaf_send(port, eng) if f.dst.ipv4 == root.ipv4]
+    assert all(f.flags & FLAG_STATUS and f.seq == 1 for f in sent)
+    # the first report at t, repeats at t + 1 .. t + 4 ms (within 4.5 ms
+    # of the first), then none
+    assert len(sent) == 4
+    assert eng.next_deadline is None
+
+
+def test_root_shows_a_leaf_s_report_until_its_sum_comes_or_it_falls_silent():
+    """docs/PROTOCOL.md "Who is missing in a tree", at the root: a leaf's
+    missing-below bits end when its partial sum of the set arrives (it has
+    all its workers) and when its latest report is more than 4 ms old (a
+    live leaf repeats it every millisecond: a silent one has stopped), so
+    a leaf that died after reporting is named itself, not its worker."""
+    from homagg.engine import FLAG_RETRANS, FLAG_SHADOW, FLAG_STATUS, Engine, MemPort
+    from homagg.engine import build_frame, parse_frame
+
+    port = MemPort(can_replicate=False)
+    t = 1_000_000
+    port.set_time(t)
+    eng = Engine(port)
+    eng.add_job(job=5, token=55, workers=4, slots=4, incarnation=7)
+    pay = np.ones(16, dtype=">i4").tobytes()
+
+    def report(leaf, seq, base, n, missing):
+        a = parse_frame(_worker_frame(port, leaf, seq, "sum32", pay)).src
+        flags = FLAG_STATUS | (FLAG_SHADOW if (seq // 4) % 2 else 0)
+        body = base.to_bytes(2, "big") + n.to_bytes(2, "big") + _bits(missing, (n + 7) // 8)
+        return build_frame(
+            a,
+            port.addr,
+            flags=flags,
+            payload=body,
+            op="sum32",
+            job=5,
+            token=55,
+            worker=leaf,
+            seq=seq,
+            slot=seq % 4,
+            lanes=16,
+        )
+
+    def tail_after_resend():
+        st = _leaf_send(port, eng, _worker_frame(port, 0, 6, "sum32", pay, flags=FLAG_RETRANS))
+        assert len(st) == 1 and st[0].flags & FLAG_STATUS
+        return st[0].payload[2:]  # after the worker and active bitmaps (1 byte each)
+
+    # leaves 0 and 2 contribute chunk 6; leaf 1 (workers 2, 3) lacks worker
+    # 3, leaf 3 (workers 6, 7) lacks worker 6
+    _leaf_send(port, eng, *(_worker_frame(port, l, 6, "sum32", pay) for l in (0, 2)))
+    _leaf_send(port, eng, report(1, 6, 2, 2, [1]), report(3, 6, 6, 2, [0]))
+    assert tail_after_resend() == _bits([3, 6], 32)
+    # leaf 1's sum: worker 3's repair reached it; its bits end
+    _leaf_send(port, eng, _worker_frame(port, 1, 6, "sum32", pay))
+    assert tail_after_resend() == _bits([6], 32)
+    # leaf 3 repeats its report within 4 ms: still shown
+    port.set_time(t + 3_000_000)
+    _leaf_send(port, eng, report(3, 6, 6, 2, [0]))
+    port.set_time(t + 7_000_000)
+    assert tail_after_resend() == _bits([6], 32)
+    # then it falls silent: after 4 ms its bits are no longer shown
+    port.set_time(t + 7_000_001)
+    assert tail_after_resend() == bytes(32)
+    # a report from it again: shown again
+    _leaf_send(port, eng, report(3, 6, 6, 2, [0]))
+    assert tail_after_resend() == _bits([6], 32)
+    c = eng.counters()
+    assert c["leaf_reports"] == 4 and c["summed"] == 3 and c["completed"] == 0

@@ -638,6 +638,19 @@ static void loss_report(struct hg_engine *e, struct hg_job *j, uint32_t w,
 		hg_eng_up_report(e, j, s);
 }
 
+/*
+ * Root: leaf w's partial sum of set s came, so none of the workers its
+ * reports cover is missing from that chunk any more (docs/PROTOCOL.md "Who
+ * is missing in a tree").
+ */
+static void clear_below(struct hg_job *j, const struct hg_set *s, uint32_t w)
+{
+	struct hg_view *vw = &j->view[s - j->sets];
+
+	if (vw->below_set && vw->below_seq == s->seq)
+		bits_clear(vw->below, j->peers[w].below_base, j->peers[w].below_n);
+}
+
 /* Second pass over one classified frame: the set logic and the kernel; nx
  * is the frame applied next (NULL: none), whose payload is prefetched. */
 static void apply(struct hg_engine *e, struct hg_stage *st,
@@ -727,6 +740,8 @@ static void apply(struct hg_engine *e, struct hg_stage *st,
 		loss_report(e, j, w, st->seq, &pkt);
 	s->bitmap[w / 64] |= 1ull << (w % 64);
 	s->count++;
+	if (j->peers[w].below_n) /* a root: leaf w's sum has all its workers */
+		clear_below(j, s, w);
 	count(e, j, HG_CNT_SUMMED);
 	j->peers[w].cnt[HG_WCNT_SUMMED]++;
 	if (s->count == j->cfg.workers) {

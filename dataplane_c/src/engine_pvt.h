@@ -42,6 +42,12 @@
 /* Root results of sets sent up later that overtake a forwarded set before
  * it goes up again at once (docs/PROTOCOL.md "Repairs in a tree"). */
 #define UP_DUPTHRESH 3
+/* A leaf repeats its report of a set still open there every
+ * min(up_rto_ns, REPORT_REPEAT_NS); a root shows a leaf's missing-below
+ * bits while its latest report from that leaf is at most REPORT_STALE_NS
+ * old (docs/PROTOCOL.md "Who is missing in a tree"). */
+#define REPORT_REPEAT_NS 1000000ull
+#define REPORT_STALE_NS (4 * REPORT_REPEAT_NS)
 
 /* The lanes of a frame to sum (all 0: nothing to sum): one word, so a
  * stage takes them in one copy. */
@@ -86,6 +92,9 @@ struct hg_peer {
 					* (0: none; STATUS's active bitmap) */
 	struct hg_mac_track mac;      /* auth: its MAC counter */
 	uint64_t cnt[HG_WCNT__COUNT]; /* hg_engine_worker_counters() */
+	uint64_t report_ns;           /* root: its latest leaf report came */
+	uint16_t below_base, below_n; /* root: the job's worker ids its leaf
+				       * reports cover (below_n 0: none) */
 };
 
 struct hg_job {
@@ -145,14 +154,16 @@ struct hg_job {
  * Who is missing in a tree (docs/PROTOCOL.md "Tree"), per set.  Root:
  * below, the job's worker ids the leaves reported missing from chunk
  * below_seq (below_set: any report of it).  Leaf: the root's latest STATUS
- * of forwarded chunk view_seq (have_view), and when its latest report of
- * chunk report_seq went up.  Only texts read it; nothing is summed by it.
+ * of forwarded chunk view_seq (have_view), and when its first and latest
+ * reports of chunk report_seq went up (it repeats them while the chunk is
+ * open there).  Only texts read it; nothing is summed by it.
  */
 #define VIEW_BYTES (HG_MAX_WORKERS / 8)
 struct hg_view {
 	uint32_t below_seq, view_seq, report_seq;
 	bool below_set, have_view, reported;
-	uint64_t report_ns;
+	uint64_t report_ns;         /* leaf: its latest report of report_seq */
+	uint64_t report_first_ns;   /* leaf: its first report of report_seq */
 	uint8_t root[VIEW_BYTES];   /* leaf: the root's worker bitmap */
 	uint8_t active[VIEW_BYTES]; /* leaf: the root's active bitmap */
 	uint8_t below[VIEW_BYTES];  /* missing-below bitmap (zeros: none) */
@@ -259,7 +270,14 @@ void hg_eng_up_apply(struct hg_engine *e, struct hg_stage *st);
 void hg_eng_up_report(struct hg_engine *e, struct hg_job *j,
 		      const struct hg_set *s);
 size_t hg_eng_tree_tail(const struct hg_job *j, const struct hg_set *s,
-			uint8_t *out);
+			uint64_t now, uint8_t *out);
+
+/* Clear bits base .. base + n - 1 of a missing-below bitmap. */
+static inline void bits_clear(uint8_t *b, uint32_t base, uint32_t n)
+{
+	for (uint32_t i = base; i < base + n && i < HG_MAX_WORKERS; i++)
+		b[i / 8] &= (uint8_t) ~(1u << (i % 8));
+}
 void hg_eng_fast_template(const struct hg_engine *e, struct hg_job *j);
 
 /* ---- job table (engine_jobs.c) ---------------------------------------- */

@@ -113,11 +113,21 @@ static void up_send(struct hg_engine *e, struct hg_job *j, struct hg_set *s,
 	up_frame(e, j, s, retrans ? HG_FLAG_RETRANS : 0, acc, plen, reuse);
 }
 
+/* Leaf: how often it repeats a report of a set still open there. */
+static uint64_t report_period(const struct hg_job *j)
+{
+	return j->cfg.up_rto_ns < REPORT_REPEAT_NS ? j->cfg.up_rto_ns :
+						     REPORT_REPEAT_NS;
+}
+
 /*
  * Leaf: tell the root which of this leaf's workers open set s lacks (a leaf
  * report, docs/PROTOCOL.md "Who is missing in a tree"), unless a report of
- * the same chunk went up less than up_rto_ns / 2 ago.  Nothing is summed
- * by it; the root only keeps it for its STATUS.
+ * the same chunk went up less than half a report_period() ago.  Nothing is
+ * summed by it; the root only keeps it for its STATUS.  While the set
+ * stays open the leaf repeats it every report_period() (hg_engine_timers),
+ * up to up_give_up_ns after the first: a root takes a report not heard
+ * again within REPORT_STALE_NS for a dead leaf's.
  */
 void hg_eng_up_report(struct hg_engine *e, struct hg_job *j, const struct hg_set *s)
 {
@@ -125,11 +135,12 @@ void hg_eng_up_report(struct hg_engine *e, struct hg_job *j, const struct hg_set
 	uint8_t pl[4 + VIEW_BYTES] = { 0 };
 	uint32_t n = j->cfg.workers;
 	uint64_t now = hg_port_now(e->port);
+	bool again;
 
 	if (s->state != SET_OPEN)
 		return;
-	if (vw->reported && vw->report_seq == s->seq &&
-	    now - vw->report_ns < j->cfg.up_rto_ns / 2)
+	again = vw->reported && vw->report_seq == s->seq;
+	if (again && now - vw->report_ns < report_period(j) / 2)
 		return;
 	hg_wr16(pl, j->cfg.up_base);
 	hg_wr16(pl + 2, (uint16_t)n);
@@ -138,10 +149,35 @@ void hg_eng_up_report(struct hg_engine *e, struct hg_job *j, const struct hg_set
 			pl[4 + i / 8] |= (uint8_t)(1u << (i % 8));
 	if (!up_frame(e, j, s, HG_FLAG_STATUS, pl, 4 + (n + 7) / 8, NULL))
 		return;
+	if (!again)
+		vw->report_first_ns = now;
 	vw->reported = true;
 	vw->report_seq = s->seq;
 	vw->report_ns = now;
+	if (now + report_period(j) < e->up_next)
+		e->up_next = now + report_period(j);
 	count(e, j, HG_CNT_UP_REPORTS);
+}
+
+/* Leaf: the time its report of open set s is due again (UINT64_MAX: none:
+ * the set is not open, was never reported, or the next repeat would come
+ * more than up_give_up_ns after its first report). */
+static uint64_t report_due(const struct hg_job *j, const struct hg_set *s)
+{
+	const struct hg_view *vw = &j->view[s - j->sets];
+
+	if (s->state != SET_OPEN || !vw->reported || vw->report_seq != s->seq ||
+	    vw->report_ns + report_period(j) - vw->report_first_ns >
+		    j->cfg.up_give_up_ns)
+		return UINT64_MAX;
+	return vw->report_ns + report_period(j);
+}
+
+/* Root: does leaf w's latest report still count at time now (a live leaf
+ * repeats it while the set waits)? */
+static bool report_fresh(const struct hg_job *j, uint32_t w, uint64_t now)
+{
+	return now - j->peers[w].report_ns <= REPORT_STALE_NS;
 }
 
 /*
@@ -152,7 +188,8 @@ void hg_eng_up_report(struct hg_engine *e, struct hg_job *j, const struct hg_set
  * root's worker and active bitmaps and the missing-below bitmap
  * (docs/PROTOCOL.md "Who is missing in a tree").  0: nothing.
  */
-size_t hg_eng_tree_tail(const struct hg_job *j, const struct hg_set *s, uint8_t *out)
+size_t hg_eng_tree_tail(const struct hg_job *j, const struct hg_set *s,
+			uint64_t now, uint8_t *out)
 {
 	const struct hg_view *vw = &j->view[s - j->sets];
 	size_t nb;
@@ -161,6 +198,11 @@ size_t hg_eng_tree_tail(const struct hg_job *j, const struct hg_set *s, uint8_t 
 		if (!vw->below_set || vw->below_seq != s->seq)
 			return 0;
 		memcpy(out, vw->below, VIEW_BYTES);
+		/* a leaf that stopped repeating its report: not one that waits */
+		for (uint32_t l = 0; l < j->cfg.workers; l++)
+			if (j->peers[l].below_n && !report_fresh(j, l, now))
+				bits_clear(out, j->peers[l].below_base,
+					   j->peers[l].below_n);
 		return VIEW_BYTES;
 	}
 	if (!j->cfg.up_leaves || s->state != SET_UP || !vw->have_view ||
@@ -390,6 +432,9 @@ static void report_take(struct hg_engine *e, struct hg_job *j, struct hg_pkt *pk
 	}
 	set = &j->sets[2 * (size_t)v->hdr.slot + (q & 1)];
 	vw = &j->view[set - j->sets];
+	j->peers[w].report_ns = hg_port_now(e->port);
+	j->peers[w].below_base = (uint16_t)base;
+	j->peers[w].below_n = (uint16_t)n;
 	if (!vw->below_set || vw->below_seq != v->hdr.seq) {
 		memset(vw->below, 0, sizeof(vw->below));
 		vw->below_seq = v->hdr.seq;
@@ -635,6 +680,19 @@ int hg_engine_timers(struct hg_engine *e)
 			up_send(e, j, &j->sets[i], j->acc + i * j->acc_stride,
 				UP_TIMER, NULL);
 			resent++;
+		}
+		if (!j->cfg.up_leaves)
+			continue;
+		/* reports of sets still open here, repeated while they wait */
+		for (size_t i = 0; i < 2 * (size_t)j->cfg.slots; i++) {
+			uint64_t due = report_due(j, &j->sets[i]);
+
+			if (due <= now) {
+				hg_eng_up_report(e, j, &j->sets[i]);
+				due = report_due(j, &j->sets[i]);
+			}
+			if (due < next)
+				next = due;
 		}
 	}
 	if (next < e->up_next)

@@ -183,7 +183,7 @@ bool hg_eng_send_status_flags(struct hg_engine *e, struct hg_job *j,
 		if (!(s->bitmap[i / 64] >> (i % 64) & 1) &&
 		    j->peers[i].last > s->opened)
 			bits[nb + i / 8] |= (uint8_t)(1u << (i % 8));
-	plen += hg_eng_tree_tail(j, s, bits + plen);
+	plen += hg_eng_tree_tail(j, s, hg_port_now(e->port), bits + plen);
 	p = hg_eng_out_pkt(e, j, reuse, HG_OFF_PAYLOAD + plen + j->mac_len);
 	if (!p)
 		return false;
