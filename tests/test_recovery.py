@@ -187,6 +187,29 @@ def test_tree_loss_costs_at_most_two_retransmissions_per_drop(W, loss, seed):
     assert retrans <= 2 * lost, (retrans, lost)
 
 
+def test_tree_leaves_time_their_upward_frames_by_the_round_trip_to_the_root():
+    """256 workers under 16 leaves, every link (the aggregators' too) at
+    1 Gbit/s, loss-free: the root's queue of 16 leaves x 64 sets holds a
+    partial sum's result for several ms, beyond the leaves' 1 ms upward
+    timeout.  With a fixed timeout every set went up three to six times
+    and the root answered every copy with its result again (96,421
+    results for 1,025 chunks x 16 leaves, 846 ms of virtual time); the
+    upward timeout now follows the measured round trip (docs/PROTOCOL.md
+    "Repairs in a tree"), so the links carry the sum once (196 ms)."""
+    W, L = 256, 16
+    grads = _grads(W, 1 << 18, seed=5)
+    with Cluster(workers=W, leaves=L, link_gbps=1.0, agg_link_gbps=1.0, seed=3) as cl:
+        res = cl.allreduce(grads, method="dense", block_elements=BLOCK)
+        eng = [cl.aggregator_counters(k)["engine"] for k in range(L + 1)]
+    _check_exact(res, grads)
+    sent = sum(c["up_sent"] for c in eng[:L])
+    resent = sum(c["up_retransmissions"] for c in eng[:L])
+    assert resent <= 0.02 * sent, (resent, sent)
+    assert eng[L]["replays"] <= 0.02 * sent, eng[L]["replays"]
+    # 16 MB into each aggregator link at 1 Gbit/s is 134 ms
+    assert res.stats["virtual_time"] < 0.3, res.stats["virtual_time"]
+
+
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_tree_repairs_do_not_wait_for_the_leaves_upward_timer(seed):
     """With a 0.2 s upward timeout at the leaves (its hold-off for the

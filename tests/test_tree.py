@@ -820,6 +820,47 @@ def test_leaf_engine_timers_and_worker_retransmissions():
     assert eng.counters()["up_abandoned"] == 1
 
 
+def test_leaf_upward_timeout_follows_the_round_trip_to_the_root():
+    """docs/PROTOCOL.md "Repairs in a tree", the upward timeout: a root
+    that answers in 1.7 ms, above the 1 ms up_rto.  The first set's timer
+    expires (a resend); the timeout of the sets sent after it doubles
+    until a set sent once is answered; that answer is a round-trip sample
+    (a resent set gives none, Karn's rule), and from then on the timeout
+    is USRTT + 4 URTTVAR."""
+    from homagg.engine import FLAG_RESULT, FLAG_RETRANS
+
+    port, eng, root = _leaf_rig(rto=1e-3, give_up=1.0)
+    pay = np.ones(16, dtype=">i4").tobytes()
+    result = np.full(16, 2, dtype=">i4").tobytes()
+    t0 = 1_000_000
+
+    def complete(seq, at):
+        port.set_time(at)
+        out = _leaf_send(port, eng, *(_worker_frame(port, w, seq, "sum32", pay) for w in range(2)))
+        assert len(out) == 1 and out[0].seq == seq and not out[0].flags & FLAG_RETRANS
+
+    def root_result(seq, at):
+        port.set_time(at)
+        return _leaf_send(port, eng, _root_frame(port, root, seq, result, FLAG_RESULT))
+
+    complete(0, t0)
+    assert eng.next_deadline == t0 + 1_000_000
+    port.set_time(t0 + 1_000_000)
+    assert eng.timers() == 1  # the root has not answered within 1 ms
+    port.pop_all()
+    complete(1, t0 + 1_500_000)  # under the doubled timeout: 2 ms
+    assert eng.next_deadline == t0 + 3_000_000  # set 0's second expiry (2 ms)
+    root_result(0, t0 + 2_800_000)  # set 0 was sent twice: no sample
+    port.set_time(t0 + 3_000_000)  # the engine wakes at the old due time
+    assert eng.timers() == 0
+    assert eng.next_deadline == t0 + 3_500_000  # set 1: 1.5 + 2 ms
+    root_result(1, t0 + 3_200_000)  # set 1 sent once: a 1.7 ms sample
+    complete(2, t0 + 4_000_000)
+    # USRTT 1.7 ms, URTTVAR 0.85 ms: 5.1 ms, the doubling ended
+    assert eng.next_deadline == t0 + 4_000_000 + 5_100_000
+    assert eng.counters()["up_retransmissions"] == 1
+
+
 def _parse(f):
     from homagg.engine import parse_frame
 

@@ -42,6 +42,9 @@
 /* Root results of sets sent up later that overtake a forwarded set before
  * it goes up again at once (docs/PROTOCOL.md "Repairs in a tree"). */
 #define UP_DUPTHRESH 3
+/* The measured part of a leaf's upward timeout is at most this many
+ * up_rto_ns (docs/PROTOCOL.md "Repairs in a tree"). */
+#define UP_MAX_RTT_RTOS 64
 /* A leaf repeats its report of a set still open there every
  * min(up_rto_ns, REPORT_REPEAT_NS); a root shows a leaf's missing-below
  * bits while its latest report from that leaf is at most REPORT_STALE_NS
@@ -139,12 +142,17 @@ struct hg_job {
 	struct hg_mac_track up_track; /* auth leaf: the root's MAC counter */
 	size_t mac_len;               /* auth: HG_MAC_LEN, else 0 */
 	uint64_t cnt[HG_CNT__COUNT];
-	uint64_t accepted;       /* frames accepted into a set so far */
-	struct hg_up_timer *up;  /* tree leaf: 2 * S upward timers, else NULL */
-	uint64_t up_txn;         /* tree leaf: partial sums sent up so far */
-	uint64_t up_reply_avg;   /* tree leaf: smoothed time from a send up */
-	uint64_t up_reply_var;   /*   to the root's answer, and its deviation */
-	bool up_reply_have;      /*   (0 samples: up_rto_ns / 2 holds off) */
+	uint64_t accepted;      /* frames accepted into a set so far */
+	struct hg_up_timer *up; /* tree leaf: 2 * S upward timers, else NULL */
+	uint64_t up_txn;        /* tree leaf: partial sums sent up so far */
+	uint64_t up_reply_avg;  /* tree leaf: smoothed time from a send up */
+	uint64_t up_reply_var;  /*   to the root's answer, and its deviation */
+	bool up_reply_have;     /*   (0 samples: up_rto_ns / 2 holds off) */
+	uint64_t up_rtt_avg;    /* tree leaf: smoothed round trip to the root */
+	uint64_t up_rtt_var;    /*   (a first send to its RESULT) and its */
+	bool up_rtt_have;       /*   deviation: the upward timeout */
+	uint32_t up_backoff;    /* tree leaf: doublings of the upward timeout */
+	uint64_t up_backoff_ns; /*   since its last sample; the last one then */
 	uint32_t up_incarnation; /* tree leaf: the root's, 0 = none seen yet */
 	uint32_t up_self;     /* tree leaf: its own incarnation at the root */
 	struct hg_view *view; /* 2 * S: who is missing in a tree */
@@ -181,6 +189,7 @@ struct hg_up_timer {
 			     * sent after it overtake it */
 	uint32_t overtaken;
 	bool awaiting; /* sent up, and the root has not answered since */
+	bool resent;   /* sent up more than once (no round-trip sample) */
 };
 
 /* What the first pass learned of one frame of a burst. */

@@ -78,6 +78,59 @@ static bool up_frame(struct hg_engine *e, struct hg_job *j,
 }
 
 /*
+ * The upward timeout of set t (docs/PROTOCOL.md "Repairs in a tree"):
+ * up_rto_ns, or the leaf's measured round trip to the root when longer
+ * (USRTT + 4 URTTVAR of up_rtt_sample(), at most UP_MAX_RTT_RTOS x
+ * up_rto_ns), doubled per expiry of the set, and at least up_backoff times
+ * (up_expired(): a set sent under a timeout that expires on sets doubles
+ * it for the sets after it until a sample comes, RFC 6298 5.5 and 5.7;
+ * without it a timeout below the round trip expires on every set, and
+ * Karn's rule leaves no sample to correct it).
+ */
+static uint64_t up_timeout(const struct hg_job *j, const struct hg_up_timer *t)
+{
+	uint64_t m = j->cfg.up_rto_ns;
+	uint32_t b = t->tries > j->up_backoff ? t->tries : j->up_backoff;
+
+	if (j->up_rtt_have) {
+		m = j->up_rtt_avg + 4 * j->up_rtt_var;
+		if (m > UP_MAX_RTT_RTOS * j->cfg.up_rto_ns)
+			m = UP_MAX_RTT_RTOS * j->cfg.up_rto_ns;
+		if (m < j->cfg.up_rto_ns)
+			m = j->cfg.up_rto_ns;
+	}
+	return m << (b < UP_MAX_BACKOFF ? b : UP_MAX_BACKOFF);
+}
+
+/* Set t of job j expired at time now: the first expiry of a set sent
+ * since the timeout last doubled doubles it (up to UP_MAX_BACKOFF). */
+static void up_expired(struct hg_job *j, const struct hg_up_timer *t, uint64_t now)
+{
+	if (t->first_ns < j->up_backoff_ns || j->up_backoff >= UP_MAX_BACKOFF)
+		return;
+	j->up_backoff++;
+	j->up_backoff_ns = now;
+}
+
+/* A round trip r (ns) to the root: a set sent up once, to its RESULT
+ * (Karn's rule: a set sent again gives none), smoothed as RFC 6298. */
+static void up_rtt_sample(struct hg_job *j, uint64_t r)
+{
+	uint64_t d;
+
+	j->up_backoff = 0;
+	if (!j->up_rtt_have) {
+		j->up_rtt_avg = r;
+		j->up_rtt_var = r / 2;
+		j->up_rtt_have = true;
+		return;
+	}
+	d = j->up_rtt_avg > r ? j->up_rtt_avg - r : r - j->up_rtt_avg;
+	j->up_rtt_var = (3 * j->up_rtt_var + d) / 4;
+	j->up_rtt_avg = (7 * j->up_rtt_avg + r) / 8;
+}
+
+/*
  * Send set s's partial sum (its accumulator) up to the root, as worker
  * up_worker of the root's job (a resend with HG_FLAG_RETRANS), and arm the
  * set's timer with the timeout doubled per timer expiry.  reuse: a buffer
@@ -95,8 +148,11 @@ static void up_send(struct hg_engine *e, struct hg_job *j, struct hg_set *s,
 	if (why == UP_FIRST) {
 		t->first_ns = now;
 		t->tries = 0;
-	} else if (why == UP_TIMER) {
-		t->tries++;
+		t->resent = false;
+	} else {
+		t->resent = true;
+		if (why == UP_TIMER)
+			t->tries++;
 	}
 	t->txn_last = ++j->up_txn;
 	if (why == UP_FIRST)
@@ -104,9 +160,7 @@ static void up_send(struct hg_engine *e, struct hg_job *j, struct hg_set *s,
 	t->overtaken = 0;
 	t->awaiting = true;
 	t->sent_ns = now;
-	t->due_ns = now +
-		    (j->cfg.up_rto_ns
-		     << (t->tries < UP_MAX_BACKOFF ? t->tries : UP_MAX_BACKOFF));
+	t->due_ns = now + up_timeout(j, t);
 	if (t->due_ns < e->up_next)
 		e->up_next = t->due_ns;
 	count(e, j, retrans ? HG_CNT_UP_RETRANSMISSIONS : HG_CNT_UP_SENT);
@@ -590,6 +644,8 @@ void hg_eng_up_apply(struct hg_engine *e, struct hg_stage *st)
 	struct hg_job *j = st->job;
 	struct hg_set *s = st->set;
 	struct hg_pkt *pkt = st->pkt;
+	struct hg_up_timer *t;
+	uint64_t now;
 	size_t bytes;
 
 	if (st->incarnation != j->up_incarnation) {
@@ -613,7 +669,11 @@ void hg_eng_up_apply(struct hg_engine *e, struct hg_stage *st)
 		queue_free(e, pkt);
 		return;
 	}
-	up_reply_sample(j, &j->up[s - j->sets], hg_port_now(e->port));
+	t = &j->up[s - j->sets];
+	now = hg_port_now(e->port);
+	up_reply_sample(j, t, now);
+	if (!(st->flags & HG_FLAG_STATUS) && !t->resent && now >= t->first_ns)
+		up_rtt_sample(j, now - t->first_ns);
 	if (st->flags & HG_FLAG_STATUS) {
 		count(e, j, HG_CNT_UP_STATUS);
 		/* news of who holds the root up: the workers learn it now */
@@ -677,6 +737,7 @@ int hg_engine_timers(struct hg_engine *e)
 				count(e, j, HG_CNT_UP_ABANDONED);
 				continue;
 			}
+			up_expired(j, t, now);
 			up_send(e, j, &j->sets[i], j->acc + i * j->acc_stride,
 				UP_TIMER, NULL);
 			resent++;
