@@ -612,7 +612,10 @@ def test_register_tree_requests_and_job_files(tmp_path):
 # ---- one leaf engine on the in-memory port: the root's side by hand -------
 
 
-def _leaf_rig(workers=2, slots=4, rto=1e-3, give_up=1.0, replicate=False):
+def _leaf_rig(workers=2, slots=4, rto=1e-3, give_up=1.0, replicate=False, reports=False):
+    """A leaf engine (job 5, workers 0..W-1) under a root at .99; with
+    ``reports`` it is leaf 3 of 5 whose first worker is job worker 4, so it
+    sends leaf reports ("Who is missing in a tree")."""
     from homagg.engine import Addr, Engine, MemPort
 
     root = Addr.of(bytes([2, 0, 0, 0, 9, 9]), (10 << 24) | 99, 48879)
@@ -626,7 +629,8 @@ def _leaf_rig(workers=2, slots=4, rto=1e-3, give_up=1.0, replicate=False):
         slots=slots,
         incarnation=7,
         group="239.1.0.9" if replicate else 0,
-        parent={"addr": root, "worker": 3, "shard": 2, "rto": rto, "give_up": give_up},
+        parent={"addr": root, "worker": 3, "shard": 2, "rto": rto, "give_up": give_up}
+        | ({"base": 4, "leaves": 5} if reports else {}),
     )
     return port, eng, root
 
@@ -1299,22 +1303,11 @@ def test_leaf_repeats_its_report_while_the_set_waits():
     1 ms)) on its timers, so the root can tell a leaf that waits from one
     that stopped; the repeats end when the set goes up, and after
     up_give_up_ns."""
-    from homagg.engine import FLAG_RETRANS, FLAG_STATUS, Addr, Engine, MemPort
+    from homagg.engine import FLAG_RETRANS, FLAG_STATUS
 
-    root = Addr.of(bytes([2, 0, 0, 0, 9, 9]), (10 << 24) | 99, 48879)
-    port = MemPort(can_replicate=False)
+    # an upward timeout longer than the report period: 1 ms rules
+    port, eng, root = _leaf_rig(rto=5e-3, reports=True)
     t = 1_000_000
-    port.set_time(t)
-    eng = Engine(port)
-    eng.add_job(
-        job=5,
-        token=55,
-        workers=2,
-        slots=4,
-        incarnation=7,
-        # an upward timeout longer than the report period: 1 ms rules
-        parent={"addr": root, "worker": 3, "shard": 2, "base": 4, "leaves": 5, "rto": 5e-3},
-    )
     pay = np.ones(16, dtype=">i4").tobytes()
 
     def reports(out):
@@ -1344,29 +1337,10 @@ def test_leaf_repeats_its_report_while_the_set_waits():
 def test_leaf_report_repeats_end_at_the_give_up_time():
     """A set that never completes is reported for up_give_up_ns after its
     first report, then no more."""
-    from homagg.engine import FLAG_RETRANS, FLAG_STATUS, Addr, Engine, MemPort
+    from homagg.engine import FLAG_RETRANS, FLAG_STATUS
 
-    root = Addr.of(bytes([2, 0, 0, 0, 9, 9]), (10 << 24) | 99, 48879)
-    port = MemPort(can_replicate=False)
+    port, eng, root = _leaf_rig(rto=1e-3, give_up=4.5e-3, reports=True)
     t = 1_000_000
-    port.set_time(t)
-    eng = Engine(port)
-    eng.add_job(
-        job=5,
-        token=55,
-        workers=2,
-        slots=4,
-        incarnation=7,
-        parent={
-            "addr": root,
-            "worker": 3,
-            "shard": 2,
-            "base": 4,
-            "leaves": 5,
-            "rto": 1e-3,
-            "give_up": 4.5e-3,
-        },
-    )
     pay = np.ones(16, dtype=">i4").tobytes()
     _leaf_send(port, eng, _worker_frame(port, 0, 1, "sum32", pay))
     _leaf_send(port, eng, _worker_frame(port, 0, 1, "sum32", pay, flags=FLAG_RETRANS))
