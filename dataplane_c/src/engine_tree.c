@@ -77,6 +77,23 @@ static bool up_frame(struct hg_engine *e, struct hg_job *j,
 	return true;
 }
 
+/* Sample r into a smoothed value and its deviation as RFC 6298 smooths
+ * RTT samples (the first sets avg = r, var = r / 2). */
+static void smooth_rfc6298(uint64_t *avg, uint64_t *var, bool *have, uint64_t r)
+{
+	uint64_t d;
+
+	if (!*have) {
+		*avg = r;
+		*var = r / 2;
+		*have = true;
+		return;
+	}
+	d = *avg > r ? *avg - r : r - *avg;
+	*var = (3 * *var + d) / 4;
+	*avg = (7 * *avg + r) / 8;
+}
+
 /*
  * The upward timeout of set t (docs/PROTOCOL.md "Repairs in a tree"):
  * up_rto_ns, or the leaf's measured round trip to the root when longer
@@ -113,21 +130,11 @@ static void up_expired(struct hg_job *j, const struct hg_up_timer *t, uint64_t n
 }
 
 /* A round trip r (ns) to the root: a set sent up once, to its RESULT
- * (Karn's rule: a set sent again gives none), smoothed as RFC 6298. */
+ * (Karn's rule: a set sent again gives none); a sample ends the doubling. */
 static void up_rtt_sample(struct hg_job *j, uint64_t r)
 {
-	uint64_t d;
-
 	j->up_backoff = 0;
-	if (!j->up_rtt_have) {
-		j->up_rtt_avg = r;
-		j->up_rtt_var = r / 2;
-		j->up_rtt_have = true;
-		return;
-	}
-	d = j->up_rtt_avg > r ? j->up_rtt_avg - r : r - j->up_rtt_avg;
-	j->up_rtt_var = (3 * j->up_rtt_var + d) / 4;
-	j->up_rtt_avg = (7 * j->up_rtt_avg + r) / 8;
+	smooth_rfc6298(&j->up_rtt_avg, &j->up_rtt_var, &j->up_rtt_have, r);
 }
 
 /*
@@ -332,21 +339,11 @@ static void up_overtaken(struct hg_engine *e, struct hg_job *j,
  */
 static void up_reply_sample(struct hg_job *j, struct hg_up_timer *t, uint64_t now)
 {
-	uint64_t r, d;
-
 	if (!t->awaiting || now < t->sent_ns)
 		return;
 	t->awaiting = false;
-	r = now - t->sent_ns;
-	if (!j->up_reply_have) {
-		j->up_reply_avg = r;
-		j->up_reply_var = r / 2;
-		j->up_reply_have = true;
-		return;
-	}
-	d = j->up_reply_avg > r ? j->up_reply_avg - r : r - j->up_reply_avg;
-	j->up_reply_var = (3 * j->up_reply_var + d) / 4;
-	j->up_reply_avg = (7 * j->up_reply_avg + r) / 8;
+	smooth_rfc6298(&j->up_reply_avg, &j->up_reply_var, &j->up_reply_have,
+		       now - t->sent_ns);
 }
 
 /*
