@@ -509,25 +509,27 @@ def test_rotate_key_on_a_testbed_while_ranks_run_allreduces(auth_testbed, tmp_pa
         )
         return f[42:]  # the UDP payload
 
+    def until_moved(payload, field, base):
+        """Send ``payload`` each second until ``field`` passes ``base``: one
+        UDP frame can be lost on a loaded host. Returns (stats, copies)."""
+        copies, deadline = 0, time.monotonic() + 20
+        while time.monotonic() < deadline:
+            _send_from(tb, "w0", payload, (agg.ip, 48879))
+            copies += 1
+            second = time.monotonic() + 1
+            while time.monotonic() < second:
+                s = stats()
+                if s[field] > base[field]:
+                    return s, copies
+                time.sleep(0.02)
+        raise AssertionError(f"timed out after 20 s waiting for {field} to move")
+
     before = stats()
-    _send_from(tb, "w0", frame(new, 1, 1), (agg.ip, 48879))
-    mid = wait_for(
-        lambda: (lambda s: s["summed"] > before["summed"] and s)(stats()), 20, "the frame summed"
-    )
-    assert mid["bad_mac"] == before["bad_mac"]
-    # one UDP frame can be lost on a loaded host: the same forged bytes
-    # again each second until bad_mac moves (each copy is one more bad_mac)
-    copies, after = 0, None
-    deadline = time.monotonic() + 20
-    while after is None and time.monotonic() < deadline:
-        _send_from(tb, "w0", frame(old, 0, 2), (agg.ip, 48879))
-        copies += 1
-        second = time.monotonic() + 1
-        while after is None and time.monotonic() < second:
-            s = stats()
-            after = s if s["bad_mac"] > mid["bad_mac"] else None
-            time.sleep(0.02)
-    assert after is not None, "timed out after 20 s waiting for the old key's bad_mac"
+    # the new key's frame is summed once, however many copies it took
+    mid, _ = until_moved(frame(new, 1, 1), "summed", before)
+    assert mid["summed"] == before["summed"] + 1 and mid["bad_mac"] == before["bad_mac"]
+    # the old key's, after the grace period: each copy is one more bad_mac
+    after, copies = until_moved(frame(old, 0, 2), "bad_mac", mid)
     assert 1 <= after["bad_mac"] - mid["bad_mac"] <= copies and after["summed"] == mid["summed"]
 
     # the job registered afresh keeps its epoch: a worker from the job file is exact
