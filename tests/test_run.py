@@ -575,6 +575,37 @@ def test_receive_ring_must_hold_the_window(jumbo_testbed, tmp_path):
     _no_processes_left(tb)
 
 
+def test_the_job_payload_is_the_largest_the_mtu_carries_unless_given(testbed):
+    """No --payload-bytes: the job takes the largest payload MTU 1500
+    carries (1424 bytes; docs/PROTOCOL.md "The payload of a job"), cuts
+    its streams with it and is exact; a given one is kept."""
+    from homagg.runs.job import job_payload
+    from homagg.worker import max_payload
+
+    assert max_payload(1500) == 1424 and max_payload(9000) == 8192
+    assert job_payload(None, 1500, "x") == 1424 and job_payload(None, 9000, "x") == 8192
+    assert job_payload(1024, 1500, "x") == 1024
+    with pytest.raises(runmod.RunError, match="does not fit the MTU 1500 of x"):
+        job_payload(1428, 1500, "x")
+    n = 100_000
+    for payload in (None, 1024):
+        rep = runmod.run_allreduce(
+            testbed.name,
+            "dense",
+            elements=n,
+            density=1.0,
+            workload="dense",
+            payload=payload,
+            state_dir=testbed.state_dir,
+        )
+        assert rep["exact"] is True and rep["workers_agree"]
+        want = payload or 1424
+        assert rep["payload_bytes"] == want
+        # one exponent chunk, then 4 n bytes of int32 lanes in chunks of it
+        assert rep["counters"]["completed"] == 1 + -(-4 * n // want), rep["counters"]
+    _no_processes_left(testbed)
+
+
 def test_payload_larger_than_the_mtu_is_refused(testbed):
     with pytest.raises(runmod.RunError) as ei:
         runmod.run_allreduce(

@@ -143,11 +143,12 @@ def add_arguments(parser):
     parser.add_argument(
         "--payload-bytes",
         type=_list(int),
-        default=[1024],
+        default=None,
         metavar="B[,B...]",
         help="HomAgg job payload bytes per packet, a multiple of 4 up to 8192 "
-        "(default 1024; several: rows for each; payloads above what MTU 1500 "
-        "holds run on a second testbed with MTU 9000 links, Gloo too)",
+        "(default: the largest MTU 1500 carries, 1424; several: rows for each; "
+        "payloads above what MTU 1500 holds run on a second testbed with MTU 9000 "
+        "links, Gloo too)",
     )
     parser.add_argument(
         "--pipeline-groups",
@@ -645,7 +646,11 @@ def _run(args, case):
         raise SystemExit(f"unknown method(s)/workload(s): {bad}")
     if args.repeat < 1 or args.warmup < 0 or args.elements < 1:
         raise SystemExit("--repeat >= 1, --warmup >= 0, --elements >= 1")
-    payloads = list(dict.fromkeys(args.payload_bytes)) or [1024]
+    from homagg.worker import max_payload
+
+    # unset: the largest payload the MTU 1500 links carry (docs/PROTOCOL.md
+    # "The payload of a job")
+    payloads = list(dict.fromkeys(args.payload_bytes or [])) or [max_payload(1500)]
     bad = [p for p in payloads if not 4 <= p <= 8192 or p % 4]
     if bad:
         raise SystemExit(f"--payload-bytes: multiples of 4 in 4..8192, got {bad}")

@@ -123,14 +123,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="build the network only: no homagg-switch, no job (`homagg run` and "
         "`homagg train` then start daemons of their own; implied by --leaves)",
     )
-    job_file.add_job_arguments(p)
-    # the job's payload follows the MTU unless given (default_payload)
-    p.set_defaults(payload_bytes=None)
-    next(a for a in p._actions if a.dest == "payload_bytes").help = (
-        "the job's payload per packet, a multiple of 4 (default: 1024 bytes up to MTU 1500, "
-        "the largest the MTU carries above, 8192 at --mtu 9000; less than 1024 where the "
-        "MTU needs it)"
-    )
+    job_file.add_job_arguments(p)  # the payload follows the MTU unless given
     p.add_argument("--switch", default=None, metavar="PATH", help="homagg-switch binary")
     p.add_argument(
         "--auth",
@@ -195,16 +188,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the whole state as JSON")
 
 
-def default_payload(mtu: int) -> int:
-    """The job payload of a testbed of this MTU when --payload-bytes is not
-    given: 1024 bytes (the job default everywhere) where it fits, the
-    largest payload the MTU carries on jumbo links (above 1500) or where
-    1024 does not fit."""
-    from homagg.worker import max_payload
-
-    return max_payload(mtu) if mtu > 1500 else min(1024, max_payload(mtu))
-
-
 def _rate(r):
     return "unshaped" if r is None else f"{r:g} Mbit/s"
 
@@ -247,11 +230,10 @@ def _run(args) -> int:
         )
         if not args.no_daemon and not args.leaves:
             try:
-                payload = args.payload_bytes or default_payload(args.mtu)
                 testbed_job.start(
                     tb,
                     slots=args.slots,
-                    payload=payload,
+                    payload=args.payload_bytes,
                     timeout=args.timeout,
                     switch=args.switch,
                     cost_model=args.cost_model,

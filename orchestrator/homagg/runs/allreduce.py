@@ -42,7 +42,8 @@ by homagg.bench.workloads, the generator the benchmarks' Gloo baseline uses:
   zipf    rows of 64 elements with Zipf-distributed popularity (embedding rows)
   dense   every element non-zero (--density is ignored)
 
---payload-bytes sets the job's payload per packet (1024 by default; up to
+--payload-bytes sets the job's payload per packet (by default the largest
+the links' MTU carries: 1424 bytes at MTU 1500; up to
 8192 on a testbed made with `homagg testbed up --mtu 9000`: the aggregator
 then runs on net_af_packet with frames of the MTU, since af_xdp's 4 KB umem
 frames cannot hold a jumbo frame).
@@ -84,8 +85,8 @@ from homagg.runs.job import (
     WORKLOADS,
     RunError,
     check_arguments,
-    check_payload,
     counter_deltas,
+    job_payload,
     print_report,
     sum_dicts,
     tree_leaf,
@@ -242,7 +243,7 @@ def run_allreduce(
     seed: int = 1,
     block: int = DEFAULT_BLOCK,
     slots: int = None,
-    payload: int = 1024,
+    payload: int | None = None,
     timeout: float = 10.0,
     rto: float = 0.005,
     pmd: str = "auto",
@@ -329,7 +330,7 @@ def run_allreduce(
         pl = TestbedPlacement(testbed, state_dir)
     else:
         pl = testbed
-    check_payload(payload, pl.mtu, pl.where)
+    payload = job_payload(payload, pl.mtu, pl.where)  # None: the largest the MTU carries
     W = len(pl.workers)
     slots = resolve_slots(slots, W)  # unset: W x S fits a 4096-frame ring
     hosts = pl.aggregators
@@ -653,10 +654,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--payload-bytes",
         type=int,
-        default=1024,
+        default=None,
         metavar="BYTES",
         help="payload bytes per packet, a multiple of 4 up to 8192 (more than an MTU of 1500 "
-        "holds needs links with MTU 9000; default: %(default)s)",
+        "holds needs links with MTU 9000; default: the largest the links' MTU carries, "
+        "1424 at MTU 1500)",
     )
     p.add_argument(
         "--pipeline-groups",

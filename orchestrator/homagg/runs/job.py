@@ -335,6 +335,19 @@ def worker_spec(
     )
 
 
+def job_payload(payload: int | None, mtu: int, where: str) -> int:
+    """The payload of a job on links of MTU ``mtu``: ``payload`` when the
+    user set one (checked: check_payload), else (None) the largest the MTU
+    carries, 1424 bytes at MTU 1500: the cost model never predicts a larger
+    payload slower (docs/PROTOCOL.md "The payload of a job")."""
+    from homagg.worker import max_payload
+
+    if payload is None:
+        return max_payload(mtu)
+    check_payload(payload, mtu, where)
+    return payload
+
+
 def check_payload(payload: int, mtu: int, where: str) -> None:
     """A job payload must be a multiple of 4 in 4..8192 whose frames fit the
     links' MTU (IPv4, UDP, HomAgg header and the optional MAC included)."""

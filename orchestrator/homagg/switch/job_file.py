@@ -211,9 +211,11 @@ def add_job_arguments(p) -> None:
     p.add_argument(
         "--payload-bytes",
         type=int,
-        default=1024,
+        default=None,
         metavar="BYTES",
-        help="the job's payload per packet (default: %(default)s)",
+        help="the job's payload per packet, a multiple of 4 (default: the largest the "
+        "links' MTU carries, 1424 bytes at MTU 1500: docs/PROTOCOL.md "
+        '"The payload of a job")',
     )
     p.add_argument(
         "--timeout",

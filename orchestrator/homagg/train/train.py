@@ -1046,7 +1046,7 @@ def run_train(
     state_dir: str | None = None,
     switch: str | None = None,
     slots: int | None = None,
-    payload: int = 1024,
+    payload: int | None = None,
     group: str = "239.77.0.2",
     out_dir: str | None = None,
     auth: bool = False,
@@ -1083,7 +1083,7 @@ def run_train(
     choose each bucket's path (no measured times, homagg.torch's
     ``measure=False``)."""
     from homagg.runs.allreduce import aggregator_count
-    from homagg.runs.job import UDP_PORT, check_payload
+    from homagg.runs.job import UDP_PORT, job_payload
 
     check_arguments(method, model, steps, warmup)
     lr = load_factory(model)[1] if lr is None else lr
@@ -1094,7 +1094,7 @@ def run_train(
         pl = placement(testbed=testbed, state_dir=state_dir)
     else:
         pl = testbed
-    check_payload(payload, pl.mtu, pl.where)
+    payload = job_payload(payload, pl.mtu, pl.where)  # None: the largest the MTU carries
     if ranks is not None:
         if not 1 <= ranks <= len(pl.workers):
             raise TrainError(f"--ranks {ranks}: {pl.where} has {len(pl.workers)} workers")
@@ -1412,9 +1412,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--payload-bytes",
         type=int,
-        default=1024,
+        default=None,
         metavar="BYTES",
-        help="payload per packet, up to 8192 on links with MTU 9000 (default 1024)",
+        help="payload per packet, up to 8192 on links with MTU 9000 (default: the largest "
+        "the links' MTU carries, 1424 at MTU 1500)",
     )
     p.add_argument("--switch", default=None, metavar="PATH", help="homagg-switch binary")
     p.add_argument("--state-dir", default=None, metavar="DIR", help="testbed state directory")

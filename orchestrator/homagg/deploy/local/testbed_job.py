@@ -82,7 +82,7 @@ def start(
     tb: Testbed,
     *,
     slots: int | None = None,
-    payload: int = 1024,
+    payload: int | None = None,
     timeout: float = 10.0,
     switch: str | None = None,
     cost_model: bool = True,
@@ -101,9 +101,11 @@ def start(
     from homagg import auth as hg_auth
 
     from homagg.runs import allreduce as runmod
+    from homagg.runs.job import job_payload
     from homagg.switch.daemon import Switch
 
-    runmod.check_payload(payload, int(tb.state().get("mtu") or 1500), f"testbed {tb.name}")
+    # None: the largest the testbed's MTU carries
+    payload = job_payload(payload, int(tb.state().get("mtu") or 1500), f"testbed {tb.name}")
     slots = resolve_slots(slots, len(tb.workers))
     os.makedirs(tb.files_dir, mode=0o700, exist_ok=True)
     sws = []

@@ -659,7 +659,7 @@ def _up_job(
     inventory: inv.Inventory,
     out,
     slots: int | None = None,
-    payload: int = 1024,
+    payload: int | None = None,
     timeout: float = 10.0,
     group: str = UP_JOB_GROUP,
     auth: bool = False,
@@ -672,7 +672,7 @@ def _up_job(
     ``placed``, what it returned already)."""
     aggs = _aggregators(hosts)
     workers = [r for r in hosts if r.h.role == "worker"]
-    localrun.check_payload(
+    payload = localrun.job_payload(  # None: the largest the inventory's MTU carries
         payload, min(h.mtu for h in inventory.hosts), f"inventory {inventory.path}"
     )
     secret, files = (
