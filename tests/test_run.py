@@ -415,7 +415,9 @@ def test_pipelined_block_groups_on_the_dpdk_testbed(testbed):
     without pipelining (pipeline_groups=1), dense and auto bit-exact also
     under 1 % drops, auto's choice per group the same on every worker,
     every contribution summed once."""
-    n = 300_000  # 74 blocks of 4096: 5 automatic groups of 16 (four windows)
+    # 74 blocks of 4096: 5 automatic groups of 16 (four windows of 1024-byte
+    # payloads; the group size follows the payload, so it is given)
+    n = 300_000
     for method, groups, want in (("dense", 0, 5), ("nc", 7, 7), ("lhc", 0, 5), ("auto", 0, 5)):
         plain = runmod.run_allreduce(
             testbed.name,
@@ -426,6 +428,7 @@ def test_pipelined_block_groups_on_the_dpdk_testbed(testbed):
             seed=5,
             state_dir=testbed.state_dir,
             pipeline_groups=1,
+            payload=1024,
         )
         piped = runmod.run_allreduce(
             testbed.name,
@@ -437,6 +440,7 @@ def test_pipelined_block_groups_on_the_dpdk_testbed(testbed):
             state_dir=testbed.state_dir,
             pipeline_groups=groups,
             drop_rate=0.01 if method in ("dense", "auto") else 0.0,
+            payload=1024,
         )
         assert piped["pipeline_groups"] == groups
         assert [s["groups"] for s in plain["worker_stats"]] == [1] * 4
