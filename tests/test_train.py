@@ -946,7 +946,7 @@ def test_threads_per_rank_leaves_a_core_per_rank_to_the_hook():
 def test_the_standing_job_is_used_only_when_it_fits():
     """`homagg train` reuses `homagg testbed up`'s / `homagg up -i`'s job only
     when it is the one asked for: an explicit --slots, --payload-bytes or
-    --timeout, a tree, other aggregators or --auth on an unauthenticated
+    --timeout that differs, a tree, other aggregators or --auth on an unauthenticated
     job give the run a job of its own (none is silently ignored)."""
     job = {
         "workers": 2,
@@ -959,6 +959,9 @@ def test_the_standing_job_is_used_only_when_it_fits():
     fits = dict(W=2, count=2, leaves=0, auth=False, slots=None, payload=1024, timeout=10.0)
     assert trainmod._fits(job, **fits)
     assert trainmod._fits(job, **dict(fits, slots=64))
+    # no --payload-bytes: the standing job's payload, whatever it is
+    assert trainmod._fits(job, **dict(fits, payload=None))
+    assert trainmod._fits(dict(job, payload=1424), **dict(fits, payload=None))
     for change in (
         dict(W=3),
         dict(count=1),

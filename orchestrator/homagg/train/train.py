@@ -988,19 +988,19 @@ def _fits(
     leaves: int,
     auth: bool,
     slots: int | None,
-    payload: int,
+    payload: int | None,
     timeout: float,
 ) -> bool:
     """Whether the standing job of job-file ``fields`` is the run's: as many
     workers, the same aggregators (no tree), authenticated if asked, and
-    the slots (when given), payload and timeout asked for."""
+    the slots and payload (when given) and timeout asked for."""
     return (
         fields["workers"] == W
         and not leaves
         and len(fields["aggregator"].split(",")) == count
         and (not auth or bool(fields.get("auth_file")))
         and (slots is None or fields["slots"] == slots)
-        and fields["payload"] == payload
+        and (payload is None or fields["payload"] == payload)
         and float(fields["timeout"]) == float(timeout)
     )
 
@@ -1094,7 +1094,8 @@ def run_train(
         pl = placement(testbed=testbed, state_dir=state_dir)
     else:
         pl = testbed
-    payload = job_payload(payload, pl.mtu, pl.where)  # None: the largest the MTU carries
+    # None: the standing job's payload, or the largest the MTU carries
+    payload_given, payload = payload, job_payload(payload, pl.mtu, pl.where)
     if ranks is not None:
         if not 1 <= ranks <= len(pl.workers):
             raise TrainError(f"--ranks {ranks}: {pl.where} has {len(pl.workers)} workers")
@@ -1137,7 +1138,7 @@ def run_train(
             controls = [s.control for s in sws]
             standing = pl.standing_job()
             if standing and not _fits(
-                standing[0], W, count, leaves, auth, slots_given, payload, timeout
+                standing[0], W, count, leaves, auth, slots_given, payload_given, timeout
             ):
                 standing = None
             if standing:  # the standing job afresh, and its job files
