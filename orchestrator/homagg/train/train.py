@@ -1415,8 +1415,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         metavar="BYTES",
-        help="payload per packet, up to 8192 on links with MTU 9000 (default: the largest "
-        "the links' MTU carries, 1424 at MTU 1500)",
+        help="payload per packet, up to 8192 on links with MTU 9000 (default: the standing "
+        "job's, else the largest the links' MTU carries, 1424 at MTU 1500)",
     )
     p.add_argument("--switch", default=None, metavar="PATH", help="homagg-switch binary")
     p.add_argument("--state-dir", default=None, metavar="DIR", help="testbed state directory")
