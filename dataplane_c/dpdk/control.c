@@ -306,17 +306,23 @@ static int get_mac(const json_t *o, struct hg_ctl_job *j, json_t **reply)
 	if (!j->auth)
 		return reply_error(reply, -EINVAL,
 				   "field 'mac': only with 'auth' (the job secret)");
-	if (!strcmp(s, "aes-gmac"))
+	if (!strcmp(s, "umac"))
+		j->mac = HG_MAC_UMAC;
+	else if (!strcmp(s, "aes-gmac"))
 		j->mac = HG_MAC_AES_GMAC;
 	else if (!strcmp(s, "blake2b"))
 		j->mac = HG_MAC_BLAKE2B;
 	else
 		return reply_error(reply, -EINVAL,
-				   "field 'mac': must be \"aes-gmac\" or \"blake2b\"");
+				   "field 'mac': must be \"umac\", \"aes-gmac\" or "
+				   "\"blake2b\"");
 	if (!hg_auth_mac_available(j->mac))
 		return reply_error(reply, -ENOTSUP,
-				   "field 'mac': this host's CPU lacks AES-NI or "
-				   "PCLMULQDQ for aes-gmac: use \"blake2b\"");
+				   j->mac == HG_MAC_UMAC ?
+					   "field 'mac': this host's CPU lacks AES-NI "
+					   "for umac: use \"blake2b\"" :
+					   "field 'mac': this host's CPU lacks AES-NI or "
+					   "PCLMULQDQ for aes-gmac: use \"blake2b\"");
 	return 0;
 }
 

@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Keys and MACs of authenticated jobs (homagg/auth.h): the KDF and BLAKE2b
- * on libsodium, AES-GMAC on the path of hg_mac_isa() (auth_gmac.c).
+ * on libsodium, AES-GMAC on the path of hg_mac_isa() (auth_gmac.c), UMAC
+ * with NH in that path's form (auth_umac.c).
  *
  * Cost: one MAC pass over header + payload per frame checked or sent.
  * On the project's own paths (pclmul, avx2, avx512) auth_gmac_pvt.h and
@@ -63,6 +64,10 @@ bool hg_auth_mac_available(uint32_t alg)
 		return true;
 	if (alg == HG_MAC_AES_GMAC)
 		return crypto_aead_aes256gcm_is_available() == 1;
+	if (alg == HG_MAC_UMAC) {
+		__builtin_cpu_init();
+		return __builtin_cpu_supports("aes");
+	}
 	return false;
 }
 
@@ -70,8 +75,7 @@ uint32_t hg_auth_default_mac(void)
 {
 	if (sodium_init() < 0)
 		return 0;
-	return hg_auth_mac_available(HG_MAC_AES_GMAC) ? HG_MAC_AES_GMAC :
-							HG_MAC_BLAKE2B;
+	return hg_auth_mac_available(HG_MAC_UMAC) ? HG_MAC_UMAC : HG_MAC_BLAKE2B;
 }
 
 int hg_auth_derive_key(const uint8_t *secret, uint32_t job, uint32_t id,
@@ -123,7 +127,7 @@ int hg_mac_key_init(struct hg_mac_key *k, uint32_t alg, const uint8_t *key)
 	if (!hg_auth_mac_available(alg))
 		return -ENOTSUP;
 	k->alg = alg;
-	if (alg != HG_MAC_AES_GMAC) {
+	if (alg == HG_MAC_BLAKE2B) {
 		memcpy(k->key, key, HG_AUTH_KEY_LEN);
 		return 0;
 	}
@@ -133,6 +137,10 @@ int hg_mac_key_init(struct hg_mac_key *k, uint32_t alg, const uint8_t *key)
 
 		hg_mac_key_release(k);
 		return rc;
+	}
+	if (alg == HG_MAC_UMAC) { /* the key's first 16 bytes */
+		hg_umac_init(&k->umac, key, k->isa >= HG_MAC_ISA_AVX2);
+		return 0;
 	}
 	if (k->isa != HG_MAC_ISA_PORTABLE) {
 		hg_gmac_init(&k->gmac, key);
@@ -207,7 +215,24 @@ static void gmac_tag(const struct hg_mac_key *k, const uint8_t *nonce,
 void hg_mac_key_sign(const struct hg_mac_key *k, uint32_t dir, uint64_t counter,
 		     const uint8_t *data, size_t len, uint8_t *mac)
 {
-	if (k->alg == HG_MAC_AES_GMAC) {
+	if (k->alg == HG_MAC_UMAC) {
+		uint32_t inc;
+		uint64_t lo;
+
+		if (counter >> 48) { /* as AES-GMAC's */
+			randombytes_buf(mac, HG_MAC_LEN);
+			return;
+		}
+		/* hg_auth_nonce() || 0^32 made in a register, as gmac_j0(),
+		 * the nonce's lowest bit (the incarnation's) apart */
+		memcpy(&inc, data + 24, 4); /* incarnation as sent */
+		lo = data[23] | (uint64_t)(uint8_t)dir << 8 |
+		     __builtin_bswap64(counter << 16) << 16;
+		hg_umac_tag_block(&k->umac,
+				  _mm_set_epi64x((long long)(inc & ~(1u << 24)),
+						 (long long)lo),
+				  inc >> 24 & 1, data, len, mac);
+	} else if (k->alg == HG_MAC_AES_GMAC) {
 		uint8_t nonce[HG_AUTH_NONCE_LEN];
 
 		/* A counter past 48 bits would repeat a nonce: such a frame
@@ -359,6 +384,33 @@ int hg_auth_gmac(const uint8_t *key, const uint8_t *nonce, const uint8_t *data,
 	rc = hg_mac_key_init(k, HG_MAC_AES_GMAC, key);
 	if (!rc)
 		gmac_tag(k, nonce, len ? data : (const uint8_t *)"", len, tag);
+	hg_mac_key_release(k);
+	sodium_free(k);
+	return rc;
+}
+
+int hg_auth_umac(const uint8_t *key, const uint8_t *nonce, size_t nonce_len,
+		 const uint8_t *data, size_t len, uint8_t *tag)
+{
+	uint8_t key32[HG_AUTH_KEY_LEN] = { 0 };
+	struct hg_mac_key *k;
+	int rc;
+
+	if (!key || !nonce || !tag || (!data && len) || nonce_len < 1 ||
+	    nonce_len > 16 || len > HG_UMAC_MAX_LEN)
+		return -EINVAL;
+	if (sodium_init() < 0)
+		return -ENOTSUP;
+	k = sodium_malloc(sizeof(*k)); /* aligned; wiped when freed */
+	if (!k)
+		return -ENOMEM;
+	memset(k, 0, sizeof(*k));
+	memcpy(key32, key, 16);
+	rc = hg_mac_key_init(k, HG_MAC_UMAC, key32);
+	if (!rc)
+		hg_umac_tag(&k->umac, nonce, nonce_len,
+			    len ? data : (const uint8_t *)"", len, tag);
+	sodium_memzero(key32, sizeof(key32));
 	hg_mac_key_release(k);
 	sodium_free(k);
 	return rc;

@@ -17,17 +17,21 @@
 #include <sodium.h>
 
 #include "auth_gmac_pvt.h"
+#include "auth_umac_pvt.h"
 #include "homagg/auth.h"
 
 struct evp_cipher_ctx_st;
 
 struct hg_mac_key {
-	struct hg_gmac_key gmac;         /* HG_MAC_AES_GMAC, own paths */
+	union {
+		struct hg_gmac_key gmac; /* HG_MAC_AES_GMAC, own paths */
+		struct hg_umac_key umac; /* HG_MAC_UMAC */
+	};
 	crypto_aead_aes256gcm_state aes; /* HG_MAC_AES_GMAC, portable */
 	struct evp_cipher_ctx_st *evp;   /* HG_MAC_AES_GMAC, portable, long */
 	uint8_t key[HG_AUTH_KEY_LEN];    /* HG_MAC_BLAKE2B */
 	uint32_t alg;
-	int isa; /* AES-GMAC: HG_MAC_ISA_* */
+	int isa; /* AES-GMAC and UMAC: HG_MAC_ISA_* */
 };
 
 /* k (zeroed or released) = key for alg.  0, -EINVAL, -ENOTSUP (alg

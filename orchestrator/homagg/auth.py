@@ -28,10 +28,12 @@ MAC_LEN = _b.MAC_LEN
 AGGREGATOR = _b.KEY_AGGREGATOR
 MAC_BLAKE2B = _b.MAC_BLAKE2B
 MAC_AES_GMAC = _b.MAC_AES_GMAC
-MAC_NAMES = {MAC_BLAKE2B: "blake2b", MAC_AES_GMAC: "aes-gmac"}
+MAC_UMAC = _b.MAC_UMAC
+MAC_NAMES = {MAC_BLAKE2B: "blake2b", MAC_AES_GMAC: "aes-gmac", MAC_UMAC: "umac"}
 DIR_REQUEST = _b.DIR_REQUEST
 DIR_REPLY = _b.DIR_REPLY
-# AES-GMAC's ISA paths (HOMAGG_MAC_ISA; the same tag bytes on each).
+# AES-GMAC's ISA paths, which also pick UMAC's NH form (HOMAGG_MAC_ISA;
+# the same tag bytes on each).
 MAC_ISAS = _b.MAC_ISAS
 mac_isa = _b.mac_isa
 mac_isa_available = _b.mac_isa_available
@@ -105,23 +107,27 @@ def derive_key(secret, job, key_id):
 
 
 def mac_name(alg):
-    """'aes-gmac' or 'blake2b' for an algorithm code."""
+    """'umac', 'aes-gmac' or 'blake2b' for an algorithm code."""
     return MAC_NAMES[alg]
 
 
 def mac_code(name):
-    """The algorithm code of a MAC name ('aes-gmac', 'blake2b'), or of
+    """The algorithm code of a MAC name ('umac', 'aes-gmac', 'blake2b'), or of
     'auto' (this host's default); a one-line error naming the choices."""
     if name in (None, "auto"):
         return _b.default_mac()
     for code, n in MAC_NAMES.items():
         if n == name:
             if not _b.mac_available(code):
-                raise InvalidArgument(
-                    f"mac {name}: this host's CPU lacks AES-NI or PCLMULQDQ; use mac blake2b"
-                )
+                lacks = "AES-NI" if code == MAC_UMAC else "AES-NI or PCLMULQDQ"
+                raise InvalidArgument(f"mac {name}: this host's CPU lacks {lacks}; use mac blake2b")
             return code
     raise InvalidArgument(f"mac {name!r}: one of {', '.join(MAC_NAMES.values())} or auto")
+
+
+def mac_available(code):
+    """Can this host compute MAC algorithm ``code``?"""
+    return _b.mac_available(code)
 
 
 def default_mac_name():

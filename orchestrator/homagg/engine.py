@@ -276,7 +276,7 @@ class Engine:
         """Add a job; ``shard`` is this aggregator's index among the job's,
         ``incarnation`` the job's in replies (0: from the clock), ``auth``
         the job secret (32 bytes) of an authenticated job (None: off), ``mac``
-        its algorithm ('aes-gmac', 'blake2b'; None: this host's default).
+        its algorithm ('umac', 'aes-gmac', 'blake2b'; None: this host's default).
         ``parent``: this engine is a tree leaf below that root
         (docs/PROTOCOL.md "Tree"), an ``Addr`` or a dict with ``addr`` (an
         Addr), ``worker`` (the leaf's id at the root) and optionally

@@ -375,7 +375,7 @@ class Cluster:
     ):
         """A new job on the aggregators; ``auth`` (default: the cluster's)
         gives it a job secret, drawn from the seed so runs repeat, and the
-        MAC algorithm ``mac`` ('aes-gmac', 'blake2b'; None: this host's
+        MAC algorithm ``mac`` ('umac', 'aes-gmac', 'blake2b'; None: this host's
         default); ``pipeline_groups`` (default: the cluster's) its block groups;
         ``cost`` (default: the cluster's) its cost model."""
         s = self._live()

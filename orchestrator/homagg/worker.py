@@ -53,7 +53,7 @@ so a restarted worker gets a greater one); an aggregator that restarts
 during an allreduce makes it raise ``PeerRestarted``.  A job with
 authentication gives every worker ``auth_file``: the job secret in a file
 only its owner can read (homagg.auth), ``mac``: the job's MAC algorithm
-("aes-gmac" or "blake2b"; None: this host's default) and, after a key
+("umac", "aes-gmac" or "blake2b"; None: this host's default) and, after a key
 rotation, ``key_epoch``: the epoch of that secret; ``rotate_key`` gives a
 running worker the next one (docs/SECURITY.md "Rotating keys").
 """

@@ -5,7 +5,7 @@
  *
  *   homagg-switch-bench [EAL args] -- [--workers W] [--slots S]
  *                       [--payload BYTES] [--seconds T] [--auth]
- *                       [--mac aes-gmac|blake2b] [--json]
+ *                       [--mac umac|aes-gmac|blake2b] [--json]
  *
  * One process, two lcores, net_ring between them: the engine lcore runs
  * exactly the daemon's data path (hg_engine_poll over hg_dpdk_port on an
@@ -372,13 +372,15 @@ static int parse(int argc, char **argv, struct bench *b)
 			b->auth = true;
 			break;
 		case 'm':
-			if (!strcmp(optarg, "aes-gmac")) {
+			if (!strcmp(optarg, "umac")) {
+				b->mac = HG_MAC_UMAC;
+			} else if (!strcmp(optarg, "aes-gmac")) {
 				b->mac = HG_MAC_AES_GMAC;
 			} else if (!strcmp(optarg, "blake2b")) {
 				b->mac = HG_MAC_BLAKE2B;
 			} else {
 				fprintf(stderr,
-					"--mac: aes-gmac or blake2b, not %s\n",
+					"--mac: umac, aes-gmac or blake2b, not %s\n",
 					optarg);
 				return -EINVAL;
 			}
@@ -488,7 +490,7 @@ int main(int argc, char **argv)
 			goto fail;
 		if (!b->mac)
 			b->mac = hg_auth_default_mac();
-		if (b->mac == HG_MAC_AES_GMAC && hg_mac_isa() < 0) {
+		if (b->mac != HG_MAC_BLAKE2B && hg_mac_isa() < 0) {
 			fprintf(stderr, "HOMAGG_MAC_ISA=%s: %s\n",
 				getenv("HOMAGG_MAC_ISA"),
 				hg_mac_isa() == -EINVAL ?
@@ -499,8 +501,10 @@ int main(int argc, char **argv)
 			goto fail;
 		}
 		if (!hg_auth_mac_available(b->mac)) {
-			fprintf(stderr, "--mac aes-gmac: this CPU lacks AES-NI or "
-					"PCLMULQDQ; use --mac blake2b\n");
+			fprintf(stderr,
+				"--mac %s: this CPU lacks AES-NI%s; use --mac blake2b\n",
+				b->mac == HG_MAC_UMAC ? "umac" : "aes-gmac",
+				b->mac == HG_MAC_UMAC ? "" : " or PCLMULQDQ");
 			goto fail;
 		}
 		jc.mac = b->mac;
@@ -601,8 +605,9 @@ int main(int argc, char **argv)
 		       b->auth ? "true" : "false",
 		       !b->auth                  ? "none" :
 		       b->mac == HG_MAC_AES_GMAC ? "aes-gmac" :
+		       b->mac == HG_MAC_UMAC     ? "umac" :
 						   "blake2b",
-		       b->auth && b->mac == HG_MAC_AES_GMAC ?
+		       b->auth && b->mac != HG_MAC_BLAKE2B ?
 			       hg_mac_isa_name(hg_mac_isa()) :
 			       "none");
 	else

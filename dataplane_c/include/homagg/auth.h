@@ -38,6 +38,7 @@ extern "C" {
  * default of this host, hg_auth_default_mac(). */
 #define HG_MAC_BLAKE2B 1
 #define HG_MAC_AES_GMAC 2
+#define HG_MAC_UMAC 3
 
 /* Nonce directions: towards an aggregator, or an aggregator's reply. */
 #define HG_AUTH_DIR_REQUEST 0
@@ -66,10 +67,11 @@ bool hg_mac_isa_available(int isa);
 /* "portable", "pclmul", "avx2", "avx512"; "?" for anything else. */
 const char *hg_mac_isa_name(int isa);
 
-/* Can this host compute MAC algorithm alg (AES-GMAC: AES-NI and PCLMUL)? */
+/* Can this host compute MAC algorithm alg (AES-GMAC: AES-NI and PCLMUL;
+ * UMAC: AES-NI)? */
 bool hg_auth_mac_available(uint32_t alg);
 
-/* HG_MAC_AES_GMAC where available, else HG_MAC_BLAKE2B; 0 when libsodium
+/* HG_MAC_UMAC where available, else HG_MAC_BLAKE2B; 0 when libsodium
  * fails to initialise. */
 uint32_t hg_auth_default_mac(void);
 
@@ -94,10 +96,10 @@ void hg_auth_nonce(const uint8_t *hdr, uint32_t dir, uint64_t counter,
 /*
  * mac (HG_MAC_LEN bytes) = the MAC of algorithm alg under key of
  * data[0..len), which starts with the HomAgg header (len >= HG_HDR_LEN
- * for AES-GMAC; dir and counter make its nonce, BLAKE2b ignores them).
- * 0, -EINVAL (NULL, short data, or AES-GMAC with HOMAGG_MAC_ISA naming no
- * path), -ENOTSUP (alg unknown or unavailable, or AES-GMAC on a path the
- * CPU lacks), -ENOMEM.
+ * for AES-GMAC and UMAC; dir and counter make their nonce, BLAKE2b
+ * ignores them).  0, -EINVAL (NULL, short data, or AES-GMAC or UMAC with
+ * HOMAGG_MAC_ISA naming no path), -ENOTSUP (alg unknown or unavailable,
+ * or a path the CPU lacks), -ENOMEM.
  */
 int hg_auth_mac(uint32_t alg, const uint8_t *key, uint32_t dir,
 		uint64_t counter, const uint8_t *data, size_t len, uint8_t *mac);
@@ -111,6 +113,19 @@ int hg_auth_mac(uint32_t alg, const uint8_t *key, uint32_t dir,
  */
 int hg_auth_gmac(const uint8_t *key, const uint8_t *nonce, const uint8_t *data,
 		 size_t len, uint8_t *tag);
+
+/*
+ * tag (HG_MAC_LEN bytes) = RFC 4418's UMAC-64 (UMAC-AES-128, 8-byte tag)
+ * under the 16-byte key of data[0..len) with a nonce of nonce_len (1..16)
+ * bytes, then 8 zero bytes (the frame trailer's form), NH in the form
+ * of the path of hg_mac_isa() (scalar on portable and pclmul, AVX2 on avx2
+ * and avx512): the primitive under hg_auth_mac's UMAC, for known-answer
+ * tests.  0, -EINVAL (NULL, a nonce length outside 1..16, len over 2^24,
+ * or HOMAGG_MAC_ISA naming no path), -ENOTSUP (no AES-NI, or a path the
+ * CPU lacks), -ENOMEM.
+ */
+int hg_auth_umac(const uint8_t *key, const uint8_t *nonce, size_t nonce_len,
+		 const uint8_t *data, size_t len, uint8_t *tag);
 
 /* Does mac verify as hg_auth_mac's?  Constant-time compare. */
 bool hg_auth_verify(uint32_t alg, const uint8_t *key, uint32_t dir,

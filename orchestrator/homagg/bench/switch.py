@@ -20,13 +20,14 @@ run.  ``--lcores 0`` runs generator and engine on one lcore
 (frames cross cores, as from a NIC, and the engine lcore's share of its CPU
 matters on a shared machine).  ``--auth`` measures every W in the same
 run without authentication and then with each MAC algorithm of ``--mac``
-(default: AES-GMAC where the CPU has AES-NI, and keyed BLAKE2b; the
+(default: UMAC and AES-GMAC where the CPU has AES-NI, and keyed BLAKE2b; the
 generator MACs each frame, the engine verifies it and MACs its results),
 and reports each one's engine lcore capacity as a ratio of the
-unauthenticated one.  ``--mac-isa`` adds an aes-gmac row per AES-GMAC path
+unauthenticated one.  ``--mac-isa`` adds an aes-gmac and a umac row per MAC path
 (HOMAGG_MAC_ISA forced for that run: ``portable`` is libsodium and OpenSSL,
-``pclmul``, ``avx2`` and ``avx512`` the project's own; ``all``: every path
-this CPU has); each row's ``mac_isa`` names its path.  Needs root (EAL).
+``pclmul``, ``avx2`` and ``avx512`` the project's own; UMAC's NH is scalar
+on the first two, AVX2 on the others; ``all``: every path this CPU has);
+each row's ``mac_isa`` names its path.  Needs root (EAL).
 """
 
 import json
@@ -78,17 +79,17 @@ def add_arguments(parser):
     parser.add_argument(
         "--mac",
         nargs="+",
-        choices=("aes-gmac", "blake2b"),
+        choices=("umac", "aes-gmac", "blake2b"),
         default=None,
-        help="with --auth: the MAC algorithms to measure (default: aes-gmac "
-        "where the CPU has it, and blake2b)",
+        help="with --auth: the MAC algorithms to measure (default: umac and "
+        "aes-gmac where the CPU has them, and blake2b)",
     )
     parser.add_argument(
         "--mac-isa",
         nargs="+",
         default=None,
         metavar="PATH",
-        help="with --auth: one aes-gmac row per AES-GMAC path, HOMAGG_MAC_ISA "
+        help="with --auth: one aes-gmac and one umac row per MAC path, HOMAGG_MAC_ISA "
         "forced (portable, pclmul, avx2, avx512, or all: every path this CPU "
         "has; default: the process's own)",
     )
@@ -158,7 +159,9 @@ def main(args):
     if args.auth and macs is None:
         from homagg import auth
 
-        macs = (["aes-gmac"] if auth.default_mac_name() == "aes-gmac" else []) + ["blake2b"]
+        macs = [
+            auth.mac_name(c) for c in (auth.MAC_UMAC, auth.MAC_AES_GMAC) if auth.mac_available(c)
+        ] + ["blake2b"]
     mac_isas = _mac_isas(args.mac_isa)
     rc = 0
     for payload in args.payload:
@@ -166,7 +169,7 @@ def main(args):
             runs = [run_one(binary, w, payload, args.slots, args.seconds, args.lcores)]
             base = runs[0]["engine_mpps"]
             for mac in macs if args.auth else []:  # the same run, with per-worker MACs
-                for isa in mac_isas if mac == "aes-gmac" else [None]:
+                for isa in mac_isas if mac != "blake2b" else [None]:
                     r = run_one(
                         binary,
                         w,

@@ -134,10 +134,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--mac",
-        choices=("auto", "aes-gmac", "blake2b"),
+        choices=("auto", "umac", "aes-gmac", "blake2b"),
         default="auto",
-        help="with --auth: the MAC algorithm (default: this host's, aes-gmac "
-        "where the CPU has AES-NI and PCLMULQDQ)",
+        help="with --auth: the MAC algorithm (default: this host's, umac "
+        "where the CPU has AES-NI, else blake2b)",
     )
     p.add_argument(
         "--metrics",

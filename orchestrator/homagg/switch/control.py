@@ -157,7 +157,7 @@ class ControlClient:
         (chosen by the daemon from its clock unless given).  ``auth``: the
         job secret (32 bytes) of an authenticated job; it travels over the
         control socket only (the daemon logs no request); ``mac`` its MAC
-        algorithm, "aes-gmac" or "blake2b" (None: the daemon host's
+        algorithm, "umac", "aes-gmac" or "blake2b" (None: the daemon host's
         default; every worker must be given the same).  ``parent``: this
         daemon is a tree leaf below that root, a dict with ``ip``, ``mac``,
         ``worker`` (the leaf's id at the root) and optionally ``port``,

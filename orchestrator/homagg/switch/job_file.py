@@ -26,7 +26,7 @@ and a worker's ``auth_file`` is its leaf's.
 
 An authenticated job adds ``"auth_file"`` (the path of the job secret's
 file on the worker's host, mode 0600: homagg.auth.load_secret) and
-``"mac"`` (its MAC algorithm, "aes-gmac" or "blake2b") and, after a key
+``"mac"`` (its MAC algorithm, "umac", "aes-gmac" or "blake2b") and, after a key
 rotation, ``"key_epoch"`` (the epoch of the secret in that file, 0 at
 first); the secret itself is never in a job file.
 

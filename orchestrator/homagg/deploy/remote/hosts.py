@@ -890,10 +890,10 @@ def add_up_arguments(p) -> None:
     )
     p.add_argument(
         "--mac",
-        choices=("auto", "aes-gmac", "blake2b"),
+        choices=("auto", "umac", "aes-gmac", "blake2b"),
         default="auto",
-        help="with --auth: the MAC algorithm (default: this host's, aes-gmac "
-        "where the CPU has AES-NI and PCLMULQDQ); every host must compute it",
+        help="with --auth: the MAC algorithm (default: this host's, umac "
+        "where the CPU has AES-NI, else blake2b); every host must compute it",
     )
     job_file.add_job_arguments(p)
 
