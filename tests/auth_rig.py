@@ -1,7 +1,8 @@
 """The authentication rig: a fixed secret, per-member keys and frame MACs
-computed independently of libsodium and of the C MAC (hashlib's BLAKE2b
-and the ``cryptography`` package's AES-GCM), and worker frames signed with
-them, shared by the authentication tests."""
+computed independently of libsodium and of the C MAC (hashlib's BLAKE2b,
+the ``cryptography`` package's AES-GCM, and tests/umac_reference.py's
+UMAC), and worker frames signed with them, shared by the authentication
+tests."""
 
 import hashlib
 import itertools
@@ -14,6 +15,7 @@ from homagg.bindings import auth as _ab
 from homagg.engine import UDP_PORT, Addr, build_frame
 
 from helpers import be32
+from umac_reference import umac
 
 SECRET = bytes(range(32))
 AGG = Addr.of("02:00:00:00:00:01", "10.0.0.254", UDP_PORT)
@@ -41,13 +43,16 @@ def ref_nonce(hdr, direction, counter):
 
 
 def ref_mac(key, data, alg=None, direction=0, counter=None):
-    """The MAC of a header + payload, by Python's hashlib or the
-    ``cryptography`` package's AES-GCM (independent of libsodium)."""
+    """The MAC of a header + payload, by Python's hashlib, the
+    ``cryptography`` package's AES-GCM or the numpy UMAC of
+    tests/umac_reference.py (independent of libsodium and of the C)."""
     alg = _ab.default_mac() if alg is None else alg
     if alg == auth.MAC_BLAKE2B:
         return hashlib.blake2b(data, digest_size=16, key=key).digest()
     if counter is None:
         counter = int.from_bytes(data[28:32], "big")
+    if alg == auth.MAC_UMAC:
+        return umac(key[:16], data, ref_nonce(data, direction, counter), 8) + bytes(8)
     return AESGCM(key).encrypt(ref_nonce(data, direction, counter), b"", data)
 
 
@@ -70,8 +75,10 @@ def wframe(
     udp_csum=True,
     counter=None,
     secret=SECRET,
+    alg=None,
 ):
-    """Worker w's frame of chunk seq, MAC'd with worker key_of's key (default w's)."""
+    """Worker w's frame of chunk seq, MAC'd with worker key_of's key (default w's)
+    by algorithm alg (None: this host's default)."""
     payload = be32(np.arange(8) * (w + 1)) if payload is None else payload
     k = ref_key(secret, w if key_of is None else key_of) if key else None
     return build_frame(
@@ -89,4 +96,5 @@ def wframe(
         key=k,
         udp_csum=udp_csum,
         counter=next(COUNTER) if counter is None else counter,
+        alg=alg,
     )

@@ -1,4 +1,5 @@
-"""AES-GMAC's ISA paths (HOMAGG_MAC_ISA: portable, pclmul, avx2, avx512).
+"""AES-GMAC's ISA paths (HOMAGG_MAC_ISA: portable, pclmul, avx2, avx512), and
+the engine's checks of AES-GMAC and UMAC frames (one path each, bursts).
 
 Each path is forced in turn and its tags compared, bit for bit, with NIST's
 known answers (typed in below) and with the ``cryptography`` package's
@@ -61,6 +62,12 @@ def mac_path(request, monkeypatch):
     yield isa
     monkeypatch.undo()
     _ab.mac_isa_reload()
+
+
+@pytest.fixture(params=["aes-gmac", "umac"])
+def mac_alg(request):
+    """The job's MAC algorithm for the engine tests below."""
+    return request.param
 
 
 def test_paths_match_the_cpu():
@@ -157,7 +164,7 @@ def test_frame_macs_match_cryptography(mac_path):
                 assert not _ab.verify(auth.MAC_AES_GMAC, key, direction, counter, bytes(bad), want)
 
 
-def test_engine_on_each_path_and_a_key_keeps_its_path(mac_path, monkeypatch):
+def test_engine_on_each_path_and_a_key_keeps_its_path(mac_path, mac_alg, monkeypatch):
     # the engine verifies workers' frames and MACs its results on the path
     # forced when the job was registered; reloading another path later
     # changes neither (every path gives the same bytes): the sums exact, no
@@ -173,7 +180,7 @@ def test_engine_on_each_path_and_a_key_keeps_its_path(mac_path, monkeypatch):
         workers=2,
         slots=4,
         auth=SECRET,
-        mac="aes-gmac",
+        mac=mac_alg,
         replicate=True,
         payload_bytes=1200,
         group="239.1.2.3",
@@ -184,14 +191,14 @@ def test_engine_on_each_path_and_a_key_keeps_its_path(mac_path, monkeypatch):
         assert _ab.mac_isa_reload() == other
     xs = [np.arange(300) * 7 - 5, np.arange(300) * -3 + 11]
     for w in (0, 1):
-        rig.port.inject(wframe(w, payload=be32(xs[w])))
+        rig.port.inject(wframe(w, payload=be32(xs[w]), alg=auth.mac_code(mac_alg)))
     rig.eng.poll_all()
     raw = rig.port.pop_all()
     assert len(raw) == 1
     v = parse_frame(raw[0])
     assert v.payload == be32(xs[0] + xs[1])
     data = raw[0][42 : 42 + 32 + len(v.payload)]
-    assert v.mac == ref_mac(ref_key(SECRET, auth.AGGREGATOR), data, auth.MAC_AES_GMAC, 1)
+    assert v.mac == ref_mac(ref_key(SECRET, auth.AGGREGATOR), data, auth.mac_code(mac_alg), 1)
     c = rig.eng.counters()
     assert c["bad_mac"] == 0 and c["summed"] == 2
 
@@ -259,7 +266,7 @@ def test_authenticated_replies_carry_a_checksum_over_the_mac(workers, lanes):
         v = parse_frame(f)
         assert not isinstance(v, str), v  # e.g. "bad_csum"
         data = f[42 : 42 + 32 + len(v.payload)]
-        assert v.mac == ref_mac(key, data, auth.MAC_AES_GMAC, 1)
+        assert v.mac == ref_mac(key, data, None, 1)  # the default MAC
         kinds.append((bool(v.flags & FLAG_STATUS), len(v.payload)))
     want = sum(np.frombuffer(p, ">i4").astype(np.int64) for p in payloads)
     assert kinds == [(True, 2 * ((workers + 7) // 8)), (False, 4 * lanes)]
@@ -274,7 +281,7 @@ def test_authenticated_replies_carry_a_checksum_over_the_mac(workers, lanes):
 # replies byte for byte, the sums exact against numpy.
 
 
-def _auth_stream(rng, W=5, chunks=12, lanes=256):
+def _auth_stream(rng, W=5, chunks=12, lanes=256, mac="aes-gmac"):
     """Good frames of W workers (1 KB payloads: 66 blocks and the length
     block, one reduction each), shuffled, with forged, flipped, retransmitted,
     bad-slot-good-MAC, bad-slot-forged and header-damaged frames among
@@ -301,6 +308,7 @@ def _auth_stream(rng, W=5, chunks=12, lanes=256):
                 payload=be32(x),
                 incarnation=1,
                 key=ref_key(SECRET, w if key_of is None else key_of),
+                alg=auth.mac_code(mac),
                 counter=next(ctr),
                 udp_csum=not flip,
             )
@@ -346,11 +354,11 @@ def _auth_stream(rng, W=5, chunks=12, lanes=256):
     return frames, sums, n
 
 
-def _run_auth(frames, staged, burst, W=5, payload_bytes=1024):
+def _run_auth(frames, staged, burst, W=5, payload_bytes=1024, mac="aes-gmac"):
     from engine_rig import EngineRig
     from auth_rig import SECRET
 
-    rig = EngineRig(workers=W, slots=4, auth=SECRET, mac="aes-gmac", payload_bytes=payload_bytes)
+    rig = EngineRig(workers=W, slots=4, auth=SECRET, mac=mac, payload_bytes=payload_bytes)
     eng = Engine(rig.port, burst=burst, staged=staged)
     rig.eng.close()
     rig.eng = eng
@@ -360,7 +368,7 @@ def _run_auth(frames, staged, burst, W=5, payload_bytes=1024):
         workers=W,
         slots=4,
         auth=SECRET,
-        mac="aes-gmac",
+        mac=mac,
         payload_bytes=payload_bytes,
         incarnation=7,
     )  # replies compared byte for byte
@@ -376,16 +384,16 @@ def _run_auth(frames, staged, burst, W=5, payload_bytes=1024):
 
 
 @pytest.mark.parametrize("burst", [1, 7, 33, 256])
-def test_engine_burst_checks_equal_one_at_a_time(mac_path, burst):
+def test_engine_burst_checks_equal_one_at_a_time(mac_path, mac_alg, burst):
     import numpy as np
 
     from helpers import be32
     from homagg.engine import parse_frame
 
     rng = np.random.default_rng(burst)
-    frames, sums, n = _auth_stream(rng)
-    staged = _run_auth(frames, True, burst)
-    single = _run_auth(frames, False, burst)
+    frames, sums, n = _auth_stream(rng, mac=mac_alg)
+    staged = _run_auth(frames, True, burst, mac=mac_alg)
+    single = _run_auth(frames, False, burst, mac=mac_alg)
     assert staged[1] == single[1] and staged[2] == single[2]
     assert staged[0] == single[0]  # every reply, byte for byte, in order
     c = staged[1]
@@ -401,7 +409,7 @@ def test_engine_burst_checks_equal_one_at_a_time(mac_path, burst):
 
 
 @pytest.mark.parametrize("burst", [2, 7, 33])
-def test_engine_8k_bursts_equal_one_at_a_time(mac_path, burst):
+def test_engine_8k_bursts_equal_one_at_a_time(mac_path, mac_alg, burst):
     # 8 KB payloads (four 144-block reductions per frame, the next frame's
     # data prefetched during each tag): hostile frames among them decide
     # and count as one at a time, and the sums are exact
@@ -411,9 +419,9 @@ def test_engine_8k_bursts_equal_one_at_a_time(mac_path, burst):
     from homagg.engine import parse_frame
 
     rng = np.random.default_rng(100 + burst)
-    frames, sums, n = _auth_stream(rng, chunks=8, lanes=2048)
-    staged = _run_auth(frames, True, burst, payload_bytes=8192)
-    single = _run_auth(frames, False, burst, payload_bytes=8192)
+    frames, sums, n = _auth_stream(rng, chunks=8, lanes=2048, mac=mac_alg)
+    staged = _run_auth(frames, True, burst, payload_bytes=8192, mac=mac_alg)
+    single = _run_auth(frames, False, burst, payload_bytes=8192, mac=mac_alg)
     assert staged[1] == single[1] and staged[2] == single[2]
     assert staged[0] == single[0]  # every reply, byte for byte, in order
     c = staged[1]
@@ -427,7 +435,7 @@ def test_engine_8k_bursts_equal_one_at_a_time(mac_path, burst):
     assert got == {s: {be32(x)} for s, x in sums.items()}
 
 
-def test_engine_burst_extends_each_counter_after_the_frames_before_it(mac_path):
+def test_engine_burst_extends_each_counter_after_the_frames_before_it(mac_path, mac_alg):
     # worker 0's counter jumps past 2^32 within one burst: the second
     # frame's 32 bits extend to the right counter only from the first
     # frame's (verify_burst checks it again alone); both are summed
@@ -452,9 +460,10 @@ def test_engine_burst_extends_each_counter_after_the_frames_before_it(mac_path):
             incarnation=1,
             key=ref_key(SECRET, w),
             counter=counter,
+            alg=auth.mac_code(mac_alg),
         )
 
-    rig = EngineRig(workers=2, slots=4, auth=SECRET, mac="aes-gmac")
+    rig = EngineRig(workers=2, slots=4, auth=SECRET, mac=mac_alg)
     x = [np.arange(8) + 3, np.arange(8) * 5]
     res = rig.send(
         f(0, 0, x[0], 100),

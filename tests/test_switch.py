@@ -18,7 +18,7 @@ from homagg.switch.control import ControlError
 from homagg.errors import PeerTimeout
 
 from reference import allreduce as oracle_allreduce
-from helpers import wait_for
+from helpers import cpu_flags, wait_for
 from switch_helpers import BLOCK, GROUP, Daemon, gradients, join_all, run_workers
 
 pytestmark = [pytest.mark.dpdk, pytest.mark.root, pytest.mark.netns]
@@ -190,13 +190,15 @@ def test_switch_benchmark_sums_every_frame():
         assert r["engine_vs_pull"] == pytest.approx(r["engine_mpps"] / r["pull_mpps"], rel=0.01)
     # authenticated: every frame verified (none dropped as bad_mac), with
     # each MAC algorithm, at 1 KB and 8 KB (on the portable path, libsodium's
-    # AES-GCM and libcrypto's), AES-GMAC on each path the CPU has
+    # AES-GCM and libcrypto's), AES-GMAC and UMAC on each path the CPU has
     from homagg import auth
     from homagg.bench.switch import _mac_isas
 
     runs = [("blake2b", None)]
-    if auth.default_mac_name() == "aes-gmac":
-        runs += [("aes-gmac", isa) for isa in _mac_isas(["all"])]
+    if {"aes", "pclmulqdq"} <= cpu_flags():  # every CPU here: never skipped
+        assert auth.mac_available(auth.MAC_AES_GMAC) and auth.mac_available(auth.MAC_UMAC)
+    if auth.mac_available(auth.MAC_AES_GMAC):
+        runs += [(mac, isa) for mac in ("umac", "aes-gmac") for isa in _mac_isas(["all"])]
     for mac, isa in runs:
         for payload in (1024, 8192):
             r = run_one(binary, 3, payload, 64, 0.2, "0", auth=True, mac=mac, mac_isa=isa)
