@@ -212,26 +212,61 @@ static void gmac_tag(const struct hg_mac_key *k, const uint8_t *nonce,
 						       nonce, &k->aes);
 }
 
+/* UMAC's pad block for a frame: hg_auth_nonce() || 0^32 made in a
+ * register, as gmac_j0(), the nonce's lowest bit (the incarnation's) in
+ * *half and cleared */
+static inline __m128i umac_block(const uint8_t *hdr, uint32_t dir,
+				 uint64_t counter, unsigned *half)
+{
+	uint32_t inc;
+	uint64_t lo;
+
+	memcpy(&inc, hdr + 24, 4); /* incarnation as sent */
+	lo = hdr[23] | (uint64_t)(uint8_t)dir << 8 |
+	     __builtin_bswap64(counter << 16) << 16;
+	*half = inc >> 24 & 1;
+	return _mm_set_epi64x((long long)(inc & ~(1u << 24)), (long long)lo);
+}
+
+void hg_mac_key_share(const struct hg_mac_key *k, const uint8_t *data,
+		      size_t len, struct hg_mac_shared *s)
+{
+	s->k = NULL;
+	if (k->alg != HG_MAC_UMAC || len < HG_HDR_LEN || len > HG_UMAC_MAX_LEN)
+		return;
+	hg_umac_share(&k->umac, data, len, &s->umac);
+	s->k = k;
+}
+
+void hg_mac_key_sign_shared(const struct hg_mac_key *k,
+			    const struct hg_mac_shared *s, uint32_t dir,
+			    uint64_t counter, const uint8_t *data, size_t len,
+			    uint8_t *mac)
+{
+	unsigned half;
+	__m128i block;
+
+	if (!s || s->k != k || s->umac.len != len || (counter >> 48)) {
+		hg_mac_key_sign(k, dir, counter, data, len, mac);
+		return;
+	}
+	block = umac_block(data, dir, counter, &half);
+	hg_umac_tag_shared(&k->umac, &s->umac, block, half, data, mac);
+}
+
 void hg_mac_key_sign(const struct hg_mac_key *k, uint32_t dir, uint64_t counter,
 		     const uint8_t *data, size_t len, uint8_t *mac)
 {
 	if (k->alg == HG_MAC_UMAC) {
-		uint32_t inc;
-		uint64_t lo;
+		unsigned half;
+		__m128i block;
 
 		if (counter >> 48) { /* as AES-GMAC's */
 			randombytes_buf(mac, HG_MAC_LEN);
 			return;
 		}
-		/* hg_auth_nonce() || 0^32 made in a register, as gmac_j0(),
-		 * the nonce's lowest bit (the incarnation's) apart */
-		memcpy(&inc, data + 24, 4); /* incarnation as sent */
-		lo = data[23] | (uint64_t)(uint8_t)dir << 8 |
-		     __builtin_bswap64(counter << 16) << 16;
-		hg_umac_tag_block(&k->umac,
-				  _mm_set_epi64x((long long)(inc & ~(1u << 24)),
-						 (long long)lo),
-				  inc >> 24 & 1, data, len, mac);
+		block = umac_block(data, dir, counter, &half);
+		hg_umac_tag_block(&k->umac, block, half, data, len, mac, NULL);
 	} else if (k->alg == HG_MAC_AES_GMAC) {
 		uint8_t nonce[HG_AUTH_NONCE_LEN];
 
@@ -329,6 +364,21 @@ void hg_mac_key_check_burst(uint32_t dir, struct hg_mac_req *r, uint32_t n)
 	for (uint32_t i = 0; i < n; i++) {
 		const struct hg_mac_key *k = r[i].k;
 
+		if (k->alg == HG_MAC_UMAC && !(r[i].counter >> 48)) {
+			/* the next frame prefetched while this one's NH runs:
+			 * a frame from the NIC or another core is not in this
+			 * core's caches, and its first use is its MAC */
+			uint8_t want[HG_MAC_LEN];
+			unsigned half;
+			__m128i block = umac_block(r[i].data, dir, r[i].counter,
+						   &half);
+
+			hg_umac_tag_block(&k->umac, block, half, r[i].data,
+					  r[i].len, want,
+					  i + 1 < n ? r[i + 1].data : NULL);
+			r[i].ok = crypto_verify_16(want, r[i].mac) == 0;
+			continue;
+		}
 		if (k->alg != HG_MAC_AES_GMAC ||
 		    k->isa == HG_MAC_ISA_PORTABLE || (r[i].counter >> 48)) {
 			r[i].ok = hg_mac_key_check(k, dir, r[i].counter,

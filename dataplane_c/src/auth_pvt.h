@@ -47,6 +47,28 @@ void hg_mac_key_sign(const struct hg_mac_key *k, uint32_t dir, uint64_t counter,
 bool hg_mac_key_check(const struct hg_mac_key *k, uint32_t dir, uint64_t counter,
 		      const uint8_t *data, size_t len, const uint8_t *mac);
 
+/*
+ * Replies that differ only in their header (an aggregator's unicast copies
+ * of one result): what their MACs share, made once from the first copy
+ * (hg_mac_key_share), then each copy's MAC (hg_mac_key_sign_shared), the
+ * same bytes as hg_mac_key_sign().  UMAC only (auth_umac_pvt.h); other
+ * algorithms sign each copy whole.
+ */
+struct hg_mac_shared {
+	struct hg_umac_shared umac;
+	const struct hg_mac_key *k; /* NULL: nothing shared yet */
+};
+
+/* s = the shared part of data[0..len) (header first) under k. */
+void hg_mac_key_share(const struct hg_mac_key *k, const uint8_t *data,
+		      size_t len, struct hg_mac_shared *s);
+/* hg_mac_key_sign(k, ...) of data[0..len), whose bytes after the header
+ * are those s was made from (s NULL or not made for k: signed whole). */
+void hg_mac_key_sign_shared(const struct hg_mac_key *k,
+			    const struct hg_mac_shared *s, uint32_t dir,
+			    uint64_t counter, const uint8_t *data, size_t len,
+			    uint8_t *mac);
+
 /* One frame to check: hg_mac_key_check(k, dir, counter, data, len, mac). */
 struct hg_mac_req {
 	const struct hg_mac_key *k;

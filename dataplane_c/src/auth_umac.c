@@ -11,8 +11,8 @@
 
 #define UMAC_AES __attribute__((target("aes,sse4.1")))
 
-#define P36 0xFFFFFFFFBull        /* 2^36 - 5 */
-#define P64 0xFFFFFFFFFFFFFFC5ull /* 2^64 - 59 */
+#define P36 0xFFFFFFFFBull      /* 2^36 - 5 */
+#define P36_MASK 0xFFFFFFFFFull /* 2^36 - 1 */
 
 static inline uint32_t be32_of(const uint8_t *p)
 {
@@ -146,39 +146,135 @@ static void nh_scalar(const struct hg_umac_key *u, const uint8_t *m, size_t n,
 	}
 }
 
+/* h[t] = L1 of one chunk of clen bytes at m: NH, zero-padded to 32
+ * bytes, plus the length in bits. */
+static void chunk_scalar(const struct hg_umac_key *u, const uint8_t *m,
+			 size_t clen, uint64_t *h)
+{
+	size_t full = clen & ~(size_t)31;
+
+	for (size_t t = 0; t < HG_UMAC_ITERS; t++)
+		h[t] = (uint64_t)clen * 8;
+	nh_scalar(u, m, full, 0, h);
+	if (clen > full || !clen) { /* zero-padded to 32 bytes */
+		uint8_t tail[32] = { 0 };
+
+		memcpy(tail, m + full, clen - full);
+		nh_scalar(u, tail, 32, full, h);
+	}
+}
+
+static void chunk(const struct hg_umac_key *u, const uint8_t *m, size_t clen,
+		  uint64_t *h)
+{
+	if (u->avx2)
+		hg_umac_chunk_avx2(u, m, clen, h, NULL);
+	else
+		chunk_scalar(u, m, clen, h);
+}
+
 static void uhash_scalar(const struct hg_umac_key *u, const uint8_t *data,
 			 size_t len, uint64_t *y)
 {
+	uint64_t h[HG_UMAC_ITERS];
 	size_t off = 0;
 
+	if (len <= HG_UMAC_CHUNK) { /* L2 skipped: B = 0^64 || A */
+		chunk_scalar(u, data, len, y);
+		return;
+	}
 	for (size_t t = 0; t < HG_UMAC_ITERS; t++)
 		y[t] = 1;
 	do {
 		size_t clen = len - off < HG_UMAC_CHUNK ? len - off : HG_UMAC_CHUNK;
-		size_t full = clen & ~(size_t)31;
-		uint64_t a[HG_UMAC_ITERS] = { 0 };
 
-		nh_scalar(u, data + off, full, 0, a);
-		if (clen > full || !clen) { /* zero-padded to 32 bytes */
-			uint8_t tail[32] = { 0 };
-
-			memcpy(tail, data + off + full, clen - full);
-			nh_scalar(u, tail, 32, full, a);
-		}
-		for (size_t t = 0; t < HG_UMAC_ITERS; t++) {
-			a[t] += (uint64_t)clen * 8;
-			y[t] = len > HG_UMAC_CHUNK ?
-				       hg_umac_poly64(u->l2[t], y[t], a[t]) :
-				       a[t]; /* L2 skipped */
-		}
+		chunk_scalar(u, data + off, clen, h);
+		for (size_t t = 0; t < HG_UMAC_ITERS; t++)
+			y[t] = hg_umac_poly64(u->l2[t], y[t], h[t]);
 		off += clen;
 	} while (off < len);
-	if (len > HG_UMAC_CHUNK)
-		for (size_t t = 0; t < HG_UMAC_ITERS; t++)
-			y[t] = hg_umac_poly_end(y[t]);
+	for (size_t t = 0; t < HG_UMAC_ITERS; t++)
+		y[t] = hg_umac_poly_end(y[t]);
+}
+
+/* a b modulo 2^64 - 59 for any a, b < 2^64, reduced */
+static uint64_t mul_p64(uint64_t a, uint64_t b)
+{
+	unsigned __int128 x = (unsigned __int128)a * b;
+	unsigned __int128 t = (unsigned __int128)(uint64_t)x +
+			      (unsigned __int128)(uint64_t)(x >> 64) * 59;
+	uint64_t r = (uint64_t)t + (uint64_t)(t >> 64) * 59; /* t >> 64 < 2^7 */
+
+	r = r < (uint64_t)t ? r + 59 : r;
+	return hg_umac_poly_end(r);
+}
+
+static uint64_t add_p64(uint64_t a, uint64_t b)
+{
+	uint64_t r = a + b;
+
+	r = r < a ? r + 59 : r;
+	return hg_umac_poly_end(r);
+}
+
+void hg_umac_share(const struct hg_umac_key *u, const uint8_t *data, size_t len,
+		   struct hg_umac_shared *sh)
+{
+	uint64_t h[HG_UMAC_ITERS];
+	size_t c1 = len < HG_UMAC_CHUNK ? len : HG_UMAC_CHUNK;
+
+	memset(sh, 0, sizeof(*sh));
+	sh->len = len;
+	chunk(u, data, c1, sh->nh1);
+	nh_scalar(u, data, 32, 0, sh->hdr);
+	for (size_t t = 0; t < HG_UMAC_ITERS; t++) {
+		sh->base[t] = 1; /* Horner from y = 1: the k^C term */
+		sh->kpow[t] = 1;
+	}
+	if (len <= HG_UMAC_CHUNK)
+		return;
+	/* y = k^C + k^(C-1) a_1 + sum_{c>=2} k^(C-c) a_c: Horner over the
+	 * chunks after the first, from y = k (the 1 times k) and a_1 = 0 */
+	for (size_t t = 0; t < HG_UMAC_ITERS; t++)
+		sh->base[t] = u->l2[t];
+	for (size_t off = c1; off < len; off += HG_UMAC_CHUNK) {
+		size_t clen = len - off < HG_UMAC_CHUNK ? len - off : HG_UMAC_CHUNK;
+
+		chunk(u, data + off, clen, h);
+		for (size_t t = 0; t < HG_UMAC_ITERS; t++) {
+			if (h[t] >= 0xFFFFFFFF00000000ull)
+				sh->fallback = 1;
+			sh->base[t] = add_p64(mul_p64(sh->base[t], u->l2[t]), h[t]);
+			sh->kpow[t] = mul_p64(sh->kpow[t], u->l2[t]);
+		}
+	}
 }
 
 /* ---- the tag ------------------------------------------------------------- */
+
+/* tag = L3 of each iteration's y, masked by pad, then 8 zero bytes */
+static void finish(const struct hg_umac_key *u, const uint64_t *y, uint64_t pad,
+		   uint8_t *tag)
+{
+	uint64_t t64 = 0;
+
+	for (size_t t = 0; t < HG_UMAC_ITERS; t++) {
+		/* L3 over B = 0^64 || y: the four high 16-bit words are 0 */
+		uint64_t s = (y[t] >> 48) * u->l3k1[t][0] +
+			     ((y[t] >> 32) & 0xFFFF) * u->l3k1[t][1] +
+			     ((y[t] >> 16) & 0xFFFF) * u->l3k1[t][2] +
+			     (y[t] & 0xFFFF) * u->l3k1[t][3]; /* < 2^54 */
+		uint32_t v;
+
+		s = (s & P36_MASK) + 5 * (s >> 36); /* 2^36 = 5, < 2^37 */
+		s = s >= P36 ? s - P36 : s;
+		v = (uint32_t)s ^ u->l3k2[t];
+		t64 |= (uint64_t)__builtin_bswap32(v) << (32 * t); /* big-endian */
+	}
+	t64 ^= pad;
+	memcpy(tag, &t64, 8);
+	memset(tag + 8, 0, 8);
+}
 
 UMAC_AES void hg_umac_tag(const struct hg_umac_key *u, const uint8_t *nonce,
 			  size_t nonce_len, const uint8_t *data, size_t len,
@@ -194,14 +290,14 @@ UMAC_AES void hg_umac_tag(const struct hg_umac_key *u, const uint8_t *nonce,
 	half = n16[nl - 1] & 1;
 	n16[nl - 1] &= 0xFE;
 	hg_umac_tag_block(u, _mm_loadu_si128((const __m128i *)n16), half, data,
-			  len, tag);
+			  len, tag, NULL);
 }
 
 UMAC_AES void hg_umac_tag_block(const struct hg_umac_key *u, __m128i block,
 				unsigned half, const uint8_t *data, size_t len,
-				uint8_t *tag)
+				uint8_t *tag, const uint8_t *next)
 {
-	uint64_t y[HG_UMAC_ITERS], pad, t64 = 0;
+	uint64_t y[HG_UMAC_ITERS], pad;
 
 	block = aes128_block(u->pdf_rk, block);
 	pad = (uint64_t)(half ? _mm_extract_epi64(block, 1) :
@@ -213,19 +309,33 @@ UMAC_AES void hg_umac_tag_block(const struct hg_umac_key *u, __m128i block,
 		return;
 	}
 	if (u->avx2)
-		hg_umac_uhash_avx2(u, data, len, y);
+		hg_umac_uhash_avx2(u, data, len, y, next);
 	else
 		uhash_scalar(u, data, len, y);
-	for (size_t t = 0; t < HG_UMAC_ITERS; t++) {
-		/* L3 over B = 0^64 || y: the four high 16-bit words are 0 */
-		uint64_t s = (y[t] >> 48) * u->l3k1[t][0] +
-			     ((y[t] >> 32) & 0xFFFF) * u->l3k1[t][1] +
-			     ((y[t] >> 16) & 0xFFFF) * u->l3k1[t][2] +
-			     (y[t] & 0xFFFF) * u->l3k1[t][3];
-		uint32_t v = (uint32_t)(s % P36) ^ u->l3k2[t];
+	finish(u, y, pad, tag);
+}
 
-		t64 |= (uint64_t)__builtin_bswap32(v) << (32 * t); /* big-endian */
+UMAC_AES void hg_umac_tag_shared(const struct hg_umac_key *u,
+				 const struct hg_umac_shared *sh, __m128i block,
+				 unsigned half, const uint8_t *data, uint8_t *tag)
+{
+	uint64_t y[HG_UMAC_ITERS], hb[HG_UMAC_ITERS] = { 0 }, pad;
+
+	nh_scalar(u, data, 32, 0, hb);
+	for (size_t t = 0; t < HG_UMAC_ITERS; t++) {
+		uint64_t a1 = sh->nh1[t] - sh->hdr[t] + hb[t];
+
+		if (sh->len <= HG_UMAC_CHUNK) {
+			y[t] = a1; /* L2 skipped */
+		} else if (sh->fallback || a1 >= 0xFFFFFFFF00000000ull) {
+			hg_umac_tag_block(u, block, half, data, sh->len, tag, NULL);
+			return;
+		} else {
+			y[t] = add_p64(sh->base[t], mul_p64(sh->kpow[t], a1));
+		}
 	}
-	t64 ^= pad;
-	memcpy(tag, &t64, 8);
+	block = aes128_block(u->pdf_rk, block);
+	pad = (uint64_t)(half ? _mm_extract_epi64(block, 1) :
+				_mm_cvtsi128_si64(block));
+	finish(u, y, pad, tag);
 }

@@ -38,9 +38,11 @@ UMAC_AVX2 static inline uint64_t lanes_sum(__m256i v)
  * chunk on (odd: a last block alone, its partner's lanes dropped). */
 UMAC_AVX2 static inline void nh(const struct hg_umac_key *u, const uint8_t *m,
 				size_t np, int odd, size_t p0, __m256i *a0,
-				__m256i *a1)
+				__m256i *a1, const uint8_t *pf)
 {
 	for (size_t j = 0, p = p0; j < np; j++, p++) {
+		if (pf)
+			__builtin_prefetch(pf + 64 * j, 0);
 		__m256i a = _mm256_loadu_si256((const __m256i *)(m + 64 * j));
 		__m256i b = _mm256_loadu_si256((const __m256i *)(m + 64 * j + 32));
 		__m256i x = _mm256_permute2x128_si256(a, b, 0x20);
@@ -70,39 +72,44 @@ UMAC_AVX2 static inline void nh(const struct hg_umac_key *u, const uint8_t *m,
 	}
 }
 
-UMAC_AVX2 void hg_umac_uhash_avx2(const struct hg_umac_key *u,
-				  const uint8_t *data, size_t len, uint64_t *y)
+UMAC_AVX2 void hg_umac_chunk_avx2(const struct hg_umac_key *u, const uint8_t *m,
+				  size_t clen, uint64_t *h, const uint8_t *pf)
 {
-	uint64_t y0 = 1, y1 = 1;
+	size_t full = clen & ~(size_t)63, rest = clen - full;
+	__m256i a0 = _mm256_setzero_si256(), a1 = a0;
+
+	nh(u, m, full / 64, 0, 0, &a0, &a1, pf);
+	if (rest == 32) { /* a whole block: read in place */
+		nh(u, m + full, 0, 1, full / 64, &a0, &a1, NULL);
+	} else if (rest || !clen) { /* zero-padded to 32 bytes */
+		uint8_t tail[64] __attribute__((aligned(32))) = { 0 };
+
+		memcpy(tail, m + full, rest);
+		nh(u, tail, rest > 32, rest <= 32, full / 64, &a0, &a1, NULL);
+	}
+	h[0] = lanes_sum(a0) + (uint64_t)clen * 8;
+	h[1] = lanes_sum(a1) + (uint64_t)clen * 8;
+}
+
+UMAC_AVX2 void hg_umac_uhash_avx2(const struct hg_umac_key *u, const uint8_t *data,
+				  size_t len, uint64_t *y, const uint8_t *next)
+{
+	uint64_t y0 = 1, y1 = 1, h[2];
 	size_t off = 0;
 
+	if (len <= HG_UMAC_CHUNK) { /* L2 skipped: B = 0^64 || A */
+		hg_umac_chunk_avx2(u, data, len, y, next);
+		return;
+	}
 	do {
 		size_t clen = len - off < HG_UMAC_CHUNK ? len - off : HG_UMAC_CHUNK;
-		size_t full = clen & ~(size_t)63, rest = clen - full;
-		const uint8_t *m = data + off;
-		__m256i a0 = _mm256_setzero_si256(), a1 = a0;
-		uint64_t h0, h1;
 
-		nh(u, m, full / 64, 0, 0, &a0, &a1);
-		if (rest == 32) { /* a whole block: read in place */
-			nh(u, m + full, 0, 1, full / 64, &a0, &a1);
-		} else if (rest || !clen) { /* zero-padded to 32 bytes */
-			uint8_t tail[64] __attribute__((aligned(32))) = { 0 };
-
-			memcpy(tail, m + full, rest);
-			nh(u, tail, rest > 32, rest <= 32, full / 64, &a0, &a1);
-		}
-		h0 = lanes_sum(a0) + (uint64_t)clen * 8;
-		h1 = lanes_sum(a1) + (uint64_t)clen * 8;
-		if (len > HG_UMAC_CHUNK) {
-			y0 = hg_umac_poly64(u->l2[0], y0, h0);
-			y1 = hg_umac_poly64(u->l2[1], y1, h1);
-		} else { /* L2 skipped: B = 0^64 || A */
-			y0 = h0;
-			y1 = h1;
-		}
+		hg_umac_chunk_avx2(u, data + off, clen, h,
+				   next ? next + off : NULL);
+		y0 = hg_umac_poly64(u->l2[0], y0, h[0]);
+		y1 = hg_umac_poly64(u->l2[1], y1, h[1]);
 		off += clen;
 	} while (off < len);
-	y[0] = len > HG_UMAC_CHUNK ? hg_umac_poly_end(y0) : y0;
-	y[1] = len > HG_UMAC_CHUNK ? hg_umac_poly_end(y1) : y1;
+	y[0] = hg_umac_poly_end(y0);
+	y[1] = hg_umac_poly_end(y1);
 }

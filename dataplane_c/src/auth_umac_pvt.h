@@ -71,9 +71,12 @@ void hg_umac_init(struct hg_umac_key *u, const uint8_t *key, int avx2);
 void hg_umac_tag(const struct hg_umac_key *u, const uint8_t *nonce,
 		 size_t nonce_len, const uint8_t *data, size_t len, uint8_t *tag);
 /* The same with the nonce given as the AES block RFC 4418's pad encrypts
- * (the nonce, its lowest bit cleared, then zeros) and that bit (half). */
-void hg_umac_tag_block(const struct hg_umac_key *u, __m128i block, unsigned half,
-		       const uint8_t *data, size_t len, uint8_t *tag);
+ * (the nonce, its lowest bit cleared, then zeros) and that bit (half);
+ * next (NULL: none): the data of the tag to come, prefetched while this
+ * one's NH runs (avx2 form). */
+void hg_umac_tag_block(const struct hg_umac_key *u, __m128i block,
+		       unsigned half, const uint8_t *data, size_t len,
+		       uint8_t *tag, const uint8_t *next);
 
 /*
  * y[t] = iteration t's L2 output (its low 64 bits: the high ones are 0 for
@@ -81,7 +84,39 @@ void hg_umac_tag_block(const struct hg_umac_key *u, __m128i block, unsigned half
  * the avx2 form of L1 and L2.
  */
 void hg_umac_uhash_avx2(const struct hg_umac_key *u, const uint8_t *data,
-			size_t len, uint64_t *y);
+			size_t len, uint64_t *y, const uint8_t *next);
+/* h[t] = L1 of one chunk: NH of its clen bytes (zero-padded to 32) plus
+ * its length in bits, t < HG_UMAC_ITERS; the avx2 form.  pf (NULL: none):
+ * bytes prefetched a line per 64 bytes hashed (the next frame's). */
+void hg_umac_chunk_avx2(const struct hg_umac_key *u, const uint8_t *m,
+			size_t clen, uint64_t *h, const uint8_t *pf);
+
+/*
+ * Tags of messages that differ only in their first 32 bytes (an
+ * aggregator's unicast copies of one result: the same payload, a header
+ * per worker).  NH sums over 32-byte blocks, so the first chunk's NH is
+ * the template header's block's plus the rest's; POLY-64 is a polynomial,
+ * so the chunks after the first add a fixed term: per copy, one block of
+ * NH, one multiply modulo 2^64 - 59, L3 and the pad.  The same bits as
+ * hg_umac_tag().
+ */
+struct hg_umac_shared {
+	uint64_t nh1[HG_UMAC_ITERS];  /* L1 of chunk 1 with the template */
+	uint64_t hdr[HG_UMAC_ITERS];  /* NH of the template's first block */
+	uint64_t base[HG_UMAC_ITERS]; /* k^C + sum over c >= 2 of k^(C-c) a_c */
+	uint64_t kpow[HG_UMAC_ITERS]; /* k^(C-1) */
+	size_t len;
+	int fallback; /* a later chunk's L1 meets RFC 4418's marker */
+};
+
+/* sh = the shared part of data[0..len) (len >= 32) under u. */
+void hg_umac_share(const struct hg_umac_key *u, const uint8_t *data, size_t len,
+		   struct hg_umac_shared *sh);
+/* hg_umac_tag_block() of data[0..sh->len), whose bytes from 32 on are the
+ * template's. */
+void hg_umac_tag_shared(const struct hg_umac_key *u,
+			const struct hg_umac_shared *sh, __m128i block,
+			unsigned half, const uint8_t *data, uint8_t *tag);
 
 #define HG_UMAC_P64 0xFFFFFFFFFFFFFFC5ull /* 2^64 - 59 */
 

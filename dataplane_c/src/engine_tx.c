@@ -62,7 +62,8 @@ struct hg_pkt *hg_eng_out_pkt(struct hg_engine *e, struct hg_job *j,
  */
 static void put_reply(struct hg_engine *e, struct hg_job *j, struct hg_pkt *p,
 		      const struct hg_set *s, uint16_t flags, uint16_t w,
-		      const uint8_t *payload, size_t plen, uint64_t psum)
+		      const uint8_t *payload, size_t plen, uint64_t psum,
+		      struct hg_mac_shared *sh)
 {
 	struct hg_hdr h = {
 		.version = HG_PROTOCOL_VERSION,
@@ -108,9 +109,13 @@ static void put_reply(struct hg_engine *e, struct hg_job *j, struct hg_pkt *p,
 	if (f + HG_OFF_PAYLOAD != payload)
 		memcpy(f + HG_OFF_PAYLOAD, payload, plen);
 	if (j->mac_len) {
-		hg_mac_key_sign(&j->keys[j->cfg.workers], HG_AUTH_DIR_REPLY,
-				j->mac_ctr, f + HG_OFF_HDR, HG_HDR_LEN + plen,
-				f + HG_OFF_PAYLOAD + plen);
+		const struct hg_mac_key *k = &j->keys[j->cfg.workers];
+
+		if (sh && sh->k != k) /* the first copy: what the others share */
+			hg_mac_key_share(k, f + HG_OFF_HDR, HG_HDR_LEN + plen, sh);
+		hg_mac_key_sign_shared(k, sh, HG_AUTH_DIR_REPLY, j->mac_ctr,
+				       f + HG_OFF_HDR, HG_HDR_LEN + plen,
+				       f + HG_OFF_PAYLOAD + plen);
 		if (!(e->wire_flags & HG_WIRE_F_UDP_CSUM))
 			;
 		else if (plen % 2 == 0) /* 16-bit aligned: sums add up */
@@ -133,22 +138,25 @@ void hg_eng_send_result(struct hg_engine *e, struct hg_job *j,
 {
 	size_t plen = (size_t)s->lanes * hg_op_acc_lane(s->op);
 	uint16_t fl = set_flags(j, s, HG_FLAG_RESULT);
+	struct hg_mac_shared sh;
 	struct hg_pkt *p;
 
 	if (w != HG_WORKER_ALL || (e->can_replicate && j->cfg.group_ipv4)) {
 		p = hg_eng_out_pkt(e, j, reuse, HG_OFF_PAYLOAD + plen + j->mac_len);
 		if (!p)
 			return;
-		put_reply(e, j, p, s, fl, w, acc, plen, s->psum);
+		put_reply(e, j, p, s, fl, w, acc, plen, s->psum, NULL);
 		queue_tx(e, p);
 		count(e, j, HG_CNT_RESULTS_SENT);
 		return;
 	}
+	/* the copies' MACs share what follows the header (auth_pvt.h) */
+	sh.k = NULL;
 	for (uint32_t i = 0; i < j->cfg.workers; i++) {
 		p = hg_eng_out_pkt(e, j, reuse, HG_OFF_PAYLOAD + plen + j->mac_len);
 		if (!p)
 			continue;
-		put_reply(e, j, p, s, fl, (uint16_t)i, acc, plen, s->psum);
+		put_reply(e, j, p, s, fl, (uint16_t)i, acc, plen, s->psum, &sh);
 		queue_tx(e, p);
 		count(e, j, HG_CNT_RESULTS_SENT);
 	}
@@ -190,7 +198,7 @@ bool hg_eng_send_status_flags(struct hg_engine *e, struct hg_job *j,
 	if (e->wire_flags & HG_WIRE_F_UDP_CSUM)
 		psum = hg_csum_add(0, bits, plen);
 	put_reply(e, j, p, s, set_flags(j, s, (uint16_t)(HG_FLAG_STATUS | more)),
-		  w, bits, plen, psum);
+		  w, bits, plen, psum, NULL);
 	queue_tx(e, p);
 	count(e, j, HG_CNT_STATUS_SENT);
 	return true;
