@@ -149,3 +149,45 @@ def test_bad_arguments_are_refused_by_name():
         _ab.umac(bytes(16), b"", b"")
     with pytest.raises(InvalidArgument, match="nonce"):
         _ab.umac(bytes(16), bytes(17), b"")
+
+
+@pytest.mark.parametrize("payload_bytes", [32, 1024, 1424, 4096, 8192])
+def test_unicast_copies_of_a_result_each_carry_the_reference_mac(mac_path, payload_bytes):
+    # without a group the aggregator sends each worker its own copy of a
+    # result (its header names the worker, its MAC counter is its own);
+    # the copies' MACs share the payload's NH and POLY terms (auth_pvt.h
+    # hg_mac_key_share): each must equal the reference UMAC of its bytes,
+    # and the sum be exact
+    import numpy as np
+
+    from auth_rig import SECRET, ref_key, ref_mac, wframe
+    from engine_rig import EngineRig
+    from helpers import be32
+    from homagg.engine import parse_frame
+
+    W = 5
+    rig = EngineRig(workers=W, slots=4, auth=SECRET, mac="umac", payload_bytes=payload_bytes)
+    rng = np.random.default_rng(payload_bytes)
+    lanes = payload_bytes // 4
+    for seq in range(3):
+        xs = [rng.integers(-(2**28), 2**28, lanes) for _ in range(W)]
+        frames = [wframe(w, seq=seq, payload=be32(xs[w]), alg=auth.MAC_UMAC) for w in range(W)]
+        for f in frames:
+            rig.port.inject(f)
+        rig.eng.poll_all()
+        raw = rig.port.pop_all()
+        assert len(raw) == W, f"{len(raw)} replies"
+        key = ref_key(SECRET, auth.AGGREGATOR)
+        seen = set()
+        for f in raw:
+            v = parse_frame(f)
+            assert not isinstance(v, str), v
+            assert v.payload == be32(np.sum(xs, axis=0))
+            data = f[42 : 42 + 32 + len(v.payload)]
+            assert v.mac == ref_mac(key, data, auth.MAC_UMAC, auth.DIR_REPLY), (
+                f"{mac_path}: copy to worker {v.worker}"
+            )
+            seen.add(v.worker)
+        assert seen == set(range(W))
+    c = rig.eng.counters()
+    assert c["bad_mac"] == 0 and c["summed"] == 3 * W
