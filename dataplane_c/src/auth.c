@@ -26,6 +26,7 @@
 /* Frames of at least this many bytes (header + payload) go to libcrypto. */
 #define HG_GMAC_EVP_MIN 2048
 #include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <openssl/evp.h>
@@ -119,6 +120,21 @@ static inline __m128i gmac_j0(const uint8_t *hdr, uint32_t dir, uint64_t counter
 	return _mm_set_epi64x((long long)(inc | 1ull << 56), (long long)lo);
 }
 
+/*
+ * UMAC's NH on AVX2: on the avx2 and avx512 paths, and where the CPU has
+ * AVX2 without the VPCLMULQDQ of the avx2 path (its default path is then
+ * pclmul) unless HOMAGG_MAC_ISA forces a path; scalar otherwise.
+ */
+static bool umac_avx2(int isa)
+{
+	const char *v = getenv("HOMAGG_MAC_ISA");
+
+	if (isa >= HG_MAC_ISA_AVX2)
+		return true;
+	__builtin_cpu_init();
+	return (!v || !*v) && __builtin_cpu_supports("avx2");
+}
+
 int hg_mac_key_init(struct hg_mac_key *k, uint32_t alg, const uint8_t *key)
 {
 	if (!k || !key)
@@ -139,7 +155,7 @@ int hg_mac_key_init(struct hg_mac_key *k, uint32_t alg, const uint8_t *key)
 		return rc;
 	}
 	if (alg == HG_MAC_UMAC) { /* the key's first 16 bytes */
-		hg_umac_init(&k->umac, key, k->isa >= HG_MAC_ISA_AVX2);
+		hg_umac_init(&k->umac, key, umac_avx2(k->isa));
 		return 0;
 	}
 	if (k->isa != HG_MAC_ISA_PORTABLE) {

@@ -117,9 +117,9 @@ int hg_auth_gmac(const uint8_t *key, const uint8_t *nonce, const uint8_t *data,
 /*
  * tag (HG_MAC_LEN bytes) = RFC 4418's UMAC-64 (UMAC-AES-128, 8-byte tag)
  * under the 16-byte key of data[0..len) with a nonce of nonce_len (1..16)
- * bytes, then 8 zero bytes (the frame trailer's form), NH in the form
- * of the path of hg_mac_isa() (scalar on portable and pclmul, AVX2 on avx2
- * and avx512): the primitive under hg_auth_mac's UMAC, for known-answer
+ * bytes, then 8 zero bytes (the frame trailer's form), NH on AVX2 on the
+ * avx2 and avx512 paths of hg_mac_isa() and wherever the CPU has AVX2 with
+ * HOMAGG_MAC_ISA unset, else scalar: the primitive under hg_auth_mac's UMAC, for known-answer
  * tests.  0, -EINVAL (NULL, a nonce length outside 1..16, len over 2^24,
  * or HOMAGG_MAC_ISA naming no path), -ENOTSUP (no AES-NI, or a path the
  * CPU lacks), -ENOMEM.

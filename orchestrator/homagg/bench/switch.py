@@ -26,7 +26,8 @@ and reports each one's engine lcore capacity as a ratio of the
 unauthenticated one.  ``--mac-isa`` adds an aes-gmac and a umac row per MAC path
 (HOMAGG_MAC_ISA forced for that run: ``portable`` is libsodium and OpenSSL,
 ``pclmul``, ``avx2`` and ``avx512`` the project's own; UMAC's NH is scalar
-on the first two, AVX2 on the others; ``all``: every path this CPU has);
+when the first two are forced, AVX2 on the others; ``all``: every path
+this CPU has);
 each row's ``mac_isa`` names its path.  Needs root (EAL).
 """
 
