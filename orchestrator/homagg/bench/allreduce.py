@@ -84,6 +84,7 @@ import time
 
 import numpy as np
 
+from homagg import auth as _auth
 from homagg.bench import report as rep
 from homagg.bench import workloads
 from homagg.protocol import AUTO_CANDIDATES, EXACT_METHODS, PIPELINE_GROUPS, PIPELINED_METHODS
@@ -765,6 +766,7 @@ def _run(args, case):
                                 rows[key + "+auth"] = {
                                     "method": m + "+auth",
                                     "auth": True,
+                                    "mac": _auth.default_mac_name(),  # the local testbed's
                                     **base,
                                     **row,
                                 }
