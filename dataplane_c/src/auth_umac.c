@@ -107,6 +107,8 @@ UMAC_AES void hg_umac_init(struct hg_umac_key *u, const uint8_t *key, int avx2)
 	kdf((const uint8_t(*)[16])mrk, 2, buf, 24 * HG_UMAC_ITERS);
 	for (size_t t = 0; t < HG_UMAC_ITERS; t++)
 		u->l2[t] = be64_of(buf + 24 * t) & 0x01FFFFFF01FFFFFFull;
+	for (size_t t = 0; t < HG_UMAC_ITERS; t++)
+		u->l2sq[t] = hg_umac_mul_p64(u->l2[t], u->l2[t]);
 	kdf((const uint8_t(*)[16])mrk, 3, buf, 64 * HG_UMAC_ITERS);
 	for (size_t t = 0; t < HG_UMAC_ITERS; t++)
 		for (size_t j = 0; j < 4; j++)
@@ -185,28 +187,28 @@ static void uhash_scalar(const struct hg_umac_key *u, const uint8_t *data,
 	}
 	for (size_t t = 0; t < HG_UMAC_ITERS; t++)
 		y[t] = 1;
-	do {
-		size_t clen = len - off < HG_UMAC_CHUNK ? len - off : HG_UMAC_CHUNK;
+	do { /* two chunks a step (hg_umac_poly64x2) */
+		size_t c1 = len - off < HG_UMAC_CHUNK ? len - off : HG_UMAC_CHUNK;
 
-		chunk_scalar(u, data + off, clen, h);
-		for (size_t t = 0; t < HG_UMAC_ITERS; t++)
-			y[t] = hg_umac_poly64(u->l2[t], y[t], h[t]);
-		off += clen;
+		chunk_scalar(u, data + off, c1, h);
+		off += c1;
+		if (off < len) {
+			size_t c2 = len - off < HG_UMAC_CHUNK ? len - off :
+								HG_UMAC_CHUNK;
+			uint64_t g[HG_UMAC_ITERS];
+
+			chunk_scalar(u, data + off, c2, g);
+			off += c2;
+			for (size_t t = 0; t < HG_UMAC_ITERS; t++)
+				y[t] = hg_umac_poly64x2(u->l2[t], u->l2sq[t],
+							y[t], h[t], g[t]);
+		} else {
+			for (size_t t = 0; t < HG_UMAC_ITERS; t++)
+				y[t] = hg_umac_poly64(u->l2[t], y[t], h[t]);
+		}
 	} while (off < len);
 	for (size_t t = 0; t < HG_UMAC_ITERS; t++)
 		y[t] = hg_umac_poly_end(y[t]);
-}
-
-/* a b modulo 2^64 - 59 for any a, b < 2^64, reduced */
-static uint64_t mul_p64(uint64_t a, uint64_t b)
-{
-	unsigned __int128 x = (unsigned __int128)a * b;
-	unsigned __int128 t = (unsigned __int128)(uint64_t)x +
-			      (unsigned __int128)(uint64_t)(x >> 64) * 59;
-	uint64_t r = (uint64_t)t + (uint64_t)(t >> 64) * 59; /* t >> 64 < 2^7 */
-
-	r = r < (uint64_t)t ? r + 59 : r;
-	return hg_umac_poly_end(r);
 }
 
 static uint64_t add_p64(uint64_t a, uint64_t b)
@@ -244,8 +246,9 @@ void hg_umac_share(const struct hg_umac_key *u, const uint8_t *data, size_t len,
 		for (size_t t = 0; t < HG_UMAC_ITERS; t++) {
 			if (h[t] >= 0xFFFFFFFF00000000ull)
 				sh->fallback = 1;
-			sh->base[t] = add_p64(mul_p64(sh->base[t], u->l2[t]), h[t]);
-			sh->kpow[t] = mul_p64(sh->kpow[t], u->l2[t]);
+			sh->base[t] = add_p64(hg_umac_mul_p64(sh->base[t], u->l2[t]),
+					      h[t]);
+			sh->kpow[t] = hg_umac_mul_p64(sh->kpow[t], u->l2[t]);
 		}
 	}
 }
@@ -331,7 +334,8 @@ UMAC_AES void hg_umac_tag_shared(const struct hg_umac_key *u,
 			hg_umac_tag_block(u, block, half, data, sh->len, tag, NULL);
 			return;
 		} else {
-			y[t] = add_p64(sh->base[t], mul_p64(sh->kpow[t], a1));
+			y[t] = add_p64(sh->base[t],
+				       hg_umac_mul_p64(sh->kpow[t], a1));
 		}
 	}
 	block = aes128_block(u->pdf_rk, block);

@@ -101,14 +101,25 @@ UMAC_AVX2 void hg_umac_uhash_avx2(const struct hg_umac_key *u, const uint8_t *da
 		hg_umac_chunk_avx2(u, data, len, y, next);
 		return;
 	}
-	do {
-		size_t clen = len - off < HG_UMAC_CHUNK ? len - off : HG_UMAC_CHUNK;
+	do { /* two chunks a step (hg_umac_poly64x2) */
+		size_t c1 = len - off < HG_UMAC_CHUNK ? len - off : HG_UMAC_CHUNK;
 
-		hg_umac_chunk_avx2(u, data + off, clen, h,
-				   next ? next + off : NULL);
-		y0 = hg_umac_poly64(u->l2[0], y0, h[0]);
-		y1 = hg_umac_poly64(u->l2[1], y1, h[1]);
-		off += clen;
+		hg_umac_chunk_avx2(u, data + off, c1, h, next ? next + off : NULL);
+		off += c1;
+		if (off < len) {
+			size_t c2 = len - off < HG_UMAC_CHUNK ? len - off :
+								HG_UMAC_CHUNK;
+			uint64_t g[2];
+
+			hg_umac_chunk_avx2(u, data + off, c2, g,
+					   next ? next + off : NULL);
+			off += c2;
+			y0 = hg_umac_poly64x2(u->l2[0], u->l2sq[0], y0, h[0], g[0]);
+			y1 = hg_umac_poly64x2(u->l2[1], u->l2sq[1], y1, h[1], g[1]);
+		} else {
+			y0 = hg_umac_poly64(u->l2[0], y0, h[0]);
+			y1 = hg_umac_poly64(u->l2[1], y1, h[1]);
+		}
 	} while (off < len);
 	y[0] = hg_umac_poly_end(y0);
 	y[1] = hg_umac_poly_end(y1);

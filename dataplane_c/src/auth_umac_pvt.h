@@ -58,6 +58,7 @@ struct hg_umac_key {
 	uint32_t nhx[HG_UMAC_ITERS][HG_UMAC_CHUNK / 64][8];
 	uint32_t nhy[HG_UMAC_ITERS][HG_UMAC_CHUNK / 64][8];
 	uint64_t l2[HG_UMAC_ITERS];      /* POLY-64 keys, masked */
+	uint64_t l2sq[HG_UMAC_ITERS];    /* their squares modulo 2^64 - 59 */
 	uint64_t l3k1[HG_UMAC_ITERS][4]; /* L3 key words 4..7, mod 2^36-5
 					     * (words 0..3 meet zeros) */
 	uint32_t l3k2[HG_UMAC_ITERS];
@@ -150,6 +151,40 @@ static inline uint64_t hg_umac_poly64(uint64_t k, uint64_t y, uint64_t m)
 static inline uint64_t hg_umac_poly_end(uint64_t y)
 {
 	return y >= HG_UMAC_P64 ? y - HG_UMAC_P64 : y;
+}
+
+/* a b modulo 2^64 - 59 for any a, b < 2^64, reduced */
+static inline uint64_t hg_umac_mul_p64(uint64_t a, uint64_t b)
+{
+	unsigned __int128 x = (unsigned __int128)a * b;
+	unsigned __int128 t = (unsigned __int128)(uint64_t)x +
+			      (unsigned __int128)(uint64_t)(x >> 64) * 59;
+	uint64_t r = (uint64_t)t + (uint64_t)(t >> 64) * 59; /* t >> 64 < 2^7 */
+
+	r = r < (uint64_t)t ? r + 59 : r;
+	return hg_umac_poly_end(r);
+}
+
+/*
+ * Two words m1, m2 of POLY-64 under k (< 2^57) with k2 = k^2 modulo
+ * 2^64 - 59: k^2 y + k m1 + m2, the two Horner steps with one multiply on
+ * the chain through y instead of two (the same value; RFC 4418's marker,
+ * for a word of 2^64 - 2^32 or more, takes the steps one by one).  y and
+ * the result as hg_umac_poly64() takes and gives them.
+ */
+static inline uint64_t hg_umac_poly64x2(uint64_t k, uint64_t k2, uint64_t y,
+					uint64_t m1, uint64_t m2)
+{
+	uint64_t r, s, t;
+
+	if (__builtin_expect((m1 >= 0xFFFFFFFF00000000ull) |
+				     (m2 >= 0xFFFFFFFF00000000ull),
+			     0))
+		return hg_umac_poly64(k, hg_umac_poly64(k, y, m1), m2);
+	r = hg_umac_mul_p64(k2, y);
+	s = hg_umac_mad_p64(k, m1, m2);
+	t = r + s;
+	return t < r ? t + 59 : t; /* 2^64 = 59 */
 }
 
 #endif /* HOMAGG_AUTH_UMAC_PVT_H */
