@@ -109,14 +109,21 @@ void hg_auth_nonce(const uint8_t *hdr, uint32_t dir, uint64_t counter, uint8_t *
  * register from the header (the nonce's bytes stored one by one and read
  * back as a vector would stall the store buffer on every frame).
  */
+/* The nonce's first 8 bytes as a little-endian word: shard, dir, the
+ * counter's 48 bits big-endian; *inc = its last 4, the incarnation. */
+static inline uint64_t nonce_lo(const uint8_t *hdr, uint32_t dir,
+				uint64_t counter, uint32_t *inc)
+{
+	memcpy(inc, hdr + 24, 4); /* incarnation as sent */
+	return hdr[23] | (uint64_t)(uint8_t)dir << 8 |
+	       __builtin_bswap64(counter << 16) << 16;
+}
+
 static inline __m128i gmac_j0(const uint8_t *hdr, uint32_t dir, uint64_t counter)
 {
 	uint32_t inc;
-	uint64_t lo;
+	uint64_t lo = nonce_lo(hdr, dir, counter, &inc);
 
-	memcpy(&inc, hdr + 24, 4); /* incarnation as sent */
-	lo = hdr[23] | (uint64_t)(uint8_t)dir << 8 |
-	     __builtin_bswap64(counter << 16) << 16; /* 48 bits, big-endian */
 	return _mm_set_epi64x((long long)(inc | 1ull << 56), (long long)lo);
 }
 
@@ -235,11 +242,8 @@ static inline __m128i umac_block(const uint8_t *hdr, uint32_t dir,
 				 uint64_t counter, unsigned *half)
 {
 	uint32_t inc;
-	uint64_t lo;
+	uint64_t lo = nonce_lo(hdr, dir, counter, &inc);
 
-	memcpy(&inc, hdr + 24, 4); /* incarnation as sent */
-	lo = hdr[23] | (uint64_t)(uint8_t)dir << 8 |
-	     __builtin_bswap64(counter << 16) << 16;
 	*half = inc >> 24 & 1;
 	return _mm_set_epi64x((long long)(inc & ~(1u << 24)), (long long)lo);
 }
@@ -411,6 +415,29 @@ void hg_mac_key_check_burst(uint32_t dir, struct hg_mac_req *r, uint32_t n)
 		check_gmac_batch(dir, q, nq);
 }
 
+/* *kp = a key of alg made from key for one call (the one-shot API
+ * below), in sodium_malloc's aligned memory; 0 or as hg_mac_key_init().
+ * temp_key_free() releases it, made or not. */
+static int temp_key(struct hg_mac_key **kp, uint32_t alg, const uint8_t *key)
+{
+	*kp = NULL;
+	if (sodium_init() < 0) /* sodium_malloc needs it first */
+		return -ENOTSUP;
+	*kp = sodium_malloc(sizeof(**kp)); /* wiped when freed */
+	if (!*kp)
+		return -ENOMEM;
+	memset(*kp, 0, sizeof(**kp));
+	return hg_mac_key_init(*kp, alg, key);
+}
+
+static void temp_key_free(struct hg_mac_key *k)
+{
+	if (!k)
+		return;
+	hg_mac_key_release(k);
+	sodium_free(k);
+}
+
 int hg_auth_mac(uint32_t alg, const uint8_t *key, uint32_t dir,
 		uint64_t counter, const uint8_t *data, size_t len, uint8_t *mac)
 {
@@ -419,17 +446,10 @@ int hg_auth_mac(uint32_t alg, const uint8_t *key, uint32_t dir,
 
 	if (!key || !mac || !data || len < HG_HDR_LEN)
 		return -EINVAL;
-	if (sodium_init() < 0) /* sodium_malloc needs it first */
-		return -ENOTSUP;
-	k = sodium_malloc(sizeof(*k)); /* aligned; wiped when freed */
-	if (!k)
-		return -ENOMEM;
-	memset(k, 0, sizeof(*k));
-	rc = hg_mac_key_init(k, alg, key);
+	rc = temp_key(&k, alg, key);
 	if (!rc)
 		hg_mac_key_sign(k, dir, counter, data, len, mac);
-	hg_mac_key_release(k);
-	sodium_free(k);
+	temp_key_free(k);
 	return rc;
 }
 
@@ -441,44 +461,30 @@ int hg_auth_gmac(const uint8_t *key, const uint8_t *nonce, const uint8_t *data,
 
 	if (!key || !nonce || !tag || (!data && len))
 		return -EINVAL;
-	if (sodium_init() < 0)
-		return -ENOTSUP;
-	k = sodium_malloc(sizeof(*k)); /* aligned; wiped when freed */
-	if (!k)
-		return -ENOMEM;
-	memset(k, 0, sizeof(*k));
-	rc = hg_mac_key_init(k, HG_MAC_AES_GMAC, key);
+	rc = temp_key(&k, HG_MAC_AES_GMAC, key);
 	if (!rc)
 		gmac_tag(k, nonce, len ? data : (const uint8_t *)"", len, tag);
-	hg_mac_key_release(k);
-	sodium_free(k);
+	temp_key_free(k);
 	return rc;
 }
 
 int hg_auth_umac(const uint8_t *key, const uint8_t *nonce, size_t nonce_len,
 		 const uint8_t *data, size_t len, uint8_t *tag)
 {
-	uint8_t key32[HG_AUTH_KEY_LEN] = { 0 };
+	uint8_t key32[HG_AUTH_KEY_LEN] = { 0 }; /* UMAC reads the first 16 */
 	struct hg_mac_key *k;
 	int rc;
 
 	if (!key || !nonce || !tag || (!data && len) || nonce_len < 1 ||
 	    nonce_len > 16 || len > HG_UMAC_MAX_LEN)
 		return -EINVAL;
-	if (sodium_init() < 0)
-		return -ENOTSUP;
-	k = sodium_malloc(sizeof(*k)); /* aligned; wiped when freed */
-	if (!k)
-		return -ENOMEM;
-	memset(k, 0, sizeof(*k));
 	memcpy(key32, key, 16);
-	rc = hg_mac_key_init(k, HG_MAC_UMAC, key32);
+	rc = temp_key(&k, HG_MAC_UMAC, key32);
+	sodium_memzero(key32, sizeof(key32));
 	if (!rc)
 		hg_umac_tag(&k->umac, nonce, nonce_len,
 			    len ? data : (const uint8_t *)"", len, tag);
-	sodium_memzero(key32, sizeof(key32));
-	hg_mac_key_release(k);
-	sodium_free(k);
+	temp_key_free(k);
 	return rc;
 }
 
