@@ -98,3 +98,46 @@ def wframe(
         counter=next(COUNTER) if counter is None else counter,
         alg=alg,
     )
+
+
+# The CPU flags (as /proc/cpuinfo names them) the code of each MAC path
+# (HOMAGG_MAC_ISA) uses.
+PATH_FLAGS = {
+    "portable": {"aes", "pclmulqdq"},
+    "pclmul": {"aes", "pclmulqdq", "ssse3"},
+    "avx2": {"aes", "pclmulqdq", "ssse3", "avx2", "vpclmulqdq"},
+    "avx512": {
+        "aes",
+        "pclmulqdq",
+        "ssse3",
+        "avx2",
+        "vpclmulqdq",
+        "avx512f",
+        "avx512bw",
+        "avx512vl",
+        "gfni",
+    },
+}
+
+
+def force_mac_path(isa, monkeypatch):
+    """A fixture's body: HOMAGG_MAC_ISA forced to path isa for the test, the
+    process's own path restored after it.  The path is skipped only where
+    /proc/cpuinfo lacks its instructions, and the C must agree on that."""
+    import pytest
+
+    from helpers import cpu_flags
+
+    cpu = cpu_flags()
+    has = PATH_FLAGS[isa] <= cpu
+    assert _ab.mac_isa_available(isa) == has, (
+        f"/proc/cpuinfo {'has' if has else 'lacks'} {sorted(PATH_FLAGS[isa])} "
+        f"but hg_mac_isa_available({isa}) says otherwise"
+    )
+    if not has:
+        pytest.skip(f"this CPU lacks {sorted(PATH_FLAGS[isa] - cpu)}: no {isa} path here")
+    monkeypatch.setenv("HOMAGG_MAC_ISA", isa)
+    assert _ab.mac_isa_reload() == isa
+    yield isa
+    monkeypatch.undo()
+    _ab.mac_isa_reload()

@@ -20,48 +20,17 @@ from homagg.bindings import auth as _ab
 from homagg.engine import Engine, MemPort
 from homagg.errors import InvalidArgument
 from helpers import cpu_flags
+from auth_rig import PATH_FLAGS, force_mac_path
 
 pytestmark = pytest.mark.sanitize
-
-# The CPU flags (as /proc/cpuinfo names them) each path's code uses.
-PATH_FLAGS = {
-    "portable": {"aes", "pclmulqdq"},
-    "pclmul": {"aes", "pclmulqdq", "ssse3"},
-    "avx2": {"aes", "pclmulqdq", "ssse3", "avx2", "vpclmulqdq"},
-    "avx512": {
-        "aes",
-        "pclmulqdq",
-        "ssse3",
-        "avx2",
-        "vpclmulqdq",
-        "avx512f",
-        "avx512bw",
-        "avx512vl",
-        "gfni",
-    },
-}
-
 
 CPU = cpu_flags()
 
 
 @pytest.fixture(params=list(PATH_FLAGS))
 def mac_path(request, monkeypatch):
-    """HOMAGG_MAC_ISA forced to one path for the test (and the process's own
-    path restored after it)."""
-    isa = request.param
-    has = PATH_FLAGS[isa] <= CPU
-    assert _ab.mac_isa_available(isa) == has, (
-        f"/proc/cpuinfo {'has' if has else 'lacks'} {sorted(PATH_FLAGS[isa])} "
-        f"but hg_mac_isa_available({isa}) says otherwise"
-    )
-    if not has:
-        pytest.skip(f"this CPU lacks {sorted(PATH_FLAGS[isa] - CPU)}: no {isa} path here")
-    monkeypatch.setenv("HOMAGG_MAC_ISA", isa)
-    assert _ab.mac_isa_reload() == isa
-    yield isa
-    monkeypatch.undo()
-    _ab.mac_isa_reload()
+    """HOMAGG_MAC_ISA forced to one path for the test (auth_rig.force_mac_path)."""
+    yield from force_mac_path(request.param, monkeypatch)
 
 
 @pytest.fixture(params=["aes-gmac", "umac"])

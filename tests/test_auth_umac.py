@@ -16,29 +16,18 @@ from homagg import auth
 from homagg.bindings import auth as _ab
 from homagg.errors import InvalidArgument
 from helpers import cpu_flags
+from auth_rig import PATH_FLAGS, force_mac_path
 from umac_reference import umac
 
 pytestmark = pytest.mark.sanitize
 
-PATH_FLAGS = {
-    "portable": {"aes"},
-    "pclmul": {"aes", "pclmulqdq", "ssse3"},
-    "avx2": {"aes", "pclmulqdq", "ssse3", "avx2", "vpclmulqdq"},
-    "avx512": {"aes", "avx2", "vpclmulqdq", "avx512f", "avx512bw", "avx512vl", "gfni"},
-}
 CPU = cpu_flags()
 
 
 @pytest.fixture(params=list(PATH_FLAGS))
 def mac_path(request, monkeypatch):
-    isa = request.param
-    if not PATH_FLAGS[isa] <= CPU:
-        pytest.skip(f"this CPU lacks {sorted(PATH_FLAGS[isa] - CPU)}: no {isa} path here")
-    monkeypatch.setenv("HOMAGG_MAC_ISA", isa)
-    assert _ab.mac_isa_reload() == isa
-    yield isa
-    monkeypatch.undo()
-    _ab.mac_isa_reload()
+    """HOMAGG_MAC_ISA forced to one path for the test (auth_rig.force_mac_path)."""
+    yield from force_mac_path(request.param, monkeypatch)
 
 
 # RFC 4418, Appendix "Test Vectors": key "abcdefghijklmnop", nonce
