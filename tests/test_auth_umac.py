@@ -180,3 +180,44 @@ def test_unicast_copies_of_a_result_each_carry_the_reference_mac(mac_path, paylo
         assert seen == set(range(W))
     c = rig.eng.counters()
     assert c["bad_mac"] == 0 and c["summed"] == 3 * W
+
+
+def _marker_message(key, length, chunk, iteration):
+    """A message of length bytes whose chunk number chunk (0-based) has,
+    under iteration's NH key, an L1 value of at least 2^64 - 2^32: the
+    words RFC 4418's POLY-64 takes with its marker.  NH adds (m + k) mod
+    2^32 in pairs; choosing m = s - k sets each sum s: the chunk's first
+    block gets (2^32 - 1)^2 + 2^32 and every other block of the chunk 0."""
+    import numpy as np
+
+    from umac_reference import kdf, l1_hash
+
+    l1key = kdf(key, 1, 1024 + 16)[16 * iteration :]
+    rng = random.Random(length * 7 + chunk)
+    msg = bytearray(rng.randbytes(length))
+    start = 1024 * chunk
+    clen = min(1024, length - start)
+    assert clen % 32 == 0
+    k = np.frombuffer(l1key[:clen], dtype=">u4").astype(np.int64)
+    s = np.zeros(clen // 4, dtype=np.int64)
+    s[0], s[4], s[1], s[5] = 2**32 - 1, 2**32 - 1, 2**16, 2**16
+    msg[start : start + clen] = ((s - k) % 2**32).astype("<u4").tobytes()
+    assert l1_hash(l1key, bytes(msg))[chunk] >= 2**64 - 2**32  # the marker's case
+    return bytes(msg)
+
+
+@pytest.mark.parametrize(
+    "length,chunk",
+    [(1056, 0), (1056, 1), (2048, 1), (3072, 2), (3072, 1), (4160, 3), (5120, 4)],
+)
+def test_chunks_that_meet_poly64_s_marker_match_the_reference(mac_path, length, chunk):
+    # the marker's branch of every POLY-64 step the C takes: the first two
+    # chunks from y = 1, two chunks a step, a last chunk alone
+    key = bytes(range(16))
+    nonce = b"marker!!"
+    for iteration in (0, 1):
+        msg = _marker_message(key, length, chunk, iteration)
+        want = umac(key, msg, nonce, 8) + bytes(8)
+        assert _ab.umac(key, nonce, msg) == want, (
+            f"{mac_path}: {length} bytes, marker in chunk {chunk}, iteration {iteration}"
+        )

@@ -255,9 +255,10 @@ void hg_umac_share(const struct hg_umac_key *u, const uint8_t *data, size_t len,
 
 /* ---- the tag ------------------------------------------------------------- */
 
-/* tag = L3 of each iteration's y, masked by pad, then 8 zero bytes */
-static void finish(const struct hg_umac_key *u, const uint64_t *y, uint64_t pad,
-		   uint8_t *tag)
+/* L3 of each iteration's y, masked by pad: the tag's 8 bytes as x86
+ * reads them */
+static inline uint64_t finish(const struct hg_umac_key *u, const uint64_t *y,
+			      uint64_t pad)
 {
 	uint64_t t64 = 0;
 
@@ -274,7 +275,11 @@ static void finish(const struct hg_umac_key *u, const uint64_t *y, uint64_t pad,
 		v = (uint32_t)s ^ u->l3k2[t];
 		t64 |= (uint64_t)__builtin_bswap32(v) << (32 * t); /* big-endian */
 	}
-	t64 ^= pad;
+	return t64 ^ pad;
+}
+
+static inline void put_tag(uint64_t t64, uint8_t *tag)
+{
 	memcpy(tag, &t64, 8);
 	memset(tag + 8, 0, 8);
 }
@@ -296,26 +301,34 @@ UMAC_AES void hg_umac_tag(const struct hg_umac_key *u, const uint8_t *nonce,
 			  len, tag, NULL);
 }
 
-UMAC_AES void hg_umac_tag_block(const struct hg_umac_key *u, __m128i block,
-				unsigned half, const uint8_t *data, size_t len,
-				uint8_t *tag, const uint8_t *next)
+UMAC_AES static inline uint64_t pad_of(const struct hg_umac_key *u,
+				       __m128i block, unsigned half)
 {
-	uint64_t y[HG_UMAC_ITERS], pad;
-
 	block = aes128_block(u->pdf_rk, block);
-	pad = (uint64_t)(half ? _mm_extract_epi64(block, 1) :
-				_mm_cvtsi128_si64(block));
-	memset(tag + 8, 0, 8);
-	if (len > HG_UMAC_MAX_LEN) { /* not a frame: a tag verifying nothing */
-		pad = ~pad;
-		memcpy(tag, &pad, 8);
-		return;
-	}
+	return (uint64_t)(half ? _mm_extract_epi64(block, 1) :
+				 _mm_cvtsi128_si64(block));
+}
+
+UMAC_AES uint64_t hg_umac_tag64(const struct hg_umac_key *u, __m128i block,
+				unsigned half, const uint8_t *data, size_t len,
+				const uint8_t *next)
+{
+	uint64_t y[HG_UMAC_ITERS], pad = pad_of(u, block, half);
+
+	if (len > HG_UMAC_MAX_LEN) /* not a frame: a tag verifying nothing */
+		return ~pad;
 	if (u->avx2)
 		hg_umac_uhash_avx2(u, data, len, y, next);
 	else
 		uhash_scalar(u, data, len, y);
-	finish(u, y, pad, tag);
+	return finish(u, y, pad);
+}
+
+UMAC_AES void hg_umac_tag_block(const struct hg_umac_key *u, __m128i block,
+				unsigned half, const uint8_t *data, size_t len,
+				uint8_t *tag, const uint8_t *next)
+{
+	put_tag(hg_umac_tag64(u, block, half, data, len, next), tag);
 }
 
 UMAC_AES void hg_umac_tag_shared(const struct hg_umac_key *u,
@@ -338,8 +351,6 @@ UMAC_AES void hg_umac_tag_shared(const struct hg_umac_key *u,
 				       hg_umac_mul_p64(sh->kpow[t], a1));
 		}
 	}
-	block = aes128_block(u->pdf_rk, block);
-	pad = (uint64_t)(half ? _mm_extract_epi64(block, 1) :
-				_mm_cvtsi128_si64(block));
-	finish(u, y, pad, tag);
+	pad = pad_of(u, block, half);
+	put_tag(finish(u, y, pad), tag);
 }

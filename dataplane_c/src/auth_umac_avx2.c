@@ -72,8 +72,11 @@ UMAC_AVX2 static inline void nh(const struct hg_umac_key *u, const uint8_t *m,
 	}
 }
 
-UMAC_AVX2 void hg_umac_chunk_avx2(const struct hg_umac_key *u, const uint8_t *m,
-				  size_t clen, uint64_t *h, const uint8_t *pf)
+/* h[t] = L1 of one chunk (hg_umac_chunk_avx2), inlined where the tag's
+ * other steps can run beside it */
+UMAC_AVX2 static inline __attribute__((always_inline)) void
+chunk_nh(const struct hg_umac_key *u, const uint8_t *m, size_t clen,
+	 uint64_t *h, const uint8_t *pf)
 {
 	size_t full = clen & ~(size_t)63, rest = clen - full;
 	__m256i a0 = _mm256_setzero_si256(), a1 = a0;
@@ -91,28 +94,43 @@ UMAC_AVX2 void hg_umac_chunk_avx2(const struct hg_umac_key *u, const uint8_t *m,
 	h[1] = lanes_sum(a1) + (uint64_t)clen * 8;
 }
 
+UMAC_AVX2 void hg_umac_chunk_avx2(const struct hg_umac_key *u, const uint8_t *m,
+				  size_t clen, uint64_t *h, const uint8_t *pf)
+{
+	chunk_nh(u, m, clen, h, pf);
+}
+
+static inline size_t chunk_len(size_t left)
+{
+	return left < HG_UMAC_CHUNK ? left : HG_UMAC_CHUNK;
+}
+
 UMAC_AVX2 void hg_umac_uhash_avx2(const struct hg_umac_key *u, const uint8_t *data,
 				  size_t len, uint64_t *y, const uint8_t *next)
 {
-	uint64_t y0 = 1, y1 = 1, h[2];
-	size_t off = 0;
+	uint64_t y0, y1, h[2], g[2];
+	size_t off, c2;
 
 	if (len <= HG_UMAC_CHUNK) { /* L2 skipped: B = 0^64 || A */
-		hg_umac_chunk_avx2(u, data, len, y, next);
+		chunk_nh(u, data, len, y, next);
 		return;
 	}
-	do { /* two chunks a step (hg_umac_poly64x2) */
-		size_t c1 = len - off < HG_UMAC_CHUNK ? len - off : HG_UMAC_CHUNK;
+	/* the first two chunks from y = 1 (hg_umac_poly64x2_from1); most
+	 * frames have no more */
+	c2 = chunk_len(len - HG_UMAC_CHUNK);
+	chunk_nh(u, data, HG_UMAC_CHUNK, h, next);
+	chunk_nh(u, data + HG_UMAC_CHUNK, c2, g,
+		 next ? next + HG_UMAC_CHUNK : NULL);
+	y0 = hg_umac_poly64x2_from1(u->l2[0], u->l2sq[0], h[0], g[0]);
+	y1 = hg_umac_poly64x2_from1(u->l2[1], u->l2sq[1], h[1], g[1]);
+	for (off = HG_UMAC_CHUNK + c2; off < len;) { /* two chunks a step */
+		size_t c1 = chunk_len(len - off);
 
-		hg_umac_chunk_avx2(u, data + off, c1, h, next ? next + off : NULL);
+		chunk_nh(u, data + off, c1, h, next ? next + off : NULL);
 		off += c1;
 		if (off < len) {
-			size_t c2 = len - off < HG_UMAC_CHUNK ? len - off :
-								HG_UMAC_CHUNK;
-			uint64_t g[2];
-
-			hg_umac_chunk_avx2(u, data + off, c2, g,
-					   next ? next + off : NULL);
+			c2 = chunk_len(len - off);
+			chunk_nh(u, data + off, c2, g, next ? next + off : NULL);
 			off += c2;
 			y0 = hg_umac_poly64x2(u->l2[0], u->l2sq[0], y0, h[0], g[0]);
 			y1 = hg_umac_poly64x2(u->l2[1], u->l2sq[1], y1, h[1], g[1]);
@@ -120,7 +138,7 @@ UMAC_AVX2 void hg_umac_uhash_avx2(const struct hg_umac_key *u, const uint8_t *da
 			y0 = hg_umac_poly64(u->l2[0], y0, h[0]);
 			y1 = hg_umac_poly64(u->l2[1], y1, h[1]);
 		}
-	} while (off < len);
+	}
 	y[0] = hg_umac_poly_end(y0);
 	y[1] = hg_umac_poly_end(y1);
 }

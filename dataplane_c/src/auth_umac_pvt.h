@@ -79,6 +79,10 @@ void hg_umac_tag(const struct hg_umac_key *u, const uint8_t *nonce,
 void hg_umac_tag_block(const struct hg_umac_key *u, __m128i block,
 		       unsigned half, const uint8_t *data, size_t len,
 		       uint8_t *tag, const uint8_t *next);
+/* The same tag's first 8 bytes as x86 reads them (the 8 after are 0):
+ * what a receiver compares with the frame's trailer. */
+uint64_t hg_umac_tag64(const struct hg_umac_key *u, __m128i block, unsigned half,
+		       const uint8_t *data, size_t len, const uint8_t *next);
 
 /*
  * y[t] = iteration t's L2 output (its low 64 bits: the high ones are 0 for
@@ -185,6 +189,22 @@ static inline uint64_t hg_umac_poly64x2(uint64_t k, uint64_t k2, uint64_t y,
 	s = hg_umac_mad_p64(k, m1, m2);
 	t = r + s;
 	return t < r ? t + 59 : t; /* 2^64 = 59 */
+}
+
+/* hg_umac_poly64x2() from y = 1, POLY-64's start: k^2 + k m1 + m2, one
+ * multiply fewer. */
+static inline uint64_t hg_umac_poly64x2_from1(uint64_t k, uint64_t k2,
+					      uint64_t m1, uint64_t m2)
+{
+	uint64_t s, t;
+
+	if (__builtin_expect((m1 >= 0xFFFFFFFF00000000ull) |
+				     (m2 >= 0xFFFFFFFF00000000ull),
+			     0))
+		return hg_umac_poly64(k, hg_umac_poly64(k, 1, m1), m2);
+	s = hg_umac_mad_p64(k, m1, m2);
+	t = s + k2;                /* k2 < 2^64 - 59 */
+	return t < s ? t + 59 : t; /* 2^64 = 59 */
 }
 
 #endif /* HOMAGG_AUTH_UMAC_PVT_H */
