@@ -212,6 +212,47 @@ def test_switch_benchmark_sums_every_frame():
         _mac_isas(["sse"])
 
 
+def test_switch_benchmark_rounds_end_with_each_mac_s_median(capsys):
+    """`homagg bench switch --auth --rounds R`: R rounds, each with its own
+    unauthenticated run first, then one summary row per MAC whose median
+    and range are those of the rounds' ratios.  No timing is asserted."""
+    import argparse
+    import json
+    import statistics
+
+    from homagg.bench import switch as sb
+
+    parser = argparse.ArgumentParser()
+    sb.add_arguments(parser)
+    args = parser.parse_args(
+        "--workers 2 --payload 1024 --seconds 0.2 --lcores 0 --auth --mac umac blake2b "
+        "--rounds 2 --json".split()
+    )
+    assert sb.main(args) == 0
+    rows = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{")]
+    runs = [r for r in rows if not r.get("summary")]
+    sums = {r["mac"]: r for r in rows if r.get("summary")}
+    assert [r["round"] for r in runs] == [1, 1, 1, 2, 2, 2]
+    assert [(r["auth"], r["mac"]) for r in runs if r["round"] == 1] == [
+        (False, "none"),
+        (True, "umac"),
+        (True, "blake2b"),
+    ]
+    assert set(sums) == {"umac", "blake2b"}
+    for mac, srow in sums.items():
+        ratios = [r["engine_mpps_vs_unauthenticated"] for r in runs if r["mac"] == mac]
+        for r, base in zip([r for r in runs if r["mac"] == mac], runs[::3]):
+            assert r["engine_mpps_vs_unauthenticated"] == pytest.approx(
+                r["engine_mpps"] / base["engine_mpps"]
+            )
+        assert srow["rounds"] == 2 and srow["workers"] == 2 and srow["payload"] == 1024
+        assert srow["median_vs_unauthenticated"] == pytest.approx(statistics.median(ratios))
+        assert srow["min_vs_unauthenticated"] == min(ratios)
+        assert srow["max_vs_unauthenticated"] == max(ratios)
+    with pytest.raises(SystemExit, match="--rounds 0: a positive count"):
+        sb.main(parser.parse_args(["--rounds", "0"]))
+
+
 def test_two_engine_lcores_serve_two_jobs_at_once(link, tmp_path):
     """--lcores 2: a dispatcher lcore and two engine lcores; two jobs run at
     the same time, both exact, each spread over both lcores by slot

@@ -28,12 +28,17 @@ unauthenticated one.  ``--mac-isa`` adds an aes-gmac and a umac row per MAC path
 ``pclmul``, ``avx2`` and ``avx512`` the project's own; UMAC's NH is scalar
 when the first two are forced, AVX2 on the others; ``all``: every path
 this CPU has);
-each row's ``mac_isa`` names its path.  Needs root (EAL).
+each row's ``mac_isa`` names its path.  ``--rounds R`` repeats the whole
+set R times, each round its own unauthenticated run first, and ends with
+one summary row per MAC: the median of the rounds' ratios and their range.
+On a shared machine one run's rate can swing by a quarter; the median of
+alternating rounds is the figure to quote.  Needs root (EAL).
 """
 
 import json
 import os
 import pathlib
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -94,6 +99,13 @@ def add_arguments(parser):
         "forced (portable, pclmul, avx2, avx512, or all: every path this CPU "
         "has; default: the process's own)",
     )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="with --auth: run the unauthenticated and authenticated set this many times, "
+        "alternating, and end with each MAC's median ratio and range (default 1)",
+    )
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
 
 
@@ -147,6 +159,55 @@ def _mac_isas(names):
     return names
 
 
+def _print_run(r, as_json):
+    if as_json:
+        print(json.dumps(r), flush=True)
+        return
+    ratio = r.get("engine_mpps_vs_unauthenticated")
+    print(
+        f"{'round ' + str(r['round']) + ' ' if 'round' in r else ''}"
+        f"W={r['workers']:4d} payload={r['payload']} B"
+        f"{' auth ' + r.get('mac', '') if r.get('auth') else ''}"
+        f"{' ' + r['mac_isa'] if r.get('mac_isa', 'none') != 'none' else ''}: "
+        f"{r['mpps']:7.3f} Mpps "
+        f"({r['payload_gbps']:6.2f} Gbit/s of payload) end to end, engine lcore "
+        f"capacity {r['engine_mpps']:7.3f} Mpps"
+        f"{f' = {ratio:.2f}x unauthenticated' if ratio is not None else ''} "
+        f"({r['engine_payload_gbps']:6.2f} Gbit/s of payload, busy "
+        f"{100 * r['engine_busy']:.0f}%, {r['preempted_polls']} preempted polls) "
+        f"= {r['engine_vs_pull']:.2f}x an lcore that only pulls the frames "
+        f"({r['pull_payload_gbps']:6.2f} Gbit/s of payload), "
+        f"{r['lcores']} lcore(s), {r['isa']}, drops {r['drops']}",
+        flush=True,
+    )
+
+
+def _print_summary(workers, payload, mac, isa, ratios, as_json):
+    """One MAC's ratios over the rounds: median, range."""
+    row = {
+        "summary": True,
+        "workers": workers,
+        "payload": payload,
+        "mac": mac,
+        "mac_isa": isa,
+        "rounds": len(ratios),
+        "median_vs_unauthenticated": statistics.median(ratios),
+        "min_vs_unauthenticated": min(ratios),
+        "max_vs_unauthenticated": max(ratios),
+    }
+    if as_json:
+        print(json.dumps(row), flush=True)
+        return
+    print(
+        f"W={workers:4d} payload={payload} B auth {mac}"
+        f"{' ' + isa if isa and isa != 'none' else ''}: median "
+        f"{row['median_vs_unauthenticated']:.2f}x unauthenticated over {len(ratios)} "
+        f"rounds (range {row['min_vs_unauthenticated']:.2f}-"
+        f"{row['max_vs_unauthenticated']:.2f}x)",
+        flush=True,
+    )
+
+
 def main(args):
     binary = (
         pathlib.Path(args.binary)
@@ -164,46 +225,43 @@ def main(args):
             auth.mac_name(c) for c in (auth.MAC_UMAC, auth.MAC_AES_GMAC) if auth.mac_available(c)
         ] + ["blake2b"]
     mac_isas = _mac_isas(args.mac_isa)
+    if args.rounds < 1:
+        raise SystemExit(f"--rounds {args.rounds}: a positive count")
     rc = 0
     for payload in args.payload:
         for w in args.workers:
-            runs = [run_one(binary, w, payload, args.slots, args.seconds, args.lcores)]
-            base = runs[0]["engine_mpps"]
-            for mac in macs if args.auth else []:  # the same run, with per-worker MACs
-                for isa in mac_isas if mac != "blake2b" else [None]:
-                    r = run_one(
-                        binary,
-                        w,
-                        payload,
-                        args.slots,
-                        args.seconds,
-                        args.lcores,
-                        auth=True,
-                        mac=mac,
-                        mac_isa=isa,
-                    )
-                    r["engine_mpps_vs_unauthenticated"] = r["engine_mpps"] / base if base else None
-                    runs.append(r)
-            for r in runs:
-                if r["drops"]:
-                    rc = 2
-                if args.json:
-                    print(json.dumps(r), flush=True)
-                    continue
-                ratio = r.get("engine_mpps_vs_unauthenticated")
-                print(
-                    f"W={r['workers']:4d} payload={r['payload']} B"
-                    f"{' auth ' + r.get('mac', '') if r.get('auth') else ''}"
-                    f"{' ' + r['mac_isa'] if r.get('mac_isa', 'none') != 'none' else ''}: "
-                    f"{r['mpps']:7.3f} Mpps "
-                    f"({r['payload_gbps']:6.2f} Gbit/s of payload) end to end, engine lcore "
-                    f"capacity {r['engine_mpps']:7.3f} Mpps"
-                    f"{f' = {ratio:.2f}x unauthenticated' if ratio is not None else ''} "
-                    f"({r['engine_payload_gbps']:6.2f} Gbit/s of payload, busy "
-                    f"{100 * r['engine_busy']:.0f}%, {r['preempted_polls']} preempted polls) "
-                    f"= {r['engine_vs_pull']:.2f}x an lcore that only pulls the frames "
-                    f"({r['pull_payload_gbps']:6.2f} Gbit/s of payload), "
-                    f"{r['lcores']} lcore(s), {r['isa']}, drops {r['drops']}",
-                    flush=True,
-                )
+            ratios = {}
+            for rnd in range(args.rounds):
+                runs = [run_one(binary, w, payload, args.slots, args.seconds, args.lcores)]
+                base = runs[0]["engine_mpps"]
+                for mac in macs if args.auth else []:  # the same round, with per-worker MACs
+                    for isa in mac_isas if mac != "blake2b" else [None]:
+                        r = run_one(
+                            binary,
+                            w,
+                            payload,
+                            args.slots,
+                            args.seconds,
+                            args.lcores,
+                            auth=True,
+                            mac=mac,
+                            mac_isa=isa,
+                        )
+                        r["engine_mpps_vs_unauthenticated"] = (
+                            r["engine_mpps"] / base if base else None
+                        )
+                        if r["engine_mpps_vs_unauthenticated"] is not None:
+                            ratios.setdefault((mac, r.get("mac_isa")), []).append(
+                                r["engine_mpps_vs_unauthenticated"]
+                            )
+                        runs.append(r)
+                for r in runs:
+                    if args.rounds > 1:
+                        r["round"] = rnd + 1
+                    if r["drops"]:
+                        rc = 2
+                    _print_run(r, args.json)
+            if args.rounds > 1:
+                for (mac, isa), xs in ratios.items():
+                    _print_summary(w, payload, mac, isa, xs, args.json)
     return rc
