@@ -262,6 +262,7 @@ static inline uint64_t finish(const struct hg_umac_key *u, const uint64_t *y,
 {
 	uint64_t t64 = 0;
 
+#pragma GCC unroll 2
 	for (size_t t = 0; t < HG_UMAC_ITERS; t++) {
 		/* L3 over B = 0^64 || y: the four high 16-bit words are 0 */
 		uint64_t s = (y[t] >> 48) * u->l3k1[t][0] +
