@@ -94,16 +94,12 @@ UMAC_AES void hg_umac_init(struct hg_umac_key *u, const uint8_t *key, int avx2)
 	kdf((const uint8_t(*)[16])mrk, 1, buf, sizeof(buf));
 	for (size_t w = 0; w < HG_UMAC_L1_WORDS; w++)
 		u->l1[w] = be32_of(buf + 4 * w);
-	for (size_t t = 0; t < HG_UMAC_ITERS; t++)
-		for (size_t p = 0; p < HG_UMAC_CHUNK / 64; p++)
-			for (size_t j = 0; j < 4; j++) {
-				const uint32_t *k = u->l1 + 4 * t + 16 * p;
-
-				u->nhx[t][p][j] = k[j];
-				u->nhx[t][p][4 + j] = k[8 + j];
-				u->nhy[t][p][j] = k[4 + j];
-				u->nhy[t][p][4 + j] = k[12 + j];
-			}
+	for (size_t b = 0; b <= HG_UMAC_CHUNK / 32; b++)
+		for (size_t j = 0; j < 4; j++) {
+			u->nhe[b][j] = u->l1[8 * b + j];
+			if (b < HG_UMAC_CHUNK / 32)
+				u->nho[b][j] = u->l1[8 * b + 4 + j];
+		}
 	kdf((const uint8_t(*)[16])mrk, 2, buf, 24 * HG_UMAC_ITERS);
 	for (size_t t = 0; t < HG_UMAC_ITERS; t++)
 		u->l2[t] = be64_of(buf + 24 * t) & 0x01FFFFFF01FFFFFFull;

@@ -16,14 +16,29 @@
 
 #define UMAC_AVX2 __attribute__((target("avx2")))
 
-UMAC_AVX2 static inline __m256i nh_pair(__m256i x, __m256i y,
-					const uint32_t *kx, const uint32_t *ky)
+/* NH's products of x + kx and y + ky, summed in 64-bit lanes */
+UMAC_AVX2 static inline __m256i nh_pair(__m256i x, __m256i y, __m256i kx, __m256i ky)
 {
-	x = _mm256_add_epi32(x, _mm256_loadu_si256((const __m256i *)kx));
-	y = _mm256_add_epi32(y, _mm256_loadu_si256((const __m256i *)ky));
+	x = _mm256_add_epi32(x, kx);
+	y = _mm256_add_epi32(y, ky);
 	return _mm256_add_epi64(_mm256_mul_epu32(x, y),
 				_mm256_mul_epu32(_mm256_srli_epi64(x, 32),
 						 _mm256_srli_epi64(y, 32)));
+}
+
+/* a0, a1 += iteration 0's and 1's NH of pair p's halves x and y: under
+ * iteration 0, x takes nhe rows 2p, 2p + 1 and y nho's; under iteration
+ * 1 (four key words on), x takes nho's and y nhe rows 2p + 1, 2p + 2 */
+UMAC_AVX2 static inline void nh_both(const struct hg_umac_key *u, size_t p,
+				     __m256i x, __m256i y, __m256i keep,
+				     __m256i *a0, __m256i *a1)
+{
+	__m256i ke = _mm256_loadu_si256((const __m256i *)u->nhe[2 * p]);
+	__m256i ko = _mm256_loadu_si256((const __m256i *)u->nho[2 * p]);
+	__m256i ke1 = _mm256_loadu_si256((const __m256i *)u->nhe[2 * p + 1]);
+
+	*a0 = _mm256_add_epi64(*a0, _mm256_and_si256(keep, nh_pair(x, y, ke, ko)));
+	*a1 = _mm256_add_epi64(*a1, _mm256_and_si256(keep, nh_pair(x, y, ko, ke1)));
 }
 
 UMAC_AVX2 static inline uint64_t lanes_sum(__m256i v)
@@ -40,35 +55,24 @@ UMAC_AVX2 static inline void nh(const struct hg_umac_key *u, const uint8_t *m,
 				size_t np, int odd, size_t p0, __m256i *a0,
 				__m256i *a1, const uint8_t *pf)
 {
+	__m256i all = _mm256_set1_epi64x(-1);
+
 	for (size_t j = 0, p = p0; j < np; j++, p++) {
 		if (pf)
 			__builtin_prefetch(pf + 64 * j, 0);
 		__m256i a = _mm256_loadu_si256((const __m256i *)(m + 64 * j));
 		__m256i b = _mm256_loadu_si256((const __m256i *)(m + 64 * j + 32));
-		__m256i x = _mm256_permute2x128_si256(a, b, 0x20);
-		__m256i y = _mm256_permute2x128_si256(a, b, 0x31);
 
-		*a0 = _mm256_add_epi64(*a0,
-				       nh_pair(x, y, u->nhx[0][p], u->nhy[0][p]));
-		*a1 = _mm256_add_epi64(*a1,
-				       nh_pair(x, y, u->nhx[1][p], u->nhy[1][p]));
+		nh_both(u, p, _mm256_permute2x128_si256(a, b, 0x20),
+			_mm256_permute2x128_si256(a, b, 0x31), all, a0, a1);
 	}
 	if (odd) {
-		size_t p = p0 + np;
 		__m256i a = _mm256_loadu_si256((const __m256i *)(m + 64 * np));
 		__m256i z = _mm256_setzero_si256();
-		__m256i x = _mm256_permute2x128_si256(a, z, 0x20);
-		__m256i y = _mm256_permute2x128_si256(a, z, 0x31);
-		__m256i keep = _mm256_set_epi64x(0, 0, -1, -1);
 
-		*a0 = _mm256_add_epi64(*a0,
-				       _mm256_and_si256(keep,
-							nh_pair(x, y, u->nhx[0][p],
-								u->nhy[0][p])));
-		*a1 = _mm256_add_epi64(*a1,
-				       _mm256_and_si256(keep,
-							nh_pair(x, y, u->nhx[1][p],
-								u->nhy[1][p])));
+		nh_both(u, p0 + np, _mm256_permute2x128_si256(a, z, 0x20),
+			_mm256_permute2x128_si256(a, z, 0x31),
+			_mm256_set_epi64x(0, 0, -1, -1), a0, a1);
 	}
 }
 

@@ -53,10 +53,15 @@
 struct hg_umac_key {
 	uint8_t pdf_rk[11][16];        /* AES-128 round keys of K' */
 	uint32_t l1[HG_UMAC_L1_WORDS]; /* NH key words (big-endian read) */
-	/* the same words for the avx2 NH: iteration t, 64-byte pair j,
-	 * words 0..3 and 8..11 of the pair (x) and 4..7, 12..15 (y) */
-	uint32_t nhx[HG_UMAC_ITERS][HG_UMAC_CHUNK / 64][8];
-	uint32_t nhy[HG_UMAC_ITERS][HG_UMAC_CHUNK / 64][8];
+	/* the same words for the avx2 NH, once for both iterations: the
+	 * first (nhe) and second (nho) four words of each 32-byte block's
+	 * key, block after block.  Iteration 1's key is iteration 0's four
+	 * words on, so a pair of blocks' x halves take nho under it where
+	 * iteration 0's y halves do, and its y halves nhe one row on
+	 * (auth_umac_avx2.c): half the bytes of a key per iteration, and
+	 * three key loads per 64 bytes instead of four. */
+	uint32_t nhe[HG_UMAC_CHUNK / 32 + 1][4];
+	uint32_t nho[HG_UMAC_CHUNK / 32][4];
 	uint64_t l2[HG_UMAC_ITERS];      /* POLY-64 keys, masked */
 	uint64_t l2sq[HG_UMAC_ITERS];    /* their squares modulo 2^64 - 59 */
 	uint64_t l3k1[HG_UMAC_ITERS][4]; /* L3 key words 4..7, mod 2^36-5
