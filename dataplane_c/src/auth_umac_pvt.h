@@ -23,11 +23,11 @@
  *           portable MAC paths on a CPU without AVX2 or when forced)
  *   avx2    64 bytes a turn per ymm: the two blocks' first halves against
  *           their second halves (one cross-lane permute each, made once
- *           for all four iterations), VPMULUDQ on the even and on the
- *           odd 32-bit lanes, against key words laid out the same way
- *           per iteration at key set-up (auth_umac_avx2.c; the avx2 and
- *           avx512 paths, and any CPU with AVX2 when HOMAGG_MAC_ISA is
- *           unset)
+ *           for both iterations), VPMULUDQ on the even and on the odd
+ *           32-bit lanes, against key words laid out by block halves at
+ *           key set-up, one copy for both iterations (nhe, nho;
+ *           auth_umac_avx2.c; the avx2 and avx512 paths, and any CPU
+ *           with AVX2 when HOMAGG_MAC_ISA is unset)
  *
  * The frame's 16-byte trailer is the tag followed by 8 zero bytes.
  *
