@@ -439,3 +439,61 @@ def test_choice_of_path_without_a_model_or_exactness_is_homagg():
     assert cost.choose_path(fast, 1, 10_000_000, 10_000_000) == none
     with pytest.raises(InvalidArgument, match="method 'nc'"):
         cost.homagg_ps(fast, 4, 100, 100, "nc")
+
+
+def test_the_hook_predicts_with_the_job_s_payload():
+    """homagg.torch's choice of path prices a packet over the bytes the
+    job's packets carry, as the worker's client does (cost.for_payload):
+    with a local testbed's cost at 1 Gbit/s and 4 ranks, a dense
+    1.29 M-element bucket (the LSTM's) is predicted faster through the
+    group at 1024-byte payloads and through HomAgg at 8192-byte ones
+    (jumbo links); the prediction the hook logs is the model's at the
+    worker's payload, whatever payload the given cost names."""
+    import homagg.torch as hgt
+    from homagg.worker import Worker
+
+    n, W = 1_290_000, 4
+    given = cost.Cost(
+        link_mbit=1000,
+        rtt_ns=100_000,
+        pkt_ps=5_000_000,
+        agg_pkt_ps=375_000,
+        value_ps=2_500,
+        lane_ps=17_500,
+        bitmap_ps=1_000,
+        probe_ps=5_250,
+        sbbf_ps=7_000,
+    )
+    want = {}
+    for payload in (1024, 8192):
+        c = cost.for_payload(given, payload)
+        assert c.payload_bytes == payload and c.link_mbit == 1000
+        want[payload] = cost.choose_path(c, W, n, None, "dense")
+    assert want[1024]["path"] == "baseline" and want[8192]["path"] == "homagg"
+    assert want[8192]["homagg_ps"] < want[1024]["homagg_ps"]
+    assert cost.for_payload(given, 0) is given
+    for payload in (1024, 8192):
+        with Worker(
+            1,
+            2,
+            0,
+            W,
+            aggregator=("127.0.0.1", 9),
+            bind=("127.0.0.1", 0),
+            mtu=9000,
+            payload=payload,
+        ) as wk:
+            for named in (0, 1424):
+                st = hgt.HookState(
+                    wk,
+                    method="dense",
+                    cost=cost.for_payload(given, named),
+                    fallback=False,
+                    baseline=False,
+                    env={},
+                )
+                try:
+                    assert st.cost.payload_bytes == payload
+                    assert cost.choose_path(st.cost, W, n, None, "dense") == want[payload]
+                finally:
+                    st.close()

@@ -68,8 +68,9 @@ DEFAULT_COEFFICIENTS = {
 @dataclasses.dataclass(frozen=True)
 class Cost:
     """``struct hg_cost``.  ``link_mbit`` 0: no model, the bytes rules.
-    ``payload_bytes`` matters only to the codec's own calls (0: 1024): a
-    worker's client replaces it by the job's payload."""
+    ``payload_bytes`` (0: 1024): a worker's client replaces it by the
+    job's payload, and so does homagg.torch's choice of path
+    (``for_payload``)."""
 
     link_mbit: int = 0
     rtt_ns: int = 0
@@ -140,6 +141,17 @@ class Cost:
                 f"{context}: unknown fields {sorted(unknown)} (known: {sorted(names)})"
             )
         return cls(**{k: int(v) for k, v in d.items()})
+
+
+def for_payload(c: Cost, payload_bytes: int) -> Cost:
+    """``c`` with the job's payload per packet, as a worker's client uses
+    it (docs/PROTOCOL.md Part 1, "The cost model": ``P`` is the job's
+    payload), so a prediction made outside the client (homagg.torch's
+    choice of path) charges each packet over the bytes the job's packets
+    really carry.  ``payload_bytes`` 0: ``c`` unchanged."""
+    if not payload_bytes or c.payload_bytes == payload_bytes:
+        return c
+    return dataclasses.replace(c, payload_bytes=int(payload_bytes))
 
 
 def as_cost(value) -> Cost:

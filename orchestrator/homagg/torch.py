@@ -337,7 +337,7 @@ class HookState:
         self.last_failure = None  # the latest HomAgg failure, as the warning says it
         self._failures = 0  # consecutive agreed failures
         self._retry_at = None  # monotonic time of the next HomAgg try; None: healthy
-        self.cost = _cost.as_cost(cost if cost is not None else getattr(worker, "cost", None))
+        self.cost = cost if cost is not None else getattr(worker, "cost", None)
         self._group = None
         self.fallback = self.baseline = False
         if int(density_every) < 1:
@@ -750,6 +750,19 @@ class HookState:
             _log.warning("homagg.torch: key epoch %d not taken: %s", epoch, exc)
 
     # -- the path of one bucket (on the hook's thread, buckets in order) -----
+
+    @property
+    def cost(self):
+        """The cost model the choice of path predicts with: the one given
+        (or the job's), with the job's payload per packet, as the worker's
+        client takes it (homagg.cost.for_payload), the same on every rank.
+        A job of 8192-byte payloads on jumbo links pays a packet's costs
+        over 8 times the bytes of a 1024-byte one."""
+        return _cost.for_payload(self._cost, getattr(self.worker, "payload", 0))
+
+    @cost.setter
+    def cost(self, value):
+        self._cost = _cost.as_cost(value)
 
     def _choice(self, n):
         """(rule applies, the count must be agreed) for a bucket of n elements."""
