@@ -256,9 +256,10 @@ def test_train_cli_gloo_baseline_user_model_and_plots(testbed, tmp_path):
 @pytest.mark.netns
 @pytest.mark.dpdk
 def test_train_link_rate_sweep_builds_a_testbed_per_rate_and_plots(tmp_path):
-    """`homagg train --link-mbit 100,1000` (the short version of make
-    bench's sweep): one 2-worker testbed per rate, each built at that rate
-    and registering it as the job's cost model, the run exact at each, the
+    """`homagg train --link-mbit 100,1000 --mtu 9000` (the short version of
+    make bench's sweep, on jumbo links): one 2-worker testbed per rate,
+    each built at that rate and MTU and registering the rate as the job's
+    cost model and 8192-byte payloads, the run exact at each, the
     speedup the ratio of the two phases' iteration times, each bucket's
     path the cost model's choice, the testbeds removed, the table and the
     plot written."""
@@ -292,6 +293,8 @@ def test_train_link_rate_sweep_builds_a_testbed_per_rate_and_plots(tmp_path):
             "homagg.train.train",
             "--link-mbit",
             "100,1000",
+            "--mtu",
+            "9000",
             "--workers",
             "2",
             "--testbed-name",
@@ -317,8 +320,10 @@ def test_train_link_rate_sweep_builds_a_testbed_per_rate_and_plots(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     rep = json.loads(r.stdout)
     assert [(row["link_mbit"], row["ranks"]) for row in rep["results"]] == [(100, 2), (1000, 2)]
+    assert rep["mtu"] == 9000
     for row in rep["results"]:
         assert row["testbed_link_mbit"] == row["link_mbit"] == row["cost"]["link_mbit"]
+        assert row["payload_bytes"] == 8192  # the largest MTU 9000 carries
         assert row["params_identical_across_ranks"] and row["replay_bit_identical"], row
         assert row["speedup_vs_gloo"] == pytest.approx(
             row["gloo_iteration_seconds"] / row["iteration_seconds"]
@@ -344,6 +349,7 @@ def test_train_link_rate_sweep_arguments_name_the_flag(capsys):
         (["--link-mbit", "100", "--no-baseline"], "--no-baseline"),
         (["--link-mbit", "100", "--method", "gloo"], "--method gloo"),
         (["--link-mbit", "100", "--ranks", "2"], "--workers"),
+        (["--link-mbit", "100", "--mtu", "20000"], "--mtu 20000: 576..9000"),
     ):
         assert trainmod._standalone(argv) == 1
         err = capsys.readouterr().err

@@ -1,6 +1,7 @@
 """Training at several link rates: `homagg train --link-mbit 100,1000,10000`.
 
     sudo homagg train --link-mbit 100,1000,10000 --model ncf,lstm --steps 5 --out DIR
+    sudo homagg train --link-mbit 1000 --mtu 9000 --model lstm      # jumbo frames
 
 builds one local testbed per link rate (homagg.deploy.local.testbed, W
 worker namespaces on tc-shaped links of that rate, named --testbed-name),
@@ -52,6 +53,7 @@ def run_sweep(
     *,
     workers: int = 4,
     testbed_name: str = "trainsweep",
+    mtu: int = 1500,
     state_dir: str | None = None,
     out_dir: str | None = None,
     **train_kw,
@@ -74,6 +76,8 @@ def run_sweep(
         )
     if workers < 2:
         raise TrainError(f"--workers {workers}: a sweep needs at least 2 ranks")
+    if not 576 <= int(mtu) <= 9000:
+        raise TrainError(f"--mtu {mtu}: 576..9000 (9000: jumbo frames)")
     for m in models:
         trainmod.check_arguments(
             train_kw.get("method", "auto"), m, train_kw.get("steps", 5), train_kw.get("warmup", 1)
@@ -81,8 +85,10 @@ def run_sweep(
     require_root("homagg train --link-mbit")
     rows = []
     for rate in link_rates:
-        trainmod.progress(f"testbed {testbed_name}: {workers} workers, links {rate:g} Mbit/s")
-        tb = Testbed.up(testbed_name, workers, link_mbit=rate, state_dir=state_dir)
+        trainmod.progress(
+            f"testbed {testbed_name}: {workers} workers, links {rate:g} Mbit/s, MTU {mtu}"
+        )
+        tb = Testbed.up(testbed_name, workers, link_mbit=rate, mtu=mtu, state_dir=state_dir)
         try:
             for m in models:
                 trainmod.progress(f"{m} at {rate:g} Mbit/s")
@@ -101,6 +107,7 @@ def run_sweep(
         link_mbit=list(link_rates),
         models=list(models),
         workers=workers,
+        mtu=int(mtu),
         method=train_kw.get("method", "auto"),
         steps=train_kw.get("steps"),
         warmup=train_kw.get("warmup"),
@@ -130,6 +137,7 @@ def _row(rate, model, rep) -> dict:
         "model": model,
         "ranks": rep["ranks"],
         "testbed_link_mbit": rep.get("link_mbit"),
+        "payload_bytes": rep.get("payload_bytes"),
         "cost": rep.get("cost"),
         "speedup_vs_gloo": rep.get("speedup_vs_gloo"),
         "iteration_seconds": rep.get("iteration_seconds"),
@@ -185,7 +193,8 @@ def render(report: dict) -> str:
     m = report.get("machine", {})
     lines = [
         f"`{report.get('command', 'homagg train --link-mbit ...')}`: {report['workers']} "
-        f"ranks, method {report['method']}, {report['steps']} timed steps after "
+        f"ranks, links of MTU {report.get('mtu', 1500)}, method {report['method']}, "
+        f"{report['steps']} timed steps after "
         f"{report['warmup']} warmup; {m.get('cpu', 'CPU unknown')}, {m.get('cpus')} "
         f"vCPU, codec ISA path {report.get('codec_isa')}; each speedup is two phases "
         "measured one after the other in the same run",

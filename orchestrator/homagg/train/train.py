@@ -1355,6 +1355,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="with --link-mbit: worker namespaces (ranks) of each testbed (default 4)",
     )
     p.add_argument(
+        "--mtu",
+        type=int,
+        default=1500,
+        help="with --link-mbit: the MTU of every link of the testbeds it builds, "
+        "576..9000 (9000: jumbo frames, payloads up to 8192 bytes; default 1500)",
+    )
+    p.add_argument(
         "--testbed-name",
         default="trainsweep",
         help="with --link-mbit: the name of the testbeds it builds and removes "
@@ -1507,6 +1514,7 @@ def main(args: argparse.Namespace) -> int:
                 sweep.parse_rates(args.link_mbit),
                 workers=args.workers,
                 testbed_name=args.testbed_name,
+                mtu=args.mtu,
                 state_dir=args.state_dir,
                 out_dir=args.out,
                 switch=args.switch,
