@@ -145,6 +145,7 @@ OPTIONS = {
     "minutes": number(0.0, 10**4, "minutes", 1, lo_open=True),
     "drop_rate": number(0.0, 1.0, "probability of dropping a frame", 0.01, hi_open=True),
     "repeat": integer(1, 10**6, "repetitions", 3),
+    "rounds": integer(1, 1000, "alternating rounds", 5),
     "warmup": integer(0, 10**6, "untimed repetitions first", 1),
     "steps": integer(1, 10**7, "timed training steps", 10),
     "ranks": integer(1, MAX_WORKERS, "training ranks", 2),
