@@ -191,6 +191,8 @@ def test_train_cli_gloo_baseline_user_model_and_plots(testbed, tmp_path):
             "dense",
             "--steps",
             "3",
+            "--rounds",
+            "2",
             "--ranks",
             "2",
             "--lr",
@@ -242,9 +244,18 @@ def test_train_cli_gloo_baseline_user_model_and_plots(testbed, tmp_path):
     # the replay counts every step: 1 warmup + 3 timed
     assert rep["baseline_buckets"] == 4 and rep["replay"]["baseline_buckets"] == 4
     assert rep["replay"]["first_mismatch"] is None
-    assert rep["speedup_vs_gloo"] == pytest.approx(
-        rep["gloo_iteration_seconds"] / rep["iteration_seconds"]
-    )
+    # --rounds 2: each phase twice, every round's timed steps pooled in
+    # order; each round's speedup is of its own steps, the speedup their median
+    assert rep["rounds"] == 2
+    assert len(rep["step_seconds"]) == len(rep["gloo_step_seconds"]) == 2 * 3
+    per = [
+        np.median(rep["gloo_step_seconds"][3 * k : 3 * k + 3])
+        / np.median(rep["step_seconds"][3 * k : 3 * k + 3])
+        for k in range(2)
+    ]
+    assert rep["speedup_rounds"] == pytest.approx(per)
+    assert rep["speedup_vs_gloo"] == pytest.approx(np.median(per))
+    assert rep["iteration_seconds"] == pytest.approx(np.median(rep["step_seconds"]))
     assert len(rep["gloo_losses"]) == len(rep["losses"]) == 4
     assert rep["losses"][-1] < rep["losses"][0]
     for name in ("loss_vs_step.png", "loss_vs_time.png", "train.json"):

@@ -111,6 +111,7 @@ def run_sweep(
         method=train_kw.get("method", "auto"),
         steps=train_kw.get("steps"),
         warmup=train_kw.get("warmup"),
+        rounds=train_kw.get("rounds", 1),
         codec_isa=codec_isa(),
         _extra_versions=("torch",),
         results=rows,
@@ -140,6 +141,7 @@ def _row(rate, model, rep) -> dict:
         "payload_bytes": rep.get("payload_bytes"),
         "cost": rep.get("cost"),
         "speedup_vs_gloo": rep.get("speedup_vs_gloo"),
+        "speedup_rounds": rep.get("speedup_rounds"),
         "iteration_seconds": rep.get("iteration_seconds"),
         "gloo_iteration_seconds": rep.get("gloo_iteration_seconds"),
         "compute_seconds": rep.get("compute_seconds"),
@@ -188,16 +190,27 @@ def _fmt_speedup(v):
     return "-" if v is None else f"{v:.2f}x"
 
 
+def _range(rounds) -> str:
+    if not rounds or len(rounds) < 2:
+        return ""
+    return f" ({min(rounds):.2f}-{max(rounds):.2f})"
+
+
 def render(report: dict) -> str:
     """The sweep as a Markdown table."""
     m = report.get("machine", {})
+    rounds = report.get("rounds", 1)
+    how = (
+        f"the median of {rounds} rounds, the two phases alternating (range in brackets)"
+        if rounds > 1
+        else "two phases measured one after the other in the same run"
+    )
     lines = [
         f"`{report.get('command', 'homagg train --link-mbit ...')}`: {report['workers']} "
         f"ranks, links of MTU {report.get('mtu', 1500)}, method {report['method']}, "
         f"{report['steps']} timed steps after "
         f"{report['warmup']} warmup; {m.get('cpu', 'CPU unknown')}, {m.get('cpus')} "
-        f"vCPU, codec ISA path {report.get('codec_isa')}; each speedup is two phases "
-        "measured one after the other in the same run",
+        f"vCPU, codec ISA path {report.get('codec_isa')}; each speedup is {how}",
         "",
         "| link | model | speedup vs Gloo | HomAgg iteration | Gloo iteration | "
         "buckets homagg / baseline | bytes/rank HomAgg / Gloo | exact |",
@@ -209,7 +222,8 @@ def render(report: dict) -> str:
         exact = r["params_identical_across_ranks"] and r["replay_bit_identical"] is not False
         lines.append(
             f"| {r['link_mbit']:g} Mbit/s | {r['model']} | "
-            f"{_fmt_speedup(r['speedup_vs_gloo'])} | {_ms(r['iteration_seconds'])} | "
+            f"{_fmt_speedup(r['speedup_vs_gloo'])}{_range(r.get('speedup_rounds'))} | "
+            f"{_ms(r['iteration_seconds'])} | "
             f"{_ms(r['gloo_iteration_seconds'])} | {p.get('homagg', 0)} / "
             f"{p.get('baseline', 0)} | {r['bytes_per_rank'] / 1e6:.2f} / "
             + (f"{gb / 1e6:.2f} MB" if gb is not None else "-")

@@ -473,15 +473,24 @@ def _child(spec: dict) -> int:
     )
     try:
         reports, snapshot, wd = [], {}, spec["workdir"]
-        for method in spec["phases"]:
-            if method == "gloo":
-                reports.append(_phase(spec, dist, torch, method, wd, snapshot))
-                continue
-            # timed without a recorder, then recorded taking the same paths
-            timed = _phase(spec, dist, torch, method, None, snapshot, timed_dir=wd)
+        rounds, last = spec.get("rounds", 1), {}
+        for rnd in range(rounds):
+            # the phases alternate their order from round to round, so a
+            # drift of the host's speed falls on both alike
+            for method in spec["phases"][:: 1 if rnd % 2 == 0 else -1]:
+                if method == "gloo":
+                    rep = _phase(spec, dist, torch, method, wd, snapshot)
+                else:  # timed without a recorder
+                    rep = _phase(spec, dist, torch, method, None, snapshot, timed_dir=wd)
+                    last[method] = rep
+                rep["round"] = rnd
+                reports.append(rep)
+        for method, timed in last.items():
+            # recorded once, taking the last timed phase's paths
             recorded = _phase(spec, dist, torch, method, wd, snapshot, paths=timed["paths"])
             recorded["method"] = "recorded"
-            reports += [timed, recorded]
+            recorded["round"] = rounds - 1
+            reports.append(recorded)
         line = json.dumps({"rank": spec["rank"], "phases": reports})
         if spec.get("report"):  # remote hosts: a file the caller polls for
             tmp = spec["report"] + ".tmp"
@@ -650,6 +659,48 @@ def _homagg_phase(workdir):
 # The report
 
 
+def _merge_rounds(reports: list[dict]) -> list[dict]:
+    """One report per rank from the reports of its rounds (``round``): the
+    timed steps and the runs without communication of every round, in
+    order; the losses, buckets, paths and timeline of the last round; the
+    bytes per step averaged."""
+    by_rank: dict[int, list[dict]] = {}
+    for r in reports:
+        by_rank.setdefault(r["rank"], []).append(r)
+    out = []
+    for _, rs in sorted(by_rank.items()):
+        rs = sorted(rs, key=lambda r: r.get("round", 0))
+        m = dict(rs[-1])
+        for k in _PER_STEP:
+            m[k] = [v for r in rs for v in r.get(k) or []]
+        m["tx_bytes_per_step"] = float(np.mean([r["tx_bytes_per_step"] for r in rs]))
+        out.append(m)
+    return out
+
+
+# what a rank's report holds per timed step (or per run without communication)
+_PER_STEP = (
+    "step_seconds",
+    "backward_seconds",
+    "compute_seconds",
+    "compute_backward_seconds",
+    "exposed_after_last_bucket_seconds",
+    "hook_cpu_seconds",
+)
+
+
+def _round_speedups(gloo: list[dict], mine: list[dict]) -> list[float]:
+    """Per round, Gloo's iteration time over HomAgg's (each the median over
+    the round's steps of the slowest rank's step)."""
+    out = []
+    for k in sorted({r.get("round", 0) for r in mine}):
+        g = _phase_summary([r for r in gloo if r.get("round", 0) == k])["iteration_seconds"]
+        h = _phase_summary([r for r in mine if r.get("round", 0) == k])["iteration_seconds"]
+        if g and h:
+            out.append(g / h)
+    return out
+
+
 def _phase_summary(reports: list[dict]) -> dict:
     """Slowest rank per step, median over steps; losses averaged over ranks."""
     step = np.max([r["step_seconds"] for r in reports], axis=0)
@@ -707,7 +758,8 @@ def summarize(method: str, rank_reports: list[dict], workdir: str, args_like: di
     rep["initial_params_same_in_phases"] = (
         len({ph.get("initial_digest") for rr in rank_reports for ph in rr["phases"]}) == 1
     )
-    gloo = _phase_summary(by_method["gloo"]) if "gloo" in by_method else None
+    rep["rounds"] = 1 + max(ph.get("round", 0) for rr in rank_reports for ph in rr["phases"])
+    gloo = _phase_summary(_merge_rounds(by_method["gloo"])) if "gloo" in by_method else None
     if gloo:
         rep.update(
             {
@@ -732,13 +784,15 @@ def summarize(method: str, rank_reports: list[dict], workdir: str, args_like: di
                 "losses": gloo["losses"],
                 "step_seconds": gloo["step_seconds"],
                 "speedup_vs_gloo": 1.0,
+                "speedup_rounds": None,
                 "params_identical_across_ranks": params_identical(workdir, "gloo", W),
                 "replay_bit_identical": None,
                 "buckets": [],
             }
         )
         return rep
-    mine = _phase_summary(by_method[method])
+    merged = _merge_rounds(by_method[method])
+    mine = _phase_summary(merged)
     rep.update(
         {
             k: mine[k]
@@ -757,17 +811,17 @@ def summarize(method: str, rank_reports: list[dict], workdir: str, args_like: di
             )
         }
     )
-    rep["buckets"] = by_method[method][0]["buckets"]
+    rep["buckets"] = merged[0]["buckets"]  # the last round's
     if args_like.get("one_host"):
         # the ranks share this host's CLOCK_MONOTONIC: when each handed a bucket over
-        arrivals = _arrivals(by_method[method])
+        arrivals = _arrivals(merged)
         for b in rep["buckets"]:
             b.update(arrivals.get(b["bucket"], {}))
-    rep["speedup_vs_gloo"] = (
-        gloo["iteration_seconds"] / mine["iteration_seconds"]
-        if gloo and mine["iteration_seconds"]
-        else None
-    )
+    # per round Gloo's time over HomAgg's, phases of the same round next to
+    # each other; the speedup is their median (one round: the ratio)
+    per = _round_speedups(by_method["gloo"], by_method[method]) if gloo else []
+    rep["speedup_rounds"] = per or None
+    rep["speedup_vs_gloo"] = float(np.median(per)) if per else None
     rep["params_identical_across_ranks"] = params_identical(workdir, method, W)
     from homagg._native import lib
 
@@ -804,7 +858,8 @@ def plot(rep: dict, out_dir: str) -> list[str]:
             if kind == "step":
                 ax.plot(range(len(losses)), losses, marker=".", label=name)
             else:  # timed steps only: cumulative wall time of the slowest rank
-                t = np.cumsum(secs)
+                # (the losses are the last round's, so are its steps)
+                t = np.cumsum(secs[-rep["steps"] :])
                 ax.plot(t, losses[warm : warm + len(t)], marker=".", label=name)
         ax.set_xlabel("step" if kind == "step" else "wall time of the timed steps (s)")
         ax.set_ylabel("training loss (mean over ranks)")
@@ -841,11 +896,13 @@ def rank_spec(
     local_ranks=1,
     homagg_only=False,
     predicted_only=False,
+    rounds=1,
 ) -> dict:
     """One rank's job; ``local_ranks``: the ranks sharing its host's cores;
     ``homagg_only``: no bucket through the process group by the cost
     model's choice (homagg.torch's ``baseline=False``); ``predicted_only``:
-    the model's predictions alone choose (homagg.torch's ``measure=False``)."""
+    the model's predictions alone choose (homagg.torch's ``measure=False``);
+    ``rounds``: the phases run that many times, alternating (_child)."""
     return dict(
         rank=rank,
         world=world,
@@ -864,6 +921,7 @@ def rank_spec(
         local_ranks=local_ranks,
         homagg_only=homagg_only,
         predicted_only=predicted_only,
+        rounds=rounds,
     )
 
 
@@ -895,7 +953,10 @@ class TrainReport(ReportView):
     ``bytes_per_rank`` each rank's interface bytes per step, ``losses``
     per step (mean over ranks); the ``gloo_*`` fields are the Gloo
     baseline's (None with ``baseline`` off), ``speedup_vs_gloo`` Gloo's
-    iteration time / HomAgg's.  ``buckets``: per bucket of the HomAgg
+    iteration time / HomAgg's; with ``rounds`` R > 1 the phases ran R
+    times, alternating, the step fields pool every round's steps and
+    ``speedup_vs_gloo`` is the median of ``speedup_rounds``, each round's
+    ratio.  ``buckets``: per bucket of the HomAgg
     phase its size, density, methods, bytes and seconds.  The checks:
     ``params_identical_across_ranks``, ``replay_bit_identical`` (None: the
     method is lossy, the baseline alone, or buckets went through the
@@ -970,6 +1031,8 @@ class TrainReport(ReportView):
     loss_band_vs_gloo: float | None = None
     max_param_diff_vs_gloo: float | None = None
     plots: list | None = None
+    rounds: int = 1
+    speedup_rounds: list | None = None
 
 
 def _files(phases: list[str]) -> list[str]:
@@ -1056,6 +1119,7 @@ def run_train(
     start_timeout: float = 120.0,
     homagg_only: bool = False,
     predicted_only: bool = False,
+    rounds: int = 1,
 ) -> TrainReport:
     """Train on a placement: ``testbed`` is a local testbed's name (with
     ``state_dir``) or a homagg.deploy.placement.Placement (e.g.
@@ -1081,11 +1145,15 @@ def run_train(
     through HomAgg (no choice of the process group's allreduce by the cost
     model, homagg.torch); ``predicted_only``: the model's predictions alone
     choose each bucket's path (no measured times, homagg.torch's
-    ``measure=False``)."""
+    ``measure=False``).  ``rounds`` R: the Gloo and HomAgg phases run R
+    times, in alternating order, each from the same parameters; the
+    speedup is the median of the rounds' ratios (``speedup_rounds``)."""
     from homagg.runs.allreduce import aggregator_count
     from homagg.runs.job import UDP_PORT, job_payload
 
     check_arguments(method, model, steps, warmup)
+    if rounds < 1:
+        raise TrainError(f"--rounds {rounds}: at least 1")
     lr = load_factory(model)[1] if lr is None else lr
     if ".py:" in model:  # a file: the ranks run in another folder
         path, _, name = model.rpartition(":")
@@ -1204,7 +1272,8 @@ def run_train(
                 f"{f', a tree of {leaves} leaves' if leaves else ''}, pmd {sws[0].pmd})"
             )
         progress(
-            f"starting {W} ranks of {model} ({' then '.join(phases)}: {warmup} warmup + "
+            f"starting {W} ranks of {model} ({' then '.join(phases)}"
+            f"{f', {rounds} rounds alternating' if rounds > 1 else ''}: {warmup} warmup + "
             f"{steps} timed steps each); the ranks load torch and build the model first"
         )
         init = f"tcp://{pl.worker_ip(0)}:{GLOO_PORT + secrets.randbelow(2000)}"
@@ -1230,6 +1299,7 @@ def run_train(
                     local_ranks=pl.ranks_per_host(),
                     homagg_only=homagg_only,
                     predicted_only=predicted_only,
+                    rounds=rounds,
                 )
             )
             env = {"OMP_NUM_THREADS": "1", "HOMAGG_BIND": pl.worker_ip(r)}
@@ -1239,7 +1309,7 @@ def run_train(
                 env["HOMAGG_JOB_FILE"] = files[r]
             envs.append(env)
         pids = pl.start_workers(specs, module="homagg.train.train", env=envs)
-        budget = 60.0 + start_timeout + (steps + warmup) * (timeout + 30.0)
+        budget = 60.0 + start_timeout + (rounds + 1) * (steps + warmup) * (timeout + 30.0)
         reports, failures = pl.collect(budget)
         if failures:
             raise TrainError(
@@ -1376,6 +1446,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=10, help="timed steps (default 10)")
     p.add_argument("--warmup", type=int, default=1, help="untimed steps first (default 1)")
     p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="run the Gloo and HomAgg phases R times, in alternating order, and "
+        "report the median of the rounds' speedups with each round's (default 1; "
+        "on a shared host one phase's compute can differ from the next by 15 %%)",
+    )
+    p.add_argument(
         "--ranks",
         type=int,
         default=None,
@@ -1508,6 +1586,7 @@ def main(args: argparse.Namespace) -> int:
                 timeout=args.timeout,
                 slots=args.slots,
                 payload=args.payload_bytes,
+                rounds=args.rounds,
             )
             rep = sweep.run_sweep(
                 sweep.parse_models(args.model),
@@ -1564,6 +1643,7 @@ def main(args: argparse.Namespace) -> int:
             leaves=args.leaves,
             homagg_only=args.homagg_only,
             predicted_only=args.predicted_only,
+            rounds=args.rounds,
         )
     except (HomAggError, TestbedError) as e:
         print(f"homagg train: {e}", file=sys.stderr)
@@ -1599,7 +1679,17 @@ def print_report(rep: dict, as_json: bool = False) -> int:
             f"{ms(rep.get('gloo_compute_seconds'))}), bytes sent per rank and step "
             f"{np.mean(rep['gloo_bytes_per_rank']):.0f} B"
         )
-        print(f"  speedup vs gloo: {rep['speedup_vs_gloo']:.2f}x")
+        rounds = rep.get("speedup_rounds") or []
+        print(
+            f"  speedup vs gloo: {rep['speedup_vs_gloo']:.2f}x"
+            + (
+                f", the median of {len(rounds)} rounds ("
+                + ", ".join(f"{v:.2f}x" for v in rounds)
+                + ")"
+                if len(rounds) > 1
+                else ""
+            )
+        )
     print(
         f"  exposed communication (backward minus backward alone): "
         f"{ms(rep.get('exposed_comm_seconds'))}"
