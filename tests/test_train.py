@@ -339,6 +339,10 @@ def test_train_link_rate_sweep_builds_a_testbed_per_rate_and_plots(tmp_path):
         assert row["speedup_vs_gloo"] == pytest.approx(
             row["gloo_iteration_seconds"] / row["iteration_seconds"]
         )
+        # one round: its ratio, and the slowest rank's time of each timed step
+        assert row["speedup_rounds"] == [row["speedup_vs_gloo"]]
+        assert len(row["step_seconds"]) == len(row["gloo_step_seconds"]) == 2
+        assert row["iteration_seconds"] == pytest.approx(np.median(row["step_seconds"]))
         for b in row["buckets"]:
             # the 160000-element embedding bucket at < 1 % density: HomAgg at both
             # rates, in both timed steps

@@ -142,6 +142,9 @@ def _row(rate, model, rep) -> dict:
         "cost": rep.get("cost"),
         "speedup_vs_gloo": rep.get("speedup_vs_gloo"),
         "speedup_rounds": rep.get("speedup_rounds"),
+        # every timed step, the slowest rank's, rounds in order
+        "step_seconds": rep.get("step_seconds"),
+        "gloo_step_seconds": rep.get("gloo_step_seconds"),
         "iteration_seconds": rep.get("iteration_seconds"),
         "gloo_iteration_seconds": rep.get("gloo_iteration_seconds"),
         "compute_seconds": rep.get("compute_seconds"),
