@@ -343,6 +343,8 @@ def test_train_link_rate_sweep_builds_a_testbed_per_rate_and_plots(tmp_path):
         assert row["speedup_rounds"] == [row["speedup_vs_gloo"]]
         assert len(row["step_seconds"]) == len(row["gloo_step_seconds"]) == 2
         assert row["iteration_seconds"] == pytest.approx(np.median(row["step_seconds"]))
+        # each phase's forward + backward without communication
+        assert row["compute_seconds"] > 0 and row["gloo_compute_seconds"] > 0
         for b in row["buckets"]:
             # the 160000-element embedding bucket at < 1 % density: HomAgg at both
             # rates, in both timed steps

@@ -148,6 +148,7 @@ def _row(rate, model, rep) -> dict:
         "iteration_seconds": rep.get("iteration_seconds"),
         "gloo_iteration_seconds": rep.get("gloo_iteration_seconds"),
         "compute_seconds": rep.get("compute_seconds"),
+        "gloo_compute_seconds": rep.get("gloo_compute_seconds"),
         "exposed_comm_seconds": rep.get("exposed_comm_seconds"),
         "gloo_exposed_comm_seconds": rep.get("gloo_exposed_comm_seconds"),
         "hook_cpu_seconds": rep.get("hook_cpu_seconds"),
