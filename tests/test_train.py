@@ -22,6 +22,7 @@ import socket
 import tempfile
 import threading
 import time
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -29,6 +30,7 @@ import torch
 
 import homagg.torch as hgt
 from helpers import dpdk_testbed, gone, require
+from homagg import cost as hg_cost
 from homagg import protocol
 from homagg.runs import allreduce as runmod
 from homagg.switch.daemon import Switch
@@ -269,8 +271,10 @@ def test_train_cli_gloo_baseline_user_model_and_plots(testbed, tmp_path):
 def test_train_link_rate_sweep_builds_a_testbed_per_rate_and_plots(tmp_path):
     """`homagg train --link-mbit 100,1000 --mtu 9000` (the short version of
     make bench's sweep, on jumbo links): one 2-worker testbed per rate,
-    each built at that rate and MTU and registering the rate as the job's
-    cost model and 8192-byte payloads, the run exact at each, the
+    each built at that rate and MTU, calibrated through its port (HomAgg's
+    per-frame costs and the Gloo ring's, into the sweep's own calibration
+    file per rate) and registering the rate and that calibration as the
+    job's cost model and 8192-byte payloads, the run exact at each, the
     speedup the ratio of the two phases' iteration times, each bucket's
     path the cost model's choice, the testbeds removed, the table and the
     plot written."""
@@ -345,11 +349,30 @@ def test_train_link_rate_sweep_builds_a_testbed_per_rate_and_plots(tmp_path):
         assert row["iteration_seconds"] == pytest.approx(np.median(row["step_seconds"]))
         # each phase's forward + backward without communication
         assert row["compute_seconds"] > 0 and row["gloo_compute_seconds"] > 0
+        # the job's cost model is the testbed's calibration through its port,
+        # made at this rate: the round trip and the ring's step as fitted, the
+        # per-frame costs scaled by the sharing of the cores (2 ranks and the
+        # daemon)
+        cal, cost = row["calibration"], row["cost"]
+        assert cal is not None and cal["sharing"] >= 1, row
+        assert cost["rtt_ns"] == cal["rtt_ns"] and cost["ring_step_ns"] == cal["ring_step_ns"]
+        assert cost["pkt_ps"] == round(cal["pkt_ps"] * Fraction(cal["sharing"]))
+        assert cost.get("ring_byte_ps", 0) == cal["ring_byte_ps"]
+        f = json.loads((out / f"calibration-{row['link_mbit']:g}mbit.json").read_text())
+        assert f["ports"][name]["link_mbit"] == row["link_mbit"], f["ports"]
         for b in row["buckets"]:
-            # the 160000-element embedding bucket at < 1 % density: HomAgg at both
-            # rates, in both timed steps
-            assert b["numel"] == 160_000 and b["paths"] == {"homagg": 2}, b
-            assert b["predicted_homagg_seconds"] < b["predicted_baseline_seconds"], b
+            # the 160000-element embedding bucket at < 1 % density, in both timed
+            # steps: the path the predictions choose (--predicted-only), HomAgg
+            # at 100 Mbit/s, where the ring's 640 KB alone take 51 ms
+            assert b["numel"] == 160_000, b
+            ph, pb = b["predicted_homagg_seconds"], b["predicted_baseline_seconds"]
+            assert b["paths"] == {"baseline" if pb < ph else "homagg": 2}, b
+            if row["link_mbit"] == 100:
+                assert b["paths"] == {"homagg": 2} and ph < pb, b
+    assert rep["calibrated"] is True
+    # the sweep's calibration stays in its own files, not this host's
+    host = hg_cost.load_calibration()
+    assert host is None or name not in (host.get("ports") or {})
     with pytest.raises(Exception, match=name):
         Testbed.open(name, sd)  # taken down
     png = out / "train_linkrate.png"
@@ -367,6 +390,7 @@ def test_train_link_rate_sweep_arguments_name_the_flag(capsys):
         (["--link-mbit", "100", "--method", "gloo"], "--method gloo"),
         (["--link-mbit", "100", "--ranks", "2"], "--workers"),
         (["--link-mbit", "100", "--mtu", "20000"], "--mtu 20000: 576..9000"),
+        (["--testbed", "demo", "--no-calibrate"], "homagg calibrate --testbed NAME"),
     ):
         assert trainmod._standalone(argv) == 1
         err = capsys.readouterr().err

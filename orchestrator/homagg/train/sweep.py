@@ -14,13 +14,26 @@ checks.  ``--out DIR`` writes train_sweep.json, train_sweep.md and
 train_linkrate.png (speedup vs link rate, one line per model), as
 ``homagg bench allreduce`` does for the allreduce alone.
 
+Each testbed is calibrated through its port first, as ``homagg calibrate
+--testbed`` does (homagg.bench.calibrate.calibrate_port: HomAgg's per-frame
+costs and round trip and the ring all-reduce's CPU, timed on that testbed at
+that rate, about half a minute), so that each bucket's choice between HomAgg
+and the process group's allreduce predicts with this host's figures rather
+than the built-in ones, which miss the testbed's kernel path (at 10 Gbit/s
+they put Gloo's ring at a fifth of its measured time).  The calibration goes
+into a file of the sweep's own (``--out DIR``'s calibration-RATE.json, else a
+temporary one), never the host's calibration file; ``--no-calibrate`` keeps
+this host's calibration (or the built-in figures) at every rate.
+
 The testbeds share the machine with whatever else runs: every speedup is
 the ratio of two phases measured one after the other in the same run.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import tempfile
 
 from homagg.errors import TrainError
 
@@ -56,12 +69,13 @@ def run_sweep(
     mtu: int = 1500,
     state_dir: str | None = None,
     out_dir: str | None = None,
+    calibrate: bool = True,
     **train_kw,
 ) -> dict:
     """Every model at every link rate (module doc); returns the report."""
     from homagg.bench import report as bench_report
     from homagg.bindings.codec import codec_isa
-    from homagg.deploy.local.testbed import Testbed, require_root
+    from homagg.deploy.local.testbed import require_root
     from homagg.train import train as trainmod
 
     if train_kw.get("method") == "gloo":
@@ -83,25 +97,23 @@ def run_sweep(
             train_kw.get("method", "auto"), m, train_kw.get("steps", 5), train_kw.get("warmup", 1)
         )
     require_root("homagg train --link-mbit")
+    calibrate = calibrate and train_kw.get("cost_model", True)
     rows = []
-    for rate in link_rates:
-        trainmod.progress(
-            f"testbed {testbed_name}: {workers} workers, links {rate:g} Mbit/s, MTU {mtu}"
-        )
-        tb = Testbed.up(testbed_name, workers, link_mbit=rate, mtu=mtu, state_dir=state_dir)
-        try:
-            for m in models:
-                trainmod.progress(f"{m} at {rate:g} Mbit/s")
-                rep = trainmod.run_train(tb.name, model=m, state_dir=state_dir, **train_kw)
-                rows.append(_row(rate, m, rep))
-                r = rows[-1]
-                trainmod.progress(
-                    f"{m} at {rate:g} Mbit/s: {_fmt_speedup(r['speedup_vs_gloo'])}"
-                    f" Gloo (HomAgg {_ms(r['iteration_seconds'])}, Gloo "
-                    f"{_ms(r['gloo_iteration_seconds'])})"
-                )
-        finally:
-            Testbed.down(testbed_name, state_dir=state_dir)
+    with contextlib.ExitStack() as stack:
+        cal_dir = out_dir or stack.enter_context(tempfile.TemporaryDirectory(prefix="hg-cal-"))
+        if out_dir:
+            os.makedirs(out_dir, exist_ok=True)
+        for rate in link_rates:
+            rows += _rate_rows(
+                rate,
+                models,
+                workers,
+                testbed_name,
+                mtu,
+                state_dir,
+                os.path.join(cal_dir, f"calibration-{rate:g}mbit.json") if calibrate else None,
+                train_kw,
+            )
     out = bench_report.header(
         benchmark="train_sweep",
         link_mbit=list(link_rates),
@@ -112,12 +124,12 @@ def run_sweep(
         steps=train_kw.get("steps"),
         warmup=train_kw.get("warmup"),
         rounds=train_kw.get("rounds", 1),
+        calibrated=bool(calibrate),
         codec_isa=codec_isa(),
         _extra_versions=("torch",),
         results=rows,
     )
     if out_dir:
-        os.makedirs(out_dir, exist_ok=True)
         import json
 
         with open(os.path.join(out_dir, "train_sweep.json"), "w") as f:
@@ -128,7 +140,89 @@ def run_sweep(
     return out
 
 
-def _row(rate, model, rep) -> dict:
+def _rate_rows(rate, models, workers, testbed_name, mtu, state_dir, cal_path, train_kw):
+    """The rows of one link rate: its testbed built, calibrated through its
+    port into ``cal_path`` (None: not calibrated), every model trained
+    there with that calibration, the testbed taken down."""
+    from homagg.deploy.local.testbed import Testbed
+    from homagg.train import train as trainmod
+
+    trainmod.progress(
+        f"testbed {testbed_name}: {workers} workers, links {rate:g} Mbit/s, MTU {mtu}"
+    )
+    rows = []
+    tb = Testbed.up(testbed_name, workers, link_mbit=rate, mtu=mtu, state_dir=state_dir)
+    try:
+        port = _calibrate(tb.name, state_dir, cal_path, train_kw) if cal_path else None
+        with _calibration_file(cal_path):
+            for m in models:
+                trainmod.progress(f"{m} at {rate:g} Mbit/s")
+                rep = trainmod.run_train(tb.name, model=m, state_dir=state_dir, **train_kw)
+                rows.append(_row(rate, m, rep, port))
+                r = rows[-1]
+                trainmod.progress(
+                    f"{m} at {rate:g} Mbit/s: {_fmt_speedup(r['speedup_vs_gloo'])}"
+                    f" Gloo (HomAgg {_ms(r['iteration_seconds'])}, Gloo "
+                    f"{_ms(r['gloo_iteration_seconds'])})"
+                )
+    finally:
+        Testbed.down(testbed_name, state_dir=state_dir)
+    return rows
+
+
+def _calibrate(name, state_dir, cal_path, train_kw) -> dict:
+    """The testbed's port calibration (homagg.bench.calibrate.calibrate_port),
+    written with this host's codec calibration (measured now when the host
+    has none) into ``cal_path``; the entry, for the rows."""
+    from homagg import cost as _cost
+    from homagg.bench import calibrate as cal_mod
+    from homagg.train import train as trainmod
+
+    cal = _cost.load_calibration()
+    if cal is None:
+        trainmod.progress("calibrating the codec (this host has no calibration file)")
+        cal = cal_mod.calibrate()
+    trainmod.progress(f"calibrating testbed {name} through its port (about half a minute)")
+    entry = cal_mod.calibrate_port(
+        name,
+        state_dir,
+        calibration=cal,
+        timeout=train_kw.get("timeout", 10.0),
+        progress=lambda m: trainmod.progress(f"calibrate {name}: {m}"),
+    )
+    cal_mod.write(cal_mod.add_port(cal, name, entry), cal_path)
+    co, ring = entry["coefficients"], entry.get("ring") or {}
+    trainmod.progress(
+        f"calibrated {name}: pkt_ps {co['pkt_ps']} agg_pkt_ps {co['agg_pkt_ps']} "
+        f"rtt_ns {co['rtt_ns']}"
+        + (
+            f", ring_byte_ps {ring['ring_byte_ps']} ring_step_ns {ring['ring_step_ns']}"
+            if ring
+            else f" ({entry.get('ring_unavailable')})"
+        )
+    )
+    return entry
+
+
+@contextlib.contextmanager
+def _calibration_file(path):
+    """Jobs registered inside take their cost model from ``path`` (the
+    sweep's own calibration, through $HOMAGG_CALIBRATION); None: as before."""
+    if path is None:
+        yield
+        return
+    old = os.environ.get("HOMAGG_CALIBRATION")
+    os.environ["HOMAGG_CALIBRATION"] = path
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("HOMAGG_CALIBRATION", None)
+        else:
+            os.environ["HOMAGG_CALIBRATION"] = old
+
+
+def _row(rate, model, rep, port=None) -> dict:
     paths = {}
     for b in rep.get("buckets", []):
         for p, n in b.get("paths", {}).items():
@@ -140,6 +234,8 @@ def _row(rate, model, rep) -> dict:
         "testbed_link_mbit": rep.get("link_mbit"),
         "payload_bytes": rep.get("payload_bytes"),
         "cost": rep.get("cost"),
+        # the testbed's port calibration the job's cost model took (None: none)
+        "calibration": _port_summary(port),
         "speedup_vs_gloo": rep.get("speedup_vs_gloo"),
         "speedup_rounds": rep.get("speedup_rounds"),
         # every timed step, the slowest rank's, rounds in order
@@ -183,6 +279,19 @@ def _row(rate, model, rep) -> dict:
         ],
         "params_identical_across_ranks": rep.get("params_identical_across_ranks"),
         "replay_bit_identical": rep.get("replay_bit_identical"),
+    }
+
+
+def _port_summary(port):
+    """A row's record of its testbed's port calibration: the fitted
+    coefficients (a core each), the ring's when measured, the sharing."""
+    if not port:
+        return None
+    ring = port.get("ring") or {}
+    return {
+        **port["coefficients"],
+        **{k: ring[k] for k in ("ring_byte_ps", "ring_step_ns") if k in ring},
+        "sharing": port["sharing"],
     }
 
 

@@ -1524,6 +1524,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "`homagg testbed up` setting)",
     )
     p.add_argument(
+        "--no-calibrate",
+        dest="calibrate",
+        action="store_false",
+        help="with --link-mbit: skip calibrating each testbed through its port before "
+        "its models (about half a minute per rate; by default the choice between "
+        "HomAgg and the process group then predicts with that testbed's measured "
+        "per-frame costs and ring, not this host's calibration file or the "
+        "built-in figures)",
+    )
+    p.add_argument(
         "--homagg-only",
         action="store_true",
         help="every bucket through HomAgg: the cost model never sends one through "
@@ -1598,6 +1608,7 @@ def main(args: argparse.Namespace) -> int:
                 out_dir=args.out,
                 switch=args.switch,
                 cost_model=args.cost_model,
+                calibrate=args.calibrate,
                 homagg_only=args.homagg_only,
                 predicted_only=args.predicted_only,
                 **kw,
@@ -1613,6 +1624,11 @@ def main(args: argparse.Namespace) -> int:
                 for r in rep["results"]
             )
             return 0 if ok else 3
+        if not args.calibrate:
+            raise TrainError(
+                "--no-calibrate is for --link-mbit, whose testbeds the sweep calibrates; "
+                "a testbed of your own is calibrated by `homagg calibrate --testbed NAME`"
+            )
         pl = placement(
             testbed=args.testbed,
             inventory=args.inventory,
