@@ -103,6 +103,7 @@ def run_sweep(
         cal_dir = out_dir or stack.enter_context(tempfile.TemporaryDirectory(prefix="hg-cal-"))
         if out_dir:
             os.makedirs(out_dir, exist_ok=True)
+        host = _host_calibration() if calibrate else None
         for rate in link_rates:
             rows += _rate_rows(
                 rate,
@@ -112,6 +113,7 @@ def run_sweep(
                 mtu,
                 state_dir,
                 os.path.join(cal_dir, f"calibration-{rate:g}mbit.json") if calibrate else None,
+                host,
                 train_kw,
             )
     out = bench_report.header(
@@ -140,9 +142,10 @@ def run_sweep(
     return out
 
 
-def _rate_rows(rate, models, workers, testbed_name, mtu, state_dir, cal_path, train_kw):
+def _rate_rows(rate, models, workers, testbed_name, mtu, state_dir, cal_path, host, train_kw):
     """The rows of one link rate: its testbed built, calibrated through its
-    port into ``cal_path`` (None: not calibrated), every model trained
+    port into ``cal_path`` (None: not calibrated) on top of the codec's
+    calibration ``host`` (_host_calibration), every model trained
     there with that calibration, the testbed taken down."""
     from homagg.deploy.local.testbed import Testbed
     from homagg.train import train as trainmod
@@ -153,7 +156,7 @@ def _rate_rows(rate, models, workers, testbed_name, mtu, state_dir, cal_path, tr
     rows = []
     tb = Testbed.up(testbed_name, workers, link_mbit=rate, mtu=mtu, state_dir=state_dir)
     try:
-        port = _calibrate(tb.name, state_dir, cal_path, train_kw) if cal_path else None
+        port = _calibrate(tb.name, state_dir, cal_path, host, train_kw) if cal_path else None
         with _calibration_file(cal_path):
             for m in models:
                 trainmod.progress(f"{m} at {rate:g} Mbit/s")
@@ -170,10 +173,10 @@ def _rate_rows(rate, models, workers, testbed_name, mtu, state_dir, cal_path, tr
     return rows
 
 
-def _calibrate(name, state_dir, cal_path, train_kw) -> dict:
-    """The testbed's port calibration (homagg.bench.calibrate.calibrate_port),
-    written with this host's codec calibration (measured now when the host
-    has none) into ``cal_path``; the entry, for the rows."""
+def _host_calibration() -> dict:
+    """This host's calibration file, or the codec's coefficients measured
+    now (a few seconds) when it has none: the codec's side of every rate's
+    calibration."""
     from homagg import cost as _cost
     from homagg.bench import calibrate as cal_mod
     from homagg.train import train as trainmod
@@ -182,6 +185,16 @@ def _calibrate(name, state_dir, cal_path, train_kw) -> dict:
     if cal is None:
         trainmod.progress("calibrating the codec (this host has no calibration file)")
         cal = cal_mod.calibrate()
+    return cal
+
+
+def _calibrate(name, state_dir, cal_path, cal, train_kw) -> dict:
+    """The testbed's port calibration (homagg.bench.calibrate.calibrate_port),
+    written with the codec's calibration ``cal`` into ``cal_path``; the
+    entry, for the rows."""
+    from homagg.bench import calibrate as cal_mod
+    from homagg.train import train as trainmod
+
     trainmod.progress(f"calibrating testbed {name} through its port (about half a minute)")
     entry = cal_mod.calibrate_port(
         name,
