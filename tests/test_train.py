@@ -379,6 +379,7 @@ def test_train_link_rate_sweep_builds_a_testbed_per_rate_and_plots(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     table = (out / "train_sweep.md").read_text()
     assert "| 100 Mbit/s |" in table and "| 1000 Mbit/s |" in table
+    assert "each testbed calibrated through its port first" in table
     assert json.loads((out / "train_sweep.json").read_text())["results"] == rep["results"]
 
 

@@ -336,7 +336,13 @@ def render(report: dict) -> str:
         f"ranks, links of MTU {report.get('mtu', 1500)}, method {report['method']}, "
         f"{report['steps']} timed steps after "
         f"{report['warmup']} warmup; {m.get('cpu', 'CPU unknown')}, {m.get('cpus')} "
-        f"vCPU, codec ISA path {report.get('codec_isa')}; each speedup is {how}",
+        f"vCPU, codec ISA path {report.get('codec_isa')}; "
+        + (
+            "each testbed calibrated through its port first; "
+            if report.get("calibrated")
+            else "the testbeds not calibrated through their ports; "
+        )
+        + f"each speedup is {how}",
         "",
         "| link | model | speedup vs Gloo | HomAgg iteration | Gloo iteration | "
         "buckets homagg / baseline | bytes/rank HomAgg / Gloo | exact |",
