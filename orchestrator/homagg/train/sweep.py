@@ -21,7 +21,7 @@ that rate, about half a minute), so that each bucket's choice between HomAgg
 and the process group's allreduce predicts with this host's figures rather
 than the built-in ones, which miss the testbed's kernel path (at 10 Gbit/s
 they put Gloo's ring at a fifth of its measured time).  The calibration goes
-into a file of the sweep's own (``--out DIR``'s calibration-RATE.json, else a
+into a file of the sweep's own (``--out DIR``'s calibration-RATEmbit.json, else a
 temporary one), never the host's calibration file; ``--no-calibrate`` keeps
 this host's calibration (or the built-in figures) at every rate.
 
