@@ -168,6 +168,39 @@ def test_a_testbed_job_registers_its_port_calibration_shared(tmp_path, monkeypat
     }
 
 
+def test_a_training_run_on_an_uncalibrated_testbed_is_told_how_to_calibrate_it(
+    tmp_path, monkeypatch
+):
+    # `homagg train --testbed NAME` prints this line when the job's model
+    # has no calibration through the testbed's port (with as many workers)
+    from homagg.deploy.local import testbed_job
+    from homagg.deploy.local.placement import TestbedPlacement
+
+    entry = {
+        "workers": 4,
+        "processes": 5,
+        "cores": 2,
+        "coefficients": {"pkt_ps": 4_398_373, "agg_pkt_ps": 946_239, "rtt_ns": 481_452},
+    }
+    path = tmp_path / "cal.json"
+    path.write_text(json.dumps(_calibration({"tb1": entry})))
+    monkeypatch.setenv(cost.CALIBRATION_ENV, str(path))
+    assert testbed_job.port_calibrated(_Testbed("tb1", 4)) is True
+    assert testbed_job.port_calibrated(_Testbed("tb1", 2)) is False  # other workers
+    assert testbed_job.port_calibrated(_Testbed("tb2", 4)) is False
+    assert testbed_job.port_calibrated(_Testbed("tb2", 4, link=None)) is None  # unshaped
+    pl = object.__new__(TestbedPlacement)
+    pl.tb = _Testbed("tb2", 4)
+    hint = pl.cost_hint()
+    assert "testbed tb2 is not calibrated through its port" in hint, hint
+    assert "`homagg calibrate --testbed tb2`" in hint, hint
+    assert pl.cost_hint(cost_model=False) is None  # no model: nothing to calibrate
+    pl.tb = _Testbed("tb1", 4)
+    assert pl.cost_hint() is None
+    pl.tb = _Testbed("tb2", 4, link=None)
+    assert pl.cost_hint() is None
+
+
 def _ring_runs(byte_ps, step_ns, *, W, link, sizes=(1 << 17, 1 << 20, 3_000_001)):
     """Ring all-reduces as fit_ring's model describes them, computed here
     from its terms: ceil(2 (W-1) 4n / W) bytes a rank at the link rate plus

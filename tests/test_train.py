@@ -211,6 +211,15 @@ def test_train_cli_gloo_baseline_user_model_and_plots(testbed, tmp_path):
     )
     assert r.returncode == 0, r.stderr[-2000:]
     rep = json.loads(r.stdout)
+    # the testbed's port is not calibrated (the module's testbed): the report
+    # says so and names the command (a warning on stderr under `homagg train`)
+    from homagg.deploy.local import testbed_job
+
+    if testbed_job.port_calibrated(testbed) is False:
+        assert f"testbed {testbed.name} is not calibrated through its port" in rep["cost_hint"]
+        assert f"`homagg calibrate --testbed {testbed.name}`" in rep["cost_hint"]
+    else:
+        assert rep["cost_hint"] is None
     for k in (
         "iteration_seconds",
         "gloo_iteration_seconds",

@@ -107,6 +107,12 @@ class Placement(abc.ABC):
         placement's link rate with this host's calibration; ``cost_model``
         False, or no link rate: none (``Cost()``, choices by bytes)."""
 
+    def cost_hint(self, cost_model: bool = True) -> str | None:
+        """A line for the user when the cost model a job here registers is
+        known to miss this placement's own costs (and how to measure
+        them); None otherwise."""
+        return None
+
     @abc.abstractmethod
     def open_daemons(
         self,

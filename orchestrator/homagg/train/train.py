@@ -971,7 +971,10 @@ class TrainReport(ReportView):
     job file (None with method gloo); ``worker_hosts`` the ranks' hosts,
     ``rank_pids`` their processes; ``run_dir`` the folder the ranks'
     reports, parameters, logs and train.json stay in (None on a testbed
-    without ``runs_dir``)."""
+    without ``runs_dir``); ``cost`` the job's cost model and ``cost_hint``,
+    when the placement knows the model misses its own costs, what to run
+    to measure them (a testbed not calibrated through its port), else
+    None."""
 
     method: str
     model: str
@@ -1033,6 +1036,7 @@ class TrainReport(ReportView):
     plots: list | None = None
     rounds: int = 1
     speedup_rounds: list | None = None
+    cost_hint: str | None = None
 
 
 def _files(phases: list[str]) -> list[str]:
@@ -1188,6 +1192,9 @@ def run_train(
     import homagg.torch  # noqa: F401  (torch must import here: fail early)
 
     job_cost = pl.job_cost(cost_model)
+    hint = pl.cost_hint(cost_model) if method != "gloo" and not homagg_only else None
+    if hint:  # a warning: shown under -q too
+        _log.warning("[train] %s", hint)
     phases = _phases(method, baseline)
     pl.open()
     sws, job, standing, files, pids = [], None, None, [], []
@@ -1362,6 +1369,7 @@ def run_train(
             run_dir=pl.run_dir,
             homagg_only=homagg_only,
             predicted_only=predicted_only,
+            cost_hint=hint,
         )
         if out_dir:
             os.makedirs(out_dir, exist_ok=True)

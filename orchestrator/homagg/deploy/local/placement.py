@@ -124,6 +124,20 @@ class TestbedPlacement(Placement):
         """The testbed's link rate (homagg.deploy.local.testbed_job.job_cost)."""
         return testbed_job.job_cost(self.tb, cost_model)
 
+    def cost_hint(self, cost_model=True):
+        """When the testbed's links are shaped but it has no calibration
+        through its port (for as many workers): the model then charges
+        this host's codec coefficients alone, which miss the testbed's
+        kernel path and the ring's CPU."""
+        if not cost_model or testbed_job.port_calibrated(self.tb) is not False:
+            return None
+        return (
+            f"testbed {self.tb.name} is not calibrated through its port: the choice "
+            "between HomAgg and the process group's allreduce predicts with this "
+            "host's codec figures alone; `homagg calibrate --testbed "
+            f"{self.tb.name}` measures the testbed's own (about half a minute)"
+        )
+
     def open_daemons(self, count, *, frames, pmd, switch, drop_rate, idle_us, idle_polls, lcores):
         from homagg.switch.daemon import IDLE_POLLS, IDLE_US, Switch
 

@@ -78,6 +78,18 @@ def job_cost(tb: Testbed, cost_model: bool = True):
     return cost.job_cost(link, rtt_ns, coeffs=coeffs, sharing=factor)
 
 
+def port_calibrated(tb: Testbed) -> bool | None:
+    """Whether this host's calibration file has the testbed's calibration
+    through its port, made with as many workers (None: its links are not
+    shaped, so a job there has no cost model to calibrate)."""
+    from homagg import cost
+
+    if not link_mbit(tb):
+        return None
+    cal = cost.load_calibration()
+    return cost.port_coefficients(cal, tb.name, len(tb.workers)) is not None
+
+
 def start(
     tb: Testbed,
     *,
