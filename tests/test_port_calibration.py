@@ -27,6 +27,15 @@ CODEC = {
 }
 
 
+# a port calibration of 4 workers and a daemon on 2 cores
+PORT_ENTRY = {
+    "workers": 4,
+    "processes": 5,
+    "cores": 2,
+    "coefficients": {"pkt_ps": 4_398_373, "agg_pkt_ps": 946_239, "rtt_ns": 481_452},
+}
+
+
 def _calibration(ports=None):
     cal = {"version": cost.CALIBRATION_VERSION, "isa": "portable", "paths": {"portable": CODEC}}
     if ports is not None:
@@ -127,12 +136,7 @@ class _Testbed:
 def test_a_testbed_job_registers_its_port_calibration_shared(tmp_path, monkeypatch):
     from homagg.deploy.local import testbed_job
 
-    entry = {
-        "workers": 4,
-        "processes": 5,
-        "cores": 2,
-        "coefficients": {"pkt_ps": 4_398_373, "agg_pkt_ps": 946_239, "rtt_ns": 481_452},
-    }
+    entry = PORT_ENTRY
     path = tmp_path / "cal.json"
     path.write_text(json.dumps(_calibration({"tb1": entry})))
     monkeypatch.setenv(cost.CALIBRATION_ENV, str(path))
@@ -176,12 +180,7 @@ def test_a_training_run_on_an_uncalibrated_testbed_is_told_how_to_calibrate_it(
     from homagg.deploy.local import testbed_job
     from homagg.deploy.local.placement import TestbedPlacement
 
-    entry = {
-        "workers": 4,
-        "processes": 5,
-        "cores": 2,
-        "coefficients": {"pkt_ps": 4_398_373, "agg_pkt_ps": 946_239, "rtt_ns": 481_452},
-    }
+    entry = PORT_ENTRY
     path = tmp_path / "cal.json"
     path.write_text(json.dumps(_calibration({"tb1": entry})))
     monkeypatch.setenv(cost.CALIBRATION_ENV, str(path))
@@ -435,12 +434,7 @@ def test_advise_for_a_testbed_predicts_with_its_jobs_coefficients(tmp_path, monk
     from homagg import cli
     from homagg.ops import advise as adv
 
-    entry = {
-        "workers": 4,
-        "processes": 5,
-        "cores": 2,
-        "coefficients": {"pkt_ps": 4_398_373, "agg_pkt_ps": 946_239, "rtt_ns": 481_452},
-    }
+    entry = PORT_ENTRY
     path = tmp_path / "cal.json"
     path.write_text(json.dumps(_calibration({"tb1": entry})))
     monkeypatch.setenv(cost.CALIBRATION_ENV, str(path))

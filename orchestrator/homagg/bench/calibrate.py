@@ -58,21 +58,31 @@ def _best(fn, repeat):
 
 
 @contextlib.contextmanager
+def environ(name, value):
+    """$name set to ``value`` inside, then back to what it was (unset if
+    it was)."""
+    old = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = old
+
+
+@contextlib.contextmanager
 def _isa_env(isa):
     """The codec forced onto one ISA path (HOMAGG_CODEC_ISA, read again),
     then back to the process's own."""
     from homagg.bindings import codec as _bc
 
-    old = os.environ.get("HOMAGG_CODEC_ISA")
-    os.environ["HOMAGG_CODEC_ISA"] = isa
     try:
-        _bc.codec_isa_reload()
-        yield
-    finally:
-        if old is None:
-            os.environ.pop("HOMAGG_CODEC_ISA", None)
-        else:
-            os.environ["HOMAGG_CODEC_ISA"] = old
+        with environ("HOMAGG_CODEC_ISA", isa):
+            _bc.codec_isa_reload()
+            yield
+    finally:  # the process's own path again, the variable restored first
         _bc.codec_isa_reload()
 
 

@@ -217,22 +217,15 @@ def _calibrate(name, state_dir, cal_path, cal, train_kw) -> dict:
     return entry
 
 
-@contextlib.contextmanager
 def _calibration_file(path):
     """Jobs registered inside take their cost model from ``path`` (the
     sweep's own calibration, through $HOMAGG_CALIBRATION); None: as before."""
+    from homagg import cost as _cost
+    from homagg.bench import calibrate as cal_mod
+
     if path is None:
-        yield
-        return
-    old = os.environ.get("HOMAGG_CALIBRATION")
-    os.environ["HOMAGG_CALIBRATION"] = path
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop("HOMAGG_CALIBRATION", None)
-        else:
-            os.environ["HOMAGG_CALIBRATION"] = old
+        return contextlib.nullcontext()
+    return cal_mod.environ(_cost.CALIBRATION_ENV, path)
 
 
 def _row(rate, model, rep, port=None) -> dict:
