@@ -274,9 +274,7 @@ def _calibrate(args, name):
         return None
     path = _cost.calibration_path()
     try:
-        cal = _cost.load_calibration(path)
-        if cal is None:
-            cal = cal_mod.calibrate()
+        cal = cal_mod.host_or_measured(path)
         entry = cal_mod.calibrate_port(
             name,
             args.state_dir,

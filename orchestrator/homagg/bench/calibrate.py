@@ -260,6 +260,19 @@ def calibrate(elements=1 << 20, repeat=5) -> dict:
     }
 
 
+def host_or_measured(path=None, elements=1 << 20, repeat=5, progress=None) -> dict:
+    """The calibration file at ``path`` (default: this host's), or, when
+    there is none, the codec's coefficients measured now (:func:`calibrate`,
+    seconds; not written): the codec's side of a calibration through a
+    testbed's port."""
+    cal = _cost.load_calibration(path)
+    if cal is None:
+        if progress:
+            progress("calibrating the codec (this host has no calibration file)")
+        cal = calibrate(elements, repeat)
+    return cal
+
+
 def write(cal, path) -> str:
     _cost.check_calibration(cal, "calibration")
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)

@@ -140,9 +140,7 @@ def _port(args) -> int:
 
     path = args.out or cost.calibration_path()
     try:
-        cal = cost.load_calibration(path)
-        if cal is None:
-            cal = measure.calibrate(args.elements, args.repeat)
+        cal = measure.host_or_measured(path, args.elements, args.repeat)
         entry = measure.calibrate_port(
             args.testbed,
             args.state_dir,

@@ -32,6 +32,7 @@ the ratio of two phases measured one after the other in the same run.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import tempfile
 
@@ -73,6 +74,7 @@ def run_sweep(
     **train_kw,
 ) -> dict:
     """Every model at every link rate (module doc); returns the report."""
+    from homagg.bench import calibrate as cal_mod
     from homagg.bench import report as bench_report
     from homagg.bindings.codec import codec_isa
     from homagg.deploy.local.testbed import require_root
@@ -103,7 +105,13 @@ def run_sweep(
         cal_dir = out_dir or stack.enter_context(tempfile.TemporaryDirectory(prefix="hg-cal-"))
         if out_dir:
             os.makedirs(out_dir, exist_ok=True)
-        host = _host_calibration() if calibrate else None
+        host = cal_mod.host_or_measured(progress=trainmod.progress) if calibrate else None
+        if not calibrate and train_kw.get("cost_model", True):
+            logging.getLogger("homagg.train").warning(
+                "[train] --no-calibrate: the testbeds are not calibrated through their ports, so "
+                "the choice between HomAgg and the process group's allreduce predicts "
+                "with this host's codec figures alone"
+            )
         for rate in link_rates:
             rows += _rate_rows(
                 rate,
@@ -145,7 +153,7 @@ def run_sweep(
 def _rate_rows(rate, models, workers, testbed_name, mtu, state_dir, cal_path, host, train_kw):
     """The rows of one link rate: its testbed built, calibrated through its
     port into ``cal_path`` (None: not calibrated) on top of the codec's
-    calibration ``host`` (_host_calibration), every model trained
+    calibration ``host`` (homagg.bench.calibrate.host_or_measured), every model trained
     there with that calibration, the testbed taken down."""
     from homagg.deploy.local.testbed import Testbed
     from homagg.train import train as trainmod
@@ -160,7 +168,10 @@ def _rate_rows(rate, models, workers, testbed_name, mtu, state_dir, cal_path, ho
         with _calibration_file(cal_path):
             for m in models:
                 trainmod.progress(f"{m} at {rate:g} Mbit/s")
-                rep = trainmod.run_train(tb.name, model=m, state_dir=state_dir, **train_kw)
+                # uncalibrated by --no-calibrate: the sweep said so once
+                rep = trainmod.run_train(
+                    tb.name, model=m, state_dir=state_dir, warn_uncalibrated=False, **train_kw
+                )
                 rows.append(_row(rate, m, rep, port))
                 r = rows[-1]
                 trainmod.progress(
@@ -171,21 +182,6 @@ def _rate_rows(rate, models, workers, testbed_name, mtu, state_dir, cal_path, ho
     finally:
         Testbed.down(testbed_name, state_dir=state_dir)
     return rows
-
-
-def _host_calibration() -> dict:
-    """This host's calibration file, or the codec's coefficients measured
-    now (a few seconds) when it has none: the codec's side of every rate's
-    calibration."""
-    from homagg import cost as _cost
-    from homagg.bench import calibrate as cal_mod
-    from homagg.train import train as trainmod
-
-    cal = _cost.load_calibration()
-    if cal is None:
-        trainmod.progress("calibrating the codec (this host has no calibration file)")
-        cal = cal_mod.calibrate()
-    return cal
 
 
 def _calibrate(name, state_dir, cal_path, cal, train_kw) -> dict:

@@ -1124,6 +1124,7 @@ def run_train(
     homagg_only: bool = False,
     predicted_only: bool = False,
     rounds: int = 1,
+    warn_uncalibrated: bool = True,
 ) -> TrainReport:
     """Train on a placement: ``testbed`` is a local testbed's name (with
     ``state_dir``) or a homagg.deploy.placement.Placement (e.g.
@@ -1193,7 +1194,7 @@ def run_train(
 
     job_cost = pl.job_cost(cost_model)
     hint = pl.cost_hint(cost_model) if method != "gloo" and not homagg_only else None
-    if hint:  # a warning: shown under -q too
+    if hint and warn_uncalibrated:  # a warning: shown under -q too
         _log.warning("[train] %s", hint)
     phases = _phases(method, baseline)
     pl.open()
