@@ -757,12 +757,17 @@ class HookState:
         (or the job's), with the job's payload per packet, as the worker's
         client takes it (homagg.cost.for_payload), the same on every rank.
         A job of 8192-byte payloads on jumbo links pays a packet's costs
-        over 8 times the bytes of a 1024-byte one."""
-        return _cost.for_payload(self._cost, getattr(self.worker, "payload", 0))
+        over 8 times the bytes of a 1024-byte one.  Made once per payload
+        (it is read several times a bucket)."""
+        payload = getattr(self.worker, "payload", 0)
+        if self._cost_for[0] != payload:
+            self._cost_for = (payload, _cost.for_payload(self._cost, payload))
+        return self._cost_for[1]
 
     @cost.setter
     def cost(self, value):
         self._cost = _cost.as_cost(value)
+        self._cost_for = (None, self._cost)
 
     def _choice(self, n):
         """(rule applies, the count must be agreed) for a bucket of n elements."""
