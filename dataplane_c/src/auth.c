@@ -322,19 +322,27 @@ void hg_mac_key_sign(const struct hg_mac_key *k, uint32_t dir, uint64_t counter,
 	}
 }
 
+/* Whether a UMAC frame's trailer is its tag (next: the frame to prefetch
+ * while this one's NH runs, or NULL).  Only for a counter below 2^48:
+ * above, hg_mac_key_sign() gives a random MAC, which verifies nothing. */
+static inline bool umac_check(const struct hg_mac_key *k, uint32_t dir,
+			      uint64_t counter, const uint8_t *data, size_t len,
+			      const uint8_t *mac, const uint8_t *next)
+{
+	unsigned half;
+	__m128i block = umac_block(data, dir, counter, &half);
+
+	return umac_trailer_ok(hg_umac_tag64(&k->umac, block, half, data, len, next),
+			       mac);
+}
+
 bool hg_mac_key_check(const struct hg_mac_key *k, uint32_t dir, uint64_t counter,
 		      const uint8_t *data, size_t len, const uint8_t *mac)
 {
 	uint8_t want[HG_MAC_LEN];
 
-	if (k->alg == HG_MAC_UMAC && !(counter >> 48)) {
-		unsigned half;
-		__m128i block = umac_block(data, dir, counter, &half);
-
-		return umac_trailer_ok(hg_umac_tag64(&k->umac, block, half,
-						     data, len, NULL),
-				       mac);
-	}
+	if (k->alg == HG_MAC_UMAC && !(counter >> 48))
+		return umac_check(k, dir, counter, data, len, mac, NULL);
 	hg_mac_key_sign(k, dir, counter, data, len, want);
 	return crypto_verify_16(want, mac) == 0;
 }
@@ -408,15 +416,9 @@ void hg_mac_key_check_burst(uint32_t dir, struct hg_mac_req *r, uint32_t n)
 			/* the next frame prefetched while this one's NH runs:
 			 * a frame from the NIC or another core is not in this
 			 * core's caches, and its first use is its MAC */
-			unsigned half;
-			__m128i block = umac_block(r[i].data, dir, r[i].counter,
-						   &half);
-
-			r[i].ok = umac_trailer_ok(
-				hg_umac_tag64(&k->umac, block, half, r[i].data,
-					      r[i].len,
-					      i + 1 < n ? r[i + 1].data : NULL),
-				r[i].mac);
+			r[i].ok = umac_check(k, dir, r[i].counter, r[i].data,
+					     r[i].len, r[i].mac,
+					     i + 1 < n ? r[i + 1].data : NULL);
 			continue;
 		}
 		if (k->alg != HG_MAC_AES_GMAC ||
