@@ -316,6 +316,17 @@ def test_the_ring_coefficients_move_the_choice_of_path():
         }
 
 
+def test_machine_cpu_per_call_is_the_busy_share_of_every_core():
+    from homagg.bench.calibrate import machine_cpu_per_call
+
+    # 2 cores, half busy, over calls of 10 and 30 ms: 20 ms of CPU a call
+    busy = {"busy": 0.5, "softirq": 0.1, "cores": 2}
+    assert machine_cpu_per_call(busy, [0.010, 0.030]) == pytest.approx(0.020)
+    assert machine_cpu_per_call({**busy, "busy": 0.0}, [0.010]) == 0
+    assert machine_cpu_per_call(None, [0.010]) is None  # /proc could not tell
+    assert machine_cpu_per_call(busy, []) is None
+
+
 def test_a_bad_port_entry_is_named(tmp_path):
     good = {
         "workers": 4,
@@ -413,6 +424,9 @@ def test_calibrate_testbed_writes_an_entry_its_jobs_register(tmp_path, monkeypat
         assert job.ring() == {k: ring[k] for k in cost.RING_FIELDS}  # as measured
         for r in ring["runs"]:
             assert r["predicted_s"] == cost.ring_ps(job, W, r["elements"]) / 1e12
+        # each path's CPU over the whole machine, per call (from /proc/stat)
+        for r in ring["runs"] + runs:
+            assert r["machine_cpu_s"] is not None and r["machine_cpu_s"] >= 0, r
         for r in runs:
             assert r["seconds"] > 0 and r["bytes"] > 0 and r["daemon_cpu_s"] >= 0
             a = adv.advise(

@@ -335,6 +335,18 @@ def model_run(workers, elements, density, link_mbit, method, coeffs, *, block=No
     }
 
 
+def machine_cpu_per_call(machine, seconds_each):
+    """The CPU seconds the whole machine spent per call (every process and
+    the kernel's packet path: what a path takes from the ranks' compute on
+    shared cores), from the busy fraction of all cores over the timed
+    calls (homagg.runs.job.machine_busy) and their times; None where /proc
+    could not tell.  /proc/stat counts in ticks of 10 ms, so a run of a few
+    short calls reads within some ten per cent."""
+    if not machine or not seconds_each:
+        return None
+    return round(machine["busy"] * machine["cores"] * sum(seconds_each) / len(seconds_each), 6)
+
+
 def calibrate_port(
     testbed: str,
     state_dir=None,
@@ -396,6 +408,7 @@ def calibrate_port(
             "seconds": r.seconds,
             "worker_cpu_s": statistics.median(r.worker_cpu_seconds),
             "daemon_cpu_s": r.daemon_cpu_seconds or 0.0,
+            "machine_cpu_s": machine_cpu_per_call(r.machine_cpu, r.seconds_each),
             **model_run(W, n, density, link, method, coeffs),
         }
         measured.append(row)
@@ -459,7 +472,15 @@ def _ring_calibration(tb, W, link, ring_runs, repeat, warmup, timeout, progress)
                 }
             )
             per_call = [max(c) for c in zip(*(a["seconds"] for a in answers))]
-            runs.append({"elements": int(n), "seconds": statistics.median(per_call)})
+            runs.append(
+                {
+                    "elements": int(n),
+                    "seconds": statistics.median(per_call),
+                    "machine_cpu_s": machine_cpu_per_call(
+                        answers[0].get("machine_cpu"), answers[0]["seconds"]
+                    ),
+                }
+            )
             if progress:
                 progress(f"ring all-reduce of {n} elements: {runs[-1]['seconds'] * 1e3:.2f} ms")
     finally:

@@ -166,6 +166,7 @@ def _port(args) -> int:
         print(
             f"  {r['method']:6s} {r['elements']:8d} at {r['density']:<6g} measured "
             f"{r['seconds'] * 1e3:8.2f} ms, predicted {r['predicted_s'] * 1e3:8.2f} ms"
+            f"{_machine_cpu(r)}"
         )
     ring = entry.get("ring")
     if ring:
@@ -177,12 +178,19 @@ def _port(args) -> int:
             print(
                 f"  gloo   {r['elements']:8d}            measured "
                 f"{r['seconds'] * 1e3:8.2f} ms, predicted {r['predicted_s'] * 1e3:8.2f} ms"
+                f"{_machine_cpu(r)}"
             )
     else:
         print(f"  no ring coefficients: {entry.get('ring_unavailable')}")
     if job_path:
         print(f"the testbed's job registers it from now on: {job_path}")
     return 0
+
+
+def _machine_cpu(run) -> str:
+    """", machine CPU X ms" of a run (every process and the kernel, per call)."""
+    v = run.get("machine_cpu_s")
+    return "" if v is None else f", machine CPU {v * 1e3:7.2f} ms"
 
 
 def _refresh_job(args):
