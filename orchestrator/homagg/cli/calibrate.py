@@ -188,7 +188,7 @@ def _port(args) -> int:
 
 
 def _machine_cpu(run) -> str:
-    """", machine CPU X ms" of a run (every process and the kernel, per call)."""
+    """The text ", machine CPU X ms" of a run (every process and the kernel, per call)."""
     v = run.get("machine_cpu_s")
     return "" if v is None else f", machine CPU {v * 1e3:7.2f} ms"
 
