@@ -104,6 +104,42 @@ def test_idle_backoff_daemon_is_exact_and_exits_on_sigterm(link, daemons):
     assert not d.control.exists()
 
 
+def _voluntary_switches(pid):
+    """The main thread's voluntary context switches: one per sleep of the
+    main lcore (its polls never block)."""
+    with open(f"/proc/{pid}/task/{pid}/status") as f:
+        for line in f:
+            if line.startswith("voluntary_ctxt_switches:"):
+                return int(line.split()[1])
+    raise AssertionError(f"no voluntary_ctxt_switches for {pid}")
+
+
+def test_an_idle_daemon_sleeps_longer_the_longer_it_idles(link, daemons):
+    """--idle-max-us (default 1000): once the port has been idle for a
+    while, the sleep between polls is a sixteenth of the idle time, up to
+    the bound, so an idle daemon wakes at most about a thousand times a
+    second (not every --idle-us); no sleep is shorter than it asks, so the
+    bound holds however loaded the host.  The first frames after the gap
+    are served as before: the allreduce is bit-exact."""
+    d = daemons("--idle-us", "20", "--idle-polls", "32")
+    pid = d.proc.pid
+    time.sleep(0.3)  # idle past 16 ms: the sleep has reached its bound
+    w0, t0 = _voluntary_switches(pid), time.monotonic()
+    time.sleep(1.0)
+    w1, t1 = _voluntary_switches(pid), time.monotonic()
+    assert w1 - w0 <= (t1 - t0) * 1000 + 50, (w1 - w0, t1 - t0)
+    W, n = 3, 50000
+    with d.client() as c:
+        c.add_job(job=15, token=78, workers=W, slots=32, group=GROUP)
+    grads = gradients(W, n, seed=5)
+    threads, results, errors, stats = run_workers(link, 15, 78, grads, "dense")
+    join_all(threads, 60)
+    assert errors == [None] * W, errors
+    expected = oracle_allreduce(grads, BLOCK)
+    for y in results:
+        assert y.tobytes() == expected.tobytes()
+
+
 def test_injected_loss_is_repaired_by_retransmission(link, daemons):
     d = daemons("--drop-rate", "0.01", "--seed", "7")
     W, n = 3, 200000

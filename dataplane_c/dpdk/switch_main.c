@@ -203,7 +203,7 @@ static int run(struct daemon *d)
 	uint64_t now = rte_get_tsc_cycles();
 	uint64_t next_ctl = now, next_stats = now + stats_period;
 	struct shard *one = d->nshards == 1 ? &d->shards[0] : NULL;
-	unsigned int idle = 0;
+	struct idle idle = { 0 };
 
 	if (one)
 		one->start_tsc = now;

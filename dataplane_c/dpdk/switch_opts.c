@@ -27,6 +27,10 @@ static void usage(const char *prog)
 		"  --stats-interval S    print the counters every S seconds (0 = never)\n"
 		"  --idle-us N           sleep N us when the port is idle (default 20, 0 = spin)\n"
 		"  --idle-polls N        empty polls before the first sleep (default 256)\n"
+		"  --idle-max-us N       longest sleep: an idle port sleeps a sixteenth\n"
+		"                        of the time it has been idle, from --idle-us\n"
+		"                        up to N us (default 1000; N <= --idle-us: a\n"
+		"                        fixed --idle-us)\n"
 		"  --mbufs N             mbufs in the pool (default 8191; at least\n"
 		"                        the rx and tx rings' descriptors + 1024)\n"
 		"  --rx-ring N           rx descriptors of a descriptor-ring PMD (NIC,\n"
@@ -69,6 +73,7 @@ int hg_switch_parse_opts(int argc, char **argv, struct opts *o)
 		O_STATS,
 		O_IDLE,
 		O_IDLE_POLLS,
+		O_IDLE_MAX,
 		O_MBUFS,
 		O_JOBS,
 		O_NOREP,
@@ -90,6 +95,7 @@ int hg_switch_parse_opts(int argc, char **argv, struct opts *o)
 		{ "stats-interval", required_argument, NULL, O_STATS },
 		{ "idle-us", required_argument, NULL, O_IDLE },
 		{ "idle-polls", required_argument, NULL, O_IDLE_POLLS },
+		{ "idle-max-us", required_argument, NULL, O_IDLE_MAX },
 		{ "mbufs", required_argument, NULL, O_MBUFS },
 		{ "max-jobs", required_argument, NULL, O_JOBS },
 		{ "no-replicate", no_argument, NULL, O_NOREP },
@@ -117,6 +123,7 @@ int hg_switch_parse_opts(int argc, char **argv, struct opts *o)
 		.stats_interval = 0,
 		.idle_us = 20,
 		.idle_polls = 256,
+		.idle_max_us = 1000,
 		.mbufs = 8191,
 		.rx_ring = 1024,
 		.max_jobs = 64,
@@ -184,6 +191,11 @@ int hg_switch_parse_opts(int argc, char **argv, struct opts *o)
 			if (parse_ulong(optarg, 1, 1u << 24, &v))
 				goto bad;
 			o->idle_polls = (unsigned int)v;
+			break;
+		case O_IDLE_MAX:
+			if (parse_ulong(optarg, 0, 1000000, &v))
+				goto bad;
+			o->idle_max_us = (unsigned int)v;
 			break;
 		case O_MBUFS:
 			if (parse_ulong(optarg, 1023, 1u << 24, &v))

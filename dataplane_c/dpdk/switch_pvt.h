@@ -29,6 +29,7 @@
 #define HOMAGG_DPDK_SWITCH_PVT_H
 
 #include <stdbool.h>
+#include <limits.h>
 #include <stdint.h>
 #include <time.h>
 
@@ -53,9 +54,10 @@ struct opts {
 	unsigned int queues;
 	double drop_rate;
 	uint64_t seed;
-	double stats_interval;   /* seconds, 0 = off */
-	unsigned int idle_us;    /* sleep when idle, 0 = spin */
-	unsigned int idle_polls; /* empty polls before the first sleep */
+	double stats_interval;    /* seconds, 0 = off */
+	unsigned int idle_us;     /* sleep when idle, 0 = spin */
+	unsigned int idle_polls;  /* empty polls before the first sleep */
+	unsigned int idle_max_us; /* longest sleep after a long idle time */
 	unsigned int mbufs;
 	unsigned int rx_ring; /* rx descriptors asked of a descriptor-ring PMD */
 	unsigned int max_jobs;
@@ -166,19 +168,49 @@ void hg_switch_telemetry_start(struct daemon *d);
 void hg_switch_telemetry_stop(void);
 
 /* Idle backoff: after --idle-polls polls in a row that moved nothing, sleep
- * --idle-us between polls until a poll moves a frame again.  On a machine
- * whose cores are shared with the workers (a testbed on one host) a spinning
- * lcore takes a core from them; a dedicated core can spin (--idle-us 0). */
-static inline void idle_sleep(const struct daemon *d, unsigned int *idle, bool moved)
-{
-	if (moved) {
-		*idle = 0;
-	} else if (d->o.idle_us && ++*idle >= d->o.idle_polls) {
-		struct timespec ts = { (time_t)(d->o.idle_us / 1000000),
-				       (long)(d->o.idle_us % 1000000) * 1000 };
+ * between polls until a poll moves a frame again.  On a machine whose cores
+ * are shared with the workers (a testbed on one host) a spinning lcore takes
+ * a core from them; a dedicated core can spin (--idle-us 0).  The sleep is
+ * --idle-us, or a sixteenth of the time the port has been idle when that is
+ * longer, up to --idle-max-us: the gaps between a step's phases keep the
+ * short sleep, while a long gap (the ranks computing) wakes the lcore about
+ * once a millisecond instead of every few tens of microseconds, and the
+ * first frame after a gap waits at most a sixteenth of it. */
+struct idle {
+	unsigned int polls; /* in a row that moved nothing */
+	uint64_t since;     /* TSC of the poll that reached --idle-polls */
+};
 
-		nanosleep(&ts, NULL);
+static inline void idle_sleep(const struct daemon *d, struct idle *idle, bool moved)
+{
+	unsigned int us = d->o.idle_us;
+
+	if (moved) {
+		idle->polls = 0;
+		return;
 	}
+	if (!us || ++idle->polls < d->o.idle_polls)
+		return;
+	if (d->o.idle_max_us > us) {
+		uint64_t now = rte_get_tsc_cycles();
+
+		if (idle->polls == d->o.idle_polls)
+			idle->since = now;
+		else {
+			uint64_t per_us = rte_get_tsc_hz() / 1000000;
+			uint64_t grow = (now - idle->since) /
+					(16 * (per_us ? per_us : 1));
+
+			if (grow > us)
+				us = grow < d->o.idle_max_us ? (unsigned int)grow :
+							       d->o.idle_max_us;
+		}
+		if (idle->polls == UINT_MAX) /* keep since's meaning */
+			idle->polls = d->o.idle_polls + 1;
+	}
+	struct timespec ts = { (time_t)(us / 1000000), (long)(us % 1000000) * 1000 };
+
+	nanosleep(&ts, NULL);
 }
 
 #endif /* HOMAGG_DPDK_SWITCH_PVT_H */

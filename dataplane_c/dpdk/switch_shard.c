@@ -169,7 +169,8 @@ static int shard_loop(void *arg)
 	struct daemon *d = sh->d;
 	const uint64_t period = rte_get_tsc_hz() / 1000;
 	uint64_t next = 0;
-	unsigned int idle = 0, iter = 0;
+	struct idle idle = { 0 };
+	unsigned int iter = 0;
 
 	sh->start_tsc = rte_get_tsc_cycles();
 	while (!d->stop_engines) {
@@ -177,7 +178,7 @@ static int shard_loop(void *arg)
 
 		idle_sleep(d, &idle, n > 0);
 		shard_serve(sh);
-		if ((++iter & 255) == 0 || idle) {
+		if ((++iter & 255) == 0 || idle.polls) {
 			uint64_t now = rte_get_tsc_cycles();
 
 			if (now >= next) {

@@ -48,6 +48,9 @@ def find_switch() -> str:
 # sleeps between polls once the port has been idle for IDLE_POLLS polls
 # (measured on the 2-core testbed: spinning made lhc ~25 % slower; 20 us
 # after 32 empty polls used the least daemon CPU at the same or better times).
+# The sleep then grows with the idle time up to the daemon's --idle-max-us
+# (default 1 ms; docs/SWITCH.md), so ranks computing between buckets keep
+# their cores.
 IDLE_US = 20
 IDLE_POLLS = 32
 
