@@ -127,7 +127,10 @@ def test_an_idle_daemon_sleeps_longer_the_longer_it_idles(link, daemons):
     w0, t0 = _voluntary_switches(pid), time.monotonic()
     time.sleep(1.0)
     w1, t1 = _voluntary_switches(pid), time.monotonic()
-    assert w1 - w0 <= (t1 - t0) * 1000 + 50, (w1 - w0, t1 - t0)
+    # a stray frame on the link (the kernel's IPv6 solicitations) restarts
+    # the climb, about 70 short sleeps each: room for several; a sleep
+    # fixed at --idle-us wakes some ten thousand times a second
+    assert w1 - w0 <= (t1 - t0) * 1000 + 500, (w1 - w0, t1 - t0)
     W, n = 3, 50000
     with d.client() as c:
         c.add_job(job=15, token=78, workers=W, slots=32, group=GROUP)
