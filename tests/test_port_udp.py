@@ -3,7 +3,12 @@ without root: the real C engine runs on a UdpPort on loopback (a thread
 polling it), the real C clients run in worker threads, and the results are
 checked bit for bit against the numpy fixed-point oracle."""
 
+import os
+import secrets
 import socket
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 
@@ -290,3 +295,61 @@ def test_testbed_reads_homagg_udp_gso_as_the_job_file_does(monkeypatch):
     monkeypatch.setenv("HOMAGG_UDP_GSO", "maybe")
     with pytest.raises(ConfigError, match="HOMAGG_UDP_GSO.*boolean"):
         udp_gso(Bed("switch"))
+
+
+# Run in a namespace whose ephemeral range is the group port and the next:
+# every UdpPort's own port must be the other one, and the group socket's
+# bind (SO_REUSEADDR on *:group port, as join_group does) must work while
+# each port is open.
+_EPHEMERAL_SCRIPT = textwrap.dedent(
+    """
+    import socket, sys
+    sys.path.insert(0, sys.argv[1])
+    from homagg.worker import UdpPort
+    GROUP_PORT = int(sys.argv[2])
+    for _ in range(8):
+        p = UdpPort(bind=("127.0.0.1", 0))
+        try:
+            assert p.local_address[1] == GROUP_PORT + 1, p.local_address
+            g = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            g.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            g.bind(("0.0.0.0", GROUP_PORT))
+            g.close()
+        finally:
+            p.close()
+    print("ok")
+    """
+)
+
+
+@pytest.mark.root
+@pytest.mark.netns
+def test_an_ephemeral_port_never_takes_the_group_port():
+    """A worker binds its unicast socket to an ephemeral port, and its group
+    socket to the group port (48879, inside the kernel's default ephemeral
+    range).  When the kernel hands out the group port itself, the port
+    binds another one, so the group socket can still bind (before, the
+    worker's client failed with EADDRINUSE about once in 28,000 workers)."""
+    from homagg.bindings.wire import UDP_PORT
+
+    ns = "hg-eph" + secrets.token_hex(3)
+    subprocess.run(["ip", "netns", "add", ns], check=True, timeout=30)
+    try:
+        ex = ["ip", "netns", "exec", ns]
+        subprocess.run([*ex, "ip", "link", "set", "lo", "up"], check=True, timeout=30)
+        subprocess.run(
+            [*ex, "sysctl", "-qw", f"net.ipv4.ip_local_port_range={UDP_PORT} {UDP_PORT + 1}"],
+            check=True,
+            timeout=30,
+        )
+        here = os.path.dirname(os.path.abspath(__file__))
+        pkg = os.path.join(os.path.dirname(here), "orchestrator")
+        r = subprocess.run(
+            [*ex, sys.executable, "-c", _EPHEMERAL_SCRIPT, pkg, str(UDP_PORT)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert r.returncode == 0 and r.stdout.strip() == "ok", r.stdout + r.stderr
+    finally:
+        subprocess.run(["ip", "netns", "del", ns], check=False, timeout=30)

@@ -473,6 +473,31 @@ struct hg_udp_port *hg_udp_port_create(const struct hg_udp_port_config *cfg)
 	if (bind(p->ufd, (struct sockaddr *)&sa, sizeof(sa)) < 0 ||
 	    getsockname(p->ufd, (struct sockaddr *)&sa, &sl) < 0)
 		goto err_close;
+	if (!cfg->bind_port && ntohs(sa.sin_port) == p->group_port) {
+		/* The kernel's ephemeral port is the group port (both in
+		 * 32768..60999 by default): the group socket's bind of
+		 * *:group_port would then fail (EADDRINUSE; this socket has no
+		 * SO_REUSEADDR).  Bind another while this one still holds
+		 * it, so the kernel cannot give the same port again. */
+		int held = p->ufd;
+
+		p->ufd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+		if (p->ufd < 0) {
+			p->ufd = held;
+			goto err_close;
+		}
+		sa.sin_addr.s_addr = htonl(cfg->bind_ipv4);
+		sa.sin_port = 0;
+		sl = sizeof(sa);
+		if (bind(p->ufd, (struct sockaddr *)&sa, sizeof(sa)) < 0 ||
+		    getsockname(p->ufd, (struct sockaddr *)&sa, &sl) < 0) {
+			e = errno;
+			close(held);
+			errno = e;
+			goto err_close;
+		}
+		close(held);
+	}
 	set_rcvbuf(p->ufd, p->rcvbuf);
 	set_sndbuf(p->ufd, p->sndbuf);
 	/* Don't fragment: a datagram larger than the path MTU fails with
