@@ -24,21 +24,28 @@ from switch_helpers import BLOCK, GROUP, Daemon, gradients, join_all, run_worker
 pytestmark = [pytest.mark.dpdk, pytest.mark.root, pytest.mark.netns]
 
 
-@pytest.mark.parametrize(
-    "method, pmd", [("dense", "af_packet"), ("lhc", "af_packet"), ("dense", "af_xdp")]
-)
-def test_exact_allreduce_through_the_daemon(link, daemons, method, pmd):
-    d = daemons(pmd=pmd)
-    W, n = 3, 30000
+def exact_allreduce(link, d, job, token, grads, method, **kw):
+    """Register a job of len(grads) workers on daemon d, run them on link
+    and check every result bit for bit against the oracle; the workers'
+    stats."""
+    W = len(grads)
     with d.client() as c:
-        c.add_job(job=11, token=0xABCD, workers=W, slots=32, group=GROUP)
-    grads = gradients(W, n, seed=1)
-    threads, results, errors, stats = run_workers(link, 11, 0xABCD, grads, method)
+        c.add_job(job=job, token=token, workers=W, slots=32, group=GROUP)
+    threads, results, errors, stats = run_workers(link, job, token, grads, method, **kw)
     join_all(threads, 60)
     assert errors == [None] * W, errors
     expected = oracle_allreduce(grads, BLOCK)
     for y in results:
         assert y.tobytes() == expected.tobytes()
+    return stats
+
+
+@pytest.mark.parametrize(
+    "method, pmd", [("dense", "af_packet"), ("lhc", "af_packet"), ("dense", "af_xdp")]
+)
+def test_exact_allreduce_through_the_daemon(link, daemons, method, pmd):
+    d = daemons(pmd=pmd)
+    exact_allreduce(link, d, 11, 0xABCD, gradients(3, 30000, seed=1), method)
     with d.client() as c:
         st = c.stats()
     assert st["port"]["arp_replies"] >= 1  # the workers resolved us
@@ -87,15 +94,7 @@ def test_idle_backoff_daemon_is_exact_and_exits_on_sigterm(link, daemons):
     d = daemons("--idle-us", "200", "--idle-polls", "8")
     W, n = 3, 50000
     for job, seed in ((13, 3), (14, 4)):
-        with d.client() as c:
-            c.add_job(job=job, token=77, workers=W, slots=32, group=GROUP)
-        grads = gradients(W, n, seed=seed)
-        threads, results, errors, stats = run_workers(link, job, 77, grads, "lhc")
-        join_all(threads, 60)
-        assert errors == [None] * W, errors
-        expected = oracle_allreduce(grads, BLOCK)
-        for y in results:
-            assert y.tobytes() == expected.tobytes()
+        exact_allreduce(link, d, job, 77, gradients(W, n, seed=seed), "lhc")
         time.sleep(0.2)  # idle: the daemon backs off to sleeping
     with d.client() as c:
         assert c.stats()["stats"]["results_sent"] > 0
@@ -131,16 +130,7 @@ def test_an_idle_daemon_sleeps_longer_the_longer_it_idles(link, daemons):
     # the climb, about 70 short sleeps each: room for several; a sleep
     # fixed at --idle-us wakes some ten thousand times a second
     assert w1 - w0 <= (t1 - t0) * 1000 + 500, (w1 - w0, t1 - t0)
-    W, n = 3, 50000
-    with d.client() as c:
-        c.add_job(job=15, token=78, workers=W, slots=32, group=GROUP)
-    grads = gradients(W, n, seed=5)
-    threads, results, errors, stats = run_workers(link, 15, 78, grads, "dense")
-    join_all(threads, 60)
-    assert errors == [None] * W, errors
-    expected = oracle_allreduce(grads, BLOCK)
-    for y in results:
-        assert y.tobytes() == expected.tobytes()
+    exact_allreduce(link, d, 15, 78, gradients(3, 50000, seed=5), "dense")
 
 
 def test_injected_loss_is_repaired_by_retransmission(link, daemons):
@@ -196,16 +186,7 @@ def test_killed_daemon_fails_workers_then_restart_serves(link, daemons):
 
     # a new daemon on the same link serves a new job
     d2 = daemons()
-    W2 = 3
-    with d2.client() as c:
-        c.add_job(job=14, token=10, workers=W2, slots=32, group=GROUP)
-    grads = gradients(W2, 20000, seed=4)
-    threads, results, errors, stats = run_workers(link, 14, 10, grads, "dense")
-    join_all(threads, 60)
-    assert errors == [None] * W2, errors
-    expected = oracle_allreduce(grads, BLOCK)
-    for y in results:
-        assert y.tobytes() == expected.tobytes()
+    exact_allreduce(link, d2, 14, 10, gradients(3, 20000, seed=4), "dense")
 
 
 def test_switch_benchmark_sums_every_frame():
