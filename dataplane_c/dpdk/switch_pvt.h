@@ -194,9 +194,9 @@ static inline void idle_sleep(const struct daemon *d, struct idle *idle, bool mo
 	if (d->o.idle_max_us > us) {
 		uint64_t now = rte_get_tsc_cycles();
 
-		if (idle->polls == d->o.idle_polls)
+		if (idle->polls == d->o.idle_polls) {
 			idle->since = now;
-		else {
+		} else {
 			uint64_t per_us = rte_get_tsc_hz() / 1000000;
 			uint64_t grow = (now - idle->since) /
 					(16 * (per_us ? per_us : 1));

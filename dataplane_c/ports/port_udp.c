@@ -428,10 +428,31 @@ static const struct hg_port_ops udp_ops = {
 
 /* ---- lifecycle ------------------------------------------------------ */
 
+/* A UDP socket bound to ipv4:port (port 0: an ephemeral one), its address
+ * in *sa; -1 with errno set, nothing left open. */
+static int bound_socket(uint32_t ipv4, uint16_t port, struct sockaddr_in *sa)
+{
+	socklen_t sl = sizeof(*sa);
+	int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0), e;
+
+	if (fd < 0)
+		return -1;
+	*sa = (struct sockaddr_in){ .sin_family = AF_INET,
+				    .sin_port = htons(port),
+				    .sin_addr.s_addr = htonl(ipv4) };
+	if (bind(fd, (struct sockaddr *)sa, sizeof(*sa)) < 0 ||
+	    getsockname(fd, (struct sockaddr *)sa, &sl) < 0) {
+		e = errno;
+		close(fd);
+		errno = e;
+		return -1;
+	}
+	return fd;
+}
+
 struct hg_udp_port *hg_udp_port_create(const struct hg_udp_port_config *cfg)
 {
-	struct sockaddr_in sa = { .sin_family = AF_INET };
-	socklen_t sl = sizeof(sa);
+	struct sockaddr_in sa;
 	struct hg_udp_port *p;
 	uint32_t i;
 	int e, pmtu_do = IP_PMTUDISC_DO;
@@ -465,14 +486,9 @@ struct hg_udp_port *hg_udp_port_create(const struct hg_udp_port_config *cfg)
 	}
 	p->nfree = p->npkts;
 
-	p->ufd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+	p->ufd = bound_socket(cfg->bind_ipv4, cfg->bind_port, &sa);
 	if (p->ufd < 0)
 		goto err_free;
-	sa.sin_addr.s_addr = htonl(cfg->bind_ipv4);
-	sa.sin_port = htons(cfg->bind_port);
-	if (bind(p->ufd, (struct sockaddr *)&sa, sizeof(sa)) < 0 ||
-	    getsockname(p->ufd, (struct sockaddr *)&sa, &sl) < 0)
-		goto err_close;
 	if (!cfg->bind_port && ntohs(sa.sin_port) == p->group_port) {
 		/* The kernel's ephemeral port is the group port (both in
 		 * 32768..60999 by default): the group socket's bind of
@@ -481,22 +497,12 @@ struct hg_udp_port *hg_udp_port_create(const struct hg_udp_port_config *cfg)
 		 * it, so the kernel cannot give the same port again. */
 		int held = p->ufd;
 
-		p->ufd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-		if (p->ufd < 0) {
-			p->ufd = held;
-			goto err_close;
-		}
-		sa.sin_addr.s_addr = htonl(cfg->bind_ipv4);
-		sa.sin_port = 0;
-		sl = sizeof(sa);
-		if (bind(p->ufd, (struct sockaddr *)&sa, sizeof(sa)) < 0 ||
-		    getsockname(p->ufd, (struct sockaddr *)&sa, &sl) < 0) {
-			e = errno;
-			close(held);
-			errno = e;
-			goto err_close;
-		}
+		p->ufd = bound_socket(cfg->bind_ipv4, 0, &sa);
+		e = errno;
 		close(held);
+		errno = e;
+		if (p->ufd < 0)
+			goto err_free;
 	}
 	set_rcvbuf(p->ufd, p->rcvbuf);
 	set_sndbuf(p->ufd, p->sndbuf);
