@@ -5,9 +5,11 @@
  * hg_codec_isa() requires).
  *
  * AVX2 has no compress or expand of lanes: both come from one
- * permutevar8x32 whose lane indices BMI2 builds from the 8-bit lane mask
- * (pdep spreads the mask to one byte per lane, pext / pdep pick the
- * indices), with no table to keep in cache.
+ * permutevar8x32 whose lane indices a 2 KB table (avx2_tables.c) gives for
+ * each 8-bit lane mask.  The table, not BMI2's pext / pdep of the mask
+ * spread to bytes: a load instead of three dependent instructions (the
+ * one-pass scan 3.9 -> 3.5 ms at 2^24, 5 %, AMD EPYC; docs/BENCHMARKS.md),
+ * and pext / pdep are microcoded on AMD CPUs before Zen 3.
  */
 #ifndef HOMAGG_AVX2_PVT_H
 #define HOMAGG_AVX2_PVT_H
@@ -20,37 +22,38 @@
 	static inline                                                          \
 		__attribute__((target("avx2,bmi,bmi2,popcnt"), always_inline))
 
-/* 0xFF in byte j iff bit j of the 8-bit mask m. */
-AVX2_FN uint64_t avx2_mask_bytes(uint32_t m)
-{
-	return _pdep_u64(m, 0x0101010101010101ull) * 0xFF;
-}
+extern const uint64_t hg_avx2_compress_tab[256];
+extern const uint64_t hg_avx2_expand_tab[256];
 
-/* Byte indices (one per lane) that compress the lanes of m to the front,
- * in order; the lanes past popcount(m) take index 0. */
-AVX2_FN uint64_t avx2_compress_idx(uint32_t m)
+/* Byte indices (one per lane, in the low 8 bytes) that compress the
+ * lanes of m to the front, in order; the lanes past popcount(m) take
+ * index 0.  Loaded into the vector directly (no move from a general
+ * register). */
+AVX2_FN __m128i avx2_compress_idx(uint32_t m)
 {
-	return _pext_u64(0x0706050403020100ull, avx2_mask_bytes(m));
+	return _mm_loadl_epi64((const __m128i *)&hg_avx2_compress_tab[m & 0xFFu]);
 }
 
 /* Byte indices that expand the first popcount(m) lanes into the lanes of
  * m, in order (lane j of m takes the rank of j in m); other lanes 0. */
-AVX2_FN uint64_t avx2_expand_idx(uint32_t m)
+AVX2_FN __m128i avx2_expand_idx(uint32_t m)
 {
-	return _pdep_u64(0x0706050403020100ull, avx2_mask_bytes(m));
+	return _mm_loadl_epi64((const __m128i *)&hg_avx2_expand_tab[m & 0xFFu]);
 }
 
 /* The byte indices as a permutevar8x32 control. */
-AVX2_FN __m256i avx2_perm(uint64_t idx)
+AVX2_FN __m256i avx2_perm(__m128i idx)
 {
-	return _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)idx));
+	return _mm256_cvtepu8_epi32(idx);
 }
 
 /* All ones in the 32-bit lanes of m, zero elsewhere. */
 AVX2_FN __m256i avx2_lane_mask(uint32_t m)
 {
-	return _mm256_cvtepi8_epi32(
-		_mm_cvtsi64_si128((long long)avx2_mask_bytes(m)));
+	const __m256i bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+
+	return _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32((int)m), bit),
+				  bit);
 }
 
 /* Byte-swap of each 32-bit lane (the wire's big-endian int32). */
@@ -84,6 +87,19 @@ AVX2_FN __m256i avx2_mix64(__m256i z)
 	z = _mm256_xor_si256(z, _mm256_srli_epi64(z, 27));
 	z = avx2_mullo64(z, 0x94D049BB133111EBull);
 	return _mm256_xor_si256(z, _mm256_srli_epi64(z, 31));
+}
+
+/* Quantised int32 of 8 floats: float64, times scale, rounded to nearest
+ * even (the default MXCSR mode): hg_rne(x * scale) lane by lane while the
+ * product fits an int32 (the callers' range check). */
+AVX2_FN __m256i avx2_quant8(__m256 x, __m256d sc)
+{
+	__m128i lo = _mm256_cvtpd_epi32(
+		_mm256_mul_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(x)), sc));
+	__m128i hi = _mm256_cvtpd_epi32(
+		_mm256_mul_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(x, 1)), sc));
+
+	return _mm256_set_m128i(hi, lo);
 }
 
 /* The low 32 bits of the four 64-bit lanes of a, in order. */

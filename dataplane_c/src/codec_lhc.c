@@ -965,19 +965,27 @@ static inline int32_t quant1(const struct hg_params *p, uint64_t rkey, float x,
 	return hg_rne((double)x * scale);
 }
 
-/* Quantised values v[j] of the elements g0 + pos[j] (range already
- * checked). */
-static void quant_vals(const struct hg_params *p, uint64_t rkey, const float *v,
-		       uint64_t g0, const uint16_t *pos, uint32_t n,
-		       double scale, uint32_t *q)
+/* Signed quantised values of the elements g0 + pos[j] (range already
+ * checked): q[j] = (quantised v[j] ^ sm[j]) - sm[j], sm[j] all ones for a
+ * negative cell sign (struct cell_batch). */
+static void signed_vals(const struct hg_params *p, uint64_t rkey, const float *v,
+			uint64_t g0, const uint16_t *pos, uint32_t n,
+			double scale, const uint32_t *sm, uint32_t *q, int isa)
 {
+	uint32_t j = 0;
+
 	if (!(p->flags & HG_F_STOCHASTIC)) {
-		for (uint32_t j = 0; j < n; j++)
-			q[j] = (uint32_t)hg_rne((double)v[j] * scale);
+		if (isa >= HG_ISA_AVX2)
+			j = hg_lhc_signed_avx2(v, sm, n, scale, q);
+		for (; j < n; j++)
+			q[j] = ((uint32_t)hg_rne((double)v[j] * scale) ^ sm[j]) -
+			       sm[j];
 		return;
 	}
-	for (uint32_t j = 0; j < n; j++)
-		q[j] = (uint32_t)quant1(p, rkey, v[j], scale, g0 + pos[j]);
+	for (; j < n; j++)
+		q[j] = ((uint32_t)quant1(p, rkey, v[j], scale, g0 + pos[j]) ^
+			sm[j]) -
+		       sm[j];
 }
 
 /* The wire buffer is only byte-aligned: host-order cells via memcpy. */
@@ -1008,14 +1016,13 @@ static void sketch_add(const struct hg_lhc *l, size_t b, const uint16_t *pos,
 	for (uint32_t j0 = 0; j0 < n; j0 += SK_CHUNK) {
 		uint32_t m = n - j0 < SK_CHUNK ? n - j0 : SK_CHUNK;
 
-		quant_vals(&l->p, rkey, v + j0, g0, pos + j0, m, scale, q);
 		cells_batch(isa, l->key_sketch, g0, bk->t, pos + j0, m, &cb);
+		signed_vals(&l->p, rkey, v + j0, g0, pos + j0, m, scale, sm, q,
+			    isa);
 		for (uint32_t j = 0; j < m; j++) {
-			uint32_t sv = (q[j] ^ sm[j]) - sm[j];
-
-			cell_add(cells, c0[j], sv);
-			cell_add(cells, c1[j], sv);
-			cell_add(cells, c2[j], sv);
+			cell_add(cells, c0[j], q[j]);
+			cell_add(cells, c1[j], q[j]);
+			cell_add(cells, c2[j], q[j]);
 		}
 	}
 }
@@ -1060,9 +1067,11 @@ static bool sketch_block(const struct hg_lhc *l, size_t b, const float *xb,
 }
 
 /* Host-order cells of a block to big-endian, in place. */
-static void cells_to_be(uint8_t *cells, size_t nc)
+static void cells_to_be(uint8_t *cells, size_t nc, int isa)
 {
-	for (size_t k = 0; k < nc; k++) {
+	size_t k = isa >= HG_ISA_AVX2 ? hg_lhc_cells_be_avx2(cells, nc) : 0;
+
+	for (; k < nc; k++) {
 		uint32_t t;
 
 		memcpy(&t, cells + 4 * k, 4);
@@ -1109,7 +1118,7 @@ int hg_lhc_sketch_encode(const struct hg_lhc *l, const float *x, uint8_t *cells_
 		}
 		if (!sketch_block(l, b, xb, len, cells, rkey, isa))
 			return -ERANGE;
-		cells_to_be(cells, nc);
+		cells_to_be(cells, nc, isa);
 	}
 	return 0;
 }
@@ -1138,7 +1147,7 @@ int hg_lhc_sketch_encode_scan(const struct hg_lhc *l, const struct hg_scan *s,
 		    bk->ncand == 0)
 			return -ERANGE;
 		sketch_add(l, b, s->pos + o, s->val + o, nz, cells, rkey, isa);
-		cells_to_be(cells, nc);
+		cells_to_be(cells, nc, isa);
 	}
 	return 0;
 }

@@ -57,8 +57,7 @@ hg_lhc_bitmap_positions_avx2(const uint8_t *idx, uint32_t nwords, uint16_t *out)
 		memcpy(&v, idx + 8 * (size_t)w, 8); /* LSB first: little endian */
 		for (int k = 0; k < 8; k++) {
 			uint32_t m = (uint32_t)(v >> (8 * k)) & 0xFFu;
-			__m128i i8 = _mm_cvtsi64_si128(
-				(long long)avx2_compress_idx(m));
+			__m128i i8 = avx2_compress_idx(m);
 
 			_mm_storeu_si128((__m128i *)(out + c),
 					 _mm_add_epi16(_mm_cvtepu8_epi16(i8), base));
@@ -119,6 +118,42 @@ hg_lhc_cells_avx2(uint64_t key, uint64_t g0, uint32_t t, const uint16_t *pos,
 	}
 	_mm256_zeroupper();
 	return j;
+}
+
+/* Same values as the deterministic loop of codec_lhc.c's signed_vals,
+ * 8 elements per step; the caller does the last n % 8. */
+__attribute__((target("avx2,bmi,bmi2,popcnt"))) uint32_t
+hg_lhc_signed_avx2(const float *v, const uint32_t *sm, uint32_t n, double scale,
+		   uint32_t *sv)
+{
+	const __m256d sc = _mm256_set1_pd(scale);
+	uint32_t j = 0;
+
+	for (; j + 8 <= n; j += 8) {
+		__m256i q = avx2_quant8(_mm256_loadu_ps(v + j), sc);
+		__m256i s = _mm256_loadu_si256((const __m256i *)(sm + j));
+
+		_mm256_storeu_si256((__m256i *)(sv + j),
+				    _mm256_sub_epi32(_mm256_xor_si256(q, s), s));
+	}
+	_mm256_zeroupper();
+	return j;
+}
+
+/* Host-order 32-bit cells to big-endian in place, 8 per step; returns
+ * how many it did (the caller does the rest). */
+__attribute__((target("avx2,bmi,bmi2,popcnt"))) size_t
+hg_lhc_cells_be_avx2(uint8_t *cells, size_t nc)
+{
+	size_t k = 0;
+
+	for (; k + 8 <= nc; k += 8) {
+		__m256i *c = (__m256i *)(cells + 4 * k);
+
+		_mm256_storeu_si256(c, avx2_bswap32(_mm256_loadu_si256(c)));
+	}
+	_mm256_zeroupper();
+	return k;
 }
 
 /*
@@ -229,8 +264,7 @@ __attribute__((target("avx2,bmi,bmi2,popcnt"), always_inline)) static inline uin
 bloom_store8(uint32_t m, uint32_t i, uint16_t *out)
 {
 	_mm_storeu_si128((__m128i *)out,
-			 _mm_add_epi16(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(
-					       (long long)avx2_compress_idx(m))),
+			 _mm_add_epi16(_mm_cvtepu8_epi16(avx2_compress_idx(m)),
 				       _mm_set1_epi16((short)i)));
 	return (uint32_t)__builtin_popcount(m);
 }
@@ -260,13 +294,11 @@ bloom_store_pos8(__m128i p8, uint32_t m, uint16_t *out)
 	/* lane index x -> bytes 2x, 2x + 1: 514 x + 256 */
 	_mm_storeu_si128(
 		(__m128i *)out,
-		_mm_shuffle_epi8(
-			p8,
-			_mm_add_epi16(_mm_mullo_epi16(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(
-							      (long long)avx2_compress_idx(
-								      m))),
-						      _mm_set1_epi16(514)),
-				      _mm_set1_epi16(256))));
+		_mm_shuffle_epi8(p8,
+				 _mm_add_epi16(_mm_mullo_epi16(_mm_cvtepu8_epi16(avx2_compress_idx(
+								       m)),
+							       _mm_set1_epi16(514)),
+					       _mm_set1_epi16(256))));
 	return (uint32_t)__builtin_popcount(m);
 }
 

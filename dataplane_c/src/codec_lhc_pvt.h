@@ -145,6 +145,14 @@ size_t hg_lhc_bitmap_avx2(const float *x, size_t len, uint8_t *out);
 uint32_t hg_lhc_cells_avx2(uint64_t key, uint64_t g0, uint32_t t,
 			   const uint16_t *pos, uint32_t n,
 			   const struct cell_batch *cb);
+/* The signed values (q ^ sm[j]) - sm[j], q the deterministic rounding of
+ * v[j] * scale (in range), of whole groups of 8 of the n (AVX2); returns
+ * how many it did (the caller does the rest). */
+uint32_t hg_lhc_signed_avx2(const float *v, const uint32_t *sm, uint32_t n,
+			    double scale, uint32_t *sv);
+/* nc host-order 32-bit cells to big-endian in place, whole groups of 8
+ * (AVX2); returns how many it did (the caller does the rest). */
+size_t hg_lhc_cells_be_avx2(uint8_t *cells, size_t nc);
 /* The Bloom candidates among the first len8 elements (a multiple of 8) of
  * a block whose first element is g0 (AVX2, BMI2); see codec_lhc_avx2.c. */
 uint32_t hg_lhc_bloom_candidates_avx2(uint64_t key, uint64_t g0, uint32_t k,

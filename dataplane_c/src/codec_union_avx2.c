@@ -23,18 +23,6 @@ static inline uint64_t bm_word(const uint8_t *bm, uint32_t len, uint32_t w)
 	return v;
 }
 
-/* Quantised int32 of 8 floats: float64, times scale, rounded to nearest
- * even (the default MXCSR mode, like hg_rne). */
-__attribute__((target("avx2"))) static inline __m256i quant8(__m256 x, __m256d sc)
-{
-	__m128i lo = _mm256_cvtpd_epi32(
-		_mm256_mul_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(x)), sc));
-	__m128i hi = _mm256_cvtpd_epi32(
-		_mm256_mul_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(x, 1)), sc));
-
-	return _mm256_set_m128i(hi, lo);
-}
-
 /*
  * A bitmap block, deterministic rounding, by 64-element words as
  * hg_union_bitmap_avx512 does it, 8 candidate lanes at a time: with G the
@@ -68,7 +56,7 @@ hg_union_bitmap_avx2(const uint8_t *gbm, const uint8_t *lbm, uint32_t len,
 		m = _pext_u64(lw, g);
 		for (uint32_t u = 0; u < k; u += 8) {
 			uint32_t em = (uint32_t)(m >> u) & 0xFFu;
-			__m256i q = quant8(_mm256_loadu_ps(v + i), sc);
+			__m256i q = avx2_quant8(_mm256_loadu_ps(v + i), sc);
 			uint8_t *o = out + 4 * (size_t)(j + u);
 
 			q = _mm256_and_si256(_mm256_permutevar8x32_epi32(
