@@ -234,6 +234,23 @@ def test_scan_and_bitmap_candidates_at_vector_tails(tail):
     assert want["lhc_sum"] == expect.tobytes()
 
 
+@pytest.mark.parametrize("magnitude", [3e38, 1e37, 1e-30, 1e-38, 1e-44])
+def test_blocks_at_the_ends_of_float32_s_range_give_the_portable_bits(magnitude):
+    """A block whose largest value is near float32's largest or in its
+    subnormals: its scale is outside the range where the decoders' float32
+    scaling is exact, so the vector paths take their float64 one there and
+    the float32 one in the other blocks; both give the portable bits."""
+    rng = np.random.default_rng(5)
+    block = 1024
+    grads = make_grads(rng, 3, 4 * block + 33, 0.05)
+    for g in grads:
+        head = g[:block].astype(np.float64)
+        g[:block] = (head / np.abs(head).max() * magnitude).astype(np.float32)
+    assert all(np.count_nonzero(g[:block]) for g in grads)
+    with np.errstate(all="ignore"):
+        _compare(grads, block)
+
+
 @pytest.mark.parametrize("isa", CODEC_ISAS)
 @pytest.mark.parametrize("method", ["dense", "blocks", "lhc", "union", "auto", "nc"])
 def test_a_divisor_gives_numpys_division_of_the_sum_on_every_path(isa, method):

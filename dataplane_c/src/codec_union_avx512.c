@@ -92,9 +92,9 @@ hg_union_bitmap_avx512(const uint8_t *gbm, const uint8_t *lbm, uint32_t len,
 /*
  * A bitmap block's output, 16 elements at a time: the next |m| int32 sums
  * (m = the 16 index bits; big-endian lanes when be, else host order) are
- * loaded (masked: nothing past the buffer is touched), scaled exactly in
- * float64, rounded once to float32 (as the scalar code) and expanded into
- * their positions, zeros elsewhere: every output element is written once.
+ * loaded (masked: nothing past the buffer is touched), scaled and rounded
+ * once to float32 (as the scalar code: in float64, or where that gives the
+ * same bits in float32) and expanded into their positions, zeros elsewhere: every output element is written once.
  * The tail (a short last block) goes element by element.  Used by union
  * and lhc decode (codec_lhc_pvt.h).
  */
@@ -103,7 +103,11 @@ hg_scatter_bitmap(const uint8_t *gbm, uint32_t len, const uint8_t *in, bool be,
 		  double scale, float *y)
 {
 	const __m512d sc = _mm512_set1_pd(scale);
+	const __m512 scf = _mm512_set1_ps((float)scale);
 	const __m512i bswap = _mm512_loadu_si512((const void *)bswap32_idx);
+	/* as hg_scatter_bitmap_avx2: in this range the float32 path rounds
+	 * once, as the float64 product does */
+	const bool f32 = scale >= 0x1p-126 && scale <= 0x1p96;
 	uint32_t i = 0;
 
 	for (; i + 16 <= len; i += 16) {
@@ -117,6 +121,14 @@ hg_scatter_bitmap(const uint8_t *gbm, uint32_t len, const uint8_t *in, bool be,
 		v = _mm512_maskz_loadu_epi32((__mmask16)((1u << c) - 1), in);
 		if (be)
 			v = _mm512_shuffle_epi8(v, bswap);
+		if (f32) {
+			_mm512_storeu_ps(y + i,
+					 _mm512_maskz_expand_ps(
+						 m, _mm512_mul_ps(_mm512_cvtepi32_ps(v),
+								  scf)));
+			in += 4 * c;
+			continue;
+		}
 		lo = _mm512_cvtpd_ps(
 			_mm512_mul_pd(_mm512_cvtepi32_pd(_mm512_castsi512_si256(v)),
 				      sc));
