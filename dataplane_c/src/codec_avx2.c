@@ -83,13 +83,29 @@ __attribute__((target("avx2"))) size_t hg_quant_avx2(const float *x, size_t len,
 __attribute__((target("avx2"))) size_t
 hg_dequant_avx2(const uint8_t *in, size_t len, int shift, float *y)
 {
-	const __m256d scale = _mm256_set1_pd(hg_pow2(-shift));
+	const double sd = hg_pow2(-shift);
+	const __m256d scale = _mm256_set1_pd(sd);
+	const __m256 scf = _mm256_set1_ps((float)sd);
 	const __m256i bswap = _mm256_setr_epi8(3, 2, 1, 0, 7, 6, 5, 4, 11, 10,
 					       9, 8, 15, 14, 13, 12, 3, 2, 1, 0,
 					       7, 6, 5, 4, 11, 10, 9, 8, 15, 14,
 					       13, 12);
 	size_t i = 0;
 
+	/* as hg_scatter_bitmap_avx2: in this range of the power-of-two scale
+	 * rounding the int32 to float32 and scaling it after rounds once, as
+	 * the float64 product does */
+	if (sd >= 0x1p-126 && sd <= 0x1p96) {
+		for (; i + 8 <= len; i += 8) {
+			__m256i v = _mm256_shuffle_epi8(
+				_mm256_loadu_si256((const __m256i *)(in + 4 * i)),
+				bswap);
+
+			_mm256_storeu_ps(y + i,
+					 _mm256_mul_ps(_mm256_cvtepi32_ps(v), scf));
+		}
+		return i;
+	}
 	for (; i + 8 <= len; i += 8) {
 		__m256i v = _mm256_shuffle_epi8(_mm256_loadu_si256((
 							const __m256i *)(in + 4 * i)),
