@@ -55,6 +55,7 @@ hg_lhc_bitmap_positions_avx2(const uint8_t *idx, uint32_t nwords, uint16_t *out)
 		uint64_t v;
 
 		memcpy(&v, idx + 8 * (size_t)w, 8); /* LSB first: little endian */
+#pragma GCC unroll 8
 		for (int k = 0; k < 8; k++) {
 			uint32_t m = (uint32_t)(v >> (8 * k)) & 0xFFu;
 			__m128i i8 = avx2_compress_idx(m);
