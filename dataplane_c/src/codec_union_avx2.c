@@ -89,9 +89,11 @@ hg_union_bitmap_avx2(const uint8_t *gbm, const uint8_t *lbm, uint32_t len,
  * (codec_union_avx512.c) does it: the next |m| int32 sums of in (nin in
  * all; big-endian lanes when be, else host order) scaled and rounded
  * once to float32 and expanded into their positions,
- * zeros elsewhere; every output element written once.  32 elements with no
- * bit are 4 stores of zeros.  The tail (a short last block) goes element
- * by element.
+ * zeros elsewhere; every output element written once.  No branch on the
+ * bits: a branch that stored zeros for 32 elements with no bit was
+ * mispredicted at low densities (the scatter of NCF's bucket shape,
+ * 3.85 M at 0.68 %, 1.09 -> 0.74 ms without it; 2^24 at 5 %, 3.9 -> 3.4
+ * ms; AMD EPYC).  The tail (a short last block) goes element by element.
  */
 __attribute__((target("avx2,bmi,bmi2,popcnt"))) void
 hg_scatter_bitmap_avx2(const uint8_t *gbm, uint32_t len, const uint8_t *in,
@@ -99,7 +101,6 @@ hg_scatter_bitmap_avx2(const uint8_t *gbm, uint32_t len, const uint8_t *in,
 {
 	const __m256d sc = _mm256_set1_pd(scale);
 	const __m256 scf = _mm256_set1_ps((float)scale);
-	const __m256 zero = _mm256_setzero_ps();
 	/* scale is a power of two: where every non-zero sum times it is a
 	 * normal float32 (|sum| from 1 to 2^31), rounding the sum to float32
 	 * first and scaling it after is the same single rounding as the
@@ -112,11 +113,7 @@ hg_scatter_bitmap_avx2(const uint8_t *gbm, uint32_t len, const uint8_t *in,
 		uint32_t m32;
 
 		memcpy(&m32, gbm + i / 8, 4); /* LSB first: little endian */
-		if (!m32) {
-			for (int q = 0; q < 4; q++)
-				_mm256_storeu_ps(y + i + 8 * q, zero);
-			continue;
-		}
+#pragma GCC unroll 4
 		for (uint32_t q = 0; q < 4; q++) {
 			uint32_t m = (m32 >> (8 * q)) & 0xFFu;
 			uint32_t c = (uint32_t)__builtin_popcount(m);
