@@ -23,6 +23,20 @@ static inline uint64_t bm_word(const uint8_t *bm, uint32_t len, uint32_t w)
 	return v;
 }
 
+/* Lanes at..at+7 of out (nc lanes in all): a whole vector while it fits
+ * (lanes past a word's candidates are rewritten by the next word's
+ * stores), else masked. */
+AVX2_FN void store_lanes(uint8_t *out, uint32_t at, uint32_t nc, __m256i q)
+{
+	uint8_t *o = out + 4 * (size_t)at;
+
+	if (at + 8 <= nc)
+		_mm256_storeu_si256((__m256i *)o, q);
+	else
+		_mm256_maskstore_epi32((int *)o,
+				       avx2_lane_mask((1u << (nc - at)) - 1), q);
+}
+
 /*
  * A bitmap block, deterministic rounding, by 64-element words as
  * hg_union_bitmap_avx512 does it, 8 candidate lanes at a time: with G the
@@ -53,29 +67,30 @@ hg_union_bitmap_avx2(const uint8_t *gbm, const uint8_t *lbm, uint32_t len,
 		if (!g)
 			continue;
 		k = (uint32_t)__builtin_popcountll(g);
+		if (lw == g) {
+			/* every candidate of the word is this worker's (all
+			 * workers' positions alike): its next k values in
+			 * order, no expansion */
+			for (uint32_t u = 0; u < k; u += 8)
+				store_lanes(out, j + u, nc,
+					    avx2_bswap32(
+						    avx2_quant8(_mm256_loadu_ps(
+									v + i + u),
+								sc)));
+			i += k;
+			j += k;
+			continue;
+		}
 		m = _pext_u64(lw, g);
 		for (uint32_t u = 0; u < k; u += 8) {
 			uint32_t em = (uint32_t)(m >> u) & 0xFFu;
 			__m256i q = avx2_quant8(_mm256_loadu_ps(v + i), sc);
-			uint8_t *o = out + 4 * (size_t)(j + u);
 
 			q = _mm256_and_si256(_mm256_permutevar8x32_epi32(
 						     q, avx2_perm(avx2_expand_idx(
 								em))),
 					     avx2_lane_mask(em));
-			q = avx2_bswap32(q);
-			if (j + u + 8 <= nc) {
-				/* lanes past the word's k are rewritten by
-				 * the next word's stores */
-				_mm256_storeu_si256((__m256i *)o, q);
-			} else {
-				uint32_t take = nc - (j + u);
-
-				_mm256_maskstore_epi32((int *)o,
-						       avx2_lane_mask(
-							       (1u << take) - 1),
-						       q);
-			}
+			store_lanes(out, j + u, nc, avx2_bswap32(q));
 			i += (uint32_t)__builtin_popcount(em);
 		}
 		j += k;
