@@ -54,6 +54,27 @@ def test_bench_small_run():
     }
 
 
+def test_bench_with_shared_positions():
+    """--positions shared: every worker's non-zeros at the same places, so
+    the union's candidates are one worker's non-zeros; the numpy baseline
+    still agrees bit for bit."""
+    n, density = 2**16, 0.05
+    p = argparse.ArgumentParser()
+    bench.add_arguments(p)
+    for positions in ("shared", "independent"):
+        args = p.parse_args(
+            ["--elements", str(n), "--repeat", "1", "--positions", positions, "--json"]
+        )
+        out = bench.run(args)
+        assert out["positions"] == positions
+        assert out["numpy_union_values_identical"] and out["numpy_union_decode_bit_identical"]
+        for row in out["paths"]:
+            if positions == "shared":
+                assert row["candidates"] == round(density * n)
+            else:  # the union of four independent patterns
+                assert row["candidates"] > 3 * round(density * n)
+
+
 @pytest.mark.parametrize("workers,density", [(1, 0.01), (4, 0.05), (3, 0.5)])
 def test_numpy_lhc_matches_c(workers, density):
     rng = np.random.default_rng(workers)

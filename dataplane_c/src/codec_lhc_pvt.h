@@ -200,13 +200,14 @@ uint32_t hg_lhc_compact_avx512(const float *xb, uint32_t i0, uint32_t i1,
 /*
  * The union values of a bitmap block (gbm: the global bitmap, lbm: this
  * worker's, len elements) from this worker's non-zero values v (16
- * readable past the last), deterministic rounding; codec_union_avx512.c.
- * Returns the non-zeros consumed, or UINT32_MAX if lbm is not a subset of
- * gbm.  Needs the avx512 path of hg_codec_isa().
+ * readable past the last), deterministic rounding, into the block's nc
+ * candidate lanes at out; codec_union_avx512.c.  Returns the non-zeros
+ * consumed, or UINT32_MAX if lbm is not a subset of gbm.  Needs the avx512
+ * path of hg_codec_isa().
  */
 uint32_t hg_union_bitmap_avx512(const uint8_t *gbm, const uint8_t *lbm,
 				uint32_t len, const float *v, double scale,
-				uint8_t *out);
+				uint32_t nc, uint8_t *out);
 
 /*
  * Decode a bitmap block of len elements into y, writing each element once:

@@ -106,7 +106,7 @@ int hg_union_encode(const struct hg_lhc *l, const struct hg_scan *s,
 				l->gindex + bk->index_off,
 				s->bitmap + b * (l->p.block / 8),
 				(uint32_t)hg_block_len(&l->p, l->n, b),
-				s->val + o, scale, out);
+				s->val + o, scale, bk->ncand, out);
 		else if (isa == HG_ISA_AVX2 && bk->kind == LHC_BITMAP)
 			used = hg_union_bitmap_avx2(l->gindex + bk->index_off,
 						    s->bitmap + b * (l->p.block / 8),

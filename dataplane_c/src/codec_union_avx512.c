@@ -39,9 +39,26 @@ static const uint8_t bswap32_idx[64] = {
  * readable floats past its last non-zero (the scan's slack).  Returns the
  * non-zeros consumed, or UINT32_MAX if L is not a subset of G.
  */
+/* Quantised int32 of 16 floats (float64, times the scale, rounded to
+ * nearest even like hg_rne), byte-swapped to the wire's order. */
+__attribute__((target("avx512f,avx512dq,avx512bw"))) static inline __m512i
+quant16_be(__m512 x, __m512d sc, __m512i bswap)
+{
+	__m256i lo = _mm512_cvtpd_epi32(
+		_mm512_mul_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(x)), sc));
+	__m256i hi = _mm512_cvtpd_epi32(
+		_mm512_mul_pd(_mm512_cvtps_pd(_mm256_castpd_ps(
+				      _mm512_extractf64x4_pd(_mm512_castps_pd(x), 1))),
+			      sc));
+
+	return _mm512_shuffle_epi8(_mm512_inserti64x4(_mm512_castsi256_si512(lo),
+						      hi, 1),
+				   bswap);
+}
+
 __attribute__((target("avx512f,avx512dq,avx512bw,bmi2,popcnt"))) uint32_t
 hg_union_bitmap_avx512(const uint8_t *gbm, const uint8_t *lbm, uint32_t len,
-		       const float *v, double scale, uint8_t *out)
+		       const float *v, double scale, uint32_t nc, uint8_t *out)
 {
 	const __m512d sc = _mm512_set1_pd(scale);
 	const __m512i bswap = _mm512_loadu_si512((const void *)bswap32_idx);
@@ -60,25 +77,35 @@ hg_union_bitmap_avx512(const uint8_t *gbm, const uint8_t *lbm, uint32_t len,
 		if (!g)
 			continue;
 		k = (uint32_t)__builtin_popcountll(g);
+		if (lw == g) {
+			/* every candidate of the word is this worker's: its
+			 * next k values in order, whole stores while they fit
+			 * the block's nc lanes (lanes past k are rewritten by
+			 * the next word's), no expansion */
+			for (uint32_t u = 0; u < k; u += 16) {
+				__m512i q = quant16_be(_mm512_loadu_ps(v + i + u),
+						       sc, bswap);
+
+				if (j + u + 16 <= nc)
+					_mm512_storeu_si512(out + 4 * (j + u), q);
+				else
+					_mm512_mask_storeu_epi32(
+						out + 4 * (j + u),
+						(__mmask16)((1u << (nc - j - u)) - 1),
+						q);
+			}
+			i += k;
+			j += k;
+			continue;
+		}
 		m = _pext_u64(lw, g);
 		for (uint32_t u = 0; u < k; u += 16) {
 			__mmask16 em = (__mmask16)(m >> u);
 			uint32_t take = k - u < 16 ? k - u : 16;
-			__m512 x = _mm512_loadu_ps(v + i);
-			__m256i lo = _mm512_cvtpd_epi32(
-				_mm512_mul_pd(_mm512_cvtps_pd(
-						      _mm512_castps512_ps256(x)),
-					      sc));
-			__m256i hi = _mm512_cvtpd_epi32(_mm512_mul_pd(
-				_mm512_cvtps_pd(_mm256_castpd_ps(
-					_mm512_extractf64x4_pd(_mm512_castps_pd(x),
-							       1))),
-				sc));
-			__m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(lo),
-						       hi, 1);
+			__m512i q = quant16_be(_mm512_loadu_ps(v + i), sc, bswap);
 
+			/* expanding the byte-swapped lanes: the same bytes */
 			q = _mm512_maskz_expand_epi32(em, q);
-			q = _mm512_shuffle_epi8(q, bswap);
 			_mm512_mask_storeu_epi32(out + 4 * (j + u),
 						 (__mmask16)((1u << take) - 1), q);
 			i += (uint32_t)__builtin_popcount(em);

@@ -39,6 +39,9 @@ import numpy as np
 from homagg.bench import report as rep
 
 
+POSITIONS = ("independent", "shared")
+
+
 def add_gradient_arguments(parser, repeat):
     """The gradients and timed runs (shared with homagg.bench.codec_steps)."""
     parser.add_argument(
@@ -54,6 +57,14 @@ def add_gradient_arguments(parser, repeat):
         help="fraction of non-zero elements per worker, in (0, 1] (default 0.05)",
     )
     parser.add_argument("--workers", type=int, default=4, help="workers W (default 4)")
+    parser.add_argument(
+        "--positions",
+        choices=POSITIONS,
+        default="independent",
+        help="where the workers' non-zeros are: independent positions per "
+        "worker (the index's worst case; default) or the same positions on "
+        "every worker (the allreduce benchmark's 'shared' workload)",
+    )
     parser.add_argument(
         "--block", type=int, default=None, help="block elements (default HG_DEFAULT_BLOCK)"
     )
@@ -193,15 +204,17 @@ def _best(fn, repeat):
     return best
 
 
-def make_gradients(n, workers, density, seed):
-    """W gradients with independent non-zero positions (the index's worst
-    case), values ~ N(0, 1e-3)."""
+def make_gradients(n, workers, density, seed, positions="independent"):
+    """W gradients, values ~ N(0, 1e-3), with independent non-zero
+    positions (the index's worst case) or, positions "shared", the same
+    ones on every worker."""
     rng = np.random.default_rng(seed)
-    grads = []
+    k = int(round(density * n))
+    grads, pos = [], None
     for _ in range(workers):
         g = np.zeros(n, dtype=np.float32)
-        k = int(round(density * n))
-        pos = rng.choice(n, size=k, replace=False) if k < n else np.arange(n)
+        if pos is None or positions != "shared":
+            pos = rng.choice(n, size=k, replace=False) if k < n else np.arange(n)
         g[pos] = (rng.standard_normal(k) * 1e-3).astype(np.float32)
         grads.append(g)
     return grads
@@ -384,7 +397,7 @@ def run(args):
     _progress(
         f"{W} gradients of {n} float32 ({4 * n / 2**20:.0f} MiB each), density {args.density}"
     )
-    grads = make_gradients(n, W, args.density, args.seed)
+    grads = make_gradients(n, W, args.density, args.seed, args.positions)
 
     # The global state every worker gets from the aggregator (C kernels).
     _progress("meta phase and index of every worker")
@@ -424,6 +437,7 @@ def run(args):
         "elements": n,
         "workers": W,
         "density": args.density,
+        "positions": args.positions,
         "block_elements": block,
         "default_isa": default,
         "link_mbit": args.link_mbit if model else 0,
@@ -559,7 +573,8 @@ def main(args):
         print(json.dumps(out, indent=2, sort_keys=True))
         return 0
     print(
-        f"lhc codec, {out['elements']} elements, W={out['workers']}, density {out['density']}, "
+        f"lhc codec, {out['elements']} elements, W={out['workers']}, density {out['density']} "
+        f"({out['positions']} positions), "
         f"block {out['block_elements']}, ISA paths {', '.join(r['isa'] for r in out['paths'])} "
         f"(default {out['default_isa']}; same bits on every path: "
         f"{'yes' if out['paths_bit_identical'] else 'NO'})"

@@ -52,7 +52,7 @@ def run(args):
 
     n, W = args.elements, args.workers
     block = check_gradient_arguments(args)
-    grads = make_gradients(n, W, args.density, args.seed)
+    grads = make_gradients(n, W, args.density, args.seed, args.positions)
     st = lhc_state(grads, block)
     cps, plans, gindex, gcells, gfall, gvals = (
         st.cps,
