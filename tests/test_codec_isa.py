@@ -237,9 +237,11 @@ def test_scan_and_bitmap_candidates_at_vector_tails(tail):
 @pytest.mark.parametrize("magnitude", [3e38, 1e37, 1e-30, 1e-38, 1e-44])
 def test_blocks_at_the_ends_of_float32_s_range_give_the_portable_bits(magnitude):
     """A block whose largest value is near float32's largest or in its
-    subnormals: its scale is outside the range where the decoders' float32
-    scaling is exact, so the vector paths take their float64 one there and
-    the float32 one in the other blocks; both give the portable bits."""
+    subnormals: its scale is outside the range where the vector paths'
+    float32 quantisation (sketch values, union values, dense) and the
+    decoders' float32 scaling give the float64 bits, so they take their
+    float64 code there and the float32 one in the other blocks; both give
+    the portable bits."""
     rng = np.random.default_rng(5)
     block = 1024
     grads = make_grads(rng, 3, 4 * block + 33, 0.05)

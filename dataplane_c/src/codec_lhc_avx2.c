@@ -128,10 +128,13 @@ hg_lhc_signed_avx2(const float *v, const uint32_t *sm, uint32_t n, double scale,
 		   uint32_t *sv)
 {
 	const __m256d sc = _mm256_set1_pd(scale);
+	const __m256 scf = _mm256_set1_ps((float)scale);
+	const int f32 = hg_quant_f32_ok(scale);
 	uint32_t j = 0;
 
 	for (; j + 8 <= n; j += 8) {
-		__m256i q = avx2_quant8(_mm256_loadu_ps(v + j), sc);
+		__m256 x = _mm256_loadu_ps(v + j);
+		__m256i q = f32 ? avx2_quant8f(x, scf) : avx2_quant8(x, sc);
 		__m256i s = _mm256_loadu_si256((const __m256i *)(sm + j));
 
 		_mm256_storeu_si256((__m256i *)(sv + j),

@@ -37,6 +37,12 @@ AVX2_FN void store_lanes(uint8_t *out, uint32_t at, uint32_t nc, __m256i q)
 				       avx2_lane_mask((1u << (nc - at)) - 1), q);
 }
 
+/* avx2_quant8, through float32 where hg_quant_f32_ok (f32). */
+AVX2_FN __m256i quant8(__m256 x, __m256d sc, __m256 scf, int f32)
+{
+	return f32 ? avx2_quant8f(x, scf) : avx2_quant8(x, sc);
+}
+
 /*
  * A bitmap block, deterministic rounding, by 64-element words as
  * hg_union_bitmap_avx512 does it, 8 candidate lanes at a time: with G the
@@ -53,6 +59,8 @@ hg_union_bitmap_avx2(const uint8_t *gbm, const uint8_t *lbm, uint32_t len,
 		     const float *v, double scale, uint32_t nc, uint8_t *out)
 {
 	const __m256d sc = _mm256_set1_pd(scale);
+	const __m256 scf = _mm256_set1_ps((float)scale);
+	const int f32 = hg_quant_f32_ok(scale);
 	const uint32_t words = (len + 63) / 64;
 	uint32_t i = 0, j = 0;
 
@@ -73,10 +81,9 @@ hg_union_bitmap_avx2(const uint8_t *gbm, const uint8_t *lbm, uint32_t len,
 			 * order, no expansion */
 			for (uint32_t u = 0; u < k; u += 8)
 				store_lanes(out, j + u, nc,
-					    avx2_bswap32(
-						    avx2_quant8(_mm256_loadu_ps(
+					    avx2_bswap32(quant8(_mm256_loadu_ps(
 									v + i + u),
-								sc)));
+								sc, scf, f32)));
 			i += k;
 			j += k;
 			continue;
@@ -84,7 +91,7 @@ hg_union_bitmap_avx2(const uint8_t *gbm, const uint8_t *lbm, uint32_t len,
 		m = _pext_u64(lw, g);
 		for (uint32_t u = 0; u < k; u += 8) {
 			uint32_t em = (uint32_t)(m >> u) & 0xFFu;
-			__m256i q = avx2_quant8(_mm256_loadu_ps(v + i), sc);
+			__m256i q = quant8(_mm256_loadu_ps(v + i), sc, scf, f32);
 
 			q = _mm256_and_si256(_mm256_permutevar8x32_epi32(
 						     q, avx2_perm(avx2_expand_idx(

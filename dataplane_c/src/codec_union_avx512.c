@@ -42,15 +42,20 @@ static const uint8_t bswap32_idx[64] = {
 /* Quantised int32 of 16 floats (float64, times the scale, rounded to
  * nearest even like hg_rne), byte-swapped to the wire's order. */
 __attribute__((target("avx512f,avx512dq,avx512bw"))) static inline __m512i
-quant16_be(__m512 x, __m512d sc, __m512i bswap)
+quant16_be(__m512 x, __m512d sc, __m512 scf, int f32, __m512i bswap)
 {
-	__m256i lo = _mm512_cvtpd_epi32(
+	__m256i lo, hi;
+
+	/* float32 where the scale allows it (avx2_pvt.h hg_quant_f32_ok) */
+	if (f32)
+		return _mm512_shuffle_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(x, scf)),
+					   bswap);
+	lo = _mm512_cvtpd_epi32(
 		_mm512_mul_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(x)), sc));
-	__m256i hi = _mm512_cvtpd_epi32(
+	hi = _mm512_cvtpd_epi32(
 		_mm512_mul_pd(_mm512_cvtps_pd(_mm256_castpd_ps(
 				      _mm512_extractf64x4_pd(_mm512_castps_pd(x), 1))),
 			      sc));
-
 	return _mm512_shuffle_epi8(_mm512_inserti64x4(_mm512_castsi256_si512(lo),
 						      hi, 1),
 				   bswap);
@@ -61,6 +66,8 @@ hg_union_bitmap_avx512(const uint8_t *gbm, const uint8_t *lbm, uint32_t len,
 		       const float *v, double scale, uint32_t nc, uint8_t *out)
 {
 	const __m512d sc = _mm512_set1_pd(scale);
+	const __m512 scf = _mm512_set1_ps((float)scale);
+	const int f32 = scale >= 0x1p-126 && scale <= 0x1p127;
 	const __m512i bswap = _mm512_loadu_si512((const void *)bswap32_idx);
 	const uint32_t words = (len + 63) / 64;
 	uint32_t i = 0;
@@ -84,7 +91,7 @@ hg_union_bitmap_avx512(const uint8_t *gbm, const uint8_t *lbm, uint32_t len,
 			 * the next word's), no expansion */
 			for (uint32_t u = 0; u < k; u += 16) {
 				__m512i q = quant16_be(_mm512_loadu_ps(v + i + u),
-						       sc, bswap);
+						       sc, scf, f32, bswap);
 
 				if (j + u + 16 <= nc)
 					_mm512_storeu_si512(out + 4 * (j + u), q);
@@ -102,7 +109,8 @@ hg_union_bitmap_avx512(const uint8_t *gbm, const uint8_t *lbm, uint32_t len,
 		for (uint32_t u = 0; u < k; u += 16) {
 			__mmask16 em = (__mmask16)(m >> u);
 			uint32_t take = k - u < 16 ? k - u : 16;
-			__m512i q = quant16_be(_mm512_loadu_ps(v + i), sc, bswap);
+			__m512i q = quant16_be(_mm512_loadu_ps(v + i), sc, scf,
+					       f32, bswap);
 
 			/* expanding the byte-swapped lanes: the same bytes */
 			q = _mm512_maskz_expand_epi32(em, q);
