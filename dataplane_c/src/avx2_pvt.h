@@ -7,9 +7,9 @@
  * AVX2 has no compress or expand of lanes: both come from one
  * permutevar8x32 whose lane indices a 2 KB table (avx2_tables.c) gives for
  * each 8-bit lane mask.  The table, not BMI2's pext / pdep of the mask
- * spread to bytes: a load instead of three dependent instructions (the
- * one-pass scan 3.9 -> 3.5 ms at 2^24, 5 %, AMD EPYC; docs/BENCHMARKS.md),
- * and pext / pdep are microcoded on AMD CPUs before Zen 3.
+ * spread to bytes: a load instead of three dependent instructions
+ * (docs/BENCHMARKS.md "The AVX2 hot loops again"), and pext / pdep are
+ * microcoded on AMD CPUs before Zen 3.
  */
 #ifndef HOMAGG_AVX2_PVT_H
 #define HOMAGG_AVX2_PVT_H

@@ -49,9 +49,10 @@ AVX2_FN uint32_t scan8(__m256 v, __m128i *at, uint16_t *pos, float *val, __m256i
  * of 5-7 runs on the shared Xeon under load: 13.0 ms without the
  * prefetch, 12.1 with it 1024 bytes ahead non-temporal, 6.2-8.9 with it
  * 2048 bytes ahead into all levels (the AVX-512 path 7.3-8.5 in the same
- * runs).  On an idle AMD EPYC, best of 7: two vectors a step with the
- * lane indices from pext / pdep 3.9 ms, from the table 3.5 ms, four
- * vectors a step 3.3 ms (the AVX-512 path 2.7 ms).
+ * runs).  Four vectors a step with the lane indices from a table
+ * (avx2_pvt.h), against two with them from pext / pdep: the scan of
+ * `homagg bench codec` 3.95-3.98 -> 3.15-3.17 ms on an idle AMD EPYC (the
+ * AVX-512 path 2.6 ms).
  */
 __attribute__((target("avx2,bmi,bmi2,popcnt"))) uint32_t
 hg_scan_avx2(const float *xb, uint32_t len8, uint16_t *pos, float *val,
@@ -67,8 +68,7 @@ hg_scan_avx2(const float *xb, uint32_t len8, uint16_t *pos, float *val,
 
 		__builtin_prefetch(ahead, 0, 3);
 		__builtin_prefetch(ahead + 64, 0, 3);
-		/* written out: gcc 12 -O2 kept a loop over the four (4.0 ms
-		 * against 3.5 in the measurement above) */
+		/* written out: gcc 12 -O2 kept a loop over the four */
 		n0 = scan8(_mm256_loadu_ps(xb + i), &at, pos + c, val + c, &mx);
 		c += (uint32_t)__builtin_popcount(n0);
 		n1 = scan8(_mm256_loadu_ps(xb + i + 8), &at, pos + c, val + c, &mx);
