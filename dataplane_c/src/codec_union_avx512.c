@@ -29,18 +29,9 @@ static const uint8_t bswap32_idx[64] = {
 	3, 2, 1, 0, 7, 6, 5, 4, 11, 10, 9, 8, 15, 14, 13, 12,
 };
 
-/*
- * A bitmap block, deterministic rounding, by 64-element words: with G the
- * global word and L this worker's (L must be a subset of G), the k = |G|
- * candidates of the word take, in order, this worker's next |L| values at
- * the ranks pext(L, G) marks; 16 lanes at a time are quantised
- * (float64, round to nearest even like hg_rne), expanded into their
- * candidate lanes (zeros elsewhere), byte-swapped and stored.  v needs 16
- * readable floats past its last non-zero (the scan's slack).  Returns the
- * non-zeros consumed, or UINT32_MAX if L is not a subset of G.
- */
-/* Quantised int32 of 16 floats (float64, times the scale, rounded to
- * nearest even like hg_rne), byte-swapped to the wire's order. */
+/* Quantised int32 of 16 floats (times the scale, rounded to nearest even
+ * like hg_rne: in float64, or in float32 where f32 says that gives the
+ * same int32), byte-swapped to the wire's order. */
 __attribute__((target("avx512f,avx512dq,avx512bw"))) static inline __m512i
 quant16_be(__m512 x, __m512d sc, __m512 scf, int f32, __m512i bswap)
 {
@@ -61,6 +52,17 @@ quant16_be(__m512 x, __m512d sc, __m512 scf, int f32, __m512i bswap)
 				   bswap);
 }
 
+/*
+ * A bitmap block, deterministic rounding, by 64-element words: with G the
+ * global word and L this worker's (L must be a subset of G), the k = |G|
+ * candidates of the word take, in order, this worker's next |L| values at
+ * the ranks pext(L, G) marks; 16 lanes at a time are quantised
+ * (quant16_be), byte-swapped, expanded into their candidate lanes (zeros
+ * elsewhere; a word of L = G needs no expansion) and stored into the
+ * block's nc lanes.  v needs 16 readable floats past its last non-zero
+ * (the scan's slack).  Returns the non-zeros consumed, or UINT32_MAX if L
+ * is not a subset of G.
+ */
 __attribute__((target("avx512f,avx512dq,avx512bw,bmi2,popcnt"))) uint32_t
 hg_union_bitmap_avx512(const uint8_t *gbm, const uint8_t *lbm, uint32_t len,
 		       const float *v, double scale, uint32_t nc, uint8_t *out)
@@ -129,7 +131,8 @@ hg_union_bitmap_avx512(const uint8_t *gbm, const uint8_t *lbm, uint32_t len,
  * (m = the 16 index bits; big-endian lanes when be, else host order) are
  * loaded (masked: nothing past the buffer is touched), scaled and rounded
  * once to float32 (as the scalar code: in float64, or where that gives the
- * same bits in float32) and expanded into their positions, zeros elsewhere: every output element is written once.
+ * same bits in float32) and expanded into their positions, zeros
+ * elsewhere: every output element is written once.
  * The tail (a short last block) goes element by element.  Used by union
  * and lhc decode (codec_lhc_pvt.h).
  */
