@@ -102,19 +102,6 @@ AVX2_FN __m256i avx2_quant8(__m256 x, __m256d sc)
 	return _mm256_set_m128i(hi, lo);
 }
 
-/*
- * Whether the quantisation's power-of-two scale lets float32 do it: a
- * float32 times such a scale is exact unless the product is below 2^-126,
- * and there both roundings give 0; so where the scale is a normal float32
- * (2^-126 to 2^127) and every product fits an int32 (the callers' range
- * check), cvtps_epi32 of the float32 product (round to nearest even)
- * gives hg_rne's int32, eight lanes a step instead of four.
- */
-static inline int hg_quant_f32_ok(double scale)
-{
-	return scale >= 0x1p-126 && scale <= 0x1p127;
-}
-
 /* avx2_quant8 where hg_quant_f32_ok(scale): scf is the scale as a float. */
 AVX2_FN __m256i avx2_quant8f(__m256 x, __m256 scf)
 {

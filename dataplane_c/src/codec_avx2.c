@@ -61,9 +61,8 @@ __attribute__((target("avx2"))) size_t hg_quant_avx2(const float *x, size_t len,
 	__m256i over = _mm256_setzero_si256();
 	size_t i = 0;
 
-	/* float32 where that gives hg_rne's int32 (avx2_pvt.h
-	 * hg_quant_f32_ok): eight lanes a step */
-	if (sd >= 0x1p-126 && sd <= 0x1p127) {
+	/* float32 where that gives hg_rne's int32: eight lanes a step */
+	if (hg_quant_f32_ok(sd)) {
 		for (; i + 8 <= len; i += 8) {
 			__m256 v = _mm256_loadu_ps(x + i);
 			__m256i a = _mm256_and_si256(_mm256_castps_si256(v), m);
@@ -111,10 +110,8 @@ hg_dequant_avx2(const uint8_t *in, size_t len, int shift, float *y)
 					       13, 12);
 	size_t i = 0;
 
-	/* as hg_scatter_bitmap_avx2: in this range of the power-of-two scale
-	 * rounding the int32 to float32 and scaling it after rounds once, as
-	 * the float64 product does */
-	if (sd >= 0x1p-126 && sd <= 0x1p96) {
+	/* float32 where that gives the float64 product's rounding */
+	if (hg_scale_f32_ok(sd)) {
 		for (; i + 8 <= len; i += 8) {
 			__m256i v = _mm256_shuffle_epi8(
 				_mm256_loadu_si256((const __m256i *)(in + 4 * i)),

@@ -53,6 +53,30 @@ static inline uint32_t hg_code_limit_bits(int8_t code)
 	return (uint32_t)(code + 1 + 127) << 23;
 }
 
+/*
+ * Whether a quantisation's power-of-two scale lets the vector paths work
+ * in float32: a float32 times such a scale is exact unless the product is
+ * below 2^-126, and there both roundings give 0; so where the scale is a
+ * normal float32 (2^-126 to 2^127) and every product fits an int32 (the
+ * callers' range check), rounding the float32 product to nearest even
+ * gives hg_rne's int32.
+ */
+static inline bool hg_quant_f32_ok(double scale)
+{
+	return scale >= 0x1p-126 && scale <= 0x1p127;
+}
+
+/*
+ * Whether a decode's power-of-two scale lets the vector paths work in
+ * float32: where every non-zero int32 sum (|sum| from 1 to 2^31) times it
+ * is a normal float32, rounding the sum to float32 and scaling it after is
+ * the single rounding of the float64 product.
+ */
+static inline bool hg_scale_f32_ok(double scale)
+{
+	return scale >= 0x1p-126 && scale <= 0x1p96;
+}
+
 /* Round-half-even of an exact float64 v with |v| < 2^51 (default FP mode). */
 static inline int32_t hg_rne(double v)
 {

@@ -123,12 +123,10 @@ hg_scatter_bitmap_avx2(const uint8_t *gbm, uint32_t len, const uint8_t *in,
 {
 	const __m256d sc = _mm256_set1_pd(scale);
 	const __m256 scf = _mm256_set1_ps((float)scale);
-	/* scale is a power of two: where every non-zero sum times it is a
-	 * normal float32 (|sum| from 1 to 2^31), rounding the sum to float32
-	 * first and scaling it after is the same single rounding as the
-	 * float64 product's, with half the conversions (union decode at 2^24,
-	 * 5 %: 6.2 -> 5.3-5.5 ms on an AMD EPYC, docs/BENCHMARKS.md) */
-	const bool f32 = scale >= 0x1p-126 && scale <= 0x1p96;
+	/* float32 where that gives the float64 product's rounding, with half
+	 * the conversions (union decode at 2^24, 5 %: 6.2 -> 5.3-5.5 ms on an
+	 * AMD EPYC, docs/BENCHMARKS.md) */
+	const bool f32 = hg_scale_f32_ok(scale);
 	uint32_t i = 0, used = 0;
 
 	for (; i + 32 <= len; i += 32) {

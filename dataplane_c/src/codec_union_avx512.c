@@ -37,7 +37,7 @@ quant16_be(__m512 x, __m512d sc, __m512 scf, int f32, __m512i bswap)
 {
 	__m256i lo, hi;
 
-	/* float32 where the scale allows it (avx2_pvt.h hg_quant_f32_ok) */
+	/* float32 where the scale allows it (codec_pvt.h hg_quant_f32_ok) */
 	if (f32)
 		return _mm512_shuffle_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(x, scf)),
 					   bswap);
@@ -69,7 +69,7 @@ hg_union_bitmap_avx512(const uint8_t *gbm, const uint8_t *lbm, uint32_t len,
 {
 	const __m512d sc = _mm512_set1_pd(scale);
 	const __m512 scf = _mm512_set1_ps((float)scale);
-	const int f32 = scale >= 0x1p-126 && scale <= 0x1p127;
+	const int f32 = hg_quant_f32_ok(scale);
 	const __m512i bswap = _mm512_loadu_si512((const void *)bswap32_idx);
 	const uint32_t words = (len + 63) / 64;
 	uint32_t i = 0;
@@ -143,9 +143,7 @@ hg_scatter_bitmap(const uint8_t *gbm, uint32_t len, const uint8_t *in, bool be,
 	const __m512d sc = _mm512_set1_pd(scale);
 	const __m512 scf = _mm512_set1_ps((float)scale);
 	const __m512i bswap = _mm512_loadu_si512((const void *)bswap32_idx);
-	/* as hg_scatter_bitmap_avx2: in this range the float32 path rounds
-	 * once, as the float64 product does */
-	const bool f32 = scale >= 0x1p-126 && scale <= 0x1p96;
+	const bool f32 = hg_scale_f32_ok(scale);
 	uint32_t i = 0;
 
 	for (; i + 16 <= len; i += 16) {
