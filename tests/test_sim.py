@@ -378,7 +378,10 @@ def test_bottleneck_without_faults_sends_almost_nothing_twice(agg_link_gbps):
     W, n = 4, 1 << 20
     rng = np.random.default_rng(5)
     grads = [rng.standard_normal(n).astype(np.float32) for _ in range(W)]
-    with Cluster(workers=W, link_gbps=1.0, agg_link_gbps=agg_link_gbps, slots=64, seed=1) as cl:
+    # the whole window in the queue (no pipe bound): what the estimator must learn
+    with Cluster(
+        workers=W, link_gbps=1.0, agg_link_gbps=agg_link_gbps, slots=64, seed=1, pipe_gain=0
+    ) as cl:
         res = cl.allreduce(grads, method="dense", block_elements=BLOCK)
     check_result(res, grads)
     per = res.stats["workers"]
@@ -679,11 +682,15 @@ def test_window_occupancy_and_full_window_time(slots):
     """flight_ns (the chunks' time in flight, summed) over the run's time is
     the mean window occupancy: at most S per aggregator; behind a 1 Gbit/s
     bottleneck the window fills (window_full_ns > 0) and stays nearly full.
-    A window that holds every chunk of the allreduce never waits."""
+    A window that holds every chunk of the allreduce never waits.  Without
+    the pipe's bound (pipe_gain=0), which keeps most of the window out of
+    the bottleneck's queue (tests/test_recovery.py, "the pipe")."""
     W, n = 4, 1 << 18
     rng = np.random.default_rng(11)
     grads = [rng.standard_normal(n).astype(np.float32) for _ in range(W)]
-    with Cluster(workers=W, link_gbps=1.0, agg_link_gbps=1.0, slots=slots, seed=3) as cl:
+    with Cluster(
+        workers=W, link_gbps=1.0, agg_link_gbps=1.0, slots=slots, seed=3, pipe_gain=0
+    ) as cl:
         res = cl.allreduce(grads, method="dense", block_elements=BLOCK)
     check_result(res, grads)
     span = res.stats["virtual_time"] * 1e9
@@ -695,7 +702,9 @@ def test_window_occupancy_and_full_window_time(slots):
     # more slots than the allreduce of n/2 has chunks (513), W x S the whole ring
     roomy = 1 << 10
     grads = [g[: n // 2] for g in grads]
-    with Cluster(workers=W, link_gbps=1.0, agg_link_gbps=1.0, slots=roomy, seed=3) as cl:
+    with Cluster(
+        workers=W, link_gbps=1.0, agg_link_gbps=1.0, slots=roomy, seed=3, pipe_gain=0
+    ) as cl:
         res = cl.allreduce(grads, method="dense", block_elements=BLOCK)
     check_result(res, grads)
     for w in res.stats["workers"]:

@@ -103,7 +103,8 @@ struct hg_client *hg_client_create(const struct hg_client_config *cfg)
 					    c->cfg.rto_ns :
 					    HG_CLIENT_DEFAULT_RTO_MIN_NS;
 	rc = -EINVAL;
-	if (c->cfg.rto_min_ns > c->cfg.rto_max_ns)
+	if (c->cfg.rto_min_ns > c->cfg.rto_max_ns ||
+	    c->cfg.pipe_gain_pct > HG_CLIENT_MAX_PIPE_GAIN_PCT)
 		goto err_free;
 	if (!c->cfg.incarnation)
 		c->cfg.incarnation = hg_wire_incarnation_now();
@@ -348,6 +349,10 @@ int hg_client_get_agg_stats(const struct hg_client *c, uint32_t k,
 	st->rttvar_ns = ag->rtt.var;
 	st->rto_ns = ag->rto;
 	st->rto_floor_ns = ag->stall;
+	st->pipe_limit = c->cfg.pipe_gain_pct ?
+				 (uint64_t)(ag->cwnd > 0 ? ag->cwnd : c->cfg.slots) :
+				 0;
+	st->rtt_min_ns = hg_cl_rtt_min(ag);
 	return 0;
 }
 

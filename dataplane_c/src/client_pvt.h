@@ -29,6 +29,11 @@
 /* Results of chunks sent after a missing one that declare it lost (TCP's
  * duplicate-ACK threshold): tolerates reordering by up to DUPTHRESH - 1. */
 #define DUPTHRESH 3
+
+/* The pipe (PROTOCOL.md "The pipe"): its least bound in chunks, and how
+ * long one bucket of Rmin's minimum lasts (ns). */
+#define PIPE_MIN 4
+#define RMIN_BUCKET_NS 10000000000ull
 /* How far a worker sends past a chunk whose slot an overdue chunk holds
  * (laps of K S chunks past the lowest unsent one): the other slots go on
  * meanwhile. */
@@ -198,6 +203,11 @@ struct agg {
 	uint8_t status_tree_len;
 	uint8_t status_tree[TREE_TAIL];
 	struct hg_client_agg_stats st;
+	/* The pipe (PROTOCOL.md "The pipe"), when cfg.pipe_gain_pct: its
+	 * bound in chunks (0: not set yet, S), and Rmin's two buckets: the
+	 * least sample since t_rmin and in the RMIN_BUCKET_NS before it. */
+	double cwnd;
+	uint64_t rmin, rmin_prev, t_rmin;
 };
 
 /* A growable scratch buffer, kept across allreduces. */
@@ -307,6 +317,8 @@ uint64_t hg_cl_next_deadline(const struct hg_client *c, uint64_t now);
 
 /* client_rto.c: the retransmission timeout */
 uint64_t hg_cl_rto_backoff(const struct hg_client *c, uint64_t rto);
+/* Rmin of aggregator ag: its least RTT sample of the last 10-20 s (0: none) */
+uint64_t hg_cl_rtt_min(const struct agg *ag);
 void hg_cl_rtt_sample(const struct hg_client *c, struct agg *ag, uint64_t r,
 		      uint64_t now);
 void hg_cl_start_sample(struct hg_client *c, struct agg *ag, uint64_t s,

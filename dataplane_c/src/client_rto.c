@@ -84,15 +84,63 @@ static void set_rto_est(const struct hg_client *c, struct agg *ag, uint64_t now)
 	ag->rto_est = rto;
 }
 
+/* Rmin after a valid RTT sample r (ns, at least 1) at time now: the least
+ * sample since t_rmin, a new bucket every RMIN_BUCKET_NS (the one before
+ * kept in rmin_prev). */
+static void rmin_sample(struct agg *ag, uint64_t r, uint64_t now)
+{
+	if (!ag->t_rmin || now - ag->t_rmin >= RMIN_BUCKET_NS) {
+		ag->rmin_prev = ag->t_rmin ? ag->rmin : 0;
+		ag->rmin = r;
+		ag->t_rmin = now ? now : 1;
+	} else if (r < ag->rmin) {
+		ag->rmin = r;
+	}
+}
+
+uint64_t hg_cl_rtt_min(const struct agg *ag)
+{
+	return ag->rmin_prev && ag->rmin_prev < ag->rmin ? ag->rmin_prev : ag->rmin;
+}
+
+/*
+ * The pipe's bound after a valid RTT sample r (ns; PROTOCOL.md "The
+ * pipe"): cwnd a 1 / max(cwnd, 8) of the way to g cwnd Rmin / r, within
+ * [PIPE_MIN, S].  A pipe of cwnd chunks answered within r carries
+ * cwnd / r, so it settles where r = g Rmin.
+ */
+static void pipe_sample(const struct hg_client *c, struct agg *ag, uint64_t r)
+{
+	double g = c->cfg.pipe_gain_pct / 100.0, target, step, lo = PIPE_MIN,
+	       hi = c->cfg.slots;
+	uint64_t rmin = hg_cl_rtt_min(ag);
+
+	if (ag->cwnd <= 0)
+		ag->cwnd = hi;
+	target = g * ag->cwnd * (double)rmin / (double)r;
+	step = ag->cwnd > 8 ? ag->cwnd : 8;
+	ag->cwnd += (target - ag->cwnd) / step;
+	if (lo > hi)
+		lo = hi;
+	if (ag->cwnd < lo)
+		ag->cwnd = lo;
+	if (ag->cwnd > hi)
+		ag->cwnd = hi;
+}
+
 /*
  * A valid RTT sample r (ns) of aggregator ag: RFC 6298 section 2 with
  * alpha = 1/8, beta = 1/4, K = 4, G = HG_CLIENT_RTO_GRANULARITY_NS.  The
- * new timeout replaces any backed-off one.
+ * new timeout replaces any backed-off one.  With a pipe gain, the sample
+ * also moves the pipe's bound.
  */
 void hg_cl_rtt_sample(const struct hg_client *c, struct agg *ag, uint64_t r,
 		      uint64_t now)
 {
 	smooth_add(&ag->rtt, r);
+	rmin_sample(ag, r ? r : 1, now);
+	if (c->cfg.pipe_gain_pct)
+		pipe_sample(c, ag, r ? r : 1);
 	set_rto_est(c, ag, now);
 	ag->rto = ag->rto_est;
 	ag->st.rtt_samples++;

@@ -586,6 +586,33 @@ static uint64_t held_until(const struct hg_client *c, const struct flight *fl)
 }
 
 /*
+ * pipe[a] = this worker's chunks of aggregator a in the network's queues as
+ * far as it knows (PROTOCOL.md "The pipe"): sent once, no result, not
+ * shown present, not overtaken DUPTHRESH times, no fast retransmission
+ * due, no timer expiry.  A chunk in repair holds its slot, not the queue.
+ */
+static void pipe_count(const struct hg_client *c, uint32_t *pipe)
+{
+	size_t span = (size_t)c->naggs * c->cfg.slots;
+
+	memset(pipe, 0, c->naggs * sizeof(*pipe));
+	for (size_t i = 0; i < span; i++) {
+		const struct flight *f = &c->fl[i];
+
+		if (f->busy && !f->unsent && f->tries == 1 && !f->present &&
+		    !f->timed_out && !f->fast_at && f->overtaken < DUPTHRESH)
+			pipe[f->agg]++;
+	}
+}
+
+/* Whether a first transmission towards ag waits for its pipe: a gain is
+ * set, the bound is known, and pipe chunks fill it. */
+static bool pipe_full(const struct hg_client *c, const struct agg *ag, uint32_t pipe)
+{
+	return c->cfg.pipe_gain_pct && ag->cwnd > 0 && pipe >= (uint32_t)ag->cwnd;
+}
+
+/*
  * First transmissions of the chunks the window allows: chunk k when the
  * previous chunk of its slot (k - K S) has its result, in order of k.  A
  * chunk whose slot is held by an overdue chunk (held_until: a turn without
@@ -594,18 +621,24 @@ static uint64_t held_until(const struct hg_client *c, const struct flight *fl)
  * this worker's whole window (and with it every peer's, which wait for this
  * worker's contributions), and the results of the chunks sent after it show
  * the loss (fast retransmission) where only its timer, at the stall floor,
- * did.
+ * did.  With a pipe gain, chunk k also waits while its aggregator's pipe is
+ * full (PROTOCOL.md "The pipe"), and the later chunks with it (chunks
+ * leave in order of k).
  */
 void hg_cl_tx_new(struct hg_client *c, uint64_t now)
 {
 	struct segment *st = &c->st;
 	size_t span = (size_t)c->naggs * c->cfg.slots;
 	size_t ks[BURST];
+	uint32_t pipe[HG_CLIENT_MAX_AGGREGATORS];
 	uint16_t cnt;
 
 	for (;;) {
 		bool full = false;
 		size_t end;
+
+		if (c->cfg.pipe_gain_pct)
+			pipe_count(c, pipe);
 
 		while (st->next_send < st->nchunks && chunk_sent(c, st->next_send))
 			st->next_send++;
@@ -624,6 +657,15 @@ void hg_cl_tx_new(struct hg_client *c, uint64_t now)
 				if (now < held_until(c, fl))
 					break;
 				continue;
+			}
+			if (c->cfg.pipe_gain_pct) {
+				uint32_t a = (uint32_t)((st->base + k) % c->naggs);
+
+				if (pipe_full(c, &c->agg[a], pipe[a])) {
+					full = true;
+					break;
+				}
+				pipe[a]++;
 			}
 			fl->busy = true;
 			fl->chunk = st->base + k;

@@ -159,6 +159,7 @@ _CONFIG = {
     "rto": (False, 0.0, 60.0, True, "rto=200e-6"),
     "delay": (False, 0.0, 60.0, False, "delay=1e-6"),
     "max_time": (False, 0.0, 1e6, True, "max_time=600"),
+    "pipe_gain": (False, 0.0, 10.0, False, "pipe_gain=2.0 (0: no bound but the slots)"),
 }
 
 
@@ -226,6 +227,12 @@ class Cluster:
     cost: the jobs' cost model (homagg.cost.Cost or its dict; None: no link
     rate, every choice by bytes), registered with each job like its
     block groups: every worker of the job decides with it.
+    pipe_gain: g of every worker's pipe (docs/PROTOCOL.md Part 3, "The
+    pipe"): a worker's first transmissions wait while its chunks in the
+    network's queues at an aggregator reach a bound that settles where the
+    round trip is g times its least, so that repairs do not cross a queue
+    of the whole window; 0 = no bound but the slots (what a worker on
+    kernel UDP does).  Default 2.0.
     """
 
     def __init__(
@@ -256,6 +263,7 @@ class Cluster:
         pipeline_groups=PIPELINE_GROUPS,
         worker_tx_ring=None,
         cost=None,
+        pipe_gain=2.0,
     ):
         _check_config(
             workers=workers,
@@ -267,6 +275,7 @@ class Cluster:
             rto=rto,
             delay=delay,
             max_time=max_time,
+            pipe_gain=pipe_gain,
         )
         leaves = int(leaves or 0)
         self.cost = as_cost(cost)
@@ -332,6 +341,7 @@ class Cluster:
         self.auth = bool(auth)
         self.mac = mac  # the jobs' MAC algorithm name (None: this host's default)
         self.pipeline_groups = check_pipeline_groups(pipeline_groups)
+        self.pipe_gain = float(pipe_gain)
         self.max_time = max_time
         self.jobs = []
         self.job = self.add_job(workers)
@@ -404,6 +414,7 @@ class Cluster:
             secret=secret,
             pipeline_groups=pipeline_groups,
             mac=mac_alg,
+            pipe_gain_pct=round(self.pipe_gain * 100),
         )
         job = Job(
             self, idx, workers, slots, secret, mac_alg or None, self.cost if cost is None else cost

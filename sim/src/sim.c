@@ -536,6 +536,7 @@ int hg_sim_add_job(struct hg_sim *s, const struct hg_sim_job_config *jc)
 	cc.rto_min_ns = jc->rto_min_ns;
 	cc.incarnation = inc;
 	cc.pipeline_groups = jc->pipeline_groups;
+	cc.pipe_gain_pct = jc->pipe_gain_pct;
 	cc.auth = jc->auth;
 	cc.mac = jc->mac;
 	memcpy(cc.secret, jc->secret, sizeof(cc.secret));

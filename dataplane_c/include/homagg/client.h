@@ -97,6 +97,9 @@ extern "C" {
 #define HG_CLIENT_RTO_GRANULARITY_NS 50000
 #define HG_CLIENT_DEFAULT_GIVE_UP_NS 2000000000
 #define HG_CLIENT_MAX_SLOTS 65535
+/* The largest pipe gain (hg_client_config.pipe_gain_pct): g = 10. */
+#define HG_CLIENT_MAX_PIPE_GAIN_PCT 1000
+
 /* Aggregators one job may be spread over (the header's shard is one byte). */
 #define HG_CLIENT_MAX_AGGREGATORS 64
 
@@ -151,6 +154,12 @@ struct hg_client_config {
 	uint32_t agg_workers; /* W at its aggregator; 0 = workers (and agg_worker
 				    * = worker).  The leaf serves workers worker -
 				    * agg_worker .. + agg_workers - 1 (errors name them) */
+	uint32_t pipe_gain_pct; /* the pipe's gain g in hundredths (docs/PROTOCOL.md
+				    * Part 3, "The pipe"): first transmissions wait
+				    * while an aggregator's pipe holds cwnd chunks,
+				    * cwnd settling where the round trip is g times
+				    * its least; 0 = no bound but the slots, at most
+				    * HG_CLIENT_MAX_PIPE_GAIN_PCT */
 	struct hg_cost cost; /* the job's cost model (docs/PROTOCOL.md "The cost
 				    * model"), the same on every worker: used by every
 				    * allreduce whose hg_params.cost names no link rate;
@@ -190,6 +199,8 @@ struct hg_client_agg_stats {
 	uint64_t next_seq; /* its next sequence number (wraps at 2^32 on the wire) */
 	uint64_t srtt_ns, rttvar_ns, rto_ns, rtt_samples;
 	uint64_t rto_floor_ns; /* the floor of rto_ns spurious timeouts taught (0: none) */
+	uint64_t pipe_limit; /* the pipe's bound cwnd in chunks (0: no bound) */
+	uint64_t rtt_min_ns; /* Rmin, the least RTT sample of the last 10-20 s */
 };
 
 struct hg_client;

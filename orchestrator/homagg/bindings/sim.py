@@ -107,6 +107,7 @@ def sim_add_job(
     secret=None,
     pipeline_groups=0,
     mac=0,
+    pipe_gain_pct=0,
 ):
     jc = _fill(
         ffi.new("struct hg_sim_job_config *"),
@@ -118,6 +119,7 @@ def sim_add_job(
             give_up_ns=int(give_up_ns),
             rto_min_ns=int(rto_min_ns),
             pipeline_groups=int(pipeline_groups),
+            pipe_gain_pct=int(pipe_gain_pct),
         ),
     )
     if secret is not None:

@@ -84,6 +84,8 @@ struct hg_sim_job_config {
 	uint32_t mac;         /* auth: HG_MAC_*, 0 = hg_auth_default_mac() */
 	uint32_t pipeline_groups; /* hg_client_config.pipeline_groups of every
 				 * worker (0 = automatic, 1 = not pipelined) */
+	uint32_t pipe_gain_pct;   /* hg_client_config.pipe_gain_pct of every
+				 * worker (0 = no bound but the slots) */
 };
 
 struct hg_sim_stats {
