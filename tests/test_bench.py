@@ -759,3 +759,51 @@ def test_scale_recovery_rows_for_drop_rates_and_stragglers(tmp_path, capsys):
             assert r["retransmissions"] == r["start_probes"]
     assert (out / "scale_recovery.png").stat().st_size > 0
     assert report["straggler_ms"] == [0.0, 5.0]
+
+
+def test_scale_pipe_gain_rows_each_over_its_own_loss_free_row(capsys):
+    """--pipe-gain takes a list: one row per gain, each row's vs_clean over
+    the loss-free row of its own gain (docs/PROTOCOL.md Part 3, "The
+    pipe").  W = 16 on 1 Gbit/s links at 1 % loss (seeded NIC model): the
+    loss-free time is the same with and without the bound, and the lossy
+    allreduce is shorter with it; a gain outside 0..10 is refused with
+    the option named."""
+    rc = cli.main(
+        [
+            "bench",
+            "scale",
+            "--workers",
+            "16",
+            "--elements",
+            "65536",
+            "--workload",
+            "dense",
+            "--methods",
+            "dense",
+            "--drop-rate",
+            "0,0.01",
+            "--link-gbps",
+            "1",
+            "--pipe-gain",
+            "0,2",
+            "--seed",
+            "3",
+            "--json",
+        ]
+    )
+    assert rc == 0
+    report = json.loads(capsys.readouterr().out)
+    rows = {(r["pipe_gain"], r["drop_rate"]): r for r in report["results"]}
+    assert sorted(rows) == [(0.0, 0.0), (0.0, 0.01), (2.0, 0.0), (2.0, 0.01)]
+    assert report["pipe_gain"] == [0.0, 2.0]
+    for (gain, drop), r in rows.items():
+        assert r["exact"] is True
+        clean = rows[(gain, 0.0)]
+        assert r["vs_clean"] == pytest.approx(r["virtual_seconds"] / clean["virtual_seconds"])
+    assert rows[(2.0, 0.0)]["virtual_seconds"] == pytest.approx(
+        rows[(0.0, 0.0)]["virtual_seconds"], rel=1e-3
+    )
+    assert rows[(2.0, 0.01)]["virtual_seconds"] < rows[(0.0, 0.01)]["virtual_seconds"]
+    with pytest.raises(SystemExit):
+        cli.main(["bench", "scale", "--pipe-gain", "0,11"])
+    assert "--pipe-gain" in capsys.readouterr().err

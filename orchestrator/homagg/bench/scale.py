@@ -38,7 +38,9 @@ the same rule as a flat row's but for the tree's busiest aggregator
   when the last worker starts --straggler-ms late), start probes (docs/
   PROTOCOL.md Part 3, "Three causes, told apart"), the highest stall
   floor, and ``vs_clean``: the row's time over the loss-free, punctual
-  row of the same W, shape, method and link (the first of the lists);
+  row of the same W, shape, method, link and pipe gain (the first of the
+  lists); --pipe-gain 0,2 measures the workers without and with the
+  pipe's bound (docs/PROTOCOL.md Part 3, "The pipe") in one run;
 - exact: the result is bit-identical, on every worker, to the numpy
   fixed-point reference (homagg.reference); nc is lossy by design, so it
   reports its relative L2 error against the float64 sum instead.
@@ -80,6 +82,24 @@ def _int_list(text):
 
 def _float_list(text):
     return [float(v) for v in text.split(",") if v.strip()]
+
+
+def _gain_list(text):
+    """--pipe-gain: comma-separated gains g, each from 0 to 10."""
+    import argparse
+    import math
+
+    try:
+        out = _float_list(text)
+    except ValueError:
+        out = [math.nan]
+    bad = [g for g in out if not (math.isfinite(g) and 0 <= g <= 10)]
+    if bad or not out:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: each gain must be a number from 0 to 10 (0: no bound but the "
+            "slots), e.g. --pipe-gain 0,2"
+        )
+    return out
 
 
 def _name_list(text):
@@ -172,6 +192,18 @@ def add_arguments(parser):
         "(default: the workers' --link-gbps)",
     )
     parser.add_argument(
+        "--pipe-gain",
+        type=_gain_list,
+        default=[2.0],
+        metavar="G",
+        help="comma-separated gains g of the workers' pipe, one row each "
+        '(docs/PROTOCOL.md Part 3, "The pipe": first transmissions wait while '
+        "a worker's chunks in the network's queues reach a bound that settles "
+        "where the round trip is g times its least; 0: no bound but the slots, "
+        "the rule before it); each row's vs_clean is over the loss-free row of "
+        "its own gain (default 2, homagg.sim.Cluster's)",
+    )
+    parser.add_argument(
         "--block", type=int, default=None, help="block elements (default HG_DEFAULT_BLOCK)"
     )
     parser.add_argument(
@@ -235,6 +267,7 @@ def run_one(
     drop_rate=0.0,
     straggler_ms=0.0,
     agg_link_gbps=None,
+    pipe_gain=2.0,
 ):
     """One allreduce of grads on a fresh simulated cluster of ``aggregators``
     aggregators (leaves > 0: a tree of ``leaves`` leaves and a root, the
@@ -267,6 +300,7 @@ def run_one(
         aggregators=1 if leaves else aggregators,
         leaves=leaves,
         loss=drop_rate,
+        pipe_gain=pipe_gain,
     ) as cl:
         aggregators = cl.aggregators
         if straggler_ms:
@@ -305,6 +339,7 @@ def run_one(
         "slots": slots,
         "drop_rate": drop_rate,
         "straggler_ms": straggler_ms,
+        "pipe_gain": pipe_gain,
         "link_gbps": link_gbps,
         "agg_link_gbps": cl.agg_link_gbps,
         "method_chosen": stats["method"],
@@ -393,37 +428,41 @@ def run(args):
             for m in args.methods:
                 slots = args.slots or auto_slots(per_agg)
                 for gbps in args.link_gbps:
-                    clean = None
-                    for drop in args.drop_rate:
-                        for lag in args.straggler_ms:
-                            row, _res = run_one(
-                                grads,
-                                m,
-                                gbps,
-                                block,
-                                slots,
-                                args.seed,
-                                want=want,
-                                f64=f64,
-                                drop_rate=drop,
-                                straggler_ms=lag,
-                                agg_link_gbps=args.agg_link_gbps,
-                                **shape,
-                            )
-                            row = {
-                                "workers": W,
-                                "elements": args.elements,
-                                "workload": args.workload,
-                                "density": density,
-                                "union_density": union / args.elements,
-                                **row,
-                            }
-                            if drop == 0 and lag == 0:
-                                clean = row
-                            if clean is not None and clean["virtual_seconds"] > 0:
-                                row["vs_clean"] = row["virtual_seconds"] / clean["virtual_seconds"]
-                            rows.append(row)
-                            _progress(row)
+                    for gain in args.pipe_gain:
+                        clean = None
+                        for drop in args.drop_rate:
+                            for lag in args.straggler_ms:
+                                row, _res = run_one(
+                                    grads,
+                                    m,
+                                    gbps,
+                                    block,
+                                    slots,
+                                    args.seed,
+                                    want=want,
+                                    f64=f64,
+                                    drop_rate=drop,
+                                    straggler_ms=lag,
+                                    agg_link_gbps=args.agg_link_gbps,
+                                    pipe_gain=gain,
+                                    **shape,
+                                )
+                                row = {
+                                    "workers": W,
+                                    "elements": args.elements,
+                                    "workload": args.workload,
+                                    "density": density,
+                                    "union_density": union / args.elements,
+                                    **row,
+                                }
+                                if drop == 0 and lag == 0:
+                                    clean = row
+                                if clean is not None and clean["virtual_seconds"] > 0:
+                                    row["vs_clean"] = (
+                                        row["virtual_seconds"] / clean["virtual_seconds"]
+                                    )
+                                rows.append(row)
+                                _progress(row)
         del grads
     return rep.header(
         benchmark="scale",
@@ -436,6 +475,7 @@ def run(args):
         seed=args.seed,
         drop_rate=args.drop_rate[0] if len(args.drop_rate) == 1 else args.drop_rate,
         straggler_ms=args.straggler_ms,
+        pipe_gain=args.pipe_gain[0] if len(args.pipe_gain) == 1 else args.pipe_gain,
         agg_link_gbps=args.agg_link_gbps,
         aggregators=[str(t) for t in args.aggregators],
         leaves=[str(t) for t in args.leaves],
@@ -456,6 +496,7 @@ def tree_leaves(tokens, workers):
 def _progress(row):
     m, W = row["method"], row["workers"]
     where = f"tree L={row['leaves']}" if row["leaves"] else f"K={row['aggregators']}"
+    where += f" g={row['pipe_gain']:g}"
     rep.progress(
         "scale",
         f"W={W} {where} {m:6s} virtual {row['virtual_seconds'] * 1e3:8.3f} ms "
@@ -506,6 +547,7 @@ MD_COLUMNS = (
     "rto_floor_max_ms",
     "drop_rate",
     "straggler_ms",
+    "pipe_gain",
     "link_gbps",
     "vs_clean",
     "agg_status_sent",
@@ -526,6 +568,7 @@ def _base_rows(results):
         for r in results
         if r.get("link_gbps") == first.get("link_gbps")
         and r.get("drop_rate") == first.get("drop_rate")
+        and r.get("pipe_gain") == first.get("pipe_gain")
         and not r.get("straggler_ms")
     ]
 
@@ -533,8 +576,8 @@ def _base_rows(results):
 def plot_recovery(report, path):
     """Loss and stragglers against W: time / the loss-free punctual time,
     retransmissions per drop and the punctual workers' timeouts, one line
-    per (link, drop rate, straggler), flat (solid) and tree (dashed), the
-    first method of the run."""
+    per (link, drop rate, straggler, pipe gain), flat (solid) and tree
+    (dashed), the first method of the run."""
     plt = rep.pyplot()
     rows = [r for r in report["results"] if r.get("drop_rate") or r.get("straggler_ms")]
     if not rows:
@@ -543,13 +586,14 @@ def plot_recovery(report, path):
     fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(17, 4.5))
     keys = sorted(
         {
-            (r["link_gbps"], r["drop_rate"], r["straggler_ms"], bool(r["leaves"]))
+            (r["link_gbps"], r["drop_rate"], r["straggler_ms"], bool(r["leaves"]), r["pipe_gain"])
             for r in rows
             if r["method"] == m0
         }
     )
+    gains = {k[4] for k in keys}
     has = {ax1: any(r["vs_clean"] for r in rows), ax2: any(r["drop_rate"] for r in rows), ax3: True}
-    for gbps, drop, lag, tree in keys:
+    for gbps, drop, lag, tree, gain in keys:
         rs = sorted(
             (
                 r
@@ -559,6 +603,7 @@ def plot_recovery(report, path):
                 and r["drop_rate"] == drop
                 and r["straggler_ms"] == lag
                 and bool(r["leaves"]) == tree
+                and r["pipe_gain"] == gain
             ),
             key=lambda r: r["workers"],
         )
@@ -566,6 +611,7 @@ def plot_recovery(report, path):
             f"{gbps:g} Gbit/s, loss {drop:g}"
             + (f", straggler {lag:g} ms" if lag else "")
             + (", tree" if tree else "")
+            + (f", pipe gain {gain:g}" if len(gains) > 1 else "")
         )
         style = "--" if tree else "-"
         ws = [r["workers"] for r in rs]
