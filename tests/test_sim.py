@@ -480,8 +480,11 @@ def test_loss_repairs_do_not_teach_the_stall_floor():
     (Stalled window, PROTOCOL.md Part 3): at step starts and during peers'
     long repairs each of the 64 workers resent its window, 24,429 window
     retransmissions here, 11.2 retransmissions per dropped frame and 3.3x
-    the loss-free virtual time; now none, 1.9 per drop and 2.7x."""
-    clean, lossy = _lossy_and_clean(64, 1 << 18, seed=2)
+    the loss-free virtual time; now none, 1.9 per drop and 2.7x.  The
+    windows are whole queues here (pipe_gain=0): with the pipe's bound
+    (PROTOCOL.md Part 3, "The pipe") no timeout of this run is spurious,
+    and the floor has nothing to learn."""
+    clean, lossy = _lossy_and_clean(64, 1 << 18, seed=2, pipe_gain=0)
     per = lossy["workers"]
     assert all(w["rto_floor_ns"] == 0 for w in clean["workers"])
     assert sum(w["spurious_timeouts"] for w in per) > 0
@@ -716,11 +719,12 @@ def test_refused_frames_are_sent_later_once():
     """A worker port that refuses most of every burst (a tx ring of 16, as
     a full socket send buffer does): every refused frame goes out at a
     later poll, none is lost or sent twice -- no retransmission, no
-    duplicate at the engine, exact."""
+    duplicate at the engine, exact.  The whole window of 64 goes out in one
+    burst (pipe_gain=0: the pipe's bound would send 8 at first)."""
     W, n = 4, 1 << 18
     rng = np.random.default_rng(12)
     grads = [rng.standard_normal(n).astype(np.float32) for _ in range(W)]
-    with Cluster(workers=W, link_gbps=1.0, slots=64, seed=4, worker_tx_ring=16) as cl:
+    with Cluster(workers=W, link_gbps=1.0, slots=64, seed=4, worker_tx_ring=16, pipe_gain=0) as cl:
         res = cl.allreduce(grads, method="dense", block_elements=BLOCK)
     check_result(res, grads)
     per = res.stats["workers"]

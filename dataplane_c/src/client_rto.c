@@ -105,9 +105,10 @@ uint64_t hg_cl_rtt_min(const struct agg *ag)
 
 /*
  * The pipe's bound after a valid RTT sample r (ns; PROTOCOL.md "The
- * pipe"): cwnd a 1 / max(cwnd, 8) of the way to g cwnd Rmin / r, within
- * [PIPE_MIN, S].  A pipe of cwnd chunks answered within r carries
- * cwnd / r, so it settles where r = g Rmin.
+ * pipe"): from PIPE_START, cwnd a 1 / max(cwnd, 8) of the way to
+ * g cwnd Rmin / r, within [PIPE_MIN, S].  A pipe of cwnd chunks answered
+ * within r carries cwnd / r, so it settles where r = g Rmin; while
+ * r = Rmin it doubles about every round trip (cwnd samples).
  */
 static void pipe_sample(const struct hg_client *c, struct agg *ag, uint64_t r)
 {
@@ -116,7 +117,7 @@ static void pipe_sample(const struct hg_client *c, struct agg *ag, uint64_t r)
 	uint64_t rmin = hg_cl_rtt_min(ag);
 
 	if (ag->cwnd <= 0)
-		ag->cwnd = hi;
+		ag->cwnd = PIPE_START;
 	target = g * ag->cwnd * (double)rmin / (double)r;
 	step = ag->cwnd > 8 ? ag->cwnd : 8;
 	ag->cwnd += (target - ag->cwnd) / step;

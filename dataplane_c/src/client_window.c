@@ -606,10 +606,13 @@ static void pipe_count(const struct hg_client *c, uint32_t *pipe)
 }
 
 /* Whether a first transmission towards ag waits for its pipe: a gain is
- * set, the bound is known, and pipe chunks fill it. */
+ * set and pipe chunks fill the bound (PIPE_START before the aggregator's
+ * first RTT sample). */
 static bool pipe_full(const struct hg_client *c, const struct agg *ag, uint32_t pipe)
 {
-	return c->cfg.pipe_gain_pct && ag->cwnd > 0 && pipe >= (uint32_t)ag->cwnd;
+	if (!c->cfg.pipe_gain_pct)
+		return false;
+	return pipe >= (ag->cwnd > 0 ? (uint32_t)ag->cwnd : PIPE_START);
 }
 
 /*
