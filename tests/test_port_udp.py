@@ -78,6 +78,30 @@ def test_udp_gso_sends_runs_of_frames_as_one_message(agg, method):
         assert c[k] == 0, (k, c)
 
 
+@pytest.mark.parametrize("gain", [0.0, 2.0])
+def test_the_pipe_bound_on_kernel_udp(agg, gain):
+    """Worker(pipe_gain=g) (docs/PROTOCOL.md Part 3, "The pipe"): the sum is
+    the oracle's bit for bit either way; with g > 0 each aggregator's
+    stats carry the bound, within its floor of 4 and S, and the least
+    RTT sample it settles on; with 0 (the default) there is no bound."""
+    W, S, job = 3, 32, 70 + int(gain)
+    agg.engine.add_job(job=job, token=81, workers=W, slots=S)
+    grads = grads_of(W, 200 * BLOCK, seed=23, density=1.0)
+    stats = []
+    out, err = run(agg, job, 81, grads, "dense", slots=S, stats=stats, pipe_gain=gain)
+    assert err == [None] * W
+    expected = oracle_allreduce(grads, BLOCK)
+    for y in out:
+        assert y.tobytes() == expected.tobytes()
+    for st in stats:
+        (a,) = st["aggregators"]
+        assert a["rtt_samples"] > 0 and a["rtt_min_ns"] > 0
+        if gain:
+            assert 4 <= a["pipe_limit"] <= S, a
+        else:
+            assert a["pipe_limit"] == 0, a
+
+
 @pytest.mark.parametrize("method", ["dense", "lhc", "union", "auto"])
 def test_input_nonzeros_and_a_result_written_into_the_callers_array(agg, method):
     """info["nonzeros"] is the input's count of x != 0 (-0.0 counts as 0),
@@ -212,6 +236,9 @@ def test_bad_arguments():
         Worker(job=1, token=1, worker=0, workers=2, aggregator=("10.0.0.300", 1))
     with pytest.raises(InvalidArgument):
         UdpPort(("not an address", 0))
+    for gain in (-0.5, 11):
+        with pytest.raises(InvalidArgument, match="pipe_gain"):
+            Worker(job=1, token=1, worker=0, workers=1, bind=("127.0.0.1", 0), pipe_gain=gain)
     with Worker(job=1, token=1, worker=0, workers=1, bind=("127.0.0.1", 0)) as wk:
         with pytest.raises(InvalidArgument):
             wk.allreduce(np.ones(4, np.float32), method="ring")

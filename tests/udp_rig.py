@@ -49,10 +49,12 @@ def run(
     aggregators=None,
     stats=None,
     udp_gso=False,
+    pipe_gain=0.0,
 ):
     """Every worker in its own thread; aggregators (a list of addresses)
     instead of agg's one; stats (a list) receives each worker's stats;
-    udp_gso: the workers send runs of frames as UDP_SEGMENT messages."""
+    udp_gso: the workers send runs of frames as UDP_SEGMENT messages;
+    pipe_gain: the workers' Worker(pipe_gain=...)."""
     W = len(grads)
     out, err = [None] * W, [None] * W
     if stats is not None:
@@ -71,6 +73,7 @@ def run(
                 slots=slots,
                 payload=payload,
                 udp_gso=udp_gso,
+                pipe_gain=pipe_gain,
             ) as wk:
                 out[w] = wk.allreduce(grads[w], method=method, block=BLOCK)
                 assert wk.local_address[0] == "127.0.0.1"

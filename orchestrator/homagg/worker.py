@@ -172,7 +172,15 @@ class Worker:
     stack per run; the datagrams on the wire are the same).  Only where
     the aggregator's port receives them cut: a NIC, or a testbed whose
     switch ports segment (``Testbed.udp_gso``); a packet socket on a veth
-    of the same host would see one unsegmented frame.  False by default."""
+    of the same host would see one unsegmented frame.  False by default.
+
+    ``pipe_gain``: g of the pipe's bound (docs/PROTOCOL.md Part 3, "The
+    pipe"): first transmissions wait while this worker's chunks in the
+    network's queues at an aggregator reach a bound that settles where
+    the round trip is g times its least (2 in the NIC model).  0 (the
+    default) keeps the whole window of S chunks in flight: on a shared
+    host the scheduler's stalls make the least round trip a quiet
+    moment's, and the bound would hold the window near its floor of 4."""
 
     def __init__(
         self,
@@ -200,6 +208,7 @@ class Worker:
         key_epoch=0,
         cost=None,
         udp_gso=False,
+        pipe_gain=0.0,
     ):
         if not 0 <= worker < workers:
             raise InvalidArgument(f"worker {worker} not in 0..{workers - 1}")
@@ -213,6 +222,11 @@ class Worker:
             )
         if timeout <= 0:
             raise InvalidArgument("timeout must be positive")
+        if not 0 <= float(pipe_gain) <= 10:
+            raise InvalidArgument(
+                f"pipe_gain must be a number from 0 to 10 (0: no bound but the slots), "
+                f"got {pipe_gain!r}; e.g. pipe_gain=2.0"
+            )
         if not 4 <= int(payload) <= MAX_PAYLOAD or int(payload) % 4:
             raise InvalidArgument(
                 f"payload must be a multiple of 4 in 4..{MAX_PAYLOAD}, got {payload}"
@@ -288,6 +302,7 @@ class Worker:
             mac=auth.mac_code(mac) if auth_file is not None else 0,
             epoch=int(key_epoch) & 255,
             cost=as_cost(cost).fields(),
+            pipe_gain_pct=round(float(pipe_gain) * 100),
         )
         # one C call at a time; allreduce_async's calls run on one thread
         self._lock = threading.Lock()
