@@ -247,6 +247,28 @@ def test_the_pipe_shortens_repairs_under_loss(loss, seed):
     assert times[2.0] < times[0], (times, t0)
 
 
+def test_the_pipe_keeps_a_trees_loss_free_time():
+    """In a tree a result also waits for the slowest leaf, which the bound
+    cannot shorten and which g = 2 takes for queue: W = 64 over 4 leaves on
+    100 Gbit/s links, 2^18 floats, took 0.507 ms against 0.407 ms without
+    the bound.  The tree's default gain (3) leaves room for that wait: the
+    second allreduce (the bound learnt) as fast as without it, the first
+    within 5 %."""
+    W, L = 64, 4
+    grads = _grads(W, 1 << 18, seed=3)
+    times = {}
+    for gain in (0, None):
+        with Cluster(workers=W, leaves=L, link_gbps=100, seed=3, pipe_gain=gain) as cl:
+            assert cl.pipe_gain == (0 if gain == 0 else 3.0)
+            runs = [cl.allreduce(grads, method="dense", block_elements=BLOCK) for _ in range(2)]
+        for res in runs:
+            _check_exact(res, grads)
+        times[gain] = [r.stats["virtual_time"] for r in runs]
+    (first0, second0), (first, second) = times[0], times[None]
+    assert first <= 1.05 * first0, times
+    assert second <= 1.001 * second0, times
+
+
 def test_the_pipe_gain_is_checked():
     """A gain outside 0..10 is refused with the argument named."""
     for bad in (-1, 10.5, float("nan")):

@@ -85,19 +85,20 @@ def _float_list(text):
 
 
 def _gain_list(text):
-    """--pipe-gain: comma-separated gains g, each from 0 to 10."""
+    """--pipe-gain: comma-separated gains g, each from 0 to 10, or 'auto'
+    (None: homagg.sim.Cluster's default for the row's shape)."""
     import argparse
     import math
 
     try:
-        out = _float_list(text)
+        out = [None if v.strip() == "auto" else float(v) for v in text.split(",") if v.strip()]
     except ValueError:
         out = [math.nan]
-    bad = [g for g in out if not (math.isfinite(g) and 0 <= g <= 10)]
+    bad = [g for g in out if g is not None and not (math.isfinite(g) and 0 <= g <= 10)]
     if bad or not out:
         raise argparse.ArgumentTypeError(
             f"{text!r}: each gain must be a number from 0 to 10 (0: no bound but the "
-            "slots), e.g. --pipe-gain 0,2"
+            "slots) or auto, e.g. --pipe-gain 0,2"
         )
     return out
 
@@ -194,14 +195,15 @@ def add_arguments(parser):
     parser.add_argument(
         "--pipe-gain",
         type=_gain_list,
-        default=[2.0],
+        default=[None],
         metavar="G",
         help="comma-separated gains g of the workers' pipe, one row each "
         '(docs/PROTOCOL.md Part 3, "The pipe": first transmissions wait while '
         "a worker's chunks in the network's queues reach a bound that settles "
         "where the round trip is g times its least; 0: no bound but the slots, "
-        "the rule before it); each row's vs_clean is over the loss-free row of "
-        "its own gain (default 2, homagg.sim.Cluster's)",
+        "the rule before it; auto: homagg.sim.Cluster's default, 2 flat and 3 "
+        "in a tree); each row's vs_clean is over the loss-free row of its own "
+        "gain (default auto)",
     )
     parser.add_argument(
         "--block", type=int, default=None, help="block elements (default HG_DEFAULT_BLOCK)"
@@ -267,7 +269,7 @@ def run_one(
     drop_rate=0.0,
     straggler_ms=0.0,
     agg_link_gbps=None,
-    pipe_gain=2.0,
+    pipe_gain=None,
 ):
     """One allreduce of grads on a fresh simulated cluster of ``aggregators``
     aggregators (leaves > 0: a tree of ``leaves`` leaves and a root, the
@@ -339,7 +341,7 @@ def run_one(
         "slots": slots,
         "drop_rate": drop_rate,
         "straggler_ms": straggler_ms,
-        "pipe_gain": pipe_gain,
+        "pipe_gain": cl.pipe_gain,
         "link_gbps": link_gbps,
         "agg_link_gbps": cl.agg_link_gbps,
         "method_chosen": stats["method"],
@@ -464,6 +466,7 @@ def run(args):
                                 rows.append(row)
                                 _progress(row)
         del grads
+    gains = ["auto" if g is None else g for g in args.pipe_gain]
     return rep.header(
         benchmark="scale",
         link_gbps=args.link_gbps[0] if len(args.link_gbps) == 1 else args.link_gbps,
@@ -475,7 +478,7 @@ def run(args):
         seed=args.seed,
         drop_rate=args.drop_rate[0] if len(args.drop_rate) == 1 else args.drop_rate,
         straggler_ms=args.straggler_ms,
-        pipe_gain=args.pipe_gain[0] if len(args.pipe_gain) == 1 else args.pipe_gain,
+        pipe_gain=gains[0] if len(gains) == 1 else gains,
         agg_link_gbps=args.agg_link_gbps,
         aggregators=[str(t) for t in args.aggregators],
         leaves=[str(t) for t in args.leaves],
@@ -614,17 +617,18 @@ def plot_recovery(report, path):
             + (f", pipe gain {gain:g}" if len(gains) > 1 else "")
         )
         style = "--" if tree else "-"
+        marker = "x" if gain == 0 and len(gains) > 1 else "o"  # no pipe bound: crosses
         ws = [r["workers"] for r in rs]
-        ax1.plot(ws, [r["vs_clean"] or float("nan") for r in rs], style, marker="o", label=label)
+        ax1.plot(ws, [r["vs_clean"] or float("nan") for r in rs], style, marker=marker, label=label)
         if drop:
             ax2.plot(
                 ws,
                 [r["retransmissions_per_drop"] or float("nan") for r in rs],
                 style,
-                marker="o",
+                marker=marker,
                 label=label,
             )
-        ax3.plot(ws, [r["timeouts_punctual"] for r in rs], style, marker="o", label=label)
+        ax3.plot(ws, [r["timeouts_punctual"] for r in rs], style, marker=marker, label=label)
     ax1.axhline(1.5, color="k", lw=0.8, ls=":")
     ax2.axhline(2.0, color="k", lw=0.8, ls=":")
     for ax, yl in (
