@@ -160,6 +160,7 @@ _CONFIG = {
     "delay": (False, 0.0, 60.0, False, "delay=1e-6"),
     "max_time": (False, 0.0, 1e6, True, "max_time=600"),
     "pipe_gain": (False, 0.0, 10.0, False, "pipe_gain=2.0 (0: no bound but the slots)"),
+    "start_wait": (False, 0.0, 1e6, True, "start_wait=200e-6"),
 }
 
 
@@ -215,7 +216,13 @@ class Cluster:
     left); timeout: the give-up deadline per chunk (s);
     rto: the initial retransmission timeout (s), used until the first RTT
     sample; rto_min, rto_max: clamps of the adaptive timeout (s; rto_min
-    None = the client's default); max_time: the virtual-time budget of one
+    None = the client's default); start_wait: the least wait for a step's
+    first result before a start probe (s; docs/PROTOCOL.md Part 3, "Step
+    start"; None = rto with the pipe's bound, the client's 4 rto without:
+    the model's workers start a step together unless ``delay_start`` makes
+    one late, and a one-chunk step whose frame was lost waited four times
+    rto for its probe; without the bound the earlier probes fed the stall
+    floor, 27 ms at W = 64 over 4 aggregators at 100 Gbit/s and 1 % loss); max_time: the virtual-time budget of one
     run (s); multicast: results by multicast (else unicast); payload: the
     job's payload bytes per packet (1024; up to 8192); mtu: the MTU of every
     NIC port (None: 1500, or what the payload needs; 9000: jumbo frames), a
@@ -263,6 +270,7 @@ class Cluster:
         max_time=600.0,
         agg_link_gbps=None,
         rto_min=None,
+        start_wait=None,
         aggregators=1,
         mtu=None,
         auth=False,
@@ -288,6 +296,7 @@ class Cluster:
             delay=delay,
             max_time=max_time,
             pipe_gain=pipe_gain,
+            start_wait=start_wait,
         )
         leaves = int(leaves or 0)
         self.cost = as_cost(cost)
@@ -354,6 +363,9 @@ class Cluster:
         self.mac = mac  # the jobs' MAC algorithm name (None: this host's default)
         self.pipeline_groups = check_pipeline_groups(pipeline_groups)
         self.pipe_gain = float(pipe_gain)
+        if start_wait is None:
+            start_wait = rto if self.pipe_gain else 4 * rto
+        self.start_wait = float(start_wait)
         self.max_time = max_time
         self.jobs = []
         self.job = self.add_job(workers)
@@ -423,6 +435,7 @@ class Cluster:
             rto_max_ns=int(self._rto_max * 1e9),
             give_up_ns=int(timeout * 1e9),
             rto_min_ns=int(self._rto_min * 1e9),
+            start_wait_ns=int(self.start_wait * 1e9),
             secret=secret,
             pipeline_groups=pipeline_groups,
             mac=mac_alg,
