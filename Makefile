@@ -240,6 +240,9 @@ bench: build ## the standard benchmark suite into docs/results/ (the testbed par
 	$(VENV)/bin/homagg bench scale --methods dense,lhc --aggregators 1,2,4,8,W/8 --out docs/results/scale_k
 	$(VENV)/bin/homagg bench scale --workers 32,64,128,256 --methods dense,lhc --aggregators 16 \
 	  --leaves W/16 --out docs/results/scale_tree
+	$(VENV)/bin/homagg bench scale --workers 16,64,256 --elements 262144 --workload dense --methods dense \
+	  --aggregators W/16 --leaves W/16 --drop-rate 0,0.001,0.01 --link-gbps 1,100 --agg-link-gbps auto \
+	  --pipe-gain 0,auto --seed 3 --out docs/results/scale_pipe
 	@if [ "$$(id -u)" = 0 ]; then set -x; $(VENV)/bin/homagg bench allreduce $(BENCH_ALLREDUCE) && \
 	  $(VENV)/bin/homagg bench allreduce $(BENCH_SWEEP) && \
 	  $(VENV)/bin/homagg bench allreduce $(BENCH_JUMBO); \
