@@ -206,8 +206,9 @@ struct agg {
 	uint8_t status_tree[TREE_TAIL];
 	struct hg_client_agg_stats st;
 	/* The pipe (PROTOCOL.md "The pipe"), when cfg.pipe_gain_pct: its
-	 * bound in chunks (0: no sample yet, PIPE_START), and Rmin's two buckets: the
-	 * least sample since t_rmin and in the RMIN_BUCKET_NS before it. */
+	 * bound in chunks (0: no sample yet, PIPE_START); and Rmin's two
+	 * buckets: the least sample since t_rmin and in the RMIN_BUCKET_NS
+	 * before it. */
 	double cwnd;
 	uint64_t rmin, rmin_prev, t_rmin;
 };
