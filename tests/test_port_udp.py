@@ -266,9 +266,29 @@ def test_client_create_failure_carries_the_reason():
             port_mem_port(m), [(0x0A000001, 0)], None, m, "worker 0", payload_bytes=1022, **common
         )
     assert e.value.code == -errno.EINVAL and "invalid argument" in str(e.value)
+    # a pipe gain above 10 (PROTOCOL.md Part 3, "The pipe") is refused in C too
+    with pytest.raises(InvalidArgument) as e:
+        client_create(
+            port_mem_port(m),
+            [(0x0A000001, 0)],
+            None,
+            m,
+            "worker 0",
+            payload_bytes=1024,
+            pipe_gain_pct=1001,
+            **common,
+        )
+    assert e.value.code == -errno.EINVAL
     # the same port takes a client whose frames fit
     c = client_create(
-        port_mem_port(m), [(0x0A000001, 0)], None, m, "worker 0", payload_bytes=1024, **common
+        port_mem_port(m),
+        [(0x0A000001, 0)],
+        None,
+        m,
+        "worker 0",
+        payload_bytes=1024,
+        pipe_gain_pct=1000,
+        **common,
     )
     assert c is not None
 
