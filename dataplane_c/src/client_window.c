@@ -636,12 +636,13 @@ void hg_cl_tx_new(struct hg_client *c, uint64_t now)
 	uint32_t pipe[HG_CLIENT_MAX_AGGREGATORS];
 	uint16_t cnt;
 
+	/* counted once: within this call only its own sends change the pipes,
+	 * and each adds itself below */
+	if (c->cfg.pipe_gain_pct)
+		pipe_count(c, pipe);
 	for (;;) {
 		bool full = false;
 		size_t end;
-
-		if (c->cfg.pipe_gain_pct)
-			pipe_count(c, pipe);
 
 		while (st->next_send < st->nchunks && chunk_sent(c, st->next_send))
 			st->next_send++;
