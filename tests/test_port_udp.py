@@ -254,42 +254,33 @@ def test_client_create_failure_carries_the_reason():
     from homagg.bindings.port_mem import port_mem_create, port_mem_port
 
     m = port_mem_create(mtu=1500)
-    common = dict(workers=2, worker=0, slots=8)
-    with pytest.raises(InvalidArgument) as e:
-        client_create(
-            port_mem_port(m), [(0x0A000001, 0)], None, m, "worker 0", payload_bytes=8192, **common
-        )
-    assert e.value.code == -errno.EMSGSIZE
-    assert "worker 0" in str(e.value) and "MTU" in str(e.value), str(e.value)
-    with pytest.raises(InvalidArgument) as e:
-        client_create(
-            port_mem_port(m), [(0x0A000001, 0)], None, m, "worker 0", payload_bytes=1022, **common
-        )
-    assert e.value.code == -errno.EINVAL and "invalid argument" in str(e.value)
-    # a pipe gain above 10 (PROTOCOL.md Part 3, "The pipe") is refused in C too
-    with pytest.raises(InvalidArgument) as e:
-        client_create(
+
+    def create(**fields):
+        return client_create(
             port_mem_port(m),
             [(0x0A000001, 0)],
             None,
             m,
             "worker 0",
-            payload_bytes=1024,
-            pipe_gain_pct=1001,
-            **common,
+            workers=2,
+            worker=0,
+            slots=8,
+            **fields,
         )
+
+    with pytest.raises(InvalidArgument) as e:
+        create(payload_bytes=8192)
+    assert e.value.code == -errno.EMSGSIZE
+    assert "worker 0" in str(e.value) and "MTU" in str(e.value), str(e.value)
+    with pytest.raises(InvalidArgument) as e:
+        create(payload_bytes=1022)
+    assert e.value.code == -errno.EINVAL and "invalid argument" in str(e.value)
+    # a pipe gain above 10 (PROTOCOL.md Part 3, "The pipe") is refused in C too
+    with pytest.raises(InvalidArgument) as e:
+        create(payload_bytes=1024, pipe_gain_pct=1001)
     assert e.value.code == -errno.EINVAL
     # the same port takes a client whose frames fit
-    c = client_create(
-        port_mem_port(m),
-        [(0x0A000001, 0)],
-        None,
-        m,
-        "worker 0",
-        payload_bytes=1024,
-        pipe_gain_pct=1000,
-        **common,
-    )
+    c = create(payload_bytes=1024, pipe_gain_pct=1000)
     assert c is not None
 
 

@@ -222,8 +222,8 @@ class Cluster:
     the model's workers start a step together unless ``delay_start`` makes
     one late, and a one-chunk step whose frame was lost waited four times
     rto for its probe; without the bound the earlier probes fed the stall
-    floor, 27 ms at W = 64 over 4 aggregators at 100 Gbit/s and 1 % loss); max_time: the virtual-time budget of one
-    run (s); multicast: results by multicast (else unicast); payload: the
+    floor, 27 ms at W = 64 over 4 aggregators at 100 Gbit/s and 1 % loss);
+    max_time: the virtual-time budget of one run (s); multicast: results by multicast (else unicast); payload: the
     job's payload bytes per packet (1024; up to 8192); mtu: the MTU of every
     NIC port (None: 1500, or what the payload needs; 9000: jumbo frames), a
     payload whose frames do not fit it is refused with the limit named.
