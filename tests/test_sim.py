@@ -795,6 +795,20 @@ def test_default_slots_fit_the_aggregator_ring_at_any_size():
         S = protocol.default_slots(W)
         assert 1 <= S <= 64 and W * S <= 4096 and (S == 64 or W * (S + 1) > 4096), (W, S)
     assert protocol.resolve_slots(None, 256) == protocol.resolve_slots(0, 256) == 16
+    # with the workers' pipe (the NIC model's default) up to 256 within half
+    # the ring, and never fewer than without it
+    for W in (1, 2, 4, 8, 16, 17, 31, 32, 63, 64, 65, 255, 256):
+        S, P = protocol.default_slots(W), protocol.default_slots(W, pipe=True)
+        assert S <= P <= max(S, 256) and (P == S or 2 * W * P <= 4096), (W, S, P)
+    assert [protocol.default_slots(W, pipe=True) for W in (4, 16, 32, 64, 256)] == [
+        256,
+        128,
+        64,
+        64,
+        16,
+    ]
+    with Cluster(workers=4) as cl, Cluster(workers=4, pipe_gain=0) as free:
+        assert (cl.job.slots, free.job.slots) == (256, 64)
     assert protocol.resolve_slots(100, 256) == 100  # the user's choice is kept
     with pytest.raises(InvalidArgument, match="field 'slots'"):
         protocol.resolve_slots(-1, 4)

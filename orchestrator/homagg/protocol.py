@@ -122,26 +122,40 @@ DEFAULT_RING_FRAMES = 4096
 # The most slots a default job gets (a window of 64 chunks fills a
 # 100 Gbit/s link's round trip at 1 KB payloads).
 MAX_DEFAULT_SLOTS = 64
+# The most a default job gets when its workers bound their pipe
+# (docs/PROTOCOL.md Part 3, "The pipe"): the bound, not S, keeps the
+# window out of the queues, so S only says how many chunks may wait for a
+# repair while first transmissions go on; within half the ring, so that a
+# job leaves room for others.
+MAX_PIPE_DEFAULT_SLOTS = 256
 
 
-def default_slots(workers, ring=DEFAULT_RING_FRAMES):
+def default_slots(workers, ring=DEFAULT_RING_FRAMES, pipe=False):
     """The slots S of a job of ``workers`` workers when the user sets none:
     the most, up to 64, with W x S <= ``ring`` (each worker's window towards
     an aggregator fits its receive ring: 64 up to W = 64, 16 at W = 256).
     A function of W alone, so every worker, the simulator and the
     aggregators' registration compute the same S; a tree's aggregators
-    each hear fewer than W senders, so the same S fits them too."""
+    each hear fewer than W senders, so the same S fits them too.
+
+    ``pipe``: the job's workers bound their pipe (the NIC model's
+    default): up to 256 while W x S stays within half the ring, and never
+    fewer than without it (256 at W = 4, 128 at W = 16, 64 from W = 32 to
+    64, 16 at W = 256)."""
     workers = int(workers)
     if workers < 1:
         raise InvalidArgument(f"field 'workers': must be at least 1, got {workers}")
-    return max(1, min(MAX_DEFAULT_SLOTS, int(ring) // workers))
+    slots = max(1, min(MAX_DEFAULT_SLOTS, int(ring) // workers))
+    if pipe:
+        slots = max(slots, min(MAX_PIPE_DEFAULT_SLOTS, int(ring) // 2 // workers))
+    return slots
 
 
-def resolve_slots(slots, workers):
+def resolve_slots(slots, workers, pipe=False):
     """``slots`` when the user set it (a positive number), else
-    :func:`default_slots` of ``workers``."""
+    :func:`default_slots` of ``workers`` (and ``pipe``)."""
     if slots is None or int(slots) == 0:
-        return default_slots(workers)
+        return default_slots(workers, pipe=pipe)
     if int(slots) < 0:
         raise InvalidArgument(
             f"field 'slots': must be positive (or unset for the default), got {slots}"

@@ -210,10 +210,11 @@ class Cluster:
     aggregator port is faster than one worker's link; at most 400 Gbit/s,
     one fast port), 0 unlimited, a number that rate (equal to link_gbps
     makes the aggregator's link the bottleneck, W times over);
-    slots: S of each job (None: ``homagg.protocol.default_slots(workers)``,
-    W x S within the aggregators' receive ring, as ``Worker`` and ``homagg
-    run`` choose it; a job added later gets at most what the ring has
-    left); timeout: the give-up deadline per chunk (s);
+    slots: S of each job (None: ``homagg.protocol.default_slots(workers,
+    pipe=pipe_gain > 0)``, W x S within the aggregators' receive ring: as
+    ``Worker`` and ``homagg run`` choose it without the pipe's bound, and
+    with it up to 256 within half the ring, 256 at W = 4; a job added later
+    gets at most what the ring has left); timeout: the give-up deadline per chunk (s);
     rto: the initial retransmission timeout (s), used until the first RTT
     sample; rto_min, rto_max: clamps of the adaptive timeout (s; rto_min
     None = the client's default); start_wait: the least wait for a step's
@@ -340,7 +341,7 @@ class Cluster:
             aggregators=int(aggregators),
             pool_frames=self._pool_frames(
                 workers,
-                resolve_slots(slots, workers),
+                resolve_slots(slots, workers, pipe=pipe_gain > 0),
                 leaves + 1 if leaves else aggregators,
                 payload,
                 mtu,
@@ -451,7 +452,7 @@ class Cluster:
         """default_slots(workers), or fewer when the jobs already on the
         aggregators hold part of their rings (at least 1: a full ring is
         then refused by _check_rings, naming the jobs holding it)."""
-        slots = default_slots(workers)
+        slots = default_slots(workers, pipe=self.pipe_gain > 0)
         try:
             for k in range(self.aggregators):
                 per_slot, held = _b.sim_agg_frames(s, k, workers, 1)

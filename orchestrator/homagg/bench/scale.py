@@ -213,7 +213,8 @@ def add_arguments(parser):
         type=int,
         default=None,
         help="aggregator slots per job = each worker's window (default: "
-        "auto_slots(W), so W x S fits in half the aggregator's rx ring; "
+        "auto_slots(W), so W x S fits in half the aggregator's rx ring, at "
+        "most 64, or 256 with the pipe's bound; "
         "a W x S beyond the ring of 4096 frames is refused)",
     )
     parser.add_argument("--seed", type=int, default=1, help="seed of the gradients")
@@ -223,15 +224,20 @@ def add_arguments(parser):
     )
 
 
-def auto_slots(workers):
+def auto_slots(workers, pipe=False):
     """A window that does not overflow the aggregator: W x S <= 2048 frames,
     half the simulated aggregator port's 4096-frame rx ring (homagg/sim.c).
     A larger window only turns the incast into drops and retransmissions
     (the row's retransmissions column shows them with --slots); one beyond
-    the ring is refused at add_job (homagg.sim.Cluster.add_job)."""
+    the ring is refused at add_job (homagg.sim.Cluster.add_job).  At most
+    64 slots; with the workers' pipe (``pipe``) at most 256, since the
+    bound keeps the window out of the queue and the slots beyond it hold
+    the chunks in repair (homagg.protocol.MAX_PIPE_DEFAULT_SLOTS)."""
+    from homagg.protocol import MAX_DEFAULT_SLOTS, MAX_PIPE_DEFAULT_SLOTS
     from homagg.sim import AGG_RX_RING
 
-    return min(64, max(4, AGG_RX_RING // 2 // workers))
+    most = MAX_PIPE_DEFAULT_SLOTS if pipe else MAX_DEFAULT_SLOTS
+    return min(most, max(4, AGG_RX_RING // 2 // workers))
 
 
 def ring_bytes_per_worker(workers, elements):
@@ -428,9 +434,9 @@ def run(args):
         shapes += [({"leaves": L}, max(-(-W // L), L)) for L in tree_leaves(args.leaves, W)]
         for shape, per_agg in shapes:
             for m in args.methods:
-                slots = args.slots or auto_slots(per_agg)
                 for gbps in args.link_gbps:
                     for gain in args.pipe_gain:
+                        slots = args.slots or auto_slots(per_agg, pipe=gain is None or gain > 0)
                         clean = None
                         for drop in args.drop_rate:
                             for lag in args.straggler_ms:
