@@ -48,10 +48,16 @@ for seed in seeds:
         c.close()
         out.append(runs)
     clean, lossy = out
-    cells = [
-        f"#{i}: {lossy[i][0] / clean[i][0]:.2f}x to={lossy[i][1]} sp={lossy[i][2]}"
-        for i in range(3)
-    ]
+    cells = []
+    for i in range(3):
+        # drops and retransmissions of this allreduce alone (the counters
+        # accumulate)
+        drops = lossy[i][3] - (lossy[i - 1][3] if i else 0)
+        retrans = lossy[i][4] - (lossy[i - 1][4] if i else 0)
+        cells.append(
+            f"#{i}: {lossy[i][0] / clean[i][0]:.2f}x to={lossy[i][1]} sp={lossy[i][2]}"
+            f" re/d={retrans / max(1, drops):.2f}"
+        )
     print(
         f"W={W} K={K} {gb:g}G seed={seed} | "
         + " | ".join(cells)
