@@ -247,6 +247,33 @@ def test_the_pipe_shortens_repairs_under_loss(loss, seed):
     assert times[2.0] < times[0], (times, t0)
 
 
+def test_the_pipes_rmin_comes_from_full_chunks():
+    """Dense's block exponents of 2^20 floats in blocks of 4096 are one
+    256-byte chunk, which crosses each 1 Gbit/s link in about 2 us; a
+    full chunk of 1 KB values takes about 8.5 us each way.  Rmin is only
+    taken from full chunks (docs/PROTOCOL.md Part 3, "The pipe"): every
+    worker's is at least a full frame's time up and its result's down.
+    Taken from the short chunk it was 12.6 us, and the bound of every
+    later allreduce sat at 4 chunks: at 1 % loss the second allreduce
+    took 1.18 times the first (1.26x the loss-free time).  Here it is
+    within the issue's 1.5x and within 1.1 times the first."""
+    W = 16
+    grads = _grads(W, 1 << 20, seed=5)
+    frame_s = (1024 + 32 + 42 + 4) * 8 / 1e9  # payload, header, Eth/IP/UDP, FCS
+    with Cluster(workers=W, link_gbps=1.0, seed=1) as cl:
+        t0 = [cl.allreduce(grads, method="dense").stats["virtual_time"] for _ in range(2)]
+        for w in range(W):
+            a = cl.job.worker_aggregator_stats(w, 0)
+            assert a["rtt_min_ns"] >= 2 * frame_s * 1e9, (w, a)
+    with Cluster(workers=W, link_gbps=1.0, loss=0.01, seed=1) as cl:
+        runs = [cl.allreduce(grads, method="dense") for _ in range(2)]
+    for res in runs:
+        _check_exact(res, grads, block=4096)
+    first, second = (r.stats["virtual_time"] for r in runs)
+    assert second <= 1.5 * t0[1], (first, second, t0)
+    assert second <= 1.1 * first, (first, second, t0)
+
+
 def test_with_the_pipe_the_default_slots_cover_the_repairs_at_100_gbits():
     """W = 4 on 100 Gbit/s links, 2^20 floats, 1 % per-hop loss, seeds 1-3.
     A chunk takes about 0.1 us of a worker's link; a repair (the loss

@@ -323,7 +323,7 @@ uint64_t hg_cl_rto_backoff(const struct hg_client *c, uint64_t rto);
 /* Rmin of aggregator ag: its least RTT sample of the last 10-20 s (0: none) */
 uint64_t hg_cl_rtt_min(const struct agg *ag);
 void hg_cl_rtt_sample(const struct hg_client *c, struct agg *ag, uint64_t r,
-		      uint64_t now);
+		      uint64_t now, bool full);
 void hg_cl_start_sample(struct hg_client *c, struct agg *ag, uint64_t s,
 			uint64_t now);
 void hg_cl_path_result(struct hg_client *c, struct agg *ag, uint64_t now);

@@ -116,6 +116,8 @@ static void pipe_sample(const struct hg_client *c, struct agg *ag, uint64_t r)
 	       hi = c->cfg.slots;
 	uint64_t rmin = hg_cl_rtt_min(ag);
 
+	if (!rmin)
+		return; /* no full chunk's sample yet: the bound stays */
 	if (ag->cwnd <= 0)
 		ag->cwnd = PIPE_START;
 	target = g * ag->cwnd * (double)rmin / (double)r;
@@ -133,13 +135,16 @@ static void pipe_sample(const struct hg_client *c, struct agg *ag, uint64_t r)
  * A valid RTT sample r (ns) of aggregator ag: RFC 6298 section 2 with
  * alpha = 1/8, beta = 1/4, K = 4, G = HG_CLIENT_RTO_GRANULARITY_NS.  The
  * new timeout replaces any backed-off one.  With a pipe gain, the sample
- * also moves the pipe's bound.
+ * also moves the pipe's bound; only a full chunk's (full: as many lanes
+ * as a chunk of its stream carries) can lower Rmin, since a shorter frame
+ * crosses every link faster than any full chunk (PROTOCOL.md "The pipe").
  */
 void hg_cl_rtt_sample(const struct hg_client *c, struct agg *ag, uint64_t r,
-		      uint64_t now)
+		      uint64_t now, bool full)
 {
 	smooth_add(&ag->rtt, r);
-	rmin_sample(ag, r ? r : 1, now);
+	if (full)
+		rmin_sample(ag, r ? r : 1, now);
 	if (c->cfg.pipe_gain_pct)
 		pipe_sample(c, ag, r ? r : 1);
 	set_rto_est(c, ag, now);

@@ -421,7 +421,8 @@ static void handle_frame(struct hg_client *c, const uint8_t *f, size_t len,
 		if (fl->tries == 1 && !fl->have_status && k + 1 >= ag->hi_done &&
 		    fl->last_tx > ag->t_timeout && now >= fl->last_tx &&
 		    !(c->groups > 1 && c->st.u[fl->unit].ndone == 1)) {
-			hg_cl_rtt_sample(c, ag, now - fl->last_tx, now);
+			hg_cl_rtt_sample(c, ag, now - fl->last_tx, now,
+					 lanes == s->per_chunk);
 			hg_cl_path_sample(ag, fl, now - fl->last_tx);
 		}
 		if (fl->timed_out) {
