@@ -279,8 +279,12 @@ def test_client_create_failure_carries_the_reason():
     with pytest.raises(InvalidArgument) as e:
         create(payload_bytes=1024, pipe_gain_pct=1001)
     assert e.value.code == -errno.EINVAL
+    # a timer granularity above rto_max ("Retransmission and backoff") too
+    with pytest.raises(InvalidArgument) as e:
+        create(payload_bytes=1024, rto_max_ns=10**6, rto_granularity_ns=10**6 + 1)
+    assert e.value.code == -errno.EINVAL
     # the same port takes a client whose frames fit
-    c = create(payload_bytes=1024, pipe_gain_pct=1000)
+    c = create(payload_bytes=1024, pipe_gain_pct=1000, rto_granularity_ns=5000)
     assert c is not None
 
 

@@ -102,8 +102,11 @@ struct hg_client *hg_client_create(const struct hg_client_config *cfg)
 		c->cfg.rto_min_ns = c->cfg.rto_ns < HG_CLIENT_DEFAULT_RTO_MIN_NS ?
 					    c->cfg.rto_ns :
 					    HG_CLIENT_DEFAULT_RTO_MIN_NS;
+	if (!c->cfg.rto_granularity_ns)
+		c->cfg.rto_granularity_ns = HG_CLIENT_RTO_GRANULARITY_NS;
 	rc = -EINVAL;
 	if (c->cfg.rto_min_ns > c->cfg.rto_max_ns ||
+	    c->cfg.rto_granularity_ns > c->cfg.rto_max_ns ||
 	    c->cfg.pipe_gain_pct > HG_CLIENT_MAX_PIPE_GAIN_PCT)
 		goto err_free;
 	if (!c->cfg.incarnation)

@@ -50,9 +50,8 @@ static uint64_t rto_clamp(const struct hg_client *c, uint64_t srtt, uint64_t var
 {
 	uint64_t var4 = 4 * var, rto;
 
-	rto = srtt + (var4 > HG_CLIENT_RTO_GRANULARITY_NS ?
-			      var4 :
-			      HG_CLIENT_RTO_GRANULARITY_NS);
+	rto = srtt +
+	      (var4 > c->cfg.rto_granularity_ns ? var4 : c->cfg.rto_granularity_ns);
 	if (rto < c->cfg.rto_min_ns)
 		rto = c->cfg.rto_min_ns;
 	if (rto > c->cfg.rto_max_ns)
@@ -133,7 +132,7 @@ static void pipe_sample(const struct hg_client *c, struct agg *ag, uint64_t r)
 
 /*
  * A valid RTT sample r (ns) of aggregator ag: RFC 6298 section 2 with
- * alpha = 1/8, beta = 1/4, K = 4, G = HG_CLIENT_RTO_GRANULARITY_NS.  The
+ * alpha = 1/8, beta = 1/4, K = 4, G = cfg.rto_granularity_ns.  The
  * new timeout replaces any backed-off one.  With a pipe gain, the sample
  * also moves the pipe's bound; only a full chunk's (full: as many lanes
  * as a chunk of its stream carries) can lower Rmin, since a shorter frame
@@ -336,7 +335,7 @@ uint64_t hg_cl_turn_ns(const struct hg_client *c, const struct agg *ag)
 	/* at most the longest timeout: W - 1 turns stay bounded */
 	if (d > c->cfg.rto_max_ns)
 		d = c->cfg.rto_max_ns;
-	return d > HG_CLIENT_RTO_GRANULARITY_NS ? d : HG_CLIENT_RTO_GRANULARITY_NS;
+	return d > c->cfg.rto_granularity_ns ? d : c->cfg.rto_granularity_ns;
 }
 
 /*

@@ -161,7 +161,15 @@ _CONFIG = {
     "max_time": (False, 0.0, 1e6, True, "max_time=600"),
     "pipe_gain": (False, 0.0, 10.0, False, "pipe_gain=2.0 (0: no bound but the slots)"),
     "start_wait": (False, 0.0, 1e6, True, "start_wait=200e-6"),
+    "granularity": (False, 0.0, 60.0, True, "granularity=5e-6"),
 }
+
+# The floors of the model's workers' timers with the pipe's bound
+# (docs/PROTOCOL.md Part 3, "The NIC model's timers"): an exact clock and
+# no scheduler, so a few round trips of a 100 Gbit/s path.
+NIC_GRANULARITY = 5e-6
+NIC_RTO_MIN = 20e-6
+NIC_START_WAIT = 20e-6
 
 
 def default_pipe_gain(leaves=0):
@@ -217,13 +225,19 @@ class Cluster:
     gets at most what the ring has left); timeout: the give-up deadline per chunk (s);
     rto: the initial retransmission timeout (s), used until the first RTT
     sample; rto_min, rto_max: clamps of the adaptive timeout (s; rto_min
-    None = the client's default); start_wait: the least wait for a step's
-    first result before a start probe (s; docs/PROTOCOL.md Part 3, "Step
-    start"; None = rto with the pipe's bound, the client's 4 rto without:
-    the model's workers start a step together unless ``delay_start`` makes
-    one late, and a one-chunk step whose frame was lost waited four times
-    rto for its probe; without the bound the earlier probes fed the stall
-    floor, 27 ms at W = 64 over 4 aggregators at 100 Gbit/s and 1 % loss);
+    None = 20 us with the pipe's bound, the client's default without);
+    start_wait: the least wait for a step's first result before a start
+    probe (s; docs/PROTOCOL.md Part 3, "Step start"; None = 20 us with the
+    pipe's bound, the client's 4 rto without: the model's workers start a
+    step together unless ``delay_start`` makes one late; without the bound
+    the earlier probes fed the stall floor, 27 ms at W = 64 over 4
+    aggregators at 100 Gbit/s and 1 % loss); granularity: G of the
+    workers' timeouts and turns (s; None = 5 us with the pipe's bound, the
+    client's 50 us without).  With the bound the model's workers, whose
+    clock is exact and who never lose a core, take these short floors
+    (PROTOCOL.md Part 3, "The NIC model's timers"): at 100 Gbit/s the
+    client's, made for a host's scheduler, were a quarter to a half of a
+    0.375 ms allreduce per lost frame only a timer finds;
     max_time: the virtual-time budget of one run (s); multicast: results by multicast (else unicast); payload: the
     job's payload bytes per packet (1024; up to 8192); mtu: the MTU of every
     NIC port (None: 1500, or what the payload needs; 9000: jumbo frames), a
@@ -272,6 +286,7 @@ class Cluster:
         agg_link_gbps=None,
         rto_min=None,
         start_wait=None,
+        granularity=None,
         aggregators=1,
         mtu=None,
         auth=False,
@@ -298,6 +313,7 @@ class Cluster:
             max_time=max_time,
             pipe_gain=pipe_gain,
             start_wait=start_wait,
+            granularity=granularity,
         )
         leaves = int(leaves or 0)
         self.cost = as_cost(cost)
@@ -356,7 +372,13 @@ class Cluster:
         self.aggregators = leaves + 1 if leaves else int(aggregators)
         self._timeout = timeout
         self._rto = rto
-        self._rto_min = 0.0 if rto_min is None else rto_min
+        piped = float(pipe_gain) > 0
+        if rto_min is None:
+            rto_min = NIC_RTO_MIN if piped else 0.0  # 0: the client's default
+        if granularity is None:
+            granularity = NIC_GRANULARITY if piped else 0.0
+        self._rto_min = rto_min
+        self.granularity = float(granularity)
         self._rto_max = rto_max
         self._slots = slots
         self._seed = seed
@@ -365,7 +387,7 @@ class Cluster:
         self.pipeline_groups = check_pipeline_groups(pipeline_groups)
         self.pipe_gain = float(pipe_gain)
         if start_wait is None:
-            start_wait = rto if self.pipe_gain else 4 * rto
+            start_wait = NIC_START_WAIT if self.pipe_gain else 4 * rto
         self.start_wait = float(start_wait)
         self.max_time = max_time
         self.jobs = []
@@ -437,6 +459,7 @@ class Cluster:
             give_up_ns=int(timeout * 1e9),
             rto_min_ns=int(self._rto_min * 1e9),
             start_wait_ns=int(self.start_wait * 1e9),
+            rto_granularity_ns=int(self.granularity * 1e9),
             secret=secret,
             pipeline_groups=pipeline_groups,
             mac=mac_alg,

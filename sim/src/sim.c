@@ -534,6 +534,7 @@ int hg_sim_add_job(struct hg_sim *s, const struct hg_sim_job_config *jc)
 	cc.rto_max_ns = jc->rto_max_ns;
 	cc.give_up_ns = jc->give_up_ns;
 	cc.rto_min_ns = jc->rto_min_ns;
+	cc.rto_granularity_ns = jc->rto_granularity_ns;
 	cc.start_wait_ns = jc->start_wait_ns;
 	cc.incarnation = inc;
 	cc.pipeline_groups = jc->pipeline_groups;

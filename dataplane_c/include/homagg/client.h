@@ -132,6 +132,11 @@ struct hg_client_config {
 	uint64_t give_up_ns; /* a chunk unanswered this long ends the allreduce */
 	uint64_t rto_min_ns; /* lower clamp of the timeout computed from RTT samples
 				    * (0 = min(HG_CLIENT_DEFAULT_RTO_MIN_NS, rto_ns)) */
+	uint64_t rto_granularity_ns; /* G: the least 4 RTTVAR of the timeout and
+				    * the least turn (docs/PROTOCOL.md Part 3,
+				    * "Retransmission and backoff"); 0 =
+				    * HG_CLIENT_RTO_GRANULARITY_NS, at most
+				    * rto_max_ns */
 	uint32_t incarnation; /* this worker's life, carried by every frame;
 				    * 0 = hg_wire_incarnation_now() (a restarted
 				    * worker passes one greater than before) */

@@ -76,14 +76,16 @@ struct hg_sim_job_config {
 	uint64_t rto_max_ns; /* cap (0 = default) */
 	uint64_t give_up_ns; /* give-up deadline per chunk (0 = default) */
 	uint64_t rto_min_ns; /* lower clamp of the adaptive timeout (0 = default) */
-	uint64_t start_wait_ns; /* least wait for a step's first result
+	uint64_t rto_granularity_ns; /* hg_client_config.rto_granularity_ns
+				 * (0 = default) */
+	uint64_t start_wait_ns;      /* least wait for a step's first result
 				 * (hg_client_config.start_wait_ns; 0 = default) */
-	uint32_t incarnation;   /* of every worker and of the job on the
+	uint32_t incarnation;        /* of every worker and of the job on the
 				 * aggregator (0 = HG_SIM_INCARNATION; the
 				 * virtual cluster keeps it deterministic) */
-	uint8_t auth;           /* 1: the job authenticates every frame */
-	uint8_t secret[32];     /* auth: the job secret (HG_AUTH_SECRET_LEN) */
-	uint32_t mac;           /* auth: HG_MAC_*, 0 = hg_auth_default_mac() */
+	uint8_t auth;                /* 1: the job authenticates every frame */
+	uint8_t secret[32]; /* auth: the job secret (HG_AUTH_SECRET_LEN) */
+	uint32_t mac;       /* auth: HG_MAC_*, 0 = hg_auth_default_mac() */
 	uint32_t pipeline_groups; /* hg_client_config.pipeline_groups of every
 				 * worker (0 = automatic, 1 = not pipelined) */
 	uint32_t pipe_gain_pct;   /* hg_client_config.pipe_gain_pct of every
