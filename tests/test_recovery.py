@@ -399,6 +399,10 @@ def test_the_pipe_gain_is_checked():
     for bad in (-1, 10.5, float("nan")):
         with pytest.raises(InvalidArgument, match="pipe_gain"):
             Cluster(workers=2, pipe_gain=bad)
+    # and so is a timer granularity that is not positive or beyond rto_max
+    for bad in (0, -1e-6, float("inf"), 1.0):
+        with pytest.raises(InvalidArgument, match="granularity"):
+            Cluster(workers=2, granularity=bad)
 
 
 # ---- trees: docs/PROTOCOL.md "Repairs in a tree" ---------------------------

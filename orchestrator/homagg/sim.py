@@ -377,6 +377,12 @@ class Cluster:
             rto_min = NIC_RTO_MIN if piped else 0.0  # 0: the client's default
         if granularity is None:
             granularity = NIC_GRANULARITY if piped else 0.0
+        if granularity > rto_max:
+            raise InvalidArgument(
+                f"granularity must be at most rto_max ({rto_max:g} s), got {granularity!r};"
+                " e.g. granularity=5e-6",
+                -errno.EINVAL,
+            )
         self._rto_min = rto_min
         self.granularity = float(granularity)
         self._rto_max = rto_max
