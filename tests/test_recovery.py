@@ -395,14 +395,28 @@ def test_the_nic_models_timers_keep_later_allreduces_within_the_bound(seed):
 
 
 def test_the_pipe_gain_is_checked():
-    """A gain outside 0..10 is refused with the argument named."""
+    """A gain outside 0..10 is refused with the argument named, and so are
+    the timers' floors that cannot work."""
     for bad in (-1, 10.5, float("nan")):
         with pytest.raises(InvalidArgument, match="pipe_gain"):
             Cluster(workers=2, pipe_gain=bad)
-    # and so is a timer granularity that is not positive or beyond rto_max
+    # and so is a timer granularity that is not positive or beyond rto_max,
+    # and an rto_min beyond rto_max
     for bad in (0, -1e-6, float("inf"), 1.0):
         with pytest.raises(InvalidArgument, match="granularity"):
             Cluster(workers=2, granularity=bad)
+    with pytest.raises(InvalidArgument, match="rto_min"):
+        Cluster(workers=2, rto_min=1.0)
+    # below Cluster, the model passes on why a worker's client refused
+    # (EINVAL), not "out of memory"
+    from homagg.bindings import sim as sim_b
+
+    s = sim_b.sim_create()
+    try:
+        with pytest.raises(InvalidArgument, match="invalid argument"):
+            sim_b.sim_add_job(s, 2, rto_max_ns=10**6, rto_granularity_ns=10**6 + 1)
+    finally:
+        sim_b.sim_destroy(s)
 
 
 # ---- trees: docs/PROTOCOL.md "Repairs in a tree" ---------------------------

@@ -377,6 +377,12 @@ class Cluster:
             rto_min = NIC_RTO_MIN if piped else 0.0  # 0: the client's default
         if granularity is None:
             granularity = NIC_GRANULARITY if piped else 0.0
+        if rto_min > rto_max:
+            raise InvalidArgument(
+                f"rto_min must be at most rto_max ({rto_max:g} s), got {rto_min!r};"
+                " e.g. rto_min=20e-6",
+                -errno.EINVAL,
+            )
         if granularity > rto_max:
             raise InvalidArgument(
                 f"granularity must be at most rto_max ({rto_max:g} s), got {granularity!r};"

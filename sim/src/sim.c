@@ -543,6 +543,7 @@ int hg_sim_add_job(struct hg_sim *s, const struct hg_sim_job_config *jc)
 	cc.mac = jc->mac;
 	memcpy(cc.secret, jc->secret, sizeof(cc.secret));
 	hg_auth_wipe(ej.secret, sizeof(ej.secret));
+	rc = -ENOMEM; /* a port that could not be added */
 	for (uint32_t w = 0; w < job->workers; w++) {
 		struct sim_worker *sw = &job->w[w];
 
@@ -576,12 +577,16 @@ int hg_sim_add_job(struct hg_sim *s, const struct hg_sim_job_config *jc)
 			    leaf_auth(jc->secret, job->id, l, cc.secret, NULL))
 				break;
 		}
+		errno = 0;
 		sw->client = hg_client_create(&cc);
-		if (!sw->client)
+		if (!sw->client) {
+			/* why the client refused (EINVAL: a field out of range) */
+			rc = errno ? -errno : -ENOMEM;
 			break;
+		}
 	}
 	hg_auth_wipe(cc.secret, sizeof(cc.secret));
-	return job->w[job->workers - 1].client ? j : -ENOMEM;
+	return job->w[job->workers - 1].client ? j : rc;
 }
 
 static struct sim_job *get_job(const struct hg_sim *s, int job)
