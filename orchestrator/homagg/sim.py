@@ -377,18 +377,16 @@ class Cluster:
             rto_min = NIC_RTO_MIN if piped else 0.0  # 0: the client's default
         if granularity is None:
             granularity = NIC_GRANULARITY if piped else 0.0
-        if rto_min > rto_max:
-            raise InvalidArgument(
-                f"rto_min must be at most rto_max ({rto_max:g} s), got {rto_min!r};"
-                " e.g. rto_min=20e-6",
-                -errno.EINVAL,
-            )
-        if granularity > rto_max:
-            raise InvalidArgument(
-                f"granularity must be at most rto_max ({rto_max:g} s), got {granularity!r};"
-                " e.g. granularity=5e-6",
-                -errno.EINVAL,
-            )
+        for name, v, example in (
+            ("rto_min", rto_min, NIC_RTO_MIN),
+            ("granularity", granularity, NIC_GRANULARITY),
+        ):
+            if v > rto_max:
+                raise InvalidArgument(
+                    f"{name} must be at most rto_max ({rto_max:g} s), got {v!r};"
+                    f" e.g. {name}={example:g}",
+                    -errno.EINVAL,
+                )
         self._rto_min = rto_min
         self.granularity = float(granularity)
         self._rto_max = rto_max
@@ -399,7 +397,7 @@ class Cluster:
         self.pipeline_groups = check_pipeline_groups(pipeline_groups)
         self.pipe_gain = float(pipe_gain)
         if start_wait is None:
-            start_wait = NIC_START_WAIT if self.pipe_gain else 4 * rto
+            start_wait = NIC_START_WAIT if piped else 4 * rto
         self.start_wait = float(start_wait)
         self.max_time = max_time
         self.jobs = []
