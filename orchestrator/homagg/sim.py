@@ -167,9 +167,47 @@ _CONFIG = {
 # The floors of the model's workers' timers with the pipe's bound
 # (docs/PROTOCOL.md Part 3, "The NIC model's timers"): an exact clock and
 # no scheduler, so a few round trips of a 100 Gbit/s path.
+NIC_RTO_DEFAULT = 200e-6  # the initial timeout without the bound
 NIC_GRANULARITY = 5e-6
 NIC_RTO_MIN = 20e-6
 NIC_START_WAIT = 20e-6
+# Bytes a frame adds to its payload on the wire, an upper bound (Ethernet,
+# IP, UDP and HomAgg headers, a MAC, preamble and gap): "The NIC model's
+# first timeout".
+NIC_FRAME_EXTRA = 128
+
+
+def first_rto(
+    workers,
+    payload,
+    link_gbps,
+    agg_link_gbps,
+    delay,
+    leaves=0,
+    rto_min=NIC_RTO_MIN,
+    multicast=True,
+):
+    """The model's timeout before a job's first result with the pipe's
+    bound (docs/PROTOCOL.md Part 3, "The NIC model's first timeout"):
+    ``max(rto_min, 1.5 R0)``, R0 the round trip of a one-chunk step on empty
+    links: at each level of n inputs (a tree: the leaf's W / leaves
+    workers, then the root's leaves), ``4 d + 2 F / L + (n + m) F / A``,
+    the n frames queued at the aggregator's link and m result copies on
+    its way back (1 by multicast, n unicast; a root sends one per leaf)."""
+    bits = (payload + NIC_FRAME_EXTRA) * 8.0
+
+    def per(gbps):
+        return bits / (gbps * 1e9) if gbps > 0 else 0.0
+
+    if leaves:
+        levels = [(-(-workers // leaves), link_gbps, multicast), (leaves, agg_link_gbps, False)]
+    else:
+        levels = [(workers, link_gbps, multicast)]
+    r0 = sum(
+        4 * delay + 2 * per(up) + (n + (1 if mc else n)) * per(agg_link_gbps)
+        for n, up, mc in levels
+    )
+    return max(rto_min, 1.5 * r0)
 
 
 def default_pipe_gain(leaves=0):
@@ -224,7 +262,9 @@ class Cluster:
     with it up to 256 within half the ring, 256 at W = 4; a job added later
     gets at most what the ring has left); timeout: the give-up deadline per chunk (s);
     rto: the initial retransmission timeout (s), used until the first RTT
-    sample; rto_min, rto_max: clamps of the adaptive timeout (s; rto_min
+    sample (None: with the pipe's bound 1.5 times a one-chunk step's round
+    trip on the model's empty links, at least rto_min, ``first_rto``;
+    200 us without); rto_min, rto_max: clamps of the adaptive timeout (s; rto_min
     None = 20 us with the pipe's bound, the client's default without);
     start_wait: the least wait for a step's first result before a start
     probe (s; docs/PROTOCOL.md Part 3, "Step start"; None = 20 us with the
@@ -277,7 +317,7 @@ class Cluster:
         slots=None,
         link_gbps=100.0,
         timeout=2.0,
-        rto=200e-6,
+        rto=None,
         rto_max=50e-3,
         delay=1e-6,
         payload=1024,
@@ -371,8 +411,10 @@ class Cluster:
         self.leaves = leaves
         self.aggregators = leaves + 1 if leaves else int(aggregators)
         self._timeout = timeout
-        self._rto = rto
         piped = float(pipe_gain) > 0
+        self._piped = piped
+        self._rto = rto  # None: first_rto() of each job with the bound, else 200 us
+        self._path = (payload, float(link_gbps), self.agg_link_gbps, float(delay), bool(multicast))
         if rto_min is None:
             rto_min = NIC_RTO_MIN if piped else 0.0  # 0: the client's default
         if granularity is None:
@@ -397,11 +439,22 @@ class Cluster:
         self.pipeline_groups = check_pipeline_groups(pipeline_groups)
         self.pipe_gain = float(pipe_gain)
         if start_wait is None:
-            start_wait = NIC_START_WAIT if piped else 4 * rto
+            start_wait = NIC_START_WAIT if piped else 4 * (rto or NIC_RTO_DEFAULT)
         self.start_wait = float(start_wait)
         self.max_time = max_time
         self.jobs = []
         self.job = self.add_job(workers)
+
+    def job_rto(self, workers):
+        """The initial retransmission timeout (s) of a job of ``workers``
+        workers: the cluster's ``rto``, or with the pipe's bound the path's
+        (``first_rto``), else 200 us."""
+        if self._rto is not None:
+            return self._rto
+        if not self._piped:
+            return NIC_RTO_DEFAULT
+        payload, link, agg, delay, mc = self._path
+        return first_rto(workers, payload, link, agg, delay, self.leaves, self._rto_min, mc)
 
     @staticmethod
     def _pool_frames(workers, slots, aggregators, payload, mtu):
@@ -464,7 +517,7 @@ class Cluster:
             s,
             workers,
             slots=slots,
-            rto_ns=int(self._rto * 1e9),
+            rto_ns=int(self.job_rto(workers) * 1e9),
             rto_max_ns=int(self._rto_max * 1e9),
             give_up_ns=int(timeout * 1e9),
             rto_min_ns=int(self._rto_min * 1e9),
