@@ -63,6 +63,33 @@ def test_straggler_costs_its_lateness_and_no_timeouts(W, K, delay):
     assert max(st["rto_floor_ns"] for st in after.stats["workers"]) == 0
 
 
+@pytest.mark.parametrize("delay", [0.010, 0.100])
+def test_a_straggler_late_at_every_allreduce_is_waited_for_without_probes(delay):
+    """One worker starts every allreduce `delay` late, as a rank with more
+    to compute before each.  The wait of an allreduce's first step is 1.5
+    times the least of its latest samples, and each of them is that
+    lateness: the punctual workers probe during the first allreduce only,
+    then wait for the straggler.  A later step keeps its own samples (the
+    peers decode the step before together), so its wait stays short
+    (docs/PROTOCOL.md Part 3, "Why the least of the latest samples")."""
+    W = 16
+    grads = _grads(W, 1 << 16, seed=W)
+    with Cluster(workers=W, seed=3) as cl:
+        t0 = cl.allreduce(grads, method="dense", block_elements=BLOCK).stats["virtual_time"]
+        cl.delay_start(W - 1, delay)
+        runs = [cl.allreduce(grads, method="dense", block_elements=BLOCK) for _ in range(3)]
+    # the workers' counters add up over the allreduces
+    probes = [sum(st["start_probes"] for st in r.stats["workers"][:-1]) for r in runs]
+    assert probes[0] > 0 and probes[2] == probes[0], probes
+    for r in runs:
+        _check_exact(r, grads)
+        assert delay <= r.stats["virtual_time"] <= delay + 2 * t0, (r.stats["virtual_time"], t0)
+        for st in r.stats["workers"][:-1]:
+            assert st["timeouts"] == 0 and st["rto_floor_ns"] == 0, st
+            # the longer class is the first step's, about 1.5 times the delay
+            assert delay * 1e9 <= st["start_wait_ns"] <= 2 * delay * 1e9, st
+
+
 def test_first_windows_queue_at_the_aggregators_without_expiries():
     """W = 256 workers, K = 16 aggregators, S = 8, 1 Gbit/s links, no loss:
     2048 frames queue in front of each aggregator, whose results come
@@ -386,6 +413,33 @@ def test_the_nic_models_timers_keep_later_allreduces_within_the_bound(seed):
         assert (cl.granularity, cl._rto_min) == (NIC_GRANULARITY, NIC_RTO_MIN)
         clean = [cl.allreduce(grads, method="dense").stats["virtual_time"] for _ in range(3)]
     with Cluster(workers=W, loss=0.01, seed=seed) as cl:
+        dropped = retrans = 0
+        for i in range(3):
+            res = cl.allreduce(grads, method="dense")
+            _check_exact(res, grads, block=4096)
+            st = res.stats
+            lost = st["fabric"]["dropped_loss"] - dropped
+            sent = sum(w["retransmissions"] for w in st["workers"]) - retrans
+            dropped, retrans = dropped + lost, retrans + sent
+            assert lost > 0 and sent <= 2 * lost, (i, sent, lost)
+            assert st["virtual_time"] <= 1.5 * clean[i], (i, st["virtual_time"], clean)
+
+
+def test_the_start_wait_does_not_learn_the_peers_repairs():
+    """W = 64 over 4 aggregators at 100 Gbit/s and 1 % loss, three
+    allreduces on one cluster (2^20 floats, 1.47 ms loss-free).  Under loss
+    some peer repairs the tail of almost every step and starts the next one
+    late; smoothed as RTT samples, those late starts took the start wait to
+    about 1 ms, and a lost frame of a one-chunk step waited that long:
+    the third allreduce of seed 1 took 1.73x.  With 1.5 times the least of
+    the latest samples, per class (docs/PROTOCOL.md Part 3, "Why the least
+    of the latest samples"), each allreduce is within the issue's 1.5x,
+    exact, at most two retransmissions per drop."""
+    W, K = 64, 4
+    grads = _grads(W, 1 << 20, seed=1)
+    with Cluster(workers=W, aggregators=K, seed=1) as cl:
+        clean = [cl.allreduce(grads, method="dense").stats["virtual_time"] for _ in range(3)]
+    with Cluster(workers=W, aggregators=K, loss=0.01, seed=1) as cl:
         dropped = retrans = 0
         for i in range(3):
             res = cl.allreduce(grads, method="dense")

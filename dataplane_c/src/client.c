@@ -132,7 +132,7 @@ struct hg_client *hg_client_create(const struct hg_client_config *cfg)
 		c->cfg.start_wait_ns = 4 * c->cfg.rto_ns;
 	if (c->cfg.start_wait_ns > c->cfg.give_up_ns / 4)
 		c->cfg.start_wait_ns = c->cfg.give_up_ns / 4;
-	c->start_wait = c->cfg.start_wait_ns;
+	c->start_wait[0] = c->start_wait[1] = c->cfg.start_wait_ns;
 	if (!c->cfg.backoff_num) {
 		c->cfg.backoff_num = 2;
 		c->cfg.backoff_den = 1;
@@ -331,7 +331,10 @@ int hg_client_get_stats(const struct hg_client *c, struct hg_client_stats *st)
 	st->rttvar_ns = slow->rtt.var;
 	st->rto_ns = slow->rto;
 	st->rto_floor_ns = slow->stall;
-	st->start_wait_ns = c->start_wait;
+	/* the longer of an allreduce's first step's and a later step's */
+	st->start_wait_ns = c->start_wait[0] > c->start_wait[1] ?
+				    c->start_wait[0] :
+				    c->start_wait[1];
 	return 0;
 }
 

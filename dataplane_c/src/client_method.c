@@ -98,10 +98,11 @@ static int done_need(struct hg_client *c, size_t n)
  * Start a segment at chunk c->next_chunk: no chunk numbered yet, the
  * aggregators' order of results and step-start wait begin again.
  */
-static void segment_begin(struct hg_client *c)
+static void segment_begin(struct hg_client *c, bool first)
 {
 	struct segment *st = &c->st;
 
+	st->first = first;
 	st->nstreams = 0;
 	st->nunits = 0;
 	st->lo_unit = 0;
@@ -826,7 +827,7 @@ static int step_advance(struct hg_client *c)
 			c->rc = 1;
 			return 0;
 		}
-		segment_begin(c);
+		segment_begin(c, false);
 		rc = unit_setup(c, 0, c->step);
 		if (rc)
 			return rc;
@@ -938,7 +939,7 @@ int hg_client_start(struct hg_client *c, const struct hg_params *params,
 		return -ENOMEM;
 	}
 	memset(c->glhc.p, 0, sizeof(struct hg_lhc *) * c->groups);
-	segment_begin(c);
+	segment_begin(c, true);
 	if (pipelined(c)) {
 		/* every group's lanes at their place in one buffer per phase,
 		 * sized once (the tx of the exponents is encoded already); the

@@ -55,6 +55,9 @@
 /* A floor spurious timeouts taught the timeout halves after this long
  * without another one (hg_cl_spurious_timeout). */
 #define STALL_MEMORY_NS 1000000000ULL
+/* The start wait is 1.5 times the least of this many latest step-start
+ * samples (hg_cl_start_sample). */
+#define START_SAMPLES 8
 /* done[] values: no result yet, the result, the result after a timeout
  * (a second copy then shows the timeout was spurious). */
 enum { CH_PENDING = 0, CH_DONE = 1, CH_DONE_AFTER_TIMEOUT = 2 };
@@ -120,6 +123,7 @@ struct segment {
 	size_t ndone;
 	uint64_t completions; /* units that completed (decoding looks when it moves) */
 	uint64_t seen;        /* completions the sequencer has looked at */
+	bool first; /* the allreduce's first segment (hg_cl_start_class) */
 };
 
 /* A chunk in flight, at ring index a * S + seq % S. */
@@ -265,12 +269,14 @@ struct hg_client {
 	 * Step-start wait, ns: the time from a step's first transmission to
 	 * its first result includes the slowest peer's computing of the step
 	 * (every worker starts a step when it has decoded the previous one).
-	 * Smoothed like SRTT/RTTVAR from one sample per step and aggregator;
-	 * chunks of an aggregator without a result in the step yet wait
-	 * max(RTO, start_wait).
+	 * 1.5 times the least of the latest START_SAMPLES samples, one per
+	 * step and aggregator, of its class (hg_cl_start_class: an
+	 * allreduce's first step, or a later one); chunks of an aggregator
+	 * without a result in the step yet wait max(RTO, start_wait).
 	 */
-	struct smooth start; /* SSTART, SSTARTVAR */
-	uint64_t start_wait;
+	uint64_t start_s[2][START_SAMPLES]; /* the latest samples (rings) */
+	uint64_t start_n[2];                /* samples taken */
+	uint64_t start_wait[2];
 	struct flight *fl; /* K * S entries */
 	struct buf done;   /* one byte per chunk of the segment */
 	struct buf glast;  /* pipelined: per group, its latest unit (uint32) */
@@ -324,6 +330,7 @@ uint64_t hg_cl_rto_backoff(const struct hg_client *c, uint64_t rto);
 uint64_t hg_cl_rtt_min(const struct agg *ag);
 void hg_cl_rtt_sample(const struct hg_client *c, struct agg *ag, uint64_t r,
 		      uint64_t now, bool full);
+unsigned hg_cl_start_class(const struct hg_client *c);
 void hg_cl_start_sample(struct hg_client *c, struct agg *ag, uint64_t s,
 			uint64_t now);
 void hg_cl_path_result(struct hg_client *c, struct agg *ag, uint64_t now);

@@ -152,22 +152,42 @@ void hg_cl_rtt_sample(const struct hg_client *c, struct agg *ag, uint64_t r,
 }
 
 /*
+ * The class of the current step's start: 0 for an allreduce's first step,
+ * whose wait includes how much later than this worker the slowest peer
+ * began the allreduce (its computing before it), 1 for a later step
+ * (the peers' decoding of the step before).
+ */
+unsigned hg_cl_start_class(const struct hg_client *c)
+{
+	return c->st.first ? 0 : 1;
+}
+
+/*
  * A step-start sample s (ns): aggregator ag's first transmission of the
- * step to its first result, at time now.  Smoothed as RTT samples are;
- * start_wait stays within [start_wait_ns, give_up_ns / 4].
+ * step to its first result, at time now.  The start wait of the step's
+ * class is 1.5 times the least of its latest START_SAMPLES samples (a peer
+ * always late shows in each, one late after a repair of its own in some;
+ * PROTOCOL.md "Why the least of the latest samples"), within
+ * [start_wait_ns, give_up_ns / 4].
  */
 void hg_cl_start_sample(struct hg_client *c, struct agg *ag, uint64_t s,
 			uint64_t now)
 {
-	uint64_t w;
+	unsigned k = hg_cl_start_class(c);
+	uint64_t w = UINT64_MAX, *ring = c->start_s[k];
+	size_t n;
 
-	smooth_add(&c->start, s);
-	w = c->start.avg + 4 * c->start.var;
+	ring[c->start_n[k]++ % START_SAMPLES] = s;
+	n = c->start_n[k] < START_SAMPLES ? (size_t)c->start_n[k] : START_SAMPLES;
+	for (size_t i = 0; i < n; i++)
+		if (ring[i] < w)
+			w = ring[i];
+	w += w / 2;
 	if (w < c->cfg.start_wait_ns)
 		w = c->cfg.start_wait_ns;
 	if (w > c->cfg.give_up_ns / 4)
 		w = c->cfg.give_up_ns / 4;
-	c->start_wait = w;
+	c->start_wait[k] = w;
 	/* Before aggregator ag's first RTT sample its timeout is at least
 	 * RFC 6298's of a first sample s: s is an upper bound of what the
 	 * window's first chunk waited, where rto_ns knows nothing of the
@@ -412,8 +432,8 @@ uint64_t hg_cl_chunk_deadline(const struct hg_client *c, const struct flight *fl
 		 * group); the others' timers start when it has its answer. */
 		if (k != ag->lo_open)
 			return UINT64_MAX;
-		if (c->start_wait > rto)
-			rto = c->start_wait;
+		if (c->start_wait[hg_cl_start_class(c)] > rto)
+			rto = c->start_wait[hg_cl_start_class(c)];
 	}
 	return from + rto + hg_cl_turn_offset(c, ag, fl->chunk);
 }

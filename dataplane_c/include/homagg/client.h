@@ -81,7 +81,7 @@ extern "C" {
 	X(uint64_t, rto_ns, "current retransmission timeout, backoff included") \
 	X(uint64_t, rtt_samples, "RTT samples taken (results of chunks sent once)") \
 	X(uint32_t, aggregators, "K; srtt/rttvar/rto above are of the aggregator with the longest timeout, rtt_samples the total") \
-	X(uint64_t, start_wait_ns, "current wait for the first result of a step") \
+	X(uint64_t, start_wait_ns, "current wait for the first result of a step (the longer of an allreduce's first step's and a later step's)") \
 	X(uint64_t, rto_floor_ns, "the floor of the timeout spurious timeouts taught (0: none; of that same aggregator)") \
 	X(uint64_t, bad_mac, "replies dropped: MAC missing, wrong, or present on a job without auth") \
 	X(uint32_t, groups, "block groups of the last allreduce (1: not pipelined)") \
