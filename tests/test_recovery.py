@@ -454,14 +454,14 @@ def test_the_start_wait_does_not_learn_the_peers_repairs():
 
 def test_the_nic_models_first_timeout_is_one_and_a_half_empty_round_trips():
     """With the pipe's bound a job's timeout before its first result is
-    max(rto_min, 1.5 R0), R0 the one-chunk step's round trip on the model's
+    max(rto_min, 1.5 R0), R0 a first chunk's round trip on the model's
     empty links (docs/PROTOCOL.md Part 3, "The NIC model's first timeout"),
     computed here from the spec's formula."""
     F = (1024 + 128) * 8  # bits of a frame of 1 KB payload
     d = 1e-6
 
-    def r0(n, up, agg, copies):
-        return 4 * d + 2 * F / up + (n + copies) * F / agg
+    def r0(n, up, agg, copies, k=1):
+        return 4 * d + (k + 1) * F / up + (n + copies) * F / agg
 
     cases = [
         # W = 4 on 1 Gbit/s links, the aggregator's link 4 Gbit/s, multicast
@@ -470,11 +470,14 @@ def test_the_nic_models_first_timeout_is_one_and_a_half_empty_round_trips():
         (dict(workers=4, link_gbps=1, multicast=False), 1.5 * r0(4, 1e9, 4e9, 4)),
         # W = 64 at 100 Gbit/s behind 400 Gbit/s: 1.5 R0 = 7.4 us, the floor
         (dict(workers=64, aggregators=4), NIC_RTO_MIN),
-        # an aggregator link as slow as a worker's: the 256 frames queue
+        # an aggregator link as slow as a worker's: the 256 frames queue;
+        # 15 chunks for other aggregators ahead on a worker's link
         (
             dict(workers=256, aggregators=16, link_gbps=1, agg_link_gbps=1),
-            1.5 * r0(256, 1e9, 1e9, 1),
+            1.5 * r0(256, 1e9, 1e9, 1, k=16),
         ),
+        # the same behind the model's 256 Gbit/s aggregator links
+        (dict(workers=256, aggregators=16, link_gbps=1), 1.5 * r0(256, 1e9, 256e9, 1, k=16)),
         # a tree of 4 leaves on 1 Gbit/s links (aggregator links 64 Gbit/s):
         # the leaf's 16 workers, then the root's 4 leaves
         (

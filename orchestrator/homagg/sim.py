@@ -186,26 +186,32 @@ def first_rto(
     leaves=0,
     rto_min=NIC_RTO_MIN,
     multicast=True,
+    aggregators=1,
 ):
     """The model's timeout before a job's first result with the pipe's
     bound (docs/PROTOCOL.md Part 3, "The NIC model's first timeout"):
     ``max(rto_min, 1.5 R0)``, R0 the round trip of a one-chunk step on empty
     links: at each level of n inputs (a tree: the leaf's W / leaves
-    workers, then the root's leaves), ``4 d + 2 F / L + (n + m) F / A``,
-    the n frames queued at the aggregator's link and m result copies on
-    its way back (1 by multicast, n unicast; a root sends one per leaf)."""
+    workers, then the root's leaves), ``4 d + (K + 1) F / L + (n + m) F /
+    A``, the K - 1 chunks for other aggregators ahead on a worker's link
+    (K = 1 in a tree), the n frames queued at the aggregator's link and m
+    result copies on its way back (1 by multicast, n unicast; a root
+    sends one per leaf)."""
     bits = (payload + NIC_FRAME_EXTRA) * 8.0
 
     def per(gbps):
         return bits / (gbps * 1e9) if gbps > 0 else 0.0
 
     if leaves:
-        levels = [(-(-workers // leaves), link_gbps, multicast), (leaves, agg_link_gbps, False)]
+        levels = [
+            (-(-workers // leaves), link_gbps, multicast, 1),
+            (leaves, agg_link_gbps, False, 1),
+        ]
     else:
-        levels = [(workers, link_gbps, multicast)]
+        levels = [(workers, link_gbps, multicast, aggregators)]
     r0 = sum(
-        4 * delay + 2 * per(up) + (n + (1 if mc else n)) * per(agg_link_gbps)
-        for n, up, mc in levels
+        4 * delay + (k + 1) * per(up) + (n + (1 if mc else n)) * per(agg_link_gbps)
+        for n, up, mc, k in levels
     )
     return max(rto_min, 1.5 * r0)
 
@@ -262,7 +268,7 @@ class Cluster:
     with it up to 256 within half the ring, 256 at W = 4; a job added later
     gets at most what the ring has left); timeout: the give-up deadline per chunk (s);
     rto: the initial retransmission timeout (s), used until the first RTT
-    sample (None: with the pipe's bound 1.5 times a one-chunk step's round
+    sample (None: with the pipe's bound 1.5 times a first chunk's round
     trip on the model's empty links, at least rto_min, ``first_rto``;
     200 us without); rto_min, rto_max: clamps of the adaptive timeout (s; rto_min
     None = 20 us with the pipe's bound, the client's default without);
@@ -454,7 +460,9 @@ class Cluster:
         if not self._piped:
             return NIC_RTO_DEFAULT
         payload, link, agg, delay, mc = self._path
-        return first_rto(workers, payload, link, agg, delay, self.leaves, self._rto_min, mc)
+        return first_rto(
+            workers, payload, link, agg, delay, self.leaves, self._rto_min, mc, self.aggregators
+        )
 
     @staticmethod
     def _pool_frames(workers, slots, aggregators, payload, mtu):
