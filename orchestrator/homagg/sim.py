@@ -190,7 +190,7 @@ def first_rto(
 ):
     """The model's timeout before a job's first result with the pipe's
     bound (docs/PROTOCOL.md Part 3, "The NIC model's first timeout"):
-    ``max(rto_min, 1.5 R0)``, R0 the round trip of a one-chunk step on empty
+    ``max(rto_min, 1.5 R0)``, R0 the round trip of a first chunk on empty
     links: at each level of n inputs (a tree: the leaf's W / leaves
     workers, then the root's leaves), ``4 d + (K + 1) F / L + (n + m) F /
     A``, the K - 1 chunks for other aggregators ahead on a worker's link
