@@ -5,7 +5,8 @@ each lossy allreduce's time over the loss-free one of the same index.
 (the NIC model), so the machine's load does not enter.
 
     python warm.py W K GBITS SEEDS > warm_W.txt
-    SW=seconds: start_wait; RTOMIN=seconds: rto_min (default: the cluster's)
+    SW=seconds: start_wait; RTOMIN=seconds: rto_min; RTO=seconds: the initial
+    timeout (default: the cluster's)
 
 Worker counters are per client and accumulate over the allreduces, so
 to= and sp= are running totals.
@@ -23,6 +24,8 @@ seeds = [int(x) for x in sys.argv[4].split(",")]
 opt = {}
 if "SW" in os.environ:
     opt["start_wait"] = float(os.environ["SW"])
+if "RTO" in os.environ:
+    opt["rto"] = float(os.environ["RTO"])
 if "RTOMIN" in os.environ:
     opt["rto_min"] = float(os.environ["RTOMIN"])
 n = 1 << 20
