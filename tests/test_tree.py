@@ -776,6 +776,41 @@ def test_leaf_engine_forwards_nc8_as_sum32_and_relays_the_root_result():
     assert len(replay) == 1 and replay[0].worker == 1 and replay[0].payload == result
 
 
+def test_a_root_loss_report_naming_another_leaf_is_taken_and_left():
+    """The root sends its loss reports to its group, so each leaf also
+    gets the reports naming the others (docs/PROTOCOL.md "Loss reports"):
+    such a report is counted under up_status and sends nothing, even when
+    its bitmap lacks this leaf; one naming this leaf sends the partial sum
+    up again at once.  A root reply naming another leaf that is no loss
+    report, or naming no leaf of the root (id >= L), is bad_worker."""
+    from homagg.engine import FLAG_LOSS, FLAG_RETRANS, FLAG_STATUS
+
+    port, eng, root = _leaf_rig(reports=True)  # leaf 3 of 5
+    pay = np.ones(16, dtype=">i4").tobytes()
+    (up,) = _leaf_send(port, eng, *(_worker_frame(port, w, 6, "sum32", pay) for w in range(2)))
+    lacking = bytes([0b00010])  # leaf 1 in, this leaf (3) not
+    loss = FLAG_STATUS | FLAG_LOSS
+
+    def report(flags=loss, **kw):
+        return _root_frame(port, root, 6, lacking, flags, lanes=16, **kw)
+
+    def counts():
+        c = eng.counters()
+        return c["up_status"], c["bad_worker"], c["up_retransmissions"]
+
+    assert counts() == (0, 0, 0)
+    for other in (0, 2, 4):
+        assert _leaf_send(port, eng, report(worker=other)) == []
+    assert counts() == (3, 0, 0)
+    for fields in (dict(worker=5), dict(worker=7)):  # no leaf of the root's 5
+        assert _leaf_send(port, eng, report(**fields)) == []
+    assert _leaf_send(port, eng, report(FLAG_STATUS, worker=2)) == []
+    assert counts() == (3, 3, 0)
+    (again,) = _leaf_send(port, eng, report(worker=3))
+    assert again.flags & FLAG_RETRANS and again.payload == up.payload
+    assert counts() == (4, 3, 1)
+
+
 def test_leaf_engine_timers_and_worker_retransmissions():
     """The upward timer doubles per expiry; a worker's retransmission of a
     forwarded set gets a STATUS with every bit and, past half the timeout

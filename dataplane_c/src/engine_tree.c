@@ -520,6 +520,7 @@ bool hg_eng_up_classify(struct hg_engine *e, struct hg_pkt *pkt,
 {
 	struct hg_job *j = job_find(e, v->hdr.job);
 	uint32_t S, q, expect_shadow, uw;
+	bool other;
 	int rc;
 
 	if (j && !j->up && (flags & HG_FLAG_STATUS)) {
@@ -541,7 +542,11 @@ bool hg_eng_up_classify(struct hg_engine *e, struct hg_pkt *pkt,
 		rc = HG_CNT_BAD_FLAGS; /* a reply, but not from the root */
 		goto drop;
 	}
-	if (v->hdr.worker != uw && v->hdr.worker != HG_WORKER_ALL) {
+	/* the root sends its loss reports to its group: one naming another
+	 * leaf is a STATUS, not a stray frame ("Loss reports") */
+	other = v->hdr.worker != uw && v->hdr.worker != HG_WORKER_ALL;
+	if (other && !((flags & HG_FLAG_LOSS) && (flags & HG_FLAG_STATUS) &&
+		       (!j->cfg.up_leaves || v->hdr.worker < j->cfg.up_leaves))) {
 		rc = HG_CNT_BAD_WORKER;
 		goto drop;
 	}
@@ -568,6 +573,12 @@ bool hg_eng_up_classify(struct hg_engine *e, struct hg_pkt *pkt,
 	}
 	if (v->hdr.exp != 0) {
 		rc = HG_CNT_BAD_EXP;
+		goto drop;
+	}
+	if (other) {
+		/* taken and left: acting on it was no faster (docs/PROTOCOL.md
+		 * "Loss reports") */
+		rc = HG_CNT_UP_STATUS;
 		goto drop;
 	}
 	st->pkt = pkt;
