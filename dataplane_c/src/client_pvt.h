@@ -36,10 +36,6 @@
 #define PIPE_MIN 4
 #define PIPE_START 8
 #define RMIN_BUCKET_NS 10000000000ull
-/* A worker of a tree with the pipe's bound takes no RTT sample beyond this
- * many Rmin: it waited on a repair under another leaf (PROTOCOL.md
- * "Repairs in a tree"). */
-#define TREE_SAMPLE_RMINS 8
 /* How far a worker sends past a chunk whose slot an overdue chunk holds
  * (laps of K S chunks past the lowest unsent one): the other slots go on
  * meanwhile. */

@@ -137,22 +137,13 @@ static void pipe_sample(const struct hg_client *c, struct agg *ag, uint64_t r)
  * also moves the pipe's bound; only a full chunk's (full: as many lanes
  * as a chunk of its stream carries) can lower Rmin, since a shorter frame
  * crosses every link faster than any full chunk (PROTOCOL.md "The pipe").
- * A worker of a tree with the bound takes none beyond TREE_SAMPLE_RMINS
- * Rmin but for Rmin itself: its chunk waited on a repair under another
- * leaf that no STATUS told it of (PROTOCOL.md "Repairs in a tree").
  */
 void hg_cl_rtt_sample(const struct hg_client *c, struct agg *ag, uint64_t r,
 		      uint64_t now, bool full)
 {
-	uint64_t m;
-
+	smooth_add(&ag->rtt, r);
 	if (full)
 		rmin_sample(ag, r ? r : 1, now);
-	m = hg_cl_rtt_min(ag);
-	if (c->cfg.pipe_gain_pct && c->cfg.agg_workers < c->cfg.workers && m &&
-	    r > TREE_SAMPLE_RMINS * m)
-		return;
-	smooth_add(&ag->rtt, r);
 	if (c->cfg.pipe_gain_pct)
 		pipe_sample(c, ag, r ? r : 1);
 	set_rto_est(c, ag, now);
