@@ -817,7 +817,9 @@ def test_default_slots_fit_the_aggregator_ring_at_any_size():
         assert cl.job.slots == 16
         check_result(cl.allreduce(grads, "dense", block_elements=BLOCK), grads)
     with Cluster(workers=256, leaves=16, seed=3) as cl:
-        assert cl.job.slots == 16
+        # a tree's aggregator hears 16 senders (docs/PROTOCOL.md "A tree's
+        # slots in the NIC model")
+        assert cl.job.slots == protocol.default_slots(16, pipe=True) == 128
         check_result(cl.allreduce(grads, "dense", block_elements=BLOCK), grads)
     with Cluster(workers=32, seed=3) as cl:
         assert cl.job.slots == 64  # 2048 of the ring

@@ -265,7 +265,9 @@ class Cluster:
     slots: S of each job (None: ``homagg.protocol.default_slots(workers,
     pipe=pipe_gain > 0)``, W x S within the aggregators' receive ring: as
     ``Worker`` and ``homagg run`` choose it without the pipe's bound, and
-    with it up to 256 within half the ring, 256 at W = 4; a job added later
+    with it up to 256 within half the ring, 256 at W = 4; in a tree of L
+    leaves the same of the most senders an aggregator hears,
+    max(ceil(W / L), L): 128 at W = 256 over 16 leaves; a job added later
     gets at most what the ring has left); timeout: the give-up deadline per chunk (s);
     rto: the initial retransmission timeout (s), used until the first RTT
     sample (None: with the pipe's bound 1.5 times a first chunk's round
@@ -543,10 +545,15 @@ class Cluster:
         return job
 
     def _default_slots(self, s, workers):
-        """default_slots(workers), or fewer when the jobs already on the
-        aggregators hold part of their rings (at least 1: a full ring is
-        then refused by _check_rings, naming the jobs holding it)."""
-        slots = default_slots(workers, pipe=self.pipe_gain > 0)
+        """default_slots of the most senders an aggregator hears (W, or in
+        a tree max(ceil(W / L), L): docs/PROTOCOL.md "A tree's slots in the
+        NIC model"), or fewer when the jobs already on the aggregators hold
+        part of their rings (at least 1: a full ring is then refused by
+        _check_rings, naming the jobs holding it)."""
+        senders = workers
+        if self.leaves:  # the most senders any aggregator of the tree hears
+            senders = max(-(-workers // self.leaves), self.leaves)
+        slots = default_slots(senders, pipe=self.pipe_gain > 0)
         try:
             for k in range(self.aggregators):
                 per_slot, held = _b.sim_agg_frames(s, k, workers, 1)
