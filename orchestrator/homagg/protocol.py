@@ -130,6 +130,13 @@ MAX_DEFAULT_SLOTS = 64
 MAX_PIPE_DEFAULT_SLOTS = 256
 
 
+def tree_senders(workers, leaves):
+    """The most senders any aggregator of a job hears: its ``workers`` at
+    one aggregator, and in a tree of ``leaves`` leaves a leaf's
+    ceil(W / L) workers or the root's L leaves, whichever is more."""
+    return max(-(-int(workers) // int(leaves)), int(leaves)) if leaves else int(workers)
+
+
 def default_slots(workers, ring=DEFAULT_RING_FRAMES, pipe=False):
     """The slots S of a job of ``workers`` workers when the user sets none:
     the most, up to 64, with W x S <= ``ring`` (each worker's window towards

@@ -40,7 +40,13 @@ from homagg.bindings.kernels import OP_SUM32
 from homagg.bindings.wire import PROTOCOL_VERSION
 from homagg import auth, protocol
 from homagg import auth as _auth
-from homagg.protocol import PIPELINE_GROUPS, check_pipeline_groups, default_slots, resolve_slots
+from homagg.protocol import (
+    PIPELINE_GROUPS,
+    check_pipeline_groups,
+    default_slots,
+    resolve_slots,
+    tree_senders,
+)
 from homagg.cost import as_cost
 from homagg.errors import InvalidArgument, OutOfRange, PeerTimeout, error_class, error_for
 from homagg.errors import WorkerError
@@ -550,10 +556,7 @@ class Cluster:
         NIC model"), or fewer when the jobs already on the aggregators hold
         part of their rings (at least 1: a full ring is then refused by
         _check_rings, naming the jobs holding it)."""
-        senders = workers
-        if self.leaves:  # the most senders any aggregator of the tree hears
-            senders = max(-(-workers // self.leaves), self.leaves)
-        slots = default_slots(senders, pipe=self.pipe_gain > 0)
+        slots = default_slots(tree_senders(workers, self.leaves), pipe=self.pipe_gain > 0)
         try:
             for k in range(self.aggregators):
                 per_slot, held = _b.sim_agg_frames(s, k, workers, 1)

@@ -60,7 +60,7 @@ import numpy as np
 
 from homagg.bench import report as rep
 from homagg.bench import workloads
-from homagg.protocol import EXACT_METHODS, METHODS
+from homagg.protocol import EXACT_METHODS, METHODS, tree_senders
 
 DEFAULT_WORKERS = "8,16,32,64,128,256"
 
@@ -431,7 +431,7 @@ def run(args):
         ks = list(dict.fromkeys(aggregators_for(t, W) for t in args.aggregators))
         # (the aggregators or the tree, and the most workers one aggregator serves)
         shapes = [({"aggregators": K}, W) for K in ks]
-        shapes += [({"leaves": L}, max(-(-W // L), L)) for L in tree_leaves(args.leaves, W)]
+        shapes += [({"leaves": L}, tree_senders(W, L)) for L in tree_leaves(args.leaves, W)]
         for shape, per_agg in shapes:
             for m in args.methods:
                 for gbps in args.link_gbps:
