@@ -427,13 +427,15 @@ uint64_t hg_cl_chunk_deadline(const struct hg_client *c, const struct flight *fl
 	 * that the first one's STATUS reply tells the others whether they are
 	 * missing. */
 	if (hg_cl_step_start(c, fl)) {
+		uint64_t w = c->start_wait[hg_cl_start_class(c)];
+
 		/* Only the lowest open chunk of the aggregator asks (the
 		 * others wait for the same peers; its STATUS goes to the
 		 * group); the others' timers start when it has its answer. */
 		if (k != ag->lo_open)
 			return UINT64_MAX;
-		if (c->start_wait[hg_cl_start_class(c)] > rto)
-			rto = c->start_wait[hg_cl_start_class(c)];
+		if (w > rto)
+			rto = w;
 	}
 	return from + rto + hg_cl_turn_offset(c, ag, fl->chunk);
 }
