@@ -357,9 +357,7 @@ int hg_client_get_agg_stats(const struct hg_client *c, uint32_t k,
 	st->rto_floor_ns = ag->stall;
 	st->pipe_limit = c->cfg.pipe_gain_pct ?
 				 (uint64_t)(ag->cwnd > 0 ? ag->cwnd :
-					    PIPE_START < c->cfg.slots ?
-							   PIPE_START :
-							   c->cfg.slots) :
+							   hg_cl_pipe_start(c)) :
 				 0;
 	st->rtt_min_ns = hg_cl_rtt_min(ag);
 	return 0;

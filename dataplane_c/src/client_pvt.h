@@ -31,8 +31,9 @@
 #define DUPTHRESH 3
 
 /* The pipe (PROTOCOL.md "The pipe"): its least bound in chunks, its bound
- * before the aggregator's first RTT sample (at most S), and how long one
- * bucket of Rmin's minimum lasts (ns). */
+ * before the aggregator's first RTT sample with one aggregator (with
+ * several: PIPE_MIN, "Several pipes on one link"; at most S either way:
+ * hg_cl_pipe_start), and how long one bucket of Rmin's minimum lasts (ns). */
 #define PIPE_MIN 4
 #define PIPE_START 8
 #define RMIN_BUCKET_NS 10000000000ull
@@ -210,7 +211,7 @@ struct agg {
 	uint8_t status_tree[TREE_TAIL];
 	struct hg_client_agg_stats st;
 	/* The pipe (PROTOCOL.md "The pipe"), when cfg.pipe_gain_pct: its
-	 * bound in chunks (0: no sample yet, PIPE_START); and Rmin's two
+	 * bound in chunks (0: no sample yet, hg_cl_pipe_start); and Rmin's two
 	 * buckets: the least sample since t_rmin and in the RMIN_BUCKET_NS
 	 * before it. */
 	double cwnd;
@@ -328,6 +329,7 @@ uint64_t hg_cl_next_deadline(const struct hg_client *c, uint64_t now);
 uint64_t hg_cl_rto_backoff(const struct hg_client *c, uint64_t rto);
 /* Rmin of aggregator ag: its least RTT sample of the last 10-20 s (0: none) */
 uint64_t hg_cl_rtt_min(const struct agg *ag);
+uint32_t hg_cl_pipe_start(const struct hg_client *c);
 void hg_cl_rtt_sample(const struct hg_client *c, struct agg *ag, uint64_t r,
 		      uint64_t now, bool full);
 unsigned hg_cl_start_class(const struct hg_client *c);

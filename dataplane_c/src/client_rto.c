@@ -103,8 +103,20 @@ uint64_t hg_cl_rtt_min(const struct agg *ag)
 }
 
 /*
+ * The pipe's bound before its first sample: PIPE_START with one
+ * aggregator, PIPE_MIN with several, whose pipes share this worker's link
+ * (PROTOCOL.md "Several pipes on one link"); at most S.
+ */
+uint32_t hg_cl_pipe_start(const struct hg_client *c)
+{
+	uint32_t start = c->naggs > 1 ? PIPE_MIN : PIPE_START;
+
+	return start < c->cfg.slots ? start : c->cfg.slots;
+}
+
+/*
  * The pipe's bound after a valid RTT sample r (ns; PROTOCOL.md "The
- * pipe"): from PIPE_START, cwnd a 1 / max(cwnd, 8) of the way to
+ * pipe"): from hg_cl_pipe_start, cwnd a 1 / max(cwnd, 8) of the way to
  * g cwnd Rmin / r, within [PIPE_MIN, S].  A pipe of cwnd chunks answered
  * within r carries cwnd / r, so it settles where r = g Rmin; while
  * r = Rmin it doubles about every round trip (cwnd samples).
@@ -118,7 +130,7 @@ static void pipe_sample(const struct hg_client *c, struct agg *ag, uint64_t r)
 	if (!rmin)
 		return; /* no full chunk's sample yet: the bound stays */
 	if (ag->cwnd <= 0)
-		ag->cwnd = PIPE_START;
+		ag->cwnd = hg_cl_pipe_start(c);
 	target = g * ag->cwnd * (double)rmin / (double)r;
 	step = ag->cwnd > 8 ? ag->cwnd : 8;
 	ag->cwnd += (target - ag->cwnd) / step;

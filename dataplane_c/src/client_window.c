@@ -607,13 +607,13 @@ static void pipe_count(const struct hg_client *c, uint32_t *pipe)
 }
 
 /* Whether a first transmission towards ag waits for its pipe: a gain is
- * set and pipe chunks fill the bound (PIPE_START before the aggregator's
- * first RTT sample). */
+ * set and pipe chunks fill the bound (hg_cl_pipe_start before the
+ * aggregator's first RTT sample). */
 static bool pipe_full(const struct hg_client *c, const struct agg *ag, uint32_t pipe)
 {
 	if (!c->cfg.pipe_gain_pct)
 		return false;
-	return pipe >= (ag->cwnd > 0 ? (uint32_t)ag->cwnd : PIPE_START);
+	return pipe >= (ag->cwnd > 0 ? (uint32_t)ag->cwnd : hg_cl_pipe_start(c));
 }
 
 /*
