@@ -30,12 +30,14 @@
  * duplicate-ACK threshold): tolerates reordering by up to DUPTHRESH - 1. */
 #define DUPTHRESH 3
 
-/* The pipe (PROTOCOL.md "The pipe"): its least bound in chunks, its bound
- * before the aggregator's first RTT sample with one aggregator (with
- * several: PIPE_MIN, "Several pipes on one link"; at most S either way:
- * hg_cl_pipe_start), and how long one bucket of Rmin's minimum lasts (ns). */
+/* The pipe (PROTOCOL.md "The pipe"): its least bound in chunks, its
+ * bound before the aggregator's first RTT sample at most, the most chunks
+ * a worker's pipes start with together ("Several pipes on one link":
+ * hg_cl_pipe_start), and how long one bucket of Rmin's minimum lasts
+ * (ns). */
 #define PIPE_MIN 4
 #define PIPE_START 8
+#define PIPE_LINK_START 32
 #define RMIN_BUCKET_NS 10000000000ull
 /* How far a worker sends past a chunk whose slot an overdue chunk holds
  * (laps of K S chunks past the lowest unsent one): the other slots go on

@@ -103,14 +103,19 @@ uint64_t hg_cl_rtt_min(const struct agg *ag)
 }
 
 /*
- * The pipe's bound before its first sample: PIPE_START with one
- * aggregator, PIPE_MIN with several, whose pipes share this worker's link
- * (PROTOCOL.md "Several pipes on one link"); at most S.
+ * The pipe's bound before its first sample: the K pipes share this
+ * worker's link, so they start with at most PIPE_LINK_START chunks
+ * together, each within [PIPE_MIN, PIPE_START] (PROTOCOL.md "Several
+ * pipes on one link"); at most S.
  */
 uint32_t hg_cl_pipe_start(const struct hg_client *c)
 {
-	uint32_t start = c->naggs > 1 ? PIPE_MIN : PIPE_START;
+	uint32_t start = PIPE_LINK_START / (c->naggs ? c->naggs : 1);
 
+	if (start > PIPE_START)
+		start = PIPE_START;
+	if (start < PIPE_MIN)
+		start = PIPE_MIN;
 	return start < c->cfg.slots ? start : c->cfg.slots;
 }
 
