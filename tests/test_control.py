@@ -103,6 +103,49 @@ def test_add_job_with_a_parent(shared):
     assert shared.alive()
 
 
+def test_rotate_key_of_a_tree_leaf(shared):
+    """A leaf of an authenticated tree takes the root's next keys
+    (``parent``: up_epoch 1, then 1 again: given again they replace the
+    first) and its own next secret (epoch 1); a job that is no leaf, or
+    without auth, is refused naming why; a malformed ``parent`` names the
+    field and the fix."""
+    key = "ab" * 32
+    leaf = dict(JOB, job=71, auth=bytes([1]) * 32, mac="blake2b")
+    leaf_parent = dict(PARENT, key=key, reply_key="cd" * 32)
+    with shared.client() as c:
+        c.add_job(**leaf, parent=leaf_parent)
+        c.add_job(**dict(JOB, job=72, auth=bytes([2]) * 32, mac="blake2b"))
+        c.add_job(**dict(JOB, job=73), parent=PARENT)
+        try:
+            nk, nr = bytes(range(32)), bytes(range(32, 64))
+            assert c.rotate_up_key(71, nk, nr)["up_epoch"] == 1
+            assert c.rotate_up_key(71, nr, nk)["up_epoch"] == 1
+            assert c.rotate_key(71, bytes(32), grace=1.0)["epoch"] == 1
+            for job in (72, 73):
+                with pytest.raises(ControlError, match="is no authenticated tree leaf") as ei:
+                    c.rotate_up_key(job, nk, nr)
+                assert ei.value.code == -errno.EPERM
+            with pytest.raises(ControlError, match="no job 74"):
+                c.rotate_up_key(74, nk, nr)
+            for fields, message in [
+                (dict(parent={"key": key}), "field 'parent.reply_key': missing"),
+                (dict(parent={"key": key, "reply_key": "xy"}), "field 'parent.reply_key': must be"),
+                (dict(parent={"key": key, "reply_key": key, "ip": "1.2.3.4"}), "field 'ip'"),
+                (dict(parent=[key]), "field 'parent': must be an object"),
+                (
+                    dict(parent={"key": key, "reply_key": key}, auth="03" * 32),
+                    "without 'auth' or 'grace_ms'",
+                ),
+                (dict(), "or 'parent' with a tree leaf's keys"),
+            ]:
+                reply = c.send_line(json.dumps(dict(cmd="rotate_key", job=71, **fields)).encode())
+                assert reply["ok"] is False and message in reply["error"], (fields, reply)
+        finally:
+            for job in (71, 72, 73):
+                c.remove_job(job)
+    assert shared.alive()
+
+
 @pytest.mark.parametrize(
     "fields, exc, message",
     [
@@ -396,7 +439,11 @@ def test_long_names_are_echoed_whole_characters(shared, name, echoed):
 @given(name=st.text(min_size=1, max_size=120))
 def test_any_unicode_request_gets_a_json_reply(shared, name):
     """Whatever the strings of a request, the reply is JSON: the client
-    raises the daemon's own error for it, never ProtocolError."""
+    raises the daemon's own error for it, never ProtocolError.  (A name
+    that is a multicast address is a valid group: that job is added, and
+    removed again.)"""
+    import ipaddress
+
     with shared.client() as c:
         for fields in (
             {"cmd": name},
@@ -404,6 +451,14 @@ def test_any_unicode_request_gets_a_json_reply(shared, name):
             {"cmd": "add_job", "job": 1, "token": 1, "workers": 1, "slots": 1, "group": name},
         ):
             if fields["cmd"] in ("stats", "remove_job", "add_job", "shutdown") and len(fields) == 1:
+                continue
+            try:
+                valid = ipaddress.IPv4Address(name).is_multicast and fields["cmd"] == "add_job"
+            except ValueError:
+                valid = False
+            if valid:
+                assert c.request(**fields)["job"] == 1
+                c.remove_job(1)
                 continue
             with pytest.raises((InvalidArgument, OutOfRange)):
                 c.request(**fields)
