@@ -331,7 +331,7 @@ static inline bool classify_fast(struct hg_engine *e, struct hg_pkt *pkt,
  * wipes once the burst's MACs are checked (a frame before it in the burst
  * may still hold one).
  */
-static const struct hg_mac_key *worker_key(struct hg_engine *e, struct hg_job *j,
+const struct hg_mac_key *hg_eng_worker_key(struct hg_engine *e, struct hg_job *j,
 					   uint32_t w, uint16_t flags)
 {
 	uint8_t epoch = (uint8_t)(flags >> HG_FLAG_EPOCH_SHIFT);
@@ -471,7 +471,7 @@ static void classify(struct hg_engine *e, struct hg_pkt *pkt, struct hg_stage *s
 	 */
 	st->mac_rc = 0;
 	if (j->mac_len) {
-		st->mac_key = worker_key(e, j, w, flags);
+		st->mac_key = hg_eng_worker_key(e, j, w, flags);
 		if (!st->mac_key) {
 			rc = HG_CNT_BAD_MAC;
 			goto drop;

@@ -129,7 +129,7 @@ static void job_free(struct hg_job *j)
 	free(j->view);
 	hg_eng_keys_free(j->keys, j->cfg.workers + 1);
 	hg_eng_keys_free(j->old_keys, j->cfg.workers + 1);
-	hg_eng_keys_free(j->up_keys, 2);
+	hg_eng_keys_free(j->up_keys, UP_KEYS);
 	memset(j, 0, sizeof(*j));
 }
 
@@ -242,14 +242,14 @@ int hg_engine_add_job(struct hg_engine *e, const struct hg_job_config *jc)
 
 		j->keys = keys_derive(j, jc->secret, &rc);
 		if (!rc && jc->up) {
-			j->up_keys = keys_alloc(2);
+			j->up_keys = keys_alloc(UP_KEYS);
 			rc = !j->up_keys ?
 				     -ENOMEM :
-				     hg_mac_key_init(&j->up_keys[0], j->cfg.mac,
-						     jc->up_key);
+				     hg_mac_key_init(&j->up_keys[UPK_SEND],
+						     j->cfg.mac, jc->up_key);
 			if (!rc)
-				rc = hg_mac_key_init(&j->up_keys[1], j->cfg.mac,
-						     jc->up_reply_key);
+				rc = hg_mac_key_init(&j->up_keys[UPK_REPLY],
+						     j->cfg.mac, jc->up_reply_key);
 		}
 		if (rc) {
 			job_free(j);
@@ -314,7 +314,7 @@ int hg_engine_rotate_key(struct hg_engine *e, uint32_t id,
 	j = job_find(e, id);
 	if (!j)
 		return -ENOENT;
-	if (!j->mac_len || j->up)
+	if (!j->mac_len)
 		return -EPERM;
 	k = keys_derive(j, secret, &rc);
 	if (!k)
@@ -328,6 +328,55 @@ int hg_engine_rotate_key(struct hg_engine *e, uint32_t id,
 	j->mac_ctr = 0;
 	hg_eng_fast_template(e, j); /* the fast path takes the new epoch */
 	return j->epoch;
+}
+
+int hg_engine_rotate_up_key(struct hg_engine *e, uint32_t id,
+			    const uint8_t *key, const uint8_t *reply_key)
+{
+	struct hg_mac_key *n;
+	struct hg_job *j;
+	int rc;
+
+	if (!e || !key || !reply_key)
+		return -EINVAL;
+	j = job_find(e, id);
+	if (!j)
+		return -ENOENT;
+	if (!j->mac_len || !j->up)
+		return -EPERM;
+	/* next keys given again replace the first */
+	n = &j->up_keys[UPK_NEXT_SEND];
+	hg_mac_key_release(&n[0]);
+	hg_mac_key_release(&n[1]);
+	j->up_has_next = false;
+	rc = hg_mac_key_init(&n[0], j->cfg.mac, key);
+	if (!rc)
+		rc = hg_mac_key_init(&n[1], j->cfg.mac, reply_key);
+	if (rc) {
+		hg_mac_key_release(&n[0]);
+		hg_mac_key_release(&n[1]);
+		return rc;
+	}
+	j->up_has_next = true;
+	return (uint8_t)(j->up_epoch + 1);
+}
+
+void hg_eng_up_key_switch(struct hg_job *j)
+{
+	struct hg_mac_key *k = j->up_keys;
+
+	if (!j->up_has_next)
+		return;
+	/* the current reply key becomes the previous one */
+	hg_mac_key_release(&k[UPK_PREV_REPLY]);
+	hg_mac_key_release(&k[UPK_SEND]);
+	memcpy(&k[UPK_PREV_REPLY], &k[UPK_REPLY], sizeof(*k));
+	memcpy(&k[UPK_SEND], &k[UPK_NEXT_SEND], 2 * sizeof(*k));
+	hg_auth_wipe(&k[UPK_NEXT_SEND], 2 * sizeof(*k));
+	j->up_has_prev = true;
+	j->up_has_next = false;
+	j->up_epoch++;
+	j->up_ctr = 0;
 }
 
 int hg_engine_job_count(const struct hg_engine *e)

@@ -137,8 +137,14 @@ struct hg_job {
 	bool old_expired;            /* in e->expired, freed after the burst */
 	uint8_t epoch;               /* current key epoch */
 	uint64_t mac_ctr;            /* auth: replies MACed in this epoch */
-	struct hg_mac_key *up_keys; /* auth leaf: own key at the root, root's */
-	uint64_t up_ctr;            /* auth leaf: requests MACed */
+	/* auth leaf (docs/PROTOCOL.md "Key epochs in a tree"): UP_KEYS keys,
+	 * UPK_SEND/UPK_REPLY of upward epoch up_epoch (its own key at the
+	 * root, the root's), UPK_NEXT_* of up_epoch + 1 when up_has_next,
+	 * UPK_PREV_REPLY of up_epoch - 1 when up_has_prev */
+	struct hg_mac_key *up_keys;
+	uint8_t up_epoch;
+	bool up_has_next, up_has_prev;
+	uint64_t up_ctr; /* auth leaf: requests MACed in up_epoch */
 	struct hg_mac_track up_track; /* auth leaf: the root's MAC counter */
 	size_t mac_len;               /* auth: HG_MAC_LEN, else 0 */
 	uint64_t cnt[HG_CNT__COUNT];
@@ -357,6 +363,25 @@ static inline bool hg_eng_to_group(const struct hg_engine *e,
 {
 	return e->can_replicate && j->cfg.group_ipv4;
 }
+
+enum {
+	UPK_SEND,
+	UPK_REPLY,
+	UPK_NEXT_SEND,
+	UPK_NEXT_REPLY,
+	UPK_PREV_REPLY,
+	UP_KEYS
+};
+
+/* The key that checks worker w's frame of auth job j by its key epoch
+ * (NULL: none, a bad MAC): engine.c, "Key epochs". */
+const struct hg_mac_key *hg_eng_worker_key(struct hg_engine *e, struct hg_job *j,
+					   uint32_t w, uint16_t flags);
+
+/* Auth leaf j's next upward keys become its keys (a root reply of the next
+ * epoch verified, or a resend upward): docs/PROTOCOL.md "Key epochs in a
+ * tree". */
+void hg_eng_up_key_switch(struct hg_job *j);
 
 static inline uint16_t set_flags(const struct hg_job *j, const struct hg_set *s,
 				 uint16_t kind)

@@ -35,7 +35,13 @@ static bool up_frame(struct hg_engine *e, struct hg_job *j,
 		     size_t plen, struct hg_pkt **reuse)
 {
 	uint8_t op = up_op(s->op);
-	struct hg_hdr h = {
+	struct hg_hdr h;
+
+	/* a resend may be lost to a key the root dropped: given next keys
+	 * are used from then on (docs/PROTOCOL.md "Key epochs in a tree") */
+	if (j->mac_len && (kind & HG_FLAG_RETRANS))
+		hg_eng_up_key_switch(j);
+	h = (struct hg_hdr){
 		.version = HG_PROTOCOL_VERSION,
 		.op = op,
 		.flags = set_flags(j, s, kind),
@@ -55,7 +61,8 @@ static bool up_frame(struct hg_engine *e, struct hg_job *j,
 	uint8_t *f;
 
 	if (j->mac_len)
-		h.flags |= HG_FLAG_AUTH;
+		h.flags |= (uint16_t)(HG_FLAG_AUTH |
+				      j->up_epoch << HG_FLAG_EPOCH_SHIFT);
 	p = hg_eng_out_pkt(e, j, reuse ? reuse : &none,
 			   HG_OFF_PAYLOAD + plen + j->mac_len);
 	if (!p)
@@ -66,8 +73,8 @@ static bool up_frame(struct hg_engine *e, struct hg_job *j,
 	hg_wire_put_hdr(f + HG_OFF_HDR, &h);
 	memcpy(f + HG_OFF_PAYLOAD, pl, plen);
 	if (j->mac_len)
-		hg_mac_key_sign(&j->up_keys[0], HG_AUTH_DIR_REQUEST, j->up_ctr,
-				f + HG_OFF_HDR, HG_HDR_LEN + plen,
+		hg_mac_key_sign(&j->up_keys[UPK_SEND], HG_AUTH_DIR_REQUEST,
+				j->up_ctr, f + HG_OFF_HDR, HG_HDR_LEN + plen,
 				f + HG_OFF_PAYLOAD + plen);
 	if (e->wire_flags & HG_WIRE_F_UDP_CSUM)
 		hg_wire_put_udp_csum(f, hg_csum_add(0, f + HG_OFF_HDR,
@@ -383,21 +390,36 @@ void hg_eng_up_worker_retrans(struct hg_engine *e, struct hg_job *j,
  * it (token, worker up_worker or all, shard, slot and shadow, lanes).
  * st->worker carries whether a STATUS has this leaf's bit.
  */
-/* A root reply to auth leaf j: epoch 0, the root's aggregator key. */
+/* A root reply to auth leaf j, checked with the root's aggregator key of
+ * its epoch: the leaf's upward epoch, the next one (whose first verified
+ * reply switches the leaf to it) or the previous one (docs/PROTOCOL.md
+ * "Key epochs in a tree"). */
 static bool up_verify(struct hg_job *j, const struct hg_pkt *pkt,
 		      const struct hg_wire_view *v, uint16_t flags)
 {
 	const uint8_t *h = pkt->data + v->payload_off - HG_HDR_LEN;
+	uint8_t epoch = (uint8_t)(flags >> HG_FLAG_EPOCH_SHIFT);
+	const struct hg_mac_key *k;
 	uint64_t ctr;
 
-	if (!(flags & HG_FLAG_AUTH) || (flags >> HG_FLAG_EPOCH_SHIFT))
+	if (!(flags & HG_FLAG_AUTH))
+		return false;
+	if (epoch == j->up_epoch)
+		k = &j->up_keys[UPK_REPLY];
+	else if (j->up_has_next && epoch == (uint8_t)(j->up_epoch + 1))
+		k = &j->up_keys[UPK_NEXT_REPLY];
+	else if (j->up_has_prev && epoch == (uint8_t)(j->up_epoch - 1))
+		k = &j->up_keys[UPK_PREV_REPLY];
+	else
 		return false;
 	ctr = hg_mac_track_counter(&j->up_track, h);
-	if (!hg_mac_key_check(&j->up_keys[1], HG_AUTH_DIR_REPLY, ctr, h,
+	if (!hg_mac_key_check(k, HG_AUTH_DIR_REPLY, ctr, h,
 			      HG_HDR_LEN + v->payload_len,
 			      pkt->data + v->payload_off + v->payload_len))
 		return false;
 	hg_mac_track_update(&j->up_track, h, ctr);
+	if (k == &j->up_keys[UPK_NEXT_REPLY])
+		hg_eng_up_key_switch(j);
 	return true;
 }
 
@@ -446,15 +468,15 @@ static void report_take(struct hg_engine *e, struct hg_job *j, struct hg_pkt *pk
 	}
 	if (j->mac_len) {
 		struct hg_mac_track *t = &j->peers[w].mac;
+		const struct hg_mac_key *k = hg_eng_worker_key(e, j, w, flags);
 		uint64_t ctr;
 
-		if (!(flags & HG_FLAG_AUTH) ||
-		    (uint8_t)(flags >> HG_FLAG_EPOCH_SHIFT) != j->epoch) {
+		if (!k) {
 			rc = HG_CNT_BAD_MAC;
 			goto drop;
 		}
 		ctr = hg_mac_track_counter(t, h);
-		if (!hg_mac_key_check(&j->keys[w], HG_AUTH_DIR_REQUEST, ctr, h,
+		if (!hg_mac_key_check(k, HG_AUTH_DIR_REQUEST, ctr, h,
 				      HG_HDR_LEN + v->payload_len,
 				      pl + v->payload_len)) {
 			rc = HG_CNT_BAD_MAC;

@@ -596,6 +596,52 @@ static struct sim_job *get_job(const struct hg_sim *s, int job)
 	return (struct sim_job *)&s->jobs[job];
 }
 
+/*
+ * Tree: the next epoch of every key of job jb from the root's new secret,
+ * in the order of docs/PROTOCOL.md "Key epochs in a tree": every leaf the
+ * root's next keys, the root, then leaf by leaf its workers and the leaf
+ * (its next secret derived as at add_tree_job).  The new epoch, or -errno.
+ */
+static int rotate_tree(struct hg_sim *s, struct sim_job *jb,
+		       const uint8_t *secret, uint64_t grace_ns)
+{
+	uint8_t leaf_secret[HG_AUTH_SECRET_LEN];
+	struct hg_job_config ej;
+	uint32_t W = jb->workers;
+	int rc = 0, epoch = -EPERM;
+
+	memset(&ej, 0, sizeof(ej));
+	for (uint32_t l = 0; l < s->leaves && !rc; l++) {
+		rc = leaf_auth(secret, jb->id, l, leaf_secret, &ej);
+		if (!rc) {
+			rc = hg_engine_rotate_up_key(s->agg[l].engine, jb->id,
+						     ej.up_key, ej.up_reply_key);
+			rc = rc < 0 ? rc : 0;
+		}
+	}
+	if (!rc) {
+		epoch = hg_engine_rotate_key(s->agg[s->leaves].engine, jb->id,
+					     secret, grace_ns);
+		rc = epoch < 0 ? epoch : 0;
+	}
+	for (uint32_t l = 0; l < s->leaves && !rc; l++) {
+		rc = leaf_auth(secret, jb->id, l, leaf_secret, NULL);
+		for (uint32_t w = leaf_first(s, W, l);
+		     w < leaf_first(s, W, l + 1) && !rc; w++)
+			rc = hg_client_rotate_key(jb->w[w].client, leaf_secret,
+						  (uint8_t)(jb->epoch + 1));
+		if (!rc) {
+			int e = hg_engine_rotate_key(s->agg[l].engine, jb->id,
+						     leaf_secret, grace_ns);
+
+			rc = e < 0 ? e : 0;
+		}
+	}
+	hg_auth_wipe(leaf_secret, sizeof(leaf_secret));
+	hg_auth_wipe(&ej, sizeof(ej));
+	return rc ? rc : epoch;
+}
+
 int hg_sim_rotate_key(struct hg_sim *s, int job, const uint8_t *secret,
 		      uint64_t grace_ns)
 {
@@ -604,8 +650,6 @@ int hg_sim_rotate_key(struct hg_sim *s, int job, const uint8_t *secret,
 
 	if (!jb || !secret)
 		return jb ? -EINVAL : -ENOENT;
-	if (s->leaves)
-		return -EPERM;
 	for (uint32_t k = 0; k < s->naggs && !rc; k++) {
 		struct hg_job_config jc;
 
@@ -614,10 +658,14 @@ int hg_sim_rotate_key(struct hg_sim *s, int job, const uint8_t *secret,
 		if (!rc && !jc.auth)
 			rc = -EPERM;
 	}
-	for (uint32_t w = 0; w < jb->workers && !rc; w++)
+	if (!rc && s->leaves) {
+		epoch = rotate_tree(s, jb, secret, grace_ns);
+		rc = epoch < 0 ? epoch : 0;
+	}
+	for (uint32_t w = 0; w < jb->workers && !rc && !s->leaves; w++)
 		rc = hg_client_rotate_key(jb->w[w].client, secret,
 					  (uint8_t)(jb->epoch + 1));
-	for (uint32_t k = 0; k < s->naggs && !rc; k++) {
+	for (uint32_t k = 0; k < s->naggs && !rc && !s->leaves; k++) {
 		epoch = hg_engine_rotate_key(s->agg[k].engine, jb->id, secret,
 					     grace_ns);
 		if (epoch < 0)

@@ -143,11 +143,25 @@ int hg_engine_add_job(struct hg_engine *e, const struct hg_job_config *j);
  * epochs"): secret (HG_AUTH_SECRET_LEN bytes) is the new epoch's; replies
  * use it at once; worker frames of the previous epoch are accepted for
  * grace_ns more, then dropped as bad_mac.  Returns the new epoch (0..255),
- * -EINVAL (NULL), -ENOENT (no such job), -EPERM (job without auth, or a
- * tree leaf), -ENOMEM.  The caller wipes its secret.
+ * -EINVAL (NULL), -ENOENT (no such job), -EPERM (job without auth),
+ * -ENOMEM.  The caller wipes its secret.  On a tree leaf only the keys
+ * between the leaf and its workers change (hg_engine_rotate_up_key gives
+ * the upward ones).
  */
 int hg_engine_rotate_key(struct hg_engine *e, uint32_t job,
 			 const uint8_t *secret, uint64_t grace_ns);
+/*
+ * Tree leaf `job` of an auth tree: the root's next key epoch's keys, key
+ * (the leaf's as the root's worker up_worker) and reply_key (the root's
+ * aggregator key), HG_AUTH_KEY_LEN bytes each (docs/PROTOCOL.md "Key
+ * epochs in a tree").  The leaf verifies root replies of both epochs and
+ * sends up with the new keys from the first root reply of the new epoch
+ * or its first resend up.  Returns the next upward epoch (0..255),
+ * -EINVAL (NULL), -ENOENT, -EPERM (no auth, or no tree leaf), -ENOMEM.
+ * The caller wipes its keys.
+ */
+int hg_engine_rotate_up_key(struct hg_engine *e, uint32_t job,
+			    const uint8_t *key, const uint8_t *reply_key);
 /* The job's configuration as the engine holds it (the incarnation chosen
  * when it was 0).  0, -EINVAL (NULL) or -ENOENT. */
 int hg_engine_job_config(const struct hg_engine *e, uint32_t job,

@@ -199,8 +199,10 @@ int hg_sim_build_frame(const struct hg_sim *s, const struct hg_hdr *h,
  * The next key epoch of authenticated job `job` (docs/PROTOCOL.md "Key
  * epochs"): secret (HG_AUTH_SECRET_LEN bytes) goes to every worker of the
  * job first (hg_client_rotate_key), then to every aggregator of it
- * (hg_engine_rotate_key, grace_ns of virtual time).  Returns the new
- * epoch, or -EINVAL / -ENOENT / -EPERM (no auth, or a tree) / -ENOMEM.
+ * (hg_engine_rotate_key, grace_ns of virtual time).  A tree rotates every
+ * level in the order of "Key epochs in a tree": secret is the root's new
+ * one, each leaf's next secret derived from it as at add_job.  Returns the
+ * new epoch, or -EINVAL / -ENOENT / -EPERM (no auth) / -ENOMEM.
  */
 int hg_sim_rotate_key(struct hg_sim *s, int job, const uint8_t *secret,
 		      uint64_t grace_ns);
