@@ -376,6 +376,34 @@ static int get_ipv4(const json_t *o, const char *key, bool required,
  * 64 hex digits each, derived from the root job's secret by whoever
  * registers the tree: the leaf never holds the root's secret.
  */
+/* parent.key and parent.reply_key of object p (both required) into
+ * j->up_key and j->up_reply_key. */
+static int get_up_keys(const json_t *p, struct hg_ctl_job *j, json_t **reply)
+{
+	static const char *const auth_keys[] = { "key", "reply_key" };
+
+	for (int k = 0; k < 2; k++) {
+		const json_t *f = json_object_get(p, auth_keys[k]);
+		uint8_t *out = k ? j->up_reply_key : j->up_key;
+
+		if (!f || json_is_null(f))
+			return reply_error(reply, -EINVAL,
+					   "field 'parent.%s': "
+					   "missing: an authenticated leaf needs %s "
+					   "from the root job's secret (64 hex digits)",
+					   auth_keys[k],
+					   k ? "the root's aggregator key" :
+					       "its own key at the root");
+		if (get_hex32(f, out))
+			return reply_error(reply, -EINVAL,
+					   "field 'parent.%s': must "
+					   "be a key as a string of %d hexadecimal "
+					   "digits",
+					   auth_keys[k], 2 * HG_AUTH_KEY_LEN);
+	}
+	return 0;
+}
+
 static int get_parent(struct hg_control *c, const json_t *o,
 		      struct hg_ctl_job *j, json_t **reply)
 {
@@ -438,32 +466,17 @@ static int get_parent(struct hg_control *c, const json_t *o,
 	if ((rc = get_uint(p, "rto_us", false, 1, 10000000, 0, &v, reply)))
 		return rc;
 	j->up_rto_ns = (uint64_t)v * 1000;
-	for (int k = 0; k < 2; k++) {
+	for (int k = 0; k < 2 && !j->auth; k++) {
 		const json_t *f = json_object_get(p, auth_keys[k]);
-		uint8_t *out = k ? j->up_reply_key : j->up_key;
 
-		if (!j->auth && f && !json_is_null(f))
+		if (f && !json_is_null(f))
 			return reply_error(reply, -EINVAL,
 					   "field 'parent.%s': only "
 					   "with 'auth' (the leaf job's secret)",
 					   auth_keys[k]);
-		if (!j->auth)
-			continue;
-		if (!f || json_is_null(f))
-			return reply_error(reply, -EINVAL,
-					   "field 'parent.%s': "
-					   "missing: an authenticated leaf needs %s "
-					   "from the root job's secret (64 hex digits)",
-					   auth_keys[k],
-					   k ? "the root's aggregator key" :
-					       "its own key at the root");
-		if (get_hex32(f, out))
-			return reply_error(reply, -EINVAL,
-					   "field 'parent.%s': must "
-					   "be a key as a string of %d hexadecimal "
-					   "digits",
-					   auth_keys[k], 2 * HG_AUTH_KEY_LEN);
 	}
+	if (j->auth && (rc = get_up_keys(p, j, reply)))
+		return rc;
 	j->up = 1;
 	return 0;
 }
@@ -673,9 +686,54 @@ static int do_remove_job(struct hg_control *c, const json_t *o, json_t **reply)
 	return 0;
 }
 
+/* rotate_key with "parent" (a tree leaf's keys of the root's next epoch,
+ * docs/PROTOCOL.md "Key epochs in a tree"): replies with "up_epoch". */
+static int rotate_up_key(struct hg_control *c, const json_t *o, uint32_t job,
+			 json_t **reply)
+{
+	static const char *const keys[] = { "key", "reply_key", NULL };
+	const json_t *p = json_object_get(o, "parent");
+	struct hg_ctl_job j = { .job = job };
+	char err[256] = "";
+	int rc;
+
+	if (json_object_get(o, "auth") || json_object_get(o, "grace_ms"))
+		return reply_error(reply, -EINVAL,
+				   "field 'parent': the root's next keys for a "
+				   "tree leaf, without 'auth' or 'grace_ms' "
+				   "(rotate the leaf's own secret in a request "
+				   "of its own)");
+	if (!json_is_object(p))
+		return reply_error(reply, -EINVAL,
+				   "field 'parent': must be an object "
+				   "{\"key\":..,\"reply_key\":..}");
+	if (!c->ops->rotate_up_key)
+		return reply_error(reply, -ENOTSUP,
+				   "rotate_key: 'parent' not supported here");
+	rc = check_keys(p, keys, reply);
+	if (!rc)
+		rc = get_up_keys(p, &j, reply);
+	if (!rc) {
+		rc = c->ops->rotate_up_key(c->ctx, job, j.up_key,
+					   j.up_reply_key, err, sizeof(err));
+		if (rc < 0)
+			rc = reply_error(reply, rc, "rotate_key %u: %s", job,
+					 err[0] ? err : hg_strerror(rc));
+		else if (!(*reply = reply_ok("job", job)) ||
+			 json_object_set_new(*reply, "up_epoch",
+					     json_integer(rc)) < 0)
+			rc = -ENOMEM;
+		else
+			rc = 0;
+	}
+	ctl_job_wipe(&j);
+	return rc;
+}
+
 static int do_rotate_key(struct hg_control *c, const json_t *o, json_t **reply)
 {
-	static const char *const keys[] = { "cmd", "job", "auth", "grace_ms", NULL };
+	static const char *const keys[] = { "cmd",      "job",    "auth",
+					    "grace_ms", "parent", NULL };
 	struct hg_ctl_job j = { 0 };
 	char err[256] = "";
 	json_int_t v, grace;
@@ -684,6 +742,8 @@ static int do_rotate_key(struct hg_control *c, const json_t *o, json_t **reply)
 	if ((rc = keys_and_job(o, keys, &v, reply)))
 		return rc;
 	j.job = (uint32_t)v;
+	if (json_object_get(o, "parent"))
+		return rotate_up_key(c, o, j.job, reply);
 	if ((rc = get_uint(o, "grace_ms", false, 0, 86400000, 10000, &grace, reply)))
 		return rc;
 	if ((rc = get_secret(o, &j, reply)))
@@ -691,7 +751,8 @@ static int do_rotate_key(struct hg_control *c, const json_t *o, json_t **reply)
 	if (!j.auth)
 		return reply_error(reply, -EINVAL,
 				   "field 'auth': missing (the new epoch's secret "
-				   "as %d hexadecimal digits)",
+				   "as %d hexadecimal digits; or 'parent' with a "
+				   "tree leaf's keys of the root's next epoch)",
 				   2 * HG_AUTH_SECRET_LEN);
 	rc = c->ops->rotate_key(c->ctx, j.job, j.secret,
 				(uint64_t)grace * 1000000, err, sizeof(err));

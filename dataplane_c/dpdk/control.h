@@ -23,6 +23,10 @@
  *                                 the job's next key epoch (docs/PROTOCOL.md
  *                                 "Key epochs"); grace_ms optional
  *                                 -> {"ok":true,"job":7,"epoch":1}
+ *   {"cmd":"rotate_key","job":7,"parent":{"key":"<64 hex>",
+ *    "reply_key":"<64 hex>"}}      a tree leaf's keys of the root's next
+ *                                 epoch ("Key epochs in a tree")
+ *                                 -> {"ok":true,"job":7,"up_epoch":1}
  *   {"cmd":"remove_job","job":7}
  *   {"cmd":"stats"}      -> {"ok":true,"stats":{counter:value,...},...,
  *                            "jobs":[7,...]}
@@ -103,6 +107,10 @@ struct hg_ctl_ops {
 	/* The job's next key epoch (>= 0) or -errno; err explains a failure. */
 	int (*rotate_key)(void *ctx, uint32_t job, const uint8_t *secret,
 			  uint64_t grace_ns, char *err, size_t errlen);
+	/* Tree leaf job's keys of the root's next epoch: the next upward
+	 * epoch (>= 0) or -errno.  NULL: refused as -ENOTSUP. */
+	int (*rotate_up_key)(void *ctx, uint32_t job, const uint8_t *key,
+			     const uint8_t *reply_key, char *err, size_t errlen);
 	/* Add members ("name": value) to the reply object; 0 or -errno. */
 	int (*stats)(void *ctx, json_t *reply);
 	/* Add one job's members to the reply object; 0, -ENOENT (no such

@@ -94,16 +94,43 @@ static int ctl_rotate_key(void *ctx, uint32_t job, const uint8_t *secret,
 					  grace_ns);
 	hg_auth_wipe(jc.secret, sizeof(jc.secret));
 	if (rc == -EPERM)
-		snprintf(err, errlen,
-			 "job %u does not authenticate, or is a "
-			 "tree leaf (its keys are not rotated)",
-			 job);
+		snprintf(err, errlen, "job %u does not authenticate", job);
 	else if (rc == -ENOENT)
 		snprintf(err, errlen, "no job %u", job);
 	else if (rc < 0 && k > 1)
 		snprintf(err, errlen,
 			 "engine lcore %u failed (%s) after %u took "
 			 "the new epoch: remove and re-add the job",
+			 k - 1, hg_strerror(rc), k - 1);
+	return rc;
+}
+
+/* A tree leaf's keys of the root's next epoch, on every shard. */
+static int ctl_rotate_up_key(void *ctx, uint32_t job, const uint8_t *key,
+			     const uint8_t *reply_key, char *err, size_t errlen)
+{
+	struct daemon *d = ctx;
+	struct hg_job_config jc = { .job = job };
+	unsigned int k;
+	int rc = 0;
+
+	memcpy(jc.up_key, key, sizeof(jc.up_key));
+	memcpy(jc.up_reply_key, reply_key, sizeof(jc.up_reply_key));
+	for (k = 0; k < d->nshards && rc >= 0; k++)
+		rc = hg_switch_shard_call(&d->shards[k], MB_ROTATE_UP, &jc, job, 0);
+	hg_auth_wipe(jc.up_key, sizeof(jc.up_key));
+	hg_auth_wipe(jc.up_reply_key, sizeof(jc.up_reply_key));
+	if (rc == -EPERM)
+		snprintf(err, errlen,
+			 "job %u is no authenticated tree leaf (only a "
+			 "leaf's keys at its root take 'parent')",
+			 job);
+	else if (rc == -ENOENT)
+		snprintf(err, errlen, "no job %u", job);
+	else if (rc < 0 && k > 1)
+		snprintf(err, errlen,
+			 "engine lcore %u failed (%s) after %u took "
+			 "the new keys: remove and re-add the job",
 			 k - 1, hg_strerror(rc), k - 1);
 	return rc;
 }
@@ -270,6 +297,7 @@ const struct hg_ctl_ops hg_switch_ctl_ops = {
 	.add_job = ctl_add_job,
 	.remove_job = ctl_remove_job,
 	.rotate_key = ctl_rotate_key,
+	.rotate_up_key = ctl_rotate_up_key,
 	.stats = ctl_stats,
 	.job_stats = ctl_job_stats,
 	.shutdown = ctl_shutdown,

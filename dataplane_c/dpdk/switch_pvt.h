@@ -69,12 +69,13 @@ struct opts {
 /* A request to an engine lcore (job changes must run on the lcore that
  * polls the engine: engine.h forbids concurrent control and poll). */
 enum { MB_IDLE, MB_REQ, MB_DONE };
-enum { MB_ADD, MB_REMOVE, MB_JOB_STATS, MB_ROTATE };
+enum { MB_ADD, MB_REMOVE, MB_JOB_STATS, MB_ROTATE, MB_ROTATE_UP };
 
 struct mailbox {
 	int state; /* MB_*, acquire/release atomics */
 	int op;
-	struct hg_job_config jc; /* MB_ROTATE: jc.secret is the new epoch's */
+	struct hg_job_config jc; /* MB_ROTATE: jc.secret is the new epoch's;
+				  * MB_ROTATE_UP: jc.up_key, jc.up_reply_key */
 	uint32_t job;
 	uint64_t grace_ns; /* MB_ROTATE */
 	int rc;

@@ -90,6 +90,9 @@ static int shard_op(struct shard *sh, int op, const struct hg_job_config *jc,
 		return hg_engine_add_job(sh->eng, jc);
 	case MB_ROTATE:
 		return hg_engine_rotate_key(sh->eng, job, jc->secret, grace_ns);
+	case MB_ROTATE_UP:
+		return hg_engine_rotate_up_key(sh->eng, job, jc->up_key,
+					       jc->up_reply_key);
 	case MB_JOB_STATS:
 		return job_stats_fill(sh, job);
 	default:

@@ -82,6 +82,17 @@ static int stub_rotate(void *ctx, uint32_t job, const uint8_t *secret,
 	return job == 1 ? 1 : -ENOENT;
 }
 
+static int stub_rotate_up(void *ctx, uint32_t job, const uint8_t *key,
+			  const uint8_t *reply_key, char *err, size_t errlen)
+{
+	(void)ctx;
+	(void)key;
+	(void)reply_key;
+	(void)err;
+	(void)errlen;
+	return job == 1 ? 1 : -EPERM;
+}
+
 static void stub_shutdown(void *ctx)
 {
 	((struct stub *)ctx)->shutdowns++;
@@ -91,6 +102,7 @@ static const struct hg_ctl_ops ops = {
 	.add_job = stub_add,
 	.remove_job = stub_remove,
 	.rotate_key = stub_rotate,
+	.rotate_up_key = stub_rotate_up,
 	.stats = stub_stats,
 	.shutdown = stub_shutdown,
 };
