@@ -121,6 +121,37 @@ def test_tree_with_auth_is_exact_under_loss(mac):
         assert root["leaf_reports"] > 0  # MACed reports verified at the root
 
 
+@pytest.mark.parametrize("mac", ("umac", "blake2b"))
+def test_tree_key_rotation_fails_no_allreduce(mac):
+    """A running authenticated tree takes two key rotations (docs/PROTOCOL.md
+    "Key epochs in a tree": every leaf the root's next keys, the root, then
+    each leaf's workers and the leaf), under loss, duplication and
+    reordering: every allreduce across the switches and past both grace
+    periods is exact, no frame fails its MAC at any level, and the leaves
+    went on sending up in the new epochs (the root refuses the old epoch
+    once its grace period has passed)."""
+    from homagg import auth
+
+    if mac != "blake2b":
+        require_gmac(auth.mac_available(auth.mac_code(mac)))
+    W = 6
+    grads = make_grads(W, 20000, density=0.1, seed=54)
+    with Cluster(workers=W, leaves=3, seed=11, slots=4, auth=True, mac=mac, **FAULTS) as cl:
+        check_result(cl.allreduce(grads, method="lhc", block_elements=BLOCK), grads)
+        for epoch in (1, 2):
+            assert cl.rotate_key(bytes([epoch]) * 32, grace=0.001) == epoch
+            t_rotate = cl.stats()["now_ns"]
+            for i in range(100):  # past the grace period, at least 3
+                if i >= 3 and cl.stats()["now_ns"] - t_rotate > 1_000_000:
+                    break
+                check_result(cl.allreduce(grads, method="dense", block_elements=BLOCK), grads)
+            assert cl.stats()["now_ns"] - t_rotate > 1_000_000
+        assert_summed_once(cl, W)
+        *leaves, root = engines(cl)
+        assert root["bad_mac"] == 0 and all(e["bad_mac"] == 0 for e in leaves)
+        assert sum(e["up_retransmissions"] for e in leaves) > 0
+
+
 def test_results_are_multicast_at_each_level():
     W = 8
     grads = make_grads(W, 20000, density=1.0, seed=52, zero_blocks=False)
@@ -686,6 +717,131 @@ def _root_frame(port, root, seq, payload, flags, slots=4, **kw):
     return build_frame(root, port.addr, flags=flags, payload=payload, **fields)
 
 
+@pytest.mark.parametrize("mac", ("umac", "aes-gmac", "blake2b"))
+def test_leaf_engine_takes_the_roots_next_keys(mac):
+    """docs/PROTOCOL.md "Key epochs in a tree", at an authenticated leaf
+    (leaf 3 under a root, job 5): its frames up carry upward epoch 0 and
+    the MAC of its key of root secret R0 (checked by an independent
+    implementation: hashlib, ``cryptography``, numpy UMAC); given its keys
+    of R1 it still sends in epoch 0 and verifies root replies of epochs 0
+    and 1; the first root reply of epoch 1 switches it: its next frame up
+    carries epoch 1, MAC counter 1 and the MAC of its key of R1; a root
+    reply of epoch 0 in flight is still taken, one of epoch 2 or MACed
+    with the wrong epoch's key is bad_mac and relays nothing."""
+    from auth_rig import ref_key, ref_mac
+    from homagg import auth
+    from homagg.engine import (
+        FLAG_RESULT,
+        FLAG_SHADOW,
+        Addr,
+        Engine,
+        MemPort,
+        build_frame,
+        parse_frame,
+    )
+
+    alg = auth.mac_code(mac)
+    if mac != "blake2b":
+        require_gmac(auth.mac_available(alg))
+    leaf_secret, r0, r1 = bytes([7]) * 32, bytes([8]) * 32, bytes([9]) * 32
+    root = Addr.of(bytes([2, 0, 0, 0, 9, 9]), (10 << 24) | 99, 48879)
+    port = MemPort(can_replicate=False)
+    port.set_time(1_000_000)
+    eng = Engine(port)
+    eng.add_job(
+        job=5,
+        token=55,
+        workers=2,
+        slots=4,
+        incarnation=7,
+        auth=leaf_secret,
+        mac=mac,
+        parent={
+            "addr": root,
+            "worker": 3,
+            "shard": 2,
+            "keys": (ref_key(r0, 3, job=5), ref_key(r0, auth.AGGREGATOR, job=5)),
+        },
+    )
+    pay = np.ones(16, dtype=">i4").tobytes()
+    ctr = {0: 0, 1: 0}
+
+    def workers_send(seq):
+        for w in range(2):
+            ctr[w] += 1
+            src = Addr.of(bytes([2, 0, 0, 1, 0, w]), (10 << 24) | (1 << 16) | (w + 1), 40000 + w)
+            f = build_frame(
+                src,
+                port.addr,
+                op="sum32",
+                job=5,
+                token=55,
+                worker=w,
+                seq=seq,
+                slot=seq % 4,
+                flags=FLAG_SHADOW if (seq // 4) % 2 else 0,
+                payload=pay,
+                incarnation=1,
+                key=ref_key(leaf_secret, w, job=5),
+                alg=alg,
+                counter=ctr[w],
+            )
+            port.inject(f)
+        eng.poll_all()
+        return port.pop_all()
+
+    def root_result(seq, epoch, secret, counter):
+        flags = FLAG_RESULT | epoch << 8 | (FLAG_SHADOW if (seq // 4) % 2 else 0)
+        port.inject(
+            build_frame(
+                root,
+                port.addr,
+                op="sum32",
+                job=5,
+                token=55,
+                worker=3,
+                seq=seq,
+                slot=seq % 4,
+                shard=2,
+                incarnation=11,
+                lanes=16,
+                flags=flags,
+                payload=pay,
+                key=ref_key(secret, auth.AGGREGATOR, job=5),
+                alg=alg,
+                counter=counter,
+                direction=1,  # a reply
+            )
+        )
+        eng.poll_all()
+        return [parse_frame(f) for f in port.pop_all()]
+
+    def check_up(raw, epoch, secret, counter):
+        assert len(raw) == 1
+        v = parse_frame(raw[0])
+        assert v.dst.ipv4 == root.ipv4 and v.flags >> 8 == epoch
+        data = raw[0][42 : 42 + 32 + len(v.payload)]
+        assert data[28:32] == counter.to_bytes(4, "big")
+        assert v.mac == ref_mac(ref_key(secret, 3, job=5), data, alg, direction=0)
+        assert v.mac != ref_mac(ref_key(r0 if secret == r1 else r1, 3, job=5), data, alg, 0)
+
+    check_up(workers_send(0), 0, r0, 1)
+    assert eng.rotate_up_key(5, ref_key(r1, 3, job=5), ref_key(r1, auth.AGGREGATOR, job=5)) == 1
+    assert len(root_result(0, 0, r0, 1)) == 2  # epoch 0: relayed to both workers
+    check_up(workers_send(1), 0, r0, 2)  # not switched yet
+    assert len(root_result(1, 1, r1, 1)) == 2  # epoch 1 verified: switched
+    check_up(workers_send(2), 1, r1, 1)
+    check_up(workers_send(3), 1, r1, 2)
+    assert len(root_result(2, 0, r0, 2)) == 2  # an old-epoch reply in flight
+    bad = eng.counters()["bad_mac"]
+    assert root_result(3, 2, r1, 2) == []  # an epoch the leaf has no key of
+    assert root_result(3, 1, r0, 2) == []  # epoch 1 made with epoch 0's key
+    assert eng.counters()["bad_mac"] - bad == 2
+    assert len(root_result(3, 1, r1, 2)) == 2
+    c = eng.counters()
+    assert (c["summed"], c["completed"], c["up_sent"], c["up_results"]) == (8, 4, 4, 4)
+
+
 def test_leaf_engine_forwards_nc8_as_sum32_and_relays_the_root_result():
     """Two NC8 requests complete the leaf's set: one SUM32 request goes up
     (worker 3, the root's shard, exp 0, the int32 partial sum); malformed
@@ -1040,6 +1196,174 @@ def test_testbed_tree_with_auth_exact_under_loss_and_bad_mac_at_the_root(tmp_pat
             sw.stop()
     finally:
         Testbed.down(name, state_dir=sd)
+
+
+@pytest.mark.root
+@pytest.mark.netns
+@pytest.mark.dpdk
+@pytest.mark.timeout(400)
+def test_testbed_tree_key_rotation_while_workers_run(tmp_path):
+    """A running authenticated tree on DPDK daemons (testbed: 3 workers, 2
+    leaves, a root) takes a key rotation at every level between two
+    allreduces of its running workers (``job_file.rotate_tree``: every leaf
+    the root's next keys, the root, then each leaf's own secret; the
+    workers got their leaf's next secret first): no allreduce fails, every
+    result is bit-exact against the numpy reference, no frame is bad_mac
+    at any level, the later allreduces run in the new epochs (the leaves'
+    upward frames too: they run after the root's grace period), and no
+    secret reaches a daemon's output.  A root's keys given to a job that
+    is no tree leaf are refused naming it.  (The workers wait while the
+    keys change, so that no retransmission can meet a key not yet
+    registered: whether one does would depend on scheduling.)"""
+    import os
+    import secrets
+    import threading
+    import time
+
+    from pyroute2.netns import setns
+
+    from helpers import require
+    from homagg import auth
+    from homagg.deploy.local.testbed import Testbed
+    from homagg.errors import HomAggError
+    from homagg.runs import allreduce as runmod
+    from homagg.runs import job as localrun
+    from homagg.switch import job_file
+    from homagg.switch.daemon import Switch, find_switch
+    from homagg.worker import Worker
+
+    require(os.geteuid() == 0, "needs root")
+    try:
+        find_switch()
+    except runmod.RunError as e:
+        require(False, str(e))
+    W, L, rounds, grace = 3, 2, 5, 0.5
+    sd = str(tmp_path / "testbeds")
+    name = "tr" + secrets.token_hex(5)
+    tb = Testbed.up(name, workers=W, link_mbit=1000, leaves=L, state_dir=sd)
+    sws = []
+    try:
+        aggs = tb.aggregators  # the L leaves, then the root
+        for a in aggs:
+            sws.append(Switch(tb, str(tmp_path), host=a.name, frames=W * 8))
+        root0, root1 = auth.new_secret(), auth.new_secret()
+        leaf0 = [auth.new_secret() for _ in range(L)]
+        leaf1 = [auth.new_secret() for _ in range(L)]
+        old_files = [str(tmp_path / f"leaf{k}-e0.secret") for k in range(L)]
+        new_files = [str(tmp_path / f"leaf{k}-e1.secret") for k in range(L)]
+        for k in range(L):
+            auth.create_secret_file(old_files[k], leaf0[k])
+            auth.create_secret_file(new_files[k], leaf1[k])
+        group = "239.77.0.1"
+        fields = job_file.register_tree(
+            [s.control for s in sws],
+            [(a.ip, localrun.UDP_PORT, a.mac) for a in aggs],
+            leaves=L,
+            workers=W,
+            slots=8,
+            group=group,
+            rto=0.02,
+            auth=root0,
+            leaf_auth=leaf0,
+            auth_files=[old_files[tree_leaf_of(w, W, L)] for w in range(W)],
+            mac="blake2b",
+        )
+        job = fields[0]["job"]
+        n = 30_000
+        grads = [localrun.gradient(n, 0.05, "random", 17, w) for w in range(W)]
+        ref = localrun.reference(grads, localrun.DEFAULT_BLOCK)
+        before = [s.control({"cmd": "stats"})["stats"] for s in sws]
+        rotating = threading.Barrier(W + 1, timeout=120)
+        rotated = threading.Barrier(W + 1, timeout=120)
+        results = [[] for _ in range(W)]
+        errors = [None] * W
+
+        def work(w):
+            f, leaf = fields[w], tree_leaf_of(w, W, L)
+            try:
+                setns(tb.workers[w].netns, flags=0)  # this thread only
+                with Worker(
+                    job=job,
+                    token=f["token"],
+                    worker=w,
+                    workers=W,
+                    aggregator=(aggs[leaf].ip, localrun.UDP_PORT),
+                    group=f["group"],
+                    bind=(tb.workers[w].ip, 0),
+                    timeout=30.0,
+                    slots=8,
+                    rto=0.02,
+                    auth_file=f["auth_file"],
+                    mac="blake2b",
+                    leaf_ids=f["leaf_ids"],
+                ) as wk:
+                    for r in range(rounds):
+                        if r == 2:  # past the root's grace period
+                            time.sleep(2 * grace)
+                        results[w].append(
+                            wk.allreduce(grads[w], method="lhc", block=localrun.DEFAULT_BLOCK)
+                        )
+                        if r == 0:
+                            wk.rotate_key(new_files[leaf], 1)
+                            rotating.wait()
+                            rotated.wait()
+            except Exception as exc:  # noqa: BLE001 - reported below
+                errors[w] = exc
+                rotating.abort()
+                rotated.abort()
+
+        threads = [threading.Thread(target=work, args=(w,), daemon=True) for w in range(W)]
+        for t in threads:
+            t.start()
+        try:
+            rotating.wait()
+        except threading.BrokenBarrierError:
+            pass
+        else:
+            try:
+                epoch = job_file.rotate_tree(
+                    [s.control for s in sws],
+                    leaves=L,
+                    job=job,
+                    auth=root1,
+                    leaf_auth=leaf1,
+                    grace=grace,
+                )
+            finally:
+                rotated.wait()
+            assert epoch == 1
+        for t in threads:
+            t.join(240)
+        assert not any(t.is_alive() for t in threads)
+        assert errors == [None] * W, errors
+        want = ref.view(np.uint32)
+        for per_worker in results:
+            assert len(per_worker) == rounds
+            for y in per_worker:
+                assert np.array_equal(y.view(np.uint32), want)
+        after = [s.control({"cmd": "stats"})["stats"] for s in sws]
+        for b, a in zip(before, after):
+            assert a["bad_mac"] == b["bad_mac"], (b, a)
+            assert a["completed"] > b["completed"]
+        # a root's next keys for a job that is no leaf: refused, naming it
+        with sws[L].client() as c, pytest.raises(HomAggError, match="no authenticated tree leaf"):
+            c.rotate_up_key(job, bytes(32), bytes(32))
+        for s in sws:
+            with open(s.logpath, errors="replace") as f:
+                log = f.read()
+            for x in (root0, root1, *leaf0, *leaf1):
+                assert x.hex() not in log
+    finally:
+        for s in sws:
+            s.stop()
+        Testbed.down(name, state_dir=sd)
+
+
+def tree_leaf_of(w, workers, leaves):
+    """The leaf of worker w (register_tree's split)."""
+    from homagg.switch.job_file import tree_leaf
+
+    return tree_leaf(w, workers, leaves)[0]
 
 
 def test_register_tree_with_auth_gives_each_level_its_own_secret():

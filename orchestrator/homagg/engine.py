@@ -332,6 +332,15 @@ class Engine:
         seconds more (docs/PROTOCOL.md "Key epochs").  Returns the epoch."""
         return _e.engine_rotate_key(self._e, job, secret, int(grace * 1e9))
 
+    def rotate_up_key(self, job, key, reply_key):
+        """Tree leaf ``job`` of an authenticated tree: the keys of the root's
+        next key epoch (the leaf's key at the root, the root's aggregator
+        key, as ``parent["keys"]`` of add_job), given before the root
+        rotates; the leaf verifies root replies of both epochs and sends
+        up with the new keys from the first reply of the new one
+        (docs/PROTOCOL.md "Key epochs in a tree").  Returns that epoch."""
+        return _e.engine_rotate_up_key(self._e, job, key, reply_key)
+
     def job_config(self, job):
         """The job's configuration as the engine holds it (a dict)."""
         return _e.engine_job_config(self._e, job)

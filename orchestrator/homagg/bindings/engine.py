@@ -103,6 +103,22 @@ def engine_rotate_key(e, job, secret, grace_ns):
         lib.hg_auth_wipe(s, len(s))
 
 
+def engine_rotate_up_key(e, job, key, reply_key):
+    """hg_engine_rotate_up_key: a tree leaf's keys of the root's next key
+    epoch; the leaf's next upward epoch."""
+    k, r = (bytes(x) for x in (key, reply_key))
+    if len(k) != AUTH_SECRET_LEN or len(r) != AUTH_SECRET_LEN:
+        raise InvalidArgument(f"rotate_up_key: two keys of {AUTH_SECRET_LEN} bytes")
+    kb, rb = ffi.new("uint8_t[]", k), ffi.new("uint8_t[]", r)
+    try:
+        return check(
+            lib.hg_engine_rotate_up_key(e, int(job), kb, rb), f"rotate upward keys of job {job}"
+        )
+    finally:
+        lib.hg_auth_wipe(kb, len(kb))
+        lib.hg_auth_wipe(rb, len(rb))
+
+
 def engine_job_config(e, job):
     """The job's configuration as the engine holds it (JOB_FIELDS)."""
     j = ffi.new("struct hg_job_config *")

@@ -8,7 +8,8 @@ read the job, put a file on every worker host, talk to every aggregator and
 write the job files): ``TestbedKeys`` for a local testbed, ``InventoryKeys``
 for the hosts of an inventory over SSH.  The steps, in this order:
 
-1. the checks: the job authenticates, is no tree, and the grace period of
+1. the checks: the job authenticates, is no tree (a tree rotates with
+   ``homagg.switch.job_file.rotate_tree``), and the grace period of
    the last rotation has passed (the record of it, ``rotation.json``);
 2. a new secret (``secrets``) into a new file, mode 0600, on every worker
    host (``job-eN.secret`` beside the job file; over SFTP on inventory
@@ -48,7 +49,7 @@ ROTATION_FILE = "rotation.json"  # the last rotation, beside the job file
 DEFAULT_GRACE = 10.0  # seconds; the control socket's default
 DEFAULT_PICKUP = 2.0  # seconds between the job files and the aggregators
 
-TREE_REFUSAL = "Tree jobs are not rotated (re-add them with new secrets)."
+TREE_REFUSAL = "a tree rotates with homagg.switch.job_file.rotate_tree"
 
 
 def secret_name(epoch: int) -> str:

@@ -189,6 +189,17 @@ class ControlClient:
             "rotate_key", job=job, auth=bytes(secret).hex(), grace_ms=int(grace * 1000)
         )
 
+    def rotate_up_key(self, job, key, reply_key):
+        """Tree leaf ``job``: its keys of the root's next key epoch (its own
+        key at the root, the root's aggregator key; 32 bytes each), given
+        before the root rotates (docs/PROTOCOL.md "Key epochs in a tree").
+        The reply carries the next ``up_epoch``."""
+        return self.request(
+            "rotate_key",
+            job=job,
+            parent={"key": bytes(key).hex(), "reply_key": bytes(reply_key).hex()},
+        )
+
     def stats(self):
         """{"stats": {counter: value}, "port": {counter: value}}"""
         reply = self.request("stats")

@@ -441,6 +441,56 @@ def register_tree(
     return out
 
 
+def rotate_tree(controls, *, leaves, job, auth, leaf_auth, give_workers=None, grace=10.0):
+    """The next key epoch of every level of the running authenticated tree
+    ``job`` (registered by ``register_tree``; ``controls`` the L leaves,
+    then the root), in the order of docs/PROTOCOL.md "Key epochs in a tree":
+
+    1. every leaf gets its keys of the root's new secret ``auth`` (its own
+       key at the root, the root's reply key), never the secret itself;
+    2. the root takes ``auth``; the leaves' frames of the old epoch are
+       accepted ``grace`` seconds more;
+    3. leaf by leaf: ``give_workers(l, leaf_auth[l])`` gives its workers
+       their next secret (``Worker.rotate_key``; None: they have it
+       already), then the leaf takes ``leaf_auth[l]`` with ``grace``.
+
+    Returns the root's new epoch.  A failure is raised at once: the steps
+    done stay done, and running the rotation again with the same secrets
+    gives every level the epoch after (a level two epochs on holds no key
+    of the first: re-register the tree)."""
+    from homagg import auth as hg_auth
+
+    if len(controls) != leaves + 1 or len(leaf_auth) != leaves:
+        raise ValueError("rotate_tree: L leaf controls then the root's, one secret per leaf")
+    grace_ms = int(grace * 1000)
+    for k in range(leaves):
+        controls[k](
+            {
+                "cmd": "rotate_key",
+                "job": int(job),
+                "parent": {
+                    "key": hg_auth.derive_key(auth, job, k).hex(),
+                    "reply_key": hg_auth.derive_key(auth, job, hg_auth.AGGREGATOR).hex(),
+                },
+            }
+        )
+    epoch = controls[leaves](
+        {"cmd": "rotate_key", "job": int(job), "auth": bytes(auth).hex(), "grace_ms": grace_ms}
+    )["epoch"]
+    for k in range(leaves):
+        if give_workers is not None:
+            give_workers(k, leaf_auth[k])
+        controls[k](
+            {
+                "cmd": "rotate_key",
+                "job": int(job),
+                "auth": bytes(leaf_auth[k]).hex(),
+                "grace_ms": grace_ms,
+            }
+        )
+    return int(epoch)
+
+
 def _cost_dict(cost):
     from homagg.cost import Cost
 
