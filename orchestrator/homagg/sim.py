@@ -716,7 +716,9 @@ class Cluster:
         """The next key epoch of ``job`` (default: the first) with
         ``secret``: its workers get it first, then its aggregators, whose
         grace period for the previous epoch is ``grace`` seconds of virtual
-        time (docs/PROTOCOL.md "Key epochs").  Returns the epoch."""
+        time (docs/PROTOCOL.md "Key epochs").  In a tree ``secret`` is the
+        root's: every level rotates in the order of "Key epochs in a tree",
+        each leaf's next secret derived from it.  Returns the epoch."""
         job = job or self.job
         epoch = _b.sim_rotate_key(self._live(), job.index, secret, int(grace * 1e9))
         job.secret, job.epoch = bytes(secret), epoch
