@@ -643,10 +643,11 @@ def test_register_tree_requests_and_job_files(tmp_path):
 # ---- one leaf engine on the in-memory port: the root's side by hand -------
 
 
-def _leaf_rig(workers=2, slots=4, rto=1e-3, give_up=1.0, replicate=False, reports=False):
+def _leaf_rig(workers=2, slots=4, rto=1e-3, give_up=1.0, replicate=False, reports=False, auth=None):
     """A leaf engine (job 5, workers 0..W-1) under a root at .99; with
     ``reports`` it is leaf 3 of 5 whose first worker is job worker 4, so it
-    sends leaf reports ("Who is missing in a tree")."""
+    sends leaf reports ("Who is missing in a tree"); ``auth``: add_job's
+    ``auth`` and ``mac`` and the parent's ``keys``."""
     from homagg.engine import Addr, Engine, MemPort
 
     root = Addr.of(bytes([2, 0, 0, 0, 9, 9]), (10 << 24) | 99, 48879)
@@ -661,7 +662,9 @@ def _leaf_rig(workers=2, slots=4, rto=1e-3, give_up=1.0, replicate=False, report
         incarnation=7,
         group="239.1.0.9" if replicate else 0,
         parent={"addr": root, "worker": 3, "shard": 2, "rto": rto, "give_up": give_up}
-        | ({"base": 4, "leaves": 5} if reports else {}),
+        | ({"base": 4, "leaves": 5} if reports else {})
+        | ({"keys": auth["keys"]} if auth else {}),
+        **({"auth": auth["auth"], "mac": auth["mac"]} if auth else {}),
     )
     return port, eng, root
 
@@ -730,38 +733,18 @@ def test_leaf_engine_takes_the_roots_next_keys(mac):
     with the wrong epoch's key is bad_mac and relays nothing."""
     from auth_rig import ref_key, ref_mac
     from homagg import auth
-    from homagg.engine import (
-        FLAG_RESULT,
-        FLAG_SHADOW,
-        Addr,
-        Engine,
-        MemPort,
-        build_frame,
-        parse_frame,
-    )
+    from homagg.engine import FLAG_RESULT, FLAG_SHADOW, Addr, build_frame, parse_frame
 
     alg = auth.mac_code(mac)
     if mac != "blake2b":
         require_gmac(auth.mac_available(alg))
     leaf_secret, r0, r1 = bytes([7]) * 32, bytes([8]) * 32, bytes([9]) * 32
-    root = Addr.of(bytes([2, 0, 0, 0, 9, 9]), (10 << 24) | 99, 48879)
-    port = MemPort(can_replicate=False)
-    port.set_time(1_000_000)
-    eng = Engine(port)
-    eng.add_job(
-        job=5,
-        token=55,
-        workers=2,
-        slots=4,
-        incarnation=7,
-        auth=leaf_secret,
-        mac=mac,
-        parent={
-            "addr": root,
-            "worker": 3,
-            "shard": 2,
+    port, eng, root = _leaf_rig(
+        auth={
+            "auth": leaf_secret,
+            "mac": mac,
             "keys": (ref_key(r0, 3, job=5), ref_key(r0, auth.AGGREGATOR, job=5)),
-        },
+        }
     )
     pay = np.ones(16, dtype=">i4").tobytes()
     ctr = {0: 0, 1: 0}
