@@ -1039,6 +1039,67 @@ def test_leaf_upward_timeout_follows_the_round_trip_to_the_root():
     assert eng.counters()["up_retransmissions"] == 1
 
 
+def test_leaf_waits_out_the_holdoff_on_a_root_status_that_lacks_it():
+    """docs/PROTOCOL.md "Repairs in a tree", a root STATUS that lacks the
+    leaf: before any answer-time sample the leaf resends at once; the
+    root's answer to that resend (a STATUS showing the leaf present, 20 us
+    later) is a sample, so the hold-off is 20 + 4 x 10 = 60 us.  Then a
+    STATUS lacking the leaf 10 us after a send puts the resend off to the
+    end of the hold-off, where the timer sends it without doubling; one
+    followed by a STATUS showing the leaf present is dropped, and the
+    set's timer is the upward timeout from its send again."""
+    from homagg.engine import FLAG_RESULT, FLAG_RETRANS, FLAG_STATUS
+
+    port, eng, root = _leaf_rig(rto=1e-3, give_up=1.0)
+    pay = np.ones(16, dtype=">i4").tobytes()
+    lacking = _bits([0, 1], 1) + bytes(1)  # leaves 0 and 1 in, not 3
+    present = _bits([0, 1, 3], 1) + bytes(1)
+
+    def complete(seq, at):
+        port.set_time(at)
+        out = _leaf_send(port, eng, *(_worker_frame(port, w, seq, "sum32", pay) for w in range(2)))
+        assert len(out) == 1 and out[0].seq == seq and not out[0].flags & FLAG_RETRANS
+
+    def status(seq, bits, at):
+        port.set_time(at)
+        return _leaf_send(port, eng, _root_frame(port, root, seq, bits, FLAG_STATUS, lanes=16))
+
+    t0 = 1_000_000
+    complete(0, t0)
+    out = status(0, lacking, t0 + 10_000)  # no sample yet: at once
+    assert len(out) == 1 and out[0].flags & FLAG_RETRANS and out[0].seq == 0
+    assert status(0, present, t0 + 30_000) == []  # a 20 us answer
+    assert eng.counters()["up_retransmissions"] == 1
+    port.set_time(t0 + 40_000)  # set 0 done: its timer is out of the way
+    result = np.full(16, 2, dtype=">i4").tobytes()
+    assert len(_leaf_send(port, eng, _root_frame(port, root, 0, result, FLAG_RESULT))) == 2
+
+    t1 = t0 + 100_000
+    complete(1, t1)
+    assert status(1, lacking, t1 + 10_000) == []  # within 60 us: put off
+    assert eng.next_deadline == t1 + 60_000
+    port.set_time(t1 + 59_999)
+    assert eng.timers() == 0 and port.pop_all() == []
+    port.set_time(t1 + 60_000)
+    assert eng.timers() == 1
+    out = [_parse(f) for f in port.pop_all()]
+    assert len(out) == 1 and out[0].flags & FLAG_RETRANS and out[0].seq == 1
+    assert eng.counters()["up_retransmissions"] == 2
+    # asked for, not an expiry: the next timeout is 1 ms, not doubled
+    assert eng.next_deadline == t1 + 60_000 + 1_000_000
+
+    t2 = t1 + 200_000
+    complete(2, t2)
+    assert status(2, lacking, t2 + 10_000) == []
+    assert status(2, present, t2 + 20_000) == []  # in at the root after all
+    port.set_time(t2 + 60_000)
+    assert eng.timers() == 0 and port.pop_all() == []
+    assert eng.counters()["up_retransmissions"] == 2
+    # a STATUS lacking it after the hold-off: at once
+    out = status(2, lacking, t2 + 70_000)
+    assert len(out) == 1 and out[0].flags & FLAG_RETRANS and out[0].seq == 2
+
+
 def _parse(f):
     from homagg.engine import parse_frame
 

@@ -196,6 +196,8 @@ struct hg_up_timer {
 	uint32_t overtaken;
 	bool awaiting; /* sent up, and the root has not answered since */
 	bool resent;   /* sent up more than once (no round-trip sample) */
+	bool deferred; /* a resend a root STATUS asked for within the
+			* hold-off: due_ns is its time, not an expiry */
 };
 
 /* What the first pass learned of one frame of a burst. */

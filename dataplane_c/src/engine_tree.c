@@ -173,6 +173,7 @@ static void up_send(struct hg_engine *e, struct hg_job *j, struct hg_set *s,
 		t->txn_first = t->txn_last;
 	t->overtaken = 0;
 	t->awaiting = true;
+	t->deferred = false;
 	t->sent_ns = now;
 	t->due_ns = now + up_timeout(j, t);
 	if (t->due_ns < e->up_next)
@@ -339,14 +340,16 @@ static void up_overtaken(struct hg_engine *e, struct hg_job *j,
 }
 
 /*
- * The root answered (RESULT or STATUS) forwarded set s at time now: the
- * time since its latest send up is a sample of the root's answer time,
- * smoothed as RFC 6298 smooths RTT samples (a first send's may include
- * the wait for the other leaves; the root answers a resend at once).
+ * The root answered forwarded set s at time now with its RESULT or a
+ * STATUS showing this leaf present: when its latest send up was a resend,
+ * the time since is a sample of the root's answer time, smoothed as RFC
+ * 6298 smooths RTT samples (the root answers a resend at once; a first
+ * send's answer may include the wait for the other leaves, and a STATUS
+ * lacking the leaf answers no send of it).
  */
 static void up_reply_sample(struct hg_job *j, struct hg_up_timer *t, uint64_t now)
 {
-	if (!t->awaiting || now < t->sent_ns)
+	if (!t->awaiting || !t->resent || now < t->sent_ns)
 		return;
 	t->awaiting = false;
 	smooth_rfc6298(&j->up_reply_avg, &j->up_reply_var, &j->up_reply_have,
@@ -366,6 +369,31 @@ static uint64_t up_holdoff(const struct hg_job *j)
 	if (j->up_reply_have && j->up_reply_avg + 4 * j->up_reply_var < h)
 		h = j->up_reply_avg + 4 * j->up_reply_var;
 	return h;
+}
+
+/*
+ * A root STATUS of forwarded set s lacks this leaf (docs/PROTOCOL.md
+ * "Repairs in a tree"): the partial sum goes up again at once, or, when
+ * it went up less than the hold-off ago (once the root's answer time is
+ * measured), at the end of the hold-off from the set's timer, unless the
+ * root shows the leaf present or sends the result before.
+ */
+static void up_lacking(struct hg_engine *e, struct hg_job *j, struct hg_set *s,
+		       const uint8_t *acc, struct hg_pkt **reuse)
+{
+	struct hg_up_timer *t = &j->up[s - j->sets];
+	uint64_t now = hg_port_now(e->port);
+	uint64_t h = j->up_reply_have ? up_holdoff(j) : 0;
+
+	if (t->due_ns == UINT64_MAX || now - t->sent_ns >= h) {
+		up_asked(e, j, s, acc, 0, reuse);
+		return;
+	}
+	if (!t->deferred || t->sent_ns + h < t->due_ns)
+		t->due_ns = t->sent_ns + h;
+	t->deferred = true;
+	if (t->due_ns < e->up_next)
+		e->up_next = t->due_ns;
 }
 
 /*
@@ -701,7 +729,8 @@ void hg_eng_up_apply(struct hg_engine *e, struct hg_stage *st)
 	}
 	t = &j->up[s - j->sets];
 	now = hg_port_now(e->port);
-	up_reply_sample(j, t, now);
+	if (!(st->flags & HG_FLAG_STATUS) || st->worker)
+		up_reply_sample(j, t, now);
 	if (!(st->flags & HG_FLAG_STATUS) && !t->resent && now >= t->first_ns)
 		up_rtt_sample(j, now - t->first_ns);
 	if (st->flags & HG_FLAG_STATUS) {
@@ -710,12 +739,17 @@ void hg_eng_up_apply(struct hg_engine *e, struct hg_stage *st)
 		if (j->cfg.up_leaves && keep_view(j, s, st->in, st->plen))
 			status_to_all(e, j, s);
 		if (!st->worker) {
-			up_asked(e, j, s, st->acc, 0, &pkt);
+			up_lacking(e, j, s, st->acc, &pkt);
 		} else {
 			/* in at the root: the set waits for another leaf, and
-			 * only sets sent up from now on overtake it */
-			j->up[s - j->sets].txn_last = j->up_txn;
-			j->up[s - j->sets].overtaken = 0;
+			 * only sets sent up from now on overtake it; a resend
+			 * put off for the hold-off is not needed */
+			t->txn_last = j->up_txn;
+			t->overtaken = 0;
+			if (t->deferred) {
+				t->deferred = false;
+				t->due_ns = t->sent_ns + up_timeout(j, t);
+			}
 		}
 		if (pkt)
 			queue_free(e, pkt);
@@ -765,6 +799,13 @@ int hg_engine_timers(struct hg_engine *e)
 			if (now - t->first_ns >= j->cfg.up_give_up_ns) {
 				t->due_ns = UINT64_MAX;
 				count(e, j, HG_CNT_UP_ABANDONED);
+				continue;
+			}
+			if (t->deferred) { /* asked for: no expiry */
+				up_send(e, j, &j->sets[i],
+					j->acc + i * j->acc_stride, UP_ASKED,
+					NULL);
+				resent++;
 				continue;
 			}
 			up_expired(j, t, now);
