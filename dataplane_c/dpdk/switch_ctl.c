@@ -78,61 +78,59 @@ static int ctl_remove_job(void *ctx, uint32_t job)
 	return rc;
 }
 
-/* The new epoch on every shard.  A shard that fails after others took it
- * leaves the job's epochs differing between shards: named in err. */
-static int ctl_rotate_key(void *ctx, uint32_t job, const uint8_t *secret,
-			  uint64_t grace_ns, char *err, size_t errlen)
+/*
+ * Key request op (MB_ROTATE: jc->secret; MB_ROTATE_UP: jc->up_key and
+ * jc->up_reply_key) on every shard; the key material in jc is wiped.  A
+ * shard that fails after others took the new keys leaves them differing
+ * between shards: named in err, as are -EPERM (eperm) and -ENOENT.
+ */
+static int ctl_keys_on_shards(struct daemon *d, int op,
+			      struct hg_job_config *jc, uint64_t grace_ns,
+			      const char *eperm, char *err, size_t errlen)
 {
-	struct daemon *d = ctx;
-	struct hg_job_config jc = { .job = job };
 	unsigned int k;
 	int rc = 0;
 
-	memcpy(jc.secret, secret, sizeof(jc.secret));
 	for (k = 0; k < d->nshards && rc >= 0; k++)
-		rc = hg_switch_shard_call(&d->shards[k], MB_ROTATE, &jc, job,
-					  grace_ns);
-	hg_auth_wipe(jc.secret, sizeof(jc.secret));
+		rc = hg_switch_shard_call(&d->shards[k], op, jc, jc->job, grace_ns);
+	hg_auth_wipe(jc->secret, sizeof(jc->secret));
+	hg_auth_wipe(jc->up_key, sizeof(jc->up_key));
+	hg_auth_wipe(jc->up_reply_key, sizeof(jc->up_reply_key));
 	if (rc == -EPERM)
-		snprintf(err, errlen, "job %u does not authenticate", job);
+		snprintf(err, errlen, "job %u %s", jc->job, eperm);
 	else if (rc == -ENOENT)
-		snprintf(err, errlen, "no job %u", job);
-	else if (rc < 0 && k > 1)
-		snprintf(err, errlen,
-			 "engine lcore %u failed (%s) after %u took "
-			 "the new epoch: remove and re-add the job",
-			 k - 1, hg_strerror(rc), k - 1);
-	return rc;
-}
-
-/* A tree leaf's keys of the root's next epoch, on every shard. */
-static int ctl_rotate_up_key(void *ctx, uint32_t job, const uint8_t *key,
-			     const uint8_t *reply_key, char *err, size_t errlen)
-{
-	struct daemon *d = ctx;
-	struct hg_job_config jc = { .job = job };
-	unsigned int k;
-	int rc = 0;
-
-	memcpy(jc.up_key, key, sizeof(jc.up_key));
-	memcpy(jc.up_reply_key, reply_key, sizeof(jc.up_reply_key));
-	for (k = 0; k < d->nshards && rc >= 0; k++)
-		rc = hg_switch_shard_call(&d->shards[k], MB_ROTATE_UP, &jc, job, 0);
-	hg_auth_wipe(jc.up_key, sizeof(jc.up_key));
-	hg_auth_wipe(jc.up_reply_key, sizeof(jc.up_reply_key));
-	if (rc == -EPERM)
-		snprintf(err, errlen,
-			 "job %u is no authenticated tree leaf (only a "
-			 "leaf's keys at its root take 'parent')",
-			 job);
-	else if (rc == -ENOENT)
-		snprintf(err, errlen, "no job %u", job);
+		snprintf(err, errlen, "no job %u", jc->job);
 	else if (rc < 0 && k > 1)
 		snprintf(err, errlen,
 			 "engine lcore %u failed (%s) after %u took "
 			 "the new keys: remove and re-add the job",
 			 k - 1, hg_strerror(rc), k - 1);
 	return rc;
+}
+
+/* The new epoch on every shard. */
+static int ctl_rotate_key(void *ctx, uint32_t job, const uint8_t *secret,
+			  uint64_t grace_ns, char *err, size_t errlen)
+{
+	struct hg_job_config jc = { .job = job };
+
+	memcpy(jc.secret, secret, sizeof(jc.secret));
+	return ctl_keys_on_shards(ctx, MB_ROTATE, &jc, grace_ns,
+				  "does not authenticate", err, errlen);
+}
+
+/* A tree leaf's keys of the root's next epoch, on every shard. */
+static int ctl_rotate_up_key(void *ctx, uint32_t job, const uint8_t *key,
+			     const uint8_t *reply_key, char *err, size_t errlen)
+{
+	struct hg_job_config jc = { .job = job };
+
+	memcpy(jc.up_key, key, sizeof(jc.up_key));
+	memcpy(jc.up_reply_key, reply_key, sizeof(jc.up_reply_key));
+	return ctl_keys_on_shards(ctx, MB_ROTATE_UP, &jc, 0,
+				  "is no authenticated tree leaf (only a "
+				  "leaf's keys at its root take 'parent')",
+				  err, errlen);
 }
 
 static int engine_times(struct daemon *d, json_t *reply);
