@@ -15,12 +15,14 @@ shaped in both directions (tbf).  What was created is recorded in
 
 `up` also starts homagg-switch in every aggregator namespace and registers
 one job for all the workers, spread over the aggregators, with its job file
-(HOMAGG_JOB_FILE of homagg.torch; --no-daemon: the network only; a tree
-testbed gets neither, `homagg run` sets its job up).  `homagg
+(HOMAGG_JOB_FILE of homagg.torch; --no-daemon: the network only); with
+--leaves the job is a tree over the leaves and the root, with one job file
+per worker (its leaf, the leaf's result group).  `homagg
 run` and `homagg train` use these daemons; `down` stops them by PID.  With
 --auth the job authenticates every frame (a new secret in the testbed's
-files, mode 0600, named by the job file); `homagg rotate-key --testbed NAME`
-gives it a new one while it runs.
+files, mode 0600, named by the job file; in a tree one per leaf, and the
+root's own, which no file holds); `homagg rotate-key --testbed NAME`
+gives it a new one while it runs, every level of a tree.
 Successive runs of new ranks share the job without renewing it (the first
 frame of each new rank process empties what its last run left); `job`
 registers it afresh, its counters at 0, when you want them counted from 0.
@@ -121,7 +123,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--no-daemon",
         action="store_true",
         help="build the network only: no homagg-switch, no job (`homagg run` and "
-        "`homagg train` then start daemons of their own; implied by --leaves)",
+        "`homagg train` then start daemons of their own)",
     )
     job_file.add_job_arguments(p)  # the payload follows the MTU unless given
     p.add_argument("--switch", default=None, metavar="PATH", help="homagg-switch binary")
@@ -203,15 +205,15 @@ def main(args: argparse.Namespace) -> int:
 def _run(args) -> int:
     sd = args.state_dir
     if args.action == "up":
-        if args.metrics is not None and (args.no_daemon or args.leaves):
+        if args.metrics is not None and args.no_daemon:
             raise HomAggError(
                 "--metrics: the testbed runs no daemon of its own with "
-                "--no-daemon or --leaves: drop one of them"
+                "--no-daemon: drop one of them"
             )
-        if args.auth and (args.no_daemon or args.leaves):
+        if args.auth and args.no_daemon:
             raise HomAggError(
-                "--auth: the testbed registers no job of its own with --no-daemon or "
-                "--leaves (`homagg run allreduce --auth` authenticates its own): drop one of them"
+                "--auth: the testbed registers no job of its own with --no-daemon "
+                "(`homagg run allreduce --auth` authenticates its own): drop one of them"
             )
         if args.mac != "auto" and not args.auth:
             raise HomAggError("--mac: the MAC algorithm of an authenticated job: add --auth")
@@ -228,7 +230,7 @@ def _run(args) -> int:
             aggregators=args.aggregators,
             leaves=args.leaves,
         )
-        if not args.no_daemon and not args.leaves:
+        if not args.no_daemon:
             try:
                 testbed_job.start(
                     tb,
@@ -267,7 +269,15 @@ def _run(args) -> int:
     if args.action == "job":
         tb = Testbed.open(args.name, sd)
         j = testbed_job.renew(tb)
-        print(f"job {j['job']} registered afresh on {j['aggregator']}; job file: {j['file']}")
+        leaves = testbed_job.tree_leaves(tb)
+        if leaves:
+            names = [h.name for h in tb.aggregators]
+            print(
+                f"job {j['job']} registered afresh on the tree (leaves {', '.join(names[:-1])}, "
+                f"root {names[-1]}); job files: {', '.join(testbed_job.job_files(tb))}"
+            )
+        else:
+            print(f"job {j['job']} registered afresh on {j['aggregator']}; job file: {j['file']}")
         return 0
     if args.action == "down":
         if Testbed.down(args.name, state_dir=sd):

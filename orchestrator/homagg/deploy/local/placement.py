@@ -192,7 +192,7 @@ class TestbedPlacement(Placement):
             return None
         return (
             {k: v for k, v in job.items() if k != "file"},
-            [job["file"]] * len(self.workers),
+            testbed_job.job_files(self.tb),  # a tree's: one per worker
             None,
         )
 

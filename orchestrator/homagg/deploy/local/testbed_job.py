@@ -126,6 +126,9 @@ def start(
             sws.append(
                 Switch(tb, tb.files_dir, switch=switch, host=h.name, frames=len(tb.workers) * slots)
             )
+        leaves = int(tb.state().get("leaves") or 0)
+        if leaves:
+            return _start_tree(tb, sws, leaves, slots, payload, timeout, cost_model, auth, mac)
         secret, secret_file = None, ""
         if auth:
             secret_file = os.path.join(tb.files_dir, SECRET_FILE)
@@ -154,6 +157,76 @@ def start(
             s.stop()
         raise
     return {**fields, "file": path, "daemons": daemons}
+
+
+def _start_tree(tb, sws, leaves, slots, payload, timeout, cost_model, auth, mac) -> dict:
+    """``start`` on a testbed of L leaves and a root (``homagg testbed up
+    --leaves L``): the tree registered over its daemons (job_file.register_tree),
+    one job file per worker (its leaf, the leaf's group, its place there:
+    ``job_files``).  ``auth``: each leaf's secret in ``files_dir``/leaf-L.secret
+    (mode 0600; the worker's job file names its leaf's), the root's secret
+    a new one that stays in this process: the leaves hold only their keys
+    at the root, and renewing or rotating the tree gives the root a new
+    one (docs/PROTOCOL.md "Key epochs in a tree")."""
+    from homagg import auth as hg_auth
+
+    from homagg.runs import allreduce as runmod
+
+    W = len(tb.workers)
+    root = hg_auth.new_secret() if auth else None
+    leaf_files = [os.path.join(tb.files_dir, leaf_secret_name(k)) for k in range(leaves)]
+    leaf_auth = [hg_auth.create_secret_file(p) for p in leaf_files] if auth else None
+    per_worker = job_file.register_tree(
+        [s.control for s in sws],
+        [(h.ip, runmod.UDP_PORT, h.mac) for h in tb.aggregators],
+        leaves=leaves,
+        workers=W,
+        slots=slots,
+        payload=payload,
+        group=JOB_GROUP,
+        timeout=timeout,
+        cost=job_cost(tb, cost_model),
+        auth=root,
+        leaf_auth=leaf_auth,
+        auth_files=[leaf_files[job_file.tree_leaf(i, W, leaves)[0]] for i in range(W)]
+        if auth
+        else None,
+        mac=mac,
+    )
+    del root, leaf_auth
+    files = []
+    for h, fields in zip(tb.workers, per_worker):
+        if tb.udp_gso:
+            fields["udp_gso"] = True
+        files.append(
+            job_file.write_job_file(os.path.join(tb.files_dir, f"job-{h.name}.json"), **fields)
+        )
+    daemons = {s.host: s.record() for s in sws}
+    tb.note(
+        daemons=daemons,
+        job={"job": per_worker[0]["job"], "file": files[0], "files": files, "leaves": leaves},
+    )
+    return {**per_worker[0], "file": files[0], "files": files, "daemons": daemons}
+
+
+def leaf_secret_name(leaf: int, epoch: int = 0) -> str:
+    """The file of leaf ``leaf``'s secret of key epoch ``epoch`` in a tree
+    testbed's ``files_dir``."""
+    return f"leaf-{int(leaf)}.secret" if not epoch else f"leaf-{int(leaf)}-e{int(epoch)}.secret"
+
+
+def job_files(tb: Testbed) -> list[str]:
+    """The job file of each worker of the testbed's job, in worker order
+    (a flat job: the one file every worker reads; a tree: one each)."""
+    rec = tb.state().get("job")
+    if not rec:
+        return []
+    return list(rec.get("files") or [rec["file"]] * len(tb.workers))
+
+
+def tree_leaves(tb: Testbed) -> int:
+    """The leaves of the testbed's standing job (0: a flat job, or none)."""
+    return int((tb.state().get("job") or {}).get("leaves") or 0)
 
 
 def job(tb: Testbed) -> dict | None:
@@ -203,7 +276,63 @@ def renew(tb: Testbed) -> dict:
             "(`homagg testbed down` and `up` again without it)"
         )
     fields = {k: v for k, v in current.items() if k != "file"}
+    leaves = tree_leaves(tb)
+    if leaves:
+        return {**_renew_tree(tb, fields, leaves), "file": current["file"]}
     return {**job_file.renew(controls(tb), fields), "file": current["file"]}
+
+
+def _renew_tree(tb: Testbed, fields: dict, leaves: int) -> dict:
+    """``renew`` of a tree job: removed from every level, then registered
+    again with the same id and token.  Each leaf takes its workers' secret
+    (the file their job files name) at their key epoch N: added at epoch 0,
+    then given the same secret N times without a grace period, as
+    job_file.renew does with a flat job.  The root takes a new secret at
+    epoch 0: only the leaves know its keys, and they get the new ones."""
+    from homagg import auth as hg_auth
+
+    from homagg.runs import allreduce as runmod
+
+    W = len(tb.workers)
+    per = []
+    for path in job_files(tb):
+        with open(path) as f:
+            per.append(json.load(f))
+    epoch = int(fields.get("key_epoch") or 0)
+    leaf_auth = None
+    if fields.get("mac"):
+        firsts = [k * W // leaves for k in range(leaves)]
+        leaf_auth = [hg_auth.load_secret(per[w]["auth_file"]) for w in firsts]
+    ctl = controls(tb)
+    job_file.unregister(ctl, fields["job"], warn=lambda k, e: None)  # gone already is fine
+    job_file.register_tree(
+        ctl,
+        [(h.ip, runmod.UDP_PORT, h.mac) for h in tb.aggregators],
+        leaves=leaves,
+        workers=W,
+        slots=fields["slots"],
+        payload=fields["payload"],
+        group=JOB_GROUP,
+        timeout=fields["timeout"],
+        job=fields["job"],
+        token=fields["token"],
+        auth=hg_auth.new_secret() if leaf_auth else None,
+        leaf_auth=leaf_auth,
+        auth_files=[f["auth_file"] for f in per] if leaf_auth else None,
+        mac=fields.get("mac") or None,
+    )
+    for _ in range(epoch if leaf_auth else 0):
+        for k in range(leaves):
+            ctl[k](
+                {
+                    "cmd": "rotate_key",
+                    "job": int(fields["job"]),
+                    "auth": bytes(leaf_auth[k]).hex(),
+                    "grace_ms": 0,
+                }
+            )
+    del leaf_auth
+    return fields
 
 
 def describe(tb: Testbed) -> list[str]:
@@ -218,19 +347,39 @@ def describe(tb: Testbed) -> list[str]:
     if rec:
         with contextlib.suppress(OSError, ValueError):
             j = job(tb)
+            tree = bool(rec.get("files"))
+            where = (
+                f"leaves {', '.join(h.ip for h in tb.aggregators[:-1])}, "
+                f"root {tb.aggregators[-1].ip}"
+                if tree
+                else f"aggregators {j['aggregator']}"
+            )
+            secret = (
+                "each leaf's secret in its workers' auth_file"
+                if tree
+                else f"secret file {j['auth_file']}"
+            )
             out.append(
-                f"job {j['job']}: {j['workers']} workers, aggregators {j['aggregator']}, "
+                f"job {j['job']}: {j['workers']} workers, {where}, "
                 f"{j['slots']} slots, {j['payload']}-byte payloads"
                 + (
                     f", authenticated ({j['mac']}, key epoch {j.get('key_epoch', 0)}; "
-                    f"secret file {j['auth_file']}, mode 0600)"
+                    f"{secret}, mode 0600)"
                     if j.get("mac")
                     else ""
                 )
             )
-        out.append(
-            f"job file: {rec['file']}  (HOMAGG_JOB_FILE for torchrun; "
+        again = (
             f"`homagg testbed job --name {tb.name}` registers the job afresh, "
-            "counters at 0; not needed between runs)"
+            "counters at 0; not needed between runs"
         )
+        if rec.get("files"):
+            out.append(
+                f"a tree of {rec['leaves']} leaves below the root {tb.aggregators[-1].name}: "
+                f"one job file per worker, its leaf and the leaf's group (HOMAGG_JOB_FILE "
+                f"of that worker's rank for torchrun; {again}):"
+            )
+            out.extend(f"  {h.name}: {path}" for h, path in zip(tb.workers, rec["files"]))
+        else:
+            out.append(f"job file: {rec['file']}  (HOMAGG_JOB_FILE for torchrun; {again})")
     return out
