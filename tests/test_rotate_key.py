@@ -109,6 +109,43 @@ def test_steps_in_order_and_the_record():
     assert sleeps == [0.5]
 
 
+class FakeTree(FakeTarget):
+    """A target that rotates trees: two leaves, worker w0 at the first."""
+
+    def leaves(self):
+        return 2
+
+    def place_leaf_secrets(self, secrets_, epoch):
+        self.calls.append(("leaf secrets", epoch))
+        self.leaf_secrets = list(secrets_)
+        return {"w0": f"/f/leaf-0-e{epoch}.secret", "w1": f"/f/leaf-1-e{epoch}.secret"}
+
+    def rotate_tree(self, job, root, leaf_secrets, grace):
+        assert leaf_secrets == self.leaf_secrets and root not in leaf_secrets
+        assert len(root) == 32 and len(set(leaf_secrets)) == 2
+        self.calls.append(("tree", grace))
+        e = (self.fields.get("key_epoch", 0) + 1) % 256
+        return {"agg": e, "agg1": e}, ("agg2", 4)
+
+
+def test_a_tree_gets_a_secret_per_leaf_before_any_aggregator_turns():
+    """A tree job on a target that rotates trees: one new secret per leaf
+    placed for its workers, the job files, then the tree's rotation (the
+    root's secret placed nowhere); a leaf on another epoch is an error."""
+    t = FakeTree(dict(AUTH_JOB, leaf_ids=[0, 1], key_epoch=3))
+    res, sleeps = _rotate(t, grace=4.0, pickup=0.5, now=lambda: 50.0)
+    assert t.calls == ["job", ("leaf secrets", 4), ("files", 4), ("tree", 4.0), "record"]
+    assert sleeps == [0.5] and res["epoch"] == 4 and res["files"]["w1"].endswith("leaf-1-e4.secret")
+
+    class Behind(FakeTree):
+        def rotate_tree(self, job, root, leaf_secrets, grace):
+            return {"agg": 1, "agg1": 2}, ("agg2", 1)
+
+    with pytest.raises(rotate.RotateError) as e:
+        _rotate(Behind(dict(AUTH_JOB, leaf_ids=[0, 1], key_epoch=1)), pickup=0.0)
+    assert "the aggregators report key epochs {'agg': 1}, the job files name 2" in str(e.value)
+
+
 def test_refusals_are_sentences_and_touch_nothing():
     cases = [
         (dict(AUTH_JOB, mac="", auth_file=""), {}, "does not authenticate, so it has no key"),
@@ -335,51 +372,14 @@ def _send_from(tb, host, payload, dst):
     assert not err and not t.is_alive(), err
 
 
-@pytest.fixture
-def auth_testbed(tmp_path):
-    from homagg.deploy.local.testbed import Testbed
-    from homagg.switch.daemon import find_switch
-
-    require(os.geteuid() == 0, "needs root")
-    try:
-        find_switch()
-    except Exception as e:  # noqa: BLE001 - not built: skipped with the reason
-        require(False, str(e))
-    sd, name = str(tmp_path / "testbeds"), "r" + secrets.token_hex(5)
-    up = _testbed_cli(sd, "up", "--workers", "2", "--name", name, "--auth", "--timeout", "10")
-    assert up.returncode == 0, up.stdout + up.stderr
-    try:
-        yield Testbed.open(name, sd), sd, up
-    finally:
-        down = _testbed_cli(sd, "down", "--name", name)
-        assert down.returncode == 0, down.stdout + down.stderr
-
-
-@pytest.mark.root
-@pytest.mark.netns
-@pytest.mark.dpdk
-@pytest.mark.timeout(400)
-def test_rotate_key_on_a_testbed_while_ranks_run_allreduces(auth_testbed, tmp_path):
-    from homagg import auth
-    from homagg.deploy.local import testbed_job
-    from homagg.engine import Addr, build_frame
-    from homagg.switch.daemon import Switch
-
-    from auth_rig import ref_key
+def _ranks_through_rotation(tb, sd, paths, tmp_path):
+    """Two rank processes (each with HOMAGG_JOB_FILE ``paths[r]``) run
+    allreduces through HookState in a loop while `homagg rotate-key` runs;
+    a second rotation inside the grace period is refused.  Every round is
+    checked bit for bit against the numpy reference, and each rank's key
+    epochs go 0 then 1.  Returns (the rotation, the refused one, the ranks'
+    output, the /proc scan made meanwhile)."""
     from reference import allreduce as oracle_allreduce
-
-    tb, sd, up = auth_testbed
-    job = testbed_job.job(tb)
-    path = job["file"]
-    assert "authenticated" in up.stdout and job["auth_file"].endswith("job.secret")
-    old = auth.load_secret(job["auth_file"])
-    assert os.stat(job["auth_file"]).st_mode & 0o777 == 0o600
-    jobid, mac = job["job"], job["mac"]
-
-    def stats():
-        sw = Switch(tb, tb.files_dir, host="agg")
-        with sw.client() as c:
-            return c.stats()["stats"]
 
     stop = str(tmp_path / "stop")
     init = f"tcp://{tb.workers[0].ip}:{29500 + secrets.randbelow(2000)}"
@@ -390,7 +390,7 @@ def test_rotate_key_on_a_testbed_while_ranks_run_allreduces(auth_testbed, tmp_pa
             status.append(str(tmp_path / f"status-{r}.json"))
             env = dict(
                 ENV,
-                HOMAGG_JOB_FILE=path,
+                HOMAGG_JOB_FILE=paths[r],
                 HOMAGG_BIND=h.ip,
                 GLOO_SOCKET_IFNAME=h.ifname,
                 OMP_NUM_THREADS="1",
@@ -434,7 +434,6 @@ def test_rotate_key_on_a_testbed_while_ranks_run_allreduces(auth_testbed, tmp_pa
                 "--testbed", tb.name, "--state-dir", sd, "--grace", str(GRACE), "--pickup", "1"
             )
             assert rot.returncode == 0, rot.stdout + rot.stderr
-            assert f"job {jobid}: key epoch 1 registered on agg" in rot.stdout, rot.stdout
             # a second one inside the grace period: refused, saying when it may run
             again = _rotate_cli("--testbed", tb.name, "--state-dir", sd)
             assert again.returncode == 1, again.stdout + again.stderr
@@ -467,6 +466,56 @@ def test_rotate_key_on_a_testbed_while_ranks_run_allreduces(auth_testbed, tmp_pa
     for s in status:
         epochs = json.load(open(s))["epochs"]
         assert epochs[0] == 0 and epochs[-1] == 1 and epochs == sorted(epochs), epochs
+    return rot, again, logs, scan
+
+
+@pytest.fixture
+def auth_testbed(tmp_path):
+    from homagg.deploy.local.testbed import Testbed
+    from homagg.switch.daemon import find_switch
+
+    require(os.geteuid() == 0, "needs root")
+    try:
+        find_switch()
+    except Exception as e:  # noqa: BLE001 - not built: skipped with the reason
+        require(False, str(e))
+    sd, name = str(tmp_path / "testbeds"), "r" + secrets.token_hex(5)
+    up = _testbed_cli(sd, "up", "--workers", "2", "--name", name, "--auth", "--timeout", "10")
+    assert up.returncode == 0, up.stdout + up.stderr
+    try:
+        yield Testbed.open(name, sd), sd, up
+    finally:
+        down = _testbed_cli(sd, "down", "--name", name)
+        assert down.returncode == 0, down.stdout + down.stderr
+
+
+@pytest.mark.root
+@pytest.mark.netns
+@pytest.mark.dpdk
+@pytest.mark.timeout(400)
+def test_rotate_key_on_a_testbed_while_ranks_run_allreduces(auth_testbed, tmp_path):
+    from homagg import auth
+    from homagg.deploy.local import testbed_job
+    from homagg.engine import Addr, build_frame
+    from homagg.switch.daemon import Switch
+
+    from auth_rig import ref_key
+
+    tb, sd, up = auth_testbed
+    job = testbed_job.job(tb)
+    path = job["file"]
+    assert "authenticated" in up.stdout and job["auth_file"].endswith("job.secret")
+    old = auth.load_secret(job["auth_file"])
+    assert os.stat(job["auth_file"]).st_mode & 0o777 == 0o600
+    jobid, mac = job["job"], job["mac"]
+
+    def stats():
+        sw = Switch(tb, tb.files_dir, host="agg")
+        with sw.client() as c:
+            return c.stats()["stats"]
+
+    rot, again, logs, scan = _ranks_through_rotation(tb, sd, [path] * 2, tmp_path)
+    assert f"job {jobid}: key epoch 1 registered on agg;" in rot.stdout, rot.stdout
 
     # the job file names the new epoch and its file; the file is 0600
     with open(path) as f:
@@ -535,7 +584,84 @@ def test_rotate_key_on_a_testbed_while_ranks_run_allreduces(auth_testbed, tmp_pa
     # the job registered afresh keeps its epoch: a worker from the job file is exact
     renew = _testbed_cli(sd, "job", "--name", tb.name)
     assert renew.returncode == 0, renew.stdout + renew.stderr
-    _job_file_workers_exact(tb, path, tmp_path)
+    _job_file_workers_exact(tb, [path] * 2, tmp_path)
+
+
+@pytest.mark.root
+@pytest.mark.netns
+@pytest.mark.dpdk
+@pytest.mark.timeout(400)
+def test_rotate_key_on_a_tree_testbed_while_ranks_run_allreduces(tmp_path):
+    """`homagg testbed up --leaves 2 --auth`: a standing tree job (worker
+    w0 under leaf agg, w1 under agg1, the root agg2), one job file per
+    worker naming its leaf, the leaf's group and its own leaf's secret
+    (mode 0600); the root's secret in no file.  Two ranks run allreduces
+    through HookState while `homagg rotate-key` turns every level; none
+    fails, every sum bit-exact, both end on epoch 1 with their leaf's new
+    secret, which shows in no output, log, file or process listing.
+    `homagg testbed job` then registers the tree afresh at that epoch and
+    a worker from each job file is exact."""
+    from homagg import auth
+    from homagg.deploy.local import testbed_job
+    from homagg.deploy.local.testbed import Testbed
+    from homagg.switch.daemon import find_switch
+
+    require(os.geteuid() == 0, "needs root")
+    try:
+        find_switch()
+    except Exception as e:  # noqa: BLE001 - not built: skipped with the reason
+        require(False, str(e))
+    sd, name = str(tmp_path / "testbeds"), "rt" + secrets.token_hex(5)
+    up = _testbed_cli(
+        sd, "up", "--workers", "2", "--leaves", "2", "--name", name, "--auth", "--timeout", "10"
+    )
+    assert up.returncode == 0, up.stdout + up.stderr
+    try:
+        tb = Testbed.open(name, sd)
+        assert "a tree of 2 leaves below the root agg2" in up.stdout, up.stdout
+        paths = testbed_job.job_files(tb)
+        assert len(set(paths)) == 2 and all(p in up.stdout for p in paths)
+        fields = [json.load(open(p)) for p in paths]
+        leaves = [h.ip for h in tb.aggregators[:2]]
+        olds = []
+        for r, f in enumerate(fields):
+            assert f["aggregator"] == f"{leaves[r]}:48879" and f["leaf_ids"] == [0, 1]
+            assert f["auth_file"] == os.path.join(tb.files_dir, f"leaf-{r}.secret")
+            assert os.stat(f["auth_file"]).st_mode & 0o777 == 0o600
+            olds.append(auth.load_secret(f["auth_file"]))
+        assert fields[0]["group"] != fields[1]["group"] and olds[0] != olds[1]
+        assert sorted(n for n in os.listdir(tb.files_dir) if n.endswith(".secret")) == [
+            "leaf-0.secret",
+            "leaf-1.secret",
+        ]
+
+        rot, again, logs, scan = _ranks_through_rotation(tb, sd, paths, tmp_path)
+        assert (
+            f"job {fields[0]['job']}: key epoch 1 registered on agg, agg1 below the root agg2"
+            in rot.stdout
+        ), rot.stdout
+        news = []
+        for r, p in enumerate(paths):
+            f = json.load(open(p))
+            assert f["key_epoch"] == 1
+            assert f["auth_file"] == os.path.join(tb.files_dir, f"leaf-{r}-e1.secret")
+            assert os.stat(f["auth_file"]).st_mode & 0o777 == 0o600
+            news.append(auth.load_secret(f["auth_file"]))
+            assert news[-1] != olds[r]
+        for text in (x.hex() for x in news):
+            assert not scan.holds(text), "a secret in a process's command line or environment"
+            assert all(text not in o.stdout + o.stderr for o in (up, rot, again))
+            assert all(text not in log for log in logs)
+            assert _files_holding(tb.files_dir, text) == []
+            assert _files_holding(str(tmp_path), text) == []
+
+        # the tree registered afresh at epoch 1: a worker from each job file is exact
+        renew = _testbed_cli(sd, "job", "--name", name)
+        assert renew.returncode == 0, renew.stdout + renew.stderr
+        _job_file_workers_exact(tb, paths, tmp_path)
+    finally:
+        down = _testbed_cli(sd, "down", "--name", name)
+        assert down.returncode == 0, down.stdout + down.stderr
 
 
 _FROM_JOB_FILE = r"""
@@ -550,17 +676,20 @@ rank = int(sys.argv[1])
 with Worker(job=c["job"], token=c["token"], worker=rank, workers=c["workers"],
             aggregators=c["aggregators"], group=c["group"], bind=(c["bind"], 0),
             timeout=c["timeout"], slots=c["slots"], payload=c["payload"],
-            auth_file=c["auth_file"], mac=c["mac"], key_epoch=c["key_epoch"]) as w:
+            auth_file=c["auth_file"], mac=c["mac"], key_epoch=c["key_epoch"],
+            leaf_ids=c["leaf_ids"]) as w:
     np.save(sys.argv[2], w.allreduce(gradient(99, rank), method="lhc"))
 """
 
 
-def _job_file_workers_exact(tb, path, tmp_path):
+def _job_file_workers_exact(tb, paths, tmp_path):
+    """A Worker per worker host made from its job file (``paths[r]``) sums
+    one lhc allreduce, bit-exact against the numpy reference."""
     from reference import allreduce as oracle_allreduce
 
     procs = []
     for r, h in enumerate(tb.workers):
-        env = dict(ENV, HOMAGG_JOB_FILE=path, HOMAGG_BIND=h.ip)
+        env = dict(ENV, HOMAGG_JOB_FILE=paths[r], HOMAGG_BIND=h.ip)
         procs.append(
             tb.run_in(
                 h.name,
@@ -639,7 +768,6 @@ def test_testbed_up_auth_options_that_cannot_apply_are_refused(tmp_path, capsys)
     for extra, sentence in (
         (["--mac", "blake2b"], "--mac: the MAC algorithm of an authenticated job: add --auth"),
         (["--auth", "--no-daemon"], "--auth: the testbed registers no job of its own"),
-        (["--auth", "--leaves", "2"], "--auth: the testbed registers no job of its own"),
     ):
         assert cli_testbed._standalone(base + extra) == 1
         err = capsys.readouterr().err

@@ -6,20 +6,25 @@
 For the authenticated job `homagg testbed up --auth` or `homagg up -i
 --auth` started, while its workers run (docs/SECURITY.md "Rotating keys"):
 
-1. refuses a job without authentication, a tree job, and a rotation
-   inside the grace period of the last one (saying when it may run);
+1. refuses a job without authentication, a tree job on inventory hosts,
+   and a rotation inside the grace period of the last one (saying when
+   it may run);
 2. makes a new secret here and puts it into a new file, mode 0600, on
    every worker host (job-eN.secret beside the job file; by SFTP on
    inventory hosts), never on a command line, in an environment or a log;
+   the tree of `homagg testbed up --leaves L --auth` gets one per leaf
+   (leaf-L-eN.secret, for that leaf's workers) and a new root secret that
+   no file holds;
 3. rewrites every host's job file with that file and key_epoch N: a
    training process (homagg.torch) reads it before its next bucket and
    verifies replies of both epochs from then on; workers started later
    use the new secret;
 4. waits --pickup seconds (default 2, at most half the job's timeout:
    longer than one allreduce of the job), then registers the secret as
-   epoch N on every aggregator of the job (control request rotate_key);
-   frames of the old epoch are accepted for --grace seconds more, then
-   counted as bad_mac;
+   epoch N on every aggregator of the job (control request rotate_key;
+   a tree level by level: every leaf the root's next keys, the root its
+   secret, every leaf its own); frames of the old epoch are accepted for
+   --grace seconds more, then counted as bad_mac;
 5. records the rotation: the next one may run after the grace period.
 
 Choose --grace longer than the longest pause of a worker between two

@@ -8,12 +8,15 @@ read the job, put a file on every worker host, talk to every aggregator and
 write the job files): ``TestbedKeys`` for a local testbed, ``InventoryKeys``
 for the hosts of an inventory over SSH.  The steps, in this order:
 
-1. the checks: the job authenticates, is no tree (a tree rotates with
-   ``homagg.switch.job_file.rotate_tree``), and the grace period of
-   the last rotation has passed (the record of it, ``rotation.json``);
+1. the checks: the job authenticates, is no tree unless the target
+   rotates trees (a local testbed's, ``homagg testbed up --leaves``), and
+   the grace period of the last rotation has passed (the record of it,
+   ``rotation.json``);
 2. a new secret (``secrets``) into a new file, mode 0600, on every worker
    host (``job-eN.secret`` beside the job file; over SFTP on inventory
    hosts), never on a command line, in an environment, a log or a report;
+   in a tree one per leaf (``leaf-L-eN.secret``, for that leaf's workers)
+   and the root's, which no file holds;
 3. every job file names the new file and ``key_epoch`` N (replaced whole);
    a worker that follows the job file (homagg.torch) takes the secret
    before its next bucket (``Worker.rotate_key``): it then verifies
@@ -22,7 +25,10 @@ for the hosts of an inventory over SSH.  The steps, in this order:
    flight when the job files changed), every aggregator registers the
    secret as epoch N (control request ``rotate_key``, the secret on the
    request's stdin on inventory hosts); frames of the old epoch are
-   accepted ``grace`` seconds more, then counted as ``bad_mac``;
+   accepted ``grace`` seconds more, then counted as ``bad_mac``.  A tree
+   takes its secrets in the order of docs/PROTOCOL.md "Key epochs in a
+   tree" (homagg.switch.job_file.rotate_tree): every leaf the root's next
+   keys, the root its secret, then every leaf its own;
 5. the record of this rotation (when, which epoch, the grace period).
 
 A worker that learned the new secret verifies replies of the new epoch and
@@ -100,6 +106,21 @@ class KeyTarget(abc.ABC):
     @abc.abstractmethod
     def record_rotation(self, record: dict) -> None: ...
 
+    def leaves(self) -> int:
+        """The leaves of the standing job when it is a tree this target
+        rotates (0: it rotates flat jobs only)."""
+        return 0
+
+    def place_leaf_secrets(self, secrets_: list[bytes], epoch: int) -> dict[str, str]:
+        """Leaf l's secret of epoch ``epoch`` on the hosts of leaf l's
+        workers, mode 0600; {worker host: its path}."""
+        raise NotImplementedError
+
+    def rotate_tree(self, job: int, root: bytes, leaf_secrets: list[bytes], grace: float):
+        """Every level of the tree to its next epoch (job_file.rotate_tree);
+        returns ({leaf host: its new epoch}, (root host, its new epoch))."""
+        raise NotImplementedError
+
 
 def rotate(
     target: KeyTarget,
@@ -121,7 +142,8 @@ def rotate(
     try:
         fields = target.job()
         job = fields["job"]
-        if fields.get("leaf_ids"):
+        leaves = target.leaves() if fields.get("leaf_ids") else 0
+        if fields.get("leaf_ids") and not leaves:
             raise RotateError(f"job {job} on {target.where} is a tree job: {TREE_REFUSAL}")
         if not fields.get("mac"):
             raise RotateError(
@@ -153,9 +175,14 @@ def rotate(
                 "epochs only"
             )
         epoch = (int(fields.get("key_epoch") or 0) + 1) % 256
-        secret = hg_auth.new_secret()
+        secret = hg_auth.new_secret()  # a tree: the root's
+        leaf_secrets = [hg_auth.new_secret() for _ in range(leaves)]
+        root = None
         try:
-            files = target.place_secret(secret, secret_name(epoch))
+            if leaves:
+                files = target.place_leaf_secrets(leaf_secrets, epoch)
+            else:
+                files = target.place_secret(secret, secret_name(epoch))
             print(
                 f"job {job}: the secret of key epoch {epoch} is on every worker host "
                 f"({next(iter(files.values()), '-')}, mode 0600)",
@@ -170,7 +197,10 @@ def rotate(
                 )
                 sleep(pickup)
             try:
-                epochs = target.rotate_aggregators(job, secret, grace)
+                if leaves:
+                    epochs, root = target.rotate_tree(job, secret, leaf_secrets, grace)
+                else:
+                    epochs = target.rotate_aggregators(job, secret, grace)
             except HomAggError as e:  # a daemon refused, or did not answer
                 raise RotateError(
                     f"{e}; the job files name key epoch {epoch} already, and a worker "
@@ -178,7 +208,7 @@ def rotate(
                     f"register the job afresh at that epoch ({target.renew})"
                 ) from None
         finally:
-            del secret
+            del secret, leaf_secrets
         wrong = {h: e for h, e in epochs.items() if e != epoch}
         if wrong:
             raise RotateError(
@@ -188,9 +218,10 @@ def rotate(
         t = now()
         record = {"job": job, "epoch": epoch, "at": t, "grace": float(grace), "until": t + grace}
         target.record_rotation(record)
+        below = f" below the root {root[0]} (its own epoch {root[1]})" if root else ""
         print(
-            f"job {job}: key epoch {epoch} registered on {', '.join(epochs)}; frames of "
-            f"epoch {(epoch - 1) % 256} are accepted until {_utc(record['until'])}, then "
+            f"job {job}: key epoch {epoch} registered on {', '.join(epochs)}{below}; frames "
+            f"of epoch {(epoch - 1) % 256} are accepted until {_utc(record['until'])}, then "
             "counted as bad_mac",
             file=out,
         )
@@ -225,11 +256,55 @@ class TestbedKeys(KeyTarget):
         j = testbed_job.job(self.tb)
         if j is None:
             raise RotateError(
-                f"{self.where} has no job (built with --no-daemon or --leaves): "
-                f"nothing to rotate; {self.retry}"
+                f"{self.where} has no job (built with --no-daemon): nothing to rotate; {self.retry}"
             )
         self.path = j.pop("file")
         return j
+
+    def leaves(self):
+        from homagg.deploy.local import testbed_job
+
+        return testbed_job.tree_leaves(self.tb)
+
+    def place_leaf_secrets(self, secrets_, epoch):
+        from homagg.deploy.local import testbed_job
+        from homagg.switch import job_file
+
+        paths = []
+        for k, secret in enumerate(secrets_):
+            path = os.path.join(self.tb.files_dir, testbed_job.leaf_secret_name(k, epoch))
+            if os.path.exists(path):
+                os.unlink(path)  # left by an interrupted rotation: never reused
+            hg_auth.create_secret_file(path, secret)
+            paths.append(path)
+        W, L = len(self.tb.workers), len(secrets_)
+        return {
+            h.name: paths[job_file.tree_leaf(i, W, L)[0]] for i, h in enumerate(self.tb.workers)
+        }
+
+    def rotate_tree(self, job, root, leaf_secrets, grace):
+        from homagg.deploy.local import testbed_job
+        from homagg.switch import job_file
+
+        ctl = testbed_job.controls(self.tb)
+        names = [h.name for h in self.tb.aggregators]
+        L = len(leaf_secrets)
+        got = []
+
+        def leaf_epochs(k, request):  # the leaf's own epochs, for the check
+            reply = ctl[k](request)
+            if request.get("auth"):
+                got.append((names[k], int(reply["epoch"])))
+            return reply
+
+        controls = [lambda r, k=k: leaf_epochs(k, r) for k in range(L)] + [ctl[L]]
+        try:
+            epoch = job_file.rotate_tree(
+                controls, leaves=L, job=job, auth=root, leaf_auth=leaf_secrets, grace=grace
+            )
+        except HomAggError as e:
+            raise RotateError(f"rotate_key on the tree: {e}") from None
+        return dict(got), (names[L], int(epoch))
 
     def last_rotation(self):
         return self.tb.state().get("rotation")
@@ -242,14 +317,21 @@ class TestbedKeys(KeyTarget):
         return {h.name: path for h in self.tb.workers}
 
     def write_job_files(self, epoch, files):
+        from homagg.deploy.local import testbed_job
         from homagg.switch import job_file
 
-        with open(self.path) as f:
-            fields = json.load(f)
-        fields.update(key_epoch=epoch, auth_file=next(iter(files.values())))
-        tmp = self.path + ".new"
-        job_file.write_job_file(tmp, **fields)
-        os.replace(tmp, self.path)
+        paths = testbed_job.job_files(self.tb)
+        if len(set(paths)) == 1:  # a flat job: one file for every worker
+            paths, hosts = paths[:1], [self.tb.workers[0].name]
+        else:  # a tree: each worker's own, naming its leaf's secret
+            hosts = [h.name for h in self.tb.workers]
+        for path, host in zip(paths, hosts):
+            with open(path) as f:
+                fields = json.load(f)
+            fields.update(key_epoch=epoch, auth_file=files[host])
+            tmp = path + ".new"
+            job_file.write_job_file(tmp, **fields)
+            os.replace(tmp, path)
 
     def rotate_aggregators(self, job, secret, grace):
         from homagg.switch.daemon import Switch
