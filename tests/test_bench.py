@@ -807,3 +807,35 @@ def test_scale_pipe_gain_rows_each_over_its_own_loss_free_row(capsys):
     with pytest.raises(SystemExit):
         cli.main(["bench", "scale", "--pipe-gain", "0,11"])
     assert "--pipe-gain" in capsys.readouterr().err
+
+
+def test_auth_rounds_alternate_and_give_the_median_ratio():
+    """--auth --rounds R: after the method's row, its authenticated row, then
+    R - 1 more pairs without then with authentication; the ratio is the
+    median of the rounds' (a failed row gives none), each round's kept."""
+    from homagg.bench import allreduce
+
+    seen = []
+    plain_times = iter([0.10, 0.20, 0.10])
+    auth_times = iter([0.11, 0.30, None, 0.12])
+
+    def again(auth):
+        seen.append(auth)
+        t = next(auth_times) if auth else next(plain_times)
+        return {"seconds_median": t, "status": "ok" if t else "failed: x"}
+
+    row = allreduce.auth_rounds(again, {"seconds_median": 0.10}, 4)
+    assert seen == [True, False, True, False, True, False, True]
+    assert row["time_vs_unauthenticated_rounds"] == pytest.approx([1.1, 3.0, None, 1.2])
+    assert row["time_vs_unauthenticated"] == pytest.approx(1.2)
+    assert row["seconds_median"] == 0.11  # the first round's row
+    one = allreduce.auth_rounds(lambda auth: {"seconds_median": 0.3}, {"seconds_median": 0.2}, 1)
+    assert one["time_vs_unauthenticated"] == pytest.approx(1.5)
+    assert "time_vs_unauthenticated_rounds" not in one
+
+
+def test_rounds_without_auth_is_refused(capsys):
+    from homagg import cli
+
+    rc = cli.main(["bench", "allreduce", "--methods", "dense", "--rounds", "3"])
+    assert rc == 2 and "--rounds alternates the runs without and with" in capsys.readouterr().err

@@ -181,6 +181,15 @@ def add_arguments(parser):
         help="also run every HomAgg method with per-worker authentication "
         "(rows METHOD+auth, with time_vs_unauthenticated)",
     )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="with --auth: measure each method without and with authentication "
+        "this many times, alternating, and give time_vs_unauthenticated as the "
+        "median of the rounds' ratios (time_vs_unauthenticated_rounds: each "
+        "round's); the rows' other figures are the first round's (default 1)",
+    )
     parser.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
     parser.add_argument(
         "--out",
@@ -192,6 +201,37 @@ def add_arguments(parser):
 
 def _progress(msg):
     rep.progress("allreduce", msg)
+
+
+def auth_rounds(again, plain_row, rounds, key=""):
+    """The +auth row of a method whose row without authentication is
+    ``plain_row``: ``again(auth)`` measures one row; the first authenticated
+    row follows ``plain_row``, then ``rounds - 1`` more pairs alternate,
+    without then with.  ``time_vs_unauthenticated`` is the median of the
+    rounds' ratios (a ratio of two rows measured one after the other; a
+    failed row gives none), ``time_vs_unauthenticated_rounds`` each
+    round's when there are several; the row's other figures are its first
+    round's."""
+
+    def ratio(plain, authed):
+        a, b = plain.get("seconds_median"), authed.get("seconds_median")
+        return b / a if a and b else None
+
+    row = again(True)
+    ratios = [ratio(plain_row, row)]
+    for r in range(1, rounds):
+        plain = again(False)
+        ratios.append(ratio(plain, again(True)))
+        x = ratios[-1]
+        _progress(
+            f"{key}: round {r + 1} of {rounds}, time with auth over without "
+            + ("-" if x is None else f"{x:.2f}x")
+        )
+    got = [x for x in ratios if x is not None]
+    row["time_vs_unauthenticated"] = float(np.median(got)) if got else None
+    if rounds > 1:
+        row["time_vs_unauthenticated_rounds"] = ratios
+    return row
 
 
 # --------------------------------------------------------------------------
@@ -743,26 +783,25 @@ def _run(args, case):
                             if pg == pgs[-1] and len(pgs) > 1 and m in PIPELINED_METHODS:
                                 _pipeline_ratios(rows, m, p, pgs, len(on_it) > 1)
                             if args.auth:
-                                # the same allreduce with per-worker MACs, right after
-                                row = homagg_row(
-                                    name,
-                                    m,
-                                    W,
-                                    args.elements,
-                                    wl,
-                                    d,
-                                    link_mbit,
-                                    args,
-                                    payload=p,
-                                    auth=True,
-                                    pipeline_groups=pg,
-                                    shared=shared,
-                                )
-                                plain = rows[key].get("seconds_median")
-                                authed = row.get("seconds_median")
-                                row["time_vs_unauthenticated"] = (
-                                    authed / plain if plain and authed else None
-                                )
+                                # the same allreduce with per-worker MACs, right after;
+                                # with --rounds R, R pairs alternating
+                                def again(auth, m=m, p=p, pg=pg):
+                                    return homagg_row(
+                                        name,
+                                        m,
+                                        W,
+                                        args.elements,
+                                        wl,
+                                        d,
+                                        link_mbit,
+                                        args,
+                                        payload=p,
+                                        auth=auth,
+                                        pipeline_groups=pg,
+                                        shared=shared,
+                                    )
+
+                                row = auth_rounds(again, rows[key], args.rounds, key)
                                 rows[key + "+auth"] = {
                                     "method": m + "+auth",
                                     "auth": True,
@@ -1033,6 +1072,13 @@ def plot_link_rates(report, out_dir):
 def main(args):
     from homagg.deploy.local.testbed import RootRequired
 
+    if args.rounds > 1 and not args.auth:
+        print(
+            "homagg bench allreduce: --rounds alternates the runs without and with "
+            "authentication: add --auth",
+            file=sys.stderr,
+        )
+        return 2
     t0 = time.perf_counter()
     try:
         report = run(args)
