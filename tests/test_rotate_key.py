@@ -469,9 +469,8 @@ def _ranks_through_rotation(tb, sd, paths, tmp_path):
     return rot, again, logs, scan
 
 
-@pytest.fixture
-def auth_testbed(tmp_path):
-    from homagg.deploy.local.testbed import Testbed
+def _need_switch():
+    """Root and a built homagg-switch, or the test is skipped saying why."""
     from homagg.switch.daemon import find_switch
 
     require(os.geteuid() == 0, "needs root")
@@ -479,6 +478,13 @@ def auth_testbed(tmp_path):
         find_switch()
     except Exception as e:  # noqa: BLE001 - not built: skipped with the reason
         require(False, str(e))
+
+
+@pytest.fixture
+def auth_testbed(tmp_path):
+    from homagg.deploy.local.testbed import Testbed
+
+    _need_switch()
     sd, name = str(tmp_path / "testbeds"), "r" + secrets.token_hex(5)
     up = _testbed_cli(sd, "up", "--workers", "2", "--name", name, "--auth", "--timeout", "10")
     assert up.returncode == 0, up.stdout + up.stderr
@@ -604,13 +610,8 @@ def test_rotate_key_on_a_tree_testbed_while_ranks_run_allreduces(tmp_path):
     from homagg import auth
     from homagg.deploy.local import testbed_job
     from homagg.deploy.local.testbed import Testbed
-    from homagg.switch.daemon import find_switch
 
-    require(os.geteuid() == 0, "needs root")
-    try:
-        find_switch()
-    except Exception as e:  # noqa: BLE001 - not built: skipped with the reason
-        require(False, str(e))
+    _need_switch()
     sd, name = str(tmp_path / "testbeds"), "rt" + secrets.token_hex(5)
     up = _testbed_cli(
         sd, "up", "--workers", "2", "--leaves", "2", "--name", name, "--auth", "--timeout", "10"
@@ -720,13 +721,7 @@ def _job_file_workers_exact(tb, paths, tmp_path):
 @pytest.mark.dpdk
 @pytest.mark.timeout(300)
 def test_rotate_key_on_a_testbed_without_auth_says_so(tmp_path):
-    from homagg.switch.daemon import find_switch
-
-    require(os.geteuid() == 0, "needs root")
-    try:
-        find_switch()
-    except Exception as e:  # noqa: BLE001 - not built: skipped with the reason
-        require(False, str(e))
+    _need_switch()
     sd, name = str(tmp_path / "testbeds"), "r" + secrets.token_hex(5)
     up = _testbed_cli(sd, "up", "--workers", "2", "--name", name)
     assert up.returncode == 0, up.stdout + up.stderr

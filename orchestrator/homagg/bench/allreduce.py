@@ -758,10 +758,9 @@ def _run(args, case):
                             for p in on_it
                             for pg in (pgs if m in PIPELINED_METHODS else pgs[:1])
                         ):
-                            row = (
-                                {"status": no_daemon}
-                                if no_daemon
-                                else homagg_row(
+
+                            def again(auth, m=m, p=p, pg=pg):
+                                return homagg_row(
                                     name,
                                     m,
                                     W,
@@ -771,10 +770,12 @@ def _run(args, case):
                                     link_mbit,
                                     args,
                                     payload=p,
+                                    auth=auth,
                                     pipeline_groups=pg,
                                     shared=shared,
                                 )
-                            )
+
+                            row = {"status": no_daemon} if no_daemon else again(False)
                             key = (m if len(on_it) == 1 else f"{m}@{p}") + (
                                 f"/groups{pg}" if len(pgs) > 1 and m in PIPELINED_METHODS else ""
                             )
@@ -785,22 +786,6 @@ def _run(args, case):
                             if args.auth:
                                 # the same allreduce with per-worker MACs, right after;
                                 # with --rounds R, R pairs alternating
-                                def again(auth, m=m, p=p, pg=pg):
-                                    return homagg_row(
-                                        name,
-                                        m,
-                                        W,
-                                        args.elements,
-                                        wl,
-                                        d,
-                                        link_mbit,
-                                        args,
-                                        payload=p,
-                                        auth=auth,
-                                        pipeline_groups=pg,
-                                        shared=shared,
-                                    )
-
                                 row = auth_rounds(again, rows[key], args.rounds, key)
                                 rows[key + "+auth"] = {
                                     "method": m + "+auth",
