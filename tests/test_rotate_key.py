@@ -641,6 +641,7 @@ def test_rotate_key_on_a_tree_testbed_while_ranks_run_allreduces(tmp_path):
             f"job {fields[0]['job']}: key epoch 1 registered on agg, agg1 below the root agg2"
             in rot.stdout
         ), rot.stdout
+        assert "the secrets of key epoch 1, one per leaf, are on the hosts" in rot.stdout
         news = []
         for r, p in enumerate(paths):
             f = json.load(open(p))

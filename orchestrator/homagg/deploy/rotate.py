@@ -183,9 +183,13 @@ def rotate(
                 files = target.place_leaf_secrets(leaf_secrets, epoch)
             else:
                 files = target.place_secret(secret, secret_name(epoch))
+            where = sorted(set(files.values()))
             print(
                 f"job {job}: the secret of key epoch {epoch} is on every worker host "
-                f"({next(iter(files.values()), '-')}, mode 0600)",
+                f"({where[0] if where else '-'}, mode 0600)"
+                if not leaves
+                else f"job {job}: the secrets of key epoch {epoch}, one per leaf, are on "
+                f"the hosts of that leaf's workers ({', '.join(where)}, mode 0600)",
                 file=out,
             )
             target.write_job_files(epoch, files)
