@@ -219,6 +219,16 @@ BENCH_JUMBO := --workers 4 --densities 0.05 --workloads shared,random,zipf,dense
 	--methods gloo,dense,auto,union --payload-bytes 1024,8192 --link-mbit 1000 \
 	--elements 16777216 --repeat 3 --warmup 1 --testbed-name benchjumbo \
 	--out docs/results/allreduce_jumbo
+# What authentication costs (targets: the engine with auth at least 0.5x its
+# rate without, the testbed's allreduce at most 1.10x its time without): the
+# engine at 1 and 8 KB on every MAC path the CPU has, three rounds, then
+# 10^6 float32 on the testbed, each pair alternating over five rounds
+# (about 10 minutes).
+BENCH_AUTH_SWITCH := --auth --mac umac aes-gmac --mac-isa all --payload 1024 8192 \
+	--rounds 3 --seconds 1 --json
+BENCH_AUTH_ALLREDUCE := --methods dense,auto --workloads shared,random --workers 4 \
+	--elements 1000000 --densities 0.05 --link-mbit 1000 --repeat 5 --warmup 1 --auth --rounds 5 \
+	--testbed-name benchauth --out docs/results/allreduce_auth
 # The advisor against measurement: 24 configurations (1000 and 10000 Mbit/s,
 # shared, densities 1, 0.05 and 0.0068, Gloo, dense, union, auto; W = 4,
 # 2^20 float32), with a calibration of this host and of each testbed's port
@@ -246,6 +256,8 @@ bench: build ## the standard benchmark suite into docs/results/ (the testbed par
 	@if [ "$$(id -u)" = 0 ]; then set -x; $(VENV)/bin/homagg bench allreduce $(BENCH_ALLREDUCE) && \
 	  $(VENV)/bin/homagg bench allreduce $(BENCH_SWEEP) && \
 	  $(VENV)/bin/homagg bench allreduce $(BENCH_JUMBO); \
+	  $(VENV)/bin/homagg bench switch $(BENCH_AUTH_SWITCH) > docs/results/switch_auth.jsonl; \
+	  $(VENV)/bin/homagg bench allreduce $(BENCH_AUTH_ALLREDUCE); \
 	  $(VENV)/bin/homagg train $(BENCH_TRAIN_SWEEP); \
 	  $(VENV)/bin/homagg bench soak --minutes 5 --json > docs/results/soak.json; \
 	  $(VENV)/bin/homagg bench shards --out docs/results/shards; \
