@@ -1030,6 +1030,11 @@ def test_the_standing_job_is_used_only_when_it_fits():
     ):
         assert not trainmod._fits(job, **dict(fits, **change)), change
     assert trainmod._fits(dict(job, auth_file="/x/job.secret"), **dict(fits, auth=True))
+    # the standing tree of `homagg testbed up --leaves`: a worker's job file
+    # names its leaf alone, which must not pass for a flat job of one aggregator
+    leaf = dict(job, aggregator="10.0.0.1:48879", leaf_ids=[0, 1])
+    assert not trainmod._fits(leaf, **dict(fits, count=1))
+    assert trainmod._fits(dict(leaf, leaf_ids=None), **dict(fits, count=1))
 
 
 def test_replay_applies_the_group_result_of_a_baseline_bucket(tmp_path):

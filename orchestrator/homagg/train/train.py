@@ -1059,11 +1059,13 @@ def _fits(
     timeout: float,
 ) -> bool:
     """Whether the standing job of job-file ``fields`` is the run's: as many
-    workers, the same aggregators (no tree), authenticated if asked, and
-    the slots and payload (when given) and timeout asked for."""
+    workers, the same aggregators (no tree: neither the run nor the standing
+    job, `homagg testbed up --leaves`'s), authenticated if asked, and the
+    slots and payload (when given) and timeout asked for."""
     return (
         fields["workers"] == W
         and not leaves
+        and not fields.get("leaf_ids")
         and len(fields["aggregator"].split(",")) == count
         and (not auth or bool(fields.get("auth_file")))
         and (slots is None or fields["slots"] == slots)
