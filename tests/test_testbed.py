@@ -591,3 +591,54 @@ def test_cli_is_registered_and_has_help():
         assert r.returncode == 0 and "usage:" in r.stdout
     up = cli("up", "--help").stdout
     assert "--link-mbit" in up and "--no-daemon" in up and "--payload-bytes" in up
+
+
+def test_refresh_cost_rewrites_every_job_file_of_a_tree(tmp_path, monkeypatch):
+    """`homagg calibrate --testbed` gives the standing job the new cost
+    model in its job file; a tree's workers each have one (their leaf),
+    and every one of them gets the same cost, so every worker decides
+    alike (the cost model's rule).  Only the cost changes."""
+    from types import SimpleNamespace
+
+    from homagg import cost
+    from homagg.deploy.local import testbed_job
+    from homagg.switch import job_file
+
+    monkeypatch.setenv("HOMAGG_CALIBRATION", str(tmp_path / "none.json"))
+    old = cost.job_cost(100).to_dict()
+    files = []
+    for w in range(3):
+        files.append(
+            job_file.write_job_file(
+                str(tmp_path / f"job-w{w}.json"),
+                aggregator=f"10.77.0.{1 + w // 2}:48879",
+                job=5,
+                token=9,
+                workers=3,
+                group="239.77.0.3",
+                timeout=10.0,
+                slots=64,
+                payload=1424,
+                cost=old,
+                leaf_ids=[w % 2, 2 - w // 2],
+            )
+        )
+    state = {
+        "link_mbit": 1000.0,
+        "job": {"job": 5, "file": files[0], "files": files, "leaves": 2},
+    }
+    tb = SimpleNamespace(
+        name="t",
+        state=lambda: state,
+        workers=[SimpleNamespace(name=f"w{w}") for w in range(3)],
+        aggregators=[SimpleNamespace(name=n) for n in ("agg", "agg1", "agg2")],
+    )
+    before = [json.load(open(p)) for p in files]
+    assert testbed_job.refresh_cost(tb) == files[0]
+    after = [json.load(open(p)) for p in files]
+    want = testbed_job.job_cost(tb).to_dict()
+    assert want != old and all(a["cost"] == want for a in after)
+    for b, a in zip(before, after):
+        assert {k: v for k, v in a.items() if k != "cost"} == {
+            k: v for k, v in b.items() if k != "cost"
+        }

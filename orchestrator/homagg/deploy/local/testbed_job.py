@@ -257,13 +257,15 @@ def refresh_cost(tb: Testbed) -> str | None:
     current = job(tb)
     if current is None or not cost.as_cost(current.get("cost")).timed:
         return None
-    path = current["file"]
-    fields = {k: v for k, v in current.items() if k != "file"}
-    fields["cost"] = job_cost(tb).to_dict()
-    tmp = f"{path}.tmp{os.getpid()}"
-    job_file.write_job_file(tmp, **fields)
-    os.replace(tmp, path)  # a rank starting now reads the old file or the new one
-    return path
+    new = job_cost(tb).to_dict()
+    for path in dict.fromkeys(job_files(tb)):  # a tree: every worker's file alike
+        with open(path) as f:
+            fields = json.load(f)
+        fields["cost"] = new
+        tmp = f"{path}.tmp{os.getpid()}"
+        job_file.write_job_file(tmp, **fields)
+        os.replace(tmp, path)  # a rank starting now reads the old file or the new one
+    return current["file"]
 
 
 def renew(tb: Testbed) -> dict:
