@@ -160,6 +160,14 @@ def test_refusals_are_sentences_and_touch_nothing():
         assert sentence in str(e.value), str(e.value)
         assert not any(isinstance(c, tuple) for c in t.calls), t.calls
     assert rotate.TREE_REFUSAL in open(os.path.join(REPO, "docs", "SECURITY.md")).read()
+    # a target of flat jobs only refuses the tree steps too, with the same sentence
+    flat = FakeTarget(AUTH_JOB)
+    for step in (
+        lambda: flat.place_leaf_secrets([b"k" * 32], 1),
+        lambda: flat.rotate_tree(7, b"r" * 32, [b"k" * 32], 1.0),
+    ):
+        with pytest.raises(rotate.RotateError, match="rotates flat jobs only: a tree rotates"):
+            step()
 
 
 def test_a_second_rotation_inside_the_grace_period_is_refused_naming_when():

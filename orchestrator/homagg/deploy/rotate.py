@@ -113,13 +113,15 @@ class KeyTarget(abc.ABC):
 
     def place_leaf_secrets(self, secrets_: list[bytes], epoch: int) -> dict[str, str]:
         """Leaf l's secret of epoch ``epoch`` on the hosts of leaf l's
-        workers, mode 0600; {worker host: its path}."""
-        raise NotImplementedError
+        workers, mode 0600; {worker host: its path}.  A target that rotates
+        flat jobs only refuses (RotateError)."""
+        raise RotateError(f"{self.where} rotates flat jobs only: {TREE_REFUSAL}")
 
     def rotate_tree(self, job: int, root: bytes, leaf_secrets: list[bytes], grace: float):
         """Every level of the tree to its next epoch (job_file.rotate_tree);
-        returns ({leaf host: its new epoch}, (root host, its new epoch))."""
-        raise NotImplementedError
+        returns ({leaf host: its new epoch}, (root host, its new epoch)).  A
+        target that rotates flat jobs only refuses (RotateError)."""
+        raise RotateError(f"{self.where} rotates flat jobs only: {TREE_REFUSAL}")
 
 
 def rotate(
