@@ -273,12 +273,11 @@ class TestbedKeys(KeyTarget):
         return testbed_job.tree_leaves(self.tb)
 
     def place_leaf_secrets(self, secrets_, epoch):
-        from homagg.deploy.local import testbed_job
         from homagg.switch import job_file
 
         paths = []
         for k, secret in enumerate(secrets_):
-            path = os.path.join(self.tb.files_dir, testbed_job.leaf_secret_name(k, epoch))
+            path = os.path.join(self.tb.files_dir, job_file.leaf_secret_name(k, epoch))
             if os.path.exists(path):
                 os.unlink(path)  # left by an interrupted rotation: never reused
             hg_auth.create_secret_file(path, secret)

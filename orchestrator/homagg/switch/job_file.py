@@ -331,6 +331,13 @@ def leaf_group(group: str, leaf: int) -> str:
     return str(ipaddress.IPv4Address(group) + 256 * leaf)
 
 
+def leaf_secret_name(leaf: int, epoch: int = 0) -> str:
+    """The file name of tree leaf ``leaf``'s secret of key epoch ``epoch``,
+    beside its workers' job files (a local testbed's ``files_dir``, an
+    inventory host's run directory)."""
+    return f"leaf-{int(leaf)}.secret" if not epoch else f"leaf-{int(leaf)}-e{int(epoch)}.secret"
+
+
 def register_tree(
     controls,
     aggregators,

@@ -174,7 +174,7 @@ def _start_tree(tb, sws, leaves, slots, payload, timeout, cost_model, auth, mac)
 
     W = len(tb.workers)
     root = hg_auth.new_secret() if auth else None
-    leaf_files = [os.path.join(tb.files_dir, leaf_secret_name(k)) for k in range(leaves)]
+    leaf_files = [os.path.join(tb.files_dir, job_file.leaf_secret_name(k)) for k in range(leaves)]
     leaf_auth = [hg_auth.create_secret_file(p) for p in leaf_files] if auth else None
     per_worker = job_file.register_tree(
         [s.control for s in sws],
@@ -207,12 +207,6 @@ def _start_tree(tb, sws, leaves, slots, payload, timeout, cost_model, auth, mac)
         job={"job": per_worker[0]["job"], "file": files[0], "files": files, "leaves": leaves},
     )
     return {**per_worker[0], "file": files[0], "files": files, "daemons": daemons}
-
-
-def leaf_secret_name(leaf: int, epoch: int = 0) -> str:
-    """The file of leaf ``leaf``'s secret of key epoch ``epoch`` in a tree
-    testbed's ``files_dir``."""
-    return f"leaf-{int(leaf)}.secret" if not epoch else f"leaf-{int(leaf)}-e{int(epoch)}.secret"
 
 
 def job_files(tb: Testbed) -> list[str]:
