@@ -36,7 +36,7 @@ ZERO_OK = {
     "metrics",
     "pickup",
 }
-ZERO_OK_IN = {("testbed up", "leaves")}
+ZERO_OK_IN = {("testbed up", "leaves"), ("up", "leaves")}
 
 BAD = {
     "negative": "-1",

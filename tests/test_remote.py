@@ -1200,7 +1200,8 @@ rank, n = int(sys.argv[1]), int(sys.argv[2])
 with Worker(job=c["job"], token=c["token"], worker=rank, workers=c["workers"],
             aggregators=c["aggregators"], group=c["group"], bind=(c["bind"], 0),
             timeout=c["timeout"], slots=c["slots"], payload=c["payload"],
-            auth_file=c["auth_file"], mac=c["mac"], key_epoch=c["key_epoch"]) as w:
+            auth_file=c["auth_file"], mac=c["mac"], key_epoch=c["key_epoch"],
+            leaf_ids=c["leaf_ids"]) as w:
     y = w.allreduce(localrun.gradient(n, 0.05, "random", 7, rank), method="lhc")
 np.save(sys.argv[3], y)
 """
@@ -1295,3 +1296,101 @@ def test_rotate_key_on_inventory_hosts(rack, tmp_path):
     for out in (up, rot, again, run, down):
         assert secret.hex() not in out.stdout + out.stderr
     assert _files_holding(str(tmp_path), secret.hex()) == []
+
+
+def _job_file_workers(rack, workers, tmp_path, tag, n=20000):
+    """One Worker per worker host, made from that host's job file
+    (_ROTATED_JOB_WORKER), sums one lhc allreduce: each result bit-exact
+    against the numpy reference."""
+    procs = [
+        rack.tb.run_in(
+            h.name,
+            [sys.executable, "-c", _ROTATED_JOB_WORKER, str(k), str(n), str(tmp_path / f"{tag}-{k}.npy")],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=dict(os.environ, HOMAGG_JOB_FILE=os.path.join(h.install_dir, "run", "job.json")),
+        )
+        for k, h in enumerate(workers)
+    ]  # fmt: skip
+    for p in procs:
+        assert p.wait(120) == 0, p.popen.stderr.read()
+    grads = [localrun.gradient(n, 0.05, "random", 7, w) for w in range(len(workers))]
+    ref = localrun.reference(grads, localrun.DEFAULT_BLOCK).view(np.uint32)
+    for k in range(len(workers)):
+        assert np.array_equal(np.load(tmp_path / f"{tag}-{k}.npy").view(np.uint32), ref)
+
+
+@pytest.mark.timeout(900)
+def test_up_a_standing_tree_with_auth_and_rotate_its_keys(rack2, tmp_path):
+    """`homagg up -i --leaves 1 --auth`: agg a leaf below agg1, the root.
+    Every worker host's job file names the leaf, its place there and the
+    leaf's own secret (INSTALL_DIR/run/leaf-0.secret, mode 0600); no
+    aggregator host holds a secret file, no job file names one there.
+    Workers made from their job files are exact against the reference;
+    `homagg rotate-key -i` gives the leaf a new secret (leaf-0-e1.secret)
+    and the root a new one, every level on epoch 1, and the workers are
+    exact again; the new secret shows in no process listing, output or
+    other file.  An inventory whose aggregators do not make the tree is
+    refused before any host is touched."""
+    from homagg import auth
+
+    path, i = make_testbed(rack2, tmp_path)
+    workers = [h for h in i.hosts if h.role == "worker"]
+    aggs = [h for h in i.hosts if h.role == "aggregator"]
+    bad = cli("up", "-i", path, "--no-udp-csum", "--leaves", "2")
+    assert bad.returncode == 1, bad.stdout + bad.stderr
+    assert "names 2 aggregator host(s); a standing tree of 2 leaves takes 3" in bad.stderr
+    assert "give --leaves 1" in bad.stderr
+    assert not os.path.exists(os.path.join(aggs[0].install_dir, "run", "switch.pid"))
+    grab = os.path.join(str(tmp_path), "w0", "opt", "run", "leaf-0-e1.secret")
+    with _ProcScan(grab) as scan:
+        up = cli("up", "-i", path, "--no-udp-csum", "--leaves", "1", "--auth")
+        assert up.returncode == 0, up.stdout + up.stderr
+        try:
+            assert "a tree of 1 leaves agg (2 workers) below the root agg1" in up.stdout
+            first = None
+            for k, h in enumerate(workers):
+                f = json.load(open(os.path.join(h.install_dir, "run", "job.json")))
+                secret_file = os.path.join(h.install_dir, "run", "leaf-0.secret")
+                assert f["aggregator"] == f"{aggs[0].address}:{localrun.UDP_PORT}", f
+                assert f["leaf_ids"] == [k, 2] and f["bind"] == h.address, f
+                assert f["auth_file"] == secret_file and f["mac"], f
+                assert os.stat(secret_file).st_mode & 0o777 == 0o600
+                first = first or auth.load_secret(secret_file)
+                assert auth.load_secret(secret_file) == first  # one leaf: one secret
+            for h in aggs:
+                f = json.load(open(os.path.join(h.install_dir, "run", "job.json")))
+                assert f["auth_file"] == "" and f["job"] == first_job(workers), f
+                assert not [n for n in os.listdir(os.path.join(h.install_dir, "run"))
+                            if n.endswith(".secret")]  # fmt: skip
+            _job_file_workers(rack2, workers, tmp_path, "tree0")
+            rot = cli("rotate-key", "-i", path, "--grace", "60", "--pickup", "0.5")
+            assert rot.returncode == 0, rot.stdout + rot.stderr
+            assert "key epoch 1 registered on agg below the root agg1" in rot.stdout, rot.stdout
+            seen = set()
+            for h in workers:
+                new = os.path.join(h.install_dir, "run", "leaf-0-e1.secret")
+                assert os.stat(new).st_mode & 0o777 == 0o600
+                seen.add(auth.load_secret(new))
+                f = json.load(open(os.path.join(h.install_dir, "run", "job.json")))
+                assert f["auth_file"] == new and f["key_epoch"] == 1, f
+            assert len(seen) == 1
+            secret = seen.pop()
+            assert secret != first
+            for h in aggs:
+                f = json.load(open(os.path.join(h.install_dir, "run", "job.json")))
+                assert f["key_epoch"] == 1 and f["auth_file"] == "", f
+            _job_file_workers(rack2, workers, tmp_path, "tree1")
+        finally:
+            down = cli("down", "-i", path)
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert scan.grabbed == {secret.hex()}
+    assert not scan.holds(secret.hex()), "the secret in a process's command line or environment"
+    for out in (up, rot, down):
+        assert secret.hex() not in out.stdout + out.stderr
+    assert _files_holding(str(tmp_path), secret.hex()) == []
+
+
+def first_job(workers):
+    """The job id the first worker host's job file names."""
+    return json.load(open(os.path.join(workers[0].install_dir, "run", "job.json")))["job"]

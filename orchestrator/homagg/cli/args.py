@@ -156,6 +156,7 @@ OPTIONS = {
     "aggregators": integer(1, 9, "aggregator hosts", 2),
     "leaves": integer(1, 8, "leaf aggregators of a two-level tree", 2),
     ("testbed up", "leaves"): integer(0, 8, "leaf aggregators of a two-level tree, 0: none", 2),
+    ("up", "leaves"): integer(0, 8, "leaf aggregators of a two-level tree, 0: none", 2),
     ("testbed up", "workers"): integer(1, 1000, "worker hosts", 4),
     "switch_lcores": integer(1, 128, "aggregator lcores", 1),
     "pipeline_groups": integer(0, 2**32 - 1, "0 automatic, 1 not pipelined, N block groups", 1),

@@ -6,15 +6,14 @@
 For the authenticated job `homagg testbed up --auth` or `homagg up -i
 --auth` started, while its workers run (docs/SECURITY.md "Rotating keys"):
 
-1. refuses a job without authentication, a tree job on inventory hosts,
-   and a rotation inside the grace period of the last one (saying when
-   it may run);
+1. refuses a job without authentication and a rotation inside the
+   grace period of the last one (saying when it may run);
 2. makes a new secret here and puts it into a new file, mode 0600, on
    every worker host (job-eN.secret beside the job file; by SFTP on
    inventory hosts), never on a command line, in an environment or a log;
-   the tree of `homagg testbed up --leaves L --auth` gets one per leaf
-   (leaf-L-eN.secret, for that leaf's workers) and a new root secret that
-   no file holds;
+   the tree of `homagg testbed up --leaves L --auth` or `homagg up -i
+   --leaves L --auth` gets one per leaf (leaf-L-eN.secret, on the hosts
+   of that leaf's workers) and a new root secret that no file holds;
 3. rewrites every host's job file with that file and key_epoch N: a
    training process (homagg.torch) reads it before its next bucket and
    verifies replies of both epochs from then on; workers started later

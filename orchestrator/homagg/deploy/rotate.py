@@ -9,7 +9,8 @@ write the job files): ``TestbedKeys`` for a local testbed, ``InventoryKeys``
 for the hosts of an inventory over SSH.  The steps, in this order:
 
 1. the checks: the job authenticates, is no tree unless the target
-   rotates trees (a local testbed's, ``homagg testbed up --leaves``), and
+   rotates trees (both do: ``homagg testbed up --leaves`` and ``homagg up
+   -i --leaves``), and
    the grace period of the last rotation has passed (the record of it,
    ``rotation.json``);
 2. a new secret (``secrets``) into a new file, mode 0600, on every worker
@@ -370,7 +371,9 @@ class InventoryKeys(KeyTarget):
     (homagg.deploy.remote.secret.put), the job file of every host rewritten
     (homagg.deploy.remote.hosts.Host.put_job_file), ``rotate_key`` on every
     aggregator's control socket (Host.control: the request on stdin), the
-    record in every aggregator host's run directory."""
+    record in every aggregator host's run directory.  A tree (``homagg up
+    -i --leaves L``): leaf l's new secret on the hosts of leaf l's workers
+    only (INSTALL_DIR/run/leaf-l-eN.secret), the root's in no file."""
 
     def __init__(self, inventory_path: str, out=None):
         from homagg.deploy.remote import inventory as inv
@@ -431,6 +434,60 @@ class InventoryKeys(KeyTarget):
         if len(jobs) != 1:
             raise RotateError(f"the hosts' job files name different jobs {sorted(jobs)}")
         return own[self.workers[0].h.name]
+
+    def leaves(self):
+        """The leaves of a tree `up -i --leaves L` made: the distinct leaves
+        its worker hosts' job files name, which are the inventory's first L
+        aggregator hosts, the last one the root (hosts.check_tree)."""
+        from homagg.deploy.remote import hosts as rh
+
+        named = {self.own[r.h.name]["aggregator"] for r in self.workers}
+        L = len(self.aggs) - 1
+        leaf_addrs = {a.h.address for a in self.aggs[:L]}
+        if len(named) != L or {n.rsplit(":", 1)[0] for n in named} != leaf_addrs:
+            raise RotateError(
+                f"the worker hosts' job files name the leaves {sorted(named)}, but "
+                f"{self.where} has {len(self.aggs)} aggregator hosts: a tree of L leaves "
+                "is the first L of them below the last one "
+                f"({rh.job_file_path(self.workers[0].h)}); {self.retry} --leaves L"
+            )
+        return L
+
+    def place_leaf_secrets(self, secrets_, epoch):
+        from homagg.deploy.remote import hosts as rh
+        from homagg.deploy.remote import secret as hsecret
+        from homagg.switch import job_file
+
+        W, L = len(self.workers), len(secrets_)
+        leaf_of = {r.h.name: job_file.tree_leaf(i, W, L)[0] for i, r in enumerate(self.workers)}
+
+        def one(r):
+            path = rh.tree_secret_file(r.h, leaf_of[r.h.name], epoch)
+            hsecret.put(r, path, secrets_[leaf_of[r.h.name]])
+            return path
+
+        return self._parallel(one, self.workers, "placing the leaves' new secrets")
+
+    def rotate_tree(self, job, root, leaf_secrets, grace):
+        from homagg.switch import job_file
+
+        L = len(leaf_secrets)
+        got = []
+
+        def leaf(k, request):  # the leaf's own epochs, for the check
+            reply = self.aggs[k].control(request)
+            if request.get("auth"):
+                got.append((self.aggs[k].h.name, int(reply["epoch"])))
+            return reply
+
+        controls = [lambda r, k=k: leaf(k, r) for k in range(L)] + [self.aggs[L].control]
+        try:
+            epoch = job_file.rotate_tree(
+                controls, leaves=L, job=job, auth=root, leaf_auth=leaf_secrets, grace=grace
+            )
+        except HomAggError as e:
+            raise RotateError(f"rotate_key on the tree: {e}") from None
+        return dict(got), (self.aggs[L].h.name, int(epoch))
 
     def last_rotation(self):
         r = self.aggs[0].run(f"cat {shlex.quote(self._record_path(self.aggs[0]))}", check=False)

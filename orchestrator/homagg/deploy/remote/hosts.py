@@ -26,6 +26,12 @@ workers as a file of mode 0600 that the job file names
 (homagg.deploy.remote.secret: the inventory's provisioned ``auth_secret``,
 else a new INSTALL_DIR/run/job.secret).
 
+``up --leaves L`` registers a two-level tree instead (docs/PROTOCOL.md
+"Tree"): the inventory's first L aggregator hosts are leaves below the
+last one, the root; each worker host's job file names its leaf.  With
+``--auth`` each leaf has a secret of its own, on the hosts of its workers
+only (INSTALL_DIR/run/leaf-L.secret), and no file holds the root's.
+
 Run state lives on each host in INSTALL_DIR/run/: ``switch.pid``,
 ``switch.log``, ``control.sock`` (aggregator), ``job.json`` and one PID file per worker
 process while a run is in progress.  A PID file holds "PID STARTTIME" (from
@@ -63,7 +69,7 @@ from homagg import auth as hg_auth
 from homagg.deploy.remote import inventory as inv
 from homagg.deploy.remote import secret as hsecret
 from homagg.deploy.remote import ssh
-from homagg.errors import HomAggError, RemoteError  # noqa: F401 - RemoteError importable from here
+from homagg.errors import ConfigError, HomAggError, RemoteError  # noqa: F401 - RemoteError importable from here
 from homagg.ops import logfmt
 from homagg.protocol import resolve_slots
 from homagg.runs import job as localrun
@@ -470,16 +476,21 @@ def up(
     ``auth`` / ``mac``: an authenticated job, _up_secret);
     returns the first daemon's {"host", "pid", "control", "log", "argv"}
     with "aggregators": the list of all of them and "job": the job file's
-    fields.  One failing host does not hide the others: RemoteError names
-    each.  When it fails, what this call started is stopped again (the
+    fields.  ``leaves`` L: the job is a two-level tree instead
+    (_up_tree_job; check_tree says which inventories can hold one).  One
+    failing host does not hide the others: RemoteError names each.  When
+    it fails, what this call started is stopped again (the
     daemons that did start, the job files and a generated secret), so the
     next `up` does not find a daemon nobody registered a job on."""
     out = out or sys.stdout
+    leaves = int(job_options.get("leaves") or 0)
+    if leaves:
+        check_tree(inventory, leaves)
     hosts = open_hosts(inventory, out, switch)
     started = []
     try:
         aggs = _aggregators(hosts)
-        if job_options.get("auth") and inventory.settings.auth_secret:
+        if job_options.get("auth") and inventory.settings.auth_secret and not leaves:
             # the provisioned secret is checked (read only) before anything starts
             job_options["placed"] = _up_secret(
                 [r for r in hosts if r.h.role == "worker"], inventory, inventory.settings.parallel
@@ -654,6 +665,43 @@ def _up_secret(workers: list[Host], inventory: inv.Inventory, parallel: int):
     return secret, {r.h.name: up_secret_file(r.h) for r in workers}
 
 
+def check_tree(inventory: inv.Inventory, leaves: int) -> None:
+    """What `up --leaves L` needs of the inventory, checked before any host
+    is touched: L + 1 aggregator hosts exactly (the first L the leaves, in
+    inventory order, the last one the root), at most one leaf per worker
+    host, and a root on a kernel interface (net_af_packet or net_af_xdp),
+    whose MAC address the leaves send to.  ConfigError names the fix."""
+    aggs = [h for h in inventory.hosts if h.role == "aggregator"]
+    W = sum(1 for h in inventory.hosts if h.role == "worker")
+    where = f"inventory {inventory.path}"
+    if len(aggs) != leaves + 1:
+        raise ConfigError(
+            f"--leaves {leaves}: {where} names {len(aggs)} aggregator host(s); a standing "
+            f"tree of {leaves} leaves takes {leaves + 1} (the first {leaves} the leaves, "
+            "the last the root): give --leaves "
+            + (f"{len(aggs) - 1}" if len(aggs) > 1 else "0 (one aggregator holds no tree)")
+            + " or change the inventory's aggregator hosts"
+        )
+    if not 1 <= leaves <= W:
+        raise ConfigError(
+            f"--leaves {leaves}: {where} names {W} worker host(s), and every leaf "
+            f"needs one: give --leaves 1..{W}"
+        )
+    if not aggs[-1].kernel_iface:
+        raise ConfigError(
+            f"--leaves {leaves}: the tree's root, host '{aggs[-1].name}', has a PCI NIC "
+            "whose MAC address the leaves cannot learn here: make an aggregator with a "
+            "vdev (net_af_packet/net_af_xdp on a kernel interface) the last one of the "
+            "inventory"
+        )
+
+
+def tree_secret_file(h: inv.HostSpec, leaf: int, epoch: int = 0) -> str:
+    """Leaf ``leaf``'s secret of key epoch ``epoch`` on one of its worker
+    hosts (the run directory: `down` removes it)."""
+    return f"{rundir(h)}/{job_file.leaf_secret_name(leaf, epoch)}"
+
+
 def _up_job(
     hosts: list[Host],
     inventory: inv.Inventory,
@@ -665,16 +713,22 @@ def _up_job(
     auth: bool = False,
     mac: str | None = None,
     placed=None,
+    leaves: int = 0,
 ) -> dict:
     """The job of `up`: every worker host, spread over every aggregator, and
     its job file on every host (a worker's names its own bind address and,
     with ``auth``, its own copy of the job secret: _up_secret, or
-    ``placed``, what it returned already)."""
+    ``placed``, what it returned already).  ``leaves``: a tree
+    (_up_tree_job)."""
     aggs = _aggregators(hosts)
     workers = [r for r in hosts if r.h.role == "worker"]
     payload = localrun.job_payload(  # None: the largest the inventory's MTU carries
         payload, min(h.mtu for h in inventory.hosts), f"inventory {inventory.path}"
     )
+    if leaves:
+        return _up_tree_job(
+            hosts, inventory, out, leaves, slots, payload, timeout, group, auth, mac
+        )
     secret, files = (
         (None, {})
         if not auth
@@ -720,6 +774,80 @@ def _up_job(
         file=out,
     )
     return fields
+
+
+def _up_tree_job(hosts, inventory, out, leaves, slots, payload, timeout, group, auth, mac):
+    """`up --leaves L`'s job: a two-level tree over the aggregator hosts
+    (job_file.register_tree: the first L the leaves, the last the root),
+    one job file per worker host naming its leaf, the leaf's group, its
+    place there and its bind address.  ``auth``: each leaf a new secret of
+    its own, put on the hosts of that leaf's workers only
+    (tree_secret_file, mode 0600); the root's secret a new one that no
+    file holds: the leaves get only their keys at the root, and `homagg
+    rotate-key -i` gives the root a new one (docs/PROTOCOL.md "Key epochs
+    in a tree").  The inventory's ``auth_secret`` is one secret for every
+    worker host, so a tree does not use it.  An aggregator host's job file
+    holds worker 0's fields without a secret file (`down` and
+    `rotate-key` read the job id there)."""
+    aggs = _aggregators(hosts)
+    workers = [r for r in hosts if r.h.role == "worker"]
+    W, par = len(workers), inventory.settings.parallel
+    root_host = aggs[leaves]
+    iface = shlex.quote(root_host.h.kernel_iface)
+    root_mac = root_host.run(f"cat /sys/class/net/{iface}/address").stdout.strip()
+    leaf_of = [job_file.tree_leaf(i, W, leaves)[0] for i in range(W)]
+    files = [tree_secret_file(r.h, leaf_of[i]) for i, r in enumerate(workers)]
+    leaf_auth = root = None
+    if auth:
+        leaf_auth = [hg_auth.new_secret() for _ in range(leaves)]
+        root = hg_auth.new_secret()
+        own = {r.h.name: (files[i], leaf_auth[leaf_of[i]]) for i, r in enumerate(workers)}
+        ssh.parallel(lambda r: hsecret.put(r, *own[r.h.name]), workers, par)
+        del own
+    per_worker = job_file.register_tree(
+        [a.control for a in aggs],
+        [(a.h.address, localrun.UDP_PORT, root_mac if k == leaves else None)
+         for k, a in enumerate(aggs)],
+        leaves=leaves,
+        workers=W,
+        slots=slots,
+        payload=payload,
+        group=group,
+        timeout=timeout,
+        cost=inventory_cost(inventory, hosts),
+        auth=root,
+        leaf_auth=leaf_auth,
+        auth_files=files if auth else None,
+        mac=mac,
+    )  # fmt: skip
+    del root, leaf_auth
+    fields_of = {r.h.name: dict(per_worker[i], bind=r.h.address) for i, r in enumerate(workers)}
+    for a in aggs:
+        fields_of[a.h.name] = dict(per_worker[0], auth_file="")
+    ssh.parallel(lambda r: r.put_job_file(job_file_path(r.h), fields_of[r.h.name]), hosts, par)
+    first = per_worker[0]
+    print(
+        f"job {first['job']}: a tree of {leaves} leaves "
+        + ", ".join(
+            f"{aggs[k].h.name} ({sum(1 for l in leaf_of if l == k)} workers)" for k in range(leaves)
+        )
+        + f" below the root {root_host.h.name}"
+        + (
+            f", authenticated ({first['mac']}; each leaf's own secret on its workers' "
+            f"hosts: {', '.join(sorted(set(files)))}, mode 0600; the root's in no file"
+            + (
+                "; the inventory's auth_secret, one for every host, is not used"
+                if inventory.settings.auth_secret
+                else ""
+            )
+            + ")"
+            if auth
+            else ""
+        )
+        + f"; each host's job file: {job_file_path(workers[0].h)} (HOMAGG_JOB_FILE for torchrun)",
+        file=out,
+    )
+    return first
 
 
 def up_job_secret(workers: list[Host], fields: dict | None) -> bytes | None:
@@ -895,6 +1023,18 @@ def add_up_arguments(p) -> None:
         help="with --auth: the MAC algorithm (default: this host's, umac "
         "where the CPU has AES-NI, else blake2b); every host must compute it",
     )
+    p.add_argument(
+        "--leaves",
+        type=int,
+        default=0,
+        metavar="L",
+        help="the job is a two-level tree: the first L aggregator hosts of the "
+        "inventory are leaves, each summing its share of the workers, below the "
+        "last one, the root (the inventory names L + 1 aggregators, the root on a "
+        "kernel interface); every worker host's job file names its leaf; with "
+        "--auth each leaf gets a secret of its own (default: 0, a flat job over "
+        "every aggregator)",
+    )
     job_file.add_job_arguments(p)
 
 
@@ -922,6 +1062,7 @@ def up_main(args) -> int:
             timeout=args.timeout,
             auth=args.auth,
             mac=None if args.mac == "auto" else args.mac,
+            leaves=args.leaves,
         ),
     )
 

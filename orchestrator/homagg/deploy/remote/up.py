@@ -1,6 +1,6 @@
 """Start homagg-switch on every aggregator host of the inventory over SSH (in the background).
 
-    homagg up -i testbed.toml [--no-udp-csum] [--switch PATH]
+    homagg up -i testbed.toml [--no-udp-csum] [--switch PATH] [--auth] [--leaves L]
 
 Checks every host first (login, privilege, provisioned venv and config, the
 daemon binary, the data-plane device); starts one daemon per aggregator
@@ -10,6 +10,9 @@ Then it registers one job for every worker host, spread over every
 aggregator (--slots, --payload-bytes, --timeout), and writes its job file
 on every host, INSTALL_DIR/run/job.json (HOMAGG_JOB_FILE of homagg.torch,
 for torchrun on the worker hosts; a worker's names its own bind address).
+With --leaves L the job is a two-level tree: the first L aggregator hosts
+are leaves, each below the last one, the root, and each worker's job file
+names its leaf; with --auth too, each leaf gets a secret of its own.
 `homagg run allreduce -i` and `homagg train -i` register jobs of their own;
 `homagg down -i testbed.toml` removes the job and stops the daemons;
 `homagg rotate-key -i testbed.toml` gives a job started with --auth a new
