@@ -379,7 +379,9 @@ def run_allreduce(
         auth_files = (
             []
             if not auth
-            else [pl.place_secret(x, f"leaf-{k}.secret") for k, x in enumerate(leaf_secrets)]
+            else [
+                pl.place_secret(x, job_file.leaf_secret_name(k)) for k, x in enumerate(leaf_secrets)
+            ]
             if leaves
             else [pl.place_secret(secret)]
         )

@@ -1229,7 +1229,7 @@ def run_train(
                     root = hg_auth.new_secret() if auth else None
                     leaf_secrets = [hg_auth.new_secret() for _ in range(leaves)] if auth else None
                     for k, x in enumerate(leaf_secrets or ()):
-                        pl.place_secret(x, f"leaf-{k}.secret")
+                        pl.place_secret(x, job_file.leaf_secret_name(k))
                     per_rank = job_file.register_tree(
                         controls,
                         [(a.ip, UDP_PORT, a.mac) for a in pl.aggregators[:count]],
@@ -1243,7 +1243,8 @@ def run_train(
                         auth=root,
                         leaf_auth=leaf_secrets,
                         auth_files=[
-                            f"{pl.worker_dir(r)}/leaf-{job_file.tree_leaf(r, W, leaves)[0]}.secret"
+                            f"{pl.worker_dir(r)}/"
+                            + job_file.leaf_secret_name(job_file.tree_leaf(r, W, leaves)[0])
                             for r in range(W)
                         ]
                         if auth
