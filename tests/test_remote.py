@@ -279,6 +279,36 @@ def test_calibrate_on_inventory_hosts_and_the_job_takes_the_slowest(rack, tmp_pa
     os.remove(files["w1"])  # one worker host not calibrated: this machine's numbers
     got = job_cost_after_up()
     assert {k: got[k] for k in names} == {k: 7 for k in names}
+    # `up`'s job running: `calibrate -i` gives every host's job file the new
+    # model (the slowest of the hosts' new files), nothing else changed
+    up = subprocess.run(
+        [os.path.join(VENV, "bin", "homagg"), "up", "-i", path, "--no-udp-csum"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        job_files = {h.name: os.path.join(h.install_dir, "run", "job.json") for h in i.hosts}
+        before = {n: json.load(open(f)) for n, f in job_files.items()}
+        assert all(b["cost"][k] == 7 for b in before.values() for k in names)
+        r = cli("calibrate", "-i", path, "--elements", "65536", "--repeat", "1")
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert f"job {before['w0']['job']} of `homagg up -i`: every host's job file" in r.stdout
+        cals = [json.load(open(f)) for f in files.values()]
+        want = {k: max(int(c["paths"][c["isa"]][k]) for c in cals) for k in names}
+        assert want != {k: 7 for k in names}
+        for n, f in job_files.items():
+            after = json.load(open(f))
+            assert {k: after["cost"][k] for k in names} == want, n
+            assert after["cost"]["link_mbit"] == 1000
+            assert {k: v for k, v in after.items() if k != "cost"} == {
+                k: v for k, v in before[n].items() if k != "cost"
+            }
+    finally:
+        down = cli("down", "-i", path)
+        assert down.returncode == 0, down.stdout + down.stderr
 
 
 @pytest.mark.timeout(600)
@@ -639,7 +669,8 @@ def rack2(tmp_path_factory):
 def test_train_on_two_aggregators_and_a_tree(rack2, tmp_path):
     """`homagg train -i` with the testbed path's options: the job spread
     over two aggregator hosts (`up`'s job), then a tree (--leaves 1: agg a
-    leaf below agg1, the root; every rank's job file names its leaf), each
+    leaf below agg1, the root; every rank's job file names its leaf), then
+    the tree with --auth (the leaf's secret in the ranks' folders), each
     exact: parameters identical across ranks and to the replay.  The same
     tree on the rack's namespaces as a local testbed (daemons of the run's
     own) is exact too."""
@@ -664,7 +695,11 @@ def test_train_on_two_aggregators_and_a_tree(rack2, tmp_path):
     assert up.returncode == 0, up.stdout + up.stderr
     reps = {}
     try:
-        for name, extra in (("two", []), ("tree", ["--leaves", "1"])):
+        for name, extra in (
+            ("two", []),
+            ("tree", ["--leaves", "1"]),
+            ("tree_auth", ["--leaves", "1", "--auth"]),
+        ):
             r = cli(
                 "train",
                 "-i",
@@ -698,6 +733,14 @@ def test_train_on_two_aggregators_and_a_tree(rack2, tmp_path):
     assert tree["leaves"] == 1 and tree["aggregator_hosts"] == ["agg", "agg1"]
     assert tree["job"] != two["job"] and tree["job_file"].endswith("/job-0.json")
     assert all(b > 0 for b in tree["bytes_per_rank"])
+    # the tree authenticated: each leaf its own secret in the ranks' folders
+    ta = reps["tree_auth"]
+    check_train(ta)
+    assert ta["leaves"] == 1 and ta["auth"] is True and ta["mac"], ta
+    for h in ("w0", "w1"):  # the run's folder, with the leaf's secret, is gone
+        assert not os.path.exists(
+            os.path.join(i.host(h).install_dir, "run", os.path.basename(ta["run_dir"]))
+        )
 
 
 @pytest.mark.timeout(600)

@@ -11,7 +11,9 @@ With -i INVENTORY it runs on every worker host of the inventory instead,
 one after the other, into INSTALL_DIR/calibration.json on each host; a job
 that `homagg up -i` / `run -i` / `train -i` then creates registers the
 slowest of those calibrations, coefficient by coefficient (while every
-worker host has one; else the calibration of the host creating the job).
+worker host has one; else the calibration of the host creating the job),
+and the running job of `homagg up -i`, when it has a cost model, gets it
+in every host's job file.
 
 With --testbed NAME (root) it times allreduces through that local
 testbed's real path instead (the worker client, veth, bridge and the

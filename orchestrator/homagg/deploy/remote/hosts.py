@@ -559,7 +559,9 @@ def calibrate(inventory: inv.Inventory, out=None, elements: int = 1 << 20, repea
     """`homagg calibrate -i`: `homagg calibrate` on every worker host, one
     host after the other (hosts that share a machine would slow each other
     down), into calibration_file on that host; returns {host: calibration}.
-    A host that fails is named in the RemoteError after the others ran."""
+    A host that fails is named in the RemoteError after the others ran.
+    When every host was measured and `up`'s job runs with a cost model, its
+    job files get the new one (refresh_up_cost)."""
     from homagg import cost
 
     out = out or sys.stdout
@@ -589,12 +591,46 @@ def calibrate(inventory: inv.Inventory, out=None, elements: int = 1 << 20, repea
                 + f" ({path})",
                 file=out,
             )
+        if not failures:
+            job = refresh_up_cost(inventory, hosts)
+            if job is not None:
+                print(
+                    f"job {job} of `homagg up -i`: every host's job file "
+                    f"({job_file_path(hosts[0].h)}) has the new cost model; ranks "
+                    "started from now on decide with it",
+                    file=out,
+                )
     finally:
         for r in hosts:
             r.close()
     if failures:
         raise RemoteError(ssh.failure_message("calibrate failed", failures))
     return cals
+
+
+def refresh_up_cost(inventory: inv.Inventory, hosts: list[Host]):
+    """Give the running job of `up` (its job file on every host, flat or a
+    tree) the cost model a job registered now takes (inventory_cost: the
+    worker hosts' calibrations), each file replaced whole with only its
+    ``cost`` changed; the daemons keep no cost, and the ranks read it from
+    the job file when they start.  A job registered without a cost model
+    keeps none.  Returns the job's id, or None when no job with a model
+    runs (no job file on any host)."""
+    from homagg import cost
+
+    own = ssh.parallel(lambda r: r.job_file_fields(), hosts, inventory.settings.parallel)
+    first = next((f for f in own.values() if f), None)
+    if first is None or not cost.as_cost(first.get("cost")).timed:
+        return None
+    new = inventory_cost(inventory, hosts).to_dict()
+    ssh.parallel(
+        lambda r: (
+            own[r.h.name] and r.put_job_file(job_file_path(r.h), dict(own[r.h.name], cost=new))
+        ),
+        hosts,
+        inventory.settings.parallel,
+    )
+    return first["job"]
 
 
 def host_calibrations(hosts: list[Host]) -> dict:
