@@ -280,3 +280,60 @@ def run_testbed_bench(tmp_path, capsys, name, *argv):
     assert json.loads((out / f"{name}.json").read_text())["results"] == report["results"]
     assert (out / f"{name}.md").exists() and (out / f"{name}.csv").exists()
     return report
+
+
+# ---- workers made from job files ------------------------------------------
+
+# One Worker configured from its job file (HOMAGG_JOB_FILE, homagg.switch.
+# job_file.job_config) sums one lhc allreduce of worker argv[1]'s gradient of
+# argv[2] elements and saves the result to argv[3].
+JOB_FILE_WORKER = r"""
+import sys
+import numpy as np
+from homagg.runs import job as localrun
+from homagg.switch import job_file
+from homagg.worker import Worker
+c = job_file.job_config()
+rank, n = int(sys.argv[1]), int(sys.argv[2])
+with Worker(job=c["job"], token=c["token"], worker=rank, workers=c["workers"],
+            aggregators=c["aggregators"], group=c["group"], bind=(c["bind"], 0),
+            timeout=c["timeout"], slots=c["slots"], payload=c["payload"],
+            auth_file=c["auth_file"], mac=c["mac"], key_epoch=c["key_epoch"],
+            leaf_ids=c["leaf_ids"]) as w:
+    y = w.allreduce(localrun.gradient(n, 0.05, "random", 7, rank), method="lhc")
+np.save(sys.argv[3], y)
+"""
+
+
+def job_file_workers_exact(tb, names, files, out_dir, tag, binds=None, n=20000):
+    """Worker k in testbed namespace ``names[k]``, made from job file
+    ``files[k]`` (``binds[k]``: its HOMAGG_BIND, where the file names no
+    bind address), sums one lhc allreduce at once with the others (a
+    process each, JOB_FILE_WORKER); each result bit-exact against the
+    numpy reference of the same gradients."""
+    import sys
+
+    from homagg.runs import job as localrun
+
+    procs = []
+    for k, (name, path) in enumerate(zip(names, files)):
+        env = dict(os.environ, HOMAGG_JOB_FILE=path)
+        if binds:
+            env["HOMAGG_BIND"] = binds[k]
+        out = os.path.join(str(out_dir), f"{tag}-{k}.npy")
+        procs.append(
+            tb.run_in(
+                name,
+                [sys.executable, "-c", JOB_FILE_WORKER, str(k), str(n), out],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=env,
+            )
+        )
+    for p in procs:
+        assert p.wait(120) == 0, p.popen.stderr.read()
+    grads = [localrun.gradient(n, 0.05, "random", 7, w) for w in range(len(names))]
+    ref = localrun.reference(grads, localrun.DEFAULT_BLOCK).view(np.uint32)
+    for k in range(len(names)):
+        got = np.load(os.path.join(str(out_dir), f"{tag}-{k}.npy")).view(np.uint32)
+        assert np.array_equal(got, ref), f"worker {k}"

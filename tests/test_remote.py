@@ -20,7 +20,7 @@ import sys
 import numpy as np
 import pytest
 
-from helpers import gone, require
+from helpers import gone, job_file_workers_exact, require
 
 from homagg.deploy.remote import inventory as inv
 from homagg.deploy.remote import provision as prov
@@ -1232,24 +1232,6 @@ def test_up_auth_without_a_provisioned_secret(rack, tmp_path):
     assert down.returncode == 0, down.stdout + down.stderr
 
 
-_ROTATED_JOB_WORKER = r"""
-import sys
-import numpy as np
-from homagg.runs import job as localrun
-from homagg.switch import job_file
-from homagg.worker import Worker
-c = job_file.job_config()
-rank, n = int(sys.argv[1]), int(sys.argv[2])
-with Worker(job=c["job"], token=c["token"], worker=rank, workers=c["workers"],
-            aggregators=c["aggregators"], group=c["group"], bind=(c["bind"], 0),
-            timeout=c["timeout"], slots=c["slots"], payload=c["payload"],
-            auth_file=c["auth_file"], mac=c["mac"], key_epoch=c["key_epoch"],
-            leaf_ids=c["leaf_ids"]) as w:
-    y = w.allreduce(localrun.gradient(n, 0.05, "random", 7, rank), method="lhc")
-np.save(sys.argv[3], y)
-"""
-
-
 @pytest.mark.timeout(900)
 def test_rotate_key_on_inventory_hosts(rack, tmp_path):
     """`homagg rotate-key -i` after `homagg up -i --auth`: a new secret on
@@ -1293,32 +1275,7 @@ def test_rotate_key_on_inventory_hosts(rack, tmp_path):
             assert agg_fields["key_epoch"] == 1 and agg_fields["auth_file"] == ""
             assert not os.path.exists(os.path.join(agg_dir, "job-e1.secret"))
             # workers of up's job from their job files: the aggregator has epoch 1's key
-            n = 20000
-            procs = [
-                rack.tb.run_in(
-                    h.name,
-                    [
-                        sys.executable,
-                        "-c",
-                        _ROTATED_JOB_WORKER,
-                        str(k),
-                        str(n),
-                        str(tmp_path / f"rk-{k}.npy"),
-                    ],
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    env=dict(
-                        os.environ, HOMAGG_JOB_FILE=os.path.join(h.install_dir, "run", "job.json")
-                    ),
-                )
-                for k, h in enumerate(workers)
-            ]
-            for p in procs:
-                assert p.wait(120) == 0, p.popen.stderr.read()
-            grads = [localrun.gradient(n, 0.05, "random", 7, w) for w in range(2)]
-            ref = localrun.reference(grads, localrun.DEFAULT_BLOCK).view(np.uint32)
-            for k in range(2):
-                assert np.array_equal(np.load(tmp_path / f"rk-{k}.npy").view(np.uint32), ref)
+            _job_file_workers(rack, workers, tmp_path, "rk")
             run = cli(
                 "run", "allreduce", "-i", path, "--auth", "--method", "dense", "--elements", "30000",
                 "--density", "0.05", "--seed", "3", "--runs-dir", str(runs_dir), "--json",
@@ -1341,26 +1298,16 @@ def test_rotate_key_on_inventory_hosts(rack, tmp_path):
     assert _files_holding(str(tmp_path), secret.hex()) == []
 
 
-def _job_file_workers(rack, workers, tmp_path, tag, n=20000):
-    """One Worker per worker host, made from that host's job file
-    (_ROTATED_JOB_WORKER), sums one lhc allreduce: each result bit-exact
-    against the numpy reference."""
-    procs = [
-        rack.tb.run_in(
-            h.name,
-            [sys.executable, "-c", _ROTATED_JOB_WORKER, str(k), str(n), str(tmp_path / f"{tag}-{k}.npy")],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=dict(os.environ, HOMAGG_JOB_FILE=os.path.join(h.install_dir, "run", "job.json")),
-        )
-        for k, h in enumerate(workers)
-    ]  # fmt: skip
-    for p in procs:
-        assert p.wait(120) == 0, p.popen.stderr.read()
-    grads = [localrun.gradient(n, 0.05, "random", 7, w) for w in range(len(workers))]
-    ref = localrun.reference(grads, localrun.DEFAULT_BLOCK).view(np.uint32)
-    for k in range(len(workers)):
-        assert np.array_equal(np.load(tmp_path / f"{tag}-{k}.npy").view(np.uint32), ref)
+def _job_file_workers(rack, workers, tmp_path, tag):
+    """A Worker on each worker host of the rack from that host's job file
+    (helpers.job_file_workers_exact): each sum bit-exact."""
+    job_file_workers_exact(
+        rack.tb,
+        [h.name for h in workers],
+        [os.path.join(h.install_dir, "run", "job.json") for h in workers],
+        tmp_path,
+        tag,
+    )
 
 
 @pytest.mark.timeout(900)
@@ -1372,9 +1319,11 @@ def test_up_a_standing_tree_with_auth_and_rotate_its_keys(rack2, tmp_path):
     Workers made from their job files are exact against the reference;
     `homagg rotate-key -i` gives the leaf a new secret (leaf-0-e1.secret)
     and the root a new one, every level on epoch 1, and the workers are
-    exact again; the new secret shows in no process listing, output or
-    other file.  An inventory whose aggregators do not make the tree is
-    refused before any host is touched."""
+    exact again; `homagg train -i --leaves 1 --auth` trains exactly on
+    that standing tree and leaves it registered; the new secret shows in
+    no process listing, output or other file.  An inventory whose
+    aggregators do not make the tree is refused before any host is
+    touched."""
     from homagg import auth
 
     path, i = make_testbed(rack2, tmp_path)
@@ -1424,12 +1373,26 @@ def test_up_a_standing_tree_with_auth_and_rotate_its_keys(rack2, tmp_path):
                 f = json.load(open(os.path.join(h.install_dir, "run", "job.json")))
                 assert f["key_epoch"] == 1 and f["auth_file"] == "", f
             _job_file_workers(rack2, workers, tmp_path, "tree1")
+            # `homagg train -i --leaves 1 --auth` takes the standing tree at
+            # its epoch (each leaf's secret read from its workers' hosts) and
+            # registers it again afterwards
+            tr = cli(
+                "train", "-i", path, "--model", tiny_model(tmp_path), "--method", "lhc",
+                "--steps", "2", "--warmup", "1", "--no-baseline", "--leaves", "1", "--auth",
+                "--runs-dir", str(tmp_path / "runs"), "--json",
+            )  # fmt: skip
+            assert tr.returncode == 0, tr.stdout + tr.stderr
+            rep = json.loads(tr.stdout)
+            check_train(rep)
+            assert rep["job"] == first_job(workers) and rep["auth"] is True, rep
+            assert rep["job_file"] == os.path.join(workers[0].install_dir, "run", "job.json")
+            _job_file_workers(rack2, workers, tmp_path, "tree2")
         finally:
             down = cli("down", "-i", path)
     assert down.returncode == 0, down.stdout + down.stderr
     assert scan.grabbed == {secret.hex()}
     assert not scan.holds(secret.hex()), "the secret in a process's command line or environment"
-    for out in (up, rot, down):
+    for out in (up, rot, tr, down):
         assert secret.hex() not in out.stdout + out.stderr
     assert _files_holding(str(tmp_path), secret.hex()) == []
 

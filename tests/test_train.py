@@ -29,7 +29,7 @@ import pytest
 import torch
 
 import homagg.torch as hgt
-from helpers import dpdk_testbed, gone, require
+from helpers import dpdk_testbed, gone, job_file_workers_exact, require
 from homagg import cost as hg_cost
 from homagg import protocol
 from homagg.runs import allreduce as runmod
@@ -115,6 +115,48 @@ def test_training_with_auth(testbed):
     assert rep["params_identical_across_ranks"] is True
     assert rep["replay_bit_identical"] is True, rep["replay"]
     assert testbed.state()["processes"] == []
+
+
+@pytest.mark.root
+@pytest.mark.netns
+@pytest.mark.dpdk
+@pytest.mark.timeout(600)
+def test_training_on_the_standing_tree_of_the_testbed(tmp_path_factory, tmp_path):
+    """`homagg train --auth` on a testbed whose standing job is an
+    authenticated tree (`homagg testbed up --leaves 2 --auth`): the run
+    takes that job (its id, every rank on its own job file, each leaf's
+    secret), registered afresh, the parameters identical and bit-identical
+    to the replay; afterwards the tree is registered again for the next
+    ranks, and a worker made from each job file sums exactly."""
+    from homagg.deploy.local import testbed_job
+
+    with dpdk_testbed(tmp_path_factory, "tstand", workers=2, link_mbit=1000, leaves=2) as tb:
+        standing = testbed_job.start(tb, auth=True)
+        files = testbed_job.job_files(tb)
+        assert len(set(files)) == 2
+        rep = trainmod.run_train(
+            tb.name,
+            model="ncf",
+            method="lhc",
+            steps=2,
+            warmup=1,
+            baseline=False,
+            state_dir=tb.state_dir,
+            auth=True,
+        )
+        assert rep["leaves"] == 2 and rep["ranks"] == 2
+        assert rep["job"] == standing["job"] and rep["job_file"] == files[0]
+        assert rep["auth"] is True and rep["mac"] == standing["mac"]
+        assert rep["params_identical_across_ranks"] is True
+        assert rep["replay_bit_identical"] is True, rep["replay"]
+        job_file_workers_exact(
+            tb,
+            [h.name for h in tb.workers],
+            files,
+            tmp_path,
+            "st",
+            binds=[h.ip for h in tb.workers],
+        )
 
 
 @pytest.mark.root
@@ -1035,6 +1077,12 @@ def test_the_standing_job_is_used_only_when_it_fits():
     leaf = dict(job, aggregator="10.0.0.1:48879", leaf_ids=[0, 1])
     assert not trainmod._fits(leaf, **dict(fits, count=1))
     assert trainmod._fits(dict(leaf, leaf_ids=None), **dict(fits, count=1))
+    # ... and is the run's when the run is a tree of as many leaves
+    tree = dict(fits, leaves=2, count=3)
+    assert trainmod._fits(leaf, **tree, standing_leaves=2)
+    assert not trainmod._fits(leaf, **dict(tree, leaves=1, count=2), standing_leaves=2)
+    assert not trainmod._fits(leaf, **dict(fits, count=3), standing_leaves=2)
+    assert not trainmod._fits(job, **tree)  # a flat standing job is no tree
 
 
 def test_replay_applies_the_group_result_of_a_baseline_bucket(tmp_path):

@@ -166,6 +166,13 @@ class Placement(abc.ABC):
         ``open``)."""
 
     @abc.abstractmethod
+    def standing_tree(self) -> tuple[list[dict], list[bytes] | None]:
+        """When ``standing_job`` is a tree (its fields have ``leaf_ids``):
+        each worker's job-file fields, in worker order, and each leaf's
+        secret as its workers' files hold it (None: the tree does not
+        authenticate), what job_file.renew_tree takes."""
+
+    @abc.abstractmethod
     def fetch(self, i: int, names: list[str]) -> str:
         """Bring worker i's files ``names`` (in ``worker_dir(i)``) here; the
         local folder that holds them."""

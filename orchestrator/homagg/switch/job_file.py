@@ -572,3 +572,65 @@ def renew(controls, fields, secret=None):
                 )
         out["key_epoch"] = epoch
     return out
+
+
+def tree_leaves_of(per_worker) -> int:
+    """The leaves of the tree whose workers' job-file fields are
+    ``per_worker`` (the distinct leaves they name; 0: a flat job)."""
+    if not per_worker or not per_worker[0].get("leaf_ids"):
+        return 0
+    return len({f["aggregator"] for f in per_worker})
+
+
+def renew_tree(controls, aggregators, per_worker, leaf_auth=None):
+    """``renew`` of a running tree (``register_tree``'s; ``controls`` and
+    ``aggregators`` as there, the L leaves then the root): removed from every
+    level, then registered again with the same id, token and settings from
+    ``per_worker``, each worker's job-file fields in worker order.  An
+    authenticated tree needs ``leaf_auth``, each leaf's secret as its workers'
+    files hold it (ConfigError otherwise); each leaf takes it at their key
+    epoch N (added at epoch 0, then given the same secret N times without a
+    grace period, as ``renew`` does), and the root a new secret at epoch 0:
+    only the leaves know its keys, and they get the new ones.  Returns the
+    first worker's fields."""
+    from homagg import auth as hg_auth
+
+    first, W = per_worker[0], len(per_worker)
+    leaves = len(controls) - 1
+    if tree_leaves_of(per_worker) != leaves:
+        raise ConfigError(
+            f"job {first['job']}: its workers' job files name "
+            f"{tree_leaves_of(per_worker)} leaves, not the {leaves} given"
+        )
+    if first.get("mac") and (leaf_auth is None or len(leaf_auth) != leaves):
+        raise ConfigError(
+            f"job {first['job']} authenticates ({first['mac']}): renewing its tree needs "
+            "each leaf's secret (the file its workers' job files name as auth_file)"
+        )
+    if not first.get("mac"):
+        leaf_auth = None
+    job = int(first["job"])
+    unregister(controls, job, warn=lambda k, e: None)  # gone already is fine
+    register_tree(
+        controls,
+        aggregators,
+        leaves=leaves,
+        workers=W,
+        slots=first["slots"],
+        payload=first["payload"],
+        group=first["group"],  # leaf 0's group is the tree's
+        timeout=first["timeout"],
+        job=job,
+        token=first["token"],
+        cost=first.get("cost"),
+        auth=hg_auth.new_secret() if leaf_auth else None,
+        leaf_auth=leaf_auth,
+        auth_files=[f["auth_file"] for f in per_worker] if leaf_auth else None,
+        mac=first.get("mac") or None,
+    )
+    for _ in range(int(first.get("key_epoch") or 0) if leaf_auth else 0):
+        for k in range(leaves):
+            controls[k](
+                {"cmd": "rotate_key", "job": job, "auth": bytes(leaf_auth[k]).hex(), "grace_ms": 0}
+            )
+    return first

@@ -1057,17 +1057,22 @@ def _fits(
     slots: int | None,
     payload: int | None,
     timeout: float,
+    standing_leaves: int = 0,
 ) -> bool:
-    """Whether the standing job of job-file ``fields`` is the run's: as many
-    workers, the same aggregators (no tree: neither the run nor the standing
-    job, `homagg testbed up --leaves`'s), authenticated if asked, and the
-    slots and payload (when given) and timeout asked for."""
+    """Whether the standing job of job-file ``fields`` (a worker's) is the
+    run's: as many workers, the same aggregators (a flat job over ``count``,
+    or a tree of as many leaves: ``standing_leaves``, those its workers' job
+    files name, `homagg testbed up --leaves`'s or `homagg up -i --leaves`'s),
+    authenticated if asked, and the slots and payload (when given) and
+    timeout asked for."""
     return (
         fields["workers"] == W
-        and not leaves
-        and not fields.get("leaf_ids")
-        and len(fields["aggregator"].split(",")) == count
-        and (not auth or bool(fields.get("auth_file")))
+        and leaves == standing_leaves
+        and bool(fields.get("leaf_ids")) == bool(standing_leaves)
+        and len(fields["aggregator"].split(",")) == (1 if leaves else count)
+        # authenticated: a worker's file names its secret, an aggregator
+        # host's (`up -i`'s, read for the job) only the MAC
+        and (not auth or bool(fields.get("auth_file") or fields.get("mac")))
         and (slots is None or fields["slots"] == slots)
         and (payload is None or fields["payload"] == payload)
         and float(fields["timeout"]) == float(timeout)
@@ -1215,12 +1220,29 @@ def run_train(
             )
             controls = [s.control for s in sws]
             standing = pl.standing_job()
+            # a standing tree: every worker's fields and each leaf's secret
+            tree = pl.standing_tree() if standing and standing[0].get("leaf_ids") else None
             if standing and not _fits(
-                standing[0], W, count, leaves, auth, slots_given, payload_given, timeout
+                standing[0],
+                W,
+                count,
+                leaves,
+                auth,
+                slots_given,
+                payload_given,
+                timeout,
+                standing_leaves=job_file.tree_leaves_of(tree[0]) if tree else 0,
             ):
-                standing = None
+                standing = tree = None
+
+            def renew_standing():
+                if tree:  # each leaf its workers' secret, the root a new one
+                    tree_addrs = [(a.ip, UDP_PORT, a.mac) for a in pl.aggregators[:count]]
+                    return job_file.renew_tree(controls, tree_addrs, tree[0], tree[1])
+                return job_file.renew(controls, standing[0], secret=standing[2])
+
             if standing:  # the standing job afresh, and its job files
-                job = job_file.renew(controls, standing[0], secret=standing[2])
+                job = renew_standing()
                 files = standing[1]
             else:
                 if leaves:
@@ -1363,7 +1385,7 @@ def run_train(
             leaves=leaves,
             job=job["job"] if job else None,
             job_file=files[0] if files else None,
-            auth=bool(job and job.get("auth_file")),
+            auth=bool(job and (job.get("auth_file") or job.get("mac"))),
             mac=(job.get("mac") or None) if job else None,
             slots=job["slots"] if job else slots,
             payload_bytes=job["payload"] if job else payload,
@@ -1389,7 +1411,7 @@ def run_train(
             controls = [s.control for s in sws]
             if standing:
                 try:  # fresh for the next run of ranks
-                    job_file.renew(controls, standing[0], secret=standing[2])
+                    renew_standing()
                 except (HomAggError, OSError) as e:
                     _log.warning("the standing job %s not renewed: %s", job["job"], e)
             else:

@@ -196,6 +196,10 @@ class TestbedPlacement(Placement):
             None,
         )
 
+    def standing_tree(self):
+        """From the job files of the testbed's workers (testbed_job.standing_tree)."""
+        return testbed_job.standing_tree(self.tb)
+
     def fetch(self, i, names):
         """Already here (the work directory); copied to ``run_dir`` too."""
         if self.run_dir:

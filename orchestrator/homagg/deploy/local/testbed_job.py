@@ -279,56 +279,33 @@ def renew(tb: Testbed) -> dict:
 
 
 def _renew_tree(tb: Testbed, fields: dict, leaves: int) -> dict:
-    """``renew`` of a tree job: removed from every level, then registered
-    again with the same id and token.  Each leaf takes its workers' secret
-    (the file their job files name) at their key epoch N: added at epoch 0,
-    then given the same secret N times without a grace period, as
-    job_file.renew does with a flat job.  The root takes a new secret at
-    epoch 0: only the leaves know its keys, and they get the new ones."""
-    from homagg import auth as hg_auth
-
+    """``renew`` of a tree job (job_file.renew_tree): each leaf takes its
+    workers' secret (the file their job files name) at their key epoch, the
+    root a new secret at epoch 0."""
     from homagg.runs import allreduce as runmod
 
-    W = len(tb.workers)
+    per, leaf_auth = standing_tree(tb)
+    job_file.renew_tree(
+        controls(tb), [(h.ip, runmod.UDP_PORT, h.mac) for h in tb.aggregators], per, leaf_auth
+    )
+    del leaf_auth
+    return fields
+
+
+def standing_tree(tb: Testbed) -> tuple[list[dict], list[bytes] | None]:
+    """The standing tree's job-file fields of each worker, in worker order,
+    and each leaf's secret (read from the file its first worker's job file
+    names; None when the tree does not authenticate)."""
+    from homagg import auth as hg_auth
+
     per = []
     for path in job_files(tb):
         with open(path) as f:
             per.append(json.load(f))
-    epoch = int(fields.get("key_epoch") or 0)
-    leaf_auth = None
-    if fields.get("mac"):
-        firsts = [k * W // leaves for k in range(leaves)]
-        leaf_auth = [hg_auth.load_secret(per[w]["auth_file"]) for w in firsts]
-    ctl = controls(tb)
-    job_file.unregister(ctl, fields["job"], warn=lambda k, e: None)  # gone already is fine
-    job_file.register_tree(
-        ctl,
-        [(h.ip, runmod.UDP_PORT, h.mac) for h in tb.aggregators],
-        leaves=leaves,
-        workers=W,
-        slots=fields["slots"],
-        payload=fields["payload"],
-        group=JOB_GROUP,
-        timeout=fields["timeout"],
-        job=fields["job"],
-        token=fields["token"],
-        auth=hg_auth.new_secret() if leaf_auth else None,
-        leaf_auth=leaf_auth,
-        auth_files=[f["auth_file"] for f in per] if leaf_auth else None,
-        mac=fields.get("mac") or None,
-    )
-    for _ in range(epoch if leaf_auth else 0):
-        for k in range(leaves):
-            ctl[k](
-                {
-                    "cmd": "rotate_key",
-                    "job": int(fields["job"]),
-                    "auth": bytes(leaf_auth[k]).hex(),
-                    "grace_ms": 0,
-                }
-            )
-    del leaf_auth
-    return fields
+    L, W = job_file.tree_leaves_of(per), len(per)
+    if not per[0].get("mac"):
+        return per, None
+    return per, [hg_auth.load_secret(per[k * W // L]["auth_file"]) for k in range(L)]
 
 
 def describe(tb: Testbed) -> list[str]:

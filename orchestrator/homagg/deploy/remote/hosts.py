@@ -901,6 +901,13 @@ def up_job_secret(workers: list[Host], fields: dict | None) -> bytes | None:
             f"authenticated job {fields['job']} names no auth_file: "
             f"`homagg down -i {w.inv.path}` and `homagg up -i --auth` again"
         )
+    return read_secret(w, path)
+
+
+def read_secret(w: Host, path: str) -> bytes:
+    """The secret in file ``path`` on host ``w``, read over SSH (its content
+    is never logged); RemoteError naming the host and the fix when it is
+    missing or malformed."""
     r = w.run(f"cat {shlex.quote(path)}", check=False)
     try:
         secret = bytes.fromhex(r.stdout.strip()) if r.exited == 0 else b""

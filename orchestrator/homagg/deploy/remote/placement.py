@@ -247,6 +247,26 @@ class InventoryPlacement(Placement):
         # `up -i --auth`: its secret, from a worker host's copy
         return (fields, [rh.job_file_path(r.h) for r in self.W], rh.up_job_secret(self.W, fields))
 
+    def standing_tree(self):
+        """Each worker host's job file of `up -i --leaves`'s tree and each
+        leaf's secret, read over SSH from the host of its first worker
+        (hosts.read_secret: never logged)."""
+        from homagg.switch import job_file
+
+        own = ssh.parallel(lambda r: r.job_file_fields(), self.W, len(self.W))
+        missing = [n for n, f in own.items() if not f]
+        if missing:
+            raise RemoteError(
+                f"the tree of `homagg up -i` has no job file on {', '.join(missing)}: "
+                f"`homagg down -i {self.inv.path}` and `homagg up -i --leaves` again"
+            )
+        per = [own[r.h.name] for r in self.W]
+        L, W = job_file.tree_leaves_of(per), len(per)
+        if not per[0].get("mac"):
+            return per, None
+        firsts = [k * W // L for k in range(L)]
+        return per, [rh.read_secret(self.W[i], per[i]["auth_file"]) for i in firsts]
+
     def fetch(self, i, names):
         """By SFTP into ``run_dir``."""
         d = self.worker_dir(i)
