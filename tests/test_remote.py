@@ -1319,8 +1319,8 @@ def test_up_a_standing_tree_with_auth_and_rotate_its_keys(rack2, tmp_path):
     Workers made from their job files are exact against the reference;
     `homagg rotate-key -i` gives the leaf a new secret (leaf-0-e1.secret)
     and the root a new one, every level on epoch 1, and the workers are
-    exact again; `homagg train -i --leaves 1 --auth` trains exactly on
-    that standing tree and leaves it registered; the new secret shows in
+    exact again; `homagg train -i --auth` (a tree by default there)
+    trains exactly on that standing tree and leaves it registered; the new secret shows in
     no process listing, output or other file.  An inventory whose
     aggregators do not make the tree is refused before any host is
     touched."""
@@ -1373,17 +1373,18 @@ def test_up_a_standing_tree_with_auth_and_rotate_its_keys(rack2, tmp_path):
                 f = json.load(open(os.path.join(h.install_dir, "run", "job.json")))
                 assert f["key_epoch"] == 1 and f["auth_file"] == "", f
             _job_file_workers(rack2, workers, tmp_path, "tree1")
-            # `homagg train -i --leaves 1 --auth` takes the standing tree at
-            # its epoch (each leaf's secret read from its workers' hosts) and
-            # registers it again afterwards
+            # `homagg train -i --auth` is a tree of the standing tree's leaves
+            # by default and takes that job at its epoch (each leaf's secret
+            # read from its workers' hosts), registered again afterwards
             tr = cli(
                 "train", "-i", path, "--model", tiny_model(tmp_path), "--method", "lhc",
-                "--steps", "2", "--warmup", "1", "--no-baseline", "--leaves", "1", "--auth",
+                "--steps", "2", "--warmup", "1", "--no-baseline", "--auth",
                 "--runs-dir", str(tmp_path / "runs"), "--json",
             )  # fmt: skip
             assert tr.returncode == 0, tr.stdout + tr.stderr
             rep = json.loads(tr.stdout)
             check_train(rep)
+            assert rep["leaves"] == 1 and rep["aggregator_hosts"] == ["agg", "agg1"], rep
             assert rep["job"] == first_job(workers) and rep["auth"] is True, rep
             assert rep["job_file"] == os.path.join(workers[0].install_dir, "run", "job.json")
             _job_file_workers(rack2, workers, tmp_path, "tree2")

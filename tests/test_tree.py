@@ -446,7 +446,8 @@ def test_testbed_tree_of_dpdk_daemons(tmp_path):
     """`homagg testbed up --leaves 2`: 3 workers (2 at leaf agg1), leaves
     agg and agg1 below the root agg2, each a homagg-switch; exact for a
     SUM32 method (dense) and for lhc (OR and SUM32 phases); nothing summed
-    twice at either level; a tree and --aggregators are refused together."""
+    twice at either level; a tree and --aggregators are refused together,
+    the message naming --leaves 0, with which the run is a flat job."""
     import os
     import secrets
 
@@ -487,10 +488,27 @@ def test_testbed_tree_of_dpdk_daemons(tmp_path):
                 assert c["up_sent"] == c["up_results"] == c["completed"] == root["completed"]
             assert root["summed"] == 2 * root["completed"], root
             assert tb.state()["processes"] == []
-        with pytest.raises(runmod.RunError, match="exclude each other"):
+        with pytest.raises(
+            runmod.RunError,
+            match="exclude each other: testbed .* is a tree of 2 leaves unless --leaves 0",
+        ):
             runmod.run_allreduce(
                 name, "dense", elements=100, density=1.0, state_dir=sd, aggregators=2
             )
+        # --leaves 0: a flat job on the tree testbed's first two aggregators
+        flat = runmod.run_allreduce(
+            name,
+            "dense",
+            elements=40_000,
+            density=0.05,
+            workload="random",
+            seed=11,
+            state_dir=sd,
+            aggregators=2,
+            leaves=0,
+        )
+        assert flat["exact"] is True and flat["leaves"] == 0, flat["exact_per_worker"]
+        assert [a["host"] for a in flat["aggregators"]] == ["agg", "agg1"]
     finally:
         Testbed.down(name, state_dir=sd)
 

@@ -157,6 +157,8 @@ OPTIONS = {
     "leaves": integer(1, 8, "leaf aggregators of a two-level tree", 2),
     ("testbed up", "leaves"): integer(0, 8, "leaf aggregators of a two-level tree, 0: none", 2),
     ("up", "leaves"): integer(0, 8, "leaf aggregators of a two-level tree, 0: none", 2),
+    ("run allreduce", "leaves"): integer(0, 8, "leaf aggregators of a tree, 0: a flat job", 2),
+    ("train", "leaves"): integer(0, 8, "leaf aggregators of a tree, 0: a flat job", 2),
     ("testbed up", "workers"): integer(1, 1000, "worker hosts", 4),
     "switch_lcores": integer(1, 128, "aggregator lcores", 1),
     "pipeline_groups": integer(0, 2**32 - 1, "0 automatic, 1 not pipelined, N block groups", 1),

@@ -203,14 +203,16 @@ def aggregator_count(
 ) -> tuple[int, int]:
     """(leaves, the aggregator hosts the job uses) from the options, checked
     against the placement: ``aggregators`` N the first N hosts (default
-    all), or ``leaves`` L (default: the placement's) a tree of L leaves and
-    the next host the root; RunError names what does not fit and the fix."""
+    all), or ``leaves`` L (None: the placement's, its standing job's; 0: a
+    flat job) a tree of L leaves and the next host the root; RunError names
+    what does not fit and the fix."""
     hosts, W = pl.aggregators, len(pl.workers)
     if aggregators is not None and not 1 <= aggregators <= len(hosts):
         raise RunError(
             f"aggregators must be 1..{len(hosts)} (the {pl.kind}'s aggregator hosts), "
             f"got {aggregators}"
         )
+    given_leaves = leaves
     if leaves is None:
         leaves = pl.default_leaves
     if leaves:
@@ -220,7 +222,14 @@ def aggregator_count(
             else "add aggregator hosts to the inventory"
         )
         if aggregators is not None:
-            raise RunError("--aggregators and a tree (--leaves) exclude each other")
+            raise RunError(
+                "--aggregators and a tree (--leaves) exclude each other"
+                + (
+                    f": {pl.where} is a tree of {leaves} leaves unless --leaves 0 is given"
+                    if given_leaves is None
+                    else ""
+                )
+            )
         if len(hosts) < 2:
             raise RunError(
                 f"--leaves {leaves}: {pl.where} has one aggregator host, a tree needs L + 1 ({fix})"
@@ -727,7 +736,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="L",
         help="a two-level tree: the first L aggregators are leaves below the next, "
-        "the root (default: the testbed's `homagg testbed up --leaves`)",
+        "the root; 0: a flat job (default: the standing job's, `homagg testbed up "
+        "--leaves` or `homagg up -i --leaves`)",
     )
     p.add_argument(
         "--switch-lcores",

@@ -1601,7 +1601,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         metavar="L",
         help="a two-level tree: the first L aggregator hosts are leaves below the "
-        "next, the root (default: the testbed's `homagg testbed up --leaves`)",
+        "next, the root; 0: a flat job (default: the standing job's, `homagg testbed "
+        "up --leaves` or `homagg up -i --leaves`)",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
 

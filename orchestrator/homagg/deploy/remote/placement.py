@@ -112,8 +112,31 @@ class InventoryPlacement(Placement):
         self.daemons: list[UpDaemon] = []
         self.secrets: list[tuple[rh.Host, str]] = []  # (host, path) of place_secret
         self._stage = 0
+        self._default_leaves: int | None = None
 
     # -- lifecycle -----------------------------------------------------------
+
+    @property
+    def default_leaves(self) -> int:
+        """The leaves of the standing tree of `homagg up -i --leaves L` (the
+        first worker host's job file names a leaf: L is every aggregator
+        host but the last, hosts.check_tree), read over SSH once; 0 for a
+        flat job, none, or a host that cannot be read now (``open`` names
+        what is wrong with it)."""
+        if self._default_leaves is None:
+            self._default_leaves = 0
+            if self.workers and len(self.aggregators) > 1:
+                r = rh.Host(self.inv.host(self.workers[0]), self.inv)
+                try:
+                    r.preflight()
+                    fields = r.job_file_fields()
+                    if fields and fields.get("leaf_ids"):
+                        self._default_leaves = len(self.aggregators) - 1
+                except Exception as e:  # noqa: BLE001 - open() reports the host
+                    log.debug("host '%s': no standing job read: %s", r.h.name, e)
+                finally:
+                    r.close()
+        return self._default_leaves
 
     def open(self):
         self.hosts = rh.open_hosts(self.inv, self.out)
