@@ -13,7 +13,9 @@ for torchrun on the worker hosts; a worker's names its own bind address).
 With --leaves L the job is a two-level tree: the first L aggregator hosts
 are leaves, each below the last one, the root, and each worker's job file
 names its leaf; with --auth too, each leaf gets a secret of its own.
-`homagg run allreduce -i` and `homagg train -i` register jobs of their own;
+`homagg run allreduce -i` registers a job of its own (a tree of L leaves
+by default after --leaves L); `homagg train -i` trains on this job when it
+is the run's, else on one of its own;
 `homagg down -i testbed.toml` removes the job and stops the daemons;
 `homagg rotate-key -i testbed.toml` gives a job started with --auth a new
 secret while it runs.
