@@ -77,12 +77,13 @@ def make_testbed(rack, tmp, settings=None, **host_overrides):
     return path, i
 
 
-def cli(*args, timeout=300):
+def cli(*args, timeout=300, env=None):
     return subprocess.run(
         [os.path.join(VENV, "bin", "homagg"), *args],
         capture_output=True,
         text=True,
         timeout=timeout,
+        env=env,
     )
 
 
@@ -258,13 +259,7 @@ def test_calibrate_on_inventory_hosts_and_the_job_takes_the_slowest(rack, tmp_pa
     env.pop("HOMAGG_CODEC_ISA", None)
 
     def job_cost_after_up():
-        up = subprocess.run(
-            [os.path.join(VENV, "bin", "homagg"), "up", "-i", path, "--no-udp-csum"],
-            capture_output=True,
-            text=True,
-            timeout=300,
-            env=env,
-        )
+        up = cli("up", "-i", path, "--no-udp-csum", env=env)
         try:
             assert up.returncode == 0, up.stdout + up.stderr
             job = json.load(open(os.path.join(i.host("w0").install_dir, "run", "job.json")))
@@ -281,13 +276,7 @@ def test_calibrate_on_inventory_hosts_and_the_job_takes_the_slowest(rack, tmp_pa
     assert {k: got[k] for k in names} == {k: 7 for k in names}
     # `up`'s job running: `calibrate -i` gives every host's job file the new
     # model (the slowest of the hosts' new files), nothing else changed
-    up = subprocess.run(
-        [os.path.join(VENV, "bin", "homagg"), "up", "-i", path, "--no-udp-csum"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-    )
+    up = cli("up", "-i", path, "--no-udp-csum", env=env)
     try:
         assert up.returncode == 0, up.stdout + up.stderr
         job_files = {h.name: os.path.join(h.install_dir, "run", "job.json") for h in i.hosts}
@@ -1035,23 +1024,6 @@ def _files_holding(top: str, text: str) -> list[str]:
     return out
 
 
-_UP_JOB_WORKER = r"""
-import sys
-import numpy as np
-from homagg.runs import job as localrun
-from homagg.switch import job_file
-from homagg.worker import Worker
-c = job_file.job_config()
-rank, n = int(sys.argv[1]), int(sys.argv[2])
-with Worker(job=c["job"], token=c["token"], worker=rank, workers=c["workers"],
-            aggregators=c["aggregators"], group=c["group"], bind=(c["bind"], 0),
-            timeout=c["timeout"], slots=c["slots"], payload=c["payload"],
-            auth_file=c["auth_file"], mac=c["mac"]) as w:
-    y = w.allreduce(localrun.gradient(n, 0.05, "random", 5, rank), method="lhc")
-np.save(sys.argv[3], y)
-"""
-
-
 @pytest.mark.timeout(900)
 def test_auth_on_inventory_hosts_provision_up_run(rack, tmp_path):
     """Authentication on inventory hosts: `homagg provision`'s step secret
@@ -1114,32 +1086,7 @@ def test_auth_on_inventory_hosts_provision_up_run(rack, tmp_path):
                 assert files[h.name]["mac"] == auth.default_mac_name()  # this host's
             assert files["agg"]["auth_file"] == "" and files["agg"]["mac"] == files["w0"]["mac"]
             # two workers of up's job, configured from their job files
-            n = 20000
-            procs = [
-                rack.tb.run_in(
-                    h.name,
-                    [
-                        sys.executable,
-                        "-c",
-                        _UP_JOB_WORKER,
-                        str(k),
-                        str(n),
-                        str(tmp_path / f"up-{k}.npy"),
-                    ],
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    env=dict(
-                        os.environ, HOMAGG_JOB_FILE=os.path.join(h.install_dir, "run", "job.json")
-                    ),
-                )
-                for k, h in enumerate(workers)
-            ]
-            for p in procs:
-                assert p.wait(120) == 0, p.popen.stderr.read()
-            grads = [localrun.gradient(n, 0.05, "random", 5, w) for w in range(2)]
-            ref = localrun.reference(grads, localrun.DEFAULT_BLOCK).view(np.uint32)
-            for k in range(2):
-                assert np.array_equal(np.load(tmp_path / f"up-{k}.npy").view(np.uint32), ref)
+            _job_file_workers(rack, workers, tmp_path, "up")
 
             r = cli(
                 "run",
