@@ -117,6 +117,21 @@ def test_training_with_auth(testbed):
     assert testbed.state()["processes"] == []
 
 
+def _train_with_auth(tb):
+    """A short `homagg train --auth` of NCF through lhc on testbed tb, no
+    Gloo phase: the report."""
+    return trainmod.run_train(
+        tb.name,
+        model="ncf",
+        method="lhc",
+        steps=2,
+        warmup=1,
+        baseline=False,
+        state_dir=tb.state_dir,
+        auth=True,
+    )
+
+
 @pytest.mark.root
 @pytest.mark.netns
 @pytest.mark.dpdk
@@ -134,16 +149,7 @@ def test_training_on_the_standing_tree_of_the_testbed(tmp_path_factory, tmp_path
         standing = testbed_job.start(tb, auth=True)
         files = testbed_job.job_files(tb)
         assert len(set(files)) == 2
-        rep = trainmod.run_train(
-            tb.name,
-            model="ncf",
-            method="lhc",
-            steps=2,
-            warmup=1,
-            baseline=False,
-            state_dir=tb.state_dir,
-            auth=True,
-        )
+        rep = _train_with_auth(tb)
         assert rep["leaves"] == 2 and rep["ranks"] == 2
         assert rep["job"] == standing["job"] and rep["job_file"] == files[0]
         assert rep["auth"] is True and rep["mac"] == standing["mac"]
@@ -173,16 +179,7 @@ def test_training_in_a_tree_with_auth(tmp_path_factory):
     from homagg import auth
 
     with dpdk_testbed(tmp_path_factory, "ttree", workers=3, link_mbit=1000, leaves=2) as tb:
-        rep = trainmod.run_train(
-            tb.name,
-            model="ncf",
-            method="lhc",
-            steps=2,
-            warmup=1,
-            baseline=False,
-            state_dir=tb.state_dir,
-            auth=True,
-        )
+        rep = _train_with_auth(tb)
         assert rep["leaves"] == 2 and rep["ranks"] == 3
         assert rep["auth"] is True and rep["mac"] == auth.default_mac_name()
         assert rep["job_file"] is not None
