@@ -582,6 +582,14 @@ def tree_leaves_of(per_worker) -> int:
     return len({f["aggregator"] for f in per_worker})
 
 
+def tree_leaf_firsts(per_worker) -> list[int]:
+    """The first worker of each leaf (tree_leaf's partition), in leaf order,
+    of the tree whose workers' job-file fields are ``per_worker``: whose
+    file holds that leaf's secret; [] for a flat job."""
+    L, W = tree_leaves_of(per_worker), len(per_worker)
+    return [k * W // L for k in range(L)]
+
+
 def renew_tree(controls, aggregators, per_worker, leaf_auth=None):
     """``renew`` of a running tree (``register_tree``'s; ``controls`` and
     ``aggregators`` as there, the L leaves then the root): removed from every

@@ -302,10 +302,9 @@ def standing_tree(tb: Testbed) -> tuple[list[dict], list[bytes] | None]:
     for path in job_files(tb):
         with open(path) as f:
             per.append(json.load(f))
-    L, W = job_file.tree_leaves_of(per), len(per)
     if not per[0].get("mac"):
         return per, None
-    return per, [hg_auth.load_secret(per[k * W // L]["auth_file"]) for k in range(L)]
+    return per, [hg_auth.load_secret(per[w]["auth_file"]) for w in job_file.tree_leaf_firsts(per)]
 
 
 def describe(tb: Testbed) -> list[str]:

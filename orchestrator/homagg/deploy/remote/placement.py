@@ -284,10 +284,9 @@ class InventoryPlacement(Placement):
                 f"`homagg down -i {self.inv.path}` and `homagg up -i --leaves` again"
             )
         per = [own[r.h.name] for r in self.W]
-        L, W = job_file.tree_leaves_of(per), len(per)
         if not per[0].get("mac"):
             return per, None
-        firsts = [k * W // L for k in range(L)]
+        firsts = job_file.tree_leaf_firsts(per)
         return per, [rh.read_secret(self.W[i], per[i]["auth_file"]) for i in firsts]
 
     def fetch(self, i, names):
