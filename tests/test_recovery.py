@@ -560,8 +560,9 @@ def test_a_fresh_clusters_first_step_loss_waits_the_paths_timeout():
     allreduce of a fresh cluster (2^20 floats, 1.47 ms loss-free).  A frame
     of the first step's one chunk lost before any RTT sample waited
     max(RTO, start_wait) with RTO = 200 us, plus turns of 200 us: 1.70x on
-    seed 1.  With the path's first timeout (20 us here) it is within the
-    issue's 1.5x, exact, at most two retransmissions per drop."""
+    seed 1 (1.37x since a step's tail waits no turns, PROTOCOL.md "The tail
+    of a step").  With the path's first timeout (20 us here) it is faster
+    still and within 1.5x, exact, at most two retransmissions per drop."""
     W, K = 64, 4
     grads = _grads(W, 1 << 20, seed=1)
     with Cluster(workers=W, aggregators=K, seed=1) as cl:
@@ -576,7 +577,7 @@ def test_a_fresh_clusters_first_step_loss_waits_the_paths_timeout():
         assert sum(w["start_probes"] for w in st["workers"]) > 0  # the first step lost a frame
         assert 0 < sum(w["retransmissions"] for w in st["workers"]) <= 2 * lost
         times[rto] = st["virtual_time"]
-    assert times[200e-6] > 1.5 * clean, (times, clean)
+    assert times[None] < times[200e-6], (times, clean)
     assert times[None] <= 1.5 * clean, (times, clean)
 
 
@@ -634,6 +635,38 @@ def test_tree_loss_costs_at_most_two_retransmissions_per_drop(W, loss, seed):
     engine = res.stats["engine"]
     assert engine["bad_worker"] == 0, engine["bad_worker"]
     assert engine["up_status"] > 0
+
+
+TAIL_RUNS = [(16, 100.0, 2.1), (64, 1.0, 1.27)]
+
+
+@pytest.mark.parametrize("W,gbps,bound", TAIL_RUNS)
+def test_a_steps_tail_waits_neither_turns_nor_other_chunks_backoff(W, gbps, bound):
+    """docs/PROTOCOL.md Part 3, "The tail of a step".  Once a worker has
+    sent every chunk of its step, a chunk a STATUS showed present waits
+    its own timeout without a turn, a chunk overtaken below a leaf at most
+    one turn, and no chunk's timeout is the aggregator's backed off by
+    other chunks' expiries.  A tree of 4 leaves, 2^18 floats, 1 % loss,
+    seeds 1-6: exact, at most two retransmissions per drop, and the median
+    time over the loss-free time within `bound`.  Before these rules the
+    last workers of a run each waited 94-122 us for one repair where a
+    round trip took 8-21 us: medians 2.22x (W = 16, 100 Gbit/s) and 1.34x
+    (W = 64, 1 Gbit/s); with them 1.92x and 1.20x."""
+    grads = _grads(W, 1 << 18, seed=5)
+    with Cluster(workers=W, leaves=4, link_gbps=gbps, seed=1) as cl:
+        clean = cl.allreduce(grads, method="dense", block_elements=BLOCK).stats["virtual_time"]
+    ratios = []
+    for seed in range(1, 7):
+        with Cluster(workers=W, leaves=4, link_gbps=gbps, loss=0.01, seed=seed) as cl:
+            res = cl.allreduce(grads, method="dense", block_elements=BLOCK)
+        _check_exact(res, grads)
+        lost = res.stats["fabric"]["dropped_loss"]
+        assert lost > 100
+        assert sum(w["retransmissions"] for w in res.stats["workers"]) <= 2 * lost
+        ratios.append(res.stats["virtual_time"] / clean)
+    ratios.sort()
+    median = (ratios[2] + ratios[3]) / 2
+    assert median <= bound, ratios
 
 
 def test_tree_leaves_time_their_upward_frames_by_the_round_trip_to_the_root():

@@ -353,4 +353,12 @@ uint64_t hg_cl_chunk_rto(const struct hg_client *c, const struct flight *fl);
 uint64_t hg_cl_chunk_deadline(const struct hg_client *c, const struct flight *fl);
 bool hg_cl_step_start(const struct hg_client *c, const struct flight *fl);
 
+/* The tail of the step: every chunk of it sent once (PROTOCOL.md Part 3,
+ * "The tail of a step"), so no new chunk can show a loss by overtaking
+ * and no window waits behind the open ones. */
+static inline bool hg_cl_tail(const struct hg_client *c)
+{
+	return c->st.next_send >= c->st.nchunks;
+}
+
 #endif

@@ -396,11 +396,15 @@ uint64_t hg_cl_turn_offset(const struct hg_client *c, const struct agg *ag,
  * The timeout of a chunk in flight: its own (armed at its first
  * transmission, backed off at each of its expiries) or its aggregator's
  * current one when that is longer (a longer estimate, or a backoff since).
+ * In the step's tail its own only: no window waits behind it that the
+ * aggregator's backoff would keep from being resent.
  */
 uint64_t hg_cl_chunk_rto(const struct hg_client *c, const struct flight *fl)
 {
 	uint64_t rto = c->agg[fl->agg].rto;
 
+	if (fl->rto && hg_cl_tail(c))
+		return fl->rto;
 	return fl->rto > rto ? fl->rto : rto;
 }
 
@@ -454,5 +458,9 @@ uint64_t hg_cl_chunk_deadline(const struct hg_client *c, const struct flight *fl
 		if (w > rto)
 			rto = w;
 	}
+	/* In the tail, a chunk shown present waits for its own result, which
+	 * the peers' turns do not bring: no turn of its own. */
+	if (fl->present && hg_cl_tail(c))
+		return from + rto;
 	return from + rto + hg_cl_turn_offset(c, ag, fl->chunk);
 }

@@ -447,7 +447,9 @@ static void handle_frame(struct hg_client *c, const uint8_t *f, size_t len,
 	 * the result of the peer's chunk LOSS_LAG later), so the loss is ours
 	 * -- our result, or the report of our own lost frame.  Below a tree
 	 * leaf a repair under another leaf has no report here: at our turn
-	 * (hg_cl_chunk_rank), as before.
+	 * (hg_cl_chunk_rank), as before; in the step's tail, where no new
+	 * chunk covers the wait, after at most one turn (the first in turn's
+	 * STATUS is back by then).
 	 */
 	while (ag->lo_open < st->nchunks && c->done.p[ag->lo_open] != CH_PENDING)
 		ag->lo_open += c->naggs;
@@ -457,11 +459,16 @@ static void handle_frame(struct hg_client *c, const uint8_t *f, size_t len,
 		if (c->done.p[i] != CH_PENDING || !o->busy || o->unsent ||
 		    o->txn_last >= txn || o->fast_at)
 			continue;
-		if (++o->overtaken >= DUPTHRESH)
-			o->fast_at = c->cfg.agg_workers < c->cfg.workers ?
-					     now + hg_cl_turn_offset(c, ag,
-								     o->chunk) :
-					     now;
+		if (++o->overtaken >= DUPTHRESH) {
+			uint64_t d = 0;
+
+			if (c->cfg.agg_workers < c->cfg.workers) {
+				d = hg_cl_turn_offset(c, ag, o->chunk);
+				if (hg_cl_tail(c) && d > hg_cl_turn_ns(c, ag))
+					d = hg_cl_turn_ns(c, ag);
+			}
+			o->fast_at = now + d;
+		}
 	}
 	if (k + 1 > ag->hi_done) {
 		/* Chunks of this aggregator this result overtook: their
