@@ -188,6 +188,29 @@ def test_training_in_a_tree_with_auth(tmp_path_factory):
         assert tb.state()["processes"] == []
 
 
+def test_a_rank_that_cannot_run_prints_why_and_exits_1():
+    """A training rank (``homagg.train.train --child SPEC``) leaves through
+    os._exit, skipping the interpreter's finalization, where torch's Gloo
+    threads can abort a rank that succeeded (exit -6).  Leaving that way
+    must not hide a rank that failed: one whose spec lacks the rendezvous
+    prints the traceback naming it and exits 1."""
+    import json
+    import subprocess
+    import sys
+
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=os.path.join(repo, "orchestrator"))
+    r = subprocess.run(
+        [sys.executable, "-m", "homagg.train.train", "--child", json.dumps({"rank": 0})],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert r.returncode == 1, (r.returncode, r.stderr[-2000:])
+    assert "Traceback" in r.stderr and "KeyError: 'init'" in r.stderr, r.stderr[-2000:]
+
+
 @pytest.mark.root
 @pytest.mark.netns
 @pytest.mark.dpdk

@@ -1842,7 +1842,30 @@ def _standalone(argv=None) -> int:
     return main(parser.parse_args(argv))
 
 
+def _child_main(arg: str) -> None:
+    """One rank, as a process of its own: _child, then out without the
+    interpreter's finalization.  The rank has printed its report and
+    destroyed its process group; torch's Gloo threads may still hold work
+    with Python references (DDP's, the hook's futures), and releasing them
+    while the interpreter is torn down can abort the process
+    ("terminate called without an active exception", exit -6) after a run
+    that succeeded."""
+    import traceback
+
+    code = 1
+    try:
+        code = _child(json.loads(arg))
+    except SystemExit as e:
+        code = 0 if e.code is None else e.code if isinstance(e.code, int) else 1
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--child":  # one rank
-        sys.exit(_child(json.loads(sys.argv[2])))
+        _child_main(sys.argv[2])
     sys.exit(_standalone())
