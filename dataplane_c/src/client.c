@@ -107,7 +107,8 @@ struct hg_client *hg_client_create(const struct hg_client_config *cfg)
 	rc = -EINVAL;
 	if (c->cfg.rto_min_ns > c->cfg.rto_max_ns ||
 	    c->cfg.rto_granularity_ns > c->cfg.rto_max_ns ||
-	    c->cfg.pipe_gain_pct > HG_CLIENT_MAX_PIPE_GAIN_PCT)
+	    c->cfg.pipe_gain_pct > HG_CLIENT_MAX_PIPE_GAIN_PCT ||
+	    (c->cfg.pipe_max && c->cfg.pipe_max < PIPE_MIN))
 		goto err_free;
 	if (!c->cfg.incarnation)
 		c->cfg.incarnation = hg_wire_incarnation_now();

@@ -102,34 +102,44 @@ uint64_t hg_cl_rtt_min(const struct agg *ag)
 	return ag->rmin_prev && ag->rmin_prev < ag->rmin ? ag->rmin_prev : ag->rmin;
 }
 
+/* The pipe's cap: S, or the configuration's pipe_max below it
+ * (PROTOCOL.md "Slots beyond the ring's share"). */
+static uint32_t pipe_cap(const struct hg_client *c)
+{
+	uint32_t m = c->cfg.pipe_max;
+
+	return m && m < c->cfg.slots ? m : c->cfg.slots;
+}
+
 /*
  * The pipe's bound before its first sample: the K pipes share this
  * worker's link, so they start with at most PIPE_LINK_START chunks
  * together, each within [PIPE_MIN, PIPE_START] (PROTOCOL.md "Several
- * pipes on one link"); at most S.
+ * pipes on one link"); at most the pipe's cap.
  */
 uint32_t hg_cl_pipe_start(const struct hg_client *c)
 {
-	uint32_t start = PIPE_LINK_START / (c->naggs ? c->naggs : 1);
+	uint32_t start = PIPE_LINK_START / (c->naggs ? c->naggs : 1),
+		 cap = pipe_cap(c);
 
 	if (start > PIPE_START)
 		start = PIPE_START;
 	if (start < PIPE_MIN)
 		start = PIPE_MIN;
-	return start < c->cfg.slots ? start : c->cfg.slots;
+	return start < cap ? start : cap;
 }
 
 /*
  * The pipe's bound after a valid RTT sample r (ns; PROTOCOL.md "The
  * pipe"): from hg_cl_pipe_start, cwnd a 1 / max(cwnd, 8) of the way to
- * g cwnd Rmin / r, within [PIPE_MIN, S].  A pipe of cwnd chunks answered
+ * g cwnd Rmin / r, within [PIPE_MIN, the pipe's cap].  A pipe of cwnd chunks answered
  * within r carries cwnd / r, so it settles where r = g Rmin; while
  * r = Rmin it doubles about every round trip (cwnd samples).
  */
 static void pipe_sample(const struct hg_client *c, struct agg *ag, uint64_t r)
 {
 	double g = c->cfg.pipe_gain_pct / 100.0, target, step, lo = PIPE_MIN,
-	       hi = c->cfg.slots;
+	       hi = pipe_cap(c);
 	uint64_t rmin = hg_cl_rtt_min(ag);
 
 	if (!rmin)

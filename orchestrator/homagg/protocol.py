@@ -128,6 +128,12 @@ MAX_DEFAULT_SLOTS = 64
 # repair while first transmissions go on; within half the ring, so that a
 # job leaves room for others.
 MAX_PIPE_DEFAULT_SLOTS = 256
+# The least slots of a flat NIC-model job whose workers bound their pipe,
+# which then cap the pipe at half the ring (docs/PROTOCOL.md Part 3,
+# "Slots beyond the ring's share, in the NIC model"): at W = 256 and 1 %
+# loss nearly every chunk waits for a repair, and 16 slots were held by
+# them.
+MIN_PIPE_SLOTS = 32
 
 
 def tree_senders(workers, leaves):
@@ -156,6 +162,19 @@ def default_slots(workers, ring=DEFAULT_RING_FRAMES, pipe=False):
     if pipe:
         slots = max(slots, min(MAX_PIPE_DEFAULT_SLOTS, int(ring) // 2 // workers))
     return slots
+
+
+def pipe_slots(workers, ring=DEFAULT_RING_FRAMES):
+    """(S, pipe_max) of a flat NIC-model job of ``workers`` workers that
+    bound their pipe, when the user sets no slots (docs/PROTOCOL.md Part 3,
+    "Slots beyond the ring's share, in the NIC model"): default_slots(W,
+    pipe=True) and no cap (0) while that is at least MIN_PIPE_SLOTS; else
+    MIN_PIPE_SLOTS slots with the pipe capped at max(4, floor(ring / 2W)),
+    so that the W x cap frames the ring holds stay within half of it."""
+    slots = default_slots(workers, ring, pipe=True)
+    if slots >= MIN_PIPE_SLOTS:
+        return slots, 0
+    return MIN_PIPE_SLOTS, max(4, int(ring) // 2 // int(workers))
 
 
 def resolve_slots(slots, workers, pipe=False):

@@ -44,6 +44,7 @@ from homagg.protocol import (
     PIPELINE_GROUPS,
     check_pipeline_groups,
     default_slots,
+    pipe_slots,
     resolve_slots,
     tree_senders,
 )
@@ -112,13 +113,20 @@ def _params(
 class Job:
     """One job of a cluster: W workers with their own token and slots."""
 
-    def __init__(self, cluster, index, workers, slots, secret=None, mac=None, cost=None):
+    def __init__(
+        self, cluster, index, workers, slots, secret=None, mac=None, cost=None, pipe_max=0
+    ):
         self.cluster = cluster
         self.mac = mac  # its MAC algorithm code when it authenticates
         self.cost = as_cost(cost)  # the job's cost model (homagg.cost)
         self.index = index
         self.workers = workers
         self.slots = slots
+        # the workers' pipe cap (0: S; docs/PROTOCOL.md "Slots beyond the
+        # ring's share, in the NIC model") and the slots its frames in
+        # flight are counted by
+        self.pipe_max = pipe_max
+        self.ring_slots = min(slots, pipe_max) if pipe_max else slots
         self.secret = secret  # the job secret when it authenticates, else None
         self.epoch = 0  # its key epoch (Cluster.rotate_key)
         self.wire_id, self.token = _b.sim_job_wire(cluster._sim, index)
@@ -271,7 +279,9 @@ class Cluster:
     slots: S of each job (None: ``homagg.protocol.default_slots(workers,
     pipe=pipe_gain > 0)``, W x S within the aggregators' receive ring: as
     ``Worker`` and ``homagg run`` choose it without the pipe's bound, and
-    with it up to 256 within half the ring, 256 at W = 4; in a tree of L
+    with it up to 256 within half the ring, 256 at W = 4, and beyond
+    W = 128 in a flat job 32 with the pipe capped at half the ring
+    (``homagg.protocol.pipe_slots``); in a tree of L
     leaves the same of the most senders an aggregator hears,
     max(ceil(W / L), L): 128 at W = 256 over 16 leaves; a job added later
     gets at most what the ring has left); timeout: the give-up deadline per chunk (s);
@@ -519,8 +529,9 @@ class Cluster:
             self.pipeline_groups if pipeline_groups is None else pipeline_groups
         )
         slots = self._slots if slots is None else slots
+        pipe_max = 0
         if slots is None or slots == 0:
-            slots = self._default_slots(s, workers)
+            slots, pipe_max = self._default_slots(s, workers)
         timeout = self._timeout if timeout is None else timeout
         auth = self.auth if auth is None else auth
         mac = self.mac if mac is None else mac
@@ -528,7 +539,7 @@ class Cluster:
             np.random.default_rng([self._seed, len(self.jobs), 0xA07]).bytes(32) if auth else None
         )
         mac_alg = _auth.mac_code(mac) if auth else 0
-        self._check_rings(s, workers, slots)
+        self._check_rings(s, workers, min(slots, pipe_max) if pipe_max else slots)
         idx = _b.sim_add_job(
             s,
             workers,
@@ -543,27 +554,49 @@ class Cluster:
             pipeline_groups=pipeline_groups,
             mac=mac_alg,
             pipe_gain_pct=round(self.pipe_gain * 100),
+            pipe_max=pipe_max,
         )
         job = Job(
-            self, idx, workers, slots, secret, mac_alg or None, self.cost if cost is None else cost
+            self,
+            idx,
+            workers,
+            slots,
+            secret,
+            mac_alg or None,
+            self.cost if cost is None else cost,
+            pipe_max=pipe_max,
         )
         self.jobs.append(job)
         return job
 
     def _default_slots(self, s, workers):
-        """default_slots of the most senders an aggregator hears (W, or in
-        a tree max(ceil(W / L), L): docs/PROTOCOL.md "A tree's slots in the
-        NIC model"), or fewer when the jobs already on the aggregators hold
-        part of their rings (at least 1: a full ring is then refused by
-        _check_rings, naming the jobs holding it)."""
-        slots = default_slots(tree_senders(workers, self.leaves), pipe=self.pipe_gain > 0)
+        """(S, pipe_max) of a job whose slots the user does not set.
+
+        A flat job whose workers bound their pipe: pipe_slots(W), 32 slots
+        with the pipe capped at half the ring beyond W = 128
+        (docs/PROTOCOL.md "Slots beyond the ring's share, in the NIC
+        model"), while the jobs already on the aggregators leave room for
+        the cap's frames.  Otherwise default_slots of the most senders an
+        aggregator hears (W, or in a tree max(ceil(W / L), L): "A tree's
+        slots in the NIC model") and no cap, or fewer slots when the jobs
+        already on the aggregators hold part of their rings (at least 1: a
+        full ring is then refused by _check_rings, naming the jobs holding
+        it)."""
+        pipe = self.pipe_gain > 0
+        senders = tree_senders(workers, self.leaves)
+        slots, cap = pipe_slots(workers) if pipe and not self.leaves else (0, 0)
         try:
-            for k in range(self.aggregators):
-                per_slot, held = _b.sim_agg_frames(s, k, workers, 1)
-                slots = min(slots, max(1, (AGG_RX_RING - held) // per_slot))
-        except InvalidArgument:
-            pass  # W out of range: sim_add_job names it
-        return slots
+            left = min(
+                max(1, (AGG_RX_RING - held) // per_slot)
+                for per_slot, held in (
+                    _b.sim_agg_frames(s, k, workers, 1) for k in range(self.aggregators)
+                )
+            )
+        except InvalidArgument:  # W out of range: sim_add_job names it
+            return (slots, cap) if cap else (default_slots(senders, pipe=pipe), 0)
+        if cap and cap <= left:
+            return slots, cap
+        return min(default_slots(senders, pipe=pipe), left), 0
 
     def _check_rings(self, s, workers, slots):
         """Explain what hg_sim_add_job refuses with -ERANGE: a job whose frames
@@ -592,7 +625,7 @@ class Cluster:
             if not held:
                 raise OutOfRange(f"{head} exceed its receive ring of {ring} frames: {fix}")
             jobs = ", ".join(
-                f"job {j.index}: {_b.sim_agg_frames(s, k, j.workers, j.slots or 0)[0]}"
+                f"job {j.index}: {_b.sim_agg_frames(s, k, j.workers, j.ring_slots or 0)[0]}"
                 for j in self.jobs
             )
             raise OutOfRange(

@@ -455,6 +455,17 @@ static int check_rings(const struct hg_sim *s, uint32_t W, uint32_t S)
 	return 0;
 }
 
+/* The slots a job's frames in flight are counted by: S, or for a flat
+ * job whose workers cap their pipe below S the cap (docs/PROTOCOL.md
+ * "Slots beyond the ring's share, in the NIC model"). */
+static uint32_t ring_slots(const struct hg_sim *s,
+			   const struct hg_sim_job_config *jc, uint32_t S)
+{
+	if (!s->leaves && jc->pipe_gain_pct && jc->pipe_max && jc->pipe_max < S)
+		return jc->pipe_max;
+	return S;
+}
+
 int hg_sim_add_job(struct hg_sim *s, const struct hg_sim_job_config *jc)
 {
 	struct hg_job_config ej = { 0 };
@@ -473,7 +484,9 @@ int hg_sim_add_job(struct hg_sim *s, const struct hg_sim_job_config *jc)
 		return -ERANGE;
 	if (s->njobs == HG_SIM_MAX_JOBS)
 		return -ENOSPC;
-	if ((rc = check_rings(s, jc->workers, jc->slots ? jc->slots : DEFAULT_SLOTS)))
+	if ((rc = check_rings(s, jc->workers,
+			      ring_slots(s, jc,
+					 jc->slots ? jc->slots : DEFAULT_SLOTS))))
 		return rc;
 	j = s->njobs;
 	job = &s->jobs[j];
@@ -520,8 +533,9 @@ int hg_sim_add_job(struct hg_sim *s, const struct hg_sim_job_config *jc)
 		return -ENOMEM;
 	s->njobs++; /* from here on destroy frees what exists */
 	for (uint32_t k = 0; k < s->naggs; k++)
-		s->agg[k].held_frames += (uint32_t)job_frames(s, k, job->workers,
-							      job->slots);
+		s->agg[k].held_frames += (uint32_t)
+			job_frames(s, k, job->workers,
+				   ring_slots(s, jc, job->slots));
 	cc.job = job->id;
 	cc.token = job->token;
 	cc.workers = job->workers;
@@ -539,6 +553,7 @@ int hg_sim_add_job(struct hg_sim *s, const struct hg_sim_job_config *jc)
 	cc.incarnation = inc;
 	cc.pipeline_groups = jc->pipeline_groups;
 	cc.pipe_gain_pct = jc->pipe_gain_pct;
+	cc.pipe_max = jc->pipe_max;
 	cc.auth = jc->auth;
 	cc.mac = jc->mac;
 	memcpy(cc.secret, jc->secret, sizeof(cc.secret));

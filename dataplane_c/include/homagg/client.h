@@ -165,6 +165,9 @@ struct hg_client_config {
 				    * cwnd settling where the round trip is g times
 				    * its least; 0 = no bound but the slots, at most
 				    * HG_CLIENT_MAX_PIPE_GAIN_PCT */
+	uint32_t pipe_max;   /* with pipe_gain_pct, the pipe's cap: cwnd within
+				    * [4, min(slots, pipe_max)] (docs/PROTOCOL.md
+				    * "Slots beyond the ring's share"); 0 = slots */
 	struct hg_cost cost; /* the job's cost model (docs/PROTOCOL.md "The cost
 				    * model"), the same on every worker: used by every
 				    * allreduce whose hg_params.cost names no link rate;

@@ -110,6 +110,7 @@ def sim_add_job(
     pipeline_groups=0,
     mac=0,
     pipe_gain_pct=0,
+    pipe_max=0,
 ):
     jc = _fill(
         ffi.new("struct hg_sim_job_config *"),
@@ -124,6 +125,7 @@ def sim_add_job(
             start_wait_ns=int(start_wait_ns),
             pipeline_groups=int(pipeline_groups),
             pipe_gain_pct=int(pipe_gain_pct),
+            pipe_max=int(pipe_max),
         ),
     )
     if secret is not None:

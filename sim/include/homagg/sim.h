@@ -90,6 +90,11 @@ struct hg_sim_job_config {
 				 * worker (0 = automatic, 1 = not pipelined) */
 	uint32_t pipe_gain_pct;   /* hg_client_config.pipe_gain_pct of every
 				 * worker (0 = no bound but the slots) */
+	uint32_t pipe_max;        /* hg_client_config.pipe_max of every worker
+				 * (0 = slots); with pipe_gain_pct, a flat
+				 * job counts W x min(slots, pipe_max) frames
+				 * in flight (docs/PROTOCOL.md "Slots beyond
+				 * the ring's share, in the NIC model") */
 };
 
 struct hg_sim_stats {
