@@ -132,9 +132,10 @@ uint32_t hg_cl_pipe_start(const struct hg_client *c)
 /*
  * The pipe's bound after a valid RTT sample r (ns; PROTOCOL.md "The
  * pipe"): from hg_cl_pipe_start, cwnd a 1 / max(cwnd, 8) of the way to
- * g cwnd Rmin / r, within [PIPE_MIN, the pipe's cap].  A pipe of cwnd chunks answered
- * within r carries cwnd / r, so it settles where r = g Rmin; while
- * r = Rmin it doubles about every round trip (cwnd samples).
+ * g cwnd Rmin / r, within [PIPE_MIN, the pipe's cap].  A pipe of cwnd
+ * chunks answered within r carries cwnd / r, so it settles where
+ * r = g Rmin; while r = Rmin it doubles about every round trip (cwnd
+ * samples).
  */
 static void pipe_sample(const struct hg_client *c, struct agg *ag, uint64_t r)
 {
