@@ -7,7 +7,10 @@ import sys
 for path in sys.argv[1:]:
     rows = [json.loads(line) for line in open(path)]
     r0 = rows[0]
-    head = f"W = {r0['W']}, K = {r0['K']}, {r0['gbits']:g} Gbit/s, 2^{r0['e']} floats"
+    head = (
+        f"W = {r0['W']}, K = {r0['K']}, {r0['gbits']:g} Gbit/s, 2^{r0['e']} floats, "
+        f"{100 * r0.get('loss', 0.01):g} % loss"
+    )
     for key, name in (("x16", "s16"), ("x", "default")):
         xs = [r[key] for r in rows]
         rpd = max(r[name]["rpd"] for r in rows)
