@@ -110,6 +110,13 @@ def _params(
     )
 
 
+def _ring_slots(slots, pipe_max):
+    """The slots a job's frames in flight are counted by in the ring
+    check: S, or the workers' pipe cap below it (docs/PROTOCOL.md "Slots
+    beyond the ring's share, in the NIC model")."""
+    return min(slots, pipe_max) if pipe_max else slots
+
+
 class Job:
     """One job of a cluster: W workers with their own token and slots."""
 
@@ -126,7 +133,7 @@ class Job:
         # ring's share, in the NIC model") and the slots its frames in
         # flight are counted by
         self.pipe_max = pipe_max
-        self.ring_slots = min(slots, pipe_max) if pipe_max else slots
+        self.ring_slots = _ring_slots(slots, pipe_max)
         self.secret = secret  # the job secret when it authenticates, else None
         self.epoch = 0  # its key epoch (Cluster.rotate_key)
         self.wire_id, self.token = _b.sim_job_wire(cluster._sim, index)
@@ -539,7 +546,7 @@ class Cluster:
             np.random.default_rng([self._seed, len(self.jobs), 0xA07]).bytes(32) if auth else None
         )
         mac_alg = _auth.mac_code(mac) if auth else 0
-        self._check_rings(s, workers, min(slots, pipe_max) if pipe_max else slots)
+        self._check_rings(s, workers, _ring_slots(slots, pipe_max))
         idx = _b.sim_add_job(
             s,
             workers,
