@@ -221,6 +221,37 @@ def test_scale_counts_drops_and_retransmissions_per_drop(tmp_path, capsys, caplo
     assert row["drops_injected"] == 0 and row["retransmissions_per_drop"] is None
 
 
+def test_scale_runs_each_shape_with_the_defaults_a_user_gets(capsys):
+    """Without --slots every row runs the job sim.Cluster makes for its
+    shape, and reports that job's slots and pipe cap: beyond W = 128 a
+    flat job holds 32 slots with its pipe capped, a tree keeps the slots
+    of its aggregators' senders.  --slots sets them for every row."""
+    from homagg.sim import Cluster
+
+    args = ["bench", "scale", "--workers", "4,256", "--elements", "4096"]
+    args += ["--methods", "dense", "--aggregators", "1,W/16", "--leaves", "W/16", "--json"]
+    assert cli.main(args) == 0
+    rows = json.loads(capsys.readouterr().out)["results"]
+    shapes = {(r["workers"], r["aggregators"], r["leaves"]) for r in rows}
+    assert shapes == {(4, 1, 0), (256, 1, 0), (256, 16, 0), (256, 17, 16)}
+    for r in rows:
+        assert r["exact"] is True
+        flat = 0 if r["leaves"] else r["aggregators"]
+        with Cluster(workers=r["workers"], aggregators=flat or 1, leaves=r["leaves"]) as cl:
+            assert (r["slots"], r["pipe_max"]) == (cl.job.slots, cl.job.pipe_max)
+    by = {(r["workers"], r["aggregators"]): r for r in rows}
+    assert (by[256, 16]["slots"], by[256, 16]["pipe_max"]) == (32, 8)
+    assert (by[256, 17]["slots"], by[256, 17]["pipe_max"]) == (128, 0)
+    assert (by[4, 1]["slots"], by[4, 1]["pipe_max"]) == (256, 0)
+
+    assert (
+        cli.main(args[:2] + ["--workers", "4", "--elements", "4096", "--slots", "8"] + args[6:])
+        == 0
+    )
+    rows = json.loads(capsys.readouterr().out)["results"]
+    assert rows and all((r["slots"], r["pipe_max"]) == (8, 0) for r in rows)
+
+
 def test_scale_flags_an_inexact_result(monkeypatch):
     """The exactness check can fail: a wrong reference is caught."""
     grads = workloads.generate_all("shared", 3, 4096, 0.1, 1)

@@ -60,7 +60,7 @@ import numpy as np
 
 from homagg.bench import report as rep
 from homagg.bench import workloads
-from homagg.protocol import EXACT_METHODS, METHODS, tree_senders
+from homagg.protocol import EXACT_METHODS, METHODS
 
 DEFAULT_WORKERS = "8,16,32,64,128,256"
 
@@ -213,9 +213,11 @@ def add_arguments(parser):
         type=int,
         default=None,
         help="aggregator slots per job = each worker's window (default: "
-        "auto_slots(W), so W x S fits in half the aggregator's rx ring, at "
-        "most 64, or 256 with the pipe's bound; "
-        "a W x S beyond the ring of 4096 frames is refused)",
+        "homagg.sim.Cluster's, as a user gets it: W x S within the "
+        "aggregator's rx ring of 4096 frames, up to 256 slots with the "
+        "pipe's bound, and 32 slots with the pipe capped at 4096 / 2W for a "
+        "flat job beyond 128 workers; the row's slots and pipe_max are the "
+        "job's; a W x S beyond the ring is refused)",
     )
     parser.add_argument("--seed", type=int, default=1, help="seed of the gradients")
     parser.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
@@ -225,7 +227,10 @@ def add_arguments(parser):
 
 
 def auto_slots(workers, pipe=False):
-    """A window that does not overflow the aggregator: W x S <= 2048 frames,
+    """The window ``homagg bench scale`` set up to 2026-12-06, which the
+    scripts under docs/results of those dates use; it now takes
+    homagg.sim.Cluster's default.  A window that does not overflow the
+    aggregator: W x S <= 2048 frames,
     half the simulated aggregator port's 4096-frame rx ring (homagg/sim.c).
     A larger window only turns the incast into drops and retransmissions
     (the row's retransmissions column shows them with --slots); one beyond
@@ -282,8 +287,10 @@ def run_one(
     root last) whose links drop ``drop_rate`` of their frames, the last
     worker starting ``straggler_ms`` late; returns a row (without the
     W/workload context) and the result (None, and the row's ``error``,
-    when the allreduce failed).  agg_link_gbps: None the workers' rate,
-    "auto" homagg.sim.Cluster's default, else that rate."""
+    when the allreduce failed).  slots: None for homagg.sim.Cluster's
+    default (the row gives the job's slots and pipe cap).  agg_link_gbps:
+    None the workers' rate, "auto" homagg.sim.Cluster's default, else that
+    rate."""
     from homagg.errors import HomAggError
     from homagg.sim import Cluster
 
@@ -311,6 +318,7 @@ def run_one(
         pipe_gain=pipe_gain,
     ) as cl:
         aggregators = cl.aggregators
+        job_slots, pipe_max = cl.job.slots, cl.job.pipe_max
         if straggler_ms:
             cl.delay_start(W - 1, straggler_ms / 1e3)
         t0 = time.perf_counter()
@@ -344,7 +352,8 @@ def run_one(
         "method": method,
         "aggregators": aggregators,
         "leaves": leaves,
-        "slots": slots,
+        "slots": job_slots,
+        "pipe_max": pipe_max,
         "drop_rate": drop_rate,
         "straggler_ms": straggler_ms,
         "pipe_gain": cl.pipe_gain,
@@ -429,14 +438,12 @@ def run(args):
         f64 = np.sum([g.astype(np.float64) for g in grads], axis=0)
         union = int(np.count_nonzero(np.any([g != 0 for g in grads], axis=0)))
         ks = list(dict.fromkeys(aggregators_for(t, W) for t in args.aggregators))
-        # (the aggregators or the tree, and the most workers one aggregator serves)
-        shapes = [({"aggregators": K}, W) for K in ks]
-        shapes += [({"leaves": L}, tree_senders(W, L)) for L in tree_leaves(args.leaves, W)]
-        for shape, per_agg in shapes:
+        shapes = [{"aggregators": K} for K in ks]
+        shapes += [{"leaves": L} for L in tree_leaves(args.leaves, W)]
+        for shape in shapes:
             for m in args.methods:
                 for gbps in args.link_gbps:
                     for gain in args.pipe_gain:
-                        slots = args.slots or auto_slots(per_agg, pipe=gain is None or gain > 0)
                         clean = None
                         for drop in args.drop_rate:
                             for lag in args.straggler_ms:
@@ -445,7 +452,7 @@ def run(args):
                                     m,
                                     gbps,
                                     block,
-                                    slots,
+                                    args.slots,
                                     args.seed,
                                     want=want,
                                     f64=f64,
@@ -480,7 +487,7 @@ def run(args):
         density=density,
         workload=args.workload,
         block_elements=block,
-        slots=args.slots or "auto",
+        slots=args.slots or "default",
         seed=args.seed,
         drop_rate=args.drop_rate[0] if len(args.drop_rate) == 1 else args.drop_rate,
         straggler_ms=args.straggler_ms,
@@ -537,6 +544,7 @@ MD_COLUMNS = (
     "method",
     "method_chosen",
     "slots",
+    "pipe_max",
     "virtual_seconds",
     "ring_model_seconds",
     "agg_link_rx_max_share",
