@@ -241,7 +241,7 @@ def test_scale_runs_each_shape_with_the_defaults_a_user_gets(capsys):
             assert (r["slots"], r["pipe_max"]) == (cl.job.slots, cl.job.pipe_max)
     by = {(r["workers"], r["aggregators"]): r for r in rows}
     assert (by[256, 16]["slots"], by[256, 16]["pipe_max"]) == (32, 8)
-    assert (by[256, 17]["slots"], by[256, 17]["pipe_max"]) == (128, 0)
+    assert (by[256, 17]["slots"], by[256, 17]["pipe_max"]) == (256, 128)
     assert (by[4, 1]["slots"], by[4, 1]["pipe_max"]) == (256, 0)
 
     assert (

@@ -13,7 +13,7 @@ import math
 import numpy as np
 import pytest
 
-from homagg.errors import InvalidArgument
+from homagg.errors import InvalidArgument, OutOfRange
 from homagg.sim import NIC_GRANULARITY, NIC_RTO_MIN, NIC_START_WAIT, Cluster
 
 from reference import allreduce as oracle_allreduce
@@ -730,25 +730,62 @@ def test_tree_leaves_time_their_upward_frames_by_the_round_trip_to_the_root():
 
 def test_a_trees_default_slots_come_from_the_senders_of_an_aggregator():
     """A tree's aggregator hears at most max(ceil(W / L), L) senders, so
-    the NIC model's default S is default_slots of that (docs/PROTOCOL.md
-    "A tree's slots in the NIC model"): 128 at W = 256 over 16 leaves,
-    where default_slots(256) gave 16, a window of 1.4 us at 100 Gbit/s
-    that every repair held.  At 1 % loss 2^16 floats took 21-35 ms with
-    it (seeds 1-4; 0.17 ms loss-free), now 1.0-2.3 ms.  A flat job of
-    as many workers gets pipe_slots(W) instead (the next test)."""
-    from homagg.protocol import default_slots, pipe_slots
+    the NIC model's default S comes from that (docs/PROTOCOL.md "A tree's
+    slots in the NIC model"), not from default_slots(256), which gave 16,
+    a window of 1.4 us at 100 Gbit/s that every repair held: at 1 % loss
+    2^16 floats took 21-35 ms with it (seeds 1-4; 0.17 ms loss-free).
+    With the pipe, 16 senders get the tree's full window, 256 slots (the
+    next test).  A flat job of as many workers gets pipe_slots(W)."""
+    from homagg.protocol import pipe_slots, tree_pipe_slots
 
     W, L = 256, 16
     with Cluster(workers=W, leaves=L, link_gbps=100, loss=0.01, seed=2) as cl:
-        assert cl.job.slots == default_slots(16, pipe=True) == 128
+        assert (cl.job.slots, cl.job.pipe_max) == tree_pipe_slots(W, L) == (256, 128)
         grads = _grads(W, 1 << 16, seed=1)
         res = cl.allreduce(grads, method="dense", block_elements=BLOCK)
     _check_exact(res, grads)
     assert res.stats["virtual_time"] < 5e-3, res.stats["virtual_time"]
     with Cluster(workers=W, aggregators=16) as cl:
         assert (cl.job.slots, cl.job.pipe_max) == pipe_slots(W) == (32, 8)
-    with Cluster(workers=64, leaves=4) as cl:
-        assert cl.job.slots == default_slots(16, pipe=True) == 128
+    with Cluster(workers=16, leaves=4) as cl:  # 4 senders: 256 within half the ring
+        assert (cl.job.slots, cl.job.pipe_max) == tree_pipe_slots(16, 4) == (256, 0)
+
+
+def test_a_tree_takes_its_full_window_with_a_capped_pipe():
+    """docs/PROTOCOL.md Part 3, "A tree's full window, in the NIC model":
+    W = 64 over 4 leaves (16 senders per aggregator) gets 256 slots, not
+    the 128 of the pipe's half-ring rule, with its workers' pipe capped at
+    128, half a leaf's ring; the ring check counts the whole window, so a
+    second job finds no slot left and is refused naming the frames held.
+    At 100 Gbit/s and 1 % loss (2^20 dense floats, seed 1) the window of
+    128 chunks, about 50 us of the loss-free pace, was held by repairs
+    that cross the root: 1.77x the loss-free time, now 1.30x (seeds 1-3:
+    1.70-1.78x -> 1.29-1.32x; the loss-free time is the same)."""
+    from homagg.protocol import tree_pipe_slots
+
+    W, L = 64, 4
+    assert tree_pipe_slots(W, L) == (256, 128)
+    grads = _grads(W, 1 << 20, seed=7)
+    with Cluster(workers=W, leaves=L, link_gbps=100, seed=1) as cl:
+        assert (cl.job.slots, cl.job.pipe_max, cl.job.ring_slots) == (256, 128, 256)
+        clean = cl.allreduce(grads, method="dense", block_elements=BLOCK).stats["virtual_time"]
+        with pytest.raises(OutOfRange, match="the 4096 held by the jobs already on it"):
+            cl.add_job(workers=W)
+    times = {}
+    for slots in (128, None):
+        with Cluster(workers=W, leaves=L, link_gbps=100, loss=0.01, seed=1, slots=slots) as cl:
+            assert cl.job.pipe_max == (0 if slots else 128)
+            res = cl.allreduce(grads, method="dense", block_elements=BLOCK)
+            limits = [cl.job.worker_aggregator_stats(w, 0)["pipe_limit"] for w in range(W)]
+        _check_exact(res, grads)
+        lost = res.stats["fabric"]["dropped_loss"]
+        assert lost > 1000
+        assert sum(w["retransmissions"] for w in res.stats["workers"]) <= 2 * lost
+        assert res.stats["fabric"]["rx_ring_overflow"] == 0
+        assert 4 <= min(limits) and max(limits) <= (slots or 128), limits
+        times[slots] = res.stats["virtual_time"] / clean
+    assert times[None] < times[128], times
+    assert times[None] <= 1.5, times
 
 
 def test_a_flat_job_beyond_128_workers_caps_its_pipe_and_holds_32_slots():
@@ -760,7 +797,6 @@ def test_a_flat_job_beyond_128_workers_caps_its_pipe_and_holds_32_slots():
     from the pipe's start to the end of an allreduce; a cap below the
     pipe's least bound of 4 is refused by the client."""
     from homagg.bindings import sim as sim_b
-    from homagg.errors import OutOfRange
     from homagg.protocol import pipe_slots
 
     assert [pipe_slots(W) for W in (4, 16, 64, 128, 129, 256)] == [

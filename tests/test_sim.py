@@ -819,10 +819,15 @@ def test_default_slots_fit_the_aggregator_ring_at_any_size():
         assert (cl.job.slots, cl.job.pipe_max) == (32, 8)
         check_result(cl.allreduce(grads, "dense", block_elements=BLOCK), grads)
     with Cluster(workers=256, leaves=16, seed=3) as cl:
-        # a tree's aggregator hears 16 senders (docs/PROTOCOL.md "A tree's
-        # slots in the NIC model")
-        assert cl.job.slots == protocol.default_slots(16, pipe=True) == 128
+        # a tree's aggregator hears 16 senders, for which the pipe's rule
+        # gives 128 slots; the tree takes its full window of 256 with the
+        # workers' pipe capped at half a leaf's ring (docs/PROTOCOL.md "A
+        # tree's full window, in the NIC model")
+        assert protocol.default_slots(16, pipe=True) == 128
+        assert (cl.job.slots, cl.job.pipe_max, cl.job.ring_slots) == (256, 128, 256)
         check_result(cl.allreduce(grads, "dense", block_elements=BLOCK), grads)
+    with Cluster(workers=256, leaves=16, seed=3, pipe_gain=0) as cl:
+        assert (cl.job.slots, cl.job.pipe_max) == (64, 0)
     with Cluster(workers=32, seed=3) as cl:
         assert cl.job.slots == 64  # 2048 of the ring
         assert cl.add_job(workers=64).slots == 32  # the 2048 frames left

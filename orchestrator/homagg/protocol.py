@@ -177,6 +177,22 @@ def pipe_slots(workers, ring=DEFAULT_RING_FRAMES):
     return MIN_PIPE_SLOTS, max(4, int(ring) // 2 // int(workers))
 
 
+def tree_pipe_slots(workers, leaves, ring=DEFAULT_RING_FRAMES):
+    """(S, pipe_max) of a NIC-model tree job of ``workers`` workers over
+    ``leaves`` leaves whose workers bound their pipe, when the user sets no
+    slots (docs/PROTOCOL.md Part 3, "A tree's full window, in the NIC
+    model"): MAX_PIPE_DEFAULT_SLOTS slots with the workers' pipe capped at
+    max(4, floor(ring / 2 ceil(W / L))) when default_slots of the most
+    senders an aggregator hears is below that and those senders x
+    MAX_PIPE_DEFAULT_SLOTS fit the ring; else that default and no cap (0)."""
+    senders = tree_senders(workers, leaves)
+    slots = default_slots(senders, ring, pipe=True)
+    if slots >= MAX_PIPE_DEFAULT_SLOTS or senders * MAX_PIPE_DEFAULT_SLOTS > int(ring):
+        return slots, 0
+    per_leaf = -(-int(workers) // int(leaves))
+    return MAX_PIPE_DEFAULT_SLOTS, max(4, int(ring) // 2 // per_leaf)
+
+
 def resolve_slots(slots, workers, pipe=False):
     """``slots`` when the user set it (a positive number), else
     :func:`default_slots` of ``workers`` (and ``pipe``)."""

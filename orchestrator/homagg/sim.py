@@ -45,6 +45,7 @@ from homagg.protocol import (
     check_pipeline_groups,
     default_slots,
     pipe_slots,
+    tree_pipe_slots,
     resolve_slots,
     tree_senders,
 )
@@ -110,11 +111,12 @@ def _params(
     )
 
 
-def _ring_slots(slots, pipe_max):
+def _ring_slots(slots, pipe_max, tree=False):
     """The slots a job's frames in flight are counted by in the ring
-    check: S, or the workers' pipe cap below it (docs/PROTOCOL.md "Slots
-    beyond the ring's share, in the NIC model")."""
-    return min(slots, pipe_max) if pipe_max else slots
+    check: S, or a flat job's workers' pipe cap below it (docs/PROTOCOL.md
+    "Slots beyond the ring's share, in the NIC model"); a tree counts its
+    whole S ("A tree's full window": its leaves send up without a pipe)."""
+    return min(slots, pipe_max) if pipe_max and not tree else slots
 
 
 class Job:
@@ -133,7 +135,7 @@ class Job:
         # ring's share, in the NIC model") and the slots its frames in
         # flight are counted by
         self.pipe_max = pipe_max
-        self.ring_slots = _ring_slots(slots, pipe_max)
+        self.ring_slots = _ring_slots(slots, pipe_max, bool(cluster.leaves))
         self.secret = secret  # the job secret when it authenticates, else None
         self.epoch = 0  # its key epoch (Cluster.rotate_key)
         self.wire_id, self.token = _b.sim_job_wire(cluster._sim, index)
@@ -290,8 +292,11 @@ class Cluster:
     W = 128 in a flat job 32 with the pipe capped at half the ring
     (``homagg.protocol.pipe_slots``); in a tree of L
     leaves the same of the most senders an aggregator hears,
-    max(ceil(W / L), L): 128 at W = 256 over 16 leaves; a job added later
-    gets at most what the ring has left); timeout: the give-up deadline per chunk (s);
+    max(ceil(W / L), L), and with the pipe's bound where that is below 256
+    and 256 fit the ring, 256 with the workers' pipe capped at half a
+    leaf's ring (``homagg.protocol.tree_pipe_slots``: 256, cap 128 at W =
+    64 over 4 leaves to 256 over 16); a job added later gets at most what
+    the ring has left); timeout: the give-up deadline per chunk (s);
     rto: the initial retransmission timeout (s), used until the first RTT
     sample (None: with the pipe's bound 1.5 times a first chunk's round
     trip on the model's empty links, at least rto_min, ``first_rto``;
@@ -546,7 +551,7 @@ class Cluster:
             np.random.default_rng([self._seed, len(self.jobs), 0xA07]).bytes(32) if auth else None
         )
         mac_alg = _auth.mac_code(mac) if auth else 0
-        self._check_rings(s, workers, _ring_slots(slots, pipe_max))
+        self._check_rings(s, workers, _ring_slots(slots, pipe_max, bool(self.leaves)))
         idx = _b.sim_add_job(
             s,
             workers,
@@ -583,7 +588,11 @@ class Cluster:
         with the pipe capped at half the ring beyond W = 128
         (docs/PROTOCOL.md "Slots beyond the ring's share, in the NIC
         model"), while the jobs already on the aggregators leave room for
-        the cap's frames.  Otherwise default_slots of the most senders an
+        the cap's frames.  A tree whose workers bound their pipe:
+        tree_pipe_slots(W, L), 256 slots with the workers' pipe capped at
+        half a leaf's ring where its aggregators hear 9 to 16 senders ("A
+        tree's full window, in the NIC model"), while the jobs already on
+        them leave room for the whole window.  Otherwise default_slots of the most senders an
         aggregator hears (W, or in a tree max(ceil(W / L), L): "A tree's
         slots in the NIC model") and no cap, or fewer slots when the jobs
         already on the aggregators hold part of their rings (at least 1: a
@@ -591,7 +600,12 @@ class Cluster:
         it)."""
         pipe = self.pipe_gain > 0
         senders = tree_senders(workers, self.leaves)
-        slots, cap = pipe_slots(workers) if pipe and not self.leaves else (0, 0)
+        if not pipe:
+            slots, cap = 0, 0
+        elif self.leaves:
+            slots, cap = tree_pipe_slots(workers, self.leaves)
+        else:
+            slots, cap = pipe_slots(workers)
         try:
             left = min(
                 max(1, (AGG_RX_RING - held) // per_slot)
@@ -601,7 +615,8 @@ class Cluster:
             )
         except InvalidArgument:  # W out of range: sim_add_job names it
             return (slots, cap) if cap else (default_slots(senders, pipe=pipe), 0)
-        if cap and cap <= left:
+        # the ring check counts a flat job's cap, a tree's whole S
+        if cap and (slots if self.leaves else cap) <= left:
             return slots, cap
         return min(default_slots(senders, pipe=pipe), left), 0
 
