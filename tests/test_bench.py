@@ -224,8 +224,9 @@ def test_scale_counts_drops_and_retransmissions_per_drop(tmp_path, capsys, caplo
 def test_scale_runs_each_shape_with_the_defaults_a_user_gets(capsys):
     """Without --slots every row runs the job sim.Cluster makes for its
     shape, and reports that job's slots and pipe cap: beyond W = 128 a
-    flat job holds 32 slots with its pipe capped, a tree keeps the slots
-    of its aggregators' senders.  --slots sets them for every row."""
+    flat job holds 32 slots with its pipe capped at 8, a tree of 16
+    senders per aggregator its full window of 256 with the pipe capped at
+    128.  --slots sets them for every row."""
     from homagg.sim import Cluster
 
     args = ["bench", "scale", "--workers", "4,256", "--elements", "4096"]

@@ -45,8 +45,8 @@ from homagg.protocol import (
     check_pipeline_groups,
     default_slots,
     pipe_slots,
-    tree_pipe_slots,
     resolve_slots,
+    tree_pipe_slots,
     tree_senders,
 )
 from homagg.cost import as_cost
