@@ -615,8 +615,7 @@ class Cluster:
             )
         except InvalidArgument:  # W out of range: sim_add_job names it
             return (slots, cap) if cap else (default_slots(senders, pipe=pipe), 0)
-        # the ring check counts a flat job's cap, a tree's whole S
-        if cap and (slots if self.leaves else cap) <= left:
+        if cap and _ring_slots(slots, cap, bool(self.leaves)) <= left:
             return slots, cap
         return min(default_slots(senders, pipe=pipe), left), 0
 
