@@ -281,6 +281,61 @@ def test_loss_report_names_the_worker_that_lost_its_frame():
         rig.no_leak()
 
 
+@pytest.mark.parametrize("W", [128, 130])
+def test_loss_reports_reach_the_group_once_per_chunk(W):
+    """docs/PROTOCOL.md Part 3, "Loss reports": in a job of more than 128
+    workers only a chunk's first loss report goes to the group; a later
+    one of the same chunk (the group has had a STATUS of it, a report or a
+    retransmission's answer) goes to the worker it names alone.  Up to 128
+    workers every report goes to the group.  The next chunk of the set
+    starts over, and every lost frame is summed once."""
+    S = 8
+    pay = be32(np.arange(256))
+    rig = Rig(workers=W, slots=S, replicate=True, group=GROUP)
+    later = GROUP_INT if W <= 128 else None  # where a later report goes
+
+    def reports(out):
+        return [(o.seq, o.worker, o.dst.ipv4) for o in out if o.flags & FLAG_LOSS]
+
+    def send(seq, workers=None, flags=0):
+        ws = range(W) if workers is None else workers
+        return rig.send(*[frame(w, seq=seq, slots=S, payload=pay, flags=flags) for w in ws])
+
+    lost = {(2, 0), (3, 0), (4, 0), (1, 1), (4, 1)}  # seqs 0 and 1 lack some
+    for seq in range(3):
+        send(seq, [w for w in range(W) if (w, seq) not in lost])
+    assert reports(send(3, [2])) == [(0, 2, GROUP_INT)]
+    assert reports(send(3, [3])) == [(0, 3, later or waddr(3).ipv4)]
+    # seq 1: a retransmission's STATUS reached the group first
+    (st,) = send(1, [0], FLAG_RETRANS)
+    assert st.worker == WORKER_ALL and not st.flags & FLAG_LOSS
+    assert reports(send(4, [1])) == [(1, 1, later or waddr(1).ipv4)]
+    # worker 4 lost both: one report each, the group had a STATUS of both chunks
+    out = rig.send(frame(4, seq=3, slots=S, payload=pay), frame(4, seq=4, slots=S, payload=pay))
+    assert reports(out) == [(0, 4, later or waddr(4).ipv4), (1, 4, later or waddr(4).ipv4)]
+    c = rig.eng.counters()
+    assert c["status_sent"] == 6, c  # five reports and one answer
+    res = []
+    for w, seq in sorted(lost, key=lambda x: x[1]):
+        res += rig.results(send(seq, [w], FLAG_RETRANS))
+    assert sorted({r.seq for r in res}) == [0, 1]
+    assert all(from_be32(r.payload).tolist() == (W * np.arange(256)).tolist() for r in res)
+    send(3, [w for w in range(W) if w not in (2, 3, 4)])
+    send(4, [w for w in range(W) if w not in (1, 4)])
+    # seq 8 reuses the set of seq 0: its first report is the group's again
+    for seq in (5, 6, 7):
+        send(seq)
+    send(8, [w for w in range(W) if w not in (2, 3)])
+    for seq in (9, 10):
+        send(seq)
+    out = send(11, [2, 3])
+    assert reports(out) == [(8, 2, GROUP_INT), (8, 3, later or waddr(3).ipv4)]
+    c = rig.eng.counters()
+    # seqs 0-7, 9 and 10 complete, each contribution once; 8 and 11 open
+    assert c["summed"] == 10 * W + (W - 2) + 2 and c["completed"] == 10, c
+    rig.no_leak()
+
+
 def test_shadow_sets_and_slot_reuse():
     """Many chunks through few slots with a window of S chunks in flight,
     interleaved out of order: every result exact, stale packets dropped."""

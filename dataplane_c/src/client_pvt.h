@@ -138,6 +138,9 @@ struct flight {
 	bool busy;
 	bool unsent; /* the port refused it: send at the next poll */
 	bool have_status;
+	/* a STATUS of its chunk came before its first transmission: its
+	 * result waited for a repair and is no RTT sample */
+	bool status_before;
 	bool timed_out; /* its timer expired; not yet judged spurious */
 	bool present;   /* a STATUS showed our contribution in the slot */
 	bool replied;   /* a STATUS of it came since its latest transmission */
@@ -162,6 +165,9 @@ struct flight {
 	uint8_t bitmap[BITMAP_BYTES];
 	uint8_t tree_len; /* bytes of tree: the STATUS's root view */
 	uint8_t tree[TREE_TAIL];
+	/* 1 + the latest chunk of this flight slot that a STATUS came for
+	 * before we sent it (0: none) */
+	uint64_t status_ahead;
 };
 
 /*

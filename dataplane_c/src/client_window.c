@@ -366,6 +366,11 @@ static void handle_frame(struct hg_client *c, const uint8_t *f, size_t len,
 			 * back for lost. */
 			fl->fast_at = now;
 		}
+		if (k < st->nchunks && (!fl->busy || fl->chunk < chunk) &&
+		    c->cfg.agg_workers == c->cfg.workers &&
+		    c->cfg.workers > HG_REPORT_GROUP_MAX)
+			/* a chunk we have not sent yet waits for a repair */
+			fl->status_ahead = chunk + 1;
 		return;
 	}
 	if (k >= st->nchunks) {
@@ -418,8 +423,9 @@ static void handle_frame(struct hg_client *c, const uint8_t *f, size_t len,
 		 * Nor is a chunk a STATUS reported incomplete: its result
 		 * waited for a peer's repair.
 		 */
-		if (fl->tries == 1 && !fl->have_status && k + 1 >= ag->hi_done &&
-		    fl->last_tx > ag->t_timeout && now >= fl->last_tx &&
+		if (fl->tries == 1 && !fl->have_status && !fl->status_before &&
+		    k + 1 >= ag->hi_done && fl->last_tx > ag->t_timeout &&
+		    now >= fl->last_tx &&
 		    !(c->groups > 1 && c->st.u[fl->unit].ndone == 1)) {
 			hg_cl_rtt_sample(c, ag, now - fl->last_tx, now,
 					 lanes == s->per_chunk);
@@ -686,6 +692,7 @@ void hg_cl_tx_new(struct hg_client *c, uint64_t now)
 			fl->seq = (uint32_t)(fl->chunk / c->naggs);
 			fl->tries = 0;
 			fl->have_status = false;
+			fl->status_before = fl->status_ahead == fl->chunk + 1;
 			fl->timed_out = false;
 			fl->present = false;
 			fl->spurious = false;

@@ -615,7 +615,9 @@ static inline void combine(const struct hg_engine *e, const struct hg_set *s,
  * open without w lost w's frame (or w holds it back for the lost result of
  * the slot's previous chunk).  Tell the group at once, with a STATUS marked
  * HG_FLAG_LOSS (docs/PROTOCOL.md Part 3, "Loss reports"): w resends, the
- * workers present learn that the slot waits for a repair.  A tree leaf
+ * workers present learn that the slot waits for a repair.  Beyond
+ * HG_REPORT_GROUP_MAX workers only the chunk's first STATUS reaches the
+ * group; a later report goes to w alone.  A tree leaf
  * tells its root too (a leaf report), whose STATUS then reaches the other
  * leaves' workers (docs/PROTOCOL.md "Repairs in a tree").
  */
@@ -624,6 +626,7 @@ static void loss_report(struct hg_engine *e, struct hg_job *j, uint32_t w,
 {
 	uint32_t q = seq - LOSS_LAG, quot;
 	struct hg_set *s;
+	bool group;
 
 	if (seq < LOSS_LAG)
 		return;
@@ -631,8 +634,9 @@ static void loss_report(struct hg_engine *e, struct hg_job *j, uint32_t w,
 	s = &j->sets[2 * (size_t)(q - quot * j->cfg.slots) + (quot & 1)];
 	if (s->state != SET_OPEN || s->seq != q || s->bitmap[w / 64] >> (w % 64) & 1)
 		return;
-	if (hg_eng_send_status_flags(e, j, s, (uint16_t)w, HG_FLAG_LOSS, pkt) &&
-	    hg_eng_to_group(e, j))
+	group = hg_eng_to_group(e, j) && (s->status_count == NO_STATUS ||
+					  j->cfg.workers <= HG_REPORT_GROUP_MAX);
+	if (hg_eng_send_loss_report(e, j, s, (uint16_t)w, group, pkt) && group)
 		s->status_count = s->count;
 	if (j->up && j->cfg.up_leaves)
 		hg_eng_up_report(e, j, s);

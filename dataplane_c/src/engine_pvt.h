@@ -270,9 +270,9 @@ void hg_eng_send_result(struct hg_engine *e, struct hg_job *j,
 			struct hg_pkt **reuse);
 bool hg_eng_send_status(struct hg_engine *e, struct hg_job *j,
 			const struct hg_set *s, uint16_t w, struct hg_pkt **reuse);
-bool hg_eng_send_status_flags(struct hg_engine *e, struct hg_job *j,
-			      const struct hg_set *s, uint16_t w, uint16_t more,
-			      struct hg_pkt **reuse);
+bool hg_eng_send_loss_report(struct hg_engine *e, struct hg_job *j,
+			     const struct hg_set *s, uint16_t w, bool group,
+			     struct hg_pkt **reuse);
 void hg_eng_answer_retrans(struct hg_engine *e, struct hg_job *j,
 			   struct hg_set *s, uint16_t w, struct hg_pkt **reuse);
 void hg_eng_up_forward(struct hg_engine *e, struct hg_job *j, struct hg_set *s,

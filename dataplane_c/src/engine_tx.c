@@ -62,8 +62,8 @@ struct hg_pkt *hg_eng_out_pkt(struct hg_engine *e, struct hg_job *j,
  */
 static void put_reply(struct hg_engine *e, struct hg_job *j, struct hg_pkt *p,
 		      const struct hg_set *s, uint16_t flags, uint16_t w,
-		      const uint8_t *payload, size_t plen, uint64_t psum,
-		      struct hg_mac_shared *sh)
+		      bool group, const uint8_t *payload, size_t plen,
+		      uint64_t psum, struct hg_mac_shared *sh)
 {
 	struct hg_hdr h = {
 		.version = HG_PROTOCOL_VERSION,
@@ -84,8 +84,7 @@ static void put_reply(struct hg_engine *e, struct hg_job *j, struct hg_pkt *p,
 	};
 	uint8_t *f = p->data;
 
-	if (w == HG_WORKER_ALL ||
-	    ((flags & HG_FLAG_LOSS) && hg_eng_to_group(e, j))) {
+	if (w == HG_WORKER_ALL || group) {
 		/* the same headers for every result of this size: built once */
 		size_t udp_payload = HG_HDR_LEN + plen + j->mac_len;
 
@@ -145,7 +144,7 @@ void hg_eng_send_result(struct hg_engine *e, struct hg_job *j,
 		p = hg_eng_out_pkt(e, j, reuse, HG_OFF_PAYLOAD + plen + j->mac_len);
 		if (!p)
 			return;
-		put_reply(e, j, p, s, fl, w, acc, plen, s->psum, NULL);
+		put_reply(e, j, p, s, fl, w, false, acc, plen, s->psum, NULL);
 		queue_tx(e, p);
 		count(e, j, HG_CNT_RESULTS_SENT);
 		return;
@@ -156,28 +155,16 @@ void hg_eng_send_result(struct hg_engine *e, struct hg_job *j,
 		p = hg_eng_out_pkt(e, j, reuse, HG_OFF_PAYLOAD + plen + j->mac_len);
 		if (!p)
 			continue;
-		put_reply(e, j, p, s, fl, (uint16_t)i, acc, plen, s->psum, &sh);
+		put_reply(e, j, p, s, fl, (uint16_t)i, false, acc, plen,
+			  s->psum, &sh);
 		queue_tx(e, p);
 		count(e, j, HG_CNT_RESULTS_SENT);
 	}
 }
 
-/* STATUS to worker w (HG_WORKER_ALL: the job's group): the set's worker
- * bitmap, W bits, bit w%8 of byte w/8, then its active bitmap: bit w set
- * when worker w is missing from the set and a frame of it (any chunk) was
- * accepted since the set's first one (it is sending: its frame or its
- * result was lost; docs/PROTOCOL.md Part 3, "Who is missing, and why").
- * False when no buffer was free. */
-bool hg_eng_send_status(struct hg_engine *e, struct hg_job *j,
-			const struct hg_set *s, uint16_t w, struct hg_pkt **reuse)
-{
-	return hg_eng_send_status_flags(e, j, s, w, 0, reuse);
-}
-
-/* hg_eng_send_status() with more flags (HG_FLAG_LOSS). */
-bool hg_eng_send_status_flags(struct hg_engine *e, struct hg_job *j,
-			      const struct hg_set *s, uint16_t w, uint16_t more,
-			      struct hg_pkt **reuse)
+static bool send_status(struct hg_engine *e, struct hg_job *j,
+			const struct hg_set *s, uint16_t w, uint16_t more,
+			bool group, struct hg_pkt **reuse)
 {
 	uint8_t bits[HG_STATUS_MAX_PAYLOAD];
 	size_t nb = (j->cfg.workers + 7) / 8, plen = 2 * nb;
@@ -198,10 +185,32 @@ bool hg_eng_send_status_flags(struct hg_engine *e, struct hg_job *j,
 	if (e->wire_flags & HG_WIRE_F_UDP_CSUM)
 		psum = hg_csum_add(0, bits, plen);
 	put_reply(e, j, p, s, set_flags(j, s, (uint16_t)(HG_FLAG_STATUS | more)),
-		  w, bits, plen, psum, NULL);
+		  w, group, bits, plen, psum, NULL);
 	queue_tx(e, p);
 	count(e, j, HG_CNT_STATUS_SENT);
 	return true;
+}
+
+/* STATUS to worker w (HG_WORKER_ALL: the job's group): the set's worker
+ * bitmap, W bits, bit w%8 of byte w/8, then its active bitmap: bit w set
+ * when worker w is missing from the set and a frame of it (any chunk) was
+ * accepted since the set's first one (it is sending: its frame or its
+ * result was lost; docs/PROTOCOL.md Part 3, "Who is missing, and why").
+ * False when no buffer was free. */
+bool hg_eng_send_status(struct hg_engine *e, struct hg_job *j,
+			const struct hg_set *s, uint16_t w, struct hg_pkt **reuse)
+{
+	return send_status(e, j, s, w, 0, false, reuse);
+}
+
+/* A loss report: the STATUS of hg_eng_send_status() naming worker w, marked
+ * HG_FLAG_LOSS, to the job's group when "group" (w still in the header),
+ * else to w alone (docs/PROTOCOL.md Part 3, "Loss reports"). */
+bool hg_eng_send_loss_report(struct hg_engine *e, struct hg_job *j,
+			     const struct hg_set *s, uint16_t w, bool group,
+			     struct hg_pkt **reuse)
+{
+	return send_status(e, j, s, w, HG_FLAG_LOSS, group, reuse);
 }
 
 /*

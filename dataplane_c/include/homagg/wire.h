@@ -56,6 +56,11 @@ extern "C" {
 /* With HG_FLAG_STATUS: a loss report, sent unasked because a worker the
  * set lacks has sent a later chunk (docs/PROTOCOL.md "Loss reports"). */
 #define HG_FLAG_LOSS 64
+/* In a job of more than this many workers only a chunk's first loss report
+ * goes to the job's group, the later ones to the worker they name, and a
+ * worker of a flat job takes no RTT sample from a chunk a STATUS came for
+ * before it sent it (docs/PROTOCOL.md "Loss reports"). */
+#define HG_REPORT_GROUP_MAX 128
 
 struct hg_hdr {
 	uint8_t version;
