@@ -660,7 +660,9 @@ drop:
  * Leaf: keep the root's STATUS (payload pl, plen bytes) of forwarded set s
  * as its view: the root's two bitmaps over the L leaves and the
  * missing-below bitmap when it has one (docs/PROTOCOL.md "Who is missing
- * in a tree").  True when the missing-below bits changed.
+ * in a tree").  True when it is the chunk's first view and has
+ * missing-below bits: pushed down to the workers; later views reach a
+ * worker in the answer to its resend ("One view of a chunk pushed down").
  */
 static bool keep_view(struct hg_job *j, const struct hg_set *s,
 		      const uint8_t *pl, size_t plen)
@@ -669,7 +671,7 @@ static bool keep_view(struct hg_job *j, const struct hg_set *s,
 	size_t nb = (j->cfg.up_leaves + 7u) / 8;
 
 	uint8_t below[VIEW_BYTES] = { 0 };
-	bool news;
+	bool news, first = !(vw->have_view && vw->view_seq == s->seq);
 
 	if (plen < 2 * nb)
 		return false;
@@ -685,7 +687,7 @@ static bool keep_view(struct hg_job *j, const struct hg_set *s,
 	memcpy(vw->below, below, VIEW_BYTES);
 	vw->view_seq = s->seq;
 	vw->have_view = true;
-	return news;
+	return news && first;
 }
 
 /*
@@ -735,7 +737,8 @@ void hg_eng_up_apply(struct hg_engine *e, struct hg_stage *st)
 		up_rtt_sample(j, now - t->first_ns);
 	if (st->flags & HG_FLAG_STATUS) {
 		count(e, j, HG_CNT_UP_STATUS);
-		/* news of who holds the root up: the workers learn it now */
+		/* the chunk's first news of who holds the root up: the
+		 * workers learn it now */
 		if (j->cfg.up_leaves && keep_view(j, s, st->in, st->plen))
 			status_to_all(e, j, s);
 		if (!st->worker) {
