@@ -396,6 +396,26 @@ def test_32_slots_with_a_capped_pipe_hold_fewer_repairs_at_256_workers():
     assert times[None] <= 1.8 * t0, (times, t0)
 
 
+def _lossy_at_256_workers(n, **shape):
+    """An allreduce of n dense floats by 256 workers on 1 Gbit/s links
+    (``shape``: aggregators= or leaves=), loss-free and then with 1 %
+    per-hop loss, seed 1: the lossy run's result, checked exact with at
+    most two retransmissions per drop, and the loss-free virtual time."""
+    W = 256
+    rng = np.random.default_rng(1)
+    grads = [rng.standard_normal(n).astype(np.float32) for _ in range(W)]
+    with Cluster(workers=W, link_gbps=1.0, seed=1, **shape) as cl:
+        t0 = cl.allreduce(grads, method="dense").stats["virtual_time"]
+    with Cluster(workers=W, link_gbps=1.0, loss=0.01, seed=1, **shape) as cl:
+        res = cl.allreduce(grads, method="dense")
+    _check_exact(res, grads, block=4096)
+    lost = res.stats["fabric"]["dropped_loss"]
+    retrans = sum(w["retransmissions"] for w in res.stats["workers"])
+    assert lost > 1000
+    assert retrans <= 2 * lost, (retrans, lost)
+    return res, t0
+
+
 def test_one_loss_report_of_a_chunk_to_the_group_at_256_workers():
     """W = 256 over 16 aggregators, 1 Gbit/s links, 2^19 floats, 1 %
     per-hop loss, seed 1.  A chunk lacks 2.6 contributions on average, and
@@ -407,20 +427,8 @@ def test_one_loss_report_of_a_chunk_to_the_group_at_256_workers():
     (docs/PROTOCOL.md Part 3, "Loss reports"): at most 1.5 STATUS frames
     per result at every worker, exact, at most two retransmissions per
     drop, within 2x (1.63x; seeds 2 and 3: 2.38x, 2.31x before, 1.82x,
-    1.93x now).  Virtual time:
-    deterministic."""
-    W, K = 256, 16
-    rng = np.random.default_rng(1)
-    grads = [rng.standard_normal(1 << 19).astype(np.float32) for _ in range(W)]
-    with Cluster(workers=W, aggregators=K, link_gbps=1.0, seed=1) as cl:
-        t0 = cl.allreduce(grads, method="dense").stats["virtual_time"]
-    with Cluster(workers=W, aggregators=K, link_gbps=1.0, loss=0.01, seed=1) as cl:
-        res = cl.allreduce(grads, method="dense")
-    _check_exact(res, grads, block=4096)
-    lost = res.stats["fabric"]["dropped_loss"]
-    retrans = sum(w["retransmissions"] for w in res.stats["workers"])
-    assert lost > 1000
-    assert retrans <= 2 * lost, (retrans, lost)
+    1.93x now).  Virtual time: deterministic."""
+    res, t0 = _lossy_at_256_workers(1 << 19, aggregators=16)
     # 2.5 per result before at every worker; now about one
     for w in res.stats["workers"]:
         assert w["status_received"] <= 1.5 * w["results_received"], w
@@ -438,18 +446,7 @@ def test_a_leaf_pushes_one_view_of_a_chunk_down_at_256_workers():
     frames than results at every worker, exact, at most two
     retransmissions per drop, within 1.6x (1.36x; seeds 2 and 3: 1.72x,
     2.01x before, 1.35x, 1.42x now).  Virtual time: deterministic."""
-    W, L = 256, 16
-    rng = np.random.default_rng(1)
-    grads = [rng.standard_normal(1 << 18).astype(np.float32) for _ in range(W)]
-    with Cluster(workers=W, leaves=L, link_gbps=1.0, seed=1) as cl:
-        t0 = cl.allreduce(grads, method="dense").stats["virtual_time"]
-    with Cluster(workers=W, leaves=L, link_gbps=1.0, loss=0.01, seed=1) as cl:
-        res = cl.allreduce(grads, method="dense")
-    _check_exact(res, grads, block=4096)
-    lost = res.stats["fabric"]["dropped_loss"]
-    retrans = sum(w["retransmissions"] for w in res.stats["workers"])
-    assert lost > 1000
-    assert retrans <= 2 * lost, (retrans, lost)
+    res, t0 = _lossy_at_256_workers(1 << 18, leaves=16)
     for w in res.stats["workers"]:
         assert w["status_received"] < w["results_received"], w
     assert res.stats["virtual_time"] <= 1.6 * t0, (res.stats["virtual_time"], t0)
