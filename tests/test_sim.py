@@ -174,6 +174,19 @@ def test_successive_allreduces_continue_the_sequence():
         assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
 
 
+@pytest.mark.parametrize("groups", [1, 0])
+def test_candidate_lists_kept_across_allreduces_stay_exact(groups):
+    # a worker keeps its lhc candidate list from one allreduce to the next
+    # (codec_pvt.h, hg_lhc_scratch): longer, shorter and longer again,
+    # sparse and dense, lhc and union, one block group or several at once
+    sizes = [(40000, 0.6), (3000, 0.05), (60000, 0.9), (500, 1.0), (60000, 0.01)]
+    with Cluster(workers=3, loss=0.01, seed=5, slots=8, pipeline_groups=groups) as cl:
+        for i, (n, density) in enumerate(sizes):
+            for method in ("union", "lhc"):
+                grads = make_grads(3, n, density=density, seed=40 + i)
+                check_result(cl.allreduce(grads, method=method, block_elements=BLOCK), grads)
+
+
 def test_empty_and_zero_tensors():
     with Cluster(workers=2) as cl:
         res = cl.allreduce([np.zeros(0, np.float32)] * 2, method="lhc", block_elements=BLOCK)

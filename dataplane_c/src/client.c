@@ -244,7 +244,7 @@ void hg_cl_release_lhc(struct hg_client *c)
 	struct hg_lhc **l = (struct hg_lhc **)c->glhc.p;
 
 	for (uint32_t g = 0; l && g < c->groups; g++) {
-		hg_lhc_destroy(l[g]);
+		hg_lhc_destroy_into(l[g], &c->lhc_scratch);
 		l[g] = NULL;
 	}
 	c->lhc = NULL;
@@ -255,6 +255,7 @@ void hg_client_destroy(struct hg_client *c)
 	if (!c)
 		return;
 	hg_cl_release_lhc(c);
+	hg_lhc_scratch_free(&c->lhc_scratch);
 	hg_scan_destroy(c->scan);
 	buf_free(&c->lcounts);
 	buf_free(&c->gcounts);

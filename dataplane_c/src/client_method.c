@@ -229,7 +229,7 @@ static int counts_plan(struct hg_client *c, size_t *lanes, int *exp)
 /* The current group's lhc is done with (after its last decode). */
 static void group_lhc_release(struct hg_client *c)
 {
-	hg_lhc_destroy(c->lhc);
+	hg_lhc_destroy_into(c->lhc, &c->lhc_scratch);
 	c->lhc = NULL;
 	((struct hg_lhc **)c->glhc.p)[c->cur_group] = NULL;
 }
@@ -371,8 +371,8 @@ static int index_plan(struct hg_client *c, size_t *lanes, int *exp)
 {
 	(void)exp;
 	group_lhc_release(c);
-	c->lhc = hg_lhc_create_at(&c->p, c->ge0, c->gn, gcodes(c) + c->gb0,
-				  gcounts(c) + 4 * c->gb0);
+	c->lhc = hg_lhc_create_with(&c->p, c->ge0, c->gn, gcodes(c) + c->gb0,
+				    gcounts(c) + 4 * c->gb0, &c->lhc_scratch);
 	((struct hg_lhc **)c->glhc.p)[c->cur_group] = c->lhc;
 	if (!c->lhc)
 		return -ENOMEM;

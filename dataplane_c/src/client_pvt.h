@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "auth_pvt.h"
+#include "codec_pvt.h"
 #include "homagg/auth.h"
 #include "homagg/client.h"
 #include "homagg/codec.h"
@@ -261,7 +262,8 @@ struct hg_client {
 	const float *x;
 	float *y;
 	size_t n, nblocks;
-	struct hg_lhc *lhc;   /* the current group's (glhc[cur_group]) */
+	struct hg_lhc *lhc; /* the current group's (glhc[cur_group]) */
+	struct hg_lhc_scratch lhc_scratch; /* the candidate list between them */
 	struct hg_scan *scan; /* the one-pass encode of x (lhc, union, auto) */
 	struct buf lcounts;   /* this worker's counts, one lane per block */
 	struct buf gcounts;   /* the global counts, one lane per block */

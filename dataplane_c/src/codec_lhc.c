@@ -282,6 +282,41 @@ err_free:
 	return NULL;
 }
 
+struct hg_lhc *hg_lhc_create_with(const struct hg_params *p, uint64_t first,
+				  size_t n, const int8_t *gcodes,
+				  const uint8_t *gcounts_be32,
+				  struct hg_lhc_scratch *s)
+{
+	struct hg_lhc *l = hg_lhc_create_at(p, first, n, gcodes, gcounts_be32);
+
+	if (l && s && s->cand_pos) {
+		l->cand_pos = s->cand_pos;
+		l->cand_cap = s->cand_cap;
+		s->cand_pos = NULL;
+		s->cand_cap = 0;
+	}
+	return l;
+}
+
+void hg_lhc_destroy_into(struct hg_lhc *l, struct hg_lhc_scratch *s)
+{
+	if (l && s && l->cand_cap > s->cand_cap) {
+		free(s->cand_pos);
+		s->cand_pos = l->cand_pos;
+		s->cand_cap = l->cand_cap;
+		l->cand_pos = NULL;
+		l->cand_cap = 0;
+	}
+	hg_lhc_destroy(l);
+}
+
+void hg_lhc_scratch_free(struct hg_lhc_scratch *s)
+{
+	free(s->cand_pos);
+	s->cand_pos = NULL;
+	s->cand_cap = 0;
+}
+
 void hg_lhc_destroy(struct hg_lhc *l)
 {
 	if (!l)

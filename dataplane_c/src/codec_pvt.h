@@ -241,4 +241,27 @@ struct hg_lhc *hg_lhc_create_at(const struct hg_params *p, uint64_t first,
 void hg_scan_view(const struct hg_scan *s, size_t b0, size_t nb, size_t n,
 		  struct hg_scan *view);
 
+/*
+ * An lhc's candidate list (a position per candidate, about one per element
+ * at high density: 2 bytes each) kept from one lhc to the next, as a
+ * worker's client does across its allreduces: a list allocated afresh
+ * grew by doubling and faulted its pages in on every allreduce.  The
+ * client holds the longest list so far (2 bytes per candidate of its
+ * largest tensor, rounded up to a power of two) until it is destroyed.
+ */
+struct hg_lhc_scratch {
+	uint16_t *cand_pos;
+	size_t cand_cap;
+};
+
+/* hg_lhc_create_at() starting from s's list (s is left empty; NULL: none) */
+struct hg_lhc *hg_lhc_create_with(const struct hg_params *p, uint64_t first,
+				  size_t n, const int8_t *gcodes,
+				  const uint8_t *gcounts_be32,
+				  struct hg_lhc_scratch *s);
+/* hg_lhc_destroy(l) that keeps l's list in s when it is longer than the
+ * one s holds (that one is freed) */
+void hg_lhc_destroy_into(struct hg_lhc *l, struct hg_lhc_scratch *s);
+void hg_lhc_scratch_free(struct hg_lhc_scratch *s);
+
 #endif /* HOMAGG_CODEC_PVT_H */
