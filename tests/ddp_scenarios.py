@@ -38,6 +38,14 @@ Scenarios:
              then the same 10 steps again from the same parameters with
              HookState(paths=the first run's paths), no recorder, its own
              clock
+  trial      trials of whole steps: the EmbeddingBag at 100 Mbit/s for 16
+             steps, twice, each from the same parameters with a fresh
+             HookState(trial_calls=2, trial_every=8) whose clock says HomAgg
+             took 0.8 and the group 1.2 times the group's predicted time (the
+             rule keeps HomAgg) and a step after the bucket's HomAgg call
+             lasted 1 s, one after its group call 0.9 s (first run) or 1.1 s
+             (second run) (HookState._elapsed and _step_clock replaced:
+             deterministic); saves both runs' logs, records and counters
   backend    no DDP: init_process_group("cpu:homagg"), dist.all_reduce
              SUM and AVG of float32 / float16 / bfloat16 tensors, then
              delegated collectives (int64 and MAX allreduce, broadcast,
@@ -179,6 +187,88 @@ class _FixedTimes(hgt.HookState):
         return {"homagg": 1.0 + r, "baseline": 0.5 + r / 4}[path]
 
 
+class _StepTimes(hgt.HookState):
+    """The ``trial`` scenario's hook (module doc)."""
+
+    def __init__(self, group_step, **kw):
+        self._group_step, self._t = group_step, 0.0
+        super().__init__(**kw)
+
+    def _elapsed(self, path, t0):
+        from homagg.cost import ring_ps
+
+        pb = ring_ps(self.cost, self.world_size, 800_000) * 1e-12
+        return {"homagg": 0.8, "baseline": 1.2}[path] * pb
+
+    def _step_clock(self, key, call):
+        if call:
+            last = self._timing[key].paths.get(call - 1)
+            self._t += 1.0 if last == "homagg" else self._group_step
+        return self._t
+
+
+def trial(outdir):
+    """The ``trial`` scenario (module doc)."""
+    from homagg.cost import job_cost
+
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
+    rank = dist.get_rank()
+    coeffs = {
+        "pkt_ps": 2_000_000,
+        "agg_pkt_ps": 150_000,
+        "value_ps": 1_000,
+        "lane_ps": 7_000,
+        "bitmap_ps": 400,
+        "probe_ps": 2_100,
+    }
+    slow = job_cost(100, coeffs=coeffs)
+    torch.manual_seed(5)
+    init = torch.nn.EmbeddingBag(100_000, 8, mode="sum").weight.detach().clone()
+    runs = []
+    try:
+        for group_step in (0.9, 1.1):
+            records = []
+
+            def recorder(index, x, y, params, path):
+                records.append(
+                    {"x": torch.from_numpy(x.copy()), "y": torch.from_numpy(y.copy()), "path": path}
+                )
+
+            state = _StepTimes(
+                group_step, recorder=recorder, cost=slow, trial_calls=2, trial_every=8
+            )
+            try:
+                net = torch.nn.EmbeddingBag(100_000, 8, mode="sum")
+                with torch.no_grad():
+                    net.weight.copy_(init)
+                ddp = DDP(net)
+                ddp.register_comm_hook(state, hgt.allreduce_hook)
+                opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+                log = []
+                for step in range(16):
+                    g = torch.Generator().manual_seed(1000 * rank + step)
+                    opt.zero_grad()
+                    x = torch.randint(0, 100_000, (8, 4), generator=g)
+                    t = torch.randn(8, 8, generator=g)
+                    torch.nn.functional.mse_loss(ddp(x), t).backward()
+                    opt.step()
+                    log.extend(state.take_log())
+            finally:
+                state.close()
+            runs.append(
+                {
+                    "group_step": group_step,
+                    "log": log,
+                    "records": records,
+                    "counters": dict(state.counters),
+                    "params": net.weight.detach().clone(),
+                }
+            )
+        torch.save({"init": init, "runs": runs}, os.path.join(outdir, f"rank-{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
 def baseline(outdir, measured=False):
     """The ``baseline`` and ``measured`` scenarios (module doc)."""
     from homagg.cost import job_cost
@@ -279,6 +369,8 @@ def baseline(outdir, measured=False):
 def main(scenario, outdir):
     if scenario == "backend":
         return backend(outdir)
+    if scenario == "trial":
+        return trial(outdir)
     if scenario in ("baseline", "measured"):
         return baseline(outdir, measured=scenario == "measured")
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))

@@ -954,6 +954,10 @@ def test_dead_aggregator_raises_in_backward_within_timeout_naming_it(caplog):
             "retries": 0,
             "baseline_buckets": 0,
             "density_agreements": 0,
+            "trial_calls": 0,
+            "held_calls": 0,
+            "trials": 0,
+            "trials_to_group": 0,
         }
         assert [e["path"] for e in state.take_log()] == ["fallback"]
         assert dead in caplog.text and "process group's allreduce" in caplog.text

@@ -11,7 +11,8 @@ namespace, one rank per worker namespace, tests/ddp_scenarios.py):
 - the cost model's choice of path: a dense bucket at 10 Gbit/s through the
   process group, a sparse one at 100 Mbit/s through HomAgg, replayed; and
   measured times replacing the predictions (a clock that says HomAgg is
-  slower), expiring and measured again.
+  slower), expiring and measured again; trials of whole steps (a clock
+  that says the steps are shorter, or longer, with the group's path).
 
 Checked in every case: every rank's final parameters are bit-identical; the
 ranks made the same hook calls and took the same path for each; every
@@ -314,6 +315,78 @@ def test_measured_times_replace_the_predictions_and_expire(testbed, jobs, tmp_pa
         assert [e["path"] for e in again] == want
         assert [e["seq"] for e in again] == list(range(len(want)))
         assert torch.equal(_bits(rr["again"]["params"]), _bits(res[0]["params"][1][0]))
+
+
+def test_trials_of_whole_steps_hold_the_group_only_where_its_steps_are_shorter(
+    testbed, jobs, tmp_path
+):
+    """HookState(trial_calls=2, trial_every=8) on 2 ranks, the sparse
+    bucket at 100 Mbit/s, whose measured times keep HomAgg (0.8 against
+    1.2 times the group's prediction: within trial_margin 2, so trials
+    run).  The first trial starts at call T + 1 = 3 (calls 1 and 2 are its
+    HomAgg reference), takes calls 3 and 4 to the group and is judged at
+    call 5 from the median step periods (the clock: 1 s after a HomAgg
+    call; 0.9 s after a group call in the first run, 1.1 s in the second).
+    Shorter: the group holds until call 3 + 8 - 2 = 9, calls 9 and 10 are
+    the next reference, calls 11 and 12 the next trial, judged at 13 and
+    held again.  Longer: HomAgg from each verdict on.  Every rank takes the
+    same path; HomAgg's sums equal the oracle; parameters bit-identical
+    across ranks and to a replay of the recorded sums."""
+    W = 2
+    jobs(W, tmp_path / "job.json")
+    _finish(_start(testbed, "trial", W, tmp_path, tmp_path / "job.json"))
+    res = [torch.load(tmp_path / f"rank-{r}.pt", weights_only=False) for r in range(W)]
+    H, B = "homagg", "baseline"
+    want = {
+        0.9: [H, H, H, B, B, B, B, B, B, H, H, B, B, B, B, B],
+        1.1: [H, H, H, B, B, H, H, H, H, H, H, B, B, H, H, H],
+    }
+    trials = {
+        0.9: [None, None, None, "trial", "trial"]
+        + ["held"] * 4
+        + [None, None]
+        + ["trial", "trial"]
+        + ["held"] * 3,
+        1.1: [None] * 3 + ["trial"] * 2 + [None] * 6 + ["trial"] * 2 + [None] * 3,
+    }
+    for k in range(2):
+        runs = [rr["runs"][k] for rr in res]
+        g = runs[0]["group_step"]
+        for run in runs:
+            log = sorted(run["log"], key=lambda e: e["seq"])
+            assert [e["path"] for e in log] == want[g], (g, [e["path"] for e in log])
+            assert [e["trial"] for e in log] == trials[g], (g, [e["trial"] for e in log])
+            verdicts = {e["seq"]: e["trial_step_seconds"] for e in log if e["trial_step_seconds"]}
+            assert sorted(verdicts) == [5, 13], verdicts
+            for ref, tr in verdicts.values():
+                assert ref == pytest.approx(1.0, abs=2e-6) and tr == pytest.approx(g, abs=2e-6)
+            c = run["counters"]
+            assert (c["trials"], c["trial_calls"]) == (2, 4), c
+            assert c["trials_to_group"] == (2 if g < 1 else 0), c
+            assert c["held_calls"] == (7 if g < 1 else 0), c
+            assert [r["path"] for r in run["records"]] == want[g]
+            assert torch.equal(_bits(run["params"]), _bits(runs[0]["params"]))
+        w = res[0]["init"].clone()
+        for i, path in enumerate(want[g]):
+            if path == H:
+                xs = [run["records"][i]["x"].numpy() for run in runs]
+                y = oracle_allreduce(xs, BLOCK) / np.float32(W)
+                for run in runs:
+                    assert np.array_equal(
+                        run["records"][i]["y"].numpy().view(np.uint32), y.view(np.uint32)
+                    ), (g, i)
+            else:
+                y = runs[0]["records"][i]["y"].numpy()
+                for run in runs[1:]:
+                    assert torch.equal(
+                        _bits(run["records"][i]["y"]), _bits(runs[0]["records"][i]["y"])
+                    )
+            p = torch.nn.Parameter(w)
+            opt = torch.optim.SGD([p], lr=0.1)
+            p.grad = torch.from_numpy(y.copy()).reshape(w.shape)
+            opt.step()
+            w = p.detach().clone()
+        assert torch.equal(_bits(w), _bits(runs[0]["params"])), g
 
 
 def test_torchrun_with_the_job_file_only(testbed, jobs, tmp_path):

@@ -132,6 +132,19 @@ model decides again, so a HomAgg path that got faster is tried again.
 Every input is agreed, so every rank takes the same path.  Without
 ``fallback`` there is no agreement after HomAgg and only the group's time
 is measured.
+
+Whole steps (``trial_calls=3``, ``trial_every=128``, ``trial_margin=2.0``;
+docs/TRAINING.md "Whole steps, where a bucket's time is not its cost"): a
+bucket's time is not what its path costs the iteration when the ranks
+share cores (HomAgg's CPU is taken from the other ranks' compute).  So a
+bucket that the rule sends to HomAgg with the group's time within
+``trial_margin`` times HomAgg's is sent to the group for ``trial_calls``
+calls at scheduled calls (every ``trial_every``-th, the buckets one after
+another); the hook compares the median step period (between a bucket's
+hand-overs) after those calls with the one after the ``trial_calls``
+HomAgg calls before, agreed by one allreduce MAX, and holds the group's
+path until the next trial when its steps were strictly shorter.  DDP's
+calls only (inside a backward pass).
 """
 
 import concurrent.futures
@@ -210,6 +223,14 @@ class _Timing:
     local: float | None = None
     homagg_runs: int = 0  # (the same on every rank: every rank runs the same paths)
     baseline_runs: int = 0
+    # whole steps (HookState trial_calls): the latest calls' hand-over
+    # times (call -> perf_counter) and paths (call -> path), the first
+    # call of the trial under way (None: none) and the first call after a
+    # trial's hold of the group's path
+    starts: dict = dataclasses.field(default_factory=dict)
+    paths: dict = dataclasses.field(default_factory=dict)
+    trial_from: int | None = None
+    held_until: int = 0
 
 
 def _micros(seconds):
@@ -266,6 +287,13 @@ class HookState:
     entry's "measured_homagg_seconds" / "measured_baseline_seconds" are
     the times that decided (None: the prediction decided).
 
+    ``trial_calls`` (default 3; 0: none), ``trial_every`` (default 128
+    calls, at least 2 trial_calls + 2) and ``trial_margin`` (default 2.0):
+    trials of whole steps ("Whole steps" in the module doc); a log entry's
+    "trial" is "trial" or "held" for the calls they send to the group
+    (None otherwise) and "trial_step_seconds" a verdict's two median step
+    periods, after HomAgg's calls and after the group's.
+
     ``paths`` (default None): a list, by hand-over number (a log entry's
     "seq"), of the path each bucket takes instead of the rule's choice:
     another run's log, to run it again the same way (``homagg train``
@@ -293,6 +321,9 @@ class HookState:
         density_every=16,
         measure=True,
         remeasure=128,
+        trial_calls=3,
+        trial_every=128,
+        trial_margin=2.0,
         paths=None,
     ):
         protocol.method(method)  # InvalidArgument naming the choices
@@ -333,6 +364,10 @@ class HookState:
             "retries": 0,
             "baseline_buckets": 0,
             "density_agreements": 0,
+            "trial_calls": 0,
+            "held_calls": 0,
+            "trials": 0,
+            "trials_to_group": 0,
         }
         self.last_failure = None  # the latest HomAgg failure, as the warning says it
         self._failures = 0  # consecutive agreed failures
@@ -347,6 +382,18 @@ class HookState:
         if int(remeasure) < 1:
             raise InvalidArgument(f"remeasure {remeasure}: at least 1 (calls)")
         self.measure, self.remeasure = bool(measure), int(remeasure)
+        if int(trial_calls) < 0 or (
+            int(trial_calls) and int(trial_every) < 2 * int(trial_calls) + 2
+        ):
+            raise InvalidArgument(
+                f"trial_calls {trial_calls} and trial_every {trial_every}: need "
+                "trial_calls >= 0 (0: no trials) and trial_every >= 2 trial_calls + 2 "
+                "(a trial's reference calls, its calls and its verdict fit between two)"
+            )
+        if not float(trial_margin) >= 1.0:
+            raise InvalidArgument(f"trial_margin {trial_margin}: at least 1")
+        self.trial_calls, self.trial_every = int(trial_calls), int(trial_every)
+        self.trial_margin = float(trial_margin)
         if paths is not None:
             paths = list(paths)
             bad = [p for p in paths if p not in (None, "homagg", "baseline", "fallback")]
@@ -482,6 +529,10 @@ class HookState:
         key = (index, int(x.size))
         call = self._calls_of.get(key, 0)  # this bucket's calls before this one
         self._calls_of[key] = call + 1
+        steps = self._steps(key)  # trials of whole steps: the call's hand-over
+        if steps is not None:
+            steps.starts[call] = self._step_clock(key, call)
+            steps.starts.pop(call - 2 * self.trial_calls - 2, None)
         world = np.float32(self.world_size)
         settled = threading.Event()  # the Future has its result (or the error is known)
         failure = []
@@ -495,6 +546,9 @@ class HookState:
 
         def finish(y, path, cpu, xin):
             try:
+                if steps is not None:  # before DDP's next step can read it
+                    steps.paths[call] = path
+                    steps.paths.pop(call - 2 * self.trial_calls - 2, None)
                 if path != "homagg":  # HomAgg's decoder divided already (_homagg)
                     np.divide(y, world, out=y)
                 seconds = time.perf_counter() - t0
@@ -550,6 +604,8 @@ class HookState:
                             "predicted_baseline_seconds": info.get("predicted_baseline_seconds"),
                             "measured_homagg_seconds": info.get("measured_homagg_seconds"),
                             "measured_baseline_seconds": info.get("measured_baseline_seconds"),
+                            "trial": info.get("trial"),
+                            "trial_step_seconds": info.get("trial_step_seconds"),
                         }
                     )
             except BaseException:  # noqa: BLE001 - the result is DDP's already
@@ -606,6 +662,7 @@ class HookState:
                     call=call,
                     out=self._output(key, x.size, in_backward),
                     forced=forced,
+                    steps=in_backward,
                 )
                 cpu = time.thread_time() - c0
             except BaseException as exc:
@@ -651,7 +708,7 @@ class HookState:
             in_backward = False
         forced = self.paths[seq] if self.paths is not None and seq < len(self.paths) else None
         if forced is None and self._direct_group is not None:
-            go_direct = self._direct(index, x.size, info, call)
+            go_direct = self._direct(index, x.size, info, call, steps=in_backward)
         else:
             go_direct = forced == "baseline" and self._direct_group is not None
         if go_direct:
@@ -776,7 +833,7 @@ class HookState:
         block = self.block or _cost_block()
         return True, _cost.needs_density(self.cost, self.world_size, n, self.method, block)
 
-    def _direct(self, index, n, info, call=0):
+    def _direct(self, index, n, info, call=0, steps=False):
         """True when the cost model sends this bucket to the group with no
         agreement due: DDP's thread then starts the group's allreduce
         itself, as DDP's own hook does, instead of handing the bucket to the
@@ -788,6 +845,13 @@ class HookState:
         if not rule:
             return False
         key = (index, int(n))
+        tm = self._steps(key) if steps else None
+        if tm is not None and tm.trial_from is not None:
+            # a trial's calls take the group's path; its verdict is
+            # agreed on the hook's thread
+            return self._trial_call(tm, call, info) == "baseline"
+        if tm is not None and call < tm.held_until:
+            return self._trial_call(tm, call, info) == "baseline"
         nnz_max = None
         if need_nnz:
             cached = self._nnz_cache.get(key)
@@ -852,9 +916,88 @@ class HookState:
         info["measured_homagg_seconds"], info["measured_baseline_seconds"] = h, b
         th = round(h * 1e12) if h is not None else c["homagg_ps"]
         tb = round(b * 1e12) if b is not None else c["baseline_ps"]
+        info["choice_ps"] = (th, tb)  # a trial's margin (_trial)
         return "baseline" if tb < th else "homagg"
 
-    def _reduce_sum(self, index, x, seed, info, in_place=True, call=0, out=None, forced=None):
+    # -- whole steps (``trial_calls``) --------------------------------------
+
+    def _steps(self, key):
+        """The bucket's _Timing where trials of whole steps apply (the
+        rule and its measured times on, ``trial_calls`` > 0), else None."""
+        if not (self.baseline and self.measure and self.trial_calls):
+            return None
+        return self._timing_for(key)
+
+    def _step_clock(self, key, call):
+        """The time (seconds) at which DDP handed over call ``call`` of
+        bucket ``key``: the step periods of a trial."""
+        return time.perf_counter()
+
+    def _trial_call(self, tm, call, info):
+        """The group's path for a call of a trial or of its hold ("baseline"),
+        or None at a trial's verdict (agreed on the hook's thread)."""
+        if tm.trial_from is not None:
+            if call >= tm.trial_from + self.trial_calls:
+                return None
+            info["trial"], counter = "trial", "trial_calls"
+        else:
+            info["trial"], counter = "held", "held_calls"
+        with self._log_lock:  # DDP's thread and the hook's both count here
+            self.counters[counter] += 1
+        return "baseline"
+
+    def _trial(self, tm, key, call, path, info):
+        """The path of a call of a bucket whose rule chose ``path``, with
+        trials of whole steps (on the hook's thread, DDP's calls only;
+        docs/TRAINING.md "Whole steps, where a bucket's time is not its
+        cost").  Every input is the same on every rank: the call numbers,
+        the paths taken, the times that chose ``path`` and the verdicts
+        agreed over the ranks."""
+        T = self.trial_calls
+        if tm.trial_from is not None and call >= tm.trial_from + T:
+            self._verdict(tm, call, info)
+        if tm.trial_from is not None or call < tm.held_until:
+            return self._trial_call(tm, call, info)
+        if path != "homagg":
+            return path
+        first = T + 1 + int(key[0]) * (2 * T + 1)  # the buckets' trials one after another
+        if call < first or (call - first) % self.trial_every:
+            return path
+        th, tb = info.get("choice_ps", (None, None))
+        if th is None or tb >= self.trial_margin * th:
+            return path  # HomAgg at least trial_margin times faster: no trial
+        if any(tm.paths.get(k) != "homagg" for k in range(call - T, call)):
+            return path  # the reference steps must be HomAgg's
+        tm.trial_from = call
+        self.counters["trials"] += 1
+        return self._trial_call(tm, call, info)
+
+    def _verdict(self, tm, call, info):
+        """A trial's verdict at the call after its last: the median step
+        period of its T reference calls (HomAgg) and of its T calls (the
+        group), each the MAX over the ranks (the slowest rank's); the
+        group's path held until T calls before the bucket's next trial
+        when its steps were strictly shorter."""
+        T, s = self.trial_calls, tm.trial_from
+        tm.trial_from = None
+        t = tm.starts
+        try:
+            ref = float(np.median([t[k] - t[k - 1] for k in range(s - T + 1, s + 1)]))
+            trial = float(np.median([t[k] - t[k - 1] for k in range(s + 1, s + T + 1)]))
+            mine = (0, _micros(ref), _micros(trial))
+        except KeyError:  # a call's time is missing (not DDP's): no verdict
+            mine = (1, 0, 0)
+        missing, ref_us, trial_us = self._agree_max(*mine)
+        if missing:
+            return
+        info["trial_step_seconds"] = [ref_us * 1e-6, trial_us * 1e-6]
+        if trial_us < ref_us:
+            tm.held_until = s + self.trial_every - T
+            self.counters["trials_to_group"] += 1
+
+    def _reduce_sum(
+        self, index, x, seed, info, in_place=True, call=0, out=None, forced=None, steps=False
+    ):
         """The sum of x over the ranks (the group's paths; in x itself when
         ``in_place``) or its average (HomAgg's: its decoder divides; into
         ``out`` when given, else a new array), and the path that made it
@@ -908,7 +1051,10 @@ class HookState:
                 self.method,
                 self.block or _cost_block(),
             )
-            if self._path(c, tm, call, info) == "baseline":
+            path = self._path(c, tm, call, info)
+            if steps and self._steps(key) is not None:
+                path = self._trial(tm, key, call, path, info)
+            if path == "baseline":
                 return self._group_sum_async(x, info, in_place), "baseline"
         if not self.fallback:  # no agreement after it: HomAgg's time is not measured
             return self._homagg(x, seed, info, out), "homagg"

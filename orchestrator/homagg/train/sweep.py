@@ -134,6 +134,7 @@ def run_sweep(
         steps=train_kw.get("steps"),
         warmup=train_kw.get("warmup"),
         rounds=train_kw.get("rounds", 1),
+        trials=not train_kw.get("no_trials", False),
         calibrated=bool(calibrate),
         codec_isa=codec_isa(),
         _extra_versions=("torch",),
@@ -275,6 +276,7 @@ def _row(rate, model, rep, port=None) -> dict:
                     "arrival_spread_seconds",
                     "seconds_after_last_arrival",
                     "agree_seconds",
+                    "trial_verdicts",
                 )
             }
             for b in rep.get("buckets", [])

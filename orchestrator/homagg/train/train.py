@@ -250,6 +250,7 @@ def _phase(spec, dist, torch, method, record_dir, snapshot, *, paths=None, timed
             recorder=recorder if record_dir else None,
             baseline=not spec.get("homagg_only", False),
             measure=not spec.get("predicted_only", False) and paths is None,
+            trial_calls=0 if spec.get("no_trials") else 3,
             paths=paths,
         )
         ddp.register_comm_hook(state, hgt.allreduce_hook)
@@ -382,6 +383,8 @@ def _bucket_summary(log):
         for k in _TIMES:
             if e.get(k) is not None:
                 b.setdefault(k, []).append(e[k])
+        if e.get("trial_step_seconds"):  # a trial's verdict (homagg.torch)
+            b.setdefault("trial_verdicts", []).append(list(e["trial_step_seconds"]))
     out = []
     for b in sorted(by.values(), key=lambda b: b["bucket"]):
         out.append(
@@ -396,6 +399,8 @@ def _bucket_summary(log):
                 "paths": b["paths"],
                 "agree_seconds": float(np.median(b["agree_seconds"])),
                 **{k: float(np.median(b[k])) if b.get(k) else None for k in _TIMES},
+                # per verdict: the median step with HomAgg, with the group
+                "trial_verdicts": b.get("trial_verdicts", []),
             }
         )
     return out
@@ -896,6 +901,7 @@ def rank_spec(
     local_ranks=1,
     homagg_only=False,
     predicted_only=False,
+    no_trials=False,
     rounds=1,
 ) -> dict:
     """One rank's job; ``local_ranks``: the ranks sharing its host's cores;
@@ -921,6 +927,7 @@ def rank_spec(
         local_ranks=local_ranks,
         homagg_only=homagg_only,
         predicted_only=predicted_only,
+        no_trials=no_trials,
         rounds=rounds,
     )
 
@@ -1023,6 +1030,7 @@ class TrainReport(ReportView):
     baseline_buckets: int = 0
     homagg_only: bool = False
     predicted_only: bool = False
+    no_trials: bool = False
     replay: dict | None = None
     gloo_iteration_seconds: float | None = None
     gloo_exposed_comm_seconds: float | None = None
@@ -1130,6 +1138,7 @@ def run_train(
     start_timeout: float = 120.0,
     homagg_only: bool = False,
     predicted_only: bool = False,
+    no_trials: bool = False,
     rounds: int = 1,
     warn_uncalibrated: bool = True,
 ) -> TrainReport:
@@ -1157,7 +1166,8 @@ def run_train(
     through HomAgg (no choice of the process group's allreduce by the cost
     model, homagg.torch); ``predicted_only``: the model's predictions alone
     choose each bucket's path (no measured times, homagg.torch's
-    ``measure=False``).  ``rounds`` R: the Gloo and HomAgg phases run R
+    ``measure=False``); ``no_trials``: no trials of whole steps
+    (homagg.torch's ``trial_calls=0``).  ``rounds`` R: the Gloo and HomAgg phases run R
     times, in alternating order, each from the same parameters; the
     speedup is the median of the rounds' ratios (``speedup_rounds``)."""
     from homagg.runs.allreduce import aggregator_count
@@ -1332,6 +1342,7 @@ def run_train(
                     local_ranks=pl.ranks_per_host(),
                     homagg_only=homagg_only,
                     predicted_only=predicted_only,
+                    no_trials=no_trials,
                     rounds=rounds,
                 )
             )
@@ -1395,6 +1406,7 @@ def run_train(
             run_dir=pl.run_dir,
             homagg_only=homagg_only,
             predicted_only=predicted_only,
+            no_trials=no_trials,
             cost_hint=hint,
         )
         if out_dir:
@@ -1575,6 +1587,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         'baseline")',
     )
     p.add_argument(
+        "--no-trials",
+        action="store_true",
+        help="no trials of whole steps: a bucket whose HomAgg time is within 2x of "
+        "the group's is otherwise sent to the process group for 3 steps every 128 "
+        'and held there when those steps were shorter (docs/TRAINING.md, "Whole '
+        "steps, where a bucket's time is not its cost\")",
+    )
+    p.add_argument(
         "--predicted-only",
         action="store_true",
         help="choose each bucket's path (HomAgg or the process group's allreduce) "
@@ -1646,6 +1666,7 @@ def main(args: argparse.Namespace) -> int:
                 calibrate=args.calibrate,
                 homagg_only=args.homagg_only,
                 predicted_only=args.predicted_only,
+                no_trials=args.no_trials,
                 **kw,
             )
             if args.json:
@@ -1694,6 +1715,7 @@ def main(args: argparse.Namespace) -> int:
             leaves=args.leaves,
             homagg_only=args.homagg_only,
             predicted_only=args.predicted_only,
+            no_trials=args.no_trials,
             rounds=args.rounds,
         )
     except (HomAggError, TestbedError) as e:
@@ -1781,6 +1803,11 @@ def print_report(rep: dict, as_json: bool = False) -> int:
             pred += (
                 f"; ranks handed it over {ms(b['arrival_spread_seconds'])} apart, "
                 f"{ms(b['seconds_after_last_arrival'])} after the last"
+            )
+        for ref, trial in b.get("trial_verdicts", []):
+            pred += (
+                f"; a trial of whole steps: {ms(ref)} a step with HomAgg, {ms(trial)} "
+                f"with the group -> {'the group' if trial < ref else 'HomAgg'}"
             )
         if b.get("agree_seconds"):
             pred += f"; agreeing over the process group {ms(b['agree_seconds'])}"
