@@ -39,13 +39,15 @@ Scenarios:
              HookState(paths=the first run's paths), no recorder, its own
              clock
   trial      trials of whole steps: the EmbeddingBag at 100 Mbit/s for 16
-             steps, twice, each from the same parameters with a fresh
-             HookState(trial_calls=2, trial_every=8) whose clock says HomAgg
-             took 0.8 and the group 1.2 times the group's predicted time (the
-             rule keeps HomAgg) and a step after the bucket's HomAgg call
-             lasted 1 s, one after its group call 0.9 s (first run) or 1.1 s
-             (second run) (HookState._elapsed and _step_clock replaced:
-             deterministic); saves both runs' logs, records and counters
+             steps, three times, each from the same parameters with a fresh
+             HookState(trial_calls=2, trial_every=8) whose clock says (HomAgg
+             and the group) took 0.8 and 1.2 times the group's predicted time
+             (the rule keeps HomAgg; third run: 1.2 and 0.8, the rule takes
+             the group) and a step after the bucket's HomAgg call lasted 1 s
+             and one after its group call 0.9 s (first run), 1 and 1.1 s
+             (second run), 0.9 and 1 s (third run) (HookState._elapsed and
+             _step_clock replaced: deterministic); saves the runs' logs,
+             records and counters
   backend    no DDP: init_process_group("cpu:homagg"), dist.all_reduce
              SUM and AVG of float32 / float16 / bfloat16 tensors, then
              delegated collectives (int64 and MAX allreduce, broadcast,
@@ -190,20 +192,19 @@ class _FixedTimes(hgt.HookState):
 class _StepTimes(hgt.HookState):
     """The ``trial`` scenario's hook (module doc)."""
 
-    def __init__(self, group_step, **kw):
-        self._group_step, self._t = group_step, 0.0
+    def __init__(self, times, steps, **kw):
+        self._times, self._steps_after, self._t = times, steps, 0.0
         super().__init__(**kw)
 
     def _elapsed(self, path, t0):
         from homagg.cost import ring_ps
 
         pb = ring_ps(self.cost, self.world_size, 800_000) * 1e-12
-        return {"homagg": 0.8, "baseline": 1.2}[path] * pb
+        return self._times[path] * pb
 
     def _step_clock(self, key, call):
         if call:
-            last = self._timing[key].paths.get(call - 1)
-            self._t += 1.0 if last == "homagg" else self._group_step
+            self._t += self._steps_after[self._timing[key].paths.get(call - 1)]
         return self._t
 
 
@@ -226,7 +227,12 @@ def trial(outdir):
     init = torch.nn.EmbeddingBag(100_000, 8, mode="sum").weight.detach().clone()
     runs = []
     try:
-        for group_step in (0.9, 1.1):
+        runs_of = [
+            ({"homagg": 0.8, "baseline": 1.2}, {"homagg": 1.0, "baseline": 0.9}),
+            ({"homagg": 0.8, "baseline": 1.2}, {"homagg": 1.0, "baseline": 1.1}),
+            ({"homagg": 1.2, "baseline": 0.8}, {"homagg": 0.9, "baseline": 1.0}),
+        ]
+        for times, steps_after in runs_of:
             records = []
 
             def recorder(index, x, y, params, path):
@@ -235,7 +241,7 @@ def trial(outdir):
                 )
 
             state = _StepTimes(
-                group_step, recorder=recorder, cost=slow, trial_calls=2, trial_every=8
+                times, steps_after, recorder=recorder, cost=slow, trial_calls=2, trial_every=8
             )
             try:
                 net = torch.nn.EmbeddingBag(100_000, 8, mode="sum")
@@ -257,7 +263,8 @@ def trial(outdir):
                 state.close()
             runs.append(
                 {
-                    "group_step": group_step,
+                    "times": times,
+                    "steps_after": steps_after,
                     "log": log,
                     "records": records,
                     "counters": dict(state.counters),

@@ -958,6 +958,7 @@ def test_dead_aggregator_raises_in_backward_within_timeout_naming_it(caplog):
             "held_calls": 0,
             "trials": 0,
             "trials_to_group": 0,
+            "trials_to_homagg": 0,
         }
         assert [e["path"] for e in state.take_log()] == ["fallback"]
         assert dead in caplog.text and "process group's allreduce" in caplog.text

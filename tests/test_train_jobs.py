@@ -317,64 +317,73 @@ def test_measured_times_replace_the_predictions_and_expire(testbed, jobs, tmp_pa
         assert torch.equal(_bits(rr["again"]["params"]), _bits(res[0]["params"][1][0]))
 
 
-def test_trials_of_whole_steps_hold_the_group_only_where_its_steps_are_shorter(
-    testbed, jobs, tmp_path
-):
+def test_trials_of_whole_steps_hold_the_path_whose_steps_are_shorter(testbed, jobs, tmp_path):
     """HookState(trial_calls=2, trial_every=8) on 2 ranks, the sparse
-    bucket at 100 Mbit/s, whose measured times keep HomAgg (0.8 against
-    1.2 times the group's prediction: within trial_margin 2, so trials
-    run).  The first trial starts at call T + 1 = 3 (calls 1 and 2 are its
-    HomAgg reference), takes calls 3 and 4 to the group and is judged at
-    call 5 from the median step periods (the clock: 1 s after a HomAgg
-    call; 0.9 s after a group call in the first run, 1.1 s in the second).
-    Shorter: the group holds until call 3 + 8 - 2 = 9, calls 9 and 10 are
-    the next reference, calls 11 and 12 the next trial, judged at 13 and
-    held again.  Longer: HomAgg from each verdict on.  Every rank takes the
-    same path; HomAgg's sums equal the oracle; parameters bit-identical
-    across ranks and to a replay of the recorded sums."""
+    bucket at 100 Mbit/s, with a clock for the paths' times and one for
+    the steps (tests/ddp_scenarios.py, "trial"), three runs:
+
+    1. HomAgg 0.8 and the group 1.2 times the group's prediction: the
+       rule keeps HomAgg, within trial_margin 2, so the first trial starts
+       at call T + 1 = 3 (calls 1 and 2, HomAgg, are its reference), takes
+       calls 3 and 4 to the group and is judged at call 5.  A step after a
+       group call lasts 0.9 s against 1 s: the group holds calls 5 to
+       3 + 8 - 2 = 8; calls 9 and 10 follow the rule again (the next
+       reference), calls 11 and 12 are the next trial, held from 13.
+    2. The same with 1.1 s steps after a group call: HomAgg is held.
+    3. HomAgg 1.2 and the group 0.8: the rule takes the group from call 2
+       (at call 3 the reference, calls 1 and 2, is not the group's alone,
+       so no trial); at call 11 a trial of HomAgg, whose steps (0.9 s
+       against 1 s) make it the path held from call 13.
+
+    Every rank takes the same path; HomAgg's sums equal the oracle;
+    parameters bit-identical across ranks and to a replay of the recorded
+    sums."""
     W = 2
     jobs(W, tmp_path / "job.json")
     _finish(_start(testbed, "trial", W, tmp_path, tmp_path / "job.json"))
     res = [torch.load(tmp_path / f"rank-{r}.pt", weights_only=False) for r in range(W)]
-    H, B = "homagg", "baseline"
-    want = {
-        0.9: [H, H, H, B, B, B, B, B, B, H, H, B, B, B, B, B],
-        1.1: [H, H, H, B, B, H, H, H, H, H, H, B, B, H, H, H],
-    }
-    trials = {
-        0.9: [None, None, None, "trial", "trial"]
-        + ["held"] * 4
-        + [None, None]
-        + ["trial", "trial"]
-        + ["held"] * 3,
-        1.1: [None] * 3 + ["trial"] * 2 + [None] * 6 + ["trial"] * 2 + [None] * 3,
-    }
-    for k in range(2):
+    H, B, tr, hd = "homagg", "baseline", "trial", "held"
+    want = [
+        [H, H, H, B, B, B, B, B, B, H, H, B, B, B, B, B],
+        [H, H, H, B, B, H, H, H, H, H, H, B, B, H, H, H],
+        [H, H, B, B, B, B, B, B, B, B, B, H, H, H, H, H],
+    ]
+    marks = [[None] * 3 + [tr] * 2 + [hd] * 4 + [None] * 2 + [tr] * 2 + [hd] * 3] * 2 + [
+        [None] * 11 + [tr] * 2 + [hd] * 3
+    ]
+    # per run: the verdicts' calls and (HomAgg's, the group's median step, the path held)
+    verdicts = [
+        {5: (1.0, 0.9, B), 13: (1.0, 0.9, B)},
+        {5: (1.0, 1.1, H), 13: (1.0, 1.1, H)},
+        {13: (0.9, 1.0, H)},
+    ]
+    for k in range(3):
         runs = [rr["runs"][k] for rr in res]
-        g = runs[0]["group_step"]
         for run in runs:
             log = sorted(run["log"], key=lambda e: e["seq"])
-            assert [e["path"] for e in log] == want[g], (g, [e["path"] for e in log])
-            assert [e["trial"] for e in log] == trials[g], (g, [e["trial"] for e in log])
-            verdicts = {e["seq"]: e["trial_step_seconds"] for e in log if e["trial_step_seconds"]}
-            assert sorted(verdicts) == [5, 13], verdicts
-            for ref, tr in verdicts.values():
-                assert ref == pytest.approx(1.0, abs=2e-6) and tr == pytest.approx(g, abs=2e-6)
+            assert [e["path"] for e in log] == want[k], (k, [e["path"] for e in log])
+            assert [e["trial"] for e in log] == marks[k], (k, [e["trial"] for e in log])
+            got = {e["seq"]: e["trial_step_seconds"] for e in log if e["trial_step_seconds"]}
+            assert sorted(got) == sorted(verdicts[k]), (k, got)
+            for call, (h, g, held) in verdicts[k].items():
+                v = got[call]
+                assert v["homagg"] == pytest.approx(h, abs=2e-6), (k, v)
+                assert v["baseline"] == pytest.approx(g, abs=2e-6), (k, v)
+                assert v["held"] == held, (k, v)
             c = run["counters"]
-            assert (c["trials"], c["trial_calls"]) == (2, 4), c
-            assert c["trials_to_group"] == (2 if g < 1 else 0), c
-            assert c["held_calls"] == (7 if g < 1 else 0), c
-            assert [r["path"] for r in run["records"]] == want[g]
+            held = [v[2] for v in verdicts[k].values()]
+            assert c["trials"] == len(verdicts[k]) and c["trial_calls"] == 2 * c["trials"], c
+            assert (c["trials_to_group"], c["trials_to_homagg"]) == (held.count(B), held.count(H))
+            assert c["held_calls"] == marks[k].count(hd), c
+            assert [r["path"] for r in run["records"]] == want[k]
             assert torch.equal(_bits(run["params"]), _bits(runs[0]["params"]))
         w = res[0]["init"].clone()
-        for i, path in enumerate(want[g]):
+        for i, path in enumerate(want[k]):
             if path == H:
-                xs = [run["records"][i]["x"].numpy() for run in runs]
-                y = oracle_allreduce(xs, BLOCK) / np.float32(W)
+                y = oracle_allreduce([run["records"][i]["x"].numpy() for run in runs], BLOCK)
+                y = y / np.float32(W)
                 for run in runs:
-                    assert np.array_equal(
-                        run["records"][i]["y"].numpy().view(np.uint32), y.view(np.uint32)
-                    ), (g, i)
+                    assert torch.equal(_bits(run["records"][i]["y"]), _bits(torch.from_numpy(y)))
             else:
                 y = runs[0]["records"][i]["y"].numpy()
                 for run in runs[1:]:
@@ -386,7 +395,7 @@ def test_trials_of_whole_steps_hold_the_group_only_where_its_steps_are_shorter(
             p.grad = torch.from_numpy(y.copy()).reshape(w.shape)
             opt.step()
             w = p.detach().clone()
-        assert torch.equal(_bits(w), _bits(runs[0]["params"])), g
+        assert torch.equal(_bits(w), _bits(runs[0]["params"])), k
 
 
 def test_torchrun_with_the_job_file_only(testbed, jobs, tmp_path):

@@ -137,14 +137,14 @@ Whole steps (``trial_calls=3``, ``trial_every=128``, ``trial_margin=2.0``;
 docs/TRAINING.md "Whole steps, where a bucket's time is not its cost"): a
 bucket's time is not what its path costs the iteration when the ranks
 share cores (HomAgg's CPU is taken from the other ranks' compute).  So a
-bucket that the rule sends to HomAgg with the group's time within
-``trial_margin`` times HomAgg's is sent to the group for ``trial_calls``
-calls at scheduled calls (every ``trial_every``-th, the buckets one after
-another); the hook compares the median step period (between a bucket's
-hand-overs) after those calls with the one after the ``trial_calls``
-HomAgg calls before, agreed by one allreduce MAX, and holds the group's
-path until the next trial when its steps were strictly shorter.  DDP's
-calls only (inside a backward pass).
+bucket whose two times (measured or predicted) are within
+``trial_margin`` of each other takes the other path than the rule's for
+``trial_calls`` calls at scheduled calls (every ``trial_every``-th, the
+buckets one after another); the hook compares the median step period
+(between a bucket's hand-overs) after those calls with the one after the
+``trial_calls`` calls of the rule's path before, agreed by one allreduce
+MAX, and holds the path of the strictly shorter steps until the next
+trial.  DDP's calls only (inside a backward pass).
 """
 
 import concurrent.futures
@@ -224,12 +224,16 @@ class _Timing:
     homagg_runs: int = 0  # (the same on every rank: every rank runs the same paths)
     baseline_runs: int = 0
     # whole steps (HookState trial_calls): the latest calls' hand-over
-    # times (call -> perf_counter) and paths (call -> path), the first
-    # call of the trial under way (None: none) and the first call after a
-    # trial's hold of the group's path
+    # times (call -> perf_counter) and paths (call -> path); the trial
+    # under way (its first call, None: none; the path it tries and the
+    # rule's, whose calls before it are its reference); a verdict's path
+    # and the first call after its hold
     starts: dict = dataclasses.field(default_factory=dict)
     paths: dict = dataclasses.field(default_factory=dict)
     trial_from: int | None = None
+    trial_path: str = "baseline"
+    ref_path: str = "homagg"
+    held_path: str = "homagg"
     held_until: int = 0
 
 
@@ -290,9 +294,10 @@ class HookState:
     ``trial_calls`` (default 3; 0: none), ``trial_every`` (default 128
     calls, at least 2 trial_calls + 2) and ``trial_margin`` (default 2.0):
     trials of whole steps ("Whole steps" in the module doc); a log entry's
-    "trial" is "trial" or "held" for the calls they send to the group
-    (None otherwise) and "trial_step_seconds" a verdict's two median step
-    periods, after HomAgg's calls and after the group's.
+    "trial" is "trial" or "held" for the calls whose path they set (None
+    otherwise) and "trial_step_seconds" a verdict: {"homagg", "baseline":
+    the median step periods after each path's calls, "held": the path
+    held}.
 
     ``paths`` (default None): a list, by hand-over number (a log entry's
     "seq"), of the path each bucket takes instead of the rule's choice:
@@ -368,6 +373,7 @@ class HookState:
             "held_calls": 0,
             "trials": 0,
             "trials_to_group": 0,
+            "trials_to_homagg": 0,
         }
         self.last_failure = None  # the latest HomAgg failure, as the warning says it
         self._failures = 0  # consecutive agreed failures
@@ -846,12 +852,15 @@ class HookState:
             return False
         key = (index, int(n))
         tm = self._steps(key) if steps else None
-        if tm is not None and tm.trial_from is not None:
-            # a trial's calls take the group's path; its verdict is
-            # agreed on the hook's thread
-            return self._trial_call(tm, call, info) == "baseline"
-        if tm is not None and call < tm.held_until:
-            return self._trial_call(tm, call, info) == "baseline"
+        if tm is not None and (tm.trial_from is not None or call < tm.held_until):
+            # a trial's or a hold's call to the group starts here; HomAgg's
+            # and a trial's verdict (agreed) run on the hook's thread
+            if self._trial_call(tm, call) != "baseline":
+                return False
+            self._count_trial_call(tm, info)
+            return True
+        if tm is not None and self._trial_may_start(key, call):
+            return False  # whether a trial starts is decided on the hook's thread
         nnz_max = None
         if need_nnz:
             cached = self._nnz_cache.get(key)
@@ -933,18 +942,29 @@ class HookState:
         bucket ``key``: the step periods of a trial."""
         return time.perf_counter()
 
-    def _trial_call(self, tm, call, info):
-        """The group's path for a call of a trial or of its hold ("baseline"),
-        or None at a trial's verdict (agreed on the hook's thread)."""
+    def _trial_may_start(self, key, call):
+        """Whether a trial of bucket ``key`` may start at ``call``: its
+        calls ``T + 1 + index (2T + 1) + m trial_every`` (the buckets'
+        trials one after another)."""
+        T = self.trial_calls
+        first = T + 1 + int(key[0]) * (2 * T + 1)
+        return call >= first and (call - first) % self.trial_every == 0
+
+    def _trial_call(self, tm, call):
+        """The path of a call of a trial under way or of a verdict's hold,
+        None at a trial's verdict (agreed on the hook's thread)."""
         if tm.trial_from is not None:
-            if call >= tm.trial_from + self.trial_calls:
-                return None
+            return tm.trial_path if call < tm.trial_from + self.trial_calls else None
+        return tm.held_path
+
+    def _count_trial_call(self, tm, info):
+        """The log's and the counters' note of a trial's or a hold's call."""
+        if tm.trial_from is not None:
             info["trial"], counter = "trial", "trial_calls"
         else:
             info["trial"], counter = "held", "held_calls"
         with self._log_lock:  # DDP's thread and the hook's both count here
             self.counters[counter] += 1
-        return "baseline"
 
     def _trial(self, tm, key, call, path, info):
         """The path of a call of a bucket whose rule chose ``path``, with
@@ -957,27 +977,27 @@ class HookState:
         if tm.trial_from is not None and call >= tm.trial_from + T:
             self._verdict(tm, call, info)
         if tm.trial_from is not None or call < tm.held_until:
-            return self._trial_call(tm, call, info)
-        if path != "homagg":
-            return path
-        first = T + 1 + int(key[0]) * (2 * T + 1)  # the buckets' trials one after another
-        if call < first or (call - first) % self.trial_every:
+            self._count_trial_call(tm, info)
+            return self._trial_call(tm, call)
+        if not self._trial_may_start(key, call):
             return path
         th, tb = info.get("choice_ps", (None, None))
-        if th is None or tb >= self.trial_margin * th:
-            return path  # HomAgg at least trial_margin times faster: no trial
-        if any(tm.paths.get(k) != "homagg" for k in range(call - T, call)):
-            return path  # the reference steps must be HomAgg's
-        tm.trial_from = call
+        if th is None or max(th, tb) >= self.trial_margin * min(th, tb):
+            return path  # one path at least trial_margin times faster: no trial
+        if any(tm.paths.get(k) != path for k in range(call - T, call)):
+            return path  # the reference steps must be the rule's path
+        tm.trial_from, tm.ref_path = call, path
+        tm.trial_path = "baseline" if path == "homagg" else "homagg"
         self.counters["trials"] += 1
-        return self._trial_call(tm, call, info)
+        self._count_trial_call(tm, info)
+        return tm.trial_path
 
     def _verdict(self, tm, call, info):
         """A trial's verdict at the call after its last: the median step
-        period of its T reference calls (HomAgg) and of its T calls (the
-        group), each the MAX over the ranks (the slowest rank's); the
-        group's path held until T calls before the bucket's next trial
-        when its steps were strictly shorter."""
+        period after its T reference calls (the rule's path) and after its
+        T calls (the other path), each the MAX over the ranks (the slowest
+        rank's); the path of the strictly shorter steps (the rule's on a
+        tie) held until T calls before the bucket's next trial."""
         T, s = self.trial_calls, tm.trial_from
         tm.trial_from = None
         t = tm.starts
@@ -990,10 +1010,15 @@ class HookState:
         missing, ref_us, trial_us = self._agree_max(*mine)
         if missing:
             return
-        info["trial_step_seconds"] = [ref_us * 1e-6, trial_us * 1e-6]
-        if trial_us < ref_us:
-            tm.held_until = s + self.trial_every - T
-            self.counters["trials_to_group"] += 1
+        tm.held_path = tm.trial_path if trial_us < ref_us else tm.ref_path
+        tm.held_until = s + self.trial_every - T
+        median = {tm.ref_path: ref_us * 1e-6, tm.trial_path: trial_us * 1e-6}
+        info["trial_step_seconds"] = {
+            "homagg": median["homagg"],
+            "baseline": median["baseline"],
+            "held": tm.held_path,
+        }
+        self.counters["trials_to_group" if tm.held_path == "baseline" else "trials_to_homagg"] += 1
 
     def _reduce_sum(
         self, index, x, seed, info, in_place=True, call=0, out=None, forced=None, steps=False

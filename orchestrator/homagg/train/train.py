@@ -384,7 +384,7 @@ def _bucket_summary(log):
             if e.get(k) is not None:
                 b.setdefault(k, []).append(e[k])
         if e.get("trial_step_seconds"):  # a trial's verdict (homagg.torch)
-            b.setdefault("trial_verdicts", []).append(list(e["trial_step_seconds"]))
+            b.setdefault("trial_verdicts", []).append(dict(e["trial_step_seconds"]))
     out = []
     for b in sorted(by.values(), key=lambda b: b["bucket"]):
         out.append(
@@ -399,7 +399,8 @@ def _bucket_summary(log):
                 "paths": b["paths"],
                 "agree_seconds": float(np.median(b["agree_seconds"])),
                 **{k: float(np.median(b[k])) if b.get(k) else None for k in _TIMES},
-                # per verdict: the median step with HomAgg, with the group
+                # per verdict: the median step after HomAgg's calls and
+                # after the group's, and the path held
                 "trial_verdicts": b.get("trial_verdicts", []),
             }
         )
@@ -1589,10 +1590,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--no-trials",
         action="store_true",
-        help="no trials of whole steps: a bucket whose HomAgg time is within 2x of "
-        "the group's is otherwise sent to the process group for 3 steps every 128 "
-        'and held there when those steps were shorter (docs/TRAINING.md, "Whole '
-        "steps, where a bucket's time is not its cost\")",
+        help="no trials of whole steps: otherwise a bucket whose HomAgg and group "
+        "times are within 2x of each other takes the other path than the rule's for 3 "
+        "steps every 128, and the path whose steps were shorter is held until the next "
+        'trial (docs/TRAINING.md, "Whole steps, where a bucket\'s time is not its cost")',
     )
     p.add_argument(
         "--predicted-only",
@@ -1804,10 +1805,11 @@ def print_report(rep: dict, as_json: bool = False) -> int:
                 f"; ranks handed it over {ms(b['arrival_spread_seconds'])} apart, "
                 f"{ms(b['seconds_after_last_arrival'])} after the last"
             )
-        for ref, trial in b.get("trial_verdicts", []):
+        for v in b.get("trial_verdicts", []):
             pred += (
-                f"; a trial of whole steps: {ms(ref)} a step with HomAgg, {ms(trial)} "
-                f"with the group -> {'the group' if trial < ref else 'HomAgg'}"
+                f"; a trial of whole steps: {ms(v['homagg'])} a step with HomAgg, "
+                f"{ms(v['baseline'])} with the group -> "
+                + ("the group" if v["held"] == "baseline" else "HomAgg")
             )
         if b.get("agree_seconds"):
             pred += f"; agreeing over the process group {ms(b['agree_seconds'])}"
