@@ -133,8 +133,9 @@ Every input is agreed, so every rank takes the same path.  Without
 ``fallback`` there is no agreement after HomAgg and only the group's time
 is measured.
 
-Whole steps (``trial_calls=3``, ``trial_every=128``, ``trial_margin=2.0``;
-docs/TRAINING.md "Whole steps, where a bucket's time is not its cost"): a
+Whole steps (``trial_calls``, off by default: 0; for example 3, with
+``trial_every=128`` and ``trial_margin=2.0``, the defaults; docs/TRAINING.md
+"Whole steps, where a bucket's time is not its cost"): a
 bucket's time is not what its path costs the iteration when the ranks
 share cores (HomAgg's CPU is taken from the other ranks' compute).  So a
 bucket whose two times (measured or predicted) are within
@@ -291,8 +292,9 @@ class HookState:
     entry's "measured_homagg_seconds" / "measured_baseline_seconds" are
     the times that decided (None: the prediction decided).
 
-    ``trial_calls`` (default 3; 0: none), ``trial_every`` (default 128
-    calls, at least 2 trial_calls + 2) and ``trial_margin`` (default 2.0):
+    ``trial_calls`` (default 0: none; for example 3), ``trial_every``
+    (default 128 calls, at least 2 trial_calls + 2) and ``trial_margin``
+    (default 2.0):
     trials of whole steps ("Whole steps" in the module doc); a log entry's
     "trial" is "trial" or "held" for the calls whose path they set (None
     otherwise) and "trial_step_seconds" a verdict: {"homagg", "baseline":
@@ -326,7 +328,7 @@ class HookState:
         density_every=16,
         measure=True,
         remeasure=128,
-        trial_calls=3,
+        trial_calls=0,
         trial_every=128,
         trial_margin=2.0,
         paths=None,

@@ -10,7 +10,7 @@ here=$(cd "$(dirname "$0")/../../.." && pwd)
 mkdir -p "$out"
 for i in $(seq 1 "$pairs"); do
   for mode in trials no_trials; do
-    flag=; [ "$mode" = no_trials ] && flag=--no-trials
+    flag=; [ "$mode" = trials ] && flag=--trials
     d="$out/${mode}_$i"
     /work/shared/tools/quiet-run "$here/.venv/bin/homagg" train --link-mbit 1000 --mtu 1500 \
       --model "$models" --method auto --steps 12 --warmup 2 --rounds 3 $flag --out "$d" \

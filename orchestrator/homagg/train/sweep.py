@@ -134,7 +134,7 @@ def run_sweep(
         steps=train_kw.get("steps"),
         warmup=train_kw.get("warmup"),
         rounds=train_kw.get("rounds", 1),
-        trials=not train_kw.get("no_trials", False),
+        trials=bool(train_kw.get("trials", False)),
         calibrated=bool(calibrate),
         codec_isa=codec_isa(),
         _extra_versions=("torch",),

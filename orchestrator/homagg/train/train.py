@@ -250,7 +250,7 @@ def _phase(spec, dist, torch, method, record_dir, snapshot, *, paths=None, timed
             recorder=recorder if record_dir else None,
             baseline=not spec.get("homagg_only", False),
             measure=not spec.get("predicted_only", False) and paths is None,
-            trial_calls=0 if spec.get("no_trials") else 3,
+            trial_calls=3 if spec.get("trials") else 0,
             paths=paths,
         )
         ddp.register_comm_hook(state, hgt.allreduce_hook)
@@ -902,7 +902,7 @@ def rank_spec(
     local_ranks=1,
     homagg_only=False,
     predicted_only=False,
-    no_trials=False,
+    trials=False,
     rounds=1,
 ) -> dict:
     """One rank's job; ``local_ranks``: the ranks sharing its host's cores;
@@ -928,7 +928,7 @@ def rank_spec(
         local_ranks=local_ranks,
         homagg_only=homagg_only,
         predicted_only=predicted_only,
-        no_trials=no_trials,
+        trials=trials,
         rounds=rounds,
     )
 
@@ -1031,7 +1031,7 @@ class TrainReport(ReportView):
     baseline_buckets: int = 0
     homagg_only: bool = False
     predicted_only: bool = False
-    no_trials: bool = False
+    trials: bool = False
     replay: dict | None = None
     gloo_iteration_seconds: float | None = None
     gloo_exposed_comm_seconds: float | None = None
@@ -1139,7 +1139,7 @@ def run_train(
     start_timeout: float = 120.0,
     homagg_only: bool = False,
     predicted_only: bool = False,
-    no_trials: bool = False,
+    trials: bool = False,
     rounds: int = 1,
     warn_uncalibrated: bool = True,
 ) -> TrainReport:
@@ -1167,8 +1167,8 @@ def run_train(
     through HomAgg (no choice of the process group's allreduce by the cost
     model, homagg.torch); ``predicted_only``: the model's predictions alone
     choose each bucket's path (no measured times, homagg.torch's
-    ``measure=False``); ``no_trials``: no trials of whole steps
-    (homagg.torch's ``trial_calls=0``).  ``rounds`` R: the Gloo and HomAgg phases run R
+    ``measure=False``); ``trials``: trials of whole steps
+    (homagg.torch's ``trial_calls=3``).  ``rounds`` R: the Gloo and HomAgg phases run R
     times, in alternating order, each from the same parameters; the
     speedup is the median of the rounds' ratios (``speedup_rounds``)."""
     from homagg.runs.allreduce import aggregator_count
@@ -1343,7 +1343,7 @@ def run_train(
                     local_ranks=pl.ranks_per_host(),
                     homagg_only=homagg_only,
                     predicted_only=predicted_only,
-                    no_trials=no_trials,
+                    trials=trials,
                     rounds=rounds,
                 )
             )
@@ -1407,7 +1407,7 @@ def run_train(
             run_dir=pl.run_dir,
             homagg_only=homagg_only,
             predicted_only=predicted_only,
-            no_trials=no_trials,
+            trials=trials,
             cost_hint=hint,
         )
         if out_dir:
@@ -1588,12 +1588,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         'baseline")',
     )
     p.add_argument(
-        "--no-trials",
+        "--trials",
         action="store_true",
-        help="no trials of whole steps: otherwise a bucket whose HomAgg and group "
-        "times are within 2x of each other takes the other path than the rule's for 3 "
-        "steps every 128, and the path whose steps were shorter is held until the next "
-        'trial (docs/TRAINING.md, "Whole steps, where a bucket\'s time is not its cost")',
+        help="trials of whole steps: a bucket whose HomAgg and group times are "
+        "within 2x of each other takes the other path than the rule's for 3 steps "
+        "every 128, and the path whose steps were shorter is held until the next "
+        "trial (docs/TRAINING.md, \"Whole steps, where a bucket's time is not its "
+        "cost\"; off by default: measured, it did not beat the host's noise)",
     )
     p.add_argument(
         "--predicted-only",
@@ -1667,7 +1668,7 @@ def main(args: argparse.Namespace) -> int:
                 calibrate=args.calibrate,
                 homagg_only=args.homagg_only,
                 predicted_only=args.predicted_only,
-                no_trials=args.no_trials,
+                trials=args.trials,
                 **kw,
             )
             if args.json:
@@ -1716,7 +1717,7 @@ def main(args: argparse.Namespace) -> int:
             leaves=args.leaves,
             homagg_only=args.homagg_only,
             predicted_only=args.predicted_only,
-            no_trials=args.no_trials,
+            trials=args.trials,
             rounds=args.rounds,
         )
     except (HomAggError, TestbedError) as e:
