@@ -169,6 +169,10 @@ def test_w256_tree_under_loss_resends_no_copy_on_its_way():
         resent = sum(e["up_retransmissions"] for e in leaves)
         assert sent >= L * 256 and cl.fabric_counters()["dropped_loss"] > 0
         assert resent <= sent / 2, (resent, sent)
+        # every resend has its cause, and the root sends nothing up
+        for e in leaves:
+            assert sum(_causes(e)) == e["up_retransmissions"], e
+        assert sum(_causes(root)) == root["up_retransmissions"] == 0
 
 
 def test_results_are_multicast_at_each_level():
@@ -1026,6 +1030,7 @@ def test_leaf_engine_timers_and_worker_retransmissions():
     assert eng.next_deadline == sent[-1] + 600_000 + 8_000_000
     c = eng.counters()
     assert c["summed"] == 2 and c["duplicates"] == 2 and c["up_retransmissions"] == 4
+    assert _causes(c) == (3, 0, 0, 1)  # three expiries, one worker's resend
     # the give-up time (10 ms after the first send) passes: abandoned once
     port.set_time(t0 + 20_000_000)
     assert eng.timers() == 0 and port.pop_all() == []
@@ -1074,6 +1079,7 @@ def test_leaf_upward_timeout_follows_the_round_trip_to_the_root():
     # USRTT 1.7 ms, URTTVAR 0.85 ms: 5.1 ms, the doubling ended
     assert eng.next_deadline == t0 + 4_000_000 + 5_100_000
     assert eng.counters()["up_retransmissions"] == 1
+    assert _causes(eng.counters()) == (1, 0, 0, 0)  # the timer's
 
 
 def test_leaf_waits_out_the_holdoff_on_a_root_status_that_lacks_it():
@@ -1135,6 +1141,14 @@ def test_leaf_waits_out_the_holdoff_on_a_root_status_that_lacks_it():
     # a STATUS lacking it after the hold-off: at once
     out = status(2, lacking, t2 + 70_000)
     assert len(out) == 1 and out[0].flags & FLAG_RETRANS and out[0].seq == 2
+    # all three for a root STATUS lacking the leaf: at once, put off, at once
+    assert eng.counters()["up_retransmissions"] == 3
+    assert _causes(eng.counters()) == (0, 0, 3, 0)
+
+
+def _causes(c):
+    """A leaf's up_retransmissions by cause: timer, overtaken, lacking, worker."""
+    return tuple(c[f"up_resent_{k}"] for k in ("timer", "overtaken", "lacking", "worker"))
 
 
 def _parse(f):
@@ -1700,6 +1714,7 @@ def test_leaf_resends_a_partial_sum_that_later_results_overtook():
     assert len(up) == 1 and up[0].seq == 4 and up[0].flags & FLAG_RETRANS
     c = eng.counters()
     assert (c["up_sent"], c["up_retransmissions"], c["up_results"]) == (11, 2, 10)
+    assert _causes(c) == (0, 2, 0, 0)  # both overtaken
 
 
 def test_leaf_sends_its_loss_report_up():

@@ -300,7 +300,8 @@ void hg_eng_up_forward(struct hg_engine *e, struct hg_job *j, struct hg_set *s,
  * here: counted once).
  */
 static void up_asked(struct hg_engine *e, struct hg_job *j, struct hg_set *s,
-		     const uint8_t *acc, uint64_t holdoff_ns, struct hg_pkt **reuse)
+		     const uint8_t *acc, uint64_t holdoff_ns,
+		     enum hg_counter cause, struct hg_pkt **reuse)
 {
 	struct hg_up_timer *t = &j->up[s - j->sets];
 	uint64_t now = hg_port_now(e->port);
@@ -312,6 +313,7 @@ static void up_asked(struct hg_engine *e, struct hg_job *j, struct hg_set *s,
 		count(e, j, HG_CNT_UP_ABANDONED);
 		return;
 	}
+	count(e, j, cause);
 	up_send(e, j, s, acc, UP_ASKED, reuse);
 }
 
@@ -335,7 +337,7 @@ static void up_overtaken(struct hg_engine *e, struct hg_job *j,
 			continue;
 		if (++t->overtaken >= UP_DUPTHRESH)
 			up_asked(e, j, &j->sets[i], j->acc + i * j->acc_stride,
-				 0, NULL);
+				 0, HG_CNT_UP_RESENT_OVERTAKEN, NULL);
 	}
 }
 
@@ -386,7 +388,7 @@ static void up_lacking(struct hg_engine *e, struct hg_job *j, struct hg_set *s,
 	uint64_t h = j->up_reply_have ? up_holdoff(j) : 0;
 
 	if (t->due_ns == UINT64_MAX || now - t->sent_ns >= h) {
-		up_asked(e, j, s, acc, 0, reuse);
+		up_asked(e, j, s, acc, 0, HG_CNT_UP_RESENT_LACKING, reuse);
 		return;
 	}
 	if (!t->deferred || t->sent_ns + h < t->due_ns)
@@ -407,7 +409,7 @@ void hg_eng_up_worker_retrans(struct hg_engine *e, struct hg_job *j,
 			      struct hg_pkt **reuse)
 {
 	hg_eng_send_status(e, j, s, w, reuse);
-	up_asked(e, j, s, acc, up_holdoff(j), NULL);
+	up_asked(e, j, s, acc, up_holdoff(j), HG_CNT_UP_RESENT_WORKER, NULL);
 }
 
 /*
@@ -805,6 +807,7 @@ int hg_engine_timers(struct hg_engine *e)
 				continue;
 			}
 			if (t->deferred) { /* asked for: no expiry */
+				count(e, j, HG_CNT_UP_RESENT_LACKING);
 				up_send(e, j, &j->sets[i],
 					j->acc + i * j->acc_stride, UP_ASKED,
 					NULL);
@@ -812,6 +815,7 @@ int hg_engine_timers(struct hg_engine *e)
 				continue;
 			}
 			up_expired(j, t, now);
+			count(e, j, HG_CNT_UP_RESENT_TIMER);
 			up_send(e, j, &j->sets[i], j->acc + i * j->acc_stride,
 				UP_TIMER, NULL);
 			resent++;

@@ -37,6 +37,13 @@ EVENT_METRICS = {
     "incarnation_resets": ("incarnation_resets", "sets emptied by a worker's new incarnation"),
     "up_sent": ("up_sent", "tree leaf: partial sums sent up"),
     "up_retransmissions": ("up_retransmissions", "tree leaf: partial sums sent up again"),
+    "up_resent_timer": ("up_resent_timer", "tree leaf: sent up again at their timer"),
+    "up_resent_overtaken": (
+        "up_resent_overtaken",
+        "tree leaf: sent up again, overtaken by later sets' results",
+    ),
+    "up_resent_lacking": ("up_resent_lacking", "tree leaf: sent up again, a root STATUS lacked it"),
+    "up_resent_worker": ("up_resent_worker", "tree leaf: sent up again for a worker's resend"),
     "up_results": ("up_results", "tree leaf: root results accepted"),
     "up_status": ("up_status", "tree leaf: STATUS frames from the root"),
     "up_abandoned": ("up_abandoned", "tree leaf: forwarded sets no longer resent"),
