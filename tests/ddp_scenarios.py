@@ -66,6 +66,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import homagg.torch as hgt
+from homagg.cost import DEFAULT_COEFFICIENTS
 from homagg.errors import PeerTimeout
 
 from helpers import wait_for  # tests/ is sys.path[0]: this file runs as a script
@@ -189,6 +190,30 @@ class _FixedTimes(hgt.HookState):
         return {"homagg": 1.0 + r, "baseline": 0.5 + r / 4}[path]
 
 
+# the cost model's CPU coefficients of the ``baseline``, ``measured`` and
+# ``trial`` scenarios: the built-in ones without the split-block filter's
+COEFFS = {k: v for k, v in DEFAULT_COEFFICIENTS.items() if k != "sbbf_ps"}
+
+
+def _sparse_steps(net, state, rank, steps):
+    """DDP steps of the EmbeddingBag ``net`` through ``state``'s hook, the
+    batch of each step seeded by the rank and the step number; returns
+    the hook's log."""
+    ddp = DDP(net)
+    ddp.register_comm_hook(state, hgt.allreduce_hook)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    log = []
+    for step in steps:
+        g = torch.Generator().manual_seed(1000 * rank + step)
+        opt.zero_grad()
+        x = torch.randint(0, 100_000, (8, 4), generator=g)
+        t = torch.randn(8, 8, generator=g)
+        torch.nn.functional.mse_loss(ddp(x), t).backward()
+        opt.step()
+        log.extend(state.take_log())
+    return log
+
+
 class _StepTimes(hgt.HookState):
     """The ``trial`` scenario's hook (module doc)."""
 
@@ -214,15 +239,7 @@ def trial(outdir):
 
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
     rank = dist.get_rank()
-    coeffs = {
-        "pkt_ps": 2_000_000,
-        "agg_pkt_ps": 150_000,
-        "value_ps": 1_000,
-        "lane_ps": 7_000,
-        "bitmap_ps": 400,
-        "probe_ps": 2_100,
-    }
-    slow = job_cost(100, coeffs=coeffs)
+    slow = job_cost(100, coeffs=COEFFS)
     torch.manual_seed(5)
     init = torch.nn.EmbeddingBag(100_000, 8, mode="sum").weight.detach().clone()
     runs = []
@@ -247,18 +264,7 @@ def trial(outdir):
                 net = torch.nn.EmbeddingBag(100_000, 8, mode="sum")
                 with torch.no_grad():
                     net.weight.copy_(init)
-                ddp = DDP(net)
-                ddp.register_comm_hook(state, hgt.allreduce_hook)
-                opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
-                log = []
-                for step in range(16):
-                    g = torch.Generator().manual_seed(1000 * rank + step)
-                    opt.zero_grad()
-                    x = torch.randint(0, 100_000, (8, 4), generator=g)
-                    t = torch.randn(8, 8, generator=g)
-                    torch.nn.functional.mse_loss(ddp(x), t).backward()
-                    opt.step()
-                    log.extend(state.take_log())
+                log = _sparse_steps(net, state, rank, range(16))
             finally:
                 state.close()
             runs.append(
@@ -294,15 +300,7 @@ def baseline(outdir, measured=False):
             }
         )
 
-    coeffs = {
-        "pkt_ps": 2_000_000,
-        "agg_pkt_ps": 150_000,
-        "value_ps": 1_000,
-        "lane_ps": 7_000,
-        "bitmap_ps": 400,
-        "probe_ps": 2_100,
-    }
-    fast, slow = job_cost(10000, coeffs=coeffs), job_cost(100, coeffs=coeffs)
+    fast, slow = job_cost(10000, coeffs=COEFFS), job_cost(100, coeffs=COEFFS)
     if measured:
         state = _FixedTimes(recorder=recorder, cost=slow, remeasure=4)
     else:
@@ -342,18 +340,7 @@ def baseline(outdir, measured=False):
                 net.weight.copy_(init[1])
             again_state = hgt.HookState(cost=slow, paths=paths)
             try:
-                ddp = DDP(net)
-                ddp.register_comm_hook(again_state, hgt.allreduce_hook)
-                opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
-                again_log = []
-                for step in range(10):
-                    g = torch.Generator().manual_seed(1000 * rank + 10 + step)
-                    opt.zero_grad()
-                    x = torch.randint(0, 100_000, (8, 4), generator=g)
-                    t = torch.randn(8, 8, generator=g)
-                    torch.nn.functional.mse_loss(ddp(x), t).backward()
-                    opt.step()
-                    again_log.extend(again_state.take_log())
+                again_log = _sparse_steps(net, again_state, rank, range(10, 20))
             finally:
                 again_state.close()
             again = {"params": net.weight.detach().clone(), "log": again_log}
