@@ -1,7 +1,7 @@
 """The tree rows of the loss table, per seed, the build before (the rows
 of ../tree_view_2026-12-07/) -> this one (rows_*.json here, written by
-tree_rows.py; rows_w256_1pct_seed*.json were written as
-rows1pct_w256_seed*.json and renamed).
+../tree_view_2026-12-07/tree_rows.py; rows_w256_1pct_seed*.json were
+written as rows1pct_w256_seed*.json and renamed).
 
     python3 rows_summary.py
 """
