@@ -873,7 +873,7 @@ def test_leaf_engine_forwards_nc8_as_sum32_and_relays_the_root_result():
     the root's RESULT reaches the workers as the NC8 result of the leaf's
     own job (its op, exp, shard 0, its incarnation)."""
     from homagg import kernels
-    from homagg.engine import FLAG_RESULT, FLAG_RETRANS, FLAG_STATUS
+    from homagg.engine import FLAG_LOSS, FLAG_RESULT, FLAG_RETRANS, FLAG_STATUS
 
     port, eng, root = _leaf_rig()
     rng = np.random.default_rng(3)
@@ -930,12 +930,15 @@ def test_leaf_engine_forwards_nc8_as_sum32_and_relays_the_root_result():
         _leaf_send(port, eng, _root_frame(port, root, 6, bytes([0b1000]), FLAG_STATUS, lanes=64))
         == []
     )
-    # one without it: the partial sum goes up again at once
+    # one without it: the copy may still be on its way, nothing is sent
+    lacking = bytes([0b0001])
+    assert _leaf_send(port, eng, _root_frame(port, root, 6, lacking, FLAG_STATUS, lanes=64)) == []
+    # a loss report naming it: the partial sum goes up again at once
     again = _leaf_send(
-        port, eng, _root_frame(port, root, 6, bytes([0b0001]), FLAG_STATUS, lanes=64)
+        port, eng, _root_frame(port, root, 6, lacking, FLAG_STATUS | FLAG_LOSS, lanes=64)
     )
     assert len(again) == 1 and again[0].flags & FLAG_RETRANS and again[0].payload == up.payload
-    assert eng.counters()["up_status"] == 2
+    assert eng.counters()["up_status"] == 3
 
     down = _leaf_send(port, eng, _root_frame(port, root, 6, result, FLAG_RESULT, worker=0xFFFF))
     assert len(down) == 2  # unicast to both workers (the port does not replicate)
@@ -1084,14 +1087,15 @@ def test_leaf_upward_timeout_follows_the_round_trip_to_the_root():
 
 def test_leaf_waits_out_the_holdoff_on_a_root_status_that_lacks_it():
     """docs/PROTOCOL.md "Repairs in a tree", a root STATUS that lacks the
-    leaf: before any answer-time sample the leaf resends at once; the
-    root's answer to that resend (a STATUS showing the leaf present, 20 us
-    later) is a sample, so the hold-off is 20 + 4 x 10 = 60 us.  Then a
-    STATUS lacking the leaf 10 us after a send puts the resend off to the
-    end of the hold-off, where the timer sends it without doubling; one
-    followed by a STATUS showing the leaf present is dropped, and the
-    set's timer is the upward timeout from its send again."""
-    from homagg.engine import FLAG_RESULT, FLAG_RETRANS, FLAG_STATUS
+    leaf: before any answer-time sample a worker's first ask sends the set
+    up again at once; the root's answer to that resend (a STATUS showing
+    the leaf present, 20 us later) is a sample, so the hold-off is 20 + 4 x
+    10 = 60 us.  Then a loss report naming the leaf 10 us after a send puts
+    the resend off to the end of the hold-off, where the timer sends it
+    without doubling; one followed by a STATUS showing the leaf present is
+    dropped, and the set's timer is the upward timeout from its send
+    again."""
+    from homagg.engine import FLAG_LOSS, FLAG_RESULT, FLAG_RETRANS, FLAG_STATUS
 
     port, eng, root = _leaf_rig(rto=1e-3, give_up=1.0)
     pay = np.ones(16, dtype=">i4").tobytes()
@@ -1103,15 +1107,17 @@ def test_leaf_waits_out_the_holdoff_on_a_root_status_that_lacks_it():
         out = _leaf_send(port, eng, *(_worker_frame(port, w, seq, "sum32", pay) for w in range(2)))
         assert len(out) == 1 and out[0].seq == seq and not out[0].flags & FLAG_RETRANS
 
-    def status(seq, bits, at):
+    def status(seq, bits, at, flags=FLAG_STATUS | FLAG_LOSS):
         port.set_time(at)
-        return _leaf_send(port, eng, _root_frame(port, root, seq, bits, FLAG_STATUS, lanes=16))
+        return _leaf_send(port, eng, _root_frame(port, root, seq, bits, flags, lanes=16))
 
     t0 = 1_000_000
     complete(0, t0)
-    out = status(0, lacking, t0 + 10_000)  # no sample yet: at once
-    assert len(out) == 1 and out[0].flags & FLAG_RETRANS and out[0].seq == 0
-    assert status(0, present, t0 + 30_000) == []  # a 20 us answer
+    port.set_time(t0 + 10_000)  # no sample yet: a worker's first ask, at once
+    out = _leaf_send(port, eng, _worker_frame(port, 0, 0, "sum32", pay, flags=FLAG_RETRANS))
+    up = [f for f in out if f.dst.ipv4 == root.ipv4]
+    assert len(up) == 1 and up[0].flags & FLAG_RETRANS and up[0].seq == 0
+    assert status(0, present, t0 + 30_000, FLAG_STATUS) == []  # a 20 us answer
     assert eng.counters()["up_retransmissions"] == 1
     port.set_time(t0 + 40_000)  # set 0 done: its timer is out of the way
     result = np.full(16, 2, dtype=">i4").tobytes()
@@ -1134,16 +1140,94 @@ def test_leaf_waits_out_the_holdoff_on_a_root_status_that_lacks_it():
     t2 = t1 + 200_000
     complete(2, t2)
     assert status(2, lacking, t2 + 10_000) == []
-    assert status(2, present, t2 + 20_000) == []  # in at the root after all
+    assert status(2, present, t2 + 20_000, FLAG_STATUS) == []  # in at the root after all
     port.set_time(t2 + 60_000)
     assert eng.timers() == 0 and port.pop_all() == []
     assert eng.counters()["up_retransmissions"] == 2
-    # a STATUS lacking it after the hold-off: at once
+    # a loss report naming it after the hold-off: at once
     out = status(2, lacking, t2 + 70_000)
     assert len(out) == 1 and out[0].flags & FLAG_RETRANS and out[0].seq == 2
-    # all three for a root STATUS lacking the leaf: at once, put off, at once
     assert eng.counters()["up_retransmissions"] == 3
-    assert _causes(eng.counters()) == (0, 0, 3, 0)
+    # a worker's first ask, then two loss reports: at once, put off, at once
+    assert _causes(eng.counters()) == (0, 0, 2, 1)
+
+
+def test_leaf_acts_on_a_root_status_that_lacks_it_only_when_it_tells_of_a_loss():
+    """docs/PROTOCOL.md "Repairs in a tree": a root STATUS lacking the leaf
+    that is no loss report naming it may answer another leaf while the
+    leaf's copy is still queued before the root: nothing is sent.  It
+    tells of a loss once the root has answered a set first sent after the
+    set's latest copy (the root made the STATUS after it had that later
+    copy, so the earlier one was lost), or when the set already went up
+    more than once.  Before any answer-time sample, such a STATUS resends
+    at once."""
+    from homagg.engine import FLAG_RESULT, FLAG_RETRANS, FLAG_STATUS
+
+    port, eng, root = _leaf_rig(rto=1.0, give_up=10.0)
+    pay = np.ones(16, dtype=">i4").tobytes()
+    result = np.full(16, 2, dtype=">i4").tobytes()
+    lacking = _bits([0, 1], 1) + bytes(1)  # leaves 0 and 1 in, not 3
+    present = _bits([0, 1, 3], 1) + bytes(1)
+
+    def complete(seq):
+        out = _leaf_send(port, eng, *(_worker_frame(port, w, seq, "sum32", pay) for w in range(2)))
+        assert len(out) == 1 and out[0].seq == seq and not out[0].flags & FLAG_RETRANS
+
+    def reply(seq, payload, flags):
+        out = _leaf_send(port, eng, _root_frame(port, root, seq, payload, flags, lanes=16))
+        return [f for f in out if f.dst.ipv4 == root.ipv4]
+
+    for seq in range(4):
+        complete(seq)
+    assert reply(0, lacking, FLAG_STATUS) == []  # set 0's copy may be on its way
+    assert reply(1, lacking, FLAG_STATUS) == []
+    # the root shows set 2 present: it had set 2's copy, sent after sets 0, 1
+    assert reply(2, present, FLAG_STATUS) == []
+    (up,) = reply(0, lacking, FLAG_STATUS)  # so set 0's copy was lost
+    assert up.seq == 0 and up.flags & FLAG_RETRANS
+    # set 0 went up twice now: a STATUS lacking it acts (before any
+    # answer-time sample, at once)
+    (up,) = reply(0, lacking, FLAG_STATUS)
+    assert up.seq == 0 and up.flags & FLAG_RETRANS
+    assert reply(3, lacking, FLAG_STATUS) == []  # set 3 went up after set 2
+    # the root's RESULT of set 3: set 1's copy, sent before it, was lost
+    assert len(reply(3, result, FLAG_RESULT)) == 0
+    (up,) = reply(1, lacking, FLAG_STATUS)
+    assert up.seq == 1 and up.flags & FLAG_RETRANS
+    c = eng.counters()
+    assert (c["up_sent"], c["up_retransmissions"], c["up_status"]) == (4, 3, 7)
+    assert _causes(c) == (0, 0, 3, 0)
+
+
+def test_leaf_takes_a_workers_first_ask_at_once_before_it_knows_the_root():
+    """docs/PROTOCOL.md "Repairs in a tree", the hold-off: before the leaf
+    has measured the root's answer time, a worker's retransmission of a
+    set sent up once sends it up again at once (a lost first copy would
+    otherwise hold every worker for up_rto_ns / 2); a second worker's ask
+    of the same set, now sent twice, waits out up_rto_ns / 2 (0.5 ms)."""
+    from homagg.engine import FLAG_RETRANS, FLAG_STATUS
+
+    port, eng, root = _leaf_rig(rto=1e-3, give_up=1.0)
+    pay = np.ones(16, dtype=">i4").tobytes()
+    t0 = 1_000_000
+    (first,) = _leaf_send(port, eng, *(_worker_frame(port, w, 0, "sum32", pay) for w in range(2)))
+
+    def ask(w, at):
+        port.set_time(at)
+        out = _leaf_send(port, eng, _worker_frame(port, w, 0, "sum32", pay, flags=FLAG_RETRANS))
+        st = [f for f in out if f.flags & FLAG_STATUS]
+        assert len(st) == 1 and st[0].worker == w
+        return [f for f in out if f.dst.ipv4 == root.ipv4]
+
+    (up,) = ask(0, t0 + 30_000)
+    assert up.flags & FLAG_RETRANS and up.payload == first.payload
+    assert ask(1, t0 + 40_000) == []  # sent twice: held off
+    assert ask(1, t0 + 30_000 + 499_999) == []
+    (up,) = ask(1, t0 + 30_000 + 500_000)
+    assert up.flags & FLAG_RETRANS and up.payload == first.payload
+    c = eng.counters()
+    assert (c["up_sent"], c["up_retransmissions"], c["summed"]) == (1, 2, 2)
+    assert _causes(c) == (0, 0, 0, 2)
 
 
 def _causes(c):
@@ -1668,14 +1752,14 @@ def test_root_keeps_leaf_reports_and_sends_them_in_its_status():
 
 
 def test_leaf_resends_a_partial_sum_that_later_results_overtook():
-    """docs/PROTOCOL.md "Repairs in a tree": the root's results of three
-    sets sent up after a forwarded set overtake it, and it goes up again
-    at once (its upward timer is 1 s away); a root STATUS that shows the
-    leaf's sum present restarts the count, so only sets sent up after
-    that STATUS overtake it from then on."""
+    """docs/PROTOCOL.md "Repairs in a tree": the root's results of
+    DUPTHRESH (16) sets sent up after a forwarded set overtake it, and it
+    goes up again at once (its upward timer is 1 s away); a root STATUS
+    that shows the leaf's sum present restarts the count, so only sets
+    sent up after that STATUS overtake it from then on."""
     from homagg.engine import FLAG_RESULT, FLAG_RETRANS, FLAG_STATUS
 
-    S = 8
+    S, D = 32, 16
     port, eng, root = _leaf_rig(slots=S, rto=1.0)
     pay = np.ones(16, dtype=">i4").tobytes()
     result = np.full(16, 2, dtype=">i4").tobytes()
@@ -1691,29 +1775,35 @@ def test_leaf_resends_a_partial_sum_that_later_results_overtook():
         out = _leaf_send(port, eng, _root_frame(port, root, seq, result, FLAG_RESULT, slots=S))
         return [f for f in out if f.dst.ipv4 == root.ipv4]
 
-    for seq in range(5):
+    for seq in range(D + 2):
         complete(seq)
-    assert root_result(1) == [] and root_result(2) == []
-    up = root_result(3)  # the third result of a set sent up after set 0
+    for seq in range(1, D):
+        assert root_result(seq) == [], seq
+    up = root_result(D)  # the 16th result of a set sent up after set 0
     assert len(up) == 1 and up[0].seq == 0 and up[0].flags & FLAG_RETRANS
     assert up[0].payload == result  # the partial sum of two ones
     assert root_result(0) == []
     assert eng.counters()["up_retransmissions"] == 1
 
-    for seq in (5, 6, 7):
+    # set D + 1 is overtaken by no set yet; sets D + 2 .. 2D + 1 go up
+    late = D + 1
+    for seq in range(D + 2, 2 * D + 2):
         complete(seq)
-    assert root_result(5) == [] and root_result(6) == []  # set 4 overtaken twice
-    # the root has set 4's sum (leaf bit 3): it waits for another leaf
-    status = _root_frame(port, root, 4, bytes([0b1000]), FLAG_STATUS, slots=S, lanes=16)
+    for seq in range(D + 2, D + 10):  # overtaken 8 times
+        assert root_result(seq) == [], seq
+    # the root has its sum (leaf bit 3): it waits for another leaf
+    status = _root_frame(port, root, late, bytes([0b1000]), FLAG_STATUS, slots=S, lanes=16)
     assert _leaf_send(port, eng, status) == []
-    assert root_result(7) == []  # sent up before that STATUS: not counted
-    for seq in (8, 9, 10):
+    for seq in range(D + 10, 2 * D + 2):  # sent up before that STATUS: not counted
+        assert root_result(seq) == [], seq
+    for seq in range(2 * D + 2, 3 * D + 2):
         complete(seq)
-    assert root_result(8) == [] and root_result(9) == []
-    up = root_result(10)
-    assert len(up) == 1 and up[0].seq == 4 and up[0].flags & FLAG_RETRANS
+    for seq in range(2 * D + 2, 3 * D + 1):
+        assert root_result(seq) == [], seq
+    up = root_result(3 * D + 1)
+    assert len(up) == 1 and up[0].seq == late and up[0].flags & FLAG_RETRANS
     c = eng.counters()
-    assert (c["up_sent"], c["up_retransmissions"], c["up_results"]) == (11, 2, 10)
+    assert (c["up_sent"], c["up_retransmissions"], c["up_results"]) == (3 * D + 2, 2, 3 * D + 1)
     assert _causes(c) == (0, 2, 0, 0)  # both overtaken
 
 

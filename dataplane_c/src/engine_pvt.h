@@ -40,8 +40,10 @@
 #define HG_UP_DEFAULT_GIVE_UP_NS 10000000000ull
 #define UP_MAX_BACKOFF 6
 /* Root results of sets sent up later that overtake a forwarded set before
- * it goes up again at once (docs/PROTOCOL.md "Repairs in a tree"). */
-#define UP_DUPTHRESH 3
+ * it goes up again at once (docs/PROTOCOL.md "Repairs in a tree"; a root
+ * completes sets out of the leaf's order by as many as its other leaves'
+ * repairs hold, so more than a worker's DUPTHRESH). */
+#define UP_DUPTHRESH 16
 /* The measured part of a leaf's upward timeout is at most this many
  * up_rto_ns (docs/PROTOCOL.md "Repairs in a tree"). */
 #define UP_MAX_RTT_RTOS 64
@@ -151,6 +153,10 @@ struct hg_job {
 	uint64_t accepted;      /* frames accepted into a set so far */
 	struct hg_up_timer *up; /* tree leaf: 2 * S upward timers, else NULL */
 	uint64_t up_txn;        /* tree leaf: partial sums sent up so far */
+	uint64_t up_passed;     /* tree leaf: the highest txn_first of a set
+				 * the root answered (its RESULT, or a STATUS
+				 * showing the leaf): every copy sent before
+				 * it has reached the root or was lost */
 	uint64_t up_reply_avg;  /* tree leaf: smoothed time from a send up */
 	uint64_t up_reply_var;  /*   to the root's answer, and its deviation */
 	bool up_reply_have;     /*   (0 samples: up_rto_ns / 2 holds off) */
@@ -193,6 +199,7 @@ struct hg_up_timer {
 	uint64_t txn_last;  /* the same at its latest send or root STATUS
 			     * showing it present: results of sets first
 			     * sent after it overtake it */
+	uint64_t txn_sent;  /* the same at its latest send */
 	uint32_t overtaken;
 	bool awaiting; /* sent up, and the root has not answered since */
 	bool resent;   /* sent up more than once (no round-trip sample) */

@@ -169,6 +169,7 @@ static void up_send(struct hg_engine *e, struct hg_job *j, struct hg_set *s,
 			t->tries++;
 	}
 	t->txn_last = ++j->up_txn;
+	t->txn_sent = t->txn_last;
 	if (why == UP_FIRST)
 		t->txn_first = t->txn_last;
 	t->overtaken = 0;
@@ -374,8 +375,36 @@ static uint64_t up_holdoff(const struct hg_job *j)
 }
 
 /*
+ * The root answered set t (its RESULT, or a STATUS showing the leaf): a
+ * copy of it reached the root, so every copy the leaf sent before t's
+ * first one has reached the root or was lost (links keep their order).
+ */
+static void up_answered(struct hg_job *j, const struct hg_up_timer *t)
+{
+	if (t->txn_first > j->up_passed)
+		j->up_passed = t->txn_first;
+}
+
+/*
+ * Does a root STATUS that lacks this leaf (hdr_flags: its flags) tell of a
+ * lost copy of set t (docs/PROTOCOL.md "Repairs in a tree")?  Yes when it
+ * is a loss report naming the leaf, when the set already went up more
+ * than once, or when the root had answered a set first sent after t's
+ * latest copy before it made this STATUS (its frames come in the order
+ * it sent them): that copy came before and was lost.  Otherwise the copy
+ * may still be on its way, queued before the root's link.
+ */
+static bool up_lack_told(const struct hg_job *j, const struct hg_up_timer *t,
+			 uint16_t hdr_flags)
+{
+	return (hdr_flags & HG_FLAG_LOSS) || t->resent ||
+	       t->txn_sent < j->up_passed;
+}
+
+/*
  * A root STATUS of forwarded set s lacks this leaf (docs/PROTOCOL.md
- * "Repairs in a tree"): the partial sum goes up again at once, or, when
+ * "Repairs in a tree") and tells of a lost copy (up_lack_told()): the
+ * partial sum goes up again at once, or, when
  * it went up less than the hold-off ago (once the root's answer time is
  * measured), at the end of the hold-off from the set's timer, unless the
  * root shows the leaf present or sends the result before.
@@ -402,14 +431,22 @@ static void up_lacking(struct hg_engine *e, struct hg_job *j, struct hg_set *s,
  * A worker's retransmission of a set already sent up: it is counted (a
  * STATUS with every bit set tells it so) and never summed again; the
  * partial sum goes up again at once unless it went up less than a hold-off
- * ago (up_holdoff(): the workers' timers then hurry the leaf's).
+ * ago (up_holdoff(): the workers' timers then hurry the leaf's), or, before
+ * the leaf has measured the root's answer time, unless it already went up
+ * more than once.
  */
 void hg_eng_up_worker_retrans(struct hg_engine *e, struct hg_job *j,
 			      struct hg_set *s, const uint8_t *acc, uint16_t w,
 			      struct hg_pkt **reuse)
 {
+	const struct hg_up_timer *t = &j->up[s - j->sets];
+
 	hg_eng_send_status(e, j, s, w, reuse);
-	up_asked(e, j, s, acc, up_holdoff(j), HG_CNT_UP_RESENT_WORKER, NULL);
+	/* before any answer time is measured, a worker's first ask of a set
+	 * sent up once is taken at once: its timer is the only measure of
+	 * the path the leaf has */
+	up_asked(e, j, s, acc, !j->up_reply_have && !t->resent ? 0 : up_holdoff(j),
+		 HG_CNT_UP_RESENT_WORKER, NULL);
 }
 
 /*
@@ -695,7 +732,8 @@ static bool keep_view(struct hg_job *j, const struct hg_set *s,
 /*
  * Second pass over a root's reply: a RESULT of a forwarded set becomes the
  * set's result and goes to the leaf's workers; a STATUS without this
- * leaf's bit sends the partial sum up again at once.  Anything not about a
+ * leaf's bit and telling of a lost copy sends the partial sum up again
+ * (up_lacking()).  Anything not about a
  * forwarded set (late copies, a set started over) is up_stale.  A root
  * reply with another incarnation than the root's earlier ones: the root
  * lost its state, so the leaf takes a new incarnation for its job and its
@@ -744,11 +782,13 @@ void hg_eng_up_apply(struct hg_engine *e, struct hg_stage *st)
 		if (j->cfg.up_leaves && keep_view(j, s, st->in, st->plen))
 			status_to_all(e, j, s);
 		if (!st->worker) {
-			up_lacking(e, j, s, st->acc, &pkt);
+			if (up_lack_told(j, t, st->flags))
+				up_lacking(e, j, s, st->acc, &pkt);
 		} else {
 			/* in at the root: the set waits for another leaf, and
 			 * only sets sent up from now on overtake it; a resend
 			 * put off for the hold-off is not needed */
+			up_answered(j, t);
 			t->txn_last = j->up_txn;
 			t->overtaken = 0;
 			if (t->deferred) {
@@ -760,6 +800,7 @@ void hg_eng_up_apply(struct hg_engine *e, struct hg_stage *st)
 			queue_free(e, pkt);
 		return;
 	}
+	up_answered(j, t);
 	up_overtaken(e, j, s);
 	bytes = (size_t)s->lanes * hg_op_acc_lane(s->op);
 	memcpy(st->acc, st->in, bytes);

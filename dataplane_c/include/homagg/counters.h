@@ -48,7 +48,7 @@
 	X(UP_RETRANSMISSIONS, "up_retransmissions", "tree leaf: partial sums sent up again") \
 	X(UP_RESENT_TIMER, "up_resent_timer", "tree leaf: partial sums sent up again at their timer's expiry") \
 	X(UP_RESENT_OVERTAKEN, "up_resent_overtaken", "tree leaf: partial sums sent up again after root results of later sets overtook them") \
-	X(UP_RESENT_LACKING, "up_resent_lacking", "tree leaf: partial sums sent up again for a root STATUS lacking the leaf (at once or after the hold-off)") \
+	X(UP_RESENT_LACKING, "up_resent_lacking", "tree leaf: partial sums sent up again for a root STATUS lacking the leaf that told of a lost copy (at once or after the hold-off)") \
 	X(UP_RESENT_WORKER, "up_resent_worker", "tree leaf: partial sums sent up again for a worker's retransmission") \
 	X(UP_RESULTS, "up_results", "tree leaf: root results accepted and sent to the workers") \
 	X(UP_STATUS, "up_status", "tree leaf: STATUS frames from the root") \
