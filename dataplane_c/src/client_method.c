@@ -923,6 +923,7 @@ int hg_client_start(struct hg_client *c, const struct hg_params *params,
 		c->agg[a].start_results = c->agg[a].st.results_received;
 		c->agg[a].start_sent = c->agg[a].st.packets_sent;
 		c->agg[a].have_status = false;
+		c->agg[a].view_tree_len = 0;
 		c->agg[a].unanswered = 0;
 		c->agg[a].incarnation = 0;
 	}

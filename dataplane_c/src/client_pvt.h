@@ -218,6 +218,12 @@ struct agg {
 	uint8_t status_bitmap[BITMAP_BYTES];
 	uint8_t status_tree_len;
 	uint8_t status_tree[TREE_TAIL];
+	/* the latest whole root view (a tree leaf's tail) a STATUS of this
+	 * allreduce carried, of chunk view_chunk: for a give-up whose chunk's
+	 * STATUS came before the leaf had one */
+	uint64_t view_chunk;
+	uint8_t view_tree_len;
+	uint8_t view_tree[TREE_TAIL];
 	struct hg_client_agg_stats st;
 	/* The pipe (PROTOCOL.md "The pipe"), when cfg.pipe_gain_pct: its
 	 * bound in chunks (0: no sample yet, hg_cl_pipe_start); and Rmin's two

@@ -231,6 +231,18 @@ static int reply_agg(const struct hg_client *c, const struct hg_wire_view *v)
 }
 
 /* Handle one received frame (at port time now): a result or a status for this job. */
+/*
+ * Whether a leaf's STATUS tail t of n bytes holds a whole root view (what
+ * root_text reads).
+ */
+static bool root_view(const struct hg_client *c, const uint8_t *t, size_t n)
+{
+	uint32_t L = n < 2 ? 0 : (uint32_t)(t[0] << 8 | t[1]);
+
+	return L && L <= c->cfg.workers &&
+	       n >= 2 + 2 * (size_t)((L + 7) / 8) + BITMAP_BYTES;
+}
+
 static void handle_frame(struct hg_client *c, const uint8_t *f, size_t len,
 			 uint64_t now)
 {
@@ -300,6 +312,12 @@ static void handle_frame(struct hg_client *c, const uint8_t *f, size_t len,
 							ag->status_tree);
 			ag->status_chunk = chunk;
 			ag->have_status = true;
+			if (root_view(c, ag->status_tree, ag->status_tree_len)) {
+				memcpy(ag->view_tree, ag->status_tree,
+				       ag->status_tree_len);
+				ag->view_tree_len = ag->status_tree_len;
+				ag->view_chunk = chunk;
+			}
 		}
 		if (fl->busy && fl->chunk == chunk) {
 			size_t nb = (c->cfg.agg_workers + 7) / 8;
@@ -868,6 +886,18 @@ static void timeout_text(struct hg_client *c, const struct flight *fl)
 			 name, fl->tries, ag->unanswered);
 		return;
 	}
+	if (fl->have_status && !root_view(c, fl->tree, fl->tree_len) &&
+	    ag->view_tree_len) {
+		/* complete at the leaf, whose STATUS of it came before it had
+		 * the root's view: the latest view of another chunk names who
+		 * the root waits for */
+		e += snprintf(e, (size_t)(end - e), "%s reports ", name);
+		e = bitmap_text(c, fl->bitmap, ag->view_tree, ag->view_tree_len,
+				e, end);
+		TEXT("; the root's view is of chunk %llu, its latest one here",
+		     (unsigned long long)ag->view_chunk);
+		return;
+	}
 	if (fl->have_status) {
 		e += snprintf(e, (size_t)(end - e), "%s reports ", name);
 		bitmap_text(c, fl->bitmap, fl->tree, fl->tree_len, e, end);
@@ -928,88 +958,14 @@ static bool window_stalled(const struct hg_client *c, const struct agg *ag,
 }
 
 /*
- * Whether chunk fl's timer expired (or a fast retransmission of it is due,
- * or it waits to be sent): the state before this pass's backoffs.
- */
-static bool flight_due(const struct hg_client *c, const struct flight *fl,
-		       uint64_t now)
-{
-	return fl->busy && (fl->unsent || (fl->fast_at && now >= fl->fast_at) ||
-			    now >= hg_cl_chunk_deadline(c, fl));
-}
-
-/*
- * Resend chunk fl if it is due (hg_cl_tx_expired): appended to ks, sent
- * when BURST are gathered.  Returns the new count of ks.
- */
-static uint16_t expire_one(struct hg_client *c, struct flight *fl, size_t *ks,
-			   uint16_t cnt, uint32_t *stalled, uint64_t now)
-{
-	struct agg *ag = &c->agg[fl->agg];
-
-	if (!fl->busy)
-		return cnt;
-	if (!fl->unsent && fl->fast_at && now >= fl->fast_at) {
-		/* Fast retransmission: a gap or a STATUS said it was
-		 * lost; no timer expired, nothing to back off. */
-		fl->fast_at = 0;
-		c->stats.fast_retransmissions++;
-		ag->st.fast_retransmissions++;
-	} else if (!fl->unsent && now < hg_cl_chunk_deadline(c, fl)) {
-		return cnt;
-	} else if (!fl->unsent && hg_cl_step_start(c, fl)) {
-		/* No answer of its step yet: a peer may not have
-		 * started the step (PROTOCOL.md "Peers that start
-		 * late").  Ask (the resend repairs our contribution
-		 * if it was lost, else gets the STATUS naming who is
-		 * missing), backing off this chunk's timer only: no
-		 * timeout, nothing to learn. */
-		c->stats.start_probes++;
-		fl->fast_at = 0;
-		fl->rto = hg_cl_rto_backoff(c, hg_cl_chunk_rto(c, fl));
-	} else if (!fl->unsent) {
-		/* RFC 6298 5.5: back off this chunk's timer, and the
-		 * client's, which new chunks start with until a valid
-		 * sample -- the latter at most once per RTO, so
-		 * independent losses expiring together (one lost
-		 * contribution times out on every worker's copy of
-		 * the chunk) do not compound. */
-		c->stats.timeouts++;
-		ag->st.timeouts++;
-		ag->t_timeout = now;
-		if (fl->tries >= 2 && window_stalled(c, ag, fl, now))
-			*stalled = fl->agg;
-		fl->timed_out = true;
-		fl->fast_at = 0;
-		fl->rto = hg_cl_rto_backoff(c, hg_cl_chunk_rto(c, fl));
-		if (now - ag->t_backoff >= ag->rto) {
-			ag->rto = hg_cl_rto_backoff(c, ag->rto);
-			ag->t_backoff = now;
-		}
-	}
-	ks[cnt++] = (size_t)(fl->chunk - c->st.base);
-	if (cnt == BURST) {
-		tx_chunks(c, ks, cnt, now);
-		cnt = 0;
-	}
-	return cnt;
-}
-
-/*
  * Retransmit the chunks whose timer expired (backing off), the whole window
  * of an aggregator where one expired again (tx_window), and end the
  * allreduce when the oldest one waited give_up_ns.  Returns 0 or -ETIMEDOUT.
- *
- * An expiry's backoff restarts the timers of the aggregator's other open
- * chunks (hg_cl_chunk_deadline), so of the chunks due together only the
- * first resent goes now.  That is the lowest (as TCP resends the oldest
- * unacknowledged segment): in slot order, a chunk whose timer fell due
- * with a lower slot's at every backoff was never asked about again.
  */
 int hg_cl_tx_expired(struct hg_client *c, uint64_t now)
 {
 	const struct flight *oldest = NULL;
-	size_t ks[BURST], first[HG_CLIENT_MAX_AGGREGATORS];
+	size_t ks[BURST];
 	uint16_t cnt = 0;
 	uint32_t stalled = UINT32_MAX; /* an aggregator whose window stalled */
 
@@ -1027,23 +983,56 @@ int hg_cl_tx_expired(struct hg_client *c, uint64_t now)
 		c->stats.timeouts++;
 		return hg_cl_fail(c, -ETIMEDOUT);
 	}
-	for (uint32_t a = 0; a < c->naggs; a++)
-		first[a] = SIZE_MAX;
 	for (size_t i = 0; i < nfl; i++) {
-		const struct flight *fl = &c->fl[i];
-		size_t *f = &first[fl->agg];
+		struct flight *fl = &c->fl[i];
+		struct agg *ag = &c->agg[fl->agg];
 
-		if (flight_due(c, fl, now) &&
-		    (*f == SIZE_MAX || fl->chunk < c->fl[*f].chunk))
-			*f = i;
+		if (!fl->busy)
+			continue;
+		if (!fl->unsent && fl->fast_at && now >= fl->fast_at) {
+			/* Fast retransmission: a gap or a STATUS said it was
+			 * lost; no timer expired, nothing to back off. */
+			fl->fast_at = 0;
+			c->stats.fast_retransmissions++;
+			ag->st.fast_retransmissions++;
+		} else if (!fl->unsent && now < hg_cl_chunk_deadline(c, fl)) {
+			continue;
+		} else if (!fl->unsent && hg_cl_step_start(c, fl)) {
+			/* No answer of its step yet: a peer may not have
+			 * started the step (PROTOCOL.md "Peers that start
+			 * late").  Ask (the resend repairs our contribution
+			 * if it was lost, else gets the STATUS naming who is
+			 * missing), backing off this chunk's timer only: no
+			 * timeout, nothing to learn. */
+			c->stats.start_probes++;
+			fl->fast_at = 0;
+			fl->rto = hg_cl_rto_backoff(c, hg_cl_chunk_rto(c, fl));
+		} else if (!fl->unsent) {
+			/* RFC 6298 5.5: back off this chunk's timer, and the
+			 * client's, which new chunks start with until a valid
+			 * sample -- the latter at most once per RTO, so
+			 * independent losses expiring together (one lost
+			 * contribution times out on every worker's copy of
+			 * the chunk) do not compound. */
+			c->stats.timeouts++;
+			ag->st.timeouts++;
+			ag->t_timeout = now;
+			if (fl->tries >= 2 && window_stalled(c, ag, fl, now))
+				stalled = fl->agg;
+			fl->timed_out = true;
+			fl->fast_at = 0;
+			fl->rto = hg_cl_rto_backoff(c, hg_cl_chunk_rto(c, fl));
+			if (now - ag->t_backoff >= ag->rto) {
+				ag->rto = hg_cl_rto_backoff(c, ag->rto);
+				ag->t_backoff = now;
+			}
+		}
+		ks[cnt++] = (size_t)(fl->chunk - c->st.base);
+		if (cnt == BURST) {
+			tx_chunks(c, ks, cnt, now);
+			cnt = 0;
+		}
 	}
-	for (uint32_t a = 0; a < c->naggs; a++)
-		if (first[a] != SIZE_MAX)
-			cnt = expire_one(c, &c->fl[first[a]], ks, cnt, &stalled,
-					 now);
-	for (size_t i = 0; i < nfl; i++)
-		if (i != first[c->fl[i].agg])
-			cnt = expire_one(c, &c->fl[i], ks, cnt, &stalled, now);
 	if (cnt)
 		tx_chunks(c, ks, cnt, now); /* these now have last_tx == now */
 	if (stalled != UINT32_MAX) {
