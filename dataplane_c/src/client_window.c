@@ -230,7 +230,6 @@ static int reply_agg(const struct hg_client *c, const struct hg_wire_view *v)
 	return -1;
 }
 
-/* Handle one received frame (at port time now): a result or a status for this job. */
 /*
  * Whether a leaf's STATUS tail t of n bytes holds a whole root view (what
  * root_text reads).
@@ -243,6 +242,16 @@ static bool root_view(const struct hg_client *c, const uint8_t *t, size_t n)
 	       n >= 2 + 2 * (size_t)((L + 7) / 8) + BITMAP_BYTES;
 }
 
+/* Whether a STATUS bitmap holds every worker of the aggregator. */
+static bool all_present(const struct hg_client *c, const uint8_t *bitmap)
+{
+	for (uint32_t w = 0; w < c->cfg.agg_workers; w++)
+		if (!(bitmap[w / 8] >> (w % 8) & 1))
+			return false;
+	return true;
+}
+
+/* Handle one received frame (at port time now): a result or a status for this job. */
 static void handle_frame(struct hg_client *c, const uint8_t *f, size_t len,
 			 uint64_t now)
 {
@@ -886,8 +895,8 @@ static void timeout_text(struct hg_client *c, const struct flight *fl)
 			 name, fl->tries, ag->unanswered);
 		return;
 	}
-	if (fl->have_status && !root_view(c, fl->tree, fl->tree_len) &&
-	    ag->view_tree_len) {
+	if (fl->have_status && all_present(c, fl->bitmap) &&
+	    !root_view(c, fl->tree, fl->tree_len) && ag->view_tree_len) {
 		/* complete at the leaf, whose STATUS of it came before it had
 		 * the root's view: the latest view of another chunk names who
 		 * the root waits for */
