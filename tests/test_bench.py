@@ -871,3 +871,39 @@ def test_rounds_without_auth_is_refused(capsys):
 
     rc = cli.main(["bench", "allreduce", "--methods", "dense", "--rounds", "3"])
     assert rc == 2 and "--rounds alternates the runs without and with" in capsys.readouterr().err
+
+
+def test_plot_without_gloo_rows_marks_the_empty_panels(tmp_path):
+    """`--methods dense,auto` (no Gloo): the speedup panels have no line;
+    each says why instead of an empty legend's warning."""
+    import warnings
+
+    from homagg.bench import allreduce
+
+    rows = [
+        {
+            "method": m,
+            "workers": 4,
+            "link_mbit": 1000.0,
+            "workload": "shared",
+            "density": 0.05,
+            "status": "ok",
+            "seconds_median": t,
+        }
+        for m, t in (("dense", 0.05), ("auto", 0.007))
+    ]
+    report = {"link_mbit": [1000.0], "elements": 1024, "results": rows}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        paths = allreduce.plot(report, str(tmp_path))
+    assert sorted(os.path.basename(p) for p in paths) == [
+        "allreduce_speedup.png",
+        "allreduce_time.png",
+        "allreduce_workers.png",
+    ]
+    plt = allreduce.rep.pyplot()
+    fig, ax = plt.subplots()
+    allreduce._legend(ax)
+    fig_texts = [t.get_text() for t in ax.texts]
+    plt.close(fig)
+    assert fig_texts and "gloo" in fig_texts[0]
