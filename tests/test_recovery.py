@@ -521,10 +521,11 @@ def test_a_one_chunk_steps_lost_frame_waits_a_short_start_wait():
     With the pipe's bound the NIC model's workers wait 20 us (they start a
     step together, on an exact clock: "The NIC model's timers"), rto
     before that, instead of 4 rto: W = 16 on 100 Gbit/s links at 1 %
-    loss, seed 2, S = 64, where a worker's exponent result was lost: 2.23
-    ms of virtual time with rto, against 3.15 ms with 4 rto (1.47 ms
-    loss-free).  Without the bound the default stays 4 rto and the
-    client's timer floors."""
+    loss, seed 2, S = 64, where a worker's exponent result was lost: 1.98
+    ms of virtual time with rto, against 2.57 ms with 4 rto (1.47 ms
+    loss-free), so most of the 3 rto between the two waits is saved (2.23
+    and 3.15 ms before a step's tail waited at most one turn).  Without
+    the bound the default stays 4 rto and the client's timer floors."""
     W = 16
     grads = _grads(W, 1 << 20, seed=5)
     times = {}
@@ -538,7 +539,7 @@ def test_a_one_chunk_steps_lost_frame_waits_a_short_start_wait():
         _check_exact(res, grads, block=4096)
         assert sum(w["start_probes"] for w in res.stats["workers"]) > 0
         times[start_wait] = res.stats["virtual_time"]
-    assert times[200e-6] <= times[4 * 200e-6] - 3 * 200e-6, times
+    assert times[200e-6] <= times[4 * 200e-6] - 2.5 * 200e-6, times
     # a fresh cluster: the probe then waits its turn, which before any RTT
     # sample is rto, with the defaults the path's 20 us ("The NIC model's
     # first timeout"; test_the_nic_models_timers_... has the later ones)
@@ -755,6 +756,31 @@ def test_a_steps_tail_waits_neither_turns_nor_other_chunks_backoff(W, gbps, boun
     ratios.sort()
     median = (ratios[2] + ratios[3]) / 2
     assert median <= bound, ratios
+
+
+def test_a_steps_tail_waits_at_most_one_turn_for_a_lost_result():
+    """docs/PROTOCOL.md Part 3, "The tail of a step", rule 4.  A worker
+    whose own result of a step's last chunks is lost is the only one that
+    asks for it; in the tail its timer waits its timeout and at most one
+    turn, not its rank's two.  W = 256 over 16 aggregators, 2^18 floats,
+    blocks of 4096, 100 Gbit/s, 0.1 % loss, seeds 1-4: exact, at most two
+    retransmissions per drop, and every run within 1.3x the loss-free
+    time.  With two turns the same runs took 1.35-1.56x; with one,
+    1.24-1.29x."""
+    W = 256
+    grads = _grads(W, 1 << 18, seed=5)
+    with Cluster(workers=W, aggregators=16, link_gbps=100, seed=1) as cl:
+        clean = cl.allreduce(grads, method="dense", block_elements=4096).stats["virtual_time"]
+    ratios = {}
+    for seed in range(1, 5):
+        with Cluster(workers=W, aggregators=16, link_gbps=100, loss=0.001, seed=seed) as cl:
+            res = cl.allreduce(grads, method="dense", block_elements=4096)
+        _check_exact(res, grads, block=4096)
+        lost = res.stats["fabric"]["dropped_loss"]
+        assert lost > 20
+        assert sum(w["retransmissions"] for w in res.stats["workers"]) <= 2 * lost
+        ratios[seed] = res.stats["virtual_time"] / clean
+    assert max(ratios.values()) <= 1.3, ratios
 
 
 def test_a_lost_first_copy_does_not_hold_the_tree_for_the_leafs_first_holdoff():

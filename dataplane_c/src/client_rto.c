@@ -470,8 +470,14 @@ uint64_t hg_cl_chunk_deadline(const struct hg_client *c, const struct flight *fl
 			rto = w;
 	}
 	/* In the tail, a chunk shown present waits for its own result, which
-	 * the peers' turns do not bring: no turn of its own. */
-	if (fl->present && hg_cl_tail(c))
-		return from + rto;
+	 * the peers' turns do not bring: no turn of its own.  Any other waits
+	 * at most one turn: a result lost on the way to this worker is asked
+	 * for by nobody else (PROTOCOL.md "The tail of a step", rule 4). */
+	if (hg_cl_tail(c)) {
+		uint64_t d = fl->present ? 0 : hg_cl_turn_offset(c, ag, fl->chunk);
+		uint64_t t = hg_cl_turn_ns(c, ag);
+
+		return from + rto + (d < t ? d : t);
+	}
 	return from + rto + hg_cl_turn_offset(c, ag, fl->chunk);
 }
