@@ -52,6 +52,9 @@
  * Part 3): the first turn's STATUS is back after one, so later turns only
  * come when it was lost or late. */
 #define TURNS_MAX 2
+/* below a tree leaf, a chunk's first timeout in a step's tail: at most
+ * this many Rmin (PROTOCOL.md "The tail of a step", rule 5) */
+#define TAIL_RMINS 3
 /* An aggregator that answered none of this many retransmissions in a row
  * stopped answering (a live one answers every resend its slot has, with
  * the result or a STATUS; one that lacked it adds it silently). */

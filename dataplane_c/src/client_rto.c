@@ -408,14 +408,27 @@ uint64_t hg_cl_turn_offset(const struct hg_client *c, const struct agg *ag,
  * transmission, backed off at each of its expiries) or its aggregator's
  * current one when that is longer (a longer estimate, or a backoff since).
  * In the step's tail its own only: no window waits behind it that the
- * aggregator's backoff would keep from being resent.
+ * aggregator's backoff would keep from being resent; below a tree leaf, at
+ * most TAIL_RMINS Rmin until its first resend.
  */
 uint64_t hg_cl_chunk_rto(const struct hg_client *c, const struct flight *fl)
 {
-	uint64_t rto = c->agg[fl->agg].rto;
+	const struct agg *ag = &c->agg[fl->agg];
+	uint64_t rto = ag->rto;
 
-	if (fl->rto && hg_cl_tail(c))
+	if (fl->rto && hg_cl_tail(c)) {
+		uint64_t m = TAIL_RMINS * hg_cl_rtt_min(ag);
+
+		/* Below a tree leaf, until the chunk's first resend: at most
+		 * TAIL_RMINS Rmin (PROTOCOL.md "The tail of a step", rule 5). */
+		if (c->cfg.agg_workers < c->cfg.workers && fl->tries == 1 && m) {
+			if (m < c->cfg.rto_min_ns)
+				m = c->cfg.rto_min_ns;
+			if (m < fl->rto)
+				return m;
+		}
 		return fl->rto;
+	}
 	return fl->rto > rto ? fl->rto : rto;
 }
 
