@@ -758,6 +758,27 @@ def test_a_steps_tail_waits_neither_turns_nor_other_chunks_backoff(W, gbps, boun
     assert median <= bound, ratios
 
 
+def _w256_tail_ratios(loss, min_lost, **shape):
+    """W = 256 (``shape``: aggregators=K or leaves=L), 2^18 dense floats in
+    blocks of 4096, 100 Gbit/s, seeds 1-4 at ``loss``: each run exact,
+    with more than ``min_lost`` drops and at most two retransmissions per
+    drop; returns {seed: time over the loss-free time}."""
+    W = 256
+    grads = _grads(W, 1 << 18, seed=5)
+    with Cluster(workers=W, link_gbps=100, seed=1, **shape) as cl:
+        clean = cl.allreduce(grads, method="dense", block_elements=4096).stats["virtual_time"]
+    ratios = {}
+    for seed in range(1, 5):
+        with Cluster(workers=W, link_gbps=100, loss=loss, seed=seed, **shape) as cl:
+            res = cl.allreduce(grads, method="dense", block_elements=4096)
+        _check_exact(res, grads, block=4096)
+        lost = res.stats["fabric"]["dropped_loss"]
+        assert lost > min_lost
+        assert sum(w["retransmissions"] for w in res.stats["workers"]) <= 2 * lost
+        ratios[seed] = res.stats["virtual_time"] / clean
+    return ratios
+
+
 def test_a_steps_tail_waits_at_most_one_turn_for_a_lost_result():
     """docs/PROTOCOL.md Part 3, "The tail of a step", rule 4.  A worker
     whose own result of a step's last chunks is lost is the only one that
@@ -767,19 +788,7 @@ def test_a_steps_tail_waits_at_most_one_turn_for_a_lost_result():
     retransmissions per drop, and every run within 1.3x the loss-free
     time.  With two turns the same runs took 1.35-1.56x; with one,
     1.24-1.29x."""
-    W = 256
-    grads = _grads(W, 1 << 18, seed=5)
-    with Cluster(workers=W, aggregators=16, link_gbps=100, seed=1) as cl:
-        clean = cl.allreduce(grads, method="dense", block_elements=4096).stats["virtual_time"]
-    ratios = {}
-    for seed in range(1, 5):
-        with Cluster(workers=W, aggregators=16, link_gbps=100, loss=0.001, seed=seed) as cl:
-            res = cl.allreduce(grads, method="dense", block_elements=4096)
-        _check_exact(res, grads, block=4096)
-        lost = res.stats["fabric"]["dropped_loss"]
-        assert lost > 20
-        assert sum(w["retransmissions"] for w in res.stats["workers"]) <= 2 * lost
-        ratios[seed] = res.stats["virtual_time"] / clean
+    ratios = _w256_tail_ratios(0.001, 20, aggregators=16)
     assert max(ratios.values()) <= 1.3, ratios
 
 
@@ -792,19 +801,7 @@ def test_below_a_leaf_a_tail_chunks_first_timeout_is_a_few_round_trips():
     most two retransmissions per drop, every run within 1.7x the
     loss-free time.  Without the rule the same runs took 1.58-1.94x;
     with it, 1.58-1.68x."""
-    W = 256
-    grads = _grads(W, 1 << 18, seed=5)
-    with Cluster(workers=W, leaves=16, link_gbps=100, seed=1) as cl:
-        clean = cl.allreduce(grads, method="dense", block_elements=4096).stats["virtual_time"]
-    ratios = {}
-    for seed in range(1, 5):
-        with Cluster(workers=W, leaves=16, link_gbps=100, loss=0.01, seed=seed) as cl:
-            res = cl.allreduce(grads, method="dense", block_elements=4096)
-        _check_exact(res, grads, block=4096)
-        lost = res.stats["fabric"]["dropped_loss"]
-        assert lost > 1000
-        assert sum(w["retransmissions"] for w in res.stats["workers"]) <= 2 * lost
-        ratios[seed] = res.stats["virtual_time"] / clean
+    ratios = _w256_tail_ratios(0.01, 1000, leaves=16)
     assert max(ratios.values()) <= 1.7, ratios
 
 
